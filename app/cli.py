@@ -1,0 +1,206 @@
+"""The `halfsafe` command: starts the GUI, or runs core in-process for headless use.
+
+Exit status: 0 all good; 1 the command ran and found a problem; 2 it could not run. A problem
+the user can act on is one plain line on stderr; `--debug` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from app import __version__
+from app.core.errors import HalfSafeError
+from app.core.settings import FIELDS, SCHEMA, PrecisionSettings, load_settings
+
+EXIT_OK, EXIT_PROBLEM, EXIT_CANNOT_RUN = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2, per the contract."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CANNOT_RUN, f"halfsafe: {message} (see 'halfsafe {self._sub_name()}--help')\n")
+
+    def _sub_name(self) -> str:
+        parts = self.prog.split()[1:]
+        return " ".join(parts) + " " if parts else ""
+
+
+def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
+    """Every model-loading command takes the schema's precision flags.
+
+    Flags left out take the user's saved settings (`argparse.SUPPRESS` keeps them out of the
+    namespace), so the command line overrides the settings file one flag at a time.
+    """
+    group = parser.add_argument_group("precision (defaults come from your saved settings)")
+    group.add_argument(
+        "--device", default=argparse.SUPPRESS, metavar="auto|cpu|cuda|cuda:N|mps|xpu",
+        type=_validated("device"), help=FIELDS["device"].help,
+    )
+    for f in SCHEMA:
+        if not f.cli:
+            continue
+        flag = "--" + f.flag_name
+        if f.kind == "choice":
+            group.add_argument(flag, dest=f.key, choices=f.choices, default=argparse.SUPPRESS,
+                               help=f.help)
+        elif f.kind == "bool" and f.default is False:
+            group.add_argument(flag, dest=f.key, action="store_const", const=True,
+                               default=argparse.SUPPRESS, help=f.help)
+        elif f.kind == "bool":
+            group.add_argument(flag, dest=f.key, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=f.help)
+    group.add_argument("--vae", metavar="PATH", help="a separate VAE file that replaces the model's")
+    group.add_argument("--allow-pickle", action="store_true",
+                       help="allow .ckpt/.pt/.bin pickle files (loaded with PyTorch's "
+                            "weights-only loader, never fully unpickled)")
+
+
+def _validated(key: str):
+    def parse(text: str) -> Any:
+        f = FIELDS[key]
+        value: Any = text
+        if f.kind == "int":
+            value = int(text)
+        elif f.kind == "float":
+            value = float(text)
+        try:
+            return f.validate(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="halfsafe", description="Make half precision safe for Stable Diffusion.")
+    parser.add_argument("--version", action="version", version=f"halfsafe {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    gpu = sub.add_parser("gpu", help="this machine's devices and what they can do in fp16/bf16")
+    gpu.add_argument("--json", action="store_true", help="print the report as JSON")
+    gpu.add_argument("--no-self-test", dest="self_test", action="store_false",
+                     help="skip the on-device self-test (use a cached result if there is one)")
+    gpu.add_argument("--retest", action="store_true", help="run the self-test even if cached")
+
+    model_help = ("a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "
+                  "--allow-pickle), or 'demo' for the built-in untrained test model")
+    check = sub.add_parser("check", help="model health check: which part overflows, and the fix")
+    check.add_argument("model", metavar="MODEL", help=model_help)
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--size", type=int, metavar="PX",
+                       help="image size to probe at (default: the model's native size)")
+    check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
+    _add_precision_flags(check)
+
+    gen = sub.add_parser("generate", help="generate images with the NaN watch")
+    gen.add_argument("model", metavar="MODEL", help=model_help)
+    gen.add_argument("--json", action="store_true", help="print the result as JSON")
+    gen.add_argument("--prompt", default="", help="what to draw")
+    for key in ("negative_prompt", "steps", "cfg", "seed", "width", "height", "batch"):
+        gen.add_argument("--" + key.replace("_", "-"), dest=key, type=_validated(key),
+                         default=argparse.SUPPRESS, help=FIELDS[key].help)
+    gen.add_argument("--scheduler", choices=FIELDS["scheduler"].choices,
+                     default=argparse.SUPPRESS, help=FIELDS["scheduler"].help)
+    gen.add_argument("--out", metavar="PATH", help="output folder (default: your settings)")
+    gen.add_argument("--auto-fix", dest="auto_fix", choices=("off", "auto"),
+                     default=argparse.SUPPRESS, help=FIELDS["auto_fix"].help)
+    gen.add_argument("--no-nan-check", dest="nan_check", action="store_const", const=False,
+                     default=argparse.SUPPRESS, help="turn the NaN watch off for this run")
+    _add_precision_flags(gen)
+    return parser
+
+
+def effective_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The saved settings with this command's flags laid over them."""
+    loaded = load_settings()
+    for warning in loaded.warnings:
+        print(f"halfsafe: {warning}", file=sys.stderr)
+    values = loaded.settings.to_dict()
+    values.update({k: v for k, v in vars(args).items() if k in FIELDS})
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        return gui_main(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except HalfSafeError as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"halfsafe: {error}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    except KeyboardInterrupt:
+        print("halfsafe: interrupted.", file=sys.stderr)
+        return 130
+
+
+def gui_main(argv: Sequence[str] | None = None) -> int:
+    """Start the desktop app (the `halfsafe-gui` entry point opens no console on Windows)."""
+    from app.ui.application import run_gui
+
+    return run_gui(list(argv or []))
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    print(json.dumps(document, indent=2))
+
+
+def _cmd_gpu(args: argparse.Namespace) -> int:
+    from app.core import hardware
+
+    report = hardware.hardware_report(self_test=args.self_test, retest=args.retest)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(hardware.format_report(report))
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from app.core import health
+
+    values = effective_settings(args)
+    report = health.check_model(
+        args.model,
+        precision=PrecisionSettings.from_mapping(values),
+        device=values["device"],
+        size=args.size,
+        vae=args.vae,
+        allow_pickle=args.allow_pickle,
+    )
+    if args.report:
+        health.write_markdown_report(report, args.report)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        print(health.format_report(report))
+    return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from app.core import generation
+
+    values = effective_settings(args)
+    result = generation.generate_from_cli(args.model, args, values)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        print(generation.format_result(result))
+    return EXIT_OK if result.all_good else EXIT_PROBLEM
+
+
+_COMMANDS = {"gpu": _cmd_gpu, "check": _cmd_check, "generate": _cmd_generate}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

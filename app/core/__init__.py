@@ -1,0 +1,1 @@
+"""HalfSafe's core: hardware, precision, models, health check, generation. No Qt here."""

@@ -1,0 +1,41 @@
+"""The few named errors that core raises; each message is one sentence a user can act on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class HalfSafeError(Exception):
+    """An error the user can act on. `str(error)` is one plain sentence, shown as is.
+
+    The CLI turns it into exit status 2 and one line on stderr; the GUI shows it in its
+    error dialog. Anything else that escapes is a bug in HalfSafe.
+    """
+
+
+class BadFileError(HalfSafeError):
+    """A file the user handed over is missing, unreadable, malformed or hostile."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = Path(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class PickleRefusedError(BadFileError):
+    """A pickle checkpoint (.ckpt/.pt/.bin) was offered without the user allowing pickles."""
+
+
+class UnsupportedModelError(BadFileError):
+    """The file is well formed but holds a model HalfSafe cannot run."""
+
+
+class DeviceError(HalfSafeError):
+    """The requested device does not exist or cannot be used."""
+
+
+class CancelledError(HalfSafeError):
+    """The user cancelled the job; not a failure."""
+
+    def __init__(self, message: str = "Cancelled.") -> None:
+        super().__init__(message)

@@ -1,0 +1,27 @@
+"""Test-wide setup: offscreen Qt, no hub access, and every HalfSafe folder under tmp_path."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything can import Qt or huggingface_hub.
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def isolated_dirs(tmp_path_factory, monkeypatch):
+    """Point settings, data, caches and the HF cache at fresh folders for every test."""
+    root = tmp_path_factory.mktemp("halfsafe-home")
+    for var, name in (
+        ("HALFSAFE_CONFIG_DIR", "config"),
+        ("HALFSAFE_DATA_DIR", "data"),
+        ("HALFSAFE_CACHE_DIR", "cache"),
+        ("HF_HOME", "hf"),
+    ):
+        monkeypatch.setenv(var, str(root / name))
+    return root
