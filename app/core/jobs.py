@@ -1,0 +1,38 @@
+"""What every long core function takes: a progress callback and a cancel token.
+
+Core functions call `on_progress` and `cancel.raise_if_cancelled()` at their natural steps (a
+denoising step, a component of the health check, a file of a scan); that is where a cancel takes
+effect. Both are called on the thread running the job: callbacks must not touch widgets.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from app.core.errors import CancelledError
+
+# on_progress(stage, done, total): stage is a short phrase for the user ("Checking the VAE").
+ProgressCallback = Callable[[str, int, int], None]
+
+
+def no_progress(stage: str, done: int, total: int) -> None:
+    """The default progress callback: ignore it."""
+
+
+class CancelToken:
+    """Set from any thread; checked by the job at its next step."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise CancelledError()
