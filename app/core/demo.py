@@ -1,0 +1,130 @@
+"""The built-in demo model: small SD1.x- and SDXL-shaped pipelines built in code, no download.
+
+The demo is an UNTRAINED test model with deterministic random weights. It exercises every part
+of HalfSafe (health check, generation, NaN watch) on any machine, but its images are noise-like.
+The same builders make the tiny pipelines that the tests plant faults in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.core.paths import resource
+
+DEMO_VERSION = 1
+DEMO_LABEL = "HalfSafe demo (untrained test model: its images are noise-like)"
+DEMO_SIZE = 128
+
+# Stable Diffusion's noise schedule, shared by SD1.x, SD2.x and SDXL.
+SD_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "beta_start": 0.00085,
+    "beta_end": 0.012,
+    "beta_schedule": "scaled_linear",
+    "prediction_type": "epsilon",
+    "timestep_spacing": "leading",
+    "steps_offset": 1,
+}
+
+
+def clip_tokenizer(pad_token: str = "<|endoftext|>"):
+    """CLIP's real BPE tokenizer from the shipped vocabulary (SD1 pads with <|endoftext|>,
+    SD2 and SDXL's second encoder with "!")."""
+    from transformers import CLIPTokenizer
+
+    folder = resource("tokenizers", "clip")
+    return CLIPTokenizer(
+        str(folder / "vocab.json"), str(folder / "merges.txt"),
+        pad_token=pad_token, model_max_length=77,
+    )
+
+
+def _seeded(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def tiny_text_encoder(seed: int, hidden: int = 32, layers: int = 2, projection: int | None = None):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(
+        vocab_size=49408, hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=77,
+        projection_dim=projection or hidden, hidden_act="quick_gelu",
+        bos_token_id=49406, eos_token_id=49407, pad_token_id=49407,
+    )
+    _seeded(seed)
+    model_class = CLIPTextModelWithProjection if projection else CLIPTextModel
+    return model_class(config).eval()
+
+
+def tiny_vae(seed: int):
+    from diffusers import AutoencoderKL
+
+    _seeded(seed)
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 32, 32), layers_per_block=1, norm_num_groups=8,
+        sample_size=DEMO_SIZE, scaling_factor=0.18215,
+    ).eval()
+
+
+def tiny_unet(seed: int, cross_attention_dim: int = 32, sdxl_text_embeds: int | None = None):
+    from diffusers import UNet2DConditionModel
+
+    extra: dict[str, Any] = {}
+    if sdxl_text_embeds is not None:
+        # SDXL conditions on pooled text embeddings plus six size/crop numbers.
+        extra = {
+            "addition_embed_type": "text_time",
+            "addition_time_embed_dim": 8,
+            "projection_class_embeddings_input_dim": sdxl_text_embeds + 6 * 8,
+        }
+    _seeded(seed)
+    return UNet2DConditionModel(
+        sample_size=DEMO_SIZE // 8, in_channels=4, out_channels=4,
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+        block_out_channels=(32, 64, 64), layers_per_block=1, norm_num_groups=16,
+        attention_head_dim=8, cross_attention_dim=cross_attention_dim, **extra,
+    ).eval()
+
+
+def build_tiny_sd_pipeline(seed: int = 0):
+    """A tiny SD1.x-shaped txt2img pipeline (fp32, CPU), deterministic for a given seed."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
+
+    return StableDiffusionPipeline(
+        vae=tiny_vae(seed + 1),
+        text_encoder=tiny_text_encoder(seed + 2),
+        tokenizer=clip_tokenizer(),
+        unet=tiny_unet(seed + 3),
+        scheduler=EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
+def build_tiny_sdxl_pipeline(seed: int = 0):
+    """A tiny SDXL-shaped pipeline: two text encoders (the second with a projection)."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    hidden_1, hidden_2 = 32, 32
+    return StableDiffusionXLPipeline(
+        vae=tiny_vae(seed + 1),
+        text_encoder=tiny_text_encoder(seed + 2, hidden=hidden_1),
+        text_encoder_2=tiny_text_encoder(seed + 4, hidden=hidden_2, projection=hidden_2),
+        tokenizer=clip_tokenizer(),
+        tokenizer_2=clip_tokenizer(pad_token="!"),
+        unet=tiny_unet(seed + 3, cross_attention_dim=hidden_1 + hidden_2,
+                       sdxl_text_embeds=hidden_2),
+        scheduler=EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
+    )
+
+
+def build_demo_pipeline():
+    """The `demo` model: the tiny SD1.x pipeline with its fixed seed."""
+    return build_tiny_sd_pipeline(seed=DEMO_VERSION * 1000)
