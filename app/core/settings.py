@@ -10,10 +10,8 @@ This module must stay cheap to import (no torch).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -21,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import paths
+from app.core.files import write_atomic
 
 SCHEMA_VERSION = 1
 SETTINGS_FILE = "settings.json"
@@ -347,22 +346,11 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     A crash at any point leaves either the old file or the new one in place, never half of one.
     """
     path = path or settings_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
     document = {"schema_version": SCHEMA_VERSION, "settings": settings.to_dict()}
-    text = json.dumps(document, indent=2, sort_keys=True) + "\n"
-    fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        if path.exists() and _read_json_object(path)[0] is not None:
-            shutil.copy2(path, path.with_name(path.name + ".bak"))
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    return path
+    # Only a readable file is worth keeping as the backup: never replace a good .bak with junk.
+    keep = path.exists() and _read_json_object(path)[0] is not None
+    return write_atomic(path, json.dumps(document, indent=2, sort_keys=True) + "\n",
+                        keep_backup=keep)
 
 
 def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:

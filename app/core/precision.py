@@ -1,0 +1,438 @@
+"""Precision plans: turn the user's settings into per-component dtypes and backend flags, and
+apply them to a pipeline for one job.
+
+A plan is resolved once per job from the settings, the device and the model; `auto` is never
+left in a plan. Applying it places each component on the device in its dtype, casts tensors at
+component boundaries (so an fp16 UNet can feed an fp32 VAE), installs an attention processor
+that honours `upcast_attention` under every attention backend, and sets PyTorch's backend flags
+for the duration of the job only.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.core.settings import PrecisionSettings
+
+FP16_MAX = 65504.0
+DTYPE_NAMES = ("fp16", "bf16", "fp32")
+# Components we place and check, in the order a pipeline runs them.
+COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae")
+COMPONENT_SETTING = {
+    "text_encoder": "text_encoder_precision",
+    "text_encoder_2": "text_encoder_precision",
+    "unet": "unet_precision",
+    "vae": "vae_precision",
+}
+# Where a component's precision comes from when the user chose `auto` everywhere.
+_BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def dtype_name(dtype) -> str:
+    import torch
+
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How one job runs: a dtype per component and the backend flags, all resolved.
+
+    `reasons` says, per setting, why `auto` resolved the way it did; `warnings` lists explicit
+    choices that are honoured although not recommended (fp16 on a CPU, bf16 without hardware
+    support).
+    """
+
+    device: str
+    dtypes: Mapping[str, str]
+    upcast_attention: bool = False
+    attention_backend: str = "auto"
+    allow_tf32: bool = True
+    fp16_reduced_precision_reduction: bool = True
+    fp16_accumulation: bool = False
+    attention_reduced_precision: bool = False
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def with_dtypes(self, **dtypes: str) -> PrecisionPlan:
+        return replace(self, dtypes={**self.dtypes, **dtypes})
+
+    def tested(self) -> dict[str, Any]:
+        """The `tested` object of the health report: dtype per component and upcast."""
+        return {**self.dtypes, "upcast_attention": self.upcast_attention}
+
+    def effective_settings(self) -> dict[str, Any]:
+        """The plan written back as settings values, with nothing left on `auto`."""
+        dtypes = set(self.dtypes.values())
+        base = dtypes.pop() if len(dtypes) == 1 else "fp16" if "fp16" in dtypes else "mixed"
+        te = [self.dtypes[c] for c in ("text_encoder", "text_encoder_2") if c in self.dtypes]
+        return {
+            "device": self.device,
+            "precision": base,
+            "unet_precision": self.dtypes.get("unet", base),
+            "vae_precision": self.dtypes.get("vae", base),
+            "text_encoder_precision": te[0] if te else base,
+            "no_half": all(d == "fp32" for d in self.dtypes.values()),
+            "no_half_vae": self.dtypes.get("vae") == "fp32",
+            "upcast_attention": self.upcast_attention,
+            "attention_backend": self.attention_backend,
+            "allow_tf32": self.allow_tf32,
+            "fp16_reduced_precision_reduction": self.fp16_reduced_precision_reduction,
+            "fp16_accumulation": self.fp16_accumulation,
+            "attention_reduced_precision": self.attention_reduced_precision,
+        }
+
+    def weights_mb(self, parameter_counts: Mapping[str, int]) -> float:
+        """Memory the components' weights take under this plan, in MiB."""
+        total = sum(n * _BYTES_PER_ELEMENT[self.dtypes[c]]
+                    for c, n in parameter_counts.items() if c in self.dtypes)
+        return total / 2**20
+
+
+def resolve_plan(
+    settings: PrecisionSettings,
+    *,
+    device,
+    components: Iterable[str],
+    device_info: Any | None = None,
+    vae_needs_fp32: bool = False,
+    remembered: Mapping[str, Any] | None = None,
+) -> PrecisionPlan:
+    """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
+
+    `device_info` is `app.core.hardware.describe_device(device)` (its `recommended` settings and
+    `bf16`/`fp16` classes); `vae_needs_fp32` is the model's own statement that its VAE overflows
+    in fp16 (SDXL's original VAE sets `force_upcast`); `remembered` is a verified fix stored for
+    this model on this device, as settings values. Precedence for each field left on `auto`:
+    remembered fix, then the model's needs, then the device's recommendation.
+    """
+    device_str = str(device)
+    kind = device_str.split(":")[0]
+    recommended: Mapping[str, Any] = getattr(device_info, "recommended", None) or {}
+    device_reasons: Mapping[str, str] = getattr(device_info, "reasons", None) or {}
+    bf16_class = getattr(device_info, "bf16", None) or ("native" if kind == "cuda" else "unsupported")
+    fp16_class = getattr(device_info, "fp16", None) or ("fast" if kind == "cuda" else "slow")
+    chosen = settings.to_dict()
+    for key, value in (remembered or {}).items():
+        if key in chosen and chosen[key] in ("auto", False) and key != "device":
+            chosen[key] = value
+
+    reasons: dict[str, str] = {}
+    warnings: list[str] = []
+
+    if chosen["precision"] == "auto":
+        base = recommended.get("precision", "fp32" if kind == "cpu" else "fp16")
+        if base == "auto":
+            base = "fp32" if kind == "cpu" else "fp16"
+        reasons["precision"] = device_reasons.get(
+            "precision", f"{base} is what this device does best.")
+    else:
+        base = chosen["precision"]
+
+    dtypes: dict[str, str] = {}
+    for component in components:
+        key = COMPONENT_SETTING[component]
+        choice = chosen[key]
+        if settings.no_half:
+            dtypes[component] = "fp32"
+            reasons[key] = "No half precision is on: everything runs in fp32."
+        elif component == "vae" and settings.no_half_vae:
+            dtypes[component] = "fp32"
+            reasons[key] = "No-half-VAE is on: the VAE runs in fp32."
+        elif choice != "auto":
+            dtypes[component] = choice
+            if remembered and remembered.get(key) == choice and settings.to_dict()[key] == "auto":
+                reasons[key] = f"A verified fix remembered for this model runs it in {choice}."
+        elif component == "vae" and vae_needs_fp32 and base == "fp16":
+            dtypes[component] = "fp32"
+            reasons[key] = ("This model's VAE is known to overflow in fp16 (its config asks "
+                            "for upcasting), so it runs in fp32.")
+        else:
+            rec = recommended.get(key, "auto")
+            dtypes[component] = base if rec in ("auto", None) or chosen["precision"] != "auto" else rec
+            if rec not in ("auto", None) and key in device_reasons:
+                reasons[key] = device_reasons[key]
+
+    for component, name in dtypes.items():
+        explicit = settings.to_dict()[COMPONENT_SETTING[component]] != "auto" or settings.precision != "auto"
+        if not explicit:
+            continue
+        if name == "bf16" and bf16_class != "native":
+            warnings.append(f"{component} runs in bf16 as you asked, but this device has no "
+                            "native bf16: expect it to be slow or to fail.")
+        if name == "fp16" and kind == "cpu":
+            warnings.append(f"{component} runs in fp16 as you asked; on a CPU fp16 is slow and "
+                            "fp32 is the usual choice.")
+        elif name == "fp16" and fp16_class == "unreliable":
+            warnings.append(f"{component} runs in fp16 as you asked, but this GPU is known to "
+                            "return NaN from some fp16 operations.")
+
+    upcast = bool(chosen["upcast_attention"]) or bool(recommended.get("upcast_attention", False))
+    if upcast and not settings.upcast_attention:
+        reasons["upcast_attention"] = device_reasons.get(
+            "upcast_attention", "Attention is upcast to fp32 on this device or for this model.")
+
+    backend = chosen["attention_backend"]
+    if backend == "flash" and upcast:
+        warnings.append("Flash attention has no fp32 kernel: upcast attention runs on the "
+                        "memory-efficient or math kernel instead.")
+    return PrecisionPlan(
+        device=device_str,
+        dtypes=dtypes,
+        upcast_attention=upcast,
+        attention_backend=backend,
+        allow_tf32=bool(chosen["allow_tf32"]),
+        fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
+        fp16_accumulation=bool(chosen["fp16_accumulation"]),
+        attention_reduced_precision=bool(chosen["attention_reduced_precision"]),
+        reasons=reasons,
+        warnings=tuple(warnings),
+    )
+
+
+# --- attention ---------------------------------------------------------------------------
+
+
+class SafeAttnProcessor:
+    """Scaled-dot-product attention that can compute scores, softmax and the weighted sum in fp32.
+
+    diffusers' default processor ignores `upcast_attention`; this one honours it, and also the
+    model's own config flag (SD2.x sets it on some blocks), whichever SDPA kernel is selected.
+    The result is cast back to the layer's dtype, so the rest of the model is unchanged.
+    """
+
+    def __init__(self, upcast: bool) -> None:
+        self.upcast = upcast
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 temb=None, *args, **kwargs):
+        import torch.nn.functional as F
+
+        residual = hidden_states
+        if attn.spatial_norm is not None:
+            hidden_states = attn.spatial_norm(hidden_states, temb)
+        image_shape = None
+        if hidden_states.ndim == 4:
+            image_shape = hidden_states.shape
+            b, c, h, w = image_shape
+            hidden_states = hidden_states.view(b, c, h * w).transpose(1, 2)
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        batch, context_len, _ = context.shape
+
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, context_len, batch)
+            attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
+        if attn.group_norm is not None:
+            hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        if encoder_hidden_states is not None and attn.norm_cross:
+            context = attn.norm_encoder_hidden_states(context)
+
+        query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
+        head_dim = key.shape[-1] // attn.heads
+
+        def heads(t):
+            return t.view(batch, -1, attn.heads, head_dim).transpose(1, 2)
+
+        query, key, value = heads(query), heads(key), heads(value)
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+
+        out_dtype = query.dtype
+        if self.upcast or getattr(attn, "upcast_attention", False):
+            query, key, value = query.float(), key.float(), value.float()
+            if attention_mask is not None:
+                attention_mask = attention_mask.float()
+        hidden_states = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            scale=attn.scale,
+        )
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states.to(out_dtype)))
+
+        if image_shape is not None:
+            hidden_states = hidden_states.transpose(-1, -2).reshape(image_shape)
+        if attn.residual_connection:
+            hidden_states = hidden_states + residual
+        return hidden_states / attn.rescale_output_factor
+
+
+def set_attention(module, plan: PrecisionPlan) -> None:
+    """Install the attention processor the plan asks for on every attention layer of `module`.
+
+    `classic` is diffusers' original processor, which honours the per-layer upcast flags; every
+    other backend runs `SafeAttnProcessor` and is picked by `backend_flags` at run time.
+    """
+    from diffusers.models.attention_processor import Attention, AttnProcessor
+
+    for layer in module.modules():
+        if not isinstance(layer, Attention):
+            continue
+        if not hasattr(layer, "_halfsafe_config_upcast"):
+            layer._halfsafe_config_upcast = (layer.upcast_attention, layer.upcast_softmax)
+        config_attention, config_softmax = layer._halfsafe_config_upcast
+        layer.upcast_attention = config_attention or plan.upcast_attention
+        layer.upcast_softmax = config_softmax or plan.upcast_attention
+        if plan.attention_backend == "classic":
+            layer.set_processor(AttnProcessor())
+        else:
+            layer.set_processor(SafeAttnProcessor(plan.upcast_attention))
+
+
+@contextmanager
+def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
+    """Set PyTorch's precision and attention-kernel flags for one job, and restore them after.
+
+    The flags are process-wide; the engine runs one job at a time, so a job owns them.
+    """
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    matmul = torch.backends.cuda.matmul
+    saved = (
+        matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        matmul.allow_fp16_reduced_precision_reduction,
+        getattr(matmul, "allow_fp16_accumulation", False),
+        torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed(),
+    )
+    matmul.allow_tf32 = plan.allow_tf32
+    torch.backends.cudnn.allow_tf32 = plan.allow_tf32
+    matmul.allow_fp16_reduced_precision_reduction = plan.fp16_reduced_precision_reduction
+    if hasattr(matmul, "allow_fp16_accumulation"):
+        matmul.allow_fp16_accumulation = plan.fp16_accumulation
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(plan.attention_reduced_precision)
+
+    kernels = {
+        "flash": [SDPBackend.FLASH_ATTENTION],
+        "efficient": [SDPBackend.EFFICIENT_ATTENTION],
+        "cudnn": [SDPBackend.CUDNN_ATTENTION],
+        "math": [SDPBackend.MATH],
+    }.get(plan.attention_backend)
+    if kernels is not None:
+        # Math is always allowed as a fallback: a kernel that cannot run a shape (flash in
+        # fp32 under upcast, any fused kernel on CPU) must not turn into an error.
+        kernels = [*kernels, SDPBackend.MATH] if SDPBackend.MATH not in kernels else kernels
+    try:
+        if kernels is None:
+            yield
+        else:
+            with sdpa_kernel(kernels, set_priority=True):
+                yield
+    finally:
+        (matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         matmul.allow_fp16_reduced_precision_reduction, fp16_acc, math_sdp) = saved
+        if hasattr(matmul, "allow_fp16_accumulation"):
+            matmul.allow_fp16_accumulation = fp16_acc
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(math_sdp)
+
+
+# --- placement ---------------------------------------------------------------------------
+
+
+def _cast_floats(value, dtype):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    return value
+
+
+def _cast_inputs_hook(module, args, kwargs):
+    dtype = module.dtype
+    return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+
+
+class PlacedPipeline:
+    """A pipeline's components on the job's device, each in its plan's dtype.
+
+    The loaded pipeline stays untouched on the CPU in its stored dtype: a component is copied
+    and cast only when the plan needs it in a different dtype or on another device, so moving
+    between plans never loses precision. Each placed UNet and VAE casts its floating inputs to
+    its own dtype, which is what makes mixed-precision plans work across component boundaries.
+    """
+
+    def __init__(self, pipeline, plan: PrecisionPlan) -> None:
+        self.source = pipeline
+        self.plan = plan
+        self._placed: dict[str, tuple[str, Any]] = {}
+        self.apply(plan)
+
+    def apply(self, plan: PrecisionPlan) -> None:
+        """Re-place only the components whose dtype changed; reset attention processors."""
+        import torch
+
+        self.plan = plan
+        device = torch.device(plan.device)
+        for name, dtype in plan.dtypes.items():
+            current = self._placed.get(name)
+            if current is not None and current[0] == dtype:
+                module = current[1]
+            else:
+                self._placed.pop(name, None)  # free the old copy before making the new one
+                module = self._place(getattr(self.source, name), device, torch_dtype(dtype))
+                self._placed[name] = (dtype, module)
+            if name in ("unet", "vae"):
+                set_attention(module, plan)
+
+    @staticmethod
+    def _place(source, device, dtype):
+        import torch
+
+        first = next(source.parameters())
+        if first.device == device and all(p.dtype == dtype for p in source.parameters()):
+            module = source
+        else:
+            module = copy.deepcopy(source) if first.device.type == "cpu" else source
+            module = module.to(device=device, dtype=dtype)
+        module.eval().requires_grad_(False)
+        if isinstance(module, torch.nn.Module) and not getattr(module, "_halfsafe_cast_hook", None):
+            module._halfsafe_cast_hook = module.register_forward_pre_hook(
+                _cast_inputs_hook, with_kwargs=True)
+        return module
+
+    def __getitem__(self, name: str):
+        return self._placed[name][1]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._placed
+
+    def pipeline(self):
+        """A pipeline object of the source's class running the placed components."""
+        components = dict(self.source.components)
+        components.update({name: module for name, (_, module) in self._placed.items()})
+        return type(self.source)(**components)
+
+    def release(self) -> None:
+        """Drop the placed copies and give cached device memory back."""
+        import torch
+
+        self._placed.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def parameter_counts(pipeline) -> dict[str, int]:
+    """Parameters per component, for memory estimates."""
+    return {name: sum(p.numel() for p in getattr(pipeline, name).parameters())
+            for name in COMPONENTS if getattr(pipeline, name, None) is not None}
+
+
+def pipeline_components(pipeline) -> list[str]:
+    """The checkable components this pipeline has, in run order."""
+    return [name for name in COMPONENTS if getattr(pipeline, name, None) is not None]

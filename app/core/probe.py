@@ -1,0 +1,189 @@
+"""Activation probes: where in a component values grow past fp16's range or go non-finite.
+
+`ActivationRecorder` hooks every module of a component. Each hook reduces the module's inputs
+and output to one number, max |value|, on the device (inf or NaN propagate through the
+reduction, so that single number also says whether the tensor was finite). Nothing is read
+back during the forward pass; `read()` transfers all the numbers at once at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+FP16_MAX = 65504.0
+
+
+def _float_tensors(value: Any) -> Iterable[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and value.numel():
+            yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _float_tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _float_tensors(item)
+
+
+def max_abs(value: Any):
+    """max |x| over every floating tensor in `value`, as a 0-d fp32 device tensor (or None).
+
+    NaN anywhere makes the result NaN and inf makes it inf: one reduction answers both "how
+    big" and "is it finite".
+    """
+    import torch
+
+    peaks = [t.detach().abs().amax().float() for t in _float_tensors(value)]
+    if not peaks:
+        return None
+    return peaks[0] if len(peaks) == 1 else torch.stack(peaks).amax()
+
+
+@dataclass
+class ModuleStats:
+    """What one module did across all its calls in a probe."""
+
+    name: str
+    order: int                      # completion order of its first call (children come first)
+    max_abs: float = 0.0            # largest finite |output| seen
+    non_finite: bool = False        # some output held inf or NaN
+    overflow: bool = False          # the first bad output held inf (not only NaN)
+    first_bad: int | None = None    # completion index of the first call that went bad
+    bad_with_finite_inputs: bool = False
+    first_over_fp16: int | None = None  # first call whose |output| > 65504 with inputs below it
+
+
+@dataclass
+class ProbeResult:
+    """Per-module statistics of one component, in completion order."""
+
+    modules: dict[str, ModuleStats] = field(default_factory=dict)
+    output_finite: bool = True
+
+    @property
+    def non_finite(self) -> bool:
+        return not self.output_finite or any(m.non_finite for m in self.modules.values())
+
+    @property
+    def max_abs(self) -> float:
+        return max((m.max_abs for m in self.modules.values()), default=0.0)
+
+    def first_bad_module(self) -> ModuleStats | None:
+        """The innermost module whose output first went non-finite while its inputs were finite."""
+        candidates = [m for m in self.modules.values()
+                      if m.first_bad is not None and m.bad_with_finite_inputs]
+        return min(candidates, key=lambda m: m.first_bad) if candidates else None
+
+    def first_over_fp16(self) -> ModuleStats | None:
+        """The first module whose output passed 65504 while its inputs had not (fp32 runs)."""
+        candidates = [m for m in self.modules.values() if m.first_over_fp16 is not None]
+        return min(candidates, key=lambda m: m.first_over_fp16) if candidates else None
+
+
+class ActivationRecorder:
+    """Hooks on every module of `root`; use as a context manager around the forward passes.
+
+    Per module call it keeps two 0-d device tensors (inputs' and output's max |value|); no host
+    synchronisation happens until `read()`.
+    """
+
+    def __init__(self, root, skip: tuple[str, ...] = ()) -> None:
+        self.root = root
+        self._names: dict[int, str] = {}
+        self._pending: dict[int, list[Any]] = {}
+        self._calls: list[tuple[int, Any, Any]] = []
+        self._handles: list[Any] = []
+        for name, module in root.named_modules():
+            if any(name == s or name.startswith(s + ".") for s in skip):
+                continue
+            self._names[id(module)] = name
+            self._handles.append(module.register_forward_pre_hook(self._before, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._after))
+
+    def _before(self, module, args, kwargs):
+        self._pending.setdefault(id(module), []).append(max_abs((args, kwargs)))
+
+    def _after(self, module, args, output):
+        stack = self._pending.get(id(module))
+        inputs = stack.pop() if stack else None
+        self._calls.append((id(module), inputs, max_abs(output)))
+
+    def __enter__(self) -> ActivationRecorder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def read(self, output: Any = None) -> ProbeResult:
+        """Bring every recorded number to the host in one transfer and summarise per module."""
+        import torch
+
+        result = ProbeResult()
+        if not self._calls:
+            return result
+        device = next(t for _, _, t in self._calls if t is not None).device
+        nan = torch.tensor(float("nan"), device=device)
+        zero = torch.zeros((), device=device)
+        rows = [torch.stack([i if i is not None else zero, o if o is not None else nan])
+                for _, i, o in self._calls]
+        final = max_abs(output)
+        if final is not None:
+            rows.append(torch.stack([zero, final]))
+        table = torch.stack(rows).cpu().tolist()  # the one host sync of the probe
+        if final is not None:
+            result.output_finite = math.isfinite(table.pop()[1])
+
+        for index, ((module_id, _, out), (inputs, peak)) in enumerate(zip(self._calls, table)):
+            if out is None:
+                continue
+            name = self._names[module_id]
+            stats = result.modules.get(name)
+            if stats is None:
+                stats = result.modules[name] = ModuleStats(name, index)
+            if math.isfinite(peak):
+                stats.max_abs = max(stats.max_abs, peak)
+                if (stats.first_over_fp16 is None and peak > FP16_MAX
+                        and math.isfinite(inputs) and inputs <= FP16_MAX):
+                    stats.first_over_fp16 = index
+            elif stats.first_bad is None:
+                stats.non_finite = True
+                stats.overflow = math.isinf(peak)
+                stats.first_bad = index
+                stats.bad_with_finite_inputs = math.isfinite(inputs)
+        return result
+
+
+def top_blocks(root) -> list[str]:
+    """Dotted names of a component's main blocks, for the per-block chart.
+
+    Walks down through wrappers (modules that hold a ModuleList, like a VAE's decoder or CLIP's
+    encoder) and stops at blocks: the items of a ModuleList, modules whose class name says
+    "Block", and leaf-level children.
+    """
+    import torch
+
+    blocks: list[str] = []
+
+    def walk(module, prefix: str) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if isinstance(child, torch.nn.ModuleList):
+                blocks.extend(f"{path}.{i}" for i, _ in enumerate(child))
+            elif "Block" not in type(child).__name__ and any(
+                    isinstance(c, torch.nn.ModuleList) for c in child.children()):
+                walk(child, path + ".")
+            else:
+                blocks.append(path)
+
+    walk(root, "")
+    return blocks
