@@ -24,7 +24,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2, per the contract."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_CANNOT_RUN, f"halfsafe: {message} (see 'halfsafe {self._sub_name()}--help')\n")
+        self.exit(
+            EXIT_CANNOT_RUN, f"halfsafe: {message} (see 'halfsafe {self._sub_name()}--help')\n"
+        )
 
     def _sub_name(self) -> str:
         parts = self.prog.split()[1:]
@@ -39,26 +41,46 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
     """
     group = parser.add_argument_group("precision (defaults come from your saved settings)")
     group.add_argument(
-        "--device", default=argparse.SUPPRESS, metavar="auto|cpu|cuda|cuda:N|mps|xpu",
-        type=_validated("device"), help=FIELDS["device"].help,
+        "--device",
+        default=argparse.SUPPRESS,
+        metavar="auto|cpu|cuda|cuda:N|mps|xpu",
+        type=_validated("device"),
+        help=FIELDS["device"].help,
     )
     for f in SCHEMA:
         if not f.cli:
             continue
         flag = "--" + f.flag_name
         if f.kind == "choice":
-            group.add_argument(flag, dest=f.key, choices=f.choices, default=argparse.SUPPRESS,
-                               help=f.help)
+            group.add_argument(
+                flag, dest=f.key, choices=f.choices, default=argparse.SUPPRESS, help=f.help
+            )
         elif f.kind == "bool" and f.default is False:
-            group.add_argument(flag, dest=f.key, action="store_const", const=True,
-                               default=argparse.SUPPRESS, help=f.help)
+            group.add_argument(
+                flag,
+                dest=f.key,
+                action="store_const",
+                const=True,
+                default=argparse.SUPPRESS,
+                help=f.help,
+            )
         elif f.kind == "bool":
-            group.add_argument(flag, dest=f.key, action=argparse.BooleanOptionalAction,
-                               default=argparse.SUPPRESS, help=f.help)
-    group.add_argument("--vae", metavar="PATH", help="a separate VAE file that replaces the model's")
-    group.add_argument("--allow-pickle", action="store_true",
-                       help="allow .ckpt/.pt/.bin pickle files (loaded with PyTorch's "
-                            "weights-only loader, never fully unpickled)")
+            group.add_argument(
+                flag,
+                dest=f.key,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=f.help,
+            )
+    group.add_argument(
+        "--vae", metavar="PATH", help="a separate VAE file that replaces the model's"
+    )
+    group.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="allow .ckpt/.pt/.bin pickle files (loaded with PyTorch's "
+        "weights-only loader, never fully unpickled)",
+    )
 
 
 def _validated(key: str):
@@ -73,6 +95,7 @@ def _validated(key: str):
             return f.validate(value)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
+
     return parse
 
 
@@ -84,17 +107,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     gpu = sub.add_parser("gpu", help="this machine's devices and what they can do in fp16/bf16")
     gpu.add_argument("--json", action="store_true", help="print the report as JSON")
-    gpu.add_argument("--no-self-test", dest="self_test", action="store_false",
-                     help="skip the on-device self-test (use a cached result if there is one)")
+    gpu.add_argument(
+        "--no-self-test",
+        dest="self_test",
+        action="store_false",
+        help="skip the on-device self-test (use a cached result if there is one)",
+    )
     gpu.add_argument("--retest", action="store_true", help="run the self-test even if cached")
 
-    model_help = ("a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "
-                  "--allow-pickle), or 'demo' for the built-in untrained test model")
+    model_help = (
+        "a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "
+        "--allow-pickle), or 'demo' for the built-in untrained test model"
+    )
     check = sub.add_parser("check", help="model health check: which part overflows, and the fix")
     check.add_argument("model", metavar="MODEL", help=model_help)
     check.add_argument("--json", action="store_true", help="print the report as JSON")
-    check.add_argument("--size", type=int, metavar="PX",
-                       help="image size to probe at (default: the model's native size)")
+    check.add_argument(
+        "--size",
+        type=int,
+        metavar="PX",
+        help="image size to probe at (default: the model's native size)",
+    )
     check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
     _add_precision_flags(check)
 
@@ -103,15 +136,35 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print the result as JSON")
     gen.add_argument("--prompt", default="", help="what to draw")
     for key in ("negative_prompt", "steps", "cfg", "seed", "width", "height", "batch"):
-        gen.add_argument("--" + key.replace("_", "-"), dest=key, type=_validated(key),
-                         default=argparse.SUPPRESS, help=FIELDS[key].help)
-    gen.add_argument("--scheduler", choices=FIELDS["scheduler"].choices,
-                     default=argparse.SUPPRESS, help=FIELDS["scheduler"].help)
+        gen.add_argument(
+            "--" + key.replace("_", "-"),
+            dest=key,
+            type=_validated(key),
+            default=argparse.SUPPRESS,
+            help=FIELDS[key].help,
+        )
+    gen.add_argument(
+        "--scheduler",
+        choices=FIELDS["scheduler"].choices,
+        default=argparse.SUPPRESS,
+        help=FIELDS["scheduler"].help,
+    )
     gen.add_argument("--out", metavar="PATH", help="output folder (default: your settings)")
-    gen.add_argument("--auto-fix", dest="auto_fix", choices=("off", "auto"),
-                     default=argparse.SUPPRESS, help=FIELDS["auto_fix"].help)
-    gen.add_argument("--no-nan-check", dest="nan_check", action="store_const", const=False,
-                     default=argparse.SUPPRESS, help="turn the NaN watch off for this run")
+    gen.add_argument(
+        "--auto-fix",
+        dest="auto_fix",
+        choices=("off", "auto"),
+        default=argparse.SUPPRESS,
+        help=FIELDS["auto_fix"].help,
+    )
+    gen.add_argument(
+        "--no-nan-check",
+        dest="nan_check",
+        action="store_const",
+        const=False,
+        default=argparse.SUPPRESS,
+        help="turn the NaN watch off for this run",
+    )
     _add_precision_flags(gen)
     return parser
 

@@ -34,8 +34,10 @@ def clip_tokenizer(pad_token: str = "<|endoftext|>"):
 
     folder = resource("tokenizers", "clip")
     return CLIPTokenizer(
-        str(folder / "vocab.json"), str(folder / "merges.txt"),
-        pad_token=pad_token, model_max_length=77,
+        str(folder / "vocab.json"),
+        str(folder / "merges.txt"),
+        pad_token=pad_token,
+        model_max_length=77,
     )
 
 
@@ -49,10 +51,17 @@ def tiny_text_encoder(seed: int, hidden: int = 32, layers: int = 2, projection: 
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(
-        vocab_size=49408, hidden_size=hidden, intermediate_size=hidden * 2,
-        num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=77,
-        projection_dim=projection or hidden, hidden_act="quick_gelu",
-        bos_token_id=49406, eos_token_id=49407, pad_token_id=49407,
+        vocab_size=49408,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        projection_dim=projection or hidden,
+        hidden_act="quick_gelu",
+        bos_token_id=49406,
+        eos_token_id=49407,
+        pad_token_id=49407,
     )
     _seeded(seed)
     model_class = CLIPTextModelWithProjection if projection else CLIPTextModel
@@ -64,10 +73,16 @@ def tiny_vae(seed: int):
 
     _seeded(seed)
     return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(16, 32, 32, 32), layers_per_block=1, norm_num_groups=8,
-        sample_size=DEMO_SIZE, scaling_factor=0.18215,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 32, 32),
+        layers_per_block=1,
+        norm_num_groups=8,
+        sample_size=DEMO_SIZE,
+        scaling_factor=0.18215,
     ).eval()
 
 
@@ -84,11 +99,17 @@ def tiny_unet(seed: int, cross_attention_dim: int = 32, sdxl_text_embeds: int | 
         }
     _seeded(seed)
     return UNet2DConditionModel(
-        sample_size=DEMO_SIZE // 8, in_channels=4, out_channels=4,
+        sample_size=DEMO_SIZE // 8,
+        in_channels=4,
+        out_channels=4,
         down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        block_out_channels=(32, 64, 64), layers_per_block=1, norm_num_groups=16,
-        attention_head_dim=8, cross_attention_dim=cross_attention_dim, **extra,
+        block_out_channels=(32, 64, 64),
+        layers_per_block=1,
+        norm_num_groups=16,
+        attention_head_dim=8,
+        cross_attention_dim=cross_attention_dim,
+        **extra,
     ).eval()
 
 
@@ -119,8 +140,9 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
         text_encoder_2=tiny_text_encoder(seed + 4, hidden=hidden_2, projection=hidden_2),
         tokenizer=clip_tokenizer(),
         tokenizer_2=clip_tokenizer(pad_token="!"),
-        unet=tiny_unet(seed + 3, cross_attention_dim=hidden_1 + hidden_2,
-                       sdxl_text_embeds=hidden_2),
+        unet=tiny_unet(
+            seed + 3, cross_attention_dim=hidden_1 + hidden_2, sdxl_text_embeds=hidden_2
+        ),
         scheduler=EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
     )
 

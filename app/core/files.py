@@ -10,8 +10,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], None], *,
-                 keep_backup: bool = False, overwrite: bool = True) -> Path:
+def write_atomic(
+    path: Path,
+    data: bytes | str | Callable[[BinaryIO], None],
+    *,
+    keep_backup: bool = False,
+    overwrite: bool = True,
+) -> Path:
     """Write `data` to `path` through a temp file in the same folder, fsync, then rename.
 
     `data` is bytes, text (UTF-8) or a function that writes to the open binary file. With

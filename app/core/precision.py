@@ -41,7 +41,9 @@ def torch_dtype(name: str):
 def dtype_name(dtype) -> str:
     import torch
 
-    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(
+        dtype, str(dtype)
+    )
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,11 @@ class PrecisionPlan:
 
     def weights_mb(self, parameter_counts: Mapping[str, int]) -> float:
         """Memory the components' weights take under this plan, in MiB."""
-        total = sum(n * _BYTES_PER_ELEMENT[self.dtypes[c]]
-                    for c, n in parameter_counts.items() if c in self.dtypes)
+        total = sum(
+            n * _BYTES_PER_ELEMENT[self.dtypes[c]]
+            for c, n in parameter_counts.items()
+            if c in self.dtypes
+        )
         return total / 2**20
 
 
@@ -120,7 +125,9 @@ def resolve_plan(
     kind = device_str.split(":")[0]
     recommended: Mapping[str, Any] = getattr(device_info, "recommended", None) or {}
     device_reasons: Mapping[str, str] = getattr(device_info, "reasons", None) or {}
-    bf16_class = getattr(device_info, "bf16", None) or ("native" if kind == "cuda" else "unsupported")
+    bf16_class = getattr(device_info, "bf16", None) or (
+        "native" if kind == "cuda" else "unsupported"
+    )
     fp16_class = getattr(device_info, "fp16", None) or ("fast" if kind == "cuda" else "slow")
     chosen = settings.to_dict()
     for key, value in (remembered or {}).items():
@@ -135,7 +142,8 @@ def resolve_plan(
         if base == "auto":
             base = "fp32" if kind == "cpu" else "fp16"
         reasons["precision"] = device_reasons.get(
-            "precision", f"{base} is what this device does best.")
+            "precision", f"{base} is what this device does best."
+        )
     else:
         base = chosen["precision"]
 
@@ -155,37 +163,53 @@ def resolve_plan(
                 reasons[key] = f"A verified fix remembered for this model runs it in {choice}."
         elif component == "vae" and vae_needs_fp32 and base == "fp16":
             dtypes[component] = "fp32"
-            reasons[key] = ("This model's VAE is known to overflow in fp16 (its config asks "
-                            "for upcasting), so it runs in fp32.")
+            reasons[key] = (
+                "This model's VAE is known to overflow in fp16 (its config asks "
+                "for upcasting), so it runs in fp32."
+            )
         else:
             rec = recommended.get(key, "auto")
-            dtypes[component] = base if rec in ("auto", None) or chosen["precision"] != "auto" else rec
+            dtypes[component] = (
+                base if rec in ("auto", None) or chosen["precision"] != "auto" else rec
+            )
             if rec not in ("auto", None) and key in device_reasons:
                 reasons[key] = device_reasons[key]
 
     for component, name in dtypes.items():
-        explicit = settings.to_dict()[COMPONENT_SETTING[component]] != "auto" or settings.precision != "auto"
+        explicit = (
+            settings.to_dict()[COMPONENT_SETTING[component]] != "auto"
+            or settings.precision != "auto"
+        )
         if not explicit:
             continue
         if name == "bf16" and bf16_class != "native":
-            warnings.append(f"{component} runs in bf16 as you asked, but this device has no "
-                            "native bf16: expect it to be slow or to fail.")
+            warnings.append(
+                f"{component} runs in bf16 as you asked, but this device has no "
+                "native bf16: expect it to be slow or to fail."
+            )
         if name == "fp16" and kind == "cpu":
-            warnings.append(f"{component} runs in fp16 as you asked; on a CPU fp16 is slow and "
-                            "fp32 is the usual choice.")
+            warnings.append(
+                f"{component} runs in fp16 as you asked; on a CPU fp16 is slow and "
+                "fp32 is the usual choice."
+            )
         elif name == "fp16" and fp16_class == "unreliable":
-            warnings.append(f"{component} runs in fp16 as you asked, but this GPU is known to "
-                            "return NaN from some fp16 operations.")
+            warnings.append(
+                f"{component} runs in fp16 as you asked, but this GPU is known to "
+                "return NaN from some fp16 operations."
+            )
 
     upcast = bool(chosen["upcast_attention"]) or bool(recommended.get("upcast_attention", False))
     if upcast and not settings.upcast_attention:
         reasons["upcast_attention"] = device_reasons.get(
-            "upcast_attention", "Attention is upcast to fp32 on this device or for this model.")
+            "upcast_attention", "Attention is upcast to fp32 on this device or for this model."
+        )
 
     backend = chosen["attention_backend"]
     if backend == "flash" and upcast:
-        warnings.append("Flash attention has no fp32 kernel: upcast attention runs on the "
-                        "memory-efficient or math kernel instead.")
+        warnings.append(
+            "Flash attention has no fp32 kernel: upcast attention runs on the "
+            "memory-efficient or math kernel instead."
+        )
     return PrecisionPlan(
         device=device_str,
         dtypes=dtypes,
@@ -214,8 +238,16 @@ class SafeAttnProcessor:
     def __init__(self, upcast: bool) -> None:
         self.upcast = upcast
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 temb=None, *args, **kwargs):
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        temb=None,
+        *args,
+        **kwargs,
+    ):
         import torch.nn.functional as F
 
         residual = hidden_states
@@ -255,7 +287,12 @@ class SafeAttnProcessor:
             if attention_mask is not None:
                 attention_mask = attention_mask.float()
         hidden_states = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
             scale=attn.scale,
         )
         hidden_states = hidden_states.transpose(1, 2).reshape(batch, -1, attn.heads * head_dim)
@@ -331,8 +368,13 @@ def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
             with sdpa_kernel(kernels, set_priority=True):
                 yield
     finally:
-        (matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         matmul.allow_fp16_reduced_precision_reduction, fp16_acc, math_sdp) = saved
+        (
+            matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            matmul.allow_fp16_reduced_precision_reduction,
+            fp16_acc,
+            math_sdp,
+        ) = saved
         if hasattr(matmul, "allow_fp16_accumulation"):
             matmul.allow_fp16_accumulation = fp16_acc
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(math_sdp)
@@ -403,7 +445,8 @@ class PlacedPipeline:
         module.eval().requires_grad_(False)
         if isinstance(module, torch.nn.Module) and not getattr(module, "_halfsafe_cast_hook", None):
             module._halfsafe_cast_hook = module.register_forward_pre_hook(
-                _cast_inputs_hook, with_kwargs=True)
+                _cast_inputs_hook, with_kwargs=True
+            )
         return module
 
     def __getitem__(self, name: str):
@@ -429,8 +472,11 @@ class PlacedPipeline:
 
 def parameter_counts(pipeline) -> dict[str, int]:
     """Parameters per component, for memory estimates."""
-    return {name: sum(p.numel() for p in getattr(pipeline, name).parameters())
-            for name in COMPONENTS if getattr(pipeline, name, None) is not None}
+    return {
+        name: sum(p.numel() for p in getattr(pipeline, name).parameters())
+        for name in COMPONENTS
+        if getattr(pipeline, name, None) is not None
+    }
 
 
 def pipeline_components(pipeline) -> list[str]:

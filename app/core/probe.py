@@ -49,11 +49,11 @@ class ModuleStats:
     """What one module did across all its calls in a probe."""
 
     name: str
-    order: int                      # completion order of its first call (children come first)
-    max_abs: float = 0.0            # largest finite |output| seen
-    non_finite: bool = False        # some output held inf or NaN
-    overflow: bool = False          # the first bad output held inf (not only NaN)
-    first_bad: int | None = None    # completion index of the first call that went bad
+    order: int  # completion order of its first call (children come first)
+    max_abs: float = 0.0  # largest finite |output| seen
+    non_finite: bool = False  # some output held inf or NaN
+    overflow: bool = False  # the first bad output held inf (not only NaN)
+    first_bad: int | None = None  # completion index of the first call that went bad
     bad_with_finite_inputs: bool = False
     first_over_fp16: int | None = None  # first call whose |output| > 65504 with inputs below it
 
@@ -75,8 +75,9 @@ class ProbeResult:
 
     def first_bad_module(self) -> ModuleStats | None:
         """The innermost module whose output first went non-finite while its inputs were finite."""
-        candidates = [m for m in self.modules.values()
-                      if m.first_bad is not None and m.bad_with_finite_inputs]
+        candidates = [
+            m for m in self.modules.values() if m.first_bad is not None and m.bad_with_finite_inputs
+        ]
         return min(candidates, key=lambda m: m.first_bad) if candidates else None
 
     def first_over_fp16(self) -> ModuleStats | None:
@@ -134,8 +135,10 @@ class ActivationRecorder:
         device = next(t for _, _, t in self._calls if t is not None).device
         nan = torch.tensor(float("nan"), device=device)
         zero = torch.zeros((), device=device)
-        rows = [torch.stack([i if i is not None else zero, o if o is not None else nan])
-                for _, i, o in self._calls]
+        rows = [
+            torch.stack([i if i is not None else zero, o if o is not None else nan])
+            for _, i, o in self._calls
+        ]
         final = max_abs(output)
         if final is not None:
             rows.append(torch.stack([zero, final]))
@@ -143,7 +146,9 @@ class ActivationRecorder:
         if final is not None:
             result.output_finite = math.isfinite(table.pop()[1])
 
-        for index, ((module_id, _, out), (inputs, peak)) in enumerate(zip(self._calls, table)):
+        for index, ((module_id, _, out), (inputs, peak)) in enumerate(
+            zip(self._calls, table, strict=True)
+        ):
             if out is None:
                 continue
             name = self._names[module_id]
@@ -152,8 +157,12 @@ class ActivationRecorder:
                 stats = result.modules[name] = ModuleStats(name, index)
             if math.isfinite(peak):
                 stats.max_abs = max(stats.max_abs, peak)
-                if (stats.first_over_fp16 is None and peak > FP16_MAX
-                        and math.isfinite(inputs) and inputs <= FP16_MAX):
+                if (
+                    stats.first_over_fp16 is None
+                    and peak > FP16_MAX
+                    and math.isfinite(inputs)
+                    and inputs <= FP16_MAX
+                ):
                     stats.first_over_fp16 = index
             elif stats.first_bad is None:
                 stats.non_finite = True
@@ -180,7 +189,8 @@ def top_blocks(root) -> list[str]:
             if isinstance(child, torch.nn.ModuleList):
                 blocks.extend(f"{path}.{i}" for i, _ in enumerate(child))
             elif "Block" not in type(child).__name__ and any(
-                    isinstance(c, torch.nn.ModuleList) for c in child.children()):
+                isinstance(c, torch.nn.ModuleList) for c in child.children()
+            ):
                 walk(child, path + ".")
             else:
                 blocks.append(path)

@@ -22,9 +22,9 @@ PROFILES_FILE = "profiles.json"
 
 @dataclass(frozen=True)
 class RememberedFix:
-    settings: dict[str, Any]   # settings values that make the model run finite on this device
-    summary: str               # one sentence, as the health check wrote it
-    verified_by: str           # "health check" or "generation repair"
+    settings: dict[str, Any]  # settings values that make the model run finite on this device
+    summary: str  # one sentence, as the health check wrote it
+    verified_by: str  # "health check" or "generation repair"
     saved_at: float
 
 
@@ -50,8 +50,9 @@ def _torch_version() -> str:
     return torch.__version__
 
 
-def remembered_fix(profile_key: str, device_name: str,
-                   torch_version: str | None = None) -> RememberedFix | None:
+def remembered_fix(
+    profile_key: str, device_name: str, torch_version: str | None = None
+) -> RememberedFix | None:
     """The fix stored for this model on this device and torch, if any (invalid entries are
     ignored field by field, like settings)."""
     entry = _load_all().get(_key(profile_key, device_name, torch_version or _torch_version()))
@@ -65,12 +66,22 @@ def remembered_fix(profile_key: str, device_name: str,
             continue
     if not settings:
         return None
-    return RememberedFix(settings, str(entry.get("summary", "")),
-                         str(entry.get("verified_by", "")), float(entry.get("saved_at", 0)))
+    return RememberedFix(
+        settings,
+        str(entry.get("summary", "")),
+        str(entry.get("verified_by", "")),
+        float(entry.get("saved_at", 0)),
+    )
 
 
-def remember_fix(profile_key: str, device_name: str, settings: dict[str, Any], summary: str,
-                 verified_by: str, torch_version: str | None = None) -> RememberedFix:
+def remember_fix(
+    profile_key: str,
+    device_name: str,
+    settings: dict[str, Any],
+    summary: str,
+    verified_by: str,
+    torch_version: str | None = None,
+) -> RememberedFix:
     """Store a verified fix (atomic write; other models' entries are kept)."""
     for key, value in settings.items():
         FIELDS[key].validate(value)

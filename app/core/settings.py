@@ -108,93 +108,259 @@ _DTYPE_HELP = (
 )
 
 SCHEMA: tuple[Field, ...] = (
-    Field("device", "device", "auto", "Device",
-          "Which device runs the model: auto picks the best GPU, else the CPU. "
-          "Use cuda:N to pick one of several NVIDIA GPUs.",
-          "Device", cli=False),
-    Field("precision", "choice", "auto", "Precision",
-          "Base number format for every part of the model. " + _DTYPE_HELP,
-          "Precision", choices=DTYPE_CHOICES, cli=True),
-    Field("unet_precision", "choice", "auto", "UNet precision",
-          "Override for the denoising UNet, the largest and slowest part. 'auto' follows "
-          "Precision. Running it in fp32 roughly doubles the time of every step.",
-          "Precision", choices=DTYPE_CHOICES, cli=True),
-    Field("vae_precision", "choice", "auto", "VAE precision",
-          "Override for the VAE that turns latents into pixels. SDXL's original VAE overflows "
-          "in fp16; fp32 here costs little time (it runs once per image) and some memory.",
-          "Precision", choices=DTYPE_CHOICES, cli=True),
-    Field("text_encoder_precision", "choice", "auto", "Text encoder precision",
-          "Override for the text encoder(s). They run once per prompt, so fp32 here is cheap "
-          "in time but holds more memory.",
-          "Precision", choices=DTYPE_CHOICES, cli=True),
-    Field("no_half", "bool", False, "No half precision (everything fp32)",
-          "Run every part in fp32, like --no-half. Always safe; about 2x slower and 2x the "
-          "memory. Prefer a targeted fix from the health check.",
-          "Precision", cli=True),
-    Field("no_half_vae", "bool", False, "VAE in fp32 (no-half-VAE)",
-          "Run only the VAE in fp32, like --no-half-vae. The usual cure for black SDXL images; "
-          "costs a little memory and a fraction of a second per image.",
-          "Precision", cli=True),
-    Field("upcast_attention", "bool", False, "Upcast attention to fp32",
-          "Compute attention scores and softmax in fp32 with any attention backend. Fixes "
-          "overflow in attention (SD2.x, Apple MPS) for a small slowdown of attention layers.",
-          "Attention", cli=True),
-    Field("attention_backend", "choice", "auto", "Attention backend",
-          "Which attention kernel runs: flash and efficient are fastest and lean on memory; "
-          "cudnn is fast on recent NVIDIA GPUs; math is the plain reference; classic is "
-          "diffusers' original processor, the slowest and most memory-hungry.",
-          "Attention", choices=ATTENTION_BACKENDS, cli=True),
-    Field("attention_reduced_precision", "bool", False, "Reduced-precision math attention",
-          "Let the math attention kernel reduce in fp16/bf16. Slightly faster, and can "
-          "overflow where fp32 reduction would not. Off is safer.",
-          "Attention", cli=True),
-    Field("allow_tf32", "bool", True, "TF32 for fp32 work",
-          "Use TensorFloat-32 for fp32 matrix multiplies and convolutions on Ampere and newer "
-          "NVIDIA GPUs: several times faster fp32, same range, fewer mantissa bits. Has no "
-          "effect elsewhere.",
-          "Accumulation", cli=True, flag="tf32"),
-    Field("fp16_reduced_precision_reduction", "bool", True, "fp16 reduced-precision reduction",
-          "Let fp16 matrix multiplies sum partial results (split-K) in fp16. PyTorch's default "
-          "and a little faster; turning it off can cure an overflow where the true result fits.",
-          "Accumulation", cli=True),
-    Field("fp16_accumulation", "bool", False, "Full fp16 accumulation",
-          "Accumulate fp16 matrix multiplies entirely in fp16. Much faster on consumer GPUs, "
-          "and the riskiest setting here: sums past 65504 become inf. Needs PyTorch 2.7+.",
-          "Accumulation", cli=True),
-    Field("nan_check", "bool", True, "NaN watch",
-          "Watch every generation for values that went non-finite, at no per-step cost. Turning "
-          "it off (like --disable-nan-check) lets black images pass silently.",
-          "NaN safety"),
-    Field("auto_fix", "choice", "auto", "When an image goes NaN",
-          "off: keep the broken image and say why; ask: offer the fix; auto: repair only the "
-          "part that failed (for a VAE, decode the same latents again) and remember the fix.",
-          "NaN safety", choices=AUTO_FIX_CHOICES),
-    Field("steps", "int", 25, "Steps", "Denoising steps per image: more is slower and finer.",
-          "Generation", minimum=1, maximum=150),
-    Field("cfg", "float", 7.0, "CFG scale",
-          "How strongly the image follows the prompt. 5-9 suits most models.",
-          "Generation", minimum=1.0, maximum=30.0),
-    Field("width", "int", 512, "Width", "Image width in pixels (a multiple of 8).",
-          "Generation", minimum=64, maximum=4096, step=8),
-    Field("height", "int", 512, "Height", "Image height in pixels (a multiple of 8).",
-          "Generation", minimum=64, maximum=4096, step=8),
-    Field("batch", "int", 1, "Batch size", "Images generated together; each costs memory.",
-          "Generation", minimum=1, maximum=16),
-    Field("seed", "int", -1, "Seed", "-1 picks a random seed for each run.",
-          "Generation", minimum=-1, maximum=2**32 - 1),
-    Field("scheduler", "choice", "dpmpp_2m_karras", "Sampler",
-          "The denoising schedule: DPM++ 2M Karras is a good default; Euler a is varied; "
-          "DDIM is deterministic.",
-          "Generation", choices=SCHEDULERS),
-    Field("negative_prompt", "text", "", "Negative prompt",
-          "What the image should not contain, used when a job gives none.", "Generation"),
-    Field("model_folders", "paths", [], "Model folders",
-          "Extra folders to scan for checkpoints, besides the usual AUTOMATIC1111, ComfyUI and "
-          "StabilityMatrix folders found on this computer.",
-          "Folders"),
-    Field("output_folder", "path", "", "Output folder",
-          "Where images are saved. Empty means the HalfSafe folder in your Pictures.",
-          "Folders"),
+    Field(
+        "device",
+        "device",
+        "auto",
+        "Device",
+        "Which device runs the model: auto picks the best GPU, else the CPU. "
+        "Use cuda:N to pick one of several NVIDIA GPUs.",
+        "Device",
+        cli=False,
+    ),
+    Field(
+        "precision",
+        "choice",
+        "auto",
+        "Precision",
+        "Base number format for every part of the model. " + _DTYPE_HELP,
+        "Precision",
+        choices=DTYPE_CHOICES,
+        cli=True,
+    ),
+    Field(
+        "unet_precision",
+        "choice",
+        "auto",
+        "UNet precision",
+        "Override for the denoising UNet, the largest and slowest part. 'auto' follows "
+        "Precision. Running it in fp32 roughly doubles the time of every step.",
+        "Precision",
+        choices=DTYPE_CHOICES,
+        cli=True,
+    ),
+    Field(
+        "vae_precision",
+        "choice",
+        "auto",
+        "VAE precision",
+        "Override for the VAE that turns latents into pixels. SDXL's original VAE overflows "
+        "in fp16; fp32 here costs little time (it runs once per image) and some memory.",
+        "Precision",
+        choices=DTYPE_CHOICES,
+        cli=True,
+    ),
+    Field(
+        "text_encoder_precision",
+        "choice",
+        "auto",
+        "Text encoder precision",
+        "Override for the text encoder(s). They run once per prompt, so fp32 here is cheap "
+        "in time but holds more memory.",
+        "Precision",
+        choices=DTYPE_CHOICES,
+        cli=True,
+    ),
+    Field(
+        "no_half",
+        "bool",
+        False,
+        "No half precision (everything fp32)",
+        "Run every part in fp32, like --no-half. Always safe; about 2x slower and 2x the "
+        "memory. Prefer a targeted fix from the health check.",
+        "Precision",
+        cli=True,
+    ),
+    Field(
+        "no_half_vae",
+        "bool",
+        False,
+        "VAE in fp32 (no-half-VAE)",
+        "Run only the VAE in fp32, like --no-half-vae. The usual cure for black SDXL images; "
+        "costs a little memory and a fraction of a second per image.",
+        "Precision",
+        cli=True,
+    ),
+    Field(
+        "upcast_attention",
+        "bool",
+        False,
+        "Upcast attention to fp32",
+        "Compute attention scores and softmax in fp32 with any attention backend. Fixes "
+        "overflow in attention (SD2.x, Apple MPS) for a small slowdown of attention layers.",
+        "Attention",
+        cli=True,
+    ),
+    Field(
+        "attention_backend",
+        "choice",
+        "auto",
+        "Attention backend",
+        "Which attention kernel runs: flash and efficient are fastest and lean on memory; "
+        "cudnn is fast on recent NVIDIA GPUs; math is the plain reference; classic is "
+        "diffusers' original processor, the slowest and most memory-hungry.",
+        "Attention",
+        choices=ATTENTION_BACKENDS,
+        cli=True,
+    ),
+    Field(
+        "attention_reduced_precision",
+        "bool",
+        False,
+        "Reduced-precision math attention",
+        "Let the math attention kernel reduce in fp16/bf16. Slightly faster, and can "
+        "overflow where fp32 reduction would not. Off is safer.",
+        "Attention",
+        cli=True,
+    ),
+    Field(
+        "allow_tf32",
+        "bool",
+        True,
+        "TF32 for fp32 work",
+        "Use TensorFloat-32 for fp32 matrix multiplies and convolutions on Ampere and newer "
+        "NVIDIA GPUs: several times faster fp32, same range, fewer mantissa bits. Has no "
+        "effect elsewhere.",
+        "Accumulation",
+        cli=True,
+        flag="tf32",
+    ),
+    Field(
+        "fp16_reduced_precision_reduction",
+        "bool",
+        True,
+        "fp16 reduced-precision reduction",
+        "Let fp16 matrix multiplies sum partial results (split-K) in fp16. PyTorch's default "
+        "and a little faster; turning it off can cure an overflow where the true result fits.",
+        "Accumulation",
+        cli=True,
+    ),
+    Field(
+        "fp16_accumulation",
+        "bool",
+        False,
+        "Full fp16 accumulation",
+        "Accumulate fp16 matrix multiplies entirely in fp16. Much faster on consumer GPUs, "
+        "and the riskiest setting here: sums past 65504 become inf. Needs PyTorch 2.7+.",
+        "Accumulation",
+        cli=True,
+    ),
+    Field(
+        "nan_check",
+        "bool",
+        True,
+        "NaN watch",
+        "Watch every generation for values that went non-finite, at no per-step cost. Turning "
+        "it off (like --disable-nan-check) lets black images pass silently.",
+        "NaN safety",
+    ),
+    Field(
+        "auto_fix",
+        "choice",
+        "auto",
+        "When an image goes NaN",
+        "off: keep the broken image and say why; ask: offer the fix; auto: repair only the "
+        "part that failed (for a VAE, decode the same latents again) and remember the fix.",
+        "NaN safety",
+        choices=AUTO_FIX_CHOICES,
+    ),
+    Field(
+        "steps",
+        "int",
+        25,
+        "Steps",
+        "Denoising steps per image: more is slower and finer.",
+        "Generation",
+        minimum=1,
+        maximum=150,
+    ),
+    Field(
+        "cfg",
+        "float",
+        7.0,
+        "CFG scale",
+        "How strongly the image follows the prompt. 5-9 suits most models.",
+        "Generation",
+        minimum=1.0,
+        maximum=30.0,
+    ),
+    Field(
+        "width",
+        "int",
+        512,
+        "Width",
+        "Image width in pixels (a multiple of 8).",
+        "Generation",
+        minimum=64,
+        maximum=4096,
+        step=8,
+    ),
+    Field(
+        "height",
+        "int",
+        512,
+        "Height",
+        "Image height in pixels (a multiple of 8).",
+        "Generation",
+        minimum=64,
+        maximum=4096,
+        step=8,
+    ),
+    Field(
+        "batch",
+        "int",
+        1,
+        "Batch size",
+        "Images generated together; each costs memory.",
+        "Generation",
+        minimum=1,
+        maximum=16,
+    ),
+    Field(
+        "seed",
+        "int",
+        -1,
+        "Seed",
+        "-1 picks a random seed for each run.",
+        "Generation",
+        minimum=-1,
+        maximum=2**32 - 1,
+    ),
+    Field(
+        "scheduler",
+        "choice",
+        "dpmpp_2m_karras",
+        "Sampler",
+        "The denoising schedule: DPM++ 2M Karras is a good default; Euler a is varied; "
+        "DDIM is deterministic.",
+        "Generation",
+        choices=SCHEDULERS,
+    ),
+    Field(
+        "negative_prompt",
+        "text",
+        "",
+        "Negative prompt",
+        "What the image should not contain, used when a job gives none.",
+        "Generation",
+    ),
+    Field(
+        "model_folders",
+        "paths",
+        [],
+        "Model folders",
+        "Extra folders to scan for checkpoints, besides the usual AUTOMATIC1111, ComfyUI and "
+        "StabilityMatrix folders found on this computer.",
+        "Folders",
+    ),
+    Field(
+        "output_folder",
+        "path",
+        "",
+        "Output folder",
+        "Where images are saved. Empty means the HalfSafe folder in your Pictures.",
+        "Folders",
+    ),
 )
 
 FIELDS: dict[str, Field] = {f.key: f for f in SCHEMA}
@@ -349,8 +515,9 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     document = {"schema_version": SCHEMA_VERSION, "settings": settings.to_dict()}
     # Only a readable file is worth keeping as the backup: never replace a good .bak with junk.
     keep = path.exists() and _read_json_object(path)[0] is not None
-    return write_atomic(path, json.dumps(document, indent=2, sort_keys=True) + "\n",
-                        keep_backup=keep)
+    return write_atomic(
+        path, json.dumps(document, indent=2, sort_keys=True) + "\n", keep_backup=keep
+    )
 
 
 def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
