@@ -1,0 +1,464 @@
+"""Device self-test: do fp16 and bf16 give the right answers, here, for the operations SD runs?
+
+Each operation (convolution with SD's channel counts, group norm, layer norm, matmul, attention
+on every backend, GELU, GEGLU) runs in the half-precision dtype and again in fp32 on the same
+device, from the same (rounded) inputs. A non-finite output, an error past the dtype's
+tolerance, or an exception marks the dtype failed and names the operation. Results are cached
+per device name, driver and PyTorch version, so the test costs seconds once.
+
+Importing this module does not import torch; running the test does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.core import paths
+from app.core.jobs import CancelToken, ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    import torch
+
+# Bump when the operations, sizes or tolerances change, so old cached verdicts are not reused.
+SELFTEST_VERSION = 1
+HALF_DTYPES = ("fp16", "bf16")
+ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
+
+# Largest error allowed, relative to the largest magnitude in the fp32 result. Correct kernels
+# land an order of magnitude below these (fp16 keeps 11 mantissa bits, bf16 8); a broken kernel
+# is off by far more, or not finite at all.
+TOLERANCE = {"fp16": 1e-2, "bf16": 6e-2, "fp32": 2e-3}
+
+_NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """One operation in one dtype: "pass", "fail", "unavailable" (an attention backend this
+    device or build lacks) or "skipped" (the whole dtype was not tested, `note` says why)."""
+
+    op: str
+    dtype: str
+    status: str
+    error: float | None = None
+    tolerance: float | None = None
+    seconds: float = 0.0
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "dtype": self.dtype,
+            "status": self.status,
+            "error": self.error,
+            "tolerance": self.tolerance,
+            "seconds": round(self.seconds, 4),
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> OpResult:
+        return cls(
+            op=str(data["op"]),
+            dtype=str(data["dtype"]),
+            status=str(data["status"]),
+            error=None if data.get("error") is None else float(data["error"]),
+            tolerance=None if data.get("tolerance") is None else float(data["tolerance"]),
+            seconds=float(data.get("seconds", 0.0)),
+            note=str(data.get("note", "")),
+        )
+
+
+@dataclass
+class SelfTestResult:
+    """The verdict per half dtype ("pass", "fail" or "skipped") and every operation's result.
+
+    `seconds` is the wall time of the run that produced it (not of a cache read); `cached`
+    says whether this came from the cache.
+    """
+
+    fp16: str
+    bf16: str
+    details: list[OpResult] = field(default_factory=list)
+    seconds: float = 0.0
+    device: str = ""
+    key: str = ""
+    cached: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def skipped(cls, reason: str = "the self-test was not run") -> SelfTestResult:
+        return cls(fp16="skipped", bf16="skipped", notes=[reason])
+
+    @property
+    def ran(self) -> bool:
+        return self.fp16 != "skipped" or self.bf16 != "skipped"
+
+    def failed_ops(self, dtype: str) -> list[str]:
+        """Names of the operations that failed in `dtype`, in test order."""
+        return [d.op for d in self.details if d.dtype == dtype and d.status == "fail"]
+
+    def attention_backends(self, dtype: str) -> list[str]:
+        """The attention backends that ran correctly in `dtype` ("fp16", "bf16" or "fp32")."""
+        prefix = "attention:"
+        return [
+            d.op[len(prefix) :]
+            for d in self.details
+            if d.dtype == dtype and d.status == "pass" and d.op.startswith(prefix)
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        """The `self_test` object of `halfsafe gpu --json`."""
+        return {
+            "fp16": self.fp16,
+            "bf16": self.bf16,
+            "details": [d.to_json() for d in self.details],
+        }
+
+    def _to_cache(self) -> dict[str, Any]:
+        return {
+            **self.to_json(),
+            "seconds": self.seconds,
+            "device": self.device,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def _from_cache(cls, data: Mapping[str, Any], key: str) -> SelfTestResult:
+        verdicts = ("pass", "fail", "skipped")
+        if data.get("fp16") not in verdicts or data.get("bf16") not in verdicts:
+            raise ValueError("bad verdict")
+        return cls(
+            fp16=data["fp16"],
+            bf16=data["bf16"],
+            details=[OpResult.from_json(d) for d in data.get("details", [])],
+            seconds=float(data.get("seconds", 0.0)),
+            device=str(data.get("device", "")),
+            key=key,
+            cached=True,
+            notes=[str(n) for n in data.get("notes", [])],
+        )
+
+
+def cache_key(name: str, driver: str | None, torch_version: str, kind: str = "") -> str:
+    """The identity a cached result belongs to: device name, driver and PyTorch version."""
+    return json.dumps([SELFTEST_VERSION, kind, name, driver or "", torch_version])
+
+
+def cache_path(key: str) -> Path:
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:24]
+    return paths.cache_dir() / "selftest" / f"{digest}.json"
+
+
+def cached_result(key: str) -> SelfTestResult | None:
+    """The cached result for `key`, or None when there is none or the file is damaged."""
+    path = cache_path(key)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or data.get("key") != key:
+            return None
+        return SelfTestResult._from_cache(data["result"], key)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _store(result: SelfTestResult) -> None:
+    path = cache_path(result.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"key": result.key, "result": result._to_cache()}, indent=1)
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        # A cache that cannot be written only costs a re-run next time.
+        Path(tmp).unlink(missing_ok=True)
+
+
+def run_self_test(
+    device: torch.device | str = "cpu",
+    *,
+    key: str | None = None,
+    skip: Mapping[str, str] | None = None,
+    retest: bool = False,
+    on_progress: ProgressCallback = no_progress,
+    cancel: CancelToken | None = None,
+) -> SelfTestResult:
+    """Test fp16 and bf16 on `device` against fp32, or return the cached verdict.
+
+    `key` identifies the device for the cache (see `cache_key`); without it the key is built
+    from `app.core.hardware.describe_device(device)`. `skip` maps a dtype to the reason it is
+    not tested (e.g. bf16 on a device that has none). `retest` ignores the cache.
+
+    Takes about a second on a 2-core CPU (sizes there are kept small) and well under a second
+    on a GPU. Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
+    under `paths.cache_dir()`. Progress goes to `on_progress`; `cancel` is checked between
+    operations.
+    """
+    import torch
+
+    device = torch.device(device)
+    if key is None:
+        from app.core import hardware
+
+        info = hardware.describe_device(device)
+        key = cache_key(info.name, info.driver, torch.__version__, info.kind)
+    if not retest:
+        hit = cached_result(key)
+        if hit is not None:
+            return hit
+
+    skip = dict(skip or {})
+    small = device.type == "cpu"
+    ops = _operations(small)
+    dtypes = [d for d in HALF_DTYPES if d not in skip]
+    total = len(ops) * (len(dtypes) + 1)
+    done = 0
+    details: list[OpResult] = []
+    started = time.perf_counter()
+    with _exact_fp32():
+        for dtype in [*dtypes, "fp32"]:
+            for op in ops:
+                if cancel is not None:
+                    cancel.raise_if_cancelled()
+                on_progress(f"Self-test: {op.name} in {dtype}", done, total)
+                if dtype == "fp32" and not op.name.startswith("attention:"):
+                    # fp32 is the reference; only the attention backends are worth checking
+                    # in it (which ones exist, for an fp32 recommendation).
+                    done += 1
+                    continue
+                details.append(_check(op, dtype, device))
+                done += 1
+    on_progress("Self-test done", total, total)
+
+    verdicts = {}
+    for dtype in HALF_DTYPES:
+        if dtype in skip:
+            verdicts[dtype] = "skipped"
+            details.append(OpResult("all", dtype, "skipped", note=skip[dtype]))
+        else:
+            failed = any(d.dtype == dtype and d.status == "fail" for d in details)
+            verdicts[dtype] = "fail" if failed else "pass"
+    notes = []
+    if device.type == "cpu":
+        notes.append(
+            "On a CPU the self-test checks correctness only: fp16 there is emulated and runs "
+            "several times slower than fp32."
+        )
+    result = SelfTestResult(
+        fp16=verdicts["fp16"],
+        bf16=verdicts["bf16"],
+        details=details,
+        seconds=time.perf_counter() - started,
+        device=str(device),
+        key=key,
+        notes=notes,
+    )
+    _store(result)
+    return result
+
+
+@dataclass(frozen=True)
+class _Operation:
+    """An operation under test: `make` builds fp32 inputs on a device, `run` applies the op."""
+
+    name: str
+    make: Callable[[Callable[..., Any]], dict[str, Any]]
+    run: Callable[[dict[str, Any]], Any]
+
+
+def _operations(small: bool) -> list[_Operation]:
+    """SD's operations at shapes that exercise the same kernels, kept tiny on a CPU."""
+    import torch.nn.functional as F  # noqa: N812
+
+    batch, latent, feature, tokens = (1, 16, 8, 256) if small else (2, 64, 32, 1024)
+
+    def conv(cin: int, cout: int, size: int) -> _Operation:
+        return _Operation(
+            f"conv2d {cin}->{cout}",
+            lambda rand: {
+                "x": rand(batch, cin, size, size),
+                "w": rand(cout, cin, 3, 3, scale=(cin * 9) ** -0.5),
+                "b": rand(cout, scale=0.1),
+            },
+            lambda t: F.conv2d(t["x"], t["w"], t["b"], padding=1),
+        )
+
+    def attention(backend: str) -> _Operation:
+        return _Operation(
+            f"attention:{backend}",
+            lambda rand: {
+                "q": rand(batch, 8, tokens, 64),
+                "k": rand(batch, 8, tokens, 64),
+                "v": rand(batch, 8, tokens, 64),
+            },
+            lambda t: _attention(t, backend),
+        )
+
+    def geglu(t: dict[str, Any]) -> Any:
+        hidden, gate = F.linear(t["x"], t["w"], t["b"]).chunk(2, dim=-1)
+        return hidden * F.gelu(gate)
+
+    width = 320
+    return [
+        conv(4, width, latent),
+        conv(width, 2 * width, feature),
+        _Operation(
+            "group_norm",
+            lambda rand: {
+                "x": rand(batch, width, latent, latent, scale=3.0),
+                "w": rand(width, scale=0.5),
+                "b": rand(width, scale=0.5),
+            },
+            lambda t: F.group_norm(t["x"], 32, t["w"], t["b"], eps=1e-5),
+        ),
+        _Operation(
+            "layer_norm",
+            lambda rand: {
+                "x": rand(tokens, 768, scale=3.0),
+                "w": rand(768, scale=0.5),
+                "b": rand(768, scale=0.5),
+            },
+            lambda t: F.layer_norm(t["x"], (768,), t["w"], t["b"], eps=1e-5),
+        ),
+        _Operation(
+            "matmul",
+            lambda rand: {"a": rand(tokens, 768), "b": rand(768, 768, scale=768**-0.5)},
+            lambda t: t["a"] @ t["b"],
+        ),
+        *[attention(b) for b in ATTENTION_BACKENDS],
+        _Operation(
+            "gelu", lambda rand: {"x": rand(tokens, 768, scale=3.0)}, lambda t: F.gelu(t["x"])
+        ),
+        _Operation(
+            "geglu",
+            lambda rand: {
+                "x": rand(tokens, width),
+                "w": rand(8 * width, width, scale=width**-0.5),
+                "b": rand(8 * width, scale=0.1),
+            },
+            geglu,
+        ),
+    ]
+
+
+def _attention(t: dict[str, Any], backend: str) -> Any:
+    import torch.nn.functional as F  # noqa: N812
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[backend]
+    with sdpa_kernel([chosen]):
+        return F.scaled_dot_product_attention(t["q"], t["k"], t["v"])
+
+
+def _check(op: _Operation, dtype: str, device: torch.device) -> OpResult:
+    import torch
+
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    generator = torch.Generator().manual_seed(1234)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * scale).to(device)
+
+    tolerance = TOLERANCE[dtype]
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            inputs = {k: v.to(torch_dtype) for k, v in op.make(rand).items()}
+            output = op.run(inputs)
+            # The reference sees the same rounded inputs, so only the arithmetic is compared;
+            # attention's reference is always the plain math kernel.
+            reference_inputs = {k: v.float() for k, v in inputs.items()}
+            if op.name.startswith("attention:"):
+                reference = _attention(reference_inputs, "math")
+            else:
+                reference = op.run(reference_inputs)
+            output = output.float()
+            finite = bool(torch.isfinite(output).all())
+            reference_finite = bool(torch.isfinite(reference).all())
+            error = None
+            if finite and reference_finite:
+                scale = float(reference.abs().max().clamp_min(1e-6))
+                error = float((output - reference).abs().max()) / scale
+        except Exception as exc:  # noqa: BLE001 - any failure of the op is the finding
+            seconds = time.perf_counter() - started
+            message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            if op.name.startswith("attention:") and any(m in str(exc) for m in _NO_KERNEL_MESSAGES):
+                return OpResult(
+                    op.name,
+                    dtype,
+                    "unavailable",
+                    None,
+                    tolerance,
+                    seconds,
+                    "this attention backend does not run here",
+                )
+            return OpResult(
+                op.name, dtype, "fail", None, tolerance, seconds, f"raised {message[:200]}"
+            )
+    seconds = time.perf_counter() - started
+    heard = "; ".join(sorted({str(w.message).splitlines()[0][:120] for w in caught}))
+    if not reference_finite:
+        return OpResult(
+            op.name,
+            dtype,
+            "fail",
+            None,
+            tolerance,
+            seconds,
+            "the fp32 reference itself was not finite",
+        )
+    if not finite:
+        return OpResult(
+            op.name,
+            dtype,
+            "fail",
+            None,
+            tolerance,
+            seconds,
+            "output held NaN or Inf where fp32 is finite",
+        )
+    assert error is not None
+    if error > tolerance:
+        return OpResult(
+            op.name,
+            dtype,
+            "fail",
+            error,
+            tolerance,
+            seconds,
+            f"error {error:.2g} is past the tolerance {tolerance:g}",
+        )
+    return OpResult(op.name, dtype, "pass", error, tolerance, seconds, heard)
+
+
+@contextmanager
+def _exact_fp32() -> Iterator[None]:
+    """Turn TF32 off while testing, so the fp32 reference is real fp32 on Ampere and newer."""
+    import torch
+
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
