@@ -974,6 +974,9 @@ def format_report(report: HardwareReport) -> str:
                 failed = [x for x in test.details if x.dtype == dtype and x.status == "fail"]
                 for op in failed:
                     lines.append(f"  Self-test: {op.op} failed in {dtype}: {op.note}")
+            for op in test.details:
+                if op.status == "skipped":
+                    lines.append(f"  Self-test: {op.dtype} not tested: {op.note}")
             lines += [f"  {note}" for note in test.notes]
         lines.append("  Recommended settings:")
         key_width = max(len(k) for k in d.recommended)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.core import hardware
+from app.core import hardware, selftest
 from app.core.errors import DeviceError, HalfSafeError
 from app.core.selftest import OpResult, SelfTestResult
 from app.core.settings import PRECISION_KEYS, PrecisionSettings
@@ -543,3 +543,24 @@ def test_a_quirk_can_set_a_precision_setting(tmp_path, machine):
     assert info.recommended["no_half_vae"] is True
     assert info.recommended["vae_precision"] == "fp32"
     assert "test-vae-in-fp32" in info.reasons["vae_precision"]
+
+
+def test_report_runs_the_self_test_and_skips_what_the_device_lacks(machine, monkeypatch):
+    machine(mps_macos="13.6.1")
+    calls = []
+
+    def fake_run(device, *, key, skip, retest, on_progress, cancel):
+        calls.append((device, dict(skip)))
+        return SelfTestResult(
+            fp16="pass",
+            bf16="skipped",
+            details=[OpResult("all", "bf16", "skipped", note=skip.get("bf16", ""))],
+        )
+
+    monkeypatch.setattr(selftest, "run_self_test", fake_run)
+    report = hardware.hardware_report(self_test=True)
+    mps = report.devices[0]
+    assert calls[0][0] == "mps"
+    assert "apple-mps-no-bf16-before-macos14" in calls[0][1]["bf16"]
+    assert (mps.self_test.fp16, mps.self_test.bf16) == ("pass", "skipped")
+    assert "bf16 not tested" in hardware.format_report(report)
