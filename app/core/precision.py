@@ -396,8 +396,25 @@ def _cast_floats(value, dtype):
 
 
 def _cast_inputs_hook(module, args, kwargs):
-    dtype = module.dtype
+    # Looked up per call, not captured: a placed copy may later be cast to another dtype.
+    dtype = next(module.parameters()).dtype
     return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+
+
+# A VAE is entered through .encode/.decode, which bypass its forward: cast at these instead.
+_ENTRY_SUBMODULES = ("quant_conv", "post_quant_conv", "encoder", "decoder")
+
+
+def _add_cast_hooks(module) -> None:
+    entries = [module] + [
+        getattr(module, n) for n in _ENTRY_SUBMODULES if getattr(module, n, None) is not None
+    ]
+    for entry in entries:
+        has_weights = next(entry.parameters(), None) is not None
+        if has_weights and getattr(entry, "_halfsafe_cast_hook", None) is None:
+            entry._halfsafe_cast_hook = entry.register_forward_pre_hook(
+                _cast_inputs_hook, with_kwargs=True
+            )
 
 
 class PlacedPipeline:
@@ -434,8 +451,6 @@ class PlacedPipeline:
 
     @staticmethod
     def _place(source, device, dtype):
-        import torch
-
         first = next(source.parameters())
         if first.device == device and all(p.dtype == dtype for p in source.parameters()):
             module = source
@@ -443,10 +458,7 @@ class PlacedPipeline:
             module = copy.deepcopy(source) if first.device.type == "cpu" else source
             module = module.to(device=device, dtype=dtype)
         module.eval().requires_grad_(False)
-        if isinstance(module, torch.nn.Module) and not getattr(module, "_halfsafe_cast_hook", None):
-            module._halfsafe_cast_hook = module.register_forward_pre_hook(
-                _cast_inputs_hook, with_kwargs=True
-            )
+        _add_cast_hooks(module)
         return module
 
     def __getitem__(self, name: str):
@@ -456,10 +468,13 @@ class PlacedPipeline:
         return name in self._placed
 
     def pipeline(self):
-        """A pipeline object of the source's class running the placed components."""
-        components = dict(self.source.components)
-        components.update({name: module for name, (_, module) in self._placed.items()})
-        return type(self.source)(**components)
+        """The source pipeline's twin running the placed components (a shallow copy: the
+        tokenizers, scheduler and config are shared, nothing is re-initialised)."""
+        twin = copy.copy(self.source)
+        for name, (_, module) in self._placed.items():
+            # Plain attribute: DiffusionPipeline.__setattr__ would also rewrite the config.
+            object.__setattr__(twin, name, module)
+        return twin
 
     def release(self) -> None:
         """Drop the placed copies and give cached device memory back."""

@@ -1,0 +1,307 @@
+"""The health check against tiny pipelines with planted faults, one fault per case.
+
+Each plant scales one layer's weights so that its output passes 65504 in fp16 while staying
+finite in fp32: the check must name that component and that layer, fix only that component,
+and prove the fix by re-running it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from app.core import health, profiles
+from app.core.checkpoint import scan_weights
+from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
+from app.core.models import LoadedModel
+from app.core.precision import FP16_MAX
+from app.core.settings import PrecisionSettings
+
+VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
+FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"
+ATTN_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
+TE_LAYER = "encoder.layers.0.mlp.fc1"
+FP16 = PrecisionSettings(precision="fp16")
+
+
+def plant(pipeline, fault: str):
+    with torch.no_grad():
+        if fault == "vae":
+            pipeline.vae.get_submodule(VAE_LAYER).weight.mul_(1e6)
+        elif fault == "unet_ff":
+            pipeline.unet.get_submodule(FF_LAYER).weight.mul_(1e5)
+        elif fault == "attention":
+            attn = pipeline.unet.get_submodule(ATTN_LAYER)
+            attn.to_q.weight.mul_(300)
+            attn.to_k.weight.mul_(300)
+        elif fault == "text_encoder":
+            pipeline.text_encoder.get_submodule(TE_LAYER).weight.mul_(1e5)
+        elif fault == "nan_weights":
+            pipeline.unet.conv_in.weight[0, 0, 0, 0] = float("nan")
+        else:
+            raise AssertionError(fault)
+    return pipeline
+
+
+def loaded(pipeline, key: str = "tiny") -> LoadedModel:
+    return LoadedModel(
+        pipeline=pipeline,
+        source=f"<{key}>",
+        name=key,
+        format="demo",
+        architecture="sd1",
+        prediction_type="epsilon",
+        native_size=64,
+        stored_dtype="fp32",
+        model_hash=None,
+        profile_key=key,
+        weights=scan_weights(pipeline),
+        detected_because="built in a test",
+    )
+
+
+def check(model, precision=FP16, **kwargs):
+    return health.check_loaded(model, precision=precision, device="cpu", size=64, **kwargs)
+
+
+def failing(report) -> set[str]:
+    return {n for n, c in report.components.items() if c.status in ("overflow", "nan")}
+
+
+def assert_fix_touches_only(report, components: set[str]):
+    tested = report.plan.dtypes
+    fixed = report.fix.plan.dtypes
+    changed = {c for c in tested if tested[c] != fixed[c]}
+    assert changed <= components
+    assert report.fix.verified is True
+
+
+def test_healthy_model_is_healthy():
+    report = check(loaded(build_tiny_sd_pipeline()))
+    assert report.verdict == "healthy"
+    assert report.fix is None
+    assert {c.status for c in report.components.values()} == {"ok"}
+    for component in report.components.values():
+        assert component.first_bad_module is None
+        assert 0 < component.max_abs < FP16_MAX
+        assert component.headroom == pytest.approx(FP16_MAX / component.max_abs)
+
+
+@pytest.mark.parametrize(
+    ("fault", "component", "layer"),
+    [
+        ("vae", "vae", VAE_LAYER),
+        ("unet_ff", "unet", FF_LAYER),
+        ("text_encoder", "text_encoder", TE_LAYER),
+    ],
+)
+def test_planted_overflow_is_found_fixed_and_verified(fault, component, layer):
+    report = check(loaded(plant(build_tiny_sd_pipeline(), fault)), remember=False)
+
+    assert report.verdict == "fixable"
+    assert failing(report) == {component}
+    bad = report.components[component]
+    assert bad.status == "overflow"
+    assert bad.first_bad_module == layer
+    # The fix's run measured the true magnitude: past fp16's limit.
+    assert bad.headroom is not None and bad.headroom < 1
+    assert_fix_touches_only(report, {component})
+    assert report.fix.plan.dtypes[component] in ("bf16", "fp32")
+    for name, other in report.components.items():
+        if name != component:
+            assert other.status == "ok", name
+
+    # Proof by re-running: the whole check under the fix's plan is healthy.
+    settings = PrecisionSettings.from_mapping({**FP16.to_dict(), **report.fix.settings})
+    assert (
+        check(loaded(plant(build_tiny_sd_pipeline(), fault)), settings, remember=False).verdict
+        == "healthy"
+    )
+
+
+def test_attention_score_overflow_is_fixed_by_upcasting_attention():
+    classic = PrecisionSettings(precision="fp16", attention_backend="classic")
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "attention")), classic, remember=False)
+
+    assert failing(report) == {"unet"}
+    assert report.components["unet"].first_bad_module == ATTN_LAYER
+    assert report.components["unet"].status == "overflow"
+    assert report.fix.settings == {"upcast_attention": True}
+    assert report.fix.plan.dtypes == report.plan.dtypes  # no component changed precision
+    assert report.fix.plan.upcast_attention is True
+
+
+def test_safe_processor_fixes_planted_attention_overflow_on_the_sdpa_path():
+    """The default SDPA processor ignores upcast flags; ours honours them."""
+    from diffusers.models.attention_processor import AttnProcessor
+
+    from app.core.precision import SafeAttnProcessor
+
+    attn = plant(build_tiny_sd_pipeline(), "attention").unet.get_submodule(ATTN_LAYER)
+    attn = attn.to(torch.float16)
+    x = torch.randn(1, 64, attn.to_q.in_features, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        attn.set_processor(AttnProcessor())
+        broken = attn(x.half())
+        attn.set_processor(SafeAttnProcessor(upcast=True))
+        fixed = attn(x.half())
+        exact = attn.float()(x)  # the same layer in fp32, as the reference
+    assert not torch.isfinite(broken).all()
+    assert torch.isfinite(fixed).all()
+    torch.testing.assert_close(fixed.float(), exact, atol=0.05, rtol=0.05)
+
+
+def test_two_components_at_once_are_both_fixed_and_nothing_else():
+    pipeline = plant(plant(build_tiny_sd_pipeline(), "vae"), "unet_ff")
+    report = check(loaded(pipeline), remember=False)
+    assert report.verdict == "fixable"
+    assert failing(report) == {"unet", "vae"}
+    assert report.components["unet"].first_bad_module == FF_LAYER
+    assert report.components["vae"].first_bad_module == VAE_LAYER
+    assert report.components["text_encoder"].status == "ok"
+    assert_fix_touches_only(report, {"unet", "vae"})
+    assert report.fix.plan.dtypes["text_encoder"] == "fp16"
+
+
+def test_nan_in_the_weights_is_broken_not_a_precision_problem():
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "nan_weights")))
+    assert report.verdict == "broken"
+    assert report.fix is None
+    assert report.weights_non_finite == ["unet.conv_in.weight"]
+    assert report.components["unet"].status == "broken_weights"
+    assert report.components["text_encoder"].status == "ok"
+
+
+def test_fp32_run_predicts_the_fp16_overflow_without_running_fp16():
+    report = check(
+        loaded(plant(build_tiny_sd_pipeline(), "vae")), PrecisionSettings(precision="fp32")
+    )
+    assert report.verdict == "healthy"  # nothing overflows in fp32
+    vae = report.components["vae"]
+    assert vae.dtype == "fp32"
+    assert vae.predicted_fp16 == "overflow"
+    assert vae.predicted_first_bad_module == VAE_LAYER
+    assert vae.headroom < 1
+    assert report.components["unet"].predicted_fp16 == "ok"
+
+
+def test_sdxl_text_encoders_are_both_checked():
+    report = check(loaded(build_tiny_sdxl_pipeline()), PrecisionSettings(precision="fp32"))
+    assert set(report.components) == {"text_encoder", "text_encoder_2", "unet", "vae"}
+    assert report.verdict == "healthy"
+
+
+def test_verified_fix_is_remembered_and_used_on_the_next_load():
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remember-me"))
+    assert report.verdict == "fixable"
+    from app.core.hardware import describe_device
+
+    stored = profiles.remembered_fix("remember-me", describe_device("cpu").name)
+    assert stored is not None
+    assert stored.settings == report.fix.settings
+
+    again = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remember-me"))
+    assert again.verdict == "healthy"
+    assert again.plan.dtypes["vae"] == report.fix.plan.dtypes["vae"]
+    assert again.plan.dtypes["unet"] == "fp16"
+    assert any("remembered" in note for note in again.notes)
+
+
+def test_probe_reads_device_values_once_not_per_module(monkeypatch):
+    from app.core.probe import ActivationRecorder
+
+    unet = build_tiny_sd_pipeline().unet
+    recorder = ActivationRecorder(unet)
+    syncs = []
+    for method in ("item", "tolist", "cpu", "__bool__"):
+        original = getattr(torch.Tensor, method)
+
+        def counting(self, *a, _original=original, _name=method, **k):
+            syncs.append(_name)
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, method, counting)
+    with torch.no_grad():
+        out = unet(torch.randn(2, 4, 8, 8), 10, encoder_hidden_states=torch.randn(2, 77, 32))
+    during_forward = list(syncs)
+    monkeypatch.undo()
+    result = recorder.read(out.sample)
+    assert during_forward == []
+    assert len(result.modules) > 50
+
+
+def test_markdown_report_names_the_layer_and_the_fix():
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), remember=False)
+    text = health.markdown_report(report)
+    assert f"`{VAE_LAYER}`" in text
+    assert "| vae |" in text
+    assert "Verified" in text
+    assert "--vae-precision" in text
+
+
+def test_report_json_holds_the_contract():
+    document = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), remember=False).to_json()
+    json.dumps(document, allow_nan=False)  # strict JSON: no NaN/Infinity
+    assert set(document) >= {
+        "halfsafe",
+        "model",
+        "device",
+        "tested",
+        "weights",
+        "components",
+        "verdict",
+        "fix",
+        "seconds",
+    }
+    assert set(document["model"]) >= {"source", "format", "architecture"}
+    assert set(document["device"]) >= {"kind", "name"}
+    assert document["tested"]["upcast_attention"] is False
+    for component in document["components"].values():
+        assert set(component) >= {"status", "max_abs", "headroom", "first_bad_module", "seconds"}
+    fix = document["fix"]
+    assert fix["verified"] is True and isinstance(fix["summary"], str)
+    assert set(fix) >= {"text_encoder", "unet", "vae", "upcast_attention"}
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def test_cli_exit_statuses(tmp_path):
+    healthy = _cli("check", "demo", "--json")
+    assert healthy.returncode == 0, healthy.stderr
+    assert json.loads(healthy.stdout)["verdict"] == "healthy"
+
+    folder = tmp_path / "overflowing-vae"
+    plant(build_tiny_sd_pipeline(), "vae").save_pretrained(folder)
+    report_md = tmp_path / "report.md"
+    fixable = _cli(
+        "check",
+        str(folder),
+        "--precision",
+        "fp16",
+        "--size",
+        "64",
+        "--json",
+        "--report",
+        str(report_md),
+    )
+    assert fixable.returncode == 1, fixable.stderr
+    document = json.loads(fixable.stdout)
+    assert document["verdict"] == "fixable"
+    assert document["components"]["vae"]["first_bad_module"] == VAE_LAYER
+    assert VAE_LAYER in report_md.read_text()
+
+    missing = _cli("check", str(tmp_path / "nope.safetensors"))
+    assert missing.returncode == 2
+    assert missing.stderr.count("\n") == 1 and "nope.safetensors" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+    bad_size = _cli("check", "demo", "--size", "100")
+    assert bad_size.returncode == 2 and "multiple of 8" in bad_size.stderr
