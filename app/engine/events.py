@@ -1,0 +1,131 @@
+"""What crosses the process boundary: job requests in, one event type out, and their framing.
+
+Everything here is plain data (builtins, an enum, frozen dataclasses) so that it pickles the
+same way in the GUI process and the engine process, and importing it never pulls in torch or Qt.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, BinaryIO
+
+
+class EventState(str, Enum):
+    """Where a job stands. RESULT, ERROR and CANCELLED are final: no event follows them."""
+
+    QUEUED = "queued"
+    PROGRESS = "progress"
+    PREVIEW = "preview"
+    WARNING = "warning"
+    RESULT = "result"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (EventState.RESULT, EventState.ERROR, EventState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """The one message the engine sends back, for every job and every state.
+
+    `stage`, `done` and `total` describe progress ("Denoising", 5, 25). `message` is one plain
+    sentence for WARNING, ERROR and CANCELLED; `details` holds what a user does not need to read
+    (a traceback, the log path). `error_type` names the core exception class of an ERROR
+    (e.g. "PickleRefusedError"), so the GUI can offer the right follow-up. `preview_png` is a PNG
+    thumbnail for PREVIEW; `result` is the job's JSON-like result for RESULT.
+    """
+
+    job_id: int
+    kind: str
+    state: EventState
+    stage: str = ""
+    done: int = 0
+    total: int = 0
+    message: str = ""
+    details: str = ""
+    error_type: str = ""
+    preview_png: bytes | None = None
+    result: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """Run `kind` with `params` (plain data) once the jobs before it have finished."""
+
+    job_id: int
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """Cancel a job: dropped if still queued, interrupted at its next step if running."""
+
+    job_id: int
+
+
+@dataclass(frozen=True)
+class ShutdownRequest:
+    """Finish nothing more: cancel the running job and exit."""
+
+
+Message = EngineEvent | JobRequest | CancelRequest | ShutdownRequest
+
+_HEADER = struct.Struct("<I")
+# A preview is a few tens of kB and a result a few kB; anything near this is a broken stream.
+MAX_FRAME = 256 * 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """The byte stream between the processes is not a sequence of our frames."""
+
+
+def encode(message: Message) -> bytes:
+    """One frame: a 4-byte little-endian length, then the pickled message."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+def write_message(stream: BinaryIO, message: Message) -> None:
+    stream.write(encode(message))
+    stream.flush()
+
+
+def read_message(stream: BinaryIO) -> Message | None:
+    """The next message, or None at a clean end of stream. Raises ProtocolError on garbage."""
+    header = _read_exactly(stream, _HEADER.size)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes is larger than allowed")
+    payload = _read_exactly(stream, length)
+    if payload is None:
+        raise ProtocolError("stream ended in the middle of a frame")
+    try:
+        message = pickle.loads(payload)
+    except Exception as error:  # noqa: BLE001 - any unpickling failure is a protocol failure
+        raise ProtocolError(f"frame could not be decoded: {error}") from error
+    if not isinstance(message, (EngineEvent, JobRequest, CancelRequest, ShutdownRequest)):
+        raise ProtocolError(f"unexpected message type {type(message).__name__}")
+    return message
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
+    buffer = io.BytesIO()
+    remaining = size
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            if buffer.tell() == 0:
+                return None
+            raise ProtocolError("stream ended in the middle of a frame")
+        buffer.write(chunk)
+        remaining -= len(chunk)
+    return buffer.getvalue()

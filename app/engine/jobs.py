@@ -1,0 +1,203 @@
+"""The jobs the engine runs: each calls one core function and returns plain, picklable data.
+
+Core modules (and with them torch) are imported inside the handlers, so the engine process
+starts fast and the GUI process can import `app.engine` without pulling torch in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import HalfSafeError
+from app.core.settings import PrecisionSettings
+from app.engine.server import Handler, JobContext
+
+
+class NoModelError(HalfSafeError):
+    """A health check or generation was asked for before any model was loaded."""
+
+    def __init__(self) -> None:
+        super().__init__("No model is loaded; load one on the Models page first.")
+
+
+def _plain(value: Any) -> Any:
+    """Builtins only, so the result pickles without core's classes on the other side."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "to_json"):
+        return _plain(value.to_json())
+    return str(value)
+
+
+def summarise_model(model: Any, device: str = "auto") -> dict[str, Any]:
+    """What the GUI shows about a loaded model (no tensors, no pipeline)."""
+    fields = (
+        "source",
+        "name",
+        "format",
+        "architecture",
+        "prediction_type",
+        "native_size",
+        "stored_dtype",
+        "model_hash",
+        "profile_key",
+    )
+    summary: dict[str, Any] = {name: _plain(getattr(model, name, None)) for name in fields}
+    weights = getattr(model, "weights", None)
+    summary["weights"] = _plain(weights) if weights is not None else None
+    because = getattr(model, "detected_because", None)
+    if isinstance(because, str):
+        because = [because]
+    summary["detected_because"] = [str(b) for b in (because or [])]
+    summary["components"] = _components(getattr(model, "pipeline", None))
+    summary["remembered_fix"] = _remembered_fix(model, device)
+    return summary
+
+
+def _components(pipeline: Any) -> list[str]:
+    if pipeline is None:
+        return []
+    names = ("text_encoder", "text_encoder_2", "unet", "transformer", "vae")
+    return [n for n in names if getattr(pipeline, n, None) is not None]
+
+
+def _remembered_fix(model: Any, device: str) -> dict[str, Any] | None:
+    """The fix stored the last time this model needed one on this device, if any."""
+    profile_key = getattr(model, "profile_key", None)
+    if not profile_key:
+        return None
+    try:
+        from app.core import hardware, profiles
+
+        info = hardware.describe_device(hardware.pick_device(device))
+        remembered = profiles.remembered_fix(profile_key, info.name)
+    except Exception:  # noqa: BLE001 - a remembered fix is a convenience, never a blocker
+        return None
+    if remembered is None:
+        return None
+    return {
+        "settings": _plain(remembered.settings),
+        "summary": remembered.summary,
+        "verified_by": remembered.verified_by,
+        "device": info.name,
+    }
+
+
+def _free_model(context: JobContext) -> None:
+    context.session.model = None
+    context.session.model_summary = None
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def load(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """params: source (path or "demo"), vae (path or None), allow_pickle (bool), device (for
+    looking up a fix remembered on that device)."""
+    from app.core.models import load_model
+
+    # One model at a time: a GPU rarely holds two, so the old one goes before the new one loads.
+    _free_model(context)
+    model = load_model(
+        params["source"],
+        vae=params.get("vae") or None,
+        allow_pickle=bool(params.get("allow_pickle", False)),
+        on_progress=context.progress,
+        cancel=context.cancel,
+    )
+    context.cancel.raise_if_cancelled()
+    context.session.model = model
+    context.session.model_summary = summarise_model(model, params.get("device", "auto"))
+    return dict(context.session.model_summary)
+
+
+def _loaded(context: JobContext) -> Any:
+    if context.session.model is None:
+        raise NoModelError()
+    return context.session.model
+
+
+def check(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """params: precision (settings mapping), device, size (px or None)."""
+    model = _loaded(context)
+    from app.core.health import check_loaded, markdown_report
+
+    report = check_loaded(
+        model,
+        precision=PrecisionSettings.from_mapping(params.get("precision", {})),
+        device=params.get("device", "auto"),
+        size=params.get("size"),
+        on_progress=context.progress,
+        cancel=context.cancel,
+    )
+    return {"report": _plain(report.to_json()), "markdown": markdown_report(report)}
+
+
+def generate(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """params: request (GenerationRequest fields), precision (settings mapping), device."""
+    model = _loaded(context)
+    from app.core.generation import GenerationRequest
+    from app.core.generation import generate as run_generation
+
+    request = GenerationRequest(**params["request"])
+    result = run_generation(
+        model,
+        request,
+        precision=PrecisionSettings.from_mapping(params.get("precision", {})),
+        device=params.get("device", "auto"),
+        on_progress=context.progress,
+        on_preview=context.preview,
+        cancel=context.cancel,
+    )
+    document = _plain(result.to_json())
+    document["request"] = dict(params["request"])
+    document["model"] = (context.session.model_summary or {}).get("name")
+    return document
+
+
+def hardware(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """params: self_test (bool), retest (bool)."""
+    from app.core.hardware import hardware_report
+
+    context.progress("Checking devices", 0, 1)
+    report = hardware_report(
+        self_test=bool(params.get("self_test", True)), retest=bool(params.get("retest", False))
+    )
+    return _plain(report.to_json())
+
+
+def library(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """params: folders (list of paths; the usual UI folders are added by core)."""
+    from app.core.library import scan_library
+
+    entries = scan_library([Path(f) for f in params.get("folders", [])])
+    return {"entries": [_plain(entry) for entry in entries]}
+
+
+def ping(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """Proves the engine is up and answering."""
+    return {"pid": os.getpid(), "python": sys.version.split()[0]}
+
+
+HANDLERS: dict[str, Handler] = {
+    "load": load,
+    "check": check,
+    "generate": generate,
+    "hardware": hardware,
+    "library": library,
+    "ping": ping,
+}

@@ -1,0 +1,191 @@
+"""The engine process seen from the GUI: start it, send it requests, hear its events and its end.
+
+No Qt and no torch here. `EngineProcess` calls `on_event` and `on_exit` from its reader
+thread; the Qt-side client moves them onto the GUI thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from app.core import paths
+from app.engine.events import (
+    EngineEvent,
+    Message,
+    ProtocolError,
+    ShutdownRequest,
+    read_message,
+    write_message,
+)
+from app.engine.failures import Failure, describe_exit
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG_NAME = "engine.log"
+
+
+class EngineTransport(Protocol):
+    """How the client talks to an engine: the real process, or a stand-in in tests."""
+
+    def start(
+        self, on_event: Callable[[EngineEvent], None], on_exit: Callable[[Failure], None]
+    ) -> None: ...
+
+    def send(self, message: Message) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+    @property
+    def running(self) -> bool: ...
+
+
+def log_path() -> Path:
+    return paths.cache_dir() / LOG_NAME
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 16384))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class EngineProcess:
+    """`python -m app.engine` as a child process, framed pickles over its stdin/stdout.
+
+    Its stderr goes to `engine.log` in the cache folder (the previous run's log is kept as
+    `engine.log.1`). When the process ends without being asked to, `on_exit` gets a Failure
+    that says why in plain words, with the log's last lines as details. One instance runs one
+    process; a restart makes a new instance.
+    """
+
+    def __init__(self, extra_args: Sequence[str] = (), python: str | None = None) -> None:
+        self._command = [python or sys.executable, "-m", "app.engine", *extra_args]
+        self._process: subprocess.Popen[bytes] | None = None
+        self._write_lock = threading.Lock()
+        self._stopping = False
+        self._reader: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(
+        self, on_event: Callable[[EngineEvent], None], on_exit: Callable[[Failure], None]
+    ) -> None:
+        log = log_path()
+        if log.exists():
+            log.replace(log.with_name(LOG_NAME + ".1"))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        flags = subprocess.CREATE_NO_WINDOW if sys.platform == "win32" else 0
+        try:
+            # The child keeps its own handle on the log; ours is closed straight away.
+            with log.open("ab") as log_file:
+                self._process = subprocess.Popen(
+                    self._command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log_file,
+                    env=env,
+                    creationflags=flags,
+                )
+        except OSError as error:
+            raise OSError(
+                f"The engine could not be started ({error.strerror or error})."
+            ) from error
+        self._reader = threading.Thread(
+            target=self._read,
+            args=(self._process, on_event, on_exit),
+            name="engine-reader",
+            daemon=True,
+        )
+        self._reader.start()
+
+    def _read(
+        self,
+        process: subprocess.Popen[bytes],
+        on_event: Callable[[EngineEvent], None],
+        on_exit: Callable[[Failure], None],
+    ) -> None:
+        assert process.stdout is not None
+        problem = ""
+        try:
+            while True:
+                message = read_message(process.stdout)
+                if message is None:
+                    break
+                if isinstance(message, EngineEvent):
+                    on_event(message)
+        except (ProtocolError, OSError) as error:
+            problem = f"\n\nMessage stream: {error}"
+            process.kill()
+        try:
+            returncode = process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            returncode = process.wait()
+        process.stdout.close()
+        with self._write_lock:
+            if process.stdin is not None and not process.stdin.closed:
+                # The pipe may already be broken; closing it is all we want.
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
+        if self._stopping:
+            return
+        failure = describe_exit(returncode, _tail(log_path()))
+        on_exit(Failure(failure.message, failure.details + problem, failure.error_type))
+
+    def send(self, message: Message) -> None:
+        """Write one request; raises BrokenPipeError (an OSError) if the engine is gone."""
+        process = self._process
+        if process is None or process.stdin is None:
+            raise BrokenPipeError("the engine is not running")
+        with self._write_lock:
+            if process.stdin.closed:
+                raise BrokenPipeError("the engine is not running")
+            write_message(process.stdin, message)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the engine to stop, then make sure it has: terminate, then kill."""
+        process = self._process
+        if process is None:
+            return
+        self._stopping = True
+        if process.poll() is None:
+            try:
+                self.send(ShutdownRequest())
+                with self._write_lock:
+                    if process.stdin is not None:
+                        process.stdin.close()
+            except OSError:
+                pass
+            deadline = time.monotonic() + timeout
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)

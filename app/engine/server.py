@@ -1,0 +1,251 @@
+"""The engine's job loop: one job at a time from a queue, cancel from a listener thread.
+
+Threads: the listener thread reads requests and only touches the queue and the running job's
+cancel token; the thread that calls `serve` runs the jobs. Events go out through `send`, which
+is called from both threads and is serialised here with a lock.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.errors import CancelledError
+from app.core.jobs import CancelToken
+from app.engine.events import (
+    CancelRequest,
+    EngineEvent,
+    EventState,
+    JobRequest,
+    Message,
+    ShutdownRequest,
+)
+from app.engine.failures import describe_exception
+
+PREVIEW_EDGE = 256
+
+
+@dataclass
+class Session:
+    """What the engine keeps between jobs: the loaded model and anything derived from it."""
+
+    model: Any = None
+    model_summary: dict[str, Any] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class JobContext:
+    """What a job handler gets: its cancel token, ways to report, and the engine's session."""
+
+    def __init__(
+        self,
+        job: JobRequest,
+        session: Session,
+        send: Callable[[EngineEvent], None],
+        cancel: CancelToken,
+    ) -> None:
+        self.job = job
+        self.session = session
+        self.cancel = cancel
+        self._send = send
+
+    def _event(self, state: EventState, **values: Any) -> None:
+        self._send(EngineEvent(self.job.job_id, self.job.kind, state, **values))
+
+    def progress(self, stage: str, done: int, total: int) -> None:
+        """Matches app.core.jobs.ProgressCallback; also a cancellation point."""
+        self._event(EventState.PROGRESS, stage=stage, done=int(done), total=int(total))
+        self.cancel.raise_if_cancelled()
+
+    def preview(self, step: int, image: Any) -> None:
+        """Send a PIL image as a small PNG (matches core's `on_preview(step, image)`)."""
+        thumbnail = image.copy()
+        thumbnail.thumbnail((PREVIEW_EDGE, PREVIEW_EDGE))
+        buffer = io.BytesIO()
+        thumbnail.save(buffer, format="PNG", compress_level=1)
+        self._event(
+            EventState.PREVIEW, stage="Preview", done=int(step), preview_png=buffer.getvalue()
+        )
+
+    def warn(self, message: str) -> None:
+        self._event(EventState.WARNING, message=message)
+
+
+Handler = Callable[[JobContext, dict[str, Any]], dict[str, Any]]
+
+
+class Engine:
+    """Runs jobs one at a time in the order they arrive; see the module docstring for threads."""
+
+    def __init__(
+        self, send: Callable[[EngineEvent], None], handlers: Mapping[str, Handler]
+    ) -> None:
+        self._send_raw = send
+        self._send_lock = threading.Lock()
+        self.handlers = dict(handlers)
+        self.session = Session()
+        self._queue: deque[JobRequest] = deque()
+        self._condition = threading.Condition()
+        self._running: tuple[int, CancelToken] | None = None
+        self._stopping = False
+
+    def send(self, event: EngineEvent) -> None:
+        with self._send_lock:
+            self._send_raw(event)
+
+    # Listener side -------------------------------------------------------------------------
+
+    def receive(self, message: Message) -> None:
+        """Handle one request; called from the listener thread, returns at once."""
+        if isinstance(message, JobRequest):
+            with self._condition:
+                if self._stopping:
+                    return
+                self._queue.append(message)
+                position = len(self._queue) + (1 if self._running else 0)
+                # Sent under the lock, so QUEUED always goes out before the job's first event.
+                self.send(
+                    EngineEvent(
+                        message.job_id,
+                        message.kind,
+                        EventState.QUEUED,
+                        stage="Waiting",
+                        done=0,
+                        total=position,
+                    )
+                )
+                self._condition.notify()
+        elif isinstance(message, CancelRequest):
+            self.cancel(message.job_id)
+        elif isinstance(message, ShutdownRequest):
+            self.stop()
+
+    def cancel(self, job_id: int) -> None:
+        dropped: JobRequest | None = None
+        with self._condition:
+            for job in self._queue:
+                if job.job_id == job_id:
+                    dropped = job
+                    break
+            if dropped is not None:
+                self._queue.remove(dropped)
+            elif self._running and self._running[0] == job_id:
+                self._running[1].cancel()
+        if dropped is not None:
+            self.send(
+                EngineEvent(
+                    dropped.job_id,
+                    dropped.kind,
+                    EventState.CANCELLED,
+                    message="Cancelled before it started.",
+                )
+            )
+
+    def stop(self) -> None:
+        """Stop after the running job notices its cancel token; queued jobs are dropped."""
+        with self._condition:
+            self._stopping = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            if self._running:
+                self._running[1].cancel()
+            self._condition.notify_all()
+        for job in dropped:
+            self.send(
+                EngineEvent(
+                    job.job_id,
+                    job.kind,
+                    EventState.CANCELLED,
+                    message="Cancelled because the engine is stopping.",
+                )
+            )
+
+    # Worker side ---------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run jobs until `stop`; call from the thread that should own torch."""
+        while True:
+            with self._condition:
+                while not self._queue and not self._stopping:
+                    self._condition.wait()
+                if self._stopping:
+                    return
+                job = self._queue.popleft()
+                token = CancelToken()
+                self._running = (job.job_id, token)
+            try:
+                self.run(job, token)
+            finally:
+                with self._condition:
+                    self._running = None
+
+    def run(self, job: JobRequest, token: CancelToken) -> None:
+        """Run one job to its final event (RESULT, ERROR or CANCELLED)."""
+        context = JobContext(job, self.session, self.send, token)
+        handler = self.handlers.get(job.kind)
+        if handler is None:
+            self.send(
+                EngineEvent(
+                    job.job_id,
+                    job.kind,
+                    EventState.ERROR,
+                    message=f"This engine cannot run '{job.kind}' jobs.",
+                    error_type="UnknownJob",
+                )
+            )
+            return
+        started = time.monotonic()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                context.progress("Starting", 0, 0)
+                result = handler(context, dict(job.params))
+            for warning in _own_warnings(caught):
+                context.warn(warning)
+        except CancelledError as error:
+            self.send(EngineEvent(job.job_id, job.kind, EventState.CANCELLED, message=str(error)))
+            return
+        except BaseException as error:  # noqa: BLE001 - every failure becomes an ERROR event
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
+            failure = describe_exception(error, job.kind)
+            self.send(
+                EngineEvent(
+                    job.job_id,
+                    job.kind,
+                    EventState.ERROR,
+                    message=failure.message,
+                    details=failure.details,
+                    error_type=failure.error_type,
+                )
+            )
+            return
+        if token.cancelled and job.kind in ("load",):
+            # A load that finished after cancel was asked: honour the cancel, drop the model.
+            self.session.model = None
+            self.session.model_summary = None
+            self.send(EngineEvent(job.job_id, job.kind, EventState.CANCELLED, message="Cancelled."))
+            return
+        result = dict(result or {})
+        result.setdefault("seconds", round(time.monotonic() - started, 3))
+        self.send(EngineEvent(job.job_id, job.kind, EventState.RESULT, result=result))
+
+
+def _own_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """Warnings that HalfSafe's own code raised for the user; library noise goes to the log."""
+    seen: list[str] = []
+    for item in caught:
+        filename = (item.filename or "").replace("\\", "/")
+        if "/app/core/" in filename or "/app/engine/" in filename:
+            text = str(item.message)
+            if text not in seen:
+                seen.append(text)
+        else:
+            warnings.showwarning(item.message, item.category, item.filename, item.lineno)
+    return seen

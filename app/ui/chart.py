@@ -1,0 +1,251 @@
+"""A bar chart of max |activation| per block against the fp16 limit, on a log scale.
+
+Drawn with QPainter (PySide6-Essentials has no QtCharts). Bars are green far below the limit,
+amber within a factor of ten of it, red at or past it; a block that went non-finite is a red
+hatched bar reaching the top.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPainter, QPen
+from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+
+from app.ui.words import FP16_LIMIT, big_number, short_block
+
+GOOD = QColor("#2e8b57")
+WARN = QColor("#e0a100")
+BAD = QColor("#c62828")
+GRID = QColor("#e3e5e8")
+AXIS = QColor("#5f6368")
+
+
+@dataclass(frozen=True)
+class Block:
+    module: str
+    max_abs: float | None
+    non_finite: bool
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Block:
+        value = data.get("max_abs")
+        value = float(value) if isinstance(value, (int, float)) else None
+        if value is not None and not math.isfinite(value):
+            return cls(str(data.get("module", "")), None, True)
+        return cls(str(data.get("module", "")), value, bool(data.get("non_finite", False)))
+
+    @property
+    def level(self) -> str:
+        if self.non_finite or (self.max_abs is not None and self.max_abs >= FP16_LIMIT):
+            return "bad"
+        if self.max_abs is not None and self.max_abs >= FP16_LIMIT / 10:
+            return "warn"
+        return "good"
+
+
+def _tick_label(exponent: int) -> str:
+    value = 10.0**exponent
+    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= threshold:
+            return f"{value / threshold:g}{suffix}"
+    return f"{value:g}"
+
+
+class ActivationChart(QWidget):
+    """Shows one component's blocks in execution order; hover a bar for its full name."""
+
+    MARGIN_LEFT = 52
+    MARGIN_RIGHT = 14
+    MARGIN_TOP = 22
+    LABEL_SPACE = 74
+
+    def __init__(self, parent: QWidget | None = None, limit: float = FP16_LIMIT) -> None:
+        super().__init__(parent)
+        self.limit = limit
+        self.blocks: list[Block] = []
+        self.setMinimumHeight(230)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setMouseTracking(True)
+
+    def set_blocks(self, blocks: list[dict[str, Any]]) -> None:
+        self.blocks = [Block.from_json(b) for b in blocks]
+        bad = [b.module for b in self.blocks if b.level == "bad"]
+        peak = max((b.max_abs for b in self.blocks if b.max_abs is not None), default=None)
+        self.setAccessibleName("Largest activation per block against the fp16 limit")
+        self.setAccessibleDescription(
+            f"{len(self.blocks)} blocks; largest value {big_number(peak)}; "
+            + (f"past the limit: {', '.join(bad)}" if bad else "none past the limit")
+        )
+        self.updateGeometry()
+        self.update()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return QSize(max(360, 46 * len(self.blocks) + self.MARGIN_LEFT + 20), 250)
+
+    # Geometry ---------------------------------------------------------------------------------
+
+    def _range(self) -> tuple[int, int]:
+        values = [b.max_abs for b in self.blocks if b.max_abs is not None and b.max_abs > 0]
+        low = min(values, default=1.0)
+        high = max([*values, self.limit])
+        low_exp = max(-3, math.floor(math.log10(low)))
+        high_exp = math.ceil(math.log10(high) + 0.25)
+        if high_exp - low_exp < 3:
+            low_exp = high_exp - 3
+        return low_exp, high_exp
+
+    def _plot_rect(self) -> QRectF:
+        return QRectF(
+            self.MARGIN_LEFT,
+            self.MARGIN_TOP,
+            max(10, self.width() - self.MARGIN_LEFT - self.MARGIN_RIGHT),
+            max(10, self.height() - self.MARGIN_TOP - self.LABEL_SPACE),
+        )
+
+    def _y(self, value: float, plot: QRectF, low_exp: int, high_exp: int) -> float:
+        exponent = math.log10(max(value, 10.0**low_exp))
+        fraction = (exponent - low_exp) / (high_exp - low_exp)
+        return plot.bottom() - fraction * plot.height()
+
+    def _bar_rects(self, plot: QRectF) -> list[tuple[float, float]]:
+        """(centre x, width) per bar."""
+        count = len(self.blocks)
+        if not count:
+            return []
+        slot = plot.width() / count
+        width = max(4.0, min(34.0, slot * 0.66))
+        return [(plot.left() + slot * (i + 0.5), width) for i in range(count)]
+
+    # Painting ---------------------------------------------------------------------------------
+
+    def paintEvent(self, _event: Any) -> None:  # noqa: N802 - Qt's name
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        plot = self._plot_rect()
+        low_exp, high_exp = self._range()
+        small = QFont(self.font())
+        small.setPointSizeF(max(7.0, self.font().pointSizeF() - 1.5))
+        painter.setFont(small)
+        metrics = QFontMetrics(small)
+
+        # Decade grid and its labels.
+        for exponent in range(low_exp, high_exp + 1):
+            y = self._y(10.0**exponent, plot, low_exp, high_exp)
+            painter.setPen(QPen(GRID, 1))
+            painter.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
+            painter.setPen(AXIS)
+            text = _tick_label(exponent)
+            painter.drawText(
+                QRectF(0, y - 8, self.MARGIN_LEFT - 6, 16),
+                Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                text,
+            )
+        painter.setPen(QPen(AXIS, 1))
+        painter.drawLine(QPointF(plot.left(), plot.top()), QPointF(plot.left(), plot.bottom()))
+        painter.drawLine(QPointF(plot.left(), plot.bottom()), QPointF(plot.right(), plot.bottom()))
+        painter.save()
+        painter.translate(11, plot.center().y())
+        painter.rotate(-90)
+        painter.drawText(
+            QRectF(-plot.height() / 2, -8, plot.height(), 16),
+            Qt.AlignmentFlag.AlignCenter,
+            "max |activation| (log)",
+        )
+        painter.restore()
+
+        if not self.blocks:
+            painter.drawText(plot, Qt.AlignmentFlag.AlignCenter, "No per-block measurements.")
+            painter.end()
+            return
+
+        # Bars.
+        for block, (centre, width) in zip(self.blocks, self._bar_rects(plot), strict=True):
+            colour = {"good": GOOD, "warn": WARN, "bad": BAD}[block.level]
+            if block.non_finite:
+                rect = QRectF(centre - width / 2, plot.top(), width, plot.height())
+                painter.fillRect(rect, QColor(BAD.red(), BAD.green(), BAD.blue(), 60))
+                painter.fillRect(rect, QBrush(BAD, Qt.BrushStyle.BDiagPattern))
+                painter.setPen(BAD)
+                painter.drawText(
+                    QRectF(centre - 30, plot.top() - 18, 60, 16),
+                    Qt.AlignmentFlag.AlignCenter,
+                    "inf/NaN",
+                )
+            elif block.max_abs is None:
+                painter.setPen(AXIS)
+                painter.drawText(
+                    QRectF(centre - 20, plot.bottom() - 18, 40, 16),
+                    Qt.AlignmentFlag.AlignCenter,
+                    "n/a",
+                )
+            else:
+                top = self._y(block.max_abs, plot, low_exp, high_exp)
+                painter.fillRect(
+                    QRectF(centre - width / 2, top, width, plot.bottom() - top), colour
+                )
+
+        # The fp16 limit, drawn over the bars so it stays visible.
+        limit_y = self._y(self.limit, plot, low_exp, high_exp)
+        painter.setPen(QPen(BAD, 1.6, Qt.PenStyle.DashLine))
+        painter.drawLine(QPointF(plot.left(), limit_y), QPointF(plot.right(), limit_y))
+        caption = "fp16 limit 65,504"
+        box = QRectF(
+            plot.right() - metrics.horizontalAdvance(caption) - 8,
+            limit_y - 17,
+            metrics.horizontalAdvance(caption) + 6,
+            15,
+        )
+        painter.fillRect(box, QColor(255, 255, 255, 210))
+        painter.setPen(BAD)
+        painter.drawText(box, Qt.AlignmentFlag.AlignCenter, caption)
+
+        # Block names, slanted so that long ones fit.
+        painter.setPen(AXIS)
+        for block, (centre, _width) in zip(self.blocks, self._bar_rects(plot), strict=True):
+            text = metrics.elidedText(
+                short_block(block.module), Qt.TextElideMode.ElideRight, self.LABEL_SPACE + 12
+            )
+            painter.save()
+            painter.translate(centre + 4, plot.bottom() + 6)
+            painter.rotate(-40)
+            painter.drawText(
+                QRectF(-self.LABEL_SPACE - 20, -8, self.LABEL_SPACE + 20, 16),
+                Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
+                text,
+            )
+            painter.restore()
+        painter.end()
+
+    # Hover ------------------------------------------------------------------------------------
+
+    def block_at(self, x: float) -> Block | None:
+        plot = self._plot_rect()
+        for block, (centre, width) in zip(self.blocks, self._bar_rects(plot), strict=True):
+            if abs(x - centre) <= max(width / 2, 6):
+                return block
+        return None
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.Type.ToolTip:
+            block = self.block_at(event.pos().x())
+            if block is None:
+                QToolTip.hideText()
+            else:
+                if block.non_finite:
+                    value = "went non-finite (inf or NaN)"
+                elif block.max_abs is None:
+                    value = "not measured"
+                else:
+                    value = (
+                        f"{big_number(block.max_abs)}, "
+                        f"{block.max_abs / self.limit:.1%} of the fp16 limit"
+                    )
+                QToolTip.showText(
+                    event.globalPos(), f"{block.module}\nmax |activation|: {value}", self
+                )
+            return True
+        return super().event(event)

@@ -1,0 +1,215 @@
+"""The GUI's one bridge to the engine process."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from app.engine.events import CancelRequest, EngineEvent, EventState, JobRequest
+from app.engine.failures import Failure
+from app.engine.process import EngineProcess, EngineTransport
+
+JobHandler = Callable[[EngineEvent], None]
+
+
+class EngineState:
+    NOT_STARTED = "not started"
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    STOPPED = "stopped"
+
+
+@dataclass
+class _PendingJob:
+    kind: str
+    params: dict[str, Any]
+    handler: JobHandler | None
+
+
+class EngineClient(QObject):
+    """Starts the engine on first need, submits jobs, forwards its events, notices its death.
+
+    Threading contract: call every method from the GUI thread. Every signal of this class, and
+    every per-job handler passed to `submit`, is emitted or called in the GUI thread, in the
+    order the engine sent its events. The transport reports from its own reader thread; those
+    reports cross to the GUI thread through the private queued signals `_arrived` and `_ended`,
+    and nothing else happens on the reader thread.
+
+    Signals:
+      event(EngineEvent): every event of every job, after that job's own handler ran.
+      state_changed(str): one of EngineState's values.
+      died(Failure): the engine ended without being asked to; jobs it held got an ERROR event.
+      restarted(): a fresh engine was started by `restart`.
+    """
+
+    event = Signal(object)
+    state_changed = Signal(str)
+    died = Signal(object)
+    restarted = Signal()
+
+    _arrived = Signal(int, object)
+    _ended = Signal(int, object)
+
+    def __init__(
+        self,
+        transport_factory: Callable[[], EngineTransport] = EngineProcess,
+        parent: QObject | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self._factory = transport_factory
+        self._transport: EngineTransport | None = None
+        self._generation = 0
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _PendingJob] = {}
+        self._state = EngineState.NOT_STARTED
+        self.last_failure: Failure | None = None
+        self._arrived.connect(self._on_arrived)
+        self._ended.connect(self._on_ended)
+
+    # Public API ------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def transport(self) -> EngineTransport | None:
+        return self._transport
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def pending_kinds(self) -> list[str]:
+        return [job.kind for job in self._pending.values()]
+
+    def ensure_started(self) -> bool:
+        """Start the engine if it is not running; False (and `died`) if it cannot start."""
+        if self._transport is not None and self._state != EngineState.STOPPED:
+            return True
+        self._generation += 1
+        generation = self._generation
+        transport = self._factory()
+        self._set_state(EngineState.STARTING)
+        try:
+            transport.start(
+                lambda event: self._arrived.emit(generation, event),
+                lambda failure: self._ended.emit(generation, failure),
+            )
+        except OSError as error:
+            self._transport = None
+            self._fail(Failure(str(error), "", "StartFailed"))
+            return False
+        self._transport = transport
+        self._set_state(EngineState.IDLE)
+        return True
+
+    def submit(
+        self, kind: str, params: dict[str, Any] | None = None, handler: JobHandler | None = None
+    ) -> int:
+        """Queue a job; returns its id. Starts the engine first if needed.
+
+        If the engine cannot take the job, `handler` still gets a final ERROR event.
+        """
+        job_id = next(self._ids)
+        params = dict(params or {})
+        self._pending[job_id] = _PendingJob(kind, params, handler)
+        self._set_state(EngineState.BUSY)
+        if not self.ensure_started():
+            return job_id
+        try:
+            assert self._transport is not None
+            self._transport.send(JobRequest(job_id, kind, params))
+        except OSError:
+            # The engine is gone; its reader thread will report the death and fail this job.
+            pass
+        return job_id
+
+    def cancel(self, job_id: int) -> None:
+        if job_id not in self._pending or self._transport is None:
+            return
+        # A dead engine cancels nothing; its death is reported by the reader.
+        with contextlib.suppress(OSError):
+            self._transport.send(CancelRequest(job_id))
+
+    def cancel_all(self) -> None:
+        for job_id in list(self._pending):
+            self.cancel(job_id)
+
+    def restart(self) -> None:
+        """Stop the engine (killing it if it does not stop at once) and start a fresh one.
+
+        A fresh process also frees a GPU left in a bad state. Jobs the old engine held end
+        with a CANCELLED event.
+        """
+        self._stop_transport(timeout=0.5, reason="Cancelled because the engine was restarted.")
+        self.last_failure = None
+        if self.ensure_started():
+            self.restarted.emit()
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Stop the engine for good (window closing); no signals about its end follow."""
+        self._stop_transport(timeout=timeout, reason="Cancelled because HalfSafe is closing.")
+
+    # Internals -------------------------------------------------------------------------------
+
+    def _stop_transport(self, timeout: float, reason: str) -> None:
+        transport, self._transport = self._transport, None
+        self._generation += 1
+        if transport is not None:
+            transport.stop(timeout=timeout)
+        self._finish_pending(EventState.CANCELLED, reason)
+        self._set_state(EngineState.NOT_STARTED)
+
+    def _set_state(self, state: str) -> None:
+        if state in (EngineState.IDLE, EngineState.BUSY) and self._transport is not None:
+            state = EngineState.BUSY if self._pending else EngineState.IDLE
+        if state != self._state:
+            self._state = state
+            self.state_changed.emit(state)
+
+    def _finish_pending(
+        self, state: EventState, message: str, details: str = "", error_type: str = ""
+    ) -> None:
+        pending, self._pending = self._pending, {}
+        for job_id, job in pending.items():
+            self._deliver(
+                EngineEvent(
+                    job_id, job.kind, state, message=message, details=details, error_type=error_type
+                ),
+                job,
+            )
+
+    def _deliver(self, event: EngineEvent, job: _PendingJob | None) -> None:
+        if job is not None and job.handler is not None:
+            job.handler(event)
+        self.event.emit(event)
+
+    def _fail(self, failure: Failure) -> None:
+        self.last_failure = failure
+        self._transport = None
+        self._set_state(EngineState.STOPPED)
+        self._finish_pending(EventState.ERROR, failure.message, failure.details, "EngineDied")
+        self.died.emit(failure)
+
+    @Slot(int, object)
+    def _on_arrived(self, generation: int, event: EngineEvent) -> None:
+        if generation != self._generation:
+            return
+        job = self._pending.get(event.job_id)
+        if event.state.final:
+            self._pending.pop(event.job_id, None)
+        self._deliver(event, job)
+        self._set_state(EngineState.BUSY)
+
+    @Slot(int, object)
+    def _on_ended(self, generation: int, failure: Failure) -> None:
+        if generation != self._generation:
+            return
+        self._fail(failure)

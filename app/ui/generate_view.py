@@ -1,0 +1,634 @@
+"""The Generate page: prompt and parameters, progress with ETA, live preview, gallery, and a
+banner on every image that went NaN or black, with the fix one click away."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSettings, QSize, Qt, QUrl
+from PySide6.QtGui import QDesktopServices, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.settings import FIELDS
+from app.engine.events import EngineEvent, EventState
+from app.ui import words
+from app.ui.dialogs import Dialogs
+from app.ui.engine_client import EngineClient
+from app.ui.state import AppState
+from app.ui.widgets import Banner, label, page_layout, primary_button
+
+GENERATION_KEYS = (
+    "negative_prompt",
+    "steps",
+    "cfg",
+    "seed",
+    "width",
+    "height",
+    "batch",
+    "scheduler",
+)
+THUMBNAIL = 112
+STATUS_SHORT = {"nan": "NaN", "black": "black", "fixed": "fixed", "safety_checker": "blanked"}
+
+
+class ImageView(QWidget):
+    """Paints one image scaled to fit, keeping its aspect; a placeholder text when empty."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.pixmap = QPixmap()
+        self.placeholder = ""
+        self.setMinimumSize(260, 260)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+
+    def set_pixmap(self, pixmap: QPixmap | None, placeholder: str = "") -> None:
+        self.pixmap = pixmap if pixmap is not None else QPixmap()
+        self.placeholder = placeholder
+        self.update()
+
+    def paintEvent(self, _event: Any) -> None:  # noqa: N802 - Qt's name
+        painter = QPainter(self)
+        painter.fillRect(self.rect(), self.palette().window())
+        if self.pixmap.isNull():
+            painter.setPen(self.palette().placeholderText().color())
+            painter.drawText(
+                self.rect().adjusted(20, 20, -20, -20),
+                Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
+                self.placeholder,
+            )
+        else:
+            scaled = self.pixmap.scaled(
+                self.size(),
+                Qt.AspectRatioMode.KeepAspectRatio,
+                Qt.TransformationMode.SmoothTransformation,
+            )
+            x = (self.width() - scaled.width()) // 2
+            y = (self.height() - scaled.height()) // 2
+            painter.drawPixmap(x, y, scaled)
+        painter.end()
+
+
+class GenerateView(QWidget):
+    """Submits `generate` jobs and shows their previews and results."""
+
+    def __init__(
+        self,
+        state: AppState,
+        client: EngineClient,
+        dialogs: Dialogs,
+        ui_settings: QSettings,
+        load_demo: Callable[[], None] | None = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.client = client
+        self.dialogs = dialogs
+        self.ui_settings = ui_settings
+        self._load_demo = load_demo
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.running_job: int | None = None
+        self._timing: tuple[float, int] | None = None
+        self._job_started = 0.0
+        self.last_seed: int | None = None
+        self.current_entry: dict[str, Any] | None = None
+
+        layout = page_layout(self, "Generate")
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.setChildrenCollapsible(False)
+        splitter.addWidget(self._build_form())
+        splitter.addWidget(self._build_results())
+        splitter.setStretchFactor(0, 0)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([360, 700])
+        layout.addWidget(splitter, 1)
+
+        for sequence in ("Ctrl+Return", "Ctrl+Enter"):
+            shortcut = QShortcut(QKeySequence(sequence), self)
+            shortcut.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+            shortcut.activated.connect(self.generate)
+        escape = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        escape.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        escape.activated.connect(self.cancel)
+
+        self._load_values()
+        state.settings_changed.connect(self._settings_changed)
+        state.model_changed.connect(self._model_changed)
+        self._model_changed(state.model)
+
+    # Layout -----------------------------------------------------------------------------------
+
+    def _build_form(self) -> QWidget:
+        form_widget = QWidget()
+        form_widget.setMinimumWidth(320)
+        form_widget.setMaximumWidth(460)
+        column = QVBoxLayout(form_widget)
+        column.setContentsMargins(0, 0, 12, 0)
+        column.addWidget(label("Prompt"))
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("What to draw, e.g. a lighthouse on a cliff at dusk")
+        self.prompt.setTabChangesFocus(True)
+        self.prompt.setMinimumHeight(80)
+        column.addWidget(self.prompt, 2)
+        column.addWidget(label("Negative prompt"))
+        self.negative = QPlainTextEdit()
+        self.negative.setPlaceholderText("What to leave out, e.g. blurry, text")
+        self.negative.setTabChangesFocus(True)
+        self.negative.setMinimumHeight(50)
+        column.addWidget(self.negative, 1)
+
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.steps = QSpinBox()
+        self.steps.setRange(int(FIELDS["steps"].minimum), int(FIELDS["steps"].maximum))
+        self.cfg = QDoubleSpinBox()
+        self.cfg.setRange(FIELDS["cfg"].minimum, FIELDS["cfg"].maximum)
+        self.cfg.setDecimals(1)
+        self.cfg.setSingleStep(0.5)
+        self.seed = QLineEdit()
+        self.seed.setToolTip("-1 picks a new random seed for every image.")
+        seed_row = QHBoxLayout()
+        seed_row.addWidget(self.seed, 1)
+        self.random_seed = QPushButton("Random")
+        self.random_seed.setToolTip("Use a new random seed for every run (-1).")
+        self.random_seed.clicked.connect(lambda: self.seed.setText("-1"))
+        self.reuse_seed = QPushButton("Reuse last")
+        self.reuse_seed.setToolTip("Use the seed of the image shown.")
+        self.reuse_seed.clicked.connect(self.reuse_last_seed)
+        seed_row.addWidget(self.random_seed)
+        seed_row.addWidget(self.reuse_seed)
+        size_row = QHBoxLayout()
+        self.width_box = QSpinBox()
+        self.height_box = QSpinBox()
+        for box, key in ((self.width_box, "width"), (self.height_box, "height")):
+            box.setRange(int(FIELDS[key].minimum), int(FIELDS[key].maximum))
+            box.setSingleStep(64)
+            box.setSuffix(" px")
+            box.setKeyboardTracking(False)
+        size_row.addWidget(self.width_box, 1)
+        size_row.addWidget(label("×"))
+        size_row.addWidget(self.height_box, 1)
+        self.batch = QSpinBox()
+        self.batch.setRange(int(FIELDS["batch"].minimum), int(FIELDS["batch"].maximum))
+        self.scheduler = QComboBox()
+        for choice in FIELDS["scheduler"].choices:
+            self.scheduler.addItem(words.choice_name(choice), choice)
+        form.addRow("Steps", self.steps)
+        form.addRow("CFG scale", self.cfg)
+        form.addRow("Seed", seed_row)
+        form.addRow("Size", size_row)
+        form.addRow("Batch", self.batch)
+        form.addRow("Sampler", self.scheduler)
+        for key, widget in (
+            ("steps", self.steps),
+            ("cfg", self.cfg),
+            ("seed", self.seed),
+            ("batch", self.batch),
+            ("scheduler", self.scheduler),
+            ("width", self.width_box),
+            ("height", self.height_box),
+        ):
+            widget.setToolTip(FIELDS[key].help)
+        column.addLayout(form)
+        self.size_hint = label("", "muted", wrap=True)
+        self.size_hint.setOpenExternalLinks(False)
+        self.size_hint.linkActivated.connect(self._use_native_size)
+        column.addWidget(self.size_hint)
+
+        buttons = QHBoxLayout()
+        self.generate_button = primary_button("Generate")
+        self.generate_button.setToolTip("Ctrl+Enter")
+        self.generate_button.clicked.connect(self.generate)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Esc")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.cancel_button.setEnabled(False)
+        buttons.addWidget(self.generate_button, 1)
+        buttons.addWidget(self.cancel_button)
+        column.addLayout(buttons)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.progress.setTextVisible(False)
+        column.addWidget(self.progress)
+        self.progress_label = label("", "muted", wrap=True)
+        column.addWidget(self.progress_label)
+        self.model_hint = label("", "muted", wrap=True)
+        column.addWidget(self.model_hint)
+        self.demo_button = QPushButton("Load the demo model")
+        self.demo_button.clicked.connect(lambda: self._load_demo and self._load_demo())
+        column.addWidget(self.demo_button)
+        column.addStretch(0)
+        return form_widget
+
+    def _build_results(self) -> QWidget:
+        results = QSplitter(Qt.Orientation.Vertical)
+        results.setChildrenCollapsible(False)
+        viewer = QWidget()
+        column = QVBoxLayout(viewer)
+        column.setContentsMargins(12, 0, 0, 0)
+        self.banner = Banner()
+        column.addWidget(self.banner)
+        self.image = ImageView()
+        self.image.set_pixmap(
+            None, "Your images appear here, with a live preview while they are made."
+        )
+        column.addWidget(self.image, 1)
+        self.parameters = label("", "muted", wrap=True, selectable=True)
+        self.parameters.setTextFormat(Qt.TextFormat.PlainText)
+        column.addWidget(self.parameters)
+        actions = QHBoxLayout()
+        self.open_folder_button = QPushButton("Open folder")
+        self.open_folder_button.clicked.connect(self.open_folder)
+        self.open_folder_button.setEnabled(False)
+        actions.addWidget(self.open_folder_button)
+        actions.addStretch(1)
+        column.addLayout(actions)
+        results.addWidget(viewer)
+
+        gallery_box = QFrame()
+        gallery_layout = QVBoxLayout(gallery_box)
+        gallery_layout.setContentsMargins(12, 4, 0, 0)
+        gallery_layout.addWidget(label("Gallery", "muted"))
+        self.gallery = QListWidget()
+        self.gallery.setViewMode(QListWidget.ViewMode.IconMode)
+        self.gallery.setFlow(QListWidget.Flow.LeftToRight)
+        self.gallery.setWrapping(False)
+        self.gallery.setMovement(QListWidget.Movement.Static)
+        self.gallery.setIconSize(QSize(THUMBNAIL, THUMBNAIL))
+        self.gallery.setGridSize(QSize(THUMBNAIL + 24, THUMBNAIL + 36))
+        self.gallery.setMinimumHeight(THUMBNAIL + 48)
+        self.gallery.setMaximumHeight(THUMBNAIL + 64)
+        self.gallery.currentItemChanged.connect(self._gallery_selected)
+        gallery_layout.addWidget(self.gallery)
+        results.addWidget(gallery_box)
+        results.setStretchFactor(0, 1)
+        results.setStretchFactor(1, 0)
+        return results
+
+    # Values -----------------------------------------------------------------------------------
+
+    def _load_values(self) -> None:
+        settings = self.state.settings
+        self.prompt.setPlainText(str(self.ui_settings.value("generate/prompt", "")))
+        self.negative.setPlainText(settings["negative_prompt"])
+        self.steps.setValue(settings["steps"])
+        self.cfg.setValue(settings["cfg"])
+        self.seed.setText(str(settings["seed"]))
+        self.width_box.setValue(settings["width"])
+        self.height_box.setValue(settings["height"])
+        self.batch.setValue(settings["batch"])
+        self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
+
+    def _settings_changed(self, keys: list[str]) -> None:
+        if any(key in GENERATION_KEYS for key in keys):
+            prompt = self.prompt.toPlainText()
+            self._load_values()
+            self.prompt.setPlainText(prompt)
+
+    def request(self) -> dict[str, Any]:
+        """The request the Generate button would send, as GenerationRequest's fields."""
+        seed_text = self.seed.text().strip()
+        try:
+            seed = int(seed_text)
+        except ValueError:
+            seed = -1
+        output = self.state.settings["output_folder"] or None
+        return {
+            "prompt": self.prompt.toPlainText().strip(),
+            "negative_prompt": self.negative.toPlainText().strip(),
+            "steps": self.steps.value(),
+            "cfg": round(self.cfg.value(), 1),
+            "seed": seed,
+            "width": _multiple_of_8(self.width_box.value()),
+            "height": _multiple_of_8(self.height_box.value()),
+            "batch": self.batch.value(),
+            "scheduler": self.scheduler.currentData(),
+            "output_dir": output,
+        }
+
+    def _remember(self, request: dict[str, Any]) -> None:
+        """Last-used values persist: the prompt in the window state, the rest as settings."""
+        self.ui_settings.setValue("generate/prompt", request["prompt"])
+        values = {key: request[key] for key in GENERATION_KEYS}
+        try:
+            FIELDS["seed"].validate(values["seed"])
+        except ValueError:
+            values.pop("seed")
+        # A value out of the schema's range is still used for this run, just not saved.
+        with contextlib.suppress(ValueError):
+            self.state.apply(values)
+
+    # Jobs -------------------------------------------------------------------------------------
+
+    def _model_changed(self, model: dict[str, Any] | None) -> None:
+        has_model = model is not None
+        self.generate_button.setEnabled(has_model)
+        self.demo_button.setVisible(not has_model and self._load_demo is not None)
+        if not has_model:
+            self.model_hint.setText(
+                "No model is loaded. Load one on the Models page, or try "
+                "the untrained demo model, which runs anywhere."
+            )
+            self.size_hint.setText("")
+            return
+        self.model_hint.setText(f"Model: {model.get('name') or model.get('source')}")
+        native = model.get("native_size")
+        if isinstance(native, (list, tuple)) and native:
+            native = native[0]
+        if (
+            isinstance(native, int)
+            and native > 0
+            and (self.width_box.value(), self.height_box.value()) != (native, native)
+        ):
+            self.size_hint.setText(
+                f"This model was made for {native}×{native} px. "
+                f"<a href='{native}'>Use {native}×{native}</a>"
+            )
+        else:
+            self.size_hint.setText("")
+
+    def _use_native_size(self, link: str) -> None:
+        self.width_box.setValue(int(link))
+        self.height_box.setValue(int(link))
+        self.size_hint.setText("")
+
+    def generate(self) -> None:
+        if self.state.model is None:
+            self.model_hint.setText("Load a model first: generation needs one.")
+            return
+        request = self.request()
+        self._remember(request)
+        self.submit(request)
+
+    def submit(self, request: dict[str, Any]) -> int:
+        """Queue a generation with the settings as they are now."""
+        params = {
+            "request": request,
+            "precision": self.state.precision(),
+            "device": self.state.device(),
+        }
+        job_id = self.client.submit("generate", params, self._on_event)
+        self.jobs[job_id] = request
+        self.cancel_button.setEnabled(True)
+        self._show_queue()
+        return job_id
+
+    def cancel(self) -> None:
+        """Cancel the running generation and any queued after it."""
+        if not self.jobs:
+            return
+        self.progress_label.setText("Cancelling…")
+        for job_id in list(self.jobs):
+            self.client.cancel(job_id)
+
+    def _show_queue(self) -> None:
+        waiting = len(self.jobs) - (1 if self.running_job is not None else 0)
+        if self.running_job is None and waiting:
+            self.progress.setRange(0, 0)
+            self.progress_label.setText("Waiting for the engine…")
+        elif waiting > 0:
+            base = self.progress_label.text().split(" · ")[0]
+            self.progress_label.setText(f"{base} · {waiting} more queued")
+
+    def _on_event(self, event: EngineEvent) -> None:
+        state = event.state
+        if state == EventState.PROGRESS:
+            self._progress(event)
+        elif state == EventState.PREVIEW and event.preview_png:
+            pixmap = QPixmap()
+            if pixmap.loadFromData(event.preview_png, "PNG"):
+                self.image.set_pixmap(pixmap)
+                self.banner.dismiss()
+        elif state == EventState.WARNING:
+            self.progress_label.setText(event.message)
+        elif state.final:
+            self._job_done(event)
+
+    def _progress(self, event: EngineEvent) -> None:
+        now = time.monotonic()
+        if self.running_job != event.job_id:
+            self.running_job = event.job_id
+            self._timing = None
+            self._job_started = now
+        if event.total <= 0:
+            self.progress.setRange(0, 0)
+            self.progress_label.setText(f"{event.stage}…" if event.stage else "Working…")
+            return
+        self.progress.setRange(0, event.total)
+        self.progress.setValue(event.done)
+        text = f"{event.stage or 'Step'}: {event.done} of {event.total}"
+        if self._timing is None or event.done < self._timing[1]:
+            self._timing = (now, event.done)
+        else:
+            start, first_done = self._timing
+            if event.done > first_done:
+                per_step = (now - start) / (event.done - first_done)
+                left = per_step * (event.total - event.done)
+                text += f" · about {words.duration(left)} left"
+        self.progress_label.setText(text)
+        self._show_queue()
+
+    def _job_done(self, event: EngineEvent) -> None:
+        request = self.jobs.pop(event.job_id, {})
+        if self.running_job == event.job_id:
+            self.running_job = None
+        if not self.jobs:
+            self.cancel_button.setEnabled(False)
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0 if event.state != EventState.RESULT else 1)
+        if event.state == EventState.RESULT:
+            result = event.result or {}
+            self.add_result(result, request)
+            self.progress_label.setText(f"Done in {float(result.get('seconds', 0)):.1f} s.")
+        elif event.state == EventState.CANCELLED:
+            self.progress_label.setText("Cancelled.")
+            if self.current_entry is not None:
+                self.show_entry(self.current_entry)
+        else:
+            self.progress_label.setText("The generation did not finish.")
+            self.dialogs.job_failed(event)
+        if self.jobs:
+            self._show_queue()
+
+    # Results ----------------------------------------------------------------------------------
+
+    def add_result(self, result: dict[str, Any], request: dict[str, Any]) -> None:
+        """Put a finished generation's images into the gallery and show the first one."""
+        request = dict(result.get("request") or request)
+        settings = result.get("settings") or {}
+        if settings:
+            self.state.set_effective(words.precision_summary(settings))
+        first_item = None
+        for image in result.get("images") or []:
+            entry = {
+                **image,
+                "request": request,
+                "settings": settings,
+                "model": result.get("model") or (self.state.model or {}).get("name"),
+            }
+            item = QListWidgetItem(self._thumbnail(entry), self._item_text(entry))
+            item.setData(Qt.ItemDataRole.UserRole, entry)
+            item.setToolTip(image.get("message") or image.get("path", ""))
+            self.gallery.insertItem(0, item)
+            first_item = first_item or item
+        if first_item is not None:
+            self.gallery.setCurrentItem(first_item)
+
+    def _item_text(self, entry: dict[str, Any]) -> str:
+        text = f"seed {entry.get('seed')}"
+        status = STATUS_SHORT.get(entry.get("status", "ok"))
+        return f"{text}\n{status}" if status else text
+
+    def _thumbnail(self, entry: dict[str, Any]) -> QIcon:
+        pixmap = QPixmap(entry.get("path") or "")
+        if pixmap.isNull():
+            pixmap = QPixmap(THUMBNAIL, THUMBNAIL)
+            pixmap.fill(Qt.GlobalColor.darkGray)
+        else:
+            pixmap = pixmap.scaled(
+                THUMBNAIL,
+                THUMBNAIL,
+                Qt.AspectRatioMode.KeepAspectRatio,
+                Qt.TransformationMode.SmoothTransformation,
+            )
+        return QIcon(pixmap)
+
+    def _gallery_selected(self, current: QListWidgetItem | None, _previous: Any) -> None:
+        if current is not None:
+            self.show_entry(current.data(Qt.ItemDataRole.UserRole))
+
+    def show_entry(self, entry: dict[str, Any]) -> None:
+        self.current_entry = entry
+        path = entry.get("path") or ""
+        pixmap = QPixmap(path)
+        self.image.set_pixmap(
+            pixmap if not pixmap.isNull() else None, f"The image file is missing: {path}"
+        )
+        self.parameters.setText(_parameter_text(entry))
+        self.open_folder_button.setEnabled(bool(path))
+        self.last_seed = entry.get("seed")
+        self._show_banner(entry)
+
+    def _show_banner(self, entry: dict[str, Any]) -> None:
+        status = entry.get("status", "ok")
+        message = html.escape(entry.get("message") or "")
+        fix = entry.get("fix")
+        actions = []
+        if fix and status in ("nan", "black"):
+            actions.append(
+                ("Apply fix and regenerate", lambda e=entry: self.apply_fix_and_regenerate(e))
+            )
+        where = _where(entry)
+        if status == "nan":
+            head = "This image came out black because its values went NaN" + where + "."
+            hint = "" if fix else " Run the health check to find which setting fixes it."
+            self.banner.show_message("bad", f"<b>{head}</b> {message}{html.escape(hint)}", actions)
+        elif status == "black":
+            head = "This image is completely black" + where + "."
+            self.banner.show_message("warn", f"<b>{head}</b> {message}", actions)
+        elif status == "safety_checker":
+            self.banner.show_message(
+                "warn", "<b>The safety checker blanked this image.</b> " + message, actions
+            )
+        elif status == "fixed":
+            applied = ", ".join(entry.get("fixes_applied") or [])
+            self.banner.show_message(
+                "info",
+                "<b>Fixed automatically.</b> "
+                + message
+                + (f" Fix applied: {html.escape(applied)}." if applied else ""),
+            )
+        else:
+            self.banner.dismiss()
+
+    def apply_fix_and_regenerate(self, entry: dict[str, Any]) -> int | None:
+        """Write the image's fix into the settings and make the same image again with it."""
+        fix = entry.get("fix") or {}
+        try:
+            self.state.apply(fix)
+        except ValueError as error:
+            self.dialogs.error(f"The fix could not be applied: {error}.")
+            return None
+        request = dict(entry.get("request") or self.request())
+        if entry.get("seed") is not None:
+            request["seed"] = entry["seed"]
+            request["batch"] = 1
+        self.banner.show_message(
+            "info",
+            "<b>Fix applied:</b> "
+            + html.escape(words.fix_words(fix))
+            + ". Making the same image again…",
+        )
+        return self.submit(request)
+
+    def reuse_last_seed(self) -> None:
+        if self.last_seed is not None:
+            self.seed.setText(str(self.last_seed))
+
+    def open_folder(self) -> None:
+        if self.current_entry and self.current_entry.get("path"):
+            folder = os.path.dirname(self.current_entry["path"])
+            QDesktopServices.openUrl(QUrl.fromLocalFile(folder))
+
+
+def _multiple_of_8(value: int) -> int:
+    return max(64, int(round(value / 8) * 8))
+
+
+def _where(entry: dict[str, Any]) -> str:
+    parts = []
+    if entry.get("component"):
+        parts.append(f"in {words.component_phrase(entry['component'])}")
+    if entry.get("step") is not None:
+        parts.append(f"at step {entry['step']}")
+    return (" " + " ".join(parts)) if parts else ""
+
+
+def _parameter_text(entry: dict[str, Any]) -> str:
+    """The parameters as AUTOMATIC1111 writes them, so they read familiar."""
+    request = entry.get("request") or {}
+    lines = []
+    if request.get("prompt"):
+        lines.append(request["prompt"])
+    if request.get("negative_prompt"):
+        lines.append(f"Negative prompt: {request['negative_prompt']}")
+    width, height = request.get("width"), request.get("height")
+    details = [
+        f"Steps: {request.get('steps')}",
+        f"Sampler: {words.choice_name(str(request.get('scheduler')))}",
+        f"CFG scale: {request.get('cfg')}",
+        f"Seed: {entry.get('seed')}",
+        f"Size: {width}x{height}",
+    ]
+    if entry.get("model"):
+        details.append(f"Model: {entry['model']}")
+    lines.append(", ".join(details))
+    if entry.get("settings"):
+        lines.append("Precision: " + words.precision_summary(entry["settings"]))
+    if entry.get("path"):
+        lines.append(f"Saved to {Path(entry['path'])}")
+    return "\n".join(lines)

@@ -1,0 +1,386 @@
+"""The health check page: one click, a card per model part, a chart, and the fix with its cost."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.engine.events import EngineEvent, EventState
+from app.ui import words
+from app.ui.chart import ActivationChart
+from app.ui.dialogs import Dialogs
+from app.ui.engine_client import EngineClient
+from app.ui.state import AppState
+from app.ui.widgets import Banner, Card, Chip, hline, label, page_layout, primary_button
+
+
+class HealthView(QWidget):
+    """Runs `check` jobs on the loaded model and shows DESIGN's report object."""
+
+    def __init__(
+        self, state: AppState, client: EngineClient, dialogs: Dialogs, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.client = client
+        self.dialogs = dialogs
+        self.job_id: int | None = None
+        self.report: dict[str, Any] | None = None
+        self.markdown = ""
+        self.cards: dict[str, Card] = {}
+        self.charts: dict[str, ActivationChart] = {}
+
+        layout = page_layout(
+            self,
+            "Health check",
+            "Runs the loaded model briefly with your precision settings and watches every layer "
+            "for values past fp16's limit of 65,504. If something overflows, HalfSafe finds the "
+            "cheapest setting that fixes it and proves it by running that part again.",
+        )
+        controls = QHBoxLayout()
+        self.run_button = primary_button("Run health check")
+        self.run_button.clicked.connect(self.run_check)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.cancel_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumWidth(220)
+        self.progress.hide()
+        self.stage = label("", "muted")
+        self.export_button = QPushButton("Export Markdown…")
+        self.export_button.clicked.connect(self.export_markdown)
+        self.copy_button = QPushButton("Copy report")
+        self.copy_button.setToolTip(
+            "Copy the report as Markdown, ready to paste into a bug report."
+        )
+        self.copy_button.clicked.connect(self.copy_markdown)
+        for button in (self.export_button, self.copy_button):
+            button.setEnabled(False)
+        controls.addWidget(self.run_button)
+        controls.addWidget(self.cancel_button)
+        controls.addWidget(self.progress)
+        controls.addWidget(self.stage, 1)
+        controls.addWidget(self.export_button)
+        controls.addWidget(self.copy_button)
+        layout.addLayout(controls)
+
+        self.model_hint = label("", "muted", wrap=True)
+        layout.addWidget(self.model_hint)
+        self.verdict = Banner()
+        layout.addWidget(self.verdict)
+
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        body.setObjectName("page")
+        self.body = QVBoxLayout(body)
+        self.body.setContentsMargins(0, 0, 8, 0)
+        self.body.setSpacing(12)
+        self.body.addStretch(1)
+        scroll.setWidget(body)
+        layout.addWidget(scroll, 1)
+
+        state.model_changed.connect(self._model_changed)
+        self._model_changed(state.model)
+
+    # Running ----------------------------------------------------------------------------------
+
+    def _model_changed(self, model: dict[str, Any] | None) -> None:
+        running = self.job_id is not None
+        self.run_button.setEnabled(model is not None and not running)
+        if model is None:
+            self.model_hint.setText(
+                "Load a model on the Models page first; the demo model works on any computer."
+            )
+        else:
+            self.model_hint.setText(
+                f"Model: {model.get('name') or model.get('source')} "
+                f"({words.architecture_name(model.get('architecture'))})."
+            )
+
+    def run_check(self) -> None:
+        if self.job_id is not None or self.state.model is None:
+            return
+        self.run_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.progress.setRange(0, 0)
+        self.progress.show()
+        self.stage.setText("Starting…")
+        params = {"precision": self.state.precision(), "device": self.state.device(), "size": None}
+        self.job_id = self.client.submit("check", params, self._on_event)
+
+    def cancel(self) -> None:
+        if self.job_id is not None:
+            self.stage.setText("Cancelling…")
+            self.client.cancel(self.job_id)
+
+    def _finish(self, text: str) -> None:
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        self.run_button.setEnabled(self.state.model is not None)
+        self.progress.hide()
+        self.stage.setText(text)
+
+    def _on_event(self, event: EngineEvent) -> None:
+        if event.state == EventState.QUEUED:
+            self.stage.setText("Waiting for the engine…")
+        elif event.state == EventState.PROGRESS:
+            if event.total > 0:
+                self.progress.setRange(0, event.total)
+                self.progress.setValue(event.done)
+            self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
+        elif event.state == EventState.WARNING:
+            self.stage.setText(event.message)
+        elif event.state == EventState.RESULT:
+            result = event.result or {}
+            self._finish(f"Checked in {result.get('report', {}).get('seconds', 0):.1f} s.")
+            self.show_report(result.get("report") or {}, result.get("markdown", ""))
+        elif event.state == EventState.CANCELLED:
+            self._finish("Cancelled.")
+        elif event.state == EventState.ERROR:
+            self._finish("The health check did not finish.")
+            self.dialogs.job_failed(event)
+
+    # Showing ----------------------------------------------------------------------------------
+
+    def _clear(self) -> None:
+        while self.body.count() > 1:
+            item = self.body.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        self.cards = {}
+        self.charts = {}
+
+    def show_report(self, report: dict[str, Any], markdown: str = "") -> None:
+        self._clear()
+        self.report = report
+        self.markdown = markdown
+        for button in (self.export_button, self.copy_button):
+            button.setEnabled(bool(markdown))
+        verdict = report.get("verdict", "")
+        level = {"healthy": "good", "fixable": "warn", "broken": "bad"}.get(verdict, "info")
+        tested = report.get("tested") or {}
+        device = report.get("device") or {}
+        tested_words = ", ".join(
+            f"{words.component_name(k)} {v}" for k, v in tested.items() if k != "upcast_attention"
+        )
+        if tested.get("upcast_attention"):
+            tested_words += ", attention upcast to fp32"
+        self.verdict.show_message(
+            level,
+            f"<b>{html.escape(words.VERDICT_WORDS.get(verdict, verdict))}</b><br>"
+            f"Tested on {html.escape(str(device.get('name', 'this device')))} with "
+            f"{html.escape(tested_words)}"
+            + (f" at {report['size']}×{report['size']} px" if report.get("size") else "")
+            + ".",
+        )
+        if tested:
+            self.state.set_effective(tested_words)
+
+        position = 0
+        fix = report.get("fix")
+        if fix:
+            self.body.insertWidget(position, self._fix_card(fix))
+            position += 1
+        bad_weights = (report.get("weights") or {}).get("non_finite") or []
+        if bad_weights:
+            card = Card("Damaged weights")
+            card.header.addWidget(Chip("Broken file", "bad"))
+            shown = ", ".join(bad_weights[:5]) + (" …" if len(bad_weights) > 5 else "")
+            card.body.addWidget(
+                label(
+                    f"{len(bad_weights)} stored tensors hold NaN or infinite values ({shown}). "
+                    "The file is damaged; no precision setting can repair it. Download it again.",
+                    wrap=True,
+                    selectable=True,
+                )
+            )
+            self.body.insertWidget(position, card)
+            position += 1
+        for name, component in (report.get("components") or {}).items():
+            card = self._component_card(name, component)
+            self.cards[name] = card
+            self.body.insertWidget(position, card)
+            position += 1
+        notes = report.get("notes") or []
+        if notes:
+            self.body.insertWidget(
+                position,
+                label("<br>".join(f"• {html.escape(n)}" for n in notes), "muted", wrap=True),
+            )
+
+    def _component_card(self, name: str, component: dict[str, Any]) -> Card:
+        status = component.get("status", "ok")
+        card = Card(words.component_name(name))
+        role = words.COMPONENT_ROLES.get(name)
+        if role:
+            card.header.insertWidget(1, label(f"— {role}", "muted"))
+        card.header.addWidget(
+            Chip(words.STATUS_WORDS.get(status, status), words.STATUS_LEVEL.get(status, "muted"))
+        )
+        dtype = component.get("dtype")
+        facts = [
+            f"Largest value: <b>{words.big_number(component.get('max_abs'))}</b>"
+            + (f" (run in {dtype})" if dtype else "")
+            + " — the fp16 limit is 65,504.",
+            html.escape(words.headroom_words(component.get("headroom"), status)),
+        ]
+        first_bad = component.get("first_bad_module")
+        if first_bad:
+            facts.append(
+                f"First layer to go wrong: {html.escape(words.describe_module(name, first_bad))}"
+                f" <span style='color:#5f6368'>(<code>{html.escape(first_bad)}</code>)</span>."
+            )
+        predicted = component.get("predicted_fp16")
+        if predicted and predicted != "ok":
+            where = component.get("predicted_first_bad_module")
+            facts.append(
+                f"Tested in {dtype}; in fp16 it would "
+                + ("overflow" if predicted == "overflow" else "come close to overflowing")
+                + (f", first at {html.escape(words.describe_module(name, where))}" if where else "")
+                + "."
+            )
+        text = label("<br>".join(facts), wrap=True)
+        card.body.addWidget(text)
+        blocks = component.get("blocks") or []
+        if blocks:
+            chart = ActivationChart()
+            chart.set_blocks(blocks)
+            self.charts[name] = chart
+            card.body.addWidget(chart)
+        return card
+
+    def _fix_card(self, fix: dict[str, Any]) -> Card:
+        card = Card("The fix")
+        card.header.addWidget(
+            Chip(
+                "Verified" if fix.get("verified") else "Not verified",
+                "good" if fix.get("verified") else "warn",
+            )
+        )
+        card.body.addWidget(label(html.escape(fix.get("summary", "")), wrap=True))
+        settings = fix.get("settings") or {}
+        if settings:
+            card.body.addWidget(
+                label(
+                    "Settings it changes: <b>" + html.escape(words.fix_words(settings)) + "</b>",
+                    wrap=True,
+                )
+            )
+        cost = fix.get("cost") or {}
+        if cost:
+            card.body.addWidget(hline())
+            card.body.addWidget(label("Measured cost", "muted"))
+            card.body.addLayout(self._cost_grid(cost))
+            comparison = _cost_comparison(cost)
+            if comparison:
+                card.body.addWidget(label(comparison, wrap=True))
+        buttons = QHBoxLayout()
+        self.apply_button = primary_button("Apply fix")
+        self.apply_button.setToolTip(
+            "Write these settings into your settings; the next job uses them."
+        )
+        self.apply_button.clicked.connect(lambda: self.apply_fix(settings))
+        self.apply_button.setEnabled(bool(settings))
+        self.applied_label = label("", "muted", wrap=True)
+        buttons.addWidget(self.apply_button)
+        buttons.addWidget(self.applied_label, 1)
+        card.body.addLayout(buttons)
+        return card
+
+    def _cost_grid(self, cost: dict[str, Any]) -> QGridLayout:
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(24)
+        headers = ("", "Time per UNet step", "Peak GPU memory", "Weights")
+        for column, text in enumerate(headers):
+            header = label(text, "muted")
+            grid.addWidget(header, 0, column)
+        rows = (
+            ("With the fix", cost.get("fix") or {}),
+            ("Everything in fp32 (no-half)", cost.get("no_half") or {}),
+        )
+        for row, (name, values) in enumerate(rows, start=1):
+            grid.addWidget(QLabel(name), row, 0)
+            grid.addWidget(QLabel(words.milliseconds(values.get("unet_step_ms"))), row, 1)
+            grid.addWidget(QLabel(words.megabytes(values.get("peak_memory_mb"))), row, 2)
+            grid.addWidget(QLabel(words.megabytes(values.get("weights_mb"))), row, 3)
+        grid.setColumnStretch(4, 1)
+        return grid
+
+    def apply_fix(self, settings: dict[str, Any]) -> None:
+        try:
+            changed = self.state.apply(settings)
+        except ValueError as error:
+            self.dialogs.error(f"The fix could not be applied: {error}.")
+            return
+        if changed:
+            self.applied_label.setText(
+                "Applied. Your next job uses it; run the check again to see the model pass."
+            )
+        else:
+            self.applied_label.setText("Your settings already include this fix.")
+
+    # Export -----------------------------------------------------------------------------------
+
+    def copy_markdown(self) -> None:
+        if self.markdown:
+            QGuiApplication.clipboard().setText(self.markdown)
+            self.stage.setText("Report copied to the clipboard.")
+
+    def export_markdown(self, path: str | None = None) -> None:
+        if not self.markdown:
+            return
+        if path is None:
+            name = ((self.report or {}).get("model") or {}).get("name") or "model"
+            path, _ = QFileDialog.getSaveFileName(
+                self,
+                "Export health report",
+                f"halfsafe-health-{name}.md",
+                "Markdown (*.md);;All files (*)",
+            )
+            if not path:
+                return
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(self.markdown)
+        except OSError as error:
+            self.dialogs.error(
+                f"{path}: the report could not be written ({error.strerror or error})."
+            )
+            return
+        self.stage.setText(f"Report saved to {path}.")
+
+
+def _cost_comparison(cost: dict[str, Any]) -> str:
+    fix, no_half = cost.get("fix") or {}, cost.get("no_half") or {}
+    parts = []
+    fast, slow = fix.get("unet_step_ms"), no_half.get("unet_step_ms")
+    if fast and slow:
+        if slow > fast:
+            parts.append(f"{slow / fast:.1f}x faster per step")
+        else:
+            parts.append("no faster per step on this device")
+    small, large = fix.get("peak_memory_mb"), no_half.get("peak_memory_mb")
+    if small is not None and large is not None and large > small:
+        parts.append(f"{words.megabytes(large - small)} less memory at peak")
+    small_w, large_w = fix.get("weights_mb"), no_half.get("weights_mb")
+    if small_w is not None and large_w is not None and large_w > small_w:
+        parts.append(f"{words.megabytes(large_w - small_w)} less memory for weights")
+    if not parts:
+        return ""
+    return "Compared with running everything in fp32, the fix is " + ", ".join(parts) + "."

@@ -1,0 +1,332 @@
+"""The main window: navigation, the five pages, the engine banner, the status bar, drag and drop."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl
+from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QMainWindow,
+    QMessageBox,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import __version__
+from app.engine.failures import Failure
+from app.engine.process import log_path
+from app.ui import words
+from app.ui.dialogs import Dialogs
+from app.ui.engine_client import EngineClient
+from app.ui.generate_view import GenerateView
+from app.ui.gpu_view import GpuView
+from app.ui.health_view import HealthView
+from app.ui.models_view import DEMO_SOURCE, ModelsView
+from app.ui.settings_view import SettingsView
+from app.ui.state import AppState
+from app.ui.widgets import Banner
+
+PAGES = ("Models", "Health check", "Generate", "GPU", "Settings")
+TITLE = "HalfSafe"
+
+
+class MainWindow(QMainWindow):
+    """Owns the views; the engine client and the shared state are handed in (tests fake the
+    engine by handing in a client with a fake transport)."""
+
+    def __init__(
+        self,
+        state: AppState,
+        client: EngineClient,
+        ui_settings: QSettings,
+        settings_warnings: list[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.state = state
+        self.client = client
+        self.ui_settings = ui_settings
+        self.dialogs = Dialogs(self)
+        self._reload_after_restart: dict[str, Any] | None = None
+        self.setWindowTitle(f"{TITLE} — half precision without black images")
+        self.setAcceptDrops(True)
+        self.setMinimumSize(760, 520)
+
+        central = QWidget()
+        outer = QVBoxLayout(central)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.setSpacing(0)
+        self.engine_banner = Banner()
+        self.notice_banner = Banner()
+        for banner in (self.engine_banner, self.notice_banner):
+            wrapper = QVBoxLayout()
+            wrapper.setContentsMargins(10, 8, 10, 0)
+            wrapper.addWidget(banner)
+            outer.addLayout(wrapper)
+        row = QHBoxLayout()
+        row.setSpacing(0)
+        self.navigation = QListWidget()
+        self.navigation.setObjectName("navigation")
+        self.navigation.addItems(PAGES)
+        self.navigation.setFixedWidth(170)
+        self.navigation.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        row.addWidget(self.navigation)
+        self.pages = QStackedWidget()
+        row.addWidget(self.pages, 1)
+        outer.addLayout(row, 1)
+        self.setCentralWidget(central)
+
+        self.models_view = ModelsView(state, client, self.dialogs, ui_settings)
+        self.health_view = HealthView(state, client, self.dialogs)
+        self.generate_view = GenerateView(
+            state, client, self.dialogs, ui_settings, load_demo=self.load_demo
+        )
+        self.gpu_view = GpuView(state, client, self.dialogs)
+        self.settings_view = SettingsView(state, request_hardware=self.request_hardware)
+        for view in (
+            self.models_view,
+            self.health_view,
+            self.generate_view,
+            self.gpu_view,
+            self.settings_view,
+        ):
+            self.pages.addWidget(view)
+        self.navigation.currentRowChanged.connect(self.pages.setCurrentIndex)
+
+        self._build_menus()
+        self._build_status_bar()
+        client.died.connect(self._engine_died)
+        client.restarted.connect(self._engine_restarted)
+        client.state_changed.connect(lambda _s: self._update_status())
+        state.model_changed.connect(lambda _m: self._update_status())
+        state.hardware_changed.connect(lambda _h: self._update_status())
+        state.settings_changed.connect(self._settings_changed)
+        state.effective_changed.connect(lambda _e: self._update_status())
+        state.save_failed.connect(lambda message: self.dialogs.error(message))
+
+        if settings_warnings:
+            shown = "<br>".join(html.escape(w) for w in settings_warnings[:4])
+            more = len(settings_warnings) - 4
+            self.notice_banner.show_message(
+                "warn",
+                "<b>Some saved settings could not be read and were reset to their defaults; "
+                "everything else was kept.</b><br>"
+                + shown
+                + (f"<br>…and {more} more." if more > 0 else ""),
+                [("Dismiss", self.notice_banner.dismiss)],
+            )
+        self._restore()
+        self._update_status()
+
+    # Layout pieces ----------------------------------------------------------------------------
+
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        open_file = QAction("&Open model file…", self)
+        open_file.setShortcut(QKeySequence.StandardKey.Open)
+        open_file.triggered.connect(
+            lambda: (self.show_page("Models"), self.models_view.open_file())
+        )
+        open_folder = QAction("Open model &folder…", self)
+        open_folder.triggered.connect(
+            lambda: (self.show_page("Models"), self.models_view.open_folder())
+        )
+        quit_action = QAction("&Quit", self)
+        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
+        quit_action.triggered.connect(self.close)
+        file_menu.addActions([open_file, open_folder])
+        file_menu.addSeparator()
+        file_menu.addAction(quit_action)
+
+        engine_menu = self.menuBar().addMenu("&Engine")
+        self.restart_action = QAction("&Restart engine", self)
+        self.restart_action.setToolTip(
+            "Stop the engine and start a fresh one; this also clears a GPU left in a bad state."
+        )
+        self.restart_action.triggered.connect(self.restart_engine)
+        show_log = QAction("Show engine &log", self)
+        show_log.triggered.connect(
+            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(log_path())))
+        )
+        engine_menu.addActions([self.restart_action, show_log])
+
+        view_menu = self.menuBar().addMenu("&View")
+        for number, name in enumerate(PAGES, start=1):
+            action = QAction(name, self)
+            action.setShortcut(QKeySequence(f"Ctrl+{number}"))
+            action.triggered.connect(lambda _checked=False, n=name: self.show_page(n))
+            view_menu.addAction(action)
+
+        help_menu = self.menuBar().addMenu("&Help")
+        about = QAction("&About HalfSafe", self)
+        about.triggered.connect(self._about)
+        help_menu.addAction(about)
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.engine_status = QLabel()
+        self.device_status = QLabel()
+        self.model_status = QLabel()
+        self.precision_status = QLabel()
+        for widget in (
+            self.engine_status,
+            self.device_status,
+            self.model_status,
+            self.precision_status,
+        ):
+            widget.setContentsMargins(6, 0, 6, 0)
+            bar.addPermanentWidget(widget)
+        bar.addPermanentWidget(QLabel(), 1)
+
+    def _about(self) -> None:
+        QMessageBox.about(
+            self,
+            "About HalfSafe",
+            f"<b>HalfSafe {__version__}</b><br>Finds where a Stable Diffusion model overflows "
+            "fp16's limit of 65,504, proves the cheapest fix, and never lets a black or NaN "
+            "image pass silently.",
+        )
+
+    # Pages ------------------------------------------------------------------------------------
+
+    def show_page(self, name: str) -> None:
+        self.navigation.setCurrentRow(PAGES.index(name))
+
+    def current_page(self) -> str:
+        return PAGES[self.navigation.currentRow()]
+
+    def load_demo(self) -> None:
+        self.show_page("Models")
+        self.models_view.load_path(DEMO_SOURCE)
+
+    def request_hardware(self, then: Any) -> None:
+        if self.state.hardware is not None:
+            then()
+        else:
+            self.gpu_view.request(retest=False, then=then)
+
+    # Status bar -------------------------------------------------------------------------------
+
+    def _settings_changed(self, _keys: list[str]) -> None:
+        # The last job's precision no longer describes the next one.
+        if self.state.effective is not None:
+            self.state.effective = None
+        self._update_status()
+
+    def _update_status(self) -> None:
+        engine = self.client.state
+        self.engine_status.setText(f"Engine: {engine}")
+        device = self.state.device_report()
+        if device is not None:
+            self.device_status.setText(f"Device: {device.get('name')}")
+        else:
+            chosen = self.state.device()
+            self.device_status.setText(
+                "Device: auto (not checked yet)" if chosen == "auto" else f"Device: {chosen}"
+            )
+        model = self.state.model
+        if model is None:
+            self.model_status.setText("Model: none loaded")
+        else:
+            name = model.get("name") or model.get("source")
+            self.model_status.setText(f"Model: {name}")
+        if self.state.effective:
+            self.precision_status.setText(f"Precision: {self.state.effective}")
+            self.precision_status.setToolTip("What the last job actually ran with.")
+        else:
+            self.precision_status.setText(
+                "Precision: "
+                + words.precision_summary(self.state.settings.to_dict(), self.state.recommended())
+            )
+            self.precision_status.setToolTip(
+                "What the next job will use, with Auto resolved for this computer where known."
+            )
+
+    # Engine life ------------------------------------------------------------------------------
+
+    def _engine_died(self, failure: Failure) -> None:
+        if self.state.model_request is not None:
+            self._reload_after_restart = dict(self.state.model_request)
+        self.state.set_model(None)
+        self.engine_banner.show_message(
+            "bad",
+            f"<b>The engine stopped.</b> {html.escape(failure.message)} The window keeps "
+            "running, and every image already saved is kept."
+            + (" Restarting loads your model again." if self._reload_after_restart else ""),
+            [
+                ("Restart engine", self.restart_engine),
+                ("Details", lambda: self.dialogs.error(failure.message, failure.details)),
+            ],
+        )
+
+    def restart_engine(self) -> None:
+        if self.state.model_request is not None and self._reload_after_restart is None:
+            self._reload_after_restart = dict(self.state.model_request)
+        self.engine_banner.show_message("info", "Restarting the engine…")
+        self.client.restart()
+
+    def _engine_restarted(self) -> None:
+        self.engine_banner.dismiss()
+        self.state.set_model(None)
+        reload, self._reload_after_restart = self._reload_after_restart, None
+        if reload is not None:
+            self.models_view.vae_path = reload.get("vae")
+            self.models_view.load_path(reload["source"], bool(reload.get("allow_pickle")))
+
+    # Drag and drop ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _dropped_paths(mime: Any) -> list[str]:
+        if not mime.hasUrls():
+            return []
+        return [url.toLocalFile() for url in mime.urls() if url.isLocalFile()]
+
+    def dragEnterEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        if self._dropped_paths(event.mimeData()):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dragMoveEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        self.dragEnterEvent(event)
+
+    def dropEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        paths = self._dropped_paths(event.mimeData())
+        if not paths:
+            event.ignore()
+            return
+        event.acceptProposedAction()
+        self.show_page("Models")
+        if len(paths) > 1:
+            self.dialogs.error(f"Drop one model at a time; loading {Path(paths[0]).name}.")
+        # Deferred so the drag source is released before the load starts.
+        QTimer.singleShot(0, lambda: self.models_view.load_path(paths[0]))
+
+    # Persistence ------------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        geometry = self.ui_settings.value("window/geometry")
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1180, 800)
+        page = self.ui_settings.value("window/page", "Models")
+        self.show_page(page if page in PAGES else "Models")
+
+    def save_state(self) -> None:
+        self.ui_settings.setValue("window/geometry", self.saveGeometry())
+        self.ui_settings.setValue("window/page", self.current_page())
+        self.ui_settings.setValue("generate/prompt", self.generate_view.prompt.toPlainText())
+        self.ui_settings.sync()
+
+    def closeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        self.save_state()
+        self.dialogs.close_all()
+        self.client.shutdown()
+        super().closeEvent(event)

@@ -1,0 +1,472 @@
+"""The Models page: the library of checkpoints found on this computer, opening a file or folder,
+a separate VAE, loading with progress and cancel, and what HalfSafe detected about the model."""
+
+from __future__ import annotations
+
+import html
+import threading
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QSettings, Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.demo import DEMO_LABEL
+from app.engine.events import EngineEvent, EventState
+from app.ui import words
+from app.ui.dialogs import Dialogs
+from app.ui.engine_client import EngineClient
+from app.ui.state import AppState
+from app.ui.widgets import Banner, Card, label, page_layout, primary_button
+
+DEMO_SOURCE = "demo"
+CHECKPOINT_FILTER = (
+    "Checkpoints (*.safetensors *.ckpt *.pt *.pth *.bin);;"
+    "Safetensors (*.safetensors);;All files (*)"
+)
+
+
+class LibraryScanner(QObject):
+    """Scans the model folders on a worker thread (file headers only, no torch).
+
+    `finished(list[dict], str)` is emitted from the worker thread; Qt queues it to the
+    receiver's (GUI) thread. The second argument is a plain sentence when the scan failed.
+    """
+
+    finished = Signal(list, str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.running = False
+
+    def scan(self, folders: list[str]) -> bool:
+        if self.running:
+            return False
+        self.running = True
+        threading.Thread(
+            target=self._run, args=(list(folders),), name="library-scan", daemon=True
+        ).start()
+        return True
+
+    def _run(self, folders: list[str]) -> None:
+        entries: list[dict[str, Any]] = []
+        problem = ""
+        try:
+            from app.core.library import scan_library
+
+            for entry in scan_library([Path(f) for f in folders]):
+                entries.append(
+                    {
+                        "path": str(entry.path),
+                        "architecture": getattr(entry, "architecture", None),
+                        "stored_dtype": getattr(entry, "stored_dtype", None),
+                        "size_bytes": getattr(entry, "size_bytes", None),
+                        "error": getattr(entry, "error", None),
+                    }
+                )
+        except ImportError:
+            problem = "Scanning model folders is not available in this version."
+        except Exception as error:  # noqa: BLE001 - a failed scan must not take the window down
+            problem = f"The model folders could not be scanned ({type(error).__name__}: {error})."
+        self.running = False
+        self.finished.emit(entries, problem)
+
+
+class ModelsView(QWidget):
+    """Submits `load` jobs; the loaded model's summary goes into the shared state."""
+
+    def __init__(
+        self,
+        state: AppState,
+        client: EngineClient,
+        dialogs: Dialogs,
+        ui_settings: QSettings,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.client = client
+        self.dialogs = dialogs
+        self.ui_settings = ui_settings
+        self.job_id: int | None = None
+        self.loading: dict[str, Any] | None = None
+        self.vae_path: str | None = None
+        self.scanner = LibraryScanner(self)
+        self.scanner.finished.connect(self._library_scanned)
+
+        layout = page_layout(
+            self,
+            "Models",
+            "Choose a model to load: a .safetensors checkpoint, a diffusers folder, or the "
+            "built-in demo. You can also drop a file or folder anywhere on this window.",
+        )
+        buttons = QHBoxLayout()
+        open_file = QPushButton("Open file…")
+        open_file.clicked.connect(self.open_file)
+        open_folder = QPushButton("Open folder…")
+        open_folder.clicked.connect(self.open_folder)
+        self.rescan_button = QPushButton("Rescan folders")
+        self.rescan_button.setToolTip("Look again in your model folders (set them in Settings).")
+        self.rescan_button.clicked.connect(self.rescan)
+        self.library_status = label("", "muted")
+        buttons.addWidget(open_file)
+        buttons.addWidget(open_folder)
+        buttons.addWidget(self.rescan_button)
+        buttons.addWidget(self.library_status, 1)
+        layout.addLayout(buttons)
+
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.setChildrenCollapsible(False)
+        self.library = QTreeWidget()
+        self.library.setHeaderLabels(["Model", "Type", "Stored as", "Size"])
+        self.library.setRootIsDecorated(False)
+        self.library.setAlternatingRowColors(True)
+        self.library.setUniformRowHeights(True)
+        header = self.library.header()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for column in (1, 2, 3):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        self.library.itemDoubleClicked.connect(lambda item, _col: self.load_item(item))
+        self.library.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
+        splitter.addWidget(self.library)
+
+        lower = QWidget()
+        lower_layout = QVBoxLayout(lower)
+        lower_layout.setContentsMargins(0, 8, 0, 0)
+        vae_row = QHBoxLayout()
+        vae_row.addWidget(label("VAE:", "muted"))
+        self.vae_label = label("the model's own", wrap=True)
+        vae_row.addWidget(self.vae_label, 1)
+        choose_vae = QPushButton("Use a separate VAE…")
+        choose_vae.setToolTip(
+            "Replace the model's VAE with another file, e.g. the fp16-fixed "
+            "SDXL VAE. Applies to the next load."
+        )
+        choose_vae.clicked.connect(self.choose_vae)
+        self.clear_vae_button = QPushButton("Use the model's own")
+        self.clear_vae_button.clicked.connect(lambda: self.set_vae(None))
+        self.clear_vae_button.setEnabled(False)
+        vae_row.addWidget(choose_vae)
+        vae_row.addWidget(self.clear_vae_button)
+        lower_layout.addLayout(vae_row)
+
+        load_row = QHBoxLayout()
+        self.load_button = primary_button("Load")
+        self.load_button.clicked.connect(lambda: self.load_item(self.library.currentItem()))
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.clicked.connect(self.cancel)
+        self.cancel_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumWidth(260)
+        self.progress.hide()
+        self.load_status = label("", "muted", wrap=True)
+        load_row.addWidget(self.load_button)
+        load_row.addWidget(self.cancel_button)
+        load_row.addWidget(self.progress)
+        load_row.addWidget(self.load_status, 1)
+        lower_layout.addLayout(load_row)
+
+        self.remembered = Banner()
+        lower_layout.addWidget(self.remembered)
+        self.details = Card("No model loaded")
+        self.details_text = label(
+            "Loading reads the weights once to check that none of them is NaN or infinite.",
+            "muted",
+            wrap=True,
+            selectable=True,
+        )
+        self.details.body.addWidget(self.details_text)
+        lower_layout.addWidget(self.details)
+        lower_layout.addStretch(1)
+        splitter.addWidget(lower)
+        splitter.setStretchFactor(0, 1)
+        splitter.setStretchFactor(1, 0)
+        layout.addWidget(splitter, 1)
+
+        self._fill_library([])
+        state.settings_changed.connect(self._settings_changed)
+        state.model_changed.connect(self._show_model)
+
+    # Library ----------------------------------------------------------------------------------
+
+    def rescan(self) -> None:
+        if self.scanner.scan(list(self.state.settings["model_folders"])):
+            self.library_status.setText("Looking for models…")
+            self.rescan_button.setEnabled(False)
+
+    def _settings_changed(self, keys: list[str]) -> None:
+        if "model_folders" in keys:
+            self.rescan()
+
+    def _library_scanned(self, entries: list[dict[str, Any]], problem: str) -> None:
+        self.rescan_button.setEnabled(True)
+        self._fill_library(entries)
+        if problem:
+            self.library_status.setText(problem)
+        else:
+            broken = sum(1 for e in entries if e.get("error"))
+            self.library_status.setText(
+                f"{len(entries)} model{'s' if len(entries) != 1 else ''} found"
+                + (f", {broken} damaged" if broken else "")
+                + "."
+            )
+
+    def _fill_library(self, entries: list[dict[str, Any]]) -> None:
+        last = str(self.ui_settings.value("models/last", DEMO_SOURCE))
+        self.library.clear()
+        demo = QTreeWidgetItem([DEMO_LABEL, "SD 1.x (tiny)", "fp32", "built in"])
+        demo.setData(0, Qt.ItemDataRole.UserRole, {"path": DEMO_SOURCE, "error": None})
+        demo.setToolTip(
+            0,
+            "An untrained test model built into HalfSafe: it runs on any "
+            "computer in seconds and exercises every check, but its images "
+            "are noise.",
+        )
+        self.library.addTopLevelItem(demo)
+        selected = demo
+        for entry in entries:
+            path = Path(entry["path"])
+            error = entry.get("error")
+            item = QTreeWidgetItem(
+                [
+                    path.name,
+                    words.architecture_name(entry.get("architecture")) if not error else "damaged",
+                    entry.get("stored_dtype") or "",
+                    words.file_size(entry.get("size_bytes")),
+                ]
+            )
+            item.setData(0, Qt.ItemDataRole.UserRole, entry)
+            item.setToolTip(0, error or str(path))
+            if error:
+                for column in range(4):
+                    item.setForeground(column, QColor("#b3261e"))
+            self.library.addTopLevelItem(item)
+            if str(path) == last:
+                selected = item
+        self.library.setCurrentItem(selected)
+
+    def _selection_changed(self) -> None:
+        item = self.library.currentItem()
+        entry = item.data(0, Qt.ItemDataRole.UserRole) if item else None
+        error = (entry or {}).get("error")
+        self.load_button.setEnabled(entry is not None and not error and self.job_id is None)
+        if error:
+            self.load_status.setText(error)
+        elif self.job_id is None:
+            self.load_status.setText("")
+
+    # Choosing ---------------------------------------------------------------------------------
+
+    def open_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open a checkpoint", "", CHECKPOINT_FILTER)
+        if path:
+            self.load_path(path)
+
+    def open_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open a diffusers model folder")
+        if path:
+            self.load_path(path)
+
+    def choose_vae(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a VAE", "", CHECKPOINT_FILTER)
+        if path:
+            self.set_vae(path)
+
+    def set_vae(self, path: str | None) -> None:
+        self.vae_path = path
+        self.vae_label.setText(Path(path).name if path else "the model's own")
+        self.vae_label.setToolTip(path or "")
+        self.clear_vae_button.setEnabled(path is not None)
+        if self.state.model is not None and self.job_id is None:
+            self.load_status.setText("Load the model again to use this VAE.")
+
+    def load_item(self, item: QTreeWidgetItem | None) -> None:
+        if item is None:
+            return
+        entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
+        if entry.get("error"):
+            self.dialogs.error(entry["error"])
+            return
+        self.load_path(entry["path"])
+
+    # Loading ----------------------------------------------------------------------------------
+
+    def load_path(self, source: str, allow_pickle: bool = False) -> int | None:
+        """Load a model (a path or "demo") in the engine; the previous one is released."""
+        if source != DEMO_SOURCE and not Path(source).exists():
+            self.dialogs.error(f"{source}: this file or folder does not exist.")
+            return None
+        if self.job_id is not None:
+            self.client.cancel(self.job_id)
+        params = {
+            "source": source,
+            "vae": self.vae_path,
+            "allow_pickle": allow_pickle,
+            "device": self.state.device(),
+        }
+        self.loading = params
+        self.state.set_model(None)
+        self.load_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.progress.setRange(0, 0)
+        self.progress.show()
+        name = DEMO_LABEL if source == DEMO_SOURCE else Path(source).name
+        self.load_status.setText(f"Loading {name}…")
+        self.job_id = self.client.submit("load", params, self._on_event)
+        return self.job_id
+
+    def cancel(self) -> None:
+        if self.job_id is not None:
+            self.load_status.setText("Cancelling…")
+            self.client.cancel(self.job_id)
+
+    def _finish(self, text: str) -> None:
+        self.job_id = None
+        self.progress.hide()
+        self.cancel_button.setEnabled(False)
+        self._selection_changed()
+        self.load_status.setText(text)
+
+    def _on_event(self, event: EngineEvent) -> None:
+        if self.job_id is not None and event.job_id != self.job_id:
+            return  # a load that was replaced by a newer one
+        if event.state == EventState.PROGRESS:
+            if event.total > 0:
+                self.progress.setRange(0, event.total)
+                self.progress.setValue(event.done)
+            if event.stage:
+                self.load_status.setText(f"{event.stage}…")
+        elif event.state == EventState.WARNING:
+            self.load_status.setText(event.message)
+        elif event.state == EventState.RESULT:
+            params, self.loading = self.loading, None
+            self._finish("Loaded.")
+            if params and params["source"] != DEMO_SOURCE:
+                self.ui_settings.setValue("models/last", params["source"])
+            self.state.set_model(event.result or {}, params)
+        elif event.state == EventState.CANCELLED:
+            self.loading = None
+            self._finish("Loading cancelled; no model is loaded.")
+        elif event.state == EventState.ERROR:
+            params, self.loading = self.loading, None
+            if event.error_type == "PickleRefusedError" and params is not None:
+                self._finish("")
+                self._ask_pickle(params, event.message)
+                return
+            self._finish("The model was not loaded.")
+            self.dialogs.job_failed(event)
+
+    def _ask_pickle(self, params: dict[str, Any], message: str) -> None:
+        name = Path(params["source"]).name
+        allowed = self.dialogs.confirm(
+            "Open a pickle checkpoint?",
+            f"{name} is a pickle checkpoint (.ckpt, .pt or .bin).",
+            "Pickle files can carry code that runs when they are opened. HalfSafe opens them "
+            "with PyTorch's weights-only loader, which refuses code, but open only files from "
+            "a source you trust. A .safetensors version of the same model is always safer.",
+            yes="Open it",
+            no="Don't open",
+        )
+        if allowed:
+            self.load_path(params["source"], allow_pickle=True)
+        else:
+            self.load_status.setText(f"{name} was not opened.")
+
+    # Showing ----------------------------------------------------------------------------------
+
+    def _show_model(self, model: dict[str, Any] | None) -> None:
+        self.remembered.dismiss()
+        if model is None:
+            self.details.title.setText("No model loaded")
+            self.details_text.setText(
+                "Loading reads the weights once to check that none of them is NaN or infinite."
+            )
+            return
+        name = model.get("name") or model.get("source")
+        if model.get("format") == "demo" or model.get("source") == DEMO_SOURCE:
+            name = DEMO_LABEL
+        self.details.title.setText(str(name))
+        lines = [f"<b>{html.escape(words.architecture_name(model.get('architecture')))}</b>"]
+        because = " ".join(model.get("detected_because") or [])
+        if because:
+            lines.append("Why HalfSafe thinks so: " + html.escape(because))
+        facts = []
+        if model.get("format"):
+            facts.append(
+                {
+                    "diffusers": "diffusers folder",
+                    "single_file": "single file",
+                    "demo": "built in",
+                }.get(model["format"], model["format"])
+            )
+        if model.get("stored_dtype"):
+            facts.append(f"stored as {model['stored_dtype']}")
+        if model.get("native_size"):
+            facts.append(f"made for {model['native_size']}×{model['native_size']} px")
+        if model.get("prediction_type"):
+            facts.append(f"{model['prediction_type'].replace('_', '-')} prediction")
+        if model.get("model_hash"):
+            facts.append(f"hash {model['model_hash']}")
+        lines.append(html.escape(", ".join(facts).capitalize()) + ".")
+        lines.append(html.escape(_weights_words(model.get("weights"))))
+        if self.loading is None and (self.state.model_request or {}).get("vae"):
+            lines.append(
+                "VAE replaced by " + html.escape(Path(self.state.model_request["vae"]).name) + "."
+            )
+        self.details_text.setText("<br>".join(lines))
+        fix = model.get("remembered_fix")
+        if fix and fix.get("settings"):
+            self.remembered.show_message(
+                "info",
+                f"<b>HalfSafe remembers a fix for this model on {html.escape(str(fix.get('device', 'this device')))}.</b> "
+                f"{html.escape(fix.get('summary') or words.fix_words(fix['settings']))} "
+                "Settings left on Auto follow it already.",
+                [("Apply to my settings", lambda s=fix["settings"]: self._apply_remembered(s))],
+            )
+
+    def _apply_remembered(self, settings: dict[str, Any]) -> None:
+        try:
+            self.state.apply(settings)
+        except ValueError as error:
+            self.dialogs.error(f"The remembered fix could not be applied: {error}.")
+            return
+        self.remembered.show_message(
+            "good", "Applied the remembered fix: " + html.escape(words.fix_words(settings)) + "."
+        )
+
+
+def _weights_words(weights: dict[str, Any] | None) -> str:
+    if not weights:
+        return "Weights not checked."
+    bad = weights.get("non_finite") or []
+    tensors = weights.get("tensors")
+    size = words.file_size(weights.get("bytes"))
+    seconds = weights.get("seconds")
+    speed = weights.get("mb_per_s")
+    checked = f"Checked {tensors:,} tensors" if isinstance(tensors, int) else "Checked the weights"
+    if size:
+        checked += f" ({size})"
+    if isinstance(seconds, (int, float)):
+        checked += f" in {seconds:.1f} s"
+        if isinstance(speed, (int, float)) and speed > 0:
+            checked += f" at {speed:,.0f} MB/s"
+    if bad:
+        shown = ", ".join(bad[:3]) + (" …" if len(bad) > 3 else "")
+        return (
+            f"{checked}: {len(bad)} hold NaN or infinite values ({shown}). This file is "
+            "damaged; download it again."
+        )
+    return f"{checked}: all finite."

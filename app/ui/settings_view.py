@@ -1,0 +1,459 @@
+"""The settings panel, generated from the settings schema: one editor per field, by group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QRegularExpressionValidator
+from PySide6.QtWidgets import (
+    QAbstractSpinBox,
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QListWidget,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.settings import FIELDS, GROUPS, SCHEMA, Field
+from app.ui import words
+from app.ui.state import AppState
+from app.ui.widgets import label, page_layout
+
+INT32_MAX = 2**31 - 1
+# Components whose `auto` follows the base precision rather than a recommendation of its own.
+_FOLLOWS_PRECISION = ("unet_precision", "vae_precision", "text_encoder_precision")
+GROUP_INTROS = {
+    "Device": "Which processor runs the model.",
+    "Precision": "The number format of each part of the model: the main speed, memory and "
+    "overflow trade-off.",
+    "Attention": "How attention is computed; where SD 2.x and Apple GPUs overflow.",
+    "Accumulation": "How sums inside matrix multiplies are kept; faster settings can overflow.",
+    "NaN safety": "What HalfSafe does when an image goes non-finite (NaN or infinite).",
+    "Generation": "The values the Generate page starts from; it also saves what you last used.",
+    "Folders": "Where HalfSafe looks for models and saves images.",
+}
+
+
+class FieldEditor(QWidget):
+    """An input for one schema field. `edited(key, value)` fires on user changes only."""
+
+    edited = Signal(str, object)
+
+    def __init__(self, field: Field, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.field = field
+        self._layout = QHBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self.input = self._build()
+        self.input.setToolTip(field.help)
+        self.setToolTip(field.help)
+
+    # Building -------------------------------------------------------------------------------
+
+    def _build(self) -> QWidget:
+        f = self.field
+        kind = f.kind
+        if kind == "bool":
+            box = QCheckBox()
+            box.toggled.connect(lambda on: self._emit(bool(on)))
+            self._layout.addWidget(box)
+            self._layout.addStretch(1)
+            return box
+        if kind in ("choice", "device"):
+            combo = QComboBox()
+            combo.setMinimumWidth(220)
+            if kind == "choice":
+                for choice in f.choices:
+                    combo.addItem(words.choice_name(choice), choice)
+                combo.currentIndexChanged.connect(lambda _i: self._emit(combo.currentData()))
+            else:
+                combo.setEditable(True)
+                combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+                for choice in ("auto", "cpu"):
+                    combo.addItem(choice, choice)
+                combo.activated.connect(lambda _i: self._emit(combo.currentText().strip()))
+                line = combo.lineEdit()
+                line.editingFinished.connect(lambda: self._emit(combo.currentText().strip()))
+            self._layout.addWidget(combo)
+            self._layout.addStretch(1)
+            return combo
+        if kind == "int" and (f.maximum or 0) > INT32_MAX:
+            edit = QLineEdit()
+            edit.setValidator(QRegularExpressionValidator(r"-?\d{0,10}"))
+            edit.setMaximumWidth(160)
+            edit.editingFinished.connect(self._emit_big_int)
+            self._layout.addWidget(edit)
+            self._layout.addStretch(1)
+            return edit
+        if kind == "int":
+            spin = QSpinBox()
+            spin.setRange(
+                int(f.minimum if f.minimum is not None else -INT32_MAX),
+                int(f.maximum if f.maximum is not None else INT32_MAX),
+            )
+            spin.setSingleStep(f.step or 1)
+            spin.setKeyboardTracking(False)
+            spin.setCorrectionMode(QAbstractSpinBox.CorrectionMode.CorrectToNearestValue)
+            spin.setMinimumWidth(110)
+            spin.valueChanged.connect(self._emit_int)
+            self._layout.addWidget(spin)
+            self._layout.addStretch(1)
+            return spin
+        if kind == "float":
+            spin = QDoubleSpinBox()
+            spin.setDecimals(1)
+            spin.setRange(
+                f.minimum if f.minimum is not None else -1e9,
+                f.maximum if f.maximum is not None else 1e9,
+            )
+            spin.setSingleStep(0.5)
+            spin.setKeyboardTracking(False)
+            spin.setMinimumWidth(110)
+            spin.valueChanged.connect(lambda v: self._emit(round(float(v), 1)))
+            self._layout.addWidget(spin)
+            self._layout.addStretch(1)
+            return spin
+        if kind == "text":
+            edit = QLineEdit()
+            edit.editingFinished.connect(lambda: self._emit(edit.text()))
+            self._layout.addWidget(edit)
+            return edit
+        if kind == "path":
+            edit = QLineEdit()
+            edit.setPlaceholderText("default")
+            edit.editingFinished.connect(lambda: self._emit(edit.text().strip()))
+            browse = QPushButton("Choose…")
+            browse.clicked.connect(self._browse_path)
+            self._layout.addWidget(edit, 1)
+            self._layout.addWidget(browse)
+            return edit
+        if kind == "paths":
+            column = QVBoxLayout()
+            folders = QListWidget()
+            folders.setMaximumHeight(90)
+            buttons = QHBoxLayout()
+            add = QPushButton("Add folder…")
+            add.clicked.connect(self._browse_folder)
+            remove = QPushButton("Remove")
+            remove.clicked.connect(self.remove_selected)
+            buttons.addWidget(add)
+            buttons.addWidget(remove)
+            buttons.addStretch(1)
+            column.addWidget(folders)
+            column.addLayout(buttons)
+            self._layout.addLayout(column, 1)
+            return folders
+        raise AssertionError(f"no editor for field kind {kind}")
+
+    # Values ---------------------------------------------------------------------------------
+
+    def value(self) -> Any:
+        widget, kind = self.input, self.field.kind
+        if kind == "bool":
+            return widget.isChecked()
+        if kind == "choice":
+            return widget.currentData()
+        if kind == "device":
+            return widget.currentText().strip()
+        if isinstance(widget, QLineEdit) and kind == "int":
+            text = widget.text().strip()
+            return int(text) if text not in ("", "-") else self.field.default
+        if kind in ("int", "float"):
+            return widget.value()
+        if kind in ("text", "path"):
+            return widget.text()
+        if kind == "paths":
+            return [widget.item(i).text() for i in range(widget.count())]
+        raise AssertionError(kind)
+
+    def set_value(self, value: Any) -> None:
+        """Show `value` without reporting it as an edit."""
+        widget, kind = self.input, self.field.kind
+        widget.blockSignals(True)
+        try:
+            if kind == "bool":
+                widget.setChecked(bool(value))
+            elif kind == "choice":
+                widget.setCurrentIndex(max(0, widget.findData(value)))
+            elif kind == "device":
+                if widget.findData(value) < 0:
+                    widget.addItem(str(value), value)
+                widget.setCurrentIndex(widget.findData(value))
+            elif isinstance(widget, QLineEdit) and kind == "int":
+                widget.setText(str(value))
+            elif kind in ("int", "float"):
+                widget.setValue(value)
+            elif kind in ("text", "path"):
+                widget.setText(str(value))
+            elif kind == "paths":
+                widget.clear()
+                widget.addItems([str(v) for v in value])
+        finally:
+            widget.blockSignals(False)
+
+    def set_devices(self, names: list[str]) -> None:
+        """Offer the devices this computer has (device editor only)."""
+        if self.field.kind != "device":
+            return
+        current = self.value()
+        self.input.blockSignals(True)
+        for name in names:
+            if self.input.findData(name) < 0:
+                self.input.addItem(name, name)
+        self.input.blockSignals(False)
+        self.set_value(current)
+
+    def add_folder(self, folder: str) -> None:
+        folders = self.value()
+        if folder and folder not in folders:
+            self.set_value([*folders, folder])
+            self._emit(self.value())
+
+    def remove_selected(self) -> None:
+        row = self.input.currentRow()
+        if row >= 0:
+            self.input.takeItem(row)
+            self._emit(self.value())
+
+    # Signals --------------------------------------------------------------------------------
+
+    def _emit(self, value: Any) -> None:
+        self.edited.emit(self.field.key, value)
+
+    def _emit_int(self, value: int) -> None:
+        step = self.field.step
+        if step and value % step:
+            value = int(round(value / step) * step)
+            self.set_value(value)
+        self._emit(int(value))
+
+    def _emit_big_int(self) -> None:
+        text = self.input.text().strip()
+        if text in ("", "-"):
+            self.set_value(self.field.default)
+            text = str(self.field.default)
+        self._emit(int(text))
+
+    def _browse_path(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, self.field.label, self.input.text())
+        if folder:
+            self.input.setText(folder)
+            self._emit(folder)
+
+    def _browse_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        if folder:
+            self.add_folder(folder)
+
+
+class SettingsView(QWidget):
+    """Every schema field, grouped as GROUPS lists them, with its help text visible."""
+
+    def __init__(
+        self,
+        state: AppState,
+        request_hardware: Callable[[Callable[[], None]], None] | None = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self._request_hardware = request_hardware
+        layout = page_layout(
+            self,
+            "Settings",
+            "Changes are saved as soon as you make them and used by the next job; there is "
+            "nothing to restart. Hover over any setting for its explanation.",
+        )
+        top = QHBoxLayout()
+        self.reset_button = QPushButton("Reset to recommended")
+        self.reset_button.setToolTip(
+            "Put the device, precision, attention, accumulation and NaN settings back to what "
+            "HalfSafe recommends for this computer. Generation values and folders stay."
+        )
+        self.reset_button.clicked.connect(self.reset_to_recommended)
+        top.addWidget(self.reset_button)
+        self.notice = label("", "muted", wrap=True)
+        top.addWidget(self.notice, 1)
+        layout.addLayout(top)
+
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        body = QWidget()
+        body.setObjectName("page")
+        self._form = QVBoxLayout(body)
+        self._form.setContentsMargins(0, 0, 12, 0)
+        scroll.setWidget(body)
+        layout.addWidget(scroll, 1)
+
+        self.editors: dict[str, FieldEditor] = {}
+        self.resolved: dict[str, Any] = {}
+        self.problems: dict[str, Any] = {}
+        for group in GROUPS:
+            fields = [f for f in SCHEMA if f.group == group]
+            if fields:
+                self._add_group(group, fields)
+        self._form.addStretch(1)
+
+        for key, editor in self.editors.items():
+            editor.set_value(state.settings[key])
+            editor.edited.connect(self._edited)
+        state.settings_changed.connect(self._settings_changed)
+        state.hardware_changed.connect(lambda _report: self._refresh_hardware())
+        self._refresh_hardware()
+
+    def _add_group(self, group: str, fields: list[Field]) -> None:
+        self._form.addWidget(label(group, "section"))
+        if group in GROUP_INTROS:
+            self._form.addWidget(label(GROUP_INTROS[group], "muted", wrap=True))
+        grid = QGridLayout()
+        grid.setContentsMargins(8, 4, 0, 10)
+        grid.setHorizontalSpacing(18)
+        grid.setVerticalSpacing(2)
+        grid.setColumnMinimumWidth(0, 230)
+        grid.setColumnStretch(1, 1)
+        row = 0
+        for f in fields:
+            name = label(f.label)
+            name.setToolTip(f.help)
+            name.setStyleSheet("font-weight: 600;")
+            editor = FieldEditor(f)
+            editor.setObjectName(f"setting-{f.key}")
+            name.setBuddy(editor.input)
+            grid.addWidget(name, row, 0, Qt.AlignmentFlag.AlignTop)
+            grid.addWidget(editor, row, 1)
+            row += 1
+            resolved = label("", "resolved", wrap=True)
+            resolved.hide()
+            grid.addWidget(resolved, row, 1)
+            row += 1
+            problem = label("", "invalid", wrap=True)
+            problem.hide()
+            grid.addWidget(problem, row, 1)
+            row += 1
+            description = label(f.help, "help", wrap=True)
+            description.setContentsMargins(0, 0, 0, 8)
+            grid.addWidget(description, row, 1)
+            row += 1
+            self.editors[f.key] = editor
+            self.resolved[f.key] = resolved
+            self.problems[f.key] = problem
+        self._form.addLayout(grid)
+
+    # Edits ------------------------------------------------------------------------------------
+
+    def _edited(self, key: str, value: Any) -> None:
+        problem = self.problems[key]
+        try:
+            self.state.set_setting(key, value)
+        except ValueError as error:
+            problem.setText(f"Not saved: {error}.")
+            problem.show()
+            return
+        problem.hide()
+
+    def _settings_changed(self, keys: list[str]) -> None:
+        for key in keys:
+            if key in self.editors:
+                self.editors[key].set_value(self.state.settings[key])
+                self.problems[key].hide()
+        self._refresh_resolved()
+
+    def reset_to_recommended(self) -> None:
+        if self.state.hardware is None and self._request_hardware is not None:
+            self.reset_button.setEnabled(False)
+            self.notice.setText("Checking this computer to find the recommended settings…")
+            self._request_hardware(self._finish_reset)
+            return
+        self._finish_reset()
+
+    def _finish_reset(self) -> None:
+        self.reset_button.setEnabled(True)
+        changed = self.state.reset_to_recommended()
+        source = (
+            "recommended for this computer"
+            if self.state.recommended()
+            else "the defaults (no recommendation is available yet)"
+        )
+        if changed:
+            names = ", ".join(FIELDS[k].label for k in changed)
+            self.notice.setText(f"Reset to {source}. Changed: {names}.")
+        else:
+            self.notice.setText(f"Already at {source}.")
+
+    # Auto, resolved ---------------------------------------------------------------------------
+
+    def _refresh_hardware(self) -> None:
+        devices = []
+        for device in (self.state.hardware or {}).get("devices") or []:
+            kind, index = device.get("kind"), device.get("index")
+            if kind == "rocm":
+                kind = "cuda"
+            if kind and kind != "cpu":
+                devices.append(kind if index is None else f"{kind}:{index}")
+        self.editors["device"].set_devices(devices)
+        self._refresh_resolved()
+
+    def resolution_text(self, key: str) -> str:
+        """What `auto` (or the recommendation) means for `key` on this computer, in words."""
+        value = self.state.settings[key]
+        recommended = self.state.recommended()
+        reasons = self.state.reasons()
+        reason = reasons.get(key, "")
+        have_report = self.state.hardware is not None
+        if key == "device" and value == "auto":
+            device = self.state.device_report()
+            if device is None:
+                return (
+                    "Auto picks the best GPU when the engine first runs; the GPU page shows which."
+                )
+            return f"Auto picks {device.get('name', 'the first device')} here."
+        if value == "auto" and key in _FOLLOWS_PRECISION:
+            resolved = recommended.get(key, "auto")
+            if resolved in ("auto", None):
+                base = self.state.settings["precision"]
+                if base == "auto":
+                    base = recommended.get("precision", "auto")
+                if base == "auto":
+                    return "Auto follows Precision."
+                return f"Auto follows Precision: {words.choice_name(base)}."
+            return _sentence(f"Auto means {words.choice_name(resolved)} here", reason)
+        if value == "auto" and FIELDS[key].kind == "choice":
+            if not have_report:
+                return (
+                    "Auto is decided from your GPU and the model when a job runs; the GPU "
+                    "page shows what it picks."
+                )
+            resolved = recommended.get(key)
+            if resolved is None:
+                return "Auto is decided from the model when a job runs."
+            return _sentence(f"Auto means {words.choice_name(resolved)} here", reason)
+        if key in recommended and recommended[key] != value and recommended[key] != "auto":
+            return _sentence(
+                f"Recommended for this computer: {words.setting_value(key, recommended[key])}",
+                reason,
+            )
+        return ""
+
+    def _refresh_resolved(self) -> None:
+        for key, widget in self.resolved.items():
+            text = self.resolution_text(key)
+            widget.setText(text)
+            widget.setVisible(bool(text))
+
+
+def _sentence(head: str, reason: str) -> str:
+    reason = reason.strip().rstrip(".")
+    if reason:
+        return f"{head}: {reason}."
+    return f"{head}."

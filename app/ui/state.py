@@ -1,0 +1,123 @@
+"""What the views share: the user's settings, the loaded model, the hardware report.
+
+Lives in the GUI thread. Every settings change is validated, saved at once (atomically, by
+core) and announced, so the next job picks it up without a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from app.core.settings import FIELDS, PRECISION_KEYS, Settings, save_settings
+
+
+class AppState(QObject):
+    """Signals (GUI thread):
+    settings_changed(list[str]): the keys that changed, already saved.
+    model_changed(object): the loaded model's summary dict, or None.
+    hardware_changed(object): the hardware report dict (DESIGN's `gpu --json`).
+    effective_changed(object): the effective precision settings of the last job.
+    save_failed(str): a plain sentence; the change applies to this session only.
+    """
+
+    settings_changed = Signal(list)
+    model_changed = Signal(object)
+    hardware_changed = Signal(object)
+    effective_changed = Signal(object)
+    save_failed = Signal(str)
+
+    def __init__(self, settings: Settings, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.settings = settings
+        self.model: dict[str, Any] | None = None
+        self.model_request: dict[str, Any] | None = None
+        self.hardware: dict[str, Any] | None = None
+        self.effective: dict[str, Any] | None = None
+        self.save_error: str | None = None
+
+    # Settings ---------------------------------------------------------------------------------
+
+    def set_setting(self, key: str, value: Any) -> None:
+        """Validate, store and save one setting. Raises ValueError with the reason if invalid."""
+        self.apply({key: value})
+
+    def apply(self, values: Mapping[str, Any]) -> list[str]:
+        """Set several settings at once (a fix, a recommendation); saved once. Returns the
+        keys that changed. Raises ValueError (nothing changed) if any value is invalid."""
+        checked = {
+            key: FIELDS[key].validate(value) for key, value in values.items() if key in FIELDS
+        }
+        changed = [key for key, value in checked.items() if self.settings[key] != value]
+        if not changed:
+            return []
+        for key in changed:
+            self.settings[key] = checked[key]
+        try:
+            save_settings(self.settings)
+            self.save_error = None
+        except OSError as error:
+            # The change still applies to this session; the user is told it was not saved.
+            self.save_error = f"Settings could not be saved ({error.strerror or error})."
+            self.save_failed.emit(self.save_error)
+        self.settings_changed.emit(changed)
+        return changed
+
+    def precision(self) -> dict[str, Any]:
+        """The precision settings for the next job, as plain data."""
+        return self.settings.precision().to_dict()
+
+    def device(self) -> str:
+        return str(self.settings["device"])
+
+    # Hardware ---------------------------------------------------------------------------------
+
+    def set_hardware(self, report: dict[str, Any]) -> None:
+        self.hardware = report
+        self.hardware_changed.emit(report)
+
+    def device_report(self) -> dict[str, Any] | None:
+        """The report entry for the device the settings pick (auto: the first listed)."""
+        devices = (self.hardware or {}).get("devices") or []
+        if not devices:
+            return None
+        wanted = self.device()
+        for device in devices:
+            kind, index = device.get("kind"), device.get("index")
+            names = {str(kind)} | ({f"{kind}:{index}"} if index is not None else set())
+            if kind == "rocm":
+                names |= {"cuda"} | ({f"cuda:{index}"} if index is not None else set())
+            if wanted in names:
+                return device
+        return devices[0]
+
+    def recommended(self) -> dict[str, Any]:
+        device = self.device_report() or {}
+        return {k: v for k, v in (device.get("recommended") or {}).items() if k in FIELDS}
+
+    def reasons(self) -> dict[str, str]:
+        device = self.device_report() or {}
+        return dict(device.get("reasons") or {})
+
+    def reset_to_recommended(self) -> list[str]:
+        """Precision settings (and device) back to their defaults, with the recommendation for
+        this computer laid over them. Generation defaults and folders are left alone."""
+        values: dict[str, Any] = {key: FIELDS[key].default for key in PRECISION_KEYS}
+        values["device"] = FIELDS["device"].default
+        values.update({k: v for k, v in self.recommended().items() if k in PRECISION_KEYS})
+        return self.apply(values)
+
+    # Model ------------------------------------------------------------------------------------
+
+    def set_model(
+        self, summary: dict[str, Any] | None, request: dict[str, Any] | None = None
+    ) -> None:
+        self.model = summary
+        self.model_request = request if summary is not None else None
+        self.model_changed.emit(summary)
+
+    def set_effective(self, settings: dict[str, Any] | None) -> None:
+        self.effective = settings
+        self.effective_changed.emit(settings)

@@ -1,0 +1,352 @@
+"""What the window says: model parts, layers, numbers and settings in words a user can follow."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+FP16_LIMIT = 65504.0
+
+COMPONENT_NAMES = {
+    "text_encoder": "Text encoder",
+    "text_encoder_2": "Second text encoder",
+    "unet": "UNet",
+    "transformer": "Transformer",
+    "vae": "VAE",
+}
+COMPONENT_ROLES = {
+    "text_encoder": "turns the prompt into numbers the model understands",
+    "text_encoder_2": "SDXL's second, larger prompt encoder",
+    "unet": "removes noise step by step; the slow, large part",
+    "transformer": "removes noise step by step; the slow, large part",
+    "vae": "turns the finished latents into pixels",
+}
+STATUS_WORDS = {
+    "ok": "OK",
+    "at_risk": "Close to the limit",
+    "overflow": "Overflows in fp16",
+    "nan": "Produces NaN",
+    "broken_weights": "Broken weights",
+}
+STATUS_LEVEL = {
+    "ok": "good",
+    "at_risk": "warn",
+    "overflow": "bad",
+    "nan": "bad",
+    "broken_weights": "bad",
+}
+VERDICT_WORDS = {
+    "healthy": "Healthy: nothing overflowed at the tested precision.",
+    "fixable": "Fixable: part of this model overflows, and the fix below was tested and works.",
+    "broken": "Broken: no precision setting makes this model produce finite output.",
+}
+ARCHITECTURE_NAMES = {
+    "sd1": "Stable Diffusion 1.x",
+    "sd2": "Stable Diffusion 2.x",
+    "sdxl": "Stable Diffusion XL",
+    "sd3": "Stable Diffusion 3",
+    "flux": "FLUX",
+}
+CHOICE_NAMES = {
+    "auto": "Auto",
+    "fp16": "fp16 (half)",
+    "bf16": "bf16 (brain float)",
+    "fp32": "fp32 (full)",
+    "flash": "Flash attention",
+    "efficient": "Memory-efficient",
+    "cudnn": "cuDNN",
+    "math": "Math (reference)",
+    "classic": "Classic (diffusers)",
+    "off": "Off: keep it and say why",
+    "ask": "Ask me",
+    "euler": "Euler",
+    "euler_a": "Euler a",
+    "dpmpp_2m_karras": "DPM++ 2M Karras",
+    "ddim": "DDIM",
+}
+FP16_WORDS = {
+    "fast": "fast",
+    "slow": "works, but slowly on this card",
+    "unreliable": "unreliable on this card (known to give NaN)",
+    "unsupported": "not supported",
+}
+BF16_WORDS = {
+    "native": "native",
+    "emulated": "emulated (slow)",
+    "unsupported": "not supported",
+}
+
+_ORDINALS = (
+    "first",
+    "second",
+    "third",
+    "fourth",
+    "fifth",
+    "sixth",
+    "seventh",
+    "eighth",
+    "ninth",
+    "tenth",
+    "eleventh",
+    "twelfth",
+)
+
+# Dotted-path parts, in the words a user can follow.
+_CONTAINERS = {
+    "down_blocks": "down-sampling block",
+    "up_blocks": "up-sampling block",
+    "resnets": "ResNet layer",
+    "attentions": "attention layer",
+    "transformer_blocks": "transformer block",
+    "layers": "layer",
+    "upsamplers": "upsampler",
+    "downsamplers": "downsampler",
+}
+_SINGLES = {
+    "mid_block": "the middle block",
+    "encoder": "the encoder",
+    "decoder": "the decoder",
+    "text_model": "",
+    "embeddings": "the embeddings",
+    "final_layer_norm": "the final normalisation",
+    "conv_in": "the input convolution",
+    "conv_out": "the output convolution",
+    "conv_norm_out": "the output normalisation",
+    "post_quant_conv": "the convolution before the decoder",
+    "quant_conv": "the convolution after the encoder",
+    "time_embedding": "the timestep embedding",
+    "add_embedding": "the size conditioning",
+    "attn1": "self-attention",
+    "attn2": "cross-attention (prompt)",
+    "ff": "feed-forward",
+    "norm1": "the first normalisation",
+    "norm2": "the second normalisation",
+    "norm3": "the third normalisation",
+    "conv1": "the first convolution",
+    "conv2": "the second convolution",
+    "conv_shortcut": "the shortcut convolution",
+    "proj_in": "the input projection",
+    "proj_out": "the output projection",
+    "to_q": "the query projection",
+    "to_k": "the key projection",
+    "to_v": "the value projection",
+    "self_attn": "self-attention",
+    "mlp": "the MLP",
+    "fc1": "the first linear layer",
+    "fc2": "the second linear layer",
+    "q_proj": "the query projection",
+    "k_proj": "the key projection",
+    "v_proj": "the value projection",
+    "out_proj": "the output projection",
+    "layer_norm1": "the first normalisation",
+    "layer_norm2": "the second normalisation",
+    "net": "",
+    "group_norm": "the group normalisation",
+}
+
+
+def ordinal(index: int) -> str:
+    return _ORDINALS[index] if 0 <= index < len(_ORDINALS) else f"#{index + 1}"
+
+
+def component_name(component: str) -> str:
+    return COMPONENT_NAMES.get(component, component.replace("_", " ").capitalize())
+
+
+def component_phrase(component: str) -> str:
+    """'the VAE', 'the text encoder': a component's name inside a sentence."""
+    name = component_name(component)
+    return "the " + (name if name.isupper() or name == "UNet" else name.lower())
+
+
+def describe_module(component: str, path: str | None) -> str:
+    """'up_blocks.2.resnets.1.conv2' in the VAE -> 'the second convolution of the second
+    ResNet layer of the third up-sampling block of the decoder, in the VAE'."""
+    if not path:
+        return ""
+    parts = path.split(".")
+    phrases: list[str] = []
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        nxt = parts[i + 1] if i + 1 < len(parts) else None
+        if part in _CONTAINERS and nxt is not None and nxt.isdigit():
+            phrases.append(f"the {ordinal(int(nxt))} {_CONTAINERS[part]}")
+            i += 2
+            continue
+        if part == "to_out":
+            phrases.append("the attention output")
+            i += 2 if nxt is not None and nxt.isdigit() else 1
+            continue
+        if part.isdigit():
+            phrases.append(f"part {int(part) + 1}")
+        elif part in _SINGLES:
+            if _SINGLES[part]:
+                phrases.append(_SINGLES[part])
+        else:
+            phrases.append(f"'{part}'")
+        i += 1
+    if not phrases:
+        return component_phrase(component)
+    # Innermost first reads naturally: "the second convolution of the third up-sampling block".
+    sentence = " of ".join(reversed(phrases))
+    return f"{sentence}, in {component_phrase(component)}"
+
+
+def short_block(module: str) -> str:
+    """A chart label: 'decoder.up_blocks.2' -> 'dec up 2'."""
+    text = module
+    for long, short in (
+        ("decoder.", "dec "),
+        ("encoder.", "enc "),
+        ("text_model.", ""),
+        ("down_blocks.", "down "),
+        ("up_blocks.", "up "),
+        ("mid_block", "mid"),
+        ("layers.", "layer "),
+        ("conv_norm_out", "norm out"),
+        ("post_quant_conv", "post quant"),
+        ("time_embedding", "time emb"),
+        ("final_layer_norm", "final norm"),
+        ("embeddings", "embed"),
+        ("_", " "),
+    ):
+        text = text.replace(long, short)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def big_number(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    if value != value or value in (float("inf"), float("-inf")):
+        return "infinite"
+    if value >= 1e6 or (0 < value < 0.01):
+        return f"{value:.2e}"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def headroom_words(headroom: float | None, status: str) -> str:
+    if status in ("overflow", "nan"):
+        return "No headroom: values went past the fp16 limit of 65,504."
+    if status == "broken_weights":
+        return "The stored weights already hold NaN or infinite values."
+    if headroom is None:
+        return "Headroom: not measured."
+    if headroom >= 10:
+        return f"Headroom: {headroom:,.0f}x below the fp16 limit; safe."
+    return f"Headroom: only {headroom:.2g}x below the fp16 limit; close to overflowing."
+
+
+def megabytes(value: float | None) -> str:
+    if value is None:
+        return "not measured"
+    if value >= 1024:
+        return f"{value / 1024:.2f} GB"
+    return f"{value:,.0f} MB"
+
+
+def file_size(num_bytes: int | None) -> str:
+    if num_bytes is None:
+        return ""
+    size = float(num_bytes)
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:,.0f} {unit}" if unit == "bytes" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TB"
+
+
+def milliseconds(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:,.0f} ms"
+
+
+def duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def choice_name(value: str) -> str:
+    return CHOICE_NAMES.get(value, value)
+
+
+def setting_value(key: str, value: Any) -> str:
+    """A setting's value as the settings panel would show it."""
+    from app.core.settings import FIELDS
+
+    field = FIELDS.get(key)
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if field is not None and field.kind == "choice":
+        return choice_name(str(value))
+    return str(value)
+
+
+def setting_label(key: str) -> str:
+    from app.core.settings import FIELDS
+
+    field = FIELDS.get(key)
+    return field.label if field else key.replace("_", " ")
+
+
+def fix_words(settings: Mapping[str, Any] | None) -> str:
+    """{'vae_precision': 'fp32'} -> 'VAE precision: fp32 (full)'."""
+    if not settings:
+        return ""
+    return "; ".join(f"{setting_label(k)}: {setting_value(k, v)}" for k, v in settings.items())
+
+
+def component_dtypes(
+    values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """The dtype each component will get, resolving `auto` with the recommendation if known."""
+    recommended = recommended or {}
+
+    def pick(key: str) -> str:
+        value = values.get(key, "auto")
+        if value == "auto":
+            value = recommended.get(key, "auto")
+        return str(value)
+
+    base = pick("precision")
+    result = {}
+    for component, key in (
+        ("unet", "unet_precision"),
+        ("vae", "vae_precision"),
+        ("text", "text_encoder_precision"),
+    ):
+        value = pick(key)
+        result[component] = base if value == "auto" else value
+    if values.get("no_half"):
+        result = dict.fromkeys(result, "fp32")
+    elif values.get("no_half_vae"):
+        result["vae"] = "fp32"
+    return result
+
+
+def precision_summary(
+    values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
+) -> str:
+    """'UNet fp16 · VAE fp32 · text fp16 · attention upcast' for the status bar."""
+    dtypes = component_dtypes(values, recommended)
+    if len(set(dtypes.values())) == 1:
+        text = f"{dtypes['unet']} everywhere"
+    else:
+        text = f"UNet {dtypes['unet']} · VAE {dtypes['vae']} · text {dtypes['text']}"
+    if values.get("upcast_attention"):
+        text += " · attention upcast"
+    return text
+
+
+def architecture_name(architecture: str | None) -> str:
+    if not architecture:
+        return "unknown"
+    return ARCHITECTURE_NAMES.get(architecture, architecture)

@@ -1,0 +1,297 @@
+"""The engine's job loop in-process (fast) and as a real process (queue, cancel, crash)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from app.engine.events import (
+    CancelRequest,
+    EngineEvent,
+    EventState,
+    JobRequest,
+    ProtocolError,
+    encode,
+    read_message,
+)
+from app.engine.failures import describe_exception, describe_exit
+from app.engine.jobs import HANDLERS
+from app.engine.process import EngineProcess, log_path
+from app.engine.server import Engine
+from tests.engine import sample_jobs
+
+
+def _one_sentence(text: str) -> bool:
+    return bool(text) and "\n" not in text and text.endswith(".") and "Traceback" not in text
+
+
+# The event type ------------------------------------------------------------------------------
+
+
+def test_every_event_state_pickles_cleanly_with_preview_bytes():
+    for state in EventState:
+        event = EngineEvent(
+            7,
+            "generate",
+            state,
+            stage="Denoising",
+            done=3,
+            total=20,
+            message="A sentence.",
+            preview_png=b"\x89PNG...",
+            result={"images": [{"seed": 1}]},
+        )
+        again = pickle.loads(pickle.dumps(event))
+        assert again == event and again.state is state
+
+
+def test_frames_round_trip_and_garbage_is_refused():
+    stream = io.BytesIO(encode(JobRequest(1, "ping")) + encode(CancelRequest(1)))
+    assert read_message(stream) == JobRequest(1, "ping")
+    assert read_message(stream) == CancelRequest(1)
+    assert read_message(stream) is None
+    with pytest.raises(ProtocolError):
+        read_message(io.BytesIO(b"\x05\x00\x00\x00abc"))
+    with pytest.raises(ProtocolError):
+        read_message(io.BytesIO(encode(JobRequest(1, "ping"))[:4] + b"\x80\x04junk"))
+
+
+# In-process ----------------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[EngineEvent] = []
+        self.condition = threading.Condition()
+
+    def __call__(self, event: EngineEvent) -> None:
+        with self.condition:
+            self.events.append(event)
+            self.condition.notify_all()
+
+    def wait_final(self, job_id: int, timeout: float = 10.0) -> EngineEvent:
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while True:
+                for event in self.events:
+                    if event.job_id == job_id and event.state.final:
+                        return event
+                left = deadline - time.monotonic()
+                assert left > 0, f"job {job_id} did not finish: {self.events}"
+                self.condition.wait(left)
+
+    def of(self, job_id: int) -> list[EngineEvent]:
+        return [e for e in self.events if e.job_id == job_id]
+
+
+@pytest.fixture
+def engine():
+    recorder = Recorder()
+    engine = Engine(recorder, {**HANDLERS, **sample_jobs.HANDLERS})
+    worker = threading.Thread(target=engine.serve, daemon=True)
+    worker.start()
+    yield engine, recorder
+    engine.stop()
+    worker.join(5)
+
+
+def test_jobs_run_one_at_a_time_in_order(engine):
+    engine, events = engine
+    for job_id in (1, 2, 3):
+        engine.receive(JobRequest(job_id, "count", {"steps": 3, "seconds": 0.01}))
+    for job_id in (1, 2, 3):
+        assert events.wait_final(job_id).state == EventState.RESULT
+    finals = [e.job_id for e in events.events if e.state.final]
+    assert finals == [1, 2, 3]
+    # No job started before the one ahead of it ended.
+    order = [(e.job_id, e.state) for e in events.events if e.state != EventState.QUEUED]
+    current = None
+    for job_id, state in order:
+        if current is None:
+            current = job_id
+        assert job_id == current
+        if state.final:
+            current = None
+    assert events.of(1)[0].state == EventState.QUEUED
+
+
+def test_cancel_reaches_a_running_job_within_a_step(engine):
+    engine, events = engine
+    engine.receive(JobRequest(1, "count", {"steps": 1000, "seconds": 0.02}))
+    deadline = time.monotonic() + 5
+    while not any(e.state == EventState.PROGRESS and e.done >= 2 for e in events.of(1)):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    asked = time.monotonic()
+    engine.receive(CancelRequest(1))
+    final = events.wait_final(1)
+    assert final.state == EventState.CANCELLED
+    assert time.monotonic() - asked < 0.5
+    steps = [e.done for e in events.of(1) if e.state == EventState.PROGRESS]
+    assert max(steps) < 1000
+
+
+def test_cancel_drops_a_queued_job_without_running_it(engine):
+    engine, events = engine
+    engine.receive(JobRequest(1, "count", {"steps": 20, "seconds": 0.02}))
+    engine.receive(JobRequest(2, "count", {"steps": 2}))
+    engine.receive(CancelRequest(2))
+    assert events.wait_final(2).state == EventState.CANCELLED
+    assert events.wait_final(1).state == EventState.RESULT
+    assert [e.state for e in events.of(2)] == [EventState.QUEUED, EventState.CANCELLED]
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        (
+            "fail",
+            "Something went wrong while running the job (ValueError); the details have the "
+            "full report.",
+        ),
+        ("bad_file", "/models/x.safetensors: the header is cut short."),
+        (
+            "oom",
+            "The GPU ran out of memory while running the job; try a smaller image size or "
+            "batch, or close other programs that use the GPU.",
+        ),
+        ("generate", "No model is loaded; load one on the Models page first."),
+        ("nonsense", "This engine cannot run 'nonsense' jobs."),
+    ],
+)
+def test_errors_are_one_plain_sentence_with_details_apart(engine, kind, expected):
+    engine, events = engine
+    engine.receive(JobRequest(1, kind, {"request": {}}))
+    final = events.wait_final(1)
+    assert final.state == EventState.ERROR
+    assert final.message == expected
+    assert _one_sentence(final.message)
+    if kind == "fail":
+        assert "Traceback" in final.details and "something internal" in final.details
+    # The engine keeps serving after a failed job.
+    engine.receive(JobRequest(2, "ping"))
+    assert events.wait_final(2).state == EventState.RESULT
+
+
+def test_session_survives_between_jobs(engine):
+    engine, events = engine
+    engine.receive(JobRequest(1, "remember", {"value": 42}))
+    engine.receive(JobRequest(2, "recall"))
+    assert events.wait_final(2).result["value"] == 42
+
+
+def test_exit_descriptions_are_plain_words():
+    assert "killed" in describe_exit(-signal.SIGKILL).message
+    assert "segmentation fault" in describe_exit(-signal.SIGSEGV).message
+    assert "ran out of memory" in describe_exit(1, "RuntimeError: out of memory").message
+    assert describe_exit(3).message == "The engine stopped unexpectedly (exit status 3)."
+    for code in (-9, -11, -6, 0, 1, 139):
+        assert _one_sentence(describe_exit(code).message)
+    assert _one_sentence(describe_exception(KeyError("x"), "load").message)
+
+
+# A real engine process -----------------------------------------------------------------------
+
+
+class ProcessEvents:
+    def __init__(self) -> None:
+        self.recorder = Recorder()
+        self.exits: list = []
+        self.exited = threading.Event()
+
+    def on_exit(self, failure) -> None:
+        self.exits.append(failure)
+        self.exited.set()
+
+
+@pytest.fixture
+def process():
+    engine = EngineProcess(extra_args=["--handlers", "tests.engine.sample_jobs"])
+    heard = ProcessEvents()
+    engine.start(heard.recorder, heard.on_exit)
+    yield engine, heard
+    engine.stop(timeout=2)
+
+
+def test_real_process_queues_and_answers(process):
+    engine, heard = process
+    for job_id in (1, 2):
+        engine.send(JobRequest(job_id, "count", {"steps": 2}))
+    engine.send(JobRequest(3, "ping"))
+    assert heard.recorder.wait_final(1, 30).result["counted"] == 2
+    assert heard.recorder.wait_final(2, 30).state == EventState.RESULT
+    assert heard.recorder.wait_final(3, 30).result["pid"] == engine.pid != os.getpid()
+
+
+def test_real_process_cancel(process):
+    engine, heard = process
+    engine.send(JobRequest(1, "count", {"steps": 10_000, "seconds": 0.01}))
+    deadline = time.monotonic() + 30
+    while not any(e.state == EventState.PROGRESS and e.done > 0 for e in heard.recorder.of(1)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    engine.send(CancelRequest(1))
+    assert heard.recorder.wait_final(1, 10).state == EventState.CANCELLED
+
+
+def test_real_process_error_event_is_one_sentence(process):
+    engine, heard = process
+    engine.send(JobRequest(1, "fail"))
+    final = heard.recorder.wait_final(1, 30)
+    assert final.state == EventState.ERROR and _one_sentence(final.message)
+    assert "something internal" in final.details
+
+
+def test_killed_engine_is_detected_and_described(process):
+    engine, heard = process
+    engine.send(JobRequest(1, "ping"))
+    heard.recorder.wait_final(1, 30)
+    if sys.platform == "win32":
+        engine._process.kill()
+    else:
+        os.kill(engine.pid, signal.SIGKILL)
+    assert heard.exited.wait(10)
+    failure = heard.exits[0]
+    assert "killed" in failure.message and _one_sentence(failure.message)
+    assert not engine.running
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_segfault_is_detected_and_described(process):
+    engine, heard = process
+    engine.send(JobRequest(1, "segfault"))
+    assert heard.exited.wait(20)
+    assert "segmentation fault" in heard.exits[0].message
+    # faulthandler wrote where it happened into the engine log, shown as details.
+    assert "Fatal Python error" in heard.exits[0].details or "Segmentation" in log_path().read_text(
+        errors="replace"
+    )
+
+
+def test_asked_stop_is_not_reported_as_a_death():
+    engine = EngineProcess()
+    heard = ProcessEvents()
+    engine.start(heard.recorder, heard.on_exit)
+    engine.send(JobRequest(1, "ping"))
+    heard.recorder.wait_final(1, 30)
+    engine.stop(timeout=5)
+    assert not engine.running
+    assert not heard.exited.wait(0.5)
+
+
+def test_engine_exits_when_the_gui_goes_away():
+    engine = EngineProcess()
+    heard = ProcessEvents()
+    engine.start(heard.recorder, heard.on_exit)
+    engine.send(JobRequest(1, "ping"))
+    heard.recorder.wait_final(1, 30)
+    engine._process.stdin.close()  # what the OS does when the GUI process dies
+    assert heard.exited.wait(10)
+    assert engine._process.returncode == 0

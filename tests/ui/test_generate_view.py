@@ -1,0 +1,224 @@
+"""The Generate page with a fake engine: progress, preview, NaN banner and its fix, cancel."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QImage
+
+from app.core.settings import load_settings
+from app.engine.events import CancelRequest, EventState
+from tests.ui.conftest import load_fake_model
+
+
+@pytest.fixture
+def view(window, engines):
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    view = window.generate_view
+    view.prompt.setPlainText("a lighthouse at dusk")
+    return view
+
+
+def _png(path, colour="steelblue") -> str:
+    image = QImage(32, 32, QImage.Format.Format_RGB32)
+    image.fill(QColor(colour))
+    assert image.save(str(path))
+    return str(path)
+
+
+def _image(path, status="ok", **extra):
+    entry = {
+        "path": path,
+        "seed": 1234,
+        "status": status,
+        "component": None,
+        "step": None,
+        "fixes_applied": [],
+        "message": "",
+        "fix": None,
+    }
+    entry.update(extra)
+    return entry
+
+
+def test_generate_sends_the_form_and_the_current_settings(view, engines):
+    view.steps.setValue(12)
+    view.seed.setText("77")
+    view.generate()
+    job = engines.current.last_job("generate")
+    assert job.params["request"]["prompt"] == "a lighthouse at dusk"
+    assert job.params["request"]["steps"] == 12
+    assert job.params["request"]["seed"] == 77
+    assert job.params["precision"]["no_half"] is False
+    assert job.params["device"] == "auto"
+    # Last-used values persist in the settings file.
+    assert load_settings().settings["steps"] == 12
+
+
+def test_progress_updates_the_bar_with_an_eta(view, engines):
+    view.generate()
+    job = engines.current.last_job("generate")
+    engines.current.emit(job, EventState.QUEUED, stage="Waiting", total=1)
+    engines.current.emit(job, EventState.PROGRESS, stage="Denoising", done=1, total=20)
+    engines.current.emit(job, EventState.PROGRESS, stage="Denoising", done=5, total=20)
+    assert view.progress.maximum() == 20
+    assert view.progress.value() == 5
+    assert "Denoising: 5 of 20" in view.progress_label.text()
+    assert "left" in view.progress_label.text()
+
+
+def test_preview_is_shown_live(view, engines):
+    view.generate()
+    job = engines.current.last_job("generate")
+    image = QImage(16, 16, QImage.Format.Format_RGB32)
+    image.fill(QColor("red"))
+    buffer = io.BytesIO()
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice
+
+    data = QByteArray()
+    qbuffer = QBuffer(data)
+    qbuffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    image.save(qbuffer, "PNG")
+    buffer.write(bytes(data))
+    engines.current.emit(job, EventState.PREVIEW, done=3, preview_png=buffer.getvalue())
+    assert not view.image.pixmap.isNull()
+    assert view.image.pixmap.width() == 16
+
+
+def test_result_lands_in_the_gallery_with_its_parameters(view, engines, tmp_path):
+    view.generate()
+    job = engines.current.last_job("generate")
+    engines.current.finish(
+        job,
+        {
+            "images": [_image(_png(tmp_path / "a.png"))],
+            "settings": {"precision": "fp16"},
+            "seconds": 2.0,
+        },
+    )
+    assert view.gallery.count() == 1
+    assert "Seed: 1234" in view.parameters.text()
+    assert "a lighthouse at dusk" in view.parameters.text()
+    assert not view.banner.isVisible()
+    assert view.cancel_button.isEnabled() is False
+
+
+def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, engines, tmp_path):
+    view.generate()
+    job = engines.current.last_job("generate")
+    fix = {"vae_precision": "fp32"}
+    engines.current.finish(
+        job,
+        {
+            "images": [
+                _image(
+                    _png(tmp_path / "black.png", "black"),
+                    status="nan",
+                    component="vae",
+                    step=25,
+                    message="The VAE overflowed fp16 while decoding.",
+                    fix=fix,
+                )
+            ],
+            "settings": {},
+            "seconds": 3.0,
+        },
+    )
+
+    assert view.banner.isVisible()
+    text = view.banner.text.text()
+    assert "NaN" in text and "the VAE" in text and "step 25" in text
+    assert "The VAE overflowed fp16 while decoding." in text
+    button = view.banner.buttons["Apply fix and regenerate"]
+    button.click()
+
+    again = engines.current.last_job("generate")
+    assert again.job_id != job.job_id
+    assert again.params["precision"]["vae_precision"] == "fp32"
+    assert again.params["request"]["seed"] == 1234
+    assert again.params["request"]["prompt"] == "a lighthouse at dusk"
+    assert load_settings().settings["vae_precision"] == "fp32"
+
+
+def test_fixed_image_says_what_was_fixed(view, engines, tmp_path):
+    view.generate()
+    job = engines.current.last_job("generate")
+    engines.current.finish(
+        job,
+        {
+            "images": [
+                _image(
+                    _png(tmp_path / "ok.png"),
+                    status="fixed",
+                    component="vae",
+                    fixes_applied=["VAE decoded again in fp32"],
+                    message="The VAE overflowed; decoded again in fp32.",
+                )
+            ],
+            "settings": {},
+            "seconds": 3.0,
+        },
+    )
+    assert view.banner.isVisible()
+    assert "Fixed automatically" in view.banner.text.text()
+    assert "VAE decoded again in fp32" in view.banner.text.text()
+    assert "Apply fix and regenerate" not in view.banner.buttons
+
+
+def test_cancel_sends_cancel_and_esc_does_too(view, engines, qtbot):
+    view.generate()
+    job = engines.current.last_job("generate")
+    engines.current.emit(job, EventState.PROGRESS, stage="Denoising", done=1, total=20)
+    view.cancel_button.click()
+    assert CancelRequest(job.job_id) in engines.current.sent
+    engines.current.emit(job, EventState.CANCELLED, message="Cancelled.")
+    assert view.progress_label.text() == "Cancelled."
+    assert not view.cancel_button.isEnabled()
+
+    view.generate()
+    second = engines.current.last_job("generate")
+    view.prompt.setFocus()
+    qtbot.keyClick(view.prompt, Qt.Key.Key_Escape)
+    assert CancelRequest(second.job_id) in engines.current.sent
+
+
+def test_ctrl_enter_generates(view, engines, qtbot):
+    view.activateWindow()
+    view.prompt.setFocus()
+    qtbot.keyClick(view.prompt, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert len(engines.current.jobs("generate")) == 1
+    # The key did not also type a line break into the prompt.
+    assert view.prompt.toPlainText() == "a lighthouse at dusk"
+
+
+def test_random_seed_button_and_reuse(view, engines, tmp_path):
+    view.seed.setText("5")
+    view.random_seed.click()
+    assert view.seed.text() == "-1"
+    view.generate()
+    job = engines.current.last_job("generate")
+    engines.current.finish(
+        job, {"images": [_image(_png(tmp_path / "r.png"))], "settings": {}, "seconds": 1}
+    )
+    view.reuse_seed.click()
+    assert view.seed.text() == "1234"
+
+
+def test_generate_without_a_model_offers_the_demo(window, engines):
+    window.show_page("Generate")
+    view = window.generate_view
+    assert not view.generate_button.isEnabled()
+    assert view.demo_button.isVisible()
+    view.demo_button.click()
+    assert engines.current.last_job("load").params["source"] == "demo"
+    assert window.current_page() == "Models"
+
+
+def test_settings_change_applies_to_the_next_job_without_restart(view, window, engines):
+    window.state.set_setting("upcast_attention", True)
+    view.generate()
+    assert engines.current.last_job("generate").params["precision"]["upcast_attention"] is True
+    assert len(engines.started) == 1

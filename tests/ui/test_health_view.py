@@ -1,0 +1,193 @@
+"""The health check page: one click, per-component cards in plain words, chart, fix, export."""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QGuiApplication
+
+from app.core.settings import load_settings
+from app.engine.events import CancelRequest, EventState
+from tests.ui.conftest import load_fake_model
+
+FIXABLE = {
+    "halfsafe": "0.1.0",
+    "model": {
+        "source": "/models/sdxl.safetensors",
+        "format": "single_file",
+        "architecture": "sdxl",
+        "name": "sdxl",
+    },
+    "device": {"kind": "cuda", "name": "NVIDIA GeForce RTX 3060"},
+    "tested": {
+        "text_encoder": "fp16",
+        "text_encoder_2": "fp16",
+        "unet": "fp16",
+        "vae": "fp16",
+        "upcast_attention": False,
+    },
+    "weights": {"non_finite": []},
+    "components": {
+        "text_encoder": {
+            "status": "ok",
+            "max_abs": 310.0,
+            "headroom": 211.3,
+            "first_bad_module": None,
+            "seconds": 0.02,
+            "dtype": "fp16",
+            "blocks": [
+                {"module": "text_model.embeddings", "max_abs": 2.0, "non_finite": False},
+                {"module": "text_model.encoder", "max_abs": 310.0, "non_finite": False},
+            ],
+        },
+        "unet": {
+            "status": "at_risk",
+            "max_abs": 41000.0,
+            "headroom": 1.6,
+            "first_bad_module": None,
+            "seconds": 0.4,
+            "dtype": "fp16",
+            "blocks": [
+                {"module": "down_blocks.0", "max_abs": 800.0, "non_finite": False},
+                {"module": "mid_block", "max_abs": 41000.0, "non_finite": False},
+            ],
+        },
+        "vae": {
+            "status": "overflow",
+            "max_abs": 131000.0,
+            "headroom": 0.5,
+            "first_bad_module": "decoder.up_blocks.2.resnets.1.conv2",
+            "seconds": 0.3,
+            "dtype": "fp16",
+            "blocks": [
+                {"module": "post_quant_conv", "max_abs": 30.0, "non_finite": False},
+                {"module": "decoder.mid_block", "max_abs": 9000.0, "non_finite": False},
+                {"module": "decoder.up_blocks.2", "max_abs": None, "non_finite": True},
+            ],
+        },
+    },
+    "verdict": "fixable",
+    "fix": {
+        "text_encoder": "fp16",
+        "text_encoder_2": "fp16",
+        "unet": "fp16",
+        "vae": "fp32",
+        "upcast_attention": False,
+        "verified": True,
+        "summary": "The VAE overflowed; fix: run the VAE in fp32. Verified by re-running it.",
+        "settings": {"vae_precision": "fp32"},
+        "cost": {
+            "fix": {"unet_step_ms": 61.0, "peak_memory_mb": 7100.0, "weights_mb": 5300.0},
+            "no_half": {"unet_step_ms": 118.0, "peak_memory_mb": 12900.0, "weights_mb": 10500.0},
+        },
+    },
+    "seconds": 2.4,
+    "size": 1024,
+    "notes": [],
+}
+MARKDOWN = "# HalfSafe health check: sdxl\n\n- Verdict: **fixable**\n"
+
+
+def _run_check(window, engines):
+    load_fake_model(window, engines)
+    window.show_page("Health check")
+    view = window.health_view
+    assert view.run_button.isEnabled()
+    view.run_button.click()
+    return view, engines.current.last_job("check")
+
+
+def test_run_is_one_click_and_sends_the_current_settings(window, engines):
+    window.state.set_setting("upcast_attention", True)
+    view, job = _run_check(window, engines)
+    assert job.params["precision"]["upcast_attention"] is True
+    engines.current.emit(job, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
+    assert view.progress.value() == 1 and view.progress.maximum() == 3
+    assert "Checking the UNet" in view.stage.text()
+    assert not view.run_button.isEnabled()
+
+
+def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+
+    assert view.verdict.isVisible() and view.verdict.level == "warn"
+    assert "Fixable" in view.verdict.text.text()
+    assert set(view.cards) == {"text_encoder", "unet", "vae"}
+    vae_text = " ".join(w.text() for w in view.cards["vae"].findChildren(type(view.stage)))
+    assert "Overflows in fp16" in vae_text
+    assert (
+        "the second convolution of the second ResNet layer of the third up-sampling block "
+        "of the decoder, in the VAE"
+    ) in vae_text
+    unet_text = " ".join(w.text() for w in view.cards["unet"].findChildren(type(view.stage)))
+    assert "Close to the limit" in unet_text and "only 1.6x" in unet_text
+
+    chart = view.charts["vae"]
+    assert [b.module for b in chart.blocks] == [
+        "post_quant_conv",
+        "decoder.mid_block",
+        "decoder.up_blocks.2",
+    ]
+    assert [b.level for b in chart.blocks] == ["good", "warn", "bad"]
+    assert "past the limit: decoder.up_blocks.2" in chart.accessibleDescription()
+    # The chart paints without errors at its real size.
+    assert not chart.grab().isNull()
+
+    fix_text = " ".join(w.text() for w in view.findChildren(type(view.stage)))
+    assert "VAE precision: fp32 (full)" in fix_text
+    assert "61 ms" in fix_text and "118 ms" in fix_text
+    assert "1.9x faster per step" in fix_text
+    assert window.precision_status.text().startswith("Precision: Text encoder fp16")
+
+
+def test_apply_fix_writes_the_settings(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    view.apply_button.click()
+    assert load_settings().settings["vae_precision"] == "fp32"
+    assert "Applied" in view.applied_label.text()
+    view.run_button.click()
+    assert engines.current.last_job("check").params["precision"]["vae_precision"] == "fp32"
+
+
+def test_export_and_copy_markdown(window, engines, tmp_path):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    view.copy_button.click()
+    assert QGuiApplication.clipboard().text() == MARKDOWN
+    target = tmp_path / "report.md"
+    view.export_markdown(str(target))
+    assert target.read_text(encoding="utf-8") == MARKDOWN
+
+
+def test_cancel_sends_cancel(window, engines):
+    view, job = _run_check(window, engines)
+    view.cancel_button.click()
+    assert CancelRequest(job.job_id) in engines.current.sent
+    engines.current.emit(job, EventState.CANCELLED, message="Cancelled.")
+    assert view.stage.text() == "Cancelled."
+    assert view.run_button.isEnabled()
+
+
+def test_healthy_and_broken_verdicts(window, engines):
+    view, job = _run_check(window, engines)
+    healthy = dict(FIXABLE, verdict="healthy", fix=None)
+    engines.current.finish(job, {"report": healthy, "markdown": MARKDOWN})
+    assert view.verdict.level == "good"
+    view.run_button.click()
+    job = engines.current.last_job("check")
+    broken = dict(
+        FIXABLE,
+        verdict="broken",
+        fix=None,
+        weights={"non_finite": ["first_stage_model.decoder.conv_in.weight"]},
+    )
+    engines.current.finish(job, {"report": broken, "markdown": MARKDOWN})
+    assert view.verdict.level == "bad"
+    texts = " ".join(w.text() for w in view.findChildren(type(view.stage)))
+    assert "first_stage_model.decoder.conv_in.weight" in texts
+
+
+def test_run_needs_a_model(window):
+    window.show_page("Health check")
+    assert not window.health_view.run_button.isEnabled()
+    assert "Load a model" in window.health_view.model_hint.text()

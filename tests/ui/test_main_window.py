@@ -1,0 +1,238 @@
+"""The window itself: it opens fast without torch, survives the engine dying, and persists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QApplication
+
+from app.engine.events import EventState
+from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_window_opens_with_title_pages_and_status_bar(window, engines):
+    assert window.windowTitle().startswith("HalfSafe")
+    assert window.isVisible()
+    assert [window.navigation.item(i).text() for i in range(window.navigation.count())] == [
+        "Models",
+        "Health check",
+        "Generate",
+        "GPU",
+        "Settings",
+    ]
+    assert window.model_status.text() == "Model: none loaded"
+    assert window.device_status.text().startswith("Device:")
+    assert window.precision_status.text().startswith("Precision:")
+    # Nothing needed the engine yet, so it was not started.
+    assert engines.started == []
+    assert window.engine_status.text() == "Engine: not started"
+
+
+def test_gui_process_never_imports_torch():
+    code = (
+        "import sys, json\n"
+        "from app.ui.application import application, build_main_window\n"
+        "app = application()\n"
+        "window = build_main_window()\n"
+        "window.show(); app.processEvents()\n"
+        "for page in range(window.pages.count()):\n"
+        "    window.navigation.setCurrentRow(page); app.processEvents()\n"
+        "window.client.shutdown()\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'diffusers': 'diffusers' in sys.modules,"
+        " 'visible': window.isVisible()}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result == {"torch": False, "diffusers": False, "visible": True}
+
+
+def test_demo_model_is_always_listed_as_an_untrained_test_model(window):
+    first = window.models_view.library.topLevelItem(0)
+    assert "untrained test model" in first.text(0)
+
+
+def test_engine_crash_shows_restart_offer_keeps_images_and_restart_works(window, engines, tmp_path):
+    load_fake_model(window, engines)
+    view = window.generate_view
+    image = tmp_path / "saved.png"
+    _write_png(image)
+    view.add_result(
+        {
+            "images": [
+                {
+                    "path": str(image),
+                    "seed": 5,
+                    "status": "ok",
+                    "component": None,
+                    "step": None,
+                    "fixes_applied": [],
+                    "message": "",
+                    "fix": None,
+                }
+            ],
+            "settings": {},
+            "seconds": 1.0,
+        },
+        {"prompt": "a cat", "steps": 4},
+    )
+    window.show_page("Generate")
+    view.generate()
+    running = engines.current.last_job("generate")
+
+    engines.current.crash(returncode=-9)
+
+    assert window.engine_banner.isVisible()
+    assert "killed" in window.engine_banner.text.text()
+    assert "image already saved is kept" in window.engine_banner.text.text()
+    assert "Restart engine" in window.engine_banner.buttons
+    assert window.engine_status.text() == "Engine: stopped"
+    # The job the engine held ended, and the saved image is still in the gallery.
+    assert running.job_id not in view.jobs
+    assert view.gallery.count() == 1
+    assert window.state.model is None
+
+    window.engine_banner.buttons["Restart engine"].click()
+
+    assert len(engines.started) == 2
+    assert engines.started[0].stopped or not engines.started[0].running
+    assert not window.engine_banner.isVisible() or window.engine_banner.level == "info"
+    # The model that was loaded is loaded again in the fresh engine.
+    reload = engines.current.last_job("load")
+    assert reload.params["source"] == "demo"
+    engines.current.finish(reload, dict(DEMO_SUMMARY))
+    assert window.state.model is not None
+    assert view.gallery.count() == 1
+
+
+def test_restart_from_menu_kills_a_stuck_engine_and_cancels_its_jobs(window, engines):
+    load_fake_model(window, engines)
+    window.health_view.run_check()
+    stuck = engines.current
+    window.restart_action.trigger()
+    assert stuck.stopped
+    assert window.health_view.job_id is None
+    assert len(engines.started) == 2
+
+
+def test_drag_and_drop_of_a_file_loads_it(window, engines, tmp_path, qtbot):
+    checkpoint = tmp_path / "dreamy.safetensors"
+    checkpoint.write_bytes(b"{}")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(checkpoint))])
+    target = QPointF(window.rect().center())
+    enter = QDragEnterEvent(
+        target,
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(window, enter)
+    assert enter.isAccepted()
+    drop = QDropEvent(
+        target,
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(window, drop)
+
+    qtbot.waitUntil(lambda: bool(engines.started and engines.current.jobs("load")), timeout=3000)
+    job = engines.current.last_job("load")
+    assert job.params["source"] == str(checkpoint)
+    assert window.current_page() == "Models"
+    engines.current.emit(job, EventState.PROGRESS, stage="Reading weights", done=1, total=4)
+    assert window.models_view.progress.value() == 1
+    assert "Reading weights" in window.models_view.load_status.text()
+
+
+def test_drag_of_plain_text_is_refused(window):
+    mime = QMimeData()
+    mime.setText("not a file")
+    enter = QDragEnterEvent(
+        QPointF(window.rect().center()),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(window, enter)
+    assert not enter.isAccepted()
+
+
+def test_geometry_page_and_prompt_persist(qtbot, engines):
+    from app.ui.application import application, build_main_window
+
+    application()
+    first = build_main_window(engines)
+    qtbot.addWidget(first)
+    first.show()
+    first.resize(781, 563)
+    first.show_page("Settings")
+    first.generate_view.prompt.setPlainText("a lighthouse at dusk")
+    first.close()
+
+    second = build_main_window(engines)
+    qtbot.addWidget(second)
+    second.show()
+    assert second.current_page() == "Settings"
+    assert (second.width(), second.height()) == (781, 563)
+    assert second.generate_view.prompt.toPlainText() == "a lighthouse at dusk"
+    second.close()
+
+
+def test_damaged_settings_file_is_reported_in_plain_words(qtbot, engines):
+    from app.core.settings import settings_path
+    from app.ui.application import application, build_main_window
+
+    path = settings_path()
+    path.write_text(json.dumps({"schema_version": 1, "settings": {"steps": "many"}}))
+    application()
+    window = build_main_window(engines)
+    qtbot.addWidget(window)
+    window.show()
+    assert window.notice_banner.isVisible()
+    assert "steps" in window.notice_banner.text.text()
+    window.close()
+
+
+def test_errors_go_through_one_dialog_with_details_folded_away(window, engines):
+    load_fake_model(window, engines)
+    window.health_view.run_check()
+    job = engines.current.last_job("check")
+    engines.current.emit(
+        job,
+        EventState.ERROR,
+        message="The GPU ran out of memory while running the health check.",
+        details="Traceback (most recent call last): ...",
+    )
+    shown = window.dialogs.shown[-1]
+    assert shown.message.startswith("The GPU ran out of memory")
+    assert "Traceback" in shown.details
+    box = window.dialogs._open[-1]
+    assert box.text() == shown.message
+    assert "Traceback" in box.detailedText()
+    assert "Traceback" not in box.text()
+
+
+def _write_png(path: Path) -> None:
+    from PySide6.QtGui import QColor, QImage
+
+    image = QImage(16, 16, QImage.Format.Format_RGB32)
+    image.fill(QColor("steelblue"))
+    assert image.save(str(path))

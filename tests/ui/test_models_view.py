@@ -1,0 +1,165 @@
+"""The Models page: loading with progress and cancel, pickle confirmation, separate VAE, the
+remembered fix, and what was detected."""
+
+from __future__ import annotations
+
+from app.core.settings import load_settings
+from app.engine.events import CancelRequest, EventState
+from tests.ui.conftest import DEMO_SUMMARY
+
+
+def test_loading_the_demo_shows_progress_then_what_was_detected(window, engines):
+    view = window.models_view
+    view.load_item(view.library.topLevelItem(0))
+    job = engines.current.last_job("load")
+    assert job.params == {"source": "demo", "vae": None, "allow_pickle": False, "device": "auto"}
+    engines.current.emit(job, EventState.PROGRESS, stage="Building the demo", done=2, total=4)
+    assert view.progress.isVisible() and view.progress.value() == 2
+    assert view.cancel_button.isEnabled()
+    engines.current.finish(job, dict(DEMO_SUMMARY))
+    assert "untrained test model" in view.details.title.text()
+    text = view.details_text.text()
+    assert "Stable Diffusion 1.x" in text
+    assert "The built-in demo is an SD 1.x-shaped pipeline." in text
+    assert "250 tensors" in text and "all finite" in text
+    assert window.model_status.text() == "Model: demo"
+    assert not view.progress.isVisible()
+
+
+def test_cancel_a_load(window, engines):
+    view = window.models_view
+    view.load_path("demo")
+    job = engines.current.last_job("load")
+    view.cancel_button.click()
+    assert CancelRequest(job.job_id) in engines.current.sent
+    engines.current.emit(job, EventState.CANCELLED, message="Cancelled.")
+    assert "cancelled" in view.load_status.text()
+    assert window.state.model is None
+
+
+def test_pickle_is_loaded_only_after_the_user_confirms(window, engines, tmp_path):
+    checkpoint = tmp_path / "old.ckpt"
+    checkpoint.write_bytes(b"PK")
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or True
+    view = window.models_view
+    view.load_path(str(checkpoint))
+    job = engines.current.last_job("load")
+    assert job.params["allow_pickle"] is False
+    engines.current.emit(
+        job,
+        EventState.ERROR,
+        error_type="PickleRefusedError",
+        message=f"{checkpoint}: pickle files are not opened unless you allow it.",
+    )
+    assert asked and "old.ckpt" in asked[0][1]
+    retry = engines.current.last_job("load")
+    assert retry.job_id != job.job_id
+    assert retry.params["allow_pickle"] is True
+    assert window.dialogs.shown == []
+
+
+def test_refused_pickle_is_not_loaded(window, engines, tmp_path):
+    checkpoint = tmp_path / "old.ckpt"
+    checkpoint.write_bytes(b"PK")
+    window.dialogs.confirm = lambda *args, **kwargs: False
+    view = window.models_view
+    view.load_path(str(checkpoint))
+    job = engines.current.last_job("load")
+    engines.current.emit(job, EventState.ERROR, error_type="PickleRefusedError", message="x.")
+    assert len(engines.current.jobs("load")) == 1
+    assert "not opened" in view.load_status.text()
+
+
+def test_a_bad_file_gets_one_plain_sentence(window, engines, tmp_path):
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x00" * 10)
+    window.models_view.load_path(str(broken))
+    job = engines.current.last_job("load")
+    engines.current.emit(
+        job,
+        EventState.ERROR,
+        error_type="BadFileError",
+        message=f"{broken}: the file is truncated.",
+        details="trace",
+    )
+    assert window.dialogs.shown[-1].message == f"{broken}: the file is truncated."
+    assert window.state.model is None
+
+
+def test_missing_file_is_reported_without_asking_the_engine(window, engines, tmp_path):
+    window.models_view.load_path(str(tmp_path / "gone.safetensors"))
+    assert engines.started == []
+    assert "does not exist" in window.dialogs.shown[-1].message
+
+
+def test_separate_vae_is_sent_with_the_load(window, engines, tmp_path):
+    vae = tmp_path / "sdxl_vae_fp16_fix.safetensors"
+    vae.write_bytes(b"{}")
+    view = window.models_view
+    view.set_vae(str(vae))
+    assert view.vae_label.text() == vae.name
+    view.load_path("demo")
+    assert engines.current.last_job("load").params["vae"] == str(vae)
+    view.clear_vae_button.click()
+    view.load_path("demo")
+    assert engines.current.last_job("load").params["vae"] is None
+
+
+def test_remembered_fix_is_offered_and_applied(window, engines):
+    view = window.models_view
+    view.load_path("demo")
+    job = engines.current.last_job("load")
+    summary = dict(
+        DEMO_SUMMARY,
+        remembered_fix={
+            "settings": {"vae_precision": "fp32"},
+            "summary": "The VAE overflowed; run it in fp32.",
+            "verified_by": "health check",
+            "device": "NVIDIA GeForce RTX 3060",
+        },
+    )
+    engines.current.finish(job, summary)
+    assert view.remembered.isVisible()
+    assert "RTX 3060" in view.remembered.text.text()
+    view.remembered.buttons["Apply to my settings"].click()
+    assert load_settings().settings["vae_precision"] == "fp32"
+
+
+def test_library_lists_scanned_models_and_marks_damaged_ones(window):
+    view = window.models_view
+    view._library_scanned(
+        [
+            {
+                "path": "/models/a.safetensors",
+                "architecture": "sdxl",
+                "stored_dtype": "fp16",
+                "size_bytes": 6_938_000_000,
+                "error": None,
+            },
+            {
+                "path": "/models/b.safetensors",
+                "architecture": None,
+                "stored_dtype": None,
+                "size_bytes": 12,
+                "error": "/models/b.safetensors: the header is cut short.",
+            },
+        ],
+        "",
+    )
+    assert view.library.topLevelItemCount() == 3
+    assert "untrained test model" in view.library.topLevelItem(0).text(0)
+    good, bad = view.library.topLevelItem(1), view.library.topLevelItem(2)
+    assert good.text(1) == "Stable Diffusion XL" and good.text(3) == "6.5 GB"
+    assert bad.text(1) == "damaged" and "cut short" in bad.toolTip(0)
+    assert "1 damaged" in view.library_status.text()
+    view.library.setCurrentItem(bad)
+    assert not view.load_button.isEnabled()
+
+
+def test_library_scan_runs_off_the_gui_thread(window, qtbot, tmp_path):
+    view = window.models_view
+    with qtbot.waitSignal(view.scanner.finished, timeout=20000):
+        view.rescan()
+    assert view.rescan_button.isEnabled()
+    assert view.library.topLevelItemCount() >= 1

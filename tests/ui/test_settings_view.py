@@ -1,0 +1,191 @@
+"""The settings panel is generated from the schema: every field has an editor, every editor
+saves, and `auto` says what it resolves to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QListWidget, QSpinBox
+
+from app.core.settings import FIELDS, GROUPS, PRECISION_KEYS, SCHEMA, Field, load_settings
+from app.engine.events import EventState
+
+HARDWARE = {
+    "halfsafe": "0.1.0",
+    "torch": "2.13.0",
+    "cuda": "12.8",
+    "devices": [
+        {
+            "kind": "cuda",
+            "index": 0,
+            "name": "NVIDIA GeForce GTX 1660 SUPER",
+            "capability": [7, 5],
+            "memory_total_mb": 6144,
+            "driver": "570.1",
+            "fp16": "unreliable",
+            "bf16": "unsupported",
+            "tf32": False,
+            "quirks": [
+                {
+                    "id": "nvidia-turing-gtx16-fp16-nan",
+                    "summary": "GTX 16xx cards can return NaN from fp16 convolutions.",
+                    "source": "https://github.com/pytorch/pytorch/issues/58123",
+                }
+            ],
+            "self_test": {
+                "fp16": "fail",
+                "bf16": "skipped",
+                "details": [{"op": "conv2d 4->320", "dtype": "fp16", "status": "fail"}],
+            },
+            "recommended": {
+                "precision": "fp32",
+                "unet_precision": "fp32",
+                "vae_precision": "fp32",
+                "text_encoder_precision": "fp32",
+                "no_half": True,
+                "no_half_vae": True,
+                "upcast_attention": False,
+                "attention_backend": "efficient",
+                "allow_tf32": False,
+                "fp16_reduced_precision_reduction": True,
+                "fp16_accumulation": False,
+                "attention_reduced_precision": False,
+                "nan_check": True,
+                "auto_fix": "auto",
+            },
+            "reasons": {
+                "precision": "This card returns NaN from fp16 convolutions",
+                "attention_backend": "The fastest backend that passed the self-test",
+            },
+        }
+    ],
+}
+
+
+def _new_value(field: Field) -> Any:
+    """A valid value different from the default, for every kind of field."""
+    if field.kind == "bool":
+        return not field.default
+    if field.kind == "choice":
+        return next(c for c in field.choices if c != field.default)
+    if field.kind == "device":
+        return "cpu"
+    if field.kind == "int":
+        step = field.step or 1
+        value = field.default + step
+        if field.maximum is not None and value > field.maximum:
+            value = field.default - step
+        return int(value)
+    if field.kind == "float":
+        return field.default + 1.0
+    if field.kind == "text":
+        return "blurry, watermark"
+    if field.kind == "path":
+        return "/tmp/halfsafe-out"
+    if field.kind == "paths":
+        return ["/tmp/models-a"]
+    raise AssertionError(field.kind)
+
+
+def _edit_like_a_user(editor, value: Any) -> None:
+    widget = editor.input
+    if isinstance(widget, QCheckBox):
+        widget.click()
+    elif isinstance(widget, QComboBox) and not widget.isEditable():
+        widget.setCurrentIndex(widget.findData(value))
+    elif isinstance(widget, QComboBox):
+        widget.setEditText(value)
+        widget.lineEdit().editingFinished.emit()
+    elif isinstance(widget, (QSpinBox, QDoubleSpinBox)):
+        widget.setValue(value)
+    elif isinstance(widget, QLineEdit):
+        widget.setText(str(value))
+        widget.editingFinished.emit()
+    elif isinstance(widget, QListWidget):
+        for folder in value:
+            editor.add_folder(folder)
+    else:
+        raise AssertionError(f"no way to edit {type(widget).__name__}")
+
+
+def test_there_is_an_editor_for_every_schema_field_with_help_visible(window):
+    view = window.settings_view
+    assert set(view.editors) == {f.key for f in SCHEMA}
+    for field in SCHEMA:
+        assert view.editors[field.key].toolTip() == field.help
+        assert view.editors[field.key].input.toolTip() == field.help
+    labels = {w.text() for w in view.findChildren(type(view.notice)) if w.text()}
+    for field in SCHEMA:
+        assert field.help in labels, f"help for {field.key} is not visible"
+    for group in {f.group for f in SCHEMA}:
+        assert group in GROUPS and group in labels
+
+
+def test_every_field_can_be_changed_and_is_saved_to_the_file(window):
+    view = window.settings_view
+    window.show_page("Settings")
+    expected = {}
+    for field in SCHEMA:
+        value = _new_value(field)
+        _edit_like_a_user(view.editors[field.key], value)
+        expected[field.key] = value
+        assert not view.problems[field.key].isVisible(), view.problems[field.key].text()
+
+    saved = load_settings()
+    assert saved.warnings == []
+    for key, value in expected.items():
+        assert saved.settings[key] == value, key
+    # And the window's live settings (used by the next job) agree.
+    for key, value in expected.items():
+        assert window.state.settings[key] == value, key
+
+
+def test_an_invalid_value_is_explained_and_not_saved(window):
+    view = window.settings_view
+    editor = view.editors["device"]
+    editor.input.setEditText("gpu7")
+    editor.input.lineEdit().editingFinished.emit()
+    assert "Not saved" in view.problems["device"].text()
+    assert load_settings().settings["device"] == "auto"
+
+
+def test_size_is_kept_to_a_multiple_of_eight(window):
+    editor = window.settings_view.editors["width"]
+    editor.input.setValue(515)
+    assert load_settings().settings["width"] % 8 == 0
+    assert editor.input.value() % 8 == 0
+
+
+def test_auto_says_what_it_resolves_to_and_why(window):
+    view = window.settings_view
+    assert "GPU page" in view.resolved["precision"].text()
+    window.state.set_hardware(HARDWARE)
+    assert view.resolved["precision"].text() == (
+        "Auto means fp32 (full) here: This card returns NaN from fp16 convolutions."
+    )
+    assert "Memory-efficient" in view.resolved["attention_backend"].text()
+    assert "GTX 1660" in view.resolved["device"].text()
+    assert view.editors["device"].input.findData("cuda:0") >= 0
+
+
+def test_changes_elsewhere_show_up_in_the_panel(window):
+    window.state.apply({"no_half_vae": True, "steps": 40})
+    view = window.settings_view
+    assert view.editors["no_half_vae"].input.isChecked()
+    assert view.editors["steps"].input.value() == 40
+
+
+def test_reset_to_recommended_uses_this_computers_recommendation(window, engines):
+    window.state.apply({"fp16_accumulation": True, "steps": 33})
+    view = window.settings_view
+    view.reset_button.click()
+    # No report yet: the GPU page asks the engine, and the reset finishes when it answers.
+    job = engines.current.last_job("hardware")
+    engines.current.emit(job, EventState.RESULT, result=HARDWARE)
+    saved = load_settings().settings
+    recommended = HARDWARE["devices"][0]["recommended"]
+    for key in PRECISION_KEYS:
+        assert saved[key] == recommended[key], key
+    assert saved["steps"] == 33  # generation values are left alone
+    assert view.notice.text().startswith("Reset to recommended for this computer.")
+    assert FIELDS["fp16_accumulation"].label in view.notice.text()
