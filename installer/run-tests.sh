@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Set up everything HalfSafe's tests need on a fresh Debian/Ubuntu machine, then run them all.
-#   bash installer/run-tests.sh [pytest args...]
+# The test command: on a fresh Debian/Ubuntu machine, install the system packages the tests need,
+# set HalfSafe up through the launcher's bootstrap (with the test tools), then run lint, the
+# import rules and every test.
+#   installer/halfsafe.sh --test [pytest args...]     (the launcher hands over to this script)
 # HALFSAFE_TORCH_SPEC chooses the torch build (default torch==2.13.0, the CPU wheel here).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$here/.."
 
 say() { printf 'run-tests: %s\n' "$*"; }
 
@@ -18,22 +21,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  say "creating .venv"
-  "$python" -m venv .venv
-fi
-say "installing HalfSafe and its test tools"
-.venv/bin/python -m pip install -q --disable-pip-version-check \
-  "${HALFSAFE_TORCH_SPEC:-torch==2.13.0}" -e ".[dev]"
+export HALFSAFE_TORCH_SPEC="${HALFSAFE_TORCH_SPEC:-torch==2.13.0}"
+say "setting up HalfSafe with $HALFSAFE_TORCH_SPEC and the test tools"
+sh installer/halfsafe.sh --setup-only --dev
+venv="$(sh installer/halfsafe.sh --where)"
+bin="$venv/bin"
 
 say "lint and import rules"
-.venv/bin/ruff check app tests installer benchmarks
-.venv/bin/lint-imports
+lint_paths=()
+for d in app tests installer benchmarks; do [ -d "$d" ] && lint_paths+=("$d"); done
+"$bin/ruff" check "${lint_paths[@]}"
+"$bin/lint-imports"
 
 say "tests"
 set +e
-.venv/bin/python -m pytest "$@"
+"$bin/python" -m pytest "$@"
 status=$?
 set -e
 # pytest's 5 means no tests ran: a broken test run, not a pass.
