@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -179,12 +180,20 @@ def effective_settings(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
+def quiet_libraries() -> None:
+    """diffusers and transformers log advice meant for their developers; users see ours."""
+    for var in ("DIFFUSERS_VERBOSITY", "TRANSFORMERS_VERBOSITY"):
+        os.environ.setdefault(var, "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         return gui_main(argv)
+    quiet_libraries()
     try:
         return _COMMANDS[args.command](args)
     except HalfSafeError as error:
@@ -195,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("halfsafe: interrupted.", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`halfsafe gpu --json | head`): not an error of ours.
+        sys.stderr.close()
+        return EXIT_OK
 
 
 def gui_main(argv: Sequence[str] | None = None) -> int:

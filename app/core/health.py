@@ -641,7 +641,7 @@ def check_loaded(
             "architecture": model.architecture,
             "name": model.name,
         },
-        device={"kind": torch_device.type, "name": info.name},
+        device={"kind": info.kind, "name": info.name},
         plan=plan,
         size=size,
         weights_non_finite=bad_weights,
