@@ -1,0 +1,739 @@
+"""Opening checkpoint files safely: safetensors header checks, the pickle policy, the weight scan.
+
+Every file is untrusted. A `.safetensors` header is validated here, byte by byte, before the
+file is handed to safetensors or diffusers, so a malformed file is refused with one sentence and
+nothing is half-loaded. Pickle checkpoints (`.ckpt`, `.pt`, `.bin`) can run code when opened;
+they are refused unless the user allows them, and even then only PyTorch's weights-only loader
+reads them.
+
+This module imports torch only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import BadFileError, PickleRefusedError
+from app.core.jobs import CancelToken, ProgressCallback, no_progress
+
+# The safetensors format caps its JSON header at 100 MB; its reference reader refuses larger.
+HEADER_LIMIT = 100_000_000
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
+SAFETENSORS_SUFFIX = ".safetensors"
+
+# Bits per element of every dtype the safetensors format defines.
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4",
+                "F6_E2M3", "F6_E3M2"}
+# The names HalfSafe shows for a model's storage precision.
+DTYPE_NAMES = {"F16": "fp16", "BF16": "bf16", "F32": "fp32", "F64": "fp64",
+               "F8_E5M2": "fp8", "F8_E4M3": "fp8", "F8_E8M0": "fp8"}
+
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lies in a safetensors file; offsets are relative to the data section."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class SafetensorsHeader:
+    """A validated safetensors header: every tensor's dtype, shape and byte range."""
+
+    path: Path
+    file_size: int
+    raw: bytes
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def data_start(self) -> int:
+        return 8 + len(self.raw)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: info.shape for name, info in self.tensors.items()}
+
+    def dtypes(self) -> dict[str, str]:
+        return {name: info.dtype for name, info in self.tensors.items()}
+
+    @property
+    def profile_key(self) -> str:
+        """A stable content key read from the header alone: sha256 of its bytes and the size."""
+        digest = hashlib.sha256(self.raw)
+        digest.update(str(self.file_size).encode())
+        return digest.hexdigest()
+
+
+def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
+    """Read and validate a safetensors header without reading any tensor data.
+
+    Checks, in order: the file exists and can be read; it is long enough for the 8-byte length
+    field; the header fits in the file and under the format's 100 MB limit; it is a JSON object;
+    every entry has a known dtype, a shape and offsets whose length matches dtype x shape; the
+    tensors lie inside the data section, do not overlap and leave no gap or trailing bytes.
+    Raises BadFileError (or PickleRefusedError for a pickle under a .safetensors name) with one
+    sentence naming the file and the first problem found.
+    """
+    path = Path(path)
+    size = _file_size(path)
+    if size == 0:
+        raise BadFileError(path, "the file is empty (0 bytes), so it holds no model.")
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if head.startswith(_ZIP_MAGIC) or _looks_like_pickle(head):
+                raise PickleRefusedError(
+                    path, "this is a pickle checkpoint under a .safetensors name; pickles can "
+                    "run code when opened, so HalfSafe refuses it."
+                )
+            if len(head) < 8:
+                raise BadFileError(
+                    path, f"the file is only {size} bytes long, too short to be a safetensors "
+                    "file (it is truncated or not a model)."
+                )
+            (header_len,) = struct.unpack("<Q", head)
+            if header_len > HEADER_LIMIT:
+                raise BadFileError(
+                    path, f"the header length field says {header_len / 1e6:.0f} MB, over the "
+                    f"safetensors limit of {HEADER_LIMIT // 1_000_000} MB, so the file is "
+                    "malformed or not a safetensors file."
+                )
+            if header_len > size - 8:
+                raise BadFileError(
+                    path, f"the header length field says {header_len} bytes but the file has only "
+                    f"{size - 8} after it: the file is truncated or not a safetensors file."
+                )
+            raw = handle.read(header_len)
+    except OSError as error:
+        raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
+    if len(raw) != header_len:
+        raise BadFileError(path, "the file changed or ended while its header was being read.")
+    return _parse_header(path, size, raw)
+
+
+def _parse_header(path: Path, size: int, raw: bytes) -> SafetensorsHeader:
+    try:
+        document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except UnicodeDecodeError:
+        raise BadFileError(path, "the header is not text, so this is not a safetensors file.") from None
+    except _DuplicateKeyError as error:
+        raise BadFileError(path, f"the header names tensor '{error}' twice.") from None
+    except (ValueError, RecursionError):
+        raise BadFileError(path, "the header is not valid JSON, so the file is damaged or not "
+                                 "a safetensors file.") from None
+    if not isinstance(document, dict):
+        raise BadFileError(path, "the header is JSON but not an object, so this is not a "
+                                 "safetensors file.")
+
+    metadata = document.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
+    ):
+        raise BadFileError(path, "the header's __metadata__ is not a map of text to text.")
+
+    data_size = size - 8 - len(raw)
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in document.items():
+        tensors[name] = _tensor_info(path, name, entry, data_size)
+
+    # The format requires tensors to tile the data section exactly: no overlap, no hole.
+    position = 0
+    for name, info in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].end)):
+        if info.start < position:
+            raise BadFileError(path, f"tensor '{name}' overlaps the tensor before it "
+                                     f"(bytes {info.start}-{info.end}), so the file is malformed.")
+        if info.start > position:
+            raise BadFileError(path, f"there is a gap of {info.start - position} bytes before "
+                                     f"tensor '{name}', so the file is malformed.")
+        position = info.end
+    if position != data_size:
+        raise BadFileError(path, f"the file has {data_size - position} bytes after its last "
+                                 "tensor, so it is damaged or not what its header says.")
+    return SafetensorsHeader(path, size, raw, tensors, dict(metadata))
+
+
+def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise BadFileError(path, f"the header entry for '{name}' is not an object.")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BITS:
+        raise BadFileError(path, f"tensor '{name}' has an unknown dtype {dtype!r}.")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise BadFileError(path, f"tensor '{name}' has an invalid shape {shape!r}.")
+    if (
+        not isinstance(offsets, list) or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise BadFileError(path, f"tensor '{name}' has invalid data offsets {offsets!r}.")
+    start, end = offsets
+    expected_bits = math.prod(shape) * DTYPE_BITS[dtype]
+    if expected_bits != (end - start) * 8:
+        raise BadFileError(
+            path, f"tensor '{name}' is {dtype} with shape {shape}, which needs "
+            f"{math.ceil(expected_bits / 8)} bytes, but its offsets span {end - start}."
+        )
+    if end > data_size:
+        raise BadFileError(
+            path, f"tensor '{name}' ends at byte {end} of the data but the file holds only "
+            f"{data_size}: the file is truncated."
+        )
+    return TensorInfo(dtype, tuple(shape), start, end)
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKeyError(key)
+        result[key] = value
+    return result
+
+
+def _file_size(path: Path) -> int:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise BadFileError(path, "the file does not exist.") from None
+    except OSError as error:
+        raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
+    if not path.is_file():
+        raise BadFileError(path, "this is not a regular file.")
+    return stat.st_size
+
+
+def _looks_like_pickle(head: bytes) -> bool:
+    # Pickle protocol 2+ opens with PROTO (0x80) and the version; torch's legacy format too.
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+# The pickle policy -------------------------------------------------------------------------
+
+
+def is_pickle_file(path: str | Path) -> bool:
+    """True for the pickle suffixes, and for any file whose first bytes are a pickle or a zip."""
+    path = Path(path)
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+    except OSError:
+        return False
+    return head.startswith(_ZIP_MAGIC) or _looks_like_pickle(head)
+
+
+def refuse_pickle(path: str | Path) -> None:
+    """Raise the one-sentence refusal for a pickle file the user has not allowed."""
+    path = Path(path)
+    kind = path.suffix.lower() or "pickle"
+    raise PickleRefusedError(
+        path, f"this is a pickle file ({kind}), which can run any code on your computer when "
+        "opened; HalfSafe opens it only if you allow pickles (--allow-pickle), and then only "
+        "with PyTorch's weights-only loader."
+    )
+
+
+def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
+    """Read a pickle checkpoint with PyTorch's weights-only loader and return its tensors.
+
+    Nothing in the file runs: the weights-only unpickler accepts tensors and plain containers
+    only, and fails on anything else (which is reported as a bad file). A nested "state_dict"
+    (Lightning/LDM checkpoints) is unwrapped; non-tensor entries are dropped.
+    """
+    import pickle
+    import zipfile
+
+    import torch
+
+    path = Path(path)
+    size = _file_size(path)
+    if size == 0:
+        raise BadFileError(path, "the file is empty (0 bytes), so it holds no model.")
+    try:
+        try:
+            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            # mmap needs the zip format; the legacy format is read without it.
+            if "mmap" not in str(error):
+                raise
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise BadFileError(
+            path, "PyTorch's weights-only loader refused this file because it holds more than "
+            "plain tensors (possibly code), so HalfSafe will not open it."
+        ) from None
+    except OSError as error:
+        raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
+    except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, struct.error):
+        raise BadFileError(path, "the file is damaged or truncated: PyTorch could not read it "
+                                 "as a checkpoint.") from None
+    while isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, dict):
+        raise BadFileError(path, "the file does not hold a dictionary of weights.")
+    tensors = {k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise BadFileError(path, "the file holds no weights.")
+    return tensors
+
+
+# An opened checkpoint ----------------------------------------------------------------------
+
+
+class Checkpoint:
+    """A single-file checkpoint opened for reading: names, shapes and dtypes up front, tensors
+    on demand.
+
+    For safetensors, the validated byte ranges are read as zero-copy views of a private
+    (copy-on-write) memory map of the file: nothing is copied, pages are shared with the OS
+    cache, and writing to a tensor never touches the file. The map lives as long as any
+    tensor from it. Use as a context manager, or call `close()`.
+    """
+
+    def __init__(self, path: str | Path, *, allow_pickle: bool = False) -> None:
+        self.path = Path(path)
+        self.header: SafetensorsHeader | None = None
+        self._map: Any = None
+        self._tensors: dict[str, Any] | None = None
+        self._populated = 0
+        if is_pickle_file(self.path):
+            if not allow_pickle:
+                refuse_pickle(self.path)
+            self._tensors = load_pickle_state_dict(self.path)
+            self.shapes = {k: tuple(v.shape) for k, v in self._tensors.items()}
+            self.dtypes = {k: _safetensors_dtype(v.dtype) for k, v in self._tensors.items()}
+            self.metadata: dict[str, str] = {}
+            self.file_size = _file_size(self.path)
+        else:
+            self.header = read_safetensors_header(self.path)
+            self.shapes = self.header.shapes()
+            self.dtypes = self.header.dtypes()
+            self.metadata = self.header.metadata
+            self.file_size = self.header.file_size
+        if not self.shapes:
+            raise BadFileError(self.path, "the file holds no tensors, so it holds no model.")
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop this object's hold on the file; tensors already handed out stay valid."""
+        self._map = None
+
+    def keys(self) -> list[str]:
+        """Tensor names, in file order (sequential reads are kinder to disks)."""
+        if self.header is not None:
+            return [k for k, _ in sorted(self.header.tensors.items(), key=lambda kv: kv[1].start)]
+        return list(self.shapes)
+
+    def get(self, name: str):
+        """One tensor, as stored (dtype and shape as in the file)."""
+        if self._tensors is not None:
+            return self._tensors[name]
+        import torch
+
+        assert self.header is not None
+        info = self.header.tensors[name]
+        dtype = _torch_dtype(self.path, name, info.dtype)
+        if info.nbytes == 0:
+            return torch.empty(info.shape, dtype=dtype)
+        start = self.header.data_start + info.start
+        self._populate(start + info.nbytes)
+        tensor = torch.frombuffer(self._mapping(), dtype=dtype, count=info.nbytes // dtype.itemsize,
+                                  offset=start).view(info.shape)
+        # Kernels may assume element alignment; a header of odd length breaks it, so copy.
+        return tensor if start % dtype.itemsize == 0 else tensor.clone()
+
+    def _mapping(self):
+        if self._map is None:
+            import mmap
+
+            try:
+                with open(self.path, "rb") as handle:
+                    self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError) as error:
+                raise BadFileError(self.path, f"the file cannot be mapped for reading "
+                                              f"({getattr(error, 'strerror', None) or error}).") \
+                    from None
+            if len(self._map) != self.file_size:
+                self._map = None
+                raise BadFileError(self.path, "the file changed size while it was being opened.")
+        return self._map
+
+    def _populate(self, end: int) -> None:
+        """Map the file's pages ahead of use in large steps (Linux): one call per 256 MiB
+        instead of a page fault every few KiB, which dominates reading on virtual machines."""
+        if self._populated >= end or sys.platform != "linux":
+            return
+        mapping = self._mapping()
+        start = self._populated
+        stop = min(len(mapping), max(end, start + _POPULATE_STEP))
+        stop = min(len(mapping), (stop + mmap_page() - 1) // mmap_page() * mmap_page())
+        try:
+            mapping.madvise(_MADV_POPULATE_READ, start, stop - start)
+        except (OSError, ValueError, AttributeError):
+            self._populated = len(mapping)  # unsupported kernel: fall back to page faults
+            return
+        self._populated = stop
+
+    def stored_dtype(self, names: Iterable[str] | None = None) -> str:
+        return stored_dtype(self.dtypes[n] for n in (self.dtypes if names is None else names))
+
+    @property
+    def profile_key(self) -> str:
+        """Stable content key without a full read: the header hash, or for a pickle the hash
+        of its first and last MiB and its size."""
+        if self.header is not None:
+            return self.header.profile_key
+        digest = hashlib.sha256(str(self.file_size).encode())
+        with open(self.path, "rb") as handle:
+            digest.update(handle.read(1 << 20))
+            handle.seek(max(0, self.file_size - (1 << 20)))
+            digest.update(handle.read(1 << 20))
+        return digest.hexdigest()
+
+
+_POPULATE_STEP = 256 << 20
+_MADV_POPULATE_READ = 22  # Linux 5.14+; Python 3.11's mmap module does not name it
+
+
+def mmap_page() -> int:
+    import mmap
+
+    return mmap.ALLOCATIONGRANULARITY
+
+
+def _torch_dtype(path: Path, name: str, code: str):
+    import torch
+
+    names = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+             "I8": "int8", "U8": "uint8", "I16": "int16", "U16": "uint16", "I32": "int32",
+             "U32": "uint32", "I64": "int64", "U64": "uint64", "BOOL": "bool",
+             "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+             "C64": "complex64"}
+    dtype = getattr(torch, names.get(code, ""), None)
+    if dtype is None:
+        raise BadFileError(path, f"tensor '{name}' is stored as {code}, which this PyTorch "
+                                 "cannot read.")
+    return dtype
+
+
+def _safetensors_dtype(dtype: Any) -> str:
+    import torch
+
+    names = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
+             torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+             torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+    return names.get(dtype, str(dtype).removeprefix("torch.").upper())
+
+
+def stored_dtype(dtypes: Iterable[str]) -> str:
+    """"fp16", "bf16", "fp32" when every floating tensor has that dtype, else "mixed".
+
+    Integer tensors (position ids, step counters) do not count.
+    """
+    found = {DTYPE_NAMES.get(d, d.lower()) for d in dtypes if d in FLOAT_DTYPES}
+    if len(found) == 1:
+        return found.pop()
+    return "mixed" if found else "none"
+
+
+# The weight scan ---------------------------------------------------------------------------
+
+
+@dataclass
+class WeightScan:
+    """What one pass over every tensor found: the names of tensors holding NaN or Inf."""
+
+    non_finite: list[str]
+    tensors: int
+    bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        """Throughput in MB/s (10^6 bytes); 0 when nothing was timed."""
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def merged(self, other: WeightScan) -> WeightScan:
+        return WeightScan(self.non_finite + other.non_finite, self.tensors + other.tensors,
+                          self.bytes + other.bytes, self.seconds + other.seconds)
+
+
+def tensor_is_finite(tensor) -> bool:
+    """True when every element of a floating tensor is finite (integer tensors always are).
+
+    A plain sum is the fast path: it reads the tensor once without a temporary, and a NaN or
+    Inf anywhere makes it non-finite. Only when it is non-finite (which a large fp16 sum can
+    also be, by overflow) does the exact element-wise check run.
+    """
+    import torch
+
+    if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
+        return True
+    if tensor.dtype.itemsize < 2:  # fp8 and smaller have no CPU sum kernel
+        tensor = tensor.to(torch.float16)
+    if bool(torch.isfinite(tensor.sum())):
+        return True
+    return bool(torch.isfinite(tensor).all())
+
+
+class WeightScanner:
+    """Accumulates a weight scan over tensors handed to it one by one (as a loader reads them)."""
+
+    def __init__(self, total_bytes: int = 0, on_progress: ProgressCallback | None = None,
+                 cancel: CancelToken | None = None, stage: str = "Checking weights for NaN/Inf"):
+        self.non_finite: list[str] = []
+        self.tensors = 0
+        self.bytes = 0
+        self.seconds = 0.0
+        self._total_mb = max(1, round(total_bytes / 1e6))
+        self._on_progress = on_progress or no_progress
+        self._cancel = cancel
+        self._stage = stage
+        self._next_report = 0
+
+    def check(self, name: str, tensor) -> None:
+        if self._cancel is not None:
+            self._cancel.raise_if_cancelled()
+        started = time.perf_counter()
+        if not tensor_is_finite(tensor):
+            self.non_finite.append(name)
+        self.seconds += time.perf_counter() - started
+        self.tensors += 1
+        self.bytes += tensor.numel() * tensor.element_size()
+        if self.bytes >= self._next_report:
+            self._on_progress(self._stage, min(self._total_mb, round(self.bytes / 1e6)),
+                              self._total_mb)
+            self._next_report = self.bytes + 64_000_000
+
+    def result(self) -> WeightScan:
+        return WeightScan(list(self.non_finite), self.tensors, self.bytes, self.seconds)
+
+
+def scan_weights(source: Any, *, allow_pickle: bool = False,
+                 on_progress: ProgressCallback | None = None,
+                 cancel: CancelToken | None = None) -> WeightScan:
+    """Stream every tensor once and list the ones holding NaN or Inf.
+
+    `source` is a checkpoint path (safetensors tensors are memory-mapped one at a time, never
+    copied as a whole; a pickle needs `allow_pickle`), a mapping of names to tensors, a
+    diffusers pipeline (names are "<component>.<parameter>") or a torch module. `seconds`
+    covers the whole pass, reading included. Runs on the calling thread; checks `cancel`
+    between tensors.
+    """
+    started = time.perf_counter()
+    tensors = _named_tensors(source, allow_pickle)
+    items: list[tuple[str, Any]] | Iterator[tuple[str, Any]]
+    total = 0
+    if isinstance(tensors, Checkpoint):
+        total = tensors.file_size
+        names = tensors.keys()
+        items = ((name, tensors.get(name)) for name in names)
+    else:
+        items = list(tensors)
+        total = sum(t.numel() * t.element_size() for _, t in items)
+    scanner = WeightScanner(total, on_progress, cancel)
+    try:
+        with one_torch_thread():
+            for name, tensor in items:
+                scanner.check(name, tensor)
+    finally:
+        if isinstance(tensors, Checkpoint):
+            tensors.close()
+    result = scanner.result()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run torch's CPU kernels on one thread for a while (process-wide), then restore.
+
+    A scan is a chain of memory-bound reductions: one thread streams as fast as two, and
+    multi-threaded kernels stall whenever the other core is busy (with the file hash, or with
+    anything else on a small machine), which made scans 3-5x slower in measurements.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _named_tensors(source: Any, allow_pickle: bool):
+    if isinstance(source, (str, os.PathLike)):
+        return Checkpoint(source, allow_pickle=allow_pickle)
+    if isinstance(source, Mapping):
+        return iter(source.items())
+    components = getattr(source, "components", None)
+    if isinstance(components, dict):
+        return _pipeline_tensors(components)
+    if hasattr(source, "named_parameters"):
+        return _module_tensors("", source)
+    raise TypeError(f"cannot scan weights of {type(source).__name__}")
+
+
+def _pipeline_tensors(components: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    for component, module in components.items():
+        if hasattr(module, "named_parameters"):
+            yield from _module_tensors(component + ".", module)
+
+
+def _module_tensors(prefix: str, module: Any) -> Iterator[tuple[str, Any]]:
+    seen: set[int] = set()
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        yield prefix + name, tensor.detach()
+
+
+# Writing ----------------------------------------------------------------------------------
+
+
+def write_safetensors(path: str | Path, tensors: Mapping[str, Any],
+                      metadata: Mapping[str, str] | None = None) -> Path:
+    """Write tensors as a safetensors file, streaming each tensor's bytes straight from its
+    memory (no serialised copy of the whole model), to a temp file renamed into place."""
+    import tempfile
+
+    import torch
+
+    codes = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
+             torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+             torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+    path = Path(path)
+    ready = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, tensor in ready.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": codes[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned, as the format advises
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(struct.pack("<Q", len(raw)) + raw)
+            for tensor in ready.values():
+                if tensor.numel():
+                    handle.write(memoryview(tensor.view(-1).view(torch.uint8).numpy()))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# File hashes -------------------------------------------------------------------------------
+
+
+def sha256_file(path: str | Path, *, cancel: CancelToken | None = None,
+                chunk_bytes: int = 16 << 20) -> str:
+    """sha256 of a whole file, read in chunks (hashlib releases the GIL on large updates, so
+    this can run on a worker thread while the model loads)."""
+    digest = hashlib.sha256()
+    buffer = bytearray(chunk_bytes)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while True:
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+            read = handle.readinto(view)
+            if not read:
+                break
+            digest.update(view[:read])
+    return digest.hexdigest()
+
+
+def model_hash(path: str | Path, *, cancel: CancelToken | None = None) -> str:
+    """AUTOMATIC1111's short model hash: the first 10 hex digits of the file's sha256.
+
+    Reading a multi-GB file takes seconds, so the full sha256 is cached in
+    `paths.cache_dir()/model_hashes.json`, keyed by absolute path, size and modification time.
+    """
+    from app.core import paths
+
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = str(path)
+    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    cache_file = paths.cache_dir() / "model_hashes.json"
+    cache = _read_json_dict(cache_file)
+    entry = cache.get(key)
+    if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()) \
+            and isinstance(entry.get("sha256"), str):
+        return entry["sha256"][:10]
+    sha = sha256_file(path, cancel=cancel)
+    cache = _read_json_dict(cache_file)  # another process may have added entries meanwhile
+    cache[key] = {**stamp, "sha256": sha}
+    write_json_atomic(cache_file, cache)
+    return sha[:10]
+
+
+def _read_json_dict(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temp file beside `path`, then rename over it (never half a file)."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

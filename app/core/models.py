@@ -1,0 +1,937 @@
+"""Loading models offline: diffusers folders, single-file checkpoints, a separate VAE, the demo.
+
+Single files in the original (LDM / A1111 / ComfyUI) layout are assembled here component by
+component: the architecture and each component's config come from the file's own tensor
+shapes over the shipped config folder (`resources/configs/<name>`), the keys are mapped to
+diffusers names with diffusers' conversion functions, and the tensors are assigned straight
+from the memory-mapped file in their stored dtype. Nothing reaches the network: the offline
+switches are set and every diffusers/transformers call is local-only.
+
+torch, diffusers and transformers are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.core import architecture as arch
+from app.core import paths
+from app.core.checkpoint import (
+    Checkpoint,
+    WeightScan,
+    WeightScanner,
+    is_pickle_file,
+    model_hash,
+    one_torch_thread,
+    read_safetensors_header,
+    refuse_pickle,
+    scan_weights,
+    stored_dtype,
+    write_safetensors,
+)
+from app.core.errors import BadFileError, CancelledError, HalfSafeError, UnsupportedModelError
+from app.core.jobs import CancelToken, ProgressCallback, no_progress
+
+MODEL_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2", "safety_checker",
+                    "image_encoder")
+_TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+
+
+@dataclass
+class LoadedModel:
+    """A loaded pipeline and what HalfSafe knows about it."""
+
+    pipeline: Any            # diffusers StableDiffusion(XL)Pipeline on CPU, weights in stored dtype
+    source: str              # what the user gave (path or "demo")
+    name: str                # file/folder stem, "demo" for the demo
+    format: str              # "diffusers" | "single_file" | "demo"
+    architecture: str        # "sd1" | "sd2" | "sdxl", "-inpaint" variants
+    prediction_type: str     # "epsilon" | "v_prediction"
+    native_size: int         # 512 / 768 / 1024 (demo: its own small size)
+    stored_dtype: str        # "fp16" | "bf16" | "fp32" | "mixed"
+    model_hash: str | None   # AUTOMATIC1111 short hash (first 10 hex of the file's sha256)
+    profile_key: str         # stable content key for remembered fixes
+    weights: WeightScan
+    detected_because: str    # one sentence: why we think it is this architecture
+
+
+def set_offline() -> None:
+    """Tell huggingface_hub, transformers and diffusers never to reach the network."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "DIFFUSERS_OFFLINE",
+                "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_IMPLICIT_TOKEN"):
+        os.environ[var] = "1"
+    try:
+        import huggingface_hub.constants as hub_constants
+    except ImportError:
+        return
+    # The hub reads the variable at import; when it was imported earlier, say it again.
+    hub_constants.HF_HUB_OFFLINE = True
+
+
+def load_model(source: str, *, vae: str | None = None, allow_pickle: bool = False,
+               on_progress: ProgressCallback | None = None,
+               cancel: CancelToken | None = None) -> LoadedModel:
+    """Load `source` ("demo", a diffusers folder or a single-file checkpoint) onto the CPU.
+
+    Weights keep their stored dtype and are scanned for NaN/Inf before anything runs.
+    `vae` (a VAE file or folder) replaces the model's VAE. Pickle files are refused with
+    PickleRefusedError unless `allow_pickle`, and then read with PyTorch's weights-only loader.
+    Bad input raises BadFileError or UnsupportedModelError with one sentence naming the file;
+    on any failure nothing stays loaded. Runs on the calling thread (the file hash is computed
+    on a worker thread meanwhile); checks `cancel` between tensors and components.
+    """
+    progress = on_progress or no_progress
+    set_offline()
+    if source == "demo":
+        if vae is not None:
+            raise BadFileError(vae, "the demo model has its own tiny VAE; a separate VAE "
+                                    "cannot replace it.")
+        return _load_demo(progress, cancel)
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise BadFileError(path, "the model does not exist (no such file or folder).")
+    if path.is_dir():
+        return _load_folder(path, source, vae, allow_pickle, progress, cancel)
+    return _load_single_file(path, source, vae, allow_pickle, progress, cancel)
+
+
+# The demo ----------------------------------------------------------------------------------
+
+
+def _load_demo(progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
+    from app.core import demo
+
+    progress("Building the demo model", 0, 1)
+    pipeline = demo.build_demo_pipeline()
+    progress("Building the demo model", 1, 1)
+    weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)
+    return LoadedModel(
+        pipeline=pipeline, source="demo", name="demo", format="demo", architecture="sd1",
+        prediction_type=pipeline.scheduler.config.prediction_type,
+        native_size=demo.DEMO_SIZE, stored_dtype="fp32", model_hash=None,
+        profile_key=f"demo-{demo.DEMO_VERSION}", weights=weights,
+        detected_because=f"{demo.DEMO_LABEL}: a tiny SD1.x-shaped pipeline built into HalfSafe.",
+    )
+
+
+# Shipped config folders --------------------------------------------------------------------
+
+
+def config_folder(name: str) -> Path:
+    """The ready-to-use diffusers config folder for `name` (one of architecture.CONFIG_NAMES).
+
+    The shipped folder (`resources/configs/<name>`) holds the JSON configs; the tokenizer
+    folders get the shared CLIP vocabulary and merges (`resources/tokenizers/clip`) copied in.
+    The result lives in the cache directory, keyed by the content of both, and is built once;
+    it is what `from_single_file(..., config=...)` and our own loader read.
+    """
+    if name not in arch.CONFIG_NAMES:
+        raise ValueError(f"no shipped config named {name!r}")
+    shipped = paths.resource("configs", name)
+    vocabulary = paths.resource("tokenizers", "clip")
+    digest = hashlib.sha256()
+    for file in sorted(shipped.rglob("*.json")):
+        digest.update(str(file.relative_to(shipped)).encode())
+        digest.update(file.read_bytes())
+    for file in ("vocab.json", "merges.txt"):
+        stat = (vocabulary / file).stat()
+        digest.update(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    target = paths.cache_dir() / "configs" / f"{name}-{digest.hexdigest()[:12]}"
+    if (target / "model_index.json").is_file():
+        return target
+    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(shipped, staging)
+    for tokenizer in staging.glob("tokenizer*"):
+        for file in ("vocab.json", "merges.txt"):
+            shutil.copyfile(vocabulary / file, tokenizer / file)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        # Another process built it first; theirs is identical.
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _read_json(path: Path, owner: Path | None = None) -> dict[str, Any]:
+    owner = owner or path
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BadFileError(owner, f"{path.name} is missing.") from None
+    except OSError as error:
+        raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
+    except (UnicodeDecodeError, ValueError):
+        raise BadFileError(path, "the file is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise BadFileError(path, "the file does not hold a JSON object.")
+    return data
+
+
+# Single files ------------------------------------------------------------------------------
+
+
+class _Hasher:
+    """Computes the A1111 short hash on a worker thread while the model loads."""
+
+    def __init__(self, path: Path) -> None:
+        self.value: str | None = None
+        self._cancel = CancelToken()
+        self._thread = threading.Thread(target=self._run, args=(path,), daemon=True,
+                                        name="halfsafe-model-hash")
+        self._thread.start()
+
+    def _run(self, path: Path) -> None:
+        try:
+            self.value = model_hash(path, cancel=self._cancel)
+        except (OSError, CancelledError, ValueError):
+            self.value = None
+
+    def result(self) -> str | None:
+        self._thread.join()
+        return self.value
+
+    def stop(self) -> None:
+        self._cancel.cancel()
+
+
+def _load_single_file(path: Path, source: str, vae: str | None, allow_pickle: bool,
+                      progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
+    progress("Reading the checkpoint header", 0, 1)
+    if is_pickle_file(path) and not allow_pickle:
+        refuse_pickle(path)
+    checkpoint = Checkpoint(path, allow_pickle=allow_pickle)
+    hasher = _Hasher(path)
+    try:
+        detection = arch.detect_architecture(
+            checkpoint.shapes, metadata=checkpoint.metadata, name=path.name,
+            sidecar_config=_sidecar_config(path),
+        )
+        if not detection.supported:
+            raise UnsupportedModelError(
+                path, f"this looks like {detection.looks_like}: {detection.because}")
+        if not detection.has_vae and vae is None:
+            raise UnsupportedModelError(
+                path, "the checkpoint has no VAE (no first_stage_model tensors); pass a VAE "
+                "file with --vae.")
+        with one_torch_thread():
+            pipeline, scan, used = _assemble(checkpoint, detection, vae, allow_pickle,
+                                             progress, cancel)
+        return LoadedModel(
+            pipeline=pipeline, source=source, name=path.stem, format="single_file",
+            architecture=detection.architecture, prediction_type=detection.prediction_type,
+            native_size=detection.native_size, stored_dtype=stored_dtype(used),
+            model_hash=hasher.result(), profile_key=checkpoint.profile_key, weights=scan,
+            detected_because=detection.because,
+        )
+    except BaseException:
+        hasher.stop()
+        raise
+    finally:
+        checkpoint.close()
+
+
+def _sidecar_config(path: Path) -> str | None:
+    sidecar = path.with_suffix(".yaml")
+    try:
+        return sidecar.read_text(encoding="utf-8", errors="replace")[:100_000] \
+            if sidecar.is_file() else None
+    except OSError:
+        return None
+
+
+def _assemble(checkpoint: Checkpoint, detection: arch.Detection, vae: str | None,
+              allow_pickle: bool, progress: ProgressCallback, cancel: CancelToken | None):
+    """Build every component from the checkpoint; returns (pipeline, scan, used dtypes)."""
+    import diffusers
+    import transformers
+
+    folder = config_folder(detection.config_name or detection.family)
+    shapes = checkpoint.shapes
+    names = checkpoint.keys()
+    used_keys = [k for k in names if k.startswith(detection.unet_prefix)]
+    for encoder in detection.text_encoders:
+        used_keys += _text_encoder_keys(names, shapes, encoder)
+    if vae is None:
+        used_keys += _vae_keys(names, detection.vae_prefix)
+    total_bytes = sum(_nbytes(checkpoint, k) for k in used_keys)
+    scanner = WeightScanner(total_bytes, progress, cancel)
+    used_dtypes = [checkpoint.dtypes[k] for k in used_keys]
+    steps = 3 + len(detection.text_encoders)
+    step = 0
+
+    def stage(words: str) -> None:
+        nonlocal step
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        progress(words, step, steps)
+        step += 1
+
+    def read(keys: list[str]) -> dict[str, Any]:
+        tensors = {}
+        for key in keys:
+            tensor = checkpoint.get(key)
+            scanner.check(key, tensor)
+            tensors[key] = tensor
+        return tensors
+
+    path = checkpoint.path
+    components: dict[str, Any] = {}
+    pooled_dim = None
+    for encoder in detection.text_encoders:
+        stage(f"Loading the {_component_words(encoder.component)}")
+        base = _read_json(folder / encoder.component / "config.json")
+        config = _infer(path, detection, arch.infer_text_encoder_config, shapes, base, encoder)
+        if encoder.component == "text_encoder_2":
+            pooled_dim = config.get("projection_dim")
+        keys = _text_encoder_keys(names, shapes, encoder)
+        model_class = getattr(transformers, base.get("architectures", ["CLIPTextModel"])[0])
+        model = _empty(model_class, model_class.config_class(**config))
+        state = _convert_text_encoder(model, read(keys), encoder)
+        components[encoder.component] = _assign(path, model, state, _component_words(encoder.component))
+
+    stage("Loading the UNet")
+    base = _read_json(folder / "unet" / "config.json")
+    config = _infer(path, detection, arch.infer_unet_config, shapes, base,
+                    sample_size=detection.native_size, pooled_text_dim=pooled_dim)
+    from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+
+    unet_keys = [k for k in names if k.startswith(detection.unet_prefix)]
+    model = _empty(diffusers.UNet2DConditionModel.from_config, config)
+    state = convert_ldm_unet_checkpoint(read(unet_keys), config)
+    components["unet"] = _assign(path, model, state, "UNet")
+
+    stage("Loading the VAE")
+    vae_base = _read_json(folder / "vae" / "config.json")
+    if vae is None:
+        components["vae"] = _vae_from_checkpoint(checkpoint, detection.vae_prefix, vae_base,
+                                                 detection.native_size, read)
+    else:
+        components["vae"], vae_scan, vae_dtypes = _load_vae_override(
+            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel)
+        used_dtypes += vae_dtypes
+    _check_latents(Path(vae) if vae else path, components["vae"], components["unet"])
+
+    stage("Loading the tokenizer and scheduler")
+    for tokenizer in ("tokenizer", "tokenizer_2"):
+        if (folder / tokenizer).is_dir() and tokenizer.replace("tokenizer", "text_encoder") \
+                in components:
+            components[tokenizer] = transformers.CLIPTokenizer.from_pretrained(
+                folder / tokenizer, local_files_only=True)
+    scheduler_config = _read_json(folder / "scheduler" / "scheduler_config.json")
+    scheduler_class = getattr(diffusers, scheduler_config["_class_name"])
+    components["scheduler"] = scheduler_class.from_config(
+        scheduler_config, prediction_type=detection.prediction_type)
+
+    pipeline_class = getattr(diffusers, detection.pipeline_class or "StableDiffusionPipeline")
+    if detection.family == "sdxl":
+        pipeline = pipeline_class(**components, force_zeros_for_empty_prompt=True,
+                                  add_watermarker=False)
+    else:
+        pipeline = pipeline_class(**components, safety_checker=None, feature_extractor=None,
+                                  requires_safety_checker=False)
+    progress("Loaded", steps, steps)
+    scan = scanner.result()
+    if vae is not None:
+        scan = scan.merged(vae_scan)
+    return pipeline, scan, used_dtypes
+
+
+def _component_words(component: str) -> str:
+    return {"text_encoder": "text encoder", "text_encoder_2": "second text encoder"}.get(
+        component, component)
+
+
+def _nbytes(checkpoint: Checkpoint, key: str) -> int:
+    if checkpoint.header is not None:
+        return checkpoint.header.tensors[key].nbytes
+    tensor = checkpoint.get(key)
+    return tensor.numel() * tensor.element_size()
+
+
+def _infer(path: Path, detection: arch.Detection, function, *args, **kwargs) -> dict[str, Any]:
+    try:
+        return function(*args, **kwargs)
+    except ValueError as error:
+        raise UnsupportedModelError(
+            path, f"this looks like {detection.looks_like}, but {error}.") from None
+
+
+def _empty(build, *args):
+    """`build(*args)` without allocating or initialising parameters (they come from the
+    checkpoint)."""
+    from contextlib import nullcontext
+
+    from accelerate import init_empty_weights
+
+    try:  # transformers would otherwise run its random init on the empty tensors
+        from transformers.initialization import no_init_weights
+    except ImportError:
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            no_init_weights = nullcontext
+    with init_empty_weights(include_buffers=False), no_init_weights():
+        return build(*args)
+
+
+def _assign(path: Path, model, state: dict[str, Any], words: str):
+    """Put `state` into `model` as is (no copy), all or nothing, in the component's dtype."""
+    import torch
+
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing:
+        raise BadFileError(path, f"the {words} is incomplete: {len(missing)} of its weights are "
+                                 f"missing (e.g. {missing[0]}).")
+    if unexpected:
+        raise UnsupportedModelError(path, f"the {words} has {len(unexpected)} weights HalfSafe "
+                                          f"cannot place (e.g. {unexpected[0]}).")
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise BadFileError(path, f"the {words} weight {key} has shape {list(tensor.shape)} "
+                                     f"where the rest of the file implies "
+                                     f"{list(expected[key].shape)}.")
+    by_dtype: dict[Any, int] = {}
+    for tensor in state.values():
+        if tensor.is_floating_point():
+            by_dtype[tensor.dtype] = by_dtype.get(tensor.dtype, 0) + tensor.numel()
+    dtype = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else torch.float32
+    state = {k: (v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v)
+             for k, v in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+def _text_encoder_keys(names: list[str], shapes, encoder: arch.TextEncoderLayout) -> list[str]:
+    keys = [k for k in names if k.startswith(encoder.prefix)]
+    if encoder.layout == "hf":
+        root = encoder.prefix.removesuffix("text_model.")
+        keys = [k for k in keys if not k.endswith("position_ids")]
+        keys += [k for k in names if k == root + "text_projection.weight"]
+        return keys
+    keys = [k for k in keys if k[len(encoder.prefix):].split(".")[0] in
+            ("token_embedding", "positional_embedding", "transformer", "ln_final",
+             "text_projection")]
+    if encoder.drop_last_layer:
+        last = arch._count_indices(shapes, encoder.prefix + "transformer.resblocks.") - 1
+        unused = f"{encoder.prefix}transformer.resblocks.{last}."
+        # SD2 reads the penultimate layer: the last block and the projection are never used.
+        keys = [k for k in keys if not k.startswith(unused)
+                and k != encoder.prefix + "text_projection"]
+    return keys
+
+
+def _convert_text_encoder(model, tensors: dict[str, Any], encoder: arch.TextEncoderLayout):
+    wrapped = any(k.startswith("text_model.") for k in model.state_dict())
+    if encoder.layout == "hf":
+        root = encoder.prefix.removesuffix("text_model.")
+        state = {}
+        for key, tensor in tensors.items():
+            if key == root + "text_projection.weight":
+                state["text_projection.weight"] = tensor
+            else:
+                name = key[len(encoder.prefix):]
+                state[("text_model." + name) if wrapped else name] = tensor
+        return state
+    from diffusers.loaders.single_file_utils import convert_open_clip_checkpoint
+
+    converted = convert_open_clip_checkpoint(model, tensors, prefix=encoder.prefix)
+    if not hasattr(model, "text_projection"):
+        converted.pop("text_projection.weight", None)
+    if not wrapped:
+        converted = {k.removeprefix("text_model."): v for k, v in converted.items()}
+    return converted
+
+
+_VAE_PARTS = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.")
+
+
+def _vae_keys(names: list[str], prefix: str) -> list[str]:
+    return [k for k in names if k.startswith(prefix) and k[len(prefix):].startswith(_VAE_PARTS)]
+
+
+def _vae_from_checkpoint(checkpoint: Checkpoint, prefix: str, base: dict[str, Any],
+                         native_size: int, read):
+    import diffusers
+
+    path = checkpoint.path
+    try:
+        config = arch.infer_vae_config(checkpoint.shapes, base, prefix=prefix,
+                                       sample_size=native_size)
+    except ValueError as error:
+        raise UnsupportedModelError(path, f"its VAE is not one HalfSafe can build: {error}.") \
+            from None
+    tensors = read(_vae_keys(checkpoint.keys(), prefix))
+    model = _empty(diffusers.AutoencoderKL.from_config, config)
+    return _assign(path, model, _convert_vae(tensors, prefix, config), "VAE")
+
+
+def _convert_vae(tensors: dict[str, Any], prefix: str, config: dict[str, Any]) -> dict[str, Any]:
+    plain = {k[len(prefix):]: v for k, v in tensors.items()}
+    if "encoder.down_blocks.0.resnets.0.conv1.weight" in plain:
+        # Already diffusers names; older files still call the attention projections
+        # query/key/value/proj_attn and store them as 1x1 convolutions.
+        renamed = {}
+        for key, tensor in plain.items():
+            for old, new in ((".query.", ".to_q."), (".key.", ".to_k."), (".value.", ".to_v."),
+                             (".proj_attn.", ".to_out.0.")):
+                key = key.replace(old, new)
+            if ".attentions." in key and key.endswith("weight") and tensor.ndim > 2:
+                tensor = tensor.reshape(tensor.shape[0], tensor.shape[1])
+            renamed[key] = tensor
+        return renamed
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    return convert_ldm_vae_checkpoint(plain, config)
+
+
+def _load_vae_override(path: Path, base: dict[str, Any], native_size: int, allow_pickle: bool,
+                       cancel: CancelToken | None):
+    """A separate VAE: a file (original or diffusers layout, or a full checkpoint's VAE) or a
+    diffusers VAE folder. Returns (model, scan, dtypes)."""
+    import diffusers
+
+    if not path.exists():
+        raise BadFileError(path, "the VAE does not exist (no such file or folder).")
+    if path.is_dir():
+        config = _read_json(path / "config.json", owner=path)
+        files = _weight_files(path, allow_pickle, path)
+        dtypes = [d for f in files if f.suffix == ".safetensors"
+                  for d in read_safetensors_header(f).dtypes().values()]
+        torch_dtype = _torch_dtype(stored_dtype(dtypes)) if dtypes else None
+        try:
+            model = diffusers.AutoencoderKL.from_pretrained(
+                path, local_files_only=True, torch_dtype=torch_dtype,
+                use_safetensors=not all(f.suffix != ".safetensors" for f in files) or None)
+        except (OSError, ValueError, RuntimeError, KeyError) as error:
+            raise BadFileError(path, f"diffusers could not load this VAE folder "
+                                     f"({_first_line(error)}).") from None
+        if config.get("_class_name") not in (None, "AutoencoderKL"):
+            raise UnsupportedModelError(path, f"this is a {config['_class_name']}, not an "
+                                              "AutoencoderKL VAE.")
+        return model.eval(), scan_weights(model, cancel=cancel), dtypes
+    with Checkpoint(path, allow_pickle=allow_pickle) as checkpoint:
+        keys = checkpoint.keys()
+        prefix = next((p for p in (arch.VAE, "vae.", "") if any(
+            k.startswith(p + "decoder.") for k in keys)), None)
+        if prefix is None or not any(k.startswith(prefix + "encoder.") for k in keys):
+            raise BadFileError(path, "this file holds no VAE (no encoder and decoder tensors).")
+        vae_keys = _vae_keys(keys, prefix)
+        scanner = WeightScanner(sum(_nbytes(checkpoint, k) for k in vae_keys), cancel=cancel)
+
+        def read(keys_: list[str]) -> dict[str, Any]:
+            tensors = {}
+            for key in keys_:
+                tensors[key] = checkpoint.get(key)
+                scanner.check(f"{path.name}:{key}", tensors[key])
+            return tensors
+
+        model = _vae_from_checkpoint(checkpoint, prefix, base, native_size, read)
+        return model, scanner.result(), [checkpoint.dtypes[k] for k in vae_keys]
+
+
+def _check_latents(path: Path, vae, unet) -> None:
+    latent = vae.config.latent_channels
+    if latent != unet.config.out_channels:
+        raise UnsupportedModelError(path, f"the VAE makes {latent}-channel latents but the UNet "
+                                          f"works on {unet.config.out_channels}.")
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES.get(name, "float32"))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    line = text[0] if text else type(error).__name__
+    return line[:200].rstrip(".")
+
+
+# Diffusers folders -------------------------------------------------------------------------
+
+
+def _weight_files(folder: Path, allow_pickle: bool, owner: Path) -> list[Path]:
+    """The weight files of one component folder, each safetensors header validated."""
+    files = sorted(f for f in folder.glob("*.safetensors") if f.is_file())
+    if files:
+        for file in files:
+            read_safetensors_header(file)
+        return files
+    pickles = sorted(f for f in folder.iterdir()
+                     if f.is_file() and f.suffix.lower() in (".bin", ".ckpt", ".pt", ".pth"))
+    if pickles:
+        if not allow_pickle:
+            refuse_pickle(pickles[0])
+        return pickles
+    raise BadFileError(folder, f"the {folder.name} folder of {owner.name} has no weights file.")
+
+
+def _load_folder(path: Path, source: str, vae: str | None, allow_pickle: bool,
+                 progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
+    import diffusers
+
+    index_file = path / "model_index.json"
+    if not index_file.is_file():
+        raise BadFileError(path, "this folder has no model_index.json, so it is not a diffusers "
+                                 "pipeline folder.")
+    progress("Checking the model folder", 0, 1)
+    index = _read_json(index_file)
+    components = {name: spec for name, spec in index.items()
+                  if not name.startswith("_") and isinstance(spec, list) and len(spec) == 2
+                  and spec[0] is not None and spec[1] is not None}
+    for name in components:
+        if not (path / name).is_dir():
+            raise BadFileError(path, f"model_index.json lists the component '{name}' but the "
+                                     f"folder has no '{name}' subfolder.")
+    if "unet" not in components:
+        raise UnsupportedModelError(path, f"this pipeline ({index.get('_class_name', 'unknown')}) "
+                                          "has no UNet; HalfSafe runs SD1.x, SD2.x and SDXL.")
+    unet_config = _read_json(path / "unet" / "config.json", owner=path / "unet")
+    scheduler_config = (_read_json(path / "scheduler" / "scheduler_config.json",
+                                   owner=path / "scheduler")
+                        if "scheduler" in components else {})
+    detection = arch.detect_from_configs(index, unet_config, scheduler_config)
+    if not detection.supported:
+        raise UnsupportedModelError(path, f"this looks like {detection.looks_like}: "
+                                          f"{detection.because}")
+
+    digest = hashlib.sha256()
+    dtypes: dict[str, list[str]] = {}
+    variant = None
+    pickles = False
+    for name in sorted(components):
+        if name not in MODEL_COMPONENTS:
+            continue
+        folder = path / name
+        _read_json(folder / "config.json", owner=folder)
+        files = _weight_files(folder, allow_pickle, path)
+        for file in files:
+            if file.suffix == ".safetensors":
+                header = read_safetensors_header(file)
+                dtypes.setdefault(name, []).extend(header.dtypes().values())
+                digest.update(f"{name}/{file.name}".encode())
+                digest.update(header.raw)
+                digest.update(str(header.file_size).encode())
+            else:
+                pickles = True
+                digest.update(f"{name}/{file.name}:{file.stat().st_size}".encode())
+        plain = [f for f in files if ".fp16." not in f.name]
+        if not plain and any(".fp16." in f.name for f in files):
+            variant = "fp16"
+    if cancel is not None:
+        cancel.raise_if_cancelled()
+
+    torch_dtype: dict[str, Any] = {"default": _torch_dtype("fp32")}
+    for name, found in dtypes.items():
+        torch_dtype[name] = _torch_dtype(stored_dtype(found))
+    progress("Loading the model folder", 0, 1)
+    try:
+        pipeline = diffusers.DiffusionPipeline.from_pretrained(
+            path, local_files_only=True, torch_dtype=torch_dtype, variant=variant,
+            use_safetensors=None if pickles else True,
+        )
+    except HalfSafeError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as error:
+        raise BadFileError(path, f"diffusers could not load this folder "
+                                 f"({_first_line(error)}).") from None
+    progress("Loading the model folder", 1, 1)
+    if vae is not None:
+        vae_base = dict(pipeline.vae.config)
+        model, _scan, vae_dtypes = _load_vae_override(
+            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel)
+        _check_latents(Path(vae), model, pipeline.unet)
+        pipeline.vae = model
+        pipeline.register_modules(vae=model)
+        dtypes["vae"] = vae_dtypes
+    weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)
+    all_dtypes = [d for found in dtypes.values() for d in found]
+    if pickles:
+        all_dtypes += [_dtype_code(p.dtype) for module in _modules(pipeline)
+                       for p in module.parameters()]
+    return LoadedModel(
+        pipeline=pipeline, source=source, name=path.name, format="diffusers",
+        architecture=detection.architecture, prediction_type=detection.prediction_type,
+        native_size=detection.native_size, stored_dtype=stored_dtype(all_dtypes),
+        model_hash=None, profile_key=digest.hexdigest(), weights=weights,
+        detected_because=detection.because,
+    )
+
+
+def _modules(pipeline) -> list[Any]:
+    return [m for m in pipeline.components.values() if hasattr(m, "parameters")]
+
+
+def _dtype_code(dtype) -> str:
+    return {"torch.float16": "F16", "torch.bfloat16": "BF16", "torch.float32": "F32"}.get(
+        str(dtype), "F64")
+
+
+# Writing single files ----------------------------------------------------------------------
+
+
+def save_single_file(pipeline, path: str | Path, *, dtype: str | None = None,
+                     architecture: str | None = None) -> Path:
+    """Write a pipeline as one `.safetensors` in the original (LDM / A1111) key layout.
+
+    `dtype` ("fp16", "bf16", "fp32") converts floating weights; None keeps them. `architecture`
+    ("sd1", "sd2", "sdxl") picks the text-encoder layout; by default SDXL when the pipeline has
+    a second text encoder, SD2 when its text encoder uses gelu (OpenCLIP), else SD1. For SD2 an
+    unused last text-encoder block of zeros is written, as the original files carry one block
+    more than the model reads. Returns the path written.
+    """
+    tensors = ldm_state_dict(pipeline, architecture=architecture)
+    if dtype is not None:
+        target = _torch_dtype(dtype)
+        tensors = {k: (v.to(target) if v.is_floating_point() else v) for k, v in tensors.items()}
+    return write_safetensors(path, tensors)
+
+
+def ldm_state_dict(pipeline, *, architecture: str | None = None) -> dict[str, Any]:
+    """The pipeline's weights under original-layout names (views, nothing copied where possible)."""
+    components = pipeline.components
+    family = architecture or (
+        "sdxl" if components.get("text_encoder_2") is not None
+        else "sd2" if getattr(components["text_encoder"].config, "hidden_act", "") == "gelu"
+        else "sd1")
+    out: dict[str, Any] = {}
+    unet = components["unet"]
+    out.update(_ldm_unet(unet.state_dict(), unet.config, arch.UNET))
+    out.update(_ldm_vae(components["vae"].state_dict(), len(components["vae"].config.block_out_channels)))
+    if family == "sdxl":
+        out.update(_ldm_clip_hf(components["text_encoder"], arch.SDXL_TEXT_1))
+        out.update(_ldm_open_clip(components["text_encoder_2"], arch.SDXL_TEXT_2, extra_layer=False))
+    elif family == "sd2":
+        out.update(_ldm_open_clip(components["text_encoder"], arch.SD2_TEXT, extra_layer=True))
+    else:
+        out.update(_ldm_clip_hf(components["text_encoder"], arch.SD1_TEXT))
+    return out
+
+
+_RESNET_TO_LDM = (("norm1", "in_layers.0"), ("conv1", "in_layers.2"),
+                  ("time_emb_proj", "emb_layers.1"), ("norm2", "out_layers.0"),
+                  ("conv2", "out_layers.3"), ("conv_shortcut", "skip_connection"))
+
+
+def _ldm_unet(state: dict[str, Any], config, prefix: str) -> dict[str, Any]:
+    layers = config.layers_per_block
+    up_has_attention = {int(k.split(".")[1]) for k in state if k.startswith("up_blocks.")
+                        and ".attentions." in k}
+    top = {"time_embedding.linear_1": "time_embed.0", "time_embedding.linear_2": "time_embed.2",
+           "conv_in": "input_blocks.0.0", "conv_norm_out": "out.0", "conv_out": "out.2",
+           "add_embedding.linear_1": "label_emb.0.0", "add_embedding.linear_2": "label_emb.0.2"}
+    out = {}
+    for key, tensor in state.items():
+        parts = key.split(".")
+        head = ".".join(parts[:2])
+        if parts[0] in top:
+            name = top[parts[0]] + "." + ".".join(parts[1:])
+        elif head in top:
+            name = top[head] + "." + ".".join(parts[2:])
+        elif parts[0] in ("down_blocks", "up_blocks"):
+            block, kind, index, rest = int(parts[1]), parts[2], int(parts[3]), parts[4:]
+            first = 1 + block * (layers + 1) if parts[0] == "down_blocks" else block * (layers + 1)
+            group = "input_blocks" if parts[0] == "down_blocks" else "output_blocks"
+            if kind == "resnets":
+                name = f"{group}.{first + index}.0.{_rename(rest, _RESNET_TO_LDM)}"
+            elif kind == "attentions":
+                name = f"{group}.{first + index}.1.{'.'.join(rest)}"
+            elif kind == "downsamplers":
+                name = f"{group}.{first + layers}.0.op.{'.'.join(rest[1:])}"
+            elif kind == "upsamplers":
+                slot = 2 if block in up_has_attention else 1
+                name = f"{group}.{first + layers}.{slot}.conv.{'.'.join(rest[1:])}"
+            else:
+                raise ValueError(f"unexpected UNet weight {key}")
+        elif parts[0] == "mid_block":
+            kind, index, rest = parts[1], int(parts[2]), parts[3:]
+            if kind == "resnets":
+                name = f"middle_block.{index * 2}.{_rename(rest, _RESNET_TO_LDM)}"
+            else:
+                name = f"middle_block.1.{'.'.join(rest)}"
+        else:
+            raise ValueError(f"unexpected UNet weight {key}")
+        out[prefix + name] = tensor
+    return out
+
+
+def _rename(parts: list[str], table) -> str:
+    name = ".".join(parts)
+    for new, old in table:
+        if name.startswith(new + "."):
+            return old + name[len(new):]
+    return name
+
+
+def _ldm_vae(state: dict[str, Any], levels: int) -> dict[str, Any]:
+    out = {}
+    attention = (("group_norm", "norm"), ("to_q", "q"), ("to_k", "k"), ("to_v", "v"),
+                 ("to_out.0", "proj_out"))
+    for key, tensor in state.items():
+        parts = key.split(".")
+        side = parts[0]
+        if side in ("quant_conv", "post_quant_conv") or parts[1] in ("conv_in", "conv_out"):
+            name = key
+        elif parts[1] == "conv_norm_out":
+            name = f"{side}.norm_out.{parts[2]}"
+        elif parts[1] == "mid_block" and parts[2] == "resnets":
+            name = f"{side}.mid.block_{int(parts[3]) + 1}." + _rename(
+                parts[4:], (("conv_shortcut", "nin_shortcut"),))
+        elif parts[1] == "mid_block" and parts[2] == "attentions":
+            name = f"{side}.mid.attn_1.{_rename(parts[4:], attention)}"
+            if tensor.ndim == 2:
+                tensor = tensor.reshape(*tensor.shape, 1, 1)
+        elif parts[1] in ("down_blocks", "up_blocks"):
+            level = int(parts[2]) if side == "encoder" else levels - 1 - int(parts[2])
+            where = "down" if side == "encoder" else "up"
+            if parts[3] == "resnets":
+                name = f"{side}.{where}.{level}.block.{parts[4]}." + _rename(
+                    parts[5:], (("conv_shortcut", "nin_shortcut"),))
+            else:
+                sampler = "downsample" if side == "encoder" else "upsample"
+                name = f"{side}.{where}.{level}.{sampler}.{'.'.join(parts[5:])}"
+        else:
+            raise ValueError(f"unexpected VAE weight {key}")
+        out[arch.VAE + name] = tensor
+    return out
+
+
+def _ldm_clip_hf(model, prefix: str) -> dict[str, Any]:
+    out = {}
+    for key, tensor in model.state_dict().items():
+        if key.endswith("position_ids"):
+            continue
+        if key == "text_projection.weight":
+            out[prefix + key] = tensor
+            continue
+        out[prefix + "text_model." + key.removeprefix("text_model.")] = tensor
+    return out
+
+
+def _ldm_open_clip(model, prefix: str, *, extra_layer: bool) -> dict[str, Any]:
+    import torch
+
+    state = {k.removeprefix("text_model."): v for k, v in model.state_dict().items()
+             if not k.endswith("position_ids")}
+    out = {
+        prefix + "token_embedding.weight": state.pop("embeddings.token_embedding.weight"),
+        prefix + "positional_embedding": state.pop("embeddings.position_embedding.weight"),
+        prefix + "ln_final.weight": state.pop("final_layer_norm.weight"),
+        prefix + "ln_final.bias": state.pop("final_layer_norm.bias"),
+    }
+    projection = state.pop("text_projection.weight", None)
+    hidden = out[prefix + "token_embedding.weight"].shape[1]
+    if projection is not None:
+        out[prefix + "text_projection"] = projection.T
+    else:
+        out[prefix + "text_projection"] = torch.eye(hidden, dtype=out[prefix + "ln_final.weight"].dtype)
+    layers = model.config.num_hidden_layers
+    names = (("layer_norm1", "ln_1"), ("layer_norm2", "ln_2"), ("mlp.fc1", "mlp.c_fc"),
+             ("mlp.fc2", "mlp.c_proj"), ("self_attn.out_proj", "attn.out_proj"))
+    for n in range(layers):
+        layer = f"encoder.layers.{n}."
+        block = f"{prefix}transformer.resblocks.{n}."
+        for kind in ("weight", "bias"):
+            out[block + f"attn.in_proj_{kind}"] = torch.cat(
+                [state.pop(f"{layer}self_attn.{p}_proj.{kind}") for p in "qkv"])
+        for key in [k for k in state if k.startswith(layer)]:
+            out[block + _rename(key[len(layer):].split("."), names)] = state.pop(key)
+    if state:
+        raise ValueError(f"unexpected text encoder weight {next(iter(state))}")
+    if extra_layer:
+        template = f"{prefix}transformer.resblocks.{layers - 1}."
+        for key in [k for k in out if k.startswith(template)]:
+            out[f"{prefix}transformer.resblocks.{layers}." + key[len(template):]] = \
+                torch.zeros_like(out[key])
+    return out
+
+
+# Random full-size models (tests and benchmarks) --------------------------------------------
+
+
+def _fill_from_pool(model, pool) -> None:
+    """Give every parameter real storage in the pool's dtype: norms 1/0, the rest tiled from
+    `pool` (shifted between tensors so equal-shaped weights differ)."""
+    import torch
+
+    offset = 0
+    for module in model.modules():
+        norm = isinstance(module, (torch.nn.GroupNorm, torch.nn.LayerNorm))
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            flat = torch.empty(param.numel(), dtype=pool.dtype)
+            if norm:
+                flat.fill_(1.0 if name == "weight" else 0.0)
+            done = 0
+            while not norm and done < flat.numel():
+                start = offset % pool.numel()
+                take = min(flat.numel() - done, pool.numel() - start)
+                flat[done:done + take] = pool[start:start + take]
+                done += take
+                offset += take + 7
+            module._parameters[name] = torch.nn.Parameter(flat.view(param.shape),
+                                                          requires_grad=False)
+
+
+def build_random_pipeline(config_name: str = "sd1", *, dtype: str = "fp16", seed: int = 0,
+                          weights: bool = True):
+    """A full-size pipeline of a shipped config with random weights, built straight in `dtype`.
+
+    Normalisation layers get weight 1 and bias 0; every other weight is filled from a pool of
+    N(0, 0.02) samples (one random draw per call, tiled), which keeps building an SDXL-size
+    model to seconds. An untrained model with realistic sizes, for load tests and benchmarks.
+    `weights=False` leaves the parameters on the meta device (shapes only, no memory).
+    """
+    import diffusers
+    import torch
+    import transformers
+
+    folder = config_folder(config_name)
+    target = _torch_dtype(dtype)
+    generator = torch.Generator().manual_seed(seed)
+    pool = torch.randn(1 << 20, generator=generator).mul_(0.02).to(target)
+
+    def materialise(model):
+        if not weights:
+            return model.eval()
+        with one_torch_thread():  # plain copies; a second thread only waits (see checkpoint)
+            _fill_from_pool(model, pool)
+        return model.eval()
+
+    def text_encoder(name: str):
+        config = _read_json(folder / name / "config.json")
+        model_class = getattr(transformers, config["architectures"][0])
+        return materialise(_empty(model_class, model_class.config_class(**config)))
+
+    components: dict[str, Any] = {
+        "unet": materialise(_empty(diffusers.UNet2DConditionModel.from_config,
+                                   _read_json(folder / "unet" / "config.json"))),
+        "vae": materialise(_empty(diffusers.AutoencoderKL.from_config,
+                                  _read_json(folder / "vae" / "config.json"))),
+        "text_encoder": text_encoder("text_encoder"),
+        "tokenizer": transformers.CLIPTokenizer.from_pretrained(folder / "tokenizer",
+                                                                local_files_only=True),
+    }
+    scheduler_config = _read_json(folder / "scheduler" / "scheduler_config.json")
+    components["scheduler"] = getattr(diffusers, scheduler_config["_class_name"]).from_config(
+        scheduler_config)
+    if (folder / "text_encoder_2").is_dir():
+        components["text_encoder_2"] = text_encoder("text_encoder_2")
+        components["tokenizer_2"] = transformers.CLIPTokenizer.from_pretrained(
+            folder / "tokenizer_2", local_files_only=True)
+        return diffusers.StableDiffusionXLPipeline(**components, add_watermarker=False)
+    return diffusers.StableDiffusionPipeline(**components, safety_checker=None,
+                                             feature_extractor=None, requires_safety_checker=False)
+
