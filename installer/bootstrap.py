@@ -672,7 +672,7 @@ missing = [m for m in ("PySide6", "diffusers", "transformers", "safetensors")
            if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit("missing: " + ", ".join(missing))
-print(json.dumps({"torch": torch.__version__}))
+print(json.dumps({"torch": torch.__version__, "gpu": torch.cuda.is_available()}))
 """
 
 
@@ -880,11 +880,13 @@ class Setup:
         self.extras = list(extras)
         self.environ = dict(environ)
         self.say = say
+        self.gpu_expected = False  # set when a CUDA or ROCm build was chosen
 
     # The steps
 
     def run(self, plan: Plan, choice: TorchChoice, expected: dict) -> str:
         """Do the plan; returns the installed torch version."""
+        self.gpu_expected = choice.kind in ("cuda", "rocm")
         for reason in plan.reasons:
             self.log.step(f"reason: {reason}")
         if plan.runs_pip:
@@ -941,18 +943,21 @@ class Setup:
     def create_venv(self, clear: bool) -> None:
         import importlib.util
 
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        no_venv = SetupError(
+            "This Python cannot create environments because its venv support is missing: "
+            f"install it (on Debian/Ubuntu: sudo apt install python{version}-venv) and start "
+            "HalfSafe again."
+        )
         if importlib.util.find_spec("ensurepip") is None:
-            version = f"{sys.version_info[0]}.{sys.version_info[1]}"
-            raise SetupError(
-                f"This Python cannot create environments because its venv support is missing: "
-                f"install it (on Debian/Ubuntu: sudo apt install python{version}-venv) and start "
-                "HalfSafe again."
-            )
+            raise no_venv
         self.say(f"Creating HalfSafe's Python environment in {self.venv}")
         command = [sys.executable, "-m", "venv", *(["--clear"] if clear else []), str(self.venv)]
         self.log.step("running: " + shlex.join(command))
         result = subprocess.run(command, capture_output=True, text=True)
         self.log.write(result.stdout + result.stderr)
+        if result.returncode != 0 and "ensurepip" in result.stdout + result.stderr:
+            raise no_venv  # Debian's python3 without python3-venv says this
         if result.returncode != 0:
             raise SetupError(
                 f"Python could not create an environment in {self.venv} ({_last_line(result.stderr)}). "
@@ -1020,9 +1025,16 @@ class Setup:
             self.log.write(result.stdout + result.stderr)
             if result.returncode == 0:
                 try:
-                    return json.loads(result.stdout.strip().splitlines()[-1])["torch"]
-                except (ValueError, IndexError, KeyError):
-                    pass
+                    found = json.loads(result.stdout.strip().splitlines()[-1])
+                except (ValueError, IndexError):
+                    found = {}
+                if "torch" in found:
+                    if self.gpu_expected and not found.get("gpu"):
+                        self.say(
+                            "PyTorch is installed but cannot use the GPU (check the driver with "
+                            "nvidia-smi or rocminfo); HalfSafe runs on the CPU until that works."
+                        )
+                    return found["torch"]
             if attempt == 2:
                 break
             state = read_venv_state(self.venv)
@@ -1434,13 +1446,24 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     return start_app(layout.venv, options.app_args, options.detach, folder, _say)
 
 
+def effective_extras(requested: Sequence[str], marker: dict | None, app_dir: Path) -> list[str]:
+    """Extras only ever add packages: keep those an earlier start installed (the test tools stay
+    when the window is started after the test command), so the two never undo each other."""
+    extras = set(requested)
+    if marker and marker.get("app_dir") == str(app_dir):
+        extras |= set(marker.get("extras") or [])
+    return sorted(extras)
+
+
 def ensure_environment(
     layout: Layout, options: Options, environ: Mapping[str, str], log: Log
 ) -> bool:
     """Make the environment ready; returns True when pip ran. Quiet when nothing has to change."""
     started = time.monotonic()
-    extras = ["dev"] if options.dev else []
-    facts = probe_machine()
+    extras = effective_extras(["dev"] if options.dev else [], read_marker(layout.venv), APP_DIR)
+    # An explicit torch spec makes the machine's GPUs irrelevant: skip running nvidia-smi.
+    pinned = environ.get("HALFSAFE_TORCH_SPEC", "").strip()
+    facts = MachineFacts(system=platform.system()) if pinned else probe_machine()
     choice = choose_torch(facts, torch_requirement(APP_DIR), environ)
     log.step(
         f"torch choice: {choice.requirement} from {choice.index_url or 'pip defaults'} ({choice.reason})"

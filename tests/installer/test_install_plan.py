@@ -94,6 +94,16 @@ def test_asking_for_the_test_tools_reinstalls_the_app():
     assert plan.install_app and not plan.install_torch
 
 
+def test_test_tools_installed_once_are_kept_by_later_starts():
+    marker = finished_marker(extras=["dev"])
+    extras = bs.effective_extras([], marker, ROOT)
+    assert extras == ["dev"]
+    plan = bs.make_plan(expected(extras=extras), marker, state(), PINNED, venv_exists=True)
+    assert not plan.runs_pip
+    assert bs.effective_extras(["dev"], None, ROOT) == ["dev"]
+    assert bs.effective_extras([], {**marker, "app_dir": "/elsewhere"}, ROOT) == []
+
+
 def test_new_torch_choice_that_the_installed_torch_fits_only_updates_the_marker():
     """Say the driver was updated: the CUDA 12.6 torch already installed still runs."""
     old_choice = bs.TorchChoice(
