@@ -28,7 +28,6 @@ COMPONENT_SETTING = {
     "unet": "unet_precision",
     "vae": "vae_precision",
 }
-# Where a component's precision comes from when the user chose `auto` everywhere.
 _BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
@@ -115,11 +114,12 @@ def resolve_plan(
 ) -> PrecisionPlan:
     """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
 
-    `device_info` is `app.core.hardware.describe_device(device)` (its `recommended` settings and
-    `bf16`/`fp16` classes); `vae_needs_fp32` is the model's own statement that its VAE overflows
-    in fp16 (SDXL's original VAE sets `force_upcast`); `remembered` is a verified fix stored for
-    this model on this device, as settings values. Precedence for each field left on `auto`:
-    remembered fix, then the model's needs, then the device's recommendation.
+    `device_info` is `app.core.hardware.describe_device(device)` (its `recommended` settings,
+    their `reasons`, and its `fp16`/`bf16` classes); `vae_needs_fp32` is the model's own
+    statement that its VAE overflows in fp16 (SDXL's original VAE sets `force_upcast`);
+    `remembered` is a verified fix stored for this model on this device, as settings values.
+    For a field the user left on `auto` (or off), the remembered fix comes first, then the
+    model's needs, then the device's recommendation.
     """
     device_str = str(device)
     kind = device_str.split(":")[0]
@@ -129,83 +129,79 @@ def resolve_plan(
         "native" if kind == "cuda" else "unsupported"
     )
     fp16_class = getattr(device_info, "fp16", None) or ("fast" if kind == "cuda" else "slow")
-    chosen = settings.to_dict()
+    user = settings.to_dict()
+    chosen = dict(user)
+    from_memory: set[str] = set()
     for key, value in (remembered or {}).items():
-        if key in chosen and chosen[key] in ("auto", False) and key != "device":
+        if key in chosen and key != "device" and chosen[key] in ("auto", False):
             chosen[key] = value
-
+            from_memory.add(key)
     reasons: dict[str, str] = {}
     warnings: list[str] = []
 
-    if chosen["precision"] == "auto":
-        base = recommended.get("precision", "fp32" if kind == "cpu" else "fp16")
-        if base == "auto":
+    base = chosen["precision"]
+    if base == "auto":
+        base = recommended.get("precision", "auto")
+        if base not in DTYPE_NAMES:
             base = "fp32" if kind == "cpu" else "fp16"
-        reasons["precision"] = device_reasons.get(
-            "precision", f"{base} is what this device does best."
-        )
-    else:
-        base = chosen["precision"]
+        reasons["precision"] = device_reasons.get("precision", f"{base} suits this device best.")
 
     dtypes: dict[str, str] = {}
     for component in components:
         key = COMPONENT_SETTING[component]
-        choice = chosen[key]
-        if settings.no_half:
-            dtypes[component] = "fp32"
-            reasons[key] = "No half precision is on: everything runs in fp32."
-        elif component == "vae" and settings.no_half_vae:
-            dtypes[component] = "fp32"
-            reasons[key] = "No-half-VAE is on: the VAE runs in fp32."
-        elif choice != "auto":
-            dtypes[component] = choice
-            if remembered and remembered.get(key) == choice and settings.to_dict()[key] == "auto":
-                reasons[key] = f"A verified fix remembered for this model runs it in {choice}."
+        device_choice = recommended.get(key)
+        if chosen["no_half"]:
+            dtypes[component], reasons[key] = (
+                "fp32",
+                "No half precision is on: everything runs in fp32.",
+            )
+        elif component == "vae" and chosen["no_half_vae"]:
+            dtypes[component], reasons[key] = "fp32", "No-half-VAE is on: the VAE runs in fp32."
+        elif chosen[key] != "auto":
+            dtypes[component] = chosen[key]
         elif component == "vae" and vae_needs_fp32 and base == "fp16":
             dtypes[component] = "fp32"
             reasons[key] = (
-                "This model's VAE is known to overflow in fp16 (its config asks "
-                "for upcasting), so it runs in fp32."
+                "This model's VAE is known to overflow in fp16 (its config asks for "
+                "upcasting), so it runs in fp32."
             )
-        else:
-            rec = recommended.get(key, "auto")
-            dtypes[component] = (
-                base if rec in ("auto", None) or chosen["precision"] != "auto" else rec
-            )
-            if rec not in ("auto", None) and key in device_reasons:
+        elif user["precision"] == "auto" and device_choice in DTYPE_NAMES:
+            dtypes[component] = device_choice
+            if key in device_reasons:
                 reasons[key] = device_reasons[key]
+        else:
+            dtypes[component] = base
+        if key in from_memory or ("no_half" in from_memory and chosen["no_half"]):
+            reasons[key] = "A fix verified for this model on this device is remembered."
 
-    for component, name in dtypes.items():
-        explicit = (
-            settings.to_dict()[COMPONENT_SETTING[component]] != "auto"
-            or settings.precision != "auto"
-        )
-        if not explicit:
-            continue
-        if name == "bf16" and bf16_class != "native":
+        explicit = user[key] != "auto" or user["precision"] != "auto"
+        name = dtypes[component]
+        if explicit and name == "bf16" and bf16_class != "native":
             warnings.append(
                 f"{component} runs in bf16 as you asked, but this device has no "
                 "native bf16: expect it to be slow or to fail."
             )
-        if name == "fp16" and kind == "cpu":
+        elif explicit and name == "fp16" and kind == "cpu":
             warnings.append(
                 f"{component} runs in fp16 as you asked; on a CPU fp16 is slow and "
                 "fp32 is the usual choice."
             )
-        elif name == "fp16" and fp16_class == "unreliable":
+        elif explicit and name == "fp16" and fp16_class == "unreliable":
             warnings.append(
                 f"{component} runs in fp16 as you asked, but this GPU is known to "
                 "return NaN from some fp16 operations."
             )
 
-    upcast = bool(chosen["upcast_attention"]) or bool(recommended.get("upcast_attention", False))
-    if upcast and not settings.upcast_attention:
-        reasons["upcast_attention"] = device_reasons.get(
-            "upcast_attention", "Attention is upcast to fp32 on this device or for this model."
+    upcast = bool(chosen["upcast_attention"] or recommended.get("upcast_attention", False))
+    if upcast and not user["upcast_attention"]:
+        reasons["upcast_attention"] = (
+            "A fix verified for this model on this device is remembered."
+            if "upcast_attention" in from_memory
+            else device_reasons.get(
+                "upcast_attention", "This device needs attention upcast to fp32."
+            )
         )
-
-    backend = chosen["attention_backend"]
-    if backend == "flash" and upcast:
+    if chosen["attention_backend"] == "flash" and upcast:
         warnings.append(
             "Flash attention has no fp32 kernel: upcast attention runs on the "
             "memory-efficient or math kernel instead."
@@ -214,7 +210,7 @@ def resolve_plan(
         device=device_str,
         dtypes=dtypes,
         upcast_attention=upcast,
-        attention_backend=backend,
+        attention_backend=chosen["attention_backend"],
         allow_tf32=bool(chosen["allow_tf32"]),
         fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
         fp16_accumulation=bool(chosen["fp16_accumulation"]),
