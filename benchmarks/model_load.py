@@ -60,8 +60,11 @@ def main() -> None:
         while handle.read(64 << 20):
             pass
 
-    pipeline_class = (diffusers.StableDiffusionXLPipeline if args.config == "sdxl"
-                      else diffusers.StableDiffusionPipeline)
+    pipeline_class = (
+        diffusers.StableDiffusionXLPipeline
+        if args.config == "sdxl"
+        else diffusers.StableDiffusionPipeline
+    )
     config = str(config_folder(args.config))
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
 
@@ -74,8 +77,9 @@ def main() -> None:
 
     def theirs(scan: bool) -> float:
         begun = time.perf_counter()
-        pipe = pipeline_class.from_single_file(str(path), config=config, local_files_only=True,
-                                               torch_dtype=dtype)
+        pipe = pipeline_class.from_single_file(
+            str(path), config=config, local_files_only=True, torch_dtype=dtype
+        )
         if scan:  # the same NaN/Inf guarantee HalfSafe's loader gives
             assert not scan_weights(pipe).non_finite
         seconds = time.perf_counter() - begun
@@ -93,8 +97,12 @@ def main() -> None:
         theirs_scan_runs.append(theirs(True))
         scans.append(scan_weights(str(path)))
     result = {
-        "checkpoint": {"config": args.config, "dtype": args.dtype, "bytes": size,
-                       "build_seconds": round(build_seconds, 1)},
+        "checkpoint": {
+            "config": args.config,
+            "dtype": args.dtype,
+            "bytes": size,
+            "build_seconds": round(build_seconds, 1),
+        },
         "halfsafe_first_load_s": round(first_load, 2),
         "halfsafe_load_model_s": _summary(ours_runs),
         "halfsafe_scan_inside_load_s": round(statistics.median(scan_in_load), 2),
@@ -102,9 +110,14 @@ def main() -> None:
         "diffusers_from_single_file_plus_scan_s": _summary(theirs_scan_runs),
         "weight_scan_mb_per_s": round(statistics.median(s.mb_per_s for s in scans)),
         "weight_scan_s": round(statistics.median(s.seconds for s in scans), 3),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(), "torch": torch.__version__,
-                    "diffusers": diffusers.__version__, "torch_threads": torch.get_num_threads()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "diffusers": diffusers.__version__,
+            "torch_threads": torch.get_num_threads(),
+        },
         "date": time.strftime("%Y-%m-%d"),
     }
     print(json.dumps(result, indent=2))
@@ -113,8 +126,12 @@ def main() -> None:
 
 
 def _summary(runs: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(runs), 2), "min": round(min(runs), 2),
-            "max": round(max(runs), 2), "runs": len(runs)}
+    return {
+        "median": round(statistics.median(runs), 2),
+        "min": round(min(runs), 2),
+        "max": round(max(runs), 2),
+        "runs": len(runs),
+    }
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ CONFIG_NAMES = ("sd1", "sd2", "sd2-v", "sdxl")
 class TextEncoderLayout:
     """Where one text encoder lives in a single file and in which key layout."""
 
-    component: str          # "text_encoder" or "text_encoder_2"
-    prefix: str             # key prefix in the file, up to the model's own names
-    layout: str             # "hf" (transformers names) or "openclip"
+    component: str  # "text_encoder" or "text_encoder_2"
+    prefix: str  # key prefix in the file, up to the model's own names
+    layout: str  # "hf" (transformers names) or "openclip"
     drop_last_layer: bool = False  # SD2 uses the penultimate layer; diffusers omits the last
 
 
@@ -46,14 +46,14 @@ class TextEncoderLayout:
 class Detection:
     """What a checkpoint is, in HalfSafe's words, and how to load it."""
 
-    architecture: str       # "sd1", "sd2", "sdxl", with "-inpaint" for inpainting, or another name
+    architecture: str  # "sd1", "sd2", "sdxl", with "-inpaint" for inpainting, or another name
     supported: bool
-    looks_like: str         # plain words: "an SDXL refiner", "a LoRA"
-    because: str            # one sentence: why we think so
+    looks_like: str  # plain words: "an SDXL refiner", "a LoRA"
+    because: str  # one sentence: why we think so
     prediction_type: str = "epsilon"
     native_size: int = 512
-    config_name: str | None = None      # folder under resources/configs
-    pipeline_class: str | None = None   # diffusers class name
+    config_name: str | None = None  # folder under resources/configs
+    pipeline_class: str | None = None  # diffusers class name
     text_encoders: tuple[TextEncoderLayout, ...] = ()
     has_vae: bool = False
     vae_prefix: str = VAE
@@ -62,15 +62,20 @@ class Detection:
 
     @property
     def family(self) -> str:
-        """"sd1", "sd2" or "sdxl" without the variant suffix."""
+        """ "sd1", "sd2" or "sdxl" without the variant suffix."""
         return self.architecture.split("-")[0]
 
 
 # Detection ---------------------------------------------------------------------------------
 
 
-def detect_architecture(shapes: Shapes, *, metadata: Mapping[str, str] | None = None,
-                        name: str = "", sidecar_config: str | None = None) -> Detection:
+def detect_architecture(
+    shapes: Shapes,
+    *,
+    metadata: Mapping[str, str] | None = None,
+    name: str = "",
+    sidecar_config: str | None = None,
+) -> Detection:
     """Decide which model a single-file checkpoint holds, from its tensor names and shapes.
 
     `metadata` is the safetensors `__metadata__`, `name` the file name, `sidecar_config` the
@@ -96,50 +101,78 @@ def detect_architecture(shapes: Shapes, *, metadata: Mapping[str, str] | None = 
 
     if has(SDXL_TEXT_1) and has(SDXL_TEXT_2):
         family = "sdxl"
-        encoders = (TextEncoderLayout("text_encoder", _hf_prefix(keys, SDXL_TEXT_1), "hf"),
-                    TextEncoderLayout("text_encoder_2", SDXL_TEXT_2, "openclip"))
-        why = (f"its UNet takes {cross_words} plus size embeddings (label_emb) and it carries "
-               f"two text encoders, {_clip_words(shapes, encoders[0])} and "
-               f"{_clip_words(shapes, encoders[1])}")
+        encoders = (
+            TextEncoderLayout("text_encoder", _hf_prefix(keys, SDXL_TEXT_1), "hf"),
+            TextEncoderLayout("text_encoder_2", SDXL_TEXT_2, "openclip"),
+        )
+        why = (
+            f"its UNet takes {cross_words} plus size embeddings (label_emb) and it carries "
+            f"two text encoders, {_clip_words(shapes, encoders[0])} and "
+            f"{_clip_words(shapes, encoders[1])}"
+        )
     elif has(SDXL_REFINER_TEXT) and not has(SDXL_TEXT_2):
-        return Detection("sdxl-refiner", False, "an SDXL refiner",
-                         "it has the SDXL refiner's single OpenCLIP text encoder "
-                         "(conditioner.embedders.0.model) and a UNet with "
-                         f"{cross_words}; HalfSafe runs base models, not refiners.")
+        return Detection(
+            "sdxl-refiner",
+            False,
+            "an SDXL refiner",
+            "it has the SDXL refiner's single OpenCLIP text encoder "
+            "(conditioner.embedders.0.model) and a UNet with "
+            f"{cross_words}; HalfSafe runs base models, not refiners.",
+        )
     elif has(SD2_TEXT):
         family = "sd2"
         encoders = (TextEncoderLayout("text_encoder", SD2_TEXT, "openclip", drop_last_layer=True),)
-        why = (f"its UNet takes {cross_words} from an {_clip_words(shapes, encoders[0])} text "
-               "encoder (cond_stage_model.model), as SD2.x does")
+        why = (
+            f"its UNet takes {cross_words} from an {_clip_words(shapes, encoders[0])} text "
+            "encoder (cond_stage_model.model), as SD2.x does"
+        )
     elif has(SD1_TEXT):
         family = "sd1"
         encoders = (TextEncoderLayout("text_encoder", _hf_prefix(keys, SD1_TEXT), "hf"),)
-        why = (f"its UNet takes {cross_words} from a {_clip_words(shapes, encoders[0])} text "
-               "encoder (cond_stage_model.transformer), as SD1.x does")
+        why = (
+            f"its UNet takes {cross_words} from a {_clip_words(shapes, encoders[0])} text "
+            "encoder (cond_stage_model.transformer), as SD1.x does"
+        )
     else:
         guess = "SDXL" if label_emb else ("SD2.x" if cross == 1024 else "SD1.x")
-        return Detection("unet-only", False, f"a {guess} UNet without its text encoder",
-                         f"it holds a {guess}-shaped UNet ({UNET}*) but no text encoder, like the "
-                         "files ComfyUI keeps in models/diffusion_models; HalfSafe needs a full "
-                         "checkpoint with text encoder, UNet and VAE.")
+        return Detection(
+            "unet-only",
+            False,
+            f"a {guess} UNet without its text encoder",
+            f"it holds a {guess}-shaped UNet ({UNET}*) but no text encoder, like the "
+            "files ComfyUI keeps in models/diffusion_models; HalfSafe needs a full "
+            "checkpoint with text encoder, UNet and VAE.",
+        )
 
     variant = ""
     if in_channels == 9:
         variant = "-inpaint"
-        why += ", and its UNet takes 9 input channels (latents, mask and masked image), so it is "\
-               "an inpainting model"
+        why += (
+            ", and its UNet takes 9 input channels (latents, mask and masked image), so it is "
+            "an inpainting model"
+        )
     elif in_channels not in (None, 4):
-        looks = {8: "an InstructPix2Pix model", 5: "an SD2 depth-to-image model",
-                 7: "an SD x4 upscaler"}.get(in_channels, f"a UNet with {in_channels} input channels")
-        return Detection(f"{family}-in{in_channels}", False, looks,
-                         f"{why}, but its UNet takes {in_channels} input channels where a "
-                         "text-to-image model takes 4.")
+        looks = {
+            8: "an InstructPix2Pix model",
+            5: "an SD2 depth-to-image model",
+            7: "an SD x4 upscaler",
+        }.get(in_channels, f"a UNet with {in_channels} input channels")
+        return Detection(
+            f"{family}-in{in_channels}",
+            False,
+            looks,
+            f"{why}, but its UNet takes {in_channels} input channels where a "
+            "text-to-image model takes 4.",
+        )
 
     prediction, prediction_why = prediction_type(family, keys, metadata, name, sidecar_config)
-    native = {"sd1": 512, "sdxl": 1024}.get(family) or (768 if prediction == "v_prediction" else 512)
+    native = {"sd1": 512, "sdxl": 1024}.get(family) or (
+        768 if prediction == "v_prediction" else 512
+    )
     config = "sd2-v" if family == "sd2" and prediction == "v_prediction" else family
     pipeline_class = {
-        "sd1": "StableDiffusionPipeline", "sd2": "StableDiffusionPipeline",
+        "sd1": "StableDiffusionPipeline",
+        "sd2": "StableDiffusionPipeline",
         "sdxl": "StableDiffusionXLPipeline",
     }[family]
     if variant:
@@ -149,13 +182,23 @@ def detect_architecture(shapes: Shapes, *, metadata: Mapping[str, str] | None = 
     if not has_vae:
         notes = ("The file has no VAE (first_stage_model); a separate VAE is needed.",)
     return Detection(
-        family + variant, True, f"a {NAMES[family]}{' inpainting' if variant else ''} checkpoint",
-        because, prediction, native, config, pipeline_class, encoders, has_vae, notes=notes,
+        family + variant,
+        True,
+        f"a {NAMES[family]}{' inpainting' if variant else ''} checkpoint",
+        because,
+        prediction,
+        native,
+        config,
+        pipeline_class,
+        encoders,
+        has_vae,
+        notes=notes,
     )
 
 
-def prediction_type(family: str, keys: list[str], metadata: Mapping[str, str], name: str,
-                    sidecar_config: str | None) -> tuple[str, str]:
+def prediction_type(
+    family: str, keys: list[str], metadata: Mapping[str, str], name: str, sidecar_config: str | None
+) -> tuple[str, str]:
     """The prediction type and the words saying how we know it.
 
     Weights cannot tell epsilon from v-prediction, so this reads markers in order: a `v_pred`
@@ -183,11 +226,17 @@ def prediction_type(family: str, keys: list[str], metadata: Mapping[str, str], n
         return "v_prediction", "v-prediction because its name says v-pred"
     if family == "sd2":
         if "768" in lowered:
-            return "v_prediction", "v-prediction because its name says 768 (SD2's 768 models are v-prediction)"
+            return (
+                "v_prediction",
+                "v-prediction because its name says 768 (SD2's 768 models are v-prediction)",
+            )
         if "512" in lowered or "base" in lowered:
             return "epsilon", "epsilon prediction because its name marks it as a 512/base model"
-        return ("v_prediction", "v-prediction assumed, as most SD2.x models are 768-v "
-                "(put '512' in the name or an A1111 .yaml beside it if it is an epsilon model)")
+        return (
+            "v_prediction",
+            "v-prediction assumed, as most SD2.x models are 768-v "
+            "(put '512' in the name or an A1111 .yaml beside it if it is an epsilon model)",
+        )
     return "epsilon", "epsilon prediction, the usual for this family"
 
 
@@ -195,8 +244,9 @@ def _words(kind: str) -> str:
     return "v-prediction" if kind == "v_prediction" else "epsilon prediction"
 
 
-def detect_from_configs(model_index: Mapping[str, Any], unet: Mapping[str, Any],
-                        scheduler: Mapping[str, Any]) -> Detection:
+def detect_from_configs(
+    model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
+) -> Detection:
     """Decide the architecture of a diffusers folder from its model_index.json and configs."""
     class_name = str(model_index.get("_class_name", ""))
     cross = unet.get("cross_attention_dim")
@@ -206,8 +256,13 @@ def detect_from_configs(model_index: Mapping[str, Any], unet: Mapping[str, Any],
     sample = int(unet.get("sample_size") or 64)
     size = sample * 8
     if "text_encoder_2" in model_index and unet.get("addition_embed_type") == "text_time":
-        family, why = "sdxl", (f"its {class_name} has two text encoders and a UNet with {cross}-wide "
-                               "text features and text/time embeddings")
+        family, why = (
+            "sdxl",
+            (
+                f"its {class_name} has two text encoders and a UNet with {cross}-wide "
+                "text features and text/time embeddings"
+            ),
+        )
     elif class_name.startswith("StableDiffusion") and "text_encoder_2" not in model_index:
         family = "sd2" if cross == 1024 else "sd1"
         why = f"its {class_name} has one text encoder and a UNet with {cross}-wide text features"
@@ -215,19 +270,36 @@ def detect_from_configs(model_index: Mapping[str, Any], unet: Mapping[str, Any],
             why += " (a non-standard width, treated as SD1.x)"
     else:
         looks = f"a {class_name or 'pipeline of unknown type'}"
-        return Detection(class_name or "unknown", False, looks,
-                         f"its model_index.json names {class_name or 'no pipeline class'}; "
-                         "HalfSafe runs SD1.x, SD2.x and SDXL pipelines.")
+        return Detection(
+            class_name or "unknown",
+            False,
+            looks,
+            f"its model_index.json names {class_name or 'no pipeline class'}; "
+            "HalfSafe runs SD1.x, SD2.x and SDXL pipelines.",
+        )
     variant = "-inpaint" if in_channels == 9 else ""
     if in_channels not in (4, 9):
-        return Detection(f"{family}-in{in_channels}", False,
-                         f"a UNet with {in_channels} input channels",
-                         f"{why}, but its UNet takes {in_channels} input channels where a "
-                         "text-to-image model takes 4.")
-    because = (f"{NAMES[family]}{' inpainting' if variant else ''}: {why}; "
-               f"{_words(prediction)} per its scheduler config.")
-    return Detection(family + variant, True, f"a {NAMES[family]} pipeline", because, prediction,
-                     size, None, class_name)
+        return Detection(
+            f"{family}-in{in_channels}",
+            False,
+            f"a UNet with {in_channels} input channels",
+            f"{why}, but its UNet takes {in_channels} input channels where a "
+            "text-to-image model takes 4.",
+        )
+    because = (
+        f"{NAMES[family]}{' inpainting' if variant else ''}: {why}; "
+        f"{_words(prediction)} per its scheduler config."
+    )
+    return Detection(
+        family + variant,
+        True,
+        f"a {NAMES[family]} pipeline",
+        because,
+        prediction,
+        size,
+        None,
+        class_name,
+    )
 
 
 _FOREIGN = (
@@ -249,46 +321,89 @@ _FOREIGN = (
 
 
 def _foreign_model(keys: list[str], shapes: Shapes) -> Detection | None:
-    if any(("lora_up" in k or "lora_down" in k or "lora_A." in k or "lora_B." in k
-            or k.startswith(("lora_unet_", "lora_te")) or ".hada_w1" in k or ".lokr_w1" in k)
-           for k in keys):
-        return Detection("lora", False, "a LoRA (an add-on for a base model)",
-                         "its tensors are low-rank adapter pairs (lora_up/lora_down), not a "
-                         "full model; load a base checkpoint and apply the LoRA there.")
-    if keys and all(k in ("emb_params", "clip_l", "clip_g", "name", "step")
-                    or k.startswith("string_to_") for k in keys):
-        return Detection("embedding", False, "a textual-inversion embedding",
-                         "it holds only token embeddings (emb_params or clip_l/clip_g), which "
-                         "extend a model's vocabulary; they are not a model.")
+    if any(
+        (
+            "lora_up" in k
+            or "lora_down" in k
+            or "lora_A." in k
+            or "lora_B." in k
+            or k.startswith(("lora_unet_", "lora_te"))
+            or ".hada_w1" in k
+            or ".lokr_w1" in k
+        )
+        for k in keys
+    ):
+        return Detection(
+            "lora",
+            False,
+            "a LoRA (an add-on for a base model)",
+            "its tensors are low-rank adapter pairs (lora_up/lora_down), not a "
+            "full model; load a base checkpoint and apply the LoRA there.",
+        )
+    if keys and all(
+        k in ("emb_params", "clip_l", "clip_g", "name", "step") or k.startswith("string_to_")
+        for k in keys
+    ):
+        return Detection(
+            "embedding",
+            False,
+            "a textual-inversion embedding",
+            "it holds only token embeddings (emb_params or clip_l/clip_g), which "
+            "extend a model's vocabulary; they are not a model.",
+        )
     for fragment, arch, words in _FOREIGN:
         if any(fragment in k for k in keys):
-            return Detection(arch, False, words,
-                             f"it has {arch}-style tensors ({fragment}*), which SD1.x, SD2.x "
-                             "and SDXL checkpoints never have; HalfSafe runs those three.")
+            return Detection(
+                arch,
+                False,
+                words,
+                f"it has {arch}-style tensors ({fragment}*), which SD1.x, SD2.x "
+                "and SDXL checkpoints never have; HalfSafe runs those three.",
+            )
     return None
 
 
 def _not_a_full_checkpoint(keys: list[str], shapes: Shapes) -> Detection:
     has = _prefix_checker(keys)
     if has("encoder.down.") and has("decoder.up.") or has(VAE + "encoder.") and not has(UNET):
-        return Detection("vae", False, "a standalone VAE",
-                         "it holds only a VAE (encoder/decoder tensors) and no UNet; pass it "
-                         "with --vae next to a model instead.")
+        return Detection(
+            "vae",
+            False,
+            "a standalone VAE",
+            "it holds only a VAE (encoder/decoder tensors) and no UNet; pass it "
+            "with --vae next to a model instead.",
+        )
     if has("encoder.down_blocks.") and has("decoder.up_blocks."):
-        return Detection("vae", False, "a standalone VAE in diffusers layout",
-                         "it holds only a VAE (diffusers layout) and no UNet; pass it with "
-                         "--vae next to a model instead.")
+        return Detection(
+            "vae",
+            False,
+            "a standalone VAE in diffusers layout",
+            "it holds only a VAE (diffusers layout) and no UNet; pass it with "
+            "--vae next to a model instead.",
+        )
     if has("down_blocks.") and has("up_blocks.") and any(".attn2.to_k.weight" in k for k in keys):
-        return Detection("diffusers-unet", False, "a UNet in diffusers layout",
-                         "it holds only a diffusers-layout UNet (down_blocks/up_blocks), one "
-                         "component of a diffusers folder; open the whole folder instead.")
+        return Detection(
+            "diffusers-unet",
+            False,
+            "a UNet in diffusers layout",
+            "it holds only a diffusers-layout UNet (down_blocks/up_blocks), one "
+            "component of a diffusers folder; open the whole folder instead.",
+        )
     if has("text_model.") or has("transformer.resblocks."):
-        return Detection("text-encoder", False, "a text encoder on its own",
-                         "it holds only a CLIP text encoder, not a diffusion model.")
+        return Detection(
+            "text-encoder",
+            False,
+            "a text encoder on its own",
+            "it holds only a CLIP text encoder, not a diffusion model.",
+        )
     sample = ", ".join(sorted(keys)[:2])
-    return Detection("unknown", False, "not a Stable Diffusion checkpoint",
-                     f"none of its {len(keys)} tensors (e.g. {sample}) has the names of an "
-                     "SD1.x, SD2.x or SDXL checkpoint.")
+    return Detection(
+        "unknown",
+        False,
+        "not a Stable Diffusion checkpoint",
+        f"none of its {len(keys)} tensors (e.g. {sample}) has the names of an "
+        "SD1.x, SD2.x or SDXL checkpoint.",
+    )
 
 
 def _prefix_checker(keys: list[str]):
@@ -302,8 +417,11 @@ def _prefix_checker(keys: list[str]):
 
 def _hf_prefix(keys: list[str], prefix: str) -> str:
     """CLIP in transformers layout sits under `text_model.`; very old files lack that level."""
-    return prefix + "text_model." if any(k.startswith(prefix + "text_model.") for k in keys) \
+    return (
+        prefix + "text_model."
+        if any(k.startswith(prefix + "text_model.") for k in keys)
         else prefix
+    )
 
 
 def _cross_attention_dim(shapes: Shapes, prefix: str) -> int | None:
@@ -319,7 +437,7 @@ def _shape(shapes: Shapes, key: str, dim: int) -> int | None:
 
 
 def _clip_words(shapes: Shapes, encoder: TextEncoderLayout) -> str:
-    """"CLIP ViT-L (768 wide, 12 layers)" or, for other widths, "CLIP (32 wide, 2 layers)"."""
+    """ "CLIP ViT-L (768 wide, 12 layers)" or, for other widths, "CLIP (32 wide, 2 layers)"."""
     kind = "CLIP" if encoder.layout == "hf" else "OpenCLIP"
     try:
         hidden = infer_text_encoder_config(shapes, {}, encoder)["hidden_size"]
@@ -338,7 +456,7 @@ def _count_indices(shapes: Shapes, prefix: str) -> int:
     found = set()
     for key in shapes:
         if key.startswith(prefix):
-            head = key[len(prefix):].split(".", 1)[0]
+            head = key[len(prefix) :].split(".", 1)[0]
             if head.isdigit():
                 found.add(int(head))
     return max(found) + 1 if found else 0
@@ -359,9 +477,14 @@ def _norm_groups(widths: list[int], base: int) -> int:
     return next(g for g in (base, 32, 16, 8, 4, 2, 1) if all(w % g == 0 for w in widths))
 
 
-def infer_unet_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = UNET,
-                      sample_size: int | None = None, pooled_text_dim: int | None = None
-                      ) -> dict[str, Any]:
+def infer_unet_config(
+    shapes: Shapes,
+    base: Mapping[str, Any],
+    *,
+    prefix: str = UNET,
+    sample_size: int | None = None,
+    pooled_text_dim: int | None = None,
+) -> dict[str, Any]:
     """A UNet2DConditionModel config for the original-layout UNet under `prefix`.
 
     Raises ValueError with a plain sentence when the layout is not one diffusers can build
@@ -371,10 +494,16 @@ def infer_unet_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = 
     for key in shapes:
         if not key.startswith(prefix):
             continue
-        parts = key[len(prefix):].split(".")
-        if parts[0] in ("input_blocks", "output_blocks") and len(parts) > 3 \
-                and parts[1].isdigit() and parts[2].isdigit():
-            blocks.setdefault((parts[0], int(parts[1]), int(parts[2])), set()).add(".".join(parts[3:]))
+        parts = key[len(prefix) :].split(".")
+        if (
+            parts[0] in ("input_blocks", "output_blocks")
+            and len(parts) > 3
+            and parts[1].isdigit()
+            and parts[2].isdigit()
+        ):
+            blocks.setdefault((parts[0], int(parts[1]), int(parts[2])), set()).add(
+                ".".join(parts[3:])
+            )
         elif parts[0] == "middle_block" and len(parts) > 2 and parts[1].isdigit():
             blocks.setdefault(("middle_block", 0, int(parts[1])), set()).add(".".join(parts[2:]))
 
@@ -404,8 +533,9 @@ def infer_unet_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = 
         raise ValueError("a UNet level has no residual blocks")
     per_level = {level["resnets"] for level in levels}
     if len(per_level) != 1:
-        raise ValueError("its UNet levels have different numbers of blocks, which diffusers "
-                         "cannot build")
+        raise ValueError(
+            "its UNet levels have different numbers of blocks, which diffusers cannot build"
+        )
     layers = per_level.pop()
     down_depths = []
     for level in levels:
@@ -415,8 +545,10 @@ def infer_unet_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = 
 
     outputs = sorted({i for (kind, i, _j) in blocks if kind == "output_blocks"})
     if len(outputs) != len(levels) * (layers + 1):
-        raise ValueError(f"its UNet has {len(outputs)} output blocks where {len(levels)} levels of "
-                         f"{layers} blocks need {len(levels) * (layers + 1)}")
+        raise ValueError(
+            f"its UNet has {len(outputs)} output blocks where {len(levels)} levels of "
+            f"{layers} blocks need {len(levels) * (layers + 1)}"
+        )
     up_depths = [depth("output_blocks", u * (layers + 1), 1) for u in range(len(levels))]
     if up_depths != down_depths[::-1]:
         raise ValueError("its UNet's up path does not mirror its down path")
@@ -456,8 +588,9 @@ def infer_unet_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = 
     cross = _cross_attention_dim(shapes, prefix)
     if cross is not None:
         config["cross_attention_dim"] = cross
-        proj_in = next(s for k, s in shapes.items()
-                       if k.startswith(prefix) and k.endswith(".proj_in.weight"))
+        proj_in = next(
+            s for k, s in shapes.items() if k.startswith(prefix) and k.endswith(".proj_in.weight")
+        )
         config["use_linear_projection"] = len(proj_in) == 2
 
     time_dim = w("time_embed.0.weight")[0]
@@ -465,14 +598,22 @@ def infer_unet_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = 
     label = shapes.get(prefix + "label_emb.0.0.weight")
     if label is not None:
         in_dim = label[1]
-        pooled = pooled_text_dim if pooled_text_dim is not None else in_dim - 6 * int(
-            base.get("addition_time_embed_dim") or 256)
+        pooled = (
+            pooled_text_dim
+            if pooled_text_dim is not None
+            else in_dim - 6 * int(base.get("addition_time_embed_dim") or 256)
+        )
         time_embed = (in_dim - pooled) / 6
         if time_embed <= 0 or time_embed != int(time_embed):
-            raise ValueError(f"its UNet's size embedding takes {in_dim} inputs, which does not "
-                             f"fit a {pooled}-wide pooled text embedding")
-        config.update(addition_embed_type="text_time", projection_class_embeddings_input_dim=in_dim,
-                      addition_time_embed_dim=int(time_embed))
+            raise ValueError(
+                f"its UNet's size embedding takes {in_dim} inputs, which does not "
+                f"fit a {pooled}-wide pooled text embedding"
+            )
+        config.update(
+            addition_embed_type="text_time",
+            projection_class_embeddings_input_dim=in_dim,
+            addition_time_embed_dim=int(time_embed),
+        )
     else:
         config.update(addition_embed_type=None, projection_class_embeddings_input_dim=None)
     if sample_size is not None:
@@ -480,8 +621,9 @@ def infer_unet_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = 
     return config
 
 
-def infer_vae_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = VAE,
-                     sample_size: int | None = None) -> dict[str, Any]:
+def infer_vae_config(
+    shapes: Shapes, base: Mapping[str, Any], *, prefix: str = VAE, sample_size: int | None = None
+) -> dict[str, Any]:
     """An AutoencoderKL config for the VAE under `prefix`, in original or diffusers layout."""
     diffusers_layout = (prefix + "encoder.down_blocks.0.resnets.0.conv1.weight") in shapes
     down = "encoder.down_blocks." if diffusers_layout else "encoder.down."
@@ -513,8 +655,9 @@ def infer_vae_config(shapes: Shapes, base: Mapping[str, Any], *, prefix: str = V
         norm_num_groups=_norm_groups(channels, int(base.get("norm_num_groups", 32))),
         use_quant_conv=(prefix + "quant_conv.weight") in shapes,
         use_post_quant_conv=(prefix + "post_quant_conv.weight") in shapes,
-        mid_block_add_attention=any(k.startswith(prefix + "encoder." + mid_attention)
-                                    for k in shapes),
+        mid_block_add_attention=any(
+            k.startswith(prefix + "encoder." + mid_attention) for k in shapes
+        ),
     )
     if sample_size is not None:
         config["sample_size"] = sample_size
@@ -527,8 +670,9 @@ def _text_heads(hidden: int) -> int:
     return next(h for h in (4, 2, 1) if hidden % h == 0)
 
 
-def infer_text_encoder_config(shapes: Shapes, base: Mapping[str, Any],
-                              encoder: TextEncoderLayout) -> dict[str, Any]:
+def infer_text_encoder_config(
+    shapes: Shapes, base: Mapping[str, Any], encoder: TextEncoderLayout
+) -> dict[str, Any]:
     """A CLIPTextConfig dict for one text encoder of a single file."""
     p = encoder.prefix
 
@@ -559,9 +703,14 @@ def infer_text_encoder_config(shapes: Shapes, base: Mapping[str, Any],
             layers -= 1
     if layers < 1:
         raise ValueError("the text encoder has no layers")
-    config.update(vocab_size=vocab, hidden_size=hidden, max_position_embeddings=positions,
-                  intermediate_size=intermediate, num_hidden_layers=layers,
-                  num_attention_heads=_text_heads(hidden))
-    if projection_dim is not None:
+    config.update(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        max_position_embeddings=positions,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=_text_heads(hidden),
+    )
+    if projection_dim is not None and not encoder.drop_last_layer:  # SD2 never uses its projection
         config["projection_dim"] = projection_dim
     return config

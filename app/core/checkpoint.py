@@ -34,17 +34,49 @@ SAFETENSORS_SUFFIX = ".safetensors"
 
 # Bits per element of every dtype the safetensors format defines.
 DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
-FLOAT_DTYPES = {"F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4",
-                "F6_E2M3", "F6_E3M2"}
+FLOAT_DTYPES = {
+    "F16",
+    "BF16",
+    "F32",
+    "F64",
+    "F8_E5M2",
+    "F8_E4M3",
+    "F8_E8M0",
+    "F4",
+    "F6_E2M3",
+    "F6_E3M2",
+}
 # The names HalfSafe shows for a model's storage precision.
-DTYPE_NAMES = {"F16": "fp16", "BF16": "bf16", "F32": "fp32", "F64": "fp64",
-               "F8_E5M2": "fp8", "F8_E4M3": "fp8", "F8_E8M0": "fp8"}
+DTYPE_NAMES = {
+    "F16": "fp16",
+    "BF16": "bf16",
+    "F32": "fp32",
+    "F64": "fp64",
+    "F8_E5M2": "fp8",
+    "F8_E4M3": "fp8",
+    "F8_E8M0": "fp8",
+}
 
 _ZIP_MAGIC = b"PK\x03\x04"
 
@@ -110,25 +142,29 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
             head = handle.read(8)
             if head.startswith(_ZIP_MAGIC) or _looks_like_pickle(head):
                 raise PickleRefusedError(
-                    path, "this is a pickle checkpoint under a .safetensors name; pickles can "
-                    "run code when opened, so HalfSafe refuses it."
+                    path,
+                    "this is a pickle checkpoint under a .safetensors name; pickles can "
+                    "run code when opened, so HalfSafe refuses it.",
                 )
             if len(head) < 8:
                 raise BadFileError(
-                    path, f"the file is only {size} bytes long, too short to be a safetensors "
-                    "file (it is truncated or not a model)."
+                    path,
+                    f"the file is only {size} bytes long, too short to be a safetensors "
+                    "file (it is truncated or not a model).",
                 )
             (header_len,) = struct.unpack("<Q", head)
             if header_len > HEADER_LIMIT:
                 raise BadFileError(
-                    path, f"the header length field says {header_len / 1e6:.0f} MB, over the "
+                    path,
+                    f"the header length field says {header_len / 1e6:.0f} MB, over the "
                     f"safetensors limit of {HEADER_LIMIT // 1_000_000} MB, so the file is "
-                    "malformed or not a safetensors file."
+                    "malformed or not a safetensors file.",
                 )
             if header_len > size - 8:
                 raise BadFileError(
-                    path, f"the header length field says {header_len} bytes but the file has only "
-                    f"{size - 8} after it: the file is truncated or not a safetensors file."
+                    path,
+                    f"the header length field says {header_len} bytes but the file has only "
+                    f"{size - 8} after it: the file is truncated or not a safetensors file.",
                 )
             raw = handle.read(header_len)
     except OSError as error:
@@ -142,15 +178,19 @@ def _parse_header(path: Path, size: int, raw: bytes) -> SafetensorsHeader:
     try:
         document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except UnicodeDecodeError:
-        raise BadFileError(path, "the header is not text, so this is not a safetensors file.") from None
+        raise BadFileError(
+            path, "the header is not text, so this is not a safetensors file."
+        ) from None
     except _DuplicateKeyError as error:
         raise BadFileError(path, f"the header names tensor '{error}' twice.") from None
     except (ValueError, RecursionError):
-        raise BadFileError(path, "the header is not valid JSON, so the file is damaged or not "
-                                 "a safetensors file.") from None
+        raise BadFileError(
+            path, "the header is not valid JSON, so the file is damaged or not a safetensors file."
+        ) from None
     if not isinstance(document, dict):
-        raise BadFileError(path, "the header is JSON but not an object, so this is not a "
-                                 "safetensors file.")
+        raise BadFileError(
+            path, "the header is JSON but not an object, so this is not a safetensors file."
+        )
 
     metadata = document.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict) or not all(
@@ -167,15 +207,24 @@ def _parse_header(path: Path, size: int, raw: bytes) -> SafetensorsHeader:
     position = 0
     for name, info in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].end)):
         if info.start < position:
-            raise BadFileError(path, f"tensor '{name}' overlaps the tensor before it "
-                                     f"(bytes {info.start}-{info.end}), so the file is malformed.")
+            raise BadFileError(
+                path,
+                f"tensor '{name}' overlaps the tensor before it "
+                f"(bytes {info.start}-{info.end}), so the file is malformed.",
+            )
         if info.start > position:
-            raise BadFileError(path, f"there is a gap of {info.start - position} bytes before "
-                                     f"tensor '{name}', so the file is malformed.")
+            raise BadFileError(
+                path,
+                f"there is a gap of {info.start - position} bytes before "
+                f"tensor '{name}', so the file is malformed.",
+            )
         position = info.end
     if position != data_size:
-        raise BadFileError(path, f"the file has {data_size - position} bytes after its last "
-                                 "tensor, so it is damaged or not what its header says.")
+        raise BadFileError(
+            path,
+            f"the file has {data_size - position} bytes after its last "
+            "tensor, so it is damaged or not what its header says.",
+        )
     return SafetensorsHeader(path, size, raw, tensors, dict(metadata))
 
 
@@ -190,7 +239,8 @@ def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
     ):
         raise BadFileError(path, f"tensor '{name}' has an invalid shape {shape!r}.")
     if (
-        not isinstance(offsets, list) or len(offsets) != 2
+        not isinstance(offsets, list)
+        or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
         or offsets[0] > offsets[1]
     ):
@@ -199,13 +249,15 @@ def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
     expected_bits = math.prod(shape) * DTYPE_BITS[dtype]
     if expected_bits != (end - start) * 8:
         raise BadFileError(
-            path, f"tensor '{name}' is {dtype} with shape {shape}, which needs "
-            f"{math.ceil(expected_bits / 8)} bytes, but its offsets span {end - start}."
+            path,
+            f"tensor '{name}' is {dtype} with shape {shape}, which needs "
+            f"{math.ceil(expected_bits / 8)} bytes, but its offsets span {end - start}.",
         )
     if end > data_size:
         raise BadFileError(
-            path, f"tensor '{name}' ends at byte {end} of the data but the file holds only "
-            f"{data_size}: the file is truncated."
+            path,
+            f"tensor '{name}' ends at byte {end} of the data but the file holds only "
+            f"{data_size}: the file is truncated.",
         )
     return TensorInfo(dtype, tuple(shape), start, end)
 
@@ -261,9 +313,10 @@ def refuse_pickle(path: str | Path) -> None:
     path = Path(path)
     kind = path.suffix.lower() or "pickle"
     raise PickleRefusedError(
-        path, f"this is a pickle file ({kind}), which can run any code on your computer when "
+        path,
+        f"this is a pickle file ({kind}), which can run any code on your computer when "
         "opened; HalfSafe opens it only if you allow pickles (--allow-pickle), and then only "
-        "with PyTorch's weights-only loader."
+        "with PyTorch's weights-only loader.",
     )
 
 
@@ -293,19 +346,23 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
             loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise BadFileError(
-            path, "PyTorch's weights-only loader refused this file because it holds more than "
-            "plain tensors (possibly code), so HalfSafe will not open it."
+            path,
+            "PyTorch's weights-only loader refused this file because it holds more than "
+            "plain tensors (possibly code), so HalfSafe will not open it.",
         ) from None
     except OSError as error:
         raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
     except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, struct.error):
-        raise BadFileError(path, "the file is damaged or truncated: PyTorch could not read it "
-                                 "as a checkpoint.") from None
+        raise BadFileError(
+            path, "the file is damaged or truncated: PyTorch could not read it as a checkpoint."
+        ) from None
     while isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
         loaded = loaded["state_dict"]
     if not isinstance(loaded, dict):
         raise BadFileError(path, "the file does not hold a dictionary of weights.")
-    tensors = {k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    tensors = {
+        k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, torch.Tensor)
+    }
     if not tensors:
         raise BadFileError(path, "the file holds no weights.")
     return tensors
@@ -376,8 +433,9 @@ class Checkpoint:
             return torch.empty(info.shape, dtype=dtype)
         start = self.header.data_start + info.start
         self._populate(start + info.nbytes)
-        tensor = torch.frombuffer(self._mapping(), dtype=dtype, count=info.nbytes // dtype.itemsize,
-                                  offset=start).view(info.shape)
+        tensor = torch.frombuffer(
+            self._mapping(), dtype=dtype, count=info.nbytes // dtype.itemsize, offset=start
+        ).view(info.shape)
         # Kernels may assume element alignment; a header of odd length breaks it, so copy.
         return tensor if start % dtype.itemsize == 0 else tensor.clone()
 
@@ -389,9 +447,11 @@ class Checkpoint:
                 with open(self.path, "rb") as handle:
                     self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
             except (OSError, ValueError) as error:
-                raise BadFileError(self.path, f"the file cannot be mapped for reading "
-                                              f"({getattr(error, 'strerror', None) or error}).") \
-                    from None
+                raise BadFileError(
+                    self.path,
+                    f"the file cannot be mapped for reading "
+                    f"({getattr(error, 'strerror', None) or error}).",
+                ) from None
             if len(self._map) != self.file_size:
                 self._map = None
                 raise BadFileError(self.path, "the file changed size while it was being opened.")
@@ -443,29 +503,53 @@ def mmap_page() -> int:
 def _torch_dtype(path: Path, name: str, code: str):
     import torch
 
-    names = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
-             "I8": "int8", "U8": "uint8", "I16": "int16", "U16": "uint16", "I32": "int32",
-             "U32": "uint32", "I64": "int64", "U64": "uint64", "BOOL": "bool",
-             "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
-             "C64": "complex64"}
+    names = {
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "F32": "float32",
+        "F64": "float64",
+        "I8": "int8",
+        "U8": "uint8",
+        "I16": "int16",
+        "U16": "uint16",
+        "I32": "int32",
+        "U32": "uint32",
+        "I64": "int64",
+        "U64": "uint64",
+        "BOOL": "bool",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E5M2": "float8_e5m2",
+        "F8_E8M0": "float8_e8m0fnu",
+        "C64": "complex64",
+    }
     dtype = getattr(torch, names.get(code, ""), None)
     if dtype is None:
-        raise BadFileError(path, f"tensor '{name}' is stored as {code}, which this PyTorch "
-                                 "cannot read.")
+        raise BadFileError(
+            path, f"tensor '{name}' is stored as {code}, which this PyTorch cannot read."
+        )
     return dtype
 
 
 def _safetensors_dtype(dtype: Any) -> str:
     import torch
 
-    names = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
-             torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-             torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+    names = {
+        torch.float16: "F16",
+        torch.bfloat16: "BF16",
+        torch.float32: "F32",
+        torch.float64: "F64",
+        torch.int64: "I64",
+        torch.int32: "I32",
+        torch.int16: "I16",
+        torch.int8: "I8",
+        torch.uint8: "U8",
+        torch.bool: "BOOL",
+    }
     return names.get(dtype, str(dtype).removeprefix("torch.").upper())
 
 
 def stored_dtype(dtypes: Iterable[str]) -> str:
-    """"fp16", "bf16", "fp32" when every floating tensor has that dtype, else "mixed".
+    """ "fp16", "bf16", "fp32" when every floating tensor has that dtype, else "mixed".
 
     Integer tensors (position ids, step counters) do not count.
     """
@@ -493,8 +577,12 @@ class WeightScan:
         return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
     def merged(self, other: WeightScan) -> WeightScan:
-        return WeightScan(self.non_finite + other.non_finite, self.tensors + other.tensors,
-                          self.bytes + other.bytes, self.seconds + other.seconds)
+        return WeightScan(
+            self.non_finite + other.non_finite,
+            self.tensors + other.tensors,
+            self.bytes + other.bytes,
+            self.seconds + other.seconds,
+        )
 
 
 def tensor_is_finite(tensor) -> bool:
@@ -518,8 +606,13 @@ def tensor_is_finite(tensor) -> bool:
 class WeightScanner:
     """Accumulates a weight scan over tensors handed to it one by one (as a loader reads them)."""
 
-    def __init__(self, total_bytes: int = 0, on_progress: ProgressCallback | None = None,
-                 cancel: CancelToken | None = None, stage: str = "Checking weights for NaN/Inf"):
+    def __init__(
+        self,
+        total_bytes: int = 0,
+        on_progress: ProgressCallback | None = None,
+        cancel: CancelToken | None = None,
+        stage: str = "Checking weights for NaN/Inf",
+    ):
         self.non_finite: list[str] = []
         self.tensors = 0
         self.bytes = 0
@@ -540,17 +633,22 @@ class WeightScanner:
         self.tensors += 1
         self.bytes += tensor.numel() * tensor.element_size()
         if self.bytes >= self._next_report:
-            self._on_progress(self._stage, min(self._total_mb, round(self.bytes / 1e6)),
-                              self._total_mb)
+            self._on_progress(
+                self._stage, min(self._total_mb, round(self.bytes / 1e6)), self._total_mb
+            )
             self._next_report = self.bytes + 64_000_000
 
     def result(self) -> WeightScan:
         return WeightScan(list(self.non_finite), self.tensors, self.bytes, self.seconds)
 
 
-def scan_weights(source: Any, *, allow_pickle: bool = False,
-                 on_progress: ProgressCallback | None = None,
-                 cancel: CancelToken | None = None) -> WeightScan:
+def scan_weights(
+    source: Any,
+    *,
+    allow_pickle: bool = False,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> WeightScan:
     """Stream every tensor once and list the ones holding NaN or Inf.
 
     `source` is a checkpoint path (safetensors tensors are memory-mapped one at a time, never
@@ -632,25 +730,38 @@ def _module_tensors(prefix: str, module: Any) -> Iterator[tuple[str, Any]]:
 # Writing ----------------------------------------------------------------------------------
 
 
-def write_safetensors(path: str | Path, tensors: Mapping[str, Any],
-                      metadata: Mapping[str, str] | None = None) -> Path:
+def write_safetensors(
+    path: str | Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None
+) -> Path:
     """Write tensors as a safetensors file, streaming each tensor's bytes straight from its
     memory (no serialised copy of the whole model), to a temp file renamed into place."""
     import tempfile
 
     import torch
 
-    codes = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32",
-             torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
-             torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+    codes = {
+        torch.float16: "F16",
+        torch.bfloat16: "BF16",
+        torch.float32: "F32",
+        torch.float64: "F64",
+        torch.int64: "I64",
+        torch.int32: "I32",
+        torch.int16: "I16",
+        torch.int8: "I8",
+        torch.uint8: "U8",
+        torch.bool: "BOOL",
+    }
     path = Path(path)
     ready = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for name, tensor in ready.items():
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": codes[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": codes[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned, as the format advises
@@ -671,8 +782,9 @@ def write_safetensors(path: str | Path, tensors: Mapping[str, Any],
 # File hashes -------------------------------------------------------------------------------
 
 
-def sha256_file(path: str | Path, *, cancel: CancelToken | None = None,
-                chunk_bytes: int = 16 << 20) -> str:
+def sha256_file(
+    path: str | Path, *, cancel: CancelToken | None = None, chunk_bytes: int = 16 << 20
+) -> str:
     """sha256 of a whole file, read in chunks (hashlib releases the GIL on large updates, so
     this can run on a worker thread while the model loads)."""
     digest = hashlib.sha256()
@@ -704,8 +816,11 @@ def model_hash(path: str | Path, *, cancel: CancelToken | None = None) -> str:
     cache_file = paths.cache_dir() / "model_hashes.json"
     cache = _read_json_dict(cache_file)
     entry = cache.get(key)
-    if isinstance(entry, dict) and all(entry.get(k) == v for k, v in stamp.items()) \
-            and isinstance(entry.get("sha256"), str):
+    if (
+        isinstance(entry, dict)
+        and all(entry.get(k) == v for k, v in stamp.items())
+        and isinstance(entry.get("sha256"), str)
+    ):
         return entry["sha256"][:10]
     sha = sha256_file(path, cancel=cancel)
     cache = _read_json_dict(cache_file)  # another process may have added entries meanwhile

@@ -41,12 +41,12 @@ class LibraryEntry:
     """One checkpoint found in a model folder."""
 
     path: str
-    architecture: str | None    # "sd1", "sd2", "sdxl", "-inpaint" variants, or what else it is
-    stored_dtype: str | None    # "fp16", "bf16", "fp32", "mixed"; None when not read
+    architecture: str | None  # "sd1", "sd2", "sdxl", "-inpaint" variants, or what else it is
+    stored_dtype: str | None  # "fp16", "bf16", "fp32", "mixed"; None when not read
     size_bytes: int
-    error: str | None = None    # one sentence when the file is broken
+    error: str | None = None  # one sentence when the file is broken
     format: str = "single_file"  # "single_file" | "diffusers" | "pickle"
-    supported: bool = False     # HalfSafe can load it
+    supported: bool = False  # HalfSafe can load it
     detected_because: str | None = None
 
 
@@ -69,8 +69,14 @@ def default_model_folders() -> list[Path]:
         if appdata:
             candidates.append(Path(appdata) / "StabilityMatrix" / "Models" / "StableDiffusion")
     elif sys.platform == "darwin":
-        candidates.append(home / "Library" / "Application Support" / "StabilityMatrix"
-                          / "Models" / "StableDiffusion")
+        candidates.append(
+            home
+            / "Library"
+            / "Application Support"
+            / "StabilityMatrix"
+            / "Models"
+            / "StableDiffusion"
+        )
     else:
         data_home = Path(os.environ.get("XDG_DATA_HOME") or home / ".local" / "share")
         candidates.append(data_home / "StabilityMatrix" / "Models" / "StableDiffusion")
@@ -95,10 +101,16 @@ def library_folders(extra: list[str] | None = None) -> list[Path]:
     return folders
 
 
-def scan_library(folders: list[str] | None = None, *, use_cache: bool = True,
-                 on_progress: ProgressCallback | None = None,
-                 cancel: CancelToken | None = None) -> list[LibraryEntry]:
-    """List the checkpoints under `folders` (None: settings' folders plus the defaults).
+def scan_library(
+    folders: list[str] | None = None,
+    *,
+    include_defaults: bool = True,
+    use_cache: bool = True,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> list[LibraryEntry]:
+    """List the checkpoints under `folders` (None: the settings' model folders), plus the
+    default folders (`default_model_folders()`) unless `include_defaults` is False.
 
     Safetensors files get architecture and stored dtype from their header; diffusers folders
     (with model_index.json) from their configs; pickles are listed unopened. A folder that does
@@ -107,7 +119,10 @@ def scan_library(folders: list[str] | None = None, *, use_cache: bool = True,
     Runs on the calling thread and checks `cancel` between files.
     """
     progress = on_progress or no_progress
-    roots = [Path(f).expanduser() for f in folders] if folders is not None else library_folders()
+    if include_defaults:
+        roots = library_folders([str(f) for f in folders] if folders is not None else None)
+    else:
+        roots = [Path(f).expanduser() for f in folders or []]
     cache = _load_index() if use_cache else {}
     candidates: list[tuple[Path, str]] = []
     for root in roots:
@@ -152,8 +167,9 @@ def _candidates(root: Path) -> list[tuple[Path, str]]:
             found.append((here, "diffusers"))
             dirs[:] = []
             continue
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
-                         and len(here.parts) - root_depth < MAX_DEPTH)
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and len(here.parts) - root_depth < MAX_DEPTH
+        )
         for name in sorted(files):
             lowered = name.lower()
             if lowered.endswith(SAFETENSORS_SUFFIX):
@@ -178,13 +194,25 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
     try:
         size = path.stat().st_size
     except OSError as error:
-        return LibraryEntry(str(path), None, None, 0,
-                            f"{path}: the file cannot be read ({error.strerror or error}).",
-                            format=kind)
+        return LibraryEntry(
+            str(path),
+            None,
+            None,
+            0,
+            f"{path}: the file cannot be read ({error.strerror or error}).",
+            format=kind,
+        )
     if kind == "pickle":
-        return LibraryEntry(str(path), None, None, size, None, format="pickle",
-                            detected_because="a pickle checkpoint: not opened (it could run "
-                                             "code); load it with --allow-pickle to inspect it")
+        return LibraryEntry(
+            str(path),
+            None,
+            None,
+            size,
+            None,
+            format="pickle",
+            detected_because="a pickle checkpoint: not opened (it could run "
+            "code); load it with --allow-pickle to inspect it",
+        )
     try:
         header = read_safetensors_header(path)
     except BadFileError as error:
@@ -196,12 +224,19 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             sidecar_text = sidecar.read_text(encoding="utf-8", errors="replace")[:100_000]
         except OSError:
             sidecar_text = None
-    detection = arch.detect_architecture(header.shapes(), metadata=header.metadata,
-                                         name=path.name, sidecar_config=sidecar_text)
+    detection = arch.detect_architecture(
+        header.shapes(), metadata=header.metadata, name=path.name, sidecar_config=sidecar_text
+    )
     dtype = stored_dtype(header.dtypes().values())
-    return LibraryEntry(str(path), detection.architecture, dtype if dtype != "none" else None,
-                        size, None, supported=detection.supported,
-                        detected_because=detection.because)
+    return LibraryEntry(
+        str(path),
+        detection.architecture,
+        dtype if dtype != "none" else None,
+        size,
+        None,
+        supported=detection.supported,
+        detected_because=detection.because,
+    )
 
 
 def _inspect_folder(path: Path) -> LibraryEntry:
@@ -211,15 +246,23 @@ def _inspect_folder(path: Path) -> LibraryEntry:
         index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
         unet = json.loads((path / "unet" / "config.json").read_text(encoding="utf-8"))
         scheduler_file = path / "scheduler" / "scheduler_config.json"
-        scheduler = json.loads(scheduler_file.read_text(encoding="utf-8")) \
-            if scheduler_file.is_file() else {}
+        scheduler = (
+            json.loads(scheduler_file.read_text(encoding="utf-8"))
+            if scheduler_file.is_file()
+            else {}
+        )
         if not all(isinstance(d, dict) for d in (index, unet, scheduler)):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as error:
         reason = getattr(error, "strerror", None) or str(error)
-        return LibraryEntry(str(path), None, None, 0,
-                            f"{path}: its model_index.json or unet/config.json cannot be read "
-                            f"({reason}).", format="diffusers")
+        return LibraryEntry(
+            str(path),
+            None,
+            None,
+            0,
+            f"{path}: its model_index.json or unet/config.json cannot be read ({reason}).",
+            format="diffusers",
+        )
     for file in path.rglob("*"):
         try:
             if file.is_file():
@@ -233,9 +276,16 @@ def _inspect_folder(path: Path) -> LibraryEntry:
                 return LibraryEntry(str(path), None, None, size, str(error), format="diffusers")
     detection = arch.detect_from_configs(index, unet, scheduler)
     dtype = stored_dtype(dtypes)
-    return LibraryEntry(str(path), detection.architecture, dtype if dtype != "none" else None,
-                        size, None, format="diffusers", supported=detection.supported,
-                        detected_because=detection.because)
+    return LibraryEntry(
+        str(path),
+        detection.architecture,
+        dtype if dtype != "none" else None,
+        size,
+        None,
+        format="diffusers",
+        supported=detection.supported,
+        detected_because=detection.because,
+    )
 
 
 def _index_path() -> Path:
@@ -256,5 +306,6 @@ def _load_index() -> dict[str, dict]:
 def _save_index(entries: dict[str, dict]) -> None:
     # The cache only saves time; a read-only data folder must not fail the scan.
     with contextlib.suppress(OSError):
-        write_json_atomic(_index_path(), {"version": INDEX_VERSION, "saved": time.time(),
-                                          "entries": entries})
+        write_json_atomic(
+            _index_path(), {"version": INDEX_VERSION, "saved": time.time(), "entries": entries}
+        )

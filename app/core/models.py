@@ -39,8 +39,14 @@ from app.core.checkpoint import (
 from app.core.errors import BadFileError, CancelledError, HalfSafeError, UnsupportedModelError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
-MODEL_COMPONENTS = ("unet", "vae", "text_encoder", "text_encoder_2", "safety_checker",
-                    "image_encoder")
+MODEL_COMPONENTS = (
+    "unet",
+    "vae",
+    "text_encoder",
+    "text_encoder_2",
+    "safety_checker",
+    "image_encoder",
+)
 _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
 
 
@@ -48,24 +54,29 @@ _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64
 class LoadedModel:
     """A loaded pipeline and what HalfSafe knows about it."""
 
-    pipeline: Any            # diffusers StableDiffusion(XL)Pipeline on CPU, weights in stored dtype
-    source: str              # what the user gave (path or "demo")
-    name: str                # file/folder stem, "demo" for the demo
-    format: str              # "diffusers" | "single_file" | "demo"
-    architecture: str        # "sd1" | "sd2" | "sdxl", "-inpaint" variants
-    prediction_type: str     # "epsilon" | "v_prediction"
-    native_size: int         # 512 / 768 / 1024 (demo: its own small size)
-    stored_dtype: str        # "fp16" | "bf16" | "fp32" | "mixed"
-    model_hash: str | None   # AUTOMATIC1111 short hash (first 10 hex of the file's sha256)
-    profile_key: str         # stable content key for remembered fixes
+    pipeline: Any  # diffusers StableDiffusion(XL)Pipeline on CPU, weights in stored dtype
+    source: str  # what the user gave (path or "demo")
+    name: str  # file/folder stem, "demo" for the demo
+    format: str  # "diffusers" | "single_file" | "demo"
+    architecture: str  # "sd1" | "sd2" | "sdxl", "-inpaint" variants
+    prediction_type: str  # "epsilon" | "v_prediction"
+    native_size: int  # 512 / 768 / 1024 (demo: its own small size)
+    stored_dtype: str  # "fp16" | "bf16" | "fp32" | "mixed"
+    model_hash: str | None  # AUTOMATIC1111 short hash (first 10 hex of the file's sha256)
+    profile_key: str  # stable content key for remembered fixes
     weights: WeightScan
-    detected_because: str    # one sentence: why we think it is this architecture
+    detected_because: str  # one sentence: why we think it is this architecture
 
 
 def set_offline() -> None:
     """Tell huggingface_hub, transformers and diffusers never to reach the network."""
-    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "DIFFUSERS_OFFLINE",
-                "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_DISABLE_IMPLICIT_TOKEN"):
+    for var in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "DIFFUSERS_OFFLINE",
+        "HF_HUB_DISABLE_TELEMETRY",
+        "HF_HUB_DISABLE_IMPLICIT_TOKEN",
+    ):
         os.environ[var] = "1"
     try:
         import huggingface_hub.constants as hub_constants
@@ -75,9 +86,14 @@ def set_offline() -> None:
     hub_constants.HF_HUB_OFFLINE = True
 
 
-def load_model(source: str, *, vae: str | None = None, allow_pickle: bool = False,
-               on_progress: ProgressCallback | None = None,
-               cancel: CancelToken | None = None) -> LoadedModel:
+def load_model(
+    source: str,
+    *,
+    vae: str | None = None,
+    allow_pickle: bool = False,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> LoadedModel:
     """Load `source` ("demo", a diffusers folder or a single-file checkpoint) onto the CPU.
 
     Weights keep their stored dtype and are scanned for NaN/Inf before anything runs.
@@ -91,8 +107,9 @@ def load_model(source: str, *, vae: str | None = None, allow_pickle: bool = Fals
     set_offline()
     if source == "demo":
         if vae is not None:
-            raise BadFileError(vae, "the demo model has its own tiny VAE; a separate VAE "
-                                    "cannot replace it.")
+            raise BadFileError(
+                vae, "the demo model has its own tiny VAE; a separate VAE cannot replace it."
+            )
         return _load_demo(progress, cancel)
     path = Path(source).expanduser()
     if not path.exists():
@@ -113,10 +130,17 @@ def _load_demo(progress: ProgressCallback, cancel: CancelToken | None) -> Loaded
     progress("Building the demo model", 1, 1)
     weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)
     return LoadedModel(
-        pipeline=pipeline, source="demo", name="demo", format="demo", architecture="sd1",
+        pipeline=pipeline,
+        source="demo",
+        name="demo",
+        format="demo",
+        architecture="sd1",
         prediction_type=pipeline.scheduler.config.prediction_type,
-        native_size=demo.DEMO_SIZE, stored_dtype="fp32", model_hash=None,
-        profile_key=f"demo-{demo.DEMO_VERSION}", weights=weights,
+        native_size=demo.DEMO_SIZE,
+        stored_dtype="fp32",
+        model_hash=None,
+        profile_key=f"demo-{demo.DEMO_VERSION}",
+        weights=weights,
         detected_because=f"{demo.DEMO_LABEL}: a tiny SD1.x-shaped pipeline built into HalfSafe.",
     )
 
@@ -184,8 +208,9 @@ class _Hasher:
     def __init__(self, path: Path) -> None:
         self.value: str | None = None
         self._cancel = CancelToken()
-        self._thread = threading.Thread(target=self._run, args=(path,), daemon=True,
-                                        name="halfsafe-model-hash")
+        self._thread = threading.Thread(
+            target=self._run, args=(path,), daemon=True, name="halfsafe-model-hash"
+        )
         self._thread.start()
 
     def _run(self, path: Path) -> None:
@@ -202,8 +227,14 @@ class _Hasher:
         self._cancel.cancel()
 
 
-def _load_single_file(path: Path, source: str, vae: str | None, allow_pickle: bool,
-                      progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
+def _load_single_file(
+    path: Path,
+    source: str,
+    vae: str | None,
+    allow_pickle: bool,
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> LoadedModel:
     progress("Reading the checkpoint header", 0, 1)
     if is_pickle_file(path) and not allow_pickle:
         refuse_pickle(path)
@@ -211,24 +242,37 @@ def _load_single_file(path: Path, source: str, vae: str | None, allow_pickle: bo
     hasher = _Hasher(path)
     try:
         detection = arch.detect_architecture(
-            checkpoint.shapes, metadata=checkpoint.metadata, name=path.name,
+            checkpoint.shapes,
+            metadata=checkpoint.metadata,
+            name=path.name,
             sidecar_config=_sidecar_config(path),
         )
         if not detection.supported:
             raise UnsupportedModelError(
-                path, f"this looks like {detection.looks_like}: {detection.because}")
+                path, f"this looks like {detection.looks_like}: {detection.because}"
+            )
         if not detection.has_vae and vae is None:
             raise UnsupportedModelError(
-                path, "the checkpoint has no VAE (no first_stage_model tensors); pass a VAE "
-                "file with --vae.")
+                path,
+                "the checkpoint has no VAE (no first_stage_model tensors); pass a VAE "
+                "file with --vae.",
+            )
         with one_torch_thread():
-            pipeline, scan, used = _assemble(checkpoint, detection, vae, allow_pickle,
-                                             progress, cancel)
+            pipeline, scan, used = _assemble(
+                checkpoint, detection, vae, allow_pickle, progress, cancel
+            )
         return LoadedModel(
-            pipeline=pipeline, source=source, name=path.stem, format="single_file",
-            architecture=detection.architecture, prediction_type=detection.prediction_type,
-            native_size=detection.native_size, stored_dtype=stored_dtype(used),
-            model_hash=hasher.result(), profile_key=checkpoint.profile_key, weights=scan,
+            pipeline=pipeline,
+            source=source,
+            name=path.stem,
+            format="single_file",
+            architecture=detection.architecture,
+            prediction_type=detection.prediction_type,
+            native_size=detection.native_size,
+            stored_dtype=stored_dtype(used),
+            model_hash=hasher.result(),
+            profile_key=checkpoint.profile_key,
+            weights=scan,
             detected_because=detection.because,
         )
     except BaseException:
@@ -241,14 +285,23 @@ def _load_single_file(path: Path, source: str, vae: str | None, allow_pickle: bo
 def _sidecar_config(path: Path) -> str | None:
     sidecar = path.with_suffix(".yaml")
     try:
-        return sidecar.read_text(encoding="utf-8", errors="replace")[:100_000] \
-            if sidecar.is_file() else None
+        return (
+            sidecar.read_text(encoding="utf-8", errors="replace")[:100_000]
+            if sidecar.is_file()
+            else None
+        )
     except OSError:
         return None
 
 
-def _assemble(checkpoint: Checkpoint, detection: arch.Detection, vae: str | None,
-              allow_pickle: bool, progress: ProgressCallback, cancel: CancelToken | None):
+def _assemble(
+    checkpoint: Checkpoint,
+    detection: arch.Detection,
+    vae: str | None,
+    allow_pickle: bool,
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+):
     """Build every component from the checkpoint; returns (pipeline, scan, used dtypes)."""
     import diffusers
     import transformers
@@ -295,12 +348,21 @@ def _assemble(checkpoint: Checkpoint, detection: arch.Detection, vae: str | None
         model_class = getattr(transformers, base.get("architectures", ["CLIPTextModel"])[0])
         model = _empty(model_class, model_class.config_class(**config))
         state = _convert_text_encoder(model, read(keys), encoder)
-        components[encoder.component] = _assign(path, model, state, _component_words(encoder.component))
+        components[encoder.component] = _assign(
+            path, model, state, _component_words(encoder.component)
+        )
 
     stage("Loading the UNet")
     base = _read_json(folder / "unet" / "config.json")
-    config = _infer(path, detection, arch.infer_unet_config, shapes, base,
-                    sample_size=detection.native_size, pooled_text_dim=pooled_dim)
+    config = _infer(
+        path,
+        detection,
+        arch.infer_unet_config,
+        shapes,
+        base,
+        sample_size=detection.native_size,
+        pooled_text_dim=pooled_dim,
+    )
     from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
     unet_keys = [k for k in names if k.startswith(detection.unet_prefix)]
@@ -311,32 +373,39 @@ def _assemble(checkpoint: Checkpoint, detection: arch.Detection, vae: str | None
     stage("Loading the VAE")
     vae_base = _read_json(folder / "vae" / "config.json")
     if vae is None:
-        components["vae"] = _vae_from_checkpoint(checkpoint, detection.vae_prefix, vae_base,
-                                                 detection.native_size, read)
+        components["vae"] = _vae_from_checkpoint(
+            checkpoint, detection.vae_prefix, vae_base, detection.native_size, read
+        )
     else:
         components["vae"], vae_scan, vae_dtypes = _load_vae_override(
-            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel)
+            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel
+        )
         used_dtypes += vae_dtypes
     _check_latents(Path(vae) if vae else path, components["vae"], components["unet"])
 
     stage("Loading the tokenizer and scheduler")
     for tokenizer in ("tokenizer", "tokenizer_2"):
-        if (folder / tokenizer).is_dir() and tokenizer.replace("tokenizer", "text_encoder") \
-                in components:
+        if (folder / tokenizer).is_dir() and tokenizer.replace(
+            "tokenizer", "text_encoder"
+        ) in components:
             components[tokenizer] = transformers.CLIPTokenizer.from_pretrained(
-                folder / tokenizer, local_files_only=True)
+                folder / tokenizer, local_files_only=True
+            )
     scheduler_config = _read_json(folder / "scheduler" / "scheduler_config.json")
     scheduler_class = getattr(diffusers, scheduler_config["_class_name"])
     components["scheduler"] = scheduler_class.from_config(
-        scheduler_config, prediction_type=detection.prediction_type)
+        scheduler_config, prediction_type=detection.prediction_type
+    )
 
     pipeline_class = getattr(diffusers, detection.pipeline_class or "StableDiffusionPipeline")
     if detection.family == "sdxl":
-        pipeline = pipeline_class(**components, force_zeros_for_empty_prompt=True,
-                                  add_watermarker=False)
+        pipeline = pipeline_class(
+            **components, force_zeros_for_empty_prompt=True, add_watermarker=False
+        )
     else:
-        pipeline = pipeline_class(**components, safety_checker=None, feature_extractor=None,
-                                  requires_safety_checker=False)
+        pipeline = pipeline_class(
+            **components, safety_checker=None, feature_extractor=None, requires_safety_checker=False
+        )
     progress("Loaded", steps, steps)
     scan = scanner.result()
     if vae is not None:
@@ -346,7 +415,8 @@ def _assemble(checkpoint: Checkpoint, detection: arch.Detection, vae: str | None
 
 def _component_words(component: str) -> str:
     return {"text_encoder": "text encoder", "text_encoder_2": "second text encoder"}.get(
-        component, component)
+        component, component
+    )
 
 
 def _nbytes(checkpoint: Checkpoint, key: str) -> int:
@@ -361,7 +431,8 @@ def _infer(path: Path, detection: arch.Detection, function, *args, **kwargs) -> 
         return function(*args, **kwargs)
     except ValueError as error:
         raise UnsupportedModelError(
-            path, f"this looks like {detection.looks_like}, but {error}.") from None
+            path, f"this looks like {detection.looks_like}, but {error}."
+        ) from None
 
 
 def _empty(build, *args):
@@ -390,23 +461,34 @@ def _assign(path: Path, model, state: dict[str, Any], words: str):
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if missing:
-        raise BadFileError(path, f"the {words} is incomplete: {len(missing)} of its weights are "
-                                 f"missing (e.g. {missing[0]}).")
+        raise BadFileError(
+            path,
+            f"the {words} is incomplete: {len(missing)} of its weights are "
+            f"missing (e.g. {missing[0]}).",
+        )
     if unexpected:
-        raise UnsupportedModelError(path, f"the {words} has {len(unexpected)} weights HalfSafe "
-                                          f"cannot place (e.g. {unexpected[0]}).")
+        raise UnsupportedModelError(
+            path,
+            f"the {words} has {len(unexpected)} weights HalfSafe "
+            f"cannot place (e.g. {unexpected[0]}).",
+        )
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise BadFileError(path, f"the {words} weight {key} has shape {list(tensor.shape)} "
-                                     f"where the rest of the file implies "
-                                     f"{list(expected[key].shape)}.")
+            raise BadFileError(
+                path,
+                f"the {words} weight {key} has shape {list(tensor.shape)} "
+                f"where the rest of the file implies "
+                f"{list(expected[key].shape)}.",
+            )
     by_dtype: dict[Any, int] = {}
     for tensor in state.values():
         if tensor.is_floating_point():
             by_dtype[tensor.dtype] = by_dtype.get(tensor.dtype, 0) + tensor.numel()
     dtype = max(by_dtype, key=by_dtype.__getitem__) if by_dtype else torch.float32
-    state = {k: (v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v)
-             for k, v in state.items()}
+    state = {
+        k: (v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v)
+        for k, v in state.items()
+    }
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 
@@ -418,15 +500,19 @@ def _text_encoder_keys(names: list[str], shapes, encoder: arch.TextEncoderLayout
         keys = [k for k in keys if not k.endswith("position_ids")]
         keys += [k for k in names if k == root + "text_projection.weight"]
         return keys
-    keys = [k for k in keys if k[len(encoder.prefix):].split(".")[0] in
-            ("token_embedding", "positional_embedding", "transformer", "ln_final",
-             "text_projection")]
+    keys = [
+        k
+        for k in keys
+        if k[len(encoder.prefix) :].split(".")[0]
+        in ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection")
+    ]
     if encoder.drop_last_layer:
         last = arch._count_indices(shapes, encoder.prefix + "transformer.resblocks.") - 1
         unused = f"{encoder.prefix}transformer.resblocks.{last}."
         # SD2 reads the penultimate layer: the last block and the projection are never used.
-        keys = [k for k in keys if not k.startswith(unused)
-                and k != encoder.prefix + "text_projection"]
+        keys = [
+            k for k in keys if not k.startswith(unused) and k != encoder.prefix + "text_projection"
+        ]
     return keys
 
 
@@ -439,7 +525,7 @@ def _convert_text_encoder(model, tensors: dict[str, Any], encoder: arch.TextEnco
             if key == root + "text_projection.weight":
                 state["text_projection.weight"] = tensor
             else:
-                name = key[len(encoder.prefix):]
+                name = key[len(encoder.prefix) :]
                 state[("text_model." + name) if wrapped else name] = tensor
         return state
     from diffusers.loaders.single_file_utils import convert_open_clip_checkpoint
@@ -456,34 +542,41 @@ _VAE_PARTS = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.")
 
 
 def _vae_keys(names: list[str], prefix: str) -> list[str]:
-    return [k for k in names if k.startswith(prefix) and k[len(prefix):].startswith(_VAE_PARTS)]
+    return [k for k in names if k.startswith(prefix) and k[len(prefix) :].startswith(_VAE_PARTS)]
 
 
-def _vae_from_checkpoint(checkpoint: Checkpoint, prefix: str, base: dict[str, Any],
-                         native_size: int, read):
+def _vae_from_checkpoint(
+    checkpoint: Checkpoint, prefix: str, base: dict[str, Any], native_size: int, read
+):
     import diffusers
 
     path = checkpoint.path
     try:
-        config = arch.infer_vae_config(checkpoint.shapes, base, prefix=prefix,
-                                       sample_size=native_size)
+        config = arch.infer_vae_config(
+            checkpoint.shapes, base, prefix=prefix, sample_size=native_size
+        )
     except ValueError as error:
-        raise UnsupportedModelError(path, f"its VAE is not one HalfSafe can build: {error}.") \
-            from None
+        raise UnsupportedModelError(
+            path, f"its VAE is not one HalfSafe can build: {error}."
+        ) from None
     tensors = read(_vae_keys(checkpoint.keys(), prefix))
     model = _empty(diffusers.AutoencoderKL.from_config, config)
     return _assign(path, model, _convert_vae(tensors, prefix, config), "VAE")
 
 
 def _convert_vae(tensors: dict[str, Any], prefix: str, config: dict[str, Any]) -> dict[str, Any]:
-    plain = {k[len(prefix):]: v for k, v in tensors.items()}
+    plain = {k[len(prefix) :]: v for k, v in tensors.items()}
     if "encoder.down_blocks.0.resnets.0.conv1.weight" in plain:
         # Already diffusers names; older files still call the attention projections
         # query/key/value/proj_attn and store them as 1x1 convolutions.
         renamed = {}
         for key, tensor in plain.items():
-            for old, new in ((".query.", ".to_q."), (".key.", ".to_k."), (".value.", ".to_v."),
-                             (".proj_attn.", ".to_out.0.")):
+            for old, new in (
+                (".query.", ".to_q."),
+                (".key.", ".to_k."),
+                (".value.", ".to_v."),
+                (".proj_attn.", ".to_out.0."),
+            ):
                 key = key.replace(old, new)
             if ".attentions." in key and key.endswith("weight") and tensor.ndim > 2:
                 tensor = tensor.reshape(tensor.shape[0], tensor.shape[1])
@@ -494,8 +587,13 @@ def _convert_vae(tensors: dict[str, Any], prefix: str, config: dict[str, Any]) -
     return convert_ldm_vae_checkpoint(plain, config)
 
 
-def _load_vae_override(path: Path, base: dict[str, Any], native_size: int, allow_pickle: bool,
-                       cancel: CancelToken | None):
+def _load_vae_override(
+    path: Path,
+    base: dict[str, Any],
+    native_size: int,
+    allow_pickle: bool,
+    cancel: CancelToken | None,
+):
     """A separate VAE: a file (original or diffusers layout, or a full checkpoint's VAE) or a
     diffusers VAE folder. Returns (model, scan, dtypes)."""
     import diffusers
@@ -505,24 +603,35 @@ def _load_vae_override(path: Path, base: dict[str, Any], native_size: int, allow
     if path.is_dir():
         config = _read_json(path / "config.json", owner=path)
         files = _weight_files(path, allow_pickle, path)
-        dtypes = [d for f in files if f.suffix == ".safetensors"
-                  for d in read_safetensors_header(f).dtypes().values()]
+        dtypes = [
+            d
+            for f in files
+            if f.suffix == ".safetensors"
+            for d in read_safetensors_header(f).dtypes().values()
+        ]
         torch_dtype = _torch_dtype(stored_dtype(dtypes)) if dtypes else None
         try:
             model = diffusers.AutoencoderKL.from_pretrained(
-                path, local_files_only=True, torch_dtype=torch_dtype,
-                use_safetensors=not all(f.suffix != ".safetensors" for f in files) or None)
+                path,
+                local_files_only=True,
+                torch_dtype=torch_dtype,
+                use_safetensors=not all(f.suffix != ".safetensors" for f in files) or None,
+            )
         except (OSError, ValueError, RuntimeError, KeyError) as error:
-            raise BadFileError(path, f"diffusers could not load this VAE folder "
-                                     f"({_first_line(error)}).") from None
+            raise BadFileError(
+                path, f"diffusers could not load this VAE folder ({_first_line(error)})."
+            ) from None
         if config.get("_class_name") not in (None, "AutoencoderKL"):
-            raise UnsupportedModelError(path, f"this is a {config['_class_name']}, not an "
-                                              "AutoencoderKL VAE.")
+            raise UnsupportedModelError(
+                path, f"this is a {config['_class_name']}, not an AutoencoderKL VAE."
+            )
         return model.eval(), scan_weights(model, cancel=cancel), dtypes
     with Checkpoint(path, allow_pickle=allow_pickle) as checkpoint:
         keys = checkpoint.keys()
-        prefix = next((p for p in (arch.VAE, "vae.", "") if any(
-            k.startswith(p + "decoder.") for k in keys)), None)
+        prefix = next(
+            (p for p in (arch.VAE, "vae.", "") if any(k.startswith(p + "decoder.") for k in keys)),
+            None,
+        )
         if prefix is None or not any(k.startswith(prefix + "encoder.") for k in keys):
             raise BadFileError(path, "this file holds no VAE (no encoder and decoder tensors).")
         vae_keys = _vae_keys(keys, prefix)
@@ -542,8 +651,11 @@ def _load_vae_override(path: Path, base: dict[str, Any], native_size: int, allow
 def _check_latents(path: Path, vae, unet) -> None:
     latent = vae.config.latent_channels
     if latent != unet.config.out_channels:
-        raise UnsupportedModelError(path, f"the VAE makes {latent}-channel latents but the UNet "
-                                          f"works on {unet.config.out_channels}.")
+        raise UnsupportedModelError(
+            path,
+            f"the VAE makes {latent}-channel latents but the UNet "
+            f"works on {unet.config.out_channels}.",
+        )
 
 
 def _torch_dtype(name: str):
@@ -568,8 +680,11 @@ def _weight_files(folder: Path, allow_pickle: bool, owner: Path) -> list[Path]:
         for file in files:
             read_safetensors_header(file)
         return files
-    pickles = sorted(f for f in folder.iterdir()
-                     if f.is_file() and f.suffix.lower() in (".bin", ".ckpt", ".pt", ".pth"))
+    pickles = sorted(
+        f
+        for f in folder.iterdir()
+        if f.is_file() and f.suffix.lower() in (".bin", ".ckpt", ".pt", ".pth")
+    )
     if pickles:
         if not allow_pickle:
             refuse_pickle(pickles[0])
@@ -577,34 +692,56 @@ def _weight_files(folder: Path, allow_pickle: bool, owner: Path) -> list[Path]:
     raise BadFileError(folder, f"the {folder.name} folder of {owner.name} has no weights file.")
 
 
-def _load_folder(path: Path, source: str, vae: str | None, allow_pickle: bool,
-                 progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
+def _load_folder(
+    path: Path,
+    source: str,
+    vae: str | None,
+    allow_pickle: bool,
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> LoadedModel:
     import diffusers
 
     index_file = path / "model_index.json"
     if not index_file.is_file():
-        raise BadFileError(path, "this folder has no model_index.json, so it is not a diffusers "
-                                 "pipeline folder.")
+        raise BadFileError(
+            path, "this folder has no model_index.json, so it is not a diffusers pipeline folder."
+        )
     progress("Checking the model folder", 0, 1)
     index = _read_json(index_file)
-    components = {name: spec for name, spec in index.items()
-                  if not name.startswith("_") and isinstance(spec, list) and len(spec) == 2
-                  and spec[0] is not None and spec[1] is not None}
+    components = {
+        name: spec
+        for name, spec in index.items()
+        if not name.startswith("_")
+        and isinstance(spec, list)
+        and len(spec) == 2
+        and spec[0] is not None
+        and spec[1] is not None
+    }
     for name in components:
         if not (path / name).is_dir():
-            raise BadFileError(path, f"model_index.json lists the component '{name}' but the "
-                                     f"folder has no '{name}' subfolder.")
+            raise BadFileError(
+                path,
+                f"model_index.json lists the component '{name}' but the "
+                f"folder has no '{name}' subfolder.",
+            )
     if "unet" not in components:
-        raise UnsupportedModelError(path, f"this pipeline ({index.get('_class_name', 'unknown')}) "
-                                          "has no UNet; HalfSafe runs SD1.x, SD2.x and SDXL.")
+        raise UnsupportedModelError(
+            path,
+            f"this pipeline ({index.get('_class_name', 'unknown')}) "
+            "has no UNet; HalfSafe runs SD1.x, SD2.x and SDXL.",
+        )
     unet_config = _read_json(path / "unet" / "config.json", owner=path / "unet")
-    scheduler_config = (_read_json(path / "scheduler" / "scheduler_config.json",
-                                   owner=path / "scheduler")
-                        if "scheduler" in components else {})
+    scheduler_config = (
+        _read_json(path / "scheduler" / "scheduler_config.json", owner=path / "scheduler")
+        if "scheduler" in components
+        else {}
+    )
     detection = arch.detect_from_configs(index, unet_config, scheduler_config)
     if not detection.supported:
-        raise UnsupportedModelError(path, f"this looks like {detection.looks_like}: "
-                                          f"{detection.because}")
+        raise UnsupportedModelError(
+            path, f"this looks like {detection.looks_like}: {detection.because}"
+        )
 
     digest = hashlib.sha256()
     dtypes: dict[str, list[str]] = {}
@@ -638,19 +775,24 @@ def _load_folder(path: Path, source: str, vae: str | None, allow_pickle: bool,
     progress("Loading the model folder", 0, 1)
     try:
         pipeline = diffusers.DiffusionPipeline.from_pretrained(
-            path, local_files_only=True, torch_dtype=torch_dtype, variant=variant,
+            path,
+            local_files_only=True,
+            torch_dtype=torch_dtype,
+            variant=variant,
             use_safetensors=None if pickles else True,
         )
     except HalfSafeError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as error:
-        raise BadFileError(path, f"diffusers could not load this folder "
-                                 f"({_first_line(error)}).") from None
+        raise BadFileError(
+            path, f"diffusers could not load this folder ({_first_line(error)})."
+        ) from None
     progress("Loading the model folder", 1, 1)
     if vae is not None:
         vae_base = dict(pipeline.vae.config)
         model, _scan, vae_dtypes = _load_vae_override(
-            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel)
+            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel
+        )
         _check_latents(Path(vae), model, pipeline.unet)
         pipeline.vae = model
         pipeline.register_modules(vae=model)
@@ -658,13 +800,21 @@ def _load_folder(path: Path, source: str, vae: str | None, allow_pickle: bool,
     weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)
     all_dtypes = [d for found in dtypes.values() for d in found]
     if pickles:
-        all_dtypes += [_dtype_code(p.dtype) for module in _modules(pipeline)
-                       for p in module.parameters()]
+        all_dtypes += [
+            _dtype_code(p.dtype) for module in _modules(pipeline) for p in module.parameters()
+        ]
     return LoadedModel(
-        pipeline=pipeline, source=source, name=path.name, format="diffusers",
-        architecture=detection.architecture, prediction_type=detection.prediction_type,
-        native_size=detection.native_size, stored_dtype=stored_dtype(all_dtypes),
-        model_hash=None, profile_key=digest.hexdigest(), weights=weights,
+        pipeline=pipeline,
+        source=source,
+        name=path.name,
+        format="diffusers",
+        architecture=detection.architecture,
+        prediction_type=detection.prediction_type,
+        native_size=detection.native_size,
+        stored_dtype=stored_dtype(all_dtypes),
+        model_hash=None,
+        profile_key=digest.hexdigest(),
+        weights=weights,
         detected_because=detection.because,
     )
 
@@ -675,14 +825,16 @@ def _modules(pipeline) -> list[Any]:
 
 def _dtype_code(dtype) -> str:
     return {"torch.float16": "F16", "torch.bfloat16": "BF16", "torch.float32": "F32"}.get(
-        str(dtype), "F64")
+        str(dtype), "F64"
+    )
 
 
 # Writing single files ----------------------------------------------------------------------
 
 
-def save_single_file(pipeline, path: str | Path, *, dtype: str | None = None,
-                     architecture: str | None = None) -> Path:
+def save_single_file(
+    pipeline, path: str | Path, *, dtype: str | None = None, architecture: str | None = None
+) -> Path:
     """Write a pipeline as one `.safetensors` in the original (LDM / A1111) key layout.
 
     `dtype` ("fp16", "bf16", "fp32") converts floating weights; None keeps them. `architecture`
@@ -702,16 +854,23 @@ def ldm_state_dict(pipeline, *, architecture: str | None = None) -> dict[str, An
     """The pipeline's weights under original-layout names (views, nothing copied where possible)."""
     components = pipeline.components
     family = architecture or (
-        "sdxl" if components.get("text_encoder_2") is not None
-        else "sd2" if getattr(components["text_encoder"].config, "hidden_act", "") == "gelu"
-        else "sd1")
+        "sdxl"
+        if components.get("text_encoder_2") is not None
+        else "sd2"
+        if getattr(components["text_encoder"].config, "hidden_act", "") == "gelu"
+        else "sd1"
+    )
     out: dict[str, Any] = {}
     unet = components["unet"]
     out.update(_ldm_unet(unet.state_dict(), unet.config, arch.UNET))
-    out.update(_ldm_vae(components["vae"].state_dict(), len(components["vae"].config.block_out_channels)))
+    out.update(
+        _ldm_vae(components["vae"].state_dict(), len(components["vae"].config.block_out_channels))
+    )
     if family == "sdxl":
         out.update(_ldm_clip_hf(components["text_encoder"], arch.SDXL_TEXT_1))
-        out.update(_ldm_open_clip(components["text_encoder_2"], arch.SDXL_TEXT_2, extra_layer=False))
+        out.update(
+            _ldm_open_clip(components["text_encoder_2"], arch.SDXL_TEXT_2, extra_layer=False)
+        )
     elif family == "sd2":
         out.update(_ldm_open_clip(components["text_encoder"], arch.SD2_TEXT, extra_layer=True))
     else:
@@ -719,18 +878,30 @@ def ldm_state_dict(pipeline, *, architecture: str | None = None) -> dict[str, An
     return out
 
 
-_RESNET_TO_LDM = (("norm1", "in_layers.0"), ("conv1", "in_layers.2"),
-                  ("time_emb_proj", "emb_layers.1"), ("norm2", "out_layers.0"),
-                  ("conv2", "out_layers.3"), ("conv_shortcut", "skip_connection"))
+_RESNET_TO_LDM = (
+    ("norm1", "in_layers.0"),
+    ("conv1", "in_layers.2"),
+    ("time_emb_proj", "emb_layers.1"),
+    ("norm2", "out_layers.0"),
+    ("conv2", "out_layers.3"),
+    ("conv_shortcut", "skip_connection"),
+)
 
 
 def _ldm_unet(state: dict[str, Any], config, prefix: str) -> dict[str, Any]:
     layers = config.layers_per_block
-    up_has_attention = {int(k.split(".")[1]) for k in state if k.startswith("up_blocks.")
-                        and ".attentions." in k}
-    top = {"time_embedding.linear_1": "time_embed.0", "time_embedding.linear_2": "time_embed.2",
-           "conv_in": "input_blocks.0.0", "conv_norm_out": "out.0", "conv_out": "out.2",
-           "add_embedding.linear_1": "label_emb.0.0", "add_embedding.linear_2": "label_emb.0.2"}
+    up_has_attention = {
+        int(k.split(".")[1]) for k in state if k.startswith("up_blocks.") and ".attentions." in k
+    }
+    top = {
+        "time_embedding.linear_1": "time_embed.0",
+        "time_embedding.linear_2": "time_embed.2",
+        "conv_in": "input_blocks.0.0",
+        "conv_norm_out": "out.0",
+        "conv_out": "out.2",
+        "add_embedding.linear_1": "label_emb.0.0",
+        "add_embedding.linear_2": "label_emb.0.2",
+    }
     out = {}
     for key, tensor in state.items():
         parts = key.split(".")
@@ -770,14 +941,19 @@ def _rename(parts: list[str], table) -> str:
     name = ".".join(parts)
     for new, old in table:
         if name.startswith(new + "."):
-            return old + name[len(new):]
+            return old + name[len(new) :]
     return name
 
 
 def _ldm_vae(state: dict[str, Any], levels: int) -> dict[str, Any]:
     out = {}
-    attention = (("group_norm", "norm"), ("to_q", "q"), ("to_k", "k"), ("to_v", "v"),
-                 ("to_out.0", "proj_out"))
+    attention = (
+        ("group_norm", "norm"),
+        ("to_q", "q"),
+        ("to_k", "k"),
+        ("to_v", "v"),
+        ("to_out.0", "proj_out"),
+    )
     for key, tensor in state.items():
         parts = key.split(".")
         side = parts[0]
@@ -787,7 +963,8 @@ def _ldm_vae(state: dict[str, Any], levels: int) -> dict[str, Any]:
             name = f"{side}.norm_out.{parts[2]}"
         elif parts[1] == "mid_block" and parts[2] == "resnets":
             name = f"{side}.mid.block_{int(parts[3]) + 1}." + _rename(
-                parts[4:], (("conv_shortcut", "nin_shortcut"),))
+                parts[4:], (("conv_shortcut", "nin_shortcut"),)
+            )
         elif parts[1] == "mid_block" and parts[2] == "attentions":
             name = f"{side}.mid.attn_1.{_rename(parts[4:], attention)}"
             if tensor.ndim == 2:
@@ -797,7 +974,8 @@ def _ldm_vae(state: dict[str, Any], levels: int) -> dict[str, Any]:
             where = "down" if side == "encoder" else "up"
             if parts[3] == "resnets":
                 name = f"{side}.{where}.{level}.block.{parts[4]}." + _rename(
-                    parts[5:], (("conv_shortcut", "nin_shortcut"),))
+                    parts[5:], (("conv_shortcut", "nin_shortcut"),)
+                )
             else:
                 sampler = "downsample" if side == "encoder" else "upsample"
                 name = f"{side}.{where}.{level}.{sampler}.{'.'.join(parts[5:])}"
@@ -822,8 +1000,11 @@ def _ldm_clip_hf(model, prefix: str) -> dict[str, Any]:
 def _ldm_open_clip(model, prefix: str, *, extra_layer: bool) -> dict[str, Any]:
     import torch
 
-    state = {k.removeprefix("text_model."): v for k, v in model.state_dict().items()
-             if not k.endswith("position_ids")}
+    state = {
+        k.removeprefix("text_model."): v
+        for k, v in model.state_dict().items()
+        if not k.endswith("position_ids")
+    }
     out = {
         prefix + "token_embedding.weight": state.pop("embeddings.token_embedding.weight"),
         prefix + "positional_embedding": state.pop("embeddings.position_embedding.weight"),
@@ -835,25 +1016,34 @@ def _ldm_open_clip(model, prefix: str, *, extra_layer: bool) -> dict[str, Any]:
     if projection is not None:
         out[prefix + "text_projection"] = projection.T
     else:
-        out[prefix + "text_projection"] = torch.eye(hidden, dtype=out[prefix + "ln_final.weight"].dtype)
+        out[prefix + "text_projection"] = torch.eye(
+            hidden, dtype=out[prefix + "ln_final.weight"].dtype
+        )
     layers = model.config.num_hidden_layers
-    names = (("layer_norm1", "ln_1"), ("layer_norm2", "ln_2"), ("mlp.fc1", "mlp.c_fc"),
-             ("mlp.fc2", "mlp.c_proj"), ("self_attn.out_proj", "attn.out_proj"))
+    names = (
+        ("layer_norm1", "ln_1"),
+        ("layer_norm2", "ln_2"),
+        ("mlp.fc1", "mlp.c_fc"),
+        ("mlp.fc2", "mlp.c_proj"),
+        ("self_attn.out_proj", "attn.out_proj"),
+    )
     for n in range(layers):
         layer = f"encoder.layers.{n}."
         block = f"{prefix}transformer.resblocks.{n}."
         for kind in ("weight", "bias"):
             out[block + f"attn.in_proj_{kind}"] = torch.cat(
-                [state.pop(f"{layer}self_attn.{p}_proj.{kind}") for p in "qkv"])
+                [state.pop(f"{layer}self_attn.{p}_proj.{kind}") for p in "qkv"]
+            )
         for key in [k for k in state if k.startswith(layer)]:
-            out[block + _rename(key[len(layer):].split("."), names)] = state.pop(key)
+            out[block + _rename(key[len(layer) :].split("."), names)] = state.pop(key)
     if state:
         raise ValueError(f"unexpected text encoder weight {next(iter(state))}")
     if extra_layer:
         template = f"{prefix}transformer.resblocks.{layers - 1}."
         for key in [k for k in out if k.startswith(template)]:
-            out[f"{prefix}transformer.resblocks.{layers}." + key[len(template):]] = \
+            out[f"{prefix}transformer.resblocks.{layers}." + key[len(template) :]] = (
                 torch.zeros_like(out[key])
+            )
     return out
 
 
@@ -878,15 +1068,17 @@ def _fill_from_pool(model, pool) -> None:
             while not norm and done < flat.numel():
                 start = offset % pool.numel()
                 take = min(flat.numel() - done, pool.numel() - start)
-                flat[done:done + take] = pool[start:start + take]
+                flat[done : done + take] = pool[start : start + take]
                 done += take
                 offset += take + 7
-            module._parameters[name] = torch.nn.Parameter(flat.view(param.shape),
-                                                          requires_grad=False)
+            module._parameters[name] = torch.nn.Parameter(
+                flat.view(param.shape), requires_grad=False
+            )
 
 
-def build_random_pipeline(config_name: str = "sd1", *, dtype: str = "fp16", seed: int = 0,
-                          weights: bool = True):
+def build_random_pipeline(
+    config_name: str = "sd1", *, dtype: str = "fp16", seed: int = 0, weights: bool = True
+):
     """A full-size pipeline of a shipped config with random weights, built straight in `dtype`.
 
     Normalisation layers get weight 1 and bias 0; every other weight is filled from a pool of
@@ -916,22 +1108,30 @@ def build_random_pipeline(config_name: str = "sd1", *, dtype: str = "fp16", seed
         return materialise(_empty(model_class, model_class.config_class(**config)))
 
     components: dict[str, Any] = {
-        "unet": materialise(_empty(diffusers.UNet2DConditionModel.from_config,
-                                   _read_json(folder / "unet" / "config.json"))),
-        "vae": materialise(_empty(diffusers.AutoencoderKL.from_config,
-                                  _read_json(folder / "vae" / "config.json"))),
+        "unet": materialise(
+            _empty(
+                diffusers.UNet2DConditionModel.from_config,
+                _read_json(folder / "unet" / "config.json"),
+            )
+        ),
+        "vae": materialise(
+            _empty(diffusers.AutoencoderKL.from_config, _read_json(folder / "vae" / "config.json"))
+        ),
         "text_encoder": text_encoder("text_encoder"),
-        "tokenizer": transformers.CLIPTokenizer.from_pretrained(folder / "tokenizer",
-                                                                local_files_only=True),
+        "tokenizer": transformers.CLIPTokenizer.from_pretrained(
+            folder / "tokenizer", local_files_only=True
+        ),
     }
     scheduler_config = _read_json(folder / "scheduler" / "scheduler_config.json")
     components["scheduler"] = getattr(diffusers, scheduler_config["_class_name"]).from_config(
-        scheduler_config)
+        scheduler_config
+    )
     if (folder / "text_encoder_2").is_dir():
         components["text_encoder_2"] = text_encoder("text_encoder_2")
         components["tokenizer_2"] = transformers.CLIPTokenizer.from_pretrained(
-            folder / "tokenizer_2", local_files_only=True)
+            folder / "tokenizer_2", local_files_only=True
+        )
         return diffusers.StableDiffusionXLPipeline(**components, add_watermarker=False)
-    return diffusers.StableDiffusionPipeline(**components, safety_checker=None,
-                                             feature_extractor=None, requires_safety_checker=False)
-
+    return diffusers.StableDiffusionPipeline(
+        **components, safety_checker=None, feature_extractor=None, requires_safety_checker=False
+    )

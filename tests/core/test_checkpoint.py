@@ -41,6 +41,7 @@ def assert_one_sentence(error: BaseException, path) -> str:
 
 # The header corpus ------------------------------------------------------------------------
 
+
 def _f32(count: int) -> bytes:
     return struct.pack(f"<{count}f", *range(count))
 
@@ -51,29 +52,67 @@ HEADERS = {
     "json list": ([1, 2, 3], b"", None, "not an object"),
     "json string": ("model", b"", None, "not an object"),
     "binary header": (b"\xff\xfe\x00\x01garbage", b"", None, "not text"),
-    "offsets past the end": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
-                             _f32(2), None, "truncated"),
-    "overlapping": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                     "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}},
-                    _f32(3), None, "overlaps"),
+    "offsets past the end": (
+        {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+        _f32(2),
+        None,
+        "truncated",
+    ),
+    "overlapping": (
+        {
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+        },
+        _f32(3),
+        None,
+        "overlaps",
+    ),
     "gap": ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, _f32(2), None, "gap"),
-    "trailing bytes": ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
-                       _f32(3), None, "after its last tensor"),
-    "dtype vs bytes": ({"a": {"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 16]}},
-                       _f32(4), None, "needs 8 bytes"),
-    "shape vs bytes": ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}},
-                       _f32(4), None, "needs 12 bytes"),
-    "unknown dtype": ({"a": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}},
-                      _f32(4), None, "unknown dtype"),
-    "negative shape": ({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
-                       _f32(1), None, "invalid shape"),
-    "reversed offsets": ({"a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]}},
-                         _f32(1), None, "invalid data offsets"),
+    "trailing bytes": (
+        {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+        _f32(3),
+        None,
+        "after its last tensor",
+    ),
+    "dtype vs bytes": (
+        {"a": {"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 16]}},
+        _f32(4),
+        None,
+        "needs 8 bytes",
+    ),
+    "shape vs bytes": (
+        {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}},
+        _f32(4),
+        None,
+        "needs 12 bytes",
+    ),
+    "unknown dtype": (
+        {"a": {"dtype": "F128", "shape": [1], "data_offsets": [0, 16]}},
+        _f32(4),
+        None,
+        "unknown dtype",
+    ),
+    "negative shape": (
+        {"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}},
+        _f32(1),
+        None,
+        "invalid shape",
+    ),
+    "reversed offsets": (
+        {"a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 0]}},
+        _f32(1),
+        None,
+        "invalid data offsets",
+    ),
     "entry not object": ({"a": [0, 4]}, _f32(1), None, "not an object"),
     "bad metadata": ({"__metadata__": {"x": 1}}, b"", None, "__metadata__"),
-    "duplicate name": (b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
-                       b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
-                       _f32(1), None, "twice"),
+    "duplicate name": (
+        b'{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},'
+        b'"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+        _f32(1),
+        None,
+        "twice",
+    ),
     "length past the end": ({}, b"", 4096, "truncated"),
     "length over the limit": ({}, b"", HEADER_LIMIT + 1, "100 MB"),
 }
@@ -138,8 +177,10 @@ def test_unreadable_file(tmp_path, monkeypatch):
     assert_one_sentence(caught.value, path)
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
-                    reason="file permissions do not bind root or non-POSIX systems")
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() == 0,
+    reason="file permissions do not bind root or non-POSIX systems",
+)
 def test_unreadable_file_by_permissions(tmp_path):
     path = small_safetensors(tmp_path / "locked.safetensors")
     path.chmod(0)
@@ -151,7 +192,9 @@ def test_unreadable_file_by_permissions(tmp_path):
 
 
 def test_valid_header_reads_shapes_dtypes_and_metadata(tmp_path):
-    path = small_safetensors(tmp_path / "good.safetensors", metadata={"ss_v_parameterization": "True"})
+    path = small_safetensors(
+        tmp_path / "good.safetensors", metadata={"ss_v_parameterization": "True"}
+    )
     header = read_safetensors_header(path)
     assert header.shapes() == {"a": (2, 3), "b": (4,)}
     assert header.dtypes() == {"a": "F32", "b": "F16"}
@@ -178,8 +221,9 @@ def test_profile_key_is_stable_and_content_sensitive(tmp_path):
     one = small_safetensors(tmp_path / "one.safetensors")
     copy = tmp_path / "copy.safetensors"
     copy.write_bytes(one.read_bytes())
-    other = small_safetensors(tmp_path / "other.safetensors",
-                              {"a": torch.zeros(3, dtype=torch.float32)})
+    other = small_safetensors(
+        tmp_path / "other.safetensors", {"a": torch.zeros(3, dtype=torch.float32)}
+    )
     key = read_safetensors_header(one).profile_key
     assert key == read_safetensors_header(copy).profile_key
     assert key != read_safetensors_header(other).profile_key
@@ -193,6 +237,7 @@ def test_stored_dtype_names():
 
 
 # The pickle policy ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("suffix", [".ckpt", ".pt", ".bin", ".pth"])
 def test_pickles_are_refused_without_permission_and_the_payload_never_runs(tmp_path, suffix):
@@ -255,6 +300,7 @@ def test_damaged_pickle_is_a_bad_file(tmp_path):
 
 
 # The weight scan --------------------------------------------------------------------------
+
 
 def test_scan_lists_exactly_the_tensors_holding_nan_or_inf(tmp_path):
     tensors = {
@@ -339,8 +385,9 @@ def test_header_limit_is_the_formats():
 
 def test_corpus_leaves_the_process_working(tmp_path):
     for name, (header, data, length, _words) in HEADERS.items():
-        path = raw_safetensors(tmp_path / f"{len(name)}-{abs(hash(name))}.safetensors", header,
-                               data, length=length)
+        path = raw_safetensors(
+            tmp_path / f"{len(name)}-{abs(hash(name))}.safetensors", header, data, length=length
+        )
         with pytest.raises(BadFileError):
             read_safetensors_header(path)
     good = small_safetensors(tmp_path / "good.safetensors")
