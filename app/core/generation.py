@@ -1,0 +1,1234 @@
+"""Text-to-image generation with a NaN watch: every image is diagnosed, and a component that went
+non-finite is repaired on its own, the cheapest way that works.
+
+A job runs in three stages under a precision plan: the text encoder(s) once, the diffusers
+pipeline's denoising loop for the whole batch (`output_type="latent"`), then the VAE once per
+image. The watch keeps its flags on the device: each denoising step ORs "not all finite" of the
+UNet's output and of the latents into a per-image flag and records the first bad step with
+`torch.where`, so the loop never waits on the device. The flags are read once, after the loop.
+
+Repair (`auto_fix="auto"`): a VAE that went non-finite decodes the same latents again with the
+health check's fix for the VAE (bf16 where native, else fp32); a UNet or text encoder that went
+non-finite has its image made again with the health check's fix for that component, found by
+probing the failing input one forward pass at a time and proved by the full re-run. Whole-model
+fp32 is tried only when no single-component fix works. A working fix is remembered for the
+model on this device.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from app import __version__
+from app.core.errors import HalfSafeError
+from app.core.health import COMPONENT_WORDS, FixCandidate, candidate_fixes
+from app.core.images import (
+    SAMPLER_NAMES,
+    ImageSaveError,
+    PixelStats,
+    image_array,
+    infotext,
+    latent_preview,
+    save_png,
+    to_image,
+)
+from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.precision import (
+    COMPONENT_SETTING,
+    PlacedPipeline,
+    PrecisionPlan,
+    backend_flags,
+    pipeline_components,
+    resolve_plan,
+)
+from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
+
+# on_preview(step, image): a small PIL image of the first image of the batch.
+PreviewCallback = Callable[[int, Any], None]
+
+STATUSES = ("ok", "fixed", "nan", "black", "safety_checker")
+# Run order of the components: a failure is blamed on the first one that went non-finite.
+STAGES = ("text_encoder", "text_encoder_2", "unet", "vae")
+PREVIEWS_PER_IMAGE = 6
+MAX_REPAIRS_PER_IMAGE = 3
+
+
+@dataclass
+class GenerationRequest:
+    """What to draw. `seed` -1 picks a random seed; image i of a batch uses seed + i.
+    `output_dir` None means the settings' output folder, else the default pictures folder."""
+
+    prompt: str
+    negative_prompt: str = ""
+    steps: int = 25
+    cfg: float = 7.0
+    seed: int = -1
+    width: int = 512
+    height: int = 512
+    batch: int = 1
+    scheduler: str = "dpmpp_2m_karras"
+    output_dir: str | None = None
+
+
+@dataclass
+class ImageResult:
+    """One image and its diagnosis. `step` is 1-based (the denoising step that first went
+    non-finite); `fix` is the settings that repaired it, or that would; `image` keeps the PIL
+    image so it can be saved again elsewhere."""
+
+    seed: int
+    status: str
+    component: str | None = None
+    step: int | None = None
+    fixes_applied: list[str] = field(default_factory=list)
+    message: str = ""
+    fix: dict[str, Any] | None = None
+    path: str = ""
+    first_bad_module: str | None = None
+    non_finite: float = 0.0  # fraction of pixels that were NaN/inf
+    settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
+    parameters: str = ""  # the PNG's `parameters` text
+    image: Any = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "seed": self.seed,
+            "status": self.status,
+            "component": self.component,
+            "step": self.step,
+            "fixes_applied": list(self.fixes_applied),
+            "message": self.message,
+            "fix": dict(self.fix) if self.fix is not None else None,
+            "first_bad_module": self.first_bad_module,
+            "non_finite": round(self.non_finite, 6),
+        }
+
+
+@dataclass
+class GenerationResult:
+    images: list[ImageResult]
+    settings: dict[str, Any]  # effective precision settings of the job (before any repair)
+    seconds: float
+    request: GenerationRequest
+    model: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def all_good(self) -> bool:
+        """No image is left non-finite or black after the fixes allowed."""
+        return all(image.status not in ("nan", "black") for image in self.images)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "halfsafe": __version__,
+            "images": [image.to_json() for image in self.images],
+            "settings": dict(self.settings),
+            "seconds": round(self.seconds, 3),
+            "model": dict(self.model),
+            "device": dict(self.device),
+            "warnings": list(self.warnings),
+        }
+
+    def save(self, folder: str | Path, *, only_unsaved: bool = True) -> list[Path]:
+        """Write the images (by default those not yet saved) into `folder`, with their
+        parameters. Raises ImageSaveError (carrying this result) when that fails too."""
+        written = []
+        for entry in self.images:
+            if only_unsaved and entry.path:
+                continue
+            try:
+                path = save_png(entry.image, folder, entry.seed, entry.parameters)
+            except ImageSaveError as error:
+                error.result = self
+                raise
+            entry.path = str(path)
+            written.append(path)
+        return written
+
+
+# --- the NaN watch --------------------------------------------------------------------------
+
+
+class NanWatch:
+    """Per-image, device-side record of non-finite values in one denoising run.
+
+    Hooks the UNet: after each call, "output not all finite" is folded per image (the CFG
+    halves of the batch belong to the same image) and ORed into `bad`; the first bad step is
+    kept in `first_step` with `torch.where`, and so is the UNet input of that call, which lets a
+    repair probe exactly the forward pass that failed. `after_step` does the same for the
+    latents and advances the step. Nothing here synchronises with the device; `read` is the one
+    transfer. Create and use it on the job's thread; remove it when the run ends.
+    """
+
+    def __init__(self, unet, batch: int, *, keep_failing_input: bool = True) -> None:
+        import torch
+
+        device = next(unet.parameters()).device
+        self.batch = batch
+        self.step = 0
+        self.bad = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.first_step = torch.full((batch,), -1, dtype=torch.long, device=device)
+        self._keep = keep_failing_input
+        self._pending: tuple[Any, Any, dict[str, Any]] | None = None
+        self._sample = None  # (copies, batch, C, h, w): each image's input to its first bad call
+        self._timestep = None  # (batch,)
+        self._kwargs: dict[str, Any] = {}
+        self._copies = 1
+        self._handles = [
+            unet.register_forward_pre_hook(self._before, with_kwargs=True),
+            unet.register_forward_hook(self._after, with_kwargs=True),
+        ]
+
+    def _per_image(self, flags):
+        n = flags.shape[0]
+        if n % self.batch:
+            return flags.any().expand(self.batch)
+        return flags.view(n // self.batch, self.batch).any(0)
+
+    def _before(self, module, args, kwargs):
+        if self._keep:
+            sample = args[0] if args else kwargs.get("sample")
+            timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+            rest = {k: v for k, v in kwargs.items() if k not in ("sample", "timestep")}
+            self._pending = (sample, timestep, rest)
+
+    def _after(self, module, args, kwargs, output):
+        import torch
+
+        out = output[0] if isinstance(output, tuple) else output.sample
+        bad = self._per_image(~torch.isfinite(out).flatten(1).all(1))
+        newly = bad & ~self.bad
+        self.first_step = torch.where(newly, self.step, self.first_step)
+        if self._keep and self._pending is not None:
+            self._keep_input(newly)
+        self.bad = self.bad | bad
+
+    def _keep_input(self, newly) -> None:
+        import torch
+
+        sample, timestep, rest = self._pending
+        self._pending = None
+        if sample is None or sample.shape[0] % self.batch:
+            return
+        copies = sample.shape[0] // self.batch
+        per_image = sample.view(copies, self.batch, *sample.shape[1:])
+        if self._sample is None or self._sample.shape != per_image.shape:
+            self._sample = torch.zeros_like(per_image)
+            self._timestep = torch.zeros(self.batch, device=sample.device)
+        where = newly.view(1, self.batch, *([1] * (per_image.dim() - 2)))
+        self._sample = torch.where(where, per_image, self._sample)
+        t = timestep.float() if isinstance(timestep, torch.Tensor) else float(timestep)
+        self._timestep = torch.where(newly, t, self._timestep)
+        self._kwargs = rest
+        self._copies = copies
+
+    def after_step(self, step: int, latents) -> None:
+        """Fold the latents after denoising step `step` (0-based) into the flags."""
+        import torch
+
+        bad = self._per_image(~torch.isfinite(latents).flatten(1).all(1))
+        newly = bad & ~self.bad
+        self.first_step = torch.where(newly, step, self.first_step)
+        self.bad = self.bad | bad
+        self.step = step + 1
+
+    def flags(self) -> list[Any]:
+        """The device tensors `read` would transfer, for reading together with others."""
+        return [self.bad, self.first_step]
+
+    def failing_input(self, index: int) -> dict[str, Any] | None:
+        """The UNet call that first went non-finite for image `index`, as forward arguments
+        (sample, timestep and the rest, for that image only); None if none was kept."""
+        if self._sample is None:
+            return None
+        sample = self._sample[:, index]
+        kwargs = {
+            k: _select(v, index, self._copies, self.batch)
+            for k, v in self._kwargs.items()
+            if k != "return_dict"
+        }
+        return {"sample": sample, "timestep": self._timestep[index], **kwargs}
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _select(value: Any, index: int, copies: int, batch: int) -> Any:
+    """Image `index` out of a CFG-batched argument (dicts walked; other values kept)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.dim() and value.shape[0] == copies * batch:
+            return value.reshape(copies, batch, *value.shape[1:])[:, index]
+        return value
+    if isinstance(value, dict):
+        return {k: _select(v, index, copies, batch) for k, v in value.items()}
+    return value
+
+
+def read_flags(tensors: list[Any]) -> list[int]:
+    """Bring several small device tensors to the host in one transfer, as integers."""
+    import torch
+
+    if not tensors:
+        return []
+    return torch.cat([t.reshape(-1).long() for t in tensors]).cpu().tolist()
+
+
+# --- one generation job ---------------------------------------------------------------------
+
+
+@dataclass
+class _Conditioning:
+    """Prompt embeddings for one image (batch 1) and, per text encoder, a device-side flag."""
+
+    embeds: dict[str, Any]
+    bad: dict[str, Any]
+
+
+@dataclass
+class _Outcome:
+    """One image made under one plan: its latents, pixels, and where it went non-finite."""
+
+    plan: PrecisionPlan
+    latents: Any  # (1, C, h, w) on the device
+    image: Any  # PIL
+    stats: PixelStats
+    bad_encoder: str | None = None
+    bad_step: int | None = None  # 1-based
+    unet_input: dict[str, Any] | None = None
+    watched: bool = True
+
+
+@dataclass
+class _Repair:
+    outcome: _Outcome
+    fixes: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    first_bad_module: str | None = None
+
+
+def _failure(outcome: _Outcome) -> str | None:
+    """The component to blame for a non-finite image (None: finite, or unknown when unwatched)."""
+    if outcome.bad_encoder:
+        return outcome.bad_encoder
+    if outcome.bad_step is not None:
+        return "unet"
+    if outcome.stats.non_finite > 0:
+        return "vae" if outcome.watched else ""
+    return None
+
+
+def _no_half(plan: PrecisionPlan) -> PrecisionPlan:
+    return plan.with_dtypes(**{c: "fp32" for c in plan.dtypes})
+
+
+class _Job:
+    """Runs the stages of one request on one PlacedPipeline, on the calling thread."""
+
+    def __init__(
+        self,
+        model,
+        request: GenerationRequest,
+        plan: PrecisionPlan,
+        *,
+        device,
+        bf16_native: bool,
+        watch: bool,
+        progress: ProgressCallback,
+        preview: PreviewCallback | None,
+        cancel: CancelToken,
+    ) -> None:
+        self.model = model
+        self.request = request
+        self.plan = plan
+        self.device = device
+        self.bf16_native = bf16_native
+        self.watch = watch
+        self.progress = progress
+        self.preview = preview
+        self.cancel = cancel
+        self.placed = PlacedPipeline(model.pipeline, plan)
+        self.is_sdxl = getattr(model.pipeline, "text_encoder_2", None) is not None
+        self.do_cfg = request.cfg > 1.0
+        self.repair_plan = plan  # every fix found so far, on top of the plan
+        self.fix_settings: dict[str, Any] = {}
+        self.fix_words: list[str] = []
+        self.fixed_components: list[str] = []
+        self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
+        self.stage = "Generating"
+
+    # -- stages ----------------------------------------------------------------------------
+
+    def _pipeline(self, plan: PrecisionPlan):
+        self.placed.apply(plan)
+        pipe = self.placed.pipeline()
+        pipe.scheduler = make_scheduler(
+            self.request.scheduler, self.model.pipeline.scheduler.config, self.model.prediction_type
+        )
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def encode(self, plan: PrecisionPlan) -> _Conditioning:
+        import torch
+
+        pipe = self._pipeline(plan)
+        request = self.request
+        with backend_flags(plan), torch.inference_mode():
+            if self.is_sdxl:
+                embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
+                    prompt=request.prompt,
+                    device=self.device,
+                    num_images_per_prompt=1,
+                    do_classifier_free_guidance=self.do_cfg,
+                    negative_prompt=request.negative_prompt,
+                )
+                tensors = {
+                    "prompt_embeds": embeds,
+                    "negative_prompt_embeds": negative,
+                    "pooled_prompt_embeds": pooled,
+                    "negative_pooled_prompt_embeds": negative_pooled,
+                }
+            else:
+                embeds, negative = pipe.encode_prompt(
+                    request.prompt,
+                    self.device,
+                    1,
+                    self.do_cfg,
+                    negative_prompt=request.negative_prompt,
+                )
+                tensors = {"prompt_embeds": embeds, "negative_prompt_embeds": negative}
+            tensors = {k: v for k, v in tensors.items() if v is not None}
+            bad = self._encoder_flags(pipe, tensors) if self.watch else {}
+        return _Conditioning(tensors, bad)
+
+    def _encoder_flags(self, pipe, tensors: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        def not_finite(parts):
+            return ~torch.stack([torch.isfinite(p).all() for p in parts]).all()
+
+        hidden = [tensors["prompt_embeds"]]
+        if "negative_prompt_embeds" in tensors:
+            hidden.append(tensors["negative_prompt_embeds"])
+        if not self.is_sdxl:
+            return {"text_encoder": not_finite(hidden)}
+        # SDXL's embeddings are both encoders' hidden states side by side; the pooled ones
+        # come from the second encoder.
+        flags = {}
+        first = getattr(pipe, "text_encoder", None)
+        split = first.config.hidden_size if first is not None else 0
+        if split:
+            flags["text_encoder"] = not_finite([h[..., :split] for h in hidden])
+        pooled = [tensors[k] for k in ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")]
+        flags["text_encoder_2"] = not_finite([h[..., split:] for h in hidden] + pooled)
+        return flags
+
+    def noise(self, seeds: list[int]):
+        """Initial latents and per-image generators (CPU, so a seed means the same image on
+        every device); the generators go on to feed ancestral samplers' noise."""
+        import torch
+
+        unet_config = self.model.pipeline.unet.config
+        factor = 2 ** (len(self.model.pipeline.vae.config.block_out_channels) - 1)
+        shape = (
+            1,
+            unet_config.in_channels,
+            self.request.height // factor,
+            self.request.width // factor,
+        )
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        latents = torch.cat([torch.randn(shape, generator=g) for g in generators])
+        return latents.to(self.device), generators
+
+    def denoise(self, plan: PrecisionPlan, conditioning: _Conditioning, seeds: list[int]):
+        """The pipeline's denoising loop for these seeds; returns (latents, watch or None)."""
+        import torch
+
+        pipe = self._pipeline(plan)
+        batch = len(seeds)
+        latents, generators = self.noise(seeds)
+        steps = self.request.steps
+        every = max(2, round(steps / PREVIEWS_PER_IMAGE))
+        watch = NanWatch(self.placed["unet"], batch) if self.watch else None
+        architecture = self.model.architecture
+
+        def on_step_end(_pipe, index, _timestep, tensors):
+            current = tensors["latents"]
+            if watch is not None:
+                watch.after_step(index, current)
+            self.progress(self.stage, index + 1, steps)
+            if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
+                self.preview(index + 1, latent_preview(current[0], architecture))
+            self.cancel.raise_if_cancelled()
+            return {}
+
+        embeds = {
+            k: v.repeat(batch, *([1] * (v.dim() - 1))) for k, v in conditioning.embeds.items()
+        }
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                output = pipe(
+                    **embeds,
+                    height=self.request.height,
+                    width=self.request.width,
+                    num_inference_steps=steps,
+                    guidance_scale=self.request.cfg,
+                    latents=latents,
+                    generator=generators,
+                    output_type="latent",
+                    callback_on_step_end=on_step_end,
+                    callback_on_step_end_tensor_inputs=["latents"],
+                )
+        finally:
+            if watch is not None:
+                watch.remove()
+        return output.images, watch
+
+    def decode(self, plan: PrecisionPlan, latents, record: bool = False):
+        """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1]; with `record`,
+        also the first VAE layer that went non-finite."""
+        import torch
+
+        from app.core.probe import ActivationRecorder
+
+        self.placed.apply(plan)
+        vae = self.placed["vae"]
+        recorder = ActivationRecorder(vae) if record else None
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                z = latents.float() / vae.config.scaling_factor
+                shift = getattr(vae.config, "shift_factor", None)
+                if shift:
+                    z = z + shift
+                pixels = vae.decode(z.to(vae.dtype)).sample
+        finally:
+            if recorder is not None:
+                recorder.remove()
+        first_bad = _first_bad(recorder.read(pixels)) if recorder is not None else None
+        return pixels[0].permute(1, 2, 0).float().cpu().numpy(), first_bad
+
+    def run(self, plan: PrecisionPlan, seeds: list[int], conditioning=None) -> list[_Outcome]:
+        """Encode, denoise and decode a batch; the watch's flags are read once, at the end."""
+        conditioning = conditioning or self.encode(plan)
+        self.cancel.raise_if_cancelled()
+        latents, watch = self.denoise(plan, conditioning, seeds)
+        encoders = list(conditioning.bad)
+        flags = read_flags([*conditioning.bad.values(), *(watch.flags() if watch else [])])
+        bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
+        per_image = flags[len(encoders) :]
+        outcomes = []
+        for index in range(len(seeds)):
+            self.cancel.raise_if_cancelled()
+            self.progress("Decoding", index, len(seeds))
+            image_latents = latents[index : index + 1]
+            pixels, _ = self.decode(plan, image_latents)
+            image, stats = to_image(pixels)
+            bad = bool(per_image[index]) if watch else False
+            step = per_image[len(seeds) + index] if watch else -1
+            outcomes.append(
+                _Outcome(
+                    plan=plan,
+                    latents=image_latents,
+                    image=image,
+                    stats=stats,
+                    bad_encoder=bad_encoders[0] if bad_encoders else None,
+                    bad_step=step + 1 if bad and step >= 0 else None,
+                    unet_input=watch.failing_input(index) if watch and bad else None,
+                    watched=self.watch,
+                )
+            )
+        return outcomes
+
+    # -- probes ------------------------------------------------------------------------------
+
+    def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
+        """One UNet call on a kept failing input: (finite?, first bad module)."""
+        import torch
+
+        from app.core.probe import ActivationRecorder
+
+        self.placed.apply(plan)
+        unet = self.placed["unet"]
+        arguments = dict(inputs)
+        sample, timestep = arguments.pop("sample"), arguments.pop("timestep")
+        recorder = ActivationRecorder(unet) if record else None
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                out = unet(sample, timestep, **arguments, return_dict=False)[0]
+                finite = torch.isfinite(out).all()
+        finally:
+            if recorder is not None:
+                recorder.remove()
+        first_bad = _first_bad(recorder.read(out)) if recorder is not None else None
+        return bool(finite), first_bad
+
+    def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
+        """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
+        from app.core.probe import ActivationRecorder
+
+        self.placed.apply(plan)
+        recorder = ActivationRecorder(self.placed[component]) if record else None
+        watching, self.watch = self.watch, True
+        try:
+            conditioning = self.encode(plan)
+        finally:
+            self.watch = watching
+            if recorder is not None:
+                recorder.remove()
+        bad = read_flags([conditioning.bad[component]])[0]
+        first_bad = _first_bad(recorder.read()) if recorder is not None else None
+        return not bad, first_bad
+
+    def first_bad_module(self, component: str, outcome: _Outcome) -> str | None:
+        """Re-run only the part that failed under the plan it failed with, recording every
+        layer, to name the innermost layer that went non-finite first (kept per component)."""
+        if component == "vae":
+            name = self.decode(outcome.plan, outcome.latents, record=True)[1]
+        elif component == "unet":
+            if outcome.unet_input is None:
+                return self.first_bad.get(component)
+            name = self.unet_forward(outcome.plan, outcome.unet_input, record=True)[1]
+        else:
+            name = self.encoder_probe(outcome.plan, component, record=True)[1]
+        if name:
+            self.first_bad[component] = name
+        return name
+
+    def quick_check(self, component: str, plan: PrecisionPlan, outcome: _Outcome) -> bool:
+        """Whether `plan` makes the failing part finite, from one forward pass (a decode, one
+        UNet call on the kept input, or one encode). True when there is nothing to probe."""
+        if component == "vae":
+            pixels, _ = self.decode(plan, outcome.latents)
+            return to_image(pixels)[1].non_finite == 0
+        if component == "unet":
+            if outcome.unet_input is None:
+                return True
+            return self.unet_forward(plan, outcome.unet_input)[0]
+        return self.encoder_probe(plan, component)[0]
+
+    # -- repair ------------------------------------------------------------------------------
+
+    def candidates(self, component: str, outcome: _Outcome):
+        """Fixes to try for `component`, cheapest first, on top of the fixes already found.
+
+        A generator: the layer probe that decides whether upcasting attention is worth a try
+        runs only when the fixes found for earlier images do not already work.
+        """
+        base = self.repair_plan
+        if _relevant_change(component, outcome.plan, base):
+            yield FixCandidate(base, dict(self.fix_settings), "; ".join(self.fix_words))
+        first_bad = self.first_bad_module(component, outcome)
+        yield from candidate_fixes(
+            component, base, first_bad, self.placed[component], self.bf16_native
+        )
+        if component != "vae" and any(d != "fp32" for d in base.dtypes.values()):
+            yield FixCandidate(_no_half(base), {"no_half": True}, "run everything in fp32")
+
+    def repair(self, index: int, seed: int, outcome: _Outcome, total: int) -> _Repair:
+        """Repair one image: the failing part only, cheapest fix first, until it is finite."""
+        result = _Repair(outcome)
+        for _ in range(MAX_REPAIRS_PER_IMAGE):
+            component = _failure(result.outcome)
+            if not component:
+                break
+            repaired = None
+            for candidate in self.candidates(component, result.outcome):
+                self.cancel.raise_if_cancelled()
+                self.progress(f"Image {index + 1} of {total}: {candidate.words}", 0, 1)
+                repaired = self._try(component, candidate, result.outcome, seed)
+                if repaired is not None:
+                    self._accept(component, candidate)
+                    result.fixes.append(candidate.words)
+                    result.settings.update(candidate.settings)
+                    result.outcome = repaired
+                    break
+            if result.first_bad_module is None:
+                result.first_bad_module = self.first_bad.get(component)
+            if repaired is None:
+                break
+        return result
+
+    def _try(self, component: str, candidate: FixCandidate, outcome: _Outcome, seed: int):
+        if component == "vae":
+            pixels, _ = self.decode(candidate.plan, outcome.latents)
+            image, stats = to_image(pixels)
+            if stats.non_finite:
+                return None
+            return replace(outcome, plan=candidate.plan, image=image, stats=stats)
+        if not self.quick_check(component, candidate.plan, outcome):
+            return None
+        self.stage = "Making the image again"
+        try:
+            again = self.run(candidate.plan, [seed])[0]
+        finally:
+            self.stage = "Generating"
+        still = _failure(again)
+        if still and STAGES.index(still) <= STAGES.index(component):
+            return None
+        return again
+
+    def _accept(self, component: str, candidate: FixCandidate) -> None:
+        self.repair_plan = candidate.plan
+        self.fix_settings.update(candidate.settings)
+        if candidate.words not in self.fix_words and candidate.settings:
+            self.fix_words.append(candidate.words)
+        if component not in self.fixed_components:
+            self.fixed_components.append(component)
+
+    def suggest(self, component: str, outcome: _Outcome, verify: bool) -> FixCandidate | None:
+        """The fix to offer without applying it: with `verify`, the cheapest that one forward
+        pass shows finite; without, the component's wider dtype (bf16 where native, else fp32)."""
+        if not component:
+            return None
+        if verify:
+            for candidate in self.candidates(component, outcome):
+                self.cancel.raise_if_cancelled()
+                if self.quick_check(component, candidate.plan, outcome):
+                    return candidate
+            return None
+        dtype = outcome.plan.dtypes.get(component)
+        key = COMPONENT_SETTING[component]
+        words = COMPONENT_WORDS[component]
+        if dtype == "fp16" and self.bf16_native:
+            return FixCandidate(outcome.plan, {key: "bf16"}, f"run the {words} in bf16")
+        if dtype != "fp32":
+            return FixCandidate(outcome.plan, {key: "fp32"}, f"run the {words} in fp32")
+        return None
+
+    # -- safety checker ----------------------------------------------------------------------
+
+    def safety_check(self, images: list[Any]) -> tuple[list[bool], list[Any]]:
+        """Run the pipeline's safety checker, if it has one: (flagged, images as it left them)."""
+        import numpy as np
+        import torch
+        from PIL import Image
+
+        pipeline = self.model.pipeline
+        checker = getattr(pipeline, "safety_checker", None)
+        extractor = getattr(pipeline, "feature_extractor", None)
+        if checker is None or extractor is None or not images:
+            return [False] * len(images), images
+        module = _placed_checker(checker, self.device)
+        params = list(module.parameters())
+        dtype = params[0].dtype if params else torch.float32
+        clip_input = extractor(images, return_tensors="pt").pixel_values.to(self.device, dtype)
+        arrays = np.stack([image_array(image) for image in images])
+        with torch.inference_mode():
+            checked, flagged = module(images=arrays, clip_input=clip_input)
+        flagged = [bool(f) for f in flagged]
+        out = []
+        for image, array, hit in zip(images, checked, flagged, strict=True):
+            if hit:
+                unit = np.clip(np.asarray(array, dtype=np.float32), 0.0, 1.0)
+                image = Image.fromarray((unit * 255).round().astype(np.uint8), "RGB")
+            out.append(image)
+        return flagged, out
+
+
+def _relevant_change(component: str, tried: PrecisionPlan, base: PrecisionPlan) -> bool:
+    """Whether the fixes found so far change anything `component` runs with."""
+    if tried.dtypes.get(component) != base.dtypes.get(component):
+        return True
+    flags = (
+        "fp16_accumulation",
+        "attention_reduced_precision",
+        "fp16_reduced_precision_reduction",
+    )
+    if any(getattr(tried, f) != getattr(base, f) for f in flags):
+        return True
+    return component in ("unet", "vae") and tried.upcast_attention != base.upcast_attention
+
+
+def _first_bad(probe) -> str | None:
+    bad = probe.first_bad_module()
+    return bad.name if bad is not None and bad.name else None
+
+
+_CHECKERS: dict[int, tuple[str, Any, Any]] = {}
+
+
+def _placed_checker(checker, device):
+    """The safety checker on the job's device (a copy kept per checker; the loaded pipeline
+    stays on the CPU)."""
+    import copy
+
+    first = next(checker.parameters(), None)
+    if first is None or first.device == device:
+        return checker
+    cached = _CHECKERS.get(id(checker))
+    if cached is not None and cached[0] == str(device) and cached[1] is checker:
+        return cached[2]
+    placed = copy.deepcopy(checker).to(device)
+    _CHECKERS[id(checker)] = (str(device), checker, placed)
+    return placed
+
+
+def make_scheduler(name: str, config, prediction_type: str | None = None):
+    """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
+    config. The model's prediction type (epsilon or v_prediction) is carried over."""
+    from diffusers import (
+        DDIMScheduler,
+        DPMSolverMultistepScheduler,
+        EulerAncestralDiscreteScheduler,
+        EulerDiscreteScheduler,
+    )
+
+    extra: dict[str, Any] = {}
+    if prediction_type:
+        extra["prediction_type"] = prediction_type
+    if name == "euler":
+        return EulerDiscreteScheduler.from_config(config, **extra)
+    if name == "euler_a":
+        return EulerAncestralDiscreteScheduler.from_config(config, **extra)
+    if name == "dpmpp_2m_karras":
+        return DPMSolverMultistepScheduler.from_config(
+            config,
+            algorithm_type="dpmsolver++",
+            solver_order=2,
+            use_karras_sigmas=True,
+            **extra,
+        )
+    if name == "ddim":
+        return DDIMScheduler.from_config(config, **extra)
+    raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")
+
+
+# --- the public entry points ----------------------------------------------------------------
+
+
+def _checked_request(request: GenerationRequest) -> GenerationRequest:
+    for key in ("steps", "cfg", "seed", "width", "height", "batch", "scheduler"):
+        try:
+            FIELDS[key].validate(getattr(request, key))
+        except ValueError as error:
+            raise HalfSafeError(f"{FIELDS[key].label}: {error}.") from None
+    if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
+        raise HalfSafeError("The prompt and the negative prompt must be text.")
+    return request
+
+
+def _seeds(request: GenerationRequest) -> list[int]:
+    seed = request.seed if request.seed >= 0 else random.randrange(2**32 - 1)
+    return [(seed + i) % 2**32 for i in range(request.batch)]
+
+
+def generate(
+    model,
+    request: GenerationRequest,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    on_progress: ProgressCallback | None = None,
+    on_preview: PreviewCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> GenerationResult:
+    """Generate `request.batch` images with `model` (a `models.LoadedModel`), diagnose each,
+    repair what `precision.auto_fix` allows, and save them as PNG files.
+
+    Runs on the calling thread. `on_progress(stage, step, total)` is called once per denoising
+    step; `on_preview(step, image)` every few steps with a small latent preview (that reads the
+    latents back, the only device sync in the loop, and only when a preview is wanted);
+    `cancel` is honoured at the end of every denoising step and between images. With
+    `nan_check` off there is no watch and no repair; the finished pixels are still classified,
+    which costs nothing on the device. Side effects: components are copied to the device for the
+    job, a working repair is stored in the model's remembered profile, images are written to
+    `request.output_dir` (else the settings' output folder, else the default pictures folder).
+    Raises HalfSafeError for a bad request, CancelledError when cancelled, and ImageSaveError
+    (whose `.result` holds every image) when an image cannot be written.
+    """
+    from app.core import hardware, profiles
+
+    started = time.perf_counter()
+    request = _checked_request(request)
+    progress = on_progress or no_progress
+    cancel = cancel or CancelToken()
+    pipeline = model.pipeline
+    unet_channels = pipeline.unet.config.in_channels
+    if unet_channels != 4:
+        raise HalfSafeError(
+            f"{model.name}: this is an inpainting model ({unet_channels} input channels); "
+            "text-to-image needs a regular model."
+        )
+
+    torch_device = hardware.pick_device(device)
+    info = hardware.describe_device(torch_device)
+    remembered = profiles.remembered_fix(model.profile_key, info.name)
+    vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
+    plan = resolve_plan(
+        precision,
+        device=torch_device,
+        components=pipeline_components(pipeline),
+        device_info=info,
+        vae_needs_fp32=bool(getattr(vae_config, "force_upcast", False))
+        and str(model.architecture).startswith("sdxl"),
+        remembered=remembered.settings if remembered else None,
+    )
+    warnings = list(plan.warnings)
+    if remembered:
+        warnings.append(
+            f"Using the fix remembered for this model on this device: {remembered.summary}"
+        )
+    watch = bool(precision.nan_check)
+    auto_fix = precision.auto_fix if watch else "off"
+    job = _Job(
+        model,
+        request,
+        plan,
+        device=torch_device,
+        bf16_native=getattr(info, "bf16", None) == "native",
+        watch=watch,
+        progress=progress,
+        preview=on_preview,
+        cancel=cancel,
+    )
+    seeds = _seeds(request)
+    entries: list[ImageResult] = []
+    try:
+        progress("Encoding the prompt", 0, request.steps)
+        outcomes = job.run(plan, seeds)
+        finals: list[tuple[_Outcome, _Repair | None, str | None, int | None]] = []
+        for index, (seed, outcome) in enumerate(zip(seeds, outcomes, strict=True)):
+            component = _failure(outcome)
+            step = outcome.bad_step if component == "unet" else None
+            repair = None
+            if component and auto_fix == "auto":
+                try:
+                    repair = job.repair(index, seed, outcome, len(seeds))
+                except RuntimeError as error:  # out of memory in fp32, say: keep the batch going
+                    warnings.append(
+                        f"Image {index + 1}: the repair stopped with an error ({error}); the "
+                        "image is kept as it came out."
+                    )
+                else:
+                    outcome = repair.outcome
+            finals.append((outcome, repair, component, step))
+        flagged, checked = job.safety_check(
+            [o.image for o, *_ in finals if o.stats.non_finite == 0]
+        )
+        verdicts = iter(zip(flagged, checked, strict=True))
+        for seed, (outcome, repair, component, step) in zip(seeds, finals, strict=True):
+            hit = False
+            if outcome.stats.non_finite == 0:
+                hit, outcome.image = next(verdicts)
+            suggestion = None
+            still = _failure(outcome)
+            if still is not None and auto_fix in ("off", "ask"):
+                suggestion = job.suggest(still, outcome, verify=auto_fix == "ask")
+            entries.append(
+                _describe(
+                    seed,
+                    outcome,
+                    repair,
+                    component,
+                    step,
+                    hit,
+                    suggestion,
+                    auto_fix,
+                    watch,
+                    request,
+                    precision,
+                )
+            )
+            if entries[-1].first_bad_module is None and entries[-1].component:
+                entries[-1].first_bad_module = job.first_bad.get(entries[-1].component)
+        if job.fix_settings and any(e.status == "fixed" for e in entries):
+            merged = {**(remembered.settings if remembered else {}), **job.fix_settings}
+            parts = " and ".join(COMPONENT_WORDS[c] for c in job.fixed_components)
+            summary = (
+                f"The {parts} went non-finite during generation; fix: "
+                f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
+                "finite."
+            )
+            profiles.remember_fix(
+                model.profile_key, info.name, merged, summary, "generation repair"
+            )
+    finally:
+        job.placed.release()
+
+    result = GenerationResult(
+        images=entries,
+        settings=_settings_of(plan, precision),
+        seconds=0.0,
+        request=request,
+        model={
+            "source": model.source,
+            "name": model.name,
+            "architecture": model.architecture,
+            "hash": model.model_hash,
+        },
+        device={"kind": torch_device.type, "name": info.name},
+        warnings=warnings,
+    )
+    for entry in entries:
+        entry.parameters = _parameters(entry, request, model)
+    progress("Saving", 0, len(entries))
+    folder = _output_folder(request)
+    try:
+        result.save(folder)
+    finally:
+        result.seconds = time.perf_counter() - started
+    progress("Done", len(entries), len(entries))
+    return result
+
+
+def _settings_of(plan: PrecisionPlan, precision: PrecisionSettings) -> dict[str, Any]:
+    return {
+        **plan.effective_settings(),
+        "nan_check": precision.nan_check,
+        "auto_fix": precision.auto_fix,
+    }
+
+
+def _describe(
+    seed: int,
+    outcome: _Outcome,
+    repair: _Repair | None,
+    component: str | None,
+    step: int | None,
+    safety_hit: bool,
+    suggestion: FixCandidate | None,
+    auto_fix: str,
+    watched: bool,
+    request: GenerationRequest,
+    precision: PrecisionSettings,
+) -> ImageResult:
+    stats = outcome.stats
+    fixes = list(repair.fixes) if repair else []
+    still = _failure(outcome)
+    entry = ImageResult(
+        seed=seed,
+        status="ok",
+        component=component or None,
+        step=step,
+        fixes_applied=fixes,
+        first_bad_module=repair.first_bad_module if repair else None,
+        non_finite=stats.non_finite,
+        settings=_settings_of(outcome.plan, precision),
+        image=outcome.image,
+    )
+    where = _where(component, step, request.steps)
+    if still is not None:
+        entry.status = "nan"
+        entry.component = still or None
+        if still != component:
+            entry.step = outcome.bad_step if still == "unet" else None
+            where = _where(still, entry.step, request.steps)
+        share = (
+            "the image came out black"
+            if stats.all_non_finite
+            else f"{_percent(stats.non_finite)} of its pixels came out black"
+        )
+        if not watched:
+            entry.message = (
+                f"This image holds NaN values ({_percent(stats.non_finite)} of its pixels); "
+                "the NaN watch was off, so which part failed is not known: turn it on to find "
+                "and repair it."
+            )
+        elif suggestion is not None:
+            entry.fix = dict(suggestion.settings)
+            tested = "passed a quick test" if auto_fix == "ask" else "should fix it"
+            entry.message = f"{where}, so {share}; the fix '{suggestion.words}' {tested}."
+        else:
+            entry.message = (
+                f"{where}, so {share}, and no precision setting made "
+                "it finite: run the health check on this model."
+            )
+        return entry
+    if fixes:
+        entry.status = "fixed"
+        entry.fix = dict(repair.settings) if repair else None
+        how = (
+            "the same latents were decoded again"
+            if component == "vae"
+            else "the image was made again"
+        )
+        entry.message = f"{where}; {how} with the fix '{'; '.join(fixes)}', and it came out finite."
+    if safety_hit:
+        entry.status = "safety_checker" if not fixes else entry.status
+        entry.message = (
+            "The model's safety checker flagged this image and replaced it with a black one; "
+            "nothing overflowed."
+        )
+    elif stats.near_black:
+        entry.status = "black" if not fixes else entry.status
+        entry.message = (
+            "This image is almost completely black but holds no NaN, so nothing overflowed; "
+            "that may be what the prompt asks for, so try another seed or a brighter prompt."
+        )
+    elif not fixes:
+        entry.message = (
+            "No problem found: every value stayed finite."
+            if watched
+            else "The image looks fine; the NaN watch was off, so only its pixels were checked."
+        )
+    return entry
+
+
+def _where(component: str | None, step: int | None, steps: int) -> str:
+    """ "the UNet went non-finite (NaN) at step 3 of 20", "the VAE went non-finite (NaN)"."""
+    words = COMPONENT_WORDS.get(component, component) if component else "model"
+    at = f" at step {step} of {steps}" if step is not None else ""
+    when = " while decoding" if component == "vae" else ""
+    return f"The {words} went non-finite (NaN){at}{when}"
+
+
+def _percent(fraction: float) -> str:
+    value = fraction * 100
+    if value >= 99.95:
+        return "100%"
+    return f"{value:.1f}%" if value >= 0.1 else "under 0.1%"
+
+
+def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
+    """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
+    s = entry.settings
+    params: list[tuple[str, Any]] = [
+        ("Steps", request.steps),
+        ("Sampler", SAMPLER_NAMES[request.scheduler]),
+        ("CFG scale", f"{request.cfg:g}"),
+        ("Seed", entry.seed),
+        ("Size", f"{request.width}x{request.height}"),
+        ("Model hash", model.model_hash),
+        ("Model", model.name),
+        ("Precision", s.get("precision")),
+        ("UNet precision", s.get("unet_precision")),
+        ("VAE precision", s.get("vae_precision")),
+        ("Text encoder precision", s.get("text_encoder_precision")),
+        ("Upcast attention", s.get("upcast_attention")),
+        ("Attention backend", s.get("attention_backend")),
+        ("TF32", s.get("allow_tf32")),
+        ("FP16 reduced precision reduction", s.get("fp16_reduced_precision_reduction")),
+        ("FP16 accumulation", s.get("fp16_accumulation")),
+        ("Attention reduced precision", s.get("attention_reduced_precision")),
+        ("NaN check", s.get("nan_check")),
+        ("Auto fix", s.get("auto_fix")),
+        ("Device", s.get("device")),
+        ("NaN watch", entry.status),
+        ("NaN component", entry.component),
+        ("NaN step", entry.step),
+        ("Fixes applied", "; ".join(entry.fixes_applied) or None),
+        ("Non-finite pixels", _percent(entry.non_finite) if entry.non_finite else None),
+        ("HalfSafe", __version__),
+    ]
+    return infotext(request.prompt, request.negative_prompt, params)
+
+
+def _output_folder(request: GenerationRequest) -> Path:
+    from app.core import paths
+    from app.core.settings import load_settings
+
+    if request.output_dir:
+        return Path(request.output_dir).expanduser()
+    chosen = load_settings().settings["output_folder"]
+    return Path(chosen).expanduser() if chosen else paths.default_output_dir()
+
+
+def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationResult:
+    """`halfsafe generate`: load `source`, build the request from the flags laid over the saved
+    settings (`values`), and generate. Progress goes to stderr when it is a terminal."""
+    import sys
+
+    from app.core.models import load_model
+
+    model = load_model(
+        source,
+        vae=getattr(args, "vae", None),
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
+    )
+    request = GenerationRequest(
+        prompt=getattr(args, "prompt", "") or "",
+        negative_prompt=values.get("negative_prompt", ""),
+        steps=values["steps"],
+        cfg=values["cfg"],
+        seed=values["seed"],
+        width=values["width"],
+        height=values["height"],
+        batch=values["batch"],
+        scheduler=values["scheduler"],
+        output_dir=getattr(args, "out", None) or values.get("output_folder") or None,
+    )
+    on_progress = None
+    if sys.stderr.isatty():
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            print(f"\r{stage}: {done}/{total}\033[K", end="", file=sys.stderr, flush=True)
+
+    try:
+        return generate(
+            model,
+            request,
+            precision=PrecisionSettings.from_mapping(values),
+            device=values.get("device", "auto"),
+            on_progress=on_progress,
+        )
+    finally:
+        if on_progress is not None:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+_STATUS_WORDS = {
+    "ok": "ok",
+    "fixed": "FIXED",
+    "nan": "NaN",
+    "black": "black",
+    "safety_checker": "blanked by the safety checker",
+}
+
+
+def format_result(result: GenerationResult) -> str:
+    """The human-readable summary `halfsafe generate` prints."""
+    s = result.settings
+    dtypes = (
+        f"UNet {s.get('unet_precision')}, VAE {s.get('vae_precision')}, text encoder "
+        f"{s.get('text_encoder_precision')}"
+        + (", upcast attention" if s.get("upcast_attention") else "")
+    )
+    lines = [
+        f"Model:    {result.model.get('name')} ({result.model.get('architecture')})",
+        f"Device:   {result.device.get('name')} ({result.device.get('kind')})",
+        f"Settings: {dtypes}; NaN watch {'on' if s.get('nan_check') else 'off'}, "
+        f"auto-fix {s.get('auto_fix')}",
+    ]
+    lines += [f"Warning:  {w}" for w in result.warnings]
+    lines.append("")
+    for image in result.images:
+        name = Path(image.path).name if image.path else "(not saved)"
+        lines.append(f"{name:<24} seed {image.seed:<11} {_STATUS_WORDS[image.status]}")
+        if image.status != "ok":
+            lines.append(f"{'':<24} {image.message}")
+        if image.fix and image.status in ("nan", "black"):
+            lines.append(f"{'':<24} fix: {_fix_flags(image.fix)}")
+    folder = {str(Path(i.path).parent) for i in result.images if i.path}
+    lines.append("")
+    lines.append(
+        f"{len(result.images)} image{'s' if len(result.images) != 1 else ''} in "
+        f"{result.seconds:.1f} s"
+        + (f", saved in {folder.pop()}" if len(folder) == 1 else "")
+        + ("." if result.all_good else "; some are still broken.")
+    )
+    return "\n".join(lines)
+
+
+def _fix_flags(settings: dict[str, Any]) -> str:
+    flags = []
+    for key, value in settings.items():
+        f = FIELDS[key]
+        if not isinstance(value, bool):
+            flags.append(f"--{f.flag_name} {value}")
+        elif value:
+            flags.append(f"--{f.flag_name}")
+        elif f.default:  # only options that default to on have a --no- form
+            flags.append(f"--no-{f.flag_name}")
+        else:
+            flags.append(f"(leave --{f.flag_name} off)")
+    return " ".join(flags)

@@ -1,0 +1,548 @@
+"""Generation with the NaN watch, on tiny pipelines with planted faults.
+
+Each plant makes one component overflow fp16 (a layer's weights scaled so its output passes
+65504) or poisons one image on purpose; the result must name the component, repair only that
+component when allowed (a VAE by decoding the same latents again, without re-running the UNet),
+and save every image with its parameters.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app import cli
+from app.core import generation, images, profiles
+from app.core.checkpoint import WeightScan
+from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
+from app.core.errors import CancelledError, HalfSafeError
+from app.core.generation import GenerationRequest, NanWatch, generate
+from app.core.images import ImageSaveError, parse_infotext, read_parameters
+from app.core.jobs import CancelToken
+from app.core.models import LoadedModel
+from app.core.settings import PrecisionSettings
+
+VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
+FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"
+TE_LAYER = "encoder.layers.0.mlp.fc1"
+
+
+def fp16(**kwargs) -> PrecisionSettings:
+    return PrecisionSettings(precision="fp16", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return build_tiny_sd_pipeline()
+
+
+@pytest.fixture(scope="module")
+def device_name():
+    from app.core import hardware
+
+    return hardware.describe_device(hardware.pick_device("cpu")).name
+
+
+def variant(base, key: str = "tiny", **replacements) -> LoadedModel:
+    """A pipeline sharing `base`'s components except the replaced ones."""
+    pipeline = type(base)(**{**base.components, **replacements})
+    return LoadedModel(
+        pipeline=pipeline,
+        source=f"<{key}>",
+        name=key,
+        format="demo",
+        architecture="sd1",
+        prediction_type="epsilon",
+        native_size=64,
+        stored_dtype="fp32",
+        model_hash="abcdef1234",
+        profile_key=key,
+        weights=WeightScan([], 0, 0, 0.0),
+        detected_because="built in a test",
+    )
+
+
+def scaled(module, layer: str, factor: float):
+    module = copy.deepcopy(module)
+    with torch.no_grad():
+        module.get_submodule(layer).weight.mul_(factor)
+    return module
+
+
+class UNetCalls:
+    """Counts UNet forward calls, in the loaded UNet and in any copy placed from it (the hook is
+    a plain function: copying a module copies its hooks, and a bound method would be copied
+    along with its counter)."""
+
+    def __init__(self, unet) -> None:
+        counter = self.counter = [0]
+
+        def count(*_):
+            counter[0] += 1
+
+        unet.register_forward_hook(count)
+
+    @property
+    def count(self) -> int:
+        return self.counter[0]
+
+
+def request(tmp_path, **kwargs) -> GenerationRequest:
+    values = {
+        "prompt": "a lighthouse at dusk",
+        "steps": 3,
+        "width": 64,
+        "height": 64,
+        "seed": 1234,
+        "output_dir": str(tmp_path / "out"),
+    }
+    values.update(kwargs)
+    return GenerationRequest(**values)
+
+
+def pixels(entry) -> np.ndarray:
+    with Image.open(entry.path) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.float32) / 255
+
+
+def size_of(path: str) -> tuple[int, int]:
+    with Image.open(path) as image:
+        return image.size
+
+
+# --- planted faults ---------------------------------------------------------------------------
+
+
+def test_vae_overflow_is_reported_with_its_fix_when_auto_fix_is_off(base, tmp_path):
+    model = variant(base, "vae-off", vae=scaled(base.vae, VAE_LAYER, 1e6))
+    calls = UNetCalls(model.pipeline.unet)
+    result = generate(model, request(tmp_path), precision=fp16(auto_fix="off"), device="cpu")
+    (entry,) = result.images
+    assert (entry.status, entry.component, entry.step) == ("nan", "vae", None)
+    assert entry.fix in ({"vae_precision": "bf16"}, {"vae_precision": "fp32"})
+    assert entry.fixes_applied == []
+    assert "VAE" in entry.message and "NaN" in entry.message
+    assert entry.non_finite == 1.0
+    assert pixels(entry).max() == 0.0  # kept as it came out: black
+    assert result.all_good is False
+    assert calls.count == 3
+    assert profiles.remembered_fix("vae-off", result.device["name"]) is None
+
+
+def test_vae_overflow_is_repaired_from_the_same_latents(base, tmp_path, device_name):
+    model = variant(base, "vae-auto", vae=scaled(base.vae, VAE_LAYER, 1e6))
+    calls = UNetCalls(model.pipeline.unet)
+    result = generate(model, request(tmp_path), precision=fp16(auto_fix="auto"), device="cpu")
+    (entry,) = result.images
+    assert (entry.status, entry.component) == ("fixed", "vae")
+    assert entry.fixes_applied in (["run the VAE in bf16"], ["run the VAE in fp32"])
+    assert entry.first_bad_module == VAE_LAYER
+    assert calls.count == 3  # the UNet ran once for this image: only the decode was redone
+    image = pixels(entry)
+    assert np.isfinite(image).all() and image.std() > 0.01 and image.max() > 0.1
+    # Only the VAE changed: the UNet and the text encoder kept fp16.
+    assert entry.settings["unet_precision"] == "fp16"
+    assert entry.settings["text_encoder_precision"] == "fp16"
+    assert entry.settings["no_half"] is False
+    assert result.all_good is True
+    remembered = profiles.remembered_fix("vae-auto", device_name)
+    assert remembered is not None and remembered.verified_by == "generation repair"
+    assert set(remembered.settings) == {"vae_precision"}
+
+
+def test_unet_overflow_is_reported_then_repaired_with_the_unet_fix(base, tmp_path):
+    model = variant(base, "unet", unet=scaled(base.unet, FF_LAYER, 1e5))
+    off = generate(model, request(tmp_path), precision=fp16(auto_fix="off"), device="cpu")
+    (entry,) = off.images
+    assert (entry.status, entry.component, entry.step) == ("nan", "unet", 1)
+    assert entry.fix in ({"unet_precision": "bf16"}, {"unet_precision": "fp32"})
+    assert "step 1 of 3" in entry.message
+
+    calls = UNetCalls(model.pipeline.unet)
+    fixed = generate(model, request(tmp_path), precision=fp16(auto_fix="auto"), device="cpu")
+    (entry,) = fixed.images
+    assert (entry.status, entry.component, entry.step) == ("fixed", "unet", 1)
+    assert entry.fixes_applied in (["run the UNet in bf16"], ["run the UNet in fp32"])
+    assert entry.first_bad_module == FF_LAYER
+    assert entry.settings["vae_precision"] == "fp16" and entry.settings["no_half"] is False
+    assert np.isfinite(pixels(entry)).all() and pixels(entry).std() > 0.01
+    # First run (3 steps), the layer probe and the fix's one-call check, the full re-run.
+    assert calls.count == 3 + 1 + 1 + 3
+
+
+def test_text_encoder_overflow_is_repaired_with_the_encoder_fix(base, tmp_path):
+    model = variant(base, "te", text_encoder=scaled(base.text_encoder, TE_LAYER, 1e5))
+    result = generate(model, request(tmp_path), precision=fp16(), device="cpu")
+    (entry,) = result.images
+    assert (entry.status, entry.component, entry.step) == ("fixed", "text_encoder", None)
+    assert entry.first_bad_module == TE_LAYER
+    assert set(entry.fix) == {"text_encoder_precision"}
+    assert entry.settings["unet_precision"] == entry.settings["vae_precision"] == "fp16"
+
+
+def test_a_batch_with_one_bad_image_saves_the_others(base, tmp_path):
+    vae = copy.deepcopy(base.vae)
+    decodes = []
+
+    def poison_second_image(module, args, output):
+        decodes.append(1)
+        if len(decodes) == 2:
+            output = output.clone()
+            output[..., :16, :16] = float("nan")  # a corner: some pixels, not all
+            return output
+        return None
+
+    vae.decoder.conv_out.register_forward_hook(poison_second_image)
+    model = variant(base, "batch", vae=vae)
+    result = generate(
+        model, request(tmp_path, batch=3), precision=PrecisionSettings(), device="cpu"
+    )
+    statuses = [e.status for e in result.images]
+    assert statuses == ["ok", "nan", "ok"]
+    assert [e.seed for e in result.images] == [1234, 1235, 1236]
+    bad = result.images[1]
+    assert bad.component == "vae" and 0.0 < bad.non_finite < 1.0
+    assert "of its pixels" in bad.message
+    for entry in result.images:
+        assert entry.path and size_of(entry.path) == (64, 64)
+    assert len({e.path for e in result.images}) == 3
+    assert result.all_good is False
+
+
+def test_without_the_nan_watch_the_pixels_are_still_classified(base, tmp_path):
+    vae = copy.deepcopy(base.vae)
+    vae.decoder.conv_out.register_forward_hook(lambda m, a, out: out * float("nan"))
+    model = variant(base, "unwatched", vae=vae)
+    result = generate(
+        model, request(tmp_path), precision=PrecisionSettings(nan_check=False), device="cpu"
+    )
+    (entry,) = result.images
+    assert (entry.status, entry.component, entry.fix) == ("nan", None, None)
+    assert "watch was off" in entry.message
+
+
+# --- black images that are not NaN ---------------------------------------------------------
+
+
+class FlagEverything(torch.nn.Module):
+    """Stands in for StableDiffusionSafetyChecker: flags every image and blanks it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+
+    @property
+    def device(self):  # pipelines ask their modules for it, as of any transformers model
+        return self.weight.device
+
+    def forward(self, clip_input, images):
+        for index in range(len(images)):
+            images[index] = np.zeros(images[index].shape)
+        return images, [True] * len(images)
+
+
+class FeatureExtractor:
+    def __call__(self, images, return_tensors="pt"):
+        return types.SimpleNamespace(pixel_values=torch.zeros(len(images), 3, 8, 8))
+
+
+def test_safety_checker_black_is_not_called_nan(base, tmp_path):
+    model = variant(
+        base, "safety", safety_checker=FlagEverything(), feature_extractor=FeatureExtractor()
+    )
+    result = generate(model, request(tmp_path), precision=PrecisionSettings(), device="cpu")
+    (entry,) = result.images
+    assert (entry.status, entry.component, entry.fix) == ("safety_checker", None, None)
+    assert "safety checker" in entry.message
+    assert pixels(entry).max() == 0.0
+    assert entry.non_finite == 0.0
+
+
+def _dark_vae(base, scale: float, bias: float):
+    vae = copy.deepcopy(base.vae)
+    with torch.no_grad():
+        vae.decoder.conv_out.weight.mul_(scale)
+        vae.decoder.conv_out.bias.fill_(bias)
+    return vae
+
+
+def test_a_dark_but_finite_image_is_not_called_nan(base, tmp_path):
+    blank = variant(base, "blank", vae=_dark_vae(base, 0.0, -1.0))
+    result = generate(blank, request(tmp_path), precision=PrecisionSettings(), device="cpu")
+    (entry,) = result.images
+    assert (entry.status, entry.component, entry.step) == ("black", None, None)
+    assert "prompt" in entry.message and "NaN" in entry.message
+    assert result.all_good is False
+
+    dark = variant(base, "dark", vae=_dark_vae(base, 0.1, -0.85))
+    result = generate(dark, request(tmp_path), precision=PrecisionSettings(), device="cpu")
+    (entry,) = result.images
+    assert entry.status == "ok"
+    assert pixels(entry).mean() < 0.15  # dark indeed
+
+
+# --- the loop: cancel, progress, previews, samplers ----------------------------------------
+
+
+def test_cancel_stops_within_one_step(base, tmp_path):
+    model = variant(base, "cancel")
+    calls = UNetCalls(model.pipeline.unet)
+    token = CancelToken()
+
+    def progress(stage, step, total):
+        if stage == "Generating" and step == 2:
+            token.cancel()
+
+    with pytest.raises(CancelledError):
+        generate(
+            model,
+            request(tmp_path, steps=10),
+            precision=PrecisionSettings(),
+            device="cpu",
+            on_progress=progress,
+            cancel=token,
+        )
+    assert calls.count == 2
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_progress_every_step_and_previews_every_few(base, tmp_path):
+    model = variant(base, "preview")
+    steps, previews = [], []
+    generate(
+        model,
+        request(tmp_path, steps=8, width=64, height=96),
+        precision=PrecisionSettings(),
+        device="cpu",
+        on_progress=lambda stage, step, total: steps.append((stage, step, total)),
+        on_preview=lambda step, image: previews.append((step, image.size)),
+    )
+    assert [s for s in steps if s[0] == "Generating"] == [("Generating", i, 8) for i in range(1, 9)]
+    assert previews and len(previews) < 8
+    assert all(size == (8, 12) for _, size in previews)
+    assert all(step < 8 for step, _ in previews)
+
+
+@pytest.mark.parametrize("scheduler", ["euler", "euler_a", "dpmpp_2m_karras", "ddim"])
+def test_every_sampler_makes_the_same_image_for_the_same_seed(base, tmp_path, scheduler):
+    model = variant(base, f"sampler-{scheduler}")
+    settings = PrecisionSettings()
+    first = generate(
+        model, request(tmp_path, steps=2, scheduler=scheduler), precision=settings, device="cpu"
+    )
+    again = generate(
+        model, request(tmp_path, steps=2, scheduler=scheduler), precision=settings, device="cpu"
+    )
+    other = generate(
+        model,
+        request(tmp_path, steps=2, scheduler=scheduler, seed=99),
+        precision=settings,
+        device="cpu",
+    )
+    assert first.images[0].status == "ok"
+    assert np.array_equal(pixels(first.images[0]), pixels(again.images[0]))
+    assert not np.array_equal(pixels(first.images[0]), pixels(other.images[0]))
+    assert first.images[0].path != again.images[0].path
+
+
+def test_v_prediction_is_carried_into_the_scheduler(base):
+    for name in ("euler", "euler_a", "dpmpp_2m_karras", "ddim"):
+        scheduler = generation.make_scheduler(name, base.scheduler.config, "v_prediction")
+        assert scheduler.config.prediction_type == "v_prediction"
+    karras = generation.make_scheduler("dpmpp_2m_karras", base.scheduler.config)
+    assert karras.config.use_karras_sigmas is True
+
+
+def test_sdxl_pipeline_generates(tmp_path):
+    pipeline = build_tiny_sdxl_pipeline()
+    model = LoadedModel(
+        pipeline=pipeline, source="<xl>", name="xl", format="demo", architecture="sdxl",
+        prediction_type="epsilon", native_size=64, stored_dtype="fp32", model_hash=None,
+        profile_key="xl", weights=WeightScan([], 0, 0, 0.0), detected_because="built in a test",
+    )  # fmt: skip
+    previews = []
+    result = generate(
+        model,
+        request(tmp_path, steps=4, negative_prompt="fog"),
+        precision=PrecisionSettings(),
+        device="cpu",
+        on_preview=lambda step, image: previews.append(image),
+    )
+    assert [e.status for e in result.images] == ["ok"]
+    assert previews
+
+
+def test_bad_requests_are_refused_in_words(base, tmp_path):
+    model = variant(base, "bad")
+    for bad in ({"width": 65}, {"steps": 0}, {"scheduler": "heun"}, {"batch": 0}):
+        with pytest.raises(HalfSafeError) as error:
+            generate(model, request(tmp_path, **bad), precision=PrecisionSettings(), device="cpu")
+        assert "\n" not in str(error.value)
+
+
+# --- the NaN watch itself ----------------------------------------------------------------------
+
+
+class Poisoned(torch.nn.Module):
+    """A stand-in UNet whose output for image 1 of 2 goes NaN from its third call on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        self.calls = 0
+
+    def forward(self, sample, timestep, encoder_hidden_states=None, return_dict=True):
+        self.calls += 1
+        out = sample * self.weight
+        if self.calls >= 3:
+            out = out.clone()
+            out[1] = float("nan")  # uncond half of image 1
+        return (out,)
+
+
+def test_watch_records_image_and_first_step_without_reading_the_device(monkeypatch):
+    unet = Poisoned()
+    watch = NanWatch(unet, batch=2)
+    latents = torch.zeros(2, 4, 8, 8)
+    context = torch.zeros(4, 7, 16)
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the watch read a value back from the device")
+
+    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    for step in range(4):
+        sample = torch.cat([latents] * 2) + step
+        unet(sample, torch.tensor(900.0 - step), encoder_hidden_states=context)
+        watch.after_step(step, latents)
+    monkeypatch.undo()
+    watch.remove()
+
+    bad, first = generation.read_flags(watch.flags())[:2], generation.read_flags(watch.flags())[2:]
+    assert bad == [0, 1] and first == [-1, 2]
+    kept = watch.failing_input(1)
+    assert kept["sample"].shape == (2, 4, 8, 8)
+    assert float(kept["sample"].mean()) == 2.0  # the input of the call that first went bad
+    assert float(kept["timestep"]) == 898.0
+    assert kept["encoder_hidden_states"].shape == (2, 7, 16)
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+
+def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
+    model = variant(base, "params")
+    asked = request(
+        tmp_path,
+        prompt="a red fox, snow: at night",
+        negative_prompt="blurry, text",
+        steps=2,
+        cfg=6.5,
+        seed=4242,
+        width=64,
+        height=72,
+        scheduler="euler_a",
+    )
+    result = generate(model, asked, precision=PrecisionSettings(), device="cpu")
+    (entry,) = result.images
+    assert entry.path.endswith("00001-4242.png")
+    prompt, negative, params = parse_infotext(read_parameters(entry.path))
+    assert (prompt, negative) == (asked.prompt, asked.negative_prompt)
+    assert params["Steps"] == "2"
+    assert params["Sampler"] == "Euler a"
+    assert images.SCHEDULER_BY_SAMPLER[params["Sampler"]] == "euler_a"
+    assert float(params["CFG scale"]) == 6.5
+    assert params["Seed"] == "4242"
+    assert params["Size"] == "64x72"
+    assert params["Model hash"] == "abcdef1234"
+    assert params["Model"] == "params"
+    assert params["UNet precision"] == result.settings["unet_precision"]
+    assert params["NaN watch"] == "ok"
+    # A1111's order: the standard fields first, on the last line.
+    last = read_parameters(entry.path).splitlines()[-1]
+    assert last.startswith(
+        "Steps: 2, Sampler: Euler a, CFG scale: 6.5, Seed: 4242, Size: 64x72, Model hash: abcdef1234, Model: params, "
+    )
+
+
+def test_saving_never_overwrites_and_numbers_on(tmp_path):
+    image = Image.new("RGB", (8, 8), (10, 20, 30))
+    folder = tmp_path / "pictures"
+    first = images.save_png(image, folder, 7, "a\nSteps: 1, Sampler: Euler, Seed: 7")
+    (folder / "00005-1.png").write_bytes(b"someone else's file")
+    second = images.save_png(image, folder, 7)
+    assert (first.name, second.name) == ("00001-7.png", "00006-7.png")
+    assert (folder / "00005-1.png").read_bytes() == b"someone else's file"
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_unwritable_output_folder_is_a_clear_error_and_keeps_the_images(base, tmp_path):
+    model = variant(base, "unwritable")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(ImageSaveError) as caught:
+        generate(
+            model,
+            request(tmp_path, output_dir=str(blocker / "images")),
+            precision=PrecisionSettings(),
+            device="cpu",
+        )
+    message = str(caught.value)
+    assert str(blocker) in message and "\n" not in message
+    result = caught.value.result
+    assert result.images[0].image.size == (64, 64) and result.images[0].path == ""
+    (saved,) = result.save(tmp_path / "elsewhere")
+    assert read_parameters(saved).startswith("a lighthouse at dusk")
+
+
+def test_infotext_quotes_values_like_a1111():
+    text = images.infotext(
+        "p", "", [("Steps", 2), ("Note", "a, b"), ("Skip", None), ("Ratio", "1:2")]
+    )
+    assert text == 'p\nSteps: 2, Note: "a, b", Ratio: "1:2"'
+    assert parse_infotext(text) == ("p", "", {"Steps": "2", "Note": "a, b", "Ratio": "1:2"})
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def test_cli_generate_demo_json_holds_the_contract(tmp_path, capsys):
+    status = cli.main(
+        ["generate", "demo", "--json", "--prompt", "a boat", "--steps", "2", "--width", "64",
+         "--height", "64", "--seed", "7", "--out", str(tmp_path / "cli")]
+    )  # fmt: skip
+    assert status == 0
+    document = json.loads(capsys.readouterr().out)
+    assert {"halfsafe", "images", "settings", "seconds"} <= set(document)
+    (entry,) = document["images"]
+    assert {
+        "path",
+        "seed",
+        "status",
+        "component",
+        "step",
+        "fixes_applied",
+        "message",
+        "fix",
+    } <= set(entry)
+    assert entry["status"] == "ok" and entry["seed"] == 7
+    assert entry["path"].endswith("00001-7.png")
+    assert document["settings"]["unet_precision"] in ("fp16", "bf16", "fp32")
+    assert isinstance(document["seconds"], float)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--steps", "0"], ["--scheduler", "heun"], ["--width", "65"], ["--auto-fix", "maybe"]],
+)
+def test_cli_generate_bad_flags_exit_2(flags, capsys):
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["generate", "demo", *flags])
+    assert caught.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
