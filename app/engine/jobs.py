@@ -165,7 +165,7 @@ def generate(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     )
     document = _plain(result.to_json())
     document["request"] = dict(params["request"])
-    document["model"] = (context.session.model_summary or {}).get("name")
+    document["model_name"] = (context.session.model_summary or {}).get("name")
     return document
 
 

@@ -62,12 +62,12 @@ class ActivationChart(QWidget):
     MARGIN_RIGHT = 14
     MARGIN_TOP = 22
     LABEL_SPACE = 74
+    PLOT_HEIGHT = 150
 
     def __init__(self, parent: QWidget | None = None, limit: float = FP16_LIMIT) -> None:
         super().__init__(parent)
         self.limit = limit
         self.blocks: list[Block] = []
-        self.setMinimumHeight(230)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setMouseTracking(True)
 
@@ -80,11 +80,13 @@ class ActivationChart(QWidget):
             f"{len(self.blocks)} blocks; largest value {big_number(peak)}; "
             + (f"past the limit: {', '.join(bad)}" if bad else "none past the limit")
         )
+        self.setFixedHeight(self.sizeHint().height())
         self.updateGeometry()
         self.update()
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
-        return QSize(max(360, 46 * len(self.blocks) + self.MARGIN_LEFT + 20), 250)
+        height = int(self.MARGIN_TOP + self.PLOT_HEIGHT + self._label_space())
+        return QSize(max(360, 46 * len(self.blocks) + self.MARGIN_LEFT + 20), height)
 
     # Geometry ---------------------------------------------------------------------------------
 
@@ -98,12 +100,26 @@ class ActivationChart(QWidget):
             low_exp = high_exp - 3
         return low_exp, high_exp
 
+    def _small_font(self) -> QFont:
+        small = QFont(self.font())
+        small.setPointSizeF(max(7.0, self.font().pointSizeF() - 1.5))
+        return small
+
+    def _label_space(self) -> float:
+        """Room under the axis for the slanted block names: as much as the longest needs."""
+        metrics = QFontMetrics(self._small_font())
+        widest = max(
+            (metrics.horizontalAdvance(short_block(b.module)) for b in self.blocks), default=0
+        )
+        widest = min(widest, self.LABEL_SPACE + 12)
+        return max(24.0, math.sin(math.radians(40)) * widest + 18)
+
     def _plot_rect(self) -> QRectF:
         return QRectF(
             self.MARGIN_LEFT,
             self.MARGIN_TOP,
             max(10, self.width() - self.MARGIN_LEFT - self.MARGIN_RIGHT),
-            max(10, self.height() - self.MARGIN_TOP - self.LABEL_SPACE),
+            max(10, self.height() - self.MARGIN_TOP - self._label_space()),
         )
 
     def _y(self, value: float, plot: QRectF, low_exp: int, high_exp: int) -> float:
@@ -127,8 +143,7 @@ class ActivationChart(QWidget):
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         plot = self._plot_rect()
         low_exp, high_exp = self._range()
-        small = QFont(self.font())
-        small.setPointSizeF(max(7.0, self.font().pointSizeF() - 1.5))
+        small = self._small_font()
         painter.setFont(small)
         metrics = QFontMetrics(small)
 

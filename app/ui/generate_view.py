@@ -151,13 +151,15 @@ class GenerateView(QWidget):
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("What to draw, e.g. a lighthouse on a cliff at dusk")
         self.prompt.setTabChangesFocus(True)
-        self.prompt.setMinimumHeight(80)
+        self.prompt.setMinimumHeight(70)
+        self.prompt.setMaximumHeight(150)
         column.addWidget(self.prompt, 2)
         column.addWidget(label("Negative prompt"))
         self.negative = QPlainTextEdit()
         self.negative.setPlaceholderText("What to leave out, e.g. blurry, text")
         self.negative.setTabChangesFocus(True)
-        self.negative.setMinimumHeight(50)
+        self.negative.setMinimumHeight(46)
+        self.negative.setMaximumHeight(90)
         column.addWidget(self.negative, 1)
 
         form = QFormLayout()
@@ -241,7 +243,7 @@ class GenerateView(QWidget):
         self.demo_button = QPushButton("Load the demo model")
         self.demo_button.clicked.connect(lambda: self._load_demo and self._load_demo())
         column.addWidget(self.demo_button)
-        column.addStretch(0)
+        column.addStretch(1)
         return form_widget
 
     def _build_results(self) -> QWidget:
@@ -488,7 +490,9 @@ class GenerateView(QWidget):
                 **image,
                 "request": request,
                 "settings": settings,
-                "model": result.get("model") or (self.state.model or {}).get("name"),
+                "model": result.get("model_name")
+                or (result.get("model") or {}).get("name")
+                or (self.state.model or {}).get("name"),
             }
             item = QListWidgetItem(self._thumbnail(entry), self._item_text(entry))
             item.setData(Qt.ItemDataRole.UserRole, entry)
@@ -631,4 +635,5 @@ def _parameter_text(entry: dict[str, Any]) -> str:
         lines.append("Precision: " + words.precision_summary(entry["settings"]))
     if entry.get("path"):
         lines.append(f"Saved to {Path(entry['path'])}")
+    lines.extend(f"Note: {warning}" for warning in entry.get("warnings") or [])
     return "\n".join(lines)

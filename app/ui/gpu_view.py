@@ -13,8 +13,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
-    QScrollArea,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -24,7 +22,7 @@ from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
-from app.ui.widgets import Card, Chip, hline, label, page_layout, primary_button
+from app.ui.widgets import Card, Chip, hline, label, page_layout, primary_button, scroll_column
 
 _TEST_LEVEL = {"pass": "good", "fail": "bad", "skipped": "muted"}
 _FP16_LEVEL = {"fast": "good", "slow": "warn", "unreliable": "bad", "unsupported": "bad"}
@@ -72,17 +70,7 @@ class GpuView(QWidget):
         controls.addWidget(self.status, 1)
         layout.addLayout(controls)
 
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        body = QWidget()
-        body.setObjectName("page")
-        self.body = QVBoxLayout(body)
-        self.body.setContentsMargins(0, 0, 8, 0)
-        self.body.setSpacing(12)
-        self.body.addStretch(1)
-        scroll.setWidget(body)
-        layout.addWidget(scroll, 1)
+        self.body = scroll_column(layout)
         self.status.setText("This computer has not been checked yet.")
         state.hardware_changed.connect(self.show_report)
         state.settings_changed.connect(lambda _keys: self._refresh_apply_buttons())

@@ -7,14 +7,13 @@ from typing import Any
 
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
+    QComboBox,
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
-    QScrollArea,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -24,7 +23,19 @@ from app.ui.chart import ActivationChart
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
-from app.ui.widgets import Banner, Card, Chip, hline, label, page_layout, primary_button
+from app.ui.widgets import (
+    Banner,
+    Card,
+    Chip,
+    hline,
+    label,
+    page_layout,
+    primary_button,
+    scroll_column,
+)
+
+PROBE_SIZES = (256, 512, 768, 1024)
+_SEVERITY = {"broken_weights": 0, "nan": 0, "overflow": 0, "at_risk": 1, "ok": 2}
 
 
 class HealthView(QWidget):
@@ -70,7 +81,16 @@ class HealthView(QWidget):
         self.copy_button.clicked.connect(self.copy_markdown)
         for button in (self.export_button, self.copy_button):
             button.setEnabled(False)
+        self.size_choice = QComboBox()
+        self.size_choice.setToolTip(
+            "The image size the check runs at. Activations grow with size, so check at the "
+            "largest size you generate at; smaller is quicker."
+        )
+        self.size_choice.addItem("At the model's size", None)
+        for size in PROBE_SIZES:
+            self.size_choice.addItem(f"At {size}×{size} px", size)
         controls.addWidget(self.run_button)
+        controls.addWidget(self.size_choice)
         controls.addWidget(self.cancel_button)
         controls.addWidget(self.progress)
         controls.addWidget(self.stage, 1)
@@ -83,17 +103,7 @@ class HealthView(QWidget):
         self.verdict = Banner()
         layout.addWidget(self.verdict)
 
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        body = QWidget()
-        body.setObjectName("page")
-        self.body = QVBoxLayout(body)
-        self.body.setContentsMargins(0, 0, 8, 0)
-        self.body.setSpacing(12)
-        self.body.addStretch(1)
-        scroll.setWidget(body)
-        layout.addWidget(scroll, 1)
+        self.body = scroll_column(layout)
 
         state.model_changed.connect(self._model_changed)
         self._model_changed(state.model)
@@ -212,7 +222,10 @@ class HealthView(QWidget):
             )
             self.body.insertWidget(position, card)
             position += 1
-        for name, component in (report.get("components") or {}).items():
+        components = list((report.get("components") or {}).items())
+        # The part that failed first: that is what the user came to see. Otherwise pipeline order.
+        components.sort(key=lambda item: _SEVERITY.get(item[1].get("status", "ok"), 2))
+        for name, component in components:
             card = self._component_card(name, component)
             self.cards[name] = card
             self.body.insertWidget(position, card)

@@ -16,7 +16,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QProgressBar,
     QPushButton,
-    QSplitter,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -127,8 +126,6 @@ class ModelsView(QWidget):
         buttons.addWidget(self.library_status, 1)
         layout.addLayout(buttons)
 
-        splitter = QSplitter(Qt.Orientation.Vertical)
-        splitter.setChildrenCollapsible(False)
         self.library = QTreeWidget()
         self.library.setHeaderLabels(["Model", "Type", "Stored as", "Size"])
         self.library.setRootIsDecorated(False)
@@ -140,11 +137,11 @@ class ModelsView(QWidget):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.library.itemDoubleClicked.connect(lambda item, _col: self.load_item(item))
         self.library.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
-        splitter.addWidget(self.library)
+        self.library.setMinimumHeight(120)
+        layout.addWidget(self.library, 1)
 
-        lower = QWidget()
-        lower_layout = QVBoxLayout(lower)
-        lower_layout.setContentsMargins(0, 8, 0, 0)
+        lower_layout = QVBoxLayout()
+        lower_layout.setContentsMargins(0, 4, 0, 0)
         vae_row = QHBoxLayout()
         vae_row.addWidget(label("VAE:", "muted"))
         self.vae_label = label("the model's own", wrap=True)
@@ -190,11 +187,7 @@ class ModelsView(QWidget):
         )
         self.details.body.addWidget(self.details_text)
         lower_layout.addWidget(self.details)
-        lower_layout.addStretch(1)
-        splitter.addWidget(lower)
-        splitter.setStretchFactor(0, 1)
-        splitter.setStretchFactor(1, 0)
-        layout.addWidget(splitter, 1)
+        layout.addLayout(lower_layout)
 
         self._fill_library([])
         state.settings_changed.connect(self._settings_changed)
@@ -257,6 +250,8 @@ class ModelsView(QWidget):
             if str(path) == last:
                 selected = item
         self.library.setCurrentItem(selected)
+        if self.state.model is not None:
+            self._mark_loaded((self.state.model_request or {}).get("source"))
 
     def _selection_changed(self) -> None:
         item = self.library.currentItem()
@@ -387,7 +382,21 @@ class ModelsView(QWidget):
 
     # Showing ----------------------------------------------------------------------------------
 
+    def _mark_loaded(self, source: str | None) -> None:
+        """Bold for the model the engine holds, so the list and the card agree."""
+        for index in range(self.library.topLevelItemCount()):
+            item = self.library.topLevelItem(index)
+            entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
+            loaded = source is not None and entry.get("path") == source
+            font = item.font(0)
+            font.setBold(loaded)
+            for column in range(self.library.columnCount()):
+                item.setFont(column, font)
+            if loaded:
+                self.library.setCurrentItem(item)
+
     def _show_model(self, model: dict[str, Any] | None) -> None:
+        self._mark_loaded((self.state.model_request or {}).get("source") if model else None)
         self.remembered.dismiss()
         if model is None:
             self.details.title.setText("No model loaded")

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QPushButton,
-    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -27,7 +26,7 @@ from PySide6.QtWidgets import (
 from app.core.settings import FIELDS, GROUPS, SCHEMA, Field
 from app.ui import words
 from app.ui.state import AppState
-from app.ui.widgets import label, page_layout
+from app.ui.widgets import label, page_layout, scroll_column
 
 INT32_MAX = 2**31 - 1
 # Components whose `auto` follows the base precision rather than a recommendation of its own.
@@ -286,15 +285,8 @@ class SettingsView(QWidget):
         top.addWidget(self.notice, 1)
         layout.addLayout(top)
 
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        body = QWidget()
-        body.setObjectName("page")
-        self._form = QVBoxLayout(body)
-        self._form.setContentsMargins(0, 0, 12, 0)
-        scroll.setWidget(body)
-        layout.addWidget(scroll, 1)
+        self._form = scroll_column(layout)
+        self._form.setSpacing(2)
 
         self.editors: dict[str, FieldEditor] = {}
         self.resolved: dict[str, Any] = {}
@@ -303,7 +295,6 @@ class SettingsView(QWidget):
             fields = [f for f in SCHEMA if f.group == group]
             if fields:
                 self._add_group(group, fields)
-        self._form.addStretch(1)
 
         for key, editor in self.editors.items():
             editor.set_value(state.settings[key])
@@ -313,9 +304,9 @@ class SettingsView(QWidget):
         self._refresh_hardware()
 
     def _add_group(self, group: str, fields: list[Field]) -> None:
-        self._form.addWidget(label(group, "section"))
+        self._add(label(group, "section"))
         if group in GROUP_INTROS:
-            self._form.addWidget(label(GROUP_INTROS[group], "muted", wrap=True))
+            self._add(label(GROUP_INTROS[group], "muted", wrap=True))
         grid = QGridLayout()
         grid.setContentsMargins(8, 4, 0, 10)
         grid.setHorizontalSpacing(18)
@@ -348,7 +339,10 @@ class SettingsView(QWidget):
             self.editors[f.key] = editor
             self.resolved[f.key] = resolved
             self.problems[f.key] = problem
-        self._form.addLayout(grid)
+        self._form.insertLayout(self._form.count() - 1, grid)
+
+    def _add(self, widget: QWidget) -> None:
+        self._form.insertWidget(self._form.count() - 1, widget)
 
     # Edits ------------------------------------------------------------------------------------
 

@@ -10,13 +10,13 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
 
 STYLE_SHEET = """
-QWidget#page { background: palette(base); }
 QLabel[role="title"] { font-size: 17pt; font-weight: 600; }
 QLabel[role="section"] { font-size: 12pt; font-weight: 600; margin-top: 8px; }
 QLabel[role="help"] { color: #5f6368; }
@@ -24,8 +24,9 @@ QLabel[role="muted"] { color: #5f6368; }
 QLabel[role="resolved"] { color: #0b57d0; }
 QLabel[role="invalid"] { color: #b3261e; }
 QFrame[card="true"] {
-    background: palette(window); border: 1px solid #d9dce1; border-radius: 8px;
+    background: palette(base); border: 1px solid #d9dce1; border-radius: 8px;
 }
+QScrollArea[plain="true"] { background: transparent; border: none; }
 QFrame[level="good"] { background: #e7f4ea; border: 1px solid #a8d5b2; border-radius: 6px; }
 QFrame[level="warn"] { background: #fff4de; border: 1px solid #f0cf8e; border-radius: 6px; }
 QFrame[level="bad"] { background: #fdecea; border: 1px solid #f2b8b5; border-radius: 6px; }
@@ -163,6 +164,25 @@ def page_layout(widget: QWidget, title: str, intro: str = "") -> QVBoxLayout:
     if intro:
         layout.addWidget(label(intro, "muted", wrap=True))
     return layout
+
+
+def scroll_column(parent_layout: QVBoxLayout) -> QVBoxLayout:
+    """A borderless, see-through scroll area filling the rest of the page; returns the layout
+    to add to (a stretch at its end keeps content at the top)."""
+    scroll = QScrollArea()
+    scroll.setProperty("plain", True)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+    body = QWidget()
+    body.setAutoFillBackground(False)
+    scroll.viewport().setAutoFillBackground(False)
+    column = QVBoxLayout(body)
+    column.setContentsMargins(0, 0, 10, 0)
+    column.setSpacing(12)
+    column.addStretch(1)
+    scroll.setWidget(body)
+    parent_layout.addWidget(scroll, 1)
+    return column
 
 
 def hline() -> QFrame:

@@ -67,8 +67,8 @@ CHOICE_NAMES = {
 }
 FP16_WORDS = {
     "fast": "fast",
-    "slow": "works, but slowly on this card",
-    "unreliable": "unreliable on this card (known to give NaN)",
+    "slow": "works, but slowly here",
+    "unreliable": "unreliable here (known to give NaN)",
     "unsupported": "not supported",
 }
 BF16_WORDS = {
@@ -307,24 +307,21 @@ def fix_words(settings: Mapping[str, Any] | None) -> str:
 def component_dtypes(
     values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
 ) -> dict[str, str]:
-    """The dtype each component will get, resolving `auto` with the recommendation if known."""
+    """The dtype each component will get. `auto` follows the user's base precision; where that
+    is `auto` too, the recommendation for this computer (if known) fills it in."""
     recommended = recommended or {}
-
-    def pick(key: str) -> str:
-        value = values.get(key, "auto")
-        if value == "auto":
-            value = recommended.get(key, "auto")
-        return str(value)
-
-    base = pick("precision")
+    chosen_base = str(values.get("precision", "auto"))
+    base = chosen_base if chosen_base != "auto" else str(recommended.get("precision", "auto"))
     result = {}
     for component, key in (
         ("unet", "unet_precision"),
         ("vae", "vae_precision"),
         ("text", "text_encoder_precision"),
     ):
-        value = pick(key)
-        result[component] = base if value == "auto" else value
+        value = str(values.get(key, "auto"))
+        if value == "auto":
+            value = base if chosen_base != "auto" else str(recommended.get(key, base))
+        result[component] = value
     if values.get("no_half"):
         result = dict.fromkeys(result, "fp32")
     elif values.get("no_half_vae"):
@@ -337,7 +334,9 @@ def precision_summary(
 ) -> str:
     """'UNet fp16 · VAE fp32 · text fp16 · attention upcast' for the status bar."""
     dtypes = component_dtypes(values, recommended)
-    if len(set(dtypes.values())) == 1:
+    if set(dtypes.values()) == {"auto"}:
+        text = "auto (decided when a job runs)"
+    elif len(set(dtypes.values())) == 1:
         text = f"{dtypes['unet']} everywhere"
     else:
         text = f"UNet {dtypes['unet']} · VAE {dtypes['vae']} · text {dtypes['text']}"

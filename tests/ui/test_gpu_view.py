@@ -24,7 +24,7 @@ def test_first_view_starts_the_engine_and_shows_the_report(window, engines):
     view = window.gpu_view
     text = _texts(view)
     assert "NVIDIA GeForce GTX 1660 SUPER" in text
-    assert "unreliable on this card" in text
+    assert "unreliable here (known to give NaN)" in text
     assert "GTX 16xx cards can return NaN from fp16 convolutions." in text
     assert "https://github.com/pytorch/pytorch/issues/58123" in text
     assert "fp16: fail" in text

@@ -1,0 +1,128 @@
+"""Launch-to-visible-window time of the desktop app, several runs, median.
+
+Each run starts a fresh Python process that does what `halfsafe` does (import the GUI, load
+the settings, build the main window, show it) and reports the moment the window first paints.
+The time counted runs from just before the process is spawned to that first paint, so it
+includes interpreter start-up and every import. Settings and caches point at a fresh folder.
+
+Run it with a real display server, e.g. under Xvfb:
+    xvfb-run -a .venv/bin/python benchmarks/gui_launch.py --runs 9
+Without DISPLAY it falls back to Qt's offscreen platform and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import json, sys, time
+started = time.time()
+from PySide6.QtCore import QEvent, QObject, QTimer
+from app.ui.application import application, build_main_window
+
+app = application()
+window = build_main_window()
+
+class FirstPaint(QObject):
+    def __init__(self):
+        super().__init__()
+        self.at = None
+
+    def eventFilter(self, obj, event):
+        if self.at is None and event.type() == QEvent.Type.Paint and obj is window:
+            self.at = time.time()
+            QTimer.singleShot(0, app.quit)
+        return False
+
+probe = FirstPaint()
+window.installEventFilter(probe)
+window.show()
+app.exec()
+print(json.dumps({"visible_at": probe.at, "python_started_at": started,
+                  "platform": app.platformName(), "torch_loaded": "torch" in sys.modules}))
+"""
+
+
+def one_run(env: dict[str, str]) -> dict[str, float | str | bool]:
+    spawned = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"launch failed:\n{out.stderr}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {
+        "launch_to_visible_s": result["visible_at"] - spawned,
+        "python_start_s": result["python_started_at"] - spawned,
+        "platform": result["platform"],
+        "torch_loaded": result["torch_loaded"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+
+    env = dict(os.environ)
+    if (
+        not env.get("DISPLAY")
+        and not env.get("WAYLAND_DISPLAY")
+        and sys.platform.startswith("linux")
+    ):
+        env["QT_QPA_PLATFORM"] = "offscreen"
+    with tempfile.TemporaryDirectory() as home:
+        for var in ("HALFSAFE_CONFIG_DIR", "HALFSAFE_DATA_DIR", "HALFSAFE_CACHE_DIR"):
+            env[var] = str(Path(home) / var.lower())
+        one_run(env)  # warm the file cache once, as a second launch would find it
+        runs = [one_run(env) for _ in range(args.runs)]
+
+    times = [r["launch_to_visible_s"] for r in runs]
+    summary = {
+        "runs": len(times),
+        "median_s": round(statistics.median(times), 3),
+        "min_s": round(min(times), 3),
+        "max_s": round(max(times), 3),
+        "interpreter_start_median_s": round(
+            statistics.median(r["python_start_s"] for r in runs), 3
+        ),
+        "qt_platform": runs[0]["platform"],
+        "torch_loaded": any(r["torch_loaded"] for r in runs),
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()]
+        if hasattr(os, "getloadavg")
+        else None,
+        "python": platform.python_version(),
+        "machine": platform.platform(),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(
+            f"launch to visible window: median {summary['median_s']:.3f} s over {len(times)} runs "
+            f"(min {summary['min_s']:.3f}, max {summary['max_s']:.3f}); Qt platform "
+            f"{summary['qt_platform']}, {summary['cpus']} CPUs, load average "
+            f"{summary['load_average']}; torch imported: {summary['torch_loaded']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""The window with the REAL engine process and the built-in demo model: load, health check,
+generate one image, see it in the gallery."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from app.core.settings import load_settings, save_settings
+
+LONG = 240_000  # ms; a loaded 2-core machine needs a while to import torch and run the demo
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.fixture
+def real_window(qtbot, tmp_path):
+    from app.ui.application import application, build_main_window
+
+    loaded = load_settings().settings
+    loaded["output_folder"] = str(tmp_path / "images")
+    loaded["steps"] = 2
+    loaded["width"] = 64
+    loaded["height"] = 64
+    save_settings(loaded)
+    application()
+    window = build_main_window()
+    qtbot.addWidget(window)
+    window.show()
+    yield window
+    window.close()
+    assert window.client.transport is None
+
+
+def _no_errors(window) -> None:
+    assert window.dialogs.shown == [], window.dialogs.shown[0]
+    assert not window.engine_banner.isVisible(), window.engine_banner.text.text()
+
+
+def _wait(qtbot, window, condition) -> None:
+    def check() -> None:
+        _no_errors(window)
+        assert condition()
+
+    qtbot.waitUntil(check, timeout=LONG)
+
+
+def _load_demo(qtbot, window) -> None:
+    window.models_view.load_path("demo")
+    _wait(qtbot, window, lambda: window.state.model is not None)
+    assert window.state.model["architecture"] == "sd1"
+    assert "untrained test model" in window.models_view.details.title.text()
+
+
+@pytest.mark.skipif(
+    not (_has("app.core.models") and _has("app.core.health")),
+    reason="needs app.core.models and app.core.health",
+)
+def test_load_and_health_check_with_the_real_engine(qtbot, real_window):
+    window = real_window
+    _load_demo(qtbot, window)
+    window.show_page("Health check")
+    window.health_view.run_button.click()
+    _wait(qtbot, window, lambda: window.health_view.report is not None)
+    report = window.health_view.report
+    assert report["verdict"] in ("healthy", "fixable")
+    assert {"text_encoder", "unet", "vae"} <= set(window.health_view.cards)
+    assert window.health_view.charts["unet"].blocks
+    assert window.health_view.markdown.startswith("# HalfSafe health check")
+
+
+@pytest.mark.skipif(
+    not _has("app.core.generation"), reason="app.core.generation is not in this checkout yet"
+)
+def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
+    window = real_window
+    _load_demo(qtbot, window)
+    window.show_page("Generate")
+    view = window.generate_view
+    view.prompt.setPlainText("a red cube")
+    view.batch.setValue(1)
+    view.generate()
+    _wait(qtbot, window, lambda: view.gallery.count() == 1)
+    entry = view.current_entry
+    assert Path(entry["path"]).is_file()
+    assert Path(entry["path"]).parent == tmp_path / "images"
+    assert entry["status"] in ("ok", "fixed", "black")
+    assert not view.image.pixmap.isNull()
+    assert "a red cube" in view.parameters.text()

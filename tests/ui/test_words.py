@@ -1,0 +1,46 @@
+"""The window's words: layers a user can follow, and the precision the next job will use."""
+
+from __future__ import annotations
+
+from app.ui import words
+
+
+def test_layer_paths_become_sentences():
+    assert words.describe_module("vae", "decoder.up_blocks.2.resnets.1.conv2") == (
+        "the second convolution of the second ResNet layer of the third up-sampling block of "
+        "the decoder, in the VAE"
+    )
+    assert words.describe_module("text_encoder", "text_model.encoder.layers.11.mlp.fc2") == (
+        "the second linear layer of the MLP of the twelfth layer of the encoder, in the text "
+        "encoder"
+    )
+    assert words.describe_module("unet", "mid_block.attentions.0.transformer_blocks.0.attn1") == (
+        "self-attention of the first transformer block of the first attention layer of the "
+        "middle block, in the UNet"
+    )
+    assert words.describe_module("unet", None) == ""
+
+
+def test_precision_summary_follows_the_users_base_before_the_recommendation():
+    cpu = {
+        "precision": "fp32",
+        "unet_precision": "fp32",
+        "vae_precision": "fp32",
+        "text_encoder_precision": "fp32",
+    }
+    assert words.precision_summary({"precision": "fp16"}, cpu) == "fp16 everywhere"
+    assert words.precision_summary({"precision": "auto"}, cpu) == "fp32 everywhere"
+    assert words.precision_summary(
+        {"precision": "fp16", "no_half_vae": True, "upcast_attention": True}
+    ) == ("UNet fp16 · VAE fp32 · text fp16 · attention upcast")
+    assert words.precision_summary({"precision": "fp16", "no_half": True}) == "fp32 everywhere"
+    assert words.precision_summary({"precision": "auto"}) == "auto (decided when a job runs)"
+
+
+def test_numbers_read_naturally():
+    assert words.big_number(131000.0) == "131,000"
+    assert words.big_number(3.4954) == "3.5"
+    assert words.big_number(None) == "unknown"
+    assert words.headroom_words(1.6, "at_risk").startswith("Headroom: only 1.6x")
+    assert words.file_size(6_938_000_000) == "6.5 GB"
+    assert words.duration(75) == "1 min 15 s"

@@ -1,0 +1,148 @@
+"""Render the main views to docs/screenshots/*.png, with real data from the real engine.
+
+    xvfb-run -a .venv/bin/python tools/screenshots.py
+
+A tiny SD1.x-shaped model (HalfSafe's demo builder) with one VAE layer scaled past fp16's
+limit is written to a scratch folder first, so the health check and the generation have a
+real overflow to find, explain and fix. Settings run it in fp16 with auto-fix set to "ask",
+which is what makes the black-image banner appear. Nothing touches your own settings: every
+HalfSafe folder points at the scratch folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PLANT = r"""
+import sys, torch
+from app.core.demo import build_tiny_sd_pipeline
+from app.core.models import save_single_file
+pipeline = build_tiny_sd_pipeline(seed=7)
+with torch.no_grad():
+    pipeline.vae.get_submodule("decoder.up_blocks.0.resnets.0.conv1").weight.mul_(1e6)
+save_single_file(pipeline, sys.argv[1])
+"""
+SIZE = (1280, 860)
+
+
+def wait_until(app, condition: Callable[[], bool], what: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        app.processEvents()
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    for _ in range(20):  # let layouts settle and images decode
+        app.processEvents()
+        time.sleep(0.01)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    scratch = Path(tempfile.mkdtemp(prefix="halfsafe-shots-"))
+    for var in ("HALFSAFE_CONFIG_DIR", "HALFSAFE_DATA_DIR", "HALFSAFE_CACHE_DIR"):
+        os.environ[var] = str(scratch / var.lower())
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    models = scratch / "models"
+    models.mkdir()
+    checkpoint = models / "dreamshaper-tiny-overflowing-vae.safetensors"
+    subprocess.run(
+        [sys.executable, "-c", PLANT, str(checkpoint)],
+        cwd=ROOT,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+    )
+
+    from app.core.settings import load_settings, save_settings
+
+    settings = load_settings().settings
+    settings["precision"] = "fp16"
+    settings["auto_fix"] = "ask"
+    settings["steps"] = 8
+    settings["width"] = 256
+    settings["height"] = 256
+    settings["model_folders"] = [str(models)]
+    settings["output_folder"] = str(scratch / "images")
+    save_settings(settings)
+
+    from app.ui.application import application, build_main_window
+
+    app = application()
+    window = build_main_window()
+    window.resize(*SIZE)
+    window.show()
+    window.generate_view.prompt.setPlainText("a lighthouse on a cliff at dusk, oil painting")
+    window.generate_view.negative.setPlainText("blurry, text")
+    wait_until(app, window.isVisible, "the window")
+
+    def shot(name: str, height: int | None = None) -> None:
+        window.resize(SIZE[0], height or SIZE[1])
+        wait_until(app, lambda: True, "layout")
+        path = out / f"{name}.png"
+        window.grab().save(str(path))
+        print(f"wrote {path}")
+
+    # GPU: the real report of this machine, self-test included.
+    window.show_page("GPU")
+    wait_until(app, lambda: window.state.hardware is not None, "the hardware report")
+    shot("gpu")
+
+    # Models: the library scan and the planted model loaded.
+    window.show_page("Models")
+    window.models_view.rescan()
+    wait_until(app, lambda: not window.models_view.scanner.running, "the library scan", 60)
+    window.models_view.load_path(str(checkpoint))
+    wait_until(app, lambda: window.state.model is not None, "the model to load")
+    shot("models")
+
+    # Generate: with auto-fix on "ask", the NaN image gets its banner and the fix button.
+    window.show_page("Generate")
+    window.generate_view.generate()
+    wait_until(app, lambda: window.generate_view.gallery.count() > 0, "the generation")
+    shot("generate-nan")
+
+    # Health check: finds the VAE overflow, names the layer, proves the fix.
+    window.show_page("Health check")
+    health = window.health_view
+    health.size_choice.setCurrentIndex(health.size_choice.findData(256))
+    health.run_check()
+    wait_until(app, lambda: health.report is not None, "the health check")
+    shot("health-check", 1180)
+
+    # Back to the black image: one click applies the fix and makes it again.
+    window.show_page("Generate")
+    window.generate_view.banner.buttons["Apply fix and regenerate"].click()
+    wait_until(app, lambda: window.generate_view.gallery.count() > 1, "the regeneration")
+    shot("generate-fixed")
+
+    window.show_page("Settings")
+    shot("settings")
+
+    # The engine dies: the window stays and offers a restart.
+    window.show_page("Generate")
+    window.client.transport._process.kill()
+    wait_until(app, window.engine_banner.isVisible, "the engine banner", 30)
+    shot("engine-stopped")
+
+    window.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
