@@ -18,7 +18,8 @@ import os
 import struct
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -735,8 +736,6 @@ def write_safetensors(
 ) -> Path:
     """Write tensors as a safetensors file, streaming each tensor's bytes straight from its
     memory (no serialised copy of the whole model), to a temp file renamed into place."""
-    import tempfile
-
     import torch
 
     codes = {
@@ -765,16 +764,17 @@ def write_safetensors(
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep tensor data 8-byte aligned, as the format advises
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    # A plain exclusive open (not mkstemp) so the file gets the usual permissions.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with open(tmp, "xb") as handle:
             handle.write(struct.pack("<Q", len(raw)) + raw)
             for tensor in ready.values():
                 if tensor.numel():
                     handle.write(memoryview(tensor.view(-1).view(torch.uint8).numpy()))
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -783,13 +783,19 @@ def write_safetensors(
 
 
 def sha256_file(
-    path: str | Path, *, cancel: CancelToken | None = None, chunk_bytes: int = 16 << 20
+    path: str | Path,
+    *,
+    cancel: CancelToken | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+    chunk_bytes: int = 16 << 20,
 ) -> str:
     """sha256 of a whole file, read in chunks (hashlib releases the GIL on large updates, so
-    this can run on a worker thread while the model loads)."""
+    this can run on a worker thread while the model loads). `on_bytes(total_so_far)` is called
+    after each chunk, on the hashing thread."""
     digest = hashlib.sha256()
     buffer = bytearray(chunk_bytes)
     view = memoryview(buffer)
+    done = 0
     with open(path, "rb", buffering=0) as handle:
         while True:
             if cancel is not None:
@@ -798,10 +804,38 @@ def sha256_file(
             if not read:
                 break
             digest.update(view[:read])
+            done += read
+            if on_bytes is not None:
+                on_bytes(done)
     return digest.hexdigest()
 
 
-def model_hash(path: str | Path, *, cancel: CancelToken | None = None) -> str:
+def cached_model_hash(path: str | Path) -> str | None:
+    """The short hash if the cache already has it for this exact file, else None (no reading)."""
+    from app.core import paths
+
+    path = Path(path).resolve()
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    entry = _read_json_dict(paths.cache_dir() / "model_hashes.json").get(str(path))
+    if (
+        isinstance(entry, dict)
+        and entry.get("size") == stat.st_size
+        and entry.get("mtime_ns") == stat.st_mtime_ns
+        and isinstance(entry.get("sha256"), str)
+    ):
+        return entry["sha256"][:10]
+    return None
+
+
+def model_hash(
+    path: str | Path,
+    *,
+    cancel: CancelToken | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> str:
     """AUTOMATIC1111's short model hash: the first 10 hex digits of the file's sha256.
 
     Reading a multi-GB file takes seconds, so the full sha256 is cached in
@@ -809,20 +843,15 @@ def model_hash(path: str | Path, *, cancel: CancelToken | None = None) -> str:
     """
     from app.core import paths
 
+    cached = cached_model_hash(path)
+    if cached is not None:
+        return cached
     path = Path(path).resolve()
     stat = path.stat()
     key = str(path)
     stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     cache_file = paths.cache_dir() / "model_hashes.json"
-    cache = _read_json_dict(cache_file)
-    entry = cache.get(key)
-    if (
-        isinstance(entry, dict)
-        and all(entry.get(k) == v for k, v in stamp.items())
-        and isinstance(entry.get("sha256"), str)
-    ):
-        return entry["sha256"][:10]
-    sha = sha256_file(path, cancel=cancel)
+    sha = sha256_file(path, cancel=cancel, on_bytes=on_bytes)
     cache = _read_json_dict(cache_file)  # another process may have added entries meanwhile
     cache[key] = {**stamp, "sha256": sha}
     write_json_atomic(cache_file, cache)

@@ -27,6 +27,7 @@ from app.core.checkpoint import (
     Checkpoint,
     WeightScan,
     WeightScanner,
+    cached_model_hash,
     is_pickle_file,
     model_hash,
     one_torch_thread,
@@ -203,24 +204,44 @@ def _read_json(path: Path, owner: Path | None = None) -> dict[str, Any]:
 
 
 class _Hasher:
-    """Computes the A1111 short hash on a worker thread while the model loads."""
+    """Computes the A1111 short hash on a worker thread while the model loads.
+
+    Only a file's first load hashes it (the result is cached); if the load finishes first,
+    `result()` waits and reports the hash's progress, so a multi-GB first load says what it
+    is doing.
+    """
+
+    STAGE = "Computing the model hash (first load of this file only)"
 
     def __init__(self, path: Path) -> None:
-        self.value: str | None = None
+        self.value: str | None = cached_model_hash(path)
+        self.done_bytes = 0
+        self._total = max(1, path.stat().st_size)
         self._cancel = CancelToken()
-        self._thread = threading.Thread(
-            target=self._run, args=(path,), daemon=True, name="halfsafe-model-hash"
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if self.value is None:
+            self._thread = threading.Thread(
+                target=self._run, args=(path,), daemon=True, name="halfsafe-model-hash"
+            )
+            self._thread.start()
 
     def _run(self, path: Path) -> None:
         try:
-            self.value = model_hash(path, cancel=self._cancel)
+            self.value = model_hash(path, cancel=self._cancel, on_bytes=self._count)
         except (OSError, CancelledError, ValueError):
             self.value = None
 
-    def result(self) -> str | None:
-        self._thread.join()
+    def _count(self, done: int) -> None:
+        self.done_bytes = done
+
+    def result(self, progress: ProgressCallback, cancel: CancelToken | None) -> str | None:
+        while self._thread is not None and self._thread.is_alive():
+            if cancel is not None and cancel.cancelled:
+                self.stop()
+                cancel.raise_if_cancelled()
+            total_mb = round(self._total / 1e6)
+            progress(self.STAGE, min(total_mb, round(self.done_bytes / 1e6)), total_mb)
+            self._thread.join(0.25)
         return self.value
 
     def stop(self) -> None:
@@ -270,7 +291,7 @@ def _load_single_file(
             prediction_type=detection.prediction_type,
             native_size=detection.native_size,
             stored_dtype=stored_dtype(used),
-            model_hash=hasher.result(),
+            model_hash=hasher.result(progress, cancel),
             profile_key=checkpoint.profile_key,
             weights=scan,
             detected_because=detection.because,
@@ -790,11 +811,10 @@ def _load_folder(
     progress("Loading the model folder", 1, 1)
     if vae is not None:
         vae_base = dict(pipeline.vae.config)
-        model, _scan, vae_dtypes = _load_vae_override(
+        model, _, vae_dtypes = _load_vae_override(
             Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel
         )
         _check_latents(Path(vae), model, pipeline.unet)
-        pipeline.vae = model
         pipeline.register_modules(vae=model)
         dtypes["vae"] = vae_dtypes
     weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)

@@ -393,3 +393,23 @@ def test_corpus_leaves_the_process_working(tmp_path):
     good = small_safetensors(tmp_path / "good.safetensors")
     assert read_safetensors_header(good).shapes()["a"] == (2, 3)
     assert json.loads(read_safetensors_header(good).raw)["a"]["dtype"] == "F32"
+
+
+def test_written_files_read_back_aligned_with_usual_permissions(tmp_path):
+    from app.core.checkpoint import write_safetensors
+
+    tensors = {
+        "x": torch.arange(3, dtype=torch.int64),
+        "y": torch.ones(2, 2, dtype=torch.bfloat16),
+        "z": torch.zeros(0),
+    }
+    path = write_safetensors(tmp_path / "out.safetensors", tensors, {"k": "v"})
+    header = read_safetensors_header(path)
+    assert header.data_start % 8 == 0 and header.metadata == {"k": "v"}
+    with Checkpoint(path) as checkpoint:
+        for name, tensor in tensors.items():
+            assert torch.equal(checkpoint.get(name), tensor)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]  # no temp file left

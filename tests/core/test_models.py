@@ -572,3 +572,49 @@ def test_full_size_sdxl_single_file_loads_offline_through_shipped_configs(tmp_pa
         loaded = getattr(model.pipeline, name).state_dict()
         assert set(loaded) == set(expected), name
         assert all(torch.equal(loaded[k][:2], v) for k, v in expected.items()), name
+
+
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_loaded_single_file_pipelines_generate(tmp_path, kind):
+    build, architecture, _ = BUILDERS[kind]
+    path = save_single_file(build(), tmp_path / f"{kind}.safetensors", architecture=architecture)
+    pipeline = load_model(str(path)).pipeline
+    image = pipeline(
+        "a photo of a cat",
+        num_inference_steps=2,
+        height=64,
+        width=64,
+        output_type="np",
+        generator=torch.Generator().manual_seed(0),
+    ).images[0]
+    assert image.shape == (64, 64, 3)
+    assert not (image != image).any()  # no NaN from an untrained but complete pipeline
+
+
+def test_first_load_reports_the_hash_and_can_be_cancelled_there(tmp_path, monkeypatch):
+    import time
+
+    from app.core import checkpoint
+
+    path = save_single_file(build_tiny_sd_pipeline(), tmp_path / "model.safetensors")
+    real = checkpoint.sha256_file
+
+    def slow_sha256(*args, **kwargs):
+        time.sleep(0.8)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "sha256_file", slow_sha256)
+    stages = []
+    model = load_model(str(path), on_progress=lambda stage, done, total: stages.append(stage))
+    assert any(stage.startswith("Computing the model hash") for stage in stages)
+    assert model.model_hash == hashlib.sha256(path.read_bytes()).hexdigest()[:10]
+
+    other = save_single_file(build_tiny_sd_pipeline(seed=1), tmp_path / "other.safetensors")
+    token = CancelToken()
+
+    def cancel_at_hash(stage, done, total):
+        if stage.startswith("Computing the model hash"):
+            token.cancel()
+
+    with pytest.raises(CancelledError):
+        load_model(str(other), on_progress=cancel_at_hash, cancel=token)
