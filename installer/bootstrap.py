@@ -1401,7 +1401,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(layout.venv)
         return 0
     folder = log_dir(environ)
-    log = Log(folder / "setup.log")
+    try:
+        log = Log(folder / "setup.log")
+    except OSError:  # a read-only home: a log somewhere is better than none
+        folder = Path(tempfile.gettempdir()) / f"{APP_NAME}-logs"
+        log = Log(folder / "setup.log")
     log.write(
         f"\n=== {datetime.datetime.now().isoformat(timespec='seconds')} "
         f"setup {shlex.join(sys.argv[1:] if argv is None else list(argv))} "
