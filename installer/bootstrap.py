@@ -132,7 +132,7 @@ APP_DISK_GB = (
 # GPUs older than Turing (compute capability < 7.5), by name, for drivers too old to report it.
 _PRE_TURING = re.compile(
     r"GTX (?:9\d\d|10[5-8]0)|GTX TITAN|TITAN (?:X|Xp|V)\b|Tesla [KMPV]\d|Quadro [KMP]\d|"
-    r"Quadro GV|Quadro M\d|GeForce 9\d\dM?|MX[1-3]\d0",
+    r"Quadro GV\d|GeForce 9\d\dM?|MX[1-3]\d0",
     re.IGNORECASE,
 )
 _BLACKWELL = re.compile(

@@ -269,3 +269,21 @@ def test_requirement_matching(requirement, version, result):
 def test_torch_requirement_comes_from_pyproject():
     assert bs.torch_requirement(bs.APP_DIR).startswith("torch")
     assert bs.requirement_matches(bs.torch_requirement(bs.APP_DIR), "2.13.0+cpu") is True
+
+
+@pytest.mark.parametrize(
+    ("name", "pre_turing"),
+    [
+        ("NVIDIA GeForce GTX 1080 Ti", True),
+        ("Tesla V100-SXM2-16GB", True),
+        ("Quadro P4000", True),
+        ("NVIDIA GeForce MX150", True),
+        ("NVIDIA GeForce GTX 1660 SUPER", False),  # Turing without tensor cores
+        ("NVIDIA GeForce MX450", False),
+        ("NVIDIA GeForce RTX 2060", False),
+        ("NVIDIA GeForce RTX 5070 Ti", False),
+    ],
+)
+def test_card_generation_guess_by_name(name, pre_turing):
+    guessed = bs.guess_capabilities([name])
+    assert (bool(guessed) and guessed[0] < (7, 5)) is pre_turing
