@@ -29,7 +29,7 @@ bin="$venv/bin"
 
 say "lint and import rules"
 lint_paths=()
-for d in app tests installer benchmarks; do [ -d "$d" ] && lint_paths+=("$d"); done
+for d in app tests installer benchmarks tools; do [ -d "$d" ] && lint_paths+=("$d"); done
 "$bin/ruff" check "${lint_paths[@]}"
 "$bin/lint-imports"
 

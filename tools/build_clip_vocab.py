@@ -19,8 +19,11 @@ MERGES = 49152 - 256 - 2
 
 def byte_symbols() -> list[str]:
     """The printable stand-in character for each byte value, in byte order (GPT-2's scheme)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     symbols, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -33,15 +36,17 @@ def byte_symbols() -> list[str]:
 
 
 def main(bpe_path: str) -> None:
-    lines = gzip.open(bpe_path, "rt", encoding="utf-8").read().split("\n")
+    with gzip.open(bpe_path, "rt", encoding="utf-8") as bpe:
+        lines = bpe.read().split("\n")
     merges = lines[1 : MERGES + 1]
     vocab = byte_symbols()
     vocab += [s + "</w>" for s in vocab]
     vocab += ["".join(m.split()) for m in merges]
     vocab += ["<|startoftext|>", "<|endoftext|>"]
     assert len(vocab) == 49408, len(vocab)
-    (OUT / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)},
-                                               ensure_ascii=False), encoding="utf-8")
+    (OUT / "vocab.json").write_text(
+        json.dumps({t: i for i, t in enumerate(vocab)}, ensure_ascii=False), encoding="utf-8"
+    )
     (OUT / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
 
 
