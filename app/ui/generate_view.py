@@ -110,6 +110,7 @@ class GenerateView(QWidget):
         self.ui_settings = ui_settings
         self._load_demo = load_demo
         self.jobs: dict[int, dict[str, Any]] = {}
+        self._fix_of_job: dict[int, dict[str, Any]] = {}
         self.running_job: int | None = None
         self._timing: tuple[float, int] | None = None
         self._job_started = 0.0
@@ -456,6 +457,7 @@ class GenerateView(QWidget):
 
     def _job_done(self, event: EngineEvent) -> None:
         request = self.jobs.pop(event.job_id, {})
+        applied_fix = self._fix_of_job.pop(event.job_id, None)
         if self.running_job == event.job_id:
             self.running_job = None
         if not self.jobs:
@@ -464,7 +466,7 @@ class GenerateView(QWidget):
             self.progress.setValue(0 if event.state != EventState.RESULT else 1)
         if event.state == EventState.RESULT:
             result = event.result or {}
-            self.add_result(result, request)
+            self.add_result(result, request, applied_fix)
             self.progress_label.setText(f"Done in {float(result.get('seconds', 0)):.1f} s.")
         elif event.state == EventState.CANCELLED:
             self.progress_label.setText("Cancelled.")
@@ -478,8 +480,14 @@ class GenerateView(QWidget):
 
     # Results ----------------------------------------------------------------------------------
 
-    def add_result(self, result: dict[str, Any], request: dict[str, Any]) -> None:
-        """Put a finished generation's images into the gallery and show the first one."""
+    def add_result(
+        self,
+        result: dict[str, Any],
+        request: dict[str, Any],
+        applied_fix: dict[str, Any] | None = None,
+    ) -> None:
+        """Put a finished generation's images into the gallery and show the first one.
+        `applied_fix` is the fix this job was made with, after a NaN image."""
         request = dict(result.get("request") or request)
         settings = result.get("settings") or {}
         if settings:
@@ -490,6 +498,8 @@ class GenerateView(QWidget):
                 **image,
                 "request": request,
                 "settings": settings,
+                "warnings": list(result.get("warnings") or []),
+                "applied_fix": applied_fix,
                 "model": result.get("model_name")
                 or (result.get("model") or {}).get("name")
                 or (self.state.model or {}).get("name"),
@@ -548,11 +558,11 @@ class GenerateView(QWidget):
             )
         where = _where(entry)
         if status == "nan":
-            head = "This image came out black because its values went NaN" + where + "."
+            head = f"NaN{where}." if where else "This image went NaN (black)."
             hint = "" if fix else " Run the health check to find which setting fixes it."
             self.banner.show_message("bad", f"<b>{head}</b> {message}{html.escape(hint)}", actions)
         elif status == "black":
-            head = "This image is completely black" + where + "."
+            head = f"Completely black{where}." if where else "This image is completely black."
             self.banner.show_message("warn", f"<b>{head}</b> {message}", actions)
         elif status == "safety_checker":
             self.banner.show_message(
@@ -565,6 +575,13 @@ class GenerateView(QWidget):
                 "<b>Fixed automatically.</b> "
                 + message
                 + (f" Fix applied: {html.escape(applied)}." if applied else ""),
+            )
+        elif entry.get("applied_fix"):
+            self.banner.show_message(
+                "good",
+                "<b>Fixed.</b> Made again with "
+                + html.escape(words.fix_words(entry["applied_fix"]))
+                + "; this time every value stayed finite. The fix stays in your settings.",
             )
         else:
             self.banner.dismiss()
@@ -587,7 +604,9 @@ class GenerateView(QWidget):
             + html.escape(words.fix_words(fix))
             + ". Making the same image again…",
         )
-        return self.submit(request)
+        job_id = self.submit(request)
+        self._fix_of_job[job_id] = dict(fix)
+        return job_id
 
     def reuse_last_seed(self) -> None:
         if self.last_seed is not None:

@@ -122,6 +122,19 @@ class HealthView(QWidget):
                 f"Model: {model.get('name') or model.get('source')} "
                 f"({words.architecture_name(model.get('architecture'))})."
             )
+            checked = ((self.report or {}).get("model") or {}).get("source")
+            if self.report is not None and checked != model.get("source"):
+                self.clear_report()
+
+    def clear_report(self) -> None:
+        """Forget the shown report (it was about another model)."""
+        self._clear()
+        self.report = None
+        self.markdown = ""
+        self.verdict.dismiss()
+        self.stage.setText("")
+        for button in (self.export_button, self.copy_button):
+            button.setEnabled(False)
 
     def run_check(self) -> None:
         if self.job_id is not None or self.state.model is None:
@@ -131,7 +144,11 @@ class HealthView(QWidget):
         self.progress.setRange(0, 0)
         self.progress.show()
         self.stage.setText("Starting…")
-        params = {"precision": self.state.precision(), "device": self.state.device(), "size": None}
+        params = {
+            "precision": self.state.precision(),
+            "device": self.state.device(),
+            "size": self.size_choice.currentData(),
+        }
         self.job_id = self.client.submit("check", params, self._on_event)
 
     def cancel(self) -> None:

@@ -73,6 +73,9 @@ class LibraryScanner(QObject):
                         "stored_dtype": getattr(entry, "stored_dtype", None),
                         "size_bytes": getattr(entry, "size_bytes", None),
                         "error": getattr(entry, "error", None),
+                        "format": getattr(entry, "format", None),
+                        "supported": getattr(entry, "supported", True),
+                        "detected_because": getattr(entry, "detected_because", None),
                     }
                 )
         except ImportError:
@@ -181,7 +184,6 @@ class ModelsView(QWidget):
         self.details = Card("No model loaded")
         self.details_text = label(
             "Loading reads the weights once to check that none of them is NaN or infinite.",
-            "muted",
             wrap=True,
             selectable=True,
         )
@@ -232,20 +234,20 @@ class ModelsView(QWidget):
         selected = demo
         for entry in entries:
             path = Path(entry["path"])
-            error = entry.get("error")
+            kind, tip, colour = _library_words(entry)
             item = QTreeWidgetItem(
                 [
                     path.name,
-                    words.architecture_name(entry.get("architecture")) if not error else "damaged",
+                    kind,
                     entry.get("stored_dtype") or "",
                     words.file_size(entry.get("size_bytes")),
                 ]
             )
             item.setData(0, Qt.ItemDataRole.UserRole, entry)
-            item.setToolTip(0, error or str(path))
-            if error:
-                for column in range(4):
-                    item.setForeground(column, QColor("#b3261e"))
+            for column in range(4):
+                item.setToolTip(column, tip)
+                if colour:
+                    item.setForeground(column, QColor(colour))
             self.library.addTopLevelItem(item)
             if str(path) == last:
                 selected = item
@@ -256,10 +258,10 @@ class ModelsView(QWidget):
     def _selection_changed(self) -> None:
         item = self.library.currentItem()
         entry = item.data(0, Qt.ItemDataRole.UserRole) if item else None
-        error = (entry or {}).get("error")
-        self.load_button.setEnabled(entry is not None and not error and self.job_id is None)
-        if error:
-            self.load_status.setText(error)
+        problem = _unloadable(entry or {})
+        self.load_button.setEnabled(entry is not None and not problem and self.job_id is None)
+        if problem:
+            self.load_status.setText(problem)
         elif self.job_id is None:
             self.load_status.setText("")
 
@@ -292,8 +294,9 @@ class ModelsView(QWidget):
         if item is None:
             return
         entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
-        if entry.get("error"):
-            self.dialogs.error(entry["error"])
+        problem = _unloadable(entry)
+        if problem:
+            self.dialogs.error(problem)
             return
         self.load_path(entry["path"])
 
@@ -407,7 +410,7 @@ class ModelsView(QWidget):
         name = model.get("name") or model.get("source")
         if model.get("format") == "demo" or model.get("source") == DEMO_SOURCE:
             name = DEMO_LABEL
-        self.details.title.setText(str(name))
+        self.details.title.setText(f"Loaded: {name}")
         lines = [f"<b>{html.escape(words.architecture_name(model.get('architecture')))}</b>"]
         because = " ".join(model.get("detected_because") or [])
         if because:
@@ -457,6 +460,36 @@ class ModelsView(QWidget):
         )
 
 
+def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
+    """The Type column, the tooltip and a text colour for one library entry."""
+    path = entry.get("path", "")
+    because = entry.get("detected_because") or ""
+    if entry.get("error"):
+        return "damaged", entry["error"], "#b3261e"
+    if entry.get("format") == "pickle":
+        return (
+            "pickle checkpoint",
+            f"{path}\nPickle files are only opened when you load one and confirm.",
+            None,
+        )
+    kind = words.architecture_name(entry.get("architecture"))
+    if entry.get("supported") is False:
+        return f"{kind} (not supported)", f"{path}\n{because}".strip(), "#80868b"
+    return kind, f"{path}\n{because}".strip(), None
+
+
+def _unloadable(entry: dict[str, Any]) -> str:
+    """Why this entry cannot be loaded, as one sentence; empty when it can."""
+    if entry.get("error"):
+        return str(entry["error"])
+    if entry.get("supported") is False and entry.get("format") != "pickle":
+        name = Path(entry.get("path", "")).name
+        return f"{name}: HalfSafe cannot run this kind of model yet" + (
+            f" ({entry['detected_because'].rstrip('.')})." if entry.get("detected_because") else "."
+        )
+    return ""
+
+
 def _weights_words(weights: dict[str, Any] | None) -> str:
     if not weights:
         return "Weights not checked."
@@ -469,7 +502,7 @@ def _weights_words(weights: dict[str, Any] | None) -> str:
     if size:
         checked += f" ({size})"
     if isinstance(seconds, (int, float)):
-        checked += f" in {seconds:.1f} s"
+        checked += f" in {seconds:.1f} s" if seconds >= 0.05 else " in under 0.1 s"
         if isinstance(speed, (int, float)) and speed > 0:
             checked += f" at {speed:,.0f} MB/s"
     if bad:

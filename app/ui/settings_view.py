@@ -413,14 +413,12 @@ class SettingsView(QWidget):
                 )
             return f"Auto picks {device.get('name', 'the first device')} here."
         if value == "auto" and key in _FOLLOWS_PRECISION:
-            resolved = recommended.get(key, "auto")
-            if resolved in ("auto", None):
-                base = self.state.settings["precision"]
-                if base == "auto":
-                    base = recommended.get("precision", "auto")
-                if base == "auto":
-                    return "Auto follows Precision."
+            base = self.state.settings["precision"]
+            if base != "auto":
                 return f"Auto follows Precision: {words.choice_name(base)}."
+            resolved = recommended.get(key) or recommended.get("precision")
+            if not resolved or resolved == "auto":
+                return "Auto follows Precision."
             return _sentence(f"Auto means {words.choice_name(resolved)} here", reason)
         if value == "auto" and FIELDS[key].kind == "choice":
             if not have_report:

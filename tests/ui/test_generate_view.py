@@ -29,6 +29,10 @@ def _png(path, colour="steelblue") -> str:
     return str(path)
 
 
+def window_status(view) -> str:
+    return view.window().precision_status.text()
+
+
 def _image(path, status="ok", **extra):
     entry = {
         "path": path,
@@ -97,9 +101,14 @@ def test_result_lands_in_the_gallery_with_its_parameters(view, engines, tmp_path
             "images": [_image(_png(tmp_path / "a.png"))],
             "settings": {"precision": "fp16"},
             "seconds": 2.0,
+            "warnings": ["unet runs in fp16 as you asked; on a CPU fp16 is slow."],
         },
     )
     assert view.gallery.count() == 1
+    assert view.progress_label.text() == "Done in 2.0 s."
+    assert "Note: unet runs in fp16 as you asked" in view.parameters.text()
+    assert "Precision: fp16 everywhere" in view.parameters.text()
+    assert window_status(view) == "Precision: fp16 everywhere"
     assert "Seed: 1234" in view.parameters.text()
     assert "a lighthouse at dusk" in view.parameters.text()
     assert not view.banner.isVisible()
@@ -141,6 +150,18 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
     assert again.params["request"]["seed"] == 1234
     assert again.params["request"]["prompt"] == "a lighthouse at dusk"
     assert load_settings().settings["vae_precision"] == "fp32"
+
+    engines.current.finish(
+        again,
+        {
+            "images": [_image(_png(tmp_path / "fixed.png"))],
+            "settings": {"vae_precision": "fp32"},
+            "seconds": 3.0,
+        },
+    )
+    assert view.gallery.count() == 2
+    assert view.banner.level == "good"
+    assert "Made again with VAE precision: fp32 (full)" in view.banner.text.text()
 
 
 def test_fixed_image_says_what_was_fixed(view, engines, tmp_path):

@@ -99,10 +99,19 @@ def test_run_is_one_click_and_sends_the_current_settings(window, engines):
     window.state.set_setting("upcast_attention", True)
     view, job = _run_check(window, engines)
     assert job.params["precision"]["upcast_attention"] is True
+    assert job.params["size"] is None  # the model's own size
     engines.current.emit(job, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
     assert view.progress.value() == 1 and view.progress.maximum() == 3
     assert "Checking the UNet" in view.stage.text()
     assert not view.run_button.isEnabled()
+
+
+def test_probe_size_can_be_chosen(window, engines):
+    load_fake_model(window, engines)
+    view = window.health_view
+    view.size_choice.setCurrentIndex(view.size_choice.findData(768))
+    view.run_check()
+    assert engines.current.last_job("check").params["size"] == 768
 
 
 def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
@@ -191,3 +200,12 @@ def test_run_needs_a_model(window):
     window.show_page("Health check")
     assert not window.health_view.run_button.isEnabled()
     assert "Load a model" in window.health_view.model_hint.text()
+
+
+def test_a_report_about_another_model_is_cleared_when_a_new_one_loads(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    assert view.cards
+    load_fake_model(window, engines)  # the demo, not /models/sdxl.safetensors
+    assert view.report is None and not view.cards
+    assert not view.verdict.isVisible() and not view.copy_button.isEnabled()

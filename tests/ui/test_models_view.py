@@ -157,6 +157,46 @@ def test_library_lists_scanned_models_and_marks_damaged_ones(window):
     assert not view.load_button.isEnabled()
 
 
+def test_library_marks_pickles_and_models_it_cannot_run(window):
+    view = window.models_view
+    view._library_scanned(
+        [
+            {
+                "path": "/models/old.ckpt",
+                "architecture": None,
+                "stored_dtype": None,
+                "size_bytes": 2_000_000_000,
+                "error": None,
+                "format": "pickle",
+                "supported": True,
+            },
+            {
+                "path": "/models/flux.safetensors",
+                "architecture": "flux",
+                "stored_dtype": "bf16",
+                "size_bytes": 23_000_000_000,
+                "error": None,
+                "format": "single_file",
+                "supported": False,
+                "detected_because": "Its transformer is a FLUX MMDiT.",
+            },
+        ],
+        "",
+    )
+    pickle, flux = view.library.topLevelItem(1), view.library.topLevelItem(2)
+    assert pickle.text(1) == "pickle checkpoint"
+    assert "confirm" in pickle.toolTip(0)
+    assert flux.text(1) == "FLUX (not supported)"
+    view.library.setCurrentItem(flux)
+    assert not view.load_button.isEnabled()
+    assert (
+        "cannot run this kind of model yet (Its transformer is a FLUX MMDiT)."
+        in view.load_status.text()
+    )
+    view.library.setCurrentItem(pickle)
+    assert view.load_button.isEnabled()
+
+
 def test_library_scan_runs_off_the_gui_thread(window, qtbot, tmp_path):
     view = window.models_view
     with qtbot.waitSignal(view.scanner.finished, timeout=20000):

@@ -166,6 +166,11 @@ def test_auto_says_what_it_resolves_to_and_why(window):
     assert "Memory-efficient" in view.resolved["attention_backend"].text()
     assert "GTX 1660" in view.resolved["device"].text()
     assert view.editors["device"].input.findData("cuda:0") >= 0
+    assert view.resolved["vae_precision"].text().startswith("Auto means fp32 (full) here")
+    # An explicit base precision is what `auto` components follow, whatever is recommended.
+    window.state.set_setting("precision", "fp16")
+    assert view.resolved["vae_precision"].text() == "Auto follows Precision: fp16 (half)."
+    assert view.resolved["precision"].text().startswith("Recommended for this computer: fp32")
 
 
 def test_changes_elsewhere_show_up_in_the_panel(window):
