@@ -18,7 +18,6 @@ DOING = {
     "check": "running the health check",
     "generate": "generating",
     "hardware": "checking this computer's devices",
-    "library": "scanning the model folders",
     "ping": "starting up",
 }
 

@@ -180,14 +180,6 @@ def hardware(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     return _plain(report.to_json())
 
 
-def library(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
-    """params: folders (list of paths; the usual UI folders are added by core)."""
-    from app.core.library import scan_library
-
-    entries = scan_library([Path(f) for f in params.get("folders", [])])
-    return {"entries": [_plain(entry) for entry in entries]}
-
-
 def ping(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     """Proves the engine is up and answering."""
     return {"pid": os.getpid(), "python": sys.version.split()[0]}
@@ -198,6 +190,5 @@ HANDLERS: dict[str, Handler] = {
     "check": check,
     "generate": generate,
     "hardware": hardware,
-    "library": library,
     "ping": ping,
 }

@@ -146,6 +146,8 @@ class Banner(QFrame):
     def clear_actions(self) -> None:
         for button in self.buttons.values():
             self._buttons.removeWidget(button)
+            # Hidden now: deletion waits for the event loop, and the old button must not linger.
+            button.hide()
             button.deleteLater()
         self.buttons = {}
 

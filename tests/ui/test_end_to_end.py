@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.core.settings import load_settings, save_settings
+from app.engine.events import EventState
 
 LONG = 240_000  # ms; a loaded 2-core machine needs a while to import torch and run the demo
 
@@ -23,7 +24,7 @@ def real_window(qtbot, tmp_path):
 
     loaded = load_settings().settings
     loaded["output_folder"] = str(tmp_path / "images")
-    loaded["steps"] = 2
+    loaded["steps"] = 4  # previews come every other step, before the last
     loaded["width"] = 64
     loaded["height"] = 64
     save_settings(loaded)
@@ -83,6 +84,10 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
     view = window.generate_view
     view.prompt.setPlainText("a red cube")
     view.batch.setValue(1)
+    previews = []
+    window.client.event.connect(
+        lambda event: previews.append(event) if event.state == EventState.PREVIEW else None
+    )
     view.generate()
     _wait(qtbot, window, lambda: view.gallery.count() == 1)
     entry = view.current_entry
@@ -91,3 +96,4 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
     assert entry["status"] in ("ok", "fixed", "black")
     assert not view.image.pixmap.isNull()
     assert "a red cube" in view.parameters.text()
+    assert previews and previews[0].preview_png.startswith(b"\x89PNG")
