@@ -462,12 +462,14 @@ def check_loaded(
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     remember: bool = True,
+    measure_cost: bool = True,
 ) -> HealthReport:
     """Check a loaded model on `device` under the user's precision settings.
 
     Runs on the calling thread and takes seconds on a GPU. Side effects: components are copied
     to the device for the duration (released at the end), and a verified fix is stored in the
-    model's remembered profile (unless `remember` is False).
+    model's remembered profile (unless `remember` is False). With `measure_cost`, a verified
+    fix is also timed against no-half: a few extra UNet steps under each.
     """
     import torch
 
@@ -620,11 +622,12 @@ def check_loaded(
         verdict = "fixable"
         summary = _fix_summary(failed, fix_words, plan, fix_plan)
         fix = Fix(fix_plan, fix_settings, summary, verified=True)
-        progress("Measuring the cost of the fix", 3, total)
-        fix.cost = {
-            "fix": runner.unet_step_cost(fix_plan, conditioning),
-            "no_half": runner.unet_step_cost(_no_half(plan), conditioning),
-        }
+        if measure_cost:
+            progress("Measuring the cost of the fix", 3, total)
+            fix.cost = {
+                "fix": runner.unet_step_cost(fix_plan, conditioning),
+                "no_half": runner.unet_step_cost(_no_half(plan), conditioning),
+            }
         if remember:
             profiles.remember_fix(
                 model.profile_key, info.name, fix_settings, summary, "health check"

@@ -65,7 +65,16 @@ def loaded(pipeline, key: str = "tiny") -> LoadedModel:
 
 
 def check(model, precision=FP16, **kwargs):
+    # The fix's cost (extra UNet steps per plan) is measured in one test, not in every one.
+    kwargs.setdefault("measure_cost", False)
     return health.check_loaded(model, precision=precision, device="cpu", size=64, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def vae_report():
+    """One check of a model with an overflowing VAE, cost measured, shared by the report tests."""
+    return health.check_loaded(loaded(plant(build_tiny_sd_pipeline(), "vae")), precision=FP16,
+                               device="cpu", size=64, remember=False, measure_cost=True)
 
 
 def failing(report) -> set[str]:
@@ -234,17 +243,25 @@ def test_probe_reads_device_values_once_not_per_module(monkeypatch):
     assert len(result.modules) > 50
 
 
-def test_markdown_report_names_the_layer_and_the_fix():
-    report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), remember=False)
-    text = health.markdown_report(report)
+def test_markdown_report_names_the_layer_and_the_fix(vae_report):
+    text = health.markdown_report(vae_report)
     assert f"`{VAE_LAYER}`" in text
     assert "| vae |" in text
     assert "Verified" in text
     assert "--vae-precision" in text
 
 
-def test_report_json_holds_the_contract():
-    document = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), remember=False).to_json()
+def test_fix_cost_is_measured_against_no_half(vae_report):
+    cost = vae_report.fix.cost
+    for plan in ("fix", "no_half"):
+        assert cost[plan]["unet_step_ms"] > 0
+        assert cost[plan]["peak_memory_mb"] is None  # a CPU reports no device memory
+    # The fix keeps the UNet and text encoder in fp16: fewer bytes of weights than no-half.
+    assert cost["fix"]["weights_mb"] < cost["no_half"]["weights_mb"]
+
+
+def test_report_json_holds_the_contract(vae_report):
+    document = vae_report.to_json()
     json.dumps(document, allow_nan=False)  # strict JSON: no NaN/Infinity
     assert set(document) >= {
         "halfsafe",

@@ -197,9 +197,9 @@ def test_test_mode_hands_over_to_the_test_script(tmp_path):
 
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
-    setup_doc = (ROOT / "docs" / "setup-commands.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert "installer/halfsafe.sh --test" in ci
-    assert "installer/halfsafe.sh --test" in setup_doc
+    assert "```\ninstaller/halfsafe.sh --test\n```" in readme
 
 
 def test_test_script_keeps_its_guarantees():
