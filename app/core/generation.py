@@ -1038,34 +1038,45 @@ def _describe(
             entry.fix = dict(suggestion.settings)
             tested = "passed a quick test" if auto_fix == "ask" else "should fix it"
             entry.message = f"{where}, so {share}; the fix '{suggestion.words}' {tested}."
+        elif auto_fix == "auto":
+            entry.message = (
+                f"{where}, so {share}, and no precision setting made it finite: run the "
+                "health check on this model."
+            )
+        elif auto_fix == "ask":
+            entry.message = (
+                f"{where}, so {share}, and no precision setting passed a quick test: run the "
+                "health check on this model."
+            )
         else:
             entry.message = (
-                f"{where}, so {share}, and no precision setting made "
-                "it finite: run the health check on this model."
+                f"{where}, so {share}, though it already runs in fp32: run the health check "
+                "on this model."
             )
         return entry
-    if fixes:
+    if fixes and repair is not None:
+        entry.fix = dict(repair.settings)
+    if safety_hit:
+        entry.status = "safety_checker"
+        entry.message = (
+            "The model's safety checker flagged this image and replaced it with a black one; "
+            "nothing overflowed."
+        )
+    elif stats.near_black:
+        entry.status = "black"
+        entry.message = (
+            "This image is almost completely black but holds no NaN, so nothing overflowed; "
+            "that may be what the prompt asks for, so try another seed or a brighter prompt."
+        )
+    elif fixes:
         entry.status = "fixed"
-        entry.fix = dict(repair.settings) if repair else None
         how = (
             "the same latents were decoded again"
             if component == "vae"
             else "the image was made again"
         )
         entry.message = f"{where}; {how} with the fix '{'; '.join(fixes)}', and it came out finite."
-    if safety_hit:
-        entry.status = "safety_checker" if not fixes else entry.status
-        entry.message = (
-            "The model's safety checker flagged this image and replaced it with a black one; "
-            "nothing overflowed."
-        )
-    elif stats.near_black:
-        entry.status = "black" if not fixes else entry.status
-        entry.message = (
-            "This image is almost completely black but holds no NaN, so nothing overflowed; "
-            "that may be what the prompt asks for, so try another seed or a brighter prompt."
-        )
-    elif not fixes:
+    else:
         entry.message = (
             "No problem found: every value stayed finite."
             if watched

@@ -155,6 +155,24 @@ def test_vae_overflow_is_repaired_from_the_same_latents(base, tmp_path, device_n
     assert remembered is not None and remembered.verified_by == "generation repair"
     assert set(remembered.settings) == {"vae_precision"}
 
+    # The next job starts from the remembered fix: nothing goes NaN, nothing to repair.
+    again = generate(model, request(tmp_path), precision=fp16(), device="cpu")
+    (entry,) = again.images
+    assert (entry.status, entry.fixes_applied) == ("ok", [])
+    assert entry.settings["vae_precision"] == remembered.settings["vae_precision"]
+    assert any("remembered" in warning for warning in again.warnings)
+
+
+def test_ask_offers_a_fix_that_passed_a_quick_test_and_keeps_the_image(base, tmp_path):
+    model = variant(base, "vae-ask", vae=scaled(base.vae, VAE_LAYER, 1e6))
+    result = generate(model, request(tmp_path), precision=fp16(auto_fix="ask"), device="cpu")
+    (entry,) = result.images
+    assert (entry.status, entry.component, entry.fixes_applied) == ("nan", "vae", [])
+    assert entry.fix in ({"vae_precision": "bf16"}, {"vae_precision": "fp32"})
+    assert entry.first_bad_module == VAE_LAYER
+    assert "quick test" in entry.message
+    assert profiles.remembered_fix("vae-ask", result.device["name"]) is None
+
 
 def test_unet_overflow_is_reported_then_repaired_with_the_unet_fix(base, tmp_path):
     model = variant(base, "unet", unet=scaled(base.unet, FF_LAYER, 1e5))
@@ -546,3 +564,73 @@ def test_cli_generate_bad_flags_exit_2(flags, capsys):
         cli.main(["generate", "demo", *flags])
     assert caught.value.code == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+# --- on a GPU --------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_watch_adds_no_host_sync_inside_the_loop(base, tmp_path):
+    """Under `set_sync_debug_mode("warn")`, count the synchronising calls between the end of the
+    first step and the end of the last: the watched loop makes no more than plain diffusers."""
+    import warnings
+
+    from app.core.precision import PlacedPipeline, backend_flags, resolve_plan
+
+    model = variant(base, "sync")
+    steps = 6
+
+    def count_inside(run) -> int:
+        marks: list[int] = []
+        with warnings.catch_warnings(record=True) as records:
+            warnings.simplefilter("always")
+
+            def mark() -> None:
+                marks.append(sum("synchronizing" in str(r.message) for r in records))
+
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run(mark)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        assert len(marks) == steps
+        return marks[-1] - marks[0]
+
+    def watched(mark) -> None:
+        def progress(stage, step, total):
+            if stage == "Generating":
+                mark()
+
+        result = generate(
+            model,
+            request(tmp_path, steps=steps),
+            precision=fp16(),
+            device="cuda",
+            on_progress=progress,
+        )
+        assert result.images[0].status == "ok"
+
+    def plain(mark) -> None:
+        plan = resolve_plan(fp16(), device="cuda", components=["text_encoder", "unet", "vae"])
+        placed = PlacedPipeline(model.pipeline, plan)
+        pipe = placed.pipeline()
+        pipe.scheduler = generation.make_scheduler("dpmpp_2m_karras", base.scheduler.config)
+        pipe.set_progress_bar_config(disable=True)
+
+        def step_end(_pipe, _index, _t, _tensors):
+            mark()
+            return {}
+
+        with backend_flags(plan), torch.inference_mode():
+            pipe(
+                prompt="a lighthouse at dusk",
+                height=64,
+                width=64,
+                num_inference_steps=steps,
+                output_type="latent",
+                callback_on_step_end=step_end,
+            )
+        placed.release()
+
+    assert count_inside(watched) <= count_inside(plain)
