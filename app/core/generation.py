@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -754,22 +755,23 @@ def _first_bad(probe) -> str | None:
     return bad.name if bad is not None and bad.name else None
 
 
-_CHECKERS: dict[int, tuple[str, Any, Any]] = {}
+# The safety checker's copy on the job's device, per loaded checker; dropped with the model.
+_CHECKERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _placed_checker(checker, device):
-    """The safety checker on the job's device (a copy kept per checker; the loaded pipeline
-    stays on the CPU)."""
+    """The safety checker on the job's device (the loaded pipeline stays on the CPU)."""
     import copy
 
     first = next(checker.parameters(), None)
     if first is None or first.device == device:
         return checker
-    cached = _CHECKERS.get(id(checker))
-    if cached is not None and cached[0] == str(device) and cached[1] is checker:
-        return cached[2]
+    cached = _CHECKERS.get(checker)
+    if cached is not None and cached[0] == str(device):
+        return cached[1]
+    _CHECKERS.pop(checker, None)  # free the copy on another device first
     placed = copy.deepcopy(checker).to(device)
-    _CHECKERS[id(checker)] = (str(device), checker, placed)
+    _CHECKERS[checker] = (str(device), placed)
     return placed
 
 

@@ -369,6 +369,17 @@ def test_every_sampler_makes_the_same_image_for_the_same_seed(base, tmp_path, sc
     assert first.images[0].path != again.images[0].path
 
 
+def test_without_guidance_the_watch_follows_the_unguided_batch(base, tmp_path):
+    model = variant(base, "cfg1")
+    result = generate(
+        model,
+        request(tmp_path, cfg=1.0, steps=2, batch=2),
+        precision=PrecisionSettings(),
+        device="cpu",
+    )
+    assert [e.status for e in result.images] == ["ok", "ok"]
+
+
 def test_v_prediction_is_carried_into_the_scheduler(base):
     for name in ("euler", "euler_a", "dpmpp_2m_karras", "ddim"):
         scheduler = generation.make_scheduler(name, base.scheduler.config, "v_prediction")
