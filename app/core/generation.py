@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.core import paths
 from app.core.errors import HalfSafeError
 from app.core.health import COMPONENT_WORDS, FixCandidate, candidate_fixes
 from app.core.images import (
@@ -1146,6 +1147,20 @@ def _output_folder(request: GenerationRequest) -> Path:
     return Path(chosen).expanduser() if chosen else paths.default_output_dir()
 
 
+def rescue_unsaved(error: ImageSaveError) -> ImageSaveError:
+    """After a failed save, write the images that are still only in memory to HalfSafe's own
+    `unsaved` folder, and return the error with that folder named, so nothing generated is lost
+    when the process ends. If that write fails too, the original error is returned."""
+    if error.result is None:
+        return error
+    rescue = paths.data_dir() / "unsaved"
+    try:
+        error.result.save(rescue)
+    except ImageSaveError:
+        return error
+    return ImageSaveError(f"{error} The images were saved to {rescue} instead.", error.result)
+
+
 def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationResult:
     """`halfsafe generate`: load `source`, build the request from the flags laid over the saved
     settings (`values`), and generate. Progress goes to stderr when it is a terminal."""
@@ -1184,6 +1199,8 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
             device=values.get("device", "auto"),
             on_progress=on_progress,
         )
+    except ImageSaveError as error:
+        raise rescue_unsaved(error) from None
     finally:
         if on_progress is not None:
             print("\r\033[K", end="", file=sys.stderr, flush=True)

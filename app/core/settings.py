@@ -250,8 +250,9 @@ SCHEMA: tuple[Field, ...] = (
         "bool",
         True,
         "NaN watch",
-        "Watch every generation for values that went non-finite, at no per-step cost. Turning "
-        "it off (like --disable-nan-check) lets black images pass silently.",
+        "Watch every denoising step for values that went non-finite, at no per-step cost, so a "
+        "broken image is caught where it broke and repaired. Off (like --disable-nan-check): "
+        "no watch and no repair; finished images are still labelled NaN or black.",
         "NaN safety",
     ),
     Field(

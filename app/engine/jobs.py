@@ -150,19 +150,23 @@ def check(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
 def generate(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     """params: request (GenerationRequest fields), precision (settings mapping), device."""
     model = _loaded(context)
-    from app.core.generation import GenerationRequest
+    from app.core.generation import GenerationRequest, rescue_unsaved
     from app.core.generation import generate as run_generation
+    from app.core.images import ImageSaveError
 
     request = GenerationRequest(**params["request"])
-    result = run_generation(
-        model,
-        request,
-        precision=PrecisionSettings.from_mapping(params.get("precision", {})),
-        device=params.get("device", "auto"),
-        on_progress=context.progress,
-        on_preview=context.preview,
-        cancel=context.cancel,
-    )
+    try:
+        result = run_generation(
+            model,
+            request,
+            precision=PrecisionSettings.from_mapping(params.get("precision", {})),
+            device=params.get("device", "auto"),
+            on_progress=context.progress,
+            on_preview=context.preview,
+            cancel=context.cancel,
+        )
+    except ImageSaveError as error:
+        raise rescue_unsaved(error) from None
     document = _plain(result.to_json())
     document["request"] = dict(params["request"])
     document["model_name"] = (context.session.model_summary or {}).get("name")

@@ -530,6 +530,22 @@ def test_unwritable_output_folder_is_a_clear_error_and_keeps_the_images(base, tm
     assert read_parameters(saved).startswith("a lighthouse at dusk")
 
 
+def test_a_failed_save_is_rescued_into_halfsafes_own_folder(base, tmp_path):
+    from app.core import paths
+    from app.core.generation import rescue_unsaved
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(ImageSaveError) as caught:
+        generate(variant(base, "rescue"), request(tmp_path, output_dir=str(blocker / "images")),
+                 precision=PrecisionSettings(), device="cpu")
+    rescued = rescue_unsaved(caught.value)
+    folder = paths.data_dir() / "unsaved"
+    assert str(folder) in str(rescued) and str(blocker) in str(rescued)
+    (saved,) = folder.iterdir()
+    assert read_parameters(saved).startswith("a lighthouse at dusk")
+
+
 def test_infotext_quotes_values_like_a1111():
     text = images.infotext(
         "p", "", [("Steps", 2), ("Note", "a, b"), ("Skip", None), ("Ratio", "1:2")]
