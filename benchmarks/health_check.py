@@ -36,10 +36,19 @@ def build(name: str, dtype: str):
         return load_model("demo")
     pipeline = build_random_pipeline(name, dtype=dtype, seed=0)
     return LoadedModel(
-        pipeline=pipeline, source=f"random-{name}", name=f"random-{name}", format="demo",
-        architecture=name, prediction_type="epsilon", native_size=NATIVE[name],
-        stored_dtype=dtype, model_hash=None, profile_key=f"bench-random-{name}",
-        weights=scan_weights(pipeline), detected_because="random weights for a benchmark")
+        pipeline=pipeline,
+        source=f"random-{name}",
+        name=f"random-{name}",
+        format="demo",
+        architecture=name,
+        prediction_type="epsilon",
+        native_size=NATIVE[name],
+        stored_dtype=dtype,
+        model_hash=None,
+        profile_key=f"bench-random-{name}",
+        weights=scan_weights(pipeline),
+        detected_because="random weights for a benchmark",
+    )
 
 
 def sync(device) -> None:
@@ -73,7 +82,8 @@ def bench_model(name: str, args) -> dict:
     size = args.size or NATIVE[name]
     settings = PrecisionSettings(precision=args.dtype)
     check = lambda: health.check_loaded(  # noqa: E731
-        model, precision=settings, device=args.device, size=size, remember=False)
+        model, precision=settings, device=args.device, size=size, remember=False
+    )
 
     report = check()  # warm-up: kernel selection, allocator, first-call costs
     check_seconds = timed(check, device, args.repeats)
@@ -86,8 +96,14 @@ def bench_model(name: str, args) -> dict:
 
     def generate():
         with backend_flags(report.plan), torch.inference_mode():
-            pipe(health.DEFAULT_PROMPT, num_inference_steps=args.steps, height=size, width=size,
-                 generator=torch.Generator().manual_seed(0), output_type="latent")
+            pipe(
+                health.DEFAULT_PROMPT,
+                num_inference_steps=args.steps,
+                height=size,
+                width=size,
+                generator=torch.Generator().manual_seed(0),
+                output_type="latent",
+            )
             latents = torch.randn(1, 4, size // 8, size // 8, device=device)
             pipe.vae.decode(latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor)
 
@@ -96,17 +112,24 @@ def bench_model(name: str, args) -> dict:
 
     # Hook overhead: the UNet stage with and without the activation recorders.
     conditioning = runner.encode(report.plan, record=False).output
-    bare = timed(lambda: runner.denoise(report.plan, conditioning, record=False), device,
-                 args.repeats)
-    hooked = timed(lambda: runner.denoise(report.plan, conditioning, record=True), device,
-                   args.repeats)
+    bare = timed(
+        lambda: runner.denoise(report.plan, conditioning, record=False), device, args.repeats
+    )
+    hooked = timed(
+        lambda: runner.denoise(report.plan, conditioning, record=True), device, args.repeats
+    )
     placed.release()
     return {
-        "model": name, "size": size, "dtype": args.dtype, "verdict": report.verdict,
+        "model": name,
+        "size": size,
+        "dtype": args.dtype,
+        "verdict": report.verdict,
         "check_s": round(check_seconds, 3),
-        "generation_s": round(generation_seconds, 3), "steps": args.steps,
+        "generation_s": round(generation_seconds, 3),
+        "steps": args.steps,
         "check_vs_generation": round(check_seconds / generation_seconds, 3),
-        "unet_stage_bare_s": round(bare, 3), "unet_stage_hooked_s": round(hooked, 3),
+        "unet_stage_bare_s": round(bare, 3),
+        "unet_stage_hooked_s": round(hooked, 3),
         "hook_overhead": round(hooked / bare - 1, 3),
     }
 
@@ -116,9 +139,14 @@ def machine(device: str) -> dict:
     import torch
 
     gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "gpu": gpu, "torch": torch.__version__, "diffusers": diffusers.__version__,
-            "python": platform.python_version()}
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def main() -> None:
@@ -133,13 +161,17 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = [bench_model(name, args) for name in args.models.split(",")]
-    header = (f"{'model':<6}{'size':>6}{'dtype':>6}{'check s':>10}{'20-step s':>11}"
-              f"{'ratio':>8}{'hooks':>8}  verdict")
+    header = (
+        f"{'model':<6}{'size':>6}{'dtype':>6}{'check s':>10}{'20-step s':>11}"
+        f"{'ratio':>8}{'hooks':>8}  verdict"
+    )
     print(header)
     for r in rows:
-        print(f"{r['model']:<6}{r['size']:>6}{r['dtype']:>6}{r['check_s']:>10.3f}"
-              f"{r['generation_s']:>11.3f}{r['check_vs_generation']:>8.1%}"
-              f"{r['hook_overhead']:>+8.1%}  {r['verdict']}")
+        print(
+            f"{r['model']:<6}{r['size']:>6}{r['dtype']:>6}{r['check_s']:>10.3f}"
+            f"{r['generation_s']:>11.3f}{r['check_vs_generation']:>8.1%}"
+            f"{r['hook_overhead']:>+8.1%}  {r['verdict']}"
+        )
     document = {"benchmark": "health_check", "machine": machine(args.device), "results": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(document, indent=2))

@@ -19,12 +19,12 @@ def test_version(capsys):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["check"],                                   # MODEL missing
-        ["check", "demo", "--precision", "fp8"],     # not a choice
-        ["generate", "demo", "--steps", "0"],        # out of range
-        ["generate", "demo", "--width", "513"],      # not a multiple of 8
-        ["check", "demo", "--device", "gpu"],        # not a device
-        ["frobnicate"],                              # no such command
+        ["check"],  # MODEL missing
+        ["check", "demo", "--precision", "fp8"],  # not a choice
+        ["generate", "demo", "--steps", "0"],  # out of range
+        ["generate", "demo", "--width", "513"],  # not a multiple of 8
+        ["check", "demo", "--device", "gpu"],  # not a device
+        ["frobnicate"],  # no such command
     ],
 )
 def test_a_bad_flag_is_one_line_and_exit_2(capsys, argv):
@@ -42,7 +42,7 @@ def test_flags_override_saved_settings_one_at_a_time():
     save_settings(saved)
     args = build_parser().parse_args(["check", "demo", "--upcast-attention", "--no-tf32"])
     values = effective_settings(args)
-    assert values["upcast_attention"] is True      # from the flag
-    assert values["allow_tf32"] is False           # from the flag
-    assert values["no_half_vae"] is True           # from the saved file
-    assert values["attention_backend"] == "math"   # from the saved file
+    assert values["upcast_attention"] is True  # from the flag
+    assert values["allow_tf32"] is False  # from the flag
+    assert values["no_half_vae"] is True  # from the saved file
+    assert values["attention_backend"] == "math"  # from the saved file

@@ -537,8 +537,12 @@ def test_a_failed_save_is_rescued_into_halfsafes_own_folder(base, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the folder should be")
     with pytest.raises(ImageSaveError) as caught:
-        generate(variant(base, "rescue"), request(tmp_path, output_dir=str(blocker / "images")),
-                 precision=PrecisionSettings(), device="cpu")
+        generate(
+            variant(base, "rescue"),
+            request(tmp_path, output_dir=str(blocker / "images")),
+            precision=PrecisionSettings(),
+            device="cpu",
+        )
     rescued = rescue_unsaved(caught.value)
     folder = paths.data_dir() / "unsaved"
     assert str(folder) in str(rescued) and str(blocker) in str(rescued)

@@ -73,8 +73,14 @@ def check(model, precision=FP16, **kwargs):
 @pytest.fixture(scope="module")
 def vae_report():
     """One check of a model with an overflowing VAE, cost measured, shared by the report tests."""
-    return health.check_loaded(loaded(plant(build_tiny_sd_pipeline(), "vae")), precision=FP16,
-                               device="cpu", size=64, remember=False, measure_cost=True)
+    return health.check_loaded(
+        loaded(plant(build_tiny_sd_pipeline(), "vae")),
+        precision=FP16,
+        device="cpu",
+        size=64,
+        remember=False,
+        measure_cost=True,
+    )
 
 
 def failing(report) -> set[str]:

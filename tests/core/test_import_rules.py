@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _modules_after_import(module: str) -> set[str]:
     code = f"import sys, {module}; print('\\n'.join(sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     return set(out.split())
 
 
@@ -31,7 +32,8 @@ def test_core_never_imports_qt_ui_or_engine():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             stripped = line.strip()
             if stripped.startswith(("import ", "from ")) and any(
-                name in stripped.split()[1] for name in ("PySide6", "app.ui", "app.engine", "app.cli")
+                name in stripped.split()[1]
+                for name in ("PySide6", "app.ui", "app.engine", "app.cli")
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {stripped}")
     assert offenders == []

@@ -14,18 +14,26 @@ from app.core.settings import PrecisionSettings
 
 SD = ("text_encoder", "unet", "vae")
 RTX = SimpleNamespace(  # what hardware.describe_device says of an Ampere+ card
-    fp16="fast", bf16="native",
-    recommended={"precision": "fp16", "unet_precision": "fp16", "vae_precision": "bf16",
-                 "text_encoder_precision": "fp16", "upcast_attention": False},
+    fp16="fast",
+    bf16="native",
+    recommended={
+        "precision": "fp16",
+        "unet_precision": "fp16",
+        "vae_precision": "bf16",
+        "text_encoder_precision": "fp16",
+        "upcast_attention": False,
+    },
     reasons={"vae_precision": "bf16 has fp32's range, so the VAE cannot overflow"},
 )
-GTX16 = SimpleNamespace(fp16="unreliable", bf16="emulated",
-                        recommended={"precision": "fp32"}, reasons={})
+GTX16 = SimpleNamespace(
+    fp16="unreliable", bf16="emulated", recommended={"precision": "fp32"}, reasons={}
+)
 
 
 def plan(settings=None, device="cuda", info=RTX, **kwargs):
-    return resolve_plan(settings or PrecisionSettings(), device=device, components=SD,
-                        device_info=info, **kwargs)
+    return resolve_plan(
+        settings or PrecisionSettings(), device=device, components=SD, device_info=info, **kwargs
+    )
 
 
 def test_auto_on_cpu_is_fp32_everywhere():
@@ -44,9 +52,12 @@ def test_explicit_choices_are_honoured_with_a_warning_where_unwise():
     p = plan(PrecisionSettings(precision="fp16"), device="cuda:0", info=GTX16)
     assert set(p.dtypes.values()) == {"fp16"}
     assert any("NaN" in w for w in p.warnings)
-    cpu = resolve_plan(PrecisionSettings(unet_precision="bf16"), device="cpu", components=SD,
-                       device_info=SimpleNamespace(bf16="emulated", fp16="slow",
-                                                   recommended={}, reasons={}))
+    cpu = resolve_plan(
+        PrecisionSettings(unet_precision="bf16"),
+        device="cpu",
+        components=SD,
+        device_info=SimpleNamespace(bf16="emulated", fp16="slow", recommended={}, reasons={}),
+    )
     assert cpu.dtypes["unet"] == "bf16" and any("bf16" in w for w in cpu.warnings)
 
 
@@ -74,34 +85,47 @@ def test_remembered_fix_fills_auto_fields_only():
 
 def test_backend_flags_hold_for_the_job_and_are_restored_even_on_error():
     matmul = torch.backends.cuda.matmul
-    before = (matmul.allow_tf32, matmul.allow_fp16_reduced_precision_reduction,
-              matmul.allow_fp16_accumulation,
-              torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed())
-    job = PrecisionPlan(device="cpu", dtypes={}, allow_tf32=not before[0],
-                        fp16_reduced_precision_reduction=not before[1],
-                        fp16_accumulation=not before[2], attention_reduced_precision=not before[3])
+    before = (
+        matmul.allow_tf32,
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_fp16_accumulation,
+        torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed(),
+    )
+    job = PrecisionPlan(
+        device="cpu",
+        dtypes={},
+        allow_tf32=not before[0],
+        fp16_reduced_precision_reduction=not before[1],
+        fp16_accumulation=not before[2],
+        attention_reduced_precision=not before[3],
+    )
     with pytest.raises(RuntimeError), backend_flags(job):
         assert matmul.allow_tf32 is (not before[0])
         assert matmul.allow_fp16_reduced_precision_reduction is (not before[1])
         assert matmul.allow_fp16_accumulation is (not before[2])
         assert torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed() is (not before[3])
         raise RuntimeError("the job failed")
-    after = (matmul.allow_tf32, matmul.allow_fp16_reduced_precision_reduction,
-             matmul.allow_fp16_accumulation,
-             torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed())
+    after = (
+        matmul.allow_tf32,
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_fp16_accumulation,
+        torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed(),
+    )
     assert after == before
 
 
 def test_mixed_precision_pipeline_runs_and_leaves_the_source_untouched():
     """fp16 text encoder and UNet with an fp32 VAE: diffusers alone raises a dtype error here."""
     source = build_tiny_sd_pipeline()
-    mixed = PrecisionPlan(device="cpu", dtypes={"text_encoder": "fp16", "unet": "fp16",
-                                                "vae": "fp32"})
+    mixed = PrecisionPlan(
+        device="cpu", dtypes={"text_encoder": "fp16", "unet": "fp16", "vae": "fp32"}
+    )
     placed = PlacedPipeline(source, mixed)
     assert placed["unet"].dtype == torch.float16 and placed["vae"].dtype == torch.float32
     with backend_flags(mixed), torch.inference_mode():
-        image = placed.pipeline()("a red barn", num_inference_steps=2, height=64, width=64,
-                                  output_type="np").images
+        image = placed.pipeline()(
+            "a red barn", num_inference_steps=2, height=64, width=64, output_type="np"
+        ).images
     assert image.shape == (1, 64, 64, 3) and (image == image).all()
     assert source.unet.dtype == torch.float32  # the loaded model keeps its stored precision
 

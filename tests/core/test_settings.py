@@ -27,9 +27,19 @@ def test_precision_dataclass_mirrors_the_schema():
     for name in names:
         assert getattr(s.PrecisionSettings(), name) == s.FIELDS[name].default
     # Every precision flag the CLI contract names is a schema field with a CLI flag.
-    for key in ("precision", "unet_precision", "vae_precision", "text_encoder_precision",
-                "no_half", "no_half_vae", "upcast_attention", "attention_backend", "allow_tf32",
-                "fp16_reduced_precision_reduction", "fp16_accumulation"):
+    for key in (
+        "precision",
+        "unet_precision",
+        "vae_precision",
+        "text_encoder_precision",
+        "no_half",
+        "no_half_vae",
+        "upcast_attention",
+        "attention_backend",
+        "allow_tf32",
+        "fp16_reduced_precision_reduction",
+        "fp16_accumulation",
+    ):
         assert s.FIELDS[key].cli, key
 
 
@@ -79,13 +89,13 @@ def _saved(tmp_path, **changes):
 @pytest.mark.parametrize(
     ("damage", "words"),
     [
-        ({"steps": "many"}, "steps"),              # wrong type
-        ({"steps": 10_000}, "maximum"),            # out of range
-        ({"width": 513}, "multiple of 8"),         # off the grid
-        ({"precision": "fp8"}, "one of"),          # not a choice
-        ({"no_half": 1}, "true or false"),         # a number is not a bool
-        ({"device": "gpu0"}, "cuda:N"),            # not a device
-        ({"no_such_setting": True}, "unknown"),    # unknown key
+        ({"steps": "many"}, "steps"),  # wrong type
+        ({"steps": 10_000}, "maximum"),  # out of range
+        ({"width": 513}, "multiple of 8"),  # off the grid
+        ({"precision": "fp8"}, "one of"),  # not a choice
+        ({"no_half": 1}, "true or false"),  # a number is not a bool
+        ({"device": "gpu0"}, "cuda:N"),  # not a device
+        ({"no_such_setting": True}, "unknown"),  # unknown key
     ],
 )
 def test_a_damaged_field_falls_back_alone_and_the_file_is_kept_aside(tmp_path, damage, words):
@@ -97,7 +107,7 @@ def test_a_damaged_field_falls_back_alone_and_the_file_is_kept_aside(tmp_path, d
     loaded = s.load_settings(path)
     assert len(loaded.warnings) == 1
     assert words in loaded.warnings[0] and str(path) in loaded.warnings[0]
-    assert loaded.settings["cfg"] == 9.5            # the other fields survive
+    assert loaded.settings["cfg"] == 9.5  # the other fields survive
     assert loaded.settings["no_half_vae"] is True
     for key in damage:
         if key in s.FIELDS:
