@@ -969,7 +969,7 @@ def generate(
             "architecture": model.architecture,
             "hash": model.model_hash,
         },
-        device={"kind": torch_device.type, "name": info.name},
+        device={"kind": info.kind, "name": info.name},
         warnings=warnings,
     )
     for entry in entries:
