@@ -738,18 +738,6 @@ def write_safetensors(
     memory (no serialised copy of the whole model), to a temp file renamed into place."""
     import torch
 
-    codes = {
-        torch.float16: "F16",
-        torch.bfloat16: "BF16",
-        torch.float32: "F32",
-        torch.float64: "F64",
-        torch.int64: "I64",
-        torch.int32: "I32",
-        torch.int16: "I16",
-        torch.int8: "I8",
-        torch.uint8: "U8",
-        torch.bool: "BOOL",
-    }
     path = Path(path)
     ready = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
@@ -757,7 +745,7 @@ def write_safetensors(
     for name, tensor in ready.items():
         size = tensor.numel() * tensor.element_size()
         header[name] = {
-            "dtype": codes[tensor.dtype],
+            "dtype": _safetensors_dtype(tensor.dtype),
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + size],
         }
