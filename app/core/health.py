@@ -505,136 +505,147 @@ def check_loaded(
     bad_weights = sorted(model.weights.non_finite)
     broken = {component_of_tensor(name) for name in bad_weights}
     runner = _Runner(model, plan, size, prompt)
-    bf16_native = getattr(info, "bf16", None) == "native"
-    reports: dict[str, ComponentReport] = {}
-    fix_plan = plan
-    fix_settings: dict[str, Any] = {}
-    fix_words: list[str] = []
-    unfixed: list[str] = []
-    first_probes: dict[str, ProbeResult] = {}
+    try:
+        bf16_native = getattr(info, "bf16", None) == "native"
+        reports: dict[str, ComponentReport] = {}
+        fix_plan = plan
+        fix_settings: dict[str, Any] = {}
+        fix_words: list[str] = []
+        unfixed: list[str] = []
+        first_probes: dict[str, ProbeResult] = {}
 
-    def settle(
-        stage_fn: Callable[[PrecisionPlan], _Stage], names: list[str], first: _Stage
-    ) -> _Stage:
-        """Report each component of a stage and, for one that failed, find its fix."""
-        nonlocal fix_plan
-        good = first
-        for name in names:
-            probe = first_probes[name] = first.probes[name]
-            verify: ProbeResult | None = None
-            if name in broken:
-                pass
-            elif probe.non_finite and good is not first and not good.probes[name].non_finite:
-                verify = good.probes[name]  # the fix found for a sibling fixed this one too
-            elif probe.non_finite:
-                module = runner.placed[name]
-                for candidate in candidate_fixes(
-                    name, fix_plan, _first_bad_name(probe), module, bf16_native
-                ):
-                    cancel.raise_if_cancelled()
-                    progress(f"Trying a fix: {candidate.words}", 0, 1)
-                    retry = stage_fn(candidate.plan)
-                    if not retry.probes[name].non_finite:
-                        fix_plan, verify, good = candidate.plan, retry.probes[name], retry
-                        fix_settings.update(candidate.settings)
-                        fix_words.append(candidate.words)
-                        break
-                if verify is None:
-                    unfixed.append(name)
-            reports[name] = _component_report(
-                name,
-                plan.dtypes[name],
-                probe,
-                verify,
-                first.seconds.get(name, 0.0),
-                runner.placed[name],
-                name in broken,
-            )
-        return good
-
-    total = 3
-    progress("Checking the text encoder", 0, total)
-    cancel.raise_if_cancelled()
-    te_names = [n for n in ("text_encoder", "text_encoder_2") if n in plan.dtypes]
-    encoded = settle(lambda p: runner.encode(p), te_names, runner.encode(plan))
-
-    progress("Checking the UNet", 1, total)
-    cancel.raise_if_cancelled()
-    conditioning = encoded.output
-    denoised = settle(
-        lambda p: runner.denoise(p, conditioning), ["unet"], runner.denoise(fix_plan, conditioning)
-    )
-
-    progress("Checking the VAE", 2, total)
-    cancel.raise_if_cancelled()
-    latents = denoised.output
-    if not _all_finite(latents):  # nothing fixed the UNet: decode a plausible latent instead
-        latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
-            latents.device
-        )
-    settle(lambda p: runner.decode(p, latents), ["vae"], runner.decode(fix_plan, latents))
-
-    # Last resort: the whole model in fp32, re-run end to end.
-    if unfixed and not broken and any(d != "fp32" for d in plan.dtypes.values()):
-        cancel.raise_if_cancelled()
-        progress("Trying a fix: everything in fp32", 2, total)
-        full = _no_half(fix_plan)
-        encoded32 = runner.encode(full)
-        unet32 = runner.denoise(full, encoded32.output)
-        vae32 = runner.decode(full, unet32.output)
-        stages = {**encoded32.probes, **unet32.probes, **vae32.probes}
-        if not any(p.non_finite for p in stages.values()):
-            fix_plan, fix_settings, fix_words = full, {"no_half": True}, ["run everything in fp32"]
-            for name in unfixed:
-                old = reports[name]
+        def settle(
+            stage_fn: Callable[[PrecisionPlan], _Stage], names: list[str], first: _Stage
+        ) -> _Stage:
+            """Report each component of a stage and, for one that failed, find its fix."""
+            nonlocal fix_plan
+            good = first
+            for name in names:
+                probe = first_probes[name] = first.probes[name]
+                verify: ProbeResult | None = None
+                if name in broken:
+                    pass
+                elif probe.non_finite and good is not first and not good.probes[name].non_finite:
+                    verify = good.probes[name]  # the fix found for a sibling fixed this one too
+                elif probe.non_finite:
+                    module = runner.placed[name]
+                    for candidate in candidate_fixes(
+                        name, fix_plan, _first_bad_name(probe), module, bf16_native
+                    ):
+                        cancel.raise_if_cancelled()
+                        progress(f"Trying a fix: {candidate.words}", 0, 1)
+                        retry = stage_fn(candidate.plan)
+                        if not retry.probes[name].non_finite:
+                            fix_plan, verify, good = candidate.plan, retry.probes[name], retry
+                            fix_settings.update(candidate.settings)
+                            fix_words.append(candidate.words)
+                            break
+                    if verify is None:
+                        unfixed.append(name)
                 reports[name] = _component_report(
                     name,
-                    old.dtype,
-                    first_probes[name],
-                    stages[name],
-                    old.seconds,
+                    plan.dtypes[name],
+                    probe,
+                    verify,
+                    first.seconds.get(name, 0.0),
                     runner.placed[name],
-                    False,
+                    name in broken,
                 )
-            unfixed = []
+            return good
 
-    for name, probe in first_probes.items():
-        root = probe.modules.get("")
-        if probe.first_bad_module() is None and root is not None and root.non_finite:
-            notes.append(
-                f"The {COMPONENT_WORDS[name]} received values already beyond fp16's "
-                "range from the part before it, so no layer inside it is to blame."
+        total = 3
+        progress("Checking the text encoder", 0, total)
+        cancel.raise_if_cancelled()
+        te_names = [n for n in ("text_encoder", "text_encoder_2") if n in plan.dtypes]
+        encoded = settle(lambda p: runner.encode(p), te_names, runner.encode(plan))
+
+        progress("Checking the UNet", 1, total)
+        cancel.raise_if_cancelled()
+        conditioning = encoded.output
+        denoised = settle(
+            lambda p: runner.denoise(p, conditioning),
+            ["unet"],
+            runner.denoise(fix_plan, conditioning),
+        )
+
+        progress("Checking the VAE", 2, total)
+        cancel.raise_if_cancelled()
+        latents = denoised.output
+        if not _all_finite(latents):  # nothing fixed the UNet: decode a plausible latent instead
+            latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
+                latents.device
             )
-    failed = [n for n, r in reports.items() if r.status in ("overflow", "nan", "broken_weights")]
-    if broken or unfixed:
-        verdict, fix = "broken", None
-        if broken:
-            notes.append(
-                "The weights themselves hold NaN or Inf values: this file is damaged, "
-                "and no precision setting can repair it."
-            )
+        settle(lambda p: runner.decode(p, latents), ["vae"], runner.decode(fix_plan, latents))
+
+        # Last resort: the whole model in fp32, re-run end to end.
+        if unfixed and not broken and any(d != "fp32" for d in plan.dtypes.values()):
+            cancel.raise_if_cancelled()
+            progress("Trying a fix: everything in fp32", 2, total)
+            full = _no_half(fix_plan)
+            encoded32 = runner.encode(full)
+            unet32 = runner.denoise(full, encoded32.output)
+            vae32 = runner.decode(full, unet32.output)
+            stages = {**encoded32.probes, **unet32.probes, **vae32.probes}
+            if not any(p.non_finite for p in stages.values()):
+                fix_plan, fix_settings, fix_words = (
+                    full,
+                    {"no_half": True},
+                    ["run everything in fp32"],
+                )
+                for name in unfixed:
+                    old = reports[name]
+                    reports[name] = _component_report(
+                        name,
+                        old.dtype,
+                        first_probes[name],
+                        stages[name],
+                        old.seconds,
+                        runner.placed[name],
+                        False,
+                    )
+                unfixed = []
+
+        for name, probe in first_probes.items():
+            root = probe.modules.get("")
+            if probe.first_bad_module() is None and root is not None and root.non_finite:
+                notes.append(
+                    f"The {COMPONENT_WORDS[name]} received values already beyond fp16's "
+                    "range from the part before it, so no layer inside it is to blame."
+                )
+        failed = [
+            n for n, r in reports.items() if r.status in ("overflow", "nan", "broken_weights")
+        ]
+        if broken or unfixed:
+            verdict, fix = "broken", None
+            if broken:
+                notes.append(
+                    "The weights themselves hold NaN or Inf values: this file is damaged, "
+                    "and no precision setting can repair it."
+                )
+            else:
+                notes.append(
+                    f"The {', '.join(COMPONENT_WORDS[n] for n in unfixed)} gives "
+                    "non-finite output even in fp32: the model itself is broken."
+                )
+        elif failed:
+            verdict = "fixable"
+            summary = _fix_summary(failed, fix_words, plan, fix_plan)
+            fix = Fix(fix_plan, fix_settings, summary, verified=True)
+            if measure_cost:
+                progress("Measuring the cost of the fix", 3, total)
+                fix.cost = {
+                    "fix": runner.unet_step_cost(fix_plan, conditioning),
+                    "no_half": runner.unet_step_cost(_no_half(plan), conditioning),
+                }
+            if remember:
+                profiles.remember_fix(
+                    model.profile_key, info.name, fix_settings, summary, "health check"
+                )
         else:
-            notes.append(
-                f"The {', '.join(COMPONENT_WORDS[n] for n in unfixed)} gives "
-                "non-finite output even in fp32: the model itself is broken."
-            )
-    elif failed:
-        verdict = "fixable"
-        summary = _fix_summary(failed, fix_words, plan, fix_plan)
-        fix = Fix(fix_plan, fix_settings, summary, verified=True)
-        if measure_cost:
-            progress("Measuring the cost of the fix", 3, total)
-            fix.cost = {
-                "fix": runner.unet_step_cost(fix_plan, conditioning),
-                "no_half": runner.unet_step_cost(_no_half(plan), conditioning),
-            }
-        if remember:
-            profiles.remember_fix(
-                model.profile_key, info.name, fix_settings, summary, "health check"
-            )
-    else:
-        verdict, fix = "healthy", None
-    runner.placed.release()
+            verdict, fix = "healthy", None
+    finally:
+        # Also on cancel or error: drop the device copies and hand cached memory back.
+        runner.placed.release()
     progress("Done", total, total)
 
     return HealthReport(

@@ -328,3 +328,25 @@ def test_cli_exit_statuses(tmp_path):
 
     bad_size = _cli("check", "demo", "--size", "100")
     assert bad_size.returncode == 2 and "multiple of 8" in bad_size.stderr
+
+
+def test_cancel_stops_the_check_and_releases_the_device_copies(monkeypatch):
+    from app.core.errors import CancelledError
+    from app.core.jobs import CancelToken
+    from app.core.precision import PlacedPipeline
+
+    released = []
+    original = PlacedPipeline.release
+    monkeypatch.setattr(
+        PlacedPipeline, "release", lambda self: (released.append(self), original(self))[1]
+    )
+    token = CancelToken()
+
+    def cancel_at_unet(stage, done, total):
+        if stage == "Checking the UNet":
+            token.cancel()
+
+    with pytest.raises(CancelledError):
+        check(loaded(build_tiny_sd_pipeline()), on_progress=cancel_at_unet, cancel=token)
+    assert len(released) == 1
+    assert released[0]._placed == {}
