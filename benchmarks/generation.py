@@ -21,16 +21,13 @@ counted, for the plain pipeline and for the watched loop.
 
 Usage: python benchmarks/generation.py [--device cpu|cuda] [--cases demo,sd1] [--steps N]
        [--runs R] [--json PATH]
-Prints a table and writes a JSON file (default benchmarks/results/generation-<device>.json).
+Prints a table; `--json` also writes the figures as JSON.
 docs/benchmarks.md records the figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -38,51 +35,16 @@ import time
 import warnings
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import bench_model, machine, names, status, write_json
+from common import sync as _sync
 
-# name -> (pipeline builder key, size px, precision) per device kind
+# name -> (model, size px, precision) per device kind
 CASES = {
     "cpu": {"demo": ("demo", 128, "fp32"), "sd1": ("sd1", 128, "fp32")},
     "cuda": {"sd1": ("sd1", 512, "fp16"), "sdxl": ("sdxl", 1024, "fp16")},
 }
 DEFAULT_STEPS = {"cpu": 6, "cuda": 20}
 SYNC_WARNING = "synchronizing"
-
-
-def _model(key: str, dtype: str):
-    from app.core.checkpoint import WeightScan
-    from app.core.demo import DEMO_VERSION, build_demo_pipeline
-    from app.core.models import LoadedModel, build_random_pipeline
-
-    if key == "demo":
-        pipeline, architecture, profile = build_demo_pipeline(), "sd1", f"demo-{DEMO_VERSION}"
-    else:
-        pipeline = build_random_pipeline(key, dtype=dtype, seed=0)
-        architecture, profile = key, f"bench-random-{key}"
-    return LoadedModel(
-        pipeline=pipeline,
-        source=key,
-        name=f"random-{key}" if key != "demo" else "demo",
-        format="demo",
-        architecture=architecture,
-        prediction_type=pipeline.scheduler.config.prediction_type,
-        native_size=512,
-        stored_dtype=dtype,
-        model_hash=None,
-        profile_key=profile,
-        weights=WeightScan([], 0, 0, 0.0),
-        detected_because="benchmark",
-    )
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
@@ -95,7 +57,7 @@ def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
     from app.core.settings import PrecisionSettings
 
     built = time.perf_counter()
-    model = _model(key, dtype)
+    model = bench_model(key, dtype)
     build_s = time.perf_counter() - built
     device = hardware.pick_device(args.device)
     info = hardware.describe_device(device)
@@ -332,7 +294,8 @@ def _sync_check(job, plan, conditioning, seeds, size, args) -> dict:
     return results
 
 
-def _table(rows: list[dict]) -> str:
+def table(document: dict) -> str:
+    rows = document["cases"]
     head = (
         f"{'case':<6}{'size':>6}{'dtype':>6}{'steps':>6}{'step ms':>10}{'plain s':>10}"
         f"{'watched s':>11}{'cb-only s':>11}{'overhead':>10}{'cb-only':>9}{'watch ops':>11}"
@@ -357,6 +320,29 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def measure(args) -> dict:
+    import torch
+
+    kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    cases = CASES[kind]
+    args.steps = args.steps or DEFAULT_STEPS[kind]
+    rows = []
+    for name in names(args.cases, list(cases)):
+        if name not in cases:
+            sys.exit(f"Unknown case {name!r} for {kind}: choose from {', '.join(cases)}.")
+        key, size, dtype = cases[name]
+        with status(f"generation: {name} ({key}, {size} px, {dtype}, {args.steps} steps)"):
+            rows.append(run_case(name, key, size, dtype, args))
+        if kind == "cuda":
+            torch.cuda.empty_cache()
+    return {
+        "benchmark": "generation",
+        "machine": machine(args.device),
+        "device": args.device,
+        "cases": rows,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
@@ -364,50 +350,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scheduler", default="dpmpp_2m_karras")
-    parser.add_argument("--json", help="where to write the JSON results")
+    parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args()
-
-    import diffusers
-    import torch
-
-    kind = args.device.split(":")[0]
-    cases = CASES["cuda" if kind == "cuda" else "cpu"]
-    chosen = args.cases.split(",") if args.cases else list(cases)
-    args.steps = args.steps or DEFAULT_STEPS["cuda" if kind == "cuda" else "cpu"]
-    rows = []
-    for name in chosen:
-        key, size, dtype = cases[name]
-        print(f"running {name} ({key}, {size} px, {dtype}, {args.steps} steps)...", file=sys.stderr)
-        rows.append(run_case(name, key, size, dtype, args))
-        if kind == "cuda":
-            torch.cuda.empty_cache()
-
-    from app.core import hardware
-
-    result = {
-        "benchmark": "generation NaN watch overhead",
-        "device": hardware.describe_device(hardware.pick_device(args.device)).name,
-        "cases": rows,
-        "versions": {
-            "torch": torch.__version__,
-            "diffusers": diffusers.__version__,
-            "cuda": torch.version.cuda,
-        },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(),
-        },
-    }
-    print(_table(rows))
-    out = (
-        Path(args.json)
-        if args.json
-        else (Path(__file__).resolve().parent / "results" / f"generation-{kind}.json")
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {out}", file=sys.stderr)
+    document = measure(args)
+    print(table(document))
+    if args.json:
+        write_json(args.json, document)
 
 
 if __name__ == "__main__":

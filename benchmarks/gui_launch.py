@@ -75,12 +75,7 @@ def one_run(env: dict[str, str]) -> dict[str, float | str | bool]:
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args()
-
+def measure(runs: int) -> dict:
     env = dict(os.environ)
     if (
         not env.get("DISPLAY")
@@ -92,35 +87,48 @@ def main() -> int:
         for var in ("HALFSAFE_CONFIG_DIR", "HALFSAFE_DATA_DIR", "HALFSAFE_CACHE_DIR"):
             env[var] = str(Path(home) / var.lower())
         one_run(env)  # warm the file cache once, as a second launch would find it
-        runs = [one_run(env) for _ in range(args.runs)]
+        measured = [one_run(env) for _ in range(runs)]
 
-    times = [r["launch_to_visible_s"] for r in runs]
-    summary = {
+    times = [r["launch_to_visible_s"] for r in measured]
+    return {
+        "benchmark": "gui_launch",
         "runs": len(times),
         "median_s": round(statistics.median(times), 3),
         "min_s": round(min(times), 3),
         "max_s": round(max(times), 3),
         "interpreter_start_median_s": round(
-            statistics.median(r["python_start_s"] for r in runs), 3
+            statistics.median(r["python_start_s"] for r in measured), 3
         ),
-        "qt_platform": runs[0]["platform"],
-        "torch_loaded": any(r["torch_loaded"] for r in runs),
-        "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()]
-        if hasattr(os, "getloadavg")
-        else None,
-        "python": platform.python_version(),
-        "machine": platform.platform(),
+        "qt_platform": measured[0]["platform"],
+        "torch_loaded": any(r["torch_loaded"] for r in measured),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()]
+            if hasattr(os, "getloadavg")
+            else None,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
     }
+
+
+def table(document: dict) -> str:
+    return (
+        f"launch to visible window: median {document['median_s']:.3f} s over "
+        f"{document['runs']} runs (min {document['min_s']:.3f}, max {document['max_s']:.3f}); "
+        f"Qt platform {document['qt_platform']}; torch imported: {document['torch_loaded']}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--json", help="write the results here as JSON")
+    args = parser.parse_args()
+    document = measure(args.runs)
+    print(table(document))
     if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(
-            f"launch to visible window: median {summary['median_s']:.3f} s over {len(times)} runs "
-            f"(min {summary['min_s']:.3f}, max {summary['max_s']:.3f}); Qt platform "
-            f"{summary['qt_platform']}, {summary['cpus']} CPUs, load average "
-            f"{summary['load_average']}; torch imported: {summary['torch_loaded']}"
-        )
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

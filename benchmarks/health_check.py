@@ -12,65 +12,12 @@ Usage: python benchmarks/health_check.py [--device cpu|cuda] [--models demo,sd1,
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
-import sys
-import time
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-NATIVE = {"demo": 128, "sd1": 512, "sdxl": 1024}
+from common import NATIVE_SIZE, bench_model, machine, names, status, timed, write_json
 
 
-def build(name: str, dtype: str):
-    from app.core.checkpoint import scan_weights
-    from app.core.models import LoadedModel, build_random_pipeline, load_model
-
-    if name == "demo":
-        return load_model("demo")
-    pipeline = build_random_pipeline(name, dtype=dtype, seed=0)
-    return LoadedModel(
-        pipeline=pipeline,
-        source=f"random-{name}",
-        name=f"random-{name}",
-        format="demo",
-        architecture=name,
-        prediction_type="epsilon",
-        native_size=NATIVE[name],
-        stored_dtype=dtype,
-        model_hash=None,
-        profile_key=f"bench-random-{name}",
-        weights=scan_weights(pipeline),
-        detected_because="random weights for a benchmark",
-    )
-
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device, repeats: int = 1) -> float:
-    """Median wall seconds of `repeats` calls, synchronised at both ends."""
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def bench_model(name: str, args) -> dict:
+def bench_check(name: str, args) -> dict:
     import torch
 
     from app.core import health
@@ -78,15 +25,14 @@ def bench_model(name: str, args) -> dict:
     from app.core.settings import PrecisionSettings
 
     device = torch.device(args.device)
-    model = build(name, args.dtype)
-    size = args.size or NATIVE[name]
+    model = bench_model(name, args.dtype)
+    size = args.size or NATIVE_SIZE[name]
     settings = PrecisionSettings(precision=args.dtype)
     check = lambda: health.check_loaded(  # noqa: E731
         model, precision=settings, device=args.device, size=size, remember=False
     )
 
     report = check()  # warm-up: kernel selection, allocator, first-call costs
-    check_seconds = timed(check, device, args.repeats)
 
     # One 20-step generation with plain diffusers under the same plan, same size.
     runner = health._Runner(model, report.plan, size, health.DEFAULT_PROMPT)
@@ -107,17 +53,30 @@ def bench_model(name: str, args) -> dict:
             latents = torch.randn(1, 4, size // 8, size // 8, device=device)
             pipe.vae.decode(latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor)
 
-    generate()
-    generation_seconds = timed(generate, device, args.repeats)
-
-    # Hook overhead: the UNet stage with and without the activation recorders.
+    # The UNet stage of the check with and without the activation recorders.
     conditioning = runner.encode(report.plan, record=False).output
-    bare = timed(
-        lambda: runner.denoise(report.plan, conditioning, record=False), device, args.repeats
-    )
-    hooked = timed(
-        lambda: runner.denoise(report.plan, conditioning, record=True), device, args.repeats
-    )
+
+    def unet_stage(record: bool):
+        return lambda: runner.denoise(report.plan, conditioning, record=record)
+
+    for warm_up in (generate, unet_stage(False), unet_stage(True)):
+        warm_up()
+    pairs = []
+    for _ in range(args.repeats):  # alternating, so a change in the machine's load hits both
+        pairs.append(
+            {
+                "check": timed(check, device),
+                "generation": timed(generate, device),
+                "bare": timed(unet_stage(False), device),
+                "hooked": timed(unet_stage(True), device),
+            }
+        )
+    check_seconds = statistics.median(p["check"] for p in pairs)
+    generation_seconds = statistics.median(p["generation"] for p in pairs)
+    bare = statistics.median(p["bare"] for p in pairs)
+    hooked = statistics.median(p["hooked"] for p in pairs)
+    ratio = statistics.median(p["check"] / p["generation"] for p in pairs)
+    hooks = statistics.median(p["hooked"] / p["bare"] - 1 for p in pairs)
     placed.release()
     return {
         "model": name,
@@ -127,26 +86,35 @@ def bench_model(name: str, args) -> dict:
         "check_s": round(check_seconds, 3),
         "generation_s": round(generation_seconds, 3),
         "steps": args.steps,
-        "check_vs_generation": round(check_seconds / generation_seconds, 3),
+        "check_vs_generation": round(ratio, 3),
         "unet_stage_bare_s": round(bare, 3),
         "unet_stage_hooked_s": round(hooked, 3),
-        "hook_overhead": round(hooked / bare - 1, 3),
+        "hook_overhead": round(hooks, 3),
+        "repeats": args.repeats,
     }
 
 
-def machine(device: str) -> dict:
-    import diffusers
-    import torch
+def measure(args) -> dict:
+    rows = []
+    for name in args.models:
+        with status(f"health check: {name} ({args.dtype})"):
+            rows.append(bench_check(name, args))
+    return {"benchmark": "health_check", "machine": machine(args.device), "results": rows}
 
-    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "gpu": gpu,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
-        "python": platform.python_version(),
-    }
+
+def table(document: dict) -> str:
+    header = (
+        f"{'model':<6}{'size':>6}{'dtype':>6}{'check s':>10}{'20-step s':>11}"
+        f"{'ratio':>8}{'hooks':>8}  verdict"
+    )
+    lines = [header, "-" * len(header)]
+    for r in document["results"]:
+        lines.append(
+            f"{r['model']:<6}{r['size']:>6}{r['dtype']:>6}{r['check_s']:>10.3f}"
+            f"{r['generation_s']:>11.3f}{r['check_vs_generation']:>8.1%}"
+            f"{r['hook_overhead']:>+8.1%}  {r['verdict']}"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -159,23 +127,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args()
-
-    rows = [bench_model(name, args) for name in args.models.split(",")]
-    header = (
-        f"{'model':<6}{'size':>6}{'dtype':>6}{'check s':>10}{'20-step s':>11}"
-        f"{'ratio':>8}{'hooks':>8}  verdict"
-    )
-    print(header)
-    for r in rows:
-        print(
-            f"{r['model']:<6}{r['size']:>6}{r['dtype']:>6}{r['check_s']:>10.3f}"
-            f"{r['generation_s']:>11.3f}{r['check_vs_generation']:>8.1%}"
-            f"{r['hook_overhead']:>+8.1%}  {r['verdict']}"
-        )
-    document = {"benchmark": "health_check", "machine": machine(args.device), "results": rows}
+    args.models = names(args.models, ["demo"])
+    document = measure(args)
+    print(table(document))
     if args.json:
-        Path(args.json).write_text(json.dumps(document, indent=2))
-    print(json.dumps(document["machine"]))
+        write_json(args.json, document)
 
 
 if __name__ == "__main__":

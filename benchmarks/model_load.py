@@ -1,51 +1,68 @@
-"""Model loading benchmark: a full-size SD1.5 single file, HalfSafe's loader vs diffusers'.
+"""Model loading: HalfSafe's loader vs plain diffusers on the same files, a full-size single
+file and the same model as a diffusers folder.
 
-Builds a random-weight SD1.5 checkpoint (original layout, fp16 by default) in a temporary folder,
-then in one run times, alternating, several loads of each:
-  - `app.core.models.load_model` (header checks, NaN/Inf scan of every tensor, assembly);
-  - `StableDiffusionPipeline.from_single_file(path, config=<the same local config folder>,
-    local_files_only=True, torch_dtype=<stored dtype>)`;
-the same followed by `scan_weights(pipeline)` (so both give the NaN/Inf guarantee; diffusers'
-loader maps the file lazily and reads no weight until first use); and the standalone weight
-scan (`scan_weights(path)`) in MB/s. The file is read once before timing, so every run sees it
-in the OS cache; then each is timed once more with this file dropped from the OS cache (cold:
-read from disk). HalfSafe's first load also computes the file's sha256 (the A1111 hash), which
-is cached for later loads; it is reported on its own.
+Builds a random-weight pipeline (SD1.5 by default; `--config sdxl`) in the stored dtype and writes
+it twice into a temporary folder: one `.safetensors` in the original (LDM / A1111) layout and a
+diffusers folder (`save_pretrained`). Then, alternating run by run, it times per layout:
+  - HalfSafe's `load_model` (header checks, NaN/Inf scan of every tensor, assembly);
+  - diffusers: `from_single_file(path, config=<the shipped config folder>, local_files_only=True,
+    torch_dtype=...)` for the file, `from_pretrained(folder, local_files_only=True,
+    torch_dtype=...)` for the folder;
+  - the same diffusers call followed by `scan_weights(pipeline)`, so both end with the same
+    guarantee (diffusers maps files lazily and checks no value);
+plus the standalone weight scan in MB/s. The files are read once before timing, so every run
+finds them in the OS cache ("warm"); then each loader runs once more after the files were
+dropped from the OS cache ("cold": read from disk). HalfSafe's first load of the single file
+also computes its sha256 (the A1111 hash, cached afterwards); it is reported on its own.
 
-Usage: python benchmarks/model_load.py [--dtype fp16|fp32] [--runs 3] [--keep DIR]
-Prints a JSON object; docs/benchmarks.md records the figures.
+Usage: python benchmarks/model_load.py [--config sd1|sdxl] [--dtype fp16|fp32] [--runs 3]
+       [--layouts single,folder] [--keep DIR] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # A fresh cache folder, so the first load really computes the file hash.
 os.environ.setdefault("HALFSAFE_CACHE_DIR", tempfile.mkdtemp(prefix="halfsafe-bench-cache-"))
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from common import machine, names, spread, status, write_json  # noqa: E402
+
+LAYOUTS = ("single", "folder")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="fp16", choices=("fp16", "fp32"))
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--config", default="sd1", help="shipped config to build (sd1, sdxl)")
-    parser.add_argument("--keep", help="folder to write the checkpoint to (kept afterwards)")
-    args = parser.parse_args()
+def _evict(path: Path) -> bool:
+    """Drop these files from the OS cache (nothing else is touched); False where unsupported."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
 
+
+def _read_all(path: Path) -> int:
+    """Read every file once (into the OS cache); returns the bytes read."""
+    total = 0
+    for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+        with open(file, "rb") as handle:
+            while chunk := handle.read(64 << 20):
+                total += len(chunk)
+    return total
+
+
+def measure(args) -> dict:
     import diffusers
     import torch
 
@@ -55,17 +72,20 @@ def main() -> None:
 
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="halfsafe-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"random-{args.config}-{args.dtype}.safetensors"
-    started = time.perf_counter()
-    if not path.exists():
-        pipeline = build_random_pipeline(args.config, dtype=args.dtype, seed=0)
-        save_single_file(pipeline, path)
-        del pipeline
-    build_seconds = time.perf_counter() - started
-    size = path.stat().st_size
-    with open(path, "rb") as handle:  # warm the OS cache so both loaders read from memory
-        while handle.read(64 << 20):
-            pass
+    paths = {
+        "single": folder / f"random-{args.config}-{args.dtype}.safetensors",
+        "folder": folder / f"random-{args.config}-{args.dtype}",
+    }
+    begun = time.perf_counter()
+    if not all(paths[layout].exists() for layout in args.layouts):
+        with status(f"building and writing a random-weight {args.config} model ({args.dtype})"):
+            pipeline = build_random_pipeline(args.config, dtype=args.dtype, seed=0)
+            if "single" in args.layouts and not paths["single"].exists():
+                save_single_file(pipeline, paths["single"])
+            if "folder" in args.layouts and not paths["folder"].exists():
+                pipeline.save_pretrained(paths["folder"], safe_serialization=True)
+            del pipeline
+    build_seconds = time.perf_counter() - begun
 
     pipeline_class = (
         diffusers.StableDiffusionXLPipeline
@@ -75,89 +95,122 @@ def main() -> None:
     config = str(config_folder(args.config))
     dtype = torch.float16 if args.dtype == "fp16" else torch.float32
 
-    def ours() -> tuple[float, float]:
+    def ours(layout: str) -> float:
         begun = time.perf_counter()
-        model = load_model(str(path))
+        model = load_model(str(paths[layout]))
         seconds = time.perf_counter() - begun
         assert not model.weights.non_finite
-        return seconds, model.weights.seconds
+        return seconds
 
-    def theirs(scan: bool) -> float:
+    def theirs(layout: str, scan: bool) -> float:
         begun = time.perf_counter()
-        pipe = pipeline_class.from_single_file(
-            str(path), config=config, local_files_only=True, torch_dtype=dtype
-        )
-        if scan:  # the same NaN/Inf guarantee HalfSafe's loader gives
+        if layout == "single":
+            pipe = pipeline_class.from_single_file(
+                str(paths[layout]), config=config, local_files_only=True, torch_dtype=dtype
+            )
+        else:
+            pipe = pipeline_class.from_pretrained(
+                str(paths[layout]), local_files_only=True, torch_dtype=dtype
+            )
+        if scan:
             assert not scan_weights(pipe).non_finite
         seconds = time.perf_counter() - begun
         del pipe
         return seconds
 
-    def evict() -> None:
-        """Drop this one file from the OS cache (no other file is touched)."""
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-    first_load, _ = ours()  # pays imports and the file's sha256 (cached afterwards)
-    theirs(False)
-    ours_runs, scan_in_load, theirs_runs, theirs_scan_runs, scans = [], [], [], [], []
-    for _ in range(args.runs):
-        seconds, scanned = ours()
-        ours_runs.append(seconds)
-        scan_in_load.append(scanned)
-        theirs_runs.append(theirs(False))
-        theirs_scan_runs.append(theirs(True))
-        scans.append(scan_weights(str(path)))
-    cold = {}
-    if hasattr(os, "posix_fadvise"):
-        evict()
-        cold["halfsafe_load_model_s"] = round(ours()[0], 2)
-        evict()
-        cold["diffusers_from_single_file_plus_scan_s"] = round(theirs(True), 2)
-        evict()
-        cold_scan = scan_weights(str(path))
-        cold["weight_scan_mb_per_s"] = round(cold_scan.mb_per_s)
-    result = {
-        "checkpoint": {
-            "config": args.config,
-            "dtype": args.dtype,
-            "bytes": size,
-            "build_seconds": round(build_seconds, 1),
-        },
-        "halfsafe_first_load_s": round(first_load, 2),
-        "halfsafe_load_model_s": _summary(ours_runs),
-        "halfsafe_scan_inside_load_s": round(statistics.median(scan_in_load), 2),
-        "diffusers_from_single_file_s": _summary(theirs_runs),
-        "diffusers_from_single_file_plus_scan_s": _summary(theirs_scan_runs),
-        "cold_file_not_in_os_cache": cold,
-        "weight_scan_mb_per_s": round(statistics.median(s.mb_per_s for s in scans)),
-        "weight_scan_s": round(statistics.median(s.seconds for s in scans), 3),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "diffusers": diffusers.__version__,
-            "torch_threads": torch.get_num_threads(),
-        },
+    results = []
+    for layout in args.layouts:
+        path = paths[layout]
+        size = _read_all(path)  # warm the OS cache, so both loaders read from memory
+        with status(f"loading the {layout} layout, {args.runs} runs per loader"):
+            first = ours(layout)  # imports, and for a single file its sha256 (then cached)
+            theirs(layout, False)
+            runs: dict[str, list[float]] = {"ours": [], "theirs": [], "theirs_scan": []}
+            scans = []
+            for _ in range(args.runs):
+                runs["ours"].append(ours(layout))
+                runs["theirs"].append(theirs(layout, False))
+                runs["theirs_scan"].append(theirs(layout, True))
+                if layout == "single":
+                    scans.append(scan_weights(str(path)))
+            cold = {}
+            if _evict(path):
+                cold["ours_s"] = round(ours(layout), 2)
+                _evict(path)
+                cold["theirs_scan_s"] = round(theirs(layout, True), 2)
+        ratios = [o / t for o, t in zip(runs["ours"], runs["theirs_scan"], strict=True)]
+        results.append(
+            {
+                "layout": layout,
+                "bytes": size,
+                "first_load_s": round(first, 2),
+                "ours_s": spread(runs["ours"], 3),
+                "diffusers_s": spread(runs["theirs"], 3),
+                "diffusers_plus_scan_s": spread(runs["theirs_scan"], 3),
+                "ours_vs_diffusers_plus_scan": round(statistics.median(ratios), 3),
+                "cold": cold,
+                "weight_scan_mb_per_s": round(statistics.median(s.mb_per_s for s in scans))
+                if scans
+                else None,
+            }
+        )
+    if not args.keep:
+        for path in paths.values():
+            _remove(path)
+    return {
+        "benchmark": "model_load",
+        "machine": machine("cpu"),
+        "model": {"config": args.config, "dtype": args.dtype, "build_s": round(build_seconds, 1)},
+        "results": results,
         "date": time.strftime("%Y-%m-%d"),
     }
-    print(json.dumps(result, indent=2))
-    if not args.keep:
+
+
+def _remove(path: Path) -> None:
+    if path.is_file():
         path.unlink()
+    elif path.is_dir():
+        for child in sorted(path.rglob("*"), reverse=True):
+            child.rmdir() if child.is_dir() else child.unlink()
+        path.rmdir()
 
 
-def _summary(runs: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(runs), 2),
-        "min": round(min(runs), 2),
-        "max": round(max(runs), 2),
-        "runs": len(runs),
-    }
+def table(document: dict) -> str:
+    model = document["model"]
+    head = (
+        f"{model['config']} {model['dtype']:<10}{'HalfSafe s':>12}{'diffusers s':>13}"
+        f"{'+ scan s':>10}{'ratio':>8}{'cold: ours':>12}{'theirs+scan':>13}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in document["results"]:
+        cold = r["cold"]
+        label = f"{r['layout']} {r['bytes'] / 1e9:.2f} GB"
+        lines.append(
+            f"{label:<15}{r['ours_s']['median']:>12.2f}"
+            f"{r['diffusers_s']['median']:>13.2f}{r['diffusers_plus_scan_s']['median']:>10.2f}"
+            f"{r['ours_vs_diffusers_plus_scan']:>7.2f}x"
+            f"{cold.get('ours_s', float('nan')):>12.2f}{cold.get('theirs_scan_s', float('nan')):>13.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="sd1", choices=("sd1", "sdxl"))
+    parser.add_argument("--dtype", default="fp16", choices=("fp16", "fp32"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--layouts", help="comma-separated: single, folder (default both)")
+    parser.add_argument("--keep", help="folder to write the model to (kept afterwards)")
+    parser.add_argument("--json", help="write the results here as JSON")
+    args = parser.parse_args()
+    args.layouts = names(args.layouts, LAYOUTS)
+    unknown = set(args.layouts) - set(LAYOUTS)
+    if unknown:
+        sys.exit(f"Unknown layout {sorted(unknown)[0]!r}: choose from single, folder.")
+    document = measure(args)
+    print(table(document))
+    if args.json:
+        write_json(args.json, document)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,286 @@
+"""What every benchmark script shares: offline set-up, the machine description, timing with
+device synchronisation, peak working memory, and the models they measure.
+
+Models: `demo` (the built-in tiny SD1.x model) and `sd1` / `sdxl` (full-size pipelines with
+random weights, built from the shipped configs: the same shapes and so the same cost as the real
+models; the images mean nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MODELS = ("demo", "sd1", "sdxl")
+NATIVE_SIZE = {"demo": 128, "sd1": 512, "sdxl": 1024}
+MODEL_WORDS = {
+    "demo": "demo model (tiny SD1.x)",
+    "sd1": "SD1.5-size, random weights",
+    "sdxl": "SDXL-size, random weights",
+}
+
+
+# --- the machine -------------------------------------------------------------------------
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return round(pages / 2**30, 1)
+    return None
+
+
+def load_average() -> list[float] | None:
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def machine(device: str = "cpu") -> dict:
+    """CPU, memory, GPU (when `device` is one) and the versions that decide the figures."""
+    import torch
+
+    described = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "diffusers": _version("diffusers"),
+        "transformers": _version("transformers"),
+        "pyside6": _version("PySide6-Essentials") or _version("PySide6"),
+        "load_average": load_average(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        properties = torch.cuda.get_device_properties(index)
+        described["gpu"] = {
+            "name": properties.name,
+            "memory_gib": round(properties.total_memory / 2**30, 1),
+            "compute_capability": f"{properties.major}.{properties.minor}",
+            "cudnn": torch.backends.cudnn.version(),
+        }
+    return described
+
+
+def machine_line(described: dict) -> str:
+    """The machine in one line, for tables."""
+    gpu = described.get("gpu")
+    where = (
+        f"{gpu['name']} ({gpu['memory_gib']} GiB)"
+        if gpu
+        else f"{described['cpu']}, {described['cores']} cores"
+    )
+    return (
+        f"{where}; torch {described['torch']}, diffusers {described['diffusers']}, "
+        f"Python {described['python']}"
+    )
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def sync(device) -> None:
+    import torch
+
+    if getattr(device, "type", str(device).split(":")[0]) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device, repeats: int = 1) -> float:
+    """Median wall seconds of `repeats` calls, synchronised at both ends."""
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def once(fn: Callable[[], object], device) -> float:
+    return timed(fn, device, 1)
+
+
+def spread(values: list[float], digits: int = 4) -> dict[str, float | int]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "runs": len(values),
+    }
+
+
+# --- memory ------------------------------------------------------------------------------
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def _proc_status_kib(*keys: str) -> dict[str, int] | None:
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    found = {k: re.search(rf"^{k}:\s+(\d+) kB", text, re.MULTILINE) for k in keys}
+    if not all(found.values()):
+        return None
+    return {k: int(m.group(1)) for k, m in found.items()}
+
+
+class PeakMemory:
+    """Peak working memory of a block: what it allocated on top of what was already held.
+
+    CUDA: the allocator's own peak (`max_memory_allocated`) minus what was allocated when the
+    block began. CPU (Linux): the process's resident high-water mark, reset when the block begins
+    (`/proc/self/clear_refs`), minus the resident size then; glibc is told to serve every block of
+    256 KiB or more with its own mapping, so a freed tensor really leaves the process and the
+    next block starts from a true baseline. Elsewhere the figure is None.
+    """
+
+    _malloc_set = False
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.mib: float | None = None
+
+    @classmethod
+    def _tune_malloc(cls) -> bool:
+        if not cls._malloc_set:
+            with contextlib.suppress(OSError, AttributeError):
+                libc = ctypes.CDLL("libc.so.6")
+                cls._malloc_set = bool(libc.mallopt(_M_MMAP_THRESHOLD, 256 * 1024))
+        return cls._malloc_set
+
+    def __enter__(self) -> PeakMemory:
+        import torch
+
+        self._before = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._before = torch.cuda.memory_allocated(self.device)
+        elif self.device.type == "cpu" and self._tune_malloc():
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                return self
+            status = _proc_status_kib("VmRSS")
+            self._before = status["VmRSS"] * 1024 if status else None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        if self._before is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            status = _proc_status_kib("VmHWM")
+            if status is None:
+                return
+            peak = status["VmHWM"] * 1024
+        self.mib = max(0.0, (peak - self._before) / 2**20)
+
+
+def release_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --- models ------------------------------------------------------------------------------
+
+
+def bench_model(name: str, dtype: str = "fp32"):
+    """A LoadedModel for `demo`, `sd1` or `sdxl` (random weights, stored in `dtype`)."""
+    from app.core.checkpoint import scan_weights
+    from app.core.models import LoadedModel, build_random_pipeline, load_model
+
+    if name == "demo":
+        return load_model("demo")
+    if name not in NATIVE_SIZE:
+        raise SystemExit(f"Unknown model {name!r}: choose from {', '.join(MODELS)}.")
+    pipeline = build_random_pipeline(name, dtype=dtype, seed=0)
+    return LoadedModel(
+        pipeline=pipeline,
+        source=f"random-{name}",
+        name=f"random-{name}",
+        format="demo",
+        architecture=name,
+        prediction_type=pipeline.scheduler.config.prediction_type,
+        native_size=NATIVE_SIZE[name],
+        stored_dtype=dtype,
+        model_hash=None,
+        profile_key=f"bench-random-{name}",
+        weights=scan_weights(pipeline),
+        detected_because="random weights for a benchmark",
+    )
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def names(value: str | None, default: tuple[str, ...] | list[str]) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else list(default)
+
+
+def write_json(path: str | Path, document: dict) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+@contextlib.contextmanager
+def status(message: str) -> Iterator[None]:
+    """Say on stderr what is running and how long it took (stdout keeps the tables)."""
+    print(f"{message}...", file=sys.stderr, flush=True)
+    begun = time.perf_counter()
+    yield
+    print(f"  done in {time.perf_counter() - begun:.1f} s", file=sys.stderr, flush=True)
