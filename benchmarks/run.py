@@ -204,7 +204,7 @@ def _generation(doc: dict, device: str) -> list[Row]:
         rows.append(
             Row(
                 "generation",
-                f"{case}: ours (watch on) vs plain diffusers",
+                f"{case}: watch on vs plain diffusers",
                 f"{r['watched_s']:.3f} s",
                 f"{r['plain_s']:.3f} s",
                 f"{r['watch_overhead_pct']:+.2f}%",
@@ -271,7 +271,7 @@ def _precision(doc: dict, device: str) -> list[Row]:
 
 
 def _mib(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f} MiB peak"
+    return "n/a" if value is None else f"{value:.0f} MiB"
 
 
 SUMMARIES: dict[str, Callable[[dict, str], list[Row]]] = {
