@@ -11,12 +11,13 @@ diffusers folder (`save_pretrained`). Then, alternating run by run, it times per
   - the same diffusers call followed by `scan_weights(pipeline)`, so both end with the same
     guarantee (diffusers maps files lazily and checks no value);
 plus the standalone weight scan in MB/s. The files are read once before timing, so every run
-finds them in the OS cache ("warm"); then each loader runs once more after the files were
-dropped from the OS cache ("cold": read from disk). HalfSafe's first load of the single file
-also computes its sha256 (the A1111 hash, cached afterwards); it is reported on its own.
+finds them in the OS cache ("warm"); then each loader runs a few more times, alternating, each
+time after the files were dropped from the OS cache ("cold": read from disk). HalfSafe's first
+load of the single file also computes its sha256 (the A1111 hash, cached afterwards); it is
+reported on its own.
 
 Usage: python benchmarks/model_load.py [--config sd1|sdxl] [--dtype fp16|fp32] [--runs 3]
-       [--layouts single,folder] [--keep DIR] [--json FILE]
+       [--cold-runs 3] [--layouts single,folder] [--keep DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,10 +38,8 @@ from common import machine, names, spread, status, write_json  # noqa: E402
 LAYOUTS = ("single", "folder")
 
 
-def _evict(path: Path) -> bool:
-    """Drop these files from the OS cache (nothing else is touched); False where unsupported."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
+def _evict(path: Path) -> None:
+    """Drop these files from the OS cache (nothing else is touched)."""
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     for file in files:
         fd = os.open(file, os.O_RDONLY)
@@ -49,7 +48,6 @@ def _evict(path: Path) -> bool:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-    return True
 
 
 def _read_all(path: Path) -> int:
@@ -134,10 +132,18 @@ def measure(args) -> dict:
                 if layout == "single":
                     scans.append(scan_weights(str(path)))
             cold = {}
-            if _evict(path):
-                cold["ours_s"] = round(ours(layout), 2)
-                _evict(path)
-                cold["theirs_scan_s"] = round(theirs(layout, True), 2)
+            if hasattr(os, "posix_fadvise"):
+                cold_runs: dict[str, list[float]] = {"ours": [], "theirs_scan": []}
+                for _ in range(args.cold_runs):  # alternating: the disk's speed drifts
+                    _evict(path)
+                    cold_runs["ours"].append(ours(layout))
+                    _evict(path)
+                    cold_runs["theirs_scan"].append(theirs(layout, True))
+                cold = {
+                    "ours_s": round(statistics.median(cold_runs["ours"]), 2),
+                    "theirs_scan_s": round(statistics.median(cold_runs["theirs_scan"]), 2),
+                    "runs": args.cold_runs,
+                }
         ratios = [o / t for o, t in zip(runs["ours"], runs["theirs_scan"], strict=True)]
         results.append(
             {
@@ -199,6 +205,7 @@ def main() -> None:
     parser.add_argument("--config", default="sd1", choices=("sd1", "sdxl"))
     parser.add_argument("--dtype", default="fp16", choices=("fp16", "fp32"))
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cold-runs", type=int, default=3)
     parser.add_argument("--layouts", help="comma-separated: single, folder (default both)")
     parser.add_argument("--keep", help="folder to write the model to (kept afterwards)")
     parser.add_argument("--json", help="write the results here as JSON")
