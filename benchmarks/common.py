@@ -263,6 +263,37 @@ def bench_model(name: str, dtype: str = "fp32"):
     )
 
 
+PROMPT = "a lighthouse on a cliff at dusk, highly detailed"
+
+
+def generation_job(model, plan, *, device, info, size: int, steps: int, scheduler: str):
+    """The job `app.core.generation.generate` would run for one image of `size` px with the NaN
+    watch on, under `plan`: its placed components stay ready for repeated stages."""
+    from app.core import generation
+    from app.core.jobs import CancelToken, no_progress
+
+    request = generation.GenerationRequest(
+        prompt=PROMPT,
+        steps=steps,
+        cfg=7.0,
+        seed=1234,
+        width=size,
+        height=size,
+        scheduler=scheduler,
+    )
+    return generation._Job(
+        model,
+        request,
+        plan,
+        device=device,
+        bf16_native=info.bf16 == "native",
+        watch=True,
+        progress=no_progress,
+        preview=None,
+        cancel=CancelToken(),
+    )
+
+
 # --- output ------------------------------------------------------------------------------
 
 
@@ -275,6 +306,13 @@ def write_json(path: str | Path, document: dict) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def emit(document: dict, table: str, path: str | None) -> None:
+    """Print a script's table; write its figures as JSON when asked."""
+    print(table)
+    if path:
+        write_json(path, document)
 
 
 @contextlib.contextmanager

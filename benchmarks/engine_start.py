@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import machine, write_json
+from common import emit, machine
 
 STEPS = (
     ("ping", {}, "first reply"),
@@ -97,9 +97,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args()
     document = measure(args.runs)
-    print(table(document))
-    if args.json:
-        write_json(args.json, document)
+    emit(document, table(document), args.json)
 
 
 if __name__ == "__main__":

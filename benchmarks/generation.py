@@ -35,7 +35,7 @@ import time
 import warnings
 from pathlib import Path
 
-from common import bench_model, machine, names, status, write_json
+from common import bench_model, emit, generation_job, machine, names, status
 from common import sync as _sync
 
 # name -> (model, size px, precision) per device kind
@@ -51,8 +51,6 @@ def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
     import torch
 
     from app.core import generation, hardware
-    from app.core.generation import GenerationRequest
-    from app.core.jobs import CancelToken, no_progress
     from app.core.precision import backend_flags, pipeline_components, resolve_plan
     from app.core.settings import PrecisionSettings
 
@@ -68,26 +66,16 @@ def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
         components=pipeline_components(model.pipeline),
         device_info=info,
     )
-    request = GenerationRequest(
-        prompt="a lighthouse on a cliff at dusk, highly detailed",
-        steps=args.steps,
-        cfg=7.0,
-        seed=1234,
-        width=size,
-        height=size,
-        scheduler=args.scheduler,
-    )
-    job = generation._Job(
+    job = generation_job(
         model,
-        request,
         plan,
         device=device,
-        bf16_native=info.bf16 == "native",
-        watch=True,
-        progress=no_progress,
-        preview=None,
-        cancel=CancelToken(),
+        info=info,
+        size=size,
+        steps=args.steps,
+        scheduler=args.scheduler,
     )
+    request = job.request
     seeds = [request.seed]
     conditioning = job.encode(plan)
 
@@ -353,9 +341,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args()
     document = measure(args)
-    print(table(document))
-    if args.json:
-        write_json(args.json, document)
+    emit(document, table(document), args.json)
 
 
 if __name__ == "__main__":

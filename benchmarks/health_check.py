@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import NATIVE_SIZE, bench_model, machine, names, status, timed, write_json
+from common import NATIVE_SIZE, bench_model, emit, machine, names, status, timed
 
 
 def bench_check(name: str, args) -> dict:
@@ -129,9 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     args.models = names(args.models, ["demo"])
     document = measure(args)
-    print(table(document))
-    if args.json:
-        write_json(args.json, document)
+    emit(document, table(document), args.json)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 # A fresh cache folder, so the first load really computes the file hash.
 os.environ.setdefault("HALFSAFE_CACHE_DIR", tempfile.mkdtemp(prefix="halfsafe-bench-cache-"))
 
-from common import machine, names, spread, status, write_json  # noqa: E402
+from common import emit, machine, names, spread, status  # noqa: E402
 
 LAYOUTS = ("single", "folder")
 
@@ -215,9 +215,7 @@ def main() -> None:
     if unknown:
         sys.exit(f"Unknown layout {sorted(unknown)[0]!r}: choose from single, folder.")
     document = measure(args)
-    print(table(document))
-    if args.json:
-        write_json(args.json, document)
+    emit(document, table(document), args.json)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,13 @@ from common import (
     NATIVE_SIZE,
     PeakMemory,
     bench_model,
+    emit,
+    generation_job,
     machine,
     names,
     once,
     release_device_memory,
     status,
-    write_json,
 )
 
 BASELINE = "fp32"
@@ -96,8 +97,6 @@ def _plan(choice: Choice, model, device, info):
 
 def bench_model_choices(name: str, args) -> dict:
     from app.core import generation, hardware
-    from app.core.generation import GenerationRequest
-    from app.core.jobs import CancelToken, no_progress
     from app.core.precision import parameter_counts
 
     device = hardware.pick_device(args.device)
@@ -111,34 +110,24 @@ def bench_model_choices(name: str, args) -> dict:
     with status(f"building {name}"):
         model = bench_model(name, "fp32")
     counts = parameter_counts(model.pipeline)
-    request = GenerationRequest(
-        prompt="a lighthouse on a cliff at dusk, highly detailed",
-        steps=args.steps,
-        cfg=7.0,
-        seed=1234,
-        width=size,
-        height=size,
-        scheduler="dpmpp_2m_karras",
-    )
-    seeds = [request.seed]
-    jobs: dict[tuple, generation._Job] = {}  # one placed model per set of dtypes
+    jobs: dict[tuple, object] = {}  # one placed model per set of dtypes
     runs: dict[str, dict] = {}
     for choice in chosen:
         plan = _plan(choice, model, device, info)
         dtypes = tuple(sorted(plan.dtypes.items()))
         if dtypes not in jobs:
-            jobs[dtypes] = generation._Job(
+            jobs[dtypes] = generation_job(
                 model,
-                request,
                 plan,
                 device=device,
-                bf16_native=info.bf16 == "native",
-                watch=True,
-                progress=no_progress,
-                preview=None,
-                cancel=CancelToken(),
+                info=info,
+                size=size,
+                steps=args.steps,
+                scheduler="dpmpp_2m_karras",
             )
         runs[choice.key] = {"choice": choice, "plan": plan, "job": jobs[dtypes]}
+    request = runs[BASELINE]["job"].request
+    seeds = [request.seed]
 
     def encode(run) -> object:
         return run["job"].encode(run["plan"])
@@ -300,9 +289,7 @@ def resolve_args(args) -> argparse.Namespace:
 def main() -> None:
     args = resolve_args(parser().parse_args())
     document = measure(args)
-    print(table(document))
-    if args.json:
-        write_json(args.json, document)
+    emit(document, table(document), args.json)
 
 
 if __name__ == "__main__":
