@@ -136,3 +136,34 @@ def test_generation_rows_judge_the_watch_against_one_percent():
     }
     rows = run._generation({"cases": [case]}, "cuda")
     assert [r.met for r in rows] == [False, None, True]
+
+
+def test_every_precision_choice_resolves_to_the_plan_it_names():
+    """The GPU-only choices never run on this machine: their settings must still be real
+    settings that resolve to what their names say."""
+    import precision
+
+    from app.core.precision import resolve_plan
+    from app.core.settings import PrecisionSettings
+
+    components = ["text_encoder", "unet", "vae"]
+    plans = {
+        c.key: resolve_plan(
+            PrecisionSettings(auto_fix="off", **c.settings), device="cuda", components=components
+        )
+        for c in precision.CHOICES
+    }
+    assert set(plans["fp16"].dtypes.values()) == {"fp16"}
+    assert set(plans["bf16"].dtypes.values()) == {"bf16"}
+    assert set(plans["fp32"].dtypes.values()) == {"fp32"}
+    assert plans["fp16_vae32"].dtypes == {**plans["fp16"].dtypes, "vae": "fp32"}
+    assert plans["fp16_upcast"].upcast_attention and not plans["fp16"].upcast_attention
+    assert plans["fp32"].allow_tf32 and not plans["fp32_no_tf32"].allow_tf32
+    assert plans["fp16_accumulation"].fp16_accumulation and not plans["fp16"].fp16_accumulation
+    assert not plans["fp16_full_reduction"].fp16_reduced_precision_reduction
+    assert plans["fp16"].fp16_reduced_precision_reduction
+    assert {c.key for c in precision.CHOICES if c.gpu_only} == {
+        "fp32_no_tf32",
+        "fp16_accumulation",
+        "fp16_full_reduction",
+    }
