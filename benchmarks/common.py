@@ -89,12 +89,15 @@ def machine(device: str = "cpu") -> dict:
         "load_average": load_average(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
+        from app.core.hardware import nvidia_driver
+
         index = torch.device(device).index or 0
         properties = torch.cuda.get_device_properties(index)
         described["gpu"] = {
             "name": properties.name,
             "memory_gib": round(properties.total_memory / 2**30, 1),
             "compute_capability": f"{properties.major}.{properties.minor}",
+            "driver": nvidia_driver(),
             "cudnn": torch.backends.cudnn.version(),
         }
     return described
@@ -104,7 +107,7 @@ def machine_line(described: dict) -> str:
     """The machine in one line, for tables."""
     gpu = described.get("gpu")
     where = (
-        f"{gpu['name']} ({gpu['memory_gib']} GiB)"
+        f"{gpu['name']} ({gpu['memory_gib']} GiB, driver {gpu['driver']})"
         if gpu
         else f"{described['cpu']}, {described['cores']} cores"
     )
