@@ -50,33 +50,22 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def _memory_gib() -> float | None:
-    with contextlib.suppress(OSError, AttributeError, ValueError):
-        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return round(pages / 2**30, 1)
-    return None
-
-
 def load_average() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 def machine(device: str = "cpu") -> dict:
-    """CPU, memory, GPU (when `device` is one) and the versions that decide the figures."""
+    """CPU, memory, GPU (when `device` is one) and the versions that decide the figures, from
+    HalfSafe's own hardware report."""
     import torch
 
+    from app.core.hardware import describe_device
+
+    cpu = describe_device("cpu")
     described = {
-        "cpu": _cpu_model(),
+        "cpu": cpu.name,
         "cores": os.cpu_count(),
-        "memory_gib": _memory_gib(),
+        "memory_gib": None if cpu.memory_total_mb is None else round(cpu.memory_total_mb / 1024, 1),
         "torch_threads": torch.get_num_threads(),
         "gpu": None,
         "platform": platform.platform(),
@@ -88,17 +77,15 @@ def machine(device: str = "cpu") -> dict:
         "pyside6": _version("PySide6-Essentials") or _version("PySide6"),
         "load_average": load_average(),
     }
-    if device.startswith("cuda") and torch.cuda.is_available():
-        from app.core.hardware import nvidia_driver
-
-        index = torch.device(device).index or 0
-        properties = torch.cuda.get_device_properties(index)
+    if not device.startswith("cpu"):
+        gpu = describe_device(device)
         described["gpu"] = {
-            "name": properties.name,
-            "memory_gib": round(properties.total_memory / 2**30, 1),
-            "compute_capability": f"{properties.major}.{properties.minor}",
-            "driver": nvidia_driver(),
-            "cudnn": torch.backends.cudnn.version(),
+            "name": gpu.name,
+            "kind": gpu.kind,
+            "memory_gib": round((gpu.memory_total_mb or 0) / 1024, 1),
+            "compute_capability": ".".join(map(str, gpu.capability)) if gpu.capability else None,
+            "driver": gpu.driver,
+            "cudnn": torch.backends.cudnn.version() if gpu.kind == "cuda" else None,
         }
     return described
 
@@ -137,10 +124,6 @@ def timed(fn: Callable[[], object], device, repeats: int = 1) -> float:
         sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def once(fn: Callable[[], object], device) -> float:
-    return timed(fn, device, 1)
 
 
 def spread(values: list[float], digits: int = 4) -> dict[str, float | int]:

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import load_average
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -103,9 +105,7 @@ def measure(runs: int) -> dict:
         "torch_loaded": any(r["torch_loaded"] for r in measured),
         "machine": {
             "cpus": os.cpu_count(),
-            "load_average": [round(x, 2) for x in os.getloadavg()]
-            if hasattr(os, "getloadavg")
-            else None,
+            "load_average": load_average(),
             "python": platform.python_version(),
             "platform": platform.platform(),
         },

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-# A fresh cache folder, so the first load really computes the file hash.
-os.environ.setdefault("HALFSAFE_CACHE_DIR", tempfile.mkdtemp(prefix="halfsafe-bench-cache-"))
-
-from common import emit, machine, names, spread, status  # noqa: E402
+from common import emit, machine, names, spread, status
 
 LAYOUTS = ("single", "folder")
 
@@ -161,8 +159,7 @@ def measure(args) -> dict:
             }
         )
     if not args.keep:
-        for path in paths.values():
-            _remove(path)
+        shutil.rmtree(folder)
     return {
         "benchmark": "model_load",
         "machine": machine("cpu"),
@@ -170,15 +167,6 @@ def measure(args) -> dict:
         "results": results,
         "date": time.strftime("%Y-%m-%d"),
     }
-
-
-def _remove(path: Path) -> None:
-    if path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        for child in sorted(path.rglob("*"), reverse=True):
-            child.rmdir() if child.is_dir() else child.unlink()
-        path.rmdir()
 
 
 def table(document: dict) -> str:
@@ -214,7 +202,10 @@ def main() -> None:
     unknown = set(args.layouts) - set(LAYOUTS)
     if unknown:
         sys.exit(f"Unknown layout {sorted(unknown)[0]!r}: choose from single, folder.")
-    document = measure(args)
+    # A fresh cache folder, so the first load really computes the file hash.
+    with tempfile.TemporaryDirectory(prefix="halfsafe-bench-cache-") as cache:
+        os.environ["HALFSAFE_CACHE_DIR"] = cache
+        document = measure(args)
     emit(document, table(document), args.json)
 
 

@@ -33,9 +33,9 @@ from common import (
     generation_job,
     machine,
     names,
-    once,
     release_device_memory,
     status,
+    timed,
 )
 
 BASELINE = "fp32"
@@ -163,9 +163,9 @@ def bench_model_choices(name: str, args) -> dict:
             for key in keys[shift:] + keys[:shift]:
                 run = runs[key]
                 measured[key] = {
-                    "encode_s": once(lambda run=run: encode(run), device),
-                    "denoise_s": once(lambda run=run: denoise(run), device),
-                    "decode_s": once(lambda run=run: decode(run), device),
+                    "encode_s": timed(lambda run=run: encode(run), device),
+                    "denoise_s": timed(lambda run=run: denoise(run), device),
+                    "decode_s": timed(lambda run=run: decode(run), device),
                 }
             rounds.append(measured)
 

@@ -349,7 +349,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown section {unknown[0]!r}: choose from {', '.join(SECTIONS)}")
 
-    from common import machine, machine_line
+    from common import load_average, machine, machine_line
 
     described = machine(device)
     print(f"HalfSafe benchmarks, profile {args.profile}, on {machine_line(described)}")
@@ -368,7 +368,7 @@ def main() -> int:
 
     print(f"\n== summary ({args.profile}, {machine_line(described)})")
     print(summary_table(rows))
-    described["load_average_after"] = machine(device)["load_average"]
+    described["load_average_after"] = load_average()
     result = {
         "benchmark": "halfsafe",
         "date": time.strftime("%Y-%m-%d"),
