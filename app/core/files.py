@@ -1,13 +1,25 @@
-"""Writing files so that a crash never leaves half of one: settings, profiles, caches, images."""
+"""Files that HalfSafe writes and reads back: settings, profiles, caches, images.
+
+Writing: a crash never leaves half of a file (temp file, fsync, rename), and a backup copy is
+put in place the same way. Reading a file of our own: only a regular file is opened, so a FIFO
+or a folder at that name can never block or crash the app. Read-modify-write across processes:
+`locked` holds a lock file.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+LOCK_TIMEOUT_S = 10.0
 
 
 def write_atomic(
@@ -20,9 +32,10 @@ def write_atomic(
     """Write `data` to `path` through a temp file in the same folder, fsync, then rename.
 
     `data` is bytes, text (UTF-8) or a function that writes to the open binary file. With
-    `keep_backup`, an existing file is copied to `<name>.bak` first. With `overwrite=False` an
-    existing file is never replaced: FileExistsError is raised instead (the temp file is
-    linked into place, which fails atomically if the name was taken meanwhile).
+    `keep_backup`, an existing file is copied to `<name>.bak` first, itself atomically (a reader
+    never sees half a backup). With `overwrite=False` an existing file is never replaced:
+    FileExistsError is raised instead (the temp file is linked into place, which fails
+    atomically if the name was taken meanwhile).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,7 +49,7 @@ def write_atomic(
             tmp.flush()
             os.fsync(tmp.fileno())
         if keep_backup and path.exists():
-            shutil.copy2(path, path.with_name(path.name + ".bak"))
+            _copy_atomic(path, path.with_name(path.name + ".bak"))
         if overwrite:
             os.replace(tmp_name, path)
         else:
@@ -46,3 +59,110 @@ def write_atomic(
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return path
+
+
+def _copy_atomic(source: Path, target: Path) -> None:
+    """Copy `source` over `target` so that `target` is always either the old or the new copy."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as tmp, source.open("rb") as original:
+            shutil.copyfileobj(original, tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        shutil.copystat(source, tmp_name)
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+class NotRegularFileError(OSError):
+    """A name we expected to be a file is a folder, a FIFO, a device or a socket."""
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of `path`, which must be a regular file of at most `max_bytes`.
+
+    The file is opened without blocking and checked through the open descriptor (no race
+    between a check and the open), so a FIFO never waits for a writer. Raises
+    NotRegularFileError for anything that is not a regular file, and OSError (EFBIG) for a
+    file larger than `max_bytes`.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise NotRegularFileError(errno.EINVAL, f"it is {kind}", str(path))
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"it is larger than {max_bytes} bytes", str(path))
+    return data
+
+
+def is_regular_file(path: Path) -> bool:
+    """True when `path` is a regular file (following a link); never opens it."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold an exclusive lock on `<path>.lock` for a read-modify-write of `path`.
+
+    Works across processes (fcntl.flock on POSIX, msvcrt.locking on Windows); the OS releases
+    the lock if the holder dies, so a crash never leaves the file locked. The lock file is never
+    deleted: deleting it would let two processes lock two different files. Raises TimeoutError
+    (an OSError) if another process holds the lock for `timeout` seconds.
+    """
+    path = Path(path)
+    lock_path = path.with_name(path.name + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(lock_path, flags, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _try_lock(fd):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    errno.ETIMEDOUT, f"another program kept {path.name} locked for {timeout:g} s"
+                )
+            time.sleep(0.02)
+        try:
+            yield
+        finally:
+            _unlock(fd)
+    finally:
+        os.close(fd)
+
+
+if os.name == "nt":
+    import msvcrt
+
+    def _try_lock(fd: int) -> bool:
+        os.lseek(fd, 0, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError:
+            return False
+        return True
+
+    def _unlock(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+else:
+    import fcntl
+
+    def _try_lock(fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def _unlock(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)

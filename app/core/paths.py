@@ -6,6 +6,7 @@ installs keep the user's real folders untouched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -16,8 +17,12 @@ RESOURCES = Path(__file__).resolve().parent.parent.parent / "resources"
 
 
 def _dir(env_var: str, default: str) -> Path:
+    """The folder, created if missing. A folder that cannot be created (a file holds its name,
+    no permission) is returned anyway: that must not stop the app from starting, and the first
+    read or write there fails with a sentence naming it."""
     path = Path(os.environ.get(env_var) or default)
-    path.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -2,15 +2,21 @@
 
 The settings panel, the CLI's precision flags and the settings file are all generated from
 `SCHEMA`. Loading is forgiving field by field: a damaged file costs the user the damaged fields,
-never the rest, and the damaged file is kept aside. Saving is atomic and keeps a `.bak`.
+never the rest, and the damaged file is kept aside. Saving is atomic, keeps a `.bak`, and holds
+a lock file so that two processes saving at once never lose each other's changes.
 
 This module must stay cheap to import (no torch).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import math
+import os
 import re
+import reprlib
 import shutil
 import time
 from collections.abc import Iterator, Mapping
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import paths
-from app.core.files import write_atomic
+from app.core.files import is_regular_file, locked, read_regular_file, write_atomic
 
 SCHEMA_VERSION = 1
 SETTINGS_FILE = "settings.json"
@@ -31,6 +37,30 @@ SCHEDULERS = ("euler", "euler_a", "dpmpp_2m_karras", "ddim")
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+|mps|xpu|xpu:\d+)$")
 
 GROUPS = ("Device", "Precision", "Attention", "Accumulation", "NaN safety", "Generation", "Folders")
+
+
+# Any integer longer than this in the settings file is out of every field's range.
+MAX_NUMBER_DIGITS = 40
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 40
+_SHOWN.maxlevel = 2
+
+
+def shown(value: Any) -> str:
+    """A value as a warning quotes it: short, whatever its size or depth (a damaged file can
+    hold a 5,000-digit number or a list nested a thousand deep)."""
+    if isinstance(value, _LongNumber):
+        return f"a number of {value.digits} digits"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"a number of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return _SHOWN.repr(value)
+
+
+def _check_path(text: str) -> None:
+    """Refuse what no file system accepts in a path (a NUL byte), so it is caught here, with
+    the setting named, and not after an image has been generated."""
+    if "\0" in text:
+        raise ValueError("a folder name cannot contain a NUL character")
 
 
 @dataclass(frozen=True)
@@ -64,41 +94,56 @@ class Field:
         if self.kind == "bool":
             if isinstance(value, bool):
                 return value
-            raise ValueError(f"expected true or false, got {value!r}")
+            raise ValueError(f"expected true or false, got {shown(value)}")
         if self.kind in ("choice", "device"):
             if not isinstance(value, str):
-                raise ValueError(f"expected text, got {value!r}")
+                raise ValueError(f"expected text, got {shown(value)}")
             if self.kind == "choice" and value not in self.choices:
-                raise ValueError(f"expected one of {', '.join(self.choices)}, got {value!r}")
+                raise ValueError(f"expected one of {', '.join(self.choices)}, got {shown(value)}")
             if self.kind == "device" and not DEVICE_PATTERN.match(value):
-                raise ValueError(f"expected auto, cpu, cuda, cuda:N, mps or xpu, got {value!r}")
+                raise ValueError(
+                    f"expected auto, cpu, cuda, cuda:N, mps or xpu, got {shown(value)}"
+                )
             return value
         if self.kind in ("int", "float"):
-            # bool is an int in Python; a JSON `true` for a step count is damage, not 1.
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"expected a number, got {value!r}")
-            if self.kind == "int":
-                if float(value) != int(value):
-                    raise ValueError(f"expected a whole number, got {value!r}")
-                value = int(value)
-            else:
-                value = float(value)
-            if self.minimum is not None and value < self.minimum:
-                raise ValueError(f"{value} is below the minimum {self.minimum:g}")
-            if self.maximum is not None and value > self.maximum:
-                raise ValueError(f"{value} is above the maximum {self.maximum:g}")
-            if self.step and value % self.step:
-                raise ValueError(f"{value} is not a multiple of {self.step}")
-            return value
+            return self._number(value)
         if self.kind in ("text", "path"):
             if not isinstance(value, str):
-                raise ValueError(f"expected text, got {value!r}")
+                raise ValueError(f"expected text, got {shown(value)}")
+            if self.kind == "path":
+                _check_path(value)
             return value
         if self.kind == "paths":
             if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
-                raise ValueError(f"expected a list of folders, got {value!r}")
+                raise ValueError(f"expected a list of folders, got {shown(value)}")
+            for folder in value:
+                _check_path(folder)
             return list(value)
         raise AssertionError(f"unknown field kind {self.kind}")
+
+    def _number(self, value: Any) -> int | float:
+        """Check a number against the bounds before converting it, so that no value (inf, NaN,
+        a number of thousands of digits) can overflow the checks themselves."""
+        # bool is an int in Python; a JSON `true` for a step count is damage, not 1.
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {shown(value)}")
+        if isinstance(value, _LongNumber):
+            raise ValueError(f"{shown(value)} is out of range")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {shown(value)}")
+        # Python compares ints and floats exactly, whatever their size.
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{shown(value)} is below the minimum {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"{shown(value)} is above the maximum {self.maximum:g}")
+        if self.kind == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(f"expected a whole number, got {shown(value)}")
+            value = int(value)
+            if self.step and value % self.step:
+                raise ValueError(f"{value} is not a multiple of {self.step}")
+            return value
+        return float(value)
 
 
 _DTYPE_HELP = (
@@ -446,11 +491,37 @@ class Settings:
 
 @dataclass
 class LoadResult:
-    """Settings as loaded, plus one plain line for each thing that was wrong with the file."""
+    """Settings as loaded, plus one plain line for each thing that was wrong with the file.
+
+    `summary` is one sentence saying what the damage cost (a few fields, the latest change, or
+    everything), for the headline above the `warnings`; empty when nothing was wrong.
+    """
 
     settings: Settings
     warnings: list[str] = field(default_factory=list)
     kept_aside: Path | None = None
+    summary: str = ""
+
+
+# Words for LoadResult.summary: what the user lost, said plainly.
+FIELDS_RESET = (
+    "Some saved settings could not be read and were reset to their defaults; everything else "
+    "was kept."
+)
+RESTORED_BACKUP = (
+    "The settings file could not be read, so the copy from the save before it was restored; "
+    "the latest change may be missing."
+)
+ALL_RESET = (
+    "The settings file could not be read and there was no usable backup copy, so every "
+    "setting is back to its default."
+)
+FOLDER_UNUSABLE = "The settings folder cannot be used, so the defaults apply for this session."
+
+# A settings file is a few kB; anything past this is not ours.
+MAX_SETTINGS_BYTES = 1024 * 1024
+# A field list longer than this in one warning helps nobody.
+_NAMES_SHOWN = 5
 
 
 def settings_path() -> Path:
@@ -460,88 +531,196 @@ def settings_path() -> Path:
 def load_settings(path: Path | None = None) -> LoadResult:
     """Read the settings file, recovering field by field from any damage.
 
-    A missing file gives the defaults silently. An unreadable or non-JSON file falls back to the
-    `.bak` left by the last save, else to the defaults. An unknown key is dropped; a value of the
-    wrong type or out of range falls back to that field's default. Whenever anything was wrong,
-    the damaged file is copied aside (`settings.json.damaged-<time>`) so nothing is lost, and
-    each problem is reported as one line in `warnings`. Never raises for a bad file.
+    A missing file gives the defaults silently. An unreadable or non-JSON file (or a folder, a
+    FIFO: only a regular file is opened) falls back to the `.bak` left by the last save, else to
+    the defaults. An unknown key is dropped; a value of the wrong type or out of range (inf,
+    NaN, a number of thousands of digits) falls back to that field's default. Whenever anything
+    was wrong, the damaged file is kept aside (`settings.json.damaged-<time>`; a folder or FIFO
+    is moved there so the next save can write the file), each problem is one line in
+    `warnings`, and `summary` says what it cost. Never raises for a bad file or folder.
     """
     path = path or settings_path()
-    if not path.exists():
+    folder_problem = _folder_problem(path.parent)
+    if folder_problem:
+        return LoadResult(Settings(), [folder_problem], None, FOLDER_UNUSABLE)
+    if not os.path.lexists(path):
         return LoadResult(Settings())
 
     warnings: list[str] = []
+    summary = FIELDS_RESET
     raw, problem = _read_json_object(path)
     if raw is None:
-        warnings.append(f"{path}: {problem}; using the last good copy or the defaults.")
         backup = path.with_name(path.name + ".bak")
-        raw, _ = _read_json_object(backup) if backup.exists() else (None, None)
+        raw, _ = _read_json_object(backup) if os.path.lexists(backup) else (None, None)
         if raw is not None:
-            warnings.append(f"Restored settings from {backup}.")
-        raw = raw or {}
+            warnings.append(f"{path}: {problem}; restored the settings from {backup}.")
+            summary = RESTORED_BACKUP
+        else:
+            warnings.append(f"{path}: {problem}; no usable backup, so the defaults apply.")
+            summary = ALL_RESET
+            raw = {}
 
+    settings, field_warnings = _settings_from(raw, path)
+    warnings += field_warnings
+    if not warnings:
+        return LoadResult(settings)
+    return LoadResult(settings, warnings, _keep_aside(path), summary)
+
+
+def _settings_from(raw: dict[str, Any], path: Path) -> tuple[Settings, list[str]]:
+    """The fields of a parsed settings document, each validated alone, and what was wrong."""
+    warnings: list[str] = []
     version = raw.get("schema_version", SCHEMA_VERSION)
     stored = raw.get("settings", {})
     if not isinstance(stored, dict):
         warnings.append(f"{path}: 'settings' is not an object; using the defaults.")
         stored = {}
-    if isinstance(version, int) and version > SCHEMA_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
         warnings.append(
-            f"{path} was written by a newer HalfSafe (schema {version}); "
+            f"{path} was written by a newer HalfSafe (schema {shown(version)}); "
             "reading the fields this version knows."
         )
-
     settings = Settings()
+    unknown = [key for key in stored if key not in FIELDS]
+    if unknown:
+        names = ", ".join(f"'{shown(key)[1:-1]}'" for key in unknown[:_NAMES_SHOWN])
+        more = f" and {len(unknown) - _NAMES_SHOWN} more" if len(unknown) > _NAMES_SHOWN else ""
+        noun = "setting" if len(unknown) == 1 else "settings"
+        warnings.append(f"{path}: ignored unknown {noun} {names}{more}.")
     for key, value in stored.items():
         if key not in FIELDS:
-            warnings.append(f"{path}: ignored unknown setting '{key}'.")
             continue
         try:
             settings[key] = value
         except ValueError as error:
             warnings.append(f"{path}: setting '{key}': {error}; using the default.")
-
-    kept_aside = None
-    if warnings and raw is not None:
-        kept_aside = _keep_aside(path)
-    return LoadResult(settings, warnings, kept_aside)
+    return settings, warnings
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:
-    """Write the settings atomically: temp file, fsync, keep the old file as `.bak`, rename.
+    """Write every field of `settings` atomically: temp file, fsync, keep the old file as
+    `.bak` (itself written atomically), rename; under the settings lock, so that saves from
+    two processes never interleave.
 
     A crash at any point leaves either the old file or the new one in place, never half of one.
+    Raises OSError (with a plain `strerror`) when the file cannot be written.
     """
     path = path or settings_path()
+    with _settings_lock(path):
+        return _write(settings, path)
+
+
+def update_settings(
+    changes: Mapping[str, Any], path: Path | None = None, *, base: Settings | None = None
+) -> Settings:
+    """Save `changes` without losing what another process saved meanwhile, and return the
+    settings now in the file.
+
+    Under the settings lock: read the file as it is now, lay `changes` over it, write it. A
+    field the file lacks or holds damaged comes from `base` (the caller's copy; else the
+    default). Validates `changes` first (ValueError, nothing written); OSError if the file
+    cannot be written.
+    """
+    path = path or settings_path()
+    checked = {key: _field(key).validate(value) for key, value in changes.items()}
+    with _settings_lock(path):
+        merged = Settings(dict((base or Settings()).values))
+        if os.path.lexists(path):
+            raw, _ = _read_json_object(path)
+            stored = (raw or {}).get("settings")
+            for key, value in (stored if isinstance(stored, dict) else {}).items():
+                with contextlib.suppress(KeyError, ValueError):
+                    merged[key] = value
+        for key, value in checked.items():
+            merged[key] = value
+        _write(merged, path)
+    return merged
+
+
+def _field(key: str) -> Field:
+    if key not in FIELDS:
+        raise ValueError(f"unknown setting {key!r}")
+    return FIELDS[key]
+
+
+def _settings_lock(path: Path) -> contextlib.AbstractContextManager[None]:
+    problem = _folder_problem(path.parent)
+    if problem:
+        raise NotADirectoryError(errno.ENOTDIR, problem)
+    return locked(path)
+
+
+def _write(settings: Settings, path: Path) -> Path:
     document = {"schema_version": SCHEMA_VERSION, "settings": settings.to_dict()}
     # Only a readable file is worth keeping as the backup: never replace a good .bak with junk.
-    keep = path.exists() and _read_json_object(path)[0] is not None
+    keep = _read_json_object(path)[0] is not None if os.path.lexists(path) else False
     return write_atomic(
         path, json.dumps(document, indent=2, sort_keys=True) + "\n", keep_backup=keep
     )
 
 
-def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+def _folder_problem(folder: Path) -> str | None:
+    """One sentence when the settings folder is a file (or cannot be looked at), else None."""
     try:
-        text = path.read_text(encoding="utf-8")
+        if not folder.exists() or folder.is_dir():
+            return None
+    except OSError as error:
+        return f"The settings folder {folder} cannot be used ({error.strerror or error})."
+    return (
+        f"{folder} should be HalfSafe's settings folder but it is a file; changes cannot be "
+        "saved until it is moved or HALFSAFE_CONFIG_DIR names a folder."
+    )
+
+
+class _LongNumber(float):
+    """A JSON integer too long for any setting, read as an infinite float: json would refuse it
+    outright past 4,300 digits, costing the whole file. `digits` says how long it was."""
+
+    digits: int
+
+    def __new__(cls, text: str) -> _LongNumber:
+        number = super().__new__(cls, "-inf" if text.startswith("-") else "inf")
+        number.digits = len(text.lstrip("-"))
+        return number
+
+
+def _parse_int(text: str) -> int | float:
+    return int(text) if len(text) <= MAX_NUMBER_DIGITS else _LongNumber(text)
+
+
+def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON object in `path`, or None and a phrase saying what is wrong with the file."""
+    try:
+        text = read_regular_file(path, MAX_SETTINGS_BYTES).decode("utf-8")
     except OSError as error:
         return None, f"cannot be read ({error.strerror or error})"
     except UnicodeDecodeError:
         return None, "is not text"
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as error:
         return None, f"is not valid JSON (line {error.lineno}: {error.msg})"
+    except RecursionError:
+        return None, "is nested too deeply to be a settings file"
     if not isinstance(data, dict):
         return None, "does not hold a JSON object"
     return data, None
 
 
 def _keep_aside(path: Path) -> Path | None:
+    """Keep the damaged file as `<name>.damaged-<time>`: a copy of a regular file, or the thing
+    itself moved out of the way (a folder or FIFO would block every later save)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = path.with_name(f"{path.name}.damaged-{stamp}")
+    for number in range(1, 100):
+        if not os.path.lexists(target):
+            break
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{number}")
     try:
-        shutil.copy2(path, target)
+        if is_regular_file(path):
+            shutil.copy2(path, target)
+        else:
+            os.replace(path, target)
     except OSError:
         return None
     return target

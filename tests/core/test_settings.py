@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
@@ -122,7 +129,8 @@ def test_half_written_file_falls_back_to_the_backup(tmp_path):
     loaded = s.load_settings(path)
     assert loaded.settings["steps"] == 40
     assert any("not valid JSON" in w for w in loaded.warnings)
-    assert any("Restored" in w for w in loaded.warnings)
+    assert any("restored the settings from" in w for w in loaded.warnings)
+    assert loaded.summary == s.RESTORED_BACKUP
     assert loaded.kept_aside is not None
 
 
@@ -168,3 +176,246 @@ def test_setting_a_bad_value_in_code_is_refused():
         settings["steps"] = 0
     with pytest.raises(KeyError):
         settings["nope"] = 1
+
+
+# Hostile settings files: each costs only the damaged field, or the file, never the start ------
+
+
+def _write_raw_steps(tmp_path, raw_steps: str):
+    """A saved file whose 'steps' value is the raw JSON text `raw_steps` (json.dumps cannot
+    write most of these)."""
+    path = _saved(tmp_path, cfg=9.5, no_half_vae=True)
+    text = path.read_text()
+    path.write_text(text.replace('"steps": 25', f'"steps": {raw_steps}'))
+    assert raw_steps in path.read_text()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("raw_steps", "words"),
+    [
+        ("Infinity", "finite"),
+        ("-Infinity", "finite"),
+        ("NaN", "finite"),
+        ("1e400", "finite"),
+        ("9" * 5000, "5000 digits"),
+        ("-" + "9" * 5000, "5000 digits"),
+        ("1" + "0" * 300, "301 digits"),
+        ("[" * 500 + "]" * 500, "expected a number"),
+        ("30.5", "whole number"),
+    ],
+    ids=["inf", "-inf", "nan", "1e400", "5000-digit", "-5000-digit", "301-digit", "nested", "30.5"],
+)
+def test_a_hostile_number_costs_only_its_field(tmp_path, raw_steps, words):
+    path = _write_raw_steps(tmp_path, raw_steps)
+    started = time.monotonic()
+    loaded = s.load_settings(path)
+    assert time.monotonic() - started < 2
+    assert loaded.settings["steps"] == s.FIELDS["steps"].default
+    assert loaded.settings["cfg"] == 9.5 and loaded.settings["no_half_vae"] is True
+    assert len(loaded.warnings) == 1
+    warning = loaded.warnings[0]
+    assert words in warning and "'steps'" in warning and str(path) in warning
+    assert "\n" not in warning and len(warning) < len(str(path)) + 200
+    assert loaded.summary == s.FIELDS_RESET
+    assert loaded.kept_aside is not None and loaded.kept_aside.read_text() == path.read_text()
+
+
+def test_a_huge_number_set_in_code_is_refused_in_a_short_sentence():
+    settings = s.Settings()
+    for value in (10**5000, -(10**5000), float("inf"), float("nan")):
+        with pytest.raises(ValueError) as error:
+            settings["seed"] = value
+        assert len(str(error.value)) < 80
+    assert settings["seed"] == s.FIELDS["seed"].default
+
+
+def test_a_nul_byte_in_a_folder_setting_is_refused():
+    settings = s.Settings()
+    with pytest.raises(ValueError, match="NUL"):
+        settings["output_folder"] = "/tmp/out\0put"
+    with pytest.raises(ValueError, match="NUL"):
+        settings["model_folders"] = ["/models", "/mo\0dels"]
+
+
+def test_thousands_of_unknown_keys_are_one_warning(tmp_path):
+    path = tmp_path / "settings.json"
+    junk = {f"key{i}": i for i in range(5000)}
+    path.write_text(json.dumps({"schema_version": 1, "settings": {**junk, "steps": 40}}))
+    loaded = s.load_settings(path)
+    assert loaded.settings["steps"] == 40
+    assert len(loaded.warnings) == 1 and "4995 more" in loaded.warnings[0]
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def test_deeply_nested_file_falls_back_to_the_backup(tmp_path):
+    path = _saved(tmp_path, steps=40)
+    _saved(tmp_path, steps=41)
+    path.write_text(_nested(200_000))
+    loaded = s.load_settings(path)
+    assert loaded.settings["steps"] == 40
+    assert any("nested too deeply" in w for w in loaded.warnings)
+    assert loaded.summary == s.RESTORED_BACKUP
+
+
+def test_deeply_nested_backup_beside_a_truncated_file_resets_and_says_so(tmp_path):
+    path = _saved(tmp_path, steps=40)
+    path.write_text(path.read_text()[:30])
+    path.with_name("settings.json.bak").write_text(_nested(200_000))
+    loaded = s.load_settings(path)
+    assert loaded.settings.to_dict() == s.defaults()
+    assert loaded.summary == s.ALL_RESET
+    assert "every setting is back to its default" in loaded.summary
+    assert "everything else was kept" not in loaded.summary
+    assert len(loaded.warnings) == 1 and "no usable backup" in loaded.warnings[0]
+    assert loaded.kept_aside is not None and loaded.kept_aside.read_text() == path.read_text()
+
+
+def test_truncated_file_without_backup_does_not_claim_anything_was_kept(tmp_path):
+    path = _saved(tmp_path, steps=40, cfg=9.5)
+    path.write_text(path.read_text()[:40])
+    loaded = s.load_settings(path)
+    assert loaded.settings.to_dict() == s.defaults()
+    assert loaded.summary == s.ALL_RESET
+
+
+def test_a_folder_where_the_file_should_be_is_moved_aside_and_saving_works(tmp_path):
+    path = tmp_path / "settings.json"
+    path.mkdir()
+    (path / "inside.txt").write_text("the user's")
+    loaded = s.load_settings(path)
+    assert loaded.settings.to_dict() == s.defaults()
+    assert "folder" in loaded.warnings[0] and str(path) in loaded.warnings[0]
+    assert loaded.kept_aside is not None
+    assert (loaded.kept_aside / "inside.txt").read_text() == "the user's"
+    settings = s.Settings()
+    settings["steps"] = 42
+    s.save_settings(settings, path)
+    assert s.load_settings(path).settings["steps"] == 42
+
+
+def _in_thread(function, timeout: float):
+    """Run `function` in a daemon thread; its result, or a failure if it is still blocked."""
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(function()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"still blocked after {timeout} s"
+    return outcome[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
+@pytest.mark.parametrize("where", ["file", "backup"])
+def test_a_fifo_never_blocks_the_start(tmp_path, where):
+    path = _saved(tmp_path, steps=40)
+    if where == "file":
+        path.unlink()
+        os.mkfifo(path)
+    else:
+        path.write_text("{")
+        os.mkfifo(path.with_name("settings.json.bak"))
+    loaded = _in_thread(lambda: s.load_settings(path), timeout=5)
+    assert loaded.settings.to_dict() == s.defaults()
+    assert loaded.summary == s.ALL_RESET
+    if where == "file":
+        assert "not a regular file" in loaded.warnings[0]
+        assert loaded.kept_aside is not None and stat.S_ISFIFO(loaded.kept_aside.lstat().st_mode)
+        _in_thread(lambda: s.save_settings(s.Settings(), path), timeout=5)
+        assert path.is_file()
+
+
+def test_a_config_folder_that_is_a_file_costs_the_defaults_not_the_start(tmp_path, monkeypatch):
+    blocker = tmp_path / "config"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HALFSAFE_CONFIG_DIR", str(blocker))
+    loaded = s.load_settings()  # paths.config_dir() no longer raises
+    assert loaded.settings.to_dict() == s.defaults()
+    assert loaded.summary == s.FOLDER_UNUSABLE
+    assert str(blocker) in loaded.warnings[0] and "is a file" in loaded.warnings[0]
+    with pytest.raises(OSError) as error:
+        s.save_settings(s.Settings())
+    assert "is a file" in (error.value.strerror or "")
+    assert blocker.read_text() == "not a folder"
+
+
+def test_update_keeps_what_another_process_saved_meanwhile(tmp_path):
+    path = tmp_path / "settings.json"
+    mine = s.load_settings(path).settings  # this process's copy: defaults
+    theirs = s.Settings()
+    theirs["steps"] = 60
+    s.save_settings(theirs, path)  # another process changes steps
+    merged = s.update_settings({"cfg": 11.0}, path, base=mine)
+    assert merged["steps"] == 60 and merged["cfg"] == 11.0
+    assert s.load_settings(path).settings.to_dict() == merged.to_dict()
+    with pytest.raises(ValueError):
+        s.update_settings({"steps": 0}, path)
+    assert s.load_settings(path).settings["steps"] == 60
+
+
+_WRITER = """
+import sys
+from app.core import settings as s
+key, rounds, path = sys.argv[1], int(sys.argv[2]), s.Path(sys.argv[3])
+for value in range(1, rounds + 1):
+    s.update_settings({key: value if key != "cfg" else float(value)}, path)
+"""
+
+_BACKUP_READER = """
+import json, sys, time
+from pathlib import Path
+backup, done = Path(sys.argv[1]), Path(sys.argv[2])
+reads = 0
+while not done.exists():
+    try:
+        text = backup.read_text()
+    except FileNotFoundError:
+        continue
+    json.loads(text)  # a half-copied backup fails here and the process exits non-zero
+    reads += 1
+print(reads)
+"""
+
+
+def test_processes_saving_at_once_lose_nothing_and_the_backup_is_always_whole(tmp_path):
+    path = tmp_path / "settings.json"
+    s.save_settings(s.Settings(), path)
+    rounds = 15
+    done = tmp_path / "done"
+    keys = ("steps", "batch", "cfg", "seed")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _BACKUP_READER, str(path) + ".bak", str(done)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, key, str(rounds), str(path)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for key in keys
+    ]
+    try:
+        for writer in writers:
+            _, errors = writer.communicate(timeout=120)
+            assert writer.returncode == 0, errors
+        done.touch()
+        reads, reader_errors = reader.communicate(timeout=10)
+    finally:
+        for process in (*writers, reader):
+            process.kill()
+    assert reader.returncode == 0, reader_errors  # never read a half-written backup
+    assert int(reads) > 0
+    loaded = s.load_settings(path)
+    assert loaded.warnings == []
+    # Every writer's last change is there: none overwrote another's with a stale copy.
+    assert [loaded.settings[key] for key in keys] == [rounds, rounds, float(rounds), rounds]
+    backup = json.loads((tmp_path / "settings.json.bak").read_text())
+    assert backup["schema_version"] == s.SCHEMA_VERSION
