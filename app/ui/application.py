@@ -58,7 +58,7 @@ def build_main_window(
     warnings = list(loaded.warnings)
     if loaded.kept_aside is not None:
         warnings.append(f"The damaged file was kept as {loaded.kept_aside}.")
-    window = MainWindow(state, client, ui_settings(), warnings)
+    window = MainWindow(state, client, ui_settings(), warnings, loaded.summary)
     client.setParent(window)
     state.setParent(window)
     return window

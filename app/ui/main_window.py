@@ -47,6 +47,7 @@ class MainWindow(QMainWindow):
         client: EngineClient,
         ui_settings: QSettings,
         settings_warnings: list[str] | None = None,
+        settings_summary: str = "",
     ) -> None:
         super().__init__()
         self.state = state
@@ -115,10 +116,10 @@ class MainWindow(QMainWindow):
             more = len(settings_warnings) - 4
             self.notice_banner.show_message(
                 "warn",
-                "<b>Some saved settings could not be read and were reset to their defaults; "
-                "everything else was kept.</b><br>"
-                + shown
-                + (f"<br>…and {more} more." if more > 0 else ""),
+                # The summary says what the damage really cost: a field, the latest change, or
+                # everything; never claim more was kept than was.
+                f"<b>{html.escape(settings_summary or 'Some saved settings could not be read.')}"
+                "</b><br>" + shown + (f"<br>…and {more} more." if more > 0 else ""),
                 [("Dismiss", self.notice_banner.dismiss)],
             )
         self._restore()

@@ -1,7 +1,8 @@
 """What the views share: the user's settings, the loaded model, the hardware report.
 
 Lives in the GUI thread. Every settings change is validated, saved at once (atomically, by
-core) and announced, so the next job picks it up without a restart.
+core, merged under a lock with what another HalfSafe process saved) and announced, so the next
+job picks it up without a restart.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.core.settings import FIELDS, PRECISION_KEYS, Settings, save_settings
+from app.core.settings import FIELDS, PRECISION_KEYS, Settings, update_settings
 
 
 class AppState(QObject):
@@ -56,14 +57,24 @@ class AppState(QObject):
         for key in changed:
             self.settings[key] = checked[key]
         try:
-            save_settings(self.settings)
+            saved = update_settings({key: checked[key] for key in changed}, base=self.settings)
             self.save_error = None
         except OSError as error:
             # The change still applies to this session; the user is told it was not saved.
             self.save_error = f"Settings could not be saved ({error.strerror or error})."
             self.save_failed.emit(self.save_error)
+        else:
+            changed += self._adopt(saved, changed)
         self.settings_changed.emit(changed)
         return changed
+
+    def _adopt(self, saved: Settings, changed: list[str]) -> list[str]:
+        """Take over what another HalfSafe process saved meanwhile (the file now holds it, so
+        this window shows what the next start will); returns those keys."""
+        adopted = [k for k in saved if k not in changed and saved[k] != self.settings[k]]
+        for key in adopted:
+            self.settings[key] = saved[key]
+        return adopted
 
     def precision(self) -> dict[str, Any]:
         """The precision settings for the next job, as plain data."""

@@ -211,6 +211,55 @@ def test_damaged_settings_file_is_reported_in_plain_words(qtbot, engines):
     window.close()
 
 
+def _window_on(qtbot, engines):
+    from app.ui.application import application, build_main_window
+
+    application()
+    window = build_main_window(engines)
+    qtbot.addWidget(window)
+    window.show()
+    return window
+
+
+def test_a_truncated_settings_file_without_backup_says_everything_was_reset(qtbot, engines):
+    from app.core.settings import ALL_RESET, settings_path
+
+    settings_path().write_text('{"schema_version": 1, "settings": {"steps": 4')
+    window = _window_on(qtbot, engines)
+    banner = window.notice_banner.text.text()
+    assert window.notice_banner.isVisible()
+    assert "every setting is back to its default" in banner and ALL_RESET[:40] in banner
+    assert "everything else was kept" not in banner
+    window.close()
+
+
+def test_a_config_folder_that_is_a_file_still_opens_the_window(
+    qtbot, engines, tmp_path, monkeypatch
+):
+    blocker = tmp_path / "config-file"
+    blocker.write_text("keep me")
+    monkeypatch.setenv("HALFSAFE_CONFIG_DIR", str(blocker))
+    window = _window_on(qtbot, engines)
+    assert window.notice_banner.isVisible()
+    assert "is a file" in window.notice_banner.text.text()
+    # A change still applies to this session, and the user is told it was not saved.
+    window.state.set_setting("steps", 33)
+    assert window.state.settings["steps"] == 33
+    assert "could not be saved" in window.dialogs.shown[-1].message
+    assert blocker.read_text() == "keep me"
+    window.close()
+
+
+def test_a_change_saved_by_another_halfsafe_is_kept_when_this_window_saves(window):
+    from app.core.settings import load_settings, update_settings
+
+    update_settings({"steps": 61})  # another process, after this window loaded its settings
+    window.state.set_setting("cfg", 11.5)
+    saved = load_settings().settings
+    assert saved["steps"] == 61 and saved["cfg"] == 11.5
+    assert window.state.settings["steps"] == 61  # the window shows what the file holds
+
+
 def test_errors_go_through_one_dialog_with_details_folded_away(window, engines):
     load_fake_model(window, engines)
     window.health_view.run_check()
