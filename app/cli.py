@@ -11,12 +11,13 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from app import __version__
 from app.core.errors import HalfSafeError
-from app.core.settings import FIELDS, SCHEMA, PrecisionSettings, load_settings
+from app.core.settings import FIELDS, SCHEMA, PrecisionSettings, load_settings, parse_number
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -85,14 +86,16 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _validated(key: str):
+    """A flag's value checked against the schema field `key`, so the bounds live in one place.
+
+    Every failure is an ArgumentTypeError with a short reason: argparse would otherwise quote
+    the whole value (an integer of thousands of digits) or let an overflow out as a traceback.
+    """
+
     def parse(text: str) -> Any:
         f = FIELDS[key]
-        value: Any = text
-        if f.kind == "int":
-            value = int(text)
-        elif f.kind == "float":
-            value = float(text)
         try:
+            value = parse_number(text, f.kind) if f.kind in ("int", "float") else text
             return f.validate(value)
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
@@ -123,11 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="model health check: which part overflows, and the fix")
     check.add_argument("model", metavar="MODEL", help=model_help)
     check.add_argument("--json", action="store_true", help="print the report as JSON")
+    size = FIELDS["width"]
     check.add_argument(
         "--size",
-        type=int,
+        # The probe is an image: the same bounds as the width and height settings.
+        type=_validated("width"),
         metavar="PX",
-        help="image size to probe at (default: the model's native size)",
+        help=f"image size to probe at, {size.minimum:g} to {size.maximum:g} and a multiple of "
+        f"{size.step} (default: the model's native size)",
     )
     check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
     _add_precision_flags(check)
@@ -187,6 +193,20 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
+def keep_library_warnings_off_the_terminal() -> None:
+    """Python warnings from libraries (PyTorch's "Detected pickle protocol 4", diffusers'
+    deprecations) are advice for their developers: the user gets HalfSafe's sentence instead.
+    HalfSafe's own warnings still show, one line each; `--debug` shows everything. Call inside
+    `warnings.catch_warnings()`, which puts the filters and `showwarning` back afterwards."""
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"app(\.|$)")
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        print(f"halfsafe: {message}", file=sys.stderr)
+
+    warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -194,6 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         return gui_main(argv)
     quiet_libraries()
+    with warnings.catch_warnings():
+        if not args.debug:
+            keep_library_warnings_off_the_terminal()
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run one headless command; a HalfSafeError becomes one line on stderr and exit 2."""
     try:
         return _COMMANDS[args.command](args)
     except HalfSafeError as error:

@@ -56,6 +56,26 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
+def parse_number(text: str, kind: str) -> int | float:
+    """A number the user typed (a CLI flag), ready for `Field.validate` of an "int" or "float"
+    field. Never fails on length: an integer of thousands of digits comes back as an infinite
+    number that names its length, which every bound refuses in a short sentence."""
+    text = text.strip()
+    if re.fullmatch(r"[+-]?\d+", text):
+        return _parse_int(text.lstrip("+"))
+    if kind == "int":
+        raise ValueError(f"expected a whole number, got {shown(text)}")
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {shown(text)}") from None
+
+
+
+def _bound(limit: float) -> str:
+    """A minimum or maximum as the user reads it: 4294967295, not 4.29497e+09."""
+    return str(int(limit)) if float(limit).is_integer() else f"{limit:g}"
+
 def _check_path(text: str) -> None:
     """Refuse what no file system accepts in a path (a NUL byte), so it is caught here, with
     the setting named, and not after an image has been generated."""
@@ -127,15 +147,16 @@ class Field:
         # bool is an int in Python; a JSON `true` for a step count is damage, not 1.
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"expected a number, got {shown(value)}")
-        if isinstance(value, _LongNumber):
-            raise ValueError(f"{shown(value)} is out of range")
-        if isinstance(value, float) and not math.isfinite(value):
+        # A number too long to hold (an infinite _LongNumber) fails the bounds below, by name.
+        if not isinstance(value, _LongNumber) and not math.isfinite(value):
             raise ValueError(f"expected a finite number, got {shown(value)}")
         # Python compares ints and floats exactly, whatever their size.
         if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"{shown(value)} is below the minimum {self.minimum:g}")
+            raise ValueError(f"{shown(value)} is below the minimum {_bound(self.minimum)}")
         if self.maximum is not None and value > self.maximum:
-            raise ValueError(f"{shown(value)} is above the maximum {self.maximum:g}")
+            raise ValueError(f"{shown(value)} is above the maximum {_bound(self.maximum)}")
+        if not math.isfinite(value):
+            raise ValueError(f"{shown(value)} is out of range")
         if self.kind == "int":
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError(f"expected a whole number, got {shown(value)}")

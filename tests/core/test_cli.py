@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
 import pytest
 
 from app import __version__
-from app.cli import build_parser, effective_settings, main
-from app.core.settings import Settings, save_settings
+from app.cli import build_parser, effective_settings, keep_library_warnings_off_the_terminal, main
+from app.core.settings import FIELDS, Settings, save_settings, settings_path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_version(capsys):
@@ -46,3 +54,111 @@ def test_flags_override_saved_settings_one_at_a_time():
     assert values["allow_tf32"] is False  # from the flag
     assert values["no_half_vae"] is True  # from the saved file
     assert values["attention_backend"] == "math"  # from the saved file
+
+
+# Hostile values: one sentence naming the flag, exit 2, no traceback, at once ----------------
+
+_DIGITS_400 = "9" * 400
+_DIGITS_5000 = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["generate", "demo", "--steps", _DIGITS_400], "--steps: a number of 400 digits"),
+        (["generate", "demo", "--seed", _DIGITS_5000], "--seed: a number of 5000 digits"),
+        (["generate", "demo", "--seed", "-" + _DIGITS_5000], "below the minimum -1"),
+        (["generate", "demo", "--width", _DIGITS_400], "--width: a number of 400 digits"),
+        (["generate", "demo", "--height", _DIGITS_5000], "--height: a number of 5000 digits"),
+        (["generate", "demo", "--batch", "1" + "0" * 300], "--batch: a number of 301 digits"),
+        (["generate", "demo", "--steps", "1e400"], "--steps: expected a whole number"),
+        (["generate", "demo", "--cfg", "nan"], "--cfg: expected a finite number, got nan"),
+        (["generate", "demo", "--cfg", "inf"], "--cfg: expected a finite number, got inf"),
+        (["generate", "demo", "--cfg=-inf"], "--cfg: expected a finite number, got -inf"),
+        (["generate", "demo", "--cfg", "1e999"], "--cfg: expected a finite number"),
+        (["generate", "demo", "--cfg", _DIGITS_5000], "above the maximum 30"),
+        (["check", "demo", "--size", "100000"], "--size: 100000 is above the maximum 4096"),
+        (["check", "demo", "--size", _DIGITS_400], "--size: a number of 400 digits"),
+        (["check", "demo", "--size", "100"], "--size: 100 is not a multiple of 8"),
+        (["check", "demo", "--size", "32"], "--size: 32 is below the minimum 64"),
+    ],
+    ids=lambda v: v[-1][:12] if isinstance(v, list) else None,
+)
+def test_an_absurd_number_is_one_sentence_and_exit_2(capsys, argv, words):
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert time.monotonic() - started < 5
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("halfsafe: argument ")
+    assert words in err and "Traceback" not in err
+    assert len(err) < 160  # the value is never echoed whole
+
+
+def test_the_check_size_bound_is_documented_in_the_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "64 to 4096 and a multiple of 8" in help_text
+
+
+def test_hostile_saved_settings_cost_a_field_not_the_command(capsys):
+    path = settings_path()
+    path.write_text(
+        '{"schema_version": 1, "settings": {"steps": Infinity, "cfg": 1e400, '
+        f'"seed": {_DIGITS_5000}, "no_half_vae": true}}}}'
+    )
+    values = effective_settings(build_parser().parse_args(["generate", "demo", "--steps", "30"]))
+    assert values["steps"] == 30 and values["no_half_vae"] is True
+    assert values["cfg"] == FIELDS["cfg"].default and values["seed"] == FIELDS["seed"].default
+    err = capsys.readouterr().err
+    assert "'cfg'" in err and "'seed'" in err and "Traceback" not in err
+    assert all(len(line) < 300 for line in err.splitlines())
+
+
+def test_library_warnings_stay_off_the_terminal_but_ours_show(capsys):
+    with warnings.catch_warnings():
+        keep_library_warnings_off_the_terminal()
+        warnings.warn_explicit(
+            "Detected pickle protocol 4",
+            UserWarning,
+            "torch/serialization.py",
+            1,
+            module="torch.serialization",
+        )
+        warnings.warn_explicit(
+            "HalfSafe advice", UserWarning, "app/core/models.py", 1, module="app.core.models"
+        )
+    assert capsys.readouterr().err == "halfsafe: HalfSafe advice\n"
+
+
+def _pickle_protocol_4_checkpoint(path):
+    import torch
+
+    torch.save(
+        {"state_dict": {"w": torch.zeros(2)}},
+        str(path),
+        _use_new_zipfile_serialization=False,
+        pickle_protocol=4,
+    )
+    return path
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_pytorchs_pickle_protocol_warning_reaches_the_terminal_only_with_debug(tmp_path, debug):
+    checkpoint = _pickle_protocol_4_checkpoint(tmp_path / "old.ckpt")
+    argv = ["--debug"] if debug else []
+    done = subprocess.run(
+        [sys.executable, "-m", "app", *argv, "check", str(checkpoint), "--allow-pickle"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (1, 2), done.stderr
+    if debug:
+        assert "Detected pickle protocol 4" in done.stderr
+    else:
+        assert "Detected pickle protocol" not in done.stderr and "Warning" not in done.stderr
+        assert done.stderr.count("\n") <= 1 and "Traceback" not in done.stderr
