@@ -1149,15 +1149,20 @@ def _output_folder(request: GenerationRequest) -> Path:
 
 def rescue_unsaved(error: ImageSaveError) -> ImageSaveError:
     """After a failed save, write the images that are still only in memory to HalfSafe's own
-    `unsaved` folder, and return the error with that folder named, so nothing generated is lost
-    when the process ends. If that write fails too, the original error is returned."""
+    `unsaved` folder, and return the error with what became of them: saved there instead, or
+    (that folder failing too) plainly not saved. The returned error keeps `.result`, so a
+    caller that lives on (the GUI) can still hold the images in memory."""
     if error.result is None:
         return error
     rescue = paths.data_dir() / "unsaved"
     try:
         error.result.save(rescue)
-    except ImageSaveError:
-        return error
+    except ImageSaveError as second:
+        unsaved = sum(1 for entry in error.result.images if not entry.path)
+        noun = "image was" if unsaved == 1 else "images were"
+        return ImageSaveError(
+            f"{error} {second} So {unsaved} generated {noun} not saved.", error.result
+        )
     return ImageSaveError(f"{error} The images were saved to {rescue} instead.", error.result)
 
 

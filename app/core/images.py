@@ -234,18 +234,16 @@ def save_png(image, folder: str | Path, seed: int, parameters: str | None = None
 
     The number is one past the highest in the folder; if the name is taken meanwhile, the next
     one is tried. Raises ImageSaveError with one plain sentence when the folder cannot be
-    created or written.
+    created or written, or its name cannot be a folder at all (a NUL byte); the sentence does
+    not say what became of the image, which is the caller's to say.
     """
-    folder = Path(folder).expanduser()
     try:
+        folder = Path(folder).expanduser()
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in the name
         raise _save_error(folder, error) from None
     if not folder.is_dir():
-        raise ImageSaveError(
-            f"Cannot save images in {folder}: it is a file, not a folder. Choose another "
-            "output folder; the images are kept until then."
-        )
+        raise ImageSaveError(f"Cannot save images in {folder}: it is a file, not a folder.")
     data = png_bytes(image, parameters)
     number = next_number(folder)
     for _ in range(10_000):
@@ -259,12 +257,13 @@ def save_png(image, folder: str | Path, seed: int, parameters: str | None = None
     raise ImageSaveError(f"Cannot save images in {folder}: no free file name was found.")
 
 
-def _save_error(folder: Path, error: OSError) -> ImageSaveError:
-    reason = error.strerror or str(error)
-    return ImageSaveError(
-        f"Cannot save images in {folder} ({reason}). Choose another output folder; the "
-        "images are kept until then."
-    )
+def _save_error(folder: str | Path, error: OSError | ValueError) -> ImageSaveError:
+    if isinstance(error, ValueError):
+        reason = "a folder name cannot contain a NUL character"
+    else:
+        reason = error.strerror or str(error)
+    shown = str(folder).replace("\0", "\\0")  # never print a NUL to the terminal
+    return ImageSaveError(f"Cannot save images in {shown} ({reason}).")
 
 
 def read_parameters(path: str | Path) -> str | None:

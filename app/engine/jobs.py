@@ -166,10 +166,29 @@ def generate(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
             cancel=context.cancel,
         )
     except ImageSaveError as error:
-        raise rescue_unsaved(error) from None
+        rescued = rescue_unsaved(error)
+        if rescued.result is None:
+            raise rescued from None
+        return _generation_document(context, params, rescued.result, str(rescued))
+    return _generation_document(context, params, result)
+
+
+def _generation_document(
+    context: JobContext, params: dict[str, Any], result: Any, save_error: str = ""
+) -> dict[str, Any]:
+    """A generation's result as plain data. An image that could not be saved anywhere travels
+    as PNG bytes (`png`), so the window still holds it and can save it elsewhere; `save_error`
+    is the sentence that says so."""
+    from app.core.images import png_bytes
+
     document = _plain(result.to_json())
     document["request"] = dict(params["request"])
     document["model_name"] = (context.session.model_summary or {}).get("name")
+    if save_error:
+        document["save_error"] = save_error
+        for image, entry in zip(document["images"], result.images, strict=True):
+            if not entry.path and entry.image is not None:
+                image["png"] = png_bytes(entry.image, entry.parameters)
     return document
 
 

@@ -16,6 +16,7 @@ from PySide6.QtGui import QDesktopServices, QIcon, QKeySequence, QPainter, QPixm
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QFrame,
     QHBoxLayout,
@@ -32,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.files import write_atomic
 from app.core.settings import FIELDS
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
@@ -268,6 +270,11 @@ class GenerateView(QWidget):
         self.open_folder_button.clicked.connect(self.open_folder)
         self.open_folder_button.setEnabled(False)
         actions.addWidget(self.open_folder_button)
+        self.save_as_button = QPushButton("Save as…")
+        self.save_as_button.setToolTip("Save this image, which is only in memory, to a file.")
+        self.save_as_button.clicked.connect(lambda: self.save_entry_as())
+        self.save_as_button.setVisible(False)
+        actions.addWidget(self.save_as_button)
         actions.addStretch(1)
         column.addLayout(actions)
         results.addWidget(viewer)
@@ -511,6 +518,8 @@ class GenerateView(QWidget):
             first_item = first_item or item
         if first_item is not None:
             self.gallery.setCurrentItem(first_item)
+        if result.get("save_error"):
+            self.dialogs.error(result["save_error"])
 
     def _item_text(self, entry: dict[str, Any]) -> str:
         text = f"seed {entry.get('seed')}"
@@ -518,7 +527,7 @@ class GenerateView(QWidget):
         return f"{text}\n{status}" if status else text
 
     def _thumbnail(self, entry: dict[str, Any]) -> QIcon:
-        pixmap = QPixmap(entry.get("path") or "")
+        pixmap = _pixmap(entry)
         if pixmap.isNull():
             pixmap = QPixmap(THUMBNAIL, THUMBNAIL)
             pixmap.fill(Qt.GlobalColor.darkGray)
@@ -538,16 +547,26 @@ class GenerateView(QWidget):
     def show_entry(self, entry: dict[str, Any]) -> None:
         self.current_entry = entry
         path = entry.get("path") or ""
-        pixmap = QPixmap(path)
+        pixmap = _pixmap(entry)
         self.image.set_pixmap(
             pixmap if not pixmap.isNull() else None, f"The image file is missing: {path}"
         )
         self.parameters.setText(_parameter_text(entry))
         self.open_folder_button.setEnabled(bool(path))
+        self.save_as_button.setVisible(_unsaved(entry))
         self.last_seed = entry.get("seed")
         self._show_banner(entry)
 
     def _show_banner(self, entry: dict[str, Any]) -> None:
+        if _unsaved(entry):
+            # Above any diagnosis: this image is lost when the window closes unless saved.
+            self.banner.show_message(
+                "bad",
+                "<b>Not saved: this image is only in memory.</b> Save it before closing "
+                "HalfSafe; the error said why it could not be written.",
+                [("Save as…", lambda: self.save_entry_as())],
+            )
+            return
         status = entry.get("status", "ok")
         message = html.escape(entry.get("message") or "")
         fix = entry.get("fix")
@@ -608,6 +627,33 @@ class GenerateView(QWidget):
         self._fix_of_job[job_id] = dict(fix)
         return job_id
 
+    def save_entry_as(self, path: str | None = None) -> Path | None:
+        """Write the shown in-memory image (one no folder could take) to `path`, or to a file
+        the user picks. Returns where it went; on failure the error dialog says why."""
+        entry = self.current_entry
+        if not entry or not _unsaved(entry):
+            return None
+        if path is None:
+            suggested = f"{entry.get('seed', 'image')}.png"
+            path, _filter = QFileDialog.getSaveFileName(
+                self, "Save image", suggested, "PNG images (*.png)"
+            )
+            if not path:
+                return None
+        try:
+            saved = write_atomic(Path(path), entry["png"])
+        except (OSError, ValueError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            self.dialogs.error(f"The image could not be saved to {path} ({reason}).")
+            return None
+        entry["path"] = str(saved)
+        entry.pop("png", None)
+        item = self.gallery.currentItem()
+        if item is not None:
+            item.setData(Qt.ItemDataRole.UserRole, entry)
+        self.show_entry(entry)
+        return saved
+
     def reuse_last_seed(self) -> None:
         if self.last_seed is not None:
             self.seed.setText(str(self.last_seed))
@@ -616,6 +662,20 @@ class GenerateView(QWidget):
         if self.current_entry and self.current_entry.get("path"):
             folder = os.path.dirname(self.current_entry["path"])
             QDesktopServices.openUrl(QUrl.fromLocalFile(folder))
+
+
+def _unsaved(entry: dict[str, Any]) -> bool:
+    """The image exists only as PNG bytes in memory: every folder refused it."""
+    return bool(entry.get("png")) and not entry.get("path")
+
+
+def _pixmap(entry: dict[str, Any]) -> QPixmap:
+    """The image from its file, or from memory when it could not be saved."""
+    if _unsaved(entry):
+        pixmap = QPixmap()
+        pixmap.loadFromData(entry["png"], "PNG")
+        return pixmap
+    return QPixmap(entry.get("path") or "")
 
 
 def _multiple_of_8(value: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
@@ -245,3 +246,41 @@ def test_settings_change_applies_to_the_next_job_without_restart(view, window, e
     view.generate()
     assert engines.current.last_job("generate").params["precision"]["upcast_attention"] is True
     assert len(engines.started) == 1
+
+
+def test_an_image_no_folder_took_stays_in_memory_and_can_be_saved_elsewhere(
+    view, engines, tmp_path
+):
+    png = Path(_png(tmp_path / "memory.png")).read_bytes()
+    view.generate()
+    job = engines.current.last_job("generate")
+    save_error = (
+        "Cannot save images in /full (No space left on device). Cannot save images in "
+        "/data/unsaved (No space left on device). So 1 generated image was not saved."
+    )
+    engines.current.finish(
+        job,
+        {
+            "images": [_image("", png=png)],
+            "settings": {},
+            "seconds": 1.0,
+            "save_error": save_error,
+        },
+    )
+    assert view.gallery.count() == 1
+    assert view.window().dialogs.shown[-1].message == save_error
+    assert "Not saved" in view.banner.text.text()
+    assert view.save_as_button.isVisibleTo(view)
+    assert view.image.pixmap.width() == 32  # shown from memory
+
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("x")
+    assert view.save_entry_as(str(unwritable / "no.png")) is None
+    assert "could not be saved" in view.window().dialogs.shown[-1].message
+    assert "Not saved" in view.banner.text.text()  # still held in memory
+
+    saved = view.save_entry_as(str(tmp_path / "kept.png"))
+    assert saved is not None and saved.read_bytes() == png
+    assert "Saved to" in view.parameters.text()
+    assert not view.save_as_button.isVisibleTo(view)
+    assert not view.banner.isVisible()
