@@ -2,7 +2,8 @@
 
 The real stdout is kept for the protocol and file descriptor 1 is pointed at stderr, so a stray
 print() in any library lands in the engine log instead of corrupting the message stream.
-`--handlers MODULE` adds or replaces job kinds with MODULE.HANDLERS (used to extend the engine).
+`--handlers MODULE` adds or replaces job kinds with MODULE.HANDLERS (used to extend the engine);
+`--heartbeat SECONDS` sets the interval of the heartbeat the GUI watches for (tests shorten it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import sys
 import threading
 
-from app.engine.events import ProtocolError, read_message, write_message
+from app.engine.events import HEARTBEAT_S, ProtocolError, read_message, write_message
 from app.engine.jobs import HANDLERS
 from app.engine.server import Engine
 
@@ -23,6 +24,7 @@ from app.engine.server import Engine
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.engine")
     parser.add_argument("--handlers", metavar="MODULE", action="append", default=[])
+    parser.add_argument("--heartbeat", metavar="SECONDS", type=float, default=HEARTBEAT_S)
     args = parser.parse_args(argv)
 
     protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
@@ -50,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         engine.stop()
 
     threading.Thread(target=listen, name="engine-listener", daemon=True).start()
+    engine.beat(args.heartbeat)
     # The GUI went away mid-job: nobody is left to tell.
     with contextlib.suppress(BrokenPipeError):
         engine.serve()

@@ -15,8 +15,13 @@ from typing import Any, BinaryIO
 
 
 class EventState(str, Enum):
-    """Where a job stands. RESULT, ERROR and CANCELLED are final: no event follows them."""
+    """Where a job stands. RESULT, ERROR and CANCELLED are final: no event follows them.
 
+    HEARTBEAT belongs to no job (`job_id` 0, `kind` "engine"): the engine sends one every
+    `HEARTBEAT_S` while it lives, so a frozen engine is noticed by its silence.
+    """
+
+    HEARTBEAT = "heartbeat"
     QUEUED = "queued"
     PROGRESS = "progress"
     PREVIEW = "preview"
@@ -76,6 +81,18 @@ class ShutdownRequest:
 
 
 Message = EngineEvent | JobRequest | CancelRequest | ShutdownRequest
+
+# The engine's heartbeat interval, and how long the GUI waits without hearing anything before it
+# says the engine stopped answering: many beats, so a busy machine is not mistaken for a frozen
+# engine.
+HEARTBEAT_S = 1.0
+SILENCE_S = 15.0
+ENGINE_EVENTS = 0  # the job id of events that belong to the engine, not a job
+
+
+def heartbeat() -> EngineEvent:
+    return EngineEvent(ENGINE_EVENTS, "engine", EventState.HEARTBEAT)
+
 
 _HEADER = struct.Struct("<I")
 # A preview is a few tens of kB and a result a few kB; anything near this is a broken stream.

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from app.core import paths
 from app.engine.events import (
+    HEARTBEAT_S,
     EngineEvent,
     Message,
     ProtocolError,
@@ -32,7 +33,14 @@ LOG_NAME = "engine.log"
 
 
 class EngineTransport(Protocol):
-    """How the client talks to an engine: the real process, or a stand-in in tests."""
+    """How the client talks to an engine: the real process, or a stand-in in tests.
+
+    `heartbeat_s` is the interval of the engine's HEARTBEAT events, or None for a transport that
+    sends none (then its silence means nothing). `kill` ends the engine at once, even a frozen
+    one, and reports nothing.
+    """
+
+    heartbeat_s: float | None
 
     def start(
         self, on_event: Callable[[EngineEvent], None], on_exit: Callable[[Failure], None]
@@ -41,6 +49,8 @@ class EngineTransport(Protocol):
     def send(self, message: Message) -> None: ...
 
     def stop(self, timeout: float = 5.0) -> None: ...
+
+    def kill(self) -> None: ...
 
     @property
     def running(self) -> bool: ...
@@ -71,8 +81,21 @@ class EngineProcess:
     process; a restart makes a new instance.
     """
 
-    def __init__(self, extra_args: Sequence[str] = (), python: str | None = None) -> None:
-        self._command = [python or sys.executable, "-m", "app.engine", *extra_args]
+    def __init__(
+        self,
+        extra_args: Sequence[str] = (),
+        python: str | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self.heartbeat_s: float | None = heartbeat_s
+        self._command = [
+            python or sys.executable,
+            "-m",
+            "app.engine",
+            "--heartbeat",
+            repr(float(heartbeat_s)),
+            *extra_args,
+        ]
         self._process: subprocess.Popen[bytes] | None = None
         self._write_lock = threading.Lock()
         self._stopping = False
@@ -187,5 +210,19 @@ class EngineProcess:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def kill(self) -> None:
+        """End the engine now, without asking: for one that stopped answering. SIGKILL ends
+        even a stopped (SIGSTOP) process, which SIGTERM would not until it is continued."""
+        process = self._process
+        if process is None:
+            return
+        self._stopping = True
+        if process.poll() is None:
+            process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
         if self._reader is not None:
             self._reader.join(timeout=5)

@@ -19,12 +19,14 @@ from typing import Any
 from app.core.errors import CancelledError
 from app.core.jobs import CancelToken
 from app.engine.events import (
+    HEARTBEAT_S,
     CancelRequest,
     EngineEvent,
     EventState,
     JobRequest,
     Message,
     ShutdownRequest,
+    heartbeat,
 )
 from app.engine.failures import describe_exception
 
@@ -146,6 +148,29 @@ class Engine:
                     message="Cancelled before it started.",
                 )
             )
+
+    def beat(self, interval: float = HEARTBEAT_S) -> threading.Thread:
+        """Send a HEARTBEAT every `interval` seconds from a thread of its own until `stop`.
+
+        Its own thread, so that a long job (a model load, one slow step) never looks frozen;
+        what it proves is that the process runs and its Python is not stuck (a SIGSTOP, a
+        native call that hangs holding the GIL). A job stuck on its own is caught by the GUI
+        when Cancel does not end it.
+        """
+
+        def run() -> None:
+            while True:
+                with self._condition:
+                    if self._condition.wait_for(lambda: self._stopping, timeout=interval):
+                        return
+                try:
+                    self.send(heartbeat())
+                except OSError:  # the GUI is gone; the listener stops the engine
+                    return
+
+        thread = threading.Thread(target=run, name="engine-heartbeat", daemon=True)
+        thread.start()
+        return thread
 
     def stop(self) -> None:
         """Stop after the running job notices its cancel token; queued jobs are dropped."""

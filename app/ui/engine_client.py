@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal, Slot
+from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.engine.events import CancelRequest, EngineEvent, EventState, JobRequest
+from app.engine.events import SILENCE_S, CancelRequest, EngineEvent, EventState, JobRequest
 from app.engine.failures import Failure
 from app.engine.process import EngineProcess, EngineTransport
 
@@ -22,7 +23,13 @@ class EngineState:
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
+    NOT_ANSWERING = "not answering"
     STOPPED = "stopped"
+
+
+# A cancelled job that has not ended this long after Cancel is taken for a stuck engine (a
+# deadlocked job: its heartbeat thread may still beat). Far above one denoising step.
+CANCEL_GRACE_S = 60.0
 
 
 @dataclass
@@ -38,20 +45,31 @@ class EngineClient(QObject):
     Threading contract: call every method from the GUI thread. Every signal of this class, and
     every per-job handler passed to `submit`, is emitted or called in the GUI thread, in the
     order the engine sent its events. The transport reports from its own reader thread; those
-    reports cross to the GUI thread through the private queued signals `_arrived` and `_ended`,
-    and nothing else happens on the reader thread.
+    reports cross to the GUI thread through the private queued signals `_arrived` and `_ended`;
+    the only other thing done on the reader thread is stamping the time the engine was last
+    heard from (one float), so a busy GUI thread never makes a live engine look silent.
+
+    Watching for a frozen engine: when the transport promises heartbeats, an engine silent for
+    `silence_s` seconds is NOT_ANSWERING (`not_answering` is emitted; `answering` if it speaks
+    again). Cancel on such an engine ends it at once; so does a Cancel that the engine has not
+    honoured after `cancel_grace_s`. Either way its jobs end CANCELLED and `died` says why.
 
     Signals:
       event(EngineEvent): every event of every job, after that job's own handler ran.
       state_changed(str): one of EngineState's values.
-      died(Failure): the engine ended without being asked to; jobs it held got an ERROR event.
+      died(Failure): the engine ended without being asked to (or was ended for not answering);
+        jobs it held got an ERROR (or CANCELLED) event.
       restarted(): a fresh engine was started by `restart`.
+      not_answering(float): nothing heard from the engine for that many seconds.
+      answering(): the engine spoke again after `not_answering`.
     """
 
     event = Signal(object)
     state_changed = Signal(str)
     died = Signal(object)
     restarted = Signal()
+    not_answering = Signal(float)
+    answering = Signal()
 
     _arrived = Signal(int, object)
     _ended = Signal(int, object)
@@ -60,8 +78,18 @@ class EngineClient(QObject):
         self,
         transport_factory: Callable[[], EngineTransport] = EngineProcess,
         parent: QObject | None = None,
+        *,
+        silence_s: float = SILENCE_S,
+        cancel_grace_s: float = CANCEL_GRACE_S,
     ) -> None:
         super().__init__(parent)
+        self.silence_s = silence_s
+        self.cancel_grace_s = cancel_grace_s
+        self._last_heard = time.monotonic()
+        self._silent = False
+        self._cancelled_at: dict[int, float] = {}
+        self._watch = QTimer(self)
+        self._watch.timeout.connect(self._check_engine)
         self._factory = transport_factory
         self._transport: EngineTransport | None = None
         self._generation = 0
@@ -97,9 +125,11 @@ class EngineClient(QObject):
         generation = self._generation
         transport = self._factory()
         self._set_state(EngineState.STARTING)
+        self._last_heard = time.monotonic()
+        self._silent = False
         try:
             transport.start(
-                lambda event: self._arrived.emit(generation, event),
+                lambda event: self._heard(generation, event),
                 lambda failure: self._ended.emit(generation, failure),
             )
         except OSError as error:
@@ -108,6 +138,9 @@ class EngineClient(QObject):
             return False
         self._transport = transport
         self._set_state(EngineState.IDLE)
+        if getattr(transport, "heartbeat_s", None):
+            # Check a few times per silence period, so the verdict comes soon after it.
+            self._watch.start(max(20, min(1000, int(self.silence_s * 1000 / 4))))
         return True
 
     def submit(
@@ -132,8 +165,16 @@ class EngineClient(QObject):
         return job_id
 
     def cancel(self, job_id: int) -> None:
+        """Ask the engine to cancel a job; an engine that is not answering is ended instead."""
         if job_id not in self._pending or self._transport is None:
             return
+        if self._silent:
+            self._end_frozen_engine(
+                f"The engine had not answered for {self._silence():.0f} s, so it was ended "
+                "when you cancelled."
+            )
+            return
+        self._cancelled_at.setdefault(job_id, time.monotonic())
         # A dead engine cancels nothing; its death is reported by the reader.
         with contextlib.suppress(OSError):
             self._transport.send(CancelRequest(job_id))
@@ -148,28 +189,79 @@ class EngineClient(QObject):
         A fresh process also frees a GPU left in a bad state. Jobs the old engine held end
         with a CANCELLED event.
         """
-        self._stop_transport(timeout=0.5, reason="Cancelled because the engine was restarted.")
+        self._stop_transport(
+            timeout=0.5, reason="Cancelled because the engine was restarted.", kill=self._silent
+        )
         self.last_failure = None
         if self.ensure_started():
             self.restarted.emit()
 
     def shutdown(self, timeout: float = 2.0) -> None:
         """Stop the engine for good (window closing); no signals about its end follow."""
-        self._stop_transport(timeout=timeout, reason="Cancelled because HalfSafe is closing.")
+        self._stop_transport(
+            timeout=timeout, reason="Cancelled because HalfSafe is closing.", kill=self._silent
+        )
 
     # Internals -------------------------------------------------------------------------------
 
-    def _stop_transport(self, timeout: float, reason: str) -> None:
+    def _stop_transport(self, timeout: float, reason: str, kill: bool = False) -> None:
+        """Stop the engine (asking first, or killing a frozen one at once) and cancel its jobs."""
         transport, self._transport = self._transport, None
         self._generation += 1
+        self._watch.stop()
+        self._silent = False
         if transport is not None:
-            transport.stop(timeout=timeout)
+            if kill:
+                transport.kill()
+            else:
+                transport.stop(timeout=timeout)
         self._finish_pending(EventState.CANCELLED, reason)
         self._set_state(EngineState.NOT_STARTED)
+
+    def _heard(self, generation: int, event: EngineEvent) -> None:
+        """Reader thread: stamp the time, then hand the event to the GUI thread."""
+        if generation == self._generation:
+            self._last_heard = time.monotonic()
+        if event.state != EventState.HEARTBEAT:
+            self._arrived.emit(generation, event)
+
+    def _silence(self) -> float:
+        return time.monotonic() - self._last_heard
+
+    @Slot()
+    def _check_engine(self) -> None:
+        """GUI thread, on the watch timer: has the engine gone silent, or come back?"""
+        if self._transport is None:
+            return
+        silence = self._silence()
+        if silence >= self.silence_s and not self._silent:
+            self._silent = True
+            self._set_state(EngineState.NOT_ANSWERING)
+            self.not_answering.emit(silence)
+        elif silence < self.silence_s and self._silent:
+            self._silent = False
+            self._set_state(EngineState.BUSY)
+            self.answering.emit()
+        now = time.monotonic()
+        if any(now - asked >= self.cancel_grace_s for asked in self._cancelled_at.values()):
+            self._end_frozen_engine(
+                f"The engine did not stop the job within {self.cancel_grace_s:.0f} s of Cancel, "
+                "so it was ended."
+            )
+
+    def _end_frozen_engine(self, message: str) -> None:
+        """Kill an engine that no longer answers; its jobs end CANCELLED, and `died` offers a
+        restart like any other death."""
+        self._stop_transport(
+            timeout=0, reason="Cancelled; the engine was not answering, so it was ended.", kill=True
+        )
+        self._fail(Failure(message, "", "EngineNotAnswering"))
 
     def _set_state(self, state: str) -> None:
         if state in (EngineState.IDLE, EngineState.BUSY) and self._transport is not None:
             state = EngineState.BUSY if self._pending else EngineState.IDLE
+            if self._silent:
+                state = EngineState.NOT_ANSWERING
         if state != self._state:
             self._state = state
             self.state_changed.emit(state)
@@ -178,6 +270,7 @@ class EngineClient(QObject):
         self, state: EventState, message: str, details: str = "", error_type: str = ""
     ) -> None:
         pending, self._pending = self._pending, {}
+        self._cancelled_at.clear()
         for job_id, job in pending.items():
             self._deliver(
                 EngineEvent(
@@ -194,6 +287,8 @@ class EngineClient(QObject):
     def _fail(self, failure: Failure) -> None:
         self.last_failure = failure
         self._transport = None
+        self._watch.stop()
+        self._silent = False
         self._set_state(EngineState.STOPPED)
         self._finish_pending(EventState.ERROR, failure.message, failure.details, "EngineDied")
         self.died.emit(failure)
@@ -205,6 +300,7 @@ class EngineClient(QObject):
         job = self._pending.get(event.job_id)
         if event.state.final:
             self._pending.pop(event.job_id, None)
+            self._cancelled_at.pop(event.job_id, None)
         self._deliver(event, job)
         self._set_state(EngineState.BUSY)
 

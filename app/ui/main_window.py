@@ -104,6 +104,8 @@ class MainWindow(QMainWindow):
         self._build_status_bar()
         client.died.connect(self._engine_died)
         client.restarted.connect(self._engine_restarted)
+        client.not_answering.connect(self._engine_not_answering)
+        client.answering.connect(self._engine_answering)
         client.state_changed.connect(lambda _s: self._update_status())
         state.model_changed.connect(lambda _m: self._update_status())
         state.hardware_changed.connect(lambda _h: self._update_status())
@@ -265,6 +267,18 @@ class MainWindow(QMainWindow):
                 ("Details", lambda: self.dialogs.error(failure.message, failure.details)),
             ],
         )
+
+    def _engine_not_answering(self, silence: float) -> None:
+        self.engine_banner.show_message(
+            "bad",
+            f"<b>The engine stopped answering.</b> Nothing has been heard from it for "
+            f"{silence:.0f} s: it may be frozen, or paused by another program. Restart it, or "
+            "Cancel the job to end it; every image already saved is kept.",
+            [("Restart engine", self.restart_engine)],
+        )
+
+    def _engine_answering(self) -> None:
+        self.engine_banner.dismiss()
 
     def restart_engine(self) -> None:
         if self.state.model_request is not None and self._reload_after_restart is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import threading
 import time
 
 from app.core.errors import BadFileError
@@ -18,6 +19,15 @@ def count(context, params):
         context.cancel.raise_if_cancelled()
         context.progress("Counting", step, steps)
     return {"counted": steps, "pid": os.getpid()}
+
+
+def deadlock(context, params):
+    """Reports one step, then waits forever on a lock it already holds: a stuck job whose
+    engine still beats (its heartbeat thread is free)."""
+    context.progress("Stuck", 1, 2)
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
 
 
 def fail(context, params):
@@ -49,6 +59,7 @@ def recall(context, params):
 
 HANDLERS = {
     "count": count,
+    "deadlock": deadlock,
     "fail": fail,
     "bad_file": bad_file,
     "oom": oom,

@@ -13,12 +13,15 @@ from app.engine.failures import Failure, describe_exit
 
 class FakeEngine:
     """Stands in for the engine process: records what the client sends, and lets a test send
-    events and deaths back exactly as the process reader thread would."""
+    events and deaths back exactly as the process reader thread would. It sends no heartbeats
+    (`heartbeat_s` None), so its silence means nothing, unless a test sets `heartbeat_s`."""
 
     def __init__(self) -> None:
         self.sent: list[Message] = []
         self.running = False
         self.stopped = False
+        self.killed = False
+        self.heartbeat_s: float | None = None
         self._on_event: Callable[[EngineEvent], None] | None = None
         self._on_exit: Callable[[Failure], None] | None = None
 
@@ -34,6 +37,10 @@ class FakeEngine:
     def stop(self, timeout: float = 5.0) -> None:
         self.running = False
         self.stopped = True
+
+    def kill(self) -> None:
+        self.running = False
+        self.killed = True
 
     # Test side ----------------------------------------------------------------------------
 
@@ -66,9 +73,11 @@ class FakeEngines:
 
     def __init__(self) -> None:
         self.started: list[FakeEngine] = []
+        self.heartbeat_s: float | None = None  # what the engines started from now on promise
 
     def __call__(self) -> FakeEngine:
         engine = FakeEngine()
+        engine.heartbeat_s = self.heartbeat_s
         self.started.append(engine)
         return engine
 
