@@ -101,6 +101,31 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes:
     return data
 
 
+def aside_name(path: Path, label: str = "damaged") -> Path:
+    """A free name beside `path` to keep a damaged file under: `<name>.<label>-<time>`."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = path.with_name(f"{path.name}.{label}-{stamp}")
+    number = 1
+    while os.path.lexists(target):
+        target = path.with_name(f"{path.name}.{label}-{stamp}-{number}")
+        number += 1
+    return target
+
+
+def clear_non_regular(path: Path) -> Path | None:
+    """If a folder, FIFO or socket holds the name of a file we keep, move it aside (nothing of
+    the user's is deleted) so the file can be read and written again; a FIFO left in place
+    would block whoever opens it. Returns where it went, or None when nothing was moved."""
+    if not os.path.lexists(path) or is_regular_file(path):
+        return None
+    target = aside_name(path)
+    try:
+        os.replace(path, target)
+    except OSError:
+        return None
+    return target
+
+
 def is_regular_file(path: Path) -> bool:
     """True when `path` is a regular file (following a link); never opens it."""
     try:

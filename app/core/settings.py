@@ -18,14 +18,20 @@ import os
 import re
 import reprlib
 import shutil
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from app.core import paths
-from app.core.files import is_regular_file, locked, read_regular_file, write_atomic
+from app.core.files import (
+    aside_name,
+    clear_non_regular,
+    is_regular_file,
+    locked,
+    read_regular_file,
+    write_atomic,
+)
 
 SCHEMA_VERSION = 1
 SETTINGS_FILE = "settings.json"
@@ -71,10 +77,10 @@ def parse_number(text: str, kind: str) -> int | float:
         raise ValueError(f"expected a number, got {shown(text)}") from None
 
 
-
 def _bound(limit: float) -> str:
     """A minimum or maximum as the user reads it: 4294967295, not 4.29497e+09."""
     return str(int(limit)) if float(limit).is_integer() else f"{limit:g}"
+
 
 def _check_path(text: str) -> None:
     """Refuse what no file system accepts in a path (a NUL byte), so it is caught here, with
@@ -731,17 +737,11 @@ def _read_json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 def _keep_aside(path: Path) -> Path | None:
     """Keep the damaged file as `<name>.damaged-<time>`: a copy of a regular file, or the thing
     itself moved out of the way (a folder or FIFO would block every later save)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.damaged-{stamp}")
-    for number in range(1, 100):
-        if not os.path.lexists(target):
-            break
-        target = path.with_name(f"{path.name}.damaged-{stamp}-{number}")
+    if not is_regular_file(path):
+        return clear_non_regular(path)
+    target = aside_name(path)
     try:
-        if is_regular_file(path):
-            shutil.copy2(path, target)
-        else:
-            os.replace(path, target)
+        shutil.copy2(path, target)
     except OSError:
         return None
     return target

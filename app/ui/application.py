@@ -18,6 +18,7 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app.core import paths
+from app.core.files import clear_non_regular
 from app.core.settings import load_settings
 from app.engine.process import EngineTransport
 from app.ui.engine_client import EngineClient
@@ -29,8 +30,13 @@ UI_STATE_FILE = "window.ini"
 
 
 def ui_settings() -> QSettings:
-    """Window geometry and last-used values, next to the settings file."""
-    return QSettings(str(paths.config_dir() / UI_STATE_FILE), QSettings.Format.IniFormat)
+    """Window geometry and last-used values, next to the settings file. A FIFO or folder at
+    that name is moved aside first: Qt would wait on a FIFO forever, before any window shows."""
+    path = paths.config_dir() / UI_STATE_FILE
+    moved = clear_non_regular(path)
+    if moved is not None:
+        logging.getLogger("halfsafe").warning("%s was not a file; moved it to %s", path, moved)
+    return QSettings(str(path), QSettings.Format.IniFormat)
 
 
 def application(argv: Sequence[str] = ()) -> QApplication:

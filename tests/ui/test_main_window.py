@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
@@ -285,3 +287,34 @@ def _write_png(path: Path) -> None:
     image = QImage(16, 16, QImage.Format.Format_RGB32)
     image.fill(QColor("steelblue"))
     assert image.save(str(path))
+
+
+_OPEN_WINDOW = """
+from app.ui.application import application, build_main_window
+application()
+window = build_main_window()
+window.show()
+print(window.notice_banner.text.text())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
+def test_fifos_where_the_settings_and_window_files_should_be_never_block_the_start(tmp_path):
+    from app.core.settings import settings_path
+
+    config = settings_path().parent
+    os.mkfifo(config / "settings.json")
+    os.mkfifo(config / "window.ini")
+    done = subprocess.run(
+        [sys.executable, "-c", _OPEN_WINDOW],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,  # a blocked open would wait forever
+    )
+    assert done.returncode == 0, done.stderr
+    assert "every setting is back to its default" in done.stdout
+    assert "not a regular file" in done.stdout
+    names = sorted(p.name for p in config.iterdir())
+    assert any(n.startswith("window.ini.damaged-") for n in names)
+    assert any(n.startswith("settings.json.damaged-") for n in names)
