@@ -154,14 +154,18 @@ class Field:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"expected a number, got {shown(value)}")
         # A number too long to hold (an infinite _LongNumber) fails the bounds below, by name.
-        if not isinstance(value, _LongNumber) and not math.isfinite(value):
+        if (
+            isinstance(value, float)
+            and not isinstance(value, _LongNumber)
+            and not math.isfinite(value)
+        ):
             raise ValueError(f"expected a finite number, got {shown(value)}")
         # Python compares ints and floats exactly, whatever their size.
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"{shown(value)} is below the minimum {_bound(self.minimum)}")
         if self.maximum is not None and value > self.maximum:
             raise ValueError(f"{shown(value)} is above the maximum {_bound(self.maximum)}")
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{shown(value)} is out of range")
         if self.kind == "int":
             if isinstance(value, float) and not value.is_integer():
