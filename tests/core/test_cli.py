@@ -85,10 +85,14 @@ _DIGITS_5000 = "9" * 5000
     ids=lambda v: v[-1][:12] if isinstance(v, list) else None,
 )
 def test_an_absurd_number_is_one_sentence_and_exit_2(capsys, argv, words):
+    saved = Settings()
+    saved["steps"] = 33
+    before = save_settings(saved).read_bytes()
     started = time.monotonic()
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert time.monotonic() - started < 5
+    assert settings_path().read_bytes() == before  # the saved settings are untouched
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("halfsafe: argument ")
