@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core import paths
+from app.core import diagnosis, paths
+from app.core.components import COMPONENTS, RUN_ORDER, join_words
+from app.core.components import words as component_words
+from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import HalfSafeError
-from app.core.health import COMPONENT_WORDS, FixCandidate, candidate_fixes
 from app.core.images import (
     SAMPLER_NAMES,
     ImageSaveError,
@@ -40,14 +42,7 @@ from app.core.images import (
     to_image,
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.precision import (
-    COMPONENT_SETTING,
-    PlacedPipeline,
-    PrecisionPlan,
-    backend_flags,
-    pipeline_components,
-    resolve_plan,
-)
+from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
 from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
 
 # on_preview(step, image): a small PIL image of the first image of the batch.
@@ -55,7 +50,7 @@ PreviewCallback = Callable[[int, Any], None]
 
 STATUSES = ("ok", "fixed", "nan", "black", "safety_checker")
 # Run order of the components: a failure is blamed on the first one that went non-finite.
-STAGES = ("text_encoder", "text_encoder_2", "unet", "vae")
+STAGES = RUN_ORDER
 PREVIEWS_PER_IMAGE = 6
 MAX_REPAIRS_PER_IMAGE = 3
 
@@ -109,6 +104,7 @@ class ImageResult:
             "fix": dict(self.fix) if self.fix is not None else None,
             "first_bad_module": self.first_bad_module,
             "non_finite": round(self.non_finite, 6),
+            "settings": dict(self.settings),  # what this image was made with, repairs included
         }
 
 
@@ -328,10 +324,6 @@ def _failure(outcome: _Outcome) -> str | None:
     if outcome.stats.non_finite > 0:
         return "vae" if outcome.watched else ""
     return None
-
-
-def _no_half(plan: PrecisionPlan) -> PrecisionPlan:
-    return plan.with_dtypes(**{c: "fp32" for c in plan.dtypes})
 
 
 class _Job:
@@ -634,7 +626,7 @@ class _Job:
             component, base, first_bad, self.placed[component], self.bf16_native
         )
         if component != "vae" and any(d != "fp32" for d in base.dtypes.values()):
-            yield FixCandidate(_no_half(base), {"no_half": True}, "run everything in fp32")
+            yield diagnosis.everything_fp32(base)
 
     def repair(self, index: int, seed: int, outcome: _Outcome, total: int) -> _Repair:
         """Repair one image: the failing part only, cheapest fix first, until it is finite."""
@@ -699,8 +691,8 @@ class _Job:
                     return candidate
             return None
         dtype = outcome.plan.dtypes.get(component)
-        key = COMPONENT_SETTING[component]
-        words = COMPONENT_WORDS[component]
+        key = COMPONENTS[component].setting
+        words = component_words(component)
         if dtype == "fp16" and self.bf16_native:
             return FixCandidate(outcome.plan, {key: "bf16"}, f"run the {words} in bf16")
         if dtype != "fp32":
@@ -866,14 +858,11 @@ def generate(
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
     remembered = profiles.remembered_fix(model.profile_key, info.name)
-    vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
-    plan = resolve_plan(
+    plan = diagnosis.plan_for_model(
+        model,
         precision,
         device=torch_device,
-        components=pipeline_components(pipeline),
         device_info=info,
-        vae_needs_fp32=bool(getattr(vae_config, "force_upcast", False))
-        and str(model.architecture).startswith("sdxl"),
         remembered=remembered.settings if remembered else None,
     )
     warnings = list(plan.warnings)
@@ -946,7 +935,7 @@ def generate(
                 entries[-1].first_bad_module = job.first_bad.get(entries[-1].component)
         if job.fix_settings and any(e.status == "fixed" for e in entries):
             merged = {**(remembered.settings if remembered else {}), **job.fix_settings}
-            parts = " and ".join(COMPONENT_WORDS[c] for c in job.fixed_components)
+            parts = join_words(job.fixed_components)
             summary = (
                 f"The {parts} went non-finite during generation; fix: "
                 f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
@@ -1090,7 +1079,7 @@ def _describe(
 
 def _where(component: str | None, step: int | None, steps: int) -> str:
     """ "the UNet went non-finite (NaN) at step 3 of 20", "the VAE went non-finite (NaN)"."""
-    words = COMPONENT_WORDS.get(component, component) if component else "model"
+    words = component_words(component) if component else "model"
     at = f" at step {step} of {steps}" if step is not None else ""
     when = " while decoding" if component == "vae" else ""
     return f"The {words} went non-finite (NaN){at}{when}"
@@ -1118,6 +1107,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("UNet precision", s.get("unet_precision")),
         ("VAE precision", s.get("vae_precision")),
         ("Text encoder precision", s.get("text_encoder_precision")),
+        ("Text encoder 2 precision", s.get("text_encoder_2_precision")),
         ("Upcast attention", s.get("upcast_attention")),
         ("Attention backend", s.get("attention_backend")),
         ("TF32", s.get("allow_tf32")),
