@@ -89,6 +89,7 @@ class ImageResult:
     first_bad_module: str | None = None
     non_finite: float = 0.0  # fraction of pixels that were NaN/inf
     settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
+    quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (diagnosis.Quality)
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
 
@@ -105,6 +106,7 @@ class ImageResult:
             "first_bad_module": self.first_bad_module,
             "non_finite": round(self.non_finite, 6),
             "settings": dict(self.settings),  # what this image was made with, repairs included
+            "quality": dict(self.quality) if self.quality is not None else None,
         }
 
 
@@ -313,6 +315,7 @@ class _Repair:
     fixes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     first_bad_module: str | None = None
+    quality: diagnosis.Quality | None = None  # the worst of its repairs against fp32
 
 
 def _failure(outcome: _Outcome) -> str | None:
@@ -359,6 +362,8 @@ class _Job:
         self.fix_words: list[str] = []
         self.fixed_components: list[str] = []
         self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
+        self.qualities: dict[str, diagnosis.Quality] = {}  # component -> its fix against fp32
+        self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
         self.stage = "Generating"
 
     # -- stages ----------------------------------------------------------------------------
@@ -546,7 +551,7 @@ class _Job:
     # -- probes ------------------------------------------------------------------------------
 
     def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
-        """One UNet call on a kept failing input: (finite?, first bad module)."""
+        """One UNet call on a kept failing input: (its output, first bad module)."""
         import torch
 
         from app.core.probe import ActivationRecorder
@@ -559,12 +564,11 @@ class _Job:
         try:
             with backend_flags(plan), torch.inference_mode():
                 out = unet(sample, timestep, **arguments, return_dict=False)[0]
-                finite = torch.isfinite(out).all()
         finally:
             if recorder is not None:
                 recorder.remove()
         first_bad = _first_bad(recorder.read(out)) if recorder is not None else None
-        return bool(finite), first_bad
+        return out, first_bad
 
     def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
         """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
@@ -598,17 +602,39 @@ class _Job:
             self.first_bad[component] = name
         return name
 
-    def quick_check(self, component: str, plan: PrecisionPlan, outcome: _Outcome) -> bool:
-        """Whether `plan` makes the failing part finite, from one forward pass (a decode, one
-        UNet call on the kept input, or one encode). True when there is nothing to probe."""
+    def part_output(self, component: str, plan: PrecisionPlan, outcome: _Outcome):
+        """The failing part's output under `plan`, on the inputs it failed with: the decoded
+        pixels, one UNet call on the kept input, or the prompt's embeddings (None when no
+        input was kept to re-run)."""
+        import torch
+
         if component == "vae":
-            pixels, _ = self.decode(plan, outcome.latents)
-            return to_image(pixels)[1].non_finite == 0
+            return torch.from_numpy(self.decode(plan, outcome.latents)[0])
         if component == "unet":
             if outcome.unet_input is None:
-                return True
+                return None
             return self.unet_forward(plan, outcome.unet_input)[0]
-        return self.encoder_probe(plan, component)[0]
+        return self.encode(plan).embeds
+
+    def verify(self, component: str, plan: PrecisionPlan, outcome: _Outcome):
+        """Whether `plan` repairs the failing part, from one forward pass: finite, and in
+        agreement with an fp32 reference of the same inputs (`diagnosis.compare`); returns
+        (passed, the part's output). The reference is run once per failing part;
+        `self.qualities[component]` keeps the last figure. Passed when no input was kept to
+        re-run (the full re-run then decides)."""
+        output = self.part_output(component, plan, outcome)
+        if output is None:
+            return True, None
+        key = (component, id(outcome))
+        if key not in self._references:
+            reference_plan = diagnosis.fp32_reference(outcome.plan)
+            self._references[key] = self.part_output(component, reference_plan, outcome)
+        quality = diagnosis.compare(output, self._references[key])
+        self.qualities[component] = quality
+        return quality.passed, output
+
+    def quick_check(self, component: str, plan: PrecisionPlan, outcome: _Outcome) -> bool:
+        return self.verify(component, plan, outcome)[0]
 
     # -- repair ------------------------------------------------------------------------------
 
@@ -642,6 +668,11 @@ class _Job:
                 repaired = self._try(component, candidate, result.outcome, seed)
                 if repaired is not None:
                     self._accept(component, candidate)
+                    quality = self.qualities.get(component)
+                    if quality is not None and (
+                        result.quality is None or quality.value < result.quality.value
+                    ):
+                        result.quality = quality
                     result.fixes.append(candidate.words)
                     result.settings.update(candidate.settings)
                     result.outcome = repaired
@@ -653,14 +684,12 @@ class _Job:
         return result
 
     def _try(self, component: str, candidate: FixCandidate, outcome: _Outcome, seed: int):
-        if component == "vae":
-            pixels, _ = self.decode(candidate.plan, outcome.latents)
-            image, stats = to_image(pixels)
-            if stats.non_finite:
-                return None
-            return replace(outcome, plan=candidate.plan, image=image, stats=stats)
-        if not self.quick_check(component, candidate.plan, outcome):
+        passed, output = self.verify(component, candidate.plan, outcome)
+        if not passed:
             return None
+        if component == "vae":  # the verified decode is the repaired image
+            image, stats = to_image(output.numpy())
+            return replace(outcome, plan=candidate.plan, image=image, stats=stats)
         self.stage = "Making the image again"
         try:
             again = self.run(candidate.plan, [seed])[0]
@@ -1048,6 +1077,7 @@ def _describe(
         return entry
     if fixes and repair is not None:
         entry.fix = dict(repair.settings)
+        entry.quality = repair.quality.to_json() if repair.quality is not None else None
     if safety_hit:
         entry.status = "safety_checker"
         entry.message = (
