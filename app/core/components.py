@@ -31,6 +31,7 @@ class Component:
     role: Role
     setting: str  # the per-component precision setting that governs its dtype
     words: str  # what the user reads ("second text encoder")
+    does: str  # what it does, for someone who has never looked inside a pipeline
     has_attention: bool  # whether "upcast attention" can be a fix for it
 
     @property
@@ -39,17 +40,30 @@ class Component:
         return self.words[0].upper() + self.words[1:]
 
 
+_DENOISES = "removes noise step by step; the slow, large part"
 _ALL = (
-    Component("text_encoder", Role.TEXT_ENCODER, "text_encoder_precision", "text encoder", False),
+    Component(
+        "text_encoder",
+        Role.TEXT_ENCODER,
+        "text_encoder_precision",
+        "text encoder",
+        "turns the prompt into numbers the model understands",
+        False,
+    ),
     Component(
         "text_encoder_2",
         Role.TEXT_ENCODER,
         "text_encoder_2_precision",
         "second text encoder",
+        "SDXL's second, larger prompt encoder",
         False,
     ),
-    Component("unet", Role.DENOISER, "unet_precision", "UNet", True),
-    Component("vae", Role.VAE, "vae_precision", "VAE", True),
+    Component("unet", Role.DENOISER, "unet_precision", "UNet", _DENOISES, True),
+    # A DiT's denoiser; the one denoiser setting governs it (DESIGN.md).
+    Component("transformer", Role.DENOISER, "unet_precision", "transformer", _DENOISES, True),
+    Component(
+        "vae", Role.VAE, "vae_precision", "VAE", "turns the finished latents into pixels", True
+    ),
 )
 COMPONENTS: dict[str, Component] = {c.name: c for c in _ALL}
 RUN_ORDER: tuple[str, ...] = tuple(COMPONENTS)

@@ -6,22 +6,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-FP16_LIMIT = 65504.0
+from app.core.components import COMPONENTS, FP16_MAX
 
-COMPONENT_NAMES = {
-    "text_encoder": "Text encoder",
-    "text_encoder_2": "Second text encoder",
-    "unet": "UNet",
-    "transformer": "Transformer",
-    "vae": "VAE",
-}
-COMPONENT_ROLES = {
-    "text_encoder": "turns the prompt into numbers the model understands",
-    "text_encoder_2": "SDXL's second, larger prompt encoder",
-    "unet": "removes noise step by step; the slow, large part",
-    "transformer": "removes noise step by step; the slow, large part",
-    "vae": "turns the finished latents into pixels",
-}
+FP16_LIMIT = FP16_MAX
+
+COMPONENT_NAMES = {name: c.title for name, c in COMPONENTS.items()}
+COMPONENT_ROLES = {name: c.does for name, c in COMPONENTS.items()}
 STATUS_WORDS = {
     "ok": "OK",
     "at_risk": "Close to the limit",
