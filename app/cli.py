@@ -269,6 +269,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         precision=PrecisionSettings.from_mapping(values),
         device=values["device"],
         size=args.size,
+        steps=values["steps"],  # the probe covers the ends of the user's own sampler schedule
+        scheduler=values["scheduler"],
         vae=args.vae,
         allow_pickle=args.allow_pickle,
     )
@@ -277,7 +279,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_json())
     else:
-        print(health.format_report(report))
+        from app.cli_text import health_text
+
+        print(health_text(report))
     return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
 
 

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core import paths
+from app.core import diagnosis, paths
+from app.core.components import COMPONENTS, RUN_ORDER, join_words
+from app.core.components import words as component_words
+from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import HalfSafeError
-from app.core.health import COMPONENT_WORDS, FixCandidate, candidate_fixes
 from app.core.images import (
     SAMPLER_NAMES,
     ImageSaveError,
@@ -40,14 +42,7 @@ from app.core.images import (
     to_image,
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.precision import (
-    COMPONENT_SETTING,
-    PlacedPipeline,
-    PrecisionPlan,
-    backend_flags,
-    pipeline_components,
-    resolve_plan,
-)
+from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
 from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
 
 # on_preview(step, image): a small PIL image of the first image of the batch.
@@ -55,7 +50,7 @@ PreviewCallback = Callable[[int, Any], None]
 
 STATUSES = ("ok", "fixed", "nan", "black", "safety_checker")
 # Run order of the components: a failure is blamed on the first one that went non-finite.
-STAGES = ("text_encoder", "text_encoder_2", "unet", "vae")
+STAGES = RUN_ORDER
 PREVIEWS_PER_IMAGE = 6
 MAX_REPAIRS_PER_IMAGE = 3
 
@@ -94,6 +89,7 @@ class ImageResult:
     first_bad_module: str | None = None
     non_finite: float = 0.0  # fraction of pixels that were NaN/inf
     settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
+    quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (diagnosis.Quality)
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
 
@@ -109,6 +105,8 @@ class ImageResult:
             "fix": dict(self.fix) if self.fix is not None else None,
             "first_bad_module": self.first_bad_module,
             "non_finite": round(self.non_finite, 6),
+            "settings": dict(self.settings),  # what this image was made with, repairs included
+            "quality": dict(self.quality) if self.quality is not None else None,
         }
 
 
@@ -317,6 +315,7 @@ class _Repair:
     fixes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     first_bad_module: str | None = None
+    quality: diagnosis.Quality | None = None  # the worst of its repairs against fp32
 
 
 def _failure(outcome: _Outcome) -> str | None:
@@ -328,10 +327,6 @@ def _failure(outcome: _Outcome) -> str | None:
     if outcome.stats.non_finite > 0:
         return "vae" if outcome.watched else ""
     return None
-
-
-def _no_half(plan: PrecisionPlan) -> PrecisionPlan:
-    return plan.with_dtypes(**{c: "fp32" for c in plan.dtypes})
 
 
 class _Job:
@@ -367,6 +362,8 @@ class _Job:
         self.fix_words: list[str] = []
         self.fixed_components: list[str] = []
         self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
+        self.qualities: dict[str, diagnosis.Quality] = {}  # component -> its fix against fp32
+        self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
         self.stage = "Generating"
 
     # -- stages ----------------------------------------------------------------------------
@@ -554,7 +551,7 @@ class _Job:
     # -- probes ------------------------------------------------------------------------------
 
     def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
-        """One UNet call on a kept failing input: (finite?, first bad module)."""
+        """One UNet call on a kept failing input: (its output, first bad module)."""
         import torch
 
         from app.core.probe import ActivationRecorder
@@ -567,12 +564,11 @@ class _Job:
         try:
             with backend_flags(plan), torch.inference_mode():
                 out = unet(sample, timestep, **arguments, return_dict=False)[0]
-                finite = torch.isfinite(out).all()
         finally:
             if recorder is not None:
                 recorder.remove()
         first_bad = _first_bad(recorder.read(out)) if recorder is not None else None
-        return bool(finite), first_bad
+        return out, first_bad
 
     def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
         """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
@@ -606,17 +602,39 @@ class _Job:
             self.first_bad[component] = name
         return name
 
-    def quick_check(self, component: str, plan: PrecisionPlan, outcome: _Outcome) -> bool:
-        """Whether `plan` makes the failing part finite, from one forward pass (a decode, one
-        UNet call on the kept input, or one encode). True when there is nothing to probe."""
+    def part_output(self, component: str, plan: PrecisionPlan, outcome: _Outcome):
+        """The failing part's output under `plan`, on the inputs it failed with: the decoded
+        pixels, one UNet call on the kept input, or the prompt's embeddings (None when no
+        input was kept to re-run)."""
+        import torch
+
         if component == "vae":
-            pixels, _ = self.decode(plan, outcome.latents)
-            return to_image(pixels)[1].non_finite == 0
+            return torch.from_numpy(self.decode(plan, outcome.latents)[0])
         if component == "unet":
             if outcome.unet_input is None:
-                return True
+                return None
             return self.unet_forward(plan, outcome.unet_input)[0]
-        return self.encoder_probe(plan, component)[0]
+        return self.encode(plan).embeds
+
+    def verify(self, component: str, plan: PrecisionPlan, outcome: _Outcome):
+        """Whether `plan` repairs the failing part, from one forward pass: finite, and in
+        agreement with an fp32 reference of the same inputs (`diagnosis.compare`); returns
+        (passed, the part's output). The reference is run once per failing part;
+        `self.qualities[component]` keeps the last figure. Passed when no input was kept to
+        re-run (the full re-run then decides)."""
+        output = self.part_output(component, plan, outcome)
+        if output is None:
+            return True, None
+        key = (component, id(outcome))
+        if key not in self._references:
+            reference_plan = diagnosis.fp32_reference(outcome.plan)
+            self._references[key] = self.part_output(component, reference_plan, outcome)
+        quality = diagnosis.compare(output, self._references[key])
+        self.qualities[component] = quality
+        return quality.passed, output
+
+    def quick_check(self, component: str, plan: PrecisionPlan, outcome: _Outcome) -> bool:
+        return self.verify(component, plan, outcome)[0]
 
     # -- repair ------------------------------------------------------------------------------
 
@@ -634,7 +652,7 @@ class _Job:
             component, base, first_bad, self.placed[component], self.bf16_native
         )
         if component != "vae" and any(d != "fp32" for d in base.dtypes.values()):
-            yield FixCandidate(_no_half(base), {"no_half": True}, "run everything in fp32")
+            yield diagnosis.everything_fp32(base)
 
     def repair(self, index: int, seed: int, outcome: _Outcome, total: int) -> _Repair:
         """Repair one image: the failing part only, cheapest fix first, until it is finite."""
@@ -650,6 +668,11 @@ class _Job:
                 repaired = self._try(component, candidate, result.outcome, seed)
                 if repaired is not None:
                     self._accept(component, candidate)
+                    quality = self.qualities.get(component)
+                    if quality is not None and (
+                        result.quality is None or quality.value < result.quality.value
+                    ):
+                        result.quality = quality
                     result.fixes.append(candidate.words)
                     result.settings.update(candidate.settings)
                     result.outcome = repaired
@@ -661,14 +684,12 @@ class _Job:
         return result
 
     def _try(self, component: str, candidate: FixCandidate, outcome: _Outcome, seed: int):
-        if component == "vae":
-            pixels, _ = self.decode(candidate.plan, outcome.latents)
-            image, stats = to_image(pixels)
-            if stats.non_finite:
-                return None
-            return replace(outcome, plan=candidate.plan, image=image, stats=stats)
-        if not self.quick_check(component, candidate.plan, outcome):
+        passed, output = self.verify(component, candidate.plan, outcome)
+        if not passed:
             return None
+        if component == "vae":  # the verified decode is the repaired image
+            image, stats = to_image(output.numpy())
+            return replace(outcome, plan=candidate.plan, image=image, stats=stats)
         self.stage = "Making the image again"
         try:
             again = self.run(candidate.plan, [seed])[0]
@@ -699,8 +720,8 @@ class _Job:
                     return candidate
             return None
         dtype = outcome.plan.dtypes.get(component)
-        key = COMPONENT_SETTING[component]
-        words = COMPONENT_WORDS[component]
+        key = COMPONENTS[component].setting
+        words = component_words(component)
         if dtype == "fp16" and self.bf16_native:
             return FixCandidate(outcome.plan, {key: "bf16"}, f"run the {words} in bf16")
         if dtype != "fp32":
@@ -866,14 +887,11 @@ def generate(
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
     remembered = profiles.remembered_fix(model.profile_key, info.name)
-    vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
-    plan = resolve_plan(
+    plan = diagnosis.plan_for_model(
+        model,
         precision,
         device=torch_device,
-        components=pipeline_components(pipeline),
         device_info=info,
-        vae_needs_fp32=bool(getattr(vae_config, "force_upcast", False))
-        and str(model.architecture).startswith("sdxl"),
         remembered=remembered.settings if remembered else None,
     )
     warnings = list(plan.warnings)
@@ -946,7 +964,7 @@ def generate(
                 entries[-1].first_bad_module = job.first_bad.get(entries[-1].component)
         if job.fix_settings and any(e.status == "fixed" for e in entries):
             merged = {**(remembered.settings if remembered else {}), **job.fix_settings}
-            parts = " and ".join(COMPONENT_WORDS[c] for c in job.fixed_components)
+            parts = join_words(job.fixed_components)
             summary = (
                 f"The {parts} went non-finite during generation; fix: "
                 f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
@@ -1059,6 +1077,7 @@ def _describe(
         return entry
     if fixes and repair is not None:
         entry.fix = dict(repair.settings)
+        entry.quality = repair.quality.to_json() if repair.quality is not None else None
     if safety_hit:
         entry.status = "safety_checker"
         entry.message = (
@@ -1090,7 +1109,7 @@ def _describe(
 
 def _where(component: str | None, step: int | None, steps: int) -> str:
     """ "the UNet went non-finite (NaN) at step 3 of 20", "the VAE went non-finite (NaN)"."""
-    words = COMPONENT_WORDS.get(component, component) if component else "model"
+    words = component_words(component) if component else "model"
     at = f" at step {step} of {steps}" if step is not None else ""
     when = " while decoding" if component == "vae" else ""
     return f"The {words} went non-finite (NaN){at}{when}"
@@ -1118,6 +1137,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("UNet precision", s.get("unet_precision")),
         ("VAE precision", s.get("vae_precision")),
         ("Text encoder precision", s.get("text_encoder_precision")),
+        ("Text encoder 2 precision", s.get("text_encoder_2_precision")),
         ("Upcast attention", s.get("upcast_attention")),
         ("Attention backend", s.get("attention_backend")),
         ("TF32", s.get("allow_tf32")),

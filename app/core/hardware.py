@@ -688,6 +688,10 @@ def _recommend(
         "Follows precision: text encoders run once per prompt; the health check moves one to "
         "fp32 only if a model's encoder overflows"
     )
+    rec["text_encoder_2_precision"] = base
+    why["text_encoder_2_precision"] = (
+        "Follows the text encoder: SDXL's second encoder moves on its own only if it overflows"
+    )
     if base == "fp16" and bf16_ok:
         rec["vae_precision"] = "bf16"
         why["vae_precision"] = (
@@ -742,7 +746,12 @@ def _recommend(
     rec["auto_fix"] = "auto"
     why["auto_fix"] = "Repairs only the part that went non-finite and remembers the fix"
 
-    components = ("unet_precision", "vae_precision", "text_encoder_precision")
+    components = (
+        "unet_precision",
+        "vae_precision",
+        "text_encoder_precision",
+        "text_encoder_2_precision",
+    )
     forced: dict[str, str] = {}  # setting -> the quirk reason that forced it
     for quirk in device.quirks:
         for key, value in quirk.effects.items():

@@ -1,49 +1,51 @@
-"""The model health check: which component and which layer overflows, and the cheapest fix
-that really works, proved by re-running the part that failed.
+"""The model health check: which component and which layer overflows, what fp16 and bf16 would
+do to each component on this device, and the cheapest fix that really works, proved by
+re-running the part that failed and comparing it with an fp32 reference.
 
 The check runs what a generation runs, only shorter: the text encoder(s) on a real prompt and
-the empty prompt, the UNet for a few steps spanning the schedule with the CFG batch, and the
-VAE decoding the latent that short run produced. Every module is watched by
-`probe.ActivationRecorder`. A component that went non-finite gets candidate fixes from the
-cheapest up, each re-run on that component alone; the first that comes out finite is the fix.
+the empty prompt, the denoiser at the first, middle and last timesteps of the user's own
+sampler schedule with the CFG batch, and the VAE decoding the latent that short run produced.
+Every module is watched by `probe.ActivationRecorder`. A component that went non-finite gets
+candidate fixes from the cheapest up (`diagnosis.candidate_fixes`), each re-run on that
+component alone; the first whose output is finite and agrees with the fp32 reference is the fix.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.core import diagnosis
+from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, in_run_order, join_words
+from app.core.components import words as component_words
+from app.core.diagnosis import (
+    AT_RISK_HEADROOM,
+    FixCandidate,
+    Quality,
+    candidate_fixes,
+    no_half,
+    status_from_peak,
+)
 from app.core.errors import HalfSafeError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.precision import (
-    COMPONENT_SETTING,
-    FP16_MAX,
-    PlacedPipeline,
-    PrecisionPlan,
-    backend_flags,
-    parameter_counts,
-    pipeline_components,
-    resolve_plan,
-)
+from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, parameter_counts
 from app.core.probe import ActivationRecorder, ProbeResult, top_blocks
-from app.core.settings import PrecisionSettings
+from app.core.settings import FIELDS, PrecisionSettings
+
+__all__ = ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes", "check_loaded", "check_model"]
 
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
-PROBE_STEPS = 3  # UNet steps: from pure noise to a rough image, spanning the schedule
+DEFAULT_STEPS = FIELDS["steps"].default
+DEFAULT_SCHEDULER = FIELDS["scheduler"].default
 PROBE_CFG = 7.0
-AT_RISK_HEADROOM = 2.0  # within 2x of 65504: a bigger image or another prompt can tip it over
-
-COMPONENT_WORDS = {
-    "text_encoder": "text encoder",
-    "text_encoder_2": "second text encoder",
-    "unet": "UNet",
-    "vae": "VAE",
-}
+HALF_DTYPES = ("fp16", "bf16")
+COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
 
 # Where a tensor lives, by key prefix: original (LDM) single-file names and diffusers names.
 _WEIGHT_PREFIXES = (
@@ -67,6 +69,18 @@ def component_of_tensor(name: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class PrecisionOutcome:
+    """What one half precision does for a component on this device: `measured` when the
+    check ran the component in it, else predicted from the run at the tested precision."""
+
+    status: Status
+    measured: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status.value, "measured": self.measured}
+
+
 @dataclass
 class ComponentReport:
     """One component's result. `max_abs` is measured at the tested precision, or, when that run
@@ -75,23 +89,30 @@ class ComponentReport:
 
     name: str
     dtype: str
-    status: str  # ok | at_risk | overflow | nan | broken_weights
+    status: Status
     max_abs: float | None
     headroom: float | None
     first_bad_module: str | None
     seconds: float
     blocks: list[dict[str, Any]] = field(default_factory=list)
-    predicted_fp16: str | None = None  # when tested wider than fp16: ok | at_risk | overflow
-    predicted_first_bad_module: str | None = None
+    precisions: dict[str, PrecisionOutcome] = field(default_factory=dict)
+    predicted_first_bad_module: str | None = None  # first layer past 65504 in a wider run
+
+    @property
+    def predicted_fp16(self) -> str | None:
+        """fp16's status when the component was tested wider and fp16 was not measured."""
+        fp16 = self.precisions.get("fp16")
+        return fp16.status.value if fp16 is not None and not fp16.measured else None
 
     def to_json(self) -> dict[str, Any]:
         document = {
-            "status": self.status,
+            "status": self.status.value,
             "max_abs": _finite_or_none(self.max_abs),
             "headroom": _finite_or_none(self.headroom),
             "first_bad_module": self.first_bad_module,
             "seconds": round(self.seconds, 4),
             "dtype": self.dtype,
+            "precisions": {name: p.to_json() for name, p in self.precisions.items()},
             "blocks": self.blocks,
         }
         if self.predicted_fp16 is not None:
@@ -102,21 +123,45 @@ class ComponentReport:
 
 @dataclass
 class Fix:
-    """A verified set of settings that makes every failing component finite."""
+    """A set of settings that makes every failing component finite. `verified` only when the
+    re-run output is finite and agrees with the fp32 reference (`quality`, the worst of the
+    repaired components)."""
 
     plan: PrecisionPlan
     settings: dict[str, Any]  # what "Apply fix" writes into the user's settings
     summary: str
     verified: bool
-    cost: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    quality: Quality | None = None
+    steps: list[str] = field(default_factory=list)  # the fix in words, one item per change
+    cost: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             **self.plan.tested(),
             "verified": self.verified,
             "summary": self.summary,
+            "quality": self.quality.to_json() if self.quality else None,
+            "modules": {},  # module-level precision islands: none yet, whole components only
             "settings": self.settings,
             "cost": self.cost,
+        }
+
+
+@dataclass
+class Advice:
+    """For a check run wider than fp16 (no-half, a remembered fix, a CPU): the settings that
+    would move the model to fp16 while keeping the components predicted to overflow wider."""
+
+    overflowing: list[str]  # components predicted to overflow in fp16
+    settings: dict[str, Any]
+    measured: bool  # False: predicted from the wider run
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": "fp16",
+            "overflowing": list(self.overflowing),
+            "settings": dict(self.settings),
+            "measured": self.measured,
         }
 
 
@@ -128,11 +173,20 @@ class HealthReport:
     size: int
     weights_non_finite: list[str]
     components: dict[str, ComponentReport]
-    verdict: str  # healthy | fixable | broken
+    verdict: Verdict
     fix: Fix | None
     seconds: float
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
+    remembered: str | None = None  # the summary of a remembered fix the check ran with
+    timesteps: list[int] = field(default_factory=list)  # where the denoiser was probed
+    advice: Advice | None = None
+
+    @property
+    def headline(self) -> str:
+        """The report's first line: what the user most needs to know, never a bare "healthy"
+        when a component would overflow at the precision the user is likely to move to."""
+        return headline(self)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -142,10 +196,14 @@ class HealthReport:
             "tested": self.plan.tested(),
             "weights": {"non_finite": self.weights_non_finite},
             "components": {name: c.to_json() for name, c in self.components.items()},
-            "verdict": self.verdict,
+            "verdict": self.verdict.value,
+            "headline": self.headline,
             "fix": self.fix.to_json() if self.fix else None,
+            "advice": self.advice.to_json() if self.advice else None,
+            "remembered": self.remembered,
             "seconds": round(self.seconds, 3),
             "size": self.size,
+            "timesteps": list(self.timesteps),
             "notes": self.notes,
             "versions": self.versions,
         }
@@ -201,7 +259,9 @@ class _ComponentTimer:
 class _Runner:
     """Runs the check's three stages under any plan, on one PlacedPipeline."""
 
-    def __init__(self, model, plan: PrecisionPlan, size: int, prompt: str) -> None:
+    def __init__(
+        self, model, plan: PrecisionPlan, size: int, prompt: str, steps: int, scheduler: str
+    ) -> None:
         import torch
 
         self.model = model
@@ -209,7 +269,8 @@ class _Runner:
         self.device = torch.device(plan.device)
         self.size = size
         self.prompt = prompt
-        self.is_sdxl = hasattr(model.pipeline, "text_encoder_2")
+        self.is_sdxl = getattr(model.pipeline, "text_encoder_2", None) is not None
+        self.timesteps = probe_timesteps(model, steps, scheduler)
 
     def _watch(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
@@ -272,17 +333,17 @@ class _Runner:
         plan: PrecisionPlan,
         conditioning: dict[str, Any],
         record: bool = True,
-        steps: int = PROBE_STEPS,
+        timesteps: list[int] | None = None,
     ) -> _Stage:
+        """Euler steps through `timesteps` (by default the probe's: the first, middle and last
+        timesteps of the user's schedule), from seeded noise, with the CFG batch."""
         import torch
         from diffusers import EulerDiscreteScheduler
 
         def run(pipe):
             unet = pipe.unet
-            scheduler = EulerDiscreteScheduler.from_config(
-                pipe.scheduler.config, timestep_spacing="trailing"
-            )
-            scheduler.set_timesteps(steps, device=self.device)
+            scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+            scheduler.set_timesteps(timesteps=list(timesteps or self.timesteps), device=self.device)
             side = self.size // 8
             generator = torch.Generator().manual_seed(0)
             latents = torch.randn((1, 4, side, side), generator=generator)
@@ -321,25 +382,62 @@ class _Runner:
 
         return self._watch(plan, ["vae"], run, record)
 
-    def unet_step_cost(self, plan: PrecisionPlan, conditioning: dict[str, Any]) -> dict[str, Any]:
-        """Time of one UNet step (CFG batch) and peak device memory with every component placed
-        under `plan`; peak memory only where the device reports it."""
+    def unet_step_costs(
+        self, plans: dict[str, PrecisionPlan], conditioning: dict[str, Any]
+    ) -> dict[str, dict[str, Any]]:
+        """Time of one UNet step (CFG batch) under each plan, measured the same way for all:
+        one warm-up step each, then `COST_ROUNDS` rounds that alternate between the plans, so
+        drift (clocks, caches, other load) hits every plan alike. Reports the median and the
+        spread; peak device memory where the device reports it."""
         import torch
 
-        self.placed.apply(plan)
         counts = parameter_counts(self.model.pipeline)
         cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.denoise(plan, conditioning, record=False, steps=1)  # warm-up
-        stage = self.denoise(plan, conditioning, record=False, steps=2)
-        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None
+        one_step = self.timesteps[len(self.timesteps) // 2 : len(self.timesteps) // 2 + 1]
+        samples: dict[str, list[float]] = {name: [] for name in plans}
+        peaks: dict[str, float | None] = dict.fromkeys(plans)
+        for name, plan in plans.items():  # warm-up, and the peak memory of a step
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self.denoise(plan, conditioning, record=False, timesteps=one_step)
+            if cuda:
+                peaks[name] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        for _ in range(COST_ROUNDS):
+            for name, plan in plans.items():
+                stage = self.denoise(plan, conditioning, record=False, timesteps=one_step)
+                samples[name].append(stage.seconds["unet"] * 1000)
         return {
-            "unet_step_ms": round(stage.seconds["unet"] / 2 * 1000, 2),
-            "peak_memory_mb": round(peak, 1) if peak is not None else None,
-            "weights_mb": round(plan.weights_mb(counts), 1),
+            name: {
+                "unet_step_ms": round(statistics.median(samples[name]), 2),
+                "unet_step_ms_range": [round(min(samples[name]), 2), round(max(samples[name]), 2)],
+                "rounds": COST_ROUNDS,
+                "peak_memory_mb": round(peaks[name], 1) if peaks[name] is not None else None,
+                "weights_mb": round(plan.weights_mb(counts), 1),
+            }
+            for name, plan in plans.items()
         }
+
+
+def probe_timesteps(model, steps: int, scheduler: str) -> list[int]:
+    """Where the check runs the denoiser: the first, the middle and the last timestep of the
+    user's sampler at the user's step count.
+
+    Three are enough because what decides a denoiser's activations is the noise level, through
+    the input's scale and the timestep embedding, and both change monotonically along the
+    schedule: the ends bound them. The first step sees pure noise at the largest sigma; the last
+    sees an almost clean latent at the smallest timestep the sampler ever uses (t=0 for Karras
+    schedules), where faults that only fire at low noise live and where every real image ends.
+    The middle step catches a fault peaked inside the range. The probe integrates with Euler
+    steps between these three, so the latent at each one is a plausible one for its noise level.
+    """
+    from app.core.generation import make_scheduler
+
+    schedule = make_scheduler(scheduler, model.pipeline.scheduler.config, model.prediction_type)
+    schedule.set_timesteps(max(2, steps))
+    timesteps = [int(t) for t in schedule.timesteps]
+    picked = [timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]]
+    return sorted(set(picked), reverse=True)
 
 
 def _all_finite(value: Any) -> bool:
@@ -347,84 +445,6 @@ def _all_finite(value: Any) -> bool:
 
     peak = max_abs(value)
     return peak is None or math.isfinite(float(peak))
-
-
-# --- fixes ---------------------------------------------------------------------------------
-
-
-@dataclass
-class FixCandidate:
-    """One fix to try: the plan to re-run under, the settings it means, and its words."""
-
-    plan: PrecisionPlan
-    settings: dict[str, Any]
-    words: str
-
-
-def _is_attention(module_name: str | None, component_module) -> bool:
-    if not module_name:
-        return False
-    from diffusers.models.attention_processor import Attention
-
-    return isinstance(component_module.get_submodule(module_name), Attention)
-
-
-def candidate_fixes(
-    component: str, plan: PrecisionPlan, first_bad: str | None, module, bf16_native: bool
-) -> Iterator[FixCandidate]:
-    """Fixes for one failing component, cheapest first: reduced-precision accumulation off
-    (CUDA), upcast attention (when the first bad layer is an attention layer), bf16 (where
-    native), fp32 for that component. Whole-model fp32 is the caller's last resort."""
-    words = COMPONENT_WORDS[component]
-    dtype = plan.dtypes[component]
-    reduced = (
-        plan.fp16_accumulation
-        or plan.attention_reduced_precision
-        or plan.fp16_reduced_precision_reduction
-    )
-    if plan.device.startswith("cuda") and dtype != "fp32" and reduced:
-        yield FixCandidate(
-            replace(
-                plan,
-                fp16_accumulation=False,
-                attention_reduced_precision=False,
-                fp16_reduced_precision_reduction=False,
-            ),
-            {
-                "fp16_accumulation": False,
-                "attention_reduced_precision": False,
-                "fp16_reduced_precision_reduction": False,
-            },
-            "turn off reduced-precision accumulation",
-        )
-    if (
-        component in ("unet", "vae")
-        and not plan.upcast_attention
-        and _is_attention(first_bad, module)
-    ):
-        yield FixCandidate(
-            replace(plan, upcast_attention=True),
-            {"upcast_attention": True},
-            "upcast attention to fp32",
-        )
-    shared = [c for c in plan.dtypes if COMPONENT_SETTING[c] == COMPONENT_SETTING[component]]
-    setting = COMPONENT_SETTING[component]
-    if dtype == "fp16" and bf16_native:
-        yield FixCandidate(
-            plan.with_dtypes(**{c: "bf16" for c in shared}),
-            {setting: "bf16"},
-            f"run the {words} in bf16",
-        )
-    if dtype != "fp32":
-        yield FixCandidate(
-            plan.with_dtypes(**{c: "fp32" for c in shared}),
-            {setting: "fp32"},
-            f"run the {words} in fp32",
-        )
-
-
-def _no_half(plan: PrecisionPlan) -> PrecisionPlan:
-    return plan.with_dtypes(**{c: "fp32" for c in plan.dtypes})
 
 
 # --- the check -----------------------------------------------------------------------------
@@ -436,6 +456,8 @@ def check_model(
     precision: PrecisionSettings,
     device: str = "auto",
     size: int | None = None,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
     vae: str | None = None,
     allow_pickle: bool = False,
     on_progress: ProgressCallback | None = None,
@@ -448,8 +470,72 @@ def check_model(
         source, vae=vae, allow_pickle=allow_pickle, on_progress=on_progress, cancel=cancel
     )
     return check_loaded(
-        model, precision=precision, device=device, size=size, on_progress=on_progress, cancel=cancel
+        model,
+        precision=precision,
+        device=device,
+        size=size,
+        steps=steps,
+        scheduler=scheduler,
+        on_progress=on_progress,
+        cancel=cancel,
     )
+
+
+class _Observations:
+    """Every recorded run of every component, by dtype: what `precisions` is built from."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, dict[str, ProbeResult]] = {}
+
+    def add(self, stage: _Stage, plan: PrecisionPlan) -> _Stage:
+        for name, probe in stage.probes.items():
+            self.runs.setdefault(name, {}).setdefault(plan.dtypes[name], probe)
+        return stage
+
+    def precisions(self, name: str, broken_weights: bool) -> dict[str, PrecisionOutcome]:
+        runs = self.runs.get(name, {})
+        finite = [p for p in runs.values() if not p.non_finite]
+        widest = max(finite, key=lambda p: p.max_abs, default=None)
+        outcomes = {}
+        for dtype in HALF_DTYPES:
+            if broken_weights:
+                outcomes[dtype] = PrecisionOutcome(Status.BROKEN_WEIGHTS, False)
+            elif dtype in runs:
+                outcomes[dtype] = PrecisionOutcome(_measured_status(runs[dtype], dtype), True)
+            elif widest is None:  # nothing ran finite: no half precision will either
+                outcomes[dtype] = PrecisionOutcome(Status.NAN, False)
+            elif dtype == "bf16":  # fp32's range: only a value past 3.4e38 overflows it
+                outcomes[dtype] = PrecisionOutcome(Status.OK, False)
+            else:
+                outcomes[dtype] = PrecisionOutcome(status_from_peak(widest.max_abs), False)
+        return outcomes
+
+
+def _measured_status(probe: ProbeResult, dtype: str) -> Status:
+    """A run's status; only fp16's range makes a large finite value a risk."""
+    if probe.non_finite:
+        bad = probe.first_bad_module()
+        return Status.OVERFLOW if bad is not None and bad.overflow else Status.NAN
+    if dtype == "fp16" and probe.max_abs > FP16_MAX / AT_RISK_HEADROOM:
+        return Status.AT_RISK
+    return Status.OK
+
+
+@dataclass
+class _Search:
+    """The fix search's running state across the stages."""
+
+    plan: PrecisionPlan  # every fix found so far, on top of the tested plan
+    settings: dict[str, Any] = field(default_factory=dict)
+    words: list[str] = field(default_factory=list)
+    qualities: dict[str, Quality] = field(default_factory=dict)  # per repaired component
+    rejected: list[str] = field(default_factory=list)  # finite but wrong: never a fix
+    unfixed: list[str] = field(default_factory=list)
+
+    def accept(self, candidate: FixCandidate) -> None:
+        self.plan = candidate.plan
+        self.settings.update(candidate.settings)
+        self.words.append(candidate.words)
 
 
 def check_loaded(
@@ -458,6 +544,8 @@ def check_loaded(
     precision: PrecisionSettings,
     device: str = "auto",
     size: int | None = None,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
     prompt: str = DEFAULT_PROMPT,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
@@ -466,10 +554,11 @@ def check_loaded(
 ) -> HealthReport:
     """Check a loaded model on `device` under the user's precision settings.
 
-    Runs on the calling thread and takes seconds on a GPU. Side effects: components are copied
-    to the device for the duration (released at the end), and a verified fix is stored in the
-    model's remembered profile (unless `remember` is False). With `measure_cost`, a verified
-    fix is also timed against no-half: a few extra UNet steps under each.
+    `steps` and `scheduler` are the user's sampler settings: the denoiser is probed at the first,
+    middle and last timesteps of that schedule. Runs on the calling thread and takes seconds on a
+    GPU. Side effects: components are copied to the device for the duration (released at the
+    end), and a verified fix is stored in the model's remembered profile (unless `remember` is
+    False). With `measure_cost`, a verified fix is also timed against no-half, alternating.
     """
     import torch
 
@@ -485,15 +574,11 @@ def check_loaded(
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
     remembered = profiles.remembered_fix(model.profile_key, info.name)
-    pipeline = model.pipeline
-    vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
-    plan = resolve_plan(
+    plan = diagnosis.plan_for_model(
+        model,
         precision,
         device=torch_device,
-        components=pipeline_components(pipeline),
         device_info=info,
-        vae_needs_fp32=bool(getattr(vae_config, "force_upcast", False))
-        and model.architecture == "sdxl",
         remembered=remembered.settings if remembered else None,
     )
     notes = list(plan.warnings)
@@ -501,25 +586,24 @@ def check_loaded(
         notes.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"
         )
-
     bad_weights = sorted(model.weights.non_finite)
     broken = {component_of_tensor(name) for name in bad_weights}
-    runner = _Runner(model, plan, size, prompt)
+    runner = _Runner(model, plan, size, prompt, steps, scheduler)
+    seen = _Observations()
+    search = _Search(plan)
+    bf16_native = getattr(info, "bf16", None) == "native"
+    reports: dict[str, ComponentReport] = {}
+    first_probes: dict[str, ProbeResult] = {}
     try:
-        bf16_native = getattr(info, "bf16", None) == "native"
-        reports: dict[str, ComponentReport] = {}
-        fix_plan = plan
-        fix_settings: dict[str, Any] = {}
-        fix_words: list[str] = []
-        unfixed: list[str] = []
-        first_probes: dict[str, ProbeResult] = {}
 
         def settle(
-            stage_fn: Callable[[PrecisionPlan], _Stage], names: list[str], first: _Stage
+            stage_fn: Callable[[PrecisionPlan, bool], _Stage], names: list[str], first: _Stage
         ) -> _Stage:
-            """Report each component of a stage and, for one that failed, find its fix."""
-            nonlocal fix_plan
+            """Report each component of a stage and, for one that failed, find its fix: the
+            cheapest candidate whose re-run is finite and agrees with the fp32 reference."""
+            seen.add(first, search.plan)
             good = first
+            reference: _Stage | None = None
             for name in names:
                 probe = first_probes[name] = first.probes[name]
                 verify: ProbeResult | None = None
@@ -528,20 +612,31 @@ def check_loaded(
                 elif probe.non_finite and good is not first and not good.probes[name].non_finite:
                     verify = good.probes[name]  # the fix found for a sibling fixed this one too
                 elif probe.non_finite:
+                    if reference is None:
+                        progress("Running the fp32 reference", 0, 1)
+                        reference = stage_fn(diagnosis.fp32_reference(search.plan), False)
                     module = runner.placed[name]
                     for candidate in candidate_fixes(
-                        name, fix_plan, _first_bad_name(probe), module, bf16_native
+                        name, search.plan, _first_bad_name(probe), module, bf16_native
                     ):
                         cancel.raise_if_cancelled()
                         progress(f"Trying a fix: {candidate.words}", 0, 1)
-                        retry = stage_fn(candidate.plan)
-                        if not retry.probes[name].non_finite:
-                            fix_plan, verify, good = candidate.plan, retry.probes[name], retry
-                            fix_settings.update(candidate.settings)
-                            fix_words.append(candidate.words)
-                            break
+                        retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
+                        if retry.probes[name].non_finite:
+                            continue
+                        quality = diagnosis.compare(retry.output, reference.output)
+                        if not quality.passed:
+                            search.rejected.append(
+                                f"{_sentence_case(candidate.words)} gave finite output that differs "
+                                f"from the fp32 reference ({quality.words()}): not a fix."
+                            )
+                            continue
+                        search.accept(candidate)
+                        search.qualities[name] = quality
+                        verify, good = retry.probes[name], retry
+                        break
                     if verify is None:
-                        unfixed.append(name)
+                        search.unfixed.append(name)
                 reports[name] = _component_report(
                     name,
                     plan.dtypes[name],
@@ -557,15 +652,15 @@ def check_loaded(
         progress("Checking the text encoder", 0, total)
         cancel.raise_if_cancelled()
         te_names = [n for n in ("text_encoder", "text_encoder_2") if n in plan.dtypes]
-        encoded = settle(lambda p: runner.encode(p), te_names, runner.encode(plan))
+        encoded = settle(runner.encode, te_names, runner.encode(plan))
 
         progress("Checking the UNet", 1, total)
         cancel.raise_if_cancelled()
         conditioning = encoded.output
         denoised = settle(
-            lambda p: runner.denoise(p, conditioning),
+            lambda p, record: runner.denoise(p, conditioning, record),
             ["unet"],
-            runner.denoise(fix_plan, conditioning),
+            runner.denoise(search.plan, conditioning),
         )
 
         progress("Checking the VAE", 2, total)
@@ -575,48 +670,28 @@ def check_loaded(
             latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
                 latents.device
             )
-        settle(lambda p: runner.decode(p, latents), ["vae"], runner.decode(fix_plan, latents))
+        settle(
+            lambda p, record: runner.decode(p, latents, record),
+            ["vae"],
+            runner.decode(search.plan, latents),
+        )
 
-        # Last resort: the whole model in fp32, re-run end to end.
-        if unfixed and not broken and any(d != "fp32" for d in plan.dtypes.values()):
-            cancel.raise_if_cancelled()
-            progress("Trying a fix: everything in fp32", 2, total)
-            full = _no_half(fix_plan)
-            encoded32 = runner.encode(full)
-            unet32 = runner.denoise(full, encoded32.output)
-            vae32 = runner.decode(full, unet32.output)
-            stages = {**encoded32.probes, **unet32.probes, **vae32.probes}
-            if not any(p.non_finite for p in stages.values()):
-                fix_plan, fix_settings, fix_words = (
-                    full,
-                    {"no_half": True},
-                    ["run everything in fp32"],
-                )
-                for name in unfixed:
-                    old = reports[name]
-                    reports[name] = _component_report(
-                        name,
-                        old.dtype,
-                        first_probes[name],
-                        stages[name],
-                        old.seconds,
-                        runner.placed[name],
-                        False,
-                    )
-                unfixed = []
+        _last_resort(runner, search, seen, reports, first_probes, plan, broken, progress, cancel)
 
         for name, probe in first_probes.items():
             root = probe.modules.get("")
             if probe.first_bad_module() is None and root is not None and root.non_finite:
                 notes.append(
-                    f"The {COMPONENT_WORDS[name]} received values already beyond fp16's "
+                    f"The {component_words(name)} received values already beyond fp16's "
                     "range from the part before it, so no layer inside it is to blame."
                 )
-        failed = [
-            n for n, r in reports.items() if r.status in ("overflow", "nan", "broken_weights")
-        ]
-        if broken or unfixed:
-            verdict, fix = "broken", None
+        for name, report in reports.items():
+            report.precisions = seen.precisions(name, name in broken)
+        failed = [n for n, r in reports.items() if r.status.failed]
+        notes.extend(search.rejected)
+        fix = None
+        if broken or search.unfixed:
+            verdict = Verdict.BROKEN
             if broken:
                 notes.append(
                     "The weights themselves hold NaN or Inf values: this file is damaged, "
@@ -624,25 +699,31 @@ def check_loaded(
                 )
             else:
                 notes.append(
-                    f"The {', '.join(COMPONENT_WORDS[n] for n in unfixed)} gives "
-                    "non-finite output even in fp32: the model itself is broken."
+                    f"The {join_words(search.unfixed)} gives no finite output that agrees with "
+                    "fp32 under any precision setting: the model itself is broken."
                 )
         elif failed:
-            verdict = "fixable"
-            summary = _fix_summary(failed, fix_words, plan, fix_plan)
-            fix = Fix(fix_plan, fix_settings, summary, verified=True)
+            verdict = Verdict.FIXABLE
+            quality = min(search.qualities.values(), key=lambda q: q.value, default=None)
+            fix = Fix(
+                search.plan,
+                search.settings,
+                _fix_summary(failed, search.words, plan, search.plan, quality),
+                verified=quality is not None and quality.passed,
+                quality=quality,
+                steps=list(search.words),
+            )
             if measure_cost:
                 progress("Measuring the cost of the fix", 3, total)
-                fix.cost = {
-                    "fix": runner.unet_step_cost(fix_plan, conditioning),
-                    "no_half": runner.unet_step_cost(_no_half(plan), conditioning),
-                }
-            if remember:
+                fix.cost = runner.unet_step_costs(
+                    {"fix": search.plan, "no_half": no_half(plan)}, conditioning
+                )
+            if remember and fix.verified:
                 profiles.remember_fix(
-                    model.profile_key, info.name, fix_settings, summary, "health check"
+                    model.profile_key, info.name, search.settings, fix.summary, "health check"
                 )
         else:
-            verdict, fix = "healthy", None
+            verdict = Verdict.HEALTHY
     finally:
         # Also on cancel or error: drop the device copies and hand cached memory back.
         runner.placed.release()
@@ -665,7 +746,62 @@ def check_loaded(
         seconds=time.perf_counter() - started,
         notes=notes,
         versions=_versions(),
+        remembered=remembered.summary if remembered else None,
+        timesteps=runner.timesteps,
+        advice=_advice(reports, plan, bf16_native) if verdict is Verdict.HEALTHY else None,
     )
+
+
+def _last_resort(runner, search, seen, reports, first_probes, plan, broken, progress, cancel):
+    """The whole model in fp32, re-run end to end, when no single-component fix worked."""
+    if not search.unfixed or broken or all(d == "fp32" for d in plan.dtypes.values()):
+        return
+    cancel.raise_if_cancelled()
+    progress("Trying a fix: everything in fp32", 2, 3)
+    candidate = diagnosis.everything_fp32(search.plan)
+    full = candidate.plan
+    encoded = seen.add(runner.encode(full), full)
+    unet = seen.add(runner.denoise(full, encoded.output), full)
+    vae = seen.add(runner.decode(full, unet.output), full)
+    stages = {**encoded.probes, **unet.probes, **vae.probes}
+    if any(p.non_finite for p in stages.values()):
+        return
+    search.plan, search.settings, search.words = full, dict(candidate.settings), [candidate.words]
+    for name in search.unfixed:
+        old = reports[name]
+        reports[name] = _component_report(
+            name,
+            old.dtype,
+            first_probes[name],
+            stages[name],
+            old.seconds,
+            runner.placed[name],
+            False,
+        )
+        # Everything in fp32 is the reference itself.
+        search.qualities[name] = Quality(diagnosis.QUALITY_CEILING_DB)
+    search.unfixed = []
+
+
+def _advice(
+    reports: dict[str, ComponentReport], plan: PrecisionPlan, bf16_native: bool
+) -> Advice | None:
+    """For a healthy check that ran some component wider than fp16: how to move to fp16
+    safely, keeping only the components predicted (or measured) to overflow there wider."""
+    wider = [n for n, r in reports.items() if r.dtype != "fp16"]
+    if not wider:
+        return None
+    overflowing = [
+        n
+        for n in wider
+        if reports[n].precisions.get("fp16", PrecisionOutcome(Status.OK, False)).status.failed
+    ]
+    settings: dict[str, Any] = {"no_half": False, "no_half_vae": False, "precision": "fp16"}
+    for name in reports:
+        keep = "bf16" if bf16_native else "fp32"
+        settings[COMPONENTS[name].setting] = keep if name in overflowing else "fp16"
+    measured = all(reports[n].precisions["fp16"].measured for n in wider)
+    return Advice(in_run_order(overflowing), settings, measured)
 
 
 def _first_bad_name(probe: ProbeResult) -> str | None:
@@ -684,22 +820,23 @@ def _component_report(
 ) -> ComponentReport:
     first_bad = probe.first_bad_module()
     if broken_weights:
-        status = "broken_weights"
+        status = Status.BROKEN_WEIGHTS
     elif probe.non_finite:
-        # Softmax turns inf scores into NaN, so NaN out of an attention layer whose inputs were
-        # finite is an overflow of its scores, not a NaN from nowhere.
         overflowed = first_bad is not None and (
-            first_bad.overflow or _is_attention(first_bad.name, module)
+            first_bad.overflow or diagnosis.is_attention_overflow(first_bad.name, module)
         )
-        status = "overflow" if overflowed else "nan"
+        status = Status.OVERFLOW if overflowed else Status.NAN
     else:
-        status = "ok"
+        status = Status.OK
     measured = verify if verify is not None else probe
     peak = measured.max_abs if not (measured.non_finite and verify is None) else None
     headroom = FP16_MAX / peak if peak else None
-    if status == "ok" and headroom is not None and headroom < AT_RISK_HEADROOM:
-        status = "at_risk"
-    report = ComponentReport(
+    # Within 2x of 65504 is a risk only for a component that runs in fp16; a wider run's
+    # large values are reported under `precisions` as what fp16 would do.
+    if status is Status.OK and dtype == "fp16" and headroom and headroom < AT_RISK_HEADROOM:
+        status = Status.AT_RISK
+    over = probe.first_over_fp16() if dtype != "fp16" and not probe.non_finite else None
+    return ComponentReport(
         name=name,
         dtype=dtype,
         status=status,
@@ -708,53 +845,48 @@ def _component_report(
         first_bad_module=first_bad.name if first_bad else None,
         seconds=seconds,
         blocks=_blocks(probe, module) if module is not None else [],
+        predicted_first_bad_module=over.name if over else None,
     )
-    if dtype != "fp16" and not probe.non_finite:
-        over = probe.first_over_fp16()
-        report.predicted_fp16 = (
-            "overflow"
-            if probe.max_abs > FP16_MAX
-            else "at_risk"
-            if headroom and headroom < AT_RISK_HEADROOM
-            else "ok"
-        )
-        report.predicted_first_bad_module = over.name if over else None
-    return report
 
 
 def _blocks(probe: ProbeResult, module) -> list[dict[str, Any]]:
+    """Per top-level block, in run order: the largest activation anywhere inside it."""
     rows = []
     for name in top_blocks(module):
         stats = probe.modules.get(name)
-        if stats is not None:
-            rows.append(
-                (
-                    stats.order,
-                    {
-                        "module": name,
-                        "max_abs": stats.max_abs if stats.max_abs else None,
-                        "non_finite": stats.non_finite,
-                    },
-                )
-            )
+        if stats is None:
+            continue
+        peak, non_finite = probe.within(name)
+        rows.append(
+            (stats.order, {"module": name, "max_abs": peak or None, "non_finite": non_finite})
+        )
     return [row for _, row in sorted(rows, key=lambda r: r[0])]
 
 
 def _fix_summary(
-    failed: list[str], fix_words: list[str], tested: PrecisionPlan, fixed: PrecisionPlan
+    failed: list[str],
+    fix_words: list[str],
+    tested: PrecisionPlan,
+    fixed: PrecisionPlan,
+    quality: Quality | None,
 ) -> str:
-    parts = " and ".join(COMPONENT_WORDS[n] for n in failed)
     steps = "; ".join(fix_words)
-    kept = [COMPONENT_WORDS[c] for c, d in tested.dtypes.items() if fixed.dtypes[c] == d]
+    kept = [component_words(c) for c, d in tested.dtypes.items() if fixed.dtypes[c] == d]
     rest = (
         f" The {', '.join(kept)} keep{'s' if len(kept) == 1 else ''} {_their(kept)} precision."
         if kept
         else ""
     )
-    return (
-        f"The {parts} overflowed; fix: {steps}. Verified by re-running it with the fix, "
-        f"which gave finite output.{rest}"
+    proof = (
+        f"Verified by re-running it with the fix: finite, and {quality.words()}."
+        if quality is not None
+        else "Not verified."
     )
+    return f"The {join_words(in_run_order(failed))} overflowed; fix: {steps}. {proof}{rest}"
+
+
+def _sentence_case(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _their(parts: list[str]) -> str:
@@ -776,81 +908,135 @@ def _versions() -> dict[str, str]:
 
 # --- presenting the report -----------------------------------------------------------------
 
-_STATUS_WORDS = {
-    "ok": "ok",
-    "at_risk": "close to the fp16 limit",
-    "overflow": "OVERFLOWS",
-    "nan": "goes NaN",
-    "broken_weights": "damaged weights",
+STATUS_WORDS = {
+    Status.OK: "ok",
+    Status.AT_RISK: "close to the fp16 limit",
+    Status.OVERFLOW: "OVERFLOWS",
+    Status.NAN: "goes NaN",
+    Status.BROKEN_WEIGHTS: "damaged weights",
 }
+
+
+def tested_words(plan: PrecisionPlan) -> str:
+    """'no-half', 'fp16', 'fp16, VAE in fp32': the precisions a check ran with, briefly."""
+    dtypes = plan.dtypes
+    if all(d == "fp32" for d in dtypes.values()):
+        return "no-half"
+    counts: dict[str, int] = {}
+    for dtype in dtypes.values():
+        counts[dtype] = counts.get(dtype, 0) + 1
+    base = max(counts, key=lambda d: counts[d])
+    others = [f"{component_words(n)} in {d}" for n, d in dtypes.items() if d != base]
+    return ", ".join([base, *others])
+
+
+def _factor(peak: float | None) -> str:
+    """' 27x', ' 402,000x': by how much a peak passes 65504 ('' when it does not)."""
+    if not peak or peak <= FP16_MAX:
+        return ""
+    ratio = peak / FP16_MAX
+    return f" {ratio:.2g}x" if ratio < 10 else f" {float(f'{ratio:.3g}'):,.0f}x"
+
+
+def headline(report: HealthReport) -> str:
+    """The first line of every rendering of a report (CLI, Markdown, the GUI's banner)."""
+    tested = tested_words(report.plan)
+    components = report.components
+    if report.verdict is Verdict.BROKEN:
+        if report.weights_non_finite:
+            return (
+                "Broken: the weights hold NaN or Inf values; no precision setting can repair "
+                "this file."
+            )
+        failed = [n for n, c in components.items() if c.status.failed]
+        return (
+            f"Broken: the {join_words(failed or list(components))} gives no finite output that "
+            "agrees with fp32 under any precision setting."
+        )
+    if report.verdict is Verdict.FIXABLE and report.fix is not None:
+        failed = [n for n, c in components.items() if c.status.failed]
+        peak = max((components[n].max_abs or 0.0 for n in failed), default=0.0)
+        how = (
+            "overflows"
+            if any(components[n].status is Status.OVERFLOW for n in failed)
+            else "goes NaN"
+        )
+        proof = (
+            f"verified fix ({report.fix.quality.words()})"
+            if report.fix.verified and report.fix.quality
+            else "unverified fix"
+        )
+        words_ = "; ".join(report.fix.steps)
+        return (
+            f"Fixable: at your settings ({tested}) the {join_words(failed)} {how}"
+            f"{_factor(peak)}; {proof}: {words_}."
+        )
+    where = (
+        "Safe with the fix remembered for this model"
+        if report.remembered
+        else f"Safe at your settings ({tested})"
+    )
+    advice = report.advice
+    if advice is not None and advice.overflowing:
+        peak = max((components[n].max_abs or 0.0 for n in advice.overflowing), default=0.0)
+        keep = {advice.settings[COMPONENTS[n].setting] for n in advice.overflowing}
+        basis = "measured" if advice.measured else "predicted from this run"
+        return (
+            f"{where}. In fp16 the {join_words(advice.overflowing)} would overflow"
+            f"{_factor(peak)} ({basis}): keep only the {join_words(advice.overflowing)} in "
+            f"{' or '.join(sorted(keep))} and run the rest in fp16."
+        )
+    at_risk = [n for n, c in components.items() if c.status is Status.AT_RISK]
+    risk = (
+        f"; the {join_words(at_risk)} comes within {AT_RISK_HEADROOM:g}x of fp16's limit, so a "
+        "larger image or another prompt may overflow it"
+        if at_risk
+        else ""
+    )
+    if advice is not None:
+        return f"{where}, and fp16 would be safe too (predicted from this run){risk}."
+    return f"Healthy at your settings ({tested}): nothing overflowed{risk}."
 
 
 def _fmt_number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def format_report(report: HealthReport) -> str:
-    """The human-readable report `halfsafe check` prints."""
-    lines = [
-        f"Model:   {report.model['source']} ({report.model['architecture']}, {report.model['format']})",
-        f"Device:  {report.device['name']} ({report.device['kind']}), probed at "
-        f"{report.size}x{report.size}",
-        "Tested:  "
-        + ", ".join(f"{k} {v}" for k, v in report.plan.dtypes.items())
-        + (", upcast attention" if report.plan.upcast_attention else ""),
-        "",
-        f"{'component':<16}{'status':<26}{'max |x|':>10}{'headroom':>10}  first bad layer",
-    ]
-    for name, c in report.components.items():
-        lines.append(
-            f"{name:<16}{_STATUS_WORDS[c.status]:<26}{_fmt_number(c.max_abs):>10}"
-            f"{_fmt_number(c.headroom):>10}  {c.first_bad_module or '-'}"
-        )
-        if c.predicted_fp16 and c.predicted_fp16 != "ok":
-            where = f" at {c.predicted_first_bad_module}" if c.predicted_first_bad_module else ""
-            lines.append(
-                f"{'':<16}in fp16 this would {'overflow' if c.predicted_fp16 == 'overflow' else 'come close to overflowing'}{where}"
-            )
-    lines.append("")
-    if report.weights_non_finite:
-        lines.append(
-            f"Damaged tensors: {', '.join(report.weights_non_finite[:5])}"
-            + (" ..." if len(report.weights_non_finite) > 5 else "")
-        )
-    verdicts = {
-        "healthy": "HEALTHY: nothing overflowed.",
-        "fixable": "FIXABLE: something overflowed, and a verified fix exists.",
-        "broken": "BROKEN: no precision setting gives finite output.",
-    }
-    lines.append(f"Verdict: {verdicts[report.verdict]}")
-    if report.fix:
-        lines.append(f"Fix:     {report.fix.summary}")
-        lines.append("Apply:   " + " ".join(_flag(k, v) for k, v in report.fix.settings.items()))
-        fix_cost, half_cost = report.fix.cost.get("fix", {}), report.fix.cost.get("no_half", {})
-        if fix_cost:
-            lines.append(
-                f"Cost:    {_cost_words(fix_cost)} with the fix; "
-                f"{_cost_words(half_cost)} with --no-half"
-            )
-    for note in report.notes:
-        lines.append(f"Note:    {note}")
-    lines.append(f"Checked in {report.seconds:.2f} s.")
-    return "\n".join(lines)
+def precision_words(component: ComponentReport) -> str:
+    """'fp16 overflows (predicted), bf16 ok (measured)' for one component."""
+    return ", ".join(
+        f"{dtype} {STATUS_WORDS[o.status].lower()} ({'measured' if o.measured else 'predicted'})"
+        for dtype, o in component.precisions.items()
+    )
 
 
-def _flag(key: str, value: Any) -> str:
-    from app.core.settings import FIELDS
-
-    flag = "--" + FIELDS[key].flag_name
+def flag(key: str, value: Any) -> str:
+    """A setting as the CLI flag that sets it ('' for a switch already at its default)."""
+    field_ = FIELDS[key]
+    name = "--" + field_.flag_name
     if isinstance(value, bool):
-        return flag if value else f"--no-{FIELDS[key].flag_name}" if FIELDS[key].default else ""
-    return f"{flag} {value}"
+        if value:
+            return name
+        return f"--no-{field_.flag_name}" if field_.default else ""
+    return f"{name} {value}"
 
 
-def _cost_words(cost: dict[str, Any]) -> str:
+def flags(settings: dict[str, Any]) -> str:
+    return " ".join(f for f in (flag(k, v) for k, v in settings.items()) if f)
+
+
+def cost_words(cost: dict[str, Any]) -> str:
     parts = []
     if cost.get("unet_step_ms") is not None:
-        parts.append(f"{cost['unet_step_ms']:.1f} ms per UNet step")
+        spread = cost.get("unet_step_ms_range")
+        parts.append(
+            f"{cost['unet_step_ms']:.1f} ms per UNet step"
+            + (
+                f" ({spread[0]:.1f}-{spread[1]:.1f} over {cost.get('rounds')} runs)"
+                if spread
+                else ""
+            )
+        )
     if cost.get("peak_memory_mb") is not None:
         parts.append(f"{cost['peak_memory_mb']:.0f} MB peak")
     if cost.get("weights_mb") is not None:
@@ -858,35 +1044,58 @@ def _cost_words(cost: dict[str, Any]) -> str:
     return ", ".join(parts) or "not measured"
 
 
+def cost_comparison(cost: dict[str, dict[str, Any]]) -> str:
+    """One sentence comparing the fix's step time with no-half's, honest about noise: when the
+    two ranges overlap the measurement cannot tell them apart, and says so."""
+    fix, half = cost.get("fix") or {}, cost.get("no_half") or {}
+    fast, slow = fix.get("unet_step_ms"), half.get("unet_step_ms")
+    if not fast or not slow:
+        return ""
+    fix_range = fix.get("unet_step_ms_range") or [fast, fast]
+    half_range = half.get("unet_step_ms_range") or [slow, slow]
+    if fix_range[1] >= half_range[0] and half_range[1] >= fix_range[0]:
+        return (
+            "Per UNet step the fix and no-half took the same time within this measurement's noise."
+        )
+    if slow > fast:
+        return f"Per UNet step the fix was {slow / fast:.2g}x as fast as no-half."
+    return f"Per UNet step the fix was {fast / slow:.2g}x as slow as no-half on this device."
+
+
 def markdown_report(report: HealthReport) -> str:
     """A Markdown report to paste into a bug report: versions, device, model, table, fix."""
     v = report.versions
     rows = "\n".join(
-        f"| {n} | {c.dtype} | {_STATUS_WORDS[c.status]} | {_fmt_number(c.max_abs)} | "
-        f"{_fmt_number(c.headroom)} | {('`' + c.first_bad_module + '`') if c.first_bad_module else '-'} |"
+        f"| {n} | {c.dtype} | {STATUS_WORDS[c.status]} | {_fmt_number(c.max_abs)} | "
+        f"{_fmt_number(c.headroom)} | {('`' + c.first_bad_module + '`') if c.first_bad_module else '-'} "
+        f"| {precision_words(c)} |"
         for n, c in report.components.items()
     )
-    fix = "None needed." if report.verdict == "healthy" else "None: the model is broken."
+    fix = "None needed." if report.verdict is Verdict.HEALTHY else "None: the model is broken."
     if report.fix:
-        fix = (
-            f"{report.fix.summary}\n\nSettings: `"
-            + " ".join(_flag(k, val) for k, val in report.fix.settings.items())
-            + "`\n\n"
-            f"Cost: {_cost_words(report.fix.cost.get('fix', {}))} with the fix; "
-            f"{_cost_words(report.fix.cost.get('no_half', {}))} with no-half."
-        )
+        cost = report.fix.cost
+        fix = f"{report.fix.summary}\n\nSettings: `{flags(report.fix.settings)}`"
+        if cost:
+            fix += (
+                f"\n\nCost: {cost_words(cost.get('fix', {}))} with the fix; "
+                f"{cost_words(cost.get('no_half', {}))} with no-half. {cost_comparison(cost)}"
+            )
+    elif report.advice is not None and report.advice.overflowing:
+        fix = f"To run in fp16: `{flags(report.advice.settings)}` (not verified on this device)."
     notes = "".join(f"- {n}\n" for n in report.notes)
     return (
         f"# HalfSafe health check: {report.model.get('name', report.model['source'])}\n\n"
-        f"- Verdict: **{report.verdict}**\n"
+        f"**{report.headline}**\n\n"
+        f"- Verdict: **{report.verdict.value}**\n"
         f"- Model: `{report.model['source']}` ({report.model['architecture']}, "
         f"{report.model['format']})\n"
         f"- Device: {report.device['name']} ({report.device['kind']})\n"
         f"- Versions: HalfSafe {v.get('halfsafe')}, torch {v.get('torch')}, diffusers "
         f"{v.get('diffusers')}" + (f", CUDA {v['cuda']}" if v.get("cuda") else "") + "\n"
-        f"- Probe size: {report.size}x{report.size}; check took {report.seconds:.2f} s\n\n"
-        "| component | dtype | status | max abs | headroom | first bad layer |\n"
-        "|---|---|---|---|---|---|\n"
+        f"- Probe size: {report.size}x{report.size}, timesteps "
+        f"{', '.join(map(str, report.timesteps))}; check took {report.seconds:.2f} s\n\n"
+        "| component | dtype | status | max abs | headroom | first bad layer | half precisions |\n"
+        "|---|---|---|---|---|---|---|\n"
         f"{rows}\n\n## Fix\n\n{fix}\n" + (f"\n## Notes\n\n{notes}" if notes else "")
     )
 

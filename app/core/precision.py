@@ -16,18 +16,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.core.components import COMPONENTS as ALL_COMPONENTS
+from app.core.components import FP16_MAX, RUN_ORDER, SETTING_FOLLOWS
 from app.core.settings import PrecisionSettings
 
-FP16_MAX = 65504.0
+__all__ = ["FP16_MAX"]
+
 DTYPE_NAMES = ("fp16", "bf16", "fp32")
 # Components we place and check, in the order a pipeline runs them.
-COMPONENTS = ("text_encoder", "text_encoder_2", "unet", "vae")
-COMPONENT_SETTING = {
-    "text_encoder": "text_encoder_precision",
-    "text_encoder_2": "text_encoder_precision",
-    "unet": "unet_precision",
-    "vae": "vae_precision",
-}
+COMPONENTS = RUN_ORDER
+COMPONENT_SETTING = {c.name: c.setting for c in ALL_COMPONENTS.values()}
 _BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
@@ -76,13 +74,14 @@ class PrecisionPlan:
         """The plan written back as settings values, with nothing left on `auto`."""
         dtypes = set(self.dtypes.values())
         base = dtypes.pop() if len(dtypes) == 1 else "fp16" if "fp16" in dtypes else "mixed"
-        te = [self.dtypes[c] for c in ("text_encoder", "text_encoder_2") if c in self.dtypes]
+        first_encoder = self.dtypes.get("text_encoder", base)
         return {
             "device": self.device,
             "precision": base,
             "unet_precision": self.dtypes.get("unet", base),
             "vae_precision": self.dtypes.get("vae", base),
-            "text_encoder_precision": te[0] if te else base,
+            "text_encoder_precision": first_encoder,
+            "text_encoder_2_precision": self.dtypes.get("text_encoder_2", first_encoder),
             "no_half": all(d == "fp32" for d in self.dtypes.values()),
             "no_half_vae": self.dtypes.get("vae") == "fp32",
             "upcast_attention": self.upcast_attention,
@@ -159,6 +158,8 @@ def resolve_plan(
             dtypes[component], reasons[key] = "fp32", "No-half-VAE is on: the VAE runs in fp32."
         elif chosen[key] != "auto":
             dtypes[component] = chosen[key]
+        elif chosen.get(SETTING_FOLLOWS.get(key, ""), "auto") != "auto":
+            dtypes[component] = chosen[SETTING_FOLLOWS[key]]
         elif component == "vae" and vae_needs_fp32 and base == "fp16":
             dtypes[component] = "fp32"
             reasons[key] = (
@@ -174,21 +175,26 @@ def resolve_plan(
         if key in from_memory or ("no_half" in from_memory and chosen["no_half"]):
             reasons[key] = "A fix verified for this model on this device is remembered."
 
-        explicit = user[key] != "auto" or user["precision"] != "auto"
+        follows = SETTING_FOLLOWS.get(key)
+        explicit = (
+            user[key] != "auto"
+            or user["precision"] != "auto"
+            or (follows is not None and user[follows] != "auto")
+        )
         name = dtypes[component]
         if explicit and name == "bf16" and bf16_class != "native":
             warnings.append(
-                f"{component} runs in bf16 as you asked, but this device has no "
+                f"The {ALL_COMPONENTS[component].words} runs in bf16 as you asked, but this device has no "
                 "native bf16: expect it to be slow or to fail."
             )
         elif explicit and name == "fp16" and kind == "cpu":
             warnings.append(
-                f"{component} runs in fp16 as you asked; on a CPU fp16 is slow and "
+                f"The {ALL_COMPONENTS[component].words} runs in fp16 as you asked; on a CPU fp16 is slow and "
                 "fp32 is the usual choice."
             )
         elif explicit and name == "fp16" and fp16_class == "unreliable":
             warnings.append(
-                f"{component} runs in fp16 as you asked, but this GPU is known to "
+                f"The {ALL_COMPONENTS[component].words} runs in fp16 as you asked, but this GPU is known to "
                 "return NaN from some fp16 operations."
             )
 

@@ -13,10 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-FP16_MAX = 65504.0
+from app.core.components import FP16_MAX
+
+__all__ = ["FP16_MAX", "ActivationRecorder", "ProbeResult", "float_tensors", "max_abs"]
 
 
-def _float_tensors(value: Any) -> Iterable[Any]:
+def float_tensors(value: Any) -> Iterable[Any]:
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -24,10 +26,10 @@ def _float_tensors(value: Any) -> Iterable[Any]:
             yield value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _float_tensors(item)
+            yield from float_tensors(item)
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _float_tensors(item)
+            yield from float_tensors(item)
 
 
 def max_abs(value: Any):
@@ -38,7 +40,7 @@ def max_abs(value: Any):
     """
     import torch
 
-    peaks = [t.detach().abs().amax().float() for t in _float_tensors(value)]
+    peaks = [t.detach().abs().amax().float() for t in float_tensors(value)]
     if not peaks:
         return None
     return peaks[0] if len(peaks) == 1 else torch.stack(peaks).amax()
@@ -79,6 +81,17 @@ class ProbeResult:
             m for m in self.modules.values() if m.first_bad is not None and m.bad_with_finite_inputs
         ]
         return min(candidates, key=lambda m: m.first_bad) if candidates else None
+
+    def within(self, block: str) -> tuple[float, bool]:
+        """The largest finite |output| anywhere inside `block` (the block and every module
+        below it) and whether any of them went non-finite: a peak that a normalisation shrinks
+        before the block's output is still seen."""
+        prefix = block + "."
+        inside = [m for n, m in self.modules.items() if n == block or n.startswith(prefix)]
+        return (
+            max((m.max_abs for m in inside), default=0.0),
+            any(m.non_finite for m in inside),
+        )
 
     def first_over_fp16(self) -> ModuleStats | None:
         """The first module whose output passed 65504 while its inputs had not (fp32 runs)."""

@@ -231,8 +231,19 @@ SCHEMA: tuple[Field, ...] = (
         "choice",
         "auto",
         "Text encoder precision",
-        "Override for the text encoder(s). They run once per prompt, so fp32 here is cheap "
-        "in time but holds more memory.",
+        "Override for the text encoder (the first one on SDXL). Text encoders run once per "
+        "prompt, so fp32 here is cheap in time but holds more memory.",
+        "Precision",
+        choices=DTYPE_CHOICES,
+        cli=True,
+    ),
+    Field(
+        "text_encoder_2_precision",
+        "choice",
+        "auto",
+        "Second text encoder precision",
+        "Override for SDXL's second, larger text encoder (OpenCLIP bigG). 'auto' follows the "
+        "text encoder precision. A fix for one encoder leaves the other alone.",
         "Precision",
         choices=DTYPE_CHOICES,
         cli=True,
@@ -459,6 +470,7 @@ class PrecisionSettings:
     unet_precision: str = FIELDS["unet_precision"].default
     vae_precision: str = FIELDS["vae_precision"].default
     text_encoder_precision: str = FIELDS["text_encoder_precision"].default
+    text_encoder_2_precision: str = FIELDS["text_encoder_2_precision"].default
     no_half: bool = FIELDS["no_half"].default
     no_half_vae: bool = FIELDS["no_half_vae"].default
     upcast_attention: bool = FIELDS["upcast_attention"].default

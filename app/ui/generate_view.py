@@ -496,15 +496,18 @@ class GenerateView(QWidget):
         """Put a finished generation's images into the gallery and show the first one.
         `applied_fix` is the fix this job was made with, after a NaN image."""
         request = dict(result.get("request") or request)
-        settings = result.get("settings") or {}
-        if settings:
-            self.state.set_effective(words.precision_summary(settings))
+        job_settings = result.get("settings") or {}
+        images = result.get("images") or []
+        # Each image carries what it was made with: a repaired one differs from the job's plan.
+        shown = (images[0].get("settings") if images else None) or job_settings
+        if shown:
+            self.state.set_effective(words.precision_summary(shown))
         first_item = None
-        for image in result.get("images") or []:
+        for image in images:
             entry = {
                 **image,
                 "request": request,
-                "settings": settings,
+                "settings": image.get("settings") or job_settings,
                 "warnings": list(result.get("warnings") or []),
                 "applied_fix": applied_fix,
                 "model": result.get("model_name")

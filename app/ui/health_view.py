@@ -200,7 +200,10 @@ class HealthView(QWidget):
         for button in (self.export_button, self.copy_button):
             button.setEnabled(bool(markdown))
         verdict = report.get("verdict", "")
+        advice = report.get("advice") or {}
         level = {"healthy": "good", "fixable": "warn", "broken": "bad"}.get(verdict, "info")
+        if verdict == "healthy" and advice.get("overflowing"):
+            level = "warn"  # safe as run, but not in the fp16 the user is likely to move to
         tested = report.get("tested") or {}
         device = report.get("device") or {}
         tested_words = ", ".join(
@@ -210,7 +213,9 @@ class HealthView(QWidget):
             tested_words += ", attention upcast to fp32"
         self.verdict.show_message(
             level,
-            f"<b>{html.escape(words.VERDICT_WORDS.get(verdict, verdict))}</b><br>"
+            "<b>"
+            + html.escape(report.get("headline") or words.VERDICT_WORDS.get(verdict, verdict))
+            + "</b><br>"
             f"Tested on {html.escape(str(device.get('name', 'this device')))} with "
             f"{html.escape(tested_words)}"
             + (f" at {report['size']}×{report['size']} px" if report.get("size") else "")
@@ -276,6 +281,9 @@ class HealthView(QWidget):
                 f"First layer to go wrong: {html.escape(words.describe_module(name, first_bad))}"
                 f" <span style='color:#5f6368'>(<code>{html.escape(first_bad)}</code>)</span>."
             )
+        precisions = component.get("precisions") or {}
+        if precisions:
+            facts.append(html.escape(words.precisions_words(precisions)))
         predicted = component.get("predicted_fp16")
         if predicted and predicted != "ok":
             where = component.get("predicted_first_bad_module")
@@ -304,6 +312,15 @@ class HealthView(QWidget):
             )
         )
         card.body.addWidget(label(html.escape(fix.get("summary", "")), wrap=True))
+        quality = fix.get("quality")
+        if quality:
+            card.body.addWidget(
+                label(
+                    "Agreement with an fp32 run of the same inputs: "
+                    f"<b>{words.quality_words(quality)}</b>",
+                    wrap=True,
+                )
+            )
         settings = fix.get("settings") or {}
         if settings:
             card.body.addWidget(

@@ -412,6 +412,11 @@ class SettingsView(QWidget):
                     "Auto picks the best GPU when the engine first runs; the GPU page shows which."
                 )
             return f"Auto picks {device.get('name', 'the first device')} here."
+        if value == "auto" and key == "text_encoder_2_precision":
+            first = self.state.settings["text_encoder_precision"]
+            if first != "auto":
+                return f"Auto follows the text encoder: {words.choice_name(first)}."
+            key = "text_encoder_precision"  # which follows Precision, as below
         if value == "auto" and key in _FOLLOWS_PRECISION:
             base = self.state.settings["precision"]
             if base != "auto":

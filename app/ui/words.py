@@ -6,22 +6,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-FP16_LIMIT = 65504.0
+from app.core.components import COMPONENTS, FP16_MAX
 
-COMPONENT_NAMES = {
-    "text_encoder": "Text encoder",
-    "text_encoder_2": "Second text encoder",
-    "unet": "UNet",
-    "transformer": "Transformer",
-    "vae": "VAE",
-}
-COMPONENT_ROLES = {
-    "text_encoder": "turns the prompt into numbers the model understands",
-    "text_encoder_2": "SDXL's second, larger prompt encoder",
-    "unet": "removes noise step by step; the slow, large part",
-    "transformer": "removes noise step by step; the slow, large part",
-    "vae": "turns the finished latents into pixels",
-}
+FP16_LIMIT = FP16_MAX
+
+COMPONENT_NAMES = {name: c.title for name, c in COMPONENTS.items()}
+COMPONENT_ROLES = {name: c.does for name, c in COMPONENTS.items()}
 STATUS_WORDS = {
     "ok": "OK",
     "at_risk": "Close to the limit",
@@ -317,9 +307,12 @@ def component_dtypes(
         ("unet", "unet_precision"),
         ("vae", "vae_precision"),
         ("text", "text_encoder_precision"),
+        ("text 2", "text_encoder_2_precision"),
     ):
         value = str(values.get(key, "auto"))
-        if value == "auto":
+        if value == "auto" and key == "text_encoder_2_precision":
+            value = result["text"]  # the second encoder follows the first
+        elif value == "auto":
             value = base if chosen_base != "auto" else str(recommended.get(key, base))
         result[component] = value
     if values.get("no_half"):
@@ -340,6 +333,8 @@ def precision_summary(
         text = f"{dtypes['unet']} everywhere"
     else:
         text = f"UNet {dtypes['unet']} · VAE {dtypes['vae']} · text {dtypes['text']}"
+        if dtypes["text 2"] != dtypes["text"]:
+            text += f" · text 2 {dtypes['text 2']}"
     if values.get("upcast_attention"):
         text += " · attention upcast"
     return text
@@ -349,3 +344,32 @@ def architecture_name(architecture: str | None) -> str:
     if not architecture:
         return "unknown"
     return ARCHITECTURE_NAMES.get(architecture, architecture)
+
+
+def quality_words(quality: Mapping[str, Any]) -> str:
+    """{'metric': 'snr_db', 'value': 41.2, 'threshold': 20} -> '41.2 dB (needs 20 dB or more)'."""
+    value, threshold = quality.get("value"), quality.get("threshold")
+    if value is None:
+        return "not measured"
+    shown = "identical" if value >= 200 else f"{value:.1f} dB"
+    return f"{shown} (needs {threshold:g} dB or more)" if threshold is not None else shown
+
+
+_AT_PRECISION = {
+    "ok": "fine",
+    "at_risk": "close to the limit",
+    "overflow": "overflows",
+    "nan": "produces NaN",
+    "broken_weights": "broken weights",
+}
+
+
+def precisions_words(precisions: Mapping[str, Mapping[str, Any]]) -> str:
+    """{'fp16': {'status': 'overflow', 'measured': False}, ...} ->
+    'In fp16: overflows (predicted). In bf16: fine (predicted).'"""
+    parts = []
+    for dtype, outcome in precisions.items():
+        status = str(outcome.get("status", ""))
+        how = "measured" if outcome.get("measured") else "predicted"
+        parts.append(f"In {dtype}: {_AT_PRECISION.get(status, status)} ({how}).")
+    return " ".join(parts)

@@ -190,8 +190,15 @@ def test_unet_overflow_is_reported_then_repaired_with_the_unet_fix(base, tmp_pat
     assert entry.first_bad_module == FF_LAYER
     assert entry.settings["vae_precision"] == "fp16" and entry.settings["no_half"] is False
     assert np.isfinite(pixels(entry)).all() and pixels(entry).std() > 0.01
-    # First run (3 steps), the layer probe and the fix's one-call check, the full re-run.
-    assert calls.count == 3 + 1 + 1 + 3
+    # First run (3 steps), the layer probe, the fix's one-call check and its fp32 reference,
+    # the full re-run.
+    assert calls.count == 3 + 1 + 1 + 1 + 3
+    assert entry.quality["value"] >= entry.quality["threshold"]
+    # What the image was made with, in the JSON and in the PNG: the repaired UNet precision.
+    fixed_dtype = entry.settings["unet_precision"]
+    assert fixed_dtype in ("bf16", "fp32")
+    assert entry.to_json()["settings"]["unet_precision"] == fixed_dtype
+    assert parse_infotext(read_parameters(entry.path))[2]["UNet precision"] == fixed_dtype
 
 
 def test_text_encoder_overflow_is_repaired_with_the_encoder_fix(base, tmp_path):

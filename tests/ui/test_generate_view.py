@@ -102,12 +102,12 @@ def test_result_lands_in_the_gallery_with_its_parameters(view, engines, tmp_path
             "images": [_image(_png(tmp_path / "a.png"))],
             "settings": {"precision": "fp16"},
             "seconds": 2.0,
-            "warnings": ["unet runs in fp16 as you asked; on a CPU fp16 is slow."],
+            "warnings": ["The UNet runs in fp16 as you asked; on a CPU fp16 is slow."],
         },
     )
     assert view.gallery.count() == 1
     assert view.progress_label.text() == "Done in 2.0 s."
-    assert "Note: unet runs in fp16 as you asked" in view.parameters.text()
+    assert "Note: The UNet runs in fp16 as you asked" in view.parameters.text()
     assert "Precision: fp16 everywhere" in view.parameters.text()
     assert window_status(view) == "Precision: fp16 everywhere"
     assert "Seed: 1234" in view.parameters.text()

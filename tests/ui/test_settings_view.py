@@ -42,6 +42,7 @@ HARDWARE = {
                 "unet_precision": "fp32",
                 "vae_precision": "fp32",
                 "text_encoder_precision": "fp32",
+                "text_encoder_2_precision": "fp32",
                 "no_half": True,
                 "no_half_vae": True,
                 "upcast_attention": False,

@@ -1,0 +1,118 @@
+"""Model components as data: what each part of a pipeline is, which setting governs its dtype,
+and the words the user sees for it.
+
+The health check, generation, the precision plan and the reports loop over these descriptions
+instead of naming components in code, so a model family with other parts (a DiT `transformer`
+instead of a `unet`, a third text encoder) is described here once. The module is plain data and
+stays cheap to import (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+FP16_MAX = 65504.0  # the largest finite fp16 value; everything past it becomes inf
+
+
+class Role(str, Enum):
+    """What a component does in a pipeline run, in run order."""
+
+    TEXT_ENCODER = "text_encoder"
+    DENOISER = "denoiser"
+    VAE = "vae"
+
+
+@dataclass(frozen=True)
+class Component:
+    """One pipeline part, named as the diffusers pipeline names it."""
+
+    name: str
+    role: Role
+    setting: str  # the per-component precision setting that governs its dtype
+    words: str  # what the user reads ("second text encoder")
+    does: str  # what it does, for someone who has never looked inside a pipeline
+    has_attention: bool  # whether "upcast attention" can be a fix for it
+
+    @property
+    def title(self) -> str:
+        """The words with a capital first letter, for the start of a sentence or a table."""
+        return self.words[0].upper() + self.words[1:]
+
+
+_DENOISES = "removes noise step by step; the slow, large part"
+_ALL = (
+    Component(
+        "text_encoder",
+        Role.TEXT_ENCODER,
+        "text_encoder_precision",
+        "text encoder",
+        "turns the prompt into numbers the model understands",
+        False,
+    ),
+    Component(
+        "text_encoder_2",
+        Role.TEXT_ENCODER,
+        "text_encoder_2_precision",
+        "second text encoder",
+        "SDXL's second, larger prompt encoder",
+        False,
+    ),
+    Component("unet", Role.DENOISER, "unet_precision", "UNet", _DENOISES, True),
+    # A DiT's denoiser; the one denoiser setting governs it (DESIGN.md).
+    Component("transformer", Role.DENOISER, "unet_precision", "transformer", _DENOISES, True),
+    Component(
+        "vae", Role.VAE, "vae_precision", "VAE", "turns the finished latents into pixels", True
+    ),
+)
+COMPONENTS: dict[str, Component] = {c.name: c for c in _ALL}
+RUN_ORDER: tuple[str, ...] = tuple(COMPONENTS)
+
+# Which setting a per-component setting falls back to when left on `auto`: the second text
+# encoder follows the first (so one switch still covers both, as it did before they split),
+# every other component follows the base precision.
+SETTING_FOLLOWS = {"text_encoder_2_precision": "text_encoder_precision"}
+
+
+def component(name: str) -> Component:
+    return COMPONENTS[name]
+
+
+def words(name: str) -> str:
+    """'vae' -> 'VAE'; an unknown name is shown as it is."""
+    found = COMPONENTS.get(name)
+    return found.words if found else name
+
+
+def join_words(names: list[str] | tuple[str, ...]) -> str:
+    """['unet', 'vae'] -> 'UNet and VAE'."""
+    parts = [words(n) for n in names]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def in_run_order(names) -> list[str]:
+    return sorted(names, key=lambda n: RUN_ORDER.index(n) if n in RUN_ORDER else len(RUN_ORDER))
+
+
+def of_role(names, role: Role) -> list[str]:
+    return [n for n in in_run_order(names) if n in COMPONENTS and COMPONENTS[n].role is role]
+
+
+class Status(str, Enum):
+    """A component's health at one precision."""
+
+    OK = "ok"
+    AT_RISK = "at_risk"
+    OVERFLOW = "overflow"
+    NAN = "nan"
+    BROKEN_WEIGHTS = "broken_weights"
+
+    @property
+    def failed(self) -> bool:
+        return self in (Status.OVERFLOW, Status.NAN, Status.BROKEN_WEIGHTS)
+
+
+class Verdict(str, Enum):
+    HEALTHY = "healthy"
+    FIXABLE = "fixable"
+    BROKEN = "broken"

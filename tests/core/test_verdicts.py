@@ -1,0 +1,217 @@
+"""Verdicts a user can trust: the paths where the check used to say something false.
+
+Each test plants a fault in a tiny pipeline (see test_health.py) and asserts what the user reads:
+the headline, the per-precision predictions, and that "verified" means finite and right.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from app.cli_text import health_text
+from app.core import diagnosis, health
+from app.core.components import Status, Verdict
+from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
+from app.core.settings import PrecisionSettings
+from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
+
+FP32 = PrecisionSettings(precision="fp32")
+
+
+def test_fp32_check_puts_the_predicted_fp16_overflow_in_its_first_line():
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), FP32)
+
+    # Nothing overflowed as run: the verdict stays true to the tested settings...
+    assert report.verdict is Verdict.HEALTHY
+    # ...but the first line never says only "healthy" when fp16 would overflow.
+    first_line = health_text(report).splitlines()[0]
+    assert first_line == report.headline
+    assert first_line.startswith("Safe at your settings (no-half). In fp16 the VAE would overflow")
+    assert "keep only the VAE in" in first_line
+    assert "predicted" in first_line
+    assert health.markdown_report(report).count(report.headline) == 1
+
+    vae = report.to_json()["components"]["vae"]
+    assert vae["precisions"]["fp16"] == {"status": "overflow", "measured": False}
+    assert vae["precisions"]["bf16"] == {"status": "ok", "measured": False}
+    unet = report.to_json()["components"]["unet"]
+    assert unet["precisions"]["fp16"] == {"status": "ok", "measured": False}
+    assert report.advice is not None
+    assert report.advice.overflowing == ["vae"]
+    assert report.advice.settings["vae_precision"] in ("bf16", "fp32")
+    assert report.advice.settings["unet_precision"] == "fp16"
+
+
+def test_fp16_check_measures_fp16_and_the_tried_bf16():
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), FP16, remember=False)
+    vae = report.components["vae"]
+    assert vae.precisions["fp16"].status is Status.OVERFLOW and vae.precisions["fp16"].measured
+    # bf16 is native on this CPU, so the fix search ran it: measured, and it was fine.
+    assert report.fix.settings == {"vae_precision": "bf16"}
+    assert vae.precisions["bf16"].status is Status.OK and vae.precisions["bf16"].measured
+    assert report.components["unet"].precisions["fp16"].measured
+
+
+def test_a_healthy_fp16_model_says_so_plainly():
+    report = check(loaded(build_tiny_sd_pipeline()))
+    assert report.verdict is Verdict.HEALTHY and report.advice is None
+    assert report.headline.startswith("Healthy at your settings (fp16): nothing overflowed")
+
+
+def test_remembered_fix_is_named_and_what_happens_without_it_is_said():
+    first = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remembered-headline"))
+    assert first.fix.verified
+    again = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remembered-headline"))
+    assert again.verdict is Verdict.HEALTHY
+    assert again.remembered == first.fix.summary
+    assert again.headline.startswith(
+        "Safe with the fix remembered for this model. In fp16 the VAE would overflow"
+    )
+
+
+def _saturate_in_bf16(pipeline, layer: str = "decoder.conv_out"):
+    """A planted kernel fault: in bf16 this layer's output is clamped to +-0.01 (finite, wrong),
+    as a saturating clamp would do. Forward hooks travel with the placed copies."""
+
+    def clamp(_module, _args, output):
+        return output.clamp(-0.01, 0.01) if output.dtype == torch.bfloat16 else output
+
+    pipeline.vae.get_submodule(layer).register_forward_hook(clamp)
+    return pipeline
+
+
+def test_a_finite_but_wrong_fix_is_rejected_and_the_next_one_is_verified():
+    pipeline = _saturate_in_bf16(plant(build_tiny_sd_pipeline(), "vae"))
+    report = check(loaded(pipeline), remember=False)
+
+    assert report.verdict is Verdict.FIXABLE
+    assert report.fix.settings == {"vae_precision": "fp32"}  # bf16 was finite but wrong
+    assert report.fix.verified
+    assert report.fix.quality.value >= diagnosis.QUALITY_THRESHOLD_DB
+    assert any("bf16 gave finite output that differs" in n for n in report.notes)
+    document = report.to_json()["fix"]
+    assert document["quality"]["metric"] == "snr_db"
+    assert document["quality"]["threshold"] == diagnosis.QUALITY_THRESHOLD_DB
+
+
+def test_a_wrong_candidate_is_never_the_fix(monkeypatch):
+    """With only the wrong (bf16) candidate on offer, the check falls back to everything in
+    fp32, which is the reference itself, and never to the finite-but-wrong bf16."""
+    pipeline = _saturate_in_bf16(plant(build_tiny_sd_pipeline(), "vae"))
+
+    def wrong_only(component, plan, first_bad, module, bf16_native):
+        yield diagnosis.FixCandidate(
+            plan.with_dtypes(**{component: "bf16"}),
+            {"vae_precision": "bf16"},
+            "run the VAE in bf16",
+        )
+
+    monkeypatch.setattr(health, "candidate_fixes", wrong_only)
+    report = check(loaded(pipeline), remember=False)
+    assert report.fix.settings == {"no_half": True}
+    assert report.fix.verified
+    assert any(
+        n.startswith("Run the VAE in bf16 gave finite output that differs") for n in report.notes
+    )
+
+    # And with no fallback left, nothing is claimed at all.
+    monkeypatch.setattr(health, "_last_resort", lambda *args: None)
+    report = check(loaded(pipeline), remember=False)
+    assert report.fix is None
+    assert report.verdict is Verdict.BROKEN
+    assert report.headline.startswith("Broken")
+
+
+def test_snr_is_high_for_the_same_output_and_low_for_a_clamped_one():
+    reference = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert diagnosis.compare(reference.clone(), reference).passed
+    assert diagnosis.compare(reference.half(), reference).value > 50
+    assert not diagnosis.compare(reference.clamp(-0.01, 0.01), reference).passed
+    assert not diagnosis.compare(torch.full_like(reference, float("nan")), reference).passed
+
+
+def _fault_below(pipeline, threshold: int):
+    """A UNet fault that fires only at low noise: the feed-forward layer's output is scaled past
+    fp16's range whenever the timestep is below `threshold`."""
+    unet = pipeline.unet
+    state = {"t": 1000.0}
+
+    def remember_timestep(_module, args, kwargs):
+        t = args[1] if len(args) > 1 else kwargs["timestep"]
+        state["t"] = float(torch.as_tensor(t).flatten()[0])
+
+    def blow_up(_module, _args, output):
+        return output * 1e6 if state["t"] < threshold else output
+
+    unet.register_forward_pre_hook(remember_timestep, with_kwargs=True)
+    unet.get_submodule(FF_LAYER).register_forward_hook(blow_up)
+    return pipeline
+
+
+@pytest.mark.parametrize("scheduler", ["dpmpp_2m_karras", "euler"])
+def test_a_fault_at_the_lowest_noise_level_is_found(scheduler):
+    report = check(
+        loaded(_fault_below(build_tiny_sd_pipeline(), 180)), scheduler=scheduler, steps=20
+    )
+    assert report.timesteps[0] > 900 and report.timesteps[-1] < 180
+    assert report.components["unet"].status is Status.OVERFLOW
+    assert report.components["unet"].first_bad_module == FF_LAYER
+    assert report.verdict is Verdict.FIXABLE
+
+
+def test_an_sdxl_second_encoder_fault_leaves_the_first_encoder_alone():
+    pipeline = build_tiny_sdxl_pipeline()
+    mlp = pipeline.text_encoder_2.get_submodule("text_model.encoder.layers.0.mlp")
+    with torch.no_grad():  # past 65504 inside the MLP only: its output is back in range
+        mlp.fc1.weight.mul_(1e5)
+        mlp.fc1.bias.mul_(1e5)
+        mlp.fc2.weight.mul_(1e-5)
+    report = check(loaded(pipeline), remember=False)
+    assert report.components["text_encoder_2"].status is Status.OVERFLOW
+    assert report.components["text_encoder"].status is Status.OK
+    assert set(report.fix.settings) == {"text_encoder_2_precision"}
+    assert report.fix.plan.dtypes["text_encoder"] == "fp16"
+    assert report.fix.plan.dtypes["text_encoder_2"] in ("bf16", "fp32")
+    assert report.fix.verified
+
+
+def test_block_chart_shows_a_peak_hidden_inside_a_block():
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), FP32)
+    vae = report.components["vae"]
+    block = next(b for b in vae.blocks if VAE_LAYER.startswith(b["module"] + "."))
+    # The planted layer's output passes 65504 inside the block, whatever the block returns.
+    assert block["max_abs"] > 65504
+    assert block["max_abs"] == pytest.approx(vae.max_abs)
+
+
+def test_costs_are_measured_alike_with_their_spread(vae_report):
+    cost = vae_report.fix.cost
+    for plan in ("fix", "no_half"):
+        low, high = cost[plan]["unet_step_ms_range"]
+        assert low <= cost[plan]["unet_step_ms"] <= high
+        assert cost[plan]["rounds"] == health.COST_ROUNDS
+    sentence = health.cost_comparison(cost)
+    assert sentence.startswith("Per UNet step")
+
+
+def test_report_json_is_strict_and_carries_the_new_fields(vae_report):
+    document = json.loads(json.dumps(vae_report.to_json(), allow_nan=False))
+    assert document["headline"] == vae_report.headline
+    assert document["fix"]["modules"] == {}
+    for component in document["components"].values():
+        assert set(component["precisions"]) == {"fp16", "bf16"}
+
+
+@pytest.fixture(scope="module")
+def vae_report():
+    return health.check_loaded(
+        loaded(plant(build_tiny_sd_pipeline(), "vae")),
+        precision=FP16,
+        device="cpu",
+        size=64,
+        remember=False,
+        measure_cost=True,
+    )
