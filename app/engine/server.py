@@ -96,6 +96,7 @@ class Engine:
         self._condition = threading.Condition()
         self._running: tuple[int, CancelToken] | None = None
         self._stopping = False
+        self._stop_beating = threading.Event()
 
     def send(self, event: EngineEvent) -> None:
         with self._send_lock:
@@ -159,10 +160,9 @@ class Engine:
         """
 
         def run() -> None:
-            while True:
-                with self._condition:
-                    if self._condition.wait_for(lambda: self._stopping, timeout=interval):
-                        return
+            # An Event of its own, not the job queue's condition: a beat thread waiting there
+            # could take the one notify() meant to wake the worker, and a job would never start.
+            while not self._stop_beating.wait(interval):
                 try:
                     self.send(heartbeat())
                 except OSError:  # the GUI is gone; the listener stops the engine
@@ -174,6 +174,7 @@ class Engine:
 
     def stop(self) -> None:
         """Stop after the running job notices its cancel token; queued jobs are dropped."""
+        self._stop_beating.set()
         with self._condition:
             self._stopping = True
             dropped = list(self._queue)

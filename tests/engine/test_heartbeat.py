@@ -58,6 +58,31 @@ def test_heartbeats_belong_to_no_job_and_stop_with_the_engine():
     assert not beater.is_alive()
 
 
+def test_a_beating_engine_still_starts_every_job():
+    """The beat thread must never take the wake-up meant for the worker: with it waiting
+    first, every job is still run."""
+    sent: list[EngineEvent] = []
+    finished = threading.Event()
+
+    def quick(context, params):
+        return {}
+
+    engine = Engine(sent.append, {"quick": quick})
+    engine.beat(30.0)
+    time.sleep(0.1)  # the beat thread is waiting before the worker
+    worker = threading.Thread(target=lambda: (engine.serve(), finished.set()), daemon=True)
+    worker.start()
+    time.sleep(0.1)
+    for job_id in range(1, 6):
+        engine.receive(JobRequest(job_id, "quick"))
+        deadline = time.monotonic() + 5
+        while not any(e.job_id == job_id and e.state.final for e in sent):
+            assert time.monotonic() < deadline, f"job {job_id} never started"
+            time.sleep(0.01)
+    engine.stop()
+    assert finished.wait(5)
+
+
 @pytest.fixture
 def process():
     engine = EngineProcess(extra_args=["--handlers", "tests.engine.sample_jobs"], heartbeat_s=BEAT)
