@@ -166,3 +166,24 @@ def test_pytorchs_pickle_protocol_warning_reaches_the_terminal_only_with_debug(t
     else:
         assert "Detected pickle protocol" not in done.stderr and "Warning" not in done.stderr
         assert done.stderr.count("\n") <= 1 and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="resource limits are POSIX")
+def test_an_absurd_flag_is_refused_under_a_memory_limit_before_anything_heavy_loads():
+    limit = 256 << 20  # 256 MiB of address space: importing torch alone would not fit
+    code = (
+        "import resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
+        "from app.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", code, "generate", "demo", "--seed", _DIGITS_5000],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert time.monotonic() - started < 30
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "5000 digits" in done.stderr

@@ -419,3 +419,13 @@ def test_processes_saving_at_once_lose_nothing_and_the_backup_is_always_whole(tm
     assert [loaded.settings[key] for key in keys] == [rounds, rounds, float(rounds), rounds]
     backup = json.loads((tmp_path / "settings.json.bak").read_text())
     assert backup["schema_version"] == s.SCHEMA_VERSION
+
+
+def test_an_oversized_file_is_not_read_into_memory(tmp_path):
+    path = _saved(tmp_path, steps=40)
+    _saved(tmp_path, steps=41)
+    with path.open("a") as handle:
+        handle.write(" " * (s.MAX_SETTINGS_BYTES + 1))
+    loaded = s.load_settings(path)
+    assert loaded.settings["steps"] == 40  # from the .bak
+    assert "larger than" in loaded.warnings[0]
