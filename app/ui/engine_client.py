@@ -245,7 +245,7 @@ class EngineClient(QObject):
         now = time.monotonic()
         if any(now - asked >= self.cancel_grace_s for asked in self._cancelled_at.values()):
             self._end_frozen_engine(
-                f"The engine did not stop the job within {self.cancel_grace_s:.0f} s of Cancel, "
+                f"The engine did not stop the job within {self.cancel_grace_s:g} s of Cancel, "
                 "so it was ended."
             )
 
