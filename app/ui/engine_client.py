@@ -86,6 +86,7 @@ class EngineClient(QObject):
         self.silence_s = silence_s
         self.cancel_grace_s = cancel_grace_s
         self._last_heard = time.monotonic()
+        self._last_check = time.monotonic()
         self._silent = False
         self._cancelled_at: dict[int, float] = {}
         self._watch = QTimer(self)
@@ -140,6 +141,7 @@ class EngineClient(QObject):
         self._set_state(EngineState.IDLE)
         if getattr(transport, "heartbeat_s", None):
             # Check a few times per silence period, so the verdict comes soon after it.
+            self._last_check = time.monotonic()
             self._watch.start(max(20, min(1000, int(self.silence_s * 1000 / 4))))
         return True
 
@@ -233,6 +235,13 @@ class EngineClient(QObject):
         """GUI thread, on the watch timer: has the engine gone silent, or come back?"""
         if self._transport is None:
             return
+        now = time.monotonic()
+        late, self._last_check = now - self._last_check, now
+        if late >= self.silence_s / 2:
+            # This timer itself did not run for a long while (the computer slept): the
+            # engine's silence says nothing then, so it is measured again from now.
+            self._last_heard = max(self._last_heard, now)
+            return
         silence = self._silence()
         if silence >= self.silence_s and not self._silent:
             self._silent = True
@@ -242,7 +251,6 @@ class EngineClient(QObject):
             self._silent = False
             self._set_state(EngineState.BUSY)
             self.answering.emit()
-        now = time.monotonic()
         if any(now - asked >= self.cancel_grace_s for asked in self._cancelled_at.values()):
             self._end_frozen_engine(
                 f"The engine did not stop the job within {self.cancel_grace_s:g} s of Cancel, "

@@ -49,6 +49,21 @@ def test_a_silent_engine_is_reported_with_restart_and_recovers_when_it_speaks(
     assert window.client.state == EngineState.BUSY
 
 
+def test_after_the_computer_slept_silence_is_measured_again(window, engines, qtbot):
+    engines.heartbeat_s = 0.05
+    window.client.silence_s = 10
+    window.client.submit("count", {})
+    # As after a suspend: neither the engine nor this window's timer ran for a minute.
+    window.client._last_heard -= 60
+    window.client._last_check -= 60
+    window.client._check_engine()
+    assert window.client.state == EngineState.BUSY
+    assert not window.engine_banner.isVisible()
+    window.client._last_heard -= 60  # but a real silence after that is still noticed
+    window.client._check_engine()
+    assert window.client.state == EngineState.NOT_ANSWERING
+
+
 def test_cancel_on_a_silent_engine_ends_it_and_offers_restart(window, engines, qtbot):
     engines.heartbeat_s = 0.05
     window.client.silence_s = 0.3
