@@ -33,6 +33,7 @@ from app.core.diagnosis import (
     status_from_peak,
 )
 from app.core.errors import HalfSafeError
+from app.core.families import family_of
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, parameter_counts
 from app.core.probe import ActivationRecorder, ProbeResult, top_blocks
@@ -269,7 +270,7 @@ class _Runner:
         self.device = torch.device(plan.device)
         self.size = size
         self.prompt = prompt
-        self.is_sdxl = getattr(model.pipeline, "text_encoder_2", None) is not None
+        self.family = family_of(model.pipeline)
         self.timesteps = probe_timesteps(model, steps, scheduler)
 
     def _watch(
@@ -298,27 +299,10 @@ class _Runner:
         return _Stage(probes, seconds, output)
 
     def encode(self, plan: PrecisionPlan, record: bool = True) -> _Stage:
-        names = [n for n in ("text_encoder", "text_encoder_2") if n in plan.dtypes]
+        names = [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
 
         def run(pipe):
-            if self.is_sdxl:
-                embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
-                    prompt=self.prompt,
-                    device=self.device,
-                    num_images_per_prompt=1,
-                    do_classifier_free_guidance=True,
-                    negative_prompt="",
-                )
-                return {
-                    "embeds": embeds,
-                    "negative": negative,
-                    "pooled": pooled,
-                    "negative_pooled": negative_pooled,
-                }
-            embeds, negative = pipe.encode_prompt(
-                self.prompt, self.device, 1, True, negative_prompt=""
-            )
-            return {"embeds": embeds, "negative": negative}
+            return self.family.encode(pipe, self.prompt, "", self.device, guidance=True)
 
         stage = self._watch(plan, names, run, record)
         if record:
@@ -348,22 +332,13 @@ class _Runner:
             generator = torch.Generator().manual_seed(0)
             latents = torch.randn((1, 4, side, side), generator=generator)
             latents = latents.to(self.device) * scheduler.init_noise_sigma
-            text = torch.cat([conditioning["negative"], conditioning["embeds"]])
-            extra = {}
-            if self.is_sdxl:
-                time_ids = torch.tensor(
-                    [[self.size, self.size, 0, 0, self.size, self.size]] * 2,
-                    device=self.device,
-                    dtype=torch.float32,
-                )
-                pooled = torch.cat([conditioning["negative_pooled"], conditioning["pooled"]])
-                extra["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": time_ids}
+            extra = self.family.denoiser_inputs(conditioning, self.size, self.device)
             for t in scheduler.timesteps:
                 x = scheduler.scale_model_input(torch.cat([latents] * 2), t)
                 if unet.config.in_channels > 4:  # inpainting: an empty mask and masked image
                     pad = unet.config.in_channels - 4
                     x = torch.cat([x, x.new_zeros(2, pad, side, side)], dim=1)
-                noise = unet(x, t, encoder_hidden_states=text, **extra).sample.float()
+                noise = unet(x, t, **extra).sample.float()
                 uncond, cond = noise.chunk(2)
                 latents = scheduler.step(
                     uncond + PROBE_CFG * (cond - uncond), t, latents
@@ -651,7 +626,7 @@ def check_loaded(
         total = 3
         progress("Checking the text encoder", 0, total)
         cancel.raise_if_cancelled()
-        te_names = [n for n in ("text_encoder", "text_encoder_2") if n in plan.dtypes]
+        te_names = [n for n in runner.family.text_encoders(model.pipeline) if n in plan.dtypes]
         encoded = settle(runner.encode, te_names, runner.encode(plan))
 
         progress("Checking the UNet", 1, total)
