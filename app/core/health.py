@@ -482,8 +482,34 @@ class _Observations:
             elif dtype == "bf16":  # fp32's range: only a value past 3.4e38 overflows it
                 outcomes[dtype] = PrecisionOutcome(Status.OK, False)
             else:
-                outcomes[dtype] = PrecisionOutcome(status_from_peak(widest.max_abs), False)
+                outcomes[dtype] = PrecisionOutcome(_predicted_fp16(widest), False)
         return outcomes
+
+    def score_note(self, name: str) -> str | None:
+        """A sentence when fp16 is predicted at risk only through attention scores."""
+        finite = [p for p in self.runs.get(name, {}).values() if not p.non_finite]
+        top = max(
+            (t for t in (p.top_scores() for p in finite) if t is not None),
+            key=lambda t: t.score_bound,
+            default=None,
+        )
+        if top is None or top.score_bound <= FP16_MAX or "fp16" in self.runs.get(name, {}):
+            return None
+        return (
+            f"In fp16 the attention scores of the {component_words(name)} could pass 65504 at "
+            f"{top.name} (an upper bound of {top.score_bound:.3g} from this run; scores are "
+            "never a layer's output): upcast attention keeps them in fp32."
+        )
+
+
+def _predicted_fp16(run: ProbeResult) -> Status:
+    """fp16's status predicted from a finite wider run: its largest activation, and the bound
+    on its attention scores (past 65504, the scores may overflow: at risk, not certain)."""
+    status = status_from_peak(run.max_abs)
+    top = run.top_scores()
+    if status is Status.OK and top is not None and top.score_bound > FP16_MAX:
+        return Status.AT_RISK
+    return status
 
 
 def _measured_status(probe: ProbeResult, dtype: str) -> Status:
@@ -662,6 +688,9 @@ def check_loaded(
                 )
         for name, report in reports.items():
             report.precisions = seen.precisions(name, name in broken)
+            note = seen.score_note(name)
+            if note:
+                notes.append(note)
         failed = [n for n, r in reports.items() if r.status.failed]
         notes.extend(search.rejected)
         fix = None
@@ -960,6 +989,18 @@ def headline(report: HealthReport) -> str:
             f"{where}. In fp16 the {join_words(advice.overflowing)} would overflow"
             f"{_factor(peak)} ({basis}): keep only the {join_words(advice.overflowing)} in "
             f"{' or '.join(sorted(keep))} and run the rest in fp16."
+        )
+    predicted_risk = [
+        n
+        for n, c in components.items()
+        if (p := c.precisions.get("fp16")) is not None
+        and not p.measured
+        and p.status is Status.AT_RISK
+    ]
+    if advice is not None and predicted_risk:
+        return (
+            f"{where}. In fp16 the {join_words(predicted_risk)} would come close to fp16's limit "
+            "(predicted from this run), so a larger image or another prompt may overflow it."
         )
     at_risk = [n for n, c in components.items() if c.status is Status.AT_RISK]
     risk = (
