@@ -654,7 +654,7 @@ class WeightScanner:
         total_bytes: int = 0,
         on_progress: ProgressCallback | None = None,
         cancel: CancelToken | None = None,
-        stage: str = "Checking weights for NaN/Inf",
+        stage: str | None = None,
         *,
         identify: bool = False,
         label: str = "",
@@ -662,6 +662,10 @@ class WeightScanner:
         self.non_finite: list[str] = []
         self.digest = TensorDigest() if identify else None
         self._label = label
+        if stage is None:
+            stage = "Checking weights for NaN/Inf"
+            if identify:  # ten times slower than the check alone: say why this time it takes
+                stage += " and fingerprinting them (first load only)"
         self.tensors = 0
         self.bytes = 0
         self.seconds = 0.0
