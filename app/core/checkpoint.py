@@ -590,7 +590,8 @@ class TensorDigest:
     or re-saved in another file format keep their key. Each tensor is hashed on its own as it
     streams past, and the per-tensor digests are combined in name order, so the order in which
     a loader happens to read them does not matter. sha256 because it is the fastest sound hash
-    Python ships (SHA-NI: about 1.1 GB/s per core here, blake2b 0.55 GB/s; docs/benchmarks.md).
+    Python ships on CPUs with SHA extensions (0.9-1.3 GB/s on one core here, 2.1-2.4x blake2b;
+    docs/benchmarks.md).
     """
 
     def __init__(self) -> None:
