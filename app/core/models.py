@@ -212,7 +212,7 @@ class _Identity:
     model runs (`checkpoint.TensorDigest`, computed by the weight scan), with the architecture
     and prediction type the loader read them as.
 
-    Hashing costs about 1 s per GB, where the NaN/Inf scan alone streams at over 10 GB/s from
+    Hashing costs about 1 s per GB, where the NaN/Inf scan alone streams at several GB/s from
     a warm file, so the digest is cached like the A1111 hash: under the model (and separate
     VAE) paths, with the size and modification time of every file it was read from. A later
     load of unchanged files asks the scan for no digest; a moved file is hashed again and gets
