@@ -35,7 +35,14 @@ def bench_check(name: str, args) -> dict:
     report = check()  # warm-up: kernel selection, allocator, first-call costs
 
     # One 20-step generation with plain diffusers under the same plan, same size.
-    runner = health._Runner(model, report.plan, size, health.DEFAULT_PROMPT)
+    runner = health._Runner(
+        model,
+        report.plan,
+        size,
+        health.DEFAULT_PROMPT,
+        health.DEFAULT_STEPS,
+        health.DEFAULT_SCHEDULER,
+    )
     placed: PlacedPipeline = runner.placed
     pipe = placed.pipeline()
     pipe.set_progress_bar_config(disable=True)

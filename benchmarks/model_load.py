@@ -10,14 +10,17 @@ diffusers folder (`save_pretrained`). Then, alternating run by run, it times per
     torch_dtype=...)` for the folder;
   - the same diffusers call followed by `scan_weights(pipeline)`, so both end with the same
     guarantee (diffusers maps files lazily and checks no value);
-plus the standalone weight scan in MB/s. The files are read once before timing, so every run
+plus the standalone weight scan in MB/s, alone and with the content digest that identifies the
+model for remembered fixes (`scan_weights(path, identify=True)`, sha256 of every tensor; a
+load computes it once per file, then takes it from the cache). The files are read once before timing, so every run
 finds them in the OS cache ("warm"); then each loader runs a few more times, alternating, each
 time after the files were dropped from the OS cache ("cold": read from disk). HalfSafe's first
-load of the single file also computes its sha256 (the A1111 hash, cached afterwards); it is
-reported on its own.
+load of the single file also computes its sha256 (the A1111 hash) and the content digest, both
+cached afterwards; it is reported on its own. `--identity-rounds N` times first loads of the
+single file against loads with the hash, the digest or both already cached.
 
 Usage: python benchmarks/model_load.py [--config sd1|sdxl] [--dtype fp16|fp32] [--runs 3]
-       [--cold-runs 3] [--layouts single,folder] [--keep DIR] [--json FILE]
+       [--cold-runs 3] [--layouts single,folder] [--identity-rounds 0] [--keep DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -56,6 +59,59 @@ def _read_all(path: Path) -> int:
             while chunk := handle.read(64 << 20):
                 total += len(chunk)
     return total
+
+
+def _hash_speeds(path: Path, size: int = 384 << 20) -> dict[str, int]:
+    """MB/s of the hashes Python ships that could key a model, over the file's first bytes
+    (in memory, one thread, best of 3): what the content digest's choice of sha256 rests on."""
+    import hashlib
+
+    with open(path, "rb") as handle:
+        data = memoryview(handle.read(size))
+    speeds = {}
+    for name in ("sha256", "blake2b", "sha512", "sha1", "md5"):
+        best = float("inf")
+        for _ in range(3):
+            begun = time.perf_counter()
+            hashlib.new(name, data)
+            best = min(best, time.perf_counter() - begun)
+        speeds[name] = round(len(data) / 1e6 / best)
+    return speeds
+
+
+def _first_loads(path: Path, rounds: int, load_model) -> dict[str, dict]:
+    """`load_model` of the single file with each of its cached values present or not: what the
+    A1111 hash and the content digest each cost on a file's first load (alternating, median).
+
+    Each load gets a new cache folder; where a value counts as cached, an untimed load fills
+    the folder first and the other value is then dropped from it.
+    """
+    import json
+
+    from app.core import paths
+
+    base = os.environ["HALFSAFE_CACHE_DIR"]
+    cases = {
+        "first_load": (),
+        "hash_cached": ("sha256",),
+        "digest_cached": ("content",),
+        "repeat_load": ("sha256", "content"),
+    }
+    runs: dict[str, list[float]] = {case: [] for case in cases}
+    for _ in range(rounds):
+        for case, kept in cases.items():
+            os.environ["HALFSAFE_CACHE_DIR"] = tempfile.mkdtemp(dir=base)
+            if kept:
+                load_model(str(path))
+                cache_file = paths.cache_dir() / "model_hashes.json"
+                entries = json.loads(cache_file.read_text(encoding="utf-8"))
+                kept_entries = {k: e for k, e in entries.items() if any(v in e for v in kept)}
+                cache_file.write_text(json.dumps(kept_entries), encoding="utf-8")
+            begun = time.perf_counter()
+            load_model(str(path))
+            runs[case].append(time.perf_counter() - begun)
+    os.environ["HALFSAFE_CACHE_DIR"] = base
+    return {case: spread(seconds, 2) for case, seconds in runs.items()}
 
 
 def measure(args) -> dict:
@@ -123,12 +179,14 @@ def measure(args) -> dict:
             theirs(layout, False)
             runs: dict[str, list[float]] = {"ours": [], "theirs": [], "theirs_scan": []}
             scans = []
+            identified = []
             for _ in range(args.runs):
                 runs["ours"].append(ours(layout))
                 runs["theirs"].append(theirs(layout, False))
                 runs["theirs_scan"].append(theirs(layout, True))
                 if layout == "single":
                     scans.append(scan_weights(str(path)))
+                    identified.append(scan_weights(str(path), identify=True))
             cold = {}
             if hasattr(os, "posix_fadvise"):
                 cold_runs: dict[str, list[float]] = {"ours": [], "theirs_scan": []}
@@ -156,6 +214,15 @@ def measure(args) -> dict:
                 "weight_scan_mb_per_s": round(statistics.median(s.mb_per_s for s in scans))
                 if scans
                 else None,
+                "weight_scan_identify_mb_per_s": round(
+                    statistics.median(s.mb_per_s for s in identified)
+                )
+                if identified
+                else None,
+                "hash_mb_per_s": _hash_speeds(path) if layout == "single" else None,
+                "first_loads_s": _first_loads(path, args.identity_rounds, load_model)
+                if layout == "single" and args.identity_rounds
+                else None,
             }
         )
     if not args.keep:
@@ -176,6 +243,7 @@ def table(document: dict) -> str:
         f"{'+ scan s':>10}{'ratio':>8}{'cold: ours':>12}{'theirs+scan':>13}"
     )
     lines = [head, "-" * len(head)]
+    scans = []
     for r in document["results"]:
         cold = r["cold"]
         label = f"{r['layout']} {r['bytes'] / 1e9:.2f} GB"
@@ -185,7 +253,20 @@ def table(document: dict) -> str:
             f"{r['ours_vs_diffusers_plus_scan']:>7.2f}x"
             f"{cold.get('ours_s', float('nan')):>12.2f}{cold.get('theirs_scan_s', float('nan')):>13.2f}"
         )
-    return "\n".join(lines)
+        if r.get("weight_scan_mb_per_s"):
+            scans.append(
+                f"weight scan ({r['layout']}, warm): {r['weight_scan_mb_per_s']} MB/s; with the "
+                f"content digest: {r['weight_scan_identify_mb_per_s']} MB/s; "
+                f"first load {r['first_load_s']:.2f} s"
+            )
+        for case, seconds in (r.get("first_loads_s") or {}).items():
+            scans.append(f"{case.replace('_', ' ')}: {seconds['median']:.2f} s")
+        if r.get("hash_mb_per_s"):
+            scans.append(
+                "hashes in memory, MB/s: "
+                + ", ".join(f"{k} {v}" for k, v in r["hash_mb_per_s"].items())
+            )
+    return "\n".join(lines + scans)
 
 
 def main() -> None:
@@ -195,6 +276,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cold-runs", type=int, default=3)
     parser.add_argument("--layouts", help="comma-separated: single, folder (default both)")
+    parser.add_argument(
+        "--identity-rounds",
+        type=int,
+        default=0,
+        help="rounds of first loads with and without the cached hash and content digest",
+    )
     parser.add_argument("--keep", help="folder to write the model to (kept afterwards)")
     parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args()

@@ -31,6 +31,7 @@ from app.core.components import COMPONENTS, RUN_ORDER, join_words
 from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import HalfSafeError
+from app.core.families import family_of
 from app.core.images import (
     SAMPLER_NAMES,
     ImageSaveError,
@@ -355,7 +356,7 @@ class _Job:
         self.preview = preview
         self.cancel = cancel
         self.placed = PlacedPipeline(model.pipeline, plan)
-        self.is_sdxl = getattr(model.pipeline, "text_encoder_2", None) is not None
+        self.family = family_of(model.pipeline)
         self.do_cfg = request.cfg > 1.0
         self.repair_plan = plan  # every fix found so far, on top of the plan
         self.fix_settings: dict[str, Any] = {}
@@ -383,54 +384,20 @@ class _Job:
         pipe = self._pipeline(plan)
         request = self.request
         with backend_flags(plan), torch.inference_mode():
-            if self.is_sdxl:
-                embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
-                    prompt=request.prompt,
-                    device=self.device,
-                    num_images_per_prompt=1,
-                    do_classifier_free_guidance=self.do_cfg,
-                    negative_prompt=request.negative_prompt,
-                )
-                tensors = {
-                    "prompt_embeds": embeds,
-                    "negative_prompt_embeds": negative,
-                    "pooled_prompt_embeds": pooled,
-                    "negative_pooled_prompt_embeds": negative_pooled,
-                }
-            else:
-                embeds, negative = pipe.encode_prompt(
-                    request.prompt,
-                    self.device,
-                    1,
-                    self.do_cfg,
-                    negative_prompt=request.negative_prompt,
-                )
-                tensors = {"prompt_embeds": embeds, "negative_prompt_embeds": negative}
-            tensors = {k: v for k, v in tensors.items() if v is not None}
+            tensors = self.family.encode(
+                pipe, request.prompt, request.negative_prompt, self.device, self.do_cfg
+            )
             bad = self._encoder_flags(pipe, tensors) if self.watch else {}
         return _Conditioning(tensors, bad)
 
     def _encoder_flags(self, pipe, tensors: dict[str, Any]) -> dict[str, Any]:
+        """Per text encoder, a device-side flag: did its part of the embeddings go non-finite."""
         import torch
 
-        def not_finite(parts):
-            return ~torch.stack([torch.isfinite(p).all() for p in parts]).all()
-
-        hidden = [tensors["prompt_embeds"]]
-        if "negative_prompt_embeds" in tensors:
-            hidden.append(tensors["negative_prompt_embeds"])
-        if not self.is_sdxl:
-            return {"text_encoder": not_finite(hidden)}
-        # SDXL's embeddings are both encoders' hidden states side by side; the pooled ones
-        # come from the second encoder.
-        flags = {}
-        first = getattr(pipe, "text_encoder", None)
-        split = first.config.hidden_size if first is not None else 0
-        if split:
-            flags["text_encoder"] = not_finite([h[..., :split] for h in hidden])
-        pooled = [tensors[k] for k in ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")]
-        flags["text_encoder_2"] = not_finite([h[..., split:] for h in hidden] + pooled)
-        return flags
+        return {
+            name: ~torch.stack([torch.isfinite(p).all() for p in parts]).all()
+            for name, parts in self.family.encoder_outputs(pipe, tensors).items()
+        }
 
     def noise(self, seeds: list[int]):
         """Initial latents and per-image generators (CPU, so a seed means the same image on

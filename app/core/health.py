@@ -33,6 +33,7 @@ from app.core.diagnosis import (
     status_from_peak,
 )
 from app.core.errors import HalfSafeError
+from app.core.families import family_of
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, parameter_counts
 from app.core.probe import ActivationRecorder, ProbeResult, top_blocks
@@ -269,7 +270,7 @@ class _Runner:
         self.device = torch.device(plan.device)
         self.size = size
         self.prompt = prompt
-        self.is_sdxl = getattr(model.pipeline, "text_encoder_2", None) is not None
+        self.family = family_of(model.pipeline)
         self.timesteps = probe_timesteps(model, steps, scheduler)
 
     def _watch(
@@ -298,27 +299,10 @@ class _Runner:
         return _Stage(probes, seconds, output)
 
     def encode(self, plan: PrecisionPlan, record: bool = True) -> _Stage:
-        names = [n for n in ("text_encoder", "text_encoder_2") if n in plan.dtypes]
+        names = [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
 
         def run(pipe):
-            if self.is_sdxl:
-                embeds, negative, pooled, negative_pooled = pipe.encode_prompt(
-                    prompt=self.prompt,
-                    device=self.device,
-                    num_images_per_prompt=1,
-                    do_classifier_free_guidance=True,
-                    negative_prompt="",
-                )
-                return {
-                    "embeds": embeds,
-                    "negative": negative,
-                    "pooled": pooled,
-                    "negative_pooled": negative_pooled,
-                }
-            embeds, negative = pipe.encode_prompt(
-                self.prompt, self.device, 1, True, negative_prompt=""
-            )
-            return {"embeds": embeds, "negative": negative}
+            return self.family.encode(pipe, self.prompt, "", self.device, guidance=True)
 
         stage = self._watch(plan, names, run, record)
         if record:
@@ -348,22 +332,13 @@ class _Runner:
             generator = torch.Generator().manual_seed(0)
             latents = torch.randn((1, 4, side, side), generator=generator)
             latents = latents.to(self.device) * scheduler.init_noise_sigma
-            text = torch.cat([conditioning["negative"], conditioning["embeds"]])
-            extra = {}
-            if self.is_sdxl:
-                time_ids = torch.tensor(
-                    [[self.size, self.size, 0, 0, self.size, self.size]] * 2,
-                    device=self.device,
-                    dtype=torch.float32,
-                )
-                pooled = torch.cat([conditioning["negative_pooled"], conditioning["pooled"]])
-                extra["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": time_ids}
+            extra = self.family.denoiser_inputs(conditioning, self.size, self.device)
             for t in scheduler.timesteps:
                 x = scheduler.scale_model_input(torch.cat([latents] * 2), t)
                 if unet.config.in_channels > 4:  # inpainting: an empty mask and masked image
                     pad = unet.config.in_channels - 4
                     x = torch.cat([x, x.new_zeros(2, pad, side, side)], dim=1)
-                noise = unet(x, t, encoder_hidden_states=text, **extra).sample.float()
+                noise = unet(x, t, **extra).sample.float()
                 uncond, cond = noise.chunk(2)
                 latents = scheduler.step(
                     uncond + PROBE_CFG * (cond - uncond), t, latents
@@ -507,8 +482,34 @@ class _Observations:
             elif dtype == "bf16":  # fp32's range: only a value past 3.4e38 overflows it
                 outcomes[dtype] = PrecisionOutcome(Status.OK, False)
             else:
-                outcomes[dtype] = PrecisionOutcome(status_from_peak(widest.max_abs), False)
+                outcomes[dtype] = PrecisionOutcome(_predicted_fp16(widest), False)
         return outcomes
+
+    def score_note(self, name: str) -> str | None:
+        """A sentence when fp16 is predicted at risk only through attention scores."""
+        finite = [p for p in self.runs.get(name, {}).values() if not p.non_finite]
+        top = max(
+            (t for t in (p.top_scores() for p in finite) if t is not None),
+            key=lambda t: t.score_bound,
+            default=None,
+        )
+        if top is None or top.score_bound <= FP16_MAX or "fp16" in self.runs.get(name, {}):
+            return None
+        return (
+            f"In fp16 the attention scores of the {component_words(name)} could pass 65504 at "
+            f"{top.name} (an upper bound of {top.score_bound:.3g} from this run; scores are "
+            "never a layer's output): upcast attention keeps them in fp32."
+        )
+
+
+def _predicted_fp16(run: ProbeResult) -> Status:
+    """fp16's status predicted from a finite wider run: its largest activation, and the bound
+    on its attention scores (past 65504, the scores may overflow: at risk, not certain)."""
+    status = status_from_peak(run.max_abs)
+    top = run.top_scores()
+    if status is Status.OK and top is not None and top.score_bound > FP16_MAX:
+        return Status.AT_RISK
+    return status
 
 
 def _measured_status(probe: ProbeResult, dtype: str) -> Status:
@@ -651,7 +652,7 @@ def check_loaded(
         total = 3
         progress("Checking the text encoder", 0, total)
         cancel.raise_if_cancelled()
-        te_names = [n for n in ("text_encoder", "text_encoder_2") if n in plan.dtypes]
+        te_names = [n for n in runner.family.text_encoders(model.pipeline) if n in plan.dtypes]
         encoded = settle(runner.encode, te_names, runner.encode(plan))
 
         progress("Checking the UNet", 1, total)
@@ -687,6 +688,9 @@ def check_loaded(
                 )
         for name, report in reports.items():
             report.precisions = seen.precisions(name, name in broken)
+            note = seen.score_note(name)
+            if note:
+                notes.append(note)
         failed = [n for n, r in reports.items() if r.status.failed]
         notes.extend(search.rejected)
         fix = None
@@ -985,6 +989,18 @@ def headline(report: HealthReport) -> str:
             f"{where}. In fp16 the {join_words(advice.overflowing)} would overflow"
             f"{_factor(peak)} ({basis}): keep only the {join_words(advice.overflowing)} in "
             f"{' or '.join(sorted(keep))} and run the rest in fp16."
+        )
+    predicted_risk = [
+        n
+        for n, c in components.items()
+        if (p := c.precisions.get("fp16")) is not None
+        and not p.measured
+        and p.status is Status.AT_RISK
+    ]
+    if advice is not None and predicted_risk:
+        return (
+            f"{where}. In fp16 the {join_words(predicted_risk)} would come close to fp16's limit "
+            "(predicted from this run), so a larger image or another prompt may overflow it."
         )
     at_risk = [n for n, c in components.items() if c.status is Status.AT_RISK]
     risk = (

@@ -12,6 +12,7 @@ torch, diffusers and transformers are imported inside the functions that use the
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,12 +29,15 @@ from app.core.checkpoint import (
     WeightScan,
     WeightScanner,
     cached_model_hash,
+    cached_value,
+    files_stamp,
     is_pickle_file,
     model_hash,
     one_torch_thread,
     read_safetensors_header,
     refuse_pickle,
     scan_weights,
+    store_value,
     stored_dtype,
     write_safetensors,
 )
@@ -64,7 +68,7 @@ class LoadedModel:
     native_size: int  # 512 / 768 / 1024 (demo: its own small size)
     stored_dtype: str  # "fp16" | "bf16" | "fp32" | "mixed"
     model_hash: str | None  # AUTOMATIC1111 short hash (first 10 hex of the file's sha256)
-    profile_key: str  # stable content key for remembered fixes
+    profile_key: str  # identity of the weights (see `_Identity`): remembered fixes use it
     weights: WeightScan
     detected_because: str  # one sentence: why we think it is this architecture
 
@@ -200,6 +204,55 @@ def _read_json(path: Path, owner: Path | None = None) -> dict[str, Any]:
     return data
 
 
+# Identity ----------------------------------------------------------------------------------
+
+
+class _Identity:
+    """The identity of one load's weights, for remembered fixes: the digest of every tensor the
+    model runs (`checkpoint.TensorDigest`, computed by the weight scan), with the architecture
+    and prediction type the loader read them as.
+
+    Hashing costs about 1 s per GB, where the NaN/Inf scan alone streams at several GB/s from
+    a warm file, so the digest is cached like the A1111 hash: under the model (and separate
+    VAE) paths, with the size and modification time of every file it was read from. A later
+    load of unchanged files asks the scan for no digest; a moved file is hashed again and gets
+    the same key back.
+    """
+
+    def __init__(self, architecture: str, prediction_type: str, parts: list[Path], files) -> None:
+        self._words = f"{architecture}\0{prediction_type}"
+        self._key = json.dumps(["tensors", architecture, *(str(p.resolve()) for p in parts)])
+        self._stamp: dict[str, Any] | None = None  # unstamped: never cached, hashed every time
+        self.cached: str | None = None
+        with contextlib.suppress(OSError):
+            self._stamp = files_stamp(files)
+            self.cached = cached_value(self._key, self._stamp, "content")
+
+    @property
+    def needed(self) -> bool:
+        """True when the weight scan must compute the digest (nothing valid is cached)."""
+        return self.cached is None
+
+    def profile_key(self, scan: WeightScan) -> str:
+        """The key for this load, caching a freshly computed digest. The scan must have been
+        asked to identify when `needed` was True."""
+        content = self.cached or scan.content
+        if content is None:
+            raise ValueError("the weight scan computed no content digest")
+        if self.cached is None and self._stamp is not None:
+            # A cache that cannot be written only costs hashing again next time.
+            with contextlib.suppress(OSError):
+                store_value(self._key, self._stamp, "content", content)
+        return hashlib.sha256(f"{self._words}\0{content}".encode()).hexdigest()
+
+
+def _vae_files(vae: Path) -> list[Path]:
+    """The files a separate VAE is read from (a file, or a folder's files)."""
+    if vae.is_dir():
+        return sorted(f for f in vae.iterdir() if f.is_file())
+    return [vae]
+
+
 # Single files ------------------------------------------------------------------------------
 
 
@@ -278,10 +331,16 @@ def _load_single_file(
                 "the checkpoint has no VAE (no first_stage_model tensors); pass a VAE "
                 "file with --vae.",
             )
+        vae_path = Path(vae).expanduser() if vae is not None else None
+        parts = [path] if vae_path is None else [path, vae_path]
+        files = [path] if vae_path is None else [path, *_vae_files(vae_path)]
+        identity = _Identity(detection.architecture, detection.prediction_type, parts, files)
         with one_torch_thread():
             pipeline, scan, used = _assemble(
-                checkpoint, detection, vae, allow_pickle, progress, cancel
+                checkpoint, detection, vae, allow_pickle, progress, cancel, identity.needed
             )
+        # The A1111 hash's thread writes the same cache file: let it finish first.
+        short_hash = hasher.result(progress, cancel)
         return LoadedModel(
             pipeline=pipeline,
             source=source,
@@ -291,8 +350,8 @@ def _load_single_file(
             prediction_type=detection.prediction_type,
             native_size=detection.native_size,
             stored_dtype=stored_dtype(used),
-            model_hash=hasher.result(progress, cancel),
-            profile_key=checkpoint.profile_key,
+            model_hash=short_hash,
+            profile_key=identity.profile_key(scan),
             weights=scan,
             detected_because=detection.because,
         )
@@ -322,8 +381,10 @@ def _assemble(
     allow_pickle: bool,
     progress: ProgressCallback,
     cancel: CancelToken | None,
+    identify: bool,
 ):
-    """Build every component from the checkpoint; returns (pipeline, scan, used dtypes)."""
+    """Build every component from the checkpoint; returns (pipeline, scan, used dtypes). With
+    `identify`, the scan also digests every tensor used (the separate VAE's included)."""
     import diffusers
     import transformers
 
@@ -336,7 +397,7 @@ def _assemble(
     if vae is None:
         used_keys += _vae_keys(names, detection.vae_prefix)
     total_bytes = sum(_nbytes(checkpoint, k) for k in used_keys)
-    scanner = WeightScanner(total_bytes, progress, cancel)
+    scanner = WeightScanner(total_bytes, progress, cancel, identify=identify)
     used_dtypes = [checkpoint.dtypes[k] for k in used_keys]
     steps = 3 + len(detection.text_encoders)
     step = 0
@@ -399,7 +460,7 @@ def _assemble(
         )
     else:
         components["vae"], vae_scan, vae_dtypes = _load_vae_override(
-            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel
+            Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel, identify
         )
         used_dtypes += vae_dtypes
     _check_latents(Path(vae) if vae else path, components["vae"], components["unet"])
@@ -614,9 +675,10 @@ def _load_vae_override(
     native_size: int,
     allow_pickle: bool,
     cancel: CancelToken | None,
+    identify: bool = False,
 ):
     """A separate VAE: a file (original or diffusers layout, or a full checkpoint's VAE) or a
-    diffusers VAE folder. Returns (model, scan, dtypes)."""
+    diffusers VAE folder. Returns (model, scan, dtypes); the scan digests with `identify`."""
     import diffusers
 
     if not path.exists():
@@ -646,7 +708,7 @@ def _load_vae_override(
             raise UnsupportedModelError(
                 path, f"this is a {config['_class_name']}, not an AutoencoderKL VAE."
             )
-        return model.eval(), scan_weights(model, cancel=cancel), dtypes
+        return model.eval(), scan_weights(model, cancel=cancel, identify=identify), dtypes
     with Checkpoint(path, allow_pickle=allow_pickle) as checkpoint:
         keys = checkpoint.keys()
         prefix = next(
@@ -656,13 +718,18 @@ def _load_vae_override(
         if prefix is None or not any(k.startswith(prefix + "encoder.") for k in keys):
             raise BadFileError(path, "this file holds no VAE (no encoder and decoder tensors).")
         vae_keys = _vae_keys(keys, prefix)
-        scanner = WeightScanner(sum(_nbytes(checkpoint, k) for k in vae_keys), cancel=cancel)
+        scanner = WeightScanner(
+            sum(_nbytes(checkpoint, k) for k in vae_keys),
+            cancel=cancel,
+            identify=identify,
+            label=f"{path.name}:",
+        )
 
         def read(keys_: list[str]) -> dict[str, Any]:
             tensors = {}
             for key in keys_:
                 tensors[key] = checkpoint.get(key)
-                scanner.check(f"{path.name}:{key}", tensors[key])
+                scanner.check(key, tensors[key])
             return tensors
 
         model = _vae_from_checkpoint(checkpoint, prefix, base, native_size, read)
@@ -764,31 +831,33 @@ def _load_folder(
             path, f"this looks like {detection.looks_like}: {detection.because}"
         )
 
-    digest = hashlib.sha256()
     dtypes: dict[str, list[str]] = {}
     variant = None
     pickles = False
+    read_from = [index_file]  # every file the weights come from, for the identity's stamp
     for name in sorted(components):
         if name not in MODEL_COMPONENTS:
             continue
         folder = path / name
         _read_json(folder / "config.json", owner=folder)
         files = _weight_files(folder, allow_pickle, path)
+        read_from += [folder / "config.json", *files]
         for file in files:
             if file.suffix == ".safetensors":
                 header = read_safetensors_header(file)
                 dtypes.setdefault(name, []).extend(header.dtypes().values())
-                digest.update(f"{name}/{file.name}".encode())
-                digest.update(header.raw)
-                digest.update(str(header.file_size).encode())
             else:
                 pickles = True
-                digest.update(f"{name}/{file.name}:{file.stat().st_size}".encode())
         plain = [f for f in files if ".fp16." not in f.name]
         if not plain and any(".fp16." in f.name for f in files):
             variant = "fp16"
     if cancel is not None:
         cancel.raise_if_cancelled()
+    # Stamped before anything is read, so a file changed during the load is hashed again.
+    parts = [path] if vae is None else [path, Path(vae).expanduser()]
+    if vae is not None and Path(vae).expanduser().exists():
+        read_from += _vae_files(Path(vae).expanduser())
+    identity = _Identity(detection.architecture, detection.prediction_type, parts, read_from)
 
     torch_dtype: dict[str, Any] = {"default": _torch_dtype("fp32")}
     for name, found in dtypes.items():
@@ -817,7 +886,7 @@ def _load_folder(
         _check_latents(Path(vae), model, pipeline.unet)
         pipeline.register_modules(vae=model)
         dtypes["vae"] = vae_dtypes
-    weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)
+    weights = scan_weights(pipeline, on_progress=progress, cancel=cancel, identify=identity.needed)
     all_dtypes = [d for found in dtypes.values() for d in found]
     if pickles:
         all_dtypes += [
@@ -833,7 +902,7 @@ def _load_folder(
         native_size=detection.native_size,
         stored_dtype=stored_dtype(all_dtypes),
         model_hash=None,
-        profile_key=digest.hexdigest(),
+        profile_key=identity.profile_key(weights),
         weights=weights,
         detected_because=detection.because,
     )

@@ -283,6 +283,12 @@ class SafeAttnProcessor:
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
+        scores = getattr(attn, "_halfsafe_scores", None)
+        if scores is not None:  # a probe is recording: bound |q.k| * scale (Cauchy-Schwarz)
+            norms_q = query.detach().float().norm(dim=-1).amax()
+            norms_k = key.detach().float().norm(dim=-1).amax()
+            scores.append(norms_q * norms_k * (attn.scale or head_dim**-0.5))
+
         out_dtype = query.dtype
         if self.upcast or getattr(attn, "upcast_attention", False):
             query, key, value = query.float(), key.float(), value.float()

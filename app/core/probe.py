@@ -58,6 +58,10 @@ class ModuleStats:
     first_bad: int | None = None  # completion index of the first call that went bad
     bad_with_finite_inputs: bool = False
     first_over_fp16: int | None = None  # first call whose |output| > 65504 with inputs below it
+    # Attention layers only: an upper bound on |q.k| * scale over every call (Cauchy-Schwarz,
+    # from the largest query and key norms). Scores live inside the kernel, never as a module's
+    # output, so without this an fp32 run could not predict an fp16 score overflow.
+    score_bound: float = 0.0
 
 
 @dataclass
@@ -93,6 +97,11 @@ class ProbeResult:
             any(m.non_finite for m in inside),
         )
 
+    def top_scores(self) -> ModuleStats | None:
+        """The attention layer with the largest score bound (None when none reported one)."""
+        layers = [m for m in self.modules.values() if m.score_bound > 0]
+        return max(layers, key=lambda m: m.score_bound) if layers else None
+
     def first_over_fp16(self) -> ModuleStats | None:
         """The first module whose output passed 65504 while its inputs had not (fp32 runs)."""
         candidates = [m for m in self.modules.values() if m.first_over_fp16 is not None]
@@ -102,20 +111,25 @@ class ProbeResult:
 class ActivationRecorder:
     """Hooks on every module of `root`; use as a context manager around the forward passes.
 
-    Per module call it keeps two 0-d device tensors (inputs' and output's max |value|); no host
-    synchronisation happens until `read()`.
+    Per module call it keeps two 0-d device tensors (inputs' and output's max |value|), and for
+    attention layers run by `precision.SafeAttnProcessor` a third, the bound on their scores; no
+    host synchronisation happens until `read()`.
     """
+
+    SCORES = "_halfsafe_scores"  # the list an attention processor appends its bounds to
 
     def __init__(self, root, skip: tuple[str, ...] = ()) -> None:
         self.root = root
         self._names: dict[int, str] = {}
         self._pending: dict[int, list[Any]] = {}
-        self._calls: list[tuple[int, Any, Any]] = []
+        self._calls: list[tuple[int, Any, Any, Any]] = []
         self._handles: list[Any] = []
         for name, module in root.named_modules():
             if any(name == s or name.startswith(s + ".") for s in skip):
                 continue
             self._names[id(module)] = name
+            if hasattr(module, "set_processor"):  # a diffusers attention layer
+                setattr(module, self.SCORES, [])
             self._handles.append(module.register_forward_pre_hook(self._before, with_kwargs=True))
             self._handles.append(module.register_forward_hook(self._after))
 
@@ -125,7 +139,9 @@ class ActivationRecorder:
     def _after(self, module, args, output):
         stack = self._pending.get(id(module))
         inputs = stack.pop() if stack else None
-        self._calls.append((id(module), inputs, max_abs(output)))
+        scores = getattr(module, self.SCORES, None)
+        bound = scores.pop() if scores else None
+        self._calls.append((id(module), inputs, max_abs(output), bound))
 
     def __enter__(self) -> ActivationRecorder:
         return self
@@ -137,6 +153,9 @@ class ActivationRecorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for module in self.root.modules():
+            if hasattr(module, self.SCORES):
+                delattr(module, self.SCORES)
 
     def read(self, output: Any = None) -> ProbeResult:
         """Bring every recorded number to the host in one transfer and summarise per module."""
@@ -145,21 +164,27 @@ class ActivationRecorder:
         result = ProbeResult()
         if not self._calls:
             return result
-        device = next(t for _, _, t in self._calls if t is not None).device
+        device = next(t for _, _, t, _ in self._calls if t is not None).device
         nan = torch.tensor(float("nan"), device=device)
         zero = torch.zeros((), device=device)
         rows = [
-            torch.stack([i if i is not None else zero, o if o is not None else nan])
-            for _, i, o in self._calls
+            torch.stack(
+                [
+                    i if i is not None else zero,
+                    o if o is not None else nan,
+                    b.to(device) if b is not None else zero,
+                ]
+            )
+            for _, i, o, b in self._calls
         ]
         final = max_abs(output)
         if final is not None:
-            rows.append(torch.stack([zero, final]))
+            rows.append(torch.stack([zero, final, zero]))
         table = torch.stack(rows).cpu().tolist()  # the one host sync of the probe
         if final is not None:
             result.output_finite = math.isfinite(table.pop()[1])
 
-        for index, ((module_id, _, out), (inputs, peak)) in enumerate(
+        for index, ((module_id, _, out, _), (inputs, peak, bound)) in enumerate(
             zip(self._calls, table, strict=True)
         ):
             if out is None:
@@ -168,6 +193,8 @@ class ActivationRecorder:
             stats = result.modules.get(name)
             if stats is None:
                 stats = result.modules[name] = ModuleStats(name, index)
+            if math.isfinite(bound):
+                stats.score_bound = max(stats.score_bound, bound)
             if math.isfinite(peak):
                 stats.max_abs = max(stats.max_abs, peak)
                 if (

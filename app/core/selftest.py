@@ -189,7 +189,7 @@ def _store(result: SelfTestResult) -> None:
 def run_self_test(
     device: torch.device | str = "cpu",
     *,
-    key: str | None = None,
+    key: str,
     skip: Mapping[str, str] | None = None,
     retest: bool = False,
     on_progress: ProgressCallback = no_progress,
@@ -197,9 +197,10 @@ def run_self_test(
 ) -> SelfTestResult:
     """Test fp16 and bf16 on `device` against fp32, or return the cached verdict.
 
-    `key` identifies the device for the cache (see `cache_key`); without it the key is built
-    from `app.core.hardware.describe_device(device)`. `skip` maps a dtype to the reason it is
-    not tested (e.g. bf16 on a device that has none). `retest` ignores the cache.
+    `key` identifies the device for the cache (see `cache_key`; `hardware.self_test_key`
+    builds it from a described device, so that this module never needs `hardware`, which
+    imports it). `skip` maps a dtype to the reason it is not tested (e.g. bf16 on a device
+    that has none). `retest` ignores the cache.
 
     Takes about a second on a 2-core CPU (sizes there are kept small) and well under a second
     on a GPU. Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
@@ -209,11 +210,6 @@ def run_self_test(
     import torch
 
     device = torch.device(device)
-    if key is None:
-        from app.core import hardware
-
-        info = hardware.describe_device(device)
-        key = cache_key(info.name, info.driver, torch.__version__, info.kind)
     if not retest:
         hit = cached_result(key)
         if hit is not None:

@@ -132,15 +132,23 @@ def _loaded(context: JobContext) -> Any:
 
 
 def check(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
-    """params: precision (settings mapping), device, size (px or None)."""
+    """params: precision (settings mapping), device, size (px or None), steps and scheduler
+    (the user's sampler: the denoiser is probed at its schedule's ends)."""
     model = _loaded(context)
-    from app.core.health import check_loaded, markdown_report
+    from app.core.health import (
+        DEFAULT_SCHEDULER,
+        DEFAULT_STEPS,
+        check_loaded,
+        markdown_report,
+    )
 
     report = check_loaded(
         model,
         precision=PrecisionSettings.from_mapping(params.get("precision", {})),
         device=params.get("device", "auto"),
         size=params.get("size"),
+        steps=int(params.get("steps") or DEFAULT_STEPS),
+        scheduler=str(params.get("scheduler") or DEFAULT_SCHEDULER),
         on_progress=context.progress,
         cancel=context.cancel,
     )

@@ -148,6 +148,9 @@ class HealthView(QWidget):
             "precision": self.state.precision(),
             "device": self.state.device(),
             "size": self.size_choice.currentData(),
+            # The denoiser is probed at the ends of the sampler schedule the user generates with.
+            "steps": self.state.settings["steps"],
+            "scheduler": self.state.settings["scheduler"],
         }
         self.job_id = self.client.submit("check", params, self._on_event)
 

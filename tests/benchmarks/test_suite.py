@@ -18,6 +18,7 @@ import common  # noqa: E402
 import run  # noqa: E402
 
 
+@pytest.mark.slow  # every section's script in its own process: a minute and a half on 2 cores
 def test_smoke_profile_prints_a_summary_and_writes_json(tmp_path):
     out = tmp_path / "smoke.json"
     finished = subprocess.run(

@@ -217,16 +217,71 @@ def test_checkpoint_tensors_are_copy_on_write_views(tmp_path):
     assert tensor[0, 0] == 100
 
 
-def test_profile_key_is_stable_and_content_sensitive(tmp_path):
-    one = small_safetensors(tmp_path / "one.safetensors")
-    copy = tmp_path / "copy.safetensors"
-    copy.write_bytes(one.read_bytes())
-    other = small_safetensors(
-        tmp_path / "other.safetensors", {"a": torch.zeros(3, dtype=torch.float32)}
-    )
-    key = read_safetensors_header(one).profile_key
-    assert key == read_safetensors_header(copy).profile_key
-    assert key != read_safetensors_header(other).profile_key
+def _content(path, **kwargs) -> str:
+    scan = scan_weights(path, identify=True, **kwargs)
+    assert scan.content is not None
+    return scan.content
+
+
+def _flip_one_byte(path, offset_from_end: int = 1) -> None:
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_content_digest_changes_with_one_byte_of_one_tensor(tmp_path):
+    path = small_safetensors(tmp_path / "one.safetensors")
+    header_before = read_safetensors_header(path).raw
+    before = _content(path)
+    _flip_one_byte(path)  # the last byte of the last tensor's data
+    assert read_safetensors_header(path).raw == header_before  # same layout, same header
+    assert _content(path) != before
+
+
+def test_content_digest_ignores_where_and_how_the_tensors_are_stored(tmp_path):
+    one = small_safetensors(tmp_path / "one.safetensors", metadata={"note": "first"})
+    key = _content(one)
+    moved = tmp_path / "elsewhere" / "renamed.safetensors"
+    moved.parent.mkdir()
+    one.rename(moved)
+    os.utime(moved, ns=(5, 5))
+    assert _content(moved) == key  # moved, renamed, touched
+    tensors = {
+        "b": torch.ones(4, dtype=torch.float16),
+        "a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+    }
+    assert _content(small_safetensors(tmp_path / "other-order.safetensors", tensors)) == key
+    assert scan_weights(tensors, identify=True).content == key  # in memory, in another order
+    pickled = tmp_path / "same.ckpt"
+    torch.save(tensors, str(pickled))
+    assert _content(pickled, allow_pickle=True) == key
+    assert scan_weights(moved).content is None  # only computed when asked for
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        {"a": torch.arange(6, dtype=torch.float32).reshape(3, 2)},  # shape
+        {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3).view(torch.int32)},  # dtype
+        {"c": torch.arange(6, dtype=torch.float32).reshape(2, 3)},  # name
+    ],
+)
+def test_content_digest_covers_name_dtype_and_shape(changed):
+    # Each change keeps every byte of the data: only the name, dtype or shape tells them apart.
+    base = {
+        "a": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+        "b": torch.ones(4, dtype=torch.float16),
+    }
+    other = {**{k: v for k, v in base.items() if k != "a"}, **changed}
+    assert scan_weights(base, identify=True).content != scan_weights(other, identify=True).content
+
+
+def test_merged_scans_keep_both_digests_apart():
+    a = scan_weights({"w": torch.zeros(2)}, identify=True)
+    b = scan_weights({"w": torch.ones(2)}, identify=True)
+    assert a.merged(b).content not in (None, a.content, b.content)
+    assert a.merged(b).content != b.merged(a).content
+    assert a.merged(WeightScan([], 0, 0, 0.0)).content is None
 
 
 def test_stored_dtype_names():

@@ -25,7 +25,7 @@ from checkpoint_files import (
 )
 
 from app.core import architecture as arch
-from app.core.checkpoint import read_safetensors_header, write_safetensors
+from app.core.checkpoint import write_safetensors
 from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
 from app.core.jobs import CancelToken
@@ -97,7 +97,7 @@ def test_single_file_round_trip_keeps_every_weight(tmp_path, kind, dtype):
     )
     assert model.name == f"tiny-{kind}" and model.source == str(path)
     assert model.model_hash == hashlib.sha256(path.read_bytes()).hexdigest()[:10]
-    assert model.profile_key == read_safetensors_header(path).profile_key
+    assert model.weights.content is not None  # the first load digests what it read
     assert model.weights.non_finite == [] and model.weights.tensors > 100
     assert (
         model.detected_because.endswith(".") and arch.NAMES[architecture] in model.detected_because
@@ -592,23 +592,34 @@ def test_loaded_single_file_pipelines_generate(tmp_path, kind):
 
 
 def test_first_load_reports_the_hash_and_can_be_cancelled_there(tmp_path, monkeypatch):
-    import time
+    import threading
 
     from app.core import checkpoint
 
     path = save_single_file(build_tiny_sd_pipeline(), tmp_path / "model.safetensors")
     real = checkpoint.sha256_file
+    waited = threading.Event()
 
-    def slow_sha256(*args, **kwargs):
-        time.sleep(0.8)
-        return real(*args, **kwargs)
+    def held_sha256(*args, cancel=None, **kwargs):
+        # The hash is held until the loader says it waits for it, so the load always finishes
+        # first, however busy the machine; a cancelled load releases it through `cancel`.
+        while not waited.wait(0.01):
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+        return real(*args, cancel=cancel, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "sha256_file", slow_sha256)
-    stages = []
-    model = load_model(str(path), on_progress=lambda stage, done, total: stages.append(stage))
+    def release_at_hash(stage, done, total):
+        stages.append(stage)
+        if stage.startswith("Computing the model hash"):
+            waited.set()
+
+    monkeypatch.setattr(checkpoint, "sha256_file", held_sha256)
+    stages: list[str] = []
+    model = load_model(str(path), on_progress=release_at_hash)
     assert any(stage.startswith("Computing the model hash") for stage in stages)
     assert model.model_hash == hashlib.sha256(path.read_bytes()).hexdigest()[:10]
 
+    waited.clear()
     other = save_single_file(build_tiny_sd_pipeline(seed=1), tmp_path / "other.safetensors")
     token = CancelToken()
 
@@ -618,3 +629,5 @@ def test_first_load_reports_the_hash_and_can_be_cancelled_there(tmp_path, monkey
 
     with pytest.raises(CancelledError):
         load_model(str(other), on_progress=cancel_at_hash, cancel=token)
+    assert not waited.is_set()  # cancelled while the hash was still held
+    assert checkpoint.cached_model_hash(other) is None

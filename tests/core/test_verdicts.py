@@ -215,3 +215,21 @@ def vae_report():
         remember=False,
         measure_cost=True,
     )
+
+
+def test_an_fp32_run_warns_of_attention_scores_that_could_pass_fp16s_limit():
+    """Scores live inside the attention kernel, never as a layer's output: the fp32 run bounds
+    them, so "fp16 would be safe too" is never said of a model whose scores could overflow."""
+    from tests.core.test_health import ATTN_LAYER
+
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "attention")), FP32)
+    unet = report.components["unet"]
+    assert unet.precisions["fp16"].status is Status.AT_RISK
+    assert not unet.precisions["fp16"].measured
+    assert "would be safe" not in report.headline
+    assert "In fp16 the UNet would come close to fp16's limit" in report.headline
+    assert any(ATTN_LAYER in n and "attention scores" in n for n in report.notes)
+
+    healthy = check(loaded(build_tiny_sd_pipeline()), FP32)
+    assert healthy.components["unet"].precisions["fp16"].status is Status.OK
+    assert "fp16 would be safe too" in healthy.headline

@@ -12,6 +12,8 @@ from app.core.settings import load_settings, save_settings
 from app.engine.events import EventState
 
 LONG = 240_000  # ms; a loaded 2-core machine needs a while to import torch and run the demo
+# An engine process that imports torch and runs the demo: 8-10 s each on 2 cores.
+pytestmark = pytest.mark.slow
 
 
 def _has(module: str) -> bool:

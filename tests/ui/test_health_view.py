@@ -209,3 +209,11 @@ def test_a_report_about_another_model_is_cleared_when_a_new_one_loads(window, en
     load_fake_model(window, engines)  # the demo, not /models/sdxl.safetensors
     assert view.report is None and not view.cards
     assert not view.verdict.isVisible() and not view.copy_button.isEnabled()
+
+
+def test_check_probes_the_sampler_the_user_generates_with(window, engines):
+    load_fake_model(window, engines)
+    window.state.apply({"steps": 12, "scheduler": "euler"})
+    window.health_view.run_check()
+    params = engines.current.last_job("check").params
+    assert (params["steps"], params["scheduler"]) == (12, "euler")

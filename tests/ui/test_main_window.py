@@ -135,7 +135,7 @@ def test_drag_and_drop_of_a_file_loads_it(window, engines, tmp_path, qtbot):
     checkpoint.write_bytes(b"{}")
     mime = QMimeData()
     mime.setUrls([QUrl.fromLocalFile(str(checkpoint))])
-    target = QPointF(window.rect().center())
+    target = window.rect().center()  # QDragEnterEvent takes a QPoint, QDropEvent a QPointF
     enter = QDragEnterEvent(
         target,
         Qt.DropAction.CopyAction,
@@ -146,7 +146,7 @@ def test_drag_and_drop_of_a_file_loads_it(window, engines, tmp_path, qtbot):
     QApplication.sendEvent(window, enter)
     assert enter.isAccepted()
     drop = QDropEvent(
-        target,
+        QPointF(target),
         Qt.DropAction.CopyAction,
         mime,
         Qt.MouseButton.LeftButton,
@@ -167,7 +167,7 @@ def test_drag_of_plain_text_is_refused(window):
     mime = QMimeData()
     mime.setText("not a file")
     enter = QDragEnterEvent(
-        QPointF(window.rect().center()),
+        window.rect().center(),
         Qt.DropAction.CopyAction,
         mime,
         Qt.MouseButton.LeftButton,
