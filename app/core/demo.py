@@ -71,19 +71,21 @@ def tiny_text_encoder(seed: int, hidden: int = 32, layers: int = 2, projection: 
 def tiny_vae(seed: int):
     from diffusers import AutoencoderKL
 
+    # A config mapping: diffusers annotates these variable-length tuples as one-item tuples.
+    config: dict[str, Any] = {
+        "in_channels": 3,
+        "out_channels": 3,
+        "latent_channels": 4,
+        "down_block_types": ("DownEncoderBlock2D",) * 4,
+        "up_block_types": ("UpDecoderBlock2D",) * 4,
+        "block_out_channels": (16, 32, 32, 32),
+        "layers_per_block": 1,
+        "norm_num_groups": 8,
+        "sample_size": DEMO_SIZE,
+        "scaling_factor": 0.18215,
+    }
     _seeded(seed)
-    return AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(16, 32, 32, 32),
-        layers_per_block=1,
-        norm_num_groups=8,
-        sample_size=DEMO_SIZE,
-        scaling_factor=0.18215,
-    ).eval()
+    return AutoencoderKL(**config).eval()
 
 
 def tiny_unet(seed: int, cross_attention_dim: int = 32, sdxl_text_embeds: int | None = None):
@@ -117,16 +119,18 @@ def build_tiny_sd_pipeline(seed: int = 0):
     """A tiny SD1.x-shaped txt2img pipeline (fp32, CPU), deterministic for a given seed."""
     from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
-    return StableDiffusionPipeline(
-        vae=tiny_vae(seed + 1),
-        text_encoder=tiny_text_encoder(seed + 2),
-        tokenizer=clip_tokenizer(),
-        unet=tiny_unet(seed + 3),
-        scheduler=EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
+    # As a mapping: diffusers annotates the scheduler as an enum and the checker as required.
+    parts: dict[str, Any] = {
+        "vae": tiny_vae(seed + 1),
+        "text_encoder": tiny_text_encoder(seed + 2),
+        "tokenizer": clip_tokenizer(),
+        "unet": tiny_unet(seed + 3),
+        "scheduler": EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
+        "safety_checker": None,
+        "feature_extractor": None,
+        "requires_safety_checker": False,
+    }
+    return StableDiffusionPipeline(**parts)
 
 
 def build_tiny_sdxl_pipeline(seed: int = 0):
@@ -134,17 +138,18 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
 
     hidden_1, hidden_2 = 32, 32
-    return StableDiffusionXLPipeline(
-        vae=tiny_vae(seed + 1),
-        text_encoder=tiny_text_encoder(seed + 2, hidden=hidden_1),
-        text_encoder_2=tiny_text_encoder(seed + 4, hidden=hidden_2, projection=hidden_2),
-        tokenizer=clip_tokenizer(),
-        tokenizer_2=clip_tokenizer(pad_token="!"),
-        unet=tiny_unet(
+    parts: dict[str, Any] = {
+        "vae": tiny_vae(seed + 1),
+        "text_encoder": tiny_text_encoder(seed + 2, hidden=hidden_1),
+        "text_encoder_2": tiny_text_encoder(seed + 4, hidden=hidden_2, projection=hidden_2),
+        "tokenizer": clip_tokenizer(),
+        "tokenizer_2": clip_tokenizer(pad_token="!"),
+        "unet": tiny_unet(
             seed + 3, cross_attention_dim=hidden_1 + hidden_2, sdxl_text_embeds=hidden_2
         ),
-        scheduler=EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
-    )
+        "scheduler": EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
+    }
+    return StableDiffusionXLPipeline(**parts)
 
 
 def build_demo_pipeline():

@@ -178,8 +178,8 @@ class NanWatch:
         self.first_step = torch.full((batch,), -1, dtype=torch.long, device=device)
         self._keep = keep_failing_input
         self._pending: tuple[Any, Any, dict[str, Any]] | None = None
-        self._sample = None  # (copies, batch, C, h, w): each image's input to its first bad call
-        self._timestep = None  # (batch,)
+        self._sample: Any = None  # (copies, batch, C, h, w): each image's first bad input
+        self._timestep: Any = None  # (batch,)
         self._kwargs: dict[str, Any] = {}
         self._copies = 1
         self._handles = [
@@ -214,6 +214,8 @@ class NanWatch:
     def _keep_input(self, newly) -> None:
         import torch
 
+        if self._pending is None:
+            return
         sample, timestep, rest = self._pending
         self._pending = None
         if sample is None or sample.shape[0] % self.batch:
@@ -569,7 +571,7 @@ class _Job:
             self.first_bad[component] = name
         return name
 
-    def part_output(self, component: str, plan: PrecisionPlan, outcome: _Outcome):
+    def part_output(self, component: str, plan: PrecisionPlan, outcome: _Outcome) -> Any:
         """The failing part's output under `plan`, on the inputs it failed with: the decoded
         pixels, one UNet call on the kept input, or the prompt's embeddings (None when no
         input was kept to re-run)."""
@@ -654,7 +656,7 @@ class _Job:
         passed, output = self.verify(component, candidate.plan, outcome)
         if not passed:
             return None
-        if component == "vae":  # the verified decode is the repaired image
+        if component == "vae" and output is not None:  # the verified decode is the image
             image, stats = to_image(output.numpy())
             return replace(outcome, plan=candidate.plan, image=image, stats=stats)
         self.stage = "Making the image again"

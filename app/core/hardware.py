@@ -944,7 +944,7 @@ def format_report(report: HardwareReport) -> str:
         "",
     ]
     header = ("Device", "Name", "Memory", "fp16", "bf16", "TF32", "Self-test")
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for d in report.devices:
         rows.append(
             (

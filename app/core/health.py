@@ -326,7 +326,7 @@ class _Runner:
 
         def run(pipe):
             unet = pipe.unet
-            scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+            scheduler: Any = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
             scheduler.set_timesteps(timesteps=list(timesteps or self.timesteps), device=self.device)
             side = self.size // 8
             generator = torch.Generator().manual_seed(0)
@@ -387,11 +387,15 @@ class _Runner:
                 "unet_step_ms": round(statistics.median(samples[name]), 2),
                 "unet_step_ms_range": [round(min(samples[name]), 2), round(max(samples[name]), 2)],
                 "rounds": COST_ROUNDS,
-                "peak_memory_mb": round(peaks[name], 1) if peaks[name] is not None else None,
+                "peak_memory_mb": _rounded(peaks[name]),
                 "weights_mb": round(plan.weights_mb(counts), 1),
             }
             for name, plan in plans.items()
         }
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None
 
 
 def probe_timesteps(model, steps: int, scheduler: str) -> list[int]:
@@ -408,7 +412,9 @@ def probe_timesteps(model, steps: int, scheduler: str) -> list[int]:
     """
     from app.core.generation import make_scheduler
 
-    schedule = make_scheduler(scheduler, model.pipeline.scheduler.config, model.prediction_type)
+    schedule: Any = make_scheduler(
+        scheduler, model.pipeline.scheduler.config, model.prediction_type
+    )
     schedule.set_timesteps(max(2, steps))
     timesteps = [int(t) for t in schedule.timesteps]
     picked = [timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]]

@@ -324,15 +324,19 @@ def set_attention(module, plan: PrecisionPlan) -> None:
     for layer in module.modules():
         if not isinstance(layer, Attention):
             continue
-        if not hasattr(layer, "_halfsafe_config_upcast"):
-            layer._halfsafe_config_upcast = (layer.upcast_attention, layer.upcast_softmax)
-        config_attention, config_softmax = layer._halfsafe_config_upcast
-        layer.upcast_attention = config_attention or plan.upcast_attention
-        layer.upcast_softmax = config_softmax or plan.upcast_attention
-        if plan.attention_backend == "classic":
-            layer.set_processor(AttnProcessor())
-        else:
-            layer.set_processor(SafeAttnProcessor(plan.upcast_attention))
+        # The model's own flags, kept once so that a later plan without upcast restores them.
+        config: tuple[bool, bool] | None = getattr(layer, "_halfsafe_config_upcast", None)
+        if config is None:
+            config = (bool(layer.upcast_attention), bool(layer.upcast_softmax))
+            object.__setattr__(layer, "_halfsafe_config_upcast", config)
+        layer.upcast_attention = config[0] or plan.upcast_attention
+        layer.upcast_softmax = config[1] or plan.upcast_attention
+        processor: Any = (
+            AttnProcessor()
+            if plan.attention_backend == "classic"
+            else SafeAttnProcessor(plan.upcast_attention)
+        )
+        layer.set_processor(processor)
 
 
 @contextmanager

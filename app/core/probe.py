@@ -84,7 +84,7 @@ class ProbeResult:
         candidates = [
             m for m in self.modules.values() if m.first_bad is not None and m.bad_with_finite_inputs
         ]
-        return min(candidates, key=lambda m: m.first_bad) if candidates else None
+        return min(candidates, key=lambda m: m.first_bad or 0) if candidates else None
 
     def within(self, block: str) -> tuple[float, bool]:
         """The largest finite |output| anywhere inside `block` (the block and every module
@@ -105,7 +105,7 @@ class ProbeResult:
     def first_over_fp16(self) -> ModuleStats | None:
         """The first module whose output passed 65504 while its inputs had not (fp32 runs)."""
         candidates = [m for m in self.modules.values() if m.first_over_fp16 is not None]
-        return min(candidates, key=lambda m: m.first_over_fp16) if candidates else None
+        return min(candidates, key=lambda m: m.first_over_fp16 or 0) if candidates else None
 
 
 class ActivationRecorder:

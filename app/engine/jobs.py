@@ -37,8 +37,9 @@ def _plain(value: Any) -> Any:
         return str(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if hasattr(value, "to_json"):
-        return _plain(value.to_json())
+    to_json = getattr(value, "to_json", None)
+    if callable(to_json):
+        return _plain(to_json())
     return str(value)
 
 
