@@ -99,18 +99,24 @@ def to_image(pixels) -> tuple[Any, PixelStats]:
     bad_pixels = ~finite.all(axis=-1)
     non_finite = float(bad_pixels.mean()) if pixels.size else 0.0
     unit = np.clip(np.where(finite, pixels, -1.0) / 2 + 0.5, 0.0, 1.0)
-    brightness = unit.mean(axis=-1)[~bad_pixels]
-    if brightness.size:
-        stats = PixelStats(
-            non_finite=non_finite,
-            mean=float(brightness.mean()),
-            spread=float(brightness.std()),
-            bright=float(np.percentile(brightness, 99.5)),
-        )
-    else:
-        stats = PixelStats(non_finite=non_finite, mean=0.0, spread=0.0, bright=0.0)
+    stats = brightness_stats(unit.mean(axis=-1)[~bad_pixels], non_finite)
     image = Image.fromarray((unit * 255).round().astype(np.uint8), "RGB")
     return image, stats
+
+
+def brightness_stats(brightness, non_finite: float = 0.0) -> PixelStats:
+    """PixelStats of the finite pixels' brightness values (any shape, 0..1)."""
+    import numpy as np
+
+    brightness = np.asarray(brightness, dtype=np.float32).ravel()
+    if not brightness.size:
+        return PixelStats(non_finite=non_finite, mean=0.0, spread=0.0, bright=0.0)
+    return PixelStats(
+        non_finite=non_finite,
+        mean=float(brightness.mean()),
+        spread=float(brightness.std()),
+        bright=float(np.percentile(brightness, 99.5)),
+    )
 
 
 def image_array(image) -> Any:
