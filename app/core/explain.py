@@ -65,11 +65,11 @@ def read_png(path: str | Path) -> PngFacts:
     try:
         size = path.stat().st_size
         if not path.is_file():
-            raise BadFileError(path, "is not a file.")
+            raise BadFileError(path, "not a file.")
         if size > MAX_IMAGE_BYTES:
             raise BadFileError(
                 path,
-                f"is {size / 2**20:.0f} MB; a generated image is far smaller than "
+                f"{size / 2**20:.0f} MB; a generated image is far smaller than "
                 f"{MAX_IMAGE_BYTES >> 20} MB, so it is not read.",
             )
         with path.open("rb") as file:
@@ -80,7 +80,7 @@ def read_png(path: str | Path) -> PngFacts:
 
 def _read_png(path: Path, file, size: int) -> PngFacts:
     if file.read(8) != PNG_SIGNATURE:
-        raise BadFileError(path, "is not a PNG image (its first bytes are not PNG's signature).")
+        raise BadFileError(path, "not a PNG image (its first bytes are not PNG's signature).")
     text: dict[str, str] = {}
     total_text = 0
     width = height = 0
@@ -89,13 +89,13 @@ def _read_png(path: Path, file, size: int) -> PngFacts:
             raise BadFileError(path, f"holds more than {MAX_CHUNKS} PNG chunks; it is not read.")
         head = file.read(8)
         if len(head) < 8:
-            raise BadFileError(path, "is truncated: the PNG ends before its IEND chunk.")
+            raise BadFileError(path, "truncated: the PNG ends before its IEND chunk.")
         length, kind = struct.unpack(">I4s", head)
         if length > size - file.tell():
             raise BadFileError(
                 path,
-                f"is damaged: its {_kind(kind)} chunk claims {length} bytes, more than "
-                "the file has left.",
+                f"truncated or damaged: its {_kind(kind)} chunk claims {length} bytes, "
+                "more than the file has left.",
             )
         if kind in (b"tEXt", b"zTXt", b"iTXt") or kind == b"IHDR":
             if length > MAX_TEXT_CHUNK_BYTES:
@@ -107,15 +107,15 @@ def _read_png(path: Path, file, size: int) -> PngFacts:
             data = file.read(length)
             crc = file.read(4)
             if len(crc) < 4 or zlib.crc32(kind + data) != struct.unpack(">I", crc)[0]:
-                raise BadFileError(path, f"is damaged: its {_kind(kind)} chunk fails its checksum.")
+                raise BadFileError(path, f"damaged: its {_kind(kind)} chunk fails its checksum.")
         else:
             file.seek(length + 4, 1)
             data = b""
         if count == 0 and kind != b"IHDR":
-            raise BadFileError(path, "is damaged: a PNG must start with its IHDR chunk.")
+            raise BadFileError(path, "damaged: a PNG must start with its IHDR chunk.")
         if kind == b"IHDR":
             if length != 13:
-                raise BadFileError(path, "is damaged: its IHDR chunk is not 13 bytes.")
+                raise BadFileError(path, "damaged: its IHDR chunk is not 13 bytes.")
             width, height = struct.unpack(">II", data[:8])
             if not width or not height or width * height > MAX_PIXELS:
                 raise BadFileError(
@@ -146,28 +146,28 @@ def _kind(kind: bytes) -> str:
 def _text_chunk(path: Path, kind: bytes, data: bytes) -> tuple[str, str]:
     keyword, sep, rest = data.partition(b"\0")
     if not sep or not 1 <= len(keyword) <= 79:
-        raise BadFileError(path, f"is damaged: a {_kind(kind)} chunk has no valid keyword.")
+        raise BadFileError(path, f"damaged: a {_kind(kind)} chunk has no valid keyword.")
     name = keyword.decode("latin-1")
     if kind == b"tEXt":
         return name, rest.decode("latin-1")
     if kind == b"zTXt":
         if not rest or rest[0] != 0:
-            raise BadFileError(path, f"is damaged: its {name!r} text uses an unknown compression.")
+            raise BadFileError(path, f"damaged: its {name!r} text uses an unknown compression.")
         return name, _inflate(path, name, rest[1:]).decode("latin-1")
     # iTXt: compression flag, method, language tag \0, translated keyword \0, UTF-8 text.
     if len(rest) < 2:
-        raise BadFileError(path, f"is damaged: its {name!r} text chunk is cut short.")
+        raise BadFileError(path, f"damaged: its {name!r} text chunk is cut short.")
     compressed, method, tail = rest[0], rest[1], rest[2:]
     _language, sep1, tail = tail.partition(b"\0")
     _translated, sep2, body = tail.partition(b"\0")
     if not (sep1 and sep2) or compressed not in (0, 1) or (compressed and method != 0):
-        raise BadFileError(path, f"is damaged: its {name!r} text chunk is malformed.")
+        raise BadFileError(path, f"damaged: its {name!r} text chunk is malformed.")
     if compressed:
         body = _inflate(path, name, body)
     try:
         return name, body.decode("utf-8")
     except UnicodeDecodeError:
-        raise BadFileError(path, f"is damaged: its {name!r} text is not valid UTF-8.") from None
+        raise BadFileError(path, f"damaged: its {name!r} text is not valid UTF-8.") from None
 
 
 def _inflate(path: Path, name: str, data: bytes) -> bytes:
@@ -176,7 +176,7 @@ def _inflate(path: Path, name: str, data: bytes) -> bytes:
     try:
         out = inflater.decompress(data, MAX_TEXT_CHUNK_BYTES)
     except zlib.error:
-        raise BadFileError(path, f"is damaged: its {name!r} text cannot be decompressed.") from None
+        raise BadFileError(path, f"damaged: its {name!r} text cannot be decompressed.") from None
     if inflater.unconsumed_tail:
         raise BadFileError(
             path,
@@ -207,11 +207,11 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
 
     path = Path(path)
     if facts is not None and facts.width * facts.height > MAX_PIXELS:
-        raise BadFileError(path, "is too large to read.")
+        raise BadFileError(path, "too large to read.")
     try:
         with Image.open(path) as image:
             if image.width * image.height > MAX_PIXELS:
-                raise BadFileError(path, "is too large to read.")
+                raise BadFileError(path, "too large to read.")
             rgb = np.asarray(image.convert("RGB"))
     except BadFileError:
         raise
@@ -812,7 +812,7 @@ def read_image(path: str | Path) -> tuple[Record, str, dict[str, Any]]:
     if path.suffix.lower() in (".jpg", ".jpeg", ".webp"):
         raise BadFileError(
             path,
-            "is a JPEG or WebP; explain reads PNG files, which keep the generation "
+            "a JPEG or WebP image; explain reads PNG files, which keep the generation "
             "settings (save as PNG in your tool).",
         )
     facts = read_png(path)
