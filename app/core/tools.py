@@ -101,12 +101,20 @@ TERMS: dict[tuple[str, Any], dict[str, Term]] = {
         "invokeai": Term(settings={"vae_precision": "fp32"}),
     },
     ("vae_precision", "bf16"): {
-        "a1111": Term(("--no-half-vae",), note="A1111 has no bf16 VAE; this runs it in fp32, wider still"),
+        "a1111": Term(
+            ("--no-half-vae",), note="A1111 has no bf16 VAE; this runs it in fp32, wider still"
+        ),
         "forge": Term(("--vae-in-bf16",)),
         "comfyui": Term(("--bf16-vae",)),
         "swarmui": Term(("--bf16-vae",)),
-        "sdnext": Term(settings={"no_half_vae": True}, note="no bf16 VAE switch; this runs it in fp32, wider still"),
-        "invokeai": Term(settings={"vae_precision": "fp32"}, note="no bf16 VAE; this runs it in fp32, wider still"),
+        "sdnext": Term(
+            settings={"no_half_vae": True},
+            note="no bf16 VAE switch; this runs it in fp32, wider still",
+        ),
+        "invokeai": Term(
+            settings={"vae_precision": "fp32"},
+            note="no bf16 VAE; this runs it in fp32, wider still",
+        ),
     },
     ("no_half_vae", True): {
         "a1111": Term(("--no-half-vae",)),
