@@ -69,7 +69,7 @@ def read_png(path: str | Path) -> PngFacts:
         if size > MAX_IMAGE_BYTES:
             raise BadFileError(
                 path,
-                f"{size / 2**20:.0f} MB; a generated image is far smaller than "
+                f"a file of {size / 2**20:.0f} MB; a generated image is far smaller than "
                 f"{MAX_IMAGE_BYTES >> 20} MB, so it is not read.",
             )
         with path.open("rb") as file:
@@ -914,7 +914,19 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         and str(getattr(loaded, "source", "")) not in ("", "demo")
         and Path(loaded.source).resolve() == Path(model_path).resolve()
     )
-    model = loaded if same else load_model(model_path, vae=vae, on_progress=progress, cancel=cancel)
+    if same:
+        model = loaded
+    else:
+        try:
+            model = load_model(model_path, vae=vae, on_progress=progress, cancel=cancel)
+        except BadFileError as error:
+            # The image was read and is NaN-black; it is the model file that failed.
+            explanation.notes.append(str(error))
+            explanation.message = (
+                f"{_status_words(explanation)} Its model was found at {model_path}, but the "
+                f"health check could not load it: {error.problem}"
+            )
+            return
     steps = record.steps
     try:
         steps = FIELDS["steps"].validate(steps) if steps is not None else None

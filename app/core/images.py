@@ -149,8 +149,11 @@ def latent_preview(latents, architecture: str = "sd1"):
 # --- AUTOMATIC1111 parameters ---------------------------------------------------------------
 
 # A key of word characters, spaces, hyphens and slashes; a value that is a JSON string in double
-# quotes or anything up to the next comma. The same rule A1111's PNG-info reader applies.
-_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+# quotes or anything up to the next comma. The same rule A1111's PNG-info reader applies, with
+# one difference: a key only starts the line or follows a comma (as every writer puts them).
+# Without that anchor the search restarts inside every run of word characters, which takes
+# quadratic time: 13 s for a 32 kB line of one word, read from a file someone handed over.
+_PARAM = re.compile(r'(?:^|(?<=,))\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 _NEGATIVE = "Negative prompt:"
 
 

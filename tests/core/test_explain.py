@@ -381,3 +381,23 @@ def test_tool_terms_use_each_tools_own_words():
     assert not off.covered and off.notes
     own = tools.in_tool_terms("halfsafe", {"vae_precision": "fp32"}, ["--vae-precision fp32"])
     assert own.flags == ["--vae-precision fp32"]
+
+
+def test_a_long_parameters_line_is_read_in_linear_time(tmp_path):
+    # A1111's own pattern restarts inside every run of word characters: 13 s for 32 kB, hours
+    # for this one. Keys only start a line or follow a comma, so it is read at once.
+    text = "a prompt\nSteps: 12, Seed: 1, Model: sd15, " + "x" * 400_000
+    image = png_text(tmp_path / "long.png", {"parameters": text})
+    record = explain.read_image(image)[0]
+    assert (record.made_by, record.model, record.steps) == ("a1111", "sd15", 12)
+
+
+def test_a_found_model_that_cannot_load_is_named_not_fatal(tmp_path, home, capsys):
+    folder = home / "ComfyUI" / "models" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "old.ckpt").write_bytes(b"not really a pickle")
+    image = comfy_black_png(tmp_path, "old.ckpt")
+    assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["model"]["found"] is True and document["check"] is None
+    assert "could not load it" in document["message"] and "pickle" in document["message"]
