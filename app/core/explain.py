@@ -279,16 +279,18 @@ def read_record(path: str | Path, text: dict[str, str]) -> Record:
     """
     path = Path(path)
     parameters = text.get("parameters")
-    if parameters is not None and parameters.lstrip().startswith("{"):
-        data = _json(path, "parameters", parameters)
-        if isinstance(data, dict) and isinstance(data.get("sui_image_params"), dict):
-            return _swarm_record(data["sui_image_params"])
-    if parameters is not None and not parameters.lstrip().startswith("{"):
+    record = None
+    if parameters is not None:
+        if parameters.lstrip().startswith("{"):
+            try:
+                data = _json(path, "parameters", parameters)
+            except BadFileError:
+                data = None  # infotext whose prompt opens a brace ("{red|blue} car")
+            if isinstance(data, dict) and isinstance(data.get("sui_image_params"), dict):
+                return _swarm_record(data["sui_image_params"])
         record = _infotext_record(parameters)
         if record.made_by == "halfsafe":
             return record
-    else:
-        record = None
     if "prompt" in text or "workflow" in text:
         comfy = _comfy_record(path, text.get("prompt"), text.get("workflow"))
         if comfy.model or comfy.unet or record is None:

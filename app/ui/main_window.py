@@ -92,6 +92,7 @@ class MainWindow(QMainWindow):
         self.generate_view = GenerateView(
             state, client, self.dialogs, ui_settings, load_demo=self.load_demo
         )
+        self.models_view.explain_image = self.explain_image
         self.gpu_view = GpuView(state, client, self.dialogs)
         self.settings_view = SettingsView(state, request_hardware=self.request_hardware)
         for view in (

@@ -257,6 +257,18 @@ INVOKE = json.dumps(
         ({"invokeai_metadata": INVOKE}, "invokeai", "Juggernaut XL", "dpmpp_2m_karras"),
         ({"prompt": comfy_prompt("a/b.safetensors")}, "comfyui", "a/b.safetensors", "euler"),
         ({"workflow": comfy_workflow("w.safetensors")}, "comfyui", "w.safetensors", "euler"),
+        (
+            {"parameters": "{red|blue} car\n" + a1111_parameters("sd15", "0123456789")},
+            "a1111",
+            "sd15",
+            "euler_a",
+        ),
+        (
+            {"sd-metadata": json.dumps({"model_weights": "sd-1.5", "image": {"sampler": "ddim"}})},
+            "invokeai",
+            "sd-1.5",
+            "ddim",
+        ),
         ({"Software": "GIMP"}, "unknown", None, None),
     ],
 )
@@ -401,3 +413,27 @@ def test_a_found_model_that_cannot_load_is_named_not_fatal(tmp_path, home, capsy
     document = json.loads(capsys.readouterr().out)
     assert document["model"]["found"] is True and document["check"] is None
     assert "could not load it" in document["message"] and "pickle" in document["message"]
+
+
+def test_a_named_vae_is_looked_for_where_a1111_and_comfyui_keep_them(tmp_path):
+    a1111 = tmp_path / "webui" / "models"
+    (a1111 / "Stable-diffusion" / "sub").mkdir(parents=True)
+    (a1111 / "VAE").mkdir()
+    vae = a1111 / "VAE" / "vae-ft-mse-840000.safetensors"
+    vae.write_bytes(b"x")
+    model = a1111 / "Stable-diffusion" / "sub" / "m.safetensors"
+    assert explain.find_vae("vae-ft-mse-840000.safetensors", str(model)) == str(vae)
+    assert explain.find_vae("vae-ft-mse-840000", str(model)) == str(vae)
+    assert explain.find_vae("Automatic", str(model)) is None
+    assert explain.find_vae("elsewhere.safetensors", str(model)) is None
+
+
+def test_the_check_reproduces_the_precision_the_image_was_made_with():
+    halfsafe = explain.Record(
+        made_by="halfsafe", precision={"precision": "fp16", "vae_precision": "fp32"}
+    )
+    assert explain._reproduced_precision(halfsafe).vae_precision == "fp32"
+    other = explain.Record(made_by="comfyui")
+    assert explain._reproduced_precision(other).precision == "fp16"
+    nonsense = explain.Record(made_by="halfsafe", precision={"vae_precision": "fp8"})
+    assert explain._reproduced_precision(nonsense).vae_precision == "auto"

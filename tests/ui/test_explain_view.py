@@ -152,3 +152,11 @@ def test_closing_the_explanation_cancels_its_job(window, engines, tmp_path):
     dialog.close()
     assert job.job_id in engines.current.cancels()
     assert dialog not in window.explain_dialogs
+
+
+def test_an_image_opened_as_a_model_is_explained_instead(window, engines, tmp_path):
+    image = png_text(tmp_path / "opened.png", {"parameters": "a cat"})
+    window.models_view.load_path(str(image))
+    assert engines.current.jobs("load") == []
+    assert engines.current.last_job("explain").params["path"] == str(image)
+    assert open_dialog(window).isVisible()
