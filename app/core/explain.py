@@ -30,7 +30,7 @@ from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 # the checkpoint reader). A generated PNG is a few MB and its text a few kB; ComfyUI's
 # workflow JSON reaches a few hundred kB for large graphs.
 MAX_IMAGE_BYTES = 512 << 20
-MAX_PIXELS = 100_000_000  # 10000 x 10000; a bigger PNG is not a generated image
+MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
 MAX_CHUNKS = 100_000
 MAX_TEXT_CHUNK_BYTES = 8 << 20  # one text chunk, as stored and after decompression
 MAX_TEXT_TOTAL_BYTES = 32 << 20  # all text chunks together, decompressed
@@ -809,20 +809,106 @@ class Explanation:
 
 def read_image(path: str | Path) -> tuple[Record, str, dict[str, Any]]:
     """(record, status, pixel figures) of an image file, without the library or a model.
-    Raises BadFileError with one sentence for a file that is not a readable PNG."""
+    PNG is read chunk by chunk (`read_png`); JPEG and WebP through their EXIF (`read_exif`).
+    Raises BadFileError with one sentence for a file that cannot be read."""
     path = Path(path)
-    if path.suffix.lower() in (".jpg", ".jpeg", ".webp"):
+    head = _head(path)
+    if head.startswith(PNG_SIGNATURE):
+        facts = read_png(path)
+    elif head.startswith(b"\xff\xd8\xff") or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        facts = read_exif(path)
+    else:
         raise BadFileError(
-            path,
-            "a JPEG or WebP image; explain reads PNG files, which keep the generation "
-            "settings (save as PNG in your tool).",
+            path, "not a PNG, JPEG or WebP image (its first bytes are none of theirs)."
         )
-    facts = read_png(path)
     record = read_record(path, facts.text)
     status, figures = pixel_status(path, facts)
     if status in ("nan", "black") and record.halfsafe_status == "safety_checker":
         status = "safety_checker"
     return record, status, figures
+
+
+def _head(path: Path) -> bytes:
+    try:
+        if not path.is_file():
+            raise BadFileError(path, "not a file (no such file, or a folder).")
+        size = path.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            raise BadFileError(
+                path,
+                f"a file of {size / 2**20:.0f} MB; a generated image is far smaller than "
+                f"{MAX_IMAGE_BYTES >> 20} MB, so it is not read.",
+            )
+        with path.open("rb") as file:
+            return file.read(16)
+    except OSError as error:
+        raise BadFileError(path, f"cannot be read ({error.strerror or error}).") from None
+
+
+# EXIF tags where tools keep the record in JPEG and WebP files: A1111, Forge and SD.Next write
+# the infotext as the Exif IFD's UserComment (piexif's "UNICODE" or "ASCII" prefix); ComfyUI's
+# WebP writes "workflow:<json>" and "prompt:<json>" into Make and Model (0x010F, 0x0110).
+_EXIF_IFD, _USER_COMMENT, _MAKE, _MODEL = 0x8769, 0x9286, 0x010F, 0x0110
+
+
+def read_exif(path: str | Path) -> PngFacts:
+    """The size and the generation record of a JPEG or WebP, from its EXIF, as `read_png`'s
+    text chunks ("parameters", "prompt", "workflow"). Bounds: the same file, pixel and text
+    bounds as PNG; EXIF itself is at most MAX_TEXT_CHUNK_BYTES."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    text: dict[str, str] = {}
+    try:
+        with Image.open(path) as image:
+            width, height = image.size
+            if not width or not height or width * height > MAX_PIXELS:
+                raise BadFileError(
+                    path,
+                    f"says it is {width}x{height} pixels; explain reads images of 1 to "
+                    f"{MAX_PIXELS // 1_000_000} million pixels.",
+                )
+            raw = image.info.get("exif") or b""
+            if len(raw) > MAX_TEXT_CHUNK_BYTES:
+                raise BadFileError(path, "its EXIF data is over 8 MB; it is not read.")
+            exif = image.getexif() if raw else None
+            if exif is not None:
+                comment = exif.get_ifd(_EXIF_IFD).get(_USER_COMMENT)
+                if isinstance(comment, (bytes, str)):
+                    text["parameters"] = _user_comment(comment)
+                for tag in (_MAKE, _MODEL):
+                    value = exif.get(tag)
+                    if isinstance(value, str) and ":" in value[:20]:
+                        key, _, body = value.partition(":")
+                        if key in ("workflow", "prompt"):
+                            text.setdefault(key, body)
+    except BadFileError:
+        raise
+    except UnidentifiedImageError:
+        raise BadFileError(
+            path, "damaged: it starts like a JPEG or WebP image but cannot be read as one."
+        ) from None
+    except Exception as error:  # noqa: BLE001 - PIL's EXIF reader raises many kinds
+        raise BadFileError(path, f"its EXIF data cannot be read ({_short(error)}).") from None
+    return PngFacts(width, height, text)
+
+
+def _user_comment(value: bytes | str) -> str:
+    """EXIF UserComment: an 8-byte character-code prefix, then the text."""
+    if isinstance(value, str):
+        return value
+    prefix, body = value[:8], value[8:]
+    if prefix == b"UNICODE\0":
+        # piexif writes UTF-16 big-endian; some writers use little-endian: the one whose
+        # text reads as text wins.
+        big = body.decode("utf-16-be", errors="replace")
+        little = body.decode("utf-16-le", errors="replace")
+        return big if _printable(big) >= _printable(little) else little
+    return body.decode("utf-8" if prefix != b"ASCII\0\0\0" else "latin-1", errors="replace")
+
+
+def _printable(text: str) -> int:
+    return sum(1 for char in text[:2000] if char.isprintable() or char in "\n\t")
 
 
 def _reproduced_precision(record: Record):
