@@ -221,7 +221,10 @@ class MainWindow(QMainWindow):
 
     def open_image(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Why is this image black?", "", "PNG images (*.png);;All files (*)"
+            self,
+            "Why is this image black?",
+            "",
+            "Images (*.png *.jpg *.jpeg *.webp);;All files (*)",
         )
         if path:
             self.explain_image(path)

@@ -465,3 +465,10 @@ def test_the_check_reproduces_the_precision_the_image_was_made_with():
     assert explain._reproduced_precision(other).precision == "fp16"
     nonsense = explain.Record(made_by="halfsafe", precision={"vae_precision": "fp8"})
     assert explain._reproduced_precision(nonsense).vae_precision == "auto"
+
+
+def test_json_depth_counts_brackets_outside_strings_only():
+    assert explain.json_depth('{"a": [1, {"b": "]]}}[[[[\\"{"}]}') == 3
+    assert explain.json_depth("[" * 65 + "]" * 65) == 65
+    assert explain.json_depth('"' + "[" * 1000 + '"') == 0
+    assert explain.json_depth("") == 0
