@@ -638,7 +638,9 @@ def _name_matches(entry_path: str, wanted: str) -> bool:
     full = entry.as_posix().lower()
     wanted_lower = wanted.lower()
     if "/" in wanted_lower:
-        return full.endswith("/" + wanted_lower)
+        # ComfyUI writes the file's path below its folder; SwarmUI the same without the suffix.
+        bare = full[: -len(entry.suffix)] if entry.suffix else full
+        return full.endswith("/" + wanted_lower) or bare.endswith("/" + wanted_lower)
     if entry.name.lower() == wanted_lower:
         return True
     stem = entry.stem.lower() if entry.suffix else entry.name.lower()

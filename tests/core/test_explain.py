@@ -472,3 +472,22 @@ def test_json_depth_counts_brackets_outside_strings_only():
     assert explain.json_depth("[" * 65 + "]" * 65) == 65
     assert explain.json_depth('"' + "[" * 1000 + '"') == 0
     assert explain.json_depth("") == 0
+
+
+def test_a_swarmui_model_path_without_its_suffix_is_found_in_a_settings_folder(
+    tmp_path, home, overflowing_file
+):
+    from app.core.settings import Settings, save_settings
+
+    models = tmp_path / "SwarmUI" / "Models" / "Stable-Diffusion"
+    (models / "OfficialStableDiffusion").mkdir(parents=True)
+    target = shutil.copy(
+        overflowing_file, models / "OfficialStableDiffusion" / "dreamy.safetensors"
+    )
+    settings = Settings()
+    settings["model_folders"] = [str(models)]
+    save_settings(settings)
+    record = explain.Record(made_by="swarmui", model="OfficialStableDiffusion/dreamy")
+    match = explain.find_model(record)
+    assert (match.found, match.path, match.matched_by) == (True, str(target), "name")
+    assert match.looked_in[0] == str(models)
