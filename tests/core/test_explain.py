@@ -491,3 +491,19 @@ def test_a_swarmui_model_path_without_its_suffix_is_found_in_a_settings_folder(
     match = explain.find_model(record)
     assert (match.found, match.path, match.matched_by) == (True, str(target), "name")
     assert match.looked_in[0] == str(models)
+
+
+def test_the_engines_loaded_model_is_reused_when_it_is_the_file(tmp_path, a1111_tree, monkeypatch):
+    from app.core import models
+
+    loaded = models.load_model(str(a1111_tree))
+
+    def load_again(*args, **kwargs):
+        raise AssertionError("the model in memory was loaded a second time")
+
+    monkeypatch.setattr(models, "load_model", load_again)
+    image = a1111_black_png(tmp_path, a1111_tree)
+    explanation = explain.explain_image(image, device="cpu", loaded=loaded)
+    assert explanation.check is not None
+    assert explanation.tool_fix.flags == ["--no-half-vae"]
+    assert explanation.problem
