@@ -1086,6 +1086,11 @@ def _not_found_words(record: Record, model: ModelMatch) -> str:
     )
 
 
+def _headline(report) -> str:
+    # The check ran at the image's settings, not the user's own.
+    return report.headline.replace("at your settings", "at the image's settings")
+
+
 def _check_words(explanation: Explanation) -> str:
     report = explanation.check
     if report.verdict == "fixable" and explanation.tool_fix is not None:
@@ -1099,15 +1104,15 @@ def _check_words(explanation: Explanation) -> str:
                 "set " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in fix.settings.items())
             )
         return (
-            f"The health check reproduced it: {report.headline} In {tool}, "
+            f"The health check reproduced it: {_headline(report)} In {tool}, "
             + " and ".join(parts)
             + f". In HalfSafe: {' '.join(explanation.halfsafe_flags)}."
         )
     if report.verdict == "broken":
-        return f"The health check says: {report.headline} No precision setting fixes it."
+        return f"The health check says: {_headline(report)} No precision setting fixes it."
     return (
         "The health check at the image's settings did not overflow on this device "
-        f"({report.device.get('name')}); the image's GPU may differ. {report.headline}"
+        f"({report.device.get('name')}); the image's GPU may differ. {_headline(report)}"
     )
 
 
