@@ -173,6 +173,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="turn the NaN watch off for this run",
     )
     _add_precision_flags(gen)
+
+    explain = sub.add_parser(
+        "explain", help="why an image (made by HalfSafe or another tool) came out black"
+    )
+    explain.add_argument(
+        "image",
+        metavar="IMAGE",
+        help="a PNG made by A1111, Forge, SD.Next, ComfyUI, SwarmUI, InvokeAI or HalfSafe",
+    )
+    explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    explain.add_argument(
+        "--device",
+        default=argparse.SUPPRESS,
+        metavar="auto|cpu|cuda|cuda:N|mps|xpu",
+        type=_validated("device"),
+        help="where the health check runs (default: your settings)",
+    )
     return parser
 
 
@@ -297,7 +314,26 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK if result.all_good else EXIT_PROBLEM
 
 
-_COMMANDS = {"gpu": _cmd_gpu, "check": _cmd_check, "generate": _cmd_generate}
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from app.core import explain
+
+    values = effective_settings(args)
+    explanation = explain.explain_image(args.image, device=values["device"])
+    if args.json:
+        _print_json(explanation.to_json())
+    else:
+        from app.cli_text import explain_text
+
+        print(explain_text(explanation))
+    return EXIT_PROBLEM if explanation.problem else EXIT_OK
+
+
+_COMMANDS = {
+    "gpu": _cmd_gpu,
+    "check": _cmd_check,
+    "generate": _cmd_generate,
+    "explain": _cmd_explain,
+}
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Plain-text renderings of core results for the terminal (`halfsafe check`)."""
+"""Plain-text renderings of core results for the terminal (`halfsafe check`, `explain`)."""
 
 from __future__ import annotations
 
@@ -73,4 +73,41 @@ def health_text(report: HealthReport) -> str:
     for note in report.notes:
         lines.append(f"Note:    {note}")
     lines.append(f"Checked in {report.seconds:.2f} s.")
+    return "\n".join(lines)
+
+
+def explain_text(explanation) -> str:
+    """What `halfsafe explain` prints: the answer first, then the record, the model and the fix
+    in the image tool's terms; the health report follows when the check ran."""
+    from app.core.tools import TOOLS, setting_words
+
+    record = explanation.record
+    lines = [explanation.message, ""]
+    lines.append(f"Image:   {explanation.path} ({explanation.status})")
+    made = TOOLS[explanation.made_by].name if explanation.made_by in TOOLS else "unknown"
+    lines.append(f"Made by: {made}" + (f" {record.version}" if record.version else ""))
+    model = explanation.model
+    named = record.model or record.unet or "not recorded"
+    if record.model_hash:
+        named += f" (hash {record.model_hash})"
+    lines.append(f"Model:   {named}")
+    if model.found:
+        lines.append(f"Found:   {model.path} (by {model.matched_by})")
+    else:
+        lines.append("Found:   no; looked in " + ("; ".join(model.looked_in) or "no folders"))
+    fix = explanation.tool_fix
+    if fix is not None:
+        lines += ["", f"Fix in {TOOLS[fix.tool].name}:"]
+        if fix.flags:
+            lines.append("  flags:    " + " ".join(fix.flags))
+        for key, value in fix.settings.items():
+            shown = setting_words(fix.tool, key)
+            lines.append(f"  setting:  {key} = {value}" + (f' ("{shown}")' if shown else ""))
+        lines.append(f"  how:      {fix.how}")
+        if fix.tool != "halfsafe":
+            lines.append("Fix in HalfSafe: " + " ".join(explanation.halfsafe_flags))
+    for note in explanation.notes:
+        lines.append(f"Note: {note}")
+    if explanation.check is not None:
+        lines += ["", health_text(explanation.check)]
     return "\n".join(lines)

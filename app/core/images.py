@@ -99,18 +99,24 @@ def to_image(pixels) -> tuple[Any, PixelStats]:
     bad_pixels = ~finite.all(axis=-1)
     non_finite = float(bad_pixels.mean()) if pixels.size else 0.0
     unit = np.clip(np.where(finite, pixels, -1.0) / 2 + 0.5, 0.0, 1.0)
-    brightness = unit.mean(axis=-1)[~bad_pixels]
-    if brightness.size:
-        stats = PixelStats(
-            non_finite=non_finite,
-            mean=float(brightness.mean()),
-            spread=float(brightness.std()),
-            bright=float(np.percentile(brightness, 99.5)),
-        )
-    else:
-        stats = PixelStats(non_finite=non_finite, mean=0.0, spread=0.0, bright=0.0)
+    stats = brightness_stats(unit.mean(axis=-1)[~bad_pixels], non_finite)
     image = Image.fromarray((unit * 255).round().astype(np.uint8), "RGB")
     return image, stats
+
+
+def brightness_stats(brightness, non_finite: float = 0.0) -> PixelStats:
+    """PixelStats of the finite pixels' brightness values (any shape, 0..1)."""
+    import numpy as np
+
+    brightness = np.asarray(brightness, dtype=np.float32).ravel()
+    if not brightness.size:
+        return PixelStats(non_finite=non_finite, mean=0.0, spread=0.0, bright=0.0)
+    return PixelStats(
+        non_finite=non_finite,
+        mean=float(brightness.mean()),
+        spread=float(brightness.std()),
+        bright=float(np.percentile(brightness, 99.5)),
+    )
 
 
 def image_array(image) -> Any:
@@ -143,8 +149,11 @@ def latent_preview(latents, architecture: str = "sd1"):
 # --- AUTOMATIC1111 parameters ---------------------------------------------------------------
 
 # A key of word characters, spaces, hyphens and slashes; a value that is a JSON string in double
-# quotes or anything up to the next comma. The same rule A1111's PNG-info reader applies.
-_PARAM = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
+# quotes or anything up to the next comma. The same rule A1111's PNG-info reader applies, with
+# one difference: a key only starts the line or follows a comma (as every writer puts them).
+# Without that anchor the search restarts inside every run of word characters, which takes
+# quadratic time: 13 s for a 32 kB line of one word, read from a file someone handed over.
+_PARAM = re.compile(r'(?:^|(?<=,))\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 _NEGATIVE = "Negative prompt:"
 
 

@@ -17,6 +17,7 @@ DOING = {
     "load": "loading the model",
     "check": "running the health check",
     "generate": "generating",
+    "explain": "explaining the image",
     "hardware": "checking this computer's devices",
     "ping": "starting up",
 }

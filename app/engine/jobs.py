@@ -201,6 +201,22 @@ def _generation_document(
     return document
 
 
+def explain(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """params: path (an image), device (where the check runs). The model the image names is
+    found in the library and checked; the engine's loaded model is reused when it is that file,
+    otherwise the found file is loaded for this job only and freed after it."""
+    from app.core.explain import explain_image
+
+    explanation = explain_image(
+        params["path"],
+        device=params.get("device", "auto"),
+        loaded=context.session.model,
+        on_progress=context.progress,
+        cancel=context.cancel,
+    )
+    return _plain(explanation.to_json())
+
+
 def hardware(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     """params: self_test (bool), retest (bool)."""
     from app.core.hardware import hardware_report
@@ -221,6 +237,7 @@ HANDLERS: dict[str, Handler] = {
     "load": load,
     "check": check,
     "generate": generate,
+    "explain": explain,
     "hardware": hardware,
     "ping": ping,
 }

@@ -9,6 +9,7 @@ from typing import Any
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl
 from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
 from PySide6.QtWidgets import (
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QListWidget,
@@ -20,11 +21,13 @@ from PySide6.QtWidgets import (
 )
 
 from app import __version__
+from app.core.explain import is_image_path
 from app.engine.failures import Failure
 from app.engine.process import log_path
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
+from app.ui.explain_view import ExplainDialog
 from app.ui.generate_view import GenerateView
 from app.ui.gpu_view import GpuView
 from app.ui.health_view import HealthView
@@ -55,6 +58,7 @@ class MainWindow(QMainWindow):
         self.ui_settings = ui_settings
         self.dialogs = Dialogs(self)
         self._reload_after_restart: dict[str, Any] | None = None
+        self.explain_dialogs: list[ExplainDialog] = []
         self.setWindowTitle(f"{TITLE} — half precision without black images")
         self.setAcceptDrops(True)
         self.setMinimumSize(760, 520)
@@ -88,6 +92,7 @@ class MainWindow(QMainWindow):
         self.generate_view = GenerateView(
             state, client, self.dialogs, ui_settings, load_demo=self.load_demo
         )
+        self.models_view.explain_image = self.explain_image
         self.gpu_view = GpuView(state, client, self.dialogs)
         self.settings_view = SettingsView(state, request_hardware=self.request_hardware)
         for view in (
@@ -140,10 +145,16 @@ class MainWindow(QMainWindow):
         open_folder.triggered.connect(
             lambda: (self.show_page("Models"), self.models_view.open_folder())
         )
+        explain = QAction("&Why is this image black?…", self)
+        explain.setToolTip(
+            "Open an image made by HalfSafe, AUTOMATIC1111, Forge, SD.Next, ComfyUI, SwarmUI or "
+            "InvokeAI: HalfSafe finds its model, checks it, and gives the fix in that tool's terms."
+        )
+        explain.triggered.connect(self.open_image)
         quit_action = QAction("&Quit", self)
         quit_action.setShortcut(QKeySequence.StandardKey.Quit)
         quit_action.triggered.connect(self.close)
-        file_menu.addActions([open_file, open_folder])
+        file_menu.addActions([open_file, open_folder, explain])
         file_menu.addSeparator()
         file_menu.addAction(quit_action)
 
@@ -207,6 +218,29 @@ class MainWindow(QMainWindow):
     def load_demo(self) -> None:
         self.show_page("Models")
         self.models_view.load_path(DEMO_SOURCE)
+
+    def open_image(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "Why is this image black?",
+            "",
+            "Images (*.png *.jpg *.jpeg *.webp);;All files (*)",
+        )
+        if path:
+            self.explain_image(path)
+
+    def explain_image(self, path: str) -> ExplainDialog:
+        """Open the explanation of an image (a non-modal dialog that runs the `explain` job)."""
+        dialog = ExplainDialog(path, self.client, self.dialogs, self.state.device(), self)
+        self.explain_dialogs.append(dialog)
+        dialog.finished.connect(lambda _result, d=dialog: self._explain_closed(d))
+        dialog.show()
+        return dialog
+
+    def _explain_closed(self, dialog: ExplainDialog) -> None:
+        if dialog in self.explain_dialogs:
+            self.explain_dialogs.remove(dialog)
+        dialog.deleteLater()
 
     def request_hardware(self, then: Any) -> None:
         if self.state.hardware is not None:
@@ -317,6 +351,12 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         event.acceptProposedAction()
+        if is_image_path(paths[0]):
+            # An image is a question ("why is it black?"), never a model to load.
+            if len(paths) > 1:
+                self.dialogs.error(f"Drop one image at a time; explaining {Path(paths[0]).name}.")
+            QTimer.singleShot(0, lambda: self.explain_image(paths[0]))
+            return
         self.show_page("Models")
         if len(paths) > 1:
             self.dialogs.error(f"Drop one model at a time; loading {Path(paths[0]).name}.")

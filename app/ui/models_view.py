@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.demo import DEMO_LABEL
+from app.core.explain import is_image_path
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
@@ -98,6 +100,8 @@ class ModelsView(QWidget):
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
+        # Set by the main window: how an image handed to `load_path` is explained.
+        self.explain_image: Callable[[str], Any] | None = None
         self.state = state
         self.client = client
         self.dialogs = dialogs
@@ -303,7 +307,11 @@ class ModelsView(QWidget):
     # Loading ----------------------------------------------------------------------------------
 
     def load_path(self, source: str, allow_pickle: bool = False) -> int | None:
-        """Load a model (a path or "demo") in the engine; the previous one is released."""
+        """Load a model (a path or "demo") in the engine; the previous one is released. An
+        image (opened here by mistake) is explained instead, never read as a checkpoint."""
+        if self.explain_image is not None and is_image_path(source):
+            self.explain_image(source)
+            return None
         if source != DEMO_SOURCE and not Path(source).exists():
             self.dialogs.error(f"{source}: this file or folder does not exist.")
             return None

@@ -1,0 +1,189 @@
+""" "Why was this image black?": a dialog that runs an `explain` job on a dropped or opened
+image and shows the answer, the model it found (or where it looked), and the fix in the terms
+of the tool that made the image, ready to copy."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.tools import TOOLS, setting_words
+from app.engine.events import EngineEvent, EventState
+from app.ui.dialogs import Dialogs
+from app.ui.engine_client import EngineClient
+from app.ui.widgets import Banner, Card, label
+
+_LEVELS = {"nan": "bad", "safety_checker": "warn", "black": "info", "ok": "good"}
+_STATUS_WORDS = {
+    "nan": "NaN-black",
+    "safety_checker": "Blanked by the safety checker",
+    "black": "Dark, but not NaN",
+    "ok": "Not black",
+}
+
+
+class ExplainDialog(QDialog):
+    """One image's explanation. Submits the `explain` job when built; the engine does the work
+    (reading the file, the library scan, the check), the dialog only shows the result. A job
+    that fails (a bad or hostile file) closes the dialog and its one sentence goes to `Dialogs`.
+    """
+
+    def __init__(
+        self, path: str, client: EngineClient, dialogs: Dialogs, device: str, parent: QWidget
+    ) -> None:
+        super().__init__(parent)
+        self.path = path
+        self.client = client
+        self.dialogs = dialogs
+        self.result: dict[str, Any] | None = None
+        self.fix_text = ""
+        self.closed = False
+        self.setWindowTitle(f"Why is {Path(path).name} black?")
+        self.setMinimumWidth(620)
+        layout = QVBoxLayout(self)
+        layout.addWidget(label(html.escape(Path(path).name), "section"))
+        self.verdict = Banner()
+        layout.addWidget(self.verdict)
+        progress_row = QHBoxLayout()
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumWidth(200)
+        self.stage = label("Reading the image…", "muted")
+        progress_row.addWidget(self.progress)
+        progress_row.addWidget(self.stage, 1)
+        layout.addLayout(progress_row)
+        self.message = label("", wrap=True, selectable=True)
+        layout.addWidget(self.message)
+        self.model_card = Card("Model")
+        self.model_text = label("", wrap=True, selectable=True)
+        self.model_card.body.addWidget(self.model_text)
+        self.model_card.hide()
+        layout.addWidget(self.model_card)
+        self.fix_card = Card("Fix")
+        self.fix_body = label("", wrap=True, selectable=True)
+        self.fix_body.setTextFormat(Qt.TextFormat.RichText)
+        self.fix_card.body.addWidget(self.fix_body)
+        self.copy_button = QPushButton("Copy the fix")
+        self.copy_button.clicked.connect(self.copy_fix)
+        self.fix_card.body.addWidget(self.copy_button, 0, Qt.AlignmentFlag.AlignLeft)
+        self.fix_card.hide()
+        layout.addWidget(self.fix_card)
+        self.notes = label("", "muted", wrap=True, selectable=True)
+        layout.addWidget(self.notes)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.cancel_button = buttons.addButton("Cancel", QDialogButtonBox.ButtonRole.ActionRole)
+        self.cancel_button.clicked.connect(self.cancel)
+        buttons.rejected.connect(self.close)
+        layout.addWidget(buttons)
+        self.job_id: int | None = client.submit(
+            "explain", {"path": path, "device": device}, self._on_event
+        )
+
+    def cancel(self) -> None:
+        if self.job_id is not None:
+            self.stage.setText("Cancelling…")
+            self.client.cancel(self.job_id)
+
+    def done(self, result: int) -> None:  # closing the dialog cancels its job
+        job_id, self.job_id = self.job_id, None
+        self.closed = True  # the job's last events may still come; nobody is here to see them
+        if job_id is not None:
+            self.client.cancel(job_id)
+        super().done(result)
+
+    def _finished(self, text: str) -> None:
+        self.job_id = None
+        self.progress.hide()
+        self.cancel_button.setEnabled(False)
+        self.stage.setText(text)
+
+    def _on_event(self, event: EngineEvent) -> None:
+        if self.closed:
+            return
+        if event.state == EventState.PROGRESS:
+            if event.total > 0:
+                self.progress.setRange(0, event.total)
+                self.progress.setValue(event.done)
+            self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
+        elif event.state == EventState.RESULT:
+            self._finished("")
+            self.show_result(event.result or {})
+        elif event.state == EventState.CANCELLED:
+            self._finished("Cancelled.")
+        elif event.state == EventState.ERROR:
+            self._finished("The image could not be explained.")
+            self.dialogs.job_failed(event)
+            self.close()
+
+    # Showing ----------------------------------------------------------------------------------
+
+    def show_result(self, result: dict[str, Any]) -> None:
+        self.result = result
+        image = result.get("image") or {}
+        status = str(image.get("status", ""))
+        made_by = str(image.get("made_by", "unknown"))
+        tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
+        self.verdict.show_message(
+            _LEVELS.get(status, "info"),
+            f"<b>{html.escape(_STATUS_WORDS.get(status, status))}</b> · made by "
+            f"{html.escape(tool)}",
+        )
+        self.message.setText(str(result.get("message", "")))
+        model = result.get("model") or {}
+        record = result.get("record") or {}
+        named = record.get("model") or record.get("unet")
+        if model.get("found"):
+            self.model_text.setText(f"Found {model.get('path')} (by {model.get('matched_by')}).")
+        elif named or record.get("model_hash"):
+            looked = "\n".join(model.get("looked_in") or []) or "no model folders"
+            self.model_text.setText(
+                f"{named or record.get('model_hash')} was not found. Looked in:\n{looked}"
+            )
+        else:
+            self.model_text.setText("The image does not say which model made it.")
+        self.model_card.show()
+        fix = result.get("fix")
+        if fix:
+            self._show_fix(fix)
+        notes = result.get("notes") or []
+        self.notes.setText("\n".join(str(n) for n in notes))
+
+    def _show_fix(self, fix: dict[str, Any]) -> None:
+        for_tool = fix.get("for_tool") or {}
+        tool_key = str(for_tool.get("tool", "halfsafe"))
+        tool = TOOLS[tool_key].name if tool_key in TOOLS else tool_key
+        lines: list[str] = []
+        plain: list[str] = []
+        flags = " ".join(for_tool.get("flags") or [])
+        if flags:
+            lines.append(f"Start {html.escape(tool)} with <code>{html.escape(flags)}</code>")
+            plain.append(flags)
+        for key, value in (for_tool.get("settings") or {}).items():
+            shown = setting_words(tool_key, key)
+            words = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
+            lines.append(f"Set {html.escape(words)}")
+            plain.append(f"{key} = {value}")
+        lines.append(html.escape(str(for_tool.get("how", ""))))
+        if tool_key != "halfsafe" and fix.get("halfsafe"):
+            lines.append("In HalfSafe: <code>" + html.escape(" ".join(fix["halfsafe"])) + "</code>")
+        self.fix_card.title.setText(f"Fix in {tool}")
+        self.fix_body.setText("<br>".join(lines))
+        self.fix_text = "\n".join(plain)
+        self.fix_card.show()
+
+    def copy_fix(self) -> None:
+        QGuiApplication.clipboard().setText(self.fix_text)

@@ -1,0 +1,162 @@
+"""Dropping or opening an image asks "why is it black?": the explanation opens, never a model
+load and never a checkpoint error. The fake engine answers with the real engine's `explain`
+handler run in this process, so the dialog shows what core really says about the file."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import QApplication
+
+from app.core.jobs import CancelToken
+from app.engine import jobs
+from app.engine.events import EngineEvent, EventState
+from app.engine.failures import describe_exception
+from app.engine.server import JobContext, Session
+from app.ui.explain_view import ExplainDialog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
+from image_files import a1111_parameters, png_text  # noqa: E402
+
+
+def drop(window, path: Path) -> None:
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    enter = QDragEnterEvent(
+        window.rect().center(),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(window, enter)
+    assert enter.isAccepted()
+    event = QDropEvent(
+        QPointF(window.rect().center()),
+        Qt.DropAction.CopyAction,
+        mime,
+        Qt.MouseButton.LeftButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(window, event)
+
+
+def answer_with_the_real_handler(engines, job) -> None:
+    """Run the engine's own `explain` job here and send its final event, as the engine would."""
+    engine = engines.current
+
+    def send(event: EngineEvent) -> None:
+        engine.emit(job, event.state, stage=event.stage, done=event.done, total=event.total)
+
+    context = JobContext(job, Session(), send, CancelToken())
+    try:
+        result = jobs.explain(context, dict(job.params))
+    except Exception as error:  # noqa: BLE001 - the engine turns every failure into ERROR
+        failure = describe_exception(error, job.kind)
+        engine.emit(
+            job,
+            EventState.ERROR,
+            message=failure.message,
+            details=failure.details,
+            error_type=failure.error_type,
+        )
+        return
+    engine.finish(job, result)
+
+
+def open_dialog(window) -> ExplainDialog:
+    assert window.explain_dialogs, "no explanation was opened"
+    return window.explain_dialogs[-1]
+
+
+def test_a_dropped_png_opens_the_explanation_not_a_model_load(window, engines, qtbot, tmp_path):
+    image = png_text(
+        tmp_path / "00001-42.png", {"parameters": a1111_parameters("lost-model", "0123456789")}
+    )
+    drop(window, image)
+    qtbot.waitUntil(lambda: bool(engines.started and engines.current.jobs("explain")), timeout=3000)
+    assert engines.current.jobs("load") == []
+    job = engines.current.last_job("explain")
+    assert job.params["path"] == str(image)
+    dialog = open_dialog(window)
+    assert dialog.isVisible()
+
+    answer_with_the_real_handler(engines, job)
+
+    assert window.dialogs.shown == []  # no error, least of all a safetensors one
+    assert dialog.result["image"]["status"] == "nan"
+    assert dialog.verdict.level == "bad" and "NaN-black" in dialog.verdict.text.text()
+    assert "AUTOMATIC1111" in dialog.verdict.text.text()
+    assert "lost-model" in dialog.model_text.text() and "Looked in" in dialog.model_text.text()
+    assert not dialog.progress.isVisible()
+
+
+def test_the_fix_is_shown_in_the_image_tools_terms_and_can_be_copied(
+    window, engines, qtbot, tmp_path
+):
+    dialog = window.explain_image(str(tmp_path / "x.png"))
+    job = engines.current.last_job("explain")
+    engines.current.finish(
+        job,
+        {
+            "image": {"path": str(tmp_path / "x.png"), "made_by": "a1111", "status": "nan"},
+            "model": {"found": True, "path": "/m/sd.safetensors", "looked_in": ["/m"]},
+            "check": None,
+            "fix": {
+                "halfsafe": ["--vae-precision fp32"],
+                "for_tool": {
+                    "tool": "a1111",
+                    "flags": ["--no-half-vae"],
+                    "settings": {"upcast_attn": True},
+                    "how": "Add the flags to COMMANDLINE_ARGS.",
+                },
+            },
+            "record": {"model": "sd"},
+            "message": "This image is NaN-black.",
+            "notes": [],
+        },
+    )
+    assert dialog.fix_card.isVisible()
+    assert "--no-half-vae" in dialog.fix_body.text()
+    assert "Upcast cross attention layer to float32" in dialog.fix_body.text()
+    assert "--vae-precision fp32" in dialog.fix_body.text()
+    dialog.copy_fix()
+    assert QApplication.clipboard().text() == "--no-half-vae\nupcast_attn = True"
+
+
+def test_a_hostile_png_dropped_is_one_sentence_and_the_window_stays(
+    window, engines, qtbot, tmp_path
+):
+    image = tmp_path / "renamed-checkpoint.png"
+    image.write_bytes(struct.pack("<Q", 727905341921) + b"{}")  # what once read as a header
+    drop(window, image)
+    qtbot.waitUntil(lambda: bool(engines.started and engines.current.jobs("explain")), timeout=3000)
+    dialog = open_dialog(window)
+    answer_with_the_real_handler(engines, engines.current.last_job("explain"))
+
+    assert len(window.dialogs.shown) == 1
+    message = window.dialogs.shown[0].message
+    assert str(image) in message and "not a PNG" in message
+    assert "header" not in message and "MB" not in message
+    assert not dialog.isVisible()
+    assert window.isVisible()
+
+
+def test_closing_the_explanation_cancels_its_job(window, engines, tmp_path):
+    dialog = window.explain_image(str(tmp_path / "x.png"))
+    job = engines.current.last_job("explain")
+    dialog.close()
+    assert job.job_id in engines.current.cancels()
+    assert dialog not in window.explain_dialogs
+
+
+def test_an_image_opened_as_a_model_is_explained_instead(window, engines, tmp_path):
+    image = png_text(tmp_path / "opened.png", {"parameters": "a cat"})
+    window.models_view.load_path(str(image))
+    assert engines.current.jobs("load") == []
+    assert engines.current.last_job("explain").params["path"] == str(image)
+    assert open_dialog(window).isVisible()
