@@ -1100,6 +1100,9 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("Size", f"{request.width}x{request.height}"),
         ("Model hash", model.model_hash),
         ("Model", model.name),
+        # The starting noise is made on the CPU (`_Job.noise`); A1111 assumes GPU noise unless
+        # told, and the seed would not reproduce there.
+        ("RNG", "CPU"),
         ("Precision", s.get("precision")),
         ("UNet precision", s.get("unet_precision")),
         ("VAE precision", s.get("vae_precision")),
