@@ -151,3 +151,25 @@ def test_on_cuda_a_norm_past_65504_stays_finite_under_autocast():
     assert not torch.isfinite(results["fp16"]).all()
     assert results["autocast"].dtype == torch.float32
     assert torch.isfinite(results["autocast"]).all()
+
+
+@pytest.mark.slow  # about 12 s on a 2-core CPU: fp16 convolutions are slow there
+def test_a_generation_under_autocast_says_so_in_the_png_and_the_json(tmp_path, capsys):
+    import json
+
+    from app.cli import main
+    from app.core.images import parse_infotext, read_parameters
+
+    argv = ["generate", "demo", "--precision", "autocast", "--device", "cpu", "--steps", "1"]
+    argv += ["--width", "64", "--height", "64", "--out", str(tmp_path), "--json"]
+    assert main([*argv, "--prompt", "a (red fox:1.3) BREAK snow"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["settings"]["precision"] == "autocast"
+    assert any("runs like plain fp16" in w for w in result["warnings"])
+    prompt, _, params = parse_infotext(read_parameters(result["images"][0]["path"]))
+    assert prompt == "a (red fox:1.3) BREAK snow"
+    assert (params["Precision"], params["UNet precision"], params["RNG"]) == (
+        "autocast",
+        "fp16",
+        "CPU",
+    )

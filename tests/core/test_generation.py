@@ -476,8 +476,9 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     model = variant(base, "params")
     asked = request(
         tmp_path,
-        prompt="a red fox, snow: at night",
-        negative_prompt="blurry, text",
+        # A1111's syntax is interpreted for the encoder and recorded as written.
+        prompt="a (red fox:1.3), [snow]: at night BREAK \\(moon\\)",
+        negative_prompt="((blurry)), text",
         steps=2,
         cfg=6.5,
         seed=4242,
