@@ -302,24 +302,14 @@ def encode_sdxl(pipe, prompt: str, negative: str, device, guidance: bool) -> dic
         hidden_parts.append(hidden)
         if encoder_pooled is not None:
             pooled = encoder_pooled
-    lengths = {h.shape[1] for h in hidden_parts}
-    if len(lengths) > 1:  # the encoders' tokenizers cut the prompt differently
-        longest = max(lengths)
-        hidden_parts = [_pad_sequence(h, longest) for h in hidden_parts]
+    if len({h.shape[1] for h in hidden_parts}) > 1:  # never with SDXL's two CLIP tokenizers
+        raise PromptError(
+            "This model's two text encoders cut the prompt into different numbers of "
+            f"{CHUNK_TOKENS}-token chunks; shorten it to {CHUNK_TOKENS} tokens."
+        )
     hidden = torch.cat([h.to(hidden_parts[-1].dtype) for h in hidden_parts], dim=-1)
     tensors = {"prompt_embeds": hidden[:1], "pooled_prompt_embeds": pooled[:1]}
     if guidance:
         tensors["negative_prompt_embeds"] = hidden[1:]
         tensors["negative_pooled_prompt_embeds"] = pooled[1:]
     return tensors
-
-
-def _pad_sequence(hidden, length: int):
-    """Repeat the last chunk's final state to `length` tokens (only when two tokenizers with
-    different vocabularies chunked the same prompt differently)."""
-    import torch
-
-    missing = length - hidden.shape[1]
-    if missing <= 0:
-        return hidden
-    return torch.cat([hidden, hidden[:, -1:].expand(-1, missing, -1)], dim=1)

@@ -234,3 +234,15 @@ def test_emphasis_keeps_the_encoders_dtype(sd):
 
 def test_module_constants_match_a1111():
     assert (prompts.CHUNK_TOKENS, prompts.COMMA_BACKTRACK) == (75, 20)
+
+
+def test_sd2_pads_with_its_own_pad_token_and_still_matches_its_pipeline(sd):
+    """SD2's tokenizer pads with "!" (id 0) after the end token; a plain prompt then encodes
+    exactly as the diffusers pipeline does, and a long one pads its last chunk the same way."""
+    sd2 = type(sd)(**{**sd.components, "tokenizer": clip_tokenizer(pad_token="!")})
+    with torch.no_grad():
+        embeds, _ = sd2.encode_prompt("a red fox", "cpu", 1, True, "")
+    assert torch.equal(encode(sd2, "a red fox")["prompt_embeds"], embeds)
+    got = encode(sd2, "cat " * 100, guidance=False)["prompt_embeds"]
+    second = hidden_of(sd2.text_encoder, [(BOS, *[CAT] * 25, EOS, *[0] * 50)])
+    torch.testing.assert_close(got[:, 77:], second)
