@@ -49,6 +49,9 @@ SQUARE_FACTOR = 1 / 1.1
 # encodes usefully, and it bounds the encoder's time and memory.
 MAX_CHUNKS = 32
 MAX_PROMPT_CHARACTERS = 32_000
+# Brackets open at once. A1111 prompts nest a handful deep; the bound keeps parsing linear
+# (each piece of text is weighed once per bracket around it).
+MAX_NESTING = 50
 BREAK = None  # the weight of a fragment that is a BREAK, not text
 
 _PIECE = re.compile(
@@ -107,6 +110,10 @@ def parse_emphasis(prompt: str) -> list[Fragment]:
         piece, weight = match.group(0), match.group(1)
         if piece.startswith("\\"):
             pieces.append([piece[1:], 1.0])
+        elif piece in ("(", "[") and len(round_open) + len(square_open) >= MAX_NESTING:
+            raise PromptError(
+                f"The prompt's brackets nest more than {MAX_NESTING} deep; close some of them."
+            )
         elif piece == "(":
             round_open.append(len(pieces))
         elif piece == "[":
@@ -138,8 +145,7 @@ def parse_emphasis(prompt: str) -> list[Fragment]:
     for text, weight in merged:
         if weight is not BREAK and not math.isfinite(weight):
             raise PromptError(
-                f"The prompt's brackets give '{text.strip()[:40]}' a weight too large to "
-                "compute; remove some brackets."
+                f"The prompt gives '{text.strip()[:40]}' a weight too large to compute."
             )
     return [Fragment(text, weight) for text, weight in merged] or [Fragment("", 1.0)]
 

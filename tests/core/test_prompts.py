@@ -110,7 +110,10 @@ def test_absurd_prompts_are_refused_in_one_sentence():
     with pytest.raises(HalfSafeError, match="characters long"):
         parse_emphasis("cat " * 10_000)
     with pytest.raises(HalfSafeError, match="weight too large"):
-        parse_emphasis("(" * 8000 + "cat")
+        parse_emphasis("(cat:1" + "0" * 400 + ")")
+    with pytest.raises(HalfSafeError, match="nest more than 50 deep"):
+        parse_emphasis("(" * 51 + "cat")
+    assert parse_emphasis("(" * 50 + "cat")[0].weight == pytest.approx(1.1**50)
 
 
 # --- the embeddings ------------------------------------------------------------------------
