@@ -77,3 +77,15 @@ def test_the_aliases_are_hidden_from_help_and_bad_values_still_fail(capsys):
         main(["generate", "demo", "--precision", "fp8"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("halfsafe: argument --precision: invalid choice")
+
+
+def test_a_prompt_that_cannot_be_read_is_one_sentence_before_the_model_loads(capsys, monkeypatch):
+    from app.core import models
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded for a prompt that cannot be read")
+
+    monkeypatch.setattr(models, "load_model", no_loading)
+    assert main(["generate", "demo", "--prompt", "(" * 51 + "cat"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nest more than 50 deep" in err
