@@ -268,18 +268,19 @@ def autocast_available(device_type: str) -> bool:
 
 
 @functools.cache
-def autocast_upcasts_norms(device_type: str) -> bool:
-    """Whether fp16 autocast on this kind of device runs normalisation in fp32, measured: an
-    fp16 layer norm under autocast either comes back fp32 (CUDA's fp32 op list) or stays fp16
-    (PyTorch 2.13's CPU list has no softmax or norm). Only the CPU is measured here; other
-    devices answer from PyTorch's documented lists."""
+def autocast_upcasts_norms(device_type: str) -> bool | None:
+    """Whether fp16 autocast on this kind of device runs normalisation in fp32, measured once
+    on the device: an fp16 layer norm under autocast comes back fp32 (CUDA and ROCm, as
+    PyTorch's op list says) or stays fp16 (PyTorch 2.13's CPU list has no softmax or norm).
+    None when it could not be measured."""
     import torch
 
-    if device_type != "cpu":
-        return device_type in ("cuda", "xpu")
-    x = torch.ones(1, 4, dtype=torch.float16)
-    with torch.autocast("cpu", dtype=torch.float16):
-        return torch.nn.functional.layer_norm(x, (4,)).dtype == torch.float32
+    try:
+        x = torch.ones(1, 4, dtype=torch.float16, device=device_type)
+        with torch.autocast(device_type, dtype=torch.float16):
+            return torch.nn.functional.layer_norm(x, (4,)).dtype == torch.float32
+    except (RuntimeError, ValueError, AssertionError):  # no such device, or no autocast for it
+        return None
 
 
 def autocast_problem(device_type: str) -> str | None:
@@ -289,7 +290,7 @@ def autocast_problem(device_type: str) -> str | None:
             f"PyTorch has no fp16 autocast for {device_type}: the model runs in plain fp16, "
             "without autocast's fp32 softmax and norms."
         )
-    if not autocast_upcasts_norms(device_type):
+    if autocast_upcasts_norms(device_type) is False:
         return (
             f"On {'a CPU' if device_type == 'cpu' else device_type}, PyTorch's autocast keeps "
             "softmax and normalisation in fp16, so autocast runs like plain fp16 here; its "
