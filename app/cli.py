@@ -55,7 +55,12 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.flag_name
         if f.kind == "choice":
             group.add_argument(
-                flag, dest=f.key, choices=f.choices, default=argparse.SUPPRESS, help=f.help
+                flag,
+                dest=f.key,
+                choices=f.choices,
+                type=_with_aliases(f.key),
+                default=argparse.SUPPRESS,
+                help=f.help,
             )
         elif f.kind == "bool" and f.default is False:
             group.add_argument(
@@ -74,6 +79,15 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
                 default=argparse.SUPPRESS,
                 help=f.help,
             )
+    for flag, key, value in OTHER_TOOLS_FLAGS:
+        group.add_argument(
+            flag,
+            dest=key,
+            action="store_const",
+            const=value,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
     group.add_argument(
         "--vae", metavar="PATH", help="a separate VAE file that replaces the model's"
     )
@@ -83,6 +97,46 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
         help="allow .ckpt/.pt/.bin pickle files (loaded with PyTorch's "
         "weights-only loader, never fully unpickled)",
     )
+
+
+# Flags of AUTOMATIC1111 (and Forge, SD.Next) and ComfyUI, accepted as those tools spell them
+# and hidden from --help: each sets the HalfSafe setting that does the same thing.
+OTHER_TOOLS_FLAGS: tuple[tuple[str, str, Any], ...] = (
+    # A1111 --upcast-sampling: the UNet keeps fp16 weights, the sampler's latents stay fp32
+    # and attention is computed in fp32. HalfSafe always samples in fp32 (latents are cast
+    # at the UNet's door), so the part that is a setting here is upcast attention.
+    ("--upcast-sampling", "upcast_attention", True),
+    # ComfyUI
+    ("--force-fp32", "no_half", True),
+    ("--fp32-vae", "vae_precision", "fp32"),
+    ("--bf16-vae", "vae_precision", "bf16"),
+    ("--fp16-vae", "vae_precision", "fp16"),
+    ("--fp32-unet", "unet_precision", "fp32"),
+    ("--bf16-unet", "unet_precision", "bf16"),
+    ("--fp16-unet", "unet_precision", "fp16"),
+    ("--fp32-text-enc", "text_encoder_precision", "fp32"),
+    ("--bf16-text-enc", "text_encoder_precision", "bf16"),
+    ("--fp16-text-enc", "text_encoder_precision", "fp16"),
+    ("--force-upcast-attention", "upcast_attention", True),
+    ("--dont-upcast-attention", "upcast_attention", False),
+)
+# Values other tools give a HalfSafe flag. A1111's --precision says whether autocast is on,
+# not the weights' dtype (that is --no-half): `full` turns autocast off and leaves fp16
+# weights, so `--precision full` alone is plain fp16 and `--precision full --no-half` is fp32,
+# in A1111 as here. (A1111 modules/devices.py: autocast() is a no-op when precision is full.)
+VALUE_ALIASES: dict[str, dict[str, str]] = {
+    "precision": {"full": "fp16", "half": "fp16"},
+}
+
+
+def _with_aliases(key: str):
+    """A choice flag's value with other tools' spellings mapped to HalfSafe's (argparse checks
+    the result against the schema's choices)."""
+
+    def parse(text: str) -> str:
+        return VALUE_ALIASES.get(key, {}).get(text, text)
+
+    return parse
 
 
 def _validated(key: str):
@@ -171,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
         const=False,
         default=argparse.SUPPRESS,
         help="turn the NaN watch off for this run",
+    )
+    gen.add_argument(  # AUTOMATIC1111's spelling
+        "--disable-nan-check",
+        dest="nan_check",
+        action="store_const",
+        const=False,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
     )
     _add_precision_flags(gen)
 

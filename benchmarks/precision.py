@@ -52,6 +52,8 @@ class Choice:
 CHOICES = (
     Choice("fp16", "fp16", {"precision": "fp16"}),
     Choice("bf16", "bf16", {"precision": "bf16"}),
+    # GPU only: on a CPU PyTorch's autocast keeps norms in fp16, so it would time plain fp16.
+    Choice("autocast", "fp16 under autocast (A1111's default)", {"precision": "autocast"}, True),
     Choice(
         "fp16_upcast", "fp16 + upcast attention", {"precision": "fp16", "upcast_attention": True}
     ),

@@ -115,10 +115,11 @@ def no_half(plan: PrecisionPlan) -> PrecisionPlan:
 
 def fp32_reference(plan: PrecisionPlan) -> PrecisionPlan:
     """The reference a fix is judged against: everything fp32, full-precision sums, attention
-    upcast, TF32 off (TF32 keeps 10 mantissa bits: not a reference)."""
+    upcast, TF32 off (TF32 keeps 10 mantissa bits: not a reference), no autocast."""
     return replace(
         no_half(plan),
         upcast_attention=True,
+        autocast=False,
         allow_tf32=False,
         fp16_accumulation=False,
         fp16_reduced_precision_reduction=False,

@@ -33,12 +33,11 @@ class Family:
 
     def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
         """The prompt as the pipeline's `__call__` takes it: prompt_embeds and, with guidance,
-        negative_prompt_embeds (batch 1 each)."""
-        embeds, negative_embeds = pipe.encode_prompt(
-            prompt, device, 1, guidance, negative_prompt=negative
-        )
-        tensors = {"prompt_embeds": embeds, "negative_prompt_embeds": negative_embeds}
-        return {k: v for k, v in tensors.items() if v is not None}
+        negative_prompt_embeds (batch 1 each), read as AUTOMATIC1111 reads it (emphasis, BREAK,
+        77-token chunks: `app.core.prompts`)."""
+        from app.core.prompts import encode_sd
+
+        return encode_sd(pipe, prompt, negative, device, guidance)
 
     def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
         """Which parts of the encoded tensors each text encoder produced."""
@@ -61,20 +60,9 @@ class SDXLFamily(Family):
     name: str = "sdxl"
 
     def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
-        embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
-            prompt=prompt,
-            device=device,
-            num_images_per_prompt=1,
-            do_classifier_free_guidance=guidance,
-            negative_prompt=negative,
-        )
-        tensors = {
-            "prompt_embeds": embeds,
-            "negative_prompt_embeds": negative_embeds,
-            "pooled_prompt_embeds": pooled,
-            "negative_pooled_prompt_embeds": negative_pooled,
-        }
-        return {k: v for k, v in tensors.items() if v is not None}
+        from app.core.prompts import encode_sdxl
+
+        return encode_sdxl(pipe, prompt, negative, device, guidance)
 
     def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
         hidden = _hidden(tensors)

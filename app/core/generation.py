@@ -1102,6 +1102,9 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("Size", f"{request.width}x{request.height}"),
         ("Model hash", model.model_hash),
         ("Model", model.name),
+        # The starting noise is made on the CPU (`_Job.noise`); A1111 assumes GPU noise unless
+        # told, and the seed would not reproduce there.
+        ("RNG", "CPU"),
         ("Precision", s.get("precision")),
         ("UNet precision", s.get("unet_precision")),
         ("VAE precision", s.get("vae_precision")),
@@ -1161,14 +1164,18 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     import sys
 
     from app.core.models import load_model
+    from app.core.prompts import parse_emphasis
 
+    prompt = getattr(args, "prompt", "") or ""
+    for text in (prompt, values.get("negative_prompt", "")):
+        parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
     model = load_model(
         source,
         vae=getattr(args, "vae", None),
         allow_pickle=bool(getattr(args, "allow_pickle", False)),
     )
     request = GenerationRequest(
-        prompt=getattr(args, "prompt", "") or "",
+        prompt=prompt,
         negative_prompt=values.get("negative_prompt", ""),
         steps=values["steps"],
         cfg=values["cfg"],

@@ -937,6 +937,10 @@ def tested_words(plan: PrecisionPlan) -> str:
         counts[dtype] = counts.get(dtype, 0) + 1
     base = max(counts, key=lambda d: counts[d])
     others = [f"{component_words(n)} in {d}" for n, d in dtypes.items() if d != base]
+    if plan.autocast_active and base == "fp16":
+        base = "fp16 under autocast"
+    elif plan.autocast_active:
+        others.append("fp16 parts under autocast")
     return ", ".join([base, *others])
 
 

@@ -11,6 +11,7 @@ for the duration of the job only.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,10 @@ class PrecisionPlan:
     fp16_reduced_precision_reduction: bool = True
     fp16_accumulation: bool = False
     attention_reduced_precision: bool = False
+    # fp16 components run under torch.autocast(device, float16) (A1111's default): matmuls and
+    # convolutions in fp16, the ops PyTorch lists for fp32 (softmax, norms on CUDA) in fp32.
+    # Components planned in fp32 or bf16 never run under it.
+    autocast: bool = False
     reasons: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -68,12 +73,23 @@ class PrecisionPlan:
 
     def tested(self) -> dict[str, Any]:
         """The `tested` object of the health report: dtype per component and upcast."""
-        return {**self.dtypes, "upcast_attention": self.upcast_attention}
+        return {
+            **self.dtypes,
+            "upcast_attention": self.upcast_attention,
+            "autocast": self.autocast_active,
+        }
+
+    @property
+    def autocast_active(self) -> bool:
+        """Whether any component runs under autocast (one planned in fp16)."""
+        return self.autocast and "fp16" in self.dtypes.values()
 
     def effective_settings(self) -> dict[str, Any]:
         """The plan written back as settings values, with nothing left on `auto`."""
         dtypes = set(self.dtypes.values())
         base = dtypes.pop() if len(dtypes) == 1 else "fp16" if "fp16" in dtypes else "mixed"
+        if self.autocast_active:
+            base = "autocast"
         first_encoder = self.dtypes.get("text_encoder", base)
         return {
             "device": self.device,
@@ -139,6 +155,16 @@ def resolve_plan(
     warnings: list[str] = []
 
     base = chosen["precision"]
+    autocast = base == "autocast"
+    if autocast:
+        base = "fp16"
+        reasons["precision"] = (
+            "Autocast: fp16 weights under PyTorch's autocast, as AUTOMATIC1111 runs by default."
+        )
+        problem = autocast_problem(kind)
+        if problem:
+            warnings.append(problem)
+            autocast = autocast_available(kind)
     if base == "auto":
         base = recommended.get("precision", "auto")
         if base not in DTYPE_NAMES:
@@ -221,9 +247,94 @@ def resolve_plan(
         fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
         fp16_accumulation=bool(chosen["fp16_accumulation"]),
         attention_reduced_precision=bool(chosen["attention_reduced_precision"]),
+        autocast=autocast,
         reasons=reasons,
         warnings=tuple(warnings),
     )
+
+
+# --- autocast ----------------------------------------------------------------------------
+
+
+@functools.cache
+def autocast_available(device_type: str) -> bool:
+    """Whether PyTorch has an fp16 autocast for this kind of device."""
+    import torch
+
+    try:
+        return bool(torch.amp.is_autocast_available(device_type))
+    except (RuntimeError, ValueError):
+        return False
+
+
+@functools.cache
+def autocast_upcasts_norms(device_type: str) -> bool | None:
+    """Whether fp16 autocast on this kind of device runs normalisation in fp32, measured once
+    on the device: an fp16 layer norm under autocast comes back fp32 (CUDA and ROCm, as
+    PyTorch's op list says) or stays fp16 (PyTorch 2.13's CPU list has no softmax or norm).
+    None when it could not be measured."""
+    import torch
+
+    try:
+        x = torch.ones(1, 4, dtype=torch.float16, device=device_type)
+        with torch.autocast(device_type, dtype=torch.float16):
+            return torch.nn.functional.layer_norm(x, (4,)).dtype == torch.float32
+    except (RuntimeError, ValueError, AssertionError):  # no such device, or no autocast for it
+        return None
+
+
+def autocast_problem(device_type: str) -> str | None:
+    """One sentence when autocast cannot mean here what it means in A1111 on a GPU, else None."""
+    if not autocast_available(device_type):
+        return (
+            f"PyTorch has no fp16 autocast for {device_type}: the model runs in plain fp16, "
+            "without autocast's fp32 softmax and norms."
+        )
+    if autocast_upcasts_norms(device_type) is False:
+        return (
+            f"On {'a CPU' if device_type == 'cpu' else device_type}, PyTorch's autocast keeps "
+            "softmax and normalisation in fp16, so autocast runs like plain fp16 here; its "
+            "fp32 softmax and norms happen on NVIDIA and AMD GPUs."
+        )
+    return None
+
+
+class _AutocastHooks:
+    """Forward hooks that run a module under torch.autocast(float16) while its
+    `_halfsafe_autocast` attribute names a device type (set per plan by PlacedPipeline), and
+    leave it alone otherwise. Plain data, so a deep-copied module gets its own hooks."""
+
+    def __init__(self) -> None:
+        self.open: list[Any] = []
+
+    def enter(self, module, args) -> None:
+        import torch
+
+        device_type = getattr(module, "_halfsafe_autocast", None)
+        context = torch.autocast(device_type, dtype=torch.float16) if device_type else None
+        if context is not None:
+            context.__enter__()
+        self.open.append(context)
+
+    def leave(self, module, args, output) -> None:
+        context = self.open.pop() if self.open else None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+def _set_autocast(module, device_type: str | None) -> None:
+    """Run `module` (and a VAE's entry submodules) under fp16 autocast on `device_type`, or not
+    at all with None. The hooks are installed once and read the attribute at each call."""
+    entries = [module] + [
+        getattr(module, n) for n in _ENTRY_SUBMODULES if getattr(module, n, None) is not None
+    ]
+    for entry in entries:
+        if getattr(entry, "_halfsafe_autocast_hooks", None) is None:
+            hooks = _AutocastHooks()
+            entry.register_forward_pre_hook(hooks.enter)
+            entry.register_forward_hook(hooks.leave, always_call=True)
+            entry._halfsafe_autocast_hooks = hooks
+        entry._halfsafe_autocast = device_type
 
 
 # --- attention ---------------------------------------------------------------------------
@@ -458,6 +569,8 @@ class PlacedPipeline:
                 self._placed.pop(name, None)  # free the old copy before making the new one
                 module = self._place(getattr(self.source, name), device, torch_dtype(dtype))
                 self._placed[name] = (dtype, module)
+            use_autocast = plan.autocast and dtype == "fp16"
+            _set_autocast(module, device.type if use_autocast else None)
             if name in ("unet", "vae"):
                 set_attention(module, plan)
 

@@ -37,6 +37,9 @@ SCHEMA_VERSION = 1
 SETTINGS_FILE = "settings.json"
 
 DTYPE_CHOICES = ("auto", "fp16", "bf16", "fp32")
+# The base precision also takes `autocast`: fp16 weights under torch.autocast, AUTOMATIC1111's
+# default; a per-component setting is a plain dtype.
+PRECISION_CHOICES = (*DTYPE_CHOICES, "autocast")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math", "classic")
 AUTO_FIX_CHOICES = ("off", "ask", "auto")
 SCHEDULERS = ("euler", "euler_a", "dpmpp_2m_karras", "ddim")
@@ -199,9 +202,13 @@ SCHEMA: tuple[Field, ...] = (
         "choice",
         "auto",
         "Precision",
-        "Base number format for every part of the model. " + _DTYPE_HELP,
+        "Base number format for every part of the model. "
+        + _DTYPE_HELP
+        + " 'autocast' is AUTOMATIC1111's default: fp16 weights under PyTorch's autocast, which "
+        "runs softmax and normalisation in fp32 on NVIDIA and AMD GPUs (on a CPU it runs like "
+        "fp16).",
         "Precision",
-        choices=DTYPE_CHOICES,
+        choices=PRECISION_CHOICES,
         cli=True,
     ),
     Field(

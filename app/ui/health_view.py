@@ -210,8 +210,12 @@ class HealthView(QWidget):
         tested = report.get("tested") or {}
         device = report.get("device") or {}
         tested_words = ", ".join(
-            f"{words.component_name(k)} {v}" for k, v in tested.items() if k != "upcast_attention"
+            f"{words.component_name(k)} {v}"
+            for k, v in tested.items()
+            if k not in ("upcast_attention", "autocast")
         )
+        if tested.get("autocast"):
+            tested_words += ", fp16 parts under autocast"
         if tested.get("upcast_attention"):
             tested_words += ", attention upcast to fp32"
         self.verdict.show_message(

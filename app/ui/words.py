@@ -43,6 +43,7 @@ CHOICE_NAMES = {
     "fp16": "fp16 (half)",
     "bf16": "bf16 (brain float)",
     "fp32": "fp32 (full)",
+    "autocast": "fp16 under autocast (AUTOMATIC1111's default)",
     "flash": "Flash attention",
     "efficient": "Memory-efficient",
     "cudnn": "cuDNN",
@@ -302,6 +303,8 @@ def component_dtypes(
     recommended = recommended or {}
     chosen_base = str(values.get("precision", "auto"))
     base = chosen_base if chosen_base != "auto" else str(recommended.get("precision", "auto"))
+    if base == "autocast":  # fp16 weights; autocast is said once, in precision_summary
+        base = "fp16"
     result = {}
     for component, key in (
         ("unet", "unet_precision"),
@@ -335,6 +338,8 @@ def precision_summary(
         text = f"UNet {dtypes['unet']} · VAE {dtypes['vae']} · text {dtypes['text']}"
         if dtypes["text 2"] != dtypes["text"]:
             text += f" · text 2 {dtypes['text 2']}"
+    if values.get("precision") == "autocast" and "fp16" in dtypes.values():
+        text += " · under autocast"
     if values.get("upcast_attention"):
         text += " · attention upcast"
     return text

@@ -163,7 +163,10 @@ def test_every_precision_choice_resolves_to_the_plan_it_names():
     assert plans["fp16_accumulation"].fp16_accumulation and not plans["fp16"].fp16_accumulation
     assert not plans["fp16_full_reduction"].fp16_reduced_precision_reduction
     assert plans["fp16"].fp16_reduced_precision_reduction
+    assert plans["autocast"].autocast and plans["autocast"].dtypes == plans["fp16"].dtypes
+    assert not plans["fp16"].autocast
     assert {c.key for c in precision.CHOICES if c.gpu_only} == {
+        "autocast",
         "fp32_no_tf32",
         "fp16_accumulation",
         "fp16_full_reduction",

@@ -476,8 +476,9 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     model = variant(base, "params")
     asked = request(
         tmp_path,
-        prompt="a red fox, snow: at night",
-        negative_prompt="blurry, text",
+        # A1111's syntax is interpreted for the encoder and recorded as written.
+        prompt="a (red fox:1.3), [snow]: at night BREAK \\(moon\\)",
+        negative_prompt="((blurry)), text",
         steps=2,
         cfg=6.5,
         seed=4242,
@@ -498,12 +499,13 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     assert params["Size"] == "64x72"
     assert params["Model hash"] == "abcdef1234"
     assert params["Model"] == "params"
+    assert params["RNG"] == "CPU"  # A1111 reads this and makes its noise on the CPU too
     assert params["UNet precision"] == result.settings["unet_precision"]
     assert params["NaN watch"] == "ok"
     # A1111's order: the standard fields first, on the last line.
     last = read_parameters(entry.path).splitlines()[-1]
     assert last.startswith(
-        "Steps: 2, Sampler: Euler a, CFG scale: 6.5, Seed: 4242, Size: 64x72, Model hash: abcdef1234, Model: params, "
+        "Steps: 2, Sampler: Euler a, CFG scale: 6.5, Seed: 4242, Size: 64x72, Model hash: abcdef1234, Model: params, RNG: CPU, "
     )
 
 

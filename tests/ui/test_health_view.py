@@ -217,3 +217,12 @@ def test_check_probes_the_sampler_the_user_generates_with(window, engines):
     window.health_view.run_check()
     params = engines.current.last_job("check").params
     assert (params["steps"], params["scheduler"]) == (12, "euler")
+
+
+def test_a_check_under_autocast_says_so_in_words(window, engines):
+    view, job = _run_check(window, engines)
+    report = dict(FIXABLE, tested={**FIXABLE["tested"], "autocast": True})
+    engines.current.finish(job, {"report": report, "markdown": MARKDOWN})
+    text = view.verdict.text.text()
+    assert "fp16 parts under autocast" in text
+    assert "autocast True" not in text and "Autocast" not in text

@@ -37,6 +37,15 @@ def test_precision_summary_follows_the_users_base_before_the_recommendation():
     assert words.precision_summary({"precision": "auto"}) == "auto (decided when a job runs)"
 
 
+def test_autocast_is_shown_as_fp16_weights_under_autocast():
+    assert words.precision_summary({"precision": "autocast"}) == "fp16 everywhere · under autocast"
+    assert words.precision_summary({"precision": "autocast", "no_half_vae": True}) == (
+        "UNet fp16 · VAE fp32 · text fp16 · under autocast"
+    )
+    assert words.precision_summary({"precision": "autocast", "no_half": True}) == "fp32 everywhere"
+    assert "AUTOMATIC1111" in words.setting_value("precision", "autocast")
+
+
 def test_numbers_read_naturally():
     assert words.big_number(131000.0) == "131,000"
     assert words.big_number(3.4954) == "3.5"

@@ -1,0 +1,321 @@
+"""Prompts as AUTOMATIC1111 reads them: emphasis, BREAK, and prompts longer than CLIP's 77 tokens.
+
+Users bring prompts written for A1111 (and Forge, SD.Next, ComfyUI's A1111-style nodes). Passed
+to CLIP literally, `(cat:1.5)` is the characters "(", "cat", ":", "1.5", ")", and everything past
+token 75 is cut off silently. Here they mean what they mean there:
+
+- `(text)` multiplies the weight of `text` by 1.1, `[text]` divides it by 1.1, `(text:1.5)` sets
+  the factor to 1.5; brackets nest and multiply; one left open is closed at the end of the prompt.
+  `\\(`, `\\)`, `\\[`, `\\]` and `\\\\` are the literal characters.
+- The prompt is cut into chunks of 75 tokens (a chunk that would end within 20 tokens after a
+  comma ends at the comma instead), each wrapped in start/end tokens, padded to 77 and encoded
+  alone; the chunks' hidden states lie one after the other along the sequence. `BREAK` ends a
+  chunk early.
+- Each chunk's hidden states are multiplied token by token by their weights, then rescaled so
+  that the chunk's mean is what it was before weighting (A1111's "Original" emphasis).
+- The prompt and the negative prompt are given the same number of chunks: the shorter is padded
+  with encoded empty chunks (A1111 does the same with "pad prompt/negative prompt", and the
+  diffusers pipelines need both the same length).
+- SDXL: each text encoder weights its own hidden states; the pooled embedding comes from the
+  first chunk of the encoder that has a projection.
+
+The hidden states taken are the ones the diffusers pipeline itself takes (SD1/SD2: the encoder's
+last hidden state, after its final norm; a diffusers SD2 text encoder is already cut to the
+penultimate layer; SDXL: the penultimate hidden state), so a plain prompt of 75 tokens or fewer
+encodes exactly as `pipe.encode_prompt` would.
+
+Why not a library: compel reads its own syntax (`word++`, `(word)1.5`), not A1111's; it cuts
+long prompts blindly at 75 tokens and its weighting is not A1111's mean-restoring product, so a
+user's A1111 prompt would still mean something else. sd_embed is not published on PyPI. The rules
+above are small, and the tests pin them to hand-computed values.
+
+torch is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from app.core.errors import HalfSafeError
+
+CHUNK_TOKENS = 75  # tokens of prompt per chunk; the start and end tokens make it 77
+COMMA_BACKTRACK = 20  # a chunk full within this many tokens after a comma ends at the comma
+ROUND_FACTOR = 1.1
+SQUARE_FACTOR = 1 / 1.1
+# Past this the prompt is not a prompt: 32 chunks is 2,400 tokens, more than any front end
+# encodes usefully, and it bounds the encoder's time and memory.
+MAX_CHUNKS = 32
+MAX_PROMPT_CHARACTERS = 32_000
+# Brackets open at once. A1111 prompts nest a handful deep; the bound keeps parsing linear
+# (each piece of text is weighed once per bracket around it).
+MAX_NESTING = 50
+BREAK = None  # the weight of a fragment that is a BREAK, not text
+
+_PIECE = re.compile(
+    r"""
+    \\[()\[\]\\]                  # an escaped bracket or backslash: the character itself
+  | \\                            # a lone backslash
+  | \( | \[
+  | :\s*([+-]?[.\d]+)\s*\)        # ':1.5)': closes a round group with an explicit weight
+  | \) | \]
+  | [^\\()\[\]:]+                 # plain text
+  | :                             # a colon that sets no weight
+    """,
+    re.VERBOSE,
+)
+_BREAK = re.compile(r"\s*\bBREAK\b\s*", re.DOTALL)
+
+
+class PromptError(HalfSafeError):
+    """A prompt that cannot be encoded (far too long, or a weight too large to compute)."""
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """A run of prompt text with one weight; `weight is BREAK` marks a chunk break."""
+
+    text: str
+    weight: float | None
+
+    @property
+    def is_break(self) -> bool:
+        return self.weight is BREAK
+
+
+def parse_emphasis(prompt: str) -> list[Fragment]:
+    """The prompt as (text, weight) fragments, A1111's emphasis rules applied.
+
+    `"a (cat:1.5) [dog]"` -> `[("a ", 1.0), ("cat", 1.5), (" ", 1.0), ("dog", 0.909...)]`.
+    Adjacent text of equal weight is merged; an empty prompt is one empty fragment. Unlike
+    A1111, a BREAK inside brackets still breaks (A1111 then encodes the word "BREAK").
+    """
+    if len(prompt) > MAX_PROMPT_CHARACTERS:
+        raise PromptError(
+            f"The prompt is {len(prompt):,} characters long; HalfSafe reads prompts of up to "
+            f"{MAX_PROMPT_CHARACTERS:,} characters."
+        )
+    pieces: list[list[Any]] = []  # [text, weight]; weight None for a BREAK
+    round_open: list[int] = []
+    square_open: list[int] = []
+
+    def multiply(start: int, factor: float) -> None:
+        for piece in pieces[start:]:
+            if piece[1] is not BREAK:
+                piece[1] *= factor
+
+    for match in _PIECE.finditer(prompt):
+        piece, weight = match.group(0), match.group(1)
+        if piece.startswith("\\"):
+            pieces.append([piece[1:], 1.0])
+        elif piece in ("(", "[") and len(round_open) + len(square_open) >= MAX_NESTING:
+            raise PromptError(
+                f"The prompt's brackets nest more than {MAX_NESTING} deep; close some of them."
+            )
+        elif piece == "(":
+            round_open.append(len(pieces))
+        elif piece == "[":
+            square_open.append(len(pieces))
+        elif weight is not None and round_open and _number(weight) is not None:
+            multiply(round_open.pop(), _number(weight))
+        elif piece == ")" and round_open:
+            multiply(round_open.pop(), ROUND_FACTOR)
+        elif piece == "]" and square_open:
+            multiply(square_open.pop(), SQUARE_FACTOR)
+        else:
+            for index, part in enumerate(_BREAK.split(piece)):
+                if index:
+                    pieces.append(["BREAK", BREAK])
+                pieces.append([part, 1.0])
+    for start in round_open:
+        multiply(start, ROUND_FACTOR)
+    for start in square_open:
+        multiply(start, SQUARE_FACTOR)
+
+    merged: list[list[Any]] = []
+    for text, weight in pieces:
+        if weight is not BREAK and not text:
+            continue
+        if merged and weight is not BREAK and merged[-1][1] == weight:
+            merged[-1][0] += text
+        else:
+            merged.append([text, weight])
+    for text, weight in merged:
+        if weight is not BREAK and not math.isfinite(weight):
+            raise PromptError(
+                f"The prompt gives '{text.strip()[:40]}' a weight too large to compute."
+            )
+    return [Fragment(text, weight) for text, weight in merged] or [Fragment("", 1.0)]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:  # '1.2.3' or '.': A1111 would fail; here it stays text
+        return None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """77 token ids (start, 75 of the prompt or padding, end) and each token's weight."""
+
+    tokens: tuple[int, ...]
+    weights: tuple[float, ...]
+
+    @property
+    def weighted(self) -> bool:
+        return any(w != 1.0 for w in self.weights)
+
+
+def chunk_prompt(prompt: str, tokenizer) -> list[Chunk]:
+    """Tokenise `prompt` into A1111's 77-token chunks for `tokenizer` (a CLIP tokenizer).
+
+    Padding after the first end token is the tokenizer's own pad token (`<|endoftext|>` for
+    SD1's CLIP, `!` for OpenCLIP), as the diffusers pipelines pad. Raises PromptError past
+    MAX_CHUNKS.
+    """
+    fragments = parse_emphasis(prompt)
+    texts = [f.text for f in fragments if not f.is_break]
+    ids = iter(
+        tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    )
+    comma = tokenizer.get_vocab().get(",</w>")
+    start, end = tokenizer.bos_token_id, tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end
+
+    chunks: list[Chunk] = []
+    tokens: list[int] = []
+    weights: list[float] = []
+    last_comma = -1
+
+    def close() -> None:
+        nonlocal tokens, weights, last_comma
+        if len(chunks) >= MAX_CHUNKS:
+            raise PromptError(
+                f"The prompt is longer than {MAX_CHUNKS * CHUNK_TOKENS:,} tokens "
+                f"({MAX_CHUNKS} chunks of {CHUNK_TOKENS}); shorten it."
+            )
+        filler = CHUNK_TOKENS - len(tokens)
+        body = [start, *tokens, end, *([pad] * filler)] if filler else [start, *tokens, end]
+        chunks.append(Chunk(tuple(body), (1.0, *weights, *([1.0] * (filler + 1)))))
+        tokens, weights, last_comma = [], [], -1
+
+    for fragment in fragments:
+        if fragment.is_break:
+            close()
+            continue
+        for token in next(ids):
+            if token == comma:
+                last_comma = len(tokens)
+            elif (
+                len(tokens) == CHUNK_TOKENS
+                and last_comma != -1
+                and len(tokens) - last_comma <= COMMA_BACKTRACK
+            ):
+                cut = last_comma + 1
+                carried = tokens[cut:], weights[cut:]
+                tokens, weights = tokens[:cut], weights[:cut]
+                close()
+                tokens, weights = list(carried[0]), list(carried[1])
+            if len(tokens) == CHUNK_TOKENS:
+                close()
+            tokens.append(token)
+            weights.append(fragment.weight)
+    if tokens or not chunks:
+        close()
+    return chunks
+
+
+def emphasise(hidden, chunks: list[Chunk]):
+    """Multiply each chunk's hidden states (n, 77, d) token by token by its weights, then
+    restore each chunk's mean (A1111's "Original" emphasis). Computed in fp32, returned in the
+    input's dtype; an unweighted chunk is returned untouched."""
+    import torch
+
+    if not any(c.weighted for c in chunks):
+        return hidden
+    weights = torch.tensor([c.weights for c in chunks], dtype=torch.float32, device=hidden.device)
+    z = hidden.float()
+    before = z.mean(dim=(1, 2), keepdim=True)
+    weighted = z * weights[..., None]
+    after = weighted.mean(dim=(1, 2), keepdim=True)
+    restored = weighted * (before / after)
+    keep = torch.tensor([not c.weighted for c in chunks], device=hidden.device)
+    return torch.where(keep[:, None, None], z, restored).to(hidden.dtype)
+
+
+def _padded(chunk_lists: list[list[Chunk]], tokenizer) -> list[list[Chunk]]:
+    """Every prompt given as many chunks as the longest, with empty chunks at the end."""
+    longest = max(len(chunks) for chunks in chunk_lists)
+    empty = chunk_prompt("", tokenizer)[0]
+    return [chunks + [empty] * (longest - len(chunks)) for chunks in chunk_lists]
+
+
+def _run_encoder(encoder, tokenizer, prompts: list[str], device, penultimate: bool):
+    """Encode each prompt's chunks in one batch: (hidden (p, 77k, d), pooled (p, e) or None).
+
+    `penultimate` takes the second-to-last hidden state (SDXL), else the last one after the
+    final norm (SD1/SD2), each as the diffusers pipeline does.
+    """
+    import torch
+
+    chunk_lists = _padded([chunk_prompt(p, tokenizer) for p in prompts], tokenizer)
+    count = len(chunk_lists[0])
+    flat = [chunk for chunks in chunk_lists for chunk in chunks]
+    ids = torch.tensor([c.tokens for c in flat], dtype=torch.long, device=device)
+    mask = None
+    if getattr(encoder.config, "use_attention_mask", False):
+        first_end = (ids == tokenizer.eos_token_id).int().argmax(dim=1, keepdim=True)
+        mask = (torch.arange(ids.shape[1], device=device)[None] <= first_end).long()
+    output = encoder(ids, attention_mask=mask, output_hidden_states=penultimate)
+    hidden = output.hidden_states[-2] if penultimate else output[0]
+    hidden = emphasise(hidden, flat)
+    hidden = hidden.reshape(len(prompts), count * hidden.shape[1], hidden.shape[2])
+    pooled = output[0] if output[0].ndim == 2 else None
+    if pooled is not None:
+        pooled = pooled.reshape(len(prompts), count, -1)[:, 0]  # from the first chunk
+    return hidden, pooled
+
+
+def encode_sd(pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+    """SD1/SD2: `prompt_embeds` (1, 77k, d) and, with guidance, `negative_prompt_embeds`."""
+    prompts = [prompt, negative] if guidance else [prompt]
+    hidden, _ = _run_encoder(pipe.text_encoder, pipe.tokenizer, prompts, device, False)
+    tensors = {"prompt_embeds": hidden[:1]}
+    if guidance:
+        tensors["negative_prompt_embeds"] = hidden[1:]
+    return tensors
+
+
+def encode_sdxl(pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+    """SDXL: both encoders' penultimate hidden states side by side, and the pooled embedding of
+    the projecting encoder; the negative ones too with guidance (an SDXL refiner has only the
+    second encoder)."""
+    import torch
+
+    prompts = [prompt, negative] if guidance else [prompt]
+    pairs = [
+        (getattr(pipe, "tokenizer", None), getattr(pipe, "text_encoder", None)),
+        (getattr(pipe, "tokenizer_2", None), getattr(pipe, "text_encoder_2", None)),
+    ]
+    hidden_parts, pooled = [], None
+    for tokenizer, encoder in pairs:
+        if encoder is None or tokenizer is None:
+            continue
+        hidden, encoder_pooled = _run_encoder(encoder, tokenizer, prompts, device, True)
+        hidden_parts.append(hidden)
+        if encoder_pooled is not None:
+            pooled = encoder_pooled
+    if len({h.shape[1] for h in hidden_parts}) > 1:  # never with SDXL's two CLIP tokenizers
+        raise PromptError(
+            "This model's two text encoders cut the prompt into different numbers of "
+            f"{CHUNK_TOKENS}-token chunks; shorten it to {CHUNK_TOKENS} tokens."
+        )
+    hidden = torch.cat([h.to(hidden_parts[-1].dtype) for h in hidden_parts], dim=-1)
+    tensors = {"prompt_embeds": hidden[:1], "pooled_prompt_embeds": pooled[:1]}
+    if guidance:
+        tensors["negative_prompt_embeds"] = hidden[1:]
+        tensors["negative_pooled_prompt_embeds"] = pooled[1:]
+    return tensors
