@@ -433,13 +433,14 @@ def check_merges(path: str | os.PathLike[str]) -> None:
             )
 
 
-def check_component_files(folder: Path) -> None:
+def check_component_files(folder: Path, component: str | None = None) -> None:
     """Every file a loader may open in one diffusers component folder: regular files only,
     JSON bounded in size and depth, tokenizer vocabularies and merges well formed.
 
-    Raises OSError or ValueError naming nothing: callers say which file (the `filename` of an
-    OSError, or the file they were checking, which `ComponentFileError` carries).
+    `component` (default: the folder's name) says which config checks apply. Raises
+    ComponentFileError, which names the file and the reason.
     """
+    component = component or folder.name
     try:
         entries = sorted(folder.iterdir())
     except OSError as error:
@@ -454,7 +455,7 @@ def check_component_files(folder: Path) -> None:
         if not stat.S_ISREG(mode):
             raise ComponentFileError(entry, f"it is {_kind(mode)}, not a regular file")
         try:
-            _check_component_file(folder.name, entry)
+            _check_component_file(component, entry)
         except (OSError, ValueError) as error:
             reason = error.strerror if isinstance(error, OSError) else str(error)
             raise ComponentFileError(entry, reason or str(error)) from None

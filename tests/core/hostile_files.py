@@ -67,17 +67,19 @@ SINGLE_FILES: dict[str, tuple[Callable[[], dict[str, torch.Tensor]], str]] = {
     ),
     "text encoder of 1e12 positions": (
         _replaced(TEXT + "embeddings.position_embedding.weight", lambda t: empty_tensor(10**12, 0)),
-        "positions",
+        "a dimension larger than any real weight's",
     ),
     "vocabulary of 20M tokens": (
         _replaced(
             TEXT + "embeddings.token_embedding.weight", lambda t: empty_tensor(20_000_000, 0)
         ),
-        "vocabulary",
+        "vocab_size",
     ),
     "UNet 1e9 channels wide": (
-        _replaced(UNET + "input_blocks.1.0.out_layers.3.weight", lambda t: empty_tensor(10**9, 0)),
-        "channels",
+        _replaced(
+            UNET + "input_blocks.1.0.out_layers.3.weight", lambda t: empty_tensor(10**9, 0, 3, 3)
+        ),
+        "block_out_channels",
     ),
     "a dimension of 2**70": (
         _with({UNET + "extra": empty_tensor(0).reshape(0)}),  # replaced in the header below
