@@ -333,9 +333,9 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
     Nothing in the file runs: the weights-only unpickler accepts tensors and plain containers
     only, and fails on anything else (which is reported as a bad file). A nested "state_dict"
     (Lightning/LDM checkpoints) is unwrapped, stopping at a loop; non-tensor entries are
-    dropped. The tensors are read into memory (not mapped), so the file changing afterwards
-    cannot touch them; each must be a plain dense CPU tensor whose elements its stored bytes
-    really hold (see `_pickle_tensor_problem`). PyTorch's warnings about the file stay quiet.
+    dropped. Each tensor must be a plain dense CPU tensor whose elements its stored bytes
+    really hold (see `_pickle_tensor_problem`). Zip checkpoints are memory-mapped, as
+    safetensors are (see `Checkpoint.check_unchanged`). PyTorch's warnings stay quiet.
     """
     import pickle
     import warnings
@@ -348,9 +348,9 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
     if size == 0:
         raise BadFileError(path, "the file is empty (0 bytes), so it holds no model.")
     try:
-        with open_regular(path) as handle, warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            loaded = torch.load(handle, map_location="cpu", weights_only=True)
+            loaded = _torch_load(path)
     except pickle.UnpicklingError:
         raise BadFileError(
             path,
@@ -390,6 +390,25 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
             f"{size / 1e9:.1f} GB, so it names the same data over and over.",
         )
     return tensors
+
+
+def _torch_load(path: Path) -> Any:
+    """torch.load with the weights-only loader, memory-mapping zip checkpoints.
+
+    torch.load hands any path ending in ".safetensors" to safetensors, whatever the file holds;
+    a pickle under that name is read through a file object instead (not mapped). The legacy
+    (pre-zip) format cannot be mapped either.
+    """
+    import torch
+
+    if not str(path).endswith(SAFETENSORS_SUFFIX):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap" not in str(error):
+                raise
+    with open_regular(path) as handle:
+        return torch.load(handle, map_location="cpu", weights_only=True)
 
 
 # How many times over a pickle's tensors may cover its file: tied embeddings count twice.
@@ -463,6 +482,7 @@ class Checkpoint:
         if is_pickle_file(self.path):
             if not allow_pickle:
                 refuse_pickle(self.path)
+            self._stamp = self._stamp_now()
             self._tensors = load_pickle_state_dict(self.path)
             self.shapes = {k: tuple(v.shape) for k, v in self._tensors.items()}
             self.dtypes = {k: _safetensors_dtype(v.dtype) for k, v in self._tensors.items()}
@@ -506,15 +526,17 @@ class Checkpoint:
         tensor, and loaders call it once more at the end, so a file that changes while it loads
         gets a sentence; only a change in the very moment a tensor is being read still crashes.
         """
-        fd = getattr(self, "_fd", None)
-        if fd is None:
-            return
-        try:
-            now = _stamp(os.fstat(fd))
-        except (OSError, ValueError):
-            now = None
-        if now != self._stamp:
+        if getattr(self, "_stamp", None) is not None and self._stamp_now() != self._stamp:
             raise _changed(self.path)
+
+    def _stamp_now(self) -> tuple[int, int, int, int] | None:
+        """The stamp of the open descriptor (safetensors), or of the path (pickles, which
+        PyTorch maps itself); None when it cannot be read."""
+        fd = getattr(self, "_fd", None)
+        try:
+            return _stamp(os.fstat(fd) if fd is not None else os.stat(self.path))
+        except (OSError, ValueError):
+            return None
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -538,6 +560,7 @@ class Checkpoint:
     def get(self, name: str):
         """One tensor, as stored (dtype and shape as in the file)."""
         if self._tensors is not None:
+            self.check_unchanged()
             return self._tensors[name]
         import torch
 

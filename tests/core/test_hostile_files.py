@@ -359,6 +359,18 @@ def test_a_file_truncated_while_it_loads_gets_a_sentence_not_sigbus(tmp_path, af
     assert_cannot_run(result, path, "the file changed while it was read")
 
 
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGBUS"), reason="no SIGBUS here")
+def test_the_gui_names_a_changed_file_when_the_engine_dies_of_a_bus_error():
+    """The one window left: a file cut short in the very moment a tensor is read, or while a
+    loaded model's weights are in use, still ends the engine with SIGBUS."""
+    import signal
+
+    from app.engine.failures import describe_exit
+
+    message = describe_exit(-signal.SIGBUS).message
+    assert "model file" in message and "\n" not in message and message.endswith(".")
+
+
 def test_a_file_rewritten_in_place_while_it_loads_gets_a_sentence(tmp_path):
     path = _good_single_file(tmp_path)
     checkpoint = Checkpoint(path)
@@ -367,6 +379,15 @@ def test_a_file_rewritten_in_place_while_it_loads_gets_a_sentence(tmp_path):
     error = refused(checkpoint.get, checkpoint.keys()[-1])
     assert_sentence(error, path, "changed while it was read")
     checkpoint.close()
+
+
+def test_a_pickle_cut_short_after_loading_gets_a_sentence(tmp_path):
+    path = tmp_path / "model.ckpt"
+    torch.save({"state_dict": {"a": torch.ones(1000), "b": torch.ones(1000)}}, str(path))
+    checkpoint = Checkpoint(path, allow_pickle=True)
+    assert torch.equal(checkpoint.get("a"), torch.ones(1000))
+    os.truncate(path, path.stat().st_size // 2)  # its storages are mapped: never touch them now
+    assert_sentence(refused(checkpoint.get, "b"), path, "changed while it was read")
 
 
 def test_a_file_that_shrinks_right_after_its_header_is_read(tmp_path, monkeypatch):
