@@ -29,7 +29,7 @@ from typing import Any
 
 from app.core.errors import BadFileError, PickleRefusedError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.limits import check_tensor_shape, open_regular
+from app.core.limits import check_tensor_shape, open_regular, parse_json, read_regular
 
 # The safetensors format caps its JSON header at 100 MB; its reference reader refuses larger.
 HEADER_LIMIT = 100_000_000
@@ -1006,11 +1006,17 @@ def model_hash(
 
 
 def _read_json_dict(path: Path) -> dict[str, Any]:
+    """A cache file's object, or {} when it is missing or damaged (nested, huge, not a file):
+    a cache only saves time, so a bad one must never stop a model from loading."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(read_regular(path, _CACHE_LIMIT))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# The hash cache holds some 150 bytes per model file.
+_CACHE_LIMIT = 64 << 20
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -555,3 +555,16 @@ def test_the_cache_row_types_cover_every_field():
     from dataclasses import fields
 
     assert set(library._ENTRY_TYPES) == {f.name for f in fields(LibraryEntry)}
+
+
+def test_a_damaged_hash_cache_costs_only_a_rehash(tmp_path):
+    from app.core import paths
+    from app.core.checkpoint import model_hash
+
+    path = _good_single_file(tmp_path)
+    cache = paths.cache_dir() / "model_hashes.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(nested_json(100_000))
+    kind, short = bounded(model_hash, path)
+    assert kind == "ok" and len(short) == 10
+    assert json.loads(cache.read_text())[str(path.resolve())]["sha256"].startswith(short)
