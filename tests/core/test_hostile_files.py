@@ -129,10 +129,27 @@ def assert_cannot_run(result, path: Path, words: str = "") -> str:
     return err
 
 
+# Cases that, should a bound ever regress, would allocate gigabytes or loop: they run only in
+# a subprocess under a memory limit, never in the test process on a shared machine.
+RISKY_SINGLE_FILES = ("text encoder of 1e8 layers", "VAE of 1e6 layers per block")
+RISKY_FOLDERS = (
+    "layers_per_block 100000",
+    "vocab_size 20M",
+    "num_train_timesteps 2e8",
+    "text encoder of 1e6 layers",
+    "VAE block_out_channels 1e9",
+)
+RISKY_PICKLES = {
+    "self-referencing state_dict": (self_referencing_ckpt, "loop"),
+    "two-step state_dict cycle": (two_step_cycle_ckpt, "loop"),
+    "1e6 x 1e6 stride-0 tensor": (stride_zero_ckpt, "1e+12 elements"),
+}
+
+
 # Single files whose names and shapes describe huge or impossible models --------------------
 
 
-@pytest.mark.parametrize("case", sorted(SINGLE_FILES))
+@pytest.mark.parametrize("case", sorted(set(SINGLE_FILES) - {*RISKY_SINGLE_FILES}))
 def test_single_file_corpus_gets_one_sentence(tmp_path, case):
     path = write_single_file(tmp_path / "model.safetensors", case)
     error = refused(load_model, str(path))
@@ -180,20 +197,11 @@ def test_real_tensor_shapes_pass_the_bounds():
 # Pickle checkpoints (--allow-pickle) -------------------------------------------------------
 
 
-@pytest.mark.parametrize("builder", [self_referencing_ckpt, two_step_cycle_ckpt])
-def test_state_dict_loops_end_in_a_sentence(tmp_path, builder):
-    path = builder(tmp_path / "loop.ckpt")
-    assert_sentence(refused(load_model, str(path), allow_pickle=True), path, "loop")
-
-
 def test_a_stride_zero_tensor_is_refused_before_any_scan(tmp_path, monkeypatch):
     from app.core import checkpoint
 
-    scanned = []
-    real = checkpoint.tensor_is_finite
-    monkeypatch.setattr(
-        checkpoint, "tensor_is_finite", lambda t: scanned.append(t.numel()) or real(t)
-    )
+    scanned = []  # the scan is faked: were the bound to regress, it must not run for hours
+    monkeypatch.setattr(checkpoint, "tensor_is_finite", lambda t: scanned.append(t.numel()) or 1)
     path = stride_zero_ckpt(tmp_path / "huge.ckpt")  # 1e12 elements in 4 bytes
     assert_sentence(refused(load_model, str(path), allow_pickle=True), path, "1e+12 elements")
     assert scanned == []
@@ -238,7 +246,7 @@ def test_pytorch_warnings_about_a_pickle_stay_quiet(tmp_path):
 # Diffusers folders --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", sorted(FOLDERS))
+@pytest.mark.parametrize("case", sorted(set(FOLDERS) - {*RISKY_FOLDERS}))
 def test_folder_corpus_gets_one_sentence_naming_the_file(tmp_path, case):
     folder = hostile_folder(tmp_path / "pipeline", case)
     _change, file, words = FOLDERS[case]
@@ -248,7 +256,7 @@ def test_folder_corpus_gets_one_sentence_naming_the_file(tmp_path, case):
 
 
 def test_a_good_folder_still_loads_after_the_corpus(tmp_path):
-    for case in ("layers_per_block 100000", "nested unet config"):
+    for case in ("sample_size 512", "nested unet config"):
         refused(load_model, str(hostile_folder(tmp_path / case.replace(" ", "-"), case)))
     model = load_model(str(tiny_folder(tmp_path / "good")))
     assert model.architecture == "sd1"
@@ -407,25 +415,24 @@ def test_a_file_that_shrinks_right_after_its_header_is_read(tmp_path, monkeypatc
 # The command, under a memory limit -----------------------------------------------------------
 
 
-def _cli_cases(tmp_path) -> list[tuple[list[str], Path, str]]:
-    folder_cases = ("layers_per_block 100000", "num_train_timesteps 2e8", "nested unet config")
-    cases: list[tuple[list[str], Path, str]] = []
-    for case in folder_cases:
-        folder = hostile_folder(tmp_path / case.replace(" ", "-"), case)
-        cases.append(([str(folder)], folder, FOLDERS[case][2]))
-    for case in ("text encoder of 1e8 layers", "VAE of 1e6 layers per block"):
-        path = write_single_file(tmp_path / f"{case.replace(' ', '-')}.safetensors", case)
-        cases.append(([str(path)], path, "layers"))
-    for builder in (self_referencing_ckpt, two_step_cycle_ckpt, stride_zero_ckpt):
-        path = builder(tmp_path / f"{builder.__name__}.ckpt")
-        cases.append(([str(path), "--allow-pickle"], path, ""))
-    return cases
+def _risky_case(tmp_path: Path, case: str) -> tuple[list[str], Path, str]:
+    if case in RISKY_SINGLE_FILES:
+        path = write_single_file(tmp_path / "model.safetensors", case)
+        return [str(path)], path, SINGLE_FILES[case][1]
+    if case in RISKY_FOLDERS:
+        folder = hostile_folder(tmp_path / "pipeline", case)
+        _change, file, words = FOLDERS[case]
+        return [str(folder)], folder / file, words
+    builder, words = RISKY_PICKLES[case]
+    path = builder(tmp_path / "model.ckpt")
+    return [str(path), "--allow-pickle"], path, words
 
 
-def test_the_command_refuses_the_riskiest_files_within_memory_and_time(tmp_path):
-    for argv, path, words in _cli_cases(tmp_path):
-        result = run_cli("check", *argv, "--size", "64", memory_gib=4, timeout=180)
-        assert_cannot_run(result, path, words)
+@pytest.mark.parametrize("case", [*RISKY_SINGLE_FILES, *RISKY_FOLDERS, *RISKY_PICKLES])
+def test_the_command_refuses_the_riskiest_files_within_memory_and_time(tmp_path, case):
+    argv, path, words = _risky_case(tmp_path, case)
+    result = run_cli("check", *argv, "--size", "64", memory_gib=4, timeout=180)
+    assert_cannot_run(result, path, words)
 
 
 @needs_fifo
