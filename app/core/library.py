@@ -297,6 +297,12 @@ def _inspect_folder(path: Path) -> LibraryEntry:
             if scheduler_file.exists()
             else {}
         )
+        for component in _components(path, index):
+            limits.check_component_files(component)
+    except limits.ComponentFileError as error:
+        return LibraryEntry(
+            str(path), None, None, 0, f"{error.path}: {error.reason}.", format="diffusers"
+        )
     except BadFileError as error:
         return LibraryEntry(str(path), None, None, 0, str(error), format="diffusers")
     for file in path.rglob("*"):
@@ -322,6 +328,15 @@ def _inspect_folder(path: Path) -> LibraryEntry:
         supported=detection.supported,
         detected_because=detection.because,
     )
+
+
+def _components(path: Path, index: dict) -> list[Path]:
+    """The component folders model_index.json names that exist (the loader reads those)."""
+    return [
+        path / name
+        for name in sorted(index)
+        if not name.startswith("_") and isinstance(index[name], list) and (path / name).is_dir()
+    ]
 
 
 def _folder_config(file: Path, check: Callable[[dict], None] | None = None) -> dict:

@@ -104,15 +104,15 @@ def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
     opened descriptor, which a rename cannot swap; then blocking reads are restored. Raises
     NotRegularFileError (an OSError) for anything else, or the OSError of the open.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
+    nonblocking = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to wait on
+    fd = os.open(path, os.O_RDONLY | nonblocking | getattr(os, "O_BINARY", 0))
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise NotRegularFileError(
                 errno.EINVAL, f"it is {_kind(mode)}, not a regular file", str(path)
             )
-        if hasattr(os, "set_blocking"):
+        if nonblocking:
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:

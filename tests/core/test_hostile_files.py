@@ -475,6 +475,7 @@ def mixed_folder(tmp_path) -> Path:
     hostile_folder(folder / "bad-config", "sample_size big")
     hostile_folder(folder / "nested", "nested model_index.json")
     hostile_folder(folder / "huge", "layers_per_block 100000")
+    hostile_folder(folder / "bad-merges", "merges.txt of one-token lines")
     if hasattr(os, "mkfifo"):
         replace_with_fifo(tiny_folder(folder / "fifo") / "model_index.json")
         replace_with_fifo(folder / "pipe.safetensors")
@@ -499,6 +500,7 @@ def test_one_bad_item_costs_only_its_own_row(mixed_folder):
         "bad-config": "sample_size",
         "nested": "nested",
         "huge": "layers_per_block",
+        "bad-merges": "merges.txt: line 2",
     }
     if hasattr(os, "mkfifo"):
         expected.update({"fifo": "named pipe", "pipe.safetensors": "not a regular file"})
