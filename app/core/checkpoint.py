@@ -470,7 +470,9 @@ class Checkpoint:
     For safetensors, the validated byte ranges are read as zero-copy views of a private
     (copy-on-write) memory map of the file: nothing is copied, pages are shared with the OS
     cache, and writing to a tensor never touches the file. The map lives as long as any
-    tensor from it. Use as a context manager, or call `close()`.
+    tensor from it. The file is held open and checked before each tensor, so one that is
+    truncated or rewritten meanwhile gets a sentence (see `check_unchanged`). Use as a context
+    manager, or call `close()`.
     """
 
     def __init__(self, path: str | Path, *, allow_pickle: bool = False) -> None:
