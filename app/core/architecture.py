@@ -247,14 +247,17 @@ def _words(kind: str) -> str:
 def detect_from_configs(
     model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
 ) -> Detection:
-    """Decide the architecture of a diffusers folder from its model_index.json and configs."""
+    """Decide the architecture of a diffusers folder from its model_index.json and configs.
+
+    The UNet config must have passed `limits.check_unet_config` (its sizes are numbers).
+    """
     class_name = str(model_index.get("_class_name", ""))
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross
     in_channels = unet.get("in_channels", 4)
     prediction = scheduler.get("prediction_type", "epsilon")
-    sample = int(unet.get("sample_size") or 64)
-    size = sample * 8
+    sample = unet.get("sample_size") or 64
+    size = int(max(sample) if isinstance(sample, list) else sample) * 8
     if "text_encoder_2" in model_index and unet.get("addition_embed_type") == "text_time":
         family, why = (
             "sdxl",
@@ -465,6 +468,38 @@ def _count_indices(shapes: Shapes, prefix: str) -> int:
 # Config inference --------------------------------------------------------------------------
 
 
+def shape_problem(shapes: Shapes, detection: Detection) -> str | None:
+    """Why the loader would refuse a supported checkpoint's shapes, in words that complete
+    "this looks like ..., but", or None when every component's config can be inferred and
+    stays within real models' sizes. Headers only, so the model library can say it up front.
+    """
+    from app.core import limits
+
+    try:
+        for encoder in detection.text_encoders:
+            limits.check_text_encoder_config(infer_text_encoder_config(shapes, {}, encoder))
+        limits.check_unet_config(infer_unet_config(shapes, {}, prefix=detection.unet_prefix))
+        if detection.has_vae:
+            limits.check_vae_config(infer_vae_config(shapes, {}, prefix=detection.vae_prefix))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _weight_shape(shapes: Shapes, prefix: str, name: str, ndim: int, words: str):
+    """The shape of one weight that config inference reads, which must exist and have `ndim`
+    dimensions (a scalar or 1-D tensor where a matrix belongs is a damaged file, not an
+    IndexError)."""
+    shape = shapes.get(prefix + name)
+    if shape is None:
+        raise ValueError(f"the {words} has no {name}, so its layout is unknown")
+    if len(shape) != ndim:
+        raise ValueError(
+            f"the {words} weight {name} has shape {list(shape)} where a {ndim}-D tensor belongs"
+        )
+    return shape
+
+
 def _unet_heads(channels: int, sd1_style: bool) -> int:
     if sd1_style and channels % 8 == 0:
         return 8
@@ -507,17 +542,14 @@ def infer_unet_config(
         elif parts[0] == "middle_block" and len(parts) > 2 and parts[1].isdigit():
             blocks.setdefault(("middle_block", 0, int(parts[1])), set()).add(".".join(parts[2:]))
 
-    def w(name: str) -> tuple[int, ...]:
-        shape = shapes.get(prefix + name)
-        if shape is None:
-            raise ValueError(f"the UNet has no {name}, so its layout is unknown")
-        return shape
+    def w(name: str, ndim: int) -> tuple[int, ...]:
+        return _weight_shape(shapes, prefix, name, ndim, "UNet")
 
     def depth(kind: str, i: int, j: int) -> int:
         rest = blocks.get((kind, i, j), set())
         return len({r.split(".")[1] for r in rest if r.startswith("transformer_blocks.")})
 
-    conv_in = w("input_blocks.0.0.weight")
+    conv_in = w("input_blocks.0.0.weight", 4)
     levels: list[dict[str, Any]] = [{"resnets": 0, "channels": None, "depths": []}]
     inputs = sorted({i for (kind, i, _j) in blocks if kind == "input_blocks" and i >= 1})
     for i in inputs:
@@ -527,7 +559,7 @@ def infer_unet_config(
             continue
         level = levels[-1]
         level["resnets"] += 1
-        level["channels"] = w(f"input_blocks.{i}.0.out_layers.3.weight")[0]
+        level["channels"] = w(f"input_blocks.{i}.0.out_layers.3.weight", 4)[0]
         level["depths"].append(depth("input_blocks", i, 1))
     if any(level["resnets"] == 0 for level in levels):
         raise ValueError("a UNet level has no residual blocks")
@@ -560,9 +592,9 @@ def infer_unet_config(
     sd1_style = not isinstance(base.get("attention_head_dim"), list)
     config.update(
         in_channels=conv_in[1],
-        out_channels=w("out.2.weight")[0],
+        out_channels=w("out.2.weight", 4)[0],
         conv_in_kernel=conv_in[2],
-        conv_out_kernel=w("out.2.weight")[2],
+        conv_out_kernel=w("out.2.weight", 4)[2],
         block_out_channels=channels,
         layers_per_block=layers,
         down_block_types=["CrossAttnDownBlock2D" if d else "DownBlock2D" for d in down_depths],
@@ -589,15 +621,22 @@ def infer_unet_config(
     if cross is not None:
         config["cross_attention_dim"] = cross
         proj_in = next(
-            s for k, s in shapes.items() if k.startswith(prefix) and k.endswith(".proj_in.weight")
+            (
+                s
+                for k, s in shapes.items()
+                if k.startswith(prefix) and k.endswith(".proj_in.weight")
+            ),
+            None,
         )
+        if proj_in is None:
+            raise ValueError("its UNet has cross-attention but no proj_in weights")
         config["use_linear_projection"] = len(proj_in) == 2
 
-    time_dim = w("time_embed.0.weight")[0]
+    time_dim = w("time_embed.0.weight", 2)[0]
     config["time_embedding_dim"] = None if time_dim == channels[0] * 4 else time_dim
     label = shapes.get(prefix + "label_emb.0.0.weight")
     if label is not None:
-        in_dim = label[1]
+        in_dim = w("label_emb.0.0.weight", 2)[1]
         pooled = (
             pooled_text_dim
             if pooled_text_dim is not None
@@ -629,11 +668,8 @@ def infer_vae_config(
     down = "encoder.down_blocks." if diffusers_layout else "encoder.down."
     block = ".resnets." if diffusers_layout else ".block."
 
-    def w(name: str) -> tuple[int, ...]:
-        shape = shapes.get(prefix + name)
-        if shape is None:
-            raise ValueError(f"the VAE has no {name}, so its layout is unknown")
-        return shape
+    def w(name: str, ndim: int = 4) -> tuple[int, ...]:
+        return _weight_shape(shapes, prefix, name, ndim, "VAE")
 
     levels = _count_indices(shapes, prefix + down)
     if levels == 0:
@@ -676,11 +712,8 @@ def infer_text_encoder_config(
     """A CLIPTextConfig dict for one text encoder of a single file."""
     p = encoder.prefix
 
-    def w(name: str) -> tuple[int, ...]:
-        shape = shapes.get(p + name)
-        if shape is None:
-            raise ValueError(f"the text encoder has no {name}, so its layout is unknown")
-        return shape
+    def w(name: str, ndim: int = 2) -> tuple[int, ...]:
+        return _weight_shape(shapes, p, name, ndim, "text encoder")
 
     config = copy.deepcopy(dict(base))
     for key in ("_name_or_path", "transformers_version"):
@@ -691,7 +724,7 @@ def infer_text_encoder_config(
         intermediate = w("encoder.layers.0.mlp.fc1.weight")[0]
         layers = _count_indices(shapes, p + "encoder.layers.")
         projection = shapes.get(p.removesuffix("text_model.") + "text_projection.weight")
-        projection_dim = projection[0] if projection else None
+        projection_dim = projection[0] if projection and len(projection) == 2 else None
     else:
         vocab, hidden = w("token_embedding.weight")
         positions = w("positional_embedding")[0]

@@ -11,6 +11,7 @@ This module imports torch only inside the functions that need it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -19,6 +20,7 @@ import struct
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from typing import Any
 
 from app.core.errors import BadFileError, PickleRefusedError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.limits import check_tensor_shape, open_regular, parse_json, read_regular
 
 # The safetensors format caps its JSON header at 100 MB; its reference reader refuses larger.
 HEADER_LIMIT = 100_000_000
@@ -132,7 +135,7 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     if size == 0:
         raise BadFileError(path, "the file is empty (0 bytes), so it holds no model.")
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             head = handle.read(8)
             if head.startswith(_ZIP_MAGIC) or _looks_like_pickle(head):
                 raise PickleRefusedError(
@@ -239,6 +242,9 @@ def _tensor_info(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
         or offsets[0] > offsets[1]
     ):
         raise BadFileError(path, f"tensor '{name}' has invalid data offsets {offsets!r}.")
+    too_big = check_tensor_shape(shape)
+    if too_big is not None:
+        raise BadFileError(path, f"tensor '{name}' {too_big}, so the file is damaged or hostile.")
     start, end = offsets
     expected_bits = math.prod(shape) * DTYPE_BITS[dtype]
     if expected_bits != (end - start) * 8:
@@ -295,7 +301,7 @@ def is_pickle_file(path: str | Path) -> bool:
     if path.suffix.lower() in PICKLE_SUFFIXES:
         return True
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             head = handle.read(8)
     except OSError:
         return False
@@ -319,9 +325,13 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
 
     Nothing in the file runs: the weights-only unpickler accepts tensors and plain containers
     only, and fails on anything else (which is reported as a bad file). A nested "state_dict"
-    (Lightning/LDM checkpoints) is unwrapped; non-tensor entries are dropped.
+    (Lightning/LDM checkpoints) is unwrapped, stopping at a loop; non-tensor entries are
+    dropped. Each tensor must be a plain dense CPU tensor whose elements its stored bytes
+    really hold (see `_pickle_tensor_problem`). Zip checkpoints are memory-mapped, as
+    safetensors are (see `Checkpoint.check_unchanged`). PyTorch's warnings stay quiet.
     """
     import pickle
+    import warnings
     import zipfile
 
     import torch
@@ -331,13 +341,9 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
     if size == 0:
         raise BadFileError(path, "the file is empty (0 bytes), so it holds no model.")
     try:
-        try:
-            loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as error:
-            # mmap needs the zip format; the legacy format is read without it.
-            if "mmap" not in str(error):
-                raise
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loaded = _torch_load(path)
     except pickle.UnpicklingError:
         raise BadFileError(
             path,
@@ -348,18 +354,103 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
         raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
     except (RuntimeError, EOFError, ValueError, zipfile.BadZipFile, struct.error):
         raise BadFileError(
-            path, "the file is damaged or truncated: PyTorch could not read it as a checkpoint."
+            path,
+            "the file is damaged, truncated or changed while it was read: PyTorch could not "
+            "read it as a checkpoint.",
         ) from None
-    while isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
-        loaded = loaded["state_dict"]
-    if not isinstance(loaded, dict):
-        raise BadFileError(path, "the file does not hold a dictionary of weights.")
+    except MemoryError:
+        raise BadFileError(
+            path, "the file declares more data than this computer's memory, so it is damaged."
+        ) from None
+    loaded = _unwrap_state_dict(path, loaded)
     tensors = {
         k: v for k, v in loaded.items() if isinstance(k, str) and isinstance(v, torch.Tensor)
     }
     if not tensors:
         raise BadFileError(path, "the file holds no weights.")
+    total = 0
+    for name, tensor in tensors.items():
+        problem = _pickle_tensor_problem(tensor)
+        if problem is not None:
+            raise BadFileError(path, f"tensor '{name}' {problem}.")
+        total += tensor.numel() * tensor.element_size()
+    # Tied weights may share bytes, but never many times over: without this bound, thousands of
+    # names for one large tensor would make the weight scan read the file thousands of times.
+    if total > _MAX_PICKLE_REUSE * size + (1 << 20):
+        raise BadFileError(
+            path,
+            f"its tensors add up to {total / 1e9:.1f} GB but the file holds only "
+            f"{size / 1e9:.1f} GB, so it names the same data over and over.",
+        )
     return tensors
+
+
+def _torch_load(path: Path) -> Any:
+    """torch.load with the weights-only loader, memory-mapping zip checkpoints.
+
+    torch.load hands any path ending in ".safetensors" to safetensors, whatever the file holds;
+    a pickle under that name is read through a file object instead (not mapped). The legacy
+    (pre-zip) format cannot be mapped either.
+    """
+    import torch
+
+    if not str(path).endswith(SAFETENSORS_SUFFIX):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as error:
+            if "mmap" not in str(error):
+                raise
+    with open_regular(path) as handle:
+        return torch.load(handle, map_location="cpu", weights_only=True)
+
+
+# How many times over a pickle's tensors may cover its file: tied embeddings count twice.
+_MAX_PICKLE_REUSE = 4
+
+
+def _unwrap_state_dict(path: Path, loaded: Any) -> dict[str, Any]:
+    """Follow "state_dict" entries (a Lightning checkpoint holds the weights one level down)
+    to the dictionary of weights; a chain that loops back on itself is a bad file."""
+    seen: set[int] = set()
+    while isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        if id(loaded) in seen:
+            raise BadFileError(
+                path,
+                "its state_dict entries refer back to each other in a loop, so it holds no "
+                "weights (the file is damaged or hostile).",
+            )
+        seen.add(id(loaded))
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, dict):
+        raise BadFileError(path, "the file does not hold a dictionary of weights.")
+    return loaded
+
+
+def _pickle_tensor_problem(tensor) -> str | None:
+    """Why a tensor from a pickle is not a plain weight HalfSafe can read, or None.
+
+    The weights-only loader still builds sparse, quantized, nested and meta tensors, and views
+    whose elements repeat a few stored values (a stride-0 view of 4 bytes can claim 1e12
+    elements, which a weight scan would add up for hours).
+    """
+    import torch
+
+    if tensor.is_meta or tensor.device.type != "cpu":
+        return "is a placeholder without data (a meta tensor), so the file holds no weights there"
+    if tensor.layout != torch.strided or tensor.is_nested:
+        return f"is a {str(tensor.layout).removeprefix('torch.')} tensor, not a dense weight"
+    if tensor.is_quantized:
+        return "is a quantized tensor, which HalfSafe cannot check or run"
+    too_big = check_tensor_shape(tensor.shape)
+    if too_big is not None:
+        return too_big
+    stored = tensor.untyped_storage().nbytes()
+    if tensor.numel() * tensor.element_size() > stored:
+        return (
+            f"claims {tensor.numel():.3g} elements but stores only {stored} bytes (a stride-0 "
+            "or overlapping view), which no model file holds"
+        )
+    return None
 
 
 # An opened checkpoint ----------------------------------------------------------------------
@@ -372,7 +463,9 @@ class Checkpoint:
     For safetensors, the validated byte ranges are read as zero-copy views of a private
     (copy-on-write) memory map of the file: nothing is copied, pages are shared with the OS
     cache, and writing to a tensor never touches the file. The map lives as long as any
-    tensor from it. Use as a context manager, or call `close()`.
+    tensor from it. The file is held open and checked before each tensor, so one that is
+    truncated or rewritten meanwhile gets a sentence (see `check_unchanged`). Use as a context
+    manager, or call `close()`.
     """
 
     def __init__(self, path: str | Path, *, allow_pickle: bool = False) -> None:
@@ -384,6 +477,7 @@ class Checkpoint:
         if is_pickle_file(self.path):
             if not allow_pickle:
                 refuse_pickle(self.path)
+            self._stamp = self._stamp_now()
             self._tensors = load_pickle_state_dict(self.path)
             self.shapes = {k: tuple(v.shape) for k, v in self._tensors.items()}
             self.dtypes = {k: _safetensors_dtype(v.dtype) for k, v in self._tensors.items()}
@@ -397,6 +491,47 @@ class Checkpoint:
             self.file_size = self.header.file_size
         if not self.shapes:
             raise BadFileError(self.path, "the file holds no tensors, so it holds no model.")
+        if self.header is not None:
+            self._open_for_tensors()
+
+    def _open_for_tensors(self) -> None:
+        """Hold the validated file open and remember what it looked like (see `check_unchanged`)."""
+        try:
+            with open_regular(self.path) as handle:
+                fd = os.dup(handle.fileno())
+            # A bare descriptor, closed by close() or when this object goes away.
+            self._fd: int | None = fd
+            self._closer = weakref.finalize(self, os.close, fd)
+            self._stamp = _stamp(os.fstat(fd))
+            named = _stamp(os.stat(self.path))
+        except OSError as error:
+            raise BadFileError(
+                self.path, f"the file cannot be read ({error.strerror or error})."
+            ) from None
+        if self._stamp != named or self._stamp[0] != self.file_size:
+            self.close()
+            raise _changed(self.path)
+
+    def check_unchanged(self) -> None:
+        """Raise BadFileError when the file was truncated, rewritten or replaced since it was
+        opened: its size or modification time on the open handle differ.
+
+        Tensors are zero-copy views of a map of the file, and a page of a map beyond a shrunken
+        file's end kills the process (SIGBUS) when touched. `get` calls this before mapping each
+        tensor, and loaders call it once more at the end, so a file that changes while it loads
+        gets a sentence; only a change in the very moment a tensor is being read still crashes.
+        """
+        if getattr(self, "_stamp", None) is not None and self._stamp_now() != self._stamp:
+            raise _changed(self.path)
+
+    def _stamp_now(self) -> tuple[int, int, int, int] | None:
+        """The stamp of the open descriptor (safetensors), or of the path (pickles, which
+        PyTorch maps itself); None when it cannot be read."""
+        fd = getattr(self, "_fd", None)
+        try:
+            return _stamp(os.fstat(fd) if fd is not None else os.stat(self.path))
+        except (OSError, ValueError):
+            return None
 
     def __enter__(self) -> Checkpoint:
         return self
@@ -407,6 +542,9 @@ class Checkpoint:
     def close(self) -> None:
         """Drop this object's hold on the file; tensors already handed out stay valid."""
         self._map = None
+        if getattr(self, "_fd", None) is not None:
+            self._fd = None
+            self._closer()
 
     def keys(self) -> list[str]:
         """Tensor names, in file order (sequential reads are kinder to disks)."""
@@ -417,6 +555,7 @@ class Checkpoint:
     def get(self, name: str):
         """One tensor, as stored (dtype and shape as in the file)."""
         if self._tensors is not None:
+            self.check_unchanged()
             return self._tensors[name]
         import torch
 
@@ -426,6 +565,7 @@ class Checkpoint:
         if info.nbytes == 0:
             return torch.empty(info.shape, dtype=dtype)
         start = self.header.data_start + info.start
+        self.check_unchanged()
         self._populate(start + info.nbytes)
         tensor = torch.frombuffer(
             self._mapping(), dtype=dtype, count=info.nbytes // dtype.itemsize, offset=start
@@ -437,9 +577,10 @@ class Checkpoint:
         if self._map is None:
             import mmap
 
+            if getattr(self, "_fd", None) is None:
+                self._open_for_tensors()  # reopened after close(): still the same file?
             try:
-                with open(self.path, "rb") as handle:
-                    self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+                self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
             except (OSError, ValueError) as error:
                 raise BadFileError(
                     self.path,
@@ -448,7 +589,7 @@ class Checkpoint:
                 ) from None
             if len(self._map) != self.file_size:
                 self._map = None
-                raise BadFileError(self.path, "the file changed size while it was being opened.")
+                raise _changed(self.path)
         return self._map
 
     def _populate(self, end: int) -> None:
@@ -462,13 +603,33 @@ class Checkpoint:
         stop = min(len(mapping), (stop + mmap_page() - 1) // mmap_page() * mmap_page())
         try:
             mapping.madvise(_MADV_POPULATE_READ, start, stop - start)
-        except (OSError, ValueError, AttributeError):
+        except OSError as error:
+            if error.errno == errno.EFAULT:
+                # The kernel's way of saying "these pages are past the file's end now": the
+                # file shrank after it was mapped, and touching them would raise SIGBUS.
+                raise _changed(self.path) from None
             self._populated = len(mapping)  # unsupported kernel: fall back to page faults
+            return
+        except (ValueError, AttributeError):
+            self._populated = len(mapping)
             return
         self._populated = stop
 
     def stored_dtype(self, names: Iterable[str] | None = None) -> str:
         return stored_dtype(self.dtypes[n] for n in (self.dtypes if names is None else names))
+
+
+def _stamp(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What identifies one version of a file: size, modification time, device and inode."""
+    return (stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino)
+
+
+def _changed(path: Path) -> BadFileError:
+    return BadFileError(
+        path,
+        "the file changed while it was read (it was truncated, rewritten or replaced); "
+        "load it again once it is complete.",
+    )
 
 
 _POPULATE_STEP = 256 << 20
@@ -936,11 +1097,17 @@ def model_hash(
 
 
 def _read_json_dict(path: Path) -> dict[str, Any]:
+    """A cache file's object, or {} when it is missing or damaged (nested, huge, not a file):
+    a cache only saves time, so a bad one must never stop a model from loading."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(read_regular(path, _CACHE_LIMIT))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+# The hash cache holds some 150 bytes per model file.
+_CACHE_LIMIT = 64 << 20
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

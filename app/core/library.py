@@ -11,15 +11,16 @@ what changed. No torch here.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from app.core import architecture as arch
-from app.core import paths
+from app.core import limits, paths
 from app.core.checkpoint import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIX,
@@ -32,6 +33,8 @@ from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
 INDEX_FILE = "library.json"
 INDEX_VERSION = 1
+# The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
+INDEX_LIMIT = 64 << 20
 MAX_DEPTH = 6
 APP_MODELS = "models"
 
@@ -135,14 +138,9 @@ def scan_library(
         progress("Scanning model folders", done, len(candidates))
         key = str(path)
         stamp = _stamp(path, kind)
-        cached = cache.get(key)
-        if stamp is not None and isinstance(cached, dict) and cached.get("stamp") == stamp:
-            try:
-                entry = LibraryEntry(**cached["entry"])
-            except TypeError:
-                entry = _inspect(path, kind)
-        else:
-            entry = _inspect(path, kind)
+        entry = _cached_entry(cache.get(key), stamp, key)
+        if entry is None:
+            entry = _inspect_one(path, kind)
         entries.append(entry)
         if stamp is not None:
             fresh[key] = {"stamp": stamp, "entry": asdict(entry)}
@@ -188,6 +186,52 @@ def _stamp(path: Path, kind: str) -> list[int] | None:
     return [stat.st_size, stat.st_mtime_ns]
 
 
+def _inspect_one(path: Path, kind: str) -> LibraryEntry:
+    """One row, whatever the file holds: a file that trips a fault HalfSafe did not foresee
+    costs its own row (with the fault named), never the rest of the library."""
+    try:
+        return _inspect(path, kind)
+    except Exception as error:  # the promise is per row; the GUI shows the text
+        words = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return LibraryEntry(
+            str(path),
+            None,
+            None,
+            0,
+            f"{path}: HalfSafe could not read it ({type(error).__name__}"
+            f"{': ' + words if words else ''}).",
+            format="diffusers" if kind == "diffusers" else kind,
+        )
+
+
+def _cached_entry(cached: Any, stamp: list[int] | None, key: str) -> LibraryEntry | None:
+    """The cached row for `key` if the file is unchanged and the row is well formed: the cache
+    is a file on disk like any other, and a damaged one only costs a rescan."""
+    if stamp is None or not isinstance(cached, dict) or cached.get("stamp") != stamp:
+        return None
+    row = cached.get("entry")
+    if not isinstance(row, dict) or set(row) != _ENTRY_TYPES.keys() or row.get("path") != key:
+        return None
+    for name, types in _ENTRY_TYPES.items():
+        value = row[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return None
+    return LibraryEntry(**row)
+
+
+# What each LibraryEntry field may hold, for checking rows read back from the cache.
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "path": (str,),
+    "architecture": (str, type(None)),
+    "stored_dtype": (str, type(None)),
+    "size_bytes": (int,),
+    "error": (str, type(None)),
+    "format": (str,),
+    "supported": (bool,),
+    "detected_because": (str, type(None)),
+}
+
+
 def _inspect(path: Path, kind: str) -> LibraryEntry:
     if kind == "diffusers":
         return _inspect_folder(path)
@@ -219,22 +263,24 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
         return LibraryEntry(str(path), None, None, size, str(error))
     sidecar = path.with_suffix(".yaml")
     sidecar_text = None
-    if sidecar.is_file():
+    if limits.is_regular_file(sidecar):
         try:
-            sidecar_text = sidecar.read_text(encoding="utf-8", errors="replace")[:100_000]
+            raw = limits.read_regular(sidecar, limits.MAX_CONFIG_BYTES)
+            sidecar_text = raw.decode("utf-8", errors="replace")
         except OSError:
             sidecar_text = None
     detection = arch.detect_architecture(
         header.shapes(), metadata=header.metadata, name=path.name, sidecar_config=sidecar_text
     )
     dtype = stored_dtype(header.dtypes().values())
+    problem = arch.shape_problem(header.shapes(), detection) if detection.supported else None
     return LibraryEntry(
         str(path),
         detection.architecture,
         dtype if dtype != "none" else None,
         size,
-        None,
-        supported=detection.supported,
+        f"{path}: this looks like {detection.looks_like}, but {problem}." if problem else None,
+        supported=detection.supported and problem is None,
         detected_because=detection.because,
     )
 
@@ -243,26 +289,22 @@ def _inspect_folder(path: Path) -> LibraryEntry:
     size = 0
     dtypes: list[str] = []
     try:
-        index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
-        unet = json.loads((path / "unet" / "config.json").read_text(encoding="utf-8"))
+        index = _folder_config(path / "model_index.json")
+        unet = _folder_config(path / "unet" / "config.json", limits.check_unet_config)
         scheduler_file = path / "scheduler" / "scheduler_config.json"
         scheduler = (
-            json.loads(scheduler_file.read_text(encoding="utf-8"))
-            if scheduler_file.is_file()
+            _folder_config(scheduler_file, limits.check_scheduler_config)
+            if scheduler_file.exists()
             else {}
         )
-        if not all(isinstance(d, dict) for d in (index, unet, scheduler)):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
+        for component in _components(path, index):
+            limits.check_component_files(component)
+    except limits.ComponentFileError as error:
         return LibraryEntry(
-            str(path),
-            None,
-            None,
-            0,
-            f"{path}: its model_index.json or unet/config.json cannot be read ({reason}).",
-            format="diffusers",
+            str(path), None, None, 0, f"{error.path}: {error.reason}.", format="diffusers"
         )
+    except BadFileError as error:
+        return LibraryEntry(str(path), None, None, 0, str(error), format="diffusers")
     for file in path.rglob("*"):
         try:
             if file.is_file():
@@ -288,13 +330,37 @@ def _inspect_folder(path: Path) -> LibraryEntry:
     )
 
 
+def _components(path: Path, index: dict) -> list[Path]:
+    """The component folders model_index.json names that exist (the loader reads those)."""
+    return [
+        path / name
+        for name in sorted(index)
+        if not name.startswith("_") and isinstance(index[name], list) and (path / name).is_dir()
+    ]
+
+
+def _folder_config(file: Path, check: Callable[[dict], None] | None = None) -> dict:
+    """One JSON config of a diffusers folder, read as the loader reads it (regular files only,
+    bounded size and nesting) and checked against real models' sizes; BadFileError names it."""
+    try:
+        config = limits.read_json_object(file)
+        if check is not None:
+            check(config)
+    except OSError as error:
+        raise BadFileError(file, f"the file cannot be read ({error.strerror or error}).") from None
+    except ValueError as error:
+        raise BadFileError(file, f"{error}.") from None
+    return config
+
+
 def _index_path() -> Path:
     return paths.data_dir() / INDEX_FILE
 
 
 def _load_index() -> dict[str, dict]:
+    # Damaged, nested, huge or not a file at all: the cache is only rebuilt, never fatal.
     try:
-        data = json.loads(_index_path().read_text(encoding="utf-8"))
+        data = limits.parse_json(limits.read_regular(_index_path(), INDEX_LIMIT))
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import paths
+from app.core import limits, paths
 from app.core.checkpoint import (
     Checkpoint,
     WeightScan,
@@ -190,18 +190,18 @@ def config_folder(name: str) -> Path:
 
 
 def _read_json(path: Path, owner: Path | None = None) -> dict[str, Any]:
+    """A config's JSON object; only a regular file, bounded in size and nesting (see limits)."""
     owner = owner or path
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return limits.read_json_object(path)
     except FileNotFoundError:
         raise BadFileError(owner, f"{path.name} is missing.") from None
     except OSError as error:
         raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
-    except (UnicodeDecodeError, ValueError):
-        raise BadFileError(path, "the file is not valid JSON.") from None
-    if not isinstance(data, dict):
-        raise BadFileError(path, "the file does not hold a JSON object.")
-    return data
+    except ValueError as error:
+        if "not valid JSON" in str(error):
+            raise BadFileError(path, "the file is not valid JSON.") from None
+        raise BadFileError(path, f"{error}.") from None
 
 
 # Identity ----------------------------------------------------------------------------------
@@ -339,6 +339,7 @@ def _load_single_file(
             pipeline, scan, used = _assemble(
                 checkpoint, detection, vae, allow_pickle, progress, cancel, identity.needed
             )
+        checkpoint.check_unchanged()  # what was scanned is what the file holds now
         # The A1111 hash's thread writes the same cache file: let it finish first.
         short_hash = hasher.result(progress, cancel)
         return LoadedModel(
@@ -363,13 +364,12 @@ def _load_single_file(
 
 
 def _sidecar_config(path: Path) -> str | None:
+    """The A1111 `.yaml` beside a checkpoint, if it is a regular file of a sensible size."""
     sidecar = path.with_suffix(".yaml")
+    if not limits.is_regular_file(sidecar):
+        return None
     try:
-        return (
-            sidecar.read_text(encoding="utf-8", errors="replace")[:100_000]
-            if sidecar.is_file()
-            else None
-        )
+        return limits.read_regular(sidecar, limits.MAX_CONFIG_BYTES).decode("utf-8", "replace")
     except OSError:
         return None
 
@@ -423,16 +423,24 @@ def _assemble(
     for encoder in detection.text_encoders:
         stage(f"Loading the {_component_words(encoder.component)}")
         base = _read_json(folder / encoder.component / "config.json")
-        config = _infer(path, detection, arch.infer_text_encoder_config, shapes, base, encoder)
+        config = _infer(
+            path,
+            detection,
+            arch.infer_text_encoder_config,
+            limits.check_text_encoder_config,
+            shapes,
+            base,
+            encoder,
+        )
         if encoder.component == "text_encoder_2":
             pooled_dim = config.get("projection_dim")
         keys = _text_encoder_keys(names, shapes, encoder)
         model_class = getattr(transformers, base.get("architectures", ["CLIPTextModel"])[0])
-        model = _empty(model_class, model_class.config_class(**config))
-        state = _convert_text_encoder(model, read(keys), encoder)
-        components[encoder.component] = _assign(
-            path, model, state, _component_words(encoder.component)
-        )
+        words = _component_words(encoder.component)
+        tensors = read(keys)
+        model = _built(path, words, _empty, model_class, model_class.config_class(**config))
+        state = _built(path, words, _convert_text_encoder, model, tensors, encoder)
+        components[encoder.component] = _assign(path, model, state, words)
 
     stage("Loading the UNet")
     base = _read_json(folder / "unet" / "config.json")
@@ -440,6 +448,7 @@ def _assemble(
         path,
         detection,
         arch.infer_unet_config,
+        limits.check_unet_config,
         shapes,
         base,
         sample_size=detection.native_size,
@@ -448,8 +457,9 @@ def _assemble(
     from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
     unet_keys = [k for k in names if k.startswith(detection.unet_prefix)]
-    model = _empty(diffusers.UNet2DConditionModel.from_config, config)
-    state = convert_ldm_unet_checkpoint(read(unet_keys), config)
+    tensors = read(unet_keys)
+    model = _built(path, "UNet", _empty, diffusers.UNet2DConditionModel.from_config, config)
+    state = _built(path, "UNet", convert_ldm_unet_checkpoint, tensors, config)
     components["unet"] = _assign(path, model, state, "UNet")
 
     stage("Loading the VAE")
@@ -508,12 +518,35 @@ def _nbytes(checkpoint: Checkpoint, key: str) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _infer(path: Path, detection: arch.Detection, function, *args, **kwargs) -> dict[str, Any]:
+def _infer(
+    path: Path, detection: arch.Detection, function, check, *args, **kwargs
+) -> dict[str, Any]:
+    """A component config inferred from the file's shapes, and `check`ed against the sizes of
+    real models before anything is built from it (a 0-byte tensor can name any size)."""
     try:
-        return function(*args, **kwargs)
+        config = function(*args, **kwargs)
     except ValueError as error:
         raise UnsupportedModelError(
             path, f"this looks like {detection.looks_like}, but {error}."
+        ) from None
+    try:
+        check(config)
+    except ValueError as error:
+        raise BadFileError(
+            path, f"the weights' shapes describe a model no real file holds: {error}."
+        ) from None
+    return config
+
+
+def _built(path: Path, words: str, build, *args):
+    """`build(*args)` for one component, where a file whose names and shapes passed every
+    check still does not fit what diffusers or transformers expect: a sentence, not a trace."""
+    try:
+        return build(*args)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RuntimeError) as error:
+        raise UnsupportedModelError(
+            path,
+            f"the {words} cannot be built from this file's weights ({_first_line(error)}).",
         ) from None
 
 
@@ -561,6 +594,14 @@ def _assign(path: Path, model, state: dict[str, Any], words: str):
                 f"the {words} weight {key} has shape {list(tensor.shape)} "
                 f"where the rest of the file implies "
                 f"{list(expected[key].shape)}.",
+            )
+        if expected[key].is_floating_point() and not tensor.is_floating_point():
+            kind = "bool" if tensor.dtype == torch.bool else "integer"
+            raise BadFileError(
+                path,
+                f"the {words} weight {key} is stored as {kind} values "
+                f"({str(tensor.dtype).removeprefix('torch.')}) where a floating-point weight "
+                "belongs, so the file is damaged or not this model.",
             )
     by_dtype: dict[Any, int] = {}
     for tensor in state.values():
@@ -641,9 +682,15 @@ def _vae_from_checkpoint(
         raise UnsupportedModelError(
             path, f"its VAE is not one HalfSafe can build: {error}."
         ) from None
+    try:
+        limits.check_vae_config(config)
+    except ValueError as error:
+        raise BadFileError(
+            path, f"the VAE weights' shapes describe a VAE no real file holds: {error}."
+        ) from None
     tensors = read(_vae_keys(checkpoint.keys(), prefix))
-    model = _empty(diffusers.AutoencoderKL.from_config, config)
-    return _assign(path, model, _convert_vae(tensors, prefix, config), "VAE")
+    model = _built(path, "VAE", _empty, diffusers.AutoencoderKL.from_config, config)
+    return _assign(path, model, _built(path, "VAE", _convert_vae, tensors, prefix, config), "VAE")
 
 
 def _convert_vae(tensors: dict[str, Any], prefix: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -685,6 +732,7 @@ def _load_vae_override(
         raise BadFileError(path, "the VAE does not exist (no such file or folder).")
     if path.is_dir():
         config = _read_json(path / "config.json", owner=path)
+        _check_files(path, "vae")
         files = _weight_files(path, allow_pickle, path)
         dtypes = [
             d
@@ -761,6 +809,24 @@ def _first_line(error: BaseException) -> str:
 # Diffusers folders -------------------------------------------------------------------------
 
 
+def _check_config(path: Path, check, config: dict[str, Any]) -> None:
+    """`check` a config against real models' sizes before anything reads a size from it."""
+    try:
+        check(config)
+    except ValueError as error:
+        raise BadFileError(path, f"{error}.") from None
+
+
+def _check_files(folder: Path, component: str | None = None) -> None:
+    """Every file diffusers or transformers would open in a component folder is a regular
+    file, and each config, vocabulary and merges file is well formed and within real sizes,
+    before the folder is handed to them (see limits.check_component_files)."""
+    try:
+        limits.check_component_files(folder, component)
+    except limits.ComponentFileError as error:
+        raise BadFileError(error.path, f"{error.reason}.") from None
+
+
 def _weight_files(folder: Path, allow_pickle: bool, owner: Path) -> list[Path]:
     """The weight files of one component folder, each safetensors header validated."""
     files = sorted(f for f in folder.glob("*.safetensors") if f.is_file())
@@ -791,7 +857,7 @@ def _load_folder(
     import diffusers
 
     index_file = path / "model_index.json"
-    if not index_file.is_file():
+    if not index_file.exists():
         raise BadFileError(
             path, "this folder has no model_index.json, so it is not a diffusers pipeline folder."
         )
@@ -820,11 +886,19 @@ def _load_folder(
             "has no UNet; HalfSafe runs SD1.x, SD2.x and SDXL.",
         )
     unet_config = _read_json(path / "unet" / "config.json", owner=path / "unet")
+    _check_config(path / "unet" / "config.json", limits.check_unet_config, unet_config)
     scheduler_config = (
         _read_json(path / "scheduler" / "scheduler_config.json", owner=path / "scheduler")
         if "scheduler" in components
         else {}
     )
+    _check_config(
+        path / "scheduler" / "scheduler_config.json",
+        limits.check_scheduler_config,
+        scheduler_config,
+    )
+    for name in sorted(components):
+        _check_files(path / name)
     detection = arch.detect_from_configs(index, unet_config, scheduler_config)
     if not detection.supported:
         raise UnsupportedModelError(

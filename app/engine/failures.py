@@ -87,7 +87,8 @@ _SIGNAL_WORDS = {
     "native library.",
     "SIGABRT": "The engine aborted after an internal error in PyTorch or the GPU driver.",
     "SIGTERM": "The engine was stopped by another program.",
-    "SIGBUS": "The engine crashed (bus error), usually a fault in a native library.",
+    "SIGBUS": "The engine crashed (bus error): most often a model file was shortened or "
+    "rewritten on disk while it was in use, so load it again once it is complete.",
     "SIGILL": "The engine crashed (illegal instruction): a library was built for a newer CPU.",
     "SIGFPE": "The engine crashed (arithmetic fault in a native library).",
 }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import math
 import os
@@ -164,14 +163,14 @@ def test_a_folder_named_like_a_file_is_not_a_regular_file(tmp_path):
 
 def test_unreadable_file(tmp_path, monkeypatch):
     path = small_safetensors(tmp_path / "locked.safetensors")
-    real_open = builtins.open
+    real_open = os.open  # files are opened at the descriptor level (only regular files)
 
     def refusing_open(file, *args, **kwargs):
         if os.fspath(file) == str(path):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", refusing_open)
+    monkeypatch.setattr(os, "open", refusing_open)
     with pytest.raises(BadFileError, match="cannot be read.*Permission denied") as caught:
         read_safetensors_header(path)
     assert_one_sentence(caught.value, path)

@@ -1,0 +1,488 @@
+"""Bounds on what a file can make HalfSafe do: which files it opens, how much it reads, how big a
+model it builds.
+
+Every model file is untrusted, and a few hostile bytes can name a size that costs gigabytes or
+minutes: a config with `layers_per_block: 100000`, a 20M-entry vocabulary, a FIFO named
+`config.json` that blocks a reader forever. Everything here runs BEFORE anything is allocated
+from such a size: files are opened only when they are regular files, JSON is read with a size
+and nesting cap, and every size a config sets is checked against what real models of that kind
+use, with a wide margin (the coming families, Flux, SD3.5, Z-Image and Qwen-Image, fit too).
+
+A check that fails raises ValueError (or an OSError for files) whose text completes the
+sentence "<file>: ..."; the loaders turn it into BadFileError. No torch here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+# Layers of one text encoder: CLIP ViT-L 12, OpenCLIP ViT-H 24, ViT-bigG 32, T5-XXL 24,
+# Qwen2.5-VL-7B (Qwen-Image) 28, Qwen3-4B (Z-Image) 36; even Llama-70B has 80.
+MAX_TEXT_LAYERS = 128
+# Resnet layers per UNet or VAE level: 2 in SD1.x, SD2.x, SDXL and their VAEs (3 per decoder
+# level, which diffusers derives from the same number).
+MAX_LAYERS_PER_BLOCK = 16
+# Transformer blocks in one UNet attention (transformer_layers_per_block): SDXL 10.
+MAX_TRANSFORMER_DEPTH = 128
+# Levels of a UNet or VAE (entries of block_out_channels): 4 in every Stable Diffusion model.
+MAX_LEVELS = 8
+# Channels of one UNet or VAE level: SD1.x 1280, SDXL 1280, the SD VAEs 512.
+MAX_CHANNELS = 8192
+# Image and latent channels: 3 and 4 in SD1.x/SDXL, 16 in SD3/Flux, 9 for inpainting UNets.
+MAX_IMAGE_CHANNELS = 128
+# Widths of text encoders and attention (hidden, MLP, cross-attention, projection sizes):
+# CLIP-bigG 1280/5120, T5-XXL 4096/10240, Qwen2.5-VL-7B 3584/18944, Flux 3072/12288.
+MAX_WIDTH = 65_536
+# Attention heads (and SD1.x's attention_head_dim, which counts heads): SDXL 20, T5-XXL 64.
+MAX_HEADS = 1024
+# Vocabulary: CLIP 49,408, T5 32,128, Qwen2 151,646 (151,936 padded), Gemma 3 262,144.
+MAX_VOCAB = 300_000
+# BPE merges: CLIP 48,894, Qwen2 151,387.
+MAX_MERGES = 300_000
+# Text positions: CLIP 77, T5 512 (relative), Qwen2.5-VL 128,000 (rotary).
+MAX_POSITIONS = 1 << 18
+# Training timesteps of a noise schedule: 1000 in every SD scheduler and in flow matching.
+MAX_TRAIN_TIMESTEPS = 10_000
+# UNet sample_size, in latents: SD1.x 64, SD2.x 96, SDXL 128 (2048 px at most).
+MAX_LATENT_SIZE = 256
+# VAE sample_size, in pixels: SD1.x 512, SD2.x 768, SDXL 1024.
+MAX_IMAGE_SIZE = 2048
+# Convolution kernels: 3 in every SD UNet and VAE.
+MAX_KERNEL = 15
+# One tensor: Gemma 3's token embedding, 262,144 x 3,840, is 1.0e9 elements; eight times that.
+MAX_TENSOR_ELEMENTS = 1 << 33
+# One dimension of a tensor (a 0-element tensor can still name any size): vocabularies reach
+# 262,144; nothing real comes near 2**31.
+MAX_TENSOR_DIMENSION = 1 << 31
+# Dimensions of a tensor: 4 for convolutions, 5 for video models.
+MAX_TENSOR_RANK = 8
+# JSON configs: a UNet config is 2 KB; tokenizer files reach a few MB (CLIP's vocab.json 1 MB,
+# Qwen2's tokenizer.json 7 MB, Gemma 3's 33 MB).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_TOKENIZER_BYTES = 64 << 20
+# Nesting of a JSON document: configs nest 2-3 levels, tokenizer.json 5.
+MAX_JSON_DEPTH = 32
+
+
+# Files ------------------------------------------------------------------------------------
+
+
+class NotRegularFileError(OSError):
+    """The name is a pipe, socket, device or folder where a file belongs."""
+
+
+class FileTooLargeError(OSError):
+    """The file is larger than any real file of its kind."""
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((words for test, words in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open `path` for binary reading if, and only if, it is a regular file (a symlink to one is
+    fine).
+
+    A plain open() of a FIFO waits for a writer forever, and a device can be read endlessly.
+    The file is opened non-blocking (so a FIFO returns at once) and the decision is made on the
+    opened descriptor, which a rename cannot swap; then blocking reads are restored. Raises
+    NotRegularFileError (an OSError) for anything else, or the OSError of the open.
+    """
+    nonblocking = getattr(os, "O_NONBLOCK", 0)  # POSIX; Windows has no FIFOs to wait on
+    fd = os.open(path, os.O_RDONLY | nonblocking | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFileError(
+                errno.EINVAL, f"it is {_kind(mode)}, not a regular file", str(path)
+            )
+        if nonblocking:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def is_regular_file(path: str | os.PathLike[str]) -> bool:
+    """True for a regular file (or a symlink to one); never opens it, never blocks."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The whole content of a regular file of at most `limit` bytes (see `open_regular`).
+
+    Raises FileTooLargeError before reading when the file is larger, and also when it grows
+    past `limit` while being read.
+    """
+    with open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit:
+            raise FileTooLargeError(errno.EFBIG, _too_large(size, limit), str(path))
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLargeError(errno.EFBIG, _too_large(len(data), limit), str(path))
+    return data
+
+
+def _too_large(size: int, limit: int) -> str:
+    return f"it is {_megabytes(size)}, more than the {_megabytes(limit)} any real one needs"
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MB" if size >= 1 << 20 else f"{size / 1024:.0f} KB"
+
+
+# JSON -------------------------------------------------------------------------------------
+
+
+def parse_json(raw: bytes) -> Any:
+    """Parse a JSON document, refusing one nested deeper than MAX_JSON_DEPTH levels.
+
+    Raises ValueError with the reason: not UTF-8, not JSON, or nested too deeply (a document
+    of 100,000 brackets would otherwise exhaust Python's recursion inside json or later).
+    """
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError("it is not UTF-8 text") from None
+    try:
+        document = json.loads(text)
+    except RecursionError:
+        raise ValueError(_too_deep()) from None
+    except ValueError as error:
+        raise ValueError(f"it is not valid JSON ({str(error).split(':')[0]})") from None
+    if json_depth(document) > MAX_JSON_DEPTH:
+        raise ValueError(_too_deep())
+    return document
+
+
+def _too_deep() -> str:
+    return (
+        f"it is nested more than {MAX_JSON_DEPTH} levels deep, which no real config is "
+        "(it is damaged or hostile)"
+    )
+
+
+def json_depth(document: Any) -> int:
+    """How many levels of lists and objects nest in a parsed document (iterative, so any depth
+    that json could parse is measured without recursion)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(document, 1)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def read_json_object(path: str | os.PathLike[str], limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A JSON object from a regular file of at most `limit` bytes, nested at most
+    MAX_JSON_DEPTH levels. Raises OSError (missing, unreadable, not a regular file, too large)
+    or ValueError (not UTF-8, not JSON, too deep, not an object)."""
+    document = parse_json(read_regular(path, limit))
+    if not isinstance(document, dict):
+        raise ValueError("it holds JSON but not an object")
+    return document
+
+
+# Model sizes ------------------------------------------------------------------------------
+
+# key: (smallest, largest, which real models set the bound), for the configs of each component.
+# A list value (per-level sizes) is checked element by element; None means "not set".
+_UNET_SIZES: dict[str, tuple[int, int, str]] = {
+    "sample_size": (1, MAX_LATENT_SIZE, "SDXL uses 128"),
+    "in_channels": (1, MAX_IMAGE_CHANNELS, "SD uses 4, inpainting 9"),
+    "out_channels": (1, MAX_IMAGE_CHANNELS, "SD uses 4"),
+    "layers_per_block": (1, MAX_LAYERS_PER_BLOCK, "SDXL uses 2"),
+    "block_out_channels": (1, MAX_CHANNELS, "SDXL uses at most 1280"),
+    "attention_head_dim": (1, MAX_WIDTH, "SD1.x uses 8, SDXL 5 to 20"),
+    "num_attention_heads": (1, MAX_HEADS, "SDXL uses at most 20"),
+    "cross_attention_dim": (1, MAX_WIDTH, "SDXL uses 2048"),
+    "transformer_layers_per_block": (1, MAX_TRANSFORMER_DEPTH, "SDXL uses at most 10"),
+    "reverse_transformer_layers_per_block": (1, MAX_TRANSFORMER_DEPTH, "SDXL uses at most 10"),
+    "norm_num_groups": (1, MAX_CHANNELS, "SD uses 32"),
+    "time_embedding_dim": (1, MAX_WIDTH, "SDXL uses 1280"),
+    "projection_class_embeddings_input_dim": (1, MAX_WIDTH, "SDXL uses 2816"),
+    "addition_time_embed_dim": (1, MAX_WIDTH, "SDXL uses 256"),
+    "encoder_hid_dim": (1, MAX_WIDTH, "IP-adapter UNets use 1024"),
+    "num_class_embeds": (1, MAX_VOCAB, "SD x4 upscaler uses 1000"),
+    "addition_embed_type_num_heads": (1, MAX_HEADS, "SDXL uses 64"),
+    "conv_in_kernel": (1, MAX_KERNEL, "SD uses 3"),
+    "conv_out_kernel": (1, MAX_KERNEL, "SD uses 3"),
+}
+_VAE_SIZES: dict[str, tuple[int, int, str]] = {
+    "sample_size": (1, MAX_IMAGE_SIZE, "SDXL's VAE uses 1024"),
+    "in_channels": (1, MAX_IMAGE_CHANNELS, "SD uses 3"),
+    "out_channels": (1, MAX_IMAGE_CHANNELS, "SD uses 3"),
+    "latent_channels": (1, MAX_IMAGE_CHANNELS, "SD uses 4, SD3 and Flux 16"),
+    "layers_per_block": (1, MAX_LAYERS_PER_BLOCK, "SD's VAEs use 2"),
+    "block_out_channels": (1, MAX_CHANNELS, "SD's VAEs use at most 512"),
+    "norm_num_groups": (1, MAX_CHANNELS, "SD uses 32"),
+}
+_TEXT_SIZES: dict[str, tuple[int, int, str]] = {
+    "vocab_size": (1, MAX_VOCAB, "CLIP uses 49,408, Qwen2 151,936"),
+    "hidden_size": (1, MAX_WIDTH, "CLIP ViT-bigG uses 1280"),
+    "d_model": (1, MAX_WIDTH, "T5-XXL uses 4096"),
+    "intermediate_size": (1, MAX_WIDTH, "Qwen2.5-VL-7B uses 18,944"),
+    "d_ff": (1, MAX_WIDTH, "T5-XXL uses 10,240"),
+    "d_kv": (1, MAX_WIDTH, "T5 uses 64"),
+    "projection_dim": (1, MAX_WIDTH, "CLIP ViT-bigG uses 1280"),
+    "num_hidden_layers": (1, MAX_TEXT_LAYERS, "CLIP ViT-bigG uses 32"),
+    "num_layers": (1, MAX_TEXT_LAYERS, "T5-XXL uses 24"),
+    "num_decoder_layers": (1, MAX_TEXT_LAYERS, "T5-XXL uses 24"),
+    "num_attention_heads": (1, MAX_HEADS, "T5-XXL uses 64"),
+    "num_heads": (1, MAX_HEADS, "T5-XXL uses 64"),
+    "num_key_value_heads": (1, MAX_HEADS, "Qwen2.5-VL-7B uses 4"),
+    "max_position_embeddings": (1, MAX_POSITIONS, "CLIP uses 77"),
+    "relative_attention_num_buckets": (1, MAX_POSITIONS, "T5 uses 32"),
+    "relative_attention_max_distance": (1, MAX_POSITIONS, "T5 uses 128"),
+}
+_SCHEDULER_SIZES: dict[str, tuple[int, int, str]] = {
+    "num_train_timesteps": (1, MAX_TRAIN_TIMESTEPS, "every SD scheduler uses 1000"),
+    "steps_offset": (0, MAX_TRAIN_TIMESTEPS, "SD uses 1"),
+}
+_TOKENIZER_SIZES: dict[str, tuple[int, int, str]] = {
+    "model_max_length": (1, MAX_POSITIONS, "CLIP uses 77"),
+}
+# The per-level lists of a UNet or VAE, which must all name the same number of levels.
+_LEVEL_LISTS = ("block_out_channels", "down_block_types", "up_block_types")
+
+
+def check_unet_config(config: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first size of a UNet config outside what real models use."""
+    _check_sizes(config, _UNET_SIZES)
+    _check_levels(config)
+
+
+def check_vae_config(config: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first size of a VAE config outside what real models use."""
+    _check_sizes(config, _VAE_SIZES)
+    _check_levels(config)
+
+
+def check_text_encoder_config(config: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first size of a text encoder config outside real models'."""
+    _check_sizes(config, _TEXT_SIZES)
+
+
+def check_scheduler_config(config: Mapping[str, Any]) -> None:
+    """Raise ValueError when a scheduler config asks for more timesteps than real schedules."""
+    _check_sizes(config, _SCHEDULER_SIZES)
+    betas = config.get("trained_betas")
+    if betas is not None and (not isinstance(betas, list) or len(betas) > MAX_TRAIN_TIMESTEPS):
+        raise ValueError(
+            f"its trained_betas is not a list of at most {MAX_TRAIN_TIMESTEPS:,} numbers"
+        )
+
+
+def check_tokenizer_config(config: Mapping[str, Any]) -> None:
+    """Raise ValueError when a tokenizer pads prompts longer than any text encoder reads.
+
+    transformers writes 1e30 for "no limit"; SD pipelines pad every prompt to this length, so
+    an unbounded one is refused too.
+    """
+    _check_sizes(config, _TOKENIZER_SIZES)
+
+
+def check_component_config(component: str, config: Mapping[str, Any]) -> None:
+    """The check for a diffusers pipeline component by its folder name (others pass)."""
+    if component.startswith("unet"):
+        check_unet_config(config)
+    elif component.startswith("vae"):
+        check_vae_config(config)
+    elif component.startswith("text_encoder"):
+        check_text_encoder_config(config)
+    elif component.startswith("scheduler"):
+        check_scheduler_config(config)
+
+
+def _check_sizes(config: Mapping[str, Any], table: Mapping[str, tuple[int, int, str]]) -> None:
+    for key, (low, high, usual) in table.items():
+        if config.get(key) is None:
+            continue
+        for value in _leaves(config[key], key):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"its {key} is {_show(value)} where a whole number belongs")
+            if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+                raise ValueError(f"its {key} is {_show(value)} where a whole number belongs")
+            if not low <= value <= high:
+                raise ValueError(
+                    f"its {key} is {_show(value)}, outside {low} to {high:,} ({usual}), "
+                    "so HalfSafe will not build it"
+                )
+
+
+def _leaves(value: Any, key: str) -> list[Any]:
+    """The numbers in a size value: itself, or the elements of a (nested) per-level list."""
+    found: list[Any] = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, (list, tuple)):
+            if len(found) + len(item) > 4 * MAX_LEVELS * MAX_TRANSFORMER_DEPTH:
+                raise ValueError(f"its {key} lists more sizes than any real model has")
+            pending.extend(item)
+        else:
+            found.append(item)
+    if not found:
+        raise ValueError(f"its {key} is an empty list where sizes belong")
+    return found
+
+
+def _check_levels(config: Mapping[str, Any]) -> None:
+    lengths = {}
+    for key in _LEVEL_LISTS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or not 1 <= len(value) <= MAX_LEVELS:
+            raise ValueError(
+                f"its {key} is not a list of 1 to {MAX_LEVELS} levels (SD models have 4)"
+            )
+        lengths[key] = len(value)
+    if len(set(lengths.values())) > 1:
+        words = ", ".join(f"{key} {count}" for key, count in lengths.items())
+        raise ValueError(f"its per-level lists disagree on the number of levels ({words})")
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_tensor_shape(shape: Iterable[int]) -> str | None:
+    """Why a tensor shape is beyond any real model's (rank, a dimension or the element count),
+    or None. Works on shapes of zero-element tensors too, which cost no bytes in a file."""
+    shape = list(shape)
+    if len(shape) > MAX_TENSOR_RANK:
+        return f"has {len(shape)} dimensions, more than the {MAX_TENSOR_RANK} any real weight has"
+    if any(d > MAX_TENSOR_DIMENSION for d in shape):
+        return f"has shape {_show(shape)}, a dimension larger than any real weight's"
+    if math.prod(shape) > MAX_TENSOR_ELEMENTS:
+        return f"has {math.prod(shape):.2g} elements, more than any real weight"
+    return None
+
+
+# Tokenizer files ----------------------------------------------------------------------------
+
+
+def check_vocabulary(path: str | os.PathLike[str]) -> None:
+    """A BPE vocabulary (vocab.json): an object of token -> id, at most MAX_VOCAB entries."""
+    vocabulary = parse_json(read_regular(path, MAX_TOKENIZER_BYTES))
+    if not isinstance(vocabulary, dict):
+        raise ValueError("its vocabulary is not a JSON object of tokens to ids")
+    if len(vocabulary) > MAX_VOCAB:
+        raise ValueError(
+            f"its vocabulary has {len(vocabulary)} entries, more than the {MAX_VOCAB:,} of any "
+            "real tokenizer (CLIP has 49,408)"
+        )
+    for token, number in vocabulary.items():
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < MAX_VOCAB:
+            raise ValueError(
+                f"its vocabulary gives token {_show(token)} the id {_show(number)} where a "
+                f"whole number from 0 to {MAX_VOCAB - 1} belongs"
+            )
+
+
+def check_merges(path: str | os.PathLike[str]) -> None:
+    """BPE merges (merges.txt): UTF-8 lines of two tokens each, after an optional #version."""
+    try:
+        text = read_regular(path, MAX_TOKENIZER_BYTES).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("its merges file is not UTF-8 text") from None
+    lines = text.split("\n")
+    if len(lines) > MAX_MERGES + 2:
+        raise ValueError(
+            f"it has {len(lines)} merges, more than the {MAX_MERGES:,} of any real tokenizer"
+        )
+    for number, line in enumerate(lines, start=1):
+        line = line.rstrip("\r")
+        if not line or (number == 1 and line.startswith("#version")):
+            continue
+        if len(line.split()) != 2:
+            raise ValueError(
+                f"line {number} of its merges is {_show(line)}, where two tokens belong"
+            )
+
+
+def check_component_files(folder: Path, component: str | None = None) -> None:
+    """Every file a loader may open in one diffusers component folder: regular files only,
+    JSON bounded in size and depth, tokenizer vocabularies and merges well formed.
+
+    `component` (default: the folder's name) says which config checks apply. Raises
+    ComponentFileError, which names the file and the reason.
+    """
+    component = component or folder.name
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as error:
+        raise ComponentFileError(folder, error.strerror or str(error)) from None
+    for entry in entries:
+        try:
+            mode = os.stat(entry).st_mode
+        except OSError:
+            continue  # a dangling link: no loader can open it either
+        if stat.S_ISDIR(mode):
+            continue
+        if not stat.S_ISREG(mode):
+            raise ComponentFileError(entry, f"it is {_kind(mode)}, not a regular file")
+        try:
+            _check_component_file(component, entry)
+        except (OSError, ValueError) as error:
+            reason = error.strerror if isinstance(error, OSError) else str(error)
+            raise ComponentFileError(entry, reason or str(error)) from None
+
+
+class ComponentFileError(ValueError):
+    """One file of a component folder failed its check; `path` says which."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(reason)
+
+
+def _check_component_file(component: str, path: Path) -> None:
+    name = path.name
+    if name == "vocab.json" and component.startswith("tokenizer"):
+        check_vocabulary(path)
+    elif name == "merges.txt":
+        check_merges(path)
+    elif name.endswith(".json"):
+        configs = ("config.json", "scheduler_config.json")
+        limit = MAX_CONFIG_BYTES if name in configs else MAX_TOKENIZER_BYTES
+        document = parse_json(read_regular(path, limit))
+        if name in configs:
+            if not isinstance(document, dict):
+                raise ValueError("it holds JSON but not an object")
+            check_component_config(component, document)
+        elif name == "tokenizer_config.json" and isinstance(document, dict):
+            check_tokenizer_config(document)

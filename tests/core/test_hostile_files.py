@@ -1,0 +1,579 @@
+"""The hostile-file corpus: files that would hang, exhaust memory or crash a naive loader.
+
+Every case is a file built in code (hostile_files.py). Each must end in one plain sentence that
+names the file, in bounded time: in-process cases run on a watched thread, and the riskiest run
+through the `halfsafe` command in a subprocess under a memory limit and a timeout, which must
+exit 2 with one line on stderr and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoint_files import shapes_file
+from hostile_files import (
+    FIFO_NAMES,
+    FOLDERS,
+    SINGLE_FILES,
+    TEXT,
+    UNET,
+    empty_tensor,
+    hostile_folder,
+    nested_json,
+    odd_tensor_ckpt,
+    pickle_named_safetensors,
+    replace_with_fifo,
+    self_referencing_ckpt,
+    stride_zero_ckpt,
+    tiny_folder,
+    tiny_sd1_tensors,
+    two_step_cycle_ckpt,
+    write_single_file,
+)
+
+from app.core import library, limits
+from app.core.checkpoint import (
+    Checkpoint,
+    load_pickle_state_dict,
+    read_safetensors_header,
+    write_safetensors,
+)
+from app.core.errors import BadFileError
+from app.core.library import LibraryEntry, scan_library
+from app.core.models import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+# Generous for a loaded 2-core machine; the cases themselves take well under a second each.
+SECONDS = 60
+
+
+def bounded(function, *args, seconds: float = SECONDS, **kwargs):
+    """Run `function` on a watched thread; fail the test if it is still running after `seconds`
+    (a hang), else return what it returned or raised, as ("ok", value) or ("error", exception)."""
+    outcome: list[tuple[str, object]] = []
+
+    def run() -> None:
+        try:
+            outcome.append(("ok", function(*args, **kwargs)))
+        except BaseException as error:  # handed to the test thread
+            outcome.append(("error", error))
+
+    worker = threading.Thread(target=run, daemon=True)
+    started = time.monotonic()
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        pytest.fail(f"{function.__name__} still running after {seconds} s: a hang")
+    assert time.monotonic() - started < seconds
+    return outcome[0]
+
+
+def refused(function, *args, **kwargs) -> BaseException:
+    kind, value = bounded(function, *args, **kwargs)
+    assert kind == "error", f"expected a refusal, got {value!r}"
+    assert isinstance(value, BaseException)
+    return value
+
+
+def assert_sentence(error: BaseException, path: Path, words: str = "") -> str:
+    """One plain sentence that names the file (and says `words`), from a BadFileError."""
+    assert isinstance(error, BadFileError), repr(error)
+    text = str(error)
+    assert str(path) in text, text
+    assert "\n" not in text and text.endswith("."), text
+    assert "Traceback" not in text
+    assert words in text, text
+    return text
+
+
+# Running the command under limits ----------------------------------------------------------
+
+_CLI = """
+import resource, sys
+limit = int(sys.argv[1]) << 30
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+from app.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def run_cli(*argv: str, memory_gib: int = 4, timeout: float = 180, prelude: str = ""):
+    """`halfsafe ARGV` in a subprocess with at most `memory_gib` of address space and `timeout`
+    seconds; `prelude` is Python run first (to plant a fault)."""
+    code = prelude + _CLI
+    return subprocess.run(
+        [sys.executable, "-c", code, str(memory_gib), *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_cannot_run(result, path: Path, words: str = "") -> str:
+    """Exit 2, one line on stderr naming the file, no traceback (the CLI contract)."""
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    err = result.stderr
+    assert err.count("\n") == 1 and err.startswith("halfsafe: "), err
+    assert str(path) in err and words in err, err
+    assert "Traceback" not in err
+    return err
+
+
+# Cases that, should a bound ever regress, would allocate gigabytes or loop: they run only in
+# a subprocess under a memory limit, never in the test process on a shared machine.
+RISKY_SINGLE_FILES = ("text encoder of 1e8 layers", "VAE of 1e6 layers per block")
+RISKY_FOLDERS = (
+    "layers_per_block 100000",
+    "vocab_size 20M",
+    "num_train_timesteps 2e8",
+    "text encoder of 1e6 layers",
+    "VAE block_out_channels 1e9",
+)
+RISKY_PICKLES = {
+    "self-referencing state_dict": (self_referencing_ckpt, "loop"),
+    "two-step state_dict cycle": (two_step_cycle_ckpt, "loop"),
+    "1e6 x 1e6 stride-0 tensor": (stride_zero_ckpt, "1e+12 elements"),
+}
+
+
+# Single files whose names and shapes describe huge or impossible models --------------------
+
+
+@pytest.mark.parametrize("case", sorted(set(SINGLE_FILES) - {*RISKY_SINGLE_FILES}))
+def test_single_file_corpus_gets_one_sentence(tmp_path, case):
+    path = write_single_file(tmp_path / "model.safetensors", case)
+    error = refused(load_model, str(path))
+    assert_sentence(error, path, SINGLE_FILES[case][1])
+
+
+@pytest.mark.parametrize(
+    ("key", "shape", "words"),
+    [
+        # Each stays under the per-tensor bounds, so the config bound must catch it.
+        (TEXT + "embeddings.position_embedding.weight", (10_000_000, 0), "max_position_embeddings"),
+        (UNET + "input_blocks.1.0.out_layers.3.weight", (10**6, 0, 3, 3), "block_out_channels"),
+        (TEXT + "encoder.layers.0.mlp.fc1.weight", (10**7, 0), "intermediate_size"),
+    ],
+)
+def test_sizes_named_by_empty_tensors_are_bounded_before_building(tmp_path, key, shape, words):
+    tensors = tiny_sd1_tensors()
+    tensors[key] = empty_tensor(*shape)
+    path = write_safetensors(tmp_path / "model.safetensors", tensors)
+    assert_sentence(refused(load_model, str(path)), path, words)
+
+
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        ([0] * 9, "9 dimensions"),
+        ([0, 2**40], "dimension larger"),
+        ([2**17, 2**17, 2], "elements"),  # 3.4e10 elements, no dimension over 2**31
+    ],
+)
+def test_tensor_shapes_beyond_any_model_are_refused_in_the_header(tmp_path, shape, words):
+    from checkpoint_files import raw_safetensors
+
+    header = {"w": {"dtype": "F16", "shape": shape, "data_offsets": [0, 0]}}
+    path = raw_safetensors(tmp_path / "model.safetensors", header)
+    assert_sentence(refused(read_safetensors_header, path), path, words)
+
+
+def test_real_tensor_shapes_pass_the_bounds():
+    assert limits.check_tensor_shape([49408, 768]) is None  # CLIP's token embedding
+    assert limits.check_tensor_shape([262_144, 3840]) is None  # Gemma 3's, the largest
+    assert limits.check_tensor_shape([1280, 1280, 3, 3]) is None
+
+
+# Pickle checkpoints (--allow-pickle) -------------------------------------------------------
+
+
+def test_a_stride_zero_tensor_is_refused_before_any_scan(tmp_path, monkeypatch):
+    from app.core import checkpoint
+
+    scanned = []  # the scan is faked: were the bound to regress, it must not run for hours
+    monkeypatch.setattr(checkpoint, "tensor_is_finite", lambda t: scanned.append(t.numel()) or 1)
+    path = stride_zero_ckpt(tmp_path / "huge.ckpt")  # 1e12 elements in 4 bytes
+    assert_sentence(refused(load_model, str(path), allow_pickle=True), path, "1e+12 elements")
+    assert scanned == []
+
+
+def test_a_view_claiming_more_elements_than_its_bytes_is_refused(tmp_path):
+    path = tmp_path / "repeat.ckpt"
+    # 1e8 elements (under the element bound) from one stored value.
+    torch.save({"w": torch.zeros(1).expand(10_000, 10_000)}, str(path))
+    error = refused(load_pickle_state_dict, path)
+    assert_sentence(error, path, "stores only 4 bytes")
+
+
+def test_many_names_for_one_storage_are_refused(tmp_path):
+    path = tmp_path / "aliases.ckpt"
+    storage = torch.zeros(1 << 18)  # 1 MiB
+    torch.save({f"w{n}": storage[:] for n in range(64)}, str(path))
+    assert_sentence(refused(load_pickle_state_dict, path), path, "over and over")
+    tied = tmp_path / "tied.ckpt"
+    torch.save({"embed": storage, "lm_head": storage}, str(tied))  # tied weights are fine
+    assert set(load_pickle_state_dict(tied)) == {"embed", "lm_head"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [("sparse", "sparse_coo tensor"), ("quantized", "quantized"), ("meta", "meta tensor")],
+)
+def test_sparse_quantized_and_meta_tensors_are_refused(tmp_path, kind, words):
+    path = odd_tensor_ckpt(tmp_path / f"{kind}.ckpt", kind)
+    assert_sentence(refused(load_model, str(path), allow_pickle=True), path, words)
+
+
+def test_pytorch_warnings_about_a_pickle_stay_quiet(tmp_path):
+    path = tmp_path / "protocol3.ckpt"  # any protocol but 2 makes PyTorch warn
+    torch.save({"w": torch.ones(2)}, str(path), pickle_protocol=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert set(load_pickle_state_dict(path)) == {"w"}
+    assert [str(w.message) for w in caught] == []
+
+
+# Diffusers folders --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", sorted(set(FOLDERS) - {*RISKY_FOLDERS}))
+def test_folder_corpus_gets_one_sentence_naming_the_file(tmp_path, case):
+    folder = hostile_folder(tmp_path / "pipeline", case)
+    _change, file, words = FOLDERS[case]
+    error = refused(load_model, str(folder))
+    text = assert_sentence(error, folder, words)
+    assert str(folder / file) in text or (file in text and str(folder) in text), text
+
+
+def test_a_good_folder_still_loads_after_the_corpus(tmp_path):
+    for case in ("sample_size 512", "nested unet config"):
+        refused(load_model, str(hostile_folder(tmp_path / case.replace(" ", "-"), case)))
+    model = load_model(str(tiny_folder(tmp_path / "good")))
+    assert model.architecture == "sd1"
+
+
+def test_deep_nesting_is_measured_without_recursion():
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    assert limits.json_depth(deep) > limits.MAX_JSON_DEPTH
+    with pytest.raises(ValueError, match="nested"):
+        limits.parse_json(nested_json(100_000).encode())
+    with pytest.raises(ValueError, match="nested"):
+        limits.parse_json(nested_json(limits.MAX_JSON_DEPTH + 5).encode())
+    assert limits.parse_json(b'{"a": [1, {"b": 2}]}') == {"a": [1, {"b": 2}]}
+
+
+# FIFOs and other files that are not regular files ----------------------------------------
+
+
+def _unblock(fifo: Path) -> None:
+    """Give a reader stuck on `fifo` its end of file (only a broken reader is stuck)."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    os.close(fd)
+
+
+needs_fifo = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+
+
+@needs_fifo
+@pytest.mark.parametrize("name", FIFO_NAMES)
+def test_a_fifo_in_a_model_folder_never_blocks(tmp_path, name):
+    folder = tiny_folder(tmp_path / "pipeline")
+    fifo = replace_with_fifo(folder / name)
+    try:
+        error = refused(load_model, str(folder), seconds=SECONDS)
+    finally:
+        _unblock(fifo)
+    assert_sentence(error, fifo, "named pipe")
+
+
+@needs_fifo
+@pytest.mark.parametrize("suffix", [".safetensors", ".ckpt"])
+def test_a_fifo_given_as_the_model_never_blocks(tmp_path, suffix):
+    fifo = replace_with_fifo(tmp_path / f"model{suffix}")
+    try:
+        error = refused(load_model, str(fifo), allow_pickle=True)
+    finally:
+        _unblock(fifo)
+    assert_sentence(error, fifo, "not a regular file")
+
+
+@needs_fifo
+def test_a_fifo_beside_a_checkpoint_is_not_read(tmp_path):
+    path = _good_single_file(tmp_path)
+    fifo = replace_with_fifo(tmp_path / "model.yaml")
+    try:
+        kind, model = bounded(load_model, str(path))
+    finally:
+        _unblock(fifo)
+    assert kind == "ok" and model.architecture == "sd1"
+
+
+def test_open_regular_refuses_devices_and_folders(tmp_path):
+    with pytest.raises(limits.NotRegularFileError, match="a folder"):
+        limits.open_regular(tmp_path)
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(limits.NotRegularFileError, match="a device"):
+            limits.read_regular("/dev/zero", 1 << 20)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * 2048)
+    with pytest.raises(limits.FileTooLargeError, match="more than"):
+        limits.read_regular(big, 1024)
+
+
+# A checkpoint that changes while it loads ----------------------------------------------------
+
+_TRUNCATE_ON_READ = """
+import os, sys
+from app.core import checkpoint
+_real_get = checkpoint.Checkpoint.get
+_calls = [0]
+def _get(self, name):
+    _calls[0] += 1
+    if _calls[0] == {after}:
+        os.truncate(self.path, self.file_size // 3)
+    return _real_get(self, name)
+checkpoint.Checkpoint.get = _get
+"""
+
+
+def _good_single_file(tmp_path) -> Path:
+    return write_safetensors(tmp_path / "model.safetensors", tiny_sd1_tensors())
+
+
+@pytest.mark.parametrize("after", [1, 40])
+def test_a_file_truncated_while_it_loads_gets_a_sentence_not_sigbus(tmp_path, after):
+    """The file shrinks after its header was validated and tensors have been mapped: touching
+    the lost pages would kill the process with SIGBUS and an empty stderr."""
+    path = _good_single_file(tmp_path)
+    result = run_cli(
+        "check", str(path), "--size", "64", prelude=_TRUNCATE_ON_READ.replace("{after}", str(after))
+    )
+    assert result.returncode != -7, "killed by SIGBUS"
+    assert_cannot_run(result, path, "the file changed while it was read")
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGBUS"), reason="no SIGBUS here")
+def test_the_gui_names_a_changed_file_when_the_engine_dies_of_a_bus_error():
+    """The one window left: a file cut short in the very moment a tensor is read, or while a
+    loaded model's weights are in use, still ends the engine with SIGBUS."""
+    import signal
+
+    from app.engine.failures import describe_exit
+
+    message = describe_exit(-signal.SIGBUS).message
+    assert "model file" in message and "\n" not in message and message.endswith(".")
+
+
+def test_a_file_rewritten_in_place_while_it_loads_gets_a_sentence(tmp_path):
+    path = _good_single_file(tmp_path)
+    checkpoint = Checkpoint(path)
+    checkpoint.get(checkpoint.keys()[0])
+    os.utime(path, ns=(1, 1))  # same size, new contents as far as anyone can tell
+    error = refused(checkpoint.get, checkpoint.keys()[-1])
+    assert_sentence(error, path, "changed while it was read")
+    checkpoint.close()
+
+
+def test_a_pickle_cut_short_after_loading_gets_a_sentence(tmp_path):
+    path = tmp_path / "model.ckpt"
+    torch.save({"state_dict": {"a": torch.ones(1000), "b": torch.ones(1000)}}, str(path))
+    checkpoint = Checkpoint(path, allow_pickle=True)
+    assert torch.equal(checkpoint.get("a"), torch.ones(1000))
+    os.truncate(path, path.stat().st_size // 2)  # its storages are mapped: never touch them now
+    assert_sentence(refused(checkpoint.get, "b"), path, "changed while it was read")
+
+
+def test_a_file_that_shrinks_right_after_its_header_is_read(tmp_path, monkeypatch):
+    from app.core import checkpoint
+
+    path = _good_single_file(tmp_path)
+
+    def read_then_truncate(target):
+        header = read_safetensors_header(target)
+        os.truncate(target, header.file_size // 2)
+        return header
+
+    monkeypatch.setattr(checkpoint, "read_safetensors_header", read_then_truncate)
+    assert_sentence(refused(Checkpoint, path), path, "changed while it was read")
+
+
+# The command, under a memory limit -----------------------------------------------------------
+
+
+def _risky_case(tmp_path: Path, case: str) -> tuple[list[str], Path, str]:
+    if case in RISKY_SINGLE_FILES:
+        path = write_single_file(tmp_path / "model.safetensors", case)
+        return [str(path)], path, SINGLE_FILES[case][1]
+    if case in RISKY_FOLDERS:
+        folder = hostile_folder(tmp_path / "pipeline", case)
+        _change, file, words = FOLDERS[case]
+        return [str(folder)], folder / file, words
+    builder, words = RISKY_PICKLES[case]
+    path = builder(tmp_path / "model.ckpt")
+    return [str(path), "--allow-pickle"], path, words
+
+
+@pytest.mark.parametrize("case", [*RISKY_SINGLE_FILES, *RISKY_FOLDERS, *RISKY_PICKLES])
+def test_the_command_refuses_the_riskiest_files_within_memory_and_time(tmp_path, case):
+    argv, path, words = _risky_case(tmp_path, case)
+    result = run_cli("check", *argv, "--size", "64", memory_gib=4, timeout=180)
+    assert_cannot_run(result, path, words)
+
+
+@needs_fifo
+def test_the_command_refuses_a_fifo_model_index(tmp_path):
+    folder = tiny_folder(tmp_path / "pipeline")
+    fifo = replace_with_fifo(folder / "model_index.json")
+    try:
+        result = run_cli("check", str(folder), timeout=120)
+    finally:
+        _unblock(fifo)
+    assert_cannot_run(result, fifo, "named pipe")
+
+
+def test_a_pickle_named_safetensors_loads_quietly_when_pickles_are_allowed(tmp_path):
+    path = pickle_named_safetensors(tmp_path / "model.safetensors")
+    refused_run = run_cli("check", str(path), "--size", "64")
+    assert_cannot_run(refused_run, path, "pickle")
+    allowed = run_cli("check", str(path), "--size", "64", "--allow-pickle")
+    assert allowed.returncode in (0, 1), allowed.stderr[-2000:]
+    assert allowed.stderr == ""  # no PyTorch pickle warning, no traceback
+
+
+# The library: one bad item costs one row -------------------------------------------------------
+
+
+@pytest.fixture
+def mixed_folder(tmp_path) -> Path:
+    """A good model beside one of every kind of bad item."""
+    from app.core.demo import build_tiny_sd_pipeline
+    from app.core.models import save_single_file
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    save_single_file(build_tiny_sd_pipeline(), folder / "good.safetensors", dtype="fp16")
+    write_single_file(folder / "scalar.safetensors", "scalar token embedding")
+    write_single_file(folder / "one-d.safetensors", "1-D UNet input convolution")
+    write_single_file(folder / "no-proj-in.safetensors", "attention without proj_in")
+    write_single_file(folder / "deep.safetensors", "text encoder of 1e8 layers")
+    shapes_file(folder / "other.safetensors", {"something.else": (2,)})
+    hostile_folder(folder / "bad-config", "sample_size big")
+    hostile_folder(folder / "nested", "nested model_index.json")
+    hostile_folder(folder / "huge", "layers_per_block 100000")
+    hostile_folder(folder / "bad-merges", "merges.txt of one-token lines")
+    if hasattr(os, "mkfifo"):
+        replace_with_fifo(tiny_folder(folder / "fifo") / "model_index.json")
+        replace_with_fifo(folder / "pipe.safetensors")
+    return folder
+
+
+def _rows(folder: Path) -> dict[str, LibraryEntry]:
+    kind, entries = bounded(scan_library, [str(folder)], include_defaults=False)
+    assert kind == "ok", entries
+    return {Path(e.path).name: e for e in entries}
+
+
+def test_one_bad_item_costs_only_its_own_row(mixed_folder):
+    rows = _rows(mixed_folder)
+    good = rows["good.safetensors"]
+    assert (good.architecture, good.supported, good.error) == ("sd1", True, None)
+    expected = {
+        "scalar.safetensors": "token_embedding",
+        "one-d.safetensors": "input_blocks.0.0.weight",
+        "no-proj-in.safetensors": "proj_in",
+        "deep.safetensors": "num_hidden_layers",
+        "bad-config": "sample_size",
+        "nested": "nested",
+        "huge": "layers_per_block",
+        "bad-merges": "merges.txt: line 2",
+    }
+    if hasattr(os, "mkfifo"):
+        expected.update({"fifo": "named pipe", "pipe.safetensors": "not a regular file"})
+    for name, words in expected.items():
+        row = rows[name]
+        assert row.error is not None and words in row.error, (name, row)
+        assert str(mixed_folder / name) in row.error and "\n" not in row.error
+        assert row.supported is False
+    assert rows["other.safetensors"].architecture == "unknown"  # unsupported, not broken
+    assert rows["other.safetensors"].error is None
+
+
+def test_an_unforeseen_fault_in_one_file_costs_only_its_row(mixed_folder, monkeypatch):
+    real = library.arch.detect_architecture
+
+    def faulty(shapes, **kwargs):
+        if kwargs.get("name") == "scalar.safetensors":
+            raise IndexError("tuple index out of range")
+        return real(shapes, **kwargs)
+
+    monkeypatch.setattr(library.arch, "detect_architecture", faulty)
+    rows = _rows(mixed_folder)
+    assert "IndexError" in rows["scalar.safetensors"].error
+    assert rows["good.safetensors"].error is None
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        nested_json(100_000),
+        nested_json(200),
+        "[1, 2]",
+        '{"version": 1, "entries": {"%s": {"stamp": %s}}}',
+        '{"version": 1, "entries": {"%s": {"stamp": %s, "entry": {"path": 5}}}}',
+        '{"version": 1, "entries": {"%s": {"stamp": %s, "entry": [1]}}}',
+    ],
+)
+def test_a_damaged_library_cache_costs_only_a_rescan(mixed_folder, damage):
+    good = mixed_folder / "good.safetensors"
+    stamp = json.dumps(library._stamp(good, "single_file"))
+    text = damage % (str(good), stamp) if "%s" in damage else damage
+    library._index_path().parent.mkdir(parents=True, exist_ok=True)
+    library._index_path().write_text(text)
+    rows = _rows(mixed_folder)
+    assert rows["good.safetensors"].architecture == "sd1"
+    assert rows["good.safetensors"].error is None
+
+
+def test_a_cached_row_of_the_wrong_types_is_read_again(mixed_folder):
+    first = _rows(mixed_folder)
+    index = json.loads(library._index_path().read_text())
+    key = str(mixed_folder / "good.safetensors")
+    index["entries"][key]["entry"]["size_bytes"] = "huge"
+    library._index_path().write_text(json.dumps(index))
+    again = _rows(mixed_folder)
+    assert again["good.safetensors"] == first["good.safetensors"]
+    assert isinstance(again["good.safetensors"].size_bytes, int)
+
+
+def test_the_cache_row_types_cover_every_field():
+    from dataclasses import fields
+
+    assert set(library._ENTRY_TYPES) == {f.name for f in fields(LibraryEntry)}
+
+
+def test_a_damaged_hash_cache_costs_only_a_rehash(tmp_path):
+    from app.core import paths
+    from app.core.checkpoint import model_hash
+
+    path = _good_single_file(tmp_path)
+    cache = paths.cache_dir() / "model_hashes.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(nested_json(100_000))
+    kind, short = bounded(model_hash, path)
+    assert kind == "ok" and len(short) == 10
+    assert json.loads(cache.read_text())[str(path.resolve())]["sha256"].startswith(short)
