@@ -24,7 +24,7 @@ from app.engine.process import EngineTransport
 from app.ui.engine_client import EngineClient
 from app.ui.main_window import MainWindow
 from app.ui.state import AppState
-from app.ui.widgets import STYLE_SHEET
+from app.ui.theme import ThemeFollower
 
 UI_STATE_FILE = "window.ini"
 
@@ -45,9 +45,8 @@ def application(argv: Sequence[str] = ()) -> QApplication:
         app = QApplication(["halfsafe", *argv])
     app.setApplicationName("HalfSafe")
     app.setApplicationDisplayName("HalfSafe")
-    if app.styleSheet() != STYLE_SHEET:
-        # Setting it again would re-polish every widget alive.
-        app.setStyleSheet(STYLE_SHEET)
+    if app.findChild(ThemeFollower) is None:
+        ThemeFollower(app)  # the style sheet follows the system palette, light or dark
     icon = paths.resource("icons", "halfsafe-256.png")
     if icon.exists():
         app.setWindowIcon(QIcon(str(icon)))

@@ -282,7 +282,7 @@ class HealthView(QWidget):
         if first_bad:
             facts.append(
                 f"First layer to go wrong: {html.escape(words.describe_module(name, first_bad))}"
-                f" <span style='color:#5f6368'>(<code>{html.escape(first_bad)}</code>)</span>."
+                f" (<code>{html.escape(first_bad)}</code>)."
             )
         precisions = component.get("precisions") or {}
         if precisions:

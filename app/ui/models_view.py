@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QSettings, Qt, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -28,6 +27,7 @@ from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
+from app.ui.theme import current_scheme
 from app.ui.widgets import Banner, Card, label, page_layout, primary_button
 
 DEMO_SOURCE = "demo"
@@ -247,7 +247,7 @@ class ModelsView(QWidget):
             for column in range(4):
                 item.setToolTip(column, tip)
                 if colour:
-                    item.setForeground(column, QColor(colour))
+                    item.setForeground(column, current_scheme().colour(colour))
             self.library.addTopLevelItem(item)
             if str(path) == last:
                 selected = item
@@ -461,11 +461,12 @@ class ModelsView(QWidget):
 
 
 def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
-    """The Type column, the tooltip and a text colour for one library entry."""
+    """The Type column, the tooltip and a text colour (a scheme colour's name) for one library
+    entry."""
     path = entry.get("path", "")
     because = entry.get("detected_because") or ""
     if entry.get("error"):
-        return "damaged", entry["error"], "#b3261e"
+        return "damaged", entry["error"], "invalid"
     if entry.get("format") == "pickle":
         return (
             "pickle checkpoint",
@@ -474,7 +475,7 @@ def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
         )
     kind = words.architecture_name(entry.get("architecture"))
     if entry.get("supported") is False:
-        return f"{kind} (not supported)", f"{path}\n{because}".strip(), "#80868b"
+        return f"{kind} (not supported)", f"{path}\n{because}".strip(), "muted"
     return kind, f"{path}\n{because}".strip(), None
 
 
