@@ -644,7 +644,7 @@ class GenerateView(QWidget):
             if not path:
                 return None
         try:
-            saved = write_atomic(Path(path), entry["png"])
+            saved = write_atomic(Path(path), entry["png"], shared=True)
         except (OSError, ValueError) as error:
             reason = getattr(error, "strerror", None) or str(error)
             self.dialogs.error(f"The image could not be saved to {path} ({reason}).")
