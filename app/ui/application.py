@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -102,4 +102,6 @@ def run_gui(argv: Sequence[str] = ()) -> int:
     window = build_main_window()
     _install_excepthook(window)
     window.show()
+    # Everything slow waits until the window is on screen.
+    QTimer.singleShot(0, window.start_background)
     return app.exec()

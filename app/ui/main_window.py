@@ -208,6 +208,18 @@ class MainWindow(QMainWindow):
         self.show_page("Models")
         self.models_view.load_path(DEMO_SOURCE)
 
+    def start_background(self) -> None:
+        """Work for after the window shows: describe the device (so the status bar and the
+        Settings page's recommendations are there without visiting the GPU page), reload the
+        last model, and fill the gallery from the output folder. All of it runs in the engine
+        or on worker threads; the window stays responsive."""
+        if self.state.hardware is None and self.gpu_view.job_id is None:
+            self.gpu_view.request(retest=False)
+        self.models_view.rescan()
+        self.models_view.reload_last()
+        self.generate_view.gallery_view.refresh()
+        self._update_status()
+
     def request_hardware(self, then: Any) -> None:
         if self.state.hardware is not None:
             then()
@@ -230,8 +242,11 @@ class MainWindow(QMainWindow):
             self.device_status.setText(f"Device: {device.get('name')}")
         else:
             chosen = self.state.device()
+            checking = self.gpu_view.job_id is not None
             self.device_status.setText(
-                "Device: auto (not checked yet)" if chosen == "auto" else f"Device: {chosen}"
+                ("Device: checking…" if checking else "Device: auto (not checked yet)")
+                if chosen == "auto"
+                else f"Device: {chosen}"
             )
         model = self.state.model
         if model is None:

@@ -31,6 +31,7 @@ from app.ui.theme import current_scheme
 from app.ui.widgets import Banner, Card, label, page_layout, primary_button
 
 DEMO_SOURCE = "demo"
+OPENED_KEPT = 20  # models opened from a file or folder that stay in the list
 CHECKPOINT_FILTER = (
     "Checkpoints (*.safetensors *.ckpt *.pt *.pth *.bin);;"
     "Safetensors (*.safetensors);;All files (*)"
@@ -107,6 +108,7 @@ class ModelsView(QWidget):
         self.vae_path: str | None = None
         self.scanner = LibraryScanner(self)
         self.scanner.finished.connect(self._library_scanned)
+        self._scanned: list[dict[str, Any]] = []
 
         layout = page_layout(
             self,
@@ -208,6 +210,7 @@ class ModelsView(QWidget):
 
     def _library_scanned(self, entries: list[dict[str, Any]], problem: str) -> None:
         self.rescan_button.setEnabled(True)
+        self._scanned = list(entries)
         self._fill_library(entries)
         if problem:
             self.library_status.setText(problem)
@@ -232,6 +235,13 @@ class ModelsView(QWidget):
         )
         self.library.addTopLevelItem(demo)
         selected = demo
+        listed = {str(Path(e["path"])) for e in entries}
+        # Models opened from a file or folder stay in the list, after the scanned ones.
+        entries = list(entries) + [
+            {"path": path, "error": None, "opened": True}
+            for path in self.opened()
+            if str(Path(path)) not in listed
+        ]
         for entry in entries:
             path = Path(entry["path"])
             kind, tip, colour = _library_words(entry)
@@ -252,6 +262,7 @@ class ModelsView(QWidget):
             if str(path) == last:
                 selected = item
         self.library.setCurrentItem(selected)
+        self._update_load_button()
         if self.state.model is not None:
             self._mark_loaded((self.state.model_request or {}).get("source"))
 
@@ -260,10 +271,60 @@ class ModelsView(QWidget):
         entry = item.data(0, Qt.ItemDataRole.UserRole) if item else None
         problem = _unloadable(entry or {})
         self.load_button.setEnabled(entry is not None and not problem and self.job_id is None)
+        self._update_load_button()
         if problem:
             self.load_status.setText(problem)
         elif self.job_id is None:
             self.load_status.setText("")
+
+    def _update_load_button(self) -> None:
+        """The button names what it does: load the highlighted model, or reload the one held."""
+        item = self.library.currentItem()
+        entry = (item.data(0, Qt.ItemDataRole.UserRole) if item else None) or {}
+        loaded = self.loaded_source()
+        self.load_button.setText(
+            "Reload" if loaded is not None and entry.get("path") == loaded else "Load"
+        )
+
+    def loaded_source(self) -> str | None:
+        if self.state.model is None:
+            return None
+        return (self.state.model_request or {}).get("source")
+
+    # Remembered models -------------------------------------------------------------------------
+
+    def opened(self) -> list[str]:
+        """Models opened from a file or folder, newest first."""
+        value = self.ui_settings.value("models/opened", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in value or [] if v]
+
+    def _remember_opened(self, source: str) -> None:
+        if source == DEMO_SOURCE:
+            return
+        kept = [source] + [p for p in self.opened() if p != source]
+        self.ui_settings.setValue("models/opened", kept[:OPENED_KEPT])
+        if self._item_for(source) is None:
+            self._fill_library(self._scanned)
+
+    def _item_for(self, source: str) -> QTreeWidgetItem | None:
+        for index in range(self.library.topLevelItemCount()):
+            item = self.library.topLevelItem(index)
+            if (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("path") == source:
+                return item
+        return None
+
+    def reload_last(self) -> int | None:
+        """Load the model used last (at start, after the window shows). Says so when it is
+        gone; loads nothing then."""
+        last = str(self.ui_settings.value("models/last", "") or "")
+        if not last or self.state.model is not None or self.job_id is not None:
+            return None
+        if last != DEMO_SOURCE and not Path(last).exists():
+            self.load_status.setText(f"The model you used last is no longer there: {last}")
+            return None
+        return self.load_path(last)
 
     # Choosing ---------------------------------------------------------------------------------
 
@@ -352,8 +413,9 @@ class ModelsView(QWidget):
         elif event.state == EventState.RESULT:
             params, self.loading = self.loading, None
             self._finish("Loaded.")
-            if params and params["source"] != DEMO_SOURCE:
+            if params:
                 self.ui_settings.setValue("models/last", params["source"])
+                self._remember_opened(params["source"])
             self.state.set_model(event.result or {}, params)
         elif event.state == EventState.CANCELLED:
             self.loading = None
@@ -397,9 +459,21 @@ class ModelsView(QWidget):
                 item.setFont(column, font)
             if loaded:
                 self.library.setCurrentItem(item)
+                self.library.scrollToItem(item)
+        self._update_load_button()
 
     def _show_model(self, model: dict[str, Any] | None) -> None:
-        self._mark_loaded((self.state.model_request or {}).get("source") if model else None)
+        source = (self.state.model_request or {}).get("source") if model else None
+        item = self._item_for(source) if source else None
+        if (
+            item is not None
+            and model
+            and (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("opened")
+        ):
+            # What the load found out fills the row of a model opened from a file.
+            item.setText(1, words.architecture_name(model.get("architecture")))
+            item.setText(2, model.get("stored_dtype") or "")
+        self._mark_loaded(source)
         self.remembered.dismiss()
         if model is None:
             self.details.title.setText("No model loaded")
@@ -473,6 +547,8 @@ def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
             f"{path}\nPickle files are only opened when you load one and confirm.",
             None,
         )
+    if entry.get("opened") and not entry.get("architecture"):
+        return "opened before", f"{path}\nOpened from a file or folder; load it to see more.", None
     kind = words.architecture_name(entry.get("architecture"))
     if entry.get("supported") is False:
         return f"{kind} (not supported)", f"{path}\n{because}".strip(), "muted"
