@@ -44,7 +44,8 @@ def application(argv: Sequence[str] = ()) -> QApplication:
     if app is None:
         app = QApplication(["halfsafe", *argv])
     app.setApplicationName("HalfSafe")
-    app.setApplicationDisplayName("HalfSafe")
+    # No application display name: Qt would append it to every window title, and the main
+    # window's title already starts with HalfSafe.
     if app.findChild(ThemeFollower) is None:
         ThemeFollower(app)  # the style sheet follows the system palette, light or dark
     icon = paths.resource("icons", "halfsafe-256.png")

@@ -6,8 +6,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl
-from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -55,6 +55,7 @@ class MainWindow(QMainWindow):
         self.ui_settings = ui_settings
         self.dialogs = Dialogs(self)
         self._reload_after_restart: dict[str, Any] | None = None
+        # Qt adds nothing to the title (no application display name is set): "HalfSafe" once.
         self.setWindowTitle(f"{TITLE} — half precision without black images")
         self.setAcceptDrops(True)
         self.setMinimumSize(760, 520)
@@ -154,9 +155,7 @@ class MainWindow(QMainWindow):
         )
         self.restart_action.triggered.connect(self.restart_engine)
         show_log = QAction("Show engine &log", self)
-        show_log.triggered.connect(
-            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(log_path())))
-        )
+        show_log.triggered.connect(lambda: self.dialogs.open_location(log_path(), "the engine log"))
         engine_menu.addActions([self.restart_action, show_log])
 
         view_menu = self.menuBar().addMenu("&View")

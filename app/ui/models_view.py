@@ -136,6 +136,8 @@ class ModelsView(QWidget):
         self.library.setRootIsDecorated(False)
         self.library.setAlternatingRowColors(True)
         self.library.setUniformRowHeights(True)
+        # A long (bold, when loaded) name keeps its start and its extension in view.
+        self.library.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         header = self.library.header()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for column in (1, 2, 3):
