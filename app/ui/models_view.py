@@ -186,6 +186,9 @@ class ModelsView(QWidget):
         self.remembered = Banner()
         lower_layout.addWidget(self.remembered)
         self.details = Card("No model loaded")
+        # The bold model name takes the card's whole width and wraps there, never cut off.
+        self.details.title.setWordWrap(True)
+        self.details.header.setStretchFactor(self.details.title, 1)
         self.details_text = label(
             "Loading reads the weights once to check that none of them is NaN or infinite.",
             wrap=True,

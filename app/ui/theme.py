@@ -180,6 +180,41 @@ def style_sheet(scheme: Scheme) -> str:
     return "\n".join(rules) + "\n"
 
 
+def dark_palette() -> QPalette:
+    """A dark desktop's palette as KDE's Breeze Dark or Windows' dark mode hand one over: for
+    screenshots (tools/screenshots.py --dark) and trying the dark scheme on a light desktop."""
+    palette = QPalette()
+    role = QPalette.ColorRole
+    for name, colour in (
+        (role.Window, "#202124"),
+        (role.WindowText, "#e8eaed"),
+        (role.Base, "#2b2c2f"),
+        (role.AlternateBase, "#303134"),
+        (role.Button, "#303134"),
+        (role.ButtonText, "#e8eaed"),
+        (role.Text, "#e8eaed"),
+        (role.ToolTipBase, "#303134"),
+        (role.ToolTipText, "#e8eaed"),
+        (role.PlaceholderText, "#9aa0a6"),
+        (role.Highlight, "#8ab4f8"),
+        (role.HighlightedText, "#202124"),
+        (role.Link, "#8ab4f8"),
+        (role.Light, "#3c4043"),
+        (role.Midlight, "#35363a"),
+        (role.Mid, "#2a2b2e"),
+        (role.Dark, "#18191b"),
+        (role.Shadow, "#000000"),
+    ):
+        palette.setColor(name, QColor(colour))
+    for name, colour in (
+        (role.WindowText, "#80868b"),
+        (role.Text, "#80868b"),
+        (role.ButtonText, "#80868b"),
+    ):
+        palette.setColor(QPalette.ColorGroup.Disabled, name, QColor(colour))
+    return palette
+
+
 def current_scheme() -> Scheme:
     return scheme_for(QGuiApplication.palette())
 

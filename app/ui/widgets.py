@@ -68,8 +68,7 @@ class Card(QFrame):
         outer.setContentsMargins(14, 12, 14, 12)
         outer.setSpacing(6)
         header = QHBoxLayout()
-        # Wraps rather than being cut off: a bold model name can be long.
-        self.title = label(title, "section", wrap=True)
+        self.title = label(title, "section")
         self.title.setStyleSheet("margin-top: 0px;")
         header.addWidget(self.title)
         header.addStretch(1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 from PySide6.QtCore import QPoint
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QLabel
 
 from app.engine.events import EventState
 from app.ui import dialogs as dialogs_module
@@ -68,6 +68,9 @@ def test_on_a_cpu_no_flash_attention_is_recommended_and_auto_never_means_auto(wi
     view = window.settings_view
     text = view.resolution_text("attention_backend")
     assert "Flash" not in text and "CPU" in text
+    window.show_page("GPU")
+    gpu_texts = " ".join(w.text() for w in window.gpu_view.findChildren(QLabel))
+    assert "Flash attention" not in gpu_texts and "fused CPU kernel" in gpu_texts
     window.state.apply({"attention_backend": "math"})
     assert "Flash" not in view.resolution_text("attention_backend")
     report = _cpu_hardware()
