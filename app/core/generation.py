@@ -1217,7 +1217,8 @@ def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int,
 
 class ProgressLines:
     """A progress callback for output that is not a terminal: one plain line per `interval`
-    seconds (and at each new stage), with the ETA from the pace so far, e.g.
+    seconds after the first few (and a last one at "Done"), with the ETA from the pace so
+    far, e.g.
     `halfsafe: Denoising: step 12 of 25, 9 s so far, about 10 s left`.
     `clock` is injectable for tests; nothing is printed between intervals."""
 
@@ -1238,8 +1239,12 @@ class ProgressLines:
         new_stage = stage != self.stage
         if new_stage:
             self.stage, self.stage_started, self.stage_first = stage, now, done
-        due = self.last_printed is None or now - self.last_printed >= self.interval
-        if not (due or (new_stage and stage == "Done")):
+        # Quiet for the first interval: a quick run (or one that fails at once, whose one
+        # stderr line is the error) prints no progress at all.
+        since = self.started if self.last_printed is None else self.last_printed
+        due = now - since >= self.interval
+        finished = new_stage and stage == "Done" and self.last_printed is not None
+        if not (due or finished):
             return
         self.last_printed = now
         line = f"halfsafe: {stage}"

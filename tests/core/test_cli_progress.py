@@ -45,16 +45,34 @@ def test_progress_lines_every_few_seconds_with_an_eta():
     clock.now += 0.5
     report("Done", 1, 1)
     lines = stream.getvalue().splitlines()
-    assert lines[0] == "halfsafe: Denoising: 0 of 25, 0 s so far"
-    # Every 5 s, not every step.
-    assert lines[1] == "halfsafe: Denoising: 5 of 25, 5 s so far, about 20 s left"
-    assert lines[2] == "halfsafe: Denoising: 10 of 25, 10 s so far, about 15 s left"
-    assert len(lines) == 7
+    # Every 5 s, not every step, and nothing in the first 5 s.
+    assert lines[0] == "halfsafe: Denoising: 5 of 25, 5 s so far, about 20 s left"
+    assert lines[1] == "halfsafe: Denoising: 10 of 25, 10 s so far, about 15 s left"
+    assert len(lines) == 6
     assert lines[-1] == "halfsafe: Done: 1 of 1, 26 s so far"
 
 
+def test_a_quick_run_prints_no_progress():
+    stream, clock = io.StringIO(), Clock()
+    report = ProgressLines(stream, interval=5.0, clock=clock)
+    for step in range(4):
+        clock.now += 1.0
+        report("Denoising", step, 4)
+    report("Done", 1, 1)
+    assert stream.getvalue() == ""
+
+
 @pytest.mark.slow
-def test_generate_demo_without_a_size_makes_a_native_image_and_logs_progress(tmp_path, capsys):
+def test_generate_demo_without_a_size_makes_a_native_image_and_logs_progress(
+    tmp_path, capsys, monkeypatch
+):
+    from app.core import generation
+
+    class EveryCall(generation.ProgressLines):
+        def __init__(self, stream) -> None:
+            super().__init__(stream, interval=0.0)
+
+    monkeypatch.setattr(generation, "ProgressLines", EveryCall)
     status = main(
         ["generate", "demo", "--prompt", "a cat", "--steps", "2", "--json", "--out", str(tmp_path)]
     )
