@@ -163,3 +163,20 @@ def test_open_without_a_file_manager_shows_and_copies_the_path(
     assert str(outputs) in shown and "No program" in shown
     assert QGuiApplication.clipboard().text() == str(outputs)
     window.dialogs.close_all()
+
+
+def test_a_damaged_png_in_the_folder_is_listed_without_harm(window, engines, qtbot, outputs):
+    (outputs / "00004-9.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
+    window.show_page("Generate")
+    _fill(window, qtbot, outputs, 4)
+    view = window.generate_view
+    view.gallery_view.worker.wait_idle()
+    damaged = next(
+        view.gallery.item(i)
+        for i in range(4)
+        if view.gallery.item(i).data(ENTRY)["path"].endswith("00004-9.png")
+    )
+    view.gallery.setCurrentItem(damaged)
+    assert view.current_entry["path"].endswith("00004-9.png")
+    assert "Copy parameters" in [a.text() for a in view.gallery_view.menu_for(damaged).actions()]
+    assert window.dialogs.shown == []
