@@ -1,6 +1,7 @@
 """Render the main views to docs/screenshots/*.png, with real data from the real engine.
 
-    xvfb-run -a .venv/bin/python tools/screenshots.py
+    xvfb-run -a .venv/bin/python tools/screenshots.py           # light
+    xvfb-run -a .venv/bin/python tools/screenshots.py --dark    # dark, *-dark.png
 
 A tiny SD1.x-shaped model (HalfSafe's demo builder) with one VAE layer scaled past fp16's
 limit is written to a scratch folder first, so the health check and the generation have a
@@ -50,7 +51,11 @@ def wait_until(app, condition: Callable[[], bool], what: str, timeout: float = 6
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "screenshots"))
+    parser.add_argument(
+        "--dark", action="store_true", help="render under a dark desktop palette (-dark names)"
+    )
     args = parser.parse_args()
+    suffix = "-dark" if args.dark else ""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -84,9 +89,15 @@ def main() -> int:
     from app.ui.application import application, build_main_window
 
     app = application()
+    if args.dark:
+        from app.ui.theme import dark_palette
+
+        app.setStyle("Fusion")  # a style that paints with the palette it is given
+        app.setPalette(dark_palette())
     window = build_main_window()
     window.resize(*SIZE)
     window.show()
+    window.start_background()  # as `halfsafe` does once the window shows
     window.generate_view.prompt.setPlainText("a lighthouse on a cliff at dusk, oil painting")
     window.generate_view.negative.setPlainText("blurry, text")
     wait_until(app, window.isVisible, "the window")
@@ -94,13 +105,14 @@ def main() -> int:
     def shot(name: str, height: int | None = None) -> None:
         window.resize(SIZE[0], height or SIZE[1])
         wait_until(app, lambda: True, "layout")
-        path = out / f"{name}.png"
+        path = out / f"{name}{suffix}.png"
         window.grab().save(str(path))
         print(f"wrote {path}")
 
     # GPU: the real report of this machine, self-test included.
     window.show_page("GPU")
     wait_until(app, lambda: window.state.hardware is not None, "the hardware report")
+    wait_until(app, lambda: window.gpu_view.job_id is None, "the GPU page")
     shot("gpu")
 
     # Models: the library scan and the planted model loaded.

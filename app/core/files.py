@@ -14,6 +14,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ def write_atomic(
     *,
     keep_backup: bool = False,
     overwrite: bool = True,
+    shared: bool = False,
 ) -> Path:
     """Write `data` to `path` through a temp file in the same folder, fsync, then rename.
 
@@ -35,7 +37,9 @@ def write_atomic(
     `keep_backup`, an existing file is copied to `<name>.bak` first, itself atomically (a reader
     never sees half a backup). With `overwrite=False` an existing file is never replaced:
     FileExistsError is raised instead (the temp file is linked into place, which fails
-    atomically if the name was taken meanwhile).
+    atomically if the name was taken meanwhile). The temp file is owner-only (0600) while it is
+    written; with `shared` the finished file gets the permissions any new file of the user's
+    gets (0666 less the umask), as images must for other programs and users to open them.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,6 +52,8 @@ def write_atomic(
                 tmp.write(data.encode("utf-8") if isinstance(data, str) else data)
             tmp.flush()
             os.fsync(tmp.fileno())
+        if shared:
+            os.chmod(tmp_name, 0o666 & ~current_umask())
         if keep_backup and path.exists():
             _copy_atomic(path, path.with_name(path.name + ".bak"))
         if overwrite:
@@ -59,6 +65,25 @@ def write_atomic(
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return path
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system allows (Linux's
+    /proc/self/status); elsewhere set and restored at once, under a lock."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 def _copy_atomic(source: Path, target: Path) -> None:

@@ -258,7 +258,7 @@ def save_png(image, folder: str | Path, seed: int, parameters: str | None = None
     for _ in range(10_000):
         path = folder / f"{number:05d}-{seed}.png"
         try:
-            return write_atomic(path, data, overwrite=False)
+            return write_atomic(path, data, overwrite=False, shared=True)
         except FileExistsError:
             number += 1
         except OSError as error:

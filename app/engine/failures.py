@@ -81,8 +81,8 @@ def describe_exception(error: BaseException, kind: str = "") -> Failure:
 
 
 _SIGNAL_WORDS = {
-    "SIGKILL": "The engine was killed, most often by the system because the computer ran out "
-    "of memory.",
+    "SIGKILL": "The engine was killed (SIGKILL): by another program or a user (kill -9, a task "
+    "manager), or by the system when memory runs out.",
     "SIGSEGV": "The engine crashed (segmentation fault), usually a fault in the GPU driver or a "
     "native library.",
     "SIGABRT": "The engine aborted after an internal error in PyTorch or the GPU driver.",
@@ -92,6 +92,34 @@ _SIGNAL_WORDS = {
     "SIGILL": "The engine crashed (illegal instruction): a library was built for a newer CPU.",
     "SIGFPE": "The engine crashed (arithmetic fault in a native library).",
 }
+
+
+def memory_left() -> float | None:
+    """The fraction of the computer's memory still available (Linux's /proc/meminfo), or None
+    where that cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            values = {line.split(":")[0]: int(line.split()[1]) for line in meminfo if ":" in line}
+        return values["MemAvailable"] / values["MemTotal"]
+    except (OSError, KeyError, ValueError, IndexError, ZeroDivisionError):
+        return None
+
+
+def _killed_words(log_tail: str, available: float | None) -> str:
+    """A SIGKILL is blamed on memory only with a sign of it: the log says so, or the computer
+    is still nearly out of memory. Otherwise both causes are named, neither claimed."""
+    if "out of memory" in log_tail or "memoryerror" in log_tail:
+        return (
+            "The engine was killed because the computer ran out of memory; close other "
+            "programs or try a smaller image size."
+        )
+    if available is not None and available < 0.10:
+        return (
+            f"The engine was killed, most likely because memory ran out: only {available:.0%} "
+            "of this computer's memory is free now."
+        )
+    return _SIGNAL_WORDS["SIGKILL"]
+
 
 # Windows reports crashes as NTSTATUS exit codes.
 _WINDOWS_CODES = {
@@ -113,6 +141,8 @@ def describe_exit(returncode: int | None, log_tail: str = "") -> Failure:
         except ValueError:
             name = f"signal {-returncode}"
         message = _SIGNAL_WORDS.get(name, f"The engine stopped unexpectedly ({name}).")
+        if name == "SIGKILL":
+            message = _killed_words(lowered, memory_left())
         return Failure(message, details, name)
     if (
         returncode is not None

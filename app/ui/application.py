@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -24,7 +24,7 @@ from app.engine.process import EngineTransport
 from app.ui.engine_client import EngineClient
 from app.ui.main_window import MainWindow
 from app.ui.state import AppState
-from app.ui.widgets import STYLE_SHEET
+from app.ui.theme import ThemeFollower
 
 UI_STATE_FILE = "window.ini"
 
@@ -44,10 +44,10 @@ def application(argv: Sequence[str] = ()) -> QApplication:
     if app is None:
         app = QApplication(["halfsafe", *argv])
     app.setApplicationName("HalfSafe")
-    app.setApplicationDisplayName("HalfSafe")
-    if app.styleSheet() != STYLE_SHEET:
-        # Setting it again would re-polish every widget alive.
-        app.setStyleSheet(STYLE_SHEET)
+    # No application display name: Qt would append it to every window title, and the main
+    # window's title already starts with HalfSafe.
+    if app.findChild(ThemeFollower) is None:
+        ThemeFollower(app)  # the style sheet follows the system palette, light or dark
     icon = paths.resource("icons", "halfsafe-256.png")
     if icon.exists():
         app.setWindowIcon(QIcon(str(icon)))
@@ -103,4 +103,6 @@ def run_gui(argv: Sequence[str] = ()) -> int:
     window = build_main_window()
     _install_excepthook(window)
     window.show()
+    # Everything slow waits until the window is on screen.
+    QTimer.singleShot(0, window.start_background)
     return app.exec()

@@ -15,13 +15,8 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
+from app.ui.theme import scheme_for
 from app.ui.words import FP16_LIMIT, big_number, short_block
-
-GOOD = QColor("#2e8b57")
-WARN = QColor("#e0a100")
-BAD = QColor("#c62828")
-GRID = QColor("#e3e5e8")
-AXIS = QColor("#5f6368")
 
 
 @dataclass(frozen=True)
@@ -146,20 +141,26 @@ class ActivationChart(QWidget):
         small = self._small_font()
         painter.setFont(small)
         metrics = QFontMetrics(small)
+        # Colours from the palette this chart is drawn with, light or dark.
+        colours = scheme_for(self.palette()).chart
+        good, warn, bad = (QColor(colours[k]) for k in ("good", "warn", "bad"))
+        grid, axis = QColor(colours["grid"]), QColor(colours["axis"])
+        caption_background = QColor(colours["label_background"])
+        caption_background.setAlpha(220)
 
         # Decade grid and its labels.
         for exponent in range(low_exp, high_exp + 1):
             y = self._y(10.0**exponent, plot, low_exp, high_exp)
-            painter.setPen(QPen(GRID, 1))
+            painter.setPen(QPen(grid, 1))
             painter.drawLine(QPointF(plot.left(), y), QPointF(plot.right(), y))
-            painter.setPen(AXIS)
+            painter.setPen(axis)
             text = _tick_label(exponent)
             painter.drawText(
                 QRectF(0, y - 8, self.MARGIN_LEFT - 6, 16),
                 Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter,
                 text,
             )
-        painter.setPen(QPen(AXIS, 1))
+        painter.setPen(QPen(axis, 1))
         painter.drawLine(QPointF(plot.left(), plot.top()), QPointF(plot.left(), plot.bottom()))
         painter.drawLine(QPointF(plot.left(), plot.bottom()), QPointF(plot.right(), plot.bottom()))
         painter.save()
@@ -179,19 +180,19 @@ class ActivationChart(QWidget):
 
         # Bars.
         for block, (centre, width) in zip(self.blocks, self._bar_rects(plot), strict=True):
-            colour = {"good": GOOD, "warn": WARN, "bad": BAD}[block.level]
+            colour = {"good": good, "warn": warn, "bad": bad}[block.level]
             if block.non_finite:
                 rect = QRectF(centre - width / 2, plot.top(), width, plot.height())
-                painter.fillRect(rect, QColor(BAD.red(), BAD.green(), BAD.blue(), 60))
-                painter.fillRect(rect, QBrush(BAD, Qt.BrushStyle.BDiagPattern))
-                painter.setPen(BAD)
+                painter.fillRect(rect, QColor(bad.red(), bad.green(), bad.blue(), 60))
+                painter.fillRect(rect, QBrush(bad, Qt.BrushStyle.BDiagPattern))
+                painter.setPen(bad)
                 painter.drawText(
                     QRectF(centre - 30, plot.top() - 18, 60, 16),
                     Qt.AlignmentFlag.AlignCenter,
                     "inf/NaN",
                 )
             elif block.max_abs is None:
-                painter.setPen(AXIS)
+                painter.setPen(axis)
                 painter.drawText(
                     QRectF(centre - 20, plot.bottom() - 18, 40, 16),
                     Qt.AlignmentFlag.AlignCenter,
@@ -205,7 +206,7 @@ class ActivationChart(QWidget):
 
         # The fp16 limit, drawn over the bars so it stays visible.
         limit_y = self._y(self.limit, plot, low_exp, high_exp)
-        painter.setPen(QPen(BAD, 1.6, Qt.PenStyle.DashLine))
+        painter.setPen(QPen(bad, 1.6, Qt.PenStyle.DashLine))
         painter.drawLine(QPointF(plot.left(), limit_y), QPointF(plot.right(), limit_y))
         caption = "fp16 limit 65,504"
         box = QRectF(
@@ -214,12 +215,12 @@ class ActivationChart(QWidget):
             metrics.horizontalAdvance(caption) + 6,
             15,
         )
-        painter.fillRect(box, QColor(255, 255, 255, 210))
-        painter.setPen(BAD)
+        painter.fillRect(box, caption_background)
+        painter.setPen(bad)
         painter.drawText(box, Qt.AlignmentFlag.AlignCenter, caption)
 
         # Block names, slanted so that long ones fit.
-        painter.setPen(AXIS)
+        painter.setPen(axis)
         for block, (centre, _width) in zip(self.blocks, self._bar_rects(plot), strict=True):
             text = metrics.elidedText(
                 short_block(block.module), Qt.TextElideMode.ElideRight, self.LABEL_SPACE + 12

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import QObject, Qt, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 log = logging.getLogger("halfsafe.ui")
@@ -44,6 +46,7 @@ class Dialogs(QObject):
         )
         if details:
             box.setDetailedText(details)
+        box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         box.setWindowModality(Qt.WindowModality.WindowModal)
         box.finished.connect(lambda _result, b=box: self._closed(b))
         self._open.append(box)
@@ -51,6 +54,20 @@ class Dialogs(QObject):
         shown = ShownError(message, details)
         self.shown.append(shown)
         self.error_shown.emit(shown)
+
+    def open_location(self, path: str | Path, what: str = "this") -> bool:
+        """Open a file or folder with the desktop's own program. Where none answers (no file
+        manager, a bare window manager), the path is shown and copied instead of nothing
+        happening. Returns whether a program took it."""
+        if QDesktopServices.openUrl(QUrl.fromLocalFile(str(path))):
+            return True
+        QGuiApplication.clipboard().setText(str(path))
+        self.error(
+            f"No program on this computer opened {what}. It is here (copied to the clipboard):"
+            f"\n{path}",
+            title="Where it is",
+        )
+        return False
 
     def job_failed(self, event: Any) -> None:
         """A job's ERROR event. When the engine itself died the window's banner already says

@@ -11,8 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, QSize, Qt, QUrl
-from PySide6.QtGui import QDesktopServices, QIcon, QKeySequence, QPainter, QPixmap, QShortcut
+from PySide6.QtCore import QSettings, QSize, Qt
+from PySide6.QtGui import (
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+    QPainter,
+    QPalette,
+    QPixmap,
+    QShortcut,
+)
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -26,6 +34,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSpinBox,
     QSplitter,
@@ -33,12 +42,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core import paths
 from app.core.files import write_atomic
 from app.core.settings import FIELDS
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
+from app.ui.gallery import Gallery
 from app.ui.state import AppState
 from app.ui.widgets import Banner, label, page_layout, primary_button
 
@@ -264,7 +275,19 @@ class GenerateView(QWidget):
         column.addWidget(self.image, 1)
         self.parameters = label("", "muted", wrap=True, selectable=True)
         self.parameters.setTextFormat(Qt.TextFormat.PlainText)
-        column.addWidget(self.parameters)
+        self.parameters.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        # The caption scrolls inside a box of its own: long parameters never run into the image.
+        caption = QScrollArea()
+        caption.setProperty("plain", True)
+        caption.setWidgetResizable(True)
+        caption.setFrameShape(QScrollArea.Shape.NoFrame)
+        caption.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        caption.setWidget(self.parameters)
+        caption.setMinimumHeight(48)
+        caption.setMaximumHeight(self.parameters.fontMetrics().lineSpacing() * 7 + 8)
+        caption.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.caption = caption
+        column.addWidget(caption)
         actions = QHBoxLayout()
         self.open_folder_button = QPushButton("Open folder")
         self.open_folder_button.clicked.connect(self.open_folder)
@@ -294,6 +317,16 @@ class GenerateView(QWidget):
         self.gallery.setMaximumHeight(THUMBNAIL + 64)
         self.gallery.currentItemChanged.connect(self._gallery_selected)
         gallery_layout.addWidget(self.gallery)
+        self.gallery_view = Gallery(
+            self.gallery,
+            THUMBNAIL,
+            output_folder=self.output_folder,
+            show_entry=self.show_entry,
+            use_parameters=self.use_parameters,
+            dialogs=self.dialogs,
+            placeholder=_placeholder_icon,
+            item_text=self._item_text,
+        )
         results.addWidget(gallery_box)
         results.setStretchFactor(0, 1)
         results.setStretchFactor(1, 0)
@@ -313,7 +346,40 @@ class GenerateView(QWidget):
         self.batch.setValue(settings["batch"])
         self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
 
+    def output_folder(self) -> Path:
+        chosen = self.state.settings["output_folder"]
+        return Path(chosen).expanduser() if chosen else paths.default_output_dir()
+
+    def use_parameters(self, request: dict[str, Any]) -> None:
+        """Put an image's parameters into the form (the gallery's "Send parameters to
+        Generate"); values the form cannot take are left as they are."""
+        if "prompt" in request:
+            self.prompt.setPlainText(str(request["prompt"]))
+        if "negative_prompt" in request:
+            self.negative.setPlainText(str(request["negative_prompt"]))
+        for key, box in (
+            ("steps", self.steps),
+            ("width", self.width_box),
+            ("height", self.height_box),
+        ):
+            if isinstance(request.get(key), int):
+                box.setValue(request[key])
+        if isinstance(request.get("cfg"), (int, float)):
+            self.cfg.setValue(float(request["cfg"]))
+        if request.get("seed") is not None:
+            self.seed.setText(str(request["seed"]))
+        index = self.scheduler.findData(request.get("scheduler"))
+        if index >= 0:
+            self.scheduler.setCurrentIndex(index)
+        self.progress_label.setText("Parameters taken from the image; press Generate.")
+
     def _settings_changed(self, keys: list[str]) -> None:
+        if "output_folder" in keys:
+            for row in reversed(range(self.gallery.count())):
+                entry = self.gallery.item(row).data(Qt.ItemDataRole.UserRole) or {}
+                if entry.get("from_folder"):
+                    self.gallery.takeItem(row)
+            self.gallery_view.refresh()
         if any(key in GENERATION_KEYS for key in keys):
             prompt = self.prompt.toPlainText()
             self._load_values()
@@ -545,7 +611,7 @@ class GenerateView(QWidget):
 
     def _gallery_selected(self, current: QListWidgetItem | None, _previous: Any) -> None:
         if current is not None:
-            self.show_entry(current.data(Qt.ItemDataRole.UserRole))
+            self.show_entry(self.gallery_view.full_entry(current))
 
     def show_entry(self, entry: dict[str, Any]) -> None:
         self.current_entry = entry
@@ -554,7 +620,7 @@ class GenerateView(QWidget):
         self.image.set_pixmap(
             pixmap if not pixmap.isNull() else None, f"The image file is missing: {path}"
         )
-        self.parameters.setText(_parameter_text(entry))
+        self.parameters.setText(parameter_text(entry))
         self.open_folder_button.setEnabled(bool(path))
         self.save_as_button.setVisible(_unsaved(entry))
         self.last_seed = entry.get("seed")
@@ -644,7 +710,7 @@ class GenerateView(QWidget):
             if not path:
                 return None
         try:
-            saved = write_atomic(Path(path), entry["png"])
+            saved = write_atomic(Path(path), entry["png"], shared=True)
         except (OSError, ValueError) as error:
             reason = getattr(error, "strerror", None) or str(error)
             self.dialogs.error(f"The image could not be saved to {path} ({reason}).")
@@ -664,7 +730,14 @@ class GenerateView(QWidget):
     def open_folder(self) -> None:
         if self.current_entry and self.current_entry.get("path"):
             folder = os.path.dirname(self.current_entry["path"])
-            QDesktopServices.openUrl(QUrl.fromLocalFile(folder))
+            self.dialogs.open_location(folder, "the folder")
+
+
+def _placeholder_icon() -> QIcon:
+    """A thumbnail's stand-in until the worker has made it: the window's own colour."""
+    pixmap = QPixmap(THUMBNAIL, THUMBNAIL)
+    pixmap.fill(QGuiApplication.palette().color(QPalette.ColorRole.AlternateBase))
+    return QIcon(pixmap)
 
 
 def _unsaved(entry: dict[str, Any]) -> bool:
@@ -694,7 +767,7 @@ def _where(entry: dict[str, Any]) -> str:
     return (" " + " ".join(parts)) if parts else ""
 
 
-def _parameter_text(entry: dict[str, Any]) -> str:
+def parameter_text(entry: dict[str, Any]) -> str:
     """The parameters as AUTOMATIC1111 writes them, so they read familiar."""
     request = entry.get("request") or {}
     lines = []

@@ -213,7 +213,9 @@ class GpuView(QWidget):
         if recommended:
             card.body.addWidget(hline())
             card.body.addWidget(label("Recommended settings", "muted"))
-            card.body.addLayout(self._recommendations(recommended, device.get("reasons") or {}))
+            card.body.addLayout(
+                self._recommendations(recommended, device.get("reasons") or {}, device.get("kind"))
+            )
             button_row = QHBoxLayout()
             button = primary_button("Apply recommended")
             button.setToolTip("Write these values into your settings; the next job uses them.")
@@ -224,7 +226,9 @@ class GpuView(QWidget):
             card.body.addLayout(button_row)
         return card
 
-    def _recommendations(self, recommended: dict[str, Any], reasons: dict[str, str]) -> QGridLayout:
+    def _recommendations(
+        self, recommended: dict[str, Any], reasons: dict[str, str], kind: str | None = None
+    ) -> QGridLayout:
         grid = QGridLayout()
         grid.setHorizontalSpacing(14)
         grid.setVerticalSpacing(3)
@@ -232,7 +236,8 @@ class GpuView(QWidget):
         keys = [k for k in PRECISION_KEYS if k in recommended]
         for row, key in enumerate(keys):
             grid.addWidget(QLabel(words.setting_label(key)), row, 0, Qt.AlignmentFlag.AlignTop)
-            value = label(f"<b>{html.escape(words.setting_value(key, recommended[key]))}</b>")
+            shown = words.setting_value_on(key, recommended[key], kind)
+            value = label(f"<b>{html.escape(shown)}</b>")
             grid.addWidget(value, row, 1, Qt.AlignmentFlag.AlignTop)
             reason = label(reasons.get(key, ""), "help", wrap=True)
             grid.addWidget(reason, row, 2)

@@ -170,10 +170,15 @@ class HealthView(QWidget):
         if event.state == EventState.QUEUED:
             self.stage.setText("Waiting for the engine…")
         elif event.state == EventState.PROGRESS:
-            if event.total > 0:
+            if event.total > 0 and event.done < event.total:
                 self.progress.setRange(0, event.total)
                 self.progress.setValue(event.done)
-            self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
+                self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
+            else:
+                # The last step is counted before the report is written: a full bar and
+                # "Done" would claim the check finished while it still runs.
+                self.progress.setRange(0, 0)
+                self.stage.setText("Writing the report…")
         elif event.state == EventState.WARNING:
             self.stage.setText(event.message)
         elif event.state == EventState.RESULT:
@@ -286,7 +291,7 @@ class HealthView(QWidget):
         if first_bad:
             facts.append(
                 f"First layer to go wrong: {html.escape(words.describe_module(name, first_bad))}"
-                f" <span style='color:#5f6368'>(<code>{html.escape(first_bad)}</code>)</span>."
+                f" (<code>{html.escape(first_bad)}</code>)."
             )
         precisions = component.get("precisions") or {}
         if precisions:

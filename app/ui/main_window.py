@@ -6,8 +6,8 @@ import html
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer, QUrl
-from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -59,6 +59,7 @@ class MainWindow(QMainWindow):
         self.dialogs = Dialogs(self)
         self._reload_after_restart: dict[str, Any] | None = None
         self.explain_dialogs: list[ExplainDialog] = []
+        # Qt adds nothing to the title (no application display name is set): "HalfSafe" once.
         self.setWindowTitle(f"{TITLE} — half precision without black images")
         self.setAcceptDrops(True)
         self.setMinimumSize(760, 520)
@@ -165,9 +166,7 @@ class MainWindow(QMainWindow):
         )
         self.restart_action.triggered.connect(self.restart_engine)
         show_log = QAction("Show engine &log", self)
-        show_log.triggered.connect(
-            lambda: QDesktopServices.openUrl(QUrl.fromLocalFile(str(log_path())))
-        )
+        show_log.triggered.connect(lambda: self.dialogs.open_location(log_path(), "the engine log"))
         engine_menu.addActions([self.restart_action, show_log])
 
         view_menu = self.menuBar().addMenu("&View")
@@ -242,6 +241,18 @@ class MainWindow(QMainWindow):
             self.explain_dialogs.remove(dialog)
         dialog.deleteLater()
 
+    def start_background(self) -> None:
+        """Work for after the window shows: describe the device (so the status bar and the
+        Settings page's recommendations are there without visiting the GPU page), reload the
+        last model, and fill the gallery from the output folder. All of it runs in the engine
+        or on worker threads; the window stays responsive."""
+        if self.state.hardware is None and self.gpu_view.job_id is None:
+            self.gpu_view.request(retest=False)
+        self.models_view.rescan()
+        self.models_view.reload_last()
+        self.generate_view.gallery_view.refresh()
+        self._update_status()
+
     def request_hardware(self, then: Any) -> None:
         if self.state.hardware is not None:
             then()
@@ -264,8 +275,11 @@ class MainWindow(QMainWindow):
             self.device_status.setText(f"Device: {device.get('name')}")
         else:
             chosen = self.state.device()
+            checking = self.gpu_view.job_id is not None
             self.device_status.setText(
-                "Device: auto (not checked yet)" if chosen == "auto" else f"Device: {chosen}"
+                ("Device: checking…" if checking else "Device: auto (not checked yet)")
+                if chosen == "auto"
+                else f"Device: {chosen}"
             )
         model = self.state.model
         if model is None:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QSettings, Qt, Signal
-from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -30,9 +29,11 @@ from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
+from app.ui.theme import current_scheme
 from app.ui.widgets import Banner, Card, label, page_layout, primary_button
 
 DEMO_SOURCE = "demo"
+OPENED_KEPT = 20  # models opened from a file or folder that stay in the list
 CHECKPOINT_FILTER = (
     "Checkpoints (*.safetensors *.ckpt *.pt *.pth *.bin);;"
     "Safetensors (*.safetensors);;All files (*)"
@@ -111,6 +112,7 @@ class ModelsView(QWidget):
         self.vae_path: str | None = None
         self.scanner = LibraryScanner(self)
         self.scanner.finished.connect(self._library_scanned)
+        self._scanned: list[dict[str, Any]] = []
 
         layout = page_layout(
             self,
@@ -138,6 +140,8 @@ class ModelsView(QWidget):
         self.library.setRootIsDecorated(False)
         self.library.setAlternatingRowColors(True)
         self.library.setUniformRowHeights(True)
+        # A long (bold, when loaded) name keeps its start and its extension in view.
+        self.library.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         header = self.library.header()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for column in (1, 2, 3):
@@ -186,6 +190,9 @@ class ModelsView(QWidget):
         self.remembered = Banner()
         lower_layout.addWidget(self.remembered)
         self.details = Card("No model loaded")
+        # The bold model name takes the card's whole width and wraps there, never cut off.
+        self.details.title.setWordWrap(True)
+        self.details.header.setStretchFactor(self.details.title, 1)
         self.details_text = label(
             "Loading reads the weights once to check that none of them is NaN or infinite.",
             wrap=True,
@@ -212,6 +219,7 @@ class ModelsView(QWidget):
 
     def _library_scanned(self, entries: list[dict[str, Any]], problem: str) -> None:
         self.rescan_button.setEnabled(True)
+        self._scanned = list(entries)
         self._fill_library(entries)
         if problem:
             self.library_status.setText(problem)
@@ -236,6 +244,13 @@ class ModelsView(QWidget):
         )
         self.library.addTopLevelItem(demo)
         selected = demo
+        listed = {str(Path(e["path"])) for e in entries}
+        # Models opened from a file or folder stay in the list, after the scanned ones.
+        entries = list(entries) + [
+            {"path": path, "error": None, "opened": True}
+            for path in self.opened()
+            if str(Path(path)) not in listed
+        ]
         for entry in entries:
             path = Path(entry["path"])
             kind, tip, colour = _library_words(entry)
@@ -251,11 +266,12 @@ class ModelsView(QWidget):
             for column in range(4):
                 item.setToolTip(column, tip)
                 if colour:
-                    item.setForeground(column, QColor(colour))
+                    item.setForeground(column, current_scheme().colour(colour))
             self.library.addTopLevelItem(item)
             if str(path) == last:
                 selected = item
         self.library.setCurrentItem(selected)
+        self._update_load_button()
         if self.state.model is not None:
             self._mark_loaded((self.state.model_request or {}).get("source"))
 
@@ -264,10 +280,60 @@ class ModelsView(QWidget):
         entry = item.data(0, Qt.ItemDataRole.UserRole) if item else None
         problem = _unloadable(entry or {})
         self.load_button.setEnabled(entry is not None and not problem and self.job_id is None)
+        self._update_load_button()
         if problem:
             self.load_status.setText(problem)
         elif self.job_id is None:
             self.load_status.setText("")
+
+    def _update_load_button(self) -> None:
+        """The button names what it does: load the highlighted model, or reload the one held."""
+        item = self.library.currentItem()
+        entry = (item.data(0, Qt.ItemDataRole.UserRole) if item else None) or {}
+        loaded = self.loaded_source()
+        self.load_button.setText(
+            "Reload" if loaded is not None and entry.get("path") == loaded else "Load"
+        )
+
+    def loaded_source(self) -> str | None:
+        if self.state.model is None:
+            return None
+        return (self.state.model_request or {}).get("source")
+
+    # Remembered models -------------------------------------------------------------------------
+
+    def opened(self) -> list[str]:
+        """Models opened from a file or folder, newest first."""
+        value = self.ui_settings.value("models/opened", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in value or [] if v]
+
+    def _remember_opened(self, source: str) -> None:
+        if source == DEMO_SOURCE:
+            return
+        kept = [source] + [p for p in self.opened() if p != source]
+        self.ui_settings.setValue("models/opened", kept[:OPENED_KEPT])
+        if self._item_for(source) is None:
+            self._fill_library(self._scanned)
+
+    def _item_for(self, source: str) -> QTreeWidgetItem | None:
+        for index in range(self.library.topLevelItemCount()):
+            item = self.library.topLevelItem(index)
+            if (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("path") == source:
+                return item
+        return None
+
+    def reload_last(self) -> int | None:
+        """Load the model used last (at start, after the window shows). Says so when it is
+        gone; loads nothing then."""
+        last = str(self.ui_settings.value("models/last", "") or "")
+        if not last or self.state.model is not None or self.job_id is not None:
+            return None
+        if last != DEMO_SOURCE and not Path(last).exists():
+            self.load_status.setText(f"The model you used last is no longer there: {last}")
+            return None
+        return self.load_path(last)
 
     # Choosing ---------------------------------------------------------------------------------
 
@@ -360,8 +426,9 @@ class ModelsView(QWidget):
         elif event.state == EventState.RESULT:
             params, self.loading = self.loading, None
             self._finish("Loaded.")
-            if params and params["source"] != DEMO_SOURCE:
+            if params:
                 self.ui_settings.setValue("models/last", params["source"])
+                self._remember_opened(params["source"])
             self.state.set_model(event.result or {}, params)
         elif event.state == EventState.CANCELLED:
             self.loading = None
@@ -405,9 +472,21 @@ class ModelsView(QWidget):
                 item.setFont(column, font)
             if loaded:
                 self.library.setCurrentItem(item)
+                self.library.scrollToItem(item)
+        self._update_load_button()
 
     def _show_model(self, model: dict[str, Any] | None) -> None:
-        self._mark_loaded((self.state.model_request or {}).get("source") if model else None)
+        source = (self.state.model_request or {}).get("source") if model else None
+        item = self._item_for(source) if source else None
+        if (
+            item is not None
+            and model
+            and (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("opened")
+        ):
+            # What the load found out fills the row of a model opened from a file.
+            item.setText(1, words.architecture_name(model.get("architecture")))
+            item.setText(2, model.get("stored_dtype") or "")
+        self._mark_loaded(source)
         self.remembered.dismiss()
         if model is None:
             self.details.title.setText("No model loaded")
@@ -469,20 +548,23 @@ class ModelsView(QWidget):
 
 
 def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
-    """The Type column, the tooltip and a text colour for one library entry."""
+    """The Type column, the tooltip and a text colour (a scheme colour's name) for one library
+    entry."""
     path = entry.get("path", "")
     because = entry.get("detected_because") or ""
     if entry.get("error"):
-        return "damaged", entry["error"], "#b3261e"
+        return "damaged", entry["error"], "invalid"
     if entry.get("format") == "pickle":
         return (
             "pickle checkpoint",
             f"{path}\nPickle files are only opened when you load one and confirm.",
             None,
         )
+    if entry.get("opened") and not entry.get("architecture"):
+        return "opened before", f"{path}\nOpened from a file or folder; load it to see more.", None
     kind = words.architecture_name(entry.get("architecture"))
     if entry.get("supported") is False:
-        return f"{kind} (not supported)", f"{path}\n{because}".strip(), "#80868b"
+        return f"{kind} (not supported)", f"{path}\n{because}".strip(), "muted"
     return kind, f"{path}\n{because}".strip(), None
 
 

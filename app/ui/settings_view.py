@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, Qt, Signal
 from PySide6.QtGui import QRegularExpressionValidator
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
+    QApplication,
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -31,6 +33,13 @@ from app.ui.widgets import label, page_layout, scroll_column
 INT32_MAX = 2**31 - 1
 # Components whose `auto` follows the base precision rather than a recommendation of its own.
 _FOLLOWS_PRECISION = ("unet_precision", "vae_precision", "text_encoder_precision")
+# What no-half overrides: with it on, these run in fp32 whatever they say.
+_OVERRIDDEN_BY_NO_HALF = (
+    "precision",
+    *_FOLLOWS_PRECISION,
+    "text_encoder_2_precision",
+    "no_half_vae",
+)
 GROUP_INTROS = {
     "Device": "Which processor runs the model.",
     "Precision": "The number format of each part of the model: the main speed, memory and "
@@ -287,6 +296,7 @@ class SettingsView(QWidget):
 
         self._form = scroll_column(layout)
         self._form.setSpacing(2)
+        self._grids: list[QGridLayout] = []
 
         self.editors: dict[str, FieldEditor] = {}
         self.resolved: dict[str, Any] = {}
@@ -295,6 +305,7 @@ class SettingsView(QWidget):
             fields = [f for f in SCHEMA if f.group == group]
             if fields:
                 self._add_group(group, fields)
+        self._align_columns()
 
         for key, editor in self.editors.items():
             editor.set_value(state.settings[key])
@@ -311,8 +322,8 @@ class SettingsView(QWidget):
         grid.setContentsMargins(8, 4, 0, 10)
         grid.setHorizontalSpacing(18)
         grid.setVerticalSpacing(2)
-        grid.setColumnMinimumWidth(0, 230)
         grid.setColumnStretch(1, 1)
+        self._grids.append(grid)
         row = 0
         for f in fields:
             name = label(f.label)
@@ -341,12 +352,51 @@ class SettingsView(QWidget):
             self.problems[f.key] = problem
         self._form.insertLayout(self._form.count() - 1, grid)
 
+    def _align_columns(self) -> None:
+        """Every group's controls start at the same x: the name column is as wide as the
+        widest name of any group."""
+        widest = 0
+        for grid in self._grids:
+            for row in range(grid.rowCount()):
+                item = grid.itemAtPosition(row, 0)
+                if item is not None and item.widget() is not None:
+                    widest = max(widest, item.widget().sizeHint().width())
+        for grid in self._grids:
+            grid.setColumnMinimumWidth(0, max(200, widest))
+
+    def _scroll_area(self) -> QScrollArea | None:
+        body = self._form.parentWidget()
+        viewport = body.parentWidget() if body is not None else None
+        area = viewport.parentWidget() if viewport is not None else None
+        return area if isinstance(area, QScrollArea) else None
+
+    def _keep_in_place(self, key: str, change: Callable[[], None]) -> None:
+        """Run `change` (which may show or hide explanations above the setting) and scroll so
+        that the setting being edited stays where the user's pointer is: the page never jumps."""
+        area = self._scroll_area()
+        editor = self.editors.get(key)
+        if area is None or editor is None or not editor.isVisible():
+            change()
+            return
+        before = editor.mapTo(area.viewport(), QPoint(0, 0)).y()
+        change()
+        # Lay the page out now (labels shown or hidden re-lay out on posted events), then
+        # measure where the setting went.
+        for _ in range(3):
+            QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
+        after = editor.mapTo(area.viewport(), QPoint(0, 0)).y()
+        bar = area.verticalScrollBar()
+        bar.setValue(bar.value() + after - before)
+
     def _add(self, widget: QWidget) -> None:
         self._form.insertWidget(self._form.count() - 1, widget)
 
     # Edits ------------------------------------------------------------------------------------
 
     def _edited(self, key: str, value: Any) -> None:
+        self._keep_in_place(key, lambda: self._save(key, value))
+
+    def _save(self, key: str, value: Any) -> None:
         problem = self.problems[key]
         try:
             self.state.set_setting(key, value)
@@ -405,6 +455,8 @@ class SettingsView(QWidget):
         reasons = self.state.reasons()
         reason = reasons.get(key, "")
         have_report = self.state.hardware is not None
+        if self.state.settings["no_half"] and key in _OVERRIDDEN_BY_NO_HALF:
+            return "No-half is on, so this runs in fp32 whatever is chosen here."
         if key == "device" and value == "auto":
             device = self.state.device_report()
             if device is None:
@@ -432,15 +484,28 @@ class SettingsView(QWidget):
                     "page shows what it picks."
                 )
             resolved = recommended.get(key)
-            if resolved is None:
+            if resolved is None or resolved == "auto":
                 return "Auto is decided from the model when a job runs."
+            if key == "attention_backend" and self._on_cpu():
+                # PyTorch's fused CPU kernel carries the flash name; "Flash attention" reads as
+                # the GPU library to most people.
+                return _sentence("Auto lets PyTorch use its fused CPU attention kernel here", "")
             return _sentence(f"Auto means {words.choice_name(resolved)} here", reason)
+        if (
+            key == "attention_backend"
+            and self._on_cpu()
+            and recommended.get(key) in ("flash", "efficient", "cudnn")
+        ):
+            return ""  # GPU kernels are no recommendation for a CPU
         if key in recommended and recommended[key] != value and recommended[key] != "auto":
             return _sentence(
                 f"Recommended for this computer: {words.setting_value(key, recommended[key])}",
                 reason,
             )
         return ""
+
+    def _on_cpu(self) -> bool:
+        return (self.state.device_report() or {}).get("kind") == "cpu"
 
     def _refresh_resolved(self) -> None:
         for key, widget in self.resolved.items():

@@ -16,37 +16,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-STYLE_SHEET = """
-QLabel[role="title"] { font-size: 17pt; font-weight: 600; }
-QLabel[role="section"] { font-size: 12pt; font-weight: 600; margin-top: 8px; }
-QLabel[role="help"] { color: #5f6368; }
-QLabel[role="muted"] { color: #5f6368; }
-QLabel[role="resolved"] { color: #0b57d0; }
-QLabel[role="invalid"] { color: #b3261e; }
-QFrame[card="true"] {
-    background: palette(base); border: 1px solid #d9dce1; border-radius: 8px;
-}
-QScrollArea[plain="true"] { background: transparent; border: none; }
-QFrame[level="good"] { background: #e7f4ea; border: 1px solid #a8d5b2; border-radius: 6px; }
-QFrame[level="warn"] { background: #fff4de; border: 1px solid #f0cf8e; border-radius: 6px; }
-QFrame[level="bad"] { background: #fdecea; border: 1px solid #f2b8b5; border-radius: 6px; }
-QFrame[level="info"] { background: #e8f0fe; border: 1px solid #b6cdf7; border-radius: 6px; }
-QLabel[chip="good"] { background: #1e7b34; color: white; border-radius: 9px; padding: 2px 9px; }
-QLabel[chip="warn"] { background: #a35f00; color: white; border-radius: 9px; padding: 2px 9px; }
-QLabel[chip="bad"] { background: #b3261e; color: white; border-radius: 9px; padding: 2px 9px; }
-QLabel[chip="info"] { background: #0b57d0; color: white; border-radius: 9px; padding: 2px 9px; }
-QLabel[chip="muted"] { background: #80868b; color: white; border-radius: 9px; padding: 2px 9px; }
-QPushButton[primary="true"] {
-    background: #0b57d0; color: white; border: none; border-radius: 5px; padding: 6px 16px;
-    font-weight: 600;
-}
-QPushButton[primary="true"]:disabled { background: #9bb6e6; }
-QPushButton[primary="true"]:hover { background: #0a4cb8; }
-QListWidget#navigation { border: none; background: palette(window); font-size: 11pt; }
-QListWidget#navigation::item { padding: 10px 14px; }
-QListWidget#navigation::item:selected { background: #d3e3fd; color: black; border-radius: 6px; }
-"""
-
 
 def _restyle(widget: QWidget) -> None:
     style = widget.style()
@@ -190,5 +159,5 @@ def scroll_column(parent_layout: QVBoxLayout) -> QVBoxLayout:
 def hline() -> QFrame:
     line = QFrame()
     line.setFrameShape(QFrame.Shape.HLine)
-    line.setStyleSheet("color: #d9dce1;")
+    line.setProperty("role", "line")
     return line

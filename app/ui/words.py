@@ -281,6 +281,14 @@ def setting_value(key: str, value: Any) -> str:
     return str(value)
 
 
+def setting_value_on(key: str, value: Any, device_kind: str | None) -> str:
+    """`setting_value`, in the words that fit the device: on a CPU the "flash" backend is
+    PyTorch's fused CPU kernel, not the FlashAttention GPU library people know by that name."""
+    if key == "attention_backend" and device_kind == "cpu" and value == "flash":
+        return "PyTorch's fused CPU kernel"
+    return setting_value(key, value)
+
+
 def setting_label(key: str) -> str:
     from app.core.settings import FIELDS
 

@@ -5,6 +5,8 @@ engine's generate job that hands unsaved images to the window in memory)."""
 from __future__ import annotations
 
 import io
+import os
+import stat
 
 import pytest
 from PIL import Image
@@ -89,3 +91,14 @@ def test_engine_result_names_the_rescue_folder_when_it_took_the_images(tmp_path)
     assert str(rescue) in document["save_error"]
     (image,) = document["images"]
     assert image["path"].startswith(str(rescue)) and "png" not in image
+
+
+@pytest.mark.skipif(not hasattr(os, "umask") or os.name == "nt", reason="POSIX permissions")
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_saved_images_get_the_users_usual_permissions(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        path = images.save_png(Image.new("RGB", (8, 8)), str(tmp_path), 7)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask

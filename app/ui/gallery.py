@@ -1,0 +1,379 @@
+"""The gallery that lasts: the output folder's images, newest first, with thumbnails made on a
+worker thread only for what scrolls into view and cached on disk; a context menu to open,
+reveal, copy or reuse an image's parameters, show its diagnosis, and move it to the trash."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QEvent, QFile, QObject, QPoint, QRect, QStandardPaths, Qt, Signal
+from PySide6.QtGui import QAction, QGuiApplication, QIcon, QImage, QImageReader, QPixmap
+from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu
+
+from app.core import paths
+from app.core.images import SCHEDULER_BY_SAMPLER, parse_infotext, read_parameters
+
+LISTED_AT_MOST = 2000  # the newest; an output folder of years stays quick to open
+ENTRY = Qt.ItemDataRole.UserRole
+REQUESTED = Qt.ItemDataRole.UserRole + 1
+_PRECISION_PAIRS = {
+    "Precision": "precision",
+    "UNet precision": "unet_precision",
+    "VAE precision": "vae_precision",
+    "Text encoder precision": "text_encoder_precision",
+    "Text encoder 2 precision": "text_encoder_2_precision",
+    "Upcast attention": "upcast_attention",
+    "Attention backend": "attention_backend",
+    "NaN check": "nan_check",
+    "Auto fix": "auto_fix",
+    "Device": "device",
+}
+
+
+def list_images(folder: Path, limit: int = LISTED_AT_MOST) -> list[tuple[str, int, int]]:
+    """(path, mtime in ns, size) of the PNG files in `folder`, newest first; [] when the folder
+    is missing or unreadable. Reads the folder only, never the files."""
+    found = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.name.lower().endswith(".png") or entry.name.startswith("."):
+                    continue
+                try:
+                    if not entry.is_file():
+                        continue
+                    info = entry.stat()
+                except OSError:
+                    continue
+                found.append((entry.path, info.st_mtime_ns, info.st_size))
+    except OSError:
+        return []
+    found.sort(key=lambda item: (item[1], item[0]), reverse=True)
+    return found[:limit]
+
+
+def thumbnail_cache_path(path: str, mtime_ns: int, size: int) -> Path:
+    """Where the thumbnail of this version of the file is kept: a changed file gets a new one."""
+    key = hashlib.sha1(f"{path}|{mtime_ns}|{size}".encode()).hexdigest()
+    return paths.cache_dir() / "thumbnails" / f"{key}.png"
+
+
+def make_thumbnail(path: str, mtime_ns: int, size: int, edge: int) -> QImage:
+    """The thumbnail from the cache, or made from the file and cached. A null QImage when the
+    file cannot be read. Safe on a worker thread (QImage, no QPixmap)."""
+    cached = thumbnail_cache_path(path, mtime_ns, size)
+    if cached.is_file():
+        image = QImage(str(cached))
+        if not image.isNull():
+            return image
+    reader = QImageReader(path)
+    reader.setAutoTransform(True)
+    original = reader.size()
+    if original.isValid() and (original.width() > edge or original.height() > edge):
+        reader.setScaledSize(original.scaled(edge, edge, Qt.AspectRatioMode.KeepAspectRatio))
+    image = reader.read()
+    if image.isNull():
+        return image
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        image.save(str(cached), "PNG")
+    except OSError:
+        pass  # no cache is only slower
+    return image
+
+
+def entry_from_file(path: str) -> dict[str, Any]:
+    """A gallery entry for an image file, from its `parameters` text: the request it was made
+    with, the precision settings, and what the NaN watch said (the diagnosis)."""
+    try:
+        # PIL reads the text chunks before the pixels; Qt's reader would fold the newlines
+        # that separate the prompt from the settings.
+        text = read_parameters(path) or ""
+    except Exception:  # noqa: BLE001 - an unreadable or foreign file just has no parameters
+        text = ""
+    entry: dict[str, Any] = {"path": path, "parameters": text, "from_folder": True}
+    if not text:
+        return entry
+    prompt, negative, pairs = parse_infotext(text)
+    width, _x, height = pairs.get("Size", "").partition("x")
+    request: dict[str, Any] = {"prompt": prompt, "negative_prompt": negative}
+    for key, name, kind in (
+        ("steps", "Steps", int),
+        ("cfg", "CFG scale", float),
+        ("width", None, int),
+        ("height", None, int),
+    ):
+        raw = {"width": width, "height": height}.get(key) if name is None else pairs.get(name)
+        with contextlib.suppress(TypeError, ValueError):
+            request[key] = kind(raw)
+    scheduler = SCHEDULER_BY_SAMPLER.get(pairs.get("Sampler", ""))
+    if scheduler:
+        request["scheduler"] = scheduler
+    entry["request"] = request
+    with contextlib.suppress(KeyError, ValueError):
+        entry["seed"] = int(pairs["Seed"])
+    settings = {}
+    for name, key in _PRECISION_PAIRS.items():
+        if name in pairs:
+            value: Any = pairs[name]
+            if value in ("True", "False"):
+                value = value == "True"
+            settings[key] = value
+    if settings:
+        entry["settings"] = settings
+    entry["model"] = pairs.get("Model")
+    entry["status"] = pairs.get("NaN watch", "ok")
+    entry["component"] = pairs.get("NaN component")
+    try:
+        entry["step"] = int(pairs["NaN step"])
+    except (KeyError, ValueError):
+        entry["step"] = None
+    fixes = pairs.get("Fixes applied")
+    entry["fixes_applied"] = [f.strip() for f in fixes.split(";")] if fixes else []
+    return entry
+
+
+class ThumbnailWorker(QObject):
+    """One worker thread that lists folders and makes thumbnails, in the order asked.
+
+    Signals are emitted from the worker thread; Qt queues them to the GUI thread:
+    listed(str folder, list[(path, mtime_ns, size)]) and thumbnail(str path, QImage).
+    """
+
+    listed = Signal(str, list)
+    thumbnail = Signal(str, QImage)
+
+    def __init__(self, edge: int, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.edge = edge
+        self._jobs: queue.Queue[tuple[str, tuple[Any, ...]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def list_folder(self, folder: str) -> None:
+        self._put("list", (folder,))
+
+    def make(self, path: str, mtime_ns: int, size: int) -> None:
+        self._put("thumbnail", (path, mtime_ns, size))
+
+    def _put(self, kind: str, args: tuple[Any, ...]) -> None:
+        self._jobs.put((kind, args))
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="gallery", daemon=True)
+            self._thread.start()
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """For tests: wait until every queued job is done."""
+        done = threading.Event()
+        self._put("mark", (done,))
+        done.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            try:
+                kind, args = self._jobs.get(timeout=2.0)
+            except queue.Empty:
+                return
+            try:
+                if kind == "list":
+                    self.listed.emit(args[0], list_images(Path(args[0])))
+                elif kind == "thumbnail":
+                    self.thumbnail.emit(args[0], make_thumbnail(*args, self.edge))
+                elif kind == "mark":
+                    args[0].set()
+            except Exception:  # noqa: BLE001 - one bad file must not stop the gallery
+                continue
+
+
+class Gallery(QObject):
+    """Fills `widget` (a QListWidget in icon mode) from the output folder and handles its
+    context menu. `show_entry(entry)` shows an image with its diagnosis; `use_parameters(
+    request)` puts a request into the Generate form; `output_folder()` says where images go."""
+
+    def __init__(
+        self,
+        widget: QListWidget,
+        edge: int,
+        output_folder: Callable[[], Path],
+        show_entry: Callable[[dict[str, Any]], None],
+        use_parameters: Callable[[dict[str, Any]], None],
+        dialogs: Any,
+        placeholder: Callable[[], QIcon],
+        item_text: Callable[[dict[str, Any]], str],
+    ) -> None:
+        super().__init__(widget)
+        self.widget = widget
+        self.edge = edge
+        self.output_folder = output_folder
+        self.show_entry = show_entry
+        self.use_parameters = use_parameters
+        self.dialogs = dialogs
+        self.placeholder = placeholder
+        self.item_text = item_text
+        self.folder: str | None = None
+        self.worker = ThumbnailWorker(edge, self)
+        self.worker.listed.connect(self._listed)
+        self.worker.thumbnail.connect(self._thumbnail_ready)
+        widget.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        widget.customContextMenuRequested.connect(self._context_menu)
+        widget.itemDoubleClicked.connect(lambda item: self.open_image(item))
+        widget.horizontalScrollBar().valueChanged.connect(lambda _v: self.request_visible())
+        widget.verticalScrollBar().valueChanged.connect(lambda _v: self.request_visible())
+        widget.viewport().installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if event.type() in (QEvent.Type.Resize, QEvent.Type.Show):
+            self.request_visible()
+        return False
+
+    # Filling ----------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """List the output folder again (on the worker thread)."""
+        self.folder = str(self.output_folder())
+        self.worker.list_folder(self.folder)
+
+    def _listed(self, folder: str, files: list[tuple[str, int, int]]) -> None:
+        if folder != self.folder:
+            return  # the output folder changed meanwhile
+        shown = {self._path(self.widget.item(i)) for i in range(self.widget.count())}
+        for path, mtime_ns, size in files:
+            if path in shown:
+                continue
+            entry = {"path": path, "from_folder": True, "file": (mtime_ns, size)}
+            item = QListWidgetItem(self.placeholder(), Path(path).stem)
+            item.setData(ENTRY, entry)
+            item.setToolTip(path)
+            self.widget.addItem(item)
+        self.request_visible()
+
+    def request_visible(self) -> None:
+        """Ask for thumbnails of the items in view (and a screen's worth beyond), once each."""
+        viewport: QRect = self.widget.viewport().rect()
+        ahead = viewport.adjusted(0, 0, viewport.width(), viewport.height())
+        for index in range(self.widget.count()):
+            item = self.widget.item(index)
+            entry = item.data(ENTRY) or {}
+            if "file" not in entry or item.data(REQUESTED):
+                continue
+            if self.widget.visualItemRect(item).intersects(ahead):
+                item.setData(REQUESTED, True)
+                self.worker.make(entry["path"], *entry["file"])
+
+    def _thumbnail_ready(self, path: str, image: QImage) -> None:
+        for index in range(self.widget.count()):
+            item = self.widget.item(index)
+            if self._path(item) == path:
+                if not image.isNull():
+                    item.setIcon(QIcon(QPixmap.fromImage(image)))
+                return
+
+    @staticmethod
+    def _path(item: QListWidgetItem | None) -> str:
+        return str(((item.data(ENTRY) if item else None) or {}).get("path") or "")
+
+    def full_entry(self, item: QListWidgetItem) -> dict[str, Any]:
+        """The item's entry, with the parameters and diagnosis read from its file the first
+        time it is shown."""
+        entry = item.data(ENTRY) or {}
+        if entry.get("from_folder") and "parameters" not in entry and entry.get("path"):
+            read = entry_from_file(entry["path"])
+            entry = {**entry, **read}
+            item.setData(ENTRY, entry)
+            item.setText(self.item_text(entry))
+        return entry
+
+    # Actions ----------------------------------------------------------------------------------
+
+    def _context_menu(self, position: QPoint) -> None:
+        item = self.widget.itemAt(position)
+        if item is None:
+            return
+        menu = self.menu_for(item)
+        menu.exec(self.widget.viewport().mapToGlobal(position))
+
+    def menu_for(self, item: QListWidgetItem) -> QMenu:
+        """The context menu of one image (built per click; tests trigger its actions)."""
+        menu = QMenu(self.widget)
+        entry = self.full_entry(item)
+        has_file = bool(entry.get("path"))
+        actions: list[tuple[str, Callable[[], Any], bool]] = [
+            ("Open", lambda: self.open_image(item), has_file),
+            ("Open folder", lambda: self.open_folder(item), has_file),
+            ("Copy parameters", lambda: self.copy_parameters(item), True),
+            ("Send parameters to Generate", lambda: self.send_to_generate(item), True),
+            ("Show the diagnosis", lambda: self.show_entry(self.full_entry(item)), True),
+            ("Move to trash", lambda: self.move_to_trash(item), has_file),
+        ]
+        for text, callback, enabled in actions:
+            action = QAction(text, menu)
+            action.setEnabled(enabled)
+            action.triggered.connect(lambda _checked=False, act=callback: act())
+            menu.addAction(action)
+            if text in ("Open folder", "Show the diagnosis"):
+                menu.addSeparator()
+        return menu
+
+    def open_image(self, item: QListWidgetItem | None) -> None:
+        path = self._path(item)
+        if path:
+            self.dialogs.open_location(path, "the image")
+
+    def open_folder(self, item: QListWidgetItem | None) -> None:
+        path = self._path(item)
+        if path:
+            self.dialogs.open_location(Path(path).parent, "the folder")
+
+    def copy_parameters(self, item: QListWidgetItem) -> str:
+        """The image's parameters as AUTOMATIC1111 writes them, to the clipboard."""
+        from app.ui.generate_view import parameter_text  # noqa: PLC0415 - a cycle otherwise
+
+        entry = self.full_entry(item)
+        text = entry.get("parameters") or parameter_text(entry)
+        QGuiApplication.clipboard().setText(text)
+        return text
+
+    def send_to_generate(self, item: QListWidgetItem) -> None:
+        entry = self.full_entry(item)
+        request = dict(entry.get("request") or {})
+        if entry.get("seed") is not None:
+            request["seed"] = entry["seed"]
+        self.use_parameters(request)
+
+    def move_to_trash(self, item: QListWidgetItem) -> bool:
+        """Move the image to the desktop's trash (Qt's QFile.moveToTrash: the freedesktop.org
+        trash on Linux, the Recycle Bin, the macOS Trash); it can be restored from there."""
+        path = self._path(item)
+        if not path:
+            return False
+        ok = _move_to_trash(path)
+        if not ok:
+            # Qt gives up when the desktop's data folder (which holds the trash) does not
+            # exist yet, as on a fresh account; make it and try once more.
+            with contextlib.suppress(OSError):
+                data = QStandardPaths.writableLocation(
+                    QStandardPaths.StandardLocation.GenericDataLocation
+                )
+                if data:
+                    Path(data).mkdir(parents=True, exist_ok=True)
+                    ok = _move_to_trash(path)
+        if not ok:
+            self.dialogs.error(
+                f"{path} could not be moved to the trash (no trash on that drive, or no "
+                "permission); it was left where it is."
+            )
+            return False
+        row = self.widget.row(item)
+        self.widget.takeItem(row)
+        return True
+
+
+def _move_to_trash(path: str) -> bool:
+    moved = QFile.moveToTrash(path)
+    return bool(moved[0] if isinstance(moved, tuple) else moved)

@@ -1,0 +1,289 @@
+"""Colours that follow the system palette: one scheme for light desktops, one for dark, and the
+style sheet built from it. Every custom colour in the window comes from here.
+
+Window, base and text colours are the palette's own; the accents (banners, chips, links, the
+chart) are chosen per scheme so that text on them keeps a WCAG contrast ratio of at least 4.5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtCore import QEvent, QObject
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+
+LEVELS = ("good", "warn", "bad", "info", "muted")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One colour scheme. Colours are "#rrggbb" strings; `banners` and `chips` map a level
+    (good, warn, bad, info, muted) to (background, border, text) and (background, text)."""
+
+    dark: bool
+    window: str
+    base: str
+    text: str
+    muted: str
+    link: str
+    invalid: str
+    border: str
+    banners: dict[str, tuple[str, str, str]]
+    chips: dict[str, tuple[str, str]]
+    primary: tuple[str, str, str, str]  # background, hover, disabled background, text
+    selected: tuple[str, str]  # navigation's selected row: background, text
+    scrollbar: tuple[str, str]  # handle, handle under the mouse
+    chart: dict[str, str]
+
+    def colour(self, name: str) -> QColor:
+        return QColor(getattr(self, name))
+
+
+def is_dark(palette: QPalette) -> bool:
+    """A dark desktop: the window colour is darker than its text."""
+    window = palette.color(QPalette.ColorRole.Window)
+    text = palette.color(QPalette.ColorRole.WindowText)
+    return window.lightnessF() < text.lightnessF()
+
+
+def scheme_for(palette: QPalette) -> Scheme:
+    """The scheme for this palette: its own window, base and text colours, with accents chosen
+    for a light or a dark background."""
+    window = palette.color(QPalette.ColorRole.Window).name()
+    base = palette.color(QPalette.ColorRole.Base).name()
+    text = palette.color(QPalette.ColorRole.WindowText).name()
+    if is_dark(palette):
+        return Scheme(
+            dark=True,
+            window=window,
+            base=base,
+            text=text,
+            muted=_blend(text, window, 0.72, floor=4.6),
+            link="#8ab4f8",
+            invalid="#f2b8b5",
+            border=_blend(text, window, 0.25),
+            banners={
+                "good": ("#0f3d1e", "#2f6b40", "#c4eed0"),
+                "warn": ("#4a3500", "#7a5a10", "#ffe08a"),
+                "bad": ("#5c1a16", "#8c3a34", "#ffdad6"),
+                "info": ("#0e2f5a", "#2d5a94", "#d3e3fd"),
+                "muted": ("#303134", "#5f6368", "#e8eaed"),
+            },
+            chips={
+                "good": ("#81c995", "#0b2913"),
+                "warn": ("#fdd663", "#2e2100"),
+                "bad": ("#f28b82", "#3b0906"),
+                "info": ("#8ab4f8", "#0a1f3f"),
+                "muted": ("#9aa0a6", "#1b1c1e"),
+            },
+            primary=("#8ab4f8", "#aecbfa", "#3c4a5e", "#0a1f3f"),
+            selected=("#394457", "#e8eaed"),
+            scrollbar=("#7a7f86", "#a8adb3"),
+            chart={
+                "good": "#5bb974",
+                "warn": "#fbbc04",
+                "bad": "#f28b82",
+                "grid": _blend(text, window, 0.18),
+                "axis": _blend(text, window, 0.72),
+                "label_background": window,
+            },
+        )
+    return Scheme(
+        dark=False,
+        window=window,
+        base=base,
+        text=text,
+        muted=_blend(text, window, 0.70, floor=4.6),
+        link="#0b57d0",
+        invalid="#b3261e",
+        border=_blend(text, window, 0.18),
+        banners={
+            "good": ("#e7f4ea", "#a8d5b2", "#0d3818"),
+            "warn": ("#fff4de", "#f0cf8e", "#3d2a00"),
+            "bad": ("#fdecea", "#f2b8b5", "#5c1410"),
+            "info": ("#e8f0fe", "#b6cdf7", "#0b2a5c"),
+            "muted": ("#f1f3f4", "#dadce0", "#202124"),
+        },
+        chips={
+            "good": ("#1e7b34", "#ffffff"),
+            "warn": ("#8f5300", "#ffffff"),
+            "bad": ("#b3261e", "#ffffff"),
+            "info": ("#0b57d0", "#ffffff"),
+            "muted": ("#5f6368", "#ffffff"),
+        },
+        primary=("#0b57d0", "#0a4cb8", "#9bb6e6", "#ffffff"),
+        selected=("#d3e3fd", "#041e49"),
+        scrollbar=("#9aa0a6", "#6f747a"),
+        chart={
+            "good": "#2e8b57",
+            "warn": "#e0a100",
+            "bad": "#c62828",
+            "grid": _blend(text, window, 0.12),
+            "axis": _blend(text, window, 0.70),
+            "label_background": window,
+        },
+    )
+
+
+def style_sheet(scheme: Scheme) -> str:
+    """The application's style sheet for one scheme."""
+    rules = [
+        'QLabel[role="title"] { font-size: 17pt; font-weight: 600; }',
+        'QLabel[role="section"] { font-size: 12pt; font-weight: 600; margin-top: 8px; }',
+        f'QLabel[role="help"] {{ color: {scheme.muted}; }}',
+        f'QLabel[role="muted"] {{ color: {scheme.muted}; }}',
+        f'QLabel[role="resolved"] {{ color: {scheme.link}; }}',
+        f'QLabel[role="invalid"] {{ color: {scheme.invalid}; }}',
+        f'QFrame[card="true"] {{ background: {scheme.base}; border: 1px solid {scheme.border};'
+        " border-radius: 8px; }",
+        # Muted text inside a card sits on the card's base colour, not the window's.
+        f'QFrame[card="true"] QLabel[role="muted"] {{ color: {_on(scheme.muted, scheme)}; }}',
+        'QScrollArea[plain="true"] { background: transparent; border: none; }',
+        f'QFrame[role="line"] {{ color: {scheme.border}; }}',
+        f"QListWidget#navigation {{ border: none; background: {scheme.window}; font-size: 11pt; }}",
+        "QListWidget#navigation::item { padding: 10px 14px; }",
+        f"QListWidget#navigation::item:selected {{ background: {scheme.selected[0]};"
+        f" color: {scheme.selected[1]}; border-radius: 6px; }}",
+    ]
+    for level, (background, border, text) in scheme.banners.items():
+        rules.append(
+            f'QFrame[level="{level}"] {{ background: {background}; border: 1px solid {border};'
+            " border-radius: 6px; }"
+        )
+        rules.append(
+            f'QFrame[level="{level}"] > QLabel {{ color: {text}; background: transparent; }}'
+        )
+    for level, (background, text) in scheme.chips.items():
+        rules.append(
+            f'QLabel[chip="{level}"] {{ background: {background}; color: {text};'
+            " border-radius: 9px; padding: 2px 9px; }"
+        )
+    background, hover, disabled, text = scheme.primary
+    rules += [
+        f'QPushButton[primary="true"] {{ background: {background}; color: {text}; border: none;'
+        " border-radius: 5px; padding: 6px 16px; font-weight: 600; }",
+        f'QPushButton[primary="true"]:disabled {{ background: {disabled}; color: {text}; }}',
+        f'QPushButton[primary="true"]:hover {{ background: {hover}; }}',
+    ]
+    handle, hovered = scheme.scrollbar
+    # Scroll bars the user can see: Fusion's default handle nearly vanishes on either scheme.
+    rules += [
+        "QScrollBar:vertical { background: transparent; width: 12px; margin: 0; }",
+        "QScrollBar:horizontal { background: transparent; height: 12px; margin: 0; }",
+        f"QScrollBar::handle {{ background: {handle}; border-radius: 4px; margin: 2px; }}",
+        "QScrollBar::handle:vertical { min-height: 28px; }",
+        "QScrollBar::handle:horizontal { min-width: 28px; }",
+        f"QScrollBar::handle:hover {{ background: {hovered}; }}",
+        "QScrollBar::add-line, QScrollBar::sub-line { width: 0; height: 0; }",
+        "QScrollBar::add-page, QScrollBar::sub-page { background: none; }",
+    ]
+    return "\n".join(rules) + "\n"
+
+
+def dark_palette() -> QPalette:
+    """A dark desktop's palette as KDE's Breeze Dark or Windows' dark mode hand one over: for
+    screenshots (tools/screenshots.py --dark) and trying the dark scheme on a light desktop."""
+    palette = QPalette()
+    role = QPalette.ColorRole
+    for name, colour in (
+        (role.Window, "#202124"),
+        (role.WindowText, "#e8eaed"),
+        (role.Base, "#2b2c2f"),
+        (role.AlternateBase, "#303134"),
+        (role.Button, "#303134"),
+        (role.ButtonText, "#e8eaed"),
+        (role.Text, "#e8eaed"),
+        (role.ToolTipBase, "#303134"),
+        (role.ToolTipText, "#e8eaed"),
+        (role.PlaceholderText, "#9aa0a6"),
+        (role.Highlight, "#8ab4f8"),
+        (role.HighlightedText, "#202124"),
+        (role.Link, "#8ab4f8"),
+        (role.Light, "#3c4043"),
+        (role.Midlight, "#35363a"),
+        (role.Mid, "#2a2b2e"),
+        (role.Dark, "#18191b"),
+        (role.Shadow, "#000000"),
+    ):
+        palette.setColor(name, QColor(colour))
+    for name, colour in (
+        (role.WindowText, "#80868b"),
+        (role.Text, "#80868b"),
+        (role.ButtonText, "#80868b"),
+    ):
+        palette.setColor(QPalette.ColorGroup.Disabled, name, QColor(colour))
+    return palette
+
+
+def current_scheme() -> Scheme:
+    return scheme_for(QGuiApplication.palette())
+
+
+class ThemeFollower(QObject):
+    """Rebuilds the application's style sheet whenever the system palette changes (the user
+    switches between light and dark while HalfSafe runs). Install on the QApplication."""
+
+    def __init__(self, app: QGuiApplication) -> None:
+        super().__init__(app)
+        self.app = app
+        self.applied = ""
+        app.installEventFilter(self)
+        self.apply()
+
+    def apply(self) -> None:
+        sheet = style_sheet(scheme_for(self.app.palette()))
+        # Setting the same sheet again would re-polish every widget alive.
+        if sheet != self.applied:
+            self.applied = sheet
+            self.app.setStyleSheet(sheet)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if watched is self.app and event.type() == QEvent.Type.ApplicationPaletteChange:
+            self.apply()
+        return False
+
+
+# Colour arithmetic ----------------------------------------------------------------------------
+
+
+def relative_luminance(colour: QColor | str) -> float:
+    """WCAG 2 relative luminance of an sRGB colour, 0 (black) to 1 (white)."""
+    colour = QColor(colour)
+
+    def channel(value: float) -> float:
+        return value / 12.92 if value <= 0.04045 else ((value + 0.055) / 1.055) ** 2.4
+
+    return (
+        0.2126 * channel(colour.redF())
+        + 0.7152 * channel(colour.greenF())
+        + 0.0722 * channel(colour.blueF())
+    )
+
+
+def contrast_ratio(foreground: QColor | str, background: QColor | str) -> float:
+    """WCAG 2 contrast ratio, 1 to 21; body text needs at least 4.5."""
+    first, second = relative_luminance(foreground), relative_luminance(background)
+    light, dark = max(first, second), min(first, second)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def _blend(foreground: str, background: str, amount: float, floor: float = 0.0) -> str:
+    """`amount` of the foreground over the background; moved towards the foreground until the
+    contrast with the background reaches `floor`."""
+    front, back = QColor(foreground), QColor(background)
+    while True:
+        mixed = QColor(
+            round(back.red() + (front.red() - back.red()) * amount),
+            round(back.green() + (front.green() - back.green()) * amount),
+            round(back.blue() + (front.blue() - back.blue()) * amount),
+        )
+        if amount >= 1.0 or contrast_ratio(mixed, back) >= floor:
+            return mixed.name()
+        amount = min(1.0, amount + 0.04)
+
+
+def _on(colour: str, scheme: Scheme) -> str:
+    """A muted colour adjusted to keep its contrast on a card's base colour too."""
+    if contrast_ratio(colour, scheme.base) >= 4.6:
+        return colour
+    return _blend(scheme.text, scheme.base, 0.72, floor=4.6)

@@ -1,0 +1,86 @@
+"""`halfsafe generate` on the command line: the model's native size when no size is given, and
+progress lines with an ETA when the output is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from app.cli import build_parser, effective_settings, main
+from app.core.generation import ProgressLines, cli_image_size
+
+
+def _size(*flags: str, native: int = 128) -> tuple[int, int]:
+    args = build_parser().parse_args(["generate", "demo", *flags])
+    return cli_image_size(args, effective_settings(args), native)
+
+
+def test_without_a_size_the_model_native_size_is_used():
+    assert _size() == (128, 128)
+    assert _size(native=1024) == (1024, 1024)
+
+
+def test_a_size_the_user_gave_wins_and_the_other_side_is_native():
+    assert _size("--width", "256", "--height", "192") == (256, 192)
+    assert _size("--width", "256") == (256, 128)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_lines_every_few_seconds_with_an_eta():
+    stream, clock = io.StringIO(), Clock()
+    report = ProgressLines(stream, interval=5.0, clock=clock)
+    report("Denoising", 0, 25)
+    for step in range(1, 26):
+        clock.now += 1.0  # one second a step
+        report("Denoising", step, 25)
+    clock.now += 0.5
+    report("Done", 1, 1)
+    lines = stream.getvalue().splitlines()
+    # Every 5 s, not every step, and nothing in the first 5 s.
+    assert lines[0] == "halfsafe: Denoising: 5 of 25, 5 s so far, about 20 s left"
+    assert lines[1] == "halfsafe: Denoising: 10 of 25, 10 s so far, about 15 s left"
+    assert len(lines) == 6
+    assert lines[-1] == "halfsafe: Done: 1 of 1, 26 s so far"
+
+
+def test_a_quick_run_prints_no_progress():
+    stream, clock = io.StringIO(), Clock()
+    report = ProgressLines(stream, interval=5.0, clock=clock)
+    for step in range(4):
+        clock.now += 1.0
+        report("Denoising", step, 4)
+    report("Done", 1, 1)
+    assert stream.getvalue() == ""
+
+
+@pytest.mark.slow
+def test_generate_demo_without_a_size_makes_a_native_image_and_logs_progress(
+    tmp_path, capsys, monkeypatch
+):
+    from app.core import generation
+
+    class EveryCall(generation.ProgressLines):
+        def __init__(self, stream) -> None:
+            super().__init__(stream, interval=0.0)
+
+    monkeypatch.setattr(generation, "ProgressLines", EveryCall)
+    status = main(
+        ["generate", "demo", "--prompt", "a cat", "--steps", "2", "--json", "--out", str(tmp_path)]
+    )
+    captured = capsys.readouterr()
+    assert status == 0
+    document = json.loads(captured.out)
+    from PIL import Image
+
+    with Image.open(document["images"][0]["path"]) as image:
+        assert image.size == (128, 128)
+    assert "halfsafe: " in captured.err and " so far" in captured.err
