@@ -579,6 +579,7 @@ class Checkpoint:
 
             if getattr(self, "_fd", None) is None:
                 self._open_for_tensors()  # reopened after close(): still the same file?
+            assert self._fd is not None
             try:
                 self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
             except (OSError, ValueError) as error:
@@ -920,7 +921,7 @@ def one_torch_thread() -> Iterator[None]:
 
 def _named_tensors(source: Any, allow_pickle: bool):
     if isinstance(source, (str, os.PathLike)):
-        return Checkpoint(source, allow_pickle=allow_pickle)
+        return Checkpoint(os.fspath(source), allow_pickle=allow_pickle)
     if isinstance(source, Mapping):
         return iter(source.items())
     components = getattr(source, "components", None)

@@ -579,7 +579,8 @@ _INVOKE_SCHEDULERS = {
 def _invoke_legacy_record(data: Any) -> Record:
     if not isinstance(data, dict):
         return Record(made_by="invokeai")
-    image = data.get("image") if isinstance(data.get("image"), dict) else {}
+    found = data.get("image")
+    image: dict[str, Any] = found if isinstance(found, dict) else {}
     prompt = image.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         prompt = prompt[0].get("prompt")
@@ -936,8 +937,9 @@ def _probe_size(record: Record) -> int | None:
     if not side:
         return None
     size = FIELDS["width"]
-    side = int(min(max(side, size.minimum), size.maximum))
-    return side - side % int(size.step)
+    low, high = size.bounds()
+    side = int(min(max(side, low), high))
+    return side - side % int(size.step or 1)
 
 
 def explain_image(

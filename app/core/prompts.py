@@ -118,8 +118,8 @@ def parse_emphasis(prompt: str) -> list[Fragment]:
             round_open.append(len(pieces))
         elif piece == "[":
             square_open.append(len(pieces))
-        elif weight is not None and round_open and _number(weight) is not None:
-            multiply(round_open.pop(), _number(weight))
+        elif weight is not None and round_open and (factor := _number(weight)) is not None:
+            multiply(round_open.pop(), factor)
         elif piece == ")" and round_open:
             multiply(round_open.pop(), ROUND_FACTOR)
         elif piece == "]" and square_open:
@@ -222,7 +222,7 @@ def chunk_prompt(prompt: str, tokenizer) -> list[Chunk]:
             if len(tokens) == CHUNK_TOKENS:
                 close()
             tokens.append(token)
-            weights.append(fragment.weight)
+            weights.append(fragment.weight if fragment.weight is not None else 1.0)
     if tokens or not chunks:
         close()
     return chunks
@@ -300,7 +300,8 @@ def encode_sdxl(pipe, prompt: str, negative: str, device, guidance: bool) -> dic
         (getattr(pipe, "tokenizer", None), getattr(pipe, "text_encoder", None)),
         (getattr(pipe, "tokenizer_2", None), getattr(pipe, "text_encoder_2", None)),
     ]
-    hidden_parts, pooled = [], None
+    hidden_parts: list[Any] = []
+    pooled: Any = None
     for tokenizer, encoder in pairs:
         if encoder is None or tokenizer is None:
             continue

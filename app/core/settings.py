@@ -113,6 +113,12 @@ class Field:
     cli: bool = False
     flag: str = ""
 
+    def bounds(self) -> tuple[float, float]:
+        """(minimum, maximum) of a numeric field that declares both."""
+        if self.minimum is None or self.maximum is None:
+            raise ValueError(f"{self.key} declares no bounds")
+        return self.minimum, self.maximum
+
     @property
     def flag_name(self) -> str:
         """The CLI flag, without dashes: the key with '-' for '_' unless `flag` says otherwise."""

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol, cast
 
 from app.core import paths
 from app.engine.events import (
@@ -152,7 +152,7 @@ class EngineProcess:
         problem = ""
         try:
             while True:
-                message = read_message(process.stdout)
+                message = read_message(cast(BinaryIO, process.stdout))
                 if message is None:
                     break
                 if isinstance(message, EngineEvent):
@@ -184,7 +184,7 @@ class EngineProcess:
         with self._write_lock:
             if process.stdin.closed:
                 raise BrokenPipeError("the engine is not running")
-            write_message(process.stdin, message)
+            write_message(cast(BinaryIO, process.stdin), message)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the engine to stop, then make sure it has: terminate, then kill."""

@@ -12,6 +12,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import cast
 
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
@@ -40,7 +41,7 @@ def ui_settings() -> QSettings:
 
 
 def application(argv: Sequence[str] = ()) -> QApplication:
-    app = QApplication.instance()
+    app = cast(QApplication | None, QApplication.instance())
     if app is None:
         app = QApplication(["halfsafe", *argv])
     app.setApplicationName("HalfSafe")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPainter, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QHelpEvent, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 from app.ui.theme import scheme_for
@@ -247,7 +247,8 @@ class ActivationChart(QWidget):
 
     def event(self, event: QEvent) -> bool:
         if event.type() == QEvent.Type.ToolTip:
-            block = self.block_at(event.pos().x())
+            help_event = cast(QHelpEvent, event)
+            block = self.block_at(help_event.pos().x())
             if block is None:
                 QToolTip.hideText()
             else:
@@ -261,7 +262,7 @@ class ActivationChart(QWidget):
                         f"{block.max_abs / self.limit:.1%} of the fp16 limit"
                     )
                 QToolTip.showText(
-                    event.globalPos(), f"{block.module}\nmax |activation|: {value}", self
+                    help_event.globalPos(), f"{block.module}\nmax |activation|: {value}", self
                 )
             return True
         return super().event(event)

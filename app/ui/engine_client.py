@@ -55,7 +55,7 @@ class EngineClient(QObject):
     honoured after `cancel_grace_s`. Either way its jobs end CANCELLED and `died` says why.
 
     Signals:
-      event(EngineEvent): every event of every job, after that job's own handler ran.
+      job_event(EngineEvent): every event of every job, after that job's own handler ran.
       state_changed(str): one of EngineState's values.
       died(Failure): the engine ended without being asked to (or was ended for not answering);
         jobs it held got an ERROR (or CANCELLED) event.
@@ -64,7 +64,7 @@ class EngineClient(QObject):
       answering(): the engine spoke again after `not_answering`.
     """
 
-    event = Signal(object)
+    job_event = Signal(object)  # not `event`: that would hide QObject.event, Qt's dispatcher
     state_changed = Signal(str)
     died = Signal(object)
     restarted = Signal()
@@ -290,7 +290,7 @@ class EngineClient(QObject):
     def _deliver(self, event: EngineEvent, job: _PendingJob | None) -> None:
         if job is not None and job.handler is not None:
             job.handler(event)
-        self.event.emit(event)
+        self.job_event.emit(event)
 
     def _fail(self, failure: Failure) -> None:
         self.last_failure = failure

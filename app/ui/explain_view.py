@@ -48,7 +48,7 @@ class ExplainDialog(QDialog):
         self.path = path
         self.client = client
         self.dialogs = dialogs
-        self.result: dict[str, Any] | None = None
+        self.explanation: dict[str, Any] | None = None
         self.fix_text = ""
         self.closed = False
         self.setWindowTitle(f"Why is {Path(path).name} black?")
@@ -132,7 +132,7 @@ class ExplainDialog(QDialog):
     # Showing ----------------------------------------------------------------------------------
 
     def show_result(self, result: dict[str, Any]) -> None:
-        self.result = result
+        self.explanation = result
         image = result.get("image") or {}
         status = str(image.get("status", ""))
         made_by = str(image.get("made_by", "unknown"))

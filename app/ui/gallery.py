@@ -83,7 +83,7 @@ def make_thumbnail(path: str, mtime_ns: int, size: int, edge: int) -> QImage:
         return image
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        image.save(str(cached), "PNG")
+        image.save(str(cached))  # PNG, from the .png name
     except OSError:
         pass  # no cache is only slower
     return image
@@ -111,6 +111,8 @@ def entry_from_file(path: str) -> dict[str, Any]:
         ("height", None, int),
     ):
         raw = {"width": width, "height": height}.get(key) if name is None else pairs.get(name)
+        if raw is None:
+            continue
         with contextlib.suppress(TypeError, ValueError):
             request[key] = kind(raw)
     scheduler = SCHEDULER_BY_SAMPLER.get(pairs.get("Sampler", ""))
@@ -184,7 +186,8 @@ class ThumbnailWorker(QObject):
                 if kind == "list":
                     self.listed.emit(args[0], list_images(Path(args[0])))
                 elif kind == "thumbnail":
-                    self.thumbnail.emit(args[0], make_thumbnail(*args, self.edge))
+                    path, mtime_ns, size = args
+                    self.thumbnail.emit(path, make_thumbnail(path, mtime_ns, size, self.edge))
                 elif kind == "mark":
                     args[0].set()
             except Exception:  # noqa: BLE001 - one bad file must not stop the gallery

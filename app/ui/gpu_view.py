@@ -123,8 +123,9 @@ class GpuView(QWidget):
     def show_report(self, report: dict[str, Any]) -> None:
         while self.body.count() > 1:
             item = self.body.takeAt(0)
-            if item.widget() is not None:
-                item.widget().deleteLater()
+            widget = item.widget() if item is not None else None
+            if widget is not None:
+                widget.deleteLater()
         self.apply_buttons = []
         devices = report.get("devices") or []
         versions = f"PyTorch {report.get('torch', '?')}" + (
@@ -150,11 +151,11 @@ class GpuView(QWidget):
         facts.setHorizontalSpacing(16)
         facts.setVerticalSpacing(4)
         rows: list[tuple[str, QWidget]] = []
-        fp16 = device.get("fp16", "")
+        fp16 = str(device.get("fp16", ""))
         rows.append(
             ("fp16", Chip(words.FP16_WORDS.get(fp16, fp16), _FP16_LEVEL.get(fp16, "muted")))
         )
-        bf16 = device.get("bf16", "")
+        bf16 = str(device.get("bf16", ""))
         rows.append(
             ("bf16", Chip(words.BF16_WORDS.get(bf16, bf16), _BF16_LEVEL.get(bf16, "muted")))
         )

@@ -196,8 +196,9 @@ class HealthView(QWidget):
     def _clear(self) -> None:
         while self.body.count() > 1:
             item = self.body.takeAt(0)
-            if item.widget() is not None:
-                item.widget().deleteLater()
+            widget = item.widget() if item is not None else None
+            if widget is not None:
+                widget.deleteLater()
         self.cards = {}
         self.charts = {}
 
@@ -278,7 +279,10 @@ class HealthView(QWidget):
         if role:
             card.header.insertWidget(1, label(f"— {role}", "muted"))
         card.header.addWidget(
-            Chip(words.STATUS_WORDS.get(status, status), words.STATUS_LEVEL.get(status, "muted"))
+            Chip(
+                words.STATUS_WORDS.get(status, str(status)),
+                words.STATUS_LEVEL.get(status, "muted"),
+            )
         )
         dtype = component.get("dtype")
         facts = [

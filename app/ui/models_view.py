@@ -68,7 +68,7 @@ class LibraryScanner(QObject):
         try:
             from app.core.library import scan_library
 
-            for entry in scan_library([Path(f) for f in folders]):
+            for entry in scan_library([str(Path(f)) for f in folders]):
                 entries.append(
                     {
                         "path": str(entry.path),
@@ -307,7 +307,7 @@ class ModelsView(QWidget):
         value = self.ui_settings.value("models/opened", [])
         if isinstance(value, str):
             value = [value]
-        return [str(v) for v in value or [] if v]
+        return [str(v) for v in value if v] if isinstance(value, list) else []
 
     def _remember_opened(self, source: str) -> None:
         if source == DEMO_SOURCE:
@@ -320,7 +320,10 @@ class ModelsView(QWidget):
     def _item_for(self, source: str) -> QTreeWidgetItem | None:
         for index in range(self.library.topLevelItemCount()):
             item = self.library.topLevelItem(index)
-            if (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("path") == source:
+            if (
+                item is not None
+                and (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("path") == source
+            ):
                 return item
         return None
 
@@ -464,6 +467,8 @@ class ModelsView(QWidget):
         """Bold for the model the engine holds, so the list and the card agree."""
         for index in range(self.library.topLevelItemCount()):
             item = self.library.topLevelItem(index)
+            if item is None:
+                continue
             entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
             loaded = source is not None and entry.get("path") == source
             font = item.font(0)
@@ -521,10 +526,9 @@ class ModelsView(QWidget):
             facts.append(f"hash {model['model_hash']}")
         lines.append(html.escape(", ".join(facts).capitalize()) + ".")
         lines.append(html.escape(_weights_words(model.get("weights"))))
-        if self.loading is None and (self.state.model_request or {}).get("vae"):
-            lines.append(
-                "VAE replaced by " + html.escape(Path(self.state.model_request["vae"]).name) + "."
-            )
+        replaced_vae = (self.state.model_request or {}).get("vae")
+        if self.loading is None and replaced_vae:
+            lines.append("VAE replaced by " + html.escape(Path(replaced_vae).name) + ".")
         self.details_text.setText("<br>".join(lines))
         fix = model.get("remembered_fix")
         if fix and fix.get("settings"):

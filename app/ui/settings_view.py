@@ -62,7 +62,11 @@ class FieldEditor(QWidget):
         self.field = field
         self._layout = QHBoxLayout(self)
         self._layout.setContentsMargins(0, 0, 0, 0)
-        self.input = self._build()
+        # An int too large for a spin box (the seed) is edited as text.
+        self._big_int = field.kind == "int" and (field.maximum or 0) > INT32_MAX
+        # The widget the field's kind calls for (a check box, combo box, spin box, line edit or
+        # list): `value` and `set_value` dispatch on the kind, so it is typed loosely here.
+        self.input: Any = self._build()
         self.input.setToolTip(field.help)
         self.setToolTip(field.help)
 
@@ -91,11 +95,12 @@ class FieldEditor(QWidget):
                     combo.addItem(choice, choice)
                 combo.activated.connect(lambda _i: self._emit(combo.currentText().strip()))
                 line = combo.lineEdit()
+                assert line is not None  # an editable combo box always has its line edit
                 line.editingFinished.connect(lambda: self._emit(combo.currentText().strip()))
             self._layout.addWidget(combo)
             self._layout.addStretch(1)
             return combo
-        if kind == "int" and (f.maximum or 0) > INT32_MAX:
+        if self._big_int:
             edit = QLineEdit()
             edit.setValidator(QRegularExpressionValidator(r"-?\d{0,10}"))
             edit.setMaximumWidth(160)
@@ -173,7 +178,7 @@ class FieldEditor(QWidget):
             return widget.currentData()
         if kind == "device":
             return widget.currentText().strip()
-        if isinstance(widget, QLineEdit) and kind == "int":
+        if self._big_int:
             text = widget.text().strip()
             return int(text) if text not in ("", "-") else self.field.default
         if kind in ("int", "float"):
@@ -197,7 +202,7 @@ class FieldEditor(QWidget):
                 if widget.findData(value) < 0:
                     widget.addItem(str(value), value)
                 widget.setCurrentIndex(widget.findData(value))
-            elif isinstance(widget, QLineEdit) and kind == "int":
+            elif self._big_int:
                 widget.setText(str(value))
             elif kind in ("int", "float"):
                 widget.setValue(value)
@@ -359,8 +364,9 @@ class SettingsView(QWidget):
         for grid in self._grids:
             for row in range(grid.rowCount()):
                 item = grid.itemAtPosition(row, 0)
-                if item is not None and item.widget() is not None:
-                    widest = max(widest, item.widget().sizeHint().width())
+                widget = item.widget() if item is not None else None
+                if widget is not None:
+                    widest = max(widest, widget.sizeHint().width())
         for grid in self._grids:
             grid.setColumnMinimumWidth(0, max(200, widest))
 

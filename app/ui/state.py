@@ -20,7 +20,7 @@ class AppState(QObject):
     settings_changed(list[str]): the keys that changed, already saved.
     model_changed(object): the loaded model's summary dict, or None.
     hardware_changed(object): the hardware report dict (DESIGN's `gpu --json`).
-    effective_changed(object): the effective precision settings of the last job.
+    effective_changed(object): the last job's precision in words (str), or None.
     save_failed(str): a plain sentence; the change applies to this session only.
     """
 
@@ -36,7 +36,7 @@ class AppState(QObject):
         self.model: dict[str, Any] | None = None
         self.model_request: dict[str, Any] | None = None
         self.hardware: dict[str, Any] | None = None
-        self.effective: dict[str, Any] | None = None
+        self.effective: str | None = None  # the last job's precision, in words
         self.save_error: str | None = None
 
     # Settings ---------------------------------------------------------------------------------
@@ -129,6 +129,7 @@ class AppState(QObject):
         self.model_request = request if summary is not None else None
         self.model_changed.emit(summary)
 
-    def set_effective(self, settings: dict[str, Any] | None) -> None:
+    def set_effective(self, settings: str | None) -> None:
+        """The last job's precision, in words for the status bar."""
         self.effective = settings
         self.effective_changed.emit(settings)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
 
 LEVELS = ("good", "warn", "bad", "info", "muted")
 
@@ -223,7 +224,7 @@ class ThemeFollower(QObject):
     """Rebuilds the application's style sheet whenever the system palette changes (the user
     switches between light and dark while HalfSafe runs). Install on the QApplication."""
 
-    def __init__(self, app: QGuiApplication) -> None:
+    def __init__(self, app: QApplication) -> None:
         super().__init__(app)
         self.app = app
         self.applied = ""

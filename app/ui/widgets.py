@@ -98,7 +98,7 @@ class Banner(QFrame):
         self.hide()
 
     def show_message(
-        self, level: str, html: str, actions: list[tuple[str, Callable[[], None]]] | None = None
+        self, level: str, html: str, actions: list[tuple[str, Callable[[], object]]] | None = None
     ) -> None:
         self.level = level
         self.setProperty("level", level)

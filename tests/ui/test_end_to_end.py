@@ -87,7 +87,7 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
     view.prompt.setPlainText("a red cube")
     view.batch.setValue(1)
     previews = []
-    window.client.event.connect(
+    window.client.job_event.connect(
         lambda event: previews.append(event) if event.state == EventState.PREVIEW else None
     )
     view.generate()

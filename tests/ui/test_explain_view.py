@@ -88,7 +88,7 @@ def test_a_dropped_png_opens_the_explanation_not_a_model_load(window, engines, q
     answer_with_the_real_handler(engines, job)
 
     assert window.dialogs.shown == []  # no error, least of all a safetensors one
-    assert dialog.result["image"]["status"] == "nan"
+    assert dialog.explanation["image"]["status"] == "nan"
     assert dialog.verdict.level == "bad" and "NaN-black" in dialog.verdict.text.text()
     assert "AUTOMATIC1111" in dialog.verdict.text.text()
     assert "lost-model" in dialog.model_text.text() and "Looked in" in dialog.model_text.text()
