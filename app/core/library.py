@@ -275,6 +275,8 @@ def extra_model_paths(file: Path) -> tuple[list[ModelFolder], list[LibraryEntry]
     try:
         raw = limits.read_regular(file, MAX_YAML_BYTES)
         document = yaml.load(raw, Loader=yaml.SafeLoader)  # noqa: S506 - the safe loader
+    except (limits.FileTooLargeError, limits.NotRegularFileError) as error:
+        return [], [_file_problem(file, str(error.strerror))]
     except OSError as error:
         return [], [_file_problem(file, f"it cannot be read ({error.strerror or error})")]
     except (yaml.YAMLError, RecursionError, ValueError, TypeError) as error:
