@@ -298,3 +298,28 @@ def test_a1111_vae_folder_and_per_model_pairs(home):
     # The cached rows come back with the same roles and pairs.
     assert rows(scan_library([])) == rows(scan_library([]))
     assert rows(scan_library([]))["anything.safetensors"].vae == entries["anything.safetensors"].vae
+
+
+def test_an_sft_model_loads_with_its_paired_vae(tmp_path):
+    from checkpoint_files import state_dicts_equal
+
+    from app.core import architecture as arch
+    from app.core.checkpoint import write_safetensors
+    from app.core.demo import build_tiny_sd_pipeline, tiny_vae
+    from app.core.models import _ldm_vae, load_model, save_single_file
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    save_single_file(build_tiny_sd_pipeline(), folder / "tiny.sft", dtype="fp16")
+    other = tiny_vae(seed=42)
+    ldm = _ldm_vae(other.state_dict(), len(other.config.block_out_channels))
+    write_safetensors(
+        folder / "tiny.vae.safetensors", {k.removeprefix(arch.VAE): v for k, v in ldm.items()}
+    )
+    entries = rows(scan_library([str(folder)], include_defaults=False, use_cache=False))
+    row = entries["tiny.sft"]
+    assert (row.architecture, row.supported, row.role) == ("sd1", True, "model")
+    assert row.vae == str(folder / "tiny.vae.safetensors")
+    loaded = load_model(row.path, vae=row.vae)
+    assert state_dicts_equal(other, loaded.pipeline.vae) == []
+    assert loaded.vae == row.vae
