@@ -713,7 +713,7 @@ def find_model(
     entries = [
         e
         for e in library.scan_library(folders, on_progress=progress, cancel=cancel)
-        if e.error is None
+        if e.error is None and e.role == library.MODEL  # a VAE is never the image's model
     ]
     names = _wanted_names(record)
     by_name = [e for e in entries if any(_name_matches(e.path, n) for n in names)]
