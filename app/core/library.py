@@ -279,13 +279,10 @@ def extra_model_paths(file: Path) -> tuple[list[ModelFolder], list[LibraryEntry]
         return [], [_file_problem(file, str(error.strerror))]
     except OSError as error:
         return [], [_file_problem(file, f"it cannot be read ({error.strerror or error})")]
-    except (yaml.YAMLError, RecursionError, ValueError, TypeError) as error:
-        reason = (
-            "it is nested too deeply to be a real one"
-            if isinstance(error, RecursionError)
-            else f"it is not valid YAML ({str(error).splitlines()[0][:120] if str(error) else type(error).__name__})"
-        )
-        return [], [_file_problem(file, reason)]
+    except RecursionError:
+        return [], [_file_problem(file, "it is nested too deeply to be a real one")]
+    except (yaml.YAMLError, ValueError, TypeError) as error:
+        return [], [_file_problem(file, f"it is not valid YAML ({_yaml_problem(error)})")]
     if document is None:
         return [], []
     if not isinstance(document, dict):
@@ -306,6 +303,14 @@ def extra_model_paths(file: Path) -> tuple[list[ModelFolder], list[LibraryEntry]
                     ModelFolder(base_path / Path(os.path.expandvars(line)).expanduser(), role)
                 )
     return _unique(folders), []
+
+
+def _yaml_problem(error: Exception) -> str:
+    """What PyYAML found wrong, and where, in a few words (its own text runs to lines)."""
+    problem = getattr(error, "problem", None) or type(error).__name__
+    mark = getattr(error, "problem_mark", None)
+    where = f" on line {mark.line + 1}" if mark is not None else ""
+    return f"{str(problem)[:160]}{where}"
 
 
 def _file_problem(file: Path, reason: str) -> LibraryEntry:
