@@ -235,7 +235,7 @@ def _install_folders(tool: str, root: Path) -> tuple[list[ModelFolder], list[Lib
     """The model and VAE folders of one install that exist, and a row for each configuration
     file of it that could not be read."""
     if tool == "invokeai":
-        return _invoke_folders(root), []
+        return _invoke_folders(root)
     folders = [
         ModelFolder(root / relative, role)
         for relative, role in _LAYOUTS[tool]
@@ -248,43 +248,31 @@ def _install_folders(tool: str, root: Path) -> tuple[list[ModelFolder], list[Lib
     return folders, problems
 
 
-def _invoke_folders(root: Path) -> list[ModelFolder]:
-    """InvokeAI's models/<base>/main and models/<base>/vae folders (sd-1, sdxl, flux, ...)."""
+def _invoke_folders(root: Path) -> tuple[list[ModelFolder], list[LibraryEntry]]:
+    """InvokeAI's models/<base>/main and models/<base>/vae folders (sd-1, sdxl, flux, ...),
+    below the `models_dir` its invokeai.yaml names (default `models`, relative to the root)."""
+    settings, problems = _read_yaml(root / "invokeai.yaml")
+    chosen = settings.get("models_dir") if isinstance(settings, dict) else None
     models = root / "models"
+    if isinstance(chosen, str) and chosen.strip():
+        models = root / Path(os.path.expandvars(chosen.strip())).expanduser()
     folders = []
     for base in _listing(models)[:64]:
         for kind, role in _INVOKE_TYPES.items():
             folder = models / base / kind
             if not base.startswith(".") and folder.is_dir():
                 folders.append(ModelFolder(folder, role))
-    return folders
+    return folders, problems
 
 
 def extra_model_paths(file: Path) -> tuple[list[ModelFolder], list[LibraryEntry]]:
     """The folders ComfyUI's extra_model_paths.yaml adds (its sections' base_path plus the
     checkpoints, unet, diffusion_models, vae, clip, text_encoders, loras ... keys, one folder
     per line of a multi-line value), and one row naming the file when it cannot be read.
-
-    Bounded: a file over MAX_YAML_BYTES is refused unread, YAML is read with the safe loader
-    (no tags, no code), and only strings below the top two levels are used. A missing file
-    is no problem."""
-    import yaml
-
-    if not file.exists():
-        return [], []
-    try:
-        raw = limits.read_regular(file, MAX_YAML_BYTES)
-        document = yaml.load(raw, Loader=yaml.SafeLoader)  # noqa: S506 - the safe loader
-    except (limits.FileTooLargeError, limits.NotRegularFileError) as error:
-        return [], [_file_problem(file, str(error.strerror))]
-    except OSError as error:
-        return [], [_file_problem(file, f"it cannot be read ({error.strerror or error})")]
-    except RecursionError:
-        return [], [_file_problem(file, "it is nested too deeply to be a real one")]
-    except (yaml.YAMLError, ValueError, TypeError) as error:
-        return [], [_file_problem(file, f"it is not valid YAML ({_yaml_problem(error)})")]
-    if document is None:
-        return [], []
+    A missing file is no problem. Bounded as `_read_yaml` says."""
+    document, problems = _read_yaml(file)
+    if problems or document is None:
+        return [], problems
     if not isinstance(document, dict):
         return [], [_file_problem(file, "it holds no sections of model folders")]
     folders: list[ModelFolder] = []
@@ -303,6 +291,28 @@ def extra_model_paths(file: Path) -> tuple[list[ModelFolder], list[LibraryEntry]
                     ModelFolder(base_path / Path(os.path.expandvars(line)).expanduser(), role)
                 )
     return _unique(folders), []
+
+
+def _read_yaml(file: Path) -> tuple[Any, list[LibraryEntry]]:
+    """A tool's small YAML settings file: (document, []) or (None, [a row naming the file and
+    the problem]); (None, []) when there is no such file. A file over MAX_YAML_BYTES is refused
+    unread and the safe loader runs (no tags, no code); callers use only strings a level or two
+    down, so aliases that would expand to billions of items are never walked."""
+    import yaml
+
+    if not file.exists():
+        return None, []
+    try:
+        raw = limits.read_regular(file, MAX_YAML_BYTES)
+        return yaml.load(raw, Loader=yaml.SafeLoader), []  # noqa: S506 - the safe loader
+    except (limits.FileTooLargeError, limits.NotRegularFileError) as error:
+        return None, [_file_problem(file, str(error.strerror))]
+    except OSError as error:
+        return None, [_file_problem(file, f"it cannot be read ({error.strerror or error})")]
+    except RecursionError:
+        return None, [_file_problem(file, "it is nested too deeply to be a real one")]
+    except (yaml.YAMLError, ValueError, TypeError) as error:
+        return None, [_file_problem(file, f"it is not valid YAML ({_yaml_problem(error)})")]
 
 
 def _yaml_problem(error: Exception) -> str:

@@ -209,6 +209,15 @@ def test_invokeai_models_tree_is_found(home, tmp_path, monkeypatch):
     # A root the user adds in the settings is read the same way.
     monkeypatch.delenv("INVOKEAI_ROOT")
     assert "flux1.safetensors" in scanned([str(elsewhere)])
+    # invokeai.yaml may move the models folder; a broken one is a row.
+    (elsewhere / "invokeai.yaml").write_text(
+        "models_dir: /elsewhere/../moved\n".replace("/elsewhere/..", str(tmp_path))
+    )
+    model(tmp_path / "moved" / "sdxl" / "main" / "moved.safetensors")
+    assert "moved.safetensors" in scanned([str(elsewhere)])
+    (elsewhere / "invokeai.yaml").write_text("models_dir: [unclosed\n")
+    row = scanned([str(elsewhere)])["invokeai.yaml"]
+    assert "not valid YAML" in row.error and "flux1.safetensors" in scanned([str(elsewhere)])
 
 
 def test_installs_on_other_drives_are_found_by_candidates_not_walks(home, tmp_path, monkeypatch):
