@@ -466,6 +466,23 @@ def test_a_named_vae_is_looked_for_where_a1111_and_comfyui_keep_them(tmp_path):
     assert explain.find_vae("elsewhere.safetensors", str(model)) is None
 
 
+def test_a_named_vae_in_another_installs_vae_folder_is_found_through_the_library(home, a1111_tree):
+    from checkpoint_files import shapes_file
+
+    comfy = home / "ComfyUI"
+    (comfy / "models" / "checkpoints").mkdir(parents=True)
+    shared = home / "shared-vaes"
+    shared.mkdir()
+    vae = shapes_file(
+        shared / "sdxl_vae.safetensors", {"encoder.down.0.x": (1,), "decoder.up.0.x": (1,)}
+    )
+    (comfy / "extra_model_paths.yaml").write_text(f"mine:\n  vae: {shared}\n")
+    match = explain.find_model(explain.Record(model=a1111_tree.stem))
+    assert match.path == str(a1111_tree) and match.vaes == [str(vae)]
+    assert explain.find_vae("sdxl_vae.safetensors", match.path) is None  # not beside it
+    assert explain.find_vae("sdxl_vae.safetensors", match.path, match.vaes) == str(vae)
+
+
 def test_the_check_reproduces_the_precision_the_image_was_made_with():
     halfsafe = explain.Record(
         made_by="halfsafe", precision={"precision": "fp16", "vae_precision": "fp32"}
