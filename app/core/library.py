@@ -649,7 +649,9 @@ def _inspect_folder(path: Path) -> LibraryEntry:
         )
     except BadFileError as error:
         return LibraryEntry(str(path), None, None, 0, str(error), format="diffusers")
-    for file in path.rglob("*"):
+    for count, file in enumerate(path.rglob("*")):
+        if count >= MAX_FOLDER_ENTRIES:
+            break  # a real pipeline folder holds some 20 files; the size stays a lower bound
         try:
             if file.is_file():
                 size += file.stat().st_size
