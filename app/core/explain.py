@@ -16,7 +16,7 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -610,6 +610,7 @@ class ModelMatch:
     looked_in: list[str]
     matched_by: str | None = None  # "hash", "hash and name", "name"
     note: str | None = None
+    vaes: list[str] = field(default_factory=list)  # the VAE files the library found
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -711,11 +712,14 @@ def find_model(
 
     progress = on_progress or no_progress
     looked_in = [str(f) for f in library.library_folders(folders)]
-    entries = [
-        e
-        for e in library.scan_library(folders, on_progress=progress, cancel=cancel)
-        if e.error is None
-    ]
+    scanned = library.scan_library(folders, on_progress=progress, cancel=cancel)
+    # A VAE is never the image's model, but may be the VAE it names.
+    entries = [e for e in scanned if e.error is None and e.role == library.MODEL]
+    vaes = [e.path for e in scanned if e.error is None and e.role == library.VAE]
+
+    def match(*args: Any) -> ModelMatch:
+        return ModelMatch(*args, vaes=vaes)
+
     names = _wanted_names(record)
     by_name = [e for e in entries if any(_name_matches(e.path, n) for n in names)]
     hashed = _hash_kind(record.model_hash)
@@ -726,17 +730,17 @@ def find_model(
             if entry.format == "single_file" and _file_matches_hash(
                 entry.path, kind, value, cancel, cached_only=False
             ):
-                return ModelMatch(True, entry.path, looked_in, "hash and name")
+                return match(True, entry.path, looked_in, "hash and name")
         for entry in files:
             if _file_matches_hash(entry.path, kind, value, cancel, cached_only=True):
-                return ModelMatch(True, entry.path, looked_in, "hash")
+                return match(True, entry.path, looked_in, "hash")
         if not by_name:
             for done, entry in enumerate(files):
                 if cancel is not None:
                     cancel.raise_if_cancelled()
                 progress("Looking for the model by its hash", done, len(files))
                 if _file_matches_hash(entry.path, kind, value, cancel, cached_only=False):
-                    return ModelMatch(True, entry.path, looked_in, "hash")
+                    return match(True, entry.path, looked_in, "hash")
     if by_name:
         note = None
         if hashed is not None:
@@ -744,13 +748,15 @@ def find_model(
                 f"{by_name[0].path} has the image's model name but not its hash "
                 f"({record.model_hash}): it may be another version of the file."
             )
-        return ModelMatch(True, by_name[0].path, looked_in, "name", note)
-    return ModelMatch(False, None, looked_in)
+        return match(True, by_name[0].path, looked_in, "name", note)
+    return match(False, None, looked_in)
 
 
-def find_vae(name: str | None, model_path: str) -> str | None:
+def find_vae(name: str | None, model_path: str, library_vaes: Sequence[str] = ()) -> str | None:
     """A separate VAE the record names, looked for where A1111 (models/VAE) and ComfyUI
-    (models/vae) keep them beside the model's folder, and next to the model itself."""
+    (models/vae) keep them beside the model's folder, next to the model itself, then among
+    the VAEs the library found (`library_vaes`: VAE folders of other installs, ComfyUI's
+    extra_model_paths.yaml)."""
     if not name or name.lower() in ("none", "automatic", "baked vae", "default"):
         return None
     wanted = Path(name.replace("\\", "/")).name.lower()
@@ -768,7 +774,10 @@ def find_vae(name: str | None, model_path: str) -> str | None:
                     return str(candidate)
         except OSError:
             continue
-    return None
+    return next(
+        (v for v in library_vaes if Path(v).name.lower() in (wanted, wanted + ".safetensors")),
+        None,
+    )
 
 
 # --- the explanation ---------------------------------------------------------------------------
@@ -994,7 +1003,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
 
     record = explanation.record
     model_path = explanation.model.path
-    vae = find_vae(record.vae, model_path) if record.vae else None
+    vae = find_vae(record.vae, model_path, explanation.model.vaes) if record.vae else None
     if record.vae and vae is None and record.vae.lower() not in ("none", "automatic", "baked vae"):
         explanation.notes.append(
             f"The image used the VAE {record.vae}, which was not found next to the model; "

@@ -17,6 +17,7 @@ model on this device.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import weakref
@@ -1102,6 +1103,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("Size", f"{request.width}x{request.height}"),
         ("Model hash", model.model_hash),
         ("Model", model.name),
+        *_vae_parameters(getattr(model, "vae", None)),
         # The starting noise is made on the CPU (`_Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
         ("RNG", "CPU"),
@@ -1127,6 +1129,22 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("HalfSafe", __version__),
     ]
     return infotext(request.prompt, request.negative_prompt, params)
+
+
+def _vae_parameters(vae: str | None) -> list[tuple[str, Any]]:
+    """A1111's `VAE hash` (first 10 hex of the file's sha256, cached like the model's) and
+    `VAE` (the file name) for a separate VAE; none for the model's own. A VAE folder has no
+    file hash, and a file that cannot be read now is named without one."""
+    if not vae:
+        return []
+    from app.core.checkpoint import model_hash
+
+    path = Path(vae)
+    vae_hash = None
+    if path.is_file():
+        with contextlib.suppress(OSError):
+            vae_hash = model_hash(path)
+    return [("VAE hash", vae_hash), ("VAE", path.name)]
 
 
 def _output_folder(request: GenerationRequest) -> Path:

@@ -71,6 +71,7 @@ class LoadedModel:
     profile_key: str  # identity of the weights (see `_Identity`): remembered fixes use it
     weights: WeightScan
     detected_because: str  # one sentence: why we think it is this architecture
+    vae: str | None = None  # the separate VAE file or folder loaded in place of the model's
 
 
 def set_offline() -> None:
@@ -120,8 +121,11 @@ def load_model(
     if not path.exists():
         raise BadFileError(path, "the model does not exist (no such file or folder).")
     if path.is_dir():
-        return _load_folder(path, source, vae, allow_pickle, progress, cancel)
-    return _load_single_file(path, source, vae, allow_pickle, progress, cancel)
+        loaded = _load_folder(path, source, vae, allow_pickle, progress, cancel)
+    else:
+        loaded = _load_single_file(path, source, vae, allow_pickle, progress, cancel)
+    loaded.vae = str(Path(vae).expanduser()) if vae is not None else None
+    return loaded
 
 
 # The demo ----------------------------------------------------------------------------------

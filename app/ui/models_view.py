@@ -79,6 +79,8 @@ class LibraryScanner(QObject):
                         "format": getattr(entry, "format", None),
                         "supported": getattr(entry, "supported", True),
                         "detected_because": getattr(entry, "detected_because", None),
+                        "role": getattr(entry, "role", "model"),
+                        "vae": getattr(entry, "vae", None),
                     }
                 )
         except ImportError:
@@ -225,8 +227,11 @@ class ModelsView(QWidget):
             self.library_status.setText(problem)
         else:
             broken = sum(1 for e in entries if e.get("error"))
+            vaes = sum(1 for e in entries if e.get("role") == "vae")
+            models = len(entries) - vaes
             self.library_status.setText(
-                f"{len(entries)} model{'s' if len(entries) != 1 else ''} found"
+                f"{models} model{'s' if models != 1 else ''} found"
+                + (f", {vaes} VAE{'s' if vaes != 1 else ''}" if vaes else "")
                 + (f", {broken} damaged" if broken else "")
                 + "."
             )
@@ -367,17 +372,24 @@ class ModelsView(QWidget):
         if item is None:
             return
         entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
+        if entry.get("role") == "vae" and not entry.get("error"):
+            self.set_vae(entry["path"])  # a VAE is chosen for the next model, not loaded alone
+            return
         problem = _unloadable(entry)
         if problem:
             self.dialogs.error(problem)
             return
-        self.load_path(entry["path"])
+        # A1111's `name.vae.safetensors` beside the model, unless the user chose a VAE.
+        self.load_path(entry["path"], vae=self.vae_path or entry.get("vae"))
 
     # Loading ----------------------------------------------------------------------------------
 
-    def load_path(self, source: str, allow_pickle: bool = False) -> int | None:
-        """Load a model (a path or "demo") in the engine; the previous one is released. An
-        image (opened here by mistake) is explained instead, never read as a checkpoint."""
+    def load_path(
+        self, source: str, allow_pickle: bool = False, vae: str | None = None
+    ) -> int | None:
+        """Load a model (a path or "demo") in the engine with `vae` (default: the chosen VAE,
+        if any); the previous one is released. An image (opened here by mistake) is explained
+        instead, never read as a checkpoint."""
         if self.explain_image is not None and is_image_path(source):
             self.explain_image(source)
             return None
@@ -388,7 +400,7 @@ class ModelsView(QWidget):
             self.client.cancel(self.job_id)
         params = {
             "source": source,
-            "vae": self.vae_path,
+            "vae": vae or self.vae_path,
             "allow_pickle": allow_pickle,
             "device": self.state.device(),
         }
@@ -457,7 +469,7 @@ class ModelsView(QWidget):
             no="Don't open",
         )
         if allowed:
-            self.load_path(params["source"], allow_pickle=True)
+            self.load_path(params["source"], allow_pickle=True, vae=params.get("vae"))
         else:
             self.load_status.setText(f"{name} was not opened.")
 
@@ -558,6 +570,19 @@ def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
     because = entry.get("detected_because") or ""
     if entry.get("error"):
         return "damaged", entry["error"], "invalid"
+    if entry.get("role") == "vae":
+        return (
+            "VAE" + (" (pickle)" if entry.get("format") == "pickle" else ""),
+            f"{path}\nA VAE: double-click to use it with the next model you load.",
+            None,
+        )
+    if entry.get("vae") and entry.get("format") != "pickle":
+        kind = words.architecture_name(entry.get("architecture"))
+        return (
+            f"{kind} + VAE",
+            f"{path}\nLoads with the VAE beside it, as AUTOMATIC1111 does: {entry['vae']}",
+            None,
+        )
     if entry.get("format") == "pickle":
         return (
             "pickle checkpoint",

@@ -164,6 +164,16 @@ def test_the_model_is_found_by_hash_alone_under_another_name(tmp_path, a1111_tre
         assert (match.found, match.path, match.matched_by) == (True, str(renamed), "hash")
 
 
+def test_a_vae_with_the_models_name_is_not_taken_for_the_model(home, a1111_tree):
+    from checkpoint_files import shapes_file
+
+    vae_folder = home / "ComfyUI" / "models" / "vae"  # listed before A1111's folder
+    vae_folder.mkdir(parents=True)
+    shapes_file(vae_folder / a1111_tree.name, {"encoder.down.0.x": (1,), "decoder.up.0.x": (1,)})
+    match = explain.find_model(explain.Record(model=a1111_tree.stem))
+    assert (match.found, match.path) == (True, str(a1111_tree))
+
+
 def test_the_old_eight_digit_a1111_hash_is_matched(tmp_path, a1111_tree):
     record = explain.Record(model=None, model_hash=explain.old_a1111_hash(a1111_tree))
     assert explain.find_model(record).path == str(a1111_tree)
@@ -454,6 +464,23 @@ def test_a_named_vae_is_looked_for_where_a1111_and_comfyui_keep_them(tmp_path):
     assert explain.find_vae("vae-ft-mse-840000", str(model)) == str(vae)
     assert explain.find_vae("Automatic", str(model)) is None
     assert explain.find_vae("elsewhere.safetensors", str(model)) is None
+
+
+def test_a_named_vae_in_another_installs_vae_folder_is_found_through_the_library(home, a1111_tree):
+    from checkpoint_files import shapes_file
+
+    comfy = home / "ComfyUI"
+    (comfy / "models" / "checkpoints").mkdir(parents=True)
+    shared = home / "shared-vaes"
+    shared.mkdir()
+    vae = shapes_file(
+        shared / "sdxl_vae.safetensors", {"encoder.down.0.x": (1,), "decoder.up.0.x": (1,)}
+    )
+    (comfy / "extra_model_paths.yaml").write_text(f"mine:\n  vae: {shared}\n")
+    match = explain.find_model(explain.Record(model=a1111_tree.stem))
+    assert match.path == str(a1111_tree) and match.vaes == [str(vae)]
+    assert explain.find_vae("sdxl_vae.safetensors", match.path) is None  # not beside it
+    assert explain.find_vae("sdxl_vae.safetensors", match.path, match.vaes) == str(vae)
 
 
 def test_the_check_reproduces_the_precision_the_image_was_made_with():

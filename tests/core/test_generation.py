@@ -509,6 +509,31 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     )
 
 
+def test_png_parameters_name_a_separate_vae_and_its_hash_as_a1111_does(base, tmp_path):
+    import hashlib
+
+    model = variant(base, "with-vae")
+    vae_file = tmp_path / "vae-ft-mse-840000-ema-pruned.safetensors"
+    vae_file.write_bytes(b"stand-in bytes: the hash is of the file, whatever it holds")
+    model.vae = str(vae_file)
+    result = generate(
+        model, request(tmp_path, steps=1, seed=5), precision=PrecisionSettings(), device="cpu"
+    )
+    text = read_parameters(result.images[0].path)
+    params = parse_infotext(text)[2]
+    assert params["VAE hash"] == hashlib.sha256(vae_file.read_bytes()).hexdigest()[:10]
+    assert params["VAE"] == vae_file.name
+    assert "Model: with-vae, VAE hash: " in text  # where A1111 writes them
+    # The model's own VAE: no VAE pairs at all.
+    plain = generate(
+        variant(base, "own-vae"),
+        request(tmp_path, steps=1),
+        precision=PrecisionSettings(),
+        device="cpu",
+    )
+    assert "VAE hash" not in parse_infotext(read_parameters(plain.images[0].path))[2]
+
+
 def test_saving_never_overwrites_and_numbers_on(tmp_path):
     image = Image.new("RGB", (8, 8), (10, 20, 30))
     folder = tmp_path / "pictures"

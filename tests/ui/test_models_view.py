@@ -203,3 +203,51 @@ def test_library_scan_runs_off_the_gui_thread(window, qtbot, tmp_path):
         view.rescan()
     assert view.rescan_button.isEnabled()
     assert view.library.topLevelItemCount() >= 1
+
+
+def test_library_lists_vaes_and_loads_a_model_with_its_paired_vae(window, engines, tmp_path):
+    model = tmp_path / "anything.safetensors"
+    paired = tmp_path / "anything.vae.safetensors"
+    shared = tmp_path / "vae-ft-mse.safetensors"
+    for file in (model, paired, shared):
+        file.write_bytes(b"{}")
+    view = window.models_view
+    view._library_scanned(
+        [
+            {
+                "path": str(model),
+                "architecture": "sd1",
+                "stored_dtype": "fp16",
+                "size_bytes": 2_000_000_000,
+                "error": None,
+                "format": "single_file",
+                "supported": True,
+                "role": "model",
+                "vae": str(paired),
+            },
+            {
+                "path": str(shared),
+                "architecture": "vae",
+                "stored_dtype": "fp32",
+                "size_bytes": 334_000_000,
+                "error": None,
+                "format": "single_file",
+                "supported": False,
+                "role": "vae",
+                "vae": None,
+            },
+        ],
+        "",
+    )
+    assert view.library_status.text() == "1 model found, 1 VAE."
+    with_vae, vae_row = view.library.topLevelItem(1), view.library.topLevelItem(2)
+    assert with_vae.text(1) == "Stable Diffusion 1.x + VAE" and str(paired) in with_vae.toolTip(0)
+    assert vae_row.text(1) == "VAE"
+    view.load_item(with_vae)
+    assert engines.current.last_job("load").params["vae"] == str(paired)
+    # Double-clicking a VAE chooses it; the user's choice wins over the pair.
+    view.load_item(vae_row)
+    assert view.vae_path == str(shared)
+    view.load_item(with_vae)
+    job = engines.current.last_job("load")
+    assert (job.params["source"], job.params["vae"]) == (str(model), str(shared))
