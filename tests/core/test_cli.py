@@ -149,23 +149,20 @@ def _pickle_protocol_4_checkpoint(path):
     return path
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_pytorchs_pickle_protocol_warning_reaches_the_terminal_only_with_debug(tmp_path, debug):
+def test_pytorchs_pickle_protocol_warning_never_reaches_the_terminal(tmp_path):
+    """The loader reads legacy pickles with PyTorch's warnings silenced (they are advice for
+    PyTorch's users, not HalfSafe's); the answer is one sentence."""
     checkpoint = _pickle_protocol_4_checkpoint(tmp_path / "old.ckpt")
-    argv = ["--debug"] if debug else []
     done = subprocess.run(
-        [sys.executable, "-m", "app", *argv, "check", str(checkpoint), "--allow-pickle"],
+        [sys.executable, "-m", "app", "check", str(checkpoint), "--allow-pickle"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode in (1, 2), done.stderr
-    if debug:
-        assert "Detected pickle protocol 4" in done.stderr
-    else:
-        assert "Detected pickle protocol" not in done.stderr and "Warning" not in done.stderr
-        assert done.stderr.count("\n") <= 1 and "Traceback" not in done.stderr
+    assert "Detected pickle protocol" not in done.stderr and "Warning" not in done.stderr
+    assert done.stderr.count("\n") <= 1 and "Traceback" not in done.stderr
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="resource limits are POSIX")
