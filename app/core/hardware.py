@@ -1022,3 +1022,19 @@ def _in_range(value: tuple[int, ...], bounds: Mapping[str, tuple[int, ...]]) -> 
     if "max" in bounds and value > bounds["max"]:
         return False
     return not ("below" in bounds and value >= bounds["below"])
+
+
+def device_entry(devices: list[dict[str, Any]], wanted: str) -> dict[str, Any] | None:
+    """The entry of a `gpu --json` device list that the device setting `wanted` picks: auto
+    (or a device that is not there) picks the first listed; a ROCm device also answers to
+    cuda and cuda:N, as PyTorch names it."""
+    if not devices:
+        return None
+    for device in devices:
+        kind, index = device.get("kind"), device.get("index")
+        names = {str(kind)} | ({f"{kind}:{index}"} if index is not None else set())
+        if kind == "rocm":
+            names |= {"cuda"} | ({f"cuda:{index}"} if index is not None else set())
+        if wanted in names:
+            return device
+    return devices[0]

@@ -118,6 +118,35 @@ class PrecisionPlan:
         return total / 2**20
 
 
+def expected_dtypes(
+    values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """Per precision setting, the dtype it will give its components, as far as the settings and
+    this computer's recommendation decide it before a model is loaded ('auto' where neither
+    does). The GUI shows this; `resolve_plan` makes the final decision per job, by the same
+    rules: a per-component `auto` follows the setting it follows (SETTING_FOLLOWS) or the base
+    precision, and no-half / no-half-VAE override."""
+    recommended = recommended or {}
+    chosen_base = str(values.get("precision", "auto"))
+    base = chosen_base if chosen_base != "auto" else str(recommended.get("precision", "auto"))
+    if base == "autocast":  # fp16 weights under autocast
+        base = "fp16"
+    result: dict[str, str] = {}
+    for key in dict.fromkeys(c.setting for c in ALL_COMPONENTS.values()):
+        value = str(values.get(key, "auto"))
+        follows = SETTING_FOLLOWS.get(key)
+        if value == "auto" and follows in result:
+            value = result[follows]
+        elif value == "auto":
+            value = base if chosen_base != "auto" else str(recommended.get(key, base))
+        result[key] = value
+    if values.get("no_half"):
+        return dict.fromkeys(result, "fp32")
+    if values.get("no_half_vae"):
+        result["vae_precision"] = "fp32"
+    return result
+
+
 def resolve_plan(
     settings: PrecisionSettings,
     *,

@@ -91,18 +91,9 @@ class AppState(QObject):
 
     def device_report(self) -> dict[str, Any] | None:
         """The report entry for the device the settings pick (auto: the first listed)."""
-        devices = (self.hardware or {}).get("devices") or []
-        if not devices:
-            return None
-        wanted = self.device()
-        for device in devices:
-            kind, index = device.get("kind"), device.get("index")
-            names = {str(kind)} | ({f"{kind}:{index}"} if index is not None else set())
-            if kind == "rocm":
-                names |= {"cuda"} | ({f"cuda:{index}"} if index is not None else set())
-            if wanted in names:
-                return device
-        return devices[0]
+        from app.core.hardware import device_entry
+
+        return device_entry((self.hardware or {}).get("devices") or [], self.device())
 
     def recommended(self) -> dict[str, Any]:
         device = self.device_report() or {}

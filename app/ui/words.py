@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX
+from app.core.precision import expected_dtypes
 
 FP16_LIMIT = FP16_MAX
 
@@ -303,34 +304,20 @@ def fix_words(settings: Mapping[str, Any] | None) -> str:
     return "; ".join(f"{setting_label(k)}: {setting_value(k, v)}" for k, v in settings.items())
 
 
+_SHORT_NAMES = {
+    "unet_precision": "unet",
+    "vae_precision": "vae",
+    "text_encoder_precision": "text",
+    "text_encoder_2_precision": "text 2",
+}
+
+
 def component_dtypes(
     values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
 ) -> dict[str, str]:
-    """The dtype each component will get. `auto` follows the user's base precision; where that
-    is `auto` too, the recommendation for this computer (if known) fills it in."""
-    recommended = recommended or {}
-    chosen_base = str(values.get("precision", "auto"))
-    base = chosen_base if chosen_base != "auto" else str(recommended.get("precision", "auto"))
-    if base == "autocast":  # fp16 weights; autocast is said once, in precision_summary
-        base = "fp16"
-    result = {}
-    for component, key in (
-        ("unet", "unet_precision"),
-        ("vae", "vae_precision"),
-        ("text", "text_encoder_precision"),
-        ("text 2", "text_encoder_2_precision"),
-    ):
-        value = str(values.get(key, "auto"))
-        if value == "auto" and key == "text_encoder_2_precision":
-            value = result["text"]  # the second encoder follows the first
-        elif value == "auto":
-            value = base if chosen_base != "auto" else str(recommended.get(key, base))
-        result[component] = value
-    if values.get("no_half"):
-        result = dict.fromkeys(result, "fp32")
-    elif values.get("no_half_vae"):
-        result["vae"] = "fp32"
-    return result
+    """The dtype each component will get (core's `expected_dtypes`), under short names."""
+    expected = expected_dtypes(values, recommended)
+    return {short: expected[key] for key, short in _SHORT_NAMES.items() if key in expected}
 
 
 def precision_summary(
