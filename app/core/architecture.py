@@ -28,7 +28,12 @@ SDXL_TEXT_2 = "conditioner.embedders.1.model."
 SDXL_REFINER_TEXT = "conditioner.embedders.0.model."
 
 SUPPORTED = ("sd1", "sd2", "sdxl")
-NAMES = {"sd1": "Stable Diffusion 1.x", "sd2": "Stable Diffusion 2.x", "sdxl": "SDXL"}
+NAMES = {
+    "sd1": "Stable Diffusion 1.x",
+    "sd2": "Stable Diffusion 2.x",
+    "sdxl": "SDXL",
+    "flux": "Flux.1",
+}
 CONFIG_NAMES = ("sd1", "sd2", "sd2-v", "sdxl")
 
 
@@ -247,8 +252,11 @@ def _words(kind: str) -> str:
 def detect_from_configs(
     model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
 ) -> Detection:
-    """Decide the architecture of a diffusers folder from its model_index.json and configs."""
+    """Decide the architecture of a diffusers folder from its model_index.json and configs
+    (`unet` is the denoiser's config: the UNet's, or a DiT's `transformer`)."""
     class_name = str(model_index.get("_class_name", ""))
+    if class_name == "FluxPipeline" and "transformer" in model_index:
+        return _flux_folder(unet)
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross
     in_channels = unet.get("in_channels", 4)
@@ -299,6 +307,36 @@ def detect_from_configs(
         size,
         None,
         class_name,
+    )
+
+
+def _flux_folder(transformer: Mapping[str, Any]) -> Detection:
+    dev = bool(transformer.get("guidance_embeds"))
+    variant = "dev" if dev else "schnell"
+    latent = int(transformer.get("in_channels", 64)) // 4
+    width = int(transformer.get("num_attention_heads", 0)) * int(
+        transformer.get("attention_head_dim", 0)
+    )
+    guidance = (
+        "and a guidance embedding, as the guidance-distilled Flux.1 dev has"
+        if dev
+        else "and no guidance embedding, as Flux.1 schnell"
+    )
+    because = (
+        f"Flux.1 {variant}: its FluxPipeline has a FluxTransformer2DModel with "
+        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} "
+        f"single blocks, {width} wide, on {latent}-channel latents in 2x2 patches, {guidance}; "
+        "flow matching."
+    )
+    return Detection(
+        f"flux-{variant}",
+        True,
+        f"a Flux.1 {variant} pipeline",
+        because,
+        "flow",
+        1024,
+        None,
+        "FluxPipeline",
     )
 
 

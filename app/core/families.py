@@ -2,10 +2,14 @@
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
 prompt into the named tensors its denoiser takes, which of those tensors come from which text
-encoder (so the NaN watch can blame the right one), and how to make the denoiser's extra inputs
-for the check's probe. The health check and generation loop over a family's components and call
-these steps; neither names an architecture. A new family (a DiT with a `transformer`, other
-text encoders) is one more class here.
+encoder (so the NaN watch can blame the right one), how the check's probe steps the denoiser
+through the user's schedule, and how generation makes its noise, its sampler and its pixels'
+latents. The health check and generation loop over a family's components and call these steps;
+neither names an architecture. A new family is one more class here.
+
+Families: Stable Diffusion 1.x/2.x and SDXL (UNet, epsilon or v prediction, CFG batch), and
+Flux.1 dev/schnell (a `transformer` on packed 2x2 latent patches, flow matching, a 16-channel
+VAE with a shift, CLIP-L pooled + T5 sequence, guidance as an embedding instead of a CFG batch).
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import Role, of_role
+from app.core.errors import HalfSafeError
+from app.core.settings import SCHEDULERS
+
+PROBE_CFG = 7.0  # the check's classifier-free guidance scale (SD family)
+PROBE_GUIDANCE = 3.5  # the check's distilled guidance (Flux.1 dev's guidance embedding)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,84 @@ class Family:
 
         text = torch.cat([conditioning["negative_prompt_embeds"], conditioning["prompt_embeds"]])
         return {"encoder_hidden_states": text}
+
+    # -- the denoiser ------------------------------------------------------------------------
+
+    denoiser: str = "unet"
+    sample_argument: str = "sample"  # the denoiser's keyword for the latents
+
+    def latent_factor(self, pipeline) -> int:
+        """Pixels per latent cell along one side (8 for every VAE here)."""
+        return 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
+
+    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+        return make_scheduler(name, pipeline.scheduler.config, prediction_type)
+
+    def sampler_words(self, name: str) -> str:
+        """The sampler as AUTOMATIC1111's PNG info names it."""
+        from app.core.images import SAMPLER_NAMES
+
+        return SAMPLER_NAMES[name]
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep of the user's schedule (see health)."""
+        schedule = self.make_scheduler(scheduler, model.pipeline, model.prediction_type)
+        schedule.set_timesteps(max(2, steps))
+        timesteps = [int(t) for t in schedule.timesteps]
+        picked = [timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]]
+        return sorted(set(picked), reverse=True)
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Euler steps through `timesteps` from seeded noise, with the CFG batch (negative
+        first); returns the latents (1, C, h, w) the VAE decodes."""
+        import torch
+        from diffusers import EulerDiscreteScheduler
+
+        unet = pipe.unet
+        scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        scheduler.set_timesteps(timesteps=[int(t) for t in timesteps], device=device)
+        side = size // self.latent_factor(pipe)
+        generator = torch.Generator().manual_seed(0)
+        latents = torch.randn((1, 4, side, side), generator=generator)
+        latents = latents.to(device) * scheduler.init_noise_sigma
+        extra = self.denoiser_inputs(conditioning, size, device)
+        for t in scheduler.timesteps:
+            x = scheduler.scale_model_input(torch.cat([latents] * 2), t)
+            if unet.config.in_channels > 4:  # inpainting: an empty mask and masked image
+                pad = unet.config.in_channels - 4
+                x = torch.cat([x, x.new_zeros(2, pad, side, side)], dim=1)
+            noise = unet(x, t, **extra).sample.float()
+            uncond, cond = noise.chunk(2)
+            latents = scheduler.step(uncond + PROBE_CFG * (cond - uncond), t, latents).prev_sample
+        return latents
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        """Why this model cannot make text-to-image pictures (None: it can)."""
+        channels = pipeline.unet.config.in_channels
+        if channels != 4:
+            return (
+                f"this is an inpainting model ({channels} input channels); text-to-image "
+                "needs a regular model."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        """Initial latents as the pipeline takes them, from per-image CPU generators (so a seed
+        means the same image on every device); returns (latents, generators)."""
+        import torch
+
+        factor = self.latent_factor(pipeline)
+        shape = (1, pipeline.unet.config.in_channels, height // factor, width // factor)
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        return torch.cat([torch.randn(shape, generator=g) for g in generators]), generators
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        """The pipeline call's guidance arguments."""
+        return {"guidance_scale": cfg}
+
+    def image_latents(self, pipeline, latents, height: int, width: int):
+        """The pipeline's latents as the VAE takes them, (B, C, h, w)."""
+        return latents
 
 
 @dataclass(frozen=True)
@@ -103,12 +190,186 @@ class SDXLFamily(Family):
         return inputs
 
 
+@dataclass(frozen=True)
+class FluxFamily(Family):
+    """Flux.1 dev and schnell: CLIP-L gives a pooled vector, T5 the token sequence; a
+    `transformer` denoises 2x2 patches of a 16-channel latent by flow matching; dev takes the
+    guidance scale as an embedding (one batch, no negative prompt), schnell takes none."""
+
+    name: str = "flux"
+    denoiser: str = "transformer"
+    sample_argument: str = "hidden_states"
+
+    @staticmethod
+    def max_sequence_length(pipe) -> int:
+        # Flux.1 dev reads 512 T5 tokens, schnell 256 (the reference pipelines' defaults).
+        return 512 if pipe.transformer.config.guidance_embeds else 256
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        embeds, pooled, _ = pipe.encode_prompt(
+            prompt=prompt,
+            prompt_2=None,
+            device=device,
+            num_images_per_prompt=1,
+            max_sequence_length=self.max_sequence_length(pipe),
+        )
+        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        return {
+            "text_encoder": [tensors["pooled_prompt_embeds"]],
+            "text_encoder_2": [tensors["prompt_embeds"]],
+        }
+
+    def denoiser_inputs(self, conditioning: dict[str, Any], size: int, device) -> dict[str, Any]:
+        import torch
+
+        embeds = conditioning["prompt_embeds"]
+        return {
+            "encoder_hidden_states": embeds,
+            "pooled_projections": conditioning["pooled_prompt_embeds"],
+            "txt_ids": torch.zeros(embeds.shape[1], 3, device=device),
+        }
+
+    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+        # Flux is trained for flow matching: every sampler setting runs its flow-matching Euler.
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+
+    def sampler_words(self, name: str) -> str:
+        return "Euler"  # A1111/Forge name Flux's flow-matching sampler so (schedule "Simple")
+
+    def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
+        """The sigmas FluxPipeline runs at this step count and size (resolution-shifted)."""
+        import numpy as np
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        scheduler = self.make_scheduler("euler", pipeline, None)
+        config = scheduler.config
+        side = size // self.latent_factor(pipeline) // 2
+        mu = calculate_shift(
+            side * side,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        scheduler.set_timesteps(sigmas=sigmas, mu=mu)
+        return [float(s) for s in scheduler.sigmas[:-1]]
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep (sigma x 1000) of the flow-matching schedule
+        that FluxPipeline runs at the user's step count and this size."""
+        sigmas = self._sigmas(model.pipeline, max(2, steps), size)
+        picked = {sigmas[0], sigmas[len(sigmas) // 2], sigmas[-1]}
+        return sorted((round(s * 1000.0, 2) for s in picked), reverse=True)
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Flow-matching Euler steps through `timesteps` (x + (sigma_next - sigma) * v, the
+        last step to sigma 0), one batch with the guidance embedding; returns (1, 16, h, w)."""
+        import torch
+        from diffusers import FluxPipeline
+
+        transformer = pipe.transformer
+        side = size // self.latent_factor(pipe)
+        channels = transformer.config.in_channels // 4
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.randn((1, channels, side, side), generator=generator)
+        latents = FluxPipeline._pack_latents(noise, 1, channels, side, side).to(device)
+        image_ids = FluxPipeline._prepare_latent_image_ids(
+            1, side // 2, side // 2, device, torch.float32
+        )
+        extra = self.denoiser_inputs(conditioning, size, device)
+        if transformer.config.guidance_embeds:
+            extra["guidance"] = torch.full([1], PROBE_GUIDANCE, device=device)
+        sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
+        for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            velocity = transformer(
+                hidden_states=latents,
+                timestep=torch.full([1], sigma, device=device),
+                img_ids=image_ids,
+                **extra,
+            ).sample.float()
+            latents = latents + (following - sigma) * velocity
+        return FluxPipeline._unpack_latents(latents, size, size, self.latent_factor(pipe))
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        channels = pipeline.transformer.config.in_channels
+        latent = pipeline.vae.config.latent_channels
+        if channels != latent * 4:
+            return (
+                f"its transformer takes {channels} input channels where text-to-image with this "
+                f"{latent}-channel VAE takes {latent * 4} (a Fill, Depth or Canny model?)."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        import torch
+        from diffusers import FluxPipeline
+
+        factor = self.latent_factor(pipeline)
+        channels = pipeline.transformer.config.in_channels // 4
+        h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        packed = [
+            FluxPipeline._pack_latents(
+                torch.randn((1, channels, h, w), generator=g), 1, channels, h, w
+            )
+            for g in generators
+        ]
+        return torch.cat(packed), generators
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        # dev: the guidance embedding's scale (schnell ignores it); never a negative batch.
+        return {"guidance_scale": cfg}
+
+    def image_latents(self, pipeline, latents, height: int, width: int):
+        from diffusers import FluxPipeline
+
+        return FluxPipeline._unpack_latents(latents, height, width, self.latent_factor(pipeline))
+
+
 def _hidden(tensors: dict[str, Any]) -> list[Any]:
     return [tensors[k] for k in ("prompt_embeds", "negative_prompt_embeds") if k in tensors]
 
 
 def family_of(pipeline) -> Family:
     """The family a loaded pipeline belongs to, from the components it has."""
+    transformer = getattr(pipeline, "transformer", None)
+    if transformer is not None and type(transformer).__name__ == "FluxTransformer2DModel":
+        return FluxFamily()
     if getattr(pipeline, "text_encoder_2", None) is not None:
         return SDXLFamily()
     return Family()
+
+
+def make_scheduler(name: str, config, prediction_type: str | None = None):
+    """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
+    config. The model's prediction type (epsilon or v_prediction) is carried over."""
+    from diffusers import (
+        DDIMScheduler,
+        DPMSolverMultistepScheduler,
+        EulerAncestralDiscreteScheduler,
+        EulerDiscreteScheduler,
+    )
+
+    extra: dict[str, Any] = {}
+    if prediction_type:
+        extra["prediction_type"] = prediction_type
+    if name == "euler":
+        return EulerDiscreteScheduler.from_config(config, **extra)
+    if name == "euler_a":
+        return EulerAncestralDiscreteScheduler.from_config(config, **extra)
+    if name == "dpmpp_2m_karras":
+        return DPMSolverMultistepScheduler.from_config(
+            config,
+            algorithm_type="dpmsolver++",
+            solver_order=2,
+            use_karras_sigmas=True,
+            **extra,
+        )
+    if name == "ddim":
+        return DDIMScheduler.from_config(config, **extra)
+    raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")

@@ -32,8 +32,8 @@ from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
+from app.core.families import make_scheduler as make_scheduler  # callers name it from here
 from app.core.images import (
-    SAMPLER_NAMES,
     ImageSaveError,
     PixelStats,
     image_array,
@@ -44,7 +44,7 @@ from app.core.images import (
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
-from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
+from app.core.settings import FIELDS, PrecisionSettings
 
 # on_preview(step, image): a small PIL image of the first image of the batch.
 PreviewCallback = Callable[[int, Any], None]
@@ -168,10 +168,13 @@ class NanWatch:
     transfer. Create and use it on the job's thread; remove it when the run ends.
     """
 
-    def __init__(self, unet, batch: int, *, keep_failing_input: bool = True) -> None:
+    def __init__(
+        self, unet, batch: int, *, keep_failing_input: bool = True, sample_argument: str = "sample"
+    ) -> None:
         import torch
 
         device = next(unet.parameters()).device
+        self.sample_argument = sample_argument  # the denoiser's keyword for the latents
         self.batch = batch
         self.step = 0
         self.bad = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -195,9 +198,9 @@ class NanWatch:
 
     def _before(self, module, args, kwargs):
         if self._keep:
-            sample = args[0] if args else kwargs.get("sample")
+            sample = args[0] if args else kwargs.get(self.sample_argument)
             timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
-            rest = {k: v for k, v in kwargs.items() if k not in ("sample", "timestep")}
+            rest = {k: v for k, v in kwargs.items() if k not in (self.sample_argument, "timestep")}
             self._pending = (sample, timestep, rest)
 
     def _after(self, module, args, kwargs, output):
@@ -255,7 +258,11 @@ class NanWatch:
             for k, v in self._kwargs.items()
             if k != "return_dict"
         }
-        return {"sample": sample, "timestep": self._timestep[index], **kwargs}
+        return {
+            self.sample_argument: sample,
+            "timestep": self._timestep[index : index + 1],
+            **kwargs,
+        }
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -306,8 +313,9 @@ class _Outcome:
     stats: PixelStats
     bad_encoder: str | None = None
     bad_step: int | None = None  # 1-based
-    unet_input: dict[str, Any] | None = None
+    unet_input: dict[str, Any] | None = None  # the denoiser call that went non-finite
     watched: bool = True
+    denoiser: str = "unet"  # the family's denoiser component
 
 
 @dataclass
@@ -324,7 +332,7 @@ def _failure(outcome: _Outcome) -> str | None:
     if outcome.bad_encoder:
         return outcome.bad_encoder
     if outcome.bad_step is not None:
-        return "unet"
+        return outcome.denoiser
     if outcome.stats.non_finite > 0:
         return "vae" if outcome.watched else ""
     return None
@@ -372,8 +380,8 @@ class _Job:
     def _pipeline(self, plan: PrecisionPlan):
         self.placed.apply(plan)
         pipe = self.placed.pipeline()
-        pipe.scheduler = make_scheduler(
-            self.request.scheduler, self.model.pipeline.scheduler.config, self.model.prediction_type
+        pipe.scheduler = self.family.make_scheduler(
+            self.request.scheduler, self.model.pipeline, self.model.prediction_type
         )
         pipe.set_progress_bar_config(disable=True)
         return pipe
@@ -400,20 +408,12 @@ class _Job:
         }
 
     def noise(self, seeds: list[int]):
-        """Initial latents and per-image generators (CPU, so a seed means the same image on
-        every device); the generators go on to feed ancestral samplers' noise."""
-        import torch
-
-        unet_config = self.model.pipeline.unet.config
-        factor = 2 ** (len(self.model.pipeline.vae.config.block_out_channels) - 1)
-        shape = (
-            1,
-            unet_config.in_channels,
-            self.request.height // factor,
-            self.request.width // factor,
+        """Initial latents as the family's pipeline takes them and per-image generators (CPU,
+        so a seed means the same image on every device); the generators go on to feed
+        ancestral samplers' noise."""
+        latents, generators = self.family.noise(
+            self.model.pipeline, seeds, self.request.height, self.request.width
         )
-        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        latents = torch.cat([torch.randn(shape, generator=g) for g in generators])
         return latents.to(self.device), generators
 
     def denoise(self, plan: PrecisionPlan, conditioning: _Conditioning, seeds: list[int]):
@@ -425,7 +425,12 @@ class _Job:
         latents, generators = self.noise(seeds)
         steps = self.request.steps
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
-        watch = NanWatch(self.placed["unet"], batch) if self.watch else None
+        denoiser = self.placed[self.family.denoiser]
+        watch = (
+            NanWatch(denoiser, batch, sample_argument=self.family.sample_argument)
+            if self.watch
+            else None
+        )
         architecture = self.model.architecture
 
         def on_step_end(_pipe, index, _timestep, tensors):
@@ -434,7 +439,10 @@ class _Job:
                 watch.after_step(index, current)
             self.progress(self.stage, index + 1, steps)
             if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
-                self.preview(index + 1, latent_preview(current[0], architecture))
+                image_latents = self.family.image_latents(
+                    pipe, current[:1], self.request.height, self.request.width
+                )
+                self.preview(index + 1, latent_preview(image_latents[0], architecture))
             self.cancel.raise_if_cancelled()
             return {}
 
@@ -448,7 +456,7 @@ class _Job:
                     height=self.request.height,
                     width=self.request.width,
                     num_inference_steps=steps,
-                    guidance_scale=self.request.cfg,
+                    **self.family.call_arguments(self.request.cfg),
                     latents=latents,
                     generator=generators,
                     output_type="latent",
@@ -458,7 +466,10 @@ class _Job:
         finally:
             if watch is not None:
                 watch.remove()
-        return output.images, watch
+        latents = self.family.image_latents(
+            self.model.pipeline, output.images, self.request.height, self.request.width
+        )
+        return latents, watch
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = False):
         """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1]; with `record`,
@@ -511,6 +522,7 @@ class _Job:
                     bad_step=step + 1 if bad and step >= 0 else None,
                     unet_input=watch.failing_input(index) if watch and bad else None,
                     watched=self.watch,
+                    denoiser=self.family.denoiser,
                 )
             )
         return outcomes
@@ -518,19 +530,18 @@ class _Job:
     # -- probes ------------------------------------------------------------------------------
 
     def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
-        """One UNet call on a kept failing input: (its output, first bad module)."""
+        """One denoiser call on a kept failing input: (its output, first bad module)."""
         import torch
 
         from app.core.probe import ActivationRecorder
 
         self.placed.apply(plan)
-        unet = self.placed["unet"]
+        unet = self.placed[self.family.denoiser]
         arguments = dict(inputs)
-        sample, timestep = arguments.pop("sample"), arguments.pop("timestep")
         recorder = ActivationRecorder(unet) if record else None
         try:
             with backend_flags(plan), torch.inference_mode():
-                out = unet(sample, timestep, **arguments, return_dict=False)[0]
+                out = unet(**arguments, return_dict=False)[0]
         finally:
             if recorder is not None:
                 recorder.remove()
@@ -559,7 +570,7 @@ class _Job:
         layer, to name the innermost layer that went non-finite first (kept per component)."""
         if component == "vae":
             name = self.decode(outcome.plan, outcome.latents, record=True)[1]
-        elif component == "unet":
+        elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return self.first_bad.get(component)
             name = self.unet_forward(outcome.plan, outcome.unet_input, record=True)[1]
@@ -577,7 +588,7 @@ class _Job:
 
         if component == "vae":
             return torch.from_numpy(self.decode(plan, outcome.latents)[0])
-        if component == "unet":
+        if component == outcome.denoiser:
             if outcome.unet_input is None:
                 return None
             return self.unet_forward(plan, outcome.unet_input)[0]
@@ -736,7 +747,7 @@ def _relevant_change(component: str, tried: PrecisionPlan, base: PrecisionPlan) 
     )
     if any(getattr(tried, f) != getattr(base, f) for f in flags):
         return True
-    return component in ("unet", "vae") and tried.upcast_attention != base.upcast_attention
+    return COMPONENTS[component].has_attention and tried.upcast_attention != base.upcast_attention
 
 
 def _first_bad(probe) -> str | None:
@@ -762,36 +773,6 @@ def _placed_checker(checker, device):
     placed = copy.deepcopy(checker).to(device)
     _CHECKERS[checker] = (str(device), placed)
     return placed
-
-
-def make_scheduler(name: str, config, prediction_type: str | None = None):
-    """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
-    config. The model's prediction type (epsilon or v_prediction) is carried over."""
-    from diffusers import (
-        DDIMScheduler,
-        DPMSolverMultistepScheduler,
-        EulerAncestralDiscreteScheduler,
-        EulerDiscreteScheduler,
-    )
-
-    extra: dict[str, Any] = {}
-    if prediction_type:
-        extra["prediction_type"] = prediction_type
-    if name == "euler":
-        return EulerDiscreteScheduler.from_config(config, **extra)
-    if name == "euler_a":
-        return EulerAncestralDiscreteScheduler.from_config(config, **extra)
-    if name == "dpmpp_2m_karras":
-        return DPMSolverMultistepScheduler.from_config(
-            config,
-            algorithm_type="dpmsolver++",
-            solver_order=2,
-            use_karras_sigmas=True,
-            **extra,
-        )
-    if name == "ddim":
-        return DDIMScheduler.from_config(config, **extra)
-    raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")
 
 
 # --- the public entry points ----------------------------------------------------------------
@@ -844,12 +825,10 @@ def generate(
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
     pipeline = model.pipeline
-    unet_channels = pipeline.unet.config.in_channels
-    if unet_channels != 4:
-        raise HalfSafeError(
-            f"{model.name}: this is an inpainting model ({unet_channels} input channels); "
-            "text-to-image needs a regular model."
-        )
+    family = family_of(pipeline)
+    problem = family.text_to_image_problem(pipeline)
+    if problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
@@ -887,7 +866,7 @@ def generate(
         finals: list[tuple[_Outcome, _Repair | None, str | None, int | None]] = []
         for index, (seed, outcome) in enumerate(zip(seeds, outcomes, strict=True)):
             component = _failure(outcome)
-            step = outcome.bad_step if component == "unet" else None
+            step = outcome.bad_step if component == outcome.denoiser else None
             repair = None
             if component and auto_fix == "auto":
                 try:
@@ -1009,7 +988,7 @@ def _describe(
         entry.status = "nan"
         entry.component = still or None
         if still != component:
-            entry.step = outcome.bad_step if still == "unet" else None
+            entry.step = outcome.bad_step if still == outcome.denoiser else None
             where = _where(still, entry.step, request.steps)
         share = (
             "the image came out black"
@@ -1094,7 +1073,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
     s = entry.settings
     params: list[tuple[str, Any]] = [
         ("Steps", request.steps),
-        ("Sampler", SAMPLER_NAMES[request.scheduler]),
+        ("Sampler", family_of(model.pipeline).sampler_words(request.scheduler)),
         ("CFG scale", f"{request.cfg:g}"),
         ("Seed", entry.seed),
         ("Size", f"{request.width}x{request.height}"),
@@ -1163,6 +1142,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     model = load_model(
         source,
         vae=getattr(args, "vae", None),
+        text_encoders=list(getattr(args, "text_encoders", None) or []),
         allow_pickle=bool(getattr(args, "allow_pickle", False)),
     )
     request = GenerationRequest(

@@ -741,6 +741,10 @@ def _recommend(
     why["fp16_accumulation"] = (
         "Full fp16 accumulation turns any sum past 65504 into inf; never on by default"
     )
+    rec["t5_fp32_feed_forward"] = False
+    why["t5_fp32_feed_forward"] = (
+        "A per-model fix: the health check turns it on for a T5 text encoder that overflows"
+    )
     rec["nan_check"] = True
     why["nan_check"] = "Costs nothing per step and catches black images before they are saved"
     rec["auto_fix"] = "auto"
