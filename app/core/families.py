@@ -135,9 +135,19 @@ class Family:
         """The pipeline call's guidance arguments."""
         return {"guidance_scale": cfg}
 
+    def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
+        """The guidance as A1111-style PNG parameters."""
+        return [("CFG scale", f"{cfg:g}")]
+
     def image_latents(self, pipeline, latents, height: int, width: int):
         """The pipeline's latents as the VAE takes them, (B, C, h, w)."""
         return latents
+
+    def clamped_blocks(self, denoiser) -> list[Any]:
+        """Blocks whose fp16 output the model's own code clamps to +-65504 (so an overflow
+        inside them comes out finite and wrong): the NaN watch counts a saturated output as
+        an overflow. None in a UNet."""
+        return []
 
 
 @dataclass(frozen=True)
@@ -324,6 +334,15 @@ class FluxFamily(Family):
     def call_arguments(self, cfg: float) -> dict[str, Any]:
         # dev: the guidance embedding's scale (schnell ignores it); never a negative batch.
         return {"guidance_scale": cfg}
+
+    def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
+        # As Forge writes Flux's: no CFG batch (scale 1), the embedding's scale beside it.
+        return [("CFG scale", "1"), ("Distilled CFG Scale", f"{cfg:g}")]
+
+    def clamped_blocks(self, denoiser) -> list[Any]:
+        # diffusers clips the fp16 residual stream of every double and single block to +-65504
+        # by hand (as ComfyUI does): an overflow inside a block leaves it saturated, not inf.
+        return [*denoiser.transformer_blocks, *denoiser.single_transformer_blocks]
 
     def image_latents(self, pipeline, latents, height: int, width: int):
         from diffusers import FluxPipeline

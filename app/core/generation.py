@@ -34,6 +34,7 @@ from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.families import make_scheduler as make_scheduler  # callers name it from here
 from app.core.images import (
+    SAMPLER_NAMES,
     ImageSaveError,
     PixelStats,
     image_array,
@@ -169,7 +170,13 @@ class NanWatch:
     """
 
     def __init__(
-        self, unet, batch: int, *, keep_failing_input: bool = True, sample_argument: str = "sample"
+        self,
+        unet,
+        batch: int,
+        *,
+        keep_failing_input: bool = True,
+        sample_argument: str = "sample",
+        clamped: list[Any] | tuple[Any, ...] = (),
     ) -> None:
         import torch
 
@@ -185,10 +192,13 @@ class NanWatch:
         self._timestep = None  # (batch,)
         self._kwargs: dict[str, Any] = {}
         self._copies = 1
+        self._saturated = None  # per image: a clamped block's fp16 output hit 65504 this call
         self._handles = [
             unet.register_forward_pre_hook(self._before, with_kwargs=True),
             unet.register_forward_hook(self._after, with_kwargs=True),
         ]
+        # Blocks the model clamps to fp16's limit: a saturated output is an overflow too.
+        self._handles += [block.register_forward_hook(self._block_after) for block in clamped]
 
     def _per_image(self, flags):
         n = flags.shape[0]
@@ -203,11 +213,28 @@ class NanWatch:
             rest = {k: v for k, v in kwargs.items() if k not in (self.sample_argument, "timestep")}
             self._pending = (sample, timestep, rest)
 
+    def _block_after(self, module, args, output):
+        import torch
+
+        from app.core.components import FP16_MAX
+
+        for tensor in output if isinstance(output, tuple) else (output,):
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float16:
+                continue
+            hit = (tensor.abs() >= FP16_MAX).flatten(1).any(1) | ~torch.isfinite(tensor).flatten(
+                1
+            ).all(1)
+            self._saturated = hit if self._saturated is None else self._saturated | hit
+
     def _after(self, module, args, kwargs, output):
         import torch
 
         out = output[0] if isinstance(output, tuple) else output.sample
-        bad = self._per_image(~torch.isfinite(out).flatten(1).all(1))
+        flags = ~torch.isfinite(out).flatten(1).all(1)
+        if self._saturated is not None and self._saturated.shape == flags.shape:
+            flags = flags | self._saturated
+        self._saturated = None
+        bad = self._per_image(flags)
         newly = bad & ~self.bad
         self.first_step = torch.where(newly, self.step, self.first_step)
         if self._keep and self._pending is not None:
@@ -427,7 +454,12 @@ class _Job:
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
         denoiser = self.placed[self.family.denoiser]
         watch = (
-            NanWatch(denoiser, batch, sample_argument=self.family.sample_argument)
+            NanWatch(
+                denoiser,
+                batch,
+                sample_argument=self.family.sample_argument,
+                clamped=self.family.clamped_blocks(denoiser),
+            )
             if self.watch
             else None
         )
@@ -845,6 +877,12 @@ def generate(
         warnings.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"
         )
+    sampler = family.sampler_words(request.scheduler)
+    if sampler != SAMPLER_NAMES[request.scheduler]:
+        warnings.append(
+            f"This model samples with its own {sampler} (flow matching); the sampler setting "
+            f"{SAMPLER_NAMES[request.scheduler]} does not apply to it."
+        )
     watch = bool(precision.nan_check)
     auto_fix = precision.auto_fix if watch else "off"
     job = _Job(
@@ -1071,10 +1109,11 @@ def _percent(fraction: float) -> str:
 def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
     s = entry.settings
+    family = family_of(model.pipeline)
     params: list[tuple[str, Any]] = [
         ("Steps", request.steps),
-        ("Sampler", family_of(model.pipeline).sampler_words(request.scheduler)),
-        ("CFG scale", f"{request.cfg:g}"),
+        ("Sampler", family.sampler_words(request.scheduler)),
+        *family.guidance_parameters(request.cfg),
         ("Seed", entry.seed),
         ("Size", f"{request.width}x{request.height}"),
         ("Model hash", model.model_hash),
