@@ -33,6 +33,7 @@ NAMES = {
     "sd2": "Stable Diffusion 2.x",
     "sdxl": "SDXL",
     "flux": "Flux.1",
+    "sd3": "Stable Diffusion 3.x",
 }
 CONFIG_NAMES = ("sd1", "sd2", "sd2-v", "sdxl")
 
@@ -257,6 +258,8 @@ def detect_from_configs(
     class_name = str(model_index.get("_class_name", ""))
     if class_name == "FluxPipeline" and "transformer" in model_index:
         return _flux_folder(unet)
+    if class_name == "StableDiffusion3Pipeline" and "transformer" in model_index:
+        return _sd3_folder(model_index, unet)
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross
     in_channels = unet.get("in_channels", 4)
@@ -337,6 +340,31 @@ def _flux_folder(transformer: Mapping[str, Any]) -> Detection:
         1024,
         None,
         "FluxPipeline",
+    )
+
+
+def _sd3_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
+    layers = int(transformer.get("num_layers", 0))
+    dual = transformer.get("dual_attention_layers") or ()
+    normed = transformer.get("qk_norm") == "rms_norm"
+    if dual:
+        shape, why_shape = "SD3.5 Medium", f"{len(dual)} of them with a second attention (MMDiT-X)"
+    elif normed:
+        shape, why_shape = "SD3.5 Large", "RMS-normed queries and keys"
+    else:
+        shape, why_shape = "SD3 Medium", "no query/key norm"
+    encoders = "CLIP-L, CLIP-G and T5" if "text_encoder_3" in model_index else "CLIP-L and CLIP-G"
+    width = int(transformer.get("num_attention_heads", 0)) * int(
+        transformer.get("attention_head_dim", 0)
+    )
+    because = (
+        f"{shape}-shaped: its StableDiffusion3Pipeline has an SD3Transformer2DModel (MMDiT) with "
+        f"{layers} joint blocks, {width} wide, {why_shape}, on "
+        f"{transformer.get('in_channels', 16)}-channel latents, and {encoders} text encoders; "
+        "flow matching."
+    )
+    return Detection(
+        "sd3", True, f"an {shape} pipeline", because, "flow", 1024, None, "StableDiffusion3Pipeline"
     )
 
 

@@ -249,3 +249,60 @@ def build_tiny_flux_pipeline(seed: int = 0, guidance: bool = True):
         tokenizer_2=t5_tokenizer(),
         transformer=tiny_flux_transformer(seed + 3, guidance),
     )
+
+
+SD3_SCHEDULER_CONFIG: dict[str, Any] = {"num_train_timesteps": 1000, "shift": 3.0}
+
+
+def build_tiny_sd3_pipeline(seed: int = 0):
+    """A tiny SD3.5-shaped pipeline: CLIP-L- and CLIP-G-shaped encoders with projections, a
+    T5-shaped third encoder, a two-block MMDiT with RMS-normed q/k (as SD3.5), and a
+    16-channel VAE with SD3's latent scale and shift."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+
+    _seeded(seed + 1)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 32, 32),
+        layers_per_block=1,
+        norm_num_groups=8,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=1.5305,
+        shift_factor=0.0609,
+    ).eval()
+    _seeded(seed + 3)
+    transformer = SD3Transformer2DModel(
+        sample_size=16,
+        patch_size=2,
+        in_channels=16,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=64,  # T5's width; the CLIP features (32 + 32) are padded to it
+        caption_projection_dim=32,
+        pooled_projection_dim=64,  # CLIP-L's and CLIP-G's pooled vectors side by side
+        out_channels=16,
+        pos_embed_max_size=32,
+        qk_norm="rms_norm",
+    ).eval()
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER_CONFIG),
+        vae=vae,
+        text_encoder=tiny_text_encoder(seed + 2, projection=32),
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=tiny_text_encoder(seed + 4, projection=32),
+        tokenizer_2=clip_tokenizer(pad_token="!"),
+        text_encoder_3=tiny_t5(seed + 5, hidden=64),
+        tokenizer_3=t5_tokenizer(),
+        transformer=transformer,
+    )

@@ -7,9 +7,10 @@ through the user's schedule, and how generation makes its noise, its sampler and
 latents. The health check and generation loop over a family's components and call these steps;
 neither names an architecture. A new family is one more class here.
 
-Families: Stable Diffusion 1.x/2.x and SDXL (UNet, epsilon or v prediction, CFG batch), and
+Families: Stable Diffusion 1.x/2.x and SDXL (UNet, epsilon or v prediction, CFG batch),
 Flux.1 dev/schnell (a `transformer` on packed 2x2 latent patches, flow matching, a 16-channel
-VAE with a shift, CLIP-L pooled + T5 sequence, guidance as an embedding instead of a CFG batch).
+VAE with a shift, CLIP-L pooled + T5 sequence, guidance as an embedding instead of a CFG batch)
+and SD3/SD3.5 (an MMDiT `transformer`, CLIP-L + CLIP-G + T5, flow matching with the CFG batch).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from app.core.settings import SCHEDULERS
 
 PROBE_CFG = 7.0  # the check's classifier-free guidance scale (SD family)
 PROBE_GUIDANCE = 3.5  # the check's distilled guidance (Flux.1 dev's guidance embedding)
+PROBE_SD3_CFG = 4.5  # the check's guidance for SD3.5 (its reference pipelines use 3.5 to 4.5)
 
 
 @dataclass(frozen=True)
@@ -350,6 +352,131 @@ class FluxFamily(Family):
         return FluxPipeline._unpack_latents(latents, height, width, self.latent_factor(pipeline))
 
 
+@dataclass(frozen=True)
+class SD3Family(Family):
+    """Stable Diffusion 3 / 3.5 (large and medium): CLIP-L and CLIP-G give token features side
+    by side and a pooled vector each, T5-XXL the longer token sequence after them; an MMDiT
+    `transformer` denoises 2x2 patches of a 16-channel latent by flow matching, with the CFG
+    batch (negative first) as SD does."""
+
+    name: str = "sd3"
+    denoiser: str = "transformer"
+    sample_argument: str = "hidden_states"
+    max_sequence_length: int = 256  # T5 tokens, the reference pipeline's default
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
+            prompt=prompt,
+            prompt_2=None,
+            prompt_3=None,
+            device=device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=guidance,
+            negative_prompt=negative,
+            max_sequence_length=self.max_sequence_length,
+        )
+        tensors = {
+            "prompt_embeds": embeds,
+            "negative_prompt_embeds": negative_embeds,
+            "pooled_prompt_embeds": pooled,
+            "negative_pooled_prompt_embeds": negative_pooled,
+        }
+        return {k: v for k, v in tensors.items() if v is not None}
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        clip_tokens = pipe.tokenizer_max_length
+        first = pipe.text_encoder.config
+        second = pipe.text_encoder_2.config
+        hidden = _hidden(tensors)
+        pooled = [
+            tensors[k]
+            for k in ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")
+            if k in tensors
+        ]
+        wide, pooled_wide = first.hidden_size, first.projection_dim
+        outputs = {
+            "text_encoder": [h[:, :clip_tokens, :wide] for h in hidden]
+            + [p[..., :pooled_wide] for p in pooled],
+            "text_encoder_2": [h[:, :clip_tokens, wide : wide + second.hidden_size] for h in hidden]
+            + [p[..., pooled_wide:] for p in pooled],
+        }
+        if getattr(pipe, "text_encoder_3", None) is not None:
+            outputs["text_encoder_3"] = [h[:, clip_tokens:] for h in hidden]
+        return outputs
+
+    def denoiser_inputs(self, conditioning: dict[str, Any], size: int, device) -> dict[str, Any]:
+        import torch
+
+        return {
+            "encoder_hidden_states": torch.cat(
+                [conditioning["negative_prompt_embeds"], conditioning["prompt_embeds"]]
+            ),
+            "pooled_projections": torch.cat(
+                [
+                    conditioning["negative_pooled_prompt_embeds"],
+                    conditioning["pooled_prompt_embeds"],
+                ]
+            ),
+        }
+
+    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+
+    def sampler_words(self, name: str) -> str:
+        return "Euler"
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep of StableDiffusion3Pipeline's flow-matching
+        schedule at the user's step count (shifted as its scheduler config says)."""
+        schedule = self.make_scheduler(scheduler, model.pipeline, None)
+        schedule.set_timesteps(max(2, steps))
+        timesteps = [float(t) for t in schedule.timesteps]
+        picked = {timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]}
+        return sorted((round(t, 2) for t in picked), reverse=True)
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Flow-matching Euler steps through `timesteps` with the CFG batch; returns the
+        latents (1, 16, h, w)."""
+        import torch
+
+        transformer = pipe.transformer
+        side = size // self.latent_factor(pipe)
+        generator = torch.Generator().manual_seed(0)
+        channels = transformer.config.in_channels
+        latents = torch.randn((1, channels, side, side), generator=generator).to(device)
+        extra = self.denoiser_inputs(conditioning, size, device)
+        sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
+        for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            velocity = transformer(
+                hidden_states=torch.cat([latents] * 2),
+                timestep=torch.full([2], sigma * 1000.0, device=device),
+                **extra,
+            ).sample.float()
+            uncond, cond = velocity.chunk(2)
+            latents = latents + (following - sigma) * (uncond + PROBE_SD3_CFG * (cond - uncond))
+        return latents
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        channels = pipeline.transformer.config.in_channels
+        latent = pipeline.vae.config.latent_channels
+        if channels != latent:
+            return (
+                f"its transformer takes {channels} input channels where text-to-image with this "
+                f"{latent}-channel VAE takes {latent}."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        import torch
+
+        factor = self.latent_factor(pipeline)
+        shape = (1, pipeline.transformer.config.in_channels, height // factor, width // factor)
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        return torch.cat([torch.randn(shape, generator=g) for g in generators]), generators
+
+
 def _hidden(tensors: dict[str, Any]) -> list[Any]:
     return [tensors[k] for k in ("prompt_embeds", "negative_prompt_embeds") if k in tensors]
 
@@ -359,6 +486,8 @@ def family_of(pipeline) -> Family:
     transformer = getattr(pipeline, "transformer", None)
     if transformer is not None and type(transformer).__name__ == "FluxTransformer2DModel":
         return FluxFamily()
+    if transformer is not None and type(transformer).__name__ == "SD3Transformer2DModel":
+        return SD3Family()
     if getattr(pipeline, "text_encoder_2", None) is not None:
         return SDXLFamily()
     return Family()

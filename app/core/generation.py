@@ -1123,6 +1123,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("VAE precision", s.get("vae_precision")),
         ("Text encoder precision", s.get("text_encoder_precision")),
         ("Text encoder 2 precision", s.get("text_encoder_2_precision")),
+        ("Text encoder 3 precision", s.get("text_encoder_3_precision")),
         ("Upcast attention", s.get("upcast_attention")),
         ("Attention backend", s.get("attention_backend")),
         ("TF32", s.get("allow_tf32")),

@@ -692,6 +692,10 @@ def _recommend(
     why["text_encoder_2_precision"] = (
         "Follows the text encoder: SDXL's second encoder moves on its own only if it overflows"
     )
+    rec["text_encoder_3_precision"] = base
+    why["text_encoder_3_precision"] = (
+        "Follows the text encoder: SD3's T5 encoder moves on its own only if it overflows"
+    )
     if base == "fp16" and bf16_ok:
         rec["vae_precision"] = "bf16"
         why["vae_precision"] = (
@@ -755,6 +759,7 @@ def _recommend(
         "vae_precision",
         "text_encoder_precision",
         "text_encoder_2_precision",
+        "text_encoder_3_precision",
     )
     forced: dict[str, str] = {}  # setting -> the quirk reason that forced it
     for quirk in device.quirks:

@@ -55,6 +55,8 @@ _WEIGHT_PREFIXES = (
     ("conditioner.embedders.0.", "text_encoder"),
     ("conditioner.embedders.1.", "text_encoder_2"),
     ("text_encoder_2.", "text_encoder_2"),
+    ("text_encoder_3.", "text_encoder_3"),
+    ("transformer.", "transformer"),
     ("text_encoder.", "text_encoder"),
     ("unet.", "unet"),
     ("vae.", "vae"),

@@ -249,6 +249,17 @@ SCHEMA: tuple[Field, ...] = (
         cli=True,
     ),
     Field(
+        "text_encoder_3_precision",
+        "choice",
+        "auto",
+        "Third text encoder precision",
+        "Override for SD3's third text encoder (T5-XXL), the one known to overflow in fp16. "
+        "'auto' follows the text encoder precision.",
+        "Precision",
+        choices=DTYPE_CHOICES,
+        cli=True,
+    ),
+    Field(
         "t5_fp32_feed_forward",
         "bool",
         False,
@@ -483,6 +494,7 @@ class PrecisionSettings:
     vae_precision: str = FIELDS["vae_precision"].default
     text_encoder_precision: str = FIELDS["text_encoder_precision"].default
     text_encoder_2_precision: str = FIELDS["text_encoder_2_precision"].default
+    text_encoder_3_precision: str = FIELDS["text_encoder_3_precision"].default
     t5_fp32_feed_forward: bool = FIELDS["t5_fp32_feed_forward"].default
     no_half: bool = FIELDS["no_half"].default
     no_half_vae: bool = FIELDS["no_half_vae"].default
