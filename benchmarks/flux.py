@@ -1,9 +1,11 @@
-"""Flux.1 on the CPU at tiny size: the health check after load next to one 20-step generation
-(plain FluxPipeline, same size, same plan), for the dev (guidance embedding) and schnell shapes.
+"""Flux.1 and SD3.5 on the CPU at tiny size: the health check after load next to one 20-step
+generation (the plain diffusers pipeline, same size, same plan), for the Flux.1 dev (guidance
+embedding) and schnell shapes and the SD3.5 shape (MMDiT, CFG batch).
 
-The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`): the ratio says how
-the check's stages (CLIP and T5 once, 3 transformer steps, one VAE decode) compare with a
-generation's 20 steps; absolute times at this size are dominated by per-call overheads.
+The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
+`demo.build_tiny_sd3_pipeline`): the ratio says how the check's stages (text encoders once,
+3 transformer steps, one VAE decode) compare with a generation's 20 steps; absolute times at
+this size are dominated by per-call overheads.
 
 Usage: python benchmarks/flux.py [--sizes 64,128] [--repeats 3] [--json FILE]
 """
@@ -16,28 +18,31 @@ import statistics
 from common import emit, machine, timed
 
 
-def bench(guidance: bool, size: int, repeats: int) -> dict:
+def bench(shape: str, size: int, repeats: int) -> dict:
     import torch
 
     from app.core import health
     from app.core.checkpoint import scan_weights
-    from app.core.demo import build_tiny_flux_pipeline
+    from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
     from app.core.models import LoadedModel
     from app.core.precision import PlacedPipeline, backend_flags
     from app.core.settings import PrecisionSettings
 
-    pipeline = build_tiny_flux_pipeline(guidance=guidance)
+    if shape == "sd3.5":
+        pipeline = build_tiny_sd3_pipeline()
+    else:
+        pipeline = build_tiny_flux_pipeline(guidance=shape == "flux-dev")
     model = LoadedModel(
         pipeline=pipeline,
         source="<tiny flux>",
         name="tiny-flux",
         format="demo",
-        architecture="flux-dev" if guidance else "flux-schnell",
+        architecture="sd3" if shape == "sd3.5" else shape,
         prediction_type="flow",
         native_size=size,
         stored_dtype="fp32",
         model_hash=None,
-        profile_key=f"bench-tiny-flux-{guidance}",
+        profile_key=f"bench-tiny-{shape}",
         weights=scan_weights(pipeline),
         detected_because="benchmark",
     )
@@ -60,7 +65,7 @@ def bench(guidance: bool, size: int, repeats: int) -> dict:
                 num_inference_steps=20,
                 height=size,
                 width=size,
-                guidance_scale=3.5,
+                guidance_scale=4.5 if shape == "sd3.5" else 3.5,
                 generator=torch.Generator().manual_seed(0),
             )
 
@@ -69,7 +74,9 @@ def bench(guidance: bool, size: int, repeats: int) -> dict:
     generations = [timed(generate, torch.device("cpu")) for _ in range(repeats)]
     c, g = statistics.median(checks), statistics.median(generations)
     return {
-        "model": "tiny Flux.1 " + ("dev" if guidance else "schnell"),
+        "model": {"flux-dev": "tiny Flux.1 dev", "flux-schnell": "tiny Flux.1 schnell"}.get(
+            shape, "tiny SD3.5"
+        ),
         "size": size,
         "check_s": round(c, 3),
         "generation_20_steps_s": round(g, 3),
@@ -85,8 +92,8 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = [
-        bench(guidance, int(size), args.repeats)
-        for guidance in (True, False)
+        bench(shape, int(size), args.repeats)
+        for shape in ("flux-dev", "flux-schnell", "sd3.5")
         for size in args.sizes.split(",")
     ]
     table = "\n".join(

@@ -258,6 +258,8 @@ def detect_from_configs(
     class_name = str(model_index.get("_class_name", ""))
     if class_name == "FluxPipeline" and "transformer" in model_index:
         return _flux_folder(unet)
+    if class_name == "ChromaPipeline" and "transformer" in model_index:
+        return _chroma_folder(unet)
     if class_name == "StableDiffusion3Pipeline" and "transformer" in model_index:
         return _sd3_folder(model_index, unet)
     cross = unet.get("cross_attention_dim")
@@ -340,6 +342,21 @@ def _flux_folder(transformer: Mapping[str, Any]) -> Detection:
         1024,
         None,
         "FluxPipeline",
+    )
+
+
+def _chroma_folder(transformer: Mapping[str, Any]) -> Detection:
+    width = int(transformer.get("num_attention_heads", 0)) * int(
+        transformer.get("attention_head_dim", 0)
+    )
+    because = (
+        f"Chroma: its ChromaPipeline has a Flux-shaped ChromaTransformer2DModel with "
+        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} single "
+        f"blocks, {width} wide, whose modulation comes from a small approximator network instead "
+        "of CLIP and a guidance embedding, and a T5 text encoder only; flow matching with real CFG."
+    )
+    return Detection(
+        "chroma", True, "a Chroma pipeline", because, "flow", 1024, None, "ChromaPipeline"
     )
 
 

@@ -306,3 +306,31 @@ def build_tiny_sd3_pipeline(seed: int = 0):
         tokenizer_3=t5_tokenizer(),
         transformer=transformer,
     )
+
+
+def build_tiny_chroma_pipeline(seed: int = 0):
+    """A tiny Chroma-shaped pipeline: a T5-shaped encoder, one double and two single blocks
+    with Chroma's modulation approximator, Flux's 16-channel VAE and schedule."""
+    from diffusers import ChromaPipeline, ChromaTransformer2DModel, FlowMatchEulerDiscreteScheduler
+
+    _seeded(seed + 3)
+    transformer = ChromaTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(4, 14, 14),
+        approximator_num_channels=8,
+        approximator_hidden_dim=32,
+        approximator_layers=1,
+    ).eval()
+    return ChromaPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER_CONFIG),
+        vae=tiny_flux_vae(seed + 1),
+        text_encoder=tiny_t5(seed + 2),
+        tokenizer=t5_tokenizer(),
+        transformer=transformer,
+    )
