@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from app.core import architecture as arch
-from app.core import paths
+from app.core import paths, split
 from app.core.checkpoint import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIX,
@@ -45,9 +45,13 @@ class LibraryEntry:
     stored_dtype: str | None  # "fp16", "bf16", "fp32", "mixed"; None when not read
     size_bytes: int
     error: str | None = None  # one sentence when the file is broken
-    format: str = "single_file"  # "single_file" | "diffusers" | "pickle"
+    format: str = "single_file"  # "single_file" | "diffusers" | "pickle" | "split_files"
     supported: bool = False  # HalfSafe can load it
     detected_because: str | None = None
+    # A split transformer file (Flux.1 as ComfyUI keeps it): the companion files found beside
+    # it by component (None where missing), and the sentence naming what is missing.
+    companions: dict[str, str | None] | None = None
+    missing: str | None = None
 
 
 def default_model_folders() -> list[Path]:
@@ -58,9 +62,16 @@ def default_model_folders() -> list[Path]:
         home / "stable-diffusion-webui" / "models" / "Stable-diffusion",
         home / "stable-diffusion-webui-forge" / "models" / "Stable-diffusion",
         home / "sd.webui" / "webui" / "models" / "Stable-diffusion",
-        home / "ComfyUI" / "models" / "checkpoints",
-        home / "ComfyUI_windows_portable" / "ComfyUI" / "models" / "checkpoints",
-        home / "Documents" / "ComfyUI" / "models" / "checkpoints",
+        *(
+            comfy / "models" / folder
+            for comfy in (
+                home / "ComfyUI",
+                home / "ComfyUI_windows_portable" / "ComfyUI",
+                home / "Documents" / "ComfyUI",
+            )
+            # Full checkpoints, and the transformer files of split models (Flux.1).
+            for folder in ("checkpoints", "diffusion_models", "unet")
+        ),
         home / "StabilityMatrix" / "Data" / "Models" / "StableDiffusion",
         home / "StabilityMatrix" / "Models" / "StableDiffusion",
     ]
@@ -143,9 +154,11 @@ def scan_library(
                 entry = _inspect(path, kind)
         else:
             entry = _inspect(path, kind)
-        entries.append(entry)
         if stamp is not None:
             fresh[key] = {"stamp": stamp, "entry": asdict(entry)}
+        if entry.format == "split_files" and entry.supported:
+            entry = _with_companions(entry)  # never cached: companions come and go
+        entries.append(entry)
     progress("Scanning model folders", len(candidates), len(candidates))
     if use_cache:
         _save_index(fresh)
@@ -224,10 +237,35 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             sidecar_text = sidecar.read_text(encoding="utf-8", errors="replace")[:100_000]
         except OSError:
             sidecar_text = None
+    dtype = stored_dtype(header.dtypes().values())
+    prefix = split.flux_prefix(header.shapes())
+    if prefix is not None:
+        try:
+            config = split.flux_transformer_config(header.shapes(), prefix)
+        except ValueError as error:
+            return LibraryEntry(
+                str(path),
+                "flux",
+                dtype if dtype != "none" else None,
+                size,
+                None,
+                format="split_files",
+                detected_because=f"a Flux-style transformer HalfSafe cannot build: {error}.",
+            )
+        architecture, because = split.describe_flux(config, prefix)
+        return LibraryEntry(
+            str(path),
+            architecture,
+            dtype if dtype != "none" else None,
+            size,
+            None,
+            format="split_files",
+            supported=True,
+            detected_because=because,
+        )
     detection = arch.detect_architecture(
         header.shapes(), metadata=header.metadata, name=path.name, sidecar_config=sidecar_text
     )
-    dtype = stored_dtype(header.dtypes().values())
     return LibraryEntry(
         str(path),
         detection.architecture,
@@ -239,12 +277,38 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
     )
 
 
+def _with_companions(entry: LibraryEntry) -> LibraryEntry:
+    """A split transformer file's entry with the companions found beside it (headers only)."""
+    from dataclasses import replace
+
+    path = Path(entry.path)
+    try:
+        shapes = read_safetensors_header(path).shapes()
+        config = split.flux_transformer_config(shapes, split.flux_prefix(shapes) or "")
+    except (BadFileError, ValueError):
+        return entry
+    needs = {
+        "t5_width": config["joint_attention_dim"],
+        "clip_width": config["pooled_projection_dim"],
+        "latent_channels": config["in_channels"] // 4,
+    }
+    found = split.find_companions(path, [], None, needs)
+    companions = {
+        "text_encoder": str(found.clip) if found.clip else None,
+        "text_encoder_2": str(found.t5) if found.t5 else None,
+        "vae": str(found.vae) if found.vae else None,
+    }
+    missing = split.missing_sentence(found, path)
+    return replace(entry, companions=companions, missing=missing, supported=missing is None)
+
+
 def _inspect_folder(path: Path) -> LibraryEntry:
     size = 0
     dtypes: list[str] = []
     try:
         index = json.loads((path / "model_index.json").read_text(encoding="utf-8"))
-        unet = json.loads((path / "unet" / "config.json").read_text(encoding="utf-8"))
+        denoiser = "transformer" if isinstance(index, dict) and "transformer" in index else "unet"
+        unet = json.loads((path / denoiser / "config.json").read_text(encoding="utf-8"))
         scheduler_file = path / "scheduler" / "scheduler_config.json"
         scheduler = (
             json.loads(scheduler_file.read_text(encoding="utf-8"))
@@ -260,7 +324,8 @@ def _inspect_folder(path: Path) -> LibraryEntry:
             None,
             None,
             0,
-            f"{path}: its model_index.json or unet/config.json cannot be read ({reason}).",
+            f"{path}: its model_index.json or its unet's or transformer's config.json cannot "
+            f"be read ({reason}).",
             format="diffusers",
         )
     for file in path.rglob("*"):

@@ -295,3 +295,26 @@ def test_generation_watches_repairs_and_names_the_flux_sampler(tmp_path):
     assert "CFG scale: 1, Distilled CFG Scale: 3.5" in text
     assert any("does not apply" in w for w in result.warnings)  # the default DPM++ 2M Karras
     assert json.loads(json.dumps(result.to_json()))["images"][0]["status"] == "fixed"
+
+
+def test_library_lists_a_split_transformer_with_its_companions_or_what_is_missing(tmp_path):
+    from app.core.library import scan_library
+
+    written = models.save_flux_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    folder = str(tmp_path / "models" / "diffusion_models")
+
+    (entry,) = scan_library([folder], include_defaults=False, use_cache=False)
+
+    assert (entry.format, entry.architecture, entry.supported) == ("split_files", "flux-dev", True)
+    assert entry.companions == {
+        "text_encoder": str(written["text_encoder"]),
+        "text_encoder_2": str(written["text_encoder_2"]),
+        "vae": str(written["vae"]),
+    }
+    assert entry.missing is None
+
+    written["vae"].unlink()
+    (entry,) = scan_library([folder], include_defaults=False, use_cache=False)
+
+    assert entry.supported is False and entry.companions["vae"] is None
+    assert "needs its 16-channel VAE (ae)" in entry.missing
