@@ -418,21 +418,35 @@ class _Job:
 
         pipe = self._pipeline(plan)
         request = self.request
-        with backend_flags(plan), torch.inference_mode():
-            tensors = self.family.encode(
-                pipe, request.prompt, request.negative_prompt, self.device, self.do_cfg
-            )
-            bad = self._encoder_flags(pipe, tensors) if self.watch else {}
+        saturated: dict[str, list[Any]] = {}
+        hooks = []
+        if self.watch:
+            for name in self.family.text_encoders(self.model.pipeline):
+                for block in _clamped_encoder_blocks(self.placed[name]):
+                    hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                tensors = self.family.encode(
+                    pipe, request.prompt, request.negative_prompt, self.device, self.do_cfg
+                )
+                bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
+        finally:
+            for hook in hooks:
+                hook.remove()
         return _Conditioning(tensors, bad)
 
-    def _encoder_flags(self, pipe, tensors: dict[str, Any]) -> dict[str, Any]:
-        """Per text encoder, a device-side flag: did its part of the embeddings go non-finite."""
+    def _encoder_flags(
+        self, pipe, tensors: dict[str, Any], saturated: dict[str, list[Any]]
+    ) -> dict[str, Any]:
+        """Per text encoder, a device-side flag: did its part of the embeddings go non-finite,
+        or did one of its blocks saturate at fp16's limit (T5 clamps an overflow there)."""
         import torch
 
-        return {
-            name: ~torch.stack([torch.isfinite(p).all() for p in parts]).all()
-            for name, parts in self.family.encoder_outputs(pipe, tensors).items()
-        }
+        flags = {}
+        for name, parts in self.family.encoder_outputs(pipe, tensors).items():
+            checks = [~torch.isfinite(p).all() for p in parts] + saturated.get(name, [])
+            flags[name] = torch.stack(checks).any()
+        return flags
 
     def noise(self, seeds: list[int]):
         """Initial latents as the family's pipeline takes them and per-image generators (CPU,
@@ -780,6 +794,30 @@ def _relevant_change(component: str, tried: PrecisionPlan, base: PrecisionPlan) 
     if any(getattr(tried, f) != getattr(base, f) for f in flags):
         return True
     return COMPONENTS[component].has_attention and tried.upcast_attention != base.upcast_attention
+
+
+def _clamped_encoder_blocks(module) -> list[Any]:
+    """The blocks of a T5 encoder: transformers clamps their fp16 output to 65504 (64504 once
+    an inf appeared), so a T5 overflow comes out finite and wrong instead of NaN."""
+    from app.core.diagnosis import is_t5
+
+    encoder = getattr(module, "encoder", None)
+    return list(getattr(encoder, "block", None) or []) if is_t5(module) else []
+
+
+def _saturation_hook(saturated: dict[str, list[Any]], name: str):
+    """A forward hook that keeps, on the device, whether a block's fp16 output reached the
+    clamp (no host sync)."""
+    from app.core.components import FP16_MAX
+
+    def hook(module, args, output):
+        import torch
+
+        hidden = output[0] if isinstance(output, tuple) else output
+        if isinstance(hidden, torch.Tensor) and hidden.dtype == torch.float16:
+            saturated.setdefault(name, []).append((hidden.abs() >= FP16_MAX - 1000).any())
+
+    return hook
 
 
 def _first_bad(probe) -> str | None:

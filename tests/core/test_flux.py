@@ -318,3 +318,20 @@ def test_library_lists_a_split_transformer_with_its_companions_or_what_is_missin
 
     assert entry.supported is False and entry.companions["vae"] is None
     assert "needs its 16-channel VAE (ae)" in entry.missing
+
+
+def test_generation_catches_a_clamped_t5_overflow_and_keeps_only_wo_in_fp32(tmp_path):
+    # transformers clamps T5's fp16 overflow to 65504, so the embeddings come out finite and
+    # wrong: the watch must see the clamp, and the repair must be the T5 feed-forward island.
+    pipeline = plant(build_tiny_flux_pipeline(), "t5")
+    request = generation.GenerationRequest(
+        prompt="a red cat", steps=2, cfg=3.5, seed=5, width=64, height=64, output_dir=str(tmp_path)
+    )
+
+    result = generation.generate(loaded(pipeline, "flux-t5"), request, precision=FP16, device="cpu")
+
+    image = result.images[0]
+    assert (image.status, image.component) == ("fixed", "text_encoder_2")
+    assert image.first_bad_module == T5_LAYER
+    assert image.fix == {"t5_fp32_feed_forward": True}
+    assert image.settings["text_encoder_2_precision"] == "fp16"
