@@ -1,13 +1,15 @@
-"""Flux.1 and SD3.5 on the CPU at tiny size: the health check after load next to one 20-step
+"""Flux.1, Chroma and SD3.5 on the CPU at tiny size: the health check after load next to one 20-step
 generation (the plain diffusers pipeline, same size, same plan), for the Flux.1 dev (guidance
-embedding) and schnell shapes and the SD3.5 shape (MMDiT, CFG batch).
+embedding) and schnell shapes, Chroma (T5 only, real CFG) and the SD3.5 shape (MMDiT, CFG
+batch).
 
 The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
 `demo.build_tiny_sd3_pipeline`): the ratio says how the check's stages (text encoders once,
 3 transformer steps, one VAE decode) compare with a generation's 20 steps; absolute times at
 this size are dominated by per-call overheads.
 
-Usage: python benchmarks/flux.py [--sizes 64,128] [--repeats 3] [--json FILE]
+Usage: python benchmarks/flux.py [--sizes 64,128] [--repeats 3]
+       [--models flux-dev,flux-schnell,chroma,sd3.5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ def bench(shape: str, size: int, repeats: int) -> dict:
 
     from app.core import health
     from app.core.checkpoint import scan_weights
-    from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
+    from app.core.demo import (
+        build_tiny_chroma_pipeline,
+        build_tiny_flux_pipeline,
+        build_tiny_sd3_pipeline,
+    )
     from app.core.models import LoadedModel
     from app.core.precision import PlacedPipeline, backend_flags
     from app.core.settings import PrecisionSettings
 
     if shape == "sd3.5":
         pipeline = build_tiny_sd3_pipeline()
+    elif shape == "chroma":
+        pipeline = build_tiny_chroma_pipeline()
     else:
         pipeline = build_tiny_flux_pipeline(guidance=shape == "flux-dev")
     model = LoadedModel(
@@ -37,7 +45,7 @@ def bench(shape: str, size: int, repeats: int) -> dict:
         source="<tiny flux>",
         name="tiny-flux",
         format="demo",
-        architecture="sd3" if shape == "sd3.5" else shape,
+        architecture={"sd3.5": "sd3"}.get(shape, shape),
         prediction_type="flow",
         native_size=size,
         stored_dtype="fp32",
@@ -65,7 +73,7 @@ def bench(shape: str, size: int, repeats: int) -> dict:
                 num_inference_steps=20,
                 height=size,
                 width=size,
-                guidance_scale=4.5 if shape == "sd3.5" else 3.5,
+                guidance_scale={"sd3.5": 4.5, "chroma": 5.0}.get(shape, 3.5),
                 generator=torch.Generator().manual_seed(0),
             )
 
@@ -74,9 +82,11 @@ def bench(shape: str, size: int, repeats: int) -> dict:
     generations = [timed(generate, torch.device("cpu")) for _ in range(repeats)]
     c, g = statistics.median(checks), statistics.median(generations)
     return {
-        "model": {"flux-dev": "tiny Flux.1 dev", "flux-schnell": "tiny Flux.1 schnell"}.get(
-            shape, "tiny SD3.5"
-        ),
+        "model": {
+            "flux-dev": "tiny Flux.1 dev",
+            "flux-schnell": "tiny Flux.1 schnell",
+            "chroma": "tiny Chroma",
+        }.get(shape, "tiny SD3.5"),
         "size": size,
         "check_s": round(c, 3),
         "generation_20_steps_s": round(g, 3),
@@ -89,11 +99,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64,128")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default="flux-dev,flux-schnell,chroma,sd3.5")
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = [
         bench(shape, int(size), args.repeats)
-        for shape in ("flux-dev", "flux-schnell", "sd3.5")
+        for shape in args.models.split(",")
         for size in args.sizes.split(",")
     ]
     table = "\n".join(
