@@ -92,6 +92,16 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
         "--vae", metavar="PATH", help="a separate VAE file that replaces the model's"
     )
     group.add_argument(
+        "--text-encoder",
+        metavar="PATH",
+        dest="text_encoders",
+        action="append",
+        default=[],
+        help="a text-encoder file for a split transformer file (Flux.1: clip_l and t5xxl; "
+        "repeat the flag); by default they are looked for in the sibling text_encoders/ or clip/ "
+        "folder",
+    )
+    group.add_argument(
         "--allow-pickle",
         action="store_true",
         help="allow .ckpt/.pt/.bin pickle files (loaded with PyTorch's "
@@ -351,6 +361,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         steps=values["steps"],  # the probe covers the ends of the user's own sampler schedule
         scheduler=values["scheduler"],
         vae=args.vae,
+        text_encoders=args.text_encoders,
         allow_pickle=args.allow_pickle,
     )
     if args.report:

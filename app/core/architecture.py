@@ -28,7 +28,13 @@ SDXL_TEXT_2 = "conditioner.embedders.1.model."
 SDXL_REFINER_TEXT = "conditioner.embedders.0.model."
 
 SUPPORTED = ("sd1", "sd2", "sdxl")
-NAMES = {"sd1": "Stable Diffusion 1.x", "sd2": "Stable Diffusion 2.x", "sdxl": "SDXL"}
+NAMES = {
+    "sd1": "Stable Diffusion 1.x",
+    "sd2": "Stable Diffusion 2.x",
+    "sdxl": "SDXL",
+    "flux": "Flux.1",
+    "sd3": "Stable Diffusion 3.x",
+}
 CONFIG_NAMES = ("sd1", "sd2", "sd2-v", "sdxl")
 
 
@@ -247,11 +253,18 @@ def _words(kind: str) -> str:
 def detect_from_configs(
     model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
 ) -> Detection:
-    """Decide the architecture of a diffusers folder from its model_index.json and configs.
+    """Decide the architecture of a diffusers folder from its model_index.json and configs
+    (`unet` is the denoiser's config: the UNet's, or a DiT's `transformer`).
 
-    The UNet config must have passed `limits.check_unet_config` (its sizes are numbers).
+    A UNet config must have passed `limits.check_unet_config` (its sizes are numbers).
     """
     class_name = str(model_index.get("_class_name", ""))
+    if class_name == "FluxPipeline" and "transformer" in model_index:
+        return _flux_folder(unet)
+    if class_name == "ChromaPipeline" and "transformer" in model_index:
+        return _chroma_folder(unet)
+    if class_name == "StableDiffusion3Pipeline" and "transformer" in model_index:
+        return _sd3_folder(model_index, unet)
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross
     in_channels = unet.get("in_channels", 4)
@@ -302,6 +315,76 @@ def detect_from_configs(
         size,
         None,
         class_name,
+    )
+
+
+def _flux_folder(transformer: Mapping[str, Any]) -> Detection:
+    dev = bool(transformer.get("guidance_embeds"))
+    variant = "dev" if dev else "schnell"
+    latent = int(transformer.get("in_channels", 64)) // 4
+    width = int(transformer.get("num_attention_heads", 0)) * int(
+        transformer.get("attention_head_dim", 0)
+    )
+    guidance = (
+        "and a guidance embedding, as the guidance-distilled Flux.1 dev has"
+        if dev
+        else "and no guidance embedding, as Flux.1 schnell"
+    )
+    because = (
+        f"Flux.1 {variant}: its FluxPipeline has a FluxTransformer2DModel with "
+        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} "
+        f"single blocks, {width} wide, on {latent}-channel latents in 2x2 patches, {guidance}; "
+        "flow matching."
+    )
+    return Detection(
+        f"flux-{variant}",
+        True,
+        f"a Flux.1 {variant} pipeline",
+        because,
+        "flow",
+        1024,
+        None,
+        "FluxPipeline",
+    )
+
+
+def _chroma_folder(transformer: Mapping[str, Any]) -> Detection:
+    width = int(transformer.get("num_attention_heads", 0)) * int(
+        transformer.get("attention_head_dim", 0)
+    )
+    because = (
+        f"Chroma: its ChromaPipeline has a Flux-shaped ChromaTransformer2DModel with "
+        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} single "
+        f"blocks, {width} wide, whose modulation comes from a small approximator network instead "
+        "of CLIP and a guidance embedding, and a T5 text encoder only; flow matching with real CFG."
+    )
+    return Detection(
+        "chroma", True, "a Chroma pipeline", because, "flow", 1024, None, "ChromaPipeline"
+    )
+
+
+def _sd3_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
+    layers = int(transformer.get("num_layers", 0))
+    dual = transformer.get("dual_attention_layers") or ()
+    normed = transformer.get("qk_norm") == "rms_norm"
+    if dual:
+        shape, why_shape = "SD3.5 Medium", f"{len(dual)} of them with a second attention (MMDiT-X)"
+    elif normed:
+        shape, why_shape = "SD3.5 Large", "RMS-normed queries and keys"
+    else:
+        shape, why_shape = "SD3 Medium", "no query/key norm"
+    encoders = "CLIP-L, CLIP-G and T5" if "text_encoder_3" in model_index else "CLIP-L and CLIP-G"
+    width = int(transformer.get("num_attention_heads", 0)) * int(
+        transformer.get("attention_head_dim", 0)
+    )
+    because = (
+        f"{shape}-shaped: its StableDiffusion3Pipeline has an SD3Transformer2DModel (MMDiT) with "
+        f"{layers} joint blocks, {width} wide, {why_shape}, on "
+        f"{transformer.get('in_channels', 16)}-channel latents, and {encoders} text encoders; "
+        "flow matching."
+    )
+    return Detection(
+        "sd3", True, f"an {shape} pipeline", because, "flow", 1024, None, "StableDiffusion3Pipeline"
     )
 
 

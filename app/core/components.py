@@ -55,7 +55,15 @@ _ALL = (
         Role.TEXT_ENCODER,
         "text_encoder_2_precision",
         "second text encoder",
-        "SDXL's second, larger prompt encoder",
+        "a second prompt encoder: SDXL's and SD3's larger CLIP, Flux's T5",
+        False,
+    ),
+    Component(
+        "text_encoder_3",
+        Role.TEXT_ENCODER,
+        "text_encoder_3_precision",
+        "third text encoder",
+        "SD3's T5 prompt encoder, the one known to overflow in fp16",
         False,
     ),
     Component("unet", Role.DENOISER, "unet_precision", "UNet", _DENOISES, True),
@@ -68,10 +76,13 @@ _ALL = (
 COMPONENTS: dict[str, Component] = {c.name: c for c in _ALL}
 RUN_ORDER: tuple[str, ...] = tuple(COMPONENTS)
 
-# Which setting a per-component setting falls back to when left on `auto`: the second text
-# encoder follows the first (so one switch still covers both, as it did before they split),
-# every other component follows the base precision.
-SETTING_FOLLOWS = {"text_encoder_2_precision": "text_encoder_precision"}
+# Which setting a per-component setting falls back to when left on `auto`: the second and third
+# text encoders follow the first (so one switch still covers them all, as it did before they
+# split), every other component follows the base precision.
+SETTING_FOLLOWS = {
+    "text_encoder_2_precision": "text_encoder_precision",
+    "text_encoder_3_precision": "text_encoder_precision",
+}
 
 
 def component(name: str) -> Component:

@@ -155,3 +155,187 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
 def build_demo_pipeline():
     """The `demo` model: the tiny SD1.x pipeline with its fixed seed."""
     return build_tiny_sd_pipeline(seed=DEMO_VERSION * 1000)
+
+
+# Flux.1's flow-matching schedule (the reference scheduler_config of FLUX.1-dev; schnell's
+# differs only in not shifting by resolution, use_dynamic_shifting false).
+FLUX_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
+
+
+def t5_tokenizer():
+    """T5's SentencePiece vocabulary (shipped in resources/tokenizers/t5, Apache-2.0)."""
+    from transformers import T5TokenizerFast
+
+    return T5TokenizerFast(tokenizer_file=str(resource("tokenizers", "t5", "tokenizer.json")))
+
+
+def tiny_t5(seed: int, hidden: int = 32, layers: int = 2):
+    """A T5 v1.1-shaped encoder (gated-GELU feed-forward, as T5-XXL) with the real vocabulary
+    size, so the shipped tokenizer's ids fit."""
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(
+        vocab_size=32128,
+        d_model=hidden,
+        d_kv=8,
+        d_ff=hidden * 2,
+        num_layers=layers,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        is_encoder_decoder=False,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
+    _seeded(seed)
+    return T5EncoderModel(config).eval()
+
+
+def tiny_flux_vae(seed: int):
+    """A 16-channel VAE with Flux's latent scale and shift (AutoencoderKL, no quant convs)."""
+    from diffusers import AutoencoderKL
+
+    _seeded(seed)
+    return AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 32, 32),
+        layers_per_block=1,
+        norm_num_groups=8,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=0.3611,
+        shift_factor=0.1159,
+    ).eval()
+
+
+def tiny_flux_transformer(seed: int, guidance: bool = True, text: int = 32):
+    from diffusers import FluxTransformer2DModel
+
+    _seeded(seed)
+    return FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=64,  # 16 latent channels in 2x2 patches
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=text,
+        pooled_projection_dim=text,
+        guidance_embeds=guidance,
+        axes_dims_rope=(4, 14, 14),  # Flux's proportions (16, 56, 56 of 128 per head)
+    ).eval()
+
+
+def build_tiny_flux_pipeline(seed: int = 0, guidance: bool = True):
+    """A tiny Flux.1-shaped pipeline: dev with `guidance` (its guidance embedding), else
+    schnell. CLIP-L-shaped and T5-shaped encoders, one double and two single blocks."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    config = dict(
+        FLUX_SCHEDULER_CONFIG, use_dynamic_shifting=guidance, shift=3.0 if guidance else 1.0
+    )
+    return FluxPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**config),
+        vae=tiny_flux_vae(seed + 1),
+        text_encoder=tiny_text_encoder(seed + 2),
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=tiny_t5(seed + 4),
+        tokenizer_2=t5_tokenizer(),
+        transformer=tiny_flux_transformer(seed + 3, guidance),
+    )
+
+
+SD3_SCHEDULER_CONFIG: dict[str, Any] = {"num_train_timesteps": 1000, "shift": 3.0}
+
+
+def build_tiny_sd3_pipeline(seed: int = 0):
+    """A tiny SD3.5-shaped pipeline: CLIP-L- and CLIP-G-shaped encoders with projections, a
+    T5-shaped third encoder, a two-block MMDiT with RMS-normed q/k (as SD3.5), and a
+    16-channel VAE with SD3's latent scale and shift."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+
+    _seeded(seed + 1)
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(16, 32, 32, 32),
+        layers_per_block=1,
+        norm_num_groups=8,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        scaling_factor=1.5305,
+        shift_factor=0.0609,
+    ).eval()
+    _seeded(seed + 3)
+    transformer = SD3Transformer2DModel(
+        sample_size=16,
+        patch_size=2,
+        in_channels=16,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=64,  # T5's width; the CLIP features (32 + 32) are padded to it
+        caption_projection_dim=32,
+        pooled_projection_dim=64,  # CLIP-L's and CLIP-G's pooled vectors side by side
+        out_channels=16,
+        pos_embed_max_size=32,
+        qk_norm="rms_norm",
+    ).eval()
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER_CONFIG),
+        vae=vae,
+        text_encoder=tiny_text_encoder(seed + 2, projection=32),
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=tiny_text_encoder(seed + 4, projection=32),
+        tokenizer_2=clip_tokenizer(pad_token="!"),
+        text_encoder_3=tiny_t5(seed + 5, hidden=64),
+        tokenizer_3=t5_tokenizer(),
+        transformer=transformer,
+    )
+
+
+def build_tiny_chroma_pipeline(seed: int = 0):
+    """A tiny Chroma-shaped pipeline: a T5-shaped encoder, one double and two single blocks
+    with Chroma's modulation approximator, Flux's 16-channel VAE and schedule."""
+    from diffusers import ChromaPipeline, ChromaTransformer2DModel, FlowMatchEulerDiscreteScheduler
+
+    _seeded(seed + 3)
+    transformer = ChromaTransformer2DModel(
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(4, 14, 14),
+        approximator_num_channels=8,
+        approximator_hidden_dim=32,
+        approximator_layers=1,
+    ).eval()
+    return ChromaPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER_CONFIG),
+        vae=tiny_flux_vae(seed + 1),
+        text_encoder=tiny_t5(seed + 2),
+        tokenizer=t5_tokenizer(),
+        transformer=transformer,
+    )

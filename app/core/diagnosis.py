@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.components import COMPONENTS, FP16_MAX, Status
+from app.core.components import COMPONENTS, FP16_MAX, Role, Status
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
 from app.core.settings import PrecisionSettings
 
@@ -99,6 +99,7 @@ def plan_for_model(
     vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
     return resolve_plan(
         precision,
+        feed_forward_islands=feed_forward_islands(pipeline),
         device=device,
         components=pipeline_components(pipeline),
         device_info=device_info,
@@ -125,6 +126,25 @@ def fp32_reference(plan: PrecisionPlan) -> PrecisionPlan:
         fp16_reduced_precision_reduction=False,
         attention_reduced_precision=False,
     )
+
+
+def is_t5(module) -> bool:
+    return type(module).__name__.startswith("T5")
+
+
+def feed_forward_islands(pipeline) -> dict[str, dict[str, str]]:
+    """Per T5 text encoder of the pipeline, its feed-forward output projections (`wo`, the
+    modules transformers keeps in fp32 for T5) as fp32 islands."""
+    islands = {}
+    for name in pipeline_components(pipeline):
+        module = getattr(pipeline, name)
+        if COMPONENTS[name].role is Role.TEXT_ENCODER and is_t5(module):
+            islands[name] = {
+                path: "fp32"
+                for path, _ in module.named_modules()
+                if path.endswith("DenseReluDense.wo")
+            }
+    return islands
 
 
 # --- fixes --------------------------------------------------------------------------------
@@ -160,8 +180,10 @@ def candidate_fixes(
     component: str, plan: PrecisionPlan, first_bad: str | None, module, bf16_native: bool
 ) -> Iterator[FixCandidate]:
     """Fixes for one failing component, cheapest first: reduced-precision accumulation off
-    (CUDA), upcast attention (when the first bad layer is an attention layer), bf16 (where
-    native), fp32 for that component alone. Whole-model fp32 is the caller's last resort."""
+    (CUDA), upcast attention (when the first bad layer is an attention layer), the T5
+    feed-forward output projections in fp32 (when the first bad layer is in a T5 feed-forward:
+    a few matrices instead of the whole encoder), bf16 (where native), fp32 for that component
+    alone. Whole-model fp32 is the caller's last resort."""
     spec = COMPONENTS[component]
     dtype = plan.dtypes[component]
     reduced = (
@@ -181,6 +203,21 @@ def candidate_fixes(
             replace(plan, upcast_attention=True),
             {"upcast_attention": True},
             "upcast attention to fp32",
+        )
+    if (
+        dtype != "fp32"
+        and is_t5(module)
+        and first_bad is not None
+        and "DenseReluDense" in first_bad
+        and not plan.islands(component)
+    ):
+        islands = {
+            path: "fp32" for path, _ in module.named_modules() if path.endswith("DenseReluDense.wo")
+        }
+        yield FixCandidate(
+            plan.with_modules(component, islands),
+            {"t5_fp32_feed_forward": True},
+            f"keep the {spec.words}'s T5 feed-forward output projections (wo) in fp32",
         )
     if dtype == "fp16" and bf16_native:
         yield FixCandidate(

@@ -2,10 +2,16 @@
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
 prompt into the named tensors its denoiser takes, which of those tensors come from which text
-encoder (so the NaN watch can blame the right one), and how to make the denoiser's extra inputs
-for the check's probe. The health check and generation loop over a family's components and call
-these steps; neither names an architecture. A new family (a DiT with a `transformer`, other
-text encoders) is one more class here.
+encoder (so the NaN watch can blame the right one), how the check's probe steps the denoiser
+through the user's schedule, and how generation makes its noise, its sampler and its pixels'
+latents. The health check and generation loop over a family's components and call these steps;
+neither names an architecture. A new family is one more class here.
+
+Families: Stable Diffusion 1.x/2.x and SDXL (UNet, epsilon or v prediction, CFG batch),
+Flux.1 dev/schnell (a `transformer` on packed 2x2 latent patches, flow matching, a 16-channel
+VAE with a shift, CLIP-L pooled + T5 sequence, guidance as an embedding instead of a CFG batch)
+Chroma (Flux-shaped, T5 only, real CFG) and SD3/SD3.5 (an MMDiT `transformer`, CLIP-L + CLIP-G
++ T5, flow matching with the CFG batch).
 """
 
 from __future__ import annotations
@@ -14,6 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import Role, of_role
+from app.core.errors import HalfSafeError
+from app.core.settings import SCHEDULERS
+
+PROBE_CFG = 7.0  # the check's classifier-free guidance scale (SD family)
+PROBE_GUIDANCE = 3.5  # the check's distilled guidance (Flux.1 dev's guidance embedding)
+PROBE_CHROMA_CFG = 5.0  # the check's guidance for Chroma (ChromaPipeline's default)
+PROBE_SD3_CFG = 4.5  # the check's guidance for SD3.5 (its reference pipelines use 3.5 to 4.5)
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,94 @@ class Family:
 
         text = torch.cat([conditioning["negative_prompt_embeds"], conditioning["prompt_embeds"]])
         return {"encoder_hidden_states": text}
+
+    # -- the denoiser ------------------------------------------------------------------------
+
+    denoiser: str = "unet"
+    sample_argument: str = "sample"  # the denoiser's keyword for the latents
+
+    def latent_factor(self, pipeline) -> int:
+        """Pixels per latent cell along one side (8 for every VAE here)."""
+        return 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
+
+    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+        return make_scheduler(name, pipeline.scheduler.config, prediction_type)
+
+    def sampler_words(self, name: str) -> str:
+        """The sampler as AUTOMATIC1111's PNG info names it."""
+        from app.core.images import SAMPLER_NAMES
+
+        return SAMPLER_NAMES[name]
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep of the user's schedule (see health)."""
+        schedule = self.make_scheduler(scheduler, model.pipeline, model.prediction_type)
+        schedule.set_timesteps(max(2, steps))
+        timesteps = [int(t) for t in schedule.timesteps]
+        picked = [timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]]
+        return sorted(set(picked), reverse=True)
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Euler steps through `timesteps` from seeded noise, with the CFG batch (negative
+        first); returns the latents (1, C, h, w) the VAE decodes."""
+        import torch
+        from diffusers import EulerDiscreteScheduler
+
+        unet = pipe.unet
+        scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        scheduler.set_timesteps(timesteps=[int(t) for t in timesteps], device=device)
+        side = size // self.latent_factor(pipe)
+        generator = torch.Generator().manual_seed(0)
+        latents = torch.randn((1, 4, side, side), generator=generator)
+        latents = latents.to(device) * scheduler.init_noise_sigma
+        extra = self.denoiser_inputs(conditioning, size, device)
+        for t in scheduler.timesteps:
+            x = scheduler.scale_model_input(torch.cat([latents] * 2), t)
+            if unet.config.in_channels > 4:  # inpainting: an empty mask and masked image
+                pad = unet.config.in_channels - 4
+                x = torch.cat([x, x.new_zeros(2, pad, side, side)], dim=1)
+            noise = unet(x, t, **extra).sample.float()
+            uncond, cond = noise.chunk(2)
+            latents = scheduler.step(uncond + PROBE_CFG * (cond - uncond), t, latents).prev_sample
+        return latents
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        """Why this model cannot make text-to-image pictures (None: it can)."""
+        channels = pipeline.unet.config.in_channels
+        if channels != 4:
+            return (
+                f"this is an inpainting model ({channels} input channels); text-to-image "
+                "needs a regular model."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        """Initial latents as the pipeline takes them, from per-image CPU generators (so a seed
+        means the same image on every device); returns (latents, generators)."""
+        import torch
+
+        factor = self.latent_factor(pipeline)
+        shape = (1, pipeline.unet.config.in_channels, height // factor, width // factor)
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        return torch.cat([torch.randn(shape, generator=g) for g in generators]), generators
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        """The pipeline call's guidance arguments."""
+        return {"guidance_scale": cfg}
+
+    def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
+        """The guidance as A1111-style PNG parameters."""
+        return [("CFG scale", f"{cfg:g}")]
+
+    def image_latents(self, pipeline, latents, height: int, width: int):
+        """The pipeline's latents as the VAE takes them, (B, C, h, w)."""
+        return latents
+
+    def clamped_blocks(self, denoiser) -> list[Any]:
+        """Blocks whose fp16 output the model's own code clamps to +-65504 (so an overflow
+        inside them comes out finite and wrong): the NaN watch counts a saturated output as
+        an overflow. None in a UNet."""
+        return []
 
 
 @dataclass(frozen=True)
@@ -91,12 +192,408 @@ class SDXLFamily(Family):
         return inputs
 
 
+@dataclass(frozen=True)
+class FluxFamily(Family):
+    """Flux.1 dev and schnell: CLIP-L gives a pooled vector, T5 the token sequence; a
+    `transformer` denoises 2x2 patches of a 16-channel latent by flow matching; dev takes the
+    guidance scale as an embedding (one batch, no negative prompt), schnell takes none."""
+
+    name: str = "flux"
+    denoiser: str = "transformer"
+    sample_argument: str = "hidden_states"
+
+    @staticmethod
+    def max_sequence_length(pipe) -> int:
+        # Flux.1 dev reads 512 T5 tokens, schnell 256 (the reference pipelines' defaults).
+        return 512 if pipe.transformer.config.guidance_embeds else 256
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        embeds, pooled, _ = pipe.encode_prompt(
+            prompt=prompt,
+            prompt_2=None,
+            device=device,
+            num_images_per_prompt=1,
+            max_sequence_length=self.max_sequence_length(pipe),
+        )
+        return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        return {
+            "text_encoder": [tensors["pooled_prompt_embeds"]],
+            "text_encoder_2": [tensors["prompt_embeds"]],
+        }
+
+    def denoiser_inputs(self, conditioning: dict[str, Any], size: int, device) -> dict[str, Any]:
+        import torch
+
+        embeds = conditioning["prompt_embeds"]
+        return {
+            "encoder_hidden_states": embeds,
+            "pooled_projections": conditioning["pooled_prompt_embeds"],
+            "txt_ids": torch.zeros(embeds.shape[1], 3, device=device),
+        }
+
+    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+        # Flux is trained for flow matching: every sampler setting runs its flow-matching Euler.
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+
+    def sampler_words(self, name: str) -> str:
+        return "Euler"  # A1111/Forge name Flux's flow-matching sampler so (schedule "Simple")
+
+    def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
+        """The sigmas FluxPipeline runs at this step count and size (resolution-shifted)."""
+        import numpy as np
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        scheduler = self.make_scheduler("euler", pipeline, None)
+        config = scheduler.config
+        side = size // self.latent_factor(pipeline) // 2
+        mu = calculate_shift(
+            side * side,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        scheduler.set_timesteps(sigmas=sigmas, mu=mu)
+        return [float(s) for s in scheduler.sigmas[:-1]]
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep (sigma x 1000) of the flow-matching schedule
+        that FluxPipeline runs at the user's step count and this size."""
+        sigmas = self._sigmas(model.pipeline, max(2, steps), size)
+        picked = {sigmas[0], sigmas[len(sigmas) // 2], sigmas[-1]}
+        return sorted((round(s * 1000.0, 2) for s in picked), reverse=True)
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Flow-matching Euler steps through `timesteps` (x + (sigma_next - sigma) * v, the
+        last step to sigma 0), one batch with the guidance embedding; returns (1, 16, h, w)."""
+        import torch
+        from diffusers import FluxPipeline
+
+        transformer = pipe.transformer
+        side = size // self.latent_factor(pipe)
+        channels = transformer.config.in_channels // 4
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.randn((1, channels, side, side), generator=generator)
+        latents = FluxPipeline._pack_latents(noise, 1, channels, side, side).to(device)
+        image_ids = FluxPipeline._prepare_latent_image_ids(
+            1, side // 2, side // 2, device, torch.float32
+        )
+        extra = self.denoiser_inputs(conditioning, size, device)
+        if transformer.config.guidance_embeds:
+            extra["guidance"] = torch.full([1], PROBE_GUIDANCE, device=device)
+        sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
+        for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            velocity = transformer(
+                hidden_states=latents,
+                timestep=torch.full([1], sigma, device=device),
+                img_ids=image_ids,
+                **extra,
+            ).sample.float()
+            latents = latents + (following - sigma) * velocity
+        return FluxPipeline._unpack_latents(latents, size, size, self.latent_factor(pipe))
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        channels = pipeline.transformer.config.in_channels
+        latent = pipeline.vae.config.latent_channels
+        if channels != latent * 4:
+            return (
+                f"its transformer takes {channels} input channels where text-to-image with this "
+                f"{latent}-channel VAE takes {latent * 4} (a Fill, Depth or Canny model?)."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        import torch
+        from diffusers import FluxPipeline
+
+        factor = self.latent_factor(pipeline)
+        channels = pipeline.transformer.config.in_channels // 4
+        h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        packed = [
+            FluxPipeline._pack_latents(
+                torch.randn((1, channels, h, w), generator=g), 1, channels, h, w
+            )
+            for g in generators
+        ]
+        return torch.cat(packed), generators
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        # dev: the guidance embedding's scale (schnell ignores it); never a negative batch.
+        return {"guidance_scale": cfg}
+
+    def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
+        # As Forge writes Flux's: no CFG batch (scale 1), the embedding's scale beside it.
+        return [("CFG scale", "1"), ("Distilled CFG Scale", f"{cfg:g}")]
+
+    def clamped_blocks(self, denoiser) -> list[Any]:
+        # diffusers clips the fp16 residual stream of every double and single block to +-65504
+        # by hand (as ComfyUI does): an overflow inside a block leaves it saturated, not inf.
+        return [*denoiser.transformer_blocks, *denoiser.single_transformer_blocks]
+
+    def image_latents(self, pipeline, latents, height: int, width: int):
+        from diffusers import FluxPipeline
+
+        return FluxPipeline._unpack_latents(latents, height, width, self.latent_factor(pipeline))
+
+
+@dataclass(frozen=True)
+class ChromaFamily(FluxFamily):
+    """Chroma: Flux-shaped (packed 2x2 patches of a 16-channel latent, double and single
+    blocks, flow matching) with T5 as its only text encoder, its modulation computed by a small
+    network instead of a guidance embedding, and real CFG: a second call on the negative prompt,
+    each with T5's attention mask."""
+
+    name: str = "chroma"
+
+    @staticmethod
+    def max_sequence_length(pipe) -> int:
+        return 512
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        embeds, _, mask, negative_embeds, _, negative_mask = pipe.encode_prompt(
+            prompt=prompt,
+            negative_prompt=negative,
+            device=device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=guidance,
+            max_sequence_length=self.max_sequence_length(pipe),
+        )
+        tensors = {
+            "prompt_embeds": embeds,
+            "prompt_attention_mask": mask,
+            "negative_prompt_embeds": negative_embeds,
+            "negative_prompt_attention_mask": negative_mask,
+        }
+        return {k: v for k, v in tensors.items() if v is not None}
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        return {"text_encoder": _hidden(tensors)}
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Flow-matching Euler steps through `timesteps`, each a call on the prompt and one on
+        the empty negative prompt combined by CFG, as ChromaPipeline runs them."""
+        import torch
+        from diffusers import FluxPipeline
+
+        transformer = pipe.transformer
+        side = size // self.latent_factor(pipe)
+        channels = transformer.config.in_channels // 4
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.randn((1, channels, side, side), generator=generator)
+        latents = FluxPipeline._pack_latents(noise, 1, channels, side, side).to(device)
+        image_ids = FluxPipeline._prepare_latent_image_ids(
+            1, side // 2, side // 2, device, torch.float32
+        )
+        calls = []
+        for prefix in ("negative_", ""):
+            embeds = conditioning[prefix + "prompt_embeds"]
+            mask = pipe._prepare_attention_mask(
+                1,
+                latents.shape[1],
+                latents.dtype,
+                conditioning.get(prefix + "prompt_attention_mask"),
+            )
+            calls.append(
+                {
+                    "encoder_hidden_states": embeds,
+                    "txt_ids": torch.zeros(embeds.shape[1], 3, device=device),
+                    "attention_mask": mask,
+                }
+            )
+        sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
+        for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            t = torch.full([1], sigma, device=device)
+            uncond, cond = (
+                transformer(
+                    hidden_states=latents, timestep=t, img_ids=image_ids, **call
+                ).sample.float()
+                for call in calls
+            )
+            velocity = uncond + PROBE_CHROMA_CFG * (cond - uncond)
+            latents = latents + (following - sigma) * velocity
+        return FluxPipeline._unpack_latents(latents, size, size, self.latent_factor(pipe))
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        return {"guidance_scale": cfg}  # real CFG: a second call on the negative prompt
+
+    def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
+        return [("CFG scale", f"{cfg:g}")]
+
+
+@dataclass(frozen=True)
+class SD3Family(Family):
+    """Stable Diffusion 3 / 3.5 (large and medium): CLIP-L and CLIP-G give token features side
+    by side and a pooled vector each, T5-XXL the longer token sequence after them; an MMDiT
+    `transformer` denoises 2x2 patches of a 16-channel latent by flow matching, with the CFG
+    batch (negative first) as SD does."""
+
+    name: str = "sd3"
+    denoiser: str = "transformer"
+    sample_argument: str = "hidden_states"
+    max_sequence_length: int = 256  # T5 tokens, the reference pipeline's default
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
+            prompt=prompt,
+            prompt_2=None,
+            prompt_3=None,
+            device=device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=guidance,
+            negative_prompt=negative,
+            max_sequence_length=self.max_sequence_length,
+        )
+        tensors = {
+            "prompt_embeds": embeds,
+            "negative_prompt_embeds": negative_embeds,
+            "pooled_prompt_embeds": pooled,
+            "negative_pooled_prompt_embeds": negative_pooled,
+        }
+        return {k: v for k, v in tensors.items() if v is not None}
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        clip_tokens = pipe.tokenizer_max_length
+        first = pipe.text_encoder.config
+        second = pipe.text_encoder_2.config
+        hidden = _hidden(tensors)
+        pooled = [
+            tensors[k]
+            for k in ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")
+            if k in tensors
+        ]
+        wide, pooled_wide = first.hidden_size, first.projection_dim
+        outputs = {
+            "text_encoder": [h[:, :clip_tokens, :wide] for h in hidden]
+            + [p[..., :pooled_wide] for p in pooled],
+            "text_encoder_2": [h[:, :clip_tokens, wide : wide + second.hidden_size] for h in hidden]
+            + [p[..., pooled_wide:] for p in pooled],
+        }
+        if getattr(pipe, "text_encoder_3", None) is not None:
+            outputs["text_encoder_3"] = [h[:, clip_tokens:] for h in hidden]
+        return outputs
+
+    def denoiser_inputs(self, conditioning: dict[str, Any], size: int, device) -> dict[str, Any]:
+        import torch
+
+        return {
+            "encoder_hidden_states": torch.cat(
+                [conditioning["negative_prompt_embeds"], conditioning["prompt_embeds"]]
+            ),
+            "pooled_projections": torch.cat(
+                [
+                    conditioning["negative_pooled_prompt_embeds"],
+                    conditioning["pooled_prompt_embeds"],
+                ]
+            ),
+        }
+
+    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+
+    def sampler_words(self, name: str) -> str:
+        return "Euler"
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep of StableDiffusion3Pipeline's flow-matching
+        schedule at the user's step count (shifted as its scheduler config says)."""
+        schedule = self.make_scheduler(scheduler, model.pipeline, None)
+        schedule.set_timesteps(max(2, steps))
+        timesteps = [float(t) for t in schedule.timesteps]
+        picked = {timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]}
+        return sorted((round(t, 2) for t in picked), reverse=True)
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Flow-matching Euler steps through `timesteps` with the CFG batch; returns the
+        latents (1, 16, h, w)."""
+        import torch
+
+        transformer = pipe.transformer
+        side = size // self.latent_factor(pipe)
+        generator = torch.Generator().manual_seed(0)
+        channels = transformer.config.in_channels
+        latents = torch.randn((1, channels, side, side), generator=generator).to(device)
+        extra = self.denoiser_inputs(conditioning, size, device)
+        sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
+        for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            velocity = transformer(
+                hidden_states=torch.cat([latents] * 2),
+                timestep=torch.full([2], sigma * 1000.0, device=device),
+                **extra,
+            ).sample.float()
+            uncond, cond = velocity.chunk(2)
+            latents = latents + (following - sigma) * (uncond + PROBE_SD3_CFG * (cond - uncond))
+        return latents
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        channels = pipeline.transformer.config.in_channels
+        latent = pipeline.vae.config.latent_channels
+        if channels != latent:
+            return (
+                f"its transformer takes {channels} input channels where text-to-image with this "
+                f"{latent}-channel VAE takes {latent}."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        import torch
+
+        factor = self.latent_factor(pipeline)
+        shape = (1, pipeline.transformer.config.in_channels, height // factor, width // factor)
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        return torch.cat([torch.randn(shape, generator=g) for g in generators]), generators
+
+
 def _hidden(tensors: dict[str, Any]) -> list[Any]:
     return [tensors[k] for k in ("prompt_embeds", "negative_prompt_embeds") if k in tensors]
 
 
 def family_of(pipeline) -> Family:
     """The family a loaded pipeline belongs to, from the components it has."""
+    transformer = getattr(pipeline, "transformer", None)
+    if transformer is not None and type(transformer).__name__ == "FluxTransformer2DModel":
+        return FluxFamily()
+    if transformer is not None and type(transformer).__name__ == "ChromaTransformer2DModel":
+        return ChromaFamily()
+    if transformer is not None and type(transformer).__name__ == "SD3Transformer2DModel":
+        return SD3Family()
     if getattr(pipeline, "text_encoder_2", None) is not None:
         return SDXLFamily()
     return Family()
+
+
+def make_scheduler(name: str, config, prediction_type: str | None = None):
+    """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
+    config. The model's prediction type (epsilon or v_prediction) is carried over."""
+    from diffusers import (
+        DDIMScheduler,
+        DPMSolverMultistepScheduler,
+        EulerAncestralDiscreteScheduler,
+        EulerDiscreteScheduler,
+    )
+
+    extra: dict[str, Any] = {}
+    if prediction_type:
+        extra["prediction_type"] = prediction_type
+    if name == "euler":
+        return EulerDiscreteScheduler.from_config(config, **extra)
+    if name == "euler_a":
+        return EulerAncestralDiscreteScheduler.from_config(config, **extra)
+    if name == "dpmpp_2m_karras":
+        return DPMSolverMultistepScheduler.from_config(
+            config,
+            algorithm_type="dpmsolver++",
+            solver_order=2,
+            use_karras_sigmas=True,
+            **extra,
+        )
+    if name == "ddim":
+        return DDIMScheduler.from_config(config, **extra)
+    raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")

@@ -33,6 +33,7 @@ from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
+from app.core.families import make_scheduler as make_scheduler  # callers name it from here
 from app.core.images import (
     SAMPLER_NAMES,
     ImageSaveError,
@@ -45,7 +46,7 @@ from app.core.images import (
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
-from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
+from app.core.settings import FIELDS, PrecisionSettings
 
 # on_preview(step, image): a small PIL image of the first image of the batch.
 PreviewCallback = Callable[[int, Any], None]
@@ -169,10 +170,19 @@ class NanWatch:
     transfer. Create and use it on the job's thread; remove it when the run ends.
     """
 
-    def __init__(self, unet, batch: int, *, keep_failing_input: bool = True) -> None:
+    def __init__(
+        self,
+        unet,
+        batch: int,
+        *,
+        keep_failing_input: bool = True,
+        sample_argument: str = "sample",
+        clamped: list[Any] | tuple[Any, ...] = (),
+    ) -> None:
         import torch
 
         device = next(unet.parameters()).device
+        self.sample_argument = sample_argument  # the denoiser's keyword for the latents
         self.batch = batch
         self.step = 0
         self.bad = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -183,10 +193,13 @@ class NanWatch:
         self._timestep: Any = None  # (batch,)
         self._kwargs: dict[str, Any] = {}
         self._copies = 1
+        self._saturated = None  # per image: a clamped block's fp16 output hit 65504 this call
         self._handles = [
             unet.register_forward_pre_hook(self._before, with_kwargs=True),
             unet.register_forward_hook(self._after, with_kwargs=True),
         ]
+        # Blocks the model clamps to fp16's limit: a saturated output is an overflow too.
+        self._handles += [block.register_forward_hook(self._block_after) for block in clamped]
 
     def _per_image(self, flags):
         n = flags.shape[0]
@@ -196,16 +209,33 @@ class NanWatch:
 
     def _before(self, module, args, kwargs):
         if self._keep:
-            sample = args[0] if args else kwargs.get("sample")
+            sample = args[0] if args else kwargs.get(self.sample_argument)
             timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
-            rest = {k: v for k, v in kwargs.items() if k not in ("sample", "timestep")}
+            rest = {k: v for k, v in kwargs.items() if k not in (self.sample_argument, "timestep")}
             self._pending = (sample, timestep, rest)
+
+    def _block_after(self, module, args, output):
+        import torch
+
+        from app.core.components import FP16_MAX
+
+        for tensor in output if isinstance(output, tuple) else (output,):
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float16:
+                continue
+            hit = (tensor.abs() >= FP16_MAX).flatten(1).any(1) | ~torch.isfinite(tensor).flatten(
+                1
+            ).all(1)
+            self._saturated = hit if self._saturated is None else self._saturated | hit
 
     def _after(self, module, args, kwargs, output):
         import torch
 
         out = output[0] if isinstance(output, tuple) else output.sample
-        bad = self._per_image(~torch.isfinite(out).flatten(1).all(1))
+        flags = ~torch.isfinite(out).flatten(1).all(1)
+        if self._saturated is not None and self._saturated.shape == flags.shape:
+            flags = flags | self._saturated
+        self._saturated = None
+        bad = self._per_image(flags)
         newly = bad & ~self.bad
         self.first_step = torch.where(newly, self.step, self.first_step)
         if self._keep and self._pending is not None:
@@ -258,7 +288,11 @@ class NanWatch:
             for k, v in self._kwargs.items()
             if k != "return_dict"
         }
-        return {"sample": sample, "timestep": self._timestep[index], **kwargs}
+        return {
+            self.sample_argument: sample,
+            "timestep": self._timestep[index : index + 1],
+            **kwargs,
+        }
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -309,8 +343,9 @@ class _Outcome:
     stats: PixelStats
     bad_encoder: str | None = None
     bad_step: int | None = None  # 1-based
-    unet_input: dict[str, Any] | None = None
+    unet_input: dict[str, Any] | None = None  # the denoiser call that went non-finite
     watched: bool = True
+    denoiser: str = "unet"  # the family's denoiser component
 
 
 @dataclass
@@ -327,7 +362,7 @@ def _failure(outcome: _Outcome) -> str | None:
     if outcome.bad_encoder:
         return outcome.bad_encoder
     if outcome.bad_step is not None:
-        return "unet"
+        return outcome.denoiser
     if outcome.stats.non_finite > 0:
         return "vae" if outcome.watched else ""
     return None
@@ -375,8 +410,8 @@ class _Job:
     def _pipeline(self, plan: PrecisionPlan):
         self.placed.apply(plan)
         pipe = self.placed.pipeline()
-        pipe.scheduler = make_scheduler(
-            self.request.scheduler, self.model.pipeline.scheduler.config, self.model.prediction_type
+        pipe.scheduler = self.family.make_scheduler(
+            self.request.scheduler, self.model.pipeline, self.model.prediction_type
         )
         pipe.set_progress_bar_config(disable=True)
         return pipe
@@ -386,37 +421,43 @@ class _Job:
 
         pipe = self._pipeline(plan)
         request = self.request
-        with backend_flags(plan), torch.inference_mode():
-            tensors = self.family.encode(
-                pipe, request.prompt, request.negative_prompt, self.device, self.do_cfg
-            )
-            bad = self._encoder_flags(pipe, tensors) if self.watch else {}
+        saturated: dict[str, list[Any]] = {}
+        hooks = []
+        if self.watch:
+            for name in self.family.text_encoders(self.model.pipeline):
+                for block in _clamped_encoder_blocks(self.placed[name]):
+                    hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                tensors = self.family.encode(
+                    pipe, request.prompt, request.negative_prompt, self.device, self.do_cfg
+                )
+                bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
+        finally:
+            for hook in hooks:
+                hook.remove()
         return _Conditioning(tensors, bad)
 
-    def _encoder_flags(self, pipe, tensors: dict[str, Any]) -> dict[str, Any]:
-        """Per text encoder, a device-side flag: did its part of the embeddings go non-finite."""
+    def _encoder_flags(
+        self, pipe, tensors: dict[str, Any], saturated: dict[str, list[Any]]
+    ) -> dict[str, Any]:
+        """Per text encoder, a device-side flag: did its part of the embeddings go non-finite,
+        or did one of its blocks saturate at fp16's limit (T5 clamps an overflow there)."""
         import torch
 
-        return {
-            name: ~torch.stack([torch.isfinite(p).all() for p in parts]).all()
-            for name, parts in self.family.encoder_outputs(pipe, tensors).items()
-        }
+        flags = {}
+        for name, parts in self.family.encoder_outputs(pipe, tensors).items():
+            checks = [~torch.isfinite(p).all() for p in parts] + saturated.get(name, [])
+            flags[name] = torch.stack(checks).any()
+        return flags
 
     def noise(self, seeds: list[int]):
-        """Initial latents and per-image generators (CPU, so a seed means the same image on
-        every device); the generators go on to feed ancestral samplers' noise."""
-        import torch
-
-        unet_config = self.model.pipeline.unet.config
-        factor = 2 ** (len(self.model.pipeline.vae.config.block_out_channels) - 1)
-        shape = (
-            1,
-            unet_config.in_channels,
-            self.request.height // factor,
-            self.request.width // factor,
+        """Initial latents as the family's pipeline takes them and per-image generators (CPU,
+        so a seed means the same image on every device); the generators go on to feed
+        ancestral samplers' noise."""
+        latents, generators = self.family.noise(
+            self.model.pipeline, seeds, self.request.height, self.request.width
         )
-        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        latents = torch.cat([torch.randn(shape, generator=g) for g in generators])
         return latents.to(self.device), generators
 
     def denoise(self, plan: PrecisionPlan, conditioning: _Conditioning, seeds: list[int]):
@@ -428,7 +469,17 @@ class _Job:
         latents, generators = self.noise(seeds)
         steps = self.request.steps
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
-        watch = NanWatch(self.placed["unet"], batch) if self.watch else None
+        denoiser = self.placed[self.family.denoiser]
+        watch = (
+            NanWatch(
+                denoiser,
+                batch,
+                sample_argument=self.family.sample_argument,
+                clamped=self.family.clamped_blocks(denoiser),
+            )
+            if self.watch
+            else None
+        )
         architecture = self.model.architecture
 
         def on_step_end(_pipe, index, _timestep, tensors):
@@ -437,7 +488,10 @@ class _Job:
                 watch.after_step(index, current)
             self.progress(self.stage, index + 1, steps)
             if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
-                self.preview(index + 1, latent_preview(current[0], architecture))
+                image_latents = self.family.image_latents(
+                    pipe, current[:1], self.request.height, self.request.width
+                )
+                self.preview(index + 1, latent_preview(image_latents[0], architecture))
             self.cancel.raise_if_cancelled()
             return {}
 
@@ -451,7 +505,7 @@ class _Job:
                     height=self.request.height,
                     width=self.request.width,
                     num_inference_steps=steps,
-                    guidance_scale=self.request.cfg,
+                    **self.family.call_arguments(self.request.cfg),
                     latents=latents,
                     generator=generators,
                     output_type="latent",
@@ -461,7 +515,10 @@ class _Job:
         finally:
             if watch is not None:
                 watch.remove()
-        return output.images, watch
+        latents = self.family.image_latents(
+            self.model.pipeline, output.images, self.request.height, self.request.width
+        )
+        return latents, watch
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = False):
         """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1]; with `record`,
@@ -514,6 +571,7 @@ class _Job:
                     bad_step=step + 1 if bad and step >= 0 else None,
                     unet_input=watch.failing_input(index) if watch and bad else None,
                     watched=self.watch,
+                    denoiser=self.family.denoiser,
                 )
             )
         return outcomes
@@ -521,19 +579,18 @@ class _Job:
     # -- probes ------------------------------------------------------------------------------
 
     def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
-        """One UNet call on a kept failing input: (its output, first bad module)."""
+        """One denoiser call on a kept failing input: (its output, first bad module)."""
         import torch
 
         from app.core.probe import ActivationRecorder
 
         self.placed.apply(plan)
-        unet = self.placed["unet"]
+        unet = self.placed[self.family.denoiser]
         arguments = dict(inputs)
-        sample, timestep = arguments.pop("sample"), arguments.pop("timestep")
         recorder = ActivationRecorder(unet) if record else None
         try:
             with backend_flags(plan), torch.inference_mode():
-                out = unet(sample, timestep, **arguments, return_dict=False)[0]
+                out = unet(**arguments, return_dict=False)[0]
         finally:
             if recorder is not None:
                 recorder.remove()
@@ -562,7 +619,7 @@ class _Job:
         layer, to name the innermost layer that went non-finite first (kept per component)."""
         if component == "vae":
             name = self.decode(outcome.plan, outcome.latents, record=True)[1]
-        elif component == "unet":
+        elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return self.first_bad.get(component)
             name = self.unet_forward(outcome.plan, outcome.unet_input, record=True)[1]
@@ -580,7 +637,7 @@ class _Job:
 
         if component == "vae":
             return torch.from_numpy(self.decode(plan, outcome.latents)[0])
-        if component == "unet":
+        if component == outcome.denoiser:
             if outcome.unet_input is None:
                 return None
             return self.unet_forward(plan, outcome.unet_input)[0]
@@ -739,7 +796,31 @@ def _relevant_change(component: str, tried: PrecisionPlan, base: PrecisionPlan) 
     )
     if any(getattr(tried, f) != getattr(base, f) for f in flags):
         return True
-    return component in ("unet", "vae") and tried.upcast_attention != base.upcast_attention
+    return COMPONENTS[component].has_attention and tried.upcast_attention != base.upcast_attention
+
+
+def _clamped_encoder_blocks(module) -> list[Any]:
+    """The blocks of a T5 encoder: transformers clamps their fp16 output to 65504 (64504 once
+    an inf appeared), so a T5 overflow comes out finite and wrong instead of NaN."""
+    from app.core.diagnosis import is_t5
+
+    encoder = getattr(module, "encoder", None)
+    return list(getattr(encoder, "block", None) or []) if is_t5(module) else []
+
+
+def _saturation_hook(saturated: dict[str, list[Any]], name: str):
+    """A forward hook that keeps, on the device, whether a block's fp16 output reached the
+    clamp (no host sync)."""
+    from app.core.components import FP16_MAX
+
+    def hook(module, args, output):
+        import torch
+
+        hidden = output[0] if isinstance(output, tuple) else output
+        if isinstance(hidden, torch.Tensor) and hidden.dtype == torch.float16:
+            saturated.setdefault(name, []).append((hidden.abs() >= FP16_MAX - 1000).any())
+
+    return hook
 
 
 def _first_bad(probe) -> str | None:
@@ -765,36 +846,6 @@ def _placed_checker(checker, device):
     placed = copy.deepcopy(checker).to(device)
     _CHECKERS[checker] = (str(device), placed)
     return placed
-
-
-def make_scheduler(name: str, config, prediction_type: str | None = None):
-    """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
-    config. The model's prediction type (epsilon or v_prediction) is carried over."""
-    from diffusers import (
-        DDIMScheduler,
-        DPMSolverMultistepScheduler,
-        EulerAncestralDiscreteScheduler,
-        EulerDiscreteScheduler,
-    )
-
-    extra: dict[str, Any] = {}
-    if prediction_type:
-        extra["prediction_type"] = prediction_type
-    if name == "euler":
-        return EulerDiscreteScheduler.from_config(config, **extra)
-    if name == "euler_a":
-        return EulerAncestralDiscreteScheduler.from_config(config, **extra)
-    if name == "dpmpp_2m_karras":
-        return DPMSolverMultistepScheduler.from_config(
-            config,
-            algorithm_type="dpmsolver++",
-            solver_order=2,
-            use_karras_sigmas=True,
-            **extra,
-        )
-    if name == "ddim":
-        return DDIMScheduler.from_config(config, **extra)
-    raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")
 
 
 # --- the public entry points ----------------------------------------------------------------
@@ -847,12 +898,10 @@ def generate(
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
     pipeline = model.pipeline
-    unet_channels = pipeline.unet.config.in_channels
-    if unet_channels != 4:
-        raise HalfSafeError(
-            f"{model.name}: this is an inpainting model ({unet_channels} input channels); "
-            "text-to-image needs a regular model."
-        )
+    family = family_of(pipeline)
+    problem = family.text_to_image_problem(pipeline)
+    if problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
@@ -868,6 +917,12 @@ def generate(
     if remembered:
         warnings.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"
+        )
+    sampler = family.sampler_words(request.scheduler)
+    if sampler != SAMPLER_NAMES[request.scheduler]:
+        warnings.append(
+            f"This model samples with its own {sampler} (flow matching); the sampler setting "
+            f"{SAMPLER_NAMES[request.scheduler]} does not apply to it."
         )
     watch = bool(precision.nan_check)
     auto_fix = precision.auto_fix if watch else "off"
@@ -890,7 +945,7 @@ def generate(
         finals: list[tuple[_Outcome, _Repair | None, str | None, int | None]] = []
         for index, (seed, outcome) in enumerate(zip(seeds, outcomes, strict=True)):
             component = _failure(outcome)
-            step = outcome.bad_step if component == "unet" else None
+            step = outcome.bad_step if component == outcome.denoiser else None
             repair = None
             if component and auto_fix == "auto":
                 try:
@@ -1012,7 +1067,7 @@ def _describe(
         entry.status = "nan"
         entry.component = still or None
         if still != component:
-            entry.step = outcome.bad_step if still == "unet" else None
+            entry.step = outcome.bad_step if still == outcome.denoiser else None
             where = _where(still, entry.step, request.steps)
         share = (
             "the image came out black"
@@ -1095,10 +1150,11 @@ def _percent(fraction: float) -> str:
 def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
     s = entry.settings
+    family = family_of(model.pipeline)
     params: list[tuple[str, Any]] = [
         ("Steps", request.steps),
-        ("Sampler", SAMPLER_NAMES[request.scheduler]),
-        ("CFG scale", f"{request.cfg:g}"),
+        ("Sampler", family.sampler_words(request.scheduler)),
+        *family.guidance_parameters(request.cfg),
         ("Seed", entry.seed),
         ("Size", f"{request.width}x{request.height}"),
         ("Model hash", model.model_hash),
@@ -1112,6 +1168,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("VAE precision", s.get("vae_precision")),
         ("Text encoder precision", s.get("text_encoder_precision")),
         ("Text encoder 2 precision", s.get("text_encoder_2_precision")),
+        ("Text encoder 3 precision", s.get("text_encoder_3_precision")),
         ("Upcast attention", s.get("upcast_attention")),
         ("Attention backend", s.get("attention_backend")),
         ("TF32", s.get("allow_tf32")),
@@ -1193,6 +1250,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     model = load_model(
         source,
         vae=getattr(args, "vae", None),
+        text_encoders=list(getattr(args, "text_encoders", None) or []),
         allow_pickle=bool(getattr(args, "allow_pickle", False)),
     )
     width, height = cli_image_size(args, values, model.native_size)

@@ -692,6 +692,10 @@ def _recommend(
     why["text_encoder_2_precision"] = (
         "Follows the text encoder: SDXL's second encoder moves on its own only if it overflows"
     )
+    rec["text_encoder_3_precision"] = base
+    why["text_encoder_3_precision"] = (
+        "Follows the text encoder: SD3's T5 encoder moves on its own only if it overflows"
+    )
     if base == "fp16" and bf16_ok:
         rec["vae_precision"] = "bf16"
         why["vae_precision"] = (
@@ -741,6 +745,10 @@ def _recommend(
     why["fp16_accumulation"] = (
         "Full fp16 accumulation turns any sum past 65504 into inf; never on by default"
     )
+    rec["t5_fp32_feed_forward"] = False
+    why["t5_fp32_feed_forward"] = (
+        "A per-model fix: the health check turns it on for a T5 text encoder that overflows"
+    )
     rec["nan_check"] = True
     why["nan_check"] = "Costs nothing per step and catches black images before they are saved"
     rec["auto_fix"] = "auto"
@@ -751,6 +759,7 @@ def _recommend(
         "vae_precision",
         "text_encoder_precision",
         "text_encoder_2_precision",
+        "text_encoder_3_precision",
     )
     forced: dict[str, str] = {}  # setting -> the quirk reason that forced it
     for quirk in device.quirks:

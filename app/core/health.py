@@ -44,7 +44,6 @@ __all__ = ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes", "check_loaded"
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
 DEFAULT_STEPS = FIELDS["steps"].default
 DEFAULT_SCHEDULER = FIELDS["scheduler"].default
-PROBE_CFG = 7.0
 HALF_DTYPES = ("fp16", "bf16")
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
 
@@ -56,6 +55,8 @@ _WEIGHT_PREFIXES = (
     ("conditioner.embedders.0.", "text_encoder"),
     ("conditioner.embedders.1.", "text_encoder_2"),
     ("text_encoder_2.", "text_encoder_2"),
+    ("text_encoder_3.", "text_encoder_3"),
+    ("transformer.", "transformer"),
     ("text_encoder.", "text_encoder"),
     ("unet.", "unet"),
     ("vae.", "vae"),
@@ -142,7 +143,7 @@ class Fix:
             "verified": self.verified,
             "summary": self.summary,
             "quality": self.quality.to_json() if self.quality else None,
-            "modules": {},  # module-level precision islands: none yet, whole components only
+            "modules": {c: self.plan.islands(c) for c in self.plan.modules if self.plan.islands(c)},
             "settings": self.settings,
             "cost": self.cost,
         }
@@ -271,7 +272,7 @@ class _Runner:
         self.size = size
         self.prompt = prompt
         self.family = family_of(model.pipeline)
-        self.timesteps = probe_timesteps(model, steps, scheduler)
+        self.timesteps = probe_timesteps(model, steps, scheduler, size)
 
     def _watch(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
@@ -317,35 +318,18 @@ class _Runner:
         plan: PrecisionPlan,
         conditioning: dict[str, Any],
         record: bool = True,
-        timesteps: list[int] | None = None,
+        timesteps: list[float] | None = None,
     ) -> _Stage:
-        """Euler steps through `timesteps` (by default the probe's: the first, middle and last
-        timesteps of the user's schedule), from seeded noise, with the CFG batch."""
-        import torch
-        from diffusers import EulerDiscreteScheduler
+        """The denoiser stepped through `timesteps` (by default the probe's: the first, middle
+        and last timesteps of the user's schedule) from seeded noise, as the family samples
+        (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding)."""
 
         def run(pipe):
-            unet = pipe.unet
-            scheduler: Any = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
-            scheduler.set_timesteps(timesteps=list(timesteps or self.timesteps), device=self.device)
-            side = self.size // 8
-            generator = torch.Generator().manual_seed(0)
-            latents = torch.randn((1, 4, side, side), generator=generator)
-            latents = latents.to(self.device) * scheduler.init_noise_sigma
-            extra = self.family.denoiser_inputs(conditioning, self.size, self.device)
-            for t in scheduler.timesteps:
-                x = scheduler.scale_model_input(torch.cat([latents] * 2), t)
-                if unet.config.in_channels > 4:  # inpainting: an empty mask and masked image
-                    pad = unet.config.in_channels - 4
-                    x = torch.cat([x, x.new_zeros(2, pad, side, side)], dim=1)
-                noise = unet(x, t, **extra).sample.float()
-                uncond, cond = noise.chunk(2)
-                latents = scheduler.step(
-                    uncond + PROBE_CFG * (cond - uncond), t, latents
-                ).prev_sample
-            return latents
+            return self.family.probe_denoise(
+                pipe, conditioning, self.size, self.device, list(timesteps or self.timesteps)
+            )
 
-        return self._watch(plan, ["unet"], run, record)
+        return self._watch(plan, [self.family.denoiser], run, record)
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = True) -> _Stage:
         def run(pipe):
@@ -381,7 +365,7 @@ class _Runner:
         for _ in range(COST_ROUNDS):
             for name, plan in plans.items():
                 stage = self.denoise(plan, conditioning, record=False, timesteps=one_step)
-                samples[name].append(stage.seconds["unet"] * 1000)
+                samples[name].append(stage.seconds[self.family.denoiser] * 1000)
         return {
             name: {
                 "unet_step_ms": round(statistics.median(samples[name]), 2),
@@ -398,7 +382,7 @@ def _rounded(value: float | None) -> float | None:
     return round(value, 1) if value is not None else None
 
 
-def probe_timesteps(model, steps: int, scheduler: str) -> list[int]:
+def probe_timesteps(model, steps: int, scheduler: str, size: int | None = None) -> list[float]:
     """Where the check runs the denoiser: the first, the middle and the last timestep of the
     user's sampler at the user's step count.
 
@@ -409,16 +393,11 @@ def probe_timesteps(model, steps: int, scheduler: str) -> list[int]:
     schedules), where faults that only fire at low noise live and where every real image ends.
     The middle step catches a fault peaked inside the range. The probe integrates with Euler
     steps between these three, so the latent at each one is a plausible one for its noise level.
+    A flow-matching family (Flux) probes its own sigma schedule at this size (sigma x 1000).
     """
-    from app.core.generation import make_scheduler
-
-    schedule: Any = make_scheduler(
-        scheduler, model.pipeline.scheduler.config, model.prediction_type
+    return family_of(model.pipeline).probe_timesteps(
+        model, steps, scheduler, size or model.native_size
     )
-    schedule.set_timesteps(max(2, steps))
-    timesteps = [int(t) for t in schedule.timesteps]
-    picked = [timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]]
-    return sorted(set(picked), reverse=True)
 
 
 def _all_finite(value: Any) -> bool:
@@ -440,6 +419,7 @@ def check_model(
     steps: int = DEFAULT_STEPS,
     scheduler: str = DEFAULT_SCHEDULER,
     vae: str | None = None,
+    text_encoders: list[str] | None = None,
     allow_pickle: bool = False,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
@@ -448,7 +428,12 @@ def check_model(
     from app.core.models import load_model
 
     model = load_model(
-        source, vae=vae, allow_pickle=allow_pickle, on_progress=on_progress, cancel=cancel
+        source,
+        vae=vae,
+        text_encoders=text_encoders,
+        allow_pickle=allow_pickle,
+        on_progress=on_progress,
+        cancel=cancel,
     )
     return check_loaded(
         model,
@@ -661,19 +646,19 @@ def check_loaded(
         te_names = [n for n in runner.family.text_encoders(model.pipeline) if n in plan.dtypes]
         encoded = settle(runner.encode, te_names, runner.encode(plan))
 
-        progress("Checking the UNet", 1, total)
+        progress(f"Checking the {component_words(runner.family.denoiser)}", 1, total)
         cancel.raise_if_cancelled()
         conditioning = encoded.output
         denoised = settle(
             lambda p, record: runner.denoise(p, conditioning, record),
-            ["unet"],
+            [runner.family.denoiser],
             runner.denoise(search.plan, conditioning),
         )
 
         progress("Checking the VAE", 2, total)
         cancel.raise_if_cancelled()
         latents = denoised.output
-        if not _all_finite(latents):  # nothing fixed the UNet: decode a plausible latent instead
+        if not _all_finite(latents):  # nothing fixed the denoiser: decode a plausible latent
             latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
                 latents.device
             )
@@ -881,7 +866,11 @@ def _fix_summary(
     quality: Quality | None,
 ) -> str:
     steps = "; ".join(fix_words)
-    kept = [component_words(c) for c, d in tested.dtypes.items() if fixed.dtypes[c] == d]
+    kept = [
+        component_words(c)
+        for c, d in tested.dtypes.items()
+        if fixed.dtypes[c] == d and fixed.islands(c) == tested.islands(c)
+    ]
     rest = (
         f" The {', '.join(kept)} keep{'s' if len(kept) == 1 else ''} {_their(kept)} precision."
         if kept

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits, paths
+from app.core import limits, paths, split
 from app.core.checkpoint import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIX,
@@ -65,11 +65,15 @@ class LibraryEntry:
     stored_dtype: str | None  # "fp16", "bf16", "fp32", "mixed"; None when not read
     size_bytes: int
     error: str | None = None  # one sentence when the file is broken
-    format: str = "single_file"  # "single_file" | "diffusers" | "pickle"
+    format: str = "single_file"  # "single_file" | "diffusers" | "pickle" | "split_files"
     supported: bool = False  # HalfSafe can load it
     detected_because: str | None = None
     role: str = MODEL  # "model" | "vae": a VAE is chosen beside a model, never loaded alone
     vae: str | None = None  # the VAE A1111 pairs with this model (`name.vae.safetensors`)
+    # A split transformer file (Flux.1 as ComfyUI keeps it): the companion files found beside
+    # it by component (None where missing), and the sentence naming what is missing.
+    companions: dict[str, str | None] | None = None
+    missing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -437,6 +441,8 @@ def scan_library(
             entry = _inspect_one(path, kind)
         if stamp is not None:
             fresh[key] = {"stamp": stamp, "entry": asdict(entry)}
+        if entry.format == "split_files" and entry.supported:
+            entry = _with_companions(entry)  # never cached: companions come and go
         vae = role == VAE or _is_paired_vae_name(path.name) or entry.architecture == "vae"
         entries.append(replace(entry, role=VAE if vae else MODEL, vae=None))
     progress("Scanning model folders", len(candidates), len(candidates))
@@ -573,6 +579,8 @@ _ENTRY_TYPES: dict[str, tuple[type, ...]] = {
     "detected_because": (str, type(None)),
     "role": (str,),
     "vae": (str, type(None)),
+    "companions": (dict, type(None)),
+    "missing": (str, type(None)),
 }
 
 
@@ -613,10 +621,35 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             sidecar_text = raw.decode("utf-8", errors="replace")
         except OSError:
             sidecar_text = None
+    dtype = stored_dtype(header.dtypes().values())
+    prefix = split.flux_prefix(header.shapes())
+    if prefix is not None:
+        try:
+            config = split.flux_transformer_config(header.shapes(), prefix)
+        except ValueError as error:
+            return LibraryEntry(
+                str(path),
+                "flux",
+                dtype if dtype != "none" else None,
+                size,
+                None,
+                format="split_files",
+                detected_because=f"a Flux-style transformer HalfSafe cannot build: {error}.",
+            )
+        architecture, because = split.describe_flux(config, prefix)
+        return LibraryEntry(
+            str(path),
+            architecture,
+            dtype if dtype != "none" else None,
+            size,
+            None,
+            format="split_files",
+            supported=True,
+            detected_because=because,
+        )
     detection = arch.detect_architecture(
         header.shapes(), metadata=header.metadata, name=path.name, sidecar_config=sidecar_text
     )
-    dtype = stored_dtype(header.dtypes().values())
     problem = arch.shape_problem(header.shapes(), detection) if detection.supported else None
     return LibraryEntry(
         str(path),
@@ -629,12 +662,41 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
     )
 
 
+def _with_companions(entry: LibraryEntry) -> LibraryEntry:
+    """A split transformer file's entry with the companions found beside it (headers only)."""
+    from dataclasses import replace
+
+    path = Path(entry.path)
+    try:
+        shapes = read_safetensors_header(path).shapes()
+        config = split.flux_transformer_config(shapes, split.flux_prefix(shapes) or "")
+    except (BadFileError, ValueError):
+        return entry
+    needs = {
+        "t5_width": config["joint_attention_dim"],
+        "clip_width": config["pooled_projection_dim"],
+        "latent_channels": config["in_channels"] // 4,
+    }
+    found = split.find_companions(path, [], None, needs)
+    companions = {
+        "text_encoder": str(found.clip) if found.clip else None,
+        "text_encoder_2": str(found.t5) if found.t5 else None,
+        "vae": str(found.vae) if found.vae else None,
+    }
+    missing = split.missing_sentence(found, path)
+    return replace(entry, companions=companions, missing=missing, supported=missing is None)
+
+
 def _inspect_folder(path: Path) -> LibraryEntry:
     size = 0
     dtypes: list[str] = []
     try:
         index = _folder_config(path / "model_index.json")
-        unet = _folder_config(path / "unet" / "config.json", limits.check_unet_config)
+        denoiser = "transformer" if "transformer" in index else "unet"
+        unet = _folder_config(
+            path / denoiser / "config.json",
+            limits.check_unet_config if denoiser == "unet" else None,
+        )
         scheduler_file = path / "scheduler" / "scheduler_config.json"
         scheduler = (
             _folder_config(scheduler_file, limits.check_scheduler_config)

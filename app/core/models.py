@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits, paths
+from app.core import limits, paths, split
 from app.core.checkpoint import (
     Checkpoint,
     WeightScan,
@@ -46,6 +46,8 @@ from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
 MODEL_COMPONENTS = (
     "unet",
+    "transformer",
+    "text_encoder_3",
     "vae",
     "text_encoder",
     "text_encoder_2",
@@ -96,6 +98,7 @@ def load_model(
     source: str,
     *,
     vae: str | None = None,
+    text_encoders: list[str] | None = None,
     allow_pickle: bool = False,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
@@ -103,7 +106,9 @@ def load_model(
     """Load `source` ("demo", a diffusers folder or a single-file checkpoint) onto the CPU.
 
     Weights keep their stored dtype and are scanned for NaN/Inf before anything runs.
-    `vae` (a VAE file or folder) replaces the model's VAE. Pickle files are refused with
+    `vae` (a VAE file or folder) replaces the model's VAE; with a split transformer file
+    (Flux.1 as ComfyUI keeps it) `vae` and `text_encoders` name its companions, else they are
+    looked for in the sibling folders (see `split.py`). Pickle files are refused with
     PickleRefusedError unless `allow_pickle`, and then read with PyTorch's weights-only loader.
     Bad input raises BadFileError or UnsupportedModelError with one sentence naming the file;
     on any failure nothing stays loaded. Runs on the calling thread (the file hash is computed
@@ -123,7 +128,7 @@ def load_model(
     if path.is_dir():
         loaded = _load_folder(path, source, vae, allow_pickle, progress, cancel)
     else:
-        loaded = _load_single_file(path, source, vae, allow_pickle, progress, cancel)
+        loaded = _load_single_file(path, source, vae, allow_pickle, progress, cancel, text_encoders)
     loaded.vae = str(Path(vae).expanduser()) if vae is not None else None
     return loaded
 
@@ -312,11 +317,26 @@ def _load_single_file(
     allow_pickle: bool,
     progress: ProgressCallback,
     cancel: CancelToken | None,
+    text_encoders: list[str] | None = None,
 ) -> LoadedModel:
     progress("Reading the checkpoint header", 0, 1)
     if is_pickle_file(path) and not allow_pickle:
         refuse_pickle(path)
     checkpoint = Checkpoint(path, allow_pickle=allow_pickle)
+    if split.flux_prefix(checkpoint.shapes) is not None:
+        try:
+            return _load_split_flux(
+                path, checkpoint, source, vae, text_encoders or [], progress, cancel
+            )
+        finally:
+            checkpoint.close()
+    if text_encoders:
+        checkpoint.close()
+        raise UnsupportedModelError(
+            path,
+            "this checkpoint carries its own text encoders; --text-encoder is for split "
+            "transformer files (Flux.1 as ComfyUI keeps it).",
+        )
     hasher = _Hasher(path)
     try:
         detection = arch.detect_architecture(
@@ -790,11 +810,14 @@ def _load_vae_override(
 
 def _check_latents(path: Path, vae, unet) -> None:
     latent = vae.config.latent_channels
-    if latent != unet.config.out_channels:
+    # A Flux transformer works on 2x2 patches of the latent: 4 values per latent channel.
+    patches = 4 if type(unet).__name__ == "FluxTransformer2DModel" else 1
+    channels = (unet.config.out_channels or unet.config.in_channels) // patches
+    if latent != channels:
         raise UnsupportedModelError(
             path,
-            f"the VAE makes {latent}-channel latents but the UNet "
-            f"works on {unet.config.out_channels}.",
+            f"the VAE makes {latent}-channel latents but the "
+            f"{'transformer' if patches > 1 else 'UNet'} works on {channels}.",
         )
 
 
@@ -808,6 +831,175 @@ def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     line = text[0] if text else type(error).__name__
     return line[:200].rstrip(".")
+
+
+# Split files (Flux.1 as ComfyUI and Forge users keep it) -------------------------------------
+
+
+def _load_split_flux(
+    path: Path,
+    checkpoint: Checkpoint,
+    source: str,
+    vae: str | None,
+    text_encoders: list[str],
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> LoadedModel:
+    """A Flux.1 transformer file with its CLIP-L, T5 and VAE companions (see `split.py`):
+    every header is read and every companion found before a tensor is read."""
+    import diffusers
+
+    from app.core.demo import FLUX_SCHEDULER_CONFIG, clip_tokenizer, t5_tokenizer
+
+    prefix = split.flux_prefix(checkpoint.shapes) or ""
+    try:
+        config = split.flux_transformer_config(checkpoint.shapes, prefix)
+    except ValueError as error:
+        raise UnsupportedModelError(
+            path, f"this Flux-style transformer is not one HalfSafe can build: {error}."
+        ) from None
+    architecture, because = split.describe_flux(config, prefix)
+    latent = config["in_channels"] // 4
+    companions = split.find_companions(
+        path,
+        text_encoders,
+        vae,
+        {
+            "t5_width": config["joint_attention_dim"],
+            "clip_width": config["pooled_projection_dim"],
+            "latent_channels": latent,
+        },
+    )
+    missing = split.missing_sentence(companions, path)
+    if missing is not None:
+        raise UnsupportedModelError(path, missing)
+    assert companions.clip and companions.t5 and companions.vae
+    parts = [path, companions.clip, companions.t5, companions.vae]
+    files = [path, companions.clip, companions.t5, *_vae_files(companions.vae)]
+    identity = _Identity(architecture, "flow", parts, files)
+    hasher = _Hasher(path)
+    used: list[str] = []
+    try:
+        with one_torch_thread():
+            progress("Loading the transformer", 0, 4)
+            keys = [k for k in checkpoint.shapes if k.startswith(prefix)]
+            tensors = {k: checkpoint.get(k) for k in keys}
+            used += [checkpoint.dtypes[k] for k in keys]
+            transformer = _empty(diffusers.FluxTransformer2DModel.from_config, config)
+            expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+            try:
+                state = split.flux_to_diffusers(tensors, config, expected, prefix)
+            except KeyError as error:
+                raise BadFileError(
+                    path, f"the transformer is incomplete: {error.args[0]} is missing."
+                ) from None
+            except ValueError as error:
+                raise BadFileError(
+                    path, f"the transformer does not fit together: {error}."
+                ) from None
+            transformer = _assign(path, transformer, state, "transformer")
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+
+            progress("Loading the text encoders", 1, 4)
+            clip, clip_dtypes = _load_clip_file(companions.clip)
+            t5, t5_dtypes = _load_t5_file(companions.t5)
+            used += clip_dtypes + t5_dtypes
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+
+            progress("Loading the VAE", 2, 4)
+            base = _read_json(paths.resource("configs", "flux", "vae", "config.json"))
+            vae_model, _, vae_dtypes = _load_vae_override(
+                companions.vae, base, 1024, allow_pickle=False, cancel=cancel
+            )
+            _check_latents(companions.vae, vae_model, transformer)
+            used += vae_dtypes
+
+            dev = bool(config["guidance_embeds"])
+            scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
+                **dict(FLUX_SCHEDULER_CONFIG, use_dynamic_shifting=dev, shift=3.0 if dev else 1.0)
+            )
+            pipeline = diffusers.FluxPipeline(
+                scheduler=scheduler,
+                vae=vae_model,
+                text_encoder=clip,
+                tokenizer=clip_tokenizer(),
+                text_encoder_2=t5,
+                tokenizer_2=t5_tokenizer(),
+                transformer=transformer,
+            )
+        progress("Scanning the weights", 3, 4)
+        weights = scan_weights(
+            pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
+        )
+        short_hash = hasher.result(progress, cancel)
+    except BaseException:
+        hasher.stop()
+        raise
+    return LoadedModel(
+        pipeline=pipeline,
+        source=source,
+        name=path.stem,
+        format="split_files",
+        architecture=architecture,
+        prediction_type="flow",
+        native_size=1024,
+        stored_dtype=stored_dtype(used),
+        model_hash=short_hash,
+        profile_key=identity.profile_key(weights),
+        weights=weights,
+        detected_because=because,
+    )
+
+
+def _load_clip_file(path: Path):
+    """A CLIP text encoder file in transformers' layout (ComfyUI's clip_l.safetensors)."""
+    import transformers
+
+    with Checkpoint(path) as checkpoint:
+        layout = arch.TextEncoderLayout("text_encoder", split.CLIP_PREFIX, "hf")
+        base = _read_json(paths.resource("configs", "sd1", "text_encoder", "config.json"))
+        try:
+            config = arch.infer_text_encoder_config(checkpoint.shapes, base, layout)
+        except ValueError as error:
+            raise UnsupportedModelError(
+                path, f"this CLIP text encoder cannot be built: {error}."
+            ) from None
+        keys = [
+            k
+            for k in checkpoint.shapes
+            if k.startswith(split.CLIP_PREFIX) and not k.endswith("position_ids")
+        ]
+        tensors = {k: checkpoint.get(k) for k in keys}
+        dtypes = [checkpoint.dtypes[k] for k in keys]
+    model = _empty(transformers.CLIPTextModel, transformers.CLIPTextConfig(**config))
+    state = _convert_text_encoder(model, tensors, layout)
+    return _assign(path, model, state, "CLIP text encoder"), dtypes
+
+
+def _load_t5_file(path: Path):
+    """A T5 encoder file in transformers' layout (ComfyUI's t5xxl_fp16.safetensors)."""
+    import transformers
+
+    with Checkpoint(path) as checkpoint:
+        try:
+            config = split.t5_config(checkpoint.shapes)
+        except (KeyError, ValueError) as error:
+            raise UnsupportedModelError(
+                path, f"this T5 text encoder cannot be built: {error}."
+            ) from None
+        tensors = {k: checkpoint.get(k) for k in checkpoint.shapes}
+        dtypes = list(checkpoint.dtypes.values())
+    model = _empty(transformers.T5EncoderModel, transformers.T5Config(**config))
+    expected = model.state_dict()
+    # Files differ in whether they repeat the tied token embedding under the encoder's name.
+    if "encoder.embed_tokens.weight" in expected and "encoder.embed_tokens.weight" not in tensors:
+        tensors["encoder.embed_tokens.weight"] = tensors["shared.weight"]
+    tensors = {
+        k: v for k, v in tensors.items() if k in expected or not k.startswith("encoder.embed")
+    }
+    return _assign(path, model, tensors, "T5 text encoder"), dtypes
 
 
 # Diffusers folders -------------------------------------------------------------------------
@@ -883,14 +1075,16 @@ def _load_folder(
                 f"model_index.json lists the component '{name}' but the "
                 f"folder has no '{name}' subfolder.",
             )
-    if "unet" not in components:
+    denoiser = "transformer" if "transformer" in components else "unet"
+    if denoiser not in components:
         raise UnsupportedModelError(
             path,
             f"this pipeline ({index.get('_class_name', 'unknown')}) "
-            "has no UNet; HalfSafe runs SD1.x, SD2.x and SDXL.",
+            "has no UNet or transformer; HalfSafe runs SD1.x, SD2.x, SDXL and Flux.1.",
         )
-    unet_config = _read_json(path / "unet" / "config.json", owner=path / "unet")
-    _check_config(path / "unet" / "config.json", limits.check_unet_config, unet_config)
+    unet_config = _read_json(path / denoiser / "config.json", owner=path / denoiser)
+    if denoiser == "unet":
+        _check_config(path / "unet" / "config.json", limits.check_unet_config, unet_config)
     scheduler_config = (
         _read_json(path / "scheduler" / "scheduler_config.json", owner=path / "scheduler")
         if "scheduler" in components
@@ -961,7 +1155,7 @@ def _load_folder(
         model, _, vae_dtypes = _load_vae_override(
             Path(vae).expanduser(), vae_base, detection.native_size, allow_pickle, cancel
         )
-        _check_latents(Path(vae), model, pipeline.unet)
+        _check_latents(Path(vae), model, getattr(pipeline, denoiser))
         pipeline.register_modules(vae=model)
         dtypes["vae"] = vae_dtypes
     weights = scan_weights(pipeline, on_progress=progress, cancel=cancel, identify=identity.needed)
@@ -1015,6 +1209,41 @@ def save_single_file(
         target = _torch_dtype(dtype)
         tensors = {k: (v.to(target) if v.is_floating_point() else v) for k, v in tensors.items()}
     return write_safetensors(path, tensors)
+
+
+def save_flux_split_files(pipeline, root: str | Path, name: str = "flux") -> dict[str, Path]:
+    """Write a Flux pipeline as ComfyUI keeps it under `root` (its models folder): the
+    transformer in BFL layout in diffusion_models/, CLIP-L and T5 in transformers' layout in
+    text_encoders/, the VAE in the original layout in vae/. Returns the paths by component."""
+    root = Path(root)
+    transformer = pipeline.transformer
+    t5 = {
+        k: v
+        for k, v in pipeline.text_encoder_2.state_dict().items()
+        if k != "encoder.embed_tokens.weight"
+    }
+    vae = pipeline.vae
+    written = {
+        "transformer": root / "diffusion_models" / f"{name}.safetensors",
+        "text_encoder": root / "text_encoders" / "clip_l.safetensors",
+        "text_encoder_2": root / "text_encoders" / "t5xxl.safetensors",
+        "vae": root / "vae" / "ae.safetensors",
+    }
+    tensors = {
+        "transformer": split.flux_to_bfl(transformer.state_dict(), transformer.config),
+        # transformers' original CLIP names, as the files users download hold them.
+        "text_encoder": {
+            k if k.startswith(split.CLIP_PREFIX) else split.CLIP_PREFIX + k: v
+            for k, v in pipeline.text_encoder.state_dict().items()
+        },
+        "text_encoder_2": t5,
+        "vae": _ldm_vae(vae.state_dict(), len(vae.config.block_out_channels)),
+    }
+    for component, file in written.items():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.contiguous() for k, v in tensors[component].items()}
+        write_safetensors(file, {k.removeprefix(arch.VAE): v for k, v in state.items()})
+    return written
 
 
 def ldm_state_dict(pipeline, *, architecture: str | None = None) -> dict[str, Any]:

@@ -65,11 +65,23 @@ class PrecisionPlan:
     # convolutions in fp16, the ops PyTorch lists for fp32 (softmax, norms on CUDA) in fp32.
     # Components planned in fp32 or bf16 never run under it.
     autocast: bool = False
+    # Module-level precision islands: component -> {module path: dtype}; the rest of the
+    # component keeps its own dtype (see `PlacedPipeline`).
+    modules: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
     def with_dtypes(self, **dtypes: str) -> PrecisionPlan:
         return replace(self, dtypes={**self.dtypes, **dtypes})
+
+    def with_modules(self, component: str, modules: Mapping[str, str]) -> PrecisionPlan:
+        """This plan with `modules` of `component` in their own dtypes."""
+        return replace(self, modules={**self.modules, component: dict(modules)})
+
+    def islands(self, component: str) -> dict[str, str]:
+        """The module islands of `component` that differ from its dtype."""
+        own = self.dtypes.get(component)
+        return {m: d for m, d in (self.modules.get(component) or {}).items() if d != own}
 
     def tested(self) -> dict[str, Any]:
         """The `tested` object of the health report: dtype per component and upcast."""
@@ -98,6 +110,7 @@ class PrecisionPlan:
             "vae_precision": self.dtypes.get("vae", base),
             "text_encoder_precision": first_encoder,
             "text_encoder_2_precision": self.dtypes.get("text_encoder_2", first_encoder),
+            "text_encoder_3_precision": self.dtypes.get("text_encoder_3", first_encoder),
             "no_half": all(d == "fp32" for d in self.dtypes.values()),
             "no_half_vae": self.dtypes.get("vae") == "fp32",
             "upcast_attention": self.upcast_attention,
@@ -106,6 +119,7 @@ class PrecisionPlan:
             "fp16_reduced_precision_reduction": self.fp16_reduced_precision_reduction,
             "fp16_accumulation": self.fp16_accumulation,
             "attention_reduced_precision": self.attention_reduced_precision,
+            "t5_fp32_feed_forward": any(self.islands(c) for c in self.modules),
         }
 
     def weights_mb(self, parameter_counts: Mapping[str, int]) -> float:
@@ -155,8 +169,13 @@ def resolve_plan(
     device_info: Any | None = None,
     vae_needs_fp32: bool = False,
     remembered: Mapping[str, Any] | None = None,
+    feed_forward_islands: Mapping[str, Mapping[str, str]] | None = None,
 ) -> PrecisionPlan:
     """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
+
+    `feed_forward_islands` are the model's T5 feed-forward output projections per component
+    (`diagnosis.feed_forward_islands`): with `t5_fp32_feed_forward` on they run in fp32 in
+    every component that is not fp32 already.
 
     `device_info` is `app.core.hardware.describe_device(device)` (its `recommended` settings,
     their `reasons`, and its `fp16`/`bf16` classes); `vae_needs_fp32` is the model's own
@@ -267,9 +286,21 @@ def resolve_plan(
             "Flash attention has no fp32 kernel: upcast attention runs on the "
             "memory-efficient or math kernel instead."
         )
+    modules: dict[str, dict[str, str]] = {}
+    if chosen.get("t5_fp32_feed_forward"):
+        for component, islands in (feed_forward_islands or {}).items():
+            if dtypes.get(component, "fp32") != "fp32":
+                modules[component] = dict(islands)
+        if modules:
+            reasons["t5_fp32_feed_forward"] = (
+                "A fix verified for this model on this device is remembered."
+                if "t5_fp32_feed_forward" in from_memory
+                else "The T5 feed-forward output projections run in fp32, as you asked."
+            )
     return PrecisionPlan(
         device=device_str,
         dtypes=dtypes,
+        modules=modules,
         upcast_attention=upcast,
         attention_backend=chosen["attention_backend"],
         allow_tf32=bool(chosen["allow_tf32"]),
@@ -569,8 +600,25 @@ def _add_cast_hooks(module) -> None:
             )
 
 
+def _make_islands(module, islands: Mapping[str, str]) -> None:
+    """Run each named submodule of a placed component in its own dtype: its weights are cast,
+    and so are its floating inputs on every call. Its output keeps that dtype, as transformers
+    runs the T5 feed-forward output projection it keeps in fp32 (`_keep_in_fp32_modules`):
+    the residual addition after it promotes, so the stream it feeds is carried in fp32 until
+    the next layer norm casts back. Casting the output straight back to fp16 would bring the
+    very overflow the island exists to avoid."""
+    for path, dtype in islands.items():
+        island = module.get_submodule(path)
+        island.to(torch_dtype(dtype))
+        if getattr(island, "_halfsafe_cast_hook", None) is None:
+            island._halfsafe_cast_hook = island.register_forward_pre_hook(
+                _cast_inputs_hook, with_kwargs=True
+            )
+
+
 class PlacedPipeline:
-    """A pipeline's components on the job's device, each in its plan's dtype.
+    """A pipeline's components on the job's device, each in its plan's dtype (and its module
+    islands, `PrecisionPlan.modules`, in theirs).
 
     The loaded pipeline stays untouched on the CPU in its stored dtype: a component is copied
     and cast only when the plan needs it in a different dtype or on another device, so moving
@@ -581,7 +629,7 @@ class PlacedPipeline:
     def __init__(self, pipeline, plan: PrecisionPlan) -> None:
         self.source = pipeline
         self.plan = plan
-        self._placed: dict[str, tuple[str, Any]] = {}
+        self._placed: dict[str, tuple[Any, Any]] = {}
         self.apply(plan)
 
     def apply(self, plan: PrecisionPlan) -> None:
@@ -591,22 +639,33 @@ class PlacedPipeline:
         self.plan = plan
         device = torch.device(plan.device)
         for name, dtype in plan.dtypes.items():
+            islands = plan.islands(name)
+            key = (dtype, tuple(sorted(islands.items())))
             current = self._placed.get(name)
-            if current is not None and current[0] == dtype:
+            if current is not None and current[0] == key:
                 module = current[1]
             else:
                 self._placed.pop(name, None)  # free the old copy before making the new one
-                module = self._place(getattr(self.source, name), device, torch_dtype(dtype))
-                self._placed[name] = (dtype, module)
+                module = self._place(
+                    getattr(self.source, name),
+                    device,
+                    torch_dtype(dtype),
+                    copy_always=bool(islands),
+                )
+                _make_islands(module, islands)
+                self._placed[name] = (key, module)
             use_autocast = plan.autocast and dtype == "fp16"
             _set_autocast(module, device.type if use_autocast else None)
             if name in ("unet", "vae"):
                 set_attention(module, plan)
 
     @staticmethod
-    def _place(source, device, dtype):
+    def _place(source, device, dtype, copy_always: bool = False):
         first = next(source.parameters())
-        if first.device == device and all(p.dtype == dtype for p in source.parameters()):
+        same = first.device == device and all(p.dtype == dtype for p in source.parameters())
+        if same and copy_always:  # islands change dtypes inside: never in the loaded model
+            module = copy.deepcopy(source)
+        elif same:
             module = source
         else:
             module = copy.deepcopy(source) if first.device.type == "cpu" else source

@@ -262,6 +262,29 @@ SCHEMA: tuple[Field, ...] = (
         cli=True,
     ),
     Field(
+        "text_encoder_3_precision",
+        "choice",
+        "auto",
+        "Third text encoder precision",
+        "Override for SD3's third text encoder (T5-XXL), the one known to overflow in fp16. "
+        "'auto' follows the text encoder precision.",
+        "Precision",
+        choices=DTYPE_CHOICES,
+        cli=True,
+    ),
+    Field(
+        "t5_fp32_feed_forward",
+        "bool",
+        False,
+        "T5 feed-forward output in fp32",
+        "Keep the output projection of every T5 feed-forward layer (wo) in fp32 while the rest "
+        "of the T5 text encoder (Flux, SD3) runs in half precision: the known fix for T5-XXL's "
+        "fp16 overflow, which transformers applies when it loads T5 in fp16. Costs almost "
+        "nothing.",
+        "Precision",
+        cli=True,
+    ),
+    Field(
         "no_half",
         "bool",
         False,
@@ -484,6 +507,8 @@ class PrecisionSettings:
     vae_precision: str = FIELDS["vae_precision"].default
     text_encoder_precision: str = FIELDS["text_encoder_precision"].default
     text_encoder_2_precision: str = FIELDS["text_encoder_2_precision"].default
+    text_encoder_3_precision: str = FIELDS["text_encoder_3_precision"].default
+    t5_fp32_feed_forward: bool = FIELDS["t5_fp32_feed_forward"].default
     no_half: bool = FIELDS["no_half"].default
     no_half_vae: bool = FIELDS["no_half_vae"].default
     upcast_attention: bool = FIELDS["upcast_attention"].default

@@ -470,7 +470,7 @@ class SettingsView(QWidget):
                     "Auto picks the best GPU when the engine first runs; the GPU page shows which."
                 )
             return f"Auto picks {device.get('name', 'the first device')} here."
-        if value == "auto" and key == "text_encoder_2_precision":
+        if value == "auto" and key in ("text_encoder_2_precision", "text_encoder_3_precision"):
             first = self.state.settings["text_encoder_precision"]
             if first != "auto":
                 return f"Auto follows the text encoder: {words.choice_name(first)}."

@@ -323,9 +323,22 @@ def test_folder_detection_on_shipped_configs(name, expected):
 
 def test_folder_detection_names_other_pipelines():
     detection = arch.detect_from_configs(
-        {"_class_name": "FluxPipeline", "transformer": ["diffusers", "X"]}, {}, {}
+        {"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "X"]}, {}, {}
     )
-    assert not detection.supported and "FluxPipeline" in detection.because
+    assert not detection.supported and "QwenImagePipeline" in detection.because
+
+
+def test_folder_detection_tells_flux_dev_from_schnell_by_the_guidance_embedding():
+    index = {"_class_name": "FluxPipeline", "transformer": ["diffusers", "X"]}
+    config = {"num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128}
+    config |= {"num_attention_heads": 24, "in_channels": 64}
+    dev = arch.detect_from_configs(index, {**config, "guidance_embeds": True}, {})
+    schnell = arch.detect_from_configs(index, {**config, "guidance_embeds": False}, {})
+    assert (dev.architecture, schnell.architecture) == ("flux-dev", "flux-schnell")
+    assert dev.supported and dev.prediction_type == "flow" and dev.native_size == 1024
+    assert "19 double and 38 single blocks, 3072 wide" in dev.because
+    assert "guidance embedding, as the guidance-distilled Flux.1 dev" in dev.because
+    assert "no guidance embedding" in schnell.because
 
 
 def test_shipped_tokenizers_pad_as_the_originals():

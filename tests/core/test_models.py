@@ -467,11 +467,20 @@ def test_folder_with_broken_model_index(tmp_path):
         load_model(str(folder))
     (folder / "model_index.json").write_text(
         json.dumps(
-            {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]}
+            {"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "QwenImageModel"]}
         )
     )
     (folder / "transformer").mkdir()
-    with pytest.raises(UnsupportedModelError, match="FluxPipeline"):
+    (folder / "transformer" / "config.json").write_text("{}")
+    with pytest.raises(UnsupportedModelError, match="QwenImagePipeline"):
+        load_model(str(folder))
+    (folder / "model_index.json").write_text(
+        json.dumps(
+            {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]}
+        )
+    )
+    (folder / "transformer" / "config.json").unlink()
+    with pytest.raises(BadFileError, match="transformer: config.json is missing"):
         load_model(str(folder))
 
 

@@ -43,6 +43,8 @@ HARDWARE = {
                 "vae_precision": "fp32",
                 "text_encoder_precision": "fp32",
                 "text_encoder_2_precision": "fp32",
+                "text_encoder_3_precision": "fp32",
+                "t5_fp32_feed_forward": False,
                 "no_half": True,
                 "no_half_vae": True,
                 "upcast_attention": False,
