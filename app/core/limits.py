@@ -306,10 +306,19 @@ def check_scheduler_config(config: Mapping[str, Any]) -> None:
 def check_tokenizer_config(config: Mapping[str, Any]) -> None:
     """Raise ValueError when a tokenizer pads prompts longer than any text encoder reads.
 
-    transformers writes 1e30 for "no limit"; SD pipelines pad every prompt to this length, so
-    an unbounded one is refused too.
+    transformers writes 1e30 for "no limit"; SD pipelines pad every prompt to a CLIP
+    tokenizer's length, so an unbounded CLIP tokenizer is refused too. T5 and other encoders'
+    pipelines (Flux, SD3, Chroma) pad to their own `max_sequence_length` instead, so there the
+    "no limit" value is what transformers saves and is left alone.
     """
+    unbounded = config.get("model_max_length")
+    clip = str(config.get("tokenizer_class") or "").startswith("CLIP")
+    if not clip and isinstance(unbounded, (int, float)) and unbounded >= _NO_LIMIT:
+        config = {k: v for k, v in config.items() if k != "model_max_length"}
     _check_sizes(config, _TOKENIZER_SIZES)
+
+
+_NO_LIMIT = 1e29  # transformers' VERY_LARGE_INTEGER is int(1e30)
 
 
 def check_component_config(component: str, config: Mapping[str, Any]) -> None:
