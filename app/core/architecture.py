@@ -39,7 +39,9 @@ class TextEncoderLayout:
     component: str  # "text_encoder" or "text_encoder_2"
     prefix: str  # key prefix in the file, up to the model's own names
     layout: str  # "hf" (transformers names) or "openclip"
-    drop_last_layer: bool = False  # SD2 uses the penultimate layer; diffusers omits the last
+    # SD2 reads OpenCLIP's penultimate layer. Original files carry the full tower, so its last
+    # block goes unused; files from diffusers' converter hold only the blocks SD2 reads.
+    drop_last_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,10 +123,18 @@ def detect_architecture(
         )
     elif has(SD2_TEXT):
         family = "sd2"
-        encoders = (TextEncoderLayout("text_encoder", SD2_TEXT, "openclip", drop_last_layer=True),)
+        encoders = (_sd2_encoder(shapes, SD2_TEXT, "openclip"),)
         why = (
             f"its UNet takes {cross_words} from an {_clip_words(shapes, encoders[0])} text "
-            "encoder (cond_stage_model.model), as SD2.x does"
+            f"encoder (cond_stage_model.model), as SD2.x does{_penultimate_words(encoders[0])}"
+        )
+    elif has(SD1_TEXT) and _sd2_in_clip_layout(shapes, _hf_prefix(keys, SD1_TEXT), cross):
+        family = "sd2"
+        encoders = (_sd2_encoder(shapes, _hf_prefix(keys, SD1_TEXT), "hf"),)
+        why = (
+            f"its UNet takes {cross_words} from an OpenCLIP-sized "
+            f"{_clip_words(shapes, encoders[0])} text encoder stored under transformers names "
+            f"(cond_stage_model.transformer), as SD2.x does{_penultimate_words(encoders[0])}"
         )
     elif has(SD1_TEXT):
         family = "sd1"
@@ -407,6 +417,53 @@ def _not_a_full_checkpoint(keys: list[str], shapes: Shapes) -> Detection:
         f"none of its {len(keys)} tensors (e.g. {sample}) has the names of an "
         "SD1.x, SD2.x or SDXL checkpoint.",
     )
+
+
+def _sd2_encoder(shapes: Shapes, prefix: str, layout: str) -> TextEncoderLayout:
+    """SD2's text encoder, keeping every block the file has unless it holds the full tower.
+
+    SD2 conditions on the output of OpenCLIP ViT-H's 23rd of 24 blocks (then the final norm).
+    Original files carry all 24 blocks and the text projection; diffusers' converter writes
+    only the 23 blocks diffusers runs and no projection. ViT-H's depth decides for real sizes;
+    for other sizes the projection tells a full tower from a converted one.
+    """
+    probe = TextEncoderLayout("text_encoder", prefix, layout)
+    layers = _count_layers(shapes, probe)
+    width = _shape(shapes, prefix + _TOKEN_EMBEDDING[layout], 1)
+    if width == 1024 and layers in (23, 24):
+        full = layers == 24
+    elif layout == "hf":
+        full = (prefix.removesuffix("text_model.") + "text_projection.weight") in shapes
+    else:
+        full = (prefix + "text_projection") in shapes
+    return TextEncoderLayout("text_encoder", prefix, layout, drop_last_layer=full and layers > 1)
+
+
+_TOKEN_EMBEDDING = {"hf": "embeddings.token_embedding.weight", "openclip": "token_embedding.weight"}
+
+
+def _penultimate_words(encoder: TextEncoderLayout) -> str:
+    if encoder.drop_last_layer:
+        return " (its last block is unused: SD2 reads the penultimate layer)"
+    return " (the file holds only the blocks SD2 reads, all of them used)"
+
+
+def _sd2_in_clip_layout(shapes: Shapes, prefix: str, cross: int | None) -> bool:
+    """A converted SD2 file can store OpenCLIP under transformers names, where SD1's CLIP sits.
+
+    Real SD2 text features are 1024 wide (SD1's 768); at other sizes SD2's UNet gives itself
+    away by linear attention projections (SD1's are 1x1 convolutions).
+    """
+    width = _shape(shapes, prefix + _TOKEN_EMBEDDING["hf"], 1)
+    if cross == 1024 and width == 1024:
+        return True
+    if cross in (768, None) or width != cross:
+        return False
+    proj_in = next(
+        (s for k, s in shapes.items() if k.startswith(UNET) and k.endswith(".proj_in.weight")),
+        None,
+    )
+    return proj_in is not None and len(proj_in) == 2
 
 
 def _prefix_checker(keys: list[str]):
@@ -725,6 +782,8 @@ def infer_text_encoder_config(
         layers = _count_indices(shapes, p + "encoder.layers.")
         projection = shapes.get(p.removesuffix("text_model.") + "text_projection.weight")
         projection_dim = projection[0] if projection and len(projection) == 2 else None
+        if encoder.drop_last_layer:
+            layers -= 1
     else:
         vocab, hidden = w("token_embedding.weight")
         positions = w("positional_embedding")[0]

@@ -621,6 +621,10 @@ def _text_encoder_keys(names: list[str], shapes, encoder: arch.TextEncoderLayout
     if encoder.layout == "hf":
         root = encoder.prefix.removesuffix("text_model.")
         keys = [k for k in keys if not k.endswith("position_ids")]
+        if encoder.drop_last_layer:  # SD2 in transformers names: as below
+            last = arch._count_indices(shapes, encoder.prefix + "encoder.layers.") - 1
+            unused = f"{encoder.prefix}encoder.layers.{last}."
+            return [k for k in keys if not k.startswith(unused)]
         keys += [k for k in names if k == root + "text_projection.weight"]
         return keys
     keys = [
