@@ -375,7 +375,10 @@ class _Job:
         self.placed.apply(plan)
         pipe = self.placed.pipeline()
         pipe.scheduler = make_scheduler(
-            self.request.scheduler, self.model.pipeline.scheduler.config, self.model.prediction_type
+            self.request.scheduler,
+            self.model.pipeline.scheduler.config,
+            self.model.prediction_type,
+            zero_terminal_snr=getattr(self.model, "zero_terminal_snr", False),
         )
         pipe.set_progress_bar_config(disable=True)
         return pipe
@@ -766,9 +769,13 @@ def _placed_checker(checker, device):
     return placed
 
 
-def make_scheduler(name: str, config, prediction_type: str | None = None):
+def make_scheduler(
+    name: str, config, prediction_type: str | None = None, *, zero_terminal_snr: bool = False
+):
     """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
-    config. The model's prediction type (epsilon or v_prediction) is carried over."""
+    config. The model's prediction type (epsilon or v_prediction) is carried over; a
+    zero-terminal-SNR model gets rescaled betas and trailing timesteps (each sampler here
+    supports both)."""
     from diffusers import (
         DDIMScheduler,
         DPMSolverMultistepScheduler,
@@ -779,6 +786,8 @@ def make_scheduler(name: str, config, prediction_type: str | None = None):
     extra: dict[str, Any] = {}
     if prediction_type:
         extra["prediction_type"] = prediction_type
+    if zero_terminal_snr:
+        extra.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
     if name == "euler":
         return EulerDiscreteScheduler.from_config(config, **extra)
     if name == "euler_a":

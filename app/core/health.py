@@ -36,6 +36,7 @@ from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, parameter_counts
+from app.core.prediction import prediction_summary
 from app.core.probe import ActivationRecorder, ProbeResult, top_blocks
 from app.core.settings import FIELDS, PrecisionSettings
 
@@ -413,7 +414,10 @@ def probe_timesteps(model, steps: int, scheduler: str) -> list[int]:
     from app.core.generation import make_scheduler
 
     schedule: Any = make_scheduler(
-        scheduler, model.pipeline.scheduler.config, model.prediction_type
+        scheduler,
+        model.pipeline.scheduler.config,
+        model.prediction_type,
+        zero_terminal_snr=getattr(model, "zero_terminal_snr", False),
     )
     schedule.set_timesteps(max(2, steps))
     timesteps = [int(t) for t in schedule.timesteps]
@@ -745,6 +749,7 @@ def check_loaded(
             "format": model.format,
             "architecture": model.architecture,
             "name": model.name,
+            "prediction": prediction_summary(model),
         },
         device={"kind": info.kind, "name": info.name},
         plan=plan,

@@ -71,6 +71,8 @@ class LoadedModel:
     profile_key: str  # identity of the weights (see `_Identity`): remembered fixes use it
     weights: WeightScan
     detected_because: str  # one sentence: why we think it is this architecture
+    zero_terminal_snr: bool = False  # its scheduler rescales betas to zero terminal SNR
+    prediction_because: str = ""  # how the prediction type is known (part of detected_because)
 
 
 def set_offline() -> None:
@@ -340,6 +342,7 @@ def _load_single_file(
                 checkpoint, detection, vae, allow_pickle, progress, cancel, identity.needed
             )
         checkpoint.check_unchanged()  # what was scanned is what the file holds now
+        prediction, because, native = _settle_prediction(pipeline, detection, progress, cancel)
         # The A1111 hash's thread writes the same cache file: let it finish first.
         short_hash = hasher.result(progress, cancel)
         return LoadedModel(
@@ -348,19 +351,71 @@ def _load_single_file(
             name=path.stem,
             format="single_file",
             architecture=detection.architecture,
-            prediction_type=detection.prediction_type,
-            native_size=detection.native_size,
+            prediction_type=prediction,
+            native_size=native,
             stored_dtype=stored_dtype(used),
             model_hash=short_hash,
             profile_key=identity.profile_key(scan),
             weights=scan,
-            detected_because=detection.because,
+            detected_because=detection.because.removesuffix(f"{detection.prediction_because}.")
+            + f"{because}.",
+            zero_terminal_snr=detection.zero_terminal_snr,
+            prediction_because=because,
         )
     except BaseException:
         hasher.stop()
         raise
     finally:
         checkpoint.close()
+
+
+def _settle_prediction(
+    pipeline, detection: arch.Detection, progress: ProgressCallback, cancel: CancelToken | None
+) -> tuple[str, str, int]:
+    """(prediction type, how we know it, native size): what the file states, else what a test
+    pass of the UNet decides (`app.core.prediction`), else the detection's guess with the
+    reason the test gave. Sets the pipeline's scheduler to match."""
+    kind, because, native = (
+        detection.prediction_type,
+        detection.prediction_because,
+        detection.native_size,
+    )
+    if not detection.prediction_decided:
+        from app.core.prediction import probe_prediction_type
+
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        progress("Testing the prediction type", 0, 1)
+        tested = probe_prediction_type(pipeline, zero_terminal_snr=detection.zero_terminal_snr)
+        progress("Testing the prediction type", 1, 1)
+        if tested.kind is None:
+            because = f"{because}; {tested.because}, so the guess stands"
+        else:
+            kind, because = tested.kind, tested.because
+            if detection.family == "sd2":
+                native = 768 if kind == "v_prediction" else 512
+    pipeline.scheduler = scheduler_for(
+        pipeline.scheduler.config, kind, detection.zero_terminal_snr, pipeline.scheduler
+    )
+    return kind, because, native
+
+
+def scheduler_for(config, prediction_type: str, zero_terminal_snr: bool, like=None):
+    """A scheduler of `like`'s class (or the config's) for this prediction type; with zero
+    terminal SNR, betas rescaled to reach it and trailing timesteps, as such models are
+    sampled (Lin et al. 2023, "Common Diffusion Noise Schedules and Sample Steps are Flawed").
+    A scheduler class without that option is replaced by Euler, which has it."""
+    import inspect
+
+    import diffusers
+
+    scheduler_class = type(like) if like is not None else getattr(diffusers, config["_class_name"])
+    extra: dict[str, Any] = {"prediction_type": prediction_type}
+    if zero_terminal_snr:
+        if "rescale_betas_zero_snr" not in inspect.signature(scheduler_class).parameters:
+            scheduler_class = diffusers.EulerDiscreteScheduler
+        extra.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
+    return scheduler_class.from_config(config, **extra)
 
 
 def _sidecar_config(path: Path) -> str | None:
@@ -983,6 +1038,8 @@ def _load_folder(
         profile_key=identity.profile_key(weights),
         weights=weights,
         detected_because=detection.because,
+        zero_terminal_snr=detection.zero_terminal_snr,
+        prediction_because=detection.prediction_because,
     )
 
 
