@@ -27,6 +27,8 @@ model to partly recover, so a v-model's error on v stays well below 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,8 +121,14 @@ def probe_prediction_type(pipeline, *, zero_terminal_snr: bool = False) -> Predi
     velocity = a * noise - s * x0
 
     family = family_of(pipeline)
-    with torch.no_grad():
-        conditioning = family.encode(pipeline, "", "", device, True)
+    wide = device.type == "cpu" and dtype != torch.float32
+    if wide:  # CPUs run fp16/bf16 many times slower than fp32 (and fp16 may overflow)
+        dtype = torch.float32
+    modules = [getattr(pipeline, name, None) for name in family.components(pipeline)]
+    with torch.no_grad(), _each_layer_in_fp32(modules if wide else []):
+        conditioning = family.encode(pipeline, "", "", device, False)  # one empty prompt
+        for key in list(conditioning):
+            conditioning[f"negative_{key}"] = conditioning[key]  # the batch's two rows alike
         extra = family.denoiser_inputs(conditioning, size * 8, device)
         output = (
             unet(
@@ -153,6 +161,43 @@ def probe_prediction_type(pipeline, *, zero_terminal_snr: bool = False) -> Predi
         tuple(v_error),
         f"{words} because a test pass of its UNet on a noised latent matched it ({numbers})",
     )
+
+
+@contextmanager
+def _each_layer_in_fp32(modules: list[Any]) -> Iterator[None]:
+    """Run `modules` in fp32 one layer at a time: each layer's weights are widened just before
+    it runs and put back right after, so only one layer's fp32 copy exists at once (an SDXL
+    UNet widened whole would take 10 GB more). The stored weights are never changed."""
+    import torch
+
+    handles = []
+
+    def widen(layer, args):
+        layer._halfsafe_stored = dict(layer._parameters)
+        for name, param in layer._parameters.items():
+            if param is not None and param.is_floating_point():
+                layer._parameters[name] = torch.nn.Parameter(param.float(), requires_grad=False)
+
+    def restore(layer, args, output):
+        layer._parameters.update(layer.__dict__.pop("_halfsafe_stored", {}))
+
+    layers = [
+        layer
+        for module in modules
+        if module is not None
+        for layer in module.modules()
+        if any(p.is_floating_point() for p in layer.parameters(recurse=False))
+    ]
+    try:
+        for layer in layers:
+            handles.append(layer.register_forward_pre_hook(widen))
+            handles.append(layer.register_forward_hook(restore, always_call=True))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for layer in layers:  # a layer that raised mid-call is put back here too
+            layer._parameters.update(layer.__dict__.pop("_halfsafe_stored", {}))
 
 
 def _undecided(eps_error: list[float], v_error: list[float], because: str) -> PredictionTest:
