@@ -152,3 +152,19 @@ def test_real_size_depth_decides_full_or_converted():
     assert arch._sd2_encoder(shapes(24, False), arch.SD2_TEXT, "openclip").drop_last_layer
     assert not arch._sd2_encoder(shapes(23, False), arch.SD2_TEXT, "openclip").drop_last_layer
     assert not arch._sd2_encoder(shapes(23, True), arch.SD2_TEXT, "openclip").drop_last_layer
+
+
+def test_sd2_text_encoder_under_transformers_names_is_sd2_with_every_layer(tmp_path, pipeline):
+    """A converted SD2 file may store OpenCLIP under cond_stage_model.transformer with
+    transformers' names, where SD1's CLIP sits: still SD2, every layer kept."""
+    tensors = ldm_state_dict(pipeline, architecture="sd1")  # CLIP layout for the text encoder
+    assert any(k.startswith(arch.SD1_TEXT + "text_model.encoder.layers.1.") for k in tensors)
+    path = write_safetensors(tmp_path / "sd2-hf-names.safetensors", tensors)
+    model = load_model(str(path))
+    assert model.architecture == "sd2"
+    assert model.pipeline.text_encoder.config.num_hidden_layers == 2
+    assert model.pipeline.text_encoder.config.hidden_act == "gelu"  # SD2's, not SD1's quick_gelu
+    hidden, ids = embeddings(model, "a red cube on a table")
+    with torch.no_grad():
+        expected = pipeline.text_encoder(ids)[0]
+    assert torch.allclose(hidden, expected, atol=1e-5)
