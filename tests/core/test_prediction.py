@@ -8,6 +8,7 @@ copies its input must come out undecided.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,21 @@ def test_wrong_prediction_type_gives_a_finite_image_not_nan(tmp_path, every_unet
     )
     (image,) = result.images
     assert image.status == "ok" and image.non_finite == 0.0
+
+
+@pytest.mark.parametrize("sampler", ["euler", "euler_a", "dpmpp_2m_karras", "ddim"])
+def test_every_sampler_reaches_zero_terminal_snr_for_a_zsnr_model(sampler):
+    from app.core.generation import make_scheduler
+    from app.core.models import config_folder, scheduler_for
+
+    config = json.loads((config_folder("sdxl") / "scheduler" / "scheduler_config.json").read_text())
+    base = scheduler_for(config, "v_prediction", True)
+    scheduler = make_scheduler(sampler, base.config, "v_prediction", zero_terminal_snr=True)
+    assert scheduler.config.prediction_type == "v_prediction"
+    assert scheduler.config.rescale_betas_zero_snr is True
+    assert scheduler.config.timestep_spacing == "trailing"
+    assert float(scheduler.alphas_cumprod[-1]) < 1e-4  # the last step is pure noise
+    scheduler.set_timesteps(10)
+    assert int(scheduler.timesteps[0]) == 999  # trailing: sampling starts there
+    plain = make_scheduler(sampler, config, "epsilon")
+    assert float(plain.alphas_cumprod[-1]) > 1e-3
