@@ -45,7 +45,9 @@ class TextEncoderLayout:
     component: str  # "text_encoder" or "text_encoder_2"
     prefix: str  # key prefix in the file, up to the model's own names
     layout: str  # "hf" (transformers names) or "openclip"
-    drop_last_layer: bool = False  # SD2 uses the penultimate layer; diffusers omits the last
+    # SD2 reads OpenCLIP's penultimate layer. Original files carry the full tower, so its last
+    # block goes unused; files from diffusers' converter hold only the blocks SD2 reads.
+    drop_last_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Detection:
     vae_prefix: str = VAE
     unet_prefix: str = UNET
     notes: tuple[str, ...] = field(default=())
+    zero_terminal_snr: bool = False
+    prediction_decided: bool = True  # False: a guess the loader tests (app.core.prediction)
+    prediction_because: str = ""  # the end of `because`: how the prediction type is known
 
     @property
     def family(self) -> str:
@@ -127,10 +132,18 @@ def detect_architecture(
         )
     elif has(SD2_TEXT):
         family = "sd2"
-        encoders = (TextEncoderLayout("text_encoder", SD2_TEXT, "openclip", drop_last_layer=True),)
+        encoders = (_sd2_encoder(shapes, SD2_TEXT, "openclip"),)
         why = (
             f"its UNet takes {cross_words} from an {_clip_words(shapes, encoders[0])} text "
-            "encoder (cond_stage_model.model), as SD2.x does"
+            f"encoder (cond_stage_model.model), as SD2.x does{_penultimate_words(encoders[0])}"
+        )
+    elif has(SD1_TEXT) and _sd2_in_clip_layout(shapes, _hf_prefix(keys, SD1_TEXT), cross):
+        family = "sd2"
+        encoders = (_sd2_encoder(shapes, _hf_prefix(keys, SD1_TEXT), "hf"),)
+        why = (
+            f"its UNet takes {cross_words} from an OpenCLIP-sized "
+            f"{_clip_words(shapes, encoders[0])} text encoder stored under transformers names "
+            f"(cond_stage_model.transformer), as SD2.x does{_penultimate_words(encoders[0])}"
         )
     elif has(SD1_TEXT):
         family = "sd1"
@@ -171,7 +184,8 @@ def detect_architecture(
             "text-to-image model takes 4.",
         )
 
-    prediction, prediction_why = prediction_type(family, keys, metadata, name, sidecar_config)
+    stated = read_prediction(family, keys, metadata, name, sidecar_config)
+    prediction, prediction_why = stated.kind, stated.because
     native = {"sd1": 512, "sdxl": 1024}.get(family) or (
         768 if prediction == "v_prediction" else 512
     )
@@ -199,51 +213,81 @@ def detect_architecture(
         encoders,
         has_vae,
         notes=notes,
+        zero_terminal_snr=stated.zero_terminal_snr,
+        prediction_decided=stated.decided,
+        prediction_because=prediction_why,
     )
 
 
-def prediction_type(
-    family: str, keys: list[str], metadata: Mapping[str, str], name: str, sidecar_config: str | None
-) -> tuple[str, str]:
-    """The prediction type and the words saying how we know it.
+@dataclass(frozen=True)
+class Prediction:
+    """What a denoiser predicts and how we know it."""
 
-    Weights cannot tell epsilon from v-prediction, so this reads markers in order: a `v_pred`
-    tensor (ComfyUI's convention), training metadata (kohya's ss_v_parameterization, ModelSpec),
-    an A1111 `.yaml` beside the file, the file name; then the family's usual choice.
+    kind: str  # "epsilon" | "v_prediction"
+    zero_terminal_snr: bool  # trained on a zero-terminal-SNR schedule (Illustrious/NoobAI v)
+    because: str  # words completing "...; ", e.g. "v-prediction because the file carries ..."
+    decided: bool  # by something the file or its .yaml states; False: a guess to test
+
+
+def read_prediction(
+    family: str, keys: list[str], metadata: Mapping[str, str], name: str, sidecar_config: str | None
+) -> Prediction:
+    """The prediction type from what the file states, or the guess a test pass should check.
+
+    Weights cannot tell epsilon from v-prediction, so this reads markers in order: the empty
+    `v_pred` and `ztsnr` tensors NoobAI/kohya/ComfyUI write, training metadata (kohya's
+    ss_v_parameterization and ss_zero_terminal_snr, ModelSpec), an A1111 `.yaml` beside the
+    file. Without one, the file name and then the family's usual choice give an undecided
+    guess (`decided=False`) that `app.core.prediction` tests with the UNet itself.
     """
-    if "v_pred" in keys or "edm_vpred.sigma_max" in keys:
-        return "v_prediction", "v-prediction because the file carries a v_pred marker"
+    keyset = set(keys)
+    zsnr_flag = metadata.get("ss_zero_terminal_snr", "").strip().lower()
+    zsnr = "ztsnr" in keyset or zsnr_flag == "true"
+    zsnr_words = ""
+    if "ztsnr" in keyset:
+        zsnr_words = ", with zero-terminal-SNR noise (its ztsnr marker)"
+    elif zsnr:
+        zsnr_words = ", with zero-terminal-SNR noise (ss_zero_terminal_snr)"
+
+    def stated(kind: str, why: str) -> Prediction:
+        return Prediction(kind, zsnr, f"{_words(kind)} {why}{zsnr_words}", True)
+
+    if "v_pred" in keyset or "edm_vpred.sigma_max" in keyset:
+        return stated("v_prediction", "because the file carries a v_pred marker")
     flag = metadata.get("ss_v_parameterization", "").strip().lower()
     if flag in ("true", "false"):
         kind = "v_prediction" if flag == "true" else "epsilon"
-        return kind, f"{_words(kind)} per its training metadata (ss_v_parameterization)"
+        return stated(kind, "per its training metadata (ss_v_parameterization)")
     spec = metadata.get("modelspec.prediction_type", "").strip().lower()
     if spec.startswith(("v", "eps")):
         kind = "v_prediction" if spec.startswith("v") else "epsilon"
-        return kind, f"{_words(kind)} per its ModelSpec metadata"
+        return stated(kind, "per its ModelSpec metadata")
     if metadata.get("modelspec.architecture", "").strip().lower().endswith("-v"):
-        return "v_prediction", "v-prediction per its ModelSpec architecture"
+        return stated("v_prediction", "per its ModelSpec architecture")
     if sidecar_config is not None:
         if re.search(r"parameterization:\s*[\"']?v[\"']?\s*$", sidecar_config, re.MULTILINE):
-            return "v_prediction", "v-prediction per the .yaml config beside it"
-        return "epsilon", "epsilon prediction per the .yaml config beside it"
+            return stated("v_prediction", "per the .yaml config beside it")
+        return stated("epsilon", "per the .yaml config beside it")
+
+    def guess(kind: str, why: str) -> Prediction:
+        return Prediction(kind, zsnr, f"{_words(kind)} {why}{zsnr_words}", False)
+
     lowered = name.lower()
     if re.search(r"(^|[^a-z0-9])v[-_ ]?pred", lowered):
-        return "v_prediction", "v-prediction because its name says v-pred"
+        return guess("v_prediction", "because its name says v-pred")
     if family == "sd2":
         if "768" in lowered:
-            return (
-                "v_prediction",
-                "v-prediction because its name says 768 (SD2's 768 models are v-prediction)",
+            return guess(
+                "v_prediction", "because its name says 768 (SD2's 768 models are v-prediction)"
             )
         if "512" in lowered or "base" in lowered:
-            return "epsilon", "epsilon prediction because its name marks it as a 512/base model"
-        return (
+            return guess("epsilon", "because its name marks it as a 512/base model")
+        return guess(
             "v_prediction",
-            "v-prediction assumed, as most SD2.x models are 768-v "
+            "assumed, as most SD2.x models are 768-v "
             "(put '512' in the name or an A1111 .yaml beside it if it is an epsilon model)",
         )
-    return "epsilon", "epsilon prediction, the usual for this family"
+    return guess("epsilon", "as usual for this family")
 
 
 def _words(kind: str) -> str:
@@ -315,6 +359,8 @@ def detect_from_configs(
         size,
         None,
         class_name,
+        zero_terminal_snr=bool(scheduler.get("rescale_betas_zero_snr")),
+        prediction_because=f"{_words(prediction)} per its scheduler config",
     )
 
 
@@ -490,6 +536,53 @@ def _not_a_full_checkpoint(keys: list[str], shapes: Shapes) -> Detection:
         f"none of its {len(keys)} tensors (e.g. {sample}) has the names of an "
         "SD1.x, SD2.x or SDXL checkpoint.",
     )
+
+
+def _sd2_encoder(shapes: Shapes, prefix: str, layout: str) -> TextEncoderLayout:
+    """SD2's text encoder, keeping every block the file has unless it holds the full tower.
+
+    SD2 conditions on the output of OpenCLIP ViT-H's 23rd of 24 blocks (then the final norm).
+    Original files carry all 24 blocks and the text projection; diffusers' converter writes
+    only the 23 blocks diffusers runs and no projection. ViT-H's depth decides for real sizes;
+    for other sizes the projection tells a full tower from a converted one.
+    """
+    probe = TextEncoderLayout("text_encoder", prefix, layout)
+    layers = _count_layers(shapes, probe)
+    width = _shape(shapes, prefix + _TOKEN_EMBEDDING[layout], 1)
+    if width == 1024 and layers in (23, 24):
+        full = layers == 24
+    elif layout == "hf":
+        full = (prefix.removesuffix("text_model.") + "text_projection.weight") in shapes
+    else:
+        full = (prefix + "text_projection") in shapes
+    return TextEncoderLayout("text_encoder", prefix, layout, drop_last_layer=full and layers > 1)
+
+
+_TOKEN_EMBEDDING = {"hf": "embeddings.token_embedding.weight", "openclip": "token_embedding.weight"}
+
+
+def _penultimate_words(encoder: TextEncoderLayout) -> str:
+    if encoder.drop_last_layer:
+        return " (its last block is unused: SD2 reads the penultimate layer)"
+    return " (the file holds only the blocks SD2 reads, all of them used)"
+
+
+def _sd2_in_clip_layout(shapes: Shapes, prefix: str, cross: int | None) -> bool:
+    """A converted SD2 file can store OpenCLIP under transformers names, where SD1's CLIP sits.
+
+    Real SD2 text features are 1024 wide (SD1's 768); at other sizes SD2's UNet gives itself
+    away by linear attention projections (SD1's are 1x1 convolutions).
+    """
+    width = _shape(shapes, prefix + _TOKEN_EMBEDDING["hf"], 1)
+    if cross == 1024 and width == 1024:
+        return True
+    if cross in (768, None) or width != cross:
+        return False
+    proj_in = next(
+        (s for k, s in shapes.items() if k.startswith(UNET) and k.endswith(".proj_in.weight")),
+        None,
+    )
+    return proj_in is not None and len(proj_in) == 2
 
 
 def _prefix_checker(keys: list[str]):
@@ -808,6 +901,8 @@ def infer_text_encoder_config(
         layers = _count_indices(shapes, p + "encoder.layers.")
         projection = shapes.get(p.removesuffix("text_model.") + "text_projection.weight")
         projection_dim = projection[0] if projection and len(projection) == 2 else None
+        if encoder.drop_last_layer:
+            layers -= 1
     else:
         vocab, hidden = w("token_embedding.weight")
         positions = w("positional_embedding")[0]

@@ -73,8 +73,17 @@ class Family:
         """Pixels per latent cell along one side (8 for every VAE here)."""
         return 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
 
-    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
-        return make_scheduler(name, pipeline.scheduler.config, prediction_type)
+    def make_scheduler(
+        self,
+        name: str,
+        pipeline,
+        prediction_type: str | None,
+        *,
+        zero_terminal_snr: bool = False,
+    ):
+        return make_scheduler(
+            name, pipeline.scheduler.config, prediction_type, zero_terminal_snr=zero_terminal_snr
+        )
 
     def sampler_words(self, name: str) -> str:
         """The sampler as AUTOMATIC1111's PNG info names it."""
@@ -84,7 +93,12 @@ class Family:
 
     def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
         """The first, middle and last timestep of the user's schedule (see health)."""
-        schedule = self.make_scheduler(scheduler, model.pipeline, model.prediction_type)
+        schedule = self.make_scheduler(
+            scheduler,
+            model.pipeline,
+            model.prediction_type,
+            zero_terminal_snr=getattr(model, "zero_terminal_snr", False),
+        )
         schedule.set_timesteps(max(2, steps))
         timesteps = [int(t) for t in schedule.timesteps]
         picked = [timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]]
@@ -233,7 +247,14 @@ class FluxFamily(Family):
             "txt_ids": torch.zeros(embeds.shape[1], 3, device=device),
         }
 
-    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+    def make_scheduler(
+        self,
+        name: str,
+        pipeline,
+        prediction_type: str | None,
+        *,
+        zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
+    ):
         # Flux is trained for flow matching: every sampler setting runs its flow-matching Euler.
         from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -493,7 +514,14 @@ class SD3Family(Family):
             ),
         }
 
-    def make_scheduler(self, name: str, pipeline, prediction_type: str | None):
+    def make_scheduler(
+        self,
+        name: str,
+        pipeline,
+        prediction_type: str | None,
+        *,
+        zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
+    ):
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
@@ -569,9 +597,13 @@ def family_of(pipeline) -> Family:
     return Family()
 
 
-def make_scheduler(name: str, config, prediction_type: str | None = None):
+def make_scheduler(
+    name: str, config, prediction_type: str | None = None, *, zero_terminal_snr: bool = False
+):
     """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
-    config. The model's prediction type (epsilon or v_prediction) is carried over."""
+    config. The model's prediction type (epsilon or v_prediction) is carried over; a
+    zero-terminal-SNR model gets rescaled betas and trailing timesteps (each sampler here
+    supports both)."""
     from diffusers import (
         DDIMScheduler,
         DPMSolverMultistepScheduler,
@@ -582,6 +614,8 @@ def make_scheduler(name: str, config, prediction_type: str | None = None):
     extra: dict[str, Any] = {}
     if prediction_type:
         extra["prediction_type"] = prediction_type
+    if zero_terminal_snr:
+        extra.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
     if name == "euler":
         return EulerDiscreteScheduler.from_config(config, **extra)
     if name == "euler_a":

@@ -411,7 +411,10 @@ class _Job:
         self.placed.apply(plan)
         pipe = self.placed.pipeline()
         pipe.scheduler = self.family.make_scheduler(
-            self.request.scheduler, self.model.pipeline, self.model.prediction_type
+            self.request.scheduler,
+            self.model.pipeline,
+            self.model.prediction_type,
+            zero_terminal_snr=getattr(self.model, "zero_terminal_snr", False),
         )
         pipe.set_progress_bar_config(disable=True)
         return pipe

@@ -36,6 +36,7 @@ from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, parameter_counts
+from app.core.prediction import prediction_summary
 from app.core.probe import ActivationRecorder, ProbeResult, top_blocks
 from app.core.settings import FIELDS, PrecisionSettings
 
@@ -730,6 +731,7 @@ def check_loaded(
             "format": model.format,
             "architecture": model.architecture,
             "name": model.name,
+            "prediction": prediction_summary(model),
         },
         device={"kind": info.kind, "name": info.name},
         plan=plan,

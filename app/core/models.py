@@ -74,6 +74,8 @@ class LoadedModel:
     weights: WeightScan
     detected_because: str  # one sentence: why we think it is this architecture
     vae: str | None = None  # the separate VAE file or folder loaded in place of the model's
+    zero_terminal_snr: bool = False  # its scheduler rescales betas to zero terminal SNR
+    prediction_because: str = ""  # how the prediction type is known (part of detected_because)
 
 
 def set_offline() -> None:
@@ -237,6 +239,19 @@ class _Identity:
             self._stamp = files_stamp(files)
             self.cached = cached_value(self._key, self._stamp, "content")
 
+    def recall(self, name: str) -> str | None:
+        """Another value cached for these unchanged files (None when none is valid)."""
+        if self._stamp is None:
+            return None
+        with contextlib.suppress(OSError):
+            return cached_value(self._key, self._stamp, name)
+        return None
+
+    def remember(self, name: str, value: str) -> None:
+        if self._stamp is not None:
+            with contextlib.suppress(OSError):  # not cached only costs the work again
+                store_value(self._key, self._stamp, name, value)
+
     @property
     def needed(self) -> bool:
         """True when the weight scan must compute the digest (nothing valid is cached)."""
@@ -364,27 +379,97 @@ def _load_single_file(
                 checkpoint, detection, vae, allow_pickle, progress, cancel, identity.needed
             )
         checkpoint.check_unchanged()  # what was scanned is what the file holds now
+        known = identity.recall("prediction")
+        prediction, because, native = _settle_prediction(
+            pipeline, detection, progress, cancel, json.loads(known) if known else None
+        )
         # The A1111 hash's thread writes the same cache file: let it finish first.
         short_hash = hasher.result(progress, cancel)
+        if not detection.prediction_decided and known is None:
+            identity.remember("prediction", json.dumps([prediction, because]))
         return LoadedModel(
             pipeline=pipeline,
             source=source,
             name=path.stem,
             format="single_file",
             architecture=detection.architecture,
-            prediction_type=detection.prediction_type,
-            native_size=detection.native_size,
+            prediction_type=prediction,
+            native_size=native,
             stored_dtype=stored_dtype(used),
             model_hash=short_hash,
             profile_key=identity.profile_key(scan),
             weights=scan,
-            detected_because=detection.because,
+            detected_because=detection.because.removesuffix(f"{detection.prediction_because}.")
+            + f"{because}.",
+            zero_terminal_snr=detection.zero_terminal_snr,
+            prediction_because=because,
         )
     except BaseException:
         hasher.stop()
         raise
     finally:
         checkpoint.close()
+
+
+def _settle_prediction(
+    pipeline,
+    detection: arch.Detection,
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+    known: list[str] | None = None,
+) -> tuple[str, str, int]:
+    """(prediction type, how we know it, native size): what the file states, else what a test
+    pass of the UNet decides (`app.core.prediction`), else the detection's guess with the
+    reason the test gave. `known` is a test's answer cached for these unchanged files: the
+    test pass costs seconds to a minute on a CPU, so a file pays it once. Sets the pipeline's
+    scheduler to match."""
+    kind, because, native = (
+        detection.prediction_type,
+        detection.prediction_because,
+        detection.native_size,
+    )
+    if not detection.prediction_decided and known is not None and len(known) == 2:
+        kind, because = str(known[0]), str(known[1])
+        if kind not in ("epsilon", "v_prediction"):
+            kind, because = detection.prediction_type, detection.prediction_because
+        elif detection.family == "sd2":
+            native = 768 if kind == "v_prediction" else 512
+    elif not detection.prediction_decided:
+        from app.core.prediction import probe_prediction_type
+
+        if cancel is not None:
+            cancel.raise_if_cancelled()
+        progress("Testing the prediction type", 0, 1)
+        tested = probe_prediction_type(pipeline, zero_terminal_snr=detection.zero_terminal_snr)
+        progress("Testing the prediction type", 1, 1)
+        if tested.kind is None:
+            because = f"{because}; {tested.because}, so the guess stands"
+        else:
+            kind, because = tested.kind, tested.because
+            if detection.family == "sd2":
+                native = 768 if kind == "v_prediction" else 512
+    pipeline.scheduler = scheduler_for(
+        pipeline.scheduler.config, kind, detection.zero_terminal_snr, pipeline.scheduler
+    )
+    return kind, because, native
+
+
+def scheduler_for(config, prediction_type: str, zero_terminal_snr: bool, like=None):
+    """A scheduler of `like`'s class (or the config's) for this prediction type; with zero
+    terminal SNR, betas rescaled to reach it and trailing timesteps, as such models are
+    sampled (Lin et al. 2023, "Common Diffusion Noise Schedules and Sample Steps are Flawed").
+    A scheduler class without that option is replaced by Euler, which has it."""
+    import inspect
+
+    import diffusers
+
+    scheduler_class = type(like) if like is not None else getattr(diffusers, config["_class_name"])
+    extra: dict[str, Any] = {"prediction_type": prediction_type}
+    if zero_terminal_snr:
+        if "rescale_betas_zero_snr" not in inspect.signature(scheduler_class).parameters:
+            scheduler_class = diffusers.EulerDiscreteScheduler
+        extra.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
+    return scheduler_class.from_config(config, **extra)
 
 
 def _sidecar_config(path: Path) -> str | None:
@@ -645,6 +730,10 @@ def _text_encoder_keys(names: list[str], shapes, encoder: arch.TextEncoderLayout
     if encoder.layout == "hf":
         root = encoder.prefix.removesuffix("text_model.")
         keys = [k for k in keys if not k.endswith("position_ids")]
+        if encoder.drop_last_layer:  # SD2 in transformers names: as below
+            last = arch._count_indices(shapes, encoder.prefix + "encoder.layers.") - 1
+            unused = f"{encoder.prefix}encoder.layers.{last}."
+            return [k for k in keys if not k.startswith(unused)]
         keys += [k for k in names if k == root + "text_projection.weight"]
         return keys
     keys = [
@@ -1177,6 +1266,8 @@ def _load_folder(
         profile_key=identity.profile_key(weights),
         weights=weights,
         detected_because=detection.because,
+        zero_terminal_snr=detection.zero_terminal_snr,
+        prediction_because=detection.prediction_because,
     )
 
 

@@ -51,6 +51,8 @@ def summarise_model(model: Any, device: str = "auto") -> dict[str, Any]:
         "format",
         "architecture",
         "prediction_type",
+        "zero_terminal_snr",
+        "prediction_because",
         "native_size",
         "stored_dtype",
         "model_hash",

@@ -280,7 +280,10 @@ def test_report_json_holds_the_contract(vae_report):
         "fix",
         "seconds",
     }
-    assert set(document["model"]) >= {"source", "format", "architecture"}
+    assert set(document["model"]) >= {"source", "format", "architecture", "prediction"}
+    prediction = document["model"]["prediction"]
+    assert prediction["type"] == "epsilon" and prediction["zero_terminal_snr"] is False
+    assert isinstance(prediction["because"], str)
     assert set(document["device"]) >= {"kind", "name"}
     assert document["tested"]["upcast_attention"] is False
     for component in document["components"].values():
