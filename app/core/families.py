@@ -80,7 +80,7 @@ class Family:
         prediction_type: str | None,
         *,
         zero_terminal_snr: bool = False,
-    ):
+    ) -> Any:
         return make_scheduler(
             name, pipeline.scheduler.config, prediction_type, zero_terminal_snr=zero_terminal_snr
         )
@@ -111,7 +111,7 @@ class Family:
         from diffusers import EulerDiscreteScheduler
 
         unet = pipe.unet
-        scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        scheduler: Any = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
         scheduler.set_timesteps(timesteps=[int(t) for t in timesteps], device=device)
         side = size // self.latent_factor(pipe)
         generator = torch.Generator().manual_seed(0)
@@ -254,7 +254,7 @@ class FluxFamily(Family):
         prediction_type: str | None,
         *,
         zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
-    ):
+    ) -> Any:
         # Flux is trained for flow matching: every sampler setting runs its flow-matching Euler.
         from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -278,7 +278,7 @@ class FluxFamily(Family):
             config.get("base_shift", 0.5),
             config.get("max_shift", 1.15),
         )
-        sigmas = np.linspace(1.0, 1 / steps, steps)
+        sigmas = np.linspace(1.0, 1 / steps, steps).tolist()
         scheduler.set_timesteps(sigmas=sigmas, mu=mu)
         return [float(s) for s in scheduler.sigmas[:-1]]
 
@@ -521,7 +521,7 @@ class SD3Family(Family):
         prediction_type: str | None,
         *,
         zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
-    ):
+    ) -> Any:
         from diffusers import FlowMatchEulerDiscreteScheduler
 
         return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
@@ -599,7 +599,7 @@ def family_of(pipeline) -> Family:
 
 def make_scheduler(
     name: str, config, prediction_type: str | None = None, *, zero_terminal_snr: bool = False
-):
+) -> Any:
     """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
     config. The model's prediction type (epsilon or v_prediction) is carried over; a
     zero-terminal-SNR model gets rescaled betas and trailing timesteps (each sampler here

@@ -182,7 +182,7 @@ class HealthReport:
     notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
     remembered: str | None = None  # the summary of a remembered fix the check ran with
-    timesteps: list[int] = field(default_factory=list)  # where the denoiser was probed
+    timesteps: list[float] = field(default_factory=list)  # where the denoiser was probed
     advice: Advice | None = None
 
     @property

@@ -357,10 +357,10 @@ def _plan(
     if extra is None:
         from app.core.settings import load_settings
 
-        extra = load_settings().settings["model_folders"]
+        extra = list(load_settings().settings["model_folders"] or [])
     folders: list[ModelFolder] = []
     problems: list[LibraryEntry] = []
-    for given in extra:
+    for given in extra or []:
         found, trouble = _expand(Path(given).expanduser())
         folders.extend(found)
         problems.extend(trouble)

@@ -573,6 +573,7 @@ def _assemble(
 
     stage("Loading the VAE")
     vae_base = _read_json(folder / "vae" / "config.json")
+    vae_scan = None  # the separate VAE's own scan, merged into the checkpoint's below
     if vae is None:
         components["vae"] = _vae_from_checkpoint(
             checkpoint, detection.vae_prefix, vae_base, detection.native_size, read
@@ -604,12 +605,11 @@ def _assemble(
             **components, force_zeros_for_empty_prompt=True, add_watermarker=False
         )
     else:
-        pipeline = pipeline_class(
-            **components, safety_checker=None, feature_extractor=None, requires_safety_checker=False
-        )
+        components.update(safety_checker=None, feature_extractor=None)
+        pipeline = pipeline_class(**components, requires_safety_checker=False)
     progress("Loaded", steps, steps)
     scan = scanner.result()
-    if vae is not None:
+    if vae_scan is not None:
         scan = scan.merged(vae_scan)
     return pipeline, scan, used_dtypes
 
@@ -659,20 +659,21 @@ def _built(path: Path, words: str, build, *args):
         ) from None
 
 
-def _empty(build, *args):
+def _empty(build, *args) -> Any:
     """`build(*args)` without allocating or initialising parameters (they come from the
     checkpoint)."""
+    import importlib
     from contextlib import nullcontext
 
     from accelerate import init_empty_weights
 
-    try:  # transformers would otherwise run its random init on the empty tensors
-        from transformers.initialization import no_init_weights
-    except ImportError:
-        try:
-            from transformers.modeling_utils import no_init_weights
-        except ImportError:
-            no_init_weights = nullcontext
+    # transformers would otherwise run its random init on the empty tensors; the helper moved
+    # between modules across transformers versions.
+    no_init_weights: Any = nullcontext
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        with contextlib.suppress(ImportError, AttributeError):
+            no_init_weights = importlib.import_module(module).no_init_weights
+            break
     with init_empty_weights(include_buffers=False), no_init_weights():
         return build(*args)
 
@@ -1619,6 +1620,5 @@ def build_random_pipeline(
             folder / "tokenizer_2", local_files_only=True
         )
         return diffusers.StableDiffusionXLPipeline(**components, add_watermarker=False)
-    return diffusers.StableDiffusionPipeline(
-        **components, safety_checker=None, feature_extractor=None, requires_safety_checker=False
-    )
+    components.update(safety_checker=None, feature_extractor=None)
+    return diffusers.StableDiffusionPipeline(**components, requires_safety_checker=False)
