@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.demo import DEMO_LABEL
+from app.core.demo import DEMO_LABEL, DEMO_MODELS
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
@@ -222,16 +222,22 @@ class ModelsView(QWidget):
     def _fill_library(self, entries: list[dict[str, Any]]) -> None:
         last = str(self.ui_settings.value("models/last", DEMO_SOURCE))
         self.library.clear()
-        demo = QTreeWidgetItem([DEMO_LABEL, "SD 1.x (tiny)", "fp32", "built in"])
-        demo.setData(0, Qt.ItemDataRole.UserRole, {"path": DEMO_SOURCE, "error": None})
-        demo.setToolTip(
-            0,
-            "An untrained test model built into HalfSafe: it runs on any "
-            "computer in seconds and exercises every check, but its images "
-            "are noise.",
-        )
-        self.library.addTopLevelItem(demo)
-        selected = demo
+        tips = {
+            "demo": "A tiny model built into HalfSafe: it runs on any computer in "
+            "seconds, exercises every check, and draws prompts such as "
+            "“a red circle on a blue background” (colours: red, green, blue, "
+            "yellow, purple, white; shapes: circle, square, triangle).",
+            "demo-overflow": "The demo with one VAE layer that overflows in fp16 on purpose: "
+            "in fp16 its pictures go black, and the NaN watch repairs them.",
+        }
+        selected = None
+        for source, title in DEMO_MODELS.items():
+            demo = QTreeWidgetItem([title, "SD 1.x (tiny)", "fp32", "built in"])
+            demo.setData(0, Qt.ItemDataRole.UserRole, {"path": source, "error": None})
+            demo.setToolTip(0, tips[source])
+            self.library.addTopLevelItem(demo)
+            if selected is None or source == last:
+                selected = demo
         for entry in entries:
             path = Path(entry["path"])
             kind, tip, colour = _library_words(entry)
@@ -321,7 +327,7 @@ class ModelsView(QWidget):
         self.cancel_button.setEnabled(True)
         self.progress.setRange(0, 0)
         self.progress.show()
-        name = DEMO_LABEL if source == DEMO_SOURCE else Path(source).name
+        name = DEMO_MODELS.get(source) or Path(source).name
         self.load_status.setText(f"Loading {name}…")
         self.job_id = self.client.submit("load", params, self._on_event)
         return self.job_id
@@ -409,7 +415,7 @@ class ModelsView(QWidget):
             return
         name = model.get("name") or model.get("source")
         if model.get("format") == "demo" or model.get("source") == DEMO_SOURCE:
-            name = DEMO_LABEL
+            name = DEMO_MODELS.get(model.get("source") or DEMO_SOURCE, DEMO_LABEL)
         self.details.title.setText(f"Loaded: {name}")
         lines = [f"<b>{html.escape(words.architecture_name(model.get('architecture')))}</b>"]
         because = " ".join(model.get("detected_because") or [])
