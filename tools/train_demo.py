@@ -245,7 +245,9 @@ def as_shipped(*components) -> None:
                 tensor.copy_(tensor.half().float())
 
 
-def train_high_noise(unet, vae, text_encoder, scaling: float, args, started: float):
+def train_high_noise(
+    unet, vae, text_encoder, scaling: float, args, started: float, round_index: int = 0
+):
     """More UNet training on the noisiest timesteps, where the picture's layout is decided:
     the plain epsilon loss gives them almost no weight (their error in the picture is the
     epsilon error divided by the signal level), so the loss is weighted by 1/SNR, capped.
@@ -256,8 +258,8 @@ def train_high_noise(unet, vae, text_encoder, scaling: float, args, started: flo
     from diffusers import DDPMScheduler
 
     as_shipped(unet, vae, text_encoder)
-    rng = np.random.default_rng(args.seed + 2)
-    generator = torch.Generator().manual_seed(args.seed + 2)
+    rng = np.random.default_rng(args.seed + 2 + round_index)
+    generator = torch.Generator().manual_seed(args.seed + 2 + round_index)
     latents, labels = scene_latents(vae, args, rng)
     latents = latents * scaling
     embeddings = caption_embeddings(text_encoder, args)
@@ -275,13 +277,20 @@ def train_high_noise(unet, vae, text_encoder, scaling: float, args, started: flo
         dropped = torch.from_numpy(rng.random(args.unet_batch) < args.drop).to(args.device)
         condition[dropped] = empty
         noise = torch.randn(latents[picks].shape, generator=generator).to(args.device)
-        timesteps = torch.from_numpy(rng.integers(300, 1000, size=args.unet_batch))
+        lowest = 300 if args.prediction == "epsilon" else 0
+        timesteps = torch.from_numpy(rng.integers(lowest, 1000, size=args.unet_batch))
         timesteps = timesteps.to(args.device)
         a = alphas[timesteps].view(-1, 1, 1, 1)
         noisy = a.sqrt() * latents[picks] + (1 - a).sqrt() * noise
         predicted = unet(noisy, timesteps, embeddings[condition]).sample
-        weight = ((1 - a) / a).clamp(1.0, args.high_noise_weight)
-        loss = (weight * (predicted - noise).pow(2)).mean() / weight.mean()
+        if args.prediction == "epsilon":
+            weight = ((1 - a) / a).clamp(1.0, args.high_noise_weight)
+            target = noise
+        else:
+            # v-prediction (SD 2.x's): at high noise its target is the picture itself.
+            weight = torch.ones_like(a)
+            target = a.sqrt() * noise - (1 - a).sqrt() * latents[picks]
+        loss = (weight * (predicted - target).pow(2)).mean() / weight.mean()
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         optimiser.step()
@@ -318,12 +327,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vae-noise", type=float, default=0.1)
     parser.add_argument("--decoder-steps", type=int, default=600)
     parser.add_argument("--variants", type=int, default=6)
-    parser.add_argument("--unet-steps", type=int, default=600)
+    parser.add_argument("--unet-steps", type=int, default=451)
     parser.add_argument("--unet-batch", type=int, default=16)
     parser.add_argument("--unet-lr", type=float, default=2e-3)
-    parser.add_argument("--high-noise-steps", type=int, default=250)
+    parser.add_argument(
+        "--high-noise-steps", type=int, nargs="+", default=[250, 150], help="steps per round"
+    )
     parser.add_argument("--high-noise-lr", type=float, default=1e-3)
     parser.add_argument("--high-noise-weight", type=float, default=20.0)
+    parser.add_argument(
+        "--prediction",
+        choices=("epsilon", "v_prediction"),
+        default="epsilon",
+        help="what the UNet predicts after its last stage",
+    )
     parser.add_argument("--drop", type=float, default=0.1)
     parser.add_argument("--ema", type=float, default=0.99)
     parser.add_argument("--checkpoint-every", type=int, default=150, help="UNet steps")
@@ -354,14 +371,20 @@ def main(argv: list[str] | None = None) -> int:
         save(text_encoder, args.out / "text_encoder.safetensors", stamp)
         save(vae, args.out / "vae.safetensors", stamp)
         save(unet, args.out / "unet.safetensors", stamp)
-        summary = {"scaling_factor": round(scaling, 6), "trained_with": settings}
+        summary = {
+            "scaling_factor": round(scaling, 6),
+            "prediction_type": args.prediction,
+            "trained_with": settings,
+        }
         (args.out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
         log(f"saved to {args.out}", started)
 
     unet, scaling = train_unet(vae, text_encoder, args, rng, started, write)
     scaling = round(scaling, 6)  # as demo.json keeps it
     vae = refine_decoder(vae, args, started)
-    unet = train_high_noise(unet, vae, text_encoder, scaling, args, started)
+    for round_index, steps in enumerate(args.high_noise_steps):
+        args_round = argparse.Namespace(**{**vars(args), "high_noise_steps": steps})
+        unet = train_high_noise(unet, vae, text_encoder, scaling, args_round, started, round_index)
     write(unet, scaling)
     (args.out / "vae-only.safetensors").unlink()
     return 0

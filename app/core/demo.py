@@ -204,7 +204,9 @@ def build_demo_pipeline(name: str = "demo"):
         "text_encoder": tiny_text_encoder(seed + 2),
         "tokenizer": clip_tokenizer(),
         "unet": tiny_unet(seed + 3),
-        "scheduler": EulerDiscreteScheduler(**SD_SCHEDULER_CONFIG),
+        "scheduler": EulerDiscreteScheduler(
+            **{**SD_SCHEDULER_CONFIG, "prediction_type": summary["prediction_type"]}
+        ),
         "safety_checker": None,
         "feature_extractor": None,
         "requires_safety_checker": False,
@@ -226,13 +228,16 @@ def _read_summary(path) -> dict[str, Any]:
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
         scaling = float(summary["scaling_factor"])
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        prediction = summary.get("prediction_type", "epsilon")
+        if prediction not in ("epsilon", "v_prediction"):
+            raise ValueError(f"unknown prediction type {prediction!r}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise BadFileError(
             path, f"the demo model's settings cannot be read ({error}); reinstall HalfSafe."
         ) from None
     if not 0.01 < scaling < 100:
         raise BadFileError(path, "the demo model's scaling factor is out of range.")
-    return {"scaling_factor": scaling}
+    return {"scaling_factor": scaling, "prediction_type": prediction}
 
 
 def _load_weights(component, path) -> None:
