@@ -9,11 +9,19 @@ vocabulary in app/core/demo.py), then
 2. trains the UNet with Stable Diffusion's epsilon-prediction DDPM loss on the VAE latents,
    conditioned on the frozen, randomly initialised text encoder's embeddings of the captions
    (one caption in ten is dropped to the empty prompt, for classifier-free guidance);
-3. writes the three components as fp16 safetensors plus demo.json to resources/demo/.
+3. trains the decoder alone some more (the encoder, hence the UNet's latents, frozen);
+4. goes on training the UNet with v-prediction (SD 2.x's parameterisation) in rounds: after
+   the epsilon stage the UNet could denoise up to t=800 but laid out no picture from pure noise,
+   and v-prediction's target at high noise is the picture itself (measured: epsilon-weighted
+   rounds still gave noise-like pictures; v-prediction gives a clean shape on a background);
+5. writes the three components as fp16 safetensors plus demo.json (scaling factor, prediction
+   type, settings) to resources/demo/.
 
 Deterministic for a given --seed, torch limited to --threads (default 1) threads. With the
-default step counts it takes about 25 minutes on one core of a 2-core CPU; on a GPU
-(--device cuda) it takes a minute.
+default step counts it takes about 40 minutes on one thread of this project's shared 2-core
+CPU (stage 1 6.5 min, 2 13.5 min, 3 9 min, 4 10 min, measured with other work running). At
+these step counts the model draws a flat shape on a flat background but does not yet follow
+the prompt's colours: the UNet needs more steps to learn the text conditioning.
 Usage: python tools/train_demo.py [--out resources/demo] [--seed 2000]
 """
 

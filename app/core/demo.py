@@ -1,8 +1,9 @@
 """The built-in demo model: small SD1.x- and SDXL-shaped pipelines built in code, no download.
 
 The `demo` model is the tiny SD1.x-shaped pipeline with weights trained by tools/train_demo.py
-(shipped in resources/demo/, a few MB): it draws "a red circle on a blue background" and the
-like at 128 px, on any machine. `demo-overflow` is the same model with one VAE layer scaled so
+(shipped in resources/demo/, a few MB) on prompts like "a red circle on a blue background", at
+128 px, on any machine. As trained so far it draws a flat shape on a flat background but does
+not yet follow the prompt's words (tests/core/test_demo.py marks that as an expected failure). `demo-overflow` is the same model with one VAE layer scaled so
 that fp16 overflows (fp32 and bf16 give the same picture), to show the NaN repair. The same
 builders, with random weights, make the tiny pipelines that the tests plant faults in.
 """

@@ -224,9 +224,9 @@ class ModelsView(QWidget):
         self.library.clear()
         tips = {
             "demo": "A tiny model built into HalfSafe: it runs on any computer in "
-            "seconds, exercises every check, and draws prompts such as "
-            "“a red circle on a blue background” (colours: red, green, blue, "
-            "yellow, purple, white; shapes: circle, square, triangle).",
+            "seconds, exercises every check, and draws a coloured shape on a "
+            "coloured background (trained on prompts such as “a red circle on "
+            "a blue background”; it does not follow the words reliably yet).",
             "demo-overflow": "The demo with one VAE layer that overflows in fp16 on purpose: "
             "in fp16 its pictures go black, and the NaN watch repairs them.",
         }
