@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     model_help = (
         "a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "
-        "--allow-pickle), or 'demo' for the built-in untrained test model"
+        "--allow-pickle), 'demo' for the built-in demo model (it draws simple coloured shapes), "
+        "or 'demo-overflow', the same with a VAE that overflows in fp16"
     )
     check = sub.add_parser("check", help="model health check: which part overflows, and the fix")
     check.add_argument("model", metavar="MODEL", help=model_help)

@@ -1,19 +1,53 @@
 """The built-in demo model: small SD1.x- and SDXL-shaped pipelines built in code, no download.
 
-The demo is an UNTRAINED test model with deterministic random weights. It exercises every part
-of HalfSafe (health check, generation, NaN watch) on any machine, but its images are noise-like.
-The same builders make the tiny pipelines that the tests plant faults in.
+The `demo` model is the tiny SD1.x-shaped pipeline with weights trained by tools/train_demo.py
+(shipped in resources/demo/, a few MB) on prompts like "a red circle on a blue background", at
+128 px, on any machine. As trained so far it draws a flat shape on a flat background but does
+not yet follow the prompt's words (tests/core/test_demo.py marks that as an expected failure). `demo-overflow` is the same model with one VAE layer scaled so
+that fp16 overflows (fp32 and bf16 give the same picture), to show the NaN repair. The same
+builders, with random weights, make the tiny pipelines that the tests plant faults in.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from app.core.errors import BadFileError
 from app.core.paths import resource
 
-DEMO_VERSION = 1
-DEMO_LABEL = "HalfSafe demo (untrained test model: its images are noise-like)"
+DEMO_VERSION = 2
+DEMO_LABEL = "HalfSafe demo (a tiny model that draws coloured shapes)"
 DEMO_SIZE = 128
+DEMO_WEIGHTS = "demo"  # resources/demo/: text_encoder, vae, unet .safetensors and demo.json
+
+# The built-in models, by the name the user gives as MODEL.
+DEMO_MODELS: dict[str, str] = {
+    "demo": DEMO_LABEL,
+    "demo-overflow": "HalfSafe demo, overflowing (its VAE overflows in fp16 on purpose)",
+}
+# The layer that demo-overflow scales, and by how much its largest weight grows: far enough that
+# its output passes 65504 in fp16, while the weights themselves still fit. The GroupNorm right
+# after it divides the scale out again, so fp32 and bf16 draw the same picture.
+OVERFLOW_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
+OVERFLOW_WEIGHT_MAX = 16384.0
+
+# What the demo was trained to draw: "a <colour> <shape> on a <colour> background", two different
+# colours (tools/train_demo.py draws these scenes; the README lists the same words).
+DEMO_COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (210, 40, 40),
+    "green": (40, 160, 70),
+    "blue": (40, 80, 210),
+    "yellow": (235, 200, 40),
+    "purple": (130, 60, 170),
+    "white": (240, 240, 240),
+}
+DEMO_SHAPES = ("circle", "square", "triangle")
+
+
+def demo_prompt(shape: str, colour: str, background: str) -> str:
+    """The caption form the demo was trained on."""
+    return f"a {colour} {shape} on a {background} background"
+
 
 # Stable Diffusion's noise schedule, shared by SD1.x, SD2.x and SDXL.
 SD_SCHEDULER_CONFIG: dict[str, Any] = {
@@ -68,7 +102,7 @@ def tiny_text_encoder(seed: int, hidden: int = 32, layers: int = 2, projection: 
     return model_class(config).eval()
 
 
-def tiny_vae(seed: int):
+def tiny_vae(seed: int, scaling_factor: float = 0.18215):
     from diffusers import AutoencoderKL
 
     # A config mapping: diffusers annotates these variable-length tuples as one-item tuples.
@@ -82,7 +116,7 @@ def tiny_vae(seed: int):
         "layers_per_block": 1,
         "norm_num_groups": 8,
         "sample_size": DEMO_SIZE,
-        "scaling_factor": 0.18215,
+        "scaling_factor": scaling_factor,
     }
     _seeded(seed)
     return AutoencoderKL(**config).eval()
@@ -152,9 +186,79 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
     return StableDiffusionXLPipeline(**parts)
 
 
-def build_demo_pipeline():
-    """The `demo` model: the tiny SD1.x pipeline with its fixed seed."""
-    return build_tiny_sd_pipeline(seed=DEMO_VERSION * 1000)
+def build_demo_pipeline(name: str = "demo"):
+    """The built-in model `name` (one of DEMO_MODELS): the tiny SD1.x pipeline (fp32, CPU) with
+    the trained weights from resources/demo/. Reads about 7 MB; no network.
+
+    A missing or damaged weights file raises BadFileError naming it.
+    """
+    import torch
+    from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
+
+    if name not in DEMO_MODELS:
+        raise ValueError(name)
+    folder = resource(DEMO_WEIGHTS)
+    summary = _read_summary(folder / "demo.json")
+    seed = DEMO_VERSION * 1000
+    parts: dict[str, Any] = {
+        "vae": tiny_vae(seed + 1, scaling_factor=summary["scaling_factor"]),
+        "text_encoder": tiny_text_encoder(seed + 2),
+        "tokenizer": clip_tokenizer(),
+        "unet": tiny_unet(seed + 3),
+        "scheduler": EulerDiscreteScheduler(
+            **{**SD_SCHEDULER_CONFIG, "prediction_type": summary["prediction_type"]}
+        ),
+        "safety_checker": None,
+        "feature_extractor": None,
+        "requires_safety_checker": False,
+    }
+    for component in ("text_encoder", "vae", "unet"):
+        _load_weights(parts[component], folder / f"{component}.safetensors")
+    if name == "demo-overflow":
+        layer = parts["vae"].get_submodule(OVERFLOW_LAYER)
+        with torch.no_grad():
+            scale = OVERFLOW_WEIGHT_MAX / float(layer.weight.abs().max())
+            layer.weight.mul_(scale)
+            layer.bias.mul_(scale)
+    return StableDiffusionPipeline(**parts)
+
+
+def _read_summary(path) -> dict[str, Any]:
+    import json
+
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        scaling = float(summary["scaling_factor"])
+        prediction = summary.get("prediction_type", "epsilon")
+        if prediction not in ("epsilon", "v_prediction"):
+            raise ValueError(f"unknown prediction type {prediction!r}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise BadFileError(
+            path, f"the demo model's settings cannot be read ({error}); reinstall HalfSafe."
+        ) from None
+    if not 0.01 < scaling < 100:
+        raise BadFileError(path, "the demo model's scaling factor is out of range.")
+    return {"scaling_factor": scaling, "prediction_type": prediction}
+
+
+def _load_weights(component, path) -> None:
+    """Load a shipped component's weights (stored fp16) into `component`, kept in fp32."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
+        expected = component.state_dict()
+        if set(tensors) != set(expected) or any(
+            tensors[key].shape != expected[key].shape for key in expected
+        ):
+            raise ValueError("its tensors do not match the demo model")
+        component.load_state_dict({key: t.to(torch.float32) for key, t in tensors.items()})
+    except (OSError, ValueError, SafetensorError) as error:
+        raise BadFileError(
+            path, f"the demo model's weights cannot be read ({error}); reinstall HalfSafe."
+        ) from None
 
 
 # Flux.1's flow-matching schedule (the reference scheduler_config of FLUX.1-dev; schnell's

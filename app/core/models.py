@@ -41,6 +41,7 @@ from app.core.checkpoint import (
     stored_dtype,
     write_safetensors,
 )
+from app.core.demo import DEMO_MODELS
 from app.core.errors import BadFileError, CancelledError, HalfSafeError, UnsupportedModelError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
@@ -105,7 +106,7 @@ def load_model(
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> LoadedModel:
-    """Load `source` ("demo", a diffusers folder or a single-file checkpoint) onto the CPU.
+    """Load `source` ("demo" or "demo-overflow", a diffusers folder or a single-file checkpoint) onto the CPU.
 
     Weights keep their stored dtype and are scanned for NaN/Inf before anything runs.
     `vae` (a VAE file or folder) replaces the model's VAE; with a split transformer file
@@ -118,12 +119,12 @@ def load_model(
     """
     progress = on_progress or no_progress
     set_offline()
-    if source == "demo":
+    if source in DEMO_MODELS:
         if vae is not None:
             raise BadFileError(
                 vae, "the demo model has its own tiny VAE; a separate VAE cannot replace it."
             )
-        return _load_demo(progress, cancel)
+        return _load_demo(source, progress, cancel)
     path = Path(source).expanduser()
     if not path.exists():
         raise BadFileError(path, "the model does not exist (no such file or folder).")
@@ -138,26 +139,27 @@ def load_model(
 # The demo ----------------------------------------------------------------------------------
 
 
-def _load_demo(progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
+def _load_demo(name: str, progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
     from app.core import demo
 
     progress("Building the demo model", 0, 1)
-    pipeline = demo.build_demo_pipeline()
+    pipeline = demo.build_demo_pipeline(name)
     progress("Building the demo model", 1, 1)
     weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)
     return LoadedModel(
         pipeline=pipeline,
-        source="demo",
-        name="demo",
+        source=name,
+        name=name,
         format="demo",
         architecture="sd1",
         prediction_type=pipeline.scheduler.config.prediction_type,
         native_size=demo.DEMO_SIZE,
         stored_dtype="fp32",
         model_hash=None,
-        profile_key=f"demo-{demo.DEMO_VERSION}",
+        profile_key=f"{name}-{demo.DEMO_VERSION}",
         weights=weights,
-        detected_because=f"{demo.DEMO_LABEL}: a tiny SD1.x-shaped pipeline built into HalfSafe.",
+        detected_because=f"{demo.DEMO_MODELS[name]}: a tiny SD1.x-shaped pipeline built into "
+        "HalfSafe.",
     )
 
 

@@ -427,7 +427,8 @@ class GenerateView(QWidget):
         if not has_model:
             self.model_hint.setText(
                 "No model is loaded. Load one on the Models page, or try "
-                "the untrained demo model, which runs anywhere."
+                "the demo model, which runs anywhere and draws simple coloured "
+                "shapes."
             )
             self.size_hint.setText("")
             return

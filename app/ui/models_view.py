@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.demo import DEMO_LABEL
+from app.core.demo import DEMO_LABEL, DEMO_MODELS
 from app.core.explain import is_image_path
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
@@ -239,16 +239,22 @@ class ModelsView(QWidget):
     def _fill_library(self, entries: list[dict[str, Any]]) -> None:
         last = str(self.ui_settings.value("models/last", DEMO_SOURCE))
         self.library.clear()
-        demo = QTreeWidgetItem([DEMO_LABEL, "SD 1.x (tiny)", "fp32", "built in"])
-        demo.setData(0, Qt.ItemDataRole.UserRole, {"path": DEMO_SOURCE, "error": None})
-        demo.setToolTip(
-            0,
-            "An untrained test model built into HalfSafe: it runs on any "
-            "computer in seconds and exercises every check, but its images "
-            "are noise.",
-        )
-        self.library.addTopLevelItem(demo)
-        selected = demo
+        tips = {
+            "demo": "A tiny model built into HalfSafe: it runs on any computer in "
+            "seconds, exercises every check, and draws a coloured shape on a "
+            "coloured background (trained on prompts such as “a red circle on "
+            "a blue background”; it does not follow the words reliably yet).",
+            "demo-overflow": "The demo with one VAE layer that overflows in fp16 on purpose: "
+            "in fp16 its pictures go black, and the NaN watch repairs them.",
+        }
+        selected = None
+        for source, title in DEMO_MODELS.items():
+            demo = QTreeWidgetItem([title, "SD 1.x (tiny)", "fp32", "built in"])
+            demo.setData(0, Qt.ItemDataRole.UserRole, {"path": source, "error": None})
+            demo.setToolTip(0, tips[source])
+            self.library.addTopLevelItem(demo)
+            if selected is None or source == last:
+                selected = demo
         listed = {str(Path(e["path"])) for e in entries}
         # Models opened from a file or folder stay in the list, after the scanned ones.
         entries = list(entries) + [
@@ -315,7 +321,7 @@ class ModelsView(QWidget):
         return [str(v) for v in value if v] if isinstance(value, list) else []
 
     def _remember_opened(self, source: str) -> None:
-        if source == DEMO_SOURCE:
+        if source in DEMO_MODELS:
             return
         kept = [source] + [p for p in self.opened() if p != source]
         self.ui_settings.setValue("models/opened", kept[:OPENED_KEPT])
@@ -338,7 +344,7 @@ class ModelsView(QWidget):
         last = str(self.ui_settings.value("models/last", "") or "")
         if not last or self.state.model is not None or self.job_id is not None:
             return None
-        if last != DEMO_SOURCE and not Path(last).exists():
+        if last not in DEMO_MODELS and not Path(last).exists():
             self.load_status.setText(f"The model you used last is no longer there: {last}")
             return None
         return self.load_path(last)
@@ -393,7 +399,7 @@ class ModelsView(QWidget):
         if self.explain_image is not None and is_image_path(source):
             self.explain_image(source)
             return None
-        if source != DEMO_SOURCE and not Path(source).exists():
+        if source not in DEMO_MODELS and not Path(source).exists():
             self.dialogs.error(f"{source}: this file or folder does not exist.")
             return None
         if self.job_id is not None:
@@ -410,7 +416,7 @@ class ModelsView(QWidget):
         self.cancel_button.setEnabled(True)
         self.progress.setRange(0, 0)
         self.progress.show()
-        name = DEMO_LABEL if source == DEMO_SOURCE else Path(source).name
+        name = DEMO_MODELS.get(source) or Path(source).name
         self.load_status.setText(f"Loading {name}…")
         self.job_id = self.client.submit("load", params, self._on_event)
         return self.job_id
@@ -513,7 +519,7 @@ class ModelsView(QWidget):
             return
         name = model.get("name") or model.get("source")
         if model.get("format") == "demo" or model.get("source") == DEMO_SOURCE:
-            name = DEMO_LABEL
+            name = DEMO_MODELS.get(model.get("source") or DEMO_SOURCE, DEMO_LABEL)
         self.details.title.setText(f"Loaded: {name}")
         lines = [f"<b>{html.escape(words.architecture_name(model.get('architecture')))}</b>"]
         because = " ".join(model.get("detected_because") or [])

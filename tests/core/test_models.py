@@ -497,7 +497,7 @@ def test_demo_model():
     )
     assert model.profile_key.startswith("demo-") and model.model_hash is None
     assert model.weights.non_finite == [] and model.weights.tensors > 0
-    assert "untrained" in model.detected_because
+    assert "draws coloured shapes" in model.detected_because
     from app.core.demo import DEMO_SIZE
 
     assert model.native_size == DEMO_SIZE

@@ -56,7 +56,7 @@ def _load_demo(qtbot, window) -> None:
     window.models_view.load_path("demo")
     _wait(qtbot, window, lambda: window.state.model is not None)
     assert window.state.model["architecture"] == "sd1"
-    assert "untrained test model" in window.models_view.details.title.text()
+    assert "draws coloured shapes" in window.models_view.details.title.text()
 
 
 @pytest.mark.skipif(

@@ -62,9 +62,9 @@ def test_gui_process_never_imports_torch():
     assert result == {"torch": False, "diffusers": False, "visible": True}
 
 
-def test_demo_model_is_always_listed_as_an_untrained_test_model(window):
+def test_demo_model_is_always_listed_as_the_built_in_demo(window):
     first = window.models_view.library.topLevelItem(0)
-    assert "untrained test model" in first.text(0)
+    assert "draws coloured shapes" in first.text(0)
 
 
 def test_engine_crash_shows_restart_offer_keeps_images_and_restart_works(window, engines, tmp_path):

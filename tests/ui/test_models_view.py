@@ -17,7 +17,7 @@ def test_loading_the_demo_shows_progress_then_what_was_detected(window, engines)
     assert view.progress.isVisible() and view.progress.value() == 2
     assert view.cancel_button.isEnabled()
     engines.current.finish(job, dict(DEMO_SUMMARY))
-    assert "untrained test model" in view.details.title.text()
+    assert "draws coloured shapes" in view.details.title.text()
     text = view.details_text.text()
     assert "Stable Diffusion 1.x" in text
     assert "The built-in demo is an SD 1.x-shaped pipeline." in text
@@ -147,9 +147,10 @@ def test_library_lists_scanned_models_and_marks_damaged_ones(window):
         ],
         "",
     )
-    assert view.library.topLevelItemCount() == 3
-    assert "untrained test model" in view.library.topLevelItem(0).text(0)
-    good, bad = view.library.topLevelItem(1), view.library.topLevelItem(2)
+    assert view.library.topLevelItemCount() == 4
+    assert "draws coloured shapes" in view.library.topLevelItem(0).text(0)
+    assert "overflows in fp16" in view.library.topLevelItem(1).text(0)
+    good, bad = view.library.topLevelItem(2), view.library.topLevelItem(3)
     assert good.text(1) == "Stable Diffusion XL" and good.text(3) == "6.5 GB"
     assert bad.text(1) == "damaged" and "cut short" in bad.toolTip(0)
     assert "1 damaged" in view.library_status.text()
@@ -183,7 +184,7 @@ def test_library_marks_pickles_and_models_it_cannot_run(window):
         ],
         "",
     )
-    pickle, flux = view.library.topLevelItem(1), view.library.topLevelItem(2)
+    pickle, flux = view.library.topLevelItem(2), view.library.topLevelItem(3)
     assert pickle.text(1) == "pickle checkpoint"
     assert "confirm" in pickle.toolTip(0)
     assert flux.text(1) == "FLUX (not supported)"
