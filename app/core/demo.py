@@ -81,7 +81,9 @@ def _seeded(seed: int):
     torch.manual_seed(seed)
 
 
-def tiny_text_encoder(seed: int, hidden: int = 32, layers: int = 2, projection: int | None = None):
+def tiny_text_encoder(
+    seed: int, hidden: int = 32, layers: int = 2, projection: int | None = None
+) -> Any:  # a CLIPTextModel, or CLIPTextModelWithProjection with `projection`
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(
@@ -274,9 +276,22 @@ FLUX_SCHEDULER_CONFIG: dict[str, Any] = {
 }
 
 
+# The tiny VAEs' four levels, as a mapping: diffusers annotates these variable-length tuples
+# as one-item tuples.
+_FOUR_LEVELS: dict[str, Any] = {
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "up_block_types": ("UpDecoderBlock2D",) * 4,
+    "block_out_channels": (16, 32, 32, 32),
+}
+
+
+# A PretrainedConfig option that T5Config passes on (its stub does not list it).
+_UNTIED: dict[str, Any] = {"tie_word_embeddings": False}
+
+
 def t5_tokenizer():
     """T5's SentencePiece vocabulary (shipped in resources/tokenizers/t5, Apache-2.0)."""
-    from transformers import T5TokenizerFast
+    from transformers import T5TokenizerFast  # pyright: ignore[reportAttributeAccessIssue]
 
     return T5TokenizerFast(tokenizer_file=str(resource("tokenizers", "t5", "tokenizer.json")))
 
@@ -296,7 +311,7 @@ def tiny_t5(seed: int, hidden: int = 32, layers: int = 2):
         feed_forward_proj="gated-gelu",
         is_encoder_decoder=False,
         use_cache=False,
-        tie_word_embeddings=False,
+        **_UNTIED,
     )
     _seeded(seed)
     return T5EncoderModel(config).eval()
@@ -311,9 +326,7 @@ def tiny_flux_vae(seed: int):
         in_channels=3,
         out_channels=3,
         latent_channels=16,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(16, 32, 32, 32),
+        **_FOUR_LEVELS,
         layers_per_block=1,
         norm_num_groups=8,
         use_quant_conv=False,
@@ -379,9 +392,7 @@ def build_tiny_sd3_pipeline(seed: int = 0):
         in_channels=3,
         out_channels=3,
         latent_channels=16,
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(16, 32, 32, 32),
+        **_FOUR_LEVELS,
         layers_per_block=1,
         norm_num_groups=8,
         use_quant_conv=False,

@@ -281,7 +281,8 @@ class ModelsView(QWidget):
             self.library.addTopLevelItem(item)
             if str(path) == last:
                 selected = item
-        self.library.setCurrentItem(selected)
+        if selected is not None:
+            self.library.setCurrentItem(selected)
         self._update_load_button()
         if self.state.model is not None:
             self._mark_loaded((self.state.model_request or {}).get("source"))
