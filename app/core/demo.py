@@ -317,8 +317,9 @@ def tiny_t5(seed: int, hidden: int = 32, layers: int = 2):
     return T5EncoderModel(config).eval()
 
 
-def tiny_flux_vae(seed: int):
-    """A 16-channel VAE with Flux's latent scale and shift (AutoencoderKL, no quant convs)."""
+def tiny_vae16(seed: int, scaling_factor: float, shift_factor: float):
+    """A 16-channel VAE with no quant convs, as Flux's and SD3's (their latent scale and
+    shift given)."""
     from diffusers import AutoencoderKL
 
     _seeded(seed)
@@ -331,9 +332,14 @@ def tiny_flux_vae(seed: int):
         norm_num_groups=8,
         use_quant_conv=False,
         use_post_quant_conv=False,
-        scaling_factor=0.3611,
-        shift_factor=0.1159,
+        scaling_factor=scaling_factor,
+        shift_factor=shift_factor,
     ).eval()
+
+
+def tiny_flux_vae(seed: int):
+    """A 16-channel VAE with Flux's latent scale and shift."""
+    return tiny_vae16(seed, scaling_factor=0.3611, shift_factor=0.1159)
 
 
 def tiny_flux_transformer(seed: int, guidance: bool = True, text: int = 32):
@@ -381,25 +387,12 @@ def build_tiny_sd3_pipeline(seed: int = 0):
     T5-shaped third encoder, a two-block MMDiT with RMS-normed q/k (as SD3.5), and a
     16-channel VAE with SD3's latent scale and shift."""
     from diffusers import (
-        AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
         SD3Transformer2DModel,
         StableDiffusion3Pipeline,
     )
 
-    _seeded(seed + 1)
-    vae = AutoencoderKL(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=16,
-        **_FOUR_LEVELS,
-        layers_per_block=1,
-        norm_num_groups=8,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        scaling_factor=1.5305,
-        shift_factor=0.0609,
-    ).eval()
+    vae = tiny_vae16(seed + 1, scaling_factor=1.5305, shift_factor=0.0609)  # SD3's
     _seeded(seed + 3)
     transformer = SD3Transformer2DModel(
         sample_size=16,

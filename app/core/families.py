@@ -206,8 +206,28 @@ class SDXLFamily(Family):
         return inputs
 
 
+class _FlowMatching:
+    """Families trained for flow matching (Flux, Chroma, SD3): whatever the sampler setting
+    says, they sample with their own flow-matching Euler, which A1111/Forge name "Euler"."""
+
+    def make_scheduler(
+        self,
+        name: str,
+        pipeline,
+        prediction_type: str | None,
+        *,
+        zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
+    ) -> Any:
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+
+    def sampler_words(self, name: str) -> str:
+        return "Euler"
+
+
 @dataclass(frozen=True)
-class FluxFamily(Family):
+class FluxFamily(_FlowMatching, Family):
     """Flux.1 dev and schnell: CLIP-L gives a pooled vector, T5 the token sequence; a
     `transformer` denoises 2x2 patches of a 16-channel latent by flow matching; dev takes the
     guidance scale as an embedding (one batch, no negative prompt), schnell takes none."""
@@ -246,22 +266,6 @@ class FluxFamily(Family):
             "pooled_projections": conditioning["pooled_prompt_embeds"],
             "txt_ids": torch.zeros(embeds.shape[1], 3, device=device),
         }
-
-    def make_scheduler(
-        self,
-        name: str,
-        pipeline,
-        prediction_type: str | None,
-        *,
-        zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
-    ) -> Any:
-        # Flux is trained for flow matching: every sampler setting runs its flow-matching Euler.
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
-
-    def sampler_words(self, name: str) -> str:
-        return "Euler"  # A1111/Forge name Flux's flow-matching sampler so (schedule "Simple")
 
     def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
         """The sigmas FluxPipeline runs at this step count and size (resolution-shifted)."""
@@ -448,7 +452,7 @@ class ChromaFamily(FluxFamily):
 
 
 @dataclass(frozen=True)
-class SD3Family(Family):
+class SD3Family(_FlowMatching, Family):
     """Stable Diffusion 3 / 3.5 (large and medium): CLIP-L and CLIP-G give token features side
     by side and a pooled vector each, T5-XXL the longer token sequence after them; an MMDiT
     `transformer` denoises 2x2 patches of a 16-channel latent by flow matching, with the CFG
@@ -513,21 +517,6 @@ class SD3Family(Family):
                 ]
             ),
         }
-
-    def make_scheduler(
-        self,
-        name: str,
-        pipeline,
-        prediction_type: str | None,
-        *,
-        zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
-    ) -> Any:
-        from diffusers import FlowMatchEulerDiscreteScheduler
-
-        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
-
-    def sampler_words(self, name: str) -> str:
-        return "Euler"
 
     def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
         """The first, middle and last timestep of StableDiffusion3Pipeline's flow-matching
