@@ -384,7 +384,9 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result.to_json())
     else:
-        print(generation.format_result(result))
+        from app.cli_text import generation_text
+
+        print(generation_text(result))
     return EXIT_OK if result.all_good else EXIT_PROBLEM
 
 

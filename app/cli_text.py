@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from app.core.generation import GenerationResult
 from app.core.health import (
     STATUS_WORDS,
     HealthReport,
     cost_comparison,
     cost_words,
+    flag,
     flags,
     precision_words,
 )
+from app.core.settings import FIELDS
 
 _VERDICTS = {
     "healthy": "HEALTHY at the tested settings: nothing overflowed.",
@@ -110,4 +115,56 @@ def explain_text(explanation) -> str:
         lines.append(f"Note: {note}")
     if explanation.check is not None:
         lines += ["", health_text(explanation.check)]
+    return "\n".join(lines)
+
+
+_IMAGE_WORDS = {
+    "ok": "ok",
+    "fixed": "FIXED",
+    "nan": "NaN",
+    "black": "black",
+    "safety_checker": "blanked by the safety checker",
+}
+
+
+def _fix_flags(settings: dict) -> str:
+    """A fix as the flags that apply it; a switch that is off by default and must stay off
+    is said in words (it has no --no- form)."""
+    return " ".join(
+        flag(key, value) or f"(leave --{FIELDS[key].flag_name} off)"
+        for key, value in settings.items()
+    )
+
+
+def generation_text(result: GenerationResult) -> str:
+    """The human-readable summary `halfsafe generate` prints."""
+    s = result.settings
+    dtypes = (
+        f"UNet {s.get('unet_precision')}, VAE {s.get('vae_precision')}, text encoder "
+        f"{s.get('text_encoder_precision')}"
+        + (", upcast attention" if s.get("upcast_attention") else "")
+    )
+    lines = [
+        f"Model:    {result.model.get('name')} ({result.model.get('architecture')})",
+        f"Device:   {result.device.get('name')} ({result.device.get('kind')})",
+        f"Settings: {dtypes}; NaN watch {'on' if s.get('nan_check') else 'off'}, "
+        f"auto-fix {s.get('auto_fix')}",
+    ]
+    lines += [f"Warning:  {w}" for w in result.warnings]
+    lines.append("")
+    for image in result.images:
+        name = Path(image.path).name if image.path else "(not saved)"
+        lines.append(f"{name:<24} seed {image.seed:<11} {_IMAGE_WORDS[image.status]}")
+        if image.status != "ok":
+            lines.append(f"{'':<24} {image.message}")
+        if image.fix and image.status in ("nan", "black"):
+            lines.append(f"{'':<24} fix: {_fix_flags(image.fix)}")
+    folder = {str(Path(i.path).parent) for i in result.images if i.path}
+    lines.append("")
+    lines.append(
+        f"{len(result.images)} image{'s' if len(result.images) != 1 else ''} in "
+        f"{result.seconds:.1f} s"
+        + (f", saved in {folder.pop()}" if len(folder) == 1 else "")
+        + ("." if result.all_good else "; some are still broken.")
+    )
     return "\n".join(lines)
