@@ -146,7 +146,8 @@ class Fix:
             "quality": self.quality.to_json() if self.quality else None,
             "modules": {c: self.plan.islands(c) for c in self.plan.modules if self.plan.islands(c)},
             "settings": self.settings,
-            "cost": self.cost,
+            # The figures, and the one sentence that reads them honestly (noise included).
+            "cost": {**self.cost, "summary": cost_comparison(self.cost)} if self.cost else {},
         }
 
 

@@ -430,20 +430,19 @@ class HealthView(QWidget):
 
 
 def _cost_comparison(cost: dict[str, Any]) -> str:
+    """Core's sentence on step time (it knows the spread of each measurement), then what the
+    memory figures add."""
     fix, no_half = cost.get("fix") or {}, cost.get("no_half") or {}
     parts = []
-    fast, slow = fix.get("unet_step_ms"), no_half.get("unet_step_ms")
-    if fast and slow:
-        if slow > fast:
-            parts.append(f"{slow / fast:.1f}x faster per step")
-        else:
-            parts.append("no faster per step on this device")
     small, large = fix.get("peak_memory_mb"), no_half.get("peak_memory_mb")
     if small is not None and large is not None and large > small:
         parts.append(f"{words.megabytes(large - small)} less memory at peak")
     small_w, large_w = fix.get("weights_mb"), no_half.get("weights_mb")
     if small_w is not None and large_w is not None and large_w > small_w:
         parts.append(f"{words.megabytes(large_w - small_w)} less memory for weights")
-    if not parts:
-        return ""
-    return "Compared with running everything in fp32, the fix is " + ", ".join(parts) + "."
+    memory = (
+        "Compared with running everything in fp32, the fix uses " + ", ".join(parts) + "."
+        if parts
+        else ""
+    )
+    return " ".join(s for s in (str(cost.get("summary") or ""), memory) if s)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QGuiApplication
 
+from app.core.health import cost_comparison
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
 from tests.ui.conftest import load_fake_model
@@ -77,6 +78,10 @@ FIXABLE = {
         "cost": {
             "fix": {"unet_step_ms": 61.0, "peak_memory_mb": 7100.0, "weights_mb": 5300.0},
             "no_half": {"unet_step_ms": 118.0, "peak_memory_mb": 12900.0, "weights_mb": 10500.0},
+            # Written by core, as Fix.to_json writes it.
+            "summary": cost_comparison(
+                {"fix": {"unet_step_ms": 61.0}, "no_half": {"unet_step_ms": 118.0}}
+            ),
         },
     },
     "seconds": 2.4,
@@ -144,7 +149,8 @@ def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
     fix_text = " ".join(w.text() for w in view.findChildren(type(view.stage)))
     assert "VAE precision: fp32 (full)" in fix_text
     assert "61 ms" in fix_text and "118 ms" in fix_text
-    assert "1.9x faster per step" in fix_text
+    assert "the fix was 1.9x as fast as no-half" in fix_text
+    assert "less memory at peak" in fix_text
     assert window.precision_status.text().startswith("Precision: Text encoder fp16")
 
 
