@@ -241,7 +241,8 @@ def test_library_lists_vaes_and_loads_a_model_with_its_paired_vae(window, engine
         "",
     )
     assert view.library_status.text() == "1 model found, 1 VAE."
-    with_vae, vae_row = view.library.topLevelItem(1), view.library.topLevelItem(2)
+    with_vae, vae_row = view._item_for(str(model)), view._item_for(str(shared))
+    assert with_vae is not None and vae_row is not None
     assert with_vae.text(1) == "Stable Diffusion 1.x + VAE" and str(paired) in with_vae.toolTip(0)
     assert vae_row.text(1) == "VAE"
     view.load_item(with_vae)
