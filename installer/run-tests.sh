@@ -32,7 +32,7 @@ lint_paths=()
 for d in app tests installer benchmarks tools; do [ -d "$d" ] && lint_paths+=("$d"); done
 "$bin/ruff" check "${lint_paths[@]}"
 "$bin/lint-imports"
-say "types (pyright, standard, over app/; see pyrightconfig.json)"
+say "types (pyright, standard, over app/; see [tool.pyright] in pyproject.toml)"
 "$bin/pyright" --pythonpath "$bin/python"
 
 say "tests"
