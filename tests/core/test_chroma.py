@@ -9,14 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import generation, health, models
-from app.core.checkpoint import scan_weights
+from app.core import generation, models
 from app.core.demo import build_tiny_chroma_pipeline
 from app.core.families import ChromaFamily, family_of
-from app.core.models import LoadedModel
-from app.core.settings import PrecisionSettings
+from tests.core.family_helpers import (
+    FP16,
+    check,
+    in_memory,
+    offline,  # noqa: F401 - an autouse fixture: no network
+    plant_scaled,
+)
 
-FP16 = PrecisionSettings(precision="fp16")
 COMPONENTS = ("text_encoder", "transformer", "vae")
 SINGLE_LAYER = "single_transformer_blocks.1.proj_out"
 PLANTS = {
@@ -27,40 +30,12 @@ PLANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-
-
 def plant(pipeline, fault: str):
-    component, layer, factor = PLANTS[fault]
-    with torch.no_grad():
-        getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
-    return pipeline
+    return plant_scaled(pipeline, PLANTS, fault)
 
 
-def loaded(pipeline, key: str) -> LoadedModel:
-    return LoadedModel(
-        pipeline=pipeline,
-        source=f"<{key}>",
-        name=key,
-        format="demo",
-        architecture="chroma",
-        prediction_type="flow",
-        native_size=64,
-        stored_dtype="fp32",
-        model_hash=None,
-        profile_key=key,
-        weights=scan_weights(pipeline),
-        detected_because="built in a test",
-    )
-
-
-def check(model, precision=FP16):
-    return health.check_loaded(
-        model, precision=precision, device="cpu", size=64, measure_cost=False, remember=False
-    )
+def loaded(pipeline, key: str):
+    return in_memory(pipeline, key, "chroma")
 
 
 def test_diffusers_folder_round_trip_offline(tmp_path):

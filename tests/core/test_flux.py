@@ -18,15 +18,19 @@ import pytest
 import torch
 
 from app.core import generation, health, models
-from app.core.checkpoint import scan_weights
 from app.core.demo import build_tiny_flux_pipeline
 from app.core.errors import UnsupportedModelError
 from app.core.families import FluxFamily, family_of
-from app.core.models import LoadedModel
 from app.core.precision import PlacedPipeline, resolve_plan
 from app.core.settings import PrecisionSettings
+from tests.core.family_helpers import (
+    FP16,
+    check,
+    in_memory,
+    offline,  # noqa: F401 - an autouse fixture: no network
+    plant_scaled,
+)
 
-FP16 = PrecisionSettings(precision="fp16")
 COMPONENTS = ("transformer", "text_encoder", "text_encoder_2", "vae")
 T5_LAYER = "encoder.block.0.layer.1.DenseReluDense.wo"
 DOUBLE_LAYER = "transformer_blocks.0.ff.net.2"
@@ -40,41 +44,12 @@ PLANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path):
-    """No network and an empty Hugging Face cache: everything must come from the files."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-
-
 def plant(pipeline, fault: str):
-    component, layer, factor = PLANTS[fault]
-    with torch.no_grad():
-        getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
-    return pipeline
+    return plant_scaled(pipeline, PLANTS, fault)
 
 
-def loaded(pipeline, key: str) -> LoadedModel:
-    return LoadedModel(
-        pipeline=pipeline,
-        source=f"<{key}>",
-        name=key,
-        format="demo",
-        architecture="flux-dev",
-        prediction_type="flow",
-        native_size=64,
-        stored_dtype="fp32",
-        model_hash=None,
-        profile_key=key,
-        weights=scan_weights(pipeline),
-        detected_because="built in a test",
-    )
-
-
-def check(model, precision=FP16):
-    return health.check_loaded(
-        model, precision=precision, device="cpu", size=64, measure_cost=False, remember=False
-    )
+def loaded(pipeline, key: str):
+    return in_memory(pipeline, key, "flux-dev")
 
 
 def same_weights(a, b) -> None:

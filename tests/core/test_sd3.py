@@ -9,14 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import generation, health, models
-from app.core.checkpoint import scan_weights
+from app.core import generation, models
 from app.core.demo import build_tiny_sd3_pipeline
 from app.core.families import SD3Family, family_of
-from app.core.models import LoadedModel
-from app.core.settings import PrecisionSettings
+from tests.core.family_helpers import (
+    FP16,
+    check,
+    in_memory,
+    offline,  # noqa: F401 - an autouse fixture: no network
+    plant_scaled,
+)
 
-FP16 = PrecisionSettings(precision="fp16")
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae")
 T5_LAYER = "encoder.block.0.layer.1.DenseReluDense.wo"
 BLOCK_LAYER = "transformer_blocks.0.ff.net.2"
@@ -28,40 +31,12 @@ PLANTS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-
-
 def plant(pipeline, fault: str):
-    component, layer, factor = PLANTS[fault]
-    with torch.no_grad():
-        getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
-    return pipeline
+    return plant_scaled(pipeline, PLANTS, fault)
 
 
-def loaded(pipeline, key: str) -> LoadedModel:
-    return LoadedModel(
-        pipeline=pipeline,
-        source=f"<{key}>",
-        name=key,
-        format="demo",
-        architecture="sd3",
-        prediction_type="flow",
-        native_size=64,
-        stored_dtype="fp32",
-        model_hash=None,
-        profile_key=key,
-        weights=scan_weights(pipeline),
-        detected_because="built in a test",
-    )
-
-
-def check(model, precision=FP16):
-    return health.check_loaded(
-        model, precision=precision, device="cpu", size=64, measure_cost=False, remember=False
-    )
+def loaded(pipeline, key: str):
+    return in_memory(pipeline, key, "sd3")
 
 
 @pytest.mark.slow  # about 20 s here: writing and reading five components

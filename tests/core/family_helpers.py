@@ -1,0 +1,53 @@
+"""Shared by the tests of the flow-matching families (Flux, Chroma, SD3): no network, tiny
+pipelines held in memory as loaded models, planted overflows, and a quick check."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.core import health
+from app.core.checkpoint import scan_weights
+from app.core.models import LoadedModel
+from app.core.settings import PrecisionSettings
+
+FP16 = PrecisionSettings(precision="fp16")
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch, tmp_path):
+    """No network and an empty Hugging Face cache: everything must come from the files."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+
+
+def plant_scaled(pipeline, plants: dict[str, tuple[str, str, float]], fault: str):
+    """Scale one layer's weights (plants[fault] = component, layer, factor) past fp16."""
+    component, layer, factor = plants[fault]
+    with torch.no_grad():
+        getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
+    return pipeline
+
+
+def in_memory(pipeline, key: str, architecture: str) -> LoadedModel:
+    """A pipeline built in the test, as the loader would hand it over."""
+    return LoadedModel(
+        pipeline=pipeline,
+        source=f"<{key}>",
+        name=key,
+        format="demo",
+        architecture=architecture,
+        prediction_type="flow",
+        native_size=64,
+        stored_dtype="fp32",
+        model_hash=None,
+        profile_key=key,
+        weights=scan_weights(pipeline),
+        detected_because="built in a test",
+    )
+
+
+def check(model, precision=FP16):
+    return health.check_loaded(
+        model, precision=precision, device="cpu", size=64, measure_cost=False, remember=False
+    )
