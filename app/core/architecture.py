@@ -309,6 +309,10 @@ def detect_from_configs(
         return _chroma_folder(unet)
     if class_name == "StableDiffusion3Pipeline" and "transformer" in model_index:
         return _sd3_folder(model_index, unet)
+    if class_name == "ZImagePipeline" and "transformer" in model_index:
+        return _zimage_folder(model_index, unet)
+    if class_name == "QwenImagePipeline" and "transformer" in model_index:
+        return _qwenimage_folder(model_index, unet)
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross
     in_channels = unet.get("in_channels", 4)
@@ -431,6 +435,43 @@ def _sd3_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) 
     )
     return Detection(
         "sd3", True, f"an {shape} pipeline", because, "flow", 1024, None, "StableDiffusion3Pipeline"
+    )
+
+
+def _encoder_class(model_index: Mapping[str, Any]) -> str:
+    spec = model_index.get("text_encoder")
+    return str(spec[1]) if isinstance(spec, list) and len(spec) == 2 else "unknown"
+
+
+def _zimage_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
+    because = (
+        f"Z-Image: its ZImagePipeline has a single-stream ZImageTransformer2DModel with "
+        f"{transformer.get('n_layers')} main and {transformer.get('n_refiner_layers')}+"
+        f"{transformer.get('n_refiner_layers')} refiner blocks, {transformer.get('dim')} wide, "
+        f"on {transformer.get('in_channels', 16)}-channel latents in 2x2 patches, and a Qwen3 "
+        f"text encoder ({_encoder_class(model_index)}) whose "
+        f"{transformer.get('cap_feat_dim')}-wide hidden states it reads; flow matching."
+    )
+    return Detection(
+        "zimage", True, "a Z-Image pipeline", because, "flow", 1024, None, "ZImagePipeline"
+    )
+
+
+def _qwenimage_folder(
+    model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+) -> Detection:
+    width = int(transformer.get("num_attention_heads", 0)) * int(
+        transformer.get("attention_head_dim", 0)
+    )
+    because = (
+        f"Qwen-Image: its QwenImagePipeline has a QwenImageTransformer2DModel (MMDiT) with "
+        f"{transformer.get('num_layers')} blocks, {width} wide, on "
+        f"{int(transformer.get('in_channels', 64)) // 4}-channel latents in 2x2 patches, a "
+        f"Qwen2.5-VL text encoder ({_encoder_class(model_index)}) and a 3D VAE; flow matching "
+        "with real CFG."
+    )
+    return Detection(
+        "qwenimage", True, "a Qwen-Image pipeline", because, "flow", 1328, None, "QwenImagePipeline"
     )
 
 

@@ -447,3 +447,195 @@ def build_tiny_chroma_pipeline(seed: int = 0):
         tokenizer=t5_tokenizer(),
         transformer=transformer,
     )
+
+
+# Z-Image and Qwen-Image -------------------------------------------------------------------
+
+# The chat template Z-Image's Qwen3 tokenizer applies: a user turn and the assistant's opening,
+# no default system prompt; with enable_thinking false an empty think block follows (Qwen3's
+# format). ZImagePipeline asks for the thinking form, so the prompt reads
+# "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n".
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+# Z-Image-Turbo's schedule: flow matching with a fixed shift of 3 (no resolution shift).
+ZIMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": False,
+}
+
+# Qwen-Image's schedule: a resolution-dependent exponential shift, ending at sigma 0.02.
+QWENIMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 0.9,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 8192,
+    "shift_terminal": 0.02,
+    "time_shift_type": "exponential",
+}
+
+
+def qwen2_tokenizer():
+    """Qwen2/Qwen2.5's byte-level BPE (shipped in resources/tokenizers/qwen2, Apache-2.0), with
+    Qwen2.5's chat template: Qwen-Image's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(resource("tokenizers", "qwen2")), local_files_only=True)
+
+
+def qwen3_tokenizer():
+    """The same BPE with Qwen3's chat template (no default system prompt): the tokenizer
+    ZImagePipeline expects. The turn markers <|im_start|> and <|im_end|> have the same ids in
+    both; the prompt format uses no other special token."""
+    tokenizer = qwen2_tokenizer()
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
+
+
+QWEN_VOCAB = 151669  # the tokenizer's entries with its special tokens: every id it gives fits
+
+
+def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
+    """A Qwen3-shaped decoder (Z-Image's text encoder: its hidden states, no LM head) with the
+    real vocabulary size."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    config = Qwen3Config(
+        vocab_size=QWEN_VOCAB,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
+    _seeded(seed)
+    return Qwen3Model(config).eval()
+
+
+def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
+    """A Qwen2.5-VL-shaped model (Qwen-Image's text encoder) with a tiny vision tower, the real
+    vocabulary size and multimodal rotary sections (as the 7B has, in proportion)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    half = hidden // 8  # half a head's width, split 2:3:3 as the 7B's 16:24:24
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": QWEN_VOCAB,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 1024,
+            "rope_scaling": {
+                "type": "mrope",
+                "mrope_section": [half // 4, half * 3 // 8, half * 3 // 8],
+            },
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": hidden,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [0],
+        },
+        tie_word_embeddings=False,
+    )
+    _seeded(seed)
+    return Qwen2_5_VLForConditionalGeneration(config).eval()
+
+
+def tiny_zimage_transformer(seed: int, text: int = 32):
+    from diffusers import ZImageTransformer2DModel
+
+    _seeded(seed)
+    return ZImageTransformer2DModel(
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=16,
+        dim=64,
+        n_layers=2,
+        n_refiner_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        cap_feat_dim=text,
+        axes_dims=[8, 12, 12],  # Z-Image's proportions (32, 48, 48 of 128 per head)
+        axes_lens=[256, 64, 64],
+    ).eval()
+
+
+def build_tiny_zimage_pipeline(seed: int = 0):
+    """A tiny Z-Image-shaped pipeline: a Qwen3-shaped text encoder, a single-stream transformer
+    with one noise and one context refiner block and two main blocks, Flux's 16-channel VAE."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline
+
+    return ZImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER_CONFIG),
+        vae=tiny_flux_vae(seed + 1),
+        text_encoder=tiny_qwen3(seed + 2),
+        tokenizer=qwen3_tokenizer(),
+        transformer=tiny_zimage_transformer(seed + 3),
+    )
+
+
+def tiny_qwenimage_vae(seed: int):
+    """Qwen-Image's causal 3D VAE (one frame per image), 16 latent channels, 8x down."""
+    from diffusers import AutoencoderKLQwenImage
+
+    _seeded(seed)
+    return AutoencoderKLQwenImage(
+        base_dim=16,
+        z_dim=16,
+        dim_mult=[1, 2, 2, 2],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[False, True, True],
+    ).eval()
+
+
+def build_tiny_qwenimage_pipeline(seed: int = 0):
+    """A tiny Qwen-Image-shaped pipeline: a Qwen2.5-VL-shaped text encoder, a two-block MMDiT
+    on 2x2 patches of a 16-channel latent, Qwen-Image's 3D VAE."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+
+    _seeded(seed + 3)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=64,
+        out_channels=16,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=64,  # the text encoder's width
+        axes_dims_rope=(8, 12, 12),  # Qwen-Image's proportions (16, 56, 56 of 128)
+    ).eval()
+    return QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWENIMAGE_SCHEDULER_CONFIG),
+        vae=tiny_qwenimage_vae(seed + 1),
+        text_encoder=tiny_qwen25_vl(seed + 2),
+        tokenizer=qwen2_tokenizer(),
+        transformer=transformer,
+    )

@@ -10,8 +10,10 @@ neither names an architecture. A new family is one more class here.
 Families: Stable Diffusion 1.x/2.x and SDXL (UNet, epsilon or v prediction, CFG batch),
 Flux.1 dev/schnell (a `transformer` on packed 2x2 latent patches, flow matching, a 16-channel
 VAE with a shift, CLIP-L pooled + T5 sequence, guidance as an embedding instead of a CFG batch)
-Chroma (Flux-shaped, T5 only, real CFG) and SD3/SD3.5 (an MMDiT `transformer`, CLIP-L + CLIP-G
-+ T5, flow matching with the CFG batch).
+Chroma (Flux-shaped, T5 only, real CFG), SD3/SD3.5 (an MMDiT `transformer`, CLIP-L + CLIP-G
++ T5, flow matching with the CFG batch), Z-Image (a Qwen3 text encoder, a single-stream
+`transformer` that takes lists, Flux's VAE) and Qwen-Image (a Qwen2.5-VL text encoder, an MMDiT
+`transformer` with real CFG, a 3D VAE with per-channel latent statistics).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ PROBE_CFG = 7.0  # the check's classifier-free guidance scale (SD family)
 PROBE_GUIDANCE = 3.5  # the check's distilled guidance (Flux.1 dev's guidance embedding)
 PROBE_CHROMA_CFG = 5.0  # the check's guidance for Chroma (ChromaPipeline's default)
 PROBE_SD3_CFG = 4.5  # the check's guidance for SD3.5 (its reference pipelines use 3.5 to 4.5)
+PROBE_QWEN_CFG = 4.0  # the check's guidance for Qwen-Image (QwenImagePipeline's default)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,20 @@ class Family:
 
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents
+    timestep_argument: str = "timestep"  # and for the timestep
+
+    def pipeline_embeds(self, embeds: dict[str, Any], batch: int) -> dict[str, Any]:
+        """The encoded prompt (batch 1) as the pipeline's `__call__` takes it for `batch`
+        images."""
+        return {k: v.repeat(batch, *([1] * (v.dim() - 1))) for k, v in embeds.items()}
+
+    def decode(self, vae, latents):
+        """Latents (B, C, h, w) as the family's pipeline leaves them -> pixels (B, 3, H, W)."""
+        z = latents / vae.config.scaling_factor
+        shift = getattr(vae.config, "shift_factor", None)
+        if shift:
+            z = z + shift
+        return vae.decode(z.to(vae.dtype)).sample
 
     def latent_factor(self, pipeline) -> int:
         """Pixels per latent cell along one side (8 for every VAE here)."""
@@ -226,8 +243,44 @@ class _FlowMatching:
         return "Euler"
 
 
+class _ShiftedSigmas(_FlowMatching):
+    """Families whose pipeline sets sigmas linear from 1 to 1/steps and lets the scheduler
+    shift them, by the image's sequence length where its config says so (Flux, Chroma,
+    Z-Image, Qwen-Image: the same `calculate_shift` rule)."""
+
+    def latent_factor(self, pipeline) -> int:  # as Family's (the mixin comes first)
+        return 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
+
+    def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
+        """The sigmas the pipeline runs at this step count and size: linear from 1 to 1/steps,
+        shifted as its scheduler config says (by resolution where it shifts dynamically)."""
+        import numpy as np
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        scheduler = self.make_scheduler("euler", pipeline, None)
+        config = scheduler.config
+        side = size // self.latent_factor(pipeline) // 2
+        mu = calculate_shift(
+            side * side,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        sigmas = np.linspace(1.0, 1 / steps, steps).tolist()
+        scheduler.set_timesteps(sigmas=sigmas, mu=mu)
+        return [float(s) for s in scheduler.sigmas[:-1]]
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep (sigma x 1000) of the flow-matching schedule
+        that the pipeline runs at the user's step count and this size."""
+        sigmas = self._sigmas(model.pipeline, max(2, steps), size)
+        picked = {sigmas[0], sigmas[len(sigmas) // 2], sigmas[-1]}
+        return sorted((round(s * 1000.0, 2) for s in picked), reverse=True)
+
+
 @dataclass(frozen=True)
-class FluxFamily(_FlowMatching, Family):
+class FluxFamily(_ShiftedSigmas, Family):
     """Flux.1 dev and schnell: CLIP-L gives a pooled vector, T5 the token sequence; a
     `transformer` denoises 2x2 patches of a 16-channel latent by flow matching; dev takes the
     guidance scale as an embedding (one batch, no negative prompt), schnell takes none."""
@@ -266,32 +319,6 @@ class FluxFamily(_FlowMatching, Family):
             "pooled_projections": conditioning["pooled_prompt_embeds"],
             "txt_ids": torch.zeros(embeds.shape[1], 3, device=device),
         }
-
-    def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
-        """The sigmas FluxPipeline runs at this step count and size (resolution-shifted)."""
-        import numpy as np
-        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
-        scheduler = self.make_scheduler("euler", pipeline, None)
-        config = scheduler.config
-        side = size // self.latent_factor(pipeline) // 2
-        mu = calculate_shift(
-            side * side,
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        sigmas = np.linspace(1.0, 1 / steps, steps).tolist()
-        scheduler.set_timesteps(sigmas=sigmas, mu=mu)
-        return [float(s) for s in scheduler.sigmas[:-1]]
-
-    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
-        """The first, middle and last timestep (sigma x 1000) of the flow-matching schedule
-        that FluxPipeline runs at the user's step count and this size."""
-        sigmas = self._sigmas(model.pipeline, max(2, steps), size)
-        picked = {sigmas[0], sigmas[len(sigmas) // 2], sigmas[-1]}
-        return sorted((round(s * 1000.0, 2) for s in picked), reverse=True)
 
     def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
         """Flow-matching Euler steps through `timesteps` (x + (sigma_next - sigma) * v, the
@@ -568,6 +595,215 @@ class SD3Family(_FlowMatching, Family):
         return torch.cat([torch.randn(shape, generator=g) for g in generators]), generators
 
 
+@dataclass(frozen=True)
+class ZImageFamily(_ShiftedSigmas, Family):
+    """Z-Image (Turbo and base): a Qwen3 text encoder whose second-to-last hidden states, the
+    prompt's tokens only in the chat format, condition a single-stream `transformer` (refiner
+    blocks for the noise and the caption, then joint blocks) on 2x2 patches of Flux's
+    16-channel latent, by flow matching. The transformer takes lists (one latent and one
+    caption per image) and predicts the negative velocity. CFG is optional: Turbo samples
+    without it (CFG scale 1); the pipeline's `guidance_scale` is the user's CFG scale minus 1
+    (prompt + s x (prompt - negative))."""
+
+    name: str = "zimage"
+    denoiser: str = "transformer"
+    sample_argument: str = "x"
+    timestep_argument: str = "t"
+    max_sequence_length: int = 512  # Qwen3 tokens, the reference pipeline's default
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        embeds, negative_embeds = pipe.encode_prompt(
+            prompt=prompt,
+            device=device,
+            do_classifier_free_guidance=guidance,
+            negative_prompt=negative,
+            max_sequence_length=self.max_sequence_length,
+        )
+        # Each a list of (tokens, width), one per prompt: kept as (1, tokens, width) tensors.
+        tensors = {"prompt_embeds": embeds[0][None]}
+        if negative_embeds:
+            tensors["negative_prompt_embeds"] = negative_embeds[0][None]
+        return tensors
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        return {"text_encoder": _hidden(tensors)}
+
+    def pipeline_embeds(self, embeds: dict[str, Any], batch: int) -> dict[str, Any]:
+        # ZImagePipeline takes one (tokens, width) tensor per image, in a list.
+        return {k: [v[0]] * batch for k, v in embeds.items()}
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Flow-matching Euler steps through `timesteps`, each one transformer call on the
+        prompt and the empty negative prompt together (both conditionings are checked), stepped
+        with the prompt's prediction as Turbo samples; returns the latents (1, 16, h, w)."""
+        import torch
+
+        transformer = pipe.transformer
+        side = size // self.latent_factor(pipe)
+        generator = torch.Generator().manual_seed(0)
+        channels = transformer.config.in_channels
+        latents = torch.randn((1, channels, side, side), generator=generator).to(device)
+        captions = [
+            conditioning["prompt_embeds"][0],
+            conditioning["negative_prompt_embeds"][0],
+        ]
+        sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
+        for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            frame = latents[0].unsqueeze(1)  # (C, 1, h, w): one frame
+            out = transformer(
+                [frame, frame],
+                torch.full([2], 1.0 - sigma, device=device),
+                captions,
+                return_dict=False,
+            )[0]
+            velocity = -out[0].float().squeeze(1)[None]
+            latents = latents + (following - sigma) * velocity
+        return latents
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        channels = pipeline.transformer.config.in_channels
+        latent = pipeline.vae.config.latent_channels
+        if channels != latent:
+            return (
+                f"its transformer takes {channels} input channels where text-to-image with this "
+                f"{latent}-channel VAE takes {latent}."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        import torch
+
+        factor = self.latent_factor(pipeline)
+        channels = pipeline.transformer.config.in_channels
+        h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        latents = [torch.randn((1, channels, h, w), generator=g) for g in generators]
+        return torch.cat(latents), generators
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        return {"guidance_scale": max(cfg - 1.0, 0.0)}
+
+
+@dataclass(frozen=True)
+class QwenImageFamily(_ShiftedSigmas, Family):
+    """Qwen-Image: a Qwen2.5-VL text encoder whose last hidden states (the prompt's tokens
+    after its system instruction) condition an MMDiT `transformer` on packed 2x2 patches of a
+    16-channel latent, by flow matching with real CFG (a second call on the negative prompt,
+    its result rescaled to the prompt's norm); a causal 3D VAE (one frame per image) with a
+    per-channel latent mean and spread."""
+
+    name: str = "qwenimage"
+    denoiser: str = "transformer"
+    sample_argument: str = "hidden_states"
+    max_sequence_length: int = 512  # the reference pipeline's default
+
+    def latent_factor(self, pipeline) -> int:
+        return 2 ** len(pipeline.vae.temperal_downsample)
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        tensors: dict[str, Any] = {}
+        texts = [("", prompt)] + ([("negative_", negative)] if guidance else [])
+        for prefix, text in texts:
+            embeds, mask = pipe.encode_prompt(
+                prompt=text,
+                device=device,
+                num_images_per_prompt=1,
+                max_sequence_length=self.max_sequence_length,
+            )
+            tensors[prefix + "prompt_embeds"] = embeds
+            if mask is not None:  # None: every token counts
+                tensors[prefix + "prompt_embeds_mask"] = mask
+        return tensors
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        return {"text_encoder": _hidden(tensors)}
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """Flow-matching Euler steps through `timesteps`, each a call on the prompt and one
+        on the empty negative prompt combined by CFG and rescaled to the prompt's norm, as
+        QwenImagePipeline runs them; returns the latents (1, 16, h, w)."""
+        import torch
+        from diffusers import QwenImagePipeline
+
+        transformer = pipe.transformer
+        side = size // self.latent_factor(pipe)
+        channels = transformer.config.in_channels // 4
+        generator = torch.Generator().manual_seed(0)
+        noise = torch.randn((1, channels, side, side), generator=generator)
+        latents = QwenImagePipeline._pack_latents(noise, 1, channels, side, side).to(device)
+        shapes = [[(1, side // 2, side // 2)]]
+        calls = [
+            {
+                "encoder_hidden_states": conditioning[prefix + "prompt_embeds"],
+                "encoder_hidden_states_mask": conditioning.get(prefix + "prompt_embeds_mask"),
+            }
+            for prefix in ("", "negative_")
+        ]
+        sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
+        for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            t = torch.full([1], sigma, device=device)
+            cond, uncond = (
+                transformer(
+                    hidden_states=latents, timestep=t, img_shapes=shapes, **call, return_dict=False
+                )[0].float()
+                for call in calls
+            )
+            combined = uncond + PROBE_QWEN_CFG * (cond - uncond)
+            scale = cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True)
+            latents = latents + (following - sigma) * (combined * scale)
+        return self.image_latents(pipe, latents, size, size)
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        channels = pipeline.transformer.config.in_channels
+        latent = pipeline.vae.config.z_dim
+        if channels != latent * 4:
+            return (
+                f"its transformer takes {channels} input channels where text-to-image with this "
+                f"{latent}-channel VAE takes {latent * 4}."
+            )
+        return None
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        import torch
+        from diffusers import QwenImagePipeline
+
+        factor = self.latent_factor(pipeline)
+        channels = pipeline.transformer.config.in_channels // 4
+        h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
+        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        packed = [
+            QwenImagePipeline._pack_latents(
+                torch.randn((1, 1, channels, h, w), generator=g), 1, channels, h, w
+            )
+            for g in generators
+        ]
+        return torch.cat(packed), generators
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        return {"true_cfg_scale": cfg}  # real CFG when a negative prompt is given (cfg > 1)
+
+    def image_latents(self, pipeline, latents, height: int, width: int):
+        from diffusers import QwenImagePipeline
+
+        factor = self.latent_factor(pipeline)
+        frames = QwenImagePipeline._unpack_latents(latents, height, width, factor)
+        return frames[:, :, 0]  # (B, C, h, w): the one frame
+
+    def clamped_blocks(self, denoiser) -> list[Any]:
+        # diffusers clips each block's fp16 image and text streams to +-65504.
+        return list(denoiser.transformer_blocks)
+
+    def decode(self, vae, latents):
+        """Undo the per-channel normalisation and decode the one frame."""
+        import torch
+
+        channels = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean, device=latents.device).view(1, channels, 1, 1)
+        std = torch.tensor(vae.config.latents_std, device=latents.device).view(1, channels, 1, 1)
+        z = (latents.float() * std + mean).unsqueeze(2)
+        return vae.decode(z.to(vae.dtype)).sample[:, :, 0]
+
+
 def _hidden(tensors: dict[str, Any]) -> list[Any]:
     return [tensors[k] for k in ("prompt_embeds", "negative_prompt_embeds") if k in tensors]
 
@@ -581,6 +817,10 @@ def family_of(pipeline) -> Family:
         return ChromaFamily()
     if transformer is not None and type(transformer).__name__ == "SD3Transformer2DModel":
         return SD3Family()
+    if transformer is not None and type(transformer).__name__ == "ZImageTransformer2DModel":
+        return ZImageFamily()
+    if transformer is not None and type(transformer).__name__ == "QwenImageTransformer2DModel":
+        return QwenImageFamily()
     if getattr(pipeline, "text_encoder_2", None) is not None:
         return SDXLFamily()
     return Family()

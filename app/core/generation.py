@@ -177,12 +177,18 @@ class NanWatch:
         *,
         keep_failing_input: bool = True,
         sample_argument: str = "sample",
+        timestep_argument: str = "timestep",
         clamped: list[Any] | tuple[Any, ...] = (),
     ) -> None:
+        import inspect
+
         import torch
 
         device = next(unet.parameters()).device
         self.sample_argument = sample_argument  # the denoiser's keyword for the latents
+        self.timestep_argument = timestep_argument
+        self._signature = inspect.signature(unet.forward)  # names positional arguments
+        self._listed = False  # the denoiser takes and returns one tensor per image (Z-Image)
         self.batch = batch
         self.step = 0
         self.bad = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -208,11 +214,22 @@ class NanWatch:
         return flags.view(n // self.batch, self.batch).any(0)
 
     def _before(self, module, args, kwargs):
+        import torch
+
         if self._keep:
-            sample = args[0] if args else kwargs.get(self.sample_argument)
-            timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
-            rest = {k: v for k, v in kwargs.items() if k not in (self.sample_argument, "timestep")}
-            self._pending = (sample, timestep, rest)
+            try:
+                named = dict(self._signature.bind_partial(*args, **kwargs).arguments)
+            except TypeError:
+                return
+            for name, parameter in self._signature.parameters.items():
+                if parameter.kind is parameter.VAR_KEYWORD:  # **kwargs: their own names
+                    named.update(named.pop(name, {}))
+            sample = named.pop(self.sample_argument, None)
+            timestep = named.pop(self.timestep_argument, None)
+            if isinstance(sample, list):
+                self._listed = True
+                sample = torch.stack(sample)
+            self._pending = (sample, timestep, named)
 
     def _block_after(self, module, args, output):
         import torch
@@ -231,6 +248,8 @@ class NanWatch:
         import torch
 
         out = output[0] if isinstance(output, tuple) else output.sample
+        if isinstance(out, list):
+            out = torch.stack(out)
         flags = ~torch.isfinite(out).flatten(1).all(1)
         if self._saturated is not None and self._saturated.shape == flags.shape:
             flags = flags | self._saturated
@@ -289,8 +308,8 @@ class NanWatch:
             if k != "return_dict"
         }
         return {
-            self.sample_argument: sample,
-            "timestep": self._timestep[index : index + 1],
+            self.sample_argument: list(sample.unbind(0)) if self._listed else sample,
+            self.timestep_argument: self._timestep[index : index + 1],
             **kwargs,
         }
 
@@ -301,7 +320,8 @@ class NanWatch:
 
 
 def _select(value: Any, index: int, copies: int, batch: int) -> Any:
-    """Image `index` out of a CFG-batched argument (dicts walked; other values kept)."""
+    """Image `index` out of a CFG-batched argument (dicts walked, per-image lists picked from;
+    other values kept)."""
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -310,6 +330,8 @@ def _select(value: Any, index: int, copies: int, batch: int) -> Any:
         return value
     if isinstance(value, dict):
         return {k: _select(v, index, copies, batch) for k, v in value.items()}
+    if isinstance(value, list) and len(value) == copies * batch:  # one entry per image
+        return [value[copy * batch + index] for copy in range(copies)]
     return value
 
 
@@ -478,6 +500,7 @@ class _Job:
                 denoiser,
                 batch,
                 sample_argument=self.family.sample_argument,
+                timestep_argument=self.family.timestep_argument,
                 clamped=self.family.clamped_blocks(denoiser),
             )
             if self.watch
@@ -498,9 +521,7 @@ class _Job:
             self.cancel.raise_if_cancelled()
             return {}
 
-        embeds = {
-            k: v.repeat(batch, *([1] * (v.dim() - 1))) for k, v in conditioning.embeds.items()
-        }
+        embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
         try:
             with backend_flags(plan), torch.inference_mode():
                 output = pipe(
@@ -535,11 +556,7 @@ class _Job:
         recorder = ActivationRecorder(vae) if record else None
         try:
             with backend_flags(plan), torch.inference_mode():
-                z = latents.float() / vae.config.scaling_factor
-                shift = getattr(vae.config, "shift_factor", None)
-                if shift:
-                    z = z + shift
-                pixels = vae.decode(z.to(vae.dtype)).sample
+                pixels = self.family.decode(vae, latents.float())
         finally:
             if recorder is not None:
                 recorder.remove()
@@ -594,6 +611,8 @@ class _Job:
         try:
             with backend_flags(plan), torch.inference_mode():
                 out = unet(**arguments, return_dict=False)[0]
+            if isinstance(out, list):  # a denoiser that returns one tensor per image (Z-Image)
+                out = torch.stack(out)
         finally:
             if recorder is not None:
                 recorder.remove()

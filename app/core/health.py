@@ -335,11 +335,7 @@ class _Runner:
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = True) -> _Stage:
         def run(pipe):
-            vae = pipe.vae
-            z = latents / vae.config.scaling_factor
-            if getattr(vae.config, "shift_factor", None):
-                z = z + vae.config.shift_factor
-            return vae.decode(z.to(vae.dtype)).sample
+            return self.family.decode(pipe.vae, latents)
 
         return self._watch(plan, ["vae"], run, record)
 
