@@ -145,6 +145,10 @@ class Family:
             latents = scheduler.step(uncond + PROBE_CFG * (cond - uncond), t, latents).prev_sample
         return latents
 
+    def size_problem(self, pipeline, width: int, height: int) -> str | None:
+        """Why this model cannot make a picture of this size (None: it can)."""
+        return None
+
     def text_to_image_problem(self, pipeline) -> str | None:
         """Why this model cannot make text-to-image pictures (None: it can)."""
         channels = pipeline.unet.config.in_channels
@@ -660,6 +664,9 @@ class ZImageFamily(_ShiftedSigmas, Family):
             latents = latents + (following - sigma) * velocity
         return latents
 
+    def size_problem(self, pipeline, width: int, height: int) -> str | None:
+        return _patches_problem(self, pipeline, width, height)
+
     def text_to_image_problem(self, pipeline) -> str | None:
         channels = pipeline.transformer.config.in_channels
         latent = pipeline.vae.config.latent_channels
@@ -753,6 +760,9 @@ class QwenImageFamily(_ShiftedSigmas, Family):
             latents = latents + (following - sigma) * (combined * scale)
         return self.image_latents(pipe, latents, size, size)
 
+    def size_problem(self, pipeline, width: int, height: int) -> str | None:
+        return _patches_problem(self, pipeline, width, height)
+
     def text_to_image_problem(self, pipeline) -> str | None:
         channels = pipeline.transformer.config.in_channels
         latent = pipeline.vae.config.z_dim
@@ -802,6 +812,18 @@ class QwenImageFamily(_ShiftedSigmas, Family):
         std = torch.tensor(vae.config.latents_std, device=latents.device).view(1, channels, 1, 1)
         z = (latents.float() * std + mean).unsqueeze(2)
         return vae.decode(z.to(vae.dtype)).sample[:, :, 0]
+
+
+def _patches_problem(family: Family, pipeline, width: int, height: int) -> str | None:
+    """A family on 2x2 patches of the latent needs each side a multiple of twice the VAE's
+    factor (16 px): its pipeline refuses or silently resizes anything else."""
+    step = 2 * family.latent_factor(pipeline)
+    if width % step or height % step:
+        return (
+            f"this model makes pictures whose sides are multiples of {step} px, "
+            f"not {width}x{height}."
+        )
+    return None
 
 
 def _hidden(tensors: dict[str, Any]) -> list[Any]:

@@ -921,7 +921,9 @@ def generate(
     cancel = cancel or CancelToken()
     pipeline = model.pipeline
     family = family_of(pipeline)
-    problem = family.text_to_image_problem(pipeline)
+    problem = family.text_to_image_problem(pipeline) or family.size_problem(
+        pipeline, request.width, request.height
+    )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
 

@@ -560,6 +560,9 @@ def check_loaded(
     size = size or model.native_size
     if size < 64 or size % 8:
         raise HalfSafeError(f"The check size must be a multiple of 8 and at least 64, not {size}.")
+    problem = family_of(model.pipeline).size_problem(model.pipeline, size, size)
+    if problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)

@@ -103,10 +103,11 @@ class PrecisionPlan:
         if self.autocast_active:
             base = "autocast"
         first_encoder = self.dtypes.get("text_encoder", base)
+        denoiser = self.dtypes.get("unet", self.dtypes.get("transformer", base))  # one setting
         return {
             "device": self.device,
             "precision": base,
-            "unet_precision": self.dtypes.get("unet", base),
+            "unet_precision": denoiser,
             "vae_precision": self.dtypes.get("vae", base),
             "text_encoder_precision": first_encoder,
             "text_encoder_2_precision": self.dtypes.get("text_encoder_2", first_encoder),

@@ -323,9 +323,9 @@ def test_folder_detection_on_shipped_configs(name, expected):
 
 def test_folder_detection_names_other_pipelines():
     detection = arch.detect_from_configs(
-        {"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "X"]}, {}, {}
+        {"_class_name": "HiDreamImagePipeline", "transformer": ["diffusers", "X"]}, {}, {}
     )
-    assert not detection.supported and "QwenImagePipeline" in detection.because
+    assert not detection.supported and "HiDreamImagePipeline" in detection.because
 
 
 def test_folder_detection_tells_flux_dev_from_schnell_by_the_guidance_embedding():
@@ -354,3 +354,24 @@ def test_shipped_tokenizers_pad_as_the_originals():
                 resource("configs", name, folder, "tokenizer_config.json").read_text()
             )
             assert config["pad_token"] == pad and config["model_max_length"] == 77
+
+
+def test_folder_detection_of_zimage_and_qwenimage_says_why():
+    zimage = arch.detect_from_configs(
+        {"_class_name": "ZImagePipeline", "transformer": ["diffusers", "X"]}
+        | {"text_encoder": ["transformers", "Qwen3Model"]},
+        {"n_layers": 30, "n_refiner_layers": 2, "dim": 3840, "cap_feat_dim": 2560},
+        {},
+    )
+    qwen = arch.detect_from_configs(
+        {"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "X"]}
+        | {"text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"]},
+        {"num_layers": 60, "num_attention_heads": 24, "attention_head_dim": 128},
+        {},
+    )
+    assert (zimage.architecture, qwen.architecture) == ("zimage", "qwenimage")
+    assert zimage.supported and qwen.supported and zimage.prediction_type == "flow"
+    assert "30 main and 2+2 refiner blocks, 3840 wide" in zimage.because
+    assert "Qwen3 text encoder (Qwen3Model) whose 2560-wide hidden states" in zimage.because
+    assert "60 blocks, 3072 wide, on 16-channel latents" in qwen.because
+    assert "Qwen2.5-VL text encoder (Qwen2_5_VLForConditionalGeneration)" in qwen.because

@@ -467,12 +467,15 @@ def test_folder_with_broken_model_index(tmp_path):
         load_model(str(folder))
     (folder / "model_index.json").write_text(
         json.dumps(
-            {"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "QwenImageModel"]}
+            {
+                "_class_name": "HiDreamImagePipeline",
+                "transformer": ["diffusers", "HiDreamImageTransformer2DModel"],
+            }
         )
     )
     (folder / "transformer").mkdir()
     (folder / "transformer" / "config.json").write_text("{}")
-    with pytest.raises(UnsupportedModelError, match="QwenImagePipeline"):
+    with pytest.raises(UnsupportedModelError, match="HiDreamImagePipeline"):
         load_model(str(folder))
     (folder / "model_index.json").write_text(
         json.dumps(

@@ -12,6 +12,7 @@ import torch
 
 from app.core import generation, models
 from app.core.demo import build_tiny_qwenimage_pipeline
+from app.core.errors import HalfSafeError
 from app.core.families import QwenImageFamily, family_of
 from tests.core.family_helpers import (
     FP16,
@@ -112,3 +113,19 @@ def test_generation_repairs_an_overflowing_3d_vae(tmp_path):
     image = result.images[0]
     assert (image.status, image.component) == ("fixed", "vae")
     assert image.first_bad_module == PLANTS["vae"][1]
+
+
+def test_a_size_off_the_patch_grid_is_one_sentence(tmp_path):
+    request = generation.GenerationRequest(
+        prompt="a red cat", steps=2, cfg=4.0, seed=3, width=72, height=64, output_dir=str(tmp_path)
+    )
+
+    with pytest.raises(HalfSafeError) as raised:
+        generation.generate(
+            loaded(build_tiny_qwenimage_pipeline(), "qwenimage-size"), request, precision=FP16
+        )
+
+    assert str(raised.value) == (
+        "qwenimage-size: this model makes pictures whose sides are multiples of 16 px, not 72x64."
+    )
+    assert not list(tmp_path.iterdir())

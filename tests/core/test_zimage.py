@@ -144,3 +144,21 @@ def test_generation_repairs_all_nan_conditioning_from_the_qwen3_encoder(tmp_path
     assert image.first_bad_module == PLANTS["qwen3"][1]
     assert "NaN component: text_encoder" in image.parameters
     assert "Fixes applied: run the text encoder in " in image.parameters
+
+
+def test_the_unet_flag_governs_the_transformer_and_the_settings_say_so(tmp_path):
+    from app.core.settings import PrecisionSettings
+
+    request = generation.GenerationRequest(
+        prompt="a red cat", steps=2, cfg=1.0, seed=3, width=64, height=64, output_dir=str(tmp_path)
+    )
+    precision = PrecisionSettings(precision="fp16", unet_precision="bf16")
+
+    result = generation.generate(
+        loaded(build_tiny_zimage_pipeline(), "zimage-flags"), request, precision=precision
+    )
+
+    image = result.images[0]
+    assert image.status == "ok"
+    assert (image.settings["unet_precision"], image.settings["vae_precision"]) == ("bf16", "fp16")
+    assert "UNet precision: bf16, VAE precision: fp16" in image.parameters
