@@ -507,10 +507,13 @@ QWEN_VOCAB = 151669  # the tokenizer's entries with its special tokens: every id
 
 def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
     """A Qwen3-shaped decoder (Z-Image's text encoder: its hidden states, no LM head) with the
-    real vocabulary size."""
+    real vocabulary size and Qwen3-4B's rotary base and norms."""
     from transformers import Qwen3Config, Qwen3Model
 
+    from app.core.split import QWEN3_FIXED
+
     config = Qwen3Config(
+        **QWEN3_FIXED,
         vocab_size=QWEN_VOCAB,
         hidden_size=hidden,
         intermediate_size=hidden * 2,
@@ -518,8 +521,6 @@ def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden // 4,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
     )
     _seeded(seed)
     return Qwen3Model(config).eval()
@@ -579,7 +580,7 @@ def tiny_zimage_transformer(seed: int, text: int = 32):
         n_kv_heads=2,
         cap_feat_dim=text,
         axes_dims=[8, 12, 12],  # Z-Image's proportions (32, 48, 48 of 128 per head)
-        axes_lens=[256, 64, 64],
+        axes_lens=[1536, 512, 512],  # as a split file is built with (split.ZIMAGE_AXES_LENS)
     ).eval()
 
 

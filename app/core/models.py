@@ -347,6 +347,13 @@ def _load_single_file(
             )
         finally:
             checkpoint.close()
+    if split.zimage_prefix(checkpoint.shapes) is not None:
+        try:
+            return _load_split_zimage(
+                path, checkpoint, source, vae, text_encoders or [], progress, cancel
+            )
+        finally:
+            checkpoint.close()
     if text_encoders:
         checkpoint.close()
         raise UnsupportedModelError(
@@ -1045,6 +1052,140 @@ def _load_split_flux(
     )
 
 
+def _load_split_zimage(
+    path: Path,
+    checkpoint: Checkpoint,
+    source: str,
+    vae: str | None,
+    text_encoders: list[str],
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> LoadedModel:
+    """A Z-Image transformer file with its Qwen3 text encoder and Flux-VAE companions (see
+    `split.py`): every header is read and every companion found before a tensor is read."""
+    import diffusers
+
+    from app.core.demo import ZIMAGE_SCHEDULER_CONFIG, qwen3_tokenizer
+
+    prefix = split.zimage_prefix(checkpoint.shapes) or ""
+    try:
+        config = split.zimage_transformer_config(checkpoint.shapes, prefix)
+    except ValueError as error:
+        raise UnsupportedModelError(
+            path, f"this Z-Image-style transformer is not one HalfSafe can build: {error}."
+        ) from None
+    architecture, because = split.describe_zimage(config, prefix)
+    companions = split.find_qwen3_companions(
+        path, text_encoders, vae, config["cap_feat_dim"], config["in_channels"]
+    )
+    missing = split.missing_llm_sentence(
+        companions,
+        path,
+        "Z-Image",
+        "its Qwen3 text encoder (qwen_3_4b)",
+        f"its {config['in_channels']}-channel VAE (Flux's ae)",
+    )
+    if missing is not None:
+        raise UnsupportedModelError(path, missing)
+    assert companions.text_encoder and companions.vae
+    parts = [path, companions.text_encoder, companions.vae]
+    files = [path, companions.text_encoder, *_vae_files(companions.vae)]
+    identity = _Identity(architecture, "flow", parts, files)
+    hasher = _Hasher(path)
+    used: list[str] = []
+    try:
+        with one_torch_thread():
+            progress("Loading the transformer", 0, 4)
+            keys = [k for k in checkpoint.shapes if k.startswith(prefix)]
+            tensors = {k: checkpoint.get(k) for k in keys}
+            used += [checkpoint.dtypes[k] for k in keys]
+            transformer = _empty(diffusers.ZImageTransformer2DModel.from_config, config)
+            expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+            try:
+                state = split.zimage_to_diffusers(tensors, expected, prefix)
+            except KeyError as error:
+                raise BadFileError(
+                    path, f"the transformer is incomplete: {error.args[0]} is missing."
+                ) from None
+            except ValueError as error:
+                raise BadFileError(
+                    path, f"the transformer does not fit together: {error}."
+                ) from None
+            transformer = _assign(path, transformer, state, "transformer")
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+
+            progress("Loading the text encoder", 1, 4)
+            text_encoder, encoder_dtypes = _load_qwen3_file(companions.text_encoder)
+            used += encoder_dtypes
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+
+            progress("Loading the VAE", 2, 4)
+            base = _read_json(paths.resource("configs", "flux", "vae", "config.json"))
+            vae_model, _, vae_dtypes = _load_vae_override(
+                companions.vae, base, 1024, allow_pickle=False, cancel=cancel
+            )
+            if vae_model.config.latent_channels != config["in_channels"]:
+                raise UnsupportedModelError(
+                    companions.vae,
+                    f"the VAE makes {vae_model.config.latent_channels}-channel latents but the "
+                    f"transformer works on {config['in_channels']}.",
+                )
+            used += vae_dtypes
+            pipeline = diffusers.ZImagePipeline(
+                scheduler=diffusers.FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER_CONFIG),
+                vae=vae_model,
+                text_encoder=text_encoder,
+                tokenizer=qwen3_tokenizer(),
+                transformer=transformer,
+            )
+        progress("Scanning the weights", 3, 4)
+        weights = scan_weights(
+            pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
+        )
+        short_hash = hasher.result(progress, cancel)
+    except BaseException:
+        hasher.stop()
+        raise
+    return LoadedModel(
+        pipeline=pipeline,
+        source=source,
+        name=path.stem,
+        format="split_files",
+        architecture=architecture,
+        prediction_type="flow",
+        native_size=1024,
+        stored_dtype=stored_dtype(used),
+        model_hash=short_hash,
+        profile_key=identity.profile_key(weights),
+        weights=weights,
+        detected_because=because,
+    )
+
+
+def _load_qwen3_file(path: Path):
+    """A Qwen3 text encoder file in transformers' layout (ComfyUI's qwen_3_4b.safetensors):
+    the decoder's layers, read as a Qwen3Model (the LM head, if any, is not used)."""
+    import transformers
+
+    with Checkpoint(path) as checkpoint:
+        prefix = split.qwen3_prefix(checkpoint.shapes)
+        try:
+            if prefix is None:
+                raise ValueError("it has no Qwen3 layers (embed_tokens, q_norm)")
+            config = split.qwen3_config(checkpoint.shapes, prefix)
+        except (KeyError, ValueError) as error:
+            raise UnsupportedModelError(
+                path, f"this Qwen3 text encoder cannot be built: {error}."
+            ) from None
+        keys = [k for k in checkpoint.shapes if k.startswith(prefix) and k != "lm_head.weight"]
+        tensors = {k[len(prefix) :]: checkpoint.get(k) for k in keys}
+        dtypes = [checkpoint.dtypes[k] for k in keys]
+    model = _empty(transformers.Qwen3Model, transformers.Qwen3Config(**config))
+    return _assign(path, model, tensors, "Qwen3 text encoder"), dtypes
+
+
 def _load_clip_file(path: Path):
     """A CLIP text encoder file in transformers' layout (ComfyUI's clip_l.safetensors)."""
     import transformers
@@ -1331,6 +1472,32 @@ def save_flux_split_files(pipeline, root: str | Path, name: str = "flux") -> dic
             for k, v in pipeline.text_encoder.state_dict().items()
         },
         "text_encoder_2": t5,
+        "vae": _ldm_vae(vae.state_dict(), len(vae.config.block_out_channels)),
+    }
+    for component, file in written.items():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.contiguous() for k, v in tensors[component].items()}
+        write_safetensors(file, {k.removeprefix(arch.VAE): v for k, v in state.items()})
+    return written
+
+
+def save_zimage_split_files(
+    pipeline, root: str | Path, name: str = "z_image_turbo"
+) -> dict[str, Path]:
+    """Write a Z-Image pipeline as ComfyUI keeps it under `root` (its models folder): the
+    transformer in its original layout in diffusion_models/, the Qwen3 text encoder under
+    transformers' Qwen3ForCausalLM names (`model.`) in text_encoders/qwen_3_4b.safetensors, and
+    the Flux VAE in its original layout as vae/ae.safetensors."""
+    root = Path(root)
+    vae = pipeline.vae
+    written = {
+        "transformer": root / "diffusion_models" / f"{name}.safetensors",
+        "text_encoder": root / "text_encoders" / "qwen_3_4b.safetensors",
+        "vae": root / "vae" / "ae.safetensors",
+    }
+    tensors = {
+        "transformer": split.zimage_to_original(pipeline.transformer.state_dict()),
+        "text_encoder": {"model." + k: v for k, v in pipeline.text_encoder.state_dict().items()},
         "vae": _ldm_vae(vae.state_dict(), len(vae.config.block_out_channels)),
     }
     for component, file in written.items():

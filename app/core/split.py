@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
+from app.core import limits
 from app.core.checkpoint import read_safetensors_header
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 
@@ -345,4 +346,287 @@ def missing_sentence(companions: Companions, model: Path) -> str | None:
     return (
         f"this Flux.1 transformer file needs {what}, which {'is' if len(missing) == 1 else 'are'} "
         f"neither given ({' and '.join(flags)}) nor found in {places}."
+    )
+
+
+# Z-Image (ComfyUI: diffusion_models/z_image_*.safetensors, text_encoders/qwen_3_4b, vae/ae) ---
+
+ZIMAGE_PREFIXES = ("model.diffusion_model.", "")
+# Rotary table lengths (frame/caption index, height, width), which no tensor records: room for
+# Z-Image's 512 caption tokens and 1024 patches a side, as its released config allows.
+ZIMAGE_AXES_LENS = (1536, 512, 512)
+QWEN3_PREFIXES = ("model.", "")  # transformers' Qwen3ForCausalLM names, or Qwen3Model's
+# Qwen3's settings that no tensor records (Qwen3-4B's config.json).
+QWEN3_FIXED: dict[str, Any] = {
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 40960,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "tie_word_embeddings": True,
+}
+# Z-Image's original names -> diffusers' (the renames of its single-file layout); the fused
+# qkv is split into to_q, to_k, to_v. One list serves both directions.
+_ZIMAGE_RENAMES = (
+    ("final_layer.", "all_final_layer.2-1."),
+    ("x_embedder.", "all_x_embedder.2-1."),
+    (".attention.out.", ".attention.to_out.0."),
+    (".attention.q_norm.", ".attention.norm_q."),
+    (".attention.k_norm.", ".attention.norm_k."),
+)
+_ZIMAGE_QKV = (".attention.to_q.", ".attention.to_k.", ".attention.to_v.")
+
+
+def _bounded(*sizes: tuple[str, int, int]) -> None:
+    """Each (what, size, limit) at least 1 and within real models' bounds (`limits.py`)."""
+    for what, size, limit in sizes:
+        if not 1 <= size <= limit:
+            raise ValueError(f"its {what} ({size}) is outside 1 to {limit}")
+
+
+def zimage_prefix(shapes: Shapes) -> str | None:
+    """The key prefix of a Z-Image transformer in its original layout, or None."""
+    for prefix in ZIMAGE_PREFIXES:
+        if (
+            prefix + "layers.0.attention.qkv.weight" in shapes
+            and prefix + "cap_embedder.1.weight" in shapes
+            and prefix + "noise_refiner.0.attention.qkv.weight" in shapes
+        ):
+            return prefix
+    return None
+
+
+def zimage_transformer_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
+    """A ZImageTransformer2DModel config from an original-layout file's shapes. Raises
+    ValueError naming what does not fit."""
+
+    def w(name: str) -> tuple[int, ...]:
+        shape = shapes.get(prefix + name)
+        if shape is None or not shape:
+            raise ValueError(f"it has no {name}")
+        return shape
+
+    dim, patch_values = w("x_embedder.weight")
+    head = w("layers.0.attention.q_norm.weight")[0]
+    rows = w("layers.0.attention.qkv.weight")[0]
+    if patch_values % 4 or dim % head or head % 8:
+        raise ValueError(f"its blocks ({dim} wide, {head}-wide heads) are not Z-Image's")
+    heads = dim // head
+    kv_heads, rest = divmod(rows // head - heads, 2)
+    if rows % head or rest or kv_heads < 1:
+        raise ValueError(f"its fused attention ({rows} rows) does not split into {heads} heads")
+    layers = arch._count_indices(shapes, prefix + "layers.")
+    refiners = arch._count_indices(shapes, prefix + "noise_refiner.")
+    _bounded(
+        ("number of blocks", layers, limits.MAX_TRANSFORMER_DEPTH),
+        ("number of refiner blocks", refiners, limits.MAX_TRANSFORMER_DEPTH),
+        ("width", dim, limits.MAX_WIDTH),
+        ("number of attention heads", heads, limits.MAX_HEADS),
+        ("number of latent channels", patch_values // 4, limits.MAX_IMAGE_CHANNELS),
+    )
+    return {
+        "_class_name": "ZImageTransformer2DModel",
+        "all_patch_size": [2],
+        "all_f_patch_size": [1],
+        "in_channels": patch_values // 4,
+        "dim": dim,
+        "n_layers": layers,
+        "n_refiner_layers": refiners,
+        "n_heads": heads,
+        "n_kv_heads": kv_heads,
+        "qk_norm": True,
+        "cap_feat_dim": w("cap_embedder.1.weight")[1],
+        # Rotary axes (frame, height, width) in Z-Image's proportions: 32, 48, 48 of 128.
+        "axes_dims": [head // 4, 3 * head // 8, 3 * head // 8],
+        "axes_lens": list(ZIMAGE_AXES_LENS),
+    }
+
+
+def describe_zimage(config: Mapping[str, Any], prefix: str) -> tuple[str, str]:
+    """(architecture, the "why" sentence) for a Z-Image transformer file."""
+    return (
+        "zimage",
+        f"Z-Image: a single-stream transformer in its original layout ({prefix}layers, "
+        f"noise_refiner, context_refiner, cap_embedder) with {config['n_layers']} main and "
+        f"{config['n_refiner_layers']}+{config['n_refiner_layers']} refiner blocks, "
+        f"{config['dim']} wide, on {config['in_channels']}-channel latents in 2x2 patches, "
+        f"reading {config['cap_feat_dim']}-wide Qwen3 hidden states; flow matching.",
+    )
+
+
+def _zimage_name(diffusers_key: str) -> str:
+    name = diffusers_key
+    for original, renamed in _ZIMAGE_RENAMES:
+        if name.startswith(renamed) or (renamed.startswith(".") and renamed in name):
+            name = name.replace(renamed, original, 1)
+    return name
+
+
+def _zimage_table(expected: Shapes) -> Iterator[tuple[str, tuple[str, ...], str]]:
+    """(original key, diffusers keys, how) for every weight of a ZImageTransformer2DModel
+    whose state dict has the keys of `expected`: "same", or "cat" for the fused qkv."""
+    for key in expected:
+        if _ZIMAGE_QKV[0] in key:
+            parts = tuple(key.replace(_ZIMAGE_QKV[0], part) for part in _ZIMAGE_QKV)
+            yield key.replace(_ZIMAGE_QKV[0], ".attention.qkv."), parts, "cat"
+        elif not any(part in key for part in _ZIMAGE_QKV):
+            yield _zimage_name(key), (key,), "same"
+
+
+def zimage_to_diffusers(
+    tensors: Mapping[str, Any], expected: Shapes, prefix: str = ""
+) -> dict[str, Any]:
+    """Original-layout tensors -> diffusers names; `expected` is the empty model's shapes.
+    Raises KeyError for a missing key, ValueError for a fused tensor of the wrong size."""
+    import torch
+
+    state: dict[str, Any] = {}
+    for original, names, how in _zimage_table(expected):
+        tensor = tensors[prefix + original]
+        if how == "cat":
+            sizes = [expected[n][0] for n in names]
+            if sum(sizes) != tensor.shape[0]:
+                raise ValueError(
+                    f"{prefix + original} has {tensor.shape[0]} rows, not {sum(sizes)}"
+                )
+            state.update(zip(names, torch.split(tensor, sizes, dim=0), strict=True))
+        else:
+            state[names[0]] = tensor
+    return state
+
+
+def zimage_to_original(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A diffusers ZImageTransformer2DModel state dict under its original names (what a
+    Z-Image file in ComfyUI's `diffusion_models/` holds)."""
+    import torch
+
+    expected = {k: tuple(v.shape) for k, v in state.items()}
+    out: dict[str, Any] = {}
+    for original, names, how in _zimage_table(expected):
+        out[original] = torch.cat([state[n] for n in names]) if how == "cat" else state[names[0]]
+    return out
+
+
+def qwen3_prefix(shapes: Shapes) -> str | None:
+    """The prefix of a Qwen3 text encoder in transformers' layout (q/k norms set Qwen3 apart
+    from Qwen2), or None."""
+    for prefix in QWEN3_PREFIXES:
+        if (
+            prefix + "embed_tokens.weight" in shapes
+            and prefix + "layers.0.self_attn.q_norm.weight" in shapes
+        ):
+            return prefix
+    return None
+
+
+def qwen3_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
+    """A Qwen3Config from a Qwen3 file's shapes (the rest as Qwen3-4B has it). Raises
+    ValueError naming what does not fit."""
+    vocab, width = shapes[prefix + "embed_tokens.weight"]
+    head = shapes[prefix + "layers.0.self_attn.q_norm.weight"][0]
+    queries = shapes[prefix + "layers.0.self_attn.q_proj.weight"][0]
+    keys = shapes[prefix + "layers.0.self_attn.k_proj.weight"][0]
+    if not head or queries % head or keys % head:
+        raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
+    layers = arch._count_indices(shapes, prefix + "layers.")
+    _bounded(
+        ("number of layers", layers, limits.MAX_TEXT_LAYERS),
+        ("vocabulary size", vocab, limits.MAX_VOCAB),
+        ("width", width, limits.MAX_WIDTH),
+        ("number of attention heads", queries // head, limits.MAX_HEADS),
+    )
+    return {
+        **QWEN3_FIXED,
+        "vocab_size": vocab,
+        "hidden_size": width,
+        "intermediate_size": shapes[prefix + "layers.0.mlp.gate_proj.weight"][0],
+        "num_hidden_layers": layers,
+        "num_attention_heads": queries // head,
+        "num_key_value_heads": keys // head,
+        "head_dim": head,
+    }
+
+
+@dataclass(frozen=True)
+class LLMCompanions:
+    """The files a split transformer with one LLM text encoder runs with."""
+
+    text_encoder: Path | None
+    vae: Path | None
+    looked_in: tuple[Path, ...]
+
+
+def _find_vae(model: Path, vae: str | None, latent_channels: int) -> tuple[Path | None, list[Path]]:
+    """The VAE given, else the first in the sibling vae/ folder whose latents fit."""
+    folders = _siblings(model, VAE_FOLDERS)
+    if vae is not None:
+        return Path(vae).expanduser(), folders
+    for path, shapes in _headers(_files(folders)):
+        conv = shapes.get("decoder.conv_in.weight")
+        if conv is not None and len(conv) > 1 and conv[1] == latent_channels:
+            return path, folders
+    return None, folders
+
+
+def find_qwen3_companions(
+    model: Path, text_encoders: list[str], vae: str | None, width: int, latent_channels: int
+) -> LLMCompanions:
+    """The Qwen3 text encoder and the VAE of a Z-Image transformer file: the files given (a
+    given text encoder must be a Qwen3 one: a sentence otherwise), else the sibling folders by
+    contents (a Qwen3 as wide as the transformer reads, a VAE whose latents fit)."""
+    encoder = None
+    for given in text_encoders:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise BadFileError(path, "the text encoder does not exist (no such file).")
+        if path.suffix.lower() != ".safetensors":
+            raise UnsupportedModelError(path, "split text encoders are read from .safetensors.")
+        if qwen3_prefix(read_safetensors_header(path).shapes()) is None:
+            raise UnsupportedModelError(
+                path,
+                "this is not a Qwen3 text encoder in transformers' layout (Z-Image reads one).",
+            )
+        encoder = path
+    folders = _siblings(model, TEXT_ENCODER_FOLDERS)
+    if encoder is None:
+        for path, shapes in _headers(_files(folders)):
+            prefix = qwen3_prefix(shapes)
+            if prefix is not None and shapes[prefix + "embed_tokens.weight"][1] == width:
+                encoder = path
+                break
+    vae_path, vae_folders = _find_vae(model, vae, latent_channels)
+    return LLMCompanions(encoder, vae_path, tuple(folders + vae_folders))
+
+
+def missing_llm_sentence(
+    companions: LLMCompanions, model: Path, family: str, encoder: str, vae: str
+) -> str | None:
+    """One sentence naming what a split transformer with one LLM text encoder still needs."""
+    missing = [
+        words
+        for words, absent in (
+            (encoder, companions.text_encoder is None),
+            (vae, companions.vae is None),
+        )
+        if absent
+    ]
+    if not missing:
+        return None
+    root = model.parent.parent
+    folders = (TEXT_ENCODER_FOLDERS if companions.text_encoder is None else ()) + (
+        VAE_FOLDERS if companions.vae is None else ()
+    )
+    flags = [
+        flag
+        for flag, absent in (
+            ("--text-encoder PATH", companions.text_encoder is None),
+            ("--vae PATH", companions.vae is None),
+        )
+        if absent
+    ]
+    places = " or ".join(str(root / f) for f in folders)
+    return (
+        f"this {family} transformer file needs {' and '.join(missing)}, which "
+        f"{'is' if len(missing) == 1 else 'are'} neither given ({' and '.join(flags)}) nor "
+        f"found in {places}."
     )

@@ -1,0 +1,131 @@
+"""Z-Image as ComfyUI users keep it: the transformer in its original layout in
+diffusion_models/ (fused qkv, final_layer, x_embedder), the Qwen3 text encoder as
+text_encoders/qwen_3_4b.safetensors, Flux's VAE as vae/ae.safetensors. Loaded offline with
+identical weights and outputs, companions given by flag or found beside it, a missing or wrong
+one named in one sentence, and a file that sets absurd sizes refused before anything is built.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.core import models, split
+from app.core.checkpoint import write_safetensors
+from app.core.demo import build_tiny_flux_pipeline, build_tiny_zimage_pipeline
+from app.core.errors import HalfSafeError, UnsupportedModelError
+from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+
+COMPONENTS = ("text_encoder", "transformer", "vae")
+
+
+def same_weights(mine, theirs) -> None:
+    for component in COMPONENTS:
+        a = getattr(mine, component).state_dict()
+        b = getattr(theirs, component).state_dict()
+        assert set(a) == set(b), component
+        assert all(torch.equal(v, b[k]) for k, v in a.items()), component
+
+
+def test_original_layout_maps_both_ways_with_identical_weights():
+    transformer = build_tiny_zimage_pipeline().transformer
+    state = transformer.state_dict()
+
+    original = split.zimage_to_original(state)
+
+    assert "layers.0.attention.qkv.weight" in original
+    assert "final_layer.adaLN_modulation.1.weight" in original
+    assert "x_embedder.weight" in original and "layers.1.attention.out.weight" in original
+    assert "noise_refiner.0.attention.q_norm.weight" in original
+    assert not any("to_q" in k or "all_" in k for k in original)
+    expected = {k: tuple(v.shape) for k, v in state.items()}
+    back = split.zimage_to_diffusers(original, expected)
+    assert set(back) == set(state)
+    assert all(torch.equal(v, state[k]) for k, v in back.items())
+
+
+def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
+    pipeline = build_tiny_zimage_pipeline()
+    written = models.save_zimage_split_files(pipeline, tmp_path / "models")
+
+    model = models.load_model(str(written["transformer"]))  # companions found beside it
+
+    assert (model.format, model.architecture, model.prediction_type) == (
+        "split_files",
+        "zimage",
+        "flow",
+    )
+    assert model.detected_because.startswith("Z-Image: a single-stream transformer")
+    assert "2 main and 1+1 refiner blocks, 64 wide" in model.detected_because
+    same_weights(pipeline, model.pipeline)
+    # The config read from the shapes must run the weights the same way (to float rounding:
+    # weights read in place from the file sit at other addresses, and the matrix kernels pick
+    # their path by alignment; a wrong head count or rotary split is off by far more).
+    x = [torch.randn(16, 1, 4, 4)]
+    caption = [torch.randn(5, pipeline.transformer.config.cap_feat_dim)]
+    t = torch.tensor([0.3])
+    ids = pipeline.tokenizer("a red cat", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.pipeline.transformer(x, t, caption).sample[0],
+            pipeline.transformer(x, t, caption).sample[0],
+            rtol=0,
+            atol=1e-5,
+        )
+        torch.testing.assert_close(
+            model.pipeline.text_encoder(ids).last_hidden_state,
+            pipeline.text_encoder(ids).last_hidden_state,
+            rtol=0,
+            atol=1e-5,
+        )
+
+
+def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
+    pipeline = build_tiny_zimage_pipeline()
+    written = models.save_zimage_split_files(pipeline, tmp_path / "models")
+    lone = tmp_path / "elsewhere" / "z_image.safetensors"
+    lone.parent.mkdir()
+    written["transformer"].rename(lone)
+
+    model = models.load_model(
+        str(lone), text_encoders=[str(written["text_encoder"])], vae=str(written["vae"])
+    )
+
+    same_weights(pipeline, model.pipeline)
+
+
+def test_a_missing_companion_is_named_in_one_sentence(tmp_path):
+    written = models.save_zimage_split_files(build_tiny_zimage_pipeline(), tmp_path / "models")
+    written["text_encoder"].unlink()
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]))
+
+    message = str(caught.value)
+    assert str(written["transformer"]) in message
+    assert "needs its Qwen3 text encoder (qwen_3_4b)" in message
+    assert "--text-encoder PATH" in message and "--vae" not in message
+    assert "text_encoders" in message
+    assert message.count(". ") == 0 and message.endswith(".")
+
+
+def test_a_t5_given_as_its_text_encoder_is_refused(tmp_path):
+    written = models.save_zimage_split_files(build_tiny_zimage_pipeline(), tmp_path / "models")
+    t5 = tmp_path / "t5xxl.safetensors"
+    write_safetensors(t5, build_tiny_flux_pipeline().text_encoder_2.state_dict())
+
+    with pytest.raises(UnsupportedModelError, match="not a Qwen3 text encoder"):
+        models.load_model(str(written["transformer"]), text_encoders=[str(t5)])
+
+
+def test_absurd_block_count_is_refused_before_anything_is_built(tmp_path):
+    state = split.zimage_to_original(build_tiny_zimage_pipeline().transformer.state_dict())
+    state["layers.100000.attention.qkv.weight"] = state["layers.0.attention.qkv.weight"]
+    hostile = tmp_path / "diffusion_models" / "z.safetensors"
+    hostile.parent.mkdir()
+    write_safetensors(hostile, {k: v.contiguous() for k, v in state.items()})
+
+    with pytest.raises(HalfSafeError) as caught:
+        models.load_model(str(hostile))
+
+    assert "number of blocks (100001) is outside 1 to 128" in str(caught.value)
