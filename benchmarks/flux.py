@@ -1,15 +1,16 @@
-"""Flux.1, Chroma and SD3.5 on the CPU at tiny size: the health check after load next to one 20-step
-generation (the plain diffusers pipeline, same size, same plan), for the Flux.1 dev (guidance
-embedding) and schnell shapes, Chroma (T5 only, real CFG) and the SD3.5 shape (MMDiT, CFG
-batch).
+"""Flux.1, Chroma, SD3.5, Z-Image and Qwen-Image on the CPU at tiny size: the health check after
+load next to one 20-step generation (the plain diffusers pipeline, same size, same plan), for the
+Flux.1 dev (guidance embedding) and schnell shapes, Chroma (T5 only, real CFG), the SD3.5 shape
+(MMDiT, CFG batch), Z-Image (Qwen3, single stream; generated as Turbo runs, without CFG) and
+Qwen-Image (Qwen2.5-VL, MMDiT, real CFG).
 
 The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
-`demo.build_tiny_sd3_pipeline`): the ratio says how the check's stages (text encoders once,
+`demo.build_tiny_sd3_pipeline`, `demo.build_tiny_zimage_pipeline`, ...): the ratio says how the check's stages (text encoders once,
 3 transformer steps, one VAE decode) compare with a generation's 20 steps; absolute times at
 this size are dominated by per-call overheads.
 
 Usage: python benchmarks/flux.py [--sizes 64,128] [--repeats 3]
-       [--models flux-dev,flux-schnell,chroma,sd3.5] [--json FILE]
+       [--models flux-dev,flux-schnell,chroma,sd3.5,zimage,qwenimage] [--json FILE]
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def bench(shape: str, size: int, repeats: int) -> dict:
     from app.core.demo import (
         build_tiny_chroma_pipeline,
         build_tiny_flux_pipeline,
+        build_tiny_qwenimage_pipeline,
         build_tiny_sd3_pipeline,
+        build_tiny_zimage_pipeline,
     )
     from app.core.models import LoadedModel
     from app.core.precision import PlacedPipeline, backend_flags
@@ -38,6 +41,10 @@ def bench(shape: str, size: int, repeats: int) -> dict:
         pipeline = build_tiny_sd3_pipeline()
     elif shape == "chroma":
         pipeline = build_tiny_chroma_pipeline()
+    elif shape == "zimage":
+        pipeline = build_tiny_zimage_pipeline()
+    elif shape == "qwenimage":
+        pipeline = build_tiny_qwenimage_pipeline()
     else:
         pipeline = build_tiny_flux_pipeline(guidance=shape == "flux-dev")
     model = LoadedModel(
@@ -73,7 +80,12 @@ def bench(shape: str, size: int, repeats: int) -> dict:
                 num_inference_steps=20,
                 height=size,
                 width=size,
-                guidance_scale={"sd3.5": 4.5, "chroma": 5.0}.get(shape, 3.5),
+                **{
+                    "sd3.5": {"guidance_scale": 4.5},
+                    "chroma": {"guidance_scale": 5.0},
+                    "zimage": {"guidance_scale": 0.0},  # Turbo: no CFG
+                    "qwenimage": {"true_cfg_scale": 4.0, "negative_prompt": " "},
+                }.get(shape, {"guidance_scale": 3.5}),
                 generator=torch.Generator().manual_seed(0),
             )
 
@@ -86,6 +98,8 @@ def bench(shape: str, size: int, repeats: int) -> dict:
             "flux-dev": "tiny Flux.1 dev",
             "flux-schnell": "tiny Flux.1 schnell",
             "chroma": "tiny Chroma",
+            "zimage": "tiny Z-Image",
+            "qwenimage": "tiny Qwen-Image",
         }.get(shape, "tiny SD3.5"),
         "size": size,
         "check_s": round(c, 3),
@@ -99,7 +113,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64,128")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--models", default="flux-dev,flux-schnell,chroma,sd3.5")
+    parser.add_argument(
+        "--models", default="flux-dev,flux-schnell,chroma,sd3.5,zimage,qwenimage"
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = [

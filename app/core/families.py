@@ -725,6 +725,16 @@ class QwenImageFamily(_ShiftedSigmas, Family):
     def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
         return {"text_encoder": _hidden(tensors)}
 
+    def pipeline_embeds(self, embeds: dict[str, Any], batch: int) -> dict[str, Any]:
+        # QwenImagePipeline keeps its latents in the embeddings' dtype: fp32 keeps the sampler's
+        # latents in fp32 whatever the text encoder ran in (the transformer casts its inputs).
+        import torch
+
+        repeated = super().pipeline_embeds(embeds, batch)
+        return {
+            k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()
+        }
+
     def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
         """Flow-matching Euler steps through `timesteps`, each a call on the prompt and one
         on the empty negative prompt combined by CFG and rescaled to the prompt's norm, as
