@@ -129,3 +129,24 @@ def test_absurd_block_count_is_refused_before_anything_is_built(tmp_path):
         models.load_model(str(hostile))
 
     assert "number of blocks (100001) is outside 1 to 128" in str(caught.value)
+
+
+def test_cli_check_of_a_split_file_missing_its_vae_is_exit_2_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    written = models.save_zimage_split_files(build_tiny_zimage_pipeline(), tmp_path / "models")
+    written["vae"].unlink()
+
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "check", str(written["transformer"]), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "needs its 16-channel VAE (Flux's ae)" in lines[0]
+    assert "--vae PATH" in lines[0] and "--text-encoder" not in lines[0]
