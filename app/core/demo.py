@@ -528,18 +528,24 @@ def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
 
 def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
     """A Qwen2.5-VL-shaped model (Qwen-Image's text encoder) with a tiny vision tower, the real
-    vocabulary size and multimodal rotary sections (as the 7B has, in proportion)."""
+    vocabulary size, Qwen2.5-VL-7B's rotary base and norms and multimodal rotary sections in
+    its proportions. At `hidden` 128 its one head is 128 wide, as the real ones are (what a
+    split file's config is read with); narrower, it has 4 heads."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    half = hidden // 8  # half a head's width, split 2:3:3 as the 7B's 16:24:24
+    from app.core.split import QWEN25_VL_FIXED, QWEN25_VL_HEAD
+
+    heads = 1 if hidden == QWEN25_VL_HEAD else 4
+    half = hidden // heads // 2  # half a head's width, split 2:3:3 as the 7B's 16:24:24
     config = Qwen2_5_VLConfig(
         text_config={
+            **QWEN25_VL_FIXED,
             "vocab_size": QWEN_VOCAB,
             "hidden_size": hidden,
             "intermediate_size": hidden * 2,
             "num_hidden_layers": layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
+            "num_attention_heads": heads,
+            "num_key_value_heads": 1 if heads == 1 else 2,
             "max_position_embeddings": 1024,
             "rope_scaling": {
                 "type": "mrope",
@@ -549,7 +555,7 @@ def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
         },
         vision_config={
             "depth": 1,
-            "hidden_size": 16,
+            "hidden_size": 160,  # two 80-wide heads, as the 7B's vision heads are wide
             "intermediate_size": 32,
             "num_heads": 2,
             "out_hidden_size": hidden,
@@ -557,7 +563,7 @@ def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
             "window_size": 112,
-            "fullatt_block_indexes": [0],
+            "fullatt_block_indexes": [7, 15, 23, 31],
         },
         tie_word_embeddings=False,
     )
@@ -613,9 +619,9 @@ def tiny_qwenimage_vae(seed: int):
     ).eval()
 
 
-def build_tiny_qwenimage_pipeline(seed: int = 0):
-    """A tiny Qwen-Image-shaped pipeline: a Qwen2.5-VL-shaped text encoder, a two-block MMDiT
-    on 2x2 patches of a 16-channel latent, Qwen-Image's 3D VAE."""
+def build_tiny_qwenimage_pipeline(seed: int = 0, text_width: int = 64):
+    """A tiny Qwen-Image-shaped pipeline: a Qwen2.5-VL-shaped text encoder `text_width` wide,
+    a two-block MMDiT on 2x2 patches of a 16-channel latent, Qwen-Image's 3D VAE."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         QwenImagePipeline,
@@ -630,13 +636,13 @@ def build_tiny_qwenimage_pipeline(seed: int = 0):
         num_layers=2,
         attention_head_dim=32,
         num_attention_heads=2,
-        joint_attention_dim=64,  # the text encoder's width
+        joint_attention_dim=text_width,
         axes_dims_rope=(8, 12, 12),  # Qwen-Image's proportions (16, 56, 56 of 128)
     ).eval()
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**QWENIMAGE_SCHEDULER_CONFIG),
         vae=tiny_qwenimage_vae(seed + 1),
-        text_encoder=tiny_qwen25_vl(seed + 2),
+        text_encoder=tiny_qwen25_vl(seed + 2, hidden=text_width),
         tokenizer=qwen2_tokenizer(),
         transformer=transformer,
     )

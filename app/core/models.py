@@ -354,6 +354,13 @@ def _load_single_file(
             )
         finally:
             checkpoint.close()
+    if split.qwenimage_prefix(checkpoint.shapes) is not None:
+        try:
+            return _load_split_qwenimage(
+                path, checkpoint, source, vae, text_encoders or [], progress, cancel
+            )
+        finally:
+            checkpoint.close()
     if text_encoders:
         checkpoint.close()
         raise UnsupportedModelError(
@@ -1186,6 +1193,153 @@ def _load_qwen3_file(path: Path):
     return _assign(path, model, tensors, "Qwen3 text encoder"), dtypes
 
 
+def _load_split_qwenimage(
+    path: Path,
+    checkpoint: Checkpoint,
+    source: str,
+    vae: str | None,
+    text_encoders: list[str],
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> LoadedModel:
+    """A Qwen-Image transformer file with its Qwen2.5-VL text encoder and Wan-layout VAE
+    companions (see `split.py`): every header is read and every companion found before a
+    tensor is read."""
+    import diffusers
+
+    from app.core.demo import QWENIMAGE_SCHEDULER_CONFIG, qwen2_tokenizer
+
+    prefix = split.qwenimage_prefix(checkpoint.shapes) or ""
+    try:
+        config = split.qwenimage_transformer_config(checkpoint.shapes, prefix)
+    except ValueError as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen-Image-style transformer is not one HalfSafe can build: {error}."
+        ) from None
+    architecture, because = split.describe_qwenimage(config, prefix)
+    latent = config["in_channels"] // 4
+    companions = split.find_qwen25_vl_companions(
+        path, text_encoders, vae, config["joint_attention_dim"], latent
+    )
+    missing = split.missing_llm_sentence(
+        companions,
+        path,
+        "Qwen-Image",
+        "its Qwen2.5-VL text encoder (qwen_2.5_vl_7b)",
+        "its VAE (qwen_image_vae)",
+    )
+    if missing is not None:
+        raise UnsupportedModelError(path, missing)
+    assert companions.text_encoder and companions.vae
+    parts = [path, companions.text_encoder, companions.vae]
+    identity = _Identity(architecture, "flow", parts, parts)
+    hasher = _Hasher(path)
+    used: list[str] = []
+    try:
+        with one_torch_thread():
+            progress("Loading the transformer", 0, 4)
+            keys = [k for k in checkpoint.shapes if k.startswith(prefix)]
+            tensors = {k[len(prefix) :]: checkpoint.get(k) for k in keys}
+            used += [checkpoint.dtypes[k] for k in keys]
+            transformer = _empty(diffusers.QwenImageTransformer2DModel.from_config, config)
+            transformer = _assign(path, transformer, tensors, "transformer")
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+
+            progress("Loading the text encoder", 1, 4)
+            text_encoder, encoder_dtypes = _load_qwen25_vl_file(companions.text_encoder)
+            used += encoder_dtypes
+            if cancel is not None:
+                cancel.raise_if_cancelled()
+
+            progress("Loading the VAE", 2, 4)
+            vae_model, vae_dtypes = _load_wan_vae_file(companions.vae)
+            if vae_model.config.z_dim != latent:
+                raise UnsupportedModelError(
+                    companions.vae,
+                    f"the VAE makes {vae_model.config.z_dim}-channel latents but the "
+                    f"transformer works on {latent}.",
+                )
+            used += vae_dtypes
+            pipeline = diffusers.QwenImagePipeline(
+                scheduler=diffusers.FlowMatchEulerDiscreteScheduler(**QWENIMAGE_SCHEDULER_CONFIG),
+                vae=vae_model,
+                text_encoder=text_encoder,
+                tokenizer=qwen2_tokenizer(),
+                transformer=transformer,
+            )
+        progress("Scanning the weights", 3, 4)
+        weights = scan_weights(
+            pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
+        )
+        short_hash = hasher.result(progress, cancel)
+    except BaseException:
+        hasher.stop()
+        raise
+    return LoadedModel(
+        pipeline=pipeline,
+        source=source,
+        name=path.stem,
+        format="split_files",
+        architecture=architecture,
+        prediction_type="flow",
+        native_size=1328,
+        stored_dtype=stored_dtype(used),
+        model_hash=short_hash,
+        profile_key=identity.profile_key(weights),
+        weights=weights,
+        detected_because=because,
+    )
+
+
+def _load_qwen25_vl_file(path: Path):
+    """A Qwen2.5-VL file as ComfyUI keeps it (qwen_2.5_vl_7b.safetensors: model.*, visual.*,
+    lm_head), read as a Qwen2_5_VLForConditionalGeneration."""
+    import transformers
+
+    with Checkpoint(path) as checkpoint:
+        try:
+            config = split.qwen25_vl_config(checkpoint.shapes)
+        except (KeyError, ValueError) as error:
+            raise UnsupportedModelError(
+                path, f"this Qwen2.5-VL text encoder cannot be built: {error}."
+            ) from None
+        tensors = {}
+        for key in checkpoint.shapes:
+            name = split.qwen25_vl_to_transformers(key)
+            tensors[name if name is not None else key] = checkpoint.get(key)
+        dtypes = list(checkpoint.dtypes.values())
+    model = _empty(
+        transformers.Qwen2_5_VLForConditionalGeneration, transformers.Qwen2_5_VLConfig(**config)
+    )
+    return _assign(path, model, tensors, "Qwen2.5-VL text encoder"), dtypes
+
+
+def _load_wan_vae_file(path: Path):
+    """Qwen-Image's VAE file in the Wan 2.1 layout (qwen_image_vae.safetensors)."""
+    import diffusers
+
+    with Checkpoint(path) as checkpoint:
+        try:
+            config = split.wan_vae_config(checkpoint.shapes)
+        except (KeyError, ValueError) as error:
+            raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
+        model = _empty(diffusers.AutoencoderKLQwenImage.from_config, config)
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        try:
+            state = split.wan_vae_to_diffusers(
+                {k: checkpoint.get(k) for k in checkpoint.shapes},
+                expected,
+                config["num_res_blocks"],
+            )
+        except KeyError as error:
+            raise BadFileError(
+                path, f"the VAE is incomplete: {error.args[0]} is missing."
+            ) from None
+        dtypes = list(checkpoint.dtypes.values())
+    return _assign(path, model, state, "VAE"), dtypes
+
+
 def _load_clip_file(path: Path):
     """A CLIP text encoder file in transformers' layout (ComfyUI's clip_l.safetensors)."""
     import transformers
@@ -1504,6 +1658,34 @@ def save_zimage_split_files(
         file.parent.mkdir(parents=True, exist_ok=True)
         state = {k: v.contiguous() for k, v in tensors[component].items()}
         write_safetensors(file, {k.removeprefix(arch.VAE): v for k, v in state.items()})
+    return written
+
+
+def save_qwenimage_split_files(
+    pipeline, root: str | Path, name: str = "qwen_image"
+) -> dict[str, Path]:
+    """Write a Qwen-Image pipeline as ComfyUI keeps it under `root`: the transformer (its
+    diffusers names) in diffusion_models/, the Qwen2.5-VL text encoder under the names its
+    files use (model.*, visual.*, lm_head) as text_encoders/qwen_2.5_vl_7b.safetensors, and the
+    VAE in the Wan 2.1 layout as vae/qwen_image_vae.safetensors."""
+    root = Path(root)
+    written = {
+        "transformer": root / "diffusion_models" / f"{name}.safetensors",
+        "text_encoder": root / "text_encoders" / "qwen_2.5_vl_7b.safetensors",
+        "vae": root / "vae" / "qwen_image_vae.safetensors",
+    }
+    tensors = {
+        "transformer": pipeline.transformer.state_dict(),
+        "text_encoder": {
+            split.qwen25_vl_to_file(k): v for k, v in pipeline.text_encoder.state_dict().items()
+        },
+        "vae": split.wan_vae_to_original(
+            pipeline.vae.state_dict(), pipeline.vae.config.num_res_blocks
+        ),
+    }
+    for component, file in written.items():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        write_safetensors(file, {k: v.contiguous() for k, v in tensors[component].items()})
     return written
 
 

@@ -630,3 +630,294 @@ def missing_llm_sentence(
         f"{'is' if len(missing) == 1 else 'are'} neither given ({' and '.join(flags)}) nor "
         f"found in {places}."
     )
+
+
+# Qwen-Image (ComfyUI: diffusion_models/qwen_image_*.safetensors, text_encoders/
+# qwen_2.5_vl_7b.safetensors, vae/qwen_image_vae.safetensors) --------------------------------
+
+QWENIMAGE_PREFIXES = ("model.diffusion_model.", "")  # the file keeps diffusers' own names
+# Qwen2.5-VL-7B's settings that no tensor records. The vision tower is read (its weights are in
+# the file) but never run for text-to-image; its heads are 80 wide.
+QWEN25_VL_FIXED: dict[str, Any] = {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
+QWEN25_VL_POSITIONS = 128000
+QWEN25_VL_HEAD = 128  # the language model's heads (3B to 72B alike; 28 in the 7B)
+QWEN25_VL_VISION_HEAD = 80
+QWEN25_VL_FULL_ATTENTION = [7, 15, 23, 31]
+# The file's names (transformers before the language model moved under model.language_model)
+# -> transformers' current names.
+_QWEN25_VL_RENAMES = (("model.", "model.language_model."), ("visual.", "model.visual."))
+
+
+def qwenimage_prefix(shapes: Shapes) -> str | None:
+    """The key prefix of a Qwen-Image transformer file, or None."""
+    for prefix in QWENIMAGE_PREFIXES:
+        if (
+            prefix + "transformer_blocks.0.img_mod.1.weight" in shapes
+            and prefix + "txt_norm.weight" in shapes
+            and prefix + "img_in.weight" in shapes
+        ):
+            return prefix
+    return None
+
+
+def qwenimage_transformer_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
+    """A QwenImageTransformer2DModel config from a file's shapes. Raises ValueError naming
+    what does not fit."""
+
+    def w(name: str) -> tuple[int, ...]:
+        shape = shapes.get(prefix + name)
+        if shape is None or not shape:
+            raise ValueError(f"it has no {name}")
+        return shape
+
+    inner, in_channels = w("img_in.weight")
+    head = w("transformer_blocks.0.attn.norm_q.weight")[0]
+    if inner % head or head % 16 or in_channels % 4:
+        raise ValueError(f"its blocks ({inner} wide, {head}-wide heads) are not Qwen-Image's")
+    layers = arch._count_indices(shapes, prefix + "transformer_blocks.")
+    _bounded(
+        ("number of blocks", layers, limits.MAX_TRANSFORMER_DEPTH),
+        ("width", inner, limits.MAX_WIDTH),
+        ("number of attention heads", inner // head, limits.MAX_HEADS),
+        ("number of latent channels", in_channels // 4, limits.MAX_IMAGE_CHANNELS),
+    )
+    return {
+        "_class_name": "QwenImageTransformer2DModel",
+        "patch_size": 2,
+        "in_channels": in_channels,
+        "out_channels": w("proj_out.weight")[0] // 4,
+        "num_layers": layers,
+        "attention_head_dim": head,
+        "num_attention_heads": inner // head,
+        "joint_attention_dim": w("txt_norm.weight")[0],
+        "guidance_embeds": False,
+        # Rotary axes (frame, height, width) in Qwen-Image's proportions: 16, 56, 56 of 128.
+        "axes_dims_rope": [head // 8, 7 * head // 16, 7 * head // 16],
+    }
+
+
+def describe_qwenimage(config: Mapping[str, Any], prefix: str) -> tuple[str, str]:
+    """(architecture, the "why" sentence) for a Qwen-Image transformer file."""
+    width = config["num_attention_heads"] * config["attention_head_dim"]
+    return (
+        "qwenimage",
+        f"Qwen-Image: an MMDiT transformer file in diffusers' names ({prefix}transformer_blocks "
+        f"with img_mod, txt_norm) with {config['num_layers']} blocks, {width} wide, on "
+        f"{config['in_channels'] // 4}-channel latents in 2x2 patches, reading "
+        f"{config['joint_attention_dim']}-wide Qwen2.5-VL hidden states; flow matching with "
+        "real CFG.",
+    )
+
+
+def is_qwen25_vl(shapes: Shapes) -> bool:
+    """A Qwen2.5-VL file in the layout its text encoder files use (model.*, visual.*)."""
+    return "model.embed_tokens.weight" in shapes and "visual.merger.mlp.2.weight" in shapes
+
+
+def qwen25_vl_to_transformers(name: str) -> str | None:
+    """A Qwen2.5-VL file's key -> Qwen2_5_VLForConditionalGeneration's (None: not a weight
+    of it)."""
+    if name == "lm_head.weight":
+        return name
+    for old, new in _QWEN25_VL_RENAMES:
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return None
+
+
+def qwen25_vl_to_file(name: str) -> str:
+    """The inverse of `qwen25_vl_to_transformers`."""
+    for old, new in _QWEN25_VL_RENAMES:
+        if name.startswith(new):
+            return old + name[len(new) :]
+    return name
+
+
+def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
+    """A Qwen2_5_VLConfig (as keyword arguments) from a Qwen2.5-VL file's shapes, the rest as
+    Qwen2.5-VL-7B has it. Raises ValueError naming what does not fit."""
+    vocab, width = shapes["model.embed_tokens.weight"]
+    queries = shapes["model.layers.0.self_attn.q_proj.weight"][0]
+    keys = shapes["model.layers.0.self_attn.k_proj.weight"][0]
+    head = QWEN25_VL_HEAD
+    if queries % head or keys % head:
+        raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
+    layers = arch._count_indices(shapes, "model.layers.")
+    vision = shapes["visual.patch_embed.proj.weight"][0]
+    depth = arch._count_indices(shapes, "visual.blocks.")
+    _bounded(
+        ("number of layers", layers, limits.MAX_TEXT_LAYERS),
+        ("vocabulary size", vocab, limits.MAX_VOCAB),
+        ("width", width, limits.MAX_WIDTH),
+        ("number of attention heads", queries // head, limits.MAX_HEADS),
+        ("number of vision blocks", depth, limits.MAX_TEXT_LAYERS),
+        ("vision width", vision, limits.MAX_WIDTH),
+    )
+    half = head // 2  # rotary sections (time, height, width) as the 7B's 16, 24, 24 of 64
+    return {
+        "text_config": {
+            **QWEN25_VL_FIXED,
+            "vocab_size": vocab,
+            "hidden_size": width,
+            "intermediate_size": shapes["model.layers.0.mlp.gate_proj.weight"][0],
+            "num_hidden_layers": layers,
+            "num_attention_heads": queries // head,
+            "num_key_value_heads": keys // head,
+            "max_position_embeddings": QWEN25_VL_POSITIONS,
+            "rope_scaling": {
+                "type": "mrope",
+                "mrope_section": [half // 4, half * 3 // 8, half * 3 // 8],
+            },
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "depth": depth,
+            "hidden_size": vision,
+            "intermediate_size": shapes["visual.blocks.0.mlp.gate_proj.weight"][0],
+            "num_heads": max(1, vision // QWEN25_VL_VISION_HEAD),
+            "out_hidden_size": shapes["visual.merger.mlp.2.weight"][0],
+            "fullatt_block_indexes": QWEN25_VL_FULL_ATTENTION,
+        },
+        "tie_word_embeddings": False,
+    }
+
+
+# Qwen-Image's VAE in its original (Wan 2.1) layout: flat encoder.downsamples and
+# decoder.upsamples lists of residual blocks (residual.0/2/3/6, shortcut) and resamples,
+# middle.0-2, head.0/2, conv1/conv2 around the latent.
+_WAN_RESIDUAL = (
+    ("residual.0.", "norm1."),
+    ("residual.2.", "conv1."),
+    ("residual.3.", "norm2."),
+    ("residual.6.", "conv2."),
+    ("shortcut.", "conv_shortcut."),
+)
+_WAN_FIXED = (
+    ("encoder.conv1.", "encoder.conv_in."),
+    ("decoder.conv1.", "decoder.conv_in."),
+    ("encoder.head.0.", "encoder.norm_out."),
+    ("encoder.head.2.", "encoder.conv_out."),
+    ("decoder.head.0.", "decoder.norm_out."),
+    ("decoder.head.2.", "decoder.conv_out."),
+    ("encoder.middle.0.", "encoder.mid_block.resnets.0."),
+    ("encoder.middle.1.", "encoder.mid_block.attentions.0."),
+    ("encoder.middle.2.", "encoder.mid_block.resnets.1."),
+    ("decoder.middle.0.", "decoder.mid_block.resnets.0."),
+    ("decoder.middle.1.", "decoder.mid_block.attentions.0."),
+    ("decoder.middle.2.", "decoder.mid_block.resnets.1."),
+    ("conv1.", "quant_conv."),
+    ("conv2.", "post_quant_conv."),
+)
+
+
+def is_wan_vae(shapes: Shapes) -> bool:
+    """A VAE in the Wan 2.1 layout Qwen-Image's VAE file keeps."""
+    return "decoder.middle.0.residual.0.gamma" in shapes and "conv2.weight" in shapes
+
+
+def _wan_residual(rest: str) -> str:
+    for original, renamed in _WAN_RESIDUAL:
+        if rest.startswith(renamed):
+            return original + rest[len(renamed) :]
+    return rest
+
+
+def _wan_name(key: str, per_level: int) -> str:
+    """A diffusers AutoencoderKLQwenImage key -> its Wan-layout name; `per_level` is the
+    decoder's residual blocks per level (num_res_blocks + 1)."""
+    for original, renamed in _WAN_FIXED:
+        if key.startswith(renamed):
+            rest = key[len(renamed) :]
+            return original + (_wan_residual(rest) if "resnets" in renamed else rest)
+    parts = key.split(".")
+    if key.startswith("encoder.down_blocks."):
+        return f"encoder.downsamples.{parts[2]}." + _wan_residual(".".join(parts[3:]))
+    if key.startswith("decoder.up_blocks."):
+        level = int(parts[2])
+        if parts[3] == "upsamplers":
+            return f"decoder.upsamples.{level * (per_level + 1) + per_level}." + ".".join(parts[5:])
+        index = level * (per_level + 1) + int(parts[4])
+        return f"decoder.upsamples.{index}." + _wan_residual(".".join(parts[5:]))
+    return key
+
+
+def wan_vae_config(shapes: Shapes) -> dict[str, Any]:
+    """An AutoencoderKLQwenImage config from a Wan-layout VAE file's shapes. Raises
+    ValueError naming what does not fit."""
+    encoder = arch._count_indices(shapes, "encoder.downsamples.")
+    decoder = arch._count_indices(shapes, "decoder.upsamples.")
+    levels = decoder - encoder
+    if levels < 1 or (encoder + 1) % levels:
+        raise ValueError(f"its {encoder} encoder and {decoder} decoder stages do not form levels")
+    blocks = (encoder + 1) // levels - 1
+    _bounded(
+        ("number of levels", levels, limits.MAX_LEVELS),
+        ("number of blocks per level", blocks, limits.MAX_LAYERS_PER_BLOCK),
+    )
+    base = shapes["encoder.conv1.weight"][0]
+    mult = []
+    for level in range(levels):
+        width = shapes[f"encoder.downsamples.{level * (blocks + 1)}.residual.6.weight"][0]
+        if not base or width % base:
+            raise ValueError(f"its level {level} ({width} wide) is not a multiple of {base}")
+        mult.append(width // base)
+    temporal = [
+        f"encoder.downsamples.{level * (blocks + 1) + blocks}.time_conv.weight" in shapes
+        for level in range(levels - 1)
+    ]
+    _bounded(("width", base * max(mult), limits.MAX_CHANNELS))
+    return {
+        "base_dim": base,
+        "z_dim": shapes["conv2.weight"][0],
+        "dim_mult": mult,
+        "num_res_blocks": blocks,
+        "attn_scales": [],
+        "temperal_downsample": temporal,
+    }
+
+
+def wan_vae_to_diffusers(
+    tensors: Mapping[str, Any], expected: Shapes, blocks: int
+) -> dict[str, Any]:
+    """Wan-layout VAE tensors -> diffusers names. Raises KeyError for a missing key."""
+    return {key: tensors[_wan_name(key, blocks + 1)] for key in expected}
+
+
+def wan_vae_to_original(state: Mapping[str, Any], blocks: int) -> dict[str, Any]:
+    """An AutoencoderKLQwenImage state dict under its Wan-layout names (what
+    vae/qwen_image_vae.safetensors holds)."""
+    return {_wan_name(key, blocks + 1): tensor for key, tensor in state.items()}
+
+
+def find_qwen25_vl_companions(
+    model: Path, text_encoders: list[str], vae: str | None, width: int, latent_channels: int
+) -> LLMCompanions:
+    """The Qwen2.5-VL text encoder and the Wan-layout VAE of a Qwen-Image transformer file:
+    the files given (a given text encoder must be a Qwen2.5-VL one), else the sibling folders
+    by contents (a Qwen2.5-VL as wide as the transformer reads, a VAE whose latents fit)."""
+    encoder = None
+    for given in text_encoders:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise BadFileError(path, "the text encoder does not exist (no such file).")
+        if path.suffix.lower() != ".safetensors":
+            raise UnsupportedModelError(path, "split text encoders are read from .safetensors.")
+        if not is_qwen25_vl(read_safetensors_header(path).shapes()):
+            raise UnsupportedModelError(
+                path, "this is not a Qwen2.5-VL text encoder (Qwen-Image reads one)."
+            )
+        encoder = path
+    folders = _siblings(model, TEXT_ENCODER_FOLDERS)
+    if encoder is None:
+        for path, shapes in _headers(_files(folders)):
+            if is_qwen25_vl(shapes) and shapes["model.embed_tokens.weight"][1] == width:
+                encoder = path
+                break
+    vae_folders = _siblings(model, VAE_FOLDERS)
+    vae_path = Path(vae).expanduser() if vae is not None else None
+    if vae_path is None:
+        for path, shapes in _headers(_files(vae_folders)):
+            if is_wan_vae(shapes) and shapes["conv2.weight"][0] == latent_channels:
+                vae_path = path
+                break
+    return LLMCompanions(encoder, vae_path, tuple(folders + vae_folders))

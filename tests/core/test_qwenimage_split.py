@@ -1,0 +1,124 @@
+"""Qwen-Image as ComfyUI users keep it: the transformer in diffusion_models/ (diffusers' own
+names), the Qwen2.5-VL text encoder as text_encoders/qwen_2.5_vl_7b.safetensors (model.*,
+visual.*, lm_head) and the VAE in the Wan 2.1 layout as vae/qwen_image_vae.safetensors. Loaded
+offline with identical weights and outputs, companions given by flag or found beside it, a
+missing one named in one sentence.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.core import models, split
+from app.core.demo import build_tiny_qwenimage_pipeline, tiny_qwenimage_vae
+from app.core.errors import UnsupportedModelError
+from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+
+COMPONENTS = ("text_encoder", "transformer", "vae")
+
+
+def tiny():
+    # Qwen2.5-VL's heads are 128 wide (the file does not record them): a one-head encoder.
+    return build_tiny_qwenimage_pipeline(text_width=128)
+
+
+def same_weights(mine, theirs) -> None:
+    for component in COMPONENTS:
+        a = getattr(mine, component).state_dict()
+        b = getattr(theirs, component).state_dict()
+        assert set(a) == set(b), component
+        assert all(torch.equal(v, b[k]) for k, v in a.items()), component
+
+
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_wan_layout_vae_maps_both_ways_with_identical_weights(blocks):
+    from diffusers import AutoencoderKLQwenImage
+
+    vae = AutoencoderKLQwenImage(
+        base_dim=16, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=blocks
+    ).eval()
+    state = vae.state_dict()
+
+    original = split.wan_vae_to_original(state, blocks)
+
+    # The layout diffusers' Wan converter reads (2 blocks: decoder stages 0-2, 3 upsamples).
+    assert "decoder.middle.0.residual.0.gamma" in original and "conv2.weight" in original
+    assert "encoder.head.2.weight" in original and "decoder.head.0.gamma" in original
+    if blocks == 2:
+        assert "decoder.upsamples.3.resample.1.weight" in original
+        assert "decoder.upsamples.4.shortcut.weight" in original
+        assert "decoder.upsamples.14.residual.6.weight" in original
+    shapes = {k: tuple(v.shape) for k, v in original.items()}
+    config = split.wan_vae_config(shapes)
+    assert (config["num_res_blocks"], config["dim_mult"]) == (blocks, [1, 2, 2, 2])
+    assert config["temperal_downsample"] == [False, True, True]
+    expected = {k: tuple(v.shape) for k, v in state.items()}
+    back = split.wan_vae_to_diffusers(original, expected, blocks)
+    assert set(back) == set(state)
+    assert all(torch.equal(v, state[k]) for k, v in back.items())
+
+
+def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
+    pipeline = tiny()
+    written = models.save_qwenimage_split_files(pipeline, tmp_path / "models")
+    header = models.read_safetensors_header(written["text_encoder"]).shapes()
+    assert "model.layers.0.self_attn.q_proj.weight" in header
+    assert "visual.blocks.0.attn.qkv.weight" in header
+
+    model = models.load_model(str(written["transformer"]))  # companions found beside it
+
+    assert (model.format, model.architecture) == ("split_files", "qwenimage")
+    assert model.detected_because.startswith("Qwen-Image: an MMDiT transformer file")
+    assert "2 blocks, 64 wide, on 16-channel latents" in model.detected_because
+    same_weights(pipeline, model.pipeline)
+    ids = pipeline.tokenizer("a red cat", return_tensors="pt").input_ids
+    z = torch.randn(1, 16, 1, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.pipeline.text_encoder(ids, output_hidden_states=True).hidden_states[-1],
+            pipeline.text_encoder(ids, output_hidden_states=True).hidden_states[-1],
+            rtol=0,
+            atol=1e-5,
+        )
+        torch.testing.assert_close(
+            model.pipeline.vae.decode(z).sample,
+            pipeline.vae.decode(z).sample,
+            rtol=0,
+            atol=1e-5,
+        )
+
+
+def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
+    pipeline = tiny()
+    written = models.save_qwenimage_split_files(pipeline, tmp_path / "models")
+    lone = tmp_path / "elsewhere" / "qwen_image.safetensors"
+    lone.parent.mkdir()
+    written["transformer"].rename(lone)
+
+    model = models.load_model(
+        str(lone), text_encoders=[str(written["text_encoder"])], vae=str(written["vae"])
+    )
+
+    same_weights(pipeline, model.pipeline)
+
+
+def test_a_missing_vae_is_named_in_one_sentence(tmp_path):
+    written = models.save_qwenimage_split_files(tiny(), tmp_path / "models")
+    written["vae"].unlink()
+    # A VAE of another latent width beside it is not taken for it.
+    models.write_safetensors(
+        tmp_path / "models" / "vae" / "other.safetensors",
+        split.wan_vae_to_original(
+            {k: v.contiguous() for k, v in tiny_qwenimage_vae(0).state_dict().items()}, 1
+        )
+        | {"conv2.weight": torch.zeros(8, 8, 1, 1, 1)},
+    )
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]))
+
+    message = str(caught.value)
+    assert "needs its VAE (qwen_image_vae)" in message
+    assert "--vae PATH" in message and "--text-encoder" not in message
+    assert message.count(". ") == 0 and message.endswith(".")
