@@ -1133,10 +1133,11 @@ def _load_split_zimage(
             vae_model, _, vae_dtypes = _load_vae_override(
                 companions.vae, base, 1024, allow_pickle=False, cancel=cancel
             )
-            if vae_model.config.latent_channels != config["in_channels"]:
+            channels = vae_model.config["latent_channels"]
+            if channels != config["in_channels"]:
                 raise UnsupportedModelError(
                     companions.vae,
-                    f"the VAE makes {vae_model.config.latent_channels}-channel latents but the "
+                    f"the VAE makes {channels}-channel latents but the "
                     f"transformer works on {config['in_channels']}.",
                 )
             used += vae_dtypes
