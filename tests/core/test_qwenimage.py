@@ -1,8 +1,8 @@
 """Qwen-Image (a Qwen2.5-VL text encoder, an MMDiT transformer on packed 2x2 patches with real
 CFG, a causal 3D VAE with per-channel latent statistics) on a tiny pipeline built in code: a
 diffusers folder loaded offline, the health check with planted fp16 overflows in the Qwen2.5-VL
-feed-forward, a block and the VAE, and generation with the NaN watch and a repair. Split files
-(ComfyUI's layout) are not supported yet (see README).
+feed-forward, a block and the VAE, and generation with the NaN watch and a repair. Split files as
+ComfyUI keeps them: test_qwenimage_split.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 caption per image in lists, Flux's 16-channel VAE) on a tiny pipeline built in code: a diffusers
 folder loaded offline, the shipped Qwen tokenizer, the health check with planted fp16 overflows
 in the Qwen3 feed-forward, a joint block and the VAE, and generation with the NaN watch and a
-repair. Split files (ComfyUI's layout) are not supported yet (see README).
+repair. Split files as ComfyUI keeps them: test_zimage_split.py.
 """
 
 from __future__ import annotations
