@@ -39,6 +39,7 @@ def loaded(pipeline, key: str):
     return in_memory(pipeline, key, "qwenimage")
 
 
+@pytest.mark.slow  # about 10 s here: saving and loading a 151,669-token embedding
 def test_diffusers_folder_round_trip_offline(tmp_path):
     pipeline = build_tiny_qwenimage_pipeline()
     pipeline.save_pretrained(tmp_path / "qwen-image")
