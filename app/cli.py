@@ -98,6 +98,7 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="a text-encoder file for a split transformer file (Flux.1: clip_l and t5xxl; "
+        "Chroma: t5xxl; SD3.x: clip_l, clip_g and t5xxl; "
         "repeat the flag); by default they are looked for in the sibling text_encoders/ or clip/ "
         "folder",
     )

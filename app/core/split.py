@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,7 +294,7 @@ def _read_chroma(shapes: Shapes, prefix: str) -> SplitModel:
             f"single_blocks) with {config['num_layers']} double and "
             f"{config['num_single_layers']} single blocks, {width} wide, whose modulation comes "
             f"from a small approximator network (distilled_guidance_layer, "
-            f"{config['approximator_layers']} layers) instead of Flux's per-block modulation, "
+            f"{_count(config['approximator_layers'], 'layer')}) instead of Flux's per-block modulation, "
             f"CLIP vector and guidance embedding, taking {config['joint_attention_dim']}-wide T5 "
             "features only; flow matching with real CFG."
         ),
@@ -490,6 +491,10 @@ def _holds(shapes: Shapes, component: str, prefix: str) -> bool:
     if component == "text_encoder_3":
         return prefix + "shared.weight" in shapes
     return prefix + CLIP_PREFIX + "embeddings.token_embedding.weight" in shapes
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _listed(words: list[str]) -> str:
@@ -698,7 +703,10 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
 
 
 def _hinted(need: Need, path: Path) -> bool:
-    return any(h in path.stem.lower() for h in need.hints)
+    """Whether the file's name has a word starting with one of the need's hints ("t5xxl_fp16"
+    says t5, "sd3_vae" says sd3 but not ae)."""
+    stem = path.stem.lower()
+    return any(re.search(rf"(^|[^a-z0-9]){re.escape(h)}", stem) for h in need.hints)
 
 
 def find_companions(

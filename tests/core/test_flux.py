@@ -23,6 +23,7 @@ from app.core.errors import UnsupportedModelError
 from app.core.families import FluxFamily, family_of
 from app.core.precision import PlacedPipeline, resolve_plan
 from app.core.settings import PrecisionSettings
+from tests.core import family_helpers as helpers
 from tests.core.family_helpers import (
     FP16,
     check,
@@ -53,11 +54,7 @@ def loaded(pipeline, key: str):
 
 
 def same_weights(a, b) -> None:
-    for component in COMPONENTS:
-        mine, theirs = getattr(a, component).state_dict(), getattr(b, component).state_dict()
-        assert set(mine) == set(theirs), component
-        for key, tensor in mine.items():
-            assert torch.equal(tensor, theirs[key]), f"{component}.{key}"
+    helpers.same_weights(a, b, COMPONENTS)
 
 
 # --- loading -------------------------------------------------------------------------------
