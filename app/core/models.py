@@ -1077,17 +1077,23 @@ def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: split.Need):
     path = checkpoint.path
     words = need.words.removeprefix("its ")
     shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}
+    layout = arch.TextEncoderLayout(need.component, split.CLIP_PREFIX, "hf")  # a CLIP's
     try:
         if need.kind == "t5":
             config = split.t5_config(shapes)
         else:
-            layout = arch.TextEncoderLayout("text_encoder", split.CLIP_PREFIX, "hf")
             folder, component = need.clip_config.split("/")
             base = _read_json(paths.resource("configs", folder, component, "config.json"))
             config = arch.infer_text_encoder_config(shapes, base, layout)
         limits.check_text_encoder_config(config)
     except (KeyError, ValueError) as error:
         raise UnsupportedModelError(path, f"the {words} cannot be built: {error}.") from None
+    if need.kind == "clip_projected" and split.CLIP_PROJECTION not in shapes:
+        raise UnsupportedModelError(
+            path,
+            f"the {words} has no text projection ({prefix}{split.CLIP_PROJECTION}), which "
+            "its pooled vector goes through.",
+        )
     if need.kind == "t5":
         keys = list(shapes)
         model = _empty(transformers.T5EncoderModel, transformers.T5Config(**config))
