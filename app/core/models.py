@@ -4,7 +4,9 @@ Single files in the original (LDM / A1111 / ComfyUI) layout are assembled here c
 component: the architecture and each component's config come from the file's own tensor
 shapes over the shipped config folder (`resources/configs/<name>`), the keys are mapped to
 diffusers names with diffusers' conversion functions, and the tensors are assigned straight
-from the memory-mapped file in their stored dtype. Nothing reaches the network: the offline
+from the memory-mapped file in their stored dtype. Transformer files (Flux.1, Chroma, SD3.x,
+split or all in one) are mapped by the layout tables of `split.py` and assembled with their
+companions in the same way. Nothing reaches the network: the offline
 switches are set and every diffusers/transformers call is local-only.
 
 torch, diffusers and transformers are imported inside the functions that use them.
@@ -110,8 +112,8 @@ def load_model(
 
     Weights keep their stored dtype and are scanned for NaN/Inf before anything runs.
     `vae` (a VAE file or folder) replaces the model's VAE; with a split transformer file
-    (Flux.1 as ComfyUI keeps it) `vae` and `text_encoders` name its companions, else they are
-    looked for in the sibling folders (see `split.py`). Pickle files are refused with
+    (Flux.1, Chroma, SD3.x as ComfyUI keeps them) `vae` and `text_encoders` name its
+    companions, else they are looked for in the sibling folders (see `split.py`). Pickle files are refused with
     PickleRefusedError unless `allow_pickle`, and then read with PyTorch's weights-only loader.
     Bad input raises BadFileError or UnsupportedModelError with one sentence naming the file;
     on any failure nothing stays loaded. Runs on the calling thread (the file hash is computed
