@@ -1,7 +1,7 @@
 """Flux.1, Chroma and SD3.5 on the CPU at tiny size: the health check after load next to one 20-step
 generation (the plain diffusers pipeline, same size, same plan), for the Flux.1 dev (guidance
-embedding) and schnell shapes, Chroma (T5 only, real CFG) and the SD3.5 shape (MMDiT, CFG
-batch).
+embedding) and schnell shapes, Chroma (T5 only, real CFG) and the SD3.5 shapes (MMDiT, CFG
+batch; `sd3.5-medium`: SD3.5 Medium's second attention in the first block).
 
 The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
 `demo.build_tiny_sd3_pipeline`): the ratio says how the check's stages (text encoders once,
@@ -9,7 +9,7 @@ The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
 this size are dominated by per-call overheads.
 
 Usage: python benchmarks/flux.py [--sizes 64,128] [--repeats 3]
-       [--models flux-dev,flux-schnell,chroma,sd3.5] [--json FILE]
+       [--models flux-dev,flux-schnell,chroma,sd3.5,sd3.5-medium] [--json FILE]
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def bench(shape: str, size: int, repeats: int) -> dict:
     from app.core.precision import PlacedPipeline, backend_flags
     from app.core.settings import PrecisionSettings
 
-    if shape == "sd3.5":
-        pipeline = build_tiny_sd3_pipeline()
+    if shape.startswith("sd3.5"):
+        pipeline = build_tiny_sd3_pipeline(medium=shape == "sd3.5-medium")
     elif shape == "chroma":
         pipeline = build_tiny_chroma_pipeline()
     else:
@@ -45,7 +45,7 @@ def bench(shape: str, size: int, repeats: int) -> dict:
         source="<tiny flux>",
         name="tiny-flux",
         format="demo",
-        architecture={"sd3.5": "sd3"}.get(shape, shape),
+        architecture="sd3" if shape.startswith("sd3.5") else shape,
         prediction_type="flow",
         native_size=size,
         stored_dtype="fp32",
@@ -73,7 +73,11 @@ def bench(shape: str, size: int, repeats: int) -> dict:
                 num_inference_steps=20,
                 height=size,
                 width=size,
-                guidance_scale={"sd3.5": 4.5, "chroma": 5.0}.get(shape, 3.5),
+                guidance_scale=4.5
+                if shape.startswith("sd3.5")
+                else 5.0
+                if shape == "chroma"
+                else 3.5,
                 generator=torch.Generator().manual_seed(0),
             )
 
@@ -86,6 +90,7 @@ def bench(shape: str, size: int, repeats: int) -> dict:
             "flux-dev": "tiny Flux.1 dev",
             "flux-schnell": "tiny Flux.1 schnell",
             "chroma": "tiny Chroma",
+            "sd3.5-medium": "tiny SD3.5 Medium (MMDiT-X)",
         }.get(shape, "tiny SD3.5"),
         "size": size,
         "check_s": round(c, 3),

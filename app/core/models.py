@@ -1015,6 +1015,15 @@ def _load_split(
                     components[tokenizer] = (
                         t5_tokenizer() if need.kind == "t5" else clip_tokenizer(need.pad_token)
                     )
+            if model.pooled_from:
+                widths = [components[c].config.projection_dim for c in model.pooled_from]
+                if sum(widths) != model.config["pooled_projection_dim"]:
+                    raise UnsupportedModelError(
+                        path,
+                        f"its CLIP text encoders' pooled vectors ({' + '.join(map(str, widths))}"
+                        f") are not the {model.config['pooled_projection_dim']} values its "
+                        "transformer takes.",
+                    )
             checkpoint.check_unchanged()
             scheduler_config = _read_json(
                 paths.resource("configs", model.configs, "scheduler", "scheduler_config.json")

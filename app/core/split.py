@@ -84,6 +84,8 @@ class SplitModel:
     pipeline_class: str  # the diffusers pipeline class
     configs: str  # resources/configs folder with its scheduler and VAE configs
     scheduler: dict[str, Any]  # overrides of the shipped scheduler config
+    # Projected CLIPs whose pooled vectors, side by side, make the transformer's pooled input.
+    pooled_from: tuple[str, ...] = ()
 
     def rows(self) -> Iterator[Row]:
         return LAYOUTS[self.layout].table(self.config)
@@ -481,6 +483,7 @@ def _read_sd3(shapes: Shapes, prefix: str) -> SplitModel:
         pipeline_class="StableDiffusion3Pipeline",
         configs="sd3",
         scheduler={},
+        pooled_from=("text_encoder", "text_encoder_2"),
     )
 
 

@@ -233,6 +233,22 @@ def test_split_file_with_a_missing_companion_says_which_in_one_sentence(tmp_path
     assert message.count(". ") == 0 and message.endswith(".")
 
 
+def test_clips_whose_pooled_vectors_do_not_make_the_transformers_input_are_named(tmp_path):
+    from app.core.checkpoint import write_safetensors
+    from app.core.demo import tiny_text_encoder
+
+    written = models.save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
+    narrow = tiny_text_encoder(9, projection=16)  # a CLIP-L projecting to 16, not 32
+    write_safetensors(written["text_encoder"], dict(narrow.state_dict()))
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]))
+
+    assert "its CLIP text encoders' pooled vectors (16 + 32) are not the 64 values" in str(
+        caught.value
+    )
+
+
 def test_overflow_in_the_second_attention_of_a_loaded_medium_file_is_found(tmp_path):
     written = models.save_split_files(build_tiny_sd3_pipeline(medium=True), tmp_path / "models")
     model = models.load_model(str(written["transformer"]))
