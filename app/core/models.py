@@ -1044,7 +1044,7 @@ def _load_split(
         pipeline=pipeline,
         source=source,
         name=path.stem,
-        format="split_files" if external else "single_file",
+        format="split_files" if model.companions else "single_file",  # as the library says
         architecture=model.architecture,
         prediction_type="flow",
         native_size=1024,
