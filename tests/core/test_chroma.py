@@ -142,6 +142,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     assert torch.allclose(expected, got, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # about 9 s here: a fresh interpreter imports torch and diffusers
 def test_cli_missing_companion_is_exit_2_with_one_line(tmp_path):
     written = models.save_split_files(build_tiny_chroma_pipeline(), tmp_path / "models")
     written["text_encoder"].unlink()
