@@ -32,7 +32,7 @@ from app.core.errors import BadFileError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
 INDEX_FILE = "library.json"
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: SD3.x and Chroma files are read (entries cached before said unsupported)
 # The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
 INDEX_LIMIT = 64 << 20
 # How deep below a model folder files are listed (subfolders, symlinked ones included).

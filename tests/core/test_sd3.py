@@ -215,6 +215,21 @@ def test_text_encoders_given_by_flag_are_placed_by_what_they_are(tmp_path):
     same_weights(pipeline, model.pipeline, COMPONENTS)
 
 
+def test_a_text_encoder_given_that_fits_nothing_left_is_named(tmp_path):
+    written = models.save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
+    t5 = str(written["text_encoder_3"])
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]), text_encoders=[t5, t5])
+
+    message = str(caught.value)
+    assert message.startswith(t5)
+    assert (
+        "this text encoder fits none of what this SD3.5 Large transformer still needs (its "
+        "CLIP-L text encoder (clip_l) and its CLIP-G text encoder (clip_g))."
+    ) in message
+
+
 def test_split_file_with_a_missing_companion_says_which_in_one_sentence(tmp_path):
     written = models.save_split_files(build_tiny_sd3_pipeline(medium=True), tmp_path / "models")
     written["text_encoder_2"].unlink()
