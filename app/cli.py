@@ -97,8 +97,10 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
         dest="text_encoders",
         action="append",
         default=[],
-        help="a text-encoder file for a split transformer file (Flux.1: clip_l and t5xxl, "
-        "repeat the flag; Z-Image: qwen_3_4b; Qwen-Image: qwen_2.5_vl_7b); by default they are looked for in the sibling text_encoders/ or clip/ "
+        help="a text-encoder file for a split transformer file (Flux.1: clip_l and t5xxl; "
+        "Chroma: t5xxl; SD3.x: clip_l, clip_g and t5xxl; Z-Image: qwen_3_4b; Qwen-Image: "
+        "qwen_2.5_vl_7b; repeat the flag); by default they are looked for in the sibling "
+        "text_encoders/ or clip/ "
         "folder",
     )
     group.add_argument(

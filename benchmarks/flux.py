@@ -1,8 +1,9 @@
 """Flux.1, Chroma, SD3.5, Z-Image and Qwen-Image on the CPU at tiny size: the health check after
 load next to one 20-step generation (the plain diffusers pipeline, same size, same plan), for the
-Flux.1 dev (guidance embedding) and schnell shapes, Chroma (T5 only, real CFG), the SD3.5 shape
-(MMDiT, CFG batch), Z-Image (Qwen3, single stream; generated as Turbo runs, without CFG) and
-Qwen-Image (Qwen2.5-VL, MMDiT, real CFG).
+Flux.1 dev (guidance embedding) and schnell shapes, Chroma (T5 only, real CFG), the SD3.5 shapes
+(MMDiT, CFG batch; `sd3.5-medium`: SD3.5 Medium's second attention in the first block), Z-Image
+(Qwen3, single stream; generated as Turbo runs, without CFG) and Qwen-Image (Qwen2.5-VL, MMDiT,
+real CFG).
 
 The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
 `demo.build_tiny_sd3_pipeline`, `demo.build_tiny_zimage_pipeline`, ...): the ratio says how the check's stages (text encoders once,
@@ -10,7 +11,7 @@ The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
 this size are dominated by per-call overheads.
 
 Usage: python benchmarks/flux.py [--sizes 64,128] [--repeats 3]
-       [--models flux-dev,flux-schnell,chroma,sd3.5,zimage,qwenimage] [--json FILE]
+       [--models flux-dev,flux-schnell,chroma,sd3.5,sd3.5-medium,zimage,qwenimage] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def bench(shape: str, size: int, repeats: int) -> dict:
     from app.core.precision import PlacedPipeline, backend_flags
     from app.core.settings import PrecisionSettings
 
-    if shape == "sd3.5":
-        pipeline = build_tiny_sd3_pipeline()
+    if shape.startswith("sd3.5"):
+        pipeline = build_tiny_sd3_pipeline(medium=shape == "sd3.5-medium")
     elif shape == "chroma":
         pipeline = build_tiny_chroma_pipeline()
     elif shape == "zimage":
@@ -52,7 +53,7 @@ def bench(shape: str, size: int, repeats: int) -> dict:
         source="<tiny flux>",
         name="tiny-flux",
         format="demo",
-        architecture={"sd3.5": "sd3"}.get(shape, shape),
+        architecture="sd3" if shape.startswith("sd3.5") else shape,
         prediction_type="flow",
         native_size=size,
         stored_dtype="fp32",
@@ -80,12 +81,15 @@ def bench(shape: str, size: int, repeats: int) -> dict:
                 num_inference_steps=20,
                 height=size,
                 width=size,
-                **{
-                    "sd3.5": {"guidance_scale": 4.5},
-                    "chroma": {"guidance_scale": 5.0},
-                    "zimage": {"guidance_scale": 0.0},  # Turbo: no CFG
-                    "qwenimage": {"true_cfg_scale": 4.0, "negative_prompt": " "},
-                }.get(shape, {"guidance_scale": 3.5}),
+                **(
+                    {"guidance_scale": 4.5}
+                    if shape.startswith("sd3.5")
+                    else {
+                        "chroma": {"guidance_scale": 5.0},
+                        "zimage": {"guidance_scale": 0.0},  # Turbo: no CFG
+                        "qwenimage": {"true_cfg_scale": 4.0, "negative_prompt": " "},
+                    }.get(shape, {"guidance_scale": 3.5})
+                ),
                 generator=torch.Generator().manual_seed(0),
             )
 
@@ -100,6 +104,7 @@ def bench(shape: str, size: int, repeats: int) -> dict:
             "chroma": "tiny Chroma",
             "zimage": "tiny Z-Image",
             "qwenimage": "tiny Qwen-Image",
+            "sd3.5-medium": "tiny SD3.5 Medium (MMDiT-X)",
         }.get(shape, "tiny SD3.5"),
         "size": size,
         "check_s": round(c, 3),

@@ -82,7 +82,11 @@ def _seeded(seed: int):
 
 
 def tiny_text_encoder(
-    seed: int, hidden: int = 32, layers: int = 2, projection: int | None = None
+    seed: int,
+    hidden: int = 32,
+    layers: int = 2,
+    projection: int | None = None,
+    activation: str = "quick_gelu",  # CLIP ViT-L's; OpenCLIP ViT-bigG (CLIP-G) uses gelu
 ) -> Any:  # a CLIPTextModel, or CLIPTextModelWithProjection with `projection`
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
@@ -94,7 +98,7 @@ def tiny_text_encoder(
         num_attention_heads=4,
         max_position_embeddings=77,
         projection_dim=projection or hidden,
-        hidden_act="quick_gelu",
+        hidden_act=activation,
         bos_token_id=49406,
         eos_token_id=49407,
         pad_token_id=49407,
@@ -382,10 +386,12 @@ def build_tiny_flux_pipeline(seed: int = 0, guidance: bool = True):
 SD3_SCHEDULER_CONFIG: dict[str, Any] = {"num_train_timesteps": 1000, "shift": 3.0}
 
 
-def build_tiny_sd3_pipeline(seed: int = 0):
+def build_tiny_sd3_pipeline(seed: int = 0, medium: bool = False, qk_norm: bool = True):
     """A tiny SD3.5-shaped pipeline: CLIP-L- and CLIP-G-shaped encoders with projections, a
     T5-shaped third encoder, a two-block MMDiT with RMS-normed q/k (as SD3.5), and a
-    16-channel VAE with SD3's latent scale and shift."""
+    16-channel VAE with SD3's latent scale and shift. `medium`: SD3.5 Medium's MMDiT-X, whose
+    first block has a second attention over the image tokens, and a larger position table.
+    Without `qk_norm`, SD3 Medium's MMDiT: no query/key norm, one 64-wide head."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         SD3Transformer2DModel,
@@ -399,21 +405,22 @@ def build_tiny_sd3_pipeline(seed: int = 0):
         patch_size=2,
         in_channels=16,
         num_layers=2,
-        attention_head_dim=16,
-        num_attention_heads=2,
+        attention_head_dim=16 if qk_norm else 64,  # SD3's heads are 64 wide
+        num_attention_heads=2 if qk_norm else 1,
         joint_attention_dim=64,  # T5's width; the CLIP features (32 + 32) are padded to it
-        caption_projection_dim=32,
+        caption_projection_dim=32 if qk_norm else 64,  # the blocks' width
         pooled_projection_dim=64,  # CLIP-L's and CLIP-G's pooled vectors side by side
         out_channels=16,
-        pos_embed_max_size=32,
-        qk_norm="rms_norm",
+        pos_embed_max_size=48 if medium else 32,
+        qk_norm="rms_norm" if qk_norm else None,
+        dual_attention_layers=(0,) if medium else (),
     ).eval()
     return StableDiffusion3Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**SD3_SCHEDULER_CONFIG),
         vae=vae,
         text_encoder=tiny_text_encoder(seed + 2, projection=32),
         tokenizer=clip_tokenizer(),
-        text_encoder_2=tiny_text_encoder(seed + 4, projection=32),
+        text_encoder_2=tiny_text_encoder(seed + 4, projection=32, activation="gelu"),
         tokenizer_2=clip_tokenizer(pad_token="!"),
         text_encoder_3=tiny_t5(seed + 5, hidden=64),
         tokenizer_3=t5_tokenizer(),

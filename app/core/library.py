@@ -32,7 +32,7 @@ from app.core.errors import BadFileError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
 INDEX_FILE = "library.json"
-INDEX_VERSION = 2
+INDEX_VERSION = 3  # 3: SD3.x and Chroma files are read (entries cached before said unsupported)
 # The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
 INDEX_LIMIT = 64 << 20
 # How deep below a model folder files are listed (subfolders, symlinked ones included).
@@ -70,8 +70,9 @@ class LibraryEntry:
     detected_because: str | None = None
     role: str = MODEL  # "model" | "vae": a VAE is chosen beside a model, never loaded alone
     vae: str | None = None  # the VAE A1111 pairs with this model (`name.vae.safetensors`)
-    # A split transformer file (Flux.1 as ComfyUI keeps it): the companion files found beside
-    # it by component (None where missing), and the sentence naming what is missing.
+    # A split transformer file (Flux.1, Chroma, SD3.x as ComfyUI keeps them): the companion
+    # files found beside it by component (None where missing), and the sentence naming what is
+    # missing.
     companions: dict[str, str | None] | None = None
     missing: str | None = None
 
@@ -622,30 +623,35 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
         except OSError:
             sidecar_text = None
     dtype = stored_dtype(header.dtypes().values())
-    prefix = split.flux_prefix(header.shapes())
-    if prefix is not None:
+    layout = split.find_layout(header.shapes())
+    transformer = None
+    if layout is not None:
         try:
-            config = split.flux_transformer_config(header.shapes(), prefix)
+            transformer = split.read_model(header.shapes())
         except ValueError as error:
             return LibraryEntry(
                 str(path),
-                "flux",
+                layout[0],
                 dtype if dtype != "none" else None,
                 size,
                 None,
                 format="split_files",
-                detected_because=f"a Flux-style transformer HalfSafe cannot build: {error}.",
+                detected_because=(
+                    f"this {split.layout_words(header.shapes())} is not one HalfSafe can build: "
+                    f"{error}."
+                ),
             )
-        architecture, because = split.describe_flux(config, prefix)
+    if transformer is not None:
         return LibraryEntry(
             str(path),
-            architecture,
+            transformer.architecture,
             dtype if dtype != "none" else None,
             size,
             None,
-            format="split_files",
+            # A transformer file with companions, or an SD3.x file that holds them all.
+            format="split_files" if transformer.companions else "single_file",
             supported=True,
-            detected_because=because,
+            detected_because=transformer.because,
         )
     detection = arch.detect_architecture(
         header.shapes(), metadata=header.metadata, name=path.name, sidecar_config=sidecar_text
@@ -668,22 +674,14 @@ def _with_companions(entry: LibraryEntry) -> LibraryEntry:
 
     path = Path(entry.path)
     try:
-        shapes = read_safetensors_header(path).shapes()
-        config = split.flux_transformer_config(shapes, split.flux_prefix(shapes) or "")
+        transformer = split.read_model(read_safetensors_header(path).shapes())
     except (BadFileError, ValueError):
         return entry
-    needs = {
-        "t5_width": config["joint_attention_dim"],
-        "clip_width": config["pooled_projection_dim"],
-        "latent_channels": config["in_channels"] // 4,
-    }
-    found = split.find_companions(path, [], None, needs)
-    companions = {
-        "text_encoder": str(found.clip) if found.clip else None,
-        "text_encoder_2": str(found.t5) if found.t5 else None,
-        "vae": str(found.vae) if found.vae else None,
-    }
-    missing = split.missing_sentence(found, path)
+    if transformer is None:
+        return entry
+    found = split.find_companions(path, transformer, [], None)
+    companions = {c: str(p) if p else None for c, p in found.found.items()}
+    missing = split.missing_sentence(transformer, found, path)
     return replace(entry, companions=companions, missing=missing, supported=missing is None)
 
 

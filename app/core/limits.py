@@ -265,6 +265,27 @@ _TEXT_SIZES: dict[str, tuple[int, int, str]] = {
     "relative_attention_num_buckets": (1, MAX_POSITIONS, "T5 uses 32"),
     "relative_attention_max_distance": (1, MAX_POSITIONS, "T5 uses 128"),
 }
+_TRANSFORMER_SIZES: dict[str, tuple[int, int, str]] = {
+    "patch_size": (1, MAX_KERNEL, "SD3 uses 2, Flux 1 on packed latents"),
+    "in_channels": (1, MAX_IMAGE_CHANNELS, "Flux uses 64, SD3 16"),
+    "out_channels": (1, MAX_IMAGE_CHANNELS, "Flux uses 64, SD3 16"),
+    "num_layers": (1, MAX_TRANSFORMER_DEPTH, "SD3.5 Large uses 38, Flux.1 19"),
+    "num_single_layers": (0, MAX_TRANSFORMER_DEPTH, "Flux.1 uses 38"),
+    "attention_head_dim": (1, MAX_WIDTH, "Flux uses 128, SD3 64"),
+    "num_attention_heads": (1, MAX_HEADS, "SD3.5 Large uses 38"),
+    "joint_attention_dim": (1, MAX_WIDTH, "T5-XXL's 4096"),
+    "caption_projection_dim": (1, MAX_WIDTH, "SD3.5 Large uses 2432"),
+    "pooled_projection_dim": (1, MAX_WIDTH, "SD3 uses 2048, Flux 768"),
+    "pos_embed_max_size": (1, MAX_LATENT_SIZE * 2, "SD3.5 Medium uses 384"),
+    "sample_size": (1, MAX_LATENT_SIZE, "SD3 uses 128"),
+    "dual_attention_layers": (0, MAX_TRANSFORMER_DEPTH, "SD3.5 Medium's first 13 blocks"),
+    "axes_dims_rope": (1, MAX_WIDTH, "Flux uses 16, 56 and 56"),
+    "approximator_num_channels": (1, MAX_WIDTH, "Chroma uses 64"),
+    "approximator_hidden_dim": (1, MAX_WIDTH, "Chroma uses 5120"),
+    "approximator_layers": (1, MAX_TRANSFORMER_DEPTH, "Chroma uses 5"),
+}
+# A transformer's width (heads x head width), which sizes every weight: Flux's 3072.
+MAX_TRANSFORMER_WIDTH = 16_384
 _SCHEDULER_SIZES: dict[str, tuple[int, int, str]] = {
     "num_train_timesteps": (1, MAX_TRAIN_TIMESTEPS, "every SD scheduler uses 1000"),
     "steps_offset": (0, MAX_TRAIN_TIMESTEPS, "SD uses 1"),
@@ -286,6 +307,20 @@ def check_vae_config(config: Mapping[str, Any]) -> None:
     """Raise ValueError naming the first size of a VAE config outside what real models use."""
     _check_sizes(config, _VAE_SIZES)
     _check_levels(config)
+
+
+def check_transformer_config(config: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first size of a diffusion transformer config (Flux, Chroma,
+    SD3) outside what real models use."""
+    if config.get("dual_attention_layers") == []:  # none: every model but SD3.5 Medium
+        config = {k: v for k, v in config.items() if k != "dual_attention_layers"}
+    _check_sizes(config, _TRANSFORMER_SIZES)
+    width = config.get("num_attention_heads", 1) * config.get("attention_head_dim", 1)
+    if width > MAX_TRANSFORMER_WIDTH:
+        raise ValueError(
+            f"its blocks are {width:,} wide, more than {MAX_TRANSFORMER_WIDTH:,} (Flux.1 uses "
+            "3072), so HalfSafe will not build it"
+        )
 
 
 def check_text_encoder_config(config: Mapping[str, Any]) -> None:

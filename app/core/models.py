@@ -4,7 +4,9 @@ Single files in the original (LDM / A1111 / ComfyUI) layout are assembled here c
 component: the architecture and each component's config come from the file's own tensor
 shapes over the shipped config folder (`resources/configs/<name>`), the keys are mapped to
 diffusers names with diffusers' conversion functions, and the tensors are assigned straight
-from the memory-mapped file in their stored dtype. Nothing reaches the network: the offline
+from the memory-mapped file in their stored dtype. Transformer files (Flux.1, Chroma, SD3.x,
+split or all in one) are mapped by the layout tables of `split.py` and assembled with their
+companions in the same way. Nothing reaches the network: the offline
 switches are set and every diffusers/transformers call is local-only.
 
 torch, diffusers and transformers are imported inside the functions that use them.
@@ -110,8 +112,8 @@ def load_model(
 
     Weights keep their stored dtype and are scanned for NaN/Inf before anything runs.
     `vae` (a VAE file or folder) replaces the model's VAE; with a split transformer file
-    (Flux.1 as ComfyUI keeps it) `vae` and `text_encoders` name its companions, else they are
-    looked for in the sibling folders (see `split.py`). Pickle files are refused with
+    (Flux.1, Chroma, SD3.x as ComfyUI keeps them) `vae` and `text_encoders` name its
+    companions, else they are looked for in the sibling folders (see `split.py`). Pickle files are refused with
     PickleRefusedError unless `allow_pickle`, and then read with PyTorch's weights-only loader.
     Bad input raises BadFileError or UnsupportedModelError with one sentence naming the file;
     on any failure nothing stays loaded. Runs on the calling thread (the file hash is computed
@@ -340,10 +342,15 @@ def _load_single_file(
     if is_pickle_file(path) and not allow_pickle:
         refuse_pickle(path)
     checkpoint = Checkpoint(path, allow_pickle=allow_pickle)
-    if split.flux_prefix(checkpoint.shapes) is not None:
+    try:
+        transformer = _split_model(path, checkpoint.shapes)
+    except HalfSafeError:
+        checkpoint.close()
+        raise
+    if transformer is not None:
         try:
-            return _load_split_flux(
-                path, checkpoint, source, vae, text_encoders or [], progress, cancel
+            return _load_split(
+                path, checkpoint, transformer, source, vae, text_encoders or [], progress, cancel
             )
         finally:
             checkpoint.close()
@@ -366,7 +373,7 @@ def _load_single_file(
         raise UnsupportedModelError(
             path,
             "this checkpoint carries its own text encoders; --text-encoder is for split "
-            "transformer files (Flux.1 as ComfyUI keeps it).",
+            "transformer files (Flux.1, Chroma and SD3.x as ComfyUI keeps them).",
         )
     hasher = _Hasher(path)
     try:
@@ -916,14 +923,16 @@ def _load_vae_override(
 
 def _check_latents(path: Path, vae, unet) -> None:
     latent = vae.config.latent_channels
-    # A Flux transformer works on 2x2 patches of the latent: 4 values per latent channel.
-    patches = 4 if type(unet).__name__ == "FluxTransformer2DModel" else 1
+    # Flux and Chroma transformers work on 2x2 patches of the latent: 4 values per channel.
+    kind = type(unet).__name__
+    patches = 4 if kind in ("FluxTransformer2DModel", "ChromaTransformer2DModel") else 1
     channels = (unet.config.out_channels or unet.config.in_channels) // patches
     if latent != channels:
         raise UnsupportedModelError(
             path,
             f"the VAE makes {latent}-channel latents but the "
-            f"{'transformer' if patches > 1 else 'UNet'} works on {channels}.",
+            f"{'transformer' if kind.endswith('Transformer2DModel') else 'UNet'} works on "
+            f"{channels}.",
         )
 
 
@@ -939,103 +948,105 @@ def _first_line(error: BaseException) -> str:
     return line[:200].rstrip(".")
 
 
-# Split files (Flux.1 as ComfyUI and Forge users keep it) -------------------------------------
+# Transformer files (Flux.1, Chroma, SD3.x as ComfyUI and Forge users keep them) -------------
 
 
-def _load_split_flux(
+def _split_model(path: Path, shapes) -> split.SplitModel | None:
+    """The transformer file's model from its header (None: not a transformer file)."""
+    try:
+        return split.read_model(shapes)
+    except split.AbsurdSizes as error:
+        raise BadFileError(
+            path, f"the weights' shapes describe a model no real file holds: {error}."
+        ) from None
+    except ValueError as error:
+        raise UnsupportedModelError(
+            path, f"this {split.layout_words(shapes)} is not one HalfSafe can build: {error}."
+        ) from None
+
+
+def _load_split(
     path: Path,
     checkpoint: Checkpoint,
+    model: split.SplitModel,
     source: str,
     vae: str | None,
     text_encoders: list[str],
     progress: ProgressCallback,
     cancel: CancelToken | None,
 ) -> LoadedModel:
-    """A Flux.1 transformer file with its CLIP-L, T5 and VAE companions (see `split.py`):
-    every header is read and every companion found before a tensor is read."""
+    """A transformer file with its text encoders and VAE, from companion files (see
+    `split.py`) or from the file itself (SD3.x as Stability AI ships it): every header is read
+    and every companion found before a tensor is read."""
     import diffusers
 
-    from app.core.demo import FLUX_SCHEDULER_CONFIG, clip_tokenizer, t5_tokenizer
+    from app.core.demo import clip_tokenizer, t5_tokenizer
 
-    prefix = split.flux_prefix(checkpoint.shapes) or ""
-    try:
-        config = split.flux_transformer_config(checkpoint.shapes, prefix)
-    except ValueError as error:
-        raise UnsupportedModelError(
-            path, f"this Flux-style transformer is not one HalfSafe can build: {error}."
-        ) from None
-    architecture, because = split.describe_flux(config, prefix)
-    latent = config["in_channels"] // 4
-    companions = split.find_companions(
-        path,
-        text_encoders,
-        vae,
-        {
-            "t5_width": config["joint_attention_dim"],
-            "clip_width": config["pooled_projection_dim"],
-            "latent_channels": latent,
-        },
-    )
-    missing = split.missing_sentence(companions, path)
+    companions = split.find_companions(path, model, text_encoders, vae)
+    missing = split.missing_sentence(model, companions, path)
     if missing is not None:
         raise UnsupportedModelError(path, missing)
-    assert companions.clip and companions.t5 and companions.vae
-    parts = [path, companions.clip, companions.t5, companions.vae]
-    files = [path, companions.clip, companions.t5, *_vae_files(companions.vae)]
-    identity = _Identity(architecture, "flow", parts, files)
+    external = {c: p for c, p in companions.found.items() if p is not None}
+    parts = [path, *external.values()]
+    files = [path]
+    for component, file in external.items():
+        files += _vae_files(file) if component == "vae" else [file]
+    identity = _Identity(model.architecture, "flow", parts, files)
     hasher = _Hasher(path)
     used: list[str] = []
+    steps = 2 + len(model.needs)
     try:
         with one_torch_thread():
-            progress("Loading the transformer", 0, 4)
-            keys = [k for k in checkpoint.shapes if k.startswith(prefix)]
-            tensors = {k: checkpoint.get(k) for k in keys}
-            used += [checkpoint.dtypes[k] for k in keys]
-            transformer = _empty(diffusers.FluxTransformer2DModel.from_config, config)
-            expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
-            try:
-                state = split.flux_to_diffusers(tensors, config, expected, prefix)
-            except KeyError as error:
-                raise BadFileError(
-                    path, f"the transformer is incomplete: {error.args[0]} is missing."
-                ) from None
-            except ValueError as error:
-                raise BadFileError(
-                    path, f"the transformer does not fit together: {error}."
-                ) from None
-            transformer = _assign(path, transformer, state, "transformer")
-            if cancel is not None:
-                cancel.raise_if_cancelled()
-
-            progress("Loading the text encoders", 1, 4)
-            clip, clip_dtypes = _load_clip_file(companions.clip)
-            t5, t5_dtypes = _load_t5_file(companions.t5)
-            used += clip_dtypes + t5_dtypes
-            if cancel is not None:
-                cancel.raise_if_cancelled()
-
-            progress("Loading the VAE", 2, 4)
-            base = _read_json(paths.resource("configs", "flux", "vae", "config.json"))
-            vae_model, _, vae_dtypes = _load_vae_override(
-                companions.vae, base, 1024, allow_pickle=False, cancel=cancel
+            progress("Loading the transformer", 0, steps)
+            transformer = _split_transformer(path, checkpoint, model)
+            used += [checkpoint.dtypes[model.prefix + row[0]] for row in model.rows()]
+            components: dict[str, Any] = {"transformer": transformer}
+            for step, need in enumerate(model.needs, start=1):
+                if cancel is not None:
+                    cancel.raise_if_cancelled()
+                progress(f"Loading the {need.words.removeprefix('its ')}", step, steps)
+                where = external.get(need.component)
+                if need.kind == "vae":
+                    base = _read_json(
+                        paths.resource("configs", model.configs, "vae", "config.json")
+                    )
+                    if where is not None:
+                        part, _, dtypes = _load_vae_override(
+                            where, base, 1024, allow_pickle=False, cancel=cancel
+                        )
+                    else:
+                        part, dtypes = _inner_vae(checkpoint, need.inside or "", base)
+                    _check_latents(where or path, part, transformer)
+                elif where is not None:
+                    with Checkpoint(where) as companion:
+                        part, dtypes = _load_text_encoder(companion, "", need)
+                else:
+                    part, dtypes = _load_text_encoder(checkpoint, need.inside or "", need)
+                components[need.component] = part
+                used += dtypes
+                if need.is_text_encoder:
+                    tokenizer = need.component.replace("text_encoder", "tokenizer")
+                    components[tokenizer] = (
+                        t5_tokenizer() if need.kind == "t5" else clip_tokenizer(need.pad_token)
+                    )
+            if model.pooled_from:
+                widths = [components[c].config.projection_dim for c in model.pooled_from]
+                if sum(widths) != model.config["pooled_projection_dim"]:
+                    raise UnsupportedModelError(
+                        path,
+                        f"its CLIP text encoders' pooled vectors ({' + '.join(map(str, widths))}"
+                        f") are not the {model.config['pooled_projection_dim']} values its "
+                        "transformer takes.",
+                    )
+            checkpoint.check_unchanged()
+            scheduler_config = _read_json(
+                paths.resource("configs", model.configs, "scheduler", "scheduler_config.json")
             )
-            _check_latents(companions.vae, vae_model, transformer)
-            used += vae_dtypes
-
-            dev = bool(config["guidance_embeds"])
-            scheduler = diffusers.FlowMatchEulerDiscreteScheduler(
-                **dict(FLUX_SCHEDULER_CONFIG, use_dynamic_shifting=dev, shift=3.0 if dev else 1.0)
+            components["scheduler"] = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
+                scheduler_config, **model.scheduler
             )
-            pipeline = diffusers.FluxPipeline(
-                scheduler=scheduler,
-                vae=vae_model,
-                text_encoder=clip,
-                tokenizer=clip_tokenizer(),
-                text_encoder_2=t5,
-                tokenizer_2=t5_tokenizer(),
-                transformer=transformer,
-            )
-        progress("Scanning the weights", 3, 4)
+            pipeline = getattr(diffusers, model.pipeline_class)(**components)
+        progress("Scanning the weights", steps - 1, steps)
         weights = scan_weights(
             pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
         )
@@ -1047,15 +1058,15 @@ def _load_split_flux(
         pipeline=pipeline,
         source=source,
         name=path.stem,
-        format="split_files",
-        architecture=architecture,
+        format="split_files" if model.companions else "single_file",  # as the library says
+        architecture=model.architecture,
         prediction_type="flow",
         native_size=1024,
         stored_dtype=stored_dtype(used),
         model_hash=short_hash,
         profile_key=identity.profile_key(weights),
         weights=weights,
-        detected_because=because,
+        detected_because=model.because,
     )
 
 
@@ -1341,53 +1352,94 @@ def _load_wan_vae_file(path: Path):
     return _assign(path, model, state, "VAE"), dtypes
 
 
-def _load_clip_file(path: Path):
-    """A CLIP text encoder file in transformers' layout (ComfyUI's clip_l.safetensors)."""
+def _split_transformer(path: Path, checkpoint: Checkpoint, model: split.SplitModel):
+    """The diffusers transformer from the file's original-layout keys, by the layout's table."""
+    import diffusers
+
+    config = model.config
+    build = getattr(diffusers, config["_class_name"]).from_config
+    transformer = _built(path, "transformer", _empty, build, config)
+    expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+    tensors = {}
+    for original, _, _ in model.rows():
+        key = model.prefix + original
+        if key not in checkpoint.shapes:
+            raise BadFileError(path, f"the transformer is incomplete: {key} is missing.")
+        tensors[key] = checkpoint.get(key)
+    try:
+        state = split.to_diffusers(model.rows(), tensors, expected, model.prefix)
+    except (ValueError, RuntimeError) as error:
+        raise BadFileError(
+            path, f"the transformer does not fit together: {_first_line(error)}."
+        ) from None
+    return _assign(path, transformer, state, "transformer")
+
+
+def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: split.Need):
+    """A CLIP or T5 text encoder in transformers' layout under `prefix` of a file (a
+    companion's own `clip_l.safetensors`, or the text_encoders.* of an SD3.x file). Returns
+    (model, stored dtypes)."""
     import transformers
 
-    with Checkpoint(path) as checkpoint:
-        layout = arch.TextEncoderLayout("text_encoder", split.CLIP_PREFIX, "hf")
-        base = _read_json(paths.resource("configs", "sd1", "text_encoder", "config.json"))
-        try:
-            config = arch.infer_text_encoder_config(checkpoint.shapes, base, layout)
-        except ValueError as error:
-            raise UnsupportedModelError(
-                path, f"this CLIP text encoder cannot be built: {error}."
-            ) from None
-        keys = [
-            k
-            for k in checkpoint.shapes
-            if k.startswith(split.CLIP_PREFIX) and not k.endswith("position_ids")
-        ]
-        tensors = {k: checkpoint.get(k) for k in keys}
-        dtypes = [checkpoint.dtypes[k] for k in keys]
-    model = _empty(transformers.CLIPTextModel, transformers.CLIPTextConfig(**config))
-    state = _convert_text_encoder(model, tensors, layout)
-    return _assign(path, model, state, "CLIP text encoder"), dtypes
+    path = checkpoint.path
+    words = need.words.removeprefix("its ")
+    shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}
+    layout = arch.TextEncoderLayout(need.component, split.CLIP_PREFIX, "hf")  # a CLIP's
+    try:
+        if need.kind == "t5":
+            config = split.t5_config(shapes)
+        else:
+            folder, component = need.clip_config.split("/")
+            base = _read_json(paths.resource("configs", folder, component, "config.json"))
+            config = arch.infer_text_encoder_config(shapes, base, layout)
+        limits.check_text_encoder_config(config)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(path, f"the {words} cannot be built: {error}.") from None
+    if need.kind == "clip_projected" and split.CLIP_PROJECTION not in shapes:
+        raise UnsupportedModelError(
+            path,
+            f"the {words} has no text projection ({prefix}{split.CLIP_PROJECTION}), which "
+            "its pooled vector goes through.",
+        )
+    if need.kind == "t5":
+        keys = list(shapes)
+        model = _empty(transformers.T5EncoderModel, transformers.T5Config(**config))
+    else:
+        projected = need.kind == "clip_projected"
+        keys = [k for k in shapes if k.startswith(split.CLIP_PREFIX)]
+        keys = [k for k in keys if not k.endswith("position_ids")]
+        keys += [split.CLIP_PROJECTION] if projected else []
+        model_class = (
+            transformers.CLIPTextModelWithProjection if projected else transformers.CLIPTextModel
+        )
+        model = _empty(model_class, transformers.CLIPTextConfig(**config))
+    tensors = {k: checkpoint.get(prefix + k) for k in keys}
+    dtypes = [checkpoint.dtypes[prefix + k] for k in keys]
+    if need.kind == "t5":
+        expected = model.state_dict()
+        # Files differ in whether they repeat the tied token embedding under the encoder's name.
+        if (
+            "encoder.embed_tokens.weight" in expected
+            and "encoder.embed_tokens.weight" not in tensors
+        ):
+            tensors["encoder.embed_tokens.weight"] = tensors["shared.weight"]
+        state = {
+            k: v for k, v in tensors.items() if k in expected or not k.startswith("encoder.embed")
+        }
+    else:
+        state = _convert_text_encoder(model, tensors, layout)
+    return _assign(path, model, state, words), dtypes
 
 
-def _load_t5_file(path: Path):
-    """A T5 encoder file in transformers' layout (ComfyUI's t5xxl_fp16.safetensors)."""
-    import transformers
+def _inner_vae(checkpoint: Checkpoint, prefix: str, base: dict[str, Any]):
+    """The VAE an SD3.x file carries (first_stage_model.*). Returns (model, stored dtypes)."""
+    keys = _vae_keys(checkpoint.keys(), prefix)
 
-    with Checkpoint(path) as checkpoint:
-        try:
-            config = split.t5_config(checkpoint.shapes)
-        except (KeyError, ValueError) as error:
-            raise UnsupportedModelError(
-                path, f"this T5 text encoder cannot be built: {error}."
-            ) from None
-        tensors = {k: checkpoint.get(k) for k in checkpoint.shapes}
-        dtypes = list(checkpoint.dtypes.values())
-    model = _empty(transformers.T5EncoderModel, transformers.T5Config(**config))
-    expected = model.state_dict()
-    # Files differ in whether they repeat the tied token embedding under the encoder's name.
-    if "encoder.embed_tokens.weight" in expected and "encoder.embed_tokens.weight" not in tensors:
-        tensors["encoder.embed_tokens.weight"] = tensors["shared.weight"]
-    tensors = {
-        k: v for k, v in tensors.items() if k in expected or not k.startswith("encoder.embed")
-    }
-    return _assign(path, model, tensors, "T5 text encoder"), dtypes
+    def read(names: list[str]) -> dict[str, Any]:
+        return {k: checkpoint.get(k) for k in names}
+
+    model = _vae_from_checkpoint(checkpoint, prefix, base, 1024, read)
+    return model, [checkpoint.dtypes[k] for k in keys]
 
 
 # Diffusers folders -------------------------------------------------------------------------
@@ -1601,38 +1653,77 @@ def save_single_file(
     return write_safetensors(path, tensors)
 
 
-def save_flux_split_files(pipeline, root: str | Path, name: str = "flux") -> dict[str, Path]:
-    """Write a Flux pipeline as ComfyUI keeps it under `root` (its models folder): the
-    transformer in BFL layout in diffusion_models/, CLIP-L and T5 in transformers' layout in
-    text_encoders/, the VAE in the original layout in vae/. Returns the paths by component."""
+# Transformer files by pipeline class, the names users' companion files have, and where an
+# all-in-one file (Stability AI's SD3.x) keeps each component.
+_SPLIT_LAYOUTS = {
+    "FluxTransformer2DModel": "flux",
+    "ChromaTransformer2DModel": "chroma",
+    "SD3Transformer2DModel": "sd3",
+}
+_COMPANION_NAMES = {
+    "flux": {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "ae"},
+    "chroma": {"text_encoder": "t5xxl", "vae": "ae"},
+    "sd3": {
+        "text_encoder": "clip_l",
+        "text_encoder_2": "clip_g",
+        "text_encoder_3": "t5xxl",
+        "vae": "sd3_vae",
+    },
+}
+
+
+def save_split_files(
+    pipeline, root: str | Path, name: str = "model", *, prefix: str = "", single_file: bool = False
+) -> dict[str, Path]:
+    """Write a Flux, Chroma or SD3 pipeline as ComfyUI keeps it under `root` (its models
+    folder): the transformer in its original layout (Black Forest Labs' or Stability AI's,
+    under `prefix`) in diffusion_models/, the text encoders in transformers' layout in
+    text_encoders/ (clip_l, clip_g, t5xxl), the VAE in the original layout in vae/. With
+    `single_file` (SD3), everything goes into one checkpoints/ file as Stability AI ships it
+    (model.diffusion_model.*, text_encoders.*.transformer.*, first_stage_model.*). Returns
+    the paths by component ("transformer" for the one file)."""
     root = Path(root)
     transformer = pipeline.transformer
-    t5 = {
-        k: v
-        for k, v in pipeline.text_encoder_2.state_dict().items()
-        if k != "encoder.embed_tokens.weight"
+    layout = _SPLIT_LAYOUTS[type(transformer).__name__]
+    config = {**transformer.config, "_class_name": type(transformer).__name__}
+    rows = split.LAYOUTS[layout].table(config)
+    if single_file:
+        prefix = arch.UNET
+    tensors: dict[str, dict[str, Any]] = {
+        "transformer": {
+            prefix + k: v for k, v in split.to_original(rows, transformer.state_dict()).items()
+        }
     }
-    vae = pipeline.vae
-    written = {
-        "transformer": root / "diffusion_models" / f"{name}.safetensors",
-        "text_encoder": root / "text_encoders" / "clip_l.safetensors",
-        "text_encoder_2": root / "text_encoders" / "t5xxl.safetensors",
-        "vae": root / "vae" / "ae.safetensors",
-    }
-    tensors = {
-        "transformer": split.flux_to_bfl(transformer.state_dict(), transformer.config),
-        # transformers' original CLIP names, as the files users download hold them.
-        "text_encoder": {
-            k if k.startswith(split.CLIP_PREFIX) else split.CLIP_PREFIX + k: v
-            for k, v in pipeline.text_encoder.state_dict().items()
-        },
-        "text_encoder_2": t5,
-        "vae": _ldm_vae(vae.state_dict(), len(vae.config.block_out_channels)),
-    }
-    for component, file in written.items():
+    for component, stem in _COMPANION_NAMES[layout].items():
+        part = getattr(pipeline, component)
+        state = part.state_dict()
+        if component == "vae":
+            state = {
+                k.removeprefix(arch.VAE): v
+                for k, v in _ldm_vae(state, len(part.config.block_out_channels)).items()
+            }
+        elif stem == "t5xxl":
+            state = {k: v for k, v in state.items() if k != "encoder.embed_tokens.weight"}
+        else:  # transformers' original CLIP names, as the files users download hold them
+            state = {
+                k
+                if k.startswith((split.CLIP_PREFIX, "text_projection"))
+                else split.CLIP_PREFIX + k: v
+                for k, v in state.items()
+            }
+        if single_file:
+            inside = split.SD3_INSIDE[component]
+            tensors["transformer"].update({inside + k: v for k, v in state.items()})
+        else:
+            tensors[component] = state
+    folders = {"transformer": "checkpoints" if single_file else "diffusion_models", "vae": "vae"}
+    written = {}
+    for component, state in tensors.items():
+        stem = name if component == "transformer" else _COMPANION_NAMES[layout][component]
+        file = root / folders.get(component, "text_encoders") / f"{stem}.safetensors"
         file.parent.mkdir(parents=True, exist_ok=True)
-        state = {k: v.contiguous() for k, v in tensors[component].items()}
-        write_safetensors(file, {k.removeprefix(arch.VAE): v for k, v in state.items()})
+        write_safetensors(file, {k: v.contiguous() for k, v in state.items()})
+        written[component] = file
     return written
 
 

@@ -81,6 +81,8 @@ class LibraryScanner(QObject):
                         "detected_because": getattr(entry, "detected_because", None),
                         "role": getattr(entry, "role", "model"),
                         "vae": getattr(entry, "vae", None),
+                        "companions": getattr(entry, "companions", None),
+                        "missing": getattr(entry, "missing", None),
                     }
                 )
         except ImportError:
@@ -599,8 +601,13 @@ def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
     if entry.get("opened") and not entry.get("architecture"):
         return "opened before", f"{path}\nOpened from a file or folder; load it to see more.", None
     kind = words.architecture_name(entry.get("architecture"))
+    if entry.get("missing"):  # a transformer file whose text encoder or VAE was not found
+        return f"{kind} (incomplete)", f"{path}\n{because}\n{entry['missing']}".strip(), "muted"
     if entry.get("supported") is False:
         return f"{kind} (not supported)", f"{path}\n{because}".strip(), "muted"
+    companions = [p for p in (entry.get("companions") or {}).values() if p]
+    if companions:
+        because += "\nLoads with: " + ", ".join(Path(p).name for p in companions)
     return kind, f"{path}\n{because}".strip(), None
 
 
@@ -608,6 +615,8 @@ def _unloadable(entry: dict[str, Any]) -> str:
     """Why this entry cannot be loaded, as one sentence; empty when it can."""
     if entry.get("error"):
         return str(entry["error"])
+    if entry.get("missing"):
+        return f"{Path(entry.get('path', '')).name}: {entry['missing']}"
     if entry.get("supported") is False and entry.get("format") != "pickle":
         name = Path(entry.get("path", "")).name
         return f"{name}: HalfSafe cannot run this kind of model yet" + (

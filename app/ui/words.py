@@ -38,6 +38,9 @@ ARCHITECTURE_NAMES = {
     "sdxl": "Stable Diffusion XL",
     "sd3": "Stable Diffusion 3",
     "flux": "FLUX",
+    "flux-dev": "FLUX.1 dev",
+    "flux-schnell": "FLUX.1 schnell",
+    "chroma": "Chroma",
 }
 CHOICE_NAMES = {
     "auto": "Auto",

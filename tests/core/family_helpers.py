@@ -47,6 +47,15 @@ def in_memory(pipeline, key: str, architecture: str) -> LoadedModel:
     )
 
 
+def same_weights(a, b, components) -> None:
+    """Every tensor of each component is the same in pipelines `a` and `b`."""
+    for component in components:
+        mine, theirs = getattr(a, component).state_dict(), getattr(b, component).state_dict()
+        assert set(mine) == set(theirs), component
+        for key, tensor in mine.items():
+            assert torch.equal(tensor, theirs[key]), f"{component}.{key}"
+
+
 def check(model, precision=FP16):
     return health.check_loaded(
         model, precision=precision, device="cpu", size=64, measure_cost=False, remember=False

@@ -253,3 +253,48 @@ def test_library_lists_vaes_and_loads_a_model_with_its_paired_vae(window, engine
     view.load_item(with_vae)
     job = engines.current.last_job("load")
     assert (job.params["source"], job.params["vae"]) == (str(model), str(shared))
+
+
+def test_library_names_a_transformer_files_companions_or_what_is_missing(window):
+    view = window.models_view
+    view._library_scanned(
+        [
+            {
+                "path": "/models/diffusion_models/chroma.safetensors",
+                "architecture": "chroma",
+                "error": None,
+                "format": "split_files",
+                "supported": True,
+                "detected_because": "Chroma: a Flux-shaped transformer.",
+                "companions": {
+                    "text_encoder": "/models/text_encoders/t5xxl_fp16.safetensors",
+                    "vae": "/models/vae/ae.safetensors",
+                },
+                "missing": None,
+            },
+            {
+                "path": "/models/diffusion_models/sd3.5_large.safetensors",
+                "architecture": "sd3",
+                "error": None,
+                "format": "split_files",
+                "supported": False,
+                "detected_because": "SD3.5 Large-shaped: an MMDiT.",
+                "companions": {"text_encoder": None, "vae": None},
+                "missing": "this SD3.5 Large transformer file needs its CLIP-L text encoder.",
+            },
+        ],
+        "",
+    )
+    chroma, sd3 = view.library.topLevelItem(2), view.library.topLevelItem(3)
+    assert chroma.text(1) == "Chroma"
+    assert "Loads with: t5xxl_fp16.safetensors, ae.safetensors" in chroma.toolTip(0)
+    assert sd3.text(1) == "Stable Diffusion 3 (incomplete)"
+    assert "needs its CLIP-L text encoder" in sd3.toolTip(0)
+    view.library.setCurrentItem(sd3)
+    assert not view.load_button.isEnabled()
+    assert "sd3.5_large.safetensors: this SD3.5 Large transformer file needs" in (
+        view.load_status.text()
+    )
+    assert "cannot run this kind of model" not in view.load_status.text()
+    view.library.setCurrentItem(chroma)
+    assert view.load_button.isEnabled()
