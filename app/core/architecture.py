@@ -532,7 +532,7 @@ def _foreign_model(keys: list[str], shapes: Shapes) -> Detection | None:
                 words,
                 f"it has {arch}-style tensors ({fragment}*), which SD1.x, SD2.x "
                 "and SDXL checkpoints never have, and is in none of the transformer layouts "
-                "HalfSafe reads (Flux.1, Chroma, SD3.x).",
+                "HalfSafe reads (Flux.1, Chroma, SD3.x, Z-Image, Qwen-Image).",
             )
     return None
 

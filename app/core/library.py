@@ -32,7 +32,9 @@ from app.core.errors import BadFileError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
 INDEX_FILE = "library.json"
-INDEX_VERSION = 3  # 3: SD3.x and Chroma files are read (entries cached before said unsupported)
+# 3: SD3.x and Chroma files are read (entries cached before said unsupported); 4: Z-Image and
+# Qwen-Image transformer files are (cached before as a Lumina model or unknown).
+INDEX_VERSION = 4
 # The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
 INDEX_LIMIT = 64 << 20
 # How deep below a model folder files are listed (subfolders, symlinked ones included).
@@ -70,9 +72,9 @@ class LibraryEntry:
     detected_because: str | None = None
     role: str = MODEL  # "model" | "vae": a VAE is chosen beside a model, never loaded alone
     vae: str | None = None  # the VAE A1111 pairs with this model (`name.vae.safetensors`)
-    # A split transformer file (Flux.1, Chroma, SD3.x as ComfyUI keeps them): the companion
-    # files found beside it by component (None where missing), and the sentence naming what is
-    # missing.
+    # A split transformer file (Flux.1, Chroma, SD3.x, Z-Image, Qwen-Image as ComfyUI keeps
+    # them): the companion files found beside it by component (None where missing), and the
+    # sentence naming what is missing.
     companions: dict[str, str | None] | None = None
     missing: str | None = None
 

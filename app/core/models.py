@@ -4,8 +4,8 @@ Single files in the original (LDM / A1111 / ComfyUI) layout are assembled here c
 component: the architecture and each component's config come from the file's own tensor
 shapes over the shipped config folder (`resources/configs/<name>`), the keys are mapped to
 diffusers names with diffusers' conversion functions, and the tensors are assigned straight
-from the memory-mapped file in their stored dtype. Transformer files (Flux.1, Chroma, SD3.x,
-split or all in one) are mapped by the layout tables of `split.py` and assembled with their
+from the memory-mapped file in their stored dtype. Transformer files (Flux.1, Chroma, SD3.x
+split or all in one, Z-Image, Qwen-Image) are mapped by the layout tables of `split.py` and assembled with their
 companions in the same way. Nothing reaches the network: the offline
 switches are set and every diffusers/transformers call is local-only.
 
@@ -112,10 +112,10 @@ def load_model(
 
     Weights keep their stored dtype and are scanned for NaN/Inf before anything runs.
     `vae` (a VAE file or folder) replaces the model's VAE; with a split transformer file
-    (Flux.1, Chroma, SD3.x as ComfyUI keeps them) `vae` and `text_encoders` name its
-    companions, else they are looked for in the sibling folders (see `split.py`). Pickle files are refused with
-    PickleRefusedError unless `allow_pickle`, and then read with PyTorch's weights-only loader.
-    Bad input raises BadFileError or UnsupportedModelError with one sentence naming the file;
+    (Flux.1, Chroma, SD3.x, Z-Image, Qwen-Image as ComfyUI keeps them) `vae` and
+    `text_encoders` name its companions, else they are looked for in the sibling folders (see
+    `split.py`). Pickle files are refused with PickleRefusedError unless `allow_pickle`, and
+    then read with PyTorch's weights-only loader. Bad input raises BadFileError or UnsupportedModelError with one sentence naming the file;
     on any failure nothing stays loaded. Runs on the calling thread (the file hash is computed
     on a worker thread meanwhile); checks `cancel` between tensors and components.
     """
@@ -354,26 +354,13 @@ def _load_single_file(
             )
         finally:
             checkpoint.close()
-    if split.zimage_prefix(checkpoint.shapes) is not None:
-        try:
-            return _load_split_zimage(
-                path, checkpoint, source, vae, text_encoders or [], progress, cancel
-            )
-        finally:
-            checkpoint.close()
-    if split.qwenimage_prefix(checkpoint.shapes) is not None:
-        try:
-            return _load_split_qwenimage(
-                path, checkpoint, source, vae, text_encoders or [], progress, cancel
-            )
-        finally:
-            checkpoint.close()
     if text_encoders:
         checkpoint.close()
         raise UnsupportedModelError(
             path,
             "this checkpoint carries its own text encoders; --text-encoder is for split "
-            "transformer files (Flux.1, Chroma and SD3.x as ComfyUI keeps them).",
+            "transformer files (Flux.1, Chroma, SD3.x, Z-Image and Qwen-Image as ComfyUI keeps "
+            "them).",
         )
     hasher = _Hasher(path)
     try:
@@ -948,7 +935,7 @@ def _first_line(error: BaseException) -> str:
     return line[:200].rstrip(".")
 
 
-# Transformer files (Flux.1, Chroma, SD3.x as ComfyUI and Forge users keep them) -------------
+# Transformer files (Flux.1, Chroma, SD3.x, Z-Image, Qwen-Image as ComfyUI keeps them) -------
 
 
 def _split_model(path: Path, shapes) -> split.SplitModel | None:
@@ -980,8 +967,9 @@ def _load_split(
     and every companion found before a tensor is read."""
     import diffusers
 
-    from app.core.demo import clip_tokenizer, t5_tokenizer
+    from app.core.demo import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
 
+    tokenizers = {"t5": t5_tokenizer, "qwen3": qwen3_tokenizer, "qwen25_vl": qwen2_tokenizer}
     companions = split.find_companions(path, model, text_encoders, vae)
     missing = split.missing_sentence(model, companions, path)
     if missing is not None:
@@ -1006,7 +994,9 @@ def _load_split(
                     cancel.raise_if_cancelled()
                 progress(f"Loading the {need.words.removeprefix('its ')}", step, steps)
                 where = external.get(need.component)
-                if need.kind == "vae":
+                if need.kind == "wan_vae" and where is not None:
+                    part, dtypes = _load_wan_vae_file(where)
+                elif need.kind == "vae":
                     base = _read_json(
                         paths.resource("configs", model.configs, "vae", "config.json")
                     )
@@ -1016,18 +1006,27 @@ def _load_split(
                         )
                     else:
                         part, dtypes = _inner_vae(checkpoint, need.inside or "", base)
-                    _check_latents(where or path, part, transformer)
                 elif where is not None:
                     with Checkpoint(where) as companion:
                         part, dtypes = _load_text_encoder(companion, "", need)
                 else:
                     part, dtypes = _load_text_encoder(checkpoint, need.inside or "", need)
+                if not need.is_text_encoder:
+                    latent = part.config.get("latent_channels") or part.config.get("z_dim")
+                    if latent != model.latent_channels:
+                        raise UnsupportedModelError(
+                            where or path,
+                            f"the VAE makes {latent}-channel latents but the transformer "
+                            f"works on {model.latent_channels}.",
+                        )
                 components[need.component] = part
                 used += dtypes
                 if need.is_text_encoder:
                     tokenizer = need.component.replace("text_encoder", "tokenizer")
                     components[tokenizer] = (
-                        t5_tokenizer() if need.kind == "t5" else clip_tokenizer(need.pad_token)
+                        tokenizers[need.kind]()
+                        if need.kind in tokenizers
+                        else clip_tokenizer(need.pad_token)
                     )
             if model.pooled_from:
                 widths = [components[c].config.projection_dim for c in model.pooled_from]
@@ -1061,7 +1060,7 @@ def _load_split(
         format="split_files" if model.companions else "single_file",  # as the library says
         architecture=model.architecture,
         prediction_type="flow",
-        native_size=1024,
+        native_size=model.native_size,
         stored_dtype=stored_dtype(used),
         model_hash=short_hash,
         profile_key=identity.profile_key(weights),
@@ -1070,257 +1069,46 @@ def _load_split(
     )
 
 
-def _load_split_zimage(
-    path: Path,
-    checkpoint: Checkpoint,
-    source: str,
-    vae: str | None,
-    text_encoders: list[str],
-    progress: ProgressCallback,
-    cancel: CancelToken | None,
-) -> LoadedModel:
-    """A Z-Image transformer file with its Qwen3 text encoder and Flux-VAE companions (see
-    `split.py`): every header is read and every companion found before a tensor is read."""
-    import diffusers
-
-    from app.core.demo import ZIMAGE_SCHEDULER_CONFIG, qwen3_tokenizer
-
-    prefix = split.zimage_prefix(checkpoint.shapes) or ""
-    try:
-        config = split.zimage_transformer_config(checkpoint.shapes, prefix)
-    except ValueError as error:
-        raise UnsupportedModelError(
-            path, f"this Z-Image-style transformer is not one HalfSafe can build: {error}."
-        ) from None
-    architecture, because = split.describe_zimage(config, prefix)
-    companions = split.find_qwen3_companions(
-        path, text_encoders, vae, config["cap_feat_dim"], config["in_channels"]
-    )
-    missing = split.missing_llm_sentence(
-        companions,
-        path,
-        "Z-Image",
-        "its Qwen3 text encoder (qwen_3_4b)",
-        f"its {config['in_channels']}-channel VAE (Flux's ae)",
-    )
-    if missing is not None:
-        raise UnsupportedModelError(path, missing)
-    assert companions.text_encoder and companions.vae
-    parts = [path, companions.text_encoder, companions.vae]
-    files = [path, companions.text_encoder, *_vae_files(companions.vae)]
-    identity = _Identity(architecture, "flow", parts, files)
-    hasher = _Hasher(path)
-    used: list[str] = []
-    try:
-        with one_torch_thread():
-            progress("Loading the transformer", 0, 4)
-            keys = [k for k in checkpoint.shapes if k.startswith(prefix)]
-            tensors = {k: checkpoint.get(k) for k in keys}
-            used += [checkpoint.dtypes[k] for k in keys]
-            transformer = _empty(diffusers.ZImageTransformer2DModel.from_config, config)
-            expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
-            try:
-                state = split.zimage_to_diffusers(tensors, expected, prefix)
-            except KeyError as error:
-                raise BadFileError(
-                    path, f"the transformer is incomplete: {error.args[0]} is missing."
-                ) from None
-            except ValueError as error:
-                raise BadFileError(
-                    path, f"the transformer does not fit together: {error}."
-                ) from None
-            transformer = _assign(path, transformer, state, "transformer")
-            if cancel is not None:
-                cancel.raise_if_cancelled()
-
-            progress("Loading the text encoder", 1, 4)
-            text_encoder, encoder_dtypes = _load_qwen3_file(companions.text_encoder)
-            used += encoder_dtypes
-            if cancel is not None:
-                cancel.raise_if_cancelled()
-
-            progress("Loading the VAE", 2, 4)
-            base = _read_json(paths.resource("configs", "flux", "vae", "config.json"))
-            vae_model, _, vae_dtypes = _load_vae_override(
-                companions.vae, base, 1024, allow_pickle=False, cancel=cancel
-            )
-            channels = vae_model.config["latent_channels"]
-            if channels != config["in_channels"]:
-                raise UnsupportedModelError(
-                    companions.vae,
-                    f"the VAE makes {channels}-channel latents but the "
-                    f"transformer works on {config['in_channels']}.",
-                )
-            used += vae_dtypes
-            pipeline = diffusers.ZImagePipeline(
-                scheduler=diffusers.FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER_CONFIG),
-                vae=vae_model,
-                text_encoder=text_encoder,
-                tokenizer=qwen3_tokenizer(),
-                transformer=transformer,
-            )
-        progress("Scanning the weights", 3, 4)
-        weights = scan_weights(
-            pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
-        )
-        short_hash = hasher.result(progress, cancel)
-    except BaseException:
-        hasher.stop()
-        raise
-    return LoadedModel(
-        pipeline=pipeline,
-        source=source,
-        name=path.stem,
-        format="split_files",
-        architecture=architecture,
-        prediction_type="flow",
-        native_size=1024,
-        stored_dtype=stored_dtype(used),
-        model_hash=short_hash,
-        profile_key=identity.profile_key(weights),
-        weights=weights,
-        detected_because=because,
-    )
-
-
-def _load_qwen3_file(path: Path):
+def _qwen3_encoder(checkpoint: Checkpoint):
     """A Qwen3 text encoder file in transformers' layout (ComfyUI's qwen_3_4b.safetensors):
-    the decoder's layers, read as a Qwen3Model (the LM head, if any, is not used)."""
+    the decoder's layers, read as a Qwen3Model (the LM head, if any, is not used). Returns
+    (model, stored dtypes)."""
     import transformers
 
-    with Checkpoint(path) as checkpoint:
-        prefix = split.qwen3_prefix(checkpoint.shapes)
-        try:
-            if prefix is None:
-                raise ValueError("it has no Qwen3 layers (embed_tokens, q_norm)")
-            config = split.qwen3_config(checkpoint.shapes, prefix)
-        except (KeyError, ValueError) as error:
-            raise UnsupportedModelError(
-                path, f"this Qwen3 text encoder cannot be built: {error}."
-            ) from None
-        keys = [k for k in checkpoint.shapes if k.startswith(prefix) and k != "lm_head.weight"]
-        tensors = {k[len(prefix) :]: checkpoint.get(k) for k in keys}
-        dtypes = [checkpoint.dtypes[k] for k in keys]
+    path = checkpoint.path
+    prefix = split.qwen3_prefix(checkpoint.shapes)
+    try:
+        if prefix is None:
+            raise ValueError("it has no Qwen3 layers (embed_tokens, q_norm)")
+        config = split.qwen3_config(checkpoint.shapes, prefix)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen3 text encoder cannot be built: {error}."
+        ) from None
+    keys = [k for k in checkpoint.shapes if k.startswith(prefix) and k != "lm_head.weight"]
+    tensors = {k[len(prefix) :]: checkpoint.get(k) for k in keys}
+    dtypes = [checkpoint.dtypes[k] for k in keys]
     model = _empty(transformers.Qwen3Model, transformers.Qwen3Config(**config))
     return _assign(path, model, tensors, "Qwen3 text encoder"), dtypes
 
 
-def _load_split_qwenimage(
-    path: Path,
-    checkpoint: Checkpoint,
-    source: str,
-    vae: str | None,
-    text_encoders: list[str],
-    progress: ProgressCallback,
-    cancel: CancelToken | None,
-) -> LoadedModel:
-    """A Qwen-Image transformer file with its Qwen2.5-VL text encoder and Wan-layout VAE
-    companions (see `split.py`): every header is read and every companion found before a
-    tensor is read."""
-    import diffusers
-
-    from app.core.demo import QWENIMAGE_SCHEDULER_CONFIG, qwen2_tokenizer
-
-    prefix = split.qwenimage_prefix(checkpoint.shapes) or ""
-    try:
-        config = split.qwenimage_transformer_config(checkpoint.shapes, prefix)
-    except ValueError as error:
-        raise UnsupportedModelError(
-            path, f"this Qwen-Image-style transformer is not one HalfSafe can build: {error}."
-        ) from None
-    architecture, because = split.describe_qwenimage(config, prefix)
-    latent = config["in_channels"] // 4
-    companions = split.find_qwen25_vl_companions(
-        path, text_encoders, vae, config["joint_attention_dim"], latent
-    )
-    missing = split.missing_llm_sentence(
-        companions,
-        path,
-        "Qwen-Image",
-        "its Qwen2.5-VL text encoder (qwen_2.5_vl_7b)",
-        "its VAE (qwen_image_vae)",
-    )
-    if missing is not None:
-        raise UnsupportedModelError(path, missing)
-    assert companions.text_encoder and companions.vae
-    parts = [path, companions.text_encoder, companions.vae]
-    identity = _Identity(architecture, "flow", parts, parts)
-    hasher = _Hasher(path)
-    used: list[str] = []
-    try:
-        with one_torch_thread():
-            progress("Loading the transformer", 0, 4)
-            keys = [k for k in checkpoint.shapes if k.startswith(prefix)]
-            tensors = {k[len(prefix) :]: checkpoint.get(k) for k in keys}
-            used += [checkpoint.dtypes[k] for k in keys]
-            transformer = _empty(diffusers.QwenImageTransformer2DModel.from_config, config)
-            transformer = _assign(path, transformer, tensors, "transformer")
-            if cancel is not None:
-                cancel.raise_if_cancelled()
-
-            progress("Loading the text encoder", 1, 4)
-            text_encoder, encoder_dtypes = _load_qwen25_vl_file(companions.text_encoder)
-            used += encoder_dtypes
-            if cancel is not None:
-                cancel.raise_if_cancelled()
-
-            progress("Loading the VAE", 2, 4)
-            vae_model, vae_dtypes = _load_wan_vae_file(companions.vae)
-            if vae_model.config.z_dim != latent:
-                raise UnsupportedModelError(
-                    companions.vae,
-                    f"the VAE makes {vae_model.config.z_dim}-channel latents but the "
-                    f"transformer works on {latent}.",
-                )
-            used += vae_dtypes
-            pipeline = diffusers.QwenImagePipeline(
-                scheduler=diffusers.FlowMatchEulerDiscreteScheduler(**QWENIMAGE_SCHEDULER_CONFIG),
-                vae=vae_model,
-                text_encoder=text_encoder,
-                tokenizer=qwen2_tokenizer(),
-                transformer=transformer,
-            )
-        progress("Scanning the weights", 3, 4)
-        weights = scan_weights(
-            pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
-        )
-        short_hash = hasher.result(progress, cancel)
-    except BaseException:
-        hasher.stop()
-        raise
-    return LoadedModel(
-        pipeline=pipeline,
-        source=source,
-        name=path.stem,
-        format="split_files",
-        architecture=architecture,
-        prediction_type="flow",
-        native_size=1328,
-        stored_dtype=stored_dtype(used),
-        model_hash=short_hash,
-        profile_key=identity.profile_key(weights),
-        weights=weights,
-        detected_because=because,
-    )
-
-
-def _load_qwen25_vl_file(path: Path):
+def _qwen25_vl_encoder(checkpoint: Checkpoint):
     """A Qwen2.5-VL file as ComfyUI keeps it (qwen_2.5_vl_7b.safetensors: model.*, visual.*,
-    lm_head), read as a Qwen2_5_VLForConditionalGeneration."""
+    lm_head), read as a Qwen2_5_VLForConditionalGeneration. Returns (model, stored dtypes)."""
     import transformers
 
-    with Checkpoint(path) as checkpoint:
-        try:
-            config = split.qwen25_vl_config(checkpoint.shapes)
-        except (KeyError, ValueError) as error:
-            raise UnsupportedModelError(
-                path, f"this Qwen2.5-VL text encoder cannot be built: {error}."
-            ) from None
-        tensors = {}
-        for key in checkpoint.shapes:
-            name = split.qwen25_vl_to_transformers(key)
-            tensors[name if name is not None else key] = checkpoint.get(key)
-        dtypes = list(checkpoint.dtypes.values())
+    path = checkpoint.path
+    try:
+        config = split.qwen25_vl_config(checkpoint.shapes)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen2.5-VL text encoder cannot be built: {error}."
+        ) from None
+    tensors = {}
+    for key in checkpoint.shapes:
+        name = split.qwen25_vl_to_transformers(key)
+        tensors[name if name is not None else key] = checkpoint.get(key)
+    dtypes = list(checkpoint.dtypes.values())
     model = _empty(
         transformers.Qwen2_5_VLForConditionalGeneration, transformers.Qwen2_5_VLConfig(**config)
     )
@@ -1376,11 +1164,15 @@ def _split_transformer(path: Path, checkpoint: Checkpoint, model: split.SplitMod
 
 
 def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: split.Need):
-    """A CLIP or T5 text encoder in transformers' layout under `prefix` of a file (a
-    companion's own `clip_l.safetensors`, or the text_encoders.* of an SD3.x file). Returns
-    (model, stored dtypes)."""
+    """A text encoder under `prefix` of a file, as `need.kind` says: a CLIP or T5 in
+    transformers' layout (a companion's own `clip_l.safetensors`, or the text_encoders.* of an
+    SD3.x file), a Qwen3 or a Qwen2.5-VL file. Returns (model, stored dtypes)."""
     import transformers
 
+    if need.kind == "qwen3":
+        return _qwen3_encoder(checkpoint)
+    if need.kind == "qwen25_vl":
+        return _qwen25_vl_encoder(checkpoint)
     path = checkpoint.path
     words = need.words.removeprefix("its ")
     shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}
@@ -1659,6 +1451,8 @@ _SPLIT_LAYOUTS = {
     "FluxTransformer2DModel": "flux",
     "ChromaTransformer2DModel": "chroma",
     "SD3Transformer2DModel": "sd3",
+    "ZImageTransformer2DModel": "zimage",
+    "QwenImageTransformer2DModel": "qwenimage",
 }
 _COMPANION_NAMES = {
     "flux": {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "ae"},
@@ -1669,16 +1463,20 @@ _COMPANION_NAMES = {
         "text_encoder_3": "t5xxl",
         "vae": "sd3_vae",
     },
+    "zimage": {"text_encoder": "qwen_3_4b", "vae": "ae"},
+    "qwenimage": {"text_encoder": "qwen_2.5_vl_7b", "vae": "qwen_image_vae"},
 }
 
 
 def save_split_files(
     pipeline, root: str | Path, name: str = "model", *, prefix: str = "", single_file: bool = False
 ) -> dict[str, Path]:
-    """Write a Flux, Chroma or SD3 pipeline as ComfyUI keeps it under `root` (its models
-    folder): the transformer in its original layout (Black Forest Labs' or Stability AI's,
-    under `prefix`) in diffusion_models/, the text encoders in transformers' layout in
-    text_encoders/ (clip_l, clip_g, t5xxl), the VAE in the original layout in vae/. With
+    """Write a Flux, Chroma, SD3, Z-Image or Qwen-Image pipeline as ComfyUI keeps it under
+    `root` (its models folder): the transformer in its original layout (Black Forest Labs',
+    Stability AI's, Z-Image's; Qwen-Image's keeps diffusers' names; under `prefix`) in
+    diffusion_models/, the text encoders in text_encoders/ in the layout their files use
+    (clip_l, clip_g, t5xxl; qwen_3_4b under Qwen3ForCausalLM's names; qwen_2.5_vl_7b under
+    model.*, visual.*), the VAE in vae/ in the original layout (Qwen-Image's: Wan 2.1's). With
     `single_file` (SD3), everything goes into one checkpoints/ file as Stability AI ships it
     (model.diffusion_model.*, text_encoders.*.transformer.*, first_stage_model.*). Returns
     the paths by component ("transformer" for the one file)."""
@@ -1697,11 +1495,18 @@ def save_split_files(
     for component, stem in _COMPANION_NAMES[layout].items():
         part = getattr(pipeline, component)
         state = part.state_dict()
-        if component == "vae":
+        kind = type(part).__name__
+        if kind == "AutoencoderKLQwenImage":
+            state = split.wan_vae_to_original(state, part.config.num_res_blocks)
+        elif component == "vae":
             state = {
                 k.removeprefix(arch.VAE): v
                 for k, v in _ldm_vae(state, len(part.config.block_out_channels)).items()
             }
+        elif kind == "Qwen3Model":
+            state = {"model." + k: v for k, v in state.items()}
+        elif kind == "Qwen2_5_VLForConditionalGeneration":
+            state = {split.qwen25_vl_to_file(k): v for k, v in state.items()}
         elif stem == "t5xxl":
             state = {k: v for k, v in state.items() if k != "encoder.embed_tokens.weight"}
         else:  # transformers' original CLIP names, as the files users download hold them
@@ -1724,60 +1529,6 @@ def save_split_files(
         file.parent.mkdir(parents=True, exist_ok=True)
         write_safetensors(file, {k: v.contiguous() for k, v in state.items()})
         written[component] = file
-    return written
-
-
-def save_zimage_split_files(
-    pipeline, root: str | Path, name: str = "z_image_turbo"
-) -> dict[str, Path]:
-    """Write a Z-Image pipeline as ComfyUI keeps it under `root` (its models folder): the
-    transformer in its original layout in diffusion_models/, the Qwen3 text encoder under
-    transformers' Qwen3ForCausalLM names (`model.`) in text_encoders/qwen_3_4b.safetensors, and
-    the Flux VAE in its original layout as vae/ae.safetensors."""
-    root = Path(root)
-    vae = pipeline.vae
-    written = {
-        "transformer": root / "diffusion_models" / f"{name}.safetensors",
-        "text_encoder": root / "text_encoders" / "qwen_3_4b.safetensors",
-        "vae": root / "vae" / "ae.safetensors",
-    }
-    tensors = {
-        "transformer": split.zimage_to_original(pipeline.transformer.state_dict()),
-        "text_encoder": {"model." + k: v for k, v in pipeline.text_encoder.state_dict().items()},
-        "vae": _ldm_vae(vae.state_dict(), len(vae.config.block_out_channels)),
-    }
-    for component, file in written.items():
-        file.parent.mkdir(parents=True, exist_ok=True)
-        state = {k: v.contiguous() for k, v in tensors[component].items()}
-        write_safetensors(file, {k.removeprefix(arch.VAE): v for k, v in state.items()})
-    return written
-
-
-def save_qwenimage_split_files(
-    pipeline, root: str | Path, name: str = "qwen_image"
-) -> dict[str, Path]:
-    """Write a Qwen-Image pipeline as ComfyUI keeps it under `root`: the transformer (its
-    diffusers names) in diffusion_models/, the Qwen2.5-VL text encoder under the names its
-    files use (model.*, visual.*, lm_head) as text_encoders/qwen_2.5_vl_7b.safetensors, and the
-    VAE in the Wan 2.1 layout as vae/qwen_image_vae.safetensors."""
-    root = Path(root)
-    written = {
-        "transformer": root / "diffusion_models" / f"{name}.safetensors",
-        "text_encoder": root / "text_encoders" / "qwen_2.5_vl_7b.safetensors",
-        "vae": root / "vae" / "qwen_image_vae.safetensors",
-    }
-    tensors = {
-        "transformer": pipeline.transformer.state_dict(),
-        "text_encoder": {
-            split.qwen25_vl_to_file(k): v for k, v in pipeline.text_encoder.state_dict().items()
-        },
-        "vae": split.wan_vae_to_original(
-            pipeline.vae.state_dict(), pipeline.vae.config.num_res_blocks
-        ),
-    }
-    for component, file in written.items():
-        file.parent.mkdir(parents=True, exist_ok=True)
-        write_safetensors(file, {k: v.contiguous() for k, v in tensors[component].items()})
     return written
 
 

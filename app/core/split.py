@@ -1,4 +1,5 @@
-"""Models kept as split files, as ComfyUI and Forge users keep Flux.1, Chroma and SD3.x: a
+"""Models kept as split files, as ComfyUI and Forge users keep Flux.1, Chroma, SD3.x, Z-Image
+and Qwen-Image: a
 transformer file (in `diffusion_models/` or `unet/`), its text encoders (in `text_encoders/` or
 `clip/`) and its VAE (in `vae/`), each a `.safetensors` of its own; and Stability AI's SD3.x
 checkpoints, which may carry their text encoders and VAE inside the same file.
@@ -7,11 +8,13 @@ Each transformer layout is one entry of `LAYOUTS`: the keys that mark it, how it
 read from tensor names and shapes (block counts, widths, head size, embeddings present or
 not), the one table that maps its keys to diffusers names in both directions, and the
 companions it runs with. Layouts here: Black Forest Labs' (Flux.1 dev/schnell; Chroma, told
-apart by its `distilled_guidance_layer`) and Stability AI's MMDiT (SD3, SD3.5 Large and
-Medium). The companions come from `--text-encoder PATH` (repeatable) and `--vae PATH`, or are
+apart by its `distilled_guidance_layer`), Stability AI's MMDiT (SD3, SD3.5 Large and Medium),
+Z-Image's original layout (fused qkv, final_layer, x_embedder; a Qwen3 text encoder and Flux's
+VAE) and Qwen-Image's (diffusers' own names; a Qwen2.5-VL text encoder in its files' older
+names and a VAE in the Wan 2.1 layout, each mapped by one rename both ways). The companions come from `--text-encoder PATH` (repeatable) and `--vae PATH`, or are
 found by their contents in the usual sibling folders; a missing one is named in one sentence.
 Every header is read before any tensor; nothing reaches the network (shipped configs in
-`resources/configs`, shipped CLIP and T5 vocabularies).
+`resources/configs`, shipped CLIP, T5 and Qwen vocabularies).
 
 torch, diffusers and transformers are imported inside the functions that use them.
 """
@@ -58,7 +61,10 @@ class Need:
     """One component a transformer runs with besides itself."""
 
     component: str  # the pipeline component it becomes: "text_encoder", "vae", ...
-    kind: str  # "clip" (hidden width), "clip_projected" (projection width), "t5", "vae"
+    # What file it takes, as `width_of` reads it: "clip" (hidden width), "clip_projected"
+    # (projection width), "t5", "qwen3", "qwen25_vl" (hidden width); "vae" (an original-layout
+    # VAE), "wan_vae" (the Wan 2.1 layout) by latent channels.
+    kind: str
     words: str  # "its T5 text encoder (t5xxl)"
     fits: Callable[[int], bool]  # on the file's width (latent channels for a VAE)
     hints: tuple[str, ...] = ()  # name fragments preferred when several files fit
@@ -68,23 +74,25 @@ class Need:
 
     @property
     def is_text_encoder(self) -> bool:
-        return self.kind != "vae"
+        return not self.kind.endswith("vae")
 
 
 @dataclass(frozen=True)
 class SplitModel:
     """A transformer file read from its header: its diffusers config and what it needs."""
 
-    layout: str  # LAYOUTS key: "flux", "chroma", "sd3"
-    title: str  # "Flux.1", "Chroma", "SD3.5 Large" (for sentences)
+    layout: str  # LAYOUTS key: "flux", "chroma", "sd3", "zimage", "qwenimage"
+    title: str  # "Flux.1", "Chroma", "SD3.5 Large", "Z-Image" (for sentences)
     prefix: str  # the transformer's key prefix in the file
     config: dict[str, Any]  # the diffusers transformer's config, `_class_name` included
-    architecture: str  # HalfSafe's name: "flux-dev", "chroma", "sd3"
+    architecture: str  # HalfSafe's name: "flux-dev", "chroma", "sd3", "zimage", "qwenimage"
     because: str  # one sentence: why it is this model
     needs: tuple[Need, ...]
     pipeline_class: str  # the diffusers pipeline class
     configs: str  # resources/configs folder with its scheduler and VAE configs
     scheduler: dict[str, Any]  # overrides of the shipped scheduler config
+    latent_channels: int  # what its VAE must make
+    native_size: int = 1024  # the pictures' side it was trained for
     # Projected CLIPs whose pooled vectors, side by side, make the transformer's pooled input.
     pooled_from: tuple[str, ...] = ()
 
@@ -154,8 +162,6 @@ class AbsurdSizes(ValueError):
 
 def _check(config: dict[str, Any]) -> dict[str, Any]:
     """A config within real models' sizes (app.core.limits), before anything is built."""
-    from app.core import limits
-
     try:
         limits.check_transformer_config(config)
     except ValueError as error:
@@ -269,6 +275,7 @@ def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
         configs="flux",
         # Schnell's schedule differs from dev's only in not shifting by resolution.
         scheduler={"use_dynamic_shifting": dev, "shift": 3.0 if dev else 1.0},
+        latent_channels=config["in_channels"] // 4,
     )
 
 
@@ -308,6 +315,7 @@ def _read_chroma(shapes: Shapes, prefix: str) -> SplitModel:
         pipeline_class="ChromaPipeline",
         configs="flux",  # Flux.1's VAE and FLUX.1-dev's schedule
         scheduler={},
+        latent_channels=config["in_channels"] // 4,
     )
 
 
@@ -484,6 +492,7 @@ def _read_sd3(shapes: Shapes, prefix: str) -> SplitModel:
         pipeline_class="StableDiffusion3Pipeline",
         configs="sd3",
         scheduler={},
+        latent_channels=latent,
         pooled_from=("text_encoder", "text_encoder_2"),
     )
 
@@ -553,6 +562,245 @@ def _sd3_table(config: Mapping[str, Any]) -> Iterator[Row]:
     yield from _swapped("final_layer.adaLN_modulation.1", "norm_out.linear")
 
 
+# Z-Image's original layout (ComfyUI: diffusion_models/z_image_turbo_bf16.safetensors) ------
+
+_ZIMAGE_MARKERS = (
+    "layers.0.attention.qkv.weight",
+    "cap_embedder.1.weight",
+    "noise_refiner.0.attention.qkv.weight",
+)
+# Rotary table lengths (frame/caption index, height, width), which no tensor records: room for
+# Z-Image's 512 caption tokens and 1024 patches a side, as its released config allows.
+ZIMAGE_AXES_LENS = (1536, 512, 512)
+
+
+def _bounded(*sizes: tuple[str, int, int]) -> None:
+    """Each (what, size, limit) at least 1 and within real models' bounds (`limits.py`)."""
+    for what, size, limit in sizes:
+        if not 1 <= size <= limit:
+            raise AbsurdSizes(f"its {what} ({size}) is outside 1 to {limit}")
+
+
+def _read_zimage(shapes: Shapes, prefix: str) -> SplitModel:
+    w = _reader(shapes, prefix)
+    dim, patch_values = w("x_embedder.weight", 2)
+    head = w("layers.0.attention.q_norm.weight", 1)[0]
+    rows = w("layers.0.attention.qkv.weight", 2)[0]
+    if patch_values % 4 or head < 8 or dim % head or head % 8:
+        raise ValueError(f"its blocks ({dim} wide, {head}-wide heads) are not Z-Image's")
+    heads = dim // head
+    kv_heads, rest = divmod(rows // head - heads, 2)
+    if rows % head or rest or kv_heads < 1:
+        raise ValueError(f"its fused attention ({rows} rows) does not split into {heads} heads")
+    layers = arch._count_indices(shapes, prefix + "layers.")
+    refiners = arch._count_indices(shapes, prefix + "noise_refiner.")
+    latent = patch_values // 4
+    _bounded(
+        ("number of blocks", layers, limits.MAX_TRANSFORMER_DEPTH),
+        ("number of refiner blocks", refiners, limits.MAX_TRANSFORMER_DEPTH),
+        ("width", dim, limits.MAX_TRANSFORMER_WIDTH),
+        ("number of attention heads", heads, limits.MAX_HEADS),
+        ("number of latent channels", latent, limits.MAX_IMAGE_CHANNELS),
+    )
+    config = {
+        "_class_name": "ZImageTransformer2DModel",
+        "all_patch_size": [2],
+        "all_f_patch_size": [1],
+        "in_channels": latent,
+        "dim": dim,
+        "n_layers": layers,
+        "n_refiner_layers": refiners,
+        "n_heads": heads,
+        "n_kv_heads": kv_heads,
+        "qk_norm": True,
+        "cap_feat_dim": w("cap_embedder.1.weight", 2)[1],
+        # Rotary axes (frame, height, width) in Z-Image's proportions: 32, 48, 48 of 128.
+        "axes_dims": [head // 4, 3 * head // 8, 3 * head // 8],
+        "axes_lens": list(ZIMAGE_AXES_LENS),
+    }
+    _check(config)
+    text_width = config["cap_feat_dim"]
+    return SplitModel(
+        layout="zimage",
+        title="Z-Image",
+        prefix=prefix,
+        config=config,
+        architecture="zimage",
+        because=(
+            f"Z-Image: a single-stream transformer in its original layout ({prefix}layers, "
+            f"noise_refiner, context_refiner, cap_embedder) with {layers} main and "
+            f"{refiners}+{refiners} refiner blocks, {dim} wide, on {latent}-channel latents in "
+            f"2x2 patches, reading {text_width}-wide Qwen3 hidden states; flow matching."
+        ),
+        needs=(
+            Need(
+                "text_encoder",
+                "qwen3",
+                "its Qwen3 text encoder (qwen_3_4b)",
+                lambda width: width == text_width,
+                ("qwen_3", "qwen3"),
+            ),
+            Need(
+                "vae",
+                "vae",
+                f"its {latent}-channel VAE (Flux's ae)",
+                lambda c: c == latent,
+                ("ae", "flux"),
+            ),
+        ),
+        pipeline_class="ZImagePipeline",
+        configs="flux",  # Flux.1's VAE; the schedule as Z-Image Turbo's: a fixed shift of 3
+        scheduler={"use_dynamic_shifting": False, "shift": 3.0},
+        latent_channels=latent,
+    )
+
+
+def _zimage_block(b: str, modulated: bool) -> Iterator[Row]:
+    parts = tuple(f"{b}attention.to_{x}.weight" for x in "qkv")
+    yield b + "attention.qkv.weight", parts, "cat"
+    yield b + "attention.out.weight", (b + "attention.to_out.0.weight",), "same"
+    yield b + "attention.q_norm.weight", (b + "attention.norm_q.weight",), "same"
+    yield b + "attention.k_norm.weight", (b + "attention.norm_k.weight",), "same"
+    for name in (
+        "feed_forward.w1",
+        "feed_forward.w2",
+        "feed_forward.w3",
+        "attention_norm1",
+        "ffn_norm1",
+        "attention_norm2",
+        "ffn_norm2",
+    ):
+        yield f"{b}{name}.weight", (f"{b}{name}.weight",), "same"
+    if modulated:  # the context refiner has no timestep modulation
+        yield from _linear(b + "adaLN_modulation.0", b + "adaLN_modulation.0")
+
+
+def _zimage_table(config: Mapping[str, Any]) -> Iterator[Row]:
+    """Z-Image's original names <-> diffusers' ZImageTransformer2DModel names: the attention's
+    fused qkv (no bias), its out and q/k norms renamed, the patch embedder and final layer
+    under the (2x2 patch, 1 frame) key diffusers keeps them by."""
+    for name in ("x_pad_token", "cap_pad_token", "cap_embedder.0.weight"):
+        yield name, (name,), "same"
+    yield from _linear("cap_embedder.1", "cap_embedder.1")
+    yield from _linear("t_embedder.mlp.0", "t_embedder.mlp.0")
+    yield from _linear("t_embedder.mlp.2", "t_embedder.mlp.2")
+    yield from _linear("x_embedder", "all_x_embedder.2-1")
+    yield from _linear("final_layer.linear", "all_final_layer.2-1.linear")
+    yield from _linear("final_layer.adaLN_modulation.1", "all_final_layer.2-1.adaLN_modulation.1")
+    for i in range(config["n_refiner_layers"]):
+        yield from _zimage_block(f"noise_refiner.{i}.", modulated=True)
+        yield from _zimage_block(f"context_refiner.{i}.", modulated=False)
+    for i in range(config["n_layers"]):
+        yield from _zimage_block(f"layers.{i}.", modulated=True)
+
+
+# Qwen-Image (ComfyUI: diffusion_models/qwen_image_bf16.safetensors, in diffusers' names) ---
+
+_QWENIMAGE_MARKERS = ("transformer_blocks.0.img_mod.1.weight", "txt_norm.weight", "img_in.weight")
+
+
+def _read_qwenimage(shapes: Shapes, prefix: str) -> SplitModel:
+    w = _reader(shapes, prefix)
+    inner, in_channels = w("img_in.weight", 2)
+    head = w("transformer_blocks.0.attn.norm_q.weight", 1)[0]
+    if head < 16 or inner % head or head % 16 or in_channels % 4:
+        raise ValueError(f"its blocks ({inner} wide, {head}-wide heads) are not Qwen-Image's")
+    config = {
+        "_class_name": "QwenImageTransformer2DModel",
+        "patch_size": 2,
+        "in_channels": in_channels,
+        "out_channels": w("proj_out.weight", 2)[0] // 4,
+        "num_layers": arch._count_indices(shapes, prefix + "transformer_blocks."),
+        "attention_head_dim": head,
+        "num_attention_heads": inner // head,
+        "joint_attention_dim": w("txt_norm.weight", 1)[0],
+        "guidance_embeds": False,
+        # Rotary axes (frame, height, width) in Qwen-Image's proportions: 16, 56, 56 of 128.
+        "axes_dims_rope": [head // 8, 7 * head // 16, 7 * head // 16],
+    }
+    _check(config)
+    latent = in_channels // 4
+    text_width = config["joint_attention_dim"]
+    return SplitModel(
+        layout="qwenimage",
+        title="Qwen-Image",
+        prefix=prefix,
+        config=config,
+        architecture="qwenimage",
+        because=(
+            f"Qwen-Image: an MMDiT transformer file in diffusers' names ({prefix}"
+            f"transformer_blocks with img_mod, txt_norm) with {config['num_layers']} blocks, "
+            f"{inner} wide, on {latent}-channel latents in 2x2 patches, reading "
+            f"{text_width}-wide Qwen2.5-VL hidden states; flow matching with real CFG."
+        ),
+        needs=(
+            Need(
+                "text_encoder",
+                "qwen25_vl",
+                "its Qwen2.5-VL text encoder (qwen_2.5_vl_7b)",
+                lambda width: width == text_width,
+                ("qwen_2.5", "qwen2.5", "qwen25"),
+            ),
+            Need(
+                "vae",
+                "wan_vae",
+                "its VAE (qwen_image_vae)",
+                lambda c: c == latent,
+                ("qwen_image", "qwen"),
+            ),
+        ),
+        pipeline_class="QwenImagePipeline",
+        # Flux.1's flow-matching schedule reshaped as Qwen-Image's: an exponential,
+        # resolution-dependent shift ending at sigma 0.02. Its VAE's config comes from shapes.
+        configs="flux",
+        scheduler={
+            "shift": 1.0,
+            "max_shift": 0.9,
+            "max_image_seq_len": 8192,
+            "shift_terminal": 0.02,
+            "time_shift_type": "exponential",
+        },
+        native_size=1328,
+        latent_channels=latent,
+    )
+
+
+def _qwenimage_table(config: Mapping[str, Any]) -> Iterator[Row]:
+    """Qwen-Image's files keep diffusers' QwenImageTransformer2DModel names: every row is the
+    key itself."""
+    names = [
+        "time_text_embed.timestep_embedder.linear_1",
+        "time_text_embed.timestep_embedder.linear_2",
+    ]
+    names += ["img_in", "txt_in", "norm_out.linear", "proj_out"]
+    yield "txt_norm.weight", ("txt_norm.weight",), "same"
+    for i in range(config["num_layers"]):
+        b = f"transformer_blocks.{i}."
+        for norm in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
+            yield f"{b}attn.{norm}.weight", (f"{b}attn.{norm}.weight",), "same"
+        names += [
+            b + name
+            for name in (
+                "img_mod.1",
+                "txt_mod.1",
+                "attn.to_q",
+                "attn.to_k",
+                "attn.to_v",
+                "attn.add_q_proj",
+                "attn.add_k_proj",
+                "attn.add_v_proj",
+                "attn.to_out.0",
+                "attn.to_add_out",
+                "img_mlp.net.0.proj",
+                "img_mlp.net.2",
+                "txt_mlp.net.0.proj",
+                "txt_mlp.net.2",
+            )
+        ]
+    for name in names:
+        yield from _linear(name, name)
+
+
 # The layouts, first match wins (Chroma before Flux.1: the same blocks, and more).
 LAYOUTS: dict[str, Layout] = {
     "chroma": Layout(
@@ -562,6 +810,10 @@ LAYOUTS: dict[str, Layout] = {
         "Flux-style transformer", _BFL_MARKERS, (_CHROMA_MARKER,), _read_flux, _bfl_table
     ),
     "sd3": Layout("SD3-style transformer", _SD3_MARKERS, (), _read_sd3, _sd3_table),
+    "zimage": Layout("Z-Image-style transformer", _ZIMAGE_MARKERS, (), _read_zimage, _zimage_table),
+    "qwenimage": Layout(
+        "Qwen-Image-style transformer", _QWENIMAGE_MARKERS, (), _read_qwenimage, _qwenimage_table
+    ),
 }
 
 
@@ -620,11 +872,16 @@ def to_original(rows: Iterator[Row], state: Mapping[str, Any]) -> dict[str, Any]
 
 
 def encoder_kind(shapes: Shapes) -> str | None:
-    """ "t5" or "clip" for a text-encoder file in transformers' key layout, else None."""
+    """ "t5", "clip", "qwen3" or "qwen25_vl" for a text-encoder file in the layout its files
+    use (transformers' names; Qwen2.5-VL's older model.*, visual.*), else None."""
     if "encoder.block.0.layer.0.SelfAttention.q.weight" in shapes and "shared.weight" in shapes:
         return "t5"
     if CLIP_PREFIX + "embeddings.token_embedding.weight" in shapes:
         return "clip"
+    if is_qwen25_vl(shapes):
+        return "qwen25_vl"
+    if qwen3_prefix(shapes) is not None:
+        return "qwen3"
     return None
 
 
@@ -654,150 +911,6 @@ def t5_config(shapes: Shapes) -> dict[str, Any]:
     }
 
 
-# Companions --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Companions:
-    """The files a split transformer runs with (by component, None where missing)."""
-
-    found: dict[str, Path | None]
-    looked_in: tuple[Path, ...]
-
-    def missing(self) -> list[str]:
-        return [c for c, path in self.found.items() if path is None]
-
-
-def _headers(paths: list[Path]) -> Iterator[tuple[Path, Shapes]]:
-    for path in paths:
-        with contextlib.suppress(HalfSafeError, OSError):
-            yield path, read_safetensors_header(path).shapes()
-
-
-def _siblings(model: Path, folders: tuple[str, ...]) -> list[Path]:
-    """Folders named `folders` beside the transformer's folder (ComfyUI's models/ tree)."""
-    root = model.parent.parent
-    return [root / name for name in folders if (root / name).is_dir()]
-
-
-def _files(folders: list[Path]) -> list[Path]:
-    found: list[Path] = []
-    for folder in folders:
-        with contextlib.suppress(OSError):
-            found += sorted(p for p in folder.iterdir() if p.suffix == ".safetensors")
-    return found[:MAX_SIBLINGS]
-
-
-def width_of(kind: str, shapes: Shapes) -> int | None:
-    """What a companion file offers for a need of `kind`: a text encoder's width (a CLIP's
-    projection width for "clip_projected") or a VAE's latent channels; None when it is not
-    that kind of file."""
-    if kind == "vae":
-        conv = shapes.get("decoder.conv_in.weight")
-        return conv[1] if conv is not None and len(conv) == 4 else None
-    found = encoder_kind(shapes)
-    if kind == "t5" and found == "t5":
-        return shapes["shared.weight"][1]
-    if kind == "clip" and found == "clip":
-        return shapes[CLIP_PREFIX + "embeddings.token_embedding.weight"][1]
-    if kind == "clip_projected" and found == "clip":
-        projection = shapes.get(CLIP_PROJECTION)
-        return projection[0] if projection is not None and len(projection) == 2 else None
-    return None
-
-
-def _hinted(need: Need, path: Path) -> bool:
-    """Whether the file's name has a word starting with one of the need's hints ("t5xxl_fp16"
-    says t5, "sd3_vae" says sd3 but not ae)."""
-    stem = path.stem.lower()
-    return any(re.search(rf"(^|[^a-z0-9]){re.escape(h)}", stem) for h in need.hints)
-
-
-def find_companions(
-    model: Path, split_model: SplitModel, text_encoders: list[str], vae: str | None
-) -> Companions:
-    """The companions of a transformer file: the files given first (each must fit one of
-    its needs: a sentence otherwise), then the sibling folders, by contents (a T5 as wide as
-    the transformer's text input, a CLIP of the width it takes, a VAE whose latent channels
-    fit), preferring a file whose name says what it is where several fit. Headers only."""
-    needs = split_model.companions
-    found: dict[str, Path | None] = {n.component: None for n in needs}
-    for given in text_encoders:
-        path = Path(given).expanduser()
-        if not path.is_file():
-            raise BadFileError(path, "the text encoder does not exist (no such file).")
-        if path.suffix.lower() != ".safetensors":
-            raise UnsupportedModelError(path, "split text encoders are read from .safetensors.")
-        shapes = read_safetensors_header(path).shapes()
-        if encoder_kind(shapes) is None:
-            raise UnsupportedModelError(
-                path, "this is neither a CLIP nor a T5 text encoder in transformers' layout."
-            )
-        open_needs = [n for n in needs if n.is_text_encoder and found[n.component] is None]
-        if not any(n.is_text_encoder for n in needs):
-            raise UnsupportedModelError(
-                path,
-                f"the {split_model.title} file given with it carries its own text encoders, so "
-                "--text-encoder has nothing to add.",
-            )
-        fitting = [n for n in open_needs if _fits(n, shapes)]
-        if not fitting:
-            raise UnsupportedModelError(
-                path,
-                f"this text encoder fits none of what this {split_model.title} transformer "
-                f"still needs ({_listed([n.words for n in open_needs] or ['nothing'])}).",
-            )
-        need = next((n for n in fitting if _hinted(n, path)), fitting[0])
-        found[need.component] = path
-    if vae is not None:  # in place of the file's own VAE too, as for any checkpoint
-        found["vae"] = Path(vae).expanduser()
-    folders = _siblings(model, TEXT_ENCODER_FOLDERS)
-    vae_folders = _siblings(model, VAE_FOLDERS)
-    for component in [c for c, path in found.items() if path is None]:
-        need = next(n for n in needs if n.component == component)
-        candidates = _files(vae_folders if need.kind == "vae" else folders)
-        taken = set(found.values())
-        fitting = [
-            p for p, shapes in _headers(candidates) if p not in taken and _fits(need, shapes)
-        ]
-        found[component] = next((p for p in fitting if _hinted(need, p)), None) or next(
-            iter(fitting), None
-        )
-    return Companions(found, tuple(folders + vae_folders))
-
-
-def _fits(need: Need, shapes: Shapes) -> bool:
-    width = width_of(need.kind, shapes)
-    return width is not None and need.fits(width)
-
-
-def missing_sentence(split_model: SplitModel, companions: Companions, model: Path) -> str | None:
-    """One sentence naming what a transformer file still needs, or None."""
-    absent = [n for n in split_model.companions if companions.found.get(n.component) is None]
-    if not absent:
-        return None
-    words = [n.words for n in absent]
-    text = any(n.is_text_encoder for n in absent)
-    image = any(not n.is_text_encoder for n in absent)
-    root = model.parent.parent
-    folders = (TEXT_ENCODER_FOLDERS if text else ()) + (VAE_FOLDERS if image else ())
-    flags = [
-        flag for flag, wanted in (("--text-encoder PATH", text), ("--vae PATH", image)) if wanted
-    ]
-    places = " or ".join(str(root / f) for f in folders)
-    return (
-        f"this {split_model.title} transformer file needs {_listed(words)}, which "
-        f"{'is' if len(absent) == 1 else 'are'} neither given ({' and '.join(flags)}) nor "
-        f"found in {places}."
-    )
-
-
-# Z-Image (ComfyUI: diffusion_models/z_image_*.safetensors, text_encoders/qwen_3_4b, vae/ae) ---
-
-ZIMAGE_PREFIXES = ("model.diffusion_model.", "")
-# Rotary table lengths (frame/caption index, height, width), which no tensor records: room for
-# Z-Image's 512 caption tokens and 1024 patches a side, as its released config allows.
-ZIMAGE_AXES_LENS = (1536, 512, 512)
 QWEN3_PREFIXES = ("model.", "")  # transformers' Qwen3ForCausalLM names, or Qwen3Model's
 # Qwen3's settings that no tensor records (Qwen3-4B's config.json).
 QWEN3_FIXED: dict[str, Any] = {
@@ -808,146 +921,6 @@ QWEN3_FIXED: dict[str, Any] = {
     "attention_bias": False,
     "tie_word_embeddings": True,
 }
-# Z-Image's original names -> diffusers' (the renames of its single-file layout); the fused
-# qkv is split into to_q, to_k, to_v. One list serves both directions.
-_ZIMAGE_RENAMES = (
-    ("final_layer.", "all_final_layer.2-1."),
-    ("x_embedder.", "all_x_embedder.2-1."),
-    (".attention.out.", ".attention.to_out.0."),
-    (".attention.q_norm.", ".attention.norm_q."),
-    (".attention.k_norm.", ".attention.norm_k."),
-)
-_ZIMAGE_QKV = (".attention.to_q.", ".attention.to_k.", ".attention.to_v.")
-
-
-def _bounded(*sizes: tuple[str, int, int]) -> None:
-    """Each (what, size, limit) at least 1 and within real models' bounds (`limits.py`)."""
-    for what, size, limit in sizes:
-        if not 1 <= size <= limit:
-            raise ValueError(f"its {what} ({size}) is outside 1 to {limit}")
-
-
-def zimage_prefix(shapes: Shapes) -> str | None:
-    """The key prefix of a Z-Image transformer in its original layout, or None."""
-    for prefix in ZIMAGE_PREFIXES:
-        if (
-            prefix + "layers.0.attention.qkv.weight" in shapes
-            and prefix + "cap_embedder.1.weight" in shapes
-            and prefix + "noise_refiner.0.attention.qkv.weight" in shapes
-        ):
-            return prefix
-    return None
-
-
-def zimage_transformer_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
-    """A ZImageTransformer2DModel config from an original-layout file's shapes. Raises
-    ValueError naming what does not fit."""
-
-    def w(name: str) -> tuple[int, ...]:
-        shape = shapes.get(prefix + name)
-        if shape is None or not shape:
-            raise ValueError(f"it has no {name}")
-        return shape
-
-    dim, patch_values = w("x_embedder.weight")
-    head = w("layers.0.attention.q_norm.weight")[0]
-    rows = w("layers.0.attention.qkv.weight")[0]
-    if patch_values % 4 or dim % head or head % 8:
-        raise ValueError(f"its blocks ({dim} wide, {head}-wide heads) are not Z-Image's")
-    heads = dim // head
-    kv_heads, rest = divmod(rows // head - heads, 2)
-    if rows % head or rest or kv_heads < 1:
-        raise ValueError(f"its fused attention ({rows} rows) does not split into {heads} heads")
-    layers = arch._count_indices(shapes, prefix + "layers.")
-    refiners = arch._count_indices(shapes, prefix + "noise_refiner.")
-    _bounded(
-        ("number of blocks", layers, limits.MAX_TRANSFORMER_DEPTH),
-        ("number of refiner blocks", refiners, limits.MAX_TRANSFORMER_DEPTH),
-        ("width", dim, limits.MAX_WIDTH),
-        ("number of attention heads", heads, limits.MAX_HEADS),
-        ("number of latent channels", patch_values // 4, limits.MAX_IMAGE_CHANNELS),
-    )
-    return {
-        "_class_name": "ZImageTransformer2DModel",
-        "all_patch_size": [2],
-        "all_f_patch_size": [1],
-        "in_channels": patch_values // 4,
-        "dim": dim,
-        "n_layers": layers,
-        "n_refiner_layers": refiners,
-        "n_heads": heads,
-        "n_kv_heads": kv_heads,
-        "qk_norm": True,
-        "cap_feat_dim": w("cap_embedder.1.weight")[1],
-        # Rotary axes (frame, height, width) in Z-Image's proportions: 32, 48, 48 of 128.
-        "axes_dims": [head // 4, 3 * head // 8, 3 * head // 8],
-        "axes_lens": list(ZIMAGE_AXES_LENS),
-    }
-
-
-def describe_zimage(config: Mapping[str, Any], prefix: str) -> tuple[str, str]:
-    """(architecture, the "why" sentence) for a Z-Image transformer file."""
-    return (
-        "zimage",
-        f"Z-Image: a single-stream transformer in its original layout ({prefix}layers, "
-        f"noise_refiner, context_refiner, cap_embedder) with {config['n_layers']} main and "
-        f"{config['n_refiner_layers']}+{config['n_refiner_layers']} refiner blocks, "
-        f"{config['dim']} wide, on {config['in_channels']}-channel latents in 2x2 patches, "
-        f"reading {config['cap_feat_dim']}-wide Qwen3 hidden states; flow matching.",
-    )
-
-
-def _zimage_name(diffusers_key: str) -> str:
-    name = diffusers_key
-    for original, renamed in _ZIMAGE_RENAMES:
-        if name.startswith(renamed) or (renamed.startswith(".") and renamed in name):
-            name = name.replace(renamed, original, 1)
-    return name
-
-
-def _zimage_table(expected: Shapes) -> Iterator[tuple[str, tuple[str, ...], str]]:
-    """(original key, diffusers keys, how) for every weight of a ZImageTransformer2DModel
-    whose state dict has the keys of `expected`: "same", or "cat" for the fused qkv."""
-    for key in expected:
-        if _ZIMAGE_QKV[0] in key:
-            parts = tuple(key.replace(_ZIMAGE_QKV[0], part) for part in _ZIMAGE_QKV)
-            yield key.replace(_ZIMAGE_QKV[0], ".attention.qkv."), parts, "cat"
-        elif not any(part in key for part in _ZIMAGE_QKV):
-            yield _zimage_name(key), (key,), "same"
-
-
-def zimage_to_diffusers(
-    tensors: Mapping[str, Any], expected: Shapes, prefix: str = ""
-) -> dict[str, Any]:
-    """Original-layout tensors -> diffusers names; `expected` is the empty model's shapes.
-    Raises KeyError for a missing key, ValueError for a fused tensor of the wrong size."""
-    import torch
-
-    state: dict[str, Any] = {}
-    for original, names, how in _zimage_table(expected):
-        tensor = tensors[prefix + original]
-        if how == "cat":
-            sizes = [expected[n][0] for n in names]
-            if sum(sizes) != tensor.shape[0]:
-                raise ValueError(
-                    f"{prefix + original} has {tensor.shape[0]} rows, not {sum(sizes)}"
-                )
-            state.update(zip(names, torch.split(tensor, sizes, dim=0), strict=True))
-        else:
-            state[names[0]] = tensor
-    return state
-
-
-def zimage_to_original(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A diffusers ZImageTransformer2DModel state dict under its original names (what a
-    Z-Image file in ComfyUI's `diffusion_models/` holds)."""
-    import torch
-
-    expected = {k: tuple(v.shape) for k, v in state.items()}
-    out: dict[str, Any] = {}
-    for original, names, how in _zimage_table(expected):
-        out[original] = torch.cat([state[n] for n in names]) if how == "cat" else state[names[0]]
-    return out
 
 
 def qwen3_prefix(shapes: Shapes) -> str | None:
@@ -990,95 +963,6 @@ def qwen3_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class LLMCompanions:
-    """The files a split transformer with one LLM text encoder runs with."""
-
-    text_encoder: Path | None
-    vae: Path | None
-    looked_in: tuple[Path, ...]
-
-
-def _find_vae(model: Path, vae: str | None, latent_channels: int) -> tuple[Path | None, list[Path]]:
-    """The VAE given, else the first in the sibling vae/ folder whose latents fit."""
-    folders = _siblings(model, VAE_FOLDERS)
-    if vae is not None:
-        return Path(vae).expanduser(), folders
-    for path, shapes in _headers(_files(folders)):
-        conv = shapes.get("decoder.conv_in.weight")
-        if conv is not None and len(conv) > 1 and conv[1] == latent_channels:
-            return path, folders
-    return None, folders
-
-
-def find_qwen3_companions(
-    model: Path, text_encoders: list[str], vae: str | None, width: int, latent_channels: int
-) -> LLMCompanions:
-    """The Qwen3 text encoder and the VAE of a Z-Image transformer file: the files given (a
-    given text encoder must be a Qwen3 one: a sentence otherwise), else the sibling folders by
-    contents (a Qwen3 as wide as the transformer reads, a VAE whose latents fit)."""
-    encoder = None
-    for given in text_encoders:
-        path = Path(given).expanduser()
-        if not path.is_file():
-            raise BadFileError(path, "the text encoder does not exist (no such file).")
-        if path.suffix.lower() != ".safetensors":
-            raise UnsupportedModelError(path, "split text encoders are read from .safetensors.")
-        if qwen3_prefix(read_safetensors_header(path).shapes()) is None:
-            raise UnsupportedModelError(
-                path,
-                "this is not a Qwen3 text encoder in transformers' layout (Z-Image reads one).",
-            )
-        encoder = path
-    folders = _siblings(model, TEXT_ENCODER_FOLDERS)
-    if encoder is None:
-        for path, shapes in _headers(_files(folders)):
-            prefix = qwen3_prefix(shapes)
-            if prefix is not None and shapes[prefix + "embed_tokens.weight"][1] == width:
-                encoder = path
-                break
-    vae_path, vae_folders = _find_vae(model, vae, latent_channels)
-    return LLMCompanions(encoder, vae_path, tuple(folders + vae_folders))
-
-
-def missing_llm_sentence(
-    companions: LLMCompanions, model: Path, family: str, encoder: str, vae: str
-) -> str | None:
-    """One sentence naming what a split transformer with one LLM text encoder still needs."""
-    missing = [
-        words
-        for words, absent in (
-            (encoder, companions.text_encoder is None),
-            (vae, companions.vae is None),
-        )
-        if absent
-    ]
-    if not missing:
-        return None
-    root = model.parent.parent
-    folders = (TEXT_ENCODER_FOLDERS if companions.text_encoder is None else ()) + (
-        VAE_FOLDERS if companions.vae is None else ()
-    )
-    flags = [
-        flag
-        for flag, absent in (
-            ("--text-encoder PATH", companions.text_encoder is None),
-            ("--vae PATH", companions.vae is None),
-        )
-        if absent
-    ]
-    places = " or ".join(str(root / f) for f in folders)
-    return (
-        f"this {family} transformer file needs {' and '.join(missing)}, which "
-        f"{'is' if len(missing) == 1 else 'are'} neither given ({' and '.join(flags)}) nor "
-        f"found in {places}."
-    )
-
-
-# Qwen-Image (ComfyUI: diffusion_models/qwen_image_*.safetensors, text_encoders/
-# qwen_2.5_vl_7b.safetensors, vae/qwen_image_vae.safetensors) --------------------------------
-
-QWENIMAGE_PREFIXES = ("model.diffusion_model.", "")  # the file keeps diffusers' own names
 # Qwen2.5-VL-7B's settings that no tensor records. The vision tower is read (its weights are in
 # the file) but never run for text-to-image; its heads are 80 wide.
 QWEN25_VL_FIXED: dict[str, Any] = {"rope_theta": 1000000.0, "rms_norm_eps": 1e-6}
@@ -1089,67 +973,6 @@ QWEN25_VL_FULL_ATTENTION = [7, 15, 23, 31]
 # The file's names (transformers before the language model moved under model.language_model)
 # -> transformers' current names.
 _QWEN25_VL_RENAMES = (("model.", "model.language_model."), ("visual.", "model.visual."))
-
-
-def qwenimage_prefix(shapes: Shapes) -> str | None:
-    """The key prefix of a Qwen-Image transformer file, or None."""
-    for prefix in QWENIMAGE_PREFIXES:
-        if (
-            prefix + "transformer_blocks.0.img_mod.1.weight" in shapes
-            and prefix + "txt_norm.weight" in shapes
-            and prefix + "img_in.weight" in shapes
-        ):
-            return prefix
-    return None
-
-
-def qwenimage_transformer_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
-    """A QwenImageTransformer2DModel config from a file's shapes. Raises ValueError naming
-    what does not fit."""
-
-    def w(name: str) -> tuple[int, ...]:
-        shape = shapes.get(prefix + name)
-        if shape is None or not shape:
-            raise ValueError(f"it has no {name}")
-        return shape
-
-    inner, in_channels = w("img_in.weight")
-    head = w("transformer_blocks.0.attn.norm_q.weight")[0]
-    if inner % head or head % 16 or in_channels % 4:
-        raise ValueError(f"its blocks ({inner} wide, {head}-wide heads) are not Qwen-Image's")
-    layers = arch._count_indices(shapes, prefix + "transformer_blocks.")
-    _bounded(
-        ("number of blocks", layers, limits.MAX_TRANSFORMER_DEPTH),
-        ("width", inner, limits.MAX_WIDTH),
-        ("number of attention heads", inner // head, limits.MAX_HEADS),
-        ("number of latent channels", in_channels // 4, limits.MAX_IMAGE_CHANNELS),
-    )
-    return {
-        "_class_name": "QwenImageTransformer2DModel",
-        "patch_size": 2,
-        "in_channels": in_channels,
-        "out_channels": w("proj_out.weight")[0] // 4,
-        "num_layers": layers,
-        "attention_head_dim": head,
-        "num_attention_heads": inner // head,
-        "joint_attention_dim": w("txt_norm.weight")[0],
-        "guidance_embeds": False,
-        # Rotary axes (frame, height, width) in Qwen-Image's proportions: 16, 56, 56 of 128.
-        "axes_dims_rope": [head // 8, 7 * head // 16, 7 * head // 16],
-    }
-
-
-def describe_qwenimage(config: Mapping[str, Any], prefix: str) -> tuple[str, str]:
-    """(architecture, the "why" sentence) for a Qwen-Image transformer file."""
-    width = config["num_attention_heads"] * config["attention_head_dim"]
-    return (
-        "qwenimage",
-        f"Qwen-Image: an MMDiT transformer file in diffusers' names ({prefix}transformer_blocks "
-        f"with img_mod, txt_norm) with {config['num_layers']} blocks, {width} wide, on "
-        f"{config['in_channels'] // 4}-channel latents in 2x2 patches, reading "
-        f"{config['joint_attention_dim']}-wide Qwen2.5-VL hidden states; flow matching with "
-        "real CFG.",
-    )
 
 
 def is_qwen25_vl(shapes: Shapes) -> bool:
@@ -1224,6 +1047,8 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
         "tie_word_embeddings": False,
     }
 
+
+# VAEs ---------------------------------------------------------------------------------------
 
 # Qwen-Image's VAE in its original (Wan 2.1) layout: flat encoder.downsamples and
 # decoder.upsamples lists of residual blocks (residual.0/2/3/6, shortcut) and resamples,
@@ -1332,35 +1157,148 @@ def wan_vae_to_original(state: Mapping[str, Any], blocks: int) -> dict[str, Any]
     return {_wan_name(key, blocks + 1): tensor for key, tensor in state.items()}
 
 
-def find_qwen25_vl_companions(
-    model: Path, text_encoders: list[str], vae: str | None, width: int, latent_channels: int
-) -> LLMCompanions:
-    """The Qwen2.5-VL text encoder and the Wan-layout VAE of a Qwen-Image transformer file:
-    the files given (a given text encoder must be a Qwen2.5-VL one), else the sibling folders
-    by contents (a Qwen2.5-VL as wide as the transformer reads, a VAE whose latents fit)."""
-    encoder = None
+# Companions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Companions:
+    """The files a split transformer runs with (by component, None where missing)."""
+
+    found: dict[str, Path | None]
+    looked_in: tuple[Path, ...]
+
+    def missing(self) -> list[str]:
+        return [c for c, path in self.found.items() if path is None]
+
+
+def _headers(paths: list[Path]) -> Iterator[tuple[Path, Shapes]]:
+    for path in paths:
+        with contextlib.suppress(HalfSafeError, OSError):
+            yield path, read_safetensors_header(path).shapes()
+
+
+def _siblings(model: Path, folders: tuple[str, ...]) -> list[Path]:
+    """Folders named `folders` beside the transformer's folder (ComfyUI's models/ tree)."""
+    root = model.parent.parent
+    return [root / name for name in folders if (root / name).is_dir()]
+
+
+def _files(folders: list[Path]) -> list[Path]:
+    found: list[Path] = []
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            found += sorted(p for p in folder.iterdir() if p.suffix == ".safetensors")
+    return found[:MAX_SIBLINGS]
+
+
+def width_of(kind: str, shapes: Shapes) -> int | None:
+    """What a companion file offers for a need of `kind`: a text encoder's width (a CLIP's
+    projection width for "clip_projected") or a VAE's latent channels; None when it is not
+    that kind of file."""
+    if kind == "vae":
+        conv = shapes.get("decoder.conv_in.weight")
+        return conv[1] if conv is not None and len(conv) == 4 else None
+    if kind == "wan_vae":
+        conv = shapes.get("conv2.weight") if is_wan_vae(shapes) else None
+        return conv[0] if conv is not None and len(conv) == 5 else None
+    found = encoder_kind(shapes)
+    if kind == "t5" and found == "t5":
+        return shapes["shared.weight"][1]
+    if kind == "clip" and found == "clip":
+        return shapes[CLIP_PREFIX + "embeddings.token_embedding.weight"][1]
+    if kind in ("qwen3", "qwen25_vl") and found == kind:
+        prefix = "model." if kind == "qwen25_vl" else qwen3_prefix(shapes) or ""
+        embedding = shapes[prefix + "embed_tokens.weight"]
+        return embedding[1] if len(embedding) == 2 else None
+    if kind == "clip_projected" and found == "clip":
+        projection = shapes.get(CLIP_PROJECTION)
+        return projection[0] if projection is not None and len(projection) == 2 else None
+    return None
+
+
+def _hinted(need: Need, path: Path) -> bool:
+    """Whether the file's name has a word starting with one of the need's hints ("t5xxl_fp16"
+    says t5, "sd3_vae" says sd3 but not ae)."""
+    stem = path.stem.lower()
+    return any(re.search(rf"(^|[^a-z0-9]){re.escape(h)}", stem) for h in need.hints)
+
+
+def find_companions(
+    model: Path, split_model: SplitModel, text_encoders: list[str], vae: str | None
+) -> Companions:
+    """The companions of a transformer file: the files given first (each must fit one of
+    its needs: a sentence otherwise), then the sibling folders, by contents (a T5 as wide as
+    the transformer's text input, a CLIP of the width it takes, a VAE whose latent channels
+    fit), preferring a file whose name says what it is where several fit. Headers only."""
+    needs = split_model.companions
+    found: dict[str, Path | None] = {n.component: None for n in needs}
     for given in text_encoders:
         path = Path(given).expanduser()
         if not path.is_file():
             raise BadFileError(path, "the text encoder does not exist (no such file).")
         if path.suffix.lower() != ".safetensors":
             raise UnsupportedModelError(path, "split text encoders are read from .safetensors.")
-        if not is_qwen25_vl(read_safetensors_header(path).shapes()):
+        shapes = read_safetensors_header(path).shapes()
+        if encoder_kind(shapes) is None:
             raise UnsupportedModelError(
-                path, "this is not a Qwen2.5-VL text encoder (Qwen-Image reads one)."
+                path,
+                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3 or Qwen2.5-VL in the "
+                "layout their files use).",
             )
-        encoder = path
+        open_needs = [n for n in needs if n.is_text_encoder and found[n.component] is None]
+        if not any(n.is_text_encoder for n in needs):
+            raise UnsupportedModelError(
+                path,
+                f"the {split_model.title} file given with it carries its own text encoders, so "
+                "--text-encoder has nothing to add.",
+            )
+        fitting = [n for n in open_needs if _fits(n, shapes)]
+        if not fitting:
+            raise UnsupportedModelError(
+                path,
+                f"this text encoder fits none of what this {split_model.title} transformer "
+                f"still needs ({_listed([n.words for n in open_needs] or ['nothing'])}).",
+            )
+        need = next((n for n in fitting if _hinted(n, path)), fitting[0])
+        found[need.component] = path
+    if vae is not None:  # in place of the file's own VAE too, as for any checkpoint
+        found["vae"] = Path(vae).expanduser()
     folders = _siblings(model, TEXT_ENCODER_FOLDERS)
-    if encoder is None:
-        for path, shapes in _headers(_files(folders)):
-            if is_qwen25_vl(shapes) and shapes["model.embed_tokens.weight"][1] == width:
-                encoder = path
-                break
     vae_folders = _siblings(model, VAE_FOLDERS)
-    vae_path = Path(vae).expanduser() if vae is not None else None
-    if vae_path is None:
-        for path, shapes in _headers(_files(vae_folders)):
-            if is_wan_vae(shapes) and shapes["conv2.weight"][0] == latent_channels:
-                vae_path = path
-                break
-    return LLMCompanions(encoder, vae_path, tuple(folders + vae_folders))
+    for component in [c for c, path in found.items() if path is None]:
+        need = next(n for n in needs if n.component == component)
+        candidates = _files(folders if need.is_text_encoder else vae_folders)
+        taken = set(found.values())
+        fitting = [
+            p for p, shapes in _headers(candidates) if p not in taken and _fits(need, shapes)
+        ]
+        found[component] = next((p for p in fitting if _hinted(need, p)), None) or next(
+            iter(fitting), None
+        )
+    return Companions(found, tuple(folders + vae_folders))
+
+
+def _fits(need: Need, shapes: Shapes) -> bool:
+    width = width_of(need.kind, shapes)
+    return width is not None and need.fits(width)
+
+
+def missing_sentence(split_model: SplitModel, companions: Companions, model: Path) -> str | None:
+    """One sentence naming what a transformer file still needs, or None."""
+    absent = [n for n in split_model.companions if companions.found.get(n.component) is None]
+    if not absent:
+        return None
+    words = [n.words for n in absent]
+    text = any(n.is_text_encoder for n in absent)
+    image = any(not n.is_text_encoder for n in absent)
+    root = model.parent.parent
+    folders = (TEXT_ENCODER_FOLDERS if text else ()) + (VAE_FOLDERS if image else ())
+    flags = [
+        flag for flag, wanted in (("--text-encoder PATH", text), ("--vae PATH", image)) if wanted
+    ]
+    places = " or ".join(str(root / f) for f in folders)
+    return (
+        f"this {split_model.title} transformer file needs {_listed(words)}, which "
+        f"{'is' if len(absent) == 1 else 'are'} neither given ({' and '.join(flags)}) nor "
+        f"found in {places}."
+    )

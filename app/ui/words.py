@@ -41,6 +41,8 @@ ARCHITECTURE_NAMES = {
     "flux-dev": "FLUX.1 dev",
     "flux-schnell": "FLUX.1 schnell",
     "chroma": "Chroma",
+    "zimage": "Z-Image",
+    "qwenimage": "Qwen-Image",
 }
 CHOICE_NAMES = {
     "auto": "Auto",

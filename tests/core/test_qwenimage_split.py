@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from app.core import models, split
-from app.core.demo import build_tiny_qwenimage_pipeline, tiny_qwenimage_vae
+from app.core.demo import (
+    QWENIMAGE_SCHEDULER_CONFIG,
+    build_tiny_qwenimage_pipeline,
+    tiny_qwenimage_vae,
+)
 from app.core.errors import UnsupportedModelError
 from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
@@ -61,7 +65,7 @@ def test_wan_layout_vae_maps_both_ways_with_identical_weights(blocks):
 
 def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
     pipeline = tiny()
-    written = models.save_qwenimage_split_files(pipeline, tmp_path / "models")
+    written = models.save_split_files(pipeline, tmp_path / "models", "qwen_image")
     header = models.read_safetensors_header(written["text_encoder"]).shapes()
     assert "model.layers.0.self_attn.q_proj.weight" in header
     assert "visual.blocks.0.attn.qkv.weight" in header
@@ -71,6 +75,9 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     assert (model.format, model.architecture) == ("split_files", "qwenimage")
     assert model.detected_because.startswith("Qwen-Image: an MMDiT transformer file")
     assert "2 blocks, 64 wide, on 16-channel latents" in model.detected_because
+    assert model.native_size == 1328
+    scheduler = model.pipeline.scheduler.config
+    assert all(scheduler[k] == v for k, v in QWENIMAGE_SCHEDULER_CONFIG.items())
     same_weights(pipeline, model.pipeline)
     ids = pipeline.tokenizer("a red cat", return_tensors="pt").input_ids
     z = torch.randn(1, 16, 1, 4, 4)
@@ -91,7 +98,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
 def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
     pipeline = tiny()
-    written = models.save_qwenimage_split_files(pipeline, tmp_path / "models")
+    written = models.save_split_files(pipeline, tmp_path / "models", "qwen_image")
     lone = tmp_path / "elsewhere" / "qwen_image.safetensors"
     lone.parent.mkdir()
     written["transformer"].rename(lone)
@@ -104,7 +111,7 @@ def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
 
 
 def test_a_missing_vae_is_named_in_one_sentence(tmp_path):
-    written = models.save_qwenimage_split_files(tiny(), tmp_path / "models")
+    written = models.save_split_files(tiny(), tmp_path / "models", "qwen_image")
     written["vae"].unlink()
     # A VAE of another latent width beside it is not taken for it.
     models.write_safetensors(
@@ -122,3 +129,49 @@ def test_a_missing_vae_is_named_in_one_sentence(tmp_path):
     assert "needs its VAE (qwen_image_vae)" in message
     assert "--vae PATH" in message and "--text-encoder" not in message
     assert message.count(". ") == 0 and message.endswith(".")
+
+
+def test_library_lists_qwenimage_and_zimage_files_each_with_its_own_companions(tmp_path):
+    from app.core.demo import build_tiny_zimage_pipeline
+    from app.core.library import scan_library
+
+    root = tmp_path / "models"
+    qwen = models.save_split_files(tiny(), root, "qwen_image")
+    zimage = models.save_split_files(build_tiny_zimage_pipeline(), root, "z_image_turbo")
+    folder = str(root / "diffusion_models")
+
+    entries = scan_library([folder], include_defaults=False, use_cache=False)
+
+    by_name = {e.path.rsplit("/", 1)[-1]: e for e in entries}
+    entry = by_name["qwen_image.safetensors"]
+    assert (entry.architecture, entry.format, entry.supported) == (
+        "qwenimage",
+        "split_files",
+        True,
+    )
+    assert entry.detected_because and entry.detected_because.startswith("Qwen-Image:")
+    # Both VAEs make 16-channel latents: each transformer takes the one in its own layout.
+    assert entry.companions == {
+        "text_encoder": str(qwen["text_encoder"]),
+        "vae": str(qwen["vae"]),
+    }
+    assert by_name["z_image_turbo.safetensors"].companions == {
+        "text_encoder": str(zimage["text_encoder"]),
+        "vae": str(zimage["vae"]),
+    }
+
+    qwen["vae"].unlink()
+    by_name = {
+        e.path.rsplit("/", 1)[-1]: e
+        for e in scan_library([folder], include_defaults=False, use_cache=False)
+    }
+
+    entry = by_name["qwen_image.safetensors"]
+    assert entry.supported is False and entry.companions == {
+        "text_encoder": str(qwen["text_encoder"]),
+        "vae": None,
+    }
+    assert entry.missing and "this Qwen-Image transformer file needs its VAE (qwen_image_vae)" in (
+        entry.missing
+    )
+    assert by_name["z_image_turbo.safetensors"].supported is True

@@ -12,7 +12,11 @@ import torch
 
 from app.core import models, split
 from app.core.checkpoint import write_safetensors
-from app.core.demo import build_tiny_flux_pipeline, build_tiny_zimage_pipeline
+from app.core.demo import (
+    ZIMAGE_SCHEDULER_CONFIG,
+    build_tiny_flux_pipeline,
+    build_tiny_zimage_pipeline,
+)
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
@@ -27,26 +31,38 @@ def same_weights(mine, theirs) -> None:
         assert all(torch.equal(v, b[k]) for k, v in a.items()), component
 
 
+def original_state(transformer) -> dict:
+    """The transformer's weights under its original names, by its layout's table."""
+    rows = split.LAYOUTS["zimage"].table(dict(transformer.config))
+    return split.to_original(rows, transformer.state_dict())
+
+
 def test_original_layout_maps_both_ways_with_identical_weights():
     transformer = build_tiny_zimage_pipeline().transformer
     state = transformer.state_dict()
 
-    original = split.zimage_to_original(state)
+    original = original_state(transformer)
 
     assert "layers.0.attention.qkv.weight" in original
     assert "final_layer.adaLN_modulation.1.weight" in original
     assert "x_embedder.weight" in original and "layers.1.attention.out.weight" in original
     assert "noise_refiner.0.attention.q_norm.weight" in original
     assert not any("to_q" in k or "all_" in k for k in original)
+    # The file is told apart and its config read from its own shapes, as the loader does.
+    model = split.read_model({k: tuple(v.shape) for k, v in original.items()})
+    assert model is not None and (model.layout, model.architecture) == ("zimage", "zimage")
+    for key, value in transformer.config.items():
+        if key in model.config:
+            assert model.config[key] == (list(value) if isinstance(value, tuple) else value), key
     expected = {k: tuple(v.shape) for k, v in state.items()}
-    back = split.zimage_to_diffusers(original, expected)
+    back = split.to_diffusers(model.rows(), original, expected)
     assert set(back) == set(state)
     assert all(torch.equal(v, state[k]) for k, v in back.items())
 
 
 def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
     pipeline = build_tiny_zimage_pipeline()
-    written = models.save_zimage_split_files(pipeline, tmp_path / "models")
+    written = models.save_split_files(pipeline, tmp_path / "models", "z_image_turbo")
 
     model = models.load_model(str(written["transformer"]))  # companions found beside it
 
@@ -57,6 +73,9 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     )
     assert model.detected_because.startswith("Z-Image: a single-stream transformer")
     assert "2 main and 1+1 refiner blocks, 64 wide" in model.detected_because
+    # Sampled with Turbo's schedule, as a diffusers folder of it is.
+    scheduler = model.pipeline.scheduler.config
+    assert all(scheduler[k] == v for k, v in ZIMAGE_SCHEDULER_CONFIG.items())
     same_weights(pipeline, model.pipeline)
     # The config read from the shapes must run the weights the same way (to float rounding:
     # weights read in place from the file sit at other addresses, and the matrix kernels pick
@@ -82,7 +101,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
 def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
     pipeline = build_tiny_zimage_pipeline()
-    written = models.save_zimage_split_files(pipeline, tmp_path / "models")
+    written = models.save_split_files(pipeline, tmp_path / "models", "z_image_turbo")
     lone = tmp_path / "elsewhere" / "z_image.safetensors"
     lone.parent.mkdir()
     written["transformer"].rename(lone)
@@ -95,7 +114,7 @@ def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
 
 
 def test_a_missing_companion_is_named_in_one_sentence(tmp_path):
-    written = models.save_zimage_split_files(build_tiny_zimage_pipeline(), tmp_path / "models")
+    written = models.save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
     written["text_encoder"].unlink()
 
     with pytest.raises(UnsupportedModelError) as caught:
@@ -110,16 +129,21 @@ def test_a_missing_companion_is_named_in_one_sentence(tmp_path):
 
 
 def test_a_t5_given_as_its_text_encoder_is_refused(tmp_path):
-    written = models.save_zimage_split_files(build_tiny_zimage_pipeline(), tmp_path / "models")
+    written = models.save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
     t5 = tmp_path / "t5xxl.safetensors"
     write_safetensors(t5, build_tiny_flux_pipeline().text_encoder_2.state_dict())
 
-    with pytest.raises(UnsupportedModelError, match="not a Qwen3 text encoder"):
+    with pytest.raises(UnsupportedModelError) as caught:
         models.load_model(str(written["transformer"]), text_encoders=[str(t5)])
+
+    assert str(t5) in str(caught.value)
+    assert "fits none of what this Z-Image transformer still needs (its Qwen3 text encoder" in (
+        str(caught.value)
+    )
 
 
 def test_absurd_block_count_is_refused_before_anything_is_built(tmp_path):
-    state = split.zimage_to_original(build_tiny_zimage_pipeline().transformer.state_dict())
+    state = original_state(build_tiny_zimage_pipeline().transformer)
     state["layers.100000.attention.qkv.weight"] = state["layers.0.attention.qkv.weight"]
     hostile = tmp_path / "diffusion_models" / "z.safetensors"
     hostile.parent.mkdir()
@@ -135,7 +159,7 @@ def test_cli_check_of_a_split_file_missing_its_vae_is_exit_2_with_one_line(tmp_p
     import subprocess
     import sys
 
-    written = models.save_zimage_split_files(build_tiny_zimage_pipeline(), tmp_path / "models")
+    written = models.save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
     written["vae"].unlink()
 
     done = subprocess.run(
@@ -150,3 +174,31 @@ def test_cli_check_of_a_split_file_missing_its_vae_is_exit_2_with_one_line(tmp_p
     assert len(lines) == 1
     assert "needs its 16-channel VAE (Flux's ae)" in lines[0]
     assert "--vae PATH" in lines[0] and "--text-encoder" not in lines[0]
+
+
+def test_library_lists_a_zimage_file_with_its_companions_or_the_missing_one(tmp_path):
+    from app.core.library import scan_library
+
+    root = tmp_path / "models"
+    written = models.save_split_files(build_tiny_zimage_pipeline(), root, "z_image_turbo")
+    folder = str(root / "diffusion_models")
+
+    entries = scan_library([folder], include_defaults=False, use_cache=False)
+
+    (entry,) = entries
+    assert (entry.architecture, entry.format, entry.supported) == ("zimage", "split_files", True)
+    assert entry.detected_because and entry.detected_because.startswith("Z-Image:")
+    assert entry.companions == {
+        "text_encoder": str(written["text_encoder"]),
+        "vae": str(written["vae"]),
+    }
+    assert entry.missing is None
+
+    written["text_encoder"].unlink()
+    (entry,) = scan_library([folder], include_defaults=False, use_cache=False)
+
+    assert entry.architecture == "zimage" and entry.supported is False
+    assert entry.companions == {"text_encoder": None, "vae": str(written["vae"])}
+    assert entry.missing and "this Z-Image transformer file needs its Qwen3 text encoder" in (
+        entry.missing
+    )
