@@ -1,17 +1,18 @@
 """Loading transformer files as ComfyUI users keep them against the same model as a diffusers
-folder, for the test suite's tiny Flux.1 dev, Chroma, SD3.5 Large- and Medium-shaped
-pipelines (and SD3.5 Large as Stability AI's all-in-one file).
+folder, for the test suite's tiny Flux.1 dev, Chroma, SD3.5 Large- and Medium-shaped, Z-Image
+and Qwen-Image pipelines (and SD3.5 Large as Stability AI's all-in-one file).
 
 Each pipeline is written twice into a temporary folder: its split files (`save_split_files`:
-the transformer in Black Forest Labs' or Stability AI's layout, text encoders and VAE beside
-it) and a diffusers folder (`save_pretrained`). Then, alternating run by run with the files in
+the transformer in its layout (Black Forest Labs', Stability AI's, Z-Image's, Qwen-Image's),
+text encoders and VAE beside it) and a diffusers folder (`save_pretrained`). Then, alternating run by run with the files in
 the OS cache, it times HalfSafe's `load_model` on each: for the split files that is finding the
 companions by their headers, reading the config from the shapes, mapping every key through the
 layout's table and the NaN/Inf scan; for the folder, diffusers' `from_pretrained` and the same
 scan. The tiny models make per-file and per-module overheads the whole cost: the figures say
 what the layout mapping adds, not what a 12 GB file costs to read.
 
-Usage: python benchmarks/split_load.py [--models flux-dev,chroma,sd3.5-large,sd3.5-medium,sd3.5-single]
+Usage: python benchmarks/split_load.py
+       [--models flux-dev,chroma,sd3.5-large,sd3.5-medium,sd3.5-single,zimage,qwenimage]
        [--runs 5] [--json FILE]
 """
 
@@ -25,20 +26,34 @@ from pathlib import Path
 
 from common import emit, machine, names, spread, status
 
-MODELS = ("flux-dev", "chroma", "sd3.5-large", "sd3.5-medium", "sd3.5-single")
+MODELS = (
+    "flux-dev",
+    "chroma",
+    "sd3.5-large",
+    "sd3.5-medium",
+    "sd3.5-single",
+    "zimage",
+    "qwenimage",
+)
 
 
 def _pipeline(model: str):
     from app.core.demo import (
         build_tiny_chroma_pipeline,
         build_tiny_flux_pipeline,
+        build_tiny_qwenimage_pipeline,
         build_tiny_sd3_pipeline,
+        build_tiny_zimage_pipeline,
     )
 
     if model == "flux-dev":
         return build_tiny_flux_pipeline()
     if model == "chroma":
         return build_tiny_chroma_pipeline()
+    if model == "zimage":
+        return build_tiny_zimage_pipeline()
+    if model == "qwenimage":  # Qwen2.5-VL's heads are 128 wide: the file does not record them
+        return build_tiny_qwenimage_pipeline(text_width=128)
     return build_tiny_sd3_pipeline(medium=model == "sd3.5-medium")
 
 
