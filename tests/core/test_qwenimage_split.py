@@ -175,3 +175,30 @@ def test_library_lists_qwenimage_and_zimage_files_each_with_its_own_companions(t
         entry.missing
     )
     assert by_name["z_image_turbo.safetensors"].supported is True
+
+
+def test_a_malformed_file_beside_it_is_passed_over_and_the_missing_encoder_named(tmp_path):
+    from app.core.library import scan_library
+
+    written = models.save_split_files(tiny(), tmp_path / "models", "qwen_image")
+    written["text_encoder"].unlink()
+    # Named like Qwen2.5-VL's file and keyed like it, but its embedding is one-dimensional.
+    models.write_safetensors(
+        written["text_encoder"],
+        {
+            "model.embed_tokens.weight": torch.zeros(8),
+            "visual.merger.mlp.2.weight": torch.zeros(2, 2),
+        },
+    )
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]))
+
+    assert "needs its Qwen2.5-VL text encoder (qwen_2.5_vl_7b)" in str(caught.value)
+    (entry,) = scan_library(
+        [str(written["transformer"].parent)], include_defaults=False, use_cache=False
+    )
+    assert entry.supported is False and entry.companions == {
+        "text_encoder": None,
+        "vae": str(written["vae"]),
+    }
