@@ -913,7 +913,8 @@ def _check_latents(path: Path, vae, unet) -> None:
     # Flux and Chroma transformers work on 2x2 patches of the latent: 4 values per channel.
     kind = type(unet).__name__
     patches = 4 if kind in ("FluxTransformer2DModel", "ChromaTransformer2DModel") else 1
-    channels = (unet.config.out_channels or unet.config.in_channels) // patches
+    # Z-Image's transformer has no out_channels: it gives back what it takes.
+    channels = (unet.config.get("out_channels") or unet.config.in_channels) // patches
     if latent != channels:
         raise UnsupportedModelError(
             path,

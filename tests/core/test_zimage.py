@@ -86,6 +86,26 @@ def test_diffusers_folder_round_trip_offline(tmp_path):
     assert model.pipeline.tokenizer("a red cat").input_ids == [64, 2518, 8251]
 
 
+def test_a_folder_given_a_vae_of_other_latents_is_refused_in_one_sentence(tmp_path):
+    from app.core.checkpoint import write_safetensors
+    from app.core.demo import tiny_vae
+    from app.core.errors import UnsupportedModelError
+
+    build_tiny_zimage_pipeline().save_pretrained(tmp_path / "z-image")
+    vae = tiny_vae(0)  # SD's 4-channel latents, in the original layout
+    sd_vae = tmp_path / "sd_vae.safetensors"
+    levels = len(vae.config.block_out_channels)
+    write_safetensors(
+        sd_vae, {k: v.contiguous() for k, v in models._ldm_vae(vae.state_dict(), levels).items()}
+    )
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(tmp_path / "z-image"), vae=str(sd_vae))
+
+    assert str(sd_vae) in str(caught.value)
+    assert "the VAE makes 4-channel latents but the transformer works on 16" in str(caught.value)
+
+
 def test_healthy_zimage_checks_its_three_components():
     report = check(loaded(build_tiny_zimage_pipeline(), "zimage-healthy"))
 
