@@ -6,11 +6,13 @@ from pathlib import Path
 
 from app.core.generation import GenerationResult
 from app.core.health import (
+    CANDIDATE_COLUMNS,
     STATUS_WORDS,
     HealthReport,
     cost_comparison,
     cost_words,
     flag,
+    candidate_rows,
     flags,
     precision_words,
 )
@@ -25,6 +27,14 @@ _VERDICTS = {
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in rows
+    ]
 
 
 def health_text(report: HealthReport) -> str:
@@ -73,6 +83,12 @@ def health_text(report: HealthReport) -> str:
             comparison = cost_comparison(fix.cost)
             if comparison:
                 lines.append(f"         {comparison}")
+        rows = candidate_rows(fix.to_json())
+        if rows:
+            lines.append("")
+            lines.append("Candidates (judged against fp32, measured on this device):")
+            lines.extend(_table([CANDIDATE_COLUMNS, *rows]))
+            lines.append("")
     elif report.advice is not None and report.advice.overflowing:
         lines.append(f"For fp16: {flags(report.advice.settings)}")
     for note in report.notes:

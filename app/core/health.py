@@ -1233,6 +1233,89 @@ def cost_comparison(cost: dict[str, dict[str, Any]]) -> str:
     return f"Per UNet step the fix was {fast / slow:.2g}x as slow as no-half on this device."
 
 
+CANDIDATE_COLUMNS = (
+    "component",
+    "candidate",
+    "layers",
+    "quality",
+    "result",
+    "ms per step",
+    "peak MB",
+    "weights MB",
+)
+
+
+def _result_words(row: dict[str, Any]) -> str:
+    if row.get("chosen"):
+        return "chosen"
+    if row.get("verified"):
+        return "verified"
+    if row.get("finite"):
+        return "rejected: differs from fp32"
+    return "rejected: not finite"
+
+
+def _ms(cost: dict[str, Any]) -> str:
+    step, spread = cost.get("step_ms"), cost.get("step_ms_range")
+    if step is None:
+        return "-"
+    return f"{step:.1f} ({spread[0]:.1f}-{spread[1]:.1f})" if spread else f"{step:.1f}"
+
+
+def _mb(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def candidate_rows(fix: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The fix's candidates as table rows (`CANDIDATE_COLUMNS`), ranked, each failing
+    component's measured baselines (its tested plan, no-half) after its candidates. Reads the
+    JSON form (`Fix.to_json()`), so the CLI, the Markdown report and the GUI show one table."""
+    rows: list[tuple[str, ...]] = []
+    candidates = fix.get("candidates") or []
+    baselines = fix.get("baselines") or {}
+    for component in dict.fromkeys(c["component"] for c in candidates):
+        for c in (c for c in candidates if c["component"] == component):
+            quality = c.get("quality")
+            cost = c.get("cost") or {}
+            rows.append(
+                (
+                    component,
+                    c["words"],
+                    str(c.get("modules") or "-"),
+                    f"{quality['value']:.1f} dB" if quality else "-",
+                    _result_words(c),
+                    _ms(cost),
+                    _mb(cost.get("peak_memory_mb")),
+                    _mb(cost.get("weights_mb")),
+                )
+            )
+        for label, words_ in (("as_tested", "as tested (no fix)"), ("no_half", "no-half")):
+            cost = (baselines.get(component) or {}).get(label)
+            if cost:
+                rows.append(
+                    (
+                        component,
+                        words_,
+                        "-",
+                        "-",
+                        "baseline",
+                        _ms(cost),
+                        _mb(cost.get("peak_memory_mb")),
+                        _mb(cost.get("weights_mb")),
+                    )
+                )
+    return rows
+
+
+def candidate_markdown(fix: dict[str, Any]) -> str:
+    rows = candidate_rows(fix)
+    if not rows:
+        return ""
+    head = "| " + " | ".join(CANDIDATE_COLUMNS) + " |\n|" + "---|" * len(CANDIDATE_COLUMNS)
+    body = "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    return f"{head}\n{body}\n"
+
+
 def markdown_report(report: HealthReport) -> str:
     """A Markdown report to paste into a bug report: versions, device, model, table, fix."""
     v = report.versions
@@ -1250,6 +1333,12 @@ def markdown_report(report: HealthReport) -> str:
             fix += (
                 f"\n\nCost: {cost_words(cost.get('fix', {}))} with the fix; "
                 f"{cost_words(cost.get('no_half', {}))} with no-half. {cost_comparison(cost)}"
+            )
+        table = candidate_markdown(report.fix.to_json())
+        if table:
+            fix += (
+                "\n\n### Candidates\n\nEvery fix tried, judged against fp32 (20 dB) and "
+                "measured on this device; the cheapest verified one is chosen.\n\n" + table
             )
     elif report.advice is not None and report.advice.overflowing:
         fix = f"To run in fp16: `{flags(report.advice.settings)}` (not verified on this device)."
