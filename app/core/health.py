@@ -159,6 +159,7 @@ class Fix:
             "settings": self.settings,
             # The figures, and the one sentence that reads them honestly (noise included).
             "cost": {**self.cost, "summary": cost_comparison(self.cost)} if self.cost else {},
+            "precision_words": tested_words(self.plan),
             "clamps": {c: list(p) for c, p in self.plan.clamps.items() if p},
             "layers_wider": self.plan.island_count(),
             "candidates": [c.to_json() for c in self.candidates],
@@ -213,6 +214,7 @@ class HealthReport:
             "model": self.model,
             "device": self.device,
             "tested": self.plan.tested(),
+            "tested_layers": layer_words(self.plan),
             "weights": {"non_finite": self.weights_non_finite},
             "components": {name: c.to_json() for name, c in self.components.items()},
             "verdict": self.verdict.value,
