@@ -9,10 +9,10 @@ from app.core.health import (
     CANDIDATE_COLUMNS,
     STATUS_WORDS,
     HealthReport,
+    candidate_rows,
     cost_comparison,
     cost_words,
     flag,
-    candidate_rows,
     flags,
     precision_words,
 )
