@@ -327,8 +327,10 @@ def _t5_feed_forward(ctx: FixContext) -> FixCandidate | None:
     islands = {
         path: "fp32" for path, _ in ctx.module.named_modules() if path.endswith("DenseReluDense.wo")
     }
+    plan = ctx.plan.with_modules(ctx.component, islands)
+    plan = replace(plan, t5_feed_forward=(*plan.t5_feed_forward, ctx.component))
     return FixCandidate(
-        ctx.plan.with_modules(ctx.component, islands),
+        plan,
         {"t5_fp32_feed_forward": True},
         f"keep the {ctx.words}'s T5 feed-forward output projections (wo) in fp32",
     )

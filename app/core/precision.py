@@ -68,6 +68,9 @@ class PrecisionPlan:
     # Module-level precision islands: component -> {module path: dtype}; the rest of the
     # component keeps its own dtype (see `PlacedPipeline`).
     modules: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Components whose T5 feed-forward output projections are fp32 islands because of the
+    # `t5_fp32_feed_forward` setting (those islands are that setting, not `fp32_modules`).
+    t5_feed_forward: tuple[str, ...] = ()
     # Activation clamps: component -> module paths whose fp16 output is clamped to +-65504.
     clamps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
@@ -129,9 +132,7 @@ class PrecisionPlan:
             "fp16_reduced_precision_reduction": self.fp16_reduced_precision_reduction,
             "fp16_accumulation": self.fp16_accumulation,
             "attention_reduced_precision": self.attention_reduced_precision,
-            "t5_fp32_feed_forward": any(
-                _is_t5_feed_forward(p) for c in self.modules for p in self.islands(c)
-            ),
+            "t5_fp32_feed_forward": any(self.islands(c) for c in self.t5_feed_forward),
             **self.module_settings(),
         }
 
@@ -140,8 +141,11 @@ class PrecisionPlan:
         `clamp_modules` settings (the T5 feed-forward islands are `t5_fp32_feed_forward`)."""
         settings: dict[str, list[str]] = {"fp32_modules": [], "bf16_modules": []}
         for component in self.modules:
+            t5 = component in self.t5_feed_forward
             for path, dtype in self.islands(component).items():
-                if not _is_t5_feed_forward(path) and dtype in ("fp32", "bf16"):
+                if t5 and dtype == "fp32" and _is_t5_feed_forward(path):
+                    continue  # the t5_fp32_feed_forward setting
+                if dtype in ("fp32", "bf16"):
                     settings[f"{dtype}_modules"].append(f"{component}:{path}")
         settings["clamp_modules"] = [f"{c}:{p}" for c, paths in self.clamps.items() for p in paths]
         return settings
@@ -338,10 +342,12 @@ def resolve_plan(
             "memory-efficient or math kernel instead."
         )
     modules: dict[str, dict[str, str]] = {}
+    t5_components: list[str] = []
     if chosen.get("t5_fp32_feed_forward"):
         for component, islands in (feed_forward_islands or {}).items():
             if dtypes.get(component, "fp32") != "fp32":
                 modules[component] = dict(islands)
+                t5_components.append(component)
         if modules:
             reasons["t5_fp32_feed_forward"] = (
                 "A fix verified for this model on this device is remembered."
@@ -369,6 +375,7 @@ def resolve_plan(
         dtypes=dtypes,
         modules=modules,
         clamps=clamps,
+        t5_feed_forward=tuple(t5_components),
         upcast_attention=upcast,
         attention_backend=chosen["attention_backend"],
         allow_tf32=bool(chosen["allow_tf32"]),
@@ -668,7 +675,7 @@ def _add_cast_hooks(module) -> None:
             )
 
 
-def _make_islands(module, islands: Mapping[str, str]) -> None:
+def _make_islands(module, islands: Mapping[str, str], guard: bool = True) -> None:
     """Run each named submodule of a placed component in its own dtype: its weights are cast,
     and so are its floating inputs on every call. Its output keeps that dtype, as transformers
     runs the T5 feed-forward output projection it keeps in fp32 (`_keep_in_fp32_modules`):
@@ -676,10 +683,13 @@ def _make_islands(module, islands: Mapping[str, str]) -> None:
     the next layer casts back. Casting the output straight back to fp16 would bring the very
     overflow the island exists to avoid.
 
-    Every other layer that holds weights gets a guard that casts its floating inputs to its own
-    dtype (a no-op check while they already match): that is the cast back at the island's
-    far edge, wherever the wider values flow, and the layer that takes them back is one whose
-    inputs the probe measured inside fp16's range."""
+    With `guard`, every other layer that holds weights gets a guard that casts its floating
+    inputs to its own dtype (a no-op check while they already match): that is the cast back at
+    the island's far edge, wherever the wider values flow, and the layer that takes them back
+    is one whose inputs the probe measured inside fp16's range (`diagnosis.overflow_islands`
+    puts every layer fed values past it into the island). The T5 feed-forward islands run
+    without guards, as transformers runs them: T5's own layer norm takes the fp32 stream and
+    casts back itself."""
     for path, dtype in islands.items():
         island = module.get_submodule(path)
         island.to(torch_dtype(dtype))
@@ -687,7 +697,7 @@ def _make_islands(module, islands: Mapping[str, str]) -> None:
             island._halfsafe_cast_hook = island.register_forward_pre_hook(
                 _cast_inputs_hook, with_kwargs=True
             )
-    if not islands:
+    if not islands or not guard:
         return
     for layer in module.modules():
         own = next(iter(layer.parameters(recurse=False)), None)
@@ -755,7 +765,7 @@ class PlacedPipeline:
         for name, dtype in plan.dtypes.items():
             islands = plan.islands(name)
             clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
-            key = (dtype, tuple(sorted(islands.items())), clamps)
+            key = (dtype, tuple(sorted(islands.items())), clamps, name in plan.t5_feed_forward)
             current = self._placed.get(name)
             if current is not None and current[0] == key:
                 module = current[1]
@@ -767,7 +777,12 @@ class PlacedPipeline:
                     torch_dtype(dtype),
                     copy_always=bool(islands or clamps),
                 )
-                _make_islands(module, islands)
+                t5 = name in plan.t5_feed_forward
+                _make_islands(
+                    module,
+                    islands,
+                    guard=any(not (t5 and _is_t5_feed_forward(p)) for p in islands),
+                )
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
             use_autocast = plan.autocast and dtype == "fp16"
