@@ -210,3 +210,78 @@ def test_islands_run_only_the_named_layers_wider_and_cast_back():
         plain = copy.deepcopy(pipeline.vae).half().decode(latents.half()).sample
     assert torch.isfinite(pixels).all()
     assert not torch.isfinite(plain).all()  # without the islands the same decode overflows
+
+
+def _result(kind: str, memory: float, ms: tuple[float, float] | None = None, db: float = 40.0):
+    cost: dict = {"weights_mb": memory}
+    if ms is not None:
+        cost.update({"step_ms": sum(ms) / 2, "step_ms_range": list(ms)})
+    return diagnosis.CandidateResult("vae", kind, kind, {}, 0, db > -1, diagnosis.Quality(db), cost)
+
+
+def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
+    order = [
+        r.kind
+        for r in diagnosis.rank_candidates(
+            [
+                _result("component_fp32", 7.1),
+                _result("clamp", 6.4, db=4.0),  # finite, but far from fp32: never ahead
+                _result("component_bf16", 6.45),
+                _result("islands", 6.5),
+            ]
+        )
+    ]
+    # Without timings: alike in memory (within 10%), so the table order decides; the clamp
+    # that fails the quality threshold comes after every verified candidate.
+    assert order == ["islands", "component_bf16", "component_fp32", "clamp"]
+
+    timed = diagnosis.rank_candidates(
+        [_result("islands", 6.5, (400, 460)), _result("component_fp32", 7.1, (10, 15))]
+    )
+    assert timed[0].kind == "component_fp32"  # alike in memory, faster beyond the noise
+    overlapping = diagnosis.rank_candidates(
+        [_result("islands", 6.5, (30, 40)), _result("component_fp32", 7.1, (25, 35))]
+    )
+    assert overlapping[0].kind == "islands"  # the ranges overlap: the table order decides
+    heavy = diagnosis.rank_candidates(
+        [_result("islands", 6.5, (400, 460)), _result("component_fp32", 13.0, (10, 15))]
+    )
+    assert heavy[0].kind == "islands"  # twice the memory is not bought back by time
+
+
+def test_the_measured_check_times_every_verified_candidate_beside_the_baselines(no_native_bf16):
+    report = check(loaded(planted("vae", VAE_LAYER, 1e6)), remember=False, measure_cost=True)
+    verified = [c for c in report.fix.candidates if c.verified]
+    assert {c.kind for c in verified} >= {"islands", "component_fp32"}
+    for candidate in verified:
+        assert candidate.cost["step_ms"] > 0 and candidate.cost["rounds"] == health.COST_ROUNDS
+        low, high = candidate.cost["step_ms_range"]
+        assert low <= candidate.cost["step_ms"] <= high
+    baselines = report.fix.baselines["vae"]
+    assert set(baselines) == {"as_tested", "no_half"}
+    assert baselines["no_half"]["weights_mb"] > baselines["as_tested"]["weights_mb"]
+    assert report.fix.candidates[0].chosen and report.fix.candidates[0].verified
+    shown = health.candidate_rows(report.to_json()["fix"])
+    assert [r[1] for r in shown[-2:]] == ["as tested (no fix)", "no-half"]
+
+
+def test_another_tool_gets_the_best_verified_fix_it_can_apply():
+    """AUTOMATIC1111 cannot keep two layers in fp32: its image's explanation offers the best
+    verified fix it has a switch for, while HalfSafe's own flags keep the layer-level one."""
+    import types
+
+    from app.core.explain import _fix_the_tool_can_apply
+    from app.core.tools import in_tool_terms
+
+    layers = {"fp32_modules": [f"vae:{VAE_LAYER}"]}
+    islands = _result("islands", 6.5)
+    islands.settings, islands.chosen = layers, True
+    whole = _result("component_fp32", 7.1)
+    whole.settings = {"vae_precision": "fp32"}
+    fix = types.SimpleNamespace(settings=layers, candidates=[islands, whole])
+
+    assert _fix_the_tool_can_apply(fix, "halfsafe") == layers
+    for_a1111 = _fix_the_tool_can_apply(fix, "a1111")
+    assert for_a1111 == {"vae_precision": "fp32"}
+    assert in_tool_terms("a1111", for_a1111, []).flags == ["--no-half-vae"]
+    assert not in_tool_terms("a1111", layers, []).covered
