@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Role, Status
+from app.core.errors import HalfSafeError
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
 from app.core.settings import PrecisionSettings
 
@@ -97,9 +98,12 @@ def plan_for_model(
     remembered for this model on this device. The check and generation both start here."""
     pipeline = model.pipeline
     vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
-    user = precision.to_dict()
-    for values in (user, remembered or {}):
-        check_module_settings(values, pipeline, str(model.source))
+    check_module_settings(precision.to_dict(), pipeline, str(model.source))
+    if remembered:  # a remembered fix naming a layer this model lacks is not applied at all
+        try:
+            check_module_settings(remembered, pipeline, str(model.source))
+        except HalfSafeError:
+            remembered = None
     return resolve_plan(
         precision,
         feed_forward_islands=feed_forward_islands(pipeline),
@@ -459,7 +463,6 @@ MODULE_SETTINGS = ("fp32_modules", "bf16_modules", "clamp_modules")
 def check_module_settings(settings: Mapping[str, Any], pipeline, source: str) -> None:
     """Refuse, in one sentence, a module setting (`MODULE_SETTINGS`) that names a layer this
     model does not have: checked when the model is loaded, before anything runs."""
-    from app.core.errors import HalfSafeError
     from app.core.settings import modules_by_component
 
     for key in MODULE_SETTINGS:

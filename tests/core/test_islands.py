@@ -285,3 +285,25 @@ def test_another_tool_gets_the_best_verified_fix_it_can_apply():
     assert for_a1111 == {"vae_precision": "fp32"}
     assert in_tool_terms("a1111", for_a1111, []).flags == ["--no-half-vae"]
     assert not in_tool_terms("a1111", layers, []).covered
+
+
+def test_an_attention_score_overflow_tries_the_attention_fixes_and_upcast_wins():
+    from tests.core.test_health import ATTN_LAYER, plant
+
+    # diffusers' classic processor computes the scores in the layer's dtype: they overflow.
+    classic = PrecisionSettings(precision="fp16", attention_backend="classic")
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "attention")), classic, remember=False)
+    assert report.components["unet"].first_bad_module == ATTN_LAYER
+    kinds = {c.kind: c for c in report.fix.candidates}
+    # The attention fixes the field uses were tried and judged, none taken on trust: upcast on
+    # the processor in use, and another kernel (the math one, through HalfSafe's processor).
+    assert {"upcast_attention", "math_attention"} <= set(kinds)
+    assert "classic_attention" not in kinds  # already the classic processor
+    assert kinds["math_attention"].settings == {
+        "attention_backend": "math",
+        "attention_reduced_precision": False,
+    }
+    assert kinds["upcast_attention"].verified and kinds["upcast_attention"].chosen
+    # Scores are no layer's output: no layer measured past 65504, so no island or clamp.
+    assert "clamp" not in kinds and "islands" not in kinds
+    assert report.fix.plan.dtypes == report.plan.dtypes
