@@ -45,6 +45,9 @@ HARDWARE = {
                 "text_encoder_2_precision": "fp32",
                 "text_encoder_3_precision": "fp32",
                 "t5_fp32_feed_forward": False,
+                "fp32_modules": [],
+                "bf16_modules": [],
+                "clamp_modules": [],
                 "no_half": True,
                 "no_half_vae": True,
                 "upcast_attention": False,
@@ -195,8 +198,7 @@ def test_reset_to_recommended_uses_this_computers_recommendation(window, engines
     saved = load_settings().settings
     recommended = HARDWARE["devices"][0]["recommended"]
     for key in PRECISION_KEYS:
-        # A key the recommendation leaves out (a per-model setting) goes back to its default.
-        assert saved[key] == recommended.get(key, FIELDS[key].default), key
+        assert saved[key] == recommended[key], key
     assert saved["steps"] == 33  # generation values are left alone
     assert view.notice.text().startswith("Reset to recommended for this computer.")
     assert FIELDS["fp16_accumulation"].label in view.notice.text()
