@@ -457,6 +457,32 @@ class _AutocastHooks:
             context.__exit__(None, None, None)
 
 
+class _AutocastOff:
+    """Forward hooks that turn autocast off inside a module while it is on around it (a
+    module-level island in a component run under fp16 autocast)."""
+
+    def __init__(self) -> None:
+        self.open: list[Any] = []
+
+    def enter(self, module, args) -> None:
+        import torch
+
+        device_type = next(module.parameters()).device.type
+        context = (
+            torch.autocast(device_type, enabled=False)
+            if torch.is_autocast_enabled(device_type)
+            else None
+        )
+        if context is not None:
+            context.__enter__()
+        self.open.append(context)
+
+    def leave(self, module, args, output) -> None:
+        context = self.open.pop() if self.open else None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
 def _set_autocast(module, device_type: str | None) -> None:
     """Run `module` (and a VAE's entry submodules) under fp16 autocast on `device_type`, or not
     at all with None. The hooks are installed once and read the attribute at each call."""
@@ -697,6 +723,10 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True) -> Non
             island._halfsafe_cast_hook = island.register_forward_pre_hook(
                 _cast_inputs_hook, with_kwargs=True
             )
+            # Under fp16 autocast (the component's) an island would compute in fp16 again.
+            outside = _AutocastOff()
+            island.register_forward_pre_hook(outside.enter)
+            island.register_forward_hook(outside.leave, always_call=True)
     if not islands or not guard:
         return
     for layer in module.modules():

@@ -307,3 +307,14 @@ def test_an_attention_score_overflow_tries_the_attention_fixes_and_upcast_wins()
     # Scores are no layer's output: no layer measured past 65504, so no island or clamp.
     assert "clamp" not in kinds and "islands" not in kinds
     assert report.fix.plan.dtypes == report.plan.dtypes
+
+
+def test_islands_stay_wider_under_autocast(no_native_bf16):
+    """A1111's default, fp16 under autocast: the island layers run outside autocast, so they
+    really compute in fp32 and the fix holds."""
+    autocast = PrecisionSettings(precision="autocast")
+    report = check(loaded(planted("vae", VAE_LAYER, 1e6)), autocast, remember=False)
+    assert report.plan.autocast_active
+    island = row(report, "islands")
+    assert island.verified and island.chosen
+    assert report.fix.plan.dtypes["vae"] == "fp16" and report.fix.plan.autocast
