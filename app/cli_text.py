@@ -91,6 +91,8 @@ def health_text(report: HealthReport) -> str:
             lines.append("")
     elif report.advice is not None and report.advice.overflowing:
         lines.append(f"For fp16: {flags(report.advice.settings)}")
+        if report.advice.layer_settings:
+            lines.append(f"Or, layers only: {flags(report.advice.layer_settings)}")
     for note in report.notes:
         lines.append(f"Note:    {note}")
     lines.append(f"Checked in {report.seconds:.2f} s.")

@@ -188,7 +188,7 @@ def is_attention_overflow(module_name: str | None, component_module) -> bool:
 # How far below 65504 a value counts as out of fp16's range when islands are drawn: the same
 # headroom as "at risk", so that another prompt does not overflow the layer just outside.
 ISLAND_LIMIT = FP16_MAX / AT_RISK_HEADROOM
-MAX_ISLANDS = 64  # more than this is no longer a few layers: the component's own dtype is
+MAX_ISLANDS = 128  # more than this is no longer a few layers: the component's own dtype is
 
 
 def overflow_islands(wide, module) -> list[str] | None:

@@ -175,12 +175,16 @@ class Advice:
     overflowing: list[str]  # components predicted to overflow in fp16
     settings: dict[str, Any]
     measured: bool  # False: predicted from the wider run
+    # The layer-level alternative: everything in fp16 but the layers the wider run measured
+    # past fp16's range (and those they feed), kept in fp32; empty when it could not be drawn.
+    layer_settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "target": "fp16",
             "overflowing": list(self.overflowing),
             "settings": dict(self.settings),
+            "layer_settings": dict(self.layer_settings),
             "measured": self.measured,
         }
 
@@ -644,6 +648,7 @@ def check_loaded(
     bf16_native = getattr(info, "bf16", None) == "native"
     reports: dict[str, ComponentReport] = {}
     first_probes: dict[str, ProbeResult] = {}
+    predicted_layers: dict[str, list[str]] = {}
     try:
 
         def settle(
@@ -775,6 +780,7 @@ def check_loaded(
                 )
         else:
             verdict = Verdict.HEALTHY
+            predicted_layers = _predicted_layers(reports, first_probes, runner.placed)
     finally:
         # Also on cancel or error: drop the device copies and hand cached memory back.
         runner.placed.release()
@@ -800,7 +806,11 @@ def check_loaded(
         versions=_versions(),
         remembered=remembered.summary if remembered else None,
         timesteps=runner.timesteps,
-        advice=_advice(reports, plan, bf16_native) if verdict is Verdict.HEALTHY else None,
+        advice=(
+            _advice(reports, plan, bf16_native, predicted_layers)
+            if verdict is Verdict.HEALTHY
+            else None
+        ),
     )
 
 
@@ -909,8 +919,28 @@ def _last_resort(runner, search, seen, reports, first_probes, plan, broken, prog
     search.unfixed = []
 
 
+def _predicted_layers(
+    reports: dict[str, ComponentReport], probes: dict[str, ProbeResult], placed: PlacedPipeline
+) -> dict[str, list[str]]:
+    """For each component run wider than fp16 and predicted to overflow there, the layers to
+    keep in fp32 (`diagnosis.overflow_islands` over the run's per-layer peaks)."""
+    layers = {}
+    for name, report in reports.items():
+        fp16 = report.precisions.get("fp16")
+        if report.dtype == "fp16" or fp16 is None or not fp16.status.failed:
+            continue
+        if name in placed and name in probes:
+            found = diagnosis.overflow_islands(probes[name], placed[name])
+            if found:
+                layers[name] = found
+    return layers
+
+
 def _advice(
-    reports: dict[str, ComponentReport], plan: PrecisionPlan, bf16_native: bool
+    reports: dict[str, ComponentReport],
+    plan: PrecisionPlan,
+    bf16_native: bool,
+    predicted_layers: dict[str, list[str]] | None = None,
 ) -> Advice | None:
     """For a healthy check that ran some component wider than fp16: how to move to fp16
     safely, keeping only the components predicted (or measured) to overflow there wider."""
@@ -927,7 +957,15 @@ def _advice(
         keep = "bf16" if bf16_native else "fp32"
         settings[COMPONENTS[name].setting] = keep if name in overflowing else "fp16"
     measured = all(reports[n].precisions["fp16"].measured for n in wider)
-    return Advice(in_run_order(overflowing), settings, measured)
+    layer_settings: dict[str, Any] = {}
+    layers = predicted_layers or {}
+    if overflowing and all(n in layers for n in overflowing):
+        layer_settings = {
+            **settings,
+            **{COMPONENTS[n].setting: "fp16" for n in overflowing},
+            "fp32_modules": [f"{n}:{p}" for n in in_run_order(overflowing) for p in layers[n]],
+        }
+    return Advice(in_run_order(overflowing), settings, measured, layer_settings)
 
 
 def _first_bad_name(probe: ProbeResult) -> str | None:
@@ -1344,6 +1382,11 @@ def markdown_report(report: HealthReport) -> str:
             )
     elif report.advice is not None and report.advice.overflowing:
         fix = f"To run in fp16: `{flags(report.advice.settings)}` (not verified on this device)."
+        if report.advice.layer_settings:
+            fix += (
+                "\n\nOr, keeping only the layers measured past fp16's range in fp32: "
+                f"`{flags(report.advice.layer_settings)}` (not verified on this device)."
+            )
     notes = "".join(f"- {n}\n" for n in report.notes)
     return (
         f"# HalfSafe health check: {report.model.get('name', report.model['source'])}\n\n"

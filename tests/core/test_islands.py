@@ -318,3 +318,23 @@ def test_islands_stay_wider_under_autocast(no_native_bf16):
     island = row(report, "islands")
     assert island.verified and island.chosen
     assert report.fix.plan.dtypes["vae"] == "fp16" and report.fix.plan.autocast
+
+
+def test_an_fp32_check_predicts_the_layers_to_keep_for_fp16_and_they_work():
+    """Run wider (a CPU, no-half), the check cannot see fp16 fail, but its per-layer peaks name
+    the layers fp16 would need in fp32: predicted, and here proved by a second check."""
+    fp32 = PrecisionSettings(precision="fp32")
+    report = check(loaded(planted("vae", VAE_LAYER, 1e6)), fp32, remember=False)
+    assert report.verdict == "healthy" and report.advice is not None
+    layers = report.advice.layer_settings
+    assert layers["vae_precision"] == "fp16" and layers["unet_precision"] == "fp16"
+    assert f"vae:{VAE_LAYER}" in layers["fp32_modules"] and len(layers["fp32_modules"]) <= 2
+    assert report.to_json()["advice"]["layer_settings"] == layers
+    assert "Or, keeping only the layers measured past fp16's range" in health.markdown_report(
+        report
+    )
+
+    settings = PrecisionSettings.from_mapping({**fp32.to_dict(), **layers})
+    again = check(loaded(planted("vae", VAE_LAYER, 1e6)), settings, remember=False)
+    assert again.verdict == "healthy"
+    assert again.plan.dtypes["vae"] == "fp16" and len(again.plan.islands("vae")) <= 2
