@@ -86,7 +86,8 @@ def health_text(report: HealthReport) -> str:
         rows = candidate_rows(fix.to_json())
         if rows:
             lines.append("")
-            lines.append("Candidates (judged against fp32, measured on this device):")
+            timed = ", timed on this device" if fix.baselines else ""
+            lines.append(f"Candidates (judged against fp32{timed}; the cheapest verified wins):")
             lines.extend(_table([CANDIDATE_COLUMNS, *rows]))
             lines.append("")
     elif report.advice is not None and report.advice.overflowing:

@@ -1377,8 +1377,11 @@ def markdown_report(report: HealthReport) -> str:
         table = candidate_markdown(report.fix.to_json())
         if table:
             fix += (
-                "\n\n### Candidates\n\nEvery fix tried, judged against fp32 (20 dB) and "
-                "measured on this device; the cheapest verified one is chosen.\n\n" + table
+                "\n\n### Candidates\n\nEvery fix tried, judged against fp32 "
+                f"({diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
+                + (" and timed on this device" if report.fix.baselines else "")
+                + "; the cheapest verified one is chosen.\n\n"
+                + table
             )
     elif report.advice is not None and report.advice.overflowing:
         fix = f"To run in fp16: `{flags(report.advice.settings)}` (not verified on this device)."
