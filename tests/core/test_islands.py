@@ -249,6 +249,7 @@ def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
     assert heavy[0].kind == "islands"  # twice the memory is not bought back by time
 
 
+@pytest.mark.slow  # every verified candidate timed: warm-up and rounds
 def test_the_measured_check_times_every_verified_candidate_beside_the_baselines(no_native_bf16):
     report = check(loaded(planted("vae", VAE_LAYER, 1e6)), remember=False, measure_cost=True)
     verified = [c for c in report.fix.candidates if c.verified]
