@@ -9,7 +9,7 @@ clamp that saturates or a precision loss can give finite nonsense.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -406,7 +406,7 @@ class FixKind:
     """One row of the fix table: its name, its builder, and what it is in the field."""
 
     name: str
-    build: Any  # Callable[[FixContext], FixCandidate | None]
+    build: Callable[[FixContext], FixCandidate | None]
     about: str
 
 
