@@ -17,7 +17,14 @@ from typing import Any, NoReturn
 
 from app import __version__
 from app.core.errors import HalfSafeError
-from app.core.settings import FIELDS, SCHEMA, PrecisionSettings, load_settings, parse_number
+from app.core.settings import (
+    FIELDS,
+    SCHEMA,
+    PrecisionSettings,
+    load_settings,
+    parse_module_entries,
+    parse_number,
+)
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -78,6 +85,16 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
                 action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS,
                 help=f.help,
+            )
+        elif f.kind == "modules":
+            group.add_argument(
+                flag,
+                dest=f.key,
+                metavar="COMPONENT:PATH[,PATH...]",
+                action=_ModuleEntries,
+                type=_module_entries,
+                default=argparse.SUPPRESS,
+                help=f.help + " Repeat the flag for another component.",
             )
     for flag, key, value in OTHER_TOOLS_FLAGS:
         group.add_argument(
@@ -147,6 +164,25 @@ def _with_aliases(key: str):
         return VALUE_ALIASES.get(key, {}).get(text, text)
 
     return parse
+
+
+def _module_entries(text: str) -> list[str]:
+    try:
+        return parse_module_entries(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class _ModuleEntries(argparse.Action):
+    """A repeatable COMPONENT:PATH[,PATH...] flag: every use adds its entries, and the whole
+    list is checked against the schema field (count, length, component names)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        entries = [*(getattr(namespace, self.dest, None) or []), *(values or [])]
+        try:
+            setattr(namespace, self.dest, FIELDS[self.dest].validate(entries))
+        except ValueError as error:
+            parser.error(f"argument {option_string}: {error}")
 
 
 def _validated(key: str):

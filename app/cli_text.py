@@ -6,8 +6,10 @@ from pathlib import Path
 
 from app.core.generation import GenerationResult
 from app.core.health import (
+    CANDIDATE_COLUMNS,
     STATUS_WORDS,
     HealthReport,
+    candidate_rows,
     cost_comparison,
     cost_words,
     flag,
@@ -25,6 +27,14 @@ _VERDICTS = {
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in rows
+    ]
 
 
 def health_text(report: HealthReport) -> str:
@@ -73,8 +83,17 @@ def health_text(report: HealthReport) -> str:
             comparison = cost_comparison(fix.cost)
             if comparison:
                 lines.append(f"         {comparison}")
+        rows = candidate_rows(fix.to_json())
+        if rows:
+            lines.append("")
+            timed = ", timed on this device" if fix.baselines else ""
+            lines.append(f"Candidates (judged against fp32{timed}; the cheapest verified wins):")
+            lines.extend(_table([CANDIDATE_COLUMNS, *rows]))
+            lines.append("")
     elif report.advice is not None and report.advice.overflowing:
         lines.append(f"For fp16: {flags(report.advice.settings)}")
+        if report.advice.layer_settings:
+            lines.append(f"Or, layers only: {flags(report.advice.layer_settings)}")
     for note in report.notes:
         lines.append(f"Note:    {note}")
     lines.append(f"Checked in {report.seconds:.2f} s.")

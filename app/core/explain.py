@@ -996,6 +996,28 @@ def explain_image(
     return explanation
 
 
+def _fix_the_tool_can_apply(fix, tool: str) -> dict[str, Any]:
+    """The check's fix as settings, or, when the tool that made the image has no switch for it
+    (a layer-level fix: no other tool keeps single layers wider), per failing component the
+    best verified candidate that tool can apply (the checks's ranking decides which)."""
+    chosen = dict(fix.settings)
+    if tool == "halfsafe" or in_tool_terms(tool, chosen, []).covered:
+        return chosen
+    settings: dict[str, Any] = {}
+    for component in dict.fromkeys(c.component for c in fix.candidates):
+        usable = [
+            c
+            for c in fix.candidates
+            if c.component == component
+            and c.verified
+            and in_tool_terms(tool, c.settings, []).covered
+        ]
+        if not usable:
+            return chosen
+        settings.update(usable[0].settings)
+    return settings
+
+
 def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> None:
     from app.core import health
     from app.core.models import load_model
@@ -1053,7 +1075,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     )
     explanation.check = report
     if report.fix is not None and report.verdict == "fixable":
-        settings = dict(report.fix.settings)
+        settings = _fix_the_tool_can_apply(report.fix, explanation.made_by)
         explanation.halfsafe_flags = [
             f for f in (health.flag(k, v) for k, v in settings.items()) if f
         ]

@@ -8,7 +8,9 @@ UNet's output and of the latents into a per-image flag and records the first bad
 `torch.where`, so the loop never waits on the device. The flags are read once, after the loop.
 
 Repair (`auto_fix="auto"`): a VAE that went non-finite decodes the same latents again with the
-health check's fix for the VAE (bf16 where native, else fp32); a UNet or text encoder that went
+health check's fixes for the VAE, in `diagnosis.FIX_KINDS` order (the overflowing layers kept
+wider, drawn from an fp32 re-run of the failing part, before the whole VAE in bf16 or fp32),
+the first that agrees with fp32 winning; a UNet or text encoder that went
 non-finite has its image made again with the health check's fix for that component, found by
 probing the failing input one forward pass at a time and proved by the full re-run. Whole-model
 fp32 is tried only when no single-component fix works. A working fix is remembered for the
@@ -425,6 +427,7 @@ class _Job:
         self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
         self.qualities: dict[str, diagnosis.Quality] = {}  # component -> its fix against fp32
         self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
+        self.last_probe: Any = None  # the last recorded probe (`_read`)
         self.stage = "Generating"
 
     # -- stages ----------------------------------------------------------------------------
@@ -560,7 +563,7 @@ class _Job:
         finally:
             if recorder is not None:
                 recorder.remove()
-        first_bad = _first_bad(recorder.read(pixels)) if recorder is not None else None
+        first_bad = self._read(recorder, pixels)
         return pixels[0].permute(1, 2, 0).float().cpu().numpy(), first_bad
 
     def run(self, plan: PrecisionPlan, seeds: list[int], conditioning=None) -> list[_Outcome]:
@@ -616,7 +619,7 @@ class _Job:
         finally:
             if recorder is not None:
                 recorder.remove()
-        first_bad = _first_bad(recorder.read(out)) if recorder is not None else None
+        first_bad = self._read(recorder, out)
         return out, first_bad
 
     def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
@@ -633,8 +636,31 @@ class _Job:
             if recorder is not None:
                 recorder.remove()
         bad = read_flags([conditioning.bad[component]])[0]
-        first_bad = _first_bad(recorder.read()) if recorder is not None else None
+        first_bad = self._read(recorder, None)
         return not bad, first_bad
+
+    def _read(self, recorder, output) -> str | None:
+        """The first bad layer a recorder saw; its whole probe is kept in `last_probe`."""
+        if recorder is None:
+            return None
+        self.last_probe = recorder.read(output)
+        return _first_bad(self.last_probe)
+
+    def wide_probe(self, component: str, outcome: _Outcome):
+        """Every layer's peaks of the failing part re-run in fp32 on the inputs it failed with
+        (a `probe.ProbeResult`, from which `diagnosis` draws the layers to keep wider), or None
+        when no input was kept to re-run."""
+        plan = diagnosis.fp32_reference(outcome.plan)
+        self.last_probe = None
+        if component == "vae":
+            self.decode(plan, outcome.latents, record=True)
+        elif component == outcome.denoiser:
+            if outcome.unet_input is None:
+                return None
+            self.unet_forward(plan, outcome.unet_input, record=True)
+        else:
+            self.encoder_probe(plan, component, record=True)
+        return self.last_probe
 
     def first_bad_module(self, component: str, outcome: _Outcome) -> str | None:
         """Re-run only the part that failed under the plan it failed with, recording every
@@ -698,7 +724,12 @@ class _Job:
             yield FixCandidate(base, dict(self.fix_settings), "; ".join(self.fix_words))
         first_bad = self.first_bad_module(component, outcome)
         yield from candidate_fixes(
-            component, base, first_bad, self.placed[component], self.bf16_native
+            component,
+            base,
+            first_bad,
+            self.placed[component],
+            self.bf16_native,
+            lambda: self.wide_probe(component, outcome),
         )
         if component != "vae" and any(d != "fp32" for d in base.dtypes.values()):
             yield diagnosis.everything_fp32(base)
@@ -1171,6 +1202,12 @@ def _percent(fraction: float) -> str:
     return f"{value:.1f}%" if value >= 0.1 else "under 0.1%"
 
 
+def _module_list(entries: Any) -> str | None:
+    """Module settings as one PNG parameter value: 'vae:decoder.a vae:decoder.b' (None when
+    empty, so the pair is left out)."""
+    return " ".join(entries) if entries else None
+
+
 def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
     s = entry.settings
@@ -1199,6 +1236,9 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("FP16 reduced precision reduction", s.get("fp16_reduced_precision_reduction")),
         ("FP16 accumulation", s.get("fp16_accumulation")),
         ("Attention reduced precision", s.get("attention_reduced_precision")),
+        ("FP32 layers", _module_list(s.get("fp32_modules"))),
+        ("BF16 layers", _module_list(s.get("bf16_modules"))),
+        ("Clamped layers", _module_list(s.get("clamp_modules"))),
         ("NaN check", s.get("nan_check")),
         ("Auto fix", s.get("auto_fix")),
         ("Device", s.get("device")),
