@@ -45,6 +45,7 @@ from app.core.images import (
     to_image,
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.lora import lora_hashes, prompt_with_tags, strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
 from app.core.settings import FIELDS, PrecisionSettings
 
@@ -433,7 +434,11 @@ class _Job:
         try:
             with backend_flags(plan), torch.inference_mode():
                 tensors = self.family.encode(
-                    pipe, request.prompt, request.negative_prompt, self.device, self.do_cfg
+                    pipe,
+                    strip_tags(request.prompt),  # A1111's <lora:...> tags are not words
+                    strip_tags(request.negative_prompt),
+                    self.device,
+                    self.do_cfg,
                 )
                 bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
         finally:
@@ -1154,6 +1159,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
     s = entry.settings
     family = family_of(model.pipeline)
+    loras = list(getattr(model, "loras", []))
     params: list[tuple[str, Any]] = [
         ("Steps", request.steps),
         ("Sampler", family.sampler_words(request.scheduler)),
@@ -1162,6 +1168,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("Size", f"{request.width}x{request.height}"),
         ("Model hash", model.model_hash),
         ("Model", model.name),
+        ("Lora hashes", lora_hashes(loras)),
         *_vae_parameters(getattr(model, "vae", None)),
         # The starting noise is made on the CPU (`_Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
@@ -1188,7 +1195,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("Non-finite pixels", _percent(entry.non_finite) if entry.non_finite else None),
         ("HalfSafe", __version__),
     ]
-    return infotext(request.prompt, request.negative_prompt, params)
+    return infotext(prompt_with_tags(request.prompt, loras), request.negative_prompt, params)
 
 
 def _vae_parameters(vae: str | None) -> list[tuple[str, Any]]:
@@ -1244,6 +1251,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     log file or a CI job)."""
     import sys
 
+    from app.core.lora import load_requested
     from app.core.models import load_model
     from app.core.prompts import parse_emphasis
 
@@ -1255,6 +1263,12 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
         vae=getattr(args, "vae", None),
         text_encoders=list(getattr(args, "text_encoders", None) or []),
         allow_pickle=bool(getattr(args, "allow_pickle", False)),
+    )
+    load_requested(
+        model,
+        list(getattr(args, "loras", None) or []),
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
+        prompt=prompt,
     )
     width, height = cli_image_size(args, values, model.native_size)
     request = GenerationRequest(
