@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import math
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,7 +377,10 @@ def _quiet_loaders() -> Iterator[None]:
         logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings():
+            # peft warns that a second adapter is "multiple adapters": that is the design here.
+            warnings.simplefilter("ignore", UserWarning)
+            yield
     finally:
         for logging, level in zip(loggers, levels, strict=True):
             logging.set_verbosity(level)
