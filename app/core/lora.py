@@ -21,7 +21,7 @@ import math
 import re
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +188,10 @@ def find_lora(name: str, model_source: str | None = None) -> Path:
     direct = Path(name).expanduser()
     if direct.suffix.lower() in LORA_SUFFIXES and direct.is_file():
         return direct
+    if direct.is_absolute():
+        for suffix in LORA_SUFFIXES:
+            if (candidate := direct.with_name(direct.name + suffix)).is_file():
+                return candidate
     for folder in _lora_folders(model_source):
         for suffix in LORA_SUFFIXES:
             candidate = folder / f"{name}{suffix}"
@@ -314,7 +318,7 @@ def apply_loras(pipeline, files: Sequence[tuple[LoraFile, float]]) -> list[Appli
             with _quiet_loaders():
                 try:
                     pipeline.load_lora_weights(dict(lora.tensors), adapter_name=adapter)
-                except (ValueError, KeyError, RuntimeError, TypeError, AttributeError) as error:
+                except Exception as error:  # noqa: BLE001 - any loader failure is this file's problem
                     raise BadFileError(
                         lora.path,
                         f"the LoRA does not fit this model ({_first_line(error)}).",
@@ -400,23 +404,36 @@ def load_requested(
     allow_pickle: bool = False,
     prompt: str = "",
 ) -> list[AppliedLora]:
-    """Read, scan and apply the LoRAs of `requests` (flags) and of the prompt's `<lora:...>`
-    tags onto `model.pipeline`, and record them on the model (`model.loras`). A LoRA named
-    twice keeps the first weight given."""
+    """Make `model` run exactly the LoRAs of `requests` (flags, the GUI's list) and of the
+    prompt's `<lora:...>` tags, each at its weight, and record them on the model
+    (`model.loras`). A LoRA already loaded from the same file is reused (only its weight
+    changes); one no longer asked for is removed. A LoRA named twice keeps the first weight.
+    Every file is read and scanned before the model is touched, so a bad one changes nothing."""
     wanted = list(requests)
     _, tagged = prompt_loras(prompt)
     for tag in tagged:
         wanted.append(LoraRequest(str(find_lora(tag.path, model.source)), tag.weight))
+    if len(wanted) > MAX_LORAS:
+        raise HalfSafeError(f"At most {MAX_LORAS} LoRAs can be applied at once, not {len(wanted)}.")
+    current: dict[Path, AppliedLora] = {
+        a.file.path.resolve(): a for a in getattr(model, "loras", [])
+    }
+    chosen: list[tuple[Path, float, LoraFile | None]] = []
     seen: set[Path] = set()
-    files: list[tuple[LoraFile, float]] = []
     for request in wanted:
         path = Path(request.path).expanduser()
-        if path.resolve() in seen:
+        key = path.resolve()
+        if key in seen:
             continue
-        seen.add(path.resolve())
-        files.append((read_lora(path, allow_pickle=allow_pickle), request.weight))
-    if not files:
-        return []
-    applied = apply_loras(model.pipeline, files)
-    model.loras = applied
-    return applied
+        seen.add(key)
+        file = None if key in current else read_lora(path, allow_pickle=allow_pickle)
+        chosen.append((key, request.weight, file))
+    new = [(file, weight) for _, weight, file in chosen if file is not None]
+    added = iter(apply_loras(model.pipeline, new) if new else [])
+    result: list[AppliedLora] = []
+    for key, weight, file in chosen:
+        result.append(next(added) if file is not None else replace(current[key], weight=weight))
+    remove_loras(model.pipeline, [a.adapter for k, a in current.items() if k not in seen])
+    model.loras = result
+    use_weights(model.pipeline, result)
+    return result

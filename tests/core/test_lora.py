@@ -230,3 +230,126 @@ def test_generate_records_loras_as_a1111_does(tmp_path, capsys):
     assert prompt == "a red circle <lora:ink:0.5>"
     file = lora.read_lora(path)
     assert params["Lora hashes"] == f"ink: {file.short_hash}"
+
+
+def test_an_sdxl_kohya_lora_with_both_text_encoders_loads_and_changes_the_output():
+    from app.core.demo import build_tiny_sdxl_pipeline
+
+    pipeline = build_tiny_sdxl_pipeline()
+    generator = torch.Generator().manual_seed(5)
+    tensors: dict[str, torch.Tensor] = {}
+    parts = (
+        ("lora_unet_", pipeline.unet, UNET_LAYERS),
+        ("lora_te1_text_model_", pipeline.text_encoder, TE_LAYERS),
+        ("lora_te2_text_model_", pipeline.text_encoder_2, TE_LAYERS),
+    )
+    for prefix, module, endings in parts:
+        for name, layer in _linears(module, endings):
+            key = prefix + name.removeprefix("text_model.").replace(".", "_")
+            tensors[f"{key}.lora_down.weight"] = torch.randn(
+                RANK, layer.in_features, generator=generator
+            )
+            tensors[f"{key}.lora_up.weight"] = (
+                torch.randn(layer.out_features, RANK, generator=generator) * 0.3
+            )
+            tensors[f"{key}.alpha"] = torch.tensor(float(RANK))
+    tokens = pipeline.tokenizer_2(
+        ["a cat"], padding="max_length", max_length=16, return_tensors="pt"
+    ).input_ids
+
+    def second_encoder():
+        with torch.inference_mode():
+            return pipeline.text_encoder_2(tokens).last_hidden_state
+
+    before = second_encoder()
+    file = lora.LoraFile(Path("xl.safetensors"), "xl", "kohya", tensors, [], [], None)
+    applied = lora.apply_loras(pipeline, [(file, 1.0)])
+    assert applied and not torch.allclose(second_encoder(), before, atol=1e-4)
+    assert set(pipeline.get_list_adapters()) == {"unet", "text_encoder", "text_encoder_2"}
+
+
+def test_a_flux_lora_in_peft_layout_loads_into_the_transformer():
+    from app.core.demo import build_tiny_flux_pipeline
+
+    pipeline = build_tiny_flux_pipeline()
+    generator = torch.Generator().manual_seed(6)
+    layers = _linears(pipeline.transformer, ("attn.to_q", "attn.to_k", "attn.to_v", "ff.net.2"))
+    tensors = {}
+    for name, layer in layers:
+        tensors[f"transformer.{name}.lora_A.weight"] = torch.randn(
+            RANK, layer.in_features, generator=generator
+        )
+        tensors[f"transformer.{name}.lora_B.weight"] = (
+            torch.randn(layer.out_features, RANK, generator=generator) * 0.3
+        )
+    name, layer = layers[0]
+    x = torch.randn(2, layer.in_features, generator=generator)
+    with torch.inference_mode():
+        before = layer(x)
+    file = lora.LoraFile(
+        Path("flux_style.safetensors"), "flux_style", "diffusers", tensors, [], [], None
+    )
+    lora.apply_loras(pipeline, [(file, 1.0)])
+    with torch.inference_mode():
+        after = pipeline.transformer.get_submodule(name)(x)
+    assert pipeline.get_list_adapters() == {"transformer": ["lora0_flux_style"]}
+    assert not torch.allclose(after, before, atol=1e-4)
+
+
+def test_the_model_runs_exactly_the_loras_asked_for_flags_and_prompt_tags(tmp_path):
+    from tests.core.test_health import loaded
+
+    pipeline = build_tiny_sd_pipeline()
+    model = loaded(pipeline)
+    model.source = str(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "Lora").mkdir()
+    save_lora(kohya_lora(pipeline, seed=1), tmp_path / "Lora" / "ink.safetensors")
+    grain = save_lora(peft_lora(pipeline, seed=2), tmp_path / "grain.safetensors")
+    plain, _ = unet_and_text_outputs(pipeline)
+
+    first = lora.load_requested(model, [lora.LoraRequest(str(grain), 0.5)], prompt="<lora:ink:0.7>")
+    assert [(a.name, a.weight) for a in first] == [("grain", 0.5), ("ink", 0.7)]
+    both, _ = unet_and_text_outputs(pipeline)
+
+    second = lora.load_requested(model, [], prompt="a cat <lora:ink:0.7>")
+    assert [a.name for a in second] == ["ink"] and lora._adapters(pipeline) == [first[1].adapter]
+    assert second[0].adapter == first[1].adapter  # reused, not loaded again
+    only_ink, _ = unet_and_text_outputs(pipeline)
+    assert not torch.allclose(only_ink, both, atol=1e-5)
+
+    assert lora.load_requested(model, [], prompt="a cat") == []
+    none, _ = unet_and_text_outputs(pipeline)
+    assert torch.equal(none, plain) and lora._adapters(pipeline) == []
+
+
+def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
+    """The window's generate job: LoRAs from the job's list and from the prompt's tags, and a
+    LoRA that does not load is one sentence with nothing applied."""
+    from app.core.jobs import CancelToken
+    from app.core.models import load_model
+    from app.engine import jobs
+    from app.engine.events import JobRequest
+    from app.engine.server import JobContext, Session
+
+    session = Session(model=load_model("demo"))
+    ink = save_lora(kohya_lora(session.model.pipeline, scale=0.05), tmp_path / "ink.safetensors")
+    request = {"prompt": "a boat", "steps": 2, "width": 64, "height": 64, "seed": 7,
+               "output_dir": str(tmp_path / "out")}  # fmt: skip
+
+    def run(params):
+        context = JobContext(JobRequest(1, "generate", params), session, [].append, CancelToken())
+        return jobs.generate(context, params)
+
+    document = run(
+        {"request": request, "device": "cpu", "loras": [{"path": str(ink), "weight": 0.4}]}
+    )
+    assert document["images"][0]["status"] == "ok"
+    assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.4)]
+    tagged = dict(
+        request, prompt=f"a boat <lora:{tmp_path / 'ink'}:0.6>".replace(".safetensors", "")
+    )
+    run({"request": tagged, "device": "cpu"})
+    assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.6)]
+    with pytest.raises(HalfSafeError, match="between"):
+        run({"request": request, "device": "cpu", "loras": [{"path": str(ink), "weight": 99}]})
