@@ -96,6 +96,8 @@ class ImageResult:
     quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (diagnosis.Quality)
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
+    cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
+    loras: list[Any] | None = field(default=None, repr=False)  # None: the model's LoRAs
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +113,7 @@ class ImageResult:
             "non_finite": round(self.non_finite, 6),
             "settings": dict(self.settings),  # what this image was made with, repairs included
             "quality": dict(self.quality) if self.quality is not None else None,
+            "cause": self.cause,
         }
 
 
@@ -899,6 +902,42 @@ def generate(
     Raises HalfSafeError for a bad request, CancelledError when cancelled, and ImageSaveError
     (whose `.result` holds every image) when an image cannot be written.
     """
+    started = time.perf_counter()
+    progress = on_progress or no_progress
+    result = _generate_unsaved(
+        model,
+        request,
+        precision=precision,
+        device=device,
+        on_progress=on_progress,
+        on_preview=on_preview,
+        cancel=cancel,
+    )
+    if precision.nan_check and precision.auto_fix == "auto":
+        _repair_by_cause(model, result, precision, device, progress, cancel or CancelToken())
+    for entry in result.images:
+        entry.parameters = _parameters(entry, result.request, model)
+    progress("Saving", 0, len(result.images))
+    folder = _output_folder(result.request)
+    try:
+        result.save(folder)
+    finally:
+        result.seconds = time.perf_counter() - started
+    progress("Done", len(result.images), len(result.images))
+    return result
+
+
+def _generate_unsaved(
+    model,
+    request: GenerationRequest,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    on_progress: ProgressCallback | None = None,
+    on_preview: PreviewCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> GenerationResult:
+    """`generate` up to the images and their diagnosis and precision repairs, unsaved."""
     from app.core import hardware, profiles
 
     started = time.perf_counter()
@@ -1023,16 +1062,83 @@ def generate(
         device={"kind": info.kind, "name": info.name},
         warnings=warnings,
     )
-    for entry in entries:
-        entry.parameters = _parameters(entry, request, model)
-    progress("Saving", 0, len(entries))
-    folder = _output_folder(request)
-    try:
-        result.save(folder)
-    finally:
-        result.seconds = time.perf_counter() - started
-    progress("Done", len(entries), len(entries))
+    result.seconds = time.perf_counter() - started
     return result
+
+
+# Repairs that follow a cause other than precision (see `causes`): what `_repair_by_cause` does.
+_CAUSE_REPAIRS = ("switch_backend", "reload", "drop_lora")
+
+
+def _repair_by_cause(
+    model, result: GenerationResult, precision: PrecisionSettings, device: str, progress, cancel
+) -> None:
+    """Images still NaN after the precision repairs: the health check at the request's size
+    attributes the failure (`causes.check_and_attribute`), and a verified repair that is not a
+    precision change (another attention backend, a freshly loaded component, dropping a LoRA
+    whose tensors hold NaN) makes those images again with the same seeds. Each image says the
+    cause; an image the repair did not make finite keeps its first result."""
+    from app.core import causes, lora
+
+    failing = [i for i, e in enumerate(result.images) if e.status == "nan"]
+    if not failing:
+        return
+    request = result.request
+    progress("Finding the cause", 0, 1)
+    report = causes.check_and_attribute(
+        model,
+        precision=precision,
+        device=device,
+        size=max(64, min(request.width, request.height) // 8 * 8),
+        steps=request.steps,
+        scheduler=request.scheduler,
+        on_progress=progress,
+        cancel=cancel,
+        remember=False,
+        measure_cost=False,
+    )
+    cause = report.cause
+    if cause is None:
+        return
+    for index in failing:
+        result.images[index].cause = cause.kind
+    if not cause.verified or cause.action not in _CAUSE_REPAIRS:
+        for index in failing:
+            result.images[index].message += f" {cause.summary}"
+        return
+    again = precision
+    if cause.action == "switch_backend":
+        again = replace(precision, **cause.settings)
+    loras = list(getattr(model, "loras", []))
+    used = loras
+    if cause.action == "drop_lora" and cause.lora is not None:
+        used = [a for a in loras if a.name != cause.lora.name]
+        lora.use_weights(model.pipeline, used)
+    try:
+        for index in failing:
+            cancel.raise_if_cancelled()
+            first = result.images[index]
+            one = replace(request, seed=first.seed, batch=1)
+            remade = _generate_unsaved(
+                model, one, precision=again, device=device, on_progress=progress, cancel=cancel
+            ).images[0]
+            if remade.status in ("nan", "black"):
+                first.message += f" {cause.summary} Made again that way, it still came out bad."
+                continue
+            remade.status = "fixed"
+            remade.cause = cause.kind
+            remade.component = first.component
+            remade.step = first.step
+            remade.first_bad_module = first.first_bad_module
+            remade.fixes_applied = [*remade.fixes_applied, cause.repair]
+            remade.fix = dict(cause.settings)
+            remade.quality = cause.quality.to_json() if cause.quality is not None else None
+            remade.loras = list(used)
+            remade.message = f"{cause.summary} The image was made again that way."
+            result.images[index] = remade
+    finally:
+        if used is not loras:
+            lora.use_weights(model.pipeline, loras)
 
 
 def _settings_of(plan: PrecisionPlan, precision: PrecisionSettings) -> dict[str, Any]:
@@ -1110,6 +1216,7 @@ def _describe(
         return entry
     if fixes and repair is not None:
         entry.fix = dict(repair.settings)
+        entry.cause = "precision"  # a precision change made it finite
         entry.quality = repair.quality.to_json() if repair.quality is not None else None
     if safety_hit:
         entry.status = "safety_checker"
@@ -1159,7 +1266,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
     s = entry.settings
     family = family_of(model.pipeline)
-    loras = list(getattr(model, "loras", []))
+    loras = entry.loras if entry.loras is not None else list(getattr(model, "loras", []))
     params: list[tuple[str, Any]] = [
         ("Steps", request.steps),
         ("Sampler", family.sampler_words(request.scheduler)),

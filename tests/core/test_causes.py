@@ -171,3 +171,63 @@ def test_a_plain_overflow_is_a_precision_cause_without_extra_runs():
     report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")))
     assert report.cause is not None and report.cause.kind == "precision"
     assert report.cause.action == "change_precision" and report.cause.verified
+
+
+def broken_sdpa(monkeypatch):
+    real = precision.SafeAttnProcessor.__call__
+
+    def broken_kernel(self, attn, hidden_states, *args, **kwargs):
+        out = real(self, attn, hidden_states, *args, **kwargs)
+        return torch.full_like(out, float("nan"))
+
+    monkeypatch.setattr(precision.SafeAttnProcessor, "__call__", broken_kernel)
+
+
+def generate(model, tmp_path, **settings):
+    from app.core.generation import GenerationRequest
+    from app.core.generation import generate as run
+
+    request = GenerationRequest(
+        prompt="a red square", steps=2, width=64, height=64, seed=11, output_dir=str(tmp_path)
+    )
+    return run(
+        model,
+        request,
+        precision=PrecisionSettings(precision="fp16", auto_fix="auto", **settings),
+        device="cpu",
+    )
+
+
+@pytest.mark.slow
+def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, tmp_path):
+    from app.core.images import parse_infotext, read_parameters
+
+    broken_sdpa(monkeypatch)
+    result = generate(loaded(build_tiny_sd_pipeline(), "kernel-gen"), tmp_path)
+    (image,) = result.images
+
+    assert image.status == "fixed" and image.cause == "kernel"
+    assert image.fix == {"attention_backend": "classic"}
+    assert image.non_finite == 0.0 and "classic" in image.fixes_applied[-1]
+    _, _, params = parse_infotext(read_parameters(image.path) or "")
+    assert params["Attention backend"] == "classic"
+    assert result.to_json()["images"][0]["cause"] == "kernel"
+
+
+@pytest.mark.slow
+def test_the_nan_watch_drops_a_lora_with_nan_tensors_and_says_so(tmp_path):
+    from app.core.images import parse_infotext, read_parameters
+
+    pipeline = build_tiny_sd_pipeline()
+    good = in_memory("style", kohya_lora(pipeline, scale=0.05, seed=1))
+    damaged = kohya_lora(pipeline, scale=0.05, seed=2)
+    damaged[sorted(k for k in damaged if "lora_up" in k)[0]][0, 0] = float("nan")
+    model = with_loras([(good, 0.7), (in_memory("broken_lora", damaged), 0.8)])
+
+    (image,) = generate(model, tmp_path).images
+
+    assert image.status == "fixed" and image.cause == "weights"
+    assert "broken_lora" in image.message and "drop" in image.fixes_applied[-1]
+    prompt, _, params = parse_infotext(read_parameters(image.path) or "")
+    assert prompt == "a red square <lora:style:0.7>"  # what the image was really made with
+    assert [a.name for a in model.loras] == ["style", "broken_lora"]  # the user's list is kept
