@@ -92,6 +92,7 @@ class ImageResult:
     path: str = ""
     first_bad_module: str | None = None
     non_finite: float = 0.0  # fraction of pixels that were NaN/inf
+    non_finite_box: tuple[int, int, int, int] | None = None  # where they are: x0, y0, x1, y1
     settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
     quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (diagnosis.Quality)
     parameters: str = ""  # the PNG's `parameters` text
@@ -111,6 +112,7 @@ class ImageResult:
             "fix": dict(self.fix) if self.fix is not None else None,
             "first_bad_module": self.first_bad_module,
             "non_finite": round(self.non_finite, 6),
+            "non_finite_box": list(self.non_finite_box) if self.non_finite_box else None,
             "settings": dict(self.settings),  # what this image was made with, repairs included
             "quality": dict(self.quality) if self.quality is not None else None,
             "cause": self.cause,
@@ -1173,6 +1175,7 @@ def _describe(
         fixes_applied=fixes,
         first_bad_module=repair.first_bad_module if repair else None,
         non_finite=stats.non_finite,
+        non_finite_box=stats.non_finite_box,
         settings=_settings_of(outcome.plan, precision),
         image=outcome.image,
     )
@@ -1187,10 +1190,12 @@ def _describe(
             "the image came out black"
             if stats.all_non_finite
             else f"{_percent(stats.non_finite)} of its pixels came out black"
+            f"{_box_words(stats.non_finite_box)}"
         )
         if not watched:
             entry.message = (
-                f"This image holds NaN values ({_percent(stats.non_finite)} of its pixels); "
+                f"This image holds NaN values ({_percent(stats.non_finite)} of its pixels"
+                f"{_box_words(stats.non_finite_box)}); "
                 "the NaN watch was off, so which part failed is not known: turn it on to find "
                 "and repair it."
             )
@@ -1255,6 +1260,19 @@ def _where(component: str | None, step: int | None, steps: int) -> str:
     return f"The {words} went non-finite (NaN){at}{when}"
 
 
+def _box_text(box: tuple[int, int, int, int] | None) -> str | None:
+    """'x 64-127, y 0-63' (inclusive pixel ranges) for a box, None without one."""
+    if box is None:
+        return None
+    x0, y0, x1, y1 = box
+    return f"x {x0}-{x1 - 1}, y {y0}-{y1 - 1}"
+
+
+def _box_words(box: tuple[int, int, int, int] | None) -> str:
+    text = _box_text(box)
+    return f", all within {text}" if text else ""
+
+
 def _percent(fraction: float) -> str:
     value = fraction * 100
     if value >= 99.95:
@@ -1300,6 +1318,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("NaN step", entry.step),
         ("Fixes applied", "; ".join(entry.fixes_applied) or None),
         ("Non-finite pixels", _percent(entry.non_finite) if entry.non_finite else None),
+        ("Non-finite region", _box_text(entry.non_finite_box) if entry.non_finite < 1 else None),
         ("HalfSafe", __version__),
     ]
     return infotext(prompt_with_tags(request.prompt, loras), request.negative_prompt, params)

@@ -190,11 +190,9 @@ def generate(model, tmp_path, **settings):
     request = GenerationRequest(
         prompt="a red square", steps=2, width=64, height=64, seed=11, output_dir=str(tmp_path)
     )
+    settings.setdefault("auto_fix", "auto")
     return run(
-        model,
-        request,
-        precision=PrecisionSettings(precision="fp16", auto_fix="auto", **settings),
-        device="cpu",
+        model, request, precision=PrecisionSettings(precision="fp16", **settings), device="cpu"
     )
 
 
@@ -231,3 +229,28 @@ def test_the_nan_watch_drops_a_lora_with_nan_tensors_and_says_so(tmp_path):
     prompt, _, params = parse_infotext(read_parameters(image.path) or "")
     assert prompt == "a red square <lora:style:0.7>"  # what the image was really made with
     assert [a.name for a in model.loras] == ["style", "broken_lora"]  # the user's list is kept
+
+
+def test_a_few_nan_tiles_are_a_finding_with_their_share_and_place(tmp_path):
+    """A decode that loses one 16x16 tile of a 64x64 image (as a tiled VAE can): the image is
+    not ok, the share is exact and the box is where the tile is."""
+    from app.core.images import parse_infotext, read_parameters
+
+    pipeline = build_tiny_sd_pipeline()
+
+    def lose_a_tile(module, args, output):
+        output = output.clone()
+        output[:, :, 16:32, 48:64] = float("nan")
+        return output
+
+    pipeline.vae.decoder.conv_out.register_forward_hook(lose_a_tile)
+    result = generate(loaded(pipeline, "tile"), tmp_path, auto_fix="off")
+    (image,) = result.images
+
+    assert image.status == "nan" and image.component == "vae"
+    assert image.non_finite == pytest.approx(16 * 16 / (64 * 64))
+    assert image.non_finite_box == (48, 16, 64, 32)
+    assert "6.2% of its pixels" in image.message and "x 48-63, y 16-31" in image.message
+    assert result.to_json()["images"][0]["non_finite_box"] == [48, 16, 64, 32]
+    _, _, params = parse_infotext(read_parameters(image.path) or "")
+    assert params["Non-finite region"] == "x 48-63, y 16-31"
