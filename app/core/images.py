@@ -104,11 +104,8 @@ def to_image(pixels) -> tuple[Any, PixelStats]:
     unit = np.clip(np.where(finite, pixels, -1.0) / 2 + 0.5, 0.0, 1.0)
     stats = brightness_stats(unit.mean(axis=-1)[~bad_pixels], non_finite)
     if non_finite > 0:
-        rows, columns = (
-            np.flatnonzero(bad_pixels.any(axis=1)),
-            np.flatnonzero(bad_pixels.any(axis=0)),
-        )
-        box = (int(columns[0]), int(rows[0]), int(columns[-1]) + 1, int(rows[-1]) + 1)
+        rows, columns = np.nonzero(bad_pixels)
+        box = (int(columns.min()), int(rows.min()), int(columns.max()) + 1, int(rows.max()) + 1)
         stats = replace(stats, non_finite_box=box)
     image = Image.fromarray((unit * 255).round().astype(np.uint8), "RGB")
     return image, stats
