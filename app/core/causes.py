@@ -447,8 +447,9 @@ def _overflow_cause(report, suspect: lora.AppliedLora, blame: LoraBlame) -> Caus
     repairs = []
     if blame.safe_weight is not None and blame.quality is not None:
         repairs.append(
-            f"lower its weight to {blame.safe_weight:g} (verified: finite, "
-            f"{blame.quality.words()} at that weight; the picture changes with the weight)"
+            f"lower its weight to {blame.safe_weight:g} (--lora {suspect.file.path}:"
+            f"{blame.safe_weight:g}; verified at that weight: finite, and "
+            f"{blame.quality.words()} at the same weight; the picture changes with the weight)"
         )
     if fix is not None and fix.verified:
         repairs.append("; ".join(fix.steps) + " (keeps the picture)")
