@@ -182,6 +182,7 @@ def check_and_attribute(
     reload: Callable[[], Any] | None = None,
     remember: bool = True,
     measure_cost: bool = True,
+    prompt: str = DEFAULT_PROMPT,
 ) -> HealthReport:
     """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
     verified kernel or state repair becomes the report's fix. See `attribute` for `reload`."""
@@ -192,6 +193,7 @@ def check_and_attribute(
         size=size,
         steps=steps,
         scheduler=scheduler,
+        prompt=prompt,
         on_progress=on_progress,
         cancel=cancel,
         remember=remember,
@@ -204,6 +206,7 @@ def check_and_attribute(
         report,
         steps=steps,
         scheduler=scheduler,
+        prompt=prompt,
         on_progress=on_progress,
         cancel=cancel,
         reload=reload,
@@ -237,7 +240,10 @@ def _adopt(report: HealthReport, cause: Cause) -> None:
 class _Runs:
     """The re-runs of one attribution, all at the check's size and schedule."""
 
-    def __init__(self, model, plan: PrecisionPlan, size: int, steps: int, scheduler: str):
+    def __init__(
+        self, model, plan: PrecisionPlan, size: int, steps: int, scheduler: str, prompt: str
+    ):
+        self.prompt = prompt
         self.model = model
         self.plan = plan
         self.size = size
@@ -251,7 +257,7 @@ class _Runs:
             size=self.size,
             steps=self.steps,
             scheduler=self.scheduler,
-            prompt=DEFAULT_PROMPT,
+            prompt=self.prompt,
         )
 
     def proved(self, plan: PrecisionPlan, reference_plan: PrecisionPlan, model=None):
@@ -276,6 +282,7 @@ def attribute(
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     reload: Callable[[], Any] | None = None,
+    prompt: str = DEFAULT_PROMPT,
 ) -> Cause | None:
     """Tell the cause of a failed check apart by re-running under the check's plan, in this
     order: bad weights (the checkpoint's, from the load-time scan; a LoRA's, proved by
@@ -302,7 +309,7 @@ def attribute(
             "none",
             verified=False,
         )
-    runs = _Runs(model, report.plan, report.size, steps, scheduler)
+    runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt)
     applied: list[lora.AppliedLora] = list(getattr(model, "loras", []))
     if applied:
         try:

@@ -208,7 +208,9 @@ def _lora_folders(model_source: str | None) -> Iterator[Path]:
     if model_source:
         model = Path(model_source).expanduser()
         if model.exists():
-            roots += [model.parent, model.parent.parent] if model.is_file() else [model.parent]
+            # Its folder and up to two above: A1111 keeps models/Stable-diffusion/<sub>/x and
+            # models/Lora side by side.
+            roots += list(model.parents)[:3]
     with contextlib.suppress(HalfSafeError, OSError):
         from app.core.library import library_folders
 
