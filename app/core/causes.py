@@ -214,6 +214,17 @@ def check_and_attribute(
     report.cause = cause
     if cause is not None:
         _adopt(report, cause)
+        if remember and cause.kind == "kernel" and cause.verified:
+            from app.core import profiles
+
+            # The backend switch replaces whatever precision fix the check remembered.
+            profiles.remember_fix(
+                model.profile_key,
+                report.device["name"],
+                dict(cause.settings),
+                cause.summary,
+                "health check",
+            )
     return report
 
 
@@ -324,10 +335,13 @@ def attribute(
     cause = _kernel_cause(runs, report, component, progress)
     if cause is not None:
         return cause
-    cancel.raise_if_cancelled()
-    cause = _state_cause(runs, report, component, applied, reload, progress)
-    if cause is not None:
-        return cause
+    # State gone bad (NaN in a weight or buffer) survives every precision change, so a
+    # verified precision fix rules it out without reloading anything.
+    if report.fix is None or not report.fix.verified:
+        cancel.raise_if_cancelled()
+        cause = _state_cause(runs, report, component, applied, reload, progress)
+        if cause is not None:
+            return cause
     if report.fix is not None and report.fix.verified:
         return _precision_cause(report, component)
     return None
@@ -494,18 +508,26 @@ def _kernel_cause(runs: _Runs, report, component: str, progress) -> Cause | None
     if not COMPONENTS[component].has_attention:
         return None
     plain = "math" if runs.plan.attention_backend == "classic" else "classic"
-    reference = replace(diagnosis.fp32_reference(runs.plan), attention_backend=plain)
+    reference_plan = replace(diagnosis.fp32_reference(runs.plan), attention_backend=plain)
+    reference: ProbeRun | None = None
     for backend in _backends(runs.plan):
         progress(f"Re-running with the {backend} attention backend", 0, 1)
-        ok, quality, _ = runs.proved(replace(runs.plan, attention_backend=backend), reference)
-        if ok and quality is not None:
+        candidate = replace(runs.plan, attention_backend=backend)
+        run = runs.run(candidate)
+        if not run.finite:
+            continue
+        reference = reference or runs.run(reference_plan)
+        if not reference.finite:
+            return None
+        quality = diagnosis.compare(run.image, reference.image)
+        if quality.passed:
             return Cause(
                 "kernel",
                 component,
-                f"The {runs.plan.attention_backend} attention backend gives wrong values on "
-                f"this device; the {backend} backend at the same precision gives the right "
-                f"answer (verified: finite, {quality.words()}). Fix: use the {backend} "
-                "attention backend.",
+                f"At the same precision the {backend} attention backend gives finite output "
+                f"that agrees with fp32 ({quality.words()}) where the "
+                f"{runs.plan.attention_backend} backend does not: an attention kernel fault, "
+                f"not the model. Fix: use the {backend} attention backend.",
                 f"use the {backend} attention backend",
                 "switch_backend",
                 verified=True,

@@ -123,7 +123,7 @@ def test_a_nan_from_one_attention_backend_is_a_kernel_fault_fixed_by_switching_b
         return torch.full_like(out, float("nan"))  # the SDPA path is broken, fp32 included
 
     monkeypatch.setattr(precision.SafeAttnProcessor, "__call__", broken_kernel)
-    report = check(loaded(build_tiny_sd_pipeline()))
+    report = check(loaded(build_tiny_sd_pipeline(), "kernel-check"), remember=True)
 
     assert report.cause is not None and report.cause.kind == "kernel"
     assert report.cause.component == "unet"
@@ -132,6 +132,11 @@ def test_a_nan_from_one_attention_backend_is_a_kernel_fault_fixed_by_switching_b
     assert report.fix.settings == {"attention_backend": "classic"}
     assert report.fix.plan.dtypes == report.plan.dtypes  # same precision: not a precision fix
     assert report.to_json()["cause"]["repair"]["action"] == "switch_backend"
+    # Remembered for this model on this device, so the next job runs on that backend.
+    from app.core import profiles
+
+    remembered = profiles.remembered_fix("kernel-check", report.device["name"])
+    assert remembered is not None and remembered.settings == {"attention_backend": "classic"}
 
 
 @pytest.mark.slow
