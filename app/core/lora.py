@@ -379,6 +379,7 @@ def _quiet_loaders() -> Iterator[None]:
 
     loggers = (transformers.utils.logging, diffusers.utils.logging)
     levels = [logging.get_verbosity() for logging in loggers]
+    bars = transformers.utils.logging.is_progress_bar_enabled()
     for logging in loggers:
         logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -390,7 +391,8 @@ def _quiet_loaders() -> Iterator[None]:
     finally:
         for logging, level in zip(loggers, levels, strict=True):
             logging.set_verbosity(level)
-        transformers.utils.logging.enable_progress_bar()
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def _first_line(error: BaseException) -> str:
