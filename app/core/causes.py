@@ -196,7 +196,9 @@ def check_and_attribute(
         prompt=prompt,
         on_progress=on_progress,
         cancel=cancel,
-        remember=remember,
+        # A fix found with LoRAs applied may be theirs, not the model's: it is not remembered
+        # for the model (the next run without them would pay for it).
+        remember=remember and not getattr(model, "loras", []),
         measure_cost=measure_cost,
     )
     if report.verdict is Verdict.HEALTHY:
