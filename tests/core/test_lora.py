@@ -353,3 +353,18 @@ def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.6)]
     with pytest.raises(HalfSafeError, match="between"):
         run({"request": request, "device": "cpu", "loras": [{"path": str(ink), "weight": 99}]})
+
+
+def test_a_lora_for_other_layer_sizes_gets_one_sentence_and_leaves_nothing_behind(tmp_path):
+    pipeline = build_tiny_sd_pipeline()
+    tensors = kohya_lora(pipeline)
+    key = next(k for k in tensors if k.startswith("lora_unet") and k.endswith("lora_down.weight"))
+    tensors[key] = torch.ones(RANK, tensors[key].shape[1] * 3)  # made for a wider model
+    file = lora.read_lora(save_lora(tensors, tmp_path / "sdxl_only.safetensors"))
+    before, _ = unet_and_text_outputs(pipeline)
+    with pytest.raises(BadFileError) as raised:
+        lora.apply_loras(pipeline, [(file, 1.0)])
+    assert "sdxl_only" in str(raised.value) and "\n" not in str(raised.value)
+    assert lora._adapters(pipeline) == []
+    after, _ = unet_and_text_outputs(pipeline)
+    assert torch.equal(before, after)
