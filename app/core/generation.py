@@ -1060,6 +1060,7 @@ def _generate_unsaved(
             "name": model.name,
             "architecture": model.architecture,
             "hash": model.model_hash,
+            "loras": [applied.to_json() for applied in getattr(model, "loras", [])],
         },
         device={"kind": info.kind, "name": info.name},
         warnings=warnings,

@@ -259,3 +259,22 @@ def test_a_few_nan_tiles_are_a_finding_with_their_share_and_place(tmp_path):
     assert result.to_json()["images"][0]["non_finite_box"] == [48, 16, 64, 32]
     _, _, params = parse_infotext(read_parameters(image.path) or "")
     assert params["Non-finite region"] == "x 48-63, y 16-31"
+
+
+@pytest.mark.slow
+def test_the_nan_watch_reloads_a_component_gone_bad_in_memory(tmp_path):
+    from app.core.models import load_model
+
+    folder = tmp_path / "tiny"
+    build_tiny_sd_pipeline().save_pretrained(folder)
+    model = load_model(str(folder))
+    with torch.no_grad():  # an earlier job's in-place bug left a NaN in the loaded VAE
+        model.pipeline.vae.decoder.conv_in.weight[0, 0, 0, 0] = float("nan")
+
+    result = generate(model, tmp_path / "out")
+    (image,) = result.images
+
+    assert image.status == "fixed" and image.cause == "state" and image.component == "vae"
+    assert image.non_finite == 0.0 and "reload" in image.fixes_applied[-1]
+    assert torch.isfinite(model.pipeline.vae.decoder.conv_in.weight).all()
+    assert result.to_json()["model"]["loras"] == []
