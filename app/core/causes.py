@@ -425,7 +425,15 @@ def _lora_cause(runs: _Runs, report, applied, progress, cancel) -> Cause | None:
         blame = LoraBlame(suspect.name, suspect.weight, layer, component, [])
         _lower_weight(runs, applied, suspect, blame, reference, progress, cancel)
         return _overflow_cause(report, suspect, blame)
-    return None
+    if len(applied) < 2:
+        return None
+    # Each is fine alone, together they fail: lower the strongest, the others at their weights.
+    suspect = max(applied, key=lambda a: abs(a.weight))
+    component = _component_of_lora(suspect, report)
+    layer = layer_name(report.components[component].first_bad_module) if component else None
+    blame = LoraBlame(suspect.name, suspect.weight, layer, component, [])
+    _lower_weight(runs, applied, suspect, blame, reference, progress, cancel)
+    return _overflow_cause(report, suspect, blame, together=[a.name for a in applied])
 
 
 def _component_of_lora(suspect: lora.AppliedLora, report) -> str | None:
@@ -463,7 +471,9 @@ def _lower_weight(runs: _Runs, applied, suspect, blame: LoraBlame, reference, pr
         blame.safe_weight, blame.quality = rounded, quality
 
 
-def _overflow_cause(report, suspect: lora.AppliedLora, blame: LoraBlame) -> Cause:
+def _overflow_cause(
+    report, suspect: lora.AppliedLora, blame: LoraBlame, together: list[str] | None = None
+) -> Cause:
     where = f" at {blame.layer}" if blame.layer else ""
     part = component_words(blame.component) if blame.component else "model"
     fix = report.fix
@@ -477,10 +487,17 @@ def _overflow_cause(report, suspect: lora.AppliedLora, blame: LoraBlame) -> Caus
     if fix is not None and fix.verified:
         repairs.append("; ".join(fix.steps) + " (keeps the picture)")
     repair = " or ".join(repairs) or "drop it"
-    summary = (
-        f"The LoRA {suspect.name} at weight {suspect.weight:g} pushes the {part}{where} past "
-        f"fp16's limit; the model alone is fine. Repair: {repair}."
-    )
+    if together:
+        summary = (
+            f"Together the LoRAs {', '.join(together)} push the {part}{where} past fp16's "
+            f"limit; each alone and the model alone are fine. Repair for {suspect.name}, the "
+            f"strongest at weight {suspect.weight:g}: {repair}."
+        )
+    else:
+        summary = (
+            f"The LoRA {suspect.name} at weight {suspect.weight:g} pushes the {part}{where} "
+            f"past fp16's limit; the model alone is fine. Repair: {repair}."
+        )
     kind = "precision" if fix is not None and fix.verified else "weights"
     return Cause(
         kind,

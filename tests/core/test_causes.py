@@ -278,3 +278,22 @@ def test_the_nan_watch_reloads_a_component_gone_bad_in_memory(tmp_path):
     assert image.non_finite == 0.0 and "reload" in image.fixes_applied[-1]
     assert torch.isfinite(model.pipeline.vae.decoder.conv_in.weight).all()
     assert result.to_json()["model"]["loras"] == []
+
+
+@pytest.mark.slow
+def test_two_loras_fine_alone_that_overflow_together_are_blamed_together():
+    pipeline = build_tiny_sd_pipeline()
+    half = overflowing_lora(pipeline)
+    half.tensors = {
+        k: (torch.tensor(200.0) if k.endswith(".alpha") else v) for k, v in half.tensors.items()
+    }
+    model = loaded(pipeline)
+    model.loras = lora.apply_loras(pipeline, [(half, 0.9), (in_memory("twin", half.tensors), 1.0)])
+
+    report = check(model)
+    blame = report.cause.lora
+
+    assert report.components["unet"].status == "overflow"
+    assert blame is not None and blame.name == "twin" and blame.layer == FF_OUT
+    assert "Together the LoRAs hot_lora, twin" in report.cause.summary
+    assert blame.safe_weight is not None and blame.safe_weight < 1.0 and blame.quality.passed
