@@ -564,7 +564,7 @@ def _state_cause(runs: _Runs, report, component: str, applied, reload, progress)
     except Exception:  # noqa: BLE001 - a reload that fails proves nothing either way
         return None
     if applied:
-        lora.apply_loras(fresh.pipeline, [(a.file, a.weight) for a in applied])
+        lora.reapply(fresh.pipeline, applied)
     module = getattr(fresh.pipeline, component, None)
     if module is None:
         return None

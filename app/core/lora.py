@@ -338,6 +338,15 @@ def apply_loras(pipeline, files: Sequence[tuple[LoraFile, float]]) -> list[Appli
     return applied
 
 
+def reapply(pipeline, loras: Sequence[AppliedLora]) -> None:
+    """Load `loras` into another pipeline (a fresh load of the same model) under the same
+    adapter names, at their weights, so that the same `AppliedLora` list drives both."""
+    for applied in loras:
+        with _quiet_loaders():
+            pipeline.load_lora_weights(dict(applied.file.tensors), adapter_name=applied.adapter)
+    use_weights(pipeline, loras)
+
+
 def use_weights(pipeline, loras: Sequence[AppliedLora], weights: dict[str, float] | None = None):
     """Make exactly `loras` active, each at `weights[adapter]` (default: its own weight); the
     pipeline's other adapters are off. An empty list switches LoRAs off entirely."""

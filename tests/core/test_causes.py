@@ -140,13 +140,31 @@ def test_a_nan_from_one_attention_backend_is_a_kernel_fault_fixed_by_switching_b
 
 
 @pytest.mark.slow
-def test_state_poisoned_after_the_first_run_is_a_state_fault_fixed_by_reloading(tmp_path):
+@pytest.mark.parametrize("component", ["vae", "text_encoder"])
+def test_state_poisoned_after_the_first_run_is_a_state_fault_fixed_by_reloading(
+    tmp_path, component
+):
+    from app.core.checkpoint import write_safetensors
     from app.core.models import load_model
 
     folder = tmp_path / "tiny"
     build_tiny_sd_pipeline().save_pretrained(folder)
     model = load_model(str(folder))
-    layer = model.pipeline.vae.decoder.conv_in
+    style = None
+    if component == "text_encoder":
+        # The text encoder carries a LoRA, and one came and went before it, so the LoRA kept
+        # has the second adapter name: the fresh encoder must get the same names for the
+        # user's LoRA list to keep driving it.
+        tensors = kohya_lora(model.pipeline, scale=0.05)
+        style = write_safetensors(tmp_path / "style.safetensors", tensors)
+        other = write_safetensors(tmp_path / "other.safetensors", kohya_lora(model.pipeline))
+        lora.load_requested(
+            model, [lora.LoraRequest(str(other), 0.3), lora.LoraRequest(str(style), 0.5)]
+        )
+        lora.load_requested(model, [lora.LoraRequest(str(style), 0.5)])
+        layer = model.pipeline.text_encoder.get_submodule("encoder.layers.0.mlp.fc1")
+    else:
+        layer = model.pipeline.vae.decoder.conv_in
     weight = layer.weight
 
     def poison_after_first_call(module, args, output):
@@ -154,20 +172,32 @@ def test_state_poisoned_after_the_first_run_is_a_state_fault_fixed_by_reloading(
             weight.fill_(float("nan"))  # an in-place bug that corrupts the loaded weights
 
     layer.register_forward_hook(poison_after_first_call)
-    with torch.inference_mode():  # the first generation: fine, and it leaves the VAE poisoned
-        first = model.pipeline.vae.decode(torch.randn(1, 4, 8, 8)).sample
+    with torch.inference_mode():  # the first generation: fine, and it leaves the part poisoned
+        if component == "vae":
+            first = model.pipeline.vae.decode(torch.randn(1, 4, 8, 8)).sample
+        else:
+            first = model.pipeline.text_encoder(torch.tensor([[0, 5, 7, 1]])).last_hidden_state
     assert torch.isfinite(first).all() and not torch.isfinite(weight).all()
     assert model.weights.non_finite == []  # the file itself is fine
 
     report = check(model)
 
     assert report.cause is not None and report.cause.kind == "state"
-    assert report.cause.component == "vae"
+    assert report.cause.component == component
     assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
     assert report.to_json()["cause"]["repair"]["action"] == "reload"
     # The repair is applied: the model in memory now checks healthy.
-    assert torch.isfinite(model.pipeline.vae.decoder.conv_in.weight).all()
     assert check(model).verdict == "healthy"
+    if style is not None:  # and the user's LoRA list still drives the reloaded encoder
+        (kept,) = model.loras
+        tokens = torch.tensor([[0, 5, 7, 1]])
+
+        def encoded_at(weight: float):
+            lora.use_weights(model.pipeline, model.loras, {kept.adapter: weight})
+            with torch.inference_mode():
+                return model.pipeline.text_encoder(tokens).last_hidden_state
+
+        assert not torch.allclose(encoded_at(0.0), encoded_at(2.0), atol=1e-5)
 
 
 def test_a_plain_overflow_is_a_precision_cause_without_extra_runs():
