@@ -156,7 +156,7 @@ def strip_tags(prompt: str) -> str:
 def prompt_with_tags(prompt: str, loras: Sequence[AppliedLora]) -> str:
     """The prompt as A1111 records it: every LoRA that ran as a `<lora:name:weight>` tag (those
     already in the prompt are left where the user put them)."""
-    named = {name.lower() for name in (r.path for r in prompt_loras_quiet(prompt))}
+    named = {Path(r.path).name.lower() for r in prompt_loras_quiet(prompt)}
     extra = [
         f"<lora:{a.name}:{_weight_text(a.weight)}>" for a in loras if a.name.lower() not in named
     ]
@@ -184,7 +184,7 @@ def _weight_text(weight: float) -> str:
 def find_lora(name: str, model_source: str | None = None) -> Path:
     """The file a prompt's `<lora:name>` means: `name` as a path, else `name.safetensors` (or
     another LoRA suffix) beside the model, in the Lora folders beside it, then in the library's
-    model folders and their Lora folders. Raises HalfSafeError naming where it looked."""
+    model folders and their Lora folders. Raises HalfSafeError (one sentence) when none has it."""
     direct = Path(name).expanduser()
     if direct.suffix.lower() in LORA_SUFFIXES and direct.is_file():
         return direct
