@@ -201,6 +201,9 @@ def check_and_attribute(
         remember=remember and not getattr(model, "loras", []),
         measure_cost=measure_cost,
     )
+    report.notes.extend(
+        problem for applied in report.loras if (problem := applied.file.problems()) is not None
+    )
     if report.verdict is Verdict.HEALTHY:
         return report
     cause = attribute(

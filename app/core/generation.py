@@ -963,6 +963,11 @@ def _generate_unsaved(
         remembered=remembered.settings if remembered else None,
     )
     warnings = list(plan.warnings)
+    warnings.extend(
+        problem
+        for applied in getattr(model, "loras", [])
+        if (problem := applied.file.problems()) is not None
+    )
     if remembered:
         warnings.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"

@@ -214,7 +214,8 @@ def _lora_folders(model_source: str | None) -> Iterator[Path]:
     with contextlib.suppress(HalfSafeError, OSError):
         from app.core.library import library_folders
 
-        roots += library_folders()
+        for folder in library_folders():  # models/Stable-diffusion beside models/Lora
+            roots += [folder, folder.parent]
     seen: set[Path] = set()
     for root in roots:
         for folder in (root, *(root / sub for sub in LORA_FOLDERS)):

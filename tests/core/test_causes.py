@@ -70,6 +70,7 @@ def test_a_lora_with_a_nan_tensor_is_named_as_the_cause_and_dropping_it_is_prove
     assert document["cause"]["kind"] == "weights"
     assert document["cause"]["lora"]["non_finite"] == [bad_key]
     assert document["verdict"] == "broken"  # no precision setting repairs this combination
+    assert any("broken_lora" in note and bad_key in note for note in document["notes"])
     # The user's LoRAs are as they were: both active at their weights.
     assert [a.weight for a in model.loras] == [0.7, 0.8]
 

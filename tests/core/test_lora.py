@@ -121,6 +121,8 @@ def test_weight_scan_names_nan_and_absurd_tensors(tmp_path):
     assert file.non_finite == [keys[0]]
     assert [name for name, _ in file.absurd] == [keys[1]]
     assert file.problems() is not None and keys[0] in file.problems()
+    file.non_finite = []
+    assert keys[1] in (file.problems() or "") and "5e+06" in (file.problems() or "")
 
 
 def test_lora_argument_and_prompt_tags():
