@@ -70,11 +70,15 @@ class LoraFile:
         """One sentence on what is wrong with the weights, None when nothing is."""
         if self.non_finite:
             more = f" and {len(self.non_finite) - 1} more" if len(self.non_finite) > 1 else ""
-            return f"the LoRA {self.name} holds NaN or Inf values in {self.non_finite[0]}{more}"
+            return (
+                f"The LoRA {self.name} holds NaN or Inf values in {self.non_finite[0]}{more}: "
+                "its weights are damaged."
+            )
         if self.absurd:
             name, peak = self.absurd[0]
             return (
-                f"the LoRA {self.name} holds absurdly large values in {name} (|x| up to {peak:.3g})"
+                f"The LoRA {self.name} holds absurdly large values in {name} (|x| up to "
+                f"{peak:.3g}; trained LoRAs stay under a few units): expect overflow."
             )
         return None
 
