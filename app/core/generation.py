@@ -1147,6 +1147,18 @@ def _repair_by_cause(
     finally:
         if used is not loras:
             lora.use_weights(model.pipeline, loras)
+    if cause.action == "switch_backend" and any(e.cause == "kernel" for e in result.images):
+        from app.core import profiles
+
+        device_name = result.device.get("name", "")
+        remembered = profiles.remembered_fix(model.profile_key, device_name)
+        profiles.remember_fix(
+            model.profile_key,
+            device_name,
+            {**(remembered.settings if remembered else {}), **cause.settings},
+            cause.summary,
+            "generation repair",
+        )
 
 
 def _settings_of(plan: PrecisionPlan, precision: PrecisionSettings) -> dict[str, Any]:

@@ -246,6 +246,10 @@ def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, 
     _, _, params = parse_infotext(read_parameters(image.path) or "")
     assert params["Attention backend"] == "classic"
     assert result.to_json()["images"][0]["cause"] == "kernel"
+    from app.core import profiles  # the next job on this model and device uses that backend
+
+    remembered = profiles.remembered_fix("kernel-gen", result.device["name"])
+    assert remembered is not None and remembered.settings["attention_backend"] == "classic"
 
 
 @pytest.mark.slow
