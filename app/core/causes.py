@@ -385,29 +385,26 @@ def _lora_cause(runs: _Runs, report, applied, progress, cancel) -> Cause | None:
     alone = runs.run(runs.plan)
     if not alone.finite:
         return None  # the model fails on its own: the LoRAs are not the cause
-    for suspect in applied:
-        if not suspect.file.non_finite:
-            continue
+    damaged = [a for a in applied if a.file.non_finite]
+    if damaged:
         cancel.raise_if_cancelled()
-        others = [a for a in applied if a is not suspect]
-        lora.use_weights(pipeline, others)
+        lora.use_weights(pipeline, [a for a in applied if not a.file.non_finite])
         ok, quality, _ = runs.proved(runs.plan, reference)
-        blame = LoraBlame(
-            suspect.name,
-            suspect.weight,
-            None,
-            None,
-            list(suspect.file.non_finite),
-        )
-        words = f"drop the LoRA {suspect.name}"
+        first = damaged[0]
+        blame = LoraBlame(first.name, first.weight, None, None, list(first.file.non_finite))
+        names = ", ".join(a.name for a in damaged)
+        words = f"drop the LoRA{'s' if len(damaged) > 1 else ''} {names}"
         summary = (
-            f"The LoRA {suspect.name} holds NaN or Inf values ({suspect.file.non_finite[0]}): "
-            f"its weights are damaged. Without it the model is fine"
+            f"The LoRA {first.name} holds NaN or Inf values ({first.file.non_finite[0]})"
+            + (f", and so do {', '.join(a.name for a in damaged[1:])}" if len(damaged) > 1 else "")
+            + f": {'their' if len(damaged) > 1 else 'its'} weights are damaged. Without "
+            + ("them" if len(damaged) > 1 else "it")
+            + " the model is fine"
             + (f" (verified: {quality.words()})." if ok and quality else " (not verified).")
         )
         return Cause(
             "weights",
-            _component_of_lora(suspect, report),
+            _first_failed(report),
             summary,
             words,
             "drop_lora",
@@ -432,14 +429,14 @@ def _lora_cause(runs: _Runs, report, applied, progress, cancel) -> Cause | None:
         return None
     # Each is fine alone, together they fail: lower the strongest, the others at their weights.
     suspect = max(applied, key=lambda a: abs(a.weight))
-    component = _component_of_lora(suspect, report)
+    component = _first_failed(report)
     layer = layer_name(report.components[component].first_bad_module) if component else None
     blame = LoraBlame(suspect.name, suspect.weight, layer, component, [])
     _lower_weight(runs, applied, suspect, blame, reference, progress, cancel)
     return _overflow_cause(report, suspect, blame, together=[a.name for a in applied])
 
 
-def _component_of_lora(suspect: lora.AppliedLora, report) -> str | None:
+def _first_failed(report) -> str | None:
     failed = [n for n, c in report.components.items() if c.status.failed]
     return failed[0] if failed else None
 

@@ -1119,8 +1119,8 @@ def _repair_by_cause(
         again = replace(precision, **cause.settings)
     loras = list(getattr(model, "loras", []))
     used = loras
-    if cause.action == "drop_lora" and cause.lora is not None:
-        used = [a for a in loras if a.name != cause.lora.name]
+    if cause.action == "drop_lora":
+        used = [a for a in loras if not a.file.non_finite]
         lora.use_weights(model.pipeline, used)
     try:
         for index in failing:
