@@ -126,6 +126,29 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_lora_flag(parser: argparse.ArgumentParser) -> None:
+    """`--lora PATH[:WEIGHT]`, repeatable: LoRAs applied to the model for this command."""
+    parser.add_argument(
+        "--lora",
+        metavar="PATH[:WEIGHT]",
+        dest="loras",
+        action="append",
+        default=[],
+        type=_lora_argument,
+        help="a LoRA file to apply, at WEIGHT (default 1); repeat the flag for more. A prompt's "
+        "<lora:name:weight> tags are read too",
+    )
+
+
+def _lora_argument(text: str):
+    from app.core.lora import parse_lora_argument
+
+    try:
+        return parse_lora_argument(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 # Flags of AUTOMATIC1111 (and Forge, SD.Next) and ComfyUI, accepted as those tools spell them
 # and hidden from --help: each sets the HalfSafe setting that does the same thing.
 OTHER_TOOLS_FLAGS: tuple[tuple[str, str, Any], ...] = (
@@ -237,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{size.step} (default: the model's native size)",
     )
     check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
+    _add_lora_flag(check)
     _add_precision_flags(check)
 
     gen = sub.add_parser("generate", help="generate images with the NaN watch")
@@ -281,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=argparse.SUPPRESS,
     )
+    _add_lora_flag(gen)
     _add_precision_flags(gen)
 
     explain = sub.add_parser(
@@ -387,10 +412,10 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from app.core import health
+    from app.core import causes, health
 
     values = effective_settings(args)
-    report = health.check_model(
+    report = causes.check_model(
         args.model,
         precision=PrecisionSettings.from_mapping(values),
         device=values["device"],
@@ -399,6 +424,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         scheduler=values["scheduler"],
         vae=args.vae,
         text_encoders=args.text_encoders,
+        loras=args.loras,
         allow_pickle=args.allow_pickle,
     )
     if args.report:

@@ -69,6 +69,13 @@ def health_text(report: HealthReport) -> str:
             + (" ..." if len(report.weights_non_finite) > 5 else "")
         )
     lines.append(f"Verdict: {_VERDICTS[report.verdict.value]}")
+    if report.loras:
+        lines.append(
+            "LoRAs:   " + ", ".join(f"{lora.name} at {lora.weight:g}" for lora in report.loras)
+        )
+    if report.cause is not None:
+        proof = "verified" if report.cause.verified else "not verified"
+        lines.append(f"Cause:   {report.cause.kind}; repair: {report.cause.repair} ({proof})")
     if report.remembered:
         lines.append(f"Ran with: the fix remembered for this model: {report.remembered}")
     fix = report.fix

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core.errors import BadFileError
+from app.core.errors import BadFileError, HalfSafeError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
@@ -1018,8 +1018,34 @@ def _fix_the_tool_can_apply(fix, tool: str) -> dict[str, Any]:
     return settings
 
 
+def _apply_image_loras(explanation, model) -> None:
+    """The LoRAs the image's prompt names (`<lora:name:weight>`), looked up beside its model
+    and in the Lora folders; one that is missing or does not load is a note, and the check runs
+    without it."""
+    from app.core.lora import LoraRequest, find_lora, load_requested, prompt_loras_quiet
+
+    requests = []
+    for tag in prompt_loras_quiet(explanation.record.prompt or ""):
+        try:
+            requests.append(
+                LoraRequest(str(find_lora(tag.path, explanation.model.path)), tag.weight)
+            )
+        except HalfSafeError:
+            explanation.notes.append(
+                f"The image used the LoRA {tag.path}, which was not found beside its model or "
+                "in the Lora folders; the check ran without it."
+            )
+    try:
+        load_requested(model, requests)
+    except HalfSafeError as error:
+        explanation.notes.append(f"{error} The check ran without the image's LoRAs.")
+        load_requested(model, [])
+
+
 def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> None:
     from app.core import health
+    from app.core.causes import check_and_attribute
+    from app.core.lora import strip_tags
     from app.core.models import load_model
     from app.core.settings import FIELDS
 
@@ -1060,14 +1086,15 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             f"HalfSafe does not run the image's sampler ({record.sampler}); the check probed "
             f"the schedule of {FIELDS['scheduler'].default} at the same step count."
         )
-    report = health.check_loaded(
+    _apply_image_loras(explanation, model)
+    report = check_and_attribute(
         model,
         precision=_reproduced_precision(record),
         device=device,
         size=_probe_size(record),
         steps=steps or health.DEFAULT_STEPS,
         scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
-        prompt=record.prompt or health.DEFAULT_PROMPT,
+        prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
         on_progress=progress,
         cancel=cancel,
         remember=False,

@@ -205,6 +205,9 @@ class HealthReport:
     remembered: str | None = None  # the summary of a remembered fix the check ran with
     timesteps: list[float] = field(default_factory=list)  # where the denoiser was probed
     advice: Advice | None = None
+    # Why it failed, from re-runs (see `causes.attribute`): None when healthy or not attributed.
+    cause: Any = None
+    loras: list[Any] = field(default_factory=list)  # lora.AppliedLora the check ran with
 
     @property
     def headline(self) -> str:
@@ -225,6 +228,8 @@ class HealthReport:
             "headline": self.headline,
             "fix": self.fix.to_json() if self.fix else None,
             "advice": self.advice.to_json() if self.advice else None,
+            "cause": self.cause.to_json() if self.cause is not None else None,
+            "loras": [lora.to_json() for lora in self.loras],
             "remembered": self.remembered,
             "seconds": round(self.seconds, 3),
             "size": self.size,
@@ -461,6 +466,50 @@ def _all_finite(value: Any) -> bool:
 
     peak = max_abs(value)
     return peak is None or math.isfinite(float(peak))
+
+
+@dataclass
+class ProbeRun:
+    """One end-to-end run of the check's three stages under one plan: the decoded image and
+    every component's probe."""
+
+    image: Any
+    probes: dict[str, ProbeResult]
+
+    @property
+    def failed(self) -> list[str]:
+        """The components whose output went non-finite, in run order."""
+        return in_run_order([n for n, p in self.probes.items() if p.non_finite])
+
+    @property
+    def finite(self) -> bool:
+        return not self.failed and _all_finite(self.image)
+
+    def first_bad_module(self, component: str) -> str | None:
+        probe = self.probes.get(component)
+        return _first_bad_name(probe) if probe is not None else None
+
+
+def probe_run(
+    model,
+    plan: PrecisionPlan,
+    *,
+    size: int,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
+    prompt: str = DEFAULT_PROMPT,
+) -> ProbeRun:
+    """Run the text encoder(s), the denoiser at the probe's timesteps and the VAE once under
+    `plan`, as the check's first pass does, recording every module; the device copies are
+    released at the end. Runs on the calling thread."""
+    runner = _Runner(model, plan, size, prompt, steps, scheduler)
+    try:
+        encoded = runner.encode(plan)
+        denoised = runner.denoise(plan, encoded.output)
+        decoded = runner.decode(plan, denoised.output)
+    finally:
+        runner.placed.release()
+    return ProbeRun(decoded.output, {**encoded.probes, **denoised.probes, **decoded.probes})
 
 
 # --- the check -----------------------------------------------------------------------------
@@ -810,6 +859,7 @@ def check_loaded(
             if verdict is Verdict.HEALTHY
             else None
         ),
+        loras=list(getattr(model, "loras", [])),
     )
 
 
@@ -1133,6 +1183,8 @@ def headline(report: HealthReport) -> str:
     """The first line of every rendering of a report (CLI, Markdown, the GUI's banner)."""
     tested = tested_words(report.plan)
     components = report.components
+    if report.cause is not None and report.cause.headline:
+        return report.cause.headline
     if report.verdict is Verdict.BROKEN:
         if report.weights_non_finite:
             return (
