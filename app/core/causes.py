@@ -236,8 +236,23 @@ def check_and_attribute(
 def _adopt(report: HealthReport, cause: Cause) -> None:
     """A verified kernel or state repair is the fix (the precision search could not find one,
     or found a costlier one that only hid the fault)."""
+    fix = report.fix
+    backend = cause.settings.get("attention_backend")
+    if (
+        cause.kind == "kernel"
+        and fix is not None
+        and fix.verified
+        and diagnosis.switched_backend(fix.settings, report.plan) == backend
+    ):
+        report.notes.append(cause.summary)  # the chosen fix is that backend already
+        return
     if cause.kind in ("kernel", "state") and cause.verified:
         plan = replace(report.plan, **cause.settings) if cause.settings else report.plan
+        # The candidates the check tried stay beside the repair; the one that is this
+        # backend switch, if the check tried it, is the chosen one.
+        candidates = list(fix.candidates) if fix is not None else list(report.tried)
+        for c in candidates:
+            c.chosen = c.candidate is not None and c.candidate.plan == plan
         report.fix = Fix(
             plan,
             dict(cause.settings),
@@ -245,6 +260,8 @@ def _adopt(report: HealthReport, cause: Cause) -> None:
             verified=True,
             quality=cause.quality,
             steps=[cause.repair],
+            candidates=candidates,
+            baselines=dict(fix.baselines) if fix is not None else {},
         )
         report.verdict = Verdict.FIXABLE
     report.notes.append(cause.summary)
@@ -334,6 +351,12 @@ def attribute(
             lora.use_weights(model.pipeline, applied)
         if cause is not None:
             return cause
+    if report.fix is not None and report.fix.verified:
+        # The check's chosen fix (`health._choose_fix`) only switched the attention backend:
+        # the same precision works on another kernel, so the kernel is the cause.
+        backend = diagnosis.switched_backend(report.fix.settings, report.plan)
+        if backend is not None:
+            return _kernel(component, report.plan.attention_backend, backend, report.fix.quality)
     if _measured_overflow(report, failed) and report.fix is not None and report.fix.verified:
         return _precision_cause(report, component)
     cancel.raise_if_cancelled()
@@ -521,18 +544,51 @@ def _backends(plan: PrecisionPlan) -> list[str]:
     return [b for b in _BACKENDS[kind] if b != plan.attention_backend]
 
 
+def _kernel(component: str, failing: str, backend: str, quality: Quality | None) -> Cause:
+    where = f" where the {failing} backend does not" if failing != "auto" else ""
+    return Cause(
+        "kernel",
+        component,
+        f"At the same precision the {backend} attention backend gives finite output "
+        f"that agrees with fp32 ({quality.words() if quality else 'verified'}){where}: an "
+        f"attention kernel fault, not the model. Fix: use the {backend} attention backend.",
+        f"use the {backend} attention backend",
+        "switch_backend",
+        verified=True,
+        settings={"attention_backend": backend},
+        quality=quality,
+    )
+
+
 def _kernel_cause(runs: _Runs, report, component: str, progress) -> Cause | None:
-    """Another attention backend at the same precision, judged against fp32 on diffusers'
-    plain processor (`classic`, or `math` when classic is the one failing)."""
+    """Another attention backend at the same precision (`diagnosis.backend_switch`, the plan
+    the check's math-kernel candidate is built from), judged against fp32 on diffusers' plain
+    processor (`classic`, or `math` when classic is the one failing). A switch the check
+    already re-ran as a fix candidate under this very plan is not run again: its result (judged
+    against the check's fp32 reference) stands."""
     if not COMPONENTS[component].has_attention:
         return None
     plain = "math" if runs.plan.attention_backend == "classic" else "classic"
     reference_plan = replace(diagnosis.fp32_reference(runs.plan), attention_backend=plain)
     reference: ProbeRun | None = None
     for backend in _backends(runs.plan):
+        switch = diagnosis.backend_switch(runs.plan, backend)
+        tried = next(
+            (
+                r
+                for r in report.tried
+                if r.component == component
+                and r.candidate is not None
+                and r.candidate.plan == switch.plan
+            ),
+            None,
+        )
+        if tried is not None:
+            if tried.verified:
+                return _kernel(component, runs.plan.attention_backend, backend, tried.quality)
+            continue
         progress(f"Re-running with the {backend} attention backend", 0, 1)
-        candidate = replace(runs.plan, attention_backend=backend)
-        run = runs.run(candidate)
+        run = runs.run(switch.plan)
         if not run.finite:
             continue
         reference = reference or runs.run(reference_plan)
@@ -540,19 +596,7 @@ def _kernel_cause(runs: _Runs, report, component: str, progress) -> Cause | None
             return None
         quality = diagnosis.compare(run.image, reference.image)
         if quality.passed:
-            return Cause(
-                "kernel",
-                component,
-                f"At the same precision the {backend} attention backend gives finite output "
-                f"that agrees with fp32 ({quality.words()}) where the "
-                f"{runs.plan.attention_backend} backend does not: an attention kernel fault, "
-                f"not the model. Fix: use the {backend} attention backend.",
-                f"use the {backend} attention backend",
-                "switch_backend",
-                verified=True,
-                settings={"attention_backend": backend},
-                quality=quality,
-            )
+            return _kernel(component, runs.plan.attention_backend, backend, quality)
     return None
 
 

@@ -295,16 +295,40 @@ def _upcast_attention(ctx: FixContext) -> FixCandidate | None:
     )
 
 
+def backend_switch(plan: PrecisionPlan, backend: str) -> FixCandidate:
+    """`plan` on another attention backend at the same precision: the one way a backend is
+    switched, by the math-kernel candidate below and by the cause's kernel probe
+    (`causes`)."""
+    return FixCandidate(
+        replace(plan, attention_backend=backend),
+        {"attention_backend": backend},
+        f"switch attention to the {backend} kernel",
+        kind="backend",
+    )
+
+
+_UNSET = object()
+
+
+def switched_backend(settings: Mapping[str, Any], plan: PrecisionPlan) -> str | None:
+    """The attention backend `settings` switch `plan` to when that is all they change (a
+    kernel repair, not a precision one); None otherwise."""
+    changed = {k: v for k, v in settings.items() if getattr(plan, k, _UNSET) != v}
+    backend = changed.get("attention_backend")
+    return backend if backend is not None and set(changed) == {"attention_backend"} else None
+
+
 def _math_attention(ctx: FixContext) -> FixCandidate | None:
     """PyTorch's math attention kernel, which computes fp16 attention in fp32 unless reduced
-    precision is allowed: another backend, not another precision setting."""
+    precision is allowed: another backend, not another precision setting (with reduced
+    precision already off, exactly `backend_switch`)."""
     if ctx.plan.attention_backend == "math" or not _attention_failed(ctx):
         return None
-    plan = replace(ctx.plan, attention_backend="math", attention_reduced_precision=False)
+    switch = backend_switch(ctx.plan, "math")
     return FixCandidate(
-        plan,
-        {"attention_backend": "math", "attention_reduced_precision": False},
-        "switch attention to the math kernel",
+        replace(switch.plan, attention_reduced_precision=False),
+        {**switch.settings, "attention_reduced_precision": False},
+        switch.words,
     )
 
 

@@ -385,6 +385,9 @@ class _Repair:
     settings: dict[str, Any] = field(default_factory=dict)
     first_bad_module: str | None = None
     quality: diagnosis.Quality | None = None  # the worst of its repairs against fp32
+    # "kernel" when the repairs only switched the attention backend (the same precision, as
+    # `causes` classifies a check's fix), else "precision".
+    cause: str = "precision"
 
 
 def _failure(outcome: _Outcome) -> str | None:
@@ -771,6 +774,8 @@ class _Job:
                 result.first_bad_module = self.first_bad.get(component)
             if repaired is None:
                 break
+        if diagnosis.switched_backend(result.settings, self.plan) is not None:
+            result.cause = "kernel"
         return result
 
     def _try(self, component: str, candidate: FixCandidate, outcome: _Outcome, seed: int):
@@ -1291,7 +1296,7 @@ def _describe(
         return entry
     if fixes and repair is not None:
         entry.fix = dict(repair.settings)
-        entry.cause = "precision"  # a precision change made it finite
+        entry.cause = repair.cause  # a precision change (or only another backend) made it finite
         entry.quality = repair.quality.to_json() if repair.quality is not None else None
     if safety_hit:
         entry.status = "safety_checker"

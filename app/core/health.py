@@ -208,6 +208,9 @@ class HealthReport:
     # Why it failed, from re-runs (see `causes.attribute`): None when healthy or not attributed.
     cause: Any = None
     loras: list[Any] = field(default_factory=list)  # lora.AppliedLora the check ran with
+    # Every fix candidate the check re-ran, ranked per component, verified or not (kept also
+    # when nothing was verified: the cause's kernel probe reuses their re-runs). Not reported.
+    tried: list[diagnosis.CandidateResult] = field(default_factory=list, repr=False)
 
     @property
     def headline(self) -> str:
@@ -860,6 +863,7 @@ def check_loaded(
             else None
         ),
         loras=list(getattr(model, "loras", [])),
+        tried=list(search.candidates),
     )
 
 
@@ -1449,7 +1453,16 @@ def markdown_report(report: HealthReport) -> str:
         f"- Model: `{report.model['source']}` ({report.model['architecture']}, "
         f"{report.model['format']})\n"
         f"- Device: {report.device['name']} ({report.device['kind']})\n"
-        f"- Versions: HalfSafe {v.get('halfsafe')}, torch {v.get('torch')}, diffusers "
+        + "".join(
+            f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras
+        )
+        + (
+            f"- Cause: **{report.cause.kind}**; repair: {report.cause.repair} "
+            f"({'verified' if report.cause.verified else 'not verified'})\n"
+            if report.cause is not None
+            else ""
+        )
+        + f"- Versions: HalfSafe {v.get('halfsafe')}, torch {v.get('torch')}, diffusers "
         f"{v.get('diffusers')}" + (f", CUDA {v['cuda']}" if v.get("cuda") else "") + "\n"
         f"- Probe size: {report.size}x{report.size}, timesteps "
         f"{', '.join(map(str, report.timesteps))}; check took {report.seconds:.2f} s\n\n"

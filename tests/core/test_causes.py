@@ -332,3 +332,52 @@ def test_two_loras_fine_alone_that_overflow_together_are_blamed_together():
     assert blame is not None and blame.name == "twin" and blame.layer == FF_OUT
     assert "Together the LoRAs hot_lora, twin" in report.cause.summary
     assert blame.safe_weight is not None and blame.safe_weight < 1.0 and blame.quality.passed
+
+
+def fp16_sdpa_fault_but_math(monkeypatch):
+    """Attention that returns NaN in fp16 on every SDPA kernel but PyTorch's math one (fp32 and
+    the math kernel are fine): a fault the check's own math-kernel candidate repairs."""
+    real = precision.SafeAttnProcessor.__call__
+
+    def broken_kernel(self, attn, hidden_states, *args, **kwargs):
+        out = real(self, attn, hidden_states, *args, **kwargs)
+        if out.dtype == torch.float16 and torch.backends.cuda.flash_sdp_enabled():
+            return torch.full_like(out, float("nan"))
+        return out
+
+    monkeypatch.setattr(precision.SafeAttnProcessor, "__call__", broken_kernel)
+
+
+def test_a_chosen_fix_that_only_switches_the_backend_is_a_kernel_cause_without_a_rerun(
+    monkeypatch,
+):
+    fp16_sdpa_fault_but_math(monkeypatch)
+    stages: list[str] = []
+    report = check(
+        loaded(build_tiny_sd_pipeline(), "kernel-by-fix"),
+        on_progress=lambda stage, *_: stages.append(stage),
+    )
+
+    assert report.cause is not None and report.cause.kind == "kernel"
+    assert report.cause.settings == {"attention_backend": "math"} and report.cause.verified
+    # The fix is the check's own ranked choice, kept with its candidates table.
+    assert report.fix is not None and report.fix.verified
+    assert report.fix.settings["attention_backend"] == "math"
+    assert report.fix.plan.dtypes == report.plan.dtypes
+    chosen = [c for c in report.fix.candidates if c.chosen]
+    assert [c.kind for c in chosen] == ["math_attention"]
+    # The kernel probe did not run the math backend a second time.
+    assert not any(s.startswith("Re-running with the") for s in stages)
+
+
+@pytest.mark.slow
+def test_the_nan_watch_says_kernel_when_its_repair_only_switched_the_backend(
+    monkeypatch, tmp_path
+):
+    fp16_sdpa_fault_but_math(monkeypatch)
+    result = generate(loaded(build_tiny_sd_pipeline(), "kernel-by-repair"), tmp_path)
+    (image,) = result.images
+
+    assert image.status == "fixed" and image.non_finite == 0.0
+    assert image.fix is not None and image.fix["attention_backend"] == "math"
+    assert image.cause == "kernel"
