@@ -47,7 +47,7 @@ from app.core.prediction import prediction_summary
 from app.core.probe import ActivationRecorder, ProbeResult, top_blocks
 from app.core.settings import FIELDS, PrecisionSettings, modules_by_component
 
-__all__ = ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes", "check_loaded", "check_model"]
+__all__ = ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes", "check_loaded"]
 
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
 DEFAULT_STEPS = FIELDS["steps"].default
@@ -516,43 +516,6 @@ def probe_run(
 
 
 # --- the check -----------------------------------------------------------------------------
-
-
-def check_model(
-    source: str,
-    *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    size: int | None = None,
-    steps: int = DEFAULT_STEPS,
-    scheduler: str = DEFAULT_SCHEDULER,
-    vae: str | None = None,
-    text_encoders: list[str] | None = None,
-    allow_pickle: bool = False,
-    on_progress: ProgressCallback | None = None,
-    cancel: CancelToken | None = None,
-) -> HealthReport:
-    """Load a model (see `models.load_model`) and check it. Raises HalfSafeError for bad input."""
-    from app.core.models import load_model
-
-    model = load_model(
-        source,
-        vae=vae,
-        text_encoders=text_encoders,
-        allow_pickle=allow_pickle,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
-    return check_loaded(
-        model,
-        precision=precision,
-        device=device,
-        size=size,
-        steps=steps,
-        scheduler=scheduler,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
 
 
 class _Observations:
