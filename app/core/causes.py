@@ -546,6 +546,7 @@ def _backends(plan: PrecisionPlan) -> list[str]:
 
 def _kernel(component: str, failing: str, backend: str, quality: Quality | None) -> Cause:
     where = f" where the {failing} backend does not" if failing != "auto" else ""
+    proof = f"verified fix ({quality.words()})" if quality else "verified fix"
     return Cause(
         "kernel",
         component,
@@ -557,6 +558,12 @@ def _kernel(component: str, failing: str, backend: str, quality: Quality | None)
         verified=True,
         settings={"attention_backend": backend},
         quality=quality,
+        # The check's own headline would call a NaN out of an attention layer an overflow.
+        headline=(
+            f"Fixable: an attention kernel fault in the {component_words(component)}, not an "
+            f"overflow: at the same precision another backend is right; {proof}: use the "
+            f"{backend} attention backend."
+        ),
     )
 
 

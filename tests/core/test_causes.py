@@ -133,6 +133,7 @@ def test_a_nan_from_one_attention_backend_is_a_kernel_fault_fixed_by_switching_b
     assert report.fix.settings == {"attention_backend": "classic"}
     assert report.fix.plan.dtypes == report.plan.dtypes  # same precision: not a precision fix
     assert report.to_json()["cause"]["repair"]["action"] == "switch_backend"
+    assert "kernel fault" in report.headline and "overflow" not in report.headline.split(",")[0]
     # Remembered for this model on this device, so the next job runs on that backend.
     from app.core import profiles
 
@@ -366,6 +367,7 @@ def test_a_chosen_fix_that_only_switches_the_backend_is_a_kernel_cause_without_a
     assert report.fix.plan.dtypes == report.plan.dtypes
     chosen = [c for c in report.fix.candidates if c.chosen]
     assert [c.kind for c in chosen] == ["math_attention"]
+    assert "kernel fault" in report.headline and "math attention backend" in report.headline
     # The kernel probe did not run the math backend a second time.
     assert not any(s.startswith("Re-running with the") for s in stages)
 
