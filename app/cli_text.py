@@ -94,7 +94,12 @@ def health_text(report: HealthReport) -> str:
         if rows:
             lines.append("")
             timed = ", timed on this device" if fix.baselines else ""
-            lines.append(f"Candidates (judged against fp32{timed}; the cheapest verified wins):")
+            how = (
+                "the cheapest verified wins"
+                if any(c.chosen for c in fix.candidates)
+                else "none chosen: the cause's repair replaced them"
+            )
+            lines.append(f"Candidates (judged against fp32{timed}; {how}):")
             lines.extend(_table([CANDIDATE_COLUMNS, *rows]))
             lines.append("")
     elif report.advice is not None and report.advice.overflowing:

@@ -1398,7 +1398,11 @@ def markdown_report(report: HealthReport) -> str:
                 "\n\n### Candidates\n\nEvery fix tried, judged against fp32 "
                 f"({diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
                 + (" and timed on this device" if report.fix.baselines else "")
-                + "; the cheapest verified one is chosen.\n\n"
+                + (
+                    "; the cheapest verified one is chosen.\n\n"
+                    if any(c.chosen for c in report.fix.candidates)
+                    else "; none is chosen: the cause's repair replaced them.\n\n"
+                )
                 + table
             )
     elif report.advice is not None and report.advice.overflowing:
