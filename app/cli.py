@@ -17,7 +17,14 @@ from typing import Any, NoReturn
 
 from app import __version__
 from app.core.errors import HalfSafeError
-from app.core.settings import FIELDS, SCHEMA, PrecisionSettings, load_settings, parse_number
+from app.core.settings import (
+    FIELDS,
+    SCHEMA,
+    PrecisionSettings,
+    load_settings,
+    parse_module_entries,
+    parse_number,
+)
 
 EXIT_OK, EXIT_PROBLEM, EXIT_CANNOT_RUN = 0, 1, 2
 
@@ -79,6 +86,16 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
                 default=argparse.SUPPRESS,
                 help=f.help,
             )
+        elif f.kind == "modules":
+            group.add_argument(
+                flag,
+                dest=f.key,
+                metavar="COMPONENT:PATH[,PATH...]",
+                action=_ModuleEntries,
+                type=_module_entries,
+                default=argparse.SUPPRESS,
+                help=f.help + " Repeat the flag for another component.",
+            )
     for flag, key, value in OTHER_TOOLS_FLAGS:
         group.add_argument(
             flag,
@@ -109,6 +126,29 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
         help="allow .ckpt/.pt/.bin pickle files (loaded with PyTorch's "
         "weights-only loader, never fully unpickled)",
     )
+
+
+def _add_lora_flag(parser: argparse.ArgumentParser) -> None:
+    """`--lora PATH[:WEIGHT]`, repeatable: LoRAs applied to the model for this command."""
+    parser.add_argument(
+        "--lora",
+        metavar="PATH[:WEIGHT]",
+        dest="loras",
+        action="append",
+        default=[],
+        type=_lora_argument,
+        help="a LoRA file to apply, at WEIGHT (default 1); repeat the flag for more. A prompt's "
+        "<lora:name:weight> tags are read too",
+    )
+
+
+def _lora_argument(text: str):
+    from app.core.lora import parse_lora_argument
+
+    try:
+        return parse_lora_argument(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 # Flags of AUTOMATIC1111 (and Forge, SD.Next) and ComfyUI, accepted as those tools spell them
@@ -149,6 +189,25 @@ def _with_aliases(key: str):
         return VALUE_ALIASES.get(key, {}).get(text, text)
 
     return parse
+
+
+def _module_entries(text: str) -> list[str]:
+    try:
+        return parse_module_entries(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+class _ModuleEntries(argparse.Action):
+    """A repeatable COMPONENT:PATH[,PATH...] flag: every use adds its entries, and the whole
+    list is checked against the schema field (count, length, component names)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        entries = [*(getattr(namespace, self.dest, None) or []), *(values or [])]
+        try:
+            setattr(namespace, self.dest, FIELDS[self.dest].validate(entries))
+        except ValueError as error:
+            parser.error(f"argument {option_string}: {error}")
 
 
 def _validated(key: str):
@@ -203,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{size.step} (default: the model's native size)",
     )
     check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
+    _add_lora_flag(check)
     _add_precision_flags(check)
 
     gen = sub.add_parser("generate", help="generate images with the NaN watch")
@@ -247,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=argparse.SUPPRESS,
     )
+    _add_lora_flag(gen)
     _add_precision_flags(gen)
 
     explain = sub.add_parser(
@@ -353,10 +414,10 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from app.core import health
+    from app.core import causes, health
 
     values = effective_settings(args)
-    report = health.check_model(
+    report = causes.check_model(
         args.model,
         precision=PrecisionSettings.from_mapping(values),
         device=values["device"],
@@ -365,6 +426,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         scheduler=values["scheduler"],
         vae=args.vae,
         text_encoders=args.text_encoders,
+        loras=args.loras,
         allow_pickle=args.allow_pickle,
     )
     if args.report:

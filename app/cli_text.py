@@ -6,8 +6,10 @@ from pathlib import Path
 
 from app.core.generation import GenerationResult
 from app.core.health import (
+    CANDIDATE_COLUMNS,
     STATUS_WORDS,
     HealthReport,
+    candidate_rows,
     cost_comparison,
     cost_words,
     flag,
@@ -25,6 +27,14 @@ _VERDICTS = {
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in rows
+    ]
 
 
 def health_text(report: HealthReport) -> str:
@@ -59,6 +69,13 @@ def health_text(report: HealthReport) -> str:
             + (" ..." if len(report.weights_non_finite) > 5 else "")
         )
     lines.append(f"Verdict: {_VERDICTS[report.verdict.value]}")
+    if report.loras:
+        lines.append(
+            "LoRAs:   " + ", ".join(f"{lora.name} at {lora.weight:g}" for lora in report.loras)
+        )
+    if report.cause is not None:
+        proof = "verified" if report.cause.verified else "not verified"
+        lines.append(f"Cause:   {report.cause.kind}; repair: {report.cause.repair} ({proof})")
     if report.remembered:
         lines.append(f"Ran with: the fix remembered for this model: {report.remembered}")
     fix = report.fix
@@ -73,8 +90,22 @@ def health_text(report: HealthReport) -> str:
             comparison = cost_comparison(fix.cost)
             if comparison:
                 lines.append(f"         {comparison}")
+        rows = candidate_rows(fix.to_json())
+        if rows:
+            lines.append("")
+            timed = ", timed on this device" if fix.baselines else ""
+            how = (
+                "the cheapest verified wins"
+                if any(c.chosen for c in fix.candidates)
+                else "none chosen: the cause's repair replaced them"
+            )
+            lines.append(f"Candidates (judged against fp32{timed}; {how}):")
+            lines.extend(_table([CANDIDATE_COLUMNS, *rows]))
+            lines.append("")
     elif report.advice is not None and report.advice.overflowing:
         lines.append(f"For fp16: {flags(report.advice.settings)}")
+        if report.advice.layer_settings:
+            lines.append(f"Or, layers only: {flags(report.advice.layer_settings)}")
     for note in report.notes:
         lines.append(f"Note:    {note}")
     lines.append(f"Checked in {report.seconds:.2f} s.")

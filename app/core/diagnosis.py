@@ -9,11 +9,12 @@ clamp that saturates or a precision loss can give finite nonsense.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Role, Status
+from app.core.errors import HalfSafeError
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
 from app.core.settings import PrecisionSettings
 
@@ -97,6 +98,12 @@ def plan_for_model(
     remembered for this model on this device. The check and generation both start here."""
     pipeline = model.pipeline
     vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
+    check_module_settings(precision.to_dict(), pipeline, str(model.source))
+    if remembered:  # a remembered fix naming a layer this model lacks is not applied at all
+        try:
+            check_module_settings(remembered, pipeline, str(model.source))
+        except HalfSafeError:
+            remembered = None
     return resolve_plan(
         precision,
         feed_forward_islands=feed_forward_islands(pipeline),
@@ -152,11 +159,13 @@ def feed_forward_islands(pipeline) -> dict[str, dict[str, str]]:
 
 @dataclass(frozen=True)
 class FixCandidate:
-    """One fix to try: the plan to re-run under, the settings it means, and its words."""
+    """One fix to try: the plan to re-run under, the settings it means, and its words.
+    `kind` names its row of `FIX_KINDS`."""
 
     plan: PrecisionPlan
     settings: Mapping[str, Any]
     words: str
+    kind: str = ""
 
 
 def _is_attention(module_name: str | None, component_module) -> bool:
@@ -176,61 +185,407 @@ def is_attention_overflow(module_name: str | None, component_module) -> bool:
     return _is_attention(module_name, component_module)
 
 
-def candidate_fixes(
-    component: str, plan: PrecisionPlan, first_bad: str | None, module, bf16_native: bool
-) -> Iterator[FixCandidate]:
-    """Fixes for one failing component, cheapest first: reduced-precision accumulation off
-    (CUDA), upcast attention (when the first bad layer is an attention layer), the T5
-    feed-forward output projections in fp32 (when the first bad layer is in a T5 feed-forward:
-    a few matrices instead of the whole encoder), bf16 (where native), fp32 for that component
-    alone. Whole-model fp32 is the caller's last resort."""
-    spec = COMPONENTS[component]
-    dtype = plan.dtypes[component]
+# How far below 65504 a value counts as out of fp16's range when islands are drawn: the same
+# headroom as "at risk", so that another prompt does not overflow the layer just outside.
+ISLAND_LIMIT = FP16_MAX / AT_RISK_HEADROOM
+MAX_ISLANDS = 128  # more than this is no longer a few layers: the component's own dtype is
+
+
+def overflow_islands(wide, module) -> list[str] | None:
+    """The layers to keep wider than fp16 in `module`, decided from `wide`, a probe of it run
+    wider (fp32: `ActivationRecorder` measured every layer's max |input| and max |output|).
+
+    A layer is in when its output passes fp16's range (it overflows) or its input does (it is
+    fed by one that did, directly or through the functional code between layers); the island
+    ends at the layers whose inputs and outputs are back in range. A container is kept whole
+    only when none of the layers below it is in: then the large values are made by its own
+    code between its layers. Layers without weights need no island (they compute in whatever
+    dtype reaches them). None when nothing was out of range or the set would not be a few
+    layers (the component's own dtype is then the fix)."""
+    if wide is None:
+        return None
+    hot = {
+        name
+        for name, stats in wide.modules.items()
+        if name and (stats.max_abs > ISLAND_LIMIT or stats.input_max_abs > ISLAND_LIMIT)
+    }
+    if not hot:
+        return None
+    whole = [n for n in hot if not any(o.startswith(n + ".") for o in hot)]
+    kept = []
+    for name in sorted(whole):
+        try:
+            layer = module.get_submodule(name)
+        except AttributeError:
+            continue
+        if next(layer.parameters(), None) is not None:
+            kept.append(name)
+    kept = [n for n in kept if not any(n.startswith(o + ".") for o in kept)]
+    if not kept or len(kept) > MAX_ISLANDS:
+        return None
+    return kept
+
+
+def overflowing_layers(wide, module) -> list[str]:
+    """The layers with weights whose own output passes fp16's range in the wider run (`wide`):
+    where a clamp would go."""
+    if wide is None:
+        return []
+    over = [
+        name
+        for name, stats in wide.modules.items()
+        if name
+        and stats.max_abs > FP16_MAX
+        and stats.input_max_abs <= FP16_MAX
+        and next(module.get_submodule(name).parameters(), None) is not None
+    ]
+    return [n for n in over if not any(o.startswith(n + ".") for o in over)][:MAX_ISLANDS]
+
+
+@dataclass(frozen=True)
+class FixContext:
+    """What a candidate builder knows about one failing component."""
+
+    component: str
+    plan: PrecisionPlan
+    first_bad: str | None
+    module: Any  # the placed component
+    bf16_native: bool
+    wide: Any = None  # a ProbeResult of the component run in fp32 (None: not measured)
+
+    @property
+    def dtype(self) -> str:
+        return self.plan.dtypes[self.component]
+
+    @property
+    def words(self) -> str:
+        return COMPONENTS[self.component].words
+
+
+def _reduced_precision_off(ctx: FixContext) -> FixCandidate | None:
+    plan = ctx.plan
     reduced = (
         plan.fp16_accumulation
         or plan.attention_reduced_precision
         or plan.fp16_reduced_precision_reduction
     )
-    if plan.device.startswith("cuda") and dtype != "fp32" and reduced:
-        off = {
-            "fp16_accumulation": False,
-            "attention_reduced_precision": False,
-            "fp16_reduced_precision_reduction": False,
-        }
-        yield FixCandidate(replace(plan, **off), off, "turn off reduced-precision accumulation")
-    if spec.has_attention and not plan.upcast_attention and _is_attention(first_bad, module):
-        yield FixCandidate(
-            replace(plan, upcast_attention=True),
-            {"upcast_attention": True},
-            "upcast attention to fp32",
-        )
+    if not (plan.device.startswith("cuda") and ctx.dtype != "fp32" and reduced):
+        return None
+    off = {
+        "fp16_accumulation": False,
+        "attention_reduced_precision": False,
+        "fp16_reduced_precision_reduction": False,
+    }
+    return FixCandidate(replace(plan, **off), off, "turn off reduced-precision accumulation")
+
+
+def _attention_failed(ctx: FixContext) -> bool:
+    return COMPONENTS[ctx.component].has_attention and _is_attention(ctx.first_bad, ctx.module)
+
+
+def _upcast_attention(ctx: FixContext) -> FixCandidate | None:
+    """Scores, softmax and weighted sum in fp32 on the processor that honours it
+    (`precision.SafeAttnProcessor`), whatever kernel runs."""
+    if ctx.plan.upcast_attention or not _attention_failed(ctx):
+        return None
+    return FixCandidate(
+        replace(ctx.plan, upcast_attention=True),
+        {"upcast_attention": True},
+        "upcast attention to fp32",
+    )
+
+
+def backend_switch(plan: PrecisionPlan, backend: str) -> FixCandidate:
+    """`plan` on another attention backend at the same precision: the one way a backend is
+    switched, by the math-kernel candidate below and by the cause's kernel probe
+    (`causes`)."""
+    return FixCandidate(
+        replace(plan, attention_backend=backend),
+        {"attention_backend": backend},
+        f"switch attention to the {backend} kernel",
+        kind="backend",
+    )
+
+
+_UNSET = object()
+
+
+def switched_backend(settings: Mapping[str, Any], plan: PrecisionPlan) -> str | None:
+    """The attention backend `settings` switch `plan` to when that is all they change (a
+    kernel repair, not a precision one); None otherwise."""
+    changed = {k: v for k, v in settings.items() if getattr(plan, k, _UNSET) != v}
+    backend = changed.get("attention_backend")
+    return backend if backend is not None and set(changed) == {"attention_backend"} else None
+
+
+def _math_attention(ctx: FixContext) -> FixCandidate | None:
+    """PyTorch's math attention kernel, which computes fp16 attention in fp32 unless reduced
+    precision is allowed: another backend, not another precision setting (with reduced
+    precision already off, exactly `backend_switch`)."""
+    if ctx.plan.attention_backend == "math" or not _attention_failed(ctx):
+        return None
+    switch = backend_switch(ctx.plan, "math")
+    return FixCandidate(
+        replace(switch.plan, attention_reduced_precision=False),
+        {**switch.settings, "attention_reduced_precision": False},
+        switch.words,
+    )
+
+
+def _classic_upcast(ctx: FixContext) -> FixCandidate | None:
+    """diffusers' classic processor with its own upcast flags (attention and softmax)."""
+    if ctx.plan.attention_backend == "classic" or not _attention_failed(ctx):
+        return None
+    return FixCandidate(
+        replace(ctx.plan, attention_backend="classic", upcast_attention=True),
+        {"attention_backend": "classic", "upcast_attention": True},
+        "switch to the classic attention processor with attention upcast",
+    )
+
+
+def _t5_feed_forward(ctx: FixContext) -> FixCandidate | None:
     if (
-        dtype != "fp32"
-        and is_t5(module)
-        and first_bad is not None
-        and "DenseReluDense" in first_bad
-        and not plan.islands(component)
+        ctx.dtype == "fp32"
+        or not is_t5(ctx.module)
+        or ctx.first_bad is None
+        or "DenseReluDense" not in ctx.first_bad
+        or ctx.plan.islands(ctx.component)
     ):
-        islands = {
-            path: "fp32" for path, _ in module.named_modules() if path.endswith("DenseReluDense.wo")
+        return None
+    islands = {
+        path: "fp32" for path, _ in ctx.module.named_modules() if path.endswith("DenseReluDense.wo")
+    }
+    plan = ctx.plan.with_modules(ctx.component, islands)
+    plan = replace(plan, t5_feed_forward=(*plan.t5_feed_forward, ctx.component))
+    return FixCandidate(
+        plan,
+        {"t5_fp32_feed_forward": True},
+        f"keep the {ctx.words}'s T5 feed-forward output projections (wo) in fp32",
+    )
+
+
+def _clamp(ctx: FixContext) -> FixCandidate | None:
+    """Clamp the overflowing layers' fp16 outputs to +-65504, as diffusers and ComfyUI do for
+    some models: finite, but right only when the clamp cuts almost nothing (the fp32
+    comparison decides)."""
+    if ctx.dtype != "fp16" or ctx.plan.clamps.get(ctx.component):
+        return None
+    layers = overflowing_layers(ctx.wide, ctx.module)
+    if not layers:
+        return None
+    entries = [f"{ctx.component}:{p}" for p in layers]
+    return FixCandidate(
+        ctx.plan.with_clamps(ctx.component, layers),
+        {"clamp_modules": entries},
+        f"clamp the fp16 output of {_layers(layers)} of the {ctx.words} to +-65504",
+    )
+
+
+def _islands(ctx: FixContext) -> FixCandidate | None:
+    """The overflowing layers, and those their values feed until back in range, wider (bf16
+    where native, else fp32); the rest of the component stays in fp16."""
+    if ctx.dtype != "fp16":
+        return None
+    layers = overflow_islands(ctx.wide, ctx.module)
+    if not layers:
+        return None
+    dtype = "bf16" if ctx.bf16_native else "fp32"
+    islands = {**ctx.plan.islands(ctx.component), **dict.fromkeys(layers, dtype)}
+    plan = ctx.plan.with_modules(ctx.component, islands)
+    return FixCandidate(
+        plan,
+        {f"{dtype}_modules": plan.module_settings()[f"{dtype}_modules"]},
+        f"keep {_layers(layers)} of the {ctx.words} in {dtype}",
+    )
+
+
+def _component_bf16(ctx: FixContext) -> FixCandidate | None:
+    if ctx.dtype != "fp16" or not ctx.bf16_native:
+        return None
+    spec = COMPONENTS[ctx.component]
+    return FixCandidate(
+        ctx.plan.with_dtypes(**{ctx.component: "bf16"}),
+        {spec.setting: "bf16"},
+        f"run the {spec.words} in bf16",
+    )
+
+
+def _component_fp32(ctx: FixContext) -> FixCandidate | None:
+    if ctx.dtype == "fp32":
+        return None
+    spec = COMPONENTS[ctx.component]
+    return FixCandidate(
+        ctx.plan.with_dtypes(**{ctx.component: "fp32"}),
+        {spec.setting: "fp32"},
+        f"run the {spec.words} in fp32",
+    )
+
+
+def _layers(paths: list[str]) -> str:
+    return f"1 layer ({paths[0]})" if len(paths) == 1 else f"{len(paths)} layers"
+
+
+@dataclass(frozen=True)
+class FixKind:
+    """One row of the fix table: its name, its builder, and what it is in the field."""
+
+    name: str
+    build: Callable[[FixContext], FixCandidate | None]
+    about: str
+
+
+# Every fix the check knows, in the order they are tried. Which one is chosen is measured
+# (`rank_candidates`: memory, then time); among fixes alike in cost this order decides:
+# settings that change no weights, then layers kept wider (fp16's precision everywhere else),
+# then a whole component in bf16, then a clamp (its agreement with fp32 holds for the inputs it
+# was tested on; a precision change holds for any), then a whole component in fp32. None is
+# applied because a model family is known to need it.
+FIX_KINDS: tuple[FixKind, ...] = (
+    FixKind("reduced_precision_off", _reduced_precision_off, "CUDA's reduced-precision sums off"),
+    FixKind("upcast_attention", _upcast_attention, "attention scores and softmax in fp32"),
+    FixKind("math_attention", _math_attention, "the math attention kernel (fp32 inside)"),
+    FixKind("classic_attention", _classic_upcast, "diffusers' classic processor, upcast"),
+    FixKind("t5_feed_forward", _t5_feed_forward, "T5's feed-forward output in fp32"),
+    FixKind("islands", _islands, "the overflowing layers in fp32 (bf16 where native)"),
+    FixKind("component_bf16", _component_bf16, "the whole component in bf16"),
+    FixKind("clamp", _clamp, "clamp the overflowing layers' fp16 output to +-65504"),
+    FixKind("component_fp32", _component_fp32, "the whole component in fp32"),
+)
+
+
+def candidate_fixes(
+    component: str,
+    plan: PrecisionPlan,
+    first_bad: str | None,
+    module,
+    bf16_native: bool,
+    wide: Any = None,
+) -> Iterator[FixCandidate]:
+    """Fixes for one failing component, in `FIX_KINDS` order. `wide` is a probe of the
+    component run in fp32 (the island and clamp candidates are drawn from it), or a function
+    that makes one when first needed. Whole-model fp32 is the caller's last resort."""
+    measured: list[Any] = []
+
+    def probe():
+        if not measured:
+            measured.append(wide() if callable(wide) else wide)
+        return measured[0]
+
+    for kind in FIX_KINDS:
+        needs_probe = kind.name in ("clamp", "islands")
+        ctx = FixContext(
+            component, plan, first_bad, module, bf16_native, probe() if needs_probe else None
+        )
+        candidate = kind.build(ctx)
+        if candidate is not None:
+            yield replace(candidate, kind=kind.name)
+
+
+MODULE_SETTINGS = ("fp32_modules", "bf16_modules", "clamp_modules")
+
+
+def check_module_settings(settings: Mapping[str, Any], pipeline, source: str) -> None:
+    """Refuse, in one sentence, a module setting (`MODULE_SETTINGS`) that names a layer this
+    model does not have: checked when the model is loaded, before anything runs."""
+    from app.core.settings import modules_by_component
+
+    for key in MODULE_SETTINGS:
+        for component, paths in modules_by_component(list(settings.get(key) or [])).items():
+            module = getattr(pipeline, component, None)
+            for path in paths:
+                try:
+                    if module is None:
+                        raise AttributeError(path)
+                    module.get_submodule(path)
+                except AttributeError:
+                    raise HalfSafeError(
+                        f"{source}: --{key.replace('_', '-')} names {component}:{path}, "
+                        "which this model does not have."
+                    ) from None
+
+
+# --- choosing among verified fixes ----------------------------------------------------------
+
+# Two verified fixes whose memory differs by less than this are alike in memory; the measured
+# time then decides, when the two time ranges do not overlap.
+MEMORY_TOLERANCE = 0.10
+
+
+@dataclass
+class CandidateResult:
+    """One candidate as the check measured it: finite or not, its quality against the fp32
+    reference, and its cost on this device (`cost`: unet/stage step time, memory)."""
+
+    component: str
+    kind: str
+    words: str
+    settings: dict[str, Any]
+    modules: int  # layers kept out of the component's dtype by this candidate
+    finite: bool
+    quality: Quality | None
+    cost: dict[str, Any] = field(default_factory=dict)
+    chosen: bool = False
+    candidate: FixCandidate | None = None
+
+    @property
+    def verified(self) -> bool:
+        return self.finite and self.quality is not None and self.quality.passed
+
+    def memory_mb(self) -> float | None:
+        peak = self.cost.get("peak_memory_mb")
+        return peak if peak is not None else self.cost.get("weights_mb")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "component": self.component,
+            "kind": self.kind,
+            "words": self.words,
+            "settings": dict(self.settings),
+            "modules": self.modules,
+            "finite": self.finite,
+            "quality": self.quality.to_json() if self.quality else None,
+            "verified": self.verified,
+            "chosen": self.chosen,
+            "cost": dict(self.cost),
         }
-        yield FixCandidate(
-            plan.with_modules(component, islands),
-            {"t5_fp32_feed_forward": True},
-            f"keep the {spec.words}'s T5 feed-forward output projections (wo) in fp32",
+
+
+def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether `a` was measured faster than `b` beyond the noise (the ranges do not overlap)."""
+    ra, rb = a.get("step_ms_range"), b.get("step_ms_range")
+    return bool(ra and rb and ra[1] < rb[0])
+
+
+def rank_candidates(results: list[CandidateResult]) -> list[CandidateResult]:
+    """Verified candidates, best first, then the rest (never a fix), by quality. The best is
+    found among the verified ones whose memory (peak where the device reports it, else
+    weights) is within `MEMORY_TOLERANCE` of the least: one measured faster beyond the noise
+    wins, otherwise the `FIX_KINDS` order decides. The other verified ones follow by memory."""
+    order = {k.name: i for i, k in enumerate(FIX_KINDS)}
+
+    def memory(r: CandidateResult) -> float:
+        return r.memory_mb() or 0.0
+
+    verified = sorted(
+        (r for r in results if r.verified), key=lambda r: (memory(r), order.get(r.kind, 99))
+    )
+    if verified:
+        least = memory(verified[0])
+        alike = sorted(
+            (r for r in verified if memory(r) <= least * (1 + MEMORY_TOLERANCE) + 1e-9),
+            key=lambda r: order.get(r.kind, 99),
         )
-    if dtype == "fp16" and bf16_native:
-        yield FixCandidate(
-            plan.with_dtypes(**{component: "bf16"}),
-            {spec.setting: "bf16"},
-            f"run the {spec.words} in bf16",
-        )
-    if dtype != "fp32":
-        yield FixCandidate(
-            plan.with_dtypes(**{component: "fp32"}),
-            {spec.setting: "fp32"},
-            f"run the {spec.words} in fp32",
-        )
+        best = alike[0]
+        for other in alike[1:]:
+            if _faster(other.cost, best.cost):
+                best = other
+        verified.remove(best)
+        verified.insert(0, best)
+    rest = sorted(
+        (r for r in results if not r.verified),
+        key=lambda r: -(r.quality.value if r.quality is not None else -math.inf),
+    )
+    return verified + rest
 
 
 def everything_fp32(plan: PrecisionPlan) -> FixCandidate:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core.errors import BadFileError
+from app.core.errors import BadFileError, HalfSafeError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
@@ -996,8 +996,56 @@ def explain_image(
     return explanation
 
 
+def _fix_the_tool_can_apply(fix, tool: str) -> dict[str, Any]:
+    """The check's fix as settings, or, when the tool that made the image has no switch for it
+    (a layer-level fix: no other tool keeps single layers wider), per failing component the
+    best verified candidate that tool can apply (the checks's ranking decides which)."""
+    chosen = dict(fix.settings)
+    if tool == "halfsafe" or in_tool_terms(tool, chosen, []).covered:
+        return chosen
+    settings: dict[str, Any] = {}
+    for component in dict.fromkeys(c.component for c in fix.candidates):
+        usable = [
+            c
+            for c in fix.candidates
+            if c.component == component
+            and c.verified
+            and in_tool_terms(tool, c.settings, []).covered
+        ]
+        if not usable:
+            return chosen
+        settings.update(usable[0].settings)
+    return settings
+
+
+def _apply_image_loras(explanation, model) -> None:
+    """The LoRAs the image's prompt names (`<lora:name:weight>`), looked up beside its model
+    and in the Lora folders; one that is missing or does not load is a note, and the check runs
+    without it."""
+    from app.core.lora import LoraRequest, find_lora, load_requested, prompt_loras_quiet
+
+    requests = []
+    for tag in prompt_loras_quiet(explanation.record.prompt or ""):
+        try:
+            requests.append(
+                LoraRequest(str(find_lora(tag.path, explanation.model.path)), tag.weight)
+            )
+        except HalfSafeError:
+            explanation.notes.append(
+                f"The image used the LoRA {tag.path}, which was not found beside its model or "
+                "in the Lora folders; the check ran without it."
+            )
+    try:
+        load_requested(model, requests)
+    except HalfSafeError as error:
+        explanation.notes.append(f"{error} The check ran without the image's LoRAs.")
+        load_requested(model, [])
+
+
 def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> None:
     from app.core import health
+    from app.core.causes import check_and_attribute
+    from app.core.lora import strip_tags
     from app.core.models import load_model
     from app.core.settings import FIELDS
 
@@ -1038,14 +1086,15 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             f"HalfSafe does not run the image's sampler ({record.sampler}); the check probed "
             f"the schedule of {FIELDS['scheduler'].default} at the same step count."
         )
-    report = health.check_loaded(
+    _apply_image_loras(explanation, model)
+    report = check_and_attribute(
         model,
         precision=_reproduced_precision(record),
         device=device,
         size=_probe_size(record),
         steps=steps or health.DEFAULT_STEPS,
         scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
-        prompt=record.prompt or health.DEFAULT_PROMPT,
+        prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
         on_progress=progress,
         cancel=cancel,
         remember=False,
@@ -1053,7 +1102,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     )
     explanation.check = report
     if report.fix is not None and report.verdict == "fixable":
-        settings = dict(report.fix.settings)
+        settings = _fix_the_tool_can_apply(report.fix, explanation.made_by)
         explanation.halfsafe_flags = [
             f for f in (health.flag(k, v) for k, v in settings.items()) if f
         ]

@@ -8,7 +8,9 @@ UNet's output and of the latents into a per-image flag and records the first bad
 `torch.where`, so the loop never waits on the device. The flags are read once, after the loop.
 
 Repair (`auto_fix="auto"`): a VAE that went non-finite decodes the same latents again with the
-health check's fix for the VAE (bf16 where native, else fp32); a UNet or text encoder that went
+health check's fixes for the VAE, in `diagnosis.FIX_KINDS` order (the overflowing layers kept
+wider, drawn from an fp32 re-run of the failing part, before the whole VAE in bf16 or fp32),
+the first that agrees with fp32 winning; a UNet or text encoder that went
 non-finite has its image made again with the health check's fix for that component, found by
 probing the failing input one forward pass at a time and proved by the full re-run. Whole-model
 fp32 is tried only when no single-component fix works. A working fix is remembered for the
@@ -45,6 +47,7 @@ from app.core.images import (
     to_image,
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.lora import lora_hashes, prompt_with_tags, strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
 from app.core.settings import FIELDS, PrecisionSettings
 
@@ -91,10 +94,13 @@ class ImageResult:
     path: str = ""
     first_bad_module: str | None = None
     non_finite: float = 0.0  # fraction of pixels that were NaN/inf
+    non_finite_box: tuple[int, int, int, int] | None = None  # where they are: x0, y0, x1, y1
     settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
     quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (diagnosis.Quality)
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
+    cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
+    loras: list[Any] | None = field(default=None, repr=False)  # None: the model's LoRAs
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,8 +114,10 @@ class ImageResult:
             "fix": dict(self.fix) if self.fix is not None else None,
             "first_bad_module": self.first_bad_module,
             "non_finite": round(self.non_finite, 6),
+            "non_finite_box": list(self.non_finite_box) if self.non_finite_box else None,
             "settings": dict(self.settings),  # what this image was made with, repairs included
             "quality": dict(self.quality) if self.quality is not None else None,
+            "cause": self.cause,
         }
 
 
@@ -377,6 +385,9 @@ class _Repair:
     settings: dict[str, Any] = field(default_factory=dict)
     first_bad_module: str | None = None
     quality: diagnosis.Quality | None = None  # the worst of its repairs against fp32
+    # "kernel" when the repairs only switched the attention backend (the same precision, as
+    # `causes` classifies a check's fix), else "precision".
+    cause: str = "precision"
 
 
 def _failure(outcome: _Outcome) -> str | None:
@@ -425,6 +436,7 @@ class _Job:
         self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
         self.qualities: dict[str, diagnosis.Quality] = {}  # component -> its fix against fp32
         self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
+        self.last_probe: Any = None  # the last recorded probe (`_read`)
         self.stage = "Generating"
 
     # -- stages ----------------------------------------------------------------------------
@@ -455,7 +467,11 @@ class _Job:
         try:
             with backend_flags(plan), torch.inference_mode():
                 tensors = self.family.encode(
-                    pipe, request.prompt, request.negative_prompt, self.device, self.do_cfg
+                    pipe,
+                    strip_tags(request.prompt),  # A1111's <lora:...> tags are not words
+                    strip_tags(request.negative_prompt),
+                    self.device,
+                    self.do_cfg,
                 )
                 bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
         finally:
@@ -560,7 +576,7 @@ class _Job:
         finally:
             if recorder is not None:
                 recorder.remove()
-        first_bad = _first_bad(recorder.read(pixels)) if recorder is not None else None
+        first_bad = self._read(recorder, pixels)
         return pixels[0].permute(1, 2, 0).float().cpu().numpy(), first_bad
 
     def run(self, plan: PrecisionPlan, seeds: list[int], conditioning=None) -> list[_Outcome]:
@@ -616,7 +632,7 @@ class _Job:
         finally:
             if recorder is not None:
                 recorder.remove()
-        first_bad = _first_bad(recorder.read(out)) if recorder is not None else None
+        first_bad = self._read(recorder, out)
         return out, first_bad
 
     def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
@@ -633,8 +649,31 @@ class _Job:
             if recorder is not None:
                 recorder.remove()
         bad = read_flags([conditioning.bad[component]])[0]
-        first_bad = _first_bad(recorder.read()) if recorder is not None else None
+        first_bad = self._read(recorder, None)
         return not bad, first_bad
+
+    def _read(self, recorder, output) -> str | None:
+        """The first bad layer a recorder saw; its whole probe is kept in `last_probe`."""
+        if recorder is None:
+            return None
+        self.last_probe = recorder.read(output)
+        return _first_bad(self.last_probe)
+
+    def wide_probe(self, component: str, outcome: _Outcome):
+        """Every layer's peaks of the failing part re-run in fp32 on the inputs it failed with
+        (a `probe.ProbeResult`, from which `diagnosis` draws the layers to keep wider), or None
+        when no input was kept to re-run."""
+        plan = diagnosis.fp32_reference(outcome.plan)
+        self.last_probe = None
+        if component == "vae":
+            self.decode(plan, outcome.latents, record=True)
+        elif component == outcome.denoiser:
+            if outcome.unet_input is None:
+                return None
+            self.unet_forward(plan, outcome.unet_input, record=True)
+        else:
+            self.encoder_probe(plan, component, record=True)
+        return self.last_probe
 
     def first_bad_module(self, component: str, outcome: _Outcome) -> str | None:
         """Re-run only the part that failed under the plan it failed with, recording every
@@ -698,7 +737,12 @@ class _Job:
             yield FixCandidate(base, dict(self.fix_settings), "; ".join(self.fix_words))
         first_bad = self.first_bad_module(component, outcome)
         yield from candidate_fixes(
-            component, base, first_bad, self.placed[component], self.bf16_native
+            component,
+            base,
+            first_bad,
+            self.placed[component],
+            self.bf16_native,
+            lambda: self.wide_probe(component, outcome),
         )
         if component != "vae" and any(d != "fp32" for d in base.dtypes.values()):
             yield diagnosis.everything_fp32(base)
@@ -730,6 +774,8 @@ class _Job:
                 result.first_bad_module = self.first_bad.get(component)
             if repaired is None:
                 break
+        if diagnosis.switched_backend(result.settings, self.plan) is not None:
+            result.cause = "kernel"
         return result
 
     def _try(self, component: str, candidate: FixCandidate, outcome: _Outcome, seed: int):
@@ -913,6 +959,42 @@ def generate(
     Raises HalfSafeError for a bad request, CancelledError when cancelled, and ImageSaveError
     (whose `.result` holds every image) when an image cannot be written.
     """
+    started = time.perf_counter()
+    progress = on_progress or no_progress
+    result = _generate_unsaved(
+        model,
+        request,
+        precision=precision,
+        device=device,
+        on_progress=on_progress,
+        on_preview=on_preview,
+        cancel=cancel,
+    )
+    if precision.nan_check and precision.auto_fix == "auto":
+        _repair_by_cause(model, result, precision, device, progress, cancel or CancelToken())
+    for entry in result.images:
+        entry.parameters = _parameters(entry, result.request, model)
+    progress("Saving", 0, len(result.images))
+    folder = _output_folder(result.request)
+    try:
+        result.save(folder)
+    finally:
+        result.seconds = time.perf_counter() - started
+    progress("Done", len(result.images), len(result.images))
+    return result
+
+
+def _generate_unsaved(
+    model,
+    request: GenerationRequest,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    on_progress: ProgressCallback | None = None,
+    on_preview: PreviewCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> GenerationResult:
+    """`generate` up to the images and their diagnosis and precision repairs, unsaved."""
     from app.core import hardware, profiles
 
     started = time.perf_counter()
@@ -938,6 +1020,11 @@ def generate(
         remembered=remembered.settings if remembered else None,
     )
     warnings = list(plan.warnings)
+    warnings.extend(
+        problem
+        for applied in getattr(model, "loras", [])
+        if (problem := applied.file.problems()) is not None
+    )
     if remembered:
         warnings.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"
@@ -1035,20 +1122,100 @@ def generate(
             "name": model.name,
             "architecture": model.architecture,
             "hash": model.model_hash,
+            "loras": [applied.to_json() for applied in getattr(model, "loras", [])],
         },
         device={"kind": info.kind, "name": info.name},
         warnings=warnings,
     )
-    for entry in entries:
-        entry.parameters = _parameters(entry, request, model)
-    progress("Saving", 0, len(entries))
-    folder = _output_folder(request)
-    try:
-        result.save(folder)
-    finally:
-        result.seconds = time.perf_counter() - started
-    progress("Done", len(entries), len(entries))
+    result.seconds = time.perf_counter() - started
     return result
+
+
+# Repairs that follow a cause other than precision (see `causes`): what `_repair_by_cause` does.
+_CAUSE_REPAIRS = ("switch_backend", "reload", "drop_lora")
+
+
+def _repair_by_cause(
+    model, result: GenerationResult, precision: PrecisionSettings, device: str, progress, cancel
+) -> None:
+    """Images still NaN after the precision repairs: the health check at the request's size
+    attributes the failure (`causes.check_and_attribute`), and a verified repair that is not a
+    precision change (another attention backend, a freshly loaded component, dropping a LoRA
+    whose tensors hold NaN) makes those images again with the same seeds. Each image says the
+    cause; an image the repair did not make finite keeps its first result."""
+    from app.core import causes, lora
+
+    failing = [i for i, e in enumerate(result.images) if e.status == "nan"]
+    if not failing:
+        return
+    request = result.request
+    progress("Finding the cause", 0, 1)
+    report = causes.check_and_attribute(
+        model,
+        precision=precision,
+        device=device,
+        size=max(64, min(request.width, request.height) // 8 * 8),
+        steps=request.steps,
+        scheduler=request.scheduler,
+        on_progress=progress,
+        cancel=cancel,
+        remember=False,
+        measure_cost=False,
+    )
+    cause = report.cause
+    if cause is None:
+        return
+    for index in failing:
+        result.images[index].cause = cause.kind
+    if not cause.verified or cause.action not in _CAUSE_REPAIRS:
+        for index in failing:
+            result.images[index].message += f" {cause.summary}"
+        return
+    again = precision
+    if cause.action == "switch_backend":
+        again = replace(precision, **cause.settings)
+    loras = list(getattr(model, "loras", []))
+    used = loras
+    if cause.action == "drop_lora":
+        used = [a for a in loras if not a.file.non_finite]
+        lora.use_weights(model.pipeline, used)
+    try:
+        for index in failing:
+            cancel.raise_if_cancelled()
+            first = result.images[index]
+            one = replace(request, seed=first.seed, batch=1)
+            remade = _generate_unsaved(
+                model, one, precision=again, device=device, on_progress=progress, cancel=cancel
+            ).images[0]
+            if remade.status in ("nan", "black"):
+                first.message += f" {cause.summary} Made again that way, it still came out bad."
+                continue
+            remade.status = "fixed"
+            remade.cause = cause.kind
+            remade.component = first.component
+            remade.step = first.step
+            remade.first_bad_module = first.first_bad_module
+            remade.fixes_applied = [*remade.fixes_applied, cause.repair]
+            remade.fix = dict(cause.settings)
+            remade.quality = cause.quality.to_json() if cause.quality is not None else None
+            remade.loras = list(used)
+            remade.message = f"{cause.summary} The image was made again that way."
+            result.images[index] = remade
+    finally:
+        if used is not loras:
+            lora.use_weights(model.pipeline, loras)
+    if cause.action == "switch_backend" and any(e.cause == "kernel" for e in result.images):
+        from app.core import profiles
+
+        device_name = result.device.get("name", "")
+        remembered = profiles.remembered_fix(model.profile_key, device_name)
+        profiles.remember_fix(
+            model.profile_key,
+            device_name,
+            {**(remembered.settings if remembered else {}), **cause.settings},
+            cause.summary,
+            "generation repair",
+        )
 
 
 def _settings_of(plan: PrecisionPlan, precision: PrecisionSettings) -> dict[str, Any]:
@@ -1083,6 +1250,7 @@ def _describe(
         fixes_applied=fixes,
         first_bad_module=repair.first_bad_module if repair else None,
         non_finite=stats.non_finite,
+        non_finite_box=stats.non_finite_box,
         settings=_settings_of(outcome.plan, precision),
         image=outcome.image,
     )
@@ -1097,10 +1265,12 @@ def _describe(
             "the image came out black"
             if stats.all_non_finite
             else f"{_percent(stats.non_finite)} of its pixels came out black"
+            f"{_box_words(stats.non_finite_box)}"
         )
         if not watched:
             entry.message = (
-                f"This image holds NaN values ({_percent(stats.non_finite)} of its pixels); "
+                f"This image holds NaN values ({_percent(stats.non_finite)} of its pixels"
+                f"{_box_words(stats.non_finite_box)}); "
                 "the NaN watch was off, so which part failed is not known: turn it on to find "
                 "and repair it."
             )
@@ -1126,6 +1296,7 @@ def _describe(
         return entry
     if fixes and repair is not None:
         entry.fix = dict(repair.settings)
+        entry.cause = repair.cause  # a precision change (or only another backend) made it finite
         entry.quality = repair.quality.to_json() if repair.quality is not None else None
     if safety_hit:
         entry.status = "safety_checker"
@@ -1164,6 +1335,19 @@ def _where(component: str | None, step: int | None, steps: int) -> str:
     return f"The {words} went non-finite (NaN){at}{when}"
 
 
+def _box_text(box: tuple[int, int, int, int] | None) -> str | None:
+    """'x 64-127, y 0-63' (inclusive pixel ranges) for a box, None without one."""
+    if box is None:
+        return None
+    x0, y0, x1, y1 = box
+    return f"x {x0}-{x1 - 1}, y {y0}-{y1 - 1}"
+
+
+def _box_words(box: tuple[int, int, int, int] | None) -> str:
+    text = _box_text(box)
+    return f", all within {text}" if text else ""
+
+
 def _percent(fraction: float) -> str:
     value = fraction * 100
     if value >= 99.95:
@@ -1171,10 +1355,17 @@ def _percent(fraction: float) -> str:
     return f"{value:.1f}%" if value >= 0.1 else "under 0.1%"
 
 
+def _module_list(entries: Any) -> str | None:
+    """Module settings as one PNG parameter value: 'vae:decoder.a vae:decoder.b' (None when
+    empty, so the pair is left out)."""
+    return " ".join(entries) if entries else None
+
+
 def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
     s = entry.settings
     family = family_of(model.pipeline)
+    loras = entry.loras if entry.loras is not None else list(getattr(model, "loras", []))
     params: list[tuple[str, Any]] = [
         ("Steps", request.steps),
         ("Sampler", family.sampler_words(request.scheduler)),
@@ -1183,6 +1374,7 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("Size", f"{request.width}x{request.height}"),
         ("Model hash", model.model_hash),
         ("Model", model.name),
+        ("Lora hashes", lora_hashes(loras)),
         *_vae_parameters(getattr(model, "vae", None)),
         # The starting noise is made on the CPU (`_Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
@@ -1199,6 +1391,9 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("FP16 reduced precision reduction", s.get("fp16_reduced_precision_reduction")),
         ("FP16 accumulation", s.get("fp16_accumulation")),
         ("Attention reduced precision", s.get("attention_reduced_precision")),
+        ("FP32 layers", _module_list(s.get("fp32_modules"))),
+        ("BF16 layers", _module_list(s.get("bf16_modules"))),
+        ("Clamped layers", _module_list(s.get("clamp_modules"))),
         ("NaN check", s.get("nan_check")),
         ("Auto fix", s.get("auto_fix")),
         ("Device", s.get("device")),
@@ -1207,9 +1402,10 @@ def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ("NaN step", entry.step),
         ("Fixes applied", "; ".join(entry.fixes_applied) or None),
         ("Non-finite pixels", _percent(entry.non_finite) if entry.non_finite else None),
+        ("Non-finite region", _box_text(entry.non_finite_box) if entry.non_finite < 1 else None),
         ("HalfSafe", __version__),
     ]
-    return infotext(request.prompt, request.negative_prompt, params)
+    return infotext(prompt_with_tags(request.prompt, loras), request.negative_prompt, params)
 
 
 def _vae_parameters(vae: str | None) -> list[tuple[str, Any]]:
@@ -1265,6 +1461,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     log file or a CI job)."""
     import sys
 
+    from app.core.lora import load_requested
     from app.core.models import load_model
     from app.core.prompts import parse_emphasis
 
@@ -1276,6 +1473,12 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
         vae=getattr(args, "vae", None),
         text_encoders=list(getattr(args, "text_encoders", None) or []),
         allow_pickle=bool(getattr(args, "allow_pickle", False)),
+    )
+    load_requested(
+        model,
+        list(getattr(args, "loras", None) or []),
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
+        prompt=prompt,
     )
     width, height = cli_image_size(args, values, model.native_size)
     request = GenerationRequest(

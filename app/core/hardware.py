@@ -749,6 +749,9 @@ def _recommend(
     why["t5_fp32_feed_forward"] = (
         "A per-model fix: the health check turns it on for a T5 text encoder that overflows"
     )
+    for key in ("fp32_modules", "bf16_modules", "clamp_modules"):
+        rec[key] = []
+        why[key] = "A per-model fix: the health check names the layers of a model that overflow"
     rec["nan_check"] = True
     why["nan_check"] = "Costs nothing per step and catches black images before they are saved"
     rec["auto_fix"] = "auto"

@@ -6,8 +6,10 @@ The check runs what a generation runs, only shorter: the text encoder(s) on a re
 the empty prompt, the denoiser at the first, middle and last timesteps of the user's own
 sampler schedule with the CFG batch, and the VAE decoding the latent that short run produced.
 Every module is watched by `probe.ActivationRecorder`. A component that went non-finite gets
-candidate fixes from the cheapest up (`diagnosis.candidate_fixes`), each re-run on that
-component alone; the first whose output is finite and agrees with the fp32 reference is the fix.
+candidate fixes (`diagnosis.FIX_KINDS`: backend switches, clamps, layer-level precision islands,
+a whole component wider), each re-run on that component alone and judged finite or not and
+against the fp32 reference; the verified ones are measured on this device, and the cheapest
+(`diagnosis.rank_candidates`) is the fix, the others shown beside it.
 """
 
 from __future__ import annotations
@@ -35,12 +37,17 @@ from app.core.diagnosis import (
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, parameter_counts
+from app.core.precision import (
+    PlacedPipeline,
+    PrecisionPlan,
+    backend_flags,
+    plan_weights_mb,
+)
 from app.core.prediction import prediction_summary
 from app.core.probe import ActivationRecorder, ProbeResult, top_blocks
-from app.core.settings import FIELDS, PrecisionSettings
+from app.core.settings import FIELDS, PrecisionSettings, modules_by_component
 
-__all__ = ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes", "check_loaded", "check_model"]
+__all__ = ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes", "check_loaded"]
 
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
 DEFAULT_STEPS = FIELDS["steps"].default
@@ -137,6 +144,10 @@ class Fix:
     quality: Quality | None = None
     steps: list[str] = field(default_factory=list)  # the fix in words, one item per change
     cost: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Every candidate tried, per failing component, ranked (the chosen one first), and the
+    # tested plan's and no-half's cost measured beside them (component -> label -> cost).
+    candidates: list[diagnosis.CandidateResult] = field(default_factory=list)
+    baselines: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,6 +159,11 @@ class Fix:
             "settings": self.settings,
             # The figures, and the one sentence that reads them honestly (noise included).
             "cost": {**self.cost, "summary": cost_comparison(self.cost)} if self.cost else {},
+            "precision_words": tested_words(self.plan),
+            "clamps": {c: list(p) for c, p in self.plan.clamps.items() if p},
+            "layers_wider": self.plan.island_count(),
+            "candidates": [c.to_json() for c in self.candidates],
+            "baselines": self.baselines,
         }
 
 
@@ -159,12 +175,16 @@ class Advice:
     overflowing: list[str]  # components predicted to overflow in fp16
     settings: dict[str, Any]
     measured: bool  # False: predicted from the wider run
+    # The layer-level alternative: everything in fp16 but the layers the wider run measured
+    # past fp16's range (and those they feed), kept in fp32; empty when it could not be drawn.
+    layer_settings: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "target": "fp16",
             "overflowing": list(self.overflowing),
             "settings": dict(self.settings),
+            "layer_settings": dict(self.layer_settings),
             "measured": self.measured,
         }
 
@@ -185,6 +205,12 @@ class HealthReport:
     remembered: str | None = None  # the summary of a remembered fix the check ran with
     timesteps: list[float] = field(default_factory=list)  # where the denoiser was probed
     advice: Advice | None = None
+    # Why it failed, from re-runs (see `causes.attribute`): None when healthy or not attributed.
+    cause: Any = None
+    loras: list[Any] = field(default_factory=list)  # lora.AppliedLora the check ran with
+    # Every fix candidate the check re-ran, ranked per component, verified or not (kept also
+    # when nothing was verified: the cause's kernel probe reuses their re-runs). Not reported.
+    tried: list[diagnosis.CandidateResult] = field(default_factory=list, repr=False)
 
     @property
     def headline(self) -> str:
@@ -198,12 +224,15 @@ class HealthReport:
             "model": self.model,
             "device": self.device,
             "tested": self.plan.tested(),
+            "tested_layers": layer_words(self.plan),
             "weights": {"non_finite": self.weights_non_finite},
             "components": {name: c.to_json() for name, c in self.components.items()},
             "verdict": self.verdict.value,
             "headline": self.headline,
             "fix": self.fix.to_json() if self.fix else None,
             "advice": self.advice.to_json() if self.advice else None,
+            "cause": self.cause.to_json() if self.cause is not None else None,
+            "loras": [lora.to_json() for lora in self.loras],
             "remembered": self.remembered,
             "seconds": round(self.seconds, 3),
             "size": self.size,
@@ -339,6 +368,44 @@ class _Runner:
 
         return self._watch(plan, ["vae"], run, record)
 
+    def stage_costs(
+        self,
+        name: str,
+        stage_fn: Callable[[PrecisionPlan, bool], _Stage],
+        plans: dict[str, PrecisionPlan],
+    ) -> dict[str, dict[str, Any]]:
+        """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
+        encode) under each plan, measured as `unet_step_costs` does: a warm-up each (which also
+        gives peak device memory where the device reports it), then `COST_ROUNDS` rounds that
+        alternate between the plans; median and range."""
+        import torch
+
+        cuda = self.device.type == "cuda"
+        per_run = len(self.timesteps) if name == self.family.denoiser else 1
+        samples: dict[str, list[float]] = {label: [] for label in plans}
+        peaks: dict[str, float | None] = dict.fromkeys(plans)
+        for label, plan in plans.items():
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            stage_fn(plan, False)
+            if cuda:
+                peaks[label] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        for _ in range(COST_ROUNDS):
+            for label, plan in plans.items():
+                stage = stage_fn(plan, False)
+                samples[label].append(stage.seconds.get(name, 0.0) * 1000 / per_run)
+        return {
+            label: {
+                "step_ms": round(statistics.median(samples[label]), 2),
+                "step_ms_range": [round(min(samples[label]), 2), round(max(samples[label]), 2)],
+                "rounds": COST_ROUNDS,
+                "peak_memory_mb": _rounded(peaks[label]),
+                "weights_mb": round(plan_weights_mb(plan, self.model.pipeline), 2),
+            }
+            for label, plan in plans.items()
+        }
+
     def unet_step_costs(
         self, plans: dict[str, PrecisionPlan], conditioning: dict[str, Any]
     ) -> dict[str, dict[str, Any]]:
@@ -348,7 +415,6 @@ class _Runner:
         spread; peak device memory where the device reports it."""
         import torch
 
-        counts = parameter_counts(self.model.pipeline)
         cuda = self.device.type == "cuda"
         one_step = self.timesteps[len(self.timesteps) // 2 : len(self.timesteps) // 2 + 1]
         samples: dict[str, list[float]] = {name: [] for name in plans}
@@ -370,7 +436,7 @@ class _Runner:
                 "unet_step_ms_range": [round(min(samples[name]), 2), round(max(samples[name]), 2)],
                 "rounds": COST_ROUNDS,
                 "peak_memory_mb": _rounded(peaks[name]),
-                "weights_mb": round(plan.weights_mb(counts), 1),
+                "weights_mb": round(plan_weights_mb(plan, self.model.pipeline), 1),
             }
             for name, plan in plans.items()
         }
@@ -405,44 +471,51 @@ def _all_finite(value: Any) -> bool:
     return peak is None or math.isfinite(float(peak))
 
 
-# --- the check -----------------------------------------------------------------------------
+@dataclass
+class ProbeRun:
+    """One end-to-end run of the check's three stages under one plan: the decoded image and
+    every component's probe."""
+
+    image: Any
+    probes: dict[str, ProbeResult]
+
+    @property
+    def failed(self) -> list[str]:
+        """The components whose output went non-finite, in run order."""
+        return in_run_order([n for n, p in self.probes.items() if p.non_finite])
+
+    @property
+    def finite(self) -> bool:
+        return not self.failed and _all_finite(self.image)
+
+    def first_bad_module(self, component: str) -> str | None:
+        probe = self.probes.get(component)
+        return _first_bad_name(probe) if probe is not None else None
 
 
-def check_model(
-    source: str,
+def probe_run(
+    model,
+    plan: PrecisionPlan,
     *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    size: int | None = None,
+    size: int,
     steps: int = DEFAULT_STEPS,
     scheduler: str = DEFAULT_SCHEDULER,
-    vae: str | None = None,
-    text_encoders: list[str] | None = None,
-    allow_pickle: bool = False,
-    on_progress: ProgressCallback | None = None,
-    cancel: CancelToken | None = None,
-) -> HealthReport:
-    """Load a model (see `models.load_model`) and check it. Raises HalfSafeError for bad input."""
-    from app.core.models import load_model
+    prompt: str = DEFAULT_PROMPT,
+) -> ProbeRun:
+    """Run the text encoder(s), the denoiser at the probe's timesteps and the VAE once under
+    `plan`, as the check's first pass does, recording every module; the device copies are
+    released at the end. Runs on the calling thread."""
+    runner = _Runner(model, plan, size, prompt, steps, scheduler)
+    try:
+        encoded = runner.encode(plan)
+        denoised = runner.denoise(plan, encoded.output)
+        decoded = runner.decode(plan, denoised.output)
+    finally:
+        runner.placed.release()
+    return ProbeRun(decoded.output, {**encoded.probes, **denoised.probes, **decoded.probes})
 
-    model = load_model(
-        source,
-        vae=vae,
-        text_encoders=text_encoders,
-        allow_pickle=allow_pickle,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
-    return check_loaded(
-        model,
-        precision=precision,
-        device=device,
-        size=size,
-        steps=steps,
-        scheduler=scheduler,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
+
+# --- the check -----------------------------------------------------------------------------
 
 
 class _Observations:
@@ -506,7 +579,7 @@ def _measured_status(probe: ProbeResult, dtype: str) -> Status:
     if probe.non_finite:
         bad = probe.first_bad_module()
         return Status.OVERFLOW if bad is not None and bad.overflow else Status.NAN
-    if dtype == "fp16" and probe.max_abs > FP16_MAX / AT_RISK_HEADROOM:
+    if dtype == "fp16" and probe.half_max_abs > FP16_MAX / AT_RISK_HEADROOM:
         return Status.AT_RISK
     return Status.OK
 
@@ -521,6 +594,8 @@ class _Search:
     qualities: dict[str, Quality] = field(default_factory=dict)  # per repaired component
     rejected: list[str] = field(default_factory=list)  # finite but wrong: never a fix
     unfixed: list[str] = field(default_factory=list)
+    candidates: list[diagnosis.CandidateResult] = field(default_factory=list)  # ranked
+    baselines: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def accept(self, candidate: FixCandidate) -> None:
         self.plan = candidate.plan
@@ -587,6 +662,7 @@ def check_loaded(
     bf16_native = getattr(info, "bf16", None) == "native"
     reports: dict[str, ComponentReport] = {}
     first_probes: dict[str, ProbeResult] = {}
+    predicted_layers: dict[str, list[str]] = {}
     try:
 
         def settle(
@@ -607,27 +683,23 @@ def check_loaded(
                 elif probe.non_finite:
                     if reference is None:
                         progress("Running the fp32 reference", 0, 1)
-                        reference = stage_fn(diagnosis.fp32_reference(search.plan), False)
-                    module = runner.placed[name]
-                    for candidate in candidate_fixes(
-                        name, search.plan, _first_bad_name(probe), module, bf16_native
-                    ):
-                        cancel.raise_if_cancelled()
-                        progress(f"Trying a fix: {candidate.words}", 0, 1)
-                        retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
-                        if retry.probes[name].non_finite:
-                            continue
-                        quality = diagnosis.compare(retry.output, reference.output)
-                        if not quality.passed:
-                            search.rejected.append(
-                                f"{_sentence_case(candidate.words)} gave finite output that differs "
-                                f"from the fp32 reference ({quality.words()}): not a fix."
-                            )
-                            continue
-                        search.accept(candidate)
-                        search.qualities[name] = quality
-                        verify, good = retry.probes[name], retry
-                        break
+                        reference = stage_fn(diagnosis.fp32_reference(search.plan), True)
+                    chosen = _choose_fix(
+                        name,
+                        stage_fn,
+                        search,
+                        reference,
+                        runner,
+                        seen,
+                        _first_bad_name(probe),
+                        bf16_native,
+                        measure_cost,
+                        progress,
+                        cancel,
+                    )
+                    if chosen is not None:
+                        # The fp32 reference shows the true magnitude (a clamp's run would not).
+                        verify, good = reference.probes[name], chosen
                     if verify is None:
                         search.unfixed.append(name)
                 reports[name] = _component_report(
@@ -708,6 +780,8 @@ def check_loaded(
                 verified=quality is not None and quality.passed,
                 quality=quality,
                 steps=list(search.words),
+                candidates=list(search.candidates),
+                baselines=dict(search.baselines),
             )
             if measure_cost:
                 progress("Measuring the cost of the fix", 3, total)
@@ -720,6 +794,7 @@ def check_loaded(
                 )
         else:
             verdict = Verdict.HEALTHY
+            predicted_layers = _predicted_layers(reports, first_probes, runner.placed)
     finally:
         # Also on cancel or error: drop the device copies and hand cached memory back.
         runner.placed.release()
@@ -745,8 +820,88 @@ def check_loaded(
         versions=_versions(),
         remembered=remembered.summary if remembered else None,
         timesteps=runner.timesteps,
-        advice=_advice(reports, plan, bf16_native) if verdict is Verdict.HEALTHY else None,
+        advice=(
+            _advice(reports, plan, bf16_native, predicted_layers)
+            if verdict is Verdict.HEALTHY
+            else None
+        ),
+        loras=list(getattr(model, "loras", [])),
+        tried=list(search.candidates),
     )
+
+
+def _choose_fix(
+    name: str,
+    stage_fn: Callable[[PrecisionPlan, bool], _Stage],
+    search: _Search,
+    reference: _Stage,
+    runner: _Runner,
+    seen: _Observations,
+    first_bad: str | None,
+    bf16_native: bool,
+    measure_cost: bool,
+    progress: ProgressCallback,
+    cancel: CancelToken,
+) -> _Stage | None:
+    """Try every candidate fix for the failing component `name` (`diagnosis.FIX_KINDS`): each
+    re-run is judged finite or not and against the fp32 reference (`reference`, recorded, so
+    its per-layer peaks draw the islands); with `measure_cost` the verified ones are timed
+    against the tested plan and no-half. The best verified one (`diagnosis.rank_candidates`)
+    is accepted; the stage it ran is returned (None: nothing verified)."""
+    results: list[diagnosis.CandidateResult] = []
+    retries: dict[int, _Stage] = {}
+    module = runner.placed[name]
+    candidates = list(
+        candidate_fixes(
+            name, search.plan, first_bad, module, bf16_native, reference.probes.get(name)
+        )
+    )
+    for candidate in candidates:
+        cancel.raise_if_cancelled()
+        progress(f"Trying a fix: {candidate.words}", 0, 1)
+        retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
+        finite = not retry.probes[name].non_finite
+        quality = diagnosis.compare(retry.output, reference.output) if finite else None
+        result = diagnosis.CandidateResult(
+            component=name,
+            kind=candidate.kind,
+            words=candidate.words,
+            settings=dict(candidate.settings),
+            modules=len(candidate.plan.islands(name)) + len(candidate.plan.clamps.get(name, ())),
+            finite=finite,
+            quality=quality,
+            cost={"weights_mb": round(plan_weights_mb(candidate.plan, runner.model.pipeline), 2)},
+            candidate=candidate,
+        )
+        if finite:
+            retries[id(result)] = retry
+        results.append(result)
+    verified = [r for r in results if r.verified]
+    if measure_cost and verified:
+        progress(f"Measuring the fixes for the {component_words(name)}", 0, 1)
+        plans = {f"{i}": r.candidate.plan for i, r in enumerate(verified) if r.candidate}
+        plans["as_tested"] = search.plan
+        plans["no_half"] = no_half(search.plan)
+        costs = runner.stage_costs(name, stage_fn, plans)
+        for i, r in enumerate(verified):
+            r.cost.update(costs[f"{i}"])
+        search.baselines[name] = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}
+    ranked = diagnosis.rank_candidates(results)
+    for r in ranked:
+        if r.finite and not r.verified and r.quality is not None:
+            search.rejected.append(
+                f"{_sentence_case(r.words)} gave finite output that differs from the fp32 "
+                f"reference ({r.quality.words()}): not a fix."
+            )
+    best = ranked[0] if ranked and ranked[0].verified else None
+    search.candidates.extend(ranked)
+    if best is None or best.candidate is None:
+        return None
+    best.chosen = True
+    search.accept(best.candidate)
+    if best.quality is not None:
+        search.qualities[name] = best.quality
+    return retries[id(best)]
 
 
 def _last_resort(runner, search, seen, reports, first_probes, plan, broken, progress, cancel):
@@ -780,8 +935,28 @@ def _last_resort(runner, search, seen, reports, first_probes, plan, broken, prog
     search.unfixed = []
 
 
+def _predicted_layers(
+    reports: dict[str, ComponentReport], probes: dict[str, ProbeResult], placed: PlacedPipeline
+) -> dict[str, list[str]]:
+    """For each component run wider than fp16 and predicted to overflow there, the layers to
+    keep in fp32 (`diagnosis.overflow_islands` over the run's per-layer peaks)."""
+    layers = {}
+    for name, report in reports.items():
+        fp16 = report.precisions.get("fp16")
+        if report.dtype == "fp16" or fp16 is None or not fp16.status.failed:
+            continue
+        if name in placed and name in probes:
+            found = diagnosis.overflow_islands(probes[name], placed[name])
+            if found:
+                layers[name] = found
+    return layers
+
+
 def _advice(
-    reports: dict[str, ComponentReport], plan: PrecisionPlan, bf16_native: bool
+    reports: dict[str, ComponentReport],
+    plan: PrecisionPlan,
+    bf16_native: bool,
+    predicted_layers: dict[str, list[str]] | None = None,
 ) -> Advice | None:
     """For a healthy check that ran some component wider than fp16: how to move to fp16
     safely, keeping only the components predicted (or measured) to overflow there wider."""
@@ -798,7 +973,15 @@ def _advice(
         keep = "bf16" if bf16_native else "fp32"
         settings[COMPONENTS[name].setting] = keep if name in overflowing else "fp16"
     measured = all(reports[n].precisions["fp16"].measured for n in wider)
-    return Advice(in_run_order(overflowing), settings, measured)
+    layer_settings: dict[str, Any] = {}
+    layers = predicted_layers or {}
+    if overflowing and all(n in layers for n in overflowing):
+        layer_settings = {
+            **settings,
+            **{COMPONENTS[n].setting: "fp16" for n in overflowing},
+            "fp32_modules": [f"{n}:{p}" for n in in_run_order(overflowing) for p in layers[n]],
+        }
+    return Advice(in_run_order(overflowing), settings, measured, layer_settings)
 
 
 def _first_bad_name(probe: ProbeResult) -> str | None:
@@ -830,7 +1013,8 @@ def _component_report(
     headroom = FP16_MAX / peak if peak else None
     # Within 2x of 65504 is a risk only for a component that runs in fp16; a wider run's
     # large values are reported under `precisions` as what fp16 would do.
-    if status is Status.OK and dtype == "fp16" and headroom and headroom < AT_RISK_HEADROOM:
+    # Only values held in fp16 are at risk: a layer kept wider carries larger ones by design.
+    if status is Status.OK and dtype == "fp16" and probe.half_max_abs > FP16_MAX / AT_RISK_HEADROOM:
         status = Status.AT_RISK
     over = probe.first_over_fp16() if dtype != "fp16" and not probe.non_finite else None
     return ComponentReport(
@@ -918,8 +1102,26 @@ STATUS_WORDS = {
 }
 
 
+def layer_words(plan: PrecisionPlan) -> list[str]:
+    """'with 3 VAE layers in fp32', 'with 1 UNet layer clamped': the plan's module islands and
+    clamps, per component and dtype (the T5 feed-forward islands included)."""
+    words_: list[str] = []
+    for component in plan.dtypes:
+        by_dtype: dict[str, int] = {}
+        for dtype in plan.islands(component).values():
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + 1
+        name = component_words(component)
+        for dtype, count in by_dtype.items():
+            words_.append(f"with {count} {name} layer{'s' if count != 1 else ''} in {dtype}")
+        clamped = len(plan.clamps.get(component, ()))
+        if clamped:
+            words_.append(f"with {clamped} {name} layer{'s' if clamped != 1 else ''} clamped")
+    return words_
+
+
 def tested_words(plan: PrecisionPlan) -> str:
-    """'no-half', 'fp16', 'fp16, VAE in fp32': the precisions a check ran with, briefly."""
+    """'no-half', 'fp16', 'fp16, VAE in fp32', 'fp16, with 2 VAE layers in fp32': the
+    precisions a check ran with, briefly."""
     dtypes = plan.dtypes
     if all(d == "fp32" for d in dtypes.values()):
         return "no-half"
@@ -928,6 +1130,7 @@ def tested_words(plan: PrecisionPlan) -> str:
         counts[dtype] = counts.get(dtype, 0) + 1
     base = max(counts, key=lambda d: counts[d])
     others = [f"{component_words(n)} in {d}" for n, d in dtypes.items() if d != base]
+    others.extend(layer_words(plan))
     if plan.autocast_active and base == "fp16":
         base = "fp16 under autocast"
     elif plan.autocast_active:
@@ -947,6 +1150,8 @@ def headline(report: HealthReport) -> str:
     """The first line of every rendering of a report (CLI, Markdown, the GUI's banner)."""
     tested = tested_words(report.plan)
     components = report.components
+    if report.cause is not None and report.cause.headline:
+        return report.cause.headline
     if report.verdict is Verdict.BROKEN:
         if report.weights_non_finite:
             return (
@@ -1012,6 +1217,8 @@ def headline(report: HealthReport) -> str:
     )
     if advice is not None:
         return f"{where}, and fp16 would be safe too (predicted from this run){risk}."
+    if report.remembered:
+        return f"{where} ({tested}): nothing overflowed{risk}."
     return f"Healthy at your settings ({tested}): nothing overflowed{risk}."
 
 
@@ -1035,6 +1242,11 @@ def flag(key: str, value: Any) -> str:
         if value:
             return name
         return f"--no-{field_.flag_name}" if field_.default else ""
+    if field_.kind == "modules":  # one flag per component: --fp32-modules vae:a,b
+        return " ".join(
+            f"{name} {component}:{','.join(paths)}"
+            for component, paths in modules_by_component(list(value)).items()
+        )
     return f"{name} {value}"
 
 
@@ -1079,6 +1291,89 @@ def cost_comparison(cost: dict[str, dict[str, Any]]) -> str:
     return f"Per UNet step the fix was {fast / slow:.2g}x as slow as no-half on this device."
 
 
+CANDIDATE_COLUMNS = (
+    "component",
+    "candidate",
+    "layers",
+    "quality",
+    "result",
+    "ms per step",
+    "peak MB",
+    "weights MB",
+)
+
+
+def _result_words(row: dict[str, Any]) -> str:
+    if row.get("chosen"):
+        return "chosen"
+    if row.get("verified"):
+        return "verified"
+    if row.get("finite"):
+        return "rejected: differs from fp32"
+    return "rejected: not finite"
+
+
+def _ms(cost: dict[str, Any]) -> str:
+    step, spread = cost.get("step_ms"), cost.get("step_ms_range")
+    if step is None:
+        return "-"
+    return f"{step:.1f} ({spread[0]:.1f}-{spread[1]:.1f})" if spread else f"{step:.1f}"
+
+
+def _mb(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def candidate_rows(fix: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The fix's candidates as table rows (`CANDIDATE_COLUMNS`), ranked, each failing
+    component's measured baselines (its tested plan, no-half) after its candidates. Reads the
+    JSON form (`Fix.to_json()`), so the CLI, the Markdown report and the GUI show one table."""
+    rows: list[tuple[str, ...]] = []
+    candidates = fix.get("candidates") or []
+    baselines = fix.get("baselines") or {}
+    for component in dict.fromkeys(c["component"] for c in candidates):
+        for c in (c for c in candidates if c["component"] == component):
+            quality = c.get("quality")
+            cost = c.get("cost") or {}
+            rows.append(
+                (
+                    component,
+                    c["words"],
+                    str(c.get("modules") or "-"),
+                    f"{quality['value']:.1f} dB" if quality else "-",
+                    _result_words(c),
+                    _ms(cost),
+                    _mb(cost.get("peak_memory_mb")),
+                    _mb(cost.get("weights_mb")),
+                )
+            )
+        for label, words_ in (("as_tested", "as tested (no fix)"), ("no_half", "no-half")):
+            cost = (baselines.get(component) or {}).get(label)
+            if cost:
+                rows.append(
+                    (
+                        component,
+                        words_,
+                        "-",
+                        "-",
+                        "baseline",
+                        _ms(cost),
+                        _mb(cost.get("peak_memory_mb")),
+                        _mb(cost.get("weights_mb")),
+                    )
+                )
+    return rows
+
+
+def candidate_markdown(fix: dict[str, Any]) -> str:
+    rows = candidate_rows(fix)
+    if not rows:
+        return ""
+    head = "| " + " | ".join(CANDIDATE_COLUMNS) + " |\n|" + "---|" * len(CANDIDATE_COLUMNS)
+    body = "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    return f"{head}\n{body}\n"
+
+
 def markdown_report(report: HealthReport) -> str:
     """A Markdown report to paste into a bug report: versions, device, model, table, fix."""
     v = report.versions
@@ -1097,8 +1392,26 @@ def markdown_report(report: HealthReport) -> str:
                 f"\n\nCost: {cost_words(cost.get('fix', {}))} with the fix; "
                 f"{cost_words(cost.get('no_half', {}))} with no-half. {cost_comparison(cost)}"
             )
+        table = candidate_markdown(report.fix.to_json())
+        if table:
+            fix += (
+                "\n\n### Candidates\n\nEvery fix tried, judged against fp32 "
+                f"({diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
+                + (" and timed on this device" if report.fix.baselines else "")
+                + (
+                    "; the cheapest verified one is chosen.\n\n"
+                    if any(c.chosen for c in report.fix.candidates)
+                    else "; none is chosen: the cause's repair replaced them.\n\n"
+                )
+                + table
+            )
     elif report.advice is not None and report.advice.overflowing:
         fix = f"To run in fp16: `{flags(report.advice.settings)}` (not verified on this device)."
+        if report.advice.layer_settings:
+            fix += (
+                "\n\nOr, keeping only the layers measured past fp16's range in fp32: "
+                f"`{flags(report.advice.layer_settings)}` (not verified on this device)."
+            )
     notes = "".join(f"- {n}\n" for n in report.notes)
     return (
         f"# HalfSafe health check: {report.model.get('name', report.model['source'])}\n\n"
@@ -1107,7 +1420,16 @@ def markdown_report(report: HealthReport) -> str:
         f"- Model: `{report.model['source']}` ({report.model['architecture']}, "
         f"{report.model['format']})\n"
         f"- Device: {report.device['name']} ({report.device['kind']})\n"
-        f"- Versions: HalfSafe {v.get('halfsafe')}, torch {v.get('torch')}, diffusers "
+        + "".join(
+            f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras
+        )
+        + (
+            f"- Cause: **{report.cause.kind}**; repair: {report.cause.repair} "
+            f"({'verified' if report.cause.verified else 'not verified'})\n"
+            if report.cause is not None
+            else ""
+        )
+        + f"- Versions: HalfSafe {v.get('halfsafe')}, torch {v.get('torch')}, diffusers "
         f"{v.get('diffusers')}" + (f", CUDA {v['cuda']}" if v.get("cuda") else "") + "\n"
         f"- Probe size: {report.size}x{report.size}, timesteps "
         f"{', '.join(map(str, report.timesteps))}; check took {report.seconds:.2f} s\n\n"

@@ -10,7 +10,7 @@ import io
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,9 @@ class PixelStats:
     mean: float
     spread: float  # standard deviation of brightness
     bright: float  # 99.5th percentile of brightness
+    # The smallest box (x0, y0, x1, y1; ends exclusive, in pixels) holding every non-finite
+    # pixel: a few bad tiles of a tiled decode are a finding with a place, never averaged away.
+    non_finite_box: tuple[int, int, int, int] | None = None
 
     @property
     def all_non_finite(self) -> bool:
@@ -100,6 +103,10 @@ def to_image(pixels) -> tuple[Any, PixelStats]:
     non_finite = float(bad_pixels.mean()) if pixels.size else 0.0
     unit = np.clip(np.where(finite, pixels, -1.0) / 2 + 0.5, 0.0, 1.0)
     stats = brightness_stats(unit.mean(axis=-1)[~bad_pixels], non_finite)
+    if non_finite > 0:
+        rows, columns = np.nonzero(bad_pixels)
+        box = (int(columns.min()), int(rows.min()), int(columns.max()) + 1, int(rows.max()) + 1)
+        stats = replace(stats, non_finite_box=box)
     image = Image.fromarray((unit * 255).round().astype(np.uint8), "RGB")
     return image, stats
 

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,7 @@ class LoadedModel:
     vae: str | None = None  # the separate VAE file or folder loaded in place of the model's
     zero_terminal_snr: bool = False  # its scheduler rescales betas to zero terminal SNR
     prediction_because: str = ""  # how the prediction type is known (part of detected_because)
+    loras: list[Any] = field(default_factory=list)  # lora.AppliedLora, in the order applied
 
 
 def set_offline() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from app.core.components import COMPONENTS as ALL_COMPONENTS
 from app.core.components import FP16_MAX, RUN_ORDER, SETTING_FOLLOWS
-from app.core.settings import PrecisionSettings
+from app.core.settings import PrecisionSettings, modules_by_component
 
 __all__ = ["FP16_MAX"]
 
@@ -68,6 +68,11 @@ class PrecisionPlan:
     # Module-level precision islands: component -> {module path: dtype}; the rest of the
     # component keeps its own dtype (see `PlacedPipeline`).
     modules: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Components whose T5 feed-forward output projections are fp32 islands because of the
+    # `t5_fp32_feed_forward` setting (those islands are that setting, not `fp32_modules`).
+    t5_feed_forward: tuple[str, ...] = ()
+    # Activation clamps: component -> module paths whose fp16 output is clamped to +-65504.
+    clamps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -77,6 +82,14 @@ class PrecisionPlan:
     def with_modules(self, component: str, modules: Mapping[str, str]) -> PrecisionPlan:
         """This plan with `modules` of `component` in their own dtypes."""
         return replace(self, modules={**self.modules, component: dict(modules)})
+
+    def with_clamps(self, component: str, paths: Iterable[str]) -> PrecisionPlan:
+        """This plan with the fp16 outputs of `paths` in `component` clamped to +-65504."""
+        return replace(self, clamps={**self.clamps, component: tuple(paths)})
+
+    def island_count(self) -> int:
+        """How many modules run in another dtype than their component, over all components."""
+        return sum(len(self.islands(c)) for c in self.modules)
 
     def islands(self, component: str) -> dict[str, str]:
         """The module islands of `component` that differ from its dtype."""
@@ -120,8 +133,23 @@ class PrecisionPlan:
             "fp16_reduced_precision_reduction": self.fp16_reduced_precision_reduction,
             "fp16_accumulation": self.fp16_accumulation,
             "attention_reduced_precision": self.attention_reduced_precision,
-            "t5_fp32_feed_forward": any(self.islands(c) for c in self.modules),
+            "t5_fp32_feed_forward": any(self.islands(c) for c in self.t5_feed_forward),
+            **self.module_settings(),
         }
+
+    def module_settings(self) -> dict[str, list[str]]:
+        """The plan's module islands and clamps as the `fp32_modules`, `bf16_modules` and
+        `clamp_modules` settings (the T5 feed-forward islands are `t5_fp32_feed_forward`)."""
+        settings: dict[str, list[str]] = {"fp32_modules": [], "bf16_modules": []}
+        for component in self.modules:
+            t5 = component in self.t5_feed_forward
+            for path, dtype in self.islands(component).items():
+                if t5 and dtype == "fp32" and _is_t5_feed_forward(path):
+                    continue  # the t5_fp32_feed_forward setting
+                if dtype in ("fp32", "bf16"):
+                    settings[f"{dtype}_modules"].append(f"{component}:{path}")
+        settings["clamp_modules"] = [f"{c}:{p}" for c, paths in self.clamps.items() for p in paths]
+        return settings
 
     def weights_mb(self, parameter_counts: Mapping[str, int]) -> float:
         """Memory the components' weights take under this plan, in MiB."""
@@ -131,6 +159,33 @@ class PrecisionPlan:
             if c in self.dtypes
         )
         return total / 2**20
+
+
+def _is_t5_feed_forward(path: str) -> bool:
+    return path.endswith("DenseReluDense.wo")
+
+
+def plan_weights_mb(plan: PrecisionPlan, pipeline) -> float:
+    """Memory the weights take under `plan`, in MiB, module islands included (a layer kept in
+    fp32 inside an fp16 component costs its own parameters twice over, not the component's)."""
+    total = 0
+    for component, dtype in plan.dtypes.items():
+        module = getattr(pipeline, component, None)
+        if module is None:
+            continue
+        own = _BYTES_PER_ELEMENT[dtype]
+        total += sum(p.numel() for p in module.parameters()) * own
+        islands = plan.islands(component)
+        for path, island_dtype in islands.items():
+            if any(path.startswith(other + ".") for other in islands):
+                continue  # inside a larger island: counted there
+            try:
+                island = module.get_submodule(path)
+            except AttributeError:
+                continue
+            extra = _BYTES_PER_ELEMENT[island_dtype] - own
+            total += sum(p.numel() for p in island.parameters()) * extra
+    return total / 2**20
 
 
 def expected_dtypes(
@@ -197,7 +252,7 @@ def resolve_plan(
     chosen = dict(user)
     from_memory: set[str] = set()
     for key, value in (remembered or {}).items():
-        if key in chosen and key != "device" and chosen[key] in ("auto", False):
+        if key in chosen and key != "device" and chosen[key] in ("auto", False, []):
             chosen[key] = value
             from_memory.add(key)
     reasons: dict[str, str] = {}
@@ -288,20 +343,40 @@ def resolve_plan(
             "memory-efficient or math kernel instead."
         )
     modules: dict[str, dict[str, str]] = {}
+    t5_components: list[str] = []
     if chosen.get("t5_fp32_feed_forward"):
         for component, islands in (feed_forward_islands or {}).items():
             if dtypes.get(component, "fp32") != "fp32":
                 modules[component] = dict(islands)
+                t5_components.append(component)
         if modules:
             reasons["t5_fp32_feed_forward"] = (
                 "A fix verified for this model on this device is remembered."
                 if "t5_fp32_feed_forward" in from_memory
                 else "The T5 feed-forward output projections run in fp32, as you asked."
             )
+    clamps: dict[str, tuple[str, ...]] = {}
+    for key in ("fp32_modules", "bf16_modules", "clamp_modules"):
+        for component, paths in modules_by_component(list(chosen.get(key) or [])).items():
+            own = dtypes.get(component)
+            if own is None:
+                continue
+            if key == "clamp_modules":
+                if own == "fp16":
+                    clamps[component] = tuple(paths)
+                continue
+            dtype = key.split("_")[0]
+            if own == "fp32" or (own == "bf16" and dtype == "bf16"):
+                continue  # already as wide: nothing to keep wider
+            modules.setdefault(component, {}).update(dict.fromkeys(paths, dtype))
+            if key in from_memory:
+                reasons[key] = "A fix verified for this model on this device is remembered."
     return PrecisionPlan(
         device=device_str,
         dtypes=dtypes,
         modules=modules,
+        clamps=clamps,
+        t5_feed_forward=tuple(t5_components),
         upcast_attention=upcast,
         attention_backend=chosen["attention_backend"],
         allow_tf32=bool(chosen["allow_tf32"]),
@@ -373,6 +448,32 @@ class _AutocastHooks:
 
         device_type = getattr(module, "_halfsafe_autocast", None)
         context = torch.autocast(device_type, dtype=torch.float16) if device_type else None
+        if context is not None:
+            context.__enter__()
+        self.open.append(context)
+
+    def leave(self, module, args, output) -> None:
+        context = self.open.pop() if self.open else None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+class _AutocastOff:
+    """Forward hooks that turn autocast off inside a module while it is on around it (a
+    module-level island in a component run under fp16 autocast)."""
+
+    def __init__(self) -> None:
+        self.open: list[Any] = []
+
+    def enter(self, module, args) -> None:
+        import torch
+
+        device_type = next(module.parameters()).device.type
+        context = (
+            torch.autocast(device_type, enabled=False)
+            if torch.is_autocast_enabled(device_type)
+            else None
+        )
         if context is not None:
             context.__enter__()
         self.open.append(context)
@@ -601,13 +702,21 @@ def _add_cast_hooks(module) -> None:
             )
 
 
-def _make_islands(module, islands: Mapping[str, str]) -> None:
+def _make_islands(module, islands: Mapping[str, str], guard: bool = True) -> None:
     """Run each named submodule of a placed component in its own dtype: its weights are cast,
     and so are its floating inputs on every call. Its output keeps that dtype, as transformers
     runs the T5 feed-forward output projection it keeps in fp32 (`_keep_in_fp32_modules`):
     the residual addition after it promotes, so the stream it feeds is carried in fp32 until
-    the next layer norm casts back. Casting the output straight back to fp16 would bring the
-    very overflow the island exists to avoid."""
+    the next layer casts back. Casting the output straight back to fp16 would bring the very
+    overflow the island exists to avoid.
+
+    With `guard`, every other layer that holds weights gets a guard that casts its floating
+    inputs to its own dtype (a no-op check while they already match): that is the cast back at
+    the island's far edge, wherever the wider values flow, and the layer that takes them back
+    is one whose inputs the probe measured inside fp16's range (`diagnosis.overflow_islands`
+    puts every layer fed values past it into the island). The T5 feed-forward islands run
+    without guards, as transformers runs them: T5's own layer norm takes the fp32 stream and
+    casts back itself."""
     for path, dtype in islands.items():
         island = module.get_submodule(path)
         island.to(torch_dtype(dtype))
@@ -615,6 +724,51 @@ def _make_islands(module, islands: Mapping[str, str]) -> None:
             island._halfsafe_cast_hook = island.register_forward_pre_hook(
                 _cast_inputs_hook, with_kwargs=True
             )
+            # Under fp16 autocast (the component's) an island would compute in fp16 again.
+            outside = _AutocastOff()
+            island.register_forward_pre_hook(outside.enter)
+            island.register_forward_hook(outside.leave, always_call=True)
+    if not islands or not guard:
+        return
+    for layer in module.modules():
+        own = next(iter(layer.parameters(recurse=False)), None)
+        if own is None or getattr(layer, "_halfsafe_cast_hook", None) is not None:
+            continue
+        layer._halfsafe_dtype = own.dtype
+        layer._halfsafe_cast_hook = layer.register_forward_pre_hook(_guard_hook, with_kwargs=True)
+
+
+def _guard_hook(module, args, kwargs):
+    import torch
+
+    dtype = module._halfsafe_dtype
+    if not kwargs and all(
+        not isinstance(a, torch.Tensor) or not a.is_floating_point() or a.dtype == dtype
+        for a in args
+    ):
+        return None
+    return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+
+
+def _clamp_hook(module, args, output):
+    """diffusers' fp16 clamp: an fp16 output held to +-65504 (inf saturates, NaN stays)."""
+    import torch
+
+    if isinstance(output, torch.Tensor) and output.dtype == torch.float16:
+        return output.clamp(-FP16_MAX, FP16_MAX)
+    if isinstance(output, tuple):
+        return tuple(
+            o.clamp(-FP16_MAX, FP16_MAX)
+            if isinstance(o, torch.Tensor) and o.dtype == torch.float16
+            else o
+            for o in output
+        )
+    return output
+
+
+def _make_clamps(module, paths: Iterable[str]) -> None:
+    for path in paths:
+        module.get_submodule(path).register_forward_hook(_clamp_hook)
 
 
 class PlacedPipeline:
@@ -641,7 +795,8 @@ class PlacedPipeline:
         device = torch.device(plan.device)
         for name, dtype in plan.dtypes.items():
             islands = plan.islands(name)
-            key = (dtype, tuple(sorted(islands.items())))
+            clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
+            key = (dtype, tuple(sorted(islands.items())), clamps, name in plan.t5_feed_forward)
             current = self._placed.get(name)
             if current is not None and current[0] == key:
                 module = current[1]
@@ -651,9 +806,15 @@ class PlacedPipeline:
                     getattr(self.source, name),
                     device,
                     torch_dtype(dtype),
-                    copy_always=bool(islands),
+                    copy_always=bool(islands or clamps),
                 )
-                _make_islands(module, islands)
+                t5 = name in plan.t5_feed_forward
+                _make_islands(
+                    module,
+                    islands,
+                    guard=any(not (t5 and _is_t5_feed_forward(p)) for p in islands),
+                )
+                _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
             use_autocast = plan.autocast and dtype == "fp16"
             _set_autocast(module, device.type if use_autocast else None)
@@ -664,12 +825,13 @@ class PlacedPipeline:
     def _place(source, device, dtype, copy_always: bool = False):
         first = next(source.parameters())
         same = first.device == device and all(p.dtype == dtype for p in source.parameters())
-        if same and copy_always:  # islands change dtypes inside: never in the loaded model
+        if same and copy_always:  # islands and clamps change a copy, never the loaded model
             module = copy.deepcopy(source)
         elif same:
             module = source
         else:
-            module = copy.deepcopy(source) if first.device.type == "cpu" else source
+            keep_source = first.device.type == "cpu" or copy_always
+            module = copy.deepcopy(source) if keep_source else source
             module = module.to(device=device, dtype=dtype)
         module.eval().requires_grad_(False)
         _add_cast_hooks(module)

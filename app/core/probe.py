@@ -53,6 +53,8 @@ class ModuleStats:
     name: str
     order: int  # completion order of its first call (children come first)
     max_abs: float = 0.0  # largest finite |output| seen
+    input_max_abs: float = 0.0  # largest finite |input| seen
+    half_max_abs: float = 0.0  # largest finite |output| of the calls that returned fp16
     non_finite: bool = False  # some output held inf or NaN
     overflow: bool = False  # the first bad output held inf (not only NaN)
     first_bad: int | None = None  # completion index of the first call that went bad
@@ -78,6 +80,12 @@ class ProbeResult:
     @property
     def max_abs(self) -> float:
         return max((m.max_abs for m in self.modules.values()), default=0.0)
+
+    @property
+    def half_max_abs(self) -> float:
+        """The largest finite value held in fp16: what fp16's headroom is about (a layer kept
+        wider inside an fp16 component may carry larger values, by design)."""
+        return max((m.half_max_abs for m in self.modules.values()), default=0.0)
 
     def first_bad_module(self) -> ModuleStats | None:
         """The innermost module whose output first went non-finite while its inputs were finite."""
@@ -123,6 +131,7 @@ class ActivationRecorder:
         self._names: dict[int, str] = {}
         self._pending: dict[int, list[Any]] = {}
         self._calls: list[tuple[int, Any, Any, Any]] = []
+        self._half: list[bool] = []  # per call: whether its output held fp16 tensors
         self._handles: list[Any] = []
         for name, module in root.named_modules():
             if any(name == s or name.startswith(s + ".") for s in skip):
@@ -142,6 +151,7 @@ class ActivationRecorder:
         scores = getattr(module, self.SCORES, None)
         bound = scores.pop() if scores else None
         self._calls.append((id(module), inputs, max_abs(output), bound))
+        self._half.append(any(_is_half(t) for t in float_tensors(output)))
 
     def __enter__(self) -> ActivationRecorder:
         return self
@@ -184,8 +194,8 @@ class ActivationRecorder:
         if final is not None:
             result.output_finite = math.isfinite(table.pop()[1])
 
-        for index, ((module_id, _, out, _), (inputs, peak, bound)) in enumerate(
-            zip(self._calls, table, strict=True)
+        for index, ((module_id, _, out, _), (inputs, peak, bound), half) in enumerate(
+            zip(self._calls, table, self._half, strict=True)
         ):
             if out is None:
                 continue
@@ -195,8 +205,12 @@ class ActivationRecorder:
                 stats = result.modules[name] = ModuleStats(name, index)
             if math.isfinite(bound):
                 stats.score_bound = max(stats.score_bound, bound)
+            if math.isfinite(inputs):
+                stats.input_max_abs = max(stats.input_max_abs, inputs)
             if math.isfinite(peak):
                 stats.max_abs = max(stats.max_abs, peak)
+                if half:
+                    stats.half_max_abs = max(stats.half_max_abs, peak)
                 if (
                     stats.first_over_fp16 is None
                     and peak > FP16_MAX
@@ -210,6 +224,12 @@ class ActivationRecorder:
                 stats.first_bad = index
                 stats.bad_with_finite_inputs = math.isfinite(inputs)
         return result
+
+
+def _is_half(tensor) -> bool:
+    import torch
+
+    return tensor.dtype == torch.float16
 
 
 def top_blocks(root) -> list[str]:

@@ -1,8 +1,11 @@
 """Device self-test: do fp16 and bf16 give the right answers, here, for the operations SD runs?
 
 Each operation (convolution with SD's channel counts, group norm, layer norm, matmul, attention
-on every backend, GELU, GEGLU) runs in the half-precision dtype and again in fp32 on the same
-device, from the same (rounded) inputs. A non-finite output, an error past the dtype's
+on every backend, GELU, GEGLU; and the faults that come from layout and magnitude: attention on
+every backend with strided q/k/v at SD and Flux head shapes, a convolution of a channel chunk,
+norms of activations in the thousands, a long-K matrix product under reduced-precision
+reduction) runs in the half-precision dtype and again in fp32 on the same device, from the same
+(rounded) inputs. A non-finite output, an error past the dtype's
 tolerance, or an exception marks the dtype failed and names the operation. Results are cached
 per device name, driver and PyTorch version, so the test costs seconds once.
 
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
     import torch
 
 # Bump when the operations, sizes or tolerances change, so old cached verdicts are not reused.
-SELFTEST_VERSION = 2
+SELFTEST_VERSION = 3
 HALF_DTYPES = ("fp16", "bf16")
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
 
@@ -111,10 +114,19 @@ class SelfTestResult:
     def attention_backends(self, dtype: str) -> list[str]:
         """The attention backends that ran correctly in `dtype` ("fp16", "bf16" or "fp32")."""
         prefix = "attention:"
+        # A backend that fails on strided q/k/v (as models hand them over) is no choice either.
+        strided = {
+            d.op.rpartition(":")[2]
+            for d in self.details
+            if d.dtype == dtype and d.status == "fail" and d.op.startswith("strided attention")
+        }
         return [
             d.op[len(prefix) :]
             for d in self.details
-            if d.dtype == dtype and d.status == "pass" and d.op.startswith(prefix)
+            if d.dtype == dtype
+            and d.status == "pass"
+            and d.op.startswith(prefix)
+            and d.op[len(prefix) :] not in strided
         ]
 
     def to_json(self) -> dict[str, Any]:
@@ -202,7 +214,7 @@ def run_self_test(
     imports it). `skip` maps a dtype to the reason it is not tested (e.g. bf16 on a device
     that has none). `retest` ignores the cache.
 
-    Takes about a second on a 2-core CPU (sizes there are kept small) and well under a second
+    Takes about two seconds on a 2-core CPU (sizes there are kept small) and well under a second
     on a GPU. Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
     under `paths.cache_dir()`. Progress goes to `on_progress`; `cancel` is checked between
     operations.
@@ -272,6 +284,9 @@ class _Operation:
     name: str
     make: Callable[[Callable[..., Any]], dict[str, Any]]
     run: Callable[[dict[str, Any]], Any]
+    # The fp32 reference when it is not `run` in fp32 (an attention backend: the math kernel).
+    reference: Callable[[dict[str, Any]], Any] | None = None
+    kernel_choice: bool = False  # an attention backend this device or build may lack
 
 
 def _operations(small: bool) -> list[_Operation]:
@@ -334,6 +349,7 @@ def _operations(small: bool) -> list[_Operation]:
             lambda t: t["a"] @ t["b"],
         ),
         *[attention(b) for b in ATTENTION_BACKENDS],
+        *_layout_and_range_operations(small, batch, latent, width),
         _Operation(
             "gelu", lambda rand: {"x": rand(tokens, 768, scale=3.0)}, lambda t: F.gelu(t["x"])
         ),
@@ -347,6 +363,112 @@ def _operations(small: bool) -> list[_Operation]:
             geglu,
         ),
     ]
+
+
+def _layout_and_range_operations(small: bool, batch: int, latent: int, width: int):
+    """Operations whose failures come from memory layout or magnitude, not the dtype's
+    precision: attention on every backend with q/k/v as strided views of one fused projection
+    (as diffusers' attention and Flux's fused qkv hand them over) at SD and Flux head shapes, a
+    convolution of a channel chunk, group and layer norm of activations in the thousands (the
+    variance of values past 256 passes 65504 when a kernel keeps it in half precision), and a
+    long-K matrix product whose partial sums pass 65504 while the result is small (what a
+    reduced-precision split-K reduction gets wrong), run with that reduction allowed."""
+    import torch.nn.functional as F  # noqa: N812
+
+    shapes = {  # heads, head_dim, tokens
+        "sd": (8, 40, 256 if small else 4096),
+        "flux": (4 if small else 24, 128, 256 if small else 4608),
+    }
+
+    def strided(heads: int, dim: int, tokens: int, backend: str):
+        def run(t: dict[str, Any], chosen: str = backend) -> Any:
+            q, k, v = (
+                part.view(2, tokens, heads, dim).transpose(1, 2)
+                for part in t["qkv"].chunk(3, dim=-1)
+            )
+            return _attention({"q": q, "k": k, "v": v}, chosen)
+
+        return run
+
+    operations = []
+    for family, (heads, dim, tokens) in shapes.items():
+        for backend in ATTENTION_BACKENDS:
+            run = strided(heads, dim, tokens, backend)
+            operations.append(
+                _Operation(
+                    f"strided attention {family}:{backend}",
+                    lambda rand, heads=heads, dim=dim, tokens=tokens: {
+                        "qkv": rand(2, tokens, 3 * heads * dim)
+                    },
+                    run,
+                    reference=lambda t, run=run: run(t, "math"),
+                    kernel_choice=True,
+                )
+            )
+    big = 5000.0
+    long_k = 4096 if small else 16384
+    operations += [
+        _Operation(
+            "conv2d after chunk",
+            lambda rand: {
+                "x": rand(2, 2 * width, latent, latent),
+                "w": rand(width, width, 3, 3, scale=(width * 9) ** -0.5),
+            },
+            lambda t: F.conv2d(t["x"].chunk(2, dim=1)[1], t["w"], padding=1),
+        ),
+        _Operation(
+            "group_norm large",
+            lambda rand: {
+                "x": rand(batch, width, latent, latent, scale=big),
+                "w": rand(width, scale=0.5),
+                "b": rand(width, scale=0.5),
+            },
+            lambda t: F.group_norm(t["x"], 32, t["w"], t["b"], eps=1e-5),
+        ),
+        _Operation(
+            "layer_norm large",
+            lambda rand: {
+                "x": rand(256, 768, scale=big),
+                "w": rand(768, scale=0.5),
+                "b": rand(768, scale=0.5),
+            },
+            lambda t: F.layer_norm(t["x"], (768,), t["w"], t["b"], eps=1e-5),
+        ),
+        _Operation(
+            "long-K matmul, reduced-precision reduction",
+            lambda rand: _cancelling_factors(rand, long_k),
+            _reduced_precision_matmul,
+        ),
+    ]
+    return operations
+
+
+def _cancelling_factors(rand: Callable[..., Any], k: int) -> dict[str, Any]:
+    """(64, k) @ (k, 64) whose first half of the sum is +64 per term and second half -64:
+    partial sums reach 64 * k / 2 (past 65504 for k >= 2048), the result is small noise."""
+    a = rand(64, k, scale=0.0) + 8.0
+    b = rand(k, 64, scale=0.01) + 8.0
+    b[k // 2 :] -= 16.0
+    return {"a": a, "b": b}
+
+
+def _reduced_precision_matmul(t: dict[str, Any]) -> Any:
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    saved = (
+        matmul.allow_fp16_reduced_precision_reduction,
+        matmul.allow_bf16_reduced_precision_reduction,
+    )
+    matmul.allow_fp16_reduced_precision_reduction = True
+    matmul.allow_bf16_reduced_precision_reduction = True
+    try:
+        return t["a"] @ t["b"]
+    finally:
+        (
+            matmul.allow_fp16_reduced_precision_reduction,
+            matmul.allow_bf16_reduced_precision_reduction,
+        ) = saved
 
 
 def _attention(t: dict[str, Any], backend: str) -> Any:
@@ -382,7 +504,9 @@ def _check(op: _Operation, dtype: str, device: torch.device) -> OpResult:
             # The reference sees the same rounded inputs, so only the arithmetic is compared;
             # attention's reference is always the plain math kernel.
             reference_inputs = {k: v.float() for k, v in inputs.items()}
-            if op.name.startswith("attention:"):
+            if op.reference is not None:
+                reference = op.reference(reference_inputs)
+            elif op.name.startswith("attention:"):
                 reference = _attention(reference_inputs, "math")
             else:
                 reference = op.run(reference_inputs)
@@ -397,7 +521,8 @@ def _check(op: _Operation, dtype: str, device: torch.device) -> OpResult:
             seconds = time.perf_counter() - started
             first_line = (str(exc).strip().splitlines() or [""])[0]
             message = f"{type(exc).__name__}: {first_line}"
-            if op.name.startswith("attention:") and any(m in str(exc) for m in _NO_KERNEL_MESSAGES):
+            kernel_choice = op.kernel_choice or op.name.startswith("attention:")
+            if kernel_choice and any(m in str(exc) for m in _NO_KERNEL_MESSAGES):
                 return OpResult(
                     op.name,
                     dtype,

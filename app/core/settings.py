@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import paths
+from app.core.components import COMPONENTS
 from app.core.files import (
     aside_name,
     clear_non_regular,
@@ -85,6 +86,51 @@ def _bound(limit: float) -> str:
     return str(int(limit)) if float(limit).is_integer() else f"{limit:g}"
 
 
+# Module-level precision settings (`fp32_modules`, `bf16_modules`, `clamp_modules`): entries
+# "COMPONENT:PATH", a PyTorch module path inside one component. Bounded so that a damaged file
+# or a pasted flag cannot grow without limit; whether a path exists is checked against the model
+# when it loads (`diagnosis.check_module_settings`).
+MAX_MODULE_ENTRIES = 256
+MAX_MODULE_PATH = 200
+MODULE_PATH = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+
+
+def parse_module_entries(text: str) -> list[str]:
+    """'vae:decoder.a,decoder.b' (a flag's value) -> ['vae:decoder.a', 'vae:decoder.b']."""
+    component, sep, paths_ = text.partition(":")
+    if not sep:
+        raise ValueError(f"expected COMPONENT:PATH[,PATH...], got {shown(text)}")
+    return [f"{component.strip()}:{p.strip()}" for p in paths_.split(",")]
+
+
+def _check_module_entries(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(e, str) for e in value):
+        raise ValueError(f"expected a list of COMPONENT:PATH entries, got {shown(value)}")
+    if len(value) > MAX_MODULE_ENTRIES:
+        raise ValueError(f"{len(value)} modules is more than the {MAX_MODULE_ENTRIES} allowed")
+    for entry in value:
+        component, sep, path = entry.partition(":")
+        if not sep or len(entry) > MAX_MODULE_PATH or not MODULE_PATH.match(path):
+            raise ValueError(
+                f"expected COMPONENT:PATH with a dotted module path of at most "
+                f"{MAX_MODULE_PATH} characters, got {shown(entry)}"
+            )
+        if component not in COMPONENTS:
+            raise ValueError(
+                f"{shown(component)} is not a component (one of {', '.join(COMPONENTS)})"
+            )
+    return list(dict.fromkeys(value))
+
+
+def modules_by_component(entries: list[str]) -> dict[str, list[str]]:
+    """['vae:a', 'vae:b', 'unet:c'] -> {'vae': ['a', 'b'], 'unet': ['c']} (validated entries)."""
+    grouped: dict[str, list[str]] = {}
+    for entry in entries:
+        component, _, path = entry.partition(":")
+        grouped.setdefault(component, []).append(path)
+    return grouped
+
+
 def _check_path(text: str) -> None:
     """Refuse what no file system accepts in a path (a NUL byte), so it is caught here, with
     the setting named, and not after an image has been generated."""
@@ -96,7 +142,8 @@ def _check_path(text: str) -> None:
 class Field:
     """One option: its type, default, allowed values, and the words the user sees.
 
-    `kind` is one of "bool", "choice", "int", "float", "text", "device", "paths", "path".
+    `kind` is one of "bool", "choice", "int", "float", "text", "device", "paths", "path",
+    "modules" (COMPONENT:PATH entries, `parse_module_entries`).
     `cli` marks options that every model-loading command takes as a flag (named `flag_name`).
     """
 
@@ -154,6 +201,8 @@ class Field:
             for folder in value:
                 _check_path(folder)
             return list(value)
+        if self.kind == "modules":
+            return _check_module_entries(value)
         raise AssertionError(f"unknown field kind {self.kind}")
 
     def _number(self, value: Any) -> int | float:
@@ -281,6 +330,39 @@ SCHEMA: tuple[Field, ...] = (
         "of the T5 text encoder (Flux, SD3) runs in half precision: the known fix for T5-XXL's "
         "fp16 overflow, which transformers applies when it loads T5 in fp16. Costs almost "
         "nothing.",
+        "Precision",
+        cli=True,
+    ),
+    Field(
+        "fp32_modules",
+        "modules",
+        [],
+        "Layers in fp32",
+        "Named layers (COMPONENT:PATH, e.g. vae:decoder.up_blocks.0.resnets.0.conv1) that run "
+        "in fp32 while the rest of their component runs in half precision: the health check's "
+        "layer-level fix, which pays for precision only where the model overflows. Values "
+        "leave these layers in fp32 until the next layer casts them back.",
+        "Precision",
+        cli=True,
+    ),
+    Field(
+        "bf16_modules",
+        "modules",
+        [],
+        "Layers in bf16",
+        "Like 'Layers in fp32', in bf16 (fp32's range at half the memory) for GPUs with "
+        "native bf16.",
+        "Precision",
+        cli=True,
+    ),
+    Field(
+        "clamp_modules",
+        "modules",
+        [],
+        "Clamp layer outputs",
+        "Named layers whose fp16 output is clamped to +-65504 (what some pipelines do for Flux "
+        "and SDXL). Finite, but a clamp that cuts real values changes the image: use it only "
+        "when the health check verified it against fp32.",
         "Precision",
         cli=True,
     ),
@@ -509,6 +591,9 @@ class PrecisionSettings:
     text_encoder_2_precision: str = FIELDS["text_encoder_2_precision"].default
     text_encoder_3_precision: str = FIELDS["text_encoder_3_precision"].default
     t5_fp32_feed_forward: bool = FIELDS["t5_fp32_feed_forward"].default
+    fp32_modules: tuple[str, ...] = ()
+    bf16_modules: tuple[str, ...] = ()
+    clamp_modules: tuple[str, ...] = ()
     no_half: bool = FIELDS["no_half"].default
     no_half_vae: bool = FIELDS["no_half_vae"].default
     upcast_attention: bool = FIELDS["upcast_attention"].default
@@ -522,10 +607,18 @@ class PrecisionSettings:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            FIELDS[f.name].validate(getattr(self, f.name))
+            value = getattr(self, f.name)
+            if FIELDS[f.name].kind == "modules":  # held as a tuple: the settings are frozen
+                value = tuple(FIELDS[f.name].validate(list(value)))
+                object.__setattr__(self, f.name, value)
+            else:
+                FIELDS[f.name].validate(value)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {
+            f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+            for f in fields(self)
+        }
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> PrecisionSettings:

@@ -227,7 +227,8 @@ def in_tool_terms(tool: str, settings: Mapping[str, Any], halfsafe_flags: list[s
     notes: list[str] = []
     covered = True
     for key, value in settings.items():
-        term = TERMS.get((key, value), {}).get(tool)
+        # A list (layer-level settings: fp32_modules, ...) has no counterpart in other tools.
+        term = None if isinstance(value, list) else TERMS.get((key, value), {}).get(tool)
         if term is None:
             covered = False
             notes.append(f"{TOOLS[tool].name} has no switch for HalfSafe's {key} = {value}.")

@@ -136,16 +136,20 @@ def _loaded(context: JobContext) -> Any:
 
 def check(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     """params: precision (settings mapping), device, size (px or None), steps and scheduler
-    (the user's sampler: the denoiser is probed at its schedule's ends)."""
+    (the user's sampler: the denoiser is probed at its schedule's ends), loras (optional list
+    of {"path", "weight"}: the check runs with exactly these). A failure is attributed to its
+    cause (`causes.check_and_attribute`)."""
     model = _loaded(context)
+    from app.core.causes import check_and_attribute
     from app.core.health import (
         DEFAULT_SCHEDULER,
         DEFAULT_STEPS,
-        check_loaded,
         markdown_report,
     )
 
-    report = check_loaded(
+    if "loras" in params:
+        _use_loras(model, params, "")
+    report = check_and_attribute(
         model,
         precision=PrecisionSettings.from_mapping(params.get("precision", {})),
         device=params.get("device", "auto"),
@@ -159,13 +163,16 @@ def check(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def generate(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
-    """params: request (GenerationRequest fields), precision (settings mapping), device."""
+    """params: request (GenerationRequest fields), precision (settings mapping), device,
+    loras (optional list of {"path", "weight"}). The LoRAs given and those the prompt names in
+    `<lora:name:weight>` tags are the ones the images are made with."""
     model = _loaded(context)
     from app.core.generation import GenerationRequest, rescue_unsaved
     from app.core.generation import generate as run_generation
     from app.core.images import ImageSaveError
 
     request = GenerationRequest(**params["request"])
+    _use_loras(model, params, request.prompt)
     try:
         result = run_generation(
             model,
@@ -182,6 +189,21 @@ def generate(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
             raise rescued from None
         return _generation_document(context, params, rescued.result, str(rescued))
     return _generation_document(context, params, result)
+
+
+def _use_loras(model: Any, params: dict[str, Any], prompt: str) -> None:
+    from app.core.lora import LoraRequest, check_weight, load_requested
+
+    requests = []
+    for entry in params.get("loras") or []:
+        try:
+            weight = check_weight(float(entry.get("weight", 1.0)), str(entry["path"]))
+        except (TypeError, ValueError, KeyError) as error:
+            raise HalfSafeError(f"A LoRA entry is not usable: {error}.") from None
+        requests.append(LoraRequest(str(entry["path"]), weight))
+    load_requested(
+        model, requests, allow_pickle=bool(params.get("allow_pickle", False)), prompt=prompt
+    )
 
 
 def _generation_document(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import json
 import os
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.gallery import Gallery
+from app.ui.lora_list import LoraList
 from app.ui.state import AppState
 from app.ui.widgets import Banner, label, page_layout, primary_button
 
@@ -175,6 +177,9 @@ class GenerateView(QWidget):
         self.negative.setMinimumHeight(46)
         self.negative.setMaximumHeight(90)
         column.addWidget(self.negative, 1)
+        column.addWidget(label("LoRAs"))
+        self.loras = LoraList()
+        column.addWidget(self.loras)
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
@@ -337,6 +342,8 @@ class GenerateView(QWidget):
     def _load_values(self) -> None:
         settings = self.state.settings
         self.prompt.setPlainText(str(self.ui_settings.value("generate/prompt", "")))
+        with contextlib.suppress(TypeError, ValueError):
+            self.loras.set_entries(json.loads(str(self.ui_settings.value("generate/loras", "[]"))))
         self.negative.setPlainText(settings["negative_prompt"])
         self.steps.setValue(settings["steps"])
         self.cfg.setValue(settings["cfg"])
@@ -409,6 +416,7 @@ class GenerateView(QWidget):
     def _remember(self, request: dict[str, Any]) -> None:
         """Last-used values persist: the prompt in the window state, the rest as settings."""
         self.ui_settings.setValue("generate/prompt", request["prompt"])
+        self.ui_settings.setValue("generate/loras", json.dumps(self.loras.entries()))
         values = {key: request[key] for key in GENERATION_KEYS}
         try:
             FIELDS["seed"].validate(values["seed"])
@@ -467,6 +475,7 @@ class GenerateView(QWidget):
             "request": request,
             "precision": self.state.precision(),
             "device": self.state.device(),
+            "loras": self.loras.entries(),
         }
         job_id = self.client.submit("generate", params, self._on_event)
         self.jobs[job_id] = request

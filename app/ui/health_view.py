@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.health import CANDIDATE_COLUMNS, candidate_rows
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.chart import ActivationChart
@@ -220,6 +221,8 @@ class HealthView(QWidget):
             for k, v in tested.items()
             if k not in ("upcast_attention", "autocast")
         )
+        for layers in report.get("tested_layers") or []:
+            tested_words += f", {layers}"
         if tested.get("autocast"):
             tested_words += ", fp16 parts under autocast"
         if tested.get("upcast_attention"):
@@ -337,6 +340,10 @@ class HealthView(QWidget):
                     wrap=True,
                 )
             )
+        if fix.get("precision_words"):
+            card.body.addWidget(
+                label(f"Runs as: <b>{html.escape(fix['precision_words'])}</b>", wrap=True)
+            )
         settings = fix.get("settings") or {}
         if settings:
             card.body.addWidget(
@@ -353,6 +360,18 @@ class HealthView(QWidget):
             comparison = _cost_comparison(cost)
             if comparison:
                 card.body.addWidget(label(comparison, wrap=True))
+        if fix.get("candidates"):
+            card.body.addWidget(hline())
+            card.body.addWidget(
+                label(
+                    "Every fix tried, judged against fp32 and measured on this device (the "
+                    "cheapest verified one is chosen; any other verified one can be applied "
+                    "instead)",
+                    "muted",
+                    wrap=True,
+                )
+            )
+            card.body.addLayout(self._candidate_grid(fix))
         buttons = QHBoxLayout()
         self.apply_button = primary_button("Apply fix")
         self.apply_button.setToolTip(
@@ -365,6 +384,33 @@ class HealthView(QWidget):
         buttons.addWidget(self.applied_label, 1)
         card.body.addLayout(buttons)
         return card
+
+    def _candidate_grid(self, fix: dict[str, Any]) -> QGridLayout:
+        """The candidates table (core's rows, the CLI's and the report's), with an "Apply
+        instead" button on each verified candidate that was not chosen."""
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(16)
+        for column, text in enumerate(CANDIDATE_COLUMNS):
+            grid.addWidget(label(text, "muted"), 0, column)
+        candidates = iter(fix.get("candidates") or [])
+        self.alternative_buttons: list[Any] = []
+        for row, cells in enumerate(candidate_rows(fix), start=1):
+            for column, text in enumerate(cells):
+                cell = QLabel(text)
+                cell.setWordWrap(column == 1)
+                grid.addWidget(cell, row, column)
+            if cells[4] == "baseline":
+                continue
+            candidate = next(candidates)
+            if candidate.get("verified") and not candidate.get("chosen"):
+                button = QPushButton("Apply instead")
+                button.setToolTip(words.fix_words(candidate.get("settings")))
+                settings = dict(candidate.get("settings") or {})
+                button.clicked.connect(lambda _=False, s=settings: self.apply_fix(s))
+                grid.addWidget(button, row, len(CANDIDATE_COLUMNS))
+                self.alternative_buttons.append(button)
+        grid.setColumnStretch(1, 1)
+        return grid
 
     def _cost_grid(self, cost: dict[str, Any]) -> QGridLayout:
         grid = QGridLayout()

@@ -150,6 +150,12 @@ class FieldEditor(QWidget):
             self._layout.addWidget(edit, 1)
             self._layout.addWidget(browse)
             return edit
+        if kind == "modules":
+            edit = QLineEdit()
+            edit.setPlaceholderText("none (COMPONENT:PATH, separated by spaces)")
+            edit.editingFinished.connect(lambda: self._emit(edit.text().split()))
+            self._layout.addWidget(edit, 1)
+            return edit
         if kind == "paths":
             column = QVBoxLayout()
             folders = QListWidget()
@@ -187,6 +193,8 @@ class FieldEditor(QWidget):
             return widget.text()
         if kind == "paths":
             return [widget.item(i).text() for i in range(widget.count())]
+        if kind == "modules":
+            return widget.text().split()
         raise AssertionError(kind)
 
     def set_value(self, value: Any) -> None:
@@ -211,6 +219,8 @@ class FieldEditor(QWidget):
             elif kind == "paths":
                 widget.clear()
                 widget.addItems([str(v) for v in value])
+            elif kind == "modules":
+                widget.setText(" ".join(str(v) for v in value))
         finally:
             widget.blockSignals(False)
 

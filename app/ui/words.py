@@ -284,6 +284,11 @@ def setting_value(key: str, value: Any) -> str:
         return "on" if value else "off"
     if field is not None and field.kind == "choice":
         return choice_name(str(value))
+    if field is not None and field.kind == "modules":
+        count = len(value or [])
+        return f"{count} layer{'s' if count != 1 else ''}" + (
+            f" ({', '.join(value)})" if count else ""
+        )
     return str(value)
 
 

@@ -141,7 +141,8 @@ def test_vae_overflow_is_repaired_from_the_same_latents(base, tmp_path, device_n
     result = generate(model, request(tmp_path), precision=fp16(auto_fix="auto"), device="cpu")
     (entry,) = result.images
     assert (entry.status, entry.component) == ("fixed", "vae")
-    assert entry.fixes_applied in (["run the VAE in bf16"], ["run the VAE in fp32"])
+    (fix,) = entry.fixes_applied  # the overflowing VAE layers kept wider, or the whole VAE
+    assert "VAE" in fix
     assert entry.first_bad_module == VAE_LAYER
     assert calls.count == 3  # the UNet ran once for this image: only the decode was redone
     image = pixels(entry)
@@ -153,13 +154,13 @@ def test_vae_overflow_is_repaired_from_the_same_latents(base, tmp_path, device_n
     assert result.all_good is True
     remembered = profiles.remembered_fix("vae-auto", device_name)
     assert remembered is not None and remembered.verified_by == "generation repair"
-    assert set(remembered.settings) == {"vae_precision"}
+    assert set(remembered.settings) in ({"vae_precision"}, {"bf16_modules"}, {"fp32_modules"})
 
     # The next job starts from the remembered fix: nothing goes NaN, nothing to repair.
     again = generate(model, request(tmp_path), precision=fp16(), device="cpu")
     (entry,) = again.images
     assert (entry.status, entry.fixes_applied) == ("ok", [])
-    assert entry.settings["vae_precision"] == remembered.settings["vae_precision"]
+    assert {k: entry.settings[k] for k in remembered.settings} == remembered.settings
     assert any("remembered" in warning for warning in again.warnings)
 
 
@@ -168,7 +169,7 @@ def test_ask_offers_a_fix_that_passed_a_quick_test_and_keeps_the_image(base, tmp
     result = generate(model, request(tmp_path), precision=fp16(auto_fix="ask"), device="cpu")
     (entry,) = result.images
     assert (entry.status, entry.component, entry.fixes_applied) == ("nan", "vae", [])
-    assert entry.fix in ({"vae_precision": "bf16"}, {"vae_precision": "fp32"})
+    assert set(entry.fix) in ({"vae_precision"}, {"bf16_modules"}, {"fp32_modules"})
     assert entry.first_bad_module == VAE_LAYER
     assert "quick test" in entry.message
     assert profiles.remembered_fix("vae-ask", result.device["name"]) is None
@@ -186,19 +187,24 @@ def test_unet_overflow_is_reported_then_repaired_with_the_unet_fix(base, tmp_pat
     fixed = generate(model, request(tmp_path), precision=fp16(auto_fix="auto"), device="cpu")
     (entry,) = fixed.images
     assert (entry.status, entry.component, entry.step) == ("fixed", "unet", 1)
-    assert entry.fixes_applied in (["run the UNet in bf16"], ["run the UNet in fp32"])
+    (fix,) = entry.fixes_applied
+    assert "UNet" in fix
     assert entry.first_bad_module == FF_LAYER
     assert entry.settings["vae_precision"] == "fp16" and entry.settings["no_half"] is False
     assert np.isfinite(pixels(entry)).all() and pixels(entry).std() > 0.01
-    # First run (3 steps), the layer probe, the fix's one-call check and its fp32 reference,
-    # the full re-run.
-    assert calls.count == 3 + 1 + 1 + 1 + 3
+    # First run (3 steps), the layer probe, its fp32 twin (the per-layer peaks the islands are
+    # drawn from), the fix's one-call check and its fp32 reference, the full re-run.
+    assert calls.count == 3 + 1 + 1 + 1 + 1 + 3
     assert entry.quality["value"] >= entry.quality["threshold"]
-    # What the image was made with, in the JSON and in the PNG: the repaired UNet precision.
-    fixed_dtype = entry.settings["unet_precision"]
-    assert fixed_dtype in ("bf16", "fp32")
-    assert entry.to_json()["settings"]["unet_precision"] == fixed_dtype
-    assert parse_infotext(read_parameters(entry.path))[2]["UNet precision"] == fixed_dtype
+    # What the image was made with, in the JSON and in the PNG: the UNet's layers kept wider
+    # (bf16 where native, else fp32), the rest of it in fp16.
+    key = "bf16_modules" if entry.settings["bf16_modules"] else "fp32_modules"
+    layers = entry.settings[key]
+    assert layers and all(layer.startswith("unet:") for layer in layers)
+    assert entry.settings["unet_precision"] == "fp16"
+    assert entry.to_json()["settings"][key] == layers
+    label = "BF16 layers" if key == "bf16_modules" else "FP32 layers"
+    assert parse_infotext(read_parameters(entry.path))[2][label] == " ".join(layers)
 
 
 def test_text_encoder_overflow_is_repaired_with_the_encoder_fix(base, tmp_path):
@@ -207,7 +213,7 @@ def test_text_encoder_overflow_is_repaired_with_the_encoder_fix(base, tmp_path):
     (entry,) = result.images
     assert (entry.status, entry.component, entry.step) == ("fixed", "text_encoder", None)
     assert entry.first_bad_module == TE_LAYER
-    assert set(entry.fix) == {"text_encoder_precision"}
+    assert set(entry.fix) in ({"text_encoder_precision"}, {"bf16_modules"}, {"fp32_modules"})
     assert entry.settings["unet_precision"] == entry.settings["vae_precision"] == "fp16"
 
 

@@ -125,7 +125,9 @@ def test_planted_overflow_is_found_fixed_and_verified(fault, component, layer):
     # The fix's run measured the true magnitude: past fp16's limit.
     assert bad.headroom is not None and bad.headroom < 1
     assert_fix_touches_only(report, {component})
-    assert report.fix.plan.dtypes[component] in ("bf16", "fp32")
+    # The component runs wider, or only some of its layers do.
+    fixed = report.fix.plan
+    assert fixed.dtypes[component] in ("bf16", "fp32") or fixed.islands(component)
     for name, other in report.components.items():
         if name != component:
             assert other.status == "ok", name

@@ -79,7 +79,8 @@ def test_a_fix_remembered_for_one_model_is_not_applied_to_its_twin(twins):
     first, second = twins
     first_report = check(load_model(str(first)))
     assert first_report["verdict"] == "fixable"
-    assert first_report["fix"]["vae"] in ("fp32", "bf16")
+    fix = first_report["fix"]  # the VAE wider, or only its overflowing layers
+    assert fix["vae"] in ("fp32", "bf16") or fix["modules"].get("vae")
     first_key = load_model(str(first)).profile_key
     assert profiles.remembered_fix(first_key, cpu_name()) is not None
 

@@ -65,7 +65,7 @@ def test_inf_from_an_op_in_fp16_fails_fp16_naming_the_op(monkeypatch):
     monkeypatch.setattr(F, "group_norm", overflowing)
     result = run()
     assert result.fp16 == "fail"
-    assert result.failed_ops("fp16") == ["group_norm"]
+    assert result.failed_ops("fp16") == ["group_norm", "group_norm large"]
     assert result.bf16 == "pass"
     failure = next(d for d in result.details if d.op == "group_norm" and d.dtype == "fp16")
     assert "NaN or Inf" in failure.note
@@ -98,7 +98,7 @@ def test_an_op_that_raises_fails_the_dtype(monkeypatch):
 
     monkeypatch.setattr(F, "layer_norm", refusing)
     result = run()
-    assert result.failed_ops("fp16") == ["layer_norm"]
+    assert result.failed_ops("fp16") == ["layer_norm", "layer_norm large"]
     failure = next(d for d in result.details if d.op == "layer_norm" and d.dtype == "fp16")
     assert "RuntimeError" in failure.note and "Half" in failure.note
 
@@ -161,3 +161,51 @@ def test_progress_reaches_the_end():
     run(on_progress=lambda stage, done, total: seen.append((stage, done, total)))
     assert seen[0][1] == 0
     assert seen[-1][1] == seen[-1][2] > 0
+
+
+LAYOUT_AND_RANGE_OPS = {
+    "strided attention sd:math",
+    "strided attention flux:math",
+    "conv2d after chunk",
+    "group_norm large",
+    "layer_norm large",
+    "long-K matmul, reduced-precision reduction",
+}
+
+
+def test_layout_and_magnitude_operations_pass_on_this_cpu():
+    result = run()
+    for dtype in ("fp16", "bf16"):
+        tested = {d.op: d for d in result.details if d.dtype == dtype}
+        for op in LAYOUT_AND_RANGE_OPS:
+            assert tested[op].status == "pass", (dtype, op, tested[op].note)
+
+
+def test_a_backend_that_fails_only_on_strided_inputs_fails_and_is_no_choice(monkeypatch):
+    real = F.scaled_dot_product_attention
+
+    def wrong_on_strided(q, k, v, *args, **kwargs):
+        out = real(q, k, v, *args, **kwargs)
+        return out if q.is_contiguous() else out * 0 + float("nan")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", wrong_on_strided)
+    result = run()
+    assert "attention:math" not in result.failed_ops("fp16")  # contiguous inputs: fine
+    assert "strided attention sd:math" in result.failed_ops("fp16")
+    assert "math" not in result.attention_backends("fp16")
+
+
+def test_a_half_precision_variance_of_large_activations_is_caught(monkeypatch):
+    real = F.layer_norm
+
+    def half_variance(x, shape, weight=None, bias=None, eps=1e-5):
+        if x.dtype != torch.float16:
+            return real(x, shape, weight, bias, eps)
+        mean = x.mean(-1, keepdim=True)
+        variance = ((x - mean) * (x - mean)).mean(-1, keepdim=True)  # in fp16: overflows
+        return (x - mean) / torch.sqrt(variance + eps) * weight + bias
+
+    monkeypatch.setattr(F, "layer_norm", half_variance)
+    result = run()
+    assert "layer_norm large" in result.failed_ops("fp16")
+    assert "layer_norm" not in result.failed_ops("fp16")

@@ -32,7 +32,7 @@ def test_precision_dataclass_mirrors_the_schema():
     assert names == set(s.PRECISION_KEYS)
     assert names <= set(s.FIELDS)
     for name in names:
-        assert getattr(s.PrecisionSettings(), name) == s.FIELDS[name].default
+        assert s.PrecisionSettings().to_dict()[name] == s.FIELDS[name].default
     # Every precision flag the CLI contract names is a schema field with a CLI flag.
     for key in (
         "precision",
@@ -63,6 +63,8 @@ def _non_default(f: s.Field):
         return "cuda:1"
     if f.kind == "paths":
         return ["/models/a", "/models/b"]
+    if f.kind == "modules":
+        return ["vae:decoder.conv_in", "unet:mid_block.resnets.0.conv1"]
     return "something else"
 
 

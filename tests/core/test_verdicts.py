@@ -49,8 +49,9 @@ def test_fp16_check_measures_fp16_and_the_tried_bf16():
     report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), FP16, remember=False)
     vae = report.components["vae"]
     assert vae.precisions["fp16"].status is Status.OVERFLOW and vae.precisions["fp16"].measured
-    # bf16 is native on this CPU, so the fix search ran it: measured, and it was fine.
-    assert report.fix.settings == {"vae_precision": "bf16"}
+    # bf16 is native on this CPU, so the fix search ran it: measured, and it was fine (the
+    # fix itself keeps only the overflowing layers wider, in bf16).
+    assert set(report.fix.settings) == {"bf16_modules"}
     assert vae.precisions["bf16"].status is Status.OK and vae.precisions["bf16"].measured
     assert report.components["unet"].precisions["fp16"].measured
 
@@ -67,8 +68,10 @@ def test_remembered_fix_is_named_and_what_happens_without_it_is_said():
     again = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remembered-headline"))
     assert again.verdict is Verdict.HEALTHY
     assert again.remembered == first.fix.summary
-    assert again.headline.startswith(
-        "Safe with the fix remembered for this model. In fp16 the VAE would overflow"
+    # The remembered fix keeps two VAE layers in bf16, the rest in fp16: said in its words.
+    assert again.headline == (
+        "Safe with the fix remembered for this model (fp16, with 2 VAE layers in bf16): "
+        "nothing overflowed."
     )
 
 
@@ -88,7 +91,9 @@ def test_a_finite_but_wrong_fix_is_rejected_and_the_next_one_is_verified():
     report = check(loaded(pipeline), remember=False)
 
     assert report.verdict is Verdict.FIXABLE
-    assert report.fix.settings == {"vae_precision": "fp32"}  # bf16 was finite but wrong
+    # The whole VAE in bf16 was finite but wrong; the layers kept in bf16 do not reach the
+    # saturating layer.
+    assert set(report.fix.settings) == {"bf16_modules"}
     assert report.fix.verified
     assert report.fix.quality.value >= diagnosis.QUALITY_THRESHOLD_DB
     assert any("bf16 gave finite output that differs" in n for n in report.notes)
@@ -102,7 +107,7 @@ def test_a_wrong_candidate_is_never_the_fix(monkeypatch):
     fp32, which is the reference itself, and never to the finite-but-wrong bf16."""
     pipeline = _saturate_in_bf16(plant(build_tiny_sd_pipeline(), "vae"))
 
-    def wrong_only(component, plan, first_bad, module, bf16_native):
+    def wrong_only(component, plan, first_bad, module, bf16_native, wide=None):
         yield diagnosis.FixCandidate(
             plan.with_dtypes(**{component: "bf16"}),
             {"vae_precision": "bf16"},
@@ -172,9 +177,9 @@ def test_an_sdxl_second_encoder_fault_leaves_the_first_encoder_alone():
     report = check(loaded(pipeline), remember=False)
     assert report.components["text_encoder_2"].status is Status.OVERFLOW
     assert report.components["text_encoder"].status is Status.OK
-    assert set(report.fix.settings) == {"text_encoder_2_precision"}
-    assert report.fix.plan.dtypes["text_encoder"] == "fp16"
-    assert report.fix.plan.dtypes["text_encoder_2"] in ("bf16", "fp32")
+    fixed = report.fix.plan
+    assert fixed.dtypes["text_encoder"] == "fp16" and not fixed.islands("text_encoder")
+    assert fixed.dtypes["text_encoder_2"] in ("bf16", "fp32") or fixed.islands("text_encoder_2")
     assert report.fix.verified
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from PySide6.QtGui import QGuiApplication
 
 from app.core.health import cost_comparison
@@ -232,3 +234,75 @@ def test_a_check_under_autocast_says_so_in_words(window, engines):
     text = view.verdict.text.text()
     assert "fp16 parts under autocast" in text
     assert "autocast True" not in text and "Autocast" not in text
+
+
+ISLANDS = copy.deepcopy(FIXABLE)
+ISLANDS["fix"].update(
+    {
+        "vae": "fp16",
+        "summary": "The VAE overflowed; fix: keep 2 layers of the VAE in fp32. Verified.",
+        "precision_words": "fp16, with 2 VAE layers in fp32",
+        "settings": {"fp32_modules": ["vae:decoder.a.conv1", "vae:decoder.a.norm2"]},
+        "modules": {"vae": {"decoder.a.conv1": "fp32", "decoder.a.norm2": "fp32"}},
+        "candidates": [
+            {
+                "component": "vae",
+                "kind": "islands",
+                "words": "keep 2 layers of the VAE in fp32",
+                "settings": {"fp32_modules": ["vae:decoder.a.conv1", "vae:decoder.a.norm2"]},
+                "modules": 2,
+                "finite": True,
+                "quality": {"metric": "snr_db", "value": 55.3, "threshold": 20.0},
+                "verified": True,
+                "chosen": True,
+                "cost": {"step_ms": 40.0, "step_ms_range": [39.0, 41.0], "weights_mb": 5310.0},
+            },
+            {
+                "component": "vae",
+                "kind": "component_fp32",
+                "words": "run the VAE in fp32",
+                "settings": {"vae_precision": "fp32"},
+                "modules": 0,
+                "finite": True,
+                "quality": {"metric": "snr_db", "value": 200.0, "threshold": 20.0},
+                "verified": True,
+                "chosen": False,
+                "cost": {"step_ms": 80.0, "step_ms_range": [79.0, 82.0], "weights_mb": 5460.0},
+            },
+            {
+                "component": "vae",
+                "kind": "clamp",
+                "words": "clamp the fp16 output of 1 layer of the VAE to +-65504",
+                "settings": {"clamp_modules": ["vae:decoder.a.conv1"]},
+                "modules": 1,
+                "finite": True,
+                "quality": {"metric": "snr_db", "value": 4.2, "threshold": 20.0},
+                "verified": False,
+                "chosen": False,
+                "cost": {"weights_mb": 5300.0},
+            },
+        ],
+        "baselines": {
+            "vae": {
+                "as_tested": {"step_ms": 39.0, "step_ms_range": [38.0, 40.0], "weights_mb": 5300.0},
+                "no_half": {"step_ms": 81.0, "step_ms_range": [80.0, 83.0], "weights_mb": 10500.0},
+            }
+        },
+    }
+)
+
+
+def test_candidates_are_listed_and_another_verified_one_can_be_applied(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, {"report": ISLANDS, "markdown": MARKDOWN})
+    text = " ".join(w.text() for w in view.findChildren(type(view.stage)))
+    assert "Runs as: <b>fp16, with 2 VAE layers in fp32</b>" in text
+    assert "Layers in fp32: 2 layers (vae:decoder.a.conv1, vae:decoder.a.norm2)" in text
+    assert "rejected: differs from fp32" in text and "4.2 dB" in text
+    assert "no-half" in text and "81.0 (80.0-83.0)" in text
+    # Only the verified candidate that was not chosen offers to be applied instead.
+    (instead,) = view.alternative_buttons
+    view.apply_button.click()
+    assert load_settings().settings["fp32_modules"] == ISLANDS["fix"]["settings"]["fp32_modules"]
+    instead.click()
+    assert load_settings().settings["vae_precision"] == "fp32"

@@ -45,6 +45,9 @@ HARDWARE = {
                 "text_encoder_2_precision": "fp32",
                 "text_encoder_3_precision": "fp32",
                 "t5_fp32_feed_forward": False,
+                "fp32_modules": [],
+                "bf16_modules": [],
+                "clamp_modules": [],
                 "no_half": True,
                 "no_half_vae": True,
                 "upcast_attention": False,
@@ -87,6 +90,8 @@ def _new_value(field: Field) -> Any:
         return "/tmp/halfsafe-out"
     if field.kind == "paths":
         return ["/tmp/models-a"]
+    if field.kind == "modules":
+        return ["vae:decoder.conv_in", "vae:decoder.mid_block.resnets.0.conv1"]
     raise AssertionError(field.kind)
 
 
@@ -102,7 +107,7 @@ def _edit_like_a_user(editor, value: Any) -> None:
     elif isinstance(widget, (QSpinBox, QDoubleSpinBox)):
         widget.setValue(value)
     elif isinstance(widget, QLineEdit):
-        widget.setText(str(value))
+        widget.setText(" ".join(value) if isinstance(value, list) else str(value))
         widget.editingFinished.emit()
     elif isinstance(widget, QListWidget):
         for folder in value:

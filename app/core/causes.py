@@ -1,0 +1,647 @@
+"""Why a check failed, told apart by re-running: a precision limit, an attention kernel, bad
+weights (the checkpoint's or a LoRA's) or state that went bad in memory.
+
+fp16 overflow is only one cause of black images. The others look the same in the output but
+need different repairs, and a precision change does not help them:
+
+- `weights`: the checkpoint or a LoRA holds NaN/Inf. Proved for a LoRA by re-running without it.
+- `precision`: a precision change fixes it (the check's own fix search). A LoRA whose weight
+  pushes a layer past 65504 is blamed by name, with the layer, and the largest weight that runs
+  finite and agrees with the fp32 run at that weight (a lower weight changes the picture, so it
+  is judged against fp32 at the same weight, never against the original picture).
+- `kernel`: the same precision on another attention backend gives the right answer.
+- `state`: a fresh load of the component gives the right answer (a buffer or weight poisoned
+  in memory by an earlier run: the "goes away on restart" black images).
+
+Every attribution is proved by a re-run whose output is finite and agrees with an fp32
+reference (`diagnosis.Quality`). Runs on the calling thread; each re-run is one pass of the
+check's three stages (`health.probe_run`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.core import diagnosis, lora
+from app.core.components import COMPONENTS, Verdict, in_run_order
+from app.core.components import words as component_words
+from app.core.diagnosis import Quality
+from app.core.health import (
+    DEFAULT_PROMPT,
+    DEFAULT_SCHEDULER,
+    DEFAULT_STEPS,
+    Fix,
+    HealthReport,
+    ProbeRun,
+    check_loaded,
+    probe_run,
+)
+from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.precision import PrecisionPlan
+from app.core.settings import PrecisionSettings
+
+CAUSES = ("precision", "kernel", "weights", "state")
+WEIGHT_SEARCH_STEPS = 6  # halvings of the LoRA weight range: the answer within 1/64 of it
+# Attention backends to try in place of a failing one, in order, per device type.
+_BACKENDS = {
+    "cuda": ("math", "efficient", "flash", "cudnn", "classic"),
+    "other": ("classic", "math"),
+}
+# peft wraps a layer in `base_layer`, `lora_A.<adapter>`, `lora_B.<adapter>`: the layer a user
+# knows is the wrapper.
+_PEFT_PARTS = (".base_layer", ".lora_A", ".lora_B", ".lora_dropout", ".lora_magnitude_vector")
+
+
+@dataclass
+class LoraBlame:
+    """A LoRA found to cause the failure, and the weight that works."""
+
+    name: str
+    weight: float
+    layer: str | None  # first layer that went non-finite with it applied
+    component: str | None
+    non_finite: list[str]  # its NaN/Inf tensors (a weights cause)
+    safe_weight: float | None = None  # largest weight found finite and agreeing with fp32
+    quality: Quality | None = None  # at safe_weight, against fp32 at safe_weight
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "weight": self.weight,
+            "layer": self.layer,
+            "component": self.component,
+            "non_finite": list(self.non_finite),
+            "safe_weight": self.safe_weight,
+            "quality": self.quality.to_json() if self.quality else None,
+            # A lower weight is another picture; its quality is measured against fp32 at it.
+            "picture_changes": self.safe_weight is not None,
+        }
+
+
+@dataclass
+class Cause:
+    """Why the check failed and the repair that follows from it. `verified` when the repair was
+    re-run and came out finite and agreeing with the fp32 reference (`quality`)."""
+
+    kind: str  # one of CAUSES
+    component: str | None
+    summary: str
+    repair: str  # the repair in words
+    action: str  # "change_precision" | "switch_backend" | "reload" | "drop_lora" | "lower_lora_weight" | "none"
+    verified: bool
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    quality: Quality | None = None
+    lora: LoraBlame | None = None
+    headline: str | None = None  # replaces the report's headline when the cause changes it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "component": self.component,
+            "summary": self.summary,
+            "repair": {
+                "action": self.action,
+                "words": self.repair,
+                "settings": dict(self.settings),
+                "verified": self.verified,
+                "quality": self.quality.to_json() if self.quality else None,
+            },
+            "lora": self.lora.to_json() if self.lora else None,
+        }
+
+
+def layer_name(module_path: str | None) -> str | None:
+    """The layer as the model names it, without peft's wrapper parts."""
+    if not module_path:
+        return module_path
+    for part in _PEFT_PARTS:
+        index = module_path.find(part)
+        if index >= 0:
+            return module_path[:index]
+    return module_path
+
+
+# --- the check with LoRAs and causes -------------------------------------------------------
+
+
+def check_model(
+    source: str,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    size: int | None = None,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
+    vae: str | None = None,
+    text_encoders: list[str] | None = None,
+    loras: list[lora.LoraRequest] | None = None,
+    allow_pickle: bool = False,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> HealthReport:
+    """`halfsafe check`: load the model, apply the LoRAs, check it (`health.check_loaded`)
+    and, when something failed, attribute the failure (`attribute`)."""
+    from app.core.models import load_model
+
+    model = load_model(
+        source,
+        vae=vae,
+        text_encoders=text_encoders,
+        allow_pickle=allow_pickle,
+        on_progress=on_progress,
+        cancel=cancel,
+    )
+    lora.load_requested(model, loras or [], allow_pickle=allow_pickle)
+    return check_and_attribute(
+        model,
+        precision=precision,
+        device=device,
+        size=size,
+        steps=steps,
+        scheduler=scheduler,
+        on_progress=on_progress,
+        cancel=cancel,
+    )
+
+
+def check_and_attribute(
+    model,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    size: int | None = None,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    reload: Callable[[], Any] | None = None,
+    remember: bool = True,
+    measure_cost: bool = True,
+    prompt: str = DEFAULT_PROMPT,
+) -> HealthReport:
+    """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
+    verified kernel or state repair becomes the report's fix. See `attribute` for `reload`."""
+    report = check_loaded(
+        model,
+        precision=precision,
+        device=device,
+        size=size,
+        steps=steps,
+        scheduler=scheduler,
+        prompt=prompt,
+        on_progress=on_progress,
+        cancel=cancel,
+        # A fix found with LoRAs applied may be theirs, not the model's: it is not remembered
+        # for the model (the next run without them would pay for it).
+        remember=remember and not getattr(model, "loras", []),
+        measure_cost=measure_cost,
+    )
+    report.notes.extend(
+        problem for applied in report.loras if (problem := applied.file.problems()) is not None
+    )
+    if report.verdict is Verdict.HEALTHY:
+        return report
+    cause = attribute(
+        model,
+        report,
+        steps=steps,
+        scheduler=scheduler,
+        prompt=prompt,
+        on_progress=on_progress,
+        cancel=cancel,
+        reload=reload,
+    )
+    report.cause = cause
+    if cause is not None:
+        _adopt(report, cause)
+        if remember and cause.kind == "kernel" and cause.verified:
+            from app.core import profiles
+
+            # The backend switch replaces whatever precision fix the check remembered.
+            profiles.remember_fix(
+                model.profile_key,
+                report.device["name"],
+                dict(cause.settings),
+                cause.summary,
+                "health check",
+            )
+    return report
+
+
+def _adopt(report: HealthReport, cause: Cause) -> None:
+    """A verified kernel or state repair is the fix (the precision search could not find one,
+    or found a costlier one that only hid the fault)."""
+    fix = report.fix
+    backend = cause.settings.get("attention_backend")
+    if (
+        cause.kind == "kernel"
+        and fix is not None
+        and fix.verified
+        and diagnosis.switched_backend(fix.settings, report.plan) == backend
+    ):
+        report.notes.append(cause.summary)  # the chosen fix is that backend already
+        return
+    if cause.kind in ("kernel", "state") and cause.verified:
+        plan = replace(report.plan, **cause.settings) if cause.settings else report.plan
+        # The candidates the check tried stay beside the repair; the one that is this
+        # backend switch, if the check tried it, is the chosen one.
+        candidates = list(fix.candidates) if fix is not None else list(report.tried)
+        for c in candidates:
+            c.chosen = c.candidate is not None and c.candidate.plan == plan
+        report.fix = Fix(
+            plan,
+            dict(cause.settings),
+            cause.summary,
+            verified=True,
+            quality=cause.quality,
+            steps=[cause.repair],
+            candidates=candidates,
+            baselines=dict(fix.baselines) if fix is not None else {},
+        )
+        report.verdict = Verdict.FIXABLE
+    report.notes.append(cause.summary)
+
+
+# --- attribution ----------------------------------------------------------------------------
+
+
+class _Runs:
+    """The re-runs of one attribution, all at the check's size and schedule."""
+
+    def __init__(
+        self, model, plan: PrecisionPlan, size: int, steps: int, scheduler: str, prompt: str
+    ):
+        self.prompt = prompt
+        self.model = model
+        self.plan = plan
+        self.size = size
+        self.steps = steps
+        self.scheduler = scheduler
+
+    def run(self, plan: PrecisionPlan, model=None) -> ProbeRun:
+        return probe_run(
+            model or self.model,
+            plan,
+            size=self.size,
+            steps=self.steps,
+            scheduler=self.scheduler,
+            prompt=self.prompt,
+        )
+
+    def proved(self, plan: PrecisionPlan, reference_plan: PrecisionPlan, model=None):
+        """(finite and agreeing, quality, the run): `plan` re-run and compared with
+        `reference_plan` run on the same model and LoRA weights."""
+        run = self.run(plan, model)
+        if not run.finite:
+            return False, None, run
+        reference = self.run(reference_plan, model)
+        if not reference.finite:
+            return False, None, run
+        quality = diagnosis.compare(run.image, reference.image)
+        return quality.passed, quality, run
+
+
+def attribute(
+    model,
+    report: HealthReport,
+    *,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    reload: Callable[[], Any] | None = None,
+    prompt: str = DEFAULT_PROMPT,
+) -> Cause | None:
+    """Tell the cause of a failed check apart by re-running under the check's plan, in this
+    order: bad weights (the checkpoint's, from the load-time scan; a LoRA's, proved by
+    dropping it), a LoRA that overflows a layer (proved with a lower weight), an attention
+    kernel (another backend at the same precision), state (a fresh load of the component; the
+    model's pipeline gets the fresh component when that proves it), else precision when the
+    check's fix is verified. `reload` returns a freshly loaded model; by default the model's
+    source is loaded again. The LoRAs' weights are restored at the end. None when nothing
+    explains the failure."""
+    progress = on_progress or no_progress
+    cancel = cancel or CancelToken()
+    failed = in_run_order([n for n, c in report.components.items() if c.status.failed])
+    if report.verdict is Verdict.HEALTHY or not failed:
+        return None
+    component = failed[0]
+    if report.weights_non_finite:
+        return Cause(
+            "weights",
+            component,
+            f"The checkpoint's weights hold NaN or Inf values ({report.weights_non_finite[0]}"
+            f"{' and more' if len(report.weights_non_finite) > 1 else ''}): the file is "
+            "damaged, and no setting can repair it.",
+            "replace the damaged file",
+            "none",
+            verified=False,
+        )
+    runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt)
+    applied: list[lora.AppliedLora] = list(getattr(model, "loras", []))
+    if applied:
+        try:
+            cause = _lora_cause(runs, report, applied, progress, cancel)
+        finally:
+            lora.use_weights(model.pipeline, applied)
+        if cause is not None:
+            return cause
+    if report.fix is not None and report.fix.verified:
+        # The check's chosen fix (`health._choose_fix`) only switched the attention backend:
+        # the same precision works on another kernel, so the kernel is the cause.
+        backend = diagnosis.switched_backend(report.fix.settings, report.plan)
+        if backend is not None:
+            return _kernel(component, report.plan.attention_backend, backend, report.fix.quality)
+    if _measured_overflow(report, failed) and report.fix is not None and report.fix.verified:
+        return _precision_cause(report, component)
+    cancel.raise_if_cancelled()
+    cause = _kernel_cause(runs, report, component, progress)
+    if cause is not None:
+        return cause
+    # State gone bad (NaN in a weight or buffer) survives every precision change, so a
+    # verified precision fix rules it out without reloading anything.
+    if report.fix is None or not report.fix.verified:
+        cancel.raise_if_cancelled()
+        cause = _state_cause(runs, report, component, applied, reload, progress)
+        if cause is not None:
+            return cause
+    if report.fix is not None and report.fix.verified:
+        return _precision_cause(report, component)
+    return None
+
+
+def _measured_overflow(report: HealthReport, failed: list[str]) -> bool:
+    """Every failed component measured past 65504 in the run that fixed it: a real overflow,
+    not NaN from nowhere."""
+    return all(
+        (report.components[n].headroom or math.inf) < 1.0
+        and report.components[n].status == "overflow"
+        for n in failed
+    )
+
+
+def _precision_cause(report: HealthReport, component: str) -> Cause:
+    fix = report.fix
+    assert fix is not None
+    return Cause(
+        "precision",
+        component,
+        f"A precision change fixes it: {'; '.join(fix.steps)}.",
+        "; ".join(fix.steps),
+        "change_precision",
+        verified=fix.verified,
+        settings=dict(fix.settings),
+        quality=fix.quality,
+    )
+
+
+def _lora_cause(runs: _Runs, report, applied, progress, cancel) -> Cause | None:
+    pipeline = runs.model.pipeline
+    reference = diagnosis.fp32_reference(runs.plan)
+    progress("Re-running without the LoRAs", 0, 1)
+    lora.use_weights(pipeline, [])
+    alone = runs.run(runs.plan)
+    if not alone.finite:
+        return None  # the model fails on its own: the LoRAs are not the cause
+    damaged = [a for a in applied if a.file.non_finite]
+    if damaged:
+        cancel.raise_if_cancelled()
+        lora.use_weights(pipeline, [a for a in applied if not a.file.non_finite])
+        ok, quality, _ = runs.proved(runs.plan, reference)
+        first = damaged[0]
+        blame = LoraBlame(first.name, first.weight, None, None, list(first.file.non_finite))
+        names = ", ".join(a.name for a in damaged)
+        words = f"drop the LoRA{'s' if len(damaged) > 1 else ''} {names}"
+        summary = (
+            f"The LoRA {first.name} holds NaN or Inf values ({first.file.non_finite[0]})"
+            + (f", and so do {', '.join(a.name for a in damaged[1:])}" if len(damaged) > 1 else "")
+            + f": {'their' if len(damaged) > 1 else 'its'} weights are damaged. Without "
+            + ("them" if len(damaged) > 1 else "it")
+            + " the model is fine"
+            + (f" (verified: {quality.words()})." if ok and quality else " (not verified).")
+        )
+        return Cause(
+            "weights",
+            _first_failed(report),
+            summary,
+            words,
+            "drop_lora",
+            verified=ok,
+            quality=quality,
+            lora=blame,
+            headline=f"Broken LoRA: {summary[:1].lower()}{summary[1:]} Repair: {words}.",
+        )
+    for suspect in applied:
+        cancel.raise_if_cancelled()
+        progress(f"Re-running with the LoRA {suspect.name} alone", 0, 1)
+        lora.use_weights(pipeline, [suspect])
+        alone_with = runs.run(runs.plan)
+        if alone_with.finite:
+            continue
+        component = alone_with.failed[0] if alone_with.failed else None
+        layer = layer_name(alone_with.first_bad_module(component)) if component else None
+        blame = LoraBlame(suspect.name, suspect.weight, layer, component, [])
+        _lower_weight(runs, applied, suspect, blame, reference, progress, cancel)
+        return _overflow_cause(report, suspect, blame)
+    if len(applied) < 2:
+        return None
+    # Each is fine alone, together they fail: lower the strongest, the others at their weights.
+    suspect = max(applied, key=lambda a: abs(a.weight))
+    component = _first_failed(report)
+    layer = layer_name(report.components[component].first_bad_module) if component else None
+    blame = LoraBlame(suspect.name, suspect.weight, layer, component, [])
+    _lower_weight(runs, applied, suspect, blame, reference, progress, cancel)
+    return _overflow_cause(report, suspect, blame, together=[a.name for a in applied])
+
+
+def _first_failed(report) -> str | None:
+    failed = [n for n, c in report.components.items() if c.status.failed]
+    return failed[0] if failed else None
+
+
+def _lower_weight(runs: _Runs, applied, suspect, blame: LoraBlame, reference, progress, cancel):
+    """The largest weight of `suspect` (the other LoRAs at theirs) whose run is finite and
+    agrees with fp32 at that same weight: bisection between 0 and the user's weight, then the
+    answer rounded down to 2 decimals and proved by one more run."""
+    pipeline = runs.model.pipeline
+    low, high = 0.0, suspect.weight
+    best: float | None = None
+    for step in range(WEIGHT_SEARCH_STEPS):
+        cancel.raise_if_cancelled()
+        middle = (low + high) / 2
+        progress(
+            f"Trying the LoRA {suspect.name} at weight {middle:.3g}", step, WEIGHT_SEARCH_STEPS
+        )
+        lora.use_weights(pipeline, applied, {suspect.adapter: middle})
+        ok, _, _ = runs.proved(runs.plan, reference)
+        if ok:
+            best, low = middle, middle
+        else:
+            high = middle
+    if best is None:
+        return
+    rounded = math.floor(abs(best) * 100) / 100 * (1 if best >= 0 else -1)
+    if rounded == 0:
+        return
+    lora.use_weights(pipeline, applied, {suspect.adapter: rounded})
+    ok, quality, _ = runs.proved(runs.plan, reference)
+    if ok:
+        blame.safe_weight, blame.quality = rounded, quality
+
+
+def _overflow_cause(
+    report, suspect: lora.AppliedLora, blame: LoraBlame, together: list[str] | None = None
+) -> Cause:
+    where = f" at {blame.layer}" if blame.layer else ""
+    part = component_words(blame.component) if blame.component else "model"
+    fix = report.fix
+    repairs = []
+    if blame.safe_weight is not None and blame.quality is not None:
+        repairs.append(
+            f"lower its weight to {blame.safe_weight:g} (--lora {suspect.file.path}:"
+            f"{blame.safe_weight:g}; verified at that weight: finite, and "
+            f"{blame.quality.words()} at the same weight; the picture changes with the weight)"
+        )
+    if fix is not None and fix.verified:
+        repairs.append("; ".join(fix.steps) + " (keeps the picture)")
+    repair = " or ".join(repairs) or "drop it"
+    if together:
+        summary = (
+            f"Together the LoRAs {', '.join(together)} push the {part}{where} past fp16's "
+            f"limit; each alone and the model alone are fine. Repair for {suspect.name}, the "
+            f"strongest at weight {suspect.weight:g}: {repair}."
+        )
+    else:
+        summary = (
+            f"The LoRA {suspect.name} at weight {suspect.weight:g} pushes the {part}{where} "
+            f"past fp16's limit; the model alone is fine. Repair: {repair}."
+        )
+    kind = "precision" if fix is not None and fix.verified else "weights"
+    return Cause(
+        kind,
+        blame.component,
+        summary,
+        repair,
+        "lower_lora_weight" if blame.safe_weight is not None else "drop_lora",
+        verified=blame.safe_weight is not None or (fix is not None and fix.verified),
+        settings=dict(fix.settings) if fix is not None and fix.verified else {},
+        quality=blame.quality,
+        lora=blame,
+        headline=(
+            f"{'Fixable' if report.verdict is Verdict.FIXABLE else 'Broken with this LoRA'}: "
+            f"{summary[:1].lower()}{summary[1:]}"
+        ),
+    )
+
+
+def _backends(plan: PrecisionPlan) -> list[str]:
+    kind = "cuda" if plan.device.startswith("cuda") else "other"
+    return [b for b in _BACKENDS[kind] if b != plan.attention_backend]
+
+
+def _kernel(component: str, failing: str, backend: str, quality: Quality | None) -> Cause:
+    where = f" where the {failing} backend does not" if failing != "auto" else ""
+    proof = f"verified fix ({quality.words()})" if quality else "verified fix"
+    return Cause(
+        "kernel",
+        component,
+        f"At the same precision the {backend} attention backend gives finite output "
+        f"that agrees with fp32 ({quality.words() if quality else 'verified'}){where}: an "
+        f"attention kernel fault, not the model. Fix: use the {backend} attention backend.",
+        f"use the {backend} attention backend",
+        "switch_backend",
+        verified=True,
+        settings={"attention_backend": backend},
+        quality=quality,
+        # The check's own headline would call a NaN out of an attention layer an overflow.
+        headline=(
+            f"Fixable: an attention kernel fault in the {component_words(component)}, not an "
+            f"overflow: at the same precision another backend is right; {proof}: use the "
+            f"{backend} attention backend."
+        ),
+    )
+
+
+def _kernel_cause(runs: _Runs, report, component: str, progress) -> Cause | None:
+    """Another attention backend at the same precision (`diagnosis.backend_switch`, the plan
+    the check's math-kernel candidate is built from), judged against fp32 on diffusers' plain
+    processor (`classic`, or `math` when classic is the one failing). A switch the check
+    already re-ran as a fix candidate under this very plan is not run again: its result (judged
+    against the check's fp32 reference) stands."""
+    if not COMPONENTS[component].has_attention:
+        return None
+    plain = "math" if runs.plan.attention_backend == "classic" else "classic"
+    reference_plan = replace(diagnosis.fp32_reference(runs.plan), attention_backend=plain)
+    reference: ProbeRun | None = None
+    for backend in _backends(runs.plan):
+        switch = diagnosis.backend_switch(runs.plan, backend)
+        tried = next(
+            (
+                r
+                for r in report.tried
+                if r.component == component
+                and r.candidate is not None
+                and r.candidate.plan == switch.plan
+            ),
+            None,
+        )
+        if tried is not None:
+            if tried.verified:
+                return _kernel(component, runs.plan.attention_backend, backend, tried.quality)
+            continue
+        progress(f"Re-running with the {backend} attention backend", 0, 1)
+        run = runs.run(switch.plan)
+        if not run.finite:
+            continue
+        reference = reference or runs.run(reference_plan)
+        if not reference.finite:
+            return None
+        quality = diagnosis.compare(run.image, reference.image)
+        if quality.passed:
+            return _kernel(component, runs.plan.attention_backend, backend, quality)
+    return None
+
+
+def _state_cause(runs: _Runs, report, component: str, applied, reload, progress) -> Cause | None:
+    """A fresh load of the failing component, LoRAs applied again, under the same plan."""
+    progress(f"Re-running with a freshly loaded {component_words(component)}", 0, 1)
+    try:
+        fresh = reload() if reload is not None else _load_again(runs.model)
+    except Exception:  # noqa: BLE001 - a reload that fails proves nothing either way
+        return None
+    if applied:
+        lora.reapply(fresh.pipeline, applied)
+    module = getattr(fresh.pipeline, component, None)
+    if module is None:
+        return None
+    twin_pipeline = copy.copy(runs.model.pipeline)
+    object.__setattr__(twin_pipeline, component, module)
+    twin = replace(runs.model, pipeline=twin_pipeline)
+    ok, quality, _ = runs.proved(runs.plan, diagnosis.fp32_reference(runs.plan), twin)
+    if not ok or quality is None:
+        return None
+    # The repair, applied: the model in memory runs the fresh component from now on.
+    object.__setattr__(runs.model.pipeline, component, module)
+    words = component_words(component)
+    return Cause(
+        "state",
+        component,
+        f"The {words} in memory went bad after loading (its file is fine): a freshly loaded "
+        f"{words} gives the right answer (verified: finite, {quality.words()}). HalfSafe "
+        f"reloaded it; in another app, restart it or reload the model.",
+        f"reload the {words}",
+        "reload",
+        verified=True,
+        quality=quality,
+    )
+
+
+def _load_again(model):
+    from app.core.models import load_model
+
+    return load_model(model.source, vae=model.vae)

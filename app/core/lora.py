@@ -1,0 +1,457 @@
+"""LoRA files: reading them safely, scanning their weights, applying them at a weight, and the
+`<lora:name:weight>` prompt syntax of AUTOMATIC1111.
+
+A LoRA is as untrusted as a checkpoint: it is opened through `checkpoint.Checkpoint` (the
+safetensors header validated before any tensor is read, pickles refused unless allowed and then
+read only by PyTorch's weights-only loader) and its tensors are scanned before anything runs.
+Keys in the layouts users have are accepted: kohya / A1111 (`lora_unet_*`, `lora_te*_*` with
+`.lora_down`, `.lora_up`, `.alpha`), diffusers and PEFT (`*.lora_A.weight`, `*.lora_B.weight`,
+`*.lora.down.weight`). diffusers' `load_lora_weights` converts them and peft wraps the model's
+layers; each LoRA stays a separate adapter, never merged into the weights, so its weight can
+change (or the LoRA be switched off) between runs without reloading or rounding the model.
+
+torch and diffusers are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from app.core.checkpoint import Checkpoint, one_torch_thread, tensor_is_finite
+from app.core.errors import BadFileError, HalfSafeError
+
+# A LoRA's weight: A1111 lets users type anything, but past these the LoRA is not a style but
+# a different model, and a check of it says nothing useful.
+MIN_WEIGHT = -10.0
+MAX_WEIGHT = 10.0
+MAX_LORAS = 16
+# A LoRA's factors are small: trained ones stay under a few units per element, and the product
+# up @ down scaled by alpha/rank is a small correction to a layer's weights. A factor element
+# past this is not training but damage (or a deliberately hostile file).
+ABSURD_ELEMENT = 1e4
+LORA_SUFFIXES = (".safetensors", ".sft", ".pt", ".ckpt", ".bin", ".pth")
+# Where A1111, Forge, ComfyUI and SD.Next keep LoRAs, relative to a models folder.
+LORA_FOLDERS = ("Lora", "lora", "LoRA", "loras", "Loras", "LyCORIS")
+
+_TAG = re.compile(r"<lora:([^:>]+)(?::([^:>]*))?(?::[^>]*)?>", re.IGNORECASE)
+_KEY_MARKERS = (".lora_down.", ".lora_up.", ".lora_A.", ".lora_B.", ".lora.down.", ".lora.up.")
+
+
+@dataclass(frozen=True)
+class LoraRequest:
+    """A LoRA the user asked for: a path (or a name to look up) and its weight."""
+
+    path: str
+    weight: float = 1.0
+
+
+@dataclass
+class LoraFile:
+    """A LoRA read and scanned: its tensors (on the CPU, as stored), where they are bad, and the
+    A1111 short hash (`Lora hashes` in PNG parameters)."""
+
+    path: Path
+    name: str
+    layout: str  # "kohya" | "diffusers"
+    tensors: dict[str, Any] = field(repr=False)
+    non_finite: list[str]
+    absurd: list[tuple[str, float]]  # (tensor, largest |element|) past ABSURD_ELEMENT
+    short_hash: str | None
+
+    def problems(self) -> str | None:
+        """One sentence on what is wrong with the weights, None when nothing is."""
+        if self.non_finite:
+            more = f" and {len(self.non_finite) - 1} more" if len(self.non_finite) > 1 else ""
+            return (
+                f"The LoRA {self.name} holds NaN or Inf values in {self.non_finite[0]}{more}: "
+                "its weights are damaged."
+            )
+        if self.absurd:
+            name, peak = self.absurd[0]
+            return (
+                f"The LoRA {self.name} holds absurdly large values in {name} (|x| up to "
+                f"{peak:.3g}; trained LoRAs stay under a few units): expect overflow."
+            )
+        return None
+
+
+@dataclass
+class AppliedLora:
+    """One LoRA loaded into a pipeline as a peft adapter, at the weight the user asked for."""
+
+    file: LoraFile
+    adapter: str
+    weight: float
+
+    @property
+    def name(self) -> str:
+        return self.file.name
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "path": str(self.file.path),
+            "weight": self.weight,
+            "hash": self.file.short_hash,
+            "non_finite": list(self.file.non_finite),
+            "absurd": [name for name, _ in self.file.absurd],
+        }
+
+
+# --- the command line and the prompt -----------------------------------------------------------
+
+
+def parse_lora_argument(text: str) -> LoraRequest:
+    """`PATH` or `PATH:WEIGHT` (the weight after the last colon, so a Windows drive letter or a
+    colon inside a path survives). Raises ValueError with a short reason."""
+    head, sep, tail = text.rpartition(":")
+    if sep and head:
+        try:
+            weight = float(tail)
+        except ValueError:
+            pass
+        else:
+            return LoraRequest(head, check_weight(weight, head))
+    return LoraRequest(text, 1.0)
+
+
+def check_weight(weight: float, name: str) -> float:
+    if not math.isfinite(weight) or not MIN_WEIGHT <= weight <= MAX_WEIGHT:
+        raise ValueError(
+            f"the weight of LoRA {name} must be between {MIN_WEIGHT:g} and {MAX_WEIGHT:g}, "
+            f"not {weight:g}"
+        )
+    return float(weight)
+
+
+def prompt_loras(prompt: str) -> tuple[str, list[LoraRequest]]:
+    """A1111's `<lora:name:weight>` tags: the prompt without them (what the text encoder reads),
+    and the LoRAs they name (weight 1 when left out). A tag with a weight that is not a number
+    gets one sentence (HalfSafeError)."""
+    found: list[LoraRequest] = []
+    for match in _TAG.finditer(prompt):
+        name, weight_text = match.group(1).strip(), (match.group(2) or "1").strip()
+        try:
+            weight = float(weight_text)
+            found.append(LoraRequest(name, check_weight(weight, name)))
+        except ValueError as error:
+            message = (
+                str(error)
+                if "between" in str(error)
+                else f"the weight {weight_text!r} of LoRA {name} is not a number"
+            )
+            raise HalfSafeError(f"In the prompt's <lora:{name}:...> tag, {message}.") from None
+    return _TAG.sub("", prompt), found
+
+
+def strip_tags(prompt: str) -> str:
+    """The prompt the text encoder reads: LoRA tags removed (as A1111 does)."""
+    return _TAG.sub("", prompt)
+
+
+def prompt_with_tags(prompt: str, loras: Sequence[AppliedLora]) -> str:
+    """The prompt as A1111 records it: every LoRA that ran as a `<lora:name:weight>` tag (those
+    already in the prompt are left where the user put them)."""
+    named = {Path(r.path).name.lower() for r in prompt_loras_quiet(prompt)}
+    extra = [
+        f"<lora:{a.name}:{_weight_text(a.weight)}>" for a in loras if a.name.lower() not in named
+    ]
+    if not extra:
+        return prompt
+    return (prompt.rstrip() + " " if prompt.strip() else "") + " ".join(extra)
+
+
+def prompt_loras_quiet(prompt: str) -> list[LoraRequest]:
+    with contextlib.suppress(HalfSafeError):
+        return prompt_loras(prompt)[1]
+    return []
+
+
+def lora_hashes(loras: Sequence[AppliedLora]) -> str | None:
+    """A1111's `Lora hashes` value: `name: shorthash, name2: shorthash`."""
+    parts = [f"{a.name}: {a.file.short_hash}" for a in loras if a.file.short_hash]
+    return ", ".join(parts) or None
+
+
+def _weight_text(weight: float) -> str:
+    return f"{weight:g}"
+
+
+def find_lora(name: str, model_source: str | None = None) -> Path:
+    """The file a prompt's `<lora:name>` means: `name` as a path, else `name.safetensors` (or
+    another LoRA suffix) beside the model, in the Lora folders beside it, then in the library's
+    model folders and their Lora folders. Raises HalfSafeError (one sentence) when none has it."""
+    direct = Path(name).expanduser()
+    if direct.suffix.lower() in LORA_SUFFIXES and direct.is_file():
+        return direct
+    if direct.is_absolute():
+        for suffix in LORA_SUFFIXES:
+            if (candidate := direct.with_name(direct.name + suffix)).is_file():
+                return candidate
+    for folder in _lora_folders(model_source):
+        for suffix in LORA_SUFFIXES:
+            candidate = folder / f"{name}{suffix}"
+            if candidate.is_file():
+                return candidate
+    raise HalfSafeError(
+        f"The LoRA {name} named in the prompt was not found beside the model or in the "
+        "library's Lora folders (give its path with --lora)."
+    )
+
+
+def _lora_folders(model_source: str | None) -> Iterator[Path]:
+    roots: list[Path] = []
+    if model_source:
+        model = Path(model_source).expanduser()
+        if model.exists():
+            # Its folder and up to two above: A1111 keeps models/Stable-diffusion/<sub>/x and
+            # models/Lora side by side.
+            roots += list(model.parents)[:3]
+    with contextlib.suppress(HalfSafeError, OSError):
+        from app.core.library import library_folders
+
+        for folder in library_folders():  # models/Stable-diffusion beside models/Lora
+            roots += [folder, folder.parent]
+    seen: set[Path] = set()
+    for root in roots:
+        for folder in (root, *(root / sub for sub in LORA_FOLDERS)):
+            if folder not in seen and folder.is_dir():
+                seen.add(folder)
+                yield folder
+
+
+# --- reading and scanning ----------------------------------------------------------------------
+
+
+def read_lora(path: str | Path, *, allow_pickle: bool = False) -> LoraFile:
+    """Open a LoRA file, read every tensor and scan it: NaN/Inf, and elements past
+    `ABSURD_ELEMENT` (each named). Raises BadFileError with one sentence for a file that is not
+    a readable LoRA (malformed header, refused pickle, keys of no known LoRA layout)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise BadFileError(path, "the LoRA does not exist (no such file).")
+    if path.is_dir():
+        raise BadFileError(path, "a LoRA is one file, not a folder.")
+    with Checkpoint(path, allow_pickle=allow_pickle) as checkpoint:
+        keys = checkpoint.keys()
+        if not any(marker in key for key in keys for marker in _KEY_MARKERS):
+            raise BadFileError(
+                path,
+                "the file holds no LoRA weights (no lora_down/lora_up or lora_A/lora_B "
+                "tensors), so it is not a LoRA.",
+            )
+        tensors: dict[str, Any] = {}
+        non_finite: list[str] = []
+        absurd: list[tuple[str, float]] = []
+        with one_torch_thread():
+            for key in keys:
+                tensor = checkpoint.get(key)
+                if not tensor.is_floating_point():
+                    raise BadFileError(
+                        path, f"the tensor {key} is not floating point, so it is no LoRA weight."
+                    )
+                tensors[key] = tensor
+                if not tensor_is_finite(tensor):
+                    non_finite.append(key)
+                elif tensor.numel() and (peak := float(tensor.abs().max())) > ABSURD_ELEMENT:
+                    absurd.append((key, peak))
+        checkpoint.check_unchanged()
+        short_hash = _short_hash(checkpoint)
+    layout = "kohya" if any(k.startswith("lora_") for k in keys) else "diffusers"
+    return LoraFile(
+        path=path,
+        name=_display_name(path),
+        layout=layout,
+        tensors=tensors,
+        non_finite=non_finite,
+        absurd=absurd,
+        short_hash=short_hash,
+    )
+
+
+def _display_name(path: Path) -> str:
+    name = path.name
+    for suffix in LORA_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def _short_hash(checkpoint: Checkpoint) -> str | None:
+    """A1111's LoRA short hash: the first 12 hex digits of the sha256 of a safetensors file's
+    data section (the header left out, so editing metadata keeps the hash; A1111 calls it the
+    addnet hash). Pickles get the sha256 of the whole file."""
+    try:
+        with open(checkpoint.path, "rb") as handle:
+            if checkpoint.header is not None:
+                handle.seek(checkpoint.header.data_start)
+            digest = hashlib.sha256()
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()[:12]
+
+
+# --- applying --------------------------------------------------------------------------------
+
+
+def apply_loras(pipeline, files: Sequence[tuple[LoraFile, float]]) -> list[AppliedLora]:
+    """Load each LoRA into `pipeline` (in place) as its own peft adapter and activate them all
+    at their weights. A file whose keys fit no layer of this model gets one sentence naming it
+    (BadFileError); on any failure every adapter added here is removed again."""
+    if len(files) > MAX_LORAS:
+        raise HalfSafeError(f"At most {MAX_LORAS} LoRAs can be applied at once, not {len(files)}.")
+    if not hasattr(pipeline, "load_lora_weights"):
+        raise HalfSafeError(
+            f"This model ({type(pipeline).__name__}) does not take LoRAs in HalfSafe yet."
+        )
+    applied: list[AppliedLora] = []
+    taken = set(_adapters(pipeline))
+    try:
+        for index, (lora, weight) in enumerate(files):
+            adapter = f"lora{index}_{re.sub(r'[^A-Za-z0-9_]', '_', lora.name)[:40]}"
+            while adapter in taken:
+                adapter += "_"
+            taken.add(adapter)
+            with _quiet_loaders():
+                try:
+                    pipeline.load_lora_weights(dict(lora.tensors), adapter_name=adapter)
+                except Exception as error:  # noqa: BLE001 - any loader failure is this file's problem
+                    raise BadFileError(
+                        lora.path,
+                        f"the LoRA does not fit this model ({_first_line(error)}).",
+                    ) from None
+            if adapter not in _adapters(pipeline):
+                raise BadFileError(
+                    lora.path,
+                    "none of the LoRA's layers exist in this model, so it changes nothing.",
+                )
+            applied.append(AppliedLora(lora, adapter, weight))
+        use_weights(pipeline, applied)
+    except BaseException:
+        remove_loras(pipeline, [a.adapter for a in applied] + _new_adapters(pipeline, taken))
+        raise
+    return applied
+
+
+def reapply(pipeline, loras: Sequence[AppliedLora]) -> None:
+    """Load `loras` into another pipeline (a fresh load of the same model) under the same
+    adapter names, at their weights, so that the same `AppliedLora` list drives both."""
+    for applied in loras:
+        with _quiet_loaders():
+            pipeline.load_lora_weights(dict(applied.file.tensors), adapter_name=applied.adapter)
+    use_weights(pipeline, loras)
+
+
+def use_weights(pipeline, loras: Sequence[AppliedLora], weights: dict[str, float] | None = None):
+    """Make exactly `loras` active, each at `weights[adapter]` (default: its own weight); the
+    pipeline's other adapters are off. An empty list switches LoRAs off entirely."""
+    weights = weights or {}
+    if not loras:
+        if _adapters(pipeline):
+            pipeline.disable_lora()
+        return
+    pipeline.enable_lora()
+    pipeline.set_adapters(
+        [a.adapter for a in loras], [weights.get(a.adapter, a.weight) for a in loras]
+    )
+
+
+def remove_loras(pipeline, adapters: Sequence[str]) -> None:
+    names = [a for a in dict.fromkeys(adapters) if a in _adapters(pipeline)]
+    if names:
+        pipeline.delete_adapters(names)
+
+
+def _adapters(pipeline) -> list[str]:
+    try:
+        listed = pipeline.get_list_adapters()
+    except (ValueError, AttributeError):
+        return []
+    return sorted({name for names in listed.values() for name in names})
+
+
+def _new_adapters(pipeline, before: set[str]) -> list[str]:
+    return [a for a in _adapters(pipeline) if a not in before]
+
+
+@contextlib.contextmanager
+def _quiet_loaders() -> Iterator[None]:
+    """transformers reports the text encoder's own weights as 'missing' from a LoRA and draws
+    a progress bar, diffusers says when a LoRA has no text-encoder part: noise to a user."""
+    import diffusers
+    import transformers
+
+    loggers = (transformers.utils.logging, diffusers.utils.logging)
+    levels = [logging.get_verbosity() for logging in loggers]
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    for logging in loggers:
+        logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            # peft warns that a second adapter is "multiple adapters": that is the design here.
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        for logging, level in zip(loggers, levels, strict=True):
+            logging.set_verbosity(level)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    line = text[0] if text else type(error).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def load_requested(
+    model,
+    requests: Sequence[LoraRequest],
+    *,
+    allow_pickle: bool = False,
+    prompt: str = "",
+) -> list[AppliedLora]:
+    """Make `model` run exactly the LoRAs of `requests` (flags, the GUI's list) and of the
+    prompt's `<lora:...>` tags, each at its weight, and record them on the model
+    (`model.loras`). A LoRA already loaded from the same file is reused (only its weight
+    changes); one no longer asked for is removed. A LoRA named twice keeps the first weight.
+    Every file is read and scanned before the model is touched, so a bad one changes nothing."""
+    wanted = list(requests)
+    _, tagged = prompt_loras(prompt)
+    for tag in tagged:
+        wanted.append(LoraRequest(str(find_lora(tag.path, model.source)), tag.weight))
+    if len(wanted) > MAX_LORAS:
+        raise HalfSafeError(f"At most {MAX_LORAS} LoRAs can be applied at once, not {len(wanted)}.")
+    current: dict[Path, AppliedLora] = {
+        a.file.path.resolve(): a for a in getattr(model, "loras", [])
+    }
+    chosen: list[tuple[Path, float, LoraFile | None]] = []
+    seen: set[Path] = set()
+    for request in wanted:
+        path = Path(request.path).expanduser()
+        key = path.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        file = None if key in current else read_lora(path, allow_pickle=allow_pickle)
+        chosen.append((key, request.weight, file))
+    new = [(file, weight) for _, weight, file in chosen if file is not None]
+    added = iter(apply_loras(model.pipeline, new) if new else [])
+    result: list[AppliedLora] = []
+    for key, weight, file in chosen:
+        result.append(next(added) if file is not None else replace(current[key], weight=weight))
+    remove_loras(model.pipeline, [a.adapter for k, a in current.items() if k not in seen])
+    model.loras = result
+    use_weights(model.pipeline, result)
+    return result

@@ -1,0 +1,372 @@
+"""LoRAs: reading kohya and PEFT files safely, applying them, recording them, the prompt's
+`<lora:name:weight>` tags, and a hostile or damaged LoRA file getting one sentence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import main
+from app.core import lora
+from app.core.checkpoint import write_safetensors
+from app.core.demo import build_tiny_sd_pipeline
+from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError
+from app.core.images import parse_infotext
+
+UNET_LAYERS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.2")
+TE_LAYERS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj")
+RANK = 4
+
+
+def _linears(module, endings) -> list[tuple[str, torch.nn.Linear]]:
+    return [(n, m) for n, m in module.named_modules() if n.endswith(endings)]
+
+
+def kohya_lora(pipeline, *, scale: float = 0.3, seed: int = 0, unet_layers=UNET_LAYERS):
+    """A LoRA in kohya's layout (as A1111 and sd-scripts write it) for the tiny pipeline's
+    UNet and text encoder: `lora_unet_<path>` / `lora_te_text_model_<path>` with lora_down,
+    lora_up and alpha."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+
+    def add(key: str, layer: torch.nn.Linear) -> None:
+        tensors[f"{key}.lora_down.weight"] = torch.randn(
+            RANK, layer.in_features, generator=generator
+        )
+        tensors[f"{key}.lora_up.weight"] = (
+            torch.randn(layer.out_features, RANK, generator=generator) * scale
+        )
+        tensors[f"{key}.alpha"] = torch.tensor(float(RANK))
+
+    for name, layer in _linears(pipeline.unet, unet_layers):
+        add("lora_unet_" + name.replace(".", "_"), layer)
+    for name, layer in _linears(pipeline.text_encoder, TE_LAYERS):
+        add("lora_te_text_model_" + name.replace(".", "_"), layer)
+    return tensors
+
+
+def peft_lora(pipeline, *, scale: float = 0.3, seed: int = 1):
+    """The same kind of LoRA in the diffusers/PEFT layout: `unet.<path>.lora_A.weight`,
+    `unet.<path>.lora_B.weight`, `text_encoder.<path>.lora_A.weight`."""
+    generator = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for prefix, module, endings in (
+        ("unet", pipeline.unet, UNET_LAYERS),
+        ("text_encoder", pipeline.text_encoder, TE_LAYERS),
+    ):
+        for name, layer in _linears(module, endings):
+            tensors[f"{prefix}.{name}.lora_A.weight"] = torch.randn(
+                RANK, layer.in_features, generator=generator
+            )
+            tensors[f"{prefix}.{name}.lora_B.weight"] = (
+                torch.randn(layer.out_features, RANK, generator=generator) * scale
+            )
+    return tensors
+
+
+def save_lora(tensors, path: Path) -> Path:
+    return write_safetensors(path, tensors)
+
+
+def unet_and_text_outputs(pipeline):
+    """The UNet's noise prediction and the text encoder's hidden states for fixed inputs."""
+    generator = torch.Generator().manual_seed(3)
+    tokens = pipeline.tokenizer(
+        ["a red square"], padding="max_length", max_length=16, truncation=True, return_tensors="pt"
+    ).input_ids
+    with torch.inference_mode():
+        hidden = pipeline.text_encoder(tokens).last_hidden_state
+        sample = torch.randn(1, pipeline.unet.config.in_channels, 8, 8, generator=generator)
+        noise = pipeline.unet(sample, 500, encoder_hidden_states=hidden).sample
+    return noise, hidden
+
+
+@pytest.mark.parametrize("layout", ["kohya", "peft"])
+def test_lora_files_of_both_layouts_load_and_change_the_output(tmp_path, layout):
+    pipeline = build_tiny_sd_pipeline()
+    before_noise, before_hidden = unet_and_text_outputs(pipeline)
+    build = kohya_lora if layout == "kohya" else peft_lora
+    path = save_lora(build(pipeline), tmp_path / f"style_{layout}.safetensors")
+
+    file = lora.read_lora(path)
+    assert file.layout == ("kohya" if layout == "kohya" else "diffusers")
+    assert file.non_finite == [] and file.problems() is None
+    applied = lora.apply_loras(pipeline, [(file, 0.8)])
+    noise, hidden = unet_and_text_outputs(pipeline)
+
+    assert applied[0].name == f"style_{layout}" and applied[0].weight == 0.8
+    assert not torch.allclose(noise, before_noise, atol=1e-4)  # the UNet part took effect
+    assert not torch.allclose(hidden, before_hidden, atol=1e-4)  # and the text-encoder part
+    # Off again: the model's own output, exactly (the LoRA is an adapter, never merged).
+    lora.use_weights(pipeline, [])
+    off_noise, off_hidden = unet_and_text_outputs(pipeline)
+    assert torch.equal(off_noise, before_noise) and torch.equal(off_hidden, before_hidden)
+    # The weight is a real knob: half the weight, a different output.
+    lora.use_weights(pipeline, applied, {applied[0].adapter: 0.4})
+    half_noise, _ = unet_and_text_outputs(pipeline)
+    assert not torch.allclose(half_noise, noise, atol=1e-4)
+
+
+def test_weight_scan_names_nan_and_absurd_tensors(tmp_path):
+    pipeline = build_tiny_sd_pipeline()
+    tensors = kohya_lora(pipeline)
+    keys = sorted(k for k in tensors if k.endswith("lora_up.weight"))
+    tensors[keys[0]][0, 0] = float("nan")
+    tensors[keys[1]][1, 1] = 5e6
+    file = lora.read_lora(save_lora(tensors, tmp_path / "damaged.safetensors"))
+
+    assert file.non_finite == [keys[0]]
+    assert [name for name, _ in file.absurd] == [keys[1]]
+    assert file.problems() is not None and keys[0] in file.problems()
+    file.non_finite = []
+    assert keys[1] in (file.problems() or "") and "5e+06" in (file.problems() or "")
+
+
+def test_lora_argument_and_prompt_tags():
+    assert lora.parse_lora_argument("a/b.safetensors:0.6") == lora.LoraRequest(
+        "a/b.safetensors", 0.6
+    )
+    assert lora.parse_lora_argument("a/b.safetensors") == lora.LoraRequest("a/b.safetensors", 1.0)
+    assert lora.parse_lora_argument(r"C:\loras\x.safetensors").path == r"C:\loras\x.safetensors"
+    with pytest.raises(ValueError, match="between"):
+        lora.parse_lora_argument("x.safetensors:1e9")
+
+    text, found = lora.prompt_loras("a cat <lora:ink:0.7>, <lora:grain> sunset")
+    assert text == "a cat ,  sunset"
+    assert found == [lora.LoraRequest("ink", 0.7), lora.LoraRequest("grain", 1.0)]
+    with pytest.raises(HalfSafeError, match="ink"):
+        lora.prompt_loras("<lora:ink:heavy>")
+
+
+def test_prompt_tag_is_found_in_the_lora_folder_beside_the_model(tmp_path):
+    pipeline = build_tiny_sd_pipeline()
+    (tmp_path / "Lora").mkdir()
+    save_lora(kohya_lora(pipeline), tmp_path / "Lora" / "ink.safetensors")
+    model_file = tmp_path / "model.safetensors"
+    model_file.write_bytes(b"")
+    assert lora.find_lora("ink", str(model_file)) == tmp_path / "Lora" / "ink.safetensors"
+    with pytest.raises(HalfSafeError, match="not found"):
+        lora.find_lora("nowhere", str(model_file))
+
+
+def hostile_files(tmp_path: Path) -> dict[str, Path]:
+    files = {}
+    truncated = tmp_path / "truncated.safetensors"
+    good = save_lora({"lora_unet_x.lora_down.weight": torch.ones(4, 4)}, tmp_path / "g.safetensors")
+    truncated.write_bytes(good.read_bytes()[:-8])
+    files["truncated"] = truncated
+    huge = tmp_path / "huge_header.safetensors"
+    huge.write_bytes((10**15).to_bytes(8, "little") + b"{}")
+    files["huge_header"] = huge
+    pickle = tmp_path / "evil.ckpt"
+    pickle.write_bytes(b"\x80\x04\x95" + b"cos\nsystem\n(S'echo pwned'\ntR." + b"\x00" * 8)
+    files["pickle"] = pickle
+    files["not_a_lora"] = save_lora(
+        {"model.weight": torch.ones(2, 2)}, tmp_path / "plain.safetensors"
+    )
+    files["folder"] = tmp_path
+    return files
+
+
+@pytest.mark.parametrize("kind", ["truncated", "huge_header", "pickle", "not_a_lora", "folder"])
+def test_a_hostile_lora_file_gets_one_sentence(tmp_path, kind):
+    path = hostile_files(tmp_path)[kind]
+    with pytest.raises(BadFileError) as raised:
+        lora.read_lora(path)
+    message = str(raised.value)
+    assert str(path) in message or path.name in message
+    assert "\n" not in message and len(message) < 300
+    if kind == "pickle":
+        assert isinstance(raised.value, PickleRefusedError)
+
+
+def test_cli_refuses_a_hostile_lora_with_one_line_and_exit_2(tmp_path, capsys):
+    path = hostile_files(tmp_path)["truncated"]
+    status = main(["check", "demo", "--device", "cpu", "--lora", f"{path}:0.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert len(err) == 1 and path.name in err[0]
+
+
+def test_a_lora_that_fits_no_layer_of_the_model_gets_one_sentence(tmp_path):
+    tensors = {
+        "lora_unet_no_such_block_proj.lora_down.weight": torch.ones(4, 8),
+        "lora_unet_no_such_block_proj.lora_up.weight": torch.ones(8, 4),
+    }
+    file = lora.read_lora(save_lora(tensors, tmp_path / "other_model.safetensors"))
+    pipeline = build_tiny_sd_pipeline()
+    with pytest.raises(BadFileError, match="other_model"):
+        lora.apply_loras(pipeline, [(file, 1.0)])
+    assert lora._adapters(pipeline) == []  # nothing half-loaded
+
+
+def test_generate_records_loras_as_a1111_does(tmp_path, capsys):
+    from app.core.images import read_parameters
+    from app.core.models import load_model
+
+    demo = load_model("demo")
+    path = save_lora(kohya_lora(demo.pipeline, scale=0.05), tmp_path / "ink.safetensors")
+    status = main(
+        [
+            "generate",
+            "demo",
+            "--device",
+            "cpu",
+            "--steps",
+            "2",
+            "--prompt",
+            "a red circle",
+            "--lora",
+            f"{path}:0.5",
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert status == 0
+    prompt, _, params = parse_infotext(read_parameters(result["images"][0]["path"]) or "")
+    assert prompt == "a red circle <lora:ink:0.5>"
+    file = lora.read_lora(path)
+    assert params["Lora hashes"] == f"ink: {file.short_hash}"
+
+
+def test_an_sdxl_kohya_lora_with_both_text_encoders_loads_and_changes_the_output():
+    from app.core.demo import build_tiny_sdxl_pipeline
+
+    pipeline = build_tiny_sdxl_pipeline()
+    generator = torch.Generator().manual_seed(5)
+    tensors: dict[str, torch.Tensor] = {}
+    parts = (
+        ("lora_unet_", pipeline.unet, UNET_LAYERS),
+        ("lora_te1_text_model_", pipeline.text_encoder, TE_LAYERS),
+        ("lora_te2_text_model_", pipeline.text_encoder_2, TE_LAYERS),
+    )
+    for prefix, module, endings in parts:
+        for name, layer in _linears(module, endings):
+            key = prefix + name.removeprefix("text_model.").replace(".", "_")
+            tensors[f"{key}.lora_down.weight"] = torch.randn(
+                RANK, layer.in_features, generator=generator
+            )
+            tensors[f"{key}.lora_up.weight"] = (
+                torch.randn(layer.out_features, RANK, generator=generator) * 0.3
+            )
+            tensors[f"{key}.alpha"] = torch.tensor(float(RANK))
+    tokens = pipeline.tokenizer_2(
+        ["a cat"], padding="max_length", max_length=16, return_tensors="pt"
+    ).input_ids
+
+    def second_encoder():
+        with torch.inference_mode():
+            return pipeline.text_encoder_2(tokens).last_hidden_state
+
+    before = second_encoder()
+    file = lora.LoraFile(Path("xl.safetensors"), "xl", "kohya", tensors, [], [], None)
+    applied = lora.apply_loras(pipeline, [(file, 1.0)])
+    assert applied and not torch.allclose(second_encoder(), before, atol=1e-4)
+    assert set(pipeline.get_list_adapters()) == {"unet", "text_encoder", "text_encoder_2"}
+
+
+def test_a_flux_lora_in_peft_layout_loads_into_the_transformer():
+    from app.core.demo import build_tiny_flux_pipeline
+
+    pipeline = build_tiny_flux_pipeline()
+    generator = torch.Generator().manual_seed(6)
+    layers = _linears(pipeline.transformer, ("attn.to_q", "attn.to_k", "attn.to_v", "ff.net.2"))
+    tensors = {}
+    for name, layer in layers:
+        tensors[f"transformer.{name}.lora_A.weight"] = torch.randn(
+            RANK, layer.in_features, generator=generator
+        )
+        tensors[f"transformer.{name}.lora_B.weight"] = (
+            torch.randn(layer.out_features, RANK, generator=generator) * 0.3
+        )
+    name, layer = layers[0]
+    x = torch.randn(2, layer.in_features, generator=generator)
+    with torch.inference_mode():
+        before = layer(x)
+    file = lora.LoraFile(
+        Path("flux_style.safetensors"), "flux_style", "diffusers", tensors, [], [], None
+    )
+    lora.apply_loras(pipeline, [(file, 1.0)])
+    with torch.inference_mode():
+        after = pipeline.transformer.get_submodule(name)(x)
+    assert pipeline.get_list_adapters() == {"transformer": ["lora0_flux_style"]}
+    assert not torch.allclose(after, before, atol=1e-4)
+
+
+def test_the_model_runs_exactly_the_loras_asked_for_flags_and_prompt_tags(tmp_path):
+    from tests.core.test_health import loaded
+
+    pipeline = build_tiny_sd_pipeline()
+    model = loaded(pipeline)
+    model.source = str(tmp_path / "model.safetensors")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "Lora").mkdir()
+    save_lora(kohya_lora(pipeline, seed=1), tmp_path / "Lora" / "ink.safetensors")
+    grain = save_lora(peft_lora(pipeline, seed=2), tmp_path / "grain.safetensors")
+    plain, _ = unet_and_text_outputs(pipeline)
+
+    first = lora.load_requested(model, [lora.LoraRequest(str(grain), 0.5)], prompt="<lora:ink:0.7>")
+    assert [(a.name, a.weight) for a in first] == [("grain", 0.5), ("ink", 0.7)]
+    both, _ = unet_and_text_outputs(pipeline)
+
+    second = lora.load_requested(model, [], prompt="a cat <lora:ink:0.7>")
+    assert [a.name for a in second] == ["ink"] and lora._adapters(pipeline) == [first[1].adapter]
+    assert second[0].adapter == first[1].adapter  # reused, not loaded again
+    only_ink, _ = unet_and_text_outputs(pipeline)
+    assert not torch.allclose(only_ink, both, atol=1e-5)
+
+    assert lora.load_requested(model, [], prompt="a cat") == []
+    none, _ = unet_and_text_outputs(pipeline)
+    assert torch.equal(none, plain) and lora._adapters(pipeline) == []
+
+
+def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
+    """The window's generate job: LoRAs from the job's list and from the prompt's tags, and a
+    LoRA that does not load is one sentence with nothing applied."""
+    from app.core.jobs import CancelToken
+    from app.core.models import load_model
+    from app.engine import jobs
+    from app.engine.events import JobRequest
+    from app.engine.server import JobContext, Session
+
+    session = Session(model=load_model("demo"))
+    ink = save_lora(kohya_lora(session.model.pipeline, scale=0.05), tmp_path / "ink.safetensors")
+    request = {"prompt": "a boat", "steps": 2, "width": 64, "height": 64, "seed": 7,
+               "output_dir": str(tmp_path / "out")}  # fmt: skip
+
+    def run(params):
+        context = JobContext(JobRequest(1, "generate", params), session, [].append, CancelToken())
+        return jobs.generate(context, params)
+
+    document = run(
+        {"request": request, "device": "cpu", "loras": [{"path": str(ink), "weight": 0.4}]}
+    )
+    assert document["images"][0]["status"] == "ok"
+    assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.4)]
+    tagged = dict(
+        request, prompt=f"a boat <lora:{tmp_path / 'ink'}:0.6>".replace(".safetensors", "")
+    )
+    run({"request": tagged, "device": "cpu"})
+    assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.6)]
+    with pytest.raises(HalfSafeError, match="between"):
+        run({"request": request, "device": "cpu", "loras": [{"path": str(ink), "weight": 99}]})
+
+
+def test_a_lora_for_other_layer_sizes_gets_one_sentence_and_leaves_nothing_behind(tmp_path):
+    pipeline = build_tiny_sd_pipeline()
+    tensors = kohya_lora(pipeline)
+    key = next(k for k in tensors if k.startswith("lora_unet") and k.endswith("lora_down.weight"))
+    tensors[key] = torch.ones(RANK, tensors[key].shape[1] * 3)  # made for a wider model
+    file = lora.read_lora(save_lora(tensors, tmp_path / "sdxl_only.safetensors"))
+    before, _ = unet_and_text_outputs(pipeline)
+    with pytest.raises(BadFileError) as raised:
+        lora.apply_loras(pipeline, [(file, 1.0)])
+    assert "sdxl_only" in str(raised.value) and "\n" not in str(raised.value)
+    assert lora._adapters(pipeline) == []
+    after, _ = unet_and_text_outputs(pipeline)
+    assert torch.equal(before, after)
