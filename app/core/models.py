@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits, paths, split
+from app.core import limits, paths, quantized, split
 from app.core.checkpoint import (
     Checkpoint,
     WeightScan,
@@ -77,6 +77,8 @@ class LoadedModel:
     vae: str | None = None  # the separate VAE file or folder loaded in place of the model's
     zero_terminal_snr: bool = False  # its scheduler rescales betas to zero terminal SNR
     prediction_because: str = ""  # how the prediction type is known (part of detected_because)
+    # How its files store the weights when any is fp8 or GGUF (quantized.summary), else None.
+    quantization: dict[str, Any] | None = None
 
 
 def set_offline() -> None:
@@ -128,11 +130,18 @@ def load_model(
     path = Path(source).expanduser()
     if not path.exists():
         raise BadFileError(path, "the model does not exist (no such file or folder).")
-    if path.is_dir():
-        loaded = _load_folder(path, source, vae, allow_pickle, progress, cancel)
-    else:
-        loaded = _load_single_file(path, source, vae, allow_pickle, progress, cancel, text_encoders)
+    # Every file read below is dequantised as it is read, whichever loader reads it; what that
+    # shows about its scales and values is gathered here for the report.
+    with quantized.collecting() as collected:
+        if path.is_dir():
+            loaded = _load_folder(path, source, vae, allow_pickle, progress, cancel)
+        else:
+            loaded = _load_single_file(
+                path, source, vae, allow_pickle, progress, cancel, text_encoders
+            )
     loaded.vae = str(Path(vae).expanduser()) if vae is not None else None
+    loaded.quantization = quantized.summary(collected.files)
+    loaded.weights.bad_quantized = list(collected.findings)
     return loaded
 
 
@@ -873,7 +882,7 @@ def _load_vae_override(
                 path, f"this is a {config['_class_name']}, not an AutoencoderKL VAE."
             )
         return model.eval(), scan_weights(model, cancel=cancel, identify=identify), dtypes
-    with Checkpoint(path, allow_pickle=allow_pickle) as checkpoint:
+    with Checkpoint(path, allow_pickle=allow_pickle, component="vae") as checkpoint:
         keys = checkpoint.keys()
         prefix = next(
             (p for p in (arch.VAE, "vae.", "") if any(k.startswith(p + "decoder.") for k in keys)),
@@ -944,6 +953,7 @@ def _load_split_flux(
     from app.core.demo import FLUX_SCHEDULER_CONFIG, clip_tokenizer, t5_tokenizer
 
     prefix = split.flux_prefix(checkpoint.shapes) or ""
+    checkpoint.component = "transformer"
     try:
         config = split.flux_transformer_config(checkpoint.shapes, prefix)
     except ValueError as error:
@@ -1049,7 +1059,7 @@ def _load_clip_file(path: Path):
     """A CLIP text encoder file in transformers' layout (ComfyUI's clip_l.safetensors)."""
     import transformers
 
-    with Checkpoint(path) as checkpoint:
+    with Checkpoint(path, component="text_encoder") as checkpoint:
         layout = arch.TextEncoderLayout("text_encoder", split.CLIP_PREFIX, "hf")
         base = _read_json(paths.resource("configs", "sd1", "text_encoder", "config.json"))
         try:
@@ -1074,7 +1084,7 @@ def _load_t5_file(path: Path):
     """A T5 encoder file in transformers' layout (ComfyUI's t5xxl_fp16.safetensors)."""
     import transformers
 
-    with Checkpoint(path) as checkpoint:
+    with Checkpoint(path, component="text_encoder_2") as checkpoint:
         try:
             config = split.t5_config(checkpoint.shapes)
         except (KeyError, ValueError) as error:
