@@ -256,14 +256,17 @@ def scale_problem(scale) -> str | None:
 
 
 def dequantize_fp8(tensor, scale=None):
-    """An fp8 tensor times its scale (one number, or one per output row), in COMPUTE_DTYPE."""
+    """An fp8 tensor times its scale (one number, or one per output row), in COMPUTE_DTYPE. The
+    product is taken in fp32 and rounded once."""
     import torch
 
+    if scale is None:
+        return tensor.to(torch.bfloat16)  # exact: bf16 holds every fp8 value
     values = tensor.to(torch.float32)
-    if scale is not None:
-        if scale.numel() > 1:
-            scale = scale.reshape(-1, *([1] * (values.dim() - 1)))
-        values = values * scale.reshape(()) if scale.numel() == 1 else values * scale
+    if scale.numel() == 1:
+        values.mul_(scale.reshape(()))
+    else:
+        values.mul_(scale.reshape(-1, *([1] * (values.dim() - 1))))
     return values.to(torch.bfloat16)
 
 
@@ -274,10 +277,11 @@ def implausible(tensor) -> str | None:
 
     if tensor.numel() == 0 or not tensor.is_floating_point():
         return None
-    peak = torch.nan_to_num(tensor.float(), nan=0.0, posinf=0.0, neginf=0.0).abs().max()
-    if float(peak) > PLAUSIBLE_WEIGHT_MAX:
+    low, high = torch.aminmax(tensor)  # one pass, no temporary (abs() would copy)
+    peak = max(-float(low), float(high))
+    if math.isfinite(peak) and peak > PLAUSIBLE_WEIGHT_MAX:
         return (
-            f"decodes to values as large as {float(peak):.3g}, far beyond any real weight "
+            f"decodes to values as large as {peak:.3g}, far beyond any real weight "
             f"(real models stay well under {PLAUSIBLE_WEIGHT_MAX:g}): its quantisation or "
             "scale is wrong"
         )
