@@ -710,7 +710,7 @@ def check_loaded(
                     "This is the file's quantisation (or the tool that converted it), not fp16 "
                     "overflow, and no precision setting can repair it."
                 )
-            else:
+            if not broken:
                 notes.append(
                     f"The {join_words(search.unfixed)} gives no finite output that agrees with "
                     "fp32 under any precision setting: the model itself is broken."

@@ -4,6 +4,8 @@ tiny models, written to files, loaded through the same loaders as any file, and 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -124,6 +126,23 @@ def test_a_missing_scale_refuses_the_file_naming_the_tensor(tmp_path):
     assert "\n" not in text and text.endswith(".")
 
 
+def test_the_command_refuses_a_missing_scale_with_exit_2_and_one_line(tmp_path):
+    path, stored, _, _ = sd1_file(tmp_path)
+    del stored[UNET_LAYER.removesuffix("weight") + "scale_weight"]
+    write_safetensors(path, stored)
+
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "check", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and UNET_LAYER in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_the_marker_alone_makes_every_fp8_weight_need_a_scale(tmp_path):
     tensors = {
         "a.weight": torch.randn(8, 8).to(E4M3),
@@ -190,15 +209,17 @@ def test_a_plain_fp8_single_file_loads(tmp_path, dtype):
     assert torch.equal(got.float().reshape(-1), stored[UNET_LAYER].float().reshape(-1))
 
 
-def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path):
-    """The transformer per-row `weight_scale`d, the T5 companion ComfyUI-style: both readers
-    (the transformer's and the companions') go through the one dequantising path."""
+@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."], ids=["plain", "comfy-full"])
+def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
+    """The transformer per-row `weight_scale`d (under ComfyUI's full-save prefix too), the T5
+    companion ComfyUI-style: both readers (the transformer's and the companions') go through
+    the one dequantising path."""
     pipeline = build_tiny_flux_pipeline()
     written = models.save_flux_split_files(pipeline, tmp_path / "models", "flux1-fp8")
     with Checkpoint(written["transformer"]) as checkpoint:
         transformer = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
     stored, exact = fp8_scaled(transformer, style="weight_scale", per_row=True)
-    write_safetensors(written["transformer"], stored)
+    write_safetensors(written["transformer"], {prefix + k: v for k, v in stored.items()})
     with Checkpoint(written["text_encoder_2"]) as checkpoint:
         t5 = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
     t5_stored, t5_exact = fp8_scaled(t5)
