@@ -18,7 +18,7 @@ from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
 from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd_pipeline
 from app.core.errors import BadFileError
-from app.core.quantized import check_gguf_header
+from app.core.quantized import check_gguf_header, dequantize_fp8
 from app.core.settings import PrecisionSettings
 from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
@@ -188,6 +188,20 @@ def test_weights_decoding_far_beyond_any_real_model_are_named(tmp_path):
 
     assert [f.tensor for f in scan.bad_quantized] == ["a.weight"]
     assert "as large as 1.92e+04" in scan.bad_quantized[0].problem
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("scale", [None, 0.00123, 0.0, float("nan")])
+def test_every_fp8_code_decodes_as_an_fp32_product_rounded_once(dtype, scale):
+    codes = torch.arange(256, dtype=torch.uint8).view(dtype).reshape(16, 16)
+    factor = torch.tensor(scale) if scale is not None else None
+    expected = (codes.float() * (scale if scale is not None else 1.0)).to(torch.bfloat16)
+
+    got = dequantize_fp8(codes, factor)
+
+    assert got.dtype == torch.bfloat16 and got.shape == codes.shape
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got.nan_to_num(nan=7.0), expected.nan_to_num(nan=7.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
