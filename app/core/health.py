@@ -591,6 +591,13 @@ def check_loaded(
     broken = {component_of_tensor(name) for name in bad_weights} | {
         f.component or component_of_tensor(f.tensor) for f in bad_quantized
     }
+    quantization = getattr(model, "quantization", None)
+    if quantization and not bad_quantized:
+        notes.append(
+            f"The model is stored quantized ({quantization['format']}: "
+            f"{', '.join(quantization['types'])}); the check ran on its weights dequantised to "
+            f"{quantization['dequantized_to']}, whose scales and decoded values are plausible."
+        )
     runner = _Runner(model, plan, size, prompt, steps, scheduler)
     seen = _Observations()
     search = _Search(plan)

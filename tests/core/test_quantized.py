@@ -108,6 +108,7 @@ def test_scaled_fp8_single_file_loads_with_every_scale_applied_and_checks_health
         model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
     )
     assert report.verdict is Verdict.HEALTHY
+    assert any("stored quantized (fp8_scaled: F8_E4M3)" in note for note in report.notes)
     document = report.to_json()
     assert document["model"]["quantization"]["format"] == "fp8_scaled"
     assert document["weights"]["bad_quantized"] == []
