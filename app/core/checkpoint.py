@@ -785,6 +785,7 @@ def _safetensors_dtype(dtype: Any) -> str:
         torch.bool: "BOOL",
         torch.float8_e4m3fn: "F8_E4M3",
         torch.float8_e5m2: "F8_E5M2",
+        torch.float8_e8m0fnu: "F8_E8M0",
     }
     return names.get(dtype, str(dtype).removeprefix("torch.").upper())
 

@@ -184,11 +184,12 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
                 "read (it reads fp8 e4m3/e5m2 safetensors and GGUF files).",
             )
     marker = SCALED_FP8_MARKER in dtypes
-    fp8 = {n: c for n, c in dtypes.items() if c in FP8_DTYPES and n != SCALED_FP8_MARKER}
-    if not fp8 and not marker:
-        return None
     scales = {n for n in dtypes if n.endswith(SCALE_SUFFIXES)}
     inputs = {n for n in dtypes if n.endswith(INPUT_SCALE_SUFFIXES)}
+    bookkeeping = scales | inputs | {SCALED_FP8_MARKER}
+    fp8 = {n: c for n, c in dtypes.items() if c in FP8_DTYPES and n not in bookkeeping}
+    if not fp8 and not marker:
+        return None
     scale_of: dict[str, str] = {}
     for scale in sorted(scales):
         suffix = next(s for s in SCALE_SUFFIXES if scale.endswith(s))
@@ -220,11 +221,12 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
     for weight, scale in scale_of.items():
         size = math.prod(shapes[scale])
         rows = shapes[weight][0] if shapes[weight] else 1
-        if size not in (1, rows) or dtypes[scale] in FP8_DTYPES:
+        if size not in (1, rows) or dtypes[scale] not in ("F16", "BF16", "F32", "F64"):
             raise BadFileError(
                 path,
                 f"the scale '{scale}' of '{weight}' has shape {list(shapes[scale])} and dtype "
-                f"{dtypes[scale]}: neither one number nor one per output row of the weight.",
+                f"{dtypes[scale]}, where one number (or one per output row of the weight) in "
+                "fp16, bf16 or fp32 belongs.",
             )
     hidden = set(scale_of.values()) | inputs | ({SCALED_FP8_MARKER} if marker else set())
     return Fp8Layout(fp8, scale_of, hidden)

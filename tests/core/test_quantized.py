@@ -154,6 +154,36 @@ def test_the_marker_alone_makes_every_fp8_weight_need_a_scale(tmp_path):
         Checkpoint(path)
 
 
+W8 = torch.ones(4, 4).to(E4M3)
+LAYOUT_CASES = {
+    "scale without a weight": ({"b.weight_scale": torch.tensor(1.0)}, "belongs to no weight"),
+    "scale of a bf16 weight": (
+        {"b.weight": torch.ones(2, dtype=torch.bfloat16), "b.weight_scale": torch.tensor(1.0)},
+        "not fp8",
+    ),
+    "two scales": (
+        {"a.weight_scale": torch.tensor(1.0), "a.scale_weight": torch.tensor(1.0)},
+        "two scales",
+    ),
+    "scale of the wrong shape": ({"a.weight_scale": torch.ones(3)}, "where one number"),
+    "fp8 scale": ({"a.weight_scale": torch.ones(1).to(E4M3)}, "where one number"),
+    "block-scaled dtype": (
+        {"a.weight_scale": torch.ones(4, dtype=torch.uint8).view(torch.float8_e8m0fnu)},
+        "block-scaled",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_CASES))
+def test_fp8_layouts_that_cannot_be_read_right_are_refused_in_one_sentence(tmp_path, case):
+    extra, words = LAYOUT_CASES[case]
+    path = write_safetensors(tmp_path / "odd.safetensors", {"a.weight": W8, **extra})
+    with pytest.raises(BadFileError) as caught:
+        Checkpoint(path)
+    text = str(caught.value)
+    assert str(path) in text and words in text and "\n" not in text and text.endswith(".")
+
+
 @pytest.mark.parametrize(
     ("value", "words"),
     [(0.0, "has the scale 0"), (float("nan"), "has the scale NaN"), (1e9, "has the scale 1e+09")],
