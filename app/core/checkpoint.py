@@ -172,6 +172,15 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     return _parse_header(path, size, raw)
 
 
+def read_header(path: str | Path) -> SafetensorsHeader | quantized.GgufHeader:
+    """A model file's tensor names, shapes and dtype codes from its header alone: a GGUF file
+    (by its first bytes) or a safetensors file, each validated (see `read_safetensors_header`,
+    `quantized.check_gguf_header`)."""
+    if quantized.is_gguf_file(path):
+        return quantized.read_gguf_header(path)
+    return read_safetensors_header(path)
+
+
 def _parse_header(path: Path, size: int, raw: bytes) -> SafetensorsHeader:
     try:
         document = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
@@ -759,14 +768,8 @@ def _torch_dtype(path: Path, name: str, code: str):
     return dtype
 
 
-_GGUF_PREFIX = "GGUF_"
-
-
-def _gguf_code(type_name: str) -> str:
-    """A GGUF tensor type as a dtype code: the float and integer types under their safetensors
-    names, the block-quantised ones as GGUF_<type> (GGUF_Q8_0)."""
-    plain = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
-    return type_name if type_name in plain else _GGUF_PREFIX + type_name
+_GGUF_PREFIX = quantized.GGUF_DTYPE_PREFIX
+_gguf_code = quantized.gguf_dtype_code
 
 
 def _safetensors_dtype(dtype: Any) -> str:

@@ -24,6 +24,7 @@ from app.core import limits, paths, split
 from app.core.checkpoint import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIX,
+    read_header,
     read_safetensors_header,
     stored_dtype,
     write_json_atomic,
@@ -47,8 +48,9 @@ MAX_YAML_BYTES = 64 << 10
 MAX_YAML_SECTIONS = 64
 MAX_YAML_PATHS = 64
 APP_MODELS = "models"
-# Single files the library lists: safetensors, also as ComfyUI's short `.sft` (same format).
-MODEL_SUFFIXES = (SAFETENSORS_SUFFIX, ".sft")
+# Single files the library lists: safetensors, also as ComfyUI's short `.sft` (same format), and
+# GGUF (quantized transformers kept as split files).
+MODEL_SUFFIXES = (SAFETENSORS_SUFFIX, ".sft", ".gguf")
 # A1111 pairs `name.vae.safetensors` (or .vae.pt/.vae.ckpt) with the checkpoint `name.*`.
 VAE_PAIR_SUFFIXES = (".vae.safetensors", ".vae.sft", ".vae.pt", ".vae.ckpt")
 
@@ -610,7 +612,7 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             "code); load it with --allow-pickle to inspect it",
         )
     try:
-        header = read_safetensors_header(path)
+        header = read_header(path)
     except BadFileError as error:
         return LibraryEntry(str(path), None, None, size, str(error))
     sidecar = path.with_suffix(".yaml")
@@ -668,7 +670,7 @@ def _with_companions(entry: LibraryEntry) -> LibraryEntry:
 
     path = Path(entry.path)
     try:
-        shapes = read_safetensors_header(path).shapes()
+        shapes = read_header(path).shapes()
         config = split.flux_transformer_config(shapes, split.flux_prefix(shapes) or "")
     except (BadFileError, ValueError):
         return entry

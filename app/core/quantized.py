@@ -509,6 +509,40 @@ class _GgufWalker:
             raise self.fail(f"its metadata '{key}' has an unknown type {kind}.")
 
 
+@dataclass
+class GgufHeader:
+    """A bounds-checked GGUF header, in the shape of a safetensors header's accessors (what the
+    library and companion search read): shapes, dtype codes, no metadata."""
+
+    path: Path
+    file_size: int
+    tensors: list[GgufTensorInfo]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {t.name: t.shape for t in self.tensors}
+
+    def dtypes(self) -> dict[str, str]:
+        return {t.name: gguf_dtype_code(t.type_name) for t in self.tensors}
+
+
+def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
+    """A GGUF file's tensors from its header alone (see `check_gguf_header`)."""
+    path = Path(path)
+    tensors = check_gguf_header(path)
+    return GgufHeader(path, os.stat(path).st_size, tensors)
+
+
+GGUF_DTYPE_PREFIX = "GGUF_"
+
+
+def gguf_dtype_code(type_name: str) -> str:
+    """A GGUF tensor type as a dtype code: the float and integer types under their safetensors
+    names, the block-quantised ones as GGUF_<type> (GGUF_Q8_0)."""
+    plain = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
+    return type_name if type_name in plain else GGUF_DTYPE_PREFIX + type_name
+
+
 class GgufTensors:
     """A GGUF file's tensors (bounds checked first), dequantised one at a time on request."""
 

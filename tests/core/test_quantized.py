@@ -389,6 +389,20 @@ def test_a_gguf_scanned_on_its_own_lists_its_types(tmp_path):
     assert scan.tensors == len(bfl) and scan.non_finite == []
 
 
+def test_the_library_lists_a_gguf_transformer_with_its_companions(tmp_path):
+    from app.core.library import scan_library
+
+    _, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+
+    (entry,) = scan_library([str(path.parent)], include_defaults=False, use_cache=False)
+
+    assert entry.path == str(path) and entry.error is None
+    assert (entry.format, entry.architecture, entry.supported) == ("split_files", "flux-dev", True)
+    assert entry.stored_dtype == "mixed"  # Q8_0 matrices, F32 biases and norms
+    assert entry.companions is not None and entry.companions["vae"] is not None
+    assert entry.missing is None
+
+
 def test_the_report_json_names_the_quantisation(tmp_path):
     _, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
     model = models.load_model(str(path))
