@@ -498,7 +498,6 @@ class Checkpoint:
         self._gguf: quantized.GgufTensors | None = None
         self._fp8: quantized.Fp8Layout | None = None
         self._scales: dict[str, Any] = {}
-        self._scale_problems: dict[str, str] = {}
         self.quantization: quantized.Quantization | None = None
         self.findings: dict[str, quantized.QuantFinding] = {}
         self.component = component
@@ -546,11 +545,7 @@ class Checkpoint:
             self.shapes.pop(name, None)
             self.dtypes.pop(name, None)
         for weight, scale in layout.scale_of.items():
-            value = self._stored(scale).to(torch.float32).clone()
-            self._scales[weight] = value
-            problem = quantized.scale_problem(value)
-            if problem is not None:
-                self._scale_problems[weight] = f"has the scale {problem} (in {scale})"
+            self._scales[weight] = self._stored(scale).to(torch.float32).clone()
         types = sorted({layout.fp8[n] for n in layout.fp8})
         self.quantization = quantized.Quantization(layout.format, types, self.path.name)
 
@@ -637,10 +632,11 @@ class Checkpoint:
         if self._fp8 is None or name not in self._fp8.fp8:
             return tensor
         # The one place fp8 becomes a plain weight: scaled where the file has a scale.
-        tensor = quantized.dequantize_fp8(tensor, self._scales.get(name))
-        problem = self._scale_problems.get(name)
+        scale = self._scales.get(name)
+        problem = quantized.scale_problem(scale, tensor) if scale is not None else None
+        tensor = quantized.dequantize_fp8(tensor, scale)
         if problem is not None:
-            self._finding(name, problem)
+            self._finding(name, f"has the scale {problem} (in {self._fp8.scale_of[name]})")
         else:
             self._check_decoded(name, tensor)
         return tensor

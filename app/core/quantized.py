@@ -237,24 +237,33 @@ def _scale_names(name: str) -> str:
     return " or ".join(f"'{base}{suffix}'" for suffix in SCALE_SUFFIXES)
 
 
-def scale_problem(scale) -> str | None:
-    """Why a scale tensor (float32) cannot be a real one, or None."""
+def scale_problem(scale, stored=None) -> str | None:
+    """Why a scale tensor (float32) cannot be a real one, or None.
+
+    A zero (or vanishing) scale is harmless only where every stored value it multiplies is
+    zero, as converters write an all-zero weight: that weight is 0 whatever its scale.
+    `stored` is the fp8 tensor, to tell the two apart.
+    """
     import torch
 
     if not bool(torch.isfinite(scale).all()):
         return "NaN" if bool(torch.isnan(scale).any()) else "Inf"
-    low = float(scale.min())
-    if low == 0:
-        return "0"
+    low, high = float(scale.min()), float(scale.max())
     if low < 0:
         return f"negative ({low:.3g})"
-    high = float(scale.max())
-    if low < SCALE_RANGE[0] or high > SCALE_RANGE[1]:
-        value = low if low < SCALE_RANGE[0] else high
-        return (
-            f"{value:.3g}, outside {SCALE_RANGE[0]:g} to {SCALE_RANGE[1]:g} where real scales lie"
-        )
-    return None
+    if high > SCALE_RANGE[1]:
+        return f"{high:.3g}, outside {SCALE_RANGE[0]:g} to {SCALE_RANGE[1]:g} where real scales lie"
+    small = scale.reshape(-1) < SCALE_RANGE[0]
+    if not bool(small.any()):
+        return None
+    if stored is not None:
+        magnitudes = stored.contiguous().view(torch.uint8) & 0x7F  # the sign bit cleared
+        rows = magnitudes.reshape(small.numel(), -1)
+        if not bool(rows[small].any()):
+            return None
+    if low == 0:
+        return "0"
+    return f"{low:.3g}, outside {SCALE_RANGE[0]:g} to {SCALE_RANGE[1]:g} where real scales lie"
 
 
 def dequantize_fp8(tensor, scale=None):

@@ -211,6 +211,27 @@ def test_a_bad_scale_is_a_broken_weights_finding_naming_the_tensor(tmp_path, val
     assert words in bad[0]["problem"]
 
 
+@pytest.mark.parametrize("per_row", [False, True], ids=["per-tensor", "per-row"])
+def test_a_zero_scale_over_zeros_is_an_all_zero_weight_not_a_finding(tmp_path, per_row):
+    """Converters write an all-zero weight (or row) with the scale 0: it decodes right."""
+    weight = torch.ones(4, 8).to(E4M3)
+    weight[1] = 0
+    scale = torch.tensor([0.5, 0.0, 0.5, 0.5]) if per_row else torch.tensor(0.0)
+    if not per_row:
+        weight = torch.zeros(4, 8).to(E4M3)
+    path = write_safetensors(
+        tmp_path / "zeros.safetensors", {"a.weight": weight, "a.weight_scale": scale}
+    )
+
+    scan = scan_weights(path)
+
+    assert scan.bad_quantized == [] and scan.non_finite == []
+    with Checkpoint(path) as checkpoint:
+        got = checkpoint.get("a.weight").float()
+    expected = weight.float() * scale.reshape(-1, 1) if per_row else torch.zeros(4, 8)
+    assert torch.equal(got, expected)
+
+
 def test_weights_decoding_far_beyond_any_real_model_are_named(tmp_path):
     tensors = {"a.weight": torch.full((4, 4), 384.0).to(E4M3), "a.weight_scale": torch.tensor(50.0)}
     path = write_safetensors(tmp_path / "huge.safetensors", tensors)
