@@ -536,10 +536,53 @@ class GgufHeader:
 
 
 def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
-    """A GGUF file's tensors from its header alone (see `check_gguf_header`)."""
+    """A GGUF file's tensors from its header alone (see `check_gguf_header`), a T5 encoder's
+    under transformers' names (see `transformers_names`)."""
     path = Path(path)
     tensors = check_gguf_header(path)
+    names = transformers_names([t.name for t in tensors])
+    tensors = [
+        GgufTensorInfo(names.get(t.name, t.name), t.type_name, t.shape, t.start, t.nbytes)
+        for t in tensors
+    ]
     return GgufHeader(path, os.stat(path).st_size, tensors)
+
+
+_T5_PARTS = (
+    "layer.0.SelfAttention.q",
+    "layer.0.SelfAttention.k",
+    "layer.0.SelfAttention.v",
+    "layer.0.SelfAttention.o",
+    "layer.0.SelfAttention.relative_attention_bias",
+    "layer.0.layer_norm",
+    "layer.1.DenseReluDense.wi",
+    "layer.1.DenseReluDense.wi_0",
+    "layer.1.DenseReluDense.wi_1",
+    "layer.1.DenseReluDense.wo",
+    "layer.1.layer_norm",
+)
+
+
+def transformers_names(names: list[str]) -> dict[str, str]:
+    """GGUF name -> transformers name for a T5 encoder in llama.cpp's naming (city96's T5 GGUF
+    files: `token_embd`, `enc.blk.N.attn_q`, ...), so its tensors read as a T5 safetensors
+    file's do; {} for any other file. The table is the gguf package's own (`TensorNameMap`)."""
+    if "token_embd.weight" not in names or "enc.blk.0.attn_q.weight" not in names:
+        return {}
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    blocks = {n.split(".")[2] for n in names if n.startswith("enc.blk.")}
+    count = len(blocks)
+    table = get_tensor_name_map(MODEL_ARCH.T5ENCODER, count)
+    ours = ["shared", "encoder.final_layer_norm"]
+    ours += [f"encoder.block.{i}.{part}" for i in range(count) for part in _T5_PARTS]
+    present = set(names)
+    mapping: dict[str, str] = {}
+    for name in ours:
+        theirs = table.get_name(name)
+        if theirs is not None and theirs + ".weight" in present:
+            mapping[theirs + ".weight"] = name + ".weight"
+    return mapping
 
 
 GGUF_DTYPE_PREFIX = "GGUF_"
@@ -566,10 +609,16 @@ class GgufTensors:
             raise BadFileError(
                 path, f"the gguf reader could not read it ({str(error)[:160]})."
             ) from None
-        self._tensors = {t.name: t for t in reader.tensors}
         checked = {i.name: i for i in infos}
-        if set(self._tensors) != set(checked):
+        if {t.name for t in reader.tensors} != set(checked):
             raise BadFileError(path, "the gguf reader and the header disagree on its tensors.")
+        # A T5 encoder's tensors under transformers' names, as `read_gguf_header` gives them.
+        names = transformers_names(list(checked))
+        self._tensors = {names.get(t.name, t.name): t for t in reader.tensors}
+        checked = {
+            names.get(n, n): GgufTensorInfo(names.get(n, n), i.type_name, i.shape, i.start, i.nbytes)
+            for n, i in checked.items()
+        }
         self.infos = checked
         self._original = _original_shapes(path, reader, checked)
         self.shapes = {n: self._original.get(n, i.shape) for n, i in checked.items()}

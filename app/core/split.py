@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core.checkpoint import read_safetensors_header
+from app.core.checkpoint import read_header
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -34,6 +34,9 @@ TEXT_ENCODER_FOLDERS = ("text_encoders", "clip")
 VAE_FOLDERS = ("vae",)
 MAX_SIBLINGS = 64  # files whose headers are read when looking for companions
 CLIP_PREFIX = "text_model."
+# Companion files: safetensors, and GGUF (a T5 encoder in llama.cpp's names reads as
+# transformers' layout, see quantized.transformers_names).
+COMPANION_SUFFIXES = (".safetensors", ".gguf")
 
 
 # Detection ---------------------------------------------------------------------------------
@@ -260,7 +263,7 @@ class Companions:
 def _headers(paths: list[Path]) -> Iterator[tuple[Path, Shapes]]:
     for path in paths:
         with contextlib.suppress(HalfSafeError, OSError):
-            yield path, read_safetensors_header(path).shapes()
+            yield path, read_header(path).shapes()
 
 
 def _siblings(model: Path, folders: tuple[str, ...]) -> list[Path]:
@@ -273,7 +276,7 @@ def _files(folders: list[Path]) -> list[Path]:
     found: list[Path] = []
     for folder in folders:
         with contextlib.suppress(OSError):
-            found += sorted(p for p in folder.iterdir() if p.suffix == ".safetensors")
+            found += sorted(p for p in folder.iterdir() if p.suffix in COMPANION_SUFFIXES)
     return found[:MAX_SIBLINGS]
 
 
@@ -289,9 +292,11 @@ def find_companions(
         path = Path(given).expanduser()
         if not path.is_file():
             raise BadFileError(path, "the text encoder does not exist (no such file).")
-        if path.suffix.lower() != ".safetensors":
-            raise UnsupportedModelError(path, "split text encoders are read from .safetensors.")
-        kind = encoder_kind(read_safetensors_header(path).shapes())
+        if path.suffix.lower() not in COMPANION_SUFFIXES:
+            raise UnsupportedModelError(
+                path, "split text encoders are read from .safetensors or .gguf files."
+            )
+        kind = encoder_kind(read_header(path).shapes())
         if kind is None:
             raise UnsupportedModelError(
                 path, "this is neither a CLIP nor a T5 text encoder in transformers' layout."

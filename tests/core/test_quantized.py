@@ -384,6 +384,31 @@ def test_a_flux_gguf_transformer_loads_with_its_companions_within_quantisation_e
         )
 
 
+def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(tmp_path):
+    """city96's T5 GGUF files name tensors as llama.cpp does (token_embd, enc.blk.N.attn_q);
+    they are found beside the transformer by content and read under transformers' names."""
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    pipeline, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    t5_file = tmp_path / "models" / "text_encoders" / "t5xxl.safetensors"
+    with Checkpoint(t5_file) as checkpoint:
+        t5 = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    t5_file.unlink()
+    table = get_tensor_name_map(MODEL_ARCH.T5ENCODER, 2)
+    named = {table.get_name(k.removesuffix(".weight")) + ".weight": v for k, v in t5.items()}
+    assert {"token_embd.weight", "enc.blk.0.attn_q.weight", "enc.output_norm.weight"} <= set(named)
+    write_gguf(t5_file.with_name("t5-v1_1-xxl-encoder-Q8_0.gguf"), named)
+
+    model = models.load_model(str(path))
+
+    assert model.quantization is not None
+    assert model.quantization["files"] == [path.name, "t5-v1_1-xxl-encoder-Q8_0.gguf"]
+    state = model.pipeline.text_encoder_2.state_dict()
+    for key, reference in pipeline.text_encoder_2.state_dict().items():
+        bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
+        assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
+
+
 def test_a_nan_planted_in_a_gguf_file_is_found_by_name(tmp_path):
     _, bfl, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
     bad = "double_blocks.0.img_mlp.0.weight"
