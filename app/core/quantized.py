@@ -58,9 +58,10 @@ SCALED_FP8_MARKER = "scaled_fp8"
 # (e4m3's largest value), and real weights' largest values lie between about 1e-3 and a few
 # hundred, so real scales fall between about 1e-6 and 1.
 SCALE_RANGE = (1e-10, 1e4)
-# No weight of a real SD, SDXL, Flux or SD3 checkpoint comes near this (their largest are in the
-# tens to hundreds: norm gains, embeddings); every one of them also ships in fp16, whose largest
-# value is 65,504. A dequantised weight past it was decoded wrongly.
+# A judgment with a wide margin: the largest weights expected in SD, SDXL, Flux and SD3 files
+# (norm gains, embeddings) are in the tens, and a weight this large would carry activations
+# toward fp16's 65,504 in the first layer it meets. A dequantised weight past it is reported as
+# wrongly decoded.
 PLAUSIBLE_WEIGHT_MAX = 1e4
 
 
