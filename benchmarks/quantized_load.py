@@ -59,7 +59,8 @@ def random_bfl_state() -> dict:
     state = {
         k: torch.randn(v.shape, generator=generator) * 0.02 for k, v in model.state_dict().items()
     }
-    return split.flux_to_bfl(state, model.config)
+    rows = split.LAYOUTS["flux"].table({**model.config, "_class_name": "FluxTransformer2DModel"})
+    return split.to_original(rows, state)
 
 
 def write_form(form: str, state: dict, path: Path) -> Path:
@@ -112,7 +113,7 @@ def build_files(root: Path) -> dict[str, Path]:
     from app.core import models
     from app.core.demo import build_tiny_flux_pipeline
 
-    written = models.save_flux_split_files(build_tiny_flux_pipeline(), root / "companions")
+    written = models.save_split_files(build_tiny_flux_pipeline(), root / "companions")
     written["transformer"].unlink()
     state = random_bfl_state()
     files = {}

@@ -16,7 +16,14 @@ from gguf.quants import quantize
 from app.core import health, models, split
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
-from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd_pipeline
+from app.core.demo import (
+    build_tiny_chroma_pipeline,
+    build_tiny_flux_pipeline,
+    build_tiny_qwenimage_pipeline,
+    build_tiny_sd3_pipeline,
+    build_tiny_sd_pipeline,
+    build_tiny_zimage_pipeline,
+)
 from app.core.errors import BadFileError
 from app.core.quantized import check_gguf_header, dequantize_fp8
 from app.core.settings import PrecisionSettings
@@ -278,8 +285,8 @@ def test_a_plain_fp8_single_file_loads(tmp_path, dtype):
 @pytest.mark.parametrize("prefix", ["", "model.diffusion_model."], ids=["plain", "comfy-full"])
 def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
     """The transformer per-row `weight_scale`d (under ComfyUI's full-save prefix too), the T5
-    companion ComfyUI-style: both readers (the transformer's and the companions') go through
-    the one dequantising path."""
+    companion ComfyUI-style, the VAE per tensor: every reader (the transformer's, the text
+    encoders', the VAE's) goes through the one dequantising path."""
     pipeline = build_tiny_flux_pipeline()
     written = models.save_split_files(pipeline, tmp_path / "models", "flux1-fp8")
     with Checkpoint(written["transformer"]) as checkpoint:
@@ -290,13 +297,21 @@ def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
         t5 = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
     t5_stored, t5_exact = fp8_scaled(t5)
     write_safetensors(written["text_encoder_2"], t5_stored)
+    with Checkpoint(written["vae"]) as checkpoint:
+        vae = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    vae_stored, _ = fp8_scaled(vae, style="weight_scale")
+    write_safetensors(written["vae"], vae_stored)
 
     model = models.load_model(str(written["transformer"]))
 
     assert model.format == "split_files"
     assert model.quantization is not None
     assert model.quantization["format"] == "fp8_scaled"
-    assert model.quantization["files"] == ["flux1-fp8.safetensors", "t5xxl.safetensors"]
+    assert model.quantization["files"] == [
+        "flux1-fp8.safetensors",
+        "t5xxl.safetensors",
+        "ae.safetensors",
+    ]
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     config = {**pipeline.transformer.config, "_class_name": "FluxTransformer2DModel"}
     state = model.pipeline.transformer.state_dict()
@@ -308,6 +323,77 @@ def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
     t5_state = model.pipeline.text_encoder_2.state_dict()
     key = "encoder.block.0.layer.1.DenseReluDense.wo.weight"
     close_to(t5_state[key], t5_exact[key], t5[key].float())
+
+
+SD3_COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae")
+SD3_T5_LAYER = "text_encoders.t5xxl.transformer.encoder.block.0.layer.1.DenseReluDense.wo.weight"
+
+
+def sd35_fp8_scaled(tmp_path):
+    """SD3.5 Large as `sd3.5_large_fp8_scaled.safetensors` holds it: one file with the MMDiT,
+    CLIP-L, CLIP-G and T5 inside, their matrices fp8 e4m3 with ComfyUI's `scale_weight`s and
+    `scaled_fp8` marker, the VAE in bf16. Returns its path, the tensors written, and a file of
+    the exact dequantised values (fp32) beside it, to load for reference."""
+    pipeline = build_tiny_sd3_pipeline()
+    root = tmp_path / "models"
+    path = models.save_split_files(pipeline, root, "sd3.5_large_fp8_scaled", single_file=True)[
+        "transformer"
+    ]
+    with Checkpoint(path) as checkpoint:
+        tensors = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    vae = {k: v.to(torch.bfloat16) for k, v in tensors.items() if k.startswith("first_stage")}
+    stored, exact = fp8_scaled({k: v for k, v in tensors.items() if k not in vae})
+    stored.update(vae)
+    write_safetensors(path, stored)
+    plain = {k: v for k, v in tensors.items() if k in exact or k in vae or k in stored}
+    reference = {k: exact[k] if k in exact else stored[k].float() for k in plain}
+    (root / "exact").mkdir()
+    return path, stored, write_safetensors(root / "exact" / "sd3.5_large.safetensors", reference)
+
+
+def test_an_sd35_fp8_scaled_file_with_everything_inside_loads_every_part_dequantised(tmp_path):
+    path, _, reference = sd35_fp8_scaled(tmp_path)
+
+    model = models.load_model(str(path))
+
+    assert (model.architecture, model.format) == ("sd3", "single_file")
+    assert model.quantization == {
+        "format": "fp8_scaled",
+        "types": ["F8_E4M3"],
+        "files": [path.name],
+        "dequantized_to": "bf16",
+    }
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    # Each part (the MMDiT through the layout's table, the CLIPs, the T5, the VAE) holds the
+    # exact dequantised values, rounded once to bf16.
+    exact = models.load_model(str(reference))
+    for component in SD3_COMPONENTS:
+        got = getattr(model.pipeline, component).state_dict()
+        want = getattr(exact.pipeline, component).state_dict()
+        assert set(got) == set(want), component
+        for key, value in want.items():
+            close_to(got[key], value.float())
+    report = health.check_loaded(
+        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+    )
+    assert report.verdict is Verdict.HEALTHY
+    assert report.to_json()["model"]["quantization"]["format"] == "fp8_scaled"
+
+
+def test_a_bad_scale_inside_an_sd35_file_names_the_part_that_holds_it(tmp_path):
+    path, stored, _ = sd35_fp8_scaled(tmp_path)
+    stored[SD3_T5_LAYER.removesuffix("weight") + "scale_weight"] = torch.tensor(0.0)
+    write_safetensors(path, stored)
+
+    model = models.load_model(str(path))
+
+    [finding] = model.weights.bad_quantized
+    assert finding.to_json() == {
+        "tensor": SD3_T5_LAYER,
+        "file": path.name,
+        "component": "text_encoder_3",
+        "problem": f"has the scale 0 (in {SD3_T5_LAYER.removesuffix('weight')}scale_weight)",
+    }
 
 
 # GGUF --------------------------------------------------------------------------------------
@@ -335,15 +421,20 @@ def write_gguf(path, tensors, qtype=GGMLQuantizationType.Q8_0):
     return path
 
 
-def flux_gguf(tmp_path, qtype, folder="diffusion_models"):
-    pipeline = build_tiny_flux_pipeline()
-    written = models.save_split_files(pipeline, tmp_path / "models", "flux1-tiny")
+def gguf_split_set(tmp_path, pipeline, qtype, folder="diffusion_models", name="flux1-tiny"):
+    """The pipeline as ComfyUI keeps it, its transformer file replaced by a GGUF one (in
+    `folder`). Returns the pipeline, the transformer's original-layout tensors, the GGUF path."""
+    written = models.save_split_files(pipeline, tmp_path / "models", name)
     with Checkpoint(written["transformer"]) as checkpoint:
-        bfl = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+        original = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
     written["transformer"].unlink()
-    target = tmp_path / "models" / folder / "flux1-tiny-Q.gguf"
+    target = tmp_path / "models" / folder / f"{name}-Q.gguf"
     target.parent.mkdir(exist_ok=True)
-    return pipeline, bfl, write_gguf(target, bfl, qtype)
+    return pipeline, original, write_gguf(target, original, qtype)
+
+
+def flux_gguf(tmp_path, qtype, folder="diffusion_models"):
+    return gguf_split_set(tmp_path, build_tiny_flux_pipeline(), qtype, folder)
 
 
 # Largest error of one value, relative to its block's largest: half a step (Q4_0: a whole one,
@@ -382,6 +473,42 @@ def test_a_flux_gguf_transformer_loads_with_its_companions_within_quantisation_e
             not torch.equal(state[k].float(), v)
             for k, v in pipeline.transformer.state_dict().items()
         )
+
+
+# The other layouts' GGUF transformers, as city96 converts them: (builder, architecture).
+GGUF_LAYOUTS = {
+    "chroma": (build_tiny_chroma_pipeline, "chroma"),
+    "sd3": (build_tiny_sd3_pipeline, "sd3"),
+    "zimage": (build_tiny_zimage_pipeline, "zimage"),
+    # Its text encoder file is read with Qwen2.5-VL's 128-wide heads.
+    "qwenimage": (lambda: build_tiny_qwenimage_pipeline(text_width=128), "qwenimage"),
+}
+
+
+@pytest.mark.parametrize("layout", list(GGUF_LAYOUTS))
+def test_a_gguf_transformer_of_every_layout_loads_and_is_listed_with_its_companions(
+    tmp_path, layout
+):
+    from app.core.library import scan_library
+
+    build, architecture = GGUF_LAYOUTS[layout]
+    pipeline, _, path = gguf_split_set(
+        tmp_path, build(), GGMLQuantizationType.Q8_0, name=f"{layout}-tiny"
+    )
+
+    model = models.load_model(str(path))
+
+    assert (model.format, model.architecture) == ("split_files", architecture)
+    assert model.quantization is not None and model.quantization["files"] == [path.name]
+    assert "Q8_0" in model.quantization["types"]
+    assert model.weights.non_finite == [] and model.weights.bad_quantized == []
+    state = model.pipeline.transformer.state_dict()
+    for key, reference in pipeline.transformer.state_dict().items():
+        bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
+        assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
+    (entry,) = scan_library([str(path.parent)], include_defaults=False, use_cache=False)
+    assert (entry.path, entry.architecture, entry.supported) == (str(path), architecture, True)
+    assert entry.companions is not None and None not in entry.companions.values()
 
 
 def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(tmp_path):
