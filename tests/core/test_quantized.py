@@ -536,6 +536,26 @@ def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(
         assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
 
 
+def test_clip_and_vae_gguf_companions_under_their_safetensors_names_load(tmp_path):
+    pipeline, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    for part in ("vae/ae", "text_encoders/clip_l"):
+        file = tmp_path / "models" / f"{part}.safetensors"
+        with Checkpoint(file) as checkpoint:
+            tensors = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+        file.unlink()
+        write_gguf(file.with_suffix(".gguf"), tensors)
+
+    model = models.load_model(str(path))
+
+    assert model.quantization is not None
+    assert model.quantization["files"] == [path.name, "clip_l.gguf", "ae.gguf"]
+    for component in ("text_encoder", "vae"):
+        state = getattr(model.pipeline, component).state_dict()
+        for key, reference in getattr(pipeline, component).state_dict().items():
+            bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
+            assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
+
+
 def test_a_nan_planted_in_a_gguf_file_is_found_by_name(tmp_path):
     _, bfl, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
     bad = "double_blocks.0.img_mlp.0.weight"
