@@ -321,6 +321,9 @@ MAX_GGUF_ARRAY_ITEMS = 1 << 22
 MAX_GGUF_STRING = 1 << 20
 MAX_GGUF_ALIGNMENT = 1 << 16
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_INTEGER_FORMS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+# ComfyUI-GGUF stores some tensors flattened for quantisation and records the true shape here.
+ORIGINAL_SHAPE_KEY = "comfy.gguf.orig_shape."
 _STRING, _ARRAY = 8, 9
 _UINT32 = 4
 
@@ -337,7 +340,9 @@ def is_gguf_file(path: str | os.PathLike[str]) -> bool:
 class GgufTensorInfo:
     name: str
     type_name: str  # "Q8_0", "F16", ...
-    shape: tuple[int, ...]  # torch order (the file stores the reverse)
+    # Torch order (the file stores the reverse); where ComfyUI-GGUF flattened a tensor, the
+    # original shape it recorded (`ORIGINAL_SHAPE_KEY`), holding the same elements.
+    shape: tuple[int, ...]
     start: int  # absolute byte offset in the file
     nbytes: int
 
@@ -371,6 +376,7 @@ class _GgufWalker:
         self.offset = 0
         self.items = 0
         self.alignment = 32
+        self.original_shapes: dict[str, tuple[int, ...]] = {}
 
     def fail(self, problem: str) -> BadFileError:
         return BadFileError(self.path, problem)
@@ -435,6 +441,8 @@ class _GgufWalker:
                 if alignment == 0 or alignment & (alignment - 1) or alignment > MAX_GGUF_ALIGNMENT:
                     raise self.fail(f"its general.alignment of {alignment} is not a power of two.")
                 self.alignment = alignment
+            elif key.startswith(ORIGINAL_SHAPE_KEY) and kind == _ARRAY:
+                self.original_shapes[key.removeprefix(ORIGINAL_SHAPE_KEY)] = self.shape(key)
             else:
                 self.value(kind, key)
         infos: list[tuple[str, str, tuple[int, ...], int, int]] = []
@@ -487,10 +495,23 @@ class _GgufWalker:
                     f"tensor '{name}' ends at byte {start + end} but the file has only "
                     f"{self.size}: the file is truncated."
                 )
-            found.append(GgufTensorInfo(name, type_name, shape, start + offset, nbytes))
+            recorded = self.original_shapes.get(name, shape)
+            if math.prod(recorded) != math.prod(shape) or check_tensor_shape(recorded):
+                raise self.fail(
+                    f"its recorded original shape of '{name}' does not hold the tensor's elements."
+                )
+            found.append(GgufTensorInfo(name, type_name, recorded, start + offset, nbytes))
         if not found:
             raise self.fail("the file holds no tensors, so it holds no model.")
         return found
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """A recorded original shape: a short array of whole numbers."""
+        item = self.unpack("<I", f"the array type of '{key}'")
+        count = self.unpack("<Q", f"the array length of '{key}'")
+        if item not in _INTEGER_FORMS or not 1 <= count <= MAX_TENSOR_RANK:
+            raise self.fail(f"its metadata '{key}' is not a shape (a few whole numbers).")
+        return tuple(self.unpack(_INTEGER_FORMS[item], f"'{key}'") for _ in range(count))
 
     def value(self, kind: int, key: str) -> None:
         if kind in _SCALAR_SIZES:
@@ -621,8 +642,7 @@ class GgufTensors:
             for n, i in checked.items()
         }
         self.infos = checked
-        self._original = _original_shapes(path, reader, checked)
-        self.shapes = {n: self._original.get(n, i.shape) for n, i in checked.items()}
+        self.shapes = {n: i.shape for n, i in checked.items()}
         self.types = {n: i.type_name for n, i in checked.items()}
         self.file_size = os.stat(path).st_size
         self._reader = reader
@@ -656,27 +676,4 @@ class GgufTensors:
                     f"tensor '{name}' is {info.type_name}, which the gguf package cannot decode.",
                 ) from None
             result = torch.from_numpy(values).reshape(info.shape).to(torch.bfloat16)
-        return result.reshape(self.shapes[name])
-
-
-def _original_shapes(
-    path: Path, reader, infos: Mapping[str, GgufTensorInfo]
-) -> dict[str, tuple[int, ...]]:
-    """ComfyUI-GGUF files may store a tensor flattened for quantisation and record its true
-    shape as `comfy.gguf.orig_shape.<name>`; such a shape must hold the same elements."""
-    shapes: dict[str, tuple[int, ...]] = {}
-    for name, info in infos.items():
-        found = reader.get_field(f"comfy.gguf.orig_shape.{name}")
-        if found is None:
-            continue
-        try:
-            shape = tuple(int(v) for v in found.contents())
-        except (TypeError, ValueError):
-            shape = ()
-        if not shape or math.prod(shape) != math.prod(info.shape) or check_tensor_shape(shape):
-            raise BadFileError(
-                path,
-                f"its recorded original shape of '{name}' does not hold the tensor's elements.",
-            )
-        shapes[name] = shape
-    return shapes
+        return result

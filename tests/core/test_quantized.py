@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
 from app.core import health, models, split
@@ -399,15 +399,21 @@ def test_a_bad_scale_inside_an_sd35_file_names_the_part_that_holds_it(tmp_path):
 # GGUF --------------------------------------------------------------------------------------
 
 
-def write_gguf(path, tensors, qtype=GGMLQuantizationType.Q8_0):
+def write_gguf(path, tensors, qtype=GGMLQuantizationType.Q8_0, flattened=(), recorded=None):
     """A GGUF file as city96's converter writes a Flux transformer: matrices whose rows fit the
-    block size in `qtype`, the rest (biases, norms, odd rows) in F32 or F16."""
+    block size in `qtype`, the rest (biases, norms, odd rows) in F32 or F16. The tensors named
+    in `flattened` are stored as rows of one block, their shape recorded as ComfyUI-GGUF does
+    (`recorded` gives another shape to record instead)."""
     from gguf.constants import GGML_QUANT_SIZES
 
     block = GGML_QUANT_SIZES[qtype][0]
     writer = GGUFWriter(path, "flux")
     for name, tensor in tensors.items():
         values = tensor.float().numpy()
+        if name in flattened:
+            shape = recorded or list(tensor.shape)
+            writer.add_array(f"comfy.gguf.orig_shape.{name}", shape)
+            values = values.reshape(-1, block)
         if qtype == GGMLQuantizationType.F16 or tensor.ndim < 2:
             writer.add_tensor(name, values.astype(np.float16 if tensor.ndim >= 2 else np.float32))
         elif values.shape[-1] % block == 0:
@@ -510,6 +516,45 @@ def test_a_gguf_transformer_of_every_layout_loads_and_is_listed_with_its_compani
     assert (entry.path, entry.architecture, entry.supported) == (str(path), architecture, True)
     assert entry.companions is not None and None not in entry.companions.values()
 
+
+SD3_PATCHES = "x_embedder.proj.weight"  # 4-D, rows of 2 values: flattened by ComfyUI-GGUF
+
+
+def test_a_tensor_flattened_for_quantisation_is_read_in_its_recorded_shape(tmp_path):
+    from app.core.library import scan_library
+
+    pipeline, original, path = gguf_split_set(
+        tmp_path, build_tiny_sd3_pipeline(), GGMLQuantizationType.Q8_0, name="sd3.5-tiny"
+    )
+    write_gguf(path, original, flattened=(SD3_PATCHES,))
+    stored = next(t for t in GGUFReader(path).tensors if t.name == SD3_PATCHES)
+    assert len(stored.shape) == 2  # as written: rows of one block
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.shapes[SD3_PATCHES] == original[SD3_PATCHES].shape
+        assert checkpoint.dtypes[SD3_PATCHES] == "GGUF_Q8_0"
+
+    model = models.load_model(str(path))
+
+    got = model.pipeline.transformer.pos_embed.proj.weight.float()
+    reference = pipeline.transformer.pos_embed.proj.weight
+    assert (got - reference).abs().max() <= reference.abs().max() * STEP["Q8_0"] * 1.05
+    # The library reads the same shapes from the header alone.
+    (entry,) = scan_library([str(path.parent)], include_defaults=False, use_cache=False)
+    assert (entry.architecture, entry.supported) == ("sd3", True)
+
+
+def test_a_recorded_shape_that_does_not_hold_the_tensor_is_refused(tmp_path):
+    _, original, path = gguf_split_set(
+        tmp_path, build_tiny_sd3_pipeline(), GGMLQuantizationType.Q8_0, name="sd3.5-tiny"
+    )
+    write_gguf(path, original, flattened=(SD3_PATCHES,), recorded=[3, 5])
+
+    with pytest.raises(BadFileError) as caught:
+        models.load_model(str(path))
+
+    text = str(caught.value)
+    assert str(path) in text and f"original shape of '{SD3_PATCHES}'" in text
+    assert "\n" not in text
 
 def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(tmp_path):
     """city96's T5 GGUF files name tensors as llama.cpp does (token_embd, enc.blk.N.attn_q);
