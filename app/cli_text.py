@@ -37,6 +37,15 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     ]
 
 
+def _quantization_line(quantization: dict | None) -> list[str]:
+    if not quantization:
+        return []
+    return [
+        f"Stored:  {quantization['format']} ({', '.join(quantization['types'])}), "
+        f"dequantised to {quantization['dequantized_to']} when loaded"
+    ]
+
+
 def health_text(report: HealthReport) -> str:
     """The human-readable report `halfsafe check` prints; its first line is the headline."""
     lines = [
@@ -45,6 +54,7 @@ def health_text(report: HealthReport) -> str:
         f"Model:   {report.model['source']} ({report.model['architecture']}, {report.model['format']})",
         f"Device:  {report.device['name']} ({report.device['kind']}), probed at "
         f"{report.size}x{report.size}, timesteps {', '.join(map(str, report.timesteps))}",
+        *_quantization_line(report.model.get("quantization")),
         "Tested:  "
         + ", ".join(f"{k} {v}" for k, v in report.plan.dtypes.items())
         + (", upcast attention" if report.plan.upcast_attention else ""),
@@ -68,6 +78,8 @@ def health_text(report: HealthReport) -> str:
             f"Damaged tensors: {', '.join(report.weights_non_finite[:5])}"
             + (" ..." if len(report.weights_non_finite) > 5 else "")
         )
+    for finding in report.weights_bad_quantized[:5]:
+        lines.append(f"Bad quantized tensor: {finding['tensor']} {finding['problem']}")
     lines.append(f"Verdict: {_VERDICTS[report.verdict.value]}")
     if report.loras:
         lines.append(

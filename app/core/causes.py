@@ -331,6 +331,17 @@ def attribute(
     if report.verdict is Verdict.HEALTHY or not failed:
         return None
     component = failed[0]
+    if report.weights_bad_quantized:  # a bad scale first: it can also make its weight NaN
+        first = report.weights_bad_quantized[0]
+        return Cause(
+            "weights",
+            component,
+            f"The quantized weight {first['tensor']} {first['problem']}: the file's "
+            "quantisation is at fault, not fp16 overflow, and no setting can repair it.",
+            "replace the file (or use an unquantized one)",
+            "none",
+            verified=False,
+        )
     if report.weights_non_finite:
         return Cause(
             "weights",

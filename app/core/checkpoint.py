@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.core import quantized
 from app.core.errors import BadFileError, PickleRefusedError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.limits import check_tensor_shape, open_regular, parse_json, read_regular
@@ -169,6 +170,15 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     if len(raw) != header_len:
         raise BadFileError(path, "the file changed or ended while its header was being read.")
     return _parse_header(path, size, raw)
+
+
+def read_header(path: str | Path) -> SafetensorsHeader | quantized.GgufHeader:
+    """A model file's tensor names, shapes and dtype codes from its header alone: a GGUF file
+    (by its first bytes) or a safetensors file, each validated (see `read_safetensors_header`,
+    `quantized.check_gguf_header`)."""
+    if quantized.is_gguf_file(path):
+        return quantized.read_gguf_header(path)
+    return read_safetensors_header(path)
 
 
 def _parse_header(path: Path, size: int, raw: bytes) -> SafetensorsHeader:
@@ -460,6 +470,15 @@ class Checkpoint:
     """A single-file checkpoint opened for reading: names, shapes and dtypes up front, tensors
     on demand.
 
+    Quantized files are dequantised here, in `get`, so every loader reads plain weights: fp8
+    tensors are multiplied by their scales (`quantized.fp8_layout` pairs them; the scales, input
+    scales and the `scaled_fp8` marker are hidden from `keys`, `shapes` and `dtypes`), GGUF files
+    (recognised by their first bytes, bounds-checked before they are mapped) are decoded by the
+    gguf package. Both become `quantized.COMPUTE_DTYPE`. What a decoded weight shows wrong (a
+    bad scale, implausible values) is kept in `findings` and reported to an active
+    `quantized.collecting()`; `quantization` says how the file is stored. `component` names the
+    pipeline part the file holds, when the loader knows it (for the findings).
+
     For safetensors, the validated byte ranges are read as zero-copy views of a private
     (copy-on-write) memory map of the file: nothing is copied, pages are shared with the OS
     cache, and writing to a tensor never touches the file. The map lives as long as any
@@ -468,12 +487,20 @@ class Checkpoint:
     manager, or call `close()`.
     """
 
-    def __init__(self, path: str | Path, *, allow_pickle: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, allow_pickle: bool = False, component: str | None = None
+    ) -> None:
         self.path = Path(path)
         self.header: SafetensorsHeader | None = None
         self._map: Any = None
         self._tensors: dict[str, Any] | None = None
         self._populated = 0
+        self._gguf: quantized.GgufTensors | None = None
+        self._fp8: quantized.Fp8Layout | None = None
+        self._scales: dict[str, Any] = {}
+        self.quantization: quantized.Quantization | None = None
+        self.findings: dict[str, quantized.QuantFinding] = {}
+        self.component = component
         if is_pickle_file(self.path):
             if not allow_pickle:
                 refuse_pickle(self.path)
@@ -483,6 +510,16 @@ class Checkpoint:
             self.dtypes = {k: _safetensors_dtype(v.dtype) for k, v in self._tensors.items()}
             self.metadata: dict[str, str] = {}
             self.file_size = _file_size(self.path)
+        elif quantized.is_gguf_file(self.path):
+            self._gguf = quantized.GgufTensors(self.path)
+            self._stamp = self._stamp_now()
+            self.shapes = dict(self._gguf.shapes)
+            self.dtypes = {n: _gguf_code(t) for n, t in self._gguf.types.items()}
+            self.metadata = {}
+            self.file_size = self._gguf.file_size
+            self.quantization = quantized.Quantization(
+                "gguf", self._gguf.quantized_types, self.path.name
+            )
         else:
             self.header = read_safetensors_header(self.path)
             self.shapes = self.header.shapes()
@@ -492,7 +529,31 @@ class Checkpoint:
         if not self.shapes:
             raise BadFileError(self.path, "the file holds no tensors, so it holds no model.")
         if self.header is not None:
+            self._fp8 = quantized.fp8_layout(self.path, self.dtypes, self.shapes)
             self._open_for_tensors()
+        if self._fp8 is not None:
+            self._read_scales(self._fp8)
+        if self.quantization is not None:
+            quantized.report(quantization=self.quantization)
+
+    def _read_scales(self, layout: quantized.Fp8Layout) -> None:
+        """Hide the fp8 bookkeeping tensors and read every scale (a few bytes each) up front,
+        so each weight is dequantised with its own scale as it is read."""
+        import torch
+
+        for name in layout.hidden:
+            self.shapes.pop(name, None)
+            self.dtypes.pop(name, None)
+        for weight, scale in layout.scale_of.items():
+            self._scales[weight] = self._stored(scale).to(torch.float32).clone()
+        types = sorted({layout.fp8[n] for n in layout.fp8})
+        self.quantization = quantized.Quantization(layout.format, types, self.path.name)
+
+    def _finding(self, name: str, problem: str) -> None:
+        finding = quantized.QuantFinding(name, problem, self.path.name, self.component)
+        if name not in self.findings:
+            self.findings[name] = finding
+            quantized.report(finding=finding)
 
     def _open_for_tensors(self) -> None:
         """Hold the validated file open and remember what it looked like (see `check_unchanged`)."""
@@ -549,14 +610,44 @@ class Checkpoint:
     def keys(self) -> list[str]:
         """Tensor names, in file order (sequential reads are kinder to disks)."""
         if self.header is not None:
-            return [k for k, _ in sorted(self.header.tensors.items(), key=lambda kv: kv[1].start)]
+            ordered = sorted(self.header.tensors.items(), key=lambda kv: kv[1].start)
+            return [k for k, _ in ordered if k in self.shapes]
+        if self._gguf is not None:
+            return self._gguf.keys()
         return list(self.shapes)
 
     def get(self, name: str):
-        """One tensor, as stored (dtype and shape as in the file)."""
+        """One tensor: as stored (dtype and shape as in the file), except that fp8 and GGUF
+        weights come dequantised (see the class)."""
         if self._tensors is not None:
             self.check_unchanged()
             return self._tensors[name]
+        if self._gguf is not None:
+            self.check_unchanged()
+            tensor = self._gguf.get(name)
+            if self.dtypes[name].startswith(_GGUF_PREFIX):
+                self._check_decoded(name, tensor)
+            return tensor
+        tensor = self._stored(name)
+        if self._fp8 is None or name not in self._fp8.fp8:
+            return tensor
+        # The one place fp8 becomes a plain weight: scaled where the file has a scale.
+        scale = self._scales.get(name)
+        problem = quantized.scale_problem(scale, tensor) if scale is not None else None
+        tensor = quantized.dequantize_fp8(tensor, scale)
+        if problem is not None:
+            self._finding(name, f"has the scale {problem} (in {self._fp8.scale_of[name]})")
+        else:
+            self._check_decoded(name, tensor)
+        return tensor
+
+    def _check_decoded(self, name: str, tensor) -> None:
+        problem = quantized.implausible(tensor)
+        if problem is not None:
+            self._finding(name, problem)
+
+    def _stored(self, name: str):
+        """One safetensors tensor exactly as stored: a zero-copy view of the map."""
         import torch
 
         assert self.header is not None
@@ -673,6 +764,10 @@ def _torch_dtype(path: Path, name: str, code: str):
     return dtype
 
 
+_GGUF_PREFIX = quantized.GGUF_DTYPE_PREFIX
+_gguf_code = quantized.gguf_dtype_code
+
+
 def _safetensors_dtype(dtype: Any) -> str:
     import torch
 
@@ -687,16 +782,24 @@ def _safetensors_dtype(dtype: Any) -> str:
         torch.int8: "I8",
         torch.uint8: "U8",
         torch.bool: "BOOL",
+        torch.float8_e4m3fn: "F8_E4M3",
+        torch.float8_e5m2: "F8_E5M2",
+        torch.float8_e8m0fnu: "F8_E8M0",
     }
     return names.get(dtype, str(dtype).removeprefix("torch.").upper())
 
 
 def stored_dtype(dtypes: Iterable[str]) -> str:
-    """ "fp16", "bf16", "fp32" when every floating tensor has that dtype, else "mixed".
+    """ "fp16", "bf16", "fp32" (or "fp8", a GGUF type such as "q8_0") when every floating
+    tensor has that dtype, else "mixed".
 
     Integer tensors (position ids, step counters) do not count.
     """
-    found = {DTYPE_NAMES.get(d, d.lower()) for d in dtypes if d in FLOAT_DTYPES}
+    found = {
+        DTYPE_NAMES.get(d, d.removeprefix(_GGUF_PREFIX).lower())
+        for d in dtypes
+        if d in FLOAT_DTYPES or d.startswith(_GGUF_PREFIX)
+    }
     if len(found) == 1:
         return found.pop()
     return "mixed" if found else "none"
@@ -715,6 +818,8 @@ class WeightScan:
     bytes: int
     seconds: float
     content: str | None = None  # TensorDigest hex, None when the scan did not identify
+    # Quantized weights that decode wrongly (a bad scale, implausible values): see quantized.py.
+    bad_quantized: list[quantized.QuantFinding] = field(default_factory=list)
 
     @property
     def mb_per_s(self) -> float:
@@ -736,6 +841,7 @@ class WeightScan:
             self.bytes + other.bytes,
             self.seconds + other.seconds,
             content,
+            self.bad_quantized + other.bad_quantized,
         )
 
 
@@ -897,6 +1003,8 @@ def scan_weights(
         if isinstance(tensors, Checkpoint):
             tensors.close()
     result = scanner.result()
+    if isinstance(tensors, Checkpoint):
+        result.bad_quantized = list(tensors.findings.values())
     result.seconds = time.perf_counter() - started
     return result
 

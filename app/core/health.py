@@ -211,6 +211,9 @@ class HealthReport:
     # Every fix candidate the check re-ran, ranked per component, verified or not (kept also
     # when nothing was verified: the cause's kernel probe reuses their re-runs). Not reported.
     tried: list[diagnosis.CandidateResult] = field(default_factory=list, repr=False)
+    # Quantized weights that decode wrongly (QuantFinding.to_json each): a loader's or a
+    # conversion's fault, told apart from overflow.
+    weights_bad_quantized: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
@@ -225,7 +228,10 @@ class HealthReport:
             "device": self.device,
             "tested": self.plan.tested(),
             "tested_layers": layer_words(self.plan),
-            "weights": {"non_finite": self.weights_non_finite},
+            "weights": {
+                "non_finite": self.weights_non_finite,
+                "bad_quantized": self.weights_bad_quantized,
+            },
             "components": {name: c.to_json() for name, c in self.components.items()},
             "verdict": self.verdict.value,
             "headline": self.headline,
@@ -655,7 +661,17 @@ def check_loaded(
             f"Using the fix remembered for this model on this device: {remembered.summary}"
         )
     bad_weights = sorted(model.weights.non_finite)
-    broken = {component_of_tensor(name) for name in bad_weights}
+    bad_quantized = list(getattr(model.weights, "bad_quantized", []))
+    broken = {component_of_tensor(name) for name in bad_weights} | {
+        f.component or component_of_tensor(f.tensor) for f in bad_quantized
+    }
+    quantization = getattr(model, "quantization", None)
+    if quantization and not bad_quantized:
+        notes.append(
+            f"The model is stored quantized ({quantization['format']}: "
+            f"{', '.join(quantization['types'])}); the check ran on its weights dequantised to "
+            f"{quantization['dequantized_to']}, whose scales and decoded values are plausible."
+        )
     runner = _Runner(model, plan, size, prompt, steps, scheduler)
     seen = _Observations()
     search = _Search(plan)
@@ -760,12 +776,19 @@ def check_loaded(
         fix = None
         if broken or search.unfixed:
             verdict = Verdict.BROKEN
-            if broken:
+            if bad_weights:
                 notes.append(
                     "The weights themselves hold NaN or Inf values: this file is damaged, "
                     "and no precision setting can repair it."
                 )
-            else:
+            if bad_quantized:
+                more = f" (and {len(bad_quantized) - 1} more)" if len(bad_quantized) > 1 else ""
+                notes.append(
+                    f"Quantized weights decode wrongly: {bad_quantized[0].sentence}{more}. "
+                    "This is the file's quantisation (or the tool that converted it), not fp16 "
+                    "overflow, and no precision setting can repair it."
+                )
+            if not broken:
                 notes.append(
                     f"The {join_words(search.unfixed)} gives no finite output that agrees with "
                     "fp32 under any precision setting: the model itself is broken."
@@ -807,6 +830,7 @@ def check_loaded(
             "architecture": model.architecture,
             "name": model.name,
             "prediction": prediction_summary(model),
+            "quantization": getattr(model, "quantization", None),
         },
         device={"kind": info.kind, "name": info.name},
         plan=plan,
@@ -827,6 +851,7 @@ def check_loaded(
         ),
         loras=list(getattr(model, "loras", [])),
         tried=list(search.candidates),
+        weights_bad_quantized=[f.to_json() for f in bad_quantized],
     )
 
 
@@ -1153,6 +1178,13 @@ def headline(report: HealthReport) -> str:
     if report.cause is not None and report.cause.headline:
         return report.cause.headline
     if report.verdict is Verdict.BROKEN:
+        # A bad scale first: it is the cause when it also made its weight NaN.
+        if report.weights_bad_quantized:
+            first = report.weights_bad_quantized[0]
+            return (
+                f"Broken: quantized weight {first['tensor']} {first['problem']}; this is the "
+                "file's quantisation, not fp16 overflow, and no precision setting repairs it."
+            )
         if report.weights_non_finite:
             return (
                 "Broken: the weights hold NaN or Inf values; no precision setting can repair "

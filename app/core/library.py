@@ -24,6 +24,7 @@ from app.core import limits, paths, split
 from app.core.checkpoint import (
     PICKLE_SUFFIXES,
     SAFETENSORS_SUFFIX,
+    read_header,
     read_safetensors_header,
     stored_dtype,
     write_json_atomic,
@@ -49,8 +50,9 @@ MAX_YAML_BYTES = 64 << 10
 MAX_YAML_SECTIONS = 64
 MAX_YAML_PATHS = 64
 APP_MODELS = "models"
-# Single files the library lists: safetensors, also as ComfyUI's short `.sft` (same format).
-MODEL_SUFFIXES = (SAFETENSORS_SUFFIX, ".sft")
+# Single files the library lists: safetensors, also as ComfyUI's short `.sft` (same format), and
+# GGUF (quantized transformers kept as split files).
+MODEL_SUFFIXES = (SAFETENSORS_SUFFIX, ".sft", ".gguf")
 # A1111 pairs `name.vae.safetensors` (or .vae.pt/.vae.ckpt) with the checkpoint `name.*`.
 VAE_PAIR_SUFFIXES = (".vae.safetensors", ".vae.sft", ".vae.pt", ".vae.ckpt")
 
@@ -613,7 +615,7 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             "code); load it with --allow-pickle to inspect it",
         )
     try:
-        header = read_safetensors_header(path)
+        header = read_header(path)
     except BadFileError as error:
         return LibraryEntry(str(path), None, None, size, str(error))
     sidecar = path.with_suffix(".yaml")
@@ -676,7 +678,7 @@ def _with_companions(entry: LibraryEntry) -> LibraryEntry:
 
     path = Path(entry.path)
     try:
-        transformer = split.read_model(read_safetensors_header(path).shapes())
+        transformer = split.read_model(read_header(path).shapes())
     except (BadFileError, ValueError):
         return entry
     if transformer is None:

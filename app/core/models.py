@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits, paths, split
+from app.core import limits, paths, quantized, split
 from app.core.checkpoint import (
     Checkpoint,
     WeightScan,
@@ -80,6 +80,8 @@ class LoadedModel:
     zero_terminal_snr: bool = False  # its scheduler rescales betas to zero terminal SNR
     prediction_because: str = ""  # how the prediction type is known (part of detected_because)
     loras: list[Any] = field(default_factory=list)  # lora.AppliedLora, in the order applied
+    # How its files store the weights when any is fp8 or GGUF (quantized.summary), else None.
+    quantization: dict[str, Any] | None = None
 
 
 def set_offline() -> None:
@@ -131,11 +133,18 @@ def load_model(
     path = Path(source).expanduser()
     if not path.exists():
         raise BadFileError(path, "the model does not exist (no such file or folder).")
-    if path.is_dir():
-        loaded = _load_folder(path, source, vae, allow_pickle, progress, cancel)
-    else:
-        loaded = _load_single_file(path, source, vae, allow_pickle, progress, cancel, text_encoders)
+    # Every file read below is dequantised as it is read, whichever loader reads it; what that
+    # shows about its scales and values is gathered here for the report.
+    with quantized.collecting() as collected:
+        if path.is_dir():
+            loaded = _load_folder(path, source, vae, allow_pickle, progress, cancel)
+        else:
+            loaded = _load_single_file(
+                path, source, vae, allow_pickle, progress, cancel, text_encoders
+            )
     loaded.vae = str(Path(vae).expanduser()) if vae is not None else None
+    loaded.quantization = quantized.summary(collected.files)
+    loaded.weights.bad_quantized = list(collected.findings)
     return loaded
 
 
@@ -882,7 +891,7 @@ def _load_vae_override(
                 path, f"this is a {config['_class_name']}, not an AutoencoderKL VAE."
             )
         return model.eval(), scan_weights(model, cancel=cancel, identify=identify), dtypes
-    with Checkpoint(path, allow_pickle=allow_pickle) as checkpoint:
+    with Checkpoint(path, allow_pickle=allow_pickle, component="vae") as checkpoint:
         keys = checkpoint.keys()
         prefix = next(
             (p for p in (arch.VAE, "vae.", "") if any(k.startswith(p + "decoder.") for k in keys)),
@@ -988,6 +997,9 @@ def _load_split(
     try:
         with one_torch_thread():
             progress("Loading the transformer", 0, steps)
+            # What the file's reader finds wrong in a quantized weight names the component
+            # being read (the file may hold the text encoders and VAE too).
+            checkpoint.component = "transformer"
             transformer = _split_transformer(path, checkpoint, model)
             used += [checkpoint.dtypes[model.prefix + row[0]] for row in model.rows()]
             components: dict[str, Any] = {"transformer": transformer}
@@ -996,6 +1008,7 @@ def _load_split(
                     cancel.raise_if_cancelled()
                 progress(f"Loading the {need.words.removeprefix('its ')}", step, steps)
                 where = external.get(need.component)
+                checkpoint.component = need.component
                 if need.kind == "wan_vae" and where is not None:
                     part, dtypes = _load_wan_vae_file(where)
                 elif need.kind == "vae":
@@ -1009,7 +1022,7 @@ def _load_split(
                     else:
                         part, dtypes = _inner_vae(checkpoint, need.inside or "", base)
                 elif where is not None:
-                    with Checkpoint(where) as companion:
+                    with Checkpoint(where, component=need.component) as companion:
                         part, dtypes = _load_text_encoder(companion, "", need)
                 else:
                     part, dtypes = _load_text_encoder(checkpoint, need.inside or "", need)
@@ -1121,7 +1134,7 @@ def _load_wan_vae_file(path: Path):
     """Qwen-Image's VAE file in the Wan 2.1 layout (qwen_image_vae.safetensors)."""
     import diffusers
 
-    with Checkpoint(path) as checkpoint:
+    with Checkpoint(path, component="vae") as checkpoint:
         try:
             config = split.wan_vae_config(checkpoint.shapes)
         except (KeyError, ValueError) as error:

@@ -1,8 +1,9 @@
 """Models kept as split files, as ComfyUI and Forge users keep Flux.1, Chroma, SD3.x, Z-Image
-and Qwen-Image: a
-transformer file (in `diffusion_models/` or `unet/`), its text encoders (in `text_encoders/` or
-`clip/`) and its VAE (in `vae/`), each a `.safetensors` of its own; and Stability AI's SD3.x
-checkpoints, which may carry their text encoders and VAE inside the same file.
+and Qwen-Image: a transformer file (in `diffusion_models/` or `unet/`), its text encoders (in
+`text_encoders/` or `clip/`) and its VAE (in `vae/`), each a file of its own (`.safetensors`,
+bf16/fp16 or fp8, or `.gguf`: every file is read through `Checkpoint`, which dequantises fp8 and
+GGUF weights, see `quantized.py`); and Stability AI's SD3.x checkpoints, which may carry their
+text encoders and VAE inside the same file.
 
 Each transformer layout is one entry of `LAYOUTS`: the keys that mark it, how its config is
 read from tensor names and shapes (block counts, widths, head size, embeddings present or
@@ -11,10 +12,11 @@ companions it runs with. Layouts here: Black Forest Labs' (Flux.1 dev/schnell; C
 apart by its `distilled_guidance_layer`), Stability AI's MMDiT (SD3, SD3.5 Large and Medium),
 Z-Image's original layout (fused qkv, final_layer, x_embedder; a Qwen3 text encoder and Flux's
 VAE) and Qwen-Image's (diffusers' own names; a Qwen2.5-VL text encoder in its files' older
-names and a VAE in the Wan 2.1 layout, each mapped by one rename both ways). The companions come from `--text-encoder PATH` (repeatable) and `--vae PATH`, or are
-found by their contents in the usual sibling folders; a missing one is named in one sentence.
-Every header is read before any tensor; nothing reaches the network (shipped configs in
-`resources/configs`, shipped CLIP, T5 and Qwen vocabularies).
+names and a VAE in the Wan 2.1 layout, each mapped by one rename both ways). The companions
+come from `--text-encoder PATH` (repeatable) and `--vae PATH`, or are found by their contents
+in the usual sibling folders; a missing one is named in one sentence. Every header is read
+before any tensor; nothing reaches the network (shipped configs in `resources/configs`,
+shipped CLIP, T5 and Qwen vocabularies).
 
 torch, diffusers and transformers are imported inside the functions that use them.
 """
@@ -31,7 +33,7 @@ from typing import Any
 
 from app.core import architecture as arch
 from app.core import limits
-from app.core.checkpoint import read_safetensors_header
+from app.core.checkpoint import read_header
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -51,6 +53,9 @@ SD3_INSIDE = {
     "text_encoder_3": "text_encoders.t5xxl.transformer.",
     "vae": arch.VAE,
 }
+# Companion files: safetensors, and GGUF (a T5 encoder in llama.cpp's names reads as
+# transformers' layout, see quantized.transformers_names).
+COMPANION_SUFFIXES = (".safetensors", ".gguf")
 
 
 # What a transformer file is and what it runs with ------------------------------------------
@@ -1174,7 +1179,7 @@ class Companions:
 def _headers(paths: list[Path]) -> Iterator[tuple[Path, Shapes]]:
     for path in paths:
         with contextlib.suppress(HalfSafeError, OSError):
-            yield path, read_safetensors_header(path).shapes()
+            yield path, read_header(path).shapes()
 
 
 def _siblings(model: Path, folders: tuple[str, ...]) -> list[Path]:
@@ -1187,7 +1192,7 @@ def _files(folders: list[Path]) -> list[Path]:
     found: list[Path] = []
     for folder in folders:
         with contextlib.suppress(OSError):
-            found += sorted(p for p in folder.iterdir() if p.suffix == ".safetensors")
+            found += sorted(p for p in folder.iterdir() if p.suffix in COMPANION_SUFFIXES)
     return found[:MAX_SIBLINGS]
 
 
@@ -1236,9 +1241,11 @@ def find_companions(
         path = Path(given).expanduser()
         if not path.is_file():
             raise BadFileError(path, "the text encoder does not exist (no such file).")
-        if path.suffix.lower() != ".safetensors":
-            raise UnsupportedModelError(path, "split text encoders are read from .safetensors.")
-        shapes = read_safetensors_header(path).shapes()
+        if path.suffix.lower() not in COMPANION_SUFFIXES:
+            raise UnsupportedModelError(
+                path, "split text encoders are read from .safetensors or .gguf files."
+            )
+        shapes = read_header(path).shapes()
         if encoder_kind(shapes) is None:
             raise UnsupportedModelError(
                 path,

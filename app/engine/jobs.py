@@ -57,6 +57,7 @@ def summarise_model(model: Any, device: str = "auto") -> dict[str, Any]:
         "stored_dtype",
         "model_hash",
         "profile_key",
+        "quantization",
     )
     summary: dict[str, Any] = {name: _plain(getattr(model, name, None)) for name in fields}
     weights = getattr(model, "weights", None)

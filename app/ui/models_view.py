@@ -539,6 +539,12 @@ class ModelsView(QWidget):
             )
         if model.get("stored_dtype"):
             facts.append(f"stored as {model['stored_dtype']}")
+        quantization = model.get("quantization")
+        if isinstance(quantization, dict):
+            facts.append(
+                f"quantized ({quantization.get('format')}), "
+                f"dequantised to {quantization.get('dequantized_to')}"
+            )
         if model.get("native_size"):
             facts.append(f"made for {model['native_size']}×{model['native_size']} px")
         if model.get("prediction_type"):
@@ -645,5 +651,12 @@ def _weights_words(weights: dict[str, Any] | None) -> str:
         return (
             f"{checked}: {len(bad)} hold NaN or infinite values ({shown}). This file is "
             "damaged; download it again."
+        )
+    wrong = [f for f in weights.get("bad_quantized") or [] if isinstance(f, dict)]
+    if wrong:
+        return (
+            f"{checked}: {len(wrong)} quantized weights decode wrongly (the first, "
+            f"{wrong[0].get('tensor')}, {wrong[0].get('problem')}). The file's quantisation "
+            "is broken; get another copy or another quantisation."
         )
     return f"{checked}: all finite."

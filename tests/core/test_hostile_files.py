@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -577,3 +578,87 @@ def test_a_damaged_hash_cache_costs_only_a_rehash(tmp_path):
     kind, short = bounded(model_hash, path)
     assert kind == "ok" and len(short) == 10
     assert json.loads(cache.read_text())[str(path.resolve())]["sha256"].startswith(short)
+
+
+# GGUF headers ------------------------------------------------------------------------------
+# A GGUF header is a chain of counts and lengths (tensors, metadata entries, strings, arrays,
+# dimensions, offsets); each is checked against the file and real files' sizes before use.
+
+
+def _gguf_string(text: str | bytes, length: int | None = None) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw) if length is None else length) + raw
+
+
+def _gguf(
+    tensors: list[tuple[str, list[int], int, int]],
+    *,
+    count: int | None = None,
+    metadata: bytes = b"",
+    keys: int = 0,
+    data: int = 0,
+) -> bytes:
+    """A GGUF v3 file: (name, dims in GGUF order, type, offset) per tensor, raw metadata entries,
+    then `data` zero bytes after the aligned header."""
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors) if count is None else count, keys)
+    head += metadata
+    for name, dims, kind, offset in tensors:
+        head += _gguf_string(name) + struct.pack("<I", len(dims))
+        head += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", kind, offset)
+    head += b"\0" * (-len(head) % 32)
+    return head + b"\0" * data
+
+
+F32 = 0
+GGUF_CASES = {
+    # case: (file bytes, words in the sentence)
+    "tensor count 2**40": (_gguf([], count=1 << 40), "claims 1,099,511,627,776 tensors"),
+    "metadata count 2**40": (_gguf([("w", [4], F32, 0)], keys=1 << 40, data=16), "metadata"),
+    "key length 2**60": (_gguf([], keys=1, metadata=_gguf_string("", 1 << 60)), "length"),
+    "array of 2**50 items": (
+        _gguf([], keys=1, metadata=_gguf_string("a") + struct.pack("<IIQ", 9, 0, 1 << 50)),
+        "array items",
+    ),
+    "array running past the end": (
+        _gguf([], keys=1, metadata=_gguf_string("a") + struct.pack("<IIQ", 9, 0, 1 << 20)),
+        "truncated",
+    ),
+    "tensor offset past the end": (_gguf([("w", [4], F32, 1 << 40)], data=16), "truncated"),
+    "tensor of 2**60 elements": (_gguf([("w", [1 << 30, 1 << 30], F32, 0)], data=16), "elements"),
+    "unknown tensor type": (_gguf([("w", [4], 999, 0)], data=16), "unknown GGUF type 999"),
+    "Q8_0 rows not in blocks": (_gguf([("w", [30], 8, 0)], data=64), "blocks of 32"),
+    "overlapping tensors": (
+        _gguf([("a", [4], F32, 0), ("b", [4], F32, 0)], data=32),
+        "overlaps",
+    ),
+    "tensor named twice": (_gguf([("a", [4], F32, 0), ("a", [4], F32, 32)], data=64), "twice"),
+    "header cut short": (_gguf([("w", [4], F32, 0)], data=16)[:30], "truncated"),
+    "version 1": (b"GGUF" + struct.pack("<IQQ", 1, 0, 0), "version 1"),
+}
+RISKY_GGUF = ("tensor count 2**40", "key length 2**60", "array of 2**50 items")
+
+
+@pytest.mark.parametrize("case", sorted(GGUF_CASES))
+def test_hostile_gguf_headers_get_one_sentence(tmp_path, case):
+    raw, words = GGUF_CASES[case]
+    path = tmp_path / "flux1-dev-Q8_0.gguf"
+    path.write_bytes(raw)
+    assert_sentence(refused(Checkpoint, path), path, words)
+
+
+def test_a_good_gguf_header_passes_the_bounds(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(_gguf([("a", [4], F32, 0), ("b", [2, 4], F32, 32)], data=64))
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.shapes == {"a": (4,), "b": (4, 2)}
+        assert checkpoint.get("b").abs().sum() == 0
+
+
+@pytest.mark.parametrize("case", RISKY_GGUF)
+def test_the_command_refuses_hostile_gguf_files_within_memory_and_time(tmp_path, case):
+    raw, words = GGUF_CASES[case]
+    path = tmp_path / "models" / "diffusion_models" / "flux1-dev-Q8_0.gguf"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(raw)
+    result = run_cli("check", str(path), "--size", "64", memory_gib=4, timeout=180)
+    assert_cannot_run(result, path, words)

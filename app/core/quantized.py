@@ -1,0 +1,679 @@
+"""Quantized checkpoints: fp8 safetensors (plain and scaled) and GGUF files, dequantised as they
+are read.
+
+Many large models reach users stored in 8 bits or fewer per weight: fp8 safetensors
+(`float8_e4m3fn` or `float8_e5m2`, often "scaled": a per-tensor or per-channel scale tensor beside
+each weight, `<layer>.weight_scale` or ComfyUI's `<layer>.scale_weight` with a `scaled_fp8`
+marker tensor) and GGUF files (Q8_0, Q4_K, ... blocks, each block with its own scale). HalfSafe
+runs no fp8 or block-quantised kernels: every such weight is dequantised to `COMPUTE_DTYPE` when
+its tensor is read (`Checkpoint.get` is the one place, so every loader gets it), and from there
+on it is an ordinary weight. That costs memory as the bf16 model, not as the file.
+
+A loader bug with these files (a scale dropped or applied twice, a block decoded wrongly) makes
+black or noise images that look like fp16 overflow, so the reading path checks what it decodes:
+scales that are NaN, Inf, zero, negative or absurd and weights whose dequantised values are far
+beyond any real model's become `QuantFinding`s (the health check's `broken_weights`), and a scale
+that is missing altogether refuses the file (see `Fp8Layout`).
+
+GGUF headers are walked here with every count, size and offset bounded (`check_gguf_header`)
+before the `gguf` package's reader maps the file: a hostile header gets one sentence, never an
+allocation or a loop of the size it names. numpy and gguf are imported inside functions; torch
+too.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import BadFileError
+from app.core.limits import MAX_TENSOR_RANK, check_tensor_shape, open_regular
+
+# What fp8 and GGUF weights become when read: bf16 has fp32's range, so no scaled weight can
+# overflow in the conversion, and 8 bits of mantissa hold every fp8 value and Q8_0's 8-bit
+# steps (times an fp16 block scale) within 2^-9 of their value.
+COMPUTE_DTYPE = "bf16"
+
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+# Block-scaled formats (MX scales, 4- and 6-bit floats) that no diffusion loader HalfSafe
+# knows stores in safetensors yet; refused with a sentence instead of half-read.
+UNSUPPORTED_SAFETENSORS = ("F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
+
+# Weight scales, by the suffix that replaces a weight's final "weight": `weight_scale`
+# (compressed-tensors and most fp8 exports), `scale_weight` (ComfyUI's scaled fp8).
+SCALE_SUFFIXES = ("weight_scale", "scale_weight")
+# Activation scales, used only by fp8 matrix kernels; dequantised weights do not need them.
+INPUT_SCALE_SUFFIXES = ("input_scale", "scale_input")
+SCALED_FP8_MARKER = "scaled_fp8"
+
+# A scale outside this range is absurd: a real fp8 scale is a layer's largest weight over 448
+# (e4m3's largest value), and real weights' largest values lie between about 1e-3 and a few
+# hundred, so real scales fall between about 1e-6 and 1.
+SCALE_RANGE = (1e-10, 1e4)
+# A judgment with a wide margin: the largest weights expected in SD, SDXL, Flux and SD3 files
+# (norm gains, embeddings) are in the tens, and a weight this large would carry activations
+# toward fp16's 65,504 in the first layer it meets. A dequantised weight past it is reported as
+# wrongly decoded.
+PLAUSIBLE_WEIGHT_MAX = 1e4
+
+
+@dataclass(frozen=True)
+class QuantFinding:
+    """One tensor whose quantised form decodes to weights that cannot be the model's."""
+
+    tensor: str  # the name in the file
+    problem: str  # completes "tensor X ...": "has the scale 0 (in X.scale_weight)"
+    file: str = ""  # the file's name, when the model has several files
+    component: str | None = None  # the pipeline component, when the loader knows it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tensor": self.tensor,
+            "file": self.file,
+            "component": self.component,
+            "problem": self.problem,
+        }
+
+    @property
+    def sentence(self) -> str:
+        where = f"{self.file}: " if self.file else ""
+        return f"{where}{self.tensor} {self.problem}"
+
+
+@dataclass
+class Quantization:
+    """How a file stores its weights in 8 bits or fewer: "fp8", "fp8_scaled" or "gguf", and
+    the stored types found (F8_E4M3, Q8_0, ...)."""
+
+    format: str
+    types: list[str]
+    file: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "types": list(self.types), "file": self.file}
+
+
+# Collecting what every file read during one load found -------------------------------------
+
+
+@dataclass
+class _Collected:
+    findings: list[QuantFinding] = field(default_factory=list)
+    files: list[Quantization] = field(default_factory=list)
+
+
+_ACTIVE: ContextVar[_Collected | None] = ContextVar("halfsafe_quantized", default=None)
+
+
+@contextmanager
+def collecting() -> Iterator[_Collected]:
+    """Gather the findings and quantised files of every checkpoint read inside the block (a
+    model's own file and its companions), whichever loader reads them."""
+    collected = _Collected()
+    token = _ACTIVE.set(collected)
+    try:
+        yield collected
+    finally:
+        _ACTIVE.reset(token)
+
+
+def report(finding: QuantFinding | None = None, quantization: Quantization | None = None) -> None:
+    collected = _ACTIVE.get()
+    if collected is None:
+        return
+    if finding is not None:
+        collected.findings.append(finding)
+    if quantization is not None and quantization not in collected.files:
+        collected.files.append(quantization)
+
+
+def summary(files: list[Quantization]) -> dict[str, Any] | None:
+    """The `model.quantization` object of a report: the formats and types of every quantised
+    file the model was read from, or None when none was."""
+    if not files:
+        return None
+    formats = sorted({f.format for f in files})
+    types = sorted({t for f in files for t in f.types})
+    return {
+        "format": formats[0] if len(formats) == 1 else "mixed",
+        "types": types,
+        "files": [f.file for f in files],
+        "dequantized_to": COMPUTE_DTYPE,
+    }
+
+
+# fp8 safetensors ---------------------------------------------------------------------------
+
+
+@dataclass
+class Fp8Layout:
+    """Which tensors of a safetensors file are fp8, which scale belongs to which, and which
+    tensors exist only for fp8 kernels (hidden from loaders)."""
+
+    fp8: dict[str, str]  # fp8 tensor -> its dtype code
+    scale_of: dict[str, str]  # fp8 tensor -> its scale tensor
+    hidden: set[str]  # scales, input scales, the scaled_fp8 marker
+
+    @property
+    def format(self) -> str:
+        return "fp8_scaled" if self.scale_of else "fp8"
+
+
+def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]):
+    """The fp8 layout of a safetensors file, or None when it holds no fp8 tensor.
+
+    Raises BadFileError for what cannot be read right: block-scaled dtypes, a scale without its
+    weight (or for a weight that is not fp8), and a missing scale. A missing scale refuses the
+    file rather than being flagged: the weight's true values are unknown (it could be off by any
+    factor), and a weight read without its scale can still give finite, plausible-looking output,
+    so a check run on it could call a wrong model healthy. The file is scaled when any tensor has
+    a scale or the `scaled_fp8` marker is present; then every fp8 weight needs its scale.
+    """
+    for name, code in dtypes.items():
+        if code in UNSUPPORTED_SAFETENSORS:
+            raise BadFileError(
+                path,
+                f"tensor '{name}' is stored as {code}, a block-scaled format HalfSafe cannot "
+                "read (it reads fp8 e4m3/e5m2 safetensors and GGUF files).",
+            )
+    marker = SCALED_FP8_MARKER in dtypes
+    scales = {n for n in dtypes if n.endswith(SCALE_SUFFIXES)}
+    inputs = {n for n in dtypes if n.endswith(INPUT_SCALE_SUFFIXES)}
+    bookkeeping = scales | inputs | {SCALED_FP8_MARKER}
+    fp8 = {n: c for n, c in dtypes.items() if c in FP8_DTYPES and n not in bookkeeping}
+    if not fp8 and not marker:
+        return None
+    scale_of: dict[str, str] = {}
+    for scale in sorted(scales):
+        suffix = next(s for s in SCALE_SUFFIXES if scale.endswith(s))
+        weight = scale[: -len(suffix)] + "weight"
+        if weight not in dtypes:
+            raise BadFileError(
+                path,
+                f"the scale '{scale}' belongs to no weight (there is no '{weight}'), so the "
+                "file is damaged or not what it claims.",
+            )
+        if weight not in fp8:
+            raise BadFileError(
+                path,
+                f"the scale '{scale}' belongs to '{weight}', which is stored as "
+                f"{dtypes[weight]}, not fp8, so it is unclear whether it applies.",
+            )
+        if weight in scale_of:
+            raise BadFileError(path, f"the fp8 weight '{weight}' has two scales.")
+        scale_of[weight] = scale
+    if marker or scale_of:
+        for name in fp8:
+            if name not in scale_of:
+                raise BadFileError(
+                    path,
+                    f"the fp8 tensor '{name}' has no scale ({_scale_names(name)}) although "
+                    "the file's other fp8 weights are scaled, so its true values are unknown "
+                    "(the file is damaged or was converted incompletely).",
+                )
+    for weight, scale in scale_of.items():
+        size = math.prod(shapes[scale])
+        rows = shapes[weight][0] if shapes[weight] else 1
+        if size not in (1, rows) or dtypes[scale] not in ("F16", "BF16", "F32", "F64"):
+            raise BadFileError(
+                path,
+                f"the scale '{scale}' of '{weight}' has shape {list(shapes[scale])} and dtype "
+                f"{dtypes[scale]}, where one number (or one per output row of the weight) in "
+                "fp16, bf16 or fp32 belongs.",
+            )
+    hidden = set(scale_of.values()) | inputs | ({SCALED_FP8_MARKER} if marker else set())
+    return Fp8Layout(fp8, scale_of, hidden)
+
+
+def _scale_names(name: str) -> str:
+    base = name[: -len("weight")] if name.endswith("weight") else name + "."
+    return " or ".join(f"'{base}{suffix}'" for suffix in SCALE_SUFFIXES)
+
+
+def scale_problem(scale, stored=None) -> str | None:
+    """Why a scale tensor (float32) cannot be a real one, or None.
+
+    A zero (or vanishing) scale is harmless only where every stored value it multiplies is
+    zero, as converters write an all-zero weight: that weight is 0 whatever its scale.
+    `stored` is the fp8 tensor, to tell the two apart.
+    """
+    import torch
+
+    if not bool(torch.isfinite(scale).all()):
+        return "NaN" if bool(torch.isnan(scale).any()) else "Inf"
+    low, high = float(scale.min()), float(scale.max())
+    if low < 0:
+        return f"negative ({low:.3g})"
+    if high > SCALE_RANGE[1]:
+        return f"{high:.3g}, outside {SCALE_RANGE[0]:g} to {SCALE_RANGE[1]:g} where real scales lie"
+    small = scale.reshape(-1) < SCALE_RANGE[0]
+    if not bool(small.any()):
+        return None
+    if stored is not None:
+        magnitudes = stored.contiguous().view(torch.uint8) & 0x7F  # the sign bit cleared
+        rows = magnitudes.reshape(small.numel(), -1)
+        if not bool(rows[small].any()):
+            return None
+    if low == 0:
+        return "0"
+    return f"{low:.3g}, outside {SCALE_RANGE[0]:g} to {SCALE_RANGE[1]:g} where real scales lie"
+
+
+def dequantize_fp8(tensor, scale=None):
+    """An fp8 tensor times its scale (one number, or one per output row), in COMPUTE_DTYPE,
+    each value's product taken in fp32 and rounded once.
+
+    Without a scale or with one per tensor, this is a lookup in a table of all 256 fp8 codes
+    (their NaN and Inf codes included) already scaled and rounded: the same values as converting
+    element by element, several times faster on CPUs (docs/benchmarks.md).
+    """
+    import torch
+
+    if scale is not None and scale.numel() > 1:
+        values = tensor.to(torch.float32)
+        values.mul_(scale.reshape(-1, *([1] * (values.dim() - 1))))
+        return values.to(torch.bfloat16)
+    table = torch.arange(256, dtype=torch.uint8).view(tensor.dtype).to(torch.float32)
+    if scale is not None:
+        table = table * scale.reshape(())
+    codes = tensor.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
+    return table.to(torch.bfloat16).index_select(0, codes).view(tensor.shape)
+
+
+def implausible(tensor) -> str | None:
+    """Why a dequantised weight cannot be a real model's, or None (NaN and Inf are left to the
+    weight scan, which names them as non-finite)."""
+    import torch
+
+    if tensor.numel() == 0 or not tensor.is_floating_point():
+        return None
+    low, high = torch.aminmax(tensor)  # one pass, no temporary (abs() would copy)
+    peak = max(-float(low), float(high))
+    if math.isfinite(peak) and peak > PLAUSIBLE_WEIGHT_MAX:
+        return (
+            f"decodes to values as large as {peak:.3g}, far beyond any real weight "
+            f"(real models stay well under {PLAUSIBLE_WEIGHT_MAX:g}): its quantisation or "
+            "scale is wrong"
+        )
+    return None
+
+
+# GGUF --------------------------------------------------------------------------------------
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+# Tensors in one GGUF file: a Flux.1 transformer has about 780, SD3.5 Large about 1,200, the
+# largest language models a few thousand.
+MAX_GGUF_TENSORS = 1 << 16
+# Metadata entries: a diffusion GGUF has a handful, a language model's a few dozen.
+MAX_GGUF_KEYS = 1 << 16
+# Array elements over all metadata: a language model's vocabulary and merges are 150k-260k each.
+MAX_GGUF_ARRAY_ITEMS = 1 << 22
+# One string (a key, a tensor name, a chat template in the metadata).
+MAX_GGUF_STRING = 1 << 20
+MAX_GGUF_ALIGNMENT = 1 << 16
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_INTEGER_FORMS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+# ComfyUI-GGUF stores some tensors flattened for quantisation and records the true shape here.
+ORIGINAL_SHAPE_KEY = "comfy.gguf.orig_shape."
+_STRING, _ARRAY = 8, 9
+_UINT32 = 4
+
+
+def is_gguf_file(path: str | os.PathLike[str]) -> bool:
+    try:
+        with open_regular(path) as handle:
+            return handle.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class GgufTensorInfo:
+    name: str
+    type_name: str  # "Q8_0", "F16", ...
+    # Torch order (the file stores the reverse); where ComfyUI-GGUF flattened a tensor, the
+    # original shape it recorded (`ORIGINAL_SHAPE_KEY`), holding the same elements.
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+def check_gguf_header(path: Path) -> list[GgufTensorInfo]:
+    """Walk a GGUF header with every count, length and offset checked against the file and the
+    bounds above before it is used, and return its tensors. Raises BadFileError with one
+    sentence for the first problem. Reads through a map of the file: nothing is allocated from a
+    size the file names."""
+    try:
+        with open_regular(path) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size < 24:
+                raise BadFileError(
+                    path, f"the file is only {size} bytes long, too short to be a GGUF file."
+                )
+            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as error:
+        raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
+    try:
+        return _GgufWalker(path, data).walk()
+    finally:
+        data.close()
+
+
+class _GgufWalker:
+    def __init__(self, path: Path, data: mmap.mmap) -> None:
+        self.path = path
+        self.data = data
+        self.size = len(data)
+        self.offset = 0
+        self.items = 0
+        self.alignment = 32
+        self.original_shapes: dict[str, tuple[int, ...]] = {}
+
+    def fail(self, problem: str) -> BadFileError:
+        return BadFileError(self.path, problem)
+
+    def take(self, count: int, what: str) -> int:
+        if count > self.size - self.offset:
+            raise self.fail(
+                f"its header says {what} takes {count} bytes at byte {self.offset}, past the "
+                f"end of the {self.size}-byte file: it is truncated or damaged."
+            )
+        start = self.offset
+        self.offset += count
+        return start
+
+    def unpack(self, form: str, what: str) -> Any:
+        start = self.take(struct.calcsize(form), what)
+        return struct.unpack_from(form, self.data, start)[0]
+
+    def string(self, what: str) -> str:
+        length = self.unpack("<Q", what)
+        if length > MAX_GGUF_STRING:
+            raise self.fail(
+                f"its header gives {what} a length of {length:,} bytes, more than any real "
+                "GGUF file uses, so it is damaged or hostile."
+            )
+        start = self.take(length, what)
+        try:
+            return bytes(self.data[start : start + length]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"its header holds {what} that is not UTF-8 text.") from None
+
+    def walk(self) -> list[GgufTensorInfo]:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        if bytes(self.data[:4]) != GGUF_MAGIC:
+            raise self.fail("this is not a GGUF file (it does not start with 'GGUF').")
+        self.offset = 4
+        version = self.unpack("<I", "the version")
+        if version not in GGUF_VERSIONS:
+            raise self.fail(
+                f"it is GGUF version {version}; HalfSafe reads versions 2 and 3 (big-endian "
+                "and older files are not read)."
+            )
+        tensors = self.unpack("<Q", "the tensor count")
+        keys = self.unpack("<Q", "the metadata count")
+        for count, limit, what in (
+            (tensors, MAX_GGUF_TENSORS, "tensors"),
+            (keys, MAX_GGUF_KEYS, "metadata entries"),
+        ):
+            if count > limit:
+                raise self.fail(
+                    f"its header claims {count:,} {what}, more than the {limit:,} any real "
+                    "GGUF file has, so it is damaged or hostile."
+                )
+        for _ in range(keys):
+            key = self.string("a metadata key")
+            kind = self.unpack("<I", f"the type of '{key}'")
+            if key == "general.alignment":
+                if kind != _UINT32:
+                    raise self.fail("its general.alignment is not a 32-bit whole number.")
+                alignment = self.unpack("<I", "general.alignment")
+                if alignment == 0 or alignment & (alignment - 1) or alignment > MAX_GGUF_ALIGNMENT:
+                    raise self.fail(f"its general.alignment of {alignment} is not a power of two.")
+                self.alignment = alignment
+            elif key.startswith(ORIGINAL_SHAPE_KEY) and kind == _ARRAY:
+                self.original_shapes[key.removeprefix(ORIGINAL_SHAPE_KEY)] = self.shape(key)
+            else:
+                self.value(kind, key)
+        infos: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        names: set[str] = set()
+        for _ in range(tensors):
+            name = self.string("a tensor name")
+            if name in names:
+                raise self.fail(f"its header names tensor '{name}' twice.")
+            names.add(name)
+            rank = self.unpack("<I", f"the rank of '{name}'")
+            if rank > MAX_TENSOR_RANK:
+                raise self.fail(
+                    f"tensor '{name}' has {rank} dimensions, more than the {MAX_TENSOR_RANK} "
+                    "any real weight has."
+                )
+            dims = [self.unpack("<Q", f"the shape of '{name}'") for _ in range(rank)]
+            shape = tuple(reversed(dims))
+            too_big = check_tensor_shape(shape)
+            if too_big is not None:
+                raise self.fail(f"tensor '{name}' {too_big}, so the file is damaged or hostile.")
+            code = self.unpack("<I", f"the type of '{name}'")
+            try:
+                kind = GGMLQuantizationType(code)
+                block, block_bytes = GGML_QUANT_SIZES[kind]
+            except (ValueError, KeyError):
+                raise self.fail(f"tensor '{name}' has an unknown GGUF type {code}.") from None
+            row = dims[0] if dims else 1
+            if row % block:
+                raise self.fail(
+                    f"tensor '{name}' is {kind.name} in blocks of {block}, but its rows hold "
+                    f"{row} values, so the file is damaged."
+                )
+            offset = self.unpack("<Q", f"the offset of '{name}'")
+            nbytes = math.prod(dims) // block * block_bytes
+            infos.append((name, kind.name, shape, offset, nbytes))
+        start = -(-self.offset // self.alignment) * self.alignment
+        found = []
+        end = 0
+        for name, type_name, shape, offset, nbytes in sorted(infos, key=lambda i: i[3]):
+            if offset % self.alignment:
+                raise self.fail(
+                    f"tensor '{name}' starts at offset {offset}, not a multiple of the file's "
+                    f"alignment ({self.alignment}), so the file is damaged."
+                )
+            if offset < end:
+                raise self.fail(f"tensor '{name}' overlaps the tensor before it.")
+            end = offset + nbytes
+            if start + end > self.size:
+                raise self.fail(
+                    f"tensor '{name}' ends at byte {start + end} but the file has only "
+                    f"{self.size}: the file is truncated."
+                )
+            recorded = self.original_shapes.get(name, shape)
+            if math.prod(recorded) != math.prod(shape) or check_tensor_shape(recorded):
+                raise self.fail(
+                    f"its recorded original shape of '{name}' does not hold the tensor's elements."
+                )
+            found.append(GgufTensorInfo(name, type_name, recorded, start + offset, nbytes))
+        if not found:
+            raise self.fail("the file holds no tensors, so it holds no model.")
+        return found
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        """A recorded original shape: a short array of whole numbers."""
+        item = self.unpack("<I", f"the array type of '{key}'")
+        count = self.unpack("<Q", f"the array length of '{key}'")
+        if item not in _INTEGER_FORMS or not 1 <= count <= MAX_TENSOR_RANK:
+            raise self.fail(f"its metadata '{key}' is not a shape (a few whole numbers).")
+        return tuple(self.unpack(_INTEGER_FORMS[item], f"'{key}'") for _ in range(count))
+
+    def value(self, kind: int, key: str) -> None:
+        if kind in _SCALAR_SIZES:
+            self.take(_SCALAR_SIZES[kind], f"the value of '{key}'")
+        elif kind == _STRING:
+            self.string(f"the value of '{key}'")
+        elif kind == _ARRAY:
+            item = self.unpack("<I", f"the array type of '{key}'")
+            count = self.unpack("<Q", f"the array length of '{key}'")
+            self.items += count
+            if self.items > MAX_GGUF_ARRAY_ITEMS:
+                raise self.fail(
+                    f"its metadata '{key}' makes {self.items:,} array items in all, more "
+                    "than any real GGUF file holds, so it is damaged or hostile."
+                )
+            if item in _SCALAR_SIZES:
+                self.take(count * _SCALAR_SIZES[item], f"the array '{key}'")
+            elif item == _STRING:
+                for _ in range(count):
+                    self.string(f"an item of '{key}'")
+            else:
+                raise self.fail(
+                    f"its metadata '{key}' is an array of type {item}, not one GGUF has."
+                )
+        else:
+            raise self.fail(f"its metadata '{key}' has an unknown type {kind}.")
+
+
+@dataclass
+class GgufHeader:
+    """A bounds-checked GGUF header, in the shape of a safetensors header's accessors (what the
+    library and companion search read): shapes, dtype codes, no metadata."""
+
+    path: Path
+    file_size: int
+    tensors: list[GgufTensorInfo]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {t.name: t.shape for t in self.tensors}
+
+    def dtypes(self) -> dict[str, str]:
+        return {t.name: gguf_dtype_code(t.type_name) for t in self.tensors}
+
+
+def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
+    """A GGUF file's tensors from its header alone (see `check_gguf_header`), a T5 encoder's
+    under transformers' names (see `transformers_names`)."""
+    path = Path(path)
+    tensors = check_gguf_header(path)
+    names = transformers_names([t.name for t in tensors])
+    tensors = [
+        GgufTensorInfo(names.get(t.name, t.name), t.type_name, t.shape, t.start, t.nbytes)
+        for t in tensors
+    ]
+    return GgufHeader(path, os.stat(path).st_size, tensors)
+
+
+_T5_PARTS = (
+    "layer.0.SelfAttention.q",
+    "layer.0.SelfAttention.k",
+    "layer.0.SelfAttention.v",
+    "layer.0.SelfAttention.o",
+    "layer.0.SelfAttention.relative_attention_bias",
+    "layer.0.layer_norm",
+    "layer.1.DenseReluDense.wi",
+    "layer.1.DenseReluDense.wi_0",
+    "layer.1.DenseReluDense.wi_1",
+    "layer.1.DenseReluDense.wo",
+    "layer.1.layer_norm",
+)
+
+
+def transformers_names(names: list[str]) -> dict[str, str]:
+    """GGUF name -> transformers name for a T5 encoder in llama.cpp's naming (city96's T5 GGUF
+    files: `token_embd`, `enc.blk.N.attn_q`, ...), so its tensors read as a T5 safetensors
+    file's do; {} for any other file. The table is the gguf package's own (`TensorNameMap`)."""
+    if "token_embd.weight" not in names or "enc.blk.0.attn_q.weight" not in names:
+        return {}
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    blocks = {n.split(".")[2] for n in names if n.startswith("enc.blk.")}
+    count = len(blocks)
+    table = get_tensor_name_map(MODEL_ARCH.T5ENCODER, count)
+    ours = ["shared", "encoder.final_layer_norm"]
+    ours += [f"encoder.block.{i}.{part}" for i in range(count) for part in _T5_PARTS]
+    present = set(names)
+    mapping: dict[str, str] = {}
+    for name in ours:
+        theirs = table.get_name(name)
+        if theirs is not None and theirs + ".weight" in present:
+            mapping[theirs + ".weight"] = name + ".weight"
+    return mapping
+
+
+GGUF_DTYPE_PREFIX = "GGUF_"
+
+
+def gguf_dtype_code(type_name: str) -> str:
+    """A GGUF tensor type as a dtype code: the float and integer types under their safetensors
+    names, the block-quantised ones as GGUF_<type> (GGUF_Q8_0)."""
+    plain = {"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"}
+    return type_name if type_name in plain else GGUF_DTYPE_PREFIX + type_name
+
+
+class GgufTensors:
+    """A GGUF file's tensors (bounds checked first), dequantised one at a time on request."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        infos = check_gguf_header(path)
+        try:
+            from gguf import GGUFReader
+
+            reader = GGUFReader(path, "r")
+        except (ValueError, KeyError, IndexError, TypeError, OSError) as error:
+            raise BadFileError(
+                path, f"the gguf reader could not read it ({str(error)[:160]})."
+            ) from None
+        checked = {i.name: i for i in infos}
+        if {t.name for t in reader.tensors} != set(checked):
+            raise BadFileError(path, "the gguf reader and the header disagree on its tensors.")
+        # A T5 encoder's tensors under transformers' names, as `read_gguf_header` gives them.
+        names = transformers_names(list(checked))
+        self._tensors = {names.get(t.name, t.name): t for t in reader.tensors}
+        checked = {
+            names.get(n, n): GgufTensorInfo(names.get(n, n), i.type_name, i.shape, i.start, i.nbytes)
+            for n, i in checked.items()
+        }
+        self.infos = checked
+        self.shapes = {n: i.shape for n, i in checked.items()}
+        self.types = {n: i.type_name for n, i in checked.items()}
+        self.file_size = os.stat(path).st_size
+        self._reader = reader
+
+    @property
+    def quantized_types(self) -> list[str]:
+        return sorted(set(self.types.values()))
+
+    def keys(self) -> list[str]:
+        return [n for n, _ in sorted(self.infos.items(), key=lambda item: item[1].start)]
+
+    def get(self, name: str):
+        """One tensor: F32, F16 and integer types as stored, block-quantised types and BF16
+        dequantised by the gguf package to float32 and held as COMPUTE_DTYPE."""
+        import numpy as np
+        import torch
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        info = self.infos[name]
+        tensor = self._tensors[name]
+        kind = GGMLQuantizationType[info.type_name]
+        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) or info.type_name[0] == "I":
+            result = torch.from_numpy(np.array(tensor.data)).reshape(info.shape)
+        else:
+            try:
+                values = dequantize(np.asarray(tensor.data), kind)
+            except NotImplementedError:
+                raise BadFileError(
+                    self.path,
+                    f"tensor '{name}' is {info.type_name}, which the gguf package cannot decode.",
+                ) from None
+            result = torch.from_numpy(values).reshape(info.shape).to(torch.bfloat16)
+        return result

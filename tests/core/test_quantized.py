@@ -1,0 +1,653 @@
+"""Quantized checkpoints: fp8 safetensors (plain and scaled) and GGUF files, built in code from
+tiny models, written to files, loaded through the same loaders as any file, and scanned."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.quants import quantize
+
+from app.core import health, models, split
+from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
+from app.core.components import Status, Verdict
+from app.core.demo import (
+    build_tiny_chroma_pipeline,
+    build_tiny_flux_pipeline,
+    build_tiny_qwenimage_pipeline,
+    build_tiny_sd3_pipeline,
+    build_tiny_sd_pipeline,
+    build_tiny_zimage_pipeline,
+)
+from app.core.errors import BadFileError
+from app.core.quantized import check_gguf_header, dequantize_fp8
+from app.core.settings import PrecisionSettings
+from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+
+FP16 = PrecisionSettings(precision="fp16")
+E4M3 = torch.float8_e4m3fn
+UNET_LAYER = "model.diffusion_model.input_blocks.1.1.proj_in.weight"
+
+
+def is_quantizable(name: str, tensor) -> bool:
+    return name.endswith(".weight") and tensor.ndim >= 2 and tensor.is_floating_point()
+
+
+def fp8_scaled(tensors, *, style: str = "scale_weight", per_row: bool = False):
+    """fp8 e4m3 weights with their scales, as a converter writes them: ComfyUI's
+    `scale_weight` with the `scaled_fp8` marker, or `weight_scale` (per tensor or per row).
+    Returns the tensors and each weight's exact dequantised value."""
+    out, exact = {}, {}
+    for name, tensor in tensors.items():
+        if not is_quantizable(name, tensor):
+            out[name] = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+            continue
+        values = tensor.float()
+        if per_row:
+            peak = values.abs().reshape(values.shape[0], -1).amax(1).clamp_min(1e-8)
+            scale = peak / 448
+            shaped = scale.reshape(-1, *([1] * (values.dim() - 1)))
+        else:
+            scale = (values.abs().max().clamp_min(1e-8) / 448).reshape(())
+            shaped = scale
+        stored = (values / shaped).to(E4M3)
+        out[name] = stored
+        out[name.removesuffix("weight") + style] = scale
+        exact[name] = stored.float() * shaped
+    if style == "scale_weight":
+        out["scaled_fp8"] = torch.empty(0, dtype=E4M3)
+    return out, exact
+
+
+def close_to(got, exact, reference=None) -> None:
+    """Equal to the exact dequantised value within bf16 rounding, and (when given) to the
+    original weight within fp8 e4m3's rounding (3 mantissa bits: 1/16 of the value, plus the
+    subnormal step near zero)."""
+    got = got.float()
+    assert torch.allclose(got, exact, rtol=2**-8, atol=1e-12), (got - exact).abs().max()
+    if reference is not None:
+        step = reference.abs().max() / 448 * 2**-9
+        assert ((got - reference).abs() <= reference.abs() / 16 + step * 2).all()
+
+
+def sd1_file(tmp_path, name="tiny-sd1-fp8.safetensors", **options):
+    pipeline = build_tiny_sd_pipeline(seed=3)
+    tensors = models.ldm_state_dict(pipeline, architecture="sd1")
+    original = {k: v.detach().clone() for k, v in tensors.items()}
+    stored, exact = fp8_scaled(tensors, **options)
+    path = write_safetensors(tmp_path / name, stored)
+    return path, stored, exact, original
+
+
+# fp8 safetensors ---------------------------------------------------------------------------
+
+
+def test_scaled_fp8_single_file_loads_with_every_scale_applied_and_checks_healthy(tmp_path):
+    path, stored, exact, original = sd1_file(tmp_path)
+
+    model = models.load_model(str(path))
+
+    assert model.quantization == {
+        "format": "fp8_scaled",
+        "types": ["F8_E4M3"],
+        "files": [path.name],
+        "dequantized_to": "bf16",
+    }
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    # Every weight read dequantised with its own scale (the scales are far from 1, so a dropped
+    # one would be off by hundreds of times).
+    with Checkpoint(path) as checkpoint:
+        assert "scaled_fp8" not in checkpoint.shapes
+        assert not any(k.endswith("scale_weight") for k in checkpoint.shapes)
+        for key in exact:
+            close_to(checkpoint.get(key), exact[key], original[key])
+    unet = model.pipeline.unet.state_dict()
+    close_to(
+        unet["down_blocks.0.attentions.0.proj_in.weight"].reshape(-1), exact[UNET_LAYER].reshape(-1)
+    )
+
+    report = health.check_loaded(
+        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+    )
+    assert report.verdict is Verdict.HEALTHY
+    assert any("stored quantized (fp8_scaled: F8_E4M3)" in note for note in report.notes)
+    document = report.to_json()
+    assert document["model"]["quantization"]["format"] == "fp8_scaled"
+    assert document["weights"]["bad_quantized"] == []
+
+
+def test_a_missing_scale_refuses_the_file_naming_the_tensor(tmp_path):
+    path, stored, _, _ = sd1_file(tmp_path)
+    del stored[UNET_LAYER.removesuffix("weight") + "scale_weight"]
+    write_safetensors(path, stored)
+
+    with pytest.raises(BadFileError) as caught:
+        models.load_model(str(path))
+
+    text = str(caught.value)
+    assert str(path) in text and f"'{UNET_LAYER}' has no scale" in text
+    assert "\n" not in text and text.endswith(".")
+
+
+def test_the_command_refuses_a_missing_scale_with_exit_2_and_one_line(tmp_path):
+    path, stored, _, _ = sd1_file(tmp_path)
+    del stored[UNET_LAYER.removesuffix("weight") + "scale_weight"]
+    write_safetensors(path, stored)
+
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "check", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and UNET_LAYER in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_marker_alone_makes_every_fp8_weight_need_a_scale(tmp_path):
+    tensors = {
+        "a.weight": torch.randn(8, 8).to(E4M3),
+        "scaled_fp8": torch.empty(0, dtype=E4M3),
+    }
+    path = write_safetensors(tmp_path / "marker.safetensors", tensors)
+    with pytest.raises(BadFileError, match="'a.weight' has no scale"):
+        Checkpoint(path)
+
+
+W8 = torch.ones(4, 4).to(E4M3)
+LAYOUT_CASES = {
+    "scale without a weight": ({"b.weight_scale": torch.tensor(1.0)}, "belongs to no weight"),
+    "scale of a bf16 weight": (
+        {"b.weight": torch.ones(2, dtype=torch.bfloat16), "b.weight_scale": torch.tensor(1.0)},
+        "not fp8",
+    ),
+    "two scales": (
+        {"a.weight_scale": torch.tensor(1.0), "a.scale_weight": torch.tensor(1.0)},
+        "two scales",
+    ),
+    "scale of the wrong shape": ({"a.weight_scale": torch.ones(3)}, "where one number"),
+    "fp8 scale": ({"a.weight_scale": torch.ones(1).to(E4M3)}, "where one number"),
+    "block-scaled dtype": (
+        {"a.weight_scale": torch.ones(4, dtype=torch.uint8).view(torch.float8_e8m0fnu)},
+        "block-scaled",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYOUT_CASES))
+def test_fp8_layouts_that_cannot_be_read_right_are_refused_in_one_sentence(tmp_path, case):
+    extra, words = LAYOUT_CASES[case]
+    path = write_safetensors(tmp_path / "odd.safetensors", {"a.weight": W8, **extra})
+    with pytest.raises(BadFileError) as caught:
+        Checkpoint(path)
+    text = str(caught.value)
+    assert str(path) in text and words in text and "\n" not in text and text.endswith(".")
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [(0.0, "has the scale 0"), (float("nan"), "has the scale NaN"), (1e9, "has the scale 1e+09")],
+    ids=["zero", "nan", "absurd"],
+)
+def test_a_bad_scale_is_a_broken_weights_finding_naming_the_tensor(tmp_path, value, words):
+    path, stored, _, _ = sd1_file(tmp_path)
+    scale = UNET_LAYER.removesuffix("weight") + "scale_weight"
+    stored[scale] = torch.tensor(value)
+    write_safetensors(path, stored)
+
+    model = models.load_model(str(path))
+
+    [finding] = model.weights.bad_quantized
+    assert finding.tensor == UNET_LAYER and words in finding.problem and scale in finding.problem
+    report = health.check_loaded(
+        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+    )
+    assert report.verdict is Verdict.BROKEN
+    assert report.components["unet"].status is Status.BROKEN_WEIGHTS
+    # The scale is the cause, named first, also when it made the weight NaN.
+    assert UNET_LAYER in report.headline and "not fp16 overflow" in report.headline
+    bad = report.to_json()["weights"]["bad_quantized"]
+    assert [(b["tensor"], b["component"]) for b in bad] == [(UNET_LAYER, None)]
+    assert words in bad[0]["problem"]
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["per-tensor", "per-row"])
+def test_a_zero_scale_over_zeros_is_an_all_zero_weight_not_a_finding(tmp_path, per_row):
+    """Converters write an all-zero weight (or row) with the scale 0: it decodes right."""
+    weight = torch.ones(4, 8).to(E4M3)
+    weight[1] = 0
+    scale = torch.tensor([0.5, 0.0, 0.5, 0.5]) if per_row else torch.tensor(0.0)
+    if not per_row:
+        weight = torch.zeros(4, 8).to(E4M3)
+    path = write_safetensors(
+        tmp_path / "zeros.safetensors", {"a.weight": weight, "a.weight_scale": scale}
+    )
+
+    scan = scan_weights(path)
+
+    assert scan.bad_quantized == [] and scan.non_finite == []
+    with Checkpoint(path) as checkpoint:
+        got = checkpoint.get("a.weight").float()
+    expected = weight.float() * scale.reshape(-1, 1) if per_row else torch.zeros(4, 8)
+    assert torch.equal(got, expected)
+
+
+def test_weights_decoding_far_beyond_any_real_model_are_named(tmp_path):
+    tensors = {"a.weight": torch.full((4, 4), 384.0).to(E4M3), "a.weight_scale": torch.tensor(50.0)}
+    path = write_safetensors(tmp_path / "huge.safetensors", tensors)
+
+    scan = scan_weights(path)
+
+    assert [f.tensor for f in scan.bad_quantized] == ["a.weight"]
+    assert "as large as 1.92e+04" in scan.bad_quantized[0].problem
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("scale", [None, 0.00123, 0.0, float("nan")])
+def test_every_fp8_code_decodes_as_an_fp32_product_rounded_once(dtype, scale):
+    codes = torch.arange(256, dtype=torch.uint8).view(dtype).reshape(16, 16)
+    factor = torch.tensor(scale) if scale is not None else None
+    expected = (codes.float() * (scale if scale is not None else 1.0)).to(torch.bfloat16)
+
+    got = dequantize_fp8(codes, factor)
+
+    assert got.dtype == torch.bfloat16 and got.shape == codes.shape
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got.nan_to_num(nan=7.0), expected.nan_to_num(nan=7.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_a_plain_fp8_single_file_loads(tmp_path, dtype):
+    pipeline = build_tiny_sd_pipeline(seed=3)
+    tensors = models.ldm_state_dict(pipeline, architecture="sd1")
+    stored = {
+        k: v.to(dtype) if is_quantizable(k, v) else v.half() if v.is_floating_point() else v
+        for k, v in tensors.items()
+    }
+    path = write_safetensors(tmp_path / "tiny-sd1-fp8.safetensors", stored)
+
+    model = models.load_model(str(path))
+
+    assert model.quantization is not None and model.quantization["format"] == "fp8"
+    assert model.weights.non_finite == [] and model.weights.bad_quantized == []
+    assert model.stored_dtype == "mixed"  # fp8 weights, fp16 biases and norms
+    got = model.pipeline.unet.state_dict()["down_blocks.0.attentions.0.proj_in.weight"]
+    assert torch.equal(got.float().reshape(-1), stored[UNET_LAYER].float().reshape(-1))
+
+
+@pytest.mark.parametrize("prefix", ["", "model.diffusion_model."], ids=["plain", "comfy-full"])
+def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
+    """The transformer per-row `weight_scale`d (under ComfyUI's full-save prefix too), the T5
+    companion ComfyUI-style, the VAE per tensor: every reader (the transformer's, the text
+    encoders', the VAE's) goes through the one dequantising path."""
+    pipeline = build_tiny_flux_pipeline()
+    written = models.save_split_files(pipeline, tmp_path / "models", "flux1-fp8")
+    with Checkpoint(written["transformer"]) as checkpoint:
+        transformer = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    stored, exact = fp8_scaled(transformer, style="weight_scale", per_row=True)
+    write_safetensors(written["transformer"], {prefix + k: v for k, v in stored.items()})
+    with Checkpoint(written["text_encoder_2"]) as checkpoint:
+        t5 = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    t5_stored, t5_exact = fp8_scaled(t5)
+    write_safetensors(written["text_encoder_2"], t5_stored)
+    with Checkpoint(written["vae"]) as checkpoint:
+        vae = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    vae_stored, _ = fp8_scaled(vae, style="weight_scale")
+    write_safetensors(written["vae"], vae_stored)
+
+    model = models.load_model(str(written["transformer"]))
+
+    assert model.format == "split_files"
+    assert model.quantization is not None
+    assert model.quantization["format"] == "fp8_scaled"
+    assert model.quantization["files"] == [
+        "flux1-fp8.safetensors",
+        "t5xxl.safetensors",
+        "ae.safetensors",
+    ]
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    config = {**pipeline.transformer.config, "_class_name": "FluxTransformer2DModel"}
+    state = model.pipeline.transformer.state_dict()
+    reference = {k: exact[k] if k in exact else stored[k].float() for k in transformer}
+    expected = {k: tuple(v.shape) for k, v in state.items()}
+    mapped = split.to_diffusers(split.LAYOUTS["flux"].table(config), reference, expected)
+    for key, value in mapped.items():
+        close_to(state[key], value)
+    t5_state = model.pipeline.text_encoder_2.state_dict()
+    key = "encoder.block.0.layer.1.DenseReluDense.wo.weight"
+    close_to(t5_state[key], t5_exact[key], t5[key].float())
+
+
+SD3_COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae")
+SD3_T5_LAYER = "text_encoders.t5xxl.transformer.encoder.block.0.layer.1.DenseReluDense.wo.weight"
+
+
+def sd35_fp8_scaled(tmp_path):
+    """SD3.5 Large as `sd3.5_large_fp8_scaled.safetensors` holds it: one file with the MMDiT,
+    CLIP-L, CLIP-G and T5 inside, their matrices fp8 e4m3 with ComfyUI's `scale_weight`s and
+    `scaled_fp8` marker, the VAE in bf16. Returns its path, the tensors written, and a file of
+    the exact dequantised values (fp32) beside it, to load for reference."""
+    pipeline = build_tiny_sd3_pipeline()
+    root = tmp_path / "models"
+    path = models.save_split_files(pipeline, root, "sd3.5_large_fp8_scaled", single_file=True)[
+        "transformer"
+    ]
+    with Checkpoint(path) as checkpoint:
+        tensors = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    vae = {k: v.to(torch.bfloat16) for k, v in tensors.items() if k.startswith("first_stage")}
+    stored, exact = fp8_scaled({k: v for k, v in tensors.items() if k not in vae})
+    stored.update(vae)
+    write_safetensors(path, stored)
+    plain = {k: v for k, v in tensors.items() if k in exact or k in vae or k in stored}
+    reference = {k: exact[k] if k in exact else stored[k].float() for k in plain}
+    (root / "exact").mkdir()
+    return path, stored, write_safetensors(root / "exact" / "sd3.5_large.safetensors", reference)
+
+
+def test_an_sd35_fp8_scaled_file_with_everything_inside_loads_every_part_dequantised(tmp_path):
+    path, _, reference = sd35_fp8_scaled(tmp_path)
+
+    model = models.load_model(str(path))
+
+    assert (model.architecture, model.format) == ("sd3", "single_file")
+    assert model.quantization == {
+        "format": "fp8_scaled",
+        "types": ["F8_E4M3"],
+        "files": [path.name],
+        "dequantized_to": "bf16",
+    }
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    # Each part (the MMDiT through the layout's table, the CLIPs, the T5, the VAE) holds the
+    # exact dequantised values, rounded once to bf16.
+    exact = models.load_model(str(reference))
+    for component in SD3_COMPONENTS:
+        got = getattr(model.pipeline, component).state_dict()
+        want = getattr(exact.pipeline, component).state_dict()
+        assert set(got) == set(want), component
+        for key, value in want.items():
+            close_to(got[key], value.float())
+    report = health.check_loaded(
+        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+    )
+    assert report.verdict is Verdict.HEALTHY
+    assert report.to_json()["model"]["quantization"]["format"] == "fp8_scaled"
+
+
+def test_a_bad_scale_inside_an_sd35_file_names_the_part_that_holds_it(tmp_path):
+    path, stored, _ = sd35_fp8_scaled(tmp_path)
+    stored[SD3_T5_LAYER.removesuffix("weight") + "scale_weight"] = torch.tensor(0.0)
+    write_safetensors(path, stored)
+
+    model = models.load_model(str(path))
+
+    [finding] = model.weights.bad_quantized
+    assert finding.to_json() == {
+        "tensor": SD3_T5_LAYER,
+        "file": path.name,
+        "component": "text_encoder_3",
+        "problem": f"has the scale 0 (in {SD3_T5_LAYER.removesuffix('weight')}scale_weight)",
+    }
+
+
+# GGUF --------------------------------------------------------------------------------------
+
+
+def write_gguf(path, tensors, qtype=GGMLQuantizationType.Q8_0, flattened=(), recorded=None):
+    """A GGUF file as city96's converter writes a Flux transformer: matrices whose rows fit the
+    block size in `qtype`, the rest (biases, norms, odd rows) in F32 or F16. The tensors named
+    in `flattened` are stored as rows of one block, their shape recorded as ComfyUI-GGUF does
+    (`recorded` gives another shape to record instead)."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    block = GGML_QUANT_SIZES[qtype][0]
+    writer = GGUFWriter(path, "flux")
+    for name, tensor in tensors.items():
+        values = tensor.float().numpy()
+        if name in flattened:
+            shape = recorded or list(tensor.shape)
+            writer.add_array(f"comfy.gguf.orig_shape.{name}", shape)
+            values = values.reshape(-1, block)
+        if qtype == GGMLQuantizationType.F16 or tensor.ndim < 2:
+            writer.add_tensor(name, values.astype(np.float16 if tensor.ndim >= 2 else np.float32))
+        elif values.shape[-1] % block == 0:
+            writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, values.astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def gguf_split_set(tmp_path, pipeline, qtype, folder="diffusion_models", name="flux1-tiny"):
+    """The pipeline as ComfyUI keeps it, its transformer file replaced by a GGUF one (in
+    `folder`). Returns the pipeline, the transformer's original-layout tensors, the GGUF path."""
+    written = models.save_split_files(pipeline, tmp_path / "models", name)
+    with Checkpoint(written["transformer"]) as checkpoint:
+        original = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    written["transformer"].unlink()
+    target = tmp_path / "models" / folder / f"{name}-Q.gguf"
+    target.parent.mkdir(exist_ok=True)
+    return pipeline, original, write_gguf(target, original, qtype)
+
+
+def flux_gguf(tmp_path, qtype, folder="diffusion_models"):
+    return gguf_split_set(tmp_path, build_tiny_flux_pipeline(), qtype, folder)
+
+
+# Largest error of one value, relative to its block's largest: half a step (Q4_0: a whole one,
+# its 16 levels run from -8 to +7 steps, so the far side of a block is clipped by one).
+STEP = {"Q8_0": 1 / 127, "Q4_0": 1 / 7, "F16": 2**-10}
+
+
+@pytest.mark.parametrize(
+    ("qtype", "folder"),
+    [
+        (GGMLQuantizationType.Q8_0, "diffusion_models"),
+        (GGMLQuantizationType.Q4_0, "unet"),
+        (GGMLQuantizationType.F16, "diffusion_models"),
+    ],
+    ids=["Q8_0", "Q4_0-in-unet", "F16"],
+)
+def test_a_flux_gguf_transformer_loads_with_its_companions_within_quantisation_error(
+    tmp_path, qtype, folder
+):
+    pipeline, bfl, path = flux_gguf(tmp_path, qtype, folder)
+
+    model = models.load_model(str(path))
+
+    assert model.format == "split_files" and model.architecture == "flux-dev"
+    assert model.quantization is not None and model.quantization["format"] == "gguf"
+    assert qtype.name in model.quantization["types"]
+    assert model.weights.non_finite == [] and model.weights.bad_quantized == []
+    state = model.pipeline.transformer.state_dict()
+    for key, reference in pipeline.transformer.state_dict().items():
+        got = state[key].float()
+        bound = reference.abs().max() * STEP[qtype.name] + 1e-6
+        assert (got - reference).abs().max() <= bound * 1.05, key
+    # A quantised file is not its original: the Q types must differ somewhere.
+    if qtype != GGMLQuantizationType.F16:
+        assert any(
+            not torch.equal(state[k].float(), v)
+            for k, v in pipeline.transformer.state_dict().items()
+        )
+
+
+# The other layouts' GGUF transformers, as city96 converts them: (builder, architecture).
+GGUF_LAYOUTS = {
+    "chroma": (build_tiny_chroma_pipeline, "chroma"),
+    "sd3": (build_tiny_sd3_pipeline, "sd3"),
+    "zimage": (build_tiny_zimage_pipeline, "zimage"),
+    # Its text encoder file is read with Qwen2.5-VL's 128-wide heads.
+    "qwenimage": (lambda: build_tiny_qwenimage_pipeline(text_width=128), "qwenimage"),
+}
+
+
+@pytest.mark.parametrize("layout", list(GGUF_LAYOUTS))
+def test_a_gguf_transformer_of_every_layout_loads_and_is_listed_with_its_companions(
+    tmp_path, layout
+):
+    from app.core.library import scan_library
+
+    build, architecture = GGUF_LAYOUTS[layout]
+    pipeline, _, path = gguf_split_set(
+        tmp_path, build(), GGMLQuantizationType.Q8_0, name=f"{layout}-tiny"
+    )
+
+    model = models.load_model(str(path))
+
+    assert (model.format, model.architecture) == ("split_files", architecture)
+    assert model.quantization is not None and model.quantization["files"] == [path.name]
+    assert "Q8_0" in model.quantization["types"]
+    assert model.weights.non_finite == [] and model.weights.bad_quantized == []
+    state = model.pipeline.transformer.state_dict()
+    for key, reference in pipeline.transformer.state_dict().items():
+        bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
+        assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
+    (entry,) = scan_library([str(path.parent)], include_defaults=False, use_cache=False)
+    assert (entry.path, entry.architecture, entry.supported) == (str(path), architecture, True)
+    assert entry.companions is not None and None not in entry.companions.values()
+
+
+SD3_PATCHES = "x_embedder.proj.weight"  # 4-D, rows of 2 values: flattened by ComfyUI-GGUF
+
+
+def test_a_tensor_flattened_for_quantisation_is_read_in_its_recorded_shape(tmp_path):
+    from app.core.library import scan_library
+
+    pipeline, original, path = gguf_split_set(
+        tmp_path, build_tiny_sd3_pipeline(), GGMLQuantizationType.Q8_0, name="sd3.5-tiny"
+    )
+    write_gguf(path, original, flattened=(SD3_PATCHES,))
+    stored = next(t for t in GGUFReader(path).tensors if t.name == SD3_PATCHES)
+    assert len(stored.shape) == 2  # as written: rows of one block
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.shapes[SD3_PATCHES] == original[SD3_PATCHES].shape
+        assert checkpoint.dtypes[SD3_PATCHES] == "GGUF_Q8_0"
+
+    model = models.load_model(str(path))
+
+    got = model.pipeline.transformer.pos_embed.proj.weight.float()
+    reference = pipeline.transformer.pos_embed.proj.weight
+    assert (got - reference).abs().max() <= reference.abs().max() * STEP["Q8_0"] * 1.05
+    # The library reads the same shapes from the header alone.
+    (entry,) = scan_library([str(path.parent)], include_defaults=False, use_cache=False)
+    assert (entry.architecture, entry.supported) == ("sd3", True)
+
+
+def test_a_recorded_shape_that_does_not_hold_the_tensor_is_refused(tmp_path):
+    _, original, path = gguf_split_set(
+        tmp_path, build_tiny_sd3_pipeline(), GGMLQuantizationType.Q8_0, name="sd3.5-tiny"
+    )
+    write_gguf(path, original, flattened=(SD3_PATCHES,), recorded=[3, 5])
+
+    with pytest.raises(BadFileError) as caught:
+        models.load_model(str(path))
+
+    text = str(caught.value)
+    assert str(path) in text and f"original shape of '{SD3_PATCHES}'" in text
+    assert "\n" not in text
+
+def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(tmp_path):
+    """city96's T5 GGUF files name tensors as llama.cpp does (token_embd, enc.blk.N.attn_q);
+    they are found beside the transformer by content and read under transformers' names."""
+    from gguf import MODEL_ARCH, get_tensor_name_map
+
+    pipeline, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    t5_file = tmp_path / "models" / "text_encoders" / "t5xxl.safetensors"
+    with Checkpoint(t5_file) as checkpoint:
+        t5 = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    t5_file.unlink()
+    table = get_tensor_name_map(MODEL_ARCH.T5ENCODER, 2)
+    named = {table.get_name(k.removesuffix(".weight")) + ".weight": v for k, v in t5.items()}
+    assert {"token_embd.weight", "enc.blk.0.attn_q.weight", "enc.output_norm.weight"} <= set(named)
+    write_gguf(t5_file.with_name("t5-v1_1-xxl-encoder-Q8_0.gguf"), named)
+
+    model = models.load_model(str(path))
+
+    assert model.quantization is not None
+    assert model.quantization["files"] == [path.name, "t5-v1_1-xxl-encoder-Q8_0.gguf"]
+    state = model.pipeline.text_encoder_2.state_dict()
+    for key, reference in pipeline.text_encoder_2.state_dict().items():
+        bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
+        assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
+
+
+def test_clip_and_vae_gguf_companions_under_their_safetensors_names_load(tmp_path):
+    pipeline, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    for part in ("vae/ae", "text_encoders/clip_l"):
+        file = tmp_path / "models" / f"{part}.safetensors"
+        with Checkpoint(file) as checkpoint:
+            tensors = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+        file.unlink()
+        write_gguf(file.with_suffix(".gguf"), tensors)
+
+    model = models.load_model(str(path))
+
+    assert model.quantization is not None
+    assert model.quantization["files"] == [path.name, "clip_l.gguf", "ae.gguf"]
+    for component in ("text_encoder", "vae"):
+        state = getattr(model.pipeline, component).state_dict()
+        for key, reference in getattr(pipeline, component).state_dict().items():
+            bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
+            assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
+
+
+def test_a_nan_planted_in_a_gguf_file_is_found_by_name(tmp_path):
+    _, bfl, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    bad = "double_blocks.0.img_mlp.0.weight"
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.dtypes[bad] == "GGUF_Q8_0"
+    start = next(i.start for i in check_gguf_header(path) if i.name == bad)
+    with open(path, "r+b") as handle:  # the first block's fp16 scale becomes NaN
+        handle.seek(start)
+        handle.write(np.array([np.nan], dtype=np.float16).tobytes())
+
+    assert scan_weights(path).non_finite == [bad]
+    model = models.load_model(str(path))
+    assert model.weights.non_finite == ["transformer.transformer_blocks.0.ff.net.0.proj.weight"]
+
+
+def test_a_gguf_scanned_on_its_own_lists_its_types(tmp_path):
+    _, bfl, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    with Checkpoint(path) as checkpoint:
+        assert set(checkpoint.keys()) == set(bfl)
+        assert checkpoint.quantization is not None
+        assert {"Q8_0", "F32"} <= set(checkpoint.quantization.types)
+        assert checkpoint.stored_dtype() == "mixed"
+    scan = scan_weights(path)
+    assert scan.tensors == len(bfl) and scan.non_finite == []
+
+
+def test_the_library_lists_a_gguf_transformer_with_its_companions(tmp_path):
+    from app.core.library import scan_library
+
+    _, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+
+    (entry,) = scan_library([str(path.parent)], include_defaults=False, use_cache=False)
+
+    assert entry.path == str(path) and entry.error is None
+    assert (entry.format, entry.architecture, entry.supported) == ("split_files", "flux-dev", True)
+    assert entry.stored_dtype == "mixed"  # Q8_0 matrices, F32 biases and norms
+    assert entry.companions is not None and entry.companions["vae"] is not None
+    assert entry.missing is None
+
+
+def test_the_report_json_names_the_quantisation(tmp_path):
+    _, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    model = models.load_model(str(path))
+    report = health.check_loaded(
+        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+    )
+    document = json.loads(json.dumps(report.to_json()))
+    assert document["model"]["quantization"]["format"] == "gguf"
+    assert document["model"]["quantization"]["files"] == [path.name]
+    assert report.verdict is Verdict.HEALTHY
