@@ -13,7 +13,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
-from app.core import health, models, split
+from app.core import causes, health, models, split
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
 from app.core.demo import (
@@ -216,6 +216,11 @@ def test_a_bad_scale_is_a_broken_weights_finding_naming_the_tensor(tmp_path, val
     bad = report.to_json()["weights"]["bad_quantized"]
     assert [(b["tensor"], b["component"]) for b in bad] == [(UNET_LAYER, None)]
     assert words in bad[0]["problem"]
+    # `halfsafe check` attributes it to the file's weights, naming the tensor, with no repair.
+    attributed = causes.check_model(str(path), precision=FP16, device="cpu", size=64)
+    assert attributed.cause is not None and attributed.cause.kind == "weights"
+    assert UNET_LAYER in attributed.cause.summary and "quantisation" in attributed.cause.summary
+    assert attributed.fix is None and not attributed.cause.verified
 
 
 @pytest.mark.parametrize("per_row", [False, True], ids=["per-tensor", "per-row"])
