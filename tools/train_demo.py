@@ -26,9 +26,10 @@ vocabulary in app/core/demo.py), then
 Deterministic for a given --seed, torch limited to --threads (default 1) threads. Stages 1 and 2
 draw from their own random streams and do not depend on stage 3, so `--vae FILE` starts stage 3
 from a VAE they wrote (the shipped vae.safetensors is what they give) with the same result. With
-the defaults it took 21.5 minutes on one thread of this project's shared 2-core CPU with other
-work running (stages 1 and 2 5 minutes, stage 3 16.5 minutes with its checks); under heavier
-load the same stages took 13 and 33 minutes (seed 2000). The shipped weights draw all 90
+the defaults two runs took 21.5 and 15 minutes on one thread of this project's shared 2-core CPU
+with other work running (stages 1 and 2 5 and 3.5 minutes, stage 3 16.5 and 11.5 minutes with
+its checks); the second wrote the shipped files byte for byte. Under heavier load the same
+stages took 13 and 33 minutes (seed 2000). The shipped weights draw all 90
 captions in their colours (the shape's middle and the background, judged as
 tests/core/test_demo.py does) at seeds 7 and 8 with the app's defaults; the probe gave 5 of 8
 after 250 steps, 8 of 8 after 500 to 1250 and after 1750, 7 of 8 after 1500. The shapes come out
