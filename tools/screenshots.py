@@ -3,18 +3,18 @@
     xvfb-run -a .venv/bin/python tools/screenshots.py           # light
     xvfb-run -a .venv/bin/python tools/screenshots.py --dark    # dark, *-dark.png
 
-A tiny SD1.x-shaped model (HalfSafe's demo builder) with one VAE layer scaled past fp16's
-limit is written to a scratch folder first, so the health check and the generation have a
-real overflow to find, explain and fix. Settings run it in fp16 with auto-fix set to "ask",
-which is what makes the black-image banner appear. Nothing touches your own settings: every
-HalfSafe folder points at the scratch folder.
+The model is the built-in `demo-overflow` (the trained demo with one VAE layer scaled past
+fp16's limit), loaded from its row in the model list as a user would, so the health check and
+the generation have a real overflow to find, explain and fix, and the repaired image is the
+demo's picture of a prompt it was trained on. Settings run it in fp16 at 128 px with auto-fix
+set to "ask", which is what makes the black-image banner appear. Nothing touches your own
+settings: every HalfSafe folder points at a scratch folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,15 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PLANT = r"""
-import sys, torch
-from app.core.demo import build_tiny_sd_pipeline
-from app.core.models import save_single_file
-pipeline = build_tiny_sd_pipeline(seed=7)
-with torch.no_grad():
-    pipeline.vae.get_submodule("decoder.up_blocks.0.resnets.0.conv1").weight.mul_(1e6)
-save_single_file(pipeline, sys.argv[1])
-"""
+MODEL = "demo-overflow"
+PROMPT = "a yellow triangle on a purple background"
+SEED = 7
 SIZE = (1280, 860)
 
 
@@ -65,23 +59,15 @@ def main() -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     models = scratch / "models"
     models.mkdir()
-    checkpoint = models / "dreamshaper-tiny-overflowing-vae.safetensors"
-    subprocess.run(
-        [sys.executable, "-c", PLANT, str(checkpoint)],
-        cwd=ROOT,
-        check=True,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-    )
 
     from app.core.settings import load_settings, save_settings
 
     settings = load_settings().settings
     settings["precision"] = "fp16"
     settings["auto_fix"] = "ask"
-    settings["steps"] = 8
-    settings["width"] = 256
-    settings["height"] = 256
+    settings["width"] = 128
+    settings["height"] = 128
+    settings["seed"] = SEED
     settings["model_folders"] = [str(models)]
     settings["output_folder"] = str(scratch / "images")
     save_settings(settings)
@@ -98,8 +84,7 @@ def main() -> int:
     window.resize(*SIZE)
     window.show()
     window.start_background()  # as `halfsafe` does once the window shows
-    window.generate_view.prompt.setPlainText("a lighthouse on a cliff at dusk, oil painting")
-    window.generate_view.negative.setPlainText("blurry, text")
+    window.generate_view.prompt.setPlainText(PROMPT)
     wait_until(app, window.isVisible, "the window")
 
     def shot(name: str, height: int | None = None) -> None:
@@ -115,11 +100,16 @@ def main() -> int:
     wait_until(app, lambda: window.gpu_view.job_id is None, "the GPU page")
     shot("gpu")
 
-    # Models: the library scan and the planted model loaded.
+    # Models: the library scan and demo-overflow loaded from its row.
     window.show_page("Models")
-    window.models_view.rescan()
-    wait_until(app, lambda: not window.models_view.scanner.running, "the library scan", 60)
-    window.models_view.load_path(str(checkpoint))
+    models_view = window.models_view
+    models_view.rescan()
+    wait_until(app, lambda: not models_view.scanner.running, "the library scan", 60)
+    row = models_view._item_for(MODEL)
+    if row is None:
+        raise SystemExit(f"the model list has no {MODEL} row")
+    models_view.library.setCurrentItem(row)
+    models_view.load_item(row)
     wait_until(app, lambda: window.state.model is not None, "the model to load")
     shot("models")
 
@@ -132,7 +122,7 @@ def main() -> int:
     # Health check: finds the VAE overflow, names the layer, proves the fix.
     window.show_page("Health check")
     health = window.health_view
-    health.size_choice.setCurrentIndex(health.size_choice.findData(256))
+    health.size_choice.setCurrentIndex(0)  # at the model's size: 128 px for the demo
     health.run_check()
     wait_until(app, lambda: health.report is not None, "the health check")
     shot("health-check", 1180)

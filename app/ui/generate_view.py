@@ -69,6 +69,29 @@ THUMBNAIL = 112
 STATUS_SHORT = {"nan": "NaN", "black": "black", "fixed": "fixed", "safety_checker": "blanked"}
 
 
+class CaptionBox(QScrollArea):
+    """A box as tall as the text it holds, up to its maximum height; past that it scrolls.
+    (QScrollArea's own size hint is its content's at the moment it was set, an empty label.)"""
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        hint = super().sizeHint()
+        content = self.widget()
+        if content is None:
+            return hint
+        return QSize(
+            hint.width(),
+            content.heightForWidth(self.viewport().width()) + 2 * self.frameWidth(),
+        )
+
+    def text_changed(self) -> None:
+        self.updateGeometry()
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            self.updateGeometry()  # a new width wraps the text onto more or fewer lines
+
+
 class ImageView(QWidget):
     """Paints one image scaled to fit, keeping its aspect; a placeholder text when empty."""
 
@@ -282,7 +305,7 @@ class GenerateView(QWidget):
         self.parameters.setTextFormat(Qt.TextFormat.PlainText)
         self.parameters.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         # The caption scrolls inside a box of its own: long parameters never run into the image.
-        caption = QScrollArea()
+        caption = CaptionBox()
         caption.setProperty("plain", True)
         caption.setWidgetResizable(True)
         caption.setFrameShape(QScrollArea.Shape.NoFrame)
@@ -631,6 +654,7 @@ class GenerateView(QWidget):
             pixmap if not pixmap.isNull() else None, f"The image file is missing: {path}"
         )
         self.parameters.setText(parameter_text(entry))
+        self.caption.text_changed()
         self.open_folder_button.setEnabled(bool(path))
         self.save_as_button.setVisible(_unsaved(entry))
         self.last_seed = entry.get("seed")

@@ -147,6 +147,7 @@ class ModelsView(QWidget):
         # A long (bold, when loaded) name keeps its start and its extension in view.
         self.library.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         header = self.library.header()
+        header.setStretchLastSection(False)  # the name takes the spare width, not the size
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for column in (1, 2, 3):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
@@ -245,7 +246,7 @@ class ModelsView(QWidget):
             "demo": "A tiny model built into HalfSafe: it runs on any computer in "
             "seconds, exercises every check, and draws a coloured shape on a "
             "coloured background (trained on prompts such as “a red circle on "
-            "a blue background”; it does not follow the words reliably yet).",
+            "a blue background”: it draws the prompted colours, the shape only roughly).",
             "demo-overflow": "The demo with one VAE layer that overflows in fp16 on purpose: "
             "in fp16 its pictures go black, and the NaN watch repairs them.",
         }
