@@ -701,9 +701,9 @@ class GenerateView(QWidget):
         elif entry.get("applied_fix"):
             self.banner.show_message(
                 "good",
-                "<b>Fixed.</b> Made again with "
+                "<b>Fixed.</b> Made again with the fix ("
                 + html.escape(words.fix_words(entry["applied_fix"]))
-                + "; this time every value stayed finite. The fix stays in your settings.",
+                + "); this time every value stayed finite. The fix stays in your settings.",
             )
         else:
             self.banner.dismiss()

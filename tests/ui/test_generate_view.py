@@ -162,7 +162,7 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
     )
     assert view.gallery.count() == 2
     assert view.banner.level == "good"
-    assert "Made again with VAE precision: fp32 (full)" in view.banner.text.text()
+    assert "Made again with the fix (VAE precision: fp32 (full))" in view.banner.text.text()
     assert view.banner.buttons == {}
     assert not button.isVisible()
 
