@@ -364,20 +364,9 @@ class FluxFamily(_ShiftedSigmas, Family):
         return None
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
-        import torch
         from diffusers import FluxPipeline
 
-        factor = self.latent_factor(pipeline)
-        channels = pipeline.transformer.config.in_channels // 4
-        h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
-        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        packed = [
-            FluxPipeline._pack_latents(
-                torch.randn((1, channels, h, w), generator=g), 1, channels, h, w
-            )
-            for g in generators
-        ]
-        return torch.cat(packed), generators
+        return _packed_noise(self, pipeline, FluxPipeline._pack_latents, (), seeds, height, width)
 
     def call_arguments(self, cfg: float) -> dict[str, Any]:
         # dev: the guidance embedding's scale (schnell ignores it); never a negative batch.
@@ -784,20 +773,12 @@ class QwenImageFamily(_ShiftedSigmas, Family):
         return None
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
-        import torch
         from diffusers import QwenImagePipeline
 
-        factor = self.latent_factor(pipeline)
-        channels = pipeline.transformer.config.in_channels // 4
-        h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
-        generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        packed = [
-            QwenImagePipeline._pack_latents(
-                torch.randn((1, 1, channels, h, w), generator=g), 1, channels, h, w
-            )
-            for g in generators
-        ]
-        return torch.cat(packed), generators
+        # The 3D VAE's latents carry a frame axis of one.
+        return _packed_noise(
+            self, pipeline, QwenImagePipeline._pack_latents, (1,), seeds, height, width
+        )
 
     def call_arguments(self, cfg: float) -> dict[str, Any]:
         return {"true_cfg_scale": cfg}  # real CFG when a negative prompt is given (cfg > 1)
@@ -892,3 +873,19 @@ def make_scheduler(
     if name == "ddim":
         return DDIMScheduler.from_config(config, **extra)
     raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")
+
+
+def _packed_noise(family, pipeline, pack, frames: tuple[int, ...], seeds, height, width):
+    """Seeded noise per image (made on the CPU, as every family's), packed into 2x2 latent
+    patches by the pipeline's own `pack`; `frames` are extra axes before the channels."""
+    import torch
+
+    factor = family.latent_factor(pipeline)
+    channels = pipeline.transformer.config.in_channels // 4
+    h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    packed = [
+        pack(torch.randn((1, *frames, channels, h, w), generator=g), 1, channels, h, w)
+        for g in generators
+    ]
+    return torch.cat(packed), generators

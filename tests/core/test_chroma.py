@@ -57,11 +57,7 @@ def test_diffusers_folder_round_trip_offline(tmp_path):
     assert model.detected_because.startswith("Chroma: its ChromaPipeline")
     assert "a T5 text encoder only" in model.detected_because
     assert isinstance(family_of(model.pipeline), ChromaFamily)
-    for component in COMPONENTS:
-        mine = getattr(pipeline, component).state_dict()
-        theirs = getattr(model.pipeline, component).state_dict()
-        assert set(mine) == set(theirs)
-        assert all(torch.equal(v, theirs[k]) for k, v in mine.items()), component
+    same_weights(pipeline, model.pipeline, COMPONENTS)
 
 
 @pytest.mark.parametrize("fault", list(PLANTS))

@@ -8,7 +8,6 @@ ComfyUI keeps them: test_qwenimage_split.py.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from app.core import generation, models
 from app.core.demo import build_tiny_qwenimage_pipeline
@@ -20,6 +19,7 @@ from tests.core.family_helpers import (
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
     plant_scaled,
+    same_weights,
 )
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
@@ -54,11 +54,7 @@ def test_diffusers_folder_round_trip_offline(tmp_path):
     assert model.detected_because.startswith("Qwen-Image: its QwenImagePipeline")
     assert "a Qwen2.5-VL text encoder" in model.detected_because
     assert isinstance(family_of(model.pipeline), QwenImageFamily)
-    for component in COMPONENTS:
-        mine = getattr(pipeline, component).state_dict()
-        theirs = getattr(model.pipeline, component).state_dict()
-        assert set(mine) == set(theirs)
-        assert all(torch.equal(v, theirs[k]) for k, v in mine.items()), component
+    same_weights(pipeline, model.pipeline, COMPONENTS)
 
 
 def test_healthy_qwenimage_checks_its_three_components():

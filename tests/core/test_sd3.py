@@ -58,11 +58,7 @@ def test_diffusers_folder_round_trip_offline(tmp_path):
     assert "2 joint blocks" in model.detected_because
     assert "CLIP-L, CLIP-G and T5 text encoders" in model.detected_because
     assert isinstance(family_of(model.pipeline), SD3Family)
-    for component in COMPONENTS:
-        mine = getattr(pipeline, component).state_dict()
-        theirs = getattr(model.pipeline, component).state_dict()
-        assert set(mine) == set(theirs)
-        assert all(torch.equal(v, theirs[k]) for k, v in mine.items()), component
+    same_weights(pipeline, model.pipeline, COMPONENTS)
 
 
 def test_healthy_sd35_checks_all_three_text_encoders():

@@ -8,7 +8,6 @@ repair. Split files as ComfyUI keeps them: test_zimage_split.py.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from app.core import generation, models
 from app.core.demo import build_tiny_zimage_pipeline, qwen2_tokenizer, qwen3_tokenizer
@@ -19,6 +18,7 @@ from tests.core.family_helpers import (
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
     plant_scaled,
+    same_weights,
 )
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
@@ -78,11 +78,7 @@ def test_diffusers_folder_round_trip_offline(tmp_path):
     assert model.detected_because.startswith("Z-Image: its ZImagePipeline")
     assert "a Qwen3 text encoder" in model.detected_because
     assert isinstance(family_of(model.pipeline), ZImageFamily)
-    for component in COMPONENTS:
-        mine = getattr(pipeline, component).state_dict()
-        theirs = getattr(model.pipeline, component).state_dict()
-        assert set(mine) == set(theirs)
-        assert all(torch.equal(v, theirs[k]) for k, v in mine.items()), component
+    same_weights(pipeline, model.pipeline, COMPONENTS)
     assert model.pipeline.tokenizer("a red cat").input_ids == [64, 2518, 8251]
 
 
