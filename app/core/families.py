@@ -354,14 +354,9 @@ class FluxFamily(_ShiftedSigmas, Family):
         return FluxPipeline._unpack_latents(latents, size, size, self.latent_factor(pipe))
 
     def text_to_image_problem(self, pipeline) -> str | None:
-        channels = pipeline.transformer.config.in_channels
-        latent = pipeline.vae.config.latent_channels
-        if channels != latent * 4:
-            return (
-                f"its transformer takes {channels} input channels where text-to-image with this "
-                f"{latent}-channel VAE takes {latent * 4} (a Fill, Depth or Canny model?)."
-            )
-        return None
+        return _input_channels_problem(
+            pipeline, "latent_channels", 4, " (a Fill, Depth or Canny model?)"
+        )
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
         from diffusers import FluxPipeline
@@ -570,14 +565,7 @@ class SD3Family(_FlowMatching, Family):
         return latents
 
     def text_to_image_problem(self, pipeline) -> str | None:
-        channels = pipeline.transformer.config.in_channels
-        latent = pipeline.vae.config.latent_channels
-        if channels != latent:
-            return (
-                f"its transformer takes {channels} input channels where text-to-image with this "
-                f"{latent}-channel VAE takes {latent}."
-            )
-        return None
+        return _input_channels_problem(pipeline, "latent_channels", 1)
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
         import torch
@@ -657,14 +645,7 @@ class ZImageFamily(_ShiftedSigmas, Family):
         return _patches_problem(self, pipeline, width, height)
 
     def text_to_image_problem(self, pipeline) -> str | None:
-        channels = pipeline.transformer.config.in_channels
-        latent = pipeline.vae.config.latent_channels
-        if channels != latent:
-            return (
-                f"its transformer takes {channels} input channels where text-to-image with this "
-                f"{latent}-channel VAE takes {latent}."
-            )
-        return None
+        return _input_channels_problem(pipeline, "latent_channels", 1)
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
         import torch
@@ -763,14 +744,7 @@ class QwenImageFamily(_ShiftedSigmas, Family):
         return _patches_problem(self, pipeline, width, height)
 
     def text_to_image_problem(self, pipeline) -> str | None:
-        channels = pipeline.transformer.config.in_channels
-        latent = pipeline.vae.config.z_dim
-        if channels != latent * 4:
-            return (
-                f"its transformer takes {channels} input channels where text-to-image with this "
-                f"{latent}-channel VAE takes {latent * 4}."
-            )
-        return None
+        return _input_channels_problem(pipeline, "z_dim", 4)
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
         from diffusers import QwenImagePipeline
@@ -889,3 +863,16 @@ def _packed_noise(family, pipeline, pack, frames: tuple[int, ...], seeds, height
         for g in generators
     ]
     return torch.cat(packed), generators
+
+
+def _input_channels_problem(pipeline, latent_key: str, per_latent: int, hint: str = ""):
+    """A transformer that takes other than `per_latent` input channels per VAE latent channel
+    (the VAE config's `latent_key`) is not a text-to-image model (a Fill, Depth or Canny one)."""
+    channels = pipeline.transformer.config.in_channels
+    latent = getattr(pipeline.vae.config, latent_key)
+    if channels != latent * per_latent:
+        return (
+            f"its transformer takes {channels} input channels where text-to-image with this "
+            f"{latent}-channel VAE takes {latent * per_latent}{hint}."
+        )
+    return None

@@ -310,3 +310,16 @@ def test_generation_catches_a_clamped_t5_overflow_and_keeps_only_wo_in_fp32(tmp_
     assert image.first_bad_module == T5_LAYER
     assert image.fix == {"t5_fp32_feed_forward": True}
     assert image.settings["text_encoder_2_precision"] == "fp16"
+
+
+def test_a_fill_shaped_transformer_is_named_as_not_text_to_image():
+    pipeline = build_tiny_flux_pipeline()
+    family = family_of(pipeline)
+    assert family.text_to_image_problem(pipeline) is None
+
+    # Flux.1 Fill takes the masked image and the mask beside the noise: 384 input channels.
+    pipeline.transformer.register_to_config(in_channels=384)
+
+    problem = family.text_to_image_problem(pipeline)
+    assert problem is not None
+    assert "takes 384 input channels" in problem and "takes 64" in problem and "Fill" in problem
