@@ -1,4 +1,5 @@
-"""Test-wide setup: offscreen Qt, no hub access, and every HalfSafe folder under tmp_path."""
+"""Test-wide setup: offscreen Qt, no hub access, a pinned CPU bf16 class, and every HalfSafe
+folder under tmp_path."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 # core whenever anything else runs there (measured: 7.8 ms instead of 0.03 ms for a small
 # Linear). One thread per process is faster here; subprocesses inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# What HalfSafe prefers on a CPU depends on whether it has native bf16 (a fix keeps layers in
+# bf16 there, in fp32 elsewhere). The suite pins that class so that its results do not depend on
+# the machine: "native" unless the run names one. The test command runs the core tests again with
+# HALFSAFE_CPU_BF16=emulated, so both branches run on every machine.
+os.environ.setdefault("HALFSAFE_CPU_BF16", "native")
 
 import pytest  # noqa: E402
 
@@ -29,3 +35,13 @@ def isolated_dirs(tmp_path_factory, monkeypatch):
     ):
         monkeypatch.setenv(var, str(root / name))
     return root
+
+
+@pytest.fixture(params=["native", "emulated"])
+def cpu_bf16(request, monkeypatch) -> str:
+    """Runs a test once as on a CPU with native bf16 and once as on one without; returns which.
+
+    For tests whose right answer depends on that class (the layers a fix keeps wider are bf16
+    where it is native, fp32 elsewhere): both answers are asserted on every machine."""
+    monkeypatch.setenv("HALFSAFE_CPU_BF16", request.param)
+    return request.param

@@ -466,7 +466,28 @@ def _probe_cpu() -> DeviceInfo:
         vendor="",
         os_name=os_name,
         os_version=os_version,
-        features=_cpu_features(),
+        features=_pinned_bf16(_cpu_features()),
+    )
+
+
+# Names the CPU's bf16 class outright, whatever the CPU has: "native" or "emulated". The numbers
+# are the same either way (torch computes bf16 on any CPU); what changes is what HalfSafe
+# prefers, so the tests pin it and run both branches on any machine (tests/conftest.py).
+CPU_BF16_ENV = "HALFSAFE_CPU_BF16"
+_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def _pinned_bf16(features: frozenset[str]) -> frozenset[str]:
+    """`features` with the bf16 flags that `HALFSAFE_CPU_BF16` pins, if it is set."""
+    pinned = os.environ.get(CPU_BF16_ENV, "").strip().lower()
+    if not pinned:
+        return features
+    if pinned == "native":
+        return features | {"avx512_bf16"}
+    if pinned == "emulated":
+        return features - _BF16_FLAGS
+    raise DeviceError(
+        f"{CPU_BF16_ENV} is '{pinned}'; it takes 'native' or 'emulated' (or unset it to detect)."
     )
 
 
@@ -637,7 +658,7 @@ def _base_classes(device: DeviceInfo) -> tuple[str, str, bool]:
         return "fast", "native" if "xmx" in device.features else "emulated", False
     if device.backend == "directml":
         return "fast", "native", False
-    native = bool(device.features & {"avx512_bf16", "amx_bf16", "bf16"})
+    native = bool(device.features & _BF16_FLAGS)
     return "slow", "native" if native else "emulated", False
 
 

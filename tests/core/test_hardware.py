@@ -82,6 +82,8 @@ def machine(monkeypatch):
         monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(driver, nvml_names))
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps_macos is not None)
         monkeypatch.setattr(hardware, "_cpu_features", lambda: cpu_flags)
+        # The flags faked here are the CPU's: the suite's pin (tests/conftest.py) is lifted.
+        monkeypatch.delenv(hardware.CPU_BF16_ENV, raising=False)
         monkeypatch.setattr(hardware, "_amdgpu_driver", lambda: None)
         if mps_macos is not None:
             monkeypatch.setattr(hardware.platform, "system", lambda: "Darwin")
@@ -369,6 +371,31 @@ def test_cpu_runs_fp32(machine, flags):
     assert rec["precision"] == "fp32" and rec["no_half"] is True
     assert rec["vae_precision"] == "fp32" and rec["allow_tf32"] is False
     assert_resolved(info)
+
+
+@pytest.mark.parametrize(
+    ("flags", "pin", "bf16"),
+    [
+        (frozenset(), "native", "native"),
+        (frozenset({"avx512_bf16", "amx_bf16"}), "emulated", "emulated"),
+        (frozenset({"avx512_bf16"}), " Native ", "native"),
+        (frozenset({"avx512_bf16"}), "", "native"),
+    ],
+)
+def test_the_cpus_bf16_class_can_be_pinned(machine, monkeypatch, flags, pin, bf16):
+    machine(cpu_flags=flags)
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, pin)
+    info = hardware.describe_device("cpu")
+    assert info.bf16 == bf16
+    # What the device reports and what HalfSafe prefers follow the pin alike.
+    assert ("native bf16" in info.reasons["precision"]) == (bf16 == "native")
+
+
+def test_a_bad_bf16_pin_is_one_sentence(machine, monkeypatch):
+    machine()
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "fast")
+    with pytest.raises(DeviceError, match="HALFSAFE_CPU_BF16 is 'fast'; it takes 'native' or"):
+        hardware.describe_device("cpu")
 
 
 def test_directml_adapter_has_no_bf16():

@@ -19,6 +19,8 @@ from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
 
 FP32 = PrecisionSettings(precision="fp32")
+# The two VAE layers the planted fault needs kept wider than fp16.
+VAE_FIX_LAYERS = ("decoder.up_blocks.0.resnets.0.conv1", "decoder.up_blocks.0.resnets.0.norm2")
 
 
 def test_fp32_check_puts_the_predicted_fp16_overflow_in_its_first_line():
@@ -45,14 +47,16 @@ def test_fp32_check_puts_the_predicted_fp16_overflow_in_its_first_line():
     assert report.advice.settings["unet_precision"] == "fp16"
 
 
-def test_fp16_check_measures_fp16_and_the_tried_bf16():
+def test_fp16_check_measures_fp16_and_the_tried_bf16(cpu_bf16):
     report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), FP16, remember=False)
     vae = report.components["vae"]
     assert vae.precisions["fp16"].status is Status.OVERFLOW and vae.precisions["fp16"].measured
-    # bf16 is native on this CPU, so the fix search ran it: measured, and it was fine (the
-    # fix itself keeps only the overflowing layers wider, in bf16).
-    assert set(report.fix.settings) == {"bf16_modules"}
-    assert vae.precisions["bf16"].status is Status.OK and vae.precisions["bf16"].measured
+    # The fix keeps only the overflowing layers wider: in bf16 where it is native, so the fix
+    # search ran bf16 (measured, and fine); elsewhere in fp32, and bf16 is only predicted.
+    wider = "bf16" if cpu_bf16 == "native" else "fp32"
+    assert report.fix.settings == {f"{wider}_modules": [f"vae:{m}" for m in VAE_FIX_LAYERS]}
+    assert vae.precisions["bf16"].status is Status.OK
+    assert vae.precisions["bf16"].measured is (cpu_bf16 == "native")
     assert report.components["unet"].precisions["fp16"].measured
 
 
@@ -62,15 +66,17 @@ def test_a_healthy_fp16_model_says_so_plainly():
     assert report.headline.startswith("Healthy at your settings (fp16): nothing overflowed")
 
 
-def test_remembered_fix_is_named_and_what_happens_without_it_is_said():
+def test_remembered_fix_is_named_and_what_happens_without_it_is_said(cpu_bf16):
     first = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remembered-headline"))
     assert first.fix.verified
     again = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remembered-headline"))
     assert again.verdict is Verdict.HEALTHY
     assert again.remembered == first.fix.summary
-    # The remembered fix keeps two VAE layers in bf16, the rest in fp16: said in its words.
+    # The remembered fix keeps two VAE layers wider (bf16 where native), the rest in fp16: said
+    # in its words.
+    wider = "bf16" if cpu_bf16 == "native" else "fp32"
     assert again.headline == (
-        "Safe with the fix remembered for this model (fp16, with 2 VAE layers in bf16): "
+        f"Safe with the fix remembered for this model (fp16, with 2 VAE layers in {wider}): "
         "nothing overflowed."
     )
 
@@ -86,17 +92,22 @@ def _saturate_in_bf16(pipeline, layer: str = "decoder.conv_out"):
     return pipeline
 
 
-def test_a_finite_but_wrong_fix_is_rejected_and_the_next_one_is_verified():
+def test_a_finite_but_wrong_fix_is_rejected_and_the_next_one_is_verified(cpu_bf16):
     pipeline = _saturate_in_bf16(plant(build_tiny_sd_pipeline(), "vae"))
     report = check(loaded(pipeline), remember=False)
 
     assert report.verdict is Verdict.FIXABLE
-    # The whole VAE in bf16 was finite but wrong; the layers kept in bf16 do not reach the
-    # saturating layer.
-    assert set(report.fix.settings) == {"bf16_modules"}
     assert report.fix.verified
     assert report.fix.quality.value >= diagnosis.QUALITY_THRESHOLD_DB
-    assert any("bf16 gave finite output that differs" in n for n in report.notes)
+    if cpu_bf16 == "native":
+        # The whole VAE in bf16 was finite but wrong; the layers kept in bf16 do not reach the
+        # saturating layer.
+        assert set(report.fix.settings) == {"bf16_modules"}
+        assert any("bf16 gave finite output that differs" in n for n in report.notes)
+    else:
+        # Without native bf16 the search keeps the layers in fp32 and never meets the fault.
+        assert set(report.fix.settings) == {"fp32_modules"}
+        assert not any("bf16" in n for n in report.notes)
     document = report.to_json()["fix"]
     assert document["quality"]["metric"] == "snr_db"
     assert document["quality"]["threshold"] == diagnosis.QUALITY_THRESHOLD_DB
