@@ -549,7 +549,7 @@ class ModelsView(QWidget):
         if model.get("native_size"):
             facts.append(f"made for {model['native_size']}×{model['native_size']} px")
         if model.get("prediction_type"):
-            facts.append(f"{model['prediction_type'].replace('_', '-')} prediction")
+            facts.append(words.prediction_words(str(model["prediction_type"])))
         if model.get("model_hash"):
             facts.append(f"hash {model['model_hash']}")
         lines.append(html.escape(", ".join(facts).capitalize()) + ".")

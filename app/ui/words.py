@@ -234,7 +234,26 @@ def headroom_words(headroom: float | None, status: str) -> str:
         return "Headroom: not measured."
     if headroom >= 10:
         return f"Headroom: {headroom:,.0f}x below the fp16 limit; safe."
+    if headroom < 1:
+        # Measured wider than fp16 (fp32 or bf16), the values passed 65,504: fp16 would overflow.
+        return (
+            f"No headroom in fp16: values reached {1 / headroom:.2g}x the fp16 limit of 65,504; "
+            "fp16 would overflow."
+        )
     return f"Headroom: only {headroom:.2g}x below the fp16 limit; close to overflowing."
+
+
+# What a model predicts, in the words a user knows it by.
+PREDICTION_WORDS = {
+    "epsilon": "epsilon (noise) prediction",
+    "v_prediction": "v-prediction",
+    "sample": "sample prediction",
+    "flow": "flow matching",
+}
+
+
+def prediction_words(kind: str) -> str:
+    return PREDICTION_WORDS.get(kind, f"{kind.replace('_', '-')} prediction")
 
 
 def megabytes(value: float | None) -> str:

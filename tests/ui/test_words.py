@@ -51,5 +51,15 @@ def test_numbers_read_naturally():
     assert words.big_number(3.4954) == "3.5"
     assert words.big_number(None) == "unknown"
     assert words.headroom_words(1.6, "at_risk").startswith("Headroom: only 1.6x")
+    # Measured in fp32 at 5.9x fp16's limit: over it, never "below" it.
+    over = words.headroom_words(65504 / 386_000, "ok")
+    assert over.startswith("No headroom in fp16: values reached 5.9x the fp16 limit")
+    assert "below" not in over
     assert words.file_size(6_938_000_000) == "6.5 GB"
     assert words.duration(75) == "1 min 15 s"
+
+
+def test_prediction_types_are_named_once():
+    assert words.prediction_words("v_prediction") == "v-prediction"
+    assert words.prediction_words("epsilon") == "epsilon (noise) prediction"
+    assert "prediction prediction" not in words.prediction_words("v_prediction")
