@@ -318,9 +318,24 @@ def is_pickle_file(path: str | Path) -> bool:
     return head.startswith(_ZIP_MAGIC) or _looks_like_pickle(head)
 
 
+def _refuse_if_not_torch_save(path: Path) -> None:
+    """A file under a pickle suffix that torch.save did not write (neither a zip archive nor a
+    pickle of protocol 2+: random or damaged bytes) is named as such, not as possible code."""
+    with open_regular(path) as handle:
+        head = handle.read(8)
+    if not (head.startswith(_ZIP_MAGIC) or _looks_like_pickle(head)):
+        raise BadFileError(
+            path,
+            "the file is neither a zip archive nor a pickle, so it is not a PyTorch checkpoint "
+            "(it is damaged, or another kind of file under this name).",
+        )
+
+
 def refuse_pickle(path: str | Path) -> None:
-    """Raise the one-sentence refusal for a pickle file the user has not allowed."""
+    """Raise the one-sentence refusal for a pickle file the user has not allowed (or, for a
+    file that is no pickle at all, the sentence saying so)."""
     path = Path(path)
+    _refuse_if_not_torch_save(path)
     kind = path.suffix.lower() or "pickle"
     raise PickleRefusedError(
         path,
@@ -350,6 +365,7 @@ def load_pickle_state_dict(path: str | Path) -> dict[str, Any]:
     size = _file_size(path)
     if size == 0:
         raise BadFileError(path, "the file is empty (0 bytes), so it holds no model.")
+    _refuse_if_not_torch_save(path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -344,6 +344,18 @@ def test_allowed_plain_pickle_loads_its_tensors(tmp_path):
         assert torch.equal(checkpoint.get("w"), weights["w"])
 
 
+@pytest.mark.parametrize("allow_pickle", [False, True])
+def test_random_bytes_under_a_pickle_suffix_are_not_called_code(tmp_path, allow_pickle):
+    path = tmp_path / "model.ckpt"
+    path.write_bytes(bytes(range(7, 250)) * 40)
+    with pytest.raises(BadFileError) as caught:
+        Checkpoint(path, allow_pickle=allow_pickle)
+    assert not isinstance(caught.value, PickleRefusedError)
+    text = assert_one_sentence(caught.value, path)
+    assert "neither a zip archive nor a pickle" in text
+    assert "code" not in text and "--allow-pickle" not in text
+
+
 def test_damaged_pickle_is_a_bad_file(tmp_path):
     path = tmp_path / "model.ckpt"
     torch.save({"w": torch.zeros(1000)}, str(path))
