@@ -232,12 +232,7 @@ class ModelsView(QWidget):
             broken = sum(1 for e in entries if e.get("error"))
             vaes = sum(1 for e in entries if e.get("role") == "vae")
             models = len(entries) - vaes
-            self.library_status.setText(
-                f"{models} model{'s' if models != 1 else ''} found"
-                + (f", {vaes} VAE{'s' if vaes != 1 else ''}" if vaes else "")
-                + (f", {broken} damaged" if broken else "")
-                + "."
-            )
+            self.library_status.setText(library_count_words(models, vaes, broken))
 
     def _fill_library(self, entries: list[dict[str, Any]]) -> None:
         last = str(self.ui_settings.value("models/last", DEMO_SOURCE))
@@ -577,6 +572,19 @@ class ModelsView(QWidget):
         self.remembered.show_message(
             "good", "Applied the remembered fix: " + html.escape(words.fix_words(settings)) + "."
         )
+
+
+def library_count_words(models: int, vaes: int, broken: int) -> str:
+    """What the scan of the model folders found; the built-in demos listed beside them are not
+    counted, and said so when nothing else is listed."""
+    if models == 0 and vaes == 0:
+        return "No models in your model folders yet; the built-in demos are always listed."
+    return (
+        f"{models} model{'s' if models != 1 else ''} found in your model folders"
+        + (f", {vaes} VAE{'s' if vaes != 1 else ''}" if vaes else "")
+        + (f", {broken} damaged" if broken else "")
+        + "."
+    )
 
 
 def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
+from app.ui.models_view import library_count_words
 from tests.ui.conftest import DEMO_SUMMARY
 
 
@@ -240,7 +241,7 @@ def test_library_lists_vaes_and_loads_a_model_with_its_paired_vae(window, engine
         ],
         "",
     )
-    assert view.library_status.text() == "1 model found, 1 VAE."
+    assert view.library_status.text() == "1 model found in your model folders, 1 VAE."
     with_vae, vae_row = view._item_for(str(model)), view._item_for(str(shared))
     assert with_vae is not None and vae_row is not None
     assert with_vae.text(1) == "Stable Diffusion 1.x + VAE" and str(paired) in with_vae.toolTip(0)
@@ -298,3 +299,11 @@ def test_library_names_a_transformer_files_companions_or_what_is_missing(window)
     assert "cannot run this kind of model" not in view.load_status.text()
     view.library.setCurrentItem(chroma)
     assert view.load_button.isEnabled()
+
+
+def test_an_empty_library_does_not_say_zero_beside_the_listed_demos():
+    assert library_count_words(0, 0, 0) == (
+        "No models in your model folders yet; the built-in demos are always listed."
+    )
+    assert "0 models" not in library_count_words(0, 0, 0)
+    assert library_count_words(2, 0, 1) == "2 models found in your model folders, 1 damaged."
