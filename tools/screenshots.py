@@ -95,9 +95,9 @@ def main() -> int:
         print(f"wrote {path}")
 
     # GPU: the real report of this machine, self-test included.
-    window.show_page("GPU")
+    window.show_page("Devices")
     wait_until(app, lambda: window.state.hardware is not None, "the hardware report")
-    wait_until(app, lambda: window.gpu_view.job_id is None, "the GPU page")
+    wait_until(app, lambda: window.gpu_view.job_id is None, "the Devices page")
     shot("gpu")
 
     # Models: the library scan and demo-overflow loaded from its row.

@@ -219,12 +219,16 @@ def judge(image) -> tuple[str, str]:
     array = np.asarray(image.convert("RGB"), dtype=np.float64)
     half, c = array.shape[0] // 2, 14
     middle = array[half - 12 : half + 12, half - 12 : half + 12].reshape(-1, 3).mean(0)
-    corners = np.concatenate(
-        [array[:c, :c], array[:c, -c:], array[-c:, :c], array[-c:, -c:]]
-    ).reshape(-1, 3).mean(0)
+    corners = (
+        np.concatenate([array[:c, :c], array[:c, -c:], array[-c:, :c], array[-c:, -c:]])
+        .reshape(-1, 3)
+        .mean(0)
+    )
     palette = np.asarray(list(demo.DEMO_COLOURS.values()), dtype=np.float64)
     names = list(demo.DEMO_COLOURS)
-    nearest = [names[int(np.linalg.norm(palette - rgb, axis=1).argmin())] for rgb in (middle, corners)]
+    nearest = [
+        names[int(np.linalg.norm(palette - rgb, axis=1).argmin())] for rgb in (middle, corners)
+    ]
     return nearest[0], nearest[1]
 
 

@@ -1,4 +1,4 @@
-"""The GPU page: this computer's devices, what they can do in fp16/bf16, known quirks with their
+"""The Devices page (GPUs and the CPU): this computer's devices, what they can do in fp16/bf16, known quirks with their
 sources, the self-test, and the recommended settings with the reason for each."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class GpuView(QWidget):
 
         layout = page_layout(
             self,
-            "GPU",
+            "Devices",
             "What each device in this computer can do in half precision, the known faults that "
             "apply to it, and the settings HalfSafe recommends, with the reason for each.",
         )

@@ -36,7 +36,7 @@ from app.ui.settings_view import SettingsView
 from app.ui.state import AppState
 from app.ui.widgets import Banner
 
-PAGES = ("Models", "Health check", "Generate", "GPU", "Settings")
+PAGES = ("Models", "Health check", "Generate", "Devices", "Settings")
 TITLE = "HalfSafe"
 
 
@@ -243,7 +243,7 @@ class MainWindow(QMainWindow):
 
     def start_background(self) -> None:
         """Work for after the window shows: describe the device (so the status bar and the
-        Settings page's recommendations are there without visiting the GPU page), reload the
+        Settings page's recommendations are there without visiting the Devices page), reload the
         last model, and fill the gallery from the output folder. All of it runs in the engine
         or on worker threads; the window stays responsive."""
         if self.state.hardware is None and self.gpu_view.job_id is None:

@@ -477,7 +477,8 @@ class SettingsView(QWidget):
             device = self.state.device_report()
             if device is None:
                 return (
-                    "Auto picks the best GPU when the engine first runs; the GPU page shows which."
+                    "Auto picks the best GPU (else the CPU) when the engine first runs; the "
+                    "Devices page shows which."
                 )
             return f"Auto picks {device.get('name', 'the first device')} here."
         if value == "auto" and key in ("text_encoder_2_precision", "text_encoder_3_precision"):
@@ -496,8 +497,8 @@ class SettingsView(QWidget):
         if value == "auto" and FIELDS[key].kind == "choice":
             if not have_report:
                 return (
-                    "Auto is decided from your GPU and the model when a job runs; the GPU "
-                    "page shows what it picks."
+                    "Auto is decided from your device and the model when a job runs; the "
+                    "Devices page shows what it picks."
                 )
             resolved = recommended.get(key)
             if resolved is None or resolved == "auto":

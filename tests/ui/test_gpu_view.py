@@ -1,4 +1,4 @@
-"""The GPU page: asks the engine on first view, shows quirks with sources, applies the
+"""The Devices page: asks the engine on first view, shows quirks with sources, applies the
 recommendation."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def _texts(widget) -> str:
 
 def test_first_view_starts_the_engine_and_shows_the_report(window, engines):
     assert engines.started == []
-    window.show_page("GPU")
+    window.show_page("Devices")
     job = engines.current.last_job("hardware")
     assert job.params == {"self_test": True, "retest": False}
     engines.current.emit(job, EventState.RESULT, result=HARDWARE)
@@ -33,12 +33,12 @@ def test_first_view_starts_the_engine_and_shows_the_report(window, engines):
     assert window.device_status.text() == "Device: NVIDIA GeForce GTX 1660 SUPER"
     # Seeing the page again does not ask again.
     window.show_page("Models")
-    window.show_page("GPU")
+    window.show_page("Devices")
     assert len(engines.current.jobs("hardware")) == 1
 
 
 def test_apply_recommended_writes_every_precision_setting(window, engines):
-    window.show_page("GPU")
+    window.show_page("Devices")
     job = engines.current.last_job("hardware")
     engines.current.emit(job, EventState.RESULT, result=HARDWARE)
     button, recommended = window.gpu_view.apply_buttons[0]
@@ -52,7 +52,7 @@ def test_apply_recommended_writes_every_precision_setting(window, engines):
 
 
 def test_self_test_again_asks_for_a_retest(window, engines):
-    window.show_page("GPU")
+    window.show_page("Devices")
     first = engines.current.last_job("hardware")
     engines.current.emit(first, EventState.RESULT, result=HARDWARE)
     window.gpu_view.self_test_button.click()

@@ -68,7 +68,7 @@ def test_on_a_cpu_no_flash_attention_is_recommended_and_auto_never_means_auto(wi
     view = window.settings_view
     text = view.resolution_text("attention_backend")
     assert "Flash" not in text and "CPU" in text
-    window.show_page("GPU")
+    window.show_page("Devices")
     gpu_texts = " ".join(w.text() for w in window.gpu_view.findChildren(QLabel))
     assert "Flash attention" not in gpu_texts and "fused CPU kernel" in gpu_texts
     window.state.apply({"attention_backend": "math"})

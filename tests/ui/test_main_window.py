@@ -26,7 +26,7 @@ def test_window_opens_with_title_pages_and_status_bar(window, engines):
         "Models",
         "Health check",
         "Generate",
-        "GPU",
+        "Devices",
         "Settings",
     ]
     assert window.model_status.text() == "Model: none loaded"

@@ -166,7 +166,7 @@ def test_size_is_kept_to_a_multiple_of_eight(window):
 
 def test_auto_says_what_it_resolves_to_and_why(window):
     view = window.settings_view
-    assert "GPU page" in view.resolved["precision"].text()
+    assert "Devices page" in view.resolved["precision"].text()
     window.state.set_hardware(HARDWARE)
     assert view.resolved["precision"].text() == (
         "Auto means fp32 (full) here: This card returns NaN from fp16 convolutions."
@@ -192,7 +192,7 @@ def test_reset_to_recommended_uses_this_computers_recommendation(window, engines
     window.state.apply({"fp16_accumulation": True, "steps": 33})
     view = window.settings_view
     view.reset_button.click()
-    # No report yet: the GPU page asks the engine, and the reset finishes when it answers.
+    # No report yet: the Devices page asks the engine, and the reset finishes when it answers.
     job = engines.current.last_job("hardware")
     engines.current.emit(job, EventState.RESULT, result=HARDWARE)
     saved = load_settings().settings

@@ -128,7 +128,7 @@ def test_every_accent_keeps_body_text_contrast(scheme_name):
 
 def test_every_view_is_readable(scheme_name, window, engines):
     load_fake_model(window, engines)
-    window.show_page("GPU")
+    window.show_page("Devices")
     engines.current.emit(engines.current.last_job("hardware"), EventState.RESULT, result=HARDWARE)
     window.show_page("Health check")
     window.health_view.show_report(FIXABLE, MARKDOWN)
@@ -151,7 +151,7 @@ def test_every_view_is_readable(scheme_name, window, engines):
     )
     window.engine_banner.show_message("bad", "<b>The engine stopped.</b> It was killed.")
     problems = {}
-    for page in ("Models", "Health check", "Generate", "GPU", "Settings"):
+    for page in ("Models", "Health check", "Generate", "Devices", "Settings"):
         window.show_page(page)
         found = _poor_contrast(window)
         if found:
