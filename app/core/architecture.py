@@ -457,9 +457,7 @@ def _zimage_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any
     )
 
 
-def _qwenimage_folder(
-    model_index: Mapping[str, Any], transformer: Mapping[str, Any]
-) -> Detection:
+def _qwenimage_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
     width = int(transformer.get("num_attention_heads", 0)) * int(
         transformer.get("attention_head_dim", 0)
     )

@@ -499,7 +499,9 @@ def qwen2_tokenizer():
     Qwen2.5's chat template: Qwen-Image's tokenizer."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(resource("tokenizers", "qwen2")), local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        str(resource("tokenizers", "qwen2")), local_files_only=True
+    )
 
 
 def qwen3_tokenizer():

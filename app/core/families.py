@@ -701,9 +701,7 @@ class QwenImageFamily(_ShiftedSigmas, Family):
         import torch
 
         repeated = super().pipeline_embeds(embeds, batch)
-        return {
-            k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()
-        }
+        return {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()}
 
     def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
         """Flow-matching Euler steps through `timesteps`, each a call on the prompt and one

@@ -148,6 +148,31 @@ def load_model(
     return loaded
 
 
+def check_openable(source: str, *, allow_pickle: bool = False) -> None:
+    """Refuse, from its header alone, a source that `load_model` would refuse at its first
+    steps: a missing path, a pickle the user has not allowed, a file that is neither a
+    safetensors nor a GGUF model (a text file, random bytes, a damaged header).
+
+    Cheap and bounded (headers only, nothing built), so that a caller holding a loaded model can
+    keep it when the new one cannot even be opened. Raises what `load_model` raises; passing does
+    not promise that the load succeeds.
+    """
+    from app.core.checkpoint import read_header
+
+    if source in DEMO_MODELS:
+        return
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise BadFileError(path, "the model does not exist (no such file or folder).")
+    if path.is_dir():
+        return
+    if is_pickle_file(path):
+        if not allow_pickle:
+            refuse_pickle(path)
+        return
+    read_header(path)
+
+
 # The demo ----------------------------------------------------------------------------------
 
 

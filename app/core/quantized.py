@@ -638,7 +638,9 @@ class GgufTensors:
         names = transformers_names(list(checked))
         self._tensors = {names.get(t.name, t.name): t for t in reader.tensors}
         checked = {
-            names.get(n, n): GgufTensorInfo(names.get(n, n), i.type_name, i.shape, i.start, i.nbytes)
+            names.get(n, n): GgufTensorInfo(
+                names.get(n, n), i.type_name, i.shape, i.start, i.nbytes
+            )
             for n, i in checked.items()
         }
         self.infos = checked

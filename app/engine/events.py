@@ -43,7 +43,9 @@ class EngineEvent:
     sentence for WARNING, ERROR and CANCELLED; `details` holds what a user does not need to read
     (a traceback, the log path). `error_type` names the core exception class of an ERROR
     (e.g. "PickleRefusedError"), so the GUI can offer the right follow-up. `preview_png` is a PNG
-    thumbnail for PREVIEW; `result` is the job's JSON-like result for RESULT.
+    thumbnail for PREVIEW; `result` is the job's JSON-like result for RESULT, and for the
+    ERROR or CANCELLED of a load, `{"loaded": summary or None, "request": params or None}`: the
+    model the engine still holds (the previous one, kept or loaded again).
     """
 
     job_id: int

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import HalfSafeError
+from app.core.jobs import CancelToken
 from app.core.settings import PrecisionSettings
 from app.engine.server import Handler, JobContext
 
@@ -103,6 +104,7 @@ def _remembered_fix(model: Any, device: str) -> dict[str, Any] | None:
 def _free_model(context: JobContext) -> None:
     context.session.model = None
     context.session.model_summary = None
+    context.session.model_request = None
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
@@ -111,22 +113,54 @@ def _free_model(context: JobContext) -> None:
 
 def load(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     """params: source (path or "demo"), vae (path or None), allow_pickle (bool), device (for
-    looking up a fix remembered on that device)."""
+    looking up a fix remembered on that device).
+
+    A source that cannot even be opened (no model, a pickle not allowed, a damaged header) is
+    refused before the loaded model is touched. One model at a time (a computer rarely holds
+    two of these in memory): the loaded model goes before the new one loads, and if the new one
+    then fails or is cancelled, the previous one is loaded again.
+    """
+    from app.core.models import check_openable
+
+    check_openable(params["source"], allow_pickle=bool(params.get("allow_pickle", False)))
+    if params.get("vae"):
+        check_openable(params["vae"])
+    previous = context.session.model_request
+    _free_model(context)
+    try:
+        _load_into_session(context, params, context.cancel)
+    except BaseException:
+        if previous is not None:
+            _load_again(context, previous)
+        raise
+    return dict(context.session.model_summary or {})
+
+
+def _load_into_session(context: JobContext, params: dict[str, Any], cancel: CancelToken) -> None:
     from app.core.models import load_model
 
-    # One model at a time: a GPU rarely holds two, so the old one goes before the new one loads.
-    _free_model(context)
     model = load_model(
         params["source"],
         vae=params.get("vae") or None,
         allow_pickle=bool(params.get("allow_pickle", False)),
         on_progress=context.progress,
-        cancel=context.cancel,
+        cancel=cancel,
     )
-    context.cancel.raise_if_cancelled()
+    cancel.raise_if_cancelled()
     context.session.model = model
     context.session.model_summary = summarise_model(model, params.get("device", "auto"))
-    return dict(context.session.model_summary)
+    context.session.model_request = dict(params)
+
+
+def _load_again(context: JobContext, previous: dict[str, Any]) -> None:
+    """Load the model that was loaded before a failed load (not cancellable: the user cancelled
+    the new load, not the model they had). If it cannot be loaded either, none is."""
+    name = Path(str(previous["source"])).name
+    context.progress(f"Loading {name} again", 0, 0)
+    try:
+        _load_into_session(context, previous, CancelToken())
+    except Exception:  # noqa: BLE001 - the first failure is the one the user reads
+        _free_model(context)
 
 
 def _loaded(context: JobContext) -> Any:

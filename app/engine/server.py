@@ -39,6 +39,7 @@ class Session:
 
     model: Any = None
     model_summary: dict[str, Any] | None = None
+    model_request: dict[str, Any] | None = None  # the load job's params that loaded `model`
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -211,6 +212,13 @@ class Engine:
                 with self._condition:
                     self._running = None
 
+    def _still_loaded(self, job: JobRequest) -> dict[str, Any] | None:
+        """For a load that failed or was cancelled: which model the engine holds now (the one
+        loaded before it, kept or loaded again), so the GUI never shows a model that is gone."""
+        if job.kind != "load":
+            return None
+        return {"loaded": self.session.model_summary, "request": self.session.model_request}
+
     def run(self, job: JobRequest, token: CancelToken) -> None:
         """Run one job to its final event (RESULT, ERROR or CANCELLED)."""
         context = JobContext(job, self.session, self.send, token)
@@ -235,7 +243,15 @@ class Engine:
             for warning in _own_warnings(caught):
                 context.warn(warning)
         except CancelledError as error:
-            self.send(EngineEvent(job.job_id, job.kind, EventState.CANCELLED, message=str(error)))
+            self.send(
+                EngineEvent(
+                    job.job_id,
+                    job.kind,
+                    EventState.CANCELLED,
+                    message=str(error),
+                    result=self._still_loaded(job),
+                )
+            )
             return
         except BaseException as error:  # noqa: BLE001 - every failure becomes an ERROR event
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
@@ -249,6 +265,7 @@ class Engine:
                     message=failure.message,
                     details=failure.details,
                     error_type=failure.error_type,
+                    result=self._still_loaded(job),
                 )
             )
             return
@@ -256,7 +273,16 @@ class Engine:
             # A load that finished after cancel was asked: honour the cancel, drop the model.
             self.session.model = None
             self.session.model_summary = None
-            self.send(EngineEvent(job.job_id, job.kind, EventState.CANCELLED, message="Cancelled."))
+            self.session.model_request = None
+            self.send(
+                EngineEvent(
+                    job.job_id,
+                    job.kind,
+                    EventState.CANCELLED,
+                    message="Cancelled.",
+                    result=self._still_loaded(job),
+                )
+            )
             return
         result = dict(result or {})
         result.setdefault("seconds", round(time.monotonic() - started, 3))

@@ -452,15 +452,29 @@ class ModelsView(QWidget):
             self.state.set_model(event.result or {}, params)
         elif event.state == EventState.CANCELLED:
             self.loading = None
-            self._finish("Loading cancelled; no model is loaded.")
+            kept = self._keep_what_the_engine_holds(event)
+            self._finish(f"Loading cancelled; {kept}.")
         elif event.state == EventState.ERROR:
             params, self.loading = self.loading, None
+            kept = self._keep_what_the_engine_holds(event)
             if event.error_type == "PickleRefusedError" and params is not None:
                 self._finish("")
                 self._ask_pickle(params, event.message)
                 return
-            self._finish("The model was not loaded.")
+            self._finish(f"The model was not loaded; {kept}.")
             self.dialogs.job_failed(event)
+
+    def _keep_what_the_engine_holds(self, event: EngineEvent) -> str:
+        """After a failed or cancelled load, show the model the engine still holds (the one
+        loaded before, kept or loaded again); returns it in words."""
+        held = event.result or {}
+        summary, request = held.get("loaded"), held.get("request")
+        if not summary or not request:
+            self.state.set_model(None)
+            return "no model is loaded"
+        self.state.set_model(summary, request)
+        name = summary.get("name") or Path(request["source"]).name
+        return f"{name} is still loaded"
 
     def _ask_pickle(self, params: dict[str, Any], message: str) -> None:
         name = Path(params["source"]).name

@@ -295,3 +295,58 @@ def test_engine_exits_when_the_gui_goes_away():
     engine._process.stdin.close()  # what the OS does when the GUI process dies
     assert heard.exited.wait(10)
     assert engine._process.returncode == 0
+
+
+# A failed open keeps the loaded model --------------------------------------------------------
+
+
+def _unsupported_model(path):
+    """A well-formed safetensors file that is no model HalfSafe runs: it opens, then fails."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"some.layer.weight": torch.zeros(4, 4)}, str(path))
+    return path
+
+
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def _folder(path):
+    path.mkdir()
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, refused_early",
+    [
+        (lambda d: _written(d / "notes.txt", b"not a model"), True),
+        (lambda d: _written(d / "x.safetensors", os.urandom(3000)), True),
+        (lambda d: _written(d / "model.ckpt", b"\x80\x04junk"), True),
+        (lambda d: _unsupported_model(d / "other.safetensors"), False),
+        (lambda d: _folder(d / "empty-folder"), False),
+    ],
+    ids=["text file", "random bytes", "pickle not allowed", "unsupported model", "empty folder"],
+)
+def test_a_failed_open_leaves_the_loaded_model_loaded(engine, tmp_path, make, refused_early):
+    engine, events = engine
+    engine.receive(JobRequest(1, "load", {"source": "demo"}))
+    assert events.wait_final(1, timeout=60).state == EventState.RESULT
+    before = engine.session.model
+
+    bad = make(tmp_path)
+    engine.receive(JobRequest(2, "load", {"source": str(bad)}))
+    final = events.wait_final(2, timeout=60)
+    assert final.state == EventState.ERROR and _one_sentence(final.message)
+    assert str(bad.name) in final.message
+    # The engine still holds the demo, and says so with the error.
+    assert final.result["loaded"]["name"] == "demo"
+    assert final.result["request"]["source"] == "demo"
+    assert engine.session.model is not None and engine.session.model.source == "demo"
+    # A file that cannot even be opened is refused before anything changes; one that fails
+    # later is refused after the demo was let go, and the demo is loaded again.
+    assert (engine.session.model is before) is refused_early
+    engine.receive(JobRequest(3, "check", {"precision": {"precision": "fp32"}, "size": 64}))
+    assert events.wait_final(3, timeout=120).state == EventState.RESULT

@@ -307,3 +307,36 @@ def test_an_empty_library_does_not_say_zero_beside_the_listed_demos():
     )
     assert "0 models" not in library_count_words(0, 0, 0)
     assert library_count_words(2, 0, 1) == "2 models found in your model folders, 1 damaged."
+
+
+def test_a_failed_open_shows_the_model_the_engine_still_holds(window, engines, tmp_path):
+    view = window.models_view
+    view.load_path("demo")
+    demo_job = engines.current.last_job("load")
+    engines.current.finish(demo_job, dict(DEMO_SUMMARY))
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x00" * 10)
+    view.load_path(str(broken))
+    job = engines.current.last_job("load")
+    engines.current.emit(
+        job,
+        EventState.ERROR,
+        error_type="BadFileError",
+        message=f"{broken}: the file is truncated.",
+        result={"loaded": dict(DEMO_SUMMARY), "request": dict(demo_job.params)},
+    )
+    assert window.dialogs.shown[-1].message == f"{broken}: the file is truncated."
+    assert window.state.model == DEMO_SUMMARY
+    assert window.model_status.text() == "Model: demo"
+    assert "demo is still loaded" in view.load_status.text()
+    # Cancelling a later load says the same of what is kept.
+    view.load_path("demo-overflow")
+    job = engines.current.last_job("load")
+    engines.current.emit(
+        job,
+        EventState.CANCELLED,
+        message="Cancelled.",
+        result={"loaded": dict(DEMO_SUMMARY), "request": dict(demo_job.params)},
+    )
+    assert window.state.model == DEMO_SUMMARY
+    assert view.load_status.text() == "Loading cancelled; demo is still loaded."
