@@ -95,7 +95,9 @@ class MainWindow(QMainWindow):
         )
         self.models_view.explain_image = self.explain_image
         self.gpu_view = GpuView(state, client, self.dialogs)
-        self.settings_view = SettingsView(state, request_hardware=self.request_hardware)
+        self.settings_view = SettingsView(
+            state, self.dialogs, request_hardware=self.request_hardware
+        )
         for view in (
             self.models_view,
             self.health_view,

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.core.settings import FIELDS, GROUPS, SCHEMA, Field
 from app.ui import words
+from app.ui.dialogs import Dialogs
 from app.ui.state import AppState
 from app.ui.widgets import label, page_layout, scroll_column
 
@@ -285,11 +286,13 @@ class SettingsView(QWidget):
     def __init__(
         self,
         state: AppState,
+        dialogs: Dialogs,
         request_hardware: Callable[[Callable[[], None]], None] | None = None,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
         self.state = state
+        self.dialogs = dialogs
         self._request_hardware = request_hardware
         layout = page_layout(
             self,
@@ -307,6 +310,12 @@ class SettingsView(QWidget):
         top.addWidget(self.reset_button)
         self.notice = label("", "muted", wrap=True)
         top.addWidget(self.notice, 1)
+        self.undo_button = QPushButton("Undo")
+        self.undo_button.setToolTip("Put back the settings as they were before the reset.")
+        self.undo_button.clicked.connect(self.undo_reset)
+        self.undo_button.hide()
+        top.addWidget(self.undo_button)
+        self._before_reset: dict[str, Any] = {}
         layout.addLayout(top)
 
         self._form = scroll_column(layout)
@@ -439,17 +448,39 @@ class SettingsView(QWidget):
 
     def _finish_reset(self) -> None:
         self.reset_button.setEnabled(True)
-        changed = self.state.reset_to_recommended()
+        target = self.state.recommended_settings()
+        differ = [key for key, value in target.items() if self.state.settings[key] != value]
         source = (
             "recommended for this computer"
             if self.state.recommended()
             else "the defaults (no recommendation is available yet)"
         )
-        if changed:
-            names = ", ".join(FIELDS[k].label for k in changed)
-            self.notice.setText(f"Reset to {source}. Changed: {names}.")
-        else:
+        if not differ:
             self.notice.setText(f"Already at {source}.")
+            return
+        names = ", ".join(FIELDS[k].label for k in differ)
+        if not self.dialogs.confirm(
+            "Reset to recommended?",
+            f"This changes {len(differ)} setting{'s' if len(differ) != 1 else ''}: {names}.",
+            "Settings left on Auto stay on Auto, so a fix remembered for a model still applies. "
+            "Undo puts everything back.",
+            yes="Reset",
+        ):
+            self.notice.setText("Nothing was changed.")
+            return
+        before = {key: self.state.settings[key] for key in differ}
+        changed = self.state.reset_to_recommended()
+        self._before_reset = {key: before[key] for key in changed if key in before}
+        self.notice.setText(f"Reset to {source}. Changed: {names}.")
+        self.undo_button.setVisible(bool(self._before_reset))
+
+    def undo_reset(self) -> None:
+        """Put back what the last reset changed."""
+        before, self._before_reset = self._before_reset, {}
+        self.undo_button.hide()
+        if before:
+            self.state.apply(before)
+            self.notice.setText("The reset was undone.")
 
     # Auto, resolved ---------------------------------------------------------------------------
 

@@ -103,13 +103,25 @@ class AppState(QObject):
         device = self.device_report() or {}
         return dict(device.get("reasons") or {})
 
-    def reset_to_recommended(self) -> list[str]:
-        """Precision settings (and device) back to their defaults, with the recommendation for
-        this computer laid over them. Generation defaults and folders are left alone."""
+    def recommended_settings(self) -> dict[str, Any]:
+        """Precision settings (and device) at their defaults, with this computer's
+        recommendation laid over those that have no Auto. A setting whose default is Auto stays
+        Auto: Auto already resolves to the recommendation, and also follows the fix remembered
+        for the loaded model and the model's own needs, which a pinned value would shut out."""
         values: dict[str, Any] = {key: FIELDS[key].default for key in PRECISION_KEYS}
         values["device"] = FIELDS["device"].default
-        values.update({k: v for k, v in self.recommended().items() if k in PRECISION_KEYS})
-        return self.apply(values)
+        values.update(
+            {
+                key: value
+                for key, value in self.recommended().items()
+                if key in PRECISION_KEYS and values[key] != "auto"
+            }
+        )
+        return values
+
+    def reset_to_recommended(self) -> list[str]:
+        """Apply `recommended_settings`; generation defaults and folders are left alone."""
+        return self.apply(self.recommended_settings())
 
     # Model ------------------------------------------------------------------------------------
 

@@ -189,16 +189,42 @@ def test_changes_elsewhere_show_up_in_the_panel(window):
 
 
 def test_reset_to_recommended_uses_this_computers_recommendation(window, engines):
-    window.state.apply({"fp16_accumulation": True, "steps": 33})
+    window.state.apply({"fp16_accumulation": True, "steps": 33, "vae_precision": "fp16"})
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or True
     view = window.settings_view
     view.reset_button.click()
     # No report yet: the Devices page asks the engine, and the reset finishes when it answers.
     job = engines.current.last_job("hardware")
     engines.current.emit(job, EventState.RESULT, result=HARDWARE)
+    assert asked and FIELDS["fp16_accumulation"].label in asked[0][1]
     saved = load_settings().settings
     recommended = HARDWARE["devices"][0]["recommended"]
     for key in PRECISION_KEYS:
-        assert saved[key] == recommended[key], key
+        if FIELDS[key].default == "auto":
+            # Auto already means the recommendation, and lets a remembered fix apply.
+            assert saved[key] == "auto", key
+        else:
+            assert saved[key] == recommended[key], key
     assert saved["steps"] == 33  # generation values are left alone
     assert view.notice.text().startswith("Reset to recommended for this computer.")
     assert FIELDS["fp16_accumulation"].label in view.notice.text()
+
+    # Undo puts back exactly what the reset changed.
+    assert view.undo_button.isVisibleTo(view)
+    view.undo_button.click()
+    saved = load_settings().settings
+    assert saved["fp16_accumulation"] is True and saved["vae_precision"] == "fp16"
+    assert not view.undo_button.isVisibleTo(view)
+
+
+def test_reset_changes_nothing_unless_the_user_confirms(window, engines):
+    window.state.set_hardware(HARDWARE)
+    window.state.apply({"fp16_accumulation": True, "vae_precision": "fp16"})
+    window.dialogs.confirm = lambda *args, **kwargs: False
+    view = window.settings_view
+    view.reset_button.click()
+    saved = load_settings().settings
+    assert saved["fp16_accumulation"] is True and saved["vae_precision"] == "fp16"
+    assert view.notice.text() == "Nothing was changed."
+    assert not view.undo_button.isVisibleTo(view)
