@@ -34,7 +34,7 @@ from app.core.diagnosis import (
     no_half,
     status_from_peak,
 )
-from app.core.errors import HalfSafeError
+from app.core.errors import CancelledError, HalfSafeError
 from app.core.families import family_of
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import (
@@ -884,7 +884,16 @@ def _choose_fix(
     for candidate in candidates:
         cancel.raise_if_cancelled()
         progress(f"Trying a fix: {candidate.words}", 0, 1)
-        retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
+        try:
+            retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
+        except CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure of a candidate drops it alone
+            search.rejected.append(
+                f"{_sentence_case(candidate.words)} failed to run ({_error_words(error)}): "
+                "not a fix."
+            )
+            continue
         finite = not retry.probes[name].non_finite
         quality = diagnosis.compare(retry.output, reference.output) if finite else None
         result = diagnosis.CandidateResult(
@@ -1093,6 +1102,12 @@ def _fix_summary(
         else "Not verified."
     )
     return f"The {join_words(in_run_order(failed))} overflowed; fix: {steps}. {proof}{rest}"
+
+
+def _error_words(error: BaseException) -> str:
+    """An exception in one short line: its type and the first line of its message."""
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def _sentence_case(text: str) -> str:
@@ -1452,9 +1467,7 @@ def markdown_report(report: HealthReport) -> str:
         f"- Model: `{report.model['source']}` ({report.model['architecture']}, "
         f"{report.model['format']})\n"
         f"- Device: {report.device['name']} ({report.device['kind']})\n"
-        + "".join(
-            f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras
-        )
+        + "".join(f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras)
         + (
             f"- Cause: **{report.cause.kind}**; repair: {report.cause.repair} "
             f"({'verified' if report.cause.verified else 'not verified'})\n"
