@@ -7,7 +7,6 @@ from pathlib import Path
 from app.core.generation import GenerationResult
 from app.core.health import (
     CANDIDATE_COLUMNS,
-    STATUS_WORDS,
     HealthReport,
     candidate_rows,
     cost_comparison,
@@ -15,6 +14,7 @@ from app.core.health import (
     flag,
     flags,
     precision_words,
+    status_words,
 )
 from app.core.settings import FIELDS
 
@@ -63,7 +63,7 @@ def health_text(report: HealthReport) -> str:
     ]
     for name, c in report.components.items():
         lines.append(
-            f"{name:<16}{STATUS_WORDS[c.status]:<26}{_number(c.max_abs):>10}"
+            f"{name:<16}{status_words(c):<26}{_number(c.max_abs):>10}"
             f"{_number(c.headroom):>10}  {c.first_bad_module or '-'}"
         )
         where = (

@@ -95,7 +95,9 @@ def plan_for_model(
 ) -> PrecisionPlan:
     """The plan a job on `model` runs under: the user's settings resolved against the device,
     the model's own needs (SDXL's original VAE asks for fp32 through `force_upcast`) and a fix
-    remembered for this model on this device. The check and generation both start here."""
+    remembered for this model on this device. The check and generation both start here.
+    A module island that is part of an attention runs as that whole attention
+    (`whole_attention_plan`)."""
     pipeline = model.pipeline
     vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
     check_module_settings(precision.to_dict(), pipeline, str(model.source))
@@ -104,7 +106,7 @@ def plan_for_model(
             check_module_settings(remembered, pipeline, str(model.source))
         except HalfSafeError:
             remembered = None
-    return resolve_plan(
+    plan = resolve_plan(
         precision,
         feed_forward_islands=feed_forward_islands(pipeline),
         device=device,
@@ -114,6 +116,7 @@ def plan_for_model(
         and str(model.architecture).startswith("sdxl"),
         remembered=remembered,
     )
+    return whole_attention_plan(plan, pipeline)
 
 
 def no_half(plan: PrecisionPlan) -> PrecisionPlan:
@@ -220,10 +223,77 @@ def overflow_islands(wide, module) -> list[str] | None:
             continue
         if next(layer.parameters(), None) is not None:
             kept.append(name)
-    kept = [n for n in kept if not any(n.startswith(o + ".") for o in kept)]
+    kept = whole_computations(module, kept)
     if not kept or len(kept) > MAX_ISLANDS:
         return None
     return kept
+
+
+def is_attention(module) -> bool:
+    """Whether `module` is one attention computation, whose query, key and value must reach
+    the attention op in one dtype: a diffusers attention layer (UNet, VAE, DiT), or a text
+    encoder's (CLIP, T5, Qwen: a class named "...Attention" holding its projections)."""
+    import torch
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention
+
+    if isinstance(module, (Attention, AttentionModuleMixin)):
+        return True
+    projections = sum(isinstance(c, torch.nn.Linear) for c in module.children())
+    return type(module).__name__.endswith("Attention") and projections >= 2
+
+
+def whole_computations(module, paths: list[str]) -> list[str]:
+    """`paths` (layers of `module` to keep wider) with every layer inside an attention
+    replaced by that whole attention, and every path inside another dropped, sorted.
+
+    Kept wider alone, a query projection would hand the attention op an fp32 query beside fp16
+    keys and values, which PyTorch refuses; an island is a set of whole computations."""
+    whole: set[str] = set()
+    for path in paths:
+        parts = path.split(".")
+        chosen = path
+        for end in range(len(parts), 0, -1):  # the innermost attention holding the path
+            prefix = ".".join(parts[:end])
+            try:
+                if is_attention(module.get_submodule(prefix)):
+                    chosen = prefix
+                    break
+            except AttributeError:
+                break
+        whole.add(chosen)
+    return sorted(n for n in whole if not any(n.startswith(o + ".") for o in whole))
+
+
+def whole_attention_plan(plan: PrecisionPlan, pipeline) -> PrecisionPlan:
+    """`plan` with each module island that is part of an attention widened to that whole
+    attention (the wider dtype where two parts of one attention asked for different ones):
+    settings or a remembered fix naming one projection then run, and report, what can run."""
+    modules: dict[str, dict[str, str]] = {}
+    widened: list[tuple[str, str]] = []  # (setting, component:path)
+    for component, islands in plan.modules.items():
+        module = getattr(pipeline, component, None)
+        if module is None or not islands:
+            modules[component] = dict(islands)
+            continue
+        kept: dict[str, str] = {}
+        for path, dtype in islands.items():
+            (whole,) = whole_computations(module, [path])
+            if whole != path:
+                widened.append((f"{dtype}_modules", f"{component}:{path}"))
+            if kept.get(whole) != "fp32":  # fp32 is the wider of the two
+                kept[whole] = dtype
+        modules[component] = kept
+    if not widened:
+        return plan
+    reasons = dict(plan.reasons)
+    for key in dict.fromkeys(k for k, _ in widened):
+        named = [path for k, path in widened if k == key]
+        reasons[key] = (
+            f"{named[0]}{' and others' if len(named) > 1 else ''} is part of an attention, "
+            "which runs in one precision: the whole attention is kept wider."
+        )
+    return replace(plan, modules=modules, reasons=reasons)
 
 
 def overflowing_layers(wide, module) -> list[str]:

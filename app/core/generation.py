@@ -33,7 +33,7 @@ from app.core import diagnosis, paths
 from app.core.components import COMPONENTS, RUN_ORDER, join_words
 from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, candidate_fixes
-from app.core.errors import HalfSafeError
+from app.core.errors import CancelledError, HalfSafeError
 from app.core.families import family_of
 from app.core.families import make_scheduler as make_scheduler  # callers name it from here
 from app.core.images import (
@@ -438,6 +438,7 @@ class _Job:
         self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
         self.last_probe: Any = None  # the last recorded probe (`_read`)
         self.stage = "Generating"
+        self.dropped: list[str] = []  # candidates that failed to run, as sentences
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -758,7 +759,16 @@ class _Job:
             for candidate in self.candidates(component, result.outcome):
                 self.cancel.raise_if_cancelled()
                 self.progress(f"Image {index + 1} of {total}: {candidate.words}", 0, 1)
-                repaired = self._try(component, candidate, result.outcome, seed)
+                try:
+                    repaired = self._try(component, candidate, result.outcome, seed)
+                except CancelledError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a candidate that cannot run is dropped
+                    self.dropped.append(
+                        f"Trying to {candidate.words} failed ({type(error).__name__}: "
+                        f"{str(error).strip()[:200]}); it was not used."
+                    )
+                    continue
                 if repaired is not None:
                     self._accept(component, candidate)
                     quality = self.qualities.get(component)
@@ -1111,6 +1121,7 @@ def _generate_unsaved(
             )
     finally:
         job.placed.release()
+    warnings.extend(dict.fromkeys(job.dropped))
 
     result = GenerationResult(
         images=entries,

@@ -34,7 +34,7 @@ from app.core.diagnosis import (
     no_half,
     status_from_peak,
 )
-from app.core.errors import HalfSafeError
+from app.core.errors import CancelledError, HalfSafeError
 from app.core.families import family_of
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import (
@@ -107,6 +107,10 @@ class ComponentReport:
     blocks: list[dict[str, Any]] = field(default_factory=list)
     precisions: dict[str, PrecisionOutcome] = field(default_factory=dict)
     predicted_first_bad_module: str | None = None  # first layer past 65504 in a wider run
+    # The component upstream whose non-finite output this one was fed (None: its inputs were
+    # finite). Such a victim is checked on a finite stand-in input; its status says what it did
+    # there, never the upstream fault.
+    fed_by: str | None = None
 
     @property
     def predicted_fp16(self) -> str | None:
@@ -124,6 +128,7 @@ class ComponentReport:
             "dtype": self.dtype,
             "precisions": {name: p.to_json() for name, p in self.precisions.items()},
             "blocks": self.blocks,
+            "fed_by": self.fed_by,
         }
         if self.predicted_fp16 is not None:
             document["predicted_fp16"] = self.predicted_fp16
@@ -735,19 +740,29 @@ def check_loaded(
         te_names = [n for n in runner.family.text_encoders(model.pipeline) if n in plan.dtypes]
         encoded = settle(runner.encode, te_names, runner.encode(plan))
 
+        # A stage fed non-finite values by an earlier one is checked on a finite stand-in, and
+        # its components are reported as fed by the first component at fault upstream.
+        fed_by: str | None = None
         progress(f"Checking the {component_words(runner.family.denoiser)}", 1, total)
         cancel.raise_if_cancelled()
         conditioning = encoded.output
+        if not _all_finite(conditioning):  # nothing fixed an encoder: zero what is non-finite
+            fed_by = _at_fault(te_names, reports)
+            conditioning = _finite_stand_in(conditioning)
         denoised = settle(
             lambda p, record: runner.denoise(p, conditioning, record),
             [runner.family.denoiser],
             runner.denoise(search.plan, conditioning),
         )
+        _mark_fed_by(reports, [runner.family.denoiser], fed_by, notes, "zeroed embeddings")
 
         progress("Checking the VAE", 2, total)
         cancel.raise_if_cancelled()
         latents = denoised.output
+        stand_in = f"what the {component_words(runner.family.denoiser)} made of its stand-in"
         if not _all_finite(latents):  # nothing fixed the denoiser: decode a plausible latent
+            fed_by = fed_by or _at_fault([runner.family.denoiser], reports)
+            stand_in = "a seeded noise latent"
             latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
                 latents.device
             )
@@ -756,6 +771,7 @@ def check_loaded(
             ["vae"],
             runner.decode(search.plan, latents),
         )
+        _mark_fed_by(reports, ["vae"], fed_by, notes, stand_in)
 
         _last_resort(runner, search, seen, reports, first_probes, plan, broken, progress, cancel)
 
@@ -884,7 +900,16 @@ def _choose_fix(
     for candidate in candidates:
         cancel.raise_if_cancelled()
         progress(f"Trying a fix: {candidate.words}", 0, 1)
-        retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
+        try:
+            retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
+        except CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure of a candidate drops it alone
+            search.rejected.append(
+                f"{_sentence_case(candidate.words)} failed to run ({_error_words(error)}): "
+                "not a fix."
+            )
+            continue
         finite = not retry.probes[name].non_finite
         quality = diagnosis.compare(retry.output, reference.output) if finite else None
         result = diagnosis.CandidateResult(
@@ -1009,6 +1034,54 @@ def _advice(
     return Advice(in_run_order(overflowing), settings, measured, layer_settings)
 
 
+def _at_fault(names: list[str], reports: dict[str, ComponentReport]) -> str | None:
+    """The first of `names` (in run order) that failed on its own: damaged weights, or output
+    that went non-finite and stayed so, unfed by another (None when none did)."""
+    for name in in_run_order(names):
+        report = reports.get(name)
+        if report is not None and report.fed_by is None and report.status.failed:
+            return name
+    return None
+
+
+def _finite_stand_in(value: Any) -> Any:
+    """`value` (a stage's output: tensors in dicts, lists and tuples) with every floating
+    tensor that holds NaN or Inf replaced by zeros of its shape: zeroed embeddings are what
+    SDXL and SD3 give the denoiser for an empty negative prompt, a plausible input."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return torch.zeros_like(value)
+        return value
+    if isinstance(value, dict):
+        return {k: _finite_stand_in(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_finite_stand_in(v) for v in value)
+    return value
+
+
+def _mark_fed_by(
+    reports: dict[str, ComponentReport],
+    names: list[str],
+    fed_by: str | None,
+    notes: list[str],
+    stand_in: str,
+) -> None:
+    """Mark the components of a stage as fed non-finite input by `fed_by`, with a note."""
+    if fed_by is None:
+        return
+    for name in names:
+        if name not in reports:
+            continue
+        reports[name].fed_by = fed_by
+        notes.append(
+            f"The {component_words(name)} was fed non-finite input by the "
+            f"{component_words(fed_by)} (no fault of its own): it was checked on {stand_in} "
+            "instead."
+        )
+
+
 def _first_bad_name(probe: ProbeResult) -> str | None:
     bad = probe.first_bad_module()
     return bad.name if bad else None
@@ -1095,6 +1168,12 @@ def _fix_summary(
     return f"The {join_words(in_run_order(failed))} overflowed; fix: {steps}. {proof}{rest}"
 
 
+def _error_words(error: BaseException) -> str:
+    """An exception in one short line: its type and the first line of its message."""
+    first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
 def _sentence_case(text: str) -> str:
     return text[:1].upper() + text[1:]
 
@@ -1125,6 +1204,14 @@ STATUS_WORDS = {
     Status.NAN: "goes NaN",
     Status.BROKEN_WEIGHTS: "damaged weights",
 }
+
+
+def status_words(component: ComponentReport) -> str:
+    """A component's status in the report's words; a component fed non-finite input that did
+    not fail on its stand-in is named as fed, not by a status of its own."""
+    if component.fed_by is not None and not component.status.failed:
+        return f"fed non-finite input by {component.fed_by}"
+    return STATUS_WORDS[component.status]
 
 
 def layer_words(plan: PrecisionPlan) -> list[str]:
@@ -1186,9 +1273,11 @@ def headline(report: HealthReport) -> str:
                 "file's quantisation, not fp16 overflow, and no precision setting repairs it."
             )
         if report.weights_non_finite:
+            bad = report.weights_non_finite
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
             return (
-                "Broken: the weights hold NaN or Inf values; no precision setting can repair "
-                "this file."
+                f"Broken: the weights hold NaN or Inf values ({bad[0]}{more}); no precision "
+                "setting can repair this file."
             )
         failed = [n for n, c in components.items() if c.status.failed]
         return (
@@ -1410,7 +1499,7 @@ def markdown_report(report: HealthReport) -> str:
     """A Markdown report to paste into a bug report: versions, device, model, table, fix."""
     v = report.versions
     rows = "\n".join(
-        f"| {n} | {c.dtype} | {STATUS_WORDS[c.status]} | {_fmt_number(c.max_abs)} | "
+        f"| {n} | {c.dtype} | {status_words(c)} | {_fmt_number(c.max_abs)} | "
         f"{_fmt_number(c.headroom)} | {('`' + c.first_bad_module + '`') if c.first_bad_module else '-'} "
         f"| {precision_words(c)} |"
         for n, c in report.components.items()

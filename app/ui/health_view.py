@@ -281,12 +281,14 @@ class HealthView(QWidget):
         role = words.COMPONENT_ROLES.get(name)
         if role:
             card.header.insertWidget(1, label(f"— {role}", "muted"))
-        card.header.addWidget(
-            Chip(
-                words.STATUS_WORDS.get(status, str(status)),
-                words.STATUS_LEVEL.get(status, "muted"),
+        fed_by = component.get("fed_by")
+        if fed_by and words.STATUS_LEVEL.get(status) != "bad":  # not its own fault
+            chip = Chip(words.fed_by_words(fed_by), "muted")
+        else:
+            chip = Chip(
+                words.STATUS_WORDS.get(status, str(status)), words.STATUS_LEVEL.get(status, "muted")
             )
-        )
+        card.header.addWidget(chip)
         dtype = component.get("dtype")
         facts = [
             f"Largest value: <b>{words.big_number(component.get('max_abs'))}</b>"

@@ -225,6 +225,11 @@ def big_number(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def fed_by_words(fed_by: str) -> str:
+    """The chip of a component fed non-finite input by an earlier one (not its own fault)."""
+    return f"Fed non-finite input by {component_phrase(fed_by)}"
+
+
 def headroom_words(headroom: float | None, status: str) -> str:
     if status in ("overflow", "nan"):
         return "No headroom: values went past the fp16 limit of 65,504."

@@ -323,3 +323,19 @@ def test_a_fill_shaped_transformer_is_named_as_not_text_to_image():
     problem = family.text_to_image_problem(pipeline)
     assert problem is not None
     assert "takes 384 input channels" in problem and "takes 64" in problem and "Fill" in problem
+
+
+def test_nan_in_the_t5_weights_leaves_the_transformer_and_vae_victims_as_on_sd3():
+    """The same mechanism as every family: Flux's T5 (its second text encoder) with a NaN
+    weight makes the transformer and the VAE victims, not culprits."""
+    pipeline = build_tiny_flux_pipeline()
+    with torch.no_grad():
+        pipeline.text_encoder_2.get_submodule(T5_LAYER).weight[0, 0] = float("nan")
+    report = check(in_memory(pipeline, "flux-nan-t5", "flux-dev"))
+
+    assert report.verdict == "broken"
+    assert f"text_encoder_2.{T5_LAYER}.weight" in report.headline
+    assert report.components["text_encoder_2"].status == "broken_weights"
+    for name in ("transformer", "vae"):
+        victim = report.components[name]
+        assert (victim.status, victim.fed_by) == ("ok", "text_encoder_2")

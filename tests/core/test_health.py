@@ -193,6 +193,34 @@ def test_nan_in_the_weights_is_broken_not_a_precision_problem():
     assert report.components["text_encoder"].status == "ok"
 
 
+def test_a_component_fed_nan_by_a_damaged_text_encoder_is_a_victim_not_a_culprit():
+    """NaN in the text encoder's weights: the UNet and VAE downstream are fed non-finite values
+    and said to be, checked on a finite stand-in, with no fault status of their own."""
+    from app import cli_text
+
+    pipeline = build_tiny_sd_pipeline()
+    with torch.no_grad():
+        pipeline.text_encoder.get_submodule(TE_LAYER).weight[0, 0] = float("nan")
+    report = check(loaded(pipeline))
+
+    tensor = f"text_encoder.{TE_LAYER}.weight"
+    assert report.verdict == "broken" and report.fix is None
+    assert report.weights_non_finite == [tensor] and tensor in report.headline
+    assert report.components["text_encoder"].status == "broken_weights"
+    assert report.components["text_encoder"].fed_by is None
+    for name in ("unet", "vae"):
+        victim = report.components[name]
+        assert victim.fed_by == "text_encoder"
+        assert victim.status == "ok" and victim.max_abs is not None  # measured on the stand-in
+        assert report.to_json()["components"][name]["fed_by"] == "text_encoder"
+        assert health.status_words(victim) == "fed non-finite input by text_encoder"
+    assert any(
+        n.startswith("The UNet was fed non-finite input by the text encoder") for n in report.notes
+    )
+    rows = [line for line in cli_text.health_text(report).splitlines() if line.startswith("unet")]
+    assert rows and "fed non-finite input by text_encoder" in rows[0] and "NaN" not in rows[0]
+
+
 def test_fp32_run_predicts_the_fp16_overflow_without_running_fp16():
     report = check(
         loaded(plant(build_tiny_sd_pipeline(), "vae")), PrecisionSettings(precision="fp32")

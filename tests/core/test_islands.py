@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -339,3 +340,92 @@ def test_an_fp32_check_predicts_the_layers_to_keep_for_fp16_and_they_work():
     again = check(loaded(planted("vae", VAE_LAYER, 1e6)), settings, remember=False)
     assert again.verdict == "healthy"
     assert again.plan.dtypes["vae"] == "fp16" and len(again.plan.islands("vae")) <= 2
+
+
+# An overflow planted where an attention computes: the VAE mid-block attention's output
+# projection, and a UNet self-attention's query projection (kept wider alone, an fp32 query
+# meets fp16 keys and values in the attention op, which refuses mixed dtypes).
+VAE_ATTENTION = "decoder.mid_block.attentions.0"
+UNET_ATTENTION = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
+ATTENTION_PLANTS = [
+    ("vae", f"{VAE_ATTENTION}.to_out.0", VAE_ATTENTION, 2e5),
+    ("unet", f"{UNET_ATTENTION}.to_q", UNET_ATTENTION, 1e5),
+]
+
+
+def _inside_an_attention(module, path: str) -> bool:
+    """Whether `path` is a strict part of an attention (its projection, its norm)."""
+    parts = path.split(".")
+    return any(
+        diagnosis.is_attention(module.get_submodule(".".join(parts[:end])))
+        for end in range(1, len(parts))
+    )
+
+
+@pytest.mark.parametrize(("component", "layer", "attention", "factor"), ATTENTION_PLANTS)
+def test_an_attention_overflow_is_fixed_by_whole_attentions_and_generate_runs_it(
+    no_native_bf16, tmp_path, component, layer, attention, factor
+):
+    model = loaded(planted(component, layer, factor), key=f"attention-{component}")
+    report = check(model, remember=False)
+
+    assert report.verdict == "fixable" and report.fix.verified
+    chosen = row(report, "islands")
+    assert chosen.chosen and chosen.verified
+    islands = report.fix.plan.islands(component)
+    assert attention in islands
+    module = getattr(model.pipeline, component)
+    assert not [p for p in islands if _inside_an_attention(module, p)]
+    assert f"{component}:{attention}" in report.fix.settings["fp32_modules"]
+
+    # The fix as the user applies it: generate runs exactly those islands, finite, no repair.
+    fixed = PrecisionSettings.from_mapping({**FP16.to_dict(), **report.fix.settings})
+    request = GenerationRequest(
+        prompt="a lighthouse at dusk",
+        steps=3,
+        width=64,
+        height=64,
+        seed=7,
+        output_dir=str(tmp_path / "out"),
+    )
+    (entry,) = generate(model, request, precision=fixed, device="cpu").images
+    assert (entry.status, entry.fixes_applied) == ("ok", [])
+    assert entry.settings["fp32_modules"] == report.fix.settings["fp32_modules"]
+    assert np.isfinite(np.asarray(entry.image, dtype=np.float32)).all()
+
+
+def test_a_saved_island_naming_one_projection_runs_as_the_whole_attention(tmp_path):
+    """A setting (or a remembered fix) that names only an attention's query projection runs,
+    and is reported, as that whole attention: check and generate alike."""
+    model = loaded(planted("unet", f"{UNET_ATTENTION}.to_q", 1e5), key="one-projection")
+    settings = PrecisionSettings(precision="fp16", fp32_modules=(f"unet:{UNET_ATTENTION}.to_q",))
+    report = check(model, settings, remember=False)
+    assert report.verdict == "healthy"
+    assert report.plan.islands("unet") == {UNET_ATTENTION: "fp32"}
+    assert "part of an attention" in report.plan.reasons["fp32_modules"]
+    request = GenerationRequest(
+        prompt="a lighthouse", steps=3, width=64, height=64, seed=3, output_dir=str(tmp_path)
+    )
+    (entry,) = generate(model, request, precision=settings, device="cpu").images
+    assert entry.status == "ok"
+    assert entry.settings["fp32_modules"] == [f"unet:{UNET_ATTENTION}"]
+
+
+def test_a_candidate_that_fails_to_run_is_dropped_with_a_note(no_native_bf16, monkeypatch):
+    """The query projection alone in fp32 (what islands once were) cannot run: that candidate
+    is dropped with a sentence, never offered, and the check still reaches its verdict."""
+
+    def split_attention(ctx: diagnosis.FixContext) -> diagnosis.FixCandidate | None:
+        if ctx.component != "unet":
+            return None
+        plan = ctx.plan.with_modules("unet", {f"{UNET_ATTENTION}.to_q": "fp32"})
+        return diagnosis.FixCandidate(plan, {}, "keep the query projection alone in fp32")
+
+    kinds = (diagnosis.FixKind("split", split_attention, "a split attention"),)
+    monkeypatch.setattr(diagnosis, "FIX_KINDS", kinds + diagnosis.FIX_KINDS)
+    report = check(loaded(planted("unet", f"{UNET_ATTENTION}.to_q", 1e5)), remember=False)
+
+    assert report.verdict == "fixable" and report.fix.verified
+    assert "split" not in {c.kind for c in report.fix.candidates}
+    (note,) = [n for n in report.notes if n.startswith("Keep the query projection alone")]
+    assert "failed to run (RuntimeError: " in note and note.endswith("not a fix.")

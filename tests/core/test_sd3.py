@@ -313,3 +313,22 @@ def test_library_lists_split_files_with_companions_and_a_full_file_as_one(tmp_pa
     one = by_path[str(full["transformer"])]
     assert (one.architecture, one.format, one.supported) == ("sd3", "single_file", True)
     assert one.companions is None and one.missing is None
+
+
+def test_nan_in_the_t5_weights_is_broken_and_the_transformer_and_vae_are_its_victims():
+    """SD3.5 with a NaN in its T5: broken, naming the tensor; the transformer and the VAE were
+    fed NaN by the third text encoder and are not blamed for it, the CLIPs are untouched."""
+    pipeline = build_tiny_sd3_pipeline()
+    with torch.no_grad():
+        pipeline.text_encoder_3.get_submodule(T5_LAYER).weight[0, 0] = float("nan")
+    report = check(loaded(pipeline, "sd3-nan-t5"))
+
+    tensor = f"text_encoder_3.{T5_LAYER}.weight"
+    assert report.verdict == "broken" and report.fix is None
+    assert report.weights_non_finite == [tensor] and tensor in report.headline
+    components = report.components
+    assert components["text_encoder_3"].status == "broken_weights"
+    for name in ("text_encoder", "text_encoder_2"):
+        assert (components[name].status, components[name].fed_by) == ("ok", None)
+    for name in ("transformer", "vae"):
+        assert (components[name].status, components[name].fed_by) == ("ok", "text_encoder_3")

@@ -204,6 +204,19 @@ def test_healthy_and_broken_verdicts(window, engines):
     assert "first_stage_model.decoder.conv_in.weight" in texts
 
 
+def test_a_component_fed_nan_by_another_is_named_as_fed_not_as_failing(window, engines):
+    view, job = _run_check(window, engines)
+    report = copy.deepcopy(FIXABLE)
+    report.update(verdict="broken", fix=None)
+    report["weights"] = {"non_finite": ["text_encoder.text_model.encoder.layers.0.mlp.fc1.weight"]}
+    report["components"]["text_encoder"].update(status="broken_weights")
+    report["components"]["unet"].update(status="ok", fed_by="text_encoder")
+    engines.current.finish(job, {"report": report, "markdown": MARKDOWN})
+    unet_text = " ".join(w.text() for w in view.cards["unet"].findChildren(type(view.stage)))
+    assert "Fed non-finite input by the text encoder" in unet_text
+    assert "Produces NaN" not in unet_text and "Close to the limit" not in unet_text
+
+
 def test_run_needs_a_model(window):
     window.show_page("Health check")
     assert not window.health_view.run_button.isEnabled()
