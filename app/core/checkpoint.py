@@ -601,7 +601,7 @@ class Checkpoint:
         if getattr(self, "_stamp", None) is not None and self._stamp_now() != self._stamp:
             raise _changed(self.path)
 
-    def _stamp_now(self) -> tuple[int, int, int, int] | None:
+    def _stamp_now(self) -> tuple[int, int, int, int, int] | None:
         """The stamp of the open descriptor (safetensors), or of the path (pickles, which
         PyTorch maps itself); None when it cannot be read."""
         fd = getattr(self, "_fd", None)
@@ -727,9 +727,10 @@ class Checkpoint:
         return stored_dtype(self.dtypes[n] for n in (self.dtypes if names is None else names))
 
 
-def _stamp(stat: os.stat_result) -> tuple[int, int, int, int]:
-    """What identifies one version of a file: size, modification time, device and inode."""
-    return (stat.st_size, stat.st_mtime_ns, stat.st_dev, stat.st_ino)
+def _stamp(stat: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What identifies one version of a file: size, modification and change times, device and
+    inode (see `file_stamp`)."""
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_dev, stat.st_ino)
 
 
 def _changed(path: Path) -> BadFileError:
@@ -1143,23 +1144,38 @@ def sha256_file(
 
 # What was computed from a file's bytes (its sha256, its tensors' digest) is cached in one JSON
 # file, each entry under a key with the stamp of the files it was computed from: a value is
-# reused only while every one of those files has the same size and modification time.
+# reused only while every one of those files has the same stamp (`file_stamp`).
 _HASH_CACHE = "model_hashes.json"
 
 
 def file_stamp(path: Path) -> dict[str, Any]:
-    """One file's size and modification time, as cache entries record them."""
+    """One file's stamp, as cache entries record them: size, modification time, inode and
+    change time.
+
+    Size and modification time alone can be forged by accident: another model's bytes copied
+    over the file with its time restored (`touch -r`, `cp -p`, a sync tool) keep both. The
+    change time (st_ctime_ns) is set by the system on every write, and restoring the
+    modification time sets it again; no call sets it back. A rewrite into a new file changes
+    the inode. A chmod or a rename also changes the change time: that costs hashing once more.
+    """
     stat = path.stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "ctime_ns": stat.st_ctime_ns,
+        "inode": [stat.st_dev, stat.st_ino],
+    }
 
 
 def files_stamp(files: Iterable[Path]) -> dict[str, Any]:
-    """The stamp of several files: each one's absolute path, size and modification time."""
+    """The stamp of several files: each one's absolute path and `file_stamp`."""
     stamps = []
     for file in files:
         file = file.resolve()
         stat = file.stat()
-        stamps.append([str(file), stat.st_size, stat.st_mtime_ns])
+        stamps.append(
+            [str(file), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_dev, stat.st_ino]
+        )
     return {"files": sorted(stamps)}
 
 
@@ -1209,7 +1225,7 @@ def model_hash(
     """AUTOMATIC1111's short model hash: the first 10 hex digits of the file's sha256.
 
     Reading a multi-GB file takes seconds, so the full sha256 is cached in
-    `paths.cache_dir()/model_hashes.json`, keyed by absolute path, size and modification time.
+    `paths.cache_dir()/model_hashes.json`, keyed by absolute path and `file_stamp`.
     """
     cached = cached_model_hash(path)
     if cached is not None:
@@ -1217,7 +1233,8 @@ def model_hash(
     path = Path(path).resolve()
     stamp = file_stamp(path)
     sha = sha256_file(path, cancel=cancel, on_bytes=on_bytes)
-    store_value(str(path), stamp, "sha256", sha)
+    if file_stamp(path) == stamp:  # a file rewritten while it was hashed is hashed next time
+        store_value(str(path), stamp, "sha256", sha)
     return sha[:10]
 
 

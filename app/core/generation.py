@@ -1021,7 +1021,8 @@ def _generate_unsaved(
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
-    remembered = profiles.remembered_fix(model.profile_key, info.name)
+    found = profiles.lookup(model.profile_key, info.name)
+    remembered = found.fix
     plan = diagnosis.plan_for_model(
         model,
         precision,
@@ -1029,7 +1030,7 @@ def _generate_unsaved(
         device_info=info,
         remembered=remembered.settings if remembered else None,
     )
-    warnings = list(plan.warnings)
+    warnings = list(plan.warnings) + found.notes
     warnings.extend(
         problem
         for applied in getattr(model, "loras", [])

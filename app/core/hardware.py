@@ -95,11 +95,13 @@ class Quirk:
 def load_quirks(path: Path | None = None) -> tuple[Quirk, ...]:
     """Read and check the quirks table; a malformed entry raises ValueError naming it."""
     path = path or paths.resource(QUIRKS_FILE)
-    return _load_quirks_cached(str(path), path.stat().st_mtime_ns)
+    info = path.stat()
+    stamp = (info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_dev, info.st_ino)
+    return _load_quirks_cached(str(path), stamp)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_quirks_cached(path: str, _mtime: int) -> tuple[Quirk, ...]:
+def _load_quirks_cached(path: str, _stamp: tuple[int, ...]) -> tuple[Quirk, ...]:
     document = json.loads(Path(path).read_text(encoding="utf-8"))
     quirks: list[Quirk] = []
     seen: set[str] = set()

@@ -652,7 +652,8 @@ def check_loaded(
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
-    remembered = profiles.remembered_fix(model.profile_key, info.name)
+    found = profiles.lookup(model.profile_key, info.name)
+    remembered = found.fix
     plan = diagnosis.plan_for_model(
         model,
         precision,
@@ -660,7 +661,7 @@ def check_loaded(
         device_info=info,
         remembered=remembered.settings if remembered else None,
     )
-    notes = list(plan.warnings)
+    notes = list(plan.warnings) + found.notes
     if remembered:
         notes.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"

@@ -536,7 +536,8 @@ def _stamp(path: Path, kind: str) -> list[int] | None:
         stat = target.stat()
     except OSError:
         return None
-    return [stat.st_size, stat.st_mtime_ns]
+    # As checkpoint.file_stamp: bytes copied over a file with its mtime restored change ctime.
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_dev, stat.st_ino]
 
 
 def _inspect_one(path: Path, kind: str) -> LibraryEntry:

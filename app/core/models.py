@@ -219,9 +219,9 @@ def config_folder(name: str) -> Path:
     for file in sorted(shipped.rglob("*.json")):
         digest.update(str(file.relative_to(shipped)).encode())
         digest.update(file.read_bytes())
-    for file in ("vocab.json", "merges.txt"):
-        stat = (vocabulary / file).stat()
-        digest.update(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    for file in ("vocab.json", "merges.txt"):  # 1.5 MB: hashed, as a stamp could be forged
+        digest.update(file.encode())
+        digest.update((vocabulary / file).read_bytes())
     target = paths.cache_dir() / "configs" / f"{name}-{digest.hexdigest()[:12]}"
     if (target / "model_index.json").is_file():
         return target
@@ -264,7 +264,7 @@ class _Identity:
 
     Hashing costs about 1 s per GB, where the NaN/Inf scan alone streams at several GB/s from
     a warm file, so the digest is cached like the A1111 hash: under the model (and separate
-    VAE) paths, with the size and modification time of every file it was read from. A later
+    VAE) paths, with the stamp (`checkpoint.file_stamp`) of every file it was read from. A later
     load of unchanged files asks the scan for no digest; a moved file is hashed again and gets
     the same key back.
     """

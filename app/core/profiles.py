@@ -3,21 +3,48 @@
 A fix is stored only after it was proved by re-running the part that failed (health check or
 generation repair). When the same model loads again on the same device and torch, the fix is
 offered, and fields the user left on `auto` follow it.
+
+`profiles.json` is saved state, kept with the care settings get and more. It is written
+atomically under a lock file. It is read entry by entry, so that a damaged entry costs only
+itself, and bounded before any JSON is parsed: only a regular file of at most
+MAX_PROFILES_BYTES, each entry's extent and nesting found by a scan that never recurses. A file
+with any damage is moved aside, never overwritten, and the entries that could be read are
+written back; the one sentence that says so is returned as a note for the report.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import re
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.core import paths
-from app.core.files import write_atomic
-from app.core.settings import FIELDS
+from app.core.files import aside_name, locked, write_atomic
+from app.core.limits import read_regular
+from app.core.settings import FIELDS, shown
 
 PROFILES_FILE = "profiles.json"
+
+# An entry is some 400 bytes: 4 MB holds ten thousand remembered fixes.
+MAX_PROFILES_BYTES = 4 << 20
+# One entry, as read back: an object of settings (one of which is a list) is 3 levels deep.
+MAX_ENTRY_DEPTH = 8
+MAX_ENTRY_CHARS = 64 << 10
+MAX_SUMMARY_CHARS = 4000
+# Numbers of more digits than this are no time and no setting.
+MAX_NUMBER_DIGITS = 20
+# saved_at is seconds since 1970; a time past this (the year 5138) is damage.
+LATEST_TIME = 1e11
+VERIFIED_BY = ("health check", "generation repair")
+
+log = logging.getLogger("halfsafe")
 
 
 @dataclass(frozen=True)
@@ -28,6 +55,15 @@ class RememberedFix:
     saved_at: float
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """The fix stored for one model on one device, and one sentence for each thing that was
+    wrong with the file (empty when nothing was)."""
+
+    fix: RememberedFix | None
+    notes: list[str] = field(default_factory=list)
+
+
 def _key(profile_key: str, device_name: str, torch_version: str) -> str:
     return f"{profile_key}|{device_name}|torch {torch_version}"
 
@@ -36,42 +72,30 @@ def _path() -> Path:
     return paths.data_dir() / PROFILES_FILE
 
 
-def _load_all() -> dict[str, Any]:
-    try:
-        data = json.loads(_path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}  # no file yet, or damaged: profiles are a convenience, never a blocker
-    return data if isinstance(data, dict) else {}
-
-
 def _torch_version() -> str:
     import torch
 
     return torch.__version__
 
 
+def lookup(profile_key: str, device_name: str, torch_version: str | None = None) -> Lookup:
+    """The fix stored for this model on this device and torch, if any, with a note when the
+    file was damaged.
+
+    Never raises for a bad file. A damaged file is moved aside (`profiles.json.damaged-<time>`)
+    and the entries that could be read are written back, so the note is given once, by the
+    read that found the damage.
+    """
+    contents, note = _read_repairing(_path())
+    fix = contents.fixes.get(_key(profile_key, device_name, torch_version or _torch_version()))
+    return Lookup(fix, [note] if note else [])
+
+
 def remembered_fix(
     profile_key: str, device_name: str, torch_version: str | None = None
 ) -> RememberedFix | None:
-    """The fix stored for this model on this device and torch, if any (invalid entries are
-    ignored field by field, like settings)."""
-    entry = _load_all().get(_key(profile_key, device_name, torch_version or _torch_version()))
-    if not isinstance(entry, dict) or not isinstance(entry.get("settings"), dict):
-        return None
-    settings = {}
-    for key, value in entry["settings"].items():
-        try:
-            settings[key] = FIELDS[key].validate(value)
-        except (KeyError, ValueError):
-            continue
-    if not settings:
-        return None
-    return RememberedFix(
-        settings,
-        str(entry.get("summary", "")),
-        str(entry.get("verified_by", "")),
-        float(entry.get("saved_at", 0)),
-    )
+    """The fix stored for this model on this device and torch, if any (see `lookup`)."""
+    return lookup(profile_key, device_name, torch_version).fix
 
 
 def remember_fix(
@@ -82,17 +106,353 @@ def remember_fix(
     verified_by: str,
     torch_version: str | None = None,
 ) -> RememberedFix:
-    """Store a verified fix (atomic write; other models' entries are kept)."""
+    """Store a verified fix: atomic write under the profiles lock; other models' entries are
+    kept. A damaged file is moved aside first; if it cannot be, the fix is not stored (that
+    would overwrite what the file still holds) and the reason is logged."""
     for key, value in settings.items():
         FIELDS[key].validate(value)
     fix = RememberedFix(dict(settings), summary, verified_by, time.time())
-    everything = _load_all()
-    everything[_key(profile_key, device_name, torch_version or _torch_version())] = asdict(fix)
-    write_atomic(_path(), json.dumps(everything, indent=2, sort_keys=True) + "\n")
+    key = _key(profile_key, device_name, torch_version or _torch_version())
+    _change(lambda entries: entries.__setitem__(key, asdict(fix)))
     return fix
 
 
 def forget_fix(profile_key: str, device_name: str, torch_version: str | None = None) -> None:
-    everything = _load_all()
-    if everything.pop(_key(profile_key, device_name, torch_version or _torch_version()), None):
-        write_atomic(_path(), json.dumps(everything, indent=2, sort_keys=True) + "\n")
+    """Drop the fix stored for this model on this device and torch, if any."""
+    key = _key(profile_key, device_name, torch_version or _torch_version())
+    _change(lambda entries: entries.pop(key, None))
+
+
+# Reading ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Contents:
+    """What could be read from the file."""
+
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # as written back
+    fixes: dict[str, RememberedFix] = field(default_factory=dict)  # those this version uses
+    problems: list[str] = field(default_factory=list)  # phrases: "entry 3: 'saved_at' is ..."
+
+
+def _read(path: Path) -> _Contents:
+    """The file's entries, each checked alone, and what was wrong with the rest."""
+    if not os.path.lexists(path):
+        return _Contents()
+    try:
+        raw = read_regular(path, MAX_PROFILES_BYTES)
+    except OSError as error:
+        return _Contents(problems=[_file_problem(error)])
+    # A byte that is not UTF-8 becomes a lone surrogate, which fails only the entry it is in.
+    text = raw.decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
+    contents = _Contents()
+    seen: dict[str, int] = {}
+    for number, key, value, problem in _scan(text, contents.problems):
+        if problem is None:
+            problem = _entry_problem(key, value)
+        if problem is None and key in seen:
+            problem = "a second entry for the same model, device and torch"
+            contents.entries.pop(key, None)  # which of the two is right cannot be told
+            contents.fixes.pop(key, None)
+        seen[key] = number
+        if problem is not None or not isinstance(value, dict):
+            contents.problems.append(f"entry {number}: {problem}")
+            continue
+        contents.entries[key] = value
+        fix = _fix_from(value)
+        if fix is not None:
+            contents.fixes[key] = fix
+    return contents
+
+
+def _file_problem(error: OSError) -> str:
+    reason = error.strerror or str(error)
+    if reason.startswith("it is"):  # limits' own words: "it is a named pipe (FIFO), ..."
+        return reason
+    return f"it cannot be read ({reason})"
+
+
+_SPACE = re.compile(r"[ \t\r\n]*")
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# What an entry's extent depends on: strings (whose brackets do not count), brackets, and a
+# quote that opens a string never closed.
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}"]', re.DOTALL)
+_BAD_BYTE = re.compile("[\udc80-\udcff]")
+# json.dumps(indent=2) starts each entry on a line of its own, indented by two spaces: where
+# reading resumes after damage between entries.
+_NEXT_ENTRY = '\n  "'
+
+
+def _skip(text: str, position: int) -> int:
+    """Where the white space at `position` ends."""
+    space = _SPACE.match(text, position)
+    return space.end() if space else position
+
+
+def _scan(text: str, problems: list[str]) -> Iterator[tuple[int, str, Any, str | None]]:
+    """(number, key, value, problem) for each entry of the top-level object in `text`, decoded
+    one by one; damage between entries is added to `problems` and reading resumes at the next
+    entry's line."""
+    position = _skip(text, 0)
+    if not text.startswith("{", position):
+        problems.append("it does not hold a JSON object")
+        return
+    position += 1
+    number = 0
+    while True:
+        position = _skip(text, position)
+        if position >= len(text):
+            problems.append("it ends in the middle (it was cut short)")
+            return
+        if text[position] == "}":
+            if text[position + 1 :].strip():
+                problems.append("it has text after its end")
+            return
+        number += 1
+        start = position
+        key, value, position, problem = _one_entry(text, position)
+        if problem is None:
+            yield number, key, value, None
+            position = _skip(text, position)
+            if text.startswith(",", position):
+                position += 1
+                continue
+            if text.startswith("}", position) or position >= len(text):
+                continue
+            problems.append(f"a stray character after entry {number}")
+        else:
+            yield number, key, None, problem
+        resume = text.find(_NEXT_ENTRY, start + 1)
+        if resume < 0:
+            return
+        position = resume + 1
+
+
+def _one_entry(text: str, position: int) -> tuple[str, Any, int, str | None]:
+    """The key and decoded value of the entry at `position`, where it ends, and its problem."""
+    quoted = _STRING.match(text, position)
+    if quoted is None:
+        return "", None, position, "its name is not a quoted string"
+    try:
+        key = _decode(quoted.group())
+    except ValueError as error:
+        return "", None, position, f"its name is damaged ({error})"
+    position = _skip(text, quoted.end())
+    if not text.startswith(":", position):
+        return key, None, position, "its name is not followed by a colon"
+    position = _skip(text, position + 1)
+    if not text.startswith("{", position):
+        return key, None, position, "it is not a JSON object"
+    end, problem = _object_end(text, position)
+    if problem is not None:
+        return key, None, position, problem
+    try:
+        return key, _decode(text[position:end]), end, None
+    except ValueError as error:
+        return key, None, end, str(error)
+
+
+def _object_end(text: str, start: int) -> tuple[int, str | None]:
+    """Where the object at `start` ends, found by counting brackets outside strings (before
+    json sees it, and without recursion), or the reason it cannot be read."""
+    depth = 0
+    for token in _TOKENS.finditer(text, start):
+        if token.end() - start > MAX_ENTRY_CHARS:
+            return start, f"it is longer than {MAX_ENTRY_CHARS:,} characters"
+        mark = token.group()
+        if mark in ("{", "["):
+            depth += 1
+            if depth > MAX_ENTRY_DEPTH:
+                return start, f"it is nested more than {MAX_ENTRY_DEPTH} levels deep"
+        elif mark in ("}", "]"):
+            depth -= 1
+            if depth == 0:
+                return token.end(), None
+        elif mark == '"':
+            return start, "it ends in the middle of a text (it was cut short)"
+    return start, "it ends in the middle (it was cut short)"
+
+
+def _decode(text: str) -> Any:
+    """JSON text of a bounded extent, refusing what no HalfSafe writes: NaN or Infinity, numbers
+    of dozens of digits, a name given twice in one object, bytes that were not UTF-8."""
+    if _BAD_BYTE.search(text):
+        raise ValueError("it holds bytes that are not UTF-8 text")
+    try:
+        return json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            object_pairs_hook=_unique_names,
+        )
+    except json.JSONDecodeError as error:
+        return _raise(f"it is not valid JSON: {error.msg.lower()}")
+    except RecursionError:  # cannot happen after _object_end's count; refused all the same
+        return _raise(f"it is nested more than {MAX_ENTRY_DEPTH} levels deep")
+
+
+def _raise(problem: str) -> Any:
+    raise ValueError(problem)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"it holds {name}, which is not a number")
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_NUMBER_DIGITS:
+        raise ValueError(f"it holds a number of {digits} digits")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"it holds {shown(text)}, a number too large for any setting or time")
+    return number
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in names:
+            raise ValueError(f"it names '{shown(name)[1:-1]}' twice")
+        names[name] = value
+    return names
+
+
+def _entry_problem(key: str, entry: Any) -> str | None:
+    """What is wrong with one decoded entry, or None when it is well formed."""
+    if len(key) > 1000 or "|torch " not in key:
+        return f"its name {shown(key)} is not a model, device and torch version"
+    if not isinstance(entry, dict):
+        return "it is not a JSON object"
+    settings = entry.get("settings")
+    if not isinstance(settings, dict) or not settings:
+        return "'settings' is not an object of settings"
+    summary = entry.get("summary")
+    if not isinstance(summary, str) or len(summary) > MAX_SUMMARY_CHARS:
+        return f"'summary' is {shown(summary)}, not a sentence"
+    if entry.get("verified_by") not in VERIFIED_BY:
+        return f"'verified_by' is {shown(entry.get('verified_by'))}"
+    saved_at = entry.get("saved_at")
+    if (
+        not isinstance(saved_at, int | float)
+        or isinstance(saved_at, bool)
+        or not 0 <= saved_at <= LATEST_TIME
+    ):
+        return f"'saved_at' is {shown(saved_at)}, not a time"
+    for name, value in settings.items():
+        if name not in FIELDS:
+            continue  # a setting of a newer HalfSafe: the entry is kept for it, not used here
+        try:
+            FIELDS[name].validate(value)
+        except ValueError as error:
+            return f"setting '{name}': {error}"
+    return None
+
+
+def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
+    """The fix in a well-formed entry; None when it holds a setting this version does not know
+    (half of a fix is not a verified fix)."""
+    settings = entry["settings"]
+    if any(name not in FIELDS for name in settings):
+        return None
+    return RememberedFix(
+        {name: FIELDS[name].validate(value) for name, value in settings.items()},
+        entry["summary"],
+        entry["verified_by"],
+        float(entry["saved_at"]),
+    )
+
+
+# Writing ----------------------------------------------------------------------------------
+
+
+def _read_repairing(path: Path) -> tuple[_Contents, str | None]:
+    """Read the file; if it is damaged, move it aside and write back what could be read (under
+    the lock, so a save by another process is never lost). Returns the note to show."""
+    contents = _read(path)
+    if not contents.problems:
+        return contents, None
+    try:
+        with locked(path):
+            contents = _read(path)  # another process may have repaired it meanwhile
+            if not contents.problems:
+                return contents, None
+            return contents, _repair(path, contents)[0]
+    except OSError as error:
+        return contents, _note(path, contents, None, error)
+
+
+def _repair(path: Path, contents: _Contents) -> tuple[str, bool]:
+    """Move the damaged file aside and write the readable entries back. Returns the note to
+    show and whether the file was moved. Call under the lock."""
+    target = aside_name(path)
+    try:
+        os.replace(path, target)  # a rename: also moves a FIFO, a folder or a link loop away
+    except OSError as error:
+        return _note(path, contents, None, error), False
+    try:
+        _write(path, contents.entries)
+    except OSError as error:  # the readable entries are still in the file kept aside
+        log.warning("%s could not be written (%s).", path, error.strerror or error)
+    return _note(path, contents, target, None), True
+
+
+def _note(path: Path, contents: _Contents, target: Path | None, error: OSError | None) -> str:
+    """One sentence: what was wrong with the file, what was kept and where the file went."""
+    problem = contents.problems[0]
+    if len(contents.problems) > 1:
+        problem += f", and {len(contents.problems) - 1} more"
+    count = len(contents.fixes)
+    if count == 0:
+        kept = "no remembered fix could be read"
+    elif count == 1:
+        kept = "the 1 remembered fix that could be read is {}"
+    else:
+        kept = f"the {count} remembered fixes that could be read are {{}}"
+    if target is not None:
+        return (
+            f"{path} was damaged ({problem}); {kept.format('kept')}, and the file as it was is "
+            f"kept as {target}."
+        )
+    reason = (error.strerror or str(error)) if error is not None else "unknown reason"
+    return (
+        f"{path} is damaged ({problem}); {kept.format('used')}, and the file is left as it is "
+        f"because it could not be moved aside ({reason})."
+    )
+
+
+def _change(edit: Callable[[dict[str, dict[str, Any]]], object]) -> None:
+    """Read, edit and write the entries under the lock. A damaged file is moved aside first;
+    when it cannot be, nothing is written (that would overwrite what it still holds)."""
+    path = _path()
+    with locked(path):
+        contents = _read(path)
+        if contents.problems:
+            note, moved = _repair(path, contents)
+            log.warning("%s", note)
+            if not moved:
+                return
+        entries = dict(contents.entries)
+        edit(entries)
+        if entries != contents.entries or contents.problems:
+            _write(path, entries)
+
+
+def _write(path: Path, entries: dict[str, dict[str, Any]]) -> None:
+    """Write `entries` atomically; past MAX_PROFILES_BYTES the oldest fixes make room (a file
+    that large would be refused when read back)."""
+    ordered = sorted(entries.items(), key=lambda item: item[1].get("saved_at", 0), reverse=True)
+    text = _dumps(dict(ordered))
+    while len(text.encode("utf-8")) > MAX_PROFILES_BYTES and ordered:
+        ordered = ordered[: max(1, len(ordered) * 9 // 10)] if len(ordered) > 1 else []
+        text = _dumps(dict(ordered))
+    write_atomic(path, text)
+
+
+def _dumps(entries: dict[str, dict[str, Any]]) -> str:
+    return json.dumps(entries, indent=2, sort_keys=True) + "\n"

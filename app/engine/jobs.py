@@ -68,7 +68,7 @@ def summarise_model(model: Any, device: str = "auto") -> dict[str, Any]:
         because = [because]
     summary["detected_because"] = [str(b) for b in (because or [])]
     summary["components"] = _components(getattr(model, "pipeline", None))
-    summary["remembered_fix"] = _remembered_fix(model, device)
+    summary["remembered_fix"], summary["profile_notes"] = _remembered_fix(model, device)
     return summary
 
 
@@ -79,26 +79,28 @@ def _components(pipeline: Any) -> list[str]:
     return [n for n in names if getattr(pipeline, n, None) is not None]
 
 
-def _remembered_fix(model: Any, device: str) -> dict[str, Any] | None:
-    """The fix stored the last time this model needed one on this device, if any."""
+def _remembered_fix(model: Any, device: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The fix stored the last time this model needed one on this device, if any, and a
+    sentence if the remembered fixes' file was found damaged (and kept aside)."""
     profile_key = getattr(model, "profile_key", None)
     if not profile_key:
-        return None
+        return None, []
     try:
         from app.core import hardware, profiles
 
         info = hardware.describe_device(hardware.pick_device(device))
-        remembered = profiles.remembered_fix(profile_key, info.name)
+        found = profiles.lookup(profile_key, info.name)
     except Exception:  # noqa: BLE001 - a remembered fix is a convenience, never a blocker
-        return None
+        return None, []
+    remembered = found.fix
     if remembered is None:
-        return None
+        return None, found.notes
     return {
         "settings": _plain(remembered.settings),
         "summary": remembered.summary,
         "verified_by": remembered.verified_by,
         "device": info.name,
-    }
+    }, found.notes
 
 
 def _free_model(context: JobContext) -> None:

@@ -60,8 +60,15 @@ def list_images(folder: Path, limit: int = LISTED_AT_MOST) -> list[tuple[str, in
 
 
 def thumbnail_cache_path(path: str, mtime_ns: int, size: int) -> Path:
-    """Where the thumbnail of this version of the file is kept: a changed file gets a new one."""
-    key = hashlib.sha1(f"{path}|{mtime_ns}|{size}".encode()).hexdigest()
+    """Where the thumbnail of this version of the file is kept: a changed file gets a new one.
+    Inode and change time count too (as in `checkpoint.file_stamp`): an image copied over
+    another with the same size and its mtime restored is not shown with the old one's face."""
+    try:
+        info = os.stat(path)
+        version = f"{info.st_dev}|{info.st_ino}|{info.st_ctime_ns}"
+    except OSError:
+        version = ""  # unreadable: the thumbnail cannot be made either
+    key = hashlib.sha1(f"{path}|{mtime_ns}|{size}|{version}".encode()).hexdigest()
     return paths.cache_dir() / "thumbnails" / f"{key}.png"
 
 

@@ -568,14 +568,18 @@ class ModelsView(QWidget):
             lines.append("VAE replaced by " + html.escape(Path(replaced_vae).name) + ".")
         self.details_text.setText("<br>".join(lines))
         fix = model.get("remembered_fix")
+        # The remembered fixes' file was damaged and kept aside: said once, by this load.
+        damage = "".join(f"<br>{html.escape(n)}" for n in model.get("profile_notes") or [])
         if fix and fix.get("settings"):
             self.remembered.show_message(
-                "info",
+                "warn" if damage else "info",
                 f"<b>HalfSafe remembers a fix for this model on {html.escape(str(fix.get('device', 'this device')))}.</b> "
                 f"{html.escape(fix.get('summary') or words.fix_words(fix['settings']))} "
-                "Settings left on Auto follow it already.",
+                "Settings left on Auto follow it already." + damage,
                 [("Apply to my settings", lambda s=fix["settings"]: self._apply_remembered(s))],
             )
+        elif damage:
+            self.remembered.show_message("warn", damage.removeprefix("<br>"))
 
     def _apply_remembered(self, settings: dict[str, Any]) -> None:
         try:

@@ -126,7 +126,7 @@ def test_one_byte_of_one_used_tensor_changes_the_identity(tmp_path, digests):
 
     digests.clear()
     repeat = load_model(str(path))
-    assert repeat.profile_key == key and digests == []  # cached by path, size and mtime
+    assert repeat.profile_key == key and digests == []  # cached under the unchanged stamp
     assert repeat.weights.tensors > 100  # the NaN/Inf scan still read every tensor
 
     header = read_safetensors_header(path)
@@ -199,3 +199,46 @@ def test_the_demo_keeps_its_fixed_key():
 
     model = load_model("demo")
     assert model.profile_key == f"demo-{demo.DEMO_VERSION}"
+
+
+def test_another_models_bytes_under_the_old_size_and_mtime_are_a_new_identity(twins, tmp_path):
+    """Copied over a file with its modification time restored (`touch -r`, `cp -p`), another
+    model keeps the size and mtime that caches used to trust: the digest, the A1111 hash and
+    the remembered fix must all follow the new bytes."""
+    from app.core.explain import Record, find_model
+
+    first, second = twins
+    library = first.parent
+    model_a = load_model(str(first))
+    hash_a = checkpoint.model_hash(first)
+    assert model_a.model_hash in (None, hash_a)
+    profiles.remember_fix(
+        model_a.profile_key, cpu_name(), {"vae_precision": "fp32"}, "A's fix", "health check"
+    )
+    # Explain finds A by its hash from the cache, as it would for one of its images.
+    record = Record(model="renamed since", model_hash=hash_a)
+    assert find_model(record, [str(library)]).path == str(first)
+
+    before = first.stat()
+    first.write_bytes(second.read_bytes())  # in place: same inode, same size
+    os.utime(first, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = first.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
+
+    hash_b = hashlib.sha256(second.read_bytes()).hexdigest()[:10]
+    assert hash_b != hash_a
+    forged = load_model(str(first))
+    assert forged.profile_key != model_a.profile_key
+    assert forged.profile_key == load_model(str(second)).profile_key
+    assert forged.model_hash == hash_b  # the PNG's "Model hash"
+    assert checkpoint.model_hash(first) == hash_b
+    assert profiles.remembered_fix(forged.profile_key, cpu_name()) is None
+    report = check(forged)
+    assert report["tested"]["vae"] == "fp16"
+    assert not any("remembered" in note for note in report["notes"])
+    # Explain no longer takes the file for A, whose hash neither file now has.
+    assert find_model(record, [str(library)]).found is False

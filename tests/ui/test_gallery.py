@@ -82,6 +82,17 @@ def _stamp(path: Path) -> tuple[int, int]:
     return info.st_mtime_ns, info.st_size
 
 
+def test_an_image_copied_over_another_with_its_mtime_restored_gets_its_own_thumbnail(tmp_path):
+    image = tmp_path / "00001-1.png"
+    image.write_bytes(b"first image " * 10)
+    before = image.stat()
+    cached = thumbnail_cache_path(str(image), *_stamp(image))
+    image.write_bytes(b"other image " * 10)  # same size, same inode
+    os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert _stamp(image) == (before.st_mtime_ns, before.st_size)
+    assert thumbnail_cache_path(str(image), *_stamp(image)) != cached
+
+
 def test_thumbnails_are_made_only_for_what_is_in_view(window, engines, qtbot, tmp_path):
     folder = tmp_path / "many"
     for index in range(60):

@@ -127,6 +127,21 @@ def test_remembered_fix_is_offered_and_applied(window, engines):
     assert load_settings().settings["vae_precision"] == "fp32"
 
 
+def test_a_damaged_remembered_fixes_file_is_named_when_a_model_loads(window, engines):
+    view = window.models_view
+    view.load_path("demo")
+    note = (
+        "/data/profiles.json was damaged (entry 2: 'saved_at' is 'yesterday', not a time); the 4 "
+        "remembered fixes that could be read are kept, and the file as it was is kept as "
+        "/data/profiles.json.damaged-20260101-000000."
+    )
+    engines.current.finish(
+        engines.current.last_job("load"), dict(DEMO_SUMMARY, profile_notes=[note])
+    )
+    assert view.remembered.isVisible()
+    assert "profiles.json.damaged-20260101-000000" in view.remembered.text.text()
+
+
 def test_library_lists_scanned_models_and_marks_damaged_ones(window):
     view = window.models_view
     view._library_scanned(

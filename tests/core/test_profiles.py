@@ -1,0 +1,321 @@
+"""Remembered fixes survive a damaged profiles.json: what can be read is kept, the damaged file
+is kept aside and named, and nothing in the file can hang or crash a check."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.core import profiles
+
+TORCH = "2.test"
+DEVICE = "Test CPU"
+SEEDED = 5
+NEW = "model-new"
+
+
+def seed() -> Path:
+    """Five remembered fixes, written as HalfSafe writes them; returns the file."""
+    for number in range(SEEDED):
+        profiles.remember_fix(
+            f"model{number}",
+            DEVICE,
+            {"vae_precision": "fp32", "upcast_attention": True},
+            f"The VAE overflowed ({number}); run it in fp32.",
+            "health check",
+            torch_version=TORCH,
+        )
+    path = profiles._path()
+    assert len(json.loads(path.read_text())) == SEEDED
+    return path
+
+
+def usable() -> set[str]:
+    """The seeded models whose fix is still offered, by model name."""
+    found = set()
+    for name in [f"model{n}" for n in range(SEEDED)] + [NEW]:
+        if profiles.remembered_fix(name, DEVICE, TORCH) is not None:
+            found.add(name)
+    return found
+
+
+def entry_span(text: str, number: int) -> tuple[int, int]:
+    """Where the text of seeded entry `number` (its value, an object) starts and ends."""
+    start = text.index(f'"model{number}|')
+    start = text.index("{", start)
+    return start, text.index("\n  }", start) + 4
+
+
+def in_entry(number: int, old: str, new: str):
+    """Damage: replace `old` by `new` inside one entry only."""
+
+    def damage(path: Path) -> None:
+        text = path.read_text()
+        start, end = entry_span(text, number)
+        assert old in text[start:end]
+        path.write_text(text[:start] + text[start:end].replace(old, new, 1) + text[end:])
+
+    return damage
+
+
+def raw_in_entry(number: int, old: bytes, new: bytes):
+    def damage(path: Path) -> None:
+        text = path.read_text()
+        start, end = entry_span(text, number)
+        data = path.read_bytes()
+        head, middle, tail = data[:start], data[start:end], data[end:]
+        path.write_bytes(head + middle.replace(old, new, 1) + tail)
+
+    return damage
+
+
+def truncated(path: Path) -> None:
+    text = path.read_text()
+    path.write_text(text[: entry_span(text, 3)[0] + 20])  # cut inside the fourth entry
+
+
+def stray_between(path: Path) -> None:
+    text = path.read_text()
+    end = entry_span(text, 1)[1]
+    path.write_text(text[: end + 1] + "\x01" + text[end + 1 :])  # after "},"
+
+
+def stray_in_entry(path: Path) -> None:
+    text = path.read_text()
+    start, _ = entry_span(text, 2)
+    path.write_text(text[: start + 10] + "}" + text[start + 10 :])
+
+
+def deep_in_entry(path: Path) -> None:
+    in_entry(2, '"summary": "The', '"summary": ' + "[" * 100_000 + "]" * 100_000 + ', "x": "')(path)
+
+
+def duplicate_entry(path: Path) -> None:
+    text = path.read_text()
+    start, end = entry_span(text, 2)
+    name_at = text.rindex('"model2|', 0, start)
+    copy = text[name_at:end]
+    path.write_text(text[:end] + ",\n  " + copy + text[end:])
+
+
+def replaced_by(content: bytes):
+    def damage(path: Path) -> None:
+        path.write_bytes(content)
+
+    return damage
+
+
+def fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+    (path / "inside").write_text("kept")
+
+
+def link_loop(path: Path) -> None:
+    path.unlink()
+    other = path.with_name("loop")
+    os.symlink(other, path)
+    os.symlink(path, other)
+
+
+def huge(path: Path) -> None:
+    with path.open("a") as file:  # valid JSON, padded past any real profiles file
+        file.write(" " * (profiles.MAX_PROFILES_BYTES + 1))
+
+
+ALL = {f"model{n}" for n in range(SEEDED)}
+DAMAGE = {
+    # name: (damage, the seeded fixes that can still be read)
+    "truncated": (truncated, ALL - {"model3", "model4"}),
+    "stray byte between entries": (stray_between, ALL),
+    "stray byte inside an entry": (stray_in_entry, ALL - {"model2"}),
+    "settings not an object": (in_entry(1, '"settings": {', '"settings": "fp32", "x": {'), None),
+    "setting out of its choices": (in_entry(1, '"fp32"', '"fp64"'), None),
+    "setting of the wrong type": (in_entry(1, "true", '"yes"'), None),
+    "summary a number": (in_entry(1, '"summary": "The', '"summary": 5, "x": "'), None),
+    "verified_by unknown": (in_entry(1, '"health check"', '"a friend"'), None),
+    "saved_at as text": (in_entry(1, '"saved_at": ', '"saved_at": "yesterday", "x": '), None),
+    "saved_at NaN": (in_entry(1, '"saved_at": ', '"saved_at": NaN, "x": '), None),
+    "saved_at infinite": (in_entry(1, '"saved_at": ', '"saved_at": 1e999, "x": '), None),
+    "saved_at of 5000 digits": (
+        in_entry(1, '"saved_at": ', f'"saved_at": {"9" * 5000}, "x": '),
+        None,
+    ),
+    "saved_at negative": (in_entry(1, '"saved_at": ', '"saved_at": -1, "x": '), None),
+    "name given twice in an entry": (
+        in_entry(1, '"summary": "', '"summary": "a", "summary": "'),
+        None,
+    ),
+    "entry given twice": (duplicate_entry, ALL - {"model2"}),
+    "deep nesting in an entry": (deep_in_entry, ALL - {"model2"}),
+    "deep nesting": (replaced_by(b"[" * 1_000_000), set()),
+    "not UTF-8": (raw_in_entry(1, b"overflowed", b"overfl\xff\xfeowed"), None),
+    "top-level list": (replaced_by(b"[1, 2, 3]\n"), set()),
+    "empty": (replaced_by(b""), set()),
+    "huge file": (huge, set()),
+    "FIFO": (fifo, set()),
+    "folder": (folder, set()),
+    "symlink loop": (link_loop, set()),
+}
+
+
+def survivors(name: str) -> set[str]:
+    expected = DAMAGE[name][1]
+    return ALL - {"model1"} if expected is None else expected
+
+
+def guarded(function, timeout: float = 20.0):
+    """Run `function` on a thread; fail (never hang) if it is still blocked after `timeout`."""
+    outcome: list = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(function())
+        except BaseException as error:  # noqa: BLE001 - handed to the test below
+            failure.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"still blocked after {timeout} s"
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def kept_aside(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f"{path.name}.damaged-*"))
+
+
+def snapshot(path: Path) -> tuple[str, bytes | None]:
+    """What the damaged thing is, and its bytes when it is a file, to compare with the copy."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        return "link", os.readlink(path).encode()
+    if stat.S_ISREG(mode):
+        return "file", path.read_bytes()
+    return ("folder" if stat.S_ISDIR(mode) else "fifo"), None
+
+
+def needs(name: str) -> None:
+    if name == "FIFO" and not hasattr(os, "mkfifo"):
+        pytest.skip("FIFOs are a POSIX thing")
+
+
+@pytest.mark.parametrize("name", DAMAGE)
+def test_a_save_after_damage_keeps_every_fix_that_could_be_read(name):
+    needs(name)
+    path = seed()
+    DAMAGE[name][0](path)
+    before = snapshot(path)
+
+    guarded(
+        lambda: profiles.remember_fix(
+            NEW, DEVICE, {"vae_precision": "bf16"}, "new", "generation repair", torch_version=TORCH
+        )
+    )
+
+    expected = survivors(name)
+    assert guarded(usable) == expected | {NEW}
+    assert len(json.loads(path.read_text())) == len(expected) + 1
+    [aside] = kept_aside(path)  # the damaged file, as it was: never overwritten
+    assert snapshot(aside) == before
+
+
+@pytest.mark.parametrize("name", DAMAGE)
+def test_damage_is_named_once_in_one_sentence_and_costs_only_itself(name):
+    needs(name)
+    path = seed()
+    DAMAGE[name][0](path)
+    before = snapshot(path)
+
+    found = guarded(lambda: profiles.lookup("model0", DEVICE, TORCH))
+
+    expected = survivors(name)
+    assert (found.fix is not None) == ("model0" in expected)
+    [note] = found.notes
+    [aside] = kept_aside(path)
+    assert note.startswith(f"{path} was damaged (")
+    assert note.endswith(f"kept as {aside}.")
+    if expected:
+        assert f"the {len(expected)} remembered fix" in note
+    else:
+        assert "no remembered fix could be read" in note
+    assert note.count(". ") == 0 and "\n" not in note and len(note) < 600
+    assert snapshot(aside) == before
+    # Written back: the next read is clean and says nothing more.
+    assert guarded(lambda: profiles.lookup("model0", DEVICE, TORCH)).notes == []
+    assert guarded(usable) == expected
+
+
+def test_the_problem_in_the_note_names_the_entry_and_the_field():
+    path = seed()
+    in_entry(1, '"saved_at": ', '"saved_at": "yesterday", "x": ')(path)
+    [note] = profiles.lookup("model0", DEVICE, TORCH).notes
+    assert "entry 2: 'saved_at' is 'yesterday', not a time" in note
+
+
+def test_each_damage_is_kept_in_its_own_file():
+    path = seed()
+    truncated(path)
+    profiles.lookup("model0", DEVICE, TORCH)
+    first = kept_aside(path)
+    replaced_by(b"{oops")(path)
+    profiles.lookup("model0", DEVICE, TORCH)
+    second = kept_aside(path)
+    assert len(first) == 1 and len(second) == 2
+    assert first[0].read_bytes() != second[1].read_bytes()
+    assert b"model0" in first[0].read_bytes()
+
+
+def test_an_entry_of_a_newer_halfsafe_is_kept_but_not_used():
+    path = seed()
+    in_entry(1, '"vae_precision": "fp32"', '"vae_precision": "fp32", "future_option": 3')(path)
+    assert profiles.lookup("model1", DEVICE, TORCH) == profiles.Lookup(None, [])
+    profiles.remember_fix(NEW, DEVICE, {"vae_precision": "bf16"}, "new", "health check", TORCH)
+    saved = json.loads(path.read_text())
+    assert len(saved) == SEEDED + 1
+    assert saved[f"model1|{DEVICE}|torch {TORCH}"]["settings"]["future_option"] == 3
+    assert kept_aside(path) == []
+
+
+def test_forgetting_a_fix_keeps_the_others():
+    seed()
+    profiles.forget_fix("model3", DEVICE, TORCH)
+    assert usable() == ALL - {"model3"}
+
+
+def test_a_check_and_the_model_summary_name_the_damaged_file():
+    from app.core import health
+    from app.core.models import load_model
+    from app.core.settings import PrecisionSettings
+    from app.engine.jobs import summarise_model
+
+    path = seed()
+    truncated(path)
+    model = load_model("demo")
+    summary = summarise_model(model, "cpu")  # the GUI's first read of the file says it
+    [note] = summary["profile_notes"]
+    assert note.startswith(f"{path} was damaged")
+
+    fifo(path)
+    report = health.check_loaded(
+        model,
+        precision=PrecisionSettings(precision="fp32"),
+        device="cpu",
+        size=64,
+        measure_cost=False,
+    )
+    assert any(n.startswith(f"{path} was damaged (it is a named pipe") for n in report.notes)
+    assert len(kept_aside(path)) == 2
