@@ -655,7 +655,7 @@ def check_loaded(
         device_info=info,
         remembered=remembered.settings if remembered else None,
     )
-    notes = list(plan.warnings)
+    notes = list(plan.warnings) + list(getattr(model, "notes", []))
     if remembered:
         notes.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"
@@ -831,6 +831,7 @@ def check_loaded(
             "name": model.name,
             "prediction": prediction_summary(model),
             "quantization": getattr(model, "quantization", None),
+            "companions": dict(getattr(model, "companions", {})),
         },
         device={"kind": info.kind, "name": info.name},
         plan=plan,
@@ -1171,6 +1172,18 @@ def _factor(peak: float | None) -> str:
     return f" {ratio:.2g}x" if ratio < 10 else f" {float(f'{ratio:.3g}'):,.0f}x"
 
 
+def damaged_files(report: HealthReport) -> list[str]:
+    """The files holding the weights with NaN or Inf: for a component read from a companion
+    file (a split transformer's T5, VAE, ...) that file, else the model the user gave."""
+    companions = report.model.get("companions") or {}
+    files: list[str] = []
+    for name in report.weights_non_finite:
+        file = companions.get(component_of_tensor(name) or "", report.model.get("source", ""))
+        if file not in files:
+            files.append(file)
+    return files
+
+
 def headline(report: HealthReport) -> str:
     """The first line of every rendering of a report (CLI, Markdown, the GUI's banner)."""
     tested = tested_words(report.plan)
@@ -1186,9 +1199,15 @@ def headline(report: HealthReport) -> str:
                 "file's quantisation, not fp16 overflow, and no precision setting repairs it."
             )
         if report.weights_non_finite:
+            files = damaged_files(report)
+            if files == [report.model.get("source", "")]:
+                return (
+                    "Broken: the weights hold NaN or Inf values; no precision setting can "
+                    "repair this file."
+                )
             return (
-                "Broken: the weights hold NaN or Inf values; no precision setting can repair "
-                "this file."
+                f"Broken: the weights in {join_words(files)} hold NaN or Inf values; no "
+                f"precision setting can repair {'that file' if len(files) == 1 else 'them'}."
             )
         failed = [n for n, c in components.items() if c.status.failed]
         return (
@@ -1452,9 +1471,7 @@ def markdown_report(report: HealthReport) -> str:
         f"- Model: `{report.model['source']}` ({report.model['architecture']}, "
         f"{report.model['format']})\n"
         f"- Device: {report.device['name']} ({report.device['kind']})\n"
-        + "".join(
-            f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras
-        )
+        + "".join(f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras)
         + (
             f"- Cause: **{report.cause.kind}**; repair: {report.cause.repair} "
             f"({'verified' if report.cause.verified else 'not verified'})\n"
