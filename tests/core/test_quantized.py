@@ -586,6 +586,27 @@ def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(
         assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
 
 
+def test_a_t5_gguf_naming_more_blocks_than_any_real_encoder_is_refused_from_its_header(
+    tmp_path,
+):
+    # The name table for llama.cpp's T5 names grows with the block count: a header of tiny
+    # tensors naming thousands of blocks would cost seconds and memory for each read of it.
+    from app.core.checkpoint import read_header
+    from app.core.limits import MAX_TEXT_LAYERS
+
+    blocks = MAX_TEXT_LAYERS + 72
+    tensors = {"token_embd.weight": torch.zeros(4, 4)}
+    tensors |= {f"enc.blk.{i}.attn_q.weight": torch.zeros(1) for i in range(blocks)}
+    path = write_gguf(tmp_path / "t5-many-blocks.gguf", tensors, GGMLQuantizationType.F16)
+
+    with pytest.raises(BadFileError) as caught:
+        read_header(path)
+
+    message = str(caught.value)
+    assert message.startswith(f"{path}: it names {blocks} T5 encoder blocks (enc.blk.N)")
+    assert message.endswith(".") and message.count(". ") == 0
+
+
 def test_clip_and_vae_gguf_companions_under_their_safetensors_names_load(tmp_path):
     pipeline, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
     for part in ("vae/ae", "text_encoders/clip_l"):
