@@ -561,6 +561,7 @@ def test_a_recorded_shape_that_does_not_hold_the_tensor_is_refused(tmp_path):
     assert str(path) in text and f"original shape of '{SD3_PATCHES}'" in text
     assert "\n" not in text
 
+
 def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(tmp_path):
     """city96's T5 GGUF files name tensors as llama.cpp does (token_embd, enc.blk.N.attn_q);
     they are found beside the transformer by content and read under transformers' names."""
