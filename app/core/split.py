@@ -14,7 +14,8 @@ Z-Image's original layout (fused qkv, final_layer, x_embedder; a Qwen3 text enco
 VAE) and Qwen-Image's (diffusers' own names; a Qwen2.5-VL text encoder in its files' older
 names and a VAE in the Wan 2.1 layout, each mapped by one rename both ways). The companions
 come from `--text-encoder PATH` (repeatable) and `--vae PATH`, or are found by their contents
-in the usual sibling folders; a missing one is named in one sentence. Every header is read
+in the usual sibling folders (a file there that cannot be read or built is passed over, named
+with why); a missing one is named in one sentence. Every header is read
 before any tensor; nothing reaches the network (shipped configs in `resources/configs`,
 shipped CLIP, T5 and Qwen vocabularies).
 
@@ -44,7 +45,6 @@ TRANSFORMER_PREFIXES = ("model.diffusion_model.", "")  # a full save, a plain tr
 TRANSFORMER_FOLDERS = ("diffusion_models", "unet")
 TEXT_ENCODER_FOLDERS = ("text_encoders", "clip")
 VAE_FOLDERS = ("vae",)
-MAX_SIBLINGS = 64  # files whose headers are read when looking for companions
 CLIP_PREFIX = "text_model."
 CLIP_PROJECTION = "text_projection.weight"
 # Where Stability AI's all-in-one SD3.x files keep their text encoders and VAE.
