@@ -1471,7 +1471,9 @@ def markdown_report(report: HealthReport) -> str:
         f"- Model: `{report.model['source']}` ({report.model['architecture']}, "
         f"{report.model['format']})\n"
         f"- Device: {report.device['name']} ({report.device['kind']})\n"
-        + "".join(f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras)
+        + "".join(
+            f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras
+        )
         + (
             f"- Cause: **{report.cause.kind}**; repair: {report.cause.repair} "
             f"({'verified' if report.cause.verified else 'not verified'})\n"

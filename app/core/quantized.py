@@ -590,7 +590,7 @@ def transformers_names(names: list[str]) -> dict[str, str]:
     files: `token_embd`, `enc.blk.N.attn_q`, ...), so its tensors read as a T5 safetensors
     file's do; {} for any other file. The table is the gguf package's own (`TensorNameMap`).
     Raises ValueError for more blocks than any real text encoder has: the table grows with
-    them (seconds and gigabytes for the 65,536 tensors a header may list)."""
+    them (5 s and 150 MB to read a 1 MB header naming 20,000 blocks)."""
     if "token_embd.weight" not in names or "enc.blk.0.attn_q.weight" not in names:
         return {}
     from gguf import MODEL_ARCH, get_tensor_name_map
