@@ -46,12 +46,21 @@ def _quantization_line(quantization: dict | None) -> list[str]:
     ]
 
 
+def _companion_lines(companions: dict | None) -> list[str]:
+    """The files a split transformer file was read with, one per component."""
+    return [
+        f"{'With:' if i == 0 else '':<9}{component:<16}{path}"
+        for i, (component, path) in enumerate((companions or {}).items())
+    ]
+
+
 def health_text(report: HealthReport) -> str:
     """The human-readable report `halfsafe check` prints; its first line is the headline."""
     lines = [
         report.headline,
         "",
         f"Model:   {report.model['source']} ({report.model['architecture']}, {report.model['format']})",
+        *_companion_lines(report.model.get("companions")),
         f"Device:  {report.device['name']} ({report.device['kind']}), probed at "
         f"{report.size}x{report.size}, timesteps {', '.join(map(str, report.timesteps))}",
         *_quantization_line(report.model.get("quantization")),

@@ -39,6 +39,7 @@ from app.core.health import (
     HealthReport,
     ProbeRun,
     check_loaded,
+    damaged_files,
     probe_run,
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
@@ -343,10 +344,16 @@ def attribute(
             verified=False,
         )
     if report.weights_non_finite:
+        files = damaged_files(report)
+        where = (
+            "The checkpoint's weights"
+            if files == [report.model.get("source", "")]
+            else f"The weights in {', '.join(files)}"
+        )
         return Cause(
             "weights",
             component,
-            f"The checkpoint's weights hold NaN or Inf values ({report.weights_non_finite[0]}"
+            f"{where} hold NaN or Inf values ({report.weights_non_finite[0]}"
             f"{' and more' if len(report.weights_non_finite) > 1 else ''}): the file is "
             "damaged, and no setting can repair it.",
             "replace the damaged file",

@@ -661,7 +661,7 @@ def check_loaded(
         device_info=info,
         remembered=remembered.settings if remembered else None,
     )
-    notes = list(plan.warnings) + found.notes
+    notes = list(plan.warnings) + found.notes + list(getattr(model, "notes", []))
     if remembered:
         notes.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"
@@ -848,6 +848,7 @@ def check_loaded(
             "name": model.name,
             "prediction": prediction_summary(model),
             "quantization": getattr(model, "quantization", None),
+            "companions": dict(getattr(model, "companions", {})),
         },
         device={"kind": info.kind, "name": info.name},
         plan=plan,
@@ -1259,6 +1260,18 @@ def _factor(peak: float | None) -> str:
     return f" {ratio:.2g}x" if ratio < 10 else f" {float(f'{ratio:.3g}'):,.0f}x"
 
 
+def damaged_files(report: HealthReport) -> list[str]:
+    """The files holding the weights with NaN or Inf: for a component read from a companion
+    file (a split transformer's T5, VAE, ...) that file, else the model the user gave."""
+    companions = report.model.get("companions") or {}
+    files: list[str] = []
+    for name in report.weights_non_finite:
+        file = companions.get(component_of_tensor(name) or "", report.model.get("source", ""))
+        if file not in files:
+            files.append(file)
+    return files
+
+
 def headline(report: HealthReport) -> str:
     """The first line of every rendering of a report (CLI, Markdown, the GUI's banner)."""
     tested = tested_words(report.plan)
@@ -1275,10 +1288,16 @@ def headline(report: HealthReport) -> str:
             )
         if report.weights_non_finite:
             bad = report.weights_non_finite
-            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            named = f" ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})"
+            files = damaged_files(report)
+            if files == [report.model.get("source", "")]:
+                return (
+                    f"Broken: the weights hold NaN or Inf values{named}; no precision setting "
+                    "can repair this file."
+                )
             return (
-                f"Broken: the weights hold NaN or Inf values ({bad[0]}{more}); no precision "
-                "setting can repair this file."
+                f"Broken: the weights in {join_words(files)} hold NaN or Inf values{named}; no "
+                f"precision setting can repair {'that file' if len(files) == 1 else 'them'}."
             )
         failed = [n for n, c in components.items() if c.status.failed]
         return (

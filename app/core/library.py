@@ -674,19 +674,25 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
 
 
 def _with_companions(entry: LibraryEntry) -> LibraryEntry:
-    """A split transformer file's entry with the companions found beside it (headers only)."""
-    from dataclasses import replace
-
+    """A split transformer file's entry with the companions found beside it (headers only).
+    Whatever goes wrong on the way costs this row only: it then says so and is not loadable."""
     path = Path(entry.path)
     try:
         transformer = split.read_model(read_header(path).shapes())
+        if transformer is None:
+            return entry
+        found = split.find_companions(path, transformer, [], None)
+        missing = split.missing_sentence(transformer, found, path)
     except (BadFileError, ValueError):
         return entry
-    if transformer is None:
-        return entry
-    found = split.find_companions(path, transformer, [], None)
+    except Exception as error:  # the promise is per row, as in `_inspect_one`
+        return replace(
+            entry,
+            supported=False,
+            missing=f"{path}: HalfSafe could not look for its text encoders and VAE "
+            f"({type(error).__name__}).",
+        )
     companions = {c: str(p) if p else None for c, p in found.found.items()}
-    missing = split.missing_sentence(transformer, found, path)
     return replace(entry, companions=companions, missing=missing, supported=missing is None)
 
 

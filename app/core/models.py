@@ -82,6 +82,10 @@ class LoadedModel:
     loras: list[Any] = field(default_factory=list)  # lora.AppliedLora, in the order applied
     # How its files store the weights when any is fp8 or GGUF (quantized.summary), else None.
     quantization: dict[str, Any] | None = None
+    # A split transformer file's text-encoder and VAE files, by component (what a damaged
+    # weight of that component is blamed on), and what the loader has to say about them.
+    companions: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def set_offline() -> None:
@@ -1106,6 +1110,8 @@ def _load_split(
         profile_key=identity.profile_key(weights),
         weights=weights,
         detected_because=model.because,
+        companions=companions.used(),
+        notes=split.companion_notes(model, companions),
     )
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
-from app.core.limits import MAX_TENSOR_RANK, check_tensor_shape, open_regular
+from app.core.limits import MAX_TENSOR_RANK, MAX_TEXT_LAYERS, check_tensor_shape, open_regular
 
 # What fp8 and GGUF weights become when read: bf16 has fp32's range, so no scaled weight can
 # overflow in the conversion, and 8 bits of mantissa hold every fp8 value and Q8_0's 8-bit
@@ -562,7 +562,7 @@ def read_gguf_header(path: str | os.PathLike[str]) -> GgufHeader:
     under transformers' names (see `transformers_names`)."""
     path = Path(path)
     tensors = check_gguf_header(path)
-    names = transformers_names([t.name for t in tensors])
+    names = _transformers_names(path, [t.name for t in tensors])
     tensors = [
         GgufTensorInfo(names.get(t.name, t.name), t.type_name, t.shape, t.start, t.nbytes)
         for t in tensors
@@ -588,13 +588,20 @@ _T5_PARTS = (
 def transformers_names(names: list[str]) -> dict[str, str]:
     """GGUF name -> transformers name for a T5 encoder in llama.cpp's naming (city96's T5 GGUF
     files: `token_embd`, `enc.blk.N.attn_q`, ...), so its tensors read as a T5 safetensors
-    file's do; {} for any other file. The table is the gguf package's own (`TensorNameMap`)."""
+    file's do; {} for any other file. The table is the gguf package's own (`TensorNameMap`).
+    Raises ValueError for more blocks than any real text encoder has: the table grows with
+    them (5 s and 150 MB to read a 1 MB header naming 20,000 blocks)."""
     if "token_embd.weight" not in names or "enc.blk.0.attn_q.weight" not in names:
         return {}
     from gguf import MODEL_ARCH, get_tensor_name_map
 
     blocks = {n.split(".")[2] for n in names if n.startswith("enc.blk.")}
     count = len(blocks)
+    if count > MAX_TEXT_LAYERS:
+        raise ValueError(
+            f"it names {count:,} T5 encoder blocks (enc.blk.N), more than the "
+            f"{MAX_TEXT_LAYERS} any real text encoder has"
+        )
     table = get_tensor_name_map(MODEL_ARCH.T5ENCODER, count)
     ours = ["shared", "encoder.final_layer_norm"]
     ours += [f"encoder.block.{i}.{part}" for i in range(count) for part in _T5_PARTS]
@@ -605,6 +612,14 @@ def transformers_names(names: list[str]) -> dict[str, str]:
         if theirs is not None and theirs + ".weight" in present:
             mapping[theirs + ".weight"] = name + ".weight"
     return mapping
+
+
+def _transformers_names(path: Path, names: list[str]) -> dict[str, str]:
+    """`transformers_names`, its refusal a sentence naming the file."""
+    try:
+        return transformers_names(names)
+    except ValueError as error:
+        raise BadFileError(path, f"{error}.") from None
 
 
 GGUF_DTYPE_PREFIX = "GGUF_"
@@ -635,7 +650,7 @@ class GgufTensors:
         if {t.name for t in reader.tensors} != set(checked):
             raise BadFileError(path, "the gguf reader and the header disagree on its tensors.")
         # A T5 encoder's tensors under transformers' names, as `read_gguf_header` gives them.
-        names = transformers_names(list(checked))
+        names = _transformers_names(path, list(checked))
         self._tensors = {names.get(t.name, t.name): t for t in reader.tensors}
         checked = {
             names.get(n, n): GgufTensorInfo(

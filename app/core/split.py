@@ -14,7 +14,8 @@ Z-Image's original layout (fused qkv, final_layer, x_embedder; a Qwen3 text enco
 VAE) and Qwen-Image's (diffusers' own names; a Qwen2.5-VL text encoder in its files' older
 names and a VAE in the Wan 2.1 layout, each mapped by one rename both ways). The companions
 come from `--text-encoder PATH` (repeatable) and `--vae PATH`, or are found by their contents
-in the usual sibling folders; a missing one is named in one sentence. Every header is read
+in the usual sibling folders (a file there that cannot be read or built is passed over, named
+with why); a missing one is named in one sentence. Every header is read
 before any tensor; nothing reaches the network (shipped configs in `resources/configs`,
 shipped CLIP, T5 and Qwen vocabularies).
 
@@ -25,9 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,6 @@ TRANSFORMER_PREFIXES = ("model.diffusion_model.", "")  # a full save, a plain tr
 TRANSFORMER_FOLDERS = ("diffusion_models", "unet")
 TEXT_ENCODER_FOLDERS = ("text_encoders", "clip")
 VAE_FOLDERS = ("vae",)
-MAX_SIBLINGS = 64  # files whose headers are read when looking for companions
 CLIP_PREFIX = "text_model."
 CLIP_PROJECTION = "text_projection.weight"
 # Where Stability AI's all-in-one SD3.x files keep their text encoders and VAE.
@@ -149,14 +150,23 @@ def layout_words(shapes: Shapes) -> str:
     return LAYOUTS[found[0]].words if found else "transformer"
 
 
+def weight_shape(shapes: Shapes, name: str, ndim: int, prefix: str = "") -> tuple[int, ...]:
+    """The shape of a weight a config is read from: present, `ndim`-D and with no empty
+    dimension (a scalar, a 1-D or a 0-wide tensor where a matrix belongs is a damaged file, not
+    an IndexError or a ZeroDivisionError later). Raises ValueError naming it."""
+    shape = shapes.get(prefix + name)
+    if shape is None:
+        raise ValueError(f"it has no {name}")
+    if len(shape) != ndim:
+        raise ValueError(f"its {name} has shape {list(shape)} where a {ndim}-D tensor belongs")
+    if 0 in shape:
+        raise ValueError(f"its {name} has shape {list(shape)}, with an empty dimension")
+    return tuple(shape)
+
+
 def _reader(shapes: Shapes, prefix: str):
-    def w(name: str, ndim: int | None = None) -> tuple[int, ...]:
-        shape = shapes.get(prefix + name)
-        if shape is None:
-            raise ValueError(f"it has no {name}")
-        if ndim is not None and len(shape) != ndim:
-            raise ValueError(f"its {name} has shape {list(shape)} where a {ndim}-D tensor belongs")
-        return shape
+    def w(name: str, ndim: int) -> tuple[int, ...]:
+        return weight_shape(shapes, name, ndim, prefix)
 
     return w
 
@@ -891,14 +901,16 @@ def encoder_kind(shapes: Shapes) -> str | None:
 
 
 def t5_config(shapes: Shapes) -> dict[str, Any]:
-    """A T5EncoderModel config from a T5 encoder file's shapes (T5 v1.1: gated GELU)."""
-    vocab, width = shapes["shared.weight"]
-    buckets, heads = shapes["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
-    inner = shapes["encoder.block.0.layer.0.SelfAttention.q.weight"][0]
-    gated = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight" in shapes
-    d_ff = shapes[
-        "encoder.block.0.layer.1.DenseReluDense." + ("wi_0" if gated else "wi") + ".weight"
-    ][0]
+    """A T5EncoderModel config from a T5 encoder file's shapes (T5 v1.1: gated GELU). Raises
+    ValueError naming what does not fit (sizes: `limits.check_text_encoder_config`)."""
+    vocab, width = weight_shape(shapes, "shared.weight", 2)
+    block = "encoder.block.0.layer."
+    buckets, heads = weight_shape(
+        shapes, block + "0.SelfAttention.relative_attention_bias.weight", 2
+    )
+    inner = weight_shape(shapes, block + "0.SelfAttention.q.weight", 2)[0]
+    gated = block + "1.DenseReluDense.wi_0.weight" in shapes
+    d_ff = weight_shape(shapes, f"{block}1.DenseReluDense.{'wi_0' if gated else 'wi'}.weight", 2)[0]
     if inner % heads:
         raise ValueError(f"its attention ({inner} wide) does not split into {heads} heads")
     return {
@@ -943,11 +955,11 @@ def qwen3_prefix(shapes: Shapes) -> str | None:
 def qwen3_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
     """A Qwen3Config from a Qwen3 file's shapes (the rest as Qwen3-4B has it). Raises
     ValueError naming what does not fit."""
-    vocab, width = shapes[prefix + "embed_tokens.weight"]
-    head = shapes[prefix + "layers.0.self_attn.q_norm.weight"][0]
-    queries = shapes[prefix + "layers.0.self_attn.q_proj.weight"][0]
-    keys = shapes[prefix + "layers.0.self_attn.k_proj.weight"][0]
-    if not head or queries % head or keys % head:
+    vocab, width = weight_shape(shapes, "embed_tokens.weight", 2, prefix)
+    head = weight_shape(shapes, "layers.0.self_attn.q_norm.weight", 1, prefix)[0]
+    queries = weight_shape(shapes, "layers.0.self_attn.q_proj.weight", 2, prefix)[0]
+    keys = weight_shape(shapes, "layers.0.self_attn.k_proj.weight", 2, prefix)[0]
+    if queries % head or keys % head:
         raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
     layers = arch._count_indices(shapes, prefix + "layers.")
     _bounded(
@@ -960,7 +972,7 @@ def qwen3_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
         **QWEN3_FIXED,
         "vocab_size": vocab,
         "hidden_size": width,
-        "intermediate_size": shapes[prefix + "layers.0.mlp.gate_proj.weight"][0],
+        "intermediate_size": weight_shape(shapes, "layers.0.mlp.gate_proj.weight", 2, prefix)[0],
         "num_hidden_layers": layers,
         "num_attention_heads": queries // head,
         "num_key_value_heads": keys // head,
@@ -1007,14 +1019,14 @@ def qwen25_vl_to_file(name: str) -> str:
 def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
     """A Qwen2_5_VLConfig (as keyword arguments) from a Qwen2.5-VL file's shapes, the rest as
     Qwen2.5-VL-7B has it. Raises ValueError naming what does not fit."""
-    vocab, width = shapes["model.embed_tokens.weight"]
-    queries = shapes["model.layers.0.self_attn.q_proj.weight"][0]
-    keys = shapes["model.layers.0.self_attn.k_proj.weight"][0]
+    vocab, width = weight_shape(shapes, "model.embed_tokens.weight", 2)
+    queries = weight_shape(shapes, "model.layers.0.self_attn.q_proj.weight", 2)[0]
+    keys = weight_shape(shapes, "model.layers.0.self_attn.k_proj.weight", 2)[0]
     head = QWEN25_VL_HEAD
     if queries % head or keys % head:
         raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
     layers = arch._count_indices(shapes, "model.layers.")
-    vision = shapes["visual.patch_embed.proj.weight"][0]
+    vision = weight_shape(shapes, "visual.patch_embed.proj.weight", 5)[0]
     depth = arch._count_indices(shapes, "visual.blocks.")
     _bounded(
         ("number of layers", layers, limits.MAX_TEXT_LAYERS),
@@ -1030,7 +1042,7 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
             **QWEN25_VL_FIXED,
             "vocab_size": vocab,
             "hidden_size": width,
-            "intermediate_size": shapes["model.layers.0.mlp.gate_proj.weight"][0],
+            "intermediate_size": weight_shape(shapes, "model.layers.0.mlp.gate_proj.weight", 2)[0],
             "num_hidden_layers": layers,
             "num_attention_heads": queries // head,
             "num_key_value_heads": keys // head,
@@ -1044,9 +1056,9 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
         "vision_config": {
             "depth": depth,
             "hidden_size": vision,
-            "intermediate_size": shapes["visual.blocks.0.mlp.gate_proj.weight"][0],
+            "intermediate_size": weight_shape(shapes, "visual.blocks.0.mlp.gate_proj.weight", 2)[0],
             "num_heads": max(1, vision // QWEN25_VL_VISION_HEAD),
-            "out_hidden_size": shapes["visual.merger.mlp.2.weight"][0],
+            "out_hidden_size": weight_shape(shapes, "visual.merger.mlp.2.weight", 2)[0],
             "fullatt_block_indexes": QWEN25_VL_FULL_ATTENTION,
         },
         "tie_word_embeddings": False,
@@ -1127,11 +1139,12 @@ def wan_vae_config(shapes: Shapes) -> dict[str, Any]:
         ("number of levels", levels, limits.MAX_LEVELS),
         ("number of blocks per level", blocks, limits.MAX_LAYERS_PER_BLOCK),
     )
-    base = shapes["encoder.conv1.weight"][0]
+    base = weight_shape(shapes, "encoder.conv1.weight", 5)[0]
     mult = []
     for level in range(levels):
-        width = shapes[f"encoder.downsamples.{level * (blocks + 1)}.residual.6.weight"][0]
-        if not base or width % base:
+        name = f"encoder.downsamples.{level * (blocks + 1)}.residual.6.weight"
+        width = weight_shape(shapes, name, 5)[0]
+        if width % base:
             raise ValueError(f"its level {level} ({width} wide) is not a multiple of {base}")
         mult.append(width // base)
     temporal = [
@@ -1141,7 +1154,7 @@ def wan_vae_config(shapes: Shapes) -> dict[str, Any]:
     _bounded(("width", base * max(mult), limits.MAX_CHANNELS))
     return {
         "base_dim": base,
-        "z_dim": shapes["conv2.weight"][0],
+        "z_dim": weight_shape(shapes, "conv2.weight", 5)[0],
         "dim_mult": mult,
         "num_res_blocks": blocks,
         "attn_scales": [],
@@ -1164,22 +1177,48 @@ def wan_vae_to_original(state: Mapping[str, Any], blocks: int) -> dict[str, Any]
 
 # Companions --------------------------------------------------------------------------------
 
+# Directory entries looked at in one sibling folder (a models folder holds dozens of files).
+MAX_FOLDER_ENTRIES = 10_000
+# Headers read when looking for one component. Files whose name says what they are come first,
+# then the largest (a text encoder or VAE is megabytes, junk rarely is): junk hides a companion
+# only when more than this many files rank above it.
+MAX_CANDIDATES = 256
+# What a file of each kind is called when it is passed over.
+_KIND_WORDS = {
+    "t5": "T5 text encoder",
+    "clip": "CLIP text encoder",
+    "clip_projected": "CLIP text encoder",
+    "qwen3": "Qwen3 text encoder",
+    "qwen25_vl": "Qwen2.5-VL text encoder",
+    "vae": "VAE",
+    "wan_vae": "VAE",
+}
+_PASSED_OVER_SHOWN = 3  # files a sentence names before "and N more"
+
 
 @dataclass(frozen=True)
 class Companions:
-    """The files a split transformer runs with (by component, None where missing)."""
+    """The files a split transformer runs with (by component, None where missing), the other
+    files that fit a component as well as the one chosen, and the files in the sibling folders
+    passed over, each with why (words completing "<file>: ")."""
 
     found: dict[str, Path | None]
     looked_in: tuple[Path, ...]
+    also_fit: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    passed_over: dict[Path, str] = field(default_factory=dict)
 
     def missing(self) -> list[str]:
         return [c for c, path in self.found.items() if path is None]
 
+    def used(self) -> dict[str, str]:
+        """component -> the companion file it is read from, as reports name it."""
+        return {c: str(path) for c, path in self.found.items() if path is not None}
 
-def _headers(paths: list[Path]) -> Iterator[tuple[Path, Shapes]]:
-    for path in paths:
-        with contextlib.suppress(HalfSafeError, OSError):
-            yield path, read_header(path).shapes()
+
+@dataclass(frozen=True)
+class _File:
+    path: Path
+    size: int
 
 
 def _siblings(model: Path, folders: tuple[str, ...]) -> list[Path]:
@@ -1188,36 +1227,69 @@ def _siblings(model: Path, folders: tuple[str, ...]) -> list[Path]:
     return [root / name for name in folders if (root / name).is_dir()]
 
 
-def _files(folders: list[Path]) -> list[Path]:
-    found: list[Path] = []
+def _files(folders: list[Path]) -> list[_File]:
+    """The .safetensors and .gguf files in `folders`, at most MAX_FOLDER_ENTRIES entries looked
+    at in each; an unreadable folder or entry is left out."""
+    found: list[_File] = []
     for folder in folders:
-        with contextlib.suppress(OSError):
-            found += sorted(p for p in folder.iterdir() if p.suffix in COMPANION_SUFFIXES)
-    return found[:MAX_SIBLINGS]
+        try:
+            with os.scandir(folder) as listing:
+                for count, entry in enumerate(listing):
+                    if count >= MAX_FOLDER_ENTRIES:
+                        break
+                    if not entry.name.lower().endswith(COMPANION_SUFFIXES):
+                        continue
+                    with contextlib.suppress(OSError):
+                        if entry.is_file():  # follows a symlink, as the loader will
+                            found.append(_File(Path(entry.path), entry.stat().st_size))
+        except OSError:
+            continue
+    return found
+
+
+def _ranked(need: Need, files: list[_File]) -> list[_File]:
+    """The files worth reading for `need`, best first, at most MAX_CANDIDATES of them: named
+    for it, then the largest, then by name."""
+    ranked = sorted(files, key=lambda f: (not _hinted(need, f.path), -f.size, f.path.name))
+    return ranked[:MAX_CANDIDATES]
 
 
 def width_of(kind: str, shapes: Shapes) -> int | None:
     """What a companion file offers for a need of `kind`: a text encoder's width (a CLIP's
     projection width for "clip_projected") or a VAE's latent channels; None when it is not
-    that kind of file."""
+    that kind of file. The component it would become is read from the shapes first, as the
+    loader reads it, and checked against real models' sizes: a file of that kind that cannot
+    be built raises ValueError naming what does not fit (nothing is built here)."""
     if kind == "vae":
-        conv = shapes.get("decoder.conv_in.weight")
-        return conv[1] if conv is not None and len(conv) == 4 else None
+        if "decoder.conv_in.weight" not in shapes:
+            return None
+        config = arch.infer_vae_config(shapes, {}, prefix="")
+        limits.check_vae_config(config)
+        return config["latent_channels"]
     if kind == "wan_vae":
-        conv = shapes.get("conv2.weight") if is_wan_vae(shapes) else None
-        return conv[0] if conv is not None and len(conv) == 5 else None
+        return wan_vae_config(shapes)["z_dim"] if is_wan_vae(shapes) else None
     found = encoder_kind(shapes)
     if kind == "t5" and found == "t5":
-        return shapes["shared.weight"][1]
-    if kind == "clip" and found == "clip":
-        return shapes[CLIP_PREFIX + "embeddings.token_embedding.weight"][1]
-    if kind in ("qwen3", "qwen25_vl") and found == kind:
-        prefix = "model." if kind == "qwen25_vl" else qwen3_prefix(shapes) or ""
-        embedding = shapes[prefix + "embed_tokens.weight"]
-        return embedding[1] if len(embedding) == 2 else None
-    if kind == "clip_projected" and found == "clip":
-        projection = shapes.get(CLIP_PROJECTION)
-        return projection[0] if projection is not None and len(projection) == 2 else None
+        config = t5_config(shapes)
+        limits.check_text_encoder_config(config)
+        return config["d_model"]
+    if kind in ("clip", "clip_projected") and found == "clip":
+        if kind == "clip_projected" and CLIP_PROJECTION not in shapes:
+            return None  # a CLIP without a projection is not what this need takes
+        layout = arch.TextEncoderLayout("text_encoder", CLIP_PREFIX, "hf")
+        config = arch.infer_text_encoder_config(shapes, {}, layout)
+        limits.check_text_encoder_config(config)
+        if kind == "clip":
+            return config["hidden_size"]
+        return weight_shape(shapes, CLIP_PROJECTION, 2)[0]
+    if kind == "qwen3" and found == "qwen3":
+        config = qwen3_config(shapes, qwen3_prefix(shapes) or "")
+        limits.check_text_encoder_config(config)
+        return config["hidden_size"]
+    if kind == "qwen25_vl" and found == "qwen25_vl":
+        config = qwen25_vl_config(shapes)["text_config"]
+        limits.check_text_encoder_config(config)
+        return config["hidden_size"]
     return None
 
 
@@ -1228,13 +1300,60 @@ def _hinted(need: Need, path: Path) -> bool:
     return any(re.search(rf"(^|[^a-z0-9]){re.escape(h)}", stem) for h in need.hints)
 
 
+def _cannot_build(kind: str, error: Exception) -> str:
+    """Why a file of `kind` cannot be built, completing "<file>: "."""
+    if isinstance(error, ValueError):
+        reason = str(error).rstrip(".")
+    else:  # a fault no check foresaw costs this file only, named as such
+        words = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        reason = (
+            f"HalfSafe could not read it ({type(error).__name__}{': ' + words if words else ''})"
+        )
+    return f"this {_KIND_WORDS[kind]} cannot be built: {reason}"
+
+
+class _Search:
+    """One search of the sibling folders: each file's header is read once, and a file that
+    cannot be read, or not built as what it holds, is passed over with why."""
+
+    def __init__(self) -> None:
+        self.headers: dict[Path, Shapes | None] = {}
+        self.passed_over: dict[Path, str] = {}
+
+    def shapes(self, path: Path) -> Shapes | None:
+        if path not in self.headers:
+            try:
+                self.headers[path] = read_header(path).shapes()
+            except HalfSafeError as error:
+                problem = getattr(error, "problem", str(error))
+                self.passed_over[path] = problem.rstrip(".")
+                self.headers[path] = None
+            except Exception as error:  # one file's fault costs that file only
+                self.passed_over[path] = f"the file cannot be read ({type(error).__name__})"
+                self.headers[path] = None
+        return self.headers[path]
+
+    def fits(self, need: Need, path: Path) -> bool:
+        shapes = self.shapes(path)
+        if shapes is None:
+            return False
+        try:
+            return _fits(need, shapes)
+        except Exception as error:  # ValueError: damaged shapes; anything else: unforeseen
+            self.passed_over.setdefault(path, _cannot_build(need.kind, error))
+            return False
+
+
 def find_companions(
     model: Path, split_model: SplitModel, text_encoders: list[str], vae: str | None
 ) -> Companions:
     """The companions of a transformer file: the files given first (each must fit one of
-    its needs: a sentence otherwise), then the sibling folders, by contents (a T5 as wide as
-    the transformer's text input, a CLIP of the width it takes, a VAE whose latent channels
-    fit), preferring a file whose name says what it is where several fit. Headers only."""
+    its needs and be buildable: a sentence otherwise), then the sibling folders, by contents
+    (a T5 as wide as the transformer's text input, a CLIP of the width it takes, a VAE whose
+    latent channels fit, each readable as the loader will read it), preferring a file whose
+    name says what it is where several fit, then the first by name. Headers only, at most
+    MAX_CANDIDATES per component (see `_ranked`). A file in the folders that cannot be read
+    or built is passed over with why, never raised."""
     needs = split_model.companions
     found: dict[str, Path | None] = {n.component: None for n in needs}
     for given in text_encoders:
@@ -1259,7 +1378,13 @@ def find_companions(
                 f"the {split_model.title} file given with it carries its own text encoders, so "
                 "--text-encoder has nothing to add.",
             )
-        fitting = [n for n in open_needs if _fits(n, shapes)]
+        fitting = []
+        for need in open_needs:
+            try:
+                if _fits(need, shapes):
+                    fitting.append(need)
+            except ValueError as error:
+                raise UnsupportedModelError(path, _cannot_build(need.kind, error) + ".") from None
         if not fitting:
             raise UnsupportedModelError(
                 path,
@@ -1272,22 +1397,57 @@ def find_companions(
         found["vae"] = Path(vae).expanduser()
     folders = _siblings(model, TEXT_ENCODER_FOLDERS)
     vae_folders = _siblings(model, VAE_FOLDERS)
+    files = {True: _files(folders), False: _files(vae_folders)}  # by need.is_text_encoder
+    search = _Search()
+    also_fit: dict[str, tuple[Path, ...]] = {}
     for component in [c for c, path in found.items() if path is None]:
         need = next(n for n in needs if n.component == component)
-        candidates = _files(folders if need.is_text_encoder else vae_folders)
         taken = set(found.values())
         fitting = [
-            p for p, shapes in _headers(candidates) if p not in taken and _fits(need, shapes)
+            f.path
+            for f in _ranked(need, files[need.is_text_encoder])
+            if f.path not in taken and search.fits(need, f.path)
         ]
-        found[component] = next((p for p in fitting if _hinted(need, p)), None) or next(
-            iter(fitting), None
-        )
-    return Companions(found, tuple(folders + vae_folders))
+        fitting.sort(key=lambda p: (not _hinted(need, p), p.name, str(p)))
+        if fitting:
+            found[component], others = fitting[0], tuple(fitting[1:])
+            if others:
+                also_fit[component] = others
+    return Companions(found, tuple(folders + vae_folders), also_fit, search.passed_over)
 
 
 def _fits(need: Need, shapes: Shapes) -> bool:
+    """Whether a file fits `need`; ValueError when it is of its kind but cannot be built."""
     width = width_of(need.kind, shapes)
     return width is not None and need.fits(width)
+
+
+def _passed_over_words(passed: list[tuple[Path, str]]) -> str:
+    """ "a.safetensors (why), b.gguf (why) and 4 more" """
+    shown = [f"{path} ({why})" for path, why in passed[:_PASSED_OVER_SHOWN]]
+    rest = len(passed) - len(shown)
+    return _listed(shown + ([f"{rest} more"] if rest else []))
+
+
+def companion_notes(split_model: SplitModel, companions: Companions) -> list[str]:
+    """Sentences for a report on the companions found in the folders: which file was used
+    where several fit, and the files passed over."""
+    notes = []
+    for need in split_model.companions:
+        chosen, others = (
+            companions.found.get(need.component),
+            companions.also_fit.get(need.component),
+        )
+        if chosen is not None and others:
+            flag = "--text-encoder PATH" if need.is_text_encoder else "--vae PATH"
+            notes.append(
+                f"Several files fit {need.words}: HalfSafe used {chosen} as {need.component}, "
+                f"not {_listed([str(p) for p in others])}; give {flag} to use another."
+            )
+    passed = list(companions.passed_over.items())
+    if passed:
+        notes.append(f"Passed over in the model folders: {_passed_over_words(passed)}.")
+    return notes
 
 
 def missing_sentence(split_model: SplitModel, companions: Companions, model: Path) -> str | None:
@@ -1304,8 +1464,14 @@ def missing_sentence(split_model: SplitModel, companions: Companions, model: Pat
         flag for flag, wanted in (("--text-encoder PATH", text), ("--vae PATH", image)) if wanted
     ]
     places = " or ".join(str(root / f) for f in folders)
+    # The files passed over where it was looked for may be the one the user meant.
+    passed = [
+        (path, why) for path, why in companions.passed_over.items() if path.parent.name in folders
+    ]
     return (
         f"this {split_model.title} transformer file needs {_listed(words)}, which "
         f"{'is' if len(absent) == 1 else 'are'} neither given ({' and '.join(flags)}) nor "
-        f"found in {places}."
+        f"found in {places}"
+        + (f" (passed over: {_passed_over_words(passed)})" if passed else "")
+        + "."
     )

@@ -561,6 +561,7 @@ def test_a_recorded_shape_that_does_not_hold_the_tensor_is_refused(tmp_path):
     assert str(path) in text and f"original shape of '{SD3_PATCHES}'" in text
     assert "\n" not in text
 
+
 def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(tmp_path):
     """city96's T5 GGUF files name tensors as llama.cpp does (token_embd, enc.blk.N.attn_q);
     they are found beside the transformer by content and read under transformers' names."""
@@ -584,6 +585,27 @@ def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(
     for key, reference in pipeline.text_encoder_2.state_dict().items():
         bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
         assert (state[key].float() - reference).abs().max() <= bound * 1.05, key
+
+
+def test_a_t5_gguf_naming_more_blocks_than_any_real_encoder_is_refused_from_its_header(
+    tmp_path,
+):
+    # The name table for llama.cpp's T5 names grows with the block count: a header of tiny
+    # tensors naming thousands of blocks would cost seconds and memory for each read of it.
+    from app.core.checkpoint import read_header
+    from app.core.limits import MAX_TEXT_LAYERS
+
+    blocks = MAX_TEXT_LAYERS + 72
+    tensors = {"token_embd.weight": torch.zeros(4, 4)}
+    tensors |= {f"enc.blk.{i}.attn_q.weight": torch.zeros(1) for i in range(blocks)}
+    path = write_gguf(tmp_path / "t5-many-blocks.gguf", tensors, GGMLQuantizationType.F16)
+
+    with pytest.raises(BadFileError) as caught:
+        read_header(path)
+
+    message = str(caught.value)
+    assert message.startswith(f"{path}: it names {blocks} T5 encoder blocks (enc.blk.N)")
+    assert message.endswith(".") and message.count(". ") == 0
 
 
 def test_clip_and_vae_gguf_companions_under_their_safetensors_names_load(tmp_path):
