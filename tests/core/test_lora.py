@@ -425,25 +425,28 @@ def test_each_layer_runs_at_the_weight_times_its_own_alpha_over_rank(tmp_path, l
     tensors, factors = mixed_alpha_lora(pipeline, layout)
     file = lora.read_lora(save_lora(tensors, tmp_path / f"mixed_{layout}.safetensors"))
     assert file.problems() is None  # a negative or zero alpha is not damage
-    lora.apply_loras(pipeline, [(file, 0.7)])
+    (applied,) = lora.apply_loras(pipeline, [(file, 0.7)])
     generator = torch.Generator().manual_seed(12)
-    for (component, name), (down, up, alpha) in factors.items():
-        wrapped = getattr(pipeline, component).get_submodule(name)
-        original = wrapped.base_layer
-        rank = down.shape[0]
-        delta = 0.7 * (rank if alpha is None else alpha) / rank * (up.flatten(1) @ down.flatten(1))
-        if isinstance(original, torch.nn.Conv2d):
-            x = torch.randn(1, original.in_channels, 6, 6, generator=generator)
-            weight = delta.reshape(original.weight.shape)
-            expected = torch.nn.functional.conv2d(
-                x, weight, None, original.stride, original.padding
-            )
-        else:
-            x = torch.randn(3, original.in_features, generator=generator)
-            expected = x @ delta.T
-        with torch.inference_mode():
-            change = wrapped(x) - original(x)
-        assert torch.allclose(change, expected, rtol=1e-4, atol=1e-5), (name, alpha)
+    for weight in (0.7, -0.3):  # the weight set at load, then changed as the window does
+        lora.use_weights(pipeline, [applied], {applied.adapter: weight})
+        for (component, name), (down, up, alpha) in factors.items():
+            wrapped = getattr(pipeline, component).get_submodule(name)
+            original = wrapped.base_layer
+            rank = down.shape[0]
+            scale = weight * (rank if alpha is None else alpha) / rank
+            delta = scale * (up.flatten(1) @ down.flatten(1))
+            if isinstance(original, torch.nn.Conv2d):
+                x = torch.randn(1, original.in_channels, 6, 6, generator=generator)
+                kernel = delta.reshape(original.weight.shape)
+                expected = torch.nn.functional.conv2d(
+                    x, kernel, None, original.stride, original.padding
+                )
+            else:
+                x = torch.randn(3, original.in_features, generator=generator)
+                expected = x @ delta.T
+            with torch.inference_mode():
+                change = wrapped(x) - original(x)
+            assert torch.allclose(change, expected, rtol=1e-4, atol=1e-5), (name, alpha, weight)
     # The file's own tensors are as read: the fold works on copies.
     assert all(torch.equal(file.tensors[k], v) for k, v in tensors.items())
 
