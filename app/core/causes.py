@@ -205,7 +205,8 @@ def check_and_attribute(
     report.notes.extend(
         problem for applied in report.loras if (problem := applied.file.problems()) is not None
     )
-    if report.verdict is Verdict.HEALTHY:
+    damaged = [a for a in report.loras if a.file.damaged]
+    if report.verdict is Verdict.HEALTHY and not damaged:
         return report
     cause = attribute(
         model,
@@ -231,6 +232,13 @@ def check_and_attribute(
                 cause.summary,
                 "health check",
             )
+    if damaged:
+        # A LoRA with NaN/Inf or an absurd alpha is wrong at every precision and weight, even
+        # where a run happens to stay finite (an absurd alpha in fp32): never healthy, and a
+        # precision "fix" that only runs it finite is no fix.
+        report.verdict = Verdict.BROKEN
+        if cause is not None and cause.action == "drop_lora":
+            report.fix = None
     return report
 
 
@@ -319,8 +327,8 @@ def attribute(
     prompt: str = DEFAULT_PROMPT,
 ) -> Cause | None:
     """Tell the cause of a failed check apart by re-running under the check's plan, in this
-    order: bad weights (the checkpoint's, from the load-time scan; a LoRA's, proved by
-    dropping it), a LoRA that overflows a layer (proved with a lower weight), an attention
+    order: bad weights (the checkpoint's, from the load-time scan; a LoRA's NaN/Inf or absurd
+    alpha, proved by dropping it, and named even when the check's run stayed finite), a LoRA that overflows a layer (proved with a lower weight), an attention
     kernel (another backend at the same precision), state (a fresh load of the component; the
     model's pipeline gets the fresh component when that proves it), else precision when the
     check's fix is verified. `reload` returns a freshly loaded model; by default the model's
@@ -329,9 +337,11 @@ def attribute(
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
     failed = in_run_order([n for n, c in report.components.items() if c.status.failed])
-    if report.verdict is Verdict.HEALTHY or not failed:
+    applied: list[lora.AppliedLora] = list(getattr(model, "loras", []))
+    damaged = any(a.file.damaged for a in applied)
+    if (report.verdict is Verdict.HEALTHY or not failed) and not damaged:
         return None
-    component = failed[0]
+    component = failed[0] if failed else None
     if report.weights_bad_quantized:  # a bad scale first: it can also make its weight NaN
         first = report.weights_bad_quantized[0]
         return Cause(
@@ -361,14 +371,15 @@ def attribute(
             verified=False,
         )
     runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt)
-    applied: list[lora.AppliedLora] = list(getattr(model, "loras", []))
     if applied:
         try:
             cause = _lora_cause(runs, report, applied, progress, cancel)
         finally:
             lora.use_weights(model.pipeline, applied)
-        if cause is not None:
+        if cause is not None or component is None:
             return cause
+    if component is None:
+        return None
     if report.fix is not None and report.fix.verified:
         # The check's chosen fix (`health._choose_fix`) only switched the attention backend:
         # the same precision works on another kernel, so the kernel is the cause.
@@ -424,24 +435,33 @@ def _lora_cause(runs: _Runs, report, applied, progress, cancel) -> Cause | None:
     progress("Re-running without the LoRAs", 0, 1)
     lora.use_weights(pipeline, [])
     alone = runs.run(runs.plan)
-    if not alone.finite:
+    # A damaged LoRA is named even when the model also fails on its own: it is wrong anyway.
+    damaged = [a for a in applied if a.file.damaged]
+    if not alone.finite and not damaged:
         return None  # the model fails on its own: the LoRAs are not the cause
-    damaged = [a for a in applied if a.file.non_finite]
     if damaged:
         cancel.raise_if_cancelled()
-        lora.use_weights(pipeline, [a for a in applied if not a.file.non_finite])
-        ok, quality, _ = runs.proved(runs.plan, reference)
+        ok, quality = False, None
+        if alone.finite:
+            lora.use_weights(pipeline, [a for a in applied if not a.file.damaged])
+            ok, quality, _ = runs.proved(runs.plan, reference)
         first = damaged[0]
         blame = LoraBlame(first.name, first.weight, None, None, list(first.file.non_finite))
         names = ", ".join(a.name for a in damaged)
         words = f"drop the LoRA{'s' if len(damaged) > 1 else ''} {names}"
+        others = ", ".join(a.name for a in damaged[1:])
+        them = "them" if len(damaged) > 1 else "it"
+        if not alone.finite:
+            without = f"the model fails on its own too: check it again without {them}."
+        elif ok and quality:
+            without = f"the model is fine (verified: {quality.words()})."
+        else:
+            without = "the model is fine (not verified)."
         summary = (
-            f"The LoRA {first.name} holds NaN or Inf values ({first.file.non_finite[0]})"
-            + (f", and so do {', '.join(a.name for a in damaged[1:])}" if len(damaged) > 1 else "")
-            + f": {'their' if len(damaged) > 1 else 'its'} weights are damaged. Without "
-            + ("them" if len(damaged) > 1 else "it")
-            + " the model is fine"
-            + (f" (verified: {quality.words()})." if ok and quality else " (not verified).")
+            f"The LoRA {first.name} {first.file.damage_words()}"
+            + (f" (and the LoRA{'s' if len(damaged) > 2 else ''} {others} too)" if others else "")
+            + f": {'their' if len(damaged) > 1 else 'its'} weights are damaged. Without {them} "
+            + without
         )
         return Cause(
             "weights",

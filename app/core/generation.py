@@ -1189,7 +1189,7 @@ def _repair_by_cause(
     loras = list(getattr(model, "loras", []))
     used = loras
     if cause.action == "drop_lora":
-        used = [a for a in loras if not a.file.non_finite]
+        used = [a for a in loras if not a.file.damaged]
         lora.use_weights(model.pipeline, used)
     try:
         for index in failing:

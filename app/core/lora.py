@@ -10,6 +10,12 @@ Keys in the layouts users have are accepted: kohya / A1111 (`lora_unet_*`, `lora
 layers; each LoRA stays a separate adapter, never merged into the weights, so its weight can
 change (or the LoRA be switched off) between runs without reloading or rounding the model.
 
+Every layer runs at `weight * alpha / rank` of its own, as AUTOMATIC1111 and ComfyUI run it
+(alpha is the layer's `.alpha` tensor, the rank when it has none). HalfSafe applies the alphas
+itself (`adapter_factors`, `_load_adapter`): diffusers files some kohya alphas under names that
+match no layer (the attention layers of SD and SDXL) and reads none from PEFT-layout files, so
+those layers would run at the file's most common alpha.
+
 torch and diffusers are imported inside the functions that need them.
 """
 
@@ -20,6 +26,7 @@ import hashlib
 import math
 import re
 import warnings
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,12 +44,23 @@ MAX_LORAS = 16
 # up @ down scaled by alpha/rank is a small correction to a layer's weights. A factor element
 # past this is not training but damage (or a deliberately hostile file).
 ABSURD_ELEMENT = 1e4
+# A layer's alpha scales its whole delta (alpha / rank). Trained LoRAs use 1 up to their rank
+# (at most a few hundred), so an alpha past ABSURD_ELEMENT, or NaN/Inf, makes the layer's
+# strength meaningless at any weight: the LoRA is damaged. A negative alpha within the bound is
+# run as A1111 and ComfyUI run it (it reverses the layer, as a negative weight does); zero
+# switches the layer off.
 LORA_SUFFIXES = (".safetensors", ".sft", ".pt", ".ckpt", ".bin", ".pth")
 # Where A1111, Forge, ComfyUI and SD.Next keep LoRAs, relative to a models folder.
 LORA_FOLDERS = ("Lora", "lora", "LoRA", "loras", "Loras", "LyCORIS")
 
 _TAG = re.compile(r"<lora:([^:>]+)(?::([^:>]*))?(?::[^>]*)?>", re.IGNORECASE)
 _KEY_MARKERS = (".lora_down.", ".lora_up.", ".lora_A.", ".lora_B.", ".lora.down.", ".lora.up.")
+# A layer's (down, up) factor key endings, per layout; its alpha is `<layer>.alpha`.
+_FACTORS = (
+    (".lora_down.weight", ".lora_up.weight"),
+    (".lora_A.weight", ".lora_B.weight"),
+    (".lora.down.weight", ".lora.up.weight"),
+)
 
 
 @dataclass(frozen=True)
@@ -66,14 +84,34 @@ class LoraFile:
     absurd: list[tuple[str, float]]  # (tensor, largest |element|) past ABSURD_ELEMENT
     short_hash: str | None
 
-    def problems(self) -> str | None:
-        """One sentence on what is wrong with the weights, None when nothing is."""
+    @property
+    def absurd_alphas(self) -> list[tuple[str, float]]:
+        """(alpha tensor, |alpha|) for each layer whose alpha is past ABSURD_ELEMENT."""
+        return [(name, peak) for name, peak in self.absurd if name.endswith(".alpha")]
+
+    @property
+    def damaged(self) -> list[str]:
+        """The tensors that make this LoRA wrong at any weight: those holding NaN/Inf, and
+        alphas past ABSURD_ELEMENT. A LoRA with any is dropped, never run at a lower weight."""
+        return self.non_finite + [name for name, _ in self.absurd_alphas]
+
+    def damage_words(self) -> str | None:
+        """What is damaged, completing "The LoRA <name> ...", naming the first tensor."""
         if self.non_finite:
             more = f" and {len(self.non_finite) - 1} more" if len(self.non_finite) > 1 else ""
+            return f"holds NaN or Inf values in {self.non_finite[0]}{more}"
+        if self.absurd_alphas:
+            name, _ = self.absurd_alphas[0]
             return (
-                f"The LoRA {self.name} holds NaN or Inf values in {self.non_finite[0]}{more}: "
-                "its weights are damaged."
+                f"has the alpha {float(self.tensors[name].float()):.3g} in {name} (trained "
+                f"LoRAs use 1 up to their rank; past {ABSURD_ELEMENT:g} no weight makes sense)"
             )
+        return None
+
+    def problems(self) -> str | None:
+        """One sentence on what is wrong with the weights, None when nothing is."""
+        if (damage := self.damage_words()) is not None:
+            return f"The LoRA {self.name} {damage}: its weights are damaged."
         if self.absurd:
             name, peak = self.absurd[0]
             return (
@@ -258,6 +296,10 @@ def read_lora(path: str | Path, *, allow_pickle: bool = False) -> LoraFile:
                     raise BadFileError(
                         path, f"the tensor {key} is not floating point, so it is no LoRA weight."
                     )
+                if key.endswith(".alpha") and tensor.numel() != 1:
+                    raise BadFileError(
+                        path, f"the alpha {key} holds {tensor.numel()} numbers, not one."
+                    )
                 tensors[key] = tensor
                 if not tensor_is_finite(tensor):
                     non_finite.append(key)
@@ -322,14 +364,15 @@ def apply_loras(pipeline, files: Sequence[tuple[LoraFile, float]]) -> list[Appli
             while adapter in taken:
                 adapter += "_"
             taken.add(adapter)
-            with _quiet_loaders():
-                try:
-                    pipeline.load_lora_weights(dict(lora.tensors), adapter_name=adapter)
-                except Exception as error:  # noqa: BLE001 - any loader failure is this file's problem
-                    raise BadFileError(
-                        lora.path,
-                        f"the LoRA does not fit this model ({_first_line(error)}).",
-                    ) from None
+            try:
+                _load_adapter(pipeline, lora, adapter)
+            except HalfSafeError:
+                raise
+            except Exception as error:  # noqa: BLE001 - any loader failure is this file's problem
+                raise BadFileError(
+                    lora.path,
+                    f"the LoRA does not fit this model ({_first_line(error)}).",
+                ) from None
             if adapter not in _adapters(pipeline):
                 raise BadFileError(
                     lora.path,
@@ -347,9 +390,78 @@ def reapply(pipeline, loras: Sequence[AppliedLora]) -> None:
     """Load `loras` into another pipeline (a fresh load of the same model) under the same
     adapter names, at their weights, so that the same `AppliedLora` list drives both."""
     for applied in loras:
-        with _quiet_loaders():
-            pipeline.load_lora_weights(dict(applied.file.tensors), adapter_name=applied.adapter)
+        _load_adapter(pipeline, applied.file, applied.adapter)
     use_weights(pipeline, loras)
+
+
+def _load_adapter(pipeline, lora: LoraFile, adapter: str) -> None:
+    """Load `lora` as the peft adapter `adapter` with every layer at its own alpha / rank.
+
+    diffusers is handed factors without alphas, so peft runs every layer at 1 (checked here:
+    a layer that would not gets one sentence, HalfSafeError, rather than a strength the file
+    does not give); then every layer of the adapter is set to the file's most common
+    alpha / rank, which peft multiplies by the LoRA's weight after the layer's factors, as it
+    did before; a layer whose own alpha / rank differs carries the ratio in its factors."""
+    factors, common = adapter_factors(lora.tensors)
+    with _quiet_loaders():
+        pipeline.load_lora_weights(factors, adapter_name=adapter)
+    from peft.tuners.lora import LoraLayer
+
+    layers = [
+        (name, module)
+        for component in getattr(pipeline, "components", {}).values()
+        if hasattr(component, "named_modules")
+        for name, module in component.named_modules()
+        if isinstance(module, LoraLayer) and adapter in module.scaling
+    ]
+    for name, module in layers:
+        if module.scaling[adapter] != 1.0 or module.use_rslora.get(adapter, False):
+            raise HalfSafeError(
+                f"The LoRA {lora.name} could not be applied at the strength its file gives "
+                f"(its layer {name} would run at {module.scaling[adapter]:g} times its factors)."
+            )
+    for _, module in layers:
+        # peft's set_scale makes the scaling weight * lora_alpha / r from these.
+        module.lora_alpha[adapter] = common * module.r[adapter]
+        module.scaling[adapter] = common
+
+
+def adapter_factors(tensors: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """The LoRA's tensors as HalfSafe hands them to diffusers, and the scale its adapter runs
+    at: the most common alpha / rank of its layers (alpha = rank where a layer has none). Each
+    layer whose own alpha / rank differs has the ratio folded into its factors, so that
+    up' @ down' * common = up @ down * alpha / rank; every alpha is left out. The ratio is split
+    between the factors by a power of two (exact on `up`), keeping both in range. The input is
+    not changed; unscaled factors are shared, not copied."""
+    import torch
+
+    layers: list[tuple[str, str, float]] = []  # (down key, up key, alpha / rank)
+    out = dict(tensors)
+    for down_key in tensors:
+        for down_end, up_end in _FACTORS:
+            if not down_key.endswith(down_end):
+                continue
+            layer = down_key[: -len(down_end)]
+            up_key, alpha_key = layer + up_end, layer + ".alpha"
+            down, alpha = tensors[down_key], tensors.get(alpha_key)
+            if up_key not in tensors or down.ndim < 2 or down.shape[0] == 0:
+                break  # a malformed layer is the loader's to refuse
+            out.pop(alpha_key, None)
+            rank = down.shape[0]
+            layers.append((down_key, up_key, 1.0 if alpha is None else float(alpha) / rank))
+            break
+    usable = [scale for _, _, scale in layers if math.isfinite(scale) and scale != 0.0]
+    common = Counter(usable).most_common(1)[0][0] if usable else 1.0
+    for down_key, up_key, scale in layers:
+        ratio = scale / common
+        if ratio == 1.0:
+            continue
+        up_share = (
+            2.0 ** round(math.log2(abs(ratio)) / 2) if math.isfinite(ratio) and ratio else 1.0
+        )
+        out[up_key] = tensors[up_key].to(torch.float32) * up_share
+        out[down_key] = tensors[down_key].to(torch.float32) * (ratio / up_share)
+    return out, common
 
 
 def use_weights(pipeline, loras: Sequence[AppliedLora], weights: dict[str, float] | None = None):

@@ -370,3 +370,125 @@ def test_a_lora_for_other_layer_sizes_gets_one_sentence_and_leaves_nothing_behin
     assert lora._adapters(pipeline) == []
     after, _ = unet_and_text_outputs(pipeline)
     assert torch.equal(before, after)
+
+
+# Layers of the tiny SD pipeline with alphas unlike each other: (component, layer, rank,
+# alpha or None). Most share alpha 4, as in a real file, so a layer whose own alpha is lost
+# runs at 4 / rank instead; the conv layer is a LoCon one (3x3 down, 1x1 up, its own rank).
+MIXED_LAYERS = (
+    ("unet", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q", 4, 1.0),
+    ("unet", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_k", 4, 4.0),
+    ("unet", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_v", 4, 4.0),
+    ("unet", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_out.0", 4, 0.0),
+    ("unet", "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.2", 4, None),
+    ("unet", "down_blocks.0.resnets.0.conv1", 2, 8.0),
+    ("unet", "up_blocks.1.resnets.0.conv2", 4, -2.0),
+    ("text_encoder", "encoder.layers.0.self_attn.q_proj", 4, 2.0),
+    ("text_encoder", "encoder.layers.0.self_attn.k_proj", 4, 4.0),
+    ("text_encoder", "encoder.layers.0.self_attn.v_proj", 4, 4.0),
+    ("text_encoder", "encoder.layers.0.self_attn.out_proj", 2, None),
+)
+
+
+def mixed_alpha_lora(pipeline, layout: str) -> tuple[dict, dict]:
+    """A LoRA over MIXED_LAYERS in kohya's or the PEFT layout: its tensors, and per layer
+    (component, layer) its (down, up, alpha) as the file holds them."""
+    generator = torch.Generator().manual_seed(11)
+    tensors: dict[str, torch.Tensor] = {}
+    factors = {}
+    for component, name, rank, alpha in MIXED_LAYERS:
+        layer = getattr(pipeline, component).get_submodule(name)
+        if isinstance(layer, torch.nn.Conv2d):
+            down = torch.randn(rank, layer.in_channels, *layer.kernel_size, generator=generator)
+            up = torch.randn(layer.out_channels, rank, 1, 1, generator=generator) * 0.1
+        else:
+            down = torch.randn(rank, layer.in_features, generator=generator)
+            up = torch.randn(layer.out_features, rank, generator=generator) * 0.1
+        if layout == "kohya":
+            prefix = "lora_unet_" if component == "unet" else "lora_te_text_model_"
+            key, down_end, up_end = prefix + name.replace(".", "_"), ".lora_down", ".lora_up"
+        else:
+            key, down_end, up_end = f"{component}.{name}", ".lora_A", ".lora_B"
+        tensors[f"{key}{down_end}.weight"], tensors[f"{key}{up_end}.weight"] = down, up
+        if alpha is not None:
+            tensors[f"{key}.alpha"] = torch.tensor(alpha)
+        factors[(component, name)] = (down, up, alpha)
+    return tensors, factors
+
+
+@pytest.mark.parametrize("layout", ["kohya", "peft"])
+def test_each_layer_runs_at_the_weight_times_its_own_alpha_over_rank(tmp_path, layout):
+    """As A1111 and ComfyUI apply a LoRA: a layer's change is weight * alpha / rank * up @ down
+    with its own alpha (the rank when it has none; 0 switches it off), measured as the wrapped
+    layer's output minus the original layer's, against the delta computed from the file."""
+    pipeline = build_tiny_sd_pipeline()
+    tensors, factors = mixed_alpha_lora(pipeline, layout)
+    file = lora.read_lora(save_lora(tensors, tmp_path / f"mixed_{layout}.safetensors"))
+    assert file.problems() is None  # a negative or zero alpha is not damage
+    (applied,) = lora.apply_loras(pipeline, [(file, 0.7)])
+    generator = torch.Generator().manual_seed(12)
+    for weight in (0.7, -0.3):  # the weight set at load, then changed as the window does
+        lora.use_weights(pipeline, [applied], {applied.adapter: weight})
+        for (component, name), (down, up, alpha) in factors.items():
+            wrapped = getattr(pipeline, component).get_submodule(name)
+            original = wrapped.base_layer
+            rank = down.shape[0]
+            scale = weight * (rank if alpha is None else alpha) / rank
+            delta = scale * (up.flatten(1) @ down.flatten(1))
+            if isinstance(original, torch.nn.Conv2d):
+                x = torch.randn(1, original.in_channels, 6, 6, generator=generator)
+                kernel = delta.reshape(original.weight.shape)
+                expected = torch.nn.functional.conv2d(
+                    x, kernel, None, original.stride, original.padding
+                )
+            else:
+                x = torch.randn(3, original.in_features, generator=generator)
+                expected = x @ delta.T
+            with torch.inference_mode():
+                change = wrapped(x) - original(x)
+            assert torch.allclose(change, expected, rtol=1e-4, atol=1e-5), (name, alpha, weight)
+    # The file's own tensors are as read: the fold works on copies.
+    assert all(torch.equal(file.tensors[k], v) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), 1e30, -1e30])
+def test_a_damaged_alpha_is_named_and_makes_the_lora_damaged(tmp_path, alpha):
+    pipeline = build_tiny_sd_pipeline()
+    tensors = kohya_lora(pipeline)
+    key = sorted(k for k in tensors if k.endswith(".alpha"))[0]
+    tensors[key] = torch.tensor(alpha)
+    file = lora.read_lora(save_lora(tensors, tmp_path / "bad_alpha.safetensors"))
+    assert file.damaged == [key]
+    assert key in (file.problems() or "") and "damaged" in (file.problems() or "")
+
+
+def test_an_alpha_of_many_numbers_gets_one_sentence(tmp_path):
+    pipeline = build_tiny_sd_pipeline()
+    tensors = kohya_lora(pipeline)
+    key = sorted(k for k in tensors if k.endswith(".alpha"))[0]
+    tensors[key] = torch.ones(1000)
+    path = save_lora(tensors, tmp_path / "many_alphas.safetensors")
+    with pytest.raises(BadFileError, match="many_alphas.*holds 1000 numbers"):
+        lora.read_lora(path)
+
+
+@pytest.mark.parametrize("alpha", ["nan", "1e30"])
+def test_check_with_a_lora_whose_one_layer_has_a_damaged_alpha_is_broken(tmp_path, capsys, alpha):
+    """The user's report: one layer's alpha NaN (or 1e30) on an attention layer, the others
+    at their rank. `check` names the tensor, says broken, exits 1, and proves dropping it."""
+    from app.core.models import load_model
+
+    tensors = kohya_lora(load_model("demo").pipeline, scale=0.05)
+    key = "lora_unet_down_blocks_0_attentions_0_transformer_blocks_0_attn1_to_q.alpha"
+    assert key in tensors
+    tensors[key] = torch.tensor(float(alpha))
+    path = save_lora(tensors, tmp_path / "bad_alpha.safetensors")
+    status = main(["check", "demo", "--device", "cpu", "--lora", str(path), "--json"])
+    report = json.loads(capsys.readouterr().out)
+
+    assert status == 1 and report["verdict"] == "broken" and report["fix"] is None
+    assert key in report["headline"] and "drop the LoRA bad_alpha" in report["headline"]
+    assert report["cause"]["kind"] == "weights" and report["cause"]["repair"]["verified"]
+    listed = report["loras"][0]["non_finite" if alpha == "nan" else "absurd"]
+    assert listed == [key]
+    assert any(key in note for note in report["notes"])
