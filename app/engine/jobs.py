@@ -294,8 +294,30 @@ def ping(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     return {"pid": os.getpid(), "python": sys.version.split()[0]}
 
 
+def remember_fix(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
+    """params: settings (a fix: settings values), summary (its sentence), device. Stores the fix
+    for the loaded model on that device, where a health check or a repair stores the fixes it
+    proves; fields the user leaves on Auto (or empty, for layer lists) follow it from the next
+    job on. Returns the loaded model's summary, with the fix now remembered."""
+    model = _loaded(context)
+    from app.core import hardware, profiles
+
+    device = params.get("device", "auto")
+    info = hardware.describe_device(hardware.pick_device(device))
+    profiles.remember_fix(
+        model.profile_key,
+        info.name,
+        dict(params["settings"]),
+        str(params.get("summary") or ""),
+        "health check",
+    )
+    context.session.model_summary = summarise_model(model, device)
+    return dict(context.session.model_summary)
+
+
 HANDLERS: dict[str, Handler] = {
     "load": load,
+    "remember_fix": remember_fix,
     "check": check,
     "generate": generate,
     "explain": explain,

@@ -50,6 +50,7 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
+from app.ui.fixes import apply_fix, split_fix
 from app.ui.gallery import Gallery
 from app.ui.lora_list import LoraList
 from app.ui.state import AppState
@@ -703,16 +704,28 @@ class GenerateView(QWidget):
                 "good",
                 "<b>Fixed.</b> Made again with the fix ("
                 + html.escape(words.fix_words(entry["applied_fix"]))
-                + "); this time every value stayed finite. The fix stays in your settings.",
+                + "); this time every value stayed finite. "
+                + (
+                    "The fix is remembered for this model on this device."
+                    if split_fix(entry["applied_fix"])[1]
+                    else "The fix stays in your settings."
+                ),
             )
         else:
             self.banner.dismiss()
 
     def apply_fix_and_regenerate(self, entry: dict[str, Any]) -> int | None:
-        """Write the image's fix into the settings and make the same image again with it."""
+        """Apply the image's fix (its layer lists remembered for this model, the rest written
+        into the settings: `app.ui.fixes`) and make the same image again with it."""
         fix = entry.get("fix") or {}
         try:
-            self.state.apply(fix)
+            apply_fix(
+                self.state,
+                self.client,
+                fix,
+                words.fix_words(fix),
+                on_failed=self.dialogs.job_failed,
+            )
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return None

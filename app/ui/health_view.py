@@ -23,6 +23,7 @@ from app.ui import words
 from app.ui.chart import ActivationChart
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
+from app.ui.fixes import apply_fix, split_fix
 from app.ui.state import AppState
 from app.ui.widgets import (
     Banner,
@@ -377,7 +378,8 @@ class HealthView(QWidget):
         buttons = QHBoxLayout()
         self.apply_button = primary_button("Apply fix")
         self.apply_button.setToolTip(
-            "Write these settings into your settings; the next job uses them."
+            "Use this fix from the next job on: layer lists are remembered for this model, "
+            "other settings are written into your settings."
         )
         self.apply_button.clicked.connect(lambda: self.apply_fix(settings))
         self.apply_button.setEnabled(bool(settings))
@@ -434,12 +436,26 @@ class HealthView(QWidget):
         return grid
 
     def apply_fix(self, settings: dict[str, Any]) -> None:
+        """Apply a verified fix: its layer lists are remembered for this model (see
+        `app.ui.fixes`), its other settings are written into the settings."""
         try:
-            changed = self.state.apply(settings)
+            changed = apply_fix(
+                self.state,
+                self.client,
+                settings,
+                words.fix_words(settings),
+                on_failed=self.dialogs.job_failed,
+            )
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return
-        if changed:
+        _shared, own = split_fix(settings)
+        if own:
+            self.applied_label.setText(
+                "Applied: remembered for this model on this device, so other models are not "
+                "affected. Your next job uses it; run the check again to see the model pass."
+            )
+        elif changed:
             self.applied_label.setText(
                 "Applied. Your next job uses it; run the check again to see the model pass."
             )

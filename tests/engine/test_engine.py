@@ -350,3 +350,25 @@ def test_a_failed_open_leaves_the_loaded_model_loaded(engine, tmp_path, make, re
     assert (engine.session.model is before) is refused_early
     engine.receive(JobRequest(3, "check", {"precision": {"precision": "fp32"}, "size": 64}))
     assert events.wait_final(3, timeout=120).state == EventState.RESULT
+
+
+def test_a_fix_applied_from_the_gui_is_remembered_for_the_loaded_model(engine):
+    engine, events = engine
+    engine.receive(JobRequest(1, "load", {"source": "demo-overflow"}))
+    assert events.wait_final(1, timeout=60).state == EventState.RESULT
+    layers = ["vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.up_blocks.0.resnets.0.norm2"]
+    engine.receive(
+        JobRequest(
+            2,
+            "remember_fix",
+            {"settings": {"fp32_modules": layers}, "summary": "2 VAE layers in fp32"},
+        )
+    )
+    final = events.wait_final(2, timeout=60)
+    assert final.state == EventState.RESULT
+    assert final.result["remembered_fix"]["settings"] == {"fp32_modules": layers}
+    # The next check runs with it, though the settings name no layers.
+    engine.receive(JobRequest(3, "check", {"precision": {"precision": "fp16"}, "size": 64}))
+    report = events.wait_final(3, timeout=300).result["report"]
+    assert report["remembered"] == "2 VAE layers in fp32"
+    assert report["verdict"] == "healthy"

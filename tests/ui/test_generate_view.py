@@ -284,3 +284,41 @@ def test_an_image_no_folder_took_stays_in_memory_and_can_be_saved_elsewhere(
     assert "Saved to" in view.parameters.text()
     assert not view.save_as_button.isVisibleTo(view)
     assert not view.banner.isVisible()
+
+
+def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all(
+    view, engines, tmp_path
+):
+    view.generate()
+    job = engines.current.last_job("generate")
+    fix = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    engines.current.finish(
+        job,
+        {
+            "images": [
+                _image(
+                    _png(tmp_path / "black.png", "black"),
+                    status="nan",
+                    component="vae",
+                    step=25,
+                    message="The VAE overflowed fp16 while decoding.",
+                    fix=fix,
+                )
+            ],
+            "settings": {},
+            "seconds": 3.0,
+        },
+    )
+    view.banner.buttons["Apply fix and regenerate"].click()
+    assert load_settings().settings["fp32_modules"] == []
+    remember = engines.current.last_job("remember_fix")
+    again = engines.current.last_job("generate")
+    # Remembered first, so the regeneration runs with it.
+    assert remember.job_id < again.job_id
+    assert remember.params["settings"] == fix
+    engines.current.finish(remember, {"name": "demo", "remembered_fix": {"settings": fix}})
+    engines.current.finish(
+        again,
+        {"images": [_image(_png(tmp_path / "fixed.png"))], "settings": fix, "seconds": 3.0},
+    )
+    assert "remembered for this model" in view.banner.text.text()

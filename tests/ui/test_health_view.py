@@ -316,6 +316,14 @@ def test_candidates_are_listed_and_another_verified_one_can_be_applied(window, e
     # Only the verified candidate that was not chosen offers to be applied instead.
     (instead,) = view.alternative_buttons
     view.apply_button.click()
-    assert load_settings().settings["fp32_modules"] == ISLANDS["fix"]["settings"]["fp32_modules"]
+    # One model's layer names never go into the settings every model uses: the engine
+    # remembers them for the loaded model, ahead of the next job.
+    assert load_settings().settings["fp32_modules"] == []
+    remember = engines.current.last_job("remember_fix")
+    assert remember.params["settings"] == {
+        "fp32_modules": ISLANDS["fix"]["settings"]["fp32_modules"]
+    }
+    assert "remembered for this model" in view.applied_label.text()
     instead.click()
     assert load_settings().settings["vae_precision"] == "fp32"
+    assert len(engines.current.jobs("remember_fix")) == 1

@@ -1,0 +1,53 @@
+"""Applying a fix from the GUI: what belongs to the model is remembered for it, the rest is set.
+
+A fix that names a model's layers (`fp32_modules`, `bf16_modules`, `clamp_modules`) is that
+model's alone: written into the settings, it would apply to every model, and one without those
+layers would refuse to load. Such parts are sent to the engine, which remembers them for the
+loaded model on its device (as a health check or a repair remembers the fixes it proves); fields
+left empty follow them from the next job on. Everything else in a fix is a plain setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from app.core.settings import FIELDS
+from app.engine.events import EngineEvent, EventState
+from app.ui.engine_client import EngineClient
+from app.ui.state import AppState
+
+
+def split_fix(settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the settings to set, the model's own part to remember for it)."""
+    shared = {k: v for k, v in settings.items() if k in FIELDS and FIELDS[k].kind != "modules"}
+    own = {k: v for k, v in settings.items() if k in FIELDS and FIELDS[k].kind == "modules"}
+    return shared, own
+
+
+def apply_fix(
+    state: AppState,
+    client: EngineClient,
+    settings: Mapping[str, Any],
+    summary: str,
+    on_failed: Callable[[EngineEvent], None] | None = None,
+) -> list[str]:
+    """Set the fix's plain settings and have the engine remember its layer lists for the loaded
+    model; returns the setting keys that changed (ValueError, nothing changed, for a bad
+    value). The remembering is a job queued ahead of any job submitted after this call, so the
+    next generation or check runs with it."""
+    shared, own = split_fix(settings)
+    for key, value in own.items():
+        FIELDS[key].validate(value)
+    changed = state.apply(shared)
+    if own:
+        params = {"settings": own, "summary": summary, "device": state.device()}
+
+        def remembered(event: EngineEvent) -> None:
+            if event.state == EventState.RESULT and event.result:
+                state.set_model(event.result, state.model_request)
+            elif event.state == EventState.ERROR and on_failed is not None:
+                on_failed(event)
+
+        client.submit("remember_fix", params, remembered)
+    return changed
