@@ -1036,10 +1036,7 @@ def _generate_unsaved(
         for applied in getattr(model, "loras", [])
         if (problem := applied.file.problems()) is not None
     )
-    if remembered:
-        warnings.append(
-            f"Using the fix remembered for this model on this device: {remembered.summary}"
-        )
+    warnings.extend(profiles.remembered_words(remembered, plan))
     sampler = family.sampler_words(request.scheduler)
     if sampler != SAMPLER_NAMES[request.scheduler]:
         warnings.append(

@@ -662,10 +662,7 @@ def check_loaded(
         remembered=remembered.settings if remembered else None,
     )
     notes = list(plan.warnings) + found.notes + list(getattr(model, "notes", []))
-    if remembered:
-        notes.append(
-            f"Using the fix remembered for this model on this device: {remembered.summary}"
-        )
+    notes.extend(profiles.remembered_words(remembered, plan))
     bad_weights = sorted(model.weights.non_finite)
     bad_quantized = list(getattr(model.weights, "bad_quantized", []))
     broken = {component_of_tensor(name) for name in bad_weights} | {
@@ -860,7 +857,7 @@ def check_loaded(
         seconds=time.perf_counter() - started,
         notes=notes,
         versions=_versions(),
-        remembered=remembered.summary if remembered else None,
+        remembered=remembered.summary if remembered and plan.remembered_used else None,
         timesteps=runner.timesteps,
         advice=(
             _advice(reports, plan, bf16_native, predicted_layers)

@@ -75,6 +75,9 @@ class PrecisionPlan:
     clamps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # The settings a remembered fix set (fields the user left on auto, off or empty, that it
+    # changed); empty when none was remembered or the user's own choices leave it nothing.
+    remembered_used: tuple[str, ...] = ()
 
     def with_dtypes(self, **dtypes: str) -> PrecisionPlan:
         return replace(self, dtypes={**self.dtypes, **dtypes})
@@ -386,6 +389,7 @@ def resolve_plan(
         autocast=autocast,
         reasons=reasons,
         warnings=tuple(warnings),
+        remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
     )
 
 

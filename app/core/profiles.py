@@ -456,3 +456,16 @@ def _write(path: Path, entries: dict[str, dict[str, Any]]) -> None:
 
 def _dumps(entries: dict[str, dict[str, Any]]) -> str:
     return json.dumps(entries, indent=2, sort_keys=True) + "\n"
+
+
+def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
+    """The note a job makes of a remembered fix: used (it set some of the settings the job ran
+    with: `plan.remembered_used`), or there but overridden by the user's own settings."""
+    if remembered is None:
+        return []
+    if getattr(plan, "remembered_used", ()):
+        return [f"Using the fix remembered for this model on this device: {remembered.summary}"]
+    return [
+        f"A fix is remembered for this model on this device ({remembered.summary}), but your "
+        "settings override it, so this job ran without it."
+    ]

@@ -367,11 +367,27 @@ def precision_summary(
         text = f"UNet {dtypes['unet']} · VAE {dtypes['vae']} · text {dtypes['text']}"
         if dtypes["text 2"] != dtypes["text"]:
             text += f" · text 2 {dtypes['text 2']}"
+    for key, dtype in (("fp32_modules", "fp32"), ("bf16_modules", "bf16"), ("clamp_modules", "")):
+        text += "".join(f" · {words}" for words in _layer_counts(values.get(key), dtype))
     if values.get("precision") == "autocast" and "fp16" in dtypes.values():
         text += " · under autocast"
     if values.get("upcast_attention"):
         text += " · attention upcast"
     return text
+
+
+def _layer_counts(entries: Any, dtype: str) -> list[str]:
+    """['2 VAE layers in fp32'] for module entries ('vae:decoder.conv_in', ...); '' as the
+    dtype means clamped."""
+    counts: dict[str, int] = {}
+    for entry in entries or []:
+        component = str(entry).split(":", 1)[0]
+        counts[component] = counts.get(component, 0) + 1
+    return [
+        f"{count} {component_name(component)} layer{'s' if count != 1 else ''} "
+        + (f"in {dtype}" if dtype else "clamped")
+        for component, count in counts.items()
+    ]
 
 
 def architecture_name(architecture: str | None) -> str:

@@ -83,6 +83,24 @@ def test_remembered_fix_fills_auto_fields_only():
     assert plan(remembered={"no_half": True}).dtypes["unet"] == "fp32"
 
 
+def test_a_remembered_fix_is_said_to_be_used_only_where_it_set_something():
+    from app.core.profiles import RememberedFix, remembered_words
+
+    fix = RememberedFix({"vae_precision": "fp32"}, "run the VAE in fp32", "health check", 0.0)
+    used = plan(PrecisionSettings(precision="fp16"), remembered=fix.settings)
+    assert used.remembered_used == ("vae_precision",)
+    assert remembered_words(fix, used) == [
+        "Using the fix remembered for this model on this device: run the VAE in fp32"
+    ]
+    # The user's own VAE choice wins: the job runs without the fix and says so.
+    mine = plan(PrecisionSettings(precision="fp16", vae_precision="fp16"), remembered=fix.settings)
+    assert mine.remembered_used == () and mine.dtypes["vae"] == "fp16"
+    (note,) = remembered_words(fix, mine)
+    assert note.startswith("A fix is remembered for this model on this device")
+    assert "ran without it" in note and "Using" not in note
+    assert remembered_words(None, mine) == []
+
+
 def test_backend_flags_hold_for_the_job_and_are_restored_even_on_error():
     matmul = torch.backends.cuda.matmul
     before = (

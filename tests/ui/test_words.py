@@ -63,3 +63,14 @@ def test_prediction_types_are_named_once():
     assert words.prediction_words("v_prediction") == "v-prediction"
     assert words.prediction_words("epsilon") == "epsilon (noise) prediction"
     assert "prediction prediction" not in words.prediction_words("v_prediction")
+
+
+def test_the_precision_summary_counts_the_layers_a_fix_keeps_wider():
+    settings = {
+        "precision": "fp16",
+        "fp32_modules": ["vae:decoder.a.conv1", "vae:decoder.a.norm2"],
+        "bf16_modules": ["unet:mid_block.attentions.0"],
+    }
+    assert words.precision_summary(settings) == (
+        "fp16 everywhere · 2 VAE layers in fp32 · 1 UNet layer in bf16"
+    )
