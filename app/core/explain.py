@@ -611,6 +611,8 @@ class ModelMatch:
     matched_by: str | None = None  # "hash", "hash and name", "name"
     note: str | None = None
     vaes: list[str] = field(default_factory=list)  # the VAE files the library found
+    # Every library folder (models and VAEs): where names from the image may resolve.
+    roots: list[Path] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -717,8 +719,10 @@ def find_model(
     entries = [e for e in scanned if e.error is None and e.role == library.MODEL]
     vaes = [e.path for e in scanned if e.error is None and e.role == library.VAE]
 
+    roots = library.library_roots(folders)
+
     def match(*args: Any) -> ModelMatch:
-        return ModelMatch(*args, vaes=vaes)
+        return ModelMatch(*args, vaes=vaes, roots=roots)
 
     names = _wanted_names(record)
     by_name = [e for e in entries if any(_name_matches(e.path, n) for n in names)]
@@ -752,30 +756,54 @@ def find_model(
     return match(False, None, looked_in)
 
 
-def find_vae(name: str | None, model_path: str, library_vaes: Sequence[str] = ()) -> str | None:
-    """A separate VAE the record names, looked for where A1111 (models/VAE) and ComfyUI
-    (models/vae) keep them beside the model's folder, next to the model itself, then among
+def find_vae(
+    name: str | None,
+    model_path: str,
+    library_vaes: Sequence[str] = (),
+    folders: Sequence[str | Path] | None = None,
+) -> str | None:
+    """A separate VAE the record names, by its file name: next to the model, in the VAE
+    folders (A1111's models/VAE, ComfyUI's models/vae) beside the model's folder, then among
     the VAEs the library found (`library_vaes`: VAE folders of other installs, ComfyUI's
-    extra_model_paths.yaml)."""
+    extra_model_paths.yaml).
+
+    The name comes from an image, so it resolves only inside the model folders (`folders`,
+    default the library's, `library.library_roots`): the search climbs from the model no
+    higher than the model folder that holds it, and a file that is a link leading out of the
+    folders is passed over. Stats files; never opens one."""
     if not name or name.lower() in ("none", "automatic", "baked vae", "default"):
         return None
+    from app.core import limits
+
+    if folders is None:
+        from app.core import library
+
+        folders = library.library_roots()
     wanted = Path(name.replace("\\", "/")).name.lower()
     model = Path(model_path)
     places = [model.parent]
-    for parent in list(model.parents)[:4]:
+    for parent in model.parents:
+        if not limits.within(parent, folders):
+            break
         places.extend([parent / "VAE", parent / "vae"])
     for place in places:
         try:
             for candidate in place.iterdir():
-                if candidate.is_file() and candidate.name.lower() in (
-                    wanted,
-                    wanted + ".safetensors",
+                if (
+                    candidate.name.lower() in (wanted, wanted + ".safetensors")
+                    and limits.is_regular_file(candidate)
+                    and limits.within(candidate, folders)
                 ):
                     return str(candidate)
         except OSError:
             continue
     return next(
-        (v for v in library_vaes if Path(v).name.lower() in (wanted, wanted + ".safetensors")),
+        (
+            v
+            for v in library_vaes
+            if Path(v).name.lower() in (wanted, wanted + ".safetensors")
+            and limits.within(v, folders)
+        ),
         None,
     )
 
@@ -1022,14 +1050,27 @@ def _apply_image_loras(explanation, model) -> None:
     """The LoRAs the image's prompt names (`<lora:name:weight>`), looked up beside its model
     and in the Lora folders; one that is missing or does not load is a note, and the check runs
     without it."""
-    from app.core.lora import LoraRequest, find_lora, load_requested, prompt_loras_quiet
+    from app.core.lora import (
+        LoraRequest,
+        OutsideModelFoldersError,
+        find_lora,
+        load_requested,
+        prompt_loras_quiet,
+    )
 
     requests = []
     for tag in prompt_loras_quiet(explanation.record.prompt or ""):
         try:
             requests.append(
-                LoraRequest(str(find_lora(tag.path, explanation.model.path)), tag.weight)
+                LoraRequest(
+                    str(
+                        find_lora(tag.path, explanation.model.path, explanation.model.roots or None)
+                    ),
+                    tag.weight,
+                )
             )
+        except OutsideModelFoldersError as refused:
+            explanation.notes.append(f"{refused} The check ran without it.")
         except HalfSafeError:
             explanation.notes.append(
                 f"The image used the LoRA {tag.path}, which was not found beside its model or "
@@ -1051,7 +1092,11 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
 
     record = explanation.record
     model_path = explanation.model.path
-    vae = find_vae(record.vae, model_path, explanation.model.vaes) if record.vae else None
+    vae = None
+    if record.vae:
+        vae = find_vae(
+            record.vae, model_path, explanation.model.vaes, explanation.model.roots or None
+        )
     if record.vae and vae is None and record.vae.lower() not in ("none", "automatic", "baked vae"):
         explanation.notes.append(
             f"The image used the VAE {record.vae}, which was not found next to the model; "

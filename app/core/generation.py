@@ -1025,6 +1025,7 @@ def _generate_unsaved(
         for applied in getattr(model, "loras", [])
         if (problem := applied.file.problems()) is not None
     )
+    warnings.extend(getattr(model, "lora_warnings", []))
     if remembered:
         warnings.append(
             f"Using the fix remembered for this model on this device: {remembered.summary}"

@@ -383,6 +383,13 @@ def library_folders(extra: list[str] | None = None) -> list[Path]:
     return [f.path for f in folders if f.role == MODEL]
 
 
+def library_roots(extra: list[str] | None = None) -> list[Path]:
+    """Every folder the library lists, models and VAEs alike: the only folders where a name
+    that comes from an image or a prompt may resolve (`limits.find_in_folders`)."""
+    folders, _ = _plan(extra, True)
+    return [f.path for f in folders]
+
+
 def scan_library(
     folders: list[str] | None = None,
     *,

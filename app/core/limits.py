@@ -20,7 +20,7 @@ import math
 import os
 import stat
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, BinaryIO
 
 # Layers of one text encoder: CLIP ViT-L 12, OpenCLIP ViT-H 24, ViT-bigG 32, T5-XXL 24,
@@ -530,3 +530,71 @@ def _check_component_file(component: str, path: Path) -> None:
             check_component_config(component, document)
         elif name == "tokenizer_config.json" and isinstance(document, dict):
             check_tokenizer_config(document)
+
+
+# Names from an image or a prompt -----------------------------------------------------------
+
+
+class OutsideFoldersError(ValueError):
+    """A name from an image or a prompt that would reach outside the model folders: an absolute
+    path, a drive or network share, a `..` step, or a link that leads out of its folder."""
+
+
+def relative_name(name: str) -> PurePosixPath:
+    """`name` as a path below some folder, with either slash. Raises OutsideFoldersError for
+    anything that is not: absolute (`/x`, `C:\\x`, `C:x`, `\\\\server\\share`), from the home
+    folder (`~`), with a `..` step, or not a file name at all (empty, a NUL character)."""
+    text = name.strip()
+    if not text or "\0" in text:
+        raise OutsideFoldersError("it is not a file name")
+    windows = PureWindowsPath(text)
+    posix = PurePosixPath(text.replace("\\", "/"))
+    if windows.drive or windows.root or posix.is_absolute():
+        raise OutsideFoldersError("it is an absolute path")
+    if posix.parts[0].startswith("~"):
+        raise OutsideFoldersError("it starts from a home folder")
+    if ".." in posix.parts:
+        raise OutsideFoldersError("it steps out of its folder with '..'")
+    return posix
+
+
+def within(path: str | os.PathLike[str], folders: Iterable[str | os.PathLike[str]]) -> bool:
+    """True when `path`, every link followed, lies inside one of `folders` (links followed too),
+    so a link inside a model folder that leads elsewhere is outside."""
+    try:
+        target = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    for folder in folders:
+        try:
+            if target.is_relative_to(Path(folder).resolve()):
+                return True
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return False
+
+
+def find_in_folders(
+    name: str, folders: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = ("",)
+) -> Path | None:
+    """The first regular file `folder / (name + suffix)` that lies inside that folder, for a
+    `name` that came from an image or a prompt; None when no folder has one.
+
+    This is where such names are resolved, so that they reach only the model folders: a name
+    that is absolute or climbs out (`relative_name`) raises OutsideFoldersError before any file
+    is looked at, and so does one whose only matches are links leading out of their folder.
+    Only stats files; never opens one.
+    """
+    relative = relative_name(name)
+    escaped = False
+    for folder in folders:
+        for suffix in suffixes:
+            candidate = Path(folder) / f"{relative}{suffix}"
+            if not is_regular_file(candidate):
+                continue
+            if within(candidate, [folder]):
+                return candidate
+            escaped = True
+    if escaped:
+        raise OutsideFoldersError("it is a link to a file outside the model folders")
+    return None

@@ -460,10 +460,14 @@ def test_a_named_vae_is_looked_for_where_a1111_and_comfyui_keep_them(tmp_path):
     vae = a1111 / "VAE" / "vae-ft-mse-840000.safetensors"
     vae.write_bytes(b"x")
     model = a1111 / "Stable-diffusion" / "sub" / "m.safetensors"
-    assert explain.find_vae("vae-ft-mse-840000.safetensors", str(model)) == str(vae)
-    assert explain.find_vae("vae-ft-mse-840000", str(model)) == str(vae)
-    assert explain.find_vae("Automatic", str(model)) is None
-    assert explain.find_vae("elsewhere.safetensors", str(model)) is None
+    folders = [a1111]  # a settings folder holding both
+    assert explain.find_vae("vae-ft-mse-840000.safetensors", str(model), (), folders) == str(vae)
+    assert explain.find_vae("vae-ft-mse-840000", str(model), (), folders) == str(vae)
+    assert explain.find_vae("Automatic", str(model), (), folders) is None
+    assert explain.find_vae("elsewhere.safetensors", str(model), (), folders) is None
+    # With only Stable-diffusion a model folder, models/VAE is above it: not looked in.
+    only = [a1111 / "Stable-diffusion"]
+    assert explain.find_vae("vae-ft-mse-840000", str(model), (), only) is None
 
 
 def test_a_named_vae_in_another_installs_vae_folder_is_found_through_the_library(home, a1111_tree):
