@@ -662,3 +662,53 @@ def test_the_command_refuses_hostile_gguf_files_within_memory_and_time(tmp_path,
     path.write_bytes(raw)
     result = run_cli("check", str(path), "--size", "64", memory_gib=4, timeout=180)
     assert_cannot_run(result, path, words)
+
+
+# Configuration files of other tools --------------------------------------------------------
+
+
+def yaml_alias_bomb(levels: int = 9) -> str:
+    """About 600 bytes of YAML whose merge keys copy a mapping 9**levels times when built."""
+    lines = ["l0: &l0 {a: 1, b: 2, c: 3, d: 4, e: 5, f: 6, g: 7, h: 8, i: 9}"]
+    for n in range(1, levels):
+        lines.append(f"l{n}: &l{n} {{<<: [{', '.join([f'*l{n - 1}'] * 9)}]}}")
+    lines.append(f"comfyui:\n  checkpoints: more\n  extra: *l{levels - 1}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (yaml_alias_bomb(), "aliases"),
+        ("a:\n  checkpoints: x\n  b: " + "[" * 40 + "]" * 40 + "\n", "nested more than"),
+    ],
+    ids=["merge-key alias bomb", "deep nesting"],
+)
+def test_a_hostile_extra_model_paths_yaml_costs_only_its_row(tmp_path, monkeypatch, text, words):
+    home = tmp_path / "home"
+    checkpoints = home / "ComfyUI" / "models" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    yaml_file = home / "ComfyUI" / "extra_model_paths.yaml"
+    yaml_file.write_text(text)
+    assert len(text) < 1024
+    kind, value = bounded(library.default_folders)
+    assert kind == "ok", value
+    folders, problems = value  # type: ignore[misc]
+    assert checkpoints in [f.path for f in folders]  # the rest of the install still counts
+    assert [p.path for p in problems] == [str(yaml_file)]
+    error = problems[0].error or ""
+    assert error.startswith(f"{yaml_file}: it ") and words in error and error.endswith(".")
+
+
+def test_a_plain_extra_model_paths_yaml_is_still_read(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "ComfyUI" / "models" / "checkpoints").mkdir(parents=True)
+    shared = tmp_path / "shared"
+    (shared / "sd").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    (home / "ComfyUI" / "extra_model_paths.yaml").write_text(
+        f"mine:\n  base_path: {shared}\n  checkpoints: |\n    sd\n  vae: sd\n"
+    )
+    folders, problems = library.default_folders()
+    assert problems == [] and (shared / "sd").resolve() in [f.path for f in folders]
