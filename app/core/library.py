@@ -31,6 +31,7 @@ from app.core.checkpoint import (
 )
 from app.core.errors import BadFileError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.quantized import SCALED_FP8_MARKER
 
 INDEX_FILE = "library.json"
 # 3: SD3.x and Chroma files are read (entries cached before said unsupported); 4: Z-Image and
@@ -663,7 +664,8 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             sidecar_text = raw.decode("utf-8", errors="replace")
         except OSError:
             sidecar_text = None
-    dtype = stored_dtype(header.dtypes().values())
+    # ComfyUI's `scaled_fp8` marker is bookkeeping, not a weight: a bf16 file with it is bf16.
+    dtype = stored_dtype(d for n, d in header.dtypes().items() if n != SCALED_FP8_MARKER)
     layout = split.find_layout(header.shapes())
     transformer = None
     if layout is not None:

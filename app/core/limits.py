@@ -69,6 +69,23 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 # Nesting of a JSON document: configs nest 2-3 levels, tokenizer.json 5.
 MAX_JSON_DEPTH = 32
+# GGUF headers (walked in quantized.check_gguf_header before anything maps the file).
+# Tensors in one GGUF file: a Flux.1 transformer has about 780, SD3.5 Large about 1,200, Wan
+# 14B about 1,100, the largest language models (Llama 3 70B, Mixtral) under 1,000. The header
+# walk costs 10-30 us per tensor, and the companion search walks every file beside a model,
+# so this bound is what keeps a folder of hostile files to seconds.
+MAX_GGUF_TENSORS = 1 << 13
+# Metadata entries: a diffusion GGUF has a handful, a language model's a few dozen, and
+# ComfyUI-GGUF adds one original shape per reshaped tensor.
+MAX_GGUF_KEYS = 1 << 14
+# Array elements over all metadata: a language model's vocabulary and merges are 150k-260k each.
+MAX_GGUF_ARRAY_ITEMS = 1 << 22
+# Strings among them, each walked one by one: Qwen2's 151,936 tokens and 151,387 merges, Gemma
+# 3's 262,144 tokens and its merges.
+MAX_GGUF_ARRAY_STRINGS = 1 << 20
+# One string (a key, a tensor name, a chat template in the metadata).
+MAX_GGUF_STRING = 1 << 20
+MAX_GGUF_ALIGNMENT = 1 << 16
 
 
 # Files ------------------------------------------------------------------------------------
