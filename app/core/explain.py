@@ -28,11 +28,12 @@ from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
 # Bounds on an image handed to `explain` (the image file's own; checkpoint bounds live with
 # the checkpoint reader). A generated PNG is a few MB and its text a few kB; ComfyUI's
-# workflow JSON reaches a few hundred kB for large graphs.
+# workflow JSON reaches a few MB for large graphs (4.5 MB seen), written twice (prompt and
+# workflow).
 MAX_IMAGE_BYTES = 512 << 20
 MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
 MAX_CHUNKS = 100_000
-MAX_TEXT_CHUNK_BYTES = 8 << 20  # one text chunk, as stored and after decompression
+MAX_TEXT_CHUNK_BYTES = 16 << 20  # one text chunk, as stored and after decompression
 MAX_TEXT_TOTAL_BYTES = 32 << 20  # all text chunks together, decompressed
 MAX_JSON_DEPTH = 64
 MAX_NODES = 20_000  # ComfyUI graph nodes read
@@ -201,10 +202,15 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     zeros; only the generation record can tell it apart (see `explain_image`).
     """
     import numpy as np
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     from app.core.images import brightness_stats
 
+    # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
+    # ComfyUI workflow included. `read_png` has already held every chunk to the bounds above
+    # (zip bombs stop there), so PIL gets the same ones.
+    PngImagePlugin.MAX_TEXT_CHUNK = max(PngImagePlugin.MAX_TEXT_CHUNK, MAX_TEXT_CHUNK_BYTES)
+    PngImagePlugin.MAX_TEXT_MEMORY = max(PngImagePlugin.MAX_TEXT_MEMORY, MAX_TEXT_TOTAL_BYTES)
     path = Path(path)
     if facts is not None and facts.width * facts.height > MAX_PIXELS:
         raise BadFileError(path, "too large to read.")
@@ -910,7 +916,9 @@ def read_exif(path: str | Path) -> PngFacts:
                 )
             raw = image.info.get("exif") or b""
             if len(raw) > MAX_TEXT_CHUNK_BYTES:
-                raise BadFileError(path, "its EXIF data is over 8 MB; it is not read.")
+                raise BadFileError(
+                    path, f"its EXIF data is over {MAX_TEXT_CHUNK_BYTES >> 20} MB; it is not read."
+                )
             exif = image.getexif() if raw else None
             if exif is not None:
                 comment = exif.get_ifd(_EXIF_IFD).get(_USER_COMMENT)

@@ -538,3 +538,29 @@ def test_the_engines_loaded_model_is_reused_when_it_is_the_file(tmp_path, a1111_
     assert explanation.check is not None
     assert explanation.tool_fix.flags == ["--no-half-vae"]
     assert explanation.problem
+
+
+def _large_workflow() -> str:
+    """A ComfyUI workflow of about 4.5 MB (a large graph with many widgets), its checkpoint
+    loader first."""
+    nodes = [{"id": 1, "type": "CheckpointLoaderSimple", "widgets_values": ["sd15.safetensors"]}]
+    nodes += [
+        {"id": i, "type": "KSampler", "title": f"sampler {i}", "widgets_values": [i * 0.001] * 115}
+        for i in range(2, 4000)
+    ]
+    return json.dumps({"nodes": nodes, "links": []})
+
+
+@pytest.mark.parametrize("kind", ["tEXt", "zTXt", "iTXt-compressed"])
+def test_a_large_comfyui_workflow_png_is_read(tmp_path, kind):
+    """PIL alone refuses compressed text past 1 MB; a 4.5 MB workflow is legitimate."""
+    workflow = _large_workflow()
+    assert 4 << 20 < len(workflow) < explain.MAX_TEXT_CHUNK_BYTES
+    if kind == "iTXt-compressed":
+        body = b"workflow\0\x01\x00\0\0" + zlib.compress(workflow.encode())
+        extra = chunk(b"iTXt", body)
+    else:
+        extra = text_chunk("workflow", workflow, kind)
+    image = png_with(tmp_path / "ComfyUI_00001_.png", [extra])
+    record, status, _ = explain.read_image(image)
+    assert (record.made_by, record.model, status) == ("comfyui", "sd15.safetensors", "nan")
