@@ -975,15 +975,18 @@ def _reproduced_precision(record: Record):
     return PrecisionSettings.from_mapping(values)
 
 
-def _probe_size(record: Record) -> int | None:
+def _probe_size(record: Record, native: int) -> int:
+    """The side the check runs at: the image's longer side, but never more than the model's
+    native size (the model's own size when the image records none). An image records whatever
+    size it claims (`Size: 999999x999999`), and even a real 2048 px image would make the
+    check cost many generations, so the work is bounded by the model, not by the image; a note
+    says when the check ran smaller than the image."""
     from app.core.settings import FIELDS
 
     side = max(record.width or 0, record.height or 0)
-    if not side:
-        return None
     size = FIELDS["width"]
-    low, high = size.bounds()
-    side = int(min(max(side, low), high))
+    low, _ = size.bounds()
+    side = int(min(max(side or native, low), native))
     return side - side % int(size.step or 1)
 
 
@@ -1116,7 +1119,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         and str(getattr(loaded, "source", "")) not in ("", "demo")
         and Path(loaded.source).resolve() == Path(model_path).resolve()
     )
-    if same:
+    if same and loaded is not None:
         model = loaded
     else:
         try:
@@ -1140,11 +1143,18 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             f"the schedule of {FIELDS['scheduler'].default} at the same step count."
         )
     _apply_image_loras(explanation, model)
+    size = _probe_size(record, model.native_size)
+    if max(record.width or 0, record.height or 0) > size:
+        explanation.notes.append(
+            f"The image records a size of {record.width}x{record.height}; the check ran at "
+            f"{size} px, the model's native size, so overflow that appears only at larger "
+            "sizes is not tested."
+        )
     report = check_and_attribute(
         model,
         precision=_reproduced_precision(record),
         device=device,
-        size=_probe_size(record),
+        size=size,
         steps=steps or health.DEFAULT_STEPS,
         scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
         prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,

@@ -564,3 +564,24 @@ def test_a_large_comfyui_workflow_png_is_read(tmp_path, kind):
     image = png_with(tmp_path / "ComfyUI_00001_.png", [extra])
     record, status, _ = explain.read_image(image)
     assert (record.made_by, record.model, status) == ("comfyui", "sd15.safetensors", "nan")
+
+
+def test_the_check_runs_at_most_at_the_models_native_size(tmp_path, a1111_tree):
+    """An image that records an absurd size (or a real 2048 px one) is checked at the model's
+    native size, with a note; a smaller image at its own size."""
+    from app.core import models
+
+    absurd = explain.Record(width=999_999, height=999_999)
+    assert explain._probe_size(absurd, 512) == 512
+    assert explain._probe_size(explain.Record(width=2048, height=1536), 1024) == 1024
+    assert explain._probe_size(explain.Record(width=640, height=448), 1024) == 640
+    assert explain._probe_size(explain.Record(), 768) == 768
+
+    loaded = models.load_model(str(a1111_tree))
+    # Detected as SD1.x, the tiny file's native size is 512: a minute of CPU per check here.
+    # The model in memory is told a smaller one, so the check costs what the other tests' do.
+    loaded.native_size = 64
+    image = a1111_black_png(tmp_path, a1111_tree, Size="999999x999999")
+    explanation = explain.explain_image(image, device="cpu", loaded=loaded)
+    assert explanation.check is not None and explanation.check.size == 64
+    assert any("999999x999999" in note and "native size" in note for note in explanation.notes)
