@@ -349,7 +349,7 @@ def _check_yaml_events(raw: bytes) -> str | None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > MAX_YAML_DEPTH:
-                return f"it is nested more than {MAX_YAML_DEPTH} levels deep, which no real one is"
+                return f"it is nested too deeply to be a real one (over {MAX_YAML_DEPTH} levels)"
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
     return None

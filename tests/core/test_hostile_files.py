@@ -726,7 +726,7 @@ def yaml_alias_bomb(levels: int = 9) -> str:
     "text, words",
     [
         (yaml_alias_bomb(), "aliases"),
-        ("a:\n  checkpoints: x\n  b: " + "[" * 40 + "]" * 40 + "\n", "nested more than"),
+        ("a:\n  checkpoints: x\n  b: " + "[" * 40 + "]" * 40 + "\n", "nested too deeply"),
     ],
     ids=["merge-key alias bomb", "deep nesting"],
 )
