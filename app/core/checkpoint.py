@@ -562,8 +562,9 @@ class Checkpoint:
             self.dtypes.pop(name, None)
         for weight, scale in layout.scale_of.items():
             self._scales[weight] = self._stored(scale).to(torch.float32).clone()
-        types = sorted({layout.fp8[n] for n in layout.fp8})
-        self.quantization = quantized.Quantization(layout.format, types, self.path.name)
+        if layout.fp8:  # a `scaled_fp8` marker beside no fp8 weight leaves the file as stored
+            types = sorted({layout.fp8[n] for n in layout.fp8})
+            self.quantization = quantized.Quantization(layout.format, types, self.path.name)
 
     def _finding(self, name: str, problem: str) -> None:
         finding = quantized.QuantFinding(name, problem, self.path.name, self.component)

@@ -28,11 +28,12 @@ from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
 # Bounds on an image handed to `explain` (the image file's own; checkpoint bounds live with
 # the checkpoint reader). A generated PNG is a few MB and its text a few kB; ComfyUI's
-# workflow JSON reaches a few hundred kB for large graphs.
+# workflow JSON reaches a few MB for large graphs (4.5 MB seen), written twice (prompt and
+# workflow).
 MAX_IMAGE_BYTES = 512 << 20
 MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
 MAX_CHUNKS = 100_000
-MAX_TEXT_CHUNK_BYTES = 8 << 20  # one text chunk, as stored and after decompression
+MAX_TEXT_CHUNK_BYTES = 16 << 20  # one text chunk, as stored and after decompression
 MAX_TEXT_TOTAL_BYTES = 32 << 20  # all text chunks together, decompressed
 MAX_JSON_DEPTH = 64
 MAX_NODES = 20_000  # ComfyUI graph nodes read
@@ -201,10 +202,15 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     zeros; only the generation record can tell it apart (see `explain_image`).
     """
     import numpy as np
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
 
     from app.core.images import brightness_stats
 
+    # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
+    # ComfyUI workflow included. `read_png` has already held every chunk to the bounds above
+    # (zip bombs stop there), so PIL gets the same ones.
+    PngImagePlugin.MAX_TEXT_CHUNK = max(PngImagePlugin.MAX_TEXT_CHUNK, MAX_TEXT_CHUNK_BYTES)
+    PngImagePlugin.MAX_TEXT_MEMORY = max(PngImagePlugin.MAX_TEXT_MEMORY, MAX_TEXT_TOTAL_BYTES)
     path = Path(path)
     if facts is not None and facts.width * facts.height > MAX_PIXELS:
         raise BadFileError(path, "too large to read.")
@@ -611,6 +617,8 @@ class ModelMatch:
     matched_by: str | None = None  # "hash", "hash and name", "name"
     note: str | None = None
     vaes: list[str] = field(default_factory=list)  # the VAE files the library found
+    # Every library folder (models and VAEs): where names from the image may resolve.
+    roots: list[Path] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -717,8 +725,10 @@ def find_model(
     entries = [e for e in scanned if e.error is None and e.role == library.MODEL]
     vaes = [e.path for e in scanned if e.error is None and e.role == library.VAE]
 
+    roots = library.library_roots(folders)
+
     def match(*args: Any) -> ModelMatch:
-        return ModelMatch(*args, vaes=vaes)
+        return ModelMatch(*args, vaes=vaes, roots=roots)
 
     names = _wanted_names(record)
     by_name = [e for e in entries if any(_name_matches(e.path, n) for n in names)]
@@ -752,30 +762,54 @@ def find_model(
     return match(False, None, looked_in)
 
 
-def find_vae(name: str | None, model_path: str, library_vaes: Sequence[str] = ()) -> str | None:
-    """A separate VAE the record names, looked for where A1111 (models/VAE) and ComfyUI
-    (models/vae) keep them beside the model's folder, next to the model itself, then among
+def find_vae(
+    name: str | None,
+    model_path: str,
+    library_vaes: Sequence[str] = (),
+    folders: Sequence[str | Path] | None = None,
+) -> str | None:
+    """A separate VAE the record names, by its file name: next to the model, in the VAE
+    folders (A1111's models/VAE, ComfyUI's models/vae) beside the model's folder, then among
     the VAEs the library found (`library_vaes`: VAE folders of other installs, ComfyUI's
-    extra_model_paths.yaml)."""
+    extra_model_paths.yaml).
+
+    The name comes from an image, so it resolves only inside the model folders (`folders`,
+    default the library's, `library.library_roots`): the search climbs from the model no
+    higher than the model folder that holds it, and a file that is a link leading out of the
+    folders is passed over. Stats files; never opens one."""
     if not name or name.lower() in ("none", "automatic", "baked vae", "default"):
         return None
+    from app.core import limits
+
+    if folders is None:
+        from app.core import library
+
+        folders = library.library_roots()
     wanted = Path(name.replace("\\", "/")).name.lower()
     model = Path(model_path)
     places = [model.parent]
-    for parent in list(model.parents)[:4]:
+    for parent in model.parents:
+        if not limits.within(parent, folders):
+            break
         places.extend([parent / "VAE", parent / "vae"])
     for place in places:
         try:
             for candidate in place.iterdir():
-                if candidate.is_file() and candidate.name.lower() in (
-                    wanted,
-                    wanted + ".safetensors",
+                if (
+                    candidate.name.lower() in (wanted, wanted + ".safetensors")
+                    and limits.is_regular_file(candidate)
+                    and limits.within(candidate, folders)
                 ):
                     return str(candidate)
         except OSError:
             continue
     return next(
-        (v for v in library_vaes if Path(v).name.lower() in (wanted, wanted + ".safetensors")),
+        (
+            v
+            for v in library_vaes
+            if Path(v).name.lower() in (wanted, wanted + ".safetensors")
+            and limits.within(v, folders)
+        ),
         None,
     )
 
@@ -882,7 +916,9 @@ def read_exif(path: str | Path) -> PngFacts:
                 )
             raw = image.info.get("exif") or b""
             if len(raw) > MAX_TEXT_CHUNK_BYTES:
-                raise BadFileError(path, "its EXIF data is over 8 MB; it is not read.")
+                raise BadFileError(
+                    path, f"its EXIF data is over {MAX_TEXT_CHUNK_BYTES >> 20} MB; it is not read."
+                )
             exif = image.getexif() if raw else None
             if exif is not None:
                 comment = exif.get_ifd(_EXIF_IFD).get(_USER_COMMENT)
@@ -939,15 +975,18 @@ def _reproduced_precision(record: Record):
     return PrecisionSettings.from_mapping(values)
 
 
-def _probe_size(record: Record) -> int | None:
+def _probe_size(record: Record, native: int) -> int:
+    """The side the check runs at: the image's longer side, but never more than the model's
+    native size (the model's own size when the image records none). An image records whatever
+    size it claims (`Size: 999999x999999`), and even a real 2048 px image would make the
+    check cost many generations, so the work is bounded by the model, not by the image; a note
+    says when the check ran smaller than the image."""
     from app.core.settings import FIELDS
 
     side = max(record.width or 0, record.height or 0)
-    if not side:
-        return None
     size = FIELDS["width"]
-    low, high = size.bounds()
-    side = int(min(max(side, low), high))
+    low, _ = size.bounds()
+    side = int(min(max(side or native, low), native))
     return side - side % int(size.step or 1)
 
 
@@ -1022,14 +1061,27 @@ def _apply_image_loras(explanation, model) -> None:
     """The LoRAs the image's prompt names (`<lora:name:weight>`), looked up beside its model
     and in the Lora folders; one that is missing or does not load is a note, and the check runs
     without it."""
-    from app.core.lora import LoraRequest, find_lora, load_requested, prompt_loras_quiet
+    from app.core.lora import (
+        LoraRequest,
+        OutsideModelFoldersError,
+        find_lora,
+        load_requested,
+        prompt_loras_quiet,
+    )
 
     requests = []
     for tag in prompt_loras_quiet(explanation.record.prompt or ""):
         try:
             requests.append(
-                LoraRequest(str(find_lora(tag.path, explanation.model.path)), tag.weight)
+                LoraRequest(
+                    str(
+                        find_lora(tag.path, explanation.model.path, explanation.model.roots or None)
+                    ),
+                    tag.weight,
+                )
             )
+        except OutsideModelFoldersError as refused:
+            explanation.notes.append(f"{refused} The check ran without it.")
         except HalfSafeError:
             explanation.notes.append(
                 f"The image used the LoRA {tag.path}, which was not found beside its model or "
@@ -1051,7 +1103,11 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
 
     record = explanation.record
     model_path = explanation.model.path
-    vae = find_vae(record.vae, model_path, explanation.model.vaes) if record.vae else None
+    vae = None
+    if record.vae:
+        vae = find_vae(
+            record.vae, model_path, explanation.model.vaes, explanation.model.roots or None
+        )
     if record.vae and vae is None and record.vae.lower() not in ("none", "automatic", "baked vae"):
         explanation.notes.append(
             f"The image used the VAE {record.vae}, which was not found next to the model; "
@@ -1063,7 +1119,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         and str(getattr(loaded, "source", "")) not in ("", "demo")
         and Path(loaded.source).resolve() == Path(model_path).resolve()
     )
-    if same:
+    if same and loaded is not None:
         model = loaded
     else:
         try:
@@ -1087,11 +1143,18 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             f"the schedule of {FIELDS['scheduler'].default} at the same step count."
         )
     _apply_image_loras(explanation, model)
+    size = _probe_size(record, model.native_size)
+    if max(record.width or 0, record.height or 0) > size:
+        explanation.notes.append(
+            f"The image records a size of {record.width}x{record.height}; the check ran at "
+            f"{size} px, the model's native size, so overflow that appears only at larger "
+            "sizes is not tested."
+        )
     report = check_and_attribute(
         model,
         precision=_reproduced_precision(record),
         device=device,
-        size=_probe_size(record),
+        size=size,
         steps=steps or health.DEFAULT_STEPS,
         scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
         prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,

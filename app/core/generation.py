@@ -1036,6 +1036,7 @@ def _generate_unsaved(
         for applied in getattr(model, "loras", [])
         if (problem := applied.file.problems()) is not None
     )
+    warnings.extend(getattr(model, "lora_warnings", []))
     warnings.extend(profiles.remembered_words(remembered, plan))
     sampler = family.sampler_words(request.scheduler)
     if sampler != SAMPLER_NAMES[request.scheduler]:

@@ -31,6 +31,7 @@ from app.core.checkpoint import (
 )
 from app.core.errors import BadFileError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.quantized import SCALED_FP8_MARKER
 
 INDEX_FILE = "library.json"
 # 3: SD3.x and Chroma files are read (entries cached before said unsupported); 4: Z-Image and
@@ -49,6 +50,8 @@ MAX_YAML_BYTES = 64 << 10
 # Sections of one extra_model_paths.yaml, and folders one key may name.
 MAX_YAML_SECTIONS = 64
 MAX_YAML_PATHS = 64
+# Nesting of such a file: ComfyUI's is two levels (sections of keys), InvokeAI's three.
+MAX_YAML_DEPTH = 16
 APP_MODELS = "models"
 # Single files the library lists: safetensors, also as ComfyUI's short `.sft` (same format), and
 # GGUF (quantized transformers kept as split files).
@@ -304,15 +307,22 @@ def extra_model_paths(file: Path) -> tuple[list[ModelFolder], list[LibraryEntry]
 
 def _read_yaml(file: Path) -> tuple[Any, list[LibraryEntry]]:
     """A tool's small YAML settings file: (document, []) or (None, [a row naming the file and
-    the problem]); (None, []) when there is no such file. A file over MAX_YAML_BYTES is refused
-    unread and the safe loader runs (no tags, no code); callers use only strings a level or two
-    down, so aliases that would expand to billions of items are never walked."""
+    the problem]); (None, []) when there is no such file.
+
+    A file over MAX_YAML_BYTES is refused unread. Its events are then walked before anything
+    is built (`_check_yaml_events`): aliases are refused, because merge keys (`<<: [*a, *a]`)
+    copy what they name while the document is built, so a few hundred bytes of nested aliases
+    cost minutes and gigabytes; so is nesting past MAX_YAML_DEPTH. Only then does the safe
+    loader run (no tags, no code)."""
     import yaml
 
     if not file.exists():
         return None, []
     try:
         raw = limits.read_regular(file, MAX_YAML_BYTES)
+        problem = _check_yaml_events(raw)
+        if problem is not None:
+            return None, [_file_problem(file, problem)]
         return yaml.load(raw, Loader=yaml.SafeLoader), []  # noqa: S506 - the safe loader
     except (limits.FileTooLargeError, limits.NotRegularFileError) as error:
         return None, [_file_problem(file, str(error.strerror))]
@@ -322,6 +332,27 @@ def _read_yaml(file: Path) -> tuple[Any, list[LibraryEntry]]:
         return None, [_file_problem(file, "it is nested too deeply to be a real one")]
     except (yaml.YAMLError, ValueError, TypeError) as error:
         return None, [_file_problem(file, f"it is not valid YAML ({_yaml_problem(error)})")]
+
+
+def _check_yaml_events(raw: bytes) -> str | None:
+    """Why a small YAML file must not be built (aliases, nesting past MAX_YAML_DEPTH), or None.
+    Walks the parser's events, which take time and memory in proportion to the file."""
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(raw, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            return (
+                "it uses YAML aliases (*name), which a file of model folders does not need and "
+                "which can expand to billions of entries, so it is not read"
+            )
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                return f"it is nested too deeply to be a real one (over {MAX_YAML_DEPTH} levels)"
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return None
 
 
 def _yaml_problem(error: Exception) -> str:
@@ -381,6 +412,13 @@ def library_folders(extra: list[str] | None = None) -> list[Path]:
     or ComfyUI base directory among them as its model folders), then the defaults; each once."""
     folders, _ = _plan(extra, True)
     return [f.path for f in folders if f.role == MODEL]
+
+
+def library_roots(extra: list[str] | None = None) -> list[Path]:
+    """Every folder the library lists, models and VAEs alike: the only folders where a name
+    that comes from an image or a prompt may resolve (`limits.find_in_folders`)."""
+    folders, _ = _plan(extra, True)
+    return [f.path for f in folders]
 
 
 def scan_library(
@@ -627,7 +665,8 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             sidecar_text = raw.decode("utf-8", errors="replace")
         except OSError:
             sidecar_text = None
-    dtype = stored_dtype(header.dtypes().values())
+    # ComfyUI's `scaled_fp8` marker is bookkeeping, not a weight: a bf16 file with it is bf16.
+    dtype = stored_dtype(d for n, d in header.dtypes().items() if n != SCALED_FP8_MARKER)
     layout = split.find_layout(header.shapes())
     transformer = None
     if layout is not None:

@@ -20,7 +20,7 @@ import math
 import os
 import stat
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, BinaryIO
 
 # Layers of one text encoder: CLIP ViT-L 12, OpenCLIP ViT-H 24, ViT-bigG 32, T5-XXL 24,
@@ -69,6 +69,23 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 # Nesting of a JSON document: configs nest 2-3 levels, tokenizer.json 5.
 MAX_JSON_DEPTH = 32
+# GGUF headers (walked in quantized.check_gguf_header before anything maps the file).
+# Tensors in one GGUF file: a Flux.1 transformer has about 780, SD3.5 Large about 1,200, Wan
+# 14B about 1,100, the largest language models (Llama 3 70B, Mixtral) under 1,000. The header
+# walk costs 10-30 us per tensor, and the companion search walks every file beside a model,
+# so this bound is what keeps a folder of hostile files to seconds.
+MAX_GGUF_TENSORS = 1 << 13
+# Metadata entries: a diffusion GGUF has a handful, a language model's a few dozen, and
+# ComfyUI-GGUF adds one original shape per reshaped tensor.
+MAX_GGUF_KEYS = 1 << 14
+# Array elements over all metadata: a language model's vocabulary and merges are 150k-260k each.
+MAX_GGUF_ARRAY_ITEMS = 1 << 22
+# Strings among them, each walked one by one: Qwen2's 151,936 tokens and 151,387 merges, Gemma
+# 3's 262,144 tokens and its merges.
+MAX_GGUF_ARRAY_STRINGS = 1 << 20
+# One string (a key, a tensor name, a chat template in the metadata).
+MAX_GGUF_STRING = 1 << 20
+MAX_GGUF_ALIGNMENT = 1 << 16
 
 
 # Files ------------------------------------------------------------------------------------
@@ -530,3 +547,71 @@ def _check_component_file(component: str, path: Path) -> None:
             check_component_config(component, document)
         elif name == "tokenizer_config.json" and isinstance(document, dict):
             check_tokenizer_config(document)
+
+
+# Names from an image or a prompt -----------------------------------------------------------
+
+
+class OutsideFoldersError(ValueError):
+    """A name from an image or a prompt that would reach outside the model folders: an absolute
+    path, a drive or network share, a `..` step, or a link that leads out of its folder."""
+
+
+def relative_name(name: str) -> PurePosixPath:
+    """`name` as a path below some folder, with either slash. Raises OutsideFoldersError for
+    anything that is not: absolute (`/x`, `C:\\x`, `C:x`, `\\\\server\\share`), from the home
+    folder (`~`), with a `..` step, or not a file name at all (empty, a NUL character)."""
+    text = name.strip()
+    if not text or "\0" in text:
+        raise OutsideFoldersError("it is not a file name")
+    windows = PureWindowsPath(text)
+    posix = PurePosixPath(text.replace("\\", "/"))
+    if windows.drive or windows.root or posix.is_absolute():
+        raise OutsideFoldersError("it is an absolute path")
+    if posix.parts[0].startswith("~"):
+        raise OutsideFoldersError("it starts from a home folder")
+    if ".." in posix.parts:
+        raise OutsideFoldersError("it steps out of its folder with '..'")
+    return posix
+
+
+def within(path: str | os.PathLike[str], folders: Iterable[str | os.PathLike[str]]) -> bool:
+    """True when `path`, every link followed, lies inside one of `folders` (links followed too),
+    so a link inside a model folder that leads elsewhere is outside."""
+    try:
+        target = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    for folder in folders:
+        try:
+            if target.is_relative_to(Path(folder).resolve()):
+                return True
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return False
+
+
+def find_in_folders(
+    name: str, folders: Iterable[str | os.PathLike[str]], suffixes: Iterable[str] = ("",)
+) -> Path | None:
+    """The first regular file `folder / (name + suffix)` that lies inside that folder, for a
+    `name` that came from an image or a prompt; None when no folder has one.
+
+    This is where such names are resolved, so that they reach only the model folders: a name
+    that is absolute or climbs out (`relative_name`) raises OutsideFoldersError before any file
+    is looked at, and so does one whose only matches are links leading out of their folder.
+    Only stats files; never opens one.
+    """
+    relative = relative_name(name)
+    escaped = False
+    for folder in folders:
+        for suffix in suffixes:
+            candidate = Path(folder) / f"{relative}{suffix}"
+            if not is_regular_file(candidate):
+                continue
+            if within(candidate, [folder]):
+                return candidate
+            escaped = True
+    if escaped:
+        raise OutsideFoldersError("it is a link to a file outside the model folders")
+    return None

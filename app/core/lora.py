@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from app.core import limits
 from app.core.checkpoint import Checkpoint, one_torch_thread, tensor_is_finite
 from app.core.errors import BadFileError, HalfSafeError
 
@@ -223,47 +224,63 @@ def _weight_text(weight: float) -> str:
     return f"{weight:g}"
 
 
-def find_lora(name: str, model_source: str | None = None) -> Path:
-    """The file a prompt's `<lora:name>` means: `name` as a path, else `name.safetensors` (or
-    another LoRA suffix) beside the model, in the Lora folders beside it, then in the library's
-    model folders and their Lora folders. Raises HalfSafeError (one sentence) when none has it."""
-    direct = Path(name).expanduser()
-    if direct.suffix.lower() in LORA_SUFFIXES and direct.is_file():
-        return direct
-    if direct.is_absolute():
-        for suffix in LORA_SUFFIXES:
-            if (candidate := direct.with_name(direct.name + suffix)).is_file():
-                return candidate
-    for folder in _lora_folders(model_source):
-        for suffix in LORA_SUFFIXES:
-            candidate = folder / f"{name}{suffix}"
-            if candidate.is_file():
-                return candidate
-    raise HalfSafeError(
-        f"The LoRA {name} named in the prompt was not found beside the model or in the "
-        "library's Lora folders (give its path with --lora)."
-    )
+class OutsideModelFoldersError(HalfSafeError):
+    """A prompt's `<lora:...>` tag names a file outside the model folders; it is not used."""
 
 
-def _lora_folders(model_source: str | None) -> Iterator[Path]:
-    roots: list[Path] = []
+def find_lora(
+    name: str, model_source: str | None = None, roots: Sequence[Path] | None = None
+) -> Path:
+    """The file a prompt's `<lora:name>` means: `name` (a LoRA suffix added unless it has one,
+    subfolders allowed) in the model's folder or the Lora folders beside it, then in the
+    library's folders (`roots`, default `library.library_roots()`) and the Lora folders
+    beside them.
+
+    A prompt may come from an image, so the name resolves only inside those folders
+    (`limits.find_in_folders`): an absolute path, a `..` step or a link leading elsewhere
+    raises OutsideModelFoldersError; a name no folder has raises HalfSafeError. Paths the user
+    typed (--lora, the GUI's list) are not looked up here and may point anywhere."""
+    suffixes = ("", *LORA_SUFFIXES) if name.lower().endswith(LORA_SUFFIXES) else LORA_SUFFIXES
+    try:
+        found = limits.find_in_folders(name, _lora_folders(model_source, roots), suffixes)
+    except limits.OutsideFoldersError:
+        shown = name if len(name) <= 200 else name[:197] + "..."
+        raise OutsideModelFoldersError(
+            f"The prompt's <lora:{shown}> names a file outside your model folders: not used."
+        ) from None
+    if found is None:
+        raise HalfSafeError(
+            f"The LoRA {name} named in the prompt was not found beside the model or in the "
+            "library's Lora folders (give its path with --lora)."
+        )
+    return found
+
+
+def _lora_folders(model_source: str | None, roots: Sequence[Path] | None) -> Iterator[Path]:
+    """The folders a prompt's LoRA names resolve in: the model's own folder, the Lora folders
+    in it and up to two folders above it (A1111 keeps models/Stable-diffusion/<sub>/x beside
+    models/Lora), then every library folder and the Lora folders in it and beside it."""
+    folders: list[Path] = []
+    lora_parents: list[Path] = []
     if model_source:
         model = Path(model_source).expanduser()
-        if model.exists():
-            # Its folder and up to two above: A1111 keeps models/Stable-diffusion/<sub>/x and
-            # models/Lora side by side.
-            roots += list(model.parents)[:3]
-    with contextlib.suppress(HalfSafeError, OSError):
-        from app.core.library import library_folders
+        if model.is_file():
+            folders.append(model.parent)
+            lora_parents += list(model.parents)[:3]
+    if roots is None:
+        with contextlib.suppress(HalfSafeError, OSError):
+            from app.core.library import library_roots
 
-        for folder in library_folders():  # models/Stable-diffusion beside models/Lora
-            roots += [folder, folder.parent]
+            roots = library_roots()
+    for folder in roots or []:  # models/Stable-diffusion beside models/Lora
+        folders.append(folder)
+        lora_parents += [folder, folder.parent]
+    candidates = [*folders, *(p / sub for p in lora_parents for sub in LORA_FOLDERS)]
     seen: set[Path] = set()
-    for root in roots:
-        for folder in (root, *(root / sub for sub in LORA_FOLDERS)):
-            if folder not in seen and folder.is_dir():
-                seen.add(folder)
-                yield folder
+    for folder in candidates:
+        if folder not in seen and folder.is_dir():
+            seen.add(folder)
+            yield folder
 
 
 # --- reading and scanning ----------------------------------------------------------------------
@@ -538,11 +555,17 @@ def load_requested(
     prompt's `<lora:...>` tags, each at its weight, and record them on the model
     (`model.loras`). A LoRA already loaded from the same file is reused (only its weight
     changes); one no longer asked for is removed. A LoRA named twice keeps the first weight.
-    Every file is read and scanned before the model is touched, so a bad one changes nothing."""
+    A tag naming a file outside the model folders is not used; its sentence is kept in
+    `model.lora_warnings`. Every file is read and scanned before the model is touched, so a bad
+    one changes nothing."""
     wanted = list(requests)
+    refused: list[str] = []
     _, tagged = prompt_loras(prompt)
     for tag in tagged:
-        wanted.append(LoraRequest(str(find_lora(tag.path, model.source)), tag.weight))
+        try:
+            wanted.append(LoraRequest(str(find_lora(tag.path, model.source)), tag.weight))
+        except OutsideModelFoldersError as error:
+            refused.append(str(error))
     if len(wanted) > MAX_LORAS:
         raise HalfSafeError(f"At most {MAX_LORAS} LoRAs can be applied at once, not {len(wanted)}.")
     current: dict[Path, AppliedLora] = {
@@ -565,5 +588,6 @@ def load_requested(
         result.append(next(added) if file is not None else replace(current[key], weight=weight))
     remove_loras(model.pipeline, [a.adapter for k, a in current.items() if k not in seen])
     model.loras = result
+    model.lora_warnings = refused
     use_weights(model.pipeline, result)
     return result

@@ -80,6 +80,7 @@ class LoadedModel:
     zero_terminal_snr: bool = False  # its scheduler rescales betas to zero terminal SNR
     prediction_because: str = ""  # how the prediction type is known (part of detected_because)
     loras: list[Any] = field(default_factory=list)  # lora.AppliedLora, in the order applied
+    lora_warnings: list[str] = field(default_factory=list)  # prompt tags refused, a sentence each
     # How its files store the weights when any is fp8 or GGUF (quantized.summary), else None.
     quantization: dict[str, Any] | None = None
     # A split transformer file's text-encoder and VAE files, by component (what a damaged

@@ -23,6 +23,7 @@ too.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -35,7 +36,18 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
-from app.core.limits import MAX_TENSOR_RANK, MAX_TEXT_LAYERS, check_tensor_shape, open_regular
+from app.core.limits import (
+    MAX_GGUF_ALIGNMENT,
+    MAX_GGUF_ARRAY_ITEMS,
+    MAX_GGUF_ARRAY_STRINGS,
+    MAX_GGUF_KEYS,
+    MAX_GGUF_STRING,
+    MAX_GGUF_TENSORS,
+    MAX_TENSOR_RANK,
+    MAX_TEXT_LAYERS,
+    check_tensor_shape,
+    open_regular,
+)
 
 # What fp8 and GGUF weights become when read: bf16 has fp32's range, so no scaled weight can
 # overflow in the conversion, and 8 bits of mantissa hold every fp8 value and Q8_0's 8-bit
@@ -221,6 +233,12 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
                 )
     for weight, scale in scale_of.items():
         size = math.prod(shapes[scale])
+        if size == 0:
+            raise BadFileError(
+                path,
+                f"the scale '{scale}' of '{weight}' is empty (it holds no number), so the "
+                "weight's true values are unknown.",
+            )
         rows = shapes[weight][0] if shapes[weight] else 1
         if size not in (1, rows) or dtypes[scale] not in ("F16", "BF16", "F32", "F64"):
             raise BadFileError(
@@ -310,16 +328,6 @@ def implausible(tensor) -> str | None:
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
-# Tensors in one GGUF file: a Flux.1 transformer has about 780, SD3.5 Large about 1,200, the
-# largest language models a few thousand.
-MAX_GGUF_TENSORS = 1 << 16
-# Metadata entries: a diffusion GGUF has a handful, a language model's a few dozen.
-MAX_GGUF_KEYS = 1 << 16
-# Array elements over all metadata: a language model's vocabulary and merges are 150k-260k each.
-MAX_GGUF_ARRAY_ITEMS = 1 << 22
-# One string (a key, a tensor name, a chat template in the metadata).
-MAX_GGUF_STRING = 1 << 20
-MAX_GGUF_ALIGNMENT = 1 << 16
 _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _INTEGER_FORMS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
 # ComfyUI-GGUF stores some tensors flattened for quantisation and records the true shape here.
@@ -375,6 +383,7 @@ class _GgufWalker:
         self.size = len(data)
         self.offset = 0
         self.items = 0
+        self.strings = 0
         self.alignment = 32
         self.original_shapes: dict[str, tuple[int, ...]] = {}
 
@@ -496,6 +505,11 @@ class _GgufWalker:
                     f"{self.size}: the file is truncated."
                 )
             recorded = self.original_shapes.get(name, shape)
+            if any(d < 0 for d in recorded):
+                raise self.fail(
+                    f"its recorded original shape of '{name}' is {list(recorded)}, with a "
+                    "negative dimension, so the file is damaged or hostile."
+                )
             if math.prod(recorded) != math.prod(shape) or check_tensor_shape(recorded):
                 raise self.fail(
                     f"its recorded original shape of '{name}' does not hold the tensor's elements."
@@ -512,6 +526,23 @@ class _GgufWalker:
         if item not in _INTEGER_FORMS or not 1 <= count <= MAX_TENSOR_RANK:
             raise self.fail(f"its metadata '{key}' is not a shape (a few whole numbers).")
         return tuple(self.unpack(_INTEGER_FORMS[item], f"'{key}'") for _ in range(count))
+
+    def skip_strings(self, count: int, key: str) -> None:
+        """Step over `count` strings of an array (never read, so not decoded), each length
+        checked against the file before it is used."""
+        data, size, offset = self.data, self.size, self.offset
+        for _ in range(count):
+            if offset + 8 > size:
+                break
+            length = struct.unpack_from("<Q", data, offset)[0]
+            if length > MAX_GGUF_STRING or offset + 8 + length > size:
+                break
+            offset += 8 + length
+        else:
+            self.offset = offset
+            return
+        self.offset = offset
+        self.string(f"an item of '{key}'")  # raises the sentence for this one
 
     def value(self, kind: int, key: str) -> None:
         if kind in _SCALAR_SIZES:
@@ -530,8 +561,14 @@ class _GgufWalker:
             if item in _SCALAR_SIZES:
                 self.take(count * _SCALAR_SIZES[item], f"the array '{key}'")
             elif item == _STRING:
-                for _ in range(count):
-                    self.string(f"an item of '{key}'")
+                self.strings += count
+                if self.strings > MAX_GGUF_ARRAY_STRINGS:
+                    raise self.fail(
+                        f"its metadata '{key}' makes {self.strings:,} strings in arrays, more "
+                        f"than the {MAX_GGUF_ARRAY_STRINGS:,} of any real GGUF file, so it is "
+                        "damaged or hostile."
+                    )
+                self.skip_strings(count, key)
             else:
                 raise self.fail(
                     f"its metadata '{key}' is an array of type {item}, not one GGUF has."
@@ -632,37 +669,58 @@ def gguf_dtype_code(type_name: str) -> str:
     return type_name if type_name in plain else GGUF_DTYPE_PREFIX + type_name
 
 
+# Types read as stored: numpy's own, no blocks, no dequantisation.
+_PLAIN_GGUF_TYPES = {
+    "F32": "float32",
+    "F16": "float16",
+    "F64": "float64",
+    "I8": "int8",
+    "I16": "int16",
+    "I32": "int32",
+    "I64": "int64",
+}
+
+
 class GgufTensors:
-    """A GGUF file's tensors (bounds checked first), dequantised one at a time on request."""
+    """A GGUF file's tensors, dequantised one at a time on request.
+
+    Tensors are read at the offsets and sizes the bounds-checked header walk found
+    (`check_gguf_header`); the gguf package decodes their blocks (`gguf.quants.dequantize`,
+    which knows every type used for diffusion models, the IQ types included). Its GGUFReader is
+    not used: it parses all metadata eagerly into numpy objects, tens of seconds and gigabytes
+    for an array of millions of strings that no weight needs. A type the gguf package cannot
+    decode refuses the file at once, before any tensor is read."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         infos = check_gguf_header(path)
+        for info in infos:
+            if info.type_name not in _PLAIN_GGUF_TYPES and not _decodable(info.type_name):
+                raise BadFileError(
+                    path,
+                    f"tensor '{info.name}' is {info.type_name}, which the gguf package cannot "
+                    "decode, so HalfSafe cannot read the file.",
+                )
         try:
-            from gguf import GGUFReader
-
-            reader = GGUFReader(path, "r")
-        except (ValueError, KeyError, IndexError, TypeError, OSError) as error:
+            with open_regular(path) as handle:
+                self.file_size = os.fstat(handle.fileno()).st_size
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as error:
             raise BadFileError(
-                path, f"the gguf reader could not read it ({str(error)[:160]})."
+                path, f"the file cannot be read ({error.strerror or error})."
             ) from None
-        checked = {i.name: i for i in infos}
-        if {t.name for t in reader.tensors} != set(checked):
-            raise BadFileError(path, "the gguf reader and the header disagree on its tensors.")
+        if len(self._map) != self.file_size:
+            raise BadFileError(path, "the file changed while it was read; read it again.")
         # A T5 encoder's tensors under transformers' names, as `read_gguf_header` gives them.
-        names = _transformers_names(path, list(checked))
-        self._tensors = {names.get(t.name, t.name): t for t in reader.tensors}
-        checked = {
-            names.get(n, n): GgufTensorInfo(
-                names.get(n, n), i.type_name, i.shape, i.start, i.nbytes
+        names = _transformers_names(path, [i.name for i in infos])
+        self.infos = {
+            names.get(i.name, i.name): GgufTensorInfo(
+                names.get(i.name, i.name), i.type_name, i.shape, i.start, i.nbytes
             )
-            for n, i in checked.items()
+            for i in infos
         }
-        self.infos = checked
-        self.shapes = {n: i.shape for n, i in checked.items()}
-        self.types = {n: i.type_name for n, i in checked.items()}
-        self.file_size = os.stat(path).st_size
-        self._reader = reader
+        self.shapes = {n: i.shape for n, i in self.infos.items()}
+        self.types = {n: i.type_name for n, i in self.infos.items()}
 
     @property
     def quantized_types(self) -> list[str]:
@@ -672,25 +730,38 @@ class GgufTensors:
         return [n for n, _ in sorted(self.infos.items(), key=lambda item: item[1].start)]
 
     def get(self, name: str):
-        """One tensor: F32, F16 and integer types as stored, block-quantised types and BF16
-        dequantised by the gguf package to float32 and held as COMPUTE_DTYPE."""
+        """One tensor: F32, F16, F64 and integer types as stored (copied out of the file),
+        block-quantised types and BF16 dequantised by the gguf package to float32 and held as
+        COMPUTE_DTYPE."""
         import numpy as np
         import torch
-        from gguf.constants import GGMLQuantizationType
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
         from gguf.quants import dequantize
 
         info = self.infos[name]
-        tensor = self._tensors[name]
+        raw = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.start)
+        plain = _PLAIN_GGUF_TYPES.get(info.type_name)
+        if plain is not None:
+            values = raw.view(plain).copy()
+            return torch.from_numpy(values).reshape(info.shape)
         kind = GGMLQuantizationType[info.type_name]
-        if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) or info.type_name[0] == "I":
-            result = torch.from_numpy(np.array(tensor.data)).reshape(info.shape)
-        else:
-            try:
-                values = dequantize(np.asarray(tensor.data), kind)
-            except NotImplementedError:
-                raise BadFileError(
-                    self.path,
-                    f"tensor '{name}' is {info.type_name}, which the gguf package cannot decode.",
-                ) from None
-            result = torch.from_numpy(values).reshape(info.shape).to(torch.bfloat16)
-        return result
+        block_bytes = GGML_QUANT_SIZES[kind][1]
+        values = dequantize(raw.reshape(-1, block_bytes), kind)
+        return torch.from_numpy(values).reshape(info.shape).to(torch.bfloat16)
+
+
+@functools.cache
+def _decodable(type_name: str) -> bool:
+    """Whether the installed gguf package can dequantise this block type (it raises
+    NotImplementedError for those it cannot: Q8_1, Q8_K, ... in gguf 0.19), tried on one block
+    of zeros."""
+    import numpy as np
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    kind = GGMLQuantizationType[type_name]
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[kind][1]), dtype=np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True

@@ -460,10 +460,14 @@ def test_a_named_vae_is_looked_for_where_a1111_and_comfyui_keep_them(tmp_path):
     vae = a1111 / "VAE" / "vae-ft-mse-840000.safetensors"
     vae.write_bytes(b"x")
     model = a1111 / "Stable-diffusion" / "sub" / "m.safetensors"
-    assert explain.find_vae("vae-ft-mse-840000.safetensors", str(model)) == str(vae)
-    assert explain.find_vae("vae-ft-mse-840000", str(model)) == str(vae)
-    assert explain.find_vae("Automatic", str(model)) is None
-    assert explain.find_vae("elsewhere.safetensors", str(model)) is None
+    folders = [a1111]  # a settings folder holding both
+    assert explain.find_vae("vae-ft-mse-840000.safetensors", str(model), (), folders) == str(vae)
+    assert explain.find_vae("vae-ft-mse-840000", str(model), (), folders) == str(vae)
+    assert explain.find_vae("Automatic", str(model), (), folders) is None
+    assert explain.find_vae("elsewhere.safetensors", str(model), (), folders) is None
+    # With only Stable-diffusion a model folder, models/VAE is above it: not looked in.
+    only = [a1111 / "Stable-diffusion"]
+    assert explain.find_vae("vae-ft-mse-840000", str(model), (), only) is None
 
 
 def test_a_named_vae_in_another_installs_vae_folder_is_found_through_the_library(home, a1111_tree):
@@ -534,3 +538,50 @@ def test_the_engines_loaded_model_is_reused_when_it_is_the_file(tmp_path, a1111_
     assert explanation.check is not None
     assert explanation.tool_fix.flags == ["--no-half-vae"]
     assert explanation.problem
+
+
+def _large_workflow() -> str:
+    """A ComfyUI workflow of about 4.5 MB (a large graph with many widgets), its checkpoint
+    loader first."""
+    nodes = [{"id": 1, "type": "CheckpointLoaderSimple", "widgets_values": ["sd15.safetensors"]}]
+    nodes += [
+        {"id": i, "type": "KSampler", "title": f"sampler {i}", "widgets_values": [i * 0.001] * 115}
+        for i in range(2, 4000)
+    ]
+    return json.dumps({"nodes": nodes, "links": []})
+
+
+@pytest.mark.parametrize("kind", ["tEXt", "zTXt", "iTXt-compressed"])
+def test_a_large_comfyui_workflow_png_is_read(tmp_path, kind):
+    """PIL alone refuses compressed text past 1 MB; a 4.5 MB workflow is legitimate."""
+    workflow = _large_workflow()
+    assert 4 << 20 < len(workflow) < explain.MAX_TEXT_CHUNK_BYTES
+    if kind == "iTXt-compressed":
+        body = b"workflow\0\x01\x00\0\0" + zlib.compress(workflow.encode())
+        extra = chunk(b"iTXt", body)
+    else:
+        extra = text_chunk("workflow", workflow, kind)
+    image = png_with(tmp_path / "ComfyUI_00001_.png", [extra])
+    record, status, _ = explain.read_image(image)
+    assert (record.made_by, record.model, status) == ("comfyui", "sd15.safetensors", "nan")
+
+
+def test_the_check_runs_at_most_at_the_models_native_size(tmp_path, a1111_tree):
+    """An image that records an absurd size (or a real 2048 px one) is checked at the model's
+    native size, with a note; a smaller image at its own size."""
+    from app.core import models
+
+    absurd = explain.Record(width=999_999, height=999_999)
+    assert explain._probe_size(absurd, 512) == 512
+    assert explain._probe_size(explain.Record(width=2048, height=1536), 1024) == 1024
+    assert explain._probe_size(explain.Record(width=640, height=448), 1024) == 640
+    assert explain._probe_size(explain.Record(), 768) == 768
+
+    loaded = models.load_model(str(a1111_tree))
+    # Detected as SD1.x, the tiny file's native size is 512: a minute of CPU per check here.
+    # The model in memory is told a smaller one, so the check costs what the other tests' do.
+    loaded.native_size = 64
+    image = a1111_black_png(tmp_path, a1111_tree, Size="999999x999999")
+    explanation = explain.explain_image(image, device="cpu", loaded=loaded)
+    assert explanation.check is not None and explanation.check.size == 64
+    assert any("999999x999999" in note and "native size" in note for note in explanation.notes)

@@ -638,6 +638,52 @@ GGUF_CASES = {
 RISKY_GGUF = ("tensor count 2**40", "key length 2**60", "array of 2**50 items")
 
 
+def _strings_array(count: int) -> bytes:
+    """A metadata array of `count` one-letter strings, as a vocabulary is stored."""
+    head = _gguf_string("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, count)
+    return head + _gguf_string("a") * count
+
+
+def _many_tensors(count: int) -> bytes:
+    """`count` one-element F32 tensors named like Flux blocks, each stored (as `_gguf` writes
+    them, joined once: adding to the header tensor by tensor is quadratic)."""
+    head = [b"GGUF" + struct.pack("<IQQ", 3, count, 0)]
+    for i in range(count):
+        head.append(_gguf_string(f"double_blocks.{i}.img_attn.norm.key_norm.scale"))
+        head.append(struct.pack("<IQIQ", 1, 1, F32, 32 * i))
+    raw = b"".join(head)
+    return raw + b"\0" * (-len(raw) % 32) + b"\0" * (32 * count)
+
+
+# Files that real sizes of every count make: each was accepted by the header walk and then
+# took the gguf package's eager reader minutes and gigabytes (or a folder of them a load).
+HEAVY_GGUF = {
+    "4 million strings in one array": (
+        lambda: _gguf([("w", [4], F32, 0)], keys=1, metadata=_strings_array(4_000_000), data=16),
+        "strings in arrays",
+    ),
+    "65,534 tensors": (lambda: _many_tensors(65_534), "claims 65,534 tensors"),
+}
+ORIGINAL_SHAPE = "comfy.gguf.orig_shape.w"
+GGUF_CASES.update(
+    {
+        "negative recorded shape": (
+            _gguf(
+                [("w", [4], F32, 0)],
+                keys=1,
+                metadata=_gguf_string(ORIGINAL_SHAPE) + struct.pack("<IIQii", 9, 5, 2, -2, -2),
+                data=16,
+            ),
+            "negative dimension",
+        ),
+        "a block type gguf cannot decode": (
+            _gguf([("w", [256], 15, 0)], data=320),  # Q8_K: 256 values in 292 bytes
+            "Q8_K, which the gguf package cannot decode",
+        ),
+    }
+)
+
+
 @pytest.mark.parametrize("case", sorted(GGUF_CASES))
 def test_hostile_gguf_headers_get_one_sentence(tmp_path, case):
     raw, words = GGUF_CASES[case]
@@ -662,3 +708,88 @@ def test_the_command_refuses_hostile_gguf_files_within_memory_and_time(tmp_path,
     path.write_bytes(raw)
     result = run_cli("check", str(path), "--size", "64", memory_gib=4, timeout=180)
     assert_cannot_run(result, path, words)
+
+
+# Configuration files of other tools --------------------------------------------------------
+
+
+def yaml_alias_bomb(levels: int = 9) -> str:
+    """About 600 bytes of YAML whose merge keys copy a mapping 9**levels times when built."""
+    lines = ["l0: &l0 {a: 1, b: 2, c: 3, d: 4, e: 5, f: 6, g: 7, h: 8, i: 9}"]
+    for n in range(1, levels):
+        lines.append(f"l{n}: &l{n} {{<<: [{', '.join([f'*l{n - 1}'] * 9)}]}}")
+    lines.append(f"comfyui:\n  checkpoints: more\n  extra: *l{levels - 1}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (yaml_alias_bomb(), "aliases"),
+        ("a:\n  checkpoints: x\n  b: " + "[" * 40 + "]" * 40 + "\n", "nested too deeply"),
+    ],
+    ids=["merge-key alias bomb", "deep nesting"],
+)
+def test_a_hostile_extra_model_paths_yaml_costs_only_its_row(tmp_path, monkeypatch, text, words):
+    home = tmp_path / "home"
+    checkpoints = home / "ComfyUI" / "models" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    yaml_file = home / "ComfyUI" / "extra_model_paths.yaml"
+    yaml_file.write_text(text)
+    assert len(text) < 1024
+    kind, value = bounded(library.default_folders)
+    assert kind == "ok", value
+    folders, problems = value  # type: ignore[misc]
+    assert checkpoints in [f.path for f in folders]  # the rest of the install still counts
+    assert [p.path for p in problems] == [str(yaml_file)]
+    error = problems[0].error or ""
+    assert error.startswith(f"{yaml_file}: it ") and words in error and error.endswith(".")
+
+
+def test_a_plain_extra_model_paths_yaml_is_still_read(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "ComfyUI" / "models" / "checkpoints").mkdir(parents=True)
+    shared = tmp_path / "shared"
+    (shared / "sd").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    (home / "ComfyUI" / "extra_model_paths.yaml").write_text(
+        f"mine:\n  base_path: {shared}\n  checkpoints: |\n    sd\n  vae: sd\n"
+    )
+    folders, problems = library.default_folders()
+    assert problems == [] and (shared / "sd").resolve() in [f.path for f in folders]
+
+
+@pytest.mark.parametrize("case", sorted(HEAVY_GGUF))
+def test_gguf_files_with_real_sized_hostile_counts_are_refused_before_any_reader(tmp_path, case):
+    make, words = HEAVY_GGUF[case]
+    path = tmp_path / "flux1-dev-Q8_0.gguf"
+    path.write_bytes(make())
+    assert_sentence(refused(Checkpoint, path), path, words)
+
+
+def test_a_gguf_tensor_is_read_without_the_gguf_packages_reader(tmp_path, monkeypatch):
+    """Tensors are read at the offsets the bounded walk checked; the package's GGUFReader,
+    which parses every metadata array into numpy objects, is never built."""
+    import gguf
+
+    def no_reader(*args, **kwargs):
+        raise AssertionError("GGUFReader parsed the file")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(_gguf([("a", [4], F32, 0)], keys=1, metadata=_strings_array(1000), data=32))
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.get("a").tolist() == [0.0] * 4
+
+
+def test_a_folder_of_hostile_gguf_files_beside_a_flux_model_costs_seconds(tmp_path):
+    from gguf import GGMLQuantizationType
+    from test_quantized import flux_gguf
+
+    _, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
+    hostile = _many_tensors(65_534)
+    for number in range(8):
+        (tmp_path / "models" / "text_encoders" / f"t5xxl_{number}.gguf").write_bytes(hostile)
+    kind, model = bounded(load_model, str(path))
+    assert kind == "ok", model

@@ -328,6 +328,7 @@ def test_the_model_runs_exactly_the_loras_asked_for_flags_and_prompt_tags(tmp_pa
 def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     """The window's generate job: LoRAs from the job's list and from the prompt's tags, and a
     LoRA that does not load is one sentence with nothing applied."""
+    from app.core import paths
     from app.core.jobs import CancelToken
     from app.core.models import load_model
     from app.engine import jobs
@@ -335,7 +336,9 @@ def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     from app.engine.server import JobContext, Session
 
     session = Session(model=load_model("demo"))
-    ink = save_lora(kohya_lora(session.model.pipeline, scale=0.05), tmp_path / "ink.safetensors")
+    own_models = paths.data_dir() / "models"  # a library folder: prompt tags resolve there
+    own_models.mkdir(parents=True, exist_ok=True)
+    ink = save_lora(kohya_lora(session.model.pipeline, scale=0.05), own_models / "ink.safetensors")
     request = {"prompt": "a boat", "steps": 2, "width": 64, "height": 64, "seed": 7,
                "output_dir": str(tmp_path / "out")}  # fmt: skip
 
@@ -348,9 +351,7 @@ def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     )
     assert document["images"][0]["status"] == "ok"
     assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.4)]
-    tagged = dict(
-        request, prompt=f"a boat <lora:{tmp_path / 'ink'}:0.6>".replace(".safetensors", "")
-    )
+    tagged = dict(request, prompt="a boat <lora:ink:0.6>")
     run({"request": tagged, "device": "cpu"})
     assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.6)]
     with pytest.raises(HalfSafeError, match="between"):

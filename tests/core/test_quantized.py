@@ -678,3 +678,81 @@ def test_the_report_json_names_the_quantisation(tmp_path):
     assert document["model"]["quantization"]["format"] == "gguf"
     assert document["model"]["quantization"]["files"] == [path.name]
     assert report.verdict is Verdict.HEALTHY
+
+
+IQ4_NL_VALUES = np.array(
+    (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113), dtype=np.float32
+)
+
+
+def iq4_nl(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ4_NL blocks as llama.cpp lays them out (the gguf package decodes but cannot encode
+    them): per 32 values an fp16 scale, then 16 bytes of 4-bit indices into a fixed table, value
+    j in the low half of byte j and value j + 16 in the high half. Returns (the bytes, rows by
+    row bytes; the values they decode to)."""
+    blocks = values.reshape(-1, 32).astype(np.float32)
+    peak = blocks[np.arange(len(blocks)), np.abs(blocks).argmax(axis=1)]
+    scale = (peak / -127).astype(np.float16)
+    safe = np.where(scale == 0, 1, scale.astype(np.float32))
+    index = np.abs(blocks[:, :, None] / safe[:, None, None] - IQ4_NL_VALUES).argmin(axis=2)
+    packed = (index[:, :16] | index[:, 16:] << 4).astype(np.uint8)
+    raw = np.concatenate([scale[:, None].view(np.uint8), packed], axis=1)
+    decoded = scale.astype(np.float32)[:, None] * IQ4_NL_VALUES[index]
+    rows = values.shape[0]
+    return raw.reshape(rows, -1), decoded.reshape(values.shape)
+
+
+def test_an_iq4_nl_gguf_tensor_is_dequantised_not_read_as_integers(tmp_path):
+    values = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)).numpy()
+    raw, decoded = iq4_nl(values)
+    path = tmp_path / "flux1-dev-IQ4_NL.gguf"
+    writer = GGUFWriter(path, "flux")
+    writer.add_tensor("w", raw, raw_dtype=GGMLQuantizationType.IQ4_NL)
+    writer.add_tensor("b", np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.shapes["w"] == (8, 64) and checkpoint.dtypes["w"] == "GGUF_IQ4_NL"
+        weight = checkpoint.get("w")
+        assert weight.dtype == torch.bfloat16
+        torch.testing.assert_close(weight.float(), torch.from_numpy(decoded), rtol=2**-8, atol=0)
+        # Within IQ4_NL's error of the original: half the table's widest step, 24 of 127.
+        limit = 12 / 127 * np.abs(values.reshape(-1, 32)).max(axis=1).max()
+        assert float((weight.float() - torch.from_numpy(values)).abs().max()) <= limit * 1.01
+        assert checkpoint.quantization is not None
+        assert checkpoint.quantization.types == ["F32", "IQ4_NL"]
+
+
+def test_a_bf16_file_with_only_the_scaled_fp8_marker_is_bf16(tmp_path):
+    from app.core.library import scan_library
+
+    path = write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            "a.weight": torch.ones(4, 4, dtype=torch.bfloat16),
+            "scaled_fp8": torch.zeros(2, dtype=torch.float8_e4m3fn),
+        },
+    )
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.quantization is None and checkpoint.stored_dtype() == "bf16"
+        assert checkpoint.keys() == ["a.weight"]
+    (entry,) = scan_library([str(tmp_path)], include_defaults=False, use_cache=False)
+    assert entry.stored_dtype == "bf16"
+
+
+def test_an_fp8_weight_with_an_empty_scale_is_one_sentence(tmp_path):
+    path = write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            "a.weight": torch.ones(0, 4).to(torch.float8_e4m3fn),
+            "a.weight_scale": torch.ones(0),
+        },
+    )
+    with pytest.raises(BadFileError) as refused:
+        Checkpoint(path)
+    assert str(refused.value) == (
+        f"{path}: the scale 'a.weight_scale' of 'a.weight' is empty (it holds no number), so "
+        "the weight's true values are unknown."
+    )
