@@ -614,7 +614,7 @@ class ModelMatch:
     found: bool
     path: str | None
     looked_in: list[str]
-    matched_by: str | None = None  # "hash", "hash and name", "name"
+    matched_by: str | None = None  # "hash", "hash and name", "name", "built-in demo"
     note: str | None = None
     vaes: list[str] = field(default_factory=list)  # the VAE files the library found
     # Every library folder (models and VAEs): where names from the image may resolve.
@@ -717,7 +717,11 @@ def find_model(
     returned, with a note. Runs on the calling thread.
     """
     from app.core import library
+    from app.core.demo import DEMO_MODELS
 
+    if record.made_by == "halfsafe" and record.model in DEMO_MODELS:
+        # HalfSafe's own built-in demos live in no folder: they are built, not found.
+        return ModelMatch(True, record.model, [], "built-in demo")
     progress = on_progress or no_progress
     looked_in = [str(f) for f in library.library_folders(folders)]
     scanned = library.scan_library(folders, on_progress=progress, cancel=cancel)

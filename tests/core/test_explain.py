@@ -585,3 +585,36 @@ def test_the_check_runs_at_most_at_the_models_native_size(tmp_path, a1111_tree):
     explanation = explain.explain_image(image, device="cpu", loaded=loaded)
     assert explanation.check is not None and explanation.check.size == 64
     assert any("999999x999999" in note and "native size" in note for note in explanation.notes)
+
+
+def test_halfsafes_own_demo_image_is_explained_with_the_built_in_demo(tmp_path, home, capsys):
+    out = tmp_path / "out"
+    assert (
+        main(
+            [
+                "generate",
+                "demo-overflow",
+                "--precision",
+                "fp16",
+                "--no-nan-check",
+                "--steps",
+                "4",
+                "--width",
+                "128",
+                "--height",
+                "128",
+                "--out",
+                str(out),
+                "--json",
+            ]
+        )
+        == 1
+    )
+    (image,) = (i["path"] for i in json.loads(capsys.readouterr().out)["images"])
+    # No model folder holds the demo, and none is needed to explain its image.
+    assert main(["explain", image, "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["image"]["made_by"] == "halfsafe" and document["image"]["status"] == "nan"
+    assert document["model"]["found"] is True and document["model"]["path"] == "demo-overflow"
+    assert document["check"]["components"]["vae"]["status"] == "overflow"
+    assert document["fix"] is not None
