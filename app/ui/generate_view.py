@@ -176,6 +176,7 @@ class GenerateView(QWidget):
 
         self._load_values()
         state.settings_changed.connect(self._settings_changed)
+        self._sized_for: str | None = None  # the model whose native size the form was set to
         state.model_changed.connect(self._model_changed)
         self._model_changed(state.model)
 
@@ -468,7 +469,17 @@ class GenerateView(QWidget):
         native = model.get("native_size")
         if isinstance(native, (list, tuple)) and native:
             native = native[0]
-        if (
+        source = (self.state.model_request or {}).get("source") or model.get("source")
+        if isinstance(native, int) and native > 0 and source != self._sized_for:
+            # A newly loaded model starts at the size it was made for (a 128 px model asked
+            # for 512 px draws badly, slowly); the user's own change afterwards stands.
+            self._sized_for = source
+            self.width_box.setValue(native)
+            self.height_box.setValue(native)
+            self.size_hint.setText(
+                f"Size set to {native}×{native} px, what this model was made for."
+            )
+        elif (
             isinstance(native, int)
             and native > 0
             and (self.width_box.value(), self.height_box.value()) != (native, native)

@@ -322,3 +322,14 @@ def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all
         {"images": [_image(_png(tmp_path / "fixed.png"))], "settings": fix, "seconds": 3.0},
     )
     assert "remembered for this model" in view.banner.text.text()
+
+
+def test_a_loaded_model_starts_at_its_native_size_and_the_users_change_stands(view, engines):
+    # The fake demo was made for 128 px; the settings' default is 512.
+    assert (view.width_box.value(), view.height_box.value()) == (128, 128)
+    assert "made for" in view.size_hint.text()
+    view.width_box.setValue(256)
+    view.state.set_model(dict(view.state.model), view.state.model_request)  # e.g. a refresh
+    assert view.width_box.value() == 256
+    view.generate()
+    assert engines.current.last_job("generate").params["request"]["width"] == 256
