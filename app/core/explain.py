@@ -619,6 +619,9 @@ class ModelMatch:
     vaes: list[str] = field(default_factory=list)  # the VAE files the library found
     # Every library folder (models and VAEs): where names from the image may resolve.
     roots: list[Path] = field(default_factory=list)
+    # Files that say where models are (another tool's extra_model_paths.yaml) but could not be
+    # read, one sentence each: the folders they name were not looked in.
+    unread: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -730,9 +733,10 @@ def find_model(
     vaes = [e.path for e in scanned if e.error is None and e.role == library.VAE]
 
     roots = library.library_roots(folders)
+    unread = [e.error for e in scanned if e.error and e.format == "config"]
 
     def match(*args: Any) -> ModelMatch:
-        return ModelMatch(*args, vaes=vaes, roots=roots)
+        return ModelMatch(*args, vaes=vaes, roots=roots, unread=unread)
 
     names = _wanted_names(record)
     by_name = [e for e in entries if any(_name_matches(e.path, n) for n in names)]
@@ -1029,6 +1033,7 @@ def explain_image(
     explanation = Explanation(str(path), made_by, status, record, figures, model)
     if model.note:
         explanation.notes.append(model.note)
+    explanation.notes.extend(model.unread)
     if status != "nan":
         explanation.message = _status_words(explanation)
         return explanation

@@ -40,6 +40,7 @@ from hostile_files import (
     two_step_cycle_ckpt,
     write_single_file,
 )
+from PIL import Image
 
 from app.core import library, limits
 from app.core.checkpoint import (
@@ -745,6 +746,34 @@ def test_a_hostile_extra_model_paths_yaml_costs_only_its_row(tmp_path, monkeypat
     assert [p.path for p in problems] == [str(yaml_file)]
     error = problems[0].error or ""
     assert error.startswith(f"{yaml_file}: it ") and words in error and error.endswith(".")
+
+
+def test_explain_names_the_unread_extra_model_paths_yaml(tmp_path, monkeypatch):
+    from app.core import explain
+
+    home = tmp_path / "home"
+    (home / "ComfyUI" / "models" / "checkpoints").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    yaml_file = home / "ComfyUI" / "extra_model_paths.yaml"
+    yaml_file.write_text(yaml_alias_bomb())
+    image = tmp_path / "black.png"
+    Image.new("RGB", (64, 64)).save(
+        image,
+        pnginfo=_parameters("a cat\nSteps: 20, Sampler: Euler, Seed: 1, Size: 64x64, Model: gone"),
+    )
+    kind, value = bounded(lambda: explain.explain_image(image))
+    assert kind == "ok", value
+    assert not value.model.found  # type: ignore[union-attr]
+    (note,) = [n for n in value.notes if str(yaml_file) in n]  # type: ignore[union-attr]
+    assert "aliases" in note and note.endswith(".")
+
+
+def _parameters(text: str):
+    from PIL.PngImagePlugin import PngInfo
+
+    info = PngInfo()
+    info.add_text("parameters", text)
+    return info
 
 
 def test_a_plain_extra_model_paths_yaml_is_still_read(tmp_path, monkeypatch):
