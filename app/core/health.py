@@ -805,7 +805,8 @@ def check_loaded(
             if not broken:
                 notes.append(
                     f"The {join_words(search.unfixed)} gives no finite output that agrees with "
-                    "fp32 under any precision setting: the model itself is broken."
+                    "fp32 under any precision setting, so the cause is not precision (the "
+                    "weights, a LoRA or a kernel: see the cause, where one was found)."
                 )
         elif failed:
             verdict = Verdict.FIXABLE

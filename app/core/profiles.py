@@ -287,7 +287,8 @@ def _decode(text: str) -> Any:
             object_pairs_hook=_unique_names,
         )
     except json.JSONDecodeError as error:
-        return _raise(f"it is not valid JSON: {error.msg.lower()}")
+        # json's messages end in " at" before a position that is the entry's, not the file's.
+        return _raise(f"it is not valid JSON: {error.msg.lower().removesuffix(' at')}")
     except RecursionError:  # cannot happen after _object_end's count; refused all the same
         return _raise(f"it is nested more than {MAX_ENTRY_DEPTH} levels deep")
 

@@ -319,3 +319,11 @@ def test_a_check_and_the_model_summary_name_the_damaged_file():
     )
     assert any(n.startswith(f"{path} was damaged (it is a named pipe") for n in report.notes)
     assert len(kept_aside(path)) == 2
+
+
+def test_a_json_problem_is_named_without_a_dangling_position():
+    from app.core import profiles
+
+    with pytest.raises(ValueError) as caught:
+        profiles._decode('{"summary": "a\x01b"}')
+    assert str(caught.value) == "it is not valid JSON: invalid control character"
