@@ -418,8 +418,12 @@ def _load_adapter(pipeline, lora: LoraFile, adapter: str) -> None:
     a layer that would not gets one sentence, HalfSafeError, rather than a strength the file
     does not give); then every layer of the adapter is set to the file's most common
     alpha / rank, which peft multiplies by the LoRA's weight after the layer's factors, as it
-    did before; a layer whose own alpha / rank differs carries the ratio in its factors."""
-    factors, common = adapter_factors(lora.tensors)
+    did before; a layer whose own alpha / rank differs carries the ratio in its factors.
+    Where diffusers' converter folds alphas into the factors itself, it is handed each layer's
+    rank as its alpha, so that it scales by exactly 1 and nothing is scaled twice."""
+    factors, common = adapter_factors(
+        lora.tensors, ranks_as_alphas=_converter_folds(pipeline, lora)
+    )
     with _quiet_loaders():
         pipeline.load_lora_weights(factors, adapter_name=adapter)
     from peft.tuners.lora import LoraLayer
@@ -443,11 +447,27 @@ def _load_adapter(pipeline, lora: LoraFile, adapter: str) -> None:
         module.scaling[adapter] = common
 
 
-def adapter_factors(tensors: dict[str, Any]) -> tuple[dict[str, Any], float]:
+def _converter_folds(pipeline, lora: LoraFile) -> bool:
+    """Whether diffusers converts this file for this pipeline with a converter that folds each
+    layer's alpha / rank into the factors itself, so that its alphas never reach peft: Flux's
+    kohya (sd-scripts), "mixture" and ComfyUI converters, which diffusers picks for any file
+    with a `.lora_down.weight` key. The mixture converter refuses a layer without its alpha."""
+    from diffusers.loaders import FluxLoraLoaderMixin
+
+    return isinstance(pipeline, FluxLoraLoaderMixin) and any(
+        ".lora_down.weight" in key for key in lora.tensors
+    )
+
+
+def adapter_factors(
+    tensors: dict[str, Any], *, ranks_as_alphas: bool = False
+) -> tuple[dict[str, Any], float]:
     """The LoRA's tensors as HalfSafe hands them to diffusers, and the scale its adapter runs
     at: the most common alpha / rank of its layers (alpha = rank where a layer has none). Each
     layer whose own alpha / rank differs has the ratio folded into its factors, so that
-    up' @ down' * common = up @ down * alpha / rank; every alpha is left out. The ratio is split
+    up' @ down' * common = up @ down * alpha / rank; every alpha is left out, or with
+    `ranks_as_alphas` (for a converter that needs the alphas and folds them itself) set to the
+    layer's rank, so that the converter's own alpha / rank is exactly 1. The ratio is split
     between the factors by a power of two (exact on `up`), keeping both in range. The input is
     not changed; unscaled factors are shared, not copied."""
     import torch
@@ -463,8 +483,11 @@ def adapter_factors(tensors: dict[str, Any]) -> tuple[dict[str, Any], float]:
             down, alpha = tensors[down_key], tensors.get(alpha_key)
             if up_key not in tensors or down.ndim < 2 or down.shape[0] == 0:
                 break  # a malformed layer is the loader's to refuse
-            out.pop(alpha_key, None)
             rank = down.shape[0]
+            if ranks_as_alphas:
+                out[alpha_key] = torch.tensor(float(rank))
+            else:
+                out.pop(alpha_key, None)
             layers.append((down_key, up_key, 1.0 if alpha is None else float(alpha) / rank))
             break
     usable = [scale for _, _, scale in layers if math.isfinite(scale) and scale != 0.0]

@@ -493,3 +493,117 @@ def test_check_with_a_lora_whose_one_layer_has_a_damaged_alpha_is_broken(tmp_pat
     listed = report["loras"][0]["non_finite" if alpha == "nan" else "absurd"]
     assert listed == [key]
     assert any(key in note for note in report["notes"])
+
+
+# Flux files that diffusers converts itself, folding each layer's alpha / rank into its factors:
+# (key in the file, the transformer layers it becomes, rank, alpha). A layer becomes several
+# when its `up` is split by rows among them (kohya's fused q/k/v).
+FLUX_MIXTURE_LAYERS = (
+    (
+        "lora_transformer_transformer_blocks_0_attn_to_q",
+        ("transformer_blocks.0.attn.to_q",),
+        4,
+        2.0,
+    ),
+    (
+        "lora_transformer_transformer_blocks_0_attn_to_out_0",
+        ("transformer_blocks.0.attn.to_out.0",),
+        4,
+        4.0,
+    ),
+    (
+        "lora_transformer_single_transformer_blocks_1_attn_to_k",
+        ("single_transformer_blocks.1.attn.to_k",),
+        2,
+        8.0,
+    ),
+    ("lora_transformer_context_embedder", ("context_embedder",), 4, 4.0),
+    ("lora_transformer_x_embedder", ("x_embedder",), 4, -1.0),
+)
+FLUX_KOHYA_LAYERS = (
+    ("lora_unet_double_blocks_0_img_attn_proj", ("transformer_blocks.0.attn.to_out.0",), 4, 2.0),
+    (
+        "lora_unet_double_blocks_0_txt_mlp_0",
+        ("transformer_blocks.0.ff_context.net.0.proj",),
+        4,
+        4.0,
+    ),
+    (
+        "lora_unet_double_blocks_0_img_attn_qkv",
+        tuple(f"transformer_blocks.0.attn.to_{p}" for p in "qkv"),
+        4,
+        1.0,
+    ),
+    ("lora_unet_single_blocks_1_linear2", ("single_transformer_blocks.1.proj_out",), 2, 8.0),
+    ("lora_unet_double_blocks_0_txt_attn_proj", ("transformer_blocks.0.attn.to_add_out",), 4, None),
+)
+
+
+def flux_converted_lora(transformer, layers) -> tuple[dict, dict]:
+    """A Flux LoRA over `layers` in kohya's key layout (lora_down, lora_up, alpha): its tensors,
+    and per transformer layer its (down, up rows, rank, alpha) as the file gives them."""
+    generator = torch.Generator().manual_seed(13)
+    tensors: dict[str, torch.Tensor] = {}
+    expected = {}
+    for key, names, rank, alpha in layers:
+        targets = [transformer.get_submodule(name) for name in names]
+        down = torch.randn(rank, targets[0].in_features, generator=generator)
+        rows = [t.out_features for t in targets]
+        up = torch.randn(sum(rows), rank, generator=generator) * 0.1
+        tensors[f"{key}.lora_down.weight"], tensors[f"{key}.lora_up.weight"] = down, up
+        if alpha is not None:
+            tensors[f"{key}.alpha"] = torch.tensor(alpha)
+        for name, part in zip(names, torch.split(up, rows), strict=True):
+            expected[name] = (down, part, rank, alpha)
+    return tensors, expected
+
+
+@pytest.mark.parametrize(
+    "layers", [FLUX_MIXTURE_LAYERS, FLUX_KOHYA_LAYERS], ids=["mixture", "kohya"]
+)
+def test_a_flux_lora_that_diffusers_converts_runs_each_layer_at_its_own_alpha(tmp_path, layers):
+    """diffusers' Flux converters for these layouts fold alpha / rank into the factors
+    themselves (the mixture one refuses a layer without its alpha): the file loads, and each
+    wrapped layer's change is weight * alpha / rank * up @ down, scaled once."""
+    from app.core.demo import build_tiny_flux_pipeline
+
+    pipeline = build_tiny_flux_pipeline()
+    tensors, expected = flux_converted_lora(pipeline.transformer, layers)
+    file = lora.read_lora(save_lora(tensors, tmp_path / "flux_layers.safetensors"))
+    assert file.problems() is None
+    (applied,) = lora.apply_loras(pipeline, [(file, 0.7)])
+    generator = torch.Generator().manual_seed(14)
+    for weight in (0.7, -0.3):
+        lora.use_weights(pipeline, [applied], {applied.adapter: weight})
+        for name, (down, up, rank, alpha) in expected.items():
+            wrapped = pipeline.transformer.get_submodule(name)
+            original = wrapped.base_layer
+            x = torch.randn(3, original.in_features, generator=generator)
+            scale = weight * (rank if alpha is None else alpha) / rank
+            with torch.inference_mode():
+                change = wrapped(x) - original(x)
+            want = x @ (scale * (up @ down)).T
+            assert torch.allclose(change, want, rtol=1e-4, atol=1e-6), (name, alpha, weight)
+    assert all(torch.equal(file.tensors[k], v) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize(
+    "layers", [FLUX_MIXTURE_LAYERS, FLUX_KOHYA_LAYERS], ids=["mixture", "kohya"]
+)
+def test_a_nan_alpha_in_a_converted_flux_lora_is_named_and_runs_non_finite(tmp_path, layers):
+    """A NaN alpha in these layouts is damage named by its tensor, and the LoRA still loads
+    (not refused as a misfit) so the check can run it, blame it and prove dropping it."""
+    from app.core.demo import build_tiny_flux_pipeline
+
+    pipeline = build_tiny_flux_pipeline()
+    tensors, _ = flux_converted_lora(pipeline.transformer, layers)
+    key, names, _, _ = layers[0]
+    tensors[f"{key}.alpha"] = torch.tensor(float("nan"))
+    file = lora.read_lora(save_lora(tensors, tmp_path / "flux_nan_alpha.safetensors"))
+    assert file.damaged == [f"{key}.alpha"]
+    assert f"{key}.alpha" in (file.problems() or "")
+    lora.apply_loras(pipeline, [(file, 1.0)])
+    wrapped = pipeline.transformer.get_submodule(names[0])
+    with torch.inference_mode():
+        out = wrapped(torch.ones(2, wrapped.base_layer.in_features))
+    assert not torch.isfinite(out).any()
