@@ -295,10 +295,11 @@ def ping(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def remember_fix(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
-    """params: settings (a fix: settings values), summary (its sentence), device. Stores the fix
-    for the loaded model on that device, where a health check or a repair stores the fixes it
-    proves; fields the user leaves on Auto (or empty, for layer lists) follow it from the next
-    job on. Returns the loaded model's summary, with the fix now remembered."""
+    """params: settings (a fix: settings values), summary (its sentence), verified_by (what
+    proved it: "health check" or "generation"), device. Stores the fix for the loaded model on
+    that device, where a health check or a repair stores the fixes it proves; fields the user
+    leaves on Auto (or empty, for layer lists) follow it from the next job on. Returns the
+    loaded model's summary, with the fix now remembered."""
     model = _loaded(context)
     from app.core import hardware, profiles
 
@@ -309,7 +310,7 @@ def remember_fix(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
         info.name,
         dict(params["settings"]),
         str(params.get("summary") or ""),
-        "health check",
+        "generation" if params.get("verified_by") == "generation" else "health check",
     )
     context.session.model_summary = summarise_model(model, device)
     return dict(context.session.model_summary)

@@ -32,22 +32,40 @@ def apply_fix(
     summary: str,
     on_failed: Callable[[EngineEvent], None] | None = None,
 ) -> list[str]:
-    """Set the fix's plain settings and have the engine remember its layer lists for the loaded
-    model; returns the setting keys that changed (ValueError, nothing changed, for a bad
-    value). The remembering is a job queued ahead of any job submitted after this call, so the
-    next generation or check runs with it."""
+    """Apply a fix the health check verified: set its plain settings and have the engine
+    remember its layer lists for the loaded model; returns the setting keys that changed
+    (ValueError, nothing changed, for a bad value). The remembering is a job queued ahead of
+    any job submitted after this call, so the next generation or check runs with it."""
     shared, own = split_fix(settings)
     for key, value in own.items():
         FIELDS[key].validate(value)
     changed = state.apply(shared)
     if own:
-        params = {"settings": own, "summary": summary, "device": state.device()}
-
-        def remembered(event: EngineEvent) -> None:
-            if event.state == EventState.RESULT and event.result:
-                state.set_model(event.result, state.model_request)
-            elif event.state == EventState.ERROR and on_failed is not None:
-                on_failed(event)
-
-        client.submit("remember_fix", params, remembered)
+        remember_for_model(state, client, own, summary, "health check", on_failed)
     return changed
+
+
+def remember_for_model(
+    state: AppState,
+    client: EngineClient,
+    own: Mapping[str, Any],
+    summary: str,
+    verified_by: str,
+    on_failed: Callable[[EngineEvent], None] | None = None,
+) -> int:
+    """Queue the engine job that remembers a verified fix's layer lists for the loaded model
+    on this device (`verified_by`: what proved it); the model's summary shown is refreshed."""
+    params = {
+        "settings": dict(own),
+        "summary": summary,
+        "verified_by": verified_by,
+        "device": state.device(),
+    }
+
+    def remembered(event: EngineEvent) -> None:
+        if event.state == EventState.RESULT and event.result:
+            state.set_model(event.result, state.model_request)
+        elif event.state == EventState.ERROR and on_failed is not None:
+            on_failed(event)
+
+    return client.submit("remember_fix", params, remembered)

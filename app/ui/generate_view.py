@@ -50,7 +50,7 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import apply_fix, split_fix
+from app.ui.fixes import remember_for_model, split_fix
 from app.ui.gallery import Gallery
 from app.ui.lora_list import LoraList
 from app.ui.state import AppState
@@ -504,11 +504,12 @@ class GenerateView(QWidget):
         self._remember(request)
         self.submit(request)
 
-    def submit(self, request: dict[str, Any]) -> int:
-        """Queue a generation with the settings as they are now."""
+    def submit(self, request: dict[str, Any], with_fix: dict[str, Any] | None = None) -> int:
+        """Queue a generation with the settings as they are now (and, for this job only, the
+        fix settings `with_fix`)."""
         params = {
             "request": request,
-            "precision": self.state.precision(),
+            "precision": {**self.state.precision(), **(with_fix or {})},
             "device": self.state.device(),
             "loras": self.loras.entries(),
         }
@@ -584,6 +585,11 @@ class GenerateView(QWidget):
             self.progress.setValue(0 if event.state != EventState.RESULT else 1)
         if event.state == EventState.RESULT:
             result = event.result or {}
+            _shared, own = split_fix(applied_fix or {})
+            images = result.get("images") or []
+            if own and images and all(i.get("status") == "ok" for i in images):
+                # Proved: the same image came out finite with it.
+                remember_for_model(self.state, self.client, own, words.fix_words(own), "generation")
             self.add_result(result, request, applied_fix)
             self.progress_label.setText(f"Done in {float(result.get('seconds', 0)):.1f} s.")
         elif event.state == EventState.CANCELLED:
@@ -726,17 +732,15 @@ class GenerateView(QWidget):
             self.banner.dismiss()
 
     def apply_fix_and_regenerate(self, entry: dict[str, Any]) -> int | None:
-        """Apply the image's fix (its layer lists remembered for this model, the rest written
-        into the settings: `app.ui.fixes`) and make the same image again with it."""
+        """Make the same image again with the image's fix. Its plain settings are written into
+        the settings; its layer lists (that model's alone: `app.ui.fixes`) run with this job
+        only, and are remembered for the model once the image comes out finite with them."""
         fix = entry.get("fix") or {}
+        shared, own = split_fix(fix)
         try:
-            apply_fix(
-                self.state,
-                self.client,
-                fix,
-                words.fix_words(fix),
-                on_failed=self.dialogs.job_failed,
-            )
+            for key, value in own.items():
+                FIELDS[key].validate(value)
+            self.state.apply(shared)
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return None
@@ -750,7 +754,7 @@ class GenerateView(QWidget):
             + html.escape(words.fix_words(fix))
             + ". Making the same image again…",
         )
-        job_id = self.submit(request)
+        job_id = self.submit(request, with_fix=own)
         self._fix_of_job[job_id] = dict(fix)
         return job_id
 

@@ -311,25 +311,35 @@ def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all
     )
     view.banner.buttons["Apply fix and regenerate"].click()
     assert load_settings().settings["fp32_modules"] == []
-    remember = engines.current.last_job("remember_fix")
     again = engines.current.last_job("generate")
-    # Remembered first, so the regeneration runs with it.
-    assert remember.job_id < again.job_id
-    assert remember.params["settings"] == fix
-    engines.current.finish(remember, {"name": "demo", "remembered_fix": {"settings": fix}})
+    # The layers run with this job only, and nothing is remembered before they are proved.
+    assert again.params["precision"]["fp32_modules"] == fix["fp32_modules"]
+    assert engines.current.jobs("remember_fix") == []
     engines.current.finish(
         again,
         {"images": [_image(_png(tmp_path / "fixed.png"))], "settings": fix, "seconds": 3.0},
     )
+    remember = engines.current.last_job("remember_fix")
+    assert remember.params["settings"] == fix
+    assert remember.params["verified_by"] == "generation"
     assert "remembered for this model" in view.banner.text.text()
 
 
-def test_a_loaded_model_starts_at_its_native_size_and_the_users_change_stands(view, engines):
-    # The fake demo was made for 128 px; the settings' default is 512.
-    assert (view.width_box.value(), view.height_box.value()) == (128, 128)
-    assert "made for" in view.size_hint.text()
-    view.width_box.setValue(256)
-    view.state.set_model(dict(view.state.model), view.state.model_request)  # e.g. a refresh
-    assert view.width_box.value() == 256
+def test_a_layer_fix_that_does_not_repair_the_image_is_not_remembered(view, engines, tmp_path):
     view.generate()
-    assert engines.current.last_job("generate").params["request"]["width"] == 256
+    job = engines.current.last_job("generate")
+    fix = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    black = _image(_png(tmp_path / "black.png", "black"), status="nan", component="vae", fix=fix)
+    engines.current.finish(job, {"images": [black], "settings": {}, "seconds": 3.0})
+    view.banner.buttons["Apply fix and regenerate"].click()
+    again = engines.current.last_job("generate")
+    engines.current.finish(
+        again,
+        {
+            "images": [_image(_png(tmp_path / "still.png", "black"), status="nan")],
+            "settings": fix,
+            "seconds": 3.0,
+        },
+    )
+    assert engines.current.jobs("remember_fix") == []
+    assert load_settings().settings["fp32_modules"] == []
