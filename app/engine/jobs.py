@@ -124,14 +124,15 @@ def load(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     """
     from app.core.models import check_openable
 
-    check_openable(params["source"], allow_pickle=bool(params.get("allow_pickle", False)))
+    allow_pickle = bool(params.get("allow_pickle", False))
+    check_openable(params["source"], allow_pickle=allow_pickle)
     if params.get("vae"):
-        check_openable(params["vae"])
+        check_openable(params["vae"], allow_pickle=allow_pickle)
     previous = context.session.model_request
     _free_model(context)
     try:
         _load_into_session(context, params, context.cancel)
-    except BaseException:
+    except Exception:  # a failure or a cancel; an interrupted engine loads nothing more
         if previous is not None:
             _load_again(context, previous)
         raise
