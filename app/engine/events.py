@@ -128,12 +128,29 @@ def read_message(stream: BinaryIO) -> Message | None:
     if payload is None:
         raise ProtocolError("stream ended in the middle of a frame")
     try:
-        message = pickle.loads(payload)
+        message = _PlainUnpickler(io.BytesIO(payload)).load()
     except Exception as error:  # noqa: BLE001 - any unpickling failure is a protocol failure
         raise ProtocolError(f"frame could not be decoded: {error}") from error
     if not isinstance(message, (EngineEvent, JobRequest, CancelRequest, ShutdownRequest)):
         raise ProtocolError(f"unexpected message type {type(message).__name__}")
     return message
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds only the message types of this module; everything inside them must be builtins,
+    which pickle builds without naming a class. Any other class would import its module here:
+    torch into the GUI process (which must never load it), or anything at all from a bad frame."""
+
+    _ALLOWED = frozenset(
+        {"EngineEvent", "EventState", "JobRequest", "CancelRequest", "ShutdownRequest"}
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name in self._ALLOWED:
+            return globals()[name]
+        raise pickle.UnpicklingError(
+            f"it holds a {module}.{name}, not plain data (builtins and this module's messages)"
+        )
 
 
 def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:

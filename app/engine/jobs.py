@@ -36,8 +36,13 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, Path):
         return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
+    # Exactly the builtin type: a subclass (torch's TorchVersion is a str, numpy's float64 a
+    # float) would pickle as its own class and import its library in the GUI process.
+    if value is None or type(value) in (bool, int, float, str):
         return value
+    for plain in (bool, int, float, str):
+        if isinstance(value, plain):
+            return plain(value)
     to_json = getattr(value, "to_json", None)
     if callable(to_json):
         return _plain(to_json())

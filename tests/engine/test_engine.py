@@ -372,3 +372,24 @@ def test_a_fix_applied_from_the_gui_is_remembered_for_the_loaded_model(engine):
     report = events.wait_final(3, timeout=300).result["report"]
     assert report["remembered"] == "2 VAE layers in fp32"
     assert report["verdict"] == "healthy"
+
+
+def test_a_frame_holding_anything_but_plain_data_is_refused_unbuilt():
+    from fractions import Fraction
+
+    frame = encode(EngineEvent(1, "hardware", EventState.RESULT, result={"torch": Fraction(1, 3)}))
+    with pytest.raises(ProtocolError, match=r"fractions\.Fraction, not plain data"):
+        read_message(io.BytesIO(frame))
+
+
+def test_results_cross_as_exactly_the_builtin_types():
+    from torch.torch_version import TorchVersion
+
+    from app.engine.jobs import _plain
+
+    version = _plain({"torch": TorchVersion("2.13.0"), "peak": __import__("numpy").float64(1.5)})
+    assert type(version["torch"]) is str and version["torch"] == "2.13.0"
+    assert type(version["peak"]) is float
+    # And so the GUI can read them back without importing their libraries.
+    frame = encode(EngineEvent(1, "hardware", EventState.RESULT, result=version))
+    assert read_message(io.BytesIO(frame)).result == {"torch": "2.13.0", "peak": 1.5}

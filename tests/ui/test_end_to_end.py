@@ -99,3 +99,55 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
     assert not view.image.pixmap.isNull()
     assert "a red cube" in view.parameters.text()
     assert previews and previews[0].preview_png.startswith(b"\x89PNG")
+
+
+# The GUI process as a user starts it, in a process of its own: whatever the engine sends back
+# (devices, a model, a report, an image), the GUI must never load torch (DESIGN: process model).
+_GUI_SESSION = """
+import sys, time
+from app.ui.application import application, build_main_window
+from app.core.settings import load_settings, save_settings
+
+loaded = load_settings().settings
+for key, value in dict(output_folder=sys.argv[1], steps=4, width=64, height=64).items():
+    loaded[key] = value
+save_settings(loaded)
+app = application()
+window = build_main_window()
+window.show()
+window.start_background()
+deadline = time.monotonic() + 240
+
+def wait(condition, what):
+    while not condition():
+        app.processEvents()
+        time.sleep(0.02)
+        if window.dialogs.shown or time.monotonic() > deadline:
+            print("STOPPED at", what, [d.message for d in window.dialogs.shown])
+            sys.exit(3)
+
+wait(lambda: window.state.hardware is not None, "the devices")
+window.models_view.load_path("demo")
+wait(lambda: window.state.model is not None, "the demo")
+window.health_view.run_button.click()
+wait(lambda: window.health_view.report is not None, "the check")
+window.generate_view.generate()
+wait(lambda: window.generate_view.gallery.count() == 1, "the image")
+print("torch in the GUI process:", "torch" in sys.modules)
+window.close()
+"""
+
+
+def test_the_gui_process_never_loads_torch_whatever_the_engine_sends(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _GUI_SESSION, str(tmp_path / "images")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "torch in the GUI process: False" in done.stdout, done.stdout
