@@ -340,6 +340,9 @@ def resolve_plan(
                 "upcast_attention", "This device needs attention upcast to fp32."
             )
         )
+    attention_backend, fp16_accumulation = _what_the_device_runs(
+        kind, chosen["attention_backend"], bool(chosen["fp16_accumulation"]), warnings
+    )
     if chosen["attention_backend"] == "flash" and upcast:
         warnings.append(
             "Flash attention has no fp32 kernel: upcast attention runs on the "
@@ -381,16 +384,44 @@ def resolve_plan(
         clamps=clamps,
         t5_feed_forward=tuple(t5_components),
         upcast_attention=upcast,
-        attention_backend=chosen["attention_backend"],
+        attention_backend=attention_backend,
         allow_tf32=bool(chosen["allow_tf32"]),
         fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
-        fp16_accumulation=bool(chosen["fp16_accumulation"]),
+        fp16_accumulation=fp16_accumulation,
         attention_reduced_precision=bool(chosen["attention_reduced_precision"]),
         autocast=autocast,
         reasons=reasons,
         warnings=tuple(warnings),
         remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
     )
+
+
+# Attention kernels PyTorch has only for CUDA GPUs; elsewhere SDPA runs its math kernel (and on
+# a CPU its fused kernel, under the flash name).
+CUDA_ONLY_BACKENDS = {"efficient": "memory-efficient attention", "cudnn": "cuDNN attention"}
+_DEVICE_WORDS = {"cpu": "a CPU", "mps": "an Apple GPU (MPS)", "xpu": "an Intel GPU (XPU)"}
+
+
+def _what_the_device_runs(
+    kind: str, backend: str, fp16_accumulation: bool, warnings: list[str]
+) -> tuple[str, bool]:
+    """The attention backend and fp16 accumulation this device really runs, so that the plan
+    (and every record made from it: the PNG, the report, the caption) says what ran; a choice
+    the device cannot honour is said once, in `warnings`."""
+    where = _DEVICE_WORDS.get(kind, kind)
+    if kind in ("cpu", "mps") and backend in CUDA_ONLY_BACKENDS:
+        warnings.append(
+            f"{CUDA_ONLY_BACKENDS[backend].capitalize()} needs a CUDA GPU: on {where} "
+            "attention runs on the math kernel, and the job records that."
+        )
+        backend = "math"
+    if kind != "cuda" and fp16_accumulation:
+        warnings.append(
+            f"Full fp16 accumulation is a CUDA matmul setting: it does nothing on {where}, "
+            "so the job records it off."
+        )
+        fp16_accumulation = False
+    return backend, fp16_accumulation
 
 
 # --- autocast ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.precision import CUDA_ONLY_BACKENDS
 from app.core.settings import FIELDS, GROUPS, SCHEMA, Field
 from app.ui import words
 from app.ui.dialogs import Dialogs
@@ -504,6 +505,9 @@ class SettingsView(QWidget):
         have_report = self.state.hardware is not None
         if self.state.settings["no_half"] and key in _OVERRIDDEN_BY_NO_HALF:
             return "No-half is on, so this runs in fp32 whatever is chosen here."
+        lacking = self._device_lacks(key, value)
+        if lacking:
+            return lacking
         if key == "device" and value == "auto":
             device = self.state.device_report()
             if device is None:
@@ -554,6 +558,24 @@ class SettingsView(QWidget):
 
     def _on_cpu(self) -> bool:
         return (self.state.device_report() or {}).get("kind") == "cpu"
+
+    def _device_lacks(self, key: str, value: Any) -> str:
+        """What the device in use cannot do of this choice (jobs run and record what it can:
+        core's `precision._what_the_device_runs`); "" when it can, or is not known yet."""
+        kind = (self.state.device_report() or {}).get("kind")
+        if kind is None or kind in ("cuda", "rocm"):
+            return ""
+        if key == "attention_backend" and value in CUDA_ONLY_BACKENDS and kind in ("cpu", "mps"):
+            return (
+                f"Not on this device: {CUDA_ONLY_BACKENDS[value]} needs a CUDA GPU, so jobs "
+                "run the math kernel and record that."
+            )
+        if key == "fp16_accumulation" and value:
+            return (
+                "Not on this device: full fp16 accumulation is a CUDA setting, so it does "
+                "nothing here and jobs record it off."
+            )
+        return ""
 
     def _refresh_resolved(self) -> None:
         for key, widget in self.resolved.items():

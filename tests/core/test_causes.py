@@ -378,9 +378,7 @@ def test_a_chosen_fix_that_only_switches_the_backend_is_a_kernel_cause_without_a
 
 
 @pytest.mark.slow
-def test_the_nan_watch_says_kernel_when_its_repair_only_switched_the_backend(
-    monkeypatch, tmp_path
-):
+def test_the_nan_watch_says_kernel_when_its_repair_only_switched_the_backend(monkeypatch, tmp_path):
     fp16_sdpa_fault_but_math(monkeypatch)
     result = generate(loaded(build_tiny_sd_pipeline(), "kernel-by-repair"), tmp_path)
     (image,) = result.images

@@ -151,3 +151,17 @@ def test_mixed_precision_pipeline_runs_and_leaves_the_source_untouched():
     placed.apply(mixed.with_dtypes(unet="fp32"))
     assert placed["unet"].dtype == torch.float32
     assert placed["vae"] is vae_before  # an unchanged component is not copied again
+
+
+@pytest.mark.parametrize("backend", ["cudnn", "efficient"])
+def test_a_choice_the_cpu_cannot_run_is_recorded_as_what_ran(backend):
+    chosen = PrecisionSettings(precision="fp32", attention_backend=backend, fp16_accumulation=True)
+    on_cpu = plan(chosen, device="cpu", info=None)
+    assert on_cpu.attention_backend == "math" and on_cpu.fp16_accumulation is False
+    settings = on_cpu.effective_settings()
+    assert settings["attention_backend"] == "math" and settings["fp16_accumulation"] is False
+    assert any("needs a CUDA GPU: on a CPU" in w for w in on_cpu.warnings)
+    assert any("does nothing on a CPU" in w for w in on_cpu.warnings)
+    # A CUDA device runs them as chosen.
+    on_gpu = plan(chosen, device="cuda")
+    assert on_gpu.attention_backend == backend and on_gpu.fp16_accumulation is True

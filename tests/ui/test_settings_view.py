@@ -228,3 +228,21 @@ def test_reset_changes_nothing_unless_the_user_confirms(window, engines):
     assert saved["fp16_accumulation"] is True and saved["vae_precision"] == "fp16"
     assert view.notice.text() == "Nothing was changed."
     assert not view.undo_button.isVisibleTo(view)
+
+
+def test_choices_the_device_cannot_run_are_marked(window):
+    import copy
+
+    view = window.settings_view
+    window.state.apply({"attention_backend": "cudnn", "fp16_accumulation": True})
+    window.state.set_hardware(HARDWARE)  # a CUDA GPU runs both
+    assert "Not on this device" not in view.resolved["attention_backend"].text()
+    cpu = copy.deepcopy(HARDWARE)
+    cpu["devices"][0].update(kind="cpu", name="AMD EPYC", capability=None)
+    window.state.set_hardware(cpu)
+    assert (
+        view.resolved["attention_backend"]
+        .text()
+        .startswith("Not on this device: cuDNN attention needs a CUDA GPU")
+    )
+    assert view.resolved["fp16_accumulation"].text().startswith("Not on this device")
