@@ -337,6 +337,7 @@ class SettingsView(QWidget):
             editor.edited.connect(self._edited)
         state.settings_changed.connect(self._settings_changed)
         state.hardware_changed.connect(lambda _report: self._refresh_hardware())
+        state.model_changed.connect(lambda _model: self._refresh_resolved())
         self._refresh_hardware()
 
     def _add_group(self, group: str, fields: list[Field]) -> None:
@@ -508,6 +509,14 @@ class SettingsView(QWidget):
         lacking = self._device_lacks(key, value)
         if lacking:
             return lacking
+        model = self.state.model or {}
+        remembered = (model.get("remembered_fix") or {}).get("settings") or {}
+        if value in ("auto", False, []) and key in remembered and remembered[key] != value:
+            # Jobs fill fields left on Auto (off, empty) from the loaded model's remembered fix.
+            return (
+                f"For {model.get('name') or 'the loaded model'}, jobs use its remembered fix: "
+                f"{words.setting_value(key, remembered[key])}."
+            )
         if key == "device" and value == "auto":
             device = self.state.device_report()
             if device is None:

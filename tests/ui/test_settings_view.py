@@ -246,3 +246,18 @@ def test_choices_the_device_cannot_run_are_marked(window):
         .startswith("Not on this device: cuDNN attention needs a CUDA GPU")
     )
     assert view.resolved["fp16_accumulation"].text().startswith("Not on this device")
+
+
+def test_auto_names_the_fix_remembered_for_the_loaded_model(window, engines):
+    from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
+
+    view = window.settings_view
+    window.state.set_hardware(HARDWARE)
+    fix = {"settings": {"vae_precision": "fp32", "fp32_modules": ["vae:decoder.a"]}}
+    load_fake_model(window, engines, {**DEMO_SUMMARY, "remembered_fix": fix})
+    assert view.resolved["vae_precision"].text() == (
+        "For demo, jobs use its remembered fix: fp32 (full)."
+    )
+    assert "remembered fix: 1 layer (vae:decoder.a)" in view.resolved["fp32_modules"].text()
+    window.state.set_model(None)
+    assert "remembered" not in view.resolved["vae_precision"].text()
