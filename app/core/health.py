@@ -1330,10 +1330,16 @@ def headline(report: HealthReport) -> str:
         peak = max((components[n].max_abs or 0.0 for n in advice.overflowing), default=0.0)
         keep = {advice.settings[COMPONENTS[n].setting] for n in advice.overflowing}
         basis = "measured" if advice.measured else "predicted from this run"
+        keep_only = (
+            f"keep only the {join_words(advice.overflowing)} in {' or '.join(sorted(keep))} "
+            "and run the rest in fp16"
+        )
+        if report.device.get("kind") == "cpu":
+            # fp16 is emulated on a CPU: the advice is for a GPU, and fp32 stays fastest here.
+            keep_only = f"on a GPU, {keep_only}; on this CPU fp32 is the fastest choice"
         return (
             f"{where}. In fp16 the {join_words(advice.overflowing)} would overflow"
-            f"{_factor(peak)} ({basis}): keep only the {join_words(advice.overflowing)} in "
-            f"{' or '.join(sorted(keep))} and run the rest in fp16."
+            f"{_factor(peak)} ({basis}): {keep_only}."
         )
     predicted_risk = [
         n
