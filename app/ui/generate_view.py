@@ -545,6 +545,13 @@ class GenerateView(QWidget):
             if pixmap.loadFromData(event.preview_png, "PNG"):
                 self.image.set_pixmap(pixmap)
                 self.banner.dismiss()
+                # The caption described the image the preview replaces.
+                request = self.jobs.get(event.job_id) or {}
+                self.parameters.setText(
+                    f"Preview at step {event.done}: "
+                    f"{request.get('prompt') or 'the image being made'}"
+                )
+                self.caption.text_changed()
         elif state == EventState.WARNING:
             self.progress_label.setText(event.message)
         elif state.final:
@@ -594,6 +601,7 @@ class GenerateView(QWidget):
             self.progress_label.setText(f"Done in {float(result.get('seconds', 0)):.1f} s.")
         elif event.state == EventState.CANCELLED:
             self.progress_label.setText("Cancelled.")
+            self.banner.dismiss()  # it spoke of the image this job was making
             if self.current_entry is not None:
                 self.show_entry(self.current_entry)
         else:

@@ -141,6 +141,8 @@ class HealthView(QWidget):
     def run_check(self) -> None:
         if self.job_id is not None or self.state.model is None:
             return
+        # The shown report, its banner and its fix are the last check's: not this one's.
+        self.clear_report()
         self.run_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
         self.progress.setRange(0, 0)

@@ -343,3 +343,21 @@ def test_a_layer_fix_that_does_not_repair_the_image_is_not_remembered(view, engi
     )
     assert engines.current.jobs("remember_fix") == []
     assert load_settings().settings["fp32_modules"] == []
+
+
+def test_a_preview_replaces_the_last_images_caption_and_cancel_its_banner(view, engines, tmp_path):
+    view.generate()
+    job = engines.current.last_job("generate")
+    engines.current.finish(
+        job, {"images": [_image(_png(tmp_path / "old.png"))], "settings": {}, "seconds": 1.0}
+    )
+    assert "Seed: 1234" in view.parameters.text()
+    view.banner.show_message("good", "<b>Fixed.</b> an earlier image")
+    view.generate()
+    job = engines.current.last_job("generate")
+    preview = Path(_png(tmp_path / "preview.png", "red")).read_bytes()
+    engines.current.emit(job, EventState.PREVIEW, done=3, preview_png=preview)
+    assert view.parameters.text() == "Preview at step 3: a lighthouse at dusk"
+    view.banner.show_message("good", "<b>Fixed.</b> an earlier image")
+    engines.current.emit(job, EventState.CANCELLED, message="Cancelled.")
+    assert not view.banner.isVisible()

@@ -327,3 +327,12 @@ def test_candidates_are_listed_and_another_verified_one_can_be_applied(window, e
     instead.click()
     assert load_settings().settings["vae_precision"] == "fp32"
     assert len(engines.current.jobs("remember_fix")) == 1
+
+
+def test_a_new_check_does_not_show_the_last_ones_verdict_while_it_runs(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    assert view.verdict.isVisible() and view.cards
+    view.run_button.click()
+    assert not view.verdict.isVisible()
+    assert view.cards == {} and view.report is None
