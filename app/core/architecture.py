@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.families import architecture_title
+
 Shapes = Mapping[str, tuple[int, ...]]
 
 UNET = "model.diffusion_model."
@@ -28,13 +30,6 @@ SDXL_TEXT_2 = "conditioner.embedders.1.model."
 SDXL_REFINER_TEXT = "conditioner.embedders.0.model."
 
 SUPPORTED = ("sd1", "sd2", "sdxl")
-NAMES = {
-    "sd1": "Stable Diffusion 1.x",
-    "sd2": "Stable Diffusion 2.x",
-    "sdxl": "SDXL",
-    "flux": "Flux.1",
-    "sd3": "Stable Diffusion 3.x",
-}
 CONFIG_NAMES = ("sd1", "sd2", "sd2-v", "sdxl")
 
 
@@ -197,14 +192,14 @@ def detect_architecture(
     }[family]
     if variant:
         pipeline_class = pipeline_class.replace("Pipeline", "InpaintPipeline")
-    because = f"{NAMES[family]}{' inpainting' if variant else ''}: {why}; {prediction_why}."
+    because = f"{architecture_title(family)}{' inpainting' if variant else ''}: {why}; {prediction_why}."
     notes: tuple[str, ...] = ()
     if not has_vae:
         notes = ("The file has no VAE (first_stage_model); a separate VAE is needed.",)
     return Detection(
         family + variant,
         True,
-        f"a {NAMES[family]}{' inpainting' if variant else ''} checkpoint",
+        f"a {architecture_title(family)}{' inpainting' if variant else ''} checkpoint",
         because,
         prediction,
         native,
@@ -351,13 +346,13 @@ def detect_from_configs(
             "text-to-image model takes 4.",
         )
     because = (
-        f"{NAMES[family]}{' inpainting' if variant else ''}: {why}; "
+        f"{architecture_title(family)}{' inpainting' if variant else ''}: {why}; "
         f"{_words(prediction)} per its scheduler config."
     )
     return Detection(
         family + variant,
         True,
-        f"a {NAMES[family]} pipeline",
+        f"a {architecture_title(family)} pipeline",
         because,
         prediction,
         size,

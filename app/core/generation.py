@@ -42,13 +42,13 @@ from app.core.images import (
     PixelStats,
     image_array,
     infotext,
-    latent_preview,
     save_png,
     to_image,
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.lora import lora_hashes, prompt_with_tags, strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
+from app.core.preview import colours_for, latent_preview
 from app.core.settings import FIELDS, PrecisionSettings
 
 # on_preview(step, image): a small PIL image of the first image of the batch.
@@ -442,6 +442,15 @@ class _Job:
 
     # -- stages ----------------------------------------------------------------------------
 
+    def _colours(self):
+        """The live preview's colours for this model, fitted to its VAE once per VAE dtype
+        (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may."""
+        vae = self.placed["vae"]
+        key = str(vae.dtype)
+        if key not in self.model.preview_colours:
+            self.model.preview_colours[key] = colours_for(self.family, vae)
+        return self.model.preview_colours[key]
+
     def _pipeline(self, plan: PrecisionPlan):
         self.placed.apply(plan)
         pipe = self.placed.pipeline()
@@ -523,7 +532,6 @@ class _Job:
             if self.watch
             else None
         )
-        architecture = self.model.architecture
 
         def on_step_end(_pipe, index, _timestep, tensors):
             current = tensors["latents"]
@@ -534,7 +542,7 @@ class _Job:
                 image_latents = self.family.image_latents(
                     pipe, current[:1], self.request.height, self.request.width
                 )
-                self.preview(index + 1, latent_preview(image_latents[0], architecture))
+                self.preview(index + 1, latent_preview(image_latents[0], self._colours()))
             self.cancel.raise_if_cancelled()
             return {}
 

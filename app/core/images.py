@@ -1,4 +1,4 @@
-"""Finished images: pixel diagnosis (NaN, black), cheap latent previews, and PNG files that
+"""Finished images: pixel diagnosis (NaN, black) and PNG files that
 carry their generation parameters the way AUTOMATIC1111's web UI writes them.
 
 numpy and PIL only; torch tensors are converted by the caller (`generation`).
@@ -29,30 +29,6 @@ SCHEDULER_BY_SAMPLER = {name: key for key, name in SAMPLER_NAMES.items()}
 # A finite image counts as black when nearly every pixel is this dark and the picture is flat.
 BLACK_LEVEL = 12 / 255
 BLACK_SPREAD = 4 / 255
-
-# Linear maps from latent channels to RGB, fitted to the SD1.x/2.x and SDXL VAEs' outputs
-# (published approximations, good enough for a thumbnail; no VAE call needed).
-_LATENT_RGB = {
-    "sd": (
-        (
-            (0.3512, 0.2297, 0.3227),
-            (0.3250, 0.4974, 0.2350),
-            (-0.2829, 0.1762, 0.2721),
-            (-0.2120, -0.2616, -0.7177),
-        ),
-        (0.0, 0.0, 0.0),
-    ),
-    "sdxl": (
-        (
-            (0.3651, 0.4232, 0.4341),
-            (-0.2533, -0.0042, 0.1068),
-            (0.1076, 0.1111, -0.0362),
-            (-0.3165, -0.2492, -0.2188),
-        ),
-        (0.1084, -0.0175, -0.0011),
-    ),
-}
-
 
 class ImageSaveError(HalfSafeError):
     """An image could not be written. The images stay available on `result` (a
@@ -131,26 +107,6 @@ def image_array(image) -> Any:
     import numpy as np
 
     return np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-
-
-def latent_preview(latents, architecture: str = "sd1"):
-    """A small RGB preview of one latent (4, h, w) array or tensor, without the VAE.
-
-    The picture is 1/8 of the final size; the viewer scales it. Cost: a 4x3 matrix product.
-    """
-    import numpy as np
-    from PIL import Image
-
-    if hasattr(latents, "detach"):
-        latents = latents.detach().float().cpu().numpy()
-    latents = np.asarray(latents, dtype=np.float32)
-    if latents.ndim == 4:
-        latents = latents[0]
-    factors, bias = _LATENT_RGB["sdxl" if architecture.startswith("sdxl") else "sd"]
-    rgb = np.einsum("chw,cr->hwr", latents[:4], np.asarray(factors, dtype=np.float32))
-    rgb = np.nan_to_num(rgb + np.asarray(bias, dtype=np.float32), nan=-1.0)
-    unit = np.clip(rgb / 2 + 0.5, 0.0, 1.0)
-    return Image.fromarray((unit * 255).round().astype(np.uint8), "RGB")
 
 
 # --- AUTOMATIC1111 parameters ---------------------------------------------------------------

@@ -87,6 +87,9 @@ class LoadedModel:
     # weight of that component is blamed on), and what the loader has to say about them.
     companions: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # The live preview's latent colours (`preview.colours_for`) by the VAE's dtype, found on
+    # the first preview; None where the VAE gave nothing to fit them to.
+    preview_colours: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
 def set_offline() -> None:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX
+from app.core.families import architecture_title
 from app.core.precision import expected_dtypes
 
 FP16_LIMIT = FP16_MAX
@@ -31,18 +32,6 @@ VERDICT_WORDS = {
     "healthy": "Healthy: nothing overflowed at the tested precision.",
     "fixable": "Fixable: part of this model overflows, and the fix below was tested and works.",
     "broken": "Broken: no precision setting makes this model produce finite output.",
-}
-ARCHITECTURE_NAMES = {
-    "sd1": "Stable Diffusion 1.x",
-    "sd2": "Stable Diffusion 2.x",
-    "sdxl": "Stable Diffusion XL",
-    "sd3": "Stable Diffusion 3",
-    "flux": "FLUX",
-    "flux-dev": "FLUX.1 dev",
-    "flux-schnell": "FLUX.1 schnell",
-    "chroma": "Chroma",
-    "zimage": "Z-Image",
-    "qwenimage": "Qwen-Image",
 }
 CHOICE_NAMES = {
     "auto": "Auto",
@@ -391,9 +380,7 @@ def _layer_counts(entries: Any, dtype: str) -> list[str]:
 
 
 def architecture_name(architecture: str | None) -> str:
-    if not architecture:
-        return "unknown"
-    return ARCHITECTURE_NAMES.get(architecture, architecture)
+    return architecture_title(architecture)
 
 
 def quality_words(quality: Mapping[str, Any]) -> str:

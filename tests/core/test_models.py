@@ -28,6 +28,7 @@ from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
 from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
+from app.core.families import architecture_title
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel, ldm_state_dict, load_model, save_single_file
 
@@ -100,7 +101,7 @@ def test_single_file_round_trip_keeps_every_weight(tmp_path, kind, dtype):
     assert model.weights.content is not None  # the first load digests what it read
     assert model.weights.non_finite == [] and model.weights.tensors > 100
     assert (
-        model.detected_because.endswith(".") and arch.NAMES[architecture] in model.detected_because
+        model.detected_because.endswith(".") and architecture_title(architecture) in model.detected_because
     )
     assert_same_weights(original, model.pipeline, TORCH[dtype])
 

@@ -167,7 +167,7 @@ def test_library_lists_scanned_models_and_marks_damaged_ones(window):
     assert "draws coloured shapes" in view.library.topLevelItem(0).text(0)
     assert "overflows in fp16" in view.library.topLevelItem(1).text(0)
     good, bad = view.library.topLevelItem(2), view.library.topLevelItem(3)
-    assert good.text(1) == "Stable Diffusion XL" and good.text(3) == "6.5 GB"
+    assert good.text(1) == "SDXL" and good.text(3) == "6.5 GB"
     assert bad.text(1) == "damaged" and "cut short" in bad.toolTip(0)
     assert "1 damaged" in view.library_status.text()
     view.library.setCurrentItem(bad)
@@ -203,7 +203,7 @@ def test_library_marks_pickles_and_models_it_cannot_run(window):
     pickle, flux = view.library.topLevelItem(2), view.library.topLevelItem(3)
     assert pickle.text(1) == "pickle checkpoint"
     assert "confirm" in pickle.toolTip(0)
-    assert flux.text(1) == "FLUX (not supported)"
+    assert flux.text(1) == "Flux.1 (not supported)"
     view.library.setCurrentItem(flux)
     assert not view.load_button.isEnabled()
     assert (
@@ -304,7 +304,7 @@ def test_library_names_a_transformer_files_companions_or_what_is_missing(window)
     chroma, sd3 = view.library.topLevelItem(2), view.library.topLevelItem(3)
     assert chroma.text(1) == "Chroma"
     assert "Loads with: t5xxl_fp16.safetensors, ae.safetensors" in chroma.toolTip(0)
-    assert sd3.text(1) == "Stable Diffusion 3 (incomplete)"
+    assert sd3.text(1) == "Stable Diffusion 3.x (incomplete)"
     assert "needs its CLIP-L text encoder" in sd3.toolTip(0)
     view.library.setCurrentItem(sd3)
     assert not view.load_button.isEnabled()

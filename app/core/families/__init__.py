@@ -1,0 +1,45 @@
+"""Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
+`qwenimage`), what they share (`base`), and the ordered registry (`registry`).
+
+A family says which components a pipeline has (by role, see `components.py`), how to encode a
+prompt into the named tensors its denoiser takes, which of those tensors come from which text
+encoder (so the NaN watch can blame the right one), how the check's probe steps the denoiser
+through the user's schedule, how generation makes its noise, its sampler and its pixels'
+latents, and what its latents look like (`LatentFormat`). The health check and generation loop
+over a family's components and call these steps; neither names an architecture.
+"""
+
+from app.core.families.base import Family, FamilyId, LatentFormat, make_scheduler
+from app.core.families.chroma import ChromaFamily
+from app.core.families.flux import FluxFamily
+from app.core.families.qwenimage import QwenImageFamily
+from app.core.families.registry import (
+    FAMILIES,
+    architecture_title,
+    family,
+    family_of,
+    family_of_architecture,
+)
+from app.core.families.sd import StableDiffusionFamily
+from app.core.families.sd3 import SD3Family
+from app.core.families.sdxl import SDXLFamily
+from app.core.families.zimage import ZImageFamily
+
+__all__ = [
+    "FAMILIES",
+    "ChromaFamily",
+    "Family",
+    "FamilyId",
+    "FluxFamily",
+    "LatentFormat",
+    "QwenImageFamily",
+    "SD3Family",
+    "SDXLFamily",
+    "StableDiffusionFamily",
+    "ZImageFamily",
+    "architecture_title",
+    "family",
+    "family_of",
+    "family_of_architecture",
+    "make_scheduler",
+]

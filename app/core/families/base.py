@@ -1,0 +1,316 @@
+"""What every model family is: its identity, its latent format, and the steps the health
+check and generation call on it (encode a prompt, step the denoiser, make noise, decode).
+
+A family module (`sd.py`, `flux.py`, ...) subclasses `Family` and overrides what differs;
+`registry.py` lists them in the order they are recognised. torch and diffusers are imported
+inside the methods that need them, so that naming a family stays cheap (the GUI does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar
+
+from app.core.components import Role, of_role
+from app.core.errors import HalfSafeError
+from app.core.settings import SCHEDULERS
+
+
+class FamilyId(str, Enum):
+    """The model families HalfSafe runs. The value is the family's name in profiles and
+    library entries; a model's `architecture` (what the JSON reports) names a family and, for
+    some, a variant ("sd2-inpaint", "flux-dev")."""
+
+    SD = "sd"  # Stable Diffusion 1.x and 2.x
+    SDXL = "sdxl"
+    FLUX = "flux"
+    CHROMA = "chroma"
+    SD3 = "sd3"
+    ZIMAGE = "zimage"
+    QWENIMAGE = "qwenimage"
+
+
+@dataclass(frozen=True)
+class LatentFormat:
+    """What the family's denoiser works on: `channels` per latent cell and, for the live
+    preview, a linear map to RGB (`rgb_factors`: one (r, g, b) row per channel, `rgb_bias`)
+    known for its VAE. None: the preview fits one to the loaded VAE (`app.core.preview`)."""
+
+    channels: int
+    rgb_factors: tuple[tuple[float, float, float], ...] | None = None
+    rgb_bias: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family. Subclasses set the class attributes below and override the steps that
+    differ; the defaults are a UNet family's (SD)."""
+
+    id: ClassVar[FamilyId]
+    title: ClassVar[str]  # for sentences: "Flux.1", "SDXL"
+    # HalfSafe's architecture names in this family and how each is shown ("flux-dev":
+    # "Flux.1 dev"); the first is the family's own.
+    architectures: ClassVar[Mapping[str, str]]
+    latent: ClassVar[LatentFormat]
+    # The diffusers class of a loaded pipeline's `transformer` that marks the family (None: a
+    # UNet family, told apart by its text encoders).
+    transformer_class: ClassVar[str | None] = None
+
+    denoiser: str = "unet"
+    sample_argument: str = "sample"  # the denoiser's keyword for the latents
+    timestep_argument: str = "timestep"  # and for the timestep
+
+    def owns(self, pipeline) -> bool:
+        """Whether a loaded pipeline is of this family."""
+        transformer = getattr(pipeline, "transformer", None)
+        return transformer is not None and type(transformer).__name__ == self.transformer_class
+
+    def components(self, pipeline) -> list[str]:
+        """The pipeline's checkable components, in run order."""
+        from app.core.precision import pipeline_components
+
+        return pipeline_components(pipeline)
+
+    def text_encoders(self, pipeline) -> list[str]:
+        return of_role(self.components(pipeline), Role.TEXT_ENCODER)
+
+    # -- the steps each family defines ------------------------------------------------------
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        """The prompt as the pipeline's `__call__` takes it (batch 1 each)."""
+        raise NotImplementedError
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        """Which parts of the encoded tensors each text encoder produced, in run order (a
+        failure is blamed on the first encoder that failed)."""
+        raise NotImplementedError
+
+    def denoiser_inputs(self, conditioning: dict[str, Any], size: int, device) -> dict[str, Any]:
+        """Keyword arguments of one denoiser call on the probe's batch, beyond the latents
+        and the timestep."""
+        raise NotImplementedError
+
+    def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
+        """The check's denoising through `timesteps` from seeded noise; returns the latents
+        (1, C, h, w) the VAE decodes."""
+        raise NotImplementedError
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        """Why this model cannot make text-to-image pictures (None: it can)."""
+        raise NotImplementedError
+
+    def noise(self, pipeline, seeds: list[int], height: int, width: int):
+        """Initial latents as the pipeline takes them, from per-image CPU generators (so a seed
+        means the same image on every device); returns (latents, generators)."""
+        raise NotImplementedError
+
+    # -- shared defaults --------------------------------------------------------------------
+
+    def pipeline_embeds(self, embeds: dict[str, Any], batch: int) -> dict[str, Any]:
+        """The encoded prompt (batch 1) as the pipeline's `__call__` takes it for `batch`
+        images."""
+        return {k: v.repeat(batch, *([1] * (v.dim() - 1))) for k, v in embeds.items()}
+
+    def decode(self, vae, latents):
+        """Latents (B, C, h, w) as the family's pipeline leaves them -> pixels (B, 3, H, W)."""
+        z = latents / vae.config.scaling_factor
+        shift = getattr(vae.config, "shift_factor", None)
+        if shift:
+            z = z + shift
+        return vae.decode(z.to(vae.dtype)).sample
+
+    def latent_factor(self, pipeline) -> int:
+        """Pixels per latent cell along one side (8 for every VAE here)."""
+        return 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
+
+    def make_scheduler(
+        self,
+        name: str,
+        pipeline,
+        prediction_type: str | None,
+        *,
+        zero_terminal_snr: bool = False,
+    ) -> Any:
+        return make_scheduler(
+            name, pipeline.scheduler.config, prediction_type, zero_terminal_snr=zero_terminal_snr
+        )
+
+    def sampler_words(self, name: str) -> str:
+        """The sampler as AUTOMATIC1111's PNG info names it."""
+        from app.core.images import SAMPLER_NAMES
+
+        return SAMPLER_NAMES[name]
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep of the user's schedule (see health)."""
+        schedule = self.make_scheduler(
+            scheduler,
+            model.pipeline,
+            model.prediction_type,
+            zero_terminal_snr=getattr(model, "zero_terminal_snr", False),
+        )
+        schedule.set_timesteps(max(2, steps))
+        timesteps = [int(t) for t in schedule.timesteps]
+        picked = [timesteps[0], timesteps[len(timesteps) // 2], timesteps[-1]]
+        return sorted(set(picked), reverse=True)
+
+    def size_problem(self, pipeline, width: int, height: int) -> str | None:
+        """Why this model cannot make a picture of this size (None: it can)."""
+        return None
+
+    def call_arguments(self, cfg: float) -> dict[str, Any]:
+        """The pipeline call's guidance arguments."""
+        return {"guidance_scale": cfg}
+
+    def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
+        """The guidance as A1111-style PNG parameters."""
+        return [("CFG scale", f"{cfg:g}")]
+
+    def image_latents(self, pipeline, latents, height: int, width: int):
+        """The pipeline's latents as the VAE takes them, (B, C, h, w)."""
+        return latents
+
+    def clamped_blocks(self, denoiser) -> list[Any]:
+        """Blocks whose fp16 output the model's own code clamps to +-65504 (so an overflow
+        inside them comes out finite and wrong): the NaN watch counts a saturated output as
+        an overflow. None in a UNet."""
+        return []
+
+
+class FlowMatching:
+    """Families trained for flow matching (Flux, Chroma, SD3): whatever the sampler setting
+    says, they sample with their own flow-matching Euler, which A1111/Forge name "Euler"."""
+
+    def make_scheduler(
+        self,
+        name: str,
+        pipeline,
+        prediction_type: str | None,
+        *,
+        zero_terminal_snr: bool = False,  # flow matching has no betas to rescale
+    ) -> Any:
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.scheduler.config)
+
+    def sampler_words(self, name: str) -> str:
+        return "Euler"
+
+
+class ShiftedSigmas(FlowMatching):
+    """Families whose pipeline sets sigmas linear from 1 to 1/steps and lets the scheduler
+    shift them, by the image's sequence length where its config says so (Flux, Chroma,
+    Z-Image, Qwen-Image: the same `calculate_shift` rule)."""
+
+    def latent_factor(self, pipeline) -> int:  # as Family's (the mixin comes first)
+        return 2 ** (len(pipeline.vae.config.block_out_channels) - 1)
+
+    def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
+        """The sigmas the pipeline runs at this step count and size: linear from 1 to 1/steps,
+        shifted as its scheduler config says (by resolution where it shifts dynamically)."""
+        import numpy as np
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        scheduler = self.make_scheduler("euler", pipeline, None)
+        config = scheduler.config
+        side = size // self.latent_factor(pipeline) // 2
+        mu = calculate_shift(
+            side * side,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        sigmas = np.linspace(1.0, 1 / steps, steps).tolist()
+        scheduler.set_timesteps(sigmas=sigmas, mu=mu)
+        return [float(s) for s in scheduler.sigmas[:-1]]
+
+    def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
+        """The first, middle and last timestep (sigma x 1000) of the flow-matching schedule
+        that the pipeline runs at the user's step count and this size."""
+        sigmas = self._sigmas(model.pipeline, max(2, steps), size)
+        picked = {sigmas[0], sigmas[len(sigmas) // 2], sigmas[-1]}
+        return sorted((round(s * 1000.0, 2) for s in picked), reverse=True)
+
+
+def patches_problem(family: Family, pipeline, width: int, height: int) -> str | None:
+    """A family on 2x2 patches of the latent needs each side a multiple of twice the VAE's
+    factor (16 px): its pipeline refuses or silently resizes anything else."""
+    step = 2 * family.latent_factor(pipeline)
+    if width % step or height % step:
+        return (
+            f"this model makes pictures whose sides are multiples of {step} px, "
+            f"not {width}x{height}."
+        )
+    return None
+
+
+def prompt_tensors(tensors: dict[str, Any]) -> list[Any]:
+    return [tensors[k] for k in ("prompt_embeds", "negative_prompt_embeds") if k in tensors]
+
+
+def make_scheduler(
+    name: str, config, prediction_type: str | None = None, *, zero_terminal_snr: bool = False
+) -> Any:
+    """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
+    config. The model's prediction type (epsilon or v_prediction) is carried over; a
+    zero-terminal-SNR model gets rescaled betas and trailing timesteps (each sampler here
+    supports both)."""
+    from diffusers import (
+        DDIMScheduler,
+        DPMSolverMultistepScheduler,
+        EulerAncestralDiscreteScheduler,
+        EulerDiscreteScheduler,
+    )
+
+    extra: dict[str, Any] = {}
+    if prediction_type:
+        extra["prediction_type"] = prediction_type
+    if zero_terminal_snr:
+        extra.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
+    if name == "euler":
+        return EulerDiscreteScheduler.from_config(config, **extra)
+    if name == "euler_a":
+        return EulerAncestralDiscreteScheduler.from_config(config, **extra)
+    if name == "dpmpp_2m_karras":
+        return DPMSolverMultistepScheduler.from_config(
+            config,
+            algorithm_type="dpmsolver++",
+            solver_order=2,
+            use_karras_sigmas=True,
+            **extra,
+        )
+    if name == "ddim":
+        return DDIMScheduler.from_config(config, **extra)
+    raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")
+
+
+def packed_noise(family, pipeline, pack, frames: tuple[int, ...], seeds, height, width):
+    """Seeded noise per image (made on the CPU, as every family's), packed into 2x2 latent
+    patches by the pipeline's own `pack`; `frames` are extra axes before the channels."""
+    import torch
+
+    factor = family.latent_factor(pipeline)
+    channels = pipeline.transformer.config.in_channels // 4
+    h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    packed = [
+        pack(torch.randn((1, *frames, channels, h, w), generator=g), 1, channels, h, w)
+        for g in generators
+    ]
+    return torch.cat(packed), generators
+
+
+def input_channels_problem(pipeline, latent_key: str, per_latent: int, hint: str = ""):
+    """A transformer that takes other than `per_latent` input channels per VAE latent channel
+    (the VAE config's `latent_key`) is not a text-to-image model (a Fill, Depth or Canny one)."""
+    channels = pipeline.transformer.config.in_channels
+    latent = getattr(pipeline.vae.config, latent_key)
+    if channels != latent * per_latent:
+        return (
+            f"its transformer takes {channels} input channels where text-to-image with this "
+            f"{latent}-channel VAE takes {latent * per_latent}{hint}."
+        )
+    return None

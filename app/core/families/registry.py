@@ -1,0 +1,66 @@
+"""The families in the order they are recognised, and the questions other modules ask of them:
+which family a loaded pipeline is, which family an architecture name belongs to, and how that
+name is shown. Code outside `app/core/families/` asks here and never names a family."""
+
+from __future__ import annotations
+
+from app.core.errors import HalfSafeError
+from app.core.families.base import Family, FamilyId
+from app.core.families.chroma import ChromaFamily
+from app.core.families.flux import FluxFamily
+from app.core.families.qwenimage import QwenImageFamily
+from app.core.families.sd import StableDiffusionFamily
+from app.core.families.sd3 import SD3Family
+from app.core.families.sdxl import SDXLFamily
+from app.core.families.zimage import ZImageFamily
+
+# Most specific first: the first family that owns a pipeline is its family.
+FAMILIES: tuple[Family, ...] = (
+    QwenImageFamily(),
+    ZImageFamily(),
+    SD3Family(),
+    ChromaFamily(),
+    FluxFamily(),
+    SDXLFamily(),
+    StableDiffusionFamily(),
+)
+_BY_ID = {family.id: family for family in FAMILIES}
+# A variant's words after the family's title: "sdxl-inpaint" is "SDXL inpainting".
+_VARIANT_WORDS = {"inpaint": "inpainting", "refiner": "refiner"}
+
+
+def family_of(pipeline) -> Family:
+    """The family a loaded pipeline belongs to, from the components it has."""
+    for family in FAMILIES:
+        if family.owns(pipeline):
+            return family
+    raise HalfSafeError(f"HalfSafe does not run a {type(pipeline).__name__}.")
+
+
+def family(family_id: FamilyId) -> Family:
+    return _BY_ID[family_id]
+
+
+def family_of_architecture(architecture: str) -> Family | None:
+    """The family of one of HalfSafe's architecture names ("sd2-inpaint", "flux-dev"), None
+    for a model HalfSafe does not run."""
+    base = architecture.split("-")[0]
+    for candidate in FAMILIES:
+        if architecture in candidate.architectures or base in candidate.architectures:
+            return candidate
+    return None
+
+
+def architecture_title(architecture: str | None) -> str:
+    """An architecture name as people say it: "sdxl" -> "SDXL", "sd1-inpaint" ->
+    "Stable Diffusion 1.x inpainting", "flux-dev" -> "Flux.1 dev"; an unknown name as it is."""
+    if not architecture:
+        return "unknown"
+    for candidate in FAMILIES:
+        if architecture in candidate.architectures:
+            return candidate.architectures[architecture]
+    base, _, variant = architecture.partition("-")
+    for candidate in FAMILIES:
+        if base in candidate.architectures and variant in _VARIANT_WORDS:
+            return f"{candidate.architectures[base]} {_VARIANT_WORDS[variant]}"
+    return architecture

@@ -1,0 +1,69 @@
+"""SDXL (and its Illustrious, Pony and NoobAI fine-tunes): two CLIP text encoders, pooled
+embeddings and size conditioning for the UNet, a 4-channel VAE."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.core.families.base import FamilyId, LatentFormat, prompt_tensors
+from app.core.families.sd import StableDiffusionFamily
+
+# SDXL's VAE latents to RGB: a published approximation, as SD's.
+SDXL_LATENT = LatentFormat(
+    channels=4,
+    rgb_factors=(
+        (0.3651, 0.4232, 0.4341),
+        (-0.2533, -0.0042, 0.1068),
+        (0.1076, 0.1111, -0.0362),
+        (-0.3165, -0.2492, -0.2188),
+    ),
+    rgb_bias=(0.1084, -0.0175, -0.0011),
+)
+
+
+@dataclass(frozen=True)
+class SDXLFamily(StableDiffusionFamily):
+    """SDXL: two CLIP text encoders whose hidden states lie side by side, pooled embeddings from
+    the second, and size conditioning for the UNet."""
+
+    id = FamilyId.SDXL
+    title = "SDXL"
+    architectures = {"sdxl": "SDXL"}
+    latent = SDXL_LATENT
+
+    def owns(self, pipeline) -> bool:
+        return getattr(pipeline, "unet", None) is not None and (
+            getattr(pipeline, "text_encoder_2", None) is not None
+        )
+
+    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        from app.core.prompts import encode_sdxl
+
+        return encode_sdxl(pipe, prompt, negative, device, guidance)
+
+    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
+        hidden = prompt_tensors(tensors)
+        first = getattr(pipe, "text_encoder", None)
+        split = first.config.hidden_size if first is not None else 0
+        pooled = [
+            tensors[k]
+            for k in ("pooled_prompt_embeds", "negative_pooled_prompt_embeds")
+            if k in tensors
+        ]
+        outputs = {"text_encoder": [h[..., :split] for h in hidden]} if split else {}
+        outputs["text_encoder_2"] = [h[..., split:] for h in hidden] + pooled
+        return outputs  # in run order: a failure is blamed on the first encoder that failed
+
+    def denoiser_inputs(self, conditioning: dict[str, Any], size: int, device) -> dict[str, Any]:
+        import torch
+
+        inputs = super().denoiser_inputs(conditioning, size, device)
+        time_ids = torch.tensor(
+            [[size, size, 0, 0, size, size]] * 2, device=device, dtype=torch.float32
+        )
+        pooled = torch.cat(
+            [conditioning["negative_pooled_prompt_embeds"], conditioning["pooled_prompt_embeds"]]
+        )
+        inputs["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": time_ids}
+        return inputs
