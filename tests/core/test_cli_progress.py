@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from app.cli import build_parser, effective_settings, main
+from app.cli import main
+from app.cli.arguments import build_parser, effective_settings
 from app.core.generation import ProgressLines, cli_image_size
 
 
