@@ -28,7 +28,9 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(report.to_json())
     else:
-        print(hardware.format_report(report))
+        from app.cli.text import hardware_text
+
+        print(hardware_text(report))
     return EXIT_OK
 
 
