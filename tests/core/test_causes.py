@@ -135,7 +135,7 @@ def test_a_nan_from_one_attention_backend_is_a_kernel_fault_fixed_by_switching_b
     assert report.to_json()["cause"]["repair"]["action"] == "switch_backend"
     assert "kernel fault" in report.headline and "overflow" not in report.headline.split(",")[0]
     # The candidates the check tried stay beside the repair, none of them chosen.
-    from app.cli_text import health_text
+    from app.cli.text import health_text
 
     assert report.fix.candidates and not any(c.chosen for c in report.fix.candidates)
     assert "none chosen: the cause's repair replaced them" in health_text(report)

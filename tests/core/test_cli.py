@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from app import __version__
-from app.cli import build_parser, effective_settings, keep_library_warnings_off_the_terminal, main
+from app.cli import keep_library_warnings_off_the_terminal, main
+from app.cli.arguments import build_parser, effective_settings
 from app.core.settings import FIELDS, Settings, save_settings, settings_path
 
 ROOT = Path(__file__).resolve().parents[2]

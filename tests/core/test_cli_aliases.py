@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import OTHER_TOOLS_FLAGS, build_parser, effective_settings, main
+from app.cli import main
+from app.cli.arguments import OTHER_TOOLS_FLAGS, build_parser, effective_settings
 from app.core.settings import PrecisionSettings
 
 

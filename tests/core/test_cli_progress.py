@@ -8,8 +8,10 @@ import json
 
 import pytest
 
-from app.cli import build_parser, effective_settings, main
-from app.core.generation import ProgressLines, cli_image_size
+from app.cli import main
+from app.cli.arguments import build_parser, effective_settings
+from app.cli.commands import cli_image_size
+from app.cli.progress import ProgressLines
 
 
 def _size(*flags: str, native: int = 128) -> tuple[int, int]:
@@ -66,13 +68,13 @@ def test_a_quick_run_prints_no_progress():
 def test_generate_demo_without_a_size_makes_a_native_image_and_logs_progress(
     tmp_path, capsys, monkeypatch
 ):
-    from app.core import generation
+    from app.cli import commands
 
-    class EveryCall(generation.ProgressLines):
+    class EveryCall(commands.ProgressLines):
         def __init__(self, stream) -> None:
             super().__init__(stream, interval=0.0)
 
-    monkeypatch.setattr(generation, "ProgressLines", EveryCall)
+    monkeypatch.setattr(commands, "ProgressLines", EveryCall)
     status = main(
         ["generate", "demo", "--prompt", "a cat", "--steps", "2", "--json", "--out", str(tmp_path)]
     )

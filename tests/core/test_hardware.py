@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from app.cli.text import hardware_text
 from app.core import hardware, selftest
 from app.core.errors import DeviceError, HalfSafeError
 from app.core.selftest import OpResult, SelfTestResult
@@ -509,7 +510,7 @@ def test_report_lists_every_device_and_keeps_the_contract(machine):
     assert rocm["capability"] == [10, 3]
     assert rocm["self_test"] == {"fp16": "skipped", "bf16": "skipped", "details": []}
     assert rocm["quirks"][0]["source"].startswith("https://")
-    text = hardware.format_report(report)
+    text = hardware_text(report)
     assert "AMD Radeon RX 6800 XT [gfx1030]" in text
     assert "amd-rdna1-rdna2-no-bf16" in text
 
@@ -519,7 +520,7 @@ def test_report_notes_a_gpu_this_pytorch_cannot_use(machine):
     report = hardware.hardware_report(self_test=False)
     assert [d.kind for d in report.devices] == ["cpu"]
     assert any("RTX 3060" in n and "CPU-only" in n for n in report.notes)
-    assert "RTX 3060" in hardware.format_report(report)
+    assert "RTX 3060" in hardware_text(report)
 
 
 # --- The quirks table ------------------------------------------------------------------------
@@ -590,4 +591,4 @@ def test_report_runs_the_self_test_and_skips_what_the_device_lacks(machine, monk
     assert calls[0][0] == "mps"
     assert "apple-mps-no-bf16-before-macos14" in calls[0][1]["bf16"]
     assert (mps.self_test.fp16, mps.self_test.bf16) == ("pass", "skipped")
-    assert "bf16 not tested" in hardware.format_report(report)
+    assert "bf16 not tested" in hardware_text(report)

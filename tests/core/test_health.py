@@ -196,7 +196,7 @@ def test_nan_in_the_weights_is_broken_not_a_precision_problem():
 def test_a_component_fed_nan_by_a_damaged_text_encoder_is_a_victim_not_a_culprit():
     """NaN in the text encoder's weights: the UNet and VAE downstream are fed non-finite values
     and said to be, checked on a finite stand-in, with no fault status of their own."""
-    from app import cli_text
+    from app.cli import text as cli_text
 
     pipeline = build_tiny_sd_pipeline()
     with torch.no_grad():

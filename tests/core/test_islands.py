@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from app import cli
+from app.cli.arguments import build_parser
 from app.core import diagnosis, hardware, health, profiles
 from app.core.demo import build_tiny_sd_pipeline
 from app.core.errors import HalfSafeError
@@ -156,7 +156,7 @@ def test_the_exported_flags_parse_back_to_the_same_settings():
     settings = {"fp32_modules": ["vae:decoder.a", "vae:decoder.b", "unet:mid_block.c"]}
     line = health.flags(settings)
     assert line == "--fp32-modules vae:decoder.a,decoder.b --fp32-modules unet:mid_block.c"
-    args = cli.build_parser().parse_args(["check", "model.safetensors", *line.split()])
+    args = build_parser().parse_args(["check", "model.safetensors", *line.split()])
     assert args.fp32_modules == settings["fp32_modules"]
 
 
@@ -172,7 +172,7 @@ def test_the_exported_flags_parse_back_to_the_same_settings():
 )
 def test_a_bad_module_flag_is_refused_in_one_sentence(capsys, flag, problem):
     with pytest.raises(SystemExit) as exit_:
-        cli.build_parser().parse_args(["check", "model.safetensors", "--fp32-modules", flag])
+        build_parser().parse_args(["check", "model.safetensors", "--fp32-modules", flag])
     assert exit_.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert problem in message and len(message) < 300

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app.cli_text import health_text
+from app.cli.text import health_text
 from app.core import models, split
 from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
 from app.core.errors import UnsupportedModelError

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from app.cli_text import health_text
+from app.cli.text import health_text
 from app.core import diagnosis, health
 from app.core.components import Status, Verdict
 from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline

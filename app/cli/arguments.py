@@ -1,32 +1,21 @@
-"""The `halfsafe` command: starts the GUI, or runs core in-process for headless use.
-
-Exit status: 0 all good; 1 the command ran and found a problem; 2 it could not run. A problem
-the user can act on is one plain line on stderr; `--debug` adds the traceback.
-"""
+"""The `halfsafe` command line: argparse, with the precision flags generated from the settings
+schema, and the settings a command runs with (the saved ones, its flags laid over them)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import traceback
-import warnings
-from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from app import __version__
-from app.core.errors import HalfSafeError
+from app.cli.exit_status import EXIT_CANNOT_RUN
 from app.core.settings import (
     FIELDS,
     SCHEMA,
-    PrecisionSettings,
     load_settings,
     parse_module_entries,
     parse_number,
 )
-
-EXIT_OK, EXIT_PROBLEM, EXIT_CANNOT_RUN = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -337,144 +326,3 @@ def effective_settings(args: argparse.Namespace) -> dict[str, Any]:
     values = loaded.settings.to_dict()
     values.update({k: v for k, v in vars(args).items() if k in FIELDS})
     return values
-
-
-def quiet_libraries() -> None:
-    """diffusers and transformers log advice meant for their developers; users see ours."""
-    for var in ("DIFFUSERS_VERBOSITY", "TRANSFORMERS_VERBOSITY"):
-        os.environ.setdefault(var, "error")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-
-
-def keep_library_warnings_off_the_terminal() -> None:
-    """Python warnings from libraries (PyTorch's "Detected pickle protocol 4", diffusers'
-    deprecations) are advice for their developers: the user gets HalfSafe's sentence instead.
-    HalfSafe's own warnings still show, one line each; `--debug` shows everything. Call inside
-    `warnings.catch_warnings()`, which puts the filters and `showwarning` back afterwards."""
-    warnings.filterwarnings("ignore")
-    warnings.filterwarnings("default", module=r"app(\.|$)")
-
-    def show(message, category, filename, lineno, file=None, line=None) -> None:
-        print(f"halfsafe: {message}", file=sys.stderr)
-
-    warnings.showwarning = show
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        return gui_main(argv)
-    quiet_libraries()
-    with warnings.catch_warnings():
-        if not args.debug:
-            keep_library_warnings_off_the_terminal()
-        return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
-    """Run one headless command; a HalfSafeError becomes one line on stderr and exit 2."""
-    try:
-        return _COMMANDS[args.command](args)
-    except HalfSafeError as error:
-        if args.debug:
-            traceback.print_exc()
-        print(f"halfsafe: {error}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
-    except KeyboardInterrupt:
-        print("halfsafe: interrupted.", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # The reader went away (`halfsafe gpu --json | head`): not an error of ours.
-        sys.stderr.close()
-        return EXIT_OK
-
-
-def gui_main(argv: Sequence[str] | None = None) -> int:
-    """Start the desktop app (the `halfsafe-gui` entry point opens no console on Windows)."""
-    from app.ui.application import run_gui
-
-    return run_gui(list(argv or []))
-
-
-def _print_json(document: dict[str, Any]) -> None:
-    print(json.dumps(document, indent=2))
-
-
-def _cmd_gpu(args: argparse.Namespace) -> int:
-    from app.core import hardware
-
-    report = hardware.hardware_report(self_test=args.self_test, retest=args.retest)
-    if args.json:
-        _print_json(report.to_json())
-    else:
-        print(hardware.format_report(report))
-    return EXIT_OK
-
-
-def _cmd_check(args: argparse.Namespace) -> int:
-    from app.core import causes, health
-
-    values = effective_settings(args)
-    report = causes.check_model(
-        args.model,
-        precision=PrecisionSettings.from_mapping(values),
-        device=values["device"],
-        size=args.size,
-        steps=values["steps"],  # the probe covers the ends of the user's own sampler schedule
-        scheduler=values["scheduler"],
-        vae=args.vae,
-        text_encoders=args.text_encoders,
-        loras=args.loras,
-        allow_pickle=args.allow_pickle,
-    )
-    if args.report:
-        health.write_markdown_report(report, args.report)
-    if args.json:
-        _print_json(report.to_json())
-    else:
-        from app.cli_text import health_text
-
-        print(health_text(report))
-    return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
-
-
-def _cmd_generate(args: argparse.Namespace) -> int:
-    from app.core import generation
-
-    values = effective_settings(args)
-    result = generation.generate_from_cli(args.model, args, values)
-    if args.json:
-        _print_json(result.to_json())
-    else:
-        from app.cli_text import generation_text
-
-        print(generation_text(result))
-    return EXIT_OK if result.all_good else EXIT_PROBLEM
-
-
-def _cmd_explain(args: argparse.Namespace) -> int:
-    from app.core import explain
-
-    values = effective_settings(args)
-    explanation = explain.explain_image(args.image, device=values["device"])
-    if args.json:
-        _print_json(explanation.to_json())
-    else:
-        from app.cli_text import explain_text
-
-        print(explain_text(explanation))
-    return EXIT_PROBLEM if explanation.problem else EXIT_OK
-
-
-_COMMANDS = {
-    "gpu": _cmd_gpu,
-    "check": _cmd_check,
-    "generate": _cmd_generate,
-    "explain": _cmd_explain,
-}
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

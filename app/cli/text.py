@@ -1,10 +1,12 @@
-"""Plain-text renderings of core results for the terminal (`halfsafe check`, `explain`)."""
+"""Plain-text renderings of core results for the terminal (`halfsafe gpu`, `check`, `generate`,
+`explain`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from app.core.generation import GenerationResult
+from app.core.hardware import HardwareReport
 from app.core.health import (
     CANDIDATE_COLUMNS,
     HealthReport,
@@ -16,6 +18,7 @@ from app.core.health import (
     precision_words,
     status_words,
 )
+from app.core.selftest import SelfTestResult
 from app.core.settings import FIELDS
 
 _VERDICTS = {
@@ -220,3 +223,74 @@ def generation_text(result: GenerationResult) -> str:
         + ("." if result.all_good else "; some are still broken.")
     )
     return "\n".join(lines)
+
+
+def hardware_text(report: HardwareReport) -> str:
+    """What `halfsafe gpu` prints: the devices as a table, then each device's recommendation
+    with reasons."""
+    lines = [
+        f"HalfSafe {report.halfsafe} · PyTorch {report.torch} · "
+        + (f"CUDA {report.cuda}" if report.cuda else "no CUDA in this PyTorch"),
+        "",
+    ]
+    header = ("Device", "Name", "Memory", "fp16", "bf16", "TF32", "Self-test")
+    rows: list[tuple[str, ...]] = [header]
+    for d in report.devices:
+        rows.append(
+            (
+                d.torch_device + (f" ({d.kind})" if d.kind == "rocm" else ""),
+                d.name
+                + (f" [{d.arch}]" if d.arch else "")
+                + (
+                    f" cc {d.capability[0]}.{d.capability[1]}"
+                    if d.capability and d.kind == "cuda"
+                    else ""
+                ),
+                f"{d.memory_total_mb / 1024:.1f} GB" if d.memory_total_mb else "?",
+                d.fp16,
+                d.bf16,
+                "yes" if d.tf32 else "no",
+                _self_test_cell(d.self_test),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for number, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if number == 0:
+            lines.append("  ".join("-" * w for w in widths))
+
+    for d in report.devices:
+        lines += [
+            "",
+            f"{d.torch_device} · {d.name}" + (f" · driver {d.driver}" if d.driver else ""),
+        ]
+        for quirk in d.quirks:
+            lines.append(f"  Known issue [{quirk.id}]: {quirk.summary}")
+            lines.append(f"    source: {quirk.source}")
+        test = d.self_test
+        if test is not None and test.ran:
+            for dtype in ("fp16", "bf16"):
+                failed = [x for x in test.details if x.dtype == dtype and x.status == "fail"]
+                for op in failed:
+                    lines.append(f"  Self-test: {op.op} failed in {dtype}: {op.note}")
+            for op in test.details:
+                if op.status == "skipped":
+                    lines.append(f"  Self-test: {op.dtype} not tested: {op.note}")
+            lines += [f"  {note}" for note in test.notes]
+        lines.append("  Recommended settings:")
+        key_width = max(len(k) for k in d.recommended)
+        for key, value in d.recommended.items():
+            shown = str(value).lower() if isinstance(value, bool) else str(value)
+            lines.append(f"    {key.ljust(key_width)}  {shown.ljust(5)}  {d.reasons[key]}")
+    if report.notes:
+        lines += ["", *[f"Note: {note}" for note in report.notes]]
+    return "\n".join(lines)
+
+
+def _self_test_cell(test: SelfTestResult | None) -> str:
+    if test is None or not test.ran:
+        return "not run"
+    text = f"fp16 {test.fp16}, bf16 {test.bf16}"
+    if test.cached:
+        return text + " (cached)"
+    return text + f" ({test.seconds:.1f} s)"

@@ -1,0 +1,169 @@
+"""The `halfsafe` subcommands: each runs core in-process, prints the result as text or, with
+`--json`, as one JSON object, and returns the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from app.cli.arguments import effective_settings
+from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
+from app.cli.progress import ProgressLines
+from app.core.settings import PrecisionSettings
+
+if TYPE_CHECKING:
+    from app.core.generation import GenerationResult
+
+
+def _print_json(document: dict[str, Any]) -> None:
+    print(json.dumps(document, indent=2))
+
+
+def _cmd_gpu(args: argparse.Namespace) -> int:
+    from app.core import hardware
+
+    report = hardware.hardware_report(self_test=args.self_test, retest=args.retest)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        from app.cli.text import hardware_text
+
+        print(hardware_text(report))
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from app.core import causes, health
+
+    values = effective_settings(args)
+    report = causes.check_model(
+        args.model,
+        precision=PrecisionSettings.from_mapping(values),
+        device=values["device"],
+        size=args.size,
+        steps=values["steps"],  # the probe covers the ends of the user's own sampler schedule
+        scheduler=values["scheduler"],
+        vae=args.vae,
+        text_encoders=args.text_encoders,
+        loras=args.loras,
+        allow_pickle=args.allow_pickle,
+    )
+    if args.report:
+        health.write_markdown_report(report, args.report)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        from app.cli.text import health_text
+
+        print(health_text(report))
+    return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    values = effective_settings(args)
+    result = generate_from_cli(args.model, args, values)
+    if args.json:
+        _print_json(result.to_json())
+    else:
+        from app.cli.text import generation_text
+
+        print(generation_text(result))
+    return EXIT_OK if result.all_good else EXIT_PROBLEM
+
+
+def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationResult:
+    """`halfsafe generate`: load `source`, build the request from the flags laid over the saved
+    settings (`values`), and generate. Without --width/--height the image is the model's native
+    size (the demo's 128 px, SDXL's 1024), not the saved 512. Progress goes to stderr: a line
+    redrawn in place on a terminal, a plain line with the ETA every few seconds otherwise (a
+    log file or a CI job)."""
+    from app.core.generation import GenerationRequest, generate, rescue_unsaved
+    from app.core.images import ImageSaveError
+    from app.core.lora import load_requested
+    from app.core.models import load_model
+    from app.core.prompts import parse_emphasis
+
+    prompt = getattr(args, "prompt", "") or ""
+    for text in (prompt, values.get("negative_prompt", "")):
+        parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
+    model = load_model(
+        source,
+        vae=getattr(args, "vae", None),
+        text_encoders=list(getattr(args, "text_encoders", None) or []),
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
+    )
+    load_requested(
+        model,
+        list(getattr(args, "loras", None) or []),
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
+        prompt=prompt,
+    )
+    width, height = cli_image_size(args, values, model.native_size)
+    request = GenerationRequest(
+        prompt=prompt,
+        negative_prompt=values.get("negative_prompt", ""),
+        steps=values["steps"],
+        cfg=values["cfg"],
+        seed=values["seed"],
+        width=width,
+        height=height,
+        batch=values["batch"],
+        scheduler=values["scheduler"],
+        output_dir=getattr(args, "out", None) or values.get("output_folder") or None,
+    )
+    terminal = sys.stderr.isatty()
+    if terminal:
+
+        def on_progress(stage: str, done: int, total: int) -> None:
+            print(f"\r{stage}: {done}/{total}\033[K", end="", file=sys.stderr, flush=True)
+
+    else:
+        on_progress = ProgressLines(sys.stderr)
+
+    try:
+        return generate(
+            model,
+            request,
+            precision=PrecisionSettings.from_mapping(values),
+            device=values.get("device", "auto"),
+            on_progress=on_progress,
+        )
+    except ImageSaveError as error:
+        raise rescue_unsaved(error) from None
+    finally:
+        if terminal:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int, int]:
+    """Width and height for `halfsafe generate`: a flag the user gave wins; a side left out
+    is the model's native size (a square model picture, never the saved 512 that made the
+    128 px demo take minutes)."""
+    width = getattr(args, "width", None)
+    height = getattr(args, "height", None)
+    native = int(native_size) if native_size else int(values["width"])
+    return (int(width) if width else native, int(height) if height else native)
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from app.core import explain
+
+    values = effective_settings(args)
+    explanation = explain.explain_image(args.image, device=values["device"])
+    if args.json:
+        _print_json(explanation.to_json())
+    else:
+        from app.cli.text import explain_text
+
+        print(explain_text(explanation))
+    return EXIT_PROBLEM if explanation.problem else EXIT_OK
+
+
+COMMANDS = {
+    "gpu": _cmd_gpu,
+    "check": _cmd_check,
+    "generate": _cmd_generate,
+    "explain": _cmd_explain,
+}
