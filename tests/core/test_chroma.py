@@ -16,7 +16,7 @@ import torch
 from app.core import generation, models
 from app.core.demo import build_tiny_chroma_pipeline
 from app.core.families import ChromaFamily, family_of
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,

@@ -23,8 +23,8 @@ from app.core.errors import UnsupportedModelError
 from app.core.families import FluxFamily, family_of
 from app.core.precision import PlacedPipeline, resolve_plan
 from app.core.settings import PrecisionSettings
-from tests.core import family_helpers as helpers
-from tests.core.family_helpers import (
+from tests.support import family_helpers as helpers
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,

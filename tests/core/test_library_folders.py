@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from checkpoint_files import raw_safetensors, shapes_file
 
 from app.core import library
 from app.core.library import LibraryEntry, ModelFolder, extra_model_paths, scan_library
+from tests.support.checkpoint_files import raw_safetensors, shapes_file
 
 # Enough of a header for each kind: the library reads headers only.
 UNET = {"model.diffusion_model.input_blocks.0.0.weight": (4, 4, 3, 3)}
@@ -310,12 +310,11 @@ def test_a1111_vae_folder_and_per_model_pairs(home):
 
 
 def test_an_sft_model_loads_with_its_paired_vae(tmp_path):
-    from checkpoint_files import state_dicts_equal
-
     from app.core import architecture as arch
     from app.core.checkpoint import write_safetensors
     from app.core.demo import build_tiny_sd_pipeline, tiny_vae
     from app.core.models import _ldm_vae, load_model, save_single_file
+    from tests.support.checkpoint_files import state_dicts_equal
 
     folder = tmp_path / "models"
     folder.mkdir()

@@ -16,13 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import (
-    shapes_file,
-    state_dicts_equal,
-    tiny_sd1_inpaint,
-    tiny_sd1_matching_rules,
-    tiny_sd2,
-)
 
 from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
@@ -30,6 +23,13 @@ from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel, ldm_state_dict, load_model, save_single_file
+from tests.support.checkpoint_files import (
+    shapes_file,
+    state_dicts_equal,
+    tiny_sd1_inpaint,
+    tiny_sd1_matching_rules,
+    tiny_sd2,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = {"fp16": torch.float16, "fp32": torch.float32}
@@ -328,7 +328,7 @@ def test_pickle_checkpoint_needs_permission_then_loads_with_weights_only(tmp_pat
 
 
 def test_pickle_payload_in_a_model_never_runs(tmp_path):
-    from checkpoint_files import pickle_with_payload, torch_zip_with_payload
+    from tests.support.checkpoint_files import pickle_with_payload, torch_zip_with_payload
 
     marker = tmp_path / "payload-ran"
     for builder in (pickle_with_payload, torch_zip_with_payload):

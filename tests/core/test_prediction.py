@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import tiny_sd2
 from diffusers import DDPMScheduler, UNet2DConditionModel
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 
@@ -24,6 +23,7 @@ from app.core.demo import build_tiny_sdxl_pipeline
 from app.core.generation import GenerationRequest, generate
 from app.core.models import ldm_state_dict, load_model
 from app.core.settings import PrecisionSettings
+from tests.support.checkpoint_files import tiny_sd2
 
 
 def alphas(pipe, zero_snr: bool = False) -> torch.Tensor:

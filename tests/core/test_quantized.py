@@ -27,7 +27,7 @@ from app.core.demo import (
 from app.core.errors import BadFileError
 from app.core.quantized import check_gguf_header, dequantize_fp8
 from app.core.settings import PrecisionSettings
-from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 FP16 = PrecisionSettings(precision="fp16")
 E4M3 = torch.float8_e4m3fn

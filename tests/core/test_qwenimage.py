@@ -13,7 +13,7 @@ from app.core import generation, models
 from app.core.demo import build_tiny_qwenimage_pipeline
 from app.core.errors import HalfSafeError
 from app.core.families import QwenImageFamily, family_of
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,

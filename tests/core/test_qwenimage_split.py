@@ -17,7 +17,7 @@ from app.core.demo import (
     tiny_qwenimage_vae,
 )
 from app.core.errors import UnsupportedModelError
-from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoint_files import tiny_sd2
 
 from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
 from app.core.models import ldm_state_dict, load_model
+from tests.support.checkpoint_files import tiny_sd2
 
 BLOCKS = arch.SD2_TEXT + "transformer.resblocks."
 HEADS = 4  # tiny_sd2's text encoder: 64 wide, 64 // 16 heads

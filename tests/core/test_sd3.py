@@ -14,7 +14,7 @@ from app.core import generation, models
 from app.core.demo import build_tiny_sd3_pipeline
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.families import SD3Family, family_of
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,

@@ -16,7 +16,7 @@ from app.core import models, split
 from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
 from app.core.errors import UnsupportedModelError
 from app.core.library import scan_library
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     check,
     offline,  # noqa: F401 - an autouse fixture: no network
 )

@@ -12,7 +12,7 @@ import pytest
 from app.core import generation, models
 from app.core.demo import build_tiny_zimage_pipeline, qwen2_tokenizer, qwen3_tokenizer
 from app.core.families import ZImageFamily, family_of
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,

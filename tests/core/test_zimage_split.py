@@ -18,7 +18,7 @@ from app.core.demo import (
     build_tiny_zimage_pipeline,
 )
 from app.core.errors import HalfSafeError, UnsupportedModelError
-from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 
