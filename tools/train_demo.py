@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.core import demo  # noqa: E402
+from app.core.tokenizers import clip_tokenizer  # noqa: E402
 
 SIZE = demo.DEMO_SIZE
 
@@ -192,7 +193,7 @@ def scene_latents(vae, args, rng: np.random.Generator):
 def caption_tokens(args):
     """Every caption's token ids, and the empty prompt's (last row), tokenised as the pipeline
     does (padded to 77 tokens)."""
-    tokenizer = demo.clip_tokenizer()
+    tokenizer = clip_tokenizer()
     texts = [demo.demo_prompt(*combo) for combo in captions()] + [""]
     return tokenizer(
         texts, padding="max_length", max_length=77, truncation=True, return_tensors="pt"
@@ -243,7 +244,7 @@ def prompts_followed(unet, text_encoder, vae, scaling: float, combos, seed: int 
     pipeline = StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,
-        tokenizer=demo.clip_tokenizer(),
+        tokenizer=clip_tokenizer(),
         unet=unet,
         scheduler=make_scheduler("dpmpp_2m_karras", demo.SD_SCHEDULER_CONFIG, "v_prediction"),
         safety_checker=None,

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.core.errors import BadFileError
 from app.core.paths import resource
+from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
 
 DEMO_VERSION = 3
 DEMO_LABEL = "HalfSafe demo (a tiny model that draws coloured shapes)"
@@ -61,20 +62,6 @@ SD_SCHEDULER_CONFIG: dict[str, Any] = {
     "timestep_spacing": "leading",
     "steps_offset": 1,
 }
-
-
-def clip_tokenizer(pad_token: str = "<|endoftext|>"):
-    """CLIP's real BPE tokenizer from the shipped vocabulary (SD1 pads with <|endoftext|>,
-    SD2 and SDXL's second encoder with "!")."""
-    from transformers import CLIPTokenizer
-
-    folder = resource("tokenizers", "clip")
-    return CLIPTokenizer(
-        str(folder / "vocab.json"),
-        str(folder / "merges.txt"),
-        pad_token=pad_token,
-        model_max_length=77,
-    )
 
 
 def _seeded(seed: int):
@@ -295,13 +282,6 @@ _FOUR_LEVELS: dict[str, Any] = {
 _UNTIED: dict[str, Any] = {"tie_word_embeddings": False}
 
 
-def t5_tokenizer():
-    """T5's SentencePiece vocabulary (shipped in resources/tokenizers/t5, Apache-2.0)."""
-    from transformers import T5TokenizerFast  # pyright: ignore[reportAttributeAccessIssue]
-
-    return T5TokenizerFast(tokenizer_file=str(resource("tokenizers", "t5", "tokenizer.json")))
-
-
 def tiny_t5(seed: int, hidden: int = 32, layers: int = 2):
     """A T5 v1.1-shaped encoder (gated-GELU feed-forward, as T5-XXL) with the real vocabulary
     size, so the shipped tokenizer's ids fit."""
@@ -460,19 +440,6 @@ def build_tiny_chroma_pipeline(seed: int = 0):
 
 # Z-Image and Qwen-Image -------------------------------------------------------------------
 
-# The chat template Z-Image's Qwen3 tokenizer applies: a user turn and the assistant's opening,
-# no default system prompt; with enable_thinking false an empty think block follows (Qwen3's
-# format). ZImagePipeline asks for the thinking form, so the prompt reads
-# "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n".
-QWEN3_CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
-)
-
 # Z-Image-Turbo's schedule: flow matching with a fixed shift of 3 (no resolution shift).
 ZIMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
     "num_train_timesteps": 1000,
@@ -492,25 +459,6 @@ QWENIMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
     "shift_terminal": 0.02,
     "time_shift_type": "exponential",
 }
-
-
-def qwen2_tokenizer():
-    """Qwen2/Qwen2.5's byte-level BPE (shipped in resources/tokenizers/qwen2, Apache-2.0), with
-    Qwen2.5's chat template: Qwen-Image's tokenizer."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(
-        str(resource("tokenizers", "qwen2")), local_files_only=True
-    )
-
-
-def qwen3_tokenizer():
-    """The same BPE with Qwen3's chat template (no default system prompt): the tokenizer
-    ZImagePipeline expects. The turn markers <|im_start|> and <|im_end|> have the same ids in
-    both; the prompt format uses no other special token."""
-    tokenizer = qwen2_tokenizer()
-    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    return tokenizer
 
 
 QWEN_VOCAB = 151669  # the tokenizer's entries with its special tokens: every id it gives fits

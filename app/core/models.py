@@ -1008,7 +1008,7 @@ def _load_split(
     and every companion found before a tensor is read."""
     import diffusers
 
-    from app.core.demo import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
+    from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
 
     tokenizers = {"t5": t5_tokenizer, "qwen3": qwen3_tokenizer, "qwen25_vl": qwen2_tokenizer}
     companions = split.find_companions(path, model, text_encoders, vae)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from app.core import generation, models
-from app.core.demo import build_tiny_zimage_pipeline, qwen2_tokenizer, qwen3_tokenizer
+from app.core.demo import build_tiny_zimage_pipeline
 from app.core.families import ZImageFamily, family_of
+from app.core.tokenizers import qwen2_tokenizer, qwen3_tokenizer
 from tests.support.family_helpers import (
     FP16,
     check,
