@@ -111,7 +111,7 @@ def write_form(form: str, state: dict, path: Path) -> Path:
 
 def build_files(root: Path) -> dict[str, Path]:
     from app.core import models
-    from app.core.demo import build_tiny_flux_pipeline
+    from tests.support.tiny_models import build_tiny_flux_pipeline
 
     written = models.save_split_files(build_tiny_flux_pipeline(), root / "companions")
     written["transformer"].unlink()

@@ -38,7 +38,7 @@ MODELS = (
 
 
 def _pipeline(model: str):
-    from app.core.demo import (
+    from tests.support.tiny_models import (
         build_tiny_chroma_pipeline,
         build_tiny_flux_pipeline,
         build_tiny_qwenimage_pipeline,

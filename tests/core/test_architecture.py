@@ -245,7 +245,7 @@ def test_unsupported_families_are_named(real_shapes):
 
 
 def test_demo_shaped_unet_with_fewer_blocks(real_shapes):
-    from app.core.demo import build_tiny_sd_pipeline
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     pipeline = build_tiny_sd_pipeline()
     shapes = {k: tuple(v.shape) for k, v in ldm_state_dict(pipeline).items()}

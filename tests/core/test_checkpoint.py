@@ -392,7 +392,7 @@ def test_scan_lists_exactly_the_tensors_holding_nan_or_inf(tmp_path):
 
 
 def test_scan_of_a_pipeline_names_component_and_parameter():
-    from app.core.demo import build_tiny_sd_pipeline
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     pipeline = build_tiny_sd_pipeline()
     assert scan_weights(pipeline).non_finite == []

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from app.core import generation, models
-from app.core.demo import build_tiny_chroma_pipeline
 from app.core.families import ChromaFamily, family_of
 from tests.support.family_helpers import (
     FP16,
@@ -24,6 +23,7 @@ from tests.support.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.tiny_models import build_tiny_chroma_pipeline
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 SINGLE_LAYER = "single_transformer_blocks.1.proj_out"
@@ -175,8 +175,8 @@ def test_overflow_in_a_loaded_split_file_model_is_found_with_its_layer(tmp_path)
 
 
 def test_library_tells_chroma_from_flux_by_its_keys_and_lists_its_companions(tmp_path):
-    from app.core.demo import build_tiny_flux_pipeline
     from app.core.library import scan_library
+    from tests.support.tiny_models import build_tiny_flux_pipeline
 
     root = tmp_path / "models"
     models.save_split_files(build_tiny_flux_pipeline(), root, "flux1-dev")

@@ -20,7 +20,6 @@ from test_health import plant
 
 from app.cli import main
 from app.core import explain, tools
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.errors import BadFileError
 from app.core.models import save_single_file
 from tests.support.image_files import (
@@ -33,6 +32,7 @@ from tests.support.image_files import (
     png_with,
     text_chunk,
 )
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 A1111_FLAGS = {"--no-half-vae"}
 # On a device with native bf16 the cheapest verified fix is a bf16 VAE, else an fp32 one.

@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from app.core import generation, health, models
-from app.core.demo import build_tiny_flux_pipeline
 from app.core.errors import UnsupportedModelError
 from app.core.families import FluxFamily, family_of
 from app.core.precision import PlacedPipeline, resolve_plan
@@ -31,6 +30,7 @@ from tests.support.family_helpers import (
     offline,  # noqa: F401 - an autouse fixture: no network
     plant_scaled,
 )
+from tests.support.tiny_models import build_tiny_flux_pipeline
 
 COMPONENTS = ("transformer", "text_encoder", "text_encoder_2", "vae")
 T5_LAYER = "encoder.block.0.layer.1.DenseReluDense.wo"

@@ -157,7 +157,7 @@ def test_a_comfyui_base_directory_in_settings_is_read_as_its_layout(home, tmp_pa
     model(base / "models" / "diffusion_models" / "dit.safetensors", {"y": (1,)})
     model(base / "models" / "text_encoders" / "clip_l.safetensors", {"z": (1,)})
     model(base / "models" / "vae" / "ae.safetensors", VAE)
-    from app.core.demo import build_tiny_sd_pipeline
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     build_tiny_sd_pipeline().save_pretrained(base / "models" / "diffusers" / "a-diffusers-model")
     model(base / "input" / "not-a-model-folder.safetensors")  # outside models/: not listed
@@ -312,9 +312,9 @@ def test_a1111_vae_folder_and_per_model_pairs(home):
 def test_an_sft_model_loads_with_its_paired_vae(tmp_path):
     from app.core import architecture as arch
     from app.core.checkpoint import write_safetensors
-    from app.core.demo import build_tiny_sd_pipeline, tiny_vae
     from app.core.models import _ldm_vae, load_model, save_single_file
     from tests.support.checkpoint_files import state_dicts_equal
+    from tests.support.tiny_models import build_tiny_sd_pipeline, tiny_vae
 
     folder = tmp_path / "models"
     folder.mkdir()

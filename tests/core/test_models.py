@@ -19,7 +19,6 @@ import torch
 
 from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
-from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel, ldm_state_dict, load_model, save_single_file
@@ -30,6 +29,7 @@ from tests.support.checkpoint_files import (
     tiny_sd1_matching_rules,
     tiny_sd2,
 )
+from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = {"fp16": torch.float16, "fp32": torch.float32}
@@ -249,7 +249,7 @@ def _vae_variants(tmp_path, vae):
 
 
 def test_separate_vae_replaces_the_models_vae_in_every_layout(tmp_path):
-    from app.core.demo import tiny_vae
+    from tests.support.tiny_models import tiny_vae
 
     model_path = save_single_file(
         build_tiny_sd_pipeline(), tmp_path / "model.safetensors", dtype="fp16"
@@ -268,7 +268,7 @@ def test_separate_vae_replaces_the_models_vae_in_every_layout(tmp_path):
 
 
 def test_checkpoint_without_vae_needs_one(tmp_path):
-    from app.core.demo import tiny_vae
+    from tests.support.tiny_models import tiny_vae
 
     tensors = {
         k: v

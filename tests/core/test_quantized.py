@@ -16,7 +16,11 @@ from gguf.quants import quantize
 from app.core import causes, health, models, split
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
-from app.core.demo import (
+from app.core.errors import BadFileError
+from app.core.quantized import check_gguf_header, dequantize_fp8
+from app.core.settings import PrecisionSettings
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.tiny_models import (
     build_tiny_chroma_pipeline,
     build_tiny_flux_pipeline,
     build_tiny_qwenimage_pipeline,
@@ -24,10 +28,6 @@ from app.core.demo import (
     build_tiny_sd_pipeline,
     build_tiny_zimage_pipeline,
 )
-from app.core.errors import BadFileError
-from app.core.quantized import check_gguf_header, dequantize_fp8
-from app.core.settings import PrecisionSettings
-from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 FP16 = PrecisionSettings(precision="fp16")
 E4M3 = torch.float8_e4m3fn

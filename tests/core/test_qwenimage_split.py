@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from app.core import models, split
-from app.core.demo import (
+from app.core.errors import UnsupportedModelError
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.tiny_models import (
     QWENIMAGE_SCHEDULER_CONFIG,
     build_tiny_qwenimage_pipeline,
     tiny_qwenimage_vae,
 )
-from app.core.errors import UnsupportedModelError
-from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 
@@ -132,8 +132,8 @@ def test_a_missing_vae_is_named_in_one_sentence(tmp_path):
 
 
 def test_library_lists_qwenimage_and_zimage_files_each_with_its_own_companions(tmp_path):
-    from app.core.demo import build_tiny_zimage_pipeline
     from app.core.library import scan_library
+    from tests.support.tiny_models import build_tiny_zimage_pipeline
 
     root = tmp_path / "models"
     qwen = models.save_split_files(tiny(), root, "qwen_image")

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from app.core import generation, models
-from app.core.demo import build_tiny_sd3_pipeline
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.families import SD3Family, family_of
 from tests.support.family_helpers import (
@@ -22,6 +21,7 @@ from tests.support.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.tiny_models import build_tiny_sd3_pipeline
 
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae")
 T5_LAYER = "encoder.block.0.layer.1.DenseReluDense.wo"
@@ -246,7 +246,7 @@ def test_split_file_with_a_missing_companion_says_which_in_one_sentence(tmp_path
 
 def test_clips_whose_pooled_vectors_do_not_make_the_transformers_input_are_named(tmp_path):
     from app.core.checkpoint import write_safetensors
-    from app.core.demo import tiny_text_encoder
+    from tests.support.tiny_models import tiny_text_encoder
 
     written = models.save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
     narrow = tiny_text_encoder(9, projection=16)  # a CLIP-L projecting to 16, not 32

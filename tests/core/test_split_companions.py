@@ -13,13 +13,13 @@ from safetensors.torch import load_file
 
 from app.cli_text import health_text
 from app.core import models, split
-from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
 from app.core.errors import UnsupportedModelError
 from app.core.library import scan_library
 from tests.support.family_helpers import (
     check,
     offline,  # noqa: F401 - an autouse fixture: no network
 )
+from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
 
 T5_BIAS = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 

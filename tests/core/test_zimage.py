@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from app.core import generation, models
-from app.core.demo import build_tiny_zimage_pipeline
 from app.core.families import ZImageFamily, family_of
 from app.core.tokenizers import qwen2_tokenizer, qwen3_tokenizer
 from tests.support.family_helpers import (
@@ -21,6 +20,7 @@ from tests.support.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.tiny_models import build_tiny_zimage_pipeline
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 BLOCK_LAYER = "layers.0.feed_forward.w2"
@@ -85,8 +85,8 @@ def test_diffusers_folder_round_trip_offline(tmp_path):
 
 def test_a_folder_given_a_vae_of_other_latents_is_refused_in_one_sentence(tmp_path):
     from app.core.checkpoint import write_safetensors
-    from app.core.demo import tiny_vae
     from app.core.errors import UnsupportedModelError
+    from tests.support.tiny_models import tiny_vae
 
     build_tiny_zimage_pipeline().save_pretrained(tmp_path / "z-image")
     vae = tiny_vae(0)  # SD's 4-channel latents, in the original layout

@@ -12,13 +12,13 @@ import torch
 
 from app.core import models, split
 from app.core.checkpoint import write_safetensors
-from app.core.demo import (
+from app.core.errors import HalfSafeError, UnsupportedModelError
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.tiny_models import (
     ZIMAGE_SCHEDULER_CONFIG,
     build_tiny_flux_pipeline,
     build_tiny_zimage_pipeline,
 )
-from app.core.errors import HalfSafeError, UnsupportedModelError
-from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 
