@@ -59,9 +59,10 @@ def _pipeline(model: str):
 
 def bench(model: str, runs: int, root: Path) -> dict:
     from app.core import models
+    from tests.support.model_files import save_split_files
 
     pipeline = _pipeline(model)
-    written = models.save_split_files(
+    written = save_split_files(
         pipeline, root / model / "models", model, single_file=model == "sd3.5-single"
     )
     folder = root / model / "folder"

@@ -21,7 +21,6 @@ from test_health import plant
 from app.cli import main
 from app.core import explain, tools
 from app.core.errors import BadFileError
-from app.core.models import save_single_file
 from tests.support.image_files import (
     a1111_parameters,
     chunk,
@@ -32,6 +31,7 @@ from tests.support.image_files import (
     png_with,
     text_chunk,
 )
+from tests.support.model_files import save_single_file
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 A1111_FLAGS = {"--no-half-vae"}

@@ -13,9 +13,9 @@ from test_explain import home  # noqa: F401  (the fake home folder fixture)
 
 from app.cli import main
 from app.core.checkpoint import write_safetensors
-from app.core.models import save_single_file
 from tests.core.test_lora import kohya_lora
 from tests.support.image_files import png_text
+from tests.support.model_files import save_single_file
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 

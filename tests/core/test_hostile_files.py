@@ -463,7 +463,7 @@ def test_a_pickle_named_safetensors_loads_quietly_when_pickles_are_allowed(tmp_p
 @pytest.fixture
 def mixed_folder(tmp_path) -> Path:
     """A good model beside one of every kind of bad item."""
-    from app.core.models import save_single_file
+    from tests.support.model_files import save_single_file
     from tests.support.tiny_models import build_tiny_sd_pipeline
 
     folder = tmp_path / "models"

@@ -312,8 +312,9 @@ def test_a1111_vae_folder_and_per_model_pairs(home):
 def test_an_sft_model_loads_with_its_paired_vae(tmp_path):
     from app.core import architecture as arch
     from app.core.checkpoint import write_safetensors
-    from app.core.models import _ldm_vae, load_model, save_single_file
+    from app.core.models import load_model
     from tests.support.checkpoint_files import state_dicts_equal
+    from tests.support.model_files import _ldm_vae, save_single_file
     from tests.support.tiny_models import build_tiny_sd_pipeline, tiny_vae
 
     folder = tmp_path / "models"

@@ -21,7 +21,7 @@ from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
 from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
 from app.core.jobs import CancelToken
-from app.core.models import LoadedModel, ldm_state_dict, load_model, save_single_file
+from app.core.models import LoadedModel, load_model
 from tests.support.checkpoint_files import (
     shapes_file,
     state_dicts_equal,
@@ -29,6 +29,7 @@ from tests.support.checkpoint_files import (
     tiny_sd1_matching_rules,
     tiny_sd2,
 )
+from tests.support.model_files import ldm_state_dict, save_single_file
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,7 +229,7 @@ def test_missing_weights_are_refused_whole(tmp_path):
 
 def _vae_variants(tmp_path, vae):
     # Same shapes as the model's VAE, other weights: written in each layout users meet.
-    from app.core.models import _ldm_vae
+    from tests.support.model_files import _ldm_vae
 
     ldm = {
         k.removeprefix(arch.VAE): v
@@ -542,7 +543,8 @@ def _available_memory_gib() -> float:
 def test_full_size_sd15_single_file_loads_offline_through_shipped_configs(tmp_path):
     import diffusers
 
-    from app.core.models import build_random_pipeline, config_folder
+    from app.core.models import config_folder
+    from tests.support.model_files import build_random_pipeline
 
     original = build_random_pipeline("sd1", dtype="fp16", seed=1)
     path = save_single_file(original, tmp_path / "random-sd15.safetensors")
@@ -566,7 +568,7 @@ def test_full_size_sd15_single_file_loads_offline_through_shipped_configs(tmp_pa
 def test_full_size_sdxl_single_file_loads_offline_through_shipped_configs(tmp_path):
     import gc
 
-    from app.core.models import build_random_pipeline
+    from tests.support.model_files import build_random_pipeline
 
     original = build_random_pipeline("sdxl", dtype="fp16", seed=2)
     path = save_single_file(original, tmp_path / "random-sdxl.safetensors")

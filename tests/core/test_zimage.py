@@ -20,6 +20,7 @@ from tests.support.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.model_files import _ldm_vae
 from tests.support.tiny_models import build_tiny_zimage_pipeline
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
@@ -93,7 +94,7 @@ def test_a_folder_given_a_vae_of_other_latents_is_refused_in_one_sentence(tmp_pa
     sd_vae = tmp_path / "sd_vae.safetensors"
     levels = len(vae.config.block_out_channels)
     write_safetensors(
-        sd_vae, {k: v.contiguous() for k, v in models._ldm_vae(vae.state_dict(), levels).items()}
+        sd_vae, {k: v.contiguous() for k, v in _ldm_vae(vae.state_dict(), levels).items()}
     )
 
     with pytest.raises(UnsupportedModelError) as caught:
