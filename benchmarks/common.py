@@ -226,7 +226,8 @@ def release_device_memory() -> None:
 def bench_model(name: str, dtype: str = "fp32"):
     """A LoadedModel for `demo`, `sd1` or `sdxl` (random weights, stored in `dtype`)."""
     from app.core.checkpoint import scan_weights
-    from app.core.models import LoadedModel, build_random_pipeline, load_model
+    from app.core.models import LoadedModel, load_model
+    from tests.support.model_files import build_random_pipeline
 
     if name == "demo":
         return load_model("demo")

@@ -5,10 +5,11 @@ Flux.1 dev (guidance embedding) and schnell shapes, Chroma (T5 only, real CFG), 
 (Qwen3, single stream; generated as Turbo runs, without CFG) and Qwen-Image (Qwen2.5-VL, MMDiT,
 real CFG).
 
-The tiny pipelines are the test suite's (`demo.build_tiny_flux_pipeline`,
-`demo.build_tiny_sd3_pipeline`, `demo.build_tiny_zimage_pipeline`, ...): the ratio says how the check's stages (text encoders once,
-3 transformer steps, one VAE decode) compare with a generation's 20 steps; absolute times at
-this size are dominated by per-call overheads.
+The tiny pipelines are the test suite's (tests/support/tiny_models.py:
+`build_tiny_flux_pipeline`, `build_tiny_sd3_pipeline`, `build_tiny_zimage_pipeline`, ...): the
+ratio says how the check's stages (text encoders once, 3 transformer steps, one VAE decode)
+compare with a generation's 20 steps; absolute times at this size are dominated by per-call
+overheads.
 
 Usage: python benchmarks/flux.py [--sizes 64,128] [--repeats 3]
        [--models flux-dev,flux-schnell,chroma,sd3.5,sd3.5-medium,zimage,qwenimage] [--json FILE]
@@ -27,16 +28,16 @@ def bench(shape: str, size: int, repeats: int) -> dict:
 
     from app.core import health
     from app.core.checkpoint import scan_weights
-    from app.core.demo import (
+    from app.core.models import LoadedModel
+    from app.core.precision import PlacedPipeline, backend_flags
+    from app.core.settings import PrecisionSettings
+    from tests.support.tiny_models import (
         build_tiny_chroma_pipeline,
         build_tiny_flux_pipeline,
         build_tiny_qwenimage_pipeline,
         build_tiny_sd3_pipeline,
         build_tiny_zimage_pipeline,
     )
-    from app.core.models import LoadedModel
-    from app.core.precision import PlacedPipeline, backend_flags
-    from app.core.settings import PrecisionSettings
 
     if shape.startswith("sd3.5"):
         pipeline = build_tiny_sd3_pipeline(medium=shape == "sd3.5-medium")

@@ -120,7 +120,8 @@ def measure(args) -> dict:
 
     diffusers.utils.logging.disable_progress_bar()
     from app.core.checkpoint import scan_weights
-    from app.core.models import build_random_pipeline, config_folder, load_model, save_single_file
+    from app.core.models import config_folder, load_model
+    from tests.support.model_files import build_random_pipeline, save_single_file
 
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="halfsafe-bench-"))
     folder.mkdir(parents=True, exist_ok=True)

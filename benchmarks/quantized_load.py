@@ -110,10 +110,10 @@ def write_form(form: str, state: dict, path: Path) -> Path:
 
 
 def build_files(root: Path) -> dict[str, Path]:
-    from app.core import models
-    from app.core.demo import build_tiny_flux_pipeline
+    from tests.support.model_files import save_split_files
+    from tests.support.tiny_models import build_tiny_flux_pipeline
 
-    written = models.save_split_files(build_tiny_flux_pipeline(), root / "companions")
+    written = save_split_files(build_tiny_flux_pipeline(), root / "companions")
     written["transformer"].unlink()
     state = random_bfl_state()
     files = {}

@@ -38,7 +38,7 @@ MODELS = (
 
 
 def _pipeline(model: str):
-    from app.core.demo import (
+    from tests.support.tiny_models import (
         build_tiny_chroma_pipeline,
         build_tiny_flux_pipeline,
         build_tiny_qwenimage_pipeline,
@@ -59,9 +59,10 @@ def _pipeline(model: str):
 
 def bench(model: str, runs: int, root: Path) -> dict:
     from app.core import models
+    from tests.support.model_files import save_split_files
 
     pipeline = _pipeline(model)
-    written = models.save_split_files(
+    written = save_split_files(
         pipeline, root / model / "models", model, single_file=model == "sd3.5-single"
     )
     folder = root / model / "folder"

@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.core import demo  # noqa: E402
+from app.core.tokenizers import clip_tokenizer  # noqa: E402
 
 SIZE = demo.DEMO_SIZE
 
@@ -106,7 +107,7 @@ def log(message: str, started: float) -> None:
 def train_vae(args, rng: np.random.Generator, started: float):
     import torch
 
-    vae = demo.tiny_vae(args.seed + 1).to(args.device).train()
+    vae = demo.demo_vae(args.seed + 1).to(args.device).train()
     optimiser = torch.optim.AdamW(vae.parameters(), lr=args.vae_lr, weight_decay=0.0)
     combos = captions()
     crop = args.vae_crop
@@ -192,7 +193,7 @@ def scene_latents(vae, args, rng: np.random.Generator):
 def caption_tokens(args):
     """Every caption's token ids, and the empty prompt's (last row), tokenised as the pipeline
     does (padded to 77 tokens)."""
-    tokenizer = demo.clip_tokenizer()
+    tokenizer = clip_tokenizer()
     texts = [demo.demo_prompt(*combo) for combo in captions()] + [""]
     return tokenizer(
         texts, padding="max_length", max_length=77, truncation=True, return_tensors="pt"
@@ -243,7 +244,7 @@ def prompts_followed(unet, text_encoder, vae, scaling: float, combos, seed: int 
     pipeline = StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,
-        tokenizer=demo.clip_tokenizer(),
+        tokenizer=clip_tokenizer(),
         unet=unet,
         scheduler=make_scheduler("dpmpp_2m_karras", demo.SD_SCHEDULER_CONFIG, "v_prediction"),
         safety_checker=None,
@@ -288,7 +289,7 @@ def train_unet(vae, text_encoder, args, started: float, checkpoint):
         **{k: v for k, v in demo.SD_SCHEDULER_CONFIG.items() if k != "timestep_spacing"}
     )
     alphas = scheduler.alphas_cumprod.to(args.device)
-    unet = demo.tiny_unet(args.seed + 3).to(args.device).train()
+    unet = demo.demo_unet(args.seed + 3).to(args.device).train()
     text_encoder.train().requires_grad_(args.text_lr > 0)
     average_unet = copy.deepcopy(unet).eval().requires_grad_(False)
     average_text = copy.deepcopy(text_encoder).eval().requires_grad_(False)
@@ -401,14 +402,14 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     started = time.time()
 
-    text_encoder = demo.tiny_text_encoder(args.seed + 2).to(args.device).eval()
+    text_encoder = demo.demo_text_encoder(args.seed + 2).to(args.device).eval()
     if args.vae is None:
         vae = train_vae(args, rng, started)
         vae = refine_decoder(vae, args, started)
     else:
         from safetensors.torch import load_file
 
-        vae = demo.tiny_vae(args.seed + 1)
+        vae = demo.demo_vae(args.seed + 1)
         vae.load_state_dict({k: t.float() for k, t in load_file(str(args.vae)).items()})
         vae = vae.to(args.device)
     as_shipped(vae)

@@ -12,8 +12,9 @@ import json
 import pytest
 
 from app.core import architecture as arch
-from app.core.models import build_random_pipeline, config_folder, ldm_state_dict
+from app.core.models import config_folder
 from app.core.paths import resource
+from tests.support.model_files import build_random_pipeline, ldm_state_dict
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +246,7 @@ def test_unsupported_families_are_named(real_shapes):
 
 
 def test_demo_shaped_unet_with_fewer_blocks(real_shapes):
-    from app.core.demo import build_tiny_sd_pipeline
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     pipeline = build_tiny_sd_pipeline()
     shapes = {k: tuple(v.shape) for k, v in ldm_state_dict(pipeline).items()}
@@ -273,7 +274,7 @@ def test_demo_shaped_unet_with_fewer_blocks(real_shapes):
 def test_unet_without_middle_block_is_inferred():
     from diffusers import UNet2DConditionModel
 
-    from app.core.models import _ldm_unet
+    from tests.support.model_files import _ldm_unet
 
     unet = UNet2DConditionModel(
         block_out_channels=(32, 64),

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from app.core import diagnosis
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.families import family_of
 from app.core.precision import (
     PlacedPipeline,
@@ -19,6 +18,7 @@ from app.core.precision import (
     resolve_plan,
 )
 from app.core.settings import FIELDS, PrecisionSettings
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 SD = ("text_encoder", "unet", "vae")
 

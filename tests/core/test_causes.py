@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from app.core import causes, lora, precision
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.lora import LoraFile
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded
 from tests.core.test_lora import kohya_lora
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
 FF_OUT = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.2"

@@ -9,12 +9,6 @@ import struct
 
 import pytest
 import torch
-from checkpoint_files import (
-    pickle_with_payload,
-    raw_safetensors,
-    small_safetensors,
-    torch_zip_with_payload,
-)
 from safetensors.torch import save_file
 
 from app.core.checkpoint import (
@@ -28,6 +22,12 @@ from app.core.checkpoint import (
     stored_dtype,
 )
 from app.core.errors import BadFileError, PickleRefusedError
+from tests.support.checkpoint_files import (
+    pickle_with_payload,
+    raw_safetensors,
+    small_safetensors,
+    torch_zip_with_payload,
+)
 
 
 def assert_one_sentence(error: BaseException, path) -> str:
@@ -392,7 +392,7 @@ def test_scan_lists_exactly_the_tensors_holding_nan_or_inf(tmp_path):
 
 
 def test_scan_of_a_pipeline_names_component_and_parameter():
-    from app.core.demo import build_tiny_sd_pipeline
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     pipeline = build_tiny_sd_pipeline()
     assert scan_weights(pipeline).non_finite == []

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from app.core import generation, models
-from app.core.demo import build_tiny_chroma_pipeline
 from app.core.families import ChromaFamily, family_of
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,
@@ -24,6 +23,8 @@ from tests.core.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import build_tiny_chroma_pipeline
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 SINGLE_LAYER = "single_transformer_blocks.1.proj_out"
@@ -103,7 +104,7 @@ def test_generation_repairs_an_overflowing_single_block(tmp_path):
 
 def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
     pipeline = build_tiny_chroma_pipeline()
-    written = models.save_split_files(pipeline, tmp_path / "models", "chroma-tiny")
+    written = save_split_files(pipeline, tmp_path / "models", "chroma-tiny")
     assert set(written) == {"transformer", "text_encoder", "vae"}
     header = models.read_safetensors_header(written["transformer"]).shapes()
     # Black Forest Labs' blocks, and the approximator where Flux has its modulation.
@@ -140,7 +141,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
 @pytest.mark.slow  # about 9 s here: a fresh interpreter imports torch and diffusers
 def test_cli_missing_companion_is_exit_2_with_one_line(tmp_path):
-    written = models.save_split_files(build_tiny_chroma_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_chroma_pipeline(), tmp_path / "models")
     written["text_encoder"].unlink()
 
     done = subprocess.run(
@@ -160,7 +161,7 @@ def test_cli_missing_companion_is_exit_2_with_one_line(tmp_path):
 
 
 def test_overflow_in_a_loaded_split_file_model_is_found_with_its_layer(tmp_path):
-    written = models.save_split_files(build_tiny_chroma_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_chroma_pipeline(), tmp_path / "models")
     model = models.load_model(str(written["transformer"]))
     with torch.no_grad():
         model.pipeline.transformer.get_submodule(SINGLE_LAYER).weight.mul_(1e6)
@@ -175,13 +176,13 @@ def test_overflow_in_a_loaded_split_file_model_is_found_with_its_layer(tmp_path)
 
 
 def test_library_tells_chroma_from_flux_by_its_keys_and_lists_its_companions(tmp_path):
-    from app.core.demo import build_tiny_flux_pipeline
     from app.core.library import scan_library
+    from tests.support.tiny_models import build_tiny_flux_pipeline
 
     root = tmp_path / "models"
-    models.save_split_files(build_tiny_flux_pipeline(), root, "flux1-dev")
+    save_split_files(build_tiny_flux_pipeline(), root, "flux1-dev")
     # Saved second, so the shared t5xxl and ae files beside both are Chroma's own.
-    written = models.save_split_files(build_tiny_chroma_pipeline(), root, "chroma")
+    written = save_split_files(build_tiny_chroma_pipeline(), root, "chroma")
     folder = str(root / "diffusion_models")
 
     entries = scan_library([folder], include_defaults=False, use_cache=False)

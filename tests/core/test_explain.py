@@ -16,7 +16,12 @@ import zlib
 from pathlib import Path
 
 import pytest
-from image_files import (
+from test_health import plant
+
+from app.cli import main
+from app.core import explain, tools
+from app.core.errors import BadFileError
+from tests.support.image_files import (
     a1111_parameters,
     chunk,
     comfy_prompt,
@@ -26,13 +31,8 @@ from image_files import (
     png_with,
     text_chunk,
 )
-from test_health import plant
-
-from app.cli import main
-from app.core import explain, tools
-from app.core.demo import build_tiny_sd_pipeline
-from app.core.errors import BadFileError
-from app.core.models import save_single_file
+from tests.support.model_files import save_single_file
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 A1111_FLAGS = {"--no-half-vae"}
 # On a device with native bf16 the cheapest verified fix is a bf16 VAE, else an fp32 one.
@@ -165,7 +165,7 @@ def test_the_model_is_found_by_hash_alone_under_another_name(tmp_path, a1111_tre
 
 
 def test_a_vae_with_the_models_name_is_not_taken_for_the_model(home, a1111_tree):
-    from checkpoint_files import shapes_file
+    from tests.support.checkpoint_files import shapes_file
 
     vae_folder = home / "ComfyUI" / "models" / "vae"  # listed before A1111's folder
     vae_folder.mkdir(parents=True)
@@ -471,7 +471,7 @@ def test_a_named_vae_is_looked_for_where_a1111_and_comfyui_keep_them(tmp_path):
 
 
 def test_a_named_vae_in_another_installs_vae_folder_is_found_through_the_library(home, a1111_tree):
-    from checkpoint_files import shapes_file
+    from tests.support.checkpoint_files import shapes_file
 
     comfy = home / "ComfyUI"
     (comfy / "models" / "checkpoints").mkdir(parents=True)

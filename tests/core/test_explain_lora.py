@@ -9,14 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from image_files import png_text
 from test_explain import home  # noqa: F401  (the fake home folder fixture)
 
 from app.cli import main
 from app.core.checkpoint import write_safetensors
-from app.core.demo import build_tiny_sd_pipeline
-from app.core.models import save_single_file
 from tests.core.test_lora import kohya_lora
+from tests.support.image_files import png_text
+from tests.support.model_files import save_single_file
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 
 @pytest.fixture

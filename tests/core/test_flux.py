@@ -18,19 +18,20 @@ import pytest
 import torch
 
 from app.core import generation, health, models
-from app.core.demo import build_tiny_flux_pipeline
 from app.core.errors import UnsupportedModelError
 from app.core.families import FluxFamily, family_of
 from app.core.precision import PlacedPipeline, resolve_plan
 from app.core.settings import PrecisionSettings
-from tests.core import family_helpers as helpers
-from tests.core.family_helpers import (
+from tests.support import family_helpers as helpers
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
     plant_scaled,
 )
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import build_tiny_flux_pipeline
 
 COMPONENTS = ("transformer", "text_encoder", "text_encoder_2", "vae")
 T5_LAYER = "encoder.block.0.layer.1.DenseReluDense.wo"
@@ -80,7 +81,7 @@ def test_diffusers_folder_round_trip_offline(tmp_path, guidance):
 @pytest.mark.parametrize("guidance", [True, False], ids=["dev", "schnell"])
 def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path, guidance):
     pipeline = build_tiny_flux_pipeline(guidance=guidance)
-    written = models.save_split_files(pipeline, tmp_path / "models", "flux1-tiny")
+    written = save_split_files(pipeline, tmp_path / "models", "flux1-tiny")
     # The transformer file is in Black Forest Labs' layout, as ComfyUI users download it.
     header = models.read_safetensors_header(written["transformer"]).shapes()
     assert "double_blocks.0.img_attn.qkv.weight" in header
@@ -112,7 +113,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
 def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
     pipeline = build_tiny_flux_pipeline()
-    written = models.save_split_files(pipeline, tmp_path / "models")
+    written = save_split_files(pipeline, tmp_path / "models")
     lone = tmp_path / "elsewhere" / "flux.safetensors"
     lone.parent.mkdir()
     written["transformer"].rename(lone)
@@ -127,7 +128,7 @@ def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
 
 
 def test_split_file_with_a_missing_companion_says_which_in_one_sentence(tmp_path):
-    written = models.save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
     written["text_encoder_2"].unlink()
 
     with pytest.raises(UnsupportedModelError) as caught:
@@ -142,7 +143,7 @@ def test_split_file_with_a_missing_companion_says_which_in_one_sentence(tmp_path
 
 
 def test_cli_missing_companion_is_exit_2_with_one_line(tmp_path):
-    written = models.save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
     written["vae"].unlink()
 
     done = subprocess.run(
@@ -275,7 +276,7 @@ def test_generation_watches_repairs_and_names_the_flux_sampler(tmp_path):
 def test_library_lists_a_split_transformer_with_its_companions_or_what_is_missing(tmp_path):
     from app.core.library import scan_library
 
-    written = models.save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
     folder = str(tmp_path / "models" / "diffusion_models")
 
     (entry,) = scan_library([folder], include_defaults=False, use_cache=False)

@@ -20,13 +20,13 @@ from PIL import Image
 from app import cli
 from app.core import generation, images, profiles
 from app.core.checkpoint import WeightScan
-from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.errors import CancelledError, HalfSafeError
 from app.core.generation import GenerationRequest, NanWatch, generate
 from app.core.images import ImageSaveError, parse_infotext, read_parameters
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
+from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
 FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"

@@ -16,10 +16,10 @@ import torch
 
 from app.core import health, profiles
 from app.core.checkpoint import scan_weights
-from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.models import LoadedModel
 from app.core.precision import FP16_MAX
 from app.core.settings import PrecisionSettings
+from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
 FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"

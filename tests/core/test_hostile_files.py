@@ -1,9 +1,9 @@
 """The hostile-file corpus: files that would hang, exhaust memory or crash a naive loader.
 
-Every case is a file built in code (hostile_files.py). Each must end in one plain sentence that
-names the file, in bounded time: in-process cases run on a watched thread, and the riskiest run
-through the `halfsafe` command in a subprocess under a memory limit and a timeout, which must
-exit 2 with one line on stderr and no traceback.
+Every case is a file built in code (tests/support/hostile_files.py). Each must end in one plain
+sentence that names the file, in bounded time: in-process cases run on a watched thread, and the
+riskiest run through the `halfsafe` command in a subprocess under a memory limit and a timeout,
+which must exit 2 with one line on stderr and no traceback.
 """
 
 from __future__ import annotations
@@ -20,8 +20,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import shapes_file
-from hostile_files import (
+from PIL import Image
+
+from app.core import library, limits
+from app.core.checkpoint import (
+    Checkpoint,
+    load_pickle_state_dict,
+    read_safetensors_header,
+    write_safetensors,
+)
+from app.core.errors import BadFileError
+from app.core.library import LibraryEntry, scan_library
+from app.core.models import load_model
+from tests.support.checkpoint_files import shapes_file
+from tests.support.hostile_files import (
     FIFO_NAMES,
     FOLDERS,
     SINGLE_FILES,
@@ -40,18 +52,6 @@ from hostile_files import (
     two_step_cycle_ckpt,
     write_single_file,
 )
-from PIL import Image
-
-from app.core import library, limits
-from app.core.checkpoint import (
-    Checkpoint,
-    load_pickle_state_dict,
-    read_safetensors_header,
-    write_safetensors,
-)
-from app.core.errors import BadFileError
-from app.core.library import LibraryEntry, scan_library
-from app.core.models import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 # Generous for a loaded 2-core machine; the cases themselves take well under a second each.
@@ -183,7 +183,7 @@ def test_sizes_named_by_empty_tensors_are_bounded_before_building(tmp_path, key,
     ],
 )
 def test_tensor_shapes_beyond_any_model_are_refused_in_the_header(tmp_path, shape, words):
-    from checkpoint_files import raw_safetensors
+    from tests.support.checkpoint_files import raw_safetensors
 
     header = {"w": {"dtype": "F16", "shape": shape, "data_offsets": [0, 0]}}
     path = raw_safetensors(tmp_path / "model.safetensors", header)
@@ -463,8 +463,8 @@ def test_a_pickle_named_safetensors_loads_quietly_when_pickles_are_allowed(tmp_p
 @pytest.fixture
 def mixed_folder(tmp_path) -> Path:
     """A good model beside one of every kind of bad item."""
-    from app.core.demo import build_tiny_sd_pipeline
-    from app.core.models import save_single_file
+    from tests.support.model_files import save_single_file
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     folder = tmp_path / "models"
     folder.mkdir()

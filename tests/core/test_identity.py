@@ -16,10 +16,11 @@ import torch
 
 from app.core import checkpoint, health, profiles
 from app.core.checkpoint import read_safetensors_header
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.hardware import describe_device
-from app.core.models import load_model, save_single_file
+from app.core.models import load_model
 from app.core.settings import PrecisionSettings
+from tests.support.model_files import save_single_file
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
 FP16 = PrecisionSettings(precision="fp16")

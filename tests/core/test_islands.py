@@ -18,13 +18,13 @@ import torch
 
 from app.cli.arguments import build_parser
 from app.core import diagnosis, hardware, health, profiles
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.errors import HalfSafeError
 from app.core.generation import GenerationRequest, generate
 from app.core.images import parse_infotext, read_parameters
 from app.core.precision import plan_weights_mb
 from app.core.settings import FIELDS, PrecisionSettings
 from tests.core.test_health import TE_LAYER, VAE_LAYER, check, loaded
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 UNET_LAYER = "down_blocks.0.resnets.0.conv1"
 FP16 = PrecisionSettings(precision="fp16")

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import raw_safetensors, shapes_file
 
 from app.core import library
-from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.library import LibraryEntry, default_model_folders, scan_library
-from app.core.models import save_single_file
+from tests.support.checkpoint_files import raw_safetensors, shapes_file
+from tests.support.model_files import save_single_file
+from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
-from checkpoint_files import raw_safetensors, shapes_file
 
 from app.core import library
 from app.core.library import LibraryEntry, ModelFolder, extra_model_paths, scan_library
+from tests.support.checkpoint_files import raw_safetensors, shapes_file
 
 # Enough of a header for each kind: the library reads headers only.
 UNET = {"model.diffusion_model.input_blocks.0.0.weight": (4, 4, 3, 3)}
@@ -157,7 +157,7 @@ def test_a_comfyui_base_directory_in_settings_is_read_as_its_layout(home, tmp_pa
     model(base / "models" / "diffusion_models" / "dit.safetensors", {"y": (1,)})
     model(base / "models" / "text_encoders" / "clip_l.safetensors", {"z": (1,)})
     model(base / "models" / "vae" / "ae.safetensors", VAE)
-    from app.core.demo import build_tiny_sd_pipeline
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     build_tiny_sd_pipeline().save_pretrained(base / "models" / "diffusers" / "a-diffusers-model")
     model(base / "input" / "not-a-model-folder.safetensors")  # outside models/: not listed
@@ -310,12 +310,12 @@ def test_a1111_vae_folder_and_per_model_pairs(home):
 
 
 def test_an_sft_model_loads_with_its_paired_vae(tmp_path):
-    from checkpoint_files import state_dicts_equal
-
     from app.core import architecture as arch
     from app.core.checkpoint import write_safetensors
-    from app.core.demo import build_tiny_sd_pipeline, tiny_vae
-    from app.core.models import _ldm_vae, load_model, save_single_file
+    from app.core.models import load_model
+    from tests.support.checkpoint_files import state_dicts_equal
+    from tests.support.model_files import _ldm_vae, save_single_file
+    from tests.support.tiny_models import build_tiny_sd_pipeline, tiny_vae
 
     folder = tmp_path / "models"
     folder.mkdir()

@@ -12,9 +12,9 @@ import torch
 from app.cli import main
 from app.core import lora
 from app.core.checkpoint import write_safetensors
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError
 from app.core.images import parse_infotext
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 UNET_LAYERS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.2")
 TE_LAYERS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj")
@@ -235,7 +235,7 @@ def test_generate_records_loras_as_a1111_does(tmp_path, capsys):
 
 
 def test_an_sdxl_kohya_lora_with_both_text_encoders_loads_and_changes_the_output():
-    from app.core.demo import build_tiny_sdxl_pipeline
+    from tests.support.tiny_models import build_tiny_sdxl_pipeline
 
     pipeline = build_tiny_sdxl_pipeline()
     generator = torch.Generator().manual_seed(5)
@@ -271,7 +271,7 @@ def test_an_sdxl_kohya_lora_with_both_text_encoders_loads_and_changes_the_output
 
 
 def test_a_flux_lora_in_peft_layout_loads_into_the_transformer():
-    from app.core.demo import build_tiny_flux_pipeline
+    from tests.support.tiny_models import build_tiny_flux_pipeline
 
     pipeline = build_tiny_flux_pipeline()
     generator = torch.Generator().manual_seed(6)
@@ -565,7 +565,7 @@ def test_a_flux_lora_that_diffusers_converts_runs_each_layer_at_its_own_alpha(tm
     """diffusers' Flux converters for these layouts fold alpha / rank into the factors
     themselves (the mixture one refuses a layer without its alpha): the file loads, and each
     wrapped layer's change is weight * alpha / rank * up @ down, scaled once."""
-    from app.core.demo import build_tiny_flux_pipeline
+    from tests.support.tiny_models import build_tiny_flux_pipeline
 
     pipeline = build_tiny_flux_pipeline()
     tensors, expected = flux_converted_lora(pipeline.transformer, layers)
@@ -593,7 +593,7 @@ def test_a_flux_lora_that_diffusers_converts_runs_each_layer_at_its_own_alpha(tm
 def test_a_nan_alpha_in_a_converted_flux_lora_is_named_and_runs_non_finite(tmp_path, layers):
     """A NaN alpha in these layouts is damage named by its tensor, and the LoRA still loads
     (not refused as a misfit) so the check can run it, blame it and prove dropping it."""
-    from app.core.demo import build_tiny_flux_pipeline
+    from tests.support.tiny_models import build_tiny_flux_pipeline
 
     pipeline = build_tiny_flux_pipeline()
     tensors, _ = flux_converted_lora(pipeline.transformer, layers)

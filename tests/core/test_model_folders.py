@@ -11,9 +11,9 @@ import pytest
 from test_lora import kohya_lora, save_lora
 
 from app.core import explain, library, limits, lora
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.generation import GenerationRequest, generate
 from app.core.settings import PrecisionSettings
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 
 @pytest.fixture

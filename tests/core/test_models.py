@@ -16,21 +16,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import (
+
+from app.core import architecture as arch
+from app.core.checkpoint import write_safetensors
+from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
+from app.core.families import architecture_title
+from app.core.jobs import CancelToken
+from app.core.models import LoadedModel, load_model
+from tests.support.checkpoint_files import (
     shapes_file,
     state_dicts_equal,
     tiny_sd1_inpaint,
     tiny_sd1_matching_rules,
     tiny_sd2,
 )
-
-from app.core import architecture as arch
-from app.core.checkpoint import write_safetensors
-from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
-from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
-from app.core.families import architecture_title
-from app.core.jobs import CancelToken
-from app.core.models import LoadedModel, ldm_state_dict, load_model, save_single_file
+from tests.support.model_files import ldm_state_dict, save_single_file
+from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = {"fp16": torch.float16, "fp32": torch.float32}
@@ -229,7 +230,7 @@ def test_missing_weights_are_refused_whole(tmp_path):
 
 def _vae_variants(tmp_path, vae):
     # Same shapes as the model's VAE, other weights: written in each layout users meet.
-    from app.core.models import _ldm_vae
+    from tests.support.model_files import _ldm_vae
 
     ldm = {
         k.removeprefix(arch.VAE): v
@@ -250,7 +251,7 @@ def _vae_variants(tmp_path, vae):
 
 
 def test_separate_vae_replaces_the_models_vae_in_every_layout(tmp_path):
-    from app.core.demo import tiny_vae
+    from tests.support.tiny_models import tiny_vae
 
     model_path = save_single_file(
         build_tiny_sd_pipeline(), tmp_path / "model.safetensors", dtype="fp16"
@@ -269,7 +270,7 @@ def test_separate_vae_replaces_the_models_vae_in_every_layout(tmp_path):
 
 
 def test_checkpoint_without_vae_needs_one(tmp_path):
-    from app.core.demo import tiny_vae
+    from tests.support.tiny_models import tiny_vae
 
     tensors = {
         k: v
@@ -329,7 +330,7 @@ def test_pickle_checkpoint_needs_permission_then_loads_with_weights_only(tmp_pat
 
 
 def test_pickle_payload_in_a_model_never_runs(tmp_path):
-    from checkpoint_files import pickle_with_payload, torch_zip_with_payload
+    from tests.support.checkpoint_files import pickle_with_payload, torch_zip_with_payload
 
     marker = tmp_path / "payload-ran"
     for builder in (pickle_with_payload, torch_zip_with_payload):
@@ -543,7 +544,8 @@ def _available_memory_gib() -> float:
 def test_full_size_sd15_single_file_loads_offline_through_shipped_configs(tmp_path):
     import diffusers
 
-    from app.core.models import build_random_pipeline, config_folder
+    from app.core.models import config_folder
+    from tests.support.model_files import build_random_pipeline
 
     original = build_random_pipeline("sd1", dtype="fp16", seed=1)
     path = save_single_file(original, tmp_path / "random-sd15.safetensors")
@@ -567,7 +569,7 @@ def test_full_size_sd15_single_file_loads_offline_through_shipped_configs(tmp_pa
 def test_full_size_sdxl_single_file_loads_offline_through_shipped_configs(tmp_path):
     import gc
 
-    from app.core.models import build_random_pipeline
+    from tests.support.model_files import build_random_pipeline
 
     original = build_random_pipeline("sdxl", dtype="fp16", seed=2)
     path = save_single_file(original, tmp_path / "random-sdxl.safetensors")

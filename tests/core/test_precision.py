@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from app.core.demo import build_tiny_sd_pipeline
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, resolve_plan
 from app.core.settings import PrecisionSettings
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 SD = ("text_encoder", "unet", "vae")
 RTX = SimpleNamespace(  # what hardware.describe_device says of an Ampere+ card

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_files import tiny_sd2
 from diffusers import DDPMScheduler, UNet2DConditionModel
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 
 from app.core import prediction
 from app.core.checkpoint import write_safetensors
-from app.core.demo import build_tiny_sdxl_pipeline
 from app.core.generation import GenerationRequest, generate
-from app.core.models import ldm_state_dict, load_model
+from app.core.models import load_model
 from app.core.settings import PrecisionSettings
+from tests.support.checkpoint_files import tiny_sd2
+from tests.support.model_files import ldm_state_dict
+from tests.support.tiny_models import build_tiny_sdxl_pipeline
 
 
 def alphas(pipe, zero_snr: bool = False) -> torch.Tensor:

@@ -16,7 +16,12 @@ from gguf.quants import quantize
 from app.core import causes, health, models, split
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
-from app.core.demo import (
+from app.core.errors import BadFileError
+from app.core.quantized import check_gguf_header, dequantize_fp8
+from app.core.settings import PrecisionSettings
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.model_files import ldm_state_dict, save_split_files
+from tests.support.tiny_models import (
     build_tiny_chroma_pipeline,
     build_tiny_flux_pipeline,
     build_tiny_qwenimage_pipeline,
@@ -24,10 +29,6 @@ from app.core.demo import (
     build_tiny_sd_pipeline,
     build_tiny_zimage_pipeline,
 )
-from app.core.errors import BadFileError
-from app.core.quantized import check_gguf_header, dequantize_fp8
-from app.core.settings import PrecisionSettings
-from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 FP16 = PrecisionSettings(precision="fp16")
 E4M3 = torch.float8_e4m3fn
@@ -77,7 +78,7 @@ def close_to(got, exact, reference=None) -> None:
 
 def sd1_file(tmp_path, name="tiny-sd1-fp8.safetensors", **options):
     pipeline = build_tiny_sd_pipeline(seed=3)
-    tensors = models.ldm_state_dict(pipeline, architecture="sd1")
+    tensors = ldm_state_dict(pipeline, architecture="sd1")
     original = {k: v.detach().clone() for k, v in tensors.items()}
     stored, exact = fp8_scaled(tensors, **options)
     path = write_safetensors(tmp_path / name, stored)
@@ -271,7 +272,7 @@ def test_every_fp8_code_decodes_as_an_fp32_product_rounded_once(dtype, scale):
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 def test_a_plain_fp8_single_file_loads(tmp_path, dtype):
     pipeline = build_tiny_sd_pipeline(seed=3)
-    tensors = models.ldm_state_dict(pipeline, architecture="sd1")
+    tensors = ldm_state_dict(pipeline, architecture="sd1")
     stored = {
         k: v.to(dtype) if is_quantizable(k, v) else v.half() if v.is_floating_point() else v
         for k, v in tensors.items()
@@ -293,7 +294,7 @@ def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
     companion ComfyUI-style, the VAE per tensor: every reader (the transformer's, the text
     encoders', the VAE's) goes through the one dequantising path."""
     pipeline = build_tiny_flux_pipeline()
-    written = models.save_split_files(pipeline, tmp_path / "models", "flux1-fp8")
+    written = save_split_files(pipeline, tmp_path / "models", "flux1-fp8")
     with Checkpoint(written["transformer"]) as checkpoint:
         transformer = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
     stored, exact = fp8_scaled(transformer, style="weight_scale", per_row=True)
@@ -341,7 +342,7 @@ def sd35_fp8_scaled(tmp_path):
     the exact dequantised values (fp32) beside it, to load for reference."""
     pipeline = build_tiny_sd3_pipeline()
     root = tmp_path / "models"
-    path = models.save_split_files(pipeline, root, "sd3.5_large_fp8_scaled", single_file=True)[
+    path = save_split_files(pipeline, root, "sd3.5_large_fp8_scaled", single_file=True)[
         "transformer"
     ]
     with Checkpoint(path) as checkpoint:
@@ -435,7 +436,7 @@ def write_gguf(path, tensors, qtype=GGMLQuantizationType.Q8_0, flattened=(), rec
 def gguf_split_set(tmp_path, pipeline, qtype, folder="diffusion_models", name="flux1-tiny"):
     """The pipeline as ComfyUI keeps it, its transformer file replaced by a GGUF one (in
     `folder`). Returns the pipeline, the transformer's original-layout tensors, the GGUF path."""
-    written = models.save_split_files(pipeline, tmp_path / "models", name)
+    written = save_split_files(pipeline, tmp_path / "models", name)
     with Checkpoint(written["transformer"]) as checkpoint:
         original = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
     written["transformer"].unlink()

@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 
 from app.core import generation, models
-from app.core.demo import build_tiny_qwenimage_pipeline
 from app.core.errors import HalfSafeError
 from app.core.families import QwenImageFamily, family_of
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,
@@ -21,6 +20,7 @@ from tests.core.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.tiny_models import build_tiny_qwenimage_pipeline
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 BLOCK_LAYER = "transformer_blocks.0.img_mlp.net.2"

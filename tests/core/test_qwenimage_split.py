@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from app.core import models, split
-from app.core.demo import (
+from app.core.errors import UnsupportedModelError
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import (
     QWENIMAGE_SCHEDULER_CONFIG,
     build_tiny_qwenimage_pipeline,
     tiny_qwenimage_vae,
 )
-from app.core.errors import UnsupportedModelError
-from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 
@@ -65,7 +66,7 @@ def test_wan_layout_vae_maps_both_ways_with_identical_weights(blocks):
 
 def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
     pipeline = tiny()
-    written = models.save_split_files(pipeline, tmp_path / "models", "qwen_image")
+    written = save_split_files(pipeline, tmp_path / "models", "qwen_image")
     header = models.read_safetensors_header(written["text_encoder"]).shapes()
     assert "model.layers.0.self_attn.q_proj.weight" in header
     assert "visual.blocks.0.attn.qkv.weight" in header
@@ -98,7 +99,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
 def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
     pipeline = tiny()
-    written = models.save_split_files(pipeline, tmp_path / "models", "qwen_image")
+    written = save_split_files(pipeline, tmp_path / "models", "qwen_image")
     lone = tmp_path / "elsewhere" / "qwen_image.safetensors"
     lone.parent.mkdir()
     written["transformer"].rename(lone)
@@ -111,7 +112,7 @@ def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
 
 
 def test_a_missing_vae_is_named_in_one_sentence(tmp_path):
-    written = models.save_split_files(tiny(), tmp_path / "models", "qwen_image")
+    written = save_split_files(tiny(), tmp_path / "models", "qwen_image")
     written["vae"].unlink()
     # A VAE of another latent width beside it is not taken for it.
     models.write_safetensors(
@@ -132,12 +133,12 @@ def test_a_missing_vae_is_named_in_one_sentence(tmp_path):
 
 
 def test_library_lists_qwenimage_and_zimage_files_each_with_its_own_companions(tmp_path):
-    from app.core.demo import build_tiny_zimage_pipeline
     from app.core.library import scan_library
+    from tests.support.tiny_models import build_tiny_zimage_pipeline
 
     root = tmp_path / "models"
-    qwen = models.save_split_files(tiny(), root, "qwen_image")
-    zimage = models.save_split_files(build_tiny_zimage_pipeline(), root, "z_image_turbo")
+    qwen = save_split_files(tiny(), root, "qwen_image")
+    zimage = save_split_files(build_tiny_zimage_pipeline(), root, "z_image_turbo")
     folder = str(root / "diffusion_models")
 
     entries = scan_library([folder], include_defaults=False, use_cache=False)
@@ -180,7 +181,7 @@ def test_library_lists_qwenimage_and_zimage_files_each_with_its_own_companions(t
 def test_a_malformed_file_beside_it_is_passed_over_and_the_missing_encoder_named(tmp_path):
     from app.core.library import scan_library
 
-    written = models.save_split_files(tiny(), tmp_path / "models", "qwen_image")
+    written = save_split_files(tiny(), tmp_path / "models", "qwen_image")
     written["text_encoder"].unlink()
     # Named like Qwen2.5-VL's file and keyed like it, but its embedding is one-dimensional.
     models.write_safetensors(

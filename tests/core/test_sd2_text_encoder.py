@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoint_files import tiny_sd2
 
 from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
-from app.core.models import ldm_state_dict, load_model
+from app.core.models import load_model
+from tests.support.checkpoint_files import tiny_sd2
+from tests.support.model_files import ldm_state_dict
 
 BLOCKS = arch.SD2_TEXT + "transformer.resblocks."
 HEADS = 4  # tiny_sd2's text encoder: 64 wide, 64 // 16 heads

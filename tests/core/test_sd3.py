@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from app.core import generation, models
-from app.core.demo import build_tiny_sd3_pipeline
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.families import SD3Family, family_of
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,
@@ -22,6 +21,8 @@ from tests.core.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import build_tiny_sd3_pipeline
 
 COMPONENTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "transformer", "vae")
 T5_LAYER = "encoder.block.0.layer.1.DenseReluDense.wo"
@@ -147,9 +148,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     arguments, title, prefix = SHAPES[shape]
     medium = shape == "medium"
     pipeline = build_tiny_sd3_pipeline(**arguments)
-    written = models.save_split_files(
-        pipeline, tmp_path / "models", f"sd3.5_{shape}", prefix=prefix
-    )
+    written = save_split_files(pipeline, tmp_path / "models", f"sd3.5_{shape}", prefix=prefix)
     header = models.read_safetensors_header(written["transformer"]).shapes()
     assert prefix + "joint_blocks.1.context_block.attn.qkv.weight" in header
     assert (prefix + "joint_blocks.0.x_block.attn2.qkv.weight" in header) is medium
@@ -176,9 +175,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
 def test_stability_single_file_with_its_text_encoders_and_vae_inside(tmp_path):
     pipeline = build_tiny_sd3_pipeline()
-    written = models.save_split_files(
-        pipeline, tmp_path / "models", "sd3.5_large", single_file=True
-    )
+    written = save_split_files(pipeline, tmp_path / "models", "sd3.5_large", single_file=True)
     assert list(written) == ["transformer"]
     header = models.read_safetensors_header(written["transformer"]).shapes()
     assert "model.diffusion_model.joint_blocks.0.x_block.attn.qkv.weight" in header
@@ -196,7 +193,7 @@ def test_stability_single_file_with_its_text_encoders_and_vae_inside(tmp_path):
 
 def test_text_encoders_given_by_flag_are_placed_by_what_they_are(tmp_path):
     pipeline = build_tiny_sd3_pipeline()
-    written = models.save_split_files(pipeline, tmp_path / "models")
+    written = save_split_files(pipeline, tmp_path / "models")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     moved = {c: p.rename(elsewhere / p.name) for c, p in written.items()}
@@ -212,7 +209,7 @@ def test_text_encoders_given_by_flag_are_placed_by_what_they_are(tmp_path):
 
 
 def test_a_text_encoder_given_that_fits_nothing_left_is_named(tmp_path):
-    written = models.save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
     t5 = str(written["text_encoder_3"])
 
     with pytest.raises(UnsupportedModelError) as caught:
@@ -227,7 +224,7 @@ def test_a_text_encoder_given_that_fits_nothing_left_is_named(tmp_path):
 
 
 def test_split_file_with_a_missing_companion_says_which_in_one_sentence(tmp_path):
-    written = models.save_split_files(build_tiny_sd3_pipeline(medium=True), tmp_path / "models")
+    written = save_split_files(build_tiny_sd3_pipeline(medium=True), tmp_path / "models")
     written["text_encoder_2"].unlink()
     written["vae"].unlink()
 
@@ -246,9 +243,9 @@ def test_split_file_with_a_missing_companion_says_which_in_one_sentence(tmp_path
 
 def test_clips_whose_pooled_vectors_do_not_make_the_transformers_input_are_named(tmp_path):
     from app.core.checkpoint import write_safetensors
-    from app.core.demo import tiny_text_encoder
+    from tests.support.tiny_models import tiny_text_encoder
 
-    written = models.save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
     narrow = tiny_text_encoder(9, projection=16)  # a CLIP-L projecting to 16, not 32
     write_safetensors(written["text_encoder"], dict(narrow.state_dict()))
 
@@ -261,7 +258,7 @@ def test_clips_whose_pooled_vectors_do_not_make_the_transformers_input_are_named
 
 
 def test_overflow_in_the_second_attention_of_a_loaded_medium_file_is_found(tmp_path):
-    written = models.save_split_files(build_tiny_sd3_pipeline(medium=True), tmp_path / "models")
+    written = save_split_files(build_tiny_sd3_pipeline(medium=True), tmp_path / "models")
     model = models.load_model(str(written["transformer"]))
     layer = "transformer_blocks.0.attn2.to_out.0"
     with torch.no_grad():
@@ -279,7 +276,7 @@ def test_overflow_in_the_second_attention_of_a_loaded_medium_file_is_found(tmp_p
 def test_a_transformer_file_with_absurd_sizes_is_refused_before_anything_is_built(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    written = models.save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
+    written = save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models")
     tensors = load_file(written["transformer"])
     # A header naming block 5000: no tensor data, a model of 5000 blocks to allocate.
     tensors["joint_blocks.4999.x_block.attn.qkv.weight"] = torch.empty(0, 32)
@@ -297,8 +294,8 @@ def test_library_lists_split_files_with_companions_and_a_full_file_as_one(tmp_pa
     from app.core.library import scan_library
 
     root = tmp_path / "models"
-    written = models.save_split_files(build_tiny_sd3_pipeline(), root, "sd3.5_large")
-    full = models.save_split_files(build_tiny_sd3_pipeline(), root, "sd3.5_full", single_file=True)
+    written = save_split_files(build_tiny_sd3_pipeline(), root, "sd3.5_large")
+    full = save_split_files(build_tiny_sd3_pipeline(), root, "sd3.5_full", single_file=True)
 
     entries = scan_library(
         [str(root / "diffusion_models"), str(root / "checkpoints")],

@@ -13,13 +13,14 @@ from safetensors.torch import load_file
 
 from app.cli.text import health_text
 from app.core import models, split
-from app.core.demo import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
 from app.core.errors import UnsupportedModelError
 from app.core.library import scan_library
-from tests.core.family_helpers import (
+from tests.support.family_helpers import (
     check,
     offline,  # noqa: F401 - an autouse fixture: no network
 )
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_sd3_pipeline
 
 T5_BIAS = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 
@@ -28,7 +29,7 @@ T5_BIAS = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
 def flux_tree(tmp_path_factory):
     """A tiny Flux.1 as ComfyUI keeps it, written once: (models folder, paths by component)."""
     root = tmp_path_factory.mktemp("flux") / "models"
-    return root, models.save_split_files(build_tiny_flux_pipeline(), root, "flux1-tiny")
+    return root, save_split_files(build_tiny_flux_pipeline(), root, "flux1-tiny")
 
 
 @pytest.fixture
@@ -132,7 +133,7 @@ def test_a_damaged_t5_given_by_flag_is_one_sentence_naming_it(flux, damage):
 
 
 def test_an_sd3_file_with_a_0x0_patch_embedding_is_one_sentence_and_one_row(tmp_path):
-    written = models.save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models", "sd3")
+    written = save_split_files(build_tiny_sd3_pipeline(), tmp_path / "models", "sd3")
     tensors = load_file(written["transformer"])
     width, channels = tensors["x_embedder.proj.weight"].shape[:2]
     tensors["x_embedder.proj.weight"] = torch.zeros(width, channels, 0, 0)

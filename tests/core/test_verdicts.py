@@ -14,9 +14,9 @@ import torch
 from app.cli.text import health_text
 from app.core import diagnosis, health
 from app.core.components import Status, Verdict
-from app.core.demo import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
+from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 FP32 = PrecisionSettings(precision="fp32")
 # The two VAE layers the planted fault needs kept wider than fp16.

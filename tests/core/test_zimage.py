@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from app.core import generation, models
-from app.core.demo import build_tiny_zimage_pipeline, qwen2_tokenizer, qwen3_tokenizer
 from app.core.families import ZImageFamily, family_of
-from tests.core.family_helpers import (
+from app.core.tokenizers import qwen2_tokenizer, qwen3_tokenizer
+from tests.support.family_helpers import (
     FP16,
     check,
     in_memory,
@@ -20,6 +20,8 @@ from tests.core.family_helpers import (
     plant_scaled,
     same_weights,
 )
+from tests.support.model_files import _ldm_vae
+from tests.support.tiny_models import build_tiny_zimage_pipeline
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 BLOCK_LAYER = "layers.0.feed_forward.w2"
@@ -84,15 +86,15 @@ def test_diffusers_folder_round_trip_offline(tmp_path):
 
 def test_a_folder_given_a_vae_of_other_latents_is_refused_in_one_sentence(tmp_path):
     from app.core.checkpoint import write_safetensors
-    from app.core.demo import tiny_vae
     from app.core.errors import UnsupportedModelError
+    from tests.support.tiny_models import tiny_vae
 
     build_tiny_zimage_pipeline().save_pretrained(tmp_path / "z-image")
     vae = tiny_vae(0)  # SD's 4-channel latents, in the original layout
     sd_vae = tmp_path / "sd_vae.safetensors"
     levels = len(vae.config.block_out_channels)
     write_safetensors(
-        sd_vae, {k: v.contiguous() for k, v in models._ldm_vae(vae.state_dict(), levels).items()}
+        sd_vae, {k: v.contiguous() for k, v in _ldm_vae(vae.state_dict(), levels).items()}
     )
 
     with pytest.raises(UnsupportedModelError) as caught:

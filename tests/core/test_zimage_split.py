@@ -12,13 +12,14 @@ import torch
 
 from app.core import models, split
 from app.core.checkpoint import write_safetensors
-from app.core.demo import (
+from app.core.errors import HalfSafeError, UnsupportedModelError
+from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import (
     ZIMAGE_SCHEDULER_CONFIG,
     build_tiny_flux_pipeline,
     build_tiny_zimage_pipeline,
 )
-from app.core.errors import HalfSafeError, UnsupportedModelError
-from tests.core.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 
 COMPONENTS = ("text_encoder", "transformer", "vae")
 
@@ -62,7 +63,7 @@ def test_original_layout_maps_both_ways_with_identical_weights():
 
 def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
     pipeline = build_tiny_zimage_pipeline()
-    written = models.save_split_files(pipeline, tmp_path / "models", "z_image_turbo")
+    written = save_split_files(pipeline, tmp_path / "models", "z_image_turbo")
 
     model = models.load_model(str(written["transformer"]))  # companions found beside it
 
@@ -101,7 +102,7 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
 def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
     pipeline = build_tiny_zimage_pipeline()
-    written = models.save_split_files(pipeline, tmp_path / "models", "z_image_turbo")
+    written = save_split_files(pipeline, tmp_path / "models", "z_image_turbo")
     lone = tmp_path / "elsewhere" / "z_image.safetensors"
     lone.parent.mkdir()
     written["transformer"].rename(lone)
@@ -114,7 +115,7 @@ def test_split_files_given_by_flag_load_from_anywhere(tmp_path):
 
 
 def test_a_missing_companion_is_named_in_one_sentence(tmp_path):
-    written = models.save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
+    written = save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
     written["text_encoder"].unlink()
 
     with pytest.raises(UnsupportedModelError) as caught:
@@ -129,7 +130,7 @@ def test_a_missing_companion_is_named_in_one_sentence(tmp_path):
 
 
 def test_a_t5_given_as_its_text_encoder_is_refused(tmp_path):
-    written = models.save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
+    written = save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
     t5 = tmp_path / "t5xxl.safetensors"
     write_safetensors(t5, build_tiny_flux_pipeline().text_encoder_2.state_dict())
 
@@ -159,7 +160,7 @@ def test_cli_check_of_a_split_file_missing_its_vae_is_exit_2_with_one_line(tmp_p
     import subprocess
     import sys
 
-    written = models.save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
+    written = save_split_files(build_tiny_zimage_pipeline(), tmp_path / "models", "z_image")
     written["vae"].unlink()
 
     done = subprocess.run(
@@ -180,7 +181,7 @@ def test_library_lists_a_zimage_file_with_its_companions_or_the_missing_one(tmp_
     from app.core.library import scan_library
 
     root = tmp_path / "models"
-    written = models.save_split_files(build_tiny_zimage_pipeline(), root, "z_image_turbo")
+    written = save_split_files(build_tiny_zimage_pipeline(), root, "z_image_turbo")
     folder = str(root / "diffusion_models")
 
     entries = scan_library([folder], include_defaults=False, use_cache=False)

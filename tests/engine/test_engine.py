@@ -25,7 +25,7 @@ from app.engine.failures import describe_exception, describe_exit
 from app.engine.jobs import HANDLERS
 from app.engine.process import EngineProcess, log_path
 from app.engine.server import Engine
-from tests.engine import sample_jobs
+from tests.support import sample_jobs
 
 
 def _one_sentence(text: str) -> bool:
@@ -213,7 +213,7 @@ class ProcessEvents:
 
 @pytest.fixture
 def process():
-    engine = EngineProcess(extra_args=["--handlers", "tests.engine.sample_jobs"])
+    engine = EngineProcess(extra_args=["--handlers", "tests.support.sample_jobs"])
     heard = ProcessEvents()
     engine.start(heard.recorder, heard.on_exit)
     yield engine, heard

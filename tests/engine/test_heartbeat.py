@@ -85,7 +85,7 @@ def test_a_beating_engine_still_starts_every_job():
 
 @pytest.fixture
 def process():
-    engine = EngineProcess(extra_args=["--handlers", "tests.engine.sample_jobs"], heartbeat_s=BEAT)
+    engine = EngineProcess(extra_args=["--handlers", "tests.support.sample_jobs"], heartbeat_s=BEAT)
     heard = Heard()
     engine.start(heard, heard.exits.append)
     yield engine, heard

@@ -111,7 +111,7 @@ def real_engine_window(qtbot):
 
     def factory() -> EngineProcess:
         started.append(
-            EngineProcess(extra_args=["--handlers", "tests.engine.sample_jobs"], heartbeat_s=0.1)
+            EngineProcess(extra_args=["--handlers", "tests.support.sample_jobs"], heartbeat_s=0.1)
         )
         return started[-1]
 

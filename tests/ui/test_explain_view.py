@@ -5,7 +5,6 @@ handler run in this process, so the dialog shows what core really says about the
 from __future__ import annotations
 
 import struct
-import sys
 from pathlib import Path
 
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
@@ -18,9 +17,7 @@ from app.engine.events import EngineEvent, EventState
 from app.engine.failures import describe_exception
 from app.engine.server import JobContext, Session
 from app.ui.explain_view import ExplainDialog
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
-from image_files import a1111_parameters, png_text  # noqa: E402
+from tests.support.image_files import a1111_parameters, png_text
 
 
 def drop(window, path: Path) -> None:

@@ -16,8 +16,8 @@ import torch
 
 from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
-from app.core.demo import build_tiny_sd_pipeline
-from app.core.models import ldm_state_dict
+from tests.support.model_files import ldm_state_dict
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 TEXT = arch.SD1_TEXT + "text_model."
 UNET = arch.UNET

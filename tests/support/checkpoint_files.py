@@ -84,7 +84,7 @@ def tiny_sd1_matching_rules(seed: int = 0):
     )
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from app.core.demo import clip_tokenizer
+    from app.core.tokenizers import clip_tokenizer
 
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
@@ -146,7 +146,7 @@ def tiny_sd2(seed: int = 0, *, in_channels: int = 4):
     )
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from app.core.demo import clip_tokenizer
+    from app.core.tokenizers import clip_tokenizer
 
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
@@ -200,7 +200,7 @@ def tiny_sd1_inpaint(seed: int = 0):
     """The demo's SD1.x shapes with a 9-channel (inpainting) UNet input."""
     from diffusers import StableDiffusionPipeline, UNet2DConditionModel
 
-    from app.core.demo import build_tiny_sd_pipeline
+    from tests.support.tiny_models import build_tiny_sd_pipeline
 
     base = build_tiny_sd_pipeline(seed)
     config = dict(base.unet.config)
