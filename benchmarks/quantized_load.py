@@ -50,7 +50,7 @@ def random_bfl_state() -> dict:
     import torch
     from diffusers import FluxTransformer2DModel
 
-    from app.core import split
+    from app.core import layouts, split
 
     config = transformer_config()
     with torch.device("meta"):
@@ -59,8 +59,8 @@ def random_bfl_state() -> dict:
     state = {
         k: torch.randn(v.shape, generator=generator) * 0.02 for k, v in model.state_dict().items()
     }
-    rows = split.LAYOUTS["flux"].table({**model.config, "_class_name": "FluxTransformer2DModel"})
-    return split.to_original(rows, state)
+    rows = split.layout_of("flux").table({**model.config, "_class_name": "FluxTransformer2DModel"})
+    return layouts.to_original(rows, state)
 
 
 def write_form(form: str, state: dict, path: Path) -> Path:

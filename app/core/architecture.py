@@ -14,15 +14,15 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from app.core.families import architecture_title
+from app.core.detection import UNET, VAE, Detection, TextEncoderLayout
+from app.core.families import FAMILIES, architecture_title
+from app.core.layouts import count_indices
 
 Shapes = Mapping[str, tuple[int, ...]]
 
-UNET = "model.diffusion_model."
-VAE = "first_stage_model."
 SD1_TEXT = "cond_stage_model.transformer."
 SD2_TEXT = "cond_stage_model.model."
 SDXL_TEXT_1 = "conditioner.embedders.0.transformer."
@@ -31,45 +31,6 @@ SDXL_REFINER_TEXT = "conditioner.embedders.0.model."
 
 SUPPORTED = ("sd1", "sd2", "sdxl")
 CONFIG_NAMES = ("sd1", "sd2", "sd2-v", "sdxl")
-
-
-@dataclass(frozen=True)
-class TextEncoderLayout:
-    """Where one text encoder lives in a single file and in which key layout."""
-
-    component: str  # "text_encoder" or "text_encoder_2"
-    prefix: str  # key prefix in the file, up to the model's own names
-    layout: str  # "hf" (transformers names) or "openclip"
-    # SD2 reads OpenCLIP's penultimate layer. Original files carry the full tower, so its last
-    # block goes unused; files from diffusers' converter hold only the blocks SD2 reads.
-    drop_last_layer: bool = False
-
-
-@dataclass(frozen=True)
-class Detection:
-    """What a checkpoint is, in HalfSafe's words, and how to load it."""
-
-    architecture: str  # "sd1", "sd2", "sdxl", with "-inpaint" for inpainting, or another name
-    supported: bool
-    looks_like: str  # plain words: "an SDXL refiner", "a LoRA"
-    because: str  # one sentence: why we think so
-    prediction_type: str = "epsilon"
-    native_size: int = 512
-    config_name: str | None = None  # folder under resources/configs
-    pipeline_class: str | None = None  # diffusers class name
-    text_encoders: tuple[TextEncoderLayout, ...] = ()
-    has_vae: bool = False
-    vae_prefix: str = VAE
-    unet_prefix: str = UNET
-    notes: tuple[str, ...] = field(default=())
-    zero_terminal_snr: bool = False
-    prediction_decided: bool = True  # False: a guess the loader tests (app.core.prediction)
-    prediction_because: str = ""  # the end of `because`: how the prediction type is known
-
-    @property
-    def family(self) -> str:
-        """ "sd1", "sd2" or "sdxl" without the variant suffix."""
-        return self.architecture.split("-")[0]
 
 
 # Detection ---------------------------------------------------------------------------------
@@ -192,7 +153,9 @@ def detect_architecture(
     }[family]
     if variant:
         pipeline_class = pipeline_class.replace("Pipeline", "InpaintPipeline")
-    because = f"{architecture_title(family)}{' inpainting' if variant else ''}: {why}; {prediction_why}."
+    because = (
+        f"{architecture_title(family)}{' inpainting' if variant else ''}: {why}; {prediction_why}."
+    )
     notes: tuple[str, ...] = ()
     if not has_vae:
         notes = ("The file has no VAE (first_stage_model); a separate VAE is needed.",)
@@ -298,16 +261,10 @@ def detect_from_configs(
     A UNet config must have passed `limits.check_unet_config` (its sizes are numbers).
     """
     class_name = str(model_index.get("_class_name", ""))
-    if class_name == "FluxPipeline" and "transformer" in model_index:
-        return _flux_folder(unet)
-    if class_name == "ChromaPipeline" and "transformer" in model_index:
-        return _chroma_folder(unet)
-    if class_name == "StableDiffusion3Pipeline" and "transformer" in model_index:
-        return _sd3_folder(model_index, unet)
-    if class_name == "ZImagePipeline" and "transformer" in model_index:
-        return _zimage_folder(model_index, unet)
-    if class_name == "QwenImagePipeline" and "transformer" in model_index:
-        return _qwenimage_folder(model_index, unet)
+    if "transformer" in model_index:
+        for family in FAMILIES:
+            if family.pipeline_class == class_name:
+                return family.detect_folder(model_index, unet)
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross
     in_channels = unet.get("in_channels", 4)
@@ -360,111 +317,6 @@ def detect_from_configs(
         class_name,
         zero_terminal_snr=bool(scheduler.get("rescale_betas_zero_snr")),
         prediction_because=f"{_words(prediction)} per its scheduler config",
-    )
-
-
-def _flux_folder(transformer: Mapping[str, Any]) -> Detection:
-    dev = bool(transformer.get("guidance_embeds"))
-    variant = "dev" if dev else "schnell"
-    latent = int(transformer.get("in_channels", 64)) // 4
-    width = int(transformer.get("num_attention_heads", 0)) * int(
-        transformer.get("attention_head_dim", 0)
-    )
-    guidance = (
-        "and a guidance embedding, as the guidance-distilled Flux.1 dev has"
-        if dev
-        else "and no guidance embedding, as Flux.1 schnell"
-    )
-    because = (
-        f"Flux.1 {variant}: its FluxPipeline has a FluxTransformer2DModel with "
-        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} "
-        f"single blocks, {width} wide, on {latent}-channel latents in 2x2 patches, {guidance}; "
-        "flow matching."
-    )
-    return Detection(
-        f"flux-{variant}",
-        True,
-        f"a Flux.1 {variant} pipeline",
-        because,
-        "flow",
-        1024,
-        None,
-        "FluxPipeline",
-    )
-
-
-def _chroma_folder(transformer: Mapping[str, Any]) -> Detection:
-    width = int(transformer.get("num_attention_heads", 0)) * int(
-        transformer.get("attention_head_dim", 0)
-    )
-    because = (
-        f"Chroma: its ChromaPipeline has a Flux-shaped ChromaTransformer2DModel with "
-        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} single "
-        f"blocks, {width} wide, whose modulation comes from a small approximator network instead "
-        "of CLIP and a guidance embedding, and a T5 text encoder only; flow matching with real CFG."
-    )
-    return Detection(
-        "chroma", True, "a Chroma pipeline", because, "flow", 1024, None, "ChromaPipeline"
-    )
-
-
-def _sd3_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
-    layers = int(transformer.get("num_layers", 0))
-    dual = transformer.get("dual_attention_layers") or ()
-    normed = transformer.get("qk_norm") == "rms_norm"
-    if dual:
-        shape, why_shape = "SD3.5 Medium", f"{len(dual)} of them with a second attention (MMDiT-X)"
-    elif normed:
-        shape, why_shape = "SD3.5 Large", "RMS-normed queries and keys"
-    else:
-        shape, why_shape = "SD3 Medium", "no query/key norm"
-    encoders = "CLIP-L, CLIP-G and T5" if "text_encoder_3" in model_index else "CLIP-L and CLIP-G"
-    width = int(transformer.get("num_attention_heads", 0)) * int(
-        transformer.get("attention_head_dim", 0)
-    )
-    because = (
-        f"{shape}-shaped: its StableDiffusion3Pipeline has an SD3Transformer2DModel (MMDiT) with "
-        f"{layers} joint blocks, {width} wide, {why_shape}, on "
-        f"{transformer.get('in_channels', 16)}-channel latents, and {encoders} text encoders; "
-        "flow matching."
-    )
-    return Detection(
-        "sd3", True, f"an {shape} pipeline", because, "flow", 1024, None, "StableDiffusion3Pipeline"
-    )
-
-
-def _encoder_class(model_index: Mapping[str, Any]) -> str:
-    spec = model_index.get("text_encoder")
-    return str(spec[1]) if isinstance(spec, list) and len(spec) == 2 else "unknown"
-
-
-def _zimage_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
-    because = (
-        f"Z-Image: its ZImagePipeline has a single-stream ZImageTransformer2DModel with "
-        f"{transformer.get('n_layers')} main and {transformer.get('n_refiner_layers')}+"
-        f"{transformer.get('n_refiner_layers')} refiner blocks, {transformer.get('dim')} wide, "
-        f"on {transformer.get('in_channels', 16)}-channel latents in 2x2 patches, and a Qwen3 "
-        f"text encoder ({_encoder_class(model_index)}) whose "
-        f"{transformer.get('cap_feat_dim')}-wide hidden states it reads; flow matching."
-    )
-    return Detection(
-        "zimage", True, "a Z-Image pipeline", because, "flow", 1024, None, "ZImagePipeline"
-    )
-
-
-def _qwenimage_folder(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
-    width = int(transformer.get("num_attention_heads", 0)) * int(
-        transformer.get("attention_head_dim", 0)
-    )
-    because = (
-        f"Qwen-Image: its QwenImagePipeline has a QwenImageTransformer2DModel (MMDiT) with "
-        f"{transformer.get('num_layers')} blocks, {width} wide, on "
-        f"{int(transformer.get('in_channels', 64)) // 4}-channel latents in 2x2 patches, a "
-        f"Qwen2.5-VL text encoder ({_encoder_class(model_index)}) and a 3D VAE; flow matching "
-        "with real CFG."
-    )
-    return Detection(
-        "qwenimage", True, "a Qwen-Image pipeline", because, "flow", 1328, None, "QwenImagePipeline"
     )
 
 
@@ -663,17 +515,7 @@ def _clip_words(shapes: Shapes, encoder: TextEncoderLayout) -> str:
 
 def _count_layers(shapes: Shapes, encoder: TextEncoderLayout) -> int:
     pattern = "encoder.layers." if encoder.layout == "hf" else "transformer.resblocks."
-    return _count_indices(shapes, encoder.prefix + pattern)
-
-
-def _count_indices(shapes: Shapes, prefix: str) -> int:
-    found = set()
-    for key in shapes:
-        if key.startswith(prefix):
-            head = key[len(prefix) :].split(".", 1)[0]
-            if head.isdigit():
-                found.add(int(head))
-    return max(found) + 1 if found else 0
+    return count_indices(shapes, encoder.prefix + pattern)
 
 
 # Config inference --------------------------------------------------------------------------
@@ -882,11 +724,11 @@ def infer_vae_config(
     def w(name: str, ndim: int = 4) -> tuple[int, ...]:
         return _weight_shape(shapes, prefix, name, ndim, "VAE")
 
-    levels = _count_indices(shapes, prefix + down)
+    levels = count_indices(shapes, prefix + down)
     if levels == 0:
         raise ValueError("the VAE has no encoder blocks")
     channels = [w(f"{down}{i}{block}0.conv2.weight")[0] for i in range(levels)]
-    layers = _count_indices(shapes, f"{prefix}{down}0{block}")
+    layers = count_indices(shapes, f"{prefix}{down}0{block}")
     config = copy.deepcopy(dict(base))
     for key in ("_diffusers_version", "_name_or_path"):
         config.pop(key, None)
@@ -933,7 +775,7 @@ def infer_text_encoder_config(
         vocab, hidden = w("embeddings.token_embedding.weight")
         positions = w("embeddings.position_embedding.weight")[0]
         intermediate = w("encoder.layers.0.mlp.fc1.weight")[0]
-        layers = _count_indices(shapes, p + "encoder.layers.")
+        layers = count_indices(shapes, p + "encoder.layers.")
         projection = shapes.get(p.removesuffix("text_model.") + "text_projection.weight")
         projection_dim = projection[0] if projection and len(projection) == 2 else None
         if encoder.drop_last_layer:
@@ -942,7 +784,7 @@ def infer_text_encoder_config(
         vocab, hidden = w("token_embedding.weight")
         positions = w("positional_embedding")[0]
         intermediate = w("transformer.resblocks.0.mlp.c_fc.weight")[0]
-        layers = _count_indices(shapes, p + "transformer.resblocks.")
+        layers = count_indices(shapes, p + "transformer.resblocks.")
         projection = shapes.get(p + "text_projection")
         projection_dim = projection[1] if projection and len(projection) == 2 else None
         if encoder.drop_last_layer:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits, paths, quantized, split
+from app.core import encoders, limits, paths, quantized, split
 from app.core.checkpoint import (
     Checkpoint,
     WeightScan,
@@ -45,6 +45,15 @@ from app.core.checkpoint import (
 from app.core.demo import DEMO_MODELS
 from app.core.errors import BadFileError, CancelledError, HalfSafeError, UnsupportedModelError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.layouts import (
+    CLIP_PREFIX,
+    CLIP_PROJECTION,
+    AbsurdSizes,
+    Need,
+    SplitModel,
+    count_indices,
+    to_diffusers,
+)
 
 MODEL_COMPONENTS = (
     "unet",
@@ -784,7 +793,7 @@ def _text_encoder_keys(names: list[str], shapes, encoder: arch.TextEncoderLayout
         root = encoder.prefix.removesuffix("text_model.")
         keys = [k for k in keys if not k.endswith("position_ids")]
         if encoder.drop_last_layer:  # SD2 in transformers names: as below
-            last = arch._count_indices(shapes, encoder.prefix + "encoder.layers.") - 1
+            last = count_indices(shapes, encoder.prefix + "encoder.layers.") - 1
             unused = f"{encoder.prefix}encoder.layers.{last}."
             return [k for k in keys if not k.startswith(unused)]
         keys += [k for k in names if k == root + "text_projection.weight"]
@@ -796,7 +805,7 @@ def _text_encoder_keys(names: list[str], shapes, encoder: arch.TextEncoderLayout
         in ("token_embedding", "positional_embedding", "transformer", "ln_final", "text_projection")
     ]
     if encoder.drop_last_layer:
-        last = arch._count_indices(shapes, encoder.prefix + "transformer.resblocks.") - 1
+        last = count_indices(shapes, encoder.prefix + "transformer.resblocks.") - 1
         unused = f"{encoder.prefix}transformer.resblocks.{last}."
         # SD2 reads the penultimate layer: the last block and the projection are never used.
         keys = [
@@ -981,11 +990,11 @@ def _first_line(error: BaseException) -> str:
 # Transformer files (Flux.1, Chroma, SD3.x, Z-Image, Qwen-Image as ComfyUI keeps them) -------
 
 
-def _split_model(path: Path, shapes) -> split.SplitModel | None:
+def _split_model(path: Path, shapes) -> SplitModel | None:
     """The transformer file's model from its header (None: not a transformer file)."""
     try:
         return split.read_model(shapes)
-    except split.AbsurdSizes as error:
+    except AbsurdSizes as error:
         raise BadFileError(
             path, f"the weights' shapes describe a model no real file holds: {error}."
         ) from None
@@ -998,7 +1007,7 @@ def _split_model(path: Path, shapes) -> split.SplitModel | None:
 def _load_split(
     path: Path,
     checkpoint: Checkpoint,
-    model: split.SplitModel,
+    model: SplitModel,
     source: str,
     vae: str | None,
     text_encoders: list[str],
@@ -1125,11 +1134,11 @@ def _qwen3_encoder(checkpoint: Checkpoint):
     import transformers
 
     path = checkpoint.path
-    prefix = split.qwen3_prefix(checkpoint.shapes)
+    prefix = encoders.qwen3_prefix(checkpoint.shapes)
     try:
         if prefix is None:
             raise ValueError("it has no Qwen3 layers (embed_tokens, q_norm)")
-        config = split.qwen3_config(checkpoint.shapes, prefix)
+        config = encoders.qwen3_config(checkpoint.shapes, prefix)
     except (KeyError, ValueError) as error:
         raise UnsupportedModelError(
             path, f"this Qwen3 text encoder cannot be built: {error}."
@@ -1148,14 +1157,14 @@ def _qwen25_vl_encoder(checkpoint: Checkpoint):
 
     path = checkpoint.path
     try:
-        config = split.qwen25_vl_config(checkpoint.shapes)
+        config = encoders.qwen25_vl_config(checkpoint.shapes)
     except (KeyError, ValueError) as error:
         raise UnsupportedModelError(
             path, f"this Qwen2.5-VL text encoder cannot be built: {error}."
         ) from None
     tensors = {}
     for key in checkpoint.shapes:
-        name = split.qwen25_vl_to_transformers(key)
+        name = encoders.qwen25_vl_to_transformers(key)
         tensors[name if name is not None else key] = checkpoint.get(key)
     dtypes = list(checkpoint.dtypes.values())
     model = _empty(
@@ -1170,13 +1179,13 @@ def _load_wan_vae_file(path: Path):
 
     with Checkpoint(path, component="vae") as checkpoint:
         try:
-            config = split.wan_vae_config(checkpoint.shapes)
+            config = encoders.wan_vae_config(checkpoint.shapes)
         except (KeyError, ValueError) as error:
             raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
         model = _empty(diffusers.AutoencoderKLQwenImage.from_config, config)
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
         try:
-            state = split.wan_vae_to_diffusers(
+            state = encoders.wan_vae_to_diffusers(
                 {k: checkpoint.get(k) for k in checkpoint.shapes},
                 expected,
                 config["num_res_blocks"],
@@ -1189,7 +1198,7 @@ def _load_wan_vae_file(path: Path):
     return _assign(path, model, state, "VAE"), dtypes
 
 
-def _split_transformer(path: Path, checkpoint: Checkpoint, model: split.SplitModel):
+def _split_transformer(path: Path, checkpoint: Checkpoint, model: SplitModel):
     """The diffusers transformer from the file's original-layout keys, by the layout's table."""
     import diffusers
 
@@ -1204,7 +1213,7 @@ def _split_transformer(path: Path, checkpoint: Checkpoint, model: split.SplitMod
             raise BadFileError(path, f"the transformer is incomplete: {key} is missing.")
         tensors[key] = checkpoint.get(key)
     try:
-        state = split.to_diffusers(model.rows(), tensors, expected, model.prefix)
+        state = to_diffusers(model.rows(), tensors, expected, model.prefix)
     except (ValueError, RuntimeError) as error:
         raise BadFileError(
             path, f"the transformer does not fit together: {_first_line(error)}."
@@ -1212,7 +1221,7 @@ def _split_transformer(path: Path, checkpoint: Checkpoint, model: split.SplitMod
     return _assign(path, transformer, state, "transformer")
 
 
-def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: split.Need):
+def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
     """A text encoder under `prefix` of a file, as `need.kind` says: a CLIP or T5 in
     transformers' layout (a companion's own `clip_l.safetensors`, or the text_encoders.* of an
     SD3.x file), a Qwen3 or a Qwen2.5-VL file. Returns (model, stored dtypes)."""
@@ -1225,10 +1234,10 @@ def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: split.Need):
     path = checkpoint.path
     words = need.words.removeprefix("its ")
     shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}
-    layout = arch.TextEncoderLayout(need.component, split.CLIP_PREFIX, "hf")  # a CLIP's
+    layout = arch.TextEncoderLayout(need.component, CLIP_PREFIX, "hf")  # a CLIP's
     try:
         if need.kind == "t5":
-            config = split.t5_config(shapes)
+            config = encoders.t5_config(shapes)
         else:
             folder, component = need.clip_config.split("/")
             base = _read_json(paths.resource("configs", folder, component, "config.json"))
@@ -1236,10 +1245,10 @@ def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: split.Need):
         limits.check_text_encoder_config(config)
     except (KeyError, ValueError) as error:
         raise UnsupportedModelError(path, f"the {words} cannot be built: {error}.") from None
-    if need.kind == "clip_projected" and split.CLIP_PROJECTION not in shapes:
+    if need.kind == "clip_projected" and CLIP_PROJECTION not in shapes:
         raise UnsupportedModelError(
             path,
-            f"the {words} has no text projection ({prefix}{split.CLIP_PROJECTION}), which "
+            f"the {words} has no text projection ({prefix}{CLIP_PROJECTION}), which "
             "its pooled vector goes through.",
         )
     if need.kind == "t5":
@@ -1247,9 +1256,9 @@ def _load_text_encoder(checkpoint: Checkpoint, prefix: str, need: split.Need):
         model = _empty(transformers.T5EncoderModel, transformers.T5Config(**config))
     else:
         projected = need.kind == "clip_projected"
-        keys = [k for k in shapes if k.startswith(split.CLIP_PREFIX)]
+        keys = [k for k in shapes if k.startswith(CLIP_PREFIX)]
         keys = [k for k in keys if not k.endswith("position_ids")]
-        keys += [split.CLIP_PROJECTION] if projected else []
+        keys += [CLIP_PROJECTION] if projected else []
         model_class = (
             transformers.CLIPTextModelWithProjection if projected else transformers.CLIPTextModel
         )

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from app.core import architecture as arch
+from app.core.layouts import count_indices
 from app.core.models import config_folder
 from app.core.paths import resource
 from tests.support.model_files import build_random_pipeline, ldm_state_dict
@@ -71,7 +72,7 @@ def test_sd1_real_key_set(real_shapes):
 
 def test_sd2_real_key_set_drops_the_unused_last_text_layer(real_shapes):
     shapes = real_shapes["sd2"]
-    assert arch._count_indices(shapes, arch.SD2_TEXT + "transformer.resblocks.") == 24
+    assert count_indices(shapes, arch.SD2_TEXT + "transformer.resblocks.") == 24
     detection = arch.detect_architecture(shapes, name="v2-1_768-ema-pruned.safetensors")
     assert (detection.architecture, detection.prediction_type) == ("sd2", "v_prediction")
     assert (detection.native_size, detection.config_name) == (768, "sd2-v")

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from app.core import demo
 from app.core.families import FAMILIES, family_of
 from app.core.families.sd import SD_LATENT
 from app.core.preview import LatentColours, colours_for, latent_preview
+from tests.support import tiny_models
 
 TRANSFORMER_PIPELINES = {
-    "flux": demo.build_tiny_flux_pipeline,
-    "chroma": demo.build_tiny_chroma_pipeline,
-    "sd3": demo.build_tiny_sd3_pipeline,
-    "zimage": demo.build_tiny_zimage_pipeline,
-    "qwenimage": demo.build_tiny_qwenimage_pipeline,
+    "flux": tiny_models.build_tiny_flux_pipeline,
+    "chroma": tiny_models.build_tiny_chroma_pipeline,
+    "sd3": tiny_models.build_tiny_sd3_pipeline,
+    "zimage": tiny_models.build_tiny_zimage_pipeline,
+    "qwenimage": tiny_models.build_tiny_qwenimage_pipeline,
 }
 CELLS = 12
 
@@ -65,7 +65,7 @@ def test_a_family_with_published_colours_uses_them_without_a_decode():
 
 
 def test_a_vae_that_gives_no_finite_pixels_leaves_the_preview_grey():
-    pipeline = demo.build_tiny_flux_pipeline()
+    pipeline = tiny_models.build_tiny_flux_pipeline()
     family = family_of(pipeline)
     with torch.no_grad():
         pipeline.vae.decoder.conv_out.bias.fill_(float("nan"))

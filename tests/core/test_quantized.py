@@ -13,7 +13,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
-from app.core import causes, health, models, split
+from app.core import causes, health, layouts, models, split
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
 from app.core.errors import BadFileError
@@ -323,7 +323,7 @@ def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
     state = model.pipeline.transformer.state_dict()
     reference = {k: exact[k] if k in exact else stored[k].float() for k in transformer}
     expected = {k: tuple(v.shape) for k, v in state.items()}
-    mapped = split.to_diffusers(split.LAYOUTS["flux"].table(config), reference, expected)
+    mapped = layouts.to_diffusers(split.layout_of("flux").table(config), reference, expected)
     for key, value in mapped.items():
         close_to(state[key], value)
     t5_state = model.pipeline.text_encoder_2.state_dict()

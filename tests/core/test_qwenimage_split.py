@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import models, split
+from app.core import encoders, models
+from app.core.checkpoint import write_safetensors
 from app.core.errors import UnsupportedModelError
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 from tests.support.model_files import save_split_files
@@ -45,7 +46,7 @@ def test_wan_layout_vae_maps_both_ways_with_identical_weights(blocks):
     ).eval()
     state = vae.state_dict()
 
-    original = split.wan_vae_to_original(state, blocks)
+    original = encoders.wan_vae_to_original(state, blocks)
 
     # The layout diffusers' Wan converter reads (2 blocks: decoder stages 0-2, 3 upsamples).
     assert "decoder.middle.0.residual.0.gamma" in original and "conv2.weight" in original
@@ -55,11 +56,11 @@ def test_wan_layout_vae_maps_both_ways_with_identical_weights(blocks):
         assert "decoder.upsamples.4.shortcut.weight" in original
         assert "decoder.upsamples.14.residual.6.weight" in original
     shapes = {k: tuple(v.shape) for k, v in original.items()}
-    config = split.wan_vae_config(shapes)
+    config = encoders.wan_vae_config(shapes)
     assert (config["num_res_blocks"], config["dim_mult"]) == (blocks, [1, 2, 2, 2])
     assert config["temperal_downsample"] == [False, True, True]
     expected = {k: tuple(v.shape) for k, v in state.items()}
-    back = split.wan_vae_to_diffusers(original, expected, blocks)
+    back = encoders.wan_vae_to_diffusers(original, expected, blocks)
     assert set(back) == set(state)
     assert all(torch.equal(v, state[k]) for k, v in back.items())
 
@@ -115,9 +116,9 @@ def test_a_missing_vae_is_named_in_one_sentence(tmp_path):
     written = save_split_files(tiny(), tmp_path / "models", "qwen_image")
     written["vae"].unlink()
     # A VAE of another latent width beside it is not taken for it.
-    models.write_safetensors(
+    write_safetensors(
         tmp_path / "models" / "vae" / "other.safetensors",
-        split.wan_vae_to_original(
+        encoders.wan_vae_to_original(
             {k: v.contiguous() for k, v in tiny_qwenimage_vae(0).state_dict().items()}, 1
         )
         | {"conv2.weight": torch.zeros(8, 8, 1, 1, 1)},
@@ -184,7 +185,7 @@ def test_a_malformed_file_beside_it_is_passed_over_and_the_missing_encoder_named
     written = save_split_files(tiny(), tmp_path / "models", "qwen_image")
     written["text_encoder"].unlink()
     # Named like Qwen2.5-VL's file and keyed like it, but its embedding is one-dimensional.
-    models.write_safetensors(
+    write_safetensors(
         written["text_encoder"],
         {
             "model.embed_tokens.weight": torch.zeros(8),

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from app.cli.text import health_text
 from app.core import models, split
+from app.core.checkpoint import write_safetensors
 from app.core.errors import UnsupportedModelError
 from app.core.library import scan_library
 from tests.support.family_helpers import (
@@ -56,7 +57,7 @@ def one_sentence(message: str) -> bool:
 def test_a_tiny_t5_with_a_1d_embedding_is_passed_over_and_the_real_one_loads(flux):
     # 220-odd bytes, keyed like a T5 encoder, its token embedding one-dimensional.
     damaged = flux["root"] / "text_encoders" / "a_t5.safetensors"
-    models.write_safetensors(
+    write_safetensors(
         damaged,
         {
             "shared.weight": torch.zeros(8),
@@ -74,7 +75,7 @@ def test_a_tiny_t5_with_a_1d_embedding_is_passed_over_and_the_real_one_loads(flu
 
 
 def test_the_library_still_lists_the_model_beside_a_damaged_t5(flux):
-    models.write_safetensors(
+    write_safetensors(
         flux["root"] / "text_encoders" / "a_t5.safetensors",
         {
             "shared.weight": torch.zeros(8),
@@ -95,7 +96,7 @@ def test_a_t5_with_no_heads_that_sorts_first_is_passed_over_with_why(flux):
     # Named like a T5 and first by name, as wide as the transformer takes, but 0 heads.
     damaged = flux["root"] / "text_encoders" / "t5_a.safetensors"
     bias = t5_with(flux)[T5_BIAS]
-    models.write_safetensors(damaged, t5_with(flux, **{T5_BIAS: torch.zeros(bias.shape[0], 0)}))
+    write_safetensors(damaged, t5_with(flux, **{T5_BIAS: torch.zeros(bias.shape[0], 0)}))
 
     model = models.load_model(str(flux["transformer"]))
 
@@ -122,7 +123,7 @@ def test_a_t5_with_no_heads_that_sorts_first_is_passed_over_with_why(flux):
 )
 def test_a_damaged_t5_given_by_flag_is_one_sentence_naming_it(flux, damage):
     given = flux["root"].parent / "my_t5.safetensors"
-    models.write_safetensors(given, t5_with(flux, **damage))
+    write_safetensors(given, t5_with(flux, **damage))
 
     with pytest.raises(UnsupportedModelError) as caught:
         models.load_model(str(flux["transformer"]), text_encoders=[str(given)])
@@ -137,7 +138,7 @@ def test_an_sd3_file_with_a_0x0_patch_embedding_is_one_sentence_and_one_row(tmp_
     tensors = load_file(written["transformer"])
     width, channels = tensors["x_embedder.proj.weight"].shape[:2]
     tensors["x_embedder.proj.weight"] = torch.zeros(width, channels, 0, 0)
-    models.write_safetensors(written["transformer"], tensors)
+    write_safetensors(written["transformer"], tensors)
 
     with pytest.raises(UnsupportedModelError) as caught:
         models.load_model(str(written["transformer"]))
@@ -181,7 +182,7 @@ def test_of_two_fitting_t5s_the_one_used_is_named_and_its_nan_is_blamed_on_it(fl
     shutil.copy(flux["text_encoder_2"], other)
     embedding = t5_with(flux)["shared.weight"].clone()
     embedding[0, 0] = float("nan")
-    models.write_safetensors(flux["text_encoder_2"], t5_with(flux, **{"shared.weight": embedding}))
+    write_safetensors(flux["text_encoder_2"], t5_with(flux, **{"shared.weight": embedding}))
 
     model = models.load_model(str(flux["transformer"]))
     report = check(model)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import models, split
+from app.core import layouts, models, split
 from app.core.checkpoint import write_safetensors
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
@@ -34,8 +34,8 @@ def same_weights(mine, theirs) -> None:
 
 def original_state(transformer) -> dict:
     """The transformer's weights under its original names, by its layout's table."""
-    rows = split.LAYOUTS["zimage"].table(dict(transformer.config))
-    return split.to_original(rows, transformer.state_dict())
+    rows = split.layout_of("zimage").table(dict(transformer.config))
+    return layouts.to_original(rows, transformer.state_dict())
 
 
 def test_original_layout_maps_both_ways_with_identical_weights():
@@ -56,7 +56,7 @@ def test_original_layout_maps_both_ways_with_identical_weights():
         if key in model.config:
             assert model.config[key] == (list(value) if isinstance(value, tuple) else value), key
     expected = {k: tuple(v.shape) for k, v in state.items()}
-    back = split.to_diffusers(model.rows(), original, expected)
+    back = layouts.to_diffusers(model.rows(), original, expected)
     assert set(back) == set(state)
     assert all(torch.equal(v, state[k]) for k, v in back.items())
 

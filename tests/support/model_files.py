@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import split
 from app.core.checkpoint import one_torch_thread, write_safetensors
+from app.core.encoders import qwen25_vl_to_file, wan_vae_to_original
+from app.core.families import family_of
+from app.core.families.sd3 import SD3_INSIDE
+from app.core.layouts import CLIP_PREFIX, to_original
 from app.core.models import _empty, _read_json, _torch_dtype, config_folder
 
 # Writing single files ----------------------------------------------------------------------
@@ -37,27 +40,6 @@ def save_single_file(
 
 # Transformer files by pipeline class, the names users' companion files have, and where an
 # all-in-one file (Stability AI's SD3.x) keeps each component.
-_SPLIT_LAYOUTS = {
-    "FluxTransformer2DModel": "flux",
-    "ChromaTransformer2DModel": "chroma",
-    "SD3Transformer2DModel": "sd3",
-    "ZImageTransformer2DModel": "zimage",
-    "QwenImageTransformer2DModel": "qwenimage",
-}
-_COMPANION_NAMES = {
-    "flux": {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "ae"},
-    "chroma": {"text_encoder": "t5xxl", "vae": "ae"},
-    "sd3": {
-        "text_encoder": "clip_l",
-        "text_encoder_2": "clip_g",
-        "text_encoder_3": "t5xxl",
-        "vae": "sd3_vae",
-    },
-    "zimage": {"text_encoder": "qwen_3_4b", "vae": "ae"},
-    "qwenimage": {"text_encoder": "qwen_2.5_vl_7b", "vae": "qwen_image_vae"},
-}
-
-
 def save_split_files(
     pipeline, root: str | Path, name: str = "model", *, prefix: str = "", single_file: bool = False
 ) -> dict[str, Path]:
@@ -72,22 +54,23 @@ def save_split_files(
     the paths by component ("transformer" for the one file)."""
     root = Path(root)
     transformer = pipeline.transformer
-    layout = _SPLIT_LAYOUTS[type(transformer).__name__]
+    family = family_of(pipeline)
+    assert family.layout is not None, f"{family.title} transformers have no file layout"
     config = {**transformer.config, "_class_name": type(transformer).__name__}
-    rows = split.LAYOUTS[layout].table(config)
+    rows = family.layout.table(config)
     if single_file:
         prefix = arch.UNET
     tensors: dict[str, dict[str, Any]] = {
         "transformer": {
-            prefix + k: v for k, v in split.to_original(rows, transformer.state_dict()).items()
+            prefix + k: v for k, v in to_original(rows, transformer.state_dict()).items()
         }
     }
-    for component, stem in _COMPANION_NAMES[layout].items():
+    for component, stem in family.companion_names.items():
         part = getattr(pipeline, component)
         state = part.state_dict()
         kind = type(part).__name__
         if kind == "AutoencoderKLQwenImage":
-            state = split.wan_vae_to_original(state, part.config.num_res_blocks)
+            state = wan_vae_to_original(state, part.config.num_res_blocks)
         elif component == "vae":
             state = {
                 k.removeprefix(arch.VAE): v
@@ -96,25 +79,25 @@ def save_split_files(
         elif kind == "Qwen3Model":
             state = {"model." + k: v for k, v in state.items()}
         elif kind == "Qwen2_5_VLForConditionalGeneration":
-            state = {split.qwen25_vl_to_file(k): v for k, v in state.items()}
+            state = {qwen25_vl_to_file(k): v for k, v in state.items()}
         elif stem == "t5xxl":
             state = {k: v for k, v in state.items() if k != "encoder.embed_tokens.weight"}
         else:  # transformers' original CLIP names, as the files users download hold them
             state = {
                 k
-                if k.startswith((split.CLIP_PREFIX, "text_projection"))
-                else split.CLIP_PREFIX + k: v
+                if k.startswith((CLIP_PREFIX, "text_projection"))
+                else CLIP_PREFIX + k: v
                 for k, v in state.items()
             }
         if single_file:
-            inside = split.SD3_INSIDE[component]
+            inside = SD3_INSIDE[component]
             tensors["transformer"].update({inside + k: v for k, v in state.items()})
         else:
             tensors[component] = state
     folders = {"transformer": "checkpoints" if single_file else "diffusion_models", "vae": "vae"}
     written = {}
     for component, state in tensors.items():
-        stem = name if component == "transformer" else _COMPANION_NAMES[layout][component]
+        stem = name if component == "transformer" else family.companion_names[component]
         file = root / folders.get(component, "text_encoders") / f"{stem}.safetensors"
         file.parent.mkdir(parents=True, exist_ok=True)
         write_safetensors(file, {k: v.contiguous() for k, v in state.items()})

@@ -341,7 +341,7 @@ def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
     real vocabulary size and Qwen3-4B's rotary base and norms."""
     from transformers import Qwen3Config, Qwen3Model
 
-    from app.core.split import QWEN3_FIXED
+    from app.core.encoders import QWEN3_FIXED
 
     config = Qwen3Config(
         **QWEN3_FIXED,
@@ -364,7 +364,7 @@ def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
     split file's config is read with); narrower, it has 4 heads."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from app.core.split import QWEN25_VL_FIXED, QWEN25_VL_HEAD
+    from app.core.encoders import QWEN25_VL_FIXED, QWEN25_VL_HEAD
 
     heads = 1 if hidden == QWEN25_VL_HEAD else 4
     half = hidden // heads // 2  # half a head's width, split 2:3:3 as the 7B's 16:24:24
@@ -417,7 +417,7 @@ def tiny_zimage_transformer(seed: int, text: int = 32):
         n_kv_heads=2,
         cap_feat_dim=text,
         axes_dims=[8, 12, 12],  # Z-Image's proportions (32, 48, 48 of 128 per head)
-        axes_lens=[1536, 512, 512],  # as a split file is built with (split.ZIMAGE_AXES_LENS)
+        axes_lens=[1536, 512, 512],  # as a split file is built with (ZIMAGE_AXES_LENS in app.core.families.zimage)
     ).eval()
 
 

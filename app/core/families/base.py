@@ -14,7 +14,9 @@ from enum import Enum
 from typing import Any, ClassVar
 
 from app.core.components import Role, of_role
+from app.core.detection import Detection
 from app.core.errors import HalfSafeError
+from app.core.layouts import Layout
 from app.core.settings import SCHEDULERS
 
 
@@ -57,6 +59,15 @@ class Family:
     # The diffusers class of a loaded pipeline's `transformer` that marks the family (None: a
     # UNet family, told apart by its text encoders).
     transformer_class: ClassVar[str | None] = None
+    # How its transformer is kept as a file of its own (ComfyUI's `diffusion_models/`): the
+    # keys that mark it, its config from shapes, its key table. None: no such file is read.
+    layout: ClassVar[Layout | None] = None
+    # The diffusers pipeline class a model folder's model_index.json names for this family,
+    # when it is recognised by `detect_folder` (None: the UNet families, see architecture).
+    pipeline_class: ClassVar[str | None] = None
+    # What ComfyUI users call the files its transformer runs with, by component ("clip_l",
+    # "t5xxl", "ae"): the stems of the files the model is written to in its own layouts.
+    companion_names: ClassVar[Mapping[str, str]] = {}
 
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents
@@ -75,6 +86,13 @@ class Family:
 
     def text_encoders(self, pipeline) -> list[str]:
         return of_role(self.components(pipeline), Role.TEXT_ENCODER)
+
+    def detect_folder(
+        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+    ) -> Detection:
+        """What a diffusers folder of this family is (`pipeline_class` named in its
+        model_index.json; `transformer` its denoiser's config), with the sentence why."""
+        raise NotImplementedError
 
     # -- the steps each family defines ------------------------------------------------------
 

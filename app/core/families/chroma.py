@@ -2,13 +2,79 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.detection import Detection
 from app.core.families.base import FamilyId, prompt_tensors
-from app.core.families.flux import FluxFamily
+from app.core.families.flux import (
+    BFL_MARKERS,
+    CHROMA_MARKER,
+    FluxFamily,
+    bfl_blocks,
+    bfl_table,
+    flux_vae_need,
+)
+from app.core.layouts import (
+    Layout,
+    Shapes,
+    SplitModel,
+    count_indices,
+    count_words,
+    reader,
+    t5_need,
+    within_limits,
+)
 
 PROBE_CHROMA_CFG = 5.0  # the check's guidance for Chroma (ChromaPipeline's default)
+
+
+# Chroma in Black Forest Labs' layout, with its distilled_guidance_layer ------------------
+
+
+def _read_chroma(shapes: Shapes, prefix: str) -> SplitModel:
+    w = reader(shapes, prefix)
+    hidden, channels = w("distilled_guidance_layer.in_proj.weight", 2)
+    config = {
+        "_class_name": "ChromaTransformer2DModel",
+        **bfl_blocks(shapes, prefix),
+        "approximator_num_channels": channels,
+        "approximator_hidden_dim": hidden,
+        "approximator_layers": count_indices(shapes, prefix + "distilled_guidance_layer.layers."),
+    }
+    within_limits(config)
+    width = config["num_attention_heads"] * config["attention_head_dim"]
+    return SplitModel(
+        table=bfl_table,
+        layout="chroma",
+        title="Chroma",
+        prefix=prefix,
+        config=config,
+        architecture="chroma",
+        because=(
+            f"Chroma: a Flux-shaped transformer in Black Forest Labs' layout ({prefix}double_blocks, "
+            f"single_blocks) with {config['num_layers']} double and "
+            f"{config['num_single_layers']} single blocks, {width} wide, whose modulation comes "
+            f"from a small approximator network (distilled_guidance_layer, "
+            f"{count_words(config['approximator_layers'], 'layer')}) instead of Flux's per-block modulation, "
+            f"CLIP vector and guidance embedding, taking {config['joint_attention_dim']}-wide T5 "
+            "features only; flow matching with real CFG."
+        ),
+        needs=(
+            t5_need("text_encoder", config["joint_attention_dim"]),
+            flux_vae_need(config["in_channels"] // 4),
+        ),
+        pipeline_class="ChromaPipeline",
+        configs="flux",  # Flux.1's VAE and FLUX.1-dev's schedule
+        scheduler={},
+        latent_channels=config["in_channels"] // 4,
+    )
+
+
+LAYOUT = Layout(
+    "Chroma-style transformer", (*BFL_MARKERS, CHROMA_MARKER), (), _read_chroma, bfl_table
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +88,25 @@ class ChromaFamily(FluxFamily):
     title = "Chroma"
     architectures = {"chroma": "Chroma"}
     transformer_class = "ChromaTransformer2DModel"
+    layout = LAYOUT
+    pipeline_class = "ChromaPipeline"
+    companion_names = {"text_encoder": "t5xxl", "vae": "ae"}
+
+    def detect_folder(
+        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+    ) -> Detection:
+        width = int(transformer.get("num_attention_heads", 0)) * int(
+            transformer.get("attention_head_dim", 0)
+        )
+        because = (
+            f"Chroma: its ChromaPipeline has a Flux-shaped ChromaTransformer2DModel with "
+            f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} single "
+            f"blocks, {width} wide, whose modulation comes from a small approximator network instead "
+            "of CLIP and a guidance embedding, and a T5 text encoder only; flow matching with real CFG."
+        )
+        return Detection(
+            "chroma", True, "a Chroma pipeline", because, "flow", 1024, None, "ChromaPipeline"
+        )
 
     @staticmethod
     def max_sequence_length(pipe) -> int:

@@ -3,9 +3,11 @@ a 16-channel latent by flow matching, guidance as an embedding instead of a CFG 
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.detection import Detection
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -14,11 +16,169 @@ from app.core.families.base import (
     input_channels_problem,
     packed_noise,
 )
+from app.core.layouts import (
+    Layout,
+    Need,
+    Row,
+    Shapes,
+    SplitModel,
+    count_indices,
+    fused,
+    linear,
+    reader,
+    swapped,
+    t5_need,
+    within_limits,
+)
 
 PROBE_GUIDANCE = 3.5  # the check's distilled guidance (Flux.1 dev's guidance embedding)
 
 # Flux.1's VAE (also Chroma's and Z-Image's): 16 channels; the preview fits its colours.
 FLUX_LATENT = LatentFormat(channels=16)
+
+
+# Black Forest Labs' key layout (ComfyUI: diffusion_models/flux1-dev.safetensors) ----------
+
+
+BFL_MARKERS = ("double_blocks.0.img_attn.qkv.weight", "img_in.weight")
+CHROMA_MARKER = "distilled_guidance_layer.in_proj.weight"
+
+
+def bfl_blocks(shapes: Shapes, prefix: str) -> dict[str, Any]:
+    """What Flux.1 and Chroma transformers share, read from the shapes."""
+    w = reader(shapes, prefix)
+    inner, in_channels = w("img_in.weight", 2)
+    head = w("double_blocks.0.img_attn.norm.query_norm.scale", 1)[0]
+    mlp = w("double_blocks.0.img_mlp.0.weight", 2)[0]
+    if head < 8 or inner % head or mlp != 4 * inner:
+        raise ValueError(f"its blocks ({inner} wide, {head}-wide heads, MLP {mlp}) are not Flux's")
+    return {
+        "patch_size": 1,
+        "in_channels": in_channels,
+        "out_channels": w("final_layer.linear.weight", 2)[0],
+        "num_layers": count_indices(shapes, prefix + "double_blocks."),
+        "num_single_layers": count_indices(shapes, prefix + "single_blocks."),
+        "attention_head_dim": head,
+        "num_attention_heads": inner // head,
+        "joint_attention_dim": w("txt_in.weight", 2)[1],
+        # Rotary axes (index, height, width) in Flux's proportions: 16, 56, 56 of 128.
+        "axes_dims_rope": [head // 8, 7 * head // 16, 7 * head // 16],
+    }
+
+
+def flux_vae_need(latent: int) -> Need:
+    return Need("vae", "vae", "its 16-channel VAE (ae)", lambda c: c == latent, ("ae", "flux"))
+
+
+def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
+    config = {"_class_name": "FluxTransformer2DModel", **bfl_blocks(shapes, prefix)}
+    config["pooled_projection_dim"] = reader(shapes, prefix)("vector_in.in_layer.weight", 2)[1]
+    config["guidance_embeds"] = prefix + "guidance_in.in_layer.weight" in shapes
+    within_limits(config)
+    dev = bool(config["guidance_embeds"])
+    variant = "dev" if dev else "schnell"
+    width = config["num_attention_heads"] * config["attention_head_dim"]
+    guidance = (
+        "and a guidance embedding (guidance_in), as the guidance-distilled Flux.1 dev has"
+        if dev
+        else "and no guidance embedding (no guidance_in), as Flux.1 schnell"
+    )
+    clip_width = config["pooled_projection_dim"]
+    return SplitModel(
+        table=bfl_table,
+        layout="flux",
+        title="Flux.1",
+        prefix=prefix,
+        config=config,
+        architecture=f"flux-{variant}",
+        because=(
+            f"Flux.1 {variant}: a transformer in Black Forest Labs' layout ({prefix}double_blocks, "
+            f"single_blocks) with {config['num_layers']} double and "
+            f"{config['num_single_layers']} single blocks, {width} wide, taking "
+            f"{config['joint_attention_dim']}-wide T5 features and a "
+            f"{clip_width}-wide CLIP vector, {guidance}; flow matching."
+        ),
+        needs=(
+            t5_need("text_encoder_2", config["joint_attention_dim"]),
+            Need(
+                "text_encoder",
+                "clip",
+                "its CLIP-L text encoder (clip_l)",
+                lambda w: w == clip_width,
+                ("clip_l", "clip-l", "clipl"),
+            ),
+            flux_vae_need(config["in_channels"] // 4),
+        ),
+        pipeline_class="FluxPipeline",
+        configs="flux",
+        # Schnell's schedule differs from dev's only in not shifting by resolution.
+        scheduler={"use_dynamic_shifting": dev, "shift": 3.0 if dev else 1.0},
+        latent_channels=config["in_channels"] // 4,
+    )
+
+
+def bfl_table(config: Mapping[str, Any]) -> Iterator[Row]:
+    """Black Forest Labs' names <-> diffusers' FluxTransformer2DModel and
+    ChromaTransformer2DModel names. Chroma has no per-block modulation, time, vector or
+    guidance embedding and no final modulation: its approximator gives them all."""
+    chroma = config["_class_name"] == "ChromaTransformer2DModel"
+    if chroma:
+        layer = "distilled_guidance_layer"
+        yield from linear(f"{layer}.in_proj", f"{layer}.in_proj")
+        for i in range(config["approximator_layers"]):
+            yield from linear(f"{layer}.layers.{i}.in_layer", f"{layer}.layers.{i}.linear_1")
+            yield from linear(f"{layer}.layers.{i}.out_layer", f"{layer}.layers.{i}.linear_2")
+            yield f"{layer}.norms.{i}.scale", (f"{layer}.norms.{i}.weight",), "same"
+        yield from linear(f"{layer}.out_proj", f"{layer}.out_proj")
+    else:
+        yield from linear("time_in.in_layer", "time_text_embed.timestep_embedder.linear_1")
+        yield from linear("time_in.out_layer", "time_text_embed.timestep_embedder.linear_2")
+        yield from linear("vector_in.in_layer", "time_text_embed.text_embedder.linear_1")
+        yield from linear("vector_in.out_layer", "time_text_embed.text_embedder.linear_2")
+        if config["guidance_embeds"]:
+            yield from linear("guidance_in.in_layer", "time_text_embed.guidance_embedder.linear_1")
+            yield from linear("guidance_in.out_layer", "time_text_embed.guidance_embedder.linear_2")
+    yield from linear("txt_in", "context_embedder")
+    yield from linear("img_in", "x_embedder")
+    for i in range(config["num_layers"]):
+        b, d = f"double_blocks.{i}.", f"transformer_blocks.{i}."
+        if not chroma:
+            yield from linear(b + "img_mod.lin", d + "norm1.linear")
+            yield from linear(b + "txt_mod.lin", d + "norm1_context.linear")
+        yield from fused(b + "img_attn.qkv", (d + "attn.to_q", d + "attn.to_k", d + "attn.to_v"))
+        yield from fused(
+            b + "txt_attn.qkv",
+            (d + "attn.add_q_proj", d + "attn.add_k_proj", d + "attn.add_v_proj"),
+        )
+        for side, added in (("img", ""), ("txt", "added_")):
+            for bfl, ours in (("query", "q"), ("key", "k")):
+                yield (
+                    f"{b}{side}_attn.norm.{bfl}_norm.scale",
+                    (f"{d}attn.norm_{added}{ours}.weight",),
+                    "same",
+                )
+        yield from linear(b + "img_mlp.0", d + "ff.net.0.proj")
+        yield from linear(b + "img_mlp.2", d + "ff.net.2")
+        yield from linear(b + "txt_mlp.0", d + "ff_context.net.0.proj")
+        yield from linear(b + "txt_mlp.2", d + "ff_context.net.2")
+        yield from linear(b + "img_attn.proj", d + "attn.to_out.0")
+        yield from linear(b + "txt_attn.proj", d + "attn.to_add_out")
+    for i in range(config["num_single_layers"]):
+        b, d = f"single_blocks.{i}.", f"single_transformer_blocks.{i}."
+        if not chroma:
+            yield from linear(b + "modulation.lin", d + "norm.linear")
+        yield from fused(
+            b + "linear1", (d + "attn.to_q", d + "attn.to_k", d + "attn.to_v", d + "proj_mlp")
+        )
+        yield from linear(b + "linear2", d + "proj_out")
+        yield b + "norm.query_norm.scale", (d + "attn.norm_q.weight",), "same"
+        yield b + "norm.key_norm.scale", (d + "attn.norm_k.weight",), "same"
+    yield from linear("final_layer.linear", "proj_out")
+    if not chroma:  # BFL's final modulation is (shift, scale), diffusers' (scale, shift)
+        yield from swapped("final_layer.adaLN_modulation.1", "norm_out.linear")
+
+
+LAYOUT = Layout("Flux-style transformer", BFL_MARKERS, (CHROMA_MARKER,), _read_flux, bfl_table)
 
 
 @dataclass(frozen=True)
@@ -32,6 +192,40 @@ class FluxFamily(ShiftedSigmas, Family):
     architectures = {"flux": "Flux.1", "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell"}
     latent = FLUX_LATENT
     transformer_class = "FluxTransformer2DModel"
+    layout = LAYOUT
+    pipeline_class = "FluxPipeline"
+    companion_names = {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "ae"}
+
+    def detect_folder(
+        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+    ) -> Detection:
+        dev = bool(transformer.get("guidance_embeds"))
+        variant = "dev" if dev else "schnell"
+        latent = int(transformer.get("in_channels", 64)) // 4
+        width = int(transformer.get("num_attention_heads", 0)) * int(
+            transformer.get("attention_head_dim", 0)
+        )
+        guidance = (
+            "and a guidance embedding, as the guidance-distilled Flux.1 dev has"
+            if dev
+            else "and no guidance embedding, as Flux.1 schnell"
+        )
+        because = (
+            f"Flux.1 {variant}: its FluxPipeline has a FluxTransformer2DModel with "
+            f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} "
+            f"single blocks, {width} wide, on {latent}-channel latents in 2x2 patches, {guidance}; "
+            "flow matching."
+        )
+        return Detection(
+            f"flux-{variant}",
+            True,
+            f"a Flux.1 {variant} pipeline",
+            because,
+            "flow",
+            1024,
+            None,
+            "FluxPipeline",
+        )
 
     denoiser: str = "transformer"
     sample_argument: str = "hidden_states"

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.detection import Detection, pipeline_part_class
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -16,11 +18,136 @@ from app.core.families.base import (
     patches_problem,
     prompt_tensors,
 )
+from app.core.layouts import (
+    Layout,
+    Need,
+    Row,
+    Shapes,
+    SplitModel,
+    count_indices,
+    linear,
+    reader,
+    within_limits,
+)
 
 PROBE_QWEN_CFG = 4.0  # the check's guidance for Qwen-Image (QwenImagePipeline's default)
 
 # The Wan 2.1-layout VAE: 16 channels, normalised per channel; the preview fits its colours.
 QWENIMAGE_LATENT = LatentFormat(channels=16)
+
+
+# Qwen-Image (ComfyUI: diffusion_models/qwen_image_bf16.safetensors, in diffusers' names) ---
+
+
+_QWENIMAGE_MARKERS = ("transformer_blocks.0.img_mod.1.weight", "txt_norm.weight", "img_in.weight")
+
+
+def _read_qwenimage(shapes: Shapes, prefix: str) -> SplitModel:
+    w = reader(shapes, prefix)
+    inner, in_channels = w("img_in.weight", 2)
+    head = w("transformer_blocks.0.attn.norm_q.weight", 1)[0]
+    if head < 16 or inner % head or head % 16 or in_channels % 4:
+        raise ValueError(f"its blocks ({inner} wide, {head}-wide heads) are not Qwen-Image's")
+    config = {
+        "_class_name": "QwenImageTransformer2DModel",
+        "patch_size": 2,
+        "in_channels": in_channels,
+        "out_channels": w("proj_out.weight", 2)[0] // 4,
+        "num_layers": count_indices(shapes, prefix + "transformer_blocks."),
+        "attention_head_dim": head,
+        "num_attention_heads": inner // head,
+        "joint_attention_dim": w("txt_norm.weight", 1)[0],
+        "guidance_embeds": False,
+        # Rotary axes (frame, height, width) in Qwen-Image's proportions: 16, 56, 56 of 128.
+        "axes_dims_rope": [head // 8, 7 * head // 16, 7 * head // 16],
+    }
+    within_limits(config)
+    latent = in_channels // 4
+    text_width = config["joint_attention_dim"]
+    return SplitModel(
+        table=_qwenimage_table,
+        layout="qwenimage",
+        title="Qwen-Image",
+        prefix=prefix,
+        config=config,
+        architecture="qwenimage",
+        because=(
+            f"Qwen-Image: an MMDiT transformer file in diffusers' names ({prefix}"
+            f"transformer_blocks with img_mod, txt_norm) with {config['num_layers']} blocks, "
+            f"{inner} wide, on {latent}-channel latents in 2x2 patches, reading "
+            f"{text_width}-wide Qwen2.5-VL hidden states; flow matching with real CFG."
+        ),
+        needs=(
+            Need(
+                "text_encoder",
+                "qwen25_vl",
+                "its Qwen2.5-VL text encoder (qwen_2.5_vl_7b)",
+                lambda width: width == text_width,
+                ("qwen_2.5", "qwen2.5", "qwen25"),
+            ),
+            Need(
+                "vae",
+                "wan_vae",
+                "its VAE (qwen_image_vae)",
+                lambda c: c == latent,
+                ("qwen_image", "qwen"),
+            ),
+        ),
+        pipeline_class="QwenImagePipeline",
+        # Flux.1's flow-matching schedule reshaped as Qwen-Image's: an exponential,
+        # resolution-dependent shift ending at sigma 0.02. Its VAE's config comes from shapes.
+        configs="flux",
+        scheduler={
+            "shift": 1.0,
+            "max_shift": 0.9,
+            "max_image_seq_len": 8192,
+            "shift_terminal": 0.02,
+            "time_shift_type": "exponential",
+        },
+        native_size=1328,
+        latent_channels=latent,
+    )
+
+
+def _qwenimage_table(config: Mapping[str, Any]) -> Iterator[Row]:
+    """Qwen-Image's files keep diffusers' QwenImageTransformer2DModel names: every row is the
+    key itself."""
+    names = [
+        "time_text_embed.timestep_embedder.linear_1",
+        "time_text_embed.timestep_embedder.linear_2",
+    ]
+    names += ["img_in", "txt_in", "norm_out.linear", "proj_out"]
+    yield "txt_norm.weight", ("txt_norm.weight",), "same"
+    for i in range(config["num_layers"]):
+        b = f"transformer_blocks.{i}."
+        for norm in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"):
+            yield f"{b}attn.{norm}.weight", (f"{b}attn.{norm}.weight",), "same"
+        names += [
+            b + name
+            for name in (
+                "img_mod.1",
+                "txt_mod.1",
+                "attn.to_q",
+                "attn.to_k",
+                "attn.to_v",
+                "attn.add_q_proj",
+                "attn.add_k_proj",
+                "attn.add_v_proj",
+                "attn.to_out.0",
+                "attn.to_add_out",
+                "img_mlp.net.0.proj",
+                "img_mlp.net.2",
+                "txt_mlp.net.0.proj",
+                "txt_mlp.net.2",
+            )
+        ]
+    for name in names:
+        yield from linear(name, name)
+
+
+LAYOUT = Layout(
+    "Qwen-Image-style transformer", _QWENIMAGE_MARKERS, (), _read_qwenimage, _qwenimage_table
+)
 
 
 @dataclass(frozen=True)
@@ -36,6 +163,33 @@ class QwenImageFamily(ShiftedSigmas, Family):
     architectures = {"qwenimage": "Qwen-Image"}
     latent = QWENIMAGE_LATENT
     transformer_class = "QwenImageTransformer2DModel"
+    layout = LAYOUT
+    pipeline_class = "QwenImagePipeline"
+    companion_names = {"text_encoder": "qwen_2.5_vl_7b", "vae": "qwen_image_vae"}
+
+    def detect_folder(
+        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+    ) -> Detection:
+        width = int(transformer.get("num_attention_heads", 0)) * int(
+            transformer.get("attention_head_dim", 0)
+        )
+        because = (
+            f"Qwen-Image: its QwenImagePipeline has a QwenImageTransformer2DModel (MMDiT) with "
+            f"{transformer.get('num_layers')} blocks, {width} wide, on "
+            f"{int(transformer.get('in_channels', 64)) // 4}-channel latents in 2x2 patches, a "
+            f"Qwen2.5-VL text encoder ({pipeline_part_class(model_index, 'text_encoder')}) and a 3D VAE; flow matching "
+            "with real CFG."
+        )
+        return Detection(
+            "qwenimage",
+            True,
+            "a Qwen-Image pipeline",
+            because,
+            "flow",
+            1328,
+            None,
+            "QwenImagePipeline",
+        )
 
     denoiser: str = "transformer"
     sample_argument: str = "hidden_states"

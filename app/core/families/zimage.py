@@ -3,9 +3,12 @@ Flux's 16-channel VAE."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core import limits
+from app.core.detection import Detection, pipeline_part_class
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -15,6 +18,147 @@ from app.core.families.base import (
     prompt_tensors,
 )
 from app.core.families.flux import FLUX_LATENT
+from app.core.layouts import (
+    Layout,
+    Need,
+    Row,
+    Shapes,
+    SplitModel,
+    bounded,
+    count_indices,
+    linear,
+    reader,
+    within_limits,
+)
+
+# Z-Image's original layout (ComfyUI: diffusion_models/z_image_turbo_bf16.safetensors) ------
+
+
+_ZIMAGE_MARKERS = (
+    "layers.0.attention.qkv.weight",
+    "cap_embedder.1.weight",
+    "noise_refiner.0.attention.qkv.weight",
+)
+# Rotary table lengths (frame/caption index, height, width), which no tensor records: room for
+# Z-Image's 512 caption tokens and 1024 patches a side, as its released config allows.
+ZIMAGE_AXES_LENS = (1536, 512, 512)
+
+
+def _read_zimage(shapes: Shapes, prefix: str) -> SplitModel:
+    w = reader(shapes, prefix)
+    dim, patch_values = w("x_embedder.weight", 2)
+    head = w("layers.0.attention.q_norm.weight", 1)[0]
+    rows = w("layers.0.attention.qkv.weight", 2)[0]
+    if patch_values % 4 or head < 8 or dim % head or head % 8:
+        raise ValueError(f"its blocks ({dim} wide, {head}-wide heads) are not Z-Image's")
+    heads = dim // head
+    kv_heads, rest = divmod(rows // head - heads, 2)
+    if rows % head or rest or kv_heads < 1:
+        raise ValueError(f"its fused attention ({rows} rows) does not split into {heads} heads")
+    layers = count_indices(shapes, prefix + "layers.")
+    refiners = count_indices(shapes, prefix + "noise_refiner.")
+    latent = patch_values // 4
+    bounded(
+        ("number of blocks", layers, limits.MAX_TRANSFORMER_DEPTH),
+        ("number of refiner blocks", refiners, limits.MAX_TRANSFORMER_DEPTH),
+        ("width", dim, limits.MAX_TRANSFORMER_WIDTH),
+        ("number of attention heads", heads, limits.MAX_HEADS),
+        ("number of latent channels", latent, limits.MAX_IMAGE_CHANNELS),
+    )
+    config = {
+        "_class_name": "ZImageTransformer2DModel",
+        "all_patch_size": [2],
+        "all_f_patch_size": [1],
+        "in_channels": latent,
+        "dim": dim,
+        "n_layers": layers,
+        "n_refiner_layers": refiners,
+        "n_heads": heads,
+        "n_kv_heads": kv_heads,
+        "qk_norm": True,
+        "cap_feat_dim": w("cap_embedder.1.weight", 2)[1],
+        # Rotary axes (frame, height, width) in Z-Image's proportions: 32, 48, 48 of 128.
+        "axes_dims": [head // 4, 3 * head // 8, 3 * head // 8],
+        "axes_lens": list(ZIMAGE_AXES_LENS),
+    }
+    within_limits(config)
+    text_width = config["cap_feat_dim"]
+    return SplitModel(
+        table=_zimage_table,
+        layout="zimage",
+        title="Z-Image",
+        prefix=prefix,
+        config=config,
+        architecture="zimage",
+        because=(
+            f"Z-Image: a single-stream transformer in its original layout ({prefix}layers, "
+            f"noise_refiner, context_refiner, cap_embedder) with {layers} main and "
+            f"{refiners}+{refiners} refiner blocks, {dim} wide, on {latent}-channel latents in "
+            f"2x2 patches, reading {text_width}-wide Qwen3 hidden states; flow matching."
+        ),
+        needs=(
+            Need(
+                "text_encoder",
+                "qwen3",
+                "its Qwen3 text encoder (qwen_3_4b)",
+                lambda width: width == text_width,
+                ("qwen_3", "qwen3"),
+            ),
+            Need(
+                "vae",
+                "vae",
+                f"its {latent}-channel VAE (Flux's ae)",
+                lambda c: c == latent,
+                ("ae", "flux"),
+            ),
+        ),
+        pipeline_class="ZImagePipeline",
+        configs="flux",  # Flux.1's VAE; the schedule as Z-Image Turbo's: a fixed shift of 3
+        scheduler={"use_dynamic_shifting": False, "shift": 3.0},
+        latent_channels=latent,
+    )
+
+
+def _zimage_block(b: str, modulated: bool) -> Iterator[Row]:
+    parts = tuple(f"{b}attention.to_{x}.weight" for x in "qkv")
+    yield b + "attention.qkv.weight", parts, "cat"
+    yield b + "attention.out.weight", (b + "attention.to_out.0.weight",), "same"
+    yield b + "attention.q_norm.weight", (b + "attention.norm_q.weight",), "same"
+    yield b + "attention.k_norm.weight", (b + "attention.norm_k.weight",), "same"
+    for name in (
+        "feed_forward.w1",
+        "feed_forward.w2",
+        "feed_forward.w3",
+        "attention_norm1",
+        "ffn_norm1",
+        "attention_norm2",
+        "ffn_norm2",
+    ):
+        yield f"{b}{name}.weight", (f"{b}{name}.weight",), "same"
+    if modulated:  # the context refiner has no timestep modulation
+        yield from linear(b + "adaLN_modulation.0", b + "adaLN_modulation.0")
+
+
+def _zimage_table(config: Mapping[str, Any]) -> Iterator[Row]:
+    """Z-Image's original names <-> diffusers' ZImageTransformer2DModel names: the attention's
+    fused qkv (no bias), its out and q/k norms renamed, the patch embedder and final layer
+    under the (2x2 patch, 1 frame) key diffusers keeps them by."""
+    for name in ("x_pad_token", "cap_pad_token", "cap_embedder.0.weight"):
+        yield name, (name,), "same"
+    yield from linear("cap_embedder.1", "cap_embedder.1")
+    yield from linear("t_embedder.mlp.0", "t_embedder.mlp.0")
+    yield from linear("t_embedder.mlp.2", "t_embedder.mlp.2")
+    yield from linear("x_embedder", "all_x_embedder.2-1")
+    yield from linear("final_layer.linear", "all_final_layer.2-1.linear")
+    yield from linear("final_layer.adaLN_modulation.1", "all_final_layer.2-1.adaLN_modulation.1")
+    for i in range(config["n_refiner_layers"]):
+        yield from _zimage_block(f"noise_refiner.{i}.", modulated=True)
+        yield from _zimage_block(f"context_refiner.{i}.", modulated=False)
+    for i in range(config["n_layers"]):
+        yield from _zimage_block(f"layers.{i}.", modulated=True)
+
+
+LAYOUT = Layout("Z-Image-style transformer", _ZIMAGE_MARKERS, (), _read_zimage, _zimage_table)
 
 
 @dataclass(frozen=True)
@@ -32,6 +176,24 @@ class ZImageFamily(ShiftedSigmas, Family):
     architectures = {"zimage": "Z-Image"}
     latent = FLUX_LATENT
     transformer_class = "ZImageTransformer2DModel"
+    layout = LAYOUT
+    pipeline_class = "ZImagePipeline"
+    companion_names = {"text_encoder": "qwen_3_4b", "vae": "ae"}
+
+    def detect_folder(
+        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+    ) -> Detection:
+        because = (
+            f"Z-Image: its ZImagePipeline has a single-stream ZImageTransformer2DModel with "
+            f"{transformer.get('n_layers')} main and {transformer.get('n_refiner_layers')}+"
+            f"{transformer.get('n_refiner_layers')} refiner blocks, {transformer.get('dim')} wide, "
+            f"on {transformer.get('in_channels', 16)}-channel latents in 2x2 patches, and a Qwen3 "
+            f"text encoder ({pipeline_part_class(model_index, 'text_encoder')}) whose "
+            f"{transformer.get('cap_feat_dim')}-wide hidden states it reads; flow matching."
+        )
+        return Detection(
+            "zimage", True, "a Z-Image pipeline", because, "flow", 1024, None, "ZImagePipeline"
+        )
 
     denoiser: str = "transformer"
     sample_argument: str = "x"

@@ -1,0 +1,248 @@
+"""Transformer files in another project's key layout, the part every layout shares: what a file
+is and what it runs with (`Need`, `SplitModel`), a layout's description (`Layout`), reading a
+config from tensor shapes within real models' sizes, and the one key table per layout that maps
+its names to diffusers' in both directions (`to_diffusers`, `to_original`).
+
+Each family's own layout (its markers, its config reader, its key table) lives in its module
+under `app/core/families/`; `split.py` finds which one a file is in and its companions. Shapes
+only: no torch here except in the key mapping's tensor moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.core import limits
+
+Shapes = Mapping[str, tuple[int, ...]]
+Row = tuple[str, tuple[str, ...], str]  # (original key, diffusers keys, how), see `to_diffusers`
+
+TRANSFORMER_PREFIXES = ("model.diffusion_model.", "")  # a full save, a plain transformer file
+CLIP_PREFIX = "text_model."
+CLIP_PROJECTION = "text_projection.weight"
+
+
+# What a transformer file is and what it runs with ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Need:
+    """One component a transformer runs with besides itself."""
+
+    component: str  # the pipeline component it becomes: "text_encoder", "vae", ...
+    # What file it takes, as `width_of` reads it: "clip" (hidden width), "clip_projected"
+    # (projection width), "t5", "qwen3", "qwen25_vl" (hidden width); "vae" (an original-layout
+    # VAE), "wan_vae" (the Wan 2.1 layout) by latent channels.
+    kind: str
+    words: str  # "its T5 text encoder (t5xxl)"
+    fits: Callable[[int], bool]  # on the file's width (latent channels for a VAE)
+    hints: tuple[str, ...] = ()  # name fragments preferred when several files fit
+    inside: str | None = None  # its key prefix when the transformer's own file holds it
+    pad_token: str = "<|endoftext|>"  # a CLIP tokenizer's padding (CLIP-G pads with "!")
+    clip_config: str = "sd1/text_encoder"  # a CLIP's shipped config (what shapes do not say)
+
+    @property
+    def is_text_encoder(self) -> bool:
+        return not self.kind.endswith("vae")
+
+
+@dataclass(frozen=True)
+class SplitModel:
+    """A transformer file read from its header: its diffusers config and what it needs."""
+
+    layout: str  # the family whose layout it is (a FamilyId value)
+    title: str  # "Flux.1", "Chroma", "SD3.5 Large", "Z-Image" (for sentences)
+    prefix: str  # the transformer's key prefix in the file
+    config: dict[str, Any]  # the diffusers transformer's config, `_class_name` included
+    architecture: str  # HalfSafe's name: "flux-dev", "chroma", "sd3", "zimage", "qwenimage"
+    because: str  # one sentence: why it is this model
+    needs: tuple[Need, ...]
+    pipeline_class: str  # the diffusers pipeline class
+    configs: str  # resources/configs folder with its scheduler and VAE configs
+    scheduler: dict[str, Any]  # overrides of the shipped scheduler config
+    latent_channels: int  # what its VAE must make
+    table: Callable[[Mapping[str, Any]], Iterator[Row]]  # its layout's key table, for `config`
+    native_size: int = 1024  # the pictures' side it was trained for
+    # Projected CLIPs whose pooled vectors, side by side, make the transformer's pooled input.
+    pooled_from: tuple[str, ...] = ()
+
+    def rows(self) -> Iterator[Row]:
+        return self.table(self.config)
+
+    @property
+    def companions(self) -> tuple[Need, ...]:
+        """The needs the transformer's own file does not hold."""
+        return tuple(n for n in self.needs if n.inside is None)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One transformer key layout: the keys that mark it (after the prefix), the keys that
+    mark another layout instead, how a file in it is read, and its key table."""
+
+    words: str  # "Flux-style transformer"
+    markers: tuple[str, ...]
+    excluded: tuple[str, ...]
+    read: Callable[[Shapes, str], SplitModel]  # raises ValueError naming what does not fit
+    table: Callable[[Mapping[str, Any]], Iterator[Row]]
+
+
+def weight_shape(shapes: Shapes, name: str, ndim: int, prefix: str = "") -> tuple[int, ...]:
+    """The shape of a weight a config is read from: present, `ndim`-D and with no empty
+    dimension (a scalar, a 1-D or a 0-wide tensor where a matrix belongs is a damaged file, not
+    an IndexError or a ZeroDivisionError later). Raises ValueError naming it."""
+    shape = shapes.get(prefix + name)
+    if shape is None:
+        raise ValueError(f"it has no {name}")
+    if len(shape) != ndim:
+        raise ValueError(f"its {name} has shape {list(shape)} where a {ndim}-D tensor belongs")
+    if 0 in shape:
+        raise ValueError(f"its {name} has shape {list(shape)}, with an empty dimension")
+    return tuple(shape)
+
+
+def reader(shapes: Shapes, prefix: str):
+    def w(name: str, ndim: int) -> tuple[int, ...]:
+        return weight_shape(shapes, name, ndim, prefix)
+
+    return w
+
+
+class AbsurdSizes(ValueError):
+    """A transformer file whose shapes describe a model beyond any real one's sizes."""
+
+
+def within_limits(config: dict[str, Any]) -> dict[str, Any]:
+    """A config within real models' sizes (app.core.limits), before anything is built."""
+    try:
+        limits.check_transformer_config(config)
+    except ValueError as error:
+        raise AbsurdSizes(str(error)) from None
+    return config
+
+
+def clip_needs(pooled: int, inside: Mapping[str, str] | None = None) -> tuple[Need, Need]:
+    """SD3's two CLIPs, told apart by projection width (CLIP-L's 768 and CLIP-G's 1280 make
+    the transformer's 2048-wide pooled vector) and, where widths agree, by name."""
+    inside = inside or {}
+    return (
+        Need(
+            "text_encoder",
+            "clip_projected",
+            "its CLIP-L text encoder (clip_l)",
+            lambda width: 2 * width <= pooled,
+            ("clip_l", "clip-l", "clipl"),
+            inside.get("text_encoder"),
+        ),
+        Need(
+            "text_encoder_2",
+            "clip_projected",
+            "its CLIP-G text encoder (clip_g)",
+            lambda width: pooled > width and 2 * width >= pooled,
+            ("clip_g", "clip-g", "clipg"),
+            inside.get("text_encoder_2"),
+            pad_token="!",
+            clip_config="sdxl/text_encoder_2",  # OpenCLIP ViT-bigG: gelu, not quick_gelu
+        ),
+    )
+
+
+def count_indices(shapes: Shapes, prefix: str) -> int:
+    """How many numbered blocks (`prefix`0., `prefix`1., ...) the shapes hold: the highest
+    index plus one."""
+    found = set()
+    for key in shapes:
+        if key.startswith(prefix):
+            head = key[len(prefix) :].split(".", 1)[0]
+            if head.isdigit():
+                found.add(int(head))
+    return max(found) + 1 if found else 0
+
+
+def bounded(*sizes: tuple[str, int, int]) -> None:
+    """Each (what, size, limit) at least 1 and within real models' bounds (`limits.py`)."""
+    for what, size, limit in sizes:
+        if not 1 <= size <= limit:
+            raise AbsurdSizes(f"its {what} ({size}) is outside 1 to {limit}")
+
+
+def t5_need(component: str, width: int, inside: str | None = None) -> Need:
+    return Need(
+        component, "t5", "its T5 text encoder (t5xxl)", lambda w: w == width, ("t5",), inside
+    )
+
+
+def count_words(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
+def listed(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+# Key tables: rows and the mapping in both directions ----------------------------------------
+
+
+def linear(original: str, diffusers: str) -> Iterator[Row]:
+    for part in ("weight", "bias"):
+        yield f"{original}.{part}", (f"{diffusers}.{part}",), "same"
+
+
+def fused(original: str, parts: tuple[str, ...]) -> Iterator[Row]:
+    for part in ("weight", "bias"):
+        yield f"{original}.{part}", tuple(f"{p}.{part}" for p in parts), "cat"
+
+
+def swapped(original: str, diffusers: str) -> Iterator[Row]:
+    for part in ("weight", "bias"):
+        yield f"{original}.{part}", (f"{diffusers}.{part}",), "swap"
+
+
+def _swap_halves(tensor):
+    import torch
+
+    first, second = tensor.chunk(2, dim=0)
+    return torch.cat([second, first], dim=0)
+
+
+def to_diffusers(
+    rows: Iterator[Row], tensors: Mapping[str, Any], expected: Shapes, prefix: str = ""
+) -> dict[str, Any]:
+    """Original-layout tensors -> diffusers names, by a layout's rows: "same" (renamed), "cat"
+    (fused along dim 0; `expected` gives the parts' sizes) or "swap" (a modulation's shift and
+    scale halves swapped). Raises KeyError for a missing key, ValueError for a misfit."""
+    import torch
+
+    state: dict[str, Any] = {}
+    for original, names, how in rows:
+        tensor = tensors[prefix + original]
+        if how == "cat":
+            sizes = [expected[n][0] for n in names]
+            if sum(sizes) != tensor.shape[0]:
+                raise ValueError(
+                    f"{prefix + original} has {tensor.shape[0]} rows, not {sum(sizes)}"
+                )
+            state.update(zip(names, torch.split(tensor, sizes, dim=0), strict=True))
+        elif how == "swap":
+            state[names[0]] = _swap_halves(tensor)
+        else:
+            state[names[0]] = tensor
+    return state
+
+
+def to_original(rows: Iterator[Row], state: Mapping[str, Any]) -> dict[str, Any]:
+    """A diffusers transformer's state dict under the original layout's names (what a
+    transformer file in ComfyUI's `diffusion_models/` holds), by the same rows."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for original, names, how in rows:
+        if how == "cat":
+            out[original] = torch.cat([state[n] for n in names], dim=0)
+        elif how == "swap":
+            out[original] = _swap_halves(state[names[0]])
+        else:
+            out[original] = state[names[0]]
+    return out
