@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.core import infotext
 from app.core.errors import BadFileError, HalfSafeError
+from app.core.infotext import read_float, read_int, read_text
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
@@ -341,140 +343,76 @@ def _json(path: Path, chunk: str, text: str) -> Any:
         raise BadFileError(path, f"its {chunk!r} chunk is not valid JSON.") from None
 
 
-def _text(value: Any, limit: int = 4096) -> str | None:
-    return value[:limit] if isinstance(value, str) and value.strip() else None
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if abs(value) < 2**64 else None
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,20}\s*", value):
-        return int(value)
-    return None
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if abs(value) < 1e12 else None
-    if isinstance(value, str):
-        try:
-            number = float(value[:32])
-        except ValueError:
-            return None
-        return number if abs(number) < 1e12 else None
-    return None
-
-
-# A1111 writes "Sampler: DPM++ 2M" and, since 1.9, "Schedule type: Karras"; ComfyUI writes
-# sampler_name and scheduler. HalfSafe runs these four (settings.SCHEDULERS).
-_SAMPLERS = {
-    ("euler", ""): "euler",
-    ("euler", "normal"): "euler",
-    ("euler a", ""): "euler_a",
-    ("euler_ancestral", ""): "euler_a",
-    ("euler_ancestral", "normal"): "euler_a",
-    ("dpm++ 2m karras", ""): "dpmpp_2m_karras",
-    ("dpm++ 2m", "karras"): "dpmpp_2m_karras",
-    ("dpmpp_2m", "karras"): "dpmpp_2m_karras",
-    ("dpmpp_2m_karras", ""): "dpmpp_2m_karras",
-    ("ddim", ""): "ddim",
-    ("ddim", "normal"): "ddim",
-    ("ddim", "ddim_uniform"): "ddim",
-}
-
-
-def scheduler_for(sampler: str | None, schedule: str | None = None) -> str | None:
-    """HalfSafe's scheduler for a tool's sampler (and schedule) words, or None."""
-    if not sampler:
-        return None
-    key = (sampler.strip().lower(), (schedule or "").strip().lower())
-    return _SAMPLERS.get(key) or _SAMPLERS.get((key[0], ""))
-
-
-def _size(text: str | None) -> tuple[int | None, int | None]:
-    match = re.fullmatch(r"\s*(\d{1,6})\s*x\s*(\d{1,6})\s*", text or "")
-    return (int(match.group(1)), int(match.group(2))) if match else (None, None)
-
-
-# HalfSafe's own pairs (generation._parameters) -> precision settings.
-_HALFSAFE_PRECISION = {
-    "Precision": "precision",
-    "UNet precision": "unet_precision",
-    "VAE precision": "vae_precision",
-    "Text encoder precision": "text_encoder_precision",
-    "Text encoder 2 precision": "text_encoder_2_precision",
-    "Upcast attention": "upcast_attention",
-    "Attention backend": "attention_backend",
-    "TF32": "allow_tf32",
-    "FP16 reduced precision reduction": "fp16_reduced_precision_reduction",
-    "FP16 accumulation": "fp16_accumulation",
-    "Attention reduced precision": "attention_reduced_precision",
-}
+# The precision settings an image's record carries into the check (see _reproduced_precision).
+_REPRODUCED_SETTINGS = (
+    infotext.PRECISION,
+    infotext.UNET_PRECISION,
+    infotext.VAE_PRECISION,
+    infotext.TEXT_ENCODER_PRECISION,
+    infotext.TEXT_ENCODER_2_PRECISION,
+    infotext.UPCAST_ATTENTION,
+    infotext.ATTENTION_BACKEND,
+    infotext.TF32,
+    infotext.FP16_REDUCED_PRECISION_REDUCTION,
+    infotext.FP16_ACCUMULATION,
+    infotext.ATTENTION_REDUCED_PRECISION,
+)
 
 
 def _infotext_record(text: str) -> Record:
-    from app.core.images import parse_infotext
-
-    prompt, _negative, params = parse_infotext(text[:MAX_TEXT_CHUNK_BYTES])
-    version = params.get("Version")
-    if "HalfSafe" in params:
+    parsed = infotext.parse(text[:MAX_TEXT_CHUNK_BYTES])
+    version = parsed.get(infotext.VERSION)
+    if infotext.HALFSAFE in parsed:
         made_by = "halfsafe"
-        version = params["HalfSafe"]
-    elif params.get("App", "").lower().startswith("sd.next") or {"Pipeline", "Operations"} & set(
-        params
+        version = parsed.get(infotext.HALFSAFE)
+    elif (parsed.raw(infotext.APP) or "").lower().startswith("sd.next") or any(
+        key in parsed for key in (infotext.PIPELINE, infotext.OPERATIONS)
     ):
         made_by = "sdnext"
     elif version and re.match(r"f\d", version):
         made_by = "forge"
-    elif params:
+    elif parsed.pairs:
         made_by = "a1111"
     else:
         made_by = "unknown"
-    width, height = _size(params.get("Size"))
+    width, height = parsed.get(infotext.SIZE, (None, None))
     record = Record(
         made_by=made_by,
-        model=_text(params.get("Model")),
-        model_hash=_text(params.get("Model hash")),
-        vae=_text(params.get("VAE")),
-        sampler=_text(params.get("Sampler")),
-        scheduler=scheduler_for(params.get("Sampler"), params.get("Schedule type")),
-        steps=_int(params.get("Steps")),
-        cfg=_float(params.get("CFG scale")),
-        seed=_int(params.get("Seed")),
+        model=parsed.get(infotext.MODEL),
+        model_hash=parsed.get(infotext.MODEL_HASH),
+        vae=parsed.get(infotext.VAE),
+        sampler=parsed.get(infotext.SAMPLER),
+        scheduler=parsed.scheduler(),
+        steps=parsed.get(infotext.STEPS),
+        cfg=parsed.get(infotext.CFG_SCALE),
+        seed=parsed.get(infotext.SEED),
         width=width,
         height=height,
-        prompt=prompt[:4096],
-        version=_text(version, 100),
+        prompt=parsed.prompt[:4096],
+        version=version,
     )
     if made_by == "halfsafe":
-        record.halfsafe_status = params.get("NaN watch")
-        for key, setting in _HALFSAFE_PRECISION.items():
-            if key in params:
-                value = params[key]
-                record.precision[setting] = value == "True" if value in ("True", "False") else value
+        record.halfsafe_status = parsed.raw(infotext.NAN_WATCH)
+        record.precision = parsed.settings(_REPRODUCED_SETTINGS)
     return record
 
 
 def _swarm_record(params: dict[str, Any]) -> Record:
     return Record(
         made_by="swarmui",
-        model=_text(params.get("model")),
-        vae=_text(params.get("vae")),
-        sampler=_text(params.get("sampler")),
-        scheduler=scheduler_for(_text(params.get("sampler")), _text(params.get("scheduler"))),
-        steps=_int(params.get("steps")),
-        cfg=_float(params.get("cfgscale")),
-        seed=_int(params.get("seed")),
-        width=_int(params.get("width")),
-        height=_int(params.get("height")),
-        prompt=_text(params.get("prompt")) or "",
-        version=_text(params.get("swarm_version"), 100),
+        model=read_text(params.get("model")),
+        vae=read_text(params.get("vae")),
+        sampler=read_text(params.get("sampler")),
+        scheduler=infotext.scheduler_for(
+            read_text(params.get("sampler")), read_text(params.get("scheduler"))
+        ),
+        steps=read_int(params.get("steps")),
+        cfg=read_float(params.get("cfgscale")),
+        seed=read_int(params.get("seed")),
+        width=read_int(params.get("width")),
+        height=read_int(params.get("height")),
+        prompt=read_text(params.get("prompt")) or "",
+        version=read_text(params.get("swarm_version"), 100),
     )
 
 
@@ -521,20 +459,23 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         nodes = list(_workflow_nodes(_json(path, "workflow", workflow_text)))
     record = Record(made_by="comfyui")
     for kind, inputs in nodes:
-        record.model = record.model or _text(inputs.get("ckpt_name"), 1024)
-        record.unet = record.unet or _text(inputs.get("unet_name"), 1024)
-        record.vae = record.vae or _text(inputs.get("vae_name"), 1024)
+        record.model = record.model or read_text(inputs.get("ckpt_name"), 1024)
+        record.unet = record.unet or read_text(inputs.get("unet_name"), 1024)
+        record.vae = record.vae or read_text(inputs.get("vae_name"), 1024)
         if kind.startswith("KSampler") and record.steps is None:
-            record.steps = _int(inputs.get("steps"))
-            record.cfg = _float(inputs.get("cfg"))
-            record.seed = _int(inputs.get("seed", inputs.get("noise_seed")))
-            record.sampler = _text(inputs.get("sampler_name"), 100)
-            schedule = _text(inputs.get("scheduler"), 100)
-            record.scheduler = scheduler_for(record.sampler, schedule)
+            record.steps = read_int(inputs.get("steps"))
+            record.cfg = read_float(inputs.get("cfg"))
+            record.seed = read_int(inputs.get("seed", inputs.get("noise_seed")))
+            record.sampler = read_text(inputs.get("sampler_name"), 100)
+            schedule = read_text(inputs.get("scheduler"), 100)
+            record.scheduler = infotext.scheduler_for(record.sampler, schedule)
             if record.sampler and schedule:
                 record.sampler = f"{record.sampler} ({schedule})"
         if "Latent" in kind and record.width is None:
-            record.width, record.height = _int(inputs.get("width")), _int(inputs.get("height"))
+            record.width, record.height = (
+                read_int(inputs.get("width")),
+                read_int(inputs.get("height")),
+            )
     return record
 
 
@@ -545,9 +486,9 @@ def _loader_name(inputs: dict[str, Any]) -> bool:
 def _model_field(value: Any) -> tuple[str | None, str | None]:
     """InvokeAI's model entry: (name, hash) from a v4 dict, a v3 dict or a bare name."""
     if isinstance(value, dict):
-        name = _text(value.get("name")) or _text(value.get("model_name"))
-        return name, _text(value.get("hash"), 200)
-    return _text(value), None
+        name = read_text(value.get("name")) or read_text(value.get("model_name"))
+        return name, read_text(value.get("hash"), 200)
+    return read_text(value), None
 
 
 def _invoke_record(data: Any) -> Record:
@@ -555,7 +496,7 @@ def _invoke_record(data: Any) -> Record:
         return Record(made_by="invokeai")
     model, model_hash = _model_field(data.get("model"))
     vae, _ = _model_field(data.get("vae"))
-    sampler = _text(data.get("scheduler"), 100)
+    sampler = read_text(data.get("scheduler"), 100)
     return Record(
         made_by="invokeai",
         model=model,
@@ -563,13 +504,13 @@ def _invoke_record(data: Any) -> Record:
         vae=vae,
         sampler=sampler,
         scheduler=_INVOKE_SCHEDULERS.get(sampler or ""),
-        steps=_int(data.get("steps")),
-        cfg=_float(data.get("cfg_scale")),
-        seed=_int(data.get("seed")),
-        width=_int(data.get("width")),
-        height=_int(data.get("height")),
-        prompt=_text(data.get("positive_prompt")) or "",
-        version=_text(data.get("app_version"), 100),
+        steps=read_int(data.get("steps")),
+        cfg=read_float(data.get("cfg_scale")),
+        seed=read_int(data.get("seed")),
+        width=read_int(data.get("width")),
+        height=read_int(data.get("height")),
+        prompt=read_text(data.get("positive_prompt")) or "",
+        version=read_text(data.get("app_version"), 100),
     )
 
 
@@ -590,19 +531,19 @@ def _invoke_legacy_record(data: Any) -> Record:
     prompt = image.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         prompt = prompt[0].get("prompt")
-    sampler = _text(image.get("sampler"), 100)
+    sampler = read_text(image.get("sampler"), 100)
     return Record(
         made_by="invokeai",
-        model=_text(data.get("model_weights")),
-        model_hash=_text(data.get("model_hash"), 200),
+        model=read_text(data.get("model_weights")),
+        model_hash=read_text(data.get("model_hash"), 200),
         sampler=sampler,
-        scheduler=scheduler_for(sampler),
-        steps=_int(image.get("steps")),
-        cfg=_float(image.get("cfg_scale")),
-        seed=_int(image.get("seed")),
-        width=_int(image.get("width")),
-        height=_int(image.get("height")),
-        prompt=_text(prompt) or "",
+        scheduler=infotext.scheduler_for(sampler),
+        steps=read_int(image.get("steps")),
+        cfg=read_float(image.get("cfg_scale")),
+        seed=read_int(image.get("seed")),
+        width=read_int(image.get("width")),
+        height=read_int(image.get("height")),
+        prompt=read_text(prompt) or "",
     )
 
 
