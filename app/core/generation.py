@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core import diagnosis, paths
+from app.core import diagnosis, infotext, paths
 from app.core.components import COMPONENTS, RUN_ORDER, join_words
 from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, candidate_fixes
@@ -41,7 +41,6 @@ from app.core.images import (
     ImageSaveError,
     PixelStats,
     image_array,
-    infotext,
     save_png,
     to_image,
 )
@@ -1373,60 +1372,42 @@ def _percent(fraction: float) -> str:
     return f"{value:.1f}%" if value >= 0.1 else "under 0.1%"
 
 
-def _module_list(entries: Any) -> str | None:
-    """Module settings as one PNG parameter value: 'vae:decoder.a vae:decoder.b' (None when
-    empty, so the pair is left out)."""
-    return " ".join(entries) if entries else None
-
-
 def _parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
-    """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs."""
+    """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs (each
+    key, its meaning and how it is written: `infotext.KEYS`)."""
     s = entry.settings
     family = family_of(model.pipeline)
     loras = entry.loras if entry.loras is not None else list(getattr(model, "loras", []))
-    params: list[tuple[str, Any]] = [
-        ("Steps", request.steps),
-        ("Sampler", family.sampler_words(request.scheduler)),
-        *family.guidance_parameters(request.cfg),
-        ("Seed", entry.seed),
-        ("Size", f"{request.width}x{request.height}"),
-        ("Model hash", model.model_hash),
-        ("Model", model.name),
-        ("Lora hashes", lora_hashes(loras)),
+    values: list[tuple[infotext.Key, Any]] = [
+        (infotext.STEPS, request.steps),
+        (infotext.SAMPLER, family.sampler_words(request.scheduler)),
+        *infotext.keyed(family.guidance_parameters(request.cfg)),
+        (infotext.SEED, entry.seed),
+        (infotext.SIZE, (request.width, request.height)),
+        (infotext.MODEL_HASH, model.model_hash),
+        (infotext.MODEL, model.name),
+        (infotext.LORA_HASHES, lora_hashes(loras)),
         *_vae_parameters(getattr(model, "vae", None)),
         # The starting noise is made on the CPU (`_Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
-        ("RNG", "CPU"),
-        ("Precision", s.get("precision")),
-        ("UNet precision", s.get("unet_precision")),
-        ("VAE precision", s.get("vae_precision")),
-        ("Text encoder precision", s.get("text_encoder_precision")),
-        ("Text encoder 2 precision", s.get("text_encoder_2_precision")),
-        ("Text encoder 3 precision", s.get("text_encoder_3_precision")),
-        ("Upcast attention", s.get("upcast_attention")),
-        ("Attention backend", s.get("attention_backend")),
-        ("TF32", s.get("allow_tf32")),
-        ("FP16 reduced precision reduction", s.get("fp16_reduced_precision_reduction")),
-        ("FP16 accumulation", s.get("fp16_accumulation")),
-        ("Attention reduced precision", s.get("attention_reduced_precision")),
-        ("FP32 layers", _module_list(s.get("fp32_modules"))),
-        ("BF16 layers", _module_list(s.get("bf16_modules"))),
-        ("Clamped layers", _module_list(s.get("clamp_modules"))),
-        ("NaN check", s.get("nan_check")),
-        ("Auto fix", s.get("auto_fix")),
-        ("Device", s.get("device")),
-        ("NaN watch", entry.status),
-        ("NaN component", entry.component),
-        ("NaN step", entry.step),
-        ("Fixes applied", "; ".join(entry.fixes_applied) or None),
-        ("Non-finite pixels", _percent(entry.non_finite) if entry.non_finite else None),
-        ("Non-finite region", _box_text(entry.non_finite_box) if entry.non_finite < 1 else None),
-        ("HalfSafe", __version__),
+        (infotext.RNG, "CPU"),
+        # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
+        *infotext.setting_values(s),
+        (infotext.NAN_WATCH, entry.status),
+        (infotext.NAN_COMPONENT, entry.component),
+        (infotext.NAN_STEP, entry.step),
+        (infotext.FIXES_APPLIED, entry.fixes_applied),
+        (infotext.NON_FINITE_PIXELS, _percent(entry.non_finite) if entry.non_finite else None),
+        (
+            infotext.NON_FINITE_REGION,
+            _box_text(entry.non_finite_box) if entry.non_finite < 1 else None,
+        ),
+        (infotext.HALFSAFE, __version__),
     ]
-    return infotext(prompt_with_tags(request.prompt, loras), request.negative_prompt, params)
+    return infotext.write(prompt_with_tags(request.prompt, loras), request.negative_prompt, values)
 
 
-def _vae_parameters(vae: str | None) -> list[tuple[str, Any]]:
+def _vae_parameters(vae: str | None) -> list[tuple[infotext.Key, Any]]:
     """A1111's `VAE hash` (first 10 hex of the file's sha256, cached like the model's) and
     `VAE` (the file name) for a separate VAE; none for the model's own. A VAE folder has no
     file hash, and a file that cannot be read now is named without one."""
@@ -1439,7 +1420,7 @@ def _vae_parameters(vae: str | None) -> list[tuple[str, Any]]:
     if path.is_file():
         with contextlib.suppress(OSError):
             vae_hash = model_hash(path)
-    return [("VAE hash", vae_hash), ("VAE", path.name)]
+    return [(infotext.VAE_HASH, vae_hash), (infotext.VAE, path.name)]
 
 
 def _output_folder(request: GenerationRequest) -> Path:

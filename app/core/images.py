@@ -7,28 +7,25 @@ numpy and PIL only; torch tensors are converted by the caller (`generation`).
 from __future__ import annotations
 
 import io
-import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.core import infotext as _infotext
 from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
 
-# The names AUTOMATIC1111 writes in its `Sampler:` field for our schedulers.
-SAMPLER_NAMES = {
-    "euler": "Euler",
-    "euler_a": "Euler a",
-    "dpmpp_2m_karras": "DPM++ 2M Karras",
-    "ddim": "DDIM",
-}
-SCHEDULER_BY_SAMPLER = {name: key for key, name in SAMPLER_NAMES.items()}
+# The `parameters` text lives in `infotext`; these names stay for the code that imports them here.
+SAMPLER_NAMES = _infotext.SAMPLER_NAMES
+SCHEDULER_BY_SAMPLER = _infotext.SCHEDULER_BY_SAMPLER
+infotext = _infotext.join_text
+parse_infotext = _infotext.split_text
 
 # A finite image counts as black when nearly every pixel is this dark and the picture is flat.
 BLACK_LEVEL = 12 / 255
 BLACK_SPREAD = 4 / 255
+
 
 class ImageSaveError(HalfSafeError):
     """An image could not be written. The images stay available on `result` (a
@@ -107,67 +104,6 @@ def image_array(image) -> Any:
     import numpy as np
 
     return np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-
-
-# --- AUTOMATIC1111 parameters ---------------------------------------------------------------
-
-# A key of word characters, spaces, hyphens and slashes; a value that is a JSON string in double
-# quotes or anything up to the next comma. The same rule A1111's PNG-info reader applies, with
-# one difference: a key only starts the line or follows a comma (as every writer puts them).
-# Without that anchor the search restarts inside every run of word characters, which takes
-# quadratic time: 13 s for a 32 kB line of one word, read from a file someone handed over.
-_PARAM = re.compile(r'(?:^|(?<=,))\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
-_NEGATIVE = "Negative prompt:"
-
-
-def quote(value: Any) -> str:
-    """A value as A1111 writes it: as is, or as a JSON string when it holds , : or a newline."""
-    text = str(value)
-    if "," not in text and ":" not in text and "\n" not in text:
-        return text
-    return json.dumps(text, ensure_ascii=False)
-
-
-def unquote(text: str) -> str:
-    if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
-        try:
-            return str(json.loads(text))
-        except ValueError:
-            return text
-    return text
-
-
-def infotext(prompt: str, negative_prompt: str, params: Iterable[tuple[str, Any]]) -> str:
-    """The `parameters` text: the prompt, a "Negative prompt:" line when there is one, then one
-    line of `Key: value` pairs joined by ", " (pairs whose value is None are left out)."""
-    line = ", ".join(f"{key}: {quote(value)}" for key, value in params if value is not None)
-    negative = f"\n{_NEGATIVE} {negative_prompt}" if negative_prompt else ""
-    return f"{prompt}{negative}\n{line}".strip()
-
-
-def parse_infotext(text: str) -> tuple[str, str, dict[str, str]]:
-    """Read a `parameters` text back: (prompt, negative prompt, {key: value}).
-
-    The last line holds the pairs when at least three parse from it (as A1111 decides); the
-    lines before it are the prompt, up to a line starting "Negative prompt:".
-    """
-    lines = text.strip().split("\n")
-    last = lines[-1] if lines else ""
-    pairs = _PARAM.findall(last)
-    if len(pairs) >= 3:
-        lines = lines[:-1]
-    else:
-        pairs = []
-    prompt: list[str] = []
-    negative: list[str] = []
-    in_negative = False
-    for line in lines:
-        if line.startswith(_NEGATIVE):
-            in_negative = True
-            line = line[len(_NEGATIVE) :].strip()
-        (negative if in_negative else prompt).append(line)
-    params = {key.strip(): unquote(value.strip()) for key, value in pairs}
-    return "\n".join(prompt).strip(), "\n".join(negative).strip(), params
 
 
 # --- PNG files -------------------------------------------------------------------------------

@@ -17,24 +17,25 @@ from PySide6.QtCore import QEvent, QFile, QObject, QPoint, QRect, QStandardPaths
 from PySide6.QtGui import QAction, QGuiApplication, QIcon, QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu
 
-from app.core import paths
-from app.core.images import SCHEDULER_BY_SAMPLER, parse_infotext, read_parameters
+from app.core import infotext, paths
+from app.core.images import read_parameters
 
 LISTED_AT_MOST = 2000  # the newest; an output folder of years stays quick to open
 ENTRY = Qt.ItemDataRole.UserRole
 REQUESTED = Qt.ItemDataRole.UserRole + 1
-_PRECISION_PAIRS = {
-    "Precision": "precision",
-    "UNet precision": "unet_precision",
-    "VAE precision": "vae_precision",
-    "Text encoder precision": "text_encoder_precision",
-    "Text encoder 2 precision": "text_encoder_2_precision",
-    "Upcast attention": "upcast_attention",
-    "Attention backend": "attention_backend",
-    "NaN check": "nan_check",
-    "Auto fix": "auto_fix",
-    "Device": "device",
-}
+# The settings an image's parameters give back to its gallery entry.
+_SETTING_KEYS = (
+    infotext.PRECISION,
+    infotext.UNET_PRECISION,
+    infotext.VAE_PRECISION,
+    infotext.TEXT_ENCODER_PRECISION,
+    infotext.TEXT_ENCODER_2_PRECISION,
+    infotext.UPCAST_ATTENTION,
+    infotext.ATTENTION_BACKEND,
+    infotext.NAN_CHECK,
+    infotext.AUTO_FIX,
+    infotext.DEVICE,
+)
 
 
 def list_images(folder: Path, limit: int = LISTED_AT_MOST) -> list[tuple[str, int, int]]:
@@ -108,44 +109,32 @@ def entry_from_file(path: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"path": path, "parameters": text, "from_folder": True}
     if not text:
         return entry
-    prompt, negative, pairs = parse_infotext(text)
-    width, _x, height = pairs.get("Size", "").partition("x")
-    request: dict[str, Any] = {"prompt": prompt, "negative_prompt": negative}
-    for key, name, kind in (
-        ("steps", "Steps", int),
-        ("cfg", "CFG scale", float),
-        ("width", None, int),
-        ("height", None, int),
+    parsed = infotext.parse(text)
+    width, height = parsed.get(infotext.SIZE, (None, None))
+    request: dict[str, Any] = {"prompt": parsed.prompt, "negative_prompt": parsed.negative_prompt}
+    for key, value in (
+        ("steps", parsed.get(infotext.STEPS)),
+        ("cfg", parsed.get(infotext.CFG_SCALE)),
+        ("width", width),
+        ("height", height),
     ):
-        raw = {"width": width, "height": height}.get(key) if name is None else pairs.get(name)
-        if raw is None:
-            continue
-        with contextlib.suppress(TypeError, ValueError):
-            request[key] = kind(raw)
-    scheduler = SCHEDULER_BY_SAMPLER.get(pairs.get("Sampler", ""))
+        if value is not None:
+            request[key] = value
+    scheduler = parsed.scheduler()
     if scheduler:
         request["scheduler"] = scheduler
     entry["request"] = request
-    with contextlib.suppress(KeyError, ValueError):
-        entry["seed"] = int(pairs["Seed"])
-    settings = {}
-    for name, key in _PRECISION_PAIRS.items():
-        if name in pairs:
-            value: Any = pairs[name]
-            if value in ("True", "False"):
-                value = value == "True"
-            settings[key] = value
+    seed = parsed.get(infotext.SEED)
+    if seed is not None:
+        entry["seed"] = seed
+    settings = parsed.settings(_SETTING_KEYS)
     if settings:
         entry["settings"] = settings
-    entry["model"] = pairs.get("Model")
-    entry["status"] = pairs.get("NaN watch", "ok")
-    entry["component"] = pairs.get("NaN component")
-    try:
-        entry["step"] = int(pairs["NaN step"])
-    except (KeyError, ValueError):
-        entry["step"] = None
-    fixes = pairs.get("Fixes applied")
-    entry["fixes_applied"] = [f.strip() for f in fixes.split(";")] if fixes else []
+    entry["model"] = parsed.get(infotext.MODEL)
+    entry["status"] = parsed.get(infotext.NAN_WATCH, "ok")
+    entry["component"] = parsed.get(infotext.NAN_COMPONENT)
+    entry["step"] = parsed.get(infotext.NAN_STEP)
+    entry["fixes_applied"] = parsed.get(infotext.FIXES_APPLIED, [])
     return entry
 
 

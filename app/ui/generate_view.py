@@ -43,7 +43,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import paths
+from app.core import infotext, paths
 from app.core.files import write_atomic
 from app.core.settings import FIELDS
 from app.engine.events import EngineEvent, EventState
@@ -845,17 +845,16 @@ def parameter_text(entry: dict[str, Any]) -> str:
         lines.append(request["prompt"])
     if request.get("negative_prompt"):
         lines.append(f"Negative prompt: {request['negative_prompt']}")
-    width, height = request.get("width"), request.get("height")
     details = [
-        f"Steps: {request.get('steps')}",
-        f"Sampler: {words.choice_name(str(request.get('scheduler')))}",
-        f"CFG scale: {request.get('cfg')}",
-        f"Seed: {entry.get('seed')}",
-        f"Size: {width}x{height}",
+        (infotext.STEPS, request.get("steps")),
+        (infotext.SAMPLER, words.choice_name(str(request.get("scheduler")))),
+        (infotext.CFG_SCALE, request.get("cfg")),
+        (infotext.SEED, entry.get("seed")),
+        (infotext.SIZE, (request.get("width"), request.get("height"))),
     ]
     if entry.get("model"):
-        details.append(f"Model: {entry['model']}")
-    lines.append(", ".join(details))
+        details.append((infotext.MODEL, entry["model"]))
+    lines.append(", ".join(f"{key.name}: {key.write(value)}" for key, value in details))
     if entry.get("settings"):
         lines.append("Precision: " + words.precision_summary(entry["settings"]))
     if entry.get("path"):

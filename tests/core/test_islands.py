@@ -272,7 +272,7 @@ def test_another_tool_gets_the_best_verified_fix_it_can_apply():
     verified fix it has a switch for, while HalfSafe's own flags keep the layer-level one."""
     import types
 
-    from app.core.explain import _fix_the_tool_can_apply
+    from app.core.explain.explanation import _fix_the_tool_can_apply
     from app.core.tools import in_tool_terms
 
     layers = {"fp32_modules": [f"vae:{VAE_LAYER}"]}

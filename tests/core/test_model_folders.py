@@ -11,6 +11,7 @@ import pytest
 from test_lora import kohya_lora, save_lora
 
 from app.core import explain, library, limits, lora
+from app.core.explain.explanation import _apply_image_loras
 from app.core.generation import GenerationRequest, generate
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -145,7 +146,7 @@ def test_explain_uses_no_image_lora_outside_the_model_folders(lora_folders):
     record = explain.Record(made_by="a1111", prompt="a cat " + " ".join(tags) + " <lora:ink>")
     match = explain.ModelMatch(True, model.source, [], roots=library.library_roots())
     explanation = explain.Explanation("x.png", "a1111", "nan", record, {}, match)
-    explain._apply_image_loras(explanation, model)
+    _apply_image_loras(explanation, model)
     assert [a.name for a in model.loras] == ["ink"]
     refused = [n for n in explanation.notes if "outside your model folders" in n]
     assert len(refused) == len(tags), explanation.notes

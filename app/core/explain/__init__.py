@@ -1,0 +1,79 @@
+"""Why was this image black? Read an image's generation record (AUTOMATIC1111, Forge, SD.Next,
+ComfyUI, InvokeAI, SwarmUI or HalfSafe), say what its pixels are (NaN-black, a dark picture, a
+safety-checker blank, or fine), find the model in the library, re-run the health check with the
+image's settings, and give the fix in the terms of the tool that made it.
+
+One responsibility per module, each importing only those before it:
+  image_file    the file within bounds: PNG chunk by chunk, JPEG/WebP EXIF, pixel status
+  records       the generation record as each tool writes it
+  matching      the image's model and VAE in the user's library (names, hashes)
+  explanation   Explanation, explain_image: the check at the image's settings, in words
+
+Every chunk of the file is hostile until read; any breach is one sentence naming the file
+(BadFileError). Nothing is written. torch is imported only when the check runs.
+"""
+
+from __future__ import annotations
+
+from app.core.explain.explanation import (
+    STATUSES,
+    Explanation,
+    _probe_size,  # two steps of the check that tests/core/test_explain.py reaches from here
+    _reproduced_precision,
+    explain_image,
+    read_image,
+)
+from app.core.explain.image_file import (
+    IMAGE_SUFFIXES,
+    MAX_CHUNKS,
+    MAX_IMAGE_BYTES,
+    MAX_PIXELS,
+    MAX_TEXT_CHUNK_BYTES,
+    MAX_TEXT_TOTAL_BYTES,
+    PNG_SIGNATURE,
+    PngFacts,
+    is_image_path,
+    pixel_status,
+    read_exif,
+    read_png,
+)
+from app.core.explain.matching import ModelMatch, find_model, find_vae, old_a1111_hash
+from app.core.explain.records import (
+    MAX_JSON_DEPTH,
+    MAX_NODES,
+    TEXT_KEYS,
+    Record,
+    json_depth,
+    read_record,
+)
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "MAX_CHUNKS",
+    "MAX_IMAGE_BYTES",
+    "MAX_JSON_DEPTH",
+    "MAX_NODES",
+    "MAX_PIXELS",
+    "MAX_TEXT_CHUNK_BYTES",
+    "MAX_TEXT_TOTAL_BYTES",
+    "PNG_SIGNATURE",
+    "STATUSES",
+    "TEXT_KEYS",
+    "Explanation",
+    "ModelMatch",
+    "PngFacts",
+    "Record",
+    "_probe_size",
+    "_reproduced_precision",
+    "explain_image",
+    "find_model",
+    "find_vae",
+    "is_image_path",
+    "json_depth",
+    "old_a1111_hash",
+    "pixel_status",
+    "read_exif",
+    "read_image",
+    "read_png",
+    "read_record",
+]

@@ -1,0 +1,195 @@
+"""The `parameters` text's one key table: what generation writes, every reader reads back."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import types
+
+import pytest
+
+from app import __version__
+from app.core import generation, infotext
+from app.core.checkpoint import WeightScan
+from app.core.families import FAMILIES
+from app.core.generation import GenerationRequest, generate
+from app.core.images import read_parameters
+from app.core.models import LoadedModel
+from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+# The keys HalfSafe writes only for some models (a family's own guidance).
+_FAMILY_KEYS = {infotext.DISTILLED_CFG_SCALE}
+# Keys other tools write, read to tell which tool made an image or what it ran.
+_READ_ONLY = {
+    infotext.SCHEDULE_TYPE,
+    infotext.VERSION,
+    infotext.APP,
+    infotext.PIPELINE,
+    infotext.OPERATIONS,
+}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A real generation (the tiny SD pipeline, CPU, two steps) with a separate VAE file, and
+    its image record with every optional field filled the way a repaired image fills them."""
+    folder = tmp_path_factory.mktemp("infotext")
+    vae_file = folder / "vae-ft-mse-840000-ema-pruned.safetensors"
+    vae_file.write_bytes(b"stand-in bytes: the hash is of the file, whatever it holds")
+    model = LoadedModel(
+        pipeline=build_tiny_sd_pipeline(),
+        source="<tiny>",
+        name="dreamy-v2",
+        format="demo",
+        architecture="sd1",
+        prediction_type="epsilon",
+        native_size=64,
+        stored_dtype="fp32",
+        model_hash="abcdef1234",
+        profile_key="tiny",
+        weights=WeightScan([], 0, 0, 0.0),
+        detected_because="built in a test",
+    )
+    model.vae = str(vae_file)
+    request = GenerationRequest(
+        prompt="a lighthouse, at dusk: (storm:1.2)",
+        negative_prompt="fog, text",
+        steps=2,
+        cfg=6.5,
+        seed=4242,
+        width=64,
+        height=72,
+        scheduler="euler_a",
+        output_dir=str(folder / "out"),
+    )
+    result = generate(model, request, precision=PrecisionSettings(), device="cpu")
+    (entry,) = result.images
+    settings = {
+        **entry.settings,
+        "fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.conv_out"],
+        "bf16_modules": ["unet:mid_block.attentions.0"],
+        "clamp_modules": ["text_encoder:encoder.layers.0.mlp.fc1"],
+    }
+    lora = types.SimpleNamespace(
+        name="ink", weight=0.8, file=types.SimpleNamespace(short_hash="0123456789")
+    )
+    repaired = dataclasses.replace(
+        entry,
+        status="fixed",
+        component="vae",
+        step=2,
+        fixes_applied=["VAE decoded again in fp32", "attention upcast"],
+        non_finite=0.25,
+        non_finite_box=(0, 8, 64, 40),
+        settings=settings,
+        loras=[lora],
+    )
+    return model, request, entry, repaired, vae_file
+
+
+def test_the_table_lists_each_key_once_with_a_kind_and_a_real_setting():
+    names = [key.name for key in infotext.KEYS]
+    assert len(names) == len(set(names))
+    assert set(infotext.BY_NAME) == set(names)
+    for key in infotext.KEYS:
+        assert key.kind in infotext.KINDS, key
+        assert key.meaning, key
+        assert (key.setting is not None) == (key.kind in ("setting", "modules")), key
+        assert key.setting is None or key.setting in FIELDS, key
+
+
+def test_a_real_generation_record_round_trips_through_the_table(made):
+    model, request, _entry, repaired, vae_file = made
+    text = generation._parameters(repaired, request, model)
+    parsed = infotext.parse(text)
+    expected = {
+        infotext.STEPS: 2,
+        infotext.SAMPLER: "Euler a",
+        infotext.CFG_SCALE: 6.5,
+        infotext.SEED: 4242,
+        infotext.SIZE: (64, 72),
+        infotext.MODEL_HASH: "abcdef1234",
+        infotext.MODEL: "dreamy-v2",
+        infotext.LORA_HASHES: "ink: 0123456789",
+        infotext.VAE_HASH: hashlib.sha256(vae_file.read_bytes()).hexdigest()[:10],
+        infotext.VAE: vae_file.name,
+        infotext.RNG: "CPU",
+        **{key: repaired.settings[key.setting] for key in infotext.SETTING_KEYS},
+        infotext.NAN_WATCH: "fixed",
+        infotext.NAN_COMPONENT: "vae",
+        infotext.NAN_STEP: 2,
+        infotext.FIXES_APPLIED: ["VAE decoded again in fp32", "attention upcast"],
+        infotext.NON_FINITE_PIXELS: "25.0%",
+        infotext.NON_FINITE_REGION: "x 0-63, y 8-39",
+        infotext.HALFSAFE: __version__,
+    }
+    # Every key HalfSafe writes for this model is written, and reads back as it was given.
+    assert set(expected) == set(infotext.KEYS) - _FAMILY_KEYS - _READ_ONLY
+    assert [name for name in parsed.pairs] == [key.name for key in expected]
+    assert {key: parsed.get(key) for key in expected} == expected
+    assert parsed.prompt == "a lighthouse, at dusk: (storm:1.2) <lora:ink:0.8>"
+    assert parsed.negative_prompt == request.negative_prompt
+    assert parsed.scheduler() == "euler_a"
+    # Writing what was read gives the same text back.
+    again = infotext.write(
+        parsed.prompt, parsed.negative_prompt, [(key, parsed.get(key)) for key in expected]
+    )
+    assert again == text
+
+
+def test_the_saved_png_carries_the_text_the_table_reads(made):
+    _model, request, entry, _repaired, _vae = made
+    parsed = infotext.parse(read_parameters(entry.path) or "")
+    assert set(parsed.pairs) <= set(infotext.BY_NAME)
+    assert (parsed.prompt, parsed.negative_prompt) == (request.prompt, request.negative_prompt)
+    assert parsed.get(infotext.SIZE) == (64, 72) and parsed.get(infotext.SEED) == 4242
+    assert parsed.get(infotext.NAN_WATCH) == entry.status
+    assert (
+        parsed.settings(infotext.SETTING_KEYS)["unet_precision"] == entry.settings["unet_precision"]
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: type(family).__name__)
+def test_every_key_the_writer_emits_is_known_to_the_parser(made, family, monkeypatch):
+    model, request, _entry, repaired, _vae = made
+    monkeypatch.setattr(generation, "family_of", lambda pipeline: family)
+    for scheduler in SCHEDULERS:
+        text = generation._parameters(
+            repaired, dataclasses.replace(request, scheduler=scheduler), model
+        )
+        parsed = infotext.parse(text)
+        unknown = set(parsed.pairs) - set(infotext.BY_NAME)
+        assert not unknown, f"{type(family).__name__} writes keys no reader knows: {unknown}"
+        for name, value in family.guidance_parameters(request.cfg):
+            assert parsed.get(infotext.BY_NAME[name]) == float(value)
+        assert parsed.scheduler() is not None  # every sampler written reads back as one we run
+
+
+def test_a_key_outside_the_table_is_refused_when_written():
+    with pytest.raises(KeyError, match="Guidance rescale"):
+        infotext.keyed([("CFG scale", "7"), ("Guidance rescale", "0.7")])
+
+
+def test_other_tools_pairs_read_through_the_same_keys():
+    a1111 = infotext.parse(
+        "a cat\nNegative prompt: dog\nSteps: 30, Sampler: DPM++ 2M, Schedule type: Karras, "
+        "CFG scale: 7, Seed: 1, Size: 832x1216, Model hash: 31e35c80fc, Model: sd_xl_base_1.0, "
+        'Lora hashes: "ink: 0123456789, moss: 9876543210", Version: v1.10.1'
+    )
+    assert a1111.scheduler() == "dpmpp_2m_karras"
+    assert a1111.get(infotext.SIZE) == (832, 1216)
+    assert a1111.get(infotext.CFG_SCALE) == 7.0
+    assert a1111.get(infotext.LORA_HASHES) == "ink: 0123456789, moss: 9876543210"
+    assert a1111.get(infotext.VERSION) == "v1.10.1"
+    assert a1111.settings(infotext.SETTING_KEYS) == {}  # no HalfSafe keys, no settings
+    # Values a hostile file may hold read as missing, never as something else.
+    odd = infotext.parse("x\nSteps: many, Seed: 1e400, Size: 1x2x3, CFG scale: nan, NaN step: -")
+    for key in (
+        infotext.STEPS,
+        infotext.SEED,
+        infotext.SIZE,
+        infotext.CFG_SCALE,
+        infotext.NAN_STEP,
+    ):
+        assert odd.get(key) is None, key
