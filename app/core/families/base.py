@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
+from app.core import infotext
 from app.core.components import Role, of_role
 from app.core.detection import Detection
 from app.core.errors import HalfSafeError
@@ -157,9 +158,7 @@ class Family:
 
     def sampler_words(self, name: str) -> str:
         """The sampler as AUTOMATIC1111's PNG info names it."""
-        from app.core.images import SAMPLER_NAMES
-
-        return SAMPLER_NAMES[name]
+        return infotext.SAMPLER_NAMES[name]
 
     def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
         """The first, middle and last timestep of the user's schedule (see health)."""
@@ -184,7 +183,7 @@ class Family:
 
     def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
         """The guidance as A1111-style PNG parameters."""
-        return [("CFG scale", f"{cfg:g}")]
+        return [(infotext.CFG_SCALE.name, f"{cfg:g}")]
 
     def image_latents(self, pipeline, latents, height: int, width: int):
         """The pipeline's latents as the VAE takes them, (B, C, h, w)."""

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core import infotext
 from app.core.detection import Detection
 from app.core.families.base import FamilyId, prompt_tensors
 from app.core.families.flux import (
@@ -180,4 +181,4 @@ class ChromaFamily(FluxFamily):
         return {"guidance_scale": cfg}  # real CFG: a second call on the negative prompt
 
     def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
-        return [("CFG scale", f"{cfg:g}")]
+        return [(infotext.CFG_SCALE.name, f"{cfg:g}")]

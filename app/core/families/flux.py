@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core import infotext
 from app.core.detection import Detection
 from app.core.families.base import (
     Family,
@@ -306,7 +307,7 @@ class FluxFamily(ShiftedSigmas, Family):
 
     def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
         # As Forge writes Flux's: no CFG batch (scale 1), the embedding's scale beside it.
-        return [("CFG scale", "1"), ("Distilled CFG Scale", f"{cfg:g}")]
+        return [(infotext.CFG_SCALE.name, "1"), (infotext.DISTILLED_CFG_SCALE.name, f"{cfg:g}")]
 
     def clamped_blocks(self, denoiser) -> list[Any]:
         # diffusers clips the fp16 residual stream of every double and single block to +-65504
