@@ -15,7 +15,8 @@ from app.core.encoders import qwen25_vl_to_file, wan_vae_to_original
 from app.core.families import family_of
 from app.core.families.sd3 import SD3_INSIDE
 from app.core.layouts import CLIP_PREFIX, to_original
-from app.core.models import _empty, _read_json, _torch_dtype, config_folder
+from app.core.models.assembly import empty, torch_dtype
+from app.core.models.configs import config_folder, read_json
 
 # Writing single files ----------------------------------------------------------------------
 
@@ -33,7 +34,7 @@ def save_single_file(
     """
     tensors = ldm_state_dict(pipeline, architecture=architecture)
     if dtype is not None:
-        target = _torch_dtype(dtype)
+        target = torch_dtype(dtype)
         tensors = {k: (v.to(target) if v.is_floating_point() else v) for k, v in tensors.items()}
     return write_safetensors(path, tensors)
 
@@ -346,7 +347,7 @@ def build_random_pipeline(
     import transformers
 
     folder = config_folder(config_name)
-    target = _torch_dtype(dtype)
+    target = torch_dtype(dtype)
     generator = torch.Generator().manual_seed(seed)
     pool = torch.randn(1 << 20, generator=generator).mul_(0.02).to(target)
 
@@ -358,26 +359,26 @@ def build_random_pipeline(
         return model.eval()
 
     def text_encoder(name: str):
-        config = _read_json(folder / name / "config.json")
+        config = read_json(folder / name / "config.json")
         model_class = getattr(transformers, config["architectures"][0])
-        return materialise(_empty(model_class, model_class.config_class(**config)))
+        return materialise(empty(model_class, model_class.config_class(**config)))
 
     components: dict[str, Any] = {
         "unet": materialise(
-            _empty(
+            empty(
                 diffusers.UNet2DConditionModel.from_config,
-                _read_json(folder / "unet" / "config.json"),
+                read_json(folder / "unet" / "config.json"),
             )
         ),
         "vae": materialise(
-            _empty(diffusers.AutoencoderKL.from_config, _read_json(folder / "vae" / "config.json"))
+            empty(diffusers.AutoencoderKL.from_config, read_json(folder / "vae" / "config.json"))
         ),
         "text_encoder": text_encoder("text_encoder"),
         "tokenizer": transformers.CLIPTokenizer.from_pretrained(
             folder / "tokenizer", local_files_only=True
         ),
     }
-    scheduler_config = _read_json(folder / "scheduler" / "scheduler_config.json")
+    scheduler_config = read_json(folder / "scheduler" / "scheduler_config.json")
     components["scheduler"] = getattr(diffusers, scheduler_config["_class_name"]).from_config(
         scheduler_config
     )

@@ -1,0 +1,146 @@
+"""The companion text encoders and VAEs of a transformer file (CLIP, T5, Qwen3, Qwen2.5-VL,
+the Wan 2.1 VAE), built from their files by the shapes and key maps of `encoders.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.core import architecture as arch
+from app.core import encoders, limits, paths
+from app.core.checkpoint import Checkpoint
+from app.core.errors import BadFileError, UnsupportedModelError
+from app.core.layouts import CLIP_PREFIX, CLIP_PROJECTION, Need
+from app.core.models.assembly import assign, empty
+from app.core.models.configs import read_json
+from app.core.models.conversion import convert_text_encoder
+
+
+def _qwen3_encoder(checkpoint: Checkpoint):
+    """A Qwen3 text encoder file in transformers' layout (ComfyUI's qwen_3_4b.safetensors):
+    the decoder's layers, read as a Qwen3Model (the LM head, if any, is not used). Returns
+    (model, stored dtypes)."""
+    import transformers
+
+    path = checkpoint.path
+    prefix = encoders.qwen3_prefix(checkpoint.shapes)
+    try:
+        if prefix is None:
+            raise ValueError("it has no Qwen3 layers (embed_tokens, q_norm)")
+        config = encoders.qwen3_config(checkpoint.shapes, prefix)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen3 text encoder cannot be built: {error}."
+        ) from None
+    keys = [k for k in checkpoint.shapes if k.startswith(prefix) and k != "lm_head.weight"]
+    tensors = {k[len(prefix) :]: checkpoint.get(k) for k in keys}
+    dtypes = [checkpoint.dtypes[k] for k in keys]
+    model = empty(transformers.Qwen3Model, transformers.Qwen3Config(**config))
+    return assign(path, model, tensors, "Qwen3 text encoder"), dtypes
+
+
+def _qwen25_vl_encoder(checkpoint: Checkpoint):
+    """A Qwen2.5-VL file as ComfyUI keeps it (qwen_2.5_vl_7b.safetensors: model.*, visual.*,
+    lm_head), read as a Qwen2_5_VLForConditionalGeneration. Returns (model, stored dtypes)."""
+    import transformers
+
+    path = checkpoint.path
+    try:
+        config = encoders.qwen25_vl_config(checkpoint.shapes)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen2.5-VL text encoder cannot be built: {error}."
+        ) from None
+    tensors = {}
+    for key in checkpoint.shapes:
+        name = encoders.qwen25_vl_to_transformers(key)
+        tensors[name if name is not None else key] = checkpoint.get(key)
+    dtypes = list(checkpoint.dtypes.values())
+    model = empty(
+        transformers.Qwen2_5_VLForConditionalGeneration, transformers.Qwen2_5_VLConfig(**config)
+    )
+    return assign(path, model, tensors, "Qwen2.5-VL text encoder"), dtypes
+
+
+def load_wan_vae_file(path: Path):
+    """Qwen-Image's VAE file in the Wan 2.1 layout (qwen_image_vae.safetensors)."""
+    import diffusers
+
+    with Checkpoint(path, component="vae") as checkpoint:
+        try:
+            config = encoders.wan_vae_config(checkpoint.shapes)
+        except (KeyError, ValueError) as error:
+            raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
+        model = empty(diffusers.AutoencoderKLQwenImage.from_config, config)
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        try:
+            state = encoders.wan_vae_to_diffusers(
+                {k: checkpoint.get(k) for k in checkpoint.shapes},
+                expected,
+                config["num_res_blocks"],
+            )
+        except KeyError as error:
+            raise BadFileError(
+                path, f"the VAE is incomplete: {error.args[0]} is missing."
+            ) from None
+        dtypes = list(checkpoint.dtypes.values())
+    return assign(path, model, state, "VAE"), dtypes
+
+
+def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
+    """A text encoder under `prefix` of a file, as `need.kind` says: a CLIP or T5 in
+    transformers' layout (a companion's own `clip_l.safetensors`, or the text_encoders.* of an
+    SD3.x file), a Qwen3 or a Qwen2.5-VL file. Returns (model, stored dtypes)."""
+    import transformers
+
+    if need.kind == "qwen3":
+        return _qwen3_encoder(checkpoint)
+    if need.kind == "qwen25_vl":
+        return _qwen25_vl_encoder(checkpoint)
+    path = checkpoint.path
+    words = need.words.removeprefix("its ")
+    shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}
+    layout = arch.TextEncoderLayout(need.component, CLIP_PREFIX, "hf")  # a CLIP's
+    try:
+        if need.kind == "t5":
+            config = encoders.t5_config(shapes)
+        else:
+            folder, component = need.clip_config.split("/")
+            base = read_json(paths.resource("configs", folder, component, "config.json"))
+            config = arch.infer_text_encoder_config(shapes, base, layout)
+        limits.check_text_encoder_config(config)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(path, f"the {words} cannot be built: {error}.") from None
+    if need.kind == "clip_projected" and CLIP_PROJECTION not in shapes:
+        raise UnsupportedModelError(
+            path,
+            f"the {words} has no text projection ({prefix}{CLIP_PROJECTION}), which "
+            "its pooled vector goes through.",
+        )
+    if need.kind == "t5":
+        keys = list(shapes)
+        model = empty(transformers.T5EncoderModel, transformers.T5Config(**config))
+    else:
+        projected = need.kind == "clip_projected"
+        keys = [k for k in shapes if k.startswith(CLIP_PREFIX)]
+        keys = [k for k in keys if not k.endswith("position_ids")]
+        keys += [CLIP_PROJECTION] if projected else []
+        model_class = (
+            transformers.CLIPTextModelWithProjection if projected else transformers.CLIPTextModel
+        )
+        model = empty(model_class, transformers.CLIPTextConfig(**config))
+    tensors = {k: checkpoint.get(prefix + k) for k in keys}
+    dtypes = [checkpoint.dtypes[prefix + k] for k in keys]
+    if need.kind == "t5":
+        expected = model.state_dict()
+        # Files differ in whether they repeat the tied token embedding under the encoder's name.
+        if (
+            "encoder.embed_tokens.weight" in expected
+            and "encoder.embed_tokens.weight" not in tensors
+        ):
+            tensors["encoder.embed_tokens.weight"] = tensors["shared.weight"]
+        state = {
+            k: v for k, v in tensors.items() if k in expected or not k.startswith("encoder.embed")
+        }
+    else:
+        state = convert_text_encoder(model, tensors, layout)
+    return assign(path, model, state, words), dtypes

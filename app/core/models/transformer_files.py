@@ -1,0 +1,189 @@
+"""Transformer files (Flux.1, Chroma, SD3.x split or all in one, Z-Image, Qwen-Image as
+ComfyUI keeps them), mapped by the layout tables of `split.py` and assembled with their
+companions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.core import paths, split
+from app.core.checkpoint import Checkpoint, one_torch_thread, scan_weights, stored_dtype
+from app.core.errors import BadFileError, UnsupportedModelError
+from app.core.jobs import CancelToken, ProgressCallback
+from app.core.layouts import AbsurdSizes, SplitModel, to_diffusers
+from app.core.models.assembly import assign, built, empty, first_line
+from app.core.models.companions import load_text_encoder, load_wan_vae_file
+from app.core.models.configs import read_json
+from app.core.models.conversion import load_vae_override, vae_from_checkpoint, vae_keys
+from app.core.models.identity import Hasher, Identity, vae_files
+from app.core.models.loaded import LoadedModel
+
+
+def split_model(path: Path, shapes) -> SplitModel | None:
+    """The transformer file's model from its header (None: not a transformer file)."""
+    try:
+        return split.read_model(shapes)
+    except AbsurdSizes as error:
+        raise BadFileError(
+            path, f"the weights' shapes describe a model no real file holds: {error}."
+        ) from None
+    except ValueError as error:
+        raise UnsupportedModelError(
+            path, f"this {split.layout_words(shapes)} is not one HalfSafe can build: {error}."
+        ) from None
+
+
+def load_split(
+    path: Path,
+    checkpoint: Checkpoint,
+    model: SplitModel,
+    source: str,
+    vae: str | None,
+    text_encoders: list[str],
+    progress: ProgressCallback,
+    cancel: CancelToken | None,
+) -> LoadedModel:
+    """A transformer file with its text encoders and VAE, from companion files (see
+    `split.py`) or from the file itself (SD3.x as Stability AI ships it): every header is read
+    and every companion found before a tensor is read."""
+    import diffusers
+
+    from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
+
+    tokenizers = {"t5": t5_tokenizer, "qwen3": qwen3_tokenizer, "qwen25_vl": qwen2_tokenizer}
+    companions = split.find_companions(path, model, text_encoders, vae)
+    missing = split.missing_sentence(model, companions, path)
+    if missing is not None:
+        raise UnsupportedModelError(path, missing)
+    external = {c: p for c, p in companions.found.items() if p is not None}
+    parts = [path, *external.values()]
+    files = [path]
+    for component, file in external.items():
+        files += vae_files(file) if component == "vae" else [file]
+    identity = Identity(model.architecture, "flow", parts, files)
+    hasher = Hasher(path)
+    used: list[str] = []
+    steps = 2 + len(model.needs)
+    try:
+        with one_torch_thread():
+            progress("Loading the transformer", 0, steps)
+            # What the file's reader finds wrong in a quantized weight names the component
+            # being read (the file may hold the text encoders and VAE too).
+            checkpoint.component = "transformer"
+            transformer = _split_transformer(path, checkpoint, model)
+            used += [checkpoint.dtypes[model.prefix + row[0]] for row in model.rows()]
+            components: dict[str, Any] = {"transformer": transformer}
+            for step, need in enumerate(model.needs, start=1):
+                if cancel is not None:
+                    cancel.raise_if_cancelled()
+                progress(f"Loading the {need.words.removeprefix('its ')}", step, steps)
+                where = external.get(need.component)
+                checkpoint.component = need.component
+                if need.kind == "wan_vae" and where is not None:
+                    part, dtypes = load_wan_vae_file(where)
+                elif need.kind == "vae":
+                    base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
+                    if where is not None:
+                        part, _, dtypes = load_vae_override(
+                            where, base, 1024, allow_pickle=False, cancel=cancel
+                        )
+                    else:
+                        part, dtypes = _inner_vae(checkpoint, need.inside or "", base)
+                elif where is not None:
+                    with Checkpoint(where, component=need.component) as companion:
+                        part, dtypes = load_text_encoder(companion, "", need)
+                else:
+                    part, dtypes = load_text_encoder(checkpoint, need.inside or "", need)
+                if not need.is_text_encoder:
+                    latent = part.config.get("latent_channels") or part.config.get("z_dim")
+                    if latent != model.latent_channels:
+                        raise UnsupportedModelError(
+                            where or path,
+                            f"the VAE makes {latent}-channel latents but the transformer "
+                            f"works on {model.latent_channels}.",
+                        )
+                components[need.component] = part
+                used += dtypes
+                if need.is_text_encoder:
+                    tokenizer = need.component.replace("text_encoder", "tokenizer")
+                    components[tokenizer] = (
+                        tokenizers[need.kind]()
+                        if need.kind in tokenizers
+                        else clip_tokenizer(need.pad_token)
+                    )
+            if model.pooled_from:
+                widths = [components[c].config.projection_dim for c in model.pooled_from]
+                if sum(widths) != model.config["pooled_projection_dim"]:
+                    raise UnsupportedModelError(
+                        path,
+                        f"its CLIP text encoders' pooled vectors ({' + '.join(map(str, widths))}"
+                        f") are not the {model.config['pooled_projection_dim']} values its "
+                        "transformer takes.",
+                    )
+            checkpoint.check_unchanged()
+            scheduler_config = read_json(
+                paths.resource("configs", model.configs, "scheduler", "scheduler_config.json")
+            )
+            components["scheduler"] = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
+                scheduler_config, **model.scheduler
+            )
+            pipeline = getattr(diffusers, model.pipeline_class)(**components)
+        progress("Scanning the weights", steps - 1, steps)
+        weights = scan_weights(
+            pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
+        )
+        short_hash = hasher.result(progress, cancel)
+    except BaseException:
+        hasher.stop()
+        raise
+    return LoadedModel(
+        pipeline=pipeline,
+        source=source,
+        name=path.stem,
+        format="split_files" if model.companions else "single_file",  # as the library says
+        architecture=model.architecture,
+        prediction_type="flow",
+        native_size=model.native_size,
+        stored_dtype=stored_dtype(used),
+        model_hash=short_hash,
+        profile_key=identity.profile_key(weights),
+        weights=weights,
+        detected_because=model.because,
+        companions=companions.used(),
+        notes=split.companion_notes(model, companions),
+    )
+
+
+def _split_transformer(path: Path, checkpoint: Checkpoint, model: SplitModel):
+    """The diffusers transformer from the file's original-layout keys, by the layout's table."""
+    import diffusers
+
+    config = model.config
+    build = getattr(diffusers, config["_class_name"]).from_config
+    transformer = built(path, "transformer", empty, build, config)
+    expected = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+    tensors = {}
+    for original, _, _ in model.rows():
+        key = model.prefix + original
+        if key not in checkpoint.shapes:
+            raise BadFileError(path, f"the transformer is incomplete: {key} is missing.")
+        tensors[key] = checkpoint.get(key)
+    try:
+        state = to_diffusers(model.rows(), tensors, expected, model.prefix)
+    except (ValueError, RuntimeError) as error:
+        raise BadFileError(
+            path, f"the transformer does not fit together: {first_line(error)}."
+        ) from None
+    return assign(path, transformer, state, "transformer")
+
+
+def _inner_vae(checkpoint: Checkpoint, prefix: str, base: dict[str, Any]):
+    """The VAE an SD3.x file carries (first_stage_model.*). Returns (model, stored dtypes)."""
+    keys = vae_keys(checkpoint.keys(), prefix)
+
+    def read(names: list[str]) -> dict[str, Any]:
+        return {k: checkpoint.get(k) for k in names}
+
+    model = vae_from_checkpoint(checkpoint, prefix, base, 1024, read)
+    return model, [checkpoint.dtypes[k] for k in keys]
