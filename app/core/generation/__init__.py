@@ -19,7 +19,10 @@ model on this device.
 One responsibility per module, each importing only those before it:
   records      GenerationRequest, ImageResult, GenerationResult: what a job is asked and gives
   watch        NanWatch: the device-side flags of the denoising loop (no host sync per step)
-  job          one job: its stages, the probes of a failing part, its repair, the safety checker
+  stages       one job's stages: the prompt encoded, the batch denoised, each image decoded
+  probes       the part that failed re-run alone: its first bad layer, a fix checked against fp32
+  repair       an image repaired, cheapest fix first, or the fix to offer
+  job          Job: the stages, probes and repairs, and the safety checker
   describe     the words of an outcome: each image's status and message
   parameters   the PNG's `parameters` text, through `infotext`'s table
   saving       the output folder, and the `unsaved` folder when saving fails
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 from app.core.families import make_scheduler as make_scheduler  # callers name it from here
 from app.core.generation.entry import generate
-from app.core.generation.job import MAX_REPAIRS_PER_IMAGE, PREVIEWS_PER_IMAGE, STAGES
 from app.core.generation.job import Job as _Job  # the job benchmarks/common.py builds
 from app.core.generation.parameters import parameters as _parameters  # tests/core/test_infotext.py
 from app.core.generation.records import (
@@ -40,7 +42,9 @@ from app.core.generation.records import (
     ImageResult,
     PreviewCallback,
 )
+from app.core.generation.repair import MAX_REPAIRS_PER_IMAGE, STAGES
 from app.core.generation.saving import rescue_unsaved
+from app.core.generation.stages import PREVIEWS_PER_IMAGE
 from app.core.generation.watch import NanWatch, read_flags
 
 __all__ = [

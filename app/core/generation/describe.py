@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate
-from app.core.generation.job import Outcome, Repair, failure
 from app.core.generation.records import GenerationRequest, ImageResult, settings_of
+from app.core.generation.repair import Repair
+from app.core.generation.stages import Outcome, failure
 from app.core.settings import PrecisionSettings
 
 

@@ -13,7 +13,7 @@ from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.generation.describe import describe
-from app.core.generation.job import Job, Outcome, Repair, failure
+from app.core.generation.job import Job
 from app.core.generation.parameters import parameters
 from app.core.generation.records import (
     GenerationRequest,
@@ -22,7 +22,9 @@ from app.core.generation.records import (
     PreviewCallback,
     settings_of,
 )
+from app.core.generation.repair import Repair
 from app.core.generation.saving import output_folder
+from app.core.generation.stages import Outcome, failure
 from app.core.images import SAMPLER_NAMES
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.settings import FIELDS, PrecisionSettings
