@@ -153,7 +153,7 @@ def test_the_saved_png_carries_the_text_the_table_reads(made):
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda family: type(family).__name__)
 def test_every_key_the_writer_emits_is_known_to_the_parser(made, family, monkeypatch):
     model, request, _entry, repaired, _vae = made
-    monkeypatch.setattr(generation, "family_of", lambda pipeline: family)
+    monkeypatch.setattr("app.core.generation.parameters.family_of", lambda pipeline: family)
     for scheduler in SCHEDULERS:
         text = generation._parameters(
             repaired, dataclasses.replace(request, scheduler=scheduler), model

@@ -1,0 +1,329 @@
+"""The public entry point, `generate`: check the request, plan the precision, run the job,
+repair what the settings allow (by precision, then by the cause the health check finds), and
+save the images with their parameters."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+
+from app.core import diagnosis
+from app.core.components import join_words
+from app.core.errors import HalfSafeError
+from app.core.families import family_of
+from app.core.generation.describe import describe
+from app.core.generation.job import Job
+from app.core.generation.parameters import parameters
+from app.core.generation.records import (
+    GenerationRequest,
+    GenerationResult,
+    ImageResult,
+    PreviewCallback,
+    settings_of,
+)
+from app.core.generation.repair import Repair
+from app.core.generation.saving import output_folder
+from app.core.generation.stages import Outcome, failure
+from app.core.images import SAMPLER_NAMES
+from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.settings import FIELDS, PrecisionSettings
+
+
+def _checked_request(request: GenerationRequest) -> GenerationRequest:
+    for key in ("steps", "cfg", "seed", "width", "height", "batch", "scheduler"):
+        try:
+            FIELDS[key].validate(getattr(request, key))
+        except ValueError as error:
+            raise HalfSafeError(f"{FIELDS[key].label}: {error}.") from None
+    if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
+        raise HalfSafeError("The prompt and the negative prompt must be text.")
+    return request
+
+
+def _seeds(request: GenerationRequest) -> list[int]:
+    seed = request.seed if request.seed >= 0 else random.randrange(2**32 - 1)
+    return [(seed + i) % 2**32 for i in range(request.batch)]
+
+
+def generate(
+    model,
+    request: GenerationRequest,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    on_progress: ProgressCallback | None = None,
+    on_preview: PreviewCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> GenerationResult:
+    """Generate `request.batch` images with `model` (a `models.LoadedModel`), diagnose each,
+    repair what `precision.auto_fix` allows, and save them as PNG files.
+
+    Runs on the calling thread. `on_progress(stage, step, total)` is called once per denoising
+    step; `on_preview(step, image)` every few steps with a small latent preview (that reads the
+    latents back, the only device sync in the loop, and only when a preview is wanted);
+    `cancel` is honoured at the end of every denoising step and between images. With
+    `nan_check` off there is no watch and no repair; the finished pixels are still classified,
+    which costs nothing on the device. Side effects: components are copied to the device for the
+    job, a working repair is stored in the model's remembered profile, images are written to
+    `request.output_dir` (else the settings' output folder, else the default pictures folder).
+    Raises HalfSafeError for a bad request, CancelledError when cancelled, and ImageSaveError
+    (whose `.result` holds every image) when an image cannot be written.
+    """
+    started = time.perf_counter()
+    progress = on_progress or no_progress
+    result = _generate_unsaved(
+        model,
+        request,
+        precision=precision,
+        device=device,
+        on_progress=on_progress,
+        on_preview=on_preview,
+        cancel=cancel,
+    )
+    if precision.nan_check and precision.auto_fix == "auto":
+        _repair_by_cause(model, result, precision, device, progress, cancel or CancelToken())
+    for entry in result.images:
+        entry.parameters = parameters(entry, result.request, model)
+    progress("Saving", 0, len(result.images))
+    folder = output_folder(result.request)
+    try:
+        result.save(folder)
+    finally:
+        result.seconds = time.perf_counter() - started
+    progress("Done", len(result.images), len(result.images))
+    return result
+
+
+def _generate_unsaved(
+    model,
+    request: GenerationRequest,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    on_progress: ProgressCallback | None = None,
+    on_preview: PreviewCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> GenerationResult:
+    """`generate` up to the images and their diagnosis and precision repairs, unsaved."""
+    from app.core import hardware, profiles
+
+    started = time.perf_counter()
+    request = _checked_request(request)
+    progress = on_progress or no_progress
+    cancel = cancel or CancelToken()
+    pipeline = model.pipeline
+    family = family_of(pipeline)
+    problem = family.text_to_image_problem(pipeline) or family.size_problem(
+        pipeline, request.width, request.height
+    )
+    if problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
+
+    torch_device = hardware.pick_device(device)
+    info = hardware.describe_device(torch_device)
+    found = profiles.lookup(model.profile_key, info.name)
+    remembered = found.fix
+    plan = diagnosis.plan_for_model(
+        model,
+        precision,
+        device=torch_device,
+        device_info=info,
+        remembered=remembered.settings if remembered else None,
+    )
+    warnings = list(plan.warnings) + found.notes
+    warnings.extend(
+        problem
+        for applied in getattr(model, "loras", [])
+        if (problem := applied.file.problems()) is not None
+    )
+    warnings.extend(getattr(model, "lora_warnings", []))
+    warnings.extend(profiles.remembered_words(remembered, plan))
+    sampler = family.sampler_words(request.scheduler)
+    if sampler != SAMPLER_NAMES[request.scheduler]:
+        warnings.append(
+            f"This model samples with its own {sampler} (flow matching); the sampler setting "
+            f"{SAMPLER_NAMES[request.scheduler]} does not apply to it."
+        )
+    watch = bool(precision.nan_check)
+    auto_fix = precision.auto_fix if watch else "off"
+    job = Job(
+        model,
+        request,
+        plan,
+        device=torch_device,
+        bf16_native=getattr(info, "bf16", None) == "native",
+        watch=watch,
+        progress=progress,
+        preview=on_preview,
+        cancel=cancel,
+    )
+    seeds = _seeds(request)
+    entries: list[ImageResult] = []
+    try:
+        progress("Encoding the prompt", 0, request.steps)
+        outcomes = job.run(plan, seeds)
+        finals: list[tuple[Outcome, Repair | None, str | None, int | None]] = []
+        for index, (seed, outcome) in enumerate(zip(seeds, outcomes, strict=True)):
+            component = failure(outcome)
+            step = outcome.bad_step if component == outcome.denoiser else None
+            repair = None
+            if component and auto_fix == "auto":
+                try:
+                    repair = job.repair(index, seed, outcome, len(seeds))
+                except RuntimeError as error:  # out of memory in fp32, say: keep the batch going
+                    warnings.append(
+                        f"Image {index + 1}: the repair stopped with an error ({error}); the "
+                        "image is kept as it came out."
+                    )
+                else:
+                    outcome = repair.outcome
+            finals.append((outcome, repair, component, step))
+        flagged, checked = job.safety_check(
+            [o.image for o, *_ in finals if o.stats.non_finite == 0]
+        )
+        verdicts = iter(zip(flagged, checked, strict=True))
+        for seed, (outcome, repair, component, step) in zip(seeds, finals, strict=True):
+            hit = False
+            if outcome.stats.non_finite == 0:
+                hit, outcome.image = next(verdicts)
+            suggestion = None
+            still = failure(outcome)
+            if still is not None and auto_fix in ("off", "ask"):
+                suggestion = job.suggest(still, outcome, verify=auto_fix == "ask")
+            entries.append(
+                describe(
+                    seed,
+                    outcome,
+                    repair,
+                    component,
+                    step,
+                    hit,
+                    suggestion,
+                    auto_fix,
+                    watch,
+                    request,
+                    precision,
+                )
+            )
+            if entries[-1].first_bad_module is None and entries[-1].component:
+                entries[-1].first_bad_module = job.first_bad.get(entries[-1].component)
+        if job.fix_settings and any(e.status == "fixed" for e in entries):
+            merged = {**(remembered.settings if remembered else {}), **job.fix_settings}
+            parts = join_words(job.fixed_components)
+            summary = (
+                f"The {parts} went non-finite during generation; fix: "
+                f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
+                "finite."
+            )
+            profiles.remember_fix(
+                model.profile_key, info.name, merged, summary, "generation repair"
+            )
+    finally:
+        job.placed.release()
+    warnings.extend(dict.fromkeys(job.dropped))
+
+    result = GenerationResult(
+        images=entries,
+        settings=settings_of(plan, precision),
+        seconds=0.0,
+        request=request,
+        model={
+            "source": model.source,
+            "name": model.name,
+            "architecture": model.architecture,
+            "hash": model.model_hash,
+            "loras": [applied.to_json() for applied in getattr(model, "loras", [])],
+        },
+        device={"kind": info.kind, "name": info.name},
+        warnings=warnings,
+    )
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+# Repairs that follow a cause other than precision (see `causes`): what `_repair_by_cause` does.
+_CAUSE_REPAIRS = ("switch_backend", "reload", "drop_lora")
+
+
+def _repair_by_cause(
+    model, result: GenerationResult, precision: PrecisionSettings, device: str, progress, cancel
+) -> None:
+    """Images still NaN after the precision repairs: the health check at the request's size
+    attributes the failure (`causes.check_and_attribute`), and a verified repair that is not a
+    precision change (another attention backend, a freshly loaded component, dropping a LoRA
+    whose tensors hold NaN) makes those images again with the same seeds. Each image says the
+    cause; an image the repair did not make finite keeps its first result."""
+    from app.core import causes, lora
+
+    failing = [i for i, e in enumerate(result.images) if e.status == "nan"]
+    if not failing:
+        return
+    request = result.request
+    progress("Finding the cause", 0, 1)
+    report = causes.check_and_attribute(
+        model,
+        precision=precision,
+        device=device,
+        size=max(64, min(request.width, request.height) // 8 * 8),
+        steps=request.steps,
+        scheduler=request.scheduler,
+        on_progress=progress,
+        cancel=cancel,
+        remember=False,
+        measure_cost=False,
+    )
+    cause = report.cause
+    if cause is None:
+        return
+    for index in failing:
+        result.images[index].cause = cause.kind
+    if not cause.verified or cause.action not in _CAUSE_REPAIRS:
+        for index in failing:
+            result.images[index].message += f" {cause.summary}"
+        return
+    again = precision
+    if cause.action == "switch_backend":
+        again = replace(precision, **cause.settings)
+    loras = list(getattr(model, "loras", []))
+    used = loras
+    if cause.action == "drop_lora":
+        used = [a for a in loras if not a.file.damaged]
+        lora.use_weights(model.pipeline, used)
+    try:
+        for index in failing:
+            cancel.raise_if_cancelled()
+            first = result.images[index]
+            one = replace(request, seed=first.seed, batch=1)
+            remade = _generate_unsaved(
+                model, one, precision=again, device=device, on_progress=progress, cancel=cancel
+            ).images[0]
+            if remade.status in ("nan", "black"):
+                first.message += f" {cause.summary} Made again that way, it still came out bad."
+                continue
+            remade.status = "fixed"
+            remade.cause = cause.kind
+            remade.component = first.component
+            remade.step = first.step
+            remade.first_bad_module = first.first_bad_module
+            remade.fixes_applied = [*remade.fixes_applied, cause.repair]
+            remade.fix = dict(cause.settings)
+            remade.quality = cause.quality.to_json() if cause.quality is not None else None
+            remade.loras = list(used)
+            remade.message = f"{cause.summary} The image was made again that way."
+            result.images[index] = remade
+    finally:
+        if used is not loras:
+            lora.use_weights(model.pipeline, loras)
+    if cause.action == "switch_backend" and any(e.cause == "kernel" for e in result.images):
+        from app.core import profiles
+
+        device_name = result.device.get("name", "")
+        remembered = profiles.remembered_fix(model.profile_key, device_name)
+        profiles.remember_fix(
+            model.profile_key,
+            device_name,
+            {**(remembered.settings if remembered else {}), **cause.settings},
+            cause.summary,
+            "generation repair",
+        )

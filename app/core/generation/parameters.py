@@ -1,0 +1,66 @@
+"""The PNG's `parameters` text: AUTOMATIC1111's format plus HalfSafe's own pairs, written
+through `infotext`'s table of keys."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from app import __version__
+from app.core import infotext
+from app.core.families import family_of
+from app.core.generation.describe import box_text, percent
+from app.core.generation.records import GenerationRequest, ImageResult
+from app.core.lora import lora_hashes, prompt_with_tags
+
+
+def parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
+    """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs (each
+    key, its meaning and how it is written: `infotext.KEYS`)."""
+    s = entry.settings
+    family = family_of(model.pipeline)
+    loras = entry.loras if entry.loras is not None else list(getattr(model, "loras", []))
+    values: list[tuple[infotext.Key, Any]] = [
+        (infotext.STEPS, request.steps),
+        (infotext.SAMPLER, family.sampler_words(request.scheduler)),
+        *infotext.keyed(family.guidance_parameters(request.cfg)),
+        (infotext.SEED, entry.seed),
+        (infotext.SIZE, (request.width, request.height)),
+        (infotext.MODEL_HASH, model.model_hash),
+        (infotext.MODEL, model.name),
+        (infotext.LORA_HASHES, lora_hashes(loras)),
+        *_vae_parameters(getattr(model, "vae", None)),
+        # The starting noise is made on the CPU (`Job.noise`); A1111 assumes GPU noise unless
+        # told, and the seed would not reproduce there.
+        (infotext.RNG, "CPU"),
+        # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
+        *infotext.setting_values(s),
+        (infotext.NAN_WATCH, entry.status),
+        (infotext.NAN_COMPONENT, entry.component),
+        (infotext.NAN_STEP, entry.step),
+        (infotext.FIXES_APPLIED, entry.fixes_applied),
+        (infotext.NON_FINITE_PIXELS, percent(entry.non_finite) if entry.non_finite else None),
+        (
+            infotext.NON_FINITE_REGION,
+            box_text(entry.non_finite_box) if entry.non_finite < 1 else None,
+        ),
+        (infotext.HALFSAFE, __version__),
+    ]
+    return infotext.write(prompt_with_tags(request.prompt, loras), request.negative_prompt, values)
+
+
+def _vae_parameters(vae: str | None) -> list[tuple[infotext.Key, Any]]:
+    """A1111's `VAE hash` (first 10 hex of the file's sha256, cached like the model's) and
+    `VAE` (the file name) for a separate VAE; none for the model's own. A VAE folder has no
+    file hash, and a file that cannot be read now is named without one."""
+    if not vae:
+        return []
+    from app.core.checkpoint import model_hash
+
+    path = Path(vae)
+    vae_hash = None
+    if path.is_file():
+        with contextlib.suppress(OSError):
+            vae_hash = model_hash(path)
+    return [(infotext.VAE_HASH, vae_hash), (infotext.VAE, path.name)]

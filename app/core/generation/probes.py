@@ -1,0 +1,119 @@
+"""The probes of a failing part: only the part that went non-finite (the VAE's decode, the one
+denoiser call kept by the watch, or the prompt's encoding) re-run under a plan, to name its
+first bad layer, draw its layers' peaks in fp32, or check a fix against an fp32 reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.core import diagnosis
+from app.core.generation.stages import Outcome, Stages
+from app.core.generation.watch import read_flags
+from app.core.precision import PrecisionPlan, backend_flags
+
+
+class Probes(Stages):
+    """A job's stages and the probes that re-run one failing part of an image."""
+
+    def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
+        """One denoiser call on a kept failing input: (its output, first bad module)."""
+        import torch
+
+        from app.core.probe import ActivationRecorder
+
+        self.placed.apply(plan)
+        unet = self.placed[self.family.denoiser]
+        arguments = dict(inputs)
+        recorder = ActivationRecorder(unet) if record else None
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                out = unet(**arguments, return_dict=False)[0]
+            if isinstance(out, list):  # a denoiser that returns one tensor per image (Z-Image)
+                out = torch.stack(out)
+        finally:
+            if recorder is not None:
+                recorder.remove()
+        first_bad = self._read(recorder, out)
+        return out, first_bad
+
+    def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
+        """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
+        from app.core.probe import ActivationRecorder
+
+        self.placed.apply(plan)
+        recorder = ActivationRecorder(self.placed[component]) if record else None
+        watching, self.watch = self.watch, True
+        try:
+            conditioning = self.encode(plan)
+        finally:
+            self.watch = watching
+            if recorder is not None:
+                recorder.remove()
+        bad = read_flags([conditioning.bad[component]])[0]
+        first_bad = self._read(recorder, None)
+        return not bad, first_bad
+
+    def wide_probe(self, component: str, outcome: Outcome):
+        """Every layer's peaks of the failing part re-run in fp32 on the inputs it failed with
+        (a `probe.ProbeResult`, from which `diagnosis` draws the layers to keep wider), or None
+        when no input was kept to re-run."""
+        plan = diagnosis.fp32_reference(outcome.plan)
+        self.last_probe = None
+        if component == "vae":
+            self.decode(plan, outcome.latents, record=True)
+        elif component == outcome.denoiser:
+            if outcome.unet_input is None:
+                return None
+            self.unet_forward(plan, outcome.unet_input, record=True)
+        else:
+            self.encoder_probe(plan, component, record=True)
+        return self.last_probe
+
+    def first_bad_module(self, component: str, outcome: Outcome) -> str | None:
+        """Re-run only the part that failed under the plan it failed with, recording every
+        layer, to name the innermost layer that went non-finite first (kept per component)."""
+        if component == "vae":
+            name = self.decode(outcome.plan, outcome.latents, record=True)[1]
+        elif component == outcome.denoiser:
+            if outcome.unet_input is None:
+                return self.first_bad.get(component)
+            name = self.unet_forward(outcome.plan, outcome.unet_input, record=True)[1]
+        else:
+            name = self.encoder_probe(outcome.plan, component, record=True)[1]
+        if name:
+            self.first_bad[component] = name
+        return name
+
+    def part_output(self, component: str, plan: PrecisionPlan, outcome: Outcome) -> Any:
+        """The failing part's output under `plan`, on the inputs it failed with: the decoded
+        pixels, one UNet call on the kept input, or the prompt's embeddings (None when no
+        input was kept to re-run)."""
+        import torch
+
+        if component == "vae":
+            return torch.from_numpy(self.decode(plan, outcome.latents)[0])
+        if component == outcome.denoiser:
+            if outcome.unet_input is None:
+                return None
+            return self.unet_forward(plan, outcome.unet_input)[0]
+        return self.encode(plan).embeds
+
+    def verify(self, component: str, plan: PrecisionPlan, outcome: Outcome):
+        """Whether `plan` repairs the failing part, from one forward pass: finite, and in
+        agreement with an fp32 reference of the same inputs (`diagnosis.compare`); returns
+        (passed, the part's output). The reference is run once per failing part;
+        `self.qualities[component]` keeps the last figure. Passed when no input was kept to
+        re-run (the full re-run then decides)."""
+        output = self.part_output(component, plan, outcome)
+        if output is None:
+            return True, None
+        key = (component, id(outcome))
+        if key not in self._references:
+            reference_plan = diagnosis.fp32_reference(outcome.plan)
+            self._references[key] = self.part_output(component, reference_plan, outcome)
+        quality = diagnosis.compare(output, self._references[key])
+        self.qualities[component] = quality
+        return quality.passed, output
+
+    def quick_check(self, component: str, plan: PrecisionPlan, outcome: Outcome) -> bool:
+        return self.verify(component, plan, outcome)[0]

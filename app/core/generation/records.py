@@ -1,0 +1,130 @@
+"""What a generation job is asked for and what it gives back: the request, each image's result
+and diagnosis, the job's result (saved as PNG files, or turned into `--json`'s object)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app import __version__
+from app.core.images import ImageSaveError, save_png
+from app.core.precision import PrecisionPlan
+from app.core.settings import PrecisionSettings
+
+# on_preview(step, image): a small PIL image of the first image of the batch.
+PreviewCallback = Callable[[int, Any], None]
+
+STATUSES = ("ok", "fixed", "nan", "black", "safety_checker")
+
+
+@dataclass
+class GenerationRequest:
+    """What to draw. `seed` -1 picks a random seed; image i of a batch uses seed + i.
+    `output_dir` None means the settings' output folder, else the default pictures folder."""
+
+    prompt: str
+    negative_prompt: str = ""
+    steps: int = 25
+    cfg: float = 7.0
+    seed: int = -1
+    width: int = 512
+    height: int = 512
+    batch: int = 1
+    scheduler: str = "dpmpp_2m_karras"
+    output_dir: str | None = None
+
+
+@dataclass
+class ImageResult:
+    """One image and its diagnosis. `step` is 1-based (the denoising step that first went
+    non-finite); `fix` is the settings that repaired it, or that would; `image` keeps the PIL
+    image so it can be saved again elsewhere."""
+
+    seed: int
+    status: str
+    component: str | None = None
+    step: int | None = None
+    fixes_applied: list[str] = field(default_factory=list)
+    message: str = ""
+    fix: dict[str, Any] | None = None
+    path: str = ""
+    first_bad_module: str | None = None
+    non_finite: float = 0.0  # fraction of pixels that were NaN/inf
+    non_finite_box: tuple[int, int, int, int] | None = None  # where they are: x0, y0, x1, y1
+    settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
+    quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (diagnosis.Quality)
+    parameters: str = ""  # the PNG's `parameters` text
+    image: Any = field(default=None, repr=False)
+    cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
+    loras: list[Any] | None = field(default=None, repr=False)  # None: the model's LoRAs
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "seed": self.seed,
+            "status": self.status,
+            "component": self.component,
+            "step": self.step,
+            "fixes_applied": list(self.fixes_applied),
+            "message": self.message,
+            "fix": dict(self.fix) if self.fix is not None else None,
+            "first_bad_module": self.first_bad_module,
+            "non_finite": round(self.non_finite, 6),
+            "non_finite_box": list(self.non_finite_box) if self.non_finite_box else None,
+            "settings": dict(self.settings),  # what this image was made with, repairs included
+            "quality": dict(self.quality) if self.quality is not None else None,
+            "cause": self.cause,
+        }
+
+
+@dataclass
+class GenerationResult:
+    images: list[ImageResult]
+    settings: dict[str, Any]  # effective precision settings of the job (before any repair)
+    seconds: float
+    request: GenerationRequest
+    model: dict[str, Any] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def all_good(self) -> bool:
+        """No image is left non-finite or black after the fixes allowed."""
+        return all(image.status not in ("nan", "black") for image in self.images)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "halfsafe": __version__,
+            "images": [image.to_json() for image in self.images],
+            "settings": dict(self.settings),
+            "seconds": round(self.seconds, 3),
+            "model": dict(self.model),
+            "device": dict(self.device),
+            "warnings": list(self.warnings),
+        }
+
+    def save(self, folder: str | Path, *, only_unsaved: bool = True) -> list[Path]:
+        """Write the images (by default those not yet saved) into `folder`, with their
+        parameters. Raises ImageSaveError (carrying this result) when that fails too."""
+        written = []
+        for entry in self.images:
+            if only_unsaved and entry.path:
+                continue
+            try:
+                path = save_png(entry.image, folder, entry.seed, entry.parameters)
+            except ImageSaveError as error:
+                error.result = self
+                raise
+            entry.path = str(path)
+            written.append(path)
+        return written
+
+
+def settings_of(plan: PrecisionPlan, precision: PrecisionSettings) -> dict[str, Any]:
+    return {
+        **plan.effective_settings(),
+        "nan_check": precision.nan_check,
+        "auto_fix": precision.auto_fix,
+    }

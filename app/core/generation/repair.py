@@ -1,0 +1,158 @@
+"""The repair of one image: the failing part only, the health check's fixes for it cheapest
+first, each checked by a probe and proved by the image made again; and the fix to offer when
+repairs are not allowed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.core import diagnosis
+from app.core.components import COMPONENTS, RUN_ORDER
+from app.core.components import words as component_words
+from app.core.diagnosis import FixCandidate, candidate_fixes
+from app.core.errors import CancelledError
+from app.core.generation.probes import Probes
+from app.core.generation.stages import Outcome, failure
+from app.core.images import to_image
+from app.core.precision import PrecisionPlan
+
+# Run order of the components: a failure is blamed on the first one that went non-finite.
+STAGES = RUN_ORDER
+MAX_REPAIRS_PER_IMAGE = 3
+
+
+@dataclass
+class Repair:
+    outcome: Outcome
+    fixes: list[str] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    first_bad_module: str | None = None
+    quality: diagnosis.Quality | None = None  # the worst of its repairs against fp32
+    # "kernel" when the repairs only switched the attention backend (the same precision, as
+    # `causes` classifies a check's fix), else "precision".
+    cause: str = "precision"
+
+
+class Repairs(Probes):
+    """A job's stages and probes, and the repairs built on them."""
+
+    def candidates(self, component: str, outcome: Outcome):
+        """Fixes to try for `component`, cheapest first, on top of the fixes already found.
+
+        A generator: the layer probe that decides whether upcasting attention is worth a try
+        runs only when the fixes found for earlier images do not already work.
+        """
+        base = self.repair_plan
+        if _relevant_change(component, outcome.plan, base):
+            yield FixCandidate(base, dict(self.fix_settings), "; ".join(self.fix_words))
+        first_bad = self.first_bad_module(component, outcome)
+        yield from candidate_fixes(
+            component,
+            base,
+            first_bad,
+            self.placed[component],
+            self.bf16_native,
+            lambda: self.wide_probe(component, outcome),
+        )
+        if component != "vae" and any(d != "fp32" for d in base.dtypes.values()):
+            yield diagnosis.everything_fp32(base)
+
+    def repair(self, index: int, seed: int, outcome: Outcome, total: int) -> Repair:
+        """Repair one image: the failing part only, cheapest fix first, until it is finite."""
+        result = Repair(outcome)
+        for _ in range(MAX_REPAIRS_PER_IMAGE):
+            component = failure(result.outcome)
+            if not component:
+                break
+            repaired = None
+            for candidate in self.candidates(component, result.outcome):
+                self.cancel.raise_if_cancelled()
+                self.progress(f"Image {index + 1} of {total}: {candidate.words}", 0, 1)
+                try:
+                    repaired = self._try(component, candidate, result.outcome, seed)
+                except CancelledError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a candidate that cannot run is dropped
+                    self.dropped.append(
+                        f"Trying to {candidate.words} failed ({type(error).__name__}: "
+                        f"{str(error).strip()[:200]}); it was not used."
+                    )
+                    continue
+                if repaired is not None:
+                    self._accept(component, candidate)
+                    quality = self.qualities.get(component)
+                    if quality is not None and (
+                        result.quality is None or quality.value < result.quality.value
+                    ):
+                        result.quality = quality
+                    result.fixes.append(candidate.words)
+                    result.settings.update(candidate.settings)
+                    result.outcome = repaired
+                    break
+            if result.first_bad_module is None:
+                result.first_bad_module = self.first_bad.get(component)
+            if repaired is None:
+                break
+        if diagnosis.switched_backend(result.settings, self.plan) is not None:
+            result.cause = "kernel"
+        return result
+
+    def _try(self, component: str, candidate: FixCandidate, outcome: Outcome, seed: int):
+        passed, output = self.verify(component, candidate.plan, outcome)
+        if not passed:
+            return None
+        if component == "vae" and output is not None:  # the verified decode is the image
+            image, stats = to_image(output.numpy())
+            return replace(outcome, plan=candidate.plan, image=image, stats=stats)
+        self.stage = "Making the image again"
+        try:
+            again = self.run(candidate.plan, [seed])[0]
+        finally:
+            self.stage = "Generating"
+        still = failure(again)
+        if still and STAGES.index(still) <= STAGES.index(component):
+            return None
+        return again
+
+    def _accept(self, component: str, candidate: FixCandidate) -> None:
+        self.repair_plan = candidate.plan
+        self.fix_settings.update(candidate.settings)
+        if candidate.words not in self.fix_words and candidate.settings:
+            self.fix_words.append(candidate.words)
+        if component not in self.fixed_components:
+            self.fixed_components.append(component)
+
+    def suggest(self, component: str, outcome: Outcome, verify: bool) -> FixCandidate | None:
+        """The fix to offer without applying it: with `verify`, the cheapest that one forward
+        pass shows finite; without, the component's wider dtype (bf16 where native, else fp32)."""
+        if not component:
+            return None
+        if verify:
+            for candidate in self.candidates(component, outcome):
+                self.cancel.raise_if_cancelled()
+                if self.quick_check(component, candidate.plan, outcome):
+                    return candidate
+            return None
+        dtype = outcome.plan.dtypes.get(component)
+        key = COMPONENTS[component].setting
+        words = component_words(component)
+        if dtype == "fp16" and self.bf16_native:
+            return FixCandidate(outcome.plan, {key: "bf16"}, f"run the {words} in bf16")
+        if dtype != "fp32":
+            return FixCandidate(outcome.plan, {key: "fp32"}, f"run the {words} in fp32")
+        return None
+
+
+def _relevant_change(component: str, tried: PrecisionPlan, base: PrecisionPlan) -> bool:
+    """Whether the fixes found so far change anything `component` runs with."""
+    if tried.dtypes.get(component) != base.dtypes.get(component):
+        return True
+    flags = (
+        "fp16_accumulation",
+        "attention_reduced_precision",
+        "fp16_reduced_precision_reduction",
+    )
+    if any(getattr(tried, f) != getattr(base, f) for f in flags):
+        return True
+    return COMPONENTS[component].has_attention and tried.upcast_attention != base.upcast_attention

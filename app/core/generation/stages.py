@@ -1,0 +1,313 @@
+"""The stages of one generation job under a precision plan: the prompt encoded once, the
+pipeline's denoising loop for the batch under the NaN watch, and each image decoded, its pixels
+classified and its outcome recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.core import diagnosis
+from app.core.families import family_of
+from app.core.generation.records import GenerationRequest, PreviewCallback
+from app.core.generation.watch import NanWatch, read_flags
+from app.core.images import PixelStats, to_image
+from app.core.jobs import CancelToken, ProgressCallback
+from app.core.lora import strip_tags
+from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
+from app.core.preview import colours_for, latent_preview
+
+PREVIEWS_PER_IMAGE = 6
+
+
+@dataclass
+class _Conditioning:
+    """Prompt embeddings for one image (batch 1) and, per text encoder, a device-side flag."""
+
+    embeds: dict[str, Any]
+    bad: dict[str, Any]
+
+
+@dataclass
+class Outcome:
+    """One image made under one plan: its latents, pixels, and where it went non-finite."""
+
+    plan: PrecisionPlan
+    latents: Any  # (1, C, h, w) on the device
+    image: Any  # PIL
+    stats: PixelStats
+    bad_encoder: str | None = None
+    bad_step: int | None = None  # 1-based
+    unet_input: dict[str, Any] | None = None  # the denoiser call that went non-finite
+    watched: bool = True
+    denoiser: str = "unet"  # the family's denoiser component
+
+
+def failure(outcome: Outcome) -> str | None:
+    """The component to blame for a non-finite image (None: finite, or unknown when unwatched)."""
+    if outcome.bad_encoder:
+        return outcome.bad_encoder
+    if outcome.bad_step is not None:
+        return outcome.denoiser
+    if outcome.stats.non_finite > 0:
+        return "vae" if outcome.watched else ""
+    return None
+
+
+class Stages:
+    """Runs the stages of one request on one PlacedPipeline, on the calling thread.
+
+    The job's whole state is set here, what its probes and repairs find included, so that a job
+    is built from one signature; `probes.Probes`, `repair.Repairs` and `job.Job` add methods.
+    """
+
+    def __init__(
+        self,
+        model,
+        request: GenerationRequest,
+        plan: PrecisionPlan,
+        *,
+        device,
+        bf16_native: bool,
+        watch: bool,
+        progress: ProgressCallback,
+        preview: PreviewCallback | None,
+        cancel: CancelToken,
+    ) -> None:
+        self.model = model
+        self.request = request
+        self.plan = plan
+        self.device = device
+        self.bf16_native = bf16_native
+        self.watch = watch
+        self.progress = progress
+        self.preview = preview
+        self.cancel = cancel
+        self.placed = PlacedPipeline(model.pipeline, plan)
+        self.family = family_of(model.pipeline)
+        self.do_cfg = request.cfg > 1.0
+        self.repair_plan = plan  # every fix found so far, on top of the plan
+        self.fix_settings: dict[str, Any] = {}
+        self.fix_words: list[str] = []
+        self.fixed_components: list[str] = []
+        self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
+        self.qualities: dict[str, diagnosis.Quality] = {}  # component -> its fix against fp32
+        self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
+        self.last_probe: Any = None  # the last recorded probe (`_read`)
+        self.stage = "Generating"
+        self.dropped: list[str] = []  # candidates that failed to run, as sentences
+
+    def _colours(self):
+        """The live preview's colours for this model, fitted to its VAE once per VAE dtype
+        (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may."""
+        vae = self.placed["vae"]
+        key = str(vae.dtype)
+        if key not in self.model.preview_colours:
+            self.model.preview_colours[key] = colours_for(self.family, vae)
+        return self.model.preview_colours[key]
+
+    def _pipeline(self, plan: PrecisionPlan):
+        self.placed.apply(plan)
+        pipe = self.placed.pipeline()
+        pipe.scheduler = self.family.make_scheduler(
+            self.request.scheduler,
+            self.model.pipeline,
+            self.model.prediction_type,
+            zero_terminal_snr=getattr(self.model, "zero_terminal_snr", False),
+        )
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def encode(self, plan: PrecisionPlan) -> _Conditioning:
+        import torch
+
+        pipe = self._pipeline(plan)
+        request = self.request
+        saturated: dict[str, list[Any]] = {}
+        hooks = []
+        if self.watch:
+            for name in self.family.text_encoders(self.model.pipeline):
+                for block in _clamped_encoder_blocks(self.placed[name]):
+                    hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                tensors = self.family.encode(
+                    pipe,
+                    strip_tags(request.prompt),  # A1111's <lora:...> tags are not words
+                    strip_tags(request.negative_prompt),
+                    self.device,
+                    self.do_cfg,
+                )
+                bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return _Conditioning(tensors, bad)
+
+    def _encoder_flags(
+        self, pipe, tensors: dict[str, Any], saturated: dict[str, list[Any]]
+    ) -> dict[str, Any]:
+        """Per text encoder, a device-side flag: did its part of the embeddings go non-finite,
+        or did one of its blocks saturate at fp16's limit (T5 clamps an overflow there)."""
+        import torch
+
+        flags = {}
+        for name, parts in self.family.encoder_outputs(pipe, tensors).items():
+            checks = [~torch.isfinite(p).all() for p in parts] + saturated.get(name, [])
+            flags[name] = torch.stack(checks).any()
+        return flags
+
+    def noise(self, seeds: list[int]):
+        """Initial latents as the family's pipeline takes them and per-image generators (CPU,
+        so a seed means the same image on every device); the generators go on to feed
+        ancestral samplers' noise."""
+        latents, generators = self.family.noise(
+            self.model.pipeline, seeds, self.request.height, self.request.width
+        )
+        return latents.to(self.device), generators
+
+    def denoise(self, plan: PrecisionPlan, conditioning: _Conditioning, seeds: list[int]):
+        """The pipeline's denoising loop for these seeds; returns (latents, watch or None)."""
+        import torch
+
+        pipe = self._pipeline(plan)
+        batch = len(seeds)
+        latents, generators = self.noise(seeds)
+        steps = self.request.steps
+        every = max(2, round(steps / PREVIEWS_PER_IMAGE))
+        denoiser = self.placed[self.family.denoiser]
+        watch = (
+            NanWatch(
+                denoiser,
+                batch,
+                sample_argument=self.family.sample_argument,
+                timestep_argument=self.family.timestep_argument,
+                clamped=self.family.clamped_blocks(denoiser),
+            )
+            if self.watch
+            else None
+        )
+
+        def on_step_end(_pipe, index, _timestep, tensors):
+            current = tensors["latents"]
+            if watch is not None:
+                watch.after_step(index, current)
+            self.progress(self.stage, index + 1, steps)
+            if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
+                image_latents = self.family.image_latents(
+                    pipe, current[:1], self.request.height, self.request.width
+                )
+                self.preview(index + 1, latent_preview(image_latents[0], self._colours()))
+            self.cancel.raise_if_cancelled()
+            return {}
+
+        embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                output = pipe(
+                    **embeds,
+                    height=self.request.height,
+                    width=self.request.width,
+                    num_inference_steps=steps,
+                    **self.family.call_arguments(self.request.cfg),
+                    latents=latents,
+                    generator=generators,
+                    output_type="latent",
+                    callback_on_step_end=on_step_end,
+                    callback_on_step_end_tensor_inputs=["latents"],
+                )
+        finally:
+            if watch is not None:
+                watch.remove()
+        latents = self.family.image_latents(
+            self.model.pipeline, output.images, self.request.height, self.request.width
+        )
+        return latents, watch
+
+    def decode(self, plan: PrecisionPlan, latents, record: bool = False):
+        """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1]; with `record`,
+        also the first VAE layer that went non-finite."""
+        import torch
+
+        from app.core.probe import ActivationRecorder
+
+        self.placed.apply(plan)
+        vae = self.placed["vae"]
+        recorder = ActivationRecorder(vae) if record else None
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                pixels = self.family.decode(vae, latents.float())
+        finally:
+            if recorder is not None:
+                recorder.remove()
+        first_bad = self._read(recorder, pixels)
+        return pixels[0].permute(1, 2, 0).float().cpu().numpy(), first_bad
+
+    def run(self, plan: PrecisionPlan, seeds: list[int], conditioning=None) -> list[Outcome]:
+        """Encode, denoise and decode a batch; the watch's flags are read once, at the end."""
+        conditioning = conditioning or self.encode(plan)
+        self.cancel.raise_if_cancelled()
+        latents, watch = self.denoise(plan, conditioning, seeds)
+        encoders = list(conditioning.bad)
+        flags = read_flags([*conditioning.bad.values(), *(watch.flags() if watch else [])])
+        bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
+        per_image = flags[len(encoders) :]
+        outcomes = []
+        for index in range(len(seeds)):
+            self.cancel.raise_if_cancelled()
+            self.progress("Decoding", index, len(seeds))
+            image_latents = latents[index : index + 1]
+            pixels, _ = self.decode(plan, image_latents)
+            image, stats = to_image(pixels)
+            bad = bool(per_image[index]) if watch else False
+            step = per_image[len(seeds) + index] if watch else -1
+            outcomes.append(
+                Outcome(
+                    plan=plan,
+                    latents=image_latents,
+                    image=image,
+                    stats=stats,
+                    bad_encoder=bad_encoders[0] if bad_encoders else None,
+                    bad_step=step + 1 if bad and step >= 0 else None,
+                    unet_input=watch.failing_input(index) if watch and bad else None,
+                    watched=self.watch,
+                    denoiser=self.family.denoiser,
+                )
+            )
+        return outcomes
+
+    def _read(self, recorder, output) -> str | None:
+        """The first bad layer a recorder saw; its whole probe is kept in `last_probe`."""
+        if recorder is None:
+            return None
+        self.last_probe = recorder.read(output)
+        return _first_bad(self.last_probe)
+
+
+def _clamped_encoder_blocks(module) -> list[Any]:
+    """The blocks of a T5 encoder: transformers clamps their fp16 output to 65504 (64504 once
+    an inf appeared), so a T5 overflow comes out finite and wrong instead of NaN."""
+    from app.core.diagnosis import is_t5
+
+    encoder = getattr(module, "encoder", None)
+    return list(getattr(encoder, "block", None) or []) if is_t5(module) else []
+
+
+def _saturation_hook(saturated: dict[str, list[Any]], name: str):
+    """A forward hook that keeps, on the device, whether a block's fp16 output reached the
+    clamp (no host sync)."""
+    from app.core.components import FP16_MAX
+
+    def hook(module, args, output):
+        import torch
+
+        hidden = output[0] if isinstance(output, tuple) else output
+        if isinstance(hidden, torch.Tensor) and hidden.dtype == torch.float16:
+            saturated.setdefault(name, []).append((hidden.abs() >= FP16_MAX - 1000).any())
+
+    return hook
+
+
+def _first_bad(probe) -> str | None:
+    bad = probe.first_bad_module()
+    return bad.name if bad is not None and bad.name else None
