@@ -12,15 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.core import infotext as _infotext
 from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
-
-# The `parameters` text lives in `infotext`; these names stay for the code that imports them here.
-SAMPLER_NAMES = _infotext.SAMPLER_NAMES
-SCHEDULER_BY_SAMPLER = _infotext.SCHEDULER_BY_SAMPLER
-infotext = _infotext.join_text
-parse_infotext = _infotext.split_text
 
 # A finite image counts as black when nearly every pixel is this dark and the picture is flat.
 BLACK_LEVEL = 12 / 255

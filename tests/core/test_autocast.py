@@ -158,7 +158,8 @@ def test_a_generation_under_autocast_says_so_in_the_png_and_the_json(tmp_path, c
     import json
 
     from app.cli import main
-    from app.core.images import parse_infotext, read_parameters
+    from app.core.images import read_parameters
+    from app.core.infotext import split_text
 
     argv = ["generate", "demo", "--precision", "autocast", "--device", "cpu", "--steps", "1"]
     argv += ["--width", "64", "--height", "64", "--out", str(tmp_path), "--json"]
@@ -166,7 +167,7 @@ def test_a_generation_under_autocast_says_so_in_the_png_and_the_json(tmp_path, c
     result = json.loads(capsys.readouterr().out)
     assert result["settings"]["precision"] == "autocast"
     assert any("runs like plain fp16" in w for w in result["warnings"])
-    prompt, _, params = parse_infotext(read_parameters(result["images"][0]["path"]))
+    prompt, _, params = split_text(read_parameters(result["images"][0]["path"]))
     assert prompt == "a (red fox:1.3) BREAK snow"
     assert (params["Precision"], params["UNet precision"], params["RNG"]) == (
         "autocast",

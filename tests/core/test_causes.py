@@ -240,7 +240,8 @@ def generate(model, tmp_path, **settings):
 
 @pytest.mark.slow
 def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, tmp_path):
-    from app.core.images import parse_infotext, read_parameters
+    from app.core.images import read_parameters
+    from app.core.infotext import split_text
 
     broken_sdpa(monkeypatch)
     result = generate(loaded(build_tiny_sd_pipeline(), "kernel-gen"), tmp_path)
@@ -249,7 +250,7 @@ def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, 
     assert image.status == "fixed" and image.cause == "kernel"
     assert image.fix == {"attention_backend": "classic"}
     assert image.non_finite == 0.0 and "classic" in image.fixes_applied[-1]
-    _, _, params = parse_infotext(read_parameters(image.path) or "")
+    _, _, params = split_text(read_parameters(image.path) or "")
     assert params["Attention backend"] == "classic"
     assert result.to_json()["images"][0]["cause"] == "kernel"
     from app.core import profiles  # the next job on this model and device uses that backend
@@ -260,7 +261,8 @@ def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, 
 
 @pytest.mark.slow
 def test_the_nan_watch_drops_a_lora_with_nan_tensors_and_says_so(tmp_path):
-    from app.core.images import parse_infotext, read_parameters
+    from app.core.images import read_parameters
+    from app.core.infotext import split_text
 
     pipeline = build_tiny_sd_pipeline()
     good = in_memory("style", kohya_lora(pipeline, scale=0.05, seed=1))
@@ -272,7 +274,7 @@ def test_the_nan_watch_drops_a_lora_with_nan_tensors_and_says_so(tmp_path):
 
     assert image.status == "fixed" and image.cause == "weights"
     assert "broken_lora" in image.message and "drop" in image.fixes_applied[-1]
-    prompt, _, params = parse_infotext(read_parameters(image.path) or "")
+    prompt, _, params = split_text(read_parameters(image.path) or "")
     assert prompt == "a red square <lora:style:0.7>"  # what the image was really made with
     assert [a.name for a in model.loras] == ["style", "broken_lora"]  # the user's list is kept
 
@@ -280,7 +282,8 @@ def test_the_nan_watch_drops_a_lora_with_nan_tensors_and_says_so(tmp_path):
 def test_a_few_nan_tiles_are_a_finding_with_their_share_and_place(tmp_path):
     """A decode that loses one 16x16 tile of a 64x64 image (as a tiled VAE can): the image is
     not ok, the share is exact and the box is where the tile is."""
-    from app.core.images import parse_infotext, read_parameters
+    from app.core.images import read_parameters
+    from app.core.infotext import split_text
 
     pipeline = build_tiny_sd_pipeline()
 
@@ -298,7 +301,7 @@ def test_a_few_nan_tiles_are_a_finding_with_their_share_and_place(tmp_path):
     assert image.non_finite_box == (48, 16, 64, 32)
     assert "6.2% of its pixels" in image.message and "x 48-63, y 16-31" in image.message
     assert result.to_json()["images"][0]["non_finite_box"] == [48, 16, 64, 32]
-    _, _, params = parse_infotext(read_parameters(image.path) or "")
+    _, _, params = split_text(read_parameters(image.path) or "")
     assert params["Non-finite region"] == "x 48-63, y 16-31"
 
 

@@ -18,11 +18,12 @@ import torch
 from PIL import Image
 
 from app import cli
-from app.core import generation, images, profiles
+from app.core import generation, images, infotext, profiles
 from app.core.checkpoint import WeightScan
 from app.core.errors import CancelledError, HalfSafeError
 from app.core.generation import GenerationRequest, NanWatch, generate
-from app.core.images import ImageSaveError, parse_infotext, read_parameters
+from app.core.images import ImageSaveError, read_parameters
+from app.core.infotext import split_text
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
@@ -204,7 +205,7 @@ def test_unet_overflow_is_reported_then_repaired_with_the_unet_fix(base, tmp_pat
     assert entry.settings["unet_precision"] == "fp16"
     assert entry.to_json()["settings"][key] == layers
     label = "BF16 layers" if key == "bf16_modules" else "FP32 layers"
-    assert parse_infotext(read_parameters(entry.path))[2][label] == " ".join(layers)
+    assert split_text(read_parameters(entry.path))[2][label] == " ".join(layers)
 
 
 def test_text_encoder_overflow_is_repaired_with_the_encoder_fix(base, tmp_path):
@@ -495,11 +496,11 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     result = generate(model, asked, precision=PrecisionSettings(), device="cpu")
     (entry,) = result.images
     assert entry.path.endswith("00001-4242.png")
-    prompt, negative, params = parse_infotext(read_parameters(entry.path))
+    prompt, negative, params = split_text(read_parameters(entry.path))
     assert (prompt, negative) == (asked.prompt, asked.negative_prompt)
     assert params["Steps"] == "2"
     assert params["Sampler"] == "Euler a"
-    assert images.SCHEDULER_BY_SAMPLER[params["Sampler"]] == "euler_a"
+    assert infotext.SCHEDULER_BY_SAMPLER[params["Sampler"]] == "euler_a"
     assert float(params["CFG scale"]) == 6.5
     assert params["Seed"] == "4242"
     assert params["Size"] == "64x72"
@@ -526,7 +527,7 @@ def test_png_parameters_name_a_separate_vae_and_its_hash_as_a1111_does(base, tmp
         model, request(tmp_path, steps=1, seed=5), precision=PrecisionSettings(), device="cpu"
     )
     text = read_parameters(result.images[0].path)
-    params = parse_infotext(text)[2]
+    params = split_text(text)[2]
     assert params["VAE hash"] == hashlib.sha256(vae_file.read_bytes()).hexdigest()[:10]
     assert params["VAE"] == vae_file.name
     assert "Model: with-vae, VAE hash: " in text  # where A1111 writes them
@@ -537,7 +538,7 @@ def test_png_parameters_name_a_separate_vae_and_its_hash_as_a1111_does(base, tmp
         precision=PrecisionSettings(),
         device="cpu",
     )
-    assert "VAE hash" not in parse_infotext(read_parameters(plain.images[0].path))[2]
+    assert "VAE hash" not in split_text(read_parameters(plain.images[0].path))[2]
 
 
 def test_saving_never_overwrites_and_numbers_on(tmp_path):
@@ -591,11 +592,11 @@ def test_a_failed_save_is_rescued_into_halfsafes_own_folder(base, tmp_path):
 
 
 def test_infotext_quotes_values_like_a1111():
-    text = images.infotext(
+    text = infotext.join_text(
         "p", "", [("Steps", 2), ("Note", "a, b"), ("Skip", None), ("Ratio", "1:2")]
     )
     assert text == 'p\nSteps: 2, Note: "a, b", Ratio: "1:2"'
-    assert parse_infotext(text) == ("p", "", {"Steps": "2", "Note": "a, b", "Ratio": "1:2"})
+    assert split_text(text) == ("p", "", {"Steps": "2", "Note": "a, b", "Ratio": "1:2"})
 
 
 # --- the command --------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from app.cli.arguments import build_parser
 from app.core import diagnosis, hardware, health, profiles
 from app.core.errors import HalfSafeError
 from app.core.generation import GenerationRequest, generate
-from app.core.images import parse_infotext, read_parameters
+from app.core.images import read_parameters
+from app.core.infotext import split_text
 from app.core.precision import plan_weights_mb
 from app.core.settings import FIELDS, PrecisionSettings
 from tests.core.test_health import TE_LAYER, VAE_LAYER, check, loaded
@@ -141,7 +142,7 @@ def test_generation_repairs_with_islands_and_the_png_names_them(no_native_bf16, 
     layers = entry.settings["fp32_modules"]
     assert f"vae:{VAE_LAYER}" in layers and len(layers) <= 2
     assert entry.settings["vae_precision"] == "fp16"
-    parameters = parse_infotext(read_parameters(entry.path))[2]
+    parameters = split_text(read_parameters(entry.path))[2]
     assert parameters["FP32 layers"] == " ".join(layers)
     assert parameters["VAE precision"] == "fp16"
 

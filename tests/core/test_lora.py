@@ -13,7 +13,7 @@ from app.cli import main
 from app.core import lora
 from app.core.checkpoint import write_safetensors
 from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError
-from app.core.images import parse_infotext
+from app.core.infotext import split_text
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 UNET_LAYERS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.2")
@@ -228,7 +228,7 @@ def test_generate_records_loras_as_a1111_does(tmp_path, capsys):
     )
     result = json.loads(capsys.readouterr().out)
     assert status == 0
-    prompt, _, params = parse_infotext(read_parameters(result["images"][0]["path"]) or "")
+    prompt, _, params = split_text(read_parameters(result["images"][0]["path"]) or "")
     assert prompt == "a red circle <lora:ink:0.5>"
     file = lora.read_lora(path)
     assert params["Lora hashes"] == f"ink: {file.short_hash}"

@@ -11,11 +11,12 @@ import pytest
 from PIL import Image
 from PySide6.QtGui import QGuiApplication
 
-from app.core.images import infotext, png_bytes
+from app.core.images import png_bytes
+from app.core.infotext import join_text
 from app.ui import dialogs as dialogs_module
 from app.ui.gallery import ENTRY, REQUESTED, thumbnail_cache_path
 
-NAN_PARAMETERS = infotext(
+NAN_PARAMETERS = join_text(
     "a red circle on a blue background",
     "blurry",
     [

@@ -19,6 +19,7 @@ from app.core.families.registry import (
     family,
     family_of,
     family_of_architecture,
+    family_of_denoiser,
 )
 from app.core.families.sd import StableDiffusionFamily
 from app.core.families.sd3 import SD3Family
@@ -41,5 +42,6 @@ __all__ = [
     "family",
     "family_of",
     "family_of_architecture",
+    "family_of_denoiser",
     "make_scheduler",
 ]

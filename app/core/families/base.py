@@ -60,6 +60,9 @@ class Family:
     # The diffusers class of a loaded pipeline's `transformer` that marks the family (None: a
     # UNet family, told apart by its text encoders).
     transformer_class: ClassVar[str | None] = None
+    # The denoiser's output channels per latent channel: 4 where it works on 2x2 patches packed
+    # into channels (Flux.1, Chroma), else 1.
+    packed_channels: ClassVar[int] = 1
     # How its transformer is kept as a file of its own (ComfyUI's `diffusion_models/`): the
     # keys that mark it, its config from shapes, its key table. None: no such file is read.
     layout: ClassVar[Layout | None] = None

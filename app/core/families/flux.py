@@ -193,6 +193,7 @@ class FluxFamily(ShiftedSigmas, Family):
     architectures = {"flux": "Flux.1", "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell"}
     latent = FLUX_LATENT
     transformer_class = "FluxTransformer2DModel"
+    packed_channels = 4
     layout = LAYOUT
     pipeline_class = "FluxPipeline"
     companion_names = {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "ae"}

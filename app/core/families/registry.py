@@ -37,6 +37,13 @@ def family_of(pipeline) -> Family:
     raise HalfSafeError(f"HalfSafe does not run a {type(pipeline).__name__}.")
 
 
+def family_of_denoiser(denoiser) -> Family | None:
+    """The family whose transformer `denoiser` is (None for a UNet: its family is told by the
+    pipeline's text encoders, see `family_of`)."""
+    name = type(denoiser).__name__
+    return next((f for f in FAMILIES if f.transformer_class == name), None)
+
+
 def family(family_id: FamilyId) -> Family:
     return _BY_ID[family_id]
 

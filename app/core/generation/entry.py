@@ -25,7 +25,7 @@ from app.core.generation.records import (
 from app.core.generation.repair import Repair
 from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
-from app.core.images import SAMPLER_NAMES
+from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.settings import FIELDS, PrecisionSettings
 

@@ -17,6 +17,7 @@ from app.core.checkpoint import (
     stored_dtype,
 )
 from app.core.errors import BadFileError, UnsupportedModelError
+from app.core.families import family_of_denoiser
 from app.core.jobs import CancelToken
 from app.core.layouts import count_indices
 from app.core.models import assembly
@@ -199,9 +200,9 @@ def load_vae_override(
 
 def check_latents(path: Path, vae, unet) -> None:
     latent = vae.config.latent_channels
-    # Flux and Chroma transformers work on 2x2 patches of the latent: 4 values per channel.
     kind = type(unet).__name__
-    patches = 4 if kind in ("FluxTransformer2DModel", "ChromaTransformer2DModel") else 1
+    family = family_of_denoiser(unet)
+    patches = family.packed_channels if family is not None else 1
     # Z-Image's transformer has no out_channels: it gives back what it takes.
     channels = (unet.config.get("out_channels") or unet.config.in_channels) // patches
     if latent != channels:
