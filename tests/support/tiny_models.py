@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.core.demo import DEMO_SIZE, SD_SCHEDULER_CONFIG
+from app.core.demo import demo_vae as tiny_vae  # the SD-shaped VAE every tiny SD pipeline uses
 from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
 
 
@@ -42,26 +43,6 @@ def tiny_text_encoder(
     _seeded(seed)
     model_class = CLIPTextModelWithProjection if projection else CLIPTextModel
     return model_class(config).eval()
-
-
-def tiny_vae(seed: int, scaling_factor: float = 0.18215):
-    from diffusers import AutoencoderKL
-
-    # A config mapping: diffusers annotates these variable-length tuples as one-item tuples.
-    config: dict[str, Any] = {
-        "in_channels": 3,
-        "out_channels": 3,
-        "latent_channels": 4,
-        "down_block_types": ("DownEncoderBlock2D",) * 4,
-        "up_block_types": ("UpDecoderBlock2D",) * 4,
-        "block_out_channels": (16, 32, 32, 32),
-        "layers_per_block": 1,
-        "norm_num_groups": 8,
-        "sample_size": DEMO_SIZE,
-        "scaling_factor": scaling_factor,
-    }
-    _seeded(seed)
-    return AutoencoderKL(**config).eval()
 
 
 def tiny_unet(seed: int, cross_attention_dim: int = 32, sdxl_text_embeds: int | None = None):
