@@ -381,7 +381,7 @@ def attribute(
     if component is None:
         return None
     if report.fix is not None and report.fix.verified:
-        # The check's chosen fix (`health._choose_fix`) only switched the attention backend:
+        # The check's chosen fix (`health.fix.choose_fix`) only switched the attention backend:
         # the same precision works on another kernel, so the kernel is the cause.
         backend = diagnosis.switched_backend(report.fix.settings, report.plan)
         if backend is not None:

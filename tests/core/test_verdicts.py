@@ -128,7 +128,7 @@ def test_a_wrong_candidate_is_never_the_fix(monkeypatch):
             "run the VAE in bf16",
         )
 
-    monkeypatch.setattr(health, "candidate_fixes", wrong_only)
+    monkeypatch.setattr("app.core.health.fix.candidate_fixes", wrong_only)
     report = check(loaded(pipeline), remember=False)
     assert report.fix.settings == {"no_half": True}
     assert report.fix.verified
@@ -137,7 +137,7 @@ def test_a_wrong_candidate_is_never_the_fix(monkeypatch):
     )
 
     # And with no fallback left, nothing is claimed at all.
-    monkeypatch.setattr(health, "_last_resort", lambda *args: None)
+    monkeypatch.setattr("app.core.health.check.last_resort", lambda *args: None)
     report = check(loaded(pipeline), remember=False)
     assert report.fix is None
     assert report.verdict is Verdict.BROKEN

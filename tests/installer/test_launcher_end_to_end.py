@@ -146,8 +146,8 @@ def test_second_start_is_a_no_op(launcher):
 
 
 def test_check_demo_runs_through_the_launcher(launcher):
-    if not (launcher.app / "app" / "core" / "health.py").exists():
-        pytest.skip("app/core/health.py (the `check` command's core) is not in this checkout yet")
+    if not (launcher.app / "app" / "core" / "health" / "__init__.py").exists():
+        pytest.skip("app/core/health/ (the `check` command's core) is not in this checkout yet")
     result, seconds = launcher.run("check", "demo", "--json")
     print(f"check demo: {seconds:.1f} s")
     assert result.returncode == 0, result.stderr[-2000:]

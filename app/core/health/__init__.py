@@ -1,0 +1,101 @@
+"""The model health check: which component and which layer overflows, what fp16 and bf16 would
+do to each component on this device, and the cheapest fix that really works, proved by
+re-running the part that failed and comparing it with an fp32 reference.
+
+The check runs what a generation runs, only shorter: the text encoder(s) on a real prompt and
+the empty prompt, the denoiser at the first, middle and last timesteps of the user's own
+sampler schedule with the CFG batch, and the VAE decoding the latent that short run produced.
+Every module is watched by `probe.ActivationRecorder`. A component that went non-finite gets
+candidate fixes (`diagnosis.FIX_KINDS`: backend switches, clamps, layer-level precision islands,
+a whole component wider), each re-run on that component alone and judged finite or not and
+against the fp32 reference; the verified ones are measured on this device, and the cheapest
+(`diagnosis.rank_candidates`) is the fix, the others shown beside it.
+
+One responsibility per module, each importing only those before it:
+  words         the words for plain facts: statuses, a plan's precisions, flags, costs, the
+                candidate table (shared by the CLI text, the GUI and the Markdown report)
+  report        HealthReport and its parts, their JSON, the headline
+  markdown      the report as a Markdown file
+  stages        running the pipeline in stages under any plan (Runner), probe_run
+  observations  per component: its report, what fp16 and bf16 would do, the fp16 advice
+  fix           the search for a fix, the last resort, the fix in one sentence
+  check         check_loaded, step by step
+"""
+
+from __future__ import annotations
+
+from app.core.diagnosis import AT_RISK_HEADROOM, FixCandidate, candidate_fixes
+from app.core.health.check import check_loaded
+from app.core.health.markdown import candidate_markdown, markdown_report, write_markdown_report
+from app.core.health.observations import HALF_DTYPES
+from app.core.health.report import (
+    Advice,
+    ComponentReport,
+    Fix,
+    HealthReport,
+    PrecisionOutcome,
+    component_of_tensor,
+    damaged_files,
+    headline,
+    precision_words,
+    status_words,
+)
+from app.core.health.stages import (
+    COST_ROUNDS,
+    DEFAULT_PROMPT,
+    DEFAULT_SCHEDULER,
+    DEFAULT_STEPS,
+    ProbeRun,
+    probe_run,
+    probe_timesteps,
+)
+from app.core.health.stages import Runner as _Runner  # benchmarks/health_check.py times stages
+from app.core.health.words import (
+    CANDIDATE_COLUMNS,
+    STATUS_WORDS,
+    candidate_rows,
+    cost_comparison,
+    cost_words,
+    flag,
+    flags,
+    layer_words,
+    tested_words,
+)
+
+__all__ = [
+    "AT_RISK_HEADROOM",
+    "CANDIDATE_COLUMNS",
+    "COST_ROUNDS",
+    "DEFAULT_PROMPT",
+    "DEFAULT_SCHEDULER",
+    "DEFAULT_STEPS",
+    "HALF_DTYPES",
+    "STATUS_WORDS",
+    "Advice",
+    "ComponentReport",
+    "Fix",
+    "FixCandidate",
+    "HealthReport",
+    "PrecisionOutcome",
+    "ProbeRun",
+    "_Runner",
+    "candidate_fixes",
+    "candidate_markdown",
+    "candidate_rows",
+    "check_loaded",
+    "component_of_tensor",
+    "cost_comparison",
+    "cost_words",
+    "damaged_files",
+    "flag",
+    "flags",
+    "headline",
+    "layer_words",
+    "markdown_report",
+    "precision_words",
+    "probe_run",
+    "probe_timesteps",
+    "status_words",
+    "tested_words",
+    "write_markdown_report",
+]

@@ -1,0 +1,470 @@
+"""`check_loaded`, the health check of a loaded model, step by step: the plan it runs (the
+device, the fix remembered for this model, the weights found damaged when loading), the text
+encoders, the denoiser and the VAE each run once and every component that went non-finite
+given its fix (`fix.choose_fix`), everything in fp32 as the last resort, the notes and
+precisions of each component, the verdict, the fix's cost and the report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app import __version__
+from app.core import diagnosis
+from app.core.components import Verdict, join_words
+from app.core.components import words as component_words
+from app.core.diagnosis import no_half
+from app.core.errors import HalfSafeError
+from app.core.families import family_of
+from app.core.health.fix import Search, choose_fix, fix_summary, last_resort
+from app.core.health.observations import (
+    Observations,
+    at_fault,
+    component_report,
+    fp16_advice,
+    mark_fed_by,
+    predicted_islands,
+)
+from app.core.health.report import ComponentReport, Fix, HealthReport, component_of_tensor
+from app.core.health.stages import (
+    DEFAULT_PROMPT,
+    DEFAULT_SCHEDULER,
+    DEFAULT_STEPS,
+    Runner,
+    Stage,
+    all_finite,
+    finite_stand_in,
+    first_bad_name,
+)
+from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.precision import PrecisionPlan
+from app.core.prediction import prediction_summary
+from app.core.probe import ProbeResult
+from app.core.settings import PrecisionSettings
+
+if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or only named here
+    from app.core.hardware import DeviceInfo
+    from app.core.profiles import RememberedFix
+    from app.core.quantized import QuantFinding
+
+STAGES = 3  # the progress total: the text encoders, the denoiser, the VAE
+
+
+def check_loaded(
+    model,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    size: int | None = None,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
+    prompt: str = DEFAULT_PROMPT,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+    remember: bool = True,
+    measure_cost: bool = True,
+) -> HealthReport:
+    """Check a loaded model on `device` under the user's precision settings.
+
+    `steps` and `scheduler` are the user's sampler settings: the denoiser is probed at the first,
+    middle and last timesteps of that schedule. Runs on the calling thread and takes seconds on a
+    GPU. Side effects: components are copied to the device for the duration (released at the
+    end), and a verified fix is stored in the model's remembered profile (unless `remember` is
+    False). With `measure_cost`, a verified fix is also timed against no-half, alternating.
+    """
+    started = time.perf_counter()
+    progress = on_progress or no_progress
+    cancel = cancel or CancelToken()
+    size = _checked_size(model, size)
+    start = _start(model, precision, device)
+    check = _Check(model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel)
+    try:
+        encoded = check.text_encoders()
+        denoised = check.denoiser(encoded)
+        check.vae(denoised)
+        last_resort(
+            check.runner,
+            check.search,
+            check.seen,
+            check.reports,
+            check.first_probes,
+            start.plan,
+            start.broken,
+            progress,
+            cancel,
+        )
+        check.note_inputs_beyond_range()
+        check.weigh_precisions()
+        verdict, fix, islands = check.conclude(remember)
+    finally:
+        # Also on cancel or error: drop the device copies and hand cached memory back.
+        check.runner.placed.release()
+    progress("Done", STAGES, STAGES)
+    return _report(model, start, size, check, verdict, fix, islands, started)
+
+
+@dataclass
+class _Start:
+    """What the check starts from: the device, the plan it runs (the user's settings, or the fix
+    remembered for this model on this device), the notes so far, and the weights found damaged
+    when the model was loaded with the components they break."""
+
+    info: DeviceInfo
+    plan: PrecisionPlan
+    remembered: RememberedFix | None
+    notes: list[str]
+    bad_weights: list[str]
+    bad_quantized: list[QuantFinding]
+    broken: set[str | None]
+
+
+def _checked_size(model, size: int | None) -> int:
+    """The probe size in pixels (the model's own by default), refused when the family cannot
+    run it."""
+    size = size or model.native_size
+    if size < 64 or size % 8:
+        raise HalfSafeError(f"The check size must be a multiple of 8 and at least 64, not {size}.")
+    problem = family_of(model.pipeline).size_problem(model.pipeline, size, size)
+    if problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
+    return size
+
+
+def _start(model, precision: PrecisionSettings, device: str) -> _Start:
+    """The device, the remembered fix and the plan, with their notes; then the damaged weights."""
+    from app.core import hardware, profiles
+
+    torch_device = hardware.pick_device(device)
+    info = hardware.describe_device(torch_device)
+    found = profiles.lookup(model.profile_key, info.name)
+    remembered = found.fix
+    plan = diagnosis.plan_for_model(
+        model,
+        precision,
+        device=torch_device,
+        device_info=info,
+        remembered=remembered.settings if remembered else None,
+    )
+    notes = list(plan.warnings) + found.notes + list(getattr(model, "notes", []))
+    notes.extend(profiles.remembered_words(remembered, plan))
+    bad_weights, bad_quantized, broken = _damaged_weights(model, notes)
+    return _Start(info, plan, remembered, notes, bad_weights, bad_quantized, broken)
+
+
+def _damaged_weights(
+    model, notes: list[str]
+) -> tuple[list[str], list[QuantFinding], set[str | None]]:
+    """The tensors the load found NaN or Inf and the quantized ones that decode wrongly, and the
+    components they break; a note when the model is stored quantized and decodes plausibly."""
+    bad_weights = sorted(model.weights.non_finite)
+    bad_quantized = list(getattr(model.weights, "bad_quantized", []))
+    broken = {component_of_tensor(name) for name in bad_weights} | {
+        f.component or component_of_tensor(f.tensor) for f in bad_quantized
+    }
+    quantization = getattr(model, "quantization", None)
+    if quantization and not bad_quantized:
+        notes.append(
+            f"The model is stored quantized ({quantization['format']}: "
+            f"{', '.join(quantization['types'])}); the check ran on its weights dequantised to "
+            f"{quantization['dequantized_to']}, whose scales and decoded values are plausible."
+        )
+    return bad_weights, bad_quantized, broken
+
+
+class _Check:
+    """One run of the check: the runner, and what the stages found so far (each component's
+    first probe and report, every run by dtype, the fix search), on the calling thread."""
+
+    def __init__(
+        self,
+        model,
+        start: _Start,
+        size: int,
+        prompt: str,
+        steps: int,
+        scheduler: str,
+        measure_cost: bool,
+        progress: ProgressCallback,
+        cancel: CancelToken,
+    ) -> None:
+        self.model = model
+        self.start = start
+        self.plan = start.plan
+        self.notes = start.notes
+        self.broken = start.broken
+        self.runner = Runner(model, start.plan, size, prompt, steps, scheduler)
+        self.seen = Observations()
+        self.search = Search(start.plan)
+        self.bf16_native = getattr(start.info, "bf16", None) == "native"
+        self.measure_cost = measure_cost
+        self.progress = progress
+        self.cancel = cancel
+        self.reports: dict[str, ComponentReport] = {}
+        self.first_probes: dict[str, ProbeResult] = {}
+        self.text_encoder_names: list[str] = []
+        # What the denoiser was given (a finite stand-in when the encoders' output was not),
+        # and the first component at fault upstream of a stage fed non-finite values.
+        self.conditioning: Any = None
+        self.fed_by: str | None = None
+
+    def settle(
+        self, stage_fn: Callable[[PrecisionPlan, bool], Stage], names: list[str], first: Stage
+    ) -> Stage:
+        """Report each component of a stage and, for one that failed, find its fix: the
+        cheapest candidate whose re-run is finite and agrees with the fp32 reference."""
+        search, progress = self.search, self.progress
+        self.seen.add(first, search.plan)
+        good = first
+        reference: Stage | None = None
+        for name in names:
+            probe = self.first_probes[name] = first.probes[name]
+            verify: ProbeResult | None = None
+            if name in self.broken:
+                pass
+            elif probe.non_finite and good is not first and not good.probes[name].non_finite:
+                verify = good.probes[name]  # the fix found for a sibling fixed this one too
+            elif probe.non_finite:
+                if reference is None:
+                    progress("Running the fp32 reference", 0, 1)
+                    reference = stage_fn(diagnosis.fp32_reference(search.plan), True)
+                chosen = choose_fix(
+                    name,
+                    stage_fn,
+                    search,
+                    reference,
+                    self.runner,
+                    self.seen,
+                    first_bad_name(probe),
+                    self.bf16_native,
+                    self.measure_cost,
+                    progress,
+                    self.cancel,
+                )
+                if chosen is not None:
+                    # The fp32 reference shows the true magnitude (a clamp's run would not).
+                    verify, good = reference.probes[name], chosen
+                if verify is None:
+                    search.unfixed.append(name)
+            self.reports[name] = component_report(
+                name,
+                self.plan.dtypes[name],
+                probe,
+                verify,
+                first.seconds.get(name, 0.0),
+                self.runner.placed[name],
+                name in self.broken,
+            )
+        return good
+
+    def text_encoders(self) -> Stage:
+        """The first stage: the text encoder(s) on the prompt and the empty prompt."""
+        runner = self.runner
+        self.progress("Checking the text encoder", 0, STAGES)
+        self.cancel.raise_if_cancelled()
+        self.text_encoder_names = [
+            n for n in runner.family.text_encoders(self.model.pipeline) if n in self.plan.dtypes
+        ]
+        return self.settle(runner.encode, self.text_encoder_names, runner.encode(self.plan))
+
+    # A stage fed non-finite values by an earlier one is checked on a finite stand-in, and its
+    # components are reported as fed by the first component at fault upstream.
+
+    def denoiser(self, encoded: Stage) -> Stage:
+        """The second stage: the denoiser at the probe's timesteps, on the encoders' output
+        (their non-finite values zeroed when nothing fixed them)."""
+        runner = self.runner
+        denoiser = runner.family.denoiser
+        self.progress(f"Checking the {component_words(denoiser)}", 1, STAGES)
+        self.cancel.raise_if_cancelled()
+        conditioning = encoded.output
+        if not all_finite(conditioning):  # nothing fixed an encoder: zero what is non-finite
+            self.fed_by = at_fault(self.text_encoder_names, self.reports)
+            conditioning = finite_stand_in(conditioning)
+        self.conditioning = conditioning
+        denoised = self.settle(
+            lambda p, record: runner.denoise(p, conditioning, record),
+            [denoiser],
+            runner.denoise(self.search.plan, conditioning),
+        )
+        mark_fed_by(self.reports, [denoiser], self.fed_by, self.notes, "zeroed embeddings")
+        return denoised
+
+    def vae(self, denoised: Stage) -> None:
+        """The third stage: the VAE decoding the denoiser's latent (a seeded noise latent when
+        nothing fixed the denoiser)."""
+        import torch
+
+        runner = self.runner
+        self.progress("Checking the VAE", 2, STAGES)
+        self.cancel.raise_if_cancelled()
+        latents = denoised.output
+        stand_in = f"what the {component_words(runner.family.denoiser)} made of its stand-in"
+        if not all_finite(latents):  # nothing fixed the denoiser: decode a plausible latent
+            self.fed_by = self.fed_by or at_fault([runner.family.denoiser], self.reports)
+            stand_in = "a seeded noise latent"
+            latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
+                latents.device
+            )
+        self.settle(
+            lambda p, record: runner.decode(p, latents, record),
+            ["vae"],
+            runner.decode(self.search.plan, latents),
+        )
+        mark_fed_by(self.reports, ["vae"], self.fed_by, self.notes, stand_in)
+
+    def note_inputs_beyond_range(self) -> None:
+        """A note for each component whose input was already non-finite, with no layer of its
+        own at fault."""
+        for name, probe in self.first_probes.items():
+            root = probe.modules.get("")
+            if probe.first_bad_module() is None and root is not None and root.non_finite:
+                self.notes.append(
+                    f"The {component_words(name)} received values already beyond fp16's "
+                    "range from the part before it, so no layer inside it is to blame."
+                )
+
+    def weigh_precisions(self) -> None:
+        """What fp16 and bf16 do for each component, from every run of it, and a note where
+        fp16 is at risk only through attention scores."""
+        for name, report in self.reports.items():
+            report.precisions = self.seen.precisions(name, name in self.broken)
+            note = self.seen.score_note(name)
+            if note:
+                self.notes.append(note)
+
+    def conclude(self, remember: bool) -> tuple[Verdict, Fix | None, dict[str, list[str]]]:
+        """The verdict; for a fixable model the proved fix (timed and remembered as asked), for
+        a healthy one the layers a wider run measured past fp16's range."""
+        failed = [n for n, r in self.reports.items() if r.status.failed]
+        self.notes.extend(self.search.rejected)
+        if self.broken or self.search.unfixed:
+            self.note_why_broken()
+            return Verdict.BROKEN, None, {}
+        if failed:
+            fix = self.proved_fix(failed)
+            if self.measure_cost:
+                self.measure_fix_cost(fix)
+            if remember and fix.verified:
+                self.remember_fix(fix)
+            return Verdict.FIXABLE, fix, {}
+        islands = predicted_islands(self.reports, self.first_probes, self.runner.placed)
+        return Verdict.HEALTHY, None, islands
+
+    def note_why_broken(self) -> None:
+        """Why no precision fix is claimed: damaged weights, badly quantized ones, or a
+        component no candidate made finite and right."""
+        start = self.start
+        if start.bad_weights:
+            self.notes.append(
+                "The weights themselves hold NaN or Inf values: this file is damaged, "
+                "and no precision setting can repair it."
+            )
+        if start.bad_quantized:
+            bad_quantized = start.bad_quantized
+            more = f" (and {len(bad_quantized) - 1} more)" if len(bad_quantized) > 1 else ""
+            self.notes.append(
+                f"Quantized weights decode wrongly: {bad_quantized[0].sentence}{more}. "
+                "This is the file's quantisation (or the tool that converted it), not fp16 "
+                "overflow, and no precision setting can repair it."
+            )
+        if not self.broken:
+            self.notes.append(
+                f"The {join_words(self.search.unfixed)} gives no finite output that agrees with "
+                "fp32 under any precision setting, so the cause is not precision (the "
+                "weights, a LoRA or a kernel: see the cause, where one was found)."
+            )
+
+    def proved_fix(self, failed: list[str]) -> Fix:
+        """The fix the search found for the failed components; verified when the worst of their
+        re-runs agrees with the fp32 reference."""
+        search = self.search
+        quality = min(search.qualities.values(), key=lambda q: q.value, default=None)
+        return Fix(
+            search.plan,
+            search.settings,
+            fix_summary(failed, search.words, self.plan, search.plan, quality),
+            verified=quality is not None and quality.passed,
+            quality=quality,
+            steps=list(search.words),
+            candidates=list(search.candidates),
+            baselines=dict(search.baselines),
+        )
+
+    def measure_fix_cost(self, fix: Fix) -> None:
+        """A denoiser step under the fix and under no-half, alternating."""
+        self.progress("Measuring the cost of the fix", 3, STAGES)
+        fix.cost = self.runner.unet_step_costs(
+            {"fix": self.search.plan, "no_half": no_half(self.plan)}, self.conditioning
+        )
+
+    def remember_fix(self, fix: Fix) -> None:
+        """Store the fix in the model's remembered profile for this device."""
+        from app.core import profiles
+
+        profiles.remember_fix(
+            self.model.profile_key,
+            self.start.info.name,
+            self.search.settings,
+            fix.summary,
+            "health check",
+        )
+
+
+def _report(
+    model,
+    start: _Start,
+    size: int,
+    check: _Check,
+    verdict: Verdict,
+    fix: Fix | None,
+    islands: dict[str, list[str]],
+    started: float,
+) -> HealthReport:
+    """The finished check as a report; `started` is when check_loaded began (perf_counter)."""
+    info, plan, remembered = start.info, start.plan, start.remembered
+    return HealthReport(
+        model={
+            "source": model.source,
+            "format": model.format,
+            "architecture": model.architecture,
+            "name": model.name,
+            "prediction": prediction_summary(model),
+            "quantization": getattr(model, "quantization", None),
+            "companions": dict(getattr(model, "companions", {})),
+        },
+        device={"kind": info.kind, "name": info.name},
+        plan=plan,
+        size=size,
+        weights_non_finite=start.bad_weights,
+        components=check.reports,
+        verdict=verdict,
+        fix=fix,
+        seconds=time.perf_counter() - started,
+        notes=start.notes,
+        versions=_versions(),
+        remembered=remembered.summary if remembered and plan.remembered_used else None,
+        timesteps=check.runner.timesteps,
+        advice=(
+            fp16_advice(check.reports, plan, check.bf16_native, islands)
+            if verdict is Verdict.HEALTHY
+            else None
+        ),
+        loras=list(getattr(model, "loras", [])),
+        tried=list(check.search.candidates),
+        weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
+    )
+
+
+def _versions() -> dict[str, str]:
+    import diffusers
+    import torch
+
+    return {
+        "halfsafe": __version__,
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "cuda": torch.version.cuda or "",
+        "hip": getattr(torch.version, "hip", None) or "",
+    }

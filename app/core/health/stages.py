@@ -1,0 +1,320 @@
+"""Running the pipeline in stages, as a generation runs it only shorter: the text encoder(s) on
+the prompt and the empty prompt, the denoiser at the first, middle and last timesteps of the
+user's schedule with the CFG batch, the VAE decoding what that made. Each stage runs under any
+`PrecisionPlan` with every module watched (`probe.ActivationRecorder`) and its components timed;
+`Runner` also times a step under several plans, alternating, for the cost of a fix.
+`probe_run` is the three stages once, end to end."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.core.components import in_run_order
+from app.core.families import family_of
+from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, plan_weights_mb
+from app.core.probe import ActivationRecorder, ProbeResult
+from app.core.settings import FIELDS
+
+DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
+
+
+DEFAULT_STEPS = FIELDS["steps"].default
+
+
+DEFAULT_SCHEDULER = FIELDS["scheduler"].default
+
+
+COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
+
+
+@dataclass
+class Stage:
+    """What one run of one stage gave: per-component probes, seconds, and the stage's output."""
+
+    probes: dict[str, ProbeResult]
+    seconds: dict[str, float]
+    output: Any
+
+
+class _ComponentTimer:
+    """Wall time spent inside a component's own forward calls (synchronised at its boundary)."""
+
+    def __init__(self, module, device) -> None:
+        self.seconds = 0.0
+        self._device = device
+        self._start = 0.0
+        self._handles = [
+            module.register_forward_pre_hook(self._before),
+            module.register_forward_hook(self._after),
+        ]
+
+    def _sync(self) -> None:
+        import torch
+
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+
+    def _before(self, *_):
+        self._sync()
+        self._start = time.perf_counter()
+
+    def _after(self, *_):
+        self._sync()
+        self.seconds += time.perf_counter() - self._start
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class Runner:
+    """Runs the check's three stages under any plan, on one PlacedPipeline."""
+
+    def __init__(
+        self, model, plan: PrecisionPlan, size: int, prompt: str, steps: int, scheduler: str
+    ) -> None:
+        import torch
+
+        self.model = model
+        self.placed = PlacedPipeline(model.pipeline, plan)
+        self.device = torch.device(plan.device)
+        self.size = size
+        self.prompt = prompt
+        self.family = family_of(model.pipeline)
+        self.timesteps = probe_timesteps(model, steps, scheduler, size)
+
+    def _watch(
+        self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
+    ) -> Stage:
+        self.placed.apply(plan)
+        pipe = self.placed.pipeline()
+        recorders = {n: ActivationRecorder(self.placed[n]) for n in names} if record else {}
+        timers = {n: _ComponentTimer(self.placed[n], self.device) for n in names}
+        started = time.perf_counter()
+        try:
+            with backend_flags(plan):
+                import torch
+
+                with torch.inference_mode():
+                    output = run(pipe)
+        finally:
+            for r in recorders.values():
+                r.remove()
+            for t in timers.values():
+                t.remove()
+        probes = {n: r.read(output if len(names) == 1 else None) for n, r in recorders.items()}
+        seconds = {n: t.seconds for n, t in timers.items()}
+        if names == ["vae"]:  # the VAE runs through .decode, not forward: time the stage
+            seconds["vae"] = time.perf_counter() - started
+        return Stage(probes, seconds, output)
+
+    def encode(self, plan: PrecisionPlan, record: bool = True) -> Stage:
+        names = [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
+
+        def run(pipe):
+            return self.family.encode(pipe, self.prompt, "", self.device, guidance=True)
+
+        stage = self._watch(plan, names, run, record)
+        if record:
+            # The encoder's own output decides its status, whatever the pipeline did after.
+            finite = all_finite(stage.output)
+            for probe in stage.probes.values():
+                probe.output_finite = probe.output_finite and (finite or len(names) > 1)
+        return stage
+
+    def denoise(
+        self,
+        plan: PrecisionPlan,
+        conditioning: dict[str, Any],
+        record: bool = True,
+        timesteps: list[float] | None = None,
+    ) -> Stage:
+        """The denoiser stepped through `timesteps` (by default the probe's: the first, middle
+        and last timesteps of the user's schedule) from seeded noise, as the family samples
+        (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding)."""
+
+        def run(pipe):
+            return self.family.probe_denoise(
+                pipe, conditioning, self.size, self.device, list(timesteps or self.timesteps)
+            )
+
+        return self._watch(plan, [self.family.denoiser], run, record)
+
+    def decode(self, plan: PrecisionPlan, latents, record: bool = True) -> Stage:
+        def run(pipe):
+            return self.family.decode(pipe.vae, latents)
+
+        return self._watch(plan, ["vae"], run, record)
+
+    def stage_costs(
+        self,
+        name: str,
+        stage_fn: Callable[[PrecisionPlan, bool], Stage],
+        plans: dict[str, PrecisionPlan],
+    ) -> dict[str, dict[str, Any]]:
+        """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
+        encode) under each plan, measured as `unet_step_costs` does: a warm-up each (which also
+        gives peak device memory where the device reports it), then `COST_ROUNDS` rounds that
+        alternate between the plans; median and range."""
+        import torch
+
+        cuda = self.device.type == "cuda"
+        per_run = len(self.timesteps) if name == self.family.denoiser else 1
+        samples: dict[str, list[float]] = {label: [] for label in plans}
+        peaks: dict[str, float | None] = dict.fromkeys(plans)
+        for label, plan in plans.items():
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            stage_fn(plan, False)
+            if cuda:
+                peaks[label] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        for _ in range(COST_ROUNDS):
+            for label, plan in plans.items():
+                stage = stage_fn(plan, False)
+                samples[label].append(stage.seconds.get(name, 0.0) * 1000 / per_run)
+        return {
+            label: {
+                "step_ms": round(statistics.median(samples[label]), 2),
+                "step_ms_range": [round(min(samples[label]), 2), round(max(samples[label]), 2)],
+                "rounds": COST_ROUNDS,
+                "peak_memory_mb": _rounded(peaks[label]),
+                "weights_mb": round(plan_weights_mb(plan, self.model.pipeline), 2),
+            }
+            for label, plan in plans.items()
+        }
+
+    def unet_step_costs(
+        self, plans: dict[str, PrecisionPlan], conditioning: dict[str, Any]
+    ) -> dict[str, dict[str, Any]]:
+        """Time of one UNet step (CFG batch) under each plan, measured the same way for all:
+        one warm-up step each, then `COST_ROUNDS` rounds that alternate between the plans, so
+        drift (clocks, caches, other load) hits every plan alike. Reports the median and the
+        spread; peak device memory where the device reports it."""
+        import torch
+
+        cuda = self.device.type == "cuda"
+        one_step = self.timesteps[len(self.timesteps) // 2 : len(self.timesteps) // 2 + 1]
+        samples: dict[str, list[float]] = {name: [] for name in plans}
+        peaks: dict[str, float | None] = dict.fromkeys(plans)
+        for name, plan in plans.items():  # warm-up, and the peak memory of a step
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self.denoise(plan, conditioning, record=False, timesteps=one_step)
+            if cuda:
+                peaks[name] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        for _ in range(COST_ROUNDS):
+            for name, plan in plans.items():
+                stage = self.denoise(plan, conditioning, record=False, timesteps=one_step)
+                samples[name].append(stage.seconds[self.family.denoiser] * 1000)
+        return {
+            name: {
+                "unet_step_ms": round(statistics.median(samples[name]), 2),
+                "unet_step_ms_range": [round(min(samples[name]), 2), round(max(samples[name]), 2)],
+                "rounds": COST_ROUNDS,
+                "peak_memory_mb": _rounded(peaks[name]),
+                "weights_mb": round(plan_weights_mb(plan, self.model.pipeline), 1),
+            }
+            for name, plan in plans.items()
+        }
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None
+
+
+def probe_timesteps(model, steps: int, scheduler: str, size: int | None = None) -> list[float]:
+    """Where the check runs the denoiser: the first, the middle and the last timestep of the
+    user's sampler at the user's step count.
+
+    Three are enough because what decides a denoiser's activations is the noise level, through
+    the input's scale and the timestep embedding, and both change monotonically along the
+    schedule: the ends bound them. The first step sees pure noise at the largest sigma; the last
+    sees an almost clean latent at the smallest timestep the sampler ever uses (t=0 for Karras
+    schedules), where faults that only fire at low noise live and where every real image ends.
+    The middle step catches a fault peaked inside the range. The probe integrates with Euler
+    steps between these three, so the latent at each one is a plausible one for its noise level.
+    A flow-matching family (Flux) probes its own sigma schedule at this size (sigma x 1000).
+    """
+    return family_of(model.pipeline).probe_timesteps(
+        model, steps, scheduler, size or model.native_size
+    )
+
+
+def all_finite(value: Any) -> bool:
+    from app.core.probe import max_abs
+
+    peak = max_abs(value)
+    return peak is None or math.isfinite(float(peak))
+
+
+@dataclass
+class ProbeRun:
+    """One end-to-end run of the check's three stages under one plan: the decoded image and
+    every component's probe."""
+
+    image: Any
+    probes: dict[str, ProbeResult]
+
+    @property
+    def failed(self) -> list[str]:
+        """The components whose output went non-finite, in run order."""
+        return in_run_order([n for n, p in self.probes.items() if p.non_finite])
+
+    @property
+    def finite(self) -> bool:
+        return not self.failed and all_finite(self.image)
+
+    def first_bad_module(self, component: str) -> str | None:
+        probe = self.probes.get(component)
+        return first_bad_name(probe) if probe is not None else None
+
+
+def probe_run(
+    model,
+    plan: PrecisionPlan,
+    *,
+    size: int,
+    steps: int = DEFAULT_STEPS,
+    scheduler: str = DEFAULT_SCHEDULER,
+    prompt: str = DEFAULT_PROMPT,
+) -> ProbeRun:
+    """Run the text encoder(s), the denoiser at the probe's timesteps and the VAE once under
+    `plan`, as the check's first pass does, recording every module; the device copies are
+    released at the end. Runs on the calling thread."""
+    runner = Runner(model, plan, size, prompt, steps, scheduler)
+    try:
+        encoded = runner.encode(plan)
+        denoised = runner.denoise(plan, encoded.output)
+        decoded = runner.decode(plan, denoised.output)
+    finally:
+        runner.placed.release()
+    return ProbeRun(decoded.output, {**encoded.probes, **denoised.probes, **decoded.probes})
+
+
+def first_bad_name(probe: ProbeResult) -> str | None:
+    bad = probe.first_bad_module()
+    return bad.name if bad else None
+
+
+def finite_stand_in(value: Any) -> Any:
+    """`value` (a stage's output: tensors in dicts, lists and tuples) with every floating
+    tensor that holds NaN or Inf replaced by zeros of its shape: zeroed embeddings are what
+    SDXL and SD3 give the denoiser for an empty negative prompt, a plausible input."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return torch.zeros_like(value)
+        return value
+    if isinstance(value, dict):
+        return {k: finite_stand_in(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(finite_stand_in(v) for v in value)
+    return value

@@ -1,0 +1,187 @@
+"""The check's words for plain facts, shared by the CLI text, the GUI and the Markdown report:
+the status table, a plan's precisions and layer islands, settings as CLI flags, the cost of a
+fix against no-half, and the table of fix candidates (read from the fix's JSON form)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.core.components import Status
+from app.core.components import words as component_words
+from app.core.precision import PrecisionPlan
+from app.core.settings import FIELDS, modules_by_component
+
+STATUS_WORDS = {
+    Status.OK: "ok",
+    Status.AT_RISK: "close to the fp16 limit",
+    Status.OVERFLOW: "OVERFLOWS",
+    Status.NAN: "goes NaN",
+    Status.BROKEN_WEIGHTS: "damaged weights",
+}
+
+
+def layer_words(plan: PrecisionPlan) -> list[str]:
+    """'with 3 VAE layers in fp32', 'with 1 UNet layer clamped': the plan's module islands and
+    clamps, per component and dtype (the T5 feed-forward islands included)."""
+    words_: list[str] = []
+    for component in plan.dtypes:
+        by_dtype: dict[str, int] = {}
+        for dtype in plan.islands(component).values():
+            by_dtype[dtype] = by_dtype.get(dtype, 0) + 1
+        name = component_words(component)
+        for dtype, count in by_dtype.items():
+            words_.append(f"with {count} {name} layer{'s' if count != 1 else ''} in {dtype}")
+        clamped = len(plan.clamps.get(component, ()))
+        if clamped:
+            words_.append(f"with {clamped} {name} layer{'s' if clamped != 1 else ''} clamped")
+    return words_
+
+
+def tested_words(plan: PrecisionPlan) -> str:
+    """'no-half', 'fp16', 'fp16, VAE in fp32', 'fp16, with 2 VAE layers in fp32': the
+    precisions a check ran with, briefly."""
+    dtypes = plan.dtypes
+    if all(d == "fp32" for d in dtypes.values()):
+        return "no-half"
+    counts: dict[str, int] = {}
+    for dtype in dtypes.values():
+        counts[dtype] = counts.get(dtype, 0) + 1
+    base = max(counts, key=lambda d: counts[d])
+    others = [f"{component_words(n)} in {d}" for n, d in dtypes.items() if d != base]
+    others.extend(layer_words(plan))
+    if plan.autocast_active and base == "fp16":
+        base = "fp16 under autocast"
+    elif plan.autocast_active:
+        others.append("fp16 parts under autocast")
+    return ", ".join([base, *others])
+
+
+def flag(key: str, value: Any) -> str:
+    """A setting as the CLI flag that sets it ('' for a switch already at its default)."""
+    field_ = FIELDS[key]
+    name = "--" + field_.flag_name
+    if isinstance(value, bool):
+        if value:
+            return name
+        return f"--no-{field_.flag_name}" if field_.default else ""
+    if field_.kind == "modules":  # one flag per component: --fp32-modules vae:a,b
+        return " ".join(
+            f"{name} {component}:{','.join(paths)}"
+            for component, paths in modules_by_component(list(value)).items()
+        )
+    return f"{name} {value}"
+
+
+def flags(settings: dict[str, Any]) -> str:
+    return " ".join(f for f in (flag(k, v) for k, v in settings.items()) if f)
+
+
+def cost_words(cost: dict[str, Any]) -> str:
+    parts = []
+    if cost.get("unet_step_ms") is not None:
+        spread = cost.get("unet_step_ms_range")
+        parts.append(
+            f"{cost['unet_step_ms']:.1f} ms per UNet step"
+            + (
+                f" ({spread[0]:.1f}-{spread[1]:.1f} over {cost.get('rounds')} runs)"
+                if spread
+                else ""
+            )
+        )
+    if cost.get("peak_memory_mb") is not None:
+        parts.append(f"{cost['peak_memory_mb']:.0f} MB peak")
+    if cost.get("weights_mb") is not None:
+        parts.append(f"{cost['weights_mb']:.0f} MB of weights")
+    return ", ".join(parts) or "not measured"
+
+
+def cost_comparison(cost: dict[str, dict[str, Any]]) -> str:
+    """One sentence comparing the fix's step time with no-half's, honest about noise: when the
+    two ranges overlap the measurement cannot tell them apart, and says so."""
+    fix, half = cost.get("fix") or {}, cost.get("no_half") or {}
+    fast, slow = fix.get("unet_step_ms"), half.get("unet_step_ms")
+    if not fast or not slow:
+        return ""
+    fix_range = fix.get("unet_step_ms_range") or [fast, fast]
+    half_range = half.get("unet_step_ms_range") or [slow, slow]
+    if fix_range[1] >= half_range[0] and half_range[1] >= fix_range[0]:
+        return (
+            "Per UNet step the fix and no-half took the same time within this measurement's noise."
+        )
+    if slow > fast:
+        return f"Per UNet step the fix was {slow / fast:.2g}x as fast as no-half."
+    return f"Per UNet step the fix was {fast / slow:.2g}x as slow as no-half on this device."
+
+
+CANDIDATE_COLUMNS = (
+    "component",
+    "candidate",
+    "layers",
+    "quality",
+    "result",
+    "ms per step",
+    "peak MB",
+    "weights MB",
+)
+
+
+def _result_words(row: dict[str, Any]) -> str:
+    if row.get("chosen"):
+        return "chosen"
+    if row.get("verified"):
+        return "verified"
+    if row.get("finite"):
+        return "rejected: differs from fp32"
+    return "rejected: not finite"
+
+
+def _ms(cost: dict[str, Any]) -> str:
+    step, spread = cost.get("step_ms"), cost.get("step_ms_range")
+    if step is None:
+        return "-"
+    return f"{step:.1f} ({spread[0]:.1f}-{spread[1]:.1f})" if spread else f"{step:.1f}"
+
+
+def _mb(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def candidate_rows(fix: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The fix's candidates as table rows (`CANDIDATE_COLUMNS`), ranked, each failing
+    component's measured baselines (its tested plan, no-half) after its candidates. Reads the
+    JSON form (`Fix.to_json()`), so the CLI, the Markdown report and the GUI show one table."""
+    rows: list[tuple[str, ...]] = []
+    candidates = fix.get("candidates") or []
+    baselines = fix.get("baselines") or {}
+    for component in dict.fromkeys(c["component"] for c in candidates):
+        for c in (c for c in candidates if c["component"] == component):
+            quality = c.get("quality")
+            cost = c.get("cost") or {}
+            rows.append(
+                (
+                    component,
+                    c["words"],
+                    str(c.get("modules") or "-"),
+                    f"{quality['value']:.1f} dB" if quality else "-",
+                    _result_words(c),
+                    _ms(cost),
+                    _mb(cost.get("peak_memory_mb")),
+                    _mb(cost.get("weights_mb")),
+                )
+            )
+        for label, words_ in (("as_tested", "as tested (no fix)"), ("no_half", "no-half")):
+            cost = (baselines.get(component) or {}).get(label)
+            if cost:
+                rows.append(
+                    (
+                        component,
+                        words_,
+                        "-",
+                        "-",
+                        "baseline",
+                        _ms(cost),
+                        _mb(cost.get("peak_memory_mb")),
+                        _mb(cost.get("weights_mb")),
+                    )
+                )
+    return rows
