@@ -13,6 +13,7 @@ import torch
 
 from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
+from app.core.layouts import count_indices
 from app.core.models import load_model
 from tests.support.checkpoint_files import tiny_sd2
 from tests.support.model_files import ldm_state_dict
@@ -60,7 +61,7 @@ def by_hand(tensors: dict[str, torch.Tensor], ids: torch.Tensor, blocks: int) ->
 
 
 def tower_blocks(tensors) -> int:
-    return arch._count_indices({k: tuple(v.shape) for k, v in tensors.items()}, BLOCKS)
+    return count_indices({k: tuple(v.shape) for k, v in tensors.items()}, BLOCKS)
 
 
 @pytest.fixture(scope="module")
