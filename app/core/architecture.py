@@ -19,6 +19,7 @@ from typing import Any
 
 from app.core.detection import UNET, VAE, Detection, TextEncoderLayout
 from app.core.families import FAMILIES, architecture_title
+from app.core.families.registry import families_words
 from app.core.layouts import count_indices
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -291,7 +292,7 @@ def detect_from_configs(
             False,
             looks,
             f"its model_index.json names {class_name or 'no pipeline class'}; "
-            "HalfSafe runs SD1.x, SD2.x and SDXL pipelines.",
+            f"HalfSafe runs {families_words()} pipelines.",
         )
     variant = "-inpaint" if in_channels == 9 else ""
     if in_channels not in (4, 9):

@@ -119,3 +119,10 @@ def test_a_transformer_file_in_the_familys_layout_is_read_as_it(built):
     back = to_diffusers(model.rows(), original, {k: tuple(v.shape) for k, v in state.items()})
     assert set(back) == set(state)
     assert all(torch.equal(back[k], v) for k, v in state.items())
+
+
+def test_a_pipeline_of_no_family_is_refused_naming_every_family_there_is():
+    detection = architecture.detect_from_configs({"_class_name": "WanPipeline"}, {}, {})
+
+    assert not detection.supported and "WanPipeline" in detection.because
+    assert all(f.title in detection.because for f in FAMILIES)

@@ -29,6 +29,13 @@ _BY_ID = {family.id: family for family in FAMILIES}
 _VARIANT_WORDS = {"inpaint": "inpainting", "refiner": "refiner"}
 
 
+def families_words() -> str:
+    """The families HalfSafe runs, for sentences: "Stable Diffusion 1.x/2.x, SDXL, ... and
+    Qwen-Image"."""
+    titles = [f.title for f in reversed(FAMILIES)]
+    return ", ".join(titles[:-1]) + " and " + titles[-1]
+
+
 def family_of(pipeline) -> Family:
     """The family a loaded pipeline belongs to, from the components it has."""
     for family in FAMILIES:

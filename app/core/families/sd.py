@@ -28,7 +28,7 @@ class StableDiffusionFamily(Family):
     """Stable Diffusion 1.x/2.x: one CLIP text encoder, a UNet, a VAE."""
 
     id = FamilyId.SD
-    title = "Stable Diffusion"
+    title = "Stable Diffusion 1.x/2.x"
     architectures = {"sd1": "Stable Diffusion 1.x", "sd2": "Stable Diffusion 2.x"}
     latent = SD_LATENT
 

@@ -10,6 +10,7 @@ from app.core import architecture as arch
 from app.core import limits
 from app.core.checkpoint import read_safetensors_header, scan_weights, stored_dtype
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
+from app.core.families.registry import families_words
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models import assembly
 from app.core.models.assembly import first_line
@@ -69,7 +70,7 @@ def load_folder(
         raise UnsupportedModelError(
             path,
             f"this pipeline ({index.get('_class_name', 'unknown')}) "
-            "has no UNet or transformer; HalfSafe runs SD1.x, SD2.x, SDXL and Flux.1.",
+            f"has no UNet or transformer; HalfSafe runs {families_words()}.",
         )
     unet_config = read_json(path / denoiser / "config.json", owner=path / denoiser)
     if denoiser == "unet":
