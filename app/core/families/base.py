@@ -267,6 +267,11 @@ def patches_problem(family: Family, pipeline, width: int, height: int) -> str | 
     return None
 
 
+def transformer_width(config: Mapping[str, Any]) -> int:
+    """A diffusers transformer config's width: heads x head width (0 where it says neither)."""
+    return int(config.get("num_attention_heads", 0)) * int(config.get("attention_head_dim", 0))
+
+
 def prompt_tensors(tensors: dict[str, Any]) -> list[Any]:
     return [tensors[k] for k in ("prompt_embeds", "negative_prompt_embeds") if k in tensors]
 

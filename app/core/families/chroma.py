@@ -8,7 +8,7 @@ from typing import Any
 
 from app.core import infotext
 from app.core.detection import Detection
-from app.core.families.base import FamilyId, prompt_tensors
+from app.core.families.base import FamilyId, prompt_tensors, transformer_width
 from app.core.families.flux import (
     BFL_MARKERS,
     CHROMA_MARKER,
@@ -96,9 +96,7 @@ class ChromaFamily(FluxFamily):
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
     ) -> Detection:
-        width = int(transformer.get("num_attention_heads", 0)) * int(
-            transformer.get("attention_head_dim", 0)
-        )
+        width = transformer_width(transformer)
         because = (
             f"Chroma: its ChromaPipeline has a Flux-shaped ChromaTransformer2DModel with "
             f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} single "

@@ -16,6 +16,7 @@ from app.core.families.base import (
     ShiftedSigmas,
     input_channels_problem,
     packed_noise,
+    transformer_width,
 )
 from app.core.layouts import (
     Layout,
@@ -204,9 +205,7 @@ class FluxFamily(ShiftedSigmas, Family):
         dev = bool(transformer.get("guidance_embeds"))
         variant = "dev" if dev else "schnell"
         latent = int(transformer.get("in_channels", 64)) // 4
-        width = int(transformer.get("num_attention_heads", 0)) * int(
-            transformer.get("attention_head_dim", 0)
-        )
+        width = transformer_width(transformer)
         guidance = (
             "and a guidance embedding, as the guidance-distilled Flux.1 dev has"
             if dev

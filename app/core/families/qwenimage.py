@@ -17,6 +17,7 @@ from app.core.families.base import (
     packed_noise,
     patches_problem,
     prompt_tensors,
+    transformer_width,
 )
 from app.core.layouts import (
     Layout,
@@ -170,9 +171,7 @@ class QwenImageFamily(ShiftedSigmas, Family):
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
     ) -> Detection:
-        width = int(transformer.get("num_attention_heads", 0)) * int(
-            transformer.get("attention_head_dim", 0)
-        )
+        width = transformer_width(transformer)
         because = (
             f"Qwen-Image: its QwenImagePipeline has a QwenImageTransformer2DModel (MMDiT) with "
             f"{transformer.get('num_layers')} blocks, {width} wide, on "

@@ -16,6 +16,7 @@ from app.core.families.base import (
     LatentFormat,
     input_channels_problem,
     prompt_tensors,
+    transformer_width,
 )
 from app.core.layouts import (
     CLIP_PREFIX,
@@ -250,9 +251,7 @@ class SD3Family(FlowMatching, Family):
         encoders = (
             "CLIP-L, CLIP-G and T5" if "text_encoder_3" in model_index else "CLIP-L and CLIP-G"
         )
-        width = int(transformer.get("num_attention_heads", 0)) * int(
-            transformer.get("attention_head_dim", 0)
-        )
+        width = transformer_width(transformer)
         because = (
             f"{shape}-shaped: its StableDiffusion3Pipeline has an SD3Transformer2DModel (MMDiT) with "
             f"{layers} joint blocks, {width} wide, {why_shape}, on "
