@@ -69,24 +69,42 @@ def _seeded(seed: int):
     torch.manual_seed(seed)
 
 
+# The demo's text encoder: CLIP ViT-L's architecture (quick_gelu, the real vocabulary) scaled
+# down to 32 wide and two layers.
+DEMO_TEXT_ENCODER_CONFIG: dict[str, Any] = {
+    "vocab_size": 49408,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 77,
+    "projection_dim": 32,
+    "hidden_act": "quick_gelu",
+    "bos_token_id": 49406,
+    "eos_token_id": 49407,
+    "pad_token_id": 49407,
+}
+# The demo's UNet: SD1.x's architecture scaled down to three levels of 32-64 channels,
+# attending to the 32-wide text encoder.
+DEMO_UNET_CONFIG: dict[str, Any] = {
+    "sample_size": DEMO_SIZE // 8,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": ("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
+    "block_out_channels": (32, 64, 64),
+    "layers_per_block": 1,
+    "norm_num_groups": 16,
+    "attention_head_dim": 8,
+    "cross_attention_dim": 32,
+}
+
+
 def demo_text_encoder(seed: int):
-    """The demo's text encoder: CLIP ViT-L's architecture (quick_gelu, the real vocabulary)
-    scaled down to 32 wide and two layers; random weights from `seed`, fp32."""
+    """The demo's text encoder (DEMO_TEXT_ENCODER_CONFIG); random weights from `seed`, fp32."""
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    config = CLIPTextConfig(
-        vocab_size=49408,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=77,
-        projection_dim=32,
-        hidden_act="quick_gelu",
-        bos_token_id=49406,
-        eos_token_id=49407,
-        pad_token_id=49407,
-    )
+    config = CLIPTextConfig(**DEMO_TEXT_ENCODER_CONFIG)
     _seeded(seed)
     return CLIPTextModel(config).eval()
 
@@ -114,23 +132,11 @@ def demo_vae(seed: int, scaling_factor: float = 0.18215):
 
 
 def demo_unet(seed: int):
-    """The demo's UNet: SD1.x's architecture scaled down to three levels of 32-64 channels,
-    attending to the 32-wide text encoder; random weights from `seed`, fp32."""
+    """The demo's UNet (DEMO_UNET_CONFIG); random weights from `seed`, fp32."""
     from diffusers import UNet2DConditionModel
 
     _seeded(seed)
-    return UNet2DConditionModel(
-        sample_size=DEMO_SIZE // 8,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        block_out_channels=(32, 64, 64),
-        layers_per_block=1,
-        norm_num_groups=16,
-        attention_head_dim=8,
-        cross_attention_dim=32,
-    ).eval()
+    return UNet2DConditionModel(**DEMO_UNET_CONFIG).eval()
 
 
 def build_demo_pipeline(name: str = "demo"):

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core.demo import DEMO_SIZE, SD_SCHEDULER_CONFIG
+from app.core.demo import (
+    DEMO_TEXT_ENCODER_CONFIG,
+    DEMO_UNET_CONFIG,
+    SD_SCHEDULER_CONFIG,
+)
 from app.core.demo import demo_vae as tiny_vae  # the SD-shaped VAE every tiny SD pipeline uses
 from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
 
@@ -25,20 +29,18 @@ def tiny_text_encoder(
     projection: int | None = None,
     activation: str = "quick_gelu",  # CLIP ViT-L's; OpenCLIP ViT-bigG (CLIP-G) uses gelu
 ) -> Any:  # a CLIPTextModel, or CLIPTextModelWithProjection with `projection`
+    """The demo's text encoder at other sizes (the defaults are the demo's)."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     config = CLIPTextConfig(
-        vocab_size=49408,
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        max_position_embeddings=77,
-        projection_dim=projection or hidden,
-        hidden_act=activation,
-        bos_token_id=49406,
-        eos_token_id=49407,
-        pad_token_id=49407,
+        **{
+            **DEMO_TEXT_ENCODER_CONFIG,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "projection_dim": projection or hidden,
+            "hidden_act": activation,
+        }
     )
     _seeded(seed)
     model_class = CLIPTextModelWithProjection if projection else CLIPTextModel
@@ -46,30 +48,20 @@ def tiny_text_encoder(
 
 
 def tiny_unet(seed: int, cross_attention_dim: int = 32, sdxl_text_embeds: int | None = None):
+    """The demo's UNet attending to other text widths, SDXL's size conditioning with
+    `sdxl_text_embeds` (the defaults are the demo's)."""
     from diffusers import UNet2DConditionModel
 
-    extra: dict[str, Any] = {}
+    config = {**DEMO_UNET_CONFIG, "cross_attention_dim": cross_attention_dim}
     if sdxl_text_embeds is not None:
         # SDXL conditions on pooled text embeddings plus six size/crop numbers.
-        extra = {
-            "addition_embed_type": "text_time",
-            "addition_time_embed_dim": 8,
-            "projection_class_embeddings_input_dim": sdxl_text_embeds + 6 * 8,
-        }
+        config.update(
+            addition_embed_type="text_time",
+            addition_time_embed_dim=8,
+            projection_class_embeddings_input_dim=sdxl_text_embeds + 6 * 8,
+        )
     _seeded(seed)
-    return UNet2DConditionModel(
-        sample_size=DEMO_SIZE // 8,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        block_out_channels=(32, 64, 64),
-        layers_per_block=1,
-        norm_num_groups=16,
-        attention_head_dim=8,
-        cross_attention_dim=cross_attention_dim,
-        **extra,
-    ).eval()
+    return UNet2DConditionModel(**config).eval()
 
 
 def build_tiny_sd_pipeline(seed: int = 0):
