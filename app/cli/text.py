@@ -9,6 +9,7 @@ from app.core.generation import GenerationResult
 from app.core.hardware import HardwareReport
 from app.core.health import (
     CANDIDATE_COLUMNS,
+    VERDICT_WORDS,
     HealthReport,
     candidate_rows,
     cost_comparison,
@@ -20,12 +21,6 @@ from app.core.health import (
 )
 from app.core.selftest import SelfTestResult
 from app.core.settings import FIELDS
-
-_VERDICTS = {
-    "healthy": "HEALTHY at the tested settings: nothing overflowed.",
-    "fixable": "FIXABLE: something overflowed, and a fix was found.",
-    "broken": "BROKEN: no precision setting gives finite output that agrees with fp32.",
-}
 
 
 def _number(value: float | None) -> str:
@@ -92,7 +87,7 @@ def health_text(report: HealthReport) -> str:
         )
     for finding in report.weights_bad_quantized[:5]:
         lines.append(f"Bad quantized tensor: {finding['tensor']} {finding['problem']}")
-    lines.append(f"Verdict: {_VERDICTS[report.verdict.value]}")
+    lines.append(f"Verdict: {VERDICT_WORDS[report.verdict]}")
     if report.loras:
         lines.append(
             "LoRAs:   " + ", ".join(f"{lora.name} at {lora.weight:g}" for lora in report.loras)
@@ -114,7 +109,7 @@ def health_text(report: HealthReport) -> str:
             comparison = cost_comparison(fix.cost)
             if comparison:
                 lines.append(f"         {comparison}")
-        rows = candidate_rows(fix.to_json())
+        rows = candidate_rows(fix.candidates, fix.baselines)
         if rows:
             lines.append("")
             timed = ", timed on this device" if fix.baselines else ""

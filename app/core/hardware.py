@@ -936,7 +936,7 @@ def hardware_report(
         devices.append(assess(info, result))
     return HardwareReport(
         halfsafe=__version__,
-        torch=torch.__version__,
+        torch=str(torch.__version__),
         cuda=torch.version.cuda,
         devices=devices,
         notes=_report_notes(devices),
@@ -989,14 +989,14 @@ def _in_range(value: tuple[int, ...], bounds: Mapping[str, tuple[int, ...]]) -> 
     return not ("below" in bounds and value >= bounds["below"])
 
 
-def device_entry(devices: list[dict[str, Any]], wanted: str) -> dict[str, Any] | None:
-    """The entry of a `gpu --json` device list that the device setting `wanted` picks: auto
-    (or a device that is not there) picks the first listed; a ROCm device also answers to
-    cuda and cuda:N, as PyTorch names it."""
+def device_entry(devices: Sequence[DeviceInfo], wanted: str) -> DeviceInfo | None:
+    """The device of a report's list that the device setting `wanted` picks: auto (or a
+    device that is not there) picks the first listed; a ROCm device also answers to cuda and
+    cuda:N, as PyTorch names it."""
     if not devices:
         return None
     for device in devices:
-        kind, index = device.get("kind"), device.get("index")
+        kind, index = device.kind, device.index
         names = {str(kind)} | ({f"{kind}:{index}"} if index is not None else set())
         if kind == "rocm":
             names |= {"cuda"} | ({f"cuda:{index}"} if index is not None else set())

@@ -1,17 +1,24 @@
 """What crosses the process boundary: job requests in, one event type out, and their framing.
 
-Everything here is plain data (builtins, an enum, frozen dataclasses) so that it pickles the
-same way in the GUI process and the engine process, and importing it never pulls in torch or Qt.
+Everything that crosses is plain, typed data: builtins, and HalfSafe's own records (dataclasses
+and enums of `app.core` and `app.engine`, e.g. a `CheckRequest` in, a `HealthReport` out), so
+that it pickles the same way in the GUI process and the engine process. Importing this module,
+or reading a frame, never pulls in torch or Qt: any other class in a frame is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import io
 import pickle
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, BinaryIO
+
+from app.core.models.summary import ModelSummary
+from app.core.requests import LoadRequest
 
 
 class EventState(str, Enum):
@@ -43,9 +50,10 @@ class EngineEvent:
     sentence for WARNING, ERROR and CANCELLED; `details` holds what a user does not need to read
     (a traceback, the log path). `error_type` names the core exception class of an ERROR
     (e.g. "PickleRefusedError"), so the GUI can offer the right follow-up. `preview_png` is a PNG
-    thumbnail for PREVIEW; `result` is the job's JSON-like result for RESULT, and for the
-    ERROR or CANCELLED of a load, `{"loaded": summary or None, "request": params or None}`: the
-    model the engine still holds (the previous one, kept or loaded again).
+    thumbnail for PREVIEW; `result` is the job's typed result for RESULT (a `HealthReport`, a
+    `ModelSummary`, ...), and for the ERROR or CANCELLED of a load, a `StillLoaded`: the model
+    the engine still holds (the previous one, kept or loaded again). `seconds` is how long a
+    finished job ran in the engine.
     """
 
     job_id: int
@@ -58,16 +66,27 @@ class EngineEvent:
     details: str = ""
     error_type: str = ""
     preview_png: bytes | None = None
-    result: dict[str, Any] | None = None
+    result: Any = None
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
 class JobRequest:
-    """Run `kind` with `params` (plain data) once the jobs before it have finished."""
+    """Run `kind` with `params` (its typed request, e.g. a `CheckRequest`) once the jobs before
+    it have finished."""
 
     job_id: int
     kind: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Any = None
+
+
+@dataclass(frozen=True)
+class StillLoaded:
+    """The result of a load that failed or was cancelled: the model the engine holds now (the
+    one loaded before, kept or loaded again), and the request that loaded it; None for none."""
+
+    model: ModelSummary | None
+    request: LoadRequest | None
 
 
 @dataclass(frozen=True)
@@ -137,19 +156,21 @@ def read_message(stream: BinaryIO) -> Message | None:
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Builds only the message types of this module; everything inside them must be builtins,
-    which pickle builds without naming a class. Any other class would import its module here:
-    torch into the GUI process (which must never load it), or anything at all from a bad frame."""
-
-    _ALLOWED = frozenset(
-        {"EngineEvent", "EventState", "JobRequest", "CancelRequest", "ShutdownRequest"}
-    )
+    """Builds only builtins (which pickle builds without naming a class), this module's
+    messages and HalfSafe's own records: the dataclasses and enums of `app.core` and
+    `app.engine`, whose modules import neither torch nor Qt. Any other class would import its
+    module here: torch into the GUI process (which must never load it), or anything at all
+    from a bad frame."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == __name__ and name in self._ALLOWED:
-            return globals()[name]
+        if module.split(".")[:2] in (["app", "core"], ["app", "engine"]) and name.isidentifier():
+            found = getattr(importlib.import_module(module), name, None)
+            if isinstance(found, type) and (
+                dataclasses.is_dataclass(found) or issubclass(found, Enum)
+            ):
+                return found
         raise pickle.UnpicklingError(
-            f"it holds a {module}.{name}, not plain data (builtins and this module's messages)"
+            f"it holds a {module}.{name}, not plain data (builtins and HalfSafe's records)"
         )
 
 

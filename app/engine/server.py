@@ -18,6 +18,8 @@ from typing import Any
 
 from app.core.errors import CancelledError
 from app.core.jobs import CancelToken
+from app.core.models.summary import ModelSummary
+from app.core.requests import LoadRequest
 from app.engine.events import (
     HEARTBEAT_S,
     CancelRequest,
@@ -26,6 +28,7 @@ from app.engine.events import (
     JobRequest,
     Message,
     ShutdownRequest,
+    StillLoaded,
     heartbeat,
 )
 from app.engine.failures import describe_exception
@@ -38,8 +41,8 @@ class Session:
     """What the engine keeps between jobs: the loaded model and anything derived from it."""
 
     model: Any = None
-    model_summary: dict[str, Any] | None = None
-    model_request: dict[str, Any] | None = None  # the load job's params that loaded `model`
+    model_summary: ModelSummary | None = None
+    model_request: LoadRequest | None = None  # the request that loaded `model`
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -80,7 +83,8 @@ class JobContext:
         self._event(EventState.WARNING, message=message)
 
 
-Handler = Callable[[JobContext, dict[str, Any]], dict[str, Any]]
+# A job: its context and its typed request in, its typed result out.
+Handler = Callable[[JobContext, Any], Any]
 
 
 class Engine:
@@ -212,12 +216,12 @@ class Engine:
                 with self._condition:
                     self._running = None
 
-    def _still_loaded(self, job: JobRequest) -> dict[str, Any] | None:
+    def _still_loaded(self, job: JobRequest) -> StillLoaded | None:
         """For a load that failed or was cancelled: which model the engine holds now (the one
         loaded before it, kept or loaded again), so the GUI never shows a model that is gone."""
         if job.kind != "load":
             return None
-        return {"loaded": self.session.model_summary, "request": self.session.model_request}
+        return StillLoaded(self.session.model_summary, self.session.model_request)
 
     def run(self, job: JobRequest, token: CancelToken) -> None:
         """Run one job to its final event (RESULT, ERROR or CANCELLED)."""
@@ -239,7 +243,7 @@ class Engine:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 context.progress("Starting", 0, 0)
-                result = handler(context, dict(job.params))
+                result = handler(context, job.params)
             for warning in _own_warnings(caught):
                 context.warn(warning)
         except CancelledError as error:
@@ -284,9 +288,10 @@ class Engine:
                 )
             )
             return
-        result = dict(result or {})
-        result.setdefault("seconds", round(time.monotonic() - started, 3))
-        self.send(EngineEvent(job.job_id, job.kind, EventState.RESULT, result=result))
+        seconds = round(time.monotonic() - started, 3)
+        self.send(
+            EngineEvent(job.job_id, job.kind, EventState.RESULT, result=result, seconds=seconds)
+        )
 
 
 def _own_warnings(caught: list[warnings.WarningMessage]) -> list[str]:

@@ -35,7 +35,7 @@ CANCEL_GRACE_S = 60.0
 @dataclass
 class _PendingJob:
     kind: str
-    params: dict[str, Any]
+    params: Any
     handler: JobHandler | None
 
 
@@ -146,14 +146,17 @@ class EngineClient(QObject):
         return True
 
     def submit(
-        self, kind: str, params: dict[str, Any] | None = None, handler: JobHandler | None = None
+        self, request: Any, handler: JobHandler | None = None, *, kind: str | None = None
     ) -> int:
-        """Queue a job; returns its id. Starts the engine first if needed.
+        """Queue a job: `request` is its typed request (`app.core.requests`), whose `kind`
+        names the job (or `kind` does, for a job that takes plain data). Returns its id.
+        Starts the engine first if needed.
 
         If the engine cannot take the job, `handler` still gets a final ERROR event.
         """
         job_id = next(self._ids)
-        params = dict(params or {})
+        kind = str(kind or request.kind)
+        params = request
         self._pending[job_id] = _PendingJob(kind, params, handler)
         self._set_state(EngineState.BUSY)
         if not self.ensure_started():

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
@@ -20,7 +19,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.tools import TOOLS, setting_words
+from app.core.explain import Explanation
+from app.core.requests import ExplainRequest
+from app.core.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
@@ -48,7 +49,7 @@ class ExplainDialog(QDialog):
         self.path = path
         self.client = client
         self.dialogs = dialogs
-        self.explanation: dict[str, Any] | None = None
+        self.explanation: Explanation | None = None
         self.fix_text = ""
         self.closed = False
         self.setWindowTitle(f"Why is {Path(path).name} black?")
@@ -89,9 +90,7 @@ class ExplainDialog(QDialog):
         self.cancel_button.clicked.connect(self.cancel)
         buttons.rejected.connect(self.close)
         layout.addWidget(buttons)
-        self.job_id: int | None = client.submit(
-            "explain", {"path": path, "device": device}, self._on_event
-        )
+        self.job_id: int | None = client.submit(ExplainRequest(path, device), self._on_event)
 
     def cancel(self) -> None:
         if self.job_id is not None:
@@ -121,7 +120,7 @@ class ExplainDialog(QDialog):
             self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
         elif event.state == EventState.RESULT:
             self._finished("")
-            self.show_result(event.result or {})
+            self.show_result(event.result)
         elif event.state == EventState.CANCELLED:
             self._finished("Cancelled.")
         elif event.state == EventState.ERROR:
@@ -131,55 +130,49 @@ class ExplainDialog(QDialog):
 
     # Showing ----------------------------------------------------------------------------------
 
-    def show_result(self, result: dict[str, Any]) -> None:
+    def show_result(self, result: Explanation) -> None:
         self.explanation = result
-        image = result.get("image") or {}
-        status = str(image.get("status", ""))
-        made_by = str(image.get("made_by", "unknown"))
+        status, made_by = result.status, result.made_by
         tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
         self.verdict.show_message(
             _LEVELS.get(status, "info"),
             f"<b>{html.escape(_STATUS_WORDS.get(status, status))}</b> · made by "
             f"{html.escape(tool)}",
         )
-        self.message.setText(str(result.get("message", "")))
-        model = result.get("model") or {}
-        record = result.get("record") or {}
-        named = record.get("model") or record.get("unet")
-        if model.get("found"):
-            self.model_text.setText(f"Found {model.get('path')} (by {model.get('matched_by')}).")
-        elif named or record.get("model_hash"):
-            looked = "\n".join(model.get("looked_in") or []) or "no model folders"
+        self.message.setText(result.message)
+        model, record = result.model, result.record
+        named = record.model or record.unet
+        if model.found:
+            self.model_text.setText(f"Found {model.path} (by {model.matched_by}).")
+        elif named or record.model_hash:
+            looked = "\n".join(model.looked_in) or "no model folders"
             self.model_text.setText(
-                f"{named or record.get('model_hash')} was not found. Looked in:\n{looked}"
+                f"{named or record.model_hash} was not found. Looked in:\n{looked}"
             )
         else:
             self.model_text.setText("The image does not say which model made it.")
         self.model_card.show()
-        fix = result.get("fix")
-        if fix:
-            self._show_fix(fix)
-        notes = result.get("notes") or []
-        self.notes.setText("\n".join(str(n) for n in notes))
+        if result.tool_fix is not None:
+            self._show_fix(result.tool_fix, result.halfsafe_flags)
+        self.notes.setText("\n".join(result.notes))
 
-    def _show_fix(self, fix: dict[str, Any]) -> None:
-        for_tool = fix.get("for_tool") or {}
-        tool_key = str(for_tool.get("tool", "halfsafe"))
+    def _show_fix(self, for_tool: ToolFix, halfsafe_flags: list[str]) -> None:
+        tool_key = for_tool.tool
         tool = TOOLS[tool_key].name if tool_key in TOOLS else tool_key
         lines: list[str] = []
         plain: list[str] = []
-        flags = " ".join(for_tool.get("flags") or [])
+        flags = " ".join(for_tool.flags)
         if flags:
             lines.append(f"Start {html.escape(tool)} with <code>{html.escape(flags)}</code>")
             plain.append(flags)
-        for key, value in (for_tool.get("settings") or {}).items():
+        for key, value in for_tool.settings.items():
             shown = setting_words(tool_key, key)
             words = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
             lines.append(f"Set {html.escape(words)}")
             plain.append(f"{key} = {value}")
-        lines.append(html.escape(str(for_tool.get("how", ""))))
-        if tool_key != "halfsafe" and fix.get("halfsafe"):
-            lines.append("In HalfSafe: <code>" + html.escape(" ".join(fix["halfsafe"])) + "</code>")
+        lines.append(html.escape(for_tool.how))
+        if tool_key != "halfsafe" and halfsafe_flags:
+            lines.append("In HalfSafe: <code>" + html.escape(" ".join(halfsafe_flags)) + "</code>")
         self.fix_card.title.setText(f"Fix in {tool}")
         self.fix_body.setText("<br>".join(lines))
         self.fix_text = "\n".join(plain)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from app.core.requests import RememberFixRequest
 from app.core.settings import FIELDS
 from app.engine.events import EngineEvent, EventState
 from app.ui.engine_client import EngineClient
@@ -55,12 +56,9 @@ def remember_for_model(
 ) -> int:
     """Queue the engine job that remembers a verified fix's layer lists for the loaded model
     on this device (`verified_by`: what proved it); the model's summary shown is refreshed."""
-    params = {
-        "settings": dict(own),
-        "summary": summary,
-        "verified_by": verified_by,
-        "device": state.device(),
-    }
+    request = RememberFixRequest(
+        settings=dict(own), summary=summary, verified_by=verified_by, device=state.device()
+    )
 
     def remembered(event: EngineEvent) -> None:
         if event.state == EventState.RESULT and event.result:
@@ -68,4 +66,4 @@ def remember_for_model(
         elif event.state == EventState.ERROR and on_failed is not None:
             on_failed(event)
 
-    return client.submit("remember_fix", params, remembered)
+    return client.submit(request, remembered)

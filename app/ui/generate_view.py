@@ -45,7 +45,11 @@ from PySide6.QtWidgets import (
 
 from app.core import infotext, paths
 from app.core.files import write_atomic
-from app.core.settings import FIELDS
+from app.core.generation.records import GenerationRequest, GenerationResult
+from app.core.lora import LoraRequest
+from app.core.models.summary import ModelSummary
+from app.core.requests import GenerateRequest
+from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
@@ -453,7 +457,7 @@ class GenerateView(QWidget):
 
     # Jobs -------------------------------------------------------------------------------------
 
-    def _model_changed(self, model: dict[str, Any] | None) -> None:
+    def _model_changed(self, model: ModelSummary | None) -> None:
         has_model = model is not None
         self.generate_button.setEnabled(has_model)
         self.demo_button.setVisible(not has_model and self._load_demo is not None)
@@ -465,12 +469,10 @@ class GenerateView(QWidget):
             )
             self.size_hint.setText("")
             return
-        self.model_hint.setText(f"Model: {model.get('name') or model.get('source')}")
-        native = model.get("native_size")
-        if isinstance(native, (list, tuple)) and native:
-            native = native[0]
-        source = (self.state.model_request or {}).get("source") or model.get("source")
-        if isinstance(native, int) and native > 0 and source != self._sized_for:
+        self.model_hint.setText(f"Model: {model.name or model.source}")
+        native = model.native_size
+        source = self.state.model_request.source if self.state.model_request else model.source
+        if native > 0 and source != self._sized_for:
             # A newly loaded model starts at the size it was made for (a 128 px model asked
             # for 512 px draws badly, slowly); the user's own change afterwards stands.
             self._sized_for = source
@@ -507,13 +509,16 @@ class GenerateView(QWidget):
     def submit(self, request: dict[str, Any], with_fix: dict[str, Any] | None = None) -> int:
         """Queue a generation with the settings as they are now (and, for this job only, the
         fix settings `with_fix`)."""
-        params = {
-            "request": request,
-            "precision": {**self.state.precision(), **(with_fix or {})},
-            "device": self.state.device(),
-            "loras": self.loras.entries(),
-        }
-        job_id = self.client.submit("generate", params, self._on_event)
+        precision = self.state.precision()
+        if with_fix:
+            precision = PrecisionSettings.from_mapping({**precision.to_dict(), **with_fix})
+        job = GenerateRequest(
+            generation=GenerationRequest(**request),
+            precision=precision,
+            device=self.state.device(),
+            loras=tuple(LoraRequest(e["path"], e["weight"]) for e in self.loras.entries()),
+        )
+        job_id = self.client.submit(job, self._on_event)
         self.jobs[job_id] = request
         self.cancel_button.setEnabled(True)
         self._show_queue()
@@ -591,14 +596,14 @@ class GenerateView(QWidget):
             self.progress.setRange(0, 1)
             self.progress.setValue(0 if event.state != EventState.RESULT else 1)
         if event.state == EventState.RESULT:
-            result = event.result or {}
+            result: GenerationResult = event.result
             _shared, own = split_fix(applied_fix or {})
-            images = result.get("images") or []
-            if own and images and all(i.get("status") == "ok" for i in images):
+            images = result.images
+            if own and images and all(i.status == "ok" for i in images):
                 # Proved: the same image came out finite with it.
                 remember_for_model(self.state, self.client, own, words.fix_words(own), "generation")
             self.add_result(result, request, applied_fix)
-            self.progress_label.setText(f"Done in {float(result.get('seconds', 0)):.1f} s.")
+            self.progress_label.setText(f"Done in {result.seconds:.1f} s.")
         elif event.state == EventState.CANCELLED:
             self.progress_label.setText("Cancelled.")
             self.banner.dismiss()  # it spoke of the image this job was making
@@ -614,40 +619,39 @@ class GenerateView(QWidget):
 
     def add_result(
         self,
-        result: dict[str, Any],
+        result: GenerationResult,
         request: dict[str, Any],
         applied_fix: dict[str, Any] | None = None,
     ) -> None:
         """Put a finished generation's images into the gallery and show the first one.
         `applied_fix` is the fix this job was made with, after a NaN image."""
-        request = dict(result.get("request") or request)
-        job_settings = result.get("settings") or {}
-        images = result.get("images") or []
+        images = result.images
         # Each image carries what it was made with: a repaired one differs from the job's plan.
-        shown = (images[0].get("settings") if images else None) or job_settings
+        shown = (images[0].settings if images else None) or result.settings
         if shown:
             self.state.set_effective(words.precision_summary(shown))
+        model = result.model.get("name") or (self.state.model.name if self.state.model else None)
         first_item = None
         for image in images:
             entry = {
-                **image,
-                "request": request,
-                "settings": image.get("settings") or job_settings,
-                "warnings": list(result.get("warnings") or []),
+                **image.to_json(),
+                "request": dict(request),
+                "settings": image.settings or result.settings,
+                "warnings": list(result.warnings),
                 "applied_fix": applied_fix,
-                "model": result.get("model_name")
-                or (result.get("model") or {}).get("name")
-                or (self.state.model or {}).get("name"),
+                "model": model,
             }
+            if image.png is not None:
+                entry["png"] = image.png
             item = QListWidgetItem(self._thumbnail(entry), self._item_text(entry))
             item.setData(Qt.ItemDataRole.UserRole, entry)
-            item.setToolTip(image.get("message") or image.get("path", ""))
+            item.setToolTip(image.message or image.path)
             self.gallery.insertItem(0, item)
             first_item = first_item or item
         if first_item is not None:
             self.gallery.setCurrentItem(first_item)
-        if result.get("save_error"):
-            self.dialogs.error(result["save_error"])
+        if result.save_error:
+            self.dialogs.error(result.save_error)
 
     def _item_text(self, entry: dict[str, Any]) -> str:
         text = f"seed {entry.get('seed')}"

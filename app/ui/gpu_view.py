@@ -16,6 +16,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.hardware import DeviceInfo, HardwareReport
+from app.core.requests import HardwareRequest
+from app.core.selftest import SelfTestResult
 from app.core.settings import PRECISION_KEYS
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
@@ -95,7 +98,7 @@ class GpuView(QWidget):
             else "Checking this computer's devices…"
         )
         self.job_id = self.client.submit(
-            "hardware", {"self_test": True, "retest": retest}, self._on_event
+            HardwareRequest(self_test=True, retest=retest), self._on_event
         )
 
     def _on_event(self, event: EngineEvent) -> None:
@@ -109,7 +112,7 @@ class GpuView(QWidget):
         self.self_test_button.setEnabled(True)
         waiting, self._waiting = self._waiting, []
         if event.state == EventState.RESULT:
-            self.state.set_hardware(event.result or {})
+            self.state.set_hardware(event.result)
             for callback in waiting:
                 callback()
         elif event.state == EventState.CANCELLED:
@@ -120,17 +123,15 @@ class GpuView(QWidget):
 
     # Showing ----------------------------------------------------------------------------------
 
-    def show_report(self, report: dict[str, Any]) -> None:
+    def show_report(self, report: HardwareReport) -> None:
         while self.body.count() > 1:
             item = self.body.takeAt(0)
             widget = item.widget() if item is not None else None
             if widget is not None:
                 widget.deleteLater()
         self.apply_buttons = []
-        devices = report.get("devices") or []
-        versions = f"PyTorch {report.get('torch', '?')}" + (
-            f", CUDA {report['cuda']}" if report.get("cuda") else ""
-        )
+        devices = report.devices
+        versions = f"PyTorch {report.torch}" + (f", CUDA {report.cuda}" if report.cuda else "")
         self.status.setText(
             f"{len(devices)} device{'s' if len(devices) != 1 else ''} found ({versions})."
         )
@@ -138,10 +139,9 @@ class GpuView(QWidget):
             self.body.insertWidget(position, self._device_card(device))
         self._refresh_apply_buttons()
 
-    def _device_card(self, device: dict[str, Any]) -> Card:
-        kind = device.get("kind", "")
-        index = device.get("index")
-        card = Card(device.get("name") or kind)
+    def _device_card(self, device: DeviceInfo) -> Card:
+        kind, index = device.kind, device.index
+        card = Card(device.name or kind)
         where = kind if index is None else f"{kind}:{index}"
         card.header.insertWidget(1, label(f"({where})", "muted"))
         if self.state.device_report() is device:
@@ -151,72 +151,66 @@ class GpuView(QWidget):
         facts.setHorizontalSpacing(16)
         facts.setVerticalSpacing(4)
         rows: list[tuple[str, QWidget]] = []
-        fp16 = str(device.get("fp16", ""))
+        fp16, bf16 = device.fp16, device.bf16
         rows.append(
             ("fp16", Chip(words.FP16_WORDS.get(fp16, fp16), _FP16_LEVEL.get(fp16, "muted")))
         )
-        bf16 = str(device.get("bf16", ""))
         rows.append(
             ("bf16", Chip(words.BF16_WORDS.get(bf16, bf16), _BF16_LEVEL.get(bf16, "muted")))
         )
-        rows.append(("TF32", QLabel("yes" if device.get("tf32") else "no")))
-        if device.get("capability"):
-            rows.append(("Compute capability", QLabel(".".join(map(str, device["capability"])))))
-        if device.get("memory_total_mb"):
-            rows.append(("Memory", QLabel(words.megabytes(device["memory_total_mb"]))))
-        if device.get("driver"):
-            rows.append(("Driver", QLabel(str(device["driver"]))))
+        rows.append(("TF32", QLabel("yes" if device.tf32 else "no")))
+        if device.capability:
+            rows.append(("Compute capability", QLabel(".".join(map(str, device.capability)))))
+        if device.memory_total_mb:
+            rows.append(("Memory", QLabel(words.megabytes(device.memory_total_mb))))
+        if device.driver:
+            rows.append(("Driver", QLabel(device.driver)))
         for row, (name, widget) in enumerate(rows):
             facts.addWidget(label(name, "muted"), row, 0)
             facts.addWidget(widget, row, 1, Qt.AlignmentFlag.AlignLeft)
         facts.setColumnStretch(2, 1)
         card.body.addLayout(facts)
 
-        quirks = device.get("quirks") or []
         card.body.addWidget(hline())
         card.body.addWidget(label("Known faults that apply", "muted"))
-        if quirks:
-            for quirk in quirks:
-                source = html.escape(quirk.get("source", ""))
+        if device.quirks:
+            for quirk in device.quirks:
+                source = html.escape(quirk.source)
                 text = label(
-                    f"• {html.escape(quirk.get('summary', ''))} <a href='{source}'>Source</a>",
-                    wrap=True,
+                    f"• {html.escape(quirk.summary)} <a href='{source}'>Source</a>", wrap=True
                 )
                 text.setOpenExternalLinks(True)
-                text.setToolTip(quirk.get("source", ""))
+                text.setToolTip(quirk.source)
                 card.body.addWidget(text)
         else:
             card.body.addWidget(label("None known for this device.", wrap=True))
 
-        test = device.get("self_test") or {}
+        test = device.self_test or SelfTestResult.skipped()
         card.body.addWidget(hline())
         test_row = QHBoxLayout()
         test_row.addWidget(label("Self-test", "muted"))
-        for dtype in ("fp16", "bf16"):
-            result = test.get(dtype, "skipped")
+        for dtype, result in (("fp16", test.fp16), ("bf16", test.bf16)):
             test_row.addWidget(Chip(f"{dtype}: {result}", _TEST_LEVEL.get(result, "muted")))
         test_row.addStretch(1)
         card.body.addLayout(test_row)
-        failed = [d for d in test.get("details") or [] if d.get("status") == "fail"]
+        failed = [d for d in test.details if d.status == "fail"]
         if failed:
             card.body.addWidget(
                 label(
                     "Failed: "
-                    + ", ".join(f"{d.get('op')} in {d.get('dtype')}" for d in failed)
+                    + ", ".join(f"{d.op} in {d.dtype}" for d in failed)
                     + ". These operations give wrong results here, so HalfSafe avoids them.",
                     wrap=True,
                 )
             )
-        elif test.get("fp16") == "skipped" and test.get("bf16") == "skipped":
+        elif test.fp16 == "skipped" and test.bf16 == "skipped":
             card.body.addWidget(label("Not run yet: use “Run the self-test again”.", "muted"))
 
-        recommended = device.get("recommended") or {}
+        recommended = dict(device.recommended)
         if recommended:
             card.body.addWidget(hline())
             card.body.addWidget(label("Recommended settings", "muted"))
-            card.body.addLayout(
-                self._recommendations(recommended, device.get("reasons") or {}, device.get("kind"))
-            )
+            card.body.addLayout(self._recommendations(recommended, dict(device.reasons), kind))
             button_row = QHBoxLayout()
             button = primary_button("Apply recommended")
             button.setToolTip("Write these values into your settings; the next job uses them.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from typing import Any
 
 from PySide6.QtGui import QGuiApplication
@@ -17,7 +18,22 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.health import CANDIDATE_COLUMNS, candidate_rows
+from app.core.components import Status, Verdict
+from app.core.health import (
+    CANDIDATE_COLUMNS,
+    STATUS_WORDS,
+    ComponentReport,
+    Fix,
+    HealthReport,
+    candidate_rows,
+    cost_comparison,
+    headroom_words,
+    precision_words,
+    tested_words,
+)
+from app.core.health.report import CheckResult
+from app.core.models.summary import ModelSummary
+from app.core.requests import CheckRequest
 from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.chart import ActivationChart
@@ -37,11 +53,18 @@ from app.ui.widgets import (
 )
 
 PROBE_SIZES = (256, 512, 768, 1024)
-_SEVERITY = {"broken_weights": 0, "nan": 0, "overflow": 0, "at_risk": 1, "ok": 2}
+_SEVERITY = {
+    Status.BROKEN_WEIGHTS: 0,
+    Status.NAN: 0,
+    Status.OVERFLOW: 0,
+    Status.AT_RISK: 1,
+    Status.OK: 2,
+}
+_VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
 
 
 class HealthView(QWidget):
-    """Runs `check` jobs on the loaded model and shows DESIGN's report object."""
+    """Runs `check` jobs on the loaded model and shows the `HealthReport` it sends back."""
 
     def __init__(
         self, state: AppState, client: EngineClient, dialogs: Dialogs, parent: QWidget | None = None
@@ -51,7 +74,7 @@ class HealthView(QWidget):
         self.client = client
         self.dialogs = dialogs
         self.job_id: int | None = None
-        self.report: dict[str, Any] | None = None
+        self.report: HealthReport | None = None
         self.markdown = ""
         self.cards: dict[str, Card] = {}
         self.charts: dict[str, ActivationChart] = {}
@@ -112,7 +135,7 @@ class HealthView(QWidget):
 
     # Running ----------------------------------------------------------------------------------
 
-    def _model_changed(self, model: dict[str, Any] | None) -> None:
+    def _model_changed(self, model: ModelSummary | None) -> None:
         running = self.job_id is not None
         self.run_button.setEnabled(model is not None and not running)
         if model is None:
@@ -121,11 +144,10 @@ class HealthView(QWidget):
             )
         else:
             self.model_hint.setText(
-                f"Model: {model.get('name') or model.get('source')} "
-                f"({words.architecture_name(model.get('architecture'))})."
+                f"Model: {model.name or model.source} "
+                f"({words.architecture_name(model.architecture)})."
             )
-            checked = ((self.report or {}).get("model") or {}).get("source")
-            if self.report is not None and checked != model.get("source"):
+            if self.report is not None and self.report.model["source"] != model.source:
                 self.clear_report()
 
     def clear_report(self) -> None:
@@ -148,15 +170,15 @@ class HealthView(QWidget):
         self.progress.setRange(0, 0)
         self.progress.show()
         self.stage.setText("Starting…")
-        params = {
-            "precision": self.state.precision(),
-            "device": self.state.device(),
-            "size": self.size_choice.currentData(),
+        request = CheckRequest(
+            precision=self.state.precision(),
+            device=self.state.device(),
+            size=self.size_choice.currentData(),
             # The denoiser is probed at the ends of the sampler schedule the user generates with.
-            "steps": self.state.settings["steps"],
-            "scheduler": self.state.settings["scheduler"],
-        }
-        self.job_id = self.client.submit("check", params, self._on_event)
+            steps=int(self.state.settings["steps"]),
+            scheduler=str(self.state.settings["scheduler"]),
+        )
+        self.job_id = self.client.submit(request, self._on_event)
 
     def cancel(self) -> None:
         if self.job_id is not None:
@@ -186,9 +208,9 @@ class HealthView(QWidget):
         elif event.state == EventState.WARNING:
             self.stage.setText(event.message)
         elif event.state == EventState.RESULT:
-            result = event.result or {}
-            self._finish(f"Checked in {result.get('report', {}).get('seconds', 0):.1f} s.")
-            self.show_report(result.get("report") or {}, result.get("markdown", ""))
+            result: CheckResult = event.result
+            self._finish(f"Checked in {result.report.seconds:.1f} s.")
+            self.show_report(result.report, result.markdown)
         elif event.state == EventState.CANCELLED:
             self._finish("Cancelled.")
         elif event.state == EventState.ERROR:
@@ -206,49 +228,32 @@ class HealthView(QWidget):
         self.cards = {}
         self.charts = {}
 
-    def show_report(self, report: dict[str, Any], markdown: str = "") -> None:
+    def show_report(self, report: HealthReport, markdown: str = "") -> None:
         self._clear()
         self.report = report
         self.markdown = markdown
         for button in (self.export_button, self.copy_button):
             button.setEnabled(bool(markdown))
-        verdict = report.get("verdict", "")
-        advice = report.get("advice") or {}
-        level = {"healthy": "good", "fixable": "warn", "broken": "bad"}.get(verdict, "info")
-        if verdict == "healthy" and advice.get("overflowing"):
+        level = _VERDICT_LEVEL[report.verdict]
+        if report.advice is not None and report.advice.overflowing:
             level = "warn"  # safe as run, but not in the fp16 the user is likely to move to
-        tested = report.get("tested") or {}
-        device = report.get("device") or {}
-        tested_words = ", ".join(
-            f"{words.component_name(k)} {v}"
-            for k, v in tested.items()
-            if k not in ("upcast_attention", "autocast")
+        tested = tested_words(report.plan) + (
+            ", attention upcast to fp32" if report.plan.upcast_attention else ""
         )
-        for layers in report.get("tested_layers") or []:
-            tested_words += f", {layers}"
-        if tested.get("autocast"):
-            tested_words += ", fp16 parts under autocast"
-        if tested.get("upcast_attention"):
-            tested_words += ", attention upcast to fp32"
         self.verdict.show_message(
             level,
-            "<b>"
-            + html.escape(report.get("headline") or words.VERDICT_WORDS.get(verdict, verdict))
-            + "</b><br>"
-            f"Tested on {html.escape(str(device.get('name', 'this device')))} with "
-            f"{html.escape(tested_words)}"
-            + (f" at {report['size']}×{report['size']} px" if report.get("size") else "")
+            f"<b>{html.escape(report.headline)}</b><br>"
+            f"Tested on {html.escape(report.device['name'])} with {html.escape(tested)}"
+            + (f" at {report.size}×{report.size} px" if report.size else "")
             + ".",
         )
-        if tested:
-            self.state.set_effective(tested_words)
+        self.state.set_effective(tested)
 
         position = 0
-        fix = report.get("fix")
-        if fix:
-            self.body.insertWidget(position, self._fix_card(fix))
+        if report.fix is not None:
+            self.body.insertWidget(position, self._fix_card(report.fix))
             position += 1
-        bad_weights = (report.get("weights") or {}).get("non_finite") or []
+        bad_weights = report.weights_non_finite
         if bad_weights:
             card = Card("Damaged weights")
             card.header.addWidget(Chip("Broken file", "bad"))
@@ -263,93 +268,87 @@ class HealthView(QWidget):
             )
             self.body.insertWidget(position, card)
             position += 1
-        components = list((report.get("components") or {}).items())
         # The part that failed first: that is what the user came to see. Otherwise pipeline order.
-        components.sort(key=lambda item: _SEVERITY.get(item[1].get("status", "ok"), 2))
+        components = sorted(report.components.items(), key=lambda item: _SEVERITY[item[1].status])
         for name, component in components:
             card = self._component_card(name, component)
             self.cards[name] = card
             self.body.insertWidget(position, card)
             position += 1
-        notes = report.get("notes") or []
-        if notes:
+        if report.notes:
             self.body.insertWidget(
                 position,
-                label("<br>".join(f"• {html.escape(n)}" for n in notes), "muted", wrap=True),
+                label("<br>".join(f"• {html.escape(n)}" for n in report.notes), "muted", wrap=True),
             )
 
-    def _component_card(self, name: str, component: dict[str, Any]) -> Card:
-        status = component.get("status", "ok")
+    def _component_card(self, name: str, component: ComponentReport) -> Card:
+        status = component.status
         card = Card(words.component_name(name))
         role = words.COMPONENT_ROLES.get(name)
         if role:
             card.header.insertWidget(1, label(f"— {role}", "muted"))
-        fed_by = component.get("fed_by")
-        if fed_by and words.STATUS_LEVEL.get(status) != "bad":  # not its own fault
-            chip = Chip(words.fed_by_words(fed_by), "muted")
+        if component.fed_by and not status.failed:  # not its own fault
+            chip = Chip(words.fed_by_words(component.fed_by), "muted")
         else:
-            chip = Chip(
-                words.STATUS_WORDS.get(status, str(status)), words.STATUS_LEVEL.get(status, "muted")
-            )
+            chip = Chip(STATUS_WORDS[status].capitalize(), words.STATUS_LEVEL[status])
         card.header.addWidget(chip)
-        dtype = component.get("dtype")
+        dtype = component.dtype
         facts = [
-            f"Largest value: <b>{words.big_number(component.get('max_abs'))}</b>"
+            f"Largest value: <b>{words.big_number(component.max_abs)}</b>"
             + (f" (run in {dtype})" if dtype else "")
             + " — the fp16 limit is 65,504.",
-            html.escape(words.headroom_words(component.get("headroom"), status)),
+            html.escape(headroom_words(component.headroom, status)),
         ]
-        first_bad = component.get("first_bad_module")
+        first_bad = component.first_bad_module
         if first_bad:
             facts.append(
                 f"First layer to go wrong: {html.escape(words.describe_module(name, first_bad))}"
                 f" (<code>{html.escape(first_bad)}</code>)."
             )
-        precisions = component.get("precisions") or {}
-        if precisions:
-            facts.append(html.escape(words.precisions_words(precisions)))
-        predicted = component.get("predicted_fp16")
-        if predicted and predicted != "ok":
-            where = component.get("predicted_first_bad_module")
+        if component.precisions:
+            facts.append("In each half precision: " + html.escape(precision_words(component)) + ".")
+        predicted = component.precisions.get("fp16")
+        if predicted is not None and not predicted.measured and predicted.status is not Status.OK:
+            where = component.predicted_first_bad_module
             facts.append(
                 f"Tested in {dtype}; in fp16 it would "
-                + ("overflow" if predicted == "overflow" else "come close to overflowing")
+                + (
+                    "overflow"
+                    if predicted.status is Status.OVERFLOW
+                    else "come close to overflowing"
+                )
                 + (f", first at {html.escape(words.describe_module(name, where))}" if where else "")
                 + "."
             )
         text = label("<br>".join(facts), wrap=True)
         card.body.addWidget(text)
-        blocks = component.get("blocks") or []
-        if blocks:
+        if component.blocks:
             chart = ActivationChart()
-            chart.set_blocks(blocks)
+            chart.set_blocks(component.blocks)
             self.charts[name] = chart
             card.body.addWidget(chart)
         return card
 
-    def _fix_card(self, fix: dict[str, Any]) -> Card:
+    def _fix_card(self, fix: Fix) -> Card:
         card = Card("The fix")
         card.header.addWidget(
             Chip(
-                "Verified" if fix.get("verified") else "Not verified",
-                "good" if fix.get("verified") else "warn",
+                "Verified" if fix.verified else "Not verified",
+                "good" if fix.verified else "warn",
             )
         )
-        card.body.addWidget(label(html.escape(fix.get("summary", "")), wrap=True))
-        quality = fix.get("quality")
-        if quality:
+        card.body.addWidget(label(html.escape(fix.summary), wrap=True))
+        if fix.quality is not None:
             card.body.addWidget(
                 label(
-                    "Agreement with an fp32 run of the same inputs: "
-                    f"<b>{words.quality_words(quality)}</b>",
+                    f"Agreement with an fp32 run of the same inputs: <b>{fix.quality.words()}</b>",
                     wrap=True,
                 )
             )
-        if fix.get("precision_words"):
-            card.body.addWidget(
-                label(f"Runs as: <b>{html.escape(fix['precision_words'])}</b>", wrap=True)
-            )
-        settings = fix.get("settings") or {}
+        card.body.addWidget(
+            label(f"Runs as: <b>{html.escape(tested_words(fix.plan))}</b>", wrap=True)
+        )
+        settings = dict(fix.settings)
         if settings:
             card.body.addWidget(
                 label(
@@ -357,15 +356,14 @@ class HealthView(QWidget):
                     wrap=True,
                 )
             )
-        cost = fix.get("cost") or {}
-        if cost:
+        if fix.cost:
             card.body.addWidget(hline())
             card.body.addWidget(label("Measured cost", "muted"))
-            card.body.addLayout(self._cost_grid(cost))
-            comparison = _cost_comparison(cost)
+            card.body.addLayout(self._cost_grid(fix.cost))
+            comparison = _cost_comparison(fix.cost)
             if comparison:
                 card.body.addWidget(label(comparison, wrap=True))
-        if fix.get("candidates"):
+        if fix.candidates:
             card.body.addWidget(hline())
             card.body.addWidget(
                 label(
@@ -391,16 +389,16 @@ class HealthView(QWidget):
         card.body.addLayout(buttons)
         return card
 
-    def _candidate_grid(self, fix: dict[str, Any]) -> QGridLayout:
+    def _candidate_grid(self, fix: Fix) -> QGridLayout:
         """The candidates table (core's rows, the CLI's and the report's), with an "Apply
         instead" button on each verified candidate that was not chosen."""
         grid = QGridLayout()
         grid.setHorizontalSpacing(16)
         for column, text in enumerate(CANDIDATE_COLUMNS):
             grid.addWidget(label(text, "muted"), 0, column)
-        candidates = iter(fix.get("candidates") or [])
+        candidates = iter(fix.candidates)
         self.alternative_buttons: list[Any] = []
-        for row, cells in enumerate(candidate_rows(fix), start=1):
+        for row, cells in enumerate(candidate_rows(fix.candidates, fix.baselines), start=1):
             for column, text in enumerate(cells):
                 cell = QLabel(text)
                 cell.setWordWrap(column == 1)
@@ -408,17 +406,17 @@ class HealthView(QWidget):
             if cells[4] == "baseline":
                 continue
             candidate = next(candidates)
-            if candidate.get("verified") and not candidate.get("chosen"):
+            if candidate.verified and not candidate.chosen:
                 button = QPushButton("Apply instead")
-                button.setToolTip(words.fix_words(candidate.get("settings")))
-                settings = dict(candidate.get("settings") or {})
+                button.setToolTip(words.fix_words(candidate.settings))
+                settings = dict(candidate.settings)
                 button.clicked.connect(lambda _=False, s=settings: self.apply_fix(s))
                 grid.addWidget(button, row, len(CANDIDATE_COLUMNS))
                 self.alternative_buttons.append(button)
         grid.setColumnStretch(1, 1)
         return grid
 
-    def _cost_grid(self, cost: dict[str, Any]) -> QGridLayout:
+    def _cost_grid(self, cost: Mapping[str, Mapping[str, Any]]) -> QGridLayout:
         grid = QGridLayout()
         grid.setHorizontalSpacing(24)
         headers = ("", "Time per UNet step", "Peak GPU memory", "Weights")
@@ -475,7 +473,7 @@ class HealthView(QWidget):
         if not self.markdown:
             return
         if path is None:
-            name = ((self.report or {}).get("model") or {}).get("name") or "model"
+            name = (self.report.model.get("name") if self.report else None) or "model"
             path, _ = QFileDialog.getSaveFileName(
                 self,
                 "Export health report",
@@ -495,7 +493,7 @@ class HealthView(QWidget):
         self.stage.setText(f"Report saved to {path}.")
 
 
-def _cost_comparison(cost: dict[str, Any]) -> str:
+def _cost_comparison(cost: Mapping[str, Mapping[str, Any]]) -> str:
     """Core's sentence on step time (it knows the spread of each measurement), then what the
     memory figures add."""
     fix, no_half = cost.get("fix") or {}, cost.get("no_half") or {}
@@ -511,4 +509,4 @@ def _cost_comparison(cost: dict[str, Any]) -> str:
         if parts
         else ""
     )
-    return " ".join(s for s in (str(cost.get("summary") or ""), memory) if s)
+    return " ".join(s for s in (cost_comparison(cost), memory) if s)

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from app import __version__
 from app.core.explain import is_image_path
+from app.core.requests import LoadRequest
 from app.engine.failures import Failure
 from app.engine.process import log_path
 from app.ui import words
@@ -57,7 +58,7 @@ class MainWindow(QMainWindow):
         self.client = client
         self.ui_settings = ui_settings
         self.dialogs = Dialogs(self)
-        self._reload_after_restart: dict[str, Any] | None = None
+        self._reload_after_restart: LoadRequest | None = None
         self.explain_dialogs: list[ExplainDialog] = []
         # Qt adds nothing to the title (no application display name is set): "HalfSafe" once.
         self.setWindowTitle(f"{TITLE} — half precision without black images")
@@ -274,7 +275,7 @@ class MainWindow(QMainWindow):
         self.engine_status.setText(f"Engine: {engine}")
         device = self.state.device_report()
         if device is not None:
-            self.device_status.setText(f"Device: {device.get('name')}")
+            self.device_status.setText(f"Device: {device.name}")
         else:
             chosen = self.state.device()
             checking = self.gpu_view.job_id is not None
@@ -287,8 +288,7 @@ class MainWindow(QMainWindow):
         if model is None:
             self.model_status.setText("Model: none loaded")
         else:
-            name = model.get("name") or model.get("source")
-            self.model_status.setText(f"Model: {name}")
+            self.model_status.setText(f"Model: {model.name or model.source}")
         if self.state.effective:
             self.precision_status.setText(f"Precision: {self.state.effective}")
             self.precision_status.setToolTip("What the last job actually ran with.")
@@ -305,7 +305,7 @@ class MainWindow(QMainWindow):
 
     def _engine_died(self, failure: Failure) -> None:
         if self.state.model_request is not None:
-            self._reload_after_restart = dict(self.state.model_request)
+            self._reload_after_restart = self.state.model_request
         self.state.set_model(None)
         self.engine_banner.show_message(
             "bad",
@@ -332,7 +332,7 @@ class MainWindow(QMainWindow):
 
     def restart_engine(self) -> None:
         if self.state.model_request is not None and self._reload_after_restart is None:
-            self._reload_after_restart = dict(self.state.model_request)
+            self._reload_after_restart = self.state.model_request
         self.engine_banner.show_message("info", "Restarting the engine…")
         self.client.restart()
 
@@ -341,8 +341,8 @@ class MainWindow(QMainWindow):
         self.state.set_model(None)
         reload, self._reload_after_restart = self._reload_after_restart, None
         if reload is not None:
-            self.models_view.vae_path = reload.get("vae")
-            self.models_view.load_path(reload["source"], bool(reload.get("allow_pickle")))
+            self.models_view.vae_path = reload.vae
+            self.models_view.load_path(reload.source, reload.allow_pickle)
 
     # Drag and drop ----------------------------------------------------------------------------
 

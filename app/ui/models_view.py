@@ -22,9 +22,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.checkpoint import WeightScan
 from app.core.demo import DEMO_LABEL, DEMO_MODELS
 from app.core.explain import is_image_path
-from app.engine.events import EngineEvent, EventState
+from app.core.models.summary import ModelSummary
+from app.core.requests import LoadRequest
+from app.engine.events import EngineEvent, EventState, StillLoaded
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
@@ -112,7 +115,7 @@ class ModelsView(QWidget):
         self.dialogs = dialogs
         self.ui_settings = ui_settings
         self.job_id: int | None = None
-        self.loading: dict[str, Any] | None = None
+        self.loading: LoadRequest | None = None
         self.vae_path: str | None = None
         self.scanner = LibraryScanner(self)
         self.scanner.finished.connect(self._library_scanned)
@@ -283,7 +286,7 @@ class ModelsView(QWidget):
             self.library.setCurrentItem(selected)
         self._update_load_button()
         if self.state.model is not None:
-            self._mark_loaded((self.state.model_request or {}).get("source"))
+            self._mark_loaded(self.loaded_source())
 
     def _selection_changed(self) -> None:
         item = self.library.currentItem()
@@ -306,9 +309,9 @@ class ModelsView(QWidget):
         )
 
     def loaded_source(self) -> str | None:
-        if self.state.model is None:
+        if self.state.model is None or self.state.model_request is None:
             return None
-        return (self.state.model_request or {}).get("source")
+        return self.state.model_request.source
 
     # Remembered models -------------------------------------------------------------------------
 
@@ -403,13 +406,13 @@ class ModelsView(QWidget):
             return None
         if self.job_id is not None:
             self.client.cancel(self.job_id)
-        params = {
-            "source": source,
-            "vae": vae or self.vae_path,
-            "allow_pickle": allow_pickle,
-            "device": self.state.device(),
-        }
-        self.loading = params
+        request = LoadRequest(
+            source=source,
+            vae=vae or self.vae_path,
+            allow_pickle=allow_pickle,
+            device=self.state.device(),
+        )
+        self.loading = request
         self.state.set_model(None)
         self.load_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
@@ -417,7 +420,7 @@ class ModelsView(QWidget):
         self.progress.show()
         name = DEMO_MODELS.get(source) or Path(source).name
         self.load_status.setText(f"Loading {name}…")
-        self.job_id = self.client.submit("load", params, self._on_event)
+        self.job_id = self.client.submit(request, self._on_event)
         return self.job_id
 
     def cancel(self) -> None:
@@ -444,22 +447,22 @@ class ModelsView(QWidget):
         elif event.state == EventState.WARNING:
             self.load_status.setText(event.message)
         elif event.state == EventState.RESULT:
-            params, self.loading = self.loading, None
+            request, self.loading = self.loading, None
             self._finish("Loaded.")
-            if params:
-                self.ui_settings.setValue("models/last", params["source"])
-                self._remember_opened(params["source"])
-            self.state.set_model(event.result or {}, params)
+            if request is not None:
+                self.ui_settings.setValue("models/last", request.source)
+                self._remember_opened(request.source)
+            self.state.set_model(event.result, request)
         elif event.state == EventState.CANCELLED:
             self.loading = None
             kept = self._keep_what_the_engine_holds(event)
             self._finish(f"Loading cancelled; {kept}.")
         elif event.state == EventState.ERROR:
-            params, self.loading = self.loading, None
+            request, self.loading = self.loading, None
             kept = self._keep_what_the_engine_holds(event)
-            if event.error_type == "PickleRefusedError" and params is not None:
+            if event.error_type == "PickleRefusedError" and request is not None:
                 self._finish("")
-                self._ask_pickle(params, event.message)
+                self._ask_pickle(request, event.message)
                 return
             self._finish(f"The model was not loaded; {kept}.")
             self.dialogs.job_failed(event)
@@ -467,17 +470,15 @@ class ModelsView(QWidget):
     def _keep_what_the_engine_holds(self, event: EngineEvent) -> str:
         """After a failed or cancelled load, show the model the engine still holds (the one
         loaded before, kept or loaded again); returns it in words."""
-        held = event.result or {}
-        summary, request = held.get("loaded"), held.get("request")
-        if not summary or not request:
+        held: StillLoaded | None = event.result
+        if held is None or held.model is None or held.request is None:
             self.state.set_model(None)
             return "no model is loaded"
-        self.state.set_model(summary, request)
-        name = summary.get("name") or Path(request["source"]).name
-        return f"{name} is still loaded"
+        self.state.set_model(held.model, held.request)
+        return f"{held.model.name or Path(held.request.source).name} is still loaded"
 
-    def _ask_pickle(self, params: dict[str, Any], message: str) -> None:
-        name = Path(params["source"]).name
+    def _ask_pickle(self, request: LoadRequest, message: str) -> None:
+        name = Path(request.source).name
         allowed = self.dialogs.confirm(
             "Open a pickle checkpoint?",
             f"{name} is a pickle checkpoint (.ckpt, .pt or .bin).",
@@ -488,7 +489,7 @@ class ModelsView(QWidget):
             no="Don't open",
         )
         if allowed:
-            self.load_path(params["source"], allow_pickle=True, vae=params.get("vae"))
+            self.load_path(request.source, allow_pickle=True, vae=request.vae)
         else:
             self.load_status.setText(f"{name} was not opened.")
 
@@ -511,8 +512,8 @@ class ModelsView(QWidget):
                 self.library.scrollToItem(item)
         self._update_load_button()
 
-    def _show_model(self, model: dict[str, Any] | None) -> None:
-        source = (self.state.model_request or {}).get("source") if model else None
+    def _show_model(self, model: ModelSummary | None) -> None:
+        source = self.loaded_source() if model else None
         item = self._item_for(source) if source else None
         if (
             item is not None
@@ -520,8 +521,8 @@ class ModelsView(QWidget):
             and (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("opened")
         ):
             # What the load found out fills the row of a model opened from a file.
-            item.setText(1, words.architecture_name(model.get("architecture")))
-            item.setText(2, model.get("stored_dtype") or "")
+            item.setText(1, words.architecture_name(model.architecture))
+            item.setText(2, model.stored_dtype)
         self._mark_loaded(source)
         self.remembered.dismiss()
         if model is None:
@@ -530,53 +531,54 @@ class ModelsView(QWidget):
                 "Loading reads the weights once to check that none of them is NaN or infinite."
             )
             return
-        name = model.get("name") or model.get("source")
-        if model.get("format") == "demo" or model.get("source") == DEMO_SOURCE:
-            name = DEMO_MODELS.get(model.get("source") or DEMO_SOURCE, DEMO_LABEL)
+        name = model.name or model.source
+        if model.format == "demo" or model.source == DEMO_SOURCE:
+            name = DEMO_MODELS.get(model.source or DEMO_SOURCE, DEMO_LABEL)
         self.details.title.setText(f"Loaded: {name}")
-        lines = [f"<b>{html.escape(words.architecture_name(model.get('architecture')))}</b>"]
-        because = " ".join(model.get("detected_because") or [])
+        lines = [f"<b>{html.escape(words.architecture_name(model.architecture))}</b>"]
+        because = " ".join(model.detected_because)
         if because:
             lines.append("Why HalfSafe thinks so: " + html.escape(because))
         facts = []
-        if model.get("format"):
+        if model.format:
             facts.append(
                 {
                     "diffusers": "diffusers folder",
                     "single_file": "single file",
                     "demo": "built in",
-                }.get(model["format"], model["format"])
+                }.get(model.format, model.format)
             )
-        if model.get("stored_dtype"):
-            facts.append(f"stored as {model['stored_dtype']}")
-        quantization = model.get("quantization")
-        if isinstance(quantization, dict):
+        if model.stored_dtype:
+            facts.append(f"stored as {model.stored_dtype}")
+        quantization = model.quantization
+        if quantization:
             facts.append(
                 f"quantized ({quantization.get('format')}), "
                 f"dequantised to {quantization.get('dequantized_to')}"
             )
-        if model.get("native_size"):
-            facts.append(f"made for {model['native_size']}×{model['native_size']} px")
-        if model.get("prediction_type"):
-            facts.append(words.prediction_words(str(model["prediction_type"])))
-        if model.get("model_hash"):
-            facts.append(f"hash {model['model_hash']}")
+        if model.native_size:
+            facts.append(f"made for {model.native_size}×{model.native_size} px")
+        if model.prediction_type:
+            facts.append(words.prediction_words(model.prediction_type))
+        if model.model_hash:
+            facts.append(f"hash {model.model_hash}")
         lines.append(html.escape(", ".join(facts).capitalize()) + ".")
-        lines.append(html.escape(_weights_words(model.get("weights"))))
-        replaced_vae = (self.state.model_request or {}).get("vae")
+        lines.append(html.escape(_weights_words(model.weights)))
+        replaced_vae = self.state.model_request.vae if self.state.model_request else None
         if self.loading is None and replaced_vae:
             lines.append("VAE replaced by " + html.escape(Path(replaced_vae).name) + ".")
         self.details_text.setText("<br>".join(lines))
-        fix = model.get("remembered_fix")
+        fix = model.remembered_fix
         # The remembered fixes' file was damaged and kept aside: said once, by this load.
-        damage = "".join(f"<br>{html.escape(n)}" for n in model.get("profile_notes") or [])
-        if fix and fix.get("settings"):
+        damage = "".join(f"<br>{html.escape(n)}" for n in model.profile_notes)
+        if fix is not None and fix.settings:
+            on = html.escape(model.remembered_on or "this device")
             self.remembered.show_message(
                 "warn" if damage else "info",
-                f"<b>HalfSafe remembers a fix for this model on {html.escape(str(fix.get('device', 'this device')))}.</b> "
-                f"{html.escape(fix.get('summary') or words.fix_words(fix['settings']))} "
+                f"<b>HalfSafe remembers a fix for this model on {on}.</b> "
+                f"{html.escape(fix.summary or words.fix_words(fix.settings))} "
                 "Settings left on Auto follow it already." + damage,
-                [("Apply to my settings", lambda s=fix["settings"]: self._apply_remembered(s))],
+                [("Apply to my settings", lambda s=fix.settings: self._apply_remembered(s))],
             )
         elif damage:
             self.remembered.show_message("warn", damage.removeprefix("<br>"))
@@ -658,32 +660,28 @@ def _unloadable(entry: dict[str, Any]) -> str:
     return ""
 
 
-def _weights_words(weights: dict[str, Any] | None) -> str:
-    if not weights:
+def _weights_words(weights: WeightScan | None) -> str:
+    if weights is None:
         return "Weights not checked."
-    bad = weights.get("non_finite") or []
-    tensors = weights.get("tensors")
-    size = words.file_size(weights.get("bytes"))
-    seconds = weights.get("seconds")
-    speed = weights.get("mb_per_s")
-    checked = f"Checked {tensors:,} tensors" if isinstance(tensors, int) else "Checked the weights"
+    bad = weights.non_finite
+    checked = f"Checked {weights.tensors:,} tensors"
+    size = words.file_size(weights.bytes)
     if size:
         checked += f" ({size})"
-    if isinstance(seconds, (int, float)):
-        checked += f" in {seconds:.1f} s" if seconds >= 0.05 else " in under 0.1 s"
-        if isinstance(speed, (int, float)) and speed > 0:
-            checked += f" at {speed:,.0f} MB/s"
+    checked += f" in {weights.seconds:.1f} s" if weights.seconds >= 0.05 else " in under 0.1 s"
+    if weights.mb_per_s > 0:
+        checked += f" at {weights.mb_per_s:,.0f} MB/s"
     if bad:
         shown = ", ".join(bad[:3]) + (" …" if len(bad) > 3 else "")
         return (
             f"{checked}: {len(bad)} hold NaN or infinite values ({shown}). This file is "
             "damaged; download it again."
         )
-    wrong = [f for f in weights.get("bad_quantized") or [] if isinstance(f, dict)]
+    wrong = weights.bad_quantized
     if wrong:
         return (
             f"{checked}: {len(wrong)} quantized weights decode wrongly (the first, "
-            f"{wrong[0].get('tensor')}, {wrong[0].get('problem')}). The file's quantisation "
+            f"{wrong[0].tensor}, {wrong[0].problem}). The file's quantisation "
             "is broken; get another copy or another quantisation."
         )
     return f"{checked}: all finite."

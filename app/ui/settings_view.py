@@ -488,8 +488,8 @@ class SettingsView(QWidget):
 
     def _refresh_hardware(self) -> None:
         devices = []
-        for device in (self.state.hardware or {}).get("devices") or []:
-            kind, index = device.get("kind"), device.get("index")
+        for device in self.state.hardware.devices if self.state.hardware else []:
+            kind, index = device.kind, device.index
             if kind == "rocm":
                 kind = "cuda"
             if kind and kind != "cpu":
@@ -509,12 +509,13 @@ class SettingsView(QWidget):
         lacking = self._device_lacks(key, value)
         if lacking:
             return lacking
-        model = self.state.model or {}
-        remembered = (model.get("remembered_fix") or {}).get("settings") or {}
+        model = self.state.model
+        fix = model.remembered_fix if model is not None else None
+        remembered = fix.settings if fix is not None else {}
         if value in ("auto", False, []) and key in remembered and remembered[key] != value:
             # Jobs fill fields left on Auto (off, empty) from the loaded model's remembered fix.
             return (
-                f"For {model.get('name') or 'the loaded model'}, jobs use its remembered fix: "
+                f"For {model.name if model else 'the loaded model'}, jobs use its remembered fix: "
                 f"{words.setting_value(key, remembered[key])}."
             )
         if key == "device" and value == "auto":
@@ -524,7 +525,7 @@ class SettingsView(QWidget):
                     "Auto picks the best GPU (else the CPU) when the engine first runs; the "
                     "Devices page shows which."
                 )
-            return f"Auto picks {device.get('name', 'the first device')} here."
+            return f"Auto picks {device.name} here."
         if value == "auto" and key in ("text_encoder_2_precision", "text_encoder_3_precision"):
             first = self.state.settings["text_encoder_precision"]
             if first != "auto":
@@ -566,12 +567,14 @@ class SettingsView(QWidget):
         return ""
 
     def _on_cpu(self) -> bool:
-        return (self.state.device_report() or {}).get("kind") == "cpu"
+        device = self.state.device_report()
+        return device is not None and device.kind == "cpu"
 
     def _device_lacks(self, key: str, value: Any) -> str:
         """What the device in use cannot do of this choice (jobs run and record what it can:
         core's `precision._what_the_device_runs`); "" when it can, or is not known yet."""
-        kind = (self.state.device_report() or {}).get("kind")
+        device = self.state.device_report()
+        kind = device.kind if device is not None else None
         if kind is None or kind in ("cuda", "rocm"):
             return ""
         if key == "attention_backend" and value in CUDA_ONLY_BACKENDS and kind in ("cpu", "mps"):

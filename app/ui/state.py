@@ -12,14 +12,17 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from app.core.settings import FIELDS, PRECISION_KEYS, Settings, update_settings
+from app.core.hardware import DeviceInfo, HardwareReport, device_entry
+from app.core.models.summary import ModelSummary
+from app.core.requests import LoadRequest
+from app.core.settings import FIELDS, PRECISION_KEYS, PrecisionSettings, Settings, update_settings
 
 
 class AppState(QObject):
     """Signals (GUI thread):
     settings_changed(list[str]): the keys that changed, already saved.
-    model_changed(object): the loaded model's summary dict, or None.
-    hardware_changed(object): the hardware report dict (DESIGN's `gpu --json`).
+    model_changed(object): the loaded model's `ModelSummary`, or None.
+    hardware_changed(object): the `HardwareReport` (what `gpu --json` prints, typed).
     effective_changed(object): the last job's precision in words (str), or None.
     save_failed(str): a plain sentence; the change applies to this session only.
     """
@@ -33,9 +36,9 @@ class AppState(QObject):
     def __init__(self, settings: Settings, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.settings = settings
-        self.model: dict[str, Any] | None = None
-        self.model_request: dict[str, Any] | None = None
-        self.hardware: dict[str, Any] | None = None
+        self.model: ModelSummary | None = None
+        self.model_request: LoadRequest | None = None
+        self.hardware: HardwareReport | None = None
         self.effective: str | None = None  # the last job's precision, in words
         self.save_error: str | None = None
 
@@ -76,32 +79,31 @@ class AppState(QObject):
             self.settings[key] = saved[key]
         return adopted
 
-    def precision(self) -> dict[str, Any]:
-        """The precision settings for the next job, as plain data."""
-        return self.settings.precision().to_dict()
+    def precision(self) -> PrecisionSettings:
+        """The precision settings for the next job."""
+        return self.settings.precision()
 
     def device(self) -> str:
         return str(self.settings["device"])
 
     # Hardware ---------------------------------------------------------------------------------
 
-    def set_hardware(self, report: dict[str, Any]) -> None:
+    def set_hardware(self, report: HardwareReport) -> None:
         self.hardware = report
         self.hardware_changed.emit(report)
 
-    def device_report(self) -> dict[str, Any] | None:
-        """The report entry for the device the settings pick (auto: the first listed)."""
-        from app.core.hardware import device_entry
-
-        return device_entry((self.hardware or {}).get("devices") or [], self.device())
+    def device_report(self) -> DeviceInfo | None:
+        """The report's device that the settings pick (auto: the first listed)."""
+        return device_entry(self.hardware.devices if self.hardware else [], self.device())
 
     def recommended(self) -> dict[str, Any]:
-        device = self.device_report() or {}
-        return {k: v for k, v in (device.get("recommended") or {}).items() if k in FIELDS}
+        device = self.device_report()
+        recommended = device.recommended if device is not None else {}
+        return {k: v for k, v in recommended.items() if k in FIELDS}
 
     def reasons(self) -> dict[str, str]:
-        device = self.device_report() or {}
-        return dict(device.get("reasons") or {})
+        device = self.device_report()
+        return dict(device.reasons) if device is not None else {}
 
     def recommended_settings(self) -> dict[str, Any]:
         """Precision settings (and device) at their defaults, with this computer's
@@ -125,9 +127,7 @@ class AppState(QObject):
 
     # Model ------------------------------------------------------------------------------------
 
-    def set_model(
-        self, summary: dict[str, Any] | None, request: dict[str, Any] | None = None
-    ) -> None:
+    def set_model(self, summary: ModelSummary | None, request: LoadRequest | None = None) -> None:
         self.model = summary
         self.model_request = request if summary is not None else None
         self.model_changed.emit(summary)

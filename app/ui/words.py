@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from app.core.components import COMPONENTS, FP16_MAX
+from app.core.components import COMPONENTS, FP16_MAX, Status
 from app.core.families import architecture_title
 from app.core.precision import expected_dtypes
 
@@ -14,24 +14,13 @@ FP16_LIMIT = FP16_MAX
 
 COMPONENT_NAMES = {name: c.title for name, c in COMPONENTS.items()}
 COMPONENT_ROLES = {name: c.does for name, c in COMPONENTS.items()}
-STATUS_WORDS = {
-    "ok": "OK",
-    "at_risk": "Close to the limit",
-    "overflow": "Overflows in fp16",
-    "nan": "Produces NaN",
-    "broken_weights": "Broken weights",
-}
+# The colour of a component's status chip; its words are core's (`health.STATUS_WORDS`).
 STATUS_LEVEL = {
-    "ok": "good",
-    "at_risk": "warn",
-    "overflow": "bad",
-    "nan": "bad",
-    "broken_weights": "bad",
-}
-VERDICT_WORDS = {
-    "healthy": "Healthy: nothing overflowed at the tested precision.",
-    "fixable": "Fixable: part of this model overflows, and the fix below was tested and works.",
-    "broken": "Broken: no precision setting makes this model produce finite output.",
+    Status.OK: "good",
+    Status.AT_RISK: "warn",
+    Status.OVERFLOW: "bad",
+    Status.NAN: "bad",
+    Status.BROKEN_WEIGHTS: "bad",
 }
 CHOICE_NAMES = {
     "auto": "Auto",
@@ -219,24 +208,6 @@ def fed_by_words(fed_by: str) -> str:
     return f"Fed non-finite input by {component_phrase(fed_by)}"
 
 
-def headroom_words(headroom: float | None, status: str) -> str:
-    if status in ("overflow", "nan"):
-        return "No headroom: values went past the fp16 limit of 65,504."
-    if status == "broken_weights":
-        return "The stored weights already hold NaN or infinite values."
-    if headroom is None:
-        return "Headroom: not measured."
-    if headroom >= 10:
-        return f"Headroom: {headroom:,.0f}x below the fp16 limit; safe."
-    if headroom < 1:
-        # Measured wider than fp16 (fp32 or bf16), the values passed 65,504: fp16 would overflow.
-        return (
-            f"No headroom in fp16: values reached {1 / headroom:.2g}x the fp16 limit of 65,504; "
-            "fp16 would overflow."
-        )
-    return f"Headroom: only {headroom:.2g}x below the fp16 limit; close to overflowing."
-
-
 # What a model predicts, in the words a user knows it by.
 PREDICTION_WORDS = {
     "epsilon": "epsilon (noise) prediction",
@@ -381,32 +352,3 @@ def _layer_counts(entries: Any, dtype: str) -> list[str]:
 
 def architecture_name(architecture: str | None) -> str:
     return architecture_title(architecture)
-
-
-def quality_words(quality: Mapping[str, Any]) -> str:
-    """{'metric': 'snr_db', 'value': 41.2, 'threshold': 20} -> '41.2 dB (needs 20 dB or more)'."""
-    value, threshold = quality.get("value"), quality.get("threshold")
-    if value is None:
-        return "not measured"
-    shown = "identical" if value >= 200 else f"{value:.1f} dB"
-    return f"{shown} (needs {threshold:g} dB or more)" if threshold is not None else shown
-
-
-_AT_PRECISION = {
-    "ok": "fine",
-    "at_risk": "close to the limit",
-    "overflow": "overflows",
-    "nan": "produces NaN",
-    "broken_weights": "broken weights",
-}
-
-
-def precisions_words(precisions: Mapping[str, Mapping[str, Any]]) -> str:
-    """{'fp16': {'status': 'overflow', 'measured': False}, ...} ->
-    'In fp16: overflows (predicted). In bf16: fine (predicted).'"""
-    parts = []
-    for dtype, outcome in precisions.items():
-        status = str(outcome.get("status", ""))
-        how = "measured" if outcome.get("measured") else "predicted"
-        parts.append(f"In {dtype}: {_AT_PRECISION.get(status, status)} ({how}).")
-    return " ".join(parts)

@@ -264,7 +264,7 @@ def test_the_measured_check_times_every_verified_candidate_beside_the_baselines(
     assert set(baselines) == {"as_tested", "no_half"}
     assert baselines["no_half"]["weights_mb"] > baselines["as_tested"]["weights_mb"]
     assert report.fix.candidates[0].chosen and report.fix.candidates[0].verified
-    shown = health.candidate_rows(report.to_json()["fix"])
+    shown = health.candidate_rows(report.fix.candidates, report.fix.baselines)
     assert [r[1] for r in shown[-2:]] == ["as tested (no fix)", "no-half"]
 
 

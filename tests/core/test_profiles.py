@@ -299,14 +299,14 @@ def test_forgetting_a_fix_keeps_the_others():
 def test_a_check_and_the_model_summary_name_the_damaged_file():
     from app.core import health
     from app.core.models import load_model
+    from app.core.models.summary import summarise
     from app.core.settings import PrecisionSettings
-    from app.engine.jobs import summarise_model
 
     path = seed()
     truncated(path)
     model = load_model("demo")
-    summary = summarise_model(model, "cpu")  # the GUI's first read of the file says it
-    [note] = summary["profile_notes"]
+    summary = summarise(model, "cpu")  # the GUI's first read of the file says it
+    [note] = summary.profile_notes
     assert note.startswith(f"{path} was damaged")
 
     fifo(path)

@@ -9,9 +9,22 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
+from app.core.components import Verdict
+from app.core.generation import GenerationRequest
+from app.core.hardware import HardwareReport
+from app.core.requests import (
+    CheckRequest,
+    ExplainRequest,
+    GenerateRequest,
+    HardwareRequest,
+    LoadRequest,
+    RememberFixRequest,
+)
+from app.core.settings import PrecisionSettings
 from app.engine.events import (
     CancelRequest,
     EngineEvent,
@@ -332,46 +345,44 @@ def _folder(path):
 )
 def test_a_failed_open_leaves_the_loaded_model_loaded(engine, tmp_path, make, refused_early):
     engine, events = engine
-    engine.receive(JobRequest(1, "load", {"source": "demo"}))
+    engine.receive(JobRequest(1, "load", LoadRequest("demo")))
     assert events.wait_final(1, timeout=60).state == EventState.RESULT
     before = engine.session.model
 
     bad = make(tmp_path)
-    engine.receive(JobRequest(2, "load", {"source": str(bad)}))
+    engine.receive(JobRequest(2, "load", LoadRequest(str(bad))))
     final = events.wait_final(2, timeout=60)
     assert final.state == EventState.ERROR and _one_sentence(final.message)
     assert str(bad.name) in final.message
     # The engine still holds the demo, and says so with the error.
-    assert final.result["loaded"]["name"] == "demo"
-    assert final.result["request"]["source"] == "demo"
+    assert final.result.model.name == "demo"
+    assert final.result.request.source == "demo"
     assert engine.session.model is not None and engine.session.model.source == "demo"
     # A file that cannot even be opened is refused before anything changes; one that fails
     # later is refused after the demo was let go, and the demo is loaded again.
     assert (engine.session.model is before) is refused_early
-    engine.receive(JobRequest(3, "check", {"precision": {"precision": "fp32"}, "size": 64}))
+    engine.receive(JobRequest(3, "check", CheckRequest(PrecisionSettings("fp32"), size=64)))
     assert events.wait_final(3, timeout=120).state == EventState.RESULT
 
 
 def test_a_fix_applied_from_the_gui_is_remembered_for_the_loaded_model(engine):
     engine, events = engine
-    engine.receive(JobRequest(1, "load", {"source": "demo-overflow"}))
+    engine.receive(JobRequest(1, "load", LoadRequest("demo-overflow")))
     assert events.wait_final(1, timeout=60).state == EventState.RESULT
     layers = ["vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.up_blocks.0.resnets.0.norm2"]
-    engine.receive(
-        JobRequest(
-            2,
-            "remember_fix",
-            {"settings": {"fp32_modules": layers}, "summary": "2 VAE layers in fp32"},
-        )
-    )
+    remember = RememberFixRequest({"fp32_modules": layers}, summary="2 VAE layers in fp32")
+    engine.receive(JobRequest(2, "remember_fix", remember))
     final = events.wait_final(2, timeout=60)
     assert final.state == EventState.RESULT
-    assert final.result["remembered_fix"]["settings"] == {"fp32_modules": layers}
+    assert final.result.remembered_fix.settings == {"fp32_modules": layers}
     # The next check runs with it, though the settings name no layers.
-    engine.receive(JobRequest(3, "check", {"precision": {"precision": "fp16"}, "size": 64}))
-    report = events.wait_final(3, timeout=300).result["report"]
-    assert report["remembered"] == "2 VAE layers in fp32"
-    assert report["verdict"] == "healthy"
+    engine.receive(JobRequest(3, "check", CheckRequest(PrecisionSettings("fp16"), size=64)))
+    report = events.wait_final(3, timeout=300).result.report
+    assert report.remembered == "2 VAE layers in fp32"
+    assert report.verdict is Verdict.HEALTHY
+    # What the GUI process reads back of each result: only builtins and HalfSafe's records.
+    for job_id in (1, 2, 3):
+        assert read_message(io.BytesIO(encode(events.wait_final(job_id)))) is not None
 
 
 def test_a_frame_holding_anything_but_plain_data_is_refused_unbuilt():
@@ -382,14 +393,43 @@ def test_a_frame_holding_anything_but_plain_data_is_refused_unbuilt():
         read_message(io.BytesIO(frame))
 
 
-def test_results_cross_as_exactly_the_builtin_types():
+def test_a_library_value_in_a_record_is_refused_unbuilt():
     from torch.torch_version import TorchVersion
 
-    from app.engine.jobs import _plain
+    # torch's version is a str subclass: in a record, it would import torch in the GUI process.
+    report = HardwareReport(halfsafe="0", torch=TorchVersion("2.13.0"), cuda=None, devices=[])
+    frame = encode(EngineEvent(1, "hardware", EventState.RESULT, result=report))
+    with pytest.raises(ProtocolError, match=r"TorchVersion, not plain data"):
+        read_message(io.BytesIO(frame))
 
-    version = _plain({"torch": TorchVersion("2.13.0"), "peak": __import__("numpy").float64(1.5)})
-    assert type(version["torch"]) is str and version["torch"] == "2.13.0"
-    assert type(version["peak"]) is float
-    # And so the GUI can read them back without importing their libraries.
-    frame = encode(EngineEvent(1, "hardware", EventState.RESULT, result=version))
-    assert read_message(io.BytesIO(frame)).result == {"torch": "2.13.0", "peak": 1.5}
+
+def test_every_job_result_crosses_to_the_gui_as_core_records(engine, tmp_path):
+    """Each job's real result reads back through the frame reader (which refuses any class
+    but builtins and HalfSafe's records) equal to what the engine sent."""
+    engine, events = engine
+    generation = GenerationRequest("a red cube", steps=2, width=64, height=64, seed=3)
+    jobs = [
+        ("hardware", HardwareRequest(self_test=False)),
+        ("load", LoadRequest("demo")),
+        ("check", CheckRequest(PrecisionSettings("fp32"), size=64, steps=2)),
+        ("generate", GenerateRequest(replace(generation, output_dir=str(tmp_path)))),
+    ]
+    for job_id, (kind, request) in enumerate(jobs, start=1):
+        engine.receive(JobRequest(job_id, kind, request))
+    finals = [events.wait_final(job_id, timeout=300) for job_id in range(1, len(jobs) + 1)]
+    assert [f.state for f in finals] == [EventState.RESULT] * len(jobs), finals
+    image = finals[-1].result.images[0].path
+    engine.receive(JobRequest(9, "explain", ExplainRequest(image)))
+    finals.append(events.wait_final(9, timeout=300))
+    assert finals[-1].state == EventState.RESULT, finals[-1]
+    for final in finals:
+        again = read_message(io.BytesIO(encode(final)))
+        assert isinstance(again, EngineEvent) and again.result == final.result
+    kinds = [type(f.result).__name__ for f in finals]
+    assert kinds == [
+        "HardwareReport",
+        "ModelSummary",
+        "CheckResult",
+        "GenerationResult",
+        "Explanation",
+    ]

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from app.core.checkpoint import WeightScan
+from app.core.models.summary import ModelSummary
 from app.engine.events import CancelRequest, EngineEvent, EventState, JobRequest, Message
 from app.engine.failures import Failure, describe_exit
 
@@ -59,7 +61,7 @@ class FakeEngine:
         assert self._on_event is not None
         self._on_event(EngineEvent(job.job_id, job.kind, state, **values))
 
-    def finish(self, job: JobRequest, result: dict[str, Any]) -> None:
+    def finish(self, job: JobRequest, result: Any) -> None:
         self.emit(job, EventState.RESULT, result=result)
 
     def crash(self, returncode: int = -11, log: str = "") -> None:
@@ -87,27 +89,20 @@ class FakeEngines:
         return self.started[-1]
 
 
-DEMO_SUMMARY = {
-    "source": "demo",
-    "name": "demo",
-    "format": "demo",
-    "architecture": "sd1",
-    "prediction_type": "epsilon",
-    "native_size": 128,
-    "stored_dtype": "fp32",
-    "model_hash": None,
-    "profile_key": "demo-1",
-    "weights": {
-        "non_finite": [],
-        "tensors": 250,
-        "bytes": 4_000_000,
-        "seconds": 0.1,
-        "mb_per_s": 40.0,
-    },
-    "detected_because": ["The built-in demo is an SD 1.x-shaped pipeline."],
-    "components": ["text_encoder", "unet", "vae"],
-    "remembered_fix": None,
-}
+# What the engine sends back for the built-in demo, as core's own record.
+DEMO_SUMMARY = ModelSummary(
+    source="demo",
+    name="demo",
+    format="demo",
+    architecture="sd1",
+    prediction_type="epsilon",
+    native_size=128,
+    stored_dtype="fp32",
+    profile_key="demo-1",
+    weights=WeightScan(non_finite=[], tensors=250, bytes=4_000_000, seconds=0.1),
+    detected_because=("The built-in demo is an SD 1.x-shaped pipeline.",),
+    components=("text_encoder", "unet", "vae"),
+)
 
 
 @pytest.fixture
@@ -128,11 +123,11 @@ def window(qtbot, engines):
     main.dialogs.close_all()
 
 
-def load_fake_model(window, engines, summary: dict[str, Any] | None = None) -> JobRequest:
+def load_fake_model(window, engines, summary: ModelSummary | None = None) -> JobRequest:
     """Load through the Models page and answer for the engine."""
     window.models_view.load_path("demo")
     job = engines.current.last_job("load")
-    engines.current.finish(job, dict(summary or DEMO_SUMMARY))
+    engines.current.finish(job, summary or DEMO_SUMMARY)
     assert window.state.model is not None
     return job
 

@@ -11,7 +11,11 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
+from app.core.explain import Explanation
+from app.core.explain.matching import ModelMatch
+from app.core.explain.records import Record
 from app.core.jobs import CancelToken
+from app.core.tools import ToolFix
 from app.engine import jobs
 from app.engine.events import EngineEvent, EventState
 from app.engine.failures import describe_exception
@@ -51,7 +55,7 @@ def answer_with_the_real_handler(engines, job) -> None:
 
     context = JobContext(job, Session(), send, CancelToken())
     try:
-        result = jobs.explain(context, dict(job.params))
+        result = jobs.explain(context, job.params)
     except Exception as error:  # noqa: BLE001 - the engine turns every failure into ERROR
         failure = describe_exception(error, job.kind)
         engine.emit(
@@ -78,14 +82,14 @@ def test_a_dropped_png_opens_the_explanation_not_a_model_load(window, engines, q
     qtbot.waitUntil(lambda: bool(engines.started and engines.current.jobs("explain")), timeout=3000)
     assert engines.current.jobs("load") == []
     job = engines.current.last_job("explain")
-    assert job.params["path"] == str(image)
+    assert job.params.path == str(image)
     dialog = open_dialog(window)
     assert dialog.isVisible()
 
     answer_with_the_real_handler(engines, job)
 
     assert window.dialogs.shown == []  # no error, least of all a safetensors one
-    assert dialog.explanation["image"]["status"] == "nan"
+    assert dialog.explanation is not None and dialog.explanation.status == "nan"
     assert dialog.verdict.level == "bad" and "NaN-black" in dialog.verdict.text.text()
     assert "AUTOMATIC1111" in dialog.verdict.text.text()
     assert "lost-model" in dialog.model_text.text() and "Looked in" in dialog.model_text.text()
@@ -97,26 +101,25 @@ def test_the_fix_is_shown_in_the_image_tools_terms_and_can_be_copied(
 ):
     dialog = window.explain_image(str(tmp_path / "x.png"))
     job = engines.current.last_job("explain")
-    engines.current.finish(
-        job,
-        {
-            "image": {"path": str(tmp_path / "x.png"), "made_by": "a1111", "status": "nan"},
-            "model": {"found": True, "path": "/m/sd.safetensors", "looked_in": ["/m"]},
-            "check": None,
-            "fix": {
-                "halfsafe": ["--vae-precision fp32"],
-                "for_tool": {
-                    "tool": "a1111",
-                    "flags": ["--no-half-vae"],
-                    "settings": {"upcast_attn": True},
-                    "how": "Add the flags to COMMANDLINE_ARGS.",
-                },
-            },
-            "record": {"model": "sd"},
-            "message": "This image is NaN-black.",
-            "notes": [],
-        },
+    explanation = Explanation(
+        path=str(tmp_path / "x.png"),
+        made_by="a1111",
+        status="nan",
+        record=Record(made_by="a1111", model="sd"),
+        pixels={},
+        model=ModelMatch(found=True, path="/m/sd.safetensors", looked_in=["/m"]),
+        halfsafe_flags=["--vae-precision fp32"],
+        tool_fix=ToolFix(
+            tool="a1111",
+            flags=["--no-half-vae"],
+            settings={"upcast_attn": True},
+            how="Add the flags to COMMANDLINE_ARGS.",
+            notes=[],
+            covered=True,
+        ),
+        message="This image is NaN-black.",
     )
+    engines.current.finish(job, explanation)
     assert dialog.fix_card.isVisible()
     assert "--no-half-vae" in dialog.fix_body.text()
     assert "Upcast cross attention layer to float32" in dialog.fix_body.text()
@@ -155,5 +158,5 @@ def test_an_image_opened_as_a_model_is_explained_instead(window, engines, tmp_pa
     image = png_text(tmp_path / "opened.png", {"parameters": "a cat"})
     window.models_view.load_path(str(image))
     assert engines.current.jobs("load") == []
-    assert engines.current.last_job("explain").params["path"] == str(image)
+    assert engines.current.last_job("explain").params.path == str(image)
     assert open_dialog(window).isVisible()

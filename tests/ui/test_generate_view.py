@@ -11,6 +11,7 @@ from PySide6.QtGui import QColor, QImage
 
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
+from tests.support import reports
 from tests.ui.conftest import load_fake_model
 
 
@@ -34,31 +35,16 @@ def window_status(view) -> str:
     return view.window().precision_status.text()
 
 
-def _image(path, status="ok", **extra):
-    entry = {
-        "path": path,
-        "seed": 1234,
-        "status": status,
-        "component": None,
-        "step": None,
-        "fixes_applied": [],
-        "message": "",
-        "fix": None,
-    }
-    entry.update(extra)
-    return entry
-
-
 def test_generate_sends_the_form_and_the_current_settings(view, engines):
     view.steps.setValue(12)
     view.seed.setText("77")
     view.generate()
     job = engines.current.last_job("generate")
-    assert job.params["request"]["prompt"] == "a lighthouse at dusk"
-    assert job.params["request"]["steps"] == 12
-    assert job.params["request"]["seed"] == 77
-    assert job.params["precision"]["no_half"] is False
-    assert job.params["device"] == "auto"
+    assert job.params.generation.prompt == "a lighthouse at dusk"
+    assert job.params.generation.steps == 12
+    assert job.params.generation.seed == 77
+    assert job.params.precision.no_half is False
+    assert job.params.device == "auto"
     # Last-used values persist in the settings file.
     assert load_settings().settings["steps"] == 12
 
@@ -98,12 +84,14 @@ def test_result_lands_in_the_gallery_with_its_parameters(view, engines, tmp_path
     job = engines.current.last_job("generate")
     engines.current.finish(
         job,
-        {
-            "images": [_image(_png(tmp_path / "a.png"))],
-            "settings": {"precision": "fp16"},
-            "seconds": 2.0,
-            "warnings": ["The UNet runs in fp16 as you asked; on a CPU fp16 is slow."],
-        },
+        reports.generation(
+            {
+                "images": [reports.image(_png(tmp_path / "a.png"))],
+                "settings": {"precision": "fp16"},
+                "seconds": 2.0,
+                "warnings": ["The UNet runs in fp16 as you asked; on a CPU fp16 is slow."],
+            }
+        ),
     )
     assert view.gallery.count() == 1
     assert view.progress_label.text() == "Done in 2.0 s."
@@ -122,20 +110,22 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
     fix = {"vae_precision": "fp32"}
     engines.current.finish(
         job,
-        {
-            "images": [
-                _image(
-                    _png(tmp_path / "black.png", "black"),
-                    status="nan",
-                    component="vae",
-                    step=25,
-                    message="The VAE overflowed fp16 while decoding.",
-                    fix=fix,
-                )
-            ],
-            "settings": {},
-            "seconds": 3.0,
-        },
+        reports.generation(
+            {
+                "images": [
+                    reports.image(
+                        _png(tmp_path / "black.png", "black"),
+                        status="nan",
+                        component="vae",
+                        step=25,
+                        message="The VAE overflowed fp16 while decoding.",
+                        fix=fix,
+                    )
+                ],
+                "settings": {},
+                "seconds": 3.0,
+            }
+        ),
     )
 
     assert view.banner.isVisible()
@@ -147,18 +137,20 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
 
     again = engines.current.last_job("generate")
     assert again.job_id != job.job_id
-    assert again.params["precision"]["vae_precision"] == "fp32"
-    assert again.params["request"]["seed"] == 1234
-    assert again.params["request"]["prompt"] == "a lighthouse at dusk"
+    assert again.params.precision.vae_precision == "fp32"
+    assert again.params.generation.seed == 1234
+    assert again.params.generation.prompt == "a lighthouse at dusk"
     assert load_settings().settings["vae_precision"] == "fp32"
 
     engines.current.finish(
         again,
-        {
-            "images": [_image(_png(tmp_path / "fixed.png"))],
-            "settings": {"vae_precision": "fp32"},
-            "seconds": 3.0,
-        },
+        reports.generation(
+            {
+                "images": [reports.image(_png(tmp_path / "fixed.png"))],
+                "settings": {"vae_precision": "fp32"},
+                "seconds": 3.0,
+            }
+        ),
     )
     assert view.gallery.count() == 2
     assert view.banner.level == "good"
@@ -172,19 +164,21 @@ def test_fixed_image_says_what_was_fixed(view, engines, tmp_path):
     job = engines.current.last_job("generate")
     engines.current.finish(
         job,
-        {
-            "images": [
-                _image(
-                    _png(tmp_path / "ok.png"),
-                    status="fixed",
-                    component="vae",
-                    fixes_applied=["VAE decoded again in fp32"],
-                    message="The VAE overflowed; decoded again in fp32.",
-                )
-            ],
-            "settings": {},
-            "seconds": 3.0,
-        },
+        reports.generation(
+            {
+                "images": [
+                    reports.image(
+                        _png(tmp_path / "ok.png"),
+                        status="fixed",
+                        component="vae",
+                        fixes_applied=["VAE decoded again in fp32"],
+                        message="The VAE overflowed; decoded again in fp32.",
+                    )
+                ],
+                "settings": {},
+                "seconds": 3.0,
+            }
+        ),
     )
     assert view.banner.isVisible()
     assert "Fixed automatically" in view.banner.text.text()
@@ -225,7 +219,10 @@ def test_random_seed_button_and_reuse(view, engines, tmp_path):
     view.generate()
     job = engines.current.last_job("generate")
     engines.current.finish(
-        job, {"images": [_image(_png(tmp_path / "r.png"))], "settings": {}, "seconds": 1}
+        job,
+        reports.generation(
+            {"images": [reports.image(_png(tmp_path / "r.png"))], "settings": {}, "seconds": 1}
+        ),
     )
     view.reuse_seed.click()
     assert view.seed.text() == "1234"
@@ -237,14 +234,14 @@ def test_generate_without_a_model_offers_the_demo(window, engines):
     assert not view.generate_button.isEnabled()
     assert view.demo_button.isVisible()
     view.demo_button.click()
-    assert engines.current.last_job("load").params["source"] == "demo"
+    assert engines.current.last_job("load").params.source == "demo"
     assert window.current_page() == "Models"
 
 
 def test_settings_change_applies_to_the_next_job_without_restart(view, window, engines):
     window.state.set_setting("upcast_attention", True)
     view.generate()
-    assert engines.current.last_job("generate").params["precision"]["upcast_attention"] is True
+    assert engines.current.last_job("generate").params.precision.upcast_attention is True
     assert len(engines.started) == 1
 
 
@@ -260,12 +257,14 @@ def test_an_image_no_folder_took_stays_in_memory_and_can_be_saved_elsewhere(
     )
     engines.current.finish(
         job,
-        {
-            "images": [_image("", png=png)],
-            "settings": {},
-            "seconds": 1.0,
-            "save_error": save_error,
-        },
+        reports.generation(
+            {
+                "images": [reports.image("", png=png)],
+                "settings": {},
+                "seconds": 1.0,
+                "save_error": save_error,
+            }
+        ),
     )
     assert view.gallery.count() == 1
     assert view.window().dialogs.shown[-1].message == save_error
@@ -294,34 +293,42 @@ def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all
     fix = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
     engines.current.finish(
         job,
-        {
-            "images": [
-                _image(
-                    _png(tmp_path / "black.png", "black"),
-                    status="nan",
-                    component="vae",
-                    step=25,
-                    message="The VAE overflowed fp16 while decoding.",
-                    fix=fix,
-                )
-            ],
-            "settings": {},
-            "seconds": 3.0,
-        },
+        reports.generation(
+            {
+                "images": [
+                    reports.image(
+                        _png(tmp_path / "black.png", "black"),
+                        status="nan",
+                        component="vae",
+                        step=25,
+                        message="The VAE overflowed fp16 while decoding.",
+                        fix=fix,
+                    )
+                ],
+                "settings": {},
+                "seconds": 3.0,
+            }
+        ),
     )
     view.banner.buttons["Apply fix and regenerate"].click()
     assert load_settings().settings["fp32_modules"] == []
     again = engines.current.last_job("generate")
     # The layers run with this job only, and nothing is remembered before they are proved.
-    assert again.params["precision"]["fp32_modules"] == fix["fp32_modules"]
+    assert list(again.params.precision.fp32_modules) == fix["fp32_modules"]
     assert engines.current.jobs("remember_fix") == []
     engines.current.finish(
         again,
-        {"images": [_image(_png(tmp_path / "fixed.png"))], "settings": fix, "seconds": 3.0},
+        reports.generation(
+            {
+                "images": [reports.image(_png(tmp_path / "fixed.png"))],
+                "settings": fix,
+                "seconds": 3.0,
+            }
+        ),
     )
     remember = engines.current.last_job("remember_fix")
-    assert remember.params["settings"] == fix
-    assert remember.params["verified_by"] == "generation"
+    assert remember.params.settings == fix
+    assert remember.params.verified_by == "generation"
     assert "remembered for this model" in view.banner.text.text()
 
 
@@ -329,17 +336,23 @@ def test_a_layer_fix_that_does_not_repair_the_image_is_not_remembered(view, engi
     view.generate()
     job = engines.current.last_job("generate")
     fix = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
-    black = _image(_png(tmp_path / "black.png", "black"), status="nan", component="vae", fix=fix)
-    engines.current.finish(job, {"images": [black], "settings": {}, "seconds": 3.0})
+    black = reports.image(
+        _png(tmp_path / "black.png", "black"), status="nan", component="vae", fix=fix
+    )
+    engines.current.finish(
+        job, reports.generation({"images": [black], "settings": {}, "seconds": 3.0})
+    )
     view.banner.buttons["Apply fix and regenerate"].click()
     again = engines.current.last_job("generate")
     engines.current.finish(
         again,
-        {
-            "images": [_image(_png(tmp_path / "still.png", "black"), status="nan")],
-            "settings": fix,
-            "seconds": 3.0,
-        },
+        reports.generation(
+            {
+                "images": [reports.image(_png(tmp_path / "still.png", "black"), status="nan")],
+                "settings": fix,
+                "seconds": 3.0,
+            }
+        ),
     )
     assert engines.current.jobs("remember_fix") == []
     assert load_settings().settings["fp32_modules"] == []
@@ -349,7 +362,10 @@ def test_a_preview_replaces_the_last_images_caption_and_cancel_its_banner(view, 
     view.generate()
     job = engines.current.last_job("generate")
     engines.current.finish(
-        job, {"images": [_image(_png(tmp_path / "old.png"))], "settings": {}, "seconds": 1.0}
+        job,
+        reports.generation(
+            {"images": [reports.image(_png(tmp_path / "old.png"))], "settings": {}, "seconds": 1.0}
+        ),
     )
     assert "Seed: 1234" in view.parameters.text()
     view.banner.show_message("good", "<b>Fixed.</b> an earlier image")

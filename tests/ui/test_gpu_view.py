@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel
 
+from app.core.requests import HardwareRequest
 from app.core.settings import PRECISION_KEYS, load_settings
 from app.engine.events import EventState
-from tests.ui.test_settings_view import HARDWARE
+from tests.support.reports import gtx_1660_super
 
 
 def _texts(widget) -> str:
@@ -18,8 +19,8 @@ def test_first_view_starts_the_engine_and_shows_the_report(window, engines):
     assert engines.started == []
     window.show_page("Devices")
     job = engines.current.last_job("hardware")
-    assert job.params == {"self_test": True, "retest": False}
-    engines.current.emit(job, EventState.RESULT, result=HARDWARE)
+    assert job.params == HardwareRequest(self_test=True, retest=False)
+    engines.current.emit(job, EventState.RESULT, result=gtx_1660_super())
 
     view = window.gpu_view
     text = _texts(view)
@@ -40,7 +41,7 @@ def test_first_view_starts_the_engine_and_shows_the_report(window, engines):
 def test_apply_recommended_writes_every_precision_setting(window, engines):
     window.show_page("Devices")
     job = engines.current.last_job("hardware")
-    engines.current.emit(job, EventState.RESULT, result=HARDWARE)
+    engines.current.emit(job, EventState.RESULT, result=gtx_1660_super())
     button, recommended = window.gpu_view.apply_buttons[0]
     assert button.isEnabled()
     button.click()
@@ -54,6 +55,6 @@ def test_apply_recommended_writes_every_precision_setting(window, engines):
 def test_self_test_again_asks_for_a_retest(window, engines):
     window.show_page("Devices")
     first = engines.current.last_job("hardware")
-    engines.current.emit(first, EventState.RESULT, result=HARDWARE)
+    engines.current.emit(first, EventState.RESULT, result=gtx_1660_super())
     window.gpu_view.self_test_button.click()
-    assert engines.current.last_job("hardware").params["retest"] is True
+    assert engines.current.last_job("hardware").params.retest is True

@@ -2,95 +2,16 @@
 
 from __future__ import annotations
 
-import copy
+from dataclasses import replace
 
 from PySide6.QtGui import QGuiApplication
 
-from app.core.health import cost_comparison
+from app.core.components import Status, Verdict
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
+from tests.support import reports
+from tests.support.reports import MARKDOWN
 from tests.ui.conftest import load_fake_model
-
-FIXABLE = {
-    "halfsafe": "0.1.0",
-    "model": {
-        "source": "/models/sdxl.safetensors",
-        "format": "single_file",
-        "architecture": "sdxl",
-        "name": "sdxl",
-    },
-    "device": {"kind": "cuda", "name": "NVIDIA GeForce RTX 3060"},
-    "tested": {
-        "text_encoder": "fp16",
-        "text_encoder_2": "fp16",
-        "unet": "fp16",
-        "vae": "fp16",
-        "upcast_attention": False,
-    },
-    "weights": {"non_finite": []},
-    "components": {
-        "text_encoder": {
-            "status": "ok",
-            "max_abs": 310.0,
-            "headroom": 211.3,
-            "first_bad_module": None,
-            "seconds": 0.02,
-            "dtype": "fp16",
-            "blocks": [
-                {"module": "text_model.embeddings", "max_abs": 2.0, "non_finite": False},
-                {"module": "text_model.encoder", "max_abs": 310.0, "non_finite": False},
-            ],
-        },
-        "unet": {
-            "status": "at_risk",
-            "max_abs": 41000.0,
-            "headroom": 1.6,
-            "first_bad_module": None,
-            "seconds": 0.4,
-            "dtype": "fp16",
-            "blocks": [
-                {"module": "down_blocks.0", "max_abs": 800.0, "non_finite": False},
-                {"module": "mid_block", "max_abs": 41000.0, "non_finite": False},
-            ],
-        },
-        "vae": {
-            "status": "overflow",
-            "max_abs": 131000.0,
-            "headroom": 0.5,
-            "first_bad_module": "decoder.up_blocks.2.resnets.1.conv2",
-            "seconds": 0.3,
-            "dtype": "fp16",
-            "blocks": [
-                {"module": "post_quant_conv", "max_abs": 30.0, "non_finite": False},
-                {"module": "decoder.mid_block", "max_abs": 9000.0, "non_finite": False},
-                {"module": "decoder.up_blocks.2", "max_abs": None, "non_finite": True},
-            ],
-        },
-    },
-    "verdict": "fixable",
-    "fix": {
-        "text_encoder": "fp16",
-        "text_encoder_2": "fp16",
-        "unet": "fp16",
-        "vae": "fp32",
-        "upcast_attention": False,
-        "verified": True,
-        "summary": "The VAE overflowed; fix: run the VAE in fp32. Verified by re-running it.",
-        "settings": {"vae_precision": "fp32"},
-        "cost": {
-            "fix": {"unet_step_ms": 61.0, "peak_memory_mb": 7100.0, "weights_mb": 5300.0},
-            "no_half": {"unet_step_ms": 118.0, "peak_memory_mb": 12900.0, "weights_mb": 10500.0},
-            # Written by core, as Fix.to_json writes it.
-            "summary": cost_comparison(
-                {"fix": {"unet_step_ms": 61.0}, "no_half": {"unet_step_ms": 118.0}}
-            ),
-        },
-    },
-    "seconds": 2.4,
-    "size": 1024,
-    "notes": [],
-}
-MARKDOWN = "# HalfSafe health check: sdxl\n\n- Verdict: **fixable**\n"
 
 
 def _run_check(window, engines):
@@ -105,8 +26,8 @@ def _run_check(window, engines):
 def test_run_is_one_click_and_sends_the_current_settings(window, engines):
     window.state.set_setting("upcast_attention", True)
     view, job = _run_check(window, engines)
-    assert job.params["precision"]["upcast_attention"] is True
-    assert job.params["size"] is None  # the model's own size
+    assert job.params.precision.upcast_attention is True
+    assert job.params.size is None  # the model's own size
     engines.current.emit(job, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
     assert view.progress.value() == 1 and view.progress.maximum() == 3
     assert "Checking the UNet" in view.stage.text()
@@ -118,24 +39,27 @@ def test_probe_size_can_be_chosen(window, engines):
     view = window.health_view
     view.size_choice.setCurrentIndex(view.size_choice.findData(768))
     view.run_check()
-    assert engines.current.last_job("check").params["size"] == 768
+    assert engines.current.last_job("check").params.size == 768
 
 
 def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
     view, job = _run_check(window, engines)
-    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    engines.current.finish(job, reports.result(reports.fixable()))
 
     assert view.verdict.isVisible() and view.verdict.level == "warn"
-    assert "Fixable" in view.verdict.text.text()
+    # The headline is core's, as `halfsafe check` prints it.
+    assert view.verdict.text.text().startswith(
+        "<b>Fixable: at your settings (fp16) the VAE overflows 2x; verified fix"
+    )
     assert set(view.cards) == {"text_encoder", "unet", "vae"}
     vae_text = " ".join(w.text() for w in view.cards["vae"].findChildren(type(view.stage)))
-    assert "Overflows in fp16" in vae_text
+    assert "Overflows" in vae_text
     assert (
         "the second convolution of the second ResNet layer of the third up-sampling block "
         "of the decoder, in the VAE"
     ) in vae_text
     unet_text = " ".join(w.text() for w in view.cards["unet"].findChildren(type(view.stage)))
-    assert "Close to the limit" in unet_text and "only 1.6x" in unet_text
+    assert "Close to the fp16 limit" in unet_text and "only 1.6x" in unet_text
 
     chart = view.charts["vae"]
     assert [b.module for b in chart.blocks] == [
@@ -153,22 +77,22 @@ def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
     assert "61 ms" in fix_text and "118 ms" in fix_text
     assert "the fix was 1.9x as fast as no-half" in fix_text
     assert "less memory at peak" in fix_text
-    assert window.precision_status.text().startswith("Precision: Text encoder fp16")
+    assert window.precision_status.text() == "Precision: fp16"
 
 
 def test_apply_fix_writes_the_settings(window, engines):
     view, job = _run_check(window, engines)
-    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    engines.current.finish(job, reports.result(reports.fixable()))
     view.apply_button.click()
     assert load_settings().settings["vae_precision"] == "fp32"
     assert "Applied" in view.applied_label.text()
     view.run_button.click()
-    assert engines.current.last_job("check").params["precision"]["vae_precision"] == "fp32"
+    assert engines.current.last_job("check").params.precision.vae_precision == "fp32"
 
 
 def test_export_and_copy_markdown(window, engines, tmp_path):
     view, job = _run_check(window, engines)
-    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    engines.current.finish(job, reports.result(reports.fixable()))
     view.copy_button.click()
     assert QGuiApplication.clipboard().text() == MARKDOWN
     target = tmp_path / "report.md"
@@ -187,34 +111,30 @@ def test_cancel_sends_cancel(window, engines):
 
 def test_healthy_and_broken_verdicts(window, engines):
     view, job = _run_check(window, engines)
-    healthy = dict(FIXABLE, verdict="healthy", fix=None)
-    engines.current.finish(job, {"report": healthy, "markdown": MARKDOWN})
+    engines.current.finish(job, reports.result(reports.report()))
     assert view.verdict.level == "good"
     view.run_button.click()
-    job = engines.current.last_job("check")
-    broken = dict(
-        FIXABLE,
-        verdict="broken",
-        fix=None,
-        weights={"non_finite": ["first_stage_model.decoder.conv_in.weight"]},
-    )
-    engines.current.finish(job, {"report": broken, "markdown": MARKDOWN})
+    engines.current.finish(engines.current.last_job("check"), reports.result(reports.broken()))
     assert view.verdict.level == "bad"
+    assert "Broken: the weights hold NaN or Inf values" in view.verdict.text.text()
     texts = " ".join(w.text() for w in view.findChildren(type(view.stage)))
     assert "first_stage_model.decoder.conv_in.weight" in texts
 
 
 def test_a_component_fed_nan_by_another_is_named_as_fed_not_as_failing(window, engines):
     view, job = _run_check(window, engines)
-    report = copy.deepcopy(FIXABLE)
-    report.update(verdict="broken", fix=None)
-    report["weights"] = {"non_finite": ["text_encoder.text_model.encoder.layers.0.mlp.fc1.weight"]}
-    report["components"]["text_encoder"].update(status="broken_weights")
-    report["components"]["unet"].update(status="ok", fed_by="text_encoder")
-    engines.current.finish(job, {"report": report, "markdown": MARKDOWN})
+    parts = reports.components()
+    parts["text_encoder"] = replace(parts["text_encoder"], status=Status.BROKEN_WEIGHTS)
+    parts["unet"] = replace(parts["unet"], status=Status.OK, fed_by="text_encoder")
+    report = reports.report(
+        verdict=Verdict.BROKEN,
+        weights_non_finite=["text_encoder.text_model.encoder.layers.0.mlp.fc1.weight"],
+        components=parts,
+    )
+    engines.current.finish(job, reports.result(report))
     unet_text = " ".join(w.text() for w in view.cards["unet"].findChildren(type(view.stage)))
     assert "Fed non-finite input by the text encoder" in unet_text
-    assert "Produces NaN" not in unet_text and "Close to the limit" not in unet_text
+    assert "Goes NaN" not in unet_text and "Close to the fp16 limit" not in unet_text
 
 
 def test_run_needs_a_model(window):
@@ -225,7 +145,7 @@ def test_run_needs_a_model(window):
 
 def test_a_report_about_another_model_is_cleared_when_a_new_one_loads(window, engines):
     view, job = _run_check(window, engines)
-    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    engines.current.finish(job, reports.result(reports.fixable()))
     assert view.cards
     load_fake_model(window, engines)  # the demo, not /models/sdxl.safetensors
     assert view.report is None and not view.cards
@@ -237,77 +157,22 @@ def test_check_probes_the_sampler_the_user_generates_with(window, engines):
     window.state.apply({"steps": 12, "scheduler": "euler"})
     window.health_view.run_check()
     params = engines.current.last_job("check").params
-    assert (params["steps"], params["scheduler"]) == (12, "euler")
+    assert (params.steps, params.scheduler) == (12, "euler")
 
 
 def test_a_check_under_autocast_says_so_in_words(window, engines):
     view, job = _run_check(window, engines)
-    report = dict(FIXABLE, tested={**FIXABLE["tested"], "autocast": True})
-    engines.current.finish(job, {"report": report, "markdown": MARKDOWN})
+    report = reports.fixable()
+    report = replace(report, plan=replace(report.plan, autocast=True))
+    engines.current.finish(job, reports.result(report))
     text = view.verdict.text.text()
-    assert "fp16 parts under autocast" in text
+    assert "fp16 under autocast" in text
     assert "autocast True" not in text and "Autocast" not in text
-
-
-ISLANDS = copy.deepcopy(FIXABLE)
-ISLANDS["fix"].update(
-    {
-        "vae": "fp16",
-        "summary": "The VAE overflowed; fix: keep 2 layers of the VAE in fp32. Verified.",
-        "precision_words": "fp16, with 2 VAE layers in fp32",
-        "settings": {"fp32_modules": ["vae:decoder.a.conv1", "vae:decoder.a.norm2"]},
-        "modules": {"vae": {"decoder.a.conv1": "fp32", "decoder.a.norm2": "fp32"}},
-        "candidates": [
-            {
-                "component": "vae",
-                "kind": "islands",
-                "words": "keep 2 layers of the VAE in fp32",
-                "settings": {"fp32_modules": ["vae:decoder.a.conv1", "vae:decoder.a.norm2"]},
-                "modules": 2,
-                "finite": True,
-                "quality": {"metric": "snr_db", "value": 55.3, "threshold": 20.0},
-                "verified": True,
-                "chosen": True,
-                "cost": {"step_ms": 40.0, "step_ms_range": [39.0, 41.0], "weights_mb": 5310.0},
-            },
-            {
-                "component": "vae",
-                "kind": "component_fp32",
-                "words": "run the VAE in fp32",
-                "settings": {"vae_precision": "fp32"},
-                "modules": 0,
-                "finite": True,
-                "quality": {"metric": "snr_db", "value": 200.0, "threshold": 20.0},
-                "verified": True,
-                "chosen": False,
-                "cost": {"step_ms": 80.0, "step_ms_range": [79.0, 82.0], "weights_mb": 5460.0},
-            },
-            {
-                "component": "vae",
-                "kind": "clamp",
-                "words": "clamp the fp16 output of 1 layer of the VAE to +-65504",
-                "settings": {"clamp_modules": ["vae:decoder.a.conv1"]},
-                "modules": 1,
-                "finite": True,
-                "quality": {"metric": "snr_db", "value": 4.2, "threshold": 20.0},
-                "verified": False,
-                "chosen": False,
-                "cost": {"weights_mb": 5300.0},
-            },
-        ],
-        "baselines": {
-            "vae": {
-                "as_tested": {"step_ms": 39.0, "step_ms_range": [38.0, 40.0], "weights_mb": 5300.0},
-                "no_half": {"step_ms": 81.0, "step_ms_range": [80.0, 83.0], "weights_mb": 10500.0},
-            }
-        },
-    }
-)
 
 
 def test_candidates_are_listed_and_another_verified_one_can_be_applied(window, engines):
     view, job = _run_check(window, engines)
-    engines.current.finish(job, {"report": ISLANDS, "markdown": MARKDOWN})
+    engines.current.finish(job, reports.result(reports.islands()))
     text = " ".join(w.text() for w in view.findChildren(type(view.stage)))
     assert "Runs as: <b>fp16, with 2 VAE layers in fp32</b>" in text
     assert "Layers in fp32: 2 layers (vae:decoder.a.conv1, vae:decoder.a.norm2)" in text
@@ -320,9 +185,7 @@ def test_candidates_are_listed_and_another_verified_one_can_be_applied(window, e
     # remembers them for the loaded model, ahead of the next job.
     assert load_settings().settings["fp32_modules"] == []
     remember = engines.current.last_job("remember_fix")
-    assert remember.params["settings"] == {
-        "fp32_modules": ISLANDS["fix"]["settings"]["fp32_modules"]
-    }
+    assert remember.params.settings == reports.ISLAND_SETTINGS
     assert "remembered for this model" in view.applied_label.text()
     instead.click()
     assert load_settings().settings["vae_precision"] == "fp32"
@@ -331,7 +194,7 @@ def test_candidates_are_listed_and_another_verified_one_can_be_applied(window, e
 
 def test_a_new_check_does_not_show_the_last_ones_verdict_while_it_runs(window, engines):
     view, job = _run_check(window, engines)
-    engines.current.finish(job, {"report": FIXABLE, "markdown": MARKDOWN})
+    engines.current.finish(job, reports.result(reports.fixable()))
     assert view.verdict.isVisible() and view.cards
     view.run_button.click()
     assert not view.verdict.isVisible()

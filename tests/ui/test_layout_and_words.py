@@ -4,29 +4,19 @@ title, and the engine log's path when no program opens it."""
 
 from __future__ import annotations
 
-import copy
-
 from PySide6.QtCore import QPoint
 from PySide6.QtWidgets import QApplication, QLabel
 
+from app.core.hardware import HardwareReport
 from app.engine.events import EventState
 from app.ui import dialogs as dialogs_module
+from tests.support.reports import gtx_1660_super, on_a_cpu
 from tests.ui.conftest import load_fake_model
 from tests.ui.test_gallery import NoFileManager
-from tests.ui.test_settings_view import HARDWARE
 
 
-def _cpu_hardware() -> dict:
-    report = copy.deepcopy(HARDWARE)
-    device = report["devices"][0]
-    device.update(kind="cpu", index=None, name="AMD EPYC", quirks=[])
-    device["recommended"] = {
-        **device["recommended"],
-        "attention_backend": "flash",
-        "no_half": True,
-        "no_half_vae": True,
-    }
-    return report
+def _cpu_hardware() -> HardwareReport:
+    return on_a_cpu(gtx_1660_super(), attention_backend="flash", no_half=True, no_half_vae=True)
 
 
 def test_settings_controls_start_at_the_same_x_in_every_group(window):
@@ -55,7 +45,7 @@ def test_toggling_a_setting_never_moves_it_under_the_pointer(window):
 
 
 def test_with_no_half_on_the_vae_and_precisions_say_fp32_not_a_recommendation(window):
-    window.state.set_hardware(HARDWARE)
+    window.state.set_hardware(gtx_1660_super())
     window.state.apply({"no_half": True, "no_half_vae": False})
     view = window.settings_view
     for key in ("no_half_vae", "vae_precision", "precision"):
@@ -73,8 +63,7 @@ def test_on_a_cpu_no_flash_attention_is_recommended_and_auto_never_means_auto(wi
     assert "Flash attention" not in gpu_texts and "fused CPU kernel" in gpu_texts
     window.state.apply({"attention_backend": "math"})
     assert "Flash" not in view.resolution_text("attention_backend")
-    report = _cpu_hardware()
-    report["devices"][0]["recommended"]["attention_backend"] = "auto"
+    report = on_a_cpu(_cpu_hardware(), attention_backend="auto")
     window.state.apply({"attention_backend": "auto"})
     window.state.set_hardware(report)
     for key in view.editors:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from app.core.lora import LoraRequest
 from tests.ui.conftest import load_fake_model
 
 
@@ -25,11 +26,14 @@ def test_each_lora_goes_with_the_job_at_its_own_weight(view, engines):
     view.loras.rows[1].weight.setValue(-0.5)
     view.generate()
     job = engines.current.last_job("generate")
-    assert job.params["loras"] == [
+    assert job.params.loras == (
+        LoraRequest("/models/Lora/ink.safetensors", 0.7),
+        LoraRequest("/models/Lora/grain.safetensors", -0.5),
+    )
+    assert json.loads(view.ui_settings.value("generate/loras")) == [
         {"path": "/models/Lora/ink.safetensors", "weight": 0.7},
         {"path": "/models/Lora/grain.safetensors", "weight": -0.5},
     ]
-    assert json.loads(view.ui_settings.value("generate/loras")) == job.params["loras"]
 
 
 def test_removing_a_lora_leaves_it_out_of_the_next_job(view, engines):
@@ -37,9 +41,9 @@ def test_removing_a_lora_leaves_it_out_of_the_next_job(view, engines):
     view.loras.add("/b.safetensors", 0.6)
     view.loras.rows[0].removed.emit(view.loras.rows[0])
     view.generate()
-    assert engines.current.last_job("generate").params["loras"] == [
-        {"path": "/b.safetensors", "weight": 0.6}
-    ]
+    assert engines.current.last_job("generate").params.loras == (
+        LoraRequest("/b.safetensors", 0.6),
+    )
 
 
 def test_a_damaged_saved_list_keeps_what_is_usable(view):

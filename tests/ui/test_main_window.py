@@ -14,6 +14,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
 from app.engine.events import EventState
+from tests.support import reports
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,22 +74,7 @@ def test_engine_crash_shows_restart_offer_keeps_images_and_restart_works(window,
     image = tmp_path / "saved.png"
     _write_png(image)
     view.add_result(
-        {
-            "images": [
-                {
-                    "path": str(image),
-                    "seed": 5,
-                    "status": "ok",
-                    "component": None,
-                    "step": None,
-                    "fixes_applied": [],
-                    "message": "",
-                    "fix": None,
-                }
-            ],
-            "settings": {},
-            "seconds": 1.0,
-        },
+        reports.generation({"images": [reports.image(str(image), seed=5)]}),
         {"prompt": "a cat", "steps": 4},
     )
     window.show_page("Generate")
@@ -114,8 +100,8 @@ def test_engine_crash_shows_restart_offer_keeps_images_and_restart_works(window,
     assert not window.engine_banner.isVisible() or window.engine_banner.level == "info"
     # The model that was loaded is loaded again in the fresh engine.
     reload = engines.current.last_job("load")
-    assert reload.params["source"] == "demo"
-    engines.current.finish(reload, dict(DEMO_SUMMARY))
+    assert reload.params.source == "demo"
+    engines.current.finish(reload, DEMO_SUMMARY)
     assert window.state.model is not None
     assert view.gallery.count() == 1
 
@@ -156,7 +142,7 @@ def test_drag_and_drop_of_a_file_loads_it(window, engines, tmp_path, qtbot):
 
     qtbot.waitUntil(lambda: bool(engines.started and engines.current.jobs("load")), timeout=3000)
     job = engines.current.last_job("load")
-    assert job.params["source"] == str(checkpoint)
+    assert job.params.source == str(checkpoint)
     assert window.current_page() == "Models"
     engines.current.emit(job, EventState.PROGRESS, stage="Reading weights", done=1, total=4)
     assert window.models_view.progress.value() == 1

@@ -3,8 +3,12 @@ remembered fix, and what was detected."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from app.core.profiles import RememberedFix
+from app.core.requests import LoadRequest
 from app.core.settings import load_settings
-from app.engine.events import CancelRequest, EventState
+from app.engine.events import CancelRequest, EventState, StillLoaded
 from app.ui.models_view import library_count_words
 from tests.ui.conftest import DEMO_SUMMARY
 
@@ -13,11 +17,11 @@ def test_loading_the_demo_shows_progress_then_what_was_detected(window, engines)
     view = window.models_view
     view.load_item(view.library.topLevelItem(0))
     job = engines.current.last_job("load")
-    assert job.params == {"source": "demo", "vae": None, "allow_pickle": False, "device": "auto"}
+    assert job.params == LoadRequest("demo", vae=None, allow_pickle=False, device="auto")
     engines.current.emit(job, EventState.PROGRESS, stage="Building the demo", done=2, total=4)
     assert view.progress.isVisible() and view.progress.value() == 2
     assert view.cancel_button.isEnabled()
-    engines.current.finish(job, dict(DEMO_SUMMARY))
+    engines.current.finish(job, DEMO_SUMMARY)
     assert "draws coloured shapes" in view.details.title.text()
     text = view.details_text.text()
     assert "Stable Diffusion 1.x" in text
@@ -46,7 +50,7 @@ def test_pickle_is_loaded_only_after_the_user_confirms(window, engines, tmp_path
     view = window.models_view
     view.load_path(str(checkpoint))
     job = engines.current.last_job("load")
-    assert job.params["allow_pickle"] is False
+    assert job.params.allow_pickle is False
     engines.current.emit(
         job,
         EventState.ERROR,
@@ -56,7 +60,7 @@ def test_pickle_is_loaded_only_after_the_user_confirms(window, engines, tmp_path
     assert asked and "old.ckpt" in asked[0][1]
     retry = engines.current.last_job("load")
     assert retry.job_id != job.job_id
-    assert retry.params["allow_pickle"] is True
+    assert retry.params.allow_pickle is True
     assert window.dialogs.shown == []
 
 
@@ -101,24 +105,22 @@ def test_separate_vae_is_sent_with_the_load(window, engines, tmp_path):
     view.set_vae(str(vae))
     assert view.vae_label.text() == vae.name
     view.load_path("demo")
-    assert engines.current.last_job("load").params["vae"] == str(vae)
+    assert engines.current.last_job("load").params.vae == str(vae)
     view.clear_vae_button.click()
     view.load_path("demo")
-    assert engines.current.last_job("load").params["vae"] is None
+    assert engines.current.last_job("load").params.vae is None
 
 
 def test_remembered_fix_is_offered_and_applied(window, engines):
     view = window.models_view
     view.load_path("demo")
     job = engines.current.last_job("load")
-    summary = dict(
+    summary = replace(
         DEMO_SUMMARY,
-        remembered_fix={
-            "settings": {"vae_precision": "fp32"},
-            "summary": "The VAE overflowed; run it in fp32.",
-            "verified_by": "health check",
-            "device": "NVIDIA GeForce RTX 3060",
-        },
+        remembered_fix=RememberedFix(
+            {"vae_precision": "fp32"}, "The VAE overflowed; run it in fp32.", "health check", 0.0
+        ),
+        remembered_on="NVIDIA GeForce RTX 3060",
     )
     engines.current.finish(job, summary)
     assert view.remembered.isVisible()
@@ -136,7 +138,7 @@ def test_a_damaged_remembered_fixes_file_is_named_when_a_model_loads(window, eng
         "/data/profiles.json.damaged-20260101-000000."
     )
     engines.current.finish(
-        engines.current.last_job("load"), dict(DEMO_SUMMARY, profile_notes=[note])
+        engines.current.last_job("load"), replace(DEMO_SUMMARY, profile_notes=(note,))
     )
     assert view.remembered.isVisible()
     assert "profiles.json.damaged-20260101-000000" in view.remembered.text.text()
@@ -262,13 +264,13 @@ def test_library_lists_vaes_and_loads_a_model_with_its_paired_vae(window, engine
     assert with_vae.text(1) == "Stable Diffusion 1.x + VAE" and str(paired) in with_vae.toolTip(0)
     assert vae_row.text(1) == "VAE"
     view.load_item(with_vae)
-    assert engines.current.last_job("load").params["vae"] == str(paired)
+    assert engines.current.last_job("load").params.vae == str(paired)
     # Double-clicking a VAE chooses it; the user's choice wins over the pair.
     view.load_item(vae_row)
     assert view.vae_path == str(shared)
     view.load_item(with_vae)
     job = engines.current.last_job("load")
-    assert (job.params["source"], job.params["vae"]) == (str(model), str(shared))
+    assert (job.params.source, job.params.vae) == (str(model), str(shared))
 
 
 def test_library_names_a_transformer_files_companions_or_what_is_missing(window):
@@ -328,7 +330,7 @@ def test_a_failed_open_shows_the_model_the_engine_still_holds(window, engines, t
     view = window.models_view
     view.load_path("demo")
     demo_job = engines.current.last_job("load")
-    engines.current.finish(demo_job, dict(DEMO_SUMMARY))
+    engines.current.finish(demo_job, DEMO_SUMMARY)
     broken = tmp_path / "broken.safetensors"
     broken.write_bytes(b"\x00" * 10)
     view.load_path(str(broken))
@@ -338,7 +340,7 @@ def test_a_failed_open_shows_the_model_the_engine_still_holds(window, engines, t
         EventState.ERROR,
         error_type="BadFileError",
         message=f"{broken}: the file is truncated.",
-        result={"loaded": dict(DEMO_SUMMARY), "request": dict(demo_job.params)},
+        result=StillLoaded(DEMO_SUMMARY, demo_job.params),
     )
     assert window.dialogs.shown[-1].message == f"{broken}: the file is truncated."
     assert window.state.model == DEMO_SUMMARY
@@ -351,7 +353,7 @@ def test_a_failed_open_shows_the_model_the_engine_still_holds(window, engines, t
         job,
         EventState.CANCELLED,
         message="Cancelled.",
-        result={"loaded": dict(DEMO_SUMMARY), "request": dict(demo_job.params)},
+        result=StillLoaded(DEMO_SUMMARY, demo_job.params),
     )
     assert window.state.model == DEMO_SUMMARY
     assert view.load_status.text() == "Loading cancelled; demo is still loaded."

@@ -3,69 +3,15 @@ saves, and `auto` says what it resolves to."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QListWidget, QSpinBox
 
+from app.core.profiles import RememberedFix
 from app.core.settings import FIELDS, GROUPS, PRECISION_KEYS, SCHEMA, Field, load_settings
 from app.engine.events import EventState
-
-HARDWARE = {
-    "halfsafe": "0.1.0",
-    "torch": "2.13.0",
-    "cuda": "12.8",
-    "devices": [
-        {
-            "kind": "cuda",
-            "index": 0,
-            "name": "NVIDIA GeForce GTX 1660 SUPER",
-            "capability": [7, 5],
-            "memory_total_mb": 6144,
-            "driver": "570.1",
-            "fp16": "unreliable",
-            "bf16": "unsupported",
-            "tf32": False,
-            "quirks": [
-                {
-                    "id": "nvidia-turing-gtx16-fp16-nan",
-                    "summary": "GTX 16xx cards can return NaN from fp16 convolutions.",
-                    "source": "https://github.com/pytorch/pytorch/issues/58123",
-                }
-            ],
-            "self_test": {
-                "fp16": "fail",
-                "bf16": "skipped",
-                "details": [{"op": "conv2d 4->320", "dtype": "fp16", "status": "fail"}],
-            },
-            "recommended": {
-                "precision": "fp32",
-                "unet_precision": "fp32",
-                "vae_precision": "fp32",
-                "text_encoder_precision": "fp32",
-                "text_encoder_2_precision": "fp32",
-                "text_encoder_3_precision": "fp32",
-                "t5_fp32_feed_forward": False,
-                "fp32_modules": [],
-                "bf16_modules": [],
-                "clamp_modules": [],
-                "no_half": True,
-                "no_half_vae": True,
-                "upcast_attention": False,
-                "attention_backend": "efficient",
-                "allow_tf32": False,
-                "fp16_reduced_precision_reduction": True,
-                "fp16_accumulation": False,
-                "attention_reduced_precision": False,
-                "nan_check": True,
-                "auto_fix": "auto",
-            },
-            "reasons": {
-                "precision": "This card returns NaN from fp16 convolutions",
-                "attention_backend": "The fastest backend that passed the self-test",
-            },
-        }
-    ],
-}
+from tests.support.reports import gtx_1660_super, on_a_cpu
 
 
 def _new_value(field: Field) -> Any:
@@ -167,7 +113,7 @@ def test_size_is_kept_to_a_multiple_of_eight(window):
 def test_auto_says_what_it_resolves_to_and_why(window):
     view = window.settings_view
     assert "Devices page" in view.resolved["precision"].text()
-    window.state.set_hardware(HARDWARE)
+    window.state.set_hardware(gtx_1660_super())
     assert view.resolved["precision"].text() == (
         "Auto means fp32 (full) here: This card returns NaN from fp16 convolutions."
     )
@@ -196,10 +142,10 @@ def test_reset_to_recommended_uses_this_computers_recommendation(window, engines
     view.reset_button.click()
     # No report yet: the Devices page asks the engine, and the reset finishes when it answers.
     job = engines.current.last_job("hardware")
-    engines.current.emit(job, EventState.RESULT, result=HARDWARE)
+    engines.current.emit(job, EventState.RESULT, result=gtx_1660_super())
     assert asked and FIELDS["fp16_accumulation"].label in asked[0][1]
     saved = load_settings().settings
-    recommended = HARDWARE["devices"][0]["recommended"]
+    recommended = gtx_1660_super().devices[0].recommended
     for key in PRECISION_KEYS:
         if FIELDS[key].default == "auto":
             # Auto already means the recommendation, and lets a remembered fix apply.
@@ -219,7 +165,7 @@ def test_reset_to_recommended_uses_this_computers_recommendation(window, engines
 
 
 def test_reset_changes_nothing_unless_the_user_confirms(window, engines):
-    window.state.set_hardware(HARDWARE)
+    window.state.set_hardware(gtx_1660_super())
     window.state.apply({"fp16_accumulation": True, "vae_precision": "fp16"})
     window.dialogs.confirm = lambda *args, **kwargs: False
     view = window.settings_view
@@ -231,15 +177,11 @@ def test_reset_changes_nothing_unless_the_user_confirms(window, engines):
 
 
 def test_choices_the_device_cannot_run_are_marked(window):
-    import copy
-
     view = window.settings_view
     window.state.apply({"attention_backend": "cudnn", "fp16_accumulation": True})
-    window.state.set_hardware(HARDWARE)  # a CUDA GPU runs both
+    window.state.set_hardware(gtx_1660_super())  # a CUDA GPU runs both
     assert "Not on this device" not in view.resolved["attention_backend"].text()
-    cpu = copy.deepcopy(HARDWARE)
-    cpu["devices"][0].update(kind="cpu", name="AMD EPYC", capability=None)
-    window.state.set_hardware(cpu)
+    window.state.set_hardware(on_a_cpu(gtx_1660_super()))
     assert (
         view.resolved["attention_backend"]
         .text()
@@ -252,9 +194,11 @@ def test_auto_names_the_fix_remembered_for_the_loaded_model(window, engines):
     from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
 
     view = window.settings_view
-    window.state.set_hardware(HARDWARE)
-    fix = {"settings": {"vae_precision": "fp32", "fp32_modules": ["vae:decoder.a"]}}
-    load_fake_model(window, engines, {**DEMO_SUMMARY, "remembered_fix": fix})
+    window.state.set_hardware(gtx_1660_super())
+    fix = RememberedFix(
+        {"vae_precision": "fp32", "fp32_modules": ["vae:decoder.a"]}, "", "health check", 0.0
+    )
+    load_fake_model(window, engines, replace(DEMO_SUMMARY, remembered_fix=fix))
     assert view.resolved["vae_precision"].text() == (
         "For demo, jobs use its remembered fix: fp32 (full)."
     )

@@ -3,12 +3,15 @@ and the model list always highlights the model the engine holds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
+from app.core.requests import HardwareRequest
 from app.engine.events import EventState
+from tests.support.reports import gtx_1660_super
 from tests.ui.conftest import DEMO_SUMMARY
-from tests.ui.test_settings_view import HARDWARE
 
 
 def test_the_window_starts_nothing_until_it_is_shown(window, engines):
@@ -20,9 +23,9 @@ def test_the_device_is_described_at_start_without_visiting_the_gpu_page(window, 
     window.show_page("Models")
     window.start_background()
     job = engines.current.last_job("hardware")
-    assert job.params == {"self_test": True, "retest": False}
+    assert job.params == HardwareRequest(self_test=True, retest=False)
     assert window.device_status.text() == "Device: checking…"
-    engines.current.emit(job, EventState.RESULT, result=HARDWARE)
+    engines.current.emit(job, EventState.RESULT, result=gtx_1660_super())
     assert window.device_status.text() == "Device: NVIDIA GeForce GTX 1660 SUPER"
     assert window.current_page() == "Models"
     # Settings shows this computer's recommendations at once.
@@ -37,7 +40,7 @@ def test_the_last_model_is_loaded_again_at_start(window, engines, tmp_path):
     window.ui_settings.setValue("models/last", str(checkpoint))
     window.start_background()
     load = engines.current.last_job("load")
-    assert load.params["source"] == str(checkpoint)
+    assert load.params.source == str(checkpoint)
     assert engines.current.jobs()[0].kind == "hardware"  # the device first, then the model
 
 
@@ -51,7 +54,7 @@ def test_a_last_model_that_is_gone_is_named_and_not_loaded(window, engines, tmp_
 
 def test_the_demo_comes_back_when_it_was_the_last_model(window, engines):
     window.models_view.load_path("demo")
-    engines.current.finish(engines.current.last_job("load"), dict(DEMO_SUMMARY))
+    engines.current.finish(engines.current.last_job("load"), DEMO_SUMMARY)
     assert window.ui_settings.value("models/last") == "demo"
 
 
@@ -69,18 +72,18 @@ def test_a_model_opened_from_a_file_joins_the_list_and_is_the_highlighted_row(
     checkpoint = tmp_path / "juggernaut.safetensors"
     checkpoint.write_bytes(b"\0" * 16)
     view.load_path("demo")
-    engines.current.finish(engines.current.last_job("load"), dict(DEMO_SUMMARY))
+    engines.current.finish(engines.current.last_job("load"), DEMO_SUMMARY)
     assert view.library.currentItem().data(0, Qt.ItemDataRole.UserRole)["path"] == "demo"
 
     view.load_path(str(checkpoint))
-    summary = {
-        **DEMO_SUMMARY,
-        "source": str(checkpoint),
-        "name": "juggernaut",
-        "format": "single_file",
-        "architecture": "sdxl",
-        "stored_dtype": "fp16",
-    }
+    summary = replace(
+        DEMO_SUMMARY,
+        source=str(checkpoint),
+        name="juggernaut",
+        format="single_file",
+        architecture="sdxl",
+        stored_dtype="fp16",
+    )
     engines.current.finish(engines.current.last_job("load"), summary)
     assert str(checkpoint) in _row_paths(view)
     current = view.library.currentItem()

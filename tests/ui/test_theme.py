@@ -12,9 +12,9 @@ from PySide6.QtWidgets import QApplication, QLabel
 
 from app.engine.events import EventState
 from app.ui.theme import contrast_ratio, is_dark, scheme_for, style_sheet
+from tests.support import reports
+from tests.support.reports import gtx_1660_super
 from tests.ui.conftest import load_fake_model
-from tests.ui.test_health_view import FIXABLE, MARKDOWN
-from tests.ui.test_settings_view import HARDWARE
 
 BODY_TEXT = 4.5
 
@@ -129,24 +129,28 @@ def test_every_accent_keeps_body_text_contrast(scheme_name):
 def test_every_view_is_readable(scheme_name, window, engines):
     load_fake_model(window, engines)
     window.show_page("Devices")
-    engines.current.emit(engines.current.last_job("hardware"), EventState.RESULT, result=HARDWARE)
+    engines.current.emit(
+        engines.current.last_job("hardware"), EventState.RESULT, result=gtx_1660_super()
+    )
     window.show_page("Health check")
-    window.health_view.show_report(FIXABLE, MARKDOWN)
+    window.health_view.show_report(reports.fixable(), reports.MARKDOWN)
     window.generate_view.add_result(
-        {
-            "images": [
-                {
-                    "path": "",
-                    "seed": 5,
-                    "status": "nan",
-                    "component": "vae",
-                    "step": 8,
-                    "message": "The VAE went NaN.",
-                    "fix": {"vae_precision": "fp32"},
-                }
-            ],
-            "settings": {"precision": "fp16"},
-        },
+        reports.generation(
+            {
+                "images": [
+                    reports.image(
+                        "",
+                        "nan",
+                        seed=5,
+                        component="vae",
+                        step=8,
+                        message="The VAE went NaN.",
+                        fix={"vae_precision": "fp32"},
+                    )
+                ],
+                "settings": {"precision": "fp16"},
+            }
+        ),
         {"prompt": "a cat", "steps": 8, "width": 128, "height": 128},
     )
     window.engine_banner.show_message("bad", "<b>The engine stopped.</b> It was killed.")

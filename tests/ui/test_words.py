@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from app.core.components import Status
+from app.core.health import headroom_words
 from app.ui import words
 
 
@@ -50,9 +52,9 @@ def test_numbers_read_naturally():
     assert words.big_number(131000.0) == "131,000"
     assert words.big_number(3.4954) == "3.5"
     assert words.big_number(None) == "unknown"
-    assert words.headroom_words(1.6, "at_risk").startswith("Headroom: only 1.6x")
+    assert headroom_words(1.6, Status.AT_RISK).startswith("Headroom: only 1.6x")
     # Measured in fp32 at 5.9x fp16's limit: over it, never "below" it.
-    over = words.headroom_words(65504 / 386_000, "ok")
+    over = headroom_words(65504 / 386_000, Status.OK)
     assert over.startswith("No headroom in fp16: values reached 5.9x the fp16 limit")
     assert "below" not in over
     assert words.file_size(6_938_000_000) == "6.5 GB"

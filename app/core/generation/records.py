@@ -59,6 +59,9 @@ class ImageResult:
     image: Any = field(default=None, repr=False)
     cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
     loras: list[Any] | None = field(default=None, repr=False)  # None: the model's LoRAs
+    # The image as PNG bytes, with its parameters, where it could not be saved (`path` empty)
+    # and leaves the engine for the window, which can still save it elsewhere.
+    png: bytes | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +91,8 @@ class GenerationResult:
     model: dict[str, Any] = field(default_factory=dict)
     device: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # Why some images are not saved (`ImageResult.png` holds them): one sentence, or "".
+    save_error: str = ""
 
     @property
     def all_good(self) -> bool:

@@ -463,8 +463,9 @@ def _versions() -> dict[str, str]:
 
     return {
         "halfsafe": __version__,
-        "torch": torch.__version__,
-        "diffusers": diffusers.__version__,
+        # Plain str: torch's TorchVersion would import torch wherever the report is unpickled.
+        "torch": str(torch.__version__),
+        "diffusers": str(diffusers.__version__),
         "cuda": torch.version.cuda or "",
         "hip": getattr(torch.version, "hip", None) or "",
     }

@@ -4,12 +4,11 @@ component table, the fix and every candidate tried."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from app.core import diagnosis
 from app.core.components import Verdict
 from app.core.errors import HalfSafeError
-from app.core.health.report import HealthReport, precision_words, status_words
+from app.core.health.report import Fix, HealthReport, precision_words, status_words
 from app.core.health.words import (
     CANDIDATE_COLUMNS,
     candidate_rows,
@@ -23,8 +22,8 @@ def _fmt_number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def candidate_markdown(fix: dict[str, Any]) -> str:
-    rows = candidate_rows(fix)
+def candidate_markdown(fix: Fix) -> str:
+    rows = candidate_rows(fix.candidates, fix.baselines)
     if not rows:
         return ""
     head = "| " + " | ".join(CANDIDATE_COLUMNS) + " |\n|" + "---|" * len(CANDIDATE_COLUMNS)
@@ -50,7 +49,7 @@ def markdown_report(report: HealthReport) -> str:
                 f"\n\nCost: {cost_words(cost.get('fix', {}))} with the fix; "
                 f"{cost_words(cost.get('no_half', {}))} with no-half. {cost_comparison(cost)}"
             )
-        table = candidate_markdown(report.fix.to_json())
+        table = candidate_markdown(report.fix)
         if table:
             fix += (
                 "\n\n### Candidates\n\nEvery fix tried, judged against fp32 "

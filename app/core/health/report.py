@@ -214,6 +214,15 @@ class HealthReport:
         }
 
 
+@dataclass(frozen=True)
+class CheckResult:
+    """A finished health check as the app shows it: the report, and its Markdown form (what
+    Export and Copy give the user)."""
+
+    report: HealthReport
+    markdown: str
+
+
 def _finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 

@@ -4,20 +4,47 @@ fix against no-half, and the table of fix candidates (read from the fix's JSON f
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.core.components import Status
+from app.core.components import Status, Verdict
 from app.core.components import words as component_words
+from app.core.diagnosis import CandidateResult
 from app.core.precision import PrecisionPlan
 from app.core.settings import FIELDS, modules_by_component
 
+# One word table per concept, for the terminal, the Markdown report and the window alike.
 STATUS_WORDS = {
     Status.OK: "ok",
     Status.AT_RISK: "close to the fp16 limit",
-    Status.OVERFLOW: "OVERFLOWS",
+    Status.OVERFLOW: "overflows",
     Status.NAN: "goes NaN",
     Status.BROKEN_WEIGHTS: "damaged weights",
 }
+VERDICT_WORDS = {
+    Verdict.HEALTHY: "Healthy at the tested settings: nothing overflowed.",
+    Verdict.FIXABLE: "Fixable: something overflowed, and a verified fix was found.",
+    Verdict.BROKEN: "Broken: no precision setting gives finite output that agrees with fp32.",
+}
+
+
+def headroom_words(headroom: float | None, status: Status) -> str:
+    """A component's headroom below fp16's limit (65,504) in one sentence."""
+    if status in (Status.OVERFLOW, Status.NAN):
+        return "No headroom: values went past the fp16 limit of 65,504."
+    if status is Status.BROKEN_WEIGHTS:
+        return "The stored weights already hold NaN or infinite values."
+    if headroom is None:
+        return "Headroom: not measured."
+    if headroom >= 10:
+        return f"Headroom: {headroom:,.0f}x below the fp16 limit; safe."
+    if headroom < 1:
+        # Measured wider than fp16 (fp32 or bf16), the values passed 65,504: fp16 would overflow.
+        return (
+            f"No headroom in fp16: values reached {1 / headroom:.2g}x the fp16 limit of 65,504; "
+            "fp16 would overflow."
+        )
+    return f"Headroom: only {headroom:.2g}x below the fp16 limit; close to overflowing."
 
 
 def layer_words(plan: PrecisionPlan) -> list[str]:
@@ -95,7 +122,7 @@ def cost_words(cost: dict[str, Any]) -> str:
     return ", ".join(parts) or "not measured"
 
 
-def cost_comparison(cost: dict[str, dict[str, Any]]) -> str:
+def cost_comparison(cost: Mapping[str, Mapping[str, Any]]) -> str:
     """One sentence comparing the fix's step time with no-half's, honest about noise: when the
     two ranges overlap the measurement cannot tell them apart, and says so."""
     fix, half = cost.get("fix") or {}, cost.get("no_half") or {}
@@ -125,17 +152,17 @@ CANDIDATE_COLUMNS = (
 )
 
 
-def _result_words(row: dict[str, Any]) -> str:
-    if row.get("chosen"):
+def _result_words(candidate: CandidateResult) -> str:
+    if candidate.chosen:
         return "chosen"
-    if row.get("verified"):
+    if candidate.verified:
         return "verified"
-    if row.get("finite"):
+    if candidate.finite:
         return "rejected: differs from fp32"
     return "rejected: not finite"
 
 
-def _ms(cost: dict[str, Any]) -> str:
+def _ms(cost: Mapping[str, Any]) -> str:
     step, spread = cost.get("step_ms"), cost.get("step_ms_range")
     if step is None:
         return "-"
@@ -146,27 +173,26 @@ def _mb(value: Any) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def candidate_rows(fix: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The fix's candidates as table rows (`CANDIDATE_COLUMNS`), ranked, each failing
-    component's measured baselines (its tested plan, no-half) after its candidates. Reads the
-    JSON form (`Fix.to_json()`), so the CLI, the Markdown report and the GUI show one table."""
+def candidate_rows(
+    candidates: Sequence[CandidateResult],
+    baselines: Mapping[str, Mapping[str, Mapping[str, Any]]],
+) -> list[tuple[str, ...]]:
+    """A fix's candidates as table rows (`CANDIDATE_COLUMNS`), ranked, each failing
+    component's measured baselines (its tested plan, no-half) after its candidates: the one
+    table the CLI, the Markdown report and the GUI show."""
     rows: list[tuple[str, ...]] = []
-    candidates = fix.get("candidates") or []
-    baselines = fix.get("baselines") or {}
-    for component in dict.fromkeys(c["component"] for c in candidates):
-        for c in (c for c in candidates if c["component"] == component):
-            quality = c.get("quality")
-            cost = c.get("cost") or {}
+    for component in dict.fromkeys(c.component for c in candidates):
+        for c in (c for c in candidates if c.component == component):
             rows.append(
                 (
                     component,
-                    c["words"],
-                    str(c.get("modules") or "-"),
-                    f"{quality['value']:.1f} dB" if quality else "-",
+                    c.words,
+                    str(c.modules or "-"),
+                    f"{c.quality.value:.1f} dB" if c.quality else "-",
                     _result_words(c),
-                    _ms(cost),
-                    _mb(cost.get("peak_memory_mb")),
-                    _mb(cost.get("weights_mb")),
+                    _ms(c.cost),
+                    _mb(c.cost.get("peak_memory_mb")),
+                    _mb(c.cost.get("weights_mb")),
                 )
             )
         for label, words_ in (("as_tested", "as tested (no fix)"), ("no_half", "no-half")):

@@ -1,0 +1,87 @@
+"""What the app shows about a loaded model: `ModelSummary`, plain data with no tensors and no
+pipeline, so it crosses to the GUI process as itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.checkpoint import WeightScan
+from app.core.models.loaded import LoadedModel
+from app.core.profiles import RememberedFix
+
+# The pipeline parts a summary lists, in pipeline order.
+_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae")
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """A loaded model in facts: where it came from, what it is, how its weights are stored and
+    what their scan found, and the fix remembered for it on the device jobs run on (with the
+    name of that device), if any. `profile_notes`: a sentence each when the remembered fixes'
+    file was found damaged (and kept aside) by this load."""
+
+    source: str
+    name: str
+    format: str
+    architecture: str
+    prediction_type: str
+    native_size: int
+    stored_dtype: str
+    profile_key: str
+    weights: WeightScan | None = None
+    model_hash: str | None = None
+    zero_terminal_snr: bool = False
+    prediction_because: str = ""
+    quantization: dict[str, Any] | None = None
+    detected_because: tuple[str, ...] = ()
+    components: tuple[str, ...] = ()
+    remembered_fix: RememberedFix | None = None
+    remembered_on: str = ""  # the device the remembered fix is for
+    profile_notes: tuple[str, ...] = ()
+    vae: str | None = None  # the separate VAE loaded in place of the model's own
+    notes: tuple[str, ...] = field(default=())
+
+
+def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
+    """The summary of `model`, with the fix remembered for it on `device` (a settings value)."""
+    because = model.detected_because
+    remembered, on, notes = _remembered_fix(model.profile_key, device)
+    pipeline = model.pipeline
+    return ModelSummary(
+        source=str(model.source),
+        name=str(model.name),
+        format=str(model.format),
+        architecture=str(model.architecture),
+        prediction_type=str(model.prediction_type),
+        native_size=int(model.native_size),
+        stored_dtype=str(model.stored_dtype),
+        profile_key=str(model.profile_key),
+        weights=model.weights,
+        model_hash=model.model_hash,
+        zero_terminal_snr=bool(model.zero_terminal_snr),
+        prediction_because=str(model.prediction_because),
+        quantization=dict(model.quantization) if model.quantization else None,
+        detected_because=tuple([because] if isinstance(because, str) else because or ()),
+        components=tuple(n for n in _PARTS if getattr(pipeline, n, None) is not None),
+        remembered_fix=remembered,
+        remembered_on=on,
+        profile_notes=tuple(notes),
+        vae=str(model.vae) if model.vae else None,
+        notes=tuple(model.notes),
+    )
+
+
+def _remembered_fix(profile_key: str, device: str) -> tuple[RememberedFix | None, str, list[str]]:
+    """The fix stored the last time this model needed one on this device, the device's name,
+    and a sentence if the remembered fixes' file was found damaged (and kept aside)."""
+    if not profile_key:
+        return None, "", []
+    try:
+        from app.core import hardware, profiles
+
+        info = hardware.describe_device(hardware.pick_device(device))
+        found = profiles.lookup(profile_key, info.name)
+    except Exception:  # noqa: BLE001 - a remembered fix is a convenience, never a blocker
+        return None, "", []
+    return found.fix, info.name if found.fix is not None else "", list(found.notes)

@@ -1,0 +1,105 @@
+"""What a job is asked to do, one frozen record per kind of job.
+
+The GUI builds these and the engine runs them (each record crosses the process boundary as
+itself, pickled); the CLI builds the same records from its flags. `kind` names the engine job
+that runs a record. Everything here is plain data: importing it never pulls in torch or Qt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from app.core.generation.records import GenerationRequest
+from app.core.health.stages import DEFAULT_SCHEDULER, DEFAULT_STEPS
+from app.core.lora import LoraRequest
+from app.core.settings import PrecisionSettings
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """Load `source` (a path or a built-in demo name), with `vae` in place of its own VAE.
+    `device` is where a fix remembered for the model is looked up."""
+
+    kind: ClassVar[str] = "load"
+    source: str
+    vae: str | None = None
+    allow_pickle: bool = False
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """Check the loaded model at `precision` on `device`: probed at `size` px (None: the
+    model's native size) at the ends of the sampler (`steps`, `scheduler`) the user generates
+    with. `loras`: exactly these applied (None: leave the model's LoRAs as they are)."""
+
+    kind: ClassVar[str] = "check"
+    precision: PrecisionSettings = field(default_factory=PrecisionSettings)
+    device: str = "auto"
+    size: int | None = None
+    steps: int = DEFAULT_STEPS
+    scheduler: str = DEFAULT_SCHEDULER
+    loras: tuple[LoraRequest, ...] | None = None
+    allow_pickle: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Make the images `generation` describes with the loaded model, at `precision` on
+    `device`. The LoRAs applied are `loras` and those the prompt names in `<lora:...>` tags."""
+
+    kind: ClassVar[str] = "generate"
+    generation: GenerationRequest
+    precision: PrecisionSettings = field(default_factory=PrecisionSettings)
+    device: str = "auto"
+    loras: tuple[LoraRequest, ...] = ()
+    allow_pickle: bool = False
+
+
+@dataclass(frozen=True)
+class ExplainRequest:
+    """Explain why the image at `path` came out as it did; a check runs on `device`."""
+
+    kind: ClassVar[str] = "explain"
+    path: str
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class HardwareRequest:
+    """Describe the devices; `self_test` runs the on-device test (cached), `retest` anew."""
+
+    kind: ClassVar[str] = "hardware"
+    self_test: bool = True
+    retest: bool = False
+
+
+@dataclass(frozen=True)
+class RememberFixRequest:
+    """Remember `settings` (a verified fix, in settings values) for the loaded model on
+    `device`. `verified_by` says what proved it: "health check" or "generation"."""
+
+    kind: ClassVar[str] = "remember_fix"
+    settings: dict[str, Any]
+    summary: str = ""
+    verified_by: str = "health check"
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class PingRequest:
+    """Proves the engine is up and answering."""
+
+    kind: ClassVar[str] = "ping"
+
+
+JobParams = (
+    LoadRequest
+    | CheckRequest
+    | GenerateRequest
+    | ExplainRequest
+    | HardwareRequest
+    | RememberFixRequest
+    | PingRequest
+)
