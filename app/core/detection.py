@@ -1,5 +1,5 @@
 """What a checkpoint or model folder is, in HalfSafe's words, and how to load it: the record
-that detection (`architecture.py` for checkpoints, each family's `detect_folder` for diffusers
+that detection (`architecture/` for checkpoints, each family's `detect_folder` for diffusers
 folders) hands to the loader. Data only."""
 
 from __future__ import annotations

@@ -516,14 +516,14 @@ def test_one_bad_item_costs_only_its_own_row(mixed_folder):
 
 
 def test_an_unforeseen_fault_in_one_file_costs_only_its_row(mixed_folder, monkeypatch):
-    real = library.arch.detect_architecture
+    real = library.inspection.arch.detect_architecture
 
     def faulty(shapes, **kwargs):
         if kwargs.get("name") == "scalar.safetensors":
             raise IndexError("tuple index out of range")
         return real(shapes, **kwargs)
 
-    monkeypatch.setattr(library.arch, "detect_architecture", faulty)
+    monkeypatch.setattr(library.inspection.arch, "detect_architecture", faulty)
     rows = _rows(mixed_folder)
     assert "IndexError" in rows["scalar.safetensors"].error
     assert rows["good.safetensors"].error is None
@@ -542,10 +542,10 @@ def test_an_unforeseen_fault_in_one_file_costs_only_its_row(mixed_folder, monkey
 )
 def test_a_damaged_library_cache_costs_only_a_rescan(mixed_folder, damage):
     good = mixed_folder / "good.safetensors"
-    stamp = json.dumps(library._stamp(good, "single_file"))
+    stamp = json.dumps(library.index._stamp(good, "single_file"))
     text = damage % (str(good), stamp) if "%s" in damage else damage
-    library._index_path().parent.mkdir(parents=True, exist_ok=True)
-    library._index_path().write_text(text)
+    library.index._index_path().parent.mkdir(parents=True, exist_ok=True)
+    library.index._index_path().write_text(text)
     rows = _rows(mixed_folder)
     assert rows["good.safetensors"].architecture == "sd1"
     assert rows["good.safetensors"].error is None
@@ -553,10 +553,10 @@ def test_a_damaged_library_cache_costs_only_a_rescan(mixed_folder, damage):
 
 def test_a_cached_row_of_the_wrong_types_is_read_again(mixed_folder):
     first = _rows(mixed_folder)
-    index = json.loads(library._index_path().read_text())
+    index = json.loads(library.index._index_path().read_text())
     key = str(mixed_folder / "good.safetensors")
     index["entries"][key]["entry"]["size_bytes"] = "huge"
-    library._index_path().write_text(json.dumps(index))
+    library.index._index_path().write_text(json.dumps(index))
     again = _rows(mixed_folder)
     assert again["good.safetensors"] == first["good.safetensors"]
     assert isinstance(again["good.safetensors"].size_bytes, int)
@@ -565,7 +565,7 @@ def test_a_cached_row_of_the_wrong_types_is_read_again(mixed_folder):
 def test_the_cache_row_types_cover_every_field():
     from dataclasses import fields
 
-    assert set(library._ENTRY_TYPES) == {f.name for f in fields(LibraryEntry)}
+    assert set(library.index._ENTRY_TYPES) == {f.name for f in fields(LibraryEntry)}
 
 
 def test_a_damaged_hash_cache_costs_only_a_rehash(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.core import library
+from app.core import library, paths
 from app.core.library import LibraryEntry, default_model_folders, scan_library
 from tests.support.checkpoint_files import raw_safetensors, shapes_file
 from tests.support.model_files import save_single_file
@@ -85,13 +85,15 @@ def test_scan_reads_headers_only(model_folder, monkeypatch):
 
 def test_index_is_cached_and_refreshed_when_a_file_changes(model_folder, monkeypatch):
     first = scan_library([str(model_folder)], include_defaults=False)
-    index = json.loads((library._index_path()).read_text())
+    index = json.loads((library.index._index_path()).read_text())
     assert index["version"] == library.INDEX_VERSION and len(index["entries"]) == 6
 
     calls = []
-    real_inspect = library._inspect
+    real_inspect = library.inspection._inspect
     monkeypatch.setattr(
-        library, "_inspect", lambda path, kind: calls.append(path.name) or real_inspect(path, kind)
+        library.inspection,
+        "_inspect",
+        lambda path, kind: calls.append(path.name) or real_inspect(path, kind),
     )
     assert scan_library([str(model_folder)], include_defaults=False) == first
     assert calls == []
@@ -103,7 +105,7 @@ def test_index_is_cached_and_refreshed_when_a_file_changes(model_folder, monkeyp
 
 
 def test_damaged_index_is_ignored(model_folder):
-    library._index_path().write_text("{oops")
+    library.index._index_path().write_text("{oops")
     assert len(scan_library([str(model_folder)], include_defaults=False)) == 6
 
 
@@ -122,7 +124,7 @@ def test_default_folders_are_the_usual_installs_that_exist(tmp_path, monkeypatch
         folder.mkdir(parents=True)
     folders = default_model_folders()
     assert folders[:3] == [a1111, comfy, matrix]
-    assert folders[-1] == Path(library.paths.data_dir()) / library.APP_MODELS
+    assert folders[-1] == Path(paths.data_dir()) / library.APP_MODELS
     save_single_file(build_tiny_sd_pipeline(), comfy / "in-comfy.safetensors", dtype="fp16")
     names = [Path(e.path).name for e in scan_library()]
     assert names == ["in-comfy.safetensors"]
@@ -136,7 +138,7 @@ def test_settings_folders_are_scanned_with_the_defaults(tmp_path, monkeypatch, m
     settings["model_folders"] = [str(model_folder)]
     save_settings(settings)
     assert len(scan_library()) == 6
-    own = library.paths.data_dir() / library.APP_MODELS
+    own = paths.data_dir() / library.APP_MODELS
     shapes_file(own / "mine.safetensors", {"model.diffusion_model.x": (1,)})
     assert len(scan_library()) == 7
     assert len(scan_library([str(model_folder)])) == 7  # given folders plus the defaults

@@ -28,7 +28,7 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("USERPROFILE", str(folder))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("INVOKEAI_ROOT", raising=False)
-    monkeypatch.setattr(library, "_fixed_drives", lambda: [])
+    monkeypatch.setattr(library.folders, "_fixed_drives", lambda: [])
     return folder
 
 
@@ -225,7 +225,7 @@ def test_installs_on_other_drives_are_found_by_candidates_not_walks(home, tmp_pa
     model(d_drive / "stable-diffusion-webui" / "models" / "Stable-diffusion" / "on-d.safetensors")
     model(e_drive / "ComfyUI_windows_portable" / "ComfyUI" / "models" / "checkpoints" / "e.sft")
     model(e_drive / "some" / "deep" / "folder" / "models" / "not-found.safetensors")
-    monkeypatch.setattr(library, "_fixed_drives", lambda: [d_drive, e_drive])
+    monkeypatch.setattr(library.folders, "_fixed_drives", lambda: [d_drive, e_drive])
     listed: list[Path] = []
     real_scandir = os.scandir
 
@@ -233,7 +233,7 @@ def test_installs_on_other_drives_are_found_by_candidates_not_walks(home, tmp_pa
         listed.append(Path(path))
         return real_scandir(path)
 
-    monkeypatch.setattr(library.os, "scandir", watched_scandir)
+    monkeypatch.setattr(os, "scandir", watched_scandir)
     folders = library.default_model_folders()
     assert d_drive / "stable-diffusion-webui" / "models" / "Stable-diffusion" in folders
     assert e_drive / "ComfyUI_windows_portable" / "ComfyUI" / "models" / "checkpoints" in folders
@@ -272,7 +272,8 @@ def test_depth_is_bounded(tmp_path):
 
 
 def test_a_folder_with_too_many_entries_gets_a_row_and_the_rest_goes_on(tmp_path, monkeypatch):
-    monkeypatch.setattr(library, "MAX_FOLDER_ENTRIES", 20)
+    for module in (library.scan, library.inspection):  # the walk, and a folder's size
+        monkeypatch.setattr(module, "MAX_FOLDER_ENTRIES", 20)
     huge = tmp_path / "whole-disk"
     for number in range(30):
         (huge / f"folder{number:02}").mkdir(parents=True)

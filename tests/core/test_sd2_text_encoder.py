@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from app.core import architecture as arch
+from app.core.architecture.single_file import _sd2_encoder
 from app.core.checkpoint import write_safetensors
 from app.core.layouts import count_indices
 from app.core.models import load_model
@@ -150,10 +151,10 @@ def test_real_size_depth_decides_full_or_converted():
             out[arch.SD2_TEXT + "text_projection"] = (width, width)
         return out
 
-    assert arch._sd2_encoder(shapes(24, True), arch.SD2_TEXT, "openclip").drop_last_layer
-    assert arch._sd2_encoder(shapes(24, False), arch.SD2_TEXT, "openclip").drop_last_layer
-    assert not arch._sd2_encoder(shapes(23, False), arch.SD2_TEXT, "openclip").drop_last_layer
-    assert not arch._sd2_encoder(shapes(23, True), arch.SD2_TEXT, "openclip").drop_last_layer
+    assert _sd2_encoder(shapes(24, True), arch.SD2_TEXT, "openclip").drop_last_layer
+    assert _sd2_encoder(shapes(24, False), arch.SD2_TEXT, "openclip").drop_last_layer
+    assert not _sd2_encoder(shapes(23, False), arch.SD2_TEXT, "openclip").drop_last_layer
+    assert not _sd2_encoder(shapes(23, True), arch.SD2_TEXT, "openclip").drop_last_layer
 
 
 def test_sd2_text_encoder_under_transformers_names_is_sd2_with_every_layer(tmp_path, pipeline):

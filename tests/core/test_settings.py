@@ -359,8 +359,9 @@ def test_update_keeps_what_another_process_saved_meanwhile(tmp_path):
 
 _WRITER = """
 import sys
+from pathlib import Path
 from app.core import settings as s
-key, rounds, path = sys.argv[1], int(sys.argv[2]), s.Path(sys.argv[3])
+key, rounds, path = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 for value in range(1, rounds + 1):
     s.update_settings({key: value if key != "cfg" else float(value)}, path)
 """

@@ -1,0 +1,194 @@
+"""The precision plan: a dtype per component, module islands, clamps and backend flags, all
+resolved, and what the plan costs in weight memory; the dtype names and the pipeline's
+checkable components. No torch at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.core.components import COMPONENTS as ALL_COMPONENTS
+from app.core.components import RUN_ORDER
+
+DTYPE_NAMES = ("fp16", "bf16", "fp32")
+# Components we place and check, in the order a pipeline runs them.
+COMPONENTS = RUN_ORDER
+COMPONENT_SETTING = {c.name: c.setting for c in ALL_COMPONENTS.values()}
+_BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def dtype_name(dtype) -> str:
+    import torch
+
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(
+        dtype, str(dtype)
+    )
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How one job runs: a dtype per component and the backend flags, all resolved.
+
+    `reasons` says, per setting, why `auto` resolved the way it did; `warnings` lists explicit
+    choices that are honoured although not recommended (fp16 on a CPU, bf16 without hardware
+    support).
+    """
+
+    device: str
+    dtypes: Mapping[str, str]
+    upcast_attention: bool = False
+    attention_backend: str = "auto"
+    allow_tf32: bool = True
+    fp16_reduced_precision_reduction: bool = True
+    fp16_accumulation: bool = False
+    attention_reduced_precision: bool = False
+    # fp16 components run under torch.autocast(device, float16) (A1111's default): matmuls and
+    # convolutions in fp16, the ops PyTorch lists for fp32 (softmax, norms on CUDA) in fp32.
+    # Components planned in fp32 or bf16 never run under it.
+    autocast: bool = False
+    # Module-level precision islands: component -> {module path: dtype}; the rest of the
+    # component keeps its own dtype (see `PlacedPipeline`).
+    modules: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Components whose T5 feed-forward output projections are fp32 islands because of the
+    # `t5_fp32_feed_forward` setting (those islands are that setting, not `fp32_modules`).
+    t5_feed_forward: tuple[str, ...] = ()
+    # Activation clamps: component -> module paths whose fp16 output is clamped to +-65504.
+    clamps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    # The settings a remembered fix set (fields the user left on auto, off or empty, that it
+    # changed); empty when none was remembered or the user's own choices leave it nothing.
+    remembered_used: tuple[str, ...] = ()
+
+    def with_dtypes(self, **dtypes: str) -> PrecisionPlan:
+        return replace(self, dtypes={**self.dtypes, **dtypes})
+
+    def with_modules(self, component: str, modules: Mapping[str, str]) -> PrecisionPlan:
+        """This plan with `modules` of `component` in their own dtypes."""
+        return replace(self, modules={**self.modules, component: dict(modules)})
+
+    def with_clamps(self, component: str, paths: Iterable[str]) -> PrecisionPlan:
+        """This plan with the fp16 outputs of `paths` in `component` clamped to +-65504."""
+        return replace(self, clamps={**self.clamps, component: tuple(paths)})
+
+    def island_count(self) -> int:
+        """How many modules run in another dtype than their component, over all components."""
+        return sum(len(self.islands(c)) for c in self.modules)
+
+    def islands(self, component: str) -> dict[str, str]:
+        """The module islands of `component` that differ from its dtype."""
+        own = self.dtypes.get(component)
+        return {m: d for m, d in (self.modules.get(component) or {}).items() if d != own}
+
+    def tested(self) -> dict[str, Any]:
+        """The `tested` object of the health report: dtype per component and upcast."""
+        return {
+            **self.dtypes,
+            "upcast_attention": self.upcast_attention,
+            "autocast": self.autocast_active,
+        }
+
+    @property
+    def autocast_active(self) -> bool:
+        """Whether any component runs under autocast (one planned in fp16)."""
+        return self.autocast and "fp16" in self.dtypes.values()
+
+    def effective_settings(self) -> dict[str, Any]:
+        """The plan written back as settings values, with nothing left on `auto`."""
+        dtypes = set(self.dtypes.values())
+        base = dtypes.pop() if len(dtypes) == 1 else "fp16" if "fp16" in dtypes else "mixed"
+        if self.autocast_active:
+            base = "autocast"
+        first_encoder = self.dtypes.get("text_encoder", base)
+        denoiser = self.dtypes.get("unet", self.dtypes.get("transformer", base))  # one setting
+        return {
+            "device": self.device,
+            "precision": base,
+            "unet_precision": denoiser,
+            "vae_precision": self.dtypes.get("vae", base),
+            "text_encoder_precision": first_encoder,
+            "text_encoder_2_precision": self.dtypes.get("text_encoder_2", first_encoder),
+            "text_encoder_3_precision": self.dtypes.get("text_encoder_3", first_encoder),
+            "no_half": all(d == "fp32" for d in self.dtypes.values()),
+            "no_half_vae": self.dtypes.get("vae") == "fp32",
+            "upcast_attention": self.upcast_attention,
+            "attention_backend": self.attention_backend,
+            "allow_tf32": self.allow_tf32,
+            "fp16_reduced_precision_reduction": self.fp16_reduced_precision_reduction,
+            "fp16_accumulation": self.fp16_accumulation,
+            "attention_reduced_precision": self.attention_reduced_precision,
+            "t5_fp32_feed_forward": any(self.islands(c) for c in self.t5_feed_forward),
+            **self.module_settings(),
+        }
+
+    def module_settings(self) -> dict[str, list[str]]:
+        """The plan's module islands and clamps as the `fp32_modules`, `bf16_modules` and
+        `clamp_modules` settings (the T5 feed-forward islands are `t5_fp32_feed_forward`)."""
+        settings: dict[str, list[str]] = {"fp32_modules": [], "bf16_modules": []}
+        for component in self.modules:
+            t5 = component in self.t5_feed_forward
+            for path, dtype in self.islands(component).items():
+                if t5 and dtype == "fp32" and _is_t5_feed_forward(path):
+                    continue  # the t5_fp32_feed_forward setting
+                if dtype in ("fp32", "bf16"):
+                    settings[f"{dtype}_modules"].append(f"{component}:{path}")
+        settings["clamp_modules"] = [f"{c}:{p}" for c, paths in self.clamps.items() for p in paths]
+        return settings
+
+    def weights_mb(self, parameter_counts: Mapping[str, int]) -> float:
+        """Memory the components' weights take under this plan, in MiB."""
+        total = sum(
+            n * _BYTES_PER_ELEMENT[self.dtypes[c]]
+            for c, n in parameter_counts.items()
+            if c in self.dtypes
+        )
+        return total / 2**20
+
+
+def _is_t5_feed_forward(path: str) -> bool:
+    return path.endswith("DenseReluDense.wo")
+
+
+def plan_weights_mb(plan: PrecisionPlan, pipeline) -> float:
+    """Memory the weights take under `plan`, in MiB, module islands included (a layer kept in
+    fp32 inside an fp16 component costs its own parameters twice over, not the component's)."""
+    total = 0
+    for component, dtype in plan.dtypes.items():
+        module = getattr(pipeline, component, None)
+        if module is None:
+            continue
+        own = _BYTES_PER_ELEMENT[dtype]
+        total += sum(p.numel() for p in module.parameters()) * own
+        islands = plan.islands(component)
+        for path, island_dtype in islands.items():
+            if any(path.startswith(other + ".") for other in islands):
+                continue  # inside a larger island: counted there
+            try:
+                island = module.get_submodule(path)
+            except AttributeError:
+                continue
+            extra = _BYTES_PER_ELEMENT[island_dtype] - own
+            total += sum(p.numel() for p in island.parameters()) * extra
+    return total / 2**20
+
+
+def parameter_counts(pipeline) -> dict[str, int]:
+    """Parameters per component, for memory estimates."""
+    return {
+        name: sum(p.numel() for p in getattr(pipeline, name).parameters())
+        for name in COMPONENTS
+        if getattr(pipeline, name, None) is not None
+    }
+
+
+def pipeline_components(pipeline) -> list[str]:
+    """The checkable components this pipeline has, in run order."""
+    return [name for name in COMPONENTS if getattr(pipeline, name, None) is not None]

@@ -1,0 +1,248 @@
+"""Resolving the user's precision settings to a plan for one job: `auto` against the device, the
+model and a remembered fix, explicit choices kept with warnings; what the settings give each
+component before a model is loaded; what this device can really run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from app.core.components import COMPONENTS as ALL_COMPONENTS
+from app.core.components import SETTING_FOLLOWS
+from app.core.precision.autocast import autocast_available, autocast_problem
+from app.core.precision.plan import COMPONENT_SETTING, DTYPE_NAMES, PrecisionPlan
+from app.core.settings import PrecisionSettings, modules_by_component
+
+
+def expected_dtypes(
+    values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """Per precision setting, the dtype it will give its components, as far as the settings and
+    this computer's recommendation decide it before a model is loaded ('auto' where neither
+    does). The GUI shows this; `resolve_plan` makes the final decision per job, by the same
+    rules: a per-component `auto` follows the setting it follows (SETTING_FOLLOWS) or the base
+    precision, and no-half / no-half-VAE override."""
+    recommended = recommended or {}
+    chosen_base = str(values.get("precision", "auto"))
+    base = chosen_base if chosen_base != "auto" else str(recommended.get("precision", "auto"))
+    if base == "autocast":  # fp16 weights under autocast
+        base = "fp16"
+    result: dict[str, str] = {}
+    for key in dict.fromkeys(c.setting for c in ALL_COMPONENTS.values()):
+        value = str(values.get(key, "auto"))
+        follows = SETTING_FOLLOWS.get(key)
+        if value == "auto" and follows in result:
+            value = result[follows]
+        elif value == "auto":
+            value = base if chosen_base != "auto" else str(recommended.get(key, base))
+        result[key] = value
+    if values.get("no_half"):
+        return dict.fromkeys(result, "fp32")
+    if values.get("no_half_vae"):
+        result["vae_precision"] = "fp32"
+    return result
+
+
+def resolve_plan(
+    settings: PrecisionSettings,
+    *,
+    device,
+    components: Iterable[str],
+    device_info: Any | None = None,
+    vae_needs_fp32: bool = False,
+    remembered: Mapping[str, Any] | None = None,
+    feed_forward_islands: Mapping[str, Mapping[str, str]] | None = None,
+) -> PrecisionPlan:
+    """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
+
+    `feed_forward_islands` are the model's T5 feed-forward output projections per component
+    (`diagnosis.feed_forward_islands`): with `t5_fp32_feed_forward` on they run in fp32 in
+    every component that is not fp32 already.
+
+    `device_info` is `app.core.hardware.describe_device(device)` (its `recommended` settings,
+    their `reasons`, and its `fp16`/`bf16` classes); `vae_needs_fp32` is the model's own
+    statement that its VAE overflows in fp16 (SDXL's original VAE sets `force_upcast`);
+    `remembered` is a verified fix stored for this model on this device, as settings values.
+    For a field the user left on `auto` (or off), the remembered fix comes first, then the
+    model's needs, then the device's recommendation.
+    """
+    device_str = str(device)
+    kind = device_str.split(":")[0]
+    recommended: Mapping[str, Any] = getattr(device_info, "recommended", None) or {}
+    device_reasons: Mapping[str, str] = getattr(device_info, "reasons", None) or {}
+    bf16_class = getattr(device_info, "bf16", None) or (
+        "native" if kind == "cuda" else "unsupported"
+    )
+    fp16_class = getattr(device_info, "fp16", None) or ("fast" if kind == "cuda" else "slow")
+    user = settings.to_dict()
+    chosen = dict(user)
+    from_memory: set[str] = set()
+    for key, value in (remembered or {}).items():
+        if key in chosen and key != "device" and chosen[key] in ("auto", False, []):
+            chosen[key] = value
+            from_memory.add(key)
+    reasons: dict[str, str] = {}
+    warnings: list[str] = []
+
+    base = chosen["precision"]
+    autocast = base == "autocast"
+    if autocast:
+        base = "fp16"
+        reasons["precision"] = (
+            "Autocast: fp16 weights under PyTorch's autocast, as AUTOMATIC1111 runs by default."
+        )
+        problem = autocast_problem(kind)
+        if problem:
+            warnings.append(problem)
+            autocast = autocast_available(kind)
+    if base == "auto":
+        base = recommended.get("precision", "auto")
+        if base not in DTYPE_NAMES:
+            base = "fp32" if kind == "cpu" else "fp16"
+        reasons["precision"] = device_reasons.get("precision", f"{base} suits this device best.")
+
+    dtypes: dict[str, str] = {}
+    for component in components:
+        key = COMPONENT_SETTING[component]
+        device_choice = recommended.get(key)
+        if chosen["no_half"]:
+            dtypes[component], reasons[key] = (
+                "fp32",
+                "No half precision is on: everything runs in fp32.",
+            )
+        elif component == "vae" and chosen["no_half_vae"]:
+            dtypes[component], reasons[key] = "fp32", "No-half-VAE is on: the VAE runs in fp32."
+        elif chosen[key] != "auto":
+            dtypes[component] = chosen[key]
+        elif chosen.get(SETTING_FOLLOWS.get(key, ""), "auto") != "auto":
+            dtypes[component] = chosen[SETTING_FOLLOWS[key]]
+        elif component == "vae" and vae_needs_fp32 and base == "fp16":
+            dtypes[component] = "fp32"
+            reasons[key] = (
+                "This model's VAE is known to overflow in fp16 (its config asks for "
+                "upcasting), so it runs in fp32."
+            )
+        elif user["precision"] == "auto" and device_choice in DTYPE_NAMES:
+            dtypes[component] = device_choice
+            if key in device_reasons:
+                reasons[key] = device_reasons[key]
+        else:
+            dtypes[component] = base
+        if key in from_memory or ("no_half" in from_memory and chosen["no_half"]):
+            reasons[key] = "A fix verified for this model on this device is remembered."
+
+        follows = SETTING_FOLLOWS.get(key)
+        explicit = (
+            user[key] != "auto"
+            or user["precision"] != "auto"
+            or (follows is not None and user[follows] != "auto")
+        )
+        name = dtypes[component]
+        if explicit and name == "bf16" and bf16_class != "native":
+            warnings.append(
+                f"The {ALL_COMPONENTS[component].words} runs in bf16 as you asked, but this device has no "
+                "native bf16: expect it to be slow or to fail."
+            )
+        elif explicit and name == "fp16" and kind == "cpu":
+            warnings.append(
+                f"The {ALL_COMPONENTS[component].words} runs in fp16 as you asked; on a CPU fp16 is slow and "
+                "fp32 is the usual choice."
+            )
+        elif explicit and name == "fp16" and fp16_class == "unreliable":
+            warnings.append(
+                f"The {ALL_COMPONENTS[component].words} runs in fp16 as you asked, but this GPU is known to "
+                "return NaN from some fp16 operations."
+            )
+
+    upcast = bool(chosen["upcast_attention"] or recommended.get("upcast_attention", False))
+    if upcast and not user["upcast_attention"]:
+        reasons["upcast_attention"] = (
+            "A fix verified for this model on this device is remembered."
+            if "upcast_attention" in from_memory
+            else device_reasons.get(
+                "upcast_attention", "This device needs attention upcast to fp32."
+            )
+        )
+    attention_backend, fp16_accumulation = _what_the_device_runs(
+        kind, chosen["attention_backend"], bool(chosen["fp16_accumulation"]), warnings
+    )
+    if chosen["attention_backend"] == "flash" and upcast:
+        warnings.append(
+            "Flash attention has no fp32 kernel: upcast attention runs on the "
+            "memory-efficient or math kernel instead."
+        )
+    modules: dict[str, dict[str, str]] = {}
+    t5_components: list[str] = []
+    if chosen.get("t5_fp32_feed_forward"):
+        for component, islands in (feed_forward_islands or {}).items():
+            if dtypes.get(component, "fp32") != "fp32":
+                modules[component] = dict(islands)
+                t5_components.append(component)
+        if modules:
+            reasons["t5_fp32_feed_forward"] = (
+                "A fix verified for this model on this device is remembered."
+                if "t5_fp32_feed_forward" in from_memory
+                else "The T5 feed-forward output projections run in fp32, as you asked."
+            )
+    clamps: dict[str, tuple[str, ...]] = {}
+    for key in ("fp32_modules", "bf16_modules", "clamp_modules"):
+        for component, paths in modules_by_component(list(chosen.get(key) or [])).items():
+            own = dtypes.get(component)
+            if own is None:
+                continue
+            if key == "clamp_modules":
+                if own == "fp16":
+                    clamps[component] = tuple(paths)
+                continue
+            dtype = key.split("_")[0]
+            if own == "fp32" or (own == "bf16" and dtype == "bf16"):
+                continue  # already as wide: nothing to keep wider
+            modules.setdefault(component, {}).update(dict.fromkeys(paths, dtype))
+            if key in from_memory:
+                reasons[key] = "A fix verified for this model on this device is remembered."
+    return PrecisionPlan(
+        device=device_str,
+        dtypes=dtypes,
+        modules=modules,
+        clamps=clamps,
+        t5_feed_forward=tuple(t5_components),
+        upcast_attention=upcast,
+        attention_backend=attention_backend,
+        allow_tf32=bool(chosen["allow_tf32"]),
+        fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
+        fp16_accumulation=fp16_accumulation,
+        attention_reduced_precision=bool(chosen["attention_reduced_precision"]),
+        autocast=autocast,
+        reasons=reasons,
+        warnings=tuple(warnings),
+        remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
+    )
+
+
+# Attention kernels PyTorch has only for CUDA GPUs; elsewhere SDPA runs its math kernel (and on
+# a CPU its fused kernel, under the flash name).
+CUDA_ONLY_BACKENDS = {"efficient": "memory-efficient attention", "cudnn": "cuDNN attention"}
+_DEVICE_WORDS = {"cpu": "a CPU", "mps": "an Apple GPU (MPS)", "xpu": "an Intel GPU (XPU)"}
+
+
+def _what_the_device_runs(
+    kind: str, backend: str, fp16_accumulation: bool, warnings: list[str]
+) -> tuple[str, bool]:
+    """The attention backend and fp16 accumulation this device really runs, so that the plan
+    (and every record made from it: the PNG, the report, the caption) says what ran; a choice
+    the device cannot honour is said once, in `warnings`."""
+    where = _DEVICE_WORDS.get(kind, kind)
+    if kind in ("cpu", "mps") and backend in CUDA_ONLY_BACKENDS:
+        warnings.append(
+            f"{CUDA_ONLY_BACKENDS[backend].capitalize()} needs a CUDA GPU: on {where} "
+            "attention runs on the math kernel, and the job records that."
+        )
+        backend = "math"
+    if kind != "cuda" and fp16_accumulation:
+        warnings.append(
+            f"Full fp16 accumulation is a CUDA matmul setting: it does nothing on {where}, "
+            "so the job records it off."
+        )
+        fp16_accumulation = False
+    return backend, fp16_accumulation
