@@ -572,7 +572,7 @@ class SettingsView(QWidget):
 
     def _device_lacks(self, key: str, value: Any) -> str:
         """What the device in use cannot do of this choice (jobs run and record what it can:
-        core's `precision._what_the_device_runs`); "" when it can, or is not known yet."""
+        core's `precision.resolve._what_the_device_runs`); "" when it can, or is not known yet."""
         device = self.state.device_report()
         kind = device.kind if device is not None else None
         if kind is None or kind in ("cuda", "rocm"):
