@@ -286,7 +286,7 @@ def explain(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
 
 def hardware(context: JobContext, params: dict[str, Any]) -> dict[str, Any]:
     """params: self_test (bool), retest (bool)."""
-    from app.core.hardware import hardware_report
+    from app.core.hardware.report import hardware_report
 
     context.progress("Checking devices", 0, 1)
     report = hardware_report(

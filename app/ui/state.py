@@ -91,7 +91,7 @@ class AppState(QObject):
 
     def device_report(self) -> dict[str, Any] | None:
         """The report entry for the device the settings pick (auto: the first listed)."""
-        from app.core.hardware import device_entry
+        from app.core.hardware.records import device_entry
 
         return device_entry((self.hardware or {}).get("devices") or [], self.device())
 

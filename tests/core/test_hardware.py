@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from app.cli.text import hardware_text
-from app.core import hardware, selftest
+from app.core import hardware, paths, selftest
 from app.core.errors import DeviceError, HalfSafeError
+from app.core.hardware import probe
 from app.core.selftest import OpResult, SelfTestResult
 from app.core.settings import PRECISION_KEYS, PrecisionSettings
 
@@ -82,16 +83,16 @@ def machine(monkeypatch):
         monkeypatch.setattr(torch.version, "cuda", None if hip or not gpus else "12.8")
         monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(driver, nvml_names))
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps_macos is not None)
-        monkeypatch.setattr(hardware, "_cpu_features", lambda: cpu_flags)
+        monkeypatch.setattr(probe, "_cpu_features", lambda: cpu_flags)
         # The flags faked here are the CPU's: the suite's pin (tests/conftest.py) is lifted.
         monkeypatch.delenv(hardware.CPU_BF16_ENV, raising=False)
-        monkeypatch.setattr(hardware, "_amdgpu_driver", lambda: None)
+        monkeypatch.setattr(probe, "_amdgpu_driver", lambda: None)
         if mps_macos is not None:
-            monkeypatch.setattr(hardware.platform, "system", lambda: "Darwin")
+            monkeypatch.setattr(probe.platform, "system", lambda: "Darwin")
             monkeypatch.setattr(
-                hardware.platform, "mac_ver", lambda: (mps_macos, ("", "", ""), "arm64")
+                probe.platform, "mac_ver", lambda: (mps_macos, ("", "", ""), "arm64")
             )
-            monkeypatch.setattr(hardware, "_mac_chip_name", lambda: chip)
+            monkeypatch.setattr(probe, "_mac_chip_name", lambda: chip)
             monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 16 * GIB)
 
     return configure
@@ -544,7 +545,7 @@ def test_shipped_quirks_table_is_well_formed_and_covers_the_known_faults():
 
 
 def test_malformed_quirk_is_refused_naming_it(tmp_path):
-    table = json.loads(Path(hardware.paths.resource("quirks.json")).read_text())
+    table = json.loads(Path(paths.resource("quirks.json")).read_text())
     table["quirks"][0]["effects"] = {"fp16": "dreadful"}
     bad = tmp_path / "quirks.json"
     bad.write_text(json.dumps(table))
