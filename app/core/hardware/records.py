@@ -1,6 +1,9 @@
 """The hardware report's records: the classes a device can be given, a known quirk and the
 devices it matches, one device (`DeviceInfo`), the whole report (`HardwareReport`), their JSON,
 and the entry of a `gpu --json` device list that a device setting picks.
+
+Every field holds plain data: builtins (exactly: no str subclass such as torch's version), and
+these records nested, so that the report unpickles in a process that never imports torch.
 """
 
 from __future__ import annotations

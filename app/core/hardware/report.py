@@ -50,10 +50,13 @@ def hardware_report(
                 "The self-test was not run and no earlier result is cached."
             )
         devices.append(assess(info, result))
+    cuda = torch.version.cuda
     return HardwareReport(
         halfsafe=__version__,
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
+        # Exactly str: torch.__version__ is torch's TorchVersion, a str subclass that would
+        # import torch wherever the report is unpickled (the GUI process).
+        torch=str(torch.__version__),
+        cuda=None if cuda is None else str(cuda),
         devices=devices,
         notes=_report_notes(devices),
     )
