@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.core.generation import GenerationResult
-from app.core.hardware import HardwareReport
+from app.core.hardware.records import HardwareReport
 from app.core.health import (
     CANDIDATE_COLUMNS,
     VERDICT_WORDS,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from app.core import architecture as arch
 from app.core import limits
-from app.core.checkpoint import read_header
+from app.core.checkpoint.header import read_header
 from app.core.encoders import (
     encoder_kind,
     is_wan_vae,

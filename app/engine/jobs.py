@@ -197,7 +197,7 @@ def explain(context: JobContext, request: ExplainRequest) -> Any:
 
 
 def hardware(context: JobContext, request: HardwareRequest) -> HardwareReport:
-    from app.core.hardware import hardware_report
+    from app.core.hardware.report import hardware_report
 
     context.progress("Checking devices", 0, 1)
     return hardware_report(self_test=request.self_test, retest=request.retest)

@@ -432,13 +432,13 @@ def test_mb_per_s():
 def test_model_hash_is_a1111_short_sha256_and_cached(tmp_path, monkeypatch):
     import hashlib
 
-    from app.core import checkpoint as module
+    from app.core.checkpoint import hashing
 
     path = small_safetensors(tmp_path / "model.safetensors")
     expected = hashlib.sha256(path.read_bytes()).hexdigest()[:10]
     assert model_hash(path) == expected
     calls = []
-    monkeypatch.setattr(module, "sha256_file", lambda *a, **k: calls.append(a) or "0" * 64)
+    monkeypatch.setattr(hashing, "sha256_file", lambda *a, **k: calls.append(a) or "0" * 64)
     assert model_hash(path) == expected and calls == []  # cached by path, size and time
     os.utime(path, ns=(1, 1))
     assert model_hash(path) == "0" * 10 and len(calls) == 1  # changed file, hashed again

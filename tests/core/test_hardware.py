@@ -3,17 +3,22 @@ classification and the settings a knowledgeable user would pick; devices are pic
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
 from app.cli.text import hardware_text
-from app.core import hardware, selftest
+from app.core import hardware, paths, selftest
 from app.core.errors import DeviceError, HalfSafeError
+from app.core.hardware import probe
 from app.core.selftest import OpResult, SelfTestResult
 from app.core.settings import PRECISION_KEYS, PrecisionSettings
 
@@ -82,16 +87,16 @@ def machine(monkeypatch):
         monkeypatch.setattr(torch.version, "cuda", None if hip or not gpus else "12.8")
         monkeypatch.setitem(sys.modules, "pynvml", FakeNVML(driver, nvml_names))
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps_macos is not None)
-        monkeypatch.setattr(hardware, "_cpu_features", lambda: cpu_flags)
+        monkeypatch.setattr(probe, "_cpu_features", lambda: cpu_flags)
         # The flags faked here are the CPU's: the suite's pin (tests/conftest.py) is lifted.
         monkeypatch.delenv(hardware.CPU_BF16_ENV, raising=False)
-        monkeypatch.setattr(hardware, "_amdgpu_driver", lambda: None)
+        monkeypatch.setattr(probe, "_amdgpu_driver", lambda: None)
         if mps_macos is not None:
-            monkeypatch.setattr(hardware.platform, "system", lambda: "Darwin")
+            monkeypatch.setattr(probe.platform, "system", lambda: "Darwin")
             monkeypatch.setattr(
-                hardware.platform, "mac_ver", lambda: (mps_macos, ("", "", ""), "arm64")
+                probe.platform, "mac_ver", lambda: (mps_macos, ("", "", ""), "arm64")
             )
-            monkeypatch.setattr(hardware, "_mac_chip_name", lambda: chip)
+            monkeypatch.setattr(probe, "_mac_chip_name", lambda: chip)
             monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 16 * GIB)
 
     return configure
@@ -523,6 +528,84 @@ def test_report_notes_a_gpu_this_pytorch_cannot_use(machine):
     assert "RTX 3060" in hardware_text(report)
 
 
+# Exactly these types, never a subclass: torch's TorchVersion is a str, numpy's float64 a float,
+# and either would make the GUI process that unpickles the report import its library.
+PLAIN_TYPES = (str, int, float, bool, type(None), list, tuple, dict, frozenset)
+REPORT_RECORDS = (
+    hardware.HardwareReport,
+    hardware.DeviceInfo,
+    hardware.Quirk,
+    SelfTestResult,
+    OpResult,
+)
+
+
+def library_objects(value: object, where: str = "report") -> list[str]:
+    """Where a value reachable from `value` has a type that is not exactly a builtin or one of
+    the report's own records, and which type it has."""
+    kind = type(value)
+    if kind in REPORT_RECORDS:
+        return [
+            found
+            for item in dataclasses.fields(value)
+            for found in library_objects(getattr(value, item.name), f"{where}.{item.name}")
+        ]
+    if kind not in PLAIN_TYPES:
+        return [f"{where} is a {kind.__module__}.{kind.__qualname__}"]
+    if isinstance(value, dict):
+        return [
+            found
+            for key, item in value.items()
+            for found in (
+                *library_objects(key, f"{where} key {key!r}"),
+                *library_objects(item, f"{where}[{key!r}]"),
+            )
+        ]
+    if isinstance(value, (list, tuple, frozenset)):
+        return [
+            found
+            for number, item in enumerate(value)
+            for found in library_objects(item, f"{where}[{number}]")
+        ]
+    return []
+
+
+def test_the_check_finds_a_library_object_however_deep():
+    nested = {"a": [1, (2.0, torch.__version__)]}
+    assert library_objects(nested) == ["report['a'][1][1] is a torch.torch_version.TorchVersion"]
+    test = SelfTestResult(
+        "pass", "pass", details=[OpResult("gelu", "fp16", "pass", numpy.float64(0.01))]
+    )
+    assert library_objects(test) == ["report.details[0].error is a numpy.float64"]
+
+
+@pytest.mark.parametrize("computer", ["this computer, self-tested", "a GPU with a quirk"])
+def test_the_report_holds_only_builtins_and_reads_back_without_torch(machine, computer):
+    """The report is pickled to the GUI process, which must never import torch."""
+    if computer == "a GPU with a quirk":
+        machine([nvidia("NVIDIA GeForce GTX 1660 SUPER", 7, 5, 6)])
+        report = hardware.hardware_report(self_test=False)
+        assert report.devices[0].quirks  # the quirks' match rules and effects are walked too
+    else:
+        report = hardware.hardware_report(self_test=True)  # the CPU's runs, in about 2 s
+        assert report.devices[-1].self_test is not None and report.devices[-1].self_test.ran
+    assert library_objects(report) == []
+
+    read_back = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import pickle, sys; report = pickle.loads(sys.stdin.buffer.read()); "
+            "print(report.torch, len(report.devices), 'torch' in sys.modules)",
+        ],
+        input=pickle.dumps(report),
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        check=True,
+    )
+    assert read_back.stdout.decode().split() == [report.torch, str(len(report.devices)), "False"]
+
+
 # --- The quirks table ------------------------------------------------------------------------
 
 
@@ -544,7 +627,7 @@ def test_shipped_quirks_table_is_well_formed_and_covers_the_known_faults():
 
 
 def test_malformed_quirk_is_refused_naming_it(tmp_path):
-    table = json.loads(Path(hardware.paths.resource("quirks.json")).read_text())
+    table = json.loads(Path(paths.resource("quirks.json")).read_text())
     table["quirks"][0]["effects"] = {"fp16": "dreadful"}
     bad = tmp_path / "quirks.json"
     bad.write_text(json.dumps(table))

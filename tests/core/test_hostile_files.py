@@ -200,10 +200,10 @@ def test_real_tensor_shapes_pass_the_bounds():
 
 
 def test_a_stride_zero_tensor_is_refused_before_any_scan(tmp_path, monkeypatch):
-    from app.core import checkpoint
+    from app.core.checkpoint import scan
 
     scanned = []  # the scan is faked: were the bound to regress, it must not run for hours
-    monkeypatch.setattr(checkpoint, "tensor_is_finite", lambda t: scanned.append(t.numel()) or 1)
+    monkeypatch.setattr(scan, "tensor_is_finite", lambda t: scanned.append(t.numel()) or 1)
     path = stride_zero_ckpt(tmp_path / "huge.ckpt")  # 1e12 elements in 4 bytes
     assert_sentence(refused(load_model, str(path), allow_pickle=True), path, "1e+12 elements")
     assert scanned == []
@@ -401,7 +401,7 @@ def test_a_pickle_cut_short_after_loading_gets_a_sentence(tmp_path):
 
 
 def test_a_file_that_shrinks_right_after_its_header_is_read(tmp_path, monkeypatch):
-    from app.core import checkpoint
+    from app.core.checkpoint import reader
 
     path = _good_single_file(tmp_path)
 
@@ -410,7 +410,7 @@ def test_a_file_that_shrinks_right_after_its_header_is_read(tmp_path, monkeypatc
         os.truncate(target, header.file_size // 2)
         return header
 
-    monkeypatch.setattr(checkpoint, "read_safetensors_header", read_then_truncate)
+    monkeypatch.setattr(reader, "read_safetensors_header", read_then_truncate)
     assert_sentence(refused(Checkpoint, path), path, "changed while it was read")
 
 

@@ -74,12 +74,13 @@ def test_a_broken_file_is_listed_as_broken_and_the_scan_goes_on(model_folder):
 
 def test_scan_reads_headers_only(model_folder, monkeypatch):
     from app.core import checkpoint
+    from app.core.checkpoint import reader
 
     def no_tensor_reads(*args, **kwargs):
         raise AssertionError("the library must not read weights")
 
     monkeypatch.setattr(checkpoint.Checkpoint, "get", no_tensor_reads)
-    monkeypatch.setattr(checkpoint, "load_pickle_state_dict", no_tensor_reads)
+    monkeypatch.setattr(reader, "load_pickle_state_dict", no_tensor_reads)
     assert len(scan_library([str(model_folder)], include_defaults=False)) == 6
 
 

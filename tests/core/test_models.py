@@ -610,9 +610,10 @@ def test_first_load_reports_the_hash_and_can_be_cancelled_there(tmp_path, monkey
     import threading
 
     from app.core import checkpoint
+    from app.core.checkpoint import hashing
 
     path = save_single_file(build_tiny_sd_pipeline(), tmp_path / "model.safetensors")
-    real = checkpoint.sha256_file
+    real = hashing.sha256_file
     waited = threading.Event()
 
     def held_sha256(*args, cancel=None, **kwargs):
@@ -628,7 +629,7 @@ def test_first_load_reports_the_hash_and_can_be_cancelled_there(tmp_path, monkey
         if stage.startswith("Computing the model hash"):
             waited.set()
 
-    monkeypatch.setattr(checkpoint, "sha256_file", held_sha256)
+    monkeypatch.setattr(hashing, "sha256_file", held_sha256)
     stages: list[str] = []
     model = load_model(str(path), on_progress=release_at_hash)
     assert any(stage.startswith("Computing the model hash") for stage in stages)

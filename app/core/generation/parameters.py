@@ -56,7 +56,7 @@ def _vae_parameters(vae: str | None) -> list[tuple[infotext.Key, Any]]:
     file hash, and a file that cannot be read now is named without one."""
     if not vae:
         return []
-    from app.core.checkpoint import model_hash
+    from app.core.checkpoint.hashing import model_hash
 
     path = Path(vae)
     vae_hash = None

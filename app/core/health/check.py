@@ -45,7 +45,7 @@ from app.core.probe import ProbeResult
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or only named here
-    from app.core.hardware import DeviceInfo
+    from app.core.hardware.records import DeviceInfo
     from app.core.profiles import RememberedFix
     from app.core.quantized import QuantFinding
 

@@ -130,7 +130,7 @@ def check_openable(source: str, *, allow_pickle: bool = False) -> None:
     keep it when the new one cannot even be opened. Raises what `load_model` raises; passing does
     not promise that the load succeeds.
     """
-    from app.core.checkpoint import read_header
+    from app.core.checkpoint.header import read_header
 
     if source in DEMO_MODELS:
         return

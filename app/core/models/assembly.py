@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core.checkpoint import Checkpoint
+from app.core.checkpoint.reader import Checkpoint
 from app.core.errors import BadFileError, UnsupportedModelError
 
 _TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}

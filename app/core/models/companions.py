@@ -7,7 +7,7 @@ from pathlib import Path
 
 from app.core import architecture as arch
 from app.core import encoders, limits, paths
-from app.core.checkpoint import Checkpoint
+from app.core.checkpoint.reader import Checkpoint
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.layouts import CLIP_PREFIX, CLIP_PROJECTION, Need
 from app.core.models.assembly import assign, empty

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from app.core import limits
-from app.core.checkpoint import read_safetensors_header, refuse_pickle
+from app.core.checkpoint.header import read_safetensors_header
+from app.core.checkpoint.pickles import refuse_pickle
 from app.core.errors import BadFileError
 
 

@@ -1,0 +1,92 @@
+"""Opening checkpoint files safely: safetensors header checks, the pickle policy, the weight scan.
+
+Every file is untrusted. A `.safetensors` header is validated, byte by byte, before the file is
+handed to safetensors or diffusers, so a malformed file is refused with one sentence and nothing
+is half-loaded. Pickle checkpoints (`.ckpt`, `.pt`, `.bin`) can run code when opened; they are
+refused unless the user allows them, and even then only PyTorch's weights-only loader reads
+them.
+
+One responsibility per module, each importing only those before it:
+  dtypes    the dtype codes: bits per element, display names, the torch dtype of each
+  header    a safetensors header read and validated (read_header reads GGUF's too)
+  pickles   the pickle policy: refusal, and the weights-only loader when allowed
+  reader    Checkpoint, an opened file: tensors on demand from a memory map, dequantised
+  scan      the weight scan: NaN/Inf in every tensor, and the tensors' content digest
+  writer    write_safetensors
+  cache     values computed from files' bytes, kept with the files' stamps; atomic JSON
+  hashing   a file's sha256 and AUTOMATIC1111's short model hash
+
+The package imports torch only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+from app.core.checkpoint.cache import (
+    cached_value,
+    file_stamp,
+    files_stamp,
+    store_value,
+    write_json_atomic,
+)
+from app.core.checkpoint.dtypes import DTYPE_BITS, DTYPE_NAMES, FLOAT_DTYPES, stored_dtype
+from app.core.checkpoint.hashing import cached_model_hash, model_hash, sha256_file
+from app.core.checkpoint.header import (
+    HEADER_LIMIT,
+    SAFETENSORS_SUFFIX,
+    SafetensorsHeader,
+    TensorInfo,
+    read_header,
+    read_safetensors_header,
+)
+from app.core.checkpoint.pickles import (
+    PICKLE_SUFFIXES,
+    is_pickle_file,
+    load_pickle_state_dict,
+    refuse_pickle,
+)
+from app.core.checkpoint.reader import Checkpoint, mmap_page
+from app.core.checkpoint.scan import (
+    TensorDigest,
+    WeightScan,
+    WeightScanner,
+    one_torch_thread,
+    scan_weights,
+    tensor_bytes,
+    tensor_is_finite,
+)
+from app.core.checkpoint.writer import write_safetensors
+
+__all__ = [
+    "DTYPE_BITS",
+    "DTYPE_NAMES",
+    "FLOAT_DTYPES",
+    "HEADER_LIMIT",
+    "PICKLE_SUFFIXES",
+    "SAFETENSORS_SUFFIX",
+    "Checkpoint",
+    "SafetensorsHeader",
+    "TensorDigest",
+    "TensorInfo",
+    "WeightScan",
+    "WeightScanner",
+    "cached_model_hash",
+    "cached_value",
+    "file_stamp",
+    "files_stamp",
+    "is_pickle_file",
+    "load_pickle_state_dict",
+    "mmap_page",
+    "model_hash",
+    "one_torch_thread",
+    "read_header",
+    "read_safetensors_header",
+    "refuse_pickle",
+    "scan_weights",
+    "sha256_file",
+    "store_value",
+    "stored_dtype",
+    "tensor_bytes",
+    "tensor_is_finite",
+    "write_json_atomic",
+    "write_safetensors",
+]

@@ -1,0 +1,298 @@
+"""An opened checkpoint, `Checkpoint`: names, shapes and dtypes up front, each tensor on demand
+(a zero-copy view of a memory map for safetensors), fp8 and GGUF weights dequantised as read.
+
+Imports torch only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from app.core import quantized
+from app.core.checkpoint.dtypes import (
+    _GGUF_PREFIX,
+    _gguf_code,
+    _safetensors_dtype,
+    _torch_dtype,
+    stored_dtype,
+)
+from app.core.checkpoint.header import SafetensorsHeader, _file_size, read_safetensors_header
+from app.core.checkpoint.pickles import is_pickle_file, load_pickle_state_dict, refuse_pickle
+from app.core.errors import BadFileError
+from app.core.limits import open_regular
+
+
+class Checkpoint:
+    """A single-file checkpoint opened for reading: names, shapes and dtypes up front, tensors
+    on demand.
+
+    Quantized files are dequantised here, in `get`, so every loader reads plain weights: fp8
+    tensors are multiplied by their scales (`quantized.fp8_layout` pairs them; the scales, input
+    scales and the `scaled_fp8` marker are hidden from `keys`, `shapes` and `dtypes`), GGUF files
+    (recognised by their first bytes, bounds-checked before they are mapped) are decoded by the
+    gguf package. Both become `quantized.COMPUTE_DTYPE`. What a decoded weight shows wrong (a
+    bad scale, implausible values) is kept in `findings` and reported to an active
+    `quantized.collecting()`; `quantization` says how the file is stored. `component` names the
+    pipeline part the file holds, when the loader knows it (for the findings).
+
+    For safetensors, the validated byte ranges are read as zero-copy views of a private
+    (copy-on-write) memory map of the file: nothing is copied, pages are shared with the OS
+    cache, and writing to a tensor never touches the file. The map lives as long as any
+    tensor from it. The file is held open and checked before each tensor, so one that is
+    truncated or rewritten meanwhile gets a sentence (see `check_unchanged`). Use as a context
+    manager, or call `close()`.
+    """
+
+    def __init__(
+        self, path: str | Path, *, allow_pickle: bool = False, component: str | None = None
+    ) -> None:
+        self.path = Path(path)
+        self.header: SafetensorsHeader | None = None
+        self._map: Any = None
+        self._tensors: dict[str, Any] | None = None
+        self._populated = 0
+        self._gguf: quantized.GgufTensors | None = None
+        self._fp8: quantized.Fp8Layout | None = None
+        self._scales: dict[str, Any] = {}
+        self.quantization: quantized.Quantization | None = None
+        self.findings: dict[str, quantized.QuantFinding] = {}
+        self.component = component
+        if is_pickle_file(self.path):
+            if not allow_pickle:
+                refuse_pickle(self.path)
+            self._stamp = self._stamp_now()
+            self._tensors = load_pickle_state_dict(self.path)
+            self.shapes = {k: tuple(v.shape) for k, v in self._tensors.items()}
+            self.dtypes = {k: _safetensors_dtype(v.dtype) for k, v in self._tensors.items()}
+            self.metadata: dict[str, str] = {}
+            self.file_size = _file_size(self.path)
+        elif quantized.is_gguf_file(self.path):
+            self._gguf = quantized.GgufTensors(self.path)
+            self._stamp = self._stamp_now()
+            self.shapes = dict(self._gguf.shapes)
+            self.dtypes = {n: _gguf_code(t) for n, t in self._gguf.types.items()}
+            self.metadata = {}
+            self.file_size = self._gguf.file_size
+            self.quantization = quantized.Quantization(
+                "gguf", self._gguf.quantized_types, self.path.name
+            )
+        else:
+            self.header = read_safetensors_header(self.path)
+            self.shapes = self.header.shapes()
+            self.dtypes = self.header.dtypes()
+            self.metadata = self.header.metadata
+            self.file_size = self.header.file_size
+        if not self.shapes:
+            raise BadFileError(self.path, "the file holds no tensors, so it holds no model.")
+        if self.header is not None:
+            self._fp8 = quantized.fp8_layout(self.path, self.dtypes, self.shapes)
+            self._open_for_tensors()
+        if self._fp8 is not None:
+            self._read_scales(self._fp8)
+        if self.quantization is not None:
+            quantized.report(quantization=self.quantization)
+
+    def _read_scales(self, layout: quantized.Fp8Layout) -> None:
+        """Hide the fp8 bookkeeping tensors and read every scale (a few bytes each) up front,
+        so each weight is dequantised with its own scale as it is read."""
+        import torch
+
+        for name in layout.hidden:
+            self.shapes.pop(name, None)
+            self.dtypes.pop(name, None)
+        for weight, scale in layout.scale_of.items():
+            self._scales[weight] = self._stored(scale).to(torch.float32).clone()
+        if layout.fp8:  # a `scaled_fp8` marker beside no fp8 weight leaves the file as stored
+            types = sorted({layout.fp8[n] for n in layout.fp8})
+            self.quantization = quantized.Quantization(layout.format, types, self.path.name)
+
+    def _finding(self, name: str, problem: str) -> None:
+        finding = quantized.QuantFinding(name, problem, self.path.name, self.component)
+        if name not in self.findings:
+            self.findings[name] = finding
+            quantized.report(finding=finding)
+
+    def _open_for_tensors(self) -> None:
+        """Hold the validated file open and remember what it looked like (see `check_unchanged`)."""
+        try:
+            with open_regular(self.path) as handle:
+                fd = os.dup(handle.fileno())
+            # A bare descriptor, closed by close() or when this object goes away.
+            self._fd: int | None = fd
+            self._closer = weakref.finalize(self, os.close, fd)
+            self._stamp = _stamp(os.fstat(fd))
+            named = _stamp(os.stat(self.path))
+        except OSError as error:
+            raise BadFileError(
+                self.path, f"the file cannot be read ({error.strerror or error})."
+            ) from None
+        if self._stamp != named or self._stamp[0] != self.file_size:
+            self.close()
+            raise _changed(self.path)
+
+    def check_unchanged(self) -> None:
+        """Raise BadFileError when the file was truncated, rewritten or replaced since it was
+        opened: its size or modification time on the open handle differ.
+
+        Tensors are zero-copy views of a map of the file, and a page of a map beyond a shrunken
+        file's end kills the process (SIGBUS) when touched. `get` calls this before mapping each
+        tensor, and loaders call it once more at the end, so a file that changes while it loads
+        gets a sentence; only a change in the very moment a tensor is being read still crashes.
+        """
+        if getattr(self, "_stamp", None) is not None and self._stamp_now() != self._stamp:
+            raise _changed(self.path)
+
+    def _stamp_now(self) -> tuple[int, int, int, int, int] | None:
+        """The stamp of the open descriptor (safetensors), or of the path (pickles, which
+        PyTorch maps itself); None when it cannot be read."""
+        fd = getattr(self, "_fd", None)
+        try:
+            return _stamp(os.fstat(fd) if fd is not None else os.stat(self.path))
+        except (OSError, ValueError):
+            return None
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop this object's hold on the file; tensors already handed out stay valid."""
+        self._map = None
+        if getattr(self, "_fd", None) is not None:
+            self._fd = None
+            self._closer()
+
+    def keys(self) -> list[str]:
+        """Tensor names, in file order (sequential reads are kinder to disks)."""
+        if self.header is not None:
+            ordered = sorted(self.header.tensors.items(), key=lambda kv: kv[1].start)
+            return [k for k, _ in ordered if k in self.shapes]
+        if self._gguf is not None:
+            return self._gguf.keys()
+        return list(self.shapes)
+
+    def get(self, name: str):
+        """One tensor: as stored (dtype and shape as in the file), except that fp8 and GGUF
+        weights come dequantised (see the class)."""
+        if self._tensors is not None:
+            self.check_unchanged()
+            return self._tensors[name]
+        if self._gguf is not None:
+            self.check_unchanged()
+            tensor = self._gguf.get(name)
+            if self.dtypes[name].startswith(_GGUF_PREFIX):
+                self._check_decoded(name, tensor)
+            return tensor
+        tensor = self._stored(name)
+        if self._fp8 is None or name not in self._fp8.fp8:
+            return tensor
+        # The one place fp8 becomes a plain weight: scaled where the file has a scale.
+        scale = self._scales.get(name)
+        problem = quantized.scale_problem(scale, tensor) if scale is not None else None
+        tensor = quantized.dequantize_fp8(tensor, scale)
+        if problem is not None:
+            self._finding(name, f"has the scale {problem} (in {self._fp8.scale_of[name]})")
+        else:
+            self._check_decoded(name, tensor)
+        return tensor
+
+    def _check_decoded(self, name: str, tensor) -> None:
+        problem = quantized.implausible(tensor)
+        if problem is not None:
+            self._finding(name, problem)
+
+    def _stored(self, name: str):
+        """One safetensors tensor exactly as stored: a zero-copy view of the map."""
+        import torch
+
+        assert self.header is not None
+        info = self.header.tensors[name]
+        dtype = _torch_dtype(self.path, name, info.dtype)
+        if info.nbytes == 0:
+            return torch.empty(info.shape, dtype=dtype)
+        start = self.header.data_start + info.start
+        self.check_unchanged()
+        self._populate(start + info.nbytes)
+        tensor = torch.frombuffer(
+            self._mapping(), dtype=dtype, count=info.nbytes // dtype.itemsize, offset=start
+        ).view(info.shape)
+        # Kernels may assume element alignment; a header of odd length breaks it, so copy.
+        return tensor if start % dtype.itemsize == 0 else tensor.clone()
+
+    def _mapping(self):
+        if self._map is None:
+            import mmap
+
+            if getattr(self, "_fd", None) is None:
+                self._open_for_tensors()  # reopened after close(): still the same file?
+            assert self._fd is not None
+            try:
+                self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError) as error:
+                raise BadFileError(
+                    self.path,
+                    f"the file cannot be mapped for reading "
+                    f"({getattr(error, 'strerror', None) or error}).",
+                ) from None
+            if len(self._map) != self.file_size:
+                self._map = None
+                raise _changed(self.path)
+        return self._map
+
+    def _populate(self, end: int) -> None:
+        """Map the file's pages ahead of use in large steps (Linux): one call per 256 MiB
+        instead of a page fault every few KiB, which dominates reading on virtual machines."""
+        if self._populated >= end or sys.platform != "linux":
+            return
+        mapping = self._mapping()
+        start = self._populated
+        stop = min(len(mapping), max(end, start + _POPULATE_STEP))
+        stop = min(len(mapping), (stop + mmap_page() - 1) // mmap_page() * mmap_page())
+        try:
+            mapping.madvise(_MADV_POPULATE_READ, start, stop - start)
+        except OSError as error:
+            if error.errno == errno.EFAULT:
+                # The kernel's way of saying "these pages are past the file's end now": the
+                # file shrank after it was mapped, and touching them would raise SIGBUS.
+                raise _changed(self.path) from None
+            self._populated = len(mapping)  # unsupported kernel: fall back to page faults
+            return
+        except (ValueError, AttributeError):
+            self._populated = len(mapping)
+            return
+        self._populated = stop
+
+    def stored_dtype(self, names: Iterable[str] | None = None) -> str:
+        return stored_dtype(self.dtypes[n] for n in (self.dtypes if names is None else names))
+
+
+def _stamp(stat: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What identifies one version of a file: size, modification and change times, device and
+    inode (see `file_stamp`)."""
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_dev, stat.st_ino)
+
+
+def _changed(path: Path) -> BadFileError:
+    return BadFileError(
+        path,
+        "the file changed while it was read (it was truncated, rewritten or replaced); "
+        "load it again once it is complete.",
+    )
+
+
+_POPULATE_STEP = 256 << 20
+_MADV_POPULATE_READ = 22  # Linux 5.14+; Python 3.11's mmap module does not name it
+
+
+def mmap_page() -> int:
+    import mmap
+
+    return mmap.ALLOCATIONGRANULARITY

@@ -1,0 +1,189 @@
+"""The hardware report's records: the classes a device can be given, a known quirk and the
+devices it matches, one device (`DeviceInfo`), the whole report (`HardwareReport`), their JSON,
+and the entry of a `gpu --json` device list that a device setting picks.
+
+Every field holds plain data: builtins (exactly: no str subclass such as torch's version), and
+these records nested, so that the report unpickles in a process that never imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.selftest import SelfTestResult
+from app.core.settings import PrecisionSettings
+
+FP16_CLASSES = ("fast", "slow", "unreliable", "unsupported")  # best to worst
+BF16_CLASSES = ("native", "emulated", "unsupported")
+KINDS = ("cuda", "rocm", "mps", "xpu", "cpu")
+BACKENDS = (*KINDS, "directml")
+
+
+@dataclass(frozen=True)
+class Quirk:
+    """One known fault or limit: which devices it hits, what it changes, and where it is from.
+
+    `effects` maps "fp16"/"bf16" to a (worse) class, "tf32" to False, or a precision setting
+    (a key of `PrecisionSettings`) to the value that device needs.
+    """
+
+    id: str
+    summary: str
+    source: str
+    match: Mapping[str, Any]
+    effects: Mapping[str, Any]
+
+    def matches(self, device: DeviceInfo) -> bool:
+        """Whether every condition of the match rule holds for `device`."""
+        rule = self.match
+        if "backend" in rule and device.backend not in _as_list(rule["backend"]):
+            return False
+        if "vendor" in rule and device.vendor not in _as_list(rule["vendor"]):
+            return False
+        if "name" in rule and not re.search(rule["name"], device.name, re.IGNORECASE):
+            return False
+        if "arch" in rule and not (device.arch and re.search(rule["arch"], device.arch)):
+            return False
+        if "capability" in rule:
+            if device.capability is None:
+                return False
+            bounds = {k: tuple(v) for k, v in rule["capability"].items()}
+            if not _in_range(tuple(device.capability), bounds):
+                return False
+        if "os" in rule and device.os_name not in _as_list(rule["os"]):
+            return False
+        for key, value in (("os_version", device.os_version), ("driver", device.driver)):
+            if key in rule:
+                if not value or not re.search(r"\d", value):
+                    return False
+                bounds = {k: _version(v) for k, v in rule[key].items()}
+                if not _in_range(_version(value), bounds):
+                    return False
+        return True
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.id, "summary": self.summary, "source": self.source}
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """ "14.5" -> (14, 5, 0, 0); "macOS 15.1" -> (15, 1, 0, 0); "560.94" -> (560, 94, 0, 0)."""
+    numbers = [int(n) for n in re.findall(r"\d+", str(text))][:4]
+    return tuple(numbers + [0] * (4 - len(numbers)))
+
+
+def _in_range(value: tuple[int, ...], bounds: Mapping[str, tuple[int, ...]]) -> bool:
+    if "min" in bounds and value < bounds["min"]:
+        return False
+    if "max" in bounds and value > bounds["max"]:
+        return False
+    return not ("below" in bounds and value >= bounds["below"])
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device: what the system reports, its classification, and the recommended settings.
+
+    `kind` is the contract's device kind ("cuda", "rocm", "mps", "xpu", "cpu"); `backend` is
+    the same except for a DirectML adapter ("directml"). `arch` is an AMD GPU's gfx target.
+    `features` holds hints the classification uses (CPU instruction sets, Intel XMX).
+    `recommended` maps every precision setting to a resolved value; `reasons` says why, one line
+    per setting.
+    """
+
+    kind: str
+    index: int | None
+    name: str
+    capability: tuple[int, int] | None = None
+    memory_total_mb: int | None = None
+    driver: str | None = None
+    vendor: str = ""
+    arch: str | None = None
+    os_name: str = ""
+    os_version: str = ""
+    backend: str = ""
+    features: frozenset[str] = frozenset()
+    fp16: str = "fast"
+    bf16: str = "native"
+    tf32: bool = False
+    quirks: tuple[Quirk, ...] = ()
+    recommended: Mapping[str, Any] = field(default_factory=dict)
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    self_test: SelfTestResult | None = None
+
+    def __post_init__(self) -> None:
+        if not self.backend:
+            object.__setattr__(self, "backend", self.kind)
+
+    @property
+    def torch_device(self) -> str:
+        """The PyTorch device string: "cuda:0" (ROCm too), "mps", "xpu:0" or "cpu"."""
+        if self.kind in ("cuda", "rocm"):
+            return f"cuda:{self.index or 0}"
+        if self.kind == "xpu":
+            return f"xpu:{self.index or 0}"
+        return self.kind
+
+    def recommended_settings(self) -> PrecisionSettings:
+        return PrecisionSettings(**self.recommended)
+
+    def to_json(self) -> dict[str, Any]:
+        """This device as `halfsafe gpu --json` lists it."""
+        test = self.self_test or SelfTestResult.skipped()
+        return {
+            "kind": self.kind,
+            "index": self.index,
+            "name": self.name,
+            "capability": list(self.capability) if self.capability else None,
+            "memory_total_mb": self.memory_total_mb,
+            "driver": self.driver,
+            "fp16": self.fp16,
+            "bf16": self.bf16,
+            "tf32": self.tf32,
+            "quirks": [q.to_json() for q in self.quirks],
+            "self_test": test.to_json(),
+            "recommended": dict(self.recommended),
+            "reasons": dict(self.reasons),
+        }
+
+
+@dataclass
+class HardwareReport:
+    """Every device PyTorch can use on this computer, assessed, plus notes for the user."""
+
+    halfsafe: str
+    torch: str
+    cuda: str | None
+    devices: list[DeviceInfo]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The object `halfsafe gpu --json` prints (see DESIGN.md)."""
+        return {
+            "halfsafe": self.halfsafe,
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "devices": [d.to_json() for d in self.devices],
+        }
+
+
+def device_entry(devices: Sequence[DeviceInfo], wanted: str) -> DeviceInfo | None:
+    """The device of a report's list that the device setting `wanted` picks: auto (or a
+    device that is not there) picks the first listed; a ROCm device also answers to cuda and
+    cuda:N, as PyTorch names it."""
+    if not devices:
+        return None
+    for device in devices:
+        kind, index = device.kind, device.index
+        names = {str(kind)} | ({f"{kind}:{index}"} if index is not None else set())
+        if kind == "rocm":
+            names |= {"cuda"} | ({f"cuda:{index}"} if index is not None else set())
+        if wanted in names:
+            return device
+    return devices[0]
