@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu
 
 from app.core import infotext, paths
 from app.core.images import read_parameters
+from app.ui.image_entry import parameter_text
 
 LISTED_AT_MOST = 2000  # the newest; an output folder of years stays quick to open
 ENTRY = Qt.ItemDataRole.UserRole
@@ -331,7 +332,6 @@ class Gallery(QObject):
 
     def copy_parameters(self, item: QListWidgetItem) -> str:
         """The image's parameters as AUTOMATIC1111 writes them, to the clipboard."""
-        from app.ui.generate_view import parameter_text  # noqa: PLC0415 - a cycle otherwise
 
         entry = self.full_entry(item)
         text = entry.get("parameters") or parameter_text(entry)

@@ -14,11 +14,8 @@ from typing import Any
 
 from PySide6.QtCore import QSettings, QSize, Qt
 from PySide6.QtGui import (
-    QGuiApplication,
     QIcon,
     QKeySequence,
-    QPainter,
-    QPalette,
     QPixmap,
     QShortcut,
 )
@@ -43,7 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import infotext, paths
+from app.core import paths
 from app.core.files import write_atomic
 from app.core.generation.records import GenerationRequest, GenerationResult
 from app.core.lora import LoraRequest
@@ -56,6 +53,17 @@ from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.fixes import remember_for_model, split_fix
 from app.ui.gallery import Gallery
+from app.ui.image_entry import (
+    STATUS_SHORT,
+    THUMBNAIL,
+    CaptionBox,
+    ImageView,
+    entry_pixmap,
+    parameter_text,
+    placeholder_icon,
+    unsaved,
+    where_words,
+)
 from app.ui.lora_list import LoraList
 from app.ui.state import AppState
 from app.ui.widgets import Banner, label, page_layout, primary_button
@@ -70,68 +78,6 @@ GENERATION_KEYS = (
     "batch",
     "scheduler",
 )
-THUMBNAIL = 112
-STATUS_SHORT = {"nan": "NaN", "black": "black", "fixed": "fixed", "safety_checker": "blanked"}
-
-
-class CaptionBox(QScrollArea):
-    """A box as tall as the text it holds, up to its maximum height; past that it scrolls.
-    (QScrollArea's own size hint is its content's at the moment it was set, an empty label.)"""
-
-    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
-        hint = super().sizeHint()
-        content = self.widget()
-        if content is None:
-            return hint
-        return QSize(
-            hint.width(),
-            content.heightForWidth(self.viewport().width()) + 2 * self.frameWidth(),
-        )
-
-    def text_changed(self) -> None:
-        self.updateGeometry()
-
-    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
-        super().resizeEvent(event)
-        if event.size().width() != event.oldSize().width():
-            self.updateGeometry()  # a new width wraps the text onto more or fewer lines
-
-
-class ImageView(QWidget):
-    """Paints one image scaled to fit, keeping its aspect; a placeholder text when empty."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.pixmap = QPixmap()
-        self.placeholder = ""
-        self.setMinimumSize(260, 260)
-        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-
-    def set_pixmap(self, pixmap: QPixmap | None, placeholder: str = "") -> None:
-        self.pixmap = pixmap if pixmap is not None else QPixmap()
-        self.placeholder = placeholder
-        self.update()
-
-    def paintEvent(self, _event: Any) -> None:  # noqa: N802 - Qt's name
-        painter = QPainter(self)
-        painter.fillRect(self.rect(), self.palette().window())
-        if self.pixmap.isNull():
-            painter.setPen(self.palette().placeholderText().color())
-            painter.drawText(
-                self.rect().adjusted(20, 20, -20, -20),
-                Qt.AlignmentFlag.AlignCenter | Qt.TextFlag.TextWordWrap,
-                self.placeholder,
-            )
-        else:
-            scaled = self.pixmap.scaled(
-                self.size(),
-                Qt.AspectRatioMode.KeepAspectRatio,
-                Qt.TransformationMode.SmoothTransformation,
-            )
-            x = (self.width() - scaled.width()) // 2
-            y = (self.height() - scaled.height()) // 2
-            painter.drawPixmap(x, y, scaled)
-        painter.end()
 
 
 class GenerateView(QWidget):
@@ -358,7 +304,7 @@ class GenerateView(QWidget):
             show_entry=self.show_entry,
             use_parameters=self.use_parameters,
             dialogs=self.dialogs,
-            placeholder=_placeholder_icon,
+            placeholder=placeholder_icon,
             item_text=self._item_text,
         )
         results.addWidget(gallery_box)
@@ -659,7 +605,7 @@ class GenerateView(QWidget):
         return f"{text}\n{status}" if status else text
 
     def _thumbnail(self, entry: dict[str, Any]) -> QIcon:
-        pixmap = _pixmap(entry)
+        pixmap = entry_pixmap(entry)
         if pixmap.isNull():
             pixmap = QPixmap(THUMBNAIL, THUMBNAIL)
             pixmap.fill(Qt.GlobalColor.darkGray)
@@ -679,19 +625,19 @@ class GenerateView(QWidget):
     def show_entry(self, entry: dict[str, Any]) -> None:
         self.current_entry = entry
         path = entry.get("path") or ""
-        pixmap = _pixmap(entry)
+        pixmap = entry_pixmap(entry)
         self.image.set_pixmap(
             pixmap if not pixmap.isNull() else None, f"The image file is missing: {path}"
         )
         self.parameters.setText(parameter_text(entry))
         self.caption.text_changed()
         self.open_folder_button.setEnabled(bool(path))
-        self.save_as_button.setVisible(_unsaved(entry))
+        self.save_as_button.setVisible(unsaved(entry))
         self.last_seed = entry.get("seed")
         self._show_banner(entry)
 
     def _show_banner(self, entry: dict[str, Any]) -> None:
-        if _unsaved(entry):
+        if unsaved(entry):
             # Above any diagnosis: this image is lost when the window closes unless saved.
             self.banner.show_message(
                 "bad",
@@ -708,7 +654,7 @@ class GenerateView(QWidget):
             actions.append(
                 ("Apply fix and regenerate", lambda e=entry: self.apply_fix_and_regenerate(e))
             )
-        where = _where(entry)
+        where = where_words(entry)
         if status == "nan":
             head = f"NaN{where}." if where else "This image went NaN (black)."
             hint = "" if fix else " Run the health check to find which setting fixes it."
@@ -774,7 +720,7 @@ class GenerateView(QWidget):
         """Write the shown in-memory image (one no folder could take) to `path`, or to a file
         the user picks. Returns where it went; on failure the error dialog says why."""
         entry = self.current_entry
-        if not entry or not _unsaved(entry):
+        if not entry or not unsaved(entry):
             return None
         if path is None:
             suggested = f"{entry.get('seed', 'image')}.png"
@@ -807,61 +753,5 @@ class GenerateView(QWidget):
             self.dialogs.open_location(folder, "the folder")
 
 
-def _placeholder_icon() -> QIcon:
-    """A thumbnail's stand-in until the worker has made it: the window's own colour."""
-    pixmap = QPixmap(THUMBNAIL, THUMBNAIL)
-    pixmap.fill(QGuiApplication.palette().color(QPalette.ColorRole.AlternateBase))
-    return QIcon(pixmap)
-
-
-def _unsaved(entry: dict[str, Any]) -> bool:
-    """The image exists only as PNG bytes in memory: every folder refused it."""
-    return bool(entry.get("png")) and not entry.get("path")
-
-
-def _pixmap(entry: dict[str, Any]) -> QPixmap:
-    """The image from its file, or from memory when it could not be saved."""
-    if _unsaved(entry):
-        pixmap = QPixmap()
-        pixmap.loadFromData(entry["png"], "PNG")
-        return pixmap
-    return QPixmap(entry.get("path") or "")
-
-
 def _multiple_of_8(value: int) -> int:
     return max(64, int(round(value / 8) * 8))
-
-
-def _where(entry: dict[str, Any]) -> str:
-    parts = []
-    if entry.get("component"):
-        parts.append(f"in {words.component_phrase(entry['component'])}")
-    if entry.get("step") is not None:
-        parts.append(f"at step {entry['step']}")
-    return (" " + " ".join(parts)) if parts else ""
-
-
-def parameter_text(entry: dict[str, Any]) -> str:
-    """The parameters as AUTOMATIC1111 writes them, so they read familiar."""
-    request = entry.get("request") or {}
-    lines = []
-    if request.get("prompt"):
-        lines.append(request["prompt"])
-    if request.get("negative_prompt"):
-        lines.append(f"Negative prompt: {request['negative_prompt']}")
-    details = [
-        (infotext.STEPS, request.get("steps")),
-        (infotext.SAMPLER, words.choice_name(str(request.get("scheduler")))),
-        (infotext.CFG_SCALE, request.get("cfg")),
-        (infotext.SEED, entry.get("seed")),
-        (infotext.SIZE, (request.get("width"), request.get("height"))),
-    ]
-    if entry.get("model"):
-        details.append((infotext.MODEL, entry["model"]))
-    lines.append(", ".join(f"{key.name}: {key.write(value)}" for key, value in details))
-    if entry.get("settings"):
-        lines.append("Precision: " + words.precision_summary(entry["settings"]))
-    if entry.get("path"):
-        lines.append(f"Saved to {Path(entry['path'])}")
-    lines.extend(f"Note: {warning}" for warning in entry.get("warnings") or [])
-    return "\n".join(lines)
