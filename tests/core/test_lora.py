@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -329,8 +330,11 @@ def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     """The window's generate job: LoRAs from the job's list and from the prompt's tags, and a
     LoRA that does not load is one sentence with nothing applied."""
     from app.core import paths
+    from app.core.generation import GenerationRequest
     from app.core.jobs import CancelToken
+    from app.core.lora import LoraRequest
     from app.core.models import load_model
+    from app.core.requests import GenerateRequest
     from app.engine import jobs
     from app.engine.events import JobRequest
     from app.engine.server import JobContext, Session
@@ -339,23 +343,22 @@ def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     own_models = paths.data_dir() / "models"  # a library folder: prompt tags resolve there
     own_models.mkdir(parents=True, exist_ok=True)
     ink = save_lora(kohya_lora(session.model.pipeline, scale=0.05), own_models / "ink.safetensors")
-    request = {"prompt": "a boat", "steps": 2, "width": 64, "height": 64, "seed": 7,
-               "output_dir": str(tmp_path / "out")}  # fmt: skip
-
-    def run(params):
-        context = JobContext(JobRequest(1, "generate", params), session, [].append, CancelToken())
-        return jobs.generate(context, params)
-
-    document = run(
-        {"request": request, "device": "cpu", "loras": [{"path": str(ink), "weight": 0.4}]}
+    generation = GenerationRequest(
+        "a boat", steps=2, width=64, height=64, seed=7, output_dir=str(tmp_path / "out")
     )
-    assert document["images"][0]["status"] == "ok"
+
+    def run(request: GenerateRequest):
+        context = JobContext(JobRequest(1, "generate", request), session, [].append, CancelToken())
+        return jobs.generate(context, request)
+
+    result = run(GenerateRequest(generation, device="cpu", loras=(LoraRequest(str(ink), 0.4),)))
+    assert result.images[0].status == "ok"
     assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.4)]
-    tagged = dict(request, prompt="a boat <lora:ink:0.6>")
-    run({"request": tagged, "device": "cpu"})
+    tagged = replace(generation, prompt="a boat <lora:ink:0.6>")
+    run(GenerateRequest(tagged, device="cpu"))
     assert [(a.name, a.weight) for a in session.model.loras] == [("ink", 0.6)]
     with pytest.raises(HalfSafeError, match="between"):
-        run({"request": request, "device": "cpu", "loras": [{"path": str(ink), "weight": 99}]})
+        run(GenerateRequest(generation, device="cpu", loras=(LoraRequest(str(ink), 99),)))
 
 
 def test_a_lora_for_other_layer_sizes_gets_one_sentence_and_leaves_nothing_behind(tmp_path):

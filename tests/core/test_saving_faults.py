@@ -59,38 +59,41 @@ def test_cli_says_plainly_when_no_folder_took_the_images(tmp_path, monkeypatch, 
 
 def _generate_job(tmp_path, output_dir: str):
     """The engine's generate handler, in-process, on the demo model."""
+    from app.core.generation import GenerationRequest
     from app.core.jobs import CancelToken
     from app.core.models import load_model
+    from app.core.requests import GenerateRequest
     from app.engine import jobs
     from app.engine.events import JobRequest
     from app.engine.server import JobContext, Session
 
-    request = {"prompt": "a boat", "steps": 2, "width": 64, "height": 64, "seed": 7,
-               "output_dir": output_dir}  # fmt: skip
-    params = {"request": request, "precision": {}, "device": "cpu"}
+    generation = GenerationRequest(
+        "a boat", steps=2, width=64, height=64, seed=7, output_dir=output_dir
+    )
+    request = GenerateRequest(generation, device="cpu")
     session = Session(model=load_model("demo"))
     sent: list = []
-    context = JobContext(JobRequest(1, "generate", params), session, sent.append, CancelToken())
-    return jobs.generate(context, params)
+    context = JobContext(JobRequest(1, "generate", request), session, sent.append, CancelToken())
+    return jobs.generate(context, request)
 
 
 def test_engine_hands_images_no_folder_took_to_the_window_in_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("HALFSAFE_DATA_DIR", str(_blocked(tmp_path, "data")))
-    document = _generate_job(tmp_path, str(_blocked(tmp_path, "out")))
-    assert "1 generated image was not saved" in document["save_error"]
-    (image,) = document["images"]
-    assert image["path"] == ""
-    with Image.open(io.BytesIO(image["png"])) as picture:
+    result = _generate_job(tmp_path, str(_blocked(tmp_path, "out")))
+    assert "1 generated image was not saved" in result.save_error
+    (image,) = result.images
+    assert image.path == "" and image.png is not None and image.image is None
+    with Image.open(io.BytesIO(image.png)) as picture:
         assert picture.size == (64, 64)
         assert picture.info["parameters"].startswith("a boat")
 
 
 def test_engine_result_names_the_rescue_folder_when_it_took_the_images(tmp_path):
-    document = _generate_job(tmp_path, str(_blocked(tmp_path, "out")))
+    result = _generate_job(tmp_path, str(_blocked(tmp_path, "out")))
     rescue = paths.data_dir() / "unsaved"
-    assert str(rescue) in document["save_error"]
-    (image,) = document["images"]
-    assert image["path"].startswith(str(rescue)) and "png" not in image
+    assert str(rescue) in result.save_error
+    (image,) = result.images
+    assert image.path.startswith(str(rescue)) and image.png is None
 
 
 @pytest.mark.skipif(not hasattr(os, "umask") or os.name == "nt", reason="POSIX permissions")
