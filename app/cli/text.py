@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.core.generation import GenerationResult
+from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.hardware.records import HardwareReport
 from app.core.health import (
     CANDIDATE_COLUMNS,
@@ -168,15 +169,6 @@ def explain_text(explanation) -> str:
     return "\n".join(lines)
 
 
-_IMAGE_WORDS = {
-    "ok": "ok",
-    "fixed": "FIXED",
-    "nan": "NaN",
-    "black": "black",
-    "safety_checker": "blanked by the safety checker",
-}
-
-
 def _fix_flags(settings: dict) -> str:
     """A fix as the flags that apply it; a switch that is off by default and must stay off
     is said in words (it has no --no- form)."""
@@ -204,7 +196,7 @@ def generation_text(result: GenerationResult) -> str:
     lines.append("")
     for image in result.images:
         name = Path(image.path).name if image.path else "(not saved)"
-        lines.append(f"{name:<24} seed {image.seed:<11} {_IMAGE_WORDS[image.status]}")
+        lines.append(f"{name:<24} seed {image.seed:<11} {IMAGE_STATUS_WORDS[image.status]}")
         if image.status != "ok":
             lines.append(f"{'':<24} {image.message}")
         if image.fix and image.status in ("nan", "black"):

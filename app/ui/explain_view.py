@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.explain import Explanation
+from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests import ExplainRequest
 from app.core.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
@@ -28,12 +29,6 @@ from app.ui.engine_client import EngineClient
 from app.ui.widgets import Banner, Card, label
 
 _LEVELS = {"nan": "bad", "safety_checker": "warn", "black": "info", "ok": "good"}
-_STATUS_WORDS = {
-    "nan": "NaN-black",
-    "safety_checker": "Blanked by the safety checker",
-    "black": "Dark, but not NaN",
-    "ok": "Not black",
-}
 
 
 class ExplainDialog(QDialog):
@@ -136,7 +131,7 @@ class ExplainDialog(QDialog):
         tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
         self.verdict.show_message(
             _LEVELS.get(status, "info"),
-            f"<b>{html.escape(_STATUS_WORDS.get(status, status))}</b> · made by "
+            f"<b>{html.escape(IMAGE_STATUS_WORDS.get(status, status).capitalize())}</b> · made by "
             f"{html.escape(tool)}",
         )
         self.message.setText(result.message)

@@ -42,7 +42,11 @@ from PySide6.QtWidgets import (
 
 from app.core import paths
 from app.core.files import write_atomic
-from app.core.generation.records import GenerationRequest, GenerationResult
+from app.core.generation.records import (
+    IMAGE_STATUS_WORDS,
+    GenerationRequest,
+    GenerationResult,
+)
 from app.core.lora import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.requests import GenerateRequest
@@ -54,7 +58,6 @@ from app.ui.engine_client import EngineClient
 from app.ui.fixes import remember_for_model, split_fix
 from app.ui.gallery import Gallery
 from app.ui.image_entry import (
-    STATUS_SHORT,
     THUMBNAIL,
     CaptionBox,
     ImageView,
@@ -601,8 +604,8 @@ class GenerateView(QWidget):
 
     def _item_text(self, entry: dict[str, Any]) -> str:
         text = f"seed {entry.get('seed')}"
-        status = STATUS_SHORT.get(entry.get("status", "ok"))
-        return f"{text}\n{status}" if status else text
+        status = str(entry.get("status") or "ok")
+        return text if status == "ok" else f"{text}\n{IMAGE_STATUS_WORDS.get(status, status)}"
 
     def _thumbnail(self, entry: dict[str, Any]) -> QIcon:
         pixmap = entry_pixmap(entry)

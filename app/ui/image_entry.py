@@ -16,7 +16,6 @@ from app.core import infotext
 from app.ui import words
 
 THUMBNAIL = 112
-STATUS_SHORT = {"nan": "NaN", "black": "black", "fixed": "fixed", "safety_checker": "blanked"}
 
 
 class CaptionBox(QScrollArea):

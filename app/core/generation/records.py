@@ -19,6 +19,17 @@ PreviewCallback = Callable[[int, Any], None]
 STATUSES = ("ok", "fixed", "nan", "black", "safety_checker")
 
 
+# An image's status in words, for every place that names it: the terminal, the window's
+# gallery and banner, the explanation of an image another tool made.
+IMAGE_STATUS_WORDS = {
+    "ok": "fine",
+    "fixed": "fixed",
+    "nan": "NaN-black",
+    "black": "dark, but not NaN",
+    "safety_checker": "blanked by the safety checker",
+}
+
+
 @dataclass
 class GenerationRequest:
     """What to draw. `seed` -1 picks a random seed; image i of a batch uses seed + i.
