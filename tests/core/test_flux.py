@@ -1,16 +1,14 @@
-"""Flux.1 (dev and schnell) end to end on tiny pipelines built in code: loading as users keep
-it (a diffusers folder, ComfyUI's split files), the health check with planted fp16 overflows
-in the T5 feed-forward, a double block, a single block and the VAE, and generation with the
-NaN watch and a repair.
-
-Each plant scales one layer's weights so that its output passes 65504 in fp16 while staying
-finite in fp32: the check must name that component and that layer, fix only what failed, and
-prove the fix against fp32.
+"""What only Flux.1 does, on tiny pipelines built in code: schnell told apart from dev, ComfyUI's
+split files (Black Forest Labs' layout) with their companions, the flow-matching schedule the
+check probes, the T5 island that runs only the feed-forward's `wo` in fp32 (also when
+transformers clamps the overflow), and a Fill-shaped transformer. A diffusers folder, the
+health check with planted overflows in the T5 feed-forward, a double block, a single block and
+the VAE, and generation repairing a single block are every family's contract:
+test_families.py.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -35,15 +33,7 @@ from tests.support.tiny_models import build_tiny_flux_pipeline
 
 COMPONENTS = ("transformer", "text_encoder", "text_encoder_2", "vae")
 T5_LAYER = "encoder.block.0.layer.1.DenseReluDense.wo"
-DOUBLE_LAYER = "transformer_blocks.0.ff.net.2"
-SINGLE_LAYER = "single_transformer_blocks.1.proj_out"
-VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
-PLANTS = {
-    "t5": ("text_encoder_2", T5_LAYER, 1e5),
-    "double_block": ("transformer", DOUBLE_LAYER, 1e5),
-    "single_block": ("transformer", SINGLE_LAYER, 1e5),
-    "vae": ("vae", VAE_LAYER, 1e6),
-}
+PLANTS = {"t5": ("text_encoder_2", T5_LAYER, 1e5)}
 
 
 def plant(pipeline, fault: str):
@@ -61,19 +51,20 @@ def same_weights(a, b) -> None:
 # --- loading -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("guidance", [True, False], ids=["dev", "schnell"])
-def test_diffusers_folder_round_trip_offline(tmp_path, guidance):
-    pipeline = build_tiny_flux_pipeline(guidance=guidance)
+def test_a_schnell_folder_is_told_from_dev_by_its_missing_guidance_embedding(tmp_path):
+    """dev's folder is every family's contract (test_families.py); schnell is dev without the
+    guidance embedding."""
+    pipeline = build_tiny_flux_pipeline(guidance=False)
     folder = tmp_path / "flux"
     pipeline.save_pretrained(folder)
 
     model = models.load_model(str(folder))
 
-    assert model.architecture == ("flux-dev" if guidance else "flux-schnell")
+    assert model.architecture == "flux-schnell"
     assert model.format == "diffusers"
     assert model.prediction_type == "flow"
     assert "FluxTransformer2DModel with 1 double and 2 single blocks" in model.detected_because
-    assert ("a guidance embedding" in model.detected_because) is guidance
+    assert "a guidance embedding" not in model.detected_because
     assert isinstance(family_of(model.pipeline), FluxFamily)
     same_weights(pipeline, model.pipeline)
 
@@ -163,61 +154,19 @@ def test_cli_missing_companion_is_exit_2_with_one_line(tmp_path):
 # --- the health check ----------------------------------------------------------------------
 
 
-def test_healthy_flux_probes_the_flow_matching_schedule():
-    model = loaded(build_tiny_flux_pipeline(), "flux-healthy")
-    report = check(model)
+def test_the_check_probes_the_pipelines_own_shifted_sigmas():
+    """The check probes what `probe_timesteps` picks (every family's contract); for Flux.1
+    that is the first, middle and last sigma of FluxPipeline's own schedule at the user's
+    steps, shifted by resolution (x 1000)."""
+    model = loaded(build_tiny_flux_pipeline(), "flux-schedule")
+    family = family_of(model.pipeline)
 
-    assert report.verdict == "healthy"
-    assert list(report.components) == ["text_encoder", "text_encoder_2", "transformer", "vae"]
-    # First, middle and last sigma of FluxPipeline's own schedule at the user's steps (x 1000).
+    timesteps = family.probe_timesteps(model, health.DEFAULT_STEPS, health.DEFAULT_SCHEDULER, 64)
+
     sigmas = FluxFamily()._sigmas(model.pipeline, health.DEFAULT_STEPS, 64)
     picked = (sigmas[0], sigmas[len(sigmas) // 2], sigmas[-1])
-    assert report.timesteps == [round(s * 1000, 2) for s in picked]
-    assert report.timesteps[0] == 1000.0 and report.timesteps[-1] < 100
-
-
-@pytest.mark.parametrize("fault", list(PLANTS))
-def test_planted_overflow_is_found_and_only_what_failed_is_fixed(fault):
-    component, layer, _ = PLANTS[fault]
-    report = check(loaded(plant(build_tiny_flux_pipeline(), fault), f"flux-{fault}"))
-
-    assert report.verdict == "fixable"
-    failed = {n for n, c in report.components.items() if c.status in ("overflow", "nan")}
-    assert failed == {component}
-    bad = report.components[component]
-    assert bad.status == "overflow"
-    assert bad.first_bad_module == layer
-    fix = report.fix
-    assert fix.verified is True and fix.quality.passed
-    tested, fixed = report.plan, fix.plan
-    changed = {
-        c
-        for c in tested.dtypes
-        if tested.dtypes[c] != fixed.dtypes[c] or tested.islands(c) != fixed.islands(c)
-    }
-    assert changed == {component}
-    document = report.to_json()["fix"]
-    if fault == "t5":
-        # The known T5 fix is found and verified: only the feed-forward output projections...
-        (known,) = [c for c in fix.candidates if c.kind == "t5_feed_forward"]
-        assert known.verified and known.settings == {"t5_fp32_feed_forward": True}
-        assert known.candidate.plan.islands(component) == {
-            "encoder.block.0.layer.1.DenseReluDense.wo": "fp32",
-            "encoder.block.1.layer.1.DenseReluDense.wo": "fp32",
-        }
-        # ...and the fix chosen keeps the T5 in fp16 with a few layers wider, the overflowing
-        # one among them (where bf16 is native, the layers measured hot, in bf16: less memory).
-        assert fixed.dtypes[component] == "fp16"
-        assert T5_LAYER in document["modules"][component]
-        assert len(document["modules"][component]) <= 4
-    else:  # the component wider, or only its overflowing layers
-        assert fixed.dtypes[component] in ("bf16", "fp32") or fixed.islands(component)
-        assert set(document["modules"]) <= {component}
-
-    # Proof by re-running: the whole check under the fix's settings is healthy.
-    settings = PrecisionSettings.from_mapping({**FP16.to_dict(), **fix.settings})
-    again = check(loaded(plant(build_tiny_flux_pipeline(), fault), f"flux-{fault}-2"), settings)
-    assert again.verdict == "healthy"
+    assert timesteps == [round(s * 1000, 2) for s in picked]
+    assert timesteps[0] == 1000.0 and timesteps[-1] < 100
 
 
 def test_t5_island_runs_only_wo_in_fp32_and_leaves_the_loaded_model_alone():
@@ -245,32 +194,6 @@ def test_t5_island_runs_only_wo_in_fp32_and_leaves_the_loaded_model_alone():
 
 
 # --- generation ----------------------------------------------------------------------------
-
-
-def test_generation_watches_repairs_and_names_the_flux_sampler(tmp_path):
-    pipeline = build_tiny_flux_pipeline()
-    with torch.no_grad():
-        pipeline.transformer.get_submodule(SINGLE_LAYER).weight.mul_(1e6)
-    request = generation.GenerationRequest(
-        prompt="a red cat", steps=4, cfg=3.5, seed=7, width=64, height=64, output_dir=str(tmp_path)
-    )
-
-    result = generation.generate(
-        loaded(pipeline, "flux-generate"), request, precision=FP16, device="cpu"
-    )
-
-    image = result.images[0]
-    assert image.status == "fixed"
-    assert image.component == "transformer"
-    assert image.step == 1
-    assert image.first_bad_module == SINGLE_LAYER
-    assert image.fixes_applied and "transformer" in image.fixes_applied[0]
-    assert image.non_finite == 0
-    text = image.parameters
-    assert "Sampler: Euler," in text and "NaN component: transformer" in text
-    assert "CFG scale: 1, Distilled CFG Scale: 3.5" in text
-    assert any("does not apply" in w for w in result.warnings)  # the default DPM++ 2M Karras
-    assert json.loads(json.dumps(result.to_json()))["images"][0]["status"] == "fixed"
 
 
 def test_library_lists_a_split_transformer_with_its_companions_or_what_is_missing(tmp_path):

@@ -1,8 +1,10 @@
-"""The health check against tiny pipelines with planted faults, one fault per case.
+"""The health check against tiny SD pipelines with planted faults, one fault per case: attention
+scores, two components at once, NaN weights and their victims, an fp32 run predicting fp16,
+a remembered fix, the report (Markdown, JSON, cost), the command and cancelling.
 
 Each plant scales one layer's weights so that its output passes 65504 in fp16 while staying
-finite in fp32: the check must name that component and that layer, fix only that component,
-and prove the fix by re-running it.
+finite in fp32. One overflow per component, found at its layer and fixed alone, and a healthy
+model in fp16, are every family's contract: test_families.py.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import torch
 from app.core import health, profiles
 from app.core.checkpoint import scan_weights
 from app.core.models import LoadedModel
-from app.core.precision import FP16_MAX
 from app.core.settings import PrecisionSettings
-from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
 FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"
@@ -38,8 +39,6 @@ def plant(pipeline, fault: str):
             attn = pipeline.unet.get_submodule(ATTN_LAYER)
             attn.to_q.weight.mul_(300)
             attn.to_k.weight.mul_(300)
-        elif fault == "text_encoder":
-            pipeline.text_encoder.get_submodule(TE_LAYER).weight.mul_(1e5)
         elif fault == "nan_weights":
             pipeline.unet.conv_in.weight[0, 0, 0, 0] = float("nan")
         else:
@@ -93,51 +92,6 @@ def assert_fix_touches_only(report, components: set[str]):
     changed = {c for c in tested if tested[c] != fixed[c]}
     assert changed <= components
     assert report.fix.verified is True
-
-
-def test_healthy_model_is_healthy():
-    report = check(loaded(build_tiny_sd_pipeline()))
-    assert report.verdict == "healthy"
-    assert report.fix is None
-    assert {c.status for c in report.components.values()} == {"ok"}
-    for component in report.components.values():
-        assert component.first_bad_module is None
-        assert 0 < component.max_abs < FP16_MAX
-        assert component.headroom == pytest.approx(FP16_MAX / component.max_abs)
-
-
-@pytest.mark.parametrize(
-    ("fault", "component", "layer"),
-    [
-        ("vae", "vae", VAE_LAYER),
-        ("unet_ff", "unet", FF_LAYER),
-        ("text_encoder", "text_encoder", TE_LAYER),
-    ],
-)
-def test_planted_overflow_is_found_fixed_and_verified(fault, component, layer):
-    report = check(loaded(plant(build_tiny_sd_pipeline(), fault)), remember=False)
-
-    assert report.verdict == "fixable"
-    assert failing(report) == {component}
-    bad = report.components[component]
-    assert bad.status == "overflow"
-    assert bad.first_bad_module == layer
-    # The fix's run measured the true magnitude: past fp16's limit.
-    assert bad.headroom is not None and bad.headroom < 1
-    assert_fix_touches_only(report, {component})
-    # The component runs wider, or only some of its layers do.
-    fixed = report.fix.plan
-    assert fixed.dtypes[component] in ("bf16", "fp32") or fixed.islands(component)
-    for name, other in report.components.items():
-        if name != component:
-            assert other.status == "ok", name
-
-    # Proof by re-running: the whole check under the fix's plan is healthy.
-    settings = PrecisionSettings.from_mapping({**FP16.to_dict(), **report.fix.settings})
-    assert (
-        check(loaded(plant(build_tiny_sd_pipeline(), fault)), settings, remember=False).verdict
-        == "healthy"
-    )
 
 
 def test_attention_score_overflow_is_fixed_by_upcasting_attention():
@@ -232,12 +186,6 @@ def test_fp32_run_predicts_the_fp16_overflow_without_running_fp16():
     assert vae.predicted_first_bad_module == VAE_LAYER
     assert vae.headroom < 1
     assert report.components["unet"].predicted_fp16 == "ok"
-
-
-def test_sdxl_text_encoders_are_both_checked():
-    report = check(loaded(build_tiny_sdxl_pipeline()), PrecisionSettings(precision="fp32"))
-    assert set(report.components) == {"text_encoder", "text_encoder_2", "unet", "vae"}
-    assert report.verdict == "healthy"
 
 
 def test_verified_fix_is_remembered_and_used_on_the_next_load():

@@ -1,5 +1,6 @@
-"""Shared by the tests of the flow-matching families (Flux, Chroma, SD3): no network, tiny
-pipelines held in memory as loaded models, planted overflows, and a quick check."""
+"""Shared by the family tests (the conformance rows in test_families.py and each family's own
+file): no network, tiny pipelines held in memory as loaded models, planted overflows, and a
+quick check."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def plant_scaled(pipeline, plants: dict[str, tuple[str, str, float]], fault: str
     return pipeline
 
 
-def in_memory(pipeline, key: str, architecture: str) -> LoadedModel:
+def in_memory(pipeline, key: str, architecture: str, prediction_type: str = "flow") -> LoadedModel:
     """A pipeline built in the test, as the loader would hand it over."""
     return LoadedModel(
         pipeline=pipeline,
@@ -37,7 +38,7 @@ def in_memory(pipeline, key: str, architecture: str) -> LoadedModel:
         name=key,
         format="demo",
         architecture=architecture,
-        prediction_type="flow",
+        prediction_type=prediction_type,
         native_size=64,
         stored_dtype="fp32",
         model_hash=None,
