@@ -24,6 +24,7 @@ from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests import ExplainRequest
 from app.core.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
+from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.widgets import Banner, Card, label
@@ -131,7 +132,8 @@ class ExplainDialog(QDialog):
         tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
         self.verdict.show_message(
             _LEVELS.get(status, "info"),
-            f"<b>{html.escape(IMAGE_STATUS_WORDS.get(status, status).capitalize())}</b> · made by "
+            f"<b>{html.escape(words.first_upper(IMAGE_STATUS_WORDS.get(status, status)))}</b>"
+            " · made by "
             f"{html.escape(tool)}",
         )
         self.message.setText(result.message)
@@ -162,8 +164,8 @@ class ExplainDialog(QDialog):
             plain.append(flags)
         for key, value in for_tool.settings.items():
             shown = setting_words(tool_key, key)
-            words = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
-            lines.append(f"Set {html.escape(words)}")
+            setting = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
+            lines.append(f"Set {html.escape(setting)}")
             plain.append(f"{key} = {value}")
         lines.append(html.escape(for_tool.how))
         if tool_key != "halfsafe" and halfsafe_flags:

@@ -290,7 +290,7 @@ class HealthView(QWidget):
         if component.fed_by and not status.failed:  # not its own fault
             chip = Chip(words.fed_by_words(component.fed_by), "muted")
         else:
-            chip = Chip(STATUS_WORDS[status].capitalize(), words.STATUS_LEVEL[status])
+            chip = Chip(words.first_upper(STATUS_WORDS[status]), words.STATUS_LEVEL[status])
         card.header.addWidget(chip)
         dtype = component.dtype
         facts = [

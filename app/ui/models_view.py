@@ -562,7 +562,7 @@ class ModelsView(QWidget):
             facts.append(words.prediction_words(model.prediction_type))
         if model.model_hash:
             facts.append(f"hash {model.model_hash}")
-        lines.append(html.escape(", ".join(facts).capitalize()) + ".")
+        lines.append(html.escape(words.first_upper(", ".join(facts))) + ".")
         lines.append(html.escape(_weights_words(model.weights)))
         replaced_vae = self.state.model_request.vae if self.state.model_request else None
         if self.loading is None and replaced_vae:

@@ -352,3 +352,8 @@ def _layer_counts(entries: Any, dtype: str) -> list[str]:
 
 def architecture_name(architecture: str | None) -> str:
     return architecture_title(architecture)
+
+
+def first_upper(text: str) -> str:
+    """'goes NaN' -> 'Goes NaN' (str.capitalize would lower the rest: 'Goes nan')."""
+    return text[:1].upper() + text[1:]

@@ -76,3 +76,11 @@ def test_the_precision_summary_counts_the_layers_a_fix_keeps_wider():
     assert words.precision_summary(settings) == (
         "fp16 everywhere · 2 VAE layers in fp32 · 1 UNet layer in bf16"
     )
+
+
+def test_a_sentence_starts_upper_case_and_keeps_its_names():
+    assert words.first_upper("goes NaN") == "Goes NaN"
+    assert words.first_upper("quantized (GGUF), stored as fp16") == (
+        "Quantized (GGUF), stored as fp16"
+    )
+    assert words.first_upper("") == ""
