@@ -54,7 +54,7 @@ set -e
 # and words do not depend on it.
 bf16_dependent=()
 for name in hardware gpu_command selftest precision autocast islands health verdicts causes \
-  generation explain explain_lora profiles cli families family_conformance flux chroma sd3 \
+  generation explain explain_lora profiles cli families flux chroma sd3 \
   zimage qwenimage; do
   [ -f "tests/core/test_$name.py" ] && bf16_dependent+=("tests/core/test_$name.py")
 done

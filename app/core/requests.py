@@ -1,8 +1,7 @@
 """What a job is asked to do, one frozen record per kind of job.
 
 The GUI builds these and the engine runs them (each record crosses the process boundary as
-itself, pickled); the CLI builds the same records from its flags. `kind` names the engine job
-that runs a record. Everything here is plain data: importing it never pulls in torch or Qt.
+itself, pickled). `kind` names the engine job that runs a record. Everything here is plain data: importing it never pulls in torch or Qt.
 """
 
 from __future__ import annotations

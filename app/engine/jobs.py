@@ -10,14 +10,18 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from app.core.errors import HalfSafeError
+from app.core.explain import Explanation
+from app.core.generation.records import GenerationResult
 from app.core.hardware import HardwareReport
 from app.core.health.report import CheckResult
 from app.core.jobs import CancelToken
+from app.core.lora import LoraRequest
 from app.core.models.summary import ModelSummary, summarise
 from app.core.requests import (
     CheckRequest,
@@ -126,7 +130,7 @@ def check(context: JobContext, request: CheckRequest) -> CheckResult:
     return CheckResult(report, markdown_report(report))
 
 
-def generate(context: JobContext, request: GenerateRequest) -> Any:
+def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:
     """Make the images `request` asks for with the loaded model: a `GenerationResult` whose
     images are saved files. An image that could not be saved anywhere travels as PNG bytes
     (`ImageResult.png`), so the window still holds it and can save it elsewhere;
@@ -166,8 +170,10 @@ def generate(context: JobContext, request: GenerateRequest) -> Any:
     return replace(result, images=images, save_error=save_error)
 
 
-def _use_loras(model: Any, loras: Any, prompt: str, allow_pickle: bool) -> None:
-    from app.core.lora import LoraRequest, check_weight, load_requested
+def _use_loras(
+    model: Any, loras: Sequence[LoraRequest] | None, prompt: str, allow_pickle: bool
+) -> None:
+    from app.core.lora import check_weight, load_requested
 
     requests = []
     for entry in loras or ():
@@ -179,7 +185,7 @@ def _use_loras(model: Any, loras: Any, prompt: str, allow_pickle: bool) -> None:
     load_requested(model, requests, allow_pickle=allow_pickle, prompt=prompt)
 
 
-def explain(context: JobContext, request: ExplainRequest) -> Any:
+def explain(context: JobContext, request: ExplainRequest) -> Explanation:
     """Explain the image `request.path` (an `Explanation`). The model the image names is found
     in the library and checked; the engine's loaded model is reused when it is that file,
     otherwise the found file is loaded for this job only and freed after it."""

@@ -156,14 +156,13 @@ class EngineClient(QObject):
         """
         job_id = next(self._ids)
         kind = str(kind or request.kind)
-        params = request
-        self._pending[job_id] = _PendingJob(kind, params, handler)
+        self._pending[job_id] = _PendingJob(kind, request, handler)
         self._set_state(EngineState.BUSY)
         if not self.ensure_started():
             return job_id
         try:
             assert self._transport is not None
-            self._transport.send(JobRequest(job_id, kind, params))
+            self._transport.send(JobRequest(job_id, kind, request))
         except OSError:
             # The engine is gone; its reader thread will report the death and fail this job.
             pass

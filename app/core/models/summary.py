@@ -3,7 +3,7 @@ pipeline, so it crosses to the GUI process as itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.checkpoint import WeightScan
@@ -39,8 +39,6 @@ class ModelSummary:
     remembered_fix: RememberedFix | None = None
     remembered_on: str = ""  # the device the remembered fix is for
     profile_notes: tuple[str, ...] = ()
-    vae: str | None = None  # the separate VAE loaded in place of the model's own
-    notes: tuple[str, ...] = field(default=())
 
 
 def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
@@ -67,8 +65,6 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         remembered_fix=remembered,
         remembered_on=on,
         profile_notes=tuple(notes),
-        vae=str(model.vae) if model.vae else None,
-        notes=tuple(model.notes),
     )
 
 
