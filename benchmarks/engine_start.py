@@ -23,16 +23,19 @@ from pathlib import Path
 from common import emit, machine
 
 STEPS = (
-    ("ping", {}, "first reply"),
-    ("hardware", {"self_test": True}, "devices described"),
-    ("load", {"source": "demo"}, "demo model loaded"),
+    ("ping", "first reply"),
+    ("hardware", "devices described"),
+    ("load", "demo model loaded"),
 )
 TIMEOUT_S = 300
 
 
 def one_run() -> dict[str, float]:
+    from app.core.requests import HardwareRequest, LoadRequest, PingRequest
     from app.engine.events import EngineEvent, EventState, JobRequest
     from app.engine.process import EngineProcess
+
+    requests = (PingRequest(), HardwareRequest(self_test=True), LoadRequest(source="demo"))
 
     events: queue.Queue[EngineEvent | str] = queue.Queue()
     engine = EngineProcess()
@@ -40,8 +43,9 @@ def one_run() -> dict[str, float]:
     engine.start(events.put, lambda failure: events.put(failure.message))
     marks = {}
     try:
-        for job_id, (kind, params, _) in enumerate(STEPS, start=1):
-            engine.send(JobRequest(job_id, kind, params))
+        for job_id, request in enumerate(requests, start=1):
+            kind = request.kind
+            engine.send(JobRequest(job_id, kind, request))
             while True:
                 event = events.get(timeout=TIMEOUT_S)
                 if isinstance(event, str):
@@ -75,7 +79,7 @@ def measure(runs: int) -> dict:
                 "max_s": round(max(m[kind] for m in measured), 3),
                 "runs": runs,
             }
-            for kind, _, words in STEPS
+            for kind, words in STEPS
         ],
     }
 

@@ -3,21 +3,17 @@ generate one image, see it in the gallery."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from app.core.components import Verdict
 from app.core.settings import load_settings, save_settings
 from app.engine.events import EventState
 
 LONG = 240_000  # ms; a loaded 2-core machine needs a while to import torch and run the demo
 # An engine process that imports torch and runs the demo: 8-10 s each on 2 cores.
 pytestmark = pytest.mark.slow
-
-
-def _has(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
 
 
 @pytest.fixture
@@ -55,14 +51,10 @@ def _wait(qtbot, window, condition) -> None:
 def _load_demo(qtbot, window) -> None:
     window.models_view.load_path("demo")
     _wait(qtbot, window, lambda: window.state.model is not None)
-    assert window.state.model["architecture"] == "sd1"
+    assert window.state.model.architecture == "sd1"
     assert "draws coloured shapes" in window.models_view.details.title.text()
 
 
-@pytest.mark.skipif(
-    not (_has("app.core.models") and _has("app.core.health")),
-    reason="needs app.core.models and app.core.health",
-)
 def test_load_and_health_check_with_the_real_engine(qtbot, real_window):
     window = real_window
     _load_demo(qtbot, window)
@@ -70,15 +62,12 @@ def test_load_and_health_check_with_the_real_engine(qtbot, real_window):
     window.health_view.run_button.click()
     _wait(qtbot, window, lambda: window.health_view.report is not None)
     report = window.health_view.report
-    assert report["verdict"] in ("healthy", "fixable")
+    assert report.verdict in (Verdict.HEALTHY, Verdict.FIXABLE)
     assert {"text_encoder", "unet", "vae"} <= set(window.health_view.cards)
     assert window.health_view.charts["unet"].blocks
     assert window.health_view.markdown.startswith("# HalfSafe health check")
 
 
-@pytest.mark.skipif(
-    not _has("app.core.generation"), reason="app.core.generation is not in this checkout yet"
-)
 def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
     window = real_window
     _load_demo(qtbot, window)
@@ -106,6 +95,7 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
 _GUI_SESSION = """
 import sys, time
 from app.ui.application import application, build_main_window
+from app.core.components import Verdict
 from app.core.settings import load_settings, save_settings
 
 loaded = load_settings().settings
