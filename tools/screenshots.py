@@ -48,8 +48,17 @@ def main() -> int:
     parser.add_argument(
         "--dark", action="store_true", help="render under a dark desktop palette (-dark names)"
     )
+    parser.add_argument(
+        "--size",
+        default=f"{SIZE[0]}x{SIZE[1]}",
+        help=f"window size WIDTHxHEIGHT (default {SIZE[0]}x{SIZE[1]}; another size adds it to "
+        "the file names, as in models-1024x700.png)",
+    )
     args = parser.parse_args()
-    suffix = "-dark" if args.dark else ""
+    width, height = (int(n) for n in args.size.lower().split("x"))
+    suffix = ("" if (width, height) == SIZE else f"-{width}x{height}") + (
+        "-dark" if args.dark else ""
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -81,14 +90,15 @@ def main() -> int:
         app.setStyle("Fusion")  # a style that paints with the palette it is given
         app.setPalette(dark_palette())
     window = build_main_window()
-    window.resize(*SIZE)
+    window.resize(width, height)
     window.show()
     window.start_background()  # as `halfsafe` does once the window shows
     window.generate_view.prompt.setPlainText(PROMPT)
     wait_until(app, window.isVisible, "the window")
 
-    def shot(name: str, height: int | None = None) -> None:
-        window.resize(SIZE[0], height or SIZE[1])
+    def shot(name: str, tall: int | None = None) -> None:
+        """`tall`: a taller window at the default size, to show a whole page in one picture."""
+        window.resize(width, tall if tall and (width, height) == SIZE else height)
         wait_until(app, lambda: True, "layout")
         path = out / f"{name}{suffix}.png"
         window.grab().save(str(path))
@@ -124,6 +134,8 @@ def main() -> int:
     health = window.health_view
     health.size_choice.setCurrentIndex(0)  # at the model's size: 128 px for the demo
     health.run_check()
+    wait_until(app, lambda: True, "the check to start")
+    shot("health-check-running")
     wait_until(app, lambda: health.report is not None, "the health check")
     shot("health-check", 1180)
 

@@ -49,7 +49,9 @@ def describe_exception(error: BaseException, kind: str = "") -> Failure:
     lowered = text.lower()
 
     if isinstance(error, HalfSafeError):
-        return Failure(_sentence(text) or f"Something went wrong while {doing}.", details, name)
+        # An expected error says all it has in its sentence; a traceback under "Show Details"
+        # would only make it look like a crash. The engine log keeps the traceback.
+        return Failure(_sentence(text) or f"Something went wrong while {doing}.", "", name)
     if name == "OutOfMemoryError" or "out of memory" in lowered:
         return Failure(
             f"The GPU ran out of memory while {doing}; try a smaller image size or batch, "

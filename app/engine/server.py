@@ -8,8 +8,10 @@ is called from both threads and is serialised here with a lock.
 from __future__ import annotations
 
 import io
+import sys
 import threading
 import time
+import traceback
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -261,6 +263,7 @@ class Engine:
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
             failure = describe_exception(error, job.kind)
+            _log_failure(job.kind, error)
             self.send(
                 EngineEvent(
                     job.job_id,
@@ -292,6 +295,13 @@ class Engine:
         self.send(
             EngineEvent(job.job_id, job.kind, EventState.RESULT, result=result, seconds=seconds)
         )
+
+
+def _log_failure(kind: str, error: BaseException) -> None:
+    """Every failed job's traceback goes to the engine log (its stderr), expected errors'
+    included, whose ERROR event carries only their sentence."""
+    print(f"engine: {kind} job failed:", file=sys.stderr)
+    traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
 
 
 def _own_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
