@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from app.core.jobs import DONE
+
 
 class ProgressLines:
     """A progress callback for output that is not a terminal: one plain line per `interval`
@@ -35,7 +37,7 @@ class ProgressLines:
         # stderr line is the error) prints no progress at all.
         since = self.started if self.last_printed is None else self.last_printed
         due = now - since >= self.interval
-        finished = new_stage and stage == "Done" and self.last_printed is not None
+        finished = new_stage and stage == DONE and self.last_printed is not None
         if not (due or finished):
             return
         self.last_printed = now

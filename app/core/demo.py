@@ -9,13 +9,16 @@ that fp16 overflows (fp32 and bf16 give the same picture), to show the NaN repai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from app.core.errors import BadFileError
+from app.core.jobs import ProgressCallback, no_progress
 from app.core.paths import resource
 from app.core.tokenizers import clip_tokenizer
 
 DEMO_VERSION = 3
+DEMO_STAGE = "Building the demo model"
 DEMO_LABEL = "HalfSafe demo (a tiny model that draws coloured shapes)"
 DEMO_SIZE = 128
 DEMO_WEIGHTS = "demo"  # resources/demo/: text_encoder, vae, unet .safetensors and demo.json
@@ -139,9 +142,10 @@ def demo_unet(seed: int):
     return UNet2DConditionModel(**DEMO_UNET_CONFIG).eval()
 
 
-def build_demo_pipeline(name: str = "demo"):
+def build_demo_pipeline(name: str = "demo", progress: ProgressCallback = no_progress):
     """The built-in model `name` (one of DEMO_MODELS): the tiny SD1.x pipeline (fp32, CPU) with
-    the trained weights from resources/demo/. Reads about 7 MB; no network.
+    the trained weights from resources/demo/. Reads about 7 MB; no network. `progress` hears
+    each part built and each weights file read ("Building the demo model", n of 7).
 
     A missing or damaged weights file raises BadFileError naming it.
     """
@@ -153,20 +157,30 @@ def build_demo_pipeline(name: str = "demo"):
     folder = resource(DEMO_WEIGHTS)
     summary = _read_summary(folder / "demo.json")
     seed = DEMO_VERSION * 1000
-    parts: dict[str, Any] = {
-        "vae": demo_vae(seed + 1, scaling_factor=summary["scaling_factor"]),
-        "text_encoder": demo_text_encoder(seed + 2),
-        "tokenizer": clip_tokenizer(),
-        "unet": demo_unet(seed + 3),
-        "scheduler": EulerDiscreteScheduler(
+    builders: dict[str, Callable[[], Any]] = {
+        "vae": lambda: demo_vae(seed + 1, scaling_factor=summary["scaling_factor"]),
+        "text_encoder": lambda: demo_text_encoder(seed + 2),
+        "tokenizer": clip_tokenizer,
+        "unet": lambda: demo_unet(seed + 3),
+    }
+    weighted = ("text_encoder", "vae", "unet")
+    total = len(builders) + len(weighted)
+    parts: dict[str, Any] = {}
+    for built, (component, build) in enumerate(builders.items()):
+        progress(DEMO_STAGE, built, total)
+        parts[component] = build()
+    for read, component in enumerate(weighted, start=len(builders)):
+        progress(DEMO_STAGE, read, total)
+        _load_weights(parts[component], folder / f"{component}.safetensors")
+    progress(DEMO_STAGE, total, total)
+    parts.update(
+        scheduler=EulerDiscreteScheduler(
             **{**SD_SCHEDULER_CONFIG, "prediction_type": summary["prediction_type"]}
         ),
-        "safety_checker": None,
-        "feature_extractor": None,
-        "requires_safety_checker": False,
-    }
-    for component in ("text_encoder", "vae", "unet"):
-        _load_weights(parts[component], folder / f"{component}.safetensors")
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     if name == "demo-overflow":
         layer = parts["vae"].get_submodule(OVERFLOW_LAYER)
         with torch.no_grad():

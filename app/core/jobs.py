@@ -16,8 +16,13 @@ from app.core.errors import CancelledError
 ProgressCallback = Callable[[str, int, int], None]
 
 
+# The stage of a job's last progress call: its work is done, its result is being written.
+DONE = "Done"
+
+
 def no_progress(stage: str, done: int, total: int) -> None:
     """The default progress callback: ignore it."""
+
 
 
 class CancelToken:

@@ -27,7 +27,7 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.widgets import Banner, Card, label
+from app.ui.widgets import Banner, Card, label, show_progress
 
 _LEVELS = {"nan": "bad", "safety_checker": "warn", "black": "info", "ok": "good"}
 
@@ -110,9 +110,7 @@ class ExplainDialog(QDialog):
         if self.closed:
             return
         if event.state == EventState.PROGRESS:
-            if event.total > 0:
-                self.progress.setRange(0, event.total)
-                self.progress.setValue(event.done)
+            show_progress(self.progress, event.done, event.total)
             self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
         elif event.state == EventState.RESULT:
             self._finished("")

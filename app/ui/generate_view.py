@@ -69,7 +69,7 @@ from app.ui.image_entry import (
 )
 from app.ui.lora_list import LoraList
 from app.ui.state import AppState
-from app.ui.widgets import Banner, label, page_layout, primary_button
+from app.ui.widgets import Banner, label, page_layout, primary_button, show_progress
 
 GENERATION_KEYS = (
     "negative_prompt",
@@ -517,12 +517,10 @@ class GenerateView(QWidget):
             self.running_job = event.job_id
             self._timing = None
             self._job_started = now
-        if event.total <= 0:
-            self.progress.setRange(0, 0)
+        show_progress(self.progress, event.done, event.total)
+        if event.total <= 1:
             self.progress_label.setText(f"{event.stage}…" if event.stage else "Working…")
             return
-        self.progress.setRange(0, event.total)
-        self.progress.setValue(event.done)
         text = f"{event.stage or 'Step'}: {event.done} of {event.total}"
         if self._timing is None or event.done < self._timing[1]:
             self._timing = (now, event.done)

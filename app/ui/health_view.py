@@ -32,6 +32,7 @@ from app.core.health import (
     tested_words,
 )
 from app.core.health.report import CheckResult
+from app.core.jobs import DONE
 from app.core.models.summary import ModelSummary
 from app.core.requests import CheckRequest
 from app.engine.events import EngineEvent, EventState
@@ -50,6 +51,7 @@ from app.ui.widgets import (
     page_layout,
     primary_button,
     scroll_column,
+    show_progress,
 )
 
 PROBE_SIZES = (256, 512, 768, 1024)
@@ -196,15 +198,14 @@ class HealthView(QWidget):
         if event.state == EventState.QUEUED:
             self.stage.setText("Waiting for the engine…")
         elif event.state == EventState.PROGRESS:
-            if event.total > 0 and event.done < event.total:
-                self.progress.setRange(0, event.total)
-                self.progress.setValue(event.done)
-                self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
-            else:
+            if event.stage == DONE:
                 # The last step is counted before the report is written: a full bar and
                 # "Done" would claim the check finished while it still runs.
                 self.progress.setRange(0, 0)
                 self.stage.setText("Writing the report…")
+            else:
+                show_progress(self.progress, event.done, event.total)
+                self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
         elif event.state == EventState.WARNING:
             self.stage.setText(event.message)
         elif event.state == EventState.RESULT:

@@ -33,7 +33,7 @@ from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
 from app.ui.theme import current_scheme
-from app.ui.widgets import Banner, Card, label, page_layout, primary_button
+from app.ui.widgets import Banner, Card, label, page_layout, primary_button, show_progress
 
 DEMO_SOURCE = "demo"
 OPENED_KEPT = 20  # models opened from a file or folder that stay in the list
@@ -439,9 +439,7 @@ class ModelsView(QWidget):
         if self.job_id is not None and event.job_id != self.job_id:
             return  # a load that was replaced by a newer one
         if event.state == EventState.PROGRESS:
-            if event.total > 0:
-                self.progress.setRange(0, event.total)
-                self.progress.setValue(event.done)
+            show_progress(self.progress, event.done, event.total)
             if event.stage:
                 self.load_status.setText(f"{event.stage}…")
         elif event.state == EventState.WARNING:

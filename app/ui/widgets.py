@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QProgressBar,
     QPushButton,
     QScrollArea,
     QSizePolicy,
@@ -161,3 +162,14 @@ def hline() -> QFrame:
     line.setFrameShape(QFrame.Shape.HLine)
     line.setProperty("role", "line")
     return line
+
+
+def show_progress(bar: QProgressBar, done: int, total: int) -> None:
+    """A phase's progress on `bar`: how far along it is where the phase counts its work, and a
+    busy bar where it has no count yet (a phase announced as 0 of 1, or no total), so a long
+    phase never sits under an empty bar that looks stuck."""
+    if total > 1 or (total == 1 and done >= 1):
+        bar.setRange(0, total)
+        bar.setValue(min(done, total))
+    else:
+        bar.setRange(0, 0)

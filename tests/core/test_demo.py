@@ -122,6 +122,17 @@ def test_demo_models_load_with_their_own_profile_keys():
             assert bool((tensor == same).all()), name
 
 
+def test_building_the_demo_counts_its_parts():
+    """A demo load says how far along it is: each part built and each weights file read is a
+    step of one count, ending complete (the window's bar moves instead of sitting at 0 of 1)."""
+    heard: list[tuple[str, int, int]] = []
+    load_model("demo", on_progress=lambda *event: heard.append(event))
+    building = [(done, total) for stage, done, total in heard if stage == demo.DEMO_STAGE]
+    total = building[-1][1]
+    assert total > 1
+    assert building == [(done, total) for done in range(total + 1)]
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated", "wrong tensors", "bad summary"])
 def test_damaged_demo_weights_are_named_in_one_sentence(tmp_path, monkeypatch, damage):
     folder = tmp_path / "resources" / demo.DEMO_WEIGHTS

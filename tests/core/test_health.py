@@ -69,9 +69,14 @@ def check(model, precision=FP16, **kwargs):
     return health.check_loaded(model, precision=precision, device="cpu", size=64, **kwargs)
 
 
+# What the shared VAE check below said as it ran: (stage, done, total) per progress call.
+VAE_CHECK_PROGRESS: list[tuple[str, int, int]] = []
+
+
 @pytest.fixture(scope="module")
 def vae_report():
     """One check of a model with an overflowing VAE, cost measured, shared by the report tests."""
+    VAE_CHECK_PROGRESS.clear()
     return health.check_loaded(
         loaded(plant(build_tiny_sd_pipeline(), "vae")),
         precision=FP16,
@@ -79,7 +84,25 @@ def vae_report():
         size=64,
         remember=False,
         measure_cost=True,
+        on_progress=lambda *event: VAE_CHECK_PROGRESS.append(event),
     )
+
+
+def test_a_checks_long_phases_count_their_work(vae_report):
+    """Trying the fixes and measuring them take most of a check that finds a fault; each counts
+    its work (candidate after candidate, timing run after timing run), so the window's bar moves
+    instead of sitting at 0 of 1 for the whole phase."""
+    stages: dict[str, list[tuple[int, int]]] = {}
+    for stage, done, total in VAE_CHECK_PROGRESS:
+        stages.setdefault(stage, []).append((done, total))
+    tried = [counts for stage, counts in stages.items() if stage.startswith("Trying a fix")]
+    candidates = tried[0][0][1]
+    assert candidates == len(tried) > 1
+    assert [counts[0][0] for counts in tried] == list(range(candidates))
+    for stage in ("Measuring the fixes for the VAE", "Measuring the cost of the fix"):
+        counts = stages[stage][1:]  # after the announcement, each timing run
+        total = counts[-1][1]
+        assert total > 1 and counts == [(done, total) for done in range(1, total + 1)], stage
 
 
 def failing(report) -> set[str]:

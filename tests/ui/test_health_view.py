@@ -7,6 +7,7 @@ from dataclasses import replace
 from PySide6.QtGui import QGuiApplication
 
 from app.core.components import Status, Verdict
+from app.core.jobs import DONE
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
 from tests.support import reports
@@ -32,6 +33,20 @@ def test_run_is_one_click_and_sends_the_current_settings(window, engines):
     assert view.progress.value() == 1 and view.progress.maximum() == 3
     assert "Checking the UNet" in view.stage.text()
     assert not view.run_button.isEnabled()
+
+
+def test_a_phase_without_a_count_shows_a_busy_bar_and_a_counted_one_moves(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.emit(job, EventState.PROGRESS, stage="Running the fp32 reference", total=1)
+    assert view.progress.maximum() == 0  # busy: never an empty bar that looks stuck
+    measuring = "Measuring the fixes for the VAE"
+    engines.current.emit(job, EventState.PROGRESS, stage=measuring, done=3, total=12)
+    assert (view.progress.value(), view.progress.maximum()) == (3, 12)
+    assert measuring in view.stage.text()
+    engines.current.emit(job, EventState.PROGRESS, stage=measuring, done=12, total=12)
+    assert view.progress.value() == 12 and "Writing" not in view.stage.text()
+    engines.current.emit(job, EventState.PROGRESS, stage=DONE, done=3, total=3)
+    assert view.progress.maximum() == 0 and view.stage.text() == "Writing the report…"
 
 
 def test_probe_size_can_be_chosen(window, engines):

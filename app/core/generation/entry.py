@@ -26,7 +26,7 @@ from app.core.generation.repair import Repair
 from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
 from app.core.infotext import SAMPLER_NAMES
-from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.settings import FIELDS, PrecisionSettings
 
 
@@ -91,7 +91,7 @@ def generate(
         result.save(folder)
     finally:
         result.seconds = time.perf_counter() - started
-    progress("Done", len(result.images), len(result.images))
+    progress(DONE, len(result.images), len(result.images))
     return result
 
 

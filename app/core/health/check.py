@@ -38,7 +38,7 @@ from app.core.health.stages import (
     finite_stand_in,
     first_bad_name,
 )
-from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.precision import PrecisionPlan
 from app.core.prediction import prediction_summary
 from app.core.probe import ProbeResult
@@ -101,7 +101,7 @@ def check_loaded(
     finally:
         # Also on cancel or error: drop the device copies and hand cached memory back.
         check.runner.placed.release()
-    progress("Done", STAGES, STAGES)
+    progress(DONE, STAGES, STAGES)
     return _report(model, start, size, check, verdict, fix, islands, started)
 
 
@@ -394,9 +394,15 @@ class _Check:
 
     def measure_fix_cost(self, fix: Fix) -> None:
         """A denoiser step under the fix and under no-half, alternating."""
-        self.progress("Measuring the cost of the fix", 3, STAGES)
+        stage = "Measuring the cost of the fix"
+        self.progress(stage, 0, 1)
+
+        def measured(done: int, total: int) -> None:
+            self.cancel.raise_if_cancelled()
+            self.progress(stage, done, total)
+
         fix.cost = self.runner.unet_step_costs(
-            {"fix": self.search.plan, "no_half": no_half(self.plan)}, self.conditioning
+            {"fix": self.search.plan, "no_half": no_half(self.plan)}, self.conditioning, measured
         )
 
     def remember_fix(self, fix: Fix) -> None:

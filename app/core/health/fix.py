@@ -66,9 +66,9 @@ def choose_fix(
             name, search.plan, first_bad, module, bf16_native, reference.probes.get(name)
         )
     )
-    for candidate in candidates:
+    for tried, candidate in enumerate(candidates):
         cancel.raise_if_cancelled()
-        progress(f"Trying a fix: {candidate.words}", 0, 1)
+        progress(f"Trying a fix: {candidate.words}", tried, len(candidates))
         try:
             retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
         except CancelledError:
@@ -97,11 +97,17 @@ def choose_fix(
         results.append(result)
     verified = [r for r in results if r.verified]
     if measure_cost and verified:
-        progress(f"Measuring the fixes for the {component_words(name)}", 0, 1)
+        stage = f"Measuring the fixes for the {component_words(name)}"
+        progress(stage, 0, 1)
         plans = {f"{i}": r.candidate.plan for i, r in enumerate(verified) if r.candidate}
         plans["as_tested"] = search.plan
         plans["no_half"] = no_half(search.plan)
-        costs = runner.stage_costs(name, stage_fn, plans)
+
+        def measured(done: int, total: int) -> None:
+            cancel.raise_if_cancelled()
+            progress(stage, done, total)
+
+        costs = runner.stage_costs(name, stage_fn, plans, measured)
         for i, r in enumerate(verified):
             r.cost.update(costs[f"{i}"])
         search.baselines[name] = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}

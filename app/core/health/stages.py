@@ -31,6 +31,27 @@ DEFAULT_SCHEDULER = FIELDS["scheduler"].default
 
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
 
+# on_run(done, total): a timing run finished, `done` of the `total` a measurement makes.
+RunCallback = Callable[[int, int], None]
+
+
+def _no_runs(done: int, total: int) -> None:
+    """The default run callback: ignore it."""
+
+
+class _Runs:
+    """Counts a measurement's runs (a warm-up and `COST_ROUNDS` timed runs per plan) for its
+    callback, so a measurement that takes a while says how far along it is."""
+
+    def __init__(self, plans: int, on_run: RunCallback) -> None:
+        self.done = 0
+        self.total = plans * (1 + COST_ROUNDS)
+        self.on_run = on_run
+
+    def one_more(self) -> None:
+        self.done += 1
+        self.on_run(self.done, self.total)
+
 
 @dataclass
 class Stage:
@@ -156,27 +177,31 @@ class Runner:
         name: str,
         stage_fn: Callable[[PrecisionPlan, bool], Stage],
         plans: dict[str, PrecisionPlan],
+        on_run: RunCallback = _no_runs,
     ) -> dict[str, dict[str, Any]]:
         """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
         encode) under each plan, measured as `unet_step_costs` does: a warm-up each (which also
         gives peak device memory where the device reports it), then `COST_ROUNDS` rounds that
-        alternate between the plans; median and range."""
+        alternate between the plans; median and range. `on_run(done, total)` follows each run."""
         import torch
 
         cuda = self.device.type == "cuda"
         per_run = len(self.timesteps) if name == self.family.denoiser else 1
         samples: dict[str, list[float]] = {label: [] for label in plans}
         peaks: dict[str, float | None] = dict.fromkeys(plans)
+        runs = _Runs(len(plans), on_run)
         for label, plan in plans.items():
             if cuda:
                 torch.cuda.synchronize(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
             stage_fn(plan, False)
+            runs.one_more()
             if cuda:
                 peaks[label] = torch.cuda.max_memory_allocated(self.device) / 2**20
         for _ in range(COST_ROUNDS):
             for label, plan in plans.items():
                 stage = stage_fn(plan, False)
+                runs.one_more()
                 samples[label].append(stage.seconds.get(name, 0.0) * 1000 / per_run)
         return {
             label: {
@@ -190,28 +215,35 @@ class Runner:
         }
 
     def unet_step_costs(
-        self, plans: dict[str, PrecisionPlan], conditioning: dict[str, Any]
+        self,
+        plans: dict[str, PrecisionPlan],
+        conditioning: dict[str, Any],
+        on_run: RunCallback = _no_runs,
     ) -> dict[str, dict[str, Any]]:
         """Time of one UNet step (CFG batch) under each plan, measured the same way for all:
         one warm-up step each, then `COST_ROUNDS` rounds that alternate between the plans, so
         drift (clocks, caches, other load) hits every plan alike. Reports the median and the
-        spread; peak device memory where the device reports it."""
+        spread; peak device memory where the device reports it. `on_run(done, total)` follows
+        each run."""
         import torch
 
         cuda = self.device.type == "cuda"
         one_step = self.timesteps[len(self.timesteps) // 2 : len(self.timesteps) // 2 + 1]
         samples: dict[str, list[float]] = {name: [] for name in plans}
         peaks: dict[str, float | None] = dict.fromkeys(plans)
+        runs = _Runs(len(plans), on_run)
         for name, plan in plans.items():  # warm-up, and the peak memory of a step
             if cuda:
                 torch.cuda.synchronize(self.device)
                 torch.cuda.reset_peak_memory_stats(self.device)
             self.denoise(plan, conditioning, record=False, timesteps=one_step)
+            runs.one_more()
             if cuda:
                 peaks[name] = torch.cuda.max_memory_allocated(self.device) / 2**20
         for _ in range(COST_ROUNDS):
             for name, plan in plans.items():
                 stage = self.denoise(plan, conditioning, record=False, timesteps=one_step)
+                runs.one_more()
                 samples[name].append(stage.seconds[self.family.denoiser] * 1000)
         return {
             name: {

@@ -28,6 +28,7 @@ torch, diffusers and transformers are imported inside the functions that use the
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from app.core import quantized
@@ -44,6 +45,8 @@ from app.core.models.configs import config_folder
 from app.core.models.folder import MODEL_COMPONENTS, load_folder
 from app.core.models.loaded import LoadedModel
 from app.core.models.single_file import load_single_file, scheduler_for
+
+STARTING_DIFFUSERS = "Starting the image library (once per engine)"
 
 __all__ = [
     "MODEL_COMPONENTS",
@@ -106,6 +109,7 @@ def load_model(
     path = Path(source).expanduser()
     if not path.exists():
         raise BadFileError(path, "the model does not exist (no such file or folder).")
+    start_diffusers(progress)
     # Every file read below is dequantised as it is read, whichever loader reads it; what that
     # shows about its scales and values is gathered here for the report.
     with quantized.collecting() as collected:
@@ -146,15 +150,22 @@ def check_openable(source: str, *, allow_pickle: bool = False) -> None:
     read_header(path)
 
 
+def start_diffusers(progress: ProgressCallback) -> None:
+    """Import diffusers, which takes seconds once per engine (most of a first demo load), with
+    a stage that names the wait instead of a bar that sits still under another name."""
+    if "diffusers" not in sys.modules:
+        progress(STARTING_DIFFUSERS, 0, 1)
+        import diffusers  # noqa: F401 - imported for its cost, here rather than mid-load
+
+
 # The demo ----------------------------------------------------------------------------------
 
 
 def _load_demo(name: str, progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
     from app.core import demo
 
-    progress("Building the demo model", 0, 1)
-    pipeline = demo.build_demo_pipeline(name)
-    progress("Building the demo model", 1, 1)
+    start_diffusers(progress)
+    pipeline = demo.build_demo_pipeline(name, progress)
     weights = scan_weights(pipeline, on_progress=progress, cancel=cancel)
     return LoadedModel(
         pipeline=pipeline,
