@@ -119,11 +119,15 @@ class HealthView(QWidget):
         controls.addWidget(self.run_button)
         controls.addWidget(self.size_choice)
         controls.addWidget(self.cancel_button)
-        controls.addWidget(self.progress)
-        controls.addWidget(self.stage, 1)
+        controls.addStretch(1)
         controls.addWidget(self.export_button)
         controls.addWidget(self.copy_button)
         layout.addLayout(controls)
+        # Progress has a row of its own, so a long stage never crushes the buttons.
+        running = QHBoxLayout()
+        running.addWidget(self.progress)
+        running.addWidget(self.stage, 1)
+        layout.addLayout(running)
 
         self.model_hint = label("", "muted", wrap=True)
         layout.addWidget(self.model_hint)
@@ -402,7 +406,7 @@ class HealthView(QWidget):
         for row, cells in enumerate(candidate_rows(fix.candidates, fix.baselines), start=1):
             for column, text in enumerate(cells):
                 cell = QLabel(text)
-                cell.setWordWrap(column == 1)
+                cell.setWordWrap(True)  # a timing's range goes under it: the table fits 1024 px
                 grid.addWidget(cell, row, column)
             if cells[4] == "baseline":
                 continue
