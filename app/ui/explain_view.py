@@ -1,20 +1,24 @@
 """ "Why was this image black?": a dialog that runs an `explain` job on a dropped or opened
-image and shows the answer, the model it found (or where it looked), and the fix in the terms
-of the tool that made the image, ready to copy."""
+image and shows the answer, the model it found (or where it looked, with a button to add the
+folder it is in and look again), and the fix in the terms of the tool that made the image,
+ready to copy. The dialog grows to its answer, up to the screen; past that the answer scrolls."""
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
+    QFileDialog,
     QHBoxLayout,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -30,6 +34,8 @@ from app.ui.engine_client import EngineClient
 from app.ui.widgets import Banner, Card, label, show_progress
 
 _LEVELS = {"nan": "bad", "safety_checker": "warn", "black": "info", "ok": "good"}
+WIDTH = 680  # wide enough for a model path and a tool's flags on one line
+MARGIN = 80  # what the dialog leaves free of the screen's height
 
 
 class ExplainDialog(QDialog):
@@ -39,18 +45,35 @@ class ExplainDialog(QDialog):
     """
 
     def __init__(
-        self, path: str, client: EngineClient, dialogs: Dialogs, device: str, parent: QWidget
+        self,
+        path: str,
+        client: EngineClient,
+        dialogs: Dialogs,
+        device: str,
+        parent: QWidget,
+        add_model_folder: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(parent)
         self.path = path
         self.client = client
         self.dialogs = dialogs
+        self.device = device
+        self.add_model_folder = add_model_folder
         self.explanation: Explanation | None = None
         self.fix_text = ""
         self.closed = False
         self.setWindowTitle(f"Why is {Path(path).name} black?")
-        self.setMinimumWidth(620)
-        layout = QVBoxLayout(self)
+        self.setMinimumWidth(WIDTH)
+        outer = QVBoxLayout(self)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.scroll.setWidget(body)
+        outer.addWidget(self.scroll, 1)
         layout.addWidget(label(html.escape(Path(path).name), "section"))
         self.verdict = Banner()
         layout.addWidget(self.verdict)
@@ -68,6 +91,13 @@ class ExplainDialog(QDialog):
         self.model_card = Card("Model")
         self.model_text = label("", wrap=True, selectable=True)
         self.model_card.body.addWidget(self.model_text)
+        self.add_folder_button = QPushButton("Add model folder…")
+        self.add_folder_button.setToolTip(
+            "Add the folder that holds this model to HalfSafe's model folders and look again."
+        )
+        self.add_folder_button.clicked.connect(self.choose_model_folder)
+        self.add_folder_button.hide()
+        self.model_card.body.addWidget(self.add_folder_button, 0, Qt.AlignmentFlag.AlignLeft)
         self.model_card.hide()
         layout.addWidget(self.model_card)
         self.fix_card = Card("Fix")
@@ -81,12 +111,55 @@ class ExplainDialog(QDialog):
         layout.addWidget(self.fix_card)
         self.notes = label("", "muted", wrap=True, selectable=True)
         layout.addWidget(self.notes)
+        layout.addStretch(1)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         self.cancel_button = buttons.addButton("Cancel", QDialogButtonBox.ButtonRole.ActionRole)
         self.cancel_button.clicked.connect(self.cancel)
         buttons.rejected.connect(self.close)
-        layout.addWidget(buttons)
-        self.job_id: int | None = client.submit(ExplainRequest(path, device), self._on_event)
+        outer.addWidget(buttons)
+        self.job_id: int | None = None
+        self.explain()
+
+    def explain(self) -> None:
+        """Submit the `explain` job (again, after a model folder was added)."""
+        self.progress.show()
+        self.progress.setRange(0, 0)
+        self.cancel_button.setEnabled(True)
+        self.stage.setText("Reading the image…")
+        self.job_id = self.client.submit(ExplainRequest(self.path, self.device), self._on_event)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        """As tall as the answer at the dialog's width, up to the screen's height."""
+        body = self.scroll.widget()
+        margins = self.layout().contentsMargins()
+        width = max(self.width(), WIDTH)
+        inner = width - margins.left() - margins.right()
+        wanted = body.heightForWidth(inner) if body.hasHeightForWidth() else -1
+        if wanted < 0:
+            wanted = body.sizeHint().height()
+        buttons = self.layout().itemAt(1).sizeHint().height() + self.layout().spacing()
+        height = wanted + margins.top() + margins.bottom() + buttons
+        screen = self.screen().availableGeometry().height() if self.screen() else 900
+        return QSize(width, min(height, screen - MARGIN))
+
+    def fit_to_answer(self) -> None:
+        """Grow (never shrink) to the answer's height: it arrives after the dialog showed."""
+        hint = self.sizeHint()
+        if hint.height() > self.height():
+            self.resize(self.width(), hint.height())
+
+    def choose_model_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "The folder that holds this model")
+        if folder:
+            self.use_model_folder(folder)
+
+    def use_model_folder(self, folder: str) -> None:
+        """Add `folder` to the model folders and explain the image again, looking there too."""
+        if self.add_model_folder is None:
+            return
+        self.add_model_folder(folder)
+        self.add_folder_button.hide()
+        self.explain()
 
     def cancel(self) -> None:
         if self.job_id is not None:
@@ -137,19 +210,23 @@ class ExplainDialog(QDialog):
         self.message.setText(result.message)
         model, record = result.model, result.record
         named = record.model or record.unet
+        missing = not model.found and bool(named or record.model_hash)
         if model.found:
             self.model_text.setText(f"Found {model.path} (by {model.matched_by}).")
-        elif named or record.model_hash:
+        elif missing:
             looked = "\n".join(model.looked_in) or "no model folders"
             self.model_text.setText(
                 f"{named or record.model_hash} was not found. Looked in:\n{looked}"
             )
         else:
             self.model_text.setText("The image does not say which model made it.")
+        self.add_folder_button.setVisible(missing and self.add_model_folder is not None)
         self.model_card.show()
+        self.fix_card.setVisible(result.tool_fix is not None)
         if result.tool_fix is not None:
             self._show_fix(result.tool_fix, result.halfsafe_flags)
         self.notes.setText("\n".join(result.notes))
+        QTimer.singleShot(0, self.fit_to_answer)  # once the new text has its layout
 
     def _show_fix(self, for_tool: ToolFix, halfsafe_flags: list[str]) -> None:
         tool_key = for_tool.tool

@@ -233,11 +233,28 @@ class MainWindow(QMainWindow):
 
     def explain_image(self, path: str) -> ExplainDialog:
         """Open the explanation of an image (a non-modal dialog that runs the `explain` job)."""
-        dialog = ExplainDialog(path, self.client, self.dialogs, self.state.device(), self)
+        dialog = ExplainDialog(
+            path,
+            self.client,
+            self.dialogs,
+            self.state.device(),
+            self,
+            add_model_folder=self.add_model_folder,
+        )
         self.explain_dialogs.append(dialog)
         dialog.finished.connect(lambda _result, d=dialog: self._explain_closed(d))
         dialog.show()
         return dialog
+
+    def add_model_folder(self, folder: str) -> None:
+        """Add `folder` to the model folders (kept after the ones already there); the Models
+        page rescans, and an explanation looks there from its next job on."""
+        folders = list(self.state.settings["model_folders"])
+        if folder not in folders:
+            try:
+                self.state.apply({"model_folders": [*folders, folder]})
+            except ValueError as error:
+                self.dialogs.error(f"{folder}: {error}")
 
     def _explain_closed(self, dialog: ExplainDialog) -> None:
         if dialog in self.explain_dialogs:
