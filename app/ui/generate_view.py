@@ -104,6 +104,7 @@ class GenerateView(QWidget):
         self.jobs: dict[int, dict[str, Any]] = {}
         self._fix_of_job: dict[int, dict[str, Any]] = {}
         self.running_job: int | None = None
+        self.cancelled_with = 0  # how many queued jobs the last Cancel dropped with the running one
         self._timing: tuple[float, int] | None = None
         self._job_started = 0.0
         self.last_seed: int | None = None
@@ -469,15 +470,30 @@ class GenerateView(QWidget):
         )
         job_id = self.client.submit(job, self._on_event)
         self.jobs[job_id] = request
-        self.cancel_button.setEnabled(True)
+        self._show_cancel()
         self._show_queue()
         return job_id
+
+    def _show_cancel(self) -> None:
+        """Cancel says what it stops: with jobs queued behind the running one, all of them."""
+        count = len(self.jobs)
+        self.cancel_button.setEnabled(count > 0)
+        self.cancel_button.setText("Cancel" if count <= 1 else f"Cancel all {count}")
+        self.cancel_button.setToolTip(
+            "Stops the generation (Esc)."
+            if count <= 1
+            else f"Stops the generation and drops the {count - 1} queued after it (Esc)."
+        )
 
     def cancel(self) -> None:
         """Cancel the running generation and any queued after it."""
         if not self.jobs:
             return
-        self.progress_label.setText("Cancelling…")
+        queued = len(self.jobs) - 1
+        self.cancelled_with = queued
+        self.progress_label.setText(
+            "Cancelling…" if queued == 0 else f"Cancelling, with the {_generations(queued)} queued…"
+        )
         for job_id in list(self.jobs):
             self.client.cancel(job_id)
 
@@ -538,8 +554,8 @@ class GenerateView(QWidget):
         applied_fix = self._fix_of_job.pop(event.job_id, None)
         if self.running_job == event.job_id:
             self.running_job = None
+        self._show_cancel()
         if not self.jobs:
-            self.cancel_button.setEnabled(False)
             self.progress.setRange(0, 1)
             self.progress.setValue(0 if event.state != EventState.RESULT else 1)
         if event.state == EventState.RESULT:
@@ -552,7 +568,13 @@ class GenerateView(QWidget):
             self.add_result(result, request, applied_fix)
             self.progress_label.setText(f"Done in {result.seconds:.1f} s.")
         elif event.state == EventState.CANCELLED:
-            self.progress_label.setText("Cancelled.")
+            if not self.jobs:  # the last of those cancelled together
+                dropped, self.cancelled_with = self.cancelled_with, 0
+                self.progress_label.setText(
+                    "Cancelled."
+                    if not dropped
+                    else f"Cancelled, and the {_generations(dropped)} queued after it."
+                )
             self.banner.dismiss()  # it spoke of the image this job was making
             if self.current_entry is not None:
                 self.show_entry(self.current_entry)
@@ -752,6 +774,10 @@ class GenerateView(QWidget):
         if self.current_entry and self.current_entry.get("path"):
             folder = os.path.dirname(self.current_entry["path"])
             self.dialogs.open_location(folder, "the folder")
+
+
+def _generations(count: int) -> str:
+    return "generation" if count == 1 else f"{count} generations"
 
 
 def _multiple_of_8(value: int) -> int:
