@@ -372,6 +372,19 @@ def test_a_transformer_file_in_the_familys_layout_is_read_as_it(built):
     back = to_diffusers(model.rows(), original, {k: tuple(v.shape) for k, v in state.items()})
     assert set(back) == set(state)
     assert all(torch.equal(back[k], v) for k, v in state.items())
+    # What the file cannot hold (rotary axes, flags) is read as the family sets it, and the
+    # family's tiny model is built that way: read back, it computes as the same transformer.
+    # (`sample_size` only names a default image size; the family's real one is read.)
+    for key, value in model.config.items():
+        if key not in ("_class_name", "sample_size"):
+            kept = transformer.config[key]
+            if key == "out_channels" and kept is None:  # None: as many as it takes in
+                kept = transformer.config["in_channels"]
+            assert _plain(value) == _plain(kept), f"{key}: read {value}, built with {kept}"
+
+
+def _plain(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def test_a_pipeline_of_no_family_is_refused_naming_every_family_there_is():

@@ -441,7 +441,7 @@ def build_tiny_qwenimage_pipeline(seed: int = 0, text_width: int = 64):
         attention_head_dim=32,
         num_attention_heads=2,
         joint_attention_dim=text_width,
-        axes_dims_rope=(8, 12, 12),  # Qwen-Image's proportions (16, 56, 56 of 128)
+        axes_dims_rope=(4, 14, 14),  # Qwen-Image's proportions (16, 56, 56 of 128 per head)
     ).eval()
     return QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**QWENIMAGE_SCHEDULER_CONFIG),
