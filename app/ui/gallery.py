@@ -1,6 +1,7 @@
 """The gallery that lasts: the output folder's images, newest first, with thumbnails made on a
-worker thread only for what scrolls into view and cached on disk; a context menu to open,
-reveal, copy or reuse an image's parameters, show its diagnosis, and move it to the trash."""
+worker thread only for what scrolls into view and cached on disk; each item holds its
+`GalleryEntry`. Double-click or Enter views an image large; a context menu views, opens or
+reveals it, copies or reuses its parameters, shows its diagnosis, and moves it to the trash."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,26 +19,15 @@ from PySide6.QtCore import QEvent, QFile, QObject, QPoint, QRect, QStandardPaths
 from PySide6.QtGui import QAction, QGuiApplication, QIcon, QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu
 
-from app.core import infotext, paths
-from app.core.images import read_parameters
-from app.ui.image_entry import parameter_text
+from app.core import paths
+from app.ui.image_entry import GalleryEntry, item_text, parameter_text, read_image_file, tooltip
 
 LISTED_AT_MOST = 2000  # the newest; an output folder of years stays quick to open
-ENTRY = Qt.ItemDataRole.UserRole
+ENTRY = Qt.ItemDataRole.UserRole  # the item's GalleryEntry
 REQUESTED = Qt.ItemDataRole.UserRole + 1
-# The settings an image's parameters give back to its gallery entry.
-_SETTING_KEYS = (
-    infotext.PRECISION,
-    infotext.UNET_PRECISION,
-    infotext.VAE_PRECISION,
-    infotext.TEXT_ENCODER_PRECISION,
-    infotext.TEXT_ENCODER_2_PRECISION,
-    infotext.UPCAST_ATTENTION,
-    infotext.ATTENTION_BACKEND,
-    infotext.NAN_CHECK,
-    infotext.AUTO_FIX,
-    infotext.DEVICE,
-)
+
+# view_image(entry, step): shows an image large; step(+1/-1) walks the gallery from it.
+ViewImage = Callable[[GalleryEntry, Callable[[int], GalleryEntry | None]], Any]
 
 
 def list_images(folder: Path, limit: int = LISTED_AT_MOST) -> list[tuple[str, int, int]]:
@@ -98,47 +89,6 @@ def make_thumbnail(path: str, mtime_ns: int, size: int, edge: int) -> QImage:
     return image
 
 
-def entry_from_file(path: str) -> dict[str, Any]:
-    """A gallery entry for an image file, from its `parameters` text: the request it was made
-    with, the precision settings, and what the NaN watch said (the diagnosis)."""
-    try:
-        # PIL reads the text chunks before the pixels; Qt's reader would fold the newlines
-        # that separate the prompt from the settings.
-        text = read_parameters(path) or ""
-    except Exception:  # noqa: BLE001 - an unreadable or foreign file just has no parameters
-        text = ""
-    entry: dict[str, Any] = {"path": path, "parameters": text, "from_folder": True}
-    if not text:
-        return entry
-    parsed = infotext.parse(text)
-    width, height = parsed.get(infotext.SIZE, (None, None))
-    request: dict[str, Any] = {"prompt": parsed.prompt, "negative_prompt": parsed.negative_prompt}
-    for key, value in (
-        ("steps", parsed.get(infotext.STEPS)),
-        ("cfg", parsed.get(infotext.CFG_SCALE)),
-        ("width", width),
-        ("height", height),
-    ):
-        if value is not None:
-            request[key] = value
-    scheduler = parsed.scheduler()
-    if scheduler:
-        request["scheduler"] = scheduler
-    entry["request"] = request
-    seed = parsed.get(infotext.SEED)
-    if seed is not None:
-        entry["seed"] = seed
-    settings = parsed.settings(_SETTING_KEYS)
-    if settings:
-        entry["settings"] = settings
-    entry["model"] = parsed.get(infotext.MODEL)
-    entry["status"] = parsed.get(infotext.NAN_WATCH, "ok")
-    entry["component"] = parsed.get(infotext.NAN_COMPONENT)
-    entry["step"] = parsed.get(infotext.NAN_STEP)
-    entry["fixes_applied"] = parsed.get(infotext.FIXES_APPLIED, [])
-    return entry
-
-
 class ThumbnailWorker(QObject):
     """One worker thread that lists folders and makes thumbnails, in the order asked.
 
@@ -194,18 +144,19 @@ class ThumbnailWorker(QObject):
 class Gallery(QObject):
     """Fills `widget` (a QListWidget in icon mode) from the output folder and handles its
     context menu. `show_entry(entry)` shows an image with its diagnosis; `use_parameters(
-    request)` puts a request into the Generate form; `output_folder()` says where images go."""
+    values)` puts an image's values into the Generate form; `output_folder()` says where images
+    go; `view_image`, when the window sets it, shows an image large (else the desktop's program
+    opens it)."""
 
     def __init__(
         self,
         widget: QListWidget,
         edge: int,
         output_folder: Callable[[], Path],
-        show_entry: Callable[[dict[str, Any]], None],
+        show_entry: Callable[[GalleryEntry], None],
         use_parameters: Callable[[dict[str, Any]], None],
         dialogs: Any,
         placeholder: Callable[[], QIcon],
-        item_text: Callable[[dict[str, Any]], str],
     ) -> None:
         super().__init__(widget)
         self.widget = widget
@@ -215,14 +166,15 @@ class Gallery(QObject):
         self.use_parameters = use_parameters
         self.dialogs = dialogs
         self.placeholder = placeholder
-        self.item_text = item_text
+        self.view_image: ViewImage | None = None
         self.folder: str | None = None
         self.worker = ThumbnailWorker(edge, self)
         self.worker.listed.connect(self._listed)
         self.worker.thumbnail.connect(self._thumbnail_ready)
         widget.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         widget.customContextMenuRequested.connect(self._context_menu)
-        widget.itemDoubleClicked.connect(lambda item: self.open_image(item))
+        # Double-click, or Enter (and a single click where the desktop opens items with one).
+        widget.itemActivated.connect(lambda item: self.view(item))
         widget.horizontalScrollBar().valueChanged.connect(lambda _v: self.request_visible())
         widget.verticalScrollBar().valueChanged.connect(lambda _v: self.request_visible())
         widget.viewport().installEventFilter(self)
@@ -239,6 +191,20 @@ class Gallery(QObject):
         self.folder = str(self.output_folder())
         self.worker.list_folder(self.folder)
 
+    def add(self, entry: GalleryEntry, icon: QIcon) -> QListWidgetItem:
+        """Put a fresh image first in the gallery."""
+        item = QListWidgetItem(icon, item_text(entry))
+        self.set_entry(item, entry)
+        self.widget.insertItem(0, item)
+        return item
+
+    @staticmethod
+    def set_entry(item: QListWidgetItem, entry: GalleryEntry) -> None:
+        """Give an item its entry; its text and tooltip are read from it."""
+        item.setData(ENTRY, entry)
+        item.setText(item_text(entry))
+        item.setToolTip(tooltip(entry))
+
     def _listed(self, folder: str, files: list[tuple[str, int, int]]) -> None:
         if folder != self.folder:
             return  # the output folder changed meanwhile
@@ -246,10 +212,8 @@ class Gallery(QObject):
         for path, mtime_ns, size in files:
             if path in shown:
                 continue
-            entry = {"path": path, "from_folder": True, "file": (mtime_ns, size)}
-            item = QListWidgetItem(self.placeholder(), Path(path).stem)
-            item.setData(ENTRY, entry)
-            item.setToolTip(path)
+            item = QListWidgetItem(self.placeholder(), "")
+            self.set_entry(item, GalleryEntry(path=path, file=(mtime_ns, size), listed_only=True))
             self.widget.addItem(item)
         self.request_visible()
 
@@ -259,12 +223,12 @@ class Gallery(QObject):
         ahead = viewport.adjusted(0, 0, viewport.width(), viewport.height())
         for index in range(self.widget.count()):
             item = self.widget.item(index)
-            entry = item.data(ENTRY) or {}
-            if "file" not in entry or item.data(REQUESTED):
+            entry = item.data(ENTRY)
+            if entry is None or entry.file is None or item.data(REQUESTED):
                 continue
             if self.widget.visualItemRect(item).intersects(ahead):
                 item.setData(REQUESTED, True)
-                self.worker.make(entry["path"], *entry["file"])
+                self.worker.make(entry.path, *entry.file)
 
     def _thumbnail_ready(self, path: str, image: QImage) -> None:
         for index in range(self.widget.count()):
@@ -276,17 +240,15 @@ class Gallery(QObject):
 
     @staticmethod
     def _path(item: QListWidgetItem | None) -> str:
-        return str(((item.data(ENTRY) if item else None) or {}).get("path") or "")
+        entry = item.data(ENTRY) if item is not None else None
+        return entry.path if entry is not None else ""
 
-    def full_entry(self, item: QListWidgetItem) -> dict[str, Any]:
-        """The item's entry, with the parameters and diagnosis read from its file the first
-        time it is shown."""
-        entry = item.data(ENTRY) or {}
-        if entry.get("from_folder") and "parameters" not in entry and entry.get("path"):
-            read = entry_from_file(entry["path"])
-            entry = {**entry, **read}
-            item.setData(ENTRY, entry)
-            item.setText(self.item_text(entry))
+    def full_entry(self, item: QListWidgetItem) -> GalleryEntry:
+        """The item's entry, its record read from its file the first time it is shown."""
+        entry: GalleryEntry = item.data(ENTRY)
+        if entry.listed_only:
+            entry = replace(read_image_file(entry.path), file=entry.file)
+            self.set_entry(item, entry)
         return entry
 
     # Actions ----------------------------------------------------------------------------------
@@ -302,8 +264,9 @@ class Gallery(QObject):
         """The context menu of one image (built per click; tests trigger its actions)."""
         menu = QMenu(self.widget)
         entry = self.full_entry(item)
-        has_file = bool(entry.get("path"))
+        has_file = bool(entry.path)
         actions: list[tuple[str, Callable[[], Any], bool]] = [
+            ("View", lambda: self.view(item), True),
             ("Open", lambda: self.open_image(item), has_file),
             ("Open folder", lambda: self.open_folder(item), has_file),
             ("Copy parameters", lambda: self.copy_parameters(item), True),
@@ -318,7 +281,28 @@ class Gallery(QObject):
             menu.addAction(action)
             if text in ("Open folder", "Show the diagnosis"):
                 menu.addSeparator()
+        menu.setDefaultAction(menu.actions()[0])
         return menu
+
+    def view(self, item: QListWidgetItem) -> None:
+        """Show the image large, with its parameters; left and right walk the gallery."""
+        if self.view_image is None:
+            self.open_image(item)
+            return
+        self.widget.setCurrentItem(item)
+        self.view_image(self.full_entry(item), self.step)
+
+    def step(self, delta: int) -> GalleryEntry | None:
+        """Make the image `delta` places from the current one current, and give its entry;
+        None past either end (or when none is current)."""
+        current = self.widget.currentRow()
+        row = current + delta
+        if current < 0 or not 0 <= row < self.widget.count():
+            return None
+        item = self.widget.item(row)
+        self.widget.setCurrentItem(item)
+        self.widget.scrollToItem(item)
+        return self.full_entry(item)
 
     def open_image(self, item: QListWidgetItem | None) -> None:
         path = self._path(item)
@@ -331,19 +315,15 @@ class Gallery(QObject):
             self.dialogs.open_location(Path(path).parent, "the folder")
 
     def copy_parameters(self, item: QListWidgetItem) -> str:
-        """The image's parameters as AUTOMATIC1111 writes them, to the clipboard."""
-
+        """The image's parameters as AUTOMATIC1111 writes them, to the clipboard: the text the
+        file holds, else the caption's."""
         entry = self.full_entry(item)
-        text = entry.get("parameters") or parameter_text(entry)
+        text = entry.parameters or parameter_text(entry)
         QGuiApplication.clipboard().setText(text)
         return text
 
     def send_to_generate(self, item: QListWidgetItem) -> None:
-        entry = self.full_entry(item)
-        request = dict(entry.get("request") or {})
-        if entry.get("seed") is not None:
-            request["seed"] = entry["seed"]
-        self.use_parameters(request)
+        self.use_parameters(self.full_entry(item).generate_values())
 
     def move_to_trash(self, item: QListWidgetItem) -> bool:
         """Move the image to the desktop's trash (Qt's QFile.moveToTrash: the freedesktop.org

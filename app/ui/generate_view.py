@@ -8,7 +8,8 @@ import html
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,7 @@ from PySide6.QtWidgets import (
 
 from app.core import paths
 from app.core.files import write_atomic
-from app.core.generation.records import (
-    IMAGE_STATUS_WORDS,
-    GenerationRequest,
-    GenerationResult,
-)
+from app.core.generation.records import GenerationRequest, GenerationResult
 from app.core.lora import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.requests import GenerateRequest
@@ -56,15 +53,15 @@ from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.fixes import remember_for_model, split_fix
-from app.ui.gallery import Gallery
+from app.ui.gallery import ENTRY, Gallery
 from app.ui.image_entry import (
     THUMBNAIL,
     CaptionBox,
+    GalleryEntry,
     ImageView,
     entry_pixmap,
     parameter_text,
     placeholder_icon,
-    unsaved,
     where_words,
 )
 from app.ui.lora_list import LoraList
@@ -108,7 +105,7 @@ class GenerateView(QWidget):
         self._timing: tuple[float, int] | None = None
         self._job_started = 0.0
         self.last_seed: int | None = None
-        self.current_entry: dict[str, Any] | None = None
+        self.current_entry: GalleryEntry | None = None
 
         layout = page_layout(self, "Generate")
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -309,7 +306,6 @@ class GenerateView(QWidget):
             use_parameters=self.use_parameters,
             dialogs=self.dialogs,
             placeholder=placeholder_icon,
-            item_text=self._item_text,
         )
         results.addWidget(gallery_box)
         results.setStretchFactor(0, 1)
@@ -362,8 +358,7 @@ class GenerateView(QWidget):
     def _settings_changed(self, keys: list[str]) -> None:
         if "output_folder" in keys:
             for row in reversed(range(self.gallery.count())):
-                entry = self.gallery.item(row).data(Qt.ItemDataRole.UserRole) or {}
-                if entry.get("from_folder"):
+                if self.gallery.item(row).data(ENTRY).from_folder:
                     self.gallery.takeItem(row)
             self.gallery_view.refresh()
         if any(key in GENERATION_KEYS for key in keys):
@@ -550,7 +545,7 @@ class GenerateView(QWidget):
         self._show_queue()
 
     def _job_done(self, event: EngineEvent) -> None:
-        request = self.jobs.pop(event.job_id, {})
+        self.jobs.pop(event.job_id, None)
         applied_fix = self._fix_of_job.pop(event.job_id, None)
         if self.running_job == event.job_id:
             self.running_job = None
@@ -565,7 +560,7 @@ class GenerateView(QWidget):
             if own and images and all(i.status == "ok" for i in images):
                 # Proved: the same image came out finite with it.
                 remember_for_model(self.state, self.client, own, words.fix_words(own), "generation")
-            self.add_result(result, request, applied_fix)
+            self.add_result(result, applied_fix)
             self.progress_label.setText(f"Done in {result.seconds:.1f} s.")
         elif event.state == EventState.CANCELLED:
             if not self.jobs:  # the last of those cancelled together
@@ -587,47 +582,26 @@ class GenerateView(QWidget):
     # Results ----------------------------------------------------------------------------------
 
     def add_result(
-        self,
-        result: GenerationResult,
-        request: dict[str, Any],
-        applied_fix: dict[str, Any] | None = None,
+        self, result: GenerationResult, applied_fix: Mapping[str, Any] | None = None
     ) -> None:
         """Put a finished generation's images into the gallery and show the first one.
-        `applied_fix` is the fix this job was made with, after a NaN image."""
-        images = result.images
+        `applied_fix` is the fix this job was made with, after a NaN image. The status bar, the
+        gallery and the caption all read each image's one record (`GalleryEntry`)."""
+        entries = [GalleryEntry.from_result(image, result, applied_fix) for image in result.images]
         # Each image carries what it was made with: a repaired one differs from the job's plan.
-        shown = (images[0].settings if images else None) or result.settings
+        shown = (entries[0].settings if entries else None) or result.settings
         if shown:
             self.state.set_effective(words.precision_summary(shown))
-        model = result.model.get("name") or (self.state.model.name if self.state.model else None)
         first_item = None
-        for image in images:
-            entry = {
-                **image.to_json(),
-                "request": dict(request),
-                "settings": image.settings or result.settings,
-                "warnings": list(result.warnings),
-                "applied_fix": applied_fix,
-                "model": model,
-            }
-            if image.png is not None:
-                entry["png"] = image.png
-            item = QListWidgetItem(self._thumbnail(entry), self._item_text(entry))
-            item.setData(Qt.ItemDataRole.UserRole, entry)
-            item.setToolTip(image.message or image.path)
-            self.gallery.insertItem(0, item)
+        for entry in entries:
+            item = self.gallery_view.add(entry, self._thumbnail(entry))
             first_item = first_item or item
         if first_item is not None:
             self.gallery.setCurrentItem(first_item)
         if result.save_error:
             self.dialogs.error(result.save_error)
 
-    def _item_text(self, entry: dict[str, Any]) -> str:
-        text = f"seed {entry.get('seed')}"
-        status = str(entry.get("status") or "ok")
-        return text if status == "ok" else f"{text}\n{IMAGE_STATUS_WORDS.get(status, status)}"
-
-    def _thumbnail(self, entry: dict[str, Any]) -> QIcon:
+    def _thumbnail(self, entry: GalleryEntry) -> QIcon:
         pixmap = entry_pixmap(entry)
         if pixmap.isNull():
             pixmap = QPixmap(THUMBNAIL, THUMBNAIL)
@@ -645,22 +619,22 @@ class GenerateView(QWidget):
         if current is not None:
             self.show_entry(self.gallery_view.full_entry(current))
 
-    def show_entry(self, entry: dict[str, Any]) -> None:
+    def show_entry(self, entry: GalleryEntry) -> None:
         self.current_entry = entry
-        path = entry.get("path") or ""
         pixmap = entry_pixmap(entry)
         self.image.set_pixmap(
-            pixmap if not pixmap.isNull() else None, f"The image file is missing: {path}"
+            pixmap if not pixmap.isNull() else None,
+            entry.problem or f"The image file is missing: {entry.path}",
         )
         self.parameters.setText(parameter_text(entry))
         self.caption.text_changed()
-        self.open_folder_button.setEnabled(bool(path))
-        self.save_as_button.setVisible(unsaved(entry))
-        self.last_seed = entry.get("seed")
+        self.open_folder_button.setEnabled(bool(entry.path))
+        self.save_as_button.setVisible(entry.unsaved)
+        self.last_seed = entry.seed
         self._show_banner(entry)
 
-    def _show_banner(self, entry: dict[str, Any]) -> None:
-        if unsaved(entry):
+    def _show_banner(self, entry: GalleryEntry) -> None:
+        if entry.unsaved:
             # Above any diagnosis: this image is lost when the window closes unless saved.
             self.banner.show_message(
                 "bad",
@@ -669,9 +643,9 @@ class GenerateView(QWidget):
                 [("Save as…", lambda: self.save_entry_as())],
             )
             return
-        status = entry.get("status", "ok")
-        message = html.escape(entry.get("message") or "")
-        fix = entry.get("fix")
+        status = entry.status
+        message = html.escape(entry.message)
+        fix = entry.fix
         actions = []
         if fix and status in ("nan", "black"):
             actions.append(
@@ -690,33 +664,33 @@ class GenerateView(QWidget):
                 "warn", "<b>The safety checker blanked this image.</b> " + message, actions
             )
         elif status == "fixed":
-            applied = ", ".join(entry.get("fixes_applied") or [])
+            applied = ", ".join(entry.fixes_applied)
             self.banner.show_message(
                 "info",
                 "<b>Fixed automatically.</b> "
                 + message
                 + (f" Fix applied: {html.escape(applied)}." if applied else ""),
             )
-        elif entry.get("applied_fix"):
+        elif entry.applied_fix:
             self.banner.show_message(
                 "good",
                 "<b>Fixed.</b> Made again with the fix ("
-                + html.escape(words.fix_words(entry["applied_fix"]))
+                + html.escape(words.fix_words(dict(entry.applied_fix)))
                 + "); this time every value stayed finite. "
                 + (
                     "The fix is remembered for this model on this device."
-                    if split_fix(entry["applied_fix"])[1]
+                    if split_fix(dict(entry.applied_fix))[1]
                     else "The fix stays in your settings."
                 ),
             )
         else:
             self.banner.dismiss()
 
-    def apply_fix_and_regenerate(self, entry: dict[str, Any]) -> int | None:
+    def apply_fix_and_regenerate(self, entry: GalleryEntry) -> int | None:
         """Make the same image again with the image's fix. Its plain settings are written into
         the settings; its layer lists (that model's alone: `app.ui.fixes`) run with this job
         only, and are remembered for the model once the image comes out finite with them."""
-        fix = entry.get("fix") or {}
+        fix = dict(entry.fix or {})
         shared, own = split_fix(fix)
         try:
             for key, value in own.items():
@@ -725,9 +699,9 @@ class GenerateView(QWidget):
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return None
-        request = dict(entry.get("request") or self.request())
-        if entry.get("seed") is not None:
-            request["seed"] = entry["seed"]
+        # The image's own values over the form's; its seed makes that one image again.
+        request = {**self.request(), **entry.generate_values()}
+        if entry.seed is not None:
             request["batch"] = 1
         self.banner.show_message(
             "info",
@@ -743,26 +717,25 @@ class GenerateView(QWidget):
         """Write the shown in-memory image (one no folder could take) to `path`, or to a file
         the user picks. Returns where it went; on failure the error dialog says why."""
         entry = self.current_entry
-        if not entry or not unsaved(entry):
+        if entry is None or not entry.unsaved:
             return None
         if path is None:
-            suggested = f"{entry.get('seed', 'image')}.png"
+            suggested = f"{entry.seed if entry.seed is not None else 'image'}.png"
             path, _filter = QFileDialog.getSaveFileName(
                 self, "Save image", suggested, "PNG images (*.png)"
             )
             if not path:
                 return None
         try:
-            saved = write_atomic(Path(path), entry["png"], shared=True)
+            saved = write_atomic(Path(path), entry.png or b"", shared=True)
         except (OSError, ValueError) as error:
             reason = getattr(error, "strerror", None) or str(error)
             self.dialogs.error(f"The image could not be saved to {path} ({reason}).")
             return None
-        entry["path"] = str(saved)
-        entry.pop("png", None)
+        entry = replace(entry, path=str(saved), png=None)
         item = self.gallery.currentItem()
         if item is not None:
-            item.setData(Qt.ItemDataRole.UserRole, entry)
+            self.gallery_view.set_entry(item, entry)
         self.show_entry(entry)
         return saved
 
@@ -771,8 +744,8 @@ class GenerateView(QWidget):
             self.seed.setText(str(self.last_seed))
 
     def open_folder(self) -> None:
-        if self.current_entry and self.current_entry.get("path"):
-            folder = os.path.dirname(self.current_entry["path"])
+        if self.current_entry is not None and self.current_entry.path:
+            folder = os.path.dirname(self.current_entry.path)
             self.dialogs.open_location(folder, "the folder")
 
 

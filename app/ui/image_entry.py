@@ -1,10 +1,12 @@
-"""A generated image as the window shows it: the viewer that scales it, the caption box under
-it, its thumbnail's stand-in, and what a gallery entry says (where it went NaN, its parameters
-as AUTOMATIC1111 writes them). An entry is a generated image's record as the gallery keeps it
-(the engine's `ImageResult` fields, its request, the model's name), or as read back from a PNG."""
+"""A generated image as the window shows it: one typed record of what ran (`GalleryEntry`),
+built from the engine's result or read back from an image file, and everything the window
+renders from it (the gallery item and its tooltip, the caption, the banner's words, the
+viewer's parameters panel), plus the widgets that show an image and its caption."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,309 @@ from PySide6.QtGui import QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 
 from app.core import infotext
+from app.core.errors import BadFileError
+from app.core.explain import PNG_SIGNATURE, read_exif, read_png, read_record
+from app.core.explain.image_file import read_head
+from app.core.explain.records import Record
+from app.core.generation.records import (
+    IMAGE_STATUS_WORDS,
+    STATUSES,
+    GenerationResult,
+    ImageResult,
+)
+from app.core.tools import TOOLS
 from app.ui import words
 
 THUMBNAIL = 112
+# A prompt longer than this is cut when read from a file (real prompts are far shorter; a text
+# chunk may hold megabytes, and the caption is a label).
+PROMPT_LIMIT = 16_384
+# The tools whose record is a `parameters` text in AUTOMATIC1111's format (`infotext`).
+_INFOTEXT_TOOLS = ("halfsafe", "a1111", "forge", "sdnext", "unknown")
+
+
+@dataclass(frozen=True)
+class GalleryEntry:
+    """One image: what was asked, what ran and what the NaN watch said, as the file records it,
+    plus what only the live run knows. Every field the file may lack is None (or empty)."""
+
+    path: str = ""  # "" while the image is only in memory
+    made_by: str = "unknown"  # which tool wrote its record (`tools.MADE_BY`)
+    # What was asked, as recorded.
+    prompt: str | None = None
+    negative_prompt: str | None = None
+    steps: int | None = None
+    sampler: str | None = None  # in the tool's words ("DPM++ 2M Karras")
+    scheduler: str | None = None  # HalfSafe's scheduler for that sampler, when it runs one
+    cfg: float | None = None
+    seed: int | None = None
+    size: tuple[int, int] | None = None  # width, height
+    model: str | None = None
+    model_hash: str | None = None
+    vae: str | None = None
+    version: str | None = None  # of the tool that made it
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the precision it ran with
+    # What the NaN watch said (HalfSafe's own images).
+    status: str = "ok"
+    component: str | None = None
+    step: int | None = None
+    fixes_applied: tuple[str, ...] = ()
+    parameters: str = ""  # the `parameters` text exactly as written, "" when there is none
+    problem: str = ""  # one sentence naming the file, when it could not be read
+    # Only the live run knows these; a file does not record them.
+    message: str = ""  # the NaN watch's sentence
+    fix: Mapping[str, Any] | None = None  # the settings that would repair it
+    warnings: tuple[str, ...] = ()  # the job's warnings
+    applied_fix: Mapping[str, Any] | None = None  # the fix this image was made again with
+    png: bytes | None = field(default=None, repr=False)  # the image, where no folder took it
+    # The gallery's listing of the output folder.
+    file: tuple[int, int] | None = None  # (mtime in ns, size): its thumbnail's key
+    listed_only: bool = False  # listed, its record not read yet
+
+    # Building ---------------------------------------------------------------------------------
+
+    @classmethod
+    def from_result(
+        cls,
+        image: ImageResult,
+        result: GenerationResult,
+        applied_fix: Mapping[str, Any] | None = None,
+    ) -> GalleryEntry:
+        """A fresh image. What it records is read from its `parameters` text, the very text
+        its PNG holds, so a fresh image and the same image read back from its file say the
+        same; an image the engine sent without that text is described from the typed request."""
+        if image.parameters:
+            recorded = cls.from_parameters(image.parameters, made_by="halfsafe")
+        else:
+            recorded = cls._described(image, result)
+        return replace(
+            recorded,
+            path=image.path,
+            message=image.message,
+            fix=dict(image.fix) if image.fix else None,
+            warnings=tuple(result.warnings),
+            applied_fix=dict(applied_fix) if applied_fix else None,
+            png=image.png,
+        )
+
+    @classmethod
+    def _described(cls, image: ImageResult, result: GenerationResult) -> GalleryEntry:
+        request = result.request
+        return cls(
+            made_by="halfsafe",
+            prompt=request.prompt,
+            negative_prompt=request.negative_prompt,
+            steps=request.steps,
+            sampler=infotext.SAMPLER_NAMES.get(request.scheduler, request.scheduler),
+            scheduler=request.scheduler,
+            cfg=request.cfg,
+            seed=image.seed,
+            size=(request.width, request.height),
+            model=result.model.get("name") or None,
+            settings=dict(image.settings or result.settings),
+            status=image.status,
+            component=image.component,
+            step=image.step,
+            fixes_applied=tuple(image.fixes_applied),
+        )
+
+    @classmethod
+    def from_parameters(cls, text: str, path: str = "", made_by: str = "unknown") -> GalleryEntry:
+        """What a `parameters` text records (HalfSafe's, AUTOMATIC1111's, Forge's, SD.Next's),
+        read through `infotext`'s one table of keys."""
+        parsed = infotext.parse(text)
+        status = parsed.get(infotext.NAN_WATCH, "ok")
+        return cls(
+            path=path,
+            made_by=made_by,
+            prompt=parsed.prompt[:PROMPT_LIMIT],
+            negative_prompt=parsed.negative_prompt[:PROMPT_LIMIT],
+            steps=parsed.get(infotext.STEPS),
+            sampler=parsed.get(infotext.SAMPLER),
+            scheduler=parsed.scheduler(),
+            cfg=parsed.get(infotext.CFG_SCALE),
+            seed=parsed.get(infotext.SEED),
+            size=parsed.get(infotext.SIZE),
+            model=parsed.get(infotext.MODEL),
+            model_hash=parsed.get(infotext.MODEL_HASH),
+            vae=parsed.get(infotext.VAE),
+            version=parsed.get(infotext.HALFSAFE) or parsed.get(infotext.VERSION),
+            settings=parsed.settings(infotext.SETTING_KEYS),
+            status=status if status in STATUSES else "ok",
+            component=infotext.read_text(parsed.get(infotext.NAN_COMPONENT), 100),
+            step=parsed.get(infotext.NAN_STEP),
+            fixes_applied=tuple(parsed.get(infotext.FIXES_APPLIED, [])),
+            parameters=text,
+        )
+
+    @classmethod
+    def from_record(cls, record: Record, path: str = "") -> GalleryEntry:
+        """What another tool's record says (ComfyUI's graphs, InvokeAI's metadata, SwarmUI's
+        parameters), as `halfsafe explain` reads it. These records hold no negative prompt."""
+        size = (record.width, record.height) if record.width and record.height else None
+        return cls(
+            path=path,
+            made_by=record.made_by,
+            prompt=record.prompt or None,
+            steps=record.steps,
+            sampler=record.sampler,
+            scheduler=record.scheduler,
+            cfg=record.cfg,
+            seed=record.seed,
+            size=size,
+            model=record.model or record.unet,
+            model_hash=record.model_hash,
+            vae=record.vae,
+            version=record.version,
+        )
+
+    # Reading ----------------------------------------------------------------------------------
+
+    @property
+    def unsaved(self) -> bool:
+        """The image exists only as PNG bytes in memory: every folder refused it."""
+        return bool(self.png) and not self.path
+
+    @property
+    def from_folder(self) -> bool:
+        """Listed from the output folder (rather than made in this session)."""
+        return self.file is not None
+
+    def generate_values(self) -> dict[str, Any]:
+        """The Generate form's values this image records (what it does not record is left
+        out, so the form keeps its own)."""
+        width, height = self.size or (None, None)
+        values = {
+            "prompt": self.prompt,
+            "negative_prompt": self.negative_prompt,
+            "steps": self.steps,
+            "cfg": self.cfg,
+            "seed": self.seed,
+            "width": width,
+            "height": height,
+            "scheduler": self.scheduler,
+        }
+        return {key: value for key, value in values.items() if value is not None}
+
+
+def read_image_file(path: str) -> GalleryEntry:
+    """An image file's entry, read through the readers `halfsafe explain` uses: a PNG chunk by
+    chunk, a JPEG's or WebP's EXIF, each tool's record within bounds. A file that cannot be read
+    gives an entry whose `problem` is one sentence naming it; nothing here raises."""
+    try:
+        text = _text_chunks(Path(path))
+        record = read_record(path, text)
+    except BadFileError as error:
+        return GalleryEntry(path=path, problem=str(error))
+    except Exception as error:  # noqa: BLE001 - a hostile file must never take the window down
+        return GalleryEntry(path=path, problem=f"{path}: cannot be read ({type(error).__name__}).")
+    parameters = text.get("parameters")
+    if parameters and record.made_by in _INFOTEXT_TOOLS:
+        return GalleryEntry.from_parameters(parameters, path, record.made_by)
+    return GalleryEntry.from_record(record, path)
+
+
+def _text_chunks(path: Path) -> dict[str, str]:
+    head = read_head(path)
+    if head.startswith(PNG_SIGNATURE):
+        return read_png(path).text
+    if head.startswith(b"\xff\xd8\xff") or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        return read_exif(path).text
+    raise BadFileError(path, "not a PNG, JPEG or WebP image (its first bytes are none of theirs).")
+
+
+# --- the words of an entry ----------------------------------------------------------------------
+
+
+def where_words(entry: GalleryEntry) -> str:
+    """' in the VAE at step 8': where the image went non-finite, '' when not known."""
+    parts = []
+    if entry.component:
+        parts.append(f"in {words.component_phrase(entry.component)}")
+    if entry.step is not None:
+        parts.append(f"at step {entry.step}")
+    return (" " + " ".join(parts)) if parts else ""
+
+
+def status_words(entry: GalleryEntry) -> str:
+    """'NaN-black in the VAE at step 8'; '' for a fine image."""
+    if entry.status == "ok":
+        return ""
+    return words.first_upper(IMAGE_STATUS_WORDS.get(entry.status, entry.status)) + where_words(
+        entry
+    )
+
+
+def made_by_words(entry: GalleryEntry) -> str:
+    """'Made by AUTOMATIC1111 web UI v1.10.1'."""
+    if entry.made_by not in TOOLS:
+        return "Made by a tool that left no record HalfSafe reads."
+    version = f" {entry.version}" if entry.version else ""
+    return f"Made by {TOOLS[entry.made_by].name}{version}"
+
+
+def parameter_text(entry: GalleryEntry) -> str:
+    """The caption: the parameters as AUTOMATIC1111 writes them (so they read familiar), the
+    precision the image ran with, and where it is saved; then the lines only a live run knows,
+    the job's warnings ('Note: ...'), which no file records (`live_lines`)."""
+    return "\n".join(recorded_lines(entry) + live_lines(entry))
+
+
+def recorded_lines(entry: GalleryEntry) -> list[str]:
+    """The caption's lines that an image's file records: the same for a fresh image and for
+    that image read back from its PNG."""
+    lines = []
+    if entry.problem:
+        lines.append(entry.problem)
+    if entry.prompt:
+        lines.append(entry.prompt)
+    if entry.negative_prompt:
+        lines.append(f"Negative prompt: {entry.negative_prompt}")
+    details = [
+        (infotext.STEPS, entry.steps),
+        (infotext.SAMPLER, entry.sampler),
+        (infotext.CFG_SCALE, entry.cfg),
+        (infotext.SEED, entry.seed),
+        (infotext.SIZE, entry.size),
+        (infotext.MODEL_HASH, entry.model_hash),
+        (infotext.MODEL, entry.model),
+        (infotext.VAE, entry.vae),
+    ]
+    shown = [f"{key.name}: {key.write(value)}" for key, value in details if value is not None]
+    if shown:
+        lines.append(", ".join(shown))
+    elif not entry.prompt and not entry.problem:
+        lines.append("The image records no generation parameters.")
+    if entry.settings:
+        lines.append("Precision: " + words.precision_summary(entry.settings))
+    if entry.path:
+        lines.append(f"Saved to {Path(entry.path)}")
+    return lines
+
+
+def live_lines(entry: GalleryEntry) -> list[str]:
+    """The caption's lines only the live run knows: the job's warnings."""
+    return [f"Note: {warning}" for warning in entry.warnings]
+
+
+def item_text(entry: GalleryEntry) -> str:
+    """The gallery item's text: the seed, and the status when the image is not fine."""
+    if entry.listed_only or entry.seed is None:
+        head = Path(entry.path).stem if entry.path else "image"
+    else:
+        head = f"seed {entry.seed}"
+    if entry.status == "ok":
+        return head
+    return f"{head}\n{IMAGE_STATUS_WORDS.get(entry.status, entry.status)}"
+
+
+def tooltip(entry: GalleryEntry) -> str:
+    """The gallery item's tooltip: what went wrong, the NaN watch's sentence, where it is."""
+    where = entry.path or "Not saved: only in memory."
+    return "\n".join(part for part in (status_words(entry), entry.message, where) if part)
+
+
+# --- showing it -----------------------------------------------------------------------------------
 
 
 class CaptionBox(QScrollArea):
@@ -85,50 +387,10 @@ def placeholder_icon() -> QIcon:
     return QIcon(pixmap)
 
 
-def unsaved(entry: dict[str, Any]) -> bool:
-    """The image exists only as PNG bytes in memory: every folder refused it."""
-    return bool(entry.get("png")) and not entry.get("path")
-
-
-def entry_pixmap(entry: dict[str, Any]) -> QPixmap:
+def entry_pixmap(entry: GalleryEntry) -> QPixmap:
     """The image from its file, or from memory when it could not be saved."""
-    if unsaved(entry):
+    if entry.unsaved:
         pixmap = QPixmap()
-        pixmap.loadFromData(entry["png"], "PNG")
+        pixmap.loadFromData(entry.png or b"", "PNG")
         return pixmap
-    return QPixmap(entry.get("path") or "")
-
-
-def where_words(entry: dict[str, Any]) -> str:
-    parts = []
-    if entry.get("component"):
-        parts.append(f"in {words.component_phrase(entry['component'])}")
-    if entry.get("step") is not None:
-        parts.append(f"at step {entry['step']}")
-    return (" " + " ".join(parts)) if parts else ""
-
-
-def parameter_text(entry: dict[str, Any]) -> str:
-    """The parameters as AUTOMATIC1111 writes them, so they read familiar."""
-    request = entry.get("request") or {}
-    lines = []
-    if request.get("prompt"):
-        lines.append(request["prompt"])
-    if request.get("negative_prompt"):
-        lines.append(f"Negative prompt: {request['negative_prompt']}")
-    details = [
-        (infotext.STEPS, request.get("steps")),
-        (infotext.SAMPLER, words.choice_name(str(request.get("scheduler")))),
-        (infotext.CFG_SCALE, request.get("cfg")),
-        (infotext.SEED, entry.get("seed")),
-        (infotext.SIZE, (request.get("width"), request.get("height"))),
-    ]
-    if entry.get("model"):
-        details.append((infotext.MODEL, entry["model"]))
-    lines.append(", ".join(f"{key.name}: {key.write(value)}" for key, value in details))
-    if entry.get("settings"):
-        lines.append("Precision: " + words.precision_summary(entry["settings"]))
-    if entry.get("path"):
-        lines.append(f"Saved to {Path(entry['path'])}")
-    lines.extend(f"Note: {warning}" for warning in entry.get("warnings") or [])
-    return "\n".join(lines)
+    return QPixmap(entry.path)

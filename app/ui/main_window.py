@@ -32,6 +32,8 @@ from app.ui.explain_view import ExplainDialog
 from app.ui.generate_view import GenerateView
 from app.ui.gpu_view import GpuView
 from app.ui.health_view import HealthView
+from app.ui.image_entry import GalleryEntry
+from app.ui.image_viewer import ImageViewer, Step
 from app.ui.models_view import DEMO_SOURCE, ModelsView
 from app.ui.settings_view import SettingsView
 from app.ui.state import AppState
@@ -60,6 +62,7 @@ class MainWindow(QMainWindow):
         self.dialogs = Dialogs(self)
         self._reload_after_restart: LoadRequest | None = None
         self.explain_dialogs: list[ExplainDialog] = []
+        self.image_viewer: ImageViewer | None = None
         # Qt adds nothing to the title (no application display name is set): "HalfSafe" once.
         self.setWindowTitle(f"{TITLE} — half precision without black images")
         self.setAcceptDrops(True)
@@ -95,6 +98,7 @@ class MainWindow(QMainWindow):
             state, client, self.dialogs, ui_settings, load_demo=self.load_demo
         )
         self.models_view.explain_image = self.explain_image
+        self.generate_view.gallery_view.view_image = self.view_image
         self.gpu_view = GpuView(state, client, self.dialogs)
         self.settings_view = SettingsView(
             state, self.dialogs, request_hardware=self.request_hardware
@@ -256,6 +260,19 @@ class MainWindow(QMainWindow):
             except ValueError as error:
                 self.dialogs.error(f"{folder}: {error}")
 
+    def view_image(self, source: GalleryEntry | str, step: Step | None = None) -> ImageViewer:
+        """Show an image large with its parameters (one viewer, non-modal, reused)."""
+        if self.image_viewer is None:
+            self.image_viewer = ImageViewer(
+                self.dialogs, self._send_to_generate, self.explain_image, self
+            )
+        self.image_viewer.show_image(source, step)
+        return self.image_viewer
+
+    def _send_to_generate(self, values: dict[str, Any]) -> None:
+        self.generate_view.use_parameters(values)
+        self.show_page("Generate")
+
     def _explain_closed(self, dialog: ExplainDialog) -> None:
         if dialog in self.explain_dialogs:
             self.explain_dialogs.remove(dialog)
@@ -385,10 +402,11 @@ class MainWindow(QMainWindow):
             return
         event.acceptProposedAction()
         if is_image_path(paths[0]):
-            # An image is a question ("why is it black?"), never a model to load.
+            # An image is read, never a model to load: the viewer shows what it records and
+            # offers "Why is it black?".
             if len(paths) > 1:
-                self.dialogs.error(f"Drop one image at a time; explaining {Path(paths[0]).name}.")
-            QTimer.singleShot(0, lambda: self.explain_image(paths[0]))
+                self.dialogs.error(f"Drop one image at a time; showing {Path(paths[0]).name}.")
+            QTimer.singleShot(0, lambda: self.view_image(paths[0]))
             return
         self.show_page("Models")
         if len(paths) > 1:

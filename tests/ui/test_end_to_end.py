@@ -82,9 +82,9 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
     view.generate()
     _wait(qtbot, window, lambda: view.gallery.count() == 1)
     entry = view.current_entry
-    assert Path(entry["path"]).is_file()
-    assert Path(entry["path"]).parent == tmp_path / "images"
-    assert entry["status"] in ("ok", "fixed", "black")
+    assert Path(entry.path).is_file()
+    assert Path(entry.path).parent == tmp_path / "images"
+    assert entry.status in ("ok", "fixed", "black")
     assert not view.image.pixmap.isNull()
     assert "a red cube" in view.parameters.text()
     assert previews and previews[0].preview_png.startswith(b"\x89PNG")

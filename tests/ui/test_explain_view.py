@@ -1,6 +1,7 @@
-"""Dropping or opening an image asks "why is it black?": the explanation opens, never a model
-load and never a checkpoint error. The fake engine answers with the real engine's `explain`
-handler run in this process, so the dialog shows what core really says about the file."""
+"""Asking "why is it black?" of an image (in the viewer a dropped image opens in, or from the
+File menu) opens the explanation, never a model load and never a checkpoint error. The fake
+engine answers with the real engine's `explain` handler run in this process, so the dialog shows
+what core really says about the file."""
 
 from __future__ import annotations
 
@@ -74,12 +75,16 @@ def open_dialog(window) -> ExplainDialog:
     return window.explain_dialogs[-1]
 
 
-def test_a_dropped_png_opens_the_explanation_not_a_model_load(window, engines, qtbot, tmp_path):
+def test_a_dropped_png_is_read_then_explained_never_loaded(window, engines, qtbot, tmp_path):
     image = png_text(
         tmp_path / "00001-42.png", {"parameters": a1111_parameters("lost-model", "0123456789")}
     )
     drop(window, image)
-    qtbot.waitUntil(lambda: bool(engines.started and engines.current.jobs("explain")), timeout=3000)
+    qtbot.waitUntil(lambda: window.image_viewer is not None, timeout=3000)
+    assert window.image_viewer.isVisible()
+    assert "Made by AUTOMATIC1111" in window.image_viewer.parameters.text()
+    assert engines.started == []  # reading an image needs no engine
+    window.image_viewer.buttons["Why is it black?"].click()
     assert engines.current.jobs("load") == []
     job = engines.current.last_job("explain")
     assert job.params.path == str(image)
@@ -128,14 +133,12 @@ def test_the_fix_is_shown_in_the_image_tools_terms_and_can_be_copied(
     assert QApplication.clipboard().text() == "--no-half-vae\nupcast_attn = True"
 
 
-def test_a_hostile_png_dropped_is_one_sentence_and_the_window_stays(
+def test_a_hostile_png_explained_is_one_sentence_and_the_window_stays(
     window, engines, qtbot, tmp_path
 ):
     image = tmp_path / "renamed-checkpoint.png"
     image.write_bytes(struct.pack("<Q", 727905341921) + b"{}")  # what once read as a header
-    drop(window, image)
-    qtbot.waitUntil(lambda: bool(engines.started and engines.current.jobs("explain")), timeout=3000)
-    dialog = open_dialog(window)
+    dialog = window.explain_image(str(image))
     answer_with_the_real_handler(engines, engines.current.last_job("explain"))
 
     assert len(window.dialogs.shown) == 1

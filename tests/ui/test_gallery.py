@@ -1,6 +1,6 @@
 """The gallery lasts: the output folder's images after a restart, newest first, thumbnails made
-lazily and cached, and the context menu (open, open folder, copy and reuse the parameters, the
-diagnosis, move to the trash)."""
+lazily and cached, and the context menu (view, open, open folder, copy and reuse the parameters,
+the diagnosis, move to the trash)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_after_a_restart_the_output_folder_is_shown_newest_first(window, engines
     window.start_background()
     gallery = window.generate_view.gallery
     qtbot.waitUntil(lambda: gallery.count() == 3, timeout=5000)
-    names = [Path(gallery.item(i).data(ENTRY)["path"]).name for i in range(3)]
+    names = [Path(gallery.item(i).data(ENTRY).path).name for i in range(3)]
     assert names == ["00003-4242.png", "00002-2.png", "00001-1.png"]
     # Thumbnails are made on the worker and cached on disk for the next start.
     window.generate_view.gallery_view.worker.wait_idle()
@@ -115,6 +115,7 @@ def test_the_diagnosis_and_parameters_come_from_the_png(window, engines, qtbot, 
     menu = view.gallery_view.menu_for(item)
     actions = {a.text(): a for a in menu.actions() if a.text()}
     assert list(actions) == [
+        "View",
         "Open",
         "Open folder",
         "Copy parameters",
@@ -147,7 +148,7 @@ def test_move_to_trash_takes_the_image_out_and_keeps_it_in_the_trash(
     _fill(window, qtbot, outputs, 3)
     view = window.generate_view
     item = view.gallery.item(1)
-    path = Path(item.data(ENTRY)["path"])
+    path = Path(item.data(ENTRY).path)
     assert view.gallery_view.move_to_trash(item)
     assert not path.exists()
     assert view.gallery.count() == 2
@@ -186,9 +187,11 @@ def test_a_damaged_png_in_the_folder_is_listed_without_harm(window, engines, qtb
     damaged = next(
         view.gallery.item(i)
         for i in range(4)
-        if view.gallery.item(i).data(ENTRY)["path"].endswith("00004-9.png")
+        if view.gallery.item(i).data(ENTRY).path.endswith("00004-9.png")
     )
     view.gallery.setCurrentItem(damaged)
-    assert view.current_entry["path"].endswith("00004-9.png")
+    assert view.current_entry.path.endswith("00004-9.png")
+    # One sentence names the file and what is wrong with it, in the caption.
+    assert f"{outputs / '00004-9.png'}: " in view.parameters.text()
     assert "Copy parameters" in [a.text() for a in view.gallery_view.menu_for(damaged).actions()]
     assert window.dialogs.shown == []
