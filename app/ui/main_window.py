@@ -32,6 +32,7 @@ from app.ui.explain_view import ExplainDialog
 from app.ui.generate_view import GenerateView
 from app.ui.gpu_view import GpuView
 from app.ui.health_view import HealthView
+from app.ui.help_view import show_guide
 from app.ui.models_view import DEMO_SOURCE, ModelsView
 from app.ui.settings_view import SettingsView
 from app.ui.state import AppState
@@ -180,8 +181,13 @@ class MainWindow(QMainWindow):
             view_menu.addAction(action)
 
         help_menu = self.menuBar().addMenu("&Help")
+        guide = QAction("&User guide", self)
+        guide.setShortcut(QKeySequence(Qt.Key.Key_F1))
+        guide.triggered.connect(lambda: show_guide(self))
         about = QAction("&About HalfSafe", self)
         about.triggered.connect(self._about)
+        help_menu.addAction(guide)
+        help_menu.addSeparator()
         help_menu.addAction(about)
 
     def _build_status_bar(self) -> None:
