@@ -89,6 +89,8 @@ class HelpDialog(QDialog):
 
         self.contents = QListWidget()
         self.contents.setMinimumWidth(200)
+        self.contents.setWordWrap(True)  # a long section title wraps, never cut off
+        self.contents.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.contents.itemActivated.connect(self._contents_chosen)
         self.contents.itemClicked.connect(self._contents_chosen)
         self.browser = QTextBrowser()
