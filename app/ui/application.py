@@ -104,6 +104,6 @@ def run_gui(argv: Sequence[str] = ()) -> int:
     window = build_main_window()
     _install_excepthook(window)
     window.show()
-    # Everything slow waits until the window is on screen.
-    QTimer.singleShot(0, window.start_background)
+    # Everything slow waits until the window is on screen; so do the first-start steps.
+    QTimer.singleShot(0, lambda: window.start_background(first_start=True))
     return app.exec()

@@ -29,9 +29,11 @@ from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.explain_view import ExplainDialog
+from app.ui.first_run import FirstStart
 from app.ui.generate_view import GenerateView
 from app.ui.gpu_view import GpuView
 from app.ui.health_view import HealthView
+from app.ui.help_view import show_guide
 from app.ui.image_entry import GalleryEntry
 from app.ui.image_viewer import ImageViewer, Step
 from app.ui.models_view import DEMO_SOURCE, ModelsView
@@ -183,9 +185,27 @@ class MainWindow(QMainWindow):
             action.triggered.connect(lambda _checked=False, n=name: self.show_page(n))
             view_menu.addAction(action)
 
+        self.first_start = FirstStart(
+            self.ui_settings,
+            self.state,
+            self.client,
+            self.dialogs,
+            hint=self.models_view.first_start_hint,
+            try_demo=lambda: (self.load_demo(), self.show_page("Health check")),
+            show_models=lambda: self.show_page("Models"),
+            parent=self,
+        )
         help_menu = self.menuBar().addMenu("&Help")
+        guide = QAction("&User guide", self)
+        guide.setShortcut(QKeySequence(Qt.Key.Key_F1))
+        guide.triggered.connect(lambda: show_guide(self))
+        again = QAction("Show the &first-start steps again", self)
+        again.setToolTip("The hint on the Models page and the choice of model folders.")
+        again.triggered.connect(self.first_start.show_again)
         about = QAction("&About HalfSafe", self)
         about.triggered.connect(self._about)
+        help_menu.addActions([guide, again])
+        help_menu.addSeparator()
         help_menu.addAction(about)
 
     def _build_status_bar(self) -> None:
@@ -278,17 +298,20 @@ class MainWindow(QMainWindow):
             self.explain_dialogs.remove(dialog)
         dialog.deleteLater()
 
-    def start_background(self) -> None:
+    def start_background(self, first_start: bool = False) -> None:
         """Work for after the window shows: describe the device (so the status bar and the
         Settings page's recommendations are there without visiting the Devices page), reload the
         last model, and fill the gallery from the output folder. All of it runs in the engine
-        or on worker threads; the window stays responsive."""
+        or on worker threads; the window stays responsive. With `first_start` (the app passes
+        it; tests and tools opt in), the first-start hint and folder step show when due."""
         if self.state.hardware is None and self.gpu_view.job_id is None:
             self.gpu_view.request(retest=False)
         self.models_view.rescan()
         self.models_view.reload_last()
         self.generate_view.gallery_view.refresh()
         self._update_status()
+        if first_start:
+            self.first_start.start()
 
     def request_hardware(self, then: Any) -> None:
         if self.state.hardware is not None:

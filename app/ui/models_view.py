@@ -120,6 +120,7 @@ class ModelsView(QWidget):
         self.scanner = LibraryScanner(self)
         self.scanner.finished.connect(self._library_scanned)
         self._scanned: list[dict[str, Any]] = []
+        self._scan_again = False  # the folders changed while a scan ran
 
         layout = page_layout(
             self,
@@ -127,6 +128,8 @@ class ModelsView(QWidget):
             "Choose a model to load: a .safetensors checkpoint, a diffusers folder, or the "
             "built-in demo. You can also drop a file or folder anywhere on this window.",
         )
+        self.first_start_hint = Banner()  # filled by app.ui.first_run on a first start
+        layout.addWidget(self.first_start_hint)
         buttons = QHBoxLayout()
         open_file = QPushButton("Open file…")
         open_file.clicked.connect(self.open_file)
@@ -220,6 +223,8 @@ class ModelsView(QWidget):
         if self.scanner.scan(list(self.state.settings["model_folders"])):
             self.library_status.setText("Looking for models…")
             self.rescan_button.setEnabled(False)
+        else:
+            self._scan_again = True
 
     def _settings_changed(self, keys: list[str]) -> None:
         if "model_folders" in keys:
@@ -236,6 +241,9 @@ class ModelsView(QWidget):
             vaes = sum(1 for e in entries if e.get("role") == "vae")
             models = len(entries) - vaes
             self.library_status.setText(library_count_words(models, vaes, broken))
+        if self._scan_again:
+            self._scan_again = False
+            self.rescan()
 
     def _fill_library(self, entries: list[dict[str, Any]]) -> None:
         last = str(self.ui_settings.value("models/last", DEMO_SOURCE))
