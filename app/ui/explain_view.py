@@ -64,16 +64,16 @@ class ExplainDialog(QDialog):
         self.closed = False
         self.setWindowTitle(f"Why is {Path(path).name} black?")
         self.setMinimumWidth(WIDTH)
-        outer = QVBoxLayout(self)
-        self.scroll = QScrollArea()
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        body = QWidget()
+        self.outer = outer = QVBoxLayout(self)
+        self.answer = QScrollArea()
+        self.answer.setWidgetResizable(True)
+        self.answer.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.answer.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.body = body = QWidget()
         layout = QVBoxLayout(body)
         layout.setContentsMargins(0, 0, 0, 0)
-        self.scroll.setWidget(body)
-        outer.addWidget(self.scroll, 1)
+        self.answer.setWidget(body)
+        outer.addWidget(self.answer, 1)
         layout.addWidget(label(html.escape(Path(path).name), "section"))
         self.verdict = Banner()
         layout.addWidget(self.verdict)
@@ -112,7 +112,7 @@ class ExplainDialog(QDialog):
         self.notes = label("", "muted", wrap=True, selectable=True)
         layout.addWidget(self.notes)
         layout.addStretch(1)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        self.buttons = buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         self.cancel_button = buttons.addButton("Cancel", QDialogButtonBox.ButtonRole.ActionRole)
         self.cancel_button.clicked.connect(self.cancel)
         buttons.rejected.connect(self.close)
@@ -130,14 +130,14 @@ class ExplainDialog(QDialog):
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         """As tall as the answer at the dialog's width, up to the screen's height."""
-        body = self.scroll.widget()
-        margins = self.layout().contentsMargins()
+        body = self.body
+        margins = self.outer.contentsMargins()
         width = max(self.width(), WIDTH)
         inner = width - margins.left() - margins.right()
         wanted = body.heightForWidth(inner) if body.hasHeightForWidth() else -1
         if wanted < 0:
             wanted = body.sizeHint().height()
-        buttons = self.layout().itemAt(1).sizeHint().height() + self.layout().spacing()
+        buttons = self.buttons.sizeHint().height() + self.outer.spacing()
         height = wanted + margins.top() + margins.bottom() + buttons
         screen = self.screen().availableGeometry().height() if self.screen() else 900
         return QSize(width, min(height, screen - MARGIN))

@@ -49,10 +49,10 @@ def test_the_dialog_grows_to_its_answer_and_clips_no_text(window, engines, qtbot
     qtbot.waitExposed(dialog)
     engines.current.finish(engines.current.last_job("explain"), _explanation("x.png", True))
     qtbot.waitUntil(lambda: dialog.height() > 400, timeout=2000)
-    assert dialog.scroll.horizontalScrollBar().maximum() == 0
+    assert dialog.answer.horizontalScrollBar().maximum() == 0
     screen = dialog.screen().availableGeometry().height()
     if dialog.height() < screen - 80:  # all of it fits on the screen: nothing scrolls
-        assert dialog.scroll.verticalScrollBar().maximum() == 0
+        assert dialog.answer.verticalScrollBar().maximum() == 0
     for text in dialog.findChildren(QLabel):
         if text.isVisible() and text.wordWrap() and text.text():
             assert text.height() >= text.heightForWidth(text.width()), text.text()[:40]
