@@ -1,0 +1,132 @@
+"""The `--json` objects of `check` and `generate` are a contract other tools read
+(docs/json.md): which model, which device and what the fix costs keep their keys, their order
+and their values byte for byte, however the records behind them are built.
+
+The check and the generation are real runs of the built-in demo on the CPU; the fixture pins
+the figures of a GPU check (peak memory measured), which a CPU run cannot give.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from app.core import hardware, health
+from app.core.lora import read_lora
+from app.core.models import load_model
+from tests.core.test_lora import kohya_lora, save_lora
+from tests.support import reports
+
+CHECK_KEYS = [
+    "halfsafe",
+    "model",
+    "device",
+    "tested",
+    "tested_layers",
+    "weights",
+    "components",
+    "verdict",
+    "headline",
+    "fix",
+    "advice",
+    "cause",
+    "loras",
+    "remembered",
+    "seconds",
+    "size",
+    "timesteps",
+    "notes",
+    "versions",
+]
+GENERATION_KEYS = ["halfsafe", "images", "settings", "seconds", "model", "device", "warnings"]
+STEP_COST_KEYS = ["unet_step_ms", "unet_step_ms_range", "rounds", "peak_memory_mb", "weights_mb"]
+
+
+def _cpu_json() -> str:
+    name = hardware.describe_device(hardware.pick_device("cpu")).name
+    return json.dumps({"kind": "cpu", "name": name})
+
+
+def _run(capsys, *argv: str) -> tuple[int, dict]:
+    status = main([*argv, "--device", "cpu", "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_a_real_checks_model_device_and_fix_cost_keep_their_json(capsys):
+    status, document = _run(capsys, "check", "demo-overflow", "--precision", "fp16", "--size", "64")
+
+    assert status == 1 and document["verdict"] == "fixable"
+    assert list(document) == CHECK_KEYS
+    assert json.dumps(document["model"]) == (
+        '{"source": "demo-overflow", "format": "demo", "architecture": "sd1", '
+        '"name": "demo-overflow", "prediction": {"type": "v_prediction", '
+        '"zero_terminal_snr": false, "because": ""}, "quantization": null, "companions": {}}'
+    )
+    assert json.dumps(document["device"]) == _cpu_json()
+    cost = document["fix"]["cost"]
+    assert list(cost) == ["fix", "no_half", "summary"]
+    for step in (cost["fix"], cost["no_half"]):
+        assert list(step) == STEP_COST_KEYS
+        low, high = step["unet_step_ms_range"]
+        assert low <= step["unet_step_ms"] <= high
+        assert step["rounds"] == health.COST_ROUNDS
+        assert step["peak_memory_mb"] is None  # a CPU reports no peak
+        assert isinstance(step["weights_mb"], float)
+    assert cost["fix"]["weights_mb"] < cost["no_half"]["weights_mb"]
+    assert cost["summary"] == health.cost_comparison(cost) != ""
+
+
+def test_a_real_generations_model_and_device_keep_their_json(capsys, tmp_path):
+    pipeline = load_model("demo").pipeline
+    lora = save_lora(kohya_lora(pipeline, scale=0.05), tmp_path / "ink.safetensors")
+    status, document = _run(
+        capsys,
+        "generate",
+        "demo",
+        "--prompt",
+        "a red circle on a blue background",
+        "--steps",
+        "2",
+        "--width",
+        "64",
+        "--height",
+        "64",
+        "--seed",
+        "7",
+        "--lora",
+        f"{lora}:0.5",
+        "--out",
+        str(tmp_path / "out"),
+    )
+
+    assert status == 0
+    assert list(document) == GENERATION_KEYS
+    applied = {
+        "name": "ink",
+        "path": str(lora),
+        "weight": 0.5,
+        "hash": read_lora(lora).short_hash,
+        "non_finite": [],
+        "absurd": [],
+    }
+    assert json.dumps(document["model"]) == json.dumps(
+        {"source": "demo", "name": "demo", "architecture": "sd1", "hash": None, "loras": [applied]}
+    )
+    assert json.dumps(document["device"]) == _cpu_json()
+
+
+@pytest.mark.parametrize("report", [reports.fixable, reports.islands])
+def test_a_gpu_checks_device_and_fix_cost_keep_their_json(report):
+    document = report().to_json()
+
+    assert list(document) == CHECK_KEYS
+    assert json.dumps(document["device"]) == ('{"kind": "cuda", "name": "NVIDIA GeForce RTX 3060"}')
+    assert json.dumps(document["fix"]["cost"]) == (
+        '{"fix": {"unet_step_ms": 61.0, "unet_step_ms_range": [59.5, 63.0], "rounds": 5, '
+        '"peak_memory_mb": 7100.0, "weights_mb": 5300.0}, '
+        '"no_half": {"unet_step_ms": 118.0, "unet_step_ms_range": [116.0, 121.5], "rounds": 5, '
+        '"peak_memory_mb": 12900.0, "weights_mb": 10500.0}, '
+        '"summary": "Per UNet step the fix was 1.9x as fast as no-half."}'
+    )
