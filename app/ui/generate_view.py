@@ -579,7 +579,7 @@ class GenerateView(QWidget):
         shown = (images[0].settings if images else None) or result.settings
         if shown:
             self.state.set_effective(words.precision_summary(shown))
-        model = result.model.get("name") or (self.state.model.name if self.state.model else None)
+        model = result.model.name or (self.state.model.name if self.state.model else None)
         first_item = None
         for image in images:
             entry = {

@@ -3,19 +3,25 @@
 and their values byte for byte, however the records behind them are built.
 
 The check and the generation are real runs of the built-in demo on the CPU; the fixture pins
-the figures of a GPU check (peak memory measured), which a CPU run cannot give.
+the figures of a GPU check (peak memory measured), which a CPU run cannot give. The records
+behind those objects cross from the engine to the window as themselves.
 """
 
 from __future__ import annotations
 
+import io
 import json
+from dataclasses import replace
 
 import pytest
 
 from app.cli import main
 from app.core import hardware, health
+from app.core.health import FixCost
+from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.lora import read_lora
 from app.core.models import load_model
+from app.engine.events import EngineEvent, EventState, encode, read_message
 from tests.core.test_lora import kohya_lora, save_lora
 from tests.support import reports
 
@@ -75,7 +81,7 @@ def test_a_real_checks_model_device_and_fix_cost_keep_their_json(capsys):
         assert step["peak_memory_mb"] is None  # a CPU reports no peak
         assert isinstance(step["weights_mb"], float)
     assert cost["fix"]["weights_mb"] < cost["no_half"]["weights_mb"]
-    assert cost["summary"] == health.cost_comparison(cost) != ""
+    assert cost["summary"].startswith("Per UNet step the fix")
 
 
 def test_a_real_generations_model_and_device_keep_their_json(capsys, tmp_path):
@@ -129,4 +135,29 @@ def test_a_gpu_checks_device_and_fix_cost_keep_their_json(report):
         '"no_half": {"unet_step_ms": 118.0, "unet_step_ms_range": [116.0, 121.5], "rounds": 5, '
         '"peak_memory_mb": 12900.0, "weights_mb": 10500.0}, '
         '"summary": "Per UNet step the fix was 1.9x as fast as no-half."}'
+    )
+
+
+def test_which_model_which_device_and_the_cost_cross_to_the_window_as_records():
+    """The engine's frame reader builds only builtins and HalfSafe's records: a check and a
+    generation arrive with their model, device and cost typed, equal to what was sent."""
+    check = reports.result(reports.islands())
+    made = reports.generation({"images": [reports.image("/out/00001-1234.png")]})
+    for result in (check, made):
+        event = EngineEvent(1, "check", EventState.RESULT, result=result)
+        assert read_message(io.BytesIO(encode(event))) == event
+    assert isinstance(check.report.model, ModelIdentity)
+    assert isinstance(made.device, DeviceIdentity)
+    assert isinstance(check.report.fix.cost, FixCost)
+
+
+def test_the_cost_reads_as_one_line_per_plan():
+    cost = reports.vae_fp32_fix().cost
+    assert cost is not None
+    assert health.cost_words(cost.fix) == (
+        "61.0 ms per UNet step (59.5-63.0 over 5 runs), 7100 MB peak, 5300 MB of weights"
+    )
+    on_a_cpu = replace(cost.no_half, peak_memory_mb=None)
+    assert health.cost_words(on_a_cpu) == (
+        "118.0 ms per UNet step (116.0-121.5 over 5 runs), 10500 MB of weights"
     )
