@@ -1,7 +1,11 @@
-"""Render the main views to docs/screenshots/*.png, with real data from the real engine.
+"""Render every page and dialog to docs/screenshots/*.png, with real data from the real engine:
+a scripted walk-through of a first start, as a user would take it.
 
-    xvfb-run -a .venv/bin/python tools/screenshots.py           # light
-    xvfb-run -a .venv/bin/python tools/screenshots.py --dark    # dark, *-dark.png
+    xvfb-run -a sh -c 'openbox & .venv/bin/python tools/screenshots.py'           # 1024x700
+    xvfb-run -a sh -c 'openbox & .venv/bin/python tools/screenshots.py --dark'    # *-dark.png
+    ... --size 1920x1080                                                # *-1920x1080.png
+
+Run under a window manager (openbox here) so dialogs are placed and sized as on a desktop.
 
 The model is the built-in `demo-overflow` (the trained demo with one VAE layer scaled past
 fp16's limit), loaded from its row in the model list as a user would, so the health check and
@@ -27,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 MODEL = "demo-overflow"
 PROMPT = "a yellow triangle on a purple background"
 SEED = 7
-SIZE = (1280, 860)
+SIZE = (1024, 700)  # the smallest window HalfSafe is made for; the README shows these
 
 
 def wait_until(app, condition: Callable[[], bool], what: str, timeout: float = 600) -> None:
@@ -82,6 +86,8 @@ def main() -> int:
     save_settings(settings)
 
     from app.ui.application import application, build_main_window
+    from app.ui.help_view import show_guide
+    from app.ui.main_window import PAGES
 
     app = application()
     if args.dark:
@@ -96,13 +102,22 @@ def main() -> int:
     window.generate_view.prompt.setPlainText(PROMPT)
     wait_until(app, window.isVisible, "the window")
 
-    def shot(name: str, tall: int | None = None) -> None:
-        """`tall`: a taller window at the default size, to show a whole page in one picture."""
-        window.resize(width, tall if tall and (width, height) == SIZE else height)
+    def shot(name: str, widget=None) -> None:
+        """The window (or a dialog of it) as it is now."""
+        window.resize(width, height)
         wait_until(app, lambda: True, "layout")
         path = out / f"{name}{suffix}.png"
-        window.grab().save(str(path))
+        (widget or window).grab().save(str(path))
         print(f"wrote {path}")
+
+    # First start: the model-folder step over the window, and the hint on the Models page.
+    window.show_page("Models")
+    window.first_start.show_hint()
+    folders = window.first_start.open_folder_step()
+    wait_until(app, lambda: not folders.finder.running, "the model-folder search", 120)
+    shot("first-start-folders", folders)
+    folders.reject()
+    shot("first-start")
 
     # GPU: the real report of this machine, self-test included.
     window.show_page("Devices")
@@ -121,6 +136,7 @@ def main() -> int:
     models_view.library.setCurrentItem(row)
     models_view.load_item(row)
     wait_until(app, lambda: window.state.model is not None, "the model to load")
+    window.first_start.dismiss_hint()
     shot("models")
 
     # Generate: with auto-fix on "ask", the NaN image gets its banner and the fix button.
@@ -129,15 +145,27 @@ def main() -> int:
     wait_until(app, lambda: window.generate_view.gallery.count() > 0, "the generation")
     shot("generate-nan")
 
+    # The black image, large, with its parameters; then why it is black.
+    black = window.generate_view.current_entry
+    viewer = window.view_image(black)
+    wait_until(app, viewer.isVisible, "the image viewer")
+    viewer.resize(min(width - 80, 1100), min(height - 80, 760))
+    shot("image-viewer", viewer)
+    viewer.close()
+    explained = window.explain_image(black.path)
+    wait_until(app, lambda: explained.explanation is not None, "the explanation", 900)
+    shot("explain", explained)
+    explained.close()
+
     # Health check: finds the VAE overflow, names the layer, proves the fix.
     window.show_page("Health check")
     health = window.health_view
     health.size_choice.setCurrentIndex(0)  # at the model's size: 128 px for the demo
     health.run_check()
-    wait_until(app, lambda: True, "the check to start")
+    wait_until(app, lambda: health.progress.maximum() > 0, "the check's counted progress")
     shot("health-check-running")
     wait_until(app, lambda: health.report is not None, "the health check")
-    shot("health-check", 1180)
+    shot("health-check")
 
     # Back to the black image: one click applies the fix and makes it again.
     window.show_page("Generate")
@@ -145,8 +173,17 @@ def main() -> int:
     wait_until(app, lambda: window.generate_view.gallery.count() > 1, "the regeneration")
     shot("generate-fixed")
 
+    if "Fixes" in PAGES:
+        window.show_page("Fixes")
+        shot("fixes")
+
     window.show_page("Settings")
     shot("settings")
+
+    guide = show_guide(window)
+    guide.resize(min(width - 80, 1000), min(height - 80, 800))
+    shot("user-guide", guide)
+    guide.close()
 
     # The engine dies: the window stays and offers a restart.
     window.show_page("Generate")

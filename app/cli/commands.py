@@ -13,8 +13,10 @@ from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
 from app.cli.progress import ProgressLines
 from app.core.settings import PrecisionSettings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # imported where a command runs: `halfsafe --version` stays instant
     from app.core.generation import GenerationResult
+    from app.core.models import LoadedModel
+    from app.core.requests import CheckRequest, GenerateRequest
 
 
 def _print_json(document: dict[str, Any]) -> None:
@@ -35,21 +37,10 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from app.core import causes, health
+    from app.core import health, requested
 
-    values = effective_settings(args)
-    report = causes.check_model(
-        args.model,
-        precision=PrecisionSettings.from_mapping(values),
-        device=values["device"],
-        size=args.size,
-        steps=values["steps"],  # the probe covers the ends of the user's own sampler schedule
-        scheduler=values["scheduler"],
-        vae=args.vae,
-        text_encoders=args.text_encoders,
-        loras=args.loras,
-        allow_pickle=args.allow_pickle,
-    )
+    request = check_request(args, effective_settings(args))
+    report = requested.check(_load(args.model, args), request)
     if args.report:
         health.write_markdown_report(report, args.report)
     if args.json:
@@ -59,6 +50,35 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         print(health_text(report))
     return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
+
+
+def check_request(args: argparse.Namespace, values: dict[str, Any]) -> CheckRequest:
+    """`halfsafe check`'s flags laid over the saved settings (`values`), as the record the
+    window's check sends: the LoRAs are exactly those the flags name."""
+    from app.core.requests import CheckRequest
+
+    return CheckRequest(
+        precision=PrecisionSettings.from_mapping(values),
+        device=values["device"],
+        size=args.size,
+        steps=values["steps"],
+        scheduler=values["scheduler"],
+        loras=tuple(args.loras or ()),
+        allow_pickle=args.allow_pickle,
+    )
+
+
+def _load(source: str, args: argparse.Namespace) -> LoadedModel:
+    """The model `source` names, with the VAE and text encoders the flags give in place of
+    its own or those found beside it."""
+    from app.core.models import load_model
+
+    return load_model(
+        source,
+        vae=getattr(args, "vae", None),
+        text_encoders=list(getattr(args, "text_encoders", None) or []),
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
+    )
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -75,44 +95,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationResult:
     """`halfsafe generate`: load `source`, build the request from the flags laid over the saved
-    settings (`values`), and generate. Without --width/--height the image is the model's native
-    size (the demo's 128 px, SDXL's 1024), not the saved 512. Progress goes to stderr: a line
-    redrawn in place on a terminal, a plain line with the ETA every few seconds otherwise (a
-    log file or a CI job)."""
-    from app.core.generation import GenerationRequest, generate, rescue_unsaved
+    settings (`values`), and generate. Progress goes to stderr: a line redrawn in place on a
+    terminal, a plain line with the ETA every few seconds otherwise (a log file or a CI job)."""
+    from app.core import requested
+    from app.core.generation import rescue_unsaved
     from app.core.images import ImageSaveError
-    from app.core.lora import load_requested
-    from app.core.models import load_model
     from app.core.prompts import parse_emphasis
 
-    prompt = getattr(args, "prompt", "") or ""
-    for text in (prompt, values.get("negative_prompt", "")):
+    for text in (getattr(args, "prompt", "") or "", values.get("negative_prompt", "")):
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
-    model = load_model(
-        source,
-        vae=getattr(args, "vae", None),
-        text_encoders=list(getattr(args, "text_encoders", None) or []),
-        allow_pickle=bool(getattr(args, "allow_pickle", False)),
-    )
-    load_requested(
-        model,
-        list(getattr(args, "loras", None) or []),
-        allow_pickle=bool(getattr(args, "allow_pickle", False)),
-        prompt=prompt,
-    )
-    width, height = cli_image_size(args, values, model.native_size)
-    request = GenerationRequest(
-        prompt=prompt,
-        negative_prompt=values.get("negative_prompt", ""),
-        steps=values["steps"],
-        cfg=values["cfg"],
-        seed=values["seed"],
-        width=width,
-        height=height,
-        batch=values["batch"],
-        scheduler=values["scheduler"],
-        output_dir=getattr(args, "out", None) or values.get("output_folder") or None,
-    )
+    model = _load(source, args)
+    request = generate_request(args, values, model.native_size)
     terminal = sys.stderr.isatty()
     if terminal:
 
@@ -123,18 +116,41 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
         on_progress = ProgressLines(sys.stderr)
 
     try:
-        return generate(
-            model,
-            request,
-            precision=PrecisionSettings.from_mapping(values),
-            device=values.get("device", "auto"),
-            on_progress=on_progress,
-        )
+        return requested.generate(model, request, on_progress=on_progress)
     except ImageSaveError as error:
         raise rescue_unsaved(error) from None
     finally:
         if terminal:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
+
+
+def generate_request(args, values: dict[str, Any], native_size: int) -> GenerateRequest:
+    """`halfsafe generate`'s flags laid over the saved settings (`values`), as the record the
+    window's Generate sends. Without --width/--height the image is the model's native size
+    (`native_size`: the demo's 128 px, SDXL's 1024), not the saved 512."""
+    from app.core.generation import GenerationRequest
+    from app.core.requests import GenerateRequest
+
+    width, height = cli_image_size(args, values, native_size)
+    generation = GenerationRequest(
+        prompt=getattr(args, "prompt", "") or "",
+        negative_prompt=values.get("negative_prompt", ""),
+        steps=values["steps"],
+        cfg=values["cfg"],
+        seed=values["seed"],
+        width=width,
+        height=height,
+        batch=values["batch"],
+        scheduler=values["scheduler"],
+        output_dir=getattr(args, "out", None) or values.get("output_folder") or None,
+    )
+    return GenerateRequest(
+        generation=generation,
+        precision=PrecisionSettings.from_mapping(values),
+        device=values.get("device", "auto"),
+        loras=tuple(getattr(args, "loras", None) or ()),
+        allow_pickle=bool(getattr(args, "allow_pickle", False)),
+    )
 
 
 def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int, int]:

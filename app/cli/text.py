@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS
@@ -36,7 +38,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     ]
 
 
-def _quantization_line(quantization: dict | None) -> list[str]:
+def _quantization_line(quantization: Mapping[str, Any] | None) -> list[str]:
     if not quantization:
         return []
     return [
@@ -45,24 +47,25 @@ def _quantization_line(quantization: dict | None) -> list[str]:
     ]
 
 
-def _companion_lines(companions: dict | None) -> list[str]:
+def _companion_lines(companions: Mapping[str, str]) -> list[str]:
     """The files a split transformer file was read with, one per component."""
     return [
         f"{'With:' if i == 0 else '':<9}{component:<16}{path}"
-        for i, (component, path) in enumerate((companions or {}).items())
+        for i, (component, path) in enumerate(companions.items())
     ]
 
 
 def health_text(report: HealthReport) -> str:
     """The human-readable report `halfsafe check` prints; its first line is the headline."""
+    model, device = report.model, report.device
     lines = [
         report.headline,
         "",
-        f"Model:   {report.model['source']} ({report.model['architecture']}, {report.model['format']})",
-        *_companion_lines(report.model.get("companions")),
-        f"Device:  {report.device['name']} ({report.device['kind']}), probed at "
+        f"Model:   {model.source} ({model.architecture}, {model.format})",
+        *_companion_lines(model.companions),
+        f"Device:  {device.name} ({device.kind}), probed at "
         f"{report.size}x{report.size}, timesteps {', '.join(map(str, report.timesteps))}",
-        *_quantization_line(report.model.get("quantization")),
+        *_quantization_line(model.quantization),
         "Tested:  "
         + ", ".join(f"{k} {v}" for k, v in report.plan.dtypes.items())
         + (", upcast attention" if report.plan.upcast_attention else ""),
@@ -104,8 +107,8 @@ def health_text(report: HealthReport) -> str:
         lines.append(f"Apply:   {flags(fix.settings)}")
         if fix.cost:
             lines.append(
-                f"Cost:    {cost_words(fix.cost.get('fix', {}))} with the fix; "
-                f"{cost_words(fix.cost.get('no_half', {}))} with --no-half"
+                f"Cost:    {cost_words(fix.cost.fix)} with the fix; "
+                f"{cost_words(fix.cost.no_half)} with --no-half"
             )
             comparison = cost_comparison(fix.cost)
             if comparison:
@@ -187,8 +190,8 @@ def generation_text(result: GenerationResult) -> str:
         + (", upcast attention" if s.get("upcast_attention") else "")
     )
     lines = [
-        f"Model:    {result.model.get('name')} ({result.model.get('architecture')})",
-        f"Device:   {result.device.get('name')} ({result.device.get('kind')})",
+        f"Model:    {result.model.name} ({result.model.architecture})",
+        f"Device:   {result.device.name} ({result.device.kind})",
         f"Settings: {dtypes}; NaN watch {'on' if s.get('nan_check') else 'off'}, "
         f"auto-fix {s.get('auto_fix')}",
     ]

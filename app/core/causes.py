@@ -227,7 +227,7 @@ def check_and_attribute(
             # The backend switch replaces whatever precision fix the check remembered.
             profiles.remember_fix(
                 model.profile_key,
-                report.device["name"],
+                report.device.name,
                 dict(cause.settings),
                 cause.summary,
                 "health check",
@@ -357,7 +357,7 @@ def attribute(
         files = damaged_files(report)
         where = (
             "The checkpoint's weights"
-            if files == [report.model.get("source", "")]
+            if files == [report.model.source]
             else f"The weights in {', '.join(files)}"
         )
         return Cause(

@@ -10,18 +10,17 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.core import requested
 from app.core.errors import HalfSafeError
 from app.core.explain import Explanation
 from app.core.generation.records import GenerationResult
 from app.core.hardware import HardwareReport
 from app.core.health.report import CheckResult
 from app.core.jobs import CancelToken
-from app.core.lora import LoraRequest
 from app.core.models.summary import ModelSummary, summarise
 from app.core.requests import (
     CheckRequest,
@@ -109,44 +108,28 @@ def _loaded(context: JobContext) -> Any:
 
 
 def check(context: JobContext, request: CheckRequest) -> CheckResult:
-    """Check the loaded model as `request` asks; a failure is attributed to its cause
-    (`causes.check_and_attribute`)."""
+    """Check the loaded model as `request` asks (`requested.check`, as `halfsafe check`
+    does); a failure is attributed to its cause."""
     model = _loaded(context)
-    from app.core.causes import check_and_attribute
     from app.core.health import markdown_report
 
-    if request.loras is not None:
-        _use_loras(model, request.loras, "", request.allow_pickle)
-    report = check_and_attribute(
-        model,
-        precision=request.precision,
-        device=request.device,
-        size=request.size,
-        steps=request.steps,
-        scheduler=request.scheduler,
-        on_progress=context.progress,
-        cancel=context.cancel,
-    )
+    report = requested.check(model, request, on_progress=context.progress, cancel=context.cancel)
     return CheckResult(report, markdown_report(report))
 
 
 def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:
-    """Make the images `request` asks for with the loaded model: a `GenerationResult` whose
-    images are saved files. An image that could not be saved anywhere travels as PNG bytes
-    (`ImageResult.png`), so the window still holds it and can save it elsewhere;
-    `save_error` is the sentence that says so."""
+    """Make the images `request` asks for with the loaded model (`requested.generate`, as
+    `halfsafe generate` does): a `GenerationResult` whose images are saved files. An image that
+    could not be saved anywhere travels as PNG bytes (`ImageResult.png`), so the window still
+    holds it and can save it elsewhere; `save_error` is the sentence that says so."""
     model = _loaded(context)
-    from app.core.generation import generate as run_generation
     from app.core.generation import rescue_unsaved
     from app.core.images import ImageSaveError, png_bytes
 
-    _use_loras(model, request.loras, request.generation.prompt, request.allow_pickle)
     try:
-        result = run_generation(
+        result = requested.generate(
             model,
-            request.generation,
-            precision=request.precision,
-            device=request.device,
+            request,
             on_progress=context.progress,
             on_preview=context.preview,
             cancel=context.cancel,
@@ -168,21 +151,6 @@ def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:
         for entry in result.images
     ]
     return replace(result, images=images, save_error=save_error)
-
-
-def _use_loras(
-    model: Any, loras: Sequence[LoraRequest] | None, prompt: str, allow_pickle: bool
-) -> None:
-    from app.core.lora import check_weight, load_requested
-
-    requests = []
-    for entry in loras or ():
-        try:
-            weight = check_weight(float(entry.weight), str(entry.path))
-        except (TypeError, ValueError) as error:
-            raise HalfSafeError(f"A LoRA entry is not usable: {error}.") from None
-        requests.append(LoraRequest(str(entry.path), weight))
-    load_requested(model, requests, allow_pickle=allow_pickle, prompt=prompt)
 
 
 def explain(context: JobContext, request: ExplainRequest) -> Explanation:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping
 from typing import Any
 
 from PySide6.QtGui import QGuiApplication
@@ -24,6 +23,7 @@ from app.core.health import (
     STATUS_WORDS,
     ComponentReport,
     Fix,
+    FixCost,
     HealthReport,
     candidate_rows,
     cost_comparison,
@@ -153,7 +153,7 @@ class HealthView(QWidget):
                 f"Model: {model.name or model.source} "
                 f"({words.architecture_name(model.architecture)})."
             )
-            if self.report is not None and self.report.model["source"] != model.source:
+            if self.report is not None and self.report.model.source != model.source:
                 self.clear_report()
 
     def clear_report(self) -> None:
@@ -248,7 +248,7 @@ class HealthView(QWidget):
         self.verdict.show_message(
             level,
             f"<b>{html.escape(report.headline)}</b><br>"
-            f"Tested on {html.escape(report.device['name'])} with {html.escape(tested)}"
+            f"Tested on {html.escape(report.device.name)} with {html.escape(tested)}"
             + (f" at {report.size}×{report.size} px" if report.size else "")
             + ".",
         )
@@ -421,22 +421,19 @@ class HealthView(QWidget):
         grid.setColumnStretch(1, 1)
         return grid
 
-    def _cost_grid(self, cost: Mapping[str, Mapping[str, Any]]) -> QGridLayout:
+    def _cost_grid(self, cost: FixCost) -> QGridLayout:
         grid = QGridLayout()
         grid.setHorizontalSpacing(24)
         headers = ("", "Time per UNet step", "Peak GPU memory", "Weights")
         for column, text in enumerate(headers):
             header = label(text, "muted")
             grid.addWidget(header, 0, column)
-        rows = (
-            ("With the fix", cost.get("fix") or {}),
-            ("Everything in fp32 (no-half)", cost.get("no_half") or {}),
-        )
+        rows = (("With the fix", cost.fix), ("Everything in fp32 (no-half)", cost.no_half))
         for row, (name, values) in enumerate(rows, start=1):
             grid.addWidget(QLabel(name), row, 0)
-            grid.addWidget(QLabel(words.milliseconds(values.get("unet_step_ms"))), row, 1)
-            grid.addWidget(QLabel(words.megabytes(values.get("peak_memory_mb"))), row, 2)
-            grid.addWidget(QLabel(words.megabytes(values.get("weights_mb"))), row, 3)
+            grid.addWidget(QLabel(words.milliseconds(values.unet_step_ms)), row, 1)
+            grid.addWidget(QLabel(words.megabytes(values.peak_memory_mb)), row, 2)
+            grid.addWidget(QLabel(words.megabytes(values.weights_mb)), row, 3)
         grid.setColumnStretch(4, 1)
         return grid
 
@@ -478,7 +475,7 @@ class HealthView(QWidget):
         if not self.markdown:
             return
         if path is None:
-            name = (self.report.model.get("name") if self.report else None) or "model"
+            name = (self.report.model.name if self.report else None) or "model"
             path, _ = QFileDialog.getSaveFileName(
                 self,
                 "Export health report",
@@ -498,16 +495,16 @@ class HealthView(QWidget):
         self.stage.setText(f"Report saved to {path}.")
 
 
-def _cost_comparison(cost: Mapping[str, Mapping[str, Any]]) -> str:
+def _cost_comparison(cost: FixCost) -> str:
     """Core's sentence on step time (it knows the spread of each measurement), then what the
     memory figures add."""
-    fix, no_half = cost.get("fix") or {}, cost.get("no_half") or {}
+    fix, no_half = cost.fix, cost.no_half
     parts = []
-    small, large = fix.get("peak_memory_mb"), no_half.get("peak_memory_mb")
+    small, large = fix.peak_memory_mb, no_half.peak_memory_mb
     if small is not None and large is not None and large > small:
         parts.append(f"{words.megabytes(large - small)} less memory at peak")
-    small_w, large_w = fix.get("weights_mb"), no_half.get("weights_mb")
-    if small_w is not None and large_w is not None and large_w > small_w:
+    small_w, large_w = fix.weights_mb, no_half.weights_mb
+    if large_w > small_w:
         parts.append(f"{words.megabytes(large_w - small_w)} less memory for weights")
     memory = (
         "Compared with running everything in fp32, the fix uses " + ", ".join(parts) + "."

@@ -113,7 +113,7 @@ class GalleryEntry:
             cfg=request.cfg,
             seed=image.seed,
             size=(request.width, request.height),
-            model=result.model.get("name") or None,
+            model=result.model.name or None,
             settings=dict(image.settings or result.settings),
             status=image.status,
             component=image.component,

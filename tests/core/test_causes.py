@@ -142,7 +142,7 @@ def test_a_nan_from_one_attention_backend_is_a_kernel_fault_fixed_by_switching_b
     # Remembered for this model on this device, so the next job runs on that backend.
     from app.core import profiles
 
-    remembered = profiles.remembered_fix("kernel-check", report.device["name"])
+    remembered = profiles.remembered_fix("kernel-check", report.device.name)
     assert remembered is not None and remembered.settings == {"attention_backend": "classic"}
 
 
@@ -255,7 +255,7 @@ def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, 
     assert result.to_json()["images"][0]["cause"] == "kernel"
     from app.core import profiles  # the next job on this model and device uses that backend
 
-    remembered = profiles.remembered_fix("kernel-gen", result.device["name"])
+    remembered = profiles.remembered_fix("kernel-gen", result.device.name)
     assert remembered is not None and remembered.settings["attention_backend"] == "classic"
 
 

@@ -185,3 +185,72 @@ def test_an_absurd_flag_is_refused_under_a_memory_limit_before_anything_heavy_lo
     assert time.monotonic() - started < 30
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "5000 digits" in done.stderr
+
+
+# The records the window sends: check and generate build them from the flags --------------
+
+
+def test_check_flags_become_the_check_request_the_engine_runs(tmp_path):
+    """The probe follows the saved sampler; the LoRAs are exactly those the flags name."""
+    from app.cli.commands import check_request
+    from app.core.lora import LoraRequest
+    from app.core.requests import CheckRequest
+    from app.core.settings import PrecisionSettings
+
+    saved = Settings()
+    saved["steps"] = 12
+    saved["scheduler"] = "ddim"
+    save_settings(saved)
+    lora = tmp_path / "ink.safetensors"
+    argv = ["check", "demo", "--precision", "fp16", "--device", "cpu", "--size", "64"]
+    args = build_parser().parse_args([*argv, "--lora", f"{lora}:0.5", "--allow-pickle"])
+    values = effective_settings(args)
+
+    assert check_request(args, values) == CheckRequest(
+        precision=PrecisionSettings.from_mapping(values),
+        device="cpu",
+        size=64,
+        steps=12,
+        scheduler="ddim",
+        loras=(LoraRequest(str(lora), 0.5),),
+        allow_pickle=True,
+    )
+    assert values["precision"] == "fp16"
+
+
+def test_generate_flags_become_the_generate_request_the_engine_runs(tmp_path):
+    """A side left out is the model's native size; the rest comes from the flags over the
+    saved settings."""
+    from app.cli.commands import generate_request
+    from app.core.generation import GenerationRequest
+    from app.core.lora import LoraRequest
+    from app.core.requests import GenerateRequest
+    from app.core.settings import PrecisionSettings
+
+    lora = tmp_path / "ink.safetensors"
+    args = build_parser().parse_args(
+        ["generate", "demo", "--prompt", "a red circle", "--steps", "3", "--width", "64",
+         "--seed", "7", "--out", str(tmp_path), "--lora", str(lora), "--no-half-vae"]
+    )  # fmt: skip
+    values = effective_settings(args)
+
+    request = generate_request(args, values, native_size=128)
+
+    assert request == GenerateRequest(
+        generation=GenerationRequest(
+            prompt="a red circle",
+            negative_prompt=values["negative_prompt"],
+            steps=3,
+            cfg=values["cfg"],
+            seed=7,
+            width=64,
+            height=128,
+            batch=values["batch"],
+            scheduler=values["scheduler"],
+            output_dir=str(tmp_path),
+        ),
+        precision=PrecisionSettings.from_mapping(values),
+        device=values["device"],
+        loras=(LoraRequest(str(lora), 1.0),),
+    )
+    assert request.precision.no_half_vae is True

@@ -134,7 +134,7 @@ def test_vae_overflow_is_reported_with_its_fix_when_auto_fix_is_off(base, tmp_pa
     assert pixels(entry).max() == 0.0  # kept as it came out: black
     assert result.all_good is False
     assert calls.count == 3
-    assert profiles.remembered_fix("vae-off", result.device["name"]) is None
+    assert profiles.remembered_fix("vae-off", result.device.name) is None
 
 
 def test_vae_overflow_is_repaired_from_the_same_latents(base, tmp_path, device_name):
@@ -174,7 +174,7 @@ def test_ask_offers_a_fix_that_passed_a_quick_test_and_keeps_the_image(base, tmp
     assert set(entry.fix) in ({"vae_precision"}, {"bf16_modules"}, {"fp32_modules"})
     assert entry.first_bad_module == VAE_LAYER
     assert "quick test" in entry.message
-    assert profiles.remembered_fix("vae-ask", result.device["name"]) is None
+    assert profiles.remembered_fix("vae-ask", result.device.name) is None
 
 
 def test_unet_overflow_is_reported_then_repaired_with_the_unet_fix(base, tmp_path):

@@ -260,11 +260,11 @@ def test_markdown_report_names_the_layer_and_the_fix(vae_report):
 
 def test_fix_cost_is_measured_against_no_half(vae_report):
     cost = vae_report.fix.cost
-    for plan in ("fix", "no_half"):
-        assert cost[plan]["unet_step_ms"] > 0
-        assert cost[plan]["peak_memory_mb"] is None  # a CPU reports no device memory
+    for step in (cost.fix, cost.no_half):
+        assert step.unet_step_ms > 0
+        assert step.peak_memory_mb is None  # a CPU reports no device memory
     # The fix keeps the UNet and text encoder in fp16: fewer bytes of weights than no-half.
-    assert cost["fix"]["weights_mb"] < cost["no_half"]["weights_mb"]
+    assert cost.fix.weights_mb < cost.no_half.weights_mb
 
 
 def test_report_json_holds_the_contract(vae_report):

@@ -208,10 +208,10 @@ def test_block_chart_shows_a_peak_hidden_inside_a_block():
 
 def test_costs_are_measured_alike_with_their_spread(vae_report):
     cost = vae_report.fix.cost
-    for plan in ("fix", "no_half"):
-        low, high = cost[plan]["unet_step_ms_range"]
-        assert low <= cost[plan]["unet_step_ms"] <= high
-        assert cost[plan]["rounds"] == health.COST_ROUNDS
+    for step in (cost.fix, cost.no_half):
+        low, high = step.unet_step_ms_range
+        assert low <= step.unet_step_ms <= high
+        assert step.rounds == health.COST_ROUNDS
     sentence = health.cost_comparison(cost)
     assert sentence.startswith("Per UNet step")
 

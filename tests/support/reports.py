@@ -15,19 +15,28 @@ from app.core.components import Status, Verdict
 from app.core.diagnosis import CandidateResult, Quality
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.hardware import DeviceInfo, HardwareReport, Quirk
-from app.core.health import Advice, ComponentReport, Fix, HealthReport, PrecisionOutcome
+from app.core.health import (
+    Advice,
+    ComponentReport,
+    Fix,
+    FixCost,
+    HealthReport,
+    PrecisionOutcome,
+    StepCost,
+)
 from app.core.health.report import CheckResult
+from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.precision import PrecisionPlan
 from app.core.selftest import OpResult, SelfTestResult
 from app.core.settings import FIELDS, PRECISION_KEYS
 
-SDXL = {
-    "source": "/models/sdxl.safetensors",
-    "format": "single_file",
-    "architecture": "sdxl",
-    "name": "sdxl",
-}
-RTX_3060 = {"kind": "cuda", "name": "NVIDIA GeForce RTX 3060"}
+SDXL = ModelIdentity(
+    source="/models/sdxl.safetensors",
+    name="sdxl",
+    architecture="sdxl",
+    format="single_file",
+)
+RTX_3060 = DeviceIdentity(kind="cuda", name="NVIDIA GeForce RTX 3060")
 FP16 = {"text_encoder": "fp16", "text_encoder_2": "fp16", "unet": "fp16", "vae": "fp16"}
 MARKDOWN = "# HalfSafe health check: sdxl\n\n- Verdict: **fixable**\n"
 
@@ -95,8 +104,8 @@ def components() -> dict[str, ComponentReport]:
 def report(**changes: Any) -> HealthReport:
     """A report of the SDXL checkpoint on the RTX 3060; `changes` replace its fields."""
     values: dict[str, Any] = {
-        "model": dict(SDXL),
-        "device": dict(RTX_3060),
+        "model": SDXL,
+        "device": RTX_3060,
         "plan": plan(),
         "size": 1024,
         "weights_non_finite": [],
@@ -118,10 +127,12 @@ def vae_fp32_fix() -> Fix:
         verified=True,
         quality=Quality(200.0),
         steps=["run the VAE in fp32"],
-        cost={
-            "fix": {"unet_step_ms": 61.0, "peak_memory_mb": 7100.0, "weights_mb": 5300.0},
-            "no_half": {"unet_step_ms": 118.0, "peak_memory_mb": 12900.0, "weights_mb": 10500.0},
-        },
+        cost=FixCost(
+            fix=StepCost(61.0, (59.5, 63.0), rounds=5, peak_memory_mb=7100.0, weights_mb=5300.0),
+            no_half=StepCost(
+                118.0, (116.0, 121.5), rounds=5, peak_memory_mb=12900.0, weights_mb=10500.0
+            ),
+        ),
     )
 
 
@@ -217,14 +228,16 @@ def image(path: str, status: str = "ok", **values: Any) -> ImageResult:
 
 
 def generation(document: dict[str, Any]) -> GenerationResult:
-    """A generation's result, typed, from its parts: `images` (see `image`), `settings`,
-    `seconds`, and optionally `warnings`, `model` and `save_error`."""
+    """A generation's result on the RTX 3060, typed, from its parts: `images` (see `image`),
+    `settings`, `seconds`, and optionally `warnings`, `model` (the SDXL checkpoint unless
+    given) and `save_error`."""
     return GenerationResult(
         images=list(document["images"]),
         settings=dict(document.get("settings") or {}),
         seconds=float(document.get("seconds", 1.0)),
         request=GenerationRequest(prompt="a lighthouse at dusk"),
-        model=dict(document.get("model") or {}),
+        model=document.get("model") or SDXL,
+        device=RTX_3060,
         warnings=list(document.get("warnings") or []),
         save_error=str(document.get("save_error") or ""),
     )

@@ -361,5 +361,5 @@ def _check_words(explanation: Explanation) -> str:
         return f"The health check says: {_headline(report)} No precision setting fixes it."
     return (
         "The health check at the image's settings did not overflow on this device "
-        f"({report.device.get('name')}); the image's GPU may differ. {_headline(report)}"
+        f"({report.device.name}); the image's GPU may differ. {_headline(report)}"
     )

@@ -25,6 +25,7 @@ from app.core.generation.records import (
 from app.core.generation.repair import Repair
 from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
+from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.settings import FIELDS, PrecisionSettings
@@ -228,14 +229,8 @@ def _generate_unsaved(
         settings=settings_of(plan, precision),
         seconds=0.0,
         request=request,
-        model={
-            "source": model.source,
-            "name": model.name,
-            "architecture": model.architecture,
-            "hash": model.model_hash,
-            "loras": [applied.to_json() for applied in getattr(model, "loras", [])],
-        },
-        device={"kind": info.kind, "name": info.name},
+        model=ModelIdentity.of(model),
+        device=DeviceIdentity.of(info),
         warnings=warnings,
     )
     result.seconds = time.perf_counter() - started
@@ -318,7 +313,7 @@ def _repair_by_cause(
     if cause.action == "switch_backend" and any(e.cause == "kernel" for e in result.images):
         from app.core import profiles
 
-        device_name = result.device.get("name", "")
+        device_name = result.device.name
         remembered = profiles.remembered_fix(model.profile_key, device_name)
         profiles.remember_fix(
             model.profile_key,

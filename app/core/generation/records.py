@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.images import ImageSaveError, save_png
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
@@ -95,12 +96,15 @@ class ImageResult:
 
 @dataclass
 class GenerationResult:
+    """A generation job's images, the settings it ran with, the model (with the LoRAs it ran
+    with) and the device that made them."""
+
     images: list[ImageResult]
     settings: dict[str, Any]  # effective precision settings of the job (before any repair)
     seconds: float
     request: GenerationRequest
-    model: dict[str, Any] = field(default_factory=dict)
-    device: dict[str, Any] = field(default_factory=dict)
+    model: ModelIdentity
+    device: DeviceIdentity
     warnings: list[str] = field(default_factory=list)
     # Why some images are not saved (`ImageResult.png` holds them): one sentence, or "".
     save_error: str = ""
@@ -116,8 +120,8 @@ class GenerationResult:
             "images": [image.to_json() for image in self.images],
             "settings": dict(self.settings),
             "seconds": round(self.seconds, 3),
-            "model": dict(self.model),
-            "device": dict(self.device),
+            "model": self.model.generation_json(),
+            "device": self.device.to_json(),
             "warnings": list(self.warnings),
         }
 

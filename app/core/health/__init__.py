@@ -12,6 +12,7 @@ against the fp32 reference; the verified ones are measured on this device, and t
 (`diagnosis.rank_candidates`) is the fix, the others shown beside it.
 
 One responsibility per module, each importing only those before it:
+  cost          what a fix costs beside no-half (StepCost, FixCost)
   words         the words for plain facts: statuses, a plan's precisions, flags, costs, the
                 candidate table (shared by the CLI text, the GUI and the Markdown report)
   report        HealthReport and its parts, their JSON, the headline
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from app.core.diagnosis import AT_RISK_HEADROOM, FixCandidate, candidate_fixes
 from app.core.health.check import check_loaded
+from app.core.health.cost import FixCost, StepCost
 from app.core.health.markdown import candidate_markdown, markdown_report, write_markdown_report
 from app.core.health.observations import HALF_DTYPES
 from app.core.health.report import (
@@ -78,9 +80,11 @@ __all__ = [
     "ComponentReport",
     "Fix",
     "FixCandidate",
+    "FixCost",
     "HealthReport",
     "PrecisionOutcome",
     "ProbeRun",
+    "StepCost",
     "_Runner",
     "candidate_fixes",
     "candidate_markdown",

@@ -18,6 +18,7 @@ from app.core.components import words as component_words
 from app.core.diagnosis import no_half
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
+from app.core.health.cost import FixCost
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort
 from app.core.health.observations import (
     Observations,
@@ -38,9 +39,9 @@ from app.core.health.stages import (
     finite_stand_in,
     first_bad_name,
 )
+from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.precision import PrecisionPlan
-from app.core.prediction import prediction_summary
 from app.core.probe import ProbeResult
 from app.core.settings import PrecisionSettings
 
@@ -401,9 +402,10 @@ class _Check:
             self.cancel.raise_if_cancelled()
             self.progress(stage, done, total)
 
-        fix.cost = self.runner.unet_step_costs(
+        costs = self.runner.unet_step_costs(
             {"fix": self.search.plan, "no_half": no_half(self.plan)}, self.conditioning, measured
         )
+        fix.cost = FixCost(fix=costs["fix"], no_half=costs["no_half"])
 
     def remember_fix(self, fix: Fix) -> None:
         """Store the fix in the model's remembered profile for this device."""
@@ -431,16 +433,8 @@ def _report(
     """The finished check as a report; `started` is when check_loaded began (perf_counter)."""
     info, plan, remembered = start.info, start.plan, start.remembered
     return HealthReport(
-        model={
-            "source": model.source,
-            "format": model.format,
-            "architecture": model.architecture,
-            "name": model.name,
-            "prediction": prediction_summary(model),
-            "quantization": getattr(model, "quantization", None),
-            "companions": dict(getattr(model, "companions", {})),
-        },
-        device={"kind": info.kind, "name": info.name},
+        model=ModelIdentity.of(model),
+        device=DeviceIdentity.of(info),
         plan=plan,
         size=size,
         weights_non_finite=start.bad_weights,

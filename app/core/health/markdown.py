@@ -46,8 +46,8 @@ def markdown_report(report: HealthReport) -> str:
         fix = f"{report.fix.summary}\n\nSettings: `{flags(report.fix.settings)}`"
         if cost:
             fix += (
-                f"\n\nCost: {cost_words(cost.get('fix', {}))} with the fix; "
-                f"{cost_words(cost.get('no_half', {}))} with no-half. {cost_comparison(cost)}"
+                f"\n\nCost: {cost_words(cost.fix)} with the fix; "
+                f"{cost_words(cost.no_half)} with no-half. {cost_comparison(cost)}"
             )
         table = candidate_markdown(report.fix)
         if table:
@@ -70,13 +70,13 @@ def markdown_report(report: HealthReport) -> str:
                 f"`{flags(report.advice.layer_settings)}` (not verified on this device)."
             )
     notes = "".join(f"- {n}\n" for n in report.notes)
+    model, device = report.model, report.device
     return (
-        f"# HalfSafe health check: {report.model.get('name', report.model['source'])}\n\n"
+        f"# HalfSafe health check: {model.name or model.source}\n\n"
         f"**{report.headline}**\n\n"
         f"- Verdict: **{report.verdict.value}**\n"
-        f"- Model: `{report.model['source']}` ({report.model['architecture']}, "
-        f"{report.model['format']})\n"
-        f"- Device: {report.device['name']} ({report.device['kind']})\n"
+        f"- Model: `{model.source}` ({model.architecture}, {model.format})\n"
+        f"- Device: {device.name} ({device.kind})\n"
         + "".join(f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras)
         + (
             f"- Cause: **{report.cause.kind}**; repair: {report.cause.repair} "

@@ -13,7 +13,9 @@ from app import __version__
 from app.core import diagnosis
 from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_words
 from app.core.diagnosis import AT_RISK_HEADROOM, Quality
+from app.core.health.cost import FixCost
 from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, tested_words
+from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.precision import PrecisionPlan
 
 # Where a tensor lives, by key prefix: original (LDM) single-file names and diffusers names.
@@ -109,7 +111,7 @@ class Fix:
     verified: bool
     quality: Quality | None = None
     steps: list[str] = field(default_factory=list)  # the fix in words, one item per change
-    cost: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cost: FixCost | None = None  # measured beside no-half (None: not measured)
     # Every candidate tried, per failing component, ranked (the chosen one first), and the
     # tested plan's and no-half's cost measured beside them (component -> label -> cost).
     candidates: list[diagnosis.CandidateResult] = field(default_factory=list)
@@ -124,7 +126,9 @@ class Fix:
             "modules": {c: self.plan.islands(c) for c in self.plan.modules if self.plan.islands(c)},
             "settings": self.settings,
             # The figures, and the one sentence that reads them honestly (noise included).
-            "cost": {**self.cost, "summary": cost_comparison(self.cost)} if self.cost else {},
+            "cost": (
+                {**self.cost.to_json(), "summary": cost_comparison(self.cost)} if self.cost else {}
+            ),
             "precision_words": tested_words(self.plan),
             "clamps": {c: list(p) for c, p in self.plan.clamps.items() if p},
             "layers_wider": self.plan.island_count(),
@@ -157,8 +161,10 @@ class Advice:
 
 @dataclass
 class HealthReport:
-    model: dict[str, Any]
-    device: dict[str, Any]
+    """What the check found for `model` on `device`, tested under `plan` at `size` px."""
+
+    model: ModelIdentity
+    device: DeviceIdentity
     plan: PrecisionPlan
     size: int
     weights_non_finite: list[str]
@@ -190,8 +196,8 @@ class HealthReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "halfsafe": __version__,
-            "model": self.model,
-            "device": self.device,
+            "model": self.model.check_json(),
+            "device": self.device.to_json(),
             "tested": self.plan.tested(),
             "tested_layers": layer_words(self.plan),
             "weights": {
@@ -254,10 +260,10 @@ def _factor(peak: float | None) -> str:
 def damaged_files(report: HealthReport) -> list[str]:
     """The files holding the weights with NaN or Inf: for a component read from a companion
     file (a split transformer's T5, VAE, ...) that file, else the model the user gave."""
-    companions = report.model.get("companions") or {}
+    companions, source = report.model.companions, report.model.source
     files: list[str] = []
     for name in report.weights_non_finite:
-        file = companions.get(component_of_tensor(name) or "", report.model.get("source", ""))
+        file = companions.get(component_of_tensor(name) or "", source)
         if file not in files:
             files.append(file)
     return files
@@ -281,7 +287,7 @@ def headline(report: HealthReport) -> str:
             bad = report.weights_non_finite
             named = f" ({bad[0]}{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})"
             files = damaged_files(report)
-            if files == [report.model.get("source", "")]:
+            if files == [report.model.source]:
                 return (
                     f"Broken: the weights hold NaN or Inf values{named}; no precision setting "
                     "can repair this file."
@@ -327,7 +333,7 @@ def headline(report: HealthReport) -> str:
             f"keep only the {join_words(advice.overflowing)} in {' or '.join(sorted(keep))} "
             "and run the rest in fp16"
         )
-        if report.device.get("kind") == "cpu":
+        if report.device.kind == "cpu":
             # fp16 is emulated on a CPU: the advice is for a GPU, and fp32 stays fastest here.
             keep_only = f"on a GPU, {keep_only}; on this CPU fp32 is the fastest choice"
         return (

@@ -16,6 +16,7 @@ from typing import Any
 
 from app.core.components import in_run_order
 from app.core.families import family_of
+from app.core.health.cost import StepCost
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, plan_weights_mb
 from app.core.probe import ActivationRecorder, ProbeResult
 from app.core.settings import FIELDS
@@ -219,7 +220,7 @@ class Runner:
         plans: dict[str, PrecisionPlan],
         conditioning: dict[str, Any],
         on_run: RunCallback = _no_runs,
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, StepCost]:
         """Time of one UNet step (CFG batch) under each plan, measured the same way for all:
         one warm-up step each, then `COST_ROUNDS` rounds that alternate between the plans, so
         drift (clocks, caches, other load) hits every plan alike. Reports the median and the
@@ -246,13 +247,13 @@ class Runner:
                 runs.one_more()
                 samples[name].append(stage.seconds[self.family.denoiser] * 1000)
         return {
-            name: {
-                "unet_step_ms": round(statistics.median(samples[name]), 2),
-                "unet_step_ms_range": [round(min(samples[name]), 2), round(max(samples[name]), 2)],
-                "rounds": COST_ROUNDS,
-                "peak_memory_mb": _rounded(peaks[name]),
-                "weights_mb": round(plan_weights_mb(plan, self.model.pipeline), 1),
-            }
+            name: StepCost(
+                unet_step_ms=round(statistics.median(samples[name]), 2),
+                unet_step_ms_range=(round(min(samples[name]), 2), round(max(samples[name]), 2)),
+                rounds=COST_ROUNDS,
+                peak_memory_mb=_rounded(peaks[name]),
+                weights_mb=round(plan_weights_mb(plan, self.model.pipeline), 1),
+            )
             for name, plan in plans.items()
         }
 

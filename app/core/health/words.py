@@ -10,6 +10,7 @@ from typing import Any
 from app.core.components import Status, Verdict
 from app.core.components import words as component_words
 from app.core.diagnosis import CandidateResult
+from app.core.health.cost import FixCost, StepCost
 from app.core.precision import PrecisionPlan
 from app.core.settings import FIELDS, modules_by_component
 
@@ -103,34 +104,25 @@ def flags(settings: dict[str, Any]) -> str:
     return " ".join(f for f in (flag(k, v) for k, v in settings.items()) if f)
 
 
-def cost_words(cost: dict[str, Any]) -> str:
-    parts = []
-    if cost.get("unet_step_ms") is not None:
-        spread = cost.get("unet_step_ms_range")
-        parts.append(
-            f"{cost['unet_step_ms']:.1f} ms per UNet step"
-            + (
-                f" ({spread[0]:.1f}-{spread[1]:.1f} over {cost.get('rounds')} runs)"
-                if spread
-                else ""
-            )
-        )
-    if cost.get("peak_memory_mb") is not None:
-        parts.append(f"{cost['peak_memory_mb']:.0f} MB peak")
-    if cost.get("weights_mb") is not None:
-        parts.append(f"{cost['weights_mb']:.0f} MB of weights")
-    return ", ".join(parts) or "not measured"
+def cost_words(cost: StepCost) -> str:
+    """'61.0 ms per UNet step (59.5-63.0 over 5 runs), 7100 MB peak, 5300 MB of weights'."""
+    parts = [
+        f"{cost.unet_step_ms:.1f} ms per UNet step ({cost.unet_step_ms_range[0]:.1f}-"
+        f"{cost.unet_step_ms_range[1]:.1f} over {cost.rounds} runs)"
+    ]
+    if cost.peak_memory_mb is not None:
+        parts.append(f"{cost.peak_memory_mb:.0f} MB peak")
+    parts.append(f"{cost.weights_mb:.0f} MB of weights")
+    return ", ".join(parts)
 
 
-def cost_comparison(cost: Mapping[str, Mapping[str, Any]]) -> str:
+def cost_comparison(cost: FixCost) -> str:
     """One sentence comparing the fix's step time with no-half's, honest about noise: when the
     two ranges overlap the measurement cannot tell them apart, and says so."""
-    fix, half = cost.get("fix") or {}, cost.get("no_half") or {}
-    fast, slow = fix.get("unet_step_ms"), half.get("unet_step_ms")
+    fast, slow = cost.fix.unet_step_ms, cost.no_half.unet_step_ms
     if not fast or not slow:
         return ""
-    fix_range = fix.get("unet_step_ms_range") or [fast, fast]
-    half_range = half.get("unet_step_ms_range") or [slow, slow]
+    fix_range, half_range = cost.fix.unet_step_ms_range, cost.no_half.unet_step_ms_range
     if fix_range[1] >= half_range[0] and half_range[1] >= fix_range[0]:
         return (
             "Per UNet step the fix and no-half took the same time within this measurement's noise."

@@ -1,0 +1,89 @@
+"""A check or a generation run as its request record (`app.core.requests`) asks, on a loaded
+model: the one entry the engine's jobs and the `halfsafe` command both call, so the window and
+the terminal run the same job from the same record.
+
+Torch is imported only when a job runs: importing this module stays as light as the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from app.core.errors import HalfSafeError
+from app.core.jobs import CancelToken, ProgressCallback
+from app.core.lora import LoraRequest
+from app.core.requests import CheckRequest, GenerateRequest
+
+if TYPE_CHECKING:
+    from app.core.generation.records import GenerationResult, PreviewCallback
+    from app.core.health.report import HealthReport
+
+
+def check(
+    model: Any,
+    request: CheckRequest,
+    *,
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> HealthReport:
+    """Check `model` (a `models.LoadedModel`) as `request` asks, a failure attributed to its
+    cause (`causes.check_and_attribute`). `request.loras` None leaves the model's LoRAs as
+    they are; otherwise exactly those are applied first."""
+    from app.core.causes import check_and_attribute
+
+    if request.loras is not None:
+        use_loras(model, request.loras, "", allow_pickle=request.allow_pickle)
+    return check_and_attribute(
+        model,
+        precision=request.precision,
+        device=request.device,
+        size=request.size,
+        steps=request.steps,  # the probe covers the ends of the user's own sampler schedule
+        scheduler=request.scheduler,
+        on_progress=on_progress,
+        cancel=cancel,
+    )
+
+
+def generate(
+    model: Any,
+    request: GenerateRequest,
+    *,
+    on_progress: ProgressCallback | None = None,
+    on_preview: PreviewCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> GenerationResult:
+    """Make the images `request.generation` describes with `model`, with `request.loras` and
+    the LoRAs its prompt names in `<lora:...>` tags applied (and no others). Raises what
+    `generation.generate` raises, ImageSaveError included."""
+    from app.core.generation import generate as run_generation
+
+    use_loras(model, request.loras, request.generation.prompt, allow_pickle=request.allow_pickle)
+    return run_generation(
+        model,
+        request.generation,
+        precision=request.precision,
+        device=request.device,
+        on_progress=on_progress,
+        on_preview=on_preview,
+        cancel=cancel,
+    )
+
+
+def use_loras(
+    model: Any, loras: Sequence[LoraRequest] | None, prompt: str, *, allow_pickle: bool
+) -> None:
+    """Apply exactly `loras` and those `prompt` names to `model`. A record that crossed from
+    another process is checked again: an entry whose weight is no usable number is one
+    sentence."""
+    from app.core.lora import check_weight, load_requested
+
+    requests = []
+    for entry in loras or ():
+        try:
+            weight = check_weight(float(entry.weight), str(entry.path))
+        except (TypeError, ValueError) as error:
+            raise HalfSafeError(f"A LoRA entry is not usable: {error}.") from None
+        requests.append(LoraRequest(str(entry.path), weight))
+    load_requested(model, requests, allow_pickle=allow_pickle, prompt=prompt)
