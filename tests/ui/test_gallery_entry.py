@@ -13,6 +13,7 @@ from PIL import Image
 from app.core.families import FAMILIES
 from app.core.generation import _parameters
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
+from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.images import save_png
 from app.ui.image_entry import (
     GalleryEntry,
@@ -84,7 +85,8 @@ def _fresh(tmp_path, monkeypatch, loras=()) -> tuple[ImageResult, GenerationResu
         settings=dict(SETTINGS),
         seconds=1.0,
         request=request,
-        model={"name": "demo"},
+        model=ModelIdentity(source="demo", name="demo", architecture="sd1"),
+        device=DeviceIdentity(kind="cpu", name="a CPU"),
         warnings=[WARNING],
     )
     return image, result
