@@ -282,3 +282,8 @@ def _report_from(document: dict[str, Any]) -> SavedReport:
         saved_at=float(document["saved_at"]),
         torch_version=_bounded(document.get("torch_version")),
     )
+
+
+def when_words(seconds: float) -> str:
+    """'23 Nov 2026, 17:20' (local time) for a time saved in seconds since 1970."""
+    return time.strftime("%d %b %Y, %H:%M", time.localtime(seconds))
