@@ -21,7 +21,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,25 @@ class RememberedFix:
     summary: str  # one sentence, as the health check wrote it
     verified_by: str  # "health check" or "generation repair"
     saved_at: float
+    edited_at: float | None = None  # when the user last changed its layer lists by hand
+
+
+@dataclass(frozen=True)
+class StoredFix:
+    """One entry of the file, as the Fixes page lists it: the fix and whom it is for."""
+
+    profile_key: str
+    device: str
+    torch_version: str
+    fix: RememberedFix
+
+
+@dataclass(frozen=True)
+class StoredFixes:
+    """Every fix the file holds, newest first, and a sentence when it was found damaged."""
+
+    fixes: list[StoredFix]
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,14 @@ class Lookup:
 
 def _key(profile_key: str, device_name: str, torch_version: str) -> str:
     return f"{profile_key}|{device_name}|torch {torch_version}"
+
+
+def _parts(key: str) -> tuple[str, str, str]:
+    """(profile key, device name, torch version) of a well-formed entry's name. The profile key
+    holds no "|" (a hex digest, or a demo's name); a device name may."""
+    rest, _, torch_version = key.rpartition("|torch ")
+    profile_key, _, device_name = rest.partition("|")
+    return profile_key, device_name, torch_version
 
 
 def _path() -> Path:
@@ -108,12 +135,16 @@ def remember_fix(
 ) -> RememberedFix:
     """Store a verified fix: atomic write under the profiles lock; other models' entries are
     kept. A damaged file is moved aside first; if it cannot be, the fix is not stored (that
-    would overwrite what the file still holds) and the reason is logged."""
+    would overwrite what the file still holds) and the reason is logged. Raises ValueError
+    for a setting that is not valid or `verified_by` not one of VERIFIED_BY (an entry the file
+    would refuse when read back)."""
     for key, value in settings.items():
         FIELDS[key].validate(value)
+    if verified_by not in VERIFIED_BY:
+        raise ValueError(f"a fix is verified by {' or '.join(VERIFIED_BY)}, not {verified_by!r}")
     fix = RememberedFix(dict(settings), summary, verified_by, time.time())
     key = _key(profile_key, device_name, torch_version or _torch_version())
-    _change(lambda entries: entries.__setitem__(key, asdict(fix)))
+    _change(lambda entries: entries.__setitem__(key, _entry(fix)))
     return fix
 
 
@@ -121,6 +152,50 @@ def forget_fix(profile_key: str, device_name: str, torch_version: str | None = N
     """Drop the fix stored for this model on this device and torch, if any."""
     key = _key(profile_key, device_name, torch_version or _torch_version())
     _change(lambda entries: entries.pop(key, None))
+
+
+def stored_fixes() -> StoredFixes:
+    """Every fix the file holds, for every model, device and torch, newest first (the Fixes
+    page's list; no torch is imported). A damaged file is handled as `lookup` handles it."""
+    contents, note = _read_repairing(_path())
+    fixes = [StoredFix(*_parts(key), fix) for key, fix in contents.fixes.items()]
+    fixes.sort(key=lambda stored: stored.fix.saved_at, reverse=True)
+    return StoredFixes(fixes, [note] if note else [])
+
+
+def change_fix(stored: StoredFix, settings: dict[str, Any], summary: str) -> RememberedFix:
+    """Replace the settings of a stored fix by hand (the Fixes page's Edit): validated through
+    the schema, stamped `edited_at`, its verification and time kept. Raises ValueError for a
+    bad setting or an empty fix, and KeyError when the fix is no longer stored."""
+    if not settings:
+        raise ValueError("a fix with no settings left is no fix (Forget removes it)")
+    checked = {}
+    for name, value in settings.items():
+        if name not in FIELDS:
+            raise ValueError(f"{shown(name)} is not a setting")
+        checked[name] = FIELDS[name].validate(value)
+    fix = replace(stored.fix, settings=checked, summary=summary, edited_at=time.time())
+    key = _key(stored.profile_key, stored.device, stored.torch_version)
+    changed: list[str] = []
+
+    def edit(entries: dict[str, dict[str, Any]]) -> None:
+        if key in entries:
+            entries[key] = {**entries[key], **_entry(fix)}
+            changed.append(key)
+
+    _change(edit)
+    if not changed:
+        raise KeyError("this fix is no longer remembered")
+    return fix
+
+
+def _entry(fix: RememberedFix) -> dict[str, Any]:
+    """A fix as the file holds it; `edited_at` only once it was edited (the file of a fix
+    never edited reads as it always did)."""
+    entry = asdict(fix)
+    if fix.edited_at is None:
+        del entry["edited_at"]
+    return entry
 
 
 # Reading ----------------------------------------------------------------------------------
@@ -339,12 +414,11 @@ def _entry_problem(key: str, entry: Any) -> str | None:
     if entry.get("verified_by") not in VERIFIED_BY:
         return f"'verified_by' is {shown(entry.get('verified_by'))}"
     saved_at = entry.get("saved_at")
-    if (
-        not isinstance(saved_at, int | float)
-        or isinstance(saved_at, bool)
-        or not 0 <= saved_at <= LATEST_TIME
-    ):
+    if not _is_time(saved_at):
         return f"'saved_at' is {shown(saved_at)}, not a time"
+    edited_at = entry.get("edited_at")
+    if edited_at is not None and not _is_time(edited_at):
+        return f"'edited_at' is {shown(edited_at)}, not a time"
     for name, value in settings.items():
         if name not in FIELDS:
             continue  # a setting of a newer HalfSafe: the entry is kept for it, not used here
@@ -353,6 +427,13 @@ def _entry_problem(key: str, entry: Any) -> str | None:
         except ValueError as error:
             return f"setting '{name}': {error}"
     return None
+
+
+def _is_time(value: Any) -> bool:
+    """Seconds since 1970 that a HalfSafe could have written."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= LATEST_TIME
+    )
 
 
 def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
@@ -366,6 +447,7 @@ def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
         entry["summary"],
         entry["verified_by"],
         float(entry["saved_at"]),
+        None if entry.get("edited_at") is None else float(entry["edited_at"]),
     )
 
 

@@ -87,6 +87,23 @@ class RememberFixRequest:
 
 
 @dataclass(frozen=True)
+class CheckModelsRequest:
+    """Check several models in turn, each loaded for its check and checked as `CheckRequest`
+    says, then load the model that was loaded before again. `models`: these sources (Re-verify
+    of one model, whose fix `precision` then names); None: every model the library lists under
+    `folders` and the usual model folders ("Check all my models")."""
+
+    kind: ClassVar[str] = "check_models"
+    models: tuple[str, ...] | None = None
+    folders: tuple[str, ...] = ()
+    precision: PrecisionSettings = field(default_factory=PrecisionSettings)
+    device: str = "auto"
+    size: int | None = None
+    steps: int = DEFAULT_STEPS
+    scheduler: str = DEFAULT_SCHEDULER
+
+
+@dataclass(frozen=True)
 class PingRequest:
     """Proves the engine is up and answering."""
 
@@ -100,5 +117,6 @@ JobParams = (
     | ExplainRequest
     | HardwareRequest
     | RememberFixRequest
+    | CheckModelsRequest
     | PingRequest
 )

@@ -7,6 +7,7 @@ and the GUI process can import `app.engine` without pulling torch in.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -15,14 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from app.core import requested
-from app.core.errors import HalfSafeError
+from app.core.errors import CancelledError, HalfSafeError
 from app.core.explain import Explanation
 from app.core.generation.records import GenerationResult
 from app.core.hardware import HardwareReport
 from app.core.health.report import CheckResult
-from app.core.jobs import CancelToken
+from app.core.jobs import CancelToken, ProgressCallback
+from app.core.library_check import (
+    MAX_MODELS_PER_RUN,
+    ModelCheckRow,
+    ModelChecks,
+    ModelToCheck,
+    models_to_check,
+)
 from app.core.models.summary import ModelSummary, summarise
 from app.core.requests import (
+    CheckModelsRequest,
     CheckRequest,
     ExplainRequest,
     GenerateRequest,
@@ -31,6 +40,7 @@ from app.core.requests import (
     PingRequest,
     RememberFixRequest,
 )
+from app.engine.failures import describe_exception
 from app.engine.server import Handler, JobContext
 
 
@@ -73,7 +83,10 @@ def load(context: JobContext, request: LoadRequest) -> ModelSummary:
 
 
 def _load_into_session(
-    context: JobContext, request: LoadRequest, cancel: CancelToken
+    context: JobContext,
+    request: LoadRequest,
+    cancel: CancelToken,
+    on_progress: ProgressCallback | None = None,
 ) -> ModelSummary:
     from app.core.models import load_model
 
@@ -81,7 +94,7 @@ def _load_into_session(
         request.source,
         vae=request.vae or None,
         allow_pickle=request.allow_pickle,
-        on_progress=context.progress,
+        on_progress=on_progress or context.progress,
         cancel=cancel,
     )
     cancel.raise_if_cancelled()
@@ -114,7 +127,19 @@ def check(context: JobContext, request: CheckRequest) -> CheckResult:
     from app.core.health import markdown_report
 
     report = requested.check(model, request, on_progress=context.progress, cancel=context.cancel)
-    return CheckResult(report, markdown_report(report))
+    return _saved(context, model, CheckResult(report, markdown_report(report)))
+
+
+def _saved(context: JobContext, model: Any, result: CheckResult) -> CheckResult:
+    """Keep the finished check as the model's last report on its device (the Fixes page and
+    the Health check page show it again); one that cannot be saved is said, not fatal."""
+    from app.core.health.saved import save_report
+
+    try:
+        save_report(str(getattr(model, "profile_key", "") or ""), result)
+    except OSError as error:
+        context.warn(f"The report could not be kept for later ({error.strerror or error}).")
+    return result
 
 
 def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:
@@ -196,16 +221,148 @@ def remember_fix(context: JobContext, request: RememberFixRequest) -> ModelSumma
         info.name,
         dict(request.settings),
         request.summary,
-        "generation" if request.verified_by == "generation" else "health check",
+        "generation repair" if request.verified_by == "generation" else "health check",
     )
     context.session.model_summary = summarise(model, request.device)
     return context.session.model_summary
+
+
+def check_models(context: JobContext, request: CheckModelsRequest) -> ModelChecks:
+    """Check each model `request` names (or every model in the library) in turn: load it, check
+    it as `request` says, keep its report. A model that cannot be loaded or checked gets one
+    sentence in its row and the run goes on; a cancel ends the run (between models, or during
+    one, whose row is left out). The model loaded before the run is loaded again at the end,
+    whatever happened; the record says which model is loaded then."""
+    targets = _models_for_run(context, request)
+    previous = context.session.model_request
+    rows: list[ModelCheckRow] = []
+    cancelled = False
+    try:
+        for index, target in enumerate(targets[:MAX_MODELS_PER_RUN]):
+            context.cancel.raise_if_cancelled()
+            place = (index, min(len(targets), MAX_MODELS_PER_RUN))
+            rows.append(_check_one(context, request, target, place))
+    except CancelledError:
+        cancelled = True
+    finally:
+        restore_problem = _restore(context, previous)
+    return ModelChecks(
+        rows=tuple(rows),
+        cancelled=cancelled,
+        not_checked=max(0, len(targets) - MAX_MODELS_PER_RUN),
+        loaded=context.session.model_summary,
+        loaded_request=context.session.model_request,
+        restore_problem=restore_problem,
+    )
+
+
+def _models_for_run(context: JobContext, request: CheckModelsRequest) -> list[ModelToCheck]:
+    if request.models is not None:
+        return [ModelToCheck(source, Path(source).name) for source in request.models]
+    from app.core.library import scan_library
+
+    context.progress("Looking for models", 0, 0)
+    entries = scan_library(
+        list(request.folders), on_progress=context.progress, cancel=context.cancel
+    )
+    return models_to_check(entries)
+
+
+def _check_one(
+    context: JobContext, request: CheckModelsRequest, target: ModelToCheck, place: tuple[int, int]
+) -> ModelCheckRow:
+    """Load `target` (unless it is the loaded model) and check it; its row either way."""
+    if target.problem is not None:
+        return ModelCheckRow(target.source, target.name, None, target.problem)
+    index, count = place
+
+    def progress(stage: str, _done: int, _total: int) -> None:
+        context.progress(f"{target.name} ({index + 1} of {count}): {stage}", index, count)
+
+    phase = "load"
+    try:
+        model = _load_for_run(context, target, request.device, progress)
+        phase = "check"
+        report = _check_for_run(context, model, request, progress).report
+    except CancelledError:
+        raise
+    except Exception as error:  # noqa: BLE001 - one model's failure is its row's; the run goes on
+        return ModelCheckRow(
+            target.source, target.name, None, describe_exception(error, phase).message
+        )
+    fix = report.fix.summary if report.fix is not None else report.remembered or ""
+    return ModelCheckRow(target.source, target.name, report.verdict, report.headline, fix)
+
+
+def _load_for_run(
+    context: JobContext, target: ModelToCheck, device: str, progress: ProgressCallback
+) -> Any:
+    """The loaded model when it is `target`, else `target` loaded in its place (refused before
+    the loaded model is let go when it cannot even be opened)."""
+    loaded = context.session.model_request
+    if (
+        context.session.model is not None
+        and loaded is not None
+        and loaded.source == target.source
+        and (target.vae is None or loaded.vae == target.vae)
+    ):
+        return context.session.model
+    from app.core.models import check_openable
+
+    check_openable(target.source, allow_pickle=False)
+    _free_model(context)
+    request = LoadRequest(target.source, vae=target.vae, device=device)
+    _load_into_session(context, request, context.cancel, progress)
+    return context.session.model
+
+
+def _check_for_run(
+    context: JobContext, model: Any, request: CheckModelsRequest, progress: ProgressCallback
+) -> CheckResult:
+    """The check `check` runs, on the model alone (no LoRA), its report kept."""
+    from app.core.health import markdown_report
+
+    alone = CheckRequest(
+        precision=request.precision,
+        device=request.device,
+        size=request.size,
+        steps=request.steps,
+        scheduler=request.scheduler,
+        loras=(),
+    )
+    report = requested.check(model, alone, on_progress=progress, cancel=context.cancel)
+    return _saved(context, model, CheckResult(report, markdown_report(report)))
+
+
+def _restore(context: JobContext, previous: LoadRequest | None) -> str:
+    """Load `previous` again unless it is still loaded (none: free the last one checked), even
+    after a cancel. Returns "" or the sentence saying why it could not be loaded."""
+    if context.session.model_request == previous and (
+        previous is None or context.session.model is not None
+    ):
+        return ""
+    _free_model(context)
+    if previous is None:
+        return ""
+    name = Path(previous.source).name
+
+    def progress(stage: str, done: int, total: int) -> None:
+        with contextlib.suppress(CancelledError):  # the run's cancel never stops this load
+            context.progress(f"Loading {name} again: {stage}", done, total)
+
+    try:
+        _load_into_session(context, previous, CancelToken(), progress)
+    except Exception as error:  # noqa: BLE001 - the run's rows stand; the sentence says what failed
+        _free_model(context)
+        return f"{name} could not be loaded again: {describe_exception(error, 'load').message}"
+    return ""
 
 
 HANDLERS: dict[str, Handler] = {
     "load": load,
     "remember_fix": remember_fix,
     "check": check,
+    "check_models": check_models,
     "generate": generate,
     "explain": explain,
     "hardware": hardware,

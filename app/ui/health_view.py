@@ -137,6 +137,7 @@ class HealthView(QWidget):
         self.body = scroll_column(layout)
 
         state.model_changed.connect(self._model_changed)
+        state.model_changed.connect(self.show_saved_report)
         self._model_changed(state.model)
 
     # Running ----------------------------------------------------------------------------------
@@ -223,6 +224,30 @@ class HealthView(QWidget):
             self.dialogs.job_failed(event)
 
     # Showing ----------------------------------------------------------------------------------
+
+    def show_saved_report(self, model: ModelSummary | None) -> None:
+        """When a model is loaded (and no check of it is shown or running), show its last
+        saved report: the headline, when and where it was checked, and its Markdown to copy
+        or export. A check run now replaces it."""
+        from app.core.health.saved import last_report, when_words
+
+        # A report still shown is this model's: `_model_changed` cleared another model's.
+        if self.job_id is not None or self.report is not None:
+            return
+        self.clear_report()
+        device = self.state.device_report()
+        saved = last_report(model.profile_key, device.name if device else None) if model else None
+        if saved is None:
+            return
+        self.markdown = saved.markdown
+        for button in (self.export_button, self.copy_button):
+            button.setEnabled(True)
+        self.verdict.show_message(
+            _VERDICT_LEVEL[saved.verdict],
+            f"<b>{html.escape(saved.headline)}</b><br>The last check, on "
+            f"{html.escape(saved.device)} on {when_words(saved.saved_at)}. Run the health "
+            "check to see each part and the fix in full.",
+        )
 
     def _clear(self) -> None:
         while self.body.count() > 1:

@@ -1,4 +1,4 @@
-"""The main window: navigation, the five pages, the engine banner, the status bar, drag and drop."""
+"""The main window: navigation, the six pages, the engine banner, the status bar, drag and drop."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.explain_view import ExplainDialog
 from app.ui.first_run import FirstStart
+from app.ui.fixes_view import FixesView
 from app.ui.generate_view import GenerateView
 from app.ui.gpu_view import GpuView
 from app.ui.health_view import HealthView
@@ -41,7 +42,7 @@ from app.ui.settings_view import SettingsView
 from app.ui.state import AppState
 from app.ui.widgets import Banner
 
-PAGES = ("Models", "Health check", "Generate", "Devices", "Settings")
+PAGES = ("Models", "Health check", "Fixes", "Generate", "Devices", "Settings")
 TITLE = "HalfSafe"
 
 
@@ -96,6 +97,7 @@ class MainWindow(QMainWindow):
 
         self.models_view = ModelsView(state, client, self.dialogs, ui_settings)
         self.health_view = HealthView(state, client, self.dialogs)
+        self.fixes_view = FixesView(state, client, self.dialogs)
         self.generate_view = GenerateView(
             state, client, self.dialogs, ui_settings, load_demo=self.load_demo
         )
@@ -108,6 +110,7 @@ class MainWindow(QMainWindow):
         for view in (
             self.models_view,
             self.health_view,
+            self.fixes_view,
             self.generate_view,
             self.gpu_view,
             self.settings_view,

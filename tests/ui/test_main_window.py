@@ -26,6 +26,7 @@ def test_window_opens_with_title_pages_and_status_bar(window, engines):
     assert [window.navigation.item(i).text() for i in range(window.navigation.count())] == [
         "Models",
         "Health check",
+        "Fixes",
         "Generate",
         "Devices",
         "Settings",

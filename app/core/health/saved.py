@@ -1,0 +1,289 @@
+"""Saved health reports: the last finished check of each model on each device, kept across
+restarts and model loads, for the Health check and Fixes pages to show again.
+
+Each report is a file of its own, `reports/<digest>.json` in the data folder, named by a digest
+of the model's profile key (the identity remembered fixes are keyed by) and the device's name,
+so a damaged file costs only itself. Files are written atomically under `reports.lock`; at most
+MAX_SAVED_REPORTS are kept (the oldest make room), each at most MAX_REPORT_BYTES with its
+Markdown cut at MAX_MARKDOWN_CHARS. They are read back file by file, bounded before any JSON is
+parsed and checked field by field; a damaged file is moved aside (`<name>.damaged-<time>`),
+never overwritten, and said in one sentence. No torch here: the GUI reads these files itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from app.core import paths
+from app.core.components import Verdict
+from app.core.files import aside_name, locked, write_atomic
+from app.core.health.report import CheckResult
+from app.core.limits import parse_json, read_regular
+from app.core.settings import shown
+
+REPORTS_FOLDER = "reports"
+# A report's Markdown is some 2-20 KB: 500 of them are a few MB on disk.
+MAX_SAVED_REPORTS = 500
+MAX_MARKDOWN_CHARS = 200_000
+MAX_REPORT_BYTES = 1 << 20
+MAX_TEXT_CHARS = 4000  # a name, a path, a device, a headline, a fix's summary
+# Entries of the folder looked at when listing it: it holds only HalfSafe's files, unless
+# something else was put there.
+MAX_FOLDER_ENTRIES = 10 * MAX_SAVED_REPORTS
+# seconds since 1970; a time past this (the year 5138) is damage.
+LATEST_TIME = 1e11
+_FILE_NAME = re.compile(r"[0-9a-f]{32}\.json")
+_TEXTS = ("profile_key", "device", "model_name", "source", "headline", "fix_summary")
+
+
+@dataclass(frozen=True)
+class SavedReport:
+    """One finished check as it was saved: whom it is about, its verdict and headline, the fix
+    it found (in the check's words; empty when none) and the whole report as Markdown."""
+
+    profile_key: str
+    device: str
+    model_name: str
+    source: str
+    verdict: Verdict
+    headline: str
+    fix_summary: str
+    markdown: str
+    saved_at: float
+    torch_version: str = ""
+
+
+@dataclass(frozen=True)
+class SavedReports:
+    """Every saved report that could be read, newest first, and one sentence per damaged file
+    (moved aside)."""
+
+    reports: list[SavedReport]
+    notes: list[str] = field(default_factory=list)
+
+
+def folder() -> Path:
+    return paths.data_dir() / REPORTS_FOLDER
+
+
+def _file(profile_key: str, device: str) -> Path:
+    digest = hashlib.sha256(f"{profile_key}\0{device}".encode()).hexdigest()[:32]
+    return folder() / f"{digest}.json"
+
+
+# Writing ----------------------------------------------------------------------------------
+
+
+def save_report(profile_key: str, result: CheckResult) -> SavedReport | None:
+    """Keep `result` as the last report of this model on the device it ran on, replacing the
+    one before; past MAX_SAVED_REPORTS the oldest are removed. Returns what was saved, or None
+    for a model without a profile key (nothing to file it under). Raises OSError when the file
+    cannot be written (the reports already saved are untouched)."""
+    if not profile_key:
+        return None
+    report = result.report
+    saved = SavedReport(
+        profile_key=profile_key,
+        device=_bounded(report.device.name),
+        model_name=_bounded(report.model.name),
+        source=_bounded(report.model.source),
+        verdict=report.verdict,
+        headline=_bounded(report.headline),
+        fix_summary=_bounded(report.fix.summary if report.fix is not None else ""),
+        markdown=_cut(result.markdown, MAX_MARKDOWN_CHARS),
+        saved_at=time.time(),
+        torch_version=_bounded(report.versions.get("torch")),
+    )
+    saved, text = _fitted(saved)
+    with locked(folder()):
+        write_atomic(_file(saved.profile_key, saved.device), text)
+        _prune()
+    return saved
+
+
+def forget_report(profile_key: str, device: str) -> None:
+    """Remove the report saved for this model on this device, if any."""
+    with locked(folder()):
+        _file(profile_key, device).unlink(missing_ok=True)
+
+
+def _bounded(text: Any) -> str:
+    return str(text or "")[:MAX_TEXT_CHARS]
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + _cut_note(limit)
+
+
+def _cut_note(limit: int) -> str:
+    return f"\n\n(The rest of this report, past {limit:,} characters, was not saved.)\n"
+
+
+def _fitted(saved: SavedReport) -> tuple[SavedReport, str]:
+    """The report and its file's text within MAX_REPORT_BYTES: a Markdown of wide characters is
+    cut further."""
+    limit = MAX_MARKDOWN_CHARS
+    text = _dumps(saved)
+    while len(text.encode("utf-8")) > MAX_REPORT_BYTES:
+        limit //= 2
+        saved = replace(saved, markdown=_cut(saved.markdown, limit))
+        text = _dumps(saved)
+    return saved, text
+
+
+def _dumps(saved: SavedReport) -> str:
+    document = {**asdict(saved), "verdict": saved.verdict.value}
+    return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+
+
+def _prune() -> None:
+    """Remove the oldest reports past MAX_SAVED_REPORTS (by the time each file was written).
+    Call under the lock."""
+    files = sorted(_report_files(), key=lambda item: item[1], reverse=True)
+    for path, _written in files[MAX_SAVED_REPORTS:]:
+        path.unlink(missing_ok=True)
+
+
+# Reading ----------------------------------------------------------------------------------
+
+
+def saved_reports() -> SavedReports:
+    """Every saved report (the newest MAX_SAVED_REPORTS files), newest first. Never raises for
+    a bad file: it is moved aside and named in a note."""
+    reports: list[SavedReport] = []
+    notes: list[str] = []
+    newest = sorted(_report_files(), key=lambda item: item[1], reverse=True)
+    for path, _written in newest[:MAX_SAVED_REPORTS]:
+        saved, note = _read_repairing(path)
+        if saved is not None:
+            reports.append(saved)
+        if note is not None:
+            notes.append(note)
+    reports.sort(key=lambda saved: saved.saved_at, reverse=True)
+    return SavedReports(reports, notes)
+
+
+def last_report(profile_key: str, device: str | None = None) -> SavedReport | None:
+    """The report saved for this model on `device` (None: on whichever device checked it
+    last), or None. A damaged file is moved aside and counts as none."""
+    if not profile_key:
+        return None
+    if device is not None:
+        return _read_repairing(_file(profile_key, device))[0]
+    mine = [r for r in saved_reports().reports if r.profile_key == profile_key]
+    return mine[0] if mine else None
+
+
+def _report_files() -> Iterator[tuple[Path, float]]:
+    """(path, time written) of each report file in the folder, looking at no more than
+    MAX_FOLDER_ENTRIES entries."""
+    try:
+        entries = os.scandir(folder())
+    except OSError:
+        return
+    with entries:
+        for number, entry in enumerate(entries):
+            if number >= MAX_FOLDER_ENTRIES:
+                return
+            if not _FILE_NAME.fullmatch(entry.name):
+                continue
+            try:
+                written = entry.stat().st_mtime
+            except OSError:
+                continue
+            yield Path(entry.path), written
+
+
+def _read_repairing(path: Path) -> tuple[SavedReport | None, str | None]:
+    """The report in `path` (None when there is none), and the note when it was damaged. A
+    damaged file is moved aside under the lock, after reading it again there (another process
+    may have just replaced it)."""
+    saved, problem = _read(path)
+    if problem is None:
+        return saved, None
+    try:
+        with locked(folder()):
+            saved, problem = _read(path)
+            if problem is None:
+                return saved, None
+            target = aside_name(path)
+            os.replace(path, target)
+    except OSError as error:
+        return None, (
+            f"{path} is damaged ({problem}) and is left as it is because it could not be moved "
+            f"aside ({error.strerror or error}); the other saved reports are kept."
+        )
+    return None, (
+        f"{path} was damaged ({problem}); it is kept as {target}, and the other saved reports "
+        "are kept."
+    )
+
+
+def _read(path: Path) -> tuple[SavedReport | None, str | None]:
+    """The report in one file, or the reason it cannot be read (no file: neither)."""
+    if not os.path.lexists(path):
+        return None, None
+    try:
+        document = parse_json(read_regular(path, MAX_REPORT_BYTES))
+    except OSError as error:
+        return None, error.strerror or str(error)
+    except ValueError as error:
+        return None, str(error)
+    problem = _problem(path, document)
+    if problem is not None:
+        return None, problem
+    return _report_from(document), None
+
+
+def _problem(path: Path, document: Any) -> str | None:
+    """What is wrong with one decoded file, or None when it is a report HalfSafe wrote."""
+    if not isinstance(document, dict):
+        return "it is not a JSON object"
+    for name in _TEXTS:
+        value = document.get(name)
+        if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+            return f"'{name}' is {shown(value)}, not a text"
+    if not document["profile_key"]:
+        return "it names no model"
+    markdown = document.get("markdown")
+    if not isinstance(markdown, str) or len(markdown) > MAX_MARKDOWN_CHARS + len(
+        _cut_note(MAX_MARKDOWN_CHARS)
+    ):
+        return "'markdown' is not the text of a report"
+    if document.get("verdict") not in {v.value for v in Verdict}:
+        return f"'verdict' is {shown(document.get('verdict'))}"
+    saved_at = document.get("saved_at")
+    if (
+        not isinstance(saved_at, int | float)
+        or isinstance(saved_at, bool)
+        or not 0 <= saved_at <= LATEST_TIME
+    ):
+        return f"'saved_at' is {shown(saved_at)}, not a time"
+    if not isinstance(document.get("torch_version", ""), str):
+        return f"'torch_version' is {shown(document.get('torch_version'))}"
+    if path.name != _file(document["profile_key"], document["device"]).name:
+        return "it is filed under another model's or device's name"
+    return None
+
+
+def _report_from(document: dict[str, Any]) -> SavedReport:
+    return SavedReport(
+        **{name: document[name] for name in _TEXTS},
+        verdict=Verdict(document["verdict"]),
+        markdown=document["markdown"],
+        saved_at=float(document["saved_at"]),
+        torch_version=_bounded(document.get("torch_version")),
+    )
+
+
+def when_words(seconds: float) -> str:
+    """'23 Nov 2026, 17:20' (local time) for a time saved in seconds since 1970."""
+    return time.strftime("%d %b %Y, %H:%M", time.localtime(seconds))

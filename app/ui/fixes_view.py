@@ -1,0 +1,641 @@
+"""The Fixes page: what HalfSafe has learned, per model and device (every remembered fix and
+every saved health report), with View, Re-verify, Edit and Forget, and "Check all my models".
+
+The lists are read from the data folder in this process (`profiles.stored_fixes`,
+`saved.saved_reports`: plain files, no torch) each time the page is shown; checks run in the
+engine (`CheckModelsRequest`), which keeps each report and loads the user's model again.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, replace
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QTextBrowser,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core import profiles
+from app.core.components import Verdict
+from app.core.health import saved
+from app.core.health.saved import SavedReport, when_words
+from app.core.library_check import ModelChecks
+from app.core.profiles import RememberedFix, StoredFix
+from app.core.requests import CheckModelsRequest
+from app.core.settings import FIELDS, PrecisionSettings
+from app.engine.events import EngineEvent, EventState
+from app.ui import words
+from app.ui.dialogs import Dialogs
+from app.ui.engine_client import EngineClient
+from app.ui.state import AppState
+from app.ui.widgets import Banner, label, page_layout, primary_button
+
+COLUMNS = ("Model", "Device", "Fix", "Verified by", "Last check")
+RUN_COLUMNS = ("Model", "Verdict", "Fix, or why it was not checked")
+# The parts of a fix that name a model's own layers: what Edit changes.
+LAYER_KEYS = tuple(key for key, f in FIELDS.items() if f.kind == "modules")
+_VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
+
+
+@dataclass(frozen=True)
+class LearnedRow:
+    """One line of the page: a model on a device, its remembered fix and its last report
+    (either may be missing). `source` is where the model was loaded from ("" when unknown)."""
+
+    profile_key: str
+    device: str
+    name: str
+    source: str
+    stored: StoredFix | None
+    report: SavedReport | None
+
+
+def learned_rows(
+    fixes: list[StoredFix], reports: list[SavedReport], loaded: Any = None
+) -> list[LearnedRow]:
+    """Each stored fix with the report of its model and device, then each report with no fix.
+    A fix's model is named by its report, or by the loaded model when it is that one."""
+    by_model = {(r.profile_key, r.device): r for r in reports}
+    known = {r.profile_key: r for r in reversed(reports)}  # the newest report of each model
+    rows = []
+    for stored in fixes:
+        report = by_model.get((stored.profile_key, stored.device))
+        named = report or known.get(stored.profile_key)
+        name, source = (named.model_name, named.source) if named else ("", "")
+        if loaded is not None and loaded.profile_key == stored.profile_key:
+            name, source = name or loaded.name, source or loaded.source
+        name = name or f"A model not checked since ({stored.profile_key[:8]})"
+        rows.append(LearnedRow(stored.profile_key, stored.device, name, source, stored, report))
+    with_fix = {(s.profile_key, s.device) for s in fixes}
+    for report in reports:
+        if (report.profile_key, report.device) not in with_fix:
+            rows.append(
+                LearnedRow(
+                    report.profile_key,
+                    report.device,
+                    report.model_name or report.source,
+                    report.source,
+                    None,
+                    report,
+                )
+            )
+    return rows
+
+
+def verified_words(fix: RememberedFix) -> str:
+    """'health check, 23 Nov 2026, 17:20', and when it was edited by hand since."""
+    text = f"{fix.verified_by}, {when_words(fix.saved_at)}"
+    if fix.edited_at is not None:
+        text += f"; edited by you {when_words(fix.edited_at)}"
+    return text
+
+
+def report_words(report: SavedReport) -> str:
+    return f"{words.first_upper(report.verdict.value)}, {when_words(report.saved_at)}"
+
+
+class FixesView(QWidget):
+    """The Fixes page; see the module docstring."""
+
+    def __init__(
+        self, state: AppState, client: EngineClient, dialogs: Dialogs, parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self.state = state
+        self.client = client
+        self.dialogs = dialogs
+        self.rows: list[LearnedRow] = []
+        self.job_id: int | None = None
+        self.verifying: LearnedRow | None = None
+        self.windows: list[QDialog] = []  # open viewers and editors
+
+        layout = page_layout(
+            self,
+            "Fixes",
+            "What HalfSafe has learned about your models on each device: the fixes it "
+            "remembers (used when a precision setting is left on Auto) and the last health "
+            "check of each model. Re-verify runs the check again with the fix.",
+        )
+        controls = QHBoxLayout()
+        self.check_all_button = primary_button("Check all my models")
+        self.check_all_button.setToolTip(
+            "Load each model in your model folders in turn and run the health check on it; "
+            "the model you have loaded is loaded again at the end."
+        )
+        self.check_all_button.clicked.connect(self.check_all)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip(
+            "Stop the run: the models checked so far keep their reports, and your model is "
+            "loaded again."
+        )
+        self.cancel_button.clicked.connect(self.cancel)
+        self.cancel_button.setEnabled(False)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumWidth(220)
+        self.progress.hide()
+        self.stage = label("", "muted", wrap=True)
+        controls.addWidget(self.check_all_button)
+        controls.addWidget(self.cancel_button)
+        controls.addWidget(self.progress)
+        controls.addWidget(self.stage, 1)
+        layout.addLayout(controls)
+
+        self.notice = Banner()
+        layout.addWidget(self.notice)
+
+        self.table = _tree(COLUMNS, stretch=COLUMNS.index("Fix"))
+        self.table.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
+        self.table.itemDoubleClicked.connect(lambda _item, _col: self.view())
+        layout.addWidget(self.table, 2)
+        self.empty = label(
+            "Nothing yet: run a health check on a model, or check all your models.", "muted"
+        )
+        layout.addWidget(self.empty)
+
+        actions = QHBoxLayout()
+        self.view_button = QPushButton("View")
+        self.view_button.clicked.connect(self.view)
+        self.verify_button = QPushButton("Re-verify")
+        self.verify_button.clicked.connect(self.reverify)
+        self.edit_button = QPushButton("Edit…")
+        self.edit_button.setToolTip("Change the layers a fix keeps wider.")
+        self.edit_button.clicked.connect(self.edit)
+        self.forget_button = QPushButton("Forget…")
+        self.forget_button.clicked.connect(self.forget)
+        for button in (self.view_button, self.verify_button, self.edit_button, self.forget_button):
+            actions.addWidget(button)
+        actions.addStretch(1)
+        layout.addLayout(actions)
+
+        self.run_title = label("Last run", "muted")
+        self.run_table = _tree(RUN_COLUMNS, stretch=len(RUN_COLUMNS) - 1)
+        layout.addWidget(self.run_title)
+        layout.addWidget(self.run_table, 1)
+        self.run_title.hide()
+        self.run_table.hide()
+
+        state.model_changed.connect(lambda _m: self._selection_changed())
+        self._selection_changed()
+
+    def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        # Read when looked at: a check on another page may have added to the lists.
+        self.refresh()
+        super().showEvent(event)
+
+    # The list -----------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read the remembered fixes and saved reports again and fill the table, keeping the
+        selected row where it still exists."""
+        fixes = profiles.stored_fixes()
+        reports = saved.saved_reports()
+        selected = self.selected()
+        self.rows = learned_rows(fixes.fixes, reports.reports, self.state.model)
+        self.table.clear()
+        for row in self.rows:
+            item = QTreeWidgetItem(self._cells(row))
+            item.setToolTip(2, words.fix_words(row.stored.fix.settings) if row.stored else "")
+            item.setToolTip(4, row.report.headline if row.report else "")
+            self.table.addTopLevelItem(item)
+            if selected is not None and _same(row, selected):
+                self.table.setCurrentItem(item)
+        first = self.table.topLevelItem(0)
+        if self.table.currentItem() is None and first is not None:
+            self.table.setCurrentItem(first)
+        self.empty.setVisible(not self.rows)
+        notes = fixes.notes + reports.notes
+        if notes:
+            more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
+            self.notice.show_message("warn", html.escape(notes[0]) + more)
+        self._selection_changed()
+
+    @staticmethod
+    def _cells(row: LearnedRow) -> list[str]:
+        stored = row.stored
+        device = row.device + (f" · torch {stored.torch_version}" if stored else "")
+        return [
+            row.name,
+            device,
+            stored.fix.summary or words.fix_words(stored.fix.settings) if stored else "None",
+            verified_words(stored.fix) if stored else "—",
+            report_words(row.report) if row.report else "Not checked since",
+        ]
+
+    def selected(self) -> LearnedRow | None:
+        item = self.table.currentItem()
+        index = self.table.indexOfTopLevelItem(item) if item is not None else -1
+        return self.rows[index] if 0 <= index < len(self.rows) else None
+
+    def _selection_changed(self) -> None:
+        row = self.selected()
+        running = self.job_id is not None
+        self.view_button.setEnabled(row is not None)
+        self.verify_button.setEnabled(row is not None and bool(self._source(row)) and not running)
+        self.verify_button.setToolTip(
+            "Check this model again, with its fix, on the device you use now."
+            if row is None or self._source(row)
+            else "HalfSafe does not know where this model's file is: load it on the Models "
+            "page, then re-verify."
+        )
+        self.edit_button.setEnabled(row is not None and row.stored is not None)
+        self.forget_button.setEnabled(row is not None)
+        self.check_all_button.setEnabled(not running)
+
+    def _source(self, row: LearnedRow) -> str:
+        loaded, request = self.state.model, self.state.model_request
+        if loaded is not None and request is not None and loaded.profile_key == row.profile_key:
+            return request.source
+        return row.source
+
+    # View -------------------------------------------------------------------------------------
+
+    def view(self) -> QDialog | None:
+        """Show the row's saved report (its Markdown) and its fix's details."""
+        row = self.selected()
+        if row is None:
+            return None
+        parts = []
+        if row.stored is not None:
+            parts.append(_fix_markdown(row))
+        if row.report is not None:
+            parts.append(row.report.markdown)
+        else:
+            parts.append("No health check of this model on this device has been kept.")
+        viewer = QDialog(self)
+        viewer.setWindowTitle(f"{row.name} on {row.device}")
+        viewer.resize(760, 640)
+        layout = QVBoxLayout(viewer)
+        text = QTextBrowser()
+        text.setMarkdown("\n\n---\n\n".join(parts))
+        layout.addWidget(text)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(viewer.reject)
+        layout.addWidget(buttons)
+        self._open(viewer)
+        return viewer
+
+    def _open(self, dialog: QDialog) -> None:
+        self.windows.append(dialog)
+        dialog.finished.connect(lambda _r, d=dialog: self._closed(d))
+        dialog.open()
+
+    def _closed(self, dialog: QDialog) -> None:
+        if dialog in self.windows:
+            self.windows.remove(dialog)
+        dialog.deleteLater()
+
+    # Re-verify and Check all ------------------------------------------------------------------
+
+    def reverify(self) -> int | None:
+        """Check the selected model again with its fix (loading it in place of the user's model
+        for the check, after saying so)."""
+        row = self.selected()
+        source = self._source(row) if row is not None else ""
+        if row is None or not source or self.job_id is not None:
+            return None
+        loaded = self.state.model
+        if (loaded is None or loaded.profile_key != row.profile_key) and not self.dialogs.confirm(
+            "Re-verify",
+            f"Load {row.name} to check it again?",
+            _swap_words(loaded.name if loaded else None, row.name) + self._device_words(row),
+            yes="Re-verify",
+        ):
+            return None
+        fixed = {
+            **self.state.precision().to_dict(),
+            **(row.stored.fix.settings if row.stored else {}),
+        }
+        self.verifying = row
+        return self._submit(
+            (source,), PrecisionSettings.from_mapping(fixed), f"Re-verifying {row.name}…"
+        )
+
+    def _device_words(self, row: LearnedRow) -> str:
+        device = self.state.device_report()
+        if device is None or device.name == row.device:
+            return ""
+        return f" The check runs on {device.name}, the device you use now, not on {row.device}."
+
+    def check_all(self) -> int | None:
+        """Check every model in the library in turn (after saying what that does)."""
+        if self.job_id is not None:
+            return None
+        loaded = self.state.model
+        if not self.dialogs.confirm(
+            "Check all my models",
+            "Check every model in your model folders?",
+            "HalfSafe loads each model in turn and runs the health check on it at its own size, "
+            "which can take a while for large models; each report is kept here. "
+            + (
+                f"{loaded.name} is unloaded meanwhile and loaded again at the end."
+                if loaded is not None
+                else ""
+            ),
+            yes="Check all",
+        ):
+            return None
+        self.verifying = None
+        return self._submit(None, self.state.precision(), "Looking for models…")
+
+    def _submit(
+        self, models: tuple[str, ...] | None, precision: PrecisionSettings, stage: str
+    ) -> int:
+        request = CheckModelsRequest(
+            models=models,
+            folders=tuple(str(f) for f in self.state.settings["model_folders"]),
+            precision=precision,
+            device=self.state.device(),
+            steps=int(self.state.settings["steps"]),
+            scheduler=str(self.state.settings["scheduler"]),
+        )
+        self.stage.setText(stage)
+        self.progress.setRange(0, 0)
+        self.progress.show()
+        self.cancel_button.setEnabled(True)
+        self.job_id = self.client.submit(request, self._on_event)
+        self._selection_changed()
+        return self.job_id
+
+    def cancel(self) -> None:
+        if self.job_id is not None:
+            self.stage.setText("Cancelling…")
+            self.client.cancel(self.job_id)
+
+    def _on_event(self, event: EngineEvent) -> None:
+        if event.state == EventState.PROGRESS:
+            if event.total > 0:
+                self.progress.setRange(0, event.total)
+                self.progress.setValue(event.done)
+            if event.stage:
+                self.stage.setText(f"{event.stage}…")
+        elif event.state == EventState.RESULT:
+            self._finish()
+            self._show_run(event.result)
+        elif event.state == EventState.CANCELLED:
+            self._finish()
+            self.stage.setText("Cancelled.")
+        elif event.state == EventState.ERROR:
+            self._finish()
+            self.stage.setText("The check did not finish.")
+            self.dialogs.job_failed(event)
+
+    def _finish(self) -> None:
+        self.job_id = None
+        self.progress.hide()
+        self.cancel_button.setEnabled(False)
+        self._selection_changed()
+
+    def _show_run(self, run: ModelChecks) -> None:
+        """The run's summary table, what it says of itself, the lists read again, and the
+        model the engine holds now."""
+        if (run.loaded, run.loaded_request) != (self.state.model, self.state.model_request):
+            self.state.set_model(run.loaded, run.loaded_request)
+        verifying, self.verifying = self.verifying, None
+        if verifying is not None and len(run.rows) == 1:
+            self._show_verified(verifying.name, run)
+        self.run_table.clear()
+        for row in run.rows:
+            verdict = words.first_upper(row.verdict.value) if row.verdict else "Not checked"
+            detail = row.fix if row.verdict is not None else row.words
+            item = QTreeWidgetItem([row.name, verdict, detail or "None needed"])
+            item.setToolTip(0, row.source)
+            item.setToolTip(2, row.words)
+            self.run_table.addTopLevelItem(item)
+        self.run_title.setText(_run_words(run))
+        self.run_title.show()
+        self.run_table.setVisible(bool(run.rows))
+        self.stage.setText("")
+        self.refresh()
+
+    def _show_verified(self, name: str, run: ModelChecks) -> None:
+        row = run.rows[0]
+        level = _VERDICT_LEVEL[row.verdict] if row.verdict is not None else "bad"
+        self.notice.show_message(
+            level, f"<b>Re-verified {html.escape(name)}:</b> {html.escape(row.words)}"
+        )
+
+    # Edit and Forget --------------------------------------------------------------------------
+
+    def edit(self) -> FixEditor | None:
+        """Open the selected fix's layer lists for editing; saved only when valid."""
+        row = self.selected()
+        if row is None or row.stored is None:
+            return None
+        editor = FixEditor(row, self)
+        editor.saved.connect(lambda fix, r=row: self._edited(r, fix))
+        self._open(editor)
+        return editor
+
+    def _edited(self, row: LearnedRow, fix: RememberedFix) -> None:
+        assert row.stored is not None
+        self._refresh_loaded(row.stored, fix)
+        self.notice.show_message("good", f"Saved the fix of {html.escape(row.name)}.")
+        self.refresh()
+
+    def forget(self) -> bool:
+        """Forget the selected row's fix and report, after asking."""
+        row = self.selected()
+        if row is None:
+            return False
+        what = " and ".join(
+            thing
+            for thing, there in (
+                ("the remembered fix", row.stored is not None),
+                ("the saved health report", row.report is not None),
+            )
+            if there
+        )
+        if not self.dialogs.confirm(
+            "Forget",
+            f"Forget {what} of {row.name} on {row.device}?",
+            "Jobs with this model then run with your settings alone; the next health check "
+            "finds and remembers a fix again."
+            if row.stored is not None
+            else "",
+            yes="Forget",
+        ):
+            return False
+        try:
+            if row.stored is not None:
+                stored = row.stored
+                profiles.forget_fix(stored.profile_key, stored.device, stored.torch_version)
+                self._refresh_loaded(stored, None)
+            if row.report is not None:
+                saved.forget_report(row.profile_key, row.device)
+        except OSError as error:
+            self.dialogs.error(f"It could not be forgotten ({error.strerror or error}).")
+        self.refresh()
+        return True
+
+    def _refresh_loaded(self, stored: StoredFix, fix: RememberedFix | None) -> None:
+        """The loaded model's summary, when `stored` is its remembered fix, with `fix` instead
+        (None: forgotten), as the engine's next summary of it would say."""
+        model = self.state.model
+        if (
+            model is None
+            or model.profile_key != stored.profile_key
+            or model.remembered_on != stored.device
+            or model.remembered_fix != stored.fix
+        ):
+            return
+        changed = replace(
+            model, remembered_fix=fix, remembered_on=stored.device if fix is not None else ""
+        )
+        self.state.set_model(changed, self.state.model_request)
+
+
+class FixEditor(QDialog):
+    """Edit the layer lists of one remembered fix: one entry (COMPONENT:PATH) a line per list,
+    each checked by the settings schema before anything is saved. `saved(RememberedFix)` is
+    emitted once the change is in profiles.json."""
+
+    saved = Signal(object)
+
+    def __init__(self, row: LearnedRow, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        assert row.stored is not None
+        self.stored = row.stored
+        self.setWindowTitle(f"Edit the fix of {row.name}")
+        self.resize(640, 480)
+        layout = QVBoxLayout(self)
+        layout.addWidget(
+            label(
+                f"On {html.escape(row.device)}. One layer a line, as COMPONENT:PATH (e.g. "
+                "vae:decoder.up_blocks.0.resnets.0.conv1). Re-verify afterwards to prove the "
+                "changed fix.",
+                "muted",
+                wrap=True,
+            )
+        )
+        self.editors: dict[str, QPlainTextEdit] = {}
+        settings = self.stored.fix.settings
+        for key in LAYER_KEYS:
+            layout.addWidget(QLabel(FIELDS[key].label))
+            editor = QPlainTextEdit("\n".join(settings.get(key) or []))
+            editor.setToolTip(FIELDS[key].help)
+            self.editors[key] = editor
+            layout.addWidget(editor)
+        self.problem = label("", "invalid", wrap=True)
+        self.problem.setTextFormat(Qt.TextFormat.PlainText)
+        layout.addWidget(self.problem)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
+        )
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+
+    def settings(self) -> dict[str, Any]:
+        """The fix as edited: its other settings kept, each layer list validated (ValueError
+        naming the list otherwise), empty lists left out."""
+        values = {k: v for k, v in self.stored.fix.settings.items() if k not in LAYER_KEYS}
+        for key, editor in self.editors.items():
+            entries = [line.strip() for line in editor.toPlainText().splitlines() if line.strip()]
+            try:
+                checked = FIELDS[key].validate(entries)
+            except ValueError as error:
+                raise ValueError(f"{FIELDS[key].label}: {error}") from None
+            if checked:
+                values[key] = checked
+        return values
+
+    def accept(self) -> None:
+        try:
+            settings = self.settings()
+            fix = profiles.change_fix(self.stored, settings, words.fix_words(settings))
+        except ValueError as error:
+            self.problem.setText(f"Not saved: {error}.")
+            return
+        except KeyError:
+            self.problem.setText("Not saved: this fix was forgotten meanwhile.")
+            return
+        except OSError as error:
+            self.problem.setText(f"Not saved: {error.strerror or error}.")
+            return
+        self.saved.emit(fix)
+        super().accept()
+
+
+def _tree(columns: tuple[str, ...], stretch: int) -> QTreeWidget:
+    """A flat table whose `stretch` column takes the spare width, the others their text's."""
+    tree = QTreeWidget()
+    tree.setHeaderLabels(list(columns))
+    tree.setRootIsDecorated(False)
+    tree.setAlternatingRowColors(True)
+    tree.setUniformRowHeights(True)
+    tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+    header = tree.header()
+    header.setStretchLastSection(False)
+    for column in range(len(columns)):
+        header.setSectionResizeMode(
+            column,
+            QHeaderView.ResizeMode.Stretch
+            if column == stretch
+            else QHeaderView.ResizeMode.ResizeToContents,
+        )
+    tree.setMinimumHeight(100)
+    return tree
+
+
+def _same(row: LearnedRow, other: LearnedRow) -> bool:
+    mine = row.stored.torch_version if row.stored else None
+    theirs = other.stored.torch_version if other.stored else None
+    return (row.profile_key, row.device, mine) == (other.profile_key, other.device, theirs)
+
+
+def _swap_words(loaded: str | None, name: str) -> str:
+    if loaded is None:
+        return f"HalfSafe loads {name}, runs the health check with its fix, and unloads it again."
+    return (
+        f"HalfSafe unloads {loaded}, loads {name} and runs the health check with its fix, then "
+        f"loads {loaded} again."
+    )
+
+
+def _fix_markdown(row: LearnedRow) -> str:
+    assert row.stored is not None
+    stored = row.stored
+    lines = [
+        f"# The fix remembered for {row.name}",
+        "",
+        f"- **Device:** {stored.device} (torch {stored.torch_version})",
+        f"- **What it does:** {stored.fix.summary}",
+        f"- **Verified by:** {verified_words(stored.fix)}",
+        "- **Settings:**",
+    ]
+    for key, value in stored.fix.settings.items():
+        lines.append(f"    - {words.setting_label(key)}: {words.setting_value(key, value)}")
+    return "\n".join(lines)
+
+
+def _run_words(run: ModelChecks) -> str:
+    """'Checked 3 models: 1 fixable, 2 healthy; 1 not checked.' and what else the run says."""
+    checked = [row for row in run.rows if row.verdict is not None]
+    counts = {v: sum(1 for row in checked if row.verdict is v) for v in Verdict}
+    parts = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
+    text = f"Checked {len(checked)} model{'s' if len(checked) != 1 else ''}"
+    text += f": {parts}" if parts else ""
+    skipped = len(run.rows) - len(checked) + run.not_checked
+    if skipped:
+        text += f"; {skipped} not checked"
+    text += "."
+    if run.cancelled:
+        text += " Cancelled before the end."
+    if run.restore_problem:
+        text += f" {run.restore_problem}"
+    return text

@@ -1,0 +1,346 @@
+"""The Fixes page: every remembered fix and saved report per model and device, View,
+Re-verify, Edit, Forget, "Check all my models" with its summary, and the Health check page
+showing a model's last saved report when it is loaded again."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import replace
+
+from PySide6.QtWidgets import QTextBrowser
+
+from app.core import profiles
+from app.core.components import Verdict
+from app.core.health import saved
+from app.core.library_check import ModelCheckRow, ModelChecks
+from app.core.requests import LoadRequest
+from app.engine.events import EventState
+from tests.support import reports
+from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
+
+DEVICE = reports.RTX_3060["name"]
+TORCH = "2.test"
+SDXL_KEY = "c" * 64
+LAYERS = ["vae:decoder.up_blocks.2.resnets.1.conv2"]
+
+
+def _remember(key: str = SDXL_KEY, layers=None) -> profiles.RememberedFix:
+    return profiles.remember_fix(
+        key,
+        DEVICE,
+        {"fp32_modules": layers or LAYERS},
+        "The VAE overflowed; 1 VAE layer in fp32.",
+        "health check",
+        torch_version=TORCH,
+    )
+
+
+def _save(key: str = SDXL_KEY, health=None) -> saved.SavedReport:
+    kept = saved.save_report(key, reports.result(health or reports.fixable()))
+    assert kept is not None
+    return kept
+
+
+def _page(window):
+    window.show_page("Fixes")
+    view = window.fixes_view
+    view.refresh()
+    return view
+
+
+def _cells(view) -> list[list[str]]:
+    return [
+        [view.table.topLevelItem(i).text(c) for c in range(view.table.columnCount())]
+        for i in range(view.table.topLevelItemCount())
+    ]
+
+
+def _loaded_with_fix(window, engines, fix: profiles.RememberedFix) -> None:
+    """The demo loaded, with `fix` remembered for it on the test device."""
+    summary = replace(DEMO_SUMMARY, remembered_fix=fix, remembered_on=DEVICE)
+    load_fake_model(window, engines, summary)
+
+
+# The page and its list ------------------------------------------------------------------------
+
+
+def test_the_page_is_in_the_navigation_and_the_view_menu(window):
+    assert "Fixes" in [window.navigation.item(i).text() for i in range(window.navigation.count())]
+    view_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&View")
+    fixes = next(a for a in view_menu.actions() if a.text() == "Fixes")
+    fixes.trigger()
+    assert window.current_page() == "Fixes"
+    assert window.pages.currentWidget() is window.fixes_view
+
+
+def test_every_fix_and_report_is_listed_per_model_and_device(window):
+    fix = _remember()
+    _save()
+    _save("d" * 64, reports.report())  # a model checked healthy, with no fix
+    view = _page(window)
+    rows = _cells(view)
+    assert len(rows) == 2
+    name, device, what, verified, last = rows[0]
+    assert name == "sdxl" and device == f"{DEVICE} · torch {TORCH}"
+    assert what == fix.summary
+    assert verified.startswith("health check, ")
+    assert last.startswith("Fixable, ")
+    assert rows[1][2:4] == ["None", "—"] and rows[1][4].startswith("Healthy, ")
+    assert not view.empty.isVisible()
+
+
+def test_an_empty_page_says_how_to_fill_it(window):
+    view = _page(window)
+    assert _cells(view) == [] and view.empty.isVisible()
+    assert not view.view_button.isEnabled() and not view.forget_button.isEnabled()
+
+
+def test_a_damaged_report_is_named_in_one_sentence_and_the_rest_is_listed(window):
+    _save()
+    _save("d" * 64)
+    damaged = saved._file("d" * 64, DEVICE)
+    damaged.write_text("{cut short")
+    view = _page(window)
+    assert len(_cells(view)) == 1
+    assert view.notice.isVisible() and html.escape(str(damaged)) in view.notice.text.text()
+
+
+def test_a_fix_whose_model_was_never_checked_is_named_by_the_loaded_model(window, engines):
+    fix = _remember(DEMO_SUMMARY.profile_key)
+    _loaded_with_fix(window, engines, fix)
+    view = _page(window)
+    assert _cells(view)[0][0] == "demo"
+    assert view.verify_button.isEnabled()  # its file is known: the loaded one
+
+
+def test_a_fix_of_an_unknown_file_cannot_be_re_verified_and_says_why(window):
+    _remember("e" * 64)
+    view = _page(window)
+    assert _cells(view)[0][0].startswith("A model not checked since")
+    assert not view.verify_button.isEnabled()
+    assert "load it on the Models page" in view.verify_button.toolTip()
+
+
+# View -----------------------------------------------------------------------------------------
+
+
+def test_view_shows_the_saved_report_and_the_fix(window):
+    _remember()
+    _save()
+    view = _page(window)
+    dialog = view.view()
+    assert dialog is not None and dialog.isVisible()
+    text = dialog.findChild(QTextBrowser).toPlainText()
+    assert "HalfSafe health check: sdxl" in text  # the report's own Markdown
+    assert "Layers in fp32" in text and LAYERS[0] in text
+    assert "health check" in text and TORCH in text
+    dialog.reject()
+
+
+# Forget ---------------------------------------------------------------------------------------
+
+
+def test_forget_asks_first_then_removes_the_fix_and_report_and_refreshes_the_loaded_model(
+    window, engines
+):
+    fix = _remember(DEMO_SUMMARY.profile_key)
+    _save(DEMO_SUMMARY.profile_key)
+    _loaded_with_fix(window, engines, fix)
+    view = _page(window)
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or False
+    assert not view.forget()
+    assert profiles.stored_fixes().fixes and saved.saved_reports().reports
+    assert "the remembered fix and the saved health report" in asked[0][1]
+
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    assert view.forget()
+    assert profiles.stored_fixes().fixes == [] and saved.saved_reports().reports == []
+    assert window.state.model is not None and window.state.model.remembered_fix is None
+    assert _cells(view) == []
+
+
+def test_forgetting_another_models_fix_leaves_the_loaded_models_summary_alone(window, engines):
+    mine = _remember(DEMO_SUMMARY.profile_key)
+    _loaded_with_fix(window, engines, mine)
+    _remember()
+    _save()
+    view = _page(window)
+    sdxl = next(i for i, row in enumerate(view.rows) if row.profile_key == SDXL_KEY)
+    view.table.setCurrentItem(view.table.topLevelItem(sdxl))
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    view.forget()
+    assert [s.profile_key for s in profiles.stored_fixes().fixes] == [DEMO_SUMMARY.profile_key]
+    assert window.state.model is not None and window.state.model.remembered_fix == mine
+
+
+# Edit -----------------------------------------------------------------------------------------
+
+
+def test_edit_validates_the_layer_lists_through_the_schema_before_saving(window, engines):
+    fix = _remember(DEMO_SUMMARY.profile_key)
+    _loaded_with_fix(window, engines, fix)
+    view = _page(window)
+    editor = view.edit()
+    assert editor is not None
+    assert editor.editors["fp32_modules"].toPlainText() == LAYERS[0]
+
+    editor.editors["fp32_modules"].setPlainText("decoder.conv_in")
+    editor.accept()
+    assert editor.isVisible() and "Layers in fp32" in editor.problem.text()
+    assert profiles.stored_fixes().fixes[0].fix == fix  # nothing saved
+
+    edited = ["vae:decoder.conv_in", "vae:decoder.up_blocks.0.resnets.0.conv1"]
+    editor.editors["fp32_modules"].setPlainText("\n".join(edited) + "\n\n")
+    editor.accept()
+    assert not editor.isVisible()
+    [stored] = profiles.stored_fixes().fixes
+    assert stored.fix.settings == {"fp32_modules": edited}
+    assert stored.fix.edited_at is not None and stored.fix.verified_by == "health check"
+    # The loaded model's summary says what jobs now run with.
+    assert window.state.model is not None and window.state.model.remembered_fix == stored.fix
+    assert "edited by you" in _cells(view)[0][3]
+
+
+def test_an_edit_that_leaves_no_layers_is_refused_with_forget_named(window):
+    _remember()
+    view = _page(window)
+    editor = view.edit()
+    assert editor is not None
+    editor.editors["fp32_modules"].setPlainText("")
+    editor.accept()
+    assert editor.isVisible() and "Forget" in editor.problem.text()
+    editor.reject()
+
+
+# Re-verify ------------------------------------------------------------------------------------
+
+
+def test_re_verify_says_what_happens_before_unloading_then_checks_with_the_fix(window, engines):
+    _remember()
+    _save()
+    load_fake_model(window, engines)
+    view = _page(window)
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or False
+    assert view.reverify() is None and engines.current.jobs("check_models") == []
+    assert "unloads demo, loads sdxl" in asked[0][2] and "loads demo again" in asked[0][2]
+
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    view.reverify()
+    job = engines.current.last_job("check_models")
+    assert job.params.models == (reports.SDXL["source"],)
+    assert job.params.precision.fp32_modules == tuple(LAYERS)  # with its fix
+    assert not view.verify_button.isEnabled() and not view.check_all_button.isEnabled()
+
+    row = ModelCheckRow(reports.SDXL["source"], "sdxl.safetensors", Verdict.HEALTHY, "Safe.")
+    engines.current.finish(
+        job,
+        ModelChecks((row,), loaded=DEMO_SUMMARY, loaded_request=LoadRequest("demo")),
+    )
+    assert view.notice.level == "good" and "Re-verified sdxl:" in view.notice.text.text()
+    assert view.verify_button.isEnabled()
+    assert window.state.model == DEMO_SUMMARY
+
+
+def test_re_verifying_the_loaded_model_asks_nothing(window, engines):
+    fix = _remember(DEMO_SUMMARY.profile_key)
+    _loaded_with_fix(window, engines, fix)
+    view = _page(window)
+    window.dialogs.confirm = lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError)
+    view.reverify()
+    assert engines.current.last_job("check_models").params.models == ("demo",)
+
+
+# Check all my models --------------------------------------------------------------------------
+
+
+def test_check_all_runs_one_job_shows_progress_and_ends_with_a_summary(window, engines, tmp_path):
+    window.state.set_setting("model_folders", [str(tmp_path)])
+    load_fake_model(window, engines)
+    view = _page(window)
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or True
+    view.check_all_button.click()
+    assert "demo is unloaded meanwhile and loaded again" in asked[0][2]
+    job = engines.current.last_job("check_models")
+    assert job.params.models is None and job.params.folders == (str(tmp_path),)
+
+    engines.current.emit(
+        job, EventState.PROGRESS, stage="b.safetensors (2 of 3): Checking the VAE", done=1, total=3
+    )
+    assert view.progress.value() == 1 and view.progress.maximum() == 3
+    assert "b.safetensors (2 of 3)" in view.stage.text()
+    view.cancel_button.click()
+    assert engines.current.cancels() == [job.job_id]
+
+    _save()  # the engine kept the report of what it checked
+    rows = (
+        ModelCheckRow("/m/a.safetensors", "a.safetensors", Verdict.HEALTHY, "Healthy."),
+        ModelCheckRow("/m/b.safetensors", "b.safetensors", Verdict.FIXABLE, "Fix.", "VAE fp32"),
+        ModelCheckRow("/m/c.safetensors", "c.safetensors", None, "c.safetensors is damaged."),
+    )
+    run = ModelChecks(rows, cancelled=True, loaded=DEMO_SUMMARY, loaded_request=LoadRequest("demo"))
+    engines.current.finish(job, run)
+    summary = [
+        [view.run_table.topLevelItem(i).text(c) for c in range(3)]
+        for i in range(view.run_table.topLevelItemCount())
+    ]
+    assert summary == [
+        ["a.safetensors", "Healthy", "None needed"],
+        ["b.safetensors", "Fixable", "VAE fp32"],
+        ["c.safetensors", "Not checked", "c.safetensors is damaged."],
+    ]
+    assert view.run_title.text() == (
+        "Checked 2 models: 1 healthy, 1 fixable; 1 not checked. Cancelled before the end."
+    )
+    assert len(_cells(view)) == 1  # the list is read again
+    assert view.check_all_button.isEnabled() and not view.progress.isVisible()
+
+
+def test_a_run_that_could_not_load_the_users_model_again_says_so_and_shows_none(window, engines):
+    load_fake_model(window, engines)
+    view = _page(window)
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    view.check_all()
+    job = engines.current.last_job("check_models")
+    problem = "demo could not be loaded again: out of memory."
+    engines.current.finish(job, ModelChecks((), restore_problem=problem))
+    assert window.state.model is None
+    assert problem in view.run_title.text()
+
+
+def test_check_all_asks_first(window, engines):
+    view = _page(window)
+    window.dialogs.confirm = lambda *args, **kwargs: False
+    assert view.check_all() is None
+    assert engines.started == [] or engines.current.jobs("check_models") == []
+
+
+# The Health check page ------------------------------------------------------------------------
+
+
+def test_a_model_loaded_again_shows_its_last_saved_report_until_a_check_runs(window, engines):
+    health = reports.fixable()
+    _save(DEMO_SUMMARY.profile_key, health)
+    load_fake_model(window, engines)
+    page = window.health_view
+    assert page.verdict.level == "warn"
+    assert html.escape(health.headline) in page.verdict.text.text()
+    assert DEVICE in page.verdict.text.text()
+    assert page.markdown == reports.MARKDOWN and page.copy_button.isEnabled()
+
+    # A check of its own replaces it, and a refreshed summary of the same model keeps that.
+    page.run_check()
+    demo = reports.report(model={**reports.SDXL, "source": "demo", "name": "demo"})
+    engines.current.finish(engines.current.last_job("check"), reports.result(demo))
+    window.state.set_model(DEMO_SUMMARY, window.state.model_request)
+    assert page.report is not None and page.verdict.level == "good"
+
+
+def test_a_model_with_no_saved_report_shows_none(window, engines):
+    _save()  # another model's
+    load_fake_model(window, engines)
+    page = window.health_view
+    assert not page.verdict.isVisible() and page.markdown == ""
+    assert not page.copy_button.isEnabled()
