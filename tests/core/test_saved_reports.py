@@ -20,7 +20,7 @@ from tests.support import reports
 
 KEY = "a" * 64
 OTHER = "b" * 64
-DEVICE = reports.RTX_3060["name"]
+DEVICE = reports.RTX_3060.name
 TORCH = "2.test"
 
 

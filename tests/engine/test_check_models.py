@@ -72,7 +72,7 @@ def test_a_check_keeps_its_report_for_the_model_and_device():
     result = jobs.check(
         Job(session, "check").context, CheckRequest(PrecisionSettings("fp16"), size=64, steps=2)
     )
-    kept = saved.last_report(session.model.profile_key, result.report.device["name"])
+    kept = saved.last_report(session.model.profile_key, result.report.device.name)
     assert kept is not None
     assert kept.verdict is Verdict.FIXABLE and kept.headline == result.report.headline
     assert kept.markdown == result.markdown and kept.model_name == "demo-overflow"

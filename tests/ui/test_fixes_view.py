@@ -18,7 +18,7 @@ from app.engine.events import EventState
 from tests.support import reports
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
 
-DEVICE = reports.RTX_3060["name"]
+DEVICE = reports.RTX_3060.name
 TORCH = "2.test"
 SDXL_KEY = "c" * 64
 LAYERS = ["vae:decoder.up_blocks.2.resnets.1.conv2"]
@@ -229,11 +229,11 @@ def test_re_verify_says_what_happens_before_unloading_then_checks_with_the_fix(w
     window.dialogs.confirm = lambda *args, **kwargs: True
     view.reverify()
     job = engines.current.last_job("check_models")
-    assert job.params.models == (reports.SDXL["source"],)
+    assert job.params.models == (reports.SDXL.source,)
     assert job.params.precision.fp32_modules == tuple(LAYERS)  # with its fix
     assert not view.verify_button.isEnabled() and not view.check_all_button.isEnabled()
 
-    row = ModelCheckRow(reports.SDXL["source"], "sdxl.safetensors", Verdict.HEALTHY, "Safe.")
+    row = ModelCheckRow(reports.SDXL.source, "sdxl.safetensors", Verdict.HEALTHY, "Safe.")
     engines.current.finish(
         job,
         ModelChecks((row,), loaded=DEMO_SUMMARY, loaded_request=LoadRequest("demo")),
@@ -332,7 +332,7 @@ def test_a_model_loaded_again_shows_its_last_saved_report_until_a_check_runs(win
 
     # A check of its own replaces it, and a refreshed summary of the same model keeps that.
     page.run_check()
-    demo = reports.report(model={**reports.SDXL, "source": "demo", "name": "demo"})
+    demo = reports.report(model=replace(reports.SDXL, source="demo", name="demo"))
     engines.current.finish(engines.current.last_job("check"), reports.result(demo))
     window.state.set_model(DEMO_SUMMARY, window.state.model_request)
     assert page.report is not None and page.verdict.level == "good"
