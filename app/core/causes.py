@@ -202,10 +202,11 @@ def check_and_attribute(
         remember=remember and not getattr(model, "loras", []),
         measure_cost=measure_cost,
     )
+    applied_loras = list(getattr(model, "loras", []))  # the report names them; these hold them
     report.notes.extend(
-        problem for applied in report.loras if (problem := applied.file.problems()) is not None
+        problem for applied in applied_loras if (problem := applied.file.problems()) is not None
     )
-    damaged = [a for a in report.loras if a.file.damaged]
+    damaged = [a for a in applied_loras if a.file.damaged]
     if report.verdict is Verdict.HEALTHY and not damaged:
         return report
     cause = attribute(

@@ -610,3 +610,33 @@ def test_a_nan_alpha_in_a_converted_flux_lora_is_named_and_runs_non_finite(tmp_p
     with torch.inference_mode():
         out = wrapped(torch.ones(2, wrapped.base_layer.in_features))
     assert not torch.isfinite(out).any()
+
+
+def test_a_check_with_loras_crosses_to_the_window_as_records(tmp_path):
+    """A check run with a LoRA reaches the window: its report names the LoRA by a record
+    (name, file, weight, hash), never by the LoRA's tensors, which the frame reader refuses."""
+    import io
+
+    from app.core.jobs import CancelToken
+    from app.core.lora import LoraRequest
+    from app.core.models import load_model
+    from app.core.requests import CheckRequest
+    from app.core.settings import PrecisionSettings
+    from app.engine import jobs
+    from app.engine.events import EngineEvent, EventState, JobRequest, encode, read_message
+    from app.engine.server import JobContext, Session
+
+    session = Session(model=load_model("demo"))
+    ink = save_lora(kohya_lora(session.model.pipeline, scale=0.05), tmp_path / "ink.safetensors")
+    request = CheckRequest(
+        PrecisionSettings("fp32"), size=64, steps=2, loras=(LoraRequest(str(ink), 0.4),)
+    )
+    context = JobContext(JobRequest(1, "check", request), session, [].append, CancelToken())
+    result = jobs.check(context, request)
+
+    (lora,) = result.report.loras
+    assert (lora.name, lora.weight, lora.path) == ("ink", 0.4, str(ink))
+    event = EngineEvent(1, "check", EventState.RESULT, result=result)
+    again = read_message(io.BytesIO(encode(event)))
+    assert isinstance(again, EngineEvent) and again.result == result
+    assert result.report.to_json()["loras"][0]["name"] == "ink"

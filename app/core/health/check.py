@@ -39,7 +39,7 @@ from app.core.health.stages import (
     finite_stand_in,
     first_bad_name,
 )
-from app.core.identities import DeviceIdentity, ModelIdentity
+from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.precision import PrecisionPlan
 from app.core.probe import ProbeResult
@@ -451,7 +451,7 @@ def _report(
             if verdict is Verdict.HEALTHY
             else None
         ),
-        loras=list(getattr(model, "loras", [])),
+        loras=[LoraIdentity.of(applied) for applied in getattr(model, "loras", [])],
         tried=list(check.search.candidates),
         weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
     )

@@ -15,7 +15,7 @@ from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_word
 from app.core.diagnosis import AT_RISK_HEADROOM, Quality
 from app.core.health.cost import FixCost
 from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, tested_words
-from app.core.identities import DeviceIdentity, ModelIdentity
+from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.precision import PrecisionPlan
 
 # Where a tensor lives, by key prefix: original (LDM) single-file names and diffusers names.
@@ -179,7 +179,7 @@ class HealthReport:
     advice: Advice | None = None
     # Why it failed, from re-runs (see `causes.attribute`): None when healthy or not attributed.
     cause: Any = None
-    loras: list[Any] = field(default_factory=list)  # lora.AppliedLora the check ran with
+    loras: list[LoraIdentity] = field(default_factory=list)  # the LoRAs the check ran with
     # Every fix candidate the check re-ran, ranked per component, verified or not (kept also
     # when nothing was verified: the cause's kernel probe reuses their re-runs). Not reported.
     tried: list[diagnosis.CandidateResult] = field(default_factory=list, repr=False)
