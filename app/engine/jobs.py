@@ -7,7 +7,6 @@ and the GUI process can import `app.engine` without pulling torch in.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
@@ -107,11 +106,16 @@ def _load_into_session(
 def _load_again(context: JobContext, previous: LoadRequest) -> None:
     """Load the model that was loaded before a failed load (not cancellable: the user cancelled
     the new load, not the model they had). If it cannot be loaded either, none is."""
-    context.progress(f"Loading {Path(previous.source).name} again", 0, 0)
     try:
-        _load_into_session(context, previous, CancelToken())
+        _load_into_session(context, previous, CancelToken(), _telling_reload(context, previous))
     except Exception:  # noqa: BLE001 - the first failure is the one the user reads
         _free_model(context)
+
+
+def _telling_reload(context: JobContext, previous: LoadRequest) -> ProgressCallback:
+    """Progress for loading `previous` back, which the job's cancel does not stop."""
+    name = Path(previous.source).name
+    return lambda stage, done, total: context.tell(f"Loading {name} again: {stage}", done, total)
 
 
 def _loaded(context: JobContext) -> Any:
@@ -345,13 +349,8 @@ def _restore(context: JobContext, previous: LoadRequest | None) -> str:
     if previous is None:
         return ""
     name = Path(previous.source).name
-
-    def progress(stage: str, done: int, total: int) -> None:
-        with contextlib.suppress(CancelledError):  # the run's cancel never stops this load
-            context.progress(f"Loading {name} again: {stage}", done, total)
-
     try:
-        _load_into_session(context, previous, CancelToken(), progress)
+        _load_into_session(context, previous, CancelToken(), _telling_reload(context, previous))
     except Exception as error:  # noqa: BLE001 - the run's rows stand; the sentence says what failed
         _free_model(context)
         return f"{name} could not be loaded again: {describe_exception(error, 'load').message}"

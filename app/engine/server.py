@@ -68,8 +68,13 @@ class JobContext:
 
     def progress(self, stage: str, done: int, total: int) -> None:
         """Matches app.core.jobs.ProgressCallback; also a cancellation point."""
-        self._event(EventState.PROGRESS, stage=stage, done=int(done), total=int(total))
+        self.tell(stage, done, total)
         self.cancel.raise_if_cancelled()
+
+    def tell(self, stage: str, done: int, total: int) -> None:
+        """Progress that is no cancellation point, for work a cancel must not stop: loading
+        the user's model back after the job that replaced it was cancelled."""
+        self._event(EventState.PROGRESS, stage=stage, done=int(done), total=int(total))
 
     def preview(self, step: int, image: Any) -> None:
         """Send a PIL image as a small PNG (matches core's `on_preview(step, image)`)."""

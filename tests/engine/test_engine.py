@@ -437,3 +437,28 @@ def test_every_job_result_crosses_to_the_gui_as_core_records(engine, tmp_path):
         "GenerationResult",
         "Explanation",
     ]
+
+
+def test_a_cancelled_load_loads_the_previous_model_again():
+    """Cancel a load, and the model the user had is loaded back: the reload's progress is no
+    cancellation point (it used to raise the same cancel, and the user was left with none)."""
+    from app.core.errors import CancelledError
+    from app.core.jobs import CancelToken
+    from app.core.models import load_model
+    from app.engine import jobs
+    from app.engine.server import JobContext, Session
+
+    demo = LoadRequest("demo")
+    session = Session(model=load_model("demo"), model_request=demo)
+    heard: list[EngineEvent] = []
+    cancel = CancelToken()
+    cancel.cancel()  # the user pressed Cancel as the new load began
+    request = LoadRequest("demo-overflow")
+    context = JobContext(JobRequest(2, "load", request), session, heard.append, cancel)
+
+    with pytest.raises(CancelledError):
+        jobs.load(context, request)
+
+    assert session.model is not None and session.model.source == "demo"
+    assert session.model_request == demo
+    assert any("Loading demo again" in e.stage for e in heard if e.state == EventState.PROGRESS)
