@@ -425,12 +425,12 @@ class HealthView(QWidget):
         grid = QGridLayout()
         grid.setHorizontalSpacing(16)
         for column, text in enumerate(CANDIDATE_COLUMNS):
-            grid.addWidget(label(text, "muted"), 0, column)
+            grid.addWidget(label(text, "muted", wrap=True), 0, column)
         candidates = iter(fix.candidates)
         self.alternative_buttons: list[Any] = []
         for row, cells in enumerate(candidate_rows(fix.candidates, fix.baselines), start=1):
             for column, text in enumerate(cells):
-                cell = QLabel(text)
+                cell = QLabel(words.breakable(text))
                 cell.setWordWrap(True)  # a timing's range goes under it: the table fits 1024 px
                 grid.addWidget(cell, row, column)
             if cells[4] == "baseline":

@@ -357,3 +357,15 @@ def architecture_name(architecture: str | None) -> str:
 def first_upper(text: str) -> str:
     """'goes NaN' -> 'Goes NaN' (str.capitalize would lower the rest: 'Goes nan')."""
     return text[:1].upper() + text[1:]
+
+
+# Where a wrapped line may break inside a name without spaces (a layer path, a file name).
+# A separator between two digits is part of a number (4.2, 8,192) and never breaks.
+_BREAK_AFTER = re.compile(r"((?<!\d)[._/\\:,]|[._/\\:,](?!\d))(?=\S)")
+
+
+def breakable(text: str) -> str:
+    """`text` with a zero-width break opportunity after each dot, underscore, slash, colon and
+    comma, so a long layer path such as decoder.up_blocks.0.resnets.0.conv1 wraps in a narrow
+    window instead of widening it (display only: the characters shown do not change)."""
+    return _BREAK_AFTER.sub("\\1\u200b", text)

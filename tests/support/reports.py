@@ -200,7 +200,9 @@ def islands() -> HealthReport:
             ),
             _candidate(
                 "clamp",
-                "clamp the fp16 output of 1 layer of the VAE to +-65504",
+                # As the check words it: the layer named, a name with no space to wrap at.
+                "clamp the fp16 output of 1 layer (decoder.up_blocks.0.resnets.0.conv1) of the "
+                "VAE to +-65504",
                 {"clamp_modules": ["vae:decoder.a.conv1"]},
                 1,
                 quality=Quality(4.2),

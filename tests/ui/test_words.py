@@ -84,3 +84,13 @@ def test_a_sentence_starts_upper_case_and_keeps_its_names():
         "Quantized (GGUF), stored as fp16"
     )
     assert words.first_upper("") == ""
+
+
+def test_a_long_name_may_break_at_its_separators_but_a_number_never():
+    from app.ui.words import breakable
+
+    layer = breakable("decoder.up_blocks.0.resnets.0.conv1")
+    assert layer.replace("\u200b", "") == "decoder.up_blocks.0.resnets.0.conv1"
+    assert layer.count("\u200b") == 6
+    for number in ("4.2 dB", "1187.4 (14.7-1201.0)", "8,192 tensors", "rejected: differs"):
+        assert breakable(number) == number
