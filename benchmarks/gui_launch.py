@@ -1,9 +1,12 @@
-"""Launch-to-visible-window time of the desktop app, several runs, median.
+"""Launch-to-visible-window time of the desktop app against a bare PySide6 window, several
+runs each, alternating, median.
 
 Each run starts a fresh Python process that does what `halfsafe` does (import the GUI, load
 the settings, build the main window, show it) and reports the moment the window first paints.
+The bare run does the least any PySide6 app does (QApplication, an empty QMainWindow, show).
 The time counted runs from just before the process is spawned to that first paint, so it
 includes interpreter start-up and every import. Settings and caches point at a fresh folder.
+The budget: HalfSafe's window within 0.2 s of the bare one.
 
 Run it with a real display server, e.g. under Xvfb:
     xvfb-run -a .venv/bin/python benchmarks/gui_launch.py --runs 9
@@ -27,7 +30,9 @@ from common import load_average
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHILD = r"""
+BUDGET_S = 0.2  # over the bare PySide6 window
+
+HALFSAFE = r"""
 import json, sys, time
 started = time.time()
 from PySide6.QtCore import QEvent, QObject, QTimer
@@ -35,6 +40,20 @@ from app.ui.application import application, build_main_window
 
 app = application()
 window = build_main_window()
+"""
+
+BARE = r"""
+import json, sys, time
+started = time.time()
+from PySide6.QtCore import QEvent, QObject, QTimer
+from PySide6.QtWidgets import QApplication, QMainWindow
+
+app = QApplication(sys.argv)
+window = QMainWindow()
+window.resize(1024, 700)
+"""
+
+SHOW = r"""
 
 class FirstPaint(QObject):
     def __init__(self):
@@ -56,10 +75,10 @@ print(json.dumps({"visible_at": probe.at, "python_started_at": started,
 """
 
 
-def one_run(env: dict[str, str]) -> dict[str, float | str | bool]:
+def one_run(env: dict[str, str], child: str = HALFSAFE) -> dict[str, float | str | bool]:
     spawned = time.time()
     out = subprocess.run(
-        [sys.executable, "-c", CHILD],
+        [sys.executable, "-c", child + SHOW],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -89,15 +108,25 @@ def measure(runs: int) -> dict:
         for var in ("HALFSAFE_CONFIG_DIR", "HALFSAFE_DATA_DIR", "HALFSAFE_CACHE_DIR"):
             env[var] = str(Path(home) / var.lower())
         one_run(env)  # warm the file cache once, as a second launch would find it
-        measured = [one_run(env) for _ in range(runs)]
+        one_run(env, BARE)
+        measured, bare = [], []
+        for _ in range(runs):  # alternating, so load drifts hit both alike
+            measured.append(one_run(env))
+            bare.append(one_run(env, BARE))
 
     times = [r["launch_to_visible_s"] for r in measured]
+    bare_median = statistics.median(r["launch_to_visible_s"] for r in bare)
+    over = statistics.median(times) - bare_median
     return {
         "benchmark": "gui_launch",
         "runs": len(times),
         "median_s": round(statistics.median(times), 3),
         "min_s": round(min(times), 3),
         "max_s": round(max(times), 3),
+        "bare_pyside6_median_s": round(bare_median, 3),
+        "over_bare_s": round(over, 3),
+        "budget_over_bare_s": BUDGET_S,
+        "met": over <= BUDGET_S,
         "interpreter_start_median_s": round(
             statistics.median(r["python_start_s"] for r in measured), 3
         ),
@@ -116,7 +145,10 @@ def table(document: dict) -> str:
     return (
         f"launch to visible window: median {document['median_s']:.3f} s over "
         f"{document['runs']} runs (min {document['min_s']:.3f}, max {document['max_s']:.3f}); "
-        f"Qt platform {document['qt_platform']}; torch imported: {document['torch_loaded']}"
+        f"Qt platform {document['qt_platform']}; torch imported: {document['torch_loaded']}\n"
+        f"bare PySide6 window: median {document['bare_pyside6_median_s']:.3f} s; HalfSafe is "
+        f"{document['over_bare_s']:+.3f} s over it (budget {document['budget_over_bare_s']} s: "
+        f"{'met' if document['met'] else 'missed'})"
     )
 
 
