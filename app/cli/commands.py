@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli.arguments import effective_settings
 from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
-from app.cli.progress import ProgressLines
+from app.cli.progress import progress_for
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:
     from app.core.generation import GenerationResult
+    from app.core.health import HealthReport
+    from app.core.jobs import ProgressCallback
 
 
 def _print_json(document: dict[str, Any]) -> None:
@@ -35,10 +37,34 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from app.core import causes, health
+    from app.core import health
 
     values = effective_settings(args)
-    report = causes.check_model(
+    # Progress and the headline (what failed, where) go to stderr as the check runs; stdout
+    # keeps the report alone (with --json, one JSON document).
+    on_progress = progress_for(sys.stderr)
+    try:
+        report = _check(args, values, on_progress)
+    finally:
+        on_progress.close()
+    if args.report:
+        health.write_markdown_report(report, args.report)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        from app.cli.text import health_text
+
+        print(health_text(report))
+    return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
+
+
+def _check(
+    args: argparse.Namespace, values: dict[str, Any], on_progress: ProgressCallback
+) -> HealthReport:
+    """`halfsafe check`'s run: load, check and attribute, as the flags and settings ask."""
+    from app.core import causes
+
+    return causes.check_model(
         args.model,
         precision=PrecisionSettings.from_mapping(values),
         device=values["device"],
@@ -49,16 +75,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         text_encoders=args.text_encoders,
         loras=args.loras,
         allow_pickle=args.allow_pickle,
+        on_progress=on_progress,
     )
-    if args.report:
-        health.write_markdown_report(report, args.report)
-    if args.json:
-        _print_json(report.to_json())
-    else:
-        from app.cli.text import health_text
-
-        print(health_text(report))
-    return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -113,15 +131,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
         scheduler=values["scheduler"],
         output_dir=getattr(args, "out", None) or values.get("output_folder") or None,
     )
-    terminal = sys.stderr.isatty()
-    if terminal:
-
-        def on_progress(stage: str, done: int, total: int) -> None:
-            print(f"\r{stage}: {done}/{total}\033[K", end="", file=sys.stderr, flush=True)
-
-    else:
-        on_progress = ProgressLines(sys.stderr)
-
+    on_progress = progress_for(sys.stderr)
     try:
         return generate(
             model,
@@ -133,8 +143,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     except ImageSaveError as error:
         raise rescue_unsaved(error) from None
     finally:
-        if terminal:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        on_progress.close()
 
 
 def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int, int]:

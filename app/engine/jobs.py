@@ -20,7 +20,7 @@ from app.core.explain import Explanation
 from app.core.generation.records import GenerationResult
 from app.core.hardware import HardwareReport
 from app.core.health.report import CheckResult
-from app.core.jobs import CancelToken
+from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora import LoraRequest
 from app.core.models.summary import ModelSummary, summarise
 from app.core.requests import (
@@ -124,10 +124,25 @@ def check(context: JobContext, request: CheckRequest) -> CheckResult:
         size=request.size,
         steps=request.steps,
         scheduler=request.scheduler,
-        on_progress=context.progress,
+        on_progress=_headlines_as_warnings(context),
         cancel=context.cancel,
     )
     return CheckResult(report, markdown_report(report))
+
+
+def _headlines_as_warnings(context: JobContext) -> ProgressCallback:
+    """The check's progress callback: its headline (what failed, at which layer, found before
+    the fixes are proved) goes out at once as a warning event, a plain string; the rest as
+    progress."""
+    from app.core.health.check import Headline
+
+    def on_progress(stage: str, done: int, total: int) -> None:
+        if isinstance(stage, Headline):
+            context.warn(str(stage))
+        else:
+            context.progress(stage, done, total)
+
+    return on_progress
 
 
 def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:
