@@ -78,7 +78,7 @@ def phases(marks: list[tuple[float, str]], end: float) -> list[dict]:
     """Seconds per phase from timestamped stages (`marks`, in order) up to `end`; a phase
     entered twice adds up."""
     spans: dict[str, float] = {}
-    for (at, stage), following in zip(marks, [*marks[1:], (end, "")], strict=True):
+    for (at, stage), following in zip(marks, [*marks[1:], (end, "")][: len(marks)], strict=True):
         name = phase_of(stage)
         spans[name] = spans.get(name, 0.0) + following[0] - at
     return [{"phase": name, "s": round(s, 3)} for name, s in spans.items()]
@@ -218,9 +218,12 @@ def cli(tree: Path, arguments: list[str], finding: str | None = None) -> dict:
                 if finding and finding in line and not seen:
                     seen.append(time.perf_counter() - began)
 
+        # stderr is read line by line as it comes (communicate() would take it in one piece).
         reader = threading.Thread(target=read_stderr, daemon=True)
         reader.start()
-        out, _ = process.communicate(timeout=TIMEOUT_S)
+        assert process.stdout is not None
+        out = process.stdout.read()
+        process.wait(timeout=TIMEOUT_S)
         wall = time.perf_counter() - began
         reader.join()
     document = json.loads(out)

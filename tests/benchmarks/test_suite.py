@@ -226,3 +226,4 @@ def test_wait_phases_come_from_the_check_stages_in_order():
         {"phase": "the fix's cost", "s": 1.0},
         {"phase": "report", "s": 0.25},
     ]
+    assert user_wait.phases([], 1.0) == []  # a model built in place reports no load stage
