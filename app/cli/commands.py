@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli.arguments import effective_settings
 from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
-from app.cli.progress import ProgressLines
+from app.cli.progress import progress_for
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported where a command runs: `halfsafe --version` stays instant
@@ -40,7 +40,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from app.core import health, requested
 
     request = check_request(args, effective_settings(args))
-    report = requested.check(_load(args.model, args), request)
+    # Progress and the headline (what failed, where) go to stderr as the check runs; stdout
+    # keeps the report alone (with --json, one JSON document).
+    on_progress = progress_for(sys.stderr)
+    try:
+        report = requested.check(_load(args.model, args), request, on_progress=on_progress)
+    finally:
+        on_progress.close()
     if args.report:
         health.write_markdown_report(report, args.report)
     if args.json:
@@ -106,22 +112,13 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
     model = _load(source, args)
     request = generate_request(args, values, model.native_size)
-    terminal = sys.stderr.isatty()
-    if terminal:
-
-        def on_progress(stage: str, done: int, total: int) -> None:
-            print(f"\r{stage}: {done}/{total}\033[K", end="", file=sys.stderr, flush=True)
-
-    else:
-        on_progress = ProgressLines(sys.stderr)
-
+    on_progress = progress_for(sys.stderr)
     try:
         return requested.generate(model, request, on_progress=on_progress)
     except ImageSaveError as error:
         raise rescue_unsaved(error) from None
     finally:
-        if terminal:
-            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        on_progress.close()
 
 
 def generate_request(args, values: dict[str, Any], native_size: int) -> GenerateRequest:

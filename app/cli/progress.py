@@ -1,12 +1,39 @@
-"""Progress of a long `halfsafe` command on stderr when it is not a terminal (a log file, a CI
-job): a plain line every few seconds with the time so far and an estimate of the time left."""
+"""Progress of a long `halfsafe` command on stderr: on a terminal one line redrawn in place,
+otherwise (a log file, a CI job) a plain line every few seconds with the time so far and an
+estimate of the time left. A check's headline (`Headline`: what failed, at which layer) is a
+line of its own at once, either way."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TextIO
 
+from app.core.health.check import Headline
 from app.core.jobs import DONE
+
+
+def progress_for(stream: TextIO) -> RedrawnLine | ProgressLines:
+    """The progress callback for `stream`: redrawn in place on a terminal, plain lines
+    otherwise. Call its `close()` when the command ends."""
+    return RedrawnLine(stream) if stream.isatty() else ProgressLines(stream)
+
+
+class RedrawnLine:
+    """A progress callback for a terminal: `stage: done/total` redrawn in place; a headline
+    is printed above it and stays."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if isinstance(stage, Headline):
+            print(f"\r\033[Khalfsafe: {stage}", file=self.stream, flush=True)
+            return
+        print(f"\r{stage}: {done}/{total}\033[K", end="", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        print("\r\033[K", end="", file=self.stream, flush=True)
 
 
 class ProgressLines:
@@ -30,6 +57,9 @@ class ProgressLines:
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         now = self.clock()
+        if isinstance(stage, Headline):  # the user learns what failed now, not at the end
+            print(f"halfsafe: {stage}", file=self.stream, flush=True)
+            return
         new_stage = stage != self.stage
         if new_stage:
             self.stage, self.stage_started, self.stage_first = stage, now, done
@@ -49,6 +79,9 @@ class ProgressLines:
             pace = (now - self.stage_started) / (done - self.stage_first)
             line += f", about {_seconds(pace * (total - done))} left"
         print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        """Nothing to clear: every line printed stays."""
 
 
 def _seconds(value: float) -> str:

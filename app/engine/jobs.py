@@ -130,7 +130,9 @@ def check(context: JobContext, request: CheckRequest) -> CheckResult:
     model = _loaded(context)
     from app.core.health import markdown_report
 
-    report = requested.check(model, request, on_progress=context.progress, cancel=context.cancel)
+    report = requested.check(
+        model, request, on_progress=_headlines_as_warnings(context), cancel=context.cancel
+    )
     return _saved(context, model, CheckResult(report, markdown_report(report)))
 
 
@@ -144,6 +146,21 @@ def _saved(context: JobContext, model: Any, result: CheckResult) -> CheckResult:
     except OSError as error:
         context.warn(f"The report could not be kept for later ({error.strerror or error}).")
     return result
+
+
+def _headlines_as_warnings(context: JobContext) -> ProgressCallback:
+    """The check's progress callback: its headline (what failed, at which layer, found before
+    the fixes are proved) goes out at once as a warning event, a plain string; the rest as
+    progress."""
+    from app.core.health.check import Headline
+
+    def on_progress(stage: str, done: int, total: int) -> None:
+        if isinstance(stage, Headline):
+            context.warn(str(stage))
+        else:
+            context.progress(stage, done, total)
+
+    return on_progress
 
 
 def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:

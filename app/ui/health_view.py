@@ -99,6 +99,7 @@ class HealthView(QWidget):
         self.progress.setMaximumWidth(220)
         self.progress.hide()
         self.stage = label("", "muted")
+        self.headlines: dict[int, str] = {}  # a running check's first finding, by job
         self.export_button = QPushButton("Export Markdown…")
         self.export_button.clicked.connect(self.export_markdown)
         self.copy_button = QPushButton("Copy report")
@@ -210,8 +211,12 @@ class HealthView(QWidget):
                 self.stage.setText("Writing the report…")
             else:
                 show_progress(self.progress, event.done, event.total)
-                self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
+                stage = f"{event.stage}…" if event.stage else "Working…"
+                found = self.headlines.get(event.job_id)
+                self.stage.setText(f"{found}\n{stage}" if found else stage)
         elif event.state == EventState.WARNING:
+            # The check's headline (what failed, where) stays above the stages that follow it.
+            self.headlines = {event.job_id: event.message}
             self.stage.setText(event.message)
         elif event.state == EventState.RESULT:
             result: CheckResult = event.result

@@ -171,3 +171,59 @@ def test_every_precision_choice_resolves_to_the_plan_it_names():
         "fp16_accumulation",
         "fp16_full_reduction",
     }
+
+
+def _wait_row(first_line_s: float, check_s: float, generation_s: float = 10.0) -> dict:
+    import user_wait
+
+    row = {"first_line_s": first_line_s, "check_s": check_s, "generation_s": generation_s}
+    return {**row, **user_wait.judged(row, generation_s)}
+
+
+def test_wait_rows_hold_the_first_line_to_10_and_the_fix_to_25_percent():
+    cli = {"check": {"wall_s": 8.5, "reported_s": 0.53, "first_line_s": 8.1}}
+    document = {
+        "steps": 20,
+        "results": [
+            {
+                "model": "demo-overflow",
+                "size": 128,
+                "precision": "fp16",
+                "warm": {"ours": [_wait_row(0.9, 2.0)], "baseline": [_wait_row(3.0, 4.0)]},
+                "cli": {"ours": [cli]},
+            }
+        ],
+    }
+    rows = run._wait(document, "cpu")
+    assert [(r.case.split(": ")[1], r.met) for r in rows] == [
+        ("first line vs 20-step generation", True),  # 9% of the generation
+        ("proved fix (whole check) vs generation", True),  # 20%
+        ("first line vs 20-step generation", False),
+        ("proved fix (whole check) vs generation", False),
+        ("CLI check, wall vs reported", None),
+    ]
+    assert "(baseline)" in rows[2].case and "(baseline)" not in rows[0].case
+    assert rows[4].ours == "8.50 s" and rows[4].baseline == "0.53 s reported"
+
+
+def test_wait_phases_come_from_the_check_stages_in_order():
+    import user_wait
+
+    marks = [
+        (0.0, "Checking the text encoder"),
+        (1.0, "Checking the VAE"),
+        (2.0, "Running the fp32 reference"),
+        (2.5, "Trying a fix: run the VAE in fp32"),
+        (4.0, "Measuring the fixes for the VAE"),
+        (7.0, "Measuring the cost of the fix"),
+        (8.0, "Done"),
+    ]
+    assert user_wait.phases(marks, 8.25) == [
+        {"phase": "probe", "s": 2.0},
+        {"phase": "fp32 reference", "s": 0.5},
+        {"phase": "fix: run the VAE in fp32", "s": 1.5},
+        {"phase": "measuring the fixes", "s": 3.0},
+        {"phase": "the fix's cost", "s": 1.0},
+        {"phase": "report", "s": 0.25},
+    ]
+    assert user_wait.phases([], 1.0) == []  # a model built in place reports no load stage

@@ -11,7 +11,8 @@ import pytest
 from app.cli import main
 from app.cli.arguments import build_parser, effective_settings
 from app.cli.commands import cli_image_size
-from app.cli.progress import ProgressLines
+from app.cli.progress import ProgressLines, RedrawnLine
+from app.core.health.check import Headline
 
 
 def _size(*flags: str, native: int = 128) -> tuple[int, int]:
@@ -64,17 +65,56 @@ def test_a_quick_run_prints_no_progress():
     assert stream.getvalue() == ""
 
 
+HEADLINE = Headline("The VAE went NaN/Inf in fp16, first at decoder.conv_out; proving a fix.")
+
+
+def test_a_headline_is_printed_at_once_even_in_a_quick_run():
+    stream, clock = io.StringIO(), Clock()
+    report = ProgressLines(stream, interval=5.0, clock=clock)
+    report("Checking the VAE", 2, 3)
+    clock.now += 1.0
+    report(HEADLINE, 0, 0)
+    assert stream.getvalue() == f"halfsafe: {HEADLINE}\n"
+    clock.now += 1.0
+    report("Trying a fix: run the VAE in fp32", 0, 4)  # still quiet: the first 5 s
+    assert stream.getvalue().count("\n") == 1
+
+
+def test_on_a_terminal_the_headline_stays_above_the_redrawn_line():
+    stream = io.StringIO()
+    report = RedrawnLine(stream)
+    report("Checking the VAE", 2, 3)
+    report(HEADLINE, 0, 0)
+    report("Trying a fix: run the VAE in fp32", 1, 4)
+    report.close()
+    # The redrawn line is cleared and the headline ends with a newline, so it stays.
+    assert f"\r\033[Khalfsafe: {HEADLINE}\n" in stream.getvalue()
+    assert stream.getvalue().endswith("\r\033[K")
+
+
+@pytest.mark.slow  # a demo check in fp16 that proves its fix: a minute on 2 CPU cores
+def test_check_json_keeps_stdout_one_document_and_says_the_finding_first(capsys):
+    status = main(["check", "demo-overflow", "--precision", "fp16", "--size", "64", "--json"])
+    captured = capsys.readouterr()
+    assert status == 1
+    document = json.loads(captured.out)  # one JSON document, nothing else on stdout
+    assert document["verdict"] == "fixable" and document["fix"]["verified"]
+    finding = next(line for line in captured.err.splitlines() if "went NaN/Inf" in line)
+    assert finding.startswith("halfsafe: The VAE went NaN/Inf in fp16")
+    assert "decoder.up_blocks.0.resnets.0.conv1" in finding
+
+
 @pytest.mark.slow
 def test_generate_demo_without_a_size_makes_a_native_image_and_logs_progress(
     tmp_path, capsys, monkeypatch
 ):
-    from app.cli import commands
+    from app.cli import progress
 
-    class EveryCall(commands.ProgressLines):
+    class EveryCall(progress.ProgressLines):
         def __init__(self, stream) -> None:
             super().__init__(stream, interval=0.0)
 
-    monkeypatch.setattr(commands, "ProgressLines", EveryCall)
+    monkeypatch.setattr(progress, "ProgressLines", EveryCall)
     status = main(
         ["generate", "demo", "--prompt", "a cat", "--steps", "2", "--json", "--out", str(tmp_path)]
     )

@@ -18,6 +18,8 @@ import torch
 
 from app.core import health, profiles
 from app.core.checkpoint import scan_weights
+from app.core.health import stages
+from app.core.health.check import Headline
 from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -103,6 +105,81 @@ def test_a_checks_long_phases_count_their_work(vae_report):
         counts = stages[stage][1:]  # after the announcement, each timing run
         total = counts[-1][1]
         assert total > 1 and counts == [(done, total) for done in range(1, total + 1)], stage
+
+
+def test_the_headline_comes_before_the_fixes_are_tried(vae_report):
+    """What failed and where reaches the user as soon as the probe shows it: before the fp32
+    reference and the candidates, the slow part of a check that finds a fault."""
+    stages = [stage for stage, _, _ in VAE_CHECK_PROGRESS]
+    headlines = [s for s in stages if isinstance(s, Headline)]
+    assert len(headlines) == 1
+    assert headlines[0].startswith("The VAE went NaN/Inf in fp16") and VAE_LAYER in headlines[0]
+    assert stages.index(headlines[0]) < stages.index("Running the fp32 reference")
+    assert all(not isinstance(s, Headline) for s in stages[: stages.index(headlines[0])])
+
+
+def test_measuring_skips_the_warm_ups_the_check_already_ran(vae_report):
+    """Every verified candidate ran to be verified, the tested plan in the first probe and the
+    fix's denoiser in the probe: only no-half still needs a warm-up run before it is timed."""
+    verified = sum(1 for c in vae_report.tried if c.verified)
+    totals = {stage: total for stage, _, total in VAE_CHECK_PROGRESS}
+    plans = verified + 2  # the candidates, as tested, no-half
+    rounds = stages.COST_ROUNDS
+    assert totals["Measuring the fixes for the VAE"] == plans * rounds + 1
+    assert totals["Measuring the cost of the fix"] == 2 * rounds + 1
+
+
+def test_timing_runs_leave_the_other_components_placed():
+    """Alternating plans for the VAE's timing re-places only the VAE: the UNet is not copied
+    between fp16 and fp32 for every no-half run."""
+    from app.core.diagnosis import no_half
+
+    model = loaded(build_tiny_sd_pipeline())
+    plan = health.check_loaded(model, precision=FP16, device="cpu", size=64, remember=False).plan
+    runner = stages.Runner(model, plan, 64, "a cat", 4, "euler")
+    latents = runner.denoise(plan, runner.encode(plan).output, record=False).output
+    unets: list[int] = []
+
+    def decode(p, record):
+        return runner.decode(p, latents, record)
+
+    try:
+        costs = runner.stage_costs(
+            "vae",
+            decode,
+            {"as_tested": plan, "no_half": no_half(plan)},
+            lambda done, total: unets.append(id(runner.placed["unet"])),
+            warm=["as_tested"],
+        )
+    finally:
+        runner.placed.release()
+    # The no-half warm-up placed the whole plan, the tested plan's first run put it back; then
+    # the UNet stays put for all the timed runs.
+    assert len(set(unets[1:])) == 1 and len(unets) == 2 * stages.COST_ROUNDS + 1
+    assert set(costs) == {"as_tested", "no_half"} and costs["no_half"]["step_ms"] > 0
+
+
+def test_the_engine_sends_the_headline_as_a_warning_before_the_fix(tmp_path):
+    from app.core.jobs import CancelToken
+    from app.core.requests import CheckRequest
+    from app.engine import jobs
+    from app.engine.events import EventState, JobRequest
+    from app.engine.server import JobContext, Session
+
+    session = Session(model=loaded(plant(build_tiny_sd_pipeline(), "vae"), key="headline"))
+    events = []
+    request = CheckRequest(precision=FP16, device="cpu", size=64)
+    context = JobContext(JobRequest(1, "check", request), session, events.append, CancelToken())
+    result = jobs.check(context, request)
+
+    assert result.report.verdict == "fixable"
+    warnings = [e for e in events if e.state is EventState.WARNING]
+    assert len(warnings) == 1 and type(warnings[0].message) is str  # crosses as a plain str
+    assert "VAE went NaN/Inf" in warnings[0].message and VAE_LAYER in warnings[0].message
+    progress = [e.stage for e in events if e.state is EventState.PROGRESS]
+    assert not any(isinstance(stage, Headline) for stage in progress)
+    first_fix = next(i for i, e in enumerate(events) if e.stage.startswith("Trying a fix"))
+    assert events.index(warnings[0]) < first_fix
 
 
 def failing(report) -> set[str]:

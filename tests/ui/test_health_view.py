@@ -49,6 +49,20 @@ def test_a_phase_without_a_count_shows_a_busy_bar_and_a_counted_one_moves(window
     assert view.progress.maximum() == 0 and view.stage.text() == "Writing the report…"
 
 
+def test_the_finding_stays_in_the_stage_line_while_fixes_are_proved(window, engines):
+    view, job = _run_check(window, engines)
+    finding = "The VAE went NaN/Inf in fp16, first at decoder.conv_out; proving a fix."
+    engines.current.emit(job, EventState.WARNING, message=finding)
+    assert view.stage.text() == finding
+    engines.current.emit(job, EventState.PROGRESS, stage="Trying a fix: run the VAE in fp32")
+    assert view.stage.text() == f"{finding}\nTrying a fix: run the VAE in fp32…"
+    engines.current.finish(job, reports.result(reports.fixable()))
+    view.run_button.click()  # the next check starts without the last one's finding
+    again = engines.current.last_job("check")
+    engines.current.emit(again, EventState.PROGRESS, stage="Checking the VAE", done=2, total=3)
+    assert view.stage.text() == "Checking the VAE…"
+
+
 def test_probe_size_can_be_chosen(window, engines):
     load_fake_model(window, engines)
     view = window.health_view

@@ -53,6 +53,22 @@ if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or on
 STAGES = 3  # the progress total: the text encoders, the denoiser, the VAE
 
 
+class Headline(str):
+    """A progress stage that is the check's first finding, not a phase: what failed and at
+    which layer, said as soon as the probe shows it, before the fixes are tried and proved.
+    A consumer that does not know it shows it as a stage; the CLI prints it as a line of its
+    own, the engine sends it as a warning."""
+
+
+def found(component: str, dtype: str, first_bad: str | None) -> Headline:
+    """The headline for `component` going non-finite in `dtype`, first at `first_bad`."""
+    where = f", first at {first_bad}" if first_bad else ""
+    return Headline(
+        f"The {component_words(component)} went NaN/Inf in {dtype}{where}; "
+        "proving a fix against fp32."
+    )
+
+
 def check_loaded(
     model,
     *,
@@ -227,6 +243,7 @@ class _Check:
             elif probe.non_finite and good is not first and not good.probes[name].non_finite:
                 verify = good.probes[name]  # the fix found for a sibling fixed this one too
             elif probe.non_finite:
+                progress(found(name, search.plan.dtypes[name], first_bad_name(probe)), 0, 0)
                 if reference is None:
                     progress("Running the fp32 reference", 0, 1)
                     reference = stage_fn(diagnosis.fp32_reference(search.plan), True)
@@ -403,7 +420,10 @@ class _Check:
             self.progress(stage, done, total)
 
         costs = self.runner.unet_step_costs(
-            {"fix": self.search.plan, "no_half": no_half(self.plan)}, self.conditioning, measured
+            {"fix": self.search.plan, "no_half": no_half(self.plan)},
+            self.conditioning,
+            measured,
+            warm=["fix"],  # the fix's denoiser ran in the probe, or as its verified candidate
         )
         fix.cost = FixCost(fix=costs["fix"], no_half=costs["no_half"])
 

@@ -107,7 +107,10 @@ def choose_fix(
             cancel.raise_if_cancelled()
             progress(stage, done, total)
 
-        costs = runner.stage_costs(name, stage_fn, plans, measured)
+        # Each candidate's stage ran to verify it, and the tested plan's in the first probe:
+        # those runs were their warm-ups.
+        warm = [label for label in plans if label != "no_half"]
+        costs = runner.stage_costs(name, stage_fn, plans, measured, warm)
         for i, r in enumerate(verified):
             r.cost.update(costs[f"{i}"])
         search.baselines[name] = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.components import in_run_order
@@ -41,12 +41,13 @@ def _no_runs(done: int, total: int) -> None:
 
 
 class _Runs:
-    """Counts a measurement's runs (a warm-up and `COST_ROUNDS` timed runs per plan) for its
-    callback, so a measurement that takes a while says how far along it is."""
+    """Counts a measurement's runs (a warm-up, unless the plan is warm, and `COST_ROUNDS` timed
+    runs per plan) for its callback, so a measurement that takes a while says how far along it
+    is."""
 
-    def __init__(self, plans: int, on_run: RunCallback) -> None:
+    def __init__(self, plans: int, on_run: RunCallback, warm: int = 0) -> None:
         self.done = 0
-        self.total = plans * (1 + COST_ROUNDS)
+        self.total = plans * (1 + COST_ROUNDS) - warm  # a warm plan needs no warm-up
         self.on_run = on_run
 
     def one_more(self) -> None:
@@ -179,31 +180,18 @@ class Runner:
         stage_fn: Callable[[PrecisionPlan, bool], Stage],
         plans: dict[str, PrecisionPlan],
         on_run: RunCallback = _no_runs,
+        warm: Collection[str] = (),
     ) -> dict[str, dict[str, Any]]:
         """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
-        encode) under each plan, measured as `unet_step_costs` does: a warm-up each (which also
-        gives peak device memory where the device reports it), then `COST_ROUNDS` rounds that
-        alternate between the plans; median and range. `on_run(done, total)` follows each run."""
-        import torch
-
-        cuda = self.device.type == "cuda"
+        encode) under each plan, measured as `unet_step_costs` does. `warm`: the plans whose
+        stage already ran in this check at this size (a candidate's verification, the first
+        probe), which need no warm-up. `on_run(done, total)` follows each run."""
         per_run = len(self.timesteps) if name == self.family.denoiser else 1
-        samples: dict[str, list[float]] = {label: [] for label in plans}
-        peaks: dict[str, float | None] = dict.fromkeys(plans)
-        runs = _Runs(len(plans), on_run)
-        for label, plan in plans.items():
-            if cuda:
-                torch.cuda.synchronize(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-            stage_fn(plan, False)
-            runs.one_more()
-            if cuda:
-                peaks[label] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        for _ in range(COST_ROUNDS):
-            for label, plan in plans.items():
-                stage = stage_fn(plan, False)
-                runs.one_more()
-                samples[label].append(stage.seconds.get(name, 0.0) * 1000 / per_run)
+
+        def seconds(plan: PrecisionPlan) -> float:
+            return stage_fn(plan, False).seconds.get(name, 0.0) / per_run
+
+        samples, peaks = self._alternating(name, plans, seconds, warm, on_run)
         return {
             label: {
                 "step_ms": round(statistics.median(samples[label]), 2),
@@ -220,32 +208,21 @@ class Runner:
         plans: dict[str, PrecisionPlan],
         conditioning: dict[str, Any],
         on_run: RunCallback = _no_runs,
+        warm: Collection[str] = (),
     ) -> dict[str, StepCost]:
         """Time of one UNet step (CFG batch) under each plan, measured the same way for all:
-        one warm-up step each, then `COST_ROUNDS` rounds that alternate between the plans, so
-        drift (clocks, caches, other load) hits every plan alike. Reports the median and the
-        spread; peak device memory where the device reports it. `on_run(done, total)` follows
-        each run."""
-        import torch
-
-        cuda = self.device.type == "cuda"
+        one warm-up step each (none for the `warm` plans, whose denoiser already ran in this
+        check), then `COST_ROUNDS` rounds that alternate between the plans, so drift (clocks,
+        caches, other load) hits every plan alike. Reports the median and the spread; peak
+        device memory where the device reports it. `on_run(done, total)` follows each run."""
         one_step = self.timesteps[len(self.timesteps) // 2 : len(self.timesteps) // 2 + 1]
-        samples: dict[str, list[float]] = {name: [] for name in plans}
-        peaks: dict[str, float | None] = dict.fromkeys(plans)
-        runs = _Runs(len(plans), on_run)
-        for name, plan in plans.items():  # warm-up, and the peak memory of a step
-            if cuda:
-                torch.cuda.synchronize(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-            self.denoise(plan, conditioning, record=False, timesteps=one_step)
-            runs.one_more()
-            if cuda:
-                peaks[name] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        for _ in range(COST_ROUNDS):
-            for name, plan in plans.items():
-                stage = self.denoise(plan, conditioning, record=False, timesteps=one_step)
-                runs.one_more()
-                samples[name].append(stage.seconds[self.family.denoiser] * 1000)
+        denoiser = self.family.denoiser
+
+        def seconds(plan: PrecisionPlan) -> float:
+            stage = self.denoise(plan, conditioning, record=False, timesteps=one_step)
+            return stage.seconds[denoiser]
+
+        samples, peaks = self._alternating(denoiser, plans, seconds, warm, on_run)
         return {
             name: StepCost(
                 unet_step_ms=round(statistics.median(samples[name]), 2),
@@ -256,6 +233,56 @@ class Runner:
             )
             for name, plan in plans.items()
         }
+
+    def _alternating(
+        self,
+        name: str,
+        plans: dict[str, PrecisionPlan],
+        seconds: Callable[[PrecisionPlan], float],
+        warm: Collection[str],
+        on_run: RunCallback,
+    ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
+        """`seconds(plan)` of the component `name` under each plan, in milliseconds: a warm-up
+        each but the `warm` ones, then `COST_ROUNDS` rounds alternating between the plans.
+
+        A plan's first run (its warm-up, or for a warm plan its first timed run) places the
+        whole plan and gives its peak device memory; the runs after it re-place only `name`,
+        whose time alone is taken, so alternating plans never copies the other components back
+        and forth (a UNet between fp16 and fp32 for every no-half run of the VAE)."""
+        samples: dict[str, list[float]] = {label: [] for label in plans}
+        peaks: dict[str, float | None] = {}
+        runs = _Runs(len(plans), on_run, warm=len(set(warm) & set(plans)))
+        for label, plan in plans.items():
+            if label not in warm:
+                _, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
+                runs.one_more()
+        for _ in range(COST_ROUNDS):
+            for label, plan in plans.items():
+                if label in peaks:
+                    taken = seconds(only(plan, [name]))
+                else:
+                    taken, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
+                runs.one_more()
+                samples[label].append(taken * 1000)
+        return samples, peaks
+
+    def _with_peak(self, run: Callable[[], float]) -> tuple[float, float | None]:
+        """`run()` and the peak device memory it reached, in MiB (None where the device does
+        not report it)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return run(), None
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        taken = run()
+        return taken, torch.cuda.max_memory_allocated(self.device) / 2**20
+
+
+def only(plan: PrecisionPlan, names: Collection[str]) -> PrecisionPlan:
+    """`plan` for a run of the components `names` alone: placing it leaves the other
+    components placed as they are (the backend flags are the plan's)."""
+    return replace(plan, dtypes={n: d for n, d in plan.dtypes.items() if n in names})
 
 
 def _rounded(value: float | None) -> float | None:
