@@ -124,7 +124,11 @@ def run_cli(*argv: str, memory_gib: int = 4, timeout: float = 180, prelude: str 
 def assert_cannot_run(result, path: Path, words: str = "") -> str:
     """Exit 2, one line on stderr naming the file, no traceback (the CLI contract)."""
     assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
-    err = result.stderr
+    # A command that runs a while prints progress lines first on a slow or busy machine
+    # ("..., 7 s so far"); past those, the refusal is one line.
+    err = "".join(
+        line for line in result.stderr.splitlines(keepends=True) if " so far" not in line
+    )
     assert err.count("\n") == 1 and err.startswith("halfsafe: "), err
     assert str(path) in err and words in err, err
     assert "Traceback" not in err
@@ -454,7 +458,10 @@ def test_a_pickle_named_safetensors_loads_quietly_when_pickles_are_allowed(tmp_p
     assert_cannot_run(refused_run, path, "pickle")
     allowed = run_cli("check", str(path), "--size", "64", "--allow-pickle")
     assert allowed.returncode in (0, 1), allowed.stderr[-2000:]
-    assert allowed.stderr == ""  # no PyTorch pickle warning, no traceback
+    # No PyTorch pickle warning and no traceback: only the check's own progress lines, which
+    # a slow or busy machine prints every few seconds.
+    noise = [line for line in allowed.stderr.splitlines() if " so far" not in line]
+    assert noise == [], allowed.stderr[-2000:]
 
 
 # The library: one bad item costs one row -------------------------------------------------------
