@@ -19,6 +19,7 @@ from app.core.components import Status, Verdict
 from app.core.errors import BadFileError
 from app.core.quantized import check_gguf_header, dequantize_fp8
 from app.core.settings import PrecisionSettings
+from tests.support.cli_output import without_progress
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 from tests.support.model_files import ldm_state_dict, save_split_files
 from tests.support.tiny_models import (
@@ -148,7 +149,7 @@ def test_the_command_refuses_a_missing_scale_with_exit_2_and_one_line(tmp_path):
     )
 
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and UNET_LAYER in done.stderr
+    assert without_progress(done.stderr).count("\n") == 1 and UNET_LAYER in done.stderr
     assert "Traceback" not in done.stderr
 
 
