@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
@@ -31,7 +30,7 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.widgets import Banner, Card, label, show_progress
+from app.ui.widgets import Banner, Card, label, plain_scroll, show_progress
 
 _LEVELS = {"nan": "bad", "safety_checker": "warn", "black": "info", "ok": "good"}
 WIDTH = 680  # wide enough for a model path and a tool's flags on one line
@@ -65,14 +64,10 @@ class ExplainDialog(QDialog):
         self.setWindowTitle(f"Why is {Path(path).name} black?")
         self.setMinimumWidth(WIDTH)
         self.outer = outer = QVBoxLayout(self)
-        self.answer = QScrollArea()
-        self.answer.setWidgetResizable(True)
-        self.answer.setFrameShape(QScrollArea.Shape.NoFrame)
-        self.answer.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.body = body = QWidget()
         layout = QVBoxLayout(body)
         layout.setContentsMargins(0, 0, 0, 0)
-        self.answer.setWidget(body)
+        self.answer = plain_scroll(body)
         outer.addWidget(self.answer, 1)
         layout.addWidget(label(html.escape(Path(path).name), "section"))
         self.verdict = Banner()

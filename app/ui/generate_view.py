@@ -33,7 +33,6 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QSpinBox,
     QSplitter,
@@ -66,7 +65,7 @@ from app.ui.image_entry import (
 )
 from app.ui.lora_list import LoraList
 from app.ui.state import AppState
-from app.ui.widgets import Banner, label, page_layout, primary_button, show_progress
+from app.ui.widgets import Banner, label, page_layout, plain_scroll, primary_button, show_progress
 
 GENERATION_KEYS = (
     "negative_prompt",
@@ -259,11 +258,7 @@ class GenerateView(QWidget):
         self.parameters.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         # The caption scrolls inside a box of its own: long parameters never run into the image.
         caption = CaptionBox()
-        caption.setProperty("plain", True)
-        caption.setWidgetResizable(True)
-        caption.setFrameShape(QScrollArea.Shape.NoFrame)
-        caption.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        caption.setWidget(self.parameters)
+        plain_scroll(self.parameters, caption)
         caption.setMinimumHeight(48)
         caption.setMaximumHeight(self.parameters.fontMetrics().lineSpacing() * 7 + 8)
         caption.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)

@@ -14,7 +14,6 @@ from PySide6.QtGui import QGuiApplication, QImageReader, QKeySequence, QPixmap, 
 from PySide6.QtWidgets import (
     QDialog,
     QPushButton,
-    QScrollArea,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -28,7 +27,7 @@ from app.ui.image_entry import (
     read_image_file,
     status_words,
 )
-from app.ui.widgets import label
+from app.ui.widgets import label, plain_scroll
 
 # step(+1 or -1): the gallery's next or previous image, made current there; None past its ends.
 Step = Callable[[int], GalleryEntry | None]
@@ -111,13 +110,7 @@ class ImageViewer(QDialog):
         self.parameters = label("", wrap=True, selectable=True)
         self.parameters.setTextFormat(Qt.TextFormat.PlainText)
         self.parameters.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        scroll = QScrollArea()
-        scroll.setProperty("plain", True)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setWidget(self.parameters)
-        column.addWidget(scroll, 1)
+        column.addWidget(plain_scroll(self.parameters), 1)
         self.buttons: dict[str, QPushButton] = {}
         for text, action, tip in (
             ("Send to Generate", self.send, "Put these parameters into the Generate form."),

@@ -138,21 +138,29 @@ def page_layout(widget: QWidget, title: str, intro: str = "") -> QVBoxLayout:
     return layout
 
 
-def scroll_column(parent_layout: QVBoxLayout) -> QVBoxLayout:
-    """A borderless, see-through scroll area filling the rest of the page; returns the layout
-    to add to (a stretch at its end keeps content at the top)."""
-    scroll = QScrollArea()
+def plain_scroll(content: QWidget, scroll: QScrollArea | None = None) -> QScrollArea:
+    """`content` in a borderless scroll area (`scroll`, or a new one) that sizes it to its own
+    width and scrolls up and down only: what is too tall scrolls, nothing scrolls sideways."""
+    scroll = scroll if scroll is not None else QScrollArea()
     scroll.setProperty("plain", True)
     scroll.setWidgetResizable(True)
     scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+    scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    scroll.setWidget(content)
+    return scroll
+
+
+def scroll_column(parent_layout: QVBoxLayout) -> QVBoxLayout:
+    """A borderless, see-through scroll area filling the rest of the page; returns the layout
+    to add to (a stretch at its end keeps content at the top)."""
     body = QWidget()
     body.setAutoFillBackground(False)
+    scroll = plain_scroll(body)
     scroll.viewport().setAutoFillBackground(False)
     column = QVBoxLayout(body)
     column.setContentsMargins(0, 0, 10, 0)
     column.setSpacing(12)
     column.addStretch(1)
-    scroll.setWidget(body)
     parent_layout.addWidget(scroll, 1)
     return column
 
