@@ -128,6 +128,29 @@ def read_pictures(
     return Pictures(mode, pixels.contiguous(), mask_tensor, mask_image, sources)
 
 
+def picture_size(path: str, native: int, step: int = 16) -> tuple[int, int]:
+    """The size to draw a picture at when the user gave none: its own proportions, its longer
+    side the model's native size, each side a multiple of `step` (every family's grid
+    divides 16). Reads the file's header only; a file that is no picture is one sentence."""
+    from PIL import Image, UnidentifiedImageError
+
+    from app.core.explain.image_file import read_head
+
+    file = Path(path).expanduser()
+    read_head(file)
+    try:
+        with Image.open(file) as image:
+            w, h = image.size
+    except UnidentifiedImageError:
+        raise BadFileError(file, "not a picture HalfSafe can read (PNG, JPEG or WebP).") from None
+    except (OSError, ValueError) as error:
+        raise BadFileError(file, f"the picture cannot be read ({error}).") from None
+    if not w or not h:
+        raise BadFileError(file, f"says it is {w}x{h} pixels.")
+    scale = native / max(w, h)
+    return tuple(max(step, round(side * scale / step) * step) for side in (w, h))  # type: ignore[return-value]
+
+
 def _open(path: Path, kind: str, width: int, height: int):
     """A picture file decoded as `kind` ("RGB" or "L") at width x height, within the bounds
     of the image reader (file size and pixel count checked before it is decoded)."""
