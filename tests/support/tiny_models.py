@@ -548,7 +548,8 @@ def tiny_qwen3_causal(seed: int, hidden: int = 32, layers: int = 28):
 
 def tiny_flux2_vae(seed: int):
     """AutoencoderKLFlux2 at tiny widths: 32 latent channels, quant convs, and batch-norm
-    statistics over the 2x2 patches set away from (0, 1) so that undoing them matters."""
+    statistics over the 2x2 patches set away from (0, 1) so that undoing them matters. Its
+    norms have the groups a VAE file of these widths is read with (16; the real one's 32)."""
     import torch
     from diffusers import AutoencoderKLFlux2
 
@@ -557,11 +558,12 @@ def tiny_flux2_vae(seed: int):
         latent_channels=32,
         **_FOUR_LEVELS,
         layers_per_block=1,
-        norm_num_groups=8,
+        norm_num_groups=16,
     ).eval()
+    statistics = {"running_mean": torch.randn(128) * 0.1, "running_var": torch.rand(128) + 0.5}
     with torch.no_grad():
-        vae.bn.running_mean.copy_(torch.randn(128) * 0.1)
-        vae.bn.running_var.copy_(torch.rand(128) + 0.5)
+        for name, values in statistics.items():
+            getattr(vae.bn, name).copy_(values)
     return vae
 
 
