@@ -67,6 +67,8 @@ class SplitModel:
     native_size: int = 1024  # the pictures' side it was trained for
     # Projected CLIPs whose pooled vectors, side by side, make the transformer's pooled input.
     pooled_from: tuple[str, ...] = ()
+    # Why such a file cannot be run at all (words completing "<file>: "), None when it can.
+    unsupported: str | None = None
 
     def rows(self) -> Iterator[Row]:
         return self.table(self.config)

@@ -117,6 +117,8 @@ _KIND_WORDS = {
     "qwen25_vl": "Qwen2.5-VL text encoder",
     "vae": "VAE",
     "wan_vae": "VAE",
+    "flux2_vae": "VAE",
+    "mistral3": "Mistral 3 text encoder",
 }
 _PASSED_OVER_SHOWN = 3  # files a sentence names before "and N more"
 
@@ -193,6 +195,12 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
         return config["latent_channels"]
     if kind == "wan_vae":
         return wan_vae_config(shapes)["z_dim"] if is_wan_vae(shapes) else None
+    if kind == "flux2_vae":  # Flux.2's VAE: batch-norm statistics over its latent patches
+        if "decoder.conv_in.weight" not in shapes or "bn.running_mean" not in shapes:
+            return None
+        config = arch.infer_vae_config(shapes, {}, prefix="")
+        limits.check_vae_config(config)
+        return config["latent_channels"]
     found = encoder_kind(shapes)
     if kind == "t5" and found == "t5":
         config = t5_config(shapes)

@@ -390,7 +390,11 @@ def tiny_zimage_transformer(seed: int, text: int = 32):
         n_kv_heads=2,
         cap_feat_dim=text,
         axes_dims=[8, 12, 12],  # Z-Image's proportions (32, 48, 48 of 128 per head)
-        axes_lens=[1536, 512, 512],  # as a split file is built with (ZIMAGE_AXES_LENS in app.core.families.zimage)
+        axes_lens=[
+            1536,
+            512,
+            512,
+        ],  # as a split file is built with (ZIMAGE_AXES_LENS in app.core.families.zimage)
     ).eval()
 
 
@@ -450,3 +454,166 @@ def build_tiny_qwenimage_pipeline(seed: int = 0, text_width: int = 64):
         tokenizer=qwen2_tokenizer(),
         transformer=transformer,
     )
+
+
+# Flux.2 dev and Klein -----------------------------------------------------------------------
+
+# Flux.2's schedule (FLUX.2-dev's and Klein's scheduler_config): the pipelines shift by their
+# own empirical rule, the scheduler exponentially by resolution.
+FLUX2_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+    "time_shift_type": "exponential",
+}
+
+# The Mistral 3 chat format for the dev tiny's stand-in tokenizer: the system message and the
+# user's prompt in Mistral Small 3.1's markers (content as Flux2Pipeline sends it: a list of
+# typed parts).
+MISTRAL3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- set text = message['content'] if message['content'] is string "
+    "else message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') "
+    "| join('') %}"
+    "{%- if message['role'] == 'system' %}{{- '[SYSTEM_PROMPT]' + text + '[/SYSTEM_PROMPT]' }}"
+    "{%- elif message['role'] == 'user' %}{{- '[INST]' + text + '[/INST]' }}"
+    "{%- else %}{{- text }}{%- endif %}"
+    "{%- endfor %}"
+)
+
+
+def mistral3_stand_in_tokenizer():
+    """The tiny dev pipeline's tokenizer: Mistral's Tekken vocabulary is not shipped, so T5's
+    (resources/tokenizers/t5) with Mistral 3's chat format stands in. A real Flux.2 dev folder
+    carries its own tokenizer."""
+    tokenizer = t5_tokenizer()
+    tokenizer.chat_template = MISTRAL3_CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_mistral3(seed: int, hidden: int = 32, layers: int = 31):
+    """A Mistral3ForConditionalGeneration (Flux.2 dev's text encoder) with a tiny Pixtral vision
+    tower and T5's vocabulary size (its stand-in tokenizer's ids fit); deep enough for the layers
+    Flux.2 dev reads (10, 20, 30), with Mistral Small 3.1's rotary base and norms."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    config = Mistral3Config(
+        text_config={
+            "model_type": "mistral",
+            "vocab_size": 32128,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": hidden // 4,
+            "max_position_embeddings": 1024,
+            "rope_theta": 1000000000.0,
+            "rms_norm_eps": 1e-5,
+            "sliding_window": None,
+        },
+        vision_config={
+            "model_type": "pixtral",
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "head_dim": 8,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+        image_token_index=10,
+        spatial_merge_size=2,
+        projector_hidden_act="gelu",
+        multimodal_projector_bias=False,
+        vision_feature_layer=-1,
+    )
+    _seeded(seed)
+    return Mistral3ForConditionalGeneration(config).eval()
+
+
+def tiny_qwen3_causal(seed: int, hidden: int = 32, layers: int = 28):
+    """The Z-Image tiny Qwen3's config with its LM head (Qwen3ForCausalLM, as Flux.2 Klein's
+    pipeline holds it), deep enough for the layers Klein reads (9, 18, 27)."""
+    from transformers import Qwen3ForCausalLM
+
+    config = tiny_qwen3(seed, hidden, layers).config
+    _seeded(seed)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def tiny_flux2_vae(seed: int):
+    """AutoencoderKLFlux2 at tiny widths: 32 latent channels, quant convs, and batch-norm
+    statistics over the 2x2 patches set away from (0, 1) so that undoing them matters. Its
+    norms have the groups a VAE file of these widths is read with (16; the real one's 32)."""
+    import torch
+    from diffusers import AutoencoderKLFlux2
+
+    _seeded(seed)
+    vae = AutoencoderKLFlux2(
+        latent_channels=32,
+        **_FOUR_LEVELS,
+        layers_per_block=1,
+        norm_num_groups=16,
+    ).eval()
+    statistics = {"running_mean": torch.randn(128) * 0.1, "running_var": torch.rand(128) + 0.5}
+    with torch.no_grad():
+        for name, values in statistics.items():
+            getattr(vae.bn, name).copy_(values)
+    return vae
+
+
+def tiny_flux2_transformer(seed: int, guidance: bool, text: int):
+    """One double and two single blocks, two 32-wide heads with Flux.2's rotary proportions
+    (four equal axes), reading `text` values a token (three hidden states side by side)."""
+    from diffusers import Flux2Transformer2DModel
+
+    _seeded(seed)
+    return Flux2Transformer2DModel(
+        patch_size=1,
+        in_channels=128,  # 32 latent channels in 2x2 patches
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=text,
+        timestep_guidance_channels=32,
+        axes_dims_rope=(8, 8, 8, 8),
+        guidance_embeds=guidance,
+    ).eval()
+
+
+def build_tiny_flux2_pipeline(seed: int = 0):
+    """A tiny Flux.2 dev-shaped pipeline: a Mistral 3-shaped text encoder (31 layers, 32 wide),
+    a guidance-embedding transformer, Flux.2's 32-channel VAE."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
+
+    parts: dict[str, Any] = {
+        "scheduler": FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER_CONFIG),
+        "vae": tiny_flux2_vae(seed + 1),
+        "text_encoder": tiny_mistral3(seed + 2),
+        "tokenizer": mistral3_stand_in_tokenizer(),
+        "transformer": tiny_flux2_transformer(seed + 3, guidance=True, text=3 * 32),
+    }
+    return Flux2Pipeline(**parts)
+
+
+def build_tiny_flux2_klein_pipeline(seed: int = 0, distilled: bool = False):
+    """A tiny Flux.2 Klein-shaped pipeline: a Qwen3-shaped causal LM (28 layers, 32 wide), a
+    transformer without guidance embedding, Flux.2's 32-channel VAE; base (real CFG) unless
+    `distilled`."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+
+    parts: dict[str, Any] = {
+        "scheduler": FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER_CONFIG),
+        "vae": tiny_flux2_vae(seed + 1),
+        "text_encoder": tiny_qwen3_causal(seed + 2),
+        "tokenizer": qwen3_tokenizer(),
+        "transformer": tiny_flux2_transformer(seed + 3, guidance=False, text=3 * 32),
+        "is_distilled": distilled,
+    }
+    return Flux2KleinPipeline(**parts)

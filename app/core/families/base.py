@@ -34,6 +34,8 @@ class FamilyId(str, Enum):
     SD3 = "sd3"
     ZIMAGE = "zimage"
     QWENIMAGE = "qwenimage"
+    FLUX2 = "flux2"  # Flux.2 dev
+    FLUX2_KLEIN = "flux2klein"
 
 
 @dataclass(frozen=True)

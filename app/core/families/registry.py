@@ -8,6 +8,7 @@ from app.core.errors import HalfSafeError
 from app.core.families.base import Family, FamilyId
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
+from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
 from app.core.families.qwenimage import QwenImageFamily
 from app.core.families.sd import StableDiffusionFamily
 from app.core.families.sd3 import SD3Family
@@ -19,6 +20,10 @@ FAMILIES: tuple[Family, ...] = (
     QwenImageFamily(),
     ZImageFamily(),
     SD3Family(),
+    # Flux.2 before Flux.1 (its transformer files carry Flux.1's markers too); Klein before
+    # dev, whose "flux2" would otherwise take "flux2-klein".
+    Flux2KleinFamily(),
+    Flux2Family(),
     ChromaFamily(),
     FluxFamily(),
     SDXLFamily(),

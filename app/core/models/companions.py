@@ -86,6 +86,40 @@ def load_wan_vae_file(path: Path):
     return assign(path, model, state, "VAE"), dtypes
 
 
+def load_flux2_vae_file(path: Path, base: dict):
+    """Flux.2's VAE file (flux2-vae.safetensors: the original or diffusers names, with its
+    batch-norm statistics), read as an AutoencoderKLFlux2 on the shipped config `base`."""
+    import diffusers
+    import torch
+
+    from app.core.models.conversion import _convert_vae
+
+    statistics = ("bn.running_mean", "bn.running_var")
+    with Checkpoint(path, component="vae") as checkpoint:
+        try:
+            config = arch.infer_vae_config(checkpoint.shapes, base, prefix="")
+            limits.check_vae_config(config)
+        except ValueError as error:
+            raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
+        parts = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.")
+        tensors = {k: checkpoint.get(k) for k in checkpoint.shapes if k.startswith(parts)}
+        state = _convert_vae(tensors, "", config)
+        for key in statistics:
+            if key not in checkpoint.shapes:
+                raise BadFileError(path, f"the VAE is incomplete: {key} is missing.")
+            state[key] = checkpoint.get(key)
+        # How many batches the statistics were gathered over: never used when sampling.
+        counted = "bn.num_batches_tracked"
+        state[counted] = (
+            checkpoint.get(counted)
+            if counted in checkpoint.shapes
+            else torch.zeros((), dtype=torch.long)
+        )
+        dtypes = [checkpoint.dtypes[k] for k in [*tensors, *statistics]]
+    model = empty(diffusers.AutoencoderKLFlux2.from_config, config)
+    return assign(path, model, state, "VAE"), dtypes
+
+
 def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
     """A text encoder under `prefix` of a file, as `need.kind` says: a CLIP or T5 in
     transformers' layout (a companion's own `clip_l.safetensors`, or the text_encoders.* of an

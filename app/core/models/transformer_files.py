@@ -13,7 +13,11 @@ from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.layouts import AbsurdSizes, SplitModel, to_diffusers
 from app.core.models.assembly import assign, built, empty, first_line
-from app.core.models.companions import load_text_encoder, load_wan_vae_file
+from app.core.models.companions import (
+    load_flux2_vae_file,
+    load_text_encoder,
+    load_wan_vae_file,
+)
 from app.core.models.configs import read_json
 from app.core.models.conversion import load_vae_override, vae_from_checkpoint, vae_keys
 from app.core.models.identity import Hasher, Identity, vae_files
@@ -52,6 +56,8 @@ def load_split(
     from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
 
     tokenizers = {"t5": t5_tokenizer, "qwen3": qwen3_tokenizer, "qwen25_vl": qwen2_tokenizer}
+    if model.unsupported is not None:
+        raise UnsupportedModelError(path, model.unsupported + ".")
     companions = split.find_companions(path, model, text_encoders, vae)
     missing = split.missing_sentence(model, companions, path)
     if missing is not None:
@@ -82,6 +88,9 @@ def load_split(
                 checkpoint.component = need.component
                 if need.kind == "wan_vae" and where is not None:
                     part, dtypes = load_wan_vae_file(where)
+                elif need.kind == "flux2_vae" and where is not None:
+                    base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
+                    part, dtypes = load_flux2_vae_file(where, base)
                 elif need.kind == "vae":
                     base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
                     if where is not None:
