@@ -468,7 +468,8 @@ QWENIMAGE21_SCHEDULER_CONFIG: dict[str, Any] = {
 
 
 def tiny_qwen3_vl(seed: int, hidden: int = 64, layers: int = 2):
-    """A Qwen3-VL-shaped model (Qwen-Image 2.1's text encoder) with a one-block vision tower,
+    """A Qwen3-VL-shaped model (Qwen-Image 2.1's text encoder) with a one-block vision tower (one
+    deepstack merger),
     the real vocabulary size, Qwen3-VL-8B's rotary base and norms, 32-wide heads and
     interleaved multimodal rotary sections in its proportions (24, 20, 20 of 64)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
@@ -495,7 +496,7 @@ def tiny_qwen3_vl(seed: int, hidden: int = 64, layers: int = 2):
         },
         vision_config={
             "depth": 1,
-            "hidden_size": 32,
+            "hidden_size": 144,  # two 72-wide heads, as Qwen3-VL-8B's vision heads are wide
             "intermediate_size": 32,
             "num_heads": 2,
             "out_hidden_size": hidden,
