@@ -15,14 +15,16 @@ from app.core.layouts import CLIP_PREFIX, Shapes, bounded, count_indices, weight
 
 
 def encoder_kind(shapes: Shapes) -> str | None:
-    """ "t5", "clip", "qwen3" or "qwen25_vl" for a text-encoder file in the layout its files
-    use (transformers' names; Qwen2.5-VL's older model.*, visual.*), else None."""
+    """ "t5", "clip", "qwen3", "qwen25_vl" or "qwen3_vl" for a text-encoder file in the layout
+    its files use (transformers' names; Qwen2.5-VL's older model.*, visual.*), else None."""
     if "encoder.block.0.layer.0.SelfAttention.q.weight" in shapes and "shared.weight" in shapes:
         return "t5"
     if CLIP_PREFIX + "embeddings.token_embedding.weight" in shapes:
         return "clip"
     if is_qwen25_vl(shapes):
         return "qwen25_vl"
+    if is_qwen3_vl(shapes):
+        return "qwen3_vl"
     if qwen3_prefix(shapes) is not None:
         return "qwen3"
     return None
@@ -193,6 +195,98 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
     }
 
 
+# Qwen3-VL-8B's settings that no tensor records (its config.json), Qwen-Image 2.1's text
+# encoder. Its files keep transformers' names (model.language_model.*, model.visual.*,
+# lm_head). The vision tower is read but never run for text-to-image.
+QWEN3_VL_FIXED: dict[str, Any] = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False}
+QWEN3_VL_ROPE_THETA = 5000000.0
+QWEN3_VL_POSITIONS = 262144
+QWEN3_VL_VISION_HEAD = 72  # 1152 wide in 16 heads
+QWEN3_VL_DEEPSTACK = (8, 16, 24)  # the 8B's 27 vision blocks that feed its three mergers
+QWEN3_VL_DEPTH = 27
+_QWEN3_VL_TEXT = "model.language_model."
+_QWEN3_VL_VISION = "model.visual."
+
+
+def is_qwen3_vl(shapes: Shapes) -> bool:
+    """A Qwen3-VL file in transformers' names (q/k norms as Qwen3's, a vision tower)."""
+    return (
+        _QWEN3_VL_TEXT + "embed_tokens.weight" in shapes
+        and _QWEN3_VL_TEXT + "layers.0.self_attn.q_norm.weight" in shapes
+        and _QWEN3_VL_VISION + "patch_embed.proj.weight" in shapes
+    )
+
+
+def qwen3_vl_config(shapes: Shapes) -> dict[str, Any]:
+    """A Qwen3VLConfig (as keyword arguments) from a Qwen3-VL file's shapes, the rest as
+    Qwen3-VL-8B has it. Raises ValueError naming what does not fit."""
+    t, v = _QWEN3_VL_TEXT, _QWEN3_VL_VISION
+    vocab, width = weight_shape(shapes, "embed_tokens.weight", 2, t)
+    head = weight_shape(shapes, "layers.0.self_attn.q_norm.weight", 1, t)[0]
+    queries = weight_shape(shapes, "layers.0.self_attn.q_proj.weight", 2, t)[0]
+    keys = weight_shape(shapes, "layers.0.self_attn.k_proj.weight", 2, t)[0]
+    if head % 2 or queries % head or keys % head:
+        raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
+    layers = count_indices(shapes, t + "layers.")
+    vision, channels, frames, patch, _ = weight_shape(shapes, "patch_embed.proj.weight", 5, v)
+    depth = count_indices(shapes, v + "blocks.")
+    mergers = count_indices(shapes, v + "deepstack_merger_list.")
+    merged, _ = weight_shape(shapes, "merger.linear_fc1.weight", 2, v)
+    merge = round((merged // vision) ** 0.5)
+    positions = weight_shape(shapes, "pos_embed.weight", 2, v)[0]
+    bounded(
+        ("number of layers", layers, limits.MAX_TEXT_LAYERS),
+        ("vocabulary size", vocab, limits.MAX_VOCAB),
+        ("width", width, limits.MAX_WIDTH),
+        ("number of attention heads", queries // head, limits.MAX_HEADS),
+        ("number of vision blocks", depth, limits.MAX_TEXT_LAYERS),
+        ("vision width", vision, limits.MAX_WIDTH),
+        ("vision merge", merge, limits.MAX_KERNEL),
+        ("vision positions", positions, limits.MAX_POSITIONS),
+    )
+    if merge * merge * vision != merged or mergers > depth:
+        raise ValueError(f"its vision merger ({merged} wide) does not fit its {vision}-wide tower")
+    half = head // 2  # rotary sections (time, height, width) as the 8B's 24, 20, 20 of 64
+    deepstack = (
+        list(QWEN3_VL_DEEPSTACK)
+        if (depth, mergers) == (QWEN3_VL_DEPTH, len(QWEN3_VL_DEEPSTACK))
+        else list(range(mergers))  # which blocks feed the mergers only matters for images
+    )
+    return {
+        "text_config": {
+            **QWEN3_VL_FIXED,
+            "vocab_size": vocab,
+            "hidden_size": width,
+            "intermediate_size": weight_shape(shapes, "layers.0.mlp.gate_proj.weight", 2, t)[0],
+            "num_hidden_layers": layers,
+            "num_attention_heads": queries // head,
+            "num_key_value_heads": keys // head,
+            "head_dim": head,
+            "max_position_embeddings": QWEN3_VL_POSITIONS,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": QWEN3_VL_ROPE_THETA,
+                "mrope_section": [half * 3 // 8, half * 5 // 16, half * 5 // 16],
+                "mrope_interleaved": True,
+            },
+        },
+        "vision_config": {
+            "depth": depth,
+            "hidden_size": vision,
+            "intermediate_size": weight_shape(shapes, "blocks.0.mlp.linear_fc1.weight", 2, v)[0],
+            "num_heads": max(1, vision // QWEN3_VL_VISION_HEAD),
+            "in_channels": channels,
+            "patch_size": patch,
+            "temporal_patch_size": frames,
+            "spatial_merge_size": merge,
+            "out_hidden_size": weight_shape(shapes, "merger.linear_fc2.weight", 2, v)[0],
+            "num_position_embeddings": positions,
+            "deepstack_visual_indexes": deepstack,
+        },
+        "tie_word_embeddings": False,
+    }
+
+
 # VAEs ---------------------------------------------------------------------------------------
 
 # Qwen-Image's VAE in its original (Wan 2.1) layout: flat encoder.downsamples and
@@ -301,3 +395,74 @@ def wan_vae_to_original(state: Mapping[str, Any], blocks: int) -> dict[str, Any]
     """An AutoencoderKLQwenImage state dict under its Wan-layout names (what
     vae/qwen_image_vae.safetensors holds)."""
     return {_wan_name(key, blocks + 1): tensor for key, tensor in state.items()}
+
+
+# Qwen-Image 2.1's VAE as its file keeps it: diffusers' AutoencoderKLQwenImage21 names (its
+# residual blocks, convolutions stored 2-D: one frame per image).
+_QWENIMAGE21_VAE_MARKERS = (
+    "encoder.down_blocks.0.resnets.0.norm1.gamma",
+    "decoder.up_blocks.0.resnets.0.conv1.weight",
+    "post_quant_conv.weight",
+)
+
+
+def is_qwenimage21_vae(shapes: Shapes) -> bool:
+    """A VAE in Qwen-Image 2.1's layout (2-D convolutions where Qwen-Image's are 3-D)."""
+    return all(k in shapes for k in _QWENIMAGE21_VAE_MARKERS) and (
+        len(shapes["post_quant_conv.weight"]) == 4
+    )
+
+
+def qwenimage21_vae_config(shapes: Shapes, statistics: Mapping[str, Any]) -> dict[str, Any]:
+    """An AutoencoderKLQwenImage21 config from a Qwen-Image 2.1 VAE file's shapes, with the
+    per-channel latent statistics of `statistics` (the released VAE's config). Raises ValueError
+    naming what does not fit."""
+    levels = count_indices(shapes, "encoder.down_blocks.")
+    blocks = count_indices(shapes, "encoder.down_blocks.0.resnets.")
+    bounded(
+        ("number of levels", levels, limits.MAX_LEVELS),
+        ("number of blocks per level", blocks, limits.MAX_LAYERS_PER_BLOCK),
+    )
+    base, in_channels = weight_shape(shapes, "encoder.conv_in.weight", 4)[:2]
+    mult = []
+    for level in range(levels):
+        width = weight_shape(shapes, f"encoder.down_blocks.{level}.resnets.0.conv1.weight", 4)[0]
+        if width % base:
+            raise ValueError(f"its level {level} ({width} wide) is not a multiple of {base}")
+        mult.append(width // base)
+    out_channels, decoder_width = weight_shape(shapes, "decoder.conv_out.weight", 4)[:2]
+    if decoder_width % mult[0]:
+        raise ValueError(f"its decoder ({decoder_width} wide) does not fit its levels")
+    z_dim = weight_shape(shapes, "post_quant_conv.weight", 4)[0]
+    bounded(
+        ("width", base * max(mult), limits.MAX_CHANNELS),
+        ("decoder width", decoder_width * max(mult), limits.MAX_CHANNELS),
+        ("number of latent channels", z_dim, limits.MAX_IMAGE_CHANNELS),
+        ("number of image channels", in_channels, limits.MAX_IMAGE_CHANNELS),
+    )
+    mean, spread = statistics.get("latents_mean"), statistics.get("latents_std")
+    if not isinstance(mean, list) or not isinstance(spread, list) or len(mean) != z_dim:
+        raise ValueError(
+            f"its {z_dim} latent channels have no known statistics (Qwen-Image 2.1's VAE has "
+            f"{len(mean) if isinstance(mean, list) else 'other'})"
+        )
+    temporal = [
+        f"encoder.down_blocks.{level}.downsampler.time_conv.weight" in shapes
+        for level in range(levels - 1)
+    ]
+    return {
+        "base_dim": base,
+        "decoder_base_dim": decoder_width // mult[0],
+        "z_dim": z_dim,
+        "dim_mult": mult,
+        "num_res_blocks": blocks,
+        "attn_scales": [],
+        "temperal_downsample": temporal,
+        "latents_mean": mean,
+        "latents_std": spread,
+        "is_residual": True,
+        "in_channels": in_channels,
+        "out_channels": out_channels,
+        "scale_factor_spatial": 2 ** (levels - 1),
+        "scale_factor_temporal": 2 ** sum(temporal),
+    }

@@ -28,10 +28,13 @@ from app.core import limits
 from app.core.checkpoint.header import read_header
 from app.core.encoders import (
     encoder_kind,
+    is_qwenimage21_vae,
     is_wan_vae,
     qwen3_config,
     qwen3_prefix,
+    qwen3_vl_config,
     qwen25_vl_config,
+    qwenimage21_vae_config,
     t5_config,
     wan_vae_config,
 )
@@ -48,6 +51,8 @@ from app.core.layouts import (
     listed,
     weight_shape,
 )
+from app.core.limits import read_json_object
+from app.core.paths import resource
 
 TRANSFORMER_FOLDERS = ("diffusion_models", "unet")
 TEXT_ENCODER_FOLDERS = ("text_encoders", "clip")
@@ -115,10 +120,12 @@ _KIND_WORDS = {
     "clip_projected": "CLIP text encoder",
     "qwen3": "Qwen3 text encoder",
     "qwen25_vl": "Qwen2.5-VL text encoder",
+    "qwen3_vl": "Qwen3-VL text encoder",
     "vae": "VAE",
     "wan_vae": "VAE",
     "flux2_vae": "VAE",
     "mistral3": "Mistral 3 text encoder",
+    "qwenimage21_vae": "VAE",
 }
 _PASSED_OVER_SHOWN = 3  # files a sentence names before "and N more"
 
@@ -201,6 +208,11 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
         config = arch.infer_vae_config(shapes, {}, prefix="")
         limits.check_vae_config(config)
         return config["latent_channels"]
+    if kind == "qwenimage21_vae":
+        if not is_qwenimage21_vae(shapes):
+            return None
+        statistics = read_json_object(resource("configs", "qwenimage21", "vae", "config.json"))
+        return qwenimage21_vae_config(shapes, statistics)["z_dim"]
     found = encoder_kind(shapes)
     if kind == "t5" and found == "t5":
         config = t5_config(shapes)
@@ -217,6 +229,10 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
         return weight_shape(shapes, CLIP_PROJECTION, 2)[0]
     if kind == "qwen3" and found == "qwen3":
         config = qwen3_config(shapes, qwen3_prefix(shapes) or "")
+        limits.check_text_encoder_config(config)
+        return config["hidden_size"]
+    if kind == "qwen3_vl" and found == "qwen3_vl":
+        config = qwen3_vl_config(shapes)["text_config"]
         limits.check_text_encoder_config(config)
         return config["hidden_size"]
     if kind == "qwen25_vl" and found == "qwen25_vl":
@@ -301,8 +317,8 @@ def find_companions(
         if encoder_kind(shapes) is None:
             raise UnsupportedModelError(
                 path,
-                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3 or Qwen2.5-VL in the "
-                "layout their files use).",
+                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3, Qwen2.5-VL or "
+                "Qwen3-VL in the layout their files use).",
             )
         open_needs = [n for n in needs if n.is_text_encoder and found[n.component] is None]
         if not any(n.is_text_encoder for n in needs):

@@ -17,7 +17,8 @@ without naming a family:
 - each planted overflow is found in its component at its layer, and the fix, verified against
   fp32, changes only that component; the check under the fix is healthy;
 - generation with the NaN watch repairs a planted overflow, and the image is finite;
-- the live preview of a generation is an RGB image of 1/8 the picture's size.
+- the live preview of a generation is an RGB image of one pixel per latent cell (1/8 of the
+  picture's size, 1/16 with Qwen-Image 2.1's VAE).
 
 What only one family does (Flux's T5 island, Chroma told apart from Flux, SD3's three text
 encoders, Z-Image's chat prompt, Qwen-Image's patch grid, split files and their companions)
@@ -126,6 +127,7 @@ FLUX_SINGLE = "single_transformer_blocks.1.proj_out"
 MMDIT_BLOCK = "transformer_blocks.0.ff.net.2"
 ZIMAGE_BLOCK = "layers.0.feed_forward.w2"
 QWENIMAGE_BLOCK = "transformer_blocks.0.img_mlp.net.2"
+QWENIMAGE21_BLOCK = "transformer_blocks.0.img_mlp.out"
 
 SD_PLANTS = {
     "unet": Plant("unet", UNET_FF, 1e5),
@@ -183,6 +185,16 @@ FLUX2_PLANTS = {
 FLUX2_KLEIN_PLANTS = {
     **{name: plant for name, plant in FLUX2_PLANTS.items() if name != "mistral3"},
     "qwen3": Plant("text_encoder", "model.layers.0.mlp.down_proj", 1e6, output_past_fp16=False),
+}
+QWENIMAGE21_PLANTS = {
+    "block": Plant("transformer", QWENIMAGE21_BLOCK, 1e6, status="nan"),
+    "qwen3_vl": Plant(
+        "text_encoder",
+        "model.language_model.layers.0.mlp.down_proj",
+        1e6,
+        output_past_fp16=False,
+    ),
+    "vae": Plant("vae", VAE_LAYER, 1e6, status="nan"),
 }
 FLOW = "Sampler: Euler, CFG scale: {cfg:g}"
 
@@ -303,6 +315,22 @@ ROWS: dict[FamilyId, Row] = {
         ),
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding
+    ),
+    FamilyId.QWENIMAGE21: Row(
+        tiny_models.build_tiny_qwenimage21_pipeline,
+        "qwenimage21",
+        "flow",
+        ("text_encoder", "transformer", "vae"),
+        ("Qwen-Image 2.1: its QwenImage21Pipeline", "a Qwen3-VL text encoder"),
+        QWENIMAGE21_PLANTS,
+        # Sampled without CFG by default, with it when asked; its VAE repaired as any VAE is.
+        (
+            Repair(QWENIMAGE21_PLANTS["block"], 1.0),
+            Repair(QWENIMAGE21_PLANTS["block"], 4.0),
+            Repair(QWENIMAGE21_PLANTS["vae"], 1.0),
+        ),
+        FLOW,
+        slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
     ),
 }
 IDS = [f.id for f in FAMILIES]
@@ -648,5 +676,6 @@ def test_a_healthy_generation_is_ok_with_previews_of_its_pictures_shape(built, t
 
     assert [e.status for e in result.images] == ["ok"]
     assert previews and all(step < request.steps for step, _ in previews)
+    factor = expected.latent_factor(pipeline)  # 8, or 16 for Qwen-Image 2.1's VAE
     for _, image in previews:
-        assert (image.mode, image.size) == ("RGB", (64 // 8, 96 // 8))
+        assert (image.mode, image.size) == ("RGB", (64 // factor, 96 // factor))

@@ -617,3 +617,118 @@ def build_tiny_flux2_klein_pipeline(seed: int = 0, distilled: bool = False):
         "is_distilled": distilled,
     }
     return Flux2KleinPipeline(**parts)
+
+
+# Qwen-Image 2.1 ---------------------------------------------------------------------------
+
+# Qwen-Image 2.1's schedule as its pipeline runs it: sigmas linear from 1, shifted by the
+# image's sequence length between these bounds (Flux.1's rule; the pipeline reads them).
+QWENIMAGE21_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
+
+
+def tiny_qwen3_vl(seed: int, hidden: int = 64, layers: int = 2):
+    """A Qwen3-VL-shaped model (Qwen-Image 2.1's text encoder) with a one-block vision tower (one
+    deepstack merger),
+    the real vocabulary size, Qwen3-VL-8B's rotary base and norms, 32-wide heads and
+    interleaved multimodal rotary sections in its proportions (24, 20, 20 of 64)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    head = 32
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": QWEN_VOCAB,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": hidden // head,
+            "num_key_value_heads": 1,
+            "head_dim": head,
+            "max_position_embeddings": 1024,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 144,  # two 72-wide heads, as Qwen3-VL-8B's vision heads are wide
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": hidden,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        tie_word_embeddings=False,
+    )
+    _seeded(seed)
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def tiny_qwenimage21_vae(seed: int):
+    """Qwen-Image 2.1's residual causal VAE (one frame per image, RGBA in and out): 64 latent
+    channels, 16x down, its per-channel latent statistics (the first of the real ones' as the
+    class keeps them)."""
+    import inspect
+
+    from diffusers import AutoencoderKLQwenImage21
+
+    defaults = inspect.signature(AutoencoderKLQwenImage21.__init__).parameters
+    _seeded(seed)
+    return AutoencoderKLQwenImage21(
+        base_dim=8,
+        decoder_base_dim=8,
+        z_dim=64,
+        dim_mult=[1, 2, 2, 2, 2],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[False, True, True, True],
+        latents_mean=list(defaults["latents_mean"].default),
+        latents_std=list(defaults["latents_std"].default),
+    ).eval()
+
+
+def tiny_qwenimage21_transformer(seed: int, text: int = 64):
+    from diffusers import QwenImage21Transformer2DModel
+
+    _seeded(seed)
+    return QwenImage21Transformer2DModel(
+        in_channels=64,
+        out_channels=64,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        context_in_dim=text,
+        axes_dims_rope=(4, 14, 14),  # Qwen-Image 2.1's proportions (16, 56, 56 of 128 per head)
+    ).eval()
+
+
+def build_tiny_qwenimage21_pipeline(seed: int = 0, text_width: int = 64):
+    """A tiny Qwen-Image 2.1-shaped pipeline: a Qwen3-VL-shaped text encoder `text_width` wide
+    with Qwen3-VL's processor, a two-block single-stream block-causal transformer on the
+    64-channel latent cells, Qwen-Image 2.1's 16x VAE."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
+
+    from app.core.tokenizers import qwen3_vl_processor
+
+    return QwenImage21Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWENIMAGE21_SCHEDULER_CONFIG),
+        vae=tiny_qwenimage21_vae(seed + 1),
+        text_encoder=tiny_qwen3_vl(seed + 2, hidden=text_width),
+        processor=qwen3_vl_processor(),
+        transformer=tiny_qwenimage21_transformer(seed + 3, text=text_width),
+    )

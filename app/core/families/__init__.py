@@ -1,5 +1,6 @@
 """Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
-`qwenimage`, `flux2`), what they share (`base`), and the ordered registry (`registry`).
+`qwenimage`, `qwenimage21`, `flux2`), what they share (`base`), and the ordered registry
+(`registry`).
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
 prompt into the named tensors its denoiser takes, which of those tensors come from which text
@@ -14,6 +15,7 @@ from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
 from app.core.families.qwenimage import QwenImageFamily
+from app.core.families.qwenimage21 import QwenImage21Family
 from app.core.families.registry import (
     FAMILIES,
     architecture_title,
@@ -36,6 +38,7 @@ __all__ = [
     "Flux2KleinFamily",
     "FluxFamily",
     "LatentFormat",
+    "QwenImage21Family",
     "QwenImageFamily",
     "SD3Family",
     "SDXLFamily",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, ClassVar
 
 from app.core import infotext
@@ -36,6 +37,7 @@ class FamilyId(str, Enum):
     QWENIMAGE = "qwenimage"
     FLUX2 = "flux2"  # Flux.2 dev
     FLUX2_KLEIN = "flux2klein"
+    QWENIMAGE21 = "qwenimage21"
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,12 @@ class Family:
         """What a diffusers folder of this family is (`pipeline_class` named in its
         model_index.json; `transformer` its denoiser's config), with the sentence why."""
         raise NotImplementedError
+
+    def folder_parts(self, folder: Path) -> dict[str, Any]:
+        """Parts of a diffusers folder of this family that HalfSafe builds itself and hands to
+        diffusers' loader (where that loader would need a package HalfSafe does not ship);
+        raises ValueError or OSError for a part it cannot build."""
+        return {}
 
     # -- the steps each family defines ------------------------------------------------------
 

@@ -10,6 +10,7 @@ from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
 from app.core.families.qwenimage import QwenImageFamily
+from app.core.families.qwenimage21 import QwenImage21Family
 from app.core.families.sd import StableDiffusionFamily
 from app.core.families.sd3 import SD3Family
 from app.core.families.sdxl import SDXLFamily
@@ -17,6 +18,7 @@ from app.core.families.zimage import ZImageFamily
 
 # Most specific first: the first family that owns a pipeline is its family.
 FAMILIES: tuple[Family, ...] = (
+    QwenImage21Family(),
     QwenImageFamily(),
     ZImageFamily(),
     SD3Family(),

@@ -1,5 +1,5 @@
 """The companion text encoders and VAEs of a transformer file (CLIP, T5, Qwen3, Qwen2.5-VL,
-the Wan 2.1 VAE), built from their files by the shapes and key maps of `encoders.py`."""
+Qwen3-VL, the Wan 2.1 VAE, Qwen-Image 2.1's VAE), built from their files by the shapes and key maps of `encoders.py`."""
 
 from __future__ import annotations
 
@@ -120,6 +120,43 @@ def load_flux2_vae_file(path: Path, base: dict):
     return assign(path, model, state, "VAE"), dtypes
 
 
+def _qwen3_vl_encoder(checkpoint: Checkpoint):
+    """A Qwen3-VL file in transformers' names (model.language_model.*, model.visual.*,
+    lm_head), read as a Qwen3VLForConditionalGeneration. Returns (model, stored dtypes)."""
+    import transformers
+
+    path = checkpoint.path
+    try:
+        config = encoders.qwen3_vl_config(checkpoint.shapes)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen3-VL text encoder cannot be built: {error}."
+        ) from None
+    tensors = {key: checkpoint.get(key) for key in checkpoint.shapes}
+    dtypes = list(checkpoint.dtypes.values())
+    model = empty(
+        transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig(**config)
+    )
+    return assign(path, model, tensors, "Qwen3-VL text encoder"), dtypes
+
+
+def load_qwenimage21_vae_file(path: Path):
+    """Qwen-Image 2.1's VAE file (diffusers' names), with the released VAE's latent statistics
+    (resources/configs/qwenimage21/vae). Returns (model, stored dtypes)."""
+    import diffusers
+
+    released = read_json(paths.resource("configs", "qwenimage21", "vae", "config.json"))
+    with Checkpoint(path, component="vae") as checkpoint:
+        try:
+            config = encoders.qwenimage21_vae_config(checkpoint.shapes, released)
+        except (KeyError, ValueError) as error:
+            raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
+        model = empty(diffusers.AutoencoderKLQwenImage21.from_config, config)
+        state = {k: checkpoint.get(k) for k in checkpoint.shapes}
+        dtypes = list(checkpoint.dtypes.values())
+    return assign(path, model, state, "VAE"), dtypes
+
+
 def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
     """A text encoder under `prefix` of a file, as `need.kind` says: a CLIP or T5 in
     transformers' layout (a companion's own `clip_l.safetensors`, or the text_encoders.* of an
@@ -130,6 +167,8 @@ def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
         return _qwen3_encoder(checkpoint)
     if need.kind == "qwen25_vl":
         return _qwen25_vl_encoder(checkpoint)
+    if need.kind == "qwen3_vl":
+        return _qwen3_vl_encoder(checkpoint)
     path = checkpoint.path
     words = need.words.removeprefix("its ")
     shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}

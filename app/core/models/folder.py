@@ -10,7 +10,7 @@ from app.core import architecture as arch
 from app.core import limits
 from app.core.checkpoint import read_safetensors_header, scan_weights, stored_dtype
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
-from app.core.families.registry import families_words
+from app.core.families.registry import families_words, family_of_architecture
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models import assembly
 from app.core.models.assembly import first_line
@@ -125,13 +125,16 @@ def load_folder(
     for name, found in dtypes.items():
         torch_dtype[name] = assembly.torch_dtype(stored_dtype(found))
     progress("Loading the model folder", 0, 1)
+    family = family_of_architecture(detection.architecture)
     try:
+        parts = family.folder_parts(path) if family is not None else {}
         pipeline = diffusers.DiffusionPipeline.from_pretrained(
             path,
             local_files_only=True,
             torch_dtype=torch_dtype,
             variant=variant,
             use_safetensors=None if pickles else True,
+            **parts,
         )
     except HalfSafeError:
         raise

@@ -15,6 +15,7 @@ from app.core.layouts import AbsurdSizes, SplitModel, to_diffusers
 from app.core.models.assembly import assign, built, empty, first_line
 from app.core.models.companions import (
     load_flux2_vae_file,
+    load_qwenimage21_vae_file,
     load_text_encoder,
     load_wan_vae_file,
 )
@@ -53,7 +54,13 @@ def load_split(
     and every companion found before a tensor is read."""
     import diffusers
 
-    from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
+    from app.core.tokenizers import (
+        clip_tokenizer,
+        qwen2_tokenizer,
+        qwen3_tokenizer,
+        qwen3_vl_processor,
+        t5_tokenizer,
+    )
 
     tokenizers = {"t5": t5_tokenizer, "qwen3": qwen3_tokenizer, "qwen25_vl": qwen2_tokenizer}
     if model.unsupported is not None:
@@ -91,6 +98,8 @@ def load_split(
                 elif need.kind == "flux2_vae" and where is not None:
                     base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
                     part, dtypes = load_flux2_vae_file(where, base)
+                elif need.kind == "qwenimage21_vae" and where is not None:
+                    part, dtypes = load_qwenimage21_vae_file(where)
                 elif need.kind == "vae":
                     base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
                     if where is not None:
@@ -114,7 +123,9 @@ def load_split(
                         )
                 components[need.component] = part
                 used += dtypes
-                if need.is_text_encoder:
+                if need.kind == "qwen3_vl":  # read through Qwen3-VL's processor
+                    components["processor"] = qwen3_vl_processor()
+                elif need.is_text_encoder:
                     tokenizer = need.component.replace("text_encoder", "tokenizer")
                     components[tokenizer] = (
                         tokenizers[need.kind]()
