@@ -365,7 +365,10 @@ def _refuse_text_encoder(
     fit that another file given already fills."""
     part = parts.text_encoder_of(shapes)
     assert part is not None  # encoder_kind read it
-    wanted = listed([n.words for n in open_needs] or ["no other text encoder"])
+    # The needs of its own kind where there are some (a CLIP where a CLIP-G goes), else all.
+    kind = encoder_kind(shapes) or ""
+    same = [n for n in open_needs if n.kind.startswith(kind)]
+    wanted = listed([n.words for n in same or open_needs] or ["no other text encoder"])
     for need in split_model.companions:
         taken = found.get(need.component)
         if need.is_text_encoder and taken is not None and _fits_quietly(need, shapes):
