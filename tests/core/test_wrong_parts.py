@@ -379,10 +379,8 @@ def assert_refused(done: subprocess.CompletedProcess, *names: str) -> str:
     assert done.stdout == ""
     err = without_progress(done.stderr)
     assert "Traceback" not in done.stderr
-    line = err.strip().splitlines()[-1]
-    assert err.strip().count("\n") == 0 or all(
-        l.startswith("halfsafe: ") for l in err.strip().splitlines()[:-1]
-    ), err
+    assert err.count("\n") == 1 and err.startswith("halfsafe: "), err
+    line = err.strip()
     for name in names:
         assert name in line, line
     assert "overflow" not in line.lower()
