@@ -257,12 +257,13 @@ def vae_at(path: Path) -> VaeAt | None:
         except (OSError, ValueError):
             return None  # the loader names what is wrong with it
         part = vae_folder_of(config)
-        if part is None:
+        channels = config.get("latent_channels") or config.get("z_dim")
+        if part is None or not isinstance(channels, int):
             return None
         scale = config.get("scaling_factor")
         return VaeAt(
             part,
-            int(config.get("latent_channels") or config.get("z_dim")),
+            channels,
             float(scale) if isinstance(scale, (int, float)) else None,
             config.get("_class_name") == "AutoencoderKLQwenImage",
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,7 +50,7 @@ def refused(call, *args, **kwargs) -> str:
 def sd_vae_file(path: Path) -> Path:
     """A 4-channel SD VAE file in the original layout (as vae-ft-mse-840000 is kept)."""
     vae = tiny_vae(7)
-    state = _ldm_vae(vae.state_dict(), len(vae.config.block_out_channels))
+    state = _ldm_vae(vae.state_dict(), len(vae.config["block_out_channels"]))
     return write_safetensors(path, {k.removeprefix(arch.VAE): v for k, v in state.items()})
 
 
@@ -64,7 +65,7 @@ def vae_folder(path: Path, scaling_factor: float) -> Path:
 def files(tmp_path_factory):
     """The tiny models as users keep them, written once."""
     root = tmp_path_factory.mktemp("parts")
-    written = {
+    written: dict[str, Any] = {
         "flux": save_split_files(build_tiny_flux_pipeline(), root / "flux", "flux1-tiny"),
         "zimage": save_split_files(build_tiny_zimage_pipeline(), root / "zimage", "z_image"),
         "qwenimage": save_split_files(
