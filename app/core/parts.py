@@ -78,7 +78,9 @@ def model_words(title: str, what: str, model: str | Path) -> str:
     return f"the {title} {what} {Path(model).name}"
 
 
-def refuse(part: str | Path, found: PartOf, model: str, wanted: str, model_file: Path) -> None:
+def refuse(
+    part: str | Path, found: PartOf, model: str, wanted: str, model_file: str | Path
+) -> None:
     """Raise the one sentence: `part` is `found`, but `model` ("the Flux.1 transformer
     flux1-dev.safetensors") needs `wanted` ("its 16-channel VAE (ae)")."""
     raise WrongPartError(
