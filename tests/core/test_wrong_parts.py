@@ -343,7 +343,7 @@ def test_a_flux_lora_on_an_sdxl_model_names_both_families(tmp_path):
     message = refused(requested.use_loras, model, [LoraRequest(str(path))], "", allow_pickle=False)
 
     assert message == (
-        f"{path}: this is a LoRA (Flux.1's or Chroma's), but the SDXL model "
+        f"{path}: this is a LoRA (Flux.1's, Chroma's, Flux.2's or Flux.2 Klein's), but the SDXL model "
         "sdxl-tiny.safetensors needs a LoRA made for SDXL."
     )
 
