@@ -12,8 +12,31 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import HalfSafeError
+from app.core.errors import BadFileError, HalfSafeError
 from app.core.files import write_atomic
+
+# Bounds on an image file HalfSafe reads (one to explain, an input picture), checked before it
+# is decoded: a generated picture is a few MB.
+MAX_IMAGE_BYTES = 512 << 20
+MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
+
+
+def read_head(path: Path) -> bytes:
+    """The first 16 bytes of an image file (its kind), within the file-size bound."""
+    try:
+        if not path.is_file():
+            raise BadFileError(path, "not a file (no such file, or a folder).")
+        size = path.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            raise BadFileError(
+                path,
+                f"a file of {size / 2**20:.0f} MB; a generated image is far smaller than "
+                f"{MAX_IMAGE_BYTES >> 20} MB, so it is not read.",
+            )
+        with path.open("rb") as file:
+            return file.read(16)
+    except OSError as error:
+        raise BadFileError(path, f"cannot be read ({error.strerror or error}).") from None
 
 # A finite image counts as black when nearly every pixel is this dark and the picture is flat.
 BLACK_LEVEL = 12 / 255

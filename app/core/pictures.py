@@ -134,7 +134,7 @@ def picture_size(path: str, native: int, step: int = 16) -> tuple[int, int]:
     divides 16). Reads the file's header only; a file that is no picture is one sentence."""
     from PIL import Image, UnidentifiedImageError
 
-    from app.core.explain.image_file import read_head
+    from app.core.images import read_head
 
     file = Path(path).expanduser()
     read_head(file)
@@ -156,7 +156,7 @@ def _open(path: Path, kind: str, width: int, height: int):
     of the image reader (file size and pixel count checked before it is decoded)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    from app.core.explain.image_file import MAX_PIXELS, read_head
+    from app.core.images import MAX_PIXELS, read_head
 
     read_head(path)  # a file, and not larger than a picture can be
     try:

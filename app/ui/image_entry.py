@@ -17,7 +17,6 @@ from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 from app.core import infotext
 from app.core.errors import BadFileError
 from app.core.explain import PNG_SIGNATURE, read_exif, read_png, read_record
-from app.core.explain.image_file import read_head
 from app.core.explain.records import Record
 from app.core.generation.records import (
     IMAGE_STATUS_WORDS,
@@ -25,6 +24,7 @@ from app.core.generation.records import (
     GenerationResult,
     ImageResult,
 )
+from app.core.images import read_head
 from app.core.tools import TOOLS
 from app.ui import words
 

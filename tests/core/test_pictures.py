@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from app.core import generation, health
+from app.core import generation, health, infotext
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.families import FAMILIES, FamilyId, family
 from app.core.pictures import Mode, check_strength, mode_of, picture_size, read_pictures, steps_run
@@ -95,11 +95,11 @@ def test_a_file_that_is_no_picture_is_one_sentence_naming_it(tmp_path, picture):
 
 
 def test_a_picture_too_large_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
-    from app.core.explain import image_file
+    from app.core import images
 
     path = tmp_path / "big.png"
     Image.new("RGB", (200, 100)).save(path)
-    monkeypatch.setattr(image_file, "MAX_PIXELS", 10_000)
+    monkeypatch.setattr(images, "MAX_PIXELS", 10_000)
     with pytest.raises(BadFileError, match="200x100 pixels"):
         read_pictures([str(path)], None, 64, 64)
 
@@ -161,7 +161,10 @@ def test_inpainting_keeps_what_the_mask_keeps(family_id, picture, tmp_path):
         model, _request(tmp_path, *picture, strength=1.0), precision=FP16, device="cpu"
     )
     assert [image.status for image in result.images] == ["ok"]
-    assert "Mask: mask.png" in result.images[0].parameters
+    parsed = infotext.parse(result.images[0].parameters)
+    assert parsed.get(infotext.DENOISING_STRENGTH) == 1.0
+    assert parsed.get(infotext.INPUT_PICTURE) == "input.png"
+    assert parsed.get(infotext.MASK) == "mask.png"
 
 
 def test_the_same_seed_and_picture_make_the_same_image(picture, tmp_path):

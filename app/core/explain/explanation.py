@@ -15,11 +15,11 @@ from app.core.explain.image_file import (
     PNG_SIGNATURE,
     pixel_status,
     read_exif,
-    read_head,
     read_png,
 )
 from app.core.explain.matching import ModelMatch, find_model, find_vae
 from app.core.explain.records import Record, read_record
+from app.core.images import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
+from app.core.images import MAX_IMAGE_BYTES, MAX_PIXELS
 
-# Bounds on an image handed to `explain` (the image file's own; checkpoint bounds live with
-# the checkpoint reader). A generated PNG is a few MB and its text a few kB; ComfyUI's
-# workflow JSON reaches a few MB for large graphs (4.5 MB seen), written twice (prompt and
-# workflow).
-MAX_IMAGE_BYTES = 512 << 20
-MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
+# Bounds on an image handed to `explain` beyond the file's size and pixel count (those are
+# `images.MAX_IMAGE_BYTES` and `images.MAX_PIXELS`, shared with input pictures). A generated
+# PNG's text is a few kB; ComfyUI's workflow JSON reaches a few MB for large graphs (4.5 MB
+# seen), written twice (prompt and workflow).
 MAX_CHUNKS = 100_000
 MAX_TEXT_CHUNK_BYTES = 16 << 20  # one text chunk, as stored and after decompression
 MAX_TEXT_TOTAL_BYTES = 32 << 20  # all text chunks together, decompressed
@@ -37,24 +36,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 def is_image_path(path: str | Path) -> bool:
     """Whether a dropped or opened file is an image for `explain` rather than a model."""
     return Path(str(path)).suffix.lower() in IMAGE_SUFFIXES
-
-
-def read_head(path: Path) -> bytes:
-    """The first 16 bytes of an image file (its kind), within the file-size bound."""
-    try:
-        if not path.is_file():
-            raise BadFileError(path, "not a file (no such file, or a folder).")
-        size = path.stat().st_size
-        if size > MAX_IMAGE_BYTES:
-            raise BadFileError(
-                path,
-                f"a file of {size / 2**20:.0f} MB; a generated image is far smaller than "
-                f"{MAX_IMAGE_BYTES >> 20} MB, so it is not read.",
-            )
-        with path.open("rb") as file:
-            return file.read(16)
-    except OSError as error:
-        raise BadFileError(path, f"cannot be read ({error.strerror or error}).") from None
 
 
 # --- the PNG, chunk by chunk -------------------------------------------------------------------
