@@ -510,7 +510,7 @@ class GenerateView(QWidget):
             if self.pictures.images():
                 self._follow_picture(self.pictures.images()[0])
         elif self.pictures.images() and not self._size_by_user:
-            pass  # the size follows the input picture; the hint said so
+            return  # the size follows the input picture, and its hint says so
         elif (
             isinstance(native, int)
             and native > 0

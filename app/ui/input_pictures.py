@@ -140,7 +140,7 @@ class PictureSlot(QFrame):
     def _show(self) -> None:
         if not self.path:
             self.preview.setPixmap(QPixmap())
-            self.preview.setText("＋")
+            self.preview.setText("")
             self.name.setText(self.empty)
             self.name.setToolTip("")
         else:
