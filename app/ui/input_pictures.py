@@ -193,8 +193,8 @@ class InputPictures(QWidget):
         column.addWidget(self.note)
         self.picture_slot = PictureSlot(
             "Picture",
-            "None: drawn from the prompt alone. Drop a picture here or choose one to start "
-            "from it (image-to-image).",
+            "None: drawn from the prompt alone. Drop or choose a picture to start from it "
+            "(image-to-image).",
         )
         self.picture_slot.setToolTip("A PNG, JPEG or WebP picture; the new image starts from it.")
         column.addWidget(self.picture_slot)
@@ -253,6 +253,7 @@ class InputPictures(QWidget):
         has_picture = bool(self.picture_slot.path)
         self.picture_slot.setEnabled(not runs_none)
         self.mask_slot.setEnabled(has_picture and not inpaint)
+        self.mask_slot.setVisible(has_picture)  # a mask is of a picture: no room before one
         self.mask_slot.setToolTip(inpaint or self._mask_tip)
         self.strength.setEnabled(has_picture and not runs_none)
         self.strength_caption.setEnabled(self.strength.isEnabled())
