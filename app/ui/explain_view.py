@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.explain import STATUS_WORDS, Explanation
+from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests import ExplainRequest
 from app.core.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
@@ -31,6 +32,7 @@ from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.widgets import Banner, Card, label, plain_scroll, show_progress
 
+_STATUS_WORDS = {**IMAGE_STATUS_WORDS, **STATUS_WORDS}  # a generated image's, and explain's own
 _LEVELS = {
     "nan": "bad",
     "nan_zeroed": "bad",
@@ -204,7 +206,7 @@ class ExplainDialog(QDialog):
         tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
         self.verdict.show_message(
             _LEVELS.get(status, "info"),
-            f"<b>{html.escape(words.first_upper(STATUS_WORDS.get(status, status)))}</b>"
+            f"<b>{html.escape(words.first_upper(_STATUS_WORDS.get(status, status)))}</b>"
             " · made by "
             f"{html.escape(tool)}",
         )

@@ -20,7 +20,6 @@ from app.core.explain.image_file import (
 )
 from app.core.explain.matching import ModelMatch, find_model, find_vae
 from app.core.explain.records import Record, read_record
-from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
@@ -30,11 +29,11 @@ from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 STATUSES = ("nan", "black", "safety_checker", "ok", "nan_zeroed", "flat")
 PROBLEMS = ("nan", "nan_zeroed")
 
-# What explain says, in one table for the terminal, the window and --json's message: each
-# status's short name (a generated image's, and explain's own), and the sentences of the
-# findings only explain makes. {placeholders} are filled in by `_status_words`.
+# What explain says, in one table for the terminal, the window and --json's message: the short
+# names of the statuses only explain gives (a generated image's are generation's
+# IMAGE_STATUS_WORDS), and the sentences of the findings only explain makes. {placeholders}
+# are filled in by `_status_words`.
 STATUS_WORDS = {
-    **IMAGE_STATUS_WORDS,
     "nan_zeroed": "flat colour: NaN replaced by zeros",
     "flat": "one flat colour",
 }
