@@ -1,6 +1,6 @@
 """The image file handed to `explain`, read within bounds: a PNG chunk by chunk (its size and
 text chunks), a JPEG's or WebP's EXIF (the record other tools keep there), and what its pixels
-say (NaN-black, black, or fine).
+say (NaN-black, one flat colour, black, or fine).
 
 Every chunk of the file is hostile until read: the PNG is walked chunk by chunk with bounds on
 the file, each chunk, all text together and decompressed text; any breach is one sentence
@@ -181,7 +181,8 @@ def _inflate(path: Path, name: str, data: bytes) -> bytes:
 
 
 def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, dict[str, Any]]:
-    """What the pixels say, from the pixels alone: "nan", "black" or "ok", with the figures.
+    """What the pixels say, from the pixels alone: "nan", "flat", "black" or "ok", with the
+    figures.
 
     The rule: NaN becomes 0 when a tool writes its image as 8-bit (NumPy's cast, which
     A1111, ComfyUI, diffusers and HalfSafe all use), so an image whose every colour value is
@@ -190,11 +191,17 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     `images.PixelStats.near_black` (99.5% of pixels at most 12/255 bright, spread at most
     4/255) is "black": a dark picture, or a blank. A safety checker's blank is also all
     zeros; only the generation record can tell it apart (see `explain_image`).
+
+    A picture that is one exact colour over at least a tenth of it (`images.flat_region`;
+    clipped white aside) is "flat": what a tool that replaces NaN with zeros writes instead
+    of black (exact mid-grey when it happened after decoding; another colour framed by a band
+    of structure along the edges when all-zero latents were decoded), and also what a
+    solid-colour design looks like. Only the generation record tells which (`explain_image`).
     """
     import numpy as np
     from PIL import Image, PngImagePlugin
 
-    from app.core.images import brightness_stats
+    from app.core.images import brightness_stats, flat_region
 
     # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
     # ComfyUI workflow included. `read_png` has already held every chunk to the bounds above
@@ -223,8 +230,19 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         "spread": round(stats.spread, 4),
         "bright": round(stats.bright, 4),
     }
+    flat = None if zero else flat_region(rgb)
+    figures["flat"] = None
+    if flat is not None:
+        figures["flat"] = {
+            "colour": list(flat.colour),
+            "share": round(flat.share, 4),
+            "box": list(flat.box),
+            "stage": "pixels" if flat.mid_grey else "latent",
+        }
     if zero:
         return "nan", figures
+    if flat is not None:
+        return "flat", figures
     return ("black" if stats.near_black else "ok"), figures
 
 
