@@ -87,8 +87,10 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
 
     hidden_1, hidden_2 = 32, 32
+    vae = tiny_vae(seed + 1)
+    vae.register_to_config(scaling_factor=0.13025)  # SDXL's latent scale, as its VAE says
     parts: dict[str, Any] = {
-        "vae": tiny_vae(seed + 1),
+        "vae": vae,
         "text_encoder": tiny_text_encoder(seed + 2, hidden=hidden_1),
         "text_encoder_2": tiny_text_encoder(seed + 4, hidden=hidden_2, projection=hidden_2),
         "tokenizer": clip_tokenizer(),
