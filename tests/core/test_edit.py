@@ -235,9 +235,7 @@ def test_the_refusals_of_an_editing_model_are_one_sentence(tmp_path, references)
             kontext, _request(tmp_path, references[:1], mask=references[1]), precision=FP16
         )
     with pytest.raises(HalfSafeError, match="4 pictures were given; this editing model takes at"):
-        generation.generate(
-            qwen, _request(tmp_path, [*references, references[0]]), precision=FP16
-        )
+        generation.generate(qwen, _request(tmp_path, [*references, references[0]]), precision=FP16)
 
 
 def test_generation_repairs_a_planted_overflow_in_kontexts_transformer(tmp_path, references):
@@ -266,9 +264,7 @@ def test_generation_repairs_a_planted_overflow_in_kontexts_vae_encoder(tmp_path,
 
 
 @pytest.mark.slow  # about 25 s here: its pipeline encodes each reference at a megapixel
-def test_qwen_image_edit_plus_edits_several_references_into_a_finite_picture(
-    tmp_path, references
-):
+def test_qwen_image_edit_plus_edits_several_references_into_a_finite_picture(tmp_path, references):
     # The VAE in fp32: an fp16 convolution at a megapixel takes minutes on a CPU.
     precision = PrecisionSettings(precision="fp16", vae_precision="fp32")
     result = generation.generate(
@@ -334,8 +330,7 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
     # The transformer wider, or some of its layers, the overflowing one among them.
     fixed = fix.plan
     assert fixed.dtypes["transformer"] in ("bf16", "fp32") or any(
-        layer == island or layer.startswith(island + ".")
-        for island in fixed.islands("transformer")
+        layer == island or layer.startswith(island + ".") for island in fixed.islands("transformer")
     )
 
 

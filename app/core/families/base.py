@@ -241,9 +241,13 @@ class Family:
         if mode is Mode.TEXT:
             return self.text_to_image_problem(pipeline)
         if mode is Mode.EDIT:
-            return None if self.max_references(pipeline) else (
-                f"this {self.title} model does not edit pictures (an editing model such as "
-                "Flux.1 Kontext or Qwen-Image-Edit does)."
+            return (
+                None
+                if self.max_references(pipeline)
+                else (
+                    f"this {self.title} model does not edit pictures (an editing model such as "
+                    "Flux.1 Kontext or Qwen-Image-Edit does)."
+                )
             )
         if mode not in self.picture_pipelines:
             return f"HalfSafe does not run {mode.words} for {self.title} models."

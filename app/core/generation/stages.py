@@ -252,6 +252,7 @@ class Stages:
         arguments.update(self.family.pipeline_arguments(pipe, request.width, request.height))
         embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
         encoder_hooks: list[Any] = []
+        generators: list[Any] = []
         if picture is None or self.editing:
             latents, generators = self.noise(seeds)
             arguments["latents"] = latents
