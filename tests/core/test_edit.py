@@ -272,8 +272,11 @@ def test_qwen_image_edit_plus_edits_several_references_into_a_finite_picture(tmp
     )
     image = result.images[0]
     assert image.status == "ok"
-    assert "Mode: edit" in image.parameters
-    assert "Input picture: ref0.png, ref1.png" in image.parameters
+    from app.core import infotext
+
+    parsed = infotext.parse(image.parameters)
+    assert parsed.get(infotext.MODE) == "edit"
+    assert parsed.get(infotext.INPUT_PICTURE) == "ref0.png, ref1.png"  # quoted: it has a comma
 
 
 # --- the health check ------------------------------------------------------------------------
