@@ -133,15 +133,18 @@ def _add_lora_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_picture_flags(parser: argparse.ArgumentParser, *, strength: bool) -> None:
-    """`--image`, `--mask` (and for generate `--strength`): image-to-image and inpainting. The
-    check takes the picture to probe the path such a job runs, the VAE's encoder included."""
+    """`--image`, `--mask` (and for generate `--strength`): image-to-image, inpainting and
+    editing. The check takes the pictures to probe the path such a job runs, the VAE's
+    encoder included."""
     parser.add_argument(
         "--image",
         metavar="PATH",
         dest="images",
         action="append",
         default=[],
-        help="start from this picture (image-to-image; with --mask, inpainting)",
+        help="start from this picture (image-to-image; with --mask, inpainting); for an "
+        "editing model (Flux.1 Kontext, Qwen-Image-Edit), a picture to edit: repeat the flag "
+        "for each reference where the model takes several",
     )
     parser.add_argument(
         "--mask",

@@ -176,13 +176,14 @@ def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int,
 
 
 def check_pictures(args) -> None:
-    """The input picture and mask given by flags refused in one sentence (a missing or
-    unreadable file, a mask without a picture) before a model is loaded."""
-    from app.core.pictures import mode_of, picture_size
+    """The input pictures and mask given by flags refused in one sentence (a missing or
+    unreadable file, a mask without a picture) before a model is loaded; how many pictures
+    the model takes is known once it is (an editing model takes several)."""
+    from app.core.pictures import check_flags, picture_size
 
     images = list(getattr(args, "images", None) or [])
     mask = getattr(args, "mask", None)
-    mode_of(images, mask)
+    check_flags(images, mask)
     for path in [*images, *([mask] if mask else [])]:
         picture_size(path, 64)
 

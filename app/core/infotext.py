@@ -205,7 +205,11 @@ DENOISING_STRENGTH = Key(
     "float",
 )
 MASK = _halfsafe("Mask", "inpainting: the mask's file name (white was painted again)")
-INPUT_PICTURE = _halfsafe("Input picture", "image-to-image: the input picture's file name")
+INPUT_PICTURE = _halfsafe(
+    "Input picture",
+    "image-to-image: the input picture's file name (editing: each reference's, comma-separated)",
+)
+MODE = _halfsafe("Mode", "what the image was made from: img2img, inpaint or edit", "word")
 PRECISION = _halfsafe("Precision", "base dtype", "setting", "precision")
 UNET_PRECISION = _halfsafe("UNet precision", "denoiser dtype", "setting", "unet_precision")
 VAE_PRECISION = _halfsafe("VAE precision", "VAE dtype", "setting", "vae_precision")
@@ -279,6 +283,7 @@ KEYS: tuple[Key, ...] = (
     VAE,
     RNG,
     DENOISING_STRENGTH,
+    MODE,
     INPUT_PICTURE,
     MASK,
     PRECISION,

@@ -1,9 +1,10 @@
 """The pictures a job starts from: image-to-image's input picture and inpainting's mask, read
 within bounds and made into what the pipeline and the VAE's encoder take.
 
-A job's mode follows from what it is given: no picture is text-to-image, a picture is
-image-to-image, a picture and a mask is inpainting (white in the mask is painted again, black
-is kept, as every tool has it). The picture is resized to the job's size; the mask to the
+A job's mode follows from what it is given and what the model is: no picture is
+text-to-image, a picture is image-to-image, a picture and a mask is inpainting (white in the
+mask is painted again, black is kept, as every tool has it); an editing model (Flux.1 Kontext,
+Qwen-Image-Edit) given pictures edits them, its prompt saying how, with no strength or mask. The picture is resized to the job's size; the mask to the
 same size, then made hard (0 or 1) at half grey. PIL is imported inside the functions, so that
 naming a mode stays cheap (the GUI does).
 """
@@ -25,6 +26,7 @@ class Mode(str, Enum):
     TEXT = "txt2img"
     IMAGE = "img2img"
     INPAINT = "inpaint"
+    EDIT = "edit"
 
     @property
     def words(self) -> str:
@@ -35,37 +37,59 @@ _MODE_WORDS = {
     Mode.TEXT: "text-to-image",
     Mode.IMAGE: "image-to-image",
     Mode.INPAINT: "inpainting",
+    Mode.EDIT: "editing",
 }
 
 STRENGTH_DEFAULT = 0.75  # how much of the picture is drawn again (A1111's "denoising strength")
 
 
-def mode_of(images: Sequence[str], mask: str | None) -> Mode:
-    """The mode of a job given these input pictures and this mask; a mask without a picture
-    to mask, or several pictures (only editing models take references), is refused."""
+def mode_of(images: Sequence[str], mask: str | None, references: int = 0) -> Mode:
+    """The mode of a job given these input pictures and this mask, for a model that edits up
+    to `references` pictures (0: a model that does not edit). A mask without a picture to
+    mask, a mask or more pictures than it takes for an editing model, or several pictures for
+    any other model is refused."""
     if mask is not None and not images:
         raise HalfSafeError("A mask needs the picture it masks: give the input picture too.")
+    if references > 0 and images:
+        if mask is not None:
+            raise HalfSafeError(
+                "This is an editing model: it takes no mask; give only the pictures to edit "
+                "with --image and say in the prompt what to change."
+            )
+        if len(images) > references:
+            takes = "one picture" if references == 1 else f"at most {references} pictures"
+            raise HalfSafeError(
+                f"{len(images)} pictures were given; this editing model takes {takes}."
+            )
+        return Mode.EDIT
     if len(images) > 1:
         raise HalfSafeError(
             f"{len(images)} input pictures were given; image-to-image and inpainting start "
-            "from one."
+            "from one (only an editing model takes several)."
         )
     if not images:
         return Mode.TEXT
     return Mode.INPAINT if mask is not None else Mode.IMAGE
 
 
+def check_flags(images: Sequence[str], mask: str | None) -> None:
+    """What can be refused before the model is known: a mask without a picture."""
+    if mask is not None and not images:
+        raise HalfSafeError("A mask needs the picture it masks: give the input picture too.")
+
+
 def steps_run(steps: int, strength: float, mode: Mode) -> int:
-    """How many of `steps` the pipeline runs: all for text-to-image; for a picture, the last
-    `strength` of the schedule (as every diffusers picture pipeline counts them)."""
-    if mode is Mode.TEXT:
+    """How many of `steps` the pipeline runs: all for text-to-image and editing (an edit draws
+    the whole picture anew beside its references); for a picture, the last `strength` of the
+    schedule (as every diffusers picture pipeline counts them)."""
+    if mode in (Mode.TEXT, Mode.EDIT):
         return steps
     return min(int(steps * strength), steps)
 
 
 def check_strength(steps: int, strength: float, mode: Mode) -> None:
     """Refuse a strength outside (0, 1], or one so small that no step runs."""
-    if mode is Mode.TEXT:
+    if mode in (Mode.TEXT, Mode.EDIT):
         return
     if not isinstance(strength, (int, float)) or not 0.0 < strength <= 1.0:
         raise HalfSafeError(
@@ -80,16 +104,19 @@ def check_strength(steps: int, strength: float, mode: Mode) -> None:
 
 @dataclass(frozen=True)
 class Pictures:
-    """A job's input, made ready: `pixels` (1, 3, H, W) float32 in [-1, 1] and, for
-    inpainting, `mask` (1, 1, H, W) float32, 1 where the picture is painted again, with
-    `mask_image` the same as a greyscale PIL image (what a pipeline's mask processor takes).
-    All on the CPU; `sources` are the files they came from."""
+    """A job's input, made ready: `pixels` (N, 3, H, W) float32 in [-1, 1] (one picture; for
+    editing, one row per reference) and, for inpainting, `mask` (1, 1, H, W) float32, 1 where
+    the picture is painted again, with `mask_image` the same as a greyscale PIL image (what a
+    pipeline's mask processor takes). `references` are the pictures as RGB PIL images (what an
+    editing model's text encoder reads beside the prompt). All on the CPU; `sources` are the
+    files they came from."""
 
     mode: Mode
     pixels: Any
     mask: Any | None
     mask_image: Any | None
     sources: tuple[str, ...]
+    references: tuple[Any, ...] = ()
 
     def masked_pixels(self) -> Any:
         """The picture with the part to paint again set to grey (0), as inpainting models
@@ -98,21 +125,22 @@ class Pictures:
 
 
 def read_pictures(
-    images: Sequence[str], mask: str | None, width: int, height: int
+    images: Sequence[str], mask: str | None, width: int, height: int, references: int = 0
 ) -> Pictures | None:
-    """The input picture (and mask) at `width` x `height`, or None for text-to-image. A file
-    that is not a readable picture within the bounds is one sentence naming it."""
+    """The input pictures (and mask) at `width` x `height`, or None for text-to-image;
+    `references` as `mode_of` takes it. A file that is not a readable picture within the
+    bounds is one sentence naming it."""
     import numpy as np
     import torch
 
-    mode = mode_of(images, mask)
+    mode = mode_of(images, mask, references)
     if mode is Mode.TEXT:
         return None
-    picture = _open(Path(images[0]).expanduser(), "RGB", width, height)
-    unit = np.asarray(picture, dtype=np.float32) / 255.0
-    pixels = torch.from_numpy(unit).permute(2, 0, 1)[None] * 2.0 - 1.0
+    opened = [_open(Path(image).expanduser(), "RGB", width, height) for image in images]
+    unit = np.stack([np.asarray(picture, dtype=np.float32) for picture in opened]) / 255.0
+    pixels = torch.from_numpy(unit).permute(0, 3, 1, 2) * 2.0 - 1.0
     mask_tensor = mask_image = None
-    sources = (str(images[0]),)
+    sources = tuple(str(image) for image in images)
     if mask is not None:
         grey = _open(Path(mask).expanduser(), "L", width, height)
         hard = (np.asarray(grey, dtype=np.float32) >= 128.0).astype(np.float32)
@@ -125,7 +153,8 @@ def read_pictures(
 
         mask_image = Image.fromarray((hard * 255).astype(np.uint8), "L")
         sources += (str(mask),)
-    return Pictures(mode, pixels.contiguous(), mask_tensor, mask_image, sources)
+    kept = tuple(opened) if mode is Mode.EDIT else ()
+    return Pictures(mode, pixels.contiguous(), mask_tensor, mask_image, sources, kept)
 
 
 def picture_size(path: str, native: int, step: int = 16) -> tuple[int, int]:

@@ -734,3 +734,29 @@ def build_tiny_qwenimage21_pipeline(seed: int = 0, text_width: int = 64):
         processor=qwen3_vl_processor(),
         transformer=tiny_qwenimage21_transformer(seed + 3, text=text_width),
     )
+
+
+# Editing: Flux.1 Kontext and Qwen-Image-Edit (the same parts, their editing pipelines) ------
+
+
+def build_tiny_flux_kontext_pipeline(seed: int = 0):
+    """A tiny Flux.1 Kontext-shaped pipeline: the tiny Flux.1 dev's parts (its transformer reads
+    the reference's latents in its sequence) in diffusers' FluxKontextPipeline."""
+    from diffusers import FluxKontextPipeline
+
+    dev = build_tiny_flux_pipeline(seed, guidance=True)
+    return FluxKontextPipeline(**dev.components)
+
+
+def build_tiny_qwenimage_edit_pipeline(seed: int = 0, plus: bool = True, text_width: int = 64):
+    """A tiny Qwen-Image-Edit-shaped pipeline: the tiny Qwen-Image's parts, with the Qwen2.5-VL
+    processor its text encoder reads the reference pictures through (14-px patches, as the
+    tiny vision tower's), in QwenImageEditPlusPipeline (`plus`, up to three pictures) or
+    QwenImageEditPipeline."""
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+
+    from app.core.families.qwenimage import edit_processor
+
+    parts = build_tiny_qwenimage_pipeline(seed, text_width=text_width).components
+    kind = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
+    return kind(**parts, processor=edit_processor())

@@ -199,7 +199,7 @@ def test_a_mode_the_model_refuses_or_a_strength_that_runs_no_step_is_not_sent(
     assert status_bar(view).startswith("Strength: 0.2 of 2 steps runs no step")
     view.pictures.strength.setValue(0.5)
     view.generate()
-    assert engines.current.last_job("generate").params.generation.mode is Mode.INPAINT
+    assert engines.current.last_job("generate").params.generation.mode_for() is Mode.INPAINT
 
 
 def test_a_file_that_is_no_picture_is_one_sentence_and_never_taken(view, engines, tmp_path):

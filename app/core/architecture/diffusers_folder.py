@@ -24,7 +24,7 @@ def detect_from_configs(
     class_name = str(model_index.get("_class_name", ""))
     if "transformer" in model_index:
         for family in FAMILIES:
-            if family.pipeline_class == class_name:
+            if family.recognises(class_name):
                 return family.detect_folder(model_index, unet)
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross

@@ -80,6 +80,10 @@ class Family:
     # The diffusers pipelines that start from a picture, by mode (image-to-image, inpainting):
     # each takes the picture's latents as the VAE encoder made them (`encode_pixels`).
     picture_pipelines: ClassVar[Mapping[Mode, str]] = {}
+    # The family's editing pipelines (a variant with its own folder class: Flux.1 Kontext,
+    # Qwen-Image-Edit) and how many reference pictures each takes. A model loaded as one of
+    # them edits the pictures it is given (`Mode.EDIT`), with its own pipeline.
+    edit_pipelines: ClassVar[Mapping[str, int]] = {}
 
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents
@@ -105,6 +109,15 @@ class Family:
         """What a diffusers folder of this family is (`pipeline_class` named in its
         model_index.json; `transformer` its denoiser's config), with the sentence why."""
         raise NotImplementedError
+
+    def recognises(self, class_name: str) -> bool:
+        """Whether a diffusers folder whose model_index.json names `class_name` is of this
+        family (its text-to-image pipeline, or one of its editing pipelines)."""
+        return class_name == self.pipeline_class or class_name in self.edit_pipelines
+
+    def max_references(self, pipeline) -> int:
+        """How many pictures this loaded model edits at most (0: it is not an editing model)."""
+        return self.edit_pipelines.get(type(pipeline).__name__, 0)
 
     def folder_parts(self, folder: Path) -> dict[str, Any]:
         """Parts of a diffusers folder of this family that HalfSafe builds itself and hands to
@@ -167,6 +180,44 @@ class Family:
             z = z - shift
         return z * vae.config.scaling_factor
 
+    # -- editing (a family with `edit_pipelines` overrides these) ----------------------------
+
+    def encode_edit(
+        self, pipe, prompt: str, negative: str, device, guidance: bool, references
+    ) -> dict[str, Any]:
+        """The prompt as an editing pipeline takes it, where its text encoder reads the
+        reference pictures (PIL) beside the prompt; by default the prompt alone (`encode`)."""
+        return self.encode(pipe, prompt, negative, device, guidance)
+
+    def edit_latents_given(self, pipeline) -> bool:
+        """Whether the editing pipeline takes its references as latents that HalfSafe's VAE
+        encoder stage made (True), or encodes the pictures itself, watched by a hook (False)."""
+        return True
+
+    def edit_pixels(self, pipeline, pictures) -> list[Any]:
+        """The references' pixels (1, 3, H, W) each, as the editing pipeline's VAE encoder
+        takes them: by default at the job's size, as read."""
+        return list(pictures.pixels.split(1))
+
+    def edit_call(
+        self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
+    ) -> dict[str, Any]:
+        """The editing pipeline's call arguments for `batch` images beyond the noise and
+        the steps: the prompt and the references (`latents`, a list of (1, C, h, w), when
+        `edit_latents_given`; else the pipeline encodes `pictures.references` itself); `size`
+        is (width, height)."""
+        raise NotImplementedError
+
+    def probe_edit(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
+        """The check's denoising of an edit: as `probe_denoise`, with the references' latents
+        (a list of (1, C, h, w)) in the transformer's sequence beside the noise."""
+        raise NotImplementedError
+
+    def pipeline_arguments(self, pipeline, width: int, height: int) -> dict[str, Any]:
+        """Call arguments a pipeline of this family needs beyond the common ones to draw at
+        exactly width x height (none by default)."""
+        return {}
+
     def picture_pipeline(self, pipe, mode: Mode, latent_channels: int):
         """The family's pipeline for `mode`, on the same (placed) components as `pipe`, taking
         the picture as latents of `latent_channels` channels. Some of diffusers' picture
@@ -174,6 +225,8 @@ class Family:
         would resize 16-channel latents as if they were a picture: theirs is told the truth."""
         import diffusers
 
+        if mode is Mode.EDIT:  # an editing model's own pipeline is the one that edits
+            return pipe
         picture = getattr(diffusers, self.picture_pipelines[mode]).from_pipe(pipe)
         processor = getattr(picture, "image_processor", None)
         config = getattr(processor, "config", None)
@@ -187,6 +240,15 @@ class Family:
         """Why this model cannot make pictures in `mode` (None: it can)."""
         if mode is Mode.TEXT:
             return self.text_to_image_problem(pipeline)
+        if mode is Mode.EDIT:
+            return (
+                None
+                if self.max_references(pipeline)
+                else (
+                    f"this {self.title} model does not edit pictures (an editing model such as "
+                    "Flux.1 Kontext or Qwen-Image-Edit does)."
+                )
+            )
         if mode not in self.picture_pipelines:
             return f"HalfSafe does not run {mode.words} for {self.title} models."
         if mode is Mode.IMAGE:  # an inpainting model's denoiser takes a mask beside the picture

@@ -96,6 +96,7 @@ class ChromaFamily(FluxFamily):
     # Not inpainting: diffusers 0.42.1's ChromaInpaintPipeline reads a guidance setting that
     # Chroma's transformer does not have, and fails on every call.
     picture_pipelines = {Mode.IMAGE: "ChromaImg2ImgPipeline"}
+    edit_pipelines = {}  # Flux.1's Kontext is not Chroma's
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]

@@ -1,5 +1,7 @@
 """Flux.1 dev and schnell: CLIP-L pooled + T5 sequence, a `transformer` on packed 2x2 patches of
-a 16-channel latent by flow matching, guidance as an embedding instead of a CFG batch."""
+a 16-channel latent by flow matching, guidance as an embedding instead of a CFG batch. Flux.1
+Kontext, its editing variant, is the same transformer with the reference picture's latents in
+its sequence."""
 
 from __future__ import annotations
 
@@ -184,6 +186,30 @@ def bfl_table(config: Mapping[str, Any]) -> Iterator[Row]:
 LAYOUT = Layout("Flux-style transformer", BFL_MARKERS, (CHROMA_MARKER,), _read_flux, bfl_table)
 
 
+KONTEXT_PIPELINE = "FluxKontextPipeline"
+
+
+def _detect_kontext(transformer: Mapping[str, Any]) -> Detection:
+    latent = int(transformer.get("in_channels", 64)) // 4
+    because = (
+        f"Flux.1 Kontext: its FluxKontextPipeline has a FluxTransformer2DModel with "
+        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} "
+        f"single blocks, {transformer_width(transformer)} wide, on {latent}-channel latents in "
+        "2x2 patches, that edits a reference picture whose latents it reads in its sequence "
+        "beside the noise; a guidance embedding; flow matching."
+    )
+    return Detection(
+        "flux-kontext",
+        True,
+        "a Flux.1 Kontext (editing) pipeline",
+        because,
+        "flow",
+        1024,
+        None,
+        KONTEXT_PIPELINE,
+    )
+
+
 @dataclass(frozen=True)
 class FluxFamily(ShiftedSigmas, Family):
     """Flux.1 dev and schnell: CLIP-L gives a pooled vector, T5 the token sequence; a
@@ -192,7 +218,12 @@ class FluxFamily(ShiftedSigmas, Family):
 
     id = FamilyId.FLUX
     title = "Flux.1"
-    architectures = {"flux": "Flux.1", "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell"}
+    architectures = {
+        "flux": "Flux.1",
+        "flux-dev": "Flux.1 dev",
+        "flux-schnell": "Flux.1 schnell",
+        "flux-kontext": "Flux.1 Kontext",
+    }
     latent = FLUX_LATENT
     transformer_class = "FluxTransformer2DModel"
     packed_channels = 4
@@ -200,10 +231,14 @@ class FluxFamily(ShiftedSigmas, Family):
     pipeline_class = "FluxPipeline"
     companion_names = {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "ae"}
     picture_pipelines = {Mode.IMAGE: "FluxImg2ImgPipeline", Mode.INPAINT: "FluxInpaintPipeline"}
+    # Kontext takes one reference; without one its pipeline draws from the prompt alone.
+    edit_pipelines = {KONTEXT_PIPELINE: 1}
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
     ) -> Detection:
+        if model_index.get("_class_name") == KONTEXT_PIPELINE:
+            return _detect_kontext(transformer)
         dev = bool(transformer.get("guidance_embeds"))
         variant = "dev" if dev else "schnell"
         latent = int(transformer.get("in_channels", 64)) // 4
@@ -267,6 +302,15 @@ class FluxFamily(ShiftedSigmas, Family):
     def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
         """Flow-matching Euler steps through `timesteps` (x + (sigma_next - sigma) * v, the
         last step to sigma 0), one batch with the guidance embedding; returns (1, 16, h, w)."""
+        return self._probe(pipe, conditioning, size, device, timesteps, [])
+
+    def probe_edit(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
+        """As `probe_denoise`, with each reference's packed latents after the noise in the
+        transformer's sequence (their position ids' first axis 1, as Kontext places them);
+        only the noise's part of the output steps."""
+        return self._probe(pipe, conditioning, size, device, timesteps, references)
+
+    def _probe(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
         import torch
         from diffusers import FluxPipeline
 
@@ -279,19 +323,42 @@ class FluxFamily(ShiftedSigmas, Family):
         image_ids = FluxPipeline._prepare_latent_image_ids(
             1, side // 2, side // 2, device, torch.float32
         )
+        packed, ids = [], [image_ids]
+        for reference in references:
+            h, w = reference.shape[-2:]
+            packed.append(FluxPipeline._pack_latents(reference.float(), 1, channels, h, w))
+            reference_ids = FluxPipeline._prepare_latent_image_ids(
+                1, h // 2, w // 2, device, torch.float32
+            )
+            reference_ids[..., 0] = 1
+            ids.append(reference_ids)
         extra = self.denoiser_inputs(conditioning, size, device)
         if transformer.config.guidance_embeds:
             extra["guidance"] = torch.full([1], PROBE_GUIDANCE, device=device)
+        tokens = latents.shape[1]
         sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
         for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
             velocity = transformer(
-                hidden_states=latents,
+                hidden_states=torch.cat([latents, *packed], dim=1),
                 timestep=torch.full([1], sigma, device=device),
-                img_ids=image_ids,
+                img_ids=torch.cat(ids),
                 **extra,
-            ).sample.float()
+            ).sample.float()[:, :tokens]
             latents = latents + (following - sigma) * velocity
         return FluxPipeline._unpack_latents(latents, size, size, self.latent_factor(pipe))
+
+    def edit_call(
+        self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
+    ) -> dict[str, Any]:
+        # Kontext takes the reference as latents (it does not encode them again).
+        return {**self.pipeline_embeds(embeds, batch), "image": latents[0]}
+
+    def pipeline_arguments(self, pipeline, width: int, height: int) -> dict[str, Any]:
+        # Kontext's pipeline redraws any size at its `max_area` (a megapixel): this one's area
+        # keeps the job's size.
+        if type(pipeline).__name__ == KONTEXT_PIPELINE:
+            return {"max_area": width * height}
+        return {}
 
     def text_to_image_problem(self, pipeline) -> str | None:
         return input_channels_problem(

@@ -1,12 +1,17 @@
 """Qwen-Image: a Qwen2.5-VL text encoder, an MMDiT `transformer` with real CFG, a causal 3D VAE
-(Wan 2.1's layout) with per-channel latent statistics."""
+(Wan 2.1's layout) with per-channel latent statistics. Qwen-Image-Edit (and Edit-Plus, which
+takes up to three pictures) is the same transformer editing reference pictures: its text
+encoder reads them beside the prompt through its vision tower, and their latents join the
+transformer's sequence."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
 from app.core.families.base import (
     Family,
@@ -152,6 +157,98 @@ LAYOUT = Layout(
 )
 
 
+EDIT_PIPELINE = "QwenImageEditPipeline"  # Qwen-Image-Edit: one picture
+EDIT_PLUS_PIPELINE = "QwenImageEditPlusPipeline"  # Edit-Plus (2509, 2511): up to three
+# Qwen2-VL's image preprocessing, as Qwen-Image-Edit's processor/ folder sets it: 14-px patches
+# merged 2x2, two frames per temporal patch, CLIP's mean and spread.
+QWEN2_VL_IMAGES: dict[str, Any] = {
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 16384},
+}
+
+
+def _detect_edit(model_index: Mapping[str, Any], transformer: Mapping[str, Any]) -> Detection:
+    plus = model_index.get("_class_name") == EDIT_PLUS_PIPELINE
+    title = "Qwen-Image-Edit-Plus" if plus else "Qwen-Image-Edit"
+    takes = "up to three reference pictures" if plus else "one reference picture"
+    because = (
+        f"{title}: its {model_index.get('_class_name')} has a QwenImageTransformer2DModel "
+        f"(MMDiT) with {transformer.get('num_layers')} blocks, "
+        f"{transformer_width(transformer)} wide, that edits {takes}: its Qwen2.5-VL text "
+        f"encoder ({pipeline_part_class(model_index, 'text_encoder')}) reads them beside the "
+        "prompt and their latents join the transformer's sequence; flow matching with real CFG."
+    )
+    return Detection(
+        "qwenimage-edit-plus" if plus else "qwenimage-edit",
+        True,
+        f"a {title} (editing) pipeline",
+        because,
+        "flow",
+        1024,
+        None,
+        str(model_index.get("_class_name")),
+    )
+
+
+def edit_processor(tokenizer=None, images: Mapping[str, Any] | None = None):
+    """Qwen2.5-VL's processor as Qwen-Image-Edit's pipeline calls it: the Qwen BPE
+    (`tokenizer`, by default the shipped one) and transformers' PIL image processor (`images`:
+    its settings, by default Qwen2-VL's). transformers' Qwen2VLProcessor also holds a video
+    processor whose Qwen2-VL class needs torchvision, which HalfSafe does not ship; the editing
+    pipeline never passes a video, so a plain video processor stands in that one slot, its
+    class check relaxed while the processor is built. Nothing about images changes."""
+    from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor
+    from transformers.video_processing_utils import BaseVideoProcessor, VideoProcessorMixin
+
+    from app.core.tokenizers import qwen2_tokenizer
+
+    settings = {k: v for k, v in (images or QWEN2_VL_IMAGES).items() if not k.endswith("_type")}
+    for old, new in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):
+        if old in settings:  # the older preprocessor_config.json's names
+            settings.setdefault("size", {})[new] = settings.pop(old)
+    processor = Qwen2VLProcessor.__new__(Qwen2VLProcessor)
+    checked = processor.check_argument_for_proper_class
+
+    def check(argument_name: str, argument):
+        if argument_name == "video_processor" and isinstance(argument, VideoProcessorMixin):
+            return type(argument)
+        return checked(argument_name, argument)
+
+    processor.check_argument_for_proper_class = check  # this instance only, while it is built
+    try:
+        processor.__init__(
+            image_processor=Qwen2VLImageProcessorPil(**settings),
+            tokenizer=tokenizer if tokenizer is not None else qwen2_tokenizer(),
+            video_processor=BaseVideoProcessor(),
+        )
+    finally:
+        del processor.check_argument_for_proper_class
+    return processor
+
+
+def _edit_processor_from(folder: Path):
+    """Qwen-Image-Edit's processor from a pipeline folder's processor/ files: the tokenizer
+    there and its image processor's settings (processor_config.json as transformers saves it,
+    or an older preprocessor_config.json). Raises ValueError or OSError naming what is
+    missing or malformed."""
+    from transformers import AutoTokenizer
+
+    images: Any = None
+    combined, older = folder / "processor_config.json", folder / "preprocessor_config.json"
+    if combined.is_file():
+        images = limits.read_json_object(combined).get("image_processor")
+    elif older.is_file():
+        images = limits.read_json_object(older)
+    if not isinstance(images, dict):
+        raise ValueError(f"{folder} has no image processor settings")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return edit_processor(tokenizer, images)
+
+
 @dataclass(frozen=True)
 class QwenImageFamily(ShiftedSigmas, Family):
     """Qwen-Image: a Qwen2.5-VL text encoder whose last hidden states (the prompt's tokens
@@ -162,7 +259,11 @@ class QwenImageFamily(ShiftedSigmas, Family):
 
     id = FamilyId.QWENIMAGE
     title = "Qwen-Image"
-    architectures = {"qwenimage": "Qwen-Image"}
+    architectures = {
+        "qwenimage": "Qwen-Image",
+        "qwenimage-edit": "Qwen-Image-Edit",
+        "qwenimage-edit-plus": "Qwen-Image-Edit-Plus",
+    }
     latent = QWENIMAGE_LATENT
     transformer_class = "QwenImageTransformer2DModel"
     layout = LAYOUT
@@ -172,10 +273,13 @@ class QwenImageFamily(ShiftedSigmas, Family):
         Mode.IMAGE: "QwenImageImg2ImgPipeline",
         Mode.INPAINT: "QwenImageInpaintPipeline",
     }
+    edit_pipelines = {EDIT_PIPELINE: 1, EDIT_PLUS_PIPELINE: 3}
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
     ) -> Detection:
+        if model_index.get("_class_name") in self.edit_pipelines:
+            return _detect_edit(model_index, transformer)
         width = transformer_width(transformer)
         because = (
             f"Qwen-Image: its QwenImagePipeline has a QwenImageTransformer2DModel (MMDiT) with "
@@ -228,10 +332,26 @@ class QwenImageFamily(ShiftedSigmas, Family):
         repeated = super().pipeline_embeds(embeds, batch)
         return {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()}
 
+    def folder_parts(self, folder: Path) -> dict[str, Any]:
+        """An editing folder's processor, built from its processor/ files (diffusers' own
+        loader asks transformers for Qwen2-VL's video processor, which needs torchvision)."""
+        if (folder / "processor").is_dir():
+            return {"processor": _edit_processor_from(folder / "processor")}
+        return {}
+
     def probe_denoise(self, pipe, conditioning, size: int, device, timesteps) -> Any:
         """Flow-matching Euler steps through `timesteps`, each a call on the prompt and one
         on the empty negative prompt combined by CFG and rescaled to the prompt's norm, as
         QwenImagePipeline runs them; returns the latents (1, 16, h, w)."""
+        return self._probe(pipe, conditioning, size, device, timesteps, [])
+
+    def probe_edit(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
+        """As `probe_denoise`, with each reference's packed latents after the noise in the
+        transformer's sequence and its shape in `img_shapes`, as the editing pipelines run
+        it; only the noise's part of the output steps."""
+        return self._probe(pipe, conditioning, size, device, timesteps, references)
+
+    def _probe(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
         import torch
         from diffusers import QwenImagePipeline
 
@@ -241,7 +361,12 @@ class QwenImageFamily(ShiftedSigmas, Family):
         generator = torch.Generator().manual_seed(0)
         noise = torch.randn((1, channels, side, side), generator=generator)
         latents = QwenImagePipeline._pack_latents(noise, 1, channels, side, side).to(device)
-        shapes = [[(1, side // 2, side // 2)]]
+        shapes = [(1, side // 2, side // 2)]
+        packed = []
+        for reference in references:
+            h, w = reference.shape[-2:]
+            packed.append(QwenImagePipeline._pack_latents(reference.float(), 1, channels, h, w))
+            shapes.append((1, h // 2, w // 2))
         calls = [
             {
                 "encoder_hidden_states": conditioning[prefix + "prompt_embeds"],
@@ -249,13 +374,19 @@ class QwenImageFamily(ShiftedSigmas, Family):
             }
             for prefix in ("", "negative_")
         ]
+        tokens = latents.shape[1]
         sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
         for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
             t = torch.full([1], sigma, device=device)
+            sequence = torch.cat([latents, *packed], dim=1)
             cond, uncond = (
                 transformer(
-                    hidden_states=latents, timestep=t, img_shapes=shapes, **call, return_dict=False
-                )[0].float()
+                    hidden_states=sequence,
+                    timestep=t,
+                    img_shapes=[shapes],
+                    **call,
+                    return_dict=False,
+                )[0].float()[:, :tokens]
                 for call in calls
             )
             combined = uncond + PROBE_QWEN_CFG * (cond - uncond)
@@ -263,10 +394,96 @@ class QwenImageFamily(ShiftedSigmas, Family):
             latents = latents + (following - sigma) * (combined * scale)
         return self.image_latents(pipe, latents, size, size)
 
+    # -- editing ----------------------------------------------------------------------------
+
+    def encode_edit(
+        self, pipe, prompt: str, negative: str, device, guidance: bool, references
+    ) -> dict[str, Any]:
+        """The prompt with the reference pictures, as the editing pipeline encodes them: each
+        picture resized as that pipeline resizes it for the vision tower (Edit-Plus: about
+        384x384; Edit: about a megapixel), named "Picture n" before the prompt."""
+        tensors: dict[str, Any] = {}
+        seen = self._condition_pictures(pipe, references)
+        texts = [("", prompt)] + ([("negative_", negative)] if guidance else [])
+        for prefix, text in texts:
+            embeds, mask = pipe.encode_prompt(
+                prompt=text,
+                image=seen,
+                device=device,
+                num_images_per_prompt=1,
+                max_sequence_length=self.max_sequence_length,
+            )
+            tensors[prefix + "prompt_embeds"] = embeds
+            if mask is not None:
+                tensors[prefix + "prompt_embeds_mask"] = mask
+        return tensors
+
+    @staticmethod
+    def _plus(pipeline) -> bool:
+        return type(pipeline).__name__ == EDIT_PLUS_PIPELINE
+
+    def _sizes(self, pipeline, picture, area: int) -> tuple[int, int]:
+        """(width, height) of `picture` at `area` pixels in its proportions, in multiples of
+        32, by the editing pipeline's own rule."""
+        from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+        width, height = picture.size
+        return plus.calculate_dimensions(area, width / height)
+
+    def _condition_pictures(self, pipeline, references) -> Any:
+        """What the editing pipeline hands its text encoder: Edit-Plus a list of pictures of
+        about 384x384, Edit the one picture at about a megapixel."""
+        processor = pipeline.image_processor
+        if self._plus(pipeline):
+            from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit_plus import (
+                CONDITION_IMAGE_SIZE,
+            )
+
+            seen = []
+            for picture in references:
+                width, height = self._sizes(pipeline, picture, CONDITION_IMAGE_SIZE)
+                seen.append(processor.resize(picture, height, width))
+            return seen
+        width, height = self._sizes(pipeline, references[0], 1024 * 1024)
+        return processor.resize(references[0], height, width)
+
+    def edit_latents_given(self, pipeline) -> bool:
+        # Both editing pipelines read the pictures' sizes from PIL images and encode them
+        # themselves: HalfSafe watches that encoding with a hook.
+        return False
+
+    def edit_pixels(self, pipeline, pictures) -> list[Any]:
+        """Each reference as the editing pipeline hands it to the VAE's encoder: at about a
+        megapixel in its proportions, in [-1, 1]."""
+        processor = pipeline.image_processor
+        pixels = []
+        for picture in pictures.references:
+            width, height = self._sizes(pipeline, picture, 1024 * 1024)
+            if not self._plus(pipeline):
+                picture = processor.resize(picture, height, width)
+            pixels.append(processor.preprocess(picture, height, width))
+        return pixels
+
+    def edit_call(
+        self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
+    ) -> dict[str, Any]:
+        # Edit-Plus takes one prompt per call (many images of it with num_images_per_prompt).
+        import torch
+
+        prompt = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in embeds.items()}
+        references = list(pictures.references)
+        return {
+            **prompt,
+            "image": references if self._plus(pipeline) else references[0],
+            "num_images_per_prompt": batch,
+        }
+
     def size_problem(self, pipeline, width: int, height: int) -> str | None:
         return patches_problem(self, pipeline, width, height)
 
     def text_to_image_problem(self, pipeline) -> str | None:
+        if self.max_references(pipeline):  # its pipeline reads the picture's size first
+            return "this is an editing model: give it the picture to edit with --image."
         return input_channels_problem(pipeline, "z_dim", 4)
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):

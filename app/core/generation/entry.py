@@ -32,7 +32,7 @@ from app.core.pictures import check_strength, read_pictures, steps_run
 from app.core.settings import FIELDS, PrecisionSettings
 
 
-def _checked_request(request: GenerationRequest) -> GenerationRequest:
+def _checked_request(request: GenerationRequest, references: int = 0) -> GenerationRequest:
     for key in ("steps", "cfg", "seed", "width", "height", "batch", "scheduler"):
         try:
             FIELDS[key].validate(getattr(request, key))
@@ -40,7 +40,7 @@ def _checked_request(request: GenerationRequest) -> GenerationRequest:
             raise HalfSafeError(f"{FIELDS[key].label}: {error}.") from None
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise HalfSafeError("The prompt and the negative prompt must be text.")
-    check_strength(request.steps, request.strength, request.mode)
+    check_strength(request.steps, request.strength, request.mode_for(references))
     return request
 
 
@@ -112,18 +112,21 @@ def _generate_unsaved(
     from app.core import hardware, profiles
 
     started = time.perf_counter()
-    request = _checked_request(request)
-    progress = on_progress or no_progress
-    cancel = cancel or CancelToken()
     pipeline = model.pipeline
     family = family_of(pipeline)
-    mode = request.mode
+    references = family.max_references(pipeline)
+    request = _checked_request(request, references)
+    progress = on_progress or no_progress
+    cancel = cancel or CancelToken()
+    mode = request.mode_for(references)
     problem = family.picture_problem(pipeline, mode) or family.size_problem(
         pipeline, request.width, request.height
     )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
-    pictures = read_pictures(request.images, request.mask, request.width, request.height)
+    pictures = read_pictures(
+        request.images, request.mask, request.width, request.height, references
+    )
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)

@@ -13,6 +13,7 @@ from app.core.families import family_of
 from app.core.generation.describe import box_text, percent
 from app.core.generation.records import GenerationRequest, ImageResult
 from app.core.lora import lora_hashes, prompt_with_tags
+from app.core.pictures import Mode
 
 
 def parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
@@ -34,7 +35,7 @@ def parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         # The starting noise is made on the CPU (`Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
         (infotext.RNG, "CPU"),
-        *_picture_parameters(request),
+        *_picture_parameters(request, family.max_references(model.pipeline)),
         # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
         *infotext.setting_values(s),
         (infotext.NAN_WATCH, entry.status),
@@ -67,14 +68,19 @@ def _vae_parameters(vae: str | None) -> list[tuple[infotext.Key, Any]]:
     return [(infotext.VAE_HASH, vae_hash), (infotext.VAE, path.name)]
 
 
-def _picture_parameters(request: GenerationRequest) -> list[tuple[infotext.Key, Any]]:
-    """For a job that started from a picture: A1111's `Denoising strength`, and the input
-    picture's and mask's file names (their names only: a path says more than the user
-    chose to share)."""
+def _picture_parameters(
+    request: GenerationRequest, references: int
+) -> list[tuple[infotext.Key, Any]]:
+    """For a job that started from pictures: its mode, A1111's `Denoising strength` (not for
+    an edit, which has none), and the input pictures' and mask's file names (their names
+    only: a path says more than the user chose to share)."""
     if not request.images:
         return []
+    mode = request.mode_for(references)
+    names = ", ".join(Path(image).name for image in request.images)
     return [
-        (infotext.DENOISING_STRENGTH, request.strength),
-        (infotext.INPUT_PICTURE, Path(request.images[0]).name),
+        (infotext.DENOISING_STRENGTH, None if mode is Mode.EDIT else request.strength),
+        (infotext.MODE, mode.value),
+        (infotext.INPUT_PICTURE, names),
         (infotext.MASK, Path(request.mask).name if request.mask else None),
     ]

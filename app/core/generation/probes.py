@@ -101,6 +101,8 @@ class Probes(Stages):
             return torch.from_numpy(self.decode(plan, outcome.latents)[0])
         if component == "vae_encoder":
             picture = self.encode_picture(plan)
+            if isinstance(picture.latents, list):  # an edit's references
+                return picture.latents
             return (
                 [picture.latents] if picture.masked is None else [picture.latents, picture.masked]
             )

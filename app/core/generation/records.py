@@ -49,16 +49,17 @@ class GenerationRequest:
     output_dir: str | None = None
     # Image-to-image and inpainting (see `pictures`): the input picture, the mask (white is
     # painted again) and how much of the picture is drawn again (the last `strength` of the
-    # schedule runs). No picture: text-to-image.
+    # schedule runs). No picture: text-to-image. For an editing model, `images` are the
+    # pictures to edit (no mask, no strength).
     images: list[str] = field(default_factory=list)
     mask: str | None = None
     strength: float = STRENGTH_DEFAULT
 
-    @property
-    def mode(self) -> Mode:
-        """Text-to-image, image-to-image or inpainting; HalfSafeError for a mask without a
-        picture, or several pictures."""
-        return mode_of(self.images, self.mask)
+    def mode_for(self, references: int = 0) -> Mode:
+        """Text-to-image, image-to-image, inpainting, or for a model that edits up to
+        `references` pictures editing; HalfSafeError for a mask without a picture, or more
+        pictures than the model takes (`pictures.mode_of`)."""
+        return mode_of(self.images, self.mask, references)
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""The stages of one generation job under a precision plan: the prompt encoded once, the input
-picture (image-to-image, inpainting) through the VAE's encoder, the pipeline's denoising loop
-for the batch under the NaN watch, and each image decoded, its pixels classified and its
-outcome recorded."""
+"""The stages of one generation job under a precision plan: the prompt encoded once (with an
+editing model's reference pictures where its text encoder reads them), the input picture or
+references through the VAE's encoder, the pipeline's denoising loop for the batch under the
+NaN watch, and each image decoded, its pixels classified and its outcome recorded."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ class _Conditioning:
 @dataclass
 class _Picture:
     """The input picture's latents (and, for inpainting, those of the picture with its hole)
-    as the VAE's encoder made them under one plan, with a device-side flag."""
+    as the VAE's encoder made them under one plan, with a device-side flag. For an edit,
+    `latents` is a list: each reference's (1, C, h, w)."""
 
     latents: Any
     masked: Any | None
@@ -110,6 +111,9 @@ class Stages:
         self.last_probe: Any = None  # the last recorded probe (`_read`)
         self.stage = "Generating"
         self.dropped: list[str] = []  # candidates that failed to run, as sentences
+        # For an editing pipeline that encodes its references itself: the device-side flag its
+        # VAE encoder's hook kept in the last denoising run.
+        self.pipeline_encoder_bad: Any = None
 
     def _colours(self):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
@@ -145,13 +149,15 @@ class Stages:
                     hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
         try:
             with backend_flags(plan), torch.inference_mode():
-                tensors = self.family.encode(
-                    pipe,
-                    strip_tags(request.prompt),  # A1111's <lora:...> tags are not words
-                    strip_tags(request.negative_prompt),
-                    self.device,
-                    self.do_cfg,
-                )
+                prompt = strip_tags(request.prompt)  # A1111's <lora:...> tags are not words
+                negative = strip_tags(request.negative_prompt)
+                if self.editing:
+                    assert self.pictures is not None
+                    tensors = self.family.encode_edit(
+                        pipe, prompt, negative, self.device, self.do_cfg, self.pictures.references
+                    )
+                else:
+                    tensors = self.family.encode(pipe, prompt, negative, self.device, self.do_cfg)
                 bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
         finally:
             for hook in hooks:
@@ -171,10 +177,15 @@ class Stages:
             flags[name] = torch.stack(checks).any()
         return flags
 
+    @property
+    def editing(self) -> bool:
+        return self.pictures is not None and self.pictures.mode is Mode.EDIT
+
     def encode_picture(self, plan: PrecisionPlan, record: bool = False) -> _Picture:
         """The input picture through the VAE's encoder under `plan` (and, for inpainting, the
-        picture with its hole grey, as an inpainting model takes it beside the mask); with
-        `record`, the first layer that went non-finite is kept (`_read`)."""
+        picture with its hole grey, as an inpainting model takes it beside the mask; for an
+        edit, each reference as its pipeline encodes it); with `record`, the first layer that
+        went non-finite is kept (`_read`)."""
         import torch
 
         from app.core.probe import ActivationRecorder
@@ -184,6 +195,20 @@ class Stages:
         self.placed.apply(plan)
         vae = self.placed["vae_encoder"]
         recorder = ActivationRecorder(vae) if record else None
+        if self.editing:
+            references = self.family.edit_pixels(self.model.pipeline, pictures)
+            try:
+                with backend_flags(plan), torch.inference_mode():
+                    encoded = [
+                        self.family.encode_pixels(vae, pixels.to(self.device))
+                        for pixels in references
+                    ]
+            finally:
+                if recorder is not None:
+                    recorder.remove()
+            self._read(recorder, encoded)
+            bad = torch.stack([~torch.isfinite(part).all() for part in encoded]).any()
+            return _Picture([part.float() for part in encoded], None, bad)
         try:
             with backend_flags(plan), torch.inference_mode():
                 latents = self.family.encode_pixels(vae, pictures.pixels.to(self.device))
@@ -224,10 +249,28 @@ class Stages:
         batch = len(seeds)
         request = self.request
         arguments: dict[str, Any] = {"height": request.height, "width": request.width}
-        if picture is None:
+        arguments.update(self.family.pipeline_arguments(pipe, request.width, request.height))
+        embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
+        encoder_hooks: list[Any] = []
+        generators: list[Any] = []
+        if picture is None or self.editing:
             latents, generators = self.noise(seeds)
             arguments["latents"] = latents
-        else:
+        if self.editing:
+            # The references join the sequence: the pipeline takes their latents, or encodes
+            # the pictures itself under a hook that keeps a device-side flag.
+            embeds = self.family.edit_call(
+                pipe,
+                conditioning.embeds,
+                batch,
+                picture.latents if picture is not None else None,
+                self.pictures,
+                (request.width, request.height),
+            )
+            if picture is None and self.watch:
+                encoder_hooks = self._watch_pipeline_encoder()
+            arguments = _accepted(pipe, arguments)
+        elif picture is not None:
             pipe = self.family.picture_pipeline(
                 pipe, picture_mode(self.pictures), picture.latents.shape[1]
             )
@@ -241,6 +284,8 @@ class Stages:
                 arguments.update(
                     mask_image=self.pictures.mask_image, masked_image_latents=picture.masked
                 )
+            arguments = _accepted(pipe, arguments)
+        else:
             arguments = _accepted(pipe, arguments)
         steps = steps_run(request.steps, request.strength, picture_mode(self.pictures))
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
@@ -270,7 +315,6 @@ class Stages:
             self.cancel.raise_if_cancelled()
             return {}
 
-        embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
         try:
             with backend_flags(plan), torch.inference_mode():
                 output = pipe(
@@ -286,10 +330,31 @@ class Stages:
         finally:
             if watch is not None:
                 watch.remove()
+            for hook in encoder_hooks:
+                hook.remove()
         latents = self.family.image_latents(
             self.model.pipeline, output.images, self.request.height, self.request.width
         )
         return latents, watch
+
+    def _watch_pipeline_encoder(self) -> list[Any]:
+        """Hooks on the VAE's encoder parts that fold "output not all finite" into
+        `pipeline_encoder_bad` on the device (no host sync), for a pipeline that encodes its
+        references itself; the caller removes them."""
+        import torch
+
+        vae = self.placed["vae_encoder"]
+        self.pipeline_encoder_bad = torch.zeros((), dtype=torch.bool, device=self.device)
+        parts = [getattr(vae, name, None) for name in ("encoder", "quant_conv")]
+
+        def hook(module, args, output):
+            tensor = output[0] if isinstance(output, tuple) else output
+            if isinstance(tensor, torch.Tensor):
+                self.pipeline_encoder_bad = self.pipeline_encoder_bad | ~torch.isfinite(
+                    tensor
+                ).all().to(self.device)
+
+        return [part.register_forward_hook(hook) for part in parts if part is not None]
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = False):
         """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1]; with `record`,
@@ -314,11 +379,17 @@ class Stages:
         """Encode, denoise and decode a batch; the watch's flags are read once, at the end."""
         conditioning = conditioning or self.encode(plan)
         self.cancel.raise_if_cancelled()
-        picture = self.encode_picture(plan) if self.pictures is not None else None
+        picture = None
+        if self.pictures is not None and (
+            not self.editing or self.family.edit_latents_given(self.model.pipeline)
+        ):
+            picture = self.encode_picture(plan)
+        self.pipeline_encoder_bad = None
         latents, watch = self.denoise(plan, conditioning, seeds, picture)
+        encoder_bad = picture.bad if picture is not None else self.pipeline_encoder_bad
         # The parts that run once per job, in run order: the text encoders, the VAE's encoder.
-        encoders = list(conditioning.bad) + (["vae_encoder"] if picture is not None else [])
-        once = [*conditioning.bad.values(), *([picture.bad] if picture is not None else [])]
+        encoders = list(conditioning.bad) + (["vae_encoder"] if encoder_bad is not None else [])
+        once = [*conditioning.bad.values(), *([encoder_bad] if encoder_bad is not None else [])]
         flags = read_flags([*once, *(watch.flags() if watch else [])])
         bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
         per_image = flags[len(encoders) :]

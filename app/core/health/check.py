@@ -100,11 +100,15 @@ def check_loaded(
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
     size = _checked_size(model, size)
-    mode = mode_of(images, mask)
-    problem = family_of(model.pipeline).picture_problem(model.pipeline, mode)
-    if mode is not Mode.TEXT and problem is not None:
+    family = family_of(model.pipeline)
+    references = family.max_references(model.pipeline)
+    mode = mode_of(images, mask, references)
+    problem = family.picture_problem(model.pipeline, mode)
+    # A model that cannot draw from text alone is still checked on that path, unless it is an
+    # editing model: its check without the pictures would not be the path its jobs run.
+    if problem is not None and (mode is not Mode.TEXT or references):
         raise HalfSafeError(f"{model.name}: {problem}")
-    pictures = read_pictures(images, mask, size, size)
+    pictures = read_pictures(images, mask, size, size, references)
     start = _start(model, precision, device)
     check = _Check(
         model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel, pictures
@@ -304,12 +308,20 @@ class _Check:
 
     def vae_encoder(self) -> None:
         """For a job that starts from a picture: the picture through the VAE's encoder. The
-        denoiser's probe still starts from seeded noise, so its latents never feed it."""
+        denoiser's probe still starts from seeded noise, so an input picture's latents never
+        feed it; an edit's references' latents do, in its sequence beside the noise (zeroed
+        where nothing fixed the encoder)."""
         runner = self.runner
         self.progress("Checking the VAE encoder", 1, self.stages)
         self.cancel.raise_if_cancelled()
         first = runner.encode_picture(self.search.plan)
-        self.settle(runner.encode_picture, ["vae_encoder"], first)
+        good = self.settle(runner.encode_picture, ["vae_encoder"], first)
+        if runner.pictures is not None and runner.pictures.mode is Mode.EDIT:
+            references = good.output
+            if not all_finite(references):
+                self.fed_by = at_fault(["vae_encoder"], self.reports)
+                references = finite_stand_in(references)
+            runner.references = references
 
     # A stage fed non-finite values by an earlier one is checked on a finite stand-in, and its
     # components are reported as fed by the first component at fault upstream.

@@ -119,6 +119,13 @@ class Runner:
         self.prompt = prompt
         self.family = family_of(model.pipeline)
         self.timesteps = probe_timesteps(model, steps, scheduler, size)
+        # An edit's references' latents (a list of (1, C, h, w)), once the VAE's encoder made
+        # them: the denoiser's probe reads them in its sequence.
+        self.references: list[Any] | None = None
+
+    @property
+    def editing(self) -> bool:
+        return self.pictures is not None and self.pictures.mode is Mode.EDIT
 
     def _watch(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
@@ -149,6 +156,11 @@ class Runner:
         names = [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
 
         def run(pipe):
+            if self.editing:  # the text encoder reads the references beside the prompt
+                assert self.pictures is not None
+                return self.family.encode_edit(
+                    pipe, self.prompt, "", self.device, True, self.pictures.references
+                )
             return self.family.encode(pipe, self.prompt, "", self.device, guidance=True)
 
         stage = self._watch(plan, names, run, record)
@@ -171,9 +183,13 @@ class Runner:
         (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding)."""
 
         def run(pipe):
-            return self.family.probe_denoise(
-                pipe, conditioning, self.size, self.device, list(timesteps or self.timesteps)
-            )
+            steps = list(timesteps or self.timesteps)
+            if self.editing:
+                assert self.references is not None  # the VAE encoder's stage ran first
+                return self.family.probe_edit(
+                    pipe, conditioning, self.size, self.device, steps, self.references
+                )
+            return self.family.probe_denoise(pipe, conditioning, self.size, self.device, steps)
 
         return self._watch(plan, [self.family.denoiser], run, record)
 
@@ -184,6 +200,11 @@ class Runner:
         assert pictures is not None  # only a check of a job that starts from a picture
 
         def run(pipe):
+            if pictures.mode is Mode.EDIT:  # each reference, at the probe's size
+                return [
+                    self.family.encode_pixels(pipe.vae, reference.to(self.device))
+                    for reference in pictures.pixels.split(1)
+                ]
             pixels = pictures.pixels.to(self.device)
             latents = [self.family.encode_pixels(pipe.vae, pixels)]
             if pictures.mode is Mode.INPAINT:
