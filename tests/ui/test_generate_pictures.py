@@ -50,7 +50,7 @@ def test_the_request_carries_the_picture_the_mask_and_the_strength(view, engines
     mask = _picture(tmp_path / "mask.png", colour="white")
     view.generate()
     text_job = engines.current.last_job("generate").params.generation
-    assert (text_job.images, text_job.mask, text_job.mode) == ([], None, Mode.TEXT)
+    assert (text_job.images, text_job.mask, text_job.mode_for()) == ([], None, Mode.TEXT)
 
     assert view.pictures.picture_slot.choose(photo)
     view.pictures.strength.setValue(0.6)
@@ -59,12 +59,12 @@ def test_the_request_carries_the_picture_the_mask_and_the_strength(view, engines
     assert picture_job.images == [photo]
     assert picture_job.mask is None
     assert picture_job.strength == 0.6
-    assert picture_job.mode is Mode.IMAGE
+    assert picture_job.mode_for() is Mode.IMAGE
 
     assert view.pictures.mask_slot.choose(mask)
     view.generate()
     inpaint_job = engines.current.last_job("generate").params.generation
-    assert (inpaint_job.images, inpaint_job.mask, inpaint_job.mode) == (
+    assert (inpaint_job.images, inpaint_job.mask, inpaint_job.mode_for()) == (
         [photo],
         mask,
         Mode.INPAINT,
