@@ -10,6 +10,7 @@ only: no torch here except in the key mapping's tensor moves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -211,8 +212,9 @@ def to_diffusers(
     rows: Iterator[Row], tensors: Mapping[str, Any], expected: Shapes, prefix: str = ""
 ) -> dict[str, Any]:
     """Original-layout tensors -> diffusers names, by a layout's rows: "same" (renamed), "cat"
-    (fused along dim 0; `expected` gives the parts' sizes) or "swap" (a modulation's shift and
-    scale halves swapped). Raises KeyError for a missing key, ValueError for a misfit."""
+    (fused along dim 0; `expected` gives the parts' sizes), "swap" (a modulation's shift and
+    scale halves swapped) or "flat" (a table kept as one vector, shaped as `expected` says).
+    Raises KeyError for a missing key, ValueError for a misfit."""
     import torch
 
     state: dict[str, Any] = {}
@@ -227,6 +229,13 @@ def to_diffusers(
             state.update(zip(names, torch.split(tensor, sizes, dim=0), strict=True))
         elif how == "swap":
             state[names[0]] = _swap_halves(tensor)
+        elif how == "flat":
+            shape = expected[names[0]]
+            if tensor.numel() != math.prod(shape):
+                raise ValueError(
+                    f"{prefix + original} has {tensor.numel()} values, not {math.prod(shape)}"
+                )
+            state[names[0]] = tensor.reshape(shape)
         else:
             state[names[0]] = tensor
     return state
@@ -243,6 +252,8 @@ def to_original(rows: Iterator[Row], state: Mapping[str, Any]) -> dict[str, Any]
             out[original] = torch.cat([state[n] for n in names], dim=0)
         elif how == "swap":
             out[original] = _swap_halves(state[names[0]])
+        elif how == "flat":
+            out[original] = state[names[0]].reshape(-1)
         else:
             out[original] = state[names[0]]
     return out

@@ -126,6 +126,7 @@ FLUX_SINGLE = "single_transformer_blocks.1.proj_out"
 MMDIT_BLOCK = "transformer_blocks.0.ff.net.2"
 ZIMAGE_BLOCK = "layers.0.feed_forward.w2"
 QWENIMAGE_BLOCK = "transformer_blocks.0.img_mlp.net.2"
+KREA2_BLOCK = "transformer_blocks.0.ff.down"
 
 SD_PLANTS = {
     "unet": Plant("unet", UNET_FF, 1e5),
@@ -160,6 +161,17 @@ QWENIMAGE_PLANTS = {
     "qwen25_vl": Plant(
         "text_encoder",
         "model.language_model.layers.0.mlp.down_proj",
+        1e6,
+        output_past_fp16=False,
+    ),
+    "vae": Plant("vae", VAE_LAYER, 1e6),
+}
+KREA2_PLANTS = {
+    # The inf reaches the next block's norm: NaN.
+    "block": Plant("transformer", KREA2_BLOCK, 1e6, status="nan"),
+    "qwen3_vl": Plant(
+        "text_encoder",
+        "language_model.layers.0.mlp.down_proj",
         1e6,
         output_past_fp16=False,
     ),
@@ -247,6 +259,18 @@ ROWS: dict[FamilyId, Row] = {
         (Repair(QWENIMAGE_PLANTS["block"], 4.0), Repair(QWENIMAGE_PLANTS["vae"], 4.0)),
         FLOW,
         slow_folder=True,  # about 10 s here: saving and loading a 151,669-token embedding
+    ),
+    FamilyId.KREA2: Row(
+        tiny_models.build_tiny_krea2_pipeline,
+        "krea2",
+        "flow",
+        ("text_encoder", "transformer", "vae"),
+        ("Krea 2: its Krea2Pipeline", "reading 3 layers of a Qwen3-VL text encoder"),
+        KREA2_PLANTS,
+        # Without guidance (as Turbo samples) and with it (the base model's CFG 5.5).
+        (Repair(KREA2_PLANTS["block"], 1.0), Repair(KREA2_PLANTS["block"], 5.5)),
+        FLOW,
+        slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
     ),
 }
 IDS = [f.id for f in FAMILIES]

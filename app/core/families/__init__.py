@@ -1,5 +1,5 @@
 """Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
-`qwenimage`), what they share (`base`), and the ordered registry (`registry`).
+`qwenimage`, `krea2`), what they share (`base`), and the ordered registry (`registry`).
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
 prompt into the named tensors its denoiser takes, which of those tensors come from which text
@@ -12,6 +12,7 @@ over a family's components and call these steps; neither names an architecture.
 from app.core.families.base import Family, FamilyId, LatentFormat, make_scheduler
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
+from app.core.families.krea2 import Krea2Family
 from app.core.families.qwenimage import QwenImageFamily
 from app.core.families.registry import (
     FAMILIES,
@@ -32,6 +33,7 @@ __all__ = [
     "Family",
     "FamilyId",
     "FluxFamily",
+    "Krea2Family",
     "LatentFormat",
     "QwenImageFamily",
     "SD3Family",

@@ -33,6 +33,7 @@ class FamilyId(str, Enum):
     SD3 = "sd3"
     ZIMAGE = "zimage"
     QWENIMAGE = "qwenimage"
+    KREA2 = "krea2"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from app.core.errors import HalfSafeError
 from app.core.families.base import Family, FamilyId
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
+from app.core.families.krea2 import Krea2Family
 from app.core.families.qwenimage import QwenImageFamily
 from app.core.families.sd import StableDiffusionFamily
 from app.core.families.sd3 import SD3Family
@@ -16,6 +17,7 @@ from app.core.families.zimage import ZImageFamily
 
 # Most specific first: the first family that owns a pipeline is its family.
 FAMILIES: tuple[Family, ...] = (
+    Krea2Family(),
     QwenImageFamily(),
     ZImageFamily(),
     SD3Family(),
