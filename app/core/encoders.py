@@ -1,10 +1,11 @@
 """Text encoders and VAEs kept as files of their own (the companions of a transformer file):
-which kind a file holds, its config read from tensor shapes (T5, Qwen3, Qwen2.5-VL; the Wan
-2.1-layout VAE), and the renames between its files' key names and transformers' or diffusers'.
+which kind a file holds, its config read from tensor shapes (T5, Qwen3, Qwen2.5-VL, Qwen3-VL;
+the Wan 2.1-layout VAE), and the renames between its files' key names and transformers' or diffusers'.
 Shapes and names only."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,14 +16,16 @@ from app.core.layouts import CLIP_PREFIX, Shapes, bounded, count_indices, weight
 
 
 def encoder_kind(shapes: Shapes) -> str | None:
-    """ "t5", "clip", "qwen3" or "qwen25_vl" for a text-encoder file in the layout its files
-    use (transformers' names; Qwen2.5-VL's older model.*, visual.*), else None."""
+    """ "t5", "clip", "qwen3", "qwen25_vl" or "qwen3_vl" for a text-encoder file in the layout
+    its files use (transformers' names; Qwen2.5-VL's older model.*, visual.*), else None."""
     if "encoder.block.0.layer.0.SelfAttention.q.weight" in shapes and "shared.weight" in shapes:
         return "t5"
     if CLIP_PREFIX + "embeddings.token_embedding.weight" in shapes:
         return "clip"
     if is_qwen25_vl(shapes):
         return "qwen25_vl"
+    if qwen3_vl_prefix(shapes) is not None:
+        return "qwen3_vl"
     if qwen3_prefix(shapes) is not None:
         return "qwen3"
     return None
@@ -190,6 +193,113 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
             "fullatt_block_indexes": QWEN25_VL_FULL_ATTENTION,
         },
         "tie_word_embeddings": False,
+    }
+
+
+# Qwen3-VL (Krea 2's text encoder), kept as transformers' Qwen3VLForConditionalGeneration saves
+# it (model.language_model.*, model.visual.*, an LM head where the embedding is not tied) or
+# as a Qwen3VLModel (language_model.*, visual.*). Read as a Qwen3VLModel; the vision tower is
+# read (its weights are in the file) but never run for text-to-image.
+QWEN3_VL_PREFIXES = ("model.", "")
+# Qwen3-VL-4B-Instruct's settings that no tensor records (its config.json).
+QWEN3_VL_FIXED: dict[str, Any] = {
+    "rope_theta": 5000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+QWEN3_VL_VISION_HEAD = 64  # the vision tower's heads (16 of 64 in the 4B's 1024)
+# Which vision blocks feed the deepstack mergers, as the released models have them (depth,
+# mergers); elsewhere spread evenly. Never run for text-to-image.
+QWEN3_VL_DEEPSTACK = {(24, 3): [5, 11, 17], (27, 3): [8, 16, 24]}
+
+
+def qwen3_vl_prefix(shapes: Shapes) -> str | None:
+    """The prefix of a Qwen3-VL file (its language model under language_model., its vision
+    tower with the deepstack mergers that set Qwen3-VL apart), or None."""
+    for prefix in QWEN3_VL_PREFIXES:
+        if (
+            prefix + "language_model.embed_tokens.weight" in shapes
+            and prefix + "language_model.layers.0.self_attn.q_norm.weight" in shapes
+            and prefix + "visual.merger.linear_fc2.weight" in shapes
+        ):
+            return prefix
+    return None
+
+
+def qwen3_vl_to_transformers(name: str, prefix: str) -> str | None:
+    """A Qwen3-VL file's key -> Qwen3VLModel's (None: not a weight of it, the LM head)."""
+    if not name.startswith(prefix) or name == "lm_head.weight":
+        return None
+    return name[len(prefix) :]
+
+
+def qwen3_vl_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
+    """A Qwen3VLConfig (as keyword arguments) from a Qwen3-VL file's shapes, the rest as
+    Qwen3-VL-4B-Instruct has it. Raises ValueError naming what does not fit."""
+    text, vision = prefix + "language_model.", prefix + "visual."
+    vocab, width = weight_shape(shapes, "embed_tokens.weight", 2, text)
+    head = weight_shape(shapes, "layers.0.self_attn.q_norm.weight", 1, text)[0]
+    queries = weight_shape(shapes, "layers.0.self_attn.q_proj.weight", 2, text)[0]
+    keys = weight_shape(shapes, "layers.0.self_attn.k_proj.weight", 2, text)[0]
+    if head % 2 or queries % head or keys % head:
+        raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
+    layers = count_indices(shapes, text + "layers.")
+    tower, _, frames, patch, _ = weight_shape(shapes, "patch_embed.proj.weight", 5, vision)
+    out, merged = weight_shape(shapes, "merger.linear_fc2.weight", 2, vision)
+    depth = count_indices(shapes, vision + "blocks.")
+    mergers = count_indices(shapes, vision + "deepstack_merger_list.")
+    bounded(
+        ("number of layers", layers, limits.MAX_TEXT_LAYERS),
+        ("vocabulary size", vocab, limits.MAX_VOCAB),
+        ("width", width, limits.MAX_WIDTH),
+        ("number of attention heads", queries // head, limits.MAX_HEADS),
+        ("number of vision blocks", depth, limits.MAX_TEXT_LAYERS),
+        ("vision width", tower, limits.MAX_WIDTH),
+        ("vision patch size", patch, limits.MAX_KERNEL * 4),
+    )
+    if merged % tower or mergers > depth:
+        raise ValueError(f"its vision merger ({merged} wide) does not fit its {tower}-wide tower")
+    half = head // 2  # interleaved rotary sections (time, height, width) as the 4B's 24, 20, 20
+    return {
+        "text_config": {
+            **QWEN3_VL_FIXED,
+            "vocab_size": vocab,
+            "hidden_size": width,
+            "intermediate_size": weight_shape(shapes, "layers.0.mlp.gate_proj.weight", 2, text)[0],
+            "num_hidden_layers": layers,
+            "num_attention_heads": queries // head,
+            "num_key_value_heads": keys // head,
+            "head_dim": head,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": QWEN3_VL_FIXED["rope_theta"],
+                "mrope_section": [
+                    half * 3 // 8,
+                    half * 5 // 16,
+                    half - half * 3 // 8 - half * 5 // 16,
+                ],
+                "mrope_interleaved": True,
+            },
+        },
+        "vision_config": {
+            "depth": depth,
+            "hidden_size": tower,
+            "intermediate_size": weight_shape(shapes, "blocks.0.mlp.linear_fc1.weight", 2, vision)[
+                0
+            ],
+            "num_heads": max(1, tower // QWEN3_VL_VISION_HEAD),
+            "out_hidden_size": out,
+            "patch_size": patch,
+            "temporal_patch_size": frames,
+            "spatial_merge_size": math.isqrt(merged // tower),
+            "num_position_embeddings": weight_shape(shapes, "pos_embed.weight", 2, vision)[0],
+            "deepstack_visual_indexes": QWEN3_VL_DEEPSTACK.get(
+                (depth, mergers), [(i + 1) * depth // (mergers + 1) for i in range(mergers)]
+            ),
+        },
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
     }
 
 

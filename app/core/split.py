@@ -31,6 +31,8 @@ from app.core.encoders import (
     is_wan_vae,
     qwen3_config,
     qwen3_prefix,
+    qwen3_vl_config,
+    qwen3_vl_prefix,
     qwen25_vl_config,
     t5_config,
     wan_vae_config,
@@ -115,6 +117,7 @@ _KIND_WORDS = {
     "clip_projected": "CLIP text encoder",
     "qwen3": "Qwen3 text encoder",
     "qwen25_vl": "Qwen2.5-VL text encoder",
+    "qwen3_vl": "Qwen3-VL text encoder",
     "vae": "VAE",
     "wan_vae": "VAE",
 }
@@ -215,6 +218,10 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
         config = qwen25_vl_config(shapes)["text_config"]
         limits.check_text_encoder_config(config)
         return config["hidden_size"]
+    if kind == "qwen3_vl" and found == "qwen3_vl":
+        config = qwen3_vl_config(shapes, qwen3_vl_prefix(shapes) or "")["text_config"]
+        limits.check_text_encoder_config(config)
+        return config["hidden_size"]
     return None
 
 
@@ -293,8 +300,8 @@ def find_companions(
         if encoder_kind(shapes) is None:
             raise UnsupportedModelError(
                 path,
-                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3 or Qwen2.5-VL in the "
-                "layout their files use).",
+                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3, Qwen2.5-VL or Qwen3-VL "
+                "in the layout their files use).",
             )
         open_needs = [n for n in needs if n.is_text_encoder and found[n.component] is None]
         if not any(n.is_text_encoder for n in needs):

@@ -261,11 +261,12 @@ ROWS: dict[FamilyId, Row] = {
         slow_folder=True,  # about 10 s here: saving and loading a 151,669-token embedding
     ),
     FamilyId.KREA2: Row(
-        tiny_models.build_tiny_krea2_pipeline,
+        # Read where Krea 2 reads its 36-layer encoder, as its transformer file is run.
+        lambda: tiny_models.build_tiny_krea2_pipeline(released_taps=True),
         "krea2",
         "flow",
         ("text_encoder", "transformer", "vae"),
-        ("Krea 2: its Krea2Pipeline", "reading 3 layers of a Qwen3-VL text encoder"),
+        ("Krea 2: its Krea2Pipeline", "reading 12 layers of a Qwen3-VL text encoder"),
         KREA2_PLANTS,
         # Without guidance (as Turbo samples) and with it (the base model's CFG 5.5).
         (Repair(KREA2_PLANTS["block"], 1.0), Repair(KREA2_PLANTS["block"], 5.5)),

@@ -9,21 +9,34 @@ family's contract: test_families.py.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
+from torch.utils.hooks import RemovableHandle
 
-from app.core import architecture, generation, models
-from app.core.errors import HalfSafeError
-from app.core.families import FamilyId, family
+from app.core import architecture, encoders, generation, models, split
+from app.core.checkpoint import write_safetensors
+from app.core.errors import HalfSafeError, UnsupportedModelError
+from app.core.families import FamilyId, Krea2Family, family
+from app.core.families.krea2 import LAYOUT
+from app.core.layouts import to_original
 from app.core.settings import PrecisionSettings
 from tests.support.family_helpers import (
     FP16,
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
+    same_weights,
 )
-from tests.support.tiny_models import KREA2_TINY_TAPS, build_tiny_krea2_pipeline
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import (
+    KREA2_SCHEDULER_CONFIG,
+    KREA2_TINY_TAPS,
+    build_tiny_krea2_pipeline,
+    tiny_qwen3_vl,
+)
 
-KREA2 = family(FamilyId.KREA2)
+KREA2 = cast(Krea2Family, family(FamilyId.KREA2))
 FP32 = PrecisionSettings(precision="fp32")
 PREFIX_TOKENS = 34  # Qwen-Image's system instruction, which Krea2Pipeline drops
 SUFFIX_TOKENS = 5  # <|im_end|>\n<|im_start|>assistant\n, after the padding
@@ -80,7 +93,7 @@ def test_the_probed_timesteps_are_the_schedule_the_pipeline_runs(turbo):
             num_inference_steps=5,
             guidance_scale=0.0,
             output_type="latent",
-            callback_on_step_end=record,
+            callback_on_step_end=record,  # pyright: ignore[reportArgumentType]
         )
 
     probed = KREA2.probe_timesteps(loaded(pipeline, "krea2-schedule"), 5, "euler", 64)
@@ -93,7 +106,7 @@ def test_the_probed_timesteps_are_the_schedule_the_pipeline_runs(turbo):
     assert (probed[1] > theirs[1]) is turbo
 
 
-def _inputs(pipeline) -> tuple[list[torch.Tensor], object]:
+def _inputs(pipeline) -> tuple[list[torch.Tensor], RemovableHandle]:
     """The latents each transformer call is given, as they are given (and the hook's handle)."""
     seen: list[torch.Tensor] = []
 
@@ -212,4 +225,198 @@ def test_a_turbo_folder_loads_back_as_turbo_with_its_layers(tmp_path):
     schedule = KREA2.probe_timesteps(model, 5, "euler", 64)
     assert schedule == KREA2.probe_timesteps(
         loaded(build_tiny_krea2_pipeline(distilled=True), "krea2-turbo"), 5, "euler", 64
+    )
+
+
+def test_a_prompt_read_past_the_encoders_last_layer_is_refused_in_one_sentence(tmp_path):
+    from diffusers import Krea2Pipeline
+
+    # The tiny encoder has 4 layers.
+    parts = build_tiny_krea2_pipeline().components
+    pipeline = Krea2Pipeline(**parts, text_encoder_select_layers=(1, 2, 5))
+    request = generation.GenerationRequest(
+        prompt="a red cat", steps=2, cfg=4.0, seed=3, width=64, height=64, output_dir=str(tmp_path)
+    )
+
+    with pytest.raises(HalfSafeError) as raised:
+        generation.generate(loaded(pipeline, "krea2-layers"), request, precision=FP16)
+
+    assert str(raised.value) == (
+        "krea2-layers: it reads the text encoder's layer 5, but its Qwen3-VL text encoder has "
+        "4 layers."
+    )
+
+
+# --- split files, as ComfyUI users keep them ------------------------------------------------
+
+
+def _shapes(state) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in state.items()}
+
+
+def _original(transformer) -> dict[str, torch.Tensor]:
+    config = {**transformer.config, "_class_name": type(transformer).__name__}
+    return to_original(LAYOUT.table(config), transformer.state_dict())
+
+
+def test_the_key_table_is_the_one_diffusers_reads_krea_files_with():
+    from diffusers.loaders.single_file_utils import (
+        convert_krea2_transformer_checkpoint_to_diffusers,
+    )
+
+    transformer = build_tiny_krea2_pipeline(released_taps=True).transformer
+    original = _original(transformer)
+
+    assert original["blocks.1.mod.lin"].shape == (6 * 64,)  # six vectors, flattened
+    assert original["txtfusion.projector.weight"].shape == (1, 12)
+    assert original["last.modulation.lin"].shape == (2, 64)
+    # diffusers' own converter reads the file back into the same weights (the checkpoint's
+    # model.diffusion_model. prefix included).
+    saved = {"model.diffusion_model." + k: v.clone() for k, v in original.items()}
+    theirs = convert_krea2_transformer_checkpoint_to_diffusers(saved)
+    state = transformer.state_dict()
+    assert set(theirs) == set(state)
+    assert all(torch.equal(theirs[k], v) for k, v in state.items())
+
+
+def test_a_krea2_file_is_told_apart_from_qwenimage_and_zimage_files():
+    from tests.support.tiny_models import (
+        build_tiny_qwenimage_pipeline,
+        build_tiny_zimage_pipeline,
+    )
+
+    files = {"krea2": _shapes(_original(build_tiny_krea2_pipeline(released_taps=True).transformer))}
+    for name, pipeline in (
+        ("qwenimage", build_tiny_qwenimage_pipeline()),
+        ("zimage", build_tiny_zimage_pipeline()),
+    ):
+        layout = family(FamilyId(name)).layout
+        assert layout is not None
+        config = {**pipeline.transformer.config, "_class_name": type(pipeline.transformer).__name__}
+        files[name] = _shapes(to_original(layout.table(config), pipeline.transformer.state_dict()))
+
+    for name, shapes in files.items():
+        found = split.read_model(shapes)
+        assert found is not None and found.layout == name, name
+    krea2 = split.read_model(files["krea2"])
+    assert krea2 is not None
+    assert krea2.because.startswith("Krea 2: a single-stream transformer in Krea's layout")
+    assert "2 blocks, 64 wide, on 16-channel latents in 2x2 patches" in krea2.because
+    assert "fusing 12 layers of 32-wide Qwen3-VL hidden states" in krea2.because
+
+
+def test_the_encoders_of_the_qwen_families_are_told_apart():
+    from tests.support.tiny_models import tiny_qwen3, tiny_qwen25_vl
+
+    qwen3_vl = {"model." + k: tuple(v.shape) for k, v in tiny_qwen3_vl(0).state_dict().items()}
+    qwen3 = {"model." + k: tuple(v.shape) for k, v in tiny_qwen3(0).state_dict().items()}
+    qwen25_vl = {
+        encoders.qwen25_vl_to_file(k): tuple(v.shape)
+        for k, v in tiny_qwen25_vl(0, hidden=32).state_dict().items()
+    }
+
+    assert [encoders.encoder_kind(s) for s in (qwen3_vl, qwen3, qwen25_vl)] == [
+        "qwen3_vl",
+        "qwen3",
+        "qwen25_vl",
+    ]
+    # Each as wide as the Krea 2 transformer reads, only the Qwen3-VL is taken for it.
+    assert [split.width_of("qwen3_vl", s) for s in (qwen3_vl, qwen3, qwen25_vl)] == [32, None, None]
+    config = encoders.qwen3_vl_config(qwen3_vl, "model.")
+    built = tiny_qwen3_vl(0).config
+    text, vision = built.to_dict()["text_config"], built.to_dict()["vision_config"]
+    assert config["text_config"]["rope_parameters"] == text["rope_parameters"]
+    assert config["text_config"]["head_dim"] == text["head_dim"] == 32
+    assert config["vision_config"]["num_heads"] == vision["num_heads"]
+
+
+def test_a_file_fusing_other_than_twelve_layers_is_refused_in_one_sentence(tmp_path):
+    file = tmp_path / "diffusion_models" / "krea2_small.safetensors"
+    file.parent.mkdir()
+    transformer = build_tiny_krea2_pipeline().transformer  # reads 3 layers
+    write_safetensors(file, {k: v.contiguous() for k, v in _original(transformer).items()})
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(file))
+
+    assert str(caught.value) == (
+        f"{file}: this Krea 2-style transformer is not one HalfSafe can build: its text fusion "
+        "reads 3 text-encoder layers where Krea 2 reads 12, and no tensor says which."
+    )
+
+
+def tiny_split():
+    # A split file runs with the layers the released model reads: a 36-layer encoder.
+    return build_tiny_krea2_pipeline(released_taps=True)
+
+
+@pytest.mark.slow  # about 15 s here: writing and reading a 151,669-token embedding
+def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
+    pipeline = tiny_split()
+    written = save_split_files(pipeline, tmp_path / "models", "krea2_raw")
+    header = models.read_safetensors_header(written["text_encoder"]).shapes()
+    assert "model.language_model.layers.35.mlp.down_proj.weight" in header
+    assert "model.visual.deepstack_merger_list.0.linear_fc2.weight" in header
+    assert (
+        "decoder.middle.0.residual.0.gamma"
+        in models.read_safetensors_header(written["vae"]).shapes()
+    )
+
+    model = models.load_model(str(written["transformer"]))  # companions found beside it
+
+    assert (model.format, model.architecture, model.prediction_type) == (
+        "split_files",
+        "krea2",
+        "flow",
+    )
+    assert model.detected_because.startswith("Krea 2: a single-stream transformer")
+    assert model.companions == {
+        "text_encoder": str(written["text_encoder"]),
+        "vae": str(written["vae"]),
+    }
+    scheduler = model.pipeline.scheduler.config
+    assert all(scheduler[k] == v for k, v in KREA2_SCHEDULER_CONFIG.items())
+    same_weights(pipeline, model.pipeline, ("text_encoder", "transformer", "vae"))
+    timesteps = KREA2.probe_timesteps(model, 4, "euler", 64)
+    assert timesteps == KREA2.probe_timesteps(loaded(pipeline, "krea2-split"), 4, "euler", 64)
+    mine, theirs = _outputs(pipeline, timesteps), _outputs(model.pipeline, timesteps)
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _outputs(pipeline, timesteps) -> list[torch.Tensor]:
+    """The prompt's tensors, the latents denoised through `timesteps` and their pixels."""
+    with torch.inference_mode():
+        conditioning = KREA2.encode(pipeline, "a red cat", "fog", "cpu", True)
+        latents = KREA2.probe_denoise(pipeline, conditioning, 64, "cpu", timesteps)
+        pixels = KREA2.decode(pipeline.vae, latents)
+    return [*(conditioning[k] for k in sorted(conditioning)), latents, pixels]
+
+
+@pytest.mark.slow  # about 10 s here: writing a 151,669-token embedding twice
+def test_a_missing_qwen3_vl_is_named_in_one_sentence_and_another_qwen_is_not_taken(tmp_path):
+    from tests.support.tiny_models import tiny_qwen3
+
+    written = save_split_files(tiny_split(), tmp_path / "models", "krea2_raw")
+    written["text_encoder"].unlink()
+    # Z-Image's Qwen3, as wide as the transformer reads and named like Qwen, is not a Qwen3-VL.
+    qwen3 = written["text_encoder"].with_name("qwen_3_4b.safetensors")
+    write_safetensors(
+        qwen3, {"model." + k: v.contiguous() for k, v in tiny_qwen3(0).state_dict().items()}
+    )
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]))
+
+    message = str(caught.value)
+    assert "this Krea 2 transformer file needs its Qwen3-VL text encoder (qwen3_vl_4b)" in message
+    assert "--text-encoder PATH" in message and "--vae PATH" not in message
+    assert message.count(". ") == 0 and message.endswith(".")
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]), text_encoders=[str(qwen3)])
+
+    assert str(caught.value) == (
+        f"{qwen3}: this text encoder fits none of what this Krea 2 transformer still needs "
+        "(its Qwen3-VL text encoder (qwen3_vl_4b))."
     )

@@ -498,9 +498,9 @@ def tiny_qwen3_vl(seed: int, hidden: int = 32, layers: int = 4):
         },
         vision_config={
             "depth": 1,
-            "hidden_size": 32,
+            "hidden_size": 64,  # one 64-wide head, as the 4B's vision heads are wide
             "intermediate_size": 32,
-            "num_heads": 2,
+            "num_heads": 1,
             "out_hidden_size": hidden,
             "num_position_embeddings": 16,
             "deepstack_visual_indexes": [0],
@@ -537,19 +537,23 @@ def tiny_krea2_transformer(seed: int, text: int = 32, text_layers: int = len(KRE
     ).eval()
 
 
-def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False):
+def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False, released_taps: bool = False):
     """A tiny Krea 2-shaped pipeline: a four-layer Qwen3-VL-shaped text encoder read at three
     layers, a two-block single-stream transformer, Qwen-Image's 3D VAE; `distilled` makes it
-    a Turbo."""
+    a Turbo. With `released_taps`, the encoder has Qwen3-VL-4B's 36 layers and is read where
+    Krea 2 reads it (what a split file is run with)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, Krea2Pipeline
 
+    from app.core.families.krea2 import KREA2_TAPS
+
+    taps = KREA2_TAPS if released_taps else KREA2_TINY_TAPS
     return Krea2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**KREA2_SCHEDULER_CONFIG),
         vae=tiny_qwenimage_vae(seed + 1),
-        text_encoder=tiny_qwen3_vl(seed + 2),
+        text_encoder=tiny_qwen3_vl(seed + 2, layers=36 if released_taps else 4),
         tokenizer=qwen2_tokenizer(),
-        transformer=tiny_krea2_transformer(seed + 3),
-        text_encoder_select_layers=KREA2_TINY_TAPS,
+        transformer=tiny_krea2_transformer(seed + 3, text_layers=len(taps)),
+        text_encoder_select_layers=taps,
         is_distilled=distilled,
         patch_size=2,
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.errors import HalfSafeError
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -44,6 +45,10 @@ _KREA2_MARKERS = ("txtfusion.projector.weight", "blocks.0.mod.lin", "first.weigh
 # Krea2Transformer2DModel's settings that no tensor records (its released values).
 KREA2_ROPE_THETA = 1000.0
 KREA2_NORM_EPS = 1e-5
+# The Qwen3-VL hidden states Krea 2 reads (Krea2Pipeline's default `text_encoder_select_layers`:
+# every third of Qwen3-VL-4B's 36 layers from the second; 0 is the embedding). A transformer file
+# does not say which layers its text fusion was trained on: a split file reads these.
+KREA2_TAPS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)
 # The packed latent's patches: the released model's 2x2 (the file records only their product
 # with the VAE's channels).
 KREA2_PATCH = 2
@@ -72,6 +77,11 @@ def _read_krea2(shapes: Shapes, prefix: str) -> SplitModel:
     layers = count_indices(shapes, prefix + "blocks.")
     layerwise = count_indices(shapes, prefix + "txtfusion.layerwise_blocks.")
     refiners = count_indices(shapes, prefix + "txtfusion.refiner_blocks.")
+    if text_layers != len(KREA2_TAPS):
+        raise ValueError(
+            f"its text fusion reads {text_layers} text-encoder layers where Krea 2 reads "
+            f"{len(KREA2_TAPS)}, and no tensor says which"
+        )
     if in_channels % (KREA2_PATCH * KREA2_PATCH):
         raise ValueError(f"its {in_channels} input channels are not 2x2 patches of a latent")
     latent = in_channels // (KREA2_PATCH * KREA2_PATCH)
@@ -198,6 +208,25 @@ def _krea2_table(config: Mapping[str, Any]) -> Iterator[Row]:
 LAYOUT = Layout("Krea 2-style transformer", _KREA2_MARKERS, (), _read_krea2, _krea2_table)
 
 
+def layers_problem(pipeline) -> str | None:
+    """Why the pipeline's text encoder cannot give its transformer the layers it reads (None:
+    it can): each tapped layer must exist, one per layer the text fusion takes."""
+    taps = tuple(pipeline.text_encoder_select_layers)
+    layers = pipeline.text_encoder.config.text_config.num_hidden_layers
+    wanted = pipeline.transformer.config.num_text_layers
+    if len(taps) != wanted:
+        return (
+            f"its transformer fuses {wanted} text-encoder layers but the pipeline reads "
+            f"{len(taps)} ({', '.join(map(str, taps))})."
+        )
+    if max(taps) > layers:
+        return (
+            f"it reads the text encoder's layer {max(taps)}, but its Qwen3-VL text encoder has "
+            f"{layers} layers."
+        )
+    return None
+
+
 def is_turbo(pipeline) -> bool:
     """Whether the pipeline is the few-step distilled checkpoint (its `is_distilled` flag)."""
     return bool(getattr(pipeline, "config", {}).get("is_distilled", False))
@@ -255,6 +284,9 @@ class Krea2Family(FlowMatching, Family):
         return 2 ** len(pipeline.vae.temperal_downsample)
 
     def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+        problem = layers_problem(pipe)
+        if problem is not None:
+            raise HalfSafeError(f"This Krea 2 model cannot read a prompt: {problem}")
         tensors: dict[str, Any] = {}
         texts = [("", prompt)] + ([("negative_", negative)] if guidance else [])
         for prefix, text in texts:
@@ -359,7 +391,9 @@ class Krea2Family(FlowMatching, Family):
         return None
 
     def text_to_image_problem(self, pipeline) -> str | None:
-        return input_channels_problem(pipeline, "z_dim", patch_size(pipeline) ** 2)
+        return layers_problem(pipeline) or input_channels_problem(
+            pipeline, "z_dim", patch_size(pipeline) ** 2
+        )
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
         """Seeded noise per image (made on the CPU), packed into the pipeline's patches."""

@@ -1,5 +1,5 @@
 """The companion text encoders and VAEs of a transformer file (CLIP, T5, Qwen3, Qwen2.5-VL,
-the Wan 2.1 VAE), built from their files by the shapes and key maps of `encoders.py`."""
+Qwen3-VL, the Wan 2.1 VAE), built from their files by the shapes and key maps of `encoders.py`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,32 @@ def _qwen25_vl_encoder(checkpoint: Checkpoint):
     return assign(path, model, tensors, "Qwen2.5-VL text encoder"), dtypes
 
 
+def _qwen3_vl_encoder(checkpoint: Checkpoint):
+    """A Qwen3-VL file (Krea 2's text encoder: model.language_model.*, model.visual.*, an LM
+    head or not), read as a Qwen3VLModel (the LM head, if any, is not used). Returns (model,
+    stored dtypes)."""
+    import transformers
+
+    path = checkpoint.path
+    prefix = encoders.qwen3_vl_prefix(checkpoint.shapes)
+    try:
+        if prefix is None:
+            raise ValueError("it has no Qwen3-VL language model and vision tower")
+        config = encoders.qwen3_vl_config(checkpoint.shapes, prefix)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen3-VL text encoder cannot be built: {error}."
+        ) from None
+    tensors, dtypes = {}, []
+    for key in checkpoint.shapes:
+        name = encoders.qwen3_vl_to_transformers(key, prefix)
+        if name is not None:
+            tensors[name] = checkpoint.get(key)
+            dtypes.append(checkpoint.dtypes[key])
+    model = empty(transformers.Qwen3VLModel, transformers.Qwen3VLConfig(**config))
+    return assign(path, model, tensors, "Qwen3-VL text encoder"), dtypes
+
+
 def load_wan_vae_file(path: Path):
     """Qwen-Image's VAE file in the Wan 2.1 layout (qwen_image_vae.safetensors)."""
     import diffusers
@@ -96,6 +122,8 @@ def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
         return _qwen3_encoder(checkpoint)
     if need.kind == "qwen25_vl":
         return _qwen25_vl_encoder(checkpoint)
+    if need.kind == "qwen3_vl":
+        return _qwen3_vl_encoder(checkpoint)
     path = checkpoint.path
     words = need.words.removeprefix("its ")
     shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}

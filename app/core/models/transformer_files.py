@@ -51,7 +51,12 @@ def load_split(
 
     from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
 
-    tokenizers = {"t5": t5_tokenizer, "qwen3": qwen3_tokenizer, "qwen25_vl": qwen2_tokenizer}
+    tokenizers = {
+        "t5": t5_tokenizer,
+        "qwen3": qwen3_tokenizer,
+        "qwen25_vl": qwen2_tokenizer,
+        "qwen3_vl": qwen2_tokenizer,  # Qwen3-VL reads the same BPE (Krea 2 applies its template)
+    }
     companions = split.find_companions(path, model, text_encoders, vae)
     missing = split.missing_sentence(model, companions, path)
     if missing is not None:
