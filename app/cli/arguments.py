@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from app import __version__
 from app.cli.exit_status import EXIT_CANNOT_RUN
+from app.core.pictures import STRENGTH_DEFAULT
 from app.core.settings import (
     FIELDS,
     SCHEMA,
@@ -131,6 +132,43 @@ def _add_lora_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_picture_flags(parser: argparse.ArgumentParser, *, strength: bool) -> None:
+    """`--image`, `--mask` (and for generate `--strength`): image-to-image and inpainting. The
+    check takes the picture to probe the path such a job runs, the VAE's encoder included."""
+    parser.add_argument(
+        "--image",
+        metavar="PATH",
+        dest="images",
+        action="append",
+        default=[],
+        help="start from this picture (image-to-image; with --mask, inpainting)",
+    )
+    parser.add_argument(
+        "--mask",
+        metavar="PATH",
+        help="inpainting mask for --image: white is painted again, black is kept",
+    )
+    if strength:
+        parser.add_argument(
+            "--strength",
+            metavar="0..1",
+            type=_strength,
+            default=STRENGTH_DEFAULT,
+            help=f"how much of --image is drawn again (default {STRENGTH_DEFAULT:g}; 1 redraws "
+            "all of it)",
+        )
+
+
+def _strength(text: str) -> float:
+    try:
+        value = parse_number(text, "float")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not more than 0 and at most 1")
+    return value
+
+
 def _lora_argument(text: str):
     from app.core.lora import parse_lora_argument
 
@@ -251,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{size.step} (default: the model's native size)",
     )
     check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
+    _add_picture_flags(check, strength=False)
     _add_lora_flag(check)
     _add_precision_flags(check)
 
@@ -296,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=argparse.SUPPRESS,
     )
+    _add_picture_flags(gen, strength=True)
     _add_lora_flag(gen)
     _add_precision_flags(gen)
 

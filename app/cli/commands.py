@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from app.cli.arguments import effective_settings
 from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
 from app.cli.progress import progress_for
+from app.core.pictures import STRENGTH_DEFAULT
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported where a command runs: `halfsafe --version` stays instant
@@ -40,6 +41,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from app.core import health, requested
 
     request = check_request(args, effective_settings(args))
+    check_pictures(args)
     # Progress and the headline (what failed, where) go to stderr as the check runs; stdout
     # keeps the report alone (with --json, one JSON document).
     on_progress = progress_for(sys.stderr)
@@ -71,6 +73,8 @@ def check_request(args: argparse.Namespace, values: dict[str, Any]) -> CheckRequ
         scheduler=values["scheduler"],
         loras=tuple(args.loras or ()),
         allow_pickle=args.allow_pickle,
+        images=tuple(getattr(args, "images", None) or ()),
+        mask=getattr(args, "mask", None),
     )
 
 
@@ -110,6 +114,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
 
     for text in (getattr(args, "prompt", "") or "", values.get("negative_prompt", "")):
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
+    check_pictures(args)
     model = _load(source, args)
     request = generate_request(args, values, model.native_size)
     on_progress = progress_for(sys.stderr)
@@ -129,6 +134,7 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
     from app.core.requests import GenerateRequest
 
     width, height = cli_image_size(args, values, native_size)
+    images = list(getattr(args, "images", None) or [])
     generation = GenerationRequest(
         prompt=getattr(args, "prompt", "") or "",
         negative_prompt=values.get("negative_prompt", ""),
@@ -140,6 +146,9 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
         batch=values["batch"],
         scheduler=values["scheduler"],
         output_dir=getattr(args, "out", None) or values.get("output_folder") or None,
+        images=images,
+        mask=getattr(args, "mask", None),
+        strength=getattr(args, "strength", STRENGTH_DEFAULT),
     )
     return GenerateRequest(
         generation=generation,
@@ -157,7 +166,25 @@ def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int,
     width = getattr(args, "width", None)
     height = getattr(args, "height", None)
     native = int(native_size) if native_size else int(values["width"])
+    images = getattr(args, "images", None) or []
+    if images and not (width and height):  # the input picture's proportions
+        from app.core.pictures import picture_size
+
+        own_width, own_height = picture_size(images[0], native)
+        return (int(width) if width else own_width, int(height) if height else own_height)
     return (int(width) if width else native, int(height) if height else native)
+
+
+def check_pictures(args) -> None:
+    """The input picture and mask given by flags refused in one sentence (a missing or
+    unreadable file, a mask without a picture) before a model is loaded."""
+    from app.core.pictures import mode_of, picture_size
+
+    images = list(getattr(args, "images", None) or [])
+    mask = getattr(args, "mask", None)
+    mode_of(images, mask)
+    for path in [*images, *([mask] if mask else [])]:
+        picture_size(path, 64)
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

@@ -143,6 +143,16 @@ def explain_text(explanation) -> str:
     record = explanation.record
     lines = [explanation.message, ""]
     lines.append(f"Image:   {explanation.path} ({explanation.status})")
+    flat = explanation.pixels.get("flat")
+    if flat:
+        colour = ", ".join(str(c) for c in flat["colour"])
+        x0, y0, x1, y1 = flat["box"]
+        lines.append(
+            f"Pixels:  RGB {colour} exactly, {flat['share']:.0%} of the picture "
+            f"(x {x0}-{x1 - 1}, y {y0}-{y1 - 1})"
+        )
+    if record.compiled:
+        lines.append(f"Compile: {record.compiled} (the check runs uncompiled)")
     made = TOOLS[explanation.made_by].name if explanation.made_by in TOOLS else "unknown"
     lines.append(f"Made by: {made}" + (f" {record.version}" if record.version else ""))
     model = explanation.model

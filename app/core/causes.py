@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -184,9 +184,12 @@ def check_and_attribute(
     remember: bool = True,
     measure_cost: bool = True,
     prompt: str = DEFAULT_PROMPT,
+    images: Sequence[str] = (),
+    mask: str | None = None,
 ) -> HealthReport:
     """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
-    verified kernel or state repair becomes the report's fix. See `attribute` for `reload`."""
+    verified kernel or state repair becomes the report's fix. See `attribute` for `reload`;
+    `images` and `mask` as `check_loaded` takes them."""
     report = check_loaded(
         model,
         precision=precision,
@@ -195,6 +198,8 @@ def check_and_attribute(
         steps=steps,
         scheduler=scheduler,
         prompt=prompt,
+        images=images,
+        mask=mask,
         on_progress=on_progress,
         cancel=cancel,
         # A fix found with LoRAs applied may be theirs, not the model's: it is not remembered

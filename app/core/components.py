@@ -19,6 +19,7 @@ class Role(str, Enum):
     """What a component does in a pipeline run, in run order."""
 
     TEXT_ENCODER = "text_encoder"
+    VAE_ENCODER = "vae_encoder"  # an input picture into latents (image-to-image, inpainting)
     DENOISER = "denoiser"
     VAE = "vae"
 
@@ -33,6 +34,14 @@ class Component:
     words: str  # what the user reads ("second text encoder")
     does: str  # what it does, for someone who has never looked inside a pipeline
     has_attention: bool  # whether "upcast attention" can be a fix for it
+    # The pipeline component it is a part of, where it is not one of its own: the VAE's
+    # encoder runs in the VAE's module, at the VAE's dtype, and is fixed by the VAE's fixes.
+    part_of: str | None = None
+
+    @property
+    def module(self) -> str:
+        """The pipeline component whose module and dtype it runs in."""
+        return self.part_of or self.name
 
     @property
     def title(self) -> str:
@@ -66,6 +75,15 @@ _ALL = (
         "SD3's T5 prompt encoder, the one known to overflow in fp16",
         False,
     ),
+    Component(
+        "vae_encoder",
+        Role.VAE_ENCODER,
+        "vae_precision",
+        "VAE encoder",
+        "turns the input picture into latents (image-to-image and inpainting)",
+        True,
+        part_of="vae",
+    ),
     Component("unet", Role.DENOISER, "unet_precision", "UNet", _DENOISES, True),
     # A DiT's denoiser; the one denoiser setting governs it (DESIGN.md).
     Component("transformer", Role.DENOISER, "unet_precision", "transformer", _DENOISES, True),
@@ -75,6 +93,8 @@ _ALL = (
 )
 COMPONENTS: dict[str, Component] = {c.name: c for c in _ALL}
 RUN_ORDER: tuple[str, ...] = tuple(COMPONENTS)
+# The components a pipeline has as attributes of its own, in run order (not the parts of one).
+PIPELINE_PARTS: tuple[str, ...] = tuple(c.name for c in _ALL if c.part_of is None)
 
 # Which setting a per-component setting falls back to when left on `auto`: the second and third
 # text encoders follow the first (so one switch still covers them all, as it did before they
@@ -87,6 +107,12 @@ SETTING_FOLLOWS = {
 
 def component(name: str) -> Component:
     return COMPONENTS[name]
+
+
+def module_of(name: str) -> str:
+    """The pipeline component `name` runs in: "vae_encoder" -> "vae", "unet" -> "unet"."""
+    found = COMPONENTS.get(name)
+    return found.module if found else name
 
 
 def words(name: str) -> str:

@@ -1,12 +1,13 @@
 """Text encoders and VAEs kept as files of their own (the companions of a transformer file):
 which kind a file holds, its config read from tensor shapes (T5, Qwen3, Qwen2.5-VL, Qwen3-VL;
-the Wan 2.1-layout VAE), and the renames between its files' key names and transformers' or diffusers'.
-Shapes and names only."""
+the Wan 2.1-layout VAE, Qwen-Image 2.1's VAE), and the renames between its files' key names
+and transformers' or diffusers'. Shapes and names only."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from app.core import limits
@@ -24,7 +25,7 @@ def encoder_kind(shapes: Shapes) -> str | None:
         return "clip"
     if is_qwen25_vl(shapes):
         return "qwen25_vl"
-    if qwen3_vl_prefix(shapes) is not None:
+    if is_qwen3_vl(shapes):
         return "qwen3_vl"
     if qwen3_prefix(shapes) is not None:
         return "qwen3"
@@ -196,12 +197,13 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
     }
 
 
-# Qwen3-VL (Krea 2's text encoder), kept as transformers' Qwen3VLForConditionalGeneration saves
-# it (model.language_model.*, model.visual.*, an LM head where the embedding is not tied) or
-# as a Qwen3VLModel (language_model.*, visual.*). Read as a Qwen3VLModel; the vision tower is
-# read (its weights are in the file) but never run for text-to-image.
+# Qwen3-VL (Krea 2's and Qwen-Image 2.1's text encoder), kept as transformers'
+# Qwen3VLForConditionalGeneration saves it (model.language_model.*, model.visual.*, an LM head
+# where the embedding is not tied) or as a Qwen3VLModel (language_model.*, visual.*). One kind
+# of file, read as the class its family's pipeline takes (`Qwen3VLRead`, named by a `Need`'s
+# `reads`). The vision tower is always read (its weights are in the file).
 QWEN3_VL_PREFIXES = ("model.", "")
-# Qwen3-VL-4B-Instruct's settings that no tensor records (its config.json).
+# Qwen3-VL's settings that no tensor records, the same in the 4B and the 8B (their config.json).
 QWEN3_VL_FIXED: dict[str, Any] = {
     "rope_theta": 5000000.0,
     "rms_norm_eps": 1e-6,
@@ -209,15 +211,42 @@ QWEN3_VL_FIXED: dict[str, Any] = {
     "hidden_act": "silu",
     "attention_bias": False,
 }
-QWEN3_VL_VISION_HEAD = 64  # the vision tower's heads (16 of 64 in the 4B's 1024)
 # Which vision blocks feed the deepstack mergers, as the released models have them (depth,
-# mergers); elsewhere spread evenly. Never run for text-to-image.
+# mergers: the 4B's, the 8B's); elsewhere spread evenly. Only pictures run the vision tower.
 QWEN3_VL_DEEPSTACK = {(24, 3): [5, 11, 17], (27, 3): [8, 16, 24]}
 
 
+@dataclass(frozen=True)
+class Qwen3VLRead:
+    """How a family reads its Qwen3-VL: the released model it runs with (what differs between
+    them and no tensor records: the vision tower's head width), the transformers class its
+    pipeline takes (and so what that class's keys are under) and what reads its prompts."""
+
+    model: str  # "Qwen3-VL-4B-Instruct" (for docs and sentences)
+    vision_head: int  # the vision tower's head width (its heads are fused in one qkv)
+    model_class: str  # "Qwen3VLModel" or "Qwen3VLForConditionalGeneration"
+    processor: bool  # Qwen3-VL's processor (pictures too), else its tokenizer (Qwen2's BPE)
+
+    @property
+    def keeps_lm_head(self) -> bool:
+        return self.model_class == "Qwen3VLForConditionalGeneration"
+
+
+QWEN3_VL_READS = {
+    # Krea 2: Qwen3-VL-4B's hidden states, read as a Qwen3VLModel (its LM head unused), its
+    # prompts by the tokenizer (Krea2Pipeline applies its own template). Vision: 1024 in 16 heads.
+    "4b": Qwen3VLRead("Qwen3-VL-4B-Instruct", 64, "Qwen3VLModel", processor=False),
+    # Qwen-Image 2.1: Qwen3-VL-8B read whole (its pipeline takes the generation model) through
+    # Qwen3-VL's processor. Vision: 1152 wide in 16 heads.
+    "8b": Qwen3VLRead(
+        "Qwen3-VL-8B-Instruct", 72, "Qwen3VLForConditionalGeneration", processor=True
+    ),
+}
+
+
 def qwen3_vl_prefix(shapes: Shapes) -> str | None:
-    """The prefix of a Qwen3-VL file (its language model under language_model., its vision
-    tower with the deepstack mergers that set Qwen3-VL apart), or None."""
+    """The prefix of a Qwen3-VL file (its language model under language_model., with Qwen3's
+    q/k norms, and the vision tower with the merger that sets Qwen3-VL apart), or None."""
     for prefix in QWEN3_VL_PREFIXES:
         if (
             prefix + "language_model.embed_tokens.weight" in shapes
@@ -228,16 +257,24 @@ def qwen3_vl_prefix(shapes: Shapes) -> str | None:
     return None
 
 
-def qwen3_vl_to_transformers(name: str, prefix: str) -> str | None:
-    """A Qwen3-VL file's key -> Qwen3VLModel's (None: not a weight of it, the LM head)."""
-    if not name.startswith(prefix) or name == "lm_head.weight":
+def is_qwen3_vl(shapes: Shapes) -> bool:
+    """A Qwen3-VL file in transformers' names (either class's)."""
+    return qwen3_vl_prefix(shapes) is not None
+
+
+def qwen3_vl_to_transformers(name: str, prefix: str, read: Qwen3VLRead) -> str | None:
+    """A Qwen3-VL file's key -> the name `read.model_class` has for it (None: not a weight of
+    it, the LM head of a Qwen3VLModel)."""
+    if name == "lm_head.weight":
+        return name if read.keeps_lm_head else None
+    if not name.startswith(prefix):
         return None
-    return name[len(prefix) :]
+    return ("model." if read.keeps_lm_head else "") + name[len(prefix) :]
 
 
-def qwen3_vl_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
+def qwen3_vl_config(shapes: Shapes, prefix: str, read: Qwen3VLRead) -> dict[str, Any]:
     """A Qwen3VLConfig (as keyword arguments) from a Qwen3-VL file's shapes, the rest as
-    Qwen3-VL-4B-Instruct has it. Raises ValueError naming what does not fit."""
+    `read.model` has it. Raises ValueError naming what does not fit."""
     text, vision = prefix + "language_model.", prefix + "visual."
     vocab, width = weight_shape(shapes, "embed_tokens.weight", 2, text)
     head = weight_shape(shapes, "layers.0.self_attn.q_norm.weight", 1, text)[0]
@@ -246,10 +283,12 @@ def qwen3_vl_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
     if head % 2 or queries % head or keys % head:
         raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
     layers = count_indices(shapes, text + "layers.")
-    tower, _, frames, patch, _ = weight_shape(shapes, "patch_embed.proj.weight", 5, vision)
+    tower, channels, frames, patch, _ = weight_shape(shapes, "patch_embed.proj.weight", 5, vision)
     out, merged = weight_shape(shapes, "merger.linear_fc2.weight", 2, vision)
     depth = count_indices(shapes, vision + "blocks.")
     mergers = count_indices(shapes, vision + "deepstack_merger_list.")
+    merge = math.isqrt(merged // tower) if tower else 0
+    positions = weight_shape(shapes, "pos_embed.weight", 2, vision)[0]
     bounded(
         ("number of layers", layers, limits.MAX_TEXT_LAYERS),
         ("vocabulary size", vocab, limits.MAX_VOCAB),
@@ -258,10 +297,12 @@ def qwen3_vl_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
         ("number of vision blocks", depth, limits.MAX_TEXT_LAYERS),
         ("vision width", tower, limits.MAX_WIDTH),
         ("vision patch size", patch, limits.MAX_KERNEL * 4),
+        ("vision merge", merge, limits.MAX_KERNEL),
+        ("vision positions", positions, limits.MAX_POSITIONS),
     )
-    if merged % tower or mergers > depth:
+    if merge * merge * tower != merged or mergers > depth:
         raise ValueError(f"its vision merger ({merged} wide) does not fit its {tower}-wide tower")
-    half = head // 2  # interleaved rotary sections (time, height, width) as the 4B's 24, 20, 20
+    half = head // 2  # interleaved rotary sections (time, height, width) as 24, 20, 20 of 64
     return {
         "text_config": {
             **QWEN3_VL_FIXED,
@@ -289,16 +330,18 @@ def qwen3_vl_config(shapes: Shapes, prefix: str) -> dict[str, Any]:
             "intermediate_size": weight_shape(shapes, "blocks.0.mlp.linear_fc1.weight", 2, vision)[
                 0
             ],
-            "num_heads": max(1, tower // QWEN3_VL_VISION_HEAD),
+            "num_heads": max(1, tower // read.vision_head),
+            "in_channels": channels,
             "out_hidden_size": out,
             "patch_size": patch,
             "temporal_patch_size": frames,
-            "spatial_merge_size": math.isqrt(merged // tower),
-            "num_position_embeddings": weight_shape(shapes, "pos_embed.weight", 2, vision)[0],
+            "spatial_merge_size": merge,
+            "num_position_embeddings": positions,
             "deepstack_visual_indexes": QWEN3_VL_DEEPSTACK.get(
                 (depth, mergers), [(i + 1) * depth // (mergers + 1) for i in range(mergers)]
             ),
         },
+        # The 4B ties its LM head to the embedding (its files have none), the 8B does not.
         "tie_word_embeddings": "lm_head.weight" not in shapes,
     }
 
@@ -411,3 +454,74 @@ def wan_vae_to_original(state: Mapping[str, Any], blocks: int) -> dict[str, Any]
     """An AutoencoderKLQwenImage state dict under its Wan-layout names (what
     vae/qwen_image_vae.safetensors holds)."""
     return {_wan_name(key, blocks + 1): tensor for key, tensor in state.items()}
+
+
+# Qwen-Image 2.1's VAE as its file keeps it: diffusers' AutoencoderKLQwenImage21 names (its
+# residual blocks, convolutions stored 2-D: one frame per image).
+_QWENIMAGE21_VAE_MARKERS = (
+    "encoder.down_blocks.0.resnets.0.norm1.gamma",
+    "decoder.up_blocks.0.resnets.0.conv1.weight",
+    "post_quant_conv.weight",
+)
+
+
+def is_qwenimage21_vae(shapes: Shapes) -> bool:
+    """A VAE in Qwen-Image 2.1's layout (2-D convolutions where Qwen-Image's are 3-D)."""
+    return all(k in shapes for k in _QWENIMAGE21_VAE_MARKERS) and (
+        len(shapes["post_quant_conv.weight"]) == 4
+    )
+
+
+def qwenimage21_vae_config(shapes: Shapes, statistics: Mapping[str, Any]) -> dict[str, Any]:
+    """An AutoencoderKLQwenImage21 config from a Qwen-Image 2.1 VAE file's shapes, with the
+    per-channel latent statistics of `statistics` (the released VAE's config). Raises ValueError
+    naming what does not fit."""
+    levels = count_indices(shapes, "encoder.down_blocks.")
+    blocks = count_indices(shapes, "encoder.down_blocks.0.resnets.")
+    bounded(
+        ("number of levels", levels, limits.MAX_LEVELS),
+        ("number of blocks per level", blocks, limits.MAX_LAYERS_PER_BLOCK),
+    )
+    base, in_channels = weight_shape(shapes, "encoder.conv_in.weight", 4)[:2]
+    mult = []
+    for level in range(levels):
+        width = weight_shape(shapes, f"encoder.down_blocks.{level}.resnets.0.conv1.weight", 4)[0]
+        if width % base:
+            raise ValueError(f"its level {level} ({width} wide) is not a multiple of {base}")
+        mult.append(width // base)
+    out_channels, decoder_width = weight_shape(shapes, "decoder.conv_out.weight", 4)[:2]
+    if decoder_width % mult[0]:
+        raise ValueError(f"its decoder ({decoder_width} wide) does not fit its levels")
+    z_dim = weight_shape(shapes, "post_quant_conv.weight", 4)[0]
+    bounded(
+        ("width", base * max(mult), limits.MAX_CHANNELS),
+        ("decoder width", decoder_width * max(mult), limits.MAX_CHANNELS),
+        ("number of latent channels", z_dim, limits.MAX_IMAGE_CHANNELS),
+        ("number of image channels", in_channels, limits.MAX_IMAGE_CHANNELS),
+    )
+    mean, spread = statistics.get("latents_mean"), statistics.get("latents_std")
+    if not isinstance(mean, list) or not isinstance(spread, list) or len(mean) != z_dim:
+        raise ValueError(
+            f"its {z_dim} latent channels have no known statistics (Qwen-Image 2.1's VAE has "
+            f"{len(mean) if isinstance(mean, list) else 'other'})"
+        )
+    temporal = [
+        f"encoder.down_blocks.{level}.downsampler.time_conv.weight" in shapes
+        for level in range(levels - 1)
+    ]
+    return {
+        "base_dim": base,
+        "decoder_base_dim": decoder_width // mult[0],
+        "z_dim": z_dim,
+        "dim_mult": mult,
+        "num_res_blocks": blocks,
+        "attn_scales": [],
+        "temperal_downsample": temporal,
+        "latents_mean": mean,
+        "latents_std": spread,
+        "is_residual": True,
+        "in_channels": in_channels,
+        "out_channels": out_channels,
+        "scale_factor_spatial": 2 ** (levels - 1),
+        "scale_factor_temporal": 2 ** sum(temporal),
+    }

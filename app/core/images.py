@@ -1,4 +1,4 @@
-"""Finished images: pixel diagnosis (NaN, black) and PNG files that
+"""Finished images: pixel diagnosis (NaN, black, one flat colour) and PNG files that
 carry their generation parameters the way AUTOMATIC1111's web UI writes them.
 
 numpy and PIL only; torch tensors are converted by the caller (`generation`).
@@ -12,12 +12,52 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import HalfSafeError
+from app.core.errors import BadFileError, HalfSafeError
 from app.core.files import write_atomic
+
+# Bounds on an image file HalfSafe reads (one to explain, an input picture), checked before it
+# is decoded: a generated picture is a few MB.
+MAX_IMAGE_BYTES = 512 << 20
+MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
+
+
+def read_head(path: Path) -> bytes:
+    """The first 16 bytes of an image file (its kind), within the file-size bound."""
+    try:
+        if not path.is_file():
+            raise BadFileError(path, "not a file (no such file, or a folder).")
+        size = path.stat().st_size
+        if size > MAX_IMAGE_BYTES:
+            raise BadFileError(
+                path,
+                f"a file of {size / 2**20:.0f} MB; a generated image is far smaller than "
+                f"{MAX_IMAGE_BYTES >> 20} MB, so it is not read.",
+            )
+        with path.open("rb") as file:
+            return file.read(16)
+    except OSError as error:
+        raise BadFileError(path, f"cannot be read ({error.strerror or error}).") from None
 
 # A finite image counts as black when nearly every pixel is this dark and the picture is flat.
 BLACK_LEVEL = 12 / 255
 BLACK_SPREAD = 4 / 255
+
+# A picture, or a region of it, that is one exact colour: what a tool that replaces NaN with
+# zeros writes instead of black. Measured with HalfSafe's tiny VAEs (tests/core/
+# test_explain_flat.py): all-zero latents decode to one exact colour inside a band of
+# structure along the edges (zero padding), 18-23% of a 256 px picture, 47-52% at 512 px,
+# 63-65% at 768 px; NaN replaced by 0 after decoding is exact mid-grey everywhere it was.
+# An ordinary decoded picture's most common colour covers well under 1%.
+FLAT_SHARE = 0.10
+# 0 in the decoder's [-1, 1] range, written as 8 bits: 127.5, truncated (A1111, ComfyUI) or
+# rounded (diffusers, HalfSafe).
+MID_GREY = (127, 128)
+# A colour whose every channel is 0 or 255 is clipping (a blown-out white background), not a
+# value a NaN became: all-zero pixels are NaN-black already, by their own rule.
+_CLIPPED = (0, 255)
+# The most common colour is looked for among at most this many evenly spaced pixels, then
+# counted exactly over the whole picture.
+_FLAT_SAMPLE = 1 << 20
 
 
 class ImageSaveError(HalfSafeError):
@@ -90,6 +130,49 @@ def brightness_stats(brightness, non_finite: float = 0.0) -> PixelStats:
         spread=float(brightness.std()),
         bright=float(np.percentile(brightness, 99.5)),
     )
+
+
+@dataclass(frozen=True)
+class FlatRegion:
+    """The picture's most common colour, when it is one exact value over a large share of it."""
+
+    colour: tuple[int, int, int]  # 8-bit RGB
+    share: float  # fraction of the picture's pixels that are exactly `colour`, 0..1
+    box: tuple[int, int, int, int]  # smallest box (x0, y0, x1, y1; ends exclusive) holding them
+
+    @property
+    def mid_grey(self) -> bool:
+        """Exact mid-grey (127 or 128 in every channel): a NaN replaced by 0 after decoding."""
+        return len(set(self.colour)) == 1 and self.colour[0] in MID_GREY
+
+
+def flat_region(rgb) -> FlatRegion | None:
+    """The colour that is exactly the same over at least FLAT_SHARE of an (H, W, 3) uint8
+    picture, or None. Exact equality, not low variance: a dark or smooth picture still varies
+    in its last bit. A colour whose every channel is 0 or 255 (clipping) is not counted."""
+    import numpy as np
+
+    rgb = np.asarray(rgb)
+    if rgb.ndim != 3 or rgb.shape[-1] != 3 or not rgb.size:
+        return None
+    height, width = rgb.shape[:2]
+    step = max(1, int(np.ceil(np.sqrt(height * width / _FLAT_SAMPLE))))
+    sample = rgb[::step, ::step].reshape(-1, 3).astype(np.uint32)
+    codes = (sample[:, 0] << 16) | (sample[:, 1] << 8) | sample[:, 2]
+    values, counts = np.unique(codes, return_counts=True)
+    for code in values[np.argsort(counts)[::-1][:4]]:
+        colour = (int(code >> 16), int((code >> 8) & 255), int(code & 255))
+        if all(c in _CLIPPED for c in colour):
+            continue
+        same = np.all(rgb == np.array(colour, dtype=rgb.dtype), axis=-1)
+        share = float(same.mean())
+        if share < FLAT_SHARE:
+            return None
+        rows = np.flatnonzero(same.any(axis=1))
+        columns = np.flatnonzero(same.any(axis=0))
+        box = (int(columns[0]), int(rows[0]), int(columns[-1]) + 1, int(rows[-1]) + 1)
+        return FlatRegion(colour, share, box)
+    return None
 
 
 def image_array(image) -> Any:

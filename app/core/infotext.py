@@ -199,6 +199,13 @@ LORA_HASHES = Key("Lora hashes", "each LoRA's name and short hash: 'name: hash, 
 VAE_HASH = Key("VAE hash", "short hash of a separate VAE file (10 hex digits)")
 VAE = Key("VAE", "a separate VAE's file name (none when the model's own)")
 RNG = Key("RNG", "where the starting noise was made (CPU, GPU or NV)", "word")
+DENOISING_STRENGTH = Key(
+    "Denoising strength",
+    "image-to-image and inpainting: how much of the picture was redrawn",
+    "float",
+)
+MASK = _halfsafe("Mask", "inpainting: the mask's file name (white was painted again)")
+INPUT_PICTURE = _halfsafe("Input picture", "image-to-image: the input picture's file name")
 PRECISION = _halfsafe("Precision", "base dtype", "setting", "precision")
 UNET_PRECISION = _halfsafe("UNet precision", "denoiser dtype", "setting", "unet_precision")
 VAE_PRECISION = _halfsafe("VAE precision", "VAE dtype", "setting", "vae_precision")
@@ -271,6 +278,9 @@ KEYS: tuple[Key, ...] = (
     VAE_HASH,
     VAE,
     RNG,
+    DENOISING_STRENGTH,
+    INPUT_PICTURE,
+    MASK,
     PRECISION,
     UNET_PRECISION,
     VAE_PRECISION,

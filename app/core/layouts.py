@@ -34,8 +34,9 @@ class Need:
 
     component: str  # the pipeline component it becomes: "text_encoder", "vae", ...
     # What file it takes, as `width_of` reads it: "clip" (hidden width), "clip_projected"
-    # (projection width), "t5", "qwen3", "qwen25_vl" (hidden width); "vae" (an original-layout
-    # VAE), "wan_vae" (the Wan 2.1 layout) by latent channels.
+    # (projection width), "t5", "qwen3", "qwen25_vl", "qwen3_vl", "mistral3" (hidden width);
+    # "vae" (an original-layout VAE), "wan_vae" (the Wan 2.1 layout), "flux2_vae",
+    # "qwenimage21_vae" by latent channels.
     kind: str
     words: str  # "its T5 text encoder (t5xxl)"
     fits: Callable[[int], bool]  # on the file's width (latent channels for a VAE)
@@ -43,6 +44,10 @@ class Need:
     inside: str | None = None  # its key prefix when the transformer's own file holds it
     pad_token: str = "<|endoftext|>"  # a CLIP tokenizer's padding (CLIP-G pads with "!")
     clip_config: str = "sd1/text_encoder"  # a CLIP's shipped config (what shapes do not say)
+    # A Qwen3-VL's released model and the class its pipeline takes, a key of
+    # `encoders.QWEN3_VL_READS`: "4b" (Krea 2's Qwen3VLModel), "8b" (Qwen-Image 2.1's
+    # Qwen3VLForConditionalGeneration).
+    reads: str = ""
 
     @property
     def is_text_encoder(self) -> bool:
@@ -68,6 +73,8 @@ class SplitModel:
     native_size: int = 1024  # the pictures' side it was trained for
     # Projected CLIPs whose pooled vectors, side by side, make the transformer's pooled input.
     pooled_from: tuple[str, ...] = ()
+    # Why such a file cannot be run at all (words completing "<file>: "), None when it can.
+    unsupported: str | None = None
 
     def rows(self) -> Iterator[Row]:
         return self.table(self.config)

@@ -363,10 +363,13 @@ def _short_hash(checkpoint: Checkpoint) -> str | None:
 # --- applying --------------------------------------------------------------------------------
 
 
-def apply_loras(pipeline, files: Sequence[tuple[LoraFile, float]]) -> list[AppliedLora]:
+def apply_loras(
+    pipeline, files: Sequence[tuple[LoraFile, float]], *, model: str = "this model"
+) -> list[AppliedLora]:
     """Load each LoRA into `pipeline` (in place) as its own peft adapter and activate them all
-    at their weights. A file whose keys fit no layer of this model gets one sentence naming it
-    (BadFileError); on any failure every adapter added here is removed again."""
+    at their weights. A file whose keys fit no layer of the model (`model`, its words in the
+    sentence: "the SDXL model x.safetensors") gets one sentence naming it (BadFileError); on
+    any failure every adapter added here is removed again."""
     if len(files) > MAX_LORAS:
         raise HalfSafeError(f"At most {MAX_LORAS} LoRAs can be applied at once, not {len(files)}.")
     if not hasattr(pipeline, "load_lora_weights"):
@@ -388,12 +391,12 @@ def apply_loras(pipeline, files: Sequence[tuple[LoraFile, float]]) -> list[Appli
             except Exception as error:  # noqa: BLE001 - any loader failure is this file's problem
                 raise BadFileError(
                     lora.path,
-                    f"the LoRA does not fit this model ({_first_line(error)}).",
+                    f"the LoRA does not fit {model} ({_first_line(error)}).",
                 ) from None
             if adapter not in _adapters(pipeline):
                 raise BadFileError(
                     lora.path,
-                    "none of the LoRA's layers exist in this model, so it changes nothing.",
+                    f"none of the LoRA's layers exist in {model}, so it changes nothing.",
                 )
             applied.append(AppliedLora(lora, adapter, weight))
         use_weights(pipeline, applied)
@@ -567,6 +570,48 @@ def _first_line(error: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
+def _model_words(model) -> str:
+    """ "the SDXL model x.safetensors" for a loaded model."""
+    from app.core.families import architecture_title
+    from app.core.parts import model_words
+
+    return model_words(
+        architecture_title(getattr(model, "architecture", None)), "model", model.source
+    )
+
+
+def check_made_for(file: LoraFile, model) -> None:
+    """Refuse, from its key names and shapes alone and before the model is touched, a LoRA
+    made for another family than `model`'s (its layers in another family's transformer
+    layout, or another count of text encoders), or a UNet LoRA whose cross-attention reads
+    text of another width than the model's UNet (SD2's 1024 on SD1's 768). One sentence
+    naming the LoRA, the model and what each belongs to (WrongPartError); a LoRA whose names
+    do not tell is left to the loader, whose refusal names the model too."""
+    from app.core import parts
+    from app.core.families import family_of
+
+    try:
+        family = family_of(model.pipeline)
+    except HalfSafeError:
+        return
+    made_for = parts.lora_of(file.tensors)
+    words = _model_words(model)
+    if made_for.families and family.title not in made_for.families:
+        parts.refuse(file.path, made_for, words, f"a LoRA made for {family.title}", model.source)
+    unet = getattr(model.pipeline, "unet", None)
+    width = parts.cross_attention_width(file.tensors)
+    wanted = getattr(getattr(unet, "config", None), "cross_attention_dim", None)
+    if unet is not None and width is not None and isinstance(wanted, int) and width != wanted:
+        found = parts.PartOf(f"a LoRA for a UNet reading {width}-wide text", made_for.families)
+        parts.refuse(
+            file.path,
+            found,
+            words,
+            f"a LoRA for {wanted}-wide text, as its UNet reads",
+            model.source,
+        )
+
+
 def load_requested(
     model,
     requests: Sequence[LoraRequest],
@@ -605,7 +650,10 @@ def load_requested(
         file = None if key in current else read_lora(path, allow_pickle=allow_pickle)
         chosen.append((key, request.weight, file))
     new = [(file, weight) for _, weight, file in chosen if file is not None]
-    added = iter(apply_loras(model.pipeline, new) if new else [])
+    for file, _ in new:
+        check_made_for(file, model)
+    words = _model_words(model)
+    added = iter(apply_loras(model.pipeline, new, model=words) if new else [])
     result: list[AppliedLora] = []
     for key, weight, file in chosen:
         result.append(next(added) if file is not None else replace(current[key], weight=weight))

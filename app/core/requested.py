@@ -41,6 +41,8 @@ def check(
         size=request.size,
         steps=request.steps,  # the probe covers the ends of the user's own sampler schedule
         scheduler=request.scheduler,
+        images=request.images,
+        mask=request.mask,
         on_progress=on_progress,
         cancel=cancel,
     )

@@ -41,6 +41,10 @@ class CheckRequest:
     scheduler: str = DEFAULT_SCHEDULER
     loras: tuple[LoraRequest, ...] | None = None
     allow_pickle: bool = False
+    # The path an image-to-image or inpainting job runs: its input picture and mask, probed
+    # through the VAE's encoder (none: the text-to-image path).
+    images: tuple[str, ...] = ()
+    mask: str | None = None
 
 
 @dataclass(frozen=True)

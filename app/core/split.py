@@ -24,16 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core import architecture as arch
-from app.core import limits
+from app.core import limits, parts, paths
 from app.core.checkpoint.header import read_header
 from app.core.encoders import (
+    QWEN3_VL_READS,
     encoder_kind,
+    is_qwenimage21_vae,
     is_wan_vae,
     qwen3_config,
     qwen3_prefix,
     qwen3_vl_config,
     qwen3_vl_prefix,
     qwen25_vl_config,
+    qwenimage21_vae_config,
     t5_config,
     wan_vae_config,
 )
@@ -50,6 +53,8 @@ from app.core.layouts import (
     listed,
     weight_shape,
 )
+from app.core.limits import read_json_object
+from app.core.paths import resource
 
 TRANSFORMER_FOLDERS = ("diffusion_models", "unet")
 TEXT_ENCODER_FOLDERS = ("text_encoders", "clip")
@@ -120,6 +125,9 @@ _KIND_WORDS = {
     "qwen3_vl": "Qwen3-VL text encoder",
     "vae": "VAE",
     "wan_vae": "VAE",
+    "flux2_vae": "VAE",
+    "mistral3": "Mistral 3 text encoder",
+    "qwenimage21_vae": "VAE",
 }
 _PASSED_OVER_SHOWN = 3  # files a sentence names before "and N more"
 
@@ -134,6 +142,9 @@ class Companions:
     looked_in: tuple[Path, ...]
     also_fit: dict[str, tuple[Path, ...]] = field(default_factory=dict)
     passed_over: dict[Path, str] = field(default_factory=dict)
+    # Files of another family or size in the folders (what each is), named only when a
+    # component is missing: a text_encoders/ folder holds every model's encoders.
+    other_parts: dict[Path, str] = field(default_factory=dict)
 
     def missing(self) -> list[str]:
         return [c for c, path in self.found.items() if path is None]
@@ -196,6 +207,17 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
         return config["latent_channels"]
     if kind == "wan_vae":
         return wan_vae_config(shapes)["z_dim"] if is_wan_vae(shapes) else None
+    if kind == "flux2_vae":  # Flux.2's VAE: batch-norm statistics over its latent patches
+        if "decoder.conv_in.weight" not in shapes or "bn.running_mean" not in shapes:
+            return None
+        config = arch.infer_vae_config(shapes, {}, prefix="")
+        limits.check_vae_config(config)
+        return config["latent_channels"]
+    if kind == "qwenimage21_vae":
+        if not is_qwenimage21_vae(shapes):
+            return None
+        statistics = read_json_object(resource("configs", "qwenimage21", "vae", "config.json"))
+        return qwenimage21_vae_config(shapes, statistics)["z_dim"]
     found = encoder_kind(shapes)
     if kind == "t5" and found == "t5":
         config = t5_config(shapes)
@@ -219,7 +241,9 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
         limits.check_text_encoder_config(config)
         return config["hidden_size"]
     if kind == "qwen3_vl" and found == "qwen3_vl":
-        config = qwen3_vl_config(shapes, qwen3_vl_prefix(shapes) or "")["text_config"]
+        # Its text side, the same whichever released model's settings and class it is read as.
+        prefix = qwen3_vl_prefix(shapes) or ""
+        config = qwen3_vl_config(shapes, prefix, QWEN3_VL_READS["8b"])["text_config"]
         limits.check_text_encoder_config(config)
         return config["hidden_size"]
     return None
@@ -251,6 +275,8 @@ class _Search:
     def __init__(self) -> None:
         self.headers: dict[Path, Shapes | None] = {}
         self.passed_over: dict[Path, str] = {}
+        # Readable files of the role looked for that fit no need: whose part each is.
+        self.other_parts: dict[Path, str] = {}
 
     def shapes(self, path: Path) -> Shapes | None:
         if path not in self.headers:
@@ -270,10 +296,17 @@ class _Search:
         if shapes is None:
             return False
         try:
-            return _fits(need, shapes)
+            fits = _fits(need, shapes)
         except Exception as error:  # ValueError: damaged shapes; anything else: unforeseen
             self.passed_over.setdefault(path, _cannot_build(need.kind, error))
             return False
+        if not fits and path not in self.passed_over:
+            part = (
+                parts.text_encoder_of(shapes) if need.is_text_encoder else parts.vae_file_of(shapes)
+            )
+            if part is not None:
+                self.other_parts.setdefault(path, part.noted())
+        return fits
 
 
 def find_companions(
@@ -300,8 +333,8 @@ def find_companions(
         if encoder_kind(shapes) is None:
             raise UnsupportedModelError(
                 path,
-                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3, Qwen2.5-VL or Qwen3-VL "
-                "in the layout their files use).",
+                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3, Qwen2.5-VL or "
+                "Qwen3-VL in the layout their files use).",
             )
         open_needs = [n for n in needs if n.is_text_encoder and found[n.component] is None]
         if not any(n.is_text_encoder for n in needs):
@@ -318,15 +351,12 @@ def find_companions(
             except ValueError as error:
                 raise UnsupportedModelError(path, _cannot_build(need.kind, error) + ".") from None
         if not fitting:
-            raise UnsupportedModelError(
-                path,
-                f"this text encoder fits none of what this {split_model.title} transformer "
-                f"still needs ({listed([n.words for n in open_needs] or ['nothing'])}).",
-            )
+            _refuse_text_encoder(path, shapes, model, split_model, open_needs, found)
         need = next((n for n in fitting if _hinted(n, path)), fitting[0])
         found[need.component] = path
     if vae is not None:  # in place of the file's own VAE too, as for any checkpoint
         found["vae"] = Path(vae).expanduser()
+        _check_given_vae(found["vae"], model, split_model)
     folders = _siblings(model, TEXT_ENCODER_FOLDERS)
     vae_folders = _siblings(model, VAE_FOLDERS)
     files = {True: _files(folders), False: _files(vae_folders)}  # by need.is_text_encoder
@@ -345,7 +375,68 @@ def find_companions(
             found[component], others = fitting[0], tuple(fitting[1:])
             if others:
                 also_fit[component] = others
-    return Companions(found, tuple(folders + vae_folders), also_fit, search.passed_over)
+    used = set(found.values())
+    others = {p: why for p, why in search.other_parts.items() if p not in used}
+    return Companions(found, tuple(folders + vae_folders), also_fit, search.passed_over, others)
+
+
+def _refuse_text_encoder(
+    path: Path,
+    shapes: Shapes,
+    model: Path,
+    split_model: SplitModel,
+    open_needs: list[Need],
+    found: dict[str, Path | None],
+) -> None:
+    """The one sentence for a text encoder given that fits none of the needs left: what it is
+    and whose, the transformer and its family, what it still needs, and the need it would
+    fit that another file given already fills."""
+    part = parts.text_encoder_of(shapes)
+    assert part is not None  # encoder_kind read it
+    # The needs of its own kind where there are some (a CLIP where a CLIP-G goes), else all.
+    kind = encoder_kind(shapes) or ""
+    same = [n for n in open_needs if n.kind.startswith(kind)]
+    wanted = listed([n.words for n in same or open_needs] or ["no other text encoder"])
+    for need in split_model.companions:
+        taken = found.get(need.component)
+        if need.is_text_encoder and taken is not None and _fits_quietly(need, shapes):
+            wanted += f" (it fits {need.words}, already given as {taken.name})"
+            break
+    parts.refuse(
+        path, part, parts.model_words(split_model.title, "transformer", model), wanted, model
+    )
+
+
+def _fits_quietly(need: Need, shapes: Shapes) -> bool:
+    try:
+        return _fits(need, shapes)
+    except ValueError:
+        return False
+
+
+def _check_given_vae(path: Path, model: Path, split_model: SplitModel) -> None:
+    """Refuse a --vae whose header or config says it makes other latents than the transformer
+    works on (other channels, the other layout, another family's latent scale), before
+    anything is read."""
+    need = next((n for n in split_model.needs if not n.is_text_encoder), None)
+    if need is None:
+        return
+    wan = need.kind == "wan_vae"
+    scales: tuple[float, ...] = ()
+    if not wan:
+        config = paths.resource("configs", split_model.configs, "vae", "config.json")
+        if limits.is_regular_file(config):
+            value = limits.read_json_object(config).get("scaling_factor")
+            scales = (float(value),) if isinstance(value, (int, float)) else ()
+    parts.check_vae(
+        path,
+        channels=split_model.latent_channels,
+        scales=scales,
+        wan=wan,
+        model=parts.model_words(split_model.title, "transformer", model),
+        model_file=model,
+        wanted=need.words,
+    )
 
 
 def _fits(need: Need, shapes: Shapes) -> bool:
@@ -400,6 +491,16 @@ def missing_sentence(split_model: SplitModel, companions: Companions, model: Pat
     passed = [
         (path, why) for path, why in companions.passed_over.items() if path.parent.name in folders
     ]
+    # Then the parts of another family or size, of the kind missing: a file named for it first.
+    wrong = [
+        (path, why)
+        for path, why in companions.other_parts.items()
+        if path.parent.name in folders
+        and path not in companions.passed_over
+        and any(n.is_text_encoder == (path.parent.name in TEXT_ENCODER_FOLDERS) for n in absent)
+    ]
+    wrong.sort(key=lambda item: (not any(_hinted(n, item[0]) for n in absent), item[0].name))
+    passed += wrong
     return (
         f"this {split_model.title} transformer file needs {listed(words)}, which "
         f"{'is' if len(absent) == 1 else 'are'} neither given ({' and '.join(flags)}) nor "

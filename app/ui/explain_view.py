@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.explain import Explanation
+from app.core.explain import STATUS_WORDS, Explanation
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests import ExplainRequest
 from app.core.tools import TOOLS, ToolFix, setting_words
@@ -32,7 +32,15 @@ from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.widgets import Banner, Card, label, plain_scroll, show_progress
 
-_LEVELS = {"nan": "bad", "safety_checker": "warn", "black": "info", "ok": "good"}
+_STATUS_WORDS = {**IMAGE_STATUS_WORDS, **STATUS_WORDS}  # a generated image's, and explain's own
+_LEVELS = {
+    "nan": "bad",
+    "nan_zeroed": "bad",
+    "flat": "warn",
+    "safety_checker": "warn",
+    "black": "info",
+    "ok": "good",
+}
 WIDTH = 680  # wide enough for a model path and a tool's flags on one line
 MARGIN = 80  # what the dialog leaves free of the screen's height
 
@@ -198,7 +206,7 @@ class ExplainDialog(QDialog):
         tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
         self.verdict.show_message(
             _LEVELS.get(status, "info"),
-            f"<b>{html.escape(words.first_upper(IMAGE_STATUS_WORDS.get(status, status)))}</b>"
+            f"<b>{html.escape(words.first_upper(_STATUS_WORDS.get(status, status)))}</b>"
             " · made by "
             f"{html.escape(tool)}",
         )

@@ -1,4 +1,5 @@
-"""The Generate page: prompt and parameters, progress with ETA, live preview, gallery, and a
+"""The Generate page: prompt and parameters (an input picture, mask and strength for
+image-to-image and inpainting among them), progress with ETA, live preview, gallery, and a
 banner on every image that went NaN or black, with the fix one click away."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, QSize, Qt
+from PySide6.QtCore import QSettings, QSize, Qt, Signal
 from PySide6.QtGui import (
     QIcon,
     QKeySequence,
@@ -41,10 +42,12 @@ from PySide6.QtWidgets import (
 )
 
 from app.core import paths
+from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
 from app.core.generation.records import GenerationRequest, GenerationResult
 from app.core.lora import LoraRequest
 from app.core.models.summary import ModelSummary
+from app.core.pictures import check_strength, picture_size
 from app.core.requests import GenerateRequest
 from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
@@ -59,10 +62,12 @@ from app.ui.image_entry import (
     GalleryEntry,
     ImageView,
     entry_pixmap,
+    mode_words,
     parameter_text,
     placeholder_icon,
     where_words,
 )
+from app.ui.input_pictures import InputPictures
 from app.ui.lora_list import LoraList
 from app.ui.state import AppState
 from app.ui.widgets import Banner, label, page_layout, plain_scroll, primary_button, show_progress
@@ -80,7 +85,13 @@ GENERATION_KEYS = (
 
 
 class GenerateView(QWidget):
-    """Submits `generate` jobs and shows their previews and results."""
+    """Submits `generate` jobs and shows their previews and results.
+
+    `status_message(str)` (GUI thread): one sentence for the window's status bar: what the
+    last image was made as, or why a job could not start or run (a picture file that cannot
+    be read)."""
+
+    status_message = Signal(str)
 
     def __init__(
         self,
@@ -105,6 +116,8 @@ class GenerateView(QWidget):
         self._job_started = 0.0
         self.last_seed: int | None = None
         self.current_entry: GalleryEntry | None = None
+        self._size_by_user = False  # the user set the size: an input picture leaves it alone
+        self._sizing = False  # the page itself is setting the size
 
         layout = page_layout(self, "Generate")
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -134,10 +147,8 @@ class GenerateView(QWidget):
 
     def _build_form(self) -> QWidget:
         form_widget = QWidget()
-        form_widget.setMinimumWidth(320)
-        form_widget.setMaximumWidth(460)
         column = QVBoxLayout(form_widget)
-        column.setContentsMargins(0, 0, 12, 0)
+        column.setContentsMargins(0, 0, 8, 0)
         column.addWidget(label("Prompt"))
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("What to draw, e.g. a lighthouse on a cliff at dusk")
@@ -155,6 +166,10 @@ class GenerateView(QWidget):
         column.addWidget(label("LoRAs"))
         self.loras = LoraList()
         column.addWidget(self.loras)
+        self.pictures = InputPictures()
+        self.pictures.picture_changed.connect(self._picture_changed)
+        self.pictures.refused.connect(self._say)
+        column.addWidget(self.pictures)
 
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
@@ -184,6 +199,7 @@ class GenerateView(QWidget):
             box.setSingleStep(64)
             box.setSuffix(" px")
             box.setKeyboardTracking(False)
+            box.valueChanged.connect(self._size_edited)
         size_row.addWidget(self.width_box, 1)
         size_row.addWidget(label("×"))
         size_row.addWidget(self.height_box, 1)
@@ -213,7 +229,18 @@ class GenerateView(QWidget):
         self.size_hint.setOpenExternalLinks(False)
         self.size_hint.linkActivated.connect(self._use_native_size)
         column.addWidget(self.size_hint)
+        column.addStretch(1)
 
+        # The parameters scroll up and down when the window is too short for them (an input
+        # picture and its mask make them tall), never sideways; what runs the job stays below.
+        scroll = plain_scroll(form_widget)
+        scroll.setObjectName("generate-form")
+        outer = QWidget()
+        outer.setMinimumWidth(330)
+        outer.setMaximumWidth(480)
+        column = QVBoxLayout(outer)
+        column.setContentsMargins(0, 0, 12, 0)
+        column.addWidget(scroll, 1)
         buttons = QHBoxLayout()
         self.generate_button = primary_button("Generate")
         self.generate_button.setToolTip("Ctrl+Enter")
@@ -237,8 +264,7 @@ class GenerateView(QWidget):
         self.demo_button = QPushButton("Load the demo model")
         self.demo_button.clicked.connect(lambda: self._load_demo and self._load_demo())
         column.addWidget(self.demo_button)
-        column.addStretch(1)
-        return form_widget
+        return outer
 
     def _build_results(self) -> QWidget:
         results = QSplitter(Qt.Orientation.Vertical)
@@ -318,8 +344,7 @@ class GenerateView(QWidget):
         self.steps.setValue(settings["steps"])
         self.cfg.setValue(settings["cfg"])
         self.seed.setText(str(settings["seed"]))
-        self.width_box.setValue(settings["width"])
-        self.height_box.setValue(settings["height"])
+        self._set_size(settings["width"], settings["height"])
         self.batch.setValue(settings["batch"])
         self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
 
@@ -340,9 +365,10 @@ class GenerateView(QWidget):
             ("height", self.height_box),
         ):
             if isinstance(request.get(key), int):
-                box.setValue(request[key])
-        if isinstance(request.get("cfg"), (int, float)):
-            self.cfg.setValue(float(request["cfg"]))
+                box.setValue(request[key])  # the image's size: the user's choice, kept
+        for key, spin in (("cfg", self.cfg), ("strength", self.pictures.strength)):
+            if isinstance(request.get(key), (int, float)):
+                spin.setValue(float(request[key]))
         if request.get("seed") is not None:
             self.seed.setText(str(request["seed"]))
         index = self.scheduler.findData(request.get("scheduler"))
@@ -380,7 +406,65 @@ class GenerateView(QWidget):
             "batch": self.batch.value(),
             "scheduler": self.scheduler.currentData(),
             "output_dir": output,
+            "images": self.pictures.images(),
+            "mask": self.pictures.mask_path(),
+            "strength": self.pictures.strength_value(),
         }
+
+    def input_pictures(self) -> tuple[tuple[str, ...], str | None]:
+        """The input picture and mask the next job would start from (none: text-to-image), for
+        the health check to probe the same path."""
+        return tuple(self.pictures.images()), self.pictures.mask_path()
+
+    def set_input_picture(self, path: str) -> bool:
+        """Start the next images from the picture at `path` (the image viewer's "Use as input
+        picture"). Returns whether it was taken; if not, the status bar says why."""
+        if not self.pictures.picture_slot.isEnabled():
+            self._say(self.pictures.note.text())
+            return False
+        return self.pictures.picture_slot.take(path)
+
+    def _say(self, sentence: str) -> None:
+        """One sentence for the user: under the Generate button and in the status bar."""
+        self.progress_label.setText(sentence)
+        self.status_message.emit(sentence)
+
+    # Size -------------------------------------------------------------------------------------
+
+    def _set_size(self, width: int, height: int) -> None:
+        """Set the size as the page's own choice (not the user's)."""
+        self._sizing = True
+        try:
+            self.width_box.setValue(width)
+            self.height_box.setValue(height)
+        finally:
+            self._sizing = False
+
+    def _size_edited(self, _value: int) -> None:
+        if not self._sizing:
+            self._size_by_user = True
+
+    def _picture_changed(self, path: str) -> None:
+        """A new input picture: the size follows its proportions, at the model's size, unless
+        the user set the size."""
+        if not path or self._size_by_user:
+            return
+        self._follow_picture(path)
+
+    def _follow_picture(self, path: str) -> None:
+        model = self.state.model
+        native = model.native_size if model is not None and model.native_size > 0 else 0
+        native = native or max(self.width_box.value(), self.height_box.value())
+        try:
+            width, height = picture_size(path, native)
+        except HalfSafeError as error:
+            self._say(str(error))
+            return
+        self._set_size(width, height)
+        self.size_hint.setText(
+            f"Size set to {width}×{height} px: the input picture's proportions at "
+            + (f"this model's {native} px." if model is not None else f"{native} px.")
+        )
 
     def _remember(self, request: dict[str, Any]) -> None:
         """Last-used values persist: the prompt in the window state, the rest as settings."""
@@ -408,19 +492,25 @@ class GenerateView(QWidget):
                 "shapes."
             )
             self.size_hint.setText("")
+            self.pictures.set_model(None)
             return
         self.model_hint.setText(f"Model: {model.name or model.source}")
+        self.pictures.set_model(model)
         native = model.native_size
         source = self.state.model_request.source if self.state.model_request else model.source
         if native > 0 and source != self._sized_for:
             # A newly loaded model starts at the size it was made for (a 128 px model asked
             # for 512 px draws badly, slowly); the user's own change afterwards stands.
             self._sized_for = source
-            self.width_box.setValue(native)
-            self.height_box.setValue(native)
+            self._size_by_user = False
+            self._set_size(native, native)
             self.size_hint.setText(
                 f"Size set to {native}×{native} px, what this model was made for."
             )
+            if self.pictures.images():
+                self._follow_picture(self.pictures.images()[0])
+        elif self.pictures.images() and not self._size_by_user:
+            return  # the size follows the input picture, and its hint says so
         elif (
             isinstance(native, int)
             and native > 0
@@ -443,8 +533,25 @@ class GenerateView(QWidget):
             self.model_hint.setText("Load a model first: generation needs one.")
             return
         request = self.request()
+        problem = self._picture_problem(request)
+        if problem:
+            self._say(problem)
+            return
         self._remember(request)
         self.submit(request)
+
+    def _picture_problem(self, request: dict[str, Any]) -> str:
+        """Why this request's picture mode cannot run, before it is sent: the loaded model
+        does not run the mode, or the strength runs no step. '' when nothing is in the way."""
+        mode = self.pictures.mode()
+        refusal = self.pictures.refusal(mode)
+        if refusal:
+            return refusal
+        try:
+            check_strength(request["steps"], request["strength"], mode)
+        except HalfSafeError as error:
+            return str(error)
+        return ""
 
     def submit(self, request: dict[str, Any], with_fix: dict[str, Any] | None = None) -> int:
         """Queue a generation with the settings as they are now (and, for this job only, the
@@ -568,6 +675,10 @@ class GenerateView(QWidget):
             self.banner.dismiss()  # it spoke of the image this job was making
             if self.current_entry is not None:
                 self.show_entry(self.current_entry)
+        elif event.error_type == "BadFileError":
+            # A picture file that cannot be read: one sentence naming it, no dialog. The model
+            # stays loaded; choose another file and generate again.
+            self._say(event.message)
         else:
             self.progress_label.setText("The generation did not finish.")
             self.dialogs.job_failed(event)
@@ -587,6 +698,8 @@ class GenerateView(QWidget):
         shown = (entries[0].settings if entries else None) or result.settings
         if shown:
             self.state.set_effective(words.precision_summary(shown))
+        if entries:
+            self.status_message.emit(f"Last image: {mode_words(entries[0])}.")
         first_item = None
         for entry in entries:
             item = self.gallery_view.add(entry, self._thumbnail(entry))
@@ -694,8 +807,9 @@ class GenerateView(QWidget):
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return None
-        # The image's own values over the form's; its seed makes that one image again.
-        request = {**self.request(), **entry.generate_values()}
+        # The image's own values over the form's; its seed makes that one image again, from
+        # the same input picture and mask when it had them.
+        request = {**self.request(), **entry.generate_values(), **entry.picture_values()}
         if entry.seed is not None:
             request["batch"] = 1
         self.banner.show_message(

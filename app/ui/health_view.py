@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtGui import QGuiApplication
@@ -80,6 +82,10 @@ class HealthView(QWidget):
         self.markdown = ""
         self.cards: dict[str, Card] = {}
         self.charts: dict[str, ActivationChart] = {}
+        # The Generate page's input picture and mask (none: text-to-image): a check probes
+        # the path the next image takes, the VAE's encoder included.
+        self.input_pictures: Callable[[], tuple[tuple[str, ...], str | None]] = lambda: ((), None)
+        self._checked_pictures: dict[int, tuple[tuple[str, ...], str | None]] = {}
 
         layout = page_layout(
             self,
@@ -178,6 +184,7 @@ class HealthView(QWidget):
         self.progress.setRange(0, 0)
         self.progress.show()
         self.stage.setText("Starting…")
+        images, mask = self.input_pictures()
         request = CheckRequest(
             precision=self.state.precision(),
             device=self.state.device(),
@@ -185,8 +192,11 @@ class HealthView(QWidget):
             # The denoiser is probed at the ends of the sampler schedule the user generates with.
             steps=int(self.state.settings["steps"]),
             scheduler=str(self.state.settings["scheduler"]),
+            images=images,
+            mask=mask,
         )
         self.job_id = self.client.submit(request, self._on_event)
+        self._checked_pictures = {self.job_id: (images, mask)} if images else {}
 
     def cancel(self) -> None:
         if self.job_id is not None:
@@ -221,7 +231,9 @@ class HealthView(QWidget):
         elif event.state == EventState.RESULT:
             result: CheckResult = event.result
             self._finish(f"Checked in {result.report.seconds:.1f} s.")
-            self.show_report(result.report, result.markdown)
+            self.show_report(
+                result.report, result.markdown, self._checked_pictures.pop(event.job_id, None)
+            )
         elif event.state == EventState.CANCELLED:
             self._finish("Cancelled.")
         elif event.state == EventState.ERROR:
@@ -263,7 +275,13 @@ class HealthView(QWidget):
         self.cards = {}
         self.charts = {}
 
-    def show_report(self, report: HealthReport, markdown: str = "") -> None:
+    def show_report(
+        self,
+        report: HealthReport,
+        markdown: str = "",
+        pictures: tuple[tuple[str, ...], str | None] | None = None,
+    ) -> None:
+        """Show a check's report; `pictures` the input picture and mask it was run with."""
         self._clear()
         self.report = report
         self.markdown = markdown
@@ -280,7 +298,8 @@ class HealthView(QWidget):
             f"<b>{html.escape(report.headline)}</b><br>"
             f"Tested on {html.escape(report.device.name)} with {html.escape(tested)}"
             + (f" at {report.size}×{report.size} px" if report.size else "")
-            + ".",
+            + "."
+            + html.escape(_pictures_words(pictures, report)),
         )
         self.state.set_effective(tested)
 
@@ -542,3 +561,19 @@ def _cost_comparison(cost: FixCost) -> str:
         else ""
     )
     return " ".join(s for s in (cost_comparison(cost), memory) if s)
+
+
+def _pictures_words(
+    pictures: tuple[tuple[str, ...], str | None] | None, report: HealthReport
+) -> str:
+    """' Checked with the input picture photo.png (and the mask mask.png): the VAE encoder
+    included.' for a check of the image-to-image or inpainting path; '' otherwise."""
+    if not pictures or not pictures[0]:
+        return ""
+    images, mask = pictures
+    text = f" Checked with the input picture {Path(images[0]).name}"
+    if mask:
+        text += f" and the mask {Path(mask).name}"
+    if "vae_encoder" in report.components:
+        text += f": the {words.component_name('vae_encoder')} included"
+    return text + "."

@@ -17,7 +17,6 @@ from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 from app.core import infotext
 from app.core.errors import BadFileError
 from app.core.explain import PNG_SIGNATURE, read_exif, read_png, read_record
-from app.core.explain.image_file import read_head
 from app.core.explain.records import Record
 from app.core.generation.records import (
     IMAGE_STATUS_WORDS,
@@ -25,6 +24,8 @@ from app.core.generation.records import (
     GenerationResult,
     ImageResult,
 )
+from app.core.images import read_head
+from app.core.pictures import Mode
 from app.core.tools import TOOLS
 from app.ui import words
 
@@ -56,6 +57,11 @@ class GalleryEntry:
     model_hash: str | None = None
     vae: str | None = None
     version: str | None = None  # of the tool that made it
+    # Image-to-image and inpainting: the input picture's and the mask's file names, and the
+    # denoising strength (A1111 also writes a strength for its hires fix, with no picture).
+    input_picture: str | None = None
+    mask: str | None = None
+    strength: float | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)  # the precision it ran with
     # What the NaN watch said (HalfSafe's own images).
     status: str = "ok"
@@ -70,6 +76,9 @@ class GalleryEntry:
     warnings: tuple[str, ...] = ()  # the job's warnings
     applied_fix: Mapping[str, Any] | None = None  # the fix this image was made again with
     png: bytes | None = field(default=None, repr=False)  # the image, where no folder took it
+    # The input picture and mask as paths (a file records their names only).
+    picture_paths: tuple[str, ...] = ()
+    mask_path: str | None = None
     # The gallery's listing of the output folder.
     file: tuple[int, int] | None = None  # (mtime in ns, size): its thumbnail's key
     listed_only: bool = False  # listed, its record not read yet
@@ -98,11 +107,14 @@ class GalleryEntry:
             warnings=tuple(result.warnings),
             applied_fix=dict(applied_fix) if applied_fix else None,
             png=image.png,
+            picture_paths=tuple(result.request.images),
+            mask_path=result.request.mask if result.request.images else None,
         )
 
     @classmethod
     def _described(cls, image: ImageResult, result: GenerationResult) -> GalleryEntry:
         request = result.request
+        pictured = bool(request.images)
         return cls(
             made_by="halfsafe",
             prompt=request.prompt,
@@ -114,6 +126,9 @@ class GalleryEntry:
             seed=image.seed,
             size=(request.width, request.height),
             model=result.model.name or None,
+            input_picture=Path(request.images[0]).name if pictured else None,
+            mask=Path(request.mask).name if pictured and request.mask else None,
+            strength=request.strength if pictured else None,
             settings=dict(image.settings or result.settings),
             status=image.status,
             component=image.component,
@@ -142,6 +157,9 @@ class GalleryEntry:
             model_hash=parsed.get(infotext.MODEL_HASH),
             vae=parsed.get(infotext.VAE),
             version=parsed.get(infotext.HALFSAFE) or parsed.get(infotext.VERSION),
+            input_picture=parsed.get(infotext.INPUT_PICTURE),
+            mask=parsed.get(infotext.MASK),
+            strength=parsed.get(infotext.DENOISING_STRENGTH),
             settings=parsed.settings(infotext.SETTING_KEYS),
             status=status if status in STATUSES else "ok",
             component=infotext.read_text(parsed.get(infotext.NAN_COMPONENT), 100),
@@ -196,8 +214,24 @@ class GalleryEntry:
             "width": width,
             "height": height,
             "scheduler": self.scheduler,
+            "strength": self.strength if self.input_picture else None,
         }
         return {key: value for key, value in values.items() if value is not None}
+
+    @property
+    def mode(self) -> Mode:
+        """What the image was made from, as its record says: a picture (with a mask) or the
+        prompt alone."""
+        if not self.input_picture:
+            return Mode.TEXT
+        return Mode.INPAINT if self.mask else Mode.IMAGE
+
+    def picture_values(self) -> dict[str, Any]:
+        """The input picture and mask this image was made from, as a request's fields, for
+        making it again; empty when only its file is known (which records names, not paths)."""
+        if not self.picture_paths:
+            return {}
+        return {"images": list(self.picture_paths), "mask": self.mask_path}
 
 
 def read_image_file(path: str) -> GalleryEntry:
@@ -256,6 +290,18 @@ def made_by_words(entry: GalleryEntry) -> str:
     return f"Made by {TOOLS[entry.made_by].name}{version}"
 
 
+def mode_words(entry: GalleryEntry) -> str:
+    """'image-to-image from photo.png, strength 0.6'; 'inpainting photo.png where mask.png is
+    white, strength 0.75'; 'text-to-image'."""
+    mode = entry.mode
+    strength = f", strength {entry.strength:g}" if entry.strength is not None else ""
+    if mode is Mode.IMAGE:
+        return f"{mode.words} from {entry.input_picture}{strength}"
+    if mode is Mode.INPAINT:
+        return f"{mode.words} {entry.input_picture} where {entry.mask} is white{strength}"
+    return mode.words
+
+
 def parameter_text(entry: GalleryEntry) -> str:
     """The caption: the parameters as AUTOMATIC1111 writes them (so they read familiar), the
     precision the image ran with, and where it is saved; then the lines only a live run knows,
@@ -283,11 +329,15 @@ def recorded_lines(entry: GalleryEntry) -> list[str]:
         (infotext.MODEL, entry.model),
         (infotext.VAE, entry.vae),
     ]
+    if not entry.input_picture:  # another tool's strength with no picture (A1111's hires fix)
+        details.append((infotext.DENOISING_STRENGTH, entry.strength))
     shown = [f"{key.name}: {key.write(value)}" for key, value in details if value is not None]
     if shown:
         lines.append(", ".join(shown))
     elif not entry.prompt and not entry.problem:
         lines.append("The image records no generation parameters.")
+    if entry.mode is not Mode.TEXT:
+        lines.append(words.first_upper(mode_words(entry)))
     if entry.settings:
         lines.append("Precision: " + words.precision_summary(entry.settings))
     if entry.path:
@@ -306,15 +356,19 @@ def item_text(entry: GalleryEntry) -> str:
         head = Path(entry.path).stem if entry.path else "image"
     else:
         head = f"seed {entry.seed}"
-    if entry.status == "ok":
-        return head
-    return f"{head}\n{IMAGE_STATUS_WORDS.get(entry.status, entry.status)}"
+    if entry.status != "ok":  # what went wrong comes before how it was made
+        return f"{head}\n{IMAGE_STATUS_WORDS.get(entry.status, entry.status)}"
+    if entry.mode is not Mode.TEXT:
+        return f"{head}\n{entry.mode.words}"
+    return head
 
 
 def tooltip(entry: GalleryEntry) -> str:
-    """The gallery item's tooltip: what went wrong, the NaN watch's sentence, where it is."""
+    """The gallery item's tooltip: what went wrong, the NaN watch's sentence, what it was
+    made from (a picture), where it is."""
     where = entry.path or "Not saved: only in memory."
-    return "\n".join(part for part in (status_words(entry), entry.message, where) if part)
+    made = words.first_upper(mode_words(entry)) if entry.mode is not Mode.TEXT else ""
+    return "\n".join(part for part in (status_words(entry), entry.message, made, where) if part)
 
 
 # --- showing it -----------------------------------------------------------------------------------

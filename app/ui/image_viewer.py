@@ -1,7 +1,8 @@
 """The image viewer: one image large, beside the parameters it records (HalfSafe's, or another
 tool's: AUTOMATIC1111/Forge infotext, ComfyUI's graphs, InvokeAI's metadata, read through the
 readers `halfsafe explain` uses), with what to do next: send them to Generate, ask why the image
-is black, open its folder, copy them. Left and right walk the gallery; Escape closes."""
+is black, start a new image from it, open its folder, copy them. Left and right walk the
+gallery; Escape closes."""
 
 from __future__ import annotations
 
@@ -65,7 +66,9 @@ def panel_text(entry: GalleryEntry) -> str:
 
 class ImageViewer(QDialog):
     """A non-modal window that shows one image at a time (`show_image`). `send_to_generate(
-    values)` fills the Generate form; `explain(path)` opens the explanation of an image."""
+    values)` fills the Generate form; `explain(path)` opens the explanation of an image;
+    `use_as_input(path)` makes the image the Generate page's input picture (whether it was
+    taken: the page says why not)."""
 
     def __init__(
         self,
@@ -73,11 +76,13 @@ class ImageViewer(QDialog):
         send_to_generate: Callable[[dict[str, Any]], None],
         explain: Callable[[str], Any],
         parent: QWidget | None = None,
+        use_as_input: Callable[[str], bool] | None = None,
     ) -> None:
         super().__init__(parent)
         self.dialogs = dialogs
         self.send_to_generate = send_to_generate
         self.explain = explain
+        self.use_as_input = use_as_input
         self.entry = GalleryEntry()
         self._step: Step | None = None
         self.setModal(False)
@@ -114,6 +119,11 @@ class ImageViewer(QDialog):
         self.buttons: dict[str, QPushButton] = {}
         for text, action, tip in (
             ("Send to Generate", self.send, "Put these parameters into the Generate form."),
+            (
+                "Use as input picture",
+                self.use_as_input_picture,
+                "Start the next images from this one (image-to-image) on the Generate page.",
+            ),
             (
                 "Why is it black?",
                 self.why_black,
@@ -155,6 +165,8 @@ class ImageViewer(QDialog):
         self.parameters.setText(panel_text(entry))
         readable = not entry.problem
         self.buttons["Send to Generate"].setEnabled(bool(entry.generate_values()))
+        self.buttons["Use as input picture"].setVisible(self.use_as_input is not None)
+        self.buttons["Use as input picture"].setEnabled(bool(entry.path) and readable)
         self.buttons["Why is it black?"].setEnabled(bool(entry.path) and readable)
         self.buttons["Open folder"].setEnabled(bool(entry.path))
         self.buttons["Copy parameters"].setEnabled(readable)
@@ -173,6 +185,10 @@ class ImageViewer(QDialog):
     def send(self) -> None:
         self.send_to_generate(self.entry.generate_values())
         self.close()
+
+    def use_as_input_picture(self) -> None:
+        if self.use_as_input is not None and self.entry.path and self.use_as_input(self.entry.path):
+            self.close()
 
     def why_black(self) -> None:
         if self.entry.path:

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QListWidget,
     QMainWindow,
     QMessageBox,
+    QSizePolicy,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -103,6 +104,8 @@ class MainWindow(QMainWindow):
         )
         self.models_view.explain_image = self.explain_image
         self.generate_view.gallery_view.view_image = self.view_image
+        # The check probes the path the next image takes: with the input picture, if any.
+        self.health_view.input_pictures = self.generate_view.input_pictures
         self.gpu_view = GpuView(state, client, self.dialogs)
         self.settings_view = SettingsView(
             state, self.dialogs, request_hardware=self.request_hardware
@@ -120,6 +123,7 @@ class MainWindow(QMainWindow):
 
         self._build_menus()
         self._build_status_bar()
+        self.generate_view.status_message.connect(self.say)
         client.died.connect(self._engine_died)
         client.restarted.connect(self._engine_restarted)
         client.not_answering.connect(self._engine_not_answering)
@@ -225,7 +229,17 @@ class MainWindow(QMainWindow):
         ):
             widget.setContentsMargins(6, 0, 6, 0)
             bar.addPermanentWidget(widget)
-        bar.addPermanentWidget(QLabel(), 1)
+        # The last thing a page said (what the last image was made as, a file that could not
+        # be read): it takes the room left and is cut, never widening the window.
+        self.message_status = QLabel()
+        self.message_status.setContentsMargins(6, 0, 6, 0)
+        self.message_status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        bar.addPermanentWidget(self.message_status, 1)
+
+    def say(self, sentence: str) -> None:
+        """One sentence in the status bar (the whole of it in its tooltip)."""
+        self.message_status.setText(sentence)
+        self.message_status.setToolTip(sentence)
 
     def _about(self) -> None:
         QMessageBox.about(
@@ -287,7 +301,11 @@ class MainWindow(QMainWindow):
         """Show an image large with its parameters (one viewer, non-modal, reused)."""
         if self.image_viewer is None:
             self.image_viewer = ImageViewer(
-                self.dialogs, self._send_to_generate, self.explain_image, self
+                self.dialogs,
+                self._send_to_generate,
+                self.explain_image,
+                self,
+                use_as_input=self._use_as_input,
             )
         self.image_viewer.show_image(source, step)
         return self.image_viewer
@@ -295,6 +313,10 @@ class MainWindow(QMainWindow):
     def _send_to_generate(self, values: dict[str, Any]) -> None:
         self.generate_view.use_parameters(values)
         self.show_page("Generate")
+
+    def _use_as_input(self, path: str) -> bool:
+        self.show_page("Generate")
+        return self.generate_view.set_input_picture(path)
 
     def _explain_closed(self, dialog: ExplainDialog) -> None:
         if dialog in self.explain_dialogs:

@@ -255,3 +255,66 @@ def test_generate_flags_become_the_generate_request_the_engine_runs(tmp_path):
         loras=(LoraRequest(str(lora), 1.0),),
     )
     assert request.precision.no_half_vae is True
+
+
+@pytest.fixture
+def input_picture(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "photo.png"
+    Image.new("RGB", (300, 200), (200, 120, 40)).save(path)
+    mask = tmp_path / "mask.png"
+    Image.new("L", (300, 200), 255).save(mask)
+    return path, mask
+
+
+def test_picture_flags_become_the_request_with_the_pictures_proportions(tmp_path, input_picture):
+    from app.cli.commands import check_request, generate_request
+
+    photo, mask = input_picture
+    argv = ["generate", "demo", "--image", str(photo), "--mask", str(mask), "--strength", "0.4"]
+    args = build_parser().parse_args(argv)
+    generation = generate_request(args, effective_settings(args), native_size=128).generation
+    assert (generation.images, generation.mask, generation.strength) == (
+        [str(photo)],
+        str(mask),
+        0.4,
+    )
+    assert (generation.width, generation.height) == (128, 80)  # 300x200 at 128 px, by 16s
+    assert generation.mode.value == "inpaint"
+    args = build_parser().parse_args(["check", "demo", "--image", str(photo)])
+    request = check_request(args, effective_settings(args))
+    assert (request.images, request.mask) == ((str(photo),), None)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--mask", "{mask}"], "A mask needs the picture it masks"),
+        (["--image", "{missing}"], "missing.png: not a file"),
+        (["--image", "{text}"], "notes.txt: not a picture HalfSafe can read"),
+        (["--image", "{photo}", "--strength", "0"], "--strength: 0 is not more than 0"),
+        (["--image", "{photo}", "--image", "{photo}"], "2 input pictures were given"),
+    ],
+)
+def test_a_bad_picture_flag_is_one_line_and_exit_2_before_a_model_loads(
+    capsys, tmp_path, input_picture, extra, words, monkeypatch
+):
+    from app.core import models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    paths = {"mask": input_picture[1], "photo": input_picture[0], "text": text}
+    paths["missing"] = tmp_path / "missing.png"
+    argv = ["generate", "demo", *(e.format(**paths) for e in extra)]
+    try:
+        code = main(argv)
+    except SystemExit as usage_error:  # argparse's own refusal of a flag's value
+        code = usage_error.code
+    assert code == 2
+    err = without_progress(capsys.readouterr().err)
+    assert err.count("\n") == 1 and err.startswith("halfsafe: ") and words in err

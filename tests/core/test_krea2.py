@@ -33,7 +33,7 @@ from tests.support.tiny_models import (
     KREA2_SCHEDULER_CONFIG,
     KREA2_TINY_TAPS,
     build_tiny_krea2_pipeline,
-    tiny_qwen3_vl,
+    tiny_qwen3_vl_4b,
 )
 
 KREA2 = cast(Krea2Family, family(FamilyId.KREA2))
@@ -279,8 +279,9 @@ def test_the_key_table_is_the_one_diffusers_reads_krea_files_with():
     assert all(torch.equal(theirs[k], v) for k, v in state.items())
 
 
-def test_a_krea2_file_is_told_apart_from_qwenimage_and_zimage_files():
+def test_a_krea2_file_is_told_apart_from_qwenimage_qwenimage21_and_zimage_files():
     from tests.support.tiny_models import (
+        build_tiny_qwenimage21_pipeline,
         build_tiny_qwenimage_pipeline,
         build_tiny_zimage_pipeline,
     )
@@ -288,6 +289,7 @@ def test_a_krea2_file_is_told_apart_from_qwenimage_and_zimage_files():
     files = {"krea2": _shapes(_original(build_tiny_krea2_pipeline(released_taps=True).transformer))}
     for name, pipeline in (
         ("qwenimage", build_tiny_qwenimage_pipeline()),
+        ("qwenimage21", build_tiny_qwenimage21_pipeline()),
         ("zimage", build_tiny_zimage_pipeline()),
     ):
         layout = family(FamilyId(name)).layout
@@ -308,7 +310,7 @@ def test_a_krea2_file_is_told_apart_from_qwenimage_and_zimage_files():
 def test_the_encoders_of_the_qwen_families_are_told_apart():
     from tests.support.tiny_models import tiny_qwen3, tiny_qwen25_vl
 
-    qwen3_vl = {"model." + k: tuple(v.shape) for k, v in tiny_qwen3_vl(0).state_dict().items()}
+    qwen3_vl = {"model." + k: tuple(v.shape) for k, v in tiny_qwen3_vl_4b(0).state_dict().items()}
     qwen3 = {"model." + k: tuple(v.shape) for k, v in tiny_qwen3(0).state_dict().items()}
     qwen25_vl = {
         encoders.qwen25_vl_to_file(k): tuple(v.shape)
@@ -322,12 +324,61 @@ def test_the_encoders_of_the_qwen_families_are_told_apart():
     ]
     # Each as wide as the Krea 2 transformer reads, only the Qwen3-VL is taken for it.
     assert [split.width_of("qwen3_vl", s) for s in (qwen3_vl, qwen3, qwen25_vl)] == [32, None, None]
-    config = encoders.qwen3_vl_config(qwen3_vl, "model.")
-    built = tiny_qwen3_vl(0).config
+    config = encoders.qwen3_vl_config(qwen3_vl, "model.", encoders.QWEN3_VL_READS["4b"])
+    built = tiny_qwen3_vl_4b(0).config
     text, vision = built.to_dict()["text_config"], built.to_dict()["vision_config"]
     assert config["text_config"]["rope_parameters"] == text["rope_parameters"]
     assert config["text_config"]["head_dim"] == text["head_dim"] == 32
     assert config["vision_config"]["num_heads"] == vision["num_heads"]
+
+
+def test_one_qwen3_vl_reader_serves_krea2_and_qwenimage21():
+    """Krea 2 reads Qwen3-VL-4B as a Qwen3VLModel through its tokenizer, Qwen-Image 2.1
+    Qwen3-VL-8B as a Qwen3VLForConditionalGeneration through its processor: one kind of file,
+    one config reader, each family's need naming how it reads it."""
+    from tests.support.tiny_models import build_tiny_qwenimage21_pipeline, tiny_qwen3_vl
+
+    for name, pipeline in (
+        ("krea2", build_tiny_krea2_pipeline(released_taps=True)),
+        ("qwenimage21", build_tiny_qwenimage21_pipeline()),
+    ):
+        layout = family(FamilyId(name)).layout
+        assert layout is not None
+        config = {**pipeline.transformer.config, "_class_name": type(pipeline.transformer).__name__}
+        found = split.read_model(
+            _shapes(to_original(layout.table(config), pipeline.transformer.state_dict()))
+        )
+        assert found is not None and found.layout == name
+        need = next(n for n in found.needs if n.kind == "qwen3_vl")
+        assert need.reads == {"krea2": "4b", "qwenimage21": "8b"}[name]
+        read = encoders.QWEN3_VL_READS[need.reads]
+        assert read.model_class == type(pipeline.text_encoder).__name__
+    reads = {name: encoders.QWEN3_VL_READS[name] for name in ("4b", "8b")}
+    assert (reads["4b"].model_class, reads["4b"].processor) == ("Qwen3VLModel", False)
+    assert (reads["8b"].model_class, reads["8b"].processor) == (
+        "Qwen3VLForConditionalGeneration",
+        True,
+    )
+    generation = tiny_qwen3_vl(0)  # Qwen-Image 2.1's, saved with model.* and its LM head
+    shapes = {k: tuple(v.shape) for k, v in generation.state_dict().items()}
+    assert encoders.encoder_kind(shapes) == "qwen3_vl"
+    assert encoders.qwen3_vl_prefix(shapes) == "model."
+    config = encoders.qwen3_vl_config(shapes, "model.", reads["8b"])
+    built = generation.config.to_dict()
+    assert config["vision_config"]["num_heads"] == built["vision_config"]["num_heads"] == 2
+    assert config["text_config"]["rope_parameters"] == built["text_config"]["rope_parameters"]
+    assert config["tie_word_embeddings"] is False
+    # Its keys as each class names them: the LM head kept only by the generation model.
+    assert encoders.qwen3_vl_to_transformers("lm_head.weight", "model.", reads["8b"]) == (
+        "lm_head.weight"
+    )
+    assert encoders.qwen3_vl_to_transformers("lm_head.weight", "model.", reads["4b"]) is None
+    key = "model.language_model.norm.weight"
+    assert encoders.qwen3_vl_to_transformers(key, "model.", reads["8b"]) == key
+    assert (
+        encoders.qwen3_vl_to_transformers(key, "model.", reads["4b"])
+        == "language_model.norm.weight"
+    )
 
 
 def test_a_file_fusing_other_than_twelve_layers_is_refused_in_one_sentence(tmp_path):

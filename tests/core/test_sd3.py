@@ -143,8 +143,10 @@ def test_a_text_encoder_given_that_fits_nothing_left_is_named(tmp_path):
     message = str(caught.value)
     assert message.startswith(t5)
     assert (
-        "this text encoder fits none of what this SD3.5 Large transformer still needs (its "
-        "CLIP-L text encoder (clip_l) and its CLIP-G text encoder (clip_g))."
+        "T5 text encoder (Flux.1's, Chroma's or Stable Diffusion 3.x's), but the SD3.5 Large "
+        "transformer model.safetensors needs its CLIP-L text encoder (clip_l) and its CLIP-G "
+        "text encoder (clip_g) (it fits its T5 text encoder (t5xxl), already given as "
+        "t5xxl.safetensors)."
     ) in message
 
 

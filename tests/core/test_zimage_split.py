@@ -138,9 +138,10 @@ def test_a_t5_given_as_its_text_encoder_is_refused(tmp_path):
         models.load_model(str(written["transformer"]), text_encoders=[str(t5)])
 
     assert str(t5) in str(caught.value)
-    assert "fits none of what this Z-Image transformer still needs (its Qwen3 text encoder" in (
-        str(caught.value)
-    )
+    assert (
+        "T5 text encoder (Flux.1's, Chroma's or Stable Diffusion 3.x's), but the Z-Image "
+        "transformer z_image.safetensors needs its Qwen3 text encoder (qwen_3_4b)."
+    ) in str(caught.value)
 
 
 def test_absurd_block_count_is_refused_before_anything_is_built(tmp_path):

@@ -49,7 +49,7 @@ def save_split_files(
     Stability AI's, Z-Image's; Qwen-Image's keeps diffusers' names; under `prefix`) in
     diffusion_models/, the text encoders in text_encoders/ in the layout their files use
     (clip_l, clip_g, t5xxl; qwen_3_4b under Qwen3ForCausalLM's names; qwen_2.5_vl_7b under
-    model.*, visual.*), the VAE in vae/ in the original layout (Qwen-Image's: Wan 2.1's). With
+    model.*, visual.*; qwen_3_vl_8b under transformers' names), the VAE in vae/ in the original layout (Qwen-Image's: Wan 2.1's). With
     `single_file` (SD3), everything goes into one checkpoints/ file as Stability AI ships it
     (model.diffusion_model.*, text_encoders.*.transformer.*, first_stage_model.*). Returns
     the paths by component ("transformer" for the one file)."""
@@ -70,7 +70,9 @@ def save_split_files(
         part = getattr(pipeline, component)
         state = part.state_dict()
         kind = type(part).__name__
-        if kind == "AutoencoderKLQwenImage":
+        if kind in ("Qwen3VLForConditionalGeneration", "AutoencoderKLQwenImage21"):
+            pass  # Qwen-Image 2.1's files keep transformers' and diffusers' names
+        elif kind == "AutoencoderKLQwenImage":
             state = wan_vae_to_original(state, part.config.num_res_blocks)
         elif component == "vae":
             state = {
@@ -87,9 +89,7 @@ def save_split_files(
             state = {k: v for k, v in state.items() if k != "encoder.embed_tokens.weight"}
         else:  # transformers' original CLIP names, as the files users download hold them
             state = {
-                k
-                if k.startswith((CLIP_PREFIX, "text_projection"))
-                else CLIP_PREFIX + k: v
+                k if k.startswith((CLIP_PREFIX, "text_projection")) else CLIP_PREFIX + k: v
                 for k, v in state.items()
             }
         if single_file:

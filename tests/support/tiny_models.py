@@ -87,8 +87,10 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
     from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
 
     hidden_1, hidden_2 = 32, 32
+    vae = tiny_vae(seed + 1)
+    vae.register_to_config(scaling_factor=0.13025)  # SDXL's latent scale, as its VAE says
     parts: dict[str, Any] = {
-        "vae": tiny_vae(seed + 1),
+        "vae": vae,
         "text_encoder": tiny_text_encoder(seed + 2, hidden=hidden_1),
         "text_encoder_2": tiny_text_encoder(seed + 4, hidden=hidden_2, projection=hidden_2),
         "tokenizer": clip_tokenizer(),
@@ -390,7 +392,11 @@ def tiny_zimage_transformer(seed: int, text: int = 32):
         n_kv_heads=2,
         cap_feat_dim=text,
         axes_dims=[8, 12, 12],  # Z-Image's proportions (32, 48, 48 of 128 per head)
-        axes_lens=[1536, 512, 512],  # as a split file is built with (ZIMAGE_AXES_LENS in app.core.families.zimage)
+        axes_lens=[
+            1536,
+            512,
+            512,
+        ],  # as a split file is built with (ZIMAGE_AXES_LENS in app.core.families.zimage)
     ).eval()
 
 
@@ -452,6 +458,310 @@ def build_tiny_qwenimage_pipeline(seed: int = 0, text_width: int = 64):
     )
 
 
+# Flux.2 dev and Klein -----------------------------------------------------------------------
+
+# Flux.2's schedule (FLUX.2-dev's and Klein's scheduler_config): the pipelines shift by their
+# own empirical rule, the scheduler exponentially by resolution.
+FLUX2_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 3.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+    "time_shift_type": "exponential",
+}
+
+# The Mistral 3 chat format for the dev tiny's stand-in tokenizer: the system message and the
+# user's prompt in Mistral Small 3.1's markers (content as Flux2Pipeline sends it: a list of
+# typed parts).
+MISTRAL3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- set text = message['content'] if message['content'] is string "
+    "else message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') "
+    "| join('') %}"
+    "{%- if message['role'] == 'system' %}{{- '[SYSTEM_PROMPT]' + text + '[/SYSTEM_PROMPT]' }}"
+    "{%- elif message['role'] == 'user' %}{{- '[INST]' + text + '[/INST]' }}"
+    "{%- else %}{{- text }}{%- endif %}"
+    "{%- endfor %}"
+)
+
+
+def mistral3_stand_in_tokenizer():
+    """The tiny dev pipeline's tokenizer: Mistral's Tekken vocabulary is not shipped, so T5's
+    (resources/tokenizers/t5) with Mistral 3's chat format stands in. A real Flux.2 dev folder
+    carries its own tokenizer."""
+    tokenizer = t5_tokenizer()
+    tokenizer.chat_template = MISTRAL3_CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_mistral3(seed: int, hidden: int = 32, layers: int = 31):
+    """A Mistral3ForConditionalGeneration (Flux.2 dev's text encoder) with a tiny Pixtral vision
+    tower and T5's vocabulary size (its stand-in tokenizer's ids fit); deep enough for the layers
+    Flux.2 dev reads (10, 20, 30), with Mistral Small 3.1's rotary base and norms."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    config = Mistral3Config(
+        text_config={
+            "model_type": "mistral",
+            "vocab_size": 32128,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": hidden // 4,
+            "max_position_embeddings": 1024,
+            "rope_theta": 1000000000.0,
+            "rms_norm_eps": 1e-5,
+            "sliding_window": None,
+        },
+        vision_config={
+            "model_type": "pixtral",
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "head_dim": 8,
+            "patch_size": 14,
+            "image_size": 56,
+        },
+        image_token_index=10,
+        spatial_merge_size=2,
+        projector_hidden_act="gelu",
+        multimodal_projector_bias=False,
+        vision_feature_layer=-1,
+    )
+    _seeded(seed)
+    return Mistral3ForConditionalGeneration(config).eval()
+
+
+def tiny_qwen3_causal(seed: int, hidden: int = 32, layers: int = 28):
+    """The Z-Image tiny Qwen3's config with its LM head (Qwen3ForCausalLM, as Flux.2 Klein's
+    pipeline holds it), deep enough for the layers Klein reads (9, 18, 27)."""
+    from transformers import Qwen3ForCausalLM
+
+    config = tiny_qwen3(seed, hidden, layers).config
+    _seeded(seed)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def tiny_flux2_vae(seed: int):
+    """AutoencoderKLFlux2 at tiny widths: 32 latent channels, quant convs, and batch-norm
+    statistics over the 2x2 patches set away from (0, 1) so that undoing them matters. Its
+    norms have the groups a VAE file of these widths is read with (16; the real one's 32)."""
+    import torch
+    from diffusers import AutoencoderKLFlux2
+
+    _seeded(seed)
+    vae = AutoencoderKLFlux2(
+        latent_channels=32,
+        **_FOUR_LEVELS,
+        layers_per_block=1,
+        norm_num_groups=16,
+    ).eval()
+    statistics = {"running_mean": torch.randn(128) * 0.1, "running_var": torch.rand(128) + 0.5}
+    with torch.no_grad():
+        for name, values in statistics.items():
+            getattr(vae.bn, name).copy_(values)
+    return vae
+
+
+def tiny_flux2_transformer(seed: int, guidance: bool, text: int):
+    """One double and two single blocks, two 32-wide heads with Flux.2's rotary proportions
+    (four equal axes), reading `text` values a token (three hidden states side by side)."""
+    from diffusers import Flux2Transformer2DModel
+
+    _seeded(seed)
+    return Flux2Transformer2DModel(
+        patch_size=1,
+        in_channels=128,  # 32 latent channels in 2x2 patches
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=text,
+        timestep_guidance_channels=32,
+        axes_dims_rope=(8, 8, 8, 8),
+        guidance_embeds=guidance,
+    ).eval()
+
+
+def build_tiny_flux2_pipeline(seed: int = 0):
+    """A tiny Flux.2 dev-shaped pipeline: a Mistral 3-shaped text encoder (31 layers, 32 wide),
+    a guidance-embedding transformer, Flux.2's 32-channel VAE."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
+
+    parts: dict[str, Any] = {
+        "scheduler": FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER_CONFIG),
+        "vae": tiny_flux2_vae(seed + 1),
+        "text_encoder": tiny_mistral3(seed + 2),
+        "tokenizer": mistral3_stand_in_tokenizer(),
+        "transformer": tiny_flux2_transformer(seed + 3, guidance=True, text=3 * 32),
+    }
+    return Flux2Pipeline(**parts)
+
+
+def build_tiny_flux2_klein_pipeline(seed: int = 0, distilled: bool = False):
+    """A tiny Flux.2 Klein-shaped pipeline: a Qwen3-shaped causal LM (28 layers, 32 wide), a
+    transformer without guidance embedding, Flux.2's 32-channel VAE; base (real CFG) unless
+    `distilled`."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+
+    parts: dict[str, Any] = {
+        "scheduler": FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER_CONFIG),
+        "vae": tiny_flux2_vae(seed + 1),
+        "text_encoder": tiny_qwen3_causal(seed + 2),
+        "tokenizer": qwen3_tokenizer(),
+        "transformer": tiny_flux2_transformer(seed + 3, guidance=False, text=3 * 32),
+        "is_distilled": distilled,
+    }
+    return Flux2KleinPipeline(**parts)
+
+
+# Qwen-Image 2.1 ---------------------------------------------------------------------------
+
+# Qwen-Image 2.1's schedule as its pipeline runs it: sigmas linear from 1, shifted by the
+# image's sequence length between these bounds (Flux.1's rule; the pipeline reads them).
+QWENIMAGE21_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+}
+
+
+def tiny_qwen3_vl(seed: int, hidden: int = 64, layers: int = 2):
+    """A Qwen3-VL-shaped model (Qwen-Image 2.1's text encoder) with a one-block vision tower (one
+    deepstack merger),
+    the real vocabulary size, Qwen3-VL-8B's rotary base and norms, 32-wide heads and
+    interleaved multimodal rotary sections in its proportions (24, 20, 20 of 64)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    head = 32
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": QWEN_VOCAB,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": hidden // head,
+            "num_key_value_heads": 1,
+            "head_dim": head,
+            "max_position_embeddings": 1024,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+            "tie_word_embeddings": False,
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 144,  # two 72-wide heads, as Qwen3-VL-8B's vision heads are wide
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": hidden,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+        },
+        tie_word_embeddings=False,
+    )
+    _seeded(seed)
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def tiny_qwenimage21_vae(seed: int):
+    """Qwen-Image 2.1's residual causal VAE (one frame per image, RGBA in and out): 64 latent
+    channels, 16x down, its per-channel latent statistics (the first of the real ones' as the
+    class keeps them)."""
+    import inspect
+
+    from diffusers import AutoencoderKLQwenImage21
+
+    defaults = inspect.signature(AutoencoderKLQwenImage21.__init__).parameters
+    _seeded(seed)
+    return AutoencoderKLQwenImage21(
+        base_dim=8,
+        decoder_base_dim=8,
+        z_dim=64,
+        dim_mult=[1, 2, 2, 2, 2],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[False, True, True, True],
+        latents_mean=list(defaults["latents_mean"].default),
+        latents_std=list(defaults["latents_std"].default),
+    ).eval()
+
+
+def tiny_qwenimage21_transformer(seed: int, text: int = 64):
+    from diffusers import QwenImage21Transformer2DModel
+
+    _seeded(seed)
+    return QwenImage21Transformer2DModel(
+        in_channels=64,
+        out_channels=64,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        context_in_dim=text,
+        axes_dims_rope=(4, 14, 14),  # Qwen-Image 2.1's proportions (16, 56, 56 of 128 per head)
+    ).eval()
+
+
+def build_tiny_qwenimage21_pipeline(seed: int = 0, text_width: int = 64):
+    """A tiny Qwen-Image 2.1-shaped pipeline: a Qwen3-VL-shaped text encoder `text_width` wide
+    with Qwen3-VL's processor, a two-block single-stream block-causal transformer on the
+    64-channel latent cells, Qwen-Image 2.1's 16x VAE."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
+
+    from app.core.tokenizers import qwen3_vl_processor
+
+    return QwenImage21Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**QWENIMAGE21_SCHEDULER_CONFIG),
+        vae=tiny_qwenimage21_vae(seed + 1),
+        text_encoder=tiny_qwen3_vl(seed + 2, hidden=text_width),
+        processor=qwen3_vl_processor(),
+        transformer=tiny_qwenimage21_transformer(seed + 3, text=text_width),
+    )
+
+
+# Editing: Flux.1 Kontext and Qwen-Image-Edit (the same parts, their editing pipelines) ------
+
+
+def build_tiny_flux_kontext_pipeline(seed: int = 0):
+    """A tiny Flux.1 Kontext-shaped pipeline: the tiny Flux.1 dev's parts (its transformer reads
+    the reference's latents in its sequence) in diffusers' FluxKontextPipeline."""
+    from diffusers import FluxKontextPipeline
+
+    dev = build_tiny_flux_pipeline(seed, guidance=True)
+    return FluxKontextPipeline(**dev.components)
+
+
+def build_tiny_qwenimage_edit_pipeline(seed: int = 0, plus: bool = True, text_width: int = 64):
+    """A tiny Qwen-Image-Edit-shaped pipeline: the tiny Qwen-Image's parts, with the Qwen2.5-VL
+    processor its text encoder reads the reference pictures through (14-px patches, as the
+    tiny vision tower's), in QwenImageEditPlusPipeline (`plus`, up to three pictures) or
+    QwenImageEditPipeline."""
+    from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+
+    from app.core.families.qwenimage import edit_processor
+
+    parts = build_tiny_qwenimage_pipeline(seed, text_width=text_width).components
+    kind = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
+    return kind(**parts, processor=edit_processor())
+
+
 # Krea 2 -----------------------------------------------------------------------------------
 
 # Krea 2's schedule: the resolution-dependent exponential shift, 0.5 at 256 patches to 1.15 at
@@ -471,8 +781,9 @@ KREA2_SCHEDULER_CONFIG: dict[str, Any] = {
 KREA2_TINY_TAPS = (1, 2, 3)
 
 
-def tiny_qwen3_vl(seed: int, hidden: int = 32, layers: int = 4):
-    """A Qwen3-VL-shaped model (Krea 2's text encoder, read as a Qwen3VLModel) with a one-block
+def tiny_qwen3_vl_4b(seed: int, hidden: int = 32, layers: int = 4):
+    """A Qwen3-VL-4B-shaped model (Krea 2's text encoder, read as a Qwen3VLModel; Qwen-Image
+    2.1's 8B-shaped one, a Qwen3VLForConditionalGeneration, is `tiny_qwen3_vl`) with a one-block
     vision tower, the real vocabulary size, Qwen3-VL-4B's rotary base, norms and interleaved
     multimodal rotary sections in its proportions (24, 20, 20 of a 128-wide head: 6, 5, 5 of
     its 32-wide heads)."""
@@ -550,7 +861,7 @@ def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False, released_t
     return Krea2Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**KREA2_SCHEDULER_CONFIG),
         vae=tiny_qwenimage_vae(seed + 1),
-        text_encoder=tiny_qwen3_vl(seed + 2, layers=36 if released_taps else 4),
+        text_encoder=tiny_qwen3_vl_4b(seed + 2, layers=36 if released_taps else 4),
         tokenizer=qwen2_tokenizer(),
         transformer=tiny_krea2_transformer(seed + 3, text_layers=len(taps)),
         text_encoder_select_layers=taps,

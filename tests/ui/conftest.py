@@ -9,6 +9,7 @@ import pytest
 
 from app.core.checkpoint import WeightScan
 from app.core.models.summary import ModelSummary
+from app.core.pictures import Mode
 from app.engine.events import CancelRequest, EngineEvent, EventState, JobRequest, Message
 from app.engine.failures import Failure, describe_exit
 
@@ -102,6 +103,7 @@ DEMO_SUMMARY = ModelSummary(
     weights=WeightScan(non_finite=[], tensors=250, bytes=4_000_000, seconds=0.1),
     detected_because=("The built-in demo is an SD 1.x-shaped pipeline.",),
     components=("text_encoder", "unet", "vae"),
+    picture_modes={Mode.IMAGE: "", Mode.INPAINT: ""},  # an SD 1.x pipeline runs both
 )
 
 

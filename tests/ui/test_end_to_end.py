@@ -90,6 +90,38 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
     assert previews and previews[0].preview_png.startswith(b"\x89PNG")
 
 
+def test_image_to_image_with_the_real_engine(qtbot, real_window, tmp_path):
+    from PySide6.QtGui import QColor, QImage
+
+    from app.core.pictures import Mode
+
+    window = real_window
+    _load_demo(qtbot, window)
+    # The engine asked the demo's family: an SD 1.x pipeline runs both picture modes.
+    assert window.state.model.picture_modes == {Mode.IMAGE: "", Mode.INPAINT: ""}
+    window.show_page("Generate")
+    view = window.generate_view
+    view.prompt.setPlainText("a red cube")
+    view.batch.setValue(1)
+    picture = QImage(96, 64, QImage.Format.Format_RGB32)
+    picture.fill(QColor("orange"))
+    assert picture.save(str(tmp_path / "photo.png"))
+    assert view.pictures.picture_slot.choose(str(tmp_path / "photo.png"))
+    assert (view.width_box.value(), view.height_box.value()) == (128, 80)  # 96x64 at 128 px
+    view.width_box.setValue(64)  # smaller is quicker; the user's own size stands
+    view.height_box.setValue(48)
+    view.pictures.strength.setValue(0.5)
+    view.generate()
+    _wait(qtbot, window, lambda: view.gallery.count() == 1)
+    entry = view.current_entry
+    assert Path(entry.path).is_file()
+    assert entry.mode is Mode.IMAGE and entry.strength == 0.5
+    assert "Image-to-image from photo.png, strength 0.5" in view.parameters.text()
+    assert (
+        window.message_status.text() == "Last image: image-to-image from photo.png, strength 0.5."
+    )
+
+
 # The GUI process as a user starts it, in a process of its own: whatever the engine sends back
 # (devices, a model, a report, an image), the GUI must never load torch (DESIGN: process model).
 _GUI_SESSION = """

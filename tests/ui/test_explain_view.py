@@ -8,6 +8,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
@@ -163,3 +165,36 @@ def test_an_image_opened_as_a_model_is_explained_instead(window, engines, tmp_pa
     assert engines.current.jobs("load") == []
     assert engines.current.last_job("explain").params.path == str(image)
     assert open_dialog(window).isVisible()
+
+
+def _explain_in_the_window(window, engines, image: Path) -> ExplainDialog:
+    window.explain_image(str(image))
+    answer_with_the_real_handler(engines, engines.current.last_job("explain"))
+    assert window.dialogs.shown == []
+    return open_dialog(window)
+
+
+def test_a_flat_grey_forge_image_is_shown_as_nan_replaced_by_zeros(window, engines, tmp_path):
+    grey = Image.fromarray(np.full((64, 64, 3), 128, np.uint8), "RGB")
+    parameters = a1111_parameters("lost-model", "0123456789", version="f2.0.1v1.10.1")
+    image = png_text(tmp_path / "00003-42.png", {"parameters": parameters}, grey)
+
+    dialog = _explain_in_the_window(window, engines, image)
+
+    assert dialog.explanation is not None and dialog.explanation.status == "nan_zeroed"
+    assert dialog.verdict.level == "bad"
+    assert "NaN replaced by zeros" in dialog.verdict.text.text()
+    assert "flat grey instead of black" in dialog.message.text()
+
+
+def test_a_solid_colour_without_a_record_is_shown_modestly(window, engines, tmp_path):
+    image = tmp_path / "solid.png"
+    Image.fromarray(np.full((64, 64, 3), (200, 40, 90), np.uint8), "RGB").save(image)
+
+    dialog = _explain_in_the_window(window, engines, image)
+
+    assert dialog.explanation is not None and dialog.explanation.status == "flat"
+    assert dialog.verdict.level == "warn"
+    assert "One flat colour" in dialog.verdict.text.text()
+    assert "looks like" in dialog.message.text()
+    assert "NaN-black" not in dialog.verdict.text.text()

@@ -82,3 +82,18 @@ def test_generate_fits_with_an_image_and_its_caption(qtbot, window, engines, tmp
     _settle(qtbot, window)
     _no_sideways_scrolling(view)
     _buttons_uncrushed(view)
+
+
+def test_generate_fits_with_an_input_picture_and_its_mask(qtbot, window, engines, tmp_path):
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    view = window.generate_view
+    long_name = "a_photo_of_the_lighthouse_on_the_cliff_at_dusk_taken_from_the_beach_below.png"
+    assert view.pictures.picture_slot.choose(_png(tmp_path / long_name))
+    assert view.pictures.mask_slot.choose(_png(tmp_path / "mask.png"))
+    _settle(qtbot, window)
+    _no_sideways_scrolling(view)
+    _buttons_uncrushed(view)
+    # The parameters scroll; Generate stays in sight below them.
+    bottom = view.generate_button.mapTo(view, view.generate_button.rect().bottomLeft()).y()
+    assert view.generate_button.isVisible() and bottom <= view.height()

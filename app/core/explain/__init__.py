@@ -1,7 +1,8 @@
 """Why was this image black? Read an image's generation record (AUTOMATIC1111, Forge, SD.Next,
-ComfyUI, InvokeAI, SwarmUI or HalfSafe), say what its pixels are (NaN-black, a dark picture, a
-safety-checker blank, or fine), find the model in the library, re-run the health check with the
-image's settings, and give the fix in the terms of the tool that made it.
+ComfyUI, InvokeAI, SwarmUI or HalfSafe), say what its pixels are (NaN-black, NaN replaced by
+zeros as one flat colour, a dark picture, a safety-checker blank, or fine), find the model in
+the library, re-run the health check with the image's settings, and give the fix in the terms
+of the tool that made it.
 
 One responsibility per module, each importing only those before it:
   image_file    the file within bounds: PNG chunk by chunk, JPEG/WebP EXIF, pixel status
@@ -16,6 +17,9 @@ Every chunk of the file is hostile until read; any breach is one sentence naming
 from __future__ import annotations
 
 from app.core.explain.explanation import (
+    FINDING_WORDS,
+    PROBLEMS,
+    STATUS_WORDS,
     STATUSES,
     Explanation,
     _probe_size,  # two steps of the check that tests/core/test_explain.py reaches from here
@@ -57,9 +61,12 @@ __all__ = [
     "MAX_TEXT_CHUNK_BYTES",
     "MAX_TEXT_TOTAL_BYTES",
     "PNG_SIGNATURE",
+    "PROBLEMS",
     "STATUSES",
+    "STATUS_WORDS",
     "TEXT_KEYS",
     "Explanation",
+    "FINDING_WORDS",
     "ModelMatch",
     "PngFacts",
     "Record",

@@ -15,16 +15,64 @@ from app.core.explain.image_file import (
     PNG_SIGNATURE,
     pixel_status,
     read_exif,
-    read_head,
     read_png,
 )
 from app.core.explain.matching import ModelMatch, find_model, find_vae
 from app.core.explain.records import Record, read_record
+from app.core.images import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
-# Image statuses (DESIGN.md): NaN-black, a genuinely dark picture, a safety-checker blank, fine.
-STATUSES = ("nan", "black", "safety_checker", "ok")
+# Image statuses (DESIGN.md): NaN-black, a genuinely dark picture, a safety-checker blank, fine;
+# then one flat colour where a generation record says a tool made it (NaN replaced by zeros,
+# most likely), and one flat colour with no record (nothing claimed).
+STATUSES = ("nan", "black", "safety_checker", "ok", "nan_zeroed", "flat")
+PROBLEMS = ("nan", "nan_zeroed")
+
+# What explain says, in one table for the terminal, the window and --json's message: the short
+# names of the statuses only explain gives (a generated image's are generation's
+# IMAGE_STATUS_WORDS), and the sentences of the findings only explain makes. {placeholders}
+# are filled in by `_status_words`.
+STATUS_WORDS = {
+    "nan_zeroed": "flat colour: NaN replaced by zeros",
+    "flat": "one flat colour",
+}
+FINDING_WORDS = {
+    "flat_whole": "This image ({by}) is one exact colour, RGB {colour}, in every pixel.",
+    "flat_region": (
+        "This image ({by}) is one exact colour, RGB {colour}, over {share} of its pixels "
+        "(x {x0}-{x1}, y {y0}-{y1})."
+    ),
+    "nan_zeroed_pixels": (
+        "That is most likely NaN values replaced by zeros: the picture came out flat grey "
+        "instead of black (0 becomes exact mid-grey once the decoded image is saved), so a "
+        "value overflowed somewhere in the model."
+    ),
+    "nan_zeroed_latent": (
+        "That is most likely NaN values replaced by zeros before decoding: the picture came "
+        "out one flat colour instead of black (all-zero latents decode to one colour, with a "
+        "band of detail along the edges), so a value overflowed somewhere in the model."
+    ),
+    "hidden_by_compile": (
+        "The image's workflow compiles the model ({compiled}), and compiled code can turn a "
+        "NaN into 0 (see the note)."
+    ),
+    "hidden_by_tool": (
+        "The image does not say what replaced the NaN: some versions of {tool}, and some "
+        "extensions and nodes, replace NaN silently instead of reporting it."
+    ),
+    "flat_unknown": (
+        "That looks like what a tool writes when it replaces NaN values with zeros instead "
+        "of writing a black image, but a picture made flat on purpose looks the same; this "
+        "image carries no generation record, so HalfSafe does not say which."
+    ),
+    "compiled": (
+        "The image's workflow runs the model through torch.compile ({compiled}). Compiled "
+        "code can return 0 where eager PyTorch returns NaN (PyTorch issue 183605: Inductor "
+        "gave zeros where eager gave NaN), so a flat, grey or wrong image may hide a NaN; "
+        "HalfSafe's check runs the model eagerly, uncompiled."
+    ),
+}
 
 
 @dataclass
@@ -43,8 +91,9 @@ class Explanation:
 
     @property
     def problem(self) -> bool:
-        """A NaN-black image: the command's exit status 1, with a fix or without one."""
-        return self.status == "nan"
+        """A NaN-black image, or NaN replaced by zeros: the command's exit status 1, with a fix
+        or without one."""
+        return self.status in PROBLEMS
 
     def to_json(self) -> dict[str, Any]:
         fix = None
@@ -81,6 +130,10 @@ def read_image(path: str | Path) -> tuple[Record, str, dict[str, Any]]:
     status, figures = pixel_status(path, facts)
     if status in ("nan", "black") and record.halfsafe_status == "safety_checker":
         status = "safety_checker"
+    if status == "flat" and record.made_by in MADE_BY and record.made_by != "unknown":
+        # A generated picture carries the VAE's noise: one exact colour over a large part of
+        # it is a value replaced by a constant, not a design.
+        status = "nan_zeroed"
     return record, status, figures
 
 
@@ -148,10 +201,12 @@ def explain_image(
 
         model = ModelMatch(False, None, [str(f) for f in library.library_folders(folders)])
     explanation = Explanation(str(path), made_by, status, record, figures, model)
+    if record.compiled:
+        explanation.notes.append(FINDING_WORDS["compiled"].format(compiled=record.compiled))
     if model.note:
         explanation.notes.append(model.note)
     explanation.notes.extend(model.unread)
-    if status != "nan":
+    if status not in PROBLEMS:
         explanation.message = _status_words(explanation)
         return explanation
     if not model.found:
@@ -251,7 +306,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         try:
             model = load_model(model_path, vae=vae, on_progress=progress, cancel=cancel)
         except BadFileError as error:
-            # The image was read and is NaN-black; it is the model file that failed.
+            # The image was read and holds a NaN; it is the model file that failed.
             explanation.notes.append(str(error))
             explanation.message = (
                 f"{_status_words(explanation)} Its model was found at {model_path}, but the "
@@ -310,6 +365,8 @@ def _status_words(explanation: Explanation) -> str:
             f"This image ({by}) is NaN-black: every pixel is exactly 0, which is what a NaN "
             "becomes when the image is saved; a value overflowed somewhere in the model."
         )
+    if explanation.status in ("nan_zeroed", "flat"):
+        return _flat_words(explanation, by, tool.name if tool else "the tool that made it")
     if explanation.status == "safety_checker":
         return (
             f"This image ({by}) was blanked by the model's safety checker; nothing overflowed, "
@@ -321,6 +378,31 @@ def _status_words(explanation: Explanation) -> str:
             "all zero, so nothing overflowed; it is a dark picture (try another seed or prompt)."
         )
     return f"This image ({by}) is not black: nothing to fix."
+
+
+def _flat_words(explanation: Explanation, by: str, tool: str) -> str:
+    flat = explanation.pixels["flat"]
+    x0, y0, x1, y1 = flat["box"]
+    values = {
+        "by": by,
+        "colour": ", ".join(str(c) for c in flat["colour"]),
+        "share": f"{flat['share']:.0%}",
+        "x0": x0,
+        "y0": y0,
+        "x1": x1 - 1,
+        "y1": y1 - 1,
+    }
+    words = [FINDING_WORDS["flat_whole" if flat["share"] >= 1 else "flat_region"].format(**values)]
+    if explanation.status == "flat":
+        words.append(FINDING_WORDS["flat_unknown"])
+        return " ".join(words)
+    words.append(FINDING_WORDS[f"nan_zeroed_{flat['stage']}"])
+    compiled = explanation.record.compiled
+    if compiled:
+        words.append(FINDING_WORDS["hidden_by_compile"].format(compiled=compiled))
+    else:
+        words.append(FINDING_WORDS["hidden_by_tool"].format(tool=tool))
+    return " ".join(words)
 
 
 def _not_found_words(record: Record, model: ModelMatch) -> str:

@@ -1,6 +1,6 @@
 """The image file handed to `explain`, read within bounds: a PNG chunk by chunk (its size and
 text chunks), a JPEG's or WebP's EXIF (the record other tools keep there), and what its pixels
-say (NaN-black, black, or fine).
+say (NaN-black, one flat colour, black, or fine).
 
 Every chunk of the file is hostile until read: the PNG is walked chunk by chunk with bounds on
 the file, each chunk, all text together and decompressed text; any breach is one sentence
@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
+from app.core.images import MAX_IMAGE_BYTES, MAX_PIXELS
 
-# Bounds on an image handed to `explain` (the image file's own; checkpoint bounds live with
-# the checkpoint reader). A generated PNG is a few MB and its text a few kB; ComfyUI's
-# workflow JSON reaches a few MB for large graphs (4.5 MB seen), written twice (prompt and
-# workflow).
-MAX_IMAGE_BYTES = 512 << 20
-MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
+# Bounds on an image handed to `explain` beyond the file's size and pixel count (those are
+# `images.MAX_IMAGE_BYTES` and `images.MAX_PIXELS`, shared with input pictures). A generated
+# PNG's text is a few kB; ComfyUI's workflow JSON reaches a few MB for large graphs (4.5 MB
+# seen), written twice (prompt and workflow).
 MAX_CHUNKS = 100_000
 MAX_TEXT_CHUNK_BYTES = 16 << 20  # one text chunk, as stored and after decompression
 MAX_TEXT_TOTAL_BYTES = 32 << 20  # all text chunks together, decompressed
@@ -37,24 +36,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 def is_image_path(path: str | Path) -> bool:
     """Whether a dropped or opened file is an image for `explain` rather than a model."""
     return Path(str(path)).suffix.lower() in IMAGE_SUFFIXES
-
-
-def read_head(path: Path) -> bytes:
-    """The first 16 bytes of an image file (its kind), within the file-size bound."""
-    try:
-        if not path.is_file():
-            raise BadFileError(path, "not a file (no such file, or a folder).")
-        size = path.stat().st_size
-        if size > MAX_IMAGE_BYTES:
-            raise BadFileError(
-                path,
-                f"a file of {size / 2**20:.0f} MB; a generated image is far smaller than "
-                f"{MAX_IMAGE_BYTES >> 20} MB, so it is not read.",
-            )
-        with path.open("rb") as file:
-            return file.read(16)
-    except OSError as error:
-        raise BadFileError(path, f"cannot be read ({error.strerror or error}).") from None
 
 
 # --- the PNG, chunk by chunk -------------------------------------------------------------------
@@ -200,7 +181,8 @@ def _inflate(path: Path, name: str, data: bytes) -> bytes:
 
 
 def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, dict[str, Any]]:
-    """What the pixels say, from the pixels alone: "nan", "black" or "ok", with the figures.
+    """What the pixels say, from the pixels alone: "nan", "flat", "black" or "ok", with the
+    figures.
 
     The rule: NaN becomes 0 when a tool writes its image as 8-bit (NumPy's cast, which
     A1111, ComfyUI, diffusers and HalfSafe all use), so an image whose every colour value is
@@ -209,11 +191,17 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     `images.PixelStats.near_black` (99.5% of pixels at most 12/255 bright, spread at most
     4/255) is "black": a dark picture, or a blank. A safety checker's blank is also all
     zeros; only the generation record can tell it apart (see `explain_image`).
+
+    A picture that is one exact colour over at least a tenth of it (`images.flat_region`;
+    clipped white aside) is "flat": what a tool that replaces NaN with zeros writes instead
+    of black (exact mid-grey when it happened after decoding; another colour framed by a band
+    of structure along the edges when all-zero latents were decoded), and also what a
+    solid-colour design looks like. Only the generation record tells which (`explain_image`).
     """
     import numpy as np
     from PIL import Image, PngImagePlugin
 
-    from app.core.images import brightness_stats
+    from app.core.images import brightness_stats, flat_region
 
     # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
     # ComfyUI workflow included. `read_png` has already held every chunk to the bounds above
@@ -242,8 +230,19 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         "spread": round(stats.spread, 4),
         "bright": round(stats.bright, 4),
     }
+    flat = None if zero else flat_region(rgb)
+    figures["flat"] = None
+    if flat is not None:
+        figures["flat"] = {
+            "colour": list(flat.colour),
+            "share": round(flat.share, 4),
+            "box": list(flat.box),
+            "stage": "pixels" if flat.mid_grey else "latent",
+        }
     if zero:
         return "nan", figures
+    if flat is not None:
+        return "flat", figures
     return ("black" if stats.near_black else "ok"), figures
 
 

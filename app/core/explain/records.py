@@ -43,12 +43,17 @@ class Record:
     version: str | None = None
     halfsafe_status: str | None = None  # HalfSafe's own "NaN watch" entry
     precision: dict[str, Any] = field(default_factory=dict)  # settings recorded by HalfSafe
+    # The torch.compile step the record shows ran ("TorchCompileModel (inductor)"), or None.
+    # Only ComfyUI records it (its graph holds the node); A1111, Forge, Forge Neo (whose
+    # "Torch Compile Integrated" panel writes nothing into the infotext) and the others do not.
+    compiled: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
         document = {k: getattr(self, k) for k in keys}
         document["size"] = [self.width, self.height] if self.width and self.height else None
         document["version"] = self.version
+        document["compiled"] = self.compiled
         return document
 
 
@@ -226,13 +231,49 @@ def _workflow_nodes(workflow: Any) -> Iterator[tuple[str, dict[str, Any]]]:
             yield kind, dict(zip(names, values, strict=False))
 
 
+# ComfyUI's node that runs the model through torch.compile (comfy_extras/nodes_torch_compile.py:
+# TorchCompileModel, its one widget the backend, "inductor" or "cudagraphs"); custom node packs
+# name theirs alike (TorchCompileModelFluxAdvanced, ...).
+_COMPILE_NODE = "torchcompile"
+# A UI workflow node's mode: 2 muted, 4 bypassed; neither ran.
+_SKIPPED_MODES = (2, 4)
+
+
+def _compile_node(prompt: Any, workflow: Any) -> str | None:
+    """The torch.compile node of a ComfyUI graph, in words: from the API prompt (what ran)
+    when there is one, else from the UI workflow's nodes that were neither muted nor bypassed."""
+    found: list[tuple[str, Any]] = []
+    if prompt is not None:
+        found = [
+            (kind, inputs.get("backend"))
+            for kind, inputs in _comfy_nodes(prompt)
+            if _COMPILE_NODE in kind.lower()
+        ]
+    elif isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list):
+        for node in workflow["nodes"][:MAX_NODES]:
+            if not isinstance(node, dict) or node.get("mode") in _SKIPPED_MODES:
+                continue
+            kind = str(node.get("type", ""))[:200]
+            values = node.get("widgets_values")
+            if _COMPILE_NODE in kind.lower():
+                found.append((kind, values[0] if isinstance(values, list) and values else None))
+    if not found:
+        return None
+    kind, backend = found[0]
+    backend = read_text(backend, 40)
+    return f"{kind} ({backend})" if backend else kind
+
+
 def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None) -> Record:
     nodes: list[tuple[str, dict[str, Any]]] = []
+    prompt = workflow = None
     if prompt_text is not None:
-        nodes = list(_comfy_nodes(_json(path, "prompt", prompt_text)))
+        prompt = _json(path, "prompt", prompt_text)
+        nodes = list(_comfy_nodes(prompt))
     if not any(_loader_name(inputs) for _kind, inputs in nodes) and workflow_text is not None:
-        nodes = list(_workflow_nodes(_json(path, "workflow", workflow_text)))
-    record = Record(made_by="comfyui")
+        workflow = _json(path, "workflow", workflow_text)
+        nodes = list(_workflow_nodes(workflow))
+    record = Record(made_by="comfyui", compiled=_compile_node(prompt, workflow))
     for kind, inputs in nodes:
         record.model = record.model or read_text(inputs.get("ckpt_name"), 1024)
         record.unet = record.unet or read_text(inputs.get("unet_name"), 1024)

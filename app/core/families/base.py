@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any, ClassVar
 
 from app.core import infotext
@@ -18,6 +19,7 @@ from app.core.components import Role, of_role
 from app.core.detection import Detection
 from app.core.errors import HalfSafeError
 from app.core.layouts import Layout
+from app.core.pictures import Mode
 from app.core.settings import SCHEDULERS
 
 
@@ -33,6 +35,9 @@ class FamilyId(str, Enum):
     SD3 = "sd3"
     ZIMAGE = "zimage"
     QWENIMAGE = "qwenimage"
+    FLUX2 = "flux2"  # Flux.2 dev
+    FLUX2_KLEIN = "flux2klein"
+    QWENIMAGE21 = "qwenimage21"
     KREA2 = "krea2"
 
 
@@ -73,6 +78,9 @@ class Family:
     # What ComfyUI users call the files its transformer runs with, by component ("clip_l",
     # "t5xxl", "ae"): the stems of the files the model is written to in its own layouts.
     companion_names: ClassVar[Mapping[str, str]] = {}
+    # The diffusers pipelines that start from a picture, by mode (image-to-image, inpainting):
+    # each takes the picture's latents as the VAE encoder made them (`encode_pixels`).
+    picture_pipelines: ClassVar[Mapping[Mode, str]] = {}
 
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents
@@ -98,6 +106,12 @@ class Family:
         """What a diffusers folder of this family is (`pipeline_class` named in its
         model_index.json; `transformer` its denoiser's config), with the sentence why."""
         raise NotImplementedError
+
+    def folder_parts(self, folder: Path) -> dict[str, Any]:
+        """Parts of a diffusers folder of this family that HalfSafe builds itself and hands to
+        diffusers' loader (where that loader would need a package HalfSafe does not ship);
+        raises ValueError or OSError for a part it cannot build."""
+        return {}
 
     # -- the steps each family defines ------------------------------------------------------
 
@@ -143,6 +157,43 @@ class Family:
         if shift:
             z = z + shift
         return vae.decode(z.to(vae.dtype)).sample
+
+    def encode_pixels(self, vae, pixels):
+        """Pixels (B, 3, H, W) in [-1, 1] -> latents as the family's picture pipelines take
+        them (the inverse of `decode`): the mode of the VAE encoder's distribution, shifted and
+        scaled, so that a picture means the same latents on every run."""
+        z = vae.encode(pixels.to(vae.dtype)).latent_dist.mode()
+        shift = getattr(vae.config, "shift_factor", None)
+        if shift:
+            z = z - shift
+        return z * vae.config.scaling_factor
+
+    def picture_pipeline(self, pipe, mode: Mode, latent_channels: int):
+        """The family's pipeline for `mode`, on the same (placed) components as `pipe`, taking
+        the picture as latents of `latent_channels` channels. Some of diffusers' picture
+        pipelines build their image processor for 4-channel latents whatever the VAE, and
+        would resize 16-channel latents as if they were a picture: theirs is told the truth."""
+        import diffusers
+
+        picture = getattr(diffusers, self.picture_pipelines[mode]).from_pipe(pipe)
+        processor = getattr(picture, "image_processor", None)
+        config = getattr(processor, "config", None)
+        if config is not None and config.get("vae_latent_channels") != latent_channels:
+            picture.image_processor = type(processor).from_config(
+                config, vae_latent_channels=latent_channels
+            )
+        return picture
+
+    def picture_problem(self, pipeline, mode: Mode) -> str | None:
+        """Why this model cannot make pictures in `mode` (None: it can)."""
+        if mode is Mode.TEXT:
+            return self.text_to_image_problem(pipeline)
+        if mode not in self.picture_pipelines:
+            return f"HalfSafe does not run {mode.words} for {self.title} models."
+        if mode is Mode.IMAGE:  # an inpainting model's denoiser takes a mask beside the picture
+            problem = self.text_to_image_problem(pipeline)
+            return f"{problem[:-1]}; give it a mask to inpaint." if problem else None
+        return None
 
     def latent_factor(self, pipeline) -> int:
         """Pixels per latent cell along one side (8 for every VAE here)."""

@@ -27,6 +27,7 @@ from app.core.layouts import (
     t5_need,
     within_limits,
 )
+from app.core.pictures import Mode
 
 PROBE_CHROMA_CFG = 5.0  # the check's guidance for Chroma (ChromaPipeline's default)
 
@@ -92,6 +93,9 @@ class ChromaFamily(FluxFamily):
     layout = LAYOUT
     pipeline_class = "ChromaPipeline"
     companion_names = {"text_encoder": "t5xxl", "vae": "ae"}
+    # Not inpainting: diffusers 0.42.1's ChromaInpaintPipeline reads a guidance setting that
+    # Chroma's transformer does not have, and fails on every call.
+    picture_pipelines = {Mode.IMAGE: "ChromaImg2ImgPipeline"}
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]

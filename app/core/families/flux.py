@@ -32,6 +32,7 @@ from app.core.layouts import (
     t5_need,
     within_limits,
 )
+from app.core.pictures import Mode
 
 PROBE_GUIDANCE = 3.5  # the check's distilled guidance (Flux.1 dev's guidance embedding)
 
@@ -198,6 +199,7 @@ class FluxFamily(ShiftedSigmas, Family):
     layout = LAYOUT
     pipeline_class = "FluxPipeline"
     companion_names = {"text_encoder": "clip_l", "text_encoder_2": "t5xxl", "vae": "ae"}
+    picture_pipelines = {Mode.IMAGE: "FluxImg2ImgPipeline", Mode.INPAINT: "FluxInpaintPipeline"}
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]

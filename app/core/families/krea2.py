@@ -141,6 +141,7 @@ def _read_krea2(shapes: Shapes, prefix: str) -> SplitModel:
                 "its Qwen3-VL text encoder (qwen3_vl_4b)",
                 lambda found: found == text_width,
                 ("qwen3_vl", "qwen3-vl", "qwen_3_vl"),
+                reads="4b",
             ),
             Need(
                 "vae",

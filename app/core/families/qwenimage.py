@@ -30,6 +30,7 @@ from app.core.layouts import (
     reader,
     within_limits,
 )
+from app.core.pictures import Mode
 
 PROBE_QWEN_CFG = 4.0  # the check's guidance for Qwen-Image (QwenImagePipeline's default)
 
@@ -167,6 +168,10 @@ class QwenImageFamily(ShiftedSigmas, Family):
     layout = LAYOUT
     pipeline_class = "QwenImagePipeline"
     companion_names = {"text_encoder": "qwen_2.5_vl_7b", "vae": "qwen_image_vae"}
+    picture_pipelines = {
+        Mode.IMAGE: "QwenImageImg2ImgPipeline",
+        Mode.INPAINT: "QwenImageInpaintPipeline",
+    }
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
@@ -295,3 +300,14 @@ class QwenImageFamily(ShiftedSigmas, Family):
         std = torch.tensor(vae.config.latents_std, device=latents.device).view(1, channels, 1, 1)
         z = (latents.float() * std + mean).unsqueeze(2)
         return vae.decode(z.to(vae.dtype)).sample[:, :, 0]
+
+    def encode_pixels(self, vae, pixels):
+        """The picture as one frame through the causal 3D VAE's encoder, normalised per
+        channel as `decode` undoes it."""
+        import torch
+
+        z = vae.encode(pixels.to(vae.dtype).unsqueeze(2)).latent_dist.mode()[:, :, 0]
+        channels = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean, device=z.device).view(1, channels, 1, 1)
+        std = torch.tensor(vae.config.latents_std, device=z.device).view(1, channels, 1, 1)
+        return (z.float() - mean) / std

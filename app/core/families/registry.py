@@ -8,8 +8,10 @@ from app.core.errors import HalfSafeError
 from app.core.families.base import Family, FamilyId
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
+from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
 from app.core.families.krea2 import Krea2Family
 from app.core.families.qwenimage import QwenImageFamily
+from app.core.families.qwenimage21 import QwenImage21Family
 from app.core.families.sd import StableDiffusionFamily
 from app.core.families.sd3 import SD3Family
 from app.core.families.sdxl import SDXLFamily
@@ -17,10 +19,17 @@ from app.core.families.zimage import ZImageFamily
 
 # Most specific first: the first family that owns a pipeline is its family.
 FAMILIES: tuple[Family, ...] = (
+    # Krea 2 and Qwen-Image 2.1 before Qwen-Image (all three read Qwen VLs and share its VAE
+    # or names); their own markers and transformer classes tell the two apart.
     Krea2Family(),
+    QwenImage21Family(),
     QwenImageFamily(),
     ZImageFamily(),
     SD3Family(),
+    # Flux.2 before Flux.1 (its transformer files carry Flux.1's markers too); Klein before
+    # dev, whose "flux2" would otherwise take "flux2-klein".
+    Flux2KleinFamily(),
+    Flux2Family(),
     ChromaFamily(),
     FluxFamily(),
     SDXLFamily(),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.families.base import Family, FamilyId, LatentFormat, prompt_tensors
+from app.core.pictures import Mode
 
 PROBE_CFG = 7.0  # the check's classifier-free guidance scale
 
@@ -30,6 +31,10 @@ class StableDiffusionFamily(Family):
     id = FamilyId.SD
     title = "Stable Diffusion 1.x/2.x"
     architectures = {"sd1": "Stable Diffusion 1.x", "sd2": "Stable Diffusion 2.x"}
+    picture_pipelines = {
+        Mode.IMAGE: "StableDiffusionImg2ImgPipeline",
+        Mode.INPAINT: "StableDiffusionInpaintPipeline",
+    }
     latent = SD_LATENT
 
     def owns(self, pipeline) -> bool:

@@ -35,6 +35,7 @@ from app.core.layouts import (
     t5_need,
     within_limits,
 )
+from app.core.pictures import Mode
 
 PROBE_SD3_CFG = 4.5  # the check's guidance for SD3.5 (its reference pipelines use 3.5 to 4.5)
 
@@ -231,6 +232,10 @@ class SD3Family(FlowMatching, Family):
         "text_encoder_2": "clip_g",
         "text_encoder_3": "t5xxl",
         "vae": "sd3_vae",
+    }
+    picture_pipelines = {
+        Mode.IMAGE: "StableDiffusion3Img2ImgPipeline",
+        Mode.INPAINT: "StableDiffusion3InpaintPipeline",
     }
 
     def detect_folder(

@@ -8,6 +8,7 @@ from typing import Any
 
 from app.core.families.base import FamilyId, LatentFormat, prompt_tensors
 from app.core.families.sd import StableDiffusionFamily
+from app.core.pictures import Mode
 
 # SDXL's VAE latents to RGB: a published approximation, as SD's.
 SDXL_LATENT = LatentFormat(
@@ -30,6 +31,10 @@ class SDXLFamily(StableDiffusionFamily):
     id = FamilyId.SDXL
     title = "SDXL"
     architectures = {"sdxl": "SDXL"}
+    picture_pipelines = {
+        Mode.IMAGE: "StableDiffusionXLImg2ImgPipeline",
+        Mode.INPAINT: "StableDiffusionXLInpaintPipeline",
+    }
     latent = SDXL_LATENT
 
     def owns(self, pipeline) -> bool:

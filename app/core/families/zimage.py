@@ -30,6 +30,7 @@ from app.core.layouts import (
     reader,
     within_limits,
 )
+from app.core.pictures import Mode
 
 # Z-Image's original layout (ComfyUI: diffusion_models/z_image_turbo_bf16.safetensors) ------
 
@@ -179,6 +180,9 @@ class ZImageFamily(ShiftedSigmas, Family):
     layout = LAYOUT
     pipeline_class = "ZImagePipeline"
     companion_names = {"text_encoder": "qwen_3_4b", "vae": "ae"}
+    # Not inpainting: diffusers 0.42.1's ZImageInpaintPipeline encodes the picture it is given
+    # again whatever it is, so it cannot take the watched encoder's latents.
+    picture_pipelines = {Mode.IMAGE: "ZImageImg2ImgPipeline"}
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]

@@ -28,6 +28,7 @@ from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
+from app.core.pictures import check_strength, read_pictures, steps_run
 from app.core.settings import FIELDS, PrecisionSettings
 
 
@@ -39,6 +40,7 @@ def _checked_request(request: GenerationRequest) -> GenerationRequest:
             raise HalfSafeError(f"{FIELDS[key].label}: {error}.") from None
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise HalfSafeError("The prompt and the negative prompt must be text.")
+    check_strength(request.steps, request.strength, request.mode)
     return request
 
 
@@ -115,11 +117,13 @@ def _generate_unsaved(
     cancel = cancel or CancelToken()
     pipeline = model.pipeline
     family = family_of(pipeline)
-    problem = family.text_to_image_problem(pipeline) or family.size_problem(
+    mode = request.mode
+    problem = family.picture_problem(pipeline, mode) or family.size_problem(
         pipeline, request.width, request.height
     )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
+    pictures = read_pictures(request.images, request.mask, request.width, request.height)
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
@@ -158,11 +162,12 @@ def _generate_unsaved(
         progress=progress,
         preview=on_preview,
         cancel=cancel,
+        pictures=pictures,
     )
     seeds = _seeds(request)
     entries: list[ImageResult] = []
     try:
-        progress("Encoding the prompt", 0, request.steps)
+        progress("Encoding the prompt", 0, steps_run(request.steps, request.strength, mode))
         outcomes = job.run(plan, seeds)
         finals: list[tuple[Outcome, Repair | None, str | None, int | None]] = []
         for index, (seed, outcome) in enumerate(zip(seeds, outcomes, strict=True)):
@@ -263,6 +268,8 @@ def _repair_by_cause(
         size=max(64, min(request.width, request.height) // 8 * 8),
         steps=request.steps,
         scheduler=request.scheduler,
+        images=request.images,
+        mask=request.mask,
         on_progress=progress,
         cancel=cancel,
         remember=False,

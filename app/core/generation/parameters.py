@@ -34,6 +34,7 @@ def parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         # The starting noise is made on the CPU (`Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
         (infotext.RNG, "CPU"),
+        *_picture_parameters(request),
         # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
         *infotext.setting_values(s),
         (infotext.NAN_WATCH, entry.status),
@@ -64,3 +65,16 @@ def _vae_parameters(vae: str | None) -> list[tuple[infotext.Key, Any]]:
         with contextlib.suppress(OSError):
             vae_hash = model_hash(path)
     return [(infotext.VAE_HASH, vae_hash), (infotext.VAE, path.name)]
+
+
+def _picture_parameters(request: GenerationRequest) -> list[tuple[infotext.Key, Any]]:
+    """For a job that started from a picture: A1111's `Denoising strength`, and the input
+    picture's and mask's file names (their names only: a path says more than the user
+    chose to share)."""
+    if not request.images:
+        return []
+    return [
+        (infotext.DENOISING_STRENGTH, request.strength),
+        (infotext.INPUT_PICTURE, Path(request.images[0]).name),
+        (infotext.MASK, Path(request.mask).name if request.mask else None),
+    ]

@@ -1,13 +1,14 @@
 """The probes of a failing part: only the part that went non-finite (the VAE's decode, the one
-denoiser call kept by the watch, or the prompt's encoding) re-run under a plan, to name its
-first bad layer, draw its layers' peaks in fp32, or check a fix against an fp32 reference."""
+denoiser call kept by the watch, the input picture's encoding or the prompt's) re-run under a
+plan, to name its first bad layer, draw its layers' peaks in fp32, or check a fix against an
+fp32 reference."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from app.core import diagnosis
-from app.core.generation.stages import Outcome, Stages
+from app.core.generation.stages import Outcome, Stages, _first_bad
 from app.core.generation.watch import read_flags
 from app.core.precision import PrecisionPlan, backend_flags
 
@@ -61,6 +62,8 @@ class Probes(Stages):
         self.last_probe = None
         if component == "vae":
             self.decode(plan, outcome.latents, record=True)
+        elif component == "vae_encoder":
+            self.encode_picture(plan, record=True)
         elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return None
@@ -74,6 +77,9 @@ class Probes(Stages):
         layer, to name the innermost layer that went non-finite first (kept per component)."""
         if component == "vae":
             name = self.decode(outcome.plan, outcome.latents, record=True)[1]
+        elif component == "vae_encoder":
+            self.encode_picture(outcome.plan, record=True)
+            name = _first_bad(self.last_probe)
         elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return self.first_bad.get(component)
@@ -86,12 +92,18 @@ class Probes(Stages):
 
     def part_output(self, component: str, plan: PrecisionPlan, outcome: Outcome) -> Any:
         """The failing part's output under `plan`, on the inputs it failed with: the decoded
-        pixels, one UNet call on the kept input, or the prompt's embeddings (None when no
+        pixels, one UNet call on the kept input, the picture's latents, or the prompt's
+        embeddings (None when no
         input was kept to re-run)."""
         import torch
 
         if component == "vae":
             return torch.from_numpy(self.decode(plan, outcome.latents)[0])
+        if component == "vae_encoder":
+            picture = self.encode_picture(plan)
+            return (
+                [picture.latents] if picture.masked is None else [picture.latents, picture.masked]
+            )
         if component == outcome.denoiser:
             if outcome.unet_input is None:
                 return None

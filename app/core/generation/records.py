@@ -11,6 +11,7 @@ from typing import Any
 from app import __version__
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.images import ImageSaveError, save_png
+from app.core.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 
@@ -46,6 +47,18 @@ class GenerationRequest:
     batch: int = 1
     scheduler: str = "dpmpp_2m_karras"
     output_dir: str | None = None
+    # Image-to-image and inpainting (see `pictures`): the input picture, the mask (white is
+    # painted again) and how much of the picture is drawn again (the last `strength` of the
+    # schedule runs). No picture: text-to-image.
+    images: list[str] = field(default_factory=list)
+    mask: str | None = None
+    strength: float = STRENGTH_DEFAULT
+
+    @property
+    def mode(self) -> Mode:
+        """Text-to-image, image-to-image or inpainting; HalfSafeError for a mask without a
+        picture, or several pictures."""
+        return mode_of(self.images, self.mask)
 
 
 @dataclass

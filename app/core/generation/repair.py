@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core import diagnosis
-from app.core.components import COMPONENTS, RUN_ORDER
+from app.core.components import COMPONENTS, RUN_ORDER, module_of
 from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import CancelledError
@@ -48,14 +48,14 @@ class Repairs(Probes):
             yield FixCandidate(base, dict(self.fix_settings), "; ".join(self.fix_words))
         first_bad = self.first_bad_module(component, outcome)
         yield from candidate_fixes(
-            component,
+            module_of(component),  # the VAE's encoder is fixed by the VAE's fixes
             base,
             first_bad,
             self.placed[component],
             self.bf16_native,
             lambda: self.wide_probe(component, outcome),
         )
-        if component != "vae" and any(d != "fp32" for d in base.dtypes.values()):
+        if module_of(component) != "vae" and any(d != "fp32" for d in base.dtypes.values()):
             yield diagnosis.everything_fp32(base)
 
     def repair(self, index: int, seed: int, outcome: Outcome, total: int) -> Repair:
@@ -134,7 +134,7 @@ class Repairs(Probes):
                 if self.quick_check(component, candidate.plan, outcome):
                     return candidate
             return None
-        dtype = outcome.plan.dtypes.get(component)
+        dtype = outcome.plan.dtypes.get(module_of(component))
         key = COMPONENTS[component].setting
         words = component_words(component)
         if dtype == "fp16" and self.bf16_native:
@@ -146,7 +146,8 @@ class Repairs(Probes):
 
 def _relevant_change(component: str, tried: PrecisionPlan, base: PrecisionPlan) -> bool:
     """Whether the fixes found so far change anything `component` runs with."""
-    if tried.dtypes.get(component) != base.dtypes.get(component):
+    part = module_of(component)
+    if tried.dtypes.get(part) != base.dtypes.get(part):
         return True
     flags = (
         "fp16_accumulation",

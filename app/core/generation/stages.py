@@ -1,6 +1,7 @@
-"""The stages of one generation job under a precision plan: the prompt encoded once, the
-pipeline's denoising loop for the batch under the NaN watch, and each image decoded, its pixels
-classified and its outcome recorded."""
+"""The stages of one generation job under a precision plan: the prompt encoded once, the input
+picture (image-to-image, inpainting) through the VAE's encoder, the pipeline's denoising loop
+for the batch under the NaN watch, and each image decoded, its pixels classified and its
+outcome recorded."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from app.core.generation.watch import NanWatch, read_flags
 from app.core.images import PixelStats, to_image
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora import strip_tags
+from app.core.pictures import Mode, Pictures, steps_run
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
 from app.core.preview import colours_for, latent_preview
 
@@ -26,6 +28,16 @@ class _Conditioning:
 
     embeds: dict[str, Any]
     bad: dict[str, Any]
+
+
+@dataclass
+class _Picture:
+    """The input picture's latents (and, for inpainting, those of the picture with its hole)
+    as the VAE's encoder made them under one plan, with a device-side flag."""
+
+    latents: Any
+    masked: Any | None
+    bad: Any
 
 
 @dataclass
@@ -73,8 +85,10 @@ class Stages:
         progress: ProgressCallback,
         preview: PreviewCallback | None,
         cancel: CancelToken,
+        pictures: Pictures | None = None,
     ) -> None:
         self.model = model
+        self.pictures = pictures
         self.request = request
         self.plan = plan
         self.device = device
@@ -157,6 +171,35 @@ class Stages:
             flags[name] = torch.stack(checks).any()
         return flags
 
+    def encode_picture(self, plan: PrecisionPlan, record: bool = False) -> _Picture:
+        """The input picture through the VAE's encoder under `plan` (and, for inpainting, the
+        picture with its hole grey, as an inpainting model takes it beside the mask); with
+        `record`, the first layer that went non-finite is kept (`_read`)."""
+        import torch
+
+        from app.core.probe import ActivationRecorder
+
+        pictures = self.pictures
+        assert pictures is not None  # only a job that starts from a picture encodes one
+        self.placed.apply(plan)
+        vae = self.placed["vae_encoder"]
+        recorder = ActivationRecorder(vae) if record else None
+        try:
+            with backend_flags(plan), torch.inference_mode():
+                latents = self.family.encode_pixels(vae, pictures.pixels.to(self.device))
+                masked = None
+                if pictures.mode is Mode.INPAINT:
+                    masked = self.family.encode_pixels(
+                        vae, pictures.masked_pixels().to(self.device)
+                    )
+        finally:
+            if recorder is not None:
+                recorder.remove()
+        self._read(recorder, latents)
+        parts = [latents] if masked is None else [latents, masked]
+        bad = torch.stack([~torch.isfinite(part).all() for part in parts]).any()
+        return _Picture(latents.float(), masked.float() if masked is not None else None, bad)
+
     def noise(self, seeds: list[int]):
         """Initial latents as the family's pipeline takes them and per-image generators (CPU,
         so a seed means the same image on every device); the generators go on to feed
@@ -166,14 +209,40 @@ class Stages:
         )
         return latents.to(self.device), generators
 
-    def denoise(self, plan: PrecisionPlan, conditioning: _Conditioning, seeds: list[int]):
-        """The pipeline's denoising loop for these seeds; returns (latents, watch or None)."""
+    def denoise(
+        self,
+        plan: PrecisionPlan,
+        conditioning: _Conditioning,
+        seeds: list[int],
+        picture: _Picture | None = None,
+    ):
+        """The pipeline's denoising loop for these seeds, from noise or from the input
+        `picture`'s latents; returns (latents, watch or None)."""
         import torch
 
         pipe = self._pipeline(plan)
         batch = len(seeds)
-        latents, generators = self.noise(seeds)
-        steps = self.request.steps
+        request = self.request
+        arguments: dict[str, Any] = {"height": request.height, "width": request.width}
+        if picture is None:
+            latents, generators = self.noise(seeds)
+            arguments["latents"] = latents
+        else:
+            pipe = self.family.picture_pipeline(
+                pipe, picture_mode(self.pictures), picture.latents.shape[1]
+            )
+            pipe.set_progress_bar_config(disable=True)
+            # The pipeline draws the noise it adds to the picture from these (on the CPU, so
+            # that a seed means the same image on every device).
+            generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+            arguments.update(image=picture.latents, strength=request.strength)
+            if picture.masked is not None:
+                assert self.pictures is not None
+                arguments.update(
+                    mask_image=self.pictures.mask_image, masked_image_latents=picture.masked
+                )
+            arguments = _accepted(pipe, arguments)
+        steps = steps_run(request.steps, request.strength, picture_mode(self.pictures))
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
         denoiser = self.placed[self.family.denoiser]
         watch = (
@@ -206,11 +275,9 @@ class Stages:
             with backend_flags(plan), torch.inference_mode():
                 output = pipe(
                     **embeds,
-                    height=self.request.height,
-                    width=self.request.width,
-                    num_inference_steps=steps,
-                    **self.family.call_arguments(self.request.cfg),
-                    latents=latents,
+                    **arguments,
+                    num_inference_steps=request.steps,
+                    **self.family.call_arguments(request.cfg),
                     generator=generators,
                     output_type="latent",
                     callback_on_step_end=on_step_end,
@@ -247,9 +314,12 @@ class Stages:
         """Encode, denoise and decode a batch; the watch's flags are read once, at the end."""
         conditioning = conditioning or self.encode(plan)
         self.cancel.raise_if_cancelled()
-        latents, watch = self.denoise(plan, conditioning, seeds)
-        encoders = list(conditioning.bad)
-        flags = read_flags([*conditioning.bad.values(), *(watch.flags() if watch else [])])
+        picture = self.encode_picture(plan) if self.pictures is not None else None
+        latents, watch = self.denoise(plan, conditioning, seeds, picture)
+        # The parts that run once per job, in run order: the text encoders, the VAE's encoder.
+        encoders = list(conditioning.bad) + (["vae_encoder"] if picture is not None else [])
+        once = [*conditioning.bad.values(), *([picture.bad] if picture is not None else [])]
+        flags = read_flags([*once, *(watch.flags() if watch else [])])
         bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
         per_image = flags[len(encoders) :]
         outcomes = []
@@ -282,6 +352,19 @@ class Stages:
             return None
         self.last_probe = recorder.read(output)
         return _first_bad(self.last_probe)
+
+
+def picture_mode(pictures: Pictures | None) -> Mode:
+    return pictures.mode if pictures is not None else Mode.TEXT
+
+
+def _accepted(pipe, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments that `pipe` takes: a picture pipeline that reads the size from the
+    picture (SD's image-to-image) has no height or width."""
+    import inspect
+
+    taken = inspect.signature(type(pipe).__call__).parameters
+    return {k: v for k, v in arguments.items() if k in taken}
 
 
 def _clamped_encoder_blocks(module) -> list[Any]:

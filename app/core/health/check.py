@@ -7,7 +7,7 @@ precisions of each component, the verdict, the fix's cost and the report."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,7 @@ from app.core.health.stages import (
 )
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
+from app.core.pictures import Mode, Pictures, mode_of, read_pictures
 from app.core.precision import PrecisionPlan
 from app.core.probe import ProbeResult
 from app.core.settings import PrecisionSettings
@@ -50,7 +51,7 @@ if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or on
     from app.core.profiles import RememberedFix
     from app.core.quantized import QuantFinding
 
-STAGES = 3  # the progress total: the text encoders, the denoiser, the VAE
+STAGES = 3  # the progress total: the text encoders, the denoiser, the VAE (+ its encoder)
 
 
 class Headline(str):
@@ -78,6 +79,8 @@ def check_loaded(
     steps: int = DEFAULT_STEPS,
     scheduler: str = DEFAULT_SCHEDULER,
     prompt: str = DEFAULT_PROMPT,
+    images: Sequence[str] = (),
+    mask: str | None = None,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     remember: bool = True,
@@ -86,8 +89,10 @@ def check_loaded(
     """Check a loaded model on `device` under the user's precision settings.
 
     `steps` and `scheduler` are the user's sampler settings: the denoiser is probed at the first,
-    middle and last timesteps of that schedule. Runs on the calling thread and takes seconds on a
-    GPU. Side effects: components are copied to the device for the duration (released at the
+    middle and last timesteps of that schedule. With an input picture (`images`, and `mask` for
+    inpainting) the check runs the path such a job runs: the picture, resized to the probe's
+    size, through the VAE's encoder (reported as `vae_encoder`) before the denoiser. Runs on
+    the calling thread and takes seconds on a GPU. Side effects: components are copied to the device for the duration (released at the
     end), and a verified fix is stored in the model's remembered profile (unless `remember` is
     False). With `measure_cost`, a verified fix is also timed against no-half, alternating.
     """
@@ -95,10 +100,19 @@ def check_loaded(
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
     size = _checked_size(model, size)
+    mode = mode_of(images, mask)
+    problem = family_of(model.pipeline).picture_problem(model.pipeline, mode)
+    if mode is not Mode.TEXT and problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
+    pictures = read_pictures(images, mask, size, size)
     start = _start(model, precision, device)
-    check = _Check(model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel)
+    check = _Check(
+        model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel, pictures
+    )
     try:
         encoded = check.text_encoders()
+        if pictures is not None:
+            check.vae_encoder()
         denoised = check.denoiser(encoded)
         check.vae(denoised)
         last_resort(
@@ -118,7 +132,7 @@ def check_loaded(
     finally:
         # Also on cancel or error: drop the device copies and hand cached memory back.
         check.runner.placed.release()
-    progress(DONE, STAGES, STAGES)
+    progress(DONE, check.stages, check.stages)
     return _report(model, start, size, check, verdict, fix, islands, started)
 
 
@@ -205,13 +219,15 @@ class _Check:
         measure_cost: bool,
         progress: ProgressCallback,
         cancel: CancelToken,
+        pictures: Pictures | None = None,
     ) -> None:
         self.model = model
         self.start = start
         self.plan = start.plan
         self.notes = start.notes
         self.broken = start.broken
-        self.runner = Runner(model, start.plan, size, prompt, steps, scheduler)
+        self.runner = Runner(model, start.plan, size, prompt, steps, scheduler, pictures)
+        self.stages = STAGES + (pictures is not None)  # the progress total
         self.seen = Observations()
         self.search = Search(start.plan)
         self.bf16_native = getattr(start.info, "bf16", None) == "native"
@@ -243,7 +259,7 @@ class _Check:
             elif probe.non_finite and good is not first and not good.probes[name].non_finite:
                 verify = good.probes[name]  # the fix found for a sibling fixed this one too
             elif probe.non_finite:
-                progress(found(name, search.plan.dtypes[name], first_bad_name(probe)), 0, 0)
+                progress(found(name, search.plan.dtype_of(name), first_bad_name(probe)), 0, 0)
                 if reference is None:
                     progress("Running the fp32 reference", 0, 1)
                     reference = stage_fn(diagnosis.fp32_reference(search.plan), True)
@@ -267,7 +283,7 @@ class _Check:
                     search.unfixed.append(name)
             self.reports[name] = component_report(
                 name,
-                self.plan.dtypes[name],
+                self.plan.dtype_of(name),
                 probe,
                 verify,
                 first.seconds.get(name, 0.0),
@@ -279,12 +295,21 @@ class _Check:
     def text_encoders(self) -> Stage:
         """The first stage: the text encoder(s) on the prompt and the empty prompt."""
         runner = self.runner
-        self.progress("Checking the text encoder", 0, STAGES)
+        self.progress("Checking the text encoder", 0, self.stages)
         self.cancel.raise_if_cancelled()
         self.text_encoder_names = [
             n for n in runner.family.text_encoders(self.model.pipeline) if n in self.plan.dtypes
         ]
         return self.settle(runner.encode, self.text_encoder_names, runner.encode(self.plan))
+
+    def vae_encoder(self) -> None:
+        """For a job that starts from a picture: the picture through the VAE's encoder. The
+        denoiser's probe still starts from seeded noise, so its latents never feed it."""
+        runner = self.runner
+        self.progress("Checking the VAE encoder", 1, self.stages)
+        self.cancel.raise_if_cancelled()
+        first = runner.encode_picture(self.search.plan)
+        self.settle(runner.encode_picture, ["vae_encoder"], first)
 
     # A stage fed non-finite values by an earlier one is checked on a finite stand-in, and its
     # components are reported as fed by the first component at fault upstream.
@@ -294,7 +319,7 @@ class _Check:
         (their non-finite values zeroed when nothing fixed them)."""
         runner = self.runner
         denoiser = runner.family.denoiser
-        self.progress(f"Checking the {component_words(denoiser)}", 1, STAGES)
+        self.progress(f"Checking the {component_words(denoiser)}", self.stages - 2, self.stages)
         self.cancel.raise_if_cancelled()
         conditioning = encoded.output
         if not all_finite(conditioning):  # nothing fixed an encoder: zero what is non-finite
@@ -315,7 +340,7 @@ class _Check:
         import torch
 
         runner = self.runner
-        self.progress("Checking the VAE", 2, STAGES)
+        self.progress("Checking the VAE", self.stages - 1, self.stages)
         self.cancel.raise_if_cancelled()
         latents = denoised.output
         stand_in = f"what the {component_words(runner.family.denoiser)} made of its stand-in"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core import diagnosis
-from app.core.components import in_run_order, join_words
+from app.core.components import in_run_order, join_words, module_of
 from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, Quality, candidate_fixes, no_half
 from app.core.errors import CancelledError
@@ -63,7 +63,12 @@ def choose_fix(
     module = runner.placed[name]
     candidates = list(
         candidate_fixes(
-            name, search.plan, first_bad, module, bf16_native, reference.probes.get(name)
+            module_of(name),  # the VAE's encoder is fixed by the VAE's fixes
+            search.plan,
+            first_bad,
+            module,
+            bf16_native,
+            reference.probes.get(name),
         )
     )
     for tried, candidate in enumerate(candidates):
@@ -86,7 +91,8 @@ def choose_fix(
             kind=candidate.kind,
             words=candidate.words,
             settings=dict(candidate.settings),
-            modules=len(candidate.plan.islands(name)) + len(candidate.plan.clamps.get(name, ())),
+            modules=len(candidate.plan.islands(name))
+            + len(candidate.plan.clamps.get(module_of(name), ())),
             finite=finite,
             quality=quality,
             cost={"weights_mb": round(plan_weights_mb(candidate.plan, runner.model.pipeline), 2)},
@@ -141,9 +147,12 @@ def last_resort(runner, search, seen, reports, first_probes, plan, broken, progr
     candidate = diagnosis.everything_fp32(search.plan)
     full = candidate.plan
     encoded = seen.add(runner.encode(full), full)
+    stages = dict(encoded.probes)
+    if runner.pictures is not None:
+        stages.update(seen.add(runner.encode_picture(full), full).probes)
     unet = seen.add(runner.denoise(full, encoded.output), full)
     vae = seen.add(runner.decode(full, unet.output), full)
-    stages = {**encoded.probes, **unet.probes, **vae.probes}
+    stages.update({**unet.probes, **vae.probes})
     if any(p.non_finite for p in stages.values()):
         return
     search.plan, search.settings, search.words = full, dict(candidate.settings), [candidate.words]

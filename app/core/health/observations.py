@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.core import diagnosis
-from app.core.components import COMPONENTS, FP16_MAX, Status, in_run_order
+from app.core.components import COMPONENTS, FP16_MAX, Status, in_run_order, module_of
 from app.core.components import words as component_words
 from app.core.diagnosis import AT_RISK_HEADROOM, status_from_peak
 from app.core.health.report import Advice, ComponentReport, PrecisionOutcome
@@ -27,7 +27,7 @@ class Observations:
 
     def add(self, stage: Stage, plan: PrecisionPlan) -> Stage:
         for name, probe in stage.probes.items():
-            self.runs.setdefault(name, {}).setdefault(plan.dtypes[name], probe)
+            self.runs.setdefault(name, {}).setdefault(plan.dtype_of(name), probe)
         return stage
 
     def precisions(self, name: str, broken_weights: bool) -> dict[str, PrecisionOutcome]:
@@ -184,7 +184,9 @@ def fp16_advice(
         layer_settings = {
             **settings,
             **{COMPONENTS[n].setting: "fp16" for n in overflowing},
-            "fp32_modules": [f"{n}:{p}" for n in in_run_order(overflowing) for p in layers[n]],
+            "fp32_modules": [
+                f"{module_of(n)}:{p}" for n in in_run_order(overflowing) for p in layers[n]
+            ],
         }
     return Advice(in_run_order(overflowing), settings, measured, layer_settings)
 

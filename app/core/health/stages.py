@@ -14,9 +14,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.components import in_run_order
+from app.core.components import in_run_order, module_of
 from app.core.families import family_of
 from app.core.health.cost import StepCost
+from app.core.pictures import Mode, Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, plan_weights_mb
 from app.core.probe import ActivationRecorder, ProbeResult
 from app.core.settings import FIELDS
@@ -99,11 +100,19 @@ class Runner:
     """Runs the check's three stages under any plan, on one PlacedPipeline."""
 
     def __init__(
-        self, model, plan: PrecisionPlan, size: int, prompt: str, steps: int, scheduler: str
+        self,
+        model,
+        plan: PrecisionPlan,
+        size: int,
+        prompt: str,
+        steps: int,
+        scheduler: str,
+        pictures: Pictures | None = None,
     ) -> None:
         import torch
 
         self.model = model
+        self.pictures = pictures  # the input picture (and mask) at the probe's size, if any
         self.placed = PlacedPipeline(model.pipeline, plan)
         self.device = torch.device(plan.device)
         self.size = size
@@ -132,8 +141,8 @@ class Runner:
                 t.remove()
         probes = {n: r.read(output if len(names) == 1 else None) for n, r in recorders.items()}
         seconds = {n: t.seconds for n, t in timers.items()}
-        if names == ["vae"]:  # the VAE runs through .decode, not forward: time the stage
-            seconds["vae"] = time.perf_counter() - started
+        if names in (["vae"], ["vae_encoder"]):  # .decode and .encode, not forward: time it
+            seconds[names[0]] = time.perf_counter() - started
         return Stage(probes, seconds, output)
 
     def encode(self, plan: PrecisionPlan, record: bool = True) -> Stage:
@@ -167,6 +176,22 @@ class Runner:
             )
 
         return self._watch(plan, [self.family.denoiser], run, record)
+
+    def encode_picture(self, plan: PrecisionPlan, record: bool = True) -> Stage:
+        """The input picture through the VAE's encoder (and, for inpainting, the picture with
+        its hole): the stage an image-to-image or inpainting job runs before the denoiser."""
+        pictures = self.pictures
+        assert pictures is not None  # only a check of a job that starts from a picture
+
+        def run(pipe):
+            pixels = pictures.pixels.to(self.device)
+            latents = [self.family.encode_pixels(pipe.vae, pixels)]
+            if pictures.mode is Mode.INPAINT:
+                masked = pictures.masked_pixels().to(self.device)
+                latents.append(self.family.encode_pixels(pipe.vae, masked))
+            return latents[0] if len(latents) == 1 else latents
+
+        return self._watch(plan, ["vae_encoder"], run, record)
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = True) -> Stage:
         def run(pipe):
@@ -282,7 +307,8 @@ class Runner:
 def only(plan: PrecisionPlan, names: Collection[str]) -> PrecisionPlan:
     """`plan` for a run of the components `names` alone: placing it leaves the other
     components placed as they are (the backend flags are the plan's)."""
-    return replace(plan, dtypes={n: d for n, d in plan.dtypes.items() if n in names})
+    parts = {module_of(n) for n in names}
+    return replace(plan, dtypes={n: d for n, d in plan.dtypes.items() if n in parts})
 
 
 def _rounded(value: float | None) -> float | None:

@@ -1,5 +1,6 @@
 """The companion text encoders and VAEs of a transformer file (CLIP, T5, Qwen3, Qwen2.5-VL,
-Qwen3-VL, the Wan 2.1 VAE), built from their files by the shapes and key maps of `encoders.py`."""
+Qwen3-VL, the Wan 2.1 VAE, Qwen-Image 2.1's VAE), built from their files by the shapes and key
+maps of `encoders.py`."""
 
 from __future__ import annotations
 
@@ -61,29 +62,34 @@ def _qwen25_vl_encoder(checkpoint: Checkpoint):
     return assign(path, model, tensors, "Qwen2.5-VL text encoder"), dtypes
 
 
-def _qwen3_vl_encoder(checkpoint: Checkpoint):
-    """A Qwen3-VL file (Krea 2's text encoder: model.language_model.*, model.visual.*, an LM
-    head or not), read as a Qwen3VLModel (the LM head, if any, is not used). Returns (model,
-    stored dtypes)."""
+def _qwen3_vl_encoder(checkpoint: Checkpoint, need: Need):
+    """A Qwen3-VL file (model.language_model.*, model.visual.*, an LM head or not; or without
+    the model. prefix), read as `need.reads` says: Krea 2's Qwen3VLModel (the LM head, if any,
+    is not used) or Qwen-Image 2.1's Qwen3VLForConditionalGeneration. Returns (model, stored
+    dtypes)."""
     import transformers
 
     path = checkpoint.path
+    read = encoders.QWEN3_VL_READS[need.reads]
     prefix = encoders.qwen3_vl_prefix(checkpoint.shapes)
     try:
         if prefix is None:
             raise ValueError("it has no Qwen3-VL language model and vision tower")
-        config = encoders.qwen3_vl_config(checkpoint.shapes, prefix)
+        config = encoders.qwen3_vl_config(checkpoint.shapes, prefix, read)
     except (KeyError, ValueError) as error:
         raise UnsupportedModelError(
             path, f"this Qwen3-VL text encoder cannot be built: {error}."
         ) from None
     tensors, dtypes = {}, []
     for key in checkpoint.shapes:
-        name = encoders.qwen3_vl_to_transformers(key, prefix)
+        name = encoders.qwen3_vl_to_transformers(key, prefix, read)
         if name is not None:
             tensors[name] = checkpoint.get(key)
             dtypes.append(checkpoint.dtypes[key])
-    model = empty(transformers.Qwen3VLModel, transformers.Qwen3VLConfig(**config))
+    embedding = "model.language_model.embed_tokens.weight"
+    if read.keeps_lm_head and config["tie_word_embeddings"] and embedding in tensors:
+        tensors["lm_head.weight"] = tensors[embedding]  # tied: the file keeps it once
+    model = empty(getattr(transformers, read.model_class), transformers.Qwen3VLConfig(**config))
     return assign(path, model, tensors, "Qwen3-VL text encoder"), dtypes
 
 
@@ -112,6 +118,57 @@ def load_wan_vae_file(path: Path):
     return assign(path, model, state, "VAE"), dtypes
 
 
+def load_flux2_vae_file(path: Path, base: dict):
+    """Flux.2's VAE file (flux2-vae.safetensors: the original or diffusers names, with its
+    batch-norm statistics), read as an AutoencoderKLFlux2 on the shipped config `base`."""
+    import diffusers
+    import torch
+
+    from app.core.models.conversion import _convert_vae
+
+    statistics = ("bn.running_mean", "bn.running_var")
+    with Checkpoint(path, component="vae") as checkpoint:
+        try:
+            config = arch.infer_vae_config(checkpoint.shapes, base, prefix="")
+            limits.check_vae_config(config)
+        except ValueError as error:
+            raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
+        parts = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.")
+        tensors = {k: checkpoint.get(k) for k in checkpoint.shapes if k.startswith(parts)}
+        state = _convert_vae(tensors, "", config)
+        for key in statistics:
+            if key not in checkpoint.shapes:
+                raise BadFileError(path, f"the VAE is incomplete: {key} is missing.")
+            state[key] = checkpoint.get(key)
+        # How many batches the statistics were gathered over: never used when sampling.
+        counted = "bn.num_batches_tracked"
+        state[counted] = (
+            checkpoint.get(counted)
+            if counted in checkpoint.shapes
+            else torch.zeros((), dtype=torch.long)
+        )
+        dtypes = [checkpoint.dtypes[k] for k in [*tensors, *statistics]]
+    model = empty(diffusers.AutoencoderKLFlux2.from_config, config)
+    return assign(path, model, state, "VAE"), dtypes
+
+
+def load_qwenimage21_vae_file(path: Path):
+    """Qwen-Image 2.1's VAE file (diffusers' names), with the released VAE's latent statistics
+    (resources/configs/qwenimage21/vae). Returns (model, stored dtypes)."""
+    import diffusers
+
+    released = read_json(paths.resource("configs", "qwenimage21", "vae", "config.json"))
+    with Checkpoint(path, component="vae") as checkpoint:
+        try:
+            config = encoders.qwenimage21_vae_config(checkpoint.shapes, released)
+        except (KeyError, ValueError) as error:
+            raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
+        model = empty(diffusers.AutoencoderKLQwenImage21.from_config, config)
+        state = {k: checkpoint.get(k) for k in checkpoint.shapes}
+        dtypes = list(checkpoint.dtypes.values())
+    return assign(path, model, state, "VAE"), dtypes
+
+
 def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
     """A text encoder under `prefix` of a file, as `need.kind` says: a CLIP or T5 in
     transformers' layout (a companion's own `clip_l.safetensors`, or the text_encoders.* of an
@@ -123,7 +180,7 @@ def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
     if need.kind == "qwen25_vl":
         return _qwen25_vl_encoder(checkpoint)
     if need.kind == "qwen3_vl":
-        return _qwen3_vl_encoder(checkpoint)
+        return _qwen3_vl_encoder(checkpoint, need)
     path = checkpoint.path
     words = need.words.removeprefix("its ")
     shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}

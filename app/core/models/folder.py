@@ -10,7 +10,7 @@ from app.core import architecture as arch
 from app.core import limits
 from app.core.checkpoint import read_safetensors_header, scan_weights, stored_dtype
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
-from app.core.families.registry import families_words
+from app.core.families.registry import families_words, family_of_architecture
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models import assembly
 from app.core.models.assembly import first_line
@@ -93,6 +93,8 @@ def load_folder(
             path, f"this looks like {detection.looks_like}: {detection.because}"
         )
 
+    _check_parts(path, index, components, unet_config, detection, vae)
+
     dtypes: dict[str, list[str]] = {}
     variant = None
     pickles = False
@@ -125,13 +127,16 @@ def load_folder(
     for name, found in dtypes.items():
         torch_dtype[name] = assembly.torch_dtype(stored_dtype(found))
     progress("Loading the model folder", 0, 1)
+    family = family_of_architecture(detection.architecture)
     try:
+        parts = family.folder_parts(path) if family is not None else {}
         pipeline = diffusers.DiffusionPipeline.from_pretrained(
             path,
             local_files_only=True,
             torch_dtype=torch_dtype,
             variant=variant,
             use_safetensors=None if pickles else True,
+            **parts,
         )
     except HalfSafeError:
         raise
@@ -170,6 +175,70 @@ def load_folder(
         zero_terminal_snr=detection.zero_terminal_snr,
         prediction_because=detection.prediction_because,
     )
+
+
+def _check_parts(
+    path: Path,
+    index: dict[str, Any],
+    components: dict[str, Any],
+    denoiser_config: dict[str, Any],
+    detection: arch.Detection,
+    vae: str | None,
+) -> None:
+    """Refuse, from configs and headers alone, a VAE (its vae/ folder or --vae) whose latents
+    are another family's, and a text encoder folder of another kind than the pipeline takes
+    there (or, beside a UNet, of another width than it reads): before diffusers loads a thing."""
+    import inspect
+
+    import diffusers
+
+    from app.core import parts
+    from app.core.families import architecture_title, family_of_architecture
+
+    family = family_of_architecture(detection.architecture)
+    title = architecture_title(detection.architecture)
+    model = parts.model_words(title, "model", path)
+    packed = family.packed_channels if family is not None else 1
+    # Z-Image's transformer has no out_channels: it gives back what it takes.
+    out = denoiser_config.get("out_channels") or denoiser_config.get("in_channels")
+    scales = parts.family_scales(family.title) if family is not None else ()
+    pipeline_class = getattr(diffusers, str(index.get("_class_name")), None)
+    takes: dict[str, str] = {}  # component -> the class name the pipeline's signature takes
+    if pipeline_class is not None:
+        for name, parameter in inspect.signature(pipeline_class.__init__).parameters.items():
+            kind = parameter.annotation
+            kind = kind if isinstance(kind, str) else getattr(kind, "__name__", None)
+            if isinstance(kind, str):
+                takes[name] = kind
+    wan = takes["vae"] == "AutoencoderKLQwenImage" if "vae" in takes else None
+    if isinstance(out, int) and out > 0:
+        channels = out // packed
+        given = [Path(vae).expanduser()] if vae is not None else []
+        for vae_path in ([path / "vae"] if "vae" in components else []) + given:
+            parts.check_vae(
+                vae_path, channels=channels, scales=scales, wan=wan, model=model, model_file=path
+            )
+    encoders = sorted(c for c in components if c.startswith("text_encoder"))
+    for name in encoders:
+        config = read_json(path / name / "config.json", owner=path / name)
+        declared = str(components[name][1])
+        found = parts.text_encoder_class_part(declared, config)
+        wanted = parts.encoder_class_kind(takes.get(name, ""))
+        if (
+            found is not None
+            and wanted is not None
+            and parts.encoder_class_kind(declared) != wanted
+        ):
+            parts.refuse(path / name, found, model, parts.text_encoder_part(wanted).words, path)
+    text_width = denoiser_config.get("cross_attention_dim")
+    if encoders == ["text_encoder"] and isinstance(text_width, int):
+        config = read_json(path / "text_encoder" / "config.json", owner=path / "text_encoder")
+        width = config.get("hidden_size")
+        found = parts.text_encoder_class_part(str(components["text_encoder"][1]), config)
+        if found is not None and isinstance(width, int) and width != text_width:
+            parts.refuse(
+                path / "text_encoder", found, model, f"a {text_width}-wide text encoder", path
+            )
 
 
 def _modules(pipeline) -> list[Any]:

@@ -87,6 +87,8 @@ def load_single_file(
                 "file with --vae.",
             )
         vae_path = Path(vae).expanduser() if vae is not None else None
+        if vae_path is not None:
+            _check_vae_file(path, vae_path, detection)
         parts = [path] if vae_path is None else [path, vae_path]
         files = [path] if vae_path is None else [path, *vae_files(vae_path)]
         identity = Identity(detection.architecture, detection.prediction_type, parts, files)
@@ -186,6 +188,25 @@ def scheduler_for(config, prediction_type: str, zero_terminal_snr: bool, like=No
             scheduler_class = diffusers.EulerDiscreteScheduler
         extra.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
     return scheduler_class.from_config(config, **extra)
+
+
+def _check_vae_file(path: Path, vae: Path, detection: arch.Detection) -> None:
+    """Refuse a --vae whose header or config says its latents are another family's, before
+    anything is read (`parts.check_vae`)."""
+    from app.core import parts
+    from app.core.families import architecture_title
+
+    base = read_json(
+        config_folder(detection.config_name or detection.family) / "vae" / "config.json"
+    )
+    scale = base.get("scaling_factor")
+    parts.check_vae(
+        vae,
+        channels=int(base.get("latent_channels", 4)),
+        scales=(float(scale),) if isinstance(scale, (int, float)) else (),
+        model=parts.model_words(architecture_title(detection.architecture), "checkpoint", path),
+        model_file=path,
+    )
 
 
 def _sidecar_config(path: Path) -> str | None:

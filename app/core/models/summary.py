@@ -3,11 +3,14 @@ pipeline, so it crosses to the GUI process as itself."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.checkpoint import WeightScan
+from app.core.errors import HalfSafeError
 from app.core.models.loaded import LoadedModel
+from app.core.pictures import Mode
 from app.core.profiles import RememberedFix
 
 # The pipeline parts a summary lists, in pipeline order.
@@ -19,7 +22,9 @@ class ModelSummary:
     """A loaded model in facts: where it came from, what it is, how its weights are stored and
     what their scan found, and the fix remembered for it on the device jobs run on (with the
     name of that device), if any. `profile_notes`: a sentence each when the remembered fixes'
-    file was found damaged (and kept aside) by this load."""
+    file was found damaged (and kept aside) by this load. `picture_modes`: for image-to-image
+    and inpainting (`pictures.Mode`), "" where this model runs the mode, else the one sentence
+    why not; empty when not known (a summary made without a pipeline): the job then decides."""
 
     source: str
     name: str
@@ -39,6 +44,7 @@ class ModelSummary:
     remembered_fix: RememberedFix | None = None
     remembered_on: str = ""  # the device the remembered fix is for
     profile_notes: tuple[str, ...] = ()
+    picture_modes: Mapping[Mode, str] = field(default_factory=dict)
 
 
 def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
@@ -65,7 +71,22 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         remembered_fix=remembered,
         remembered_on=on,
         profile_notes=tuple(notes),
+        picture_modes=_picture_modes(pipeline),
     )
+
+
+def _picture_modes(pipeline) -> dict[Mode, str]:
+    """Which picture modes the model's family runs for this pipeline, asked here in the
+    engine (the window never imports torch): "" for a mode it runs, else the sentence why not."""
+    from app.core.families.registry import family_of
+
+    try:
+        family = family_of(pipeline)
+    except HalfSafeError:
+        return {}
+    return {
+        mode: family.picture_problem(pipeline, mode) or "" for mode in (Mode.IMAGE, Mode.INPAINT)
+    }
 
 
 def _remembered_fix(profile_key: str, device: str) -> tuple[RememberedFix | None, str, list[str]]:

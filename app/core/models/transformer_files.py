@@ -9,11 +9,17 @@ from typing import Any
 
 from app.core import paths, split
 from app.core.checkpoint import Checkpoint, one_torch_thread, scan_weights, stored_dtype
+from app.core.encoders import QWEN3_VL_READS
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.layouts import AbsurdSizes, SplitModel, to_diffusers
 from app.core.models.assembly import assign, built, empty, first_line
-from app.core.models.companions import load_text_encoder, load_wan_vae_file
+from app.core.models.companions import (
+    load_flux2_vae_file,
+    load_qwenimage21_vae_file,
+    load_text_encoder,
+    load_wan_vae_file,
+)
 from app.core.models.configs import read_json
 from app.core.models.conversion import load_vae_override, vae_from_checkpoint, vae_keys
 from app.core.models.identity import Hasher, Identity, vae_files
@@ -49,7 +55,13 @@ def load_split(
     and every companion found before a tensor is read."""
     import diffusers
 
-    from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
+    from app.core.tokenizers import (
+        clip_tokenizer,
+        qwen2_tokenizer,
+        qwen3_tokenizer,
+        qwen3_vl_processor,
+        t5_tokenizer,
+    )
 
     tokenizers = {
         "t5": t5_tokenizer,
@@ -57,6 +69,8 @@ def load_split(
         "qwen25_vl": qwen2_tokenizer,
         "qwen3_vl": qwen2_tokenizer,  # Qwen3-VL reads the same BPE (Krea 2 applies its template)
     }
+    if model.unsupported is not None:
+        raise UnsupportedModelError(path, model.unsupported + ".")
     companions = split.find_companions(path, model, text_encoders, vae)
     missing = split.missing_sentence(model, companions, path)
     if missing is not None:
@@ -87,6 +101,11 @@ def load_split(
                 checkpoint.component = need.component
                 if need.kind == "wan_vae" and where is not None:
                     part, dtypes = load_wan_vae_file(where)
+                elif need.kind == "flux2_vae" and where is not None:
+                    base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
+                    part, dtypes = load_flux2_vae_file(where, base)
+                elif need.kind == "qwenimage21_vae" and where is not None:
+                    part, dtypes = load_qwenimage21_vae_file(where)
                 elif need.kind == "vae":
                     base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
                     if where is not None:
@@ -110,7 +129,9 @@ def load_split(
                         )
                 components[need.component] = part
                 used += dtypes
-                if need.is_text_encoder:
+                if need.kind == "qwen3_vl" and QWEN3_VL_READS[need.reads].processor:
+                    components["processor"] = qwen3_vl_processor()
+                elif need.is_text_encoder:
                     tokenizer = need.component.replace("text_encoder", "tokenizer")
                     components[tokenizer] = (
                         tokenizers[need.kind]()

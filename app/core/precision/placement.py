@@ -9,7 +9,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from app.core.components import FP16_MAX
+from app.core.components import FP16_MAX, module_of
 from app.core.precision.attention import set_attention
 from app.core.precision.autocast import _ENTRY_SUBMODULES, _AutocastOff, _set_autocast
 from app.core.precision.plan import PrecisionPlan, _is_t5_feed_forward, torch_dtype
@@ -181,10 +181,11 @@ class PlacedPipeline:
         return module
 
     def __getitem__(self, name: str):
-        return self._placed[name][1]
+        """The placed module of a component (the VAE's for its encoder, see `module_of`)."""
+        return self._placed[module_of(name)][1]
 
     def __contains__(self, name: str) -> bool:
-        return name in self._placed
+        return module_of(name) in self._placed
 
     def pipeline(self):
         """The source pipeline's twin running the placed components (a shallow copy: the

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.components import COMPONENTS as ALL_COMPONENTS
-from app.core.components import RUN_ORDER
+from app.core.components import PIPELINE_PARTS, module_of
 
 DTYPE_NAMES = ("fp16", "bf16", "fp32")
 # Components we place and check, in the order a pipeline runs them.
-COMPONENTS = RUN_ORDER
+COMPONENTS = PIPELINE_PARTS
 COMPONENT_SETTING = {c.name: c.setting for c in ALL_COMPONENTS.values()}
 _BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
@@ -83,8 +83,14 @@ class PrecisionPlan:
         """How many modules run in another dtype than their component, over all components."""
         return sum(len(self.islands(c)) for c in self.modules)
 
+    def dtype_of(self, component: str) -> str:
+        """The dtype a checked component runs in (the VAE's for its encoder, see
+        `components.module_of`)."""
+        return self.dtypes[module_of(component)]
+
     def islands(self, component: str) -> dict[str, str]:
         """The module islands of `component` that differ from its dtype."""
+        component = module_of(component)
         own = self.dtypes.get(component)
         return {m: d for m, d in (self.modules.get(component) or {}).items() if d != own}
 

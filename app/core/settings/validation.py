@@ -11,7 +11,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.components import COMPONENTS
+from app.core.components import PIPELINE_PARTS
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda|cuda:\d+|mps|xpu|xpu:\d+)$")
 
@@ -81,9 +81,9 @@ def _check_module_entries(value: Any) -> list[str]:
                 f"expected COMPONENT:PATH with a dotted module path of at most "
                 f"{MAX_MODULE_PATH} characters, got {shown(entry)}"
             )
-        if component not in COMPONENTS:
+        if component not in PIPELINE_PARTS:
             raise ValueError(
-                f"{shown(component)} is not a component (one of {', '.join(COMPONENTS)})"
+                f"{shown(component)} is not a component (one of {', '.join(PIPELINE_PARTS)})"
             )
     return list(dict.fromkeys(value))
 

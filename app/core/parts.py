@@ -1,0 +1,409 @@
+"""Which model family a part file belongs to (a text encoder, a VAE or a LoRA handed over with a
+model or found beside it), read from its header or config alone, and the one sentence that
+refuses a part of another family before anything is built or run (`WrongPartError`).
+
+What a part is comes from what already reads it: a text encoder's kind from
+`encoders.encoder_kind` (or its config's class), a VAE's latent channels from its decoder's
+input, a LoRA's layers against the transformer layouts of the families. Which families take it
+is asked of the registry: a text encoder of a kind belongs to the families whose companion files
+are named for that kind (`Family.companion_names`: "qwen_3_4b" is a Qwen3, "t5xxl" a T5); a VAE
+to the families whose latents have its channels (`Family.latent`) and, where its config states a
+latent scale, whose shipped VAE config (`resources/configs/<architecture>/vae`) has that scale;
+a LoRA to the families whose transformer layout has its layers, or whose pipeline has the text
+encoders and denoiser it adapts. Shapes and names only: nothing is built here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from app.core import architecture as arch
+from app.core import limits, paths
+from app.core.encoders import encoder_kind, is_wan_vae, wan_vae_config
+from app.core.errors import WrongPartError
+from app.core.families import FAMILIES, Family
+from app.core.layouts import Shapes
+
+# What a text encoder of each kind is called (its model, not a family).
+ENCODER_WORDS = {
+    "t5": "T5",
+    "clip": "CLIP",
+    "qwen3": "Qwen3",
+    "qwen25_vl": "Qwen2.5-VL",
+}
+# transformers' classes -> the kind of text encoder they are (a diffusers folder's config).
+_ENCODER_CLASSES = (
+    ("T5EncoderModel", "t5"),
+    ("CLIPTextModel", "clip"),
+    ("Qwen2_5_VL", "qwen25_vl"),
+    ("Qwen3", "qwen3"),
+)
+VAE_PREFIXES = (arch.VAE, "vae.", "")  # a full checkpoint's VAE, a "vae." save, a VAE file
+# Two latent scales are the same family's when they differ by less than this (configs round).
+_SCALE_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class PartOf:
+    """What a part file is (`words`: "a Qwen2.5-VL text encoder", "a 4-channel VAE") and the
+    titles of the families it belongs to (empty: none HalfSafe runs, or its file does not
+    tell)."""
+
+    words: str
+    families: tuple[str, ...] = ()
+
+    def described(self) -> str:
+        """ "a 4-channel VAE (Stable Diffusion 1.x/2.x's or SDXL's)" """
+        if not self.families:
+            return self.words
+        return f"{self.words} ({self.owners()})"
+
+    def noted(self) -> str:
+        """ "a 4-channel VAE, Stable Diffusion 1.x/2.x's or SDXL's" (inside parentheses)"""
+        return f"{self.words}, {self.owners()}" if self.families else self.words
+
+    def owners(self) -> str:
+        owners = [f"{title}'s" for title in self.families]
+        return owners[0] if len(owners) == 1 else ", ".join(owners[:-1]) + " or " + owners[-1]
+
+
+def model_words(title: str, what: str, model: str | Path) -> str:
+    """ "the Flux.1 transformer flux1-dev.safetensors" """
+    return f"the {title} {what} {Path(model).name}"
+
+
+def refuse(
+    part: str | Path, found: PartOf, model: str, wanted: str, model_file: str | Path
+) -> None:
+    """Raise the one sentence: `part` is `found`, but `model` ("the Flux.1 transformer
+    flux1-dev.safetensors") needs `wanted` ("its 16-channel VAE (ae)")."""
+    raise WrongPartError(
+        part, model_file, f"this is {found.described()}, but {model} needs {wanted}."
+    )
+
+
+# Text encoders ---------------------------------------------------------------------------------
+
+
+def _compact(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _stem_kind(stem: str) -> str | None:
+    """The kind of text encoder a companion file's usual name says ("qwen_3_4b": qwen3); the
+    longest kind that starts the name wins ("qwen_3_vl" would be a "qwen3_vl" before a
+    "qwen3")."""
+    compact = _compact(stem)
+    kinds = sorted(ENCODER_WORDS, key=lambda k: -len(_compact(k)))
+    return next((k for k in kinds if compact.startswith(_compact(k))), None)
+
+
+def encoder_families(kind: str) -> tuple[str, ...]:
+    """The titles of the families whose transformer files run with a text encoder of `kind`."""
+    return tuple(
+        f.title
+        for f in reversed(FAMILIES)  # oldest first, as `registry.families_words`
+        if any(
+            _stem_kind(stem) == kind
+            for component, stem in f.companion_names.items()
+            if component.startswith("text_encoder")
+        )
+    )
+
+
+def text_encoder_part(kind: str, width: int | None = None) -> PartOf:
+    """A text encoder of `kind` (as `encoder_kind` says), `width` wide where known."""
+    size = f"{width}-wide " if width else ""
+    return PartOf(f"a {size}{ENCODER_WORDS[kind]} text encoder", encoder_families(kind))
+
+
+def encoder_width(kind: str, shapes: Shapes) -> int | None:
+    """A text encoder file's hidden width from its token embedding (None where it has none)."""
+    from app.core.encoders import qwen3_prefix
+
+    names = {
+        "t5": "shared.weight",
+        "clip": "text_model.embeddings.token_embedding.weight",
+        "qwen25_vl": "model.embed_tokens.weight",
+        "qwen3": f"{qwen3_prefix(shapes) or ''}embed_tokens.weight",
+    }
+    shape = shapes.get(names[kind], ())
+    return shape[1] if len(shape) == 2 else None
+
+
+def text_encoder_of(shapes: Shapes) -> PartOf | None:
+    """What a text-encoder file is, from its header (None: no text encoder read here)."""
+    kind = encoder_kind(shapes)
+    return None if kind is None else text_encoder_part(kind, encoder_width(kind, shapes))
+
+
+def encoder_class_kind(class_name: str) -> str | None:
+    """The kind of text encoder a transformers class is ("T5EncoderModel": t5), or None."""
+    return next((k for name, k in _ENCODER_CLASSES if class_name.startswith(name)), None)
+
+
+def text_encoder_class_part(class_name: str, config: Mapping[str, Any]) -> PartOf | None:
+    """What a diffusers folder's text encoder is, from its config's class (None: not one of
+    the kinds read here)."""
+    kind = encoder_class_kind(class_name)
+    if kind is None:
+        return None
+    width = config.get("d_model") or config.get("hidden_size")
+    if width is None and isinstance(config.get("text_config"), Mapping):
+        width = config["text_config"].get("hidden_size")
+    return text_encoder_part(kind, int(width) if isinstance(width, int) else None)
+
+
+# VAEs ------------------------------------------------------------------------------------------
+
+
+@cache
+def _shipped_scales() -> dict[str, tuple[float, ...]]:
+    """Family title -> the latent scales of its shipped VAE configs (families with none are
+    left out: their scale is not known here)."""
+    scales: dict[str, tuple[float, ...]] = {}
+    for candidate in FAMILIES:
+        found = []
+        for name in candidate.architectures:
+            config = paths.resource("configs", name, "vae", "config.json")
+            if limits.is_regular_file(config):
+                value = limits.read_json_object(config).get("scaling_factor")
+                if isinstance(value, (int, float)):
+                    found.append(float(value))
+        if found:
+            scales[candidate.title] = tuple(found)
+    return scales
+
+
+def vae_part(channels: int, scale: float | None = None, wan: bool = False) -> PartOf:
+    """A VAE making `channels`-channel latents, with the latent `scale` its config states
+    (None: its file does not say), `wan` in the Wan 2.1 layout."""
+    if wan:
+        return PartOf(f"a {channels}-channel VAE in the Wan 2.1 layout")
+    families = [f.title for f in reversed(FAMILIES) if f.latent.channels == channels]
+    if scale is not None:
+        scales = _shipped_scales()
+        families = [t for t in families if any(same_scale(scale, s) for s in scales.get(t, ()))]
+        return PartOf(f"a {channels}-channel VAE with a latent scale of {scale:g}", tuple(families))
+    return PartOf(f"a {channels}-channel VAE", tuple(families))
+
+
+def same_scale(a: float, b: float) -> bool:
+    return abs(a - b) <= _SCALE_TOLERANCE * max(abs(a), abs(b))
+
+
+def vae_channels(shapes: Shapes) -> int | None:
+    """The latent channels of a VAE file (original or diffusers layout, a full checkpoint's
+    first_stage_model, or the Wan 2.1 layout), from its header; None when it holds no VAE."""
+    if is_wan_vae(shapes):
+        try:
+            return int(wan_vae_config(shapes)["z_dim"])
+        except ValueError:
+            return None
+    for prefix in VAE_PREFIXES:
+        shape = shapes.get(prefix + "decoder.conv_in.weight", ())
+        if len(shape) == 4:
+            return int(shape[1])
+    return None
+
+
+def vae_file_of(shapes: Shapes) -> PartOf | None:
+    """What a VAE file is, from its header (None: it holds no VAE)."""
+    channels = vae_channels(shapes)
+    if channels is None:
+        return None
+    return vae_part(channels, wan=is_wan_vae(shapes))
+
+
+def vae_folder_of(config: Mapping[str, Any]) -> PartOf | None:
+    """What a diffusers VAE folder is, from its config.json (None: no latent channels)."""
+    channels = config.get("latent_channels") or config.get("z_dim")
+    if not isinstance(channels, int):
+        return None
+    scale = config.get("scaling_factor")
+    wan = config.get("_class_name") == "AutoencoderKLQwenImage"
+    return vae_part(channels, float(scale) if isinstance(scale, (int, float)) else None, wan)
+
+
+@dataclass(frozen=True)
+class VaeAt:
+    """A separate VAE file or folder as its header or config.json tells it: its latent
+    channels, the latent scale its config states (None: a file, which does not say) and
+    whether it is in the Wan 2.1 layout."""
+
+    part: PartOf
+    channels: int
+    scale: float | None
+    wan: bool
+
+
+def vae_at(path: Path) -> VaeAt | None:
+    """What the VAE at `path` is, from a file's header or a folder's config.json; None where
+    neither tells (no such path, a pickle, a file that holds no VAE: the loader's to refuse).
+    Raises what reading a header raises for a damaged file."""
+    from app.core.checkpoint import is_pickle_file
+    from app.core.checkpoint.header import read_header
+
+    if path.is_dir():
+        config_file = path / "config.json"
+        if not limits.is_regular_file(config_file):
+            return None
+        try:
+            config = limits.read_json_object(config_file)
+        except (OSError, ValueError):
+            return None  # the loader names what is wrong with it
+        part = vae_folder_of(config)
+        channels = config.get("latent_channels") or config.get("z_dim")
+        if part is None or not isinstance(channels, int):
+            return None
+        scale = config.get("scaling_factor")
+        return VaeAt(
+            part,
+            channels,
+            float(scale) if isinstance(scale, (int, float)) else None,
+            config.get("_class_name") == "AutoencoderKLQwenImage",
+        )
+    if not path.is_file() or is_pickle_file(path):
+        return None
+    shapes = read_header(path).shapes()
+    channels = vae_channels(shapes)
+    if channels is None:
+        return None
+    wan = is_wan_vae(shapes)
+    return VaeAt(vae_part(channels, wan=wan), channels, None, wan)
+
+
+def check_vae(
+    path: Path,
+    *,
+    channels: int,
+    scales: tuple[float, ...] = (),
+    wan: bool | None = None,
+    model: str,
+    model_file: Path,
+    wanted: str | None = None,
+) -> None:
+    """Refuse the VAE at `path` (header or config only) when its latents are not the model's:
+    other channels; the other layout (`wan`: whether the model's VAE is in the Wan 2.1 layout,
+    None: either); or a latent scale its config states that is another family's and none of
+    `scales` (the model's), which is another latent space with the same channels. `wanted` is
+    what the model needs in words ("its 16-channel VAE (ae)"), `model` the model in words
+    (`model_words`). A scale no family ships is a fine-tune's own: not refused."""
+    found = vae_at(path)
+    if found is None:
+        return
+    want = wanted or f"a {channels}-channel VAE"
+    if found.channels != channels or (wan is not None and found.wan != wan):
+        refuse(path, found.part, model, want, model_file)
+    if (
+        found.scale is not None
+        and scales
+        and found.part.families
+        and not any(same_scale(found.scale, s) for s in scales)
+    ):
+        shown = " or ".join(f"{s:g}" for s in dict.fromkeys(scales))
+        refuse(path, found.part, model, f"{want} with a latent scale of {shown}", model_file)
+
+
+def family_scales(title: str) -> tuple[float, ...]:
+    """The latent scales of a family's shipped VAE configs (empty: none shipped)."""
+    return _shipped_scales().get(title, ())
+
+
+# LoRAs -----------------------------------------------------------------------------------------
+
+_LORA_ENDINGS = (
+    ".lora_down.weight",
+    ".lora_up.weight",
+    ".lora_A.weight",
+    ".lora_B.weight",
+    ".lora.down.weight",
+    ".lora.up.weight",
+    ".alpha",
+)
+_TRANSFORMER_PREFIXES = ("lora_unet_", "diffusion_model.", "transformer.", "lora_transformer_")
+
+
+def _lora_layers(keys: Iterable[str]) -> set[str]:
+    layers = set()
+    for key in keys:
+        for ending in _LORA_ENDINGS:
+            if key.endswith(ending):
+                layers.add(key[: -len(ending)])
+                break
+    return layers
+
+
+def _in_layout(layers: set[str], family: Family) -> bool:
+    """Whether a LoRA's layers (kohya's underscores or dotted names) adapt one of the layers
+    that mark `family`'s transformer layout."""
+    layout = family.layout
+    if layout is None:
+        return False
+    marks = {_compact(m.removesuffix(".weight")) for m in layout.markers}
+    for layer in layers:
+        name = layer
+        for prefix in _TRANSFORMER_PREFIXES:
+            name = name.removeprefix(prefix)
+        if _compact(name) in marks:
+            return True
+    return False
+
+
+def _text_encoders(layers: set[str]) -> int:
+    """How many text encoders a LoRA adapts (kohya's lora_te_, lora_te1_, lora_te2_; diffusers'
+    text_encoder., text_encoder_2.)."""
+    if any(layer.startswith(("lora_te2_", "text_encoder_2.")) for layer in layers):
+        return 2
+    if any(layer.startswith(("lora_te_", "lora_te1_", "text_encoder.")) for layer in layers):
+        return 1
+    return 0
+
+
+def _adapts_unet(layers: set[str]) -> bool:
+    return any(
+        layer.startswith(("unet.", "lora_unet_down_blocks", "lora_unet_up_blocks"))
+        or layer.startswith(("lora_unet_input_blocks", "lora_unet_output_blocks"))
+        or layer.startswith(("lora_unet_mid_block", "lora_unet_middle_block"))
+        for layer in layers
+    )
+
+
+def cross_attention_width(tensors: Mapping[str, Any]) -> int | None:
+    """The text width a UNet LoRA's cross-attention keys read (its attn2.to_k down factor's
+    input), None where it adapts none."""
+    for key, tensor in tensors.items():
+        if re.search(r"attn2[._]to_k", key) and key.endswith(
+            (".lora_down.weight", ".lora_A.weight", ".lora.down.weight")
+        ):
+            shape = tuple(getattr(tensor, "shape", ()))
+            if len(shape) == 2:
+                return int(shape[1])
+    return None
+
+
+def lora_of(keys: Iterable[str]) -> PartOf:
+    """What a LoRA is made for, from its key names: the families whose transformer layout it
+    adapts; else, for a UNet LoRA with text-encoder layers, the UNet families whose pipeline
+    has as many text encoders (empty: its names do not tell)."""
+    layers = _lora_layers(keys)
+    transformer = tuple(f.title for f in reversed(FAMILIES) if _in_layout(layers, f))
+    if transformer:
+        return PartOf("a LoRA", transformer)
+    encoders = _text_encoders(layers)
+    if _adapts_unet(layers) and encoders:
+        stand_in = SimpleNamespace(unet=True, text_encoder=True, text_encoder_2=None)
+        if encoders == 2:
+            stand_in.text_encoder_2 = True
+        owner = next(
+            (f for f in FAMILIES if f.transformer_class is None and f.owns(stand_in)), None
+        )
+        if owner is not None:
+            return PartOf("a LoRA", (owner.title,))
+    return PartOf("a LoRA")

@@ -1,0 +1,183 @@
+"""The pictures a job starts from: image-to-image's input picture and inpainting's mask, read
+within bounds and made into what the pipeline and the VAE's encoder take.
+
+A job's mode follows from what it is given: no picture is text-to-image, a picture is
+image-to-image, a picture and a mask is inpainting (white in the mask is painted again, black
+is kept, as every tool has it). The picture is resized to the job's size; the mask to the
+same size, then made hard (0 or 1) at half grey. PIL is imported inside the functions, so that
+naming a mode stays cheap (the GUI does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from app.core.errors import BadFileError, HalfSafeError
+
+
+class Mode(str, Enum):
+    """What a job makes its pictures from. The value is the word the JSON and the PNG use."""
+
+    TEXT = "txt2img"
+    IMAGE = "img2img"
+    INPAINT = "inpaint"
+
+    @property
+    def words(self) -> str:
+        return _MODE_WORDS[self]
+
+
+_MODE_WORDS = {
+    Mode.TEXT: "text-to-image",
+    Mode.IMAGE: "image-to-image",
+    Mode.INPAINT: "inpainting",
+}
+
+STRENGTH_DEFAULT = 0.75  # how much of the picture is drawn again (A1111's "denoising strength")
+
+
+def mode_of(images: Sequence[str], mask: str | None) -> Mode:
+    """The mode of a job given these input pictures and this mask; a mask without a picture
+    to mask, or several pictures (only editing models take references), is refused."""
+    if mask is not None and not images:
+        raise HalfSafeError("A mask needs the picture it masks: give the input picture too.")
+    if len(images) > 1:
+        raise HalfSafeError(
+            f"{len(images)} input pictures were given; image-to-image and inpainting start "
+            "from one."
+        )
+    if not images:
+        return Mode.TEXT
+    return Mode.INPAINT if mask is not None else Mode.IMAGE
+
+
+def steps_run(steps: int, strength: float, mode: Mode) -> int:
+    """How many of `steps` the pipeline runs: all for text-to-image; for a picture, the last
+    `strength` of the schedule (as every diffusers picture pipeline counts them)."""
+    if mode is Mode.TEXT:
+        return steps
+    return min(int(steps * strength), steps)
+
+
+def check_strength(steps: int, strength: float, mode: Mode) -> None:
+    """Refuse a strength outside (0, 1], or one so small that no step runs."""
+    if mode is Mode.TEXT:
+        return
+    if not isinstance(strength, (int, float)) or not 0.0 < strength <= 1.0:
+        raise HalfSafeError(
+            f"Strength: {strength!r} is not between 0 and 1 (0.75 redraws three quarters)."
+        )
+    if steps_run(steps, strength, mode) < 1:
+        raise HalfSafeError(
+            f"Strength: {strength:g} of {steps} steps runs no step; raise the strength or the "
+            "steps."
+        )
+
+
+@dataclass(frozen=True)
+class Pictures:
+    """A job's input, made ready: `pixels` (1, 3, H, W) float32 in [-1, 1] and, for
+    inpainting, `mask` (1, 1, H, W) float32, 1 where the picture is painted again, with
+    `mask_image` the same as a greyscale PIL image (what a pipeline's mask processor takes).
+    All on the CPU; `sources` are the files they came from."""
+
+    mode: Mode
+    pixels: Any
+    mask: Any | None
+    mask_image: Any | None
+    sources: tuple[str, ...]
+
+    def masked_pixels(self) -> Any:
+        """The picture with the part to paint again set to grey (0), as inpainting models
+        take it."""
+        return self.pixels * (self.mask < 0.5)
+
+
+def read_pictures(
+    images: Sequence[str], mask: str | None, width: int, height: int
+) -> Pictures | None:
+    """The input picture (and mask) at `width` x `height`, or None for text-to-image. A file
+    that is not a readable picture within the bounds is one sentence naming it."""
+    import numpy as np
+    import torch
+
+    mode = mode_of(images, mask)
+    if mode is Mode.TEXT:
+        return None
+    picture = _open(Path(images[0]).expanduser(), "RGB", width, height)
+    unit = np.asarray(picture, dtype=np.float32) / 255.0
+    pixels = torch.from_numpy(unit).permute(2, 0, 1)[None] * 2.0 - 1.0
+    mask_tensor = mask_image = None
+    sources = (str(images[0]),)
+    if mask is not None:
+        grey = _open(Path(mask).expanduser(), "L", width, height)
+        hard = (np.asarray(grey, dtype=np.float32) >= 128.0).astype(np.float32)
+        if not hard.any():
+            raise BadFileError(
+                mask, "the mask is black all over, so nothing would be painted (white is painted)."
+            )
+        mask_tensor = torch.from_numpy(hard)[None, None]
+        from PIL import Image
+
+        mask_image = Image.fromarray((hard * 255).astype(np.uint8), "L")
+        sources += (str(mask),)
+    return Pictures(mode, pixels.contiguous(), mask_tensor, mask_image, sources)
+
+
+def picture_size(path: str, native: int, step: int = 16) -> tuple[int, int]:
+    """The size to draw a picture at when the user gave none: its own proportions, its longer
+    side the model's native size, each side a multiple of `step` (every family's grid
+    divides 16). Reads the file's header only; a file that is no picture is one sentence."""
+    from PIL import Image, UnidentifiedImageError
+
+    from app.core.images import read_head
+
+    file = Path(path).expanduser()
+    read_head(file)
+    try:
+        with Image.open(file) as image:
+            w, h = image.size
+    except UnidentifiedImageError:
+        raise BadFileError(file, "not a picture HalfSafe can read (PNG, JPEG or WebP).") from None
+    except (OSError, ValueError) as error:
+        raise BadFileError(file, f"the picture cannot be read ({error}).") from None
+    if not w or not h:
+        raise BadFileError(file, f"says it is {w}x{h} pixels.")
+    scale = native / max(w, h)
+    return tuple(max(step, round(side * scale / step) * step) for side in (w, h))  # type: ignore[return-value]
+
+
+def _open(path: Path, kind: str, width: int, height: int):
+    """A picture file decoded as `kind` ("RGB" or "L") at width x height, within the bounds
+    of the image reader (file size and pixel count checked before it is decoded)."""
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    from app.core.images import MAX_PIXELS, read_head
+
+    read_head(path)  # a file, and not larger than a picture can be
+    try:
+        with Image.open(path) as image:
+            w, h = image.size
+            if not w or not h or w * h > MAX_PIXELS:
+                raise BadFileError(
+                    path,
+                    f"says it is {w}x{h} pixels; input pictures of 1 to "
+                    f"{MAX_PIXELS // 1_000_000} million pixels are read.",
+                )
+            image.load()
+            upright = ImageOps.exif_transpose(image) or image
+            converted = upright.convert(kind)
+    except BadFileError:
+        raise
+    except UnidentifiedImageError:
+        raise BadFileError(path, "not a picture HalfSafe can read (PNG, JPEG or WebP).") from None
+    except (OSError, ValueError, Image.DecompressionBombError) as error:
+        raise BadFileError(path, f"the picture cannot be read ({error}).") from None
+    if converted.size != (width, height):
+        resample = Image.Resampling.LANCZOS if kind == "RGB" else Image.Resampling.BILINEAR
+        converted = converted.resize((width, height), resample)
+    return converted

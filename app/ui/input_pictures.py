@@ -1,0 +1,301 @@
+"""The Generate page's input picture, mask and strength: what image-to-image and inpainting
+start from. A file is taken from a file dialog or a drop, shown small with its name, and read
+up front (its header only), so a file that is no picture is one sentence, not a failed job."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSize, Qt, Signal
+from PySide6.QtGui import QImageReader, QPixmap
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.errors import HalfSafeError
+from app.core.explain import is_image_path
+from app.core.models.summary import ModelSummary
+from app.core.pictures import STRENGTH_DEFAULT, Mode, picture_size
+from app.ui import words
+from app.ui.widgets import label
+
+PICTURE_FILES = "Pictures (*.png *.jpg *.jpeg *.webp)"
+SLOT_THUMBNAIL = 48
+STRENGTH_RANGE = (0.01, 1.0)
+
+# check(path) -> "" when the file can be taken, else one sentence naming it.
+Check = Callable[[str], str]
+
+
+def readable_picture(path: str) -> str:
+    """'' when `path` is a picture HalfSafe reads (its header, as the engine will), else the
+    engine's own sentence naming the file (`BadFileError`)."""
+    try:
+        picture_size(path, 64)
+    except HalfSafeError as error:
+        return str(error)
+    return ""
+
+
+def thumbnail(path: str, side: int) -> QPixmap:
+    """The picture decoded small (Qt's reader scales while it decodes; a big photo is never
+    held at full size), upright as its EXIF says; a null pixmap when Qt cannot read it."""
+    reader = QImageReader(path)
+    reader.setAutoTransform(True)
+    size = reader.size()
+    if size.isValid() and not size.isEmpty():
+        reader.setScaledSize(size.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio))
+    image = reader.read()
+    return QPixmap.fromImage(image) if not image.isNull() else QPixmap()
+
+
+def dropped_picture(mime: Any) -> str | None:
+    """The one local picture file a drag carries, else None (the window takes the rest)."""
+    if not mime.hasUrls():
+        return None
+    paths = [url.toLocalFile() for url in mime.urls() if url.isLocalFile()]
+    return paths[0] if len(paths) == 1 and is_image_path(paths[0]) else None
+
+
+class PictureSlot(QFrame):
+    """One picture file, or none: a drop target with a thumbnail, the file's name, "Choose…"
+    and "Remove". Signals (GUI thread): changed(str), the path taken ("" when removed);
+    refused(str), the sentence why a file was not taken."""
+
+    changed = Signal(str)
+    refused = Signal(str)
+
+    def __init__(self, title: str, empty: str, check: Check = readable_picture) -> None:
+        super().__init__()
+        self.path = ""
+        self.title = title
+        self.empty = empty
+        self.check = check
+        self.setAcceptDrops(True)
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(6, 6, 6, 6)
+        self.preview = QLabel()
+        self.preview.setFixedSize(QSize(SLOT_THUMBNAIL, SLOT_THUMBNAIL))
+        self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        row.addWidget(self.preview)
+        column = QVBoxLayout()
+        column.setSpacing(4)
+        self.name = label(empty, "muted", wrap=True)
+        self.name.setTextFormat(Qt.TextFormat.PlainText)
+        # A long file name wraps inside the slot; it never widens the form.
+        self.name.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        column.addWidget(self.name)
+        buttons = QHBoxLayout()
+        self.choose_button = QPushButton("Choose…")
+        self.choose_button.clicked.connect(lambda: self.choose())
+        self.remove_button = QPushButton("Remove")
+        self.remove_button.clicked.connect(self.remove)
+        buttons.addWidget(self.choose_button)
+        buttons.addWidget(self.remove_button)
+        buttons.addStretch(1)
+        column.addLayout(buttons)
+        row.addLayout(column, 1)
+        self._show()
+
+    def choose(self, path: str | None = None) -> bool:
+        """Take `path`, or a file the user picks. Returns whether a file was taken."""
+        if path is None:
+            path, _filter = QFileDialog.getOpenFileName(
+                self,
+                self.title,
+                str(Path(self.path).parent) if self.path else "",
+                f"{PICTURE_FILES};;All files (*)",
+            )
+            if not path:
+                return False
+        return self.take(path)
+
+    def take(self, path: str) -> bool:
+        problem = self.check(path)
+        if problem:
+            self.refused.emit(problem)
+            return False
+        self.path = path
+        self._show()
+        self.changed.emit(path)
+        return True
+
+    def remove(self) -> None:
+        if self.path:
+            self.path = ""
+            self._show()
+            self.changed.emit("")
+
+    def _show(self) -> None:
+        if not self.path:
+            self.preview.setPixmap(QPixmap())
+            self.preview.setText("")
+            self.name.setText(self.empty)
+            self.name.setToolTip("")
+        else:
+            pixmap = thumbnail(self.path, SLOT_THUMBNAIL)
+            self.preview.setPixmap(pixmap)
+            if pixmap.isNull():
+                self.preview.setText("no preview")
+            self.name.setText(f"{self.title}: {words.breakable(Path(self.path).name)}")
+            self.name.setToolTip(self.path)
+        self.remove_button.setEnabled(bool(self.path))
+
+    # Drag and drop: this slot takes one picture; anything else goes on to the window.
+
+    def dragEnterEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        if dropped_picture(event.mimeData()) is not None:
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dragMoveEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        self.dragEnterEvent(event)
+
+    def dropEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        path = dropped_picture(event.mimeData())
+        if path is None:
+            event.ignore()
+            return
+        event.acceptProposedAction()
+        self.take(path)
+
+
+class InputPictures(QWidget):
+    """The input picture, its mask and the strength, with what the loaded model allows
+    (`set_model`): a model that runs no picture mode has the area disabled, with the sentence
+    why. Signals (GUI thread): picture_changed(str), the input picture's path ("" when
+    removed); refused(str), one sentence (a file not taken)."""
+
+    picture_changed = Signal(str)
+    refused = Signal(str)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._modes: Mapping[Mode, str] = {}
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(4)
+        column.addWidget(label("Input picture"))
+        self.note = label("", "muted", wrap=True)
+        self.note.hide()
+        column.addWidget(self.note)
+        self.picture_slot = PictureSlot(
+            "Picture",
+            "None: drawn from the prompt alone. Drop or choose a picture to start from it "
+            "(image-to-image).",
+        )
+        self.picture_slot.setToolTip("A PNG, JPEG or WebP picture; the new image starts from it.")
+        column.addWidget(self.picture_slot)
+        self.mask_slot = PictureSlot(
+            "Mask",
+            "No mask. Add one to paint only part of the picture again (inpainting): white is "
+            "painted again, black is kept.",
+        )
+        self._mask_tip = (
+            "A black and white picture the input picture's shape: white is painted again."
+        )
+        column.addWidget(self.mask_slot)
+        strength_row = QHBoxLayout()
+        strength_row.addWidget(label("Strength"))
+        self.strength = QDoubleSpinBox()
+        self.strength.setRange(*STRENGTH_RANGE)
+        self.strength.setDecimals(2)
+        self.strength.setSingleStep(0.05)
+        self.strength.setValue(STRENGTH_DEFAULT)
+        self.strength.setToolTip(
+            "Denoising strength: the share of the steps run, from the end of the schedule."
+        )
+        strength_row.addWidget(self.strength, 1)
+        column.addLayout(strength_row)
+        self.strength_caption = label(
+            "How much of the picture is drawn again: low stays close to it, 1.00 redraws it all.",
+            "muted",
+            wrap=True,
+        )
+        column.addWidget(self.strength_caption)
+        self.picture_slot.changed.connect(self._picture_changed)
+        self.mask_slot.changed.connect(lambda _path: self._update())
+        self.picture_slot.refused.connect(self.refused)
+        self.mask_slot.refused.connect(self.refused)
+        self._update()
+
+    def set_model(self, model: ModelSummary | None) -> None:
+        """What the loaded model runs decides what is enabled (nothing is known without a
+        model: the area stays open, and the job decides)."""
+        self._modes = model.picture_modes if model is not None else {}
+        self._update()
+
+    def refusal(self, mode: Mode) -> str:
+        """Why the loaded model cannot run `mode`, '' when it can (or it is not known)."""
+        return self._modes.get(mode, "") if mode is not Mode.TEXT else ""
+
+    def _picture_changed(self, path: str) -> None:
+        if not path:
+            self.mask_slot.remove()
+        self._update()
+        self.picture_changed.emit(path)
+
+    def _update(self) -> None:
+        image, inpaint = self.refusal(Mode.IMAGE), self.refusal(Mode.INPAINT)
+        runs_none = bool(image and inpaint)
+        has_picture = bool(self.picture_slot.path)
+        self.picture_slot.setEnabled(not runs_none)
+        self.mask_slot.setEnabled(has_picture and not inpaint)
+        self.mask_slot.setVisible(has_picture)  # a mask is of a picture: no room before one
+        self.mask_slot.setToolTip(inpaint or self._mask_tip)
+        self.strength.setEnabled(has_picture and not runs_none)
+        self.strength_caption.setEnabled(self.strength.isEnabled())
+        if runs_none:
+            note = _both(image, inpaint)
+        elif inpaint and has_picture:
+            note = inpaint
+        else:
+            note = self.refusal(self.mode()) if has_picture else ""
+        self.note.setText(note)
+        self.note.setVisible(bool(note))
+
+    # What a job takes -------------------------------------------------------------------------
+
+    def images(self) -> list[str]:
+        """The input picture a job starts from ([] when none, or the model runs no picture
+        mode)."""
+        return (
+            [self.picture_slot.path]
+            if self.picture_slot.path and self.picture_slot.isEnabled()
+            else []
+        )
+
+    def mask_path(self) -> str | None:
+        return (
+            self.mask_slot.path
+            if self.images() and self.mask_slot.path and self.mask_slot.isEnabled()
+            else None
+        )
+
+    def mode(self) -> Mode:
+        if not self.images():
+            return Mode.TEXT
+        return Mode.INPAINT if self.mask_path() else Mode.IMAGE
+
+    def strength_value(self) -> float:
+        return round(self.strength.value(), 2)
+
+
+def _both(image: str, inpaint: str) -> str:
+    """The loaded model runs neither picture mode: one sentence where the family says the same
+    of both ("HalfSafe does not run image-to-image or inpainting for Flux.2 models.")."""
+    if image.replace(Mode.IMAGE.words, Mode.INPAINT.words) == inpaint:
+        return image.replace(Mode.IMAGE.words, f"{Mode.IMAGE.words} or {Mode.INPAINT.words}")
+    return f"{image} {inpaint}"

@@ -1,0 +1,237 @@
+"""Image-to-image and inpainting: the input picture and mask read within bounds, every family
+that has picture pipelines generating from a picture through the VAE's watched encoder, and the
+VAE's encoder as a component of its own in the health check and in repairs.
+
+A planted overflow in the encoder (one conv's weights scaled past fp16, finite in fp32) must be
+found by the check as `vae_encoder` at its layer, with a verified fix that touches only the VAE,
+and repaired by generation; a family without picture pipelines is refused in one sentence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.core import generation, health, infotext
+from app.core.errors import BadFileError, HalfSafeError
+from app.core.families import FAMILIES, FamilyId, family
+from app.core.pictures import Mode, check_strength, mode_of, picture_size, read_pictures, steps_run
+from tests.core.test_families import ROWS
+from tests.support.family_helpers import (
+    FP16,
+    in_memory,
+    offline,  # noqa: F401 - an autouse fixture: no network
+)
+
+PICTURE_FAMILIES = [f.id for f in FAMILIES if f.picture_pipelines]
+INPAINT_FAMILIES = [f.id for f in FAMILIES if Mode.INPAINT in f.picture_pipelines]
+
+
+@pytest.fixture
+def picture(tmp_path):
+    """A 64 px picture of seeded colours, and a mask whose middle is white."""
+    rng = np.random.RandomState(0)
+    path = tmp_path / "input.png"
+    Image.fromarray((rng.rand(64, 64, 3) * 255).astype(np.uint8)).save(path)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[16:48, 16:48] = 255
+    mask_path = tmp_path / "mask.png"
+    Image.fromarray(mask).save(mask_path)
+    return str(path), str(mask_path)
+
+
+# --- the input, within bounds ------------------------------------------------------------
+
+
+def test_the_mode_follows_from_what_is_given():
+    assert mode_of([], None) is Mode.TEXT
+    assert mode_of(["a.png"], None) is Mode.IMAGE
+    assert mode_of(["a.png"], "m.png") is Mode.INPAINT
+    with pytest.raises(HalfSafeError, match="A mask needs the picture it masks"):
+        mode_of([], "m.png")
+    with pytest.raises(HalfSafeError, match="2 input pictures were given"):
+        mode_of(["a.png", "b.png"], None)
+
+
+def test_strength_runs_the_last_part_of_the_schedule_and_is_bounded():
+    assert steps_run(20, 0.5, Mode.IMAGE) == 10
+    assert steps_run(20, 0.5, Mode.TEXT) == 20
+    assert steps_run(20, 1.0, Mode.INPAINT) == 20
+    for bad in (0.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(HalfSafeError, match="Strength"):
+            check_strength(20, bad, Mode.IMAGE)
+    with pytest.raises(HalfSafeError, match="runs no step"):
+        check_strength(4, 0.2, Mode.IMAGE)
+    check_strength(4, 0.0, Mode.TEXT)  # text-to-image has no strength to check
+
+
+def test_the_picture_is_resized_and_the_mask_made_hard(picture):
+    image, mask = picture
+    pictures = read_pictures([image], mask, 96, 64)
+    assert pictures is not None and pictures.mode is Mode.INPAINT
+    assert pictures.pixels.shape == (1, 3, 64, 96)
+    assert float(pictures.pixels.min()) >= -1.0 and float(pictures.pixels.max()) <= 1.0
+    assert set(torch.unique(pictures.mask).tolist()) == {0.0, 1.0}
+    masked = pictures.masked_pixels()
+    assert float(masked[..., 32, 48].abs().sum()) == 0.0  # the hole is grey (0)
+    assert torch.equal(masked[..., 0, 0], pictures.pixels[..., 0, 0])  # the rest is kept
+    assert read_pictures([], None, 64, 64) is None
+
+
+def test_a_file_that_is_no_picture_is_one_sentence_naming_it(tmp_path, picture):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a picture")
+    with pytest.raises(BadFileError, match="notes.txt") as caught:
+        read_pictures([str(text)], None, 64, 64)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(BadFileError, match="no such file"):
+        read_pictures([str(tmp_path / "missing.png")], None, 64, 64)
+    black = tmp_path / "black.png"
+    Image.new("L", (64, 64), 0).save(black)
+    with pytest.raises(BadFileError, match="black all over"):
+        read_pictures([picture[0]], str(black), 64, 64)
+
+
+def test_a_picture_too_large_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
+    from app.core import images
+
+    path = tmp_path / "big.png"
+    Image.new("RGB", (200, 100)).save(path)
+    monkeypatch.setattr(images, "MAX_PIXELS", 10_000)
+    with pytest.raises(BadFileError, match="200x100 pixels"):
+        read_pictures([str(path)], None, 64, 64)
+
+
+def test_the_size_left_out_keeps_the_pictures_proportions(tmp_path):
+    path = tmp_path / "wide.png"
+    Image.new("RGB", (300, 200)).save(path)
+    assert picture_size(str(path), 512) == (512, 336)  # 341.3 -> 336, a multiple of 16
+
+
+# --- every family with picture pipelines ---------------------------------------------------
+
+
+def _model(family_id):
+    row = ROWS[family_id]
+    return in_memory(row.build(), family_id.value, row.architecture, row.prediction)
+
+
+def _request(tmp_path, image, mask=None, strength=0.5):
+    return generation.GenerationRequest(
+        prompt="a red cube",
+        steps=4,
+        cfg=4.0,
+        seed=3,
+        width=64,
+        height=64,
+        images=[image],
+        mask=mask,
+        strength=strength,
+        output_dir=str(tmp_path / "out"),
+    )
+
+
+def _plant_encoder(pipeline, factor=1e6):
+    """Scale the VAE encoder's first conv past fp16 (finite in fp32): its first layer."""
+    encoder = pipeline.vae.encoder
+    first = encoder.down_blocks[0]
+    layer = first.resnets[0].conv1 if hasattr(first, "resnets") else encoder.conv_in
+    with torch.no_grad():
+        layer.weight.mul_(factor)
+    return next(n for n, m in pipeline.vae.named_modules() if m is layer)
+
+
+@pytest.mark.parametrize("family_id", PICTURE_FAMILIES)
+def test_image_to_image_makes_a_finite_picture_from_the_input(family_id, picture, tmp_path):
+    model = _model(family_id)
+    result = generation.generate(
+        model, _request(tmp_path, picture[0]), precision=FP16, device="cpu"
+    )
+    assert [image.status for image in result.images] == ["ok"]
+    assert "Denoising strength: 0.5" in result.images[0].parameters
+    assert "Input picture: input.png" in result.images[0].parameters
+
+
+@pytest.mark.parametrize("family_id", INPAINT_FAMILIES)
+def test_inpainting_keeps_what_the_mask_keeps(family_id, picture, tmp_path):
+    model = _model(family_id)
+    result = generation.generate(
+        model, _request(tmp_path, *picture, strength=1.0), precision=FP16, device="cpu"
+    )
+    assert [image.status for image in result.images] == ["ok"]
+    parsed = infotext.parse(result.images[0].parameters)
+    assert parsed.get(infotext.DENOISING_STRENGTH) == 1.0
+    assert parsed.get(infotext.INPUT_PICTURE) == "input.png"
+    assert parsed.get(infotext.MASK) == "mask.png"
+
+
+def test_the_same_seed_and_picture_make_the_same_image(picture, tmp_path):
+    model = _model(FamilyId.SD)  # quick
+    request = _request(tmp_path, picture[0])
+    first = generation.generate(model, request, precision=FP16, device="cpu").images[0]
+    again = generation.generate(model, request, precision=FP16, device="cpu").images[0]
+    assert np.array_equal(np.asarray(first.image), np.asarray(again.image))
+
+
+@pytest.mark.parametrize("family_id", PICTURE_FAMILIES)
+def test_a_planted_encoder_overflow_is_found_at_its_layer_and_fixed_in_the_vae(
+    family_id, picture, tmp_path
+):
+    model = _model(family_id)
+    layer = _plant_encoder(model.pipeline)
+    report = health.check_loaded(
+        model,
+        precision=FP16,
+        device="cpu",
+        size=64,
+        measure_cost=False,
+        remember=False,
+        images=[picture[0]],
+    )
+    encoder = report.components["vae_encoder"]
+    if "vae" in ROWS[family_id].fp32:  # its own config runs the VAE in fp32: nothing overflows
+        assert report.verdict == "healthy" and not encoder.status.failed
+        return
+    assert encoder.status.failed and encoder.first_bad_module == layer
+    assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
+    changed = {
+        name
+        for name, dtype in report.fix.plan.dtypes.items()
+        if dtype != report.plan.dtypes[name]
+        or report.fix.plan.islands(name) != report.plan.islands(name)
+    }
+    assert changed == {"vae"}, report.fix.summary
+    assert report.fix.summary.startswith("The VAE encoder overflowed")
+    # The decoder ran after it and is reported on its own.
+    assert not report.components["vae"].status.failed
+    assert report.to_json()["components"]["vae_encoder"]["first_bad_module"] == layer
+
+
+@pytest.mark.parametrize("family_id", [FamilyId.SD, FamilyId.FLUX])
+def test_generation_repairs_a_planted_encoder_overflow(family_id, picture, tmp_path):
+    model = _model(family_id)
+    layer = _plant_encoder(model.pipeline)
+    result = generation.generate(
+        model, _request(tmp_path, picture[0]), precision=FP16, device="cpu"
+    )
+    image = result.images[0]
+    assert image.status == "fixed" and image.component == "vae_encoder"
+    assert image.first_bad_module == layer
+    assert image.fixes_applied and "VAE" in image.fixes_applied[0]
+    assert "NaN component: vae_encoder" in image.parameters
+
+
+def test_a_family_without_picture_pipelines_is_refused_in_one_sentence():
+    zimage = family(next(f.id for f in FAMILIES if f.picture_pipelines.keys() == {Mode.IMAGE}))
+    problem = zimage.picture_problem(None, Mode.INPAINT)
+    assert problem == f"HalfSafe does not run inpainting for {zimage.title} models."
+
+
+def test_an_inpainting_model_needs_a_mask(picture, tmp_path):
+    sd = _model(FamilyId.SD)
+    unet = sd.pipeline.unet
+    unet.register_to_config(in_channels=9)  # what an inpainting UNet says of itself
+    with pytest.raises(HalfSafeError, match="give it a mask to inpaint"):
+        generation.generate(sd, _request(tmp_path, picture[0]), precision=FP16, device="cpu")

@@ -1,0 +1,169 @@
+"""What only Qwen-Image 2.1 does, on a tiny pipeline built in code: it is told apart from
+Qwen-Image 1 (pipeline, folder and transformer file), a size off its 32-px grid is refused in
+one sentence, and its split files as ComfyUI users keep them (the transformer with its fused
+gate_up in diffusion_models/, Qwen3-VL in text_encoders/ and its VAE in vae/, both in their
+libraries' own names) load offline with identical weights and outputs, a missing or wrong
+companion named in one sentence. A diffusers folder, the health check with planted overflows
+and generation repairing them are every family's contract: test_families.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.core import architecture, generation, models, split
+from app.core.errors import HalfSafeError, UnsupportedModelError
+from app.core.families import QwenImage21Family, QwenImageFamily, family_of
+from app.core.layouts import to_original
+from tests.support.family_helpers import (
+    FP16,
+    in_memory,
+    offline,  # noqa: F401 - an autouse fixture: no network
+    same_weights,
+)
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import (
+    QWENIMAGE21_SCHEDULER_CONFIG,
+    build_tiny_qwenimage21_pipeline,
+    build_tiny_qwenimage_pipeline,
+)
+
+COMPONENTS = ("text_encoder", "transformer", "vae")
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    return build_tiny_qwenimage21_pipeline(), build_tiny_qwenimage_pipeline()
+
+
+def _file_shapes(pipeline) -> dict[str, tuple[int, ...]]:
+    """The transformer as a file in its family's own layout, by shapes."""
+    transformer = pipeline.transformer
+    layout = family_of(pipeline).layout
+    assert layout is not None
+    config = {**transformer.config, "_class_name": type(transformer).__name__}
+    return {
+        k: tuple(v.shape)
+        for k, v in to_original(layout.table(config), transformer.state_dict()).items()
+    }
+
+
+def test_qwenimage21_is_told_apart_from_qwenimage_1(pipelines):
+    new, old = pipelines
+
+    assert type(family_of(new)) is QwenImage21Family
+    assert type(family_of(old)) is QwenImageFamily
+    for pipeline, name in ((new, "qwenimage21"), (old, "qwenimage")):
+        index = {"_class_name": type(pipeline).__name__, "transformer": ["diffusers", "x"]}
+        detection = architecture.detect_from_configs(index, dict(pipeline.transformer.config), {})
+        assert detection.architecture == name
+        read = split.read_model(_file_shapes(pipeline))
+        assert read is not None and read.architecture == name
+    # 2.1's file fuses each block's gate and up projections; Qwen-Image 1's has per-block
+    # modulation and a txt_norm instead.
+    shapes = _file_shapes(new)
+    assert "transformer_blocks.0.img_mlp.gate_up.weight" in shapes
+    assert "transformer_blocks.0.img_mlp.gate_layer.weight" not in shapes
+    assert not any(k.startswith("txt_norm") or ".img_mod." in k for k in shapes)
+
+
+def test_a_size_off_its_32_px_grid_is_one_sentence(tmp_path, pipelines):
+    request = generation.GenerationRequest(
+        prompt="a red cat", steps=2, cfg=1.0, seed=3, width=80, height=64, output_dir=str(tmp_path)
+    )
+
+    with pytest.raises(HalfSafeError) as raised:
+        generation.generate(
+            in_memory(pipelines[0], "qwenimage21-size", "qwenimage21"), request, precision=FP16
+        )
+
+    assert str(raised.value) == (
+        "qwenimage21-size: this model makes pictures whose sides are multiples of 32 px, not 80x64."
+    )
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_probe_follows_the_models_own_sample_sigmas():
+    """A folder that sets `sample_sigmas` (a few-step checkpoint) is sampled on that grid,
+    whatever the step count: the check probes the first, middle and last of it."""
+    pipeline = build_tiny_qwenimage21_pipeline()
+    qwen = QwenImage21Family()
+    model = in_memory(pipeline, "qwenimage21-sigmas", "qwenimage21")
+    default = qwen.probe_timesteps(model, 20, "euler", 64)
+    pipeline.register_to_config(sample_sigmas=[1.0, 0.75, 0.5, 0.25])
+
+    own = qwen.probe_timesteps(model, 20, "euler", 64)
+
+    assert own != default and len(own) == 3 and own[0] == 1000.0
+    shifted = qwen._sigmas(pipeline, 20, 64)
+    assert len(shifted) == 4  # the grid's four steps, not the twenty asked for
+
+
+@pytest.mark.slow  # about 15 s here: writing and reading a 151,669-token embedding twice
+def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
+    pipeline = build_tiny_qwenimage21_pipeline()
+    written = save_split_files(pipeline, tmp_path / "models", "qwen_image_2.1")
+    header = models.read_safetensors_header(written["text_encoder"]).shapes()
+    assert "model.language_model.layers.0.self_attn.q_norm.weight" in header
+    assert "model.visual.blocks.0.attn.qkv.weight" in header
+
+    model = models.load_model(str(written["transformer"]))  # companions found beside it
+
+    assert (model.format, model.architecture) == ("split_files", "qwenimage21")
+    assert model.detected_because.startswith("Qwen-Image 2.1: a single-stream block-causal")
+    assert "2 blocks, 64 wide, on 64-channel latent cells" in model.detected_because
+    assert model.native_size == 1024
+    scheduler = model.pipeline.scheduler.config
+    assert all(scheduler[k] == v for k, v in QWENIMAGE21_SCHEDULER_CONFIG.items())
+    same_weights(pipeline, model.pipeline, COMPONENTS)
+    qwen = family_of(model.pipeline)
+    with torch.inference_mode():
+        mine = qwen.encode(pipeline, "a red cat", "fog", "cpu", True)
+        theirs = qwen.encode(model.pipeline, "a red cat", "fog", "cpu", True)
+        assert set(mine) == set(theirs)
+        for key, tensor in mine.items():
+            torch.testing.assert_close(theirs[key], tensor, rtol=0, atol=1e-5)
+        timesteps = qwen.probe_timesteps(model, 2, "euler", 64)
+        latents = qwen.probe_denoise(pipeline, mine, 64, "cpu", timesteps)
+        torch.testing.assert_close(
+            qwen.probe_denoise(model.pipeline, mine, 64, "cpu", timesteps),
+            latents,
+            rtol=0,
+            atol=1e-5,
+        )
+        torch.testing.assert_close(
+            qwen.decode(model.pipeline.vae, latents),
+            qwen.decode(pipeline.vae, latents),
+            rtol=0,
+            atol=1e-5,
+        )
+
+
+@pytest.mark.slow  # about 15 s here, as above
+def test_a_missing_vae_and_a_wrong_text_encoder_are_each_one_sentence(tmp_path):
+    written = save_split_files(
+        build_tiny_qwenimage21_pipeline(), tmp_path / "models", "qwen_image_2.1"
+    )
+    qwen25 = save_split_files(
+        build_tiny_qwenimage_pipeline(text_width=128), tmp_path / "other", "qwen_image"
+    )
+    written["vae"].unlink()
+
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]))
+
+    message = str(caught.value)
+    assert "this Qwen-Image 2.1 transformer file needs its VAE (qwen_image_2.1_vae)" in message
+    assert "--vae PATH" in message and "--text-encoder" not in message
+    assert message.count(". ") == 0 and message.endswith(".")
+
+    # Qwen-Image 1's Qwen2.5-VL is not the Qwen3-VL that 2.1 reads.
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written["transformer"]), text_encoders=[str(qwen25["text_encoder"])])
+
+    message = str(caught.value)
+    assert str(qwen25["text_encoder"]) in message
+    assert "Qwen2.5-VL text encoder" in message and "but the Qwen-Image 2.1 transformer" in message
+    assert "its Qwen3-VL text encoder (qwen_3_vl_8b)" in message
+    assert message.count(". ") == 0 and message.endswith(".")
