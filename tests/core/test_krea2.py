@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from app.core import architecture, encoders, generation, models, split
+from app.core import architecture, encoders, generation, models, parts, split
 from app.core.checkpoint import write_safetensors
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from app.core.families import FamilyId, Krea2Family, family
@@ -363,6 +363,12 @@ def test_one_qwen3_vl_reader_serves_krea2_and_qwenimage21():
     shapes = {k: tuple(v.shape) for k, v in generation.state_dict().items()}
     assert encoders.encoder_kind(shapes) == "qwen3_vl"
     assert encoders.qwen3_vl_prefix(shapes) == "model."
+    # A wrong part's sentence says what it is and whose (not a Qwen3's).
+    found = parts.text_encoder_of(shapes)
+    assert found is not None
+    assert found.described() == "a 64-wide Qwen3-VL text encoder (Qwen-Image 2.1's or Krea 2's)"
+    assert parts.encoder_class_kind("Qwen3VLModel") == "qwen3_vl"
+    assert parts.encoder_class_kind("Qwen3VLForConditionalGeneration") == "qwen3_vl"
     config = encoders.qwen3_vl_config(shapes, "model.", reads["8b"])
     built = generation.config.to_dict()
     assert config["vision_config"]["num_heads"] == built["vision_config"]["num_heads"] == 2
@@ -467,7 +473,9 @@ def test_a_missing_qwen3_vl_is_named_in_one_sentence_and_another_qwen_is_not_tak
     with pytest.raises(UnsupportedModelError) as caught:
         models.load_model(str(written["transformer"]), text_encoders=[str(qwen3)])
 
+    # Refused as the wrong part: whose a Qwen3 is, and what Krea 2 needs instead.
     assert str(caught.value) == (
-        f"{qwen3}: this text encoder fits none of what this Krea 2 transformer still needs "
-        "(its Qwen3-VL text encoder (qwen3_vl_4b))."
+        f"{qwen3}: this is a 32-wide Qwen3 text encoder (Flux.2 Klein's or Z-Image's), but the "
+        f"Krea 2 transformer {written['transformer'].name} needs its Qwen3-VL text encoder "
+        "(qwen3_vl_4b)."
     )

@@ -254,6 +254,7 @@ class Krea2Family(FlowMatching, Family):
     architectures = {"krea2": "Krea 2"}
     latent = QWENIMAGE_LATENT
     transformer_class = "Krea2Transformer2DModel"
+    packed_channels = 4  # 2x2 patches of 16 latent channels: 64 in
     layout = LAYOUT
     pipeline_class = "Krea2Pipeline"
     companion_names = {"text_encoder": "qwen3_vl_4b", "vae": "qwen_image_vae"}
