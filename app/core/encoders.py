@@ -1,11 +1,13 @@
 """Text encoders and VAEs kept as files of their own (the companions of a transformer file):
-which kind a file holds, its config read from tensor shapes (T5, Qwen3, Qwen2.5-VL; the Wan
-2.1-layout VAE), and the renames between its files' key names and transformers' or diffusers'.
-Shapes and names only."""
+which kind a file holds, its config read from tensor shapes (T5, Qwen3, Qwen2.5-VL, Qwen3-VL;
+the Wan 2.1-layout VAE, Qwen-Image 2.1's VAE), and the renames between its files' key names
+and transformers' or diffusers'. Shapes and names only."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from app.core import limits
@@ -195,95 +197,152 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
     }
 
 
-# Qwen3-VL-8B's settings that no tensor records (its config.json), Qwen-Image 2.1's text
-# encoder. Its files keep transformers' names (model.language_model.*, model.visual.*,
-# lm_head). The vision tower is read but never run for text-to-image.
-QWEN3_VL_FIXED: dict[str, Any] = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False}
-QWEN3_VL_ROPE_THETA = 5000000.0
-QWEN3_VL_POSITIONS = 262144
-QWEN3_VL_VISION_HEAD = 72  # 1152 wide in 16 heads
-QWEN3_VL_DEEPSTACK = (8, 16, 24)  # the 8B's 27 vision blocks that feed its three mergers
-QWEN3_VL_DEPTH = 27
-_QWEN3_VL_TEXT = "model.language_model."
-_QWEN3_VL_VISION = "model.visual."
+# Qwen3-VL (Krea 2's and Qwen-Image 2.1's text encoder), kept as transformers'
+# Qwen3VLForConditionalGeneration saves it (model.language_model.*, model.visual.*, an LM head
+# where the embedding is not tied) or as a Qwen3VLModel (language_model.*, visual.*). One kind
+# of file, read as the class its family's pipeline takes (`Qwen3VLRead`, named by a `Need`'s
+# `reads`). The vision tower is always read (its weights are in the file).
+QWEN3_VL_PREFIXES = ("model.", "")
+# Qwen3-VL's settings that no tensor records, the same in the 4B and the 8B (their config.json).
+QWEN3_VL_FIXED: dict[str, Any] = {
+    "rope_theta": 5000000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+# Which vision blocks feed the deepstack mergers, as the released models have them (depth,
+# mergers: the 4B's, the 8B's); elsewhere spread evenly. Only pictures run the vision tower.
+QWEN3_VL_DEEPSTACK = {(24, 3): [5, 11, 17], (27, 3): [8, 16, 24]}
+
+
+@dataclass(frozen=True)
+class Qwen3VLRead:
+    """How a family reads its Qwen3-VL: the released model it runs with (what differs between
+    them and no tensor records: the vision tower's head width), the transformers class its
+    pipeline takes (and so what that class's keys are under) and what reads its prompts."""
+
+    model: str  # "Qwen3-VL-4B-Instruct" (for docs and sentences)
+    vision_head: int  # the vision tower's head width (its heads are fused in one qkv)
+    model_class: str  # "Qwen3VLModel" or "Qwen3VLForConditionalGeneration"
+    processor: bool  # Qwen3-VL's processor (pictures too), else its tokenizer (Qwen2's BPE)
+
+    @property
+    def keeps_lm_head(self) -> bool:
+        return self.model_class == "Qwen3VLForConditionalGeneration"
+
+
+QWEN3_VL_READS = {
+    # Krea 2: Qwen3-VL-4B's hidden states, read as a Qwen3VLModel (its LM head unused), its
+    # prompts by the tokenizer (Krea2Pipeline applies its own template). Vision: 1024 in 16 heads.
+    "4b": Qwen3VLRead("Qwen3-VL-4B-Instruct", 64, "Qwen3VLModel", processor=False),
+    # Qwen-Image 2.1: Qwen3-VL-8B read whole (its pipeline takes the generation model) through
+    # Qwen3-VL's processor. Vision: 1152 wide in 16 heads.
+    "8b": Qwen3VLRead(
+        "Qwen3-VL-8B-Instruct", 72, "Qwen3VLForConditionalGeneration", processor=True
+    ),
+}
+
+
+def qwen3_vl_prefix(shapes: Shapes) -> str | None:
+    """The prefix of a Qwen3-VL file (its language model under language_model., with Qwen3's
+    q/k norms, and the vision tower with the merger that sets Qwen3-VL apart), or None."""
+    for prefix in QWEN3_VL_PREFIXES:
+        if (
+            prefix + "language_model.embed_tokens.weight" in shapes
+            and prefix + "language_model.layers.0.self_attn.q_norm.weight" in shapes
+            and prefix + "visual.merger.linear_fc2.weight" in shapes
+        ):
+            return prefix
+    return None
 
 
 def is_qwen3_vl(shapes: Shapes) -> bool:
-    """A Qwen3-VL file in transformers' names (q/k norms as Qwen3's, a vision tower)."""
-    return (
-        _QWEN3_VL_TEXT + "embed_tokens.weight" in shapes
-        and _QWEN3_VL_TEXT + "layers.0.self_attn.q_norm.weight" in shapes
-        and _QWEN3_VL_VISION + "patch_embed.proj.weight" in shapes
-    )
+    """A Qwen3-VL file in transformers' names (either class's)."""
+    return qwen3_vl_prefix(shapes) is not None
 
 
-def qwen3_vl_config(shapes: Shapes) -> dict[str, Any]:
+def qwen3_vl_to_transformers(name: str, prefix: str, read: Qwen3VLRead) -> str | None:
+    """A Qwen3-VL file's key -> the name `read.model_class` has for it (None: not a weight of
+    it, the LM head of a Qwen3VLModel)."""
+    if name == "lm_head.weight":
+        return name if read.keeps_lm_head else None
+    if not name.startswith(prefix):
+        return None
+    return ("model." if read.keeps_lm_head else "") + name[len(prefix) :]
+
+
+def qwen3_vl_config(shapes: Shapes, prefix: str, read: Qwen3VLRead) -> dict[str, Any]:
     """A Qwen3VLConfig (as keyword arguments) from a Qwen3-VL file's shapes, the rest as
-    Qwen3-VL-8B has it. Raises ValueError naming what does not fit."""
-    t, v = _QWEN3_VL_TEXT, _QWEN3_VL_VISION
-    vocab, width = weight_shape(shapes, "embed_tokens.weight", 2, t)
-    head = weight_shape(shapes, "layers.0.self_attn.q_norm.weight", 1, t)[0]
-    queries = weight_shape(shapes, "layers.0.self_attn.q_proj.weight", 2, t)[0]
-    keys = weight_shape(shapes, "layers.0.self_attn.k_proj.weight", 2, t)[0]
+    `read.model` has it. Raises ValueError naming what does not fit."""
+    text, vision = prefix + "language_model.", prefix + "visual."
+    vocab, width = weight_shape(shapes, "embed_tokens.weight", 2, text)
+    head = weight_shape(shapes, "layers.0.self_attn.q_norm.weight", 1, text)[0]
+    queries = weight_shape(shapes, "layers.0.self_attn.q_proj.weight", 2, text)[0]
+    keys = weight_shape(shapes, "layers.0.self_attn.k_proj.weight", 2, text)[0]
     if head % 2 or queries % head or keys % head:
         raise ValueError(f"its attention ({queries} wide) does not split into {head}-wide heads")
-    layers = count_indices(shapes, t + "layers.")
-    vision, channels, frames, patch, _ = weight_shape(shapes, "patch_embed.proj.weight", 5, v)
-    depth = count_indices(shapes, v + "blocks.")
-    mergers = count_indices(shapes, v + "deepstack_merger_list.")
-    merged, _ = weight_shape(shapes, "merger.linear_fc1.weight", 2, v)
-    merge = round((merged // vision) ** 0.5)
-    positions = weight_shape(shapes, "pos_embed.weight", 2, v)[0]
+    layers = count_indices(shapes, text + "layers.")
+    tower, channels, frames, patch, _ = weight_shape(shapes, "patch_embed.proj.weight", 5, vision)
+    out, merged = weight_shape(shapes, "merger.linear_fc2.weight", 2, vision)
+    depth = count_indices(shapes, vision + "blocks.")
+    mergers = count_indices(shapes, vision + "deepstack_merger_list.")
+    merge = math.isqrt(merged // tower) if tower else 0
+    positions = weight_shape(shapes, "pos_embed.weight", 2, vision)[0]
     bounded(
         ("number of layers", layers, limits.MAX_TEXT_LAYERS),
         ("vocabulary size", vocab, limits.MAX_VOCAB),
         ("width", width, limits.MAX_WIDTH),
         ("number of attention heads", queries // head, limits.MAX_HEADS),
         ("number of vision blocks", depth, limits.MAX_TEXT_LAYERS),
-        ("vision width", vision, limits.MAX_WIDTH),
+        ("vision width", tower, limits.MAX_WIDTH),
+        ("vision patch size", patch, limits.MAX_KERNEL * 4),
         ("vision merge", merge, limits.MAX_KERNEL),
         ("vision positions", positions, limits.MAX_POSITIONS),
     )
-    if merge * merge * vision != merged or mergers > depth:
-        raise ValueError(f"its vision merger ({merged} wide) does not fit its {vision}-wide tower")
-    half = head // 2  # rotary sections (time, height, width) as the 8B's 24, 20, 20 of 64
-    deepstack = (
-        list(QWEN3_VL_DEEPSTACK)
-        if (depth, mergers) == (QWEN3_VL_DEPTH, len(QWEN3_VL_DEEPSTACK))
-        else list(range(mergers))  # which blocks feed the mergers only matters for images
-    )
+    if merge * merge * tower != merged or mergers > depth:
+        raise ValueError(f"its vision merger ({merged} wide) does not fit its {tower}-wide tower")
+    half = head // 2  # interleaved rotary sections (time, height, width) as 24, 20, 20 of 64
     return {
         "text_config": {
             **QWEN3_VL_FIXED,
             "vocab_size": vocab,
             "hidden_size": width,
-            "intermediate_size": weight_shape(shapes, "layers.0.mlp.gate_proj.weight", 2, t)[0],
+            "intermediate_size": weight_shape(shapes, "layers.0.mlp.gate_proj.weight", 2, text)[0],
             "num_hidden_layers": layers,
             "num_attention_heads": queries // head,
             "num_key_value_heads": keys // head,
             "head_dim": head,
-            "max_position_embeddings": QWEN3_VL_POSITIONS,
             "rope_parameters": {
                 "rope_type": "default",
-                "rope_theta": QWEN3_VL_ROPE_THETA,
-                "mrope_section": [half * 3 // 8, half * 5 // 16, half * 5 // 16],
+                "rope_theta": QWEN3_VL_FIXED["rope_theta"],
+                "mrope_section": [
+                    half * 3 // 8,
+                    half * 5 // 16,
+                    half - half * 3 // 8 - half * 5 // 16,
+                ],
                 "mrope_interleaved": True,
             },
         },
         "vision_config": {
             "depth": depth,
-            "hidden_size": vision,
-            "intermediate_size": weight_shape(shapes, "blocks.0.mlp.linear_fc1.weight", 2, v)[0],
-            "num_heads": max(1, vision // QWEN3_VL_VISION_HEAD),
+            "hidden_size": tower,
+            "intermediate_size": weight_shape(shapes, "blocks.0.mlp.linear_fc1.weight", 2, vision)[
+                0
+            ],
+            "num_heads": max(1, tower // read.vision_head),
             "in_channels": channels,
+            "out_hidden_size": out,
             "patch_size": patch,
             "temporal_patch_size": frames,
             "spatial_merge_size": merge,
-            "out_hidden_size": weight_shape(shapes, "merger.linear_fc2.weight", 2, v)[0],
             "num_position_embeddings": positions,
-            "deepstack_visual_indexes": deepstack,
+            "deepstack_visual_indexes": QWEN3_VL_DEEPSTACK.get(
+                (depth, mergers), [(i + 1) * depth // (mergers + 1) for i in range(mergers)]
+            ),
         },
-        "tie_word_embeddings": False,
+        # The 4B ties its LM head to the embedding (its files have none), the 8B does not.
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
     }
 
 

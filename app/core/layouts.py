@@ -10,6 +10,7 @@ only: no torch here except in the key mapping's tensor moves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,9 @@ class Need:
 
     component: str  # the pipeline component it becomes: "text_encoder", "vae", ...
     # What file it takes, as `width_of` reads it: "clip" (hidden width), "clip_projected"
-    # (projection width), "t5", "qwen3", "qwen25_vl" (hidden width); "vae" (an original-layout
-    # VAE), "wan_vae" (the Wan 2.1 layout) by latent channels.
+    # (projection width), "t5", "qwen3", "qwen25_vl", "qwen3_vl", "mistral3" (hidden width);
+    # "vae" (an original-layout VAE), "wan_vae" (the Wan 2.1 layout), "flux2_vae",
+    # "qwenimage21_vae" by latent channels.
     kind: str
     words: str  # "its T5 text encoder (t5xxl)"
     fits: Callable[[int], bool]  # on the file's width (latent channels for a VAE)
@@ -42,6 +44,10 @@ class Need:
     inside: str | None = None  # its key prefix when the transformer's own file holds it
     pad_token: str = "<|endoftext|>"  # a CLIP tokenizer's padding (CLIP-G pads with "!")
     clip_config: str = "sd1/text_encoder"  # a CLIP's shipped config (what shapes do not say)
+    # A Qwen3-VL's released model and the class its pipeline takes, a key of
+    # `encoders.QWEN3_VL_READS`: "4b" (Krea 2's Qwen3VLModel), "8b" (Qwen-Image 2.1's
+    # Qwen3VLForConditionalGeneration).
+    reads: str = ""
 
     @property
     def is_text_encoder(self) -> bool:
@@ -213,8 +219,9 @@ def to_diffusers(
     rows: Iterator[Row], tensors: Mapping[str, Any], expected: Shapes, prefix: str = ""
 ) -> dict[str, Any]:
     """Original-layout tensors -> diffusers names, by a layout's rows: "same" (renamed), "cat"
-    (fused along dim 0; `expected` gives the parts' sizes) or "swap" (a modulation's shift and
-    scale halves swapped). Raises KeyError for a missing key, ValueError for a misfit."""
+    (fused along dim 0; `expected` gives the parts' sizes), "swap" (a modulation's shift and
+    scale halves swapped) or "flat" (a table kept as one vector, shaped as `expected` says).
+    Raises KeyError for a missing key, ValueError for a misfit."""
     import torch
 
     state: dict[str, Any] = {}
@@ -229,6 +236,13 @@ def to_diffusers(
             state.update(zip(names, torch.split(tensor, sizes, dim=0), strict=True))
         elif how == "swap":
             state[names[0]] = _swap_halves(tensor)
+        elif how == "flat":
+            shape = expected[names[0]]
+            if tensor.numel() != math.prod(shape):
+                raise ValueError(
+                    f"{prefix + original} has {tensor.numel()} values, not {math.prod(shape)}"
+                )
+            state[names[0]] = tensor.reshape(shape)
         else:
             state[names[0]] = tensor
     return state
@@ -245,6 +259,8 @@ def to_original(rows: Iterator[Row], state: Mapping[str, Any]) -> dict[str, Any]
             out[original] = torch.cat([state[n] for n in names], dim=0)
         elif how == "swap":
             out[original] = _swap_halves(state[names[0]])
+        elif how == "flat":
+            out[original] = state[names[0]].reshape(-1)
         else:
             out[original] = state[names[0]]
     return out

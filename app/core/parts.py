@@ -36,12 +36,14 @@ ENCODER_WORDS = {
     "clip": "CLIP",
     "qwen3": "Qwen3",
     "qwen25_vl": "Qwen2.5-VL",
+    "qwen3_vl": "Qwen3-VL",
 }
 # transformers' classes -> the kind of text encoder they are (a diffusers folder's config).
 _ENCODER_CLASSES = (
     ("T5EncoderModel", "t5"),
     ("CLIPTextModel", "clip"),
     ("Qwen2_5_VL", "qwen25_vl"),
+    ("Qwen3VL", "qwen3_vl"),  # before Qwen3, which it starts with
     ("Qwen3", "qwen3"),
 )
 VAE_PREFIXES = (arch.VAE, "vae.", "")  # a full checkpoint's VAE, a "vae." save, a VAE file
@@ -125,13 +127,14 @@ def text_encoder_part(kind: str, width: int | None = None) -> PartOf:
 
 def encoder_width(kind: str, shapes: Shapes) -> int | None:
     """A text encoder file's hidden width from its token embedding (None where it has none)."""
-    from app.core.encoders import qwen3_prefix
+    from app.core.encoders import qwen3_prefix, qwen3_vl_prefix
 
     names = {
         "t5": "shared.weight",
         "clip": "text_model.embeddings.token_embedding.weight",
         "qwen25_vl": "model.embed_tokens.weight",
         "qwen3": f"{qwen3_prefix(shapes) or ''}embed_tokens.weight",
+        "qwen3_vl": f"{qwen3_vl_prefix(shapes) or ''}language_model.embed_tokens.weight",
     }
     shape = shapes.get(names[kind], ())
     return shape[1] if len(shape) == 2 else None

@@ -27,12 +27,14 @@ from app.core import architecture as arch
 from app.core import limits, parts, paths
 from app.core.checkpoint.header import read_header
 from app.core.encoders import (
+    QWEN3_VL_READS,
     encoder_kind,
     is_qwenimage21_vae,
     is_wan_vae,
     qwen3_config,
     qwen3_prefix,
     qwen3_vl_config,
+    qwen3_vl_prefix,
     qwen25_vl_config,
     qwenimage21_vae_config,
     t5_config,
@@ -234,12 +236,14 @@ def width_of(kind: str, shapes: Shapes) -> int | None:
         config = qwen3_config(shapes, qwen3_prefix(shapes) or "")
         limits.check_text_encoder_config(config)
         return config["hidden_size"]
-    if kind == "qwen3_vl" and found == "qwen3_vl":
-        config = qwen3_vl_config(shapes)["text_config"]
-        limits.check_text_encoder_config(config)
-        return config["hidden_size"]
     if kind == "qwen25_vl" and found == "qwen25_vl":
         config = qwen25_vl_config(shapes)["text_config"]
+        limits.check_text_encoder_config(config)
+        return config["hidden_size"]
+    if kind == "qwen3_vl" and found == "qwen3_vl":
+        # Its text side, the same whichever released model's settings and class it is read as.
+        prefix = qwen3_vl_prefix(shapes) or ""
+        config = qwen3_vl_config(shapes, prefix, QWEN3_VL_READS["8b"])["text_config"]
         limits.check_text_encoder_config(config)
         return config["hidden_size"]
     return None

@@ -128,6 +128,7 @@ MMDIT_BLOCK = "transformer_blocks.0.ff.net.2"
 ZIMAGE_BLOCK = "layers.0.feed_forward.w2"
 QWENIMAGE_BLOCK = "transformer_blocks.0.img_mlp.net.2"
 QWENIMAGE21_BLOCK = "transformer_blocks.0.img_mlp.out"
+KREA2_BLOCK = "transformer_blocks.0.ff.down"
 
 SD_PLANTS = {
     "unet": Plant("unet", UNET_FF, 1e5),
@@ -195,6 +196,17 @@ QWENIMAGE21_PLANTS = {
         output_past_fp16=False,
     ),
     "vae": Plant("vae", VAE_LAYER, 1e6, status="nan"),
+}
+KREA2_PLANTS = {
+    # The inf reaches the next block's norm: NaN.
+    "block": Plant("transformer", KREA2_BLOCK, 1e6, status="nan"),
+    "qwen3_vl": Plant(
+        "text_encoder",
+        "language_model.layers.0.mlp.down_proj",
+        1e6,
+        output_past_fp16=False,
+    ),
+    "vae": Plant("vae", VAE_LAYER, 1e6),
 }
 FLOW = "Sampler: Euler, CFG scale: {cfg:g}"
 
@@ -329,6 +341,19 @@ ROWS: dict[FamilyId, Row] = {
             Repair(QWENIMAGE21_PLANTS["block"], 4.0),
             Repair(QWENIMAGE21_PLANTS["vae"], 1.0),
         ),
+        FLOW,
+        slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
+    ),
+    FamilyId.KREA2: Row(
+        # Read where Krea 2 reads its 36-layer encoder, as its transformer file is run.
+        lambda: tiny_models.build_tiny_krea2_pipeline(released_taps=True),
+        "krea2",
+        "flow",
+        ("text_encoder", "transformer", "vae"),
+        ("Krea 2: its Krea2Pipeline", "reading 12 layers of a Qwen3-VL text encoder"),
+        KREA2_PLANTS,
+        # Without guidance (as Turbo samples) and with it (the base model's CFG 5.5).
+        (Repair(KREA2_PLANTS["block"], 1.0), Repair(KREA2_PLANTS["block"], 5.5)),
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
     ),

@@ -83,6 +83,8 @@ def save_split_files(
             state = {"model." + k: v for k, v in state.items()}
         elif kind == "Qwen2_5_VLForConditionalGeneration":
             state = {qwen25_vl_to_file(k): v for k, v in state.items()}
+        elif kind == "Qwen3VLModel":  # as Qwen3VLForConditionalGeneration saves it
+            state = {"model." + k: v for k, v in state.items()}
         elif stem == "t5xxl":
             state = {k: v for k, v in state.items() if k != "encoder.embed_tokens.weight"}
         else:  # transformers' original CLIP names, as the files users download hold them

@@ -760,3 +760,111 @@ def build_tiny_qwenimage_edit_pipeline(seed: int = 0, plus: bool = True, text_wi
     parts = build_tiny_qwenimage_pipeline(seed, text_width=text_width).components
     kind = QwenImageEditPlusPipeline if plus else QwenImageEditPipeline
     return kind(**parts, processor=edit_processor())
+
+
+# Krea 2 -----------------------------------------------------------------------------------
+
+# Krea 2's schedule: the resolution-dependent exponential shift, 0.5 at 256 patches to 1.15 at
+# 6,400 (Krea2Pipeline's docstring); Turbo shifts by a fixed 1.15 instead (`is_distilled`).
+KREA2_SCHEDULER_CONFIG: dict[str, Any] = {
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": True,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 6400,
+    "time_shift_type": "exponential",
+}
+# The tiny encoder's layers whose hidden states the tiny transformer reads (index 0 is the
+# embedding): as Krea 2 reads Qwen3-VL-4B, never the final norm's output.
+KREA2_TINY_TAPS = (1, 2, 3)
+
+
+def tiny_qwen3_vl_4b(seed: int, hidden: int = 32, layers: int = 4):
+    """A Qwen3-VL-4B-shaped model (Krea 2's text encoder, read as a Qwen3VLModel; Qwen-Image
+    2.1's 8B-shaped one, a Qwen3VLForConditionalGeneration, is `tiny_qwen3_vl`) with a one-block
+    vision tower, the real vocabulary size, Qwen3-VL-4B's rotary base, norms and interleaved
+    multimodal rotary sections in its proportions (24, 20, 20 of a 128-wide head: 6, 5, 5 of
+    its 32-wide heads)."""
+    from transformers import Qwen3VLConfig, Qwen3VLModel
+
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": QWEN_VOCAB,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "max_position_embeddings": 1024,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 5000000.0,
+                "mrope_section": [6, 5, 5],
+                "mrope_interleaved": True,
+            },
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 64,  # one 64-wide head, as the 4B's vision heads are wide
+            "intermediate_size": 32,
+            "num_heads": 1,
+            "out_hidden_size": hidden,
+            "num_position_embeddings": 16,
+            "deepstack_visual_indexes": [0],
+        },
+        tie_word_embeddings=True,
+    )
+    _seeded(seed)
+    return Qwen3VLModel(config).eval()
+
+
+def tiny_krea2_transformer(seed: int, text: int = 32, text_layers: int = len(KREA2_TINY_TAPS)):
+    """Krea 2's single-stream transformer, two blocks of two 32-wide query heads sharing one
+    key/value head, on 2x2 patches of a 16-channel latent, with one layer-wise and one
+    refiner text-fusion block; rotary axes in Krea 2's proportions (32, 48, 48 of 128)."""
+    from diffusers import Krea2Transformer2DModel
+
+    _seeded(seed)
+    return Krea2Transformer2DModel(
+        in_channels=64,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+        timestep_embed_dim=32,
+        text_hidden_dim=text,
+        num_text_layers=text_layers,
+        text_num_attention_heads=2,
+        text_num_key_value_heads=2,
+        text_intermediate_size=text * 2,
+        num_layerwise_text_blocks=1,
+        num_refiner_text_blocks=1,
+        axes_dims_rope=(8, 12, 12),
+    ).eval()
+
+
+def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False, released_taps: bool = False):
+    """A tiny Krea 2-shaped pipeline: a four-layer Qwen3-VL-shaped text encoder read at three
+    layers, a two-block single-stream transformer, Qwen-Image's 3D VAE; `distilled` makes it
+    a Turbo. With `released_taps`, the encoder has Qwen3-VL-4B's 36 layers and is read where
+    Krea 2 reads it (what a split file is run with)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Krea2Pipeline
+
+    from app.core.families.krea2 import KREA2_TAPS
+
+    taps = KREA2_TAPS if released_taps else KREA2_TINY_TAPS
+    return Krea2Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(**KREA2_SCHEDULER_CONFIG),
+        vae=tiny_qwenimage_vae(seed + 1),
+        text_encoder=tiny_qwen3_vl_4b(seed + 2, layers=36 if released_taps else 4),
+        tokenizer=qwen2_tokenizer(),
+        transformer=tiny_krea2_transformer(seed + 3, text_layers=len(taps)),
+        text_encoder_select_layers=taps,
+        is_distilled=distilled,
+        patch_size=2,
+    )

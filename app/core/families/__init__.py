@@ -1,6 +1,6 @@
 """Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
-`qwenimage`, `qwenimage21`, `flux2`), what they share (`base`), and the ordered registry
-(`registry`).
+`qwenimage`, `qwenimage21`, `flux2`, `krea2`), what they share (`base`), and the ordered
+registry (`registry`).
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
 prompt into the named tensors its denoiser takes, which of those tensors come from which text
@@ -14,6 +14,7 @@ from app.core.families.base import Family, FamilyId, LatentFormat, make_schedule
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
+from app.core.families.krea2 import Krea2Family
 from app.core.families.qwenimage import QwenImageFamily
 from app.core.families.qwenimage21 import QwenImage21Family
 from app.core.families.registry import (
@@ -37,6 +38,7 @@ __all__ = [
     "Flux2Family",
     "Flux2KleinFamily",
     "FluxFamily",
+    "Krea2Family",
     "LatentFormat",
     "QwenImage21Family",
     "QwenImageFamily",

@@ -38,6 +38,7 @@ class FamilyId(str, Enum):
     FLUX2 = "flux2"  # Flux.2 dev
     FLUX2_KLEIN = "flux2klein"
     QWENIMAGE21 = "qwenimage21"
+    KREA2 = "krea2"
 
 
 @dataclass(frozen=True)

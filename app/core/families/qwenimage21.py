@@ -104,6 +104,7 @@ def _read_qwenimage21(shapes: Shapes, prefix: str) -> SplitModel:
                 "its Qwen3-VL text encoder (qwen_3_vl_8b)",
                 lambda width: width == text_width,
                 ("qwen_3_vl", "qwen3_vl", "qwen3-vl", "qwen_3-vl"),
+                reads="8b",
             ),
             Need(
                 "vae",

@@ -9,6 +9,7 @@ from app.core.families.base import Family, FamilyId
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
+from app.core.families.krea2 import Krea2Family
 from app.core.families.qwenimage import QwenImageFamily
 from app.core.families.qwenimage21 import QwenImage21Family
 from app.core.families.sd import StableDiffusionFamily
@@ -18,6 +19,9 @@ from app.core.families.zimage import ZImageFamily
 
 # Most specific first: the first family that owns a pipeline is its family.
 FAMILIES: tuple[Family, ...] = (
+    # Krea 2 and Qwen-Image 2.1 before Qwen-Image (all three read Qwen VLs and share its VAE
+    # or names); their own markers and transformer classes tell the two apart.
+    Krea2Family(),
     QwenImage21Family(),
     QwenImageFamily(),
     ZImageFamily(),

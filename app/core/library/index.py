@@ -15,8 +15,9 @@ from app.core.library.entries import LibraryEntry
 
 INDEX_FILE = "library.json"
 # 3: SD3.x and Chroma files are read (entries cached before said unsupported); 4: Z-Image and
-# Qwen-Image transformer files are (cached before as a Lumina model or unknown).
-INDEX_VERSION = 4
+# Qwen-Image transformer files are (cached before as a Lumina model or unknown); 5: Flux.2,
+# Qwen-Image 2.1 and Krea 2 files are (cached before as another family's or unknown).
+INDEX_VERSION = 5
 # The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
 INDEX_LIMIT = 64 << 20
 

@@ -1,5 +1,6 @@
 """The companion text encoders and VAEs of a transformer file (CLIP, T5, Qwen3, Qwen2.5-VL,
-Qwen3-VL, the Wan 2.1 VAE, Qwen-Image 2.1's VAE), built from their files by the shapes and key maps of `encoders.py`."""
+Qwen3-VL, the Wan 2.1 VAE, Qwen-Image 2.1's VAE), built from their files by the shapes and key
+maps of `encoders.py`."""
 
 from __future__ import annotations
 
@@ -61,6 +62,37 @@ def _qwen25_vl_encoder(checkpoint: Checkpoint):
     return assign(path, model, tensors, "Qwen2.5-VL text encoder"), dtypes
 
 
+def _qwen3_vl_encoder(checkpoint: Checkpoint, need: Need):
+    """A Qwen3-VL file (model.language_model.*, model.visual.*, an LM head or not; or without
+    the model. prefix), read as `need.reads` says: Krea 2's Qwen3VLModel (the LM head, if any,
+    is not used) or Qwen-Image 2.1's Qwen3VLForConditionalGeneration. Returns (model, stored
+    dtypes)."""
+    import transformers
+
+    path = checkpoint.path
+    read = encoders.QWEN3_VL_READS[need.reads]
+    prefix = encoders.qwen3_vl_prefix(checkpoint.shapes)
+    try:
+        if prefix is None:
+            raise ValueError("it has no Qwen3-VL language model and vision tower")
+        config = encoders.qwen3_vl_config(checkpoint.shapes, prefix, read)
+    except (KeyError, ValueError) as error:
+        raise UnsupportedModelError(
+            path, f"this Qwen3-VL text encoder cannot be built: {error}."
+        ) from None
+    tensors, dtypes = {}, []
+    for key in checkpoint.shapes:
+        name = encoders.qwen3_vl_to_transformers(key, prefix, read)
+        if name is not None:
+            tensors[name] = checkpoint.get(key)
+            dtypes.append(checkpoint.dtypes[key])
+    embedding = "model.language_model.embed_tokens.weight"
+    if read.keeps_lm_head and config["tie_word_embeddings"] and embedding in tensors:
+        tensors["lm_head.weight"] = tensors[embedding]  # tied: the file keeps it once
+    model = empty(getattr(transformers, read.model_class), transformers.Qwen3VLConfig(**config))
+    return assign(path, model, tensors, "Qwen3-VL text encoder"), dtypes
+
+
 def load_wan_vae_file(path: Path):
     """Qwen-Image's VAE file in the Wan 2.1 layout (qwen_image_vae.safetensors)."""
     import diffusers
@@ -120,26 +152,6 @@ def load_flux2_vae_file(path: Path, base: dict):
     return assign(path, model, state, "VAE"), dtypes
 
 
-def _qwen3_vl_encoder(checkpoint: Checkpoint):
-    """A Qwen3-VL file in transformers' names (model.language_model.*, model.visual.*,
-    lm_head), read as a Qwen3VLForConditionalGeneration. Returns (model, stored dtypes)."""
-    import transformers
-
-    path = checkpoint.path
-    try:
-        config = encoders.qwen3_vl_config(checkpoint.shapes)
-    except (KeyError, ValueError) as error:
-        raise UnsupportedModelError(
-            path, f"this Qwen3-VL text encoder cannot be built: {error}."
-        ) from None
-    tensors = {key: checkpoint.get(key) for key in checkpoint.shapes}
-    dtypes = list(checkpoint.dtypes.values())
-    model = empty(
-        transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig(**config)
-    )
-    return assign(path, model, tensors, "Qwen3-VL text encoder"), dtypes
-
-
 def load_qwenimage21_vae_file(path: Path):
     """Qwen-Image 2.1's VAE file (diffusers' names), with the released VAE's latent statistics
     (resources/configs/qwenimage21/vae). Returns (model, stored dtypes)."""
@@ -168,7 +180,7 @@ def load_text_encoder(checkpoint: Checkpoint, prefix: str, need: Need):
     if need.kind == "qwen25_vl":
         return _qwen25_vl_encoder(checkpoint)
     if need.kind == "qwen3_vl":
-        return _qwen3_vl_encoder(checkpoint)
+        return _qwen3_vl_encoder(checkpoint, need)
     path = checkpoint.path
     words = need.words.removeprefix("its ")
     shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}

@@ -9,6 +9,7 @@ from typing import Any
 
 from app.core import paths, split
 from app.core.checkpoint import Checkpoint, one_torch_thread, scan_weights, stored_dtype
+from app.core.encoders import QWEN3_VL_READS
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.layouts import AbsurdSizes, SplitModel, to_diffusers
@@ -62,7 +63,12 @@ def load_split(
         t5_tokenizer,
     )
 
-    tokenizers = {"t5": t5_tokenizer, "qwen3": qwen3_tokenizer, "qwen25_vl": qwen2_tokenizer}
+    tokenizers = {
+        "t5": t5_tokenizer,
+        "qwen3": qwen3_tokenizer,
+        "qwen25_vl": qwen2_tokenizer,
+        "qwen3_vl": qwen2_tokenizer,  # Qwen3-VL reads the same BPE (Krea 2 applies its template)
+    }
     if model.unsupported is not None:
         raise UnsupportedModelError(path, model.unsupported + ".")
     companions = split.find_companions(path, model, text_encoders, vae)
@@ -123,7 +129,7 @@ def load_split(
                         )
                 components[need.component] = part
                 used += dtypes
-                if need.kind == "qwen3_vl":  # read through Qwen3-VL's processor
+                if need.kind == "qwen3_vl" and QWEN3_VL_READS[need.reads].processor:
                     components["processor"] = qwen3_vl_processor()
                 elif need.is_text_encoder:
                     tokenizer = need.component.replace("text_encoder", "tokenizer")
