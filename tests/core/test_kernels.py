@@ -1,0 +1,191 @@
+"""Attention kernels HalfSafe does not ship: found without importing them, reported by `gpu`,
+turned off by a named attention backend, and, when one replaced PyTorch's SDPA and gives NaN,
+compared with PyTorch's math kernel on the same inputs and named as the cause, while a true fp16
+overflow in the same model is still `precision`. The kernel is a planted package
+(`tests.support.attention_kernels`) patched in the way SageAttention is."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from app.core import causes, kernels
+from app.core.precision import PrecisionPlan, backend_flags
+from app.core.settings import PrecisionSettings
+from tests.core.test_health import loaded, plant
+from tests.support import attention_kernels as planted
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+FP16 = PrecisionSettings(precision="fp16")
+
+
+def check(model):
+    return causes.check_and_attribute(
+        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+    )
+
+
+def qkv(dtype=torch.float16, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, 16, 8, generator=generator).to(dtype) for _ in range(3)]
+
+
+# --- detection --------------------------------------------------------------------------------
+
+
+def test_an_installed_kernel_is_listed_with_its_version_without_being_imported(tmp_path):
+    # A package that would fail loudly if imported: detection must read only its metadata.
+    planted.write_distribution(
+        tmp_path, "sageattention", "2.1.1", {"__init__.py": "raise RuntimeError('imported')\n"}
+    )
+    with planted.on_path(tmp_path):
+        found = {k.name: k for k in kernels.installed_kernels()}
+        assert "sageattention" not in sys.modules
+    sage = found["sageattention"]
+    assert sage.words() == "sageattention 2.1.1"
+    assert not sage.patched_sdpa and sage.function is None
+    assert sage.to_json() == {
+        "name": "sageattention",
+        "version": "2.1.1",
+        "patched_sdpa": False,
+        "function": None,
+        "diffusers_backend": None,
+    }
+    assert "sageattention" not in {k.name for k in kernels.installed_kernels()}  # gone again
+
+
+def test_a_replaced_sdpa_is_named_after_the_library_it_comes_from(tmp_path):
+    assert kernels.patched_sdpa() is None  # PyTorch's own here
+    with planted.patched_in(tmp_path):
+        found = kernels.patched_sdpa()
+        listed = {k.name: k for k in kernels.installed_kernels()}
+    assert found is not None and found.words() == "quantattn 0.3.0"
+    assert found.patched_sdpa and found.function == "quantattn.core.quant_attention"
+    assert listed["quantattn"] == found
+    assert F.scaled_dot_product_attention is kernels.torch_sdpa()  # restored
+    assert kernels.patched_sdpa() is None
+
+
+def test_diffusers_backend_from_the_environment_is_listed(monkeypatch):
+    monkeypatch.setenv(kernels.DIFFUSERS_BACKEND_ENV, "sage")
+    listed = {k.name: k for k in kernels.installed_kernels()}
+    assert listed["sageattention"].diffusers_backend == "sage"
+    monkeypatch.setenv(kernels.DIFFUSERS_BACKEND_ENV, "native")
+    assert all(k.diffusers_backend is None for k in kernels.installed_kernels())
+
+
+def test_gpu_report_lists_the_kernels_in_json_and_notes(tmp_path):
+    from app.cli.text import hardware_text
+    from app.core.hardware import hardware_report
+
+    with planted.patched_in(tmp_path):
+        report = hardware_report(self_test=False)
+    document = report.to_json()
+    entry = next(k for k in document["attention_kernels"] if k["name"] == "quantattn")
+    assert entry["version"] == "0.3.0" and entry["patched_sdpa"] is True
+    text = hardware_text(report)
+    assert "Attention kernel quantattn 0.3.0 has replaced PyTorch's" in text
+
+
+# --- turning it off, and the comparison ------------------------------------------------------
+
+
+def test_a_named_backend_runs_pytorchs_own_sdpa_and_puts_the_replacement_back(tmp_path):
+    with planted.patched_in(tmp_path) as module:
+        q, k, v = qkv()
+        with backend_flags(PrecisionPlan(device="cpu", dtypes={}, attention_backend="auto")):
+            assert F.scaled_dot_product_attention is module.quant_attention
+            assert torch.isnan(F.scaled_dot_product_attention(q, k, v)).all()
+        for backend in ("math", "classic"):
+            with backend_flags(PrecisionPlan(device="cpu", dtypes={}, attention_backend=backend)):
+                assert torch.isfinite(F.scaled_dot_product_attention(q, k, v)).all()
+            assert F.scaled_dot_product_attention is module.quant_attention
+
+
+def test_the_comparison_finds_nan_and_drift_and_clears_an_honest_kernel(tmp_path):
+    q, k, v = qkv()
+    with planted.patched_in(tmp_path) as module:
+        suspect = kernels.patched_sdpa()
+        assert suspect is not None
+        with kernels.comparing(suspect, 20.0) as nan_run:
+            out = F.scaled_dot_product_attention(q, k, v)
+        assert torch.isfinite(out).all()  # the run goes on with the math kernel's answer
+        assert nan_run.finding == "non_finite" and nan_run.first_bad_call == 0
+        assert nan_run.shape == [1, 2, 16, 8] and nan_run.dtype == "float16"
+        assert F.scaled_dot_product_attention is module.quant_attention
+
+    def noisy(query, key, value, *args, **kwargs):  # right in shape, wrong in value: ~6 dB
+        out = kernels.torch_sdpa()(query, key, value, *args, **kwargs)
+        return out + 0.5 * out.abs().mean() * torch.ones_like(out)
+
+    F.scaled_dot_product_attention = noisy
+    try:
+        drifting = kernels.AttentionKernel("noisy")
+        with kernels.comparing(drifting, 20.0) as drift_run:
+            F.scaled_dot_product_attention(q, k, v)
+            F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    finally:
+        F.scaled_dot_product_attention = kernels.torch_sdpa()
+    assert drift_run.calls == 2 and drift_run.finding == "drift"
+    assert drift_run.worst_snr_db < 20.0
+
+    with planted.patched_in(tmp_path / "honest", faulty=False):
+        suspect = kernels.patched_sdpa()
+        assert suspect is not None
+        with kernels.comparing(suspect, 20.0) as honest_run:
+            F.scaled_dot_product_attention(q, k, v)
+    assert honest_run.calls == 1 and honest_run.finding is None
+
+
+# --- the check ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_replaced_sdpa_that_gives_nan_in_fp16_is_named_as_the_kernel_cause(tmp_path):
+    with planted.patched_in(tmp_path) as module:
+        report = check(loaded(build_tiny_sd_pipeline(), "planted-kernel"))
+        still = F.scaled_dot_product_attention
+    cause = report.cause
+
+    assert still is module.quant_attention  # the check put the user's kernel back
+    assert F.scaled_dot_product_attention is kernels.torch_sdpa()
+    assert cause is not None and cause.kind == "kernel"
+    assert cause.kernel is not None and cause.kernel.kernel.words() == "quantattn 0.3.0"
+    assert cause.kernel.comparison.finding == "non_finite"
+    assert cause.action == "switch_backend" and cause.verified and cause.quality.passed
+    backend = cause.settings["attention_backend"]
+    assert backend in ("classic", "math")
+    assert cause.repair == f"turn off quantattn 0.3.0: use the {backend} attention backend"
+    assert "quantattn 0.3.0" in report.headline and "turn quantattn off" in report.headline
+    assert report.verdict == "fixable" and report.fix.settings == {"attention_backend": backend}
+    document = report.to_json()["cause"]
+    assert document["kind"] == "kernel"
+    assert document["kernel"]["words"] == "quantattn 0.3.0"
+    assert (document["kernel"]["name"], document["kernel"]["version"]) == ("quantattn", "0.3.0")
+    assert document["kernel"]["patched_sdpa"] is True
+    assert document["kernel"]["finding"] == "non_finite"
+    assert document["kernel"]["comparison"]["dtype"] == "float16"
+
+    from app.cli.text import health_text
+
+    assert "Cause:   kernel (quantattn 0.3.0); repair: turn off quantattn" in health_text(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("faulty", [True, False], ids=["nan-kernel", "honest-kernel"])
+def test_a_true_fp16_overflow_with_a_replaced_sdpa_is_still_precision(tmp_path, faulty):
+    pipeline = plant(build_tiny_sd_pipeline(), "unet_ff")  # a UNet layer scaled past 65504
+    with planted.patched_in(tmp_path, faulty=faulty):
+        report = check(loaded(pipeline, "overflow-with-kernel"))
+    cause = report.cause
+
+    assert report.components["unet"].status == "overflow"
+    assert cause is not None and cause.kind == "precision" and cause.kernel is None
+    assert report.to_json()["cause"]["kernel"] is None
+    assert "quantattn" not in report.headline
+    # The faulty kernel is still named, as a note: turning it off alone is not enough here.
+    named = [n for n in report.notes if "quantattn 0.3.0 gives NaN" in n]
+    assert len(named) == (1 if faulty else 0)
