@@ -6,6 +6,7 @@ overflow in the same model is still `precision`. The kernel is a planted package
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -17,6 +18,13 @@ from app.core.precision import PrecisionPlan, backend_flags
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded, plant
 from tests.support import attention_kernels as planted
+from tests.support.image_files import (
+    a1111_parameters,
+    comfy_prompt,
+    comfy_workflow,
+    pixels,
+    png_text,
+)
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
@@ -189,3 +197,126 @@ def test_a_true_fp16_overflow_with_a_replaced_sdpa_is_still_precision(tmp_path, 
     # The faulty kernel is still named, as a note: turning it off alone is not enough here.
     named = [n for n in report.notes if "quantattn 0.3.0 gives NaN" in n]
     assert len(named) == (1 if faulty else 0)
+
+
+# --- explain: what other tools record ------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    for var in ("HOME", "USERPROFILE"):
+        monkeypatch.setenv(var, str(home))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    return home
+
+
+def sage_prompt(mode: str = "auto") -> str:
+    """A ComfyUI API prompt whose model passes through KJNodes' Patch Sage Attention KJ."""
+    nodes = json.loads(comfy_prompt("wan_like.safetensors"))
+    nodes["9"] = {
+        "class_type": "PathchSageAttentionKJ",
+        "inputs": {"model": ["4", 0], "sage_attention": mode, "allow_compile": False},
+    }
+    nodes["3"]["inputs"]["model"] = ["9", 0]
+    return json.dumps(nodes)
+
+
+def sage_workflow(*nodes: dict) -> str:
+    workflow = json.loads(comfy_workflow("wan_like.safetensors"))
+    workflow["nodes"].extend(nodes)
+    return json.dumps(workflow)
+
+
+def test_explain_names_a_sage_node_as_the_suspect_with_comfyuis_switch(tmp_path, home, capsys):
+    from app.cli import main
+
+    image = png_text(tmp_path / "ComfyUI_00001_.png", {"prompt": sage_prompt()}, pixels("zero"))
+
+    assert main(["explain", str(image), "--json"]) == 1  # NaN-black; its model is not here
+    document = json.loads(capsys.readouterr().out)
+    recorded = {"kernel": "sageattention", "node": "PathchSageAttentionKJ", "mode": "auto"}
+    assert document["record"]["attention_kernels"] == [recorded]
+    (suspect,) = document["suspects"]
+    assert {k: suspect[k] for k in recorded} == recorded
+    assert "sage_attention to disabled" in suspect["turn_off"]
+    assert "--use-sage-attention" in suspect["turn_off"]
+    note = next(n for n in document["notes"] if "SageAttention" in n)
+    assert "PathchSageAttentionKJ (auto)" in note and "generate the image again" in note
+
+
+@pytest.mark.parametrize(
+    ("node", "found"),
+    [
+        (
+            {
+                "id": 9,
+                "type": "PathchSageAttentionKJ",
+                "mode": 0,
+                "widgets_values": ["auto", False],
+            },
+            "auto",
+        ),
+        (
+            {
+                "id": 9,
+                "type": "PathchSageAttentionKJ",
+                "mode": 0,
+                "widgets_values": ["sageattn_qk_int8_pv_fp8_cuda", False],
+            },
+            "sageattn_qk_int8_pv_fp8_cuda",
+        ),
+        ({"id": 9, "type": "PathchSageAttentionKJ", "mode": 4, "widgets_values": ["auto"]}, None),
+        (
+            {"id": 9, "type": "PathchSageAttentionKJ", "mode": 0, "widgets_values": ["disabled"]},
+            None,
+        ),
+        (
+            {
+                "id": 9,
+                "type": "DiffusionModelLoaderKJ",
+                "mode": 0,
+                "widgets_values": ["wan.safetensors", "default", "default", False, "auto", False],
+            },
+            "auto",
+        ),
+        (
+            {
+                "id": 9,
+                "type": "DiffusionModelLoaderKJ",
+                "mode": 0,
+                "widgets_values": ["wan.safetensors", "default", "default", False, "disabled"],
+            },
+            None,
+        ),
+        (
+            {"id": 9, "type": "SageAttention3Patch", "mode": 0, "widgets_values": [False, True]},
+            None,
+        ),
+        ({"id": 9, "type": "SageAttention3Patch", "mode": 0, "widgets_values": [True, True]}, True),
+    ],
+)
+def test_a_workflow_records_the_sage_nodes_that_ran(tmp_path, node, found):
+    from app.core import explain
+
+    image = png_text(tmp_path / "wf.png", {"workflow": sage_workflow(node)}, pixels("noise"))
+    record, _, _ = explain.read_image(image)
+    assert record.made_by == "comfyui"
+    if found is None:
+        assert record.attention == []
+    else:
+        (recorded,) = record.attention
+        assert recorded.kernel == "sageattention" and recorded.node == node["type"]
+        assert recorded.mode == (None if found is True else found)
+
+
+def test_tools_that_record_no_kernel_are_not_claimed_to(tmp_path):
+    from app.core import explain
+
+    parameters = a1111_parameters("sd15", "0123456789", version="f2.0.1v1.10.1")
+    image = png_text(tmp_path / "forge.png", {"parameters": parameters}, pixels("noise"))
+    record, _, _ = explain.read_image(image)
+    assert record.made_by == "forge" and record.attention == []
+    disabled = png_text(tmp_path / "off.png", {"prompt": sage_prompt("disabled")}, pixels("noise"))
+    assert explain.read_image(disabled)[0].attention == []
