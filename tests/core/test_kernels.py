@@ -320,3 +320,14 @@ def test_tools_that_record_no_kernel_are_not_claimed_to(tmp_path):
     assert record.made_by == "forge" and record.attention == []
     disabled = png_text(tmp_path / "off.png", {"prompt": sage_prompt("disabled")}, pixels("noise"))
     assert explain.read_image(disabled)[0].attention == []
+
+
+def test_the_kernel_fields_are_documented():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "json.md").read_text(encoding="utf-8")
+    for word in ("`attention_kernels`", "`patched_sdpa`", "record.attention_kernels", "`suspects`"):
+        assert word in docs
+    assert "| `kernel` | object or null |" in docs
+    assert "attention_kernels" in (root / "README.md").read_text(encoding="utf-8")
