@@ -98,7 +98,10 @@ def health_text(report: HealthReport) -> str:
         )
     if report.cause is not None:
         proof = "verified" if report.cause.verified else "not verified"
-        lines.append(f"Cause:   {report.cause.kind}; repair: {report.cause.repair} ({proof})")
+        kind = report.cause.kind
+        if report.cause.kernel is not None:  # the attention kernel it names
+            kind += f" ({report.cause.kernel.kernel.words()})"
+        lines.append(f"Cause:   {kind}; repair: {report.cause.repair} ({proof})")
     if report.remembered:
         lines.append(f"Ran with: the fix remembered for this model: {report.remembered}")
     fix = report.fix

@@ -9,7 +9,11 @@ need different repairs, and a precision change does not help them:
   pushes a layer past 65504 is blamed by name, with the layer, and the largest weight that runs
   finite and agrees with the fp32 run at that weight (a lower weight changes the picture, so it
   is judged against fp32 at the same weight, never against the original picture).
-- `kernel`: the same precision on another attention backend gives the right answer.
+- `kernel`: the same precision on another attention backend gives the right answer. When the
+  run went through an attention kernel HalfSafe does not ship (a library that replaced
+  PyTorch's SDPA: SageAttention, xformers), that kernel is compared with PyTorch's math kernel on
+  the same inputs, call by call (`kernels.comparing`), and named when it alone goes non-finite
+  or drifts below the quality threshold; the repair is then to turn it off.
 - `state`: a fresh load of the component gives the right answer (a buffer or weight poisoned
   in memory by an earlier run: the "goes away on restart" black images).
 
@@ -27,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core import diagnosis, lora
+from app.core import diagnosis, kernels, lora
 from app.core.components import COMPONENTS, Verdict, in_run_order
 from app.core.components import words as component_words
 from app.core.diagnosis import Quality
@@ -85,6 +89,25 @@ class LoraBlame:
 
 
 @dataclass
+class KernelBlame:
+    """An attention kernel HalfSafe does not ship, compared with PyTorch's math kernel on the
+    same inputs during one run and found at fault."""
+
+    kernel: kernels.AttentionKernel
+    comparison: kernels.KernelComparison
+    layer: str | None  # the first layer that went non-finite in the check's run
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.kernel.to_json(),
+            "words": self.kernel.words(),
+            "layer": self.layer,
+            "finding": self.comparison.finding,
+            "comparison": self.comparison.to_json(),
+        }
+
+
+@dataclass
 class Cause:
     """Why the check failed and the repair that follows from it. `verified` when the repair was
     re-run and came out finite and agreeing with the fp32 reference (`quality`)."""
@@ -99,9 +122,11 @@ class Cause:
     quality: Quality | None = None
     lora: LoraBlame | None = None
     headline: str | None = None  # replaces the report's headline when the cause changes it
+    kernel: KernelBlame | None = None  # a kernel cause's foreign attention kernel, when one is
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "kernel": self.kernel.to_json() if self.kernel else None,
             "kind": self.kind,
             "component": self.component,
             "summary": self.summary,
@@ -391,9 +416,19 @@ def attribute(
         # the same precision works on another kernel, so the kernel is the cause.
         backend = diagnosis.switched_backend(report.fix.settings, report.plan)
         if backend is not None:
-            return _kernel(component, report.plan.attention_backend, backend, report.fix.quality)
+            cause = _kernel(component, report.plan.attention_backend, backend, report.fix.quality)
+            foreign = _foreign_kernel(runs, progress)
+            return _blamed(report, cause, *foreign) if foreign is not None else cause
     if _measured_overflow(report, failed) and report.fix is not None and report.fix.verified:
         return _precision_cause(report, component)
+    cancel.raise_if_cancelled()
+    # A kernel HalfSafe does not ship is compared before a precision fix is believed: such a
+    # kernel often fails in one dtype only, so a dtype change "fixes" what turning it off fixes.
+    foreign = _foreign_kernel(runs, progress)
+    if foreign is not None:
+        cause = _foreign_kernel_cause(runs, report, component, *foreign, progress)
+        if cause is not None:
+            return cause
     cancel.raise_if_cancelled()
     cause = _kernel_cause(runs, report, component, progress)
     if cause is not None:
@@ -649,6 +684,79 @@ def _kernel_cause(runs: _Runs, report, component: str, progress) -> Cause | None
         if quality.passed:
             return _kernel(component, runs.plan.attention_backend, backend, quality)
     return None
+
+
+def _foreign_kernel(runs: _Runs, progress):
+    """(the kernel, what it gave) when the plan's runs go through an attention kernel HalfSafe
+    does not ship (SDPA replaced by a library, under the `auto` backend) and that kernel, run
+    beside PyTorch's math kernel on the same inputs for one run of the plan, alone goes
+    non-finite or drifts below the quality threshold; None otherwise."""
+    foreign = kernels.patched_sdpa()
+    if foreign is None or runs.plan.attention_backend != "auto":
+        return None
+    progress(f"Comparing {foreign.words()} with PyTorch's math kernel", 0, 1)
+    with kernels.comparing(foreign, diagnosis.QUALITY_THRESHOLD_DB) as comparison:
+        runs.run(runs.plan)
+    return (foreign, comparison) if comparison.finding is not None else None
+
+
+def _foreign_kernel_cause(
+    runs: _Runs, report, component: str, foreign, comparison, progress
+) -> Cause | None:
+    """The repair for a foreign kernel found at fault: the first backend (each runs PyTorch's
+    own kernel) whose run at the same precision is finite and agrees with fp32 on PyTorch's
+    math kernel. None, with a note, when turning the kernel off is not enough."""
+    reference = replace(diagnosis.fp32_reference(runs.plan), attention_backend="math")
+    for backend in _backends(runs.plan):
+        progress(f"Re-running without {foreign.words()}: the {backend} attention backend", 0, 1)
+        ok, quality, _ = runs.proved(diagnosis.backend_switch(runs.plan, backend).plan, reference)
+        if ok:
+            cause = _kernel(component, runs.plan.attention_backend, backend, quality)
+            return _blamed(report, cause, foreign, comparison)
+    report.notes.append(
+        f"The attention kernel {foreign.words()} {_finding_words(comparison)} on the same "
+        "inputs, but turning it off alone did not give the right answer."
+    )
+    return None
+
+
+def _finding_words(comparison) -> str:
+    if comparison.finding == "non_finite":
+        return "gives NaN or Inf where PyTorch's math kernel is finite"
+    return (
+        f"agrees with PyTorch's math kernel only to {comparison.worst_snr_db:.1f} dB "
+        f"(threshold {diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
+    )
+
+
+def _blamed(report, cause: Cause, foreign, comparison) -> Cause:
+    """`cause`, a backend switch, told as turning `foreign` off."""
+    component = cause.component
+    first_bad = report.components[component].first_bad_module if component else None
+    blame = KernelBlame(foreign, comparison, layer_name(first_bad))
+    backend = cause.settings.get("attention_backend", "math")
+    name = foreign.words()
+    what = _finding_words(comparison)
+    where = f" (the first layer to go bad: {blame.layer})" if blame.layer else ""
+    proof = f"verified: {cause.quality.words()}" if cause.quality else "verified"
+    part = component_words(component) if component else "model"
+    summary = (
+        f"The attention kernel {name}, which replaced PyTorch's scaled_dot_product_attention "
+        f"here, {what} on the same inputs in the {part}{where}: the kernel is at fault, not "
+        f"the model or fp16. Turn {foreign.name} off; in HalfSafe, choose the {backend} "
+        f"attention backend, which runs PyTorch's own kernel ({proof})."
+    )
+    return replace(
+        cause,
+        summary=summary,
+        repair=f"turn off {name}: use the {backend} attention backend",
+        kernel=blame,
+        headline=(
+            f"Fixable: the attention kernel {name} fails in the {part}, not an overflow: on "
+            f"the same inputs PyTorch's math kernel is right; {proof}: turn {foreign.name} off "
+            f"(the {backend} attention backend)."
+        ),
+    )
 
 
 def _state_cause(runs: _Runs, report, component: str, applied, reload, progress) -> Cause | None:

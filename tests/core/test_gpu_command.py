@@ -42,7 +42,10 @@ def test_gpu_json_holds_the_contract():
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
 
-    assert set(report) == {"halfsafe", "torch", "cuda", "devices"}
+    assert set(report) == {"halfsafe", "torch", "cuda", "devices", "attention_kernels"}
+    for kernel in report["attention_kernels"]:  # whatever this environment has installed
+        assert set(kernel) == {"name", "version", "patched_sdpa", "function", "diffusers_backend"}
+        assert kernel["patched_sdpa"] is False  # nothing replaces SDPA in HalfSafe's own process
     assert isinstance(report["halfsafe"], str) and isinstance(report["torch"], str)
     assert report["cuda"] is None or isinstance(report["cuda"], str)
     assert report["devices"] and report["devices"][-1]["kind"] == "cpu"

@@ -11,6 +11,7 @@ from typing import Any
 
 from app import __version__
 from app.core.errors import BadFileError, HalfSafeError
+from app.core.explain import kernels
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
     pixel_status,
@@ -109,6 +110,11 @@ class Explanation:
             "pixels": dict(self.pixels),
             "message": self.message,
             "notes": list(self.notes),
+            # Attention kernels the record shows ran, each with the tool's switch to turn it off.
+            "suspects": [
+                {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
+                for k in self.record.attention
+            ],
         }
 
 
@@ -203,6 +209,8 @@ def explain_image(
     explanation = Explanation(str(path), made_by, status, record, figures, model)
     if record.compiled:
         explanation.notes.append(FINDING_WORDS["compiled"].format(compiled=record.compiled))
+    if record.attention:
+        explanation.notes.append(kernels.suspect_words(made_by, record.attention))
     if model.note:
         explanation.notes.append(model.note)
     explanation.notes.extend(model.unread)
@@ -441,7 +449,13 @@ def _check_words(explanation: Explanation) -> str:
         )
     if report.verdict == "broken":
         return f"The health check says: {_headline(report)} No precision setting fixes it."
+    suspect = ""
+    if explanation.record.attention:  # the tool ran a kernel this check did not
+        suspect = (
+            " The image's workflow ran SageAttention, which this check does not: it is the "
+            "likely cause (see the note)."
+        )
     return (
         "The health check at the image's settings did not overflow on this device "
-        f"({report.device.name}); the image's GPU may differ. {_headline(report)}"
+        f"({report.device.name}); the image's GPU may differ. {_headline(report)}{suspect}"
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.core import infotext
 from app.core.errors import BadFileError
+from app.core.explain import kernels
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
 from app.core.infotext import read_float, read_int, read_text
 
@@ -47,6 +48,8 @@ class Record:
     # Only ComfyUI records it (its graph holds the node); A1111, Forge, Forge Neo (whose
     # "Torch Compile Integrated" panel writes nothing into the infotext) and the others do not.
     compiled: str | None = None
+    # The attention kernels the record shows ran (ComfyUI's Sage nodes; `explain.kernels`).
+    attention: list[kernels.RecordedKernel] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
@@ -54,6 +57,7 @@ class Record:
         document["size"] = [self.width, self.height] if self.width and self.height else None
         document["version"] = self.version
         document["compiled"] = self.compiled
+        document["attention_kernels"] = [k.to_json() for k in self.attention]
         return document
 
 
@@ -274,6 +278,11 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         workflow = _json(path, "workflow", workflow_text)
         nodes = list(_workflow_nodes(workflow))
     record = Record(made_by="comfyui", compiled=_compile_node(prompt, workflow))
+    record.attention = (
+        kernels.from_comfy_prompt(_comfy_nodes(prompt))
+        if prompt is not None
+        else kernels.from_comfy_workflow(workflow, MAX_NODES)
+    )
     for kind, inputs in nodes:
         record.model = record.model or read_text(inputs.get("ckpt_name"), 1024)
         record.unet = record.unet or read_text(inputs.get("unet_name"), 1024)

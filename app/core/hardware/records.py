@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.kernels import AttentionKernel
 from app.core.selftest import SelfTestResult
 from app.core.settings import PrecisionSettings
 
@@ -155,13 +156,15 @@ class DeviceInfo:
 
 @dataclass
 class HardwareReport:
-    """Every device PyTorch can use on this computer, assessed, plus notes for the user."""
+    """Every device PyTorch can use on this computer, assessed, plus notes for the user, and the
+    attention kernels HalfSafe does not ship found in this Python environment."""
 
     halfsafe: str
     torch: str
     cuda: str | None
     devices: list[DeviceInfo]
     notes: list[str] = field(default_factory=list)
+    attention_kernels: list[AttentionKernel] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The object `halfsafe gpu --json` prints (see DESIGN.md)."""
@@ -170,6 +173,7 @@ class HardwareReport:
             "torch": self.torch,
             "cuda": self.cuda,
             "devices": [d.to_json() for d in self.devices],
+            "attention_kernels": [k.to_json() for k in self.attention_kernels],
         }
 
 

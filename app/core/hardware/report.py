@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from app import __version__
+from app.core import kernels
 from app.core.hardware.classify import assess
 from app.core.hardware.devices import list_devices
 from app.core.hardware.probe import nvidia_gpu_names
@@ -51,6 +52,7 @@ def hardware_report(
             )
         devices.append(assess(info, result))
     cuda = torch.version.cuda
+    found = kernels.installed_kernels()
     return HardwareReport(
         halfsafe=__version__,
         # Exactly str: torch.__version__ is torch's TorchVersion, a str subclass that would
@@ -58,8 +60,30 @@ def hardware_report(
         torch=str(torch.__version__),
         cuda=None if cuda is None else str(cuda),
         devices=devices,
-        notes=_report_notes(devices),
+        notes=_report_notes(devices) + [kernel_note(k) for k in found],
+        attention_kernels=found,
     )
+
+
+def kernel_note(kernel: kernels.AttentionKernel) -> str:
+    """One sentence on an attention kernel HalfSafe does not ship, found here."""
+    if kernel.patched_sdpa:
+        how = (
+            f"has replaced PyTorch's scaled_dot_product_attention in this process "
+            f"({kernel.function}): HalfSafe's auto attention backend runs it, every named "
+            "backend runs PyTorch's own kernel, and a failing check compares the two"
+        )
+    elif kernel.diffusers_backend:
+        how = (
+            f"is diffusers' attention backend here ({kernels.DIFFUSERS_BACKEND_ENV}="
+            f"{kernel.diffusers_backend}): the transformer models' attention runs it"
+        )
+    else:
+        how = (
+            "is installed but not in use here (HalfSafe runs PyTorch's attention); other tools "
+            "in this environment may use it"
+        )
+    return f"Attention kernel {kernel.words()} {how}."
 
 
 def _report_notes(devices: Iterable[DeviceInfo]) -> list[str]:

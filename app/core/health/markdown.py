@@ -79,7 +79,8 @@ def markdown_report(report: HealthReport) -> str:
         f"- Device: {device.name} ({device.kind})\n"
         + "".join(f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras)
         + (
-            f"- Cause: **{report.cause.kind}**; repair: {report.cause.repair} "
+            f"- Cause: **{report.cause.kind}**{_kernel_words(report.cause)}; repair: "
+            f"{report.cause.repair} "
             f"({'verified' if report.cause.verified else 'not verified'})\n"
             if report.cause is not None
             else ""
@@ -103,3 +104,9 @@ def write_markdown_report(report: HealthReport, path: str | Path) -> Path:
         raise HalfSafeError(
             f"{path}: cannot write the report ({error.strerror or error})."
         ) from None
+
+
+def _kernel_words(cause) -> str:
+    """ " (sageattention 2.1.1)": the attention kernel a kernel cause names, if it names one."""
+    blame = getattr(cause, "kernel", None)
+    return f" ({blame.kernel.words()})" if blame is not None else ""

@@ -1,14 +1,18 @@
 """Attention for a plan: the processor that honours `upcast_attention` under every SDPA kernel,
 installing it on a component's attention layers, and PyTorch's precision and attention-kernel
-flags set for one job.
+flags set for one job. A named backend is PyTorch's own kernel even where another library
+replaced `scaled_dot_product_attention` in this process (`kernels.patched_sdpa`); `auto` runs
+whatever the environment installed.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from app.core import kernels
 from app.core.precision.plan import PrecisionPlan
 
 
@@ -126,7 +130,10 @@ def set_attention(module, plan: PrecisionPlan) -> None:
 def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
     """Set PyTorch's precision and attention-kernel flags for one job, and restore them after.
 
-    The flags are process-wide; the engine runs one job at a time, so a job owns them.
+    The flags are process-wide; the engine runs one job at a time, so a job owns them. Every
+    backend but `auto` runs PyTorch's own SDPA for the job, and a library's replacement of it
+    (SageAttention patched in, say) is put back after: choosing a backend is how a user turns
+    such a kernel off in HalfSafe.
     """
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -146,22 +153,24 @@ def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
         matmul.allow_fp16_accumulation = plan.fp16_accumulation
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(plan.attention_reduced_precision)
 
-    kernels = {
+    chosen = {
         "flash": [SDPBackend.FLASH_ATTENTION],
         "efficient": [SDPBackend.EFFICIENT_ATTENTION],
         "cudnn": [SDPBackend.CUDNN_ATTENTION],
         "math": [SDPBackend.MATH],
     }.get(plan.attention_backend)
-    if kernels is not None:
+    if chosen is not None:
         # Math is always allowed as a fallback: a kernel that cannot run a shape (flash in
         # fp32 under upcast, any fused kernel on CPU) must not turn into an error.
-        kernels = [*kernels, SDPBackend.MATH] if SDPBackend.MATH not in kernels else kernels
+        chosen = [*chosen, SDPBackend.MATH] if SDPBackend.MATH not in chosen else chosen
+    own = kernels.torch_own_sdpa() if plan.attention_backend != "auto" else contextlib.nullcontext()
     try:
-        if kernels is None:
-            yield
-        else:
-            with sdpa_kernel(kernels, set_priority=True):
+        with own:
+            if chosen is None:
                 yield
+            else:
+                with sdpa_kernel(chosen, set_priority=True):
+                    yield
     finally:
         (
             matmul.allow_tf32,
