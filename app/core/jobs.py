@@ -24,7 +24,6 @@ def no_progress(stage: str, done: int, total: int) -> None:
     """The default progress callback: ignore it."""
 
 
-
 class CancelToken:
     """Set from any thread; checked by the job at its next step."""
 
