@@ -15,37 +15,42 @@ Every chunk of the file is hostile until read; any breach is one sentence naming
 
 from __future__ import annotations
 
-from app.core.explain.explanation import (
-    STATUSES,
-    Explanation,
-    _probe_size,  # two steps of the check that tests/core/test_explain.py reaches from here
-    _reproduced_precision,
-    explain_image,
-    read_image,
-)
-from app.core.explain.image_file import (
-    IMAGE_SUFFIXES,
-    MAX_CHUNKS,
-    MAX_IMAGE_BYTES,
-    MAX_PIXELS,
-    MAX_TEXT_CHUNK_BYTES,
-    MAX_TEXT_TOTAL_BYTES,
-    PNG_SIGNATURE,
-    PngFacts,
-    is_image_path,
-    pixel_status,
-    read_exif,
-    read_png,
-)
-from app.core.explain.matching import ModelMatch, find_model, find_vae, old_a1111_hash
-from app.core.explain.records import (
-    MAX_JSON_DEPTH,
-    MAX_NODES,
-    TEXT_KEYS,
-    Record,
-    json_depth,
-    read_record,
-)
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.explain.explanation import (
+        STATUSES,
+        Explanation,
+        _probe_size,  # two steps of the check that tests/core/test_explain.py reaches from here
+        _reproduced_precision,
+        explain_image,
+        read_image,
+    )
+    from app.core.explain.image_file import (
+        IMAGE_SUFFIXES,
+        MAX_CHUNKS,
+        MAX_IMAGE_BYTES,
+        MAX_PIXELS,
+        MAX_TEXT_CHUNK_BYTES,
+        MAX_TEXT_TOTAL_BYTES,
+        PNG_SIGNATURE,
+        PngFacts,
+        is_image_path,
+        pixel_status,
+        read_exif,
+        read_png,
+    )
+    from app.core.explain.matching import ModelMatch, find_model, find_vae, old_a1111_hash
+    from app.core.explain.records import (
+        MAX_JSON_DEPTH,
+        MAX_NODES,
+        TEXT_KEYS,
+        Record,
+        json_depth,
+        read_record,
+    )
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -77,3 +82,41 @@ __all__ = [
     "read_png",
     "read_record",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".explanation": [
+                "STATUSES",
+                "Explanation",
+                "_probe_size",
+                "_reproduced_precision",
+                "explain_image",
+                "read_image",
+            ],
+            ".image_file": [
+                "IMAGE_SUFFIXES",
+                "MAX_CHUNKS",
+                "MAX_IMAGE_BYTES",
+                "MAX_PIXELS",
+                "MAX_TEXT_CHUNK_BYTES",
+                "MAX_TEXT_TOTAL_BYTES",
+                "PNG_SIGNATURE",
+                "PngFacts",
+                "is_image_path",
+                "pixel_status",
+                "read_exif",
+                "read_png",
+            ],
+            ".matching": ["ModelMatch", "find_model", "find_vae", "old_a1111_hash"],
+            ".records": [
+                "MAX_JSON_DEPTH",
+                "MAX_NODES",
+                "TEXT_KEYS",
+                "Record",
+                "json_depth",
+                "read_record",
+            ],
+        },
+    )

@@ -9,22 +9,29 @@ latents, and what its latents look like (`LatentFormat`). The health check and g
 over a family's components and call these steps; neither names an architecture.
 """
 
-from app.core.families.base import Family, FamilyId, LatentFormat, make_scheduler
-from app.core.families.chroma import ChromaFamily
-from app.core.families.flux import FluxFamily
-from app.core.families.qwenimage import QwenImageFamily
-from app.core.families.registry import (
-    FAMILIES,
-    architecture_title,
-    family,
-    family_of,
-    family_of_architecture,
-    family_of_denoiser,
-)
-from app.core.families.sd import StableDiffusionFamily
-from app.core.families.sd3 import SD3Family
-from app.core.families.sdxl import SDXLFamily
-from app.core.families.zimage import ZImageFamily
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.families.base import Family, FamilyId, LatentFormat, make_scheduler
+    from app.core.families.chroma import ChromaFamily
+    from app.core.families.flux import FluxFamily
+    from app.core.families.qwenimage import QwenImageFamily
+    from app.core.families.registry import (
+        FAMILIES,
+        architecture_title,
+        family,
+        family_of,
+        family_of_architecture,
+        family_of_denoiser,
+    )
+    from app.core.families.sd import StableDiffusionFamily
+    from app.core.families.sd3 import SD3Family
+    from app.core.families.sdxl import SDXLFamily
+    from app.core.families.zimage import ZImageFamily
 
 __all__ = [
     "FAMILIES",
@@ -45,3 +52,26 @@ __all__ = [
     "family_of_denoiser",
     "make_scheduler",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".base": ["Family", "FamilyId", "LatentFormat", "make_scheduler"],
+            ".chroma": ["ChromaFamily"],
+            ".flux": ["FluxFamily"],
+            ".qwenimage": ["QwenImageFamily"],
+            ".registry": [
+                "FAMILIES",
+                "architecture_title",
+                "family",
+                "family_of",
+                "family_of_architecture",
+                "family_of_denoiser",
+            ],
+            ".sd": ["StableDiffusionFamily"],
+            ".sd3": ["SD3Family"],
+            ".sdxl": ["SDXLFamily"],
+            ".zimage": ["ZImageFamily"],
+        },
+    )
