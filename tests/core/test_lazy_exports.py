@@ -48,6 +48,7 @@ ENGINE_SIDE = {
     "app.core.health.check",
     "app.core.health.fix",
     "app.core.health.observations",
+    "app.core.health.stages",
     "app.core.generation.entry",
     "app.core.generation.job",
     "app.core.generation.repair",
@@ -58,6 +59,7 @@ ENGINE_SIDE = {
     "app.core.models.conversion",
     "app.core.models.assembly",
     "app.core.architecture.configs",
+    "app.core.precision.placement",
 }
 
 THIRD_PARTY = {"torch", "diffusers", "transformers", "numpy", "PIL", "safetensors"}
