@@ -102,7 +102,8 @@ def test_single_file_round_trip_keeps_every_weight(tmp_path, kind, dtype):
     assert model.weights.content is not None  # the first load digests what it read
     assert model.weights.non_finite == [] and model.weights.tensors > 100
     assert (
-        model.detected_because.endswith(".") and architecture_title(architecture) in model.detected_because
+        model.detected_because.endswith(".")
+        and architecture_title(architecture) in model.detected_because
     )
     assert_same_weights(original, model.pipeline, TORCH[dtype])
 

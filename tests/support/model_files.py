@@ -85,9 +85,7 @@ def save_split_files(
             state = {k: v for k, v in state.items() if k != "encoder.embed_tokens.weight"}
         else:  # transformers' original CLIP names, as the files users download hold them
             state = {
-                k
-                if k.startswith((CLIP_PREFIX, "text_projection"))
-                else CLIP_PREFIX + k: v
+                k if k.startswith((CLIP_PREFIX, "text_projection")) else CLIP_PREFIX + k: v
                 for k, v in state.items()
             }
         if single_file:

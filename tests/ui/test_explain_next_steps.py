@@ -58,9 +58,7 @@ def test_the_dialog_grows_to_its_answer_and_clips_no_text(window, engines, qtbot
             assert text.height() >= text.heightForWidth(text.width()), text.text()[:40]
 
 
-def test_a_missing_model_offers_to_add_its_folder_and_looks_again(
-    window, engines, qtbot, tmp_path
-):
+def test_a_missing_model_offers_to_add_its_folder_and_looks_again(window, engines, qtbot, tmp_path):
     dialog = window.explain_image(str(tmp_path / "x.png"))
     engines.current.finish(engines.current.last_job("explain"), _explanation("x.png", False))
     assert dialog.add_folder_button.isVisible()
