@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from app.core.generation.records import GenerationRequest
-from app.core.health.stages import DEFAULT_SCHEDULER, DEFAULT_STEPS
 from app.core.lora import LoraRequest
-from app.core.settings import PrecisionSettings
+from app.core.settings import FIELDS, PrecisionSettings
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,8 @@ class CheckRequest:
     precision: PrecisionSettings = field(default_factory=PrecisionSettings)
     device: str = "auto"
     size: int | None = None
-    steps: int = DEFAULT_STEPS
-    scheduler: str = DEFAULT_SCHEDULER
+    steps: int = FIELDS["steps"].default
+    scheduler: str = FIELDS["scheduler"].default
     loras: tuple[LoraRequest, ...] | None = None
     allow_pickle: bool = False
     # The path an image-to-image or inpainting job runs: its input picture and mask, probed
@@ -103,8 +102,8 @@ class CheckModelsRequest:
     precision: PrecisionSettings = field(default_factory=PrecisionSettings)
     device: str = "auto"
     size: int | None = None
-    steps: int = DEFAULT_STEPS
-    scheduler: str = DEFAULT_SCHEDULER
+    steps: int = FIELDS["steps"].default
+    scheduler: str = FIELDS["scheduler"].default
 
 
 @dataclass(frozen=True)

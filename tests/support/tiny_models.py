@@ -392,11 +392,8 @@ def tiny_zimage_transformer(seed: int, text: int = 32):
         n_kv_heads=2,
         cap_feat_dim=text,
         axes_dims=[8, 12, 12],  # Z-Image's proportions (32, 48, 48 of 128 per head)
-        axes_lens=[
-            1536,
-            512,
-            512,
-        ],  # as a split file is built with (ZIMAGE_AXES_LENS in app.core.families.zimage)
+        # as a split file is built with (ZIMAGE_AXES_LENS in app.core.families.zimage)
+        axes_lens=[1536, 512, 512],
     ).eval()
 
 

@@ -18,26 +18,31 @@ One responsibility per module, each importing only those before it:
 
 from __future__ import annotations
 
-from app.core.architecture.configs import (
-    infer_text_encoder_config,
-    infer_unet_config,
-    infer_vae_config,
-    shape_problem,
-)
-from app.core.architecture.diffusers_folder import detect_from_configs
-from app.core.architecture.keys import (
-    CONFIG_NAMES,
-    SD1_TEXT,
-    SD2_TEXT,
-    SDXL_REFINER_TEXT,
-    SDXL_TEXT_1,
-    SDXL_TEXT_2,
-    SUPPORTED,
-    Shapes,
-)
-from app.core.architecture.prediction_type import Prediction, read_prediction
-from app.core.architecture.single_file import detect_architecture
-from app.core.detection import UNET, VAE, Detection, TextEncoderLayout
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.architecture.configs import (
+        infer_text_encoder_config,
+        infer_unet_config,
+        infer_vae_config,
+        shape_problem,
+    )
+    from app.core.architecture.diffusers_folder import detect_from_configs
+    from app.core.architecture.keys import (
+        CONFIG_NAMES,
+        SD1_TEXT,
+        SD2_TEXT,
+        SDXL_REFINER_TEXT,
+        SDXL_TEXT_1,
+        SDXL_TEXT_2,
+        SUPPORTED,
+        Shapes,
+    )
+    from app.core.architecture.prediction_type import Prediction, read_prediction
+    from app.core.architecture.single_file import detect_architecture
+    from app.core.detection import UNET, VAE, Detection, TextEncoderLayout
 
 __all__ = [
     "CONFIG_NAMES",
@@ -61,3 +66,30 @@ __all__ = [
     "read_prediction",
     "shape_problem",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".configs": [
+                "infer_text_encoder_config",
+                "infer_unet_config",
+                "infer_vae_config",
+                "shape_problem",
+            ],
+            ".diffusers_folder": ["detect_from_configs"],
+            ".keys": [
+                "CONFIG_NAMES",
+                "SD1_TEXT",
+                "SD2_TEXT",
+                "SDXL_REFINER_TEXT",
+                "SDXL_TEXT_1",
+                "SDXL_TEXT_2",
+                "SUPPORTED",
+                "Shapes",
+            ],
+            ".prediction_type": ["Prediction", "read_prediction"],
+            ".single_file": ["detect_architecture"],
+            "app.core.detection": ["UNET", "VAE", "Detection", "TextEncoderLayout"],
+        },
+    )

@@ -21,40 +21,45 @@ The package imports torch only inside the functions that need it.
 
 from __future__ import annotations
 
-from app.core.checkpoint.cache import (
-    cached_value,
-    file_stamp,
-    files_stamp,
-    store_value,
-    write_json_atomic,
-)
-from app.core.checkpoint.dtypes import DTYPE_BITS, DTYPE_NAMES, FLOAT_DTYPES, stored_dtype
-from app.core.checkpoint.hashing import cached_model_hash, model_hash, sha256_file
-from app.core.checkpoint.header import (
-    HEADER_LIMIT,
-    SAFETENSORS_SUFFIX,
-    SafetensorsHeader,
-    TensorInfo,
-    read_header,
-    read_safetensors_header,
-)
-from app.core.checkpoint.pickles import (
-    PICKLE_SUFFIXES,
-    is_pickle_file,
-    load_pickle_state_dict,
-    refuse_pickle,
-)
-from app.core.checkpoint.reader import Checkpoint, mmap_page
-from app.core.checkpoint.scan import (
-    TensorDigest,
-    WeightScan,
-    WeightScanner,
-    one_torch_thread,
-    scan_weights,
-    tensor_bytes,
-    tensor_is_finite,
-)
-from app.core.checkpoint.writer import write_safetensors
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.checkpoint.cache import (
+        cached_value,
+        file_stamp,
+        files_stamp,
+        store_value,
+        write_json_atomic,
+    )
+    from app.core.checkpoint.dtypes import DTYPE_BITS, DTYPE_NAMES, FLOAT_DTYPES, stored_dtype
+    from app.core.checkpoint.hashing import cached_model_hash, model_hash, sha256_file
+    from app.core.checkpoint.header import (
+        HEADER_LIMIT,
+        SAFETENSORS_SUFFIX,
+        SafetensorsHeader,
+        TensorInfo,
+        read_header,
+        read_safetensors_header,
+    )
+    from app.core.checkpoint.pickles import (
+        PICKLE_SUFFIXES,
+        is_pickle_file,
+        load_pickle_state_dict,
+        refuse_pickle,
+    )
+    from app.core.checkpoint.reader import Checkpoint, mmap_page
+    from app.core.checkpoint.scan import (
+        TensorDigest,
+        WeightScan,
+        WeightScanner,
+        one_torch_thread,
+        scan_weights,
+        tensor_bytes,
+        tensor_is_finite,
+    )
+    from app.core.checkpoint.writer import write_safetensors
 
 __all__ = [
     "DTYPE_BITS",
@@ -90,3 +95,44 @@ __all__ = [
     "write_json_atomic",
     "write_safetensors",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".cache": [
+                "cached_value",
+                "file_stamp",
+                "files_stamp",
+                "store_value",
+                "write_json_atomic",
+            ],
+            ".dtypes": ["DTYPE_BITS", "DTYPE_NAMES", "FLOAT_DTYPES", "stored_dtype"],
+            ".hashing": ["cached_model_hash", "model_hash", "sha256_file"],
+            ".header": [
+                "HEADER_LIMIT",
+                "SAFETENSORS_SUFFIX",
+                "SafetensorsHeader",
+                "TensorInfo",
+                "read_header",
+                "read_safetensors_header",
+            ],
+            ".pickles": [
+                "PICKLE_SUFFIXES",
+                "is_pickle_file",
+                "load_pickle_state_dict",
+                "refuse_pickle",
+            ],
+            ".reader": ["Checkpoint", "mmap_page"],
+            ".scan": [
+                "TensorDigest",
+                "WeightScan",
+                "WeightScanner",
+                "one_torch_thread",
+                "scan_weights",
+                "tensor_bytes",
+                "tensor_is_finite",
+            ],
+            ".writer": ["write_safetensors"],
+        },
+    )

@@ -1,5 +1,5 @@
 """Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
-`qwenimage`, `qwenimage21`, `flux2`, `krea2`), what they share (`base`), and the ordered
+`qwenimage`, `qwenimage21`, `krea2`, `flux2`), what they share (`base`), and the ordered
 registry (`registry`).
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
@@ -10,25 +10,32 @@ latents, and what its latents look like (`LatentFormat`). The health check and g
 over a family's components and call these steps; neither names an architecture.
 """
 
-from app.core.families.base import Family, FamilyId, LatentFormat, make_scheduler
-from app.core.families.chroma import ChromaFamily
-from app.core.families.flux import FluxFamily
-from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
-from app.core.families.krea2 import Krea2Family
-from app.core.families.qwenimage import QwenImageFamily
-from app.core.families.qwenimage21 import QwenImage21Family
-from app.core.families.registry import (
-    FAMILIES,
-    architecture_title,
-    family,
-    family_of,
-    family_of_architecture,
-    family_of_denoiser,
-)
-from app.core.families.sd import StableDiffusionFamily
-from app.core.families.sd3 import SD3Family
-from app.core.families.sdxl import SDXLFamily
-from app.core.families.zimage import ZImageFamily
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.families.base import Family, FamilyId, LatentFormat, make_scheduler
+    from app.core.families.chroma import ChromaFamily
+    from app.core.families.flux import FluxFamily
+    from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
+    from app.core.families.krea2 import Krea2Family
+    from app.core.families.qwenimage import QwenImageFamily
+    from app.core.families.qwenimage21 import QwenImage21Family
+    from app.core.families.registry import (
+        FAMILIES,
+        architecture_title,
+        family,
+        family_of,
+        family_of_architecture,
+        family_of_denoiser,
+    )
+    from app.core.families.sd import StableDiffusionFamily
+    from app.core.families.sd3 import SD3Family
+    from app.core.families.sdxl import SDXLFamily
+    from app.core.families.zimage import ZImageFamily
 
 __all__ = [
     "FAMILIES",
@@ -53,3 +60,29 @@ __all__ = [
     "family_of_denoiser",
     "make_scheduler",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".base": ["Family", "FamilyId", "LatentFormat", "make_scheduler"],
+            ".chroma": ["ChromaFamily"],
+            ".flux": ["FluxFamily"],
+            ".flux2": ["Flux2Family", "Flux2KleinFamily"],
+            ".krea2": ["Krea2Family"],
+            ".qwenimage": ["QwenImageFamily"],
+            ".qwenimage21": ["QwenImage21Family"],
+            ".registry": [
+                "FAMILIES",
+                "architecture_title",
+                "family",
+                "family_of",
+                "family_of_architecture",
+                "family_of_denoiser",
+            ],
+            ".sd": ["StableDiffusionFamily"],
+            ".sd3": ["SD3Family"],
+            ".sdxl": ["SDXLFamily"],
+            ".zimage": ["ZImageFamily"],
+        },
+    )

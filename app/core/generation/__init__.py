@@ -31,21 +31,28 @@ One responsibility per module, each importing only those before it:
 
 from __future__ import annotations
 
-from app.core.families import make_scheduler as make_scheduler  # callers name it from here
-from app.core.generation.entry import generate
-from app.core.generation.job import Job as _Job  # the job benchmarks/common.py builds
-from app.core.generation.parameters import parameters as _parameters  # tests/core/test_infotext.py
-from app.core.generation.records import (
-    STATUSES,
-    GenerationRequest,
-    GenerationResult,
-    ImageResult,
-    PreviewCallback,
-)
-from app.core.generation.repair import MAX_REPAIRS_PER_IMAGE, STAGES
-from app.core.generation.saving import rescue_unsaved
-from app.core.generation.stages import PREVIEWS_PER_IMAGE
-from app.core.generation.watch import NanWatch, read_flags
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.families import make_scheduler as make_scheduler  # callers name it from here
+    from app.core.generation.entry import generate
+    from app.core.generation.job import Job as _Job  # the job benchmarks/common.py builds
+
+    # tests/core/test_infotext.py
+    from app.core.generation.parameters import parameters as _parameters
+    from app.core.generation.records import (
+        STATUSES,
+        GenerationRequest,
+        GenerationResult,
+        ImageResult,
+        PreviewCallback,
+    )
+    from app.core.generation.repair import MAX_REPAIRS_PER_IMAGE, STAGES
+    from app.core.generation.saving import rescue_unsaved
+    from app.core.generation.stages import PREVIEWS_PER_IMAGE
+    from app.core.generation.watch import NanWatch, read_flags
 
 __all__ = [
     "MAX_REPAIRS_PER_IMAGE",
@@ -64,3 +71,25 @@ __all__ = [
     "read_flags",
     "rescue_unsaved",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            "app.core.families": ["make_scheduler"],
+            ".entry": ["generate"],
+            ".job": ["Job as _Job"],
+            ".parameters": ["parameters as _parameters"],
+            ".records": [
+                "STATUSES",
+                "GenerationRequest",
+                "GenerationResult",
+                "ImageResult",
+                "PreviewCallback",
+            ],
+            ".repair": ["MAX_REPAIRS_PER_IMAGE", "STAGES"],
+            ".saving": ["rescue_unsaved"],
+            ".stages": ["PREVIEWS_PER_IMAGE"],
+            ".watch": ["NanWatch", "read_flags"],
+        },
+    )

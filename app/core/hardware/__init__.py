@@ -19,22 +19,27 @@ Importing this package does not import torch; the functions that need it import 
 
 from __future__ import annotations
 
-from app.core.hardware.classify import assess
-from app.core.hardware.devices import describe_device, list_devices, pick_device
-from app.core.hardware.probe import CPU_BF16_ENV, nvidia_driver, nvidia_gpu_names
-from app.core.hardware.quirks import QUIRKS_FILE, load_quirks
-from app.core.hardware.records import (
-    BACKENDS,
-    BF16_CLASSES,
-    FP16_CLASSES,
-    KINDS,
-    DeviceInfo,
-    HardwareReport,
-    Quirk,
-    device_entry,
-)
-from app.core.hardware.report import hardware_report
-from app.core.hardware.self_test import self_test_key, self_test_skips
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.hardware.classify import assess
+    from app.core.hardware.devices import describe_device, list_devices, pick_device
+    from app.core.hardware.probe import CPU_BF16_ENV, nvidia_driver, nvidia_gpu_names
+    from app.core.hardware.quirks import QUIRKS_FILE, load_quirks
+    from app.core.hardware.records import (
+        BACKENDS,
+        BF16_CLASSES,
+        FP16_CLASSES,
+        KINDS,
+        DeviceInfo,
+        HardwareReport,
+        Quirk,
+        device_entry,
+    )
+    from app.core.hardware.report import hardware_report
+    from app.core.hardware.self_test import self_test_key, self_test_skips
 
 __all__ = [
     "BACKENDS",
@@ -58,3 +63,26 @@ __all__ = [
     "self_test_key",
     "self_test_skips",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".classify": ["assess"],
+            ".devices": ["describe_device", "list_devices", "pick_device"],
+            ".probe": ["CPU_BF16_ENV", "nvidia_driver", "nvidia_gpu_names"],
+            ".quirks": ["QUIRKS_FILE", "load_quirks"],
+            ".records": [
+                "BACKENDS",
+                "BF16_CLASSES",
+                "FP16_CLASSES",
+                "KINDS",
+                "DeviceInfo",
+                "HardwareReport",
+                "Quirk",
+                "device_entry",
+            ],
+            ".report": ["hardware_report"],
+            ".self_test": ["self_test_key", "self_test_skips"],
+        },
+    )

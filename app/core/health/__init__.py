@@ -25,46 +25,51 @@ One responsibility per module, each importing only those before it:
 
 from __future__ import annotations
 
-from app.core.diagnosis import AT_RISK_HEADROOM, FixCandidate, candidate_fixes
-from app.core.health.check import check_loaded
-from app.core.health.cost import FixCost, StepCost
-from app.core.health.markdown import candidate_markdown, markdown_report, write_markdown_report
-from app.core.health.observations import HALF_DTYPES
-from app.core.health.report import (
-    Advice,
-    ComponentReport,
-    Fix,
-    HealthReport,
-    PrecisionOutcome,
-    component_of_tensor,
-    damaged_files,
-    headline,
-    precision_words,
-    status_words,
-)
-from app.core.health.stages import (
-    COST_ROUNDS,
-    DEFAULT_PROMPT,
-    DEFAULT_SCHEDULER,
-    DEFAULT_STEPS,
-    ProbeRun,
-    probe_run,
-    probe_timesteps,
-)
-from app.core.health.stages import Runner as _Runner  # benchmarks/health_check.py times stages
-from app.core.health.words import (
-    CANDIDATE_COLUMNS,
-    STATUS_WORDS,
-    VERDICT_WORDS,
-    candidate_rows,
-    cost_comparison,
-    cost_words,
-    flag,
-    flags,
-    headroom_words,
-    layer_words,
-    tested_words,
-)
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.diagnosis import AT_RISK_HEADROOM, FixCandidate, candidate_fixes
+    from app.core.health.check import check_loaded
+    from app.core.health.cost import FixCost, StepCost
+    from app.core.health.markdown import candidate_markdown, markdown_report, write_markdown_report
+    from app.core.health.observations import HALF_DTYPES
+    from app.core.health.report import (
+        Advice,
+        ComponentReport,
+        Fix,
+        HealthReport,
+        PrecisionOutcome,
+        component_of_tensor,
+        damaged_files,
+        headline,
+        precision_words,
+        status_words,
+    )
+    from app.core.health.stages import (
+        COST_ROUNDS,
+        DEFAULT_PROMPT,
+        DEFAULT_SCHEDULER,
+        DEFAULT_STEPS,
+        ProbeRun,
+        probe_run,
+        probe_timesteps,
+    )
+    from app.core.health.stages import Runner as _Runner  # benchmarks/health_check.py times stages
+    from app.core.health.words import (
+        CANDIDATE_COLUMNS,
+        STATUS_WORDS,
+        VERDICT_WORDS,
+        candidate_rows,
+        cost_comparison,
+        cost_words,
+        flag,
+        flags,
+        headroom_words,
+        layer_words,
+        tested_words,
+    )
 
 __all__ = [
     "AT_RISK_HEADROOM",
@@ -107,3 +112,50 @@ __all__ = [
     "tested_words",
     "write_markdown_report",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            "app.core.diagnosis": ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes"],
+            ".check": ["check_loaded"],
+            ".cost": ["FixCost", "StepCost"],
+            ".markdown": ["candidate_markdown", "markdown_report", "write_markdown_report"],
+            ".observations": ["HALF_DTYPES"],
+            ".report": [
+                "Advice",
+                "ComponentReport",
+                "Fix",
+                "HealthReport",
+                "PrecisionOutcome",
+                "component_of_tensor",
+                "damaged_files",
+                "headline",
+                "precision_words",
+                "status_words",
+            ],
+            ".stages": [
+                "COST_ROUNDS",
+                "DEFAULT_PROMPT",
+                "DEFAULT_SCHEDULER",
+                "DEFAULT_STEPS",
+                "ProbeRun",
+                "probe_run",
+                "probe_timesteps",
+                "Runner as _Runner",
+            ],
+            ".words": [
+                "CANDIDATE_COLUMNS",
+                "STATUS_WORDS",
+                "VERDICT_WORDS",
+                "candidate_rows",
+                "cost_comparison",
+                "cost_words",
+                "flag",
+                "flags",
+                "headroom_words",
+                "layer_words",
+                "tested_words",
+            ],
+        },
+    )

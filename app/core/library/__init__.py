@@ -19,31 +19,36 @@ One responsibility per module, each importing only those before it:
 
 from __future__ import annotations
 
-from app.core.library.entries import (
-    MAX_DEPTH,
-    MAX_FOLDER_ENTRIES,
-    MODEL,
-    VAE,
-    LibraryEntry,
-    ModelFolder,
-)
-from app.core.library.folders import (
-    APP_MODELS,
-    default_folders,
-    default_model_folders,
-    extra_model_paths,
-    library_folders,
-    library_roots,
-    tool_of,
-)
-from app.core.library.index import INDEX_FILE, INDEX_LIMIT, INDEX_VERSION
-from app.core.library.scan import MODEL_SUFFIXES, VAE_PAIR_SUFFIXES, scan_library
-from app.core.library.yaml_files import (
-    MAX_YAML_BYTES,
-    MAX_YAML_DEPTH,
-    MAX_YAML_PATHS,
-    MAX_YAML_SECTIONS,
-)
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.library.entries import (
+        MAX_DEPTH,
+        MAX_FOLDER_ENTRIES,
+        MODEL,
+        VAE,
+        LibraryEntry,
+        ModelFolder,
+    )
+    from app.core.library.folders import (
+        APP_MODELS,
+        default_folders,
+        default_model_folders,
+        extra_model_paths,
+        library_folders,
+        library_roots,
+        tool_of,
+    )
+    from app.core.library.index import INDEX_FILE, INDEX_LIMIT, INDEX_VERSION
+    from app.core.library.scan import MODEL_SUFFIXES, VAE_PAIR_SUFFIXES, scan_library
+    from app.core.library.yaml_files import (
+        MAX_YAML_BYTES,
+        MAX_YAML_DEPTH,
+        MAX_YAML_PATHS,
+        MAX_YAML_SECTIONS,
+    )
 
 __all__ = [
     "APP_MODELS",
@@ -70,3 +75,35 @@ __all__ = [
     "scan_library",
     "tool_of",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".entries": [
+                "MAX_DEPTH",
+                "MAX_FOLDER_ENTRIES",
+                "MODEL",
+                "VAE",
+                "LibraryEntry",
+                "ModelFolder",
+            ],
+            ".folders": [
+                "APP_MODELS",
+                "default_folders",
+                "default_model_folders",
+                "extra_model_paths",
+                "library_folders",
+                "library_roots",
+                "tool_of",
+            ],
+            ".index": ["INDEX_FILE", "INDEX_LIMIT", "INDEX_VERSION"],
+            ".scan": ["MODEL_SUFFIXES", "VAE_PAIR_SUFFIXES", "scan_library"],
+            ".yaml_files": [
+                "MAX_YAML_BYTES",
+                "MAX_YAML_DEPTH",
+                "MAX_YAML_PATHS",
+                "MAX_YAML_SECTIONS",
+            ],
+        },
+    )

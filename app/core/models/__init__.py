@@ -30,21 +30,20 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from app.core import quantized
-from app.core.checkpoint import (
-    is_pickle_file,
-    read_safetensors_header,  # tests read the files they wrote through here
-    refuse_pickle,
-    scan_weights,
-)
-from app.core.demo import DEMO_MODELS
 from app.core.errors import BadFileError
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.models.configs import config_folder
-from app.core.models.folder import MODEL_COMPONENTS, load_folder
-from app.core.models.loaded import LoadedModel
-from app.core.models.single_file import load_single_file, scheduler_for
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.checkpoint import (
+        read_safetensors_header,  # tests read the files they wrote through here
+    )
+    from app.core.models.configs import config_folder
+    from app.core.models.folder import MODEL_COMPONENTS
+    from app.core.models.loaded import LoadedModel
+    from app.core.models.single_file import scheduler_for
 
 STARTING_DIFFUSERS = "Starting the image library (once per engine)"
 
@@ -58,6 +57,20 @@ __all__ = [
     "scheduler_for",
     "set_offline",
 ]
+
+# The loaders and what they use are dozens of modules; `models.summary`, which the GUI imports,
+# must not pay for them (see app/core/lazy.py).
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            "app.core.checkpoint": ["read_safetensors_header"],
+            ".configs": ["config_folder"],
+            ".folder": ["MODEL_COMPONENTS"],
+            ".loaded": ["LoadedModel"],
+            ".single_file": ["scheduler_for"],
+        },
+    )
 
 
 def set_offline() -> None:
@@ -98,6 +111,11 @@ def load_model(
     on any failure nothing stays loaded. Runs on the calling thread (the file hash is computed
     on a worker thread meanwhile); checks `cancel` between tensors and components.
     """
+    from app.core import quantized
+    from app.core.demo import DEMO_MODELS
+    from app.core.models.folder import load_folder
+    from app.core.models.single_file import load_single_file
+
     progress = on_progress or no_progress
     set_offline()
     if source in DEMO_MODELS:
@@ -135,6 +153,8 @@ def check_openable(source: str, *, allow_pickle: bool = False) -> None:
     not promise that the load succeeds.
     """
     from app.core.checkpoint.header import read_header
+    from app.core.checkpoint.pickles import is_pickle_file, refuse_pickle
+    from app.core.demo import DEMO_MODELS
 
     if source in DEMO_MODELS:
         return
@@ -163,6 +183,8 @@ def start_diffusers(progress: ProgressCallback) -> None:
 
 def _load_demo(name: str, progress: ProgressCallback, cancel: CancelToken | None) -> LoadedModel:
     from app.core import demo
+    from app.core.checkpoint.scan import scan_weights
+    from app.core.models.loaded import LoadedModel
 
     start_diffusers(progress)
     pipeline = demo.build_demo_pipeline(name, progress)

@@ -20,26 +20,31 @@ No torch at import: every module imports it inside the functions that need it.
 
 from __future__ import annotations
 
-from app.core.components import FP16_MAX
-from app.core.precision.attention import SafeAttnProcessor, backend_flags, set_attention
-from app.core.precision.autocast import (
-    autocast_available,
-    autocast_problem,
-    autocast_upcasts_norms,
-)
-from app.core.precision.placement import PlacedPipeline
-from app.core.precision.plan import (
-    COMPONENT_SETTING,
-    COMPONENTS,
-    DTYPE_NAMES,
-    PrecisionPlan,
-    dtype_name,
-    parameter_counts,
-    pipeline_components,
-    plan_weights_mb,
-    torch_dtype,
-)
-from app.core.precision.resolve import CUDA_ONLY_BACKENDS, expected_dtypes, resolve_plan
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.components import FP16_MAX
+    from app.core.precision.attention import SafeAttnProcessor, backend_flags, set_attention
+    from app.core.precision.autocast import (
+        autocast_available,
+        autocast_problem,
+        autocast_upcasts_norms,
+    )
+    from app.core.precision.placement import PlacedPipeline
+    from app.core.precision.plan import (
+        COMPONENT_SETTING,
+        COMPONENTS,
+        DTYPE_NAMES,
+        PrecisionPlan,
+        dtype_name,
+        parameter_counts,
+        pipeline_components,
+        plan_weights_mb,
+        torch_dtype,
+    )
+    from app.core.precision.resolve import CUDA_ONLY_BACKENDS, expected_dtypes, resolve_plan
 
 __all__ = [
     "COMPONENTS",
@@ -63,3 +68,26 @@ __all__ = [
     "set_attention",
     "torch_dtype",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            "app.core.components": ["FP16_MAX"],
+            ".attention": ["SafeAttnProcessor", "backend_flags", "set_attention"],
+            ".autocast": ["autocast_available", "autocast_problem", "autocast_upcasts_norms"],
+            ".placement": ["PlacedPipeline"],
+            ".plan": [
+                "COMPONENT_SETTING",
+                "COMPONENTS",
+                "DTYPE_NAMES",
+                "PrecisionPlan",
+                "dtype_name",
+                "parameter_counts",
+                "pipeline_components",
+                "plan_weights_mb",
+                "torch_dtype",
+            ],
+            ".resolve": ["CUDA_ONLY_BACKENDS", "expected_dtypes", "resolve_plan"],
+        },
+    )

@@ -17,44 +17,49 @@ This package must stay cheap to import (no torch).
 
 from __future__ import annotations
 
-from app.core.settings.file import (
-    ALL_RESET,
-    FIELDS_RESET,
-    FOLDER_UNUSABLE,
-    MAX_SETTINGS_BYTES,
-    RESTORED_BACKUP,
-    SCHEMA_VERSION,
-    SETTINGS_FILE,
-    LoadResult,
-    load_settings,
-    save_settings,
-    settings_path,
-    update_settings,
-)
-from app.core.settings.schema import (
-    ATTENTION_BACKENDS,
-    AUTO_FIX_CHOICES,
-    DTYPE_CHOICES,
-    FIELDS,
-    GROUPS,
-    PRECISION_CHOICES,
-    SCHEDULERS,
-    SCHEMA,
-    defaults,
-)
-from app.core.settings.validation import (
-    DEVICE_PATTERN,
-    MAX_MODULE_ENTRIES,
-    MAX_MODULE_PATH,
-    MAX_NUMBER_DIGITS,
-    MODULE_PATH,
-    Field,
-    modules_by_component,
-    parse_module_entries,
-    parse_number,
-    shown,
-)
-from app.core.settings.values import PRECISION_KEYS, PrecisionSettings, Settings
+from typing import TYPE_CHECKING
+
+from app.core.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from app.core.settings.file import (
+        ALL_RESET,
+        FIELDS_RESET,
+        FOLDER_UNUSABLE,
+        MAX_SETTINGS_BYTES,
+        RESTORED_BACKUP,
+        SCHEMA_VERSION,
+        SETTINGS_FILE,
+        LoadResult,
+        load_settings,
+        save_settings,
+        settings_path,
+        update_settings,
+    )
+    from app.core.settings.schema import (
+        ATTENTION_BACKENDS,
+        AUTO_FIX_CHOICES,
+        DTYPE_CHOICES,
+        FIELDS,
+        GROUPS,
+        PRECISION_CHOICES,
+        SCHEDULERS,
+        SCHEMA,
+        defaults,
+    )
+    from app.core.settings.validation import (
+        DEVICE_PATTERN,
+        MAX_MODULE_ENTRIES,
+        MAX_MODULE_PATH,
+        MAX_NUMBER_DIGITS,
+        MODULE_PATH,
+        Field,
+        modules_by_component,
+        parse_module_entries,
+        parse_number,
+        shown,
+    )
+    from app.core.settings.values import PRECISION_KEYS, PrecisionSettings, Settings
 
 __all__ = [
     "ALL_RESET",
@@ -92,3 +97,48 @@ __all__ = [
     "shown",
     "update_settings",
 ]
+
+if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        globals(),
+        {
+            ".file": [
+                "ALL_RESET",
+                "FIELDS_RESET",
+                "FOLDER_UNUSABLE",
+                "MAX_SETTINGS_BYTES",
+                "RESTORED_BACKUP",
+                "SCHEMA_VERSION",
+                "SETTINGS_FILE",
+                "LoadResult",
+                "load_settings",
+                "save_settings",
+                "settings_path",
+                "update_settings",
+            ],
+            ".schema": [
+                "ATTENTION_BACKENDS",
+                "AUTO_FIX_CHOICES",
+                "DTYPE_CHOICES",
+                "FIELDS",
+                "GROUPS",
+                "PRECISION_CHOICES",
+                "SCHEDULERS",
+                "SCHEMA",
+                "defaults",
+            ],
+            ".validation": [
+                "DEVICE_PATTERN",
+                "MAX_MODULE_ENTRIES",
+                "MAX_MODULE_PATH",
+                "MAX_NUMBER_DIGITS",
+                "MODULE_PATH",
+                "Field",
+                "modules_by_component",
+                "parse_module_entries",
+                "parse_number",
+                "shown",
+            ],
+            ".values": ["PRECISION_KEYS", "PrecisionSettings", "Settings"],
+        },
+    )
