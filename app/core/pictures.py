@@ -121,6 +121,8 @@ class Pictures:
     def masked_pixels(self) -> Any:
         """The picture with the part to paint again set to grey (0), as inpainting models
         take it."""
+        if self.mask is None:
+            raise ValueError("only an inpainting job's pictures have a mask")
         return self.pixels * (self.mask < 0.5)
 
 

@@ -231,7 +231,11 @@ class Family:
         picture = getattr(diffusers, self.picture_pipelines[mode]).from_pipe(pipe)
         processor = getattr(picture, "image_processor", None)
         config = getattr(processor, "config", None)
-        if config is not None and config.get("vae_latent_channels") != latent_channels:
+        if (
+            processor is not None
+            and config is not None
+            and config.get("vae_latent_channels") != latent_channels
+        ):
             picture.image_processor = type(processor).from_config(
                 config, vae_latent_channels=latent_channels
             )
