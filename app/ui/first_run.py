@@ -235,7 +235,8 @@ class ModelFolderDialog(QDialog):
 class FirstStart(QObject):
     """Shows the first-start hint and the folder step when they are due, and again on request.
 
-    `hint` is the Models page's banner; `try_demo` loads the demo and opens the Health check
+    `hint` gives the Models page's banner (read when the hint shows or goes, so the page is
+    built only then); `try_demo` loads the demo and opens the Health check
     page; `show_models` opens the Models page. A health check run from anywhere ends the hint.
     """
 
@@ -245,7 +246,7 @@ class FirstStart(QObject):
         state: AppState,
         client: EngineClient,
         dialogs: Dialogs,
-        hint: Banner,
+        hint: Callable[[], Banner],
         try_demo: Callable[[], object],
         show_models: Callable[[], object],
         parent: QWidget,
@@ -254,12 +255,16 @@ class FirstStart(QObject):
         self.ui_settings = ui_settings
         self.state = state
         self.dialogs = dialogs
-        self.hint = hint
+        self._hint = hint
         self._try_demo = try_demo
         self._show_models = show_models
         self._window = parent
         self.folder_dialog: ModelFolderDialog | None = None
         client.job_event.connect(self._job_event)
+
+    @property
+    def hint(self) -> Banner:
+        return self._hint()
 
     def _done(self, key: str) -> bool:
         return str(self.ui_settings.value(key, "false")).lower() == "true"

@@ -1,10 +1,16 @@
-"""The main window: navigation, the six pages, the engine banner, the status bar, drag and drop."""
+"""The main window: navigation, the six pages, the engine banner, the status bar, drag and drop.
+
+Each page is built on its first visit (app/ui/pages.py), and its module imported then: the
+window shows with only the page on screen built. `models_view`, `health_view` and the other page
+attributes build their page when first read, so whatever talks to a page before it was visited
+(an engine event, a picture sent to Generate) finds it there.
+"""
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
@@ -22,26 +28,29 @@ from PySide6.QtWidgets import (
 )
 
 from app import __version__
-from app.core.explain import is_image_path
+from app.core.explain.image_file import is_image_path
 from app.core.requests import LoadRequest
 from app.engine.failures import Failure
 from app.engine.process import log_path
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.explain_view import ExplainDialog
 from app.ui.first_run import FirstStart
-from app.ui.fixes_view import FixesView
-from app.ui.generate_view import GenerateView
-from app.ui.gpu_view import GpuView
-from app.ui.health_view import HealthView
-from app.ui.help_view import show_guide
-from app.ui.image_entry import GalleryEntry
-from app.ui.image_viewer import ImageViewer, Step
-from app.ui.models_view import DEMO_SOURCE, ModelsView
-from app.ui.settings_view import SettingsView
+from app.ui.pages import PageHost
 from app.ui.state import AppState
 from app.ui.widgets import Banner
+
+if TYPE_CHECKING:
+    # The pages' modules are imported when a page is built, the dialogs' when one opens.
+    from app.ui.explain_view import ExplainDialog
+    from app.ui.fixes_view import FixesView
+    from app.ui.generate_view import GenerateView
+    from app.ui.gpu_view import GpuView
+    from app.ui.health_view import HealthView
+    from app.ui.image_entry import GalleryEntry
+    from app.ui.image_viewer import ImageViewer, Step
+    from app.ui.models_view import ModelsView
+    from app.ui.settings_view import SettingsView
 
 PAGES = ("Models", "Health check", "Fixes", "Generate", "Devices", "Settings")
 TITLE = "HalfSafe"
@@ -96,34 +105,22 @@ class MainWindow(QMainWindow):
         outer.addLayout(row, 1)
         self.setCentralWidget(central)
 
-        self.models_view = ModelsView(state, client, self.dialogs, ui_settings)
-        self.health_view = HealthView(state, client, self.dialogs)
-        self.fixes_view = FixesView(state, client, self.dialogs)
-        self.generate_view = GenerateView(
-            state, client, self.dialogs, ui_settings, load_demo=self.load_demo
-        )
-        self.models_view.explain_image = self.explain_image
-        self.generate_view.gallery_view.view_image = self.view_image
-        # The check probes the path the next image takes: with the input picture, if any.
-        self.health_view.input_pictures = self.generate_view.input_pictures
-        self.gpu_view = GpuView(state, client, self.dialogs)
-        self.settings_view = SettingsView(
-            state, self.dialogs, request_hardware=self.request_hardware
-        )
-        for view in (
-            self.models_view,
-            self.health_view,
-            self.fixes_view,
-            self.generate_view,
-            self.gpu_view,
-            self.settings_view,
-        ):
-            self.pages.addWidget(view)
-        self.navigation.currentRowChanged.connect(self.pages.setCurrentIndex)
+        builders = {
+            "Models": self._build_models_view,
+            "Health check": self._build_health_view,
+            "Fixes": self._build_fixes_view,
+            "Generate": self._build_generate_view,
+            "Devices": self._build_gpu_view,
+            "Settings": self._build_settings_view,
+        }
+        self.page_hosts = {name: PageHost(name, builders[name]) for name in PAGES}
+        for host in self.page_hosts.values():
+            self.pages.addWidget(host)
+        self.navigation.currentRowChanged.connect(self._show_row)
+        self._background_started = False
 
         self._build_menus()
         self._build_status_bar()
-        self.generate_view.status_message.connect(self.say)
         client.died.connect(self._engine_died)
         client.restarted.connect(self._engine_restarted)
         client.not_answering.connect(self._engine_not_answering)
@@ -197,7 +194,7 @@ class MainWindow(QMainWindow):
             self.state,
             self.client,
             self.dialogs,
-            hint=self.models_view.first_start_hint,
+            hint=lambda: self.models_view.first_start_hint,
             try_demo=lambda: (self.load_demo(), self.show_page("Health check")),
             show_models=lambda: self.show_page("Models"),
             parent=self,
@@ -205,7 +202,7 @@ class MainWindow(QMainWindow):
         help_menu = self.menuBar().addMenu("&Help")
         guide = QAction("&User guide", self)
         guide.setShortcut(QKeySequence(Qt.Key.Key_F1))
-        guide.triggered.connect(lambda: show_guide(self))
+        guide.triggered.connect(self._show_guide)
         again = QAction("Show the &first-start steps again", self)
         again.setToolTip("The hint on the Models page and the choice of model folders.")
         again.triggered.connect(self.first_start.show_again)
@@ -250,7 +247,101 @@ class MainWindow(QMainWindow):
             "image pass silently.",
         )
 
+    def _show_guide(self) -> None:
+        from app.ui.help_view import show_guide
+
+        show_guide(self)
+
     # Pages ------------------------------------------------------------------------------------
+
+    def _show_row(self, row: int) -> None:
+        if 0 <= row < len(PAGES):
+            self.page_hosts[PAGES[row]].page  # noqa: B018 - built before it is made current
+        self.pages.setCurrentIndex(row)
+
+    def built_pages(self) -> list[str]:
+        """The names of the pages built so far, in navigation order."""
+        return [name for name, host in self.page_hosts.items() if host.built]
+
+    @property
+    def models_view(self) -> ModelsView:
+        return cast("ModelsView", self.page_hosts["Models"].page)
+
+    @property
+    def health_view(self) -> HealthView:
+        return cast("HealthView", self.page_hosts["Health check"].page)
+
+    @property
+    def fixes_view(self) -> FixesView:
+        return cast("FixesView", self.page_hosts["Fixes"].page)
+
+    @property
+    def generate_view(self) -> GenerateView:
+        return cast("GenerateView", self.page_hosts["Generate"].page)
+
+    @property
+    def gpu_view(self) -> GpuView:
+        return cast("GpuView", self.page_hosts["Devices"].page)
+
+    @property
+    def settings_view(self) -> SettingsView:
+        return cast("SettingsView", self.page_hosts["Settings"].page)
+
+    # A page built late first shows what the state already holds, as it would had it been
+    # built at start and followed every change since.
+
+    def _build_models_view(self) -> ModelsView:
+        from app.ui.models_view import ModelsView
+
+        view = ModelsView(self.state, self.client, self.dialogs, self.ui_settings)
+        view.explain_image = self.explain_image
+        return view
+
+    def _build_health_view(self) -> HealthView:
+        from app.ui.health_view import HealthView
+
+        view = HealthView(self.state, self.client, self.dialogs)
+        # The check probes the path the next image takes: with the input picture, if any.
+        view.input_pictures = self._input_pictures
+        if self.state.model is not None:
+            view.show_saved_report(self.state.model)
+        return view
+
+    def _input_pictures(self) -> tuple[tuple[str, ...], str | None]:
+        # No picture can have been chosen on a Generate page never built.
+        if not self.page_hosts["Generate"].built:
+            return (), None
+        return self.generate_view.input_pictures()
+
+    def _build_fixes_view(self) -> FixesView:
+        from app.ui.fixes_view import FixesView
+
+        return FixesView(self.state, self.client, self.dialogs)
+
+    def _build_generate_view(self) -> GenerateView:
+        from app.ui.generate_view import GenerateView
+
+        view = GenerateView(
+            self.state, self.client, self.dialogs, self.ui_settings, load_demo=self.load_demo
+        )
+        view.gallery_view.view_image = self.view_image
+        view.status_message.connect(self.say)
+        if self._background_started:
+            view.gallery_view.refresh()
+        return view
+
+    def _build_gpu_view(self) -> GpuView:
+        from app.ui.gpu_view import GpuView
+
+        view = GpuView(self.state, self.client, self.dialogs)
+        if self.state.hardware is not None:
+            view.show_report(self.state.hardware)
+        return view
+
+    def _build_settings_view(self) -> SettingsView:
+        from app.ui.settings_view import SettingsView
+
+        return SettingsView(self.state, self.dialogs, request_hardware=self.request_hardware)
 
     def show_page(self, name: str) -> None:
         self.navigation.setCurrentRow(PAGES.index(name))
@@ -259,6 +350,8 @@ class MainWindow(QMainWindow):
         return PAGES[self.navigation.currentRow()]
 
     def load_demo(self) -> None:
+        from app.ui.models_view import DEMO_SOURCE
+
         self.show_page("Models")
         self.models_view.load_path(DEMO_SOURCE)
 
@@ -274,6 +367,8 @@ class MainWindow(QMainWindow):
 
     def explain_image(self, path: str) -> ExplainDialog:
         """Open the explanation of an image (a non-modal dialog that runs the `explain` job)."""
+        from app.ui.explain_view import ExplainDialog
+
         dialog = ExplainDialog(
             path,
             self.client,
@@ -300,6 +395,8 @@ class MainWindow(QMainWindow):
     def view_image(self, source: GalleryEntry | str, step: Step | None = None) -> ImageViewer:
         """Show an image large with its parameters (one viewer, non-modal, reused)."""
         if self.image_viewer is None:
+            from app.ui.image_viewer import ImageViewer
+
             self.image_viewer = ImageViewer(
                 self.dialogs,
                 self._send_to_generate,
@@ -328,12 +425,18 @@ class MainWindow(QMainWindow):
         Settings page's recommendations are there without visiting the Devices page), reload the
         last model, and fill the gallery from the output folder. All of it runs in the engine
         or on worker threads; the window stays responsive. With `first_start` (the app passes
-        it; tests and tools opt in), the first-start hint and folder step show when due."""
+        it; tests and tools opt in), the first-start hint and folder step show when due.
+
+        The Devices page, which asks for the hardware report, and the Models page, which scans
+        and reloads, are built here if they were not yet; the Generate page's gallery is filled
+        now if the page is built, else when it is built."""
+        self._background_started = True
         if self.state.hardware is None and self.gpu_view.job_id is None:
             self.gpu_view.request(retest=False)
         self.models_view.rescan()
         self.models_view.reload_last()
-        self.generate_view.gallery_view.refresh()
+        if self.page_hosts["Generate"].built:
+            self.generate_view.gallery_view.refresh()
         self._update_status()
         if first_start:
             self.first_start.start()
@@ -360,7 +463,7 @@ class MainWindow(QMainWindow):
             self.device_status.setText(f"Device: {device.name}")
         else:
             chosen = self.state.device()
-            checking = self.gpu_view.job_id is not None
+            checking = self.page_hosts["Devices"].built and self.gpu_view.job_id is not None
             self.device_status.setText(
                 ("Device: checking…" if checking else "Device: auto (not checked yet)")
                 if chosen == "auto"
@@ -476,7 +579,8 @@ class MainWindow(QMainWindow):
     def save_state(self) -> None:
         self.ui_settings.setValue("window/geometry", self.saveGeometry())
         self.ui_settings.setValue("window/page", self.current_page())
-        self.ui_settings.setValue("generate/prompt", self.generate_view.prompt.toPlainText())
+        if self.page_hosts["Generate"].built:  # else the saved prompt is still the one shown
+            self.ui_settings.setValue("generate/prompt", self.generate_view.prompt.toPlainText())
         self.ui_settings.sync()
 
     def closeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name

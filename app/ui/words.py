@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Status
-from app.core.families import architecture_title
 from app.core.precision import expected_dtypes
 
 FP16_LIMIT = FP16_MAX
@@ -351,6 +350,10 @@ def _layer_counts(entries: Any, dtype: str) -> list[str]:
 
 
 def architecture_name(architecture: str | None) -> str:
+    # Imported here: the family registry imports every family's module, which the window
+    # needs only once a model is listed or loaded, not to show itself.
+    from app.core.families import architecture_title
+
     return architecture_title(architecture)
 
 

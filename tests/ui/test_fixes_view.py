@@ -70,7 +70,8 @@ def test_the_page_is_in_the_navigation_and_the_view_menu(window):
     fixes = next(a for a in view_menu.actions() if a.text() == "Fixes")
     fixes.trigger()
     assert window.current_page() == "Fixes"
-    assert window.pages.currentWidget() is window.fixes_view
+    shown = window.pages.currentWidget()
+    assert shown is window.page_hosts["Fixes"] and shown.page is window.fixes_view
 
 
 def test_every_fix_and_report_is_listed_per_model_and_device(window):
