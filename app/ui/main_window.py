@@ -117,7 +117,9 @@ class MainWindow(QMainWindow):
         for host in self.page_hosts.values():
             self.pages.addWidget(host)
         self.navigation.currentRowChanged.connect(self._show_row)
-        self._background_started = False
+        # Whether the Generate page's gallery, were it built now, would have been filled from the
+        # output folder already: at start-up's background work, or when the folder changed.
+        self._gallery_due = False
 
         self._build_menus()
         self._build_status_bar()
@@ -326,7 +328,7 @@ class MainWindow(QMainWindow):
         )
         view.gallery_view.view_image = self.view_image
         view.status_message.connect(self.say)
-        if self._background_started:
+        if self._gallery_due:
             view.gallery_view.refresh()
         return view
 
@@ -430,7 +432,7 @@ class MainWindow(QMainWindow):
         The Devices page, which asks for the hardware report, and the Models page, which scans
         and reloads, are built here if they were not yet; the Generate page's gallery is filled
         now if the page is built, else when it is built."""
-        self._background_started = True
+        self._gallery_due = True
         if self.state.hardware is None and self.gpu_view.job_id is None:
             self.gpu_view.request(retest=False)
         self.models_view.rescan()
@@ -449,7 +451,9 @@ class MainWindow(QMainWindow):
 
     # Status bar -------------------------------------------------------------------------------
 
-    def _settings_changed(self, _keys: list[str]) -> None:
+    def _settings_changed(self, keys: list[str]) -> None:
+        if "output_folder" in keys:
+            self._gallery_due = True
         # The last job's precision no longer describes the next one.
         if self.state.effective is not None:
             self.state.effective = None
