@@ -76,7 +76,9 @@ def test_a_folder_given_a_vae_of_other_latents_is_refused_in_one_sentence(tmp_pa
         models.load_model(str(tmp_path / "z-image"), vae=str(sd_vae))
 
     assert str(sd_vae) in str(caught.value)
-    assert "the VAE makes 4-channel latents but the transformer works on 16" in str(caught.value)
+    message = str(caught.value)  # the wrong part: both files, both families
+    assert "this is a 4-channel VAE" in message and "the Z-Image model z-image" in message
+    assert "needs a 16-channel VAE" in message and "\n" not in message
 
 
 def test_generation_repairs_all_nan_conditioning_from_the_qwen3_encoder(tmp_path):
