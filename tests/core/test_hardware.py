@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from app.cli.text import hardware_text
-from app.core import hardware, paths, selftest
+from app.core import hardware, paths, selftest, selftest_stats
 from app.core.errors import DeviceError, HalfSafeError
 from app.core.hardware import probe
 from app.core.selftest import OpResult, SelfTestResult
@@ -513,7 +513,14 @@ def test_report_lists_every_device_and_keeps_the_contract(machine):
     assert document["cuda"] is None
     rocm = document["devices"][0]
     assert rocm["capability"] == [10, 3]
-    assert rocm["self_test"] == {"fp16": "skipped", "bf16": "skipped", "details": []}
+    assert rocm["self_test"] == {
+        "fp16": "skipped",
+        "bf16": "skipped",
+        "details": [],
+        "statistical": [],
+        "statistical_budget_s": None,
+        "statistical_seconds": None,
+    }
     assert rocm["quirks"][0]["source"].startswith("https://")
     text = hardware_text(report)
     assert "AMD Radeon RX 6800 XT [gfx1030]" in text
@@ -532,6 +539,8 @@ def test_report_notes_a_gpu_this_pytorch_cannot_use(machine):
 # and either would make the GUI process that unpickles the report import its library.
 PLAIN_TYPES = (str, int, float, bool, type(None), list, tuple, dict, frozenset)
 REPORT_RECORDS = (
+    selftest_stats.StatisticalTest,
+    selftest_stats.StatResult,
     hardware.HardwareReport,
     hardware.DeviceInfo,
     hardware.Quirk,
@@ -660,7 +669,7 @@ def test_report_runs_the_self_test_and_skips_what_the_device_lacks(machine, monk
     machine(mps_macos="13.6.1")
     calls = []
 
-    def fake_run(device, *, key, skip, retest, on_progress, cancel):
+    def fake_run(device, *, key, skip, retest, stat_budget_s, on_progress, cancel):
         calls.append((device, dict(skip)))
         return SelfTestResult(
             fp16="pass",
