@@ -110,6 +110,10 @@ class Stages:
         self.last_probe: Any = None  # the last recorded probe (`_read`)
         self.stage = "Generating"
         self.dropped: list[str] = []  # candidates that failed to run, as sentences
+        # Per (component, id(outcome)): the first bad layer of the probe re-run, and whether
+        # that identical re-run went non-finite again (`probes.first_bad_module`).
+        self._probed: dict[tuple[str, int], str | None] = {}
+        self.recurred: dict[tuple[str, int], bool] = {}
 
     def _colours(self):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
