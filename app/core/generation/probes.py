@@ -82,7 +82,7 @@ class Probes(Stages):
 
         key = (component, id(outcome))
         if key in self._probed:
-            return self._probed[key]
+            return self._probed[key][1]
         recurred = True
         if component == "vae":
             pixels, name = self.decode(outcome.plan, outcome.latents, record=True)
@@ -101,7 +101,7 @@ class Probes(Stages):
             recurred = not finite
         if name:
             self.first_bad[component] = name
-        self._probed[key] = name
+        self._probed[key] = (outcome, name)  # the outcome kept alive: its id stays its own
         self.recurred[key] = recurred
         return name
 

@@ -112,7 +112,7 @@ class Stages:
         self.dropped: list[str] = []  # candidates that failed to run, as sentences
         # Per (component, id(outcome)): the first bad layer of the probe re-run, and whether
         # that identical re-run went non-finite again (`probes.first_bad_module`).
-        self._probed: dict[tuple[str, int], str | None] = {}
+        self._probed: dict[tuple[str, int], tuple[Any, str | None]] = {}
         self.recurred: dict[tuple[str, int], bool] = {}
 
     def _colours(self):
