@@ -172,6 +172,16 @@ def _strength(text: str) -> float:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not 0 <= value <= 600:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 600 seconds")
+    return value
+
+
 def _lora_argument(text: str):
     from app.core.lora import parse_lora_argument
 
@@ -273,6 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the on-device self-test (use a cached result if there is one)",
     )
     gpu.add_argument("--retest", action="store_true", help="run the self-test even if cached")
+    gpu.add_argument(
+        "--stat-budget",
+        metavar="SECONDS",
+        type=_seconds,
+        default=None,
+        help="seconds per device for the statistical self-test, which counts rare faults "
+        "(NaN, zeros, wrong results) over many calls (default: 10 on a GPU, 1 on a CPU; "
+        "0 skips it; a cached count is reused unless this is given)",
+    )
 
     model_help = (
         "a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "

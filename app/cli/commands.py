@@ -27,7 +27,9 @@ def _print_json(document: dict[str, Any]) -> None:
 def _cmd_gpu(args: argparse.Namespace) -> int:
     from app.core import hardware
 
-    report = hardware.hardware_report(self_test=args.self_test, retest=args.retest)
+    report = hardware.hardware_report(
+        self_test=args.self_test, retest=args.retest, stat_budget_s=args.stat_budget
+    )
     if args.json:
         _print_json(report.to_json())
     else:

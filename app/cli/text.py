@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from app.core.cause_words import cause_words
 from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.hardware.records import HardwareReport
@@ -101,7 +102,10 @@ def health_text(report: HealthReport) -> str:
         kind = report.cause.kind
         if report.cause.kernel is not None:  # the attention kernel it names
             kind += f" ({report.cause.kernel.kernel.words()})"
-        lines.append(f"Cause:   {kind}; repair: {report.cause.repair} ({proof})")
+        lines.append(
+            f"Cause:   {kind}, {cause_words(report.cause.kind)}; "
+            f"repair: {report.cause.repair} ({proof})"
+        )
     if report.remembered:
         lines.append(f"Ran with: the fix remembered for this model: {report.remembered}")
     fix = report.fix
@@ -280,6 +284,7 @@ def hardware_text(report: HardwareReport) -> str:
                 if op.status == "skipped":
                     lines.append(f"  Self-test: {op.dtype} not tested: {op.note}")
             lines += [f"  {note}" for note in test.notes]
+            lines += _statistical_lines(test)
         lines.append("  Recommended settings:")
         key_width = max(len(k) for k in d.recommended)
         for key, value in d.recommended.items():
@@ -288,6 +293,20 @@ def hardware_text(report: HardwareReport) -> str:
     if report.notes:
         lines += ["", *[f"Note: {note}" for note in report.notes]]
     return "\n".join(lines)
+
+
+def _statistical_lines(test: SelfTestResult) -> list[str]:
+    """The statistical self-test's counts, one line per operation measured."""
+    stat = test.statistical
+    if stat is None:
+        return []
+    bound = f"{stat.budget_s:g} s budget" if stat.budget_s is not None else "bounded by calls"
+    lines = [f"  Statistical self-test ({bound}, took {stat.seconds:.1f} s):"]
+    lines += [f"    {r.words()}" for r in stat.results if r.status != "unavailable"]
+    missing = sorted({r.name for r in stat.results if r.status == "unavailable"})
+    if missing:
+        lines.append(f"    not available here: {', '.join(missing)}")
+    return lines
 
 
 def _self_test_cell(test: SelfTestResult | None) -> str:

@@ -16,6 +16,10 @@ need different repairs, and a precision change does not help them:
   or drifts below the quality threshold; the repair is then to turn it off.
 - `state`: a fresh load of the component gives the right answer (a buffer or weight poisoned
   in memory by an earlier run: the "goes away on restart" black images).
+- `intermittent`: the same plan re-run on the same inputs gives the right answer, so the NaN
+  came from a kernel or device fault that strikes at random (the statistical self-test measures
+  how often), not from the model; no precision fix is kept for it. Not tried when the check
+  measured a real overflow (fp32 peaks past 65504), which no re-run can cure.
 
 Every attribution is proved by a re-run whose output is finite and agrees with an fp32
 reference (`diagnosis.Quality`). Runs on the calling thread; each re-run is one pass of the
@@ -50,7 +54,7 @@ from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 
-CAUSES = ("precision", "kernel", "weights", "state")
+CAUSES = ("precision", "kernel", "weights", "state", "intermittent")
 WEIGHT_SEARCH_STEPS = 6  # halvings of the LoRA weight range: the answer within 1/64 of it
 # Attention backends to try in place of a failing one, in order, per device type.
 _BACKENDS = {
@@ -116,7 +120,7 @@ class Cause:
     component: str | None
     summary: str
     repair: str  # the repair in words
-    action: str  # "change_precision" | "switch_backend" | "reload" | "drop_lora" | "lower_lora_weight" | "none"
+    action: str  # "change_precision" | "switch_backend" | "reload" | "drop_lora" | "lower_lora_weight" | "rerun" | "none"
     verified: bool
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     quality: Quality | None = None
@@ -250,7 +254,9 @@ def check_and_attribute(
         reload=reload,
     )
     report.cause = cause
-    if cause is not None:
+    if cause is not None and cause.kind == "intermittent":
+        _not_the_model(model, report, remember)
+    elif cause is not None:
         _adopt(report, cause)
         if remember and cause.kind == "kernel" and cause.verified:
             from app.core import profiles
@@ -271,6 +277,22 @@ def check_and_attribute(
         if cause is not None and cause.action == "drop_lora":
             report.fix = None
     return report
+
+
+def _not_the_model(model, report: HealthReport, remember: bool) -> None:
+    """An intermittent fault: the model is healthy, and a precision fix the check found (its
+    candidates ran finite only because the fault did not strike again) is dropped, and
+    forgotten if the check itself stored it."""
+    cause = report.cause
+    if remember and report.fix is not None and report.remembered is None:
+        from app.core import profiles
+
+        stored = profiles.remembered_fix(model.profile_key, report.device.name)
+        if stored is not None and stored.verified_by == "health check":
+            profiles.forget_fix(model.profile_key, report.device.name)
+    report.fix = None
+    report.verdict = Verdict.HEALTHY
+    report.notes.append(cause.summary)
 
 
 def _adopt(report: HealthReport, cause: Cause) -> None:
@@ -402,6 +424,11 @@ def attribute(
             verified=False,
         )
     runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt)
+    if component is not None and not damaged and not _measured_overflow(report, failed):
+        cancel.raise_if_cancelled()
+        cause = _intermittent_cause(runs, component, progress)
+        if cause is not None:
+            return cause
     if applied:
         try:
             cause = _lora_cause(runs, report, applied, progress, cancel)
@@ -452,6 +479,64 @@ def _measured_overflow(report: HealthReport, failed: list[str]) -> bool:
         (report.components[n].headroom or math.inf) < 1.0
         and report.components[n].status == "overflow"
         for n in failed
+    )
+
+
+def _intermittent_cause(runs: _Runs, component: str, progress) -> Cause | None:
+    """The check's plan run again, unchanged, on the same inputs: finite and agreeing with fp32
+    means the NaN does not come from the model."""
+    from app.core.cause_words import cause_words
+
+    progress("Re-running exactly as before", 0, 1)
+    ok, quality, _ = runs.proved(runs.plan, diagnosis.fp32_reference(runs.plan))
+    if not ok or quality is None:
+        return None
+    words = component_words(component)
+    summary = (
+        f"The {words} went non-finite, but an identical re-run (same settings, same inputs) "
+        f"came out finite and agrees with fp32 ({quality.words()}): "
+        f"{cause_words('intermittent')}. No precision fix is kept for it. "
+        + statistical_words(runs.plan.device)
+    )
+    return Cause(
+        "intermittent",
+        component,
+        summary,
+        "make it again with the same settings; if it recurs, update the GPU driver and "
+        "PyTorch or try another attention backend",
+        "rerun",
+        verified=True,
+        quality=quality,
+        headline=(
+            f"Healthy model, intermittent fault: the {words}'s NaN did not come back on an "
+            "identical re-run, so a kernel or device fault struck at random, not the model."
+        ),
+    )
+
+
+def statistical_words(device: str) -> str:
+    """What the statistical self-test found on `device`, from its cached result, as a sentence
+    (how to run it when it has not been)."""
+    try:
+        from app.core import hardware
+
+        test = hardware.describe_device(device).self_test
+    except Exception:  # noqa: BLE001 - a missing device only costs the sentence
+        test = None
+    stat = test.statistical if test is not None else None
+    measured = [r for r in stat.results if r.calls] if stat is not None else []
+    if not measured:
+        return (
+            "Run `halfsafe gpu --retest` to measure how often this device's kernels fail "
+            "(the statistical self-test)."
+        )
+    flaky = [r for r in measured if r.bad]
+    if flaky:
+        return "The statistical self-test found: " + "; ".join(r.words() for r in flaky) + "."
+    calls = sum(r.calls for r in measured)
+    return (
+        f"The statistical self-test found no bad result in {calls:,} calls of "
+        f"{len(measured)} kernels, so the fault is rarer than it could see, or lies elsewhere."
     )
 
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core import paths
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.selftest_stats import StatisticalTest, default_budget, run_statistical
 
 if TYPE_CHECKING:
     import torch
@@ -98,6 +99,8 @@ class SelfTestResult:
     key: str = ""
     cached: bool = False
     notes: list[str] = field(default_factory=list)
+    # The statistical self-test (`selftest_stats`): rare faults counted over many calls.
+    statistical: StatisticalTest | None = None
 
     @classmethod
     def skipped(cls, reason: str = "the self-test was not run") -> SelfTestResult:
@@ -108,8 +111,15 @@ class SelfTestResult:
         return self.fp16 != "skipped" or self.bf16 != "skipped"
 
     def failed_ops(self, dtype: str) -> list[str]:
-        """Names of the operations that failed in `dtype`, in test order."""
-        return [d.op for d in self.details if d.dtype == dtype and d.status == "fail"]
+        """Names of the operations that failed in `dtype`, in test order; then those that gave
+        a bad result in the statistical test, with their count."""
+        failed = [d.op for d in self.details if d.dtype == dtype and d.status == "fail"]
+        if self.statistical is not None:
+            failed += [
+                f"{r.name} ({r.bad} bad in {r.calls:,} calls)"
+                for r in self.statistical.flaky(dtype)
+            ]
+        return failed
 
     def attention_backends(self, dtype: str) -> list[str]:
         """The attention backends that ran correctly in `dtype` ("fp16", "bf16" or "fp32")."""
@@ -120,26 +130,39 @@ class SelfTestResult:
             for d in self.details
             if d.dtype == dtype and d.status == "fail" and d.op.startswith("strided attention")
         }
+        # Nor is one that gave a bad result, however rarely, in the statistical test.
+        flaky = {
+            r.backend
+            for r in (self.statistical.flaky(dtype) if self.statistical is not None else [])
+            if r.op == "attention"
+        }
         return [
             d.op[len(prefix) :]
             for d in self.details
             if d.dtype == dtype
             and d.status == "pass"
             and d.op.startswith(prefix)
-            and d.op[len(prefix) :] not in strided
+            and d.op[len(prefix) :] not in strided | flaky
         ]
 
     def to_json(self) -> dict[str, Any]:
         """The `self_test` object of `halfsafe gpu --json`."""
+        statistical = self.statistical
         return {
             "fp16": self.fp16,
             "bf16": self.bf16,
             "details": [d.to_json() for d in self.details],
+            "statistical": [r.to_json() for r in statistical.results] if statistical else [],
+            "statistical_budget_s": statistical.budget_s if statistical else None,
+            "statistical_seconds": round(statistical.seconds, 3) if statistical else None,
         }
 
     def _to_cache(self) -> dict[str, Any]:
         return {
-            **self.to_json(),
+            "fp16": self.fp16,
+            "bf16": self.bf16,
+            "details": [d.to_json() for d in self.details],
+            "statistical": self.statistical.to_json() if self.statistical else None,
             "seconds": self.seconds,
             "device": self.device,
             "notes": list(self.notes),
@@ -150,6 +173,7 @@ class SelfTestResult:
         verdicts = ("pass", "fail", "skipped")
         if data.get("fp16") not in verdicts or data.get("bf16") not in verdicts:
             raise ValueError("bad verdict")
+        statistical = data.get("statistical")
         return cls(
             fp16=data["fp16"],
             bf16=data["bf16"],
@@ -159,6 +183,9 @@ class SelfTestResult:
             key=key,
             cached=True,
             notes=[str(n) for n in data.get("notes", [])],
+            statistical=None
+            if not isinstance(statistical, dict)
+            else StatisticalTest.from_json(statistical),
         )
 
 
@@ -204,10 +231,19 @@ def run_self_test(
     key: str,
     skip: Mapping[str, str] | None = None,
     retest: bool = False,
+    stat_budget_s: float | None = None,
+    stat_max_calls: int | None = None,
     on_progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
 ) -> SelfTestResult:
     """Test fp16 and bf16 on `device` against fp32, or return the cached verdict.
+
+    Then the statistical test (`selftest_stats.run_statistical`) counts rare faults over many
+    calls within `stat_budget_s` seconds (None: `selftest_stats.default_budget`, 10 s on a GPU,
+    1 s on a CPU; 0: not run) or `stat_max_calls` calls per operation. An fp16/bf16 Linear or
+    matrix product that gave one bad result fails its dtype; an attention backend that did is
+    no longer among `attention_backends`. A cached verdict is reused with its statistical counts
+    unless none were made or a budget or call limit is asked for.
 
     `key` identifies the device for the cache (see `cache_key`; `hardware.self_test_key`
     builds it from a described device, so that this module never needs `hardware`, which
@@ -215,19 +251,35 @@ def run_self_test(
     that has none). `retest` ignores the cache.
 
     Takes about two seconds on a 2-core CPU (sizes there are kept small) and well under a second
-    on a GPU. Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
+    on a GPU, plus the statistical test's budget. Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
     under `paths.cache_dir()`. Progress goes to `on_progress`; `cancel` is checked between
     operations.
     """
     import torch
 
     device = torch.device(device)
+    skip = dict(skip or {})
+    budget = default_budget(device.type) if stat_budget_s is None else stat_budget_s
+    wants_statistical = budget > 0 or stat_max_calls is not None
     if not retest:
         hit = cached_result(key)
         if hit is not None:
+            asked = stat_budget_s is not None or stat_max_calls is not None
+            if wants_statistical and (hit.statistical is None or asked):
+                hit.statistical = run_statistical(
+                    device,
+                    dtypes=[
+                        d for d in HALF_DTYPES if d not in skip and getattr(hit, d) != "skipped"
+                    ],
+                    budget_s=budget if budget > 0 else None,
+                    max_calls=stat_max_calls,
+                    on_progress=on_progress,
+                    cancel=cancel,
+                )
+                hit.fp16, hit.bf16 = (_verdict(hit, d) for d in HALF_DTYPES)
+                _store(hit)
             return hit
 
-    skip = dict(skip or {})
     small = device.type == "cpu"
     ops = _operations(small)
     dtypes = [d for d in HALF_DTYPES if d not in skip]
@@ -250,14 +302,19 @@ def run_self_test(
                 done += 1
     on_progress("Self-test done", total, total)
 
-    verdicts = {}
+    statistical = None
+    if wants_statistical:
+        statistical = run_statistical(
+            device,
+            dtypes=dtypes,
+            budget_s=budget if budget > 0 else None,
+            max_calls=stat_max_calls,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
     for dtype in HALF_DTYPES:
         if dtype in skip:
-            verdicts[dtype] = "skipped"
             details.append(OpResult("all", dtype, "skipped", note=skip[dtype]))
-        else:
-            failed = any(d.dtype == dtype and d.status == "fail" for d in details)
-            verdicts[dtype] = "fail" if failed else "pass"
     notes = []
     if device.type == "cpu":
         notes.append(
@@ -265,16 +322,30 @@ def run_self_test(
             "several times slower than fp32."
         )
     result = SelfTestResult(
-        fp16=verdicts["fp16"],
-        bf16=verdicts["bf16"],
+        fp16="skipped",
+        bf16="skipped",
         details=details,
         seconds=time.perf_counter() - started,
         device=str(device),
         key=key,
         notes=notes,
+        statistical=statistical,
     )
+    result.fp16, result.bf16 = (_verdict(result, d) for d in HALF_DTYPES)
     _store(result)
     return result
+
+
+def _verdict(result: SelfTestResult, dtype: str) -> str:
+    """ "skipped" when `dtype` was not tested; "fail" when an operation failed in it, or a
+    Linear layer or matrix product gave a bad result in the statistical test; else "pass".
+    (A flaky attention backend only loses its place among the backends to use.)"""
+    if any(d.dtype == dtype and d.op == "all" and d.status == "skipped" for d in result.details):
+        return "skipped"
+    if any(d.dtype == dtype and d.status == "fail" for d in result.details):
+        return "fail"
+    flaky = result.statistical.flaky(dtype) if result.statistical is not None else []
+    return "fail" if any(r.op != "attention" for r in flaky) else "pass"
 
 
 @dataclass(frozen=True)

@@ -233,8 +233,13 @@ def test_a_batch_with_one_bad_image_saves_the_others(base, tmp_path):
 
     vae.decoder.conv_out.register_forward_hook(poison_second_image)
     model = variant(base, "batch", vae=vae)
+    # The poison strikes once: with auto_fix the image would be decoded again and come out
+    # finite (an intermittent fault, test_intermittent.py); here it is kept as it came out.
     result = generate(
-        model, request(tmp_path, batch=3), precision=PrecisionSettings(), device="cpu"
+        model,
+        request(tmp_path, batch=3),
+        precision=PrecisionSettings(auto_fix="off"),
+        device="cpu",
     )
     statuses = [e.status for e in result.images]
     assert statuses == ["ok", "nan", "ok"]

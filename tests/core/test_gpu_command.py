@@ -66,10 +66,28 @@ def test_gpu_json_holds_the_contract():
         for quirk in device["quirks"]:
             assert set(quirk) == {"id", "summary", "source"}
         test = device["self_test"]
-        assert set(test) == {"fp16", "bf16", "details"}
+        assert set(test) == {
+            "fp16",
+            "bf16",
+            "details",
+            "statistical",
+            "statistical_budget_s",
+            "statistical_seconds",
+        }
         assert test["fp16"] in ("pass", "fail", "skipped")
         assert test["bf16"] in ("pass", "fail", "skipped")
         assert isinstance(test["details"], list)
+        # The statistical self-test ran within its default budget: one row per operation.
+        assert isinstance(test["statistical_budget_s"], float)
+        assert test["statistical_budget_s"] > 0
+        for row in test["statistical"]:
+            assert row["op"] in ("attention", "linear", "matmul")
+            assert row["dtype"] in ("fp16", "bf16")
+            assert row["status"] in ("measured", "unavailable", "error")
+            assert row["bad"] == row["non_finite"] + row["zeros"] + row["wrong"]
+            if row["calls"]:
+                assert 0 <= row["rate"] <= row["upper_95"] <= 1
+                assert row["interval_95"][0] <= row["rate"] <= row["interval_95"][1]
         recommended = device["recommended"]
         assert list(recommended) == list(PRECISION_KEYS)
         PrecisionSettings(**recommended)

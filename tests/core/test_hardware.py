@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from app.cli.text import hardware_text
-from app.core import hardware, paths, selftest
+from app.core import hardware, paths, selftest, selftest_stats
 from app.core.errors import DeviceError, HalfSafeError
-from app.core.hardware import probe
+from app.core.hardware import DeviceInfo, probe
 from app.core.selftest import OpResult, SelfTestResult
 from app.core.settings import PRECISION_KEYS, PrecisionSettings
 
@@ -314,7 +314,8 @@ def test_rx_7900_xtx_rdna3_has_native_bf16(machine):
     machine([amd("AMD Radeon RX 7900 XTX", "gfx1100", 11, 0)], hip="6.2.41133")
     info = hardware.describe_device("cuda:0")
     assert (info.kind, info.fp16, info.bf16, info.tf32) == ("rocm", "fast", "native", False)
-    assert info.quirks == ()
+    assert quirk_ids(info) == {"amd-rdna3-aotriton-attention-nan"}  # attention only
+    assert info.recommended["attention_backend"] == "classic"
     assert (info.recommended["precision"], info.recommended["vae_precision"]) == ("fp16", "bf16")
     assert_resolved(info)
 
@@ -338,7 +339,10 @@ def test_apple_m2_on_macos_15_needs_attention_upcast(machine):
     info = hardware.describe_device("mps")
     assert (info.kind, info.name, info.index) == ("mps", "Apple M2", None)
     assert (info.fp16, info.bf16, info.tf32) == ("fast", "emulated", False)
-    assert quirk_ids(info) == {"apple-mps-macos145-attention-overflow"}
+    assert quirk_ids(info) == {
+        "apple-mps-macos145-attention-overflow",
+        "apple-mps-classic-attention-nan",
+    }
     rec = info.recommended
     assert rec["precision"] == "fp16"
     assert rec["upcast_attention"] is True
@@ -353,7 +357,7 @@ def test_apple_m2_on_macos_15_needs_attention_upcast(machine):
 def test_apple_m2_on_macos_14_4_needs_no_upcast(machine):
     machine(mps_macos="14.4")
     info = hardware.describe_device("mps")
-    assert info.quirks == ()
+    assert quirk_ids(info) == {"apple-mps-classic-attention-nan"}  # no upcast quirk
     assert info.recommended["upcast_attention"] is False
     assert info.recommended["precision"] == "fp16"
     assert info.bf16 == "emulated"
@@ -363,7 +367,10 @@ def test_apple_on_macos_13_has_no_bf16(machine):
     machine(mps_macos="13.6.1")
     info = hardware.describe_device("mps")
     assert info.bf16 == "unsupported"
-    assert quirk_ids(info) == {"apple-mps-no-bf16-before-macos14"}
+    assert quirk_ids(info) == {
+        "apple-mps-no-bf16-before-macos14",
+        "apple-mps-classic-attention-nan",
+    }
 
 
 @pytest.mark.parametrize("flags", [frozenset(), frozenset({"avx512_bf16"})])
@@ -513,7 +520,14 @@ def test_report_lists_every_device_and_keeps_the_contract(machine):
     assert document["cuda"] is None
     rocm = document["devices"][0]
     assert rocm["capability"] == [10, 3]
-    assert rocm["self_test"] == {"fp16": "skipped", "bf16": "skipped", "details": []}
+    assert rocm["self_test"] == {
+        "fp16": "skipped",
+        "bf16": "skipped",
+        "details": [],
+        "statistical": [],
+        "statistical_budget_s": None,
+        "statistical_seconds": None,
+    }
     assert rocm["quirks"][0]["source"].startswith("https://")
     text = hardware_text(report)
     assert "AMD Radeon RX 6800 XT [gfx1030]" in text
@@ -532,6 +546,8 @@ def test_report_notes_a_gpu_this_pytorch_cannot_use(machine):
 # and either would make the GUI process that unpickles the report import its library.
 PLAIN_TYPES = (str, int, float, bool, type(None), list, tuple, dict, frozenset)
 REPORT_RECORDS = (
+    selftest_stats.StatisticalTest,
+    selftest_stats.StatResult,
     hardware.HardwareReport,
     hardware.DeviceInfo,
     hardware.Quirk,
@@ -660,7 +676,7 @@ def test_report_runs_the_self_test_and_skips_what_the_device_lacks(machine, monk
     machine(mps_macos="13.6.1")
     calls = []
 
-    def fake_run(device, *, key, skip, retest, on_progress, cancel):
+    def fake_run(device, *, key, skip, retest, stat_budget_s, on_progress, cancel):
         calls.append((device, dict(skip)))
         return SelfTestResult(
             fp16="pass",
@@ -675,3 +691,52 @@ def test_report_runs_the_self_test_and_skips_what_the_device_lacks(machine, monk
     assert "apple-mps-no-bf16-before-macos14" in calls[0][1]["bf16"]
     assert (mps.self_test.fp16, mps.self_test.bf16) == ("pass", "skipped")
     assert "bf16 not tested" in hardware_text(report)
+
+
+# --- the sourced kernel-fault quirks: each matches the devices it names and no other ----------
+
+KERNEL_FAULT_QUIRKS = {
+    "intel-xpu-fused-attention-rare-nan": "math",
+    "apple-mps-classic-attention-nan": "math",
+    "nvidia-blackwell-sm103-cudnn-attention": "classic",
+    "amd-rdna3-aotriton-attention-nan": "classic",
+}
+FAULT_DEVICES = {
+    "Intel Arc A770": DeviceInfo("xpu", 0, "Intel(R) Arc(TM) A770 Graphics", vendor="intel"),
+    "Intel Arc B580": DeviceInfo("xpu", 0, "Intel(R) Arc(TM) B580 Graphics", vendor="intel"),
+    "Apple M2 Max": DeviceInfo(
+        "mps", None, "Apple M2 Max", vendor="apple", os_name="darwin", os_version="15.1"
+    ),
+    "NVIDIA B300": DeviceInfo("cuda", 0, "NVIDIA B300 SXM6", (10, 3), vendor="nvidia"),
+    "NVIDIA B200": DeviceInfo("cuda", 0, "NVIDIA B200", (10, 0), vendor="nvidia"),
+    "RTX 5090": DeviceInfo("cuda", 0, "NVIDIA GeForce RTX 5090", (12, 0), vendor="nvidia"),
+    "RTX 4090": DeviceInfo("cuda", 0, "NVIDIA GeForce RTX 4090", (8, 9), vendor="nvidia"),
+    "RX 7900 XTX": DeviceInfo("rocm", 0, "AMD Radeon RX 7900 XTX", arch="gfx1100", vendor="amd"),
+    "Radeon 8060S": DeviceInfo("rocm", 0, "AMD Radeon 8060S", arch="gfx1151", vendor="amd"),
+    "RX 6800": DeviceInfo("rocm", 0, "AMD Radeon RX 6800", arch="gfx1030", vendor="amd"),
+    "MI300X": DeviceInfo("rocm", 0, "AMD Instinct MI300X", arch="gfx942", vendor="amd"),
+    "CPU": DeviceInfo("cpu", None, "Some CPU"),
+}
+NAMED = {
+    "intel-xpu-fused-attention-rare-nan": {"Intel Arc A770", "Intel Arc B580"},
+    "apple-mps-classic-attention-nan": {"Apple M2 Max"},
+    "nvidia-blackwell-sm103-cudnn-attention": {"NVIDIA B300"},
+    "amd-rdna3-aotriton-attention-nan": {"RX 7900 XTX", "Radeon 8060S"},
+}
+
+
+@pytest.mark.parametrize("quirk_id", sorted(KERNEL_FAULT_QUIRKS))
+def test_each_kernel_fault_quirk_hits_only_the_devices_it_names(quirk_id):
+    quirk = next(q for q in hardware.load_quirks() if q.id == quirk_id)
+    assert quirk.source.startswith("https://github.com/")
+    hit = {name for name, device in FAULT_DEVICES.items() if quirk.matches(device)}
+    assert hit == NAMED[quirk_id]
+    # The recommender applies the workaround, a setting HalfSafe has, with the quirk as reason.
+    backend = KERNEL_FAULT_QUIRKS[quirk_id]
+    for name in NAMED[quirk_id]:
+        info = hardware.assess(FAULT_DEVICES[name])
+        assert info.recommended["attention_backend"] == backend, name
+        assert f"[{quirk_id}]" in info.reasons["attention_backend"]
+    for name in set(FAULT_DEVICES) - NAMED[quirk_id]:
+        info = hardware.assess(FAULT_DEVICES[name])
+        assert quirk_id not in [q.id for q in info.quirks], name

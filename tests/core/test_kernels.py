@@ -179,7 +179,9 @@ def test_a_replaced_sdpa_that_gives_nan_in_fp16_is_named_as_the_kernel_cause(tmp
 
     from app.cli.text import health_text
 
-    assert "Cause:   kernel (quantattn 0.3.0); repair: turn off quantattn" in health_text(report)
+    text = health_text(report)
+    assert "Cause:   kernel (quantattn 0.3.0), an attention kernel fault, not the model;" in text
+    assert "repair: turn off quantattn" in text
 
 
 @pytest.mark.slow

@@ -29,6 +29,8 @@ SD_OPS = {
 def run(**kwargs) -> selftest.SelfTestResult:
     kwargs.setdefault("key", KEY)
     kwargs.setdefault("retest", True)
+    # The statistical part is tested in test_selftest_stats.py; here a few calls, bound by count.
+    kwargs.setdefault("stat_max_calls", 2)
     return selftest.run_self_test("cpu", **kwargs)
 
 
@@ -48,7 +50,14 @@ def test_cpu_passes_fp16_and_bf16_on_every_sd_operation():
     assert "math" in result.attention_backends("fp32")
     assert any("slower" in note for note in result.notes)
     document = json.loads(json.dumps(result.to_json()))
-    assert set(document) == {"fp16", "bf16", "details"}
+    assert set(document) == {
+        "fp16",
+        "bf16",
+        "details",
+        "statistical",
+        "statistical_budget_s",
+        "statistical_seconds",
+    }
 
 
 def test_inf_from_an_op_in_fp16_fails_fp16_naming_the_op(monkeypatch):

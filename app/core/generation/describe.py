@@ -3,6 +3,7 @@ non-finite, where, and what was done about it (or what would fix it)."""
 
 from __future__ import annotations
 
+from app.core.cause_words import cause_words
 from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate
 from app.core.generation.records import GenerationRequest, ImageResult, settings_of
@@ -94,6 +95,13 @@ def describe(
         entry.message = (
             "This image is almost completely black but holds no NaN, so nothing overflowed; "
             "that may be what the prompt asks for, so try another seed or a brighter prompt."
+        )
+    elif repair is not None and repair.cause == "intermittent":
+        entry.status = "fixed"
+        entry.message = (
+            f"{where}; made again unchanged (same seed, same settings), it came out finite: "
+            f"{cause_words('intermittent')}. No precision fix is kept for it; "
+            "`halfsafe gpu --retest` measures how often this device's kernels fail."
         )
     elif fixes:
         entry.status = "fixed"

@@ -245,8 +245,9 @@ def _generate_unsaved(
     return result
 
 
-# Repairs that follow a cause other than precision (see `causes`): what `_repair_by_cause` does.
-_CAUSE_REPAIRS = ("switch_backend", "reload", "drop_lora")
+# Repairs that follow a cause other than precision (see `causes`): what `_repair_by_cause` does
+# ("rerun": an intermittent fault, the images made again unchanged).
+_CAUSE_REPAIRS = ("switch_backend", "reload", "drop_lora", "rerun")
 
 
 def _repair_by_cause(

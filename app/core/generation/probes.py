@@ -74,20 +74,35 @@ class Probes(Stages):
 
     def first_bad_module(self, component: str, outcome: Outcome) -> str | None:
         """Re-run only the part that failed under the plan it failed with, recording every
-        layer, to name the innermost layer that went non-finite first (kept per component)."""
+        layer, to name the innermost layer that went non-finite first (kept per component).
+        Run once per failed outcome; whether that re-run went non-finite again is kept in
+        `recurred` (True when no input was kept to re-run: it cannot tell)."""
+        import numpy as np
+        import torch
+
+        key = (component, id(outcome))
+        if key in self._probed:
+            return self._probed[key][1]
+        recurred = True
         if component == "vae":
-            name = self.decode(outcome.plan, outcome.latents, record=True)[1]
+            pixels, name = self.decode(outcome.plan, outcome.latents, record=True)
+            recurred = not np.isfinite(pixels).all()
         elif component == "vae_encoder":
-            self.encode_picture(outcome.plan, record=True)
+            picture = self.encode_picture(outcome.plan, record=True)
             name = _first_bad(self.last_probe)
+            recurred = bool(read_flags([picture.bad])[0])
         elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return self.first_bad.get(component)
-            name = self.unet_forward(outcome.plan, outcome.unet_input, record=True)[1]
+            out, name = self.unet_forward(outcome.plan, outcome.unet_input, record=True)
+            recurred = not bool(torch.isfinite(out).all())
         else:
-            name = self.encoder_probe(outcome.plan, component, record=True)[1]
+            finite, name = self.encoder_probe(outcome.plan, component, record=True)
+            recurred = not finite
         if name:
             self.first_bad[component] = name
+        self._probed[key] = (outcome, name)  # the outcome kept alive: its id stays its own
+        self.recurred[key] = recurred
         return name
 
     def part_output(self, component: str, plan: PrecisionPlan, outcome: Outcome) -> Any:

@@ -30,7 +30,8 @@ class Repair:
     first_bad_module: str | None = None
     quality: diagnosis.Quality | None = None  # the worst of its repairs against fp32
     # "kernel" when the repairs only switched the attention backend (the same precision, as
-    # `causes` classifies a check's fix), else "precision".
+    # `causes` classifies a check's fix), "intermittent" when the image made again unchanged
+    # came out finite (no fix at all), else "precision".
     cause: str = "precision"
 
 
@@ -59,7 +60,17 @@ class Repairs(Probes):
             yield diagnosis.everything_fp32(base)
 
     def repair(self, index: int, seed: int, outcome: Outcome, total: int) -> Repair:
-        """Repair one image: the failing part only, cheapest fix first, until it is finite."""
+        """Repair one image: the failing part only, cheapest fix first, until it is finite.
+
+        First the failing part is re-run unchanged (the probe that names its first bad layer):
+        when the NaN does not come back, the image is made again with the same seed and plan,
+        and if that comes out finite the fault was intermittent (`causes`): that image is kept
+        and no precision fix is tried or remembered."""
+        component = failure(outcome)
+        if component:
+            again = self._same_again(index, seed, component, outcome, total)
+            if again is not None:
+                return again
         result = Repair(outcome)
         for _ in range(MAX_REPAIRS_PER_IMAGE):
             component = failure(result.outcome)
@@ -97,6 +108,33 @@ class Repairs(Probes):
         if diagnosis.switched_backend(result.settings, self.plan) is not None:
             result.cause = "kernel"
         return result
+
+    def _same_again(
+        self, index: int, seed: int, component: str, outcome: Outcome, total: int
+    ) -> Repair | None:
+        """The image made again exactly as before, when the failing part's identical re-run
+        came out finite and so does the whole image (a VAE: the same latents decoded again)."""
+        first_bad = self.first_bad_module(component, outcome)
+        if self.recurred.get((component, id(outcome)), True):
+            return None
+        self.progress(f"Image {index + 1} of {total}: making it again, unchanged", 0, 1)
+        if component == "vae":
+            image, stats = to_image(self.decode(outcome.plan, outcome.latents)[0])
+            again = replace(outcome, image=image, stats=stats)
+        else:
+            self.stage = "Making the image again"
+            try:
+                again = self.run(outcome.plan, [seed])[0]
+            finally:
+                self.stage = "Generating"
+        if failure(again) is not None:
+            return None
+        return Repair(
+            again,
+            fixes=["made again unchanged (same seed, same settings)"],
+            first_bad_module=first_bad or self.first_bad.get(component),
+            cause="intermittent",
+        )
 
     def _try(self, component: str, candidate: FixCandidate, outcome: Outcome, seed: int):
         passed, output = self.verify(component, candidate.plan, outcome)

@@ -114,6 +114,10 @@ class Stages:
         # For an editing pipeline that encodes its references itself: the device-side flag its
         # VAE encoder's hook kept in the last denoising run.
         self.pipeline_encoder_bad: Any = None
+        # Per (component, id(outcome)): the first bad layer of the probe re-run, and whether
+        # that identical re-run went non-finite again (`probes.first_bad_module`).
+        self._probed: dict[tuple[str, int], tuple[Any, str | None]] = {}
+        self.recurred: dict[tuple[str, int], bool] = {}
 
     def _colours(self):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype

@@ -23,10 +23,13 @@ def hardware_report(
     retest: bool = False,
     on_progress: ProgressCallback = no_progress,
     cancel: CancelToken | None = None,
+    stat_budget_s: float | None = None,
 ) -> HardwareReport:
     """Every device, assessed; with `self_test`, each one's self-test too (cached per device).
 
-    `retest` runs the self-test even where a cached verdict exists. Without `self_test` a
+    `retest` runs the self-test even where a cached verdict exists. `stat_budget_s` is the
+    statistical self-test's budget per device in seconds (None: 10 s on a GPU, 1 s on a CPU;
+    0: not run; see `selftest.run_self_test`). Without `self_test` a
     cached verdict is still used. Takes seconds on first run (the self-test), then tens of ms.
     Runs on the calling thread; writes self-test results under `paths.cache_dir()`.
     """
@@ -43,6 +46,7 @@ def hardware_report(
                 key=key,
                 skip=self_test_skips(info),
                 retest=retest,
+                stat_budget_s=stat_budget_s,
                 on_progress=on_progress,
                 cancel=cancel,
             )

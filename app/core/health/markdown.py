@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.core import diagnosis
+from app.core.cause_words import cause_words
 from app.core.components import Verdict
 from app.core.errors import HalfSafeError
 from app.core.health.report import Fix, HealthReport, precision_words, status_words
@@ -79,8 +80,8 @@ def markdown_report(report: HealthReport) -> str:
         f"- Device: {device.name} ({device.kind})\n"
         + "".join(f"- LoRA: `{applied.name}` at {applied.weight:g}\n" for applied in report.loras)
         + (
-            f"- Cause: **{report.cause.kind}**{_kernel_words(report.cause)}; repair: "
-            f"{report.cause.repair} "
+            f"- Cause: **{report.cause.kind}**{_kernel_words(report.cause)} "
+            f"({cause_words(report.cause.kind)}); repair: {report.cause.repair} "
             f"({'verified' if report.cause.verified else 'not verified'})\n"
             if report.cause is not None
             else ""
