@@ -17,11 +17,10 @@ from PIL import Image
 
 from app.core import causes, profiles
 from app.core.cause_words import CAUSE_WORDS, cause_words
-from app.core.checkpoint import WeightScan
 from app.core.components import Verdict
 from app.core.generation import GenerationRequest, generate
-from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
+from tests.core.test_generation import variant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"
@@ -48,24 +47,6 @@ class RareNaN:
 @pytest.fixture(scope="module")
 def base():
     return build_tiny_sd_pipeline()
-
-
-def model_of(base, key: str, **replacements) -> LoadedModel:
-    pipeline = type(base)(**{**base.components, **replacements})
-    return LoadedModel(
-        pipeline=pipeline,
-        source=f"<{key}>",
-        name=key,
-        format="demo",
-        architecture="sd1",
-        prediction_type="epsilon",
-        native_size=64,
-        stored_dtype="fp32",
-        model_hash="abcdef1234",
-        profile_key=key,
-        weights=WeightScan([], 0, 0, 0.0),
-        detected_because="built in a test",
-    )
 
 
 def request(tmp_path, **kwargs) -> GenerationRequest:
@@ -98,7 +79,7 @@ def first_call_in(module, run) -> int:
 
 
 def test_a_nan_that_does_not_recur_in_generation_is_intermittent(base, tmp_path, monkeypatch):
-    model = model_of(base, "flaky-unet")
+    model = variant(base, "flaky-unet")
     precision = PrecisionSettings(precision="fp32", auto_fix="auto")
 
     def make():
@@ -123,7 +104,7 @@ def test_a_nan_that_does_not_recur_in_generation_is_intermittent(base, tmp_path,
 
 
 def test_a_nan_in_the_vae_that_does_not_recur_keeps_the_latents(base, tmp_path, monkeypatch):
-    model = model_of(base, "flaky-vae")
+    model = variant(base, "flaky-vae")
     precision = PrecisionSettings(precision="fp32", auto_fix="auto")
 
     def make():
@@ -151,7 +132,7 @@ def test_a_true_fp16_overflow_is_still_precision(base, tmp_path, monkeypatch):
     unet = copy.deepcopy(base.unet)
     with torch.no_grad():
         unet.get_submodule(FF_LAYER).weight.mul_(1e5)
-    model = model_of(base, "overflow-unet", unet=unet)
+    model = variant(base, "overflow-unet", unet=unet)
     # The rare fault is installed too, striking far beyond this test's calls.
     kernel = RareNaN(first=EVERY)
     monkeypatch.setattr(F, "scaled_dot_product_attention", kernel)
@@ -169,7 +150,7 @@ def test_a_true_fp16_overflow_is_still_precision(base, tmp_path, monkeypatch):
 
 
 def test_the_check_names_an_intermittent_fault_and_keeps_no_fix(base, monkeypatch):
-    model = model_of(base, "flaky-check")
+    model = variant(base, "flaky-check")
     precision = PrecisionSettings(precision="fp32")
 
     def check():
