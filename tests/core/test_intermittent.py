@@ -149,6 +149,49 @@ def test_a_true_fp16_overflow_is_still_precision(base, tmp_path, monkeypatch):
     assert profiles.remembered_fix("overflow-unet", result.device.name) is not None
 
 
+def test_asked_repairs_offer_no_precision_fix_for_an_intermittent_nan(
+    base, tmp_path, monkeypatch
+):
+    """With repairs asked for (`auto_fix="ask"`), the image stays as it came out; the quick
+    test reruns the failing part unchanged, and a NaN that does not come back gets no
+    precision fix offered, only the advice to make the image again."""
+    model = variant(base, "flaky-ask")
+    precision = PrecisionSettings(precision="fp32", auto_fix="ask")
+
+    def make():
+        return generate(model, request(tmp_path), precision=precision, device="cpu")
+
+    strike = first_call_in(model.pipeline.unet, make)
+    kernel = RareNaN(first=strike)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", kernel)
+    result = make()
+    (entry,) = result.images
+    assert kernel.struck == 1
+    assert (entry.status, entry.cause, entry.component) == ("nan", "intermittent", "unet")
+    assert entry.fix is None or entry.fix == {}
+    assert "not the model" in entry.message and "same seed" in entry.message
+    assert "fp32" not in entry.message and "bf16" not in entry.message
+    assert profiles.remembered_fix("flaky-ask", result.device.name) is None
+
+
+def test_asked_repairs_still_offer_the_fix_for_a_true_overflow(base, tmp_path, monkeypatch):
+    unet = copy.deepcopy(base.unet)
+    with torch.no_grad():
+        unet.get_submodule(FF_LAYER).weight.mul_(1e5)
+    model = variant(base, "overflow-ask", unet=unet)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", RareNaN(first=EVERY))
+    result = generate(
+        model,
+        request(tmp_path),
+        precision=PrecisionSettings(precision="fp16", auto_fix="ask"),
+        device="cpu",
+    )
+    (entry,) = result.images
+    assert (entry.status, entry.component) == ("nan", "unet")
+    assert entry.cause is None
+    assert entry.fix and "passed a quick test" in entry.message
+
+
 def test_the_check_names_an_intermittent_fault_and_keeps_no_fix(base, monkeypatch):
     model = variant(base, "flaky-check")
     precision = PrecisionSettings(precision="fp32")

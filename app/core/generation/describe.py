@@ -24,7 +24,11 @@ def describe(
     watched: bool,
     request: GenerationRequest,
     precision: PrecisionSettings,
+    *,
+    intermittent: bool = False,
 ) -> ImageResult:
+    """The entry for one image. `intermittent`: the image is still non-finite, and the part
+    that failed came out finite when it ran again unchanged (checked when repairs are asked)."""
     stats = outcome.stats
     fixes = list(repair.fixes) if repair else []
     still = failure(outcome)
@@ -59,6 +63,14 @@ def describe(
                 f"{_box_words(stats.non_finite_box)}); "
                 "the NaN watch was off, so which part failed is not known: turn it on to find "
                 "and repair it."
+            )
+        elif intermittent:
+            entry.cause = "intermittent"
+            entry.message = (
+                f"{where}, so {share}; run again unchanged, that part came out finite: "
+                f"{cause_words('intermittent')}. No precision fix is offered for it: make the "
+                "image again with the same seed; `halfsafe gpu --retest` measures how often "
+                "this device's kernels fail."
             )
         elif suggestion is not None:
             entry.fix = dict(suggestion.settings)

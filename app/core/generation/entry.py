@@ -197,8 +197,13 @@ def _generate_unsaved(
             if outcome.stats.non_finite == 0:
                 hit, outcome.image = next(verdicts)
             suggestion = None
+            intermittent = False
             still = failure(outcome)
-            if still is not None and auto_fix in ("off", "ask"):
+            if still is not None and auto_fix == "ask":
+                # The quick test starts by running the failing part again unchanged: a NaN that
+                # does not come back is no precision problem, so no precision fix is offered.
+                intermittent = not job.recurs(still, outcome)
+            if still is not None and auto_fix in ("off", "ask") and not intermittent:
                 suggestion = job.suggest(still, outcome, verify=auto_fix == "ask")
             entries.append(
                 describe(
@@ -213,6 +218,7 @@ def _generate_unsaved(
                     watch,
                     request,
                     precision,
+                    intermittent=intermittent,
                 )
             )
             if entries[-1].first_bad_module is None and entries[-1].component:

@@ -161,6 +161,13 @@ class Repairs(Probes):
         if component not in self.fixed_components:
             self.fixed_components.append(component)
 
+    def recurs(self, component: str, outcome: Outcome) -> bool:
+        """Whether the failing part's NaN comes back when that part alone runs again unchanged
+        (the probe that names its first bad layer); True where no input was kept to tell, so
+        that an unproven fault is never called intermittent."""
+        self.first_bad_module(component, outcome)
+        return self.recurred.get((component, id(outcome)), True)
+
     def suggest(self, component: str, outcome: Outcome, verify: bool) -> FixCandidate | None:
         """The fix to offer without applying it: with `verify`, the cheapest that one forward
         pass shows finite; without, the component's wider dtype (bf16 where native, else fp32)."""
