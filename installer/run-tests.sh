@@ -35,10 +35,15 @@ for d in app tests installer benchmarks tools; do [ -d "$d" ] && lint_paths+=("$
 say "types (pyright, standard, over app/; see [tool.pyright] in pyproject.toml)"
 "$bin/pyright" --pythonpath "$bin/python"
 
+# The tests run on every core (pytest-xdist; `-n auto` is one worker per core): they are
+# independent of each other and of the order they run in. The slowest are listed at the end,
+# so that the run's time stays in view.
+parallel=(-n auto --durations=25)
+
 say "tests"
 set +e
 # pyproject's addopts leave the slow tests out of a developer's run; here every test runs.
-"$bin/python" -m pytest -m "slow or not slow" "$@"
+"$bin/python" -m pytest -m "slow or not slow" "${parallel[@]}" "$@"
 status=$?
 set -e
 # pytest's 5 means no tests ran: a broken test run, not a pass.
@@ -50,17 +55,18 @@ set -e
 # other branch (fixes kept in fp32, not bf16) runs on every machine too.
 # Only the modules whose answers can depend on that class run again: devices and their
 # recommendations, precision plans, the fix search and verdicts, generation's repairs, the
-# explanation's advice and the commands that print them. Reading files, the library, settings
-# and words do not depend on it.
+# explanation's advice and the commands that print them, and every family's check and repair
+# (the conformance suite, pictures and editing). Reading files, the library, settings, words
+# and each family's own file layouts do not depend on it.
 bf16_dependent=()
 for name in hardware gpu_command selftest precision autocast islands health verdicts causes \
-  generation explain explain_lora profiles cli families flux chroma sd3 \
-  zimage qwenimage pictures edit intermittent; do
+  generation explain explain_lora profiles cli families pictures edit intermittent; do
   [ -f "tests/core/test_$name.py" ] && bf16_dependent+=("tests/core/test_$name.py")
 done
 say "the bf16-dependent core tests again as on a CPU without native bf16 (HALFSAFE_CPU_BF16=emulated)"
 set +e
-HALFSAFE_CPU_BF16=emulated "$bin/python" -m pytest -q -m "not slow" -p no:cacheprovider "${bf16_dependent[@]}"
+HALFSAFE_CPU_BF16=emulated "$bin/python" -m pytest -q -m "not slow" -p no:cacheprovider \
+  "${parallel[@]}" "${bf16_dependent[@]}"
 status=$?
 set -e
 [ $status -eq 5 ] && say "no tests ran" && exit 1

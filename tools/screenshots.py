@@ -96,6 +96,17 @@ def main() -> int:
         app.setStyle("Fusion")  # a style that paints with the palette it is given
         app.setPalette(dark_palette())
     window = build_main_window()
+    shown_errors: list[str] = []
+    show_error = window.dialogs.error
+
+    def error(message: str, details: str = "", *args, **kwargs):
+        """Every error the walk-through meets is printed too: a screenshot run that shows one
+        is a failed run."""
+        shown_errors.append(message)
+        print(f"error shown: {message}\n{details}", file=sys.stderr)
+        return show_error(message, details, *args, **kwargs)
+
+    window.dialogs.error = error
     window.resize(width, height)
     window.show()
     window.start_background()  # as `halfsafe` does once the window shows
@@ -153,7 +164,14 @@ def main() -> int:
     shot("image-viewer", viewer)
     viewer.close()
     explained = window.explain_image(black.path)
-    wait_until(app, lambda: explained.explanation is not None, "the explanation", 900)
+    wait_until(
+        app,
+        lambda: explained.explanation is not None or explained.job_id is None,
+        "the explanation",
+        900,
+    )
+    if explained.explanation is None:
+        raise SystemExit(f"the explanation failed: {'; '.join(shown_errors) or 'no answer'}")
     shot("explain", explained)
     explained.close()
 
