@@ -171,7 +171,10 @@ def main() -> int:
         900,
     )
     if explained.explanation is None:
-        raise SystemExit(f"the explanation failed: {'; '.join(shown_errors) or 'no answer'}")
+        stopped = window.engine_banner.text.text() if window.engine_banner.isVisible() else ""
+        raise SystemExit(
+            f"the explanation failed: {'; '.join(shown_errors) or 'no answer'} {stopped}"
+        )
     shot("explain", explained)
     explained.close()
 

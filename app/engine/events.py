@@ -155,6 +155,17 @@ def read_message(stream: BinaryIO) -> Message | None:
     return message
 
 
+def unreadable(message: Message) -> str | None:
+    """Why the other side would refuse `message` (`read_message` raising ProtocolError, which
+    ends the stream), or None when it reads back as it is: the engine asks this before it
+    writes, so that one value that is not plain data fails its job, not the engine."""
+    try:
+        _PlainUnpickler(io.BytesIO(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))).load()
+    except Exception as error:  # noqa: BLE001 - any failure is the answer
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 class _PlainUnpickler(pickle.Unpickler):
     """Builds only builtins (which pickle builds without naming a class), this module's
     messages and HalfSafe's own records: the dataclasses and enums of `app.core` and

@@ -32,6 +32,7 @@ from app.engine.events import (
     ShutdownRequest,
     StillLoaded,
     heartbeat,
+    unreadable,
 )
 from app.engine.failures import describe_exception
 
@@ -74,7 +75,8 @@ class JobContext:
     def tell(self, stage: str, done: int, total: int) -> None:
         """Progress that is no cancellation point, for work a cancel must not stop: loading
         the user's model back after the job that replaced it was cancelled."""
-        self._event(EventState.PROGRESS, stage=stage, done=int(done), total=int(total))
+        # A stage may be a str of HalfSafe's own kind (a check's Headline): it crosses as text.
+        self._event(EventState.PROGRESS, stage=str(stage), done=int(done), total=int(total))
 
     def preview(self, step: int, image: Any) -> None:
         """Send a PIL image as a small PNG (matches core's `on_preview(step, image)`)."""
@@ -111,6 +113,27 @@ class Engine:
         self._stop_beating = threading.Event()
 
     def send(self, event: EngineEvent) -> None:
+        """Write one event. One the window could not read back (a value in it that is not
+        plain data) would end the stream and the engine with it: a job's final event goes out
+        as its ERROR instead, any other event is left out, and the log says what it held."""
+        problem = unreadable(event)
+        if problem is not None:
+            print(
+                f"[engine] an event of job {event.job_id} ({event.kind}, {event.state.name}) "
+                f"could not be sent: {problem}",
+                file=sys.stderr,
+                flush=True,
+            )
+            if not event.state.final:
+                return
+            event = EngineEvent(
+                event.job_id,
+                event.kind,
+                EventState.ERROR,
+                message="The engine made an answer the window cannot read; nothing was changed.",
+                details=problem,
+                error_type="UnreadableAnswer",
+            )
         with self._send_lock:
             self._send_raw(event)
 

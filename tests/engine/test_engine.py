@@ -439,6 +439,68 @@ def test_every_job_result_crosses_to_the_gui_as_core_records(engine, tmp_path):
     ]
 
 
+def test_an_answer_the_window_cannot_read_fails_its_job_not_the_engine():
+    """A value that is not plain data in a job's result would end the stream (and the window
+    would kill the engine): the job ends with an ERROR event instead, a progress stage of
+    HalfSafe's own str kind crosses as text, and the next job runs."""
+    from fractions import Fraction
+
+    from app.core.health.check import Headline
+
+    def unreadable_result(context, _request):
+        context.progress(Headline("The VAE went NaN/Inf in fp16; proving a fix against fp32."), 0, 0)
+        return {"ratio": Fraction(1, 3)}
+
+    recorder = Recorder()
+    engine = Engine(
+        recorder, {**HANDLERS, **sample_jobs.HANDLERS, "unreadable": unreadable_result}
+    )
+    worker = threading.Thread(target=engine.serve, daemon=True)
+    worker.start()
+    try:
+        engine.receive(JobRequest(1, "unreadable", None))
+        engine.receive(JobRequest(2, "count", {"steps": 1, "seconds": 0.0}))
+        failed, then = recorder.wait_final(1), recorder.wait_final(2)
+    finally:
+        engine.stop()
+        worker.join(5)
+    assert (failed.state, failed.error_type) == (EventState.ERROR, "UnreadableAnswer")
+    assert "Fraction" in failed.details and then.state == EventState.RESULT
+    for event in recorder.events:
+        again = read_message(io.BytesIO(encode(event)))
+        assert again == event
+    stages = [e.stage for e in recorder.of(1) if e.state == EventState.PROGRESS]
+    assert "The VAE went NaN/Inf in fp16; proving a fix against fp32." in stages
+    assert all(type(stage) is str for stage in stages)
+
+
+def test_every_event_of_explaining_a_black_image_reads_back(engine, tmp_path):
+    """Explaining HalfSafe's own black image reruns the check, whose first finding is sent
+    before the fixes are proved: every event on the way reads back through the frame
+    reader, as the window reads it."""
+    engine, events = engine
+    black = GenerationRequest(
+        "a yellow triangle", steps=2, width=128, height=128, seed=7, output_dir=str(tmp_path)
+    )
+    engine.receive(JobRequest(1, "load", LoadRequest("demo-overflow")))
+    engine.receive(
+        JobRequest(
+            2, "generate", GenerateRequest(black, PrecisionSettings("fp16", auto_fix="off"))
+        )
+    )
+    made = events.wait_final(2, timeout=300)
+    assert made.state == EventState.RESULT and made.result.images[0].status == "nan", made
+    engine.receive(JobRequest(3, "explain", ExplainRequest(made.result.images[0].path)))
+    explained = events.wait_final(3, timeout=300)
+    assert explained.state == EventState.RESULT, explained
+    assert any(
+        e.state == EventState.PROGRESS and "proving a fix" in (e.stage or "")
+        for e in events.of(3)
+    )
+    for event in events.events:
+        assert read_message(io.BytesIO(encode(event))) == event
+
+
 def test_a_cancelled_load_loads_the_previous_model_again():
     """Cancel a load, and the model the user had is loaded back: the reload's progress is no
     cancellation point (it used to raise the same cancel, and the user was left with none)."""
