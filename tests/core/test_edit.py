@@ -263,6 +263,34 @@ def test_generation_repairs_a_planted_overflow_in_kontexts_vae_encoder(tmp_path,
     assert "NaN component: vae_encoder" in image.parameters
 
 
+def test_generation_repairs_a_planted_overflow_in_qwen_edits_own_encoding(
+    tmp_path, references, monkeypatch
+):
+    """Qwen-Image-Edit-Plus encodes its references itself: the watch's hook on the VAE's
+    encoder must see that encoding go non-finite, and the repair must fix the VAE alone.
+    The pipeline's encoding area (a megapixel, minutes in fp16 on a CPU) is made 64x64 here,
+    for the pipeline and for HalfSafe alike."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+    monkeypatch.setattr(plus, "VAE_IMAGE_SIZE", 64 * 64)
+    model = _qwen_edit("qwen-edit-hooked")
+    vae = model.pipeline.vae
+    layer = next(n for n, m in vae.named_modules() if m is vae.encoder.conv_in)
+    with torch.no_grad():
+        vae.encoder.conv_in.weight.mul_(1e6)
+    result = generation.generate(
+        model, _request(tmp_path, references[:1], steps=2), precision=FP16, device="cpu"
+    )
+    image = result.images[0]
+    assert image.status == "fixed" and image.component == "vae_encoder", image.message
+    assert image.first_bad_module == layer
+    assert image.fixes_applied and "VAE" in image.fixes_applied[0]
+    assert set(image.fix) <= {"vae_precision", "fp32_modules", "bf16_modules", "clamp_modules"}
+    layers = [m for key in ("fp32_modules", "bf16_modules") for m in image.fix.get(key, [])]
+    assert all(m.startswith("vae:") for m in layers)
+    assert np.isfinite(np.asarray(image.image, dtype=np.float32)).all()
+
+
 @pytest.mark.slow  # about 25 s here: its pipeline encodes each reference at a megapixel
 def test_qwen_image_edit_plus_edits_several_references_into_a_finite_picture(tmp_path, references):
     # The VAE in fp32: an fp16 convolution at a megapixel takes minutes on a CPU.

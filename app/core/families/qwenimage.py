@@ -456,9 +456,14 @@ class QwenImageFamily(ShiftedSigmas, Family):
         """Each reference as the editing pipeline hands it to the VAE's encoder: at about a
         megapixel in its proportions, in [-1, 1]."""
         processor = pipeline.image_processor
+        area = 1024 * 1024  # Edit's, written in its call
+        if self._plus(pipeline):
+            from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus as plus
+
+            area = plus.VAE_IMAGE_SIZE
         pixels = []
         for picture in pictures.references:
-            width, height = self._sizes(pipeline, picture, 1024 * 1024)
+            width, height = self._sizes(pipeline, picture, area)
             if not self._plus(pipeline):
                 picture = processor.resize(picture, height, width)
             pixels.append(processor.preprocess(picture, height, width))
