@@ -3,7 +3,8 @@ are read.
 
 Many large models reach users stored in 8 bits or fewer per weight: fp8 safetensors
 (`float8_e4m3fn` or `float8_e5m2`, often "scaled": a per-tensor or per-channel scale tensor beside
-each weight, `<layer>.weight_scale` or ComfyUI's `<layer>.scale_weight` with a `scaled_fp8`
+each weight, `<layer>.weight_scale`, in ComfyUI's current files with `<layer>.comfy_quant`, the
+layer's format as JSON bytes; or ComfyUI's older `<layer>.scale_weight` with a `scaled_fp8`
 marker tensor) and GGUF files (Q8_0, Q4_K, ... blocks, each block with its own scale). HalfSafe
 runs no fp8 or block-quantised kernels: every such weight is dequantised to `COMPUTE_DTYPE` when
 its tensor is read (`Checkpoint.get` is the one place, so every loader gets it), and from there
@@ -65,6 +66,10 @@ SCALE_SUFFIXES = ("weight_scale", "scale_weight")
 # Activation scales, used only by fp8 matrix kernels; dequantised weights do not need them.
 INPUT_SCALE_SUFFIXES = ("input_scale", "scale_input")
 SCALED_FP8_MARKER = "scaled_fp8"
+# ComfyUI's per-layer quantisation config, `<layer>.comfy_quant`: the layer's format as JSON
+# bytes ({"format": "float8_e4m3fn"}), beside its `weight_scale` (its comfy/ops.py,
+# MixedPrecisionOps). The weight's dtype and scale say all a reader needs: bookkeeping.
+LAYER_CONFIG_SUFFIX = ".comfy_quant"
 
 # A scale outside this range is absurd: a real fp8 scale is a layer's largest weight over 448
 # (e4m3's largest value), and real weights' largest values lie between about 1e-3 and a few
@@ -172,7 +177,7 @@ class Fp8Layout:
 
     fp8: dict[str, str]  # fp8 tensor -> its dtype code
     scale_of: dict[str, str]  # fp8 tensor -> its scale tensor
-    hidden: set[str]  # scales, input scales, the scaled_fp8 marker
+    hidden: set[str]  # scales, input scales, ComfyUI's layer configs, the scaled_fp8 marker
 
     @property
     def format(self) -> str:
@@ -182,12 +187,13 @@ class Fp8Layout:
 def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]):
     """The fp8 layout of a safetensors file, or None when it holds no fp8 tensor.
 
-    Raises BadFileError for what cannot be read right: block-scaled dtypes, a scale without its
-    weight (or for a weight that is not fp8), and a missing scale. A missing scale refuses the
-    file rather than being flagged: the weight's true values are unknown (it could be off by any
-    factor), and a weight read without its scale can still give finite, plausible-looking output,
-    so a check run on it could call a wrong model healthy. The file is scaled when any tensor has
-    a scale or the `scaled_fp8` marker is present; then every fp8 weight needs its scale.
+    Raises BadFileError for what cannot be read right: block-scaled dtypes, a scale or a layer
+    config without its weight (or a scale for a weight that is not fp8), and a missing scale. A
+    missing scale refuses the file rather than being flagged: the weight's true values are
+    unknown (it could be off by any factor), and a weight read without its scale can still give
+    finite, plausible-looking output, so a check run on it could call a wrong model healthy. The
+    file is scaled when any tensor has a scale, a layer config (`comfy_quant`) or the
+    `scaled_fp8` marker is present; then every fp8 weight needs its scale.
     """
     for name, code in dtypes.items():
         if code in UNSUPPORTED_SAFETENSORS:
@@ -199,10 +205,19 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
     marker = SCALED_FP8_MARKER in dtypes
     scales = {n for n in dtypes if n.endswith(SCALE_SUFFIXES)}
     inputs = {n for n in dtypes if n.endswith(INPUT_SCALE_SUFFIXES)}
-    bookkeeping = scales | inputs | {SCALED_FP8_MARKER}
+    configs = {n for n in dtypes if n.endswith(LAYER_CONFIG_SUFFIX)}
+    bookkeeping = scales | inputs | configs | {SCALED_FP8_MARKER}
     fp8 = {n: c for n, c in dtypes.items() if c in FP8_DTYPES and n not in bookkeeping}
     if not fp8 and not marker:
         return None
+    for config in sorted(configs):
+        weight = config.removesuffix(LAYER_CONFIG_SUFFIX) + ".weight"
+        if weight not in dtypes:
+            raise BadFileError(
+                path,
+                f"the layer config '{config}' belongs to no weight (there is no '{weight}'), "
+                "so the file is damaged or not what it claims.",
+            )
     scale_of: dict[str, str] = {}
     for scale in sorted(scales):
         suffix = next(s for s in SCALE_SUFFIXES if scale.endswith(s))
@@ -222,7 +237,7 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
         if weight in scale_of:
             raise BadFileError(path, f"the fp8 weight '{weight}' has two scales.")
         scale_of[weight] = scale
-    if marker or scale_of:
+    if marker or scale_of or configs:
         for name in fp8:
             if name not in scale_of:
                 raise BadFileError(
@@ -247,7 +262,7 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
                 f"{dtypes[scale]}, where one number (or one per output row of the weight) in "
                 "fp16, bf16 or fp32 belongs.",
             )
-    hidden = set(scale_of.values()) | inputs | ({SCALED_FP8_MARKER} if marker else set())
+    hidden = set(scale_of.values()) | inputs | configs | ({SCALED_FP8_MARKER} if marker else set())
     return Fp8Layout(fp8, scale_of, hidden)
 
 

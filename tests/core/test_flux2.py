@@ -17,7 +17,7 @@ from app.core.checkpoint import write_safetensors
 from app.core.errors import UnsupportedModelError
 from app.core.families import FamilyId, family, family_of
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
-from tests.support.model_files import _ldm_vae
+from tests.support.model_files import _ldm_vae, save_split_files
 from tests.support.tiny_models import (
     build_tiny_flux2_klein_pipeline,
     build_tiny_flux2_pipeline,
@@ -160,24 +160,7 @@ def save_klein_files(pipeline, root: Path, stem: str = "flux-2-klein-4b") -> dic
     """Klein as ComfyUI keeps it: the transformer in BFL's names, the Qwen3 causal LM in
     transformers' names (qwen_3_4b), the VAE in the original layout with its batch-norm
     statistics (flux2-vae)."""
-    vae = pipeline.vae.state_dict()
-    statistics = {k: v for k, v in vae.items() if k.startswith("bn.")}
-    vae_file = original_vae({k: v for k, v in vae.items() if not k.startswith("bn.")})
-    files = {
-        "transformer": (
-            root / "diffusion_models" / f"{stem}.safetensors",
-            original_state(pipeline.transformer),
-        ),
-        "text_encoder": (
-            root / "text_encoders" / "qwen_3_4b.safetensors",
-            {k: v for k, v in pipeline.text_encoder.state_dict().items() if k != "lm_head.weight"},
-        ),
-        "vae": (root / "vae" / "flux2-vae.safetensors", {**vae_file, **statistics}),
-    }
-    for path, state in files.values():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_safetensors(path, {k: v.contiguous() for k, v in state.items()})
-    return {component: path for component, (path, _) in files.items()}
+    return save_split_files(pipeline, root, stem)
 
 
 @pytest.mark.slow  # writing and reading a 151,669-token embedding, and the check's outputs

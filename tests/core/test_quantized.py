@@ -164,8 +164,15 @@ def test_the_marker_alone_makes_every_fp8_weight_need_a_scale(tmp_path):
 
 
 W8 = torch.ones(4, 4).to(E4M3)
+# ComfyUI's per-layer config (comfy/ops.py): the layer's format as JSON bytes.
+FP8_CONFIG = torch.tensor(list(b'{"format": "float8_e4m3fn"}'), dtype=torch.uint8)
 LAYOUT_CASES = {
     "scale without a weight": ({"b.weight_scale": torch.tensor(1.0)}, "belongs to no weight"),
+    "layer config without a weight": (
+        {"a.weight_scale": torch.tensor(1.0), "b.comfy_quant": FP8_CONFIG},
+        "'b.comfy_quant' belongs to no weight",
+    ),
+    "layer config without a scale": ({"a.comfy_quant": FP8_CONFIG}, "'a.weight' has no scale"),
     "scale of a bf16 weight": (
         {"b.weight": torch.ones(2, dtype=torch.bfloat16), "b.weight_scale": torch.tensor(1.0)},
         "not fp8",

@@ -44,15 +44,17 @@ def save_single_file(
 def save_split_files(
     pipeline, root: str | Path, name: str = "model", *, prefix: str = "", single_file: bool = False
 ) -> dict[str, Path]:
-    """Write a Flux, Chroma, SD3, Z-Image or Qwen-Image pipeline as ComfyUI keeps it under
-    `root` (its models folder): the transformer in its original layout (Black Forest Labs',
-    Stability AI's, Z-Image's; Qwen-Image's keeps diffusers' names; under `prefix`) in
-    diffusion_models/, the text encoders in text_encoders/ in the layout their files use
-    (clip_l, clip_g, t5xxl; qwen_3_4b under Qwen3ForCausalLM's names; qwen_2.5_vl_7b under
-    model.*, visual.*; qwen_3_vl_8b under transformers' names), the VAE in vae/ in the original layout (Qwen-Image's: Wan 2.1's). With
-    `single_file` (SD3), everything goes into one checkpoints/ file as Stability AI ships it
-    (model.diffusion_model.*, text_encoders.*.transformer.*, first_stage_model.*). Returns
-    the paths by component ("transformer" for the one file)."""
+    """Write a Flux, Chroma, SD3, Z-Image, Qwen-Image, Flux.2 Klein, Qwen-Image 2.1 or Krea 2
+    pipeline as ComfyUI keeps it under `root` (its models folder): the transformer in its
+    original layout (Black Forest Labs', Stability AI's, Z-Image's, Krea's; Qwen-Image's keeps
+    diffusers' names; under `prefix`) in diffusion_models/, the text encoders in text_encoders/
+    in the layout their files use (clip_l, clip_g, t5xxl; qwen_3_4b under Qwen3ForCausalLM's
+    names, Flux.2 Klein's without its LM head; qwen_2.5_vl_7b under model.*, visual.*;
+    qwen_3_vl_8b under transformers' names), the VAE in vae/ in the original layout
+    (Qwen-Image's: Wan 2.1's; Flux.2's with its batch-norm statistics). With `single_file`
+    (SD3), everything goes into one checkpoints/ file as Stability AI ships it
+    (model.diffusion_model.*, text_encoders.*.transformer.*, first_stage_model.*). Returns the
+    paths by component ("transformer" for the one file)."""
     root = Path(root)
     transformer = pipeline.transformer
     family = family_of(pipeline)
@@ -74,11 +76,14 @@ def save_split_files(
             pass  # Qwen-Image 2.1's files keep transformers' and diffusers' names
         elif kind == "AutoencoderKLQwenImage":
             state = wan_vae_to_original(state, part.config.num_res_blocks)
-        elif component == "vae":
-            state = {
-                k.removeprefix(arch.VAE): v
-                for k, v in _ldm_vae(state, len(part.config.block_out_channels)).items()
-            }
+        elif component == "vae":  # Flux.2's keeps its batch-norm statistics (bn.*) as they are
+            statistics = {k: v for k, v in state.items() if k.startswith("bn.")}
+            convolutions = {k: v for k, v in state.items() if k not in statistics}
+            levels = len(part.config.block_out_channels)
+            state = {k.removeprefix(arch.VAE): v for k, v in _ldm_vae(convolutions, levels).items()}
+            state.update(statistics)
+        elif kind == "Qwen3ForCausalLM":  # Flux.2 Klein's, as qwen_3_4b holds it: no LM head
+            state = {k: v for k, v in state.items() if k != "lm_head.weight"}
         elif kind == "Qwen3Model":
             state = {"model." + k: v for k, v in state.items()}
         elif kind == "Qwen2_5_VLForConditionalGeneration":

@@ -34,9 +34,9 @@ class Checkpoint:
 
     Quantized files are dequantised here, in `get`, so every loader reads plain weights: fp8
     tensors are multiplied by their scales (`quantized.fp8_layout` pairs them; the scales, input
-    scales and the `scaled_fp8` marker are hidden from `keys`, `shapes` and `dtypes`), GGUF files
-    (recognised by their first bytes, bounds-checked before they are mapped) are decoded by the
-    gguf package. Both become `quantized.COMPUTE_DTYPE`. What a decoded weight shows wrong (a
+    scales, ComfyUI's layer configs and the `scaled_fp8` marker are hidden from `keys`, `shapes`
+    and `dtypes`), GGUF files (recognised by their first bytes, bounds-checked before they are
+    mapped) are decoded by the gguf package. Both become `quantized.COMPUTE_DTYPE`. What a decoded weight shows wrong (a
     bad scale, implausible values) is kept in `findings` and reported to an active
     `quantized.collecting()`; `quantization` says how the file is stored. `component` names the
     pipeline part the file holds, when the loader knows it (for the findings).

@@ -125,13 +125,17 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
 
 
 def _with_companions(entry: LibraryEntry) -> LibraryEntry:
-    """A split transformer file's entry with the companions found beside it (headers only).
-    Whatever goes wrong on the way costs this row only: it then says so and is not loadable."""
+    """A split transformer file's entry with the companions found beside it (headers only), or,
+    for a file no companion makes runnable (Flux.2 dev's, whose tokenizer is not shipped), the
+    sentence saying why in `missing`. Whatever goes wrong on the way costs this row only: it
+    then says so and is not loadable."""
     path = Path(entry.path)
     try:
         transformer = split.read_model(read_header(path).shapes())
         if transformer is None:
             return entry
+        if transformer.unsupported is not None:  # no companion would make it run
+            return replace(entry, supported=False, missing=transformer.unsupported + ".")
         found = split.find_companions(path, transformer, [], None)
         missing = split.missing_sentence(transformer, found, path)
     except (BadFileError, ValueError):

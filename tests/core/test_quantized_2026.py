@@ -1,0 +1,636 @@
+"""The newest families' transformer files as users download them quantised, beside their
+companions as ComfyUI keeps them: Flux.2 Klein, Qwen-Image 2.1 and Krea 2 (and Flux.2 dev, read
+and refused), each written here from a tiny transformer in its original key layout (the one
+diffusers' single-file converters read) as
+
+- fp8 e4m3 safetensors in ComfyUI's layouts (as its comfy/ops.py, MixedPrecisionOps, and
+  comfy/utils.py, convert_old_quants, read them): "mixed", each quantised layer with
+  `<layer>.weight_scale`, `<layer>.input_scale` and `<layer>.comfy_quant` (its format as JSON
+  bytes) beside bf16 layers; the same with the formats in the header's `_quantization_metadata`
+  instead of `comfy_quant` tensors; "scaled", `<layer>.scale_weight` and `scale_input` with the
+  `scaled_fp8` marker;
+- GGUF as city96's ComfyUI-GGUF tools make one (tools/convert.py, then llama-quantize patched
+  with tools/lcpp.patch): 1-D tensors and those of at most 1,024 values in F32, the block
+  matrices quantised (Q8_0, or Q4_K encoded here, which the gguf package cannot), and for
+  Flux.2, which the converter takes for "flux", its embedders and final layer left in BF16.
+
+Each file is detected as its family and variant from its header; its weights load dequantised
+to the values this file decodes from the bytes it wrote, within the quantisation's error of
+the weights written; and the health check's verdict is right: a healthy model healthy, an
+overflow planted in one of its blocks found at that layer. A text encoder in ComfyUI's fp8
+"mixed" layout loads beside them too.
+
+Not known here, so not claimed: which layers a released fp8 file keeps in bf16, the released
+files' names, and how Qwen-Image 2.1 and Krea 2 GGUF files are made (the converter read has no
+rules for them: they get the generic ones and a made-up `general.architecture`, which HalfSafe
+does not read). The reader depends on none of these.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+from app.core import models, split
+from app.core.checkpoint import Checkpoint, read_header, write_safetensors
+from app.core.components import Verdict
+from app.core.errors import UnsupportedModelError
+from app.core.families import family_of
+from app.core.layouts import Layout, to_original
+from app.core.quantized import PLAUSIBLE_WEIGHT_MAX
+from tests.support.family_helpers import (
+    check,
+    offline,  # noqa: F401 - an autouse fixture: no network
+)
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import (
+    build_tiny_flux2_klein_pipeline,
+    build_tiny_krea2_pipeline,
+    build_tiny_qwenimage21_pipeline,
+    tiny_flux2_transformer,
+)
+
+E4M3 = torch.float8_e4m3fn
+Q8_0, Q4_K = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K
+F32, F16, BF16 = GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16
+BF16_ROUNDING = 2**-8  # relative: what a value may move when it is held as bf16
+
+
+# The families ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family's tiny pipeline and how its quantised transformer files are made."""
+
+    build: Callable[[], Any]
+    stem: str  # the transformer file's name before its quantisation's
+    architecture: str
+    because: str  # how detection's sentence starts
+    fp8_layers: tuple[str, ...]  # prefixes of the matrices fp8 files store in fp8
+    gguf_arch: str  # the GGUF file's general.architecture ("flux": convert.py's for Flux.2)
+    bf16_in_gguf: tuple[str, ...]  # prefixes llama-quantize leaves as converted (BF16)
+    block: tuple[str, str]  # a block's layer (the file's key, the pipeline's module)
+
+
+# ComfyUI-GGUF's rules for "flux" files (tools/lcpp.patch): these are not quantised.
+FLUX_EMBEDDERS = ("txt_in.", "img_in.", "time_in.", "vector_in.", "guidance_in.", "final_layer.")
+
+CASES = {
+    "flux2-klein": Case(
+        build_tiny_flux2_klein_pipeline,
+        "flux-2-klein-4b",
+        "flux2-klein",
+        "Flux.2 Klein: a transformer in Black Forest Labs' layout",
+        (
+            "double_blocks.",
+            "single_blocks.",
+            "double_stream_modulation",
+            "single_stream_modulation",
+        ),
+        "flux",
+        FLUX_EMBEDDERS,
+        ("double_blocks.0.img_mlp.0.weight", "transformer_blocks.0.ff.linear_in"),
+    ),
+    "qwenimage21": Case(
+        build_tiny_qwenimage21_pipeline,
+        "qwen_image_2.1",
+        "qwenimage21",
+        "Qwen-Image 2.1: a single-stream block-causal transformer file",
+        ("transformer_blocks.",),
+        "qwen_image",
+        (),
+        ("transformer_blocks.0.attn.to_v.weight", "transformer_blocks.0.attn.to_v"),
+    ),
+    "krea2": Case(
+        lambda: build_tiny_krea2_pipeline(released_taps=True),  # a file reads 12 layers
+        "krea2",
+        "krea2",
+        "Krea 2: a single-stream transformer in Krea's layout",
+        ("blocks.", "txtfusion.layerwise_blocks.", "txtfusion.refiner_blocks."),
+        "krea2",
+        (),
+        ("blocks.0.mlp.up.weight", "transformer_blocks.0.ff.up"),
+    ),
+}
+FORMATS = ("fp8-comfy_quant", "fp8-metadata", "fp8-scaled", "gguf-Q8_0")
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    """Each family's tiny pipeline, built once (the tests read it, never change it)."""
+    return {name: case.build() for name, case in CASES.items()}
+
+
+def written_weights(pipeline) -> dict[str, torch.Tensor]:
+    """The pipeline's transformer weights under its file layout's names, in bf16 as the
+    released files hold them: what every quantised file here is made from."""
+    layout = family_of(pipeline).layout
+    assert layout is not None
+    return original_weights(pipeline.transformer, layout)
+
+
+def original_weights(transformer, layout: Layout) -> dict[str, torch.Tensor]:
+    config = {**transformer.config, "_class_name": type(transformer).__name__}
+    state = to_original(layout.table(config), transformer.state_dict())
+    return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()}
+
+
+@dataclass
+class Written:
+    """A quantised file written here: each key's values as this file decodes them from the
+    bytes it wrote (float32), how far each may be from the weight written (float32, per
+    value), and the stored type of each key."""
+
+    path: Path
+    decoded: dict[str, torch.Tensor]
+    error: dict[str, torch.Tensor]
+    types: dict[str, str]
+
+
+# fp8, as ComfyUI writes it -----------------------------------------------------------------
+
+
+def comfy_quant(config: dict[str, Any]) -> torch.Tensor:
+    """A layer's quantisation config as ComfyUI stores it: its JSON as a uint8 tensor."""
+    return torch.tensor(list(json.dumps(config).encode()), dtype=torch.uint8)
+
+
+def matrices_under(prefixes: tuple[str, ...]) -> Callable[[str, torch.Tensor], bool]:
+    """Which tensors an fp8 file stores in fp8: the matrices (linear layers' weights) whose
+    names start with one of `prefixes`."""
+    return lambda name, t: name.endswith(".weight") and t.ndim == 2 and name.startswith(prefixes)
+
+
+def write_fp8(path: Path, weights, quantised, layout: str) -> Written:
+    """The weights `quantised` picks in fp8 e4m3 with a per-tensor scale (their largest value
+    over 448), everything else as given, in one of ComfyUI's layouts (see the module)."""
+    tensors: dict[str, torch.Tensor] = {}
+    decoded, error, types, formats = {}, {}, {}, {}
+    for name, weight in weights.items():
+        values = weight.float()
+        if not quantised(name, weight):
+            tensors[name], decoded[name] = weight, values
+            error[name], types[name] = torch.zeros_like(values), str(weight.dtype)
+            continue
+        layer = name.removesuffix(".weight")
+        scale = (values.abs().max() / 448).reshape(())
+        stored = (values / scale).to(E4M3)
+        tensors[name], types[name] = stored, "F8_E4M3"
+        decoded[name] = stored.float() * scale
+        # e4m3 keeps 3 bits after the leading one (half a step: 1/16 of the value), and steps
+        # of 2^-9 below 2^-6 (half of one times the scale).
+        error[name] = values.abs() / 16 + scale * 2**-10
+        if layout == "scaled":
+            tensors[f"{layer}.scale_weight"] = scale
+            tensors[f"{layer}.scale_input"] = torch.tensor(1.0)
+        else:
+            tensors[f"{layer}.weight_scale"] = scale
+            tensors[f"{layer}.input_scale"] = torch.tensor(0.0125)  # an fp8 kernel's, unused
+            formats[layer] = {"format": "float8_e4m3fn"}
+            if layout == "comfy_quant":
+                tensors[f"{layer}.comfy_quant"] = comfy_quant(formats[layer])
+    metadata = None
+    if layout == "scaled":
+        tensors["scaled_fp8"] = torch.empty(0, dtype=E4M3)
+    elif layout == "metadata":
+        metadata = {
+            "_quantization_metadata": json.dumps({"format_version": "1.0", "layers": formats})
+        }
+    write_safetensors(path, tensors, metadata)
+    return Written(path, decoded, error, types)
+
+
+# GGUF, as city96's tools make it -----------------------------------------------------------
+
+
+def q8_0(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q8_0 blocks written by the gguf package (ggml's own rounding), decoded here from their
+    bytes: per 32 values an fp16 step d, then 32 signed bytes q, each value q x d. Returns the
+    bytes, the decoded values and each value's error bound: half a step, plus 127 times what
+    d lost when it was stored in fp16."""
+    raw = quantize(values, Q8_0)
+    blocks = raw.reshape(-1, 34)
+    step = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    q = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
+    decoded = (q * step).reshape(values.shape)
+    exact = np.abs(values.reshape(-1, 32)).max(axis=1, keepdims=True) / 127
+    bound = exact / 2 + 127 * np.abs(exact - step)
+    return raw, decoded, np.broadcast_to(bound, q.shape).reshape(values.shape)
+
+
+SMALLEST_FP16 = 2.0**-24
+
+
+def _fp16_at_least(value: np.ndarray) -> np.ndarray:
+    """The smallest fp16 numbers no smaller than `value` (float32, non-negative)."""
+    stored = value.astype(np.float16)
+    low = stored.astype(np.float32) < value
+    stored[low] = np.nextafter(stored[low], np.float16(np.inf))
+    return stored
+
+
+def q4_k(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K blocks as ggml lays them out (the gguf package decodes but cannot encode them).
+    Per 256 values: fp16 d and dmin, twelve bytes packing eight 6-bit scales sc and mins m
+    (one per 32 values), then 128 bytes of 4-bit q, sub-blocks 2i and 2i+1 in the low and high
+    halves of the same 32 bytes; a value is d sc q - dmin m. Chosen here so that no value is
+    clipped: each sub-block's offset dmin m at least its most negative value, its step d sc
+    at least its span over 15. Returns the bytes (rows by row bytes), the decoded values and
+    each value's bound: half its sub-block's step."""
+    rows = values.shape[0]
+    x = values.reshape(-1, 8, 32).astype(np.float32)
+    low = np.minimum(x.min(axis=2), 0)
+    dmin = _fp16_at_least(np.maximum((-low).max(axis=1) / 63, SMALLEST_FP16))
+    mins = np.ceil(-low / dmin.astype(np.float32)[:, None]).astype(np.uint8)
+    offset = mins * dmin.astype(np.float32)[:, None]
+    span = x.max(axis=2) + offset  # what the 16 levels above the offset must reach
+    wanted = (x.max(axis=2) - low + dmin.astype(np.float32)[:, None]) / 15
+    d = _fp16_at_least(np.maximum(wanted.max(axis=1) / 63, SMALLEST_FP16))
+    scales = np.ceil(span / 15 / d.astype(np.float32)[:, None]).astype(np.uint8)
+    step = scales * d.astype(np.float32)[:, None]
+    q = np.clip(np.rint((x + offset[:, :, None]) / step[:, :, None]), 0, 15).astype(np.uint8)
+    assert scales.max() <= 63 and mins.max() <= 63
+    packed = np.zeros((len(x), 12), dtype=np.uint8)
+    packed[:, 0:4] = (scales[:, :4] & 63) | ((scales[:, 4:] >> 4) << 6)
+    packed[:, 4:8] = (mins[:, :4] & 63) | ((mins[:, 4:] >> 4) << 6)
+    packed[:, 8:12] = (scales[:, 4:] & 15) | ((mins[:, 4:] & 15) << 4)
+    pairs = q.reshape(len(x), 4, 2, 32)
+    nibbles = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(len(x), 128)
+    raw = np.concatenate(
+        [d[:, None].view(np.uint8), dmin[:, None].view(np.uint8), packed, nibbles], axis=1
+    )
+    decoded = q * step[:, :, None] - offset[:, :, None]
+    bound = np.broadcast_to(step[:, :, None] / 2, x.shape) * (1 + 1e-6)
+    return raw.reshape(rows, -1), decoded.reshape(values.shape), bound.reshape(values.shape)
+
+
+QUANTIZERS = {Q8_0: (32, q8_0), Q4_K: (256, q4_k)}
+
+
+def gguf_type(name: str, values: np.ndarray, qtype, bf16: tuple[str, ...]):
+    """The type city96's tools leave a tensor of a bf16 model in: F32 for 1-D tensors and
+    those of at most 1,024 values (convert.py), BF16 for what llama-quantize may not quantise
+    (the family's embedders), `qtype` for matrices whose rows fit its blocks, else F16 (the
+    patched llama-quantize's fallback)."""
+    if values.ndim == 1 or values.size <= 1024:
+        return F32
+    if name.startswith(bf16):
+        return BF16
+    return qtype if values.shape[-1] % QUANTIZERS[qtype][0] == 0 else F16
+
+
+def write_gguf(path: Path, weights, qtype, case: Case) -> Written:
+    writer = GGUFWriter(path, case.gguf_arch)
+    decoded, error, types = {}, {}, {}
+    for name, weight in weights.items():
+        values = weight.float().numpy()
+        kind = gguf_type(name, values, qtype, case.bf16_in_gguf)
+        types[name] = kind.name
+        if kind in QUANTIZERS:
+            raw, values_read, bound = QUANTIZERS[kind][1](values)
+            writer.add_tensor(name, raw, raw_dtype=kind)
+        else:
+            stored = values.astype(np.float16) if kind == F16 else values
+            if kind == BF16:
+                writer.add_tensor(name, quantize(values, BF16), raw_dtype=BF16)
+            else:
+                writer.add_tensor(name, stored)
+            values_read = stored.astype(np.float32)
+            bound = np.abs(values_read - values)  # 0 but for F16's rounding (F32, BF16: exact)
+        decoded[name] = torch.from_numpy(np.ascontiguousarray(values_read, dtype=np.float32))
+        error[name] = torch.from_numpy(np.ascontiguousarray(bound, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Written(path, decoded, error, types)
+
+
+# A model folder as ComfyUI keeps it ----------------------------------------------------------
+
+
+def write_quantised(folder: Path, weights, case: Case, form: str) -> Written:
+    """`weights` as a transformer file of `form` ("fp8-<ComfyUI layout>", "gguf-<type>") in
+    `folder`, named as the ecosystem names them (<model>-fp8, <model>-Q8_0)."""
+    kind, style = form.split("-", 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "fp8":
+        quantised = matrices_under(case.fp8_layers)
+        return write_fp8(folder / f"{case.stem}-fp8.safetensors", weights, quantised, style)
+    qtype = GGMLQuantizationType[style]
+    return write_gguf(folder / f"{case.stem}-{style}.gguf", weights, qtype, case)
+
+
+def quantised_set(root: Path, pipeline, case: Case, form: str, weights=None) -> Written:
+    """The pipeline's files under root/models as ComfyUI keeps them, its transformer replaced
+    by a quantised file of `form` in diffusion_models/ (made from `weights`, by default the
+    pipeline's own)."""
+    written = save_split_files(pipeline, root / "models", case.stem)
+    written["transformer"].unlink()
+    weights = weights if weights is not None else written_weights(pipeline)
+    return write_quantised(written["transformer"].parent, weights, case, form)
+
+
+def close(got: torch.Tensor, want: torch.Tensor, error: torch.Tensor | float = 0.0) -> bool:
+    """`got` (as loaded, bf16) is `want` within `error` and bf16's rounding."""
+    got = got.float()
+    rounding = torch.maximum(got.abs(), want.abs()) * BF16_ROUNDING
+    return bool(((got - want).abs() <= error + rounding).all())
+
+
+def assert_read_as_written(written: Written, weights) -> None:
+    """The reader gives each tensor of the file as this file decodes the bytes it wrote, in
+    the weight's shape, and within the quantisation's error of the weight written."""
+    with Checkpoint(written.path) as checkpoint:
+        assert set(checkpoint.keys()) == set(weights)  # the scales and configs are hidden
+        for key, want in written.decoded.items():
+            got = checkpoint.get(key)
+            assert got.shape == weights[key].shape, key
+            assert close(got, want), key
+            assert close(got, weights[key].float(), written.error[key]), key
+
+
+def assert_loaded_as_written(model, pipeline, written: Written) -> None:
+    """The transformer built from the file holds the pipeline's own weights (rounded to bf16,
+    as written; by its own names, not through a key table) within the error of the file's
+    tensor each comes from, and not all of them exactly (a quantised file is not its original)."""
+    read = split.read_model(read_header(written.path).shapes())
+    assert read is not None
+    bound = {
+        name: float(written.error[original].max())
+        for original, names, _ in read.rows()
+        for name in names
+    }
+    want = {
+        k: v.detach().to(torch.bfloat16).float()
+        for k, v in pipeline.transformer.state_dict().items()
+    }
+    state = model.pipeline.transformer.state_dict()
+    assert set(state) == set(want)
+    for key, value in want.items():
+        assert close(state[key], value, bound[key]), key
+    assert any(not torch.equal(state[k].float(), v) for k, v in want.items())
+
+
+QUANTISED_TYPES = {"F8_E4M3", "Q8_0", "Q4_K"}
+
+
+def quantization_of(written: Written) -> dict[str, Any]:
+    """The `model.quantization` a model read from this file alone reports."""
+    if written.path.suffix == ".gguf":
+        stored = {"format": "gguf", "types": sorted(set(written.types.values()))}
+    else:
+        stored = {"format": "fp8_scaled", "types": ["F8_E4M3"]}
+    return {**stored, "files": [written.path.name], "dequantized_to": "bf16"}
+
+
+# The layouts written: the ones diffusers' own converters read ---------------------------------
+
+CONVERTERS = {
+    "flux2-klein": "convert_flux2_transformer_checkpoint_to_diffusers",
+    "flux2-dev": "convert_flux2_transformer_checkpoint_to_diffusers",
+    "qwenimage21": "convert_qwen_image21_transformer_checkpoint_to_diffusers",
+    "krea2": "convert_krea2_transformer_checkpoint_to_diffusers",
+}
+
+
+def dev_transformer():
+    """A tiny Flux.2 dev transformer (its guidance embedding is what tells it from Klein); dev
+    files are refused before any companion is read, so no pipeline is needed."""
+    return tiny_flux2_transformer(3, guidance=True, text=96)
+
+
+@pytest.mark.parametrize("name", list(CONVERTERS))
+def test_the_weights_written_here_are_in_the_layout_diffusers_converters_read(pipelines, name):
+    """Every file here is made from these weights: diffusers' single-file converter for the
+    family reads them back into the pipeline's own transformer, so their names and fused,
+    swapped or flattened tensors are the released files' and not only this project's table."""
+    from diffusers.loaders import single_file_utils
+
+    from app.core.families.flux2 import LAYOUT
+
+    if name == "flux2-dev":
+        transformer = dev_transformer()
+        weights = original_weights(transformer, LAYOUT)
+    else:
+        transformer = pipelines[name].transformer
+        weights = written_weights(pipelines[name])
+
+    convert = getattr(single_file_utils, CONVERTERS[name])
+    theirs = convert({k: v.clone() for k, v in weights.items()})
+
+    state = {k: v.to(torch.bfloat16) for k, v in transformer.state_dict().items()}
+    assert set(theirs) == set(state)
+    assert all(torch.equal(theirs[k], v) for k, v in state.items())
+
+
+# Detection ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", FORMATS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_quantised_transformer_file_is_detected_as_its_family_from_its_header(
+    tmp_path, pipelines, name, form
+):
+    from app.core.library import scan_library
+
+    case = CASES[name]
+    written = quantised_set(tmp_path, pipelines[name], case, form)
+
+    read = split.read_model(read_header(written.path).shapes())
+
+    assert read is not None and read.architecture == case.architecture
+    assert read.because.startswith(case.because)
+    entries = scan_library([str(tmp_path / "models")], include_defaults=False, use_cache=False)
+    (entry,) = [e for e in entries if e.path == str(written.path)]
+    assert (entry.architecture, entry.supported, entry.error) == (case.architecture, True, None)
+    assert entry.companions is not None and None not in entry.companions.values()
+    assert entry.stored_dtype == "mixed"
+
+
+# Loading -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", FORMATS)
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_quantised_transformer_loads_dequantised_within_its_quantisations_error(
+    tmp_path, pipelines, name, form
+):
+    case, pipeline = CASES[name], pipelines[name]
+    weights = written_weights(pipeline)
+    written = quantised_set(tmp_path, pipeline, case, form, weights)
+    assert QUANTISED_TYPES & set(written.types.values())
+
+    assert_read_as_written(written, weights)
+    model = models.load_model(str(written.path))
+
+    assert (model.format, model.architecture) == ("split_files", case.architecture)
+    assert model.quantization == quantization_of(written)
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    assert_loaded_as_written(model, pipeline, written)
+
+
+def wide_klein(klein):
+    """Klein with a 256-wide transformer (two 128-wide heads, a 768-wide feed-forward): every
+    block matrix's rows then fill Q4_K's blocks of 256 values, as the real model's do."""
+    from diffusers import Flux2KleinPipeline, Flux2Transformer2DModel
+
+    torch.manual_seed(5)
+    transformer = Flux2Transformer2DModel(
+        patch_size=1,
+        in_channels=128,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=128,
+        num_attention_heads=2,
+        joint_attention_dim=klein.transformer.config.joint_attention_dim,
+        timestep_guidance_channels=32,
+        axes_dims_rope=(32, 32, 32, 32),
+        guidance_embeds=False,
+    ).eval()
+    return Flux2KleinPipeline(**{**klein.components, "transformer": transformer})
+
+
+def test_a_klein_q4_k_gguf_loads_within_q4_ks_error_and_checks_healthy(tmp_path, pipelines):
+    """Q4_K, as a Q4_K_S file of city96's tools holds Flux.2's blocks (its rules raise no
+    Flux.2 layer to Q5_K or Q6_K; a Q4_K_M file's fused qkv would be Q5_K, which this file
+    does not write): the embedders and final layer BF16, norms F32."""
+    case, pipeline = CASES["flux2-klein"], wide_klein(pipelines["flux2-klein"])
+    weights = written_weights(pipeline)
+    written = quantised_set(tmp_path, pipeline, case, "gguf-Q4_K", weights)
+    assert set(written.types.values()) == {"Q4_K", "BF16", "F32"}
+
+    assert_read_as_written(written, weights)
+    model = models.load_model(str(written.path))
+
+    assert model.architecture == "flux2-klein"
+    assert model.quantization == quantization_of(written)
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    assert_loaded_as_written(model, pipeline, written)
+    assert check(model).verdict == Verdict.HEALTHY
+
+
+def language_model_matrix(name: str, tensor: torch.Tensor) -> bool:
+    """A projection of a Qwen text encoder's language model (what ComfyUI's fp8 "mixed" text
+    encoders store in fp8; the vision tower, embeddings and norms stay bf16)."""
+    return re.search(r"(^|\.)layers\.\d+\..*_proj\.weight$", name) is not None
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_text_encoder_in_comfyuis_fp8_mixed_layout_loads_beside_a_gguf_transformer(
+    tmp_path, pipelines, name
+):
+    case, pipeline = CASES[name], pipelines[name]
+    written = quantised_set(tmp_path, pipeline, case, "gguf-Q8_0")
+    (encoder_file,) = (tmp_path / "models" / "text_encoders").iterdir()
+    with Checkpoint(encoder_file) as checkpoint:
+        tensors = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    encoder = write_fp8(encoder_file, tensors, language_model_matrix, "comfy_quant")
+    assert "F8_E4M3" in encoder.types.values()
+
+    model = models.load_model(str(written.path))
+
+    assert model.quantization is not None and model.quantization["format"] == "mixed"
+    assert model.quantization["files"] == [written.path.name, encoder_file.name]
+    assert model.weights.bad_quantized == []
+    loaded = model.pipeline.text_encoder.state_dict()
+    mine = pipeline.text_encoder.state_dict()
+    original = {**{k.removeprefix("model."): v for k, v in mine.items()}, **mine}
+    for key, value in loaded.items():
+        reference = original[key].float()
+        if language_model_matrix(key, value):  # fp8 e4m3 with its scale, as written above
+            error = reference.abs() / 16 + reference.abs().max() / 448 * 2**-10
+            assert close(value, reference, error), key
+        else:
+            assert close(value, reference), key
+    assert any(
+        not torch.equal(v.float(), original[k].float())
+        for k, v in loaded.items()
+        if language_model_matrix(k, v)
+    )
+
+
+# Flux.2 dev: told from Klein, read, and refused for its tokenizer ---------------------------
+
+
+@pytest.mark.parametrize("form", ["fp8-comfy_quant", "gguf-Q8_0"])
+def test_a_quantised_flux2_dev_file_is_read_as_dev_and_refused_in_one_sentence(tmp_path, form):
+    from app.core.families.flux2 import LAYOUT
+    from app.core.library import scan_library
+
+    weights = original_weights(dev_transformer(), LAYOUT)
+    case = replace(CASES["flux2-klein"], stem="flux2-dev")
+    written = write_quantised(tmp_path / "models" / "diffusion_models", weights, case, form)
+
+    read = split.read_model(read_header(written.path).shapes())
+
+    assert read is not None and read.architecture == "flux2-dev"
+    assert read.because.startswith("Flux.2 dev: a transformer in Black Forest Labs' layout")
+    assert "guidance embedding (guidance_in)" in read.because
+    assert_read_as_written(written, weights)
+    with pytest.raises(UnsupportedModelError) as caught:
+        models.load_model(str(written.path))
+    message = str(caught.value)
+    assert message.startswith(f"{written.path}: Flux.2 dev reads its prompt with Mistral's Tekken")
+    assert "\n" not in message and message.count(". ") == 0
+    # The library says the same, not that a text encoder it could never take is missing.
+    (entry,) = scan_library([str(tmp_path / "models")], include_defaults=False, use_cache=False)
+    assert (entry.architecture, entry.supported) == ("flux2-dev", False)
+    assert entry.missing == message.removeprefix(f"{written.path}: ")
+
+
+# The check ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["fp8-comfy_quant", "gguf-Q8_0"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_healthy_quantised_model_checks_healthy(tmp_path, pipelines, name, form):
+    written = quantised_set(tmp_path, pipelines[name], CASES[name], form)
+
+    report = check(models.load_model(str(written.path)))
+
+    assert report.verdict == Verdict.HEALTHY and report.fix is None
+    assert {c.status for c in report.components.values()} == {"ok"}
+    document = report.to_json()
+    assert document["model"]["quantization"] == quantization_of(written)
+    assert document["weights"]["bad_quantized"] == []
+
+
+# An overflow planted in a block: the layer's weights scaled until the largest is 8,000, short
+# of the 10,000 past which a decoded weight is called broken, and enough to carry the layer's
+# output past fp16's 65,504 on the check's prompt.
+PLANTED_PEAK = 0.8 * PLAUSIBLE_WEIGHT_MAX
+# A different file form for each family: GGUF and both of ComfyUI's fp8 layouts.
+PLANTED_IN = {"flux2-klein": "gguf-Q8_0", "qwenimage21": "fp8-comfy_quant", "krea2": "fp8-scaled"}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_an_overflow_planted_in_a_quantised_block_is_found_at_its_layer(tmp_path, pipelines, name):
+    case, pipeline = CASES[name], pipelines[name]
+    key, layer = case.block
+    weights = written_weights(pipeline)
+    planted = weights[key].float()
+    weights[key] = (planted * (PLANTED_PEAK / planted.abs().max())).to(torch.bfloat16)
+    written = quantised_set(tmp_path, pipeline, case, PLANTED_IN[name], weights)
+    model = models.load_model(str(written.path))
+    assert model.weights.bad_quantized == []  # a large weight, not a wrongly decoded one
+
+    report = check(model)
+
+    assert report.verdict == Verdict.FIXABLE
+    bad = report.components["transformer"]
+    assert bad.status in ("overflow", "nan") and bad.first_bad_module == layer
+    assert all(c.status == "ok" for n, c in report.components.items() if n != "transformer")
+    assert report.fix is not None and report.fix.verified
+    assert set(report.to_json()["fix"]["modules"]) == {"transformer"}
