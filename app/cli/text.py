@@ -13,6 +13,7 @@ from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.hardware.records import HardwareReport
 from app.core.health import (
     CANDIDATE_COLUMNS,
+    RUN_WORDS,
     VERDICT_WORDS,
     HealthReport,
     candidate_rows,
@@ -131,6 +132,8 @@ def health_text(report: HealthReport) -> str:
             )
             lines.append(f"Candidates (judged against fp32{timed}; {how}):")
             lines.extend(_table([CANDIDATE_COLUMNS, *rows]))
+            if fix.baselines:
+                lines.append(f"({RUN_WORDS}.)")
             lines.append("")
     elif report.advice is not None and report.advice.overflowing:
         lines.append(f"For fp16: {flags(report.advice.settings)}")

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from app.core.components import Status, Verdict
 from app.core.health import (
     CANDIDATE_COLUMNS,
+    RUN_WORDS,
     STATUS_WORDS,
     ComponentReport,
     Fix,
@@ -423,7 +424,7 @@ class HealthView(QWidget):
                 label(
                     "Every fix tried, judged against fp32 and measured on this device (the "
                     "cheapest verified one is chosen; any other verified one can be applied "
-                    "instead)",
+                    f"instead). {RUN_WORDS[0].upper()}{RUN_WORDS[1:]}.",
                     "muted",
                     wrap=True,
                 )

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from app.core.health.stages import Runner as _Runner  # benchmarks/health_check.py times stages
     from app.core.health.words import (
         CANDIDATE_COLUMNS,
+        RUN_WORDS,
         STATUS_WORDS,
         VERDICT_WORDS,
         candidate_rows,
@@ -79,6 +80,7 @@ __all__ = [
     "DEFAULT_SCHEDULER",
     "DEFAULT_STEPS",
     "HALF_DTYPES",
+    "RUN_WORDS",
     "STATUS_WORDS",
     "VERDICT_WORDS",
     "Advice",
@@ -146,6 +148,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
             ],
             ".words": [
                 "CANDIDATE_COLUMNS",
+                "RUN_WORDS",
                 "STATUS_WORDS",
                 "VERDICT_WORDS",
                 "candidate_rows",

@@ -12,6 +12,7 @@ from app.core.errors import HalfSafeError
 from app.core.health.report import Fix, HealthReport, precision_words, status_words
 from app.core.health.words import (
     CANDIDATE_COLUMNS,
+    RUN_WORDS,
     candidate_rows,
     cost_comparison,
     cost_words,
@@ -55,7 +56,7 @@ def markdown_report(report: HealthReport) -> str:
             fix += (
                 "\n\n### Candidates\n\nEvery fix tried, judged against fp32 "
                 f"({diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
-                + (" and timed on this device" if report.fix.baselines else "")
+                + (f" and timed on this device ({RUN_WORDS})" if report.fix.baselines else "")
                 + (
                     "; the cheapest verified one is chosen.\n\n"
                     if any(c.chosen for c in report.fix.candidates)

@@ -132,13 +132,17 @@ def cost_comparison(cost: FixCost) -> str:
     return f"Per UNet step the fix was {fast / slow:.2g}x as slow as no-half on this device."
 
 
+# What "ms per run" times: a fix's component once, as a job runs it (its median over the
+# alternating rounds, and their spread).
+RUN_WORDS = "ms per run: one step of the denoiser, one whole run of a text encoder or the VAE"
+
 CANDIDATE_COLUMNS = (
     "component",
     "candidate",
     "layers",
     "quality",
     "result",
-    "ms per step",
+    "ms per run",
     "peak MB",
     "weights MB",
 )
