@@ -224,6 +224,26 @@ def test_report_json_is_strict_and_carries_the_new_fields(vae_report):
         assert set(component["precisions"]) == {"fp16", "bf16"}
 
 
+@pytest.mark.parametrize(
+    ("fix", "no_half", "expected"),
+    [
+        # One slow no-half run stretches its range over the fix's; the medians still differ.
+        ((520, (500, 560)), (96, (90, 600)), "the fix was 5.4x as slow as no-half"),
+        ((40, (38, 45)), (96, (90, 110)), "the fix was 2.4x as fast as no-half"),
+        ((95, (80, 120)), (96, (90, 110)), "could not be told apart"),
+        ((100, (99, 101)), (105, (80, 130)), "could not be told apart"),  # under 10%
+    ],
+)
+def test_the_cost_sentence_tells_times_apart_by_their_medians(fix, no_half, expected):
+    from app.core.health.cost import FixCost, StepCost
+
+    def step(median_range):
+        median, spread = median_range
+        return StepCost(median, spread, health.COST_ROUNDS, None, 10.0)
+
+    assert expected in health.cost_comparison(FixCost(step(fix), step(no_half)))
+
+
 @pytest.fixture(scope="module")
 def vae_report():
     return health.check_loaded(

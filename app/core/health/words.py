@@ -117,15 +117,19 @@ def cost_words(cost: StepCost) -> str:
 
 
 def cost_comparison(cost: FixCost) -> str:
-    """One sentence comparing the fix's step time with no-half's, honest about noise: when the
-    two ranges overlap the measurement cannot tell them apart, and says so."""
+    """One sentence comparing the fix's step time with no-half's, honest about noise: the two
+    are told apart when they differ by 10% or more and one's median lies outside the other's
+    range of runs (a load spike stretches a range but hardly moves a median); otherwise the
+    sentence says the measurement cannot tell them apart, with both figures."""
     fast, slow = cost.fix.unet_step_ms, cost.no_half.unet_step_ms
     if not fast or not slow:
         return ""
     fix_range, half_range = cost.fix.unet_step_ms_range, cost.no_half.unet_step_ms_range
-    if fix_range[1] >= half_range[0] and half_range[1] >= fix_range[0]:
+    outside = not half_range[0] <= fast <= half_range[1] or not fix_range[0] <= slow <= fix_range[1]
+    if not outside or max(fast, slow) < 1.1 * min(fast, slow):
         return (
-            "Per UNet step the fix and no-half took the same time within this measurement's noise."
+            f"Per UNet step the fix ({fast:.0f} ms) and no-half ({slow:.0f} ms) could not be "
+            "told apart: their runs varied more than they differ."
         )
     if slow > fast:
         return f"Per UNet step the fix was {slow / fast:.2g}x as fast as no-half."
