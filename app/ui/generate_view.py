@@ -755,14 +755,21 @@ class GenerateView(QWidget):
         message = html.escape(entry.message)
         fix = entry.fix
         actions = []
+        intermittent = status == "nan" and entry.cause == "intermittent"
         if fix and status in ("nan", "black"):
             actions.append(
                 ("Apply fix and regenerate", lambda e=entry: self.apply_fix_and_regenerate(e))
             )
+        elif intermittent:
+            actions.append(("Make it again", lambda e=entry: self.make_again(e)))
         where = where_words(entry)
         if status == "nan":
             head = f"NaN{where}." if where else "This image went NaN (black)."
-            hint = "" if fix else " Run the health check to find which setting fixes it."
+            hint = (
+                ""
+                if fix or intermittent
+                else " Run the health check to find which setting fixes it."
+            )
             self.banner.show_message("bad", f"<b>{head}</b> {message}{html.escape(hint)}", actions)
         elif status == "black":
             head = f"Completely black{where}." if where else "This image is completely black."
@@ -821,6 +828,16 @@ class GenerateView(QWidget):
         job_id = self.submit(request, with_fix=own)
         self._fix_of_job[job_id] = dict(fix)
         return job_id
+
+    def make_again(self, entry: GalleryEntry) -> int:
+        """Make the same image again with nothing changed: for a NaN that did not come back
+        when the failing part ran again (an intermittent kernel or device fault), the cure is
+        another run, not a setting."""
+        request = {**self.request(), **entry.generate_values(), **entry.picture_values()}
+        if entry.seed is not None:
+            request["batch"] = 1
+        self.banner.show_message("info", "<b>Making the same image again</b>, unchanged…")
+        return self.submit(request)
 
     def save_entry_as(self, path: str | None = None) -> Path | None:
         """Write the shown in-memory image (one no folder could take) to `path`, or to a file

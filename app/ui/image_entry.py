@@ -73,6 +73,7 @@ class GalleryEntry:
     # Only the live run knows these; a file does not record them.
     message: str = ""  # the NaN watch's sentence
     fix: Mapping[str, Any] | None = None  # the settings that would repair it
+    cause: str | None = None  # why it went non-finite, where the run told (`causes.CAUSES`)
     warnings: tuple[str, ...] = ()  # the job's warnings
     applied_fix: Mapping[str, Any] | None = None  # the fix this image was made again with
     png: bytes | None = field(default=None, repr=False)  # the image, where no folder took it
@@ -104,6 +105,7 @@ class GalleryEntry:
             path=image.path,
             message=image.message,
             fix=dict(image.fix) if image.fix else None,
+            cause=image.cause,
             warnings=tuple(result.warnings),
             applied_fix=dict(applied_fix) if applied_fix else None,
             png=image.png,

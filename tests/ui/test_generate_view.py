@@ -285,6 +285,43 @@ def test_an_image_no_folder_took_stays_in_memory_and_can_be_saved_elsewhere(
     assert not view.banner.isVisible()
 
 
+def test_an_intermittent_nan_offers_to_make_it_again_not_a_setting(view, engines, tmp_path):
+    view.seed.setText("77")
+    view.generate()
+    job = engines.current.last_job("generate")
+    settings_before = load_settings().settings.to_dict()
+    engines.current.finish(
+        job,
+        reports.generation(
+            {
+                "images": [
+                    reports.image(
+                        _png(tmp_path / "black.png", "black"),
+                        status="nan",
+                        component="unet",
+                        step=3,
+                        seed=77,
+                        cause="intermittent",
+                        message="The UNet went non-finite (NaN) at step 3 of 20; run again "
+                        "unchanged, that part came out finite.",
+                    )
+                ],
+                "settings": {},
+                "seconds": 3.0,
+            }
+        ),
+    )
+    text = view.banner.text.text()
+    assert "health check" not in text
+    assert set(view.banner.buttons) == {"Make it again"}
+    view.banner.buttons["Make it again"].click()
+    again = engines.current.last_job("generate")
+    assert again.job_id != job.job_id
+    assert again.params.generation.seed == 77 and again.params.generation.batch == 1
+    assert again.params.precision == job.params.precision
+    assert load_settings().settings.to_dict() == settings_before
+
+
 def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all(
     view, engines, tmp_path
 ):
