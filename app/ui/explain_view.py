@@ -240,11 +240,15 @@ class ExplainDialog(QDialog):
         if flags:
             lines.append(f"Start {html.escape(tool)} with <code>{html.escape(flags)}</code>")
             plain.append(flags)
-        for key, value in for_tool.settings.items():
-            shown = setting_words(tool_key, key)
-            setting = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
-            lines.append(f"Set {html.escape(setting)}")
-            plain.append(f"{key} = {value}")
+        if tool_key == "halfsafe" and for_tool.settings:
+            # HalfSafe's own settings by the names its Settings page shows them.
+            lines.append("Or in Settings: " + html.escape(words.fix_words(for_tool.settings)))
+        else:
+            for key, value in for_tool.settings.items():
+                shown = setting_words(tool_key, key)
+                setting = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
+                lines.append(f"Set {html.escape(setting)}")
+                plain.append(f"{key} = {value}")
         lines.append(html.escape(for_tool.how))
         if tool_key != "halfsafe" and halfsafe_flags:
             lines.append("In HalfSafe: <code>" + html.escape(" ".join(halfsafe_flags)) + "</code>")

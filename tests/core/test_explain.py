@@ -618,3 +618,9 @@ def test_halfsafes_own_demo_image_is_explained_with_the_built_in_demo(tmp_path, 
     assert document["model"]["found"] is True and document["model"]["path"] == "demo-overflow"
     assert document["check"]["components"]["vae"]["status"] == "overflow"
     assert document["fix"] is not None
+    # HalfSafe's own fix is said once, as its flags, never as raw settings keys.
+    from app.core.settings import FIELDS
+
+    message = document["message"]
+    assert not [key for key in FIELDS if f"{key} =" in message]
+    assert message.count(document["fix"]["halfsafe"][0]) == 1

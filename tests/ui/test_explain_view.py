@@ -135,6 +135,30 @@ def test_the_fix_is_shown_in_the_image_tools_terms_and_can_be_copied(
     assert QApplication.clipboard().text() == "--no-half-vae\nupcast_attn = True"
 
 
+def test_halfsafes_own_fix_reads_as_its_flags_and_its_settings_names(window, engines, tmp_path):
+    dialog = window.explain_image(str(tmp_path / "x.png"))
+    job = engines.current.last_job("explain")
+    layers = ["vae:decoder.up_blocks.0.resnets.0.conv1"]
+    flags = ["--bf16-modules vae:decoder.up_blocks.0.resnets.0.conv1"]
+    explanation = Explanation(
+        path=str(tmp_path / "x.png"),
+        made_by="halfsafe",
+        status="nan",
+        record=Record(made_by="halfsafe", model="demo-overflow"),
+        pixels={},
+        model=ModelMatch(found=True, path="demo-overflow", looked_in=[]),
+        halfsafe_flags=flags,
+        tool_fix=ToolFix("halfsafe", flags, {"bf16_modules": layers}, "Add the flags.", [], True),
+        message="This image is NaN-black.",
+    )
+    engines.current.finish(job, explanation)
+    body = dialog.fix_body.text()
+    assert "bf16_modules" not in body and "Layers in bf16" in body
+    assert body.count("--bf16-modules") == 1
+    dialog.copy_fix()
+    assert QApplication.clipboard().text() == flags[0]
+
+
 def test_a_hostile_png_explained_is_one_sentence_and_the_window_stays(
     window, engines, qtbot, tmp_path
 ):

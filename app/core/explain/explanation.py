@@ -434,6 +434,11 @@ def _check_words(explanation: Explanation) -> str:
     report = explanation.check
     if report.verdict == "fixable" and explanation.tool_fix is not None:
         fix = explanation.tool_fix
+        if fix.tool == "halfsafe":  # its flags are the whole fix, in its own words
+            return (
+                f"The health check reproduced it: {_headline(report)} The fix, as flags: "
+                f"{' '.join(explanation.halfsafe_flags)}."
+            )
         tool = TOOLS[fix.tool].name
         parts = []
         if fix.flags:
