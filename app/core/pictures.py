@@ -4,8 +4,9 @@ within bounds and made into what the pipeline and the VAE's encoder take.
 A job's mode follows from what it is given and what the model is: no picture is
 text-to-image, a picture is image-to-image, a picture and a mask is inpainting (white in the
 mask is painted again, black is kept, as every tool has it); an editing model (Flux.1 Kontext,
-Qwen-Image-Edit) given pictures edits them, its prompt saying how, with no strength or mask. The picture is resized to the job's size; the mask to the
-same size, then made hard (0 or 1) at half grey. PIL is imported inside the functions, so that
+Qwen-Image-Edit, Flux.2) given pictures alone edits them, its prompt saying how, with no
+strength. The picture is resized to the job's size; the mask to the same size, then made hard
+(0 or 1) at half grey. PIL is imported inside the functions, so that
 naming a mode stays cheap (the GUI does).
 """
 
@@ -45,17 +46,20 @@ STRENGTH_DEFAULT = 0.75  # how much of the picture is drawn again (A1111's "deno
 
 def mode_of(images: Sequence[str], mask: str | None, references: int = 0) -> Mode:
     """The mode of a job given these input pictures and this mask, for a model that edits up
-    to `references` pictures (0: a model that does not edit). A mask without a picture to
-    mask, a mask or more pictures than it takes for an editing model, or several pictures for
-    any other model is refused."""
+    to `references` pictures (0: a model that does not edit). A picture and a mask inpaint
+    (whether this model inpaints is its family's to say, `Family.picture_problem`); pictures
+    alone are what an editing model edits, and image-to-image's one picture for any other
+    model. A mask without a picture to mask, a mask with several pictures, more pictures than
+    an editing model takes, or several for any other model is refused."""
     if mask is not None and not images:
         raise HalfSafeError("A mask needs the picture it masks: give the input picture too.")
-    if references > 0 and images:
-        if mask is not None:
+    if mask is not None:
+        if len(images) > 1:
             raise HalfSafeError(
-                "This is an editing model: it takes no mask; give only the pictures to edit "
-                "with --image and say in the prompt what to change."
+                f"{len(images)} input pictures were given with a mask; inpainting starts from one."
             )
+        return Mode.INPAINT
+    if references > 0 and images:
         if len(images) > references:
             takes = "one picture" if references == 1 else f"at most {references} pictures"
             raise HalfSafeError(
@@ -67,9 +71,7 @@ def mode_of(images: Sequence[str], mask: str | None, references: int = 0) -> Mod
             f"{len(images)} input pictures were given; image-to-image and inpainting start "
             "from one (only an editing model takes several)."
         )
-    if not images:
-        return Mode.TEXT
-    return Mode.INPAINT if mask is not None else Mode.IMAGE
+    return Mode.IMAGE if images else Mode.TEXT
 
 
 def check_flags(images: Sequence[str], mask: str | None) -> None:

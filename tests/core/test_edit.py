@@ -112,8 +112,10 @@ def test_an_editing_model_given_pictures_edits_them():
         mode_of(["a.png", "b.png"], None, references=1)
     with pytest.raises(HalfSafeError, match="takes at most 3 pictures"):
         mode_of(["a.png"] * 4, None, references=3)
-    with pytest.raises(HalfSafeError, match="This is an editing model: it takes no mask"):
-        mode_of(["a.png"], "m.png", references=1)
+    # A picture and a mask inpaint: whether an editing model does is its family's to say.
+    assert mode_of(["a.png"], "m.png", references=1) is Mode.INPAINT
+    with pytest.raises(HalfSafeError, match="2 input pictures were given with a mask"):
+        mode_of(["a.png", "b.png"], "m.png", references=3)
 
 
 def test_an_edit_reads_every_reference_at_the_jobs_size(references):

@@ -1,5 +1,5 @@
 """Image-to-image and inpainting: the input picture and mask read within bounds, every family
-that has picture pipelines generating from a picture through the VAE's watched encoder, and the
+that runs them generating from a picture through the VAE's watched encoder, and the
 VAE's encoder as a component of its own in the health check and in repairs.
 
 A planted overflow in the encoder (one conv's weights scaled past fp16, finite in fp32) must be
@@ -25,7 +25,7 @@ from tests.support.family_helpers import (
     offline,  # noqa: F401 - an autouse fixture: no network
 )
 
-PICTURE_FAMILIES = [f.id for f in FAMILIES if f.picture_pipelines]
+PICTURE_FAMILIES = [f.id for f in FAMILIES if Mode.IMAGE in f.picture_pipelines]
 INPAINT_FAMILIES = [f.id for f in FAMILIES if Mode.INPAINT in f.picture_pipelines]
 
 

@@ -82,8 +82,9 @@ class Family:
     # each takes the picture's latents as the VAE encoder made them (`encode_pixels`).
     picture_pipelines: ClassVar[Mapping[Mode, str]] = {}
     # The family's editing pipelines (a variant with its own folder class: Flux.1 Kontext,
-    # Qwen-Image-Edit) and how many reference pictures each takes. A model loaded as one of
-    # them edits the pictures it is given (`Mode.EDIT`), with its own pipeline.
+    # Qwen-Image-Edit; or the family's own pipeline where it takes references: Flux.2) and how
+    # many reference pictures each takes. A model loaded as one of them edits the pictures it
+    # is given (`Mode.EDIT`), with its own pipeline.
     edit_pipelines: ClassVar[Mapping[str, int]] = {}
 
     denoiser: str = "unet"
@@ -214,6 +215,13 @@ class Family:
         (a list of (1, C, h, w)) in the transformer's sequence beside the noise."""
         raise NotImplementedError
 
+    def sequence_latents(self, pipeline, mode: Mode, encoded) -> list[Any] | None:
+        """What the denoiser reads in its sequence beside the noise in a job of `mode`, from
+        what the check's VAE-encoder stage made of its pictures (`encoded`: an edit's
+        references, a picture's latents, or inpainting's picture and picture with its hole):
+        an edit's references (`probe_edit` reads them); None where it reads none."""
+        return list(encoded) if mode is Mode.EDIT else None
+
     def pipeline_arguments(self, pipeline, width: int, height: int) -> dict[str, Any]:
         """Call arguments a pipeline of this family needs beyond the common ones to draw at
         exactly width x height (none by default)."""
@@ -251,14 +259,27 @@ class Family:
                 if self.max_references(pipeline)
                 else (
                     f"this {self.title} model does not edit pictures (an editing model such as "
-                    "Flux.1 Kontext or Qwen-Image-Edit does)."
+                    "Flux.1 Kontext, Qwen-Image-Edit or Flux.2 does)."
                 )
             )
+        if self.max_references(pipeline):
+            return self.editing_picture_problem(pipeline, mode)
         if mode not in self.picture_pipelines:
             return f"HalfSafe does not run {mode.words} for {self.title} models."
         if mode is Mode.IMAGE:  # an inpainting model's denoiser takes a mask beside the picture
             problem = self.text_to_image_problem(pipeline)
             return f"{problem[:-1]}; give it a mask to inpaint." if problem else None
+        return None
+
+    def editing_picture_problem(self, pipeline, mode: Mode) -> str | None:
+        """Why an editing model cannot make pictures in `mode` (image-to-image or
+        inpainting). A picture given alone is one it edits (`mode_of` makes that job an edit),
+        so a picture is never refused; a mask is, unless the family inpaints with it."""
+        if mode is Mode.INPAINT:
+            return (
+                "this is an editing model: it takes no mask; give only the pictures to edit "
+                "with --image and say in the prompt what to change."
+            )
         return None
 
     def latent_factor(self, pipeline) -> int:

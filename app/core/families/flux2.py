@@ -2,7 +2,11 @@
 modulation) on 2x2 patches of a 32-channel latent normalised by the VAE's batch-norm statistics,
 reading hidden states stacked from three layers of a Mistral 3 (dev) or Qwen3 (Klein) text
 encoder; flow matching with Flux.2's empirical shift. Dev takes the guidance scale as an
-embedding; Klein samples with real CFG, or without any when step-distilled."""
+embedding; Klein samples with real CFG, or without any when step-distilled.
+
+Both edit with their own pipelines: the reference pictures, encoded by the VAE and normalised
+by its batch-norm statistics, join the transformer's sequence after the noise, each at its own
+time position. Klein also inpaints (a picture and a mask) with Flux2KleinInpaintPipeline."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any, ClassVar
 
 from app.core import infotext, limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.errors import HalfSafeError
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -34,6 +39,7 @@ from app.core.layouts import (
     swapped,
     within_limits,
 )
+from app.core.pictures import Mode
 
 # The hidden states the reference pipelines stack (their `text_encoder_out_layers`): Mistral
 # Small 3.1's layers 10, 20 and 30 of 40 for dev, Qwen3's 9, 18 and 27 of 36 for Klein.
@@ -45,6 +51,19 @@ PROBE_KLEIN_CFG = 4.0  # Flux2KleinPipeline's default CFG scale (base models)
 
 # AutoencoderKLFlux2: 32 channels; the preview fits its colours.
 FLUX2_LATENT = LatentFormat(channels=32)
+
+# How many reference pictures each pipeline edits. diffusers' Flux2Pipeline and
+# Flux2KleinPipeline set no limit (they encode every picture given, a megapixel each at most);
+# Black Forest Labs' documentation ("Reference Images per Model", docs.bfl.ai) names up to 4
+# for Klein 4B and 9B and a recommended 6 at most for dev. Each one lengthens the transformer's
+# sequence by up to 4,096 tokens.
+DEV_REFERENCES = 6
+KLEIN_REFERENCES = 4
+# Flux2ImageProcessor.check_image_input, which Flux.2's pipelines call on every reference,
+# refuses one whose long side is more than 8 times its short one (and a side under 64 px, which
+# no job's size has).
+REFERENCE_MAX_ASPECT = 8
+REFERENCE_MAX_AREA = 1024 * 1024  # a larger reference is scaled down to this many pixels
 
 
 def _stacked_hidden_states(encoder, input_ids, mask, layers: tuple[int, ...], device):
@@ -71,6 +90,18 @@ def _stacked_hidden_states(encoder, input_ids, mask, layers: tuple[int, ...], de
     stacked = torch.stack([states[k] for k in layers], dim=1)  # (B, 3, tokens, width)
     batch, parts, tokens, width = stacked.shape
     return stacked.permute(0, 2, 1, 3).reshape(batch, tokens, parts * width)
+
+
+def _normalised(latents, vae):
+    """The VAE's latents in 2x2 patches (B, 4C, h, w) normalised by its batch-norm statistics
+    in their own dtype, exactly as Flux.2's pipelines normalise a reference picture's
+    (`_encode_vae_image`)."""
+    import torch
+
+    bn = vae.bn
+    mean = bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
+    std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
+    return (latents - mean) / std.to(latents.device, latents.dtype)
 
 
 def _unpatchified(latents, vae, side: tuple[int, int] | None):
@@ -274,7 +305,7 @@ class _Flux2(ShiftedSigmas, Family):
     latent = FLUX2_LATENT
     transformer_class = "Flux2Transformer2DModel"
     packed_channels = 4
-    # The pipeline classes of this variant (txt2img; image references come later).
+    # The pipeline classes of this variant (text-to-image, and editing with references).
     pipelines: ClassVar[tuple[str, ...]] = ()
     layers: ClassVar[tuple[int, ...]] = ()
 
@@ -338,6 +369,17 @@ class _Flux2(ShiftedSigmas, Family):
         """Flow-matching Euler steps through `timesteps` from seeded noise in the pipeline's
         normalised 2x2 patches, each step as the variant's pipeline runs it; returns the VAE's
         latents (1, 32, h, w)."""
+        return self._probe(pipe, conditioning, size, device, timesteps, [])
+
+    def probe_edit(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
+        """As `probe_denoise`, with the references (the VAE's latents in 2x2 patches, as
+        `encode_pixels` makes them) normalised and packed as the pipeline's
+        `prepare_image_latents` does, after the noise in the transformer's sequence with the
+        position ids it gives them (time 10, 20, ... one per reference, then row and column;
+        the noise's time is 0); only the noise's part of the output steps."""
+        return self._probe(pipe, conditioning, size, device, timesteps, references)
+
+    def _probe(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
         import torch
         from diffusers import Flux2Pipeline
 
@@ -346,20 +388,66 @@ class _Flux2(ShiftedSigmas, Family):
         generator = torch.Generator().manual_seed(0)
         noise = torch.randn((1, transformer.config.in_channels, side, side), generator=generator)
         latents = Flux2Pipeline._pack_latents(noise).to(device)
+        tokens = latents.shape[1]
+        normalised = [_normalised(r.to(device), pipe.vae).float() for r in references]
+        sequence_tail = [Flux2Pipeline._pack_latents(r) for r in normalised]
+        reference_ids = (
+            [Flux2Pipeline._prepare_image_ids(normalised).to(device)] if normalised else []
+        )
         sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
         for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
 
             def call(embeds, guidance=None, sigma=sigma, latents=latents):
+                inputs = self.denoiser_inputs({"prompt_embeds": embeds}, size, device)
+                inputs["img_ids"] = torch.cat([inputs["img_ids"], *reference_ids], dim=1)
                 return transformer(
-                    hidden_states=latents,
+                    hidden_states=torch.cat([latents, *sequence_tail], dim=1),
                     timestep=torch.full([1], sigma, device=device),
                     guidance=guidance,
-                    **self.denoiser_inputs({"prompt_embeds": embeds}, size, device),
+                    **inputs,
                     return_dict=False,
-                )[0].float()
+                )[0].float()[:, :tokens]
 
             latents = latents + (following - sigma) * self._velocity(call, conditioning, device)
         return _unpatchified(latents, pipe.vae, (side, side))
+
+    # -- pictures: the references an edit reads, Klein's inpainting picture ------------------
+
+    def encode_pixels(self, vae, pixels):
+        """Pixels (B, 3, H, W) in [-1, 1] -> the mode of the VAE encoder's distribution in 2x2
+        patches (B, 4C, H/16, W/16), as Flux.2's pipelines make them before normalising:
+        Klein's inpainting pipeline takes them so (it normalises them itself), an edit's probe
+        normalises them as the editing pipeline does (`_normalised`)."""
+        from diffusers import Flux2Pipeline
+
+        z = vae.encode(pixels.to(vae.dtype)).latent_dist.mode()
+        return Flux2Pipeline._patchify_latents(z)
+
+    def edit_latents_given(self, pipeline) -> bool:
+        # Flux2Pipeline and Flux2KleinPipeline take references as PIL pictures only (their
+        # `check_image_input` refuses anything else) and encode them themselves: HalfSafe
+        # watches that encoding with a hook on the VAE's encoder.
+        return False
+
+    def edit_pixels(self, pipeline, pictures) -> list[Any]:
+        """Each reference as the editing pipeline hands it to the VAE's encoder: scaled down
+        to a megapixel where it is larger, cropped to whole 16-px cells, in [-1, 1]."""
+        processor = pipeline.image_processor
+        cell = 2 * self.latent_factor(pipeline)
+        pixels = []
+        for picture in pictures.references:
+            picture = _within_area(processor, picture)
+            width, height = (side // cell * cell for side in picture.size)
+            pixels.append(processor.preprocess(picture, height, width, resize_mode="crop"))
+        return pixels
+
+    def edit_call(
+        self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
+    ) -> dict[str, Any]:
+        problem = reference_shape_problem(*size)
+        if problem is not None:
+            raise HalfSafeError(problem)
+        return {**self.pipeline_embeds(embeds, batch), "image": list(pictures.references)}
 
     def size_problem(self, pipeline, width: int, height: int) -> str | None:
         return patches_problem(self, pipeline, width, height)
@@ -395,6 +483,26 @@ class _Flux2(ShiftedSigmas, Family):
         return [*denoiser.transformer_blocks, *denoiser.single_transformer_blocks]
 
 
+def _within_area(processor, picture):
+    """A reference scaled down to a megapixel where it is larger, by the editing pipelines'
+    own rule (their image processor's)."""
+    width, height = picture.size
+    if width * height > REFERENCE_MAX_AREA:
+        return processor._resize_to_target_area(picture, REFERENCE_MAX_AREA)
+    return picture
+
+
+def reference_shape_problem(width: int, height: int) -> str | None:
+    """Why Flux.2's editing pipelines would refuse references of width x height (each
+    reference is read at the job's size), or None."""
+    if max(width, height) > REFERENCE_MAX_ASPECT * min(width, height):
+        return (
+            f"Flux.2 edits reference pictures whose long side is at most {REFERENCE_MAX_ASPECT} "
+            f"times the short one, not {width}x{height}: choose a size closer to square."
+        )
+    return None
+
+
 def _blocks_words(transformer: Mapping[str, Any]) -> str:
     latent = int(transformer.get("in_channels", 128)) // 4
     return (
@@ -417,6 +525,11 @@ class Flux2KleinFamily(_Flux2):
     layout = LAYOUT  # the one layout both variants are kept in, told apart as it is read
     pipeline_class = "Flux2KleinPipeline"
     pipelines = ("Flux2KleinPipeline",)
+    edit_pipelines = {"Flux2KleinPipeline": KLEIN_REFERENCES}
+    # The inpainting pipeline takes the picture's latents in 2x2 patches (`encode_pixels`),
+    # normalises them and reads them in its sequence as the first reference, and keeps what
+    # the mask keeps.
+    picture_pipelines = {Mode.INPAINT: "Flux2KleinInpaintPipeline"}
     companion_names = {"text_encoder": "qwen_3_4b", "vae": "flux2-vae"}
     layers = KLEIN_LAYERS
 
@@ -486,6 +599,17 @@ class Flux2KleinFamily(_Flux2):
         # Real CFG above 1 (a distilled model's pipeline ignores it, saying so).
         return {"guidance_scale": cfg}
 
+    def editing_picture_problem(self, pipeline, mode: Mode) -> str | None:
+        return None  # a picture alone is edited; with a mask, it is inpainted
+
+    def sequence_latents(self, pipeline, mode: Mode, encoded) -> list[Any] | None:
+        # Flux2KleinInpaintPipeline reads the picture's latents (not those of the picture with
+        # its hole) in its sequence as an edit's first reference (time 10, row, column),
+        # normalised in fp32: the generation hands them over in fp32.
+        if mode is Mode.INPAINT:
+            return [encoded[0].float()]
+        return super().sequence_latents(pipeline, mode, encoded)
+
 
 @dataclass(frozen=True)
 class Flux2Family(_Flux2):
@@ -499,6 +623,7 @@ class Flux2Family(_Flux2):
     layout = LAYOUT
     pipeline_class = "Flux2Pipeline"
     pipelines = ("Flux2Pipeline",)
+    edit_pipelines = {"Flux2Pipeline": DEV_REFERENCES}
     companion_names = {"text_encoder": "mistral_3_small_flux2", "vae": "flux2-vae"}
     layers = DEV_LAYERS
 

@@ -308,16 +308,20 @@ class _Check:
 
     def vae_encoder(self) -> None:
         """For a job that starts from a picture: the picture through the VAE's encoder. The
-        denoiser's probe still starts from seeded noise, so an input picture's latents never
-        feed it; an edit's references' latents do, in its sequence beside the noise (zeroed
-        where nothing fixed the encoder)."""
+        denoiser's probe still starts from seeded noise; the latents its pipeline reads in the
+        denoiser's sequence beside the noise (an edit's references, or the picture where an
+        inpainting pipeline reads it so: `Family.sequence_latents`) feed it there (zeroed where
+        nothing fixed the encoder)."""
         runner = self.runner
         self.progress("Checking the VAE encoder", 1, self.stages)
         self.cancel.raise_if_cancelled()
         first = runner.encode_picture(self.search.plan)
         good = self.settle(runner.encode_picture, ["vae_encoder"], first)
-        if runner.pictures is not None and runner.pictures.mode is Mode.EDIT:
-            references = good.output
+        assert runner.pictures is not None  # only a check of a job that starts from a picture
+        references = runner.family.sequence_latents(
+            self.model.pipeline, runner.pictures.mode, good.output
+        )
+        if references is not None:
             if not all_finite(references):
                 self.fed_by = at_fault(["vae_encoder"], self.reports)
                 references = finite_stand_in(references)

@@ -119,8 +119,8 @@ class Runner:
         self.prompt = prompt
         self.family = family_of(model.pipeline)
         self.timesteps = probe_timesteps(model, steps, scheduler, size)
-        # An edit's references' latents (a list of (1, C, h, w)), once the VAE's encoder made
-        # them: the denoiser's probe reads them in its sequence.
+        # The latents the denoiser reads in its sequence beside the noise (an edit's
+        # references, or an inpainted picture read so), once the VAE's encoder made them.
         self.references: list[Any] | None = None
 
     @property
@@ -184,8 +184,7 @@ class Runner:
 
         def run(pipe):
             steps = list(timesteps or self.timesteps)
-            if self.editing:
-                assert self.references is not None  # the VAE encoder's stage ran first
+            if self.references is not None:  # the VAE encoder's stage made them
                 return self.family.probe_edit(
                     pipe, conditioning, self.size, self.device, steps, self.references
                 )
