@@ -424,7 +424,7 @@ class HealthView(QWidget):
                 label(
                     "Every fix tried, judged against fp32 and measured on this device (the "
                     "cheapest verified one is chosen; any other verified one can be applied "
-                    f"instead). {RUN_WORDS[0].upper()}{RUN_WORDS[1:]}.",
+                    f"instead). Times are in {RUN_WORDS}.",
                     "muted",
                     wrap=True,
                 )
