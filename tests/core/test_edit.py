@@ -73,7 +73,7 @@ def _request(tmp_path, images, **extra):
     return generation.GenerationRequest(**{**values, **extra})
 
 
-def _check(model, images, precision=FP16):
+def _check(model, images, precision=FP16, mask=None):
     return health.check_loaded(
         model,
         precision=precision,
@@ -82,10 +82,11 @@ def _check(model, images, precision=FP16):
         measure_cost=False,
         remember=False,
         images=images,
+        mask=mask,
     )
 
 
-def _plant(pipeline, component: str, layer: str, factor: float) -> None:
+def _plant(pipeline, component: str, layer: str, factor: float = 1e6) -> None:
     with torch.no_grad():
         getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
 

@@ -20,11 +20,14 @@ import torch
 from PIL import Image
 
 from app.cli import main
-from app.core import generation, health
+from app.core import generation
 from app.core.architecture.diffusers_folder import detect_from_configs
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId, family, family_of
 from app.core.pictures import Mode, mode_of, read_pictures
+from tests.core.test_edit import _check as edit_check
+from tests.core.test_edit import _plant
+from tests.core.test_edit import _request as edit_request
 from tests.support import tiny_models
 from tests.support.cli_output import without_progress
 from tests.support.family_helpers import (
@@ -69,35 +72,12 @@ def _klein():
 
 
 def _request(tmp_path, images, **extra):
-    values = dict(
-        prompt="make the cube red",
-        steps=2,
-        cfg=3.5,
-        seed=3,
-        width=64,
-        height=64,
-        images=list(images),
-        output_dir=str(tmp_path / "out"),
-    )
-    return generation.GenerationRequest(**{**values, **extra})
+    """An edit job as test_edit makes one, in two steps."""
+    return edit_request(tmp_path, images, **{"steps": 2, **extra})
 
 
 def _check(model, images, mask=None):
-    return health.check_loaded(
-        model,
-        precision=FP16,
-        device="cpu",
-        size=64,
-        measure_cost=False,
-        remember=False,
-        images=images,
-        mask=mask,
-    )
-
-
-def _plant(pipeline, component: str, layer: str, factor: float = 1e6) -> None:
-    with torch.no_grad():
-        getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
+    return edit_check(model, images, mask=mask)
 
 
 def _changed(report) -> set[str]:
