@@ -791,7 +791,9 @@ class GenerateView(QWidget):
                 "good",
                 "<b>Fixed.</b> Made again with the fix ("
                 + html.escape(words.fix_words(dict(entry.applied_fix)))
-                + "); this time every value stayed finite. "
+                # What ran, fixes remembered for the model included, from the image's record.
+                + f"), running as {html.escape(words.precision_summary(entry.settings))}"
+                + "; this time every value stayed finite. "
                 + (
                     "The fix is remembered for this model on this device."
                     if split_fix(dict(entry.applied_fix))[1]

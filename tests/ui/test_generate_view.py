@@ -11,6 +11,7 @@ from PySide6.QtGui import QColor, QImage
 
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
+from app.ui import words
 from tests.support import reports
 from tests.ui.conftest import load_fake_model
 
@@ -154,7 +155,11 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
     )
     assert view.gallery.count() == 2
     assert view.banner.level == "good"
-    assert "Made again with the fix (VAE precision: fp32 (full))" in view.banner.text.text()
+    text = view.banner.text.text()
+    assert "Made again with the fix (VAE precision: fp32 (full))" in text
+    # What ran, from the image's record (a fix remembered for the model would show here too).
+    assert f"running as {words.precision_summary(view.current_entry.settings)};" in text
+    assert "VAE fp32" in text
     assert view.banner.buttons == {}
     assert not button.isVisible()
 
