@@ -8,6 +8,11 @@ The time counted runs from just before the process is spawned to that first pain
 includes interpreter start-up and every import. Settings and caches point at a fresh folder.
 The budget: HalfSafe's window within 0.2 s of the bare one.
 
+How the app's own modules are read matters on a small machine: from the bytecode that setup
+writes (`installer/bootstrap.py` compiles the app after installing it, and Python keeps it
+fresh), or compiled from source on every launch where no bytecode is there and none can be
+written (`PYTHONDONTWRITEBYTECODE`, a read-only folder). The script says which it measured.
+
 Run it with a real display server, e.g. under Xvfb:
     xvfb-run -a .venv/bin/python benchmarks/gui_launch.py --runs 9
 Without DISPLAY it falls back to Qt's offscreen platform and says so.
@@ -16,6 +21,7 @@ Without DISPLAY it falls back to Qt's offscreen platform and says so.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -75,6 +81,17 @@ print(json.dumps({"visible_at": probe.at, "python_started_at": started,
 """
 
 
+def app_bytecode() -> str:
+    """How the launches read HalfSafe's modules: "bytecode" when every module of the app has
+    fresh bytecode beside it, "source" when none has, "partly bytecode" between."""
+    fresh = total = 0
+    for module in (ROOT / "app").rglob("*.py"):
+        total += 1
+        cached = Path(importlib.util.cache_from_source(str(module)))
+        fresh += cached.is_file() and cached.stat().st_mtime >= module.stat().st_mtime
+    return "bytecode" if fresh == total else "source" if fresh == 0 else "partly bytecode"
+
+
 def one_run(env: dict[str, str], child: str = HALFSAFE) -> dict[str, float | str | bool]:
     spawned = time.time()
     out = subprocess.run(
@@ -131,6 +148,7 @@ def measure(runs: int) -> dict:
             statistics.median(r["python_start_s"] for r in measured), 3
         ),
         "qt_platform": measured[0]["platform"],
+        "app_modules_read_from": app_bytecode(),
         "torch_loaded": any(r["torch_loaded"] for r in measured),
         "machine": {
             "cpus": os.cpu_count(),
@@ -145,7 +163,8 @@ def table(document: dict) -> str:
     return (
         f"launch to visible window: median {document['median_s']:.3f} s over "
         f"{document['runs']} runs (min {document['min_s']:.3f}, max {document['max_s']:.3f}); "
-        f"Qt platform {document['qt_platform']}; torch imported: {document['torch_loaded']}\n"
+        f"Qt platform {document['qt_platform']}; torch imported: {document['torch_loaded']}; "
+        f"app modules read from {document['app_modules_read_from']}\n"
         f"bare PySide6 window: median {document['bare_pyside6_median_s']:.3f} s; HalfSafe is "
         f"{document['over_bare_s']:+.3f} s over it (budget {document['budget_over_bare_s']} s: "
         f"{'met' if document['met'] else 'missed'})"

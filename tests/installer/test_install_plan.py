@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,9 @@ def setup_with_recorder(tmp_path, monkeypatch):
             bs.Setup, "create_venv", lambda self, clear: recorder.calls.append(["venv", clear])
         )
         monkeypatch.setattr(bs, "read_venv_state", lambda path: recorder.state)
+        monkeypatch.setattr(
+            bs.Setup, "compile_app", lambda self: recorder.calls.append(["compile"])
+        )
         log = bs.Log(tmp_path / "logs" / "setup.log")
         logs.append(log)
         setup = bs.Setup(ROOT, layout, log, [], {}, lambda text: None)
@@ -221,8 +225,9 @@ def test_pinned_torch_is_installed_without_an_index_and_the_app_pins_it(setup_wi
     setup, recorder, venv = setup_with_recorder(state(torch="2.13.0+cpu"))
     plan = bs.make_plan(expected(), None, None, PINNED, venv_exists=False)
     assert setup.run(plan, PINNED, expected()) == "2.13.0+cpu"
-    venv_call, torch_call, app_call = recorder.calls
+    venv_call, torch_call, app_call, compile_call = recorder.calls
     assert venv_call == ["venv", False]
+    assert compile_call == ["compile"]
     assert torch_call == ["install", "torch==2.13.0"]
     assert "--index-url" not in torch_call
     assert app_call == ["install", "-e", str(ROOT), "torch==2.13.0+cpu"]
@@ -250,7 +255,33 @@ def test_dev_extras_go_into_the_editable_install(setup_with_recorder):
     setup, recorder, _ = setup_with_recorder(state())
     setup.extras = ["dev"]
     setup.run(bs.Plan(install_app=True), PINNED, expected(extras=["dev"]))
-    assert recorder.calls == [["install", "-e", f"{ROOT}[dev]", "torch==2.13.0+cpu"]]
+    assert recorder.calls == [["install", "-e", f"{ROOT}[dev]", "torch==2.13.0+cpu"], ["compile"]]
+
+
+def test_the_app_is_compiled_at_setup_so_the_first_launch_reads_bytecode(tmp_path):
+    app_dir = tmp_path / "HalfSafe"
+    (app_dir / "app" / "ui").mkdir(parents=True)
+    module = app_dir / "app" / "ui" / "window.py"
+    module.write_text("SHOWN = True\n")
+    venv = tmp_path / "venv"
+    python = bs.venv_python(venv)
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    log = bs.Log(tmp_path / "setup.log")
+    setup = bs.Setup(app_dir, bs.Layout(venv, editable=True), log, [], {}, lambda text: None)
+    setup.compile_app()
+    log.close()
+    assert Path(importlib.util.cache_from_source(str(module))).is_file()
+    assert "compileall" in (tmp_path / "setup.log").read_text()
+
+
+def test_a_failed_compile_is_logged_and_setup_goes_on(tmp_path):
+    log = bs.Log(tmp_path / "setup.log")
+    venv = tmp_path / "no-venv"  # no Python there
+    setup = bs.Setup(tmp_path, bs.Layout(venv, editable=True), log, [], {}, lambda text: None)
+    setup.compile_app()
+    log.close()
+    assert "compiling the app's modules failed" in (tmp_path / "setup.log").read_text()
 
 
 def test_a_failed_install_leaves_no_marker_so_the_next_start_repairs(setup_with_recorder):
