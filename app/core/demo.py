@@ -15,7 +15,6 @@ from typing import Any
 from app.core.errors import BadFileError
 from app.core.jobs import ProgressCallback, no_progress
 from app.core.paths import resource
-from app.core.tokenizers import clip_tokenizer
 
 DEMO_VERSION = 3
 DEMO_STAGE = "Building the demo model"
@@ -151,6 +150,8 @@ def build_demo_pipeline(name: str = "demo", progress: ProgressCallback = no_prog
     """
     import torch
     from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
+
+    from app.core.tokenizers import clip_tokenizer
 
     if name not in DEMO_MODELS:
         raise ValueError(name)

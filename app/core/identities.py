@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.core.prediction import prediction_summary
-
 if TYPE_CHECKING:
     from app.core.hardware import DeviceInfo
 
@@ -28,6 +26,8 @@ class Prediction:
 
     @classmethod
     def of(cls, model: Any) -> Prediction:
+        from app.core.prediction import prediction_summary  # the engine's side, not the window's
+
         return cls(**prediction_summary(model))
 
     def to_json(self) -> dict[str, Any]:

@@ -6,12 +6,13 @@ PyTorch's math kernel on the same inputs, call by call, during one run.
 Detection is cheap and imports nothing: a package is found with `importlib.util.find_spec` and
 its version read from its distribution's metadata (a CUDA extension is never imported just to
 be listed), and the SDPA function is compared with PyTorch's own only when torch is already
-imported (nothing can have replaced it before). Imports no other HalfSafe module.
+imported (nothing can have replaced it before). Imports no other HalfSafe module, and
+`importlib.metadata` only when detecting: the window's process reads `AttentionKernel` (in a
+hardware report) and never detects.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import math
 import os
@@ -59,6 +60,8 @@ class AttentionKernel:
 
 
 def _version(distribution: str) -> str | None:
+    import importlib.metadata  # tens of ms of imports (email, zipfile): only when detecting
+
     try:
         return importlib.metadata.version(distribution)
     except (importlib.metadata.PackageNotFoundError, ValueError):
@@ -90,6 +93,8 @@ def current_sdpa() -> Callable[..., Any] | None:
 def _owner(function: Callable[..., Any]) -> tuple[str, str | None]:
     """(the distribution that provides `function`, its version), from the function's module;
     the module's top-level name when no installed distribution claims it."""
+    import importlib.metadata
+
     module = str(getattr(function, "__module__", None) or "unknown")
     top = module.split(".")[0]
     try:

@@ -16,7 +16,8 @@ itself (`adapter_factors`, `_load_adapter`): diffusers files some kohya alphas u
 match no layer (the attention layers of SD and SDXL) and reads none from PEFT-layout files, so
 those layers would run at the file's most common alpha.
 
-torch and diffusers are imported inside the functions that need them.
+torch and diffusers are imported inside the functions that need them. What the user asks for,
+`LoraRequest`, is plain data in `lora_request` (re-exported here).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 from app.core import limits
 from app.core.checkpoint import Checkpoint, one_torch_thread, tensor_is_finite
 from app.core.errors import BadFileError, HalfSafeError
+from app.core.lora_request import LoraRequest
 
 # A LoRA's weight: A1111 lets users type anything, but past these the LoRA is not a style but
 # a different model, and a check of it says nothing useful.
@@ -62,14 +64,6 @@ _FACTORS = (
     (".lora_A.weight", ".lora_B.weight"),
     (".lora.down.weight", ".lora.up.weight"),
 )
-
-
-@dataclass(frozen=True)
-class LoraRequest:
-    """A LoRA the user asked for: a path (or a name to look up) and its weight."""
-
-    path: str
-    weight: float = 1.0
 
 
 @dataclass

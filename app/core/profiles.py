@@ -10,6 +10,8 @@ itself, and bounded before any JSON is parsed: only a regular file of at most
 MAX_PROFILES_BYTES, each entry's extent and nesting found by a scan that never recurses. A file
 with any damage is moved aside, never overwritten, and the entries that could be read are
 written back; the one sentence that says so is returned as a note for the report.
+
+The fix itself, `RememberedFix`, is plain data in `remembered_fix` (re-exported here).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from app.core import paths
 from app.core.files import aside_name, locked, write_atomic
 from app.core.limits import read_regular
+from app.core.remembered_fix import RememberedFix
 from app.core.settings import FIELDS, shown
 
 PROFILES_FILE = "profiles.json"
@@ -45,15 +48,6 @@ LATEST_TIME = 1e11
 VERIFIED_BY = ("health check", "generation repair")
 
 log = logging.getLogger("halfsafe")
-
-
-@dataclass(frozen=True)
-class RememberedFix:
-    settings: dict[str, Any]  # settings values that make the model run finite on this device
-    summary: str  # one sentence, as the health check wrote it
-    verified_by: str  # "health check" or "generation repair"
-    saved_at: float
-    edited_at: float | None = None  # when the user last changed its layer lists by hand
 
 
 @dataclass(frozen=True)

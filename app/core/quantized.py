@@ -13,8 +13,9 @@ on it is an ordinary weight. That costs memory as the bf16 model, not as the fil
 A loader bug with these files (a scale dropped or applied twice, a block decoded wrongly) makes
 black or noise images that look like fp16 overflow, so the reading path checks what it decodes:
 scales that are NaN, Inf, zero, negative or absurd and weights whose dequantised values are far
-beyond any real model's become `QuantFinding`s (the health check's `broken_weights`), and a scale
-that is missing altogether refuses the file (see `Fp8Layout`).
+beyond any real model's become `QuantFinding`s (the health check's `broken_weights`; plain
+records in `weight_findings`), and a scale that is missing altogether refuses the file (see
+`Fp8Layout`).
 
 GGUF headers are walked here with every count, size and offset bounded (`check_gguf_header`)
 before the `gguf` package's reader maps the file: a hostile header gets one sentence, never an
@@ -49,6 +50,7 @@ from app.core.limits import (
     check_tensor_shape,
     open_regular,
 )
+from app.core.weight_findings import QuantFinding
 
 # What fp8 and GGUF weights become when read: bf16 has fp32's range, so no scaled weight can
 # overflow in the conversion, and 8 bits of mantissa hold every fp8 value and Q8_0's 8-bit
@@ -80,29 +82,6 @@ SCALE_RANGE = (1e-10, 1e4)
 # toward fp16's 65,504 in the first layer it meets. A dequantised weight past it is reported as
 # wrongly decoded.
 PLAUSIBLE_WEIGHT_MAX = 1e4
-
-
-@dataclass(frozen=True)
-class QuantFinding:
-    """One tensor whose quantised form decodes to weights that cannot be the model's."""
-
-    tensor: str  # the name in the file
-    problem: str  # completes "tensor X ...": "has the scale 0 (in X.scale_weight)"
-    file: str = ""  # the file's name, when the model has several files
-    component: str | None = None  # the pipeline component, when the loader knows it
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tensor": self.tensor,
-            "file": self.file,
-            "component": self.component,
-            "problem": self.problem,
-        }
-
-    @property
-    def sentence(self) -> str:
-        where = f"{self.file}: " if self.file else ""
-        return f"{where}{self.tensor} {self.problem}"
 
 
 @dataclass

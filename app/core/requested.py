@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import HalfSafeError
 from app.core.jobs import CancelToken, ProgressCallback
-from app.core.lora import LoraRequest
+from app.core.lora_request import LoraRequest
 from app.core.requests import CheckRequest, GenerateRequest
 
 if TYPE_CHECKING:

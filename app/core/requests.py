@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from app.core.generation.records import GenerationRequest
-from app.core.lora import LoraRequest
+from app.core.lora_request import LoraRequest
 from app.core.settings import FIELDS, PrecisionSettings
 
 

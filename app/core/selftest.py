@@ -9,7 +9,8 @@ reduction) runs in the half-precision dtype and again in fp32 on the same device
 tolerance, or an exception marks the dtype failed and names the operation. Results are cached
 per device name, driver and PyTorch version, so the test costs seconds once.
 
-Importing this module does not import torch; running the test does.
+Importing this module does not import torch; running the test does. Its records, `OpResult`
+and `SelfTestResult`, are plain data in `selftest_records` (re-exported here).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core import paths
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.selftest_records import OpResult, SelfTestResult
 from app.core.selftest_stats import StatisticalTest, default_budget, run_statistical
 
 if TYPE_CHECKING:
@@ -44,149 +46,6 @@ ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
 TOLERANCE = {"fp16": 1e-2, "bf16": 6e-2, "fp32": 2e-3}
 
 _NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
-
-
-@dataclass(frozen=True)
-class OpResult:
-    """One operation in one dtype: "pass", "fail", "unavailable" (an attention backend this
-    device or build lacks) or "skipped" (the whole dtype was not tested, `note` says why)."""
-
-    op: str
-    dtype: str
-    status: str
-    error: float | None = None
-    tolerance: float | None = None
-    seconds: float = 0.0
-    note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "dtype": self.dtype,
-            "status": self.status,
-            "error": self.error,
-            "tolerance": self.tolerance,
-            "seconds": round(self.seconds, 4),
-            "note": self.note,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> OpResult:
-        return cls(
-            op=str(data["op"]),
-            dtype=str(data["dtype"]),
-            status=str(data["status"]),
-            error=None if data.get("error") is None else float(data["error"]),
-            tolerance=None if data.get("tolerance") is None else float(data["tolerance"]),
-            seconds=float(data.get("seconds", 0.0)),
-            note=str(data.get("note", "")),
-        )
-
-
-@dataclass
-class SelfTestResult:
-    """The verdict per half dtype ("pass", "fail" or "skipped") and every operation's result.
-
-    `seconds` is the wall time of the run that produced it (not of a cache read); `cached`
-    says whether this came from the cache.
-    """
-
-    fp16: str
-    bf16: str
-    details: list[OpResult] = field(default_factory=list)
-    seconds: float = 0.0
-    device: str = ""
-    key: str = ""
-    cached: bool = False
-    notes: list[str] = field(default_factory=list)
-    # The statistical self-test (`selftest_stats`): rare faults counted over many calls.
-    statistical: StatisticalTest | None = None
-
-    @classmethod
-    def skipped(cls, reason: str = "the self-test was not run") -> SelfTestResult:
-        return cls(fp16="skipped", bf16="skipped", notes=[reason])
-
-    @property
-    def ran(self) -> bool:
-        return self.fp16 != "skipped" or self.bf16 != "skipped"
-
-    def failed_ops(self, dtype: str) -> list[str]:
-        """Names of the operations that failed in `dtype`, in test order; then those that gave
-        a bad result in the statistical test, with their count."""
-        failed = [d.op for d in self.details if d.dtype == dtype and d.status == "fail"]
-        if self.statistical is not None:
-            failed += [
-                f"{r.name} ({r.bad} bad in {r.calls:,} calls)"
-                for r in self.statistical.flaky(dtype)
-            ]
-        return failed
-
-    def attention_backends(self, dtype: str) -> list[str]:
-        """The attention backends that ran correctly in `dtype` ("fp16", "bf16" or "fp32")."""
-        prefix = "attention:"
-        # A backend that fails on strided q/k/v (as models hand them over) is no choice either.
-        strided = {
-            d.op.rpartition(":")[2]
-            for d in self.details
-            if d.dtype == dtype and d.status == "fail" and d.op.startswith("strided attention")
-        }
-        # Nor is one that gave a bad result, however rarely, in the statistical test.
-        flaky = {
-            r.backend
-            for r in (self.statistical.flaky(dtype) if self.statistical is not None else [])
-            if r.op == "attention"
-        }
-        return [
-            d.op[len(prefix) :]
-            for d in self.details
-            if d.dtype == dtype
-            and d.status == "pass"
-            and d.op.startswith(prefix)
-            and d.op[len(prefix) :] not in strided | flaky
-        ]
-
-    def to_json(self) -> dict[str, Any]:
-        """The `self_test` object of `halfsafe gpu --json`."""
-        statistical = self.statistical
-        return {
-            "fp16": self.fp16,
-            "bf16": self.bf16,
-            "details": [d.to_json() for d in self.details],
-            "statistical": [r.to_json() for r in statistical.results] if statistical else [],
-            "statistical_budget_s": statistical.budget_s if statistical else None,
-            "statistical_seconds": round(statistical.seconds, 3) if statistical else None,
-        }
-
-    def _to_cache(self) -> dict[str, Any]:
-        return {
-            "fp16": self.fp16,
-            "bf16": self.bf16,
-            "details": [d.to_json() for d in self.details],
-            "statistical": self.statistical.to_json() if self.statistical else None,
-            "seconds": self.seconds,
-            "device": self.device,
-            "notes": list(self.notes),
-        }
-
-    @classmethod
-    def _from_cache(cls, data: Mapping[str, Any], key: str) -> SelfTestResult:
-        verdicts = ("pass", "fail", "skipped")
-        if data.get("fp16") not in verdicts or data.get("bf16") not in verdicts:
-            raise ValueError("bad verdict")
-        statistical = data.get("statistical")
-        return cls(
-            fp16=data["fp16"],
-            bf16=data["bf16"],
-            details=[OpResult.from_json(d) for d in data.get("details", [])],
-            seconds=float(data.get("seconds", 0.0)),
-            device=str(data.get("device", "")),
-            key=key,
-            cached=True,
-            notes=[str(n) for n in data.get("notes", [])],
-            statistical=None
-            if not isinstance(statistical, dict)
-            else StatisticalTest.from_json(statistical),
-        )
 
 
 def cache_key(name: str, driver: str | None, torch_version: str, kind: str = "") -> str:
@@ -206,7 +65,7 @@ def cached_result(key: str) -> SelfTestResult | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("key") != key:
             return None
-        return SelfTestResult._from_cache(data["result"], key)
+        return _from_cache(data["result"], key)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -214,7 +73,7 @@ def cached_result(key: str) -> SelfTestResult | None:
 def _store(result: SelfTestResult) -> None:
     path = cache_path(result.key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"key": result.key, "result": result._to_cache()}, indent=1)
+    text = json.dumps({"key": result.key, "result": _cache_document(result)}, indent=1)
     fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -223,6 +82,38 @@ def _store(result: SelfTestResult) -> None:
     except OSError:
         # A cache that cannot be written only costs a re-run next time.
         Path(tmp).unlink(missing_ok=True)
+
+
+def _cache_document(result: SelfTestResult) -> dict[str, Any]:
+    return {
+        "fp16": result.fp16,
+        "bf16": result.bf16,
+        "details": [d.to_json() for d in result.details],
+        "statistical": result.statistical.to_json() if result.statistical else None,
+        "seconds": result.seconds,
+        "device": result.device,
+        "notes": list(result.notes),
+    }
+
+
+def _from_cache(data: Mapping[str, Any], key: str) -> SelfTestResult:
+    verdicts = ("pass", "fail", "skipped")
+    if data.get("fp16") not in verdicts or data.get("bf16") not in verdicts:
+        raise ValueError("bad verdict")
+    statistical = data.get("statistical")
+    return SelfTestResult(
+        fp16=data["fp16"],
+        bf16=data["bf16"],
+        details=[OpResult.from_json(d) for d in data.get("details", [])],
+        seconds=float(data.get("seconds", 0.0)),
+        device=str(data.get("device", "")),
+        key=key,
+        cached=True,
+        notes=[str(n) for n in data.get("notes", [])],
+        statistical=None
+        if not isinstance(statistical, dict)
+        else StatisticalTest.from_json(statistical),
+    )
 
 
 def run_self_test(

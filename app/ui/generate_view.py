@@ -45,7 +45,7 @@ from app.core import paths
 from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
 from app.core.generation.records import GenerationRequest, GenerationResult
-from app.core.lora import LoraRequest
+from app.core.lora_request import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.pictures import check_strength, picture_size
 from app.core.requests import GenerateRequest

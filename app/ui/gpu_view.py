@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.core.hardware import DeviceInfo, HardwareReport
 from app.core.requests import HardwareRequest
-from app.core.selftest import SelfTestResult
+from app.core.selftest_records import SelfTestResult
 from app.core.settings import PRECISION_KEYS
 from app.engine.events import EngineEvent, EventState
 from app.ui import words

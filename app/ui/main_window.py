@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
 )
 
 from app import __version__
-from app.core.explain.image_file import is_image_path
 from app.core.requests import LoadRequest
 from app.engine.failures import Failure
 from app.engine.process import log_path
@@ -556,6 +555,8 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         event.acceptProposedAction()
+        from app.core.explain import is_image_path  # the image reader: imported on a drop
+
         if is_image_path(paths[0]):
             # An image is read, never a model to load: the viewer shows what it records and
             # offers "Why is it black?".

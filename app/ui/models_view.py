@@ -22,11 +22,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.checkpoint import WeightScan
 from app.core.demo import DEMO_LABEL, DEMO_MODELS
-from app.core.explain import is_image_path
 from app.core.models.summary import ModelSummary
 from app.core.requests import LoadRequest
+from app.core.weight_findings import WeightScan
 from app.engine.events import EngineEvent, EventState, StillLoaded
 from app.ui import words
 from app.ui.dialogs import Dialogs
@@ -406,6 +405,8 @@ class ModelsView(QWidget):
         """Load a model (a path or "demo") in the engine with `vae` (default: the chosen VAE,
         if any); the previous one is released. An image (opened here by mistake) is explained
         instead, never read as a checkpoint."""
+        from app.core.explain import is_image_path  # the image reader: not needed at launch
+
         if self.explain_image is not None and is_image_path(source):
             self.explain_image(source)
             return None

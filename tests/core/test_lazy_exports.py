@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -40,6 +41,11 @@ GUI_RECORDS = [
     "app.core.generation.records",
     "app.core.hardware.records",
     "app.core.settings",
+    "app.core.weight_findings",
+    "app.core.remembered_fix",
+    "app.core.lora_request",
+    "app.core.selftest_records",
+    "app.core.identities",
 ]
 
 # The engine's side of core: loading, checking, generating. Each imports dozens of modules (and
@@ -63,6 +69,24 @@ ENGINE_SIDE = {
 }
 
 THIRD_PARTY = {"torch", "diffusers", "transformers", "numpy", "PIL", "safetensors"}
+
+# What the records the GUI reads once lived beside, or imported for one method of theirs: the
+# checkpoint reader and scanner, the dequantiser, the LoRA reader, the remembered fixes' store,
+# the self-tests, the prediction test, PNG writing; each hundreds of lines that the window's
+# process would compile before its window shows. And `importlib.metadata`, whose own imports
+# (email, zipfile, csv) cost tens of ms, which only detecting attention kernels needs.
+BESIDE_THE_RECORDS = {
+    "app.core.checkpoint.reader",
+    "app.core.checkpoint.scan",
+    "app.core.quantized",
+    "app.core.lora",
+    "app.core.profiles",
+    "app.core.selftest",
+    "app.core.selftest_stats",
+    "app.core.prediction",
+    "app.core.images",
+    "importlib.metadata",
+}
 
 
 def _run(code: str) -> object:
@@ -174,3 +198,28 @@ def test_the_records_the_gui_reads_leave_the_engine_side_of_core_unimported():
     loaded = set(_run(code))
     assert loaded & THIRD_PARTY == set()
     assert loaded & ENGINE_SIDE == set()
+    assert loaded & BESIDE_THE_RECORDS == set()
+
+
+def test_the_modules_beside_the_records_exist():
+    # A misspelt name would make the check above pass whatever the records import.
+    for name in sorted(BESIDE_THE_RECORDS | ENGINE_SIDE):
+        assert importlib.util.find_spec(name) is not None, name
+
+
+@pytest.mark.parametrize(
+    ("old", "light", "names"),
+    [
+        ("app.core.checkpoint.scan", "app.core.weight_findings", ["WeightScan"]),
+        ("app.core.checkpoint", "app.core.weight_findings", ["WeightScan"]),
+        ("app.core.quantized", "app.core.weight_findings", ["QuantFinding"]),
+        ("app.core.profiles", "app.core.remembered_fix", ["RememberedFix"]),
+        ("app.core.lora", "app.core.lora_request", ["LoraRequest"]),
+        ("app.core.selftest", "app.core.selftest_records", ["OpResult", "SelfTestResult"]),
+    ],
+)
+def test_a_moved_record_is_still_read_where_it_was(old, light, names):
+    for name in names:
+        assert getattr(importlib.import_module(old), name) is getattr(
+            importlib.import_module(light), name
+        )

@@ -11,7 +11,8 @@ One responsibility per module, each importing only those before it:
   header    a safetensors header read and validated (read_header reads GGUF's too)
   pickles   the pickle policy: refusal, and the weights-only loader when allowed
   reader    Checkpoint, an opened file: tensors on demand from a memory map, dequantised
-  scan      the weight scan: NaN/Inf in every tensor, and the tensors' content digest
+  scan      the weight scan: NaN/Inf in every tensor, and the tensors' content digest (its
+            record, `WeightScan`, is plain data in `app.core.weight_findings`)
   writer    write_safetensors
   cache     values computed from files' bytes, kept with the files' stamps; atomic JSON
   hashing   a file's sha256 and AUTOMATIC1111's short model hash
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from app.core.checkpoint.reader import Checkpoint, mmap_page
     from app.core.checkpoint.scan import (
         TensorDigest,
-        WeightScan,
         WeightScanner,
         one_torch_thread,
         scan_weights,
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         tensor_is_finite,
     )
     from app.core.checkpoint.writer import write_safetensors
+    from app.core.weight_findings import WeightScan
 
 __all__ = [
     "DTYPE_BITS",
@@ -126,7 +127,6 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
             ".reader": ["Checkpoint", "mmap_page"],
             ".scan": [
                 "TensorDigest",
-                "WeightScan",
                 "WeightScanner",
                 "one_torch_thread",
                 "scan_weights",
@@ -134,5 +134,6 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "tensor_is_finite",
             ],
             ".writer": ["write_safetensors"],
+            "app.core.weight_findings": ["WeightScan"],
         },
     )

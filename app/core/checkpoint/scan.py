@@ -1,5 +1,7 @@
 """The weight scan: every tensor streamed once and checked for NaN and Inf and, when asked,
 fingerprinted in the same pass (`TensorDigest`, the identity remembered fixes are keyed by).
+The record it fills, `WeightScan`, is plain data in `weight_findings` (re-exported here), so
+the window reads it without importing the reader.
 
 Imports torch only inside the functions that need it.
 """
@@ -12,55 +14,12 @@ import struct
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import quantized
 from app.core.checkpoint.dtypes import _safetensors_dtype
 from app.core.checkpoint.reader import Checkpoint
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-
-
-@dataclass
-class WeightScan:
-    """What one pass over every tensor found: the names of tensors holding NaN or Inf, and,
-    when asked for, the digest of their content (see `TensorDigest`)."""
-
-    non_finite: list[str]
-    tensors: int
-    bytes: int
-    seconds: float
-    content: str | None = None  # TensorDigest hex, None when the scan did not identify
-    # Quantized weights that decode wrongly (a bad scale, implausible values): see quantized.py.
-    bad_quantized: list[quantized.QuantFinding] = field(default_factory=list)
-
-    @property
-    def mb_per_s(self) -> float:
-        """Throughput in MB/s (10^6 bytes); 0 when nothing was timed."""
-        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-    def merged(self, other: WeightScan) -> WeightScan:
-        """Both scans as one (a checkpoint and its separate VAE); the content digest covers
-        both, each kept apart so tensors of the same name in the two cannot stand in for
-        each other."""
-        content = None
-        if self.content is not None and other.content is not None:
-            content = hashlib.sha256(
-                f"{_DIGEST_SCHEME} merged\0{self.content}\0{other.content}".encode()
-            ).hexdigest()
-        return WeightScan(
-            self.non_finite + other.non_finite,
-            self.tensors + other.tensors,
-            self.bytes + other.bytes,
-            self.seconds + other.seconds,
-            content,
-            self.bad_quantized + other.bad_quantized,
-        )
-
-
-# Names the digest scheme; changing how tensors are hashed must change it, so that no key of
-# the old scheme can ever match one of the new.
-_DIGEST_SCHEME = "halfsafe-tensors-v1"
+from app.core.weight_findings import DIGEST_SCHEME, WeightScan
 
 
 class TensorDigest:
@@ -87,7 +46,7 @@ class TensorDigest:
         self._parts[name] = digest.digest()
 
     def hexdigest(self) -> str:
-        combined = hashlib.sha256(_DIGEST_SCHEME.encode())
+        combined = hashlib.sha256(DIGEST_SCHEME.encode())
         for name in sorted(self._parts):
             encoded = name.encode("utf-8", "surrogatepass")
             combined.update(struct.pack("<Q", len(encoded)) + encoded + self._parts[name])

@@ -10,7 +10,6 @@ from typing import Any
 
 from app import __version__
 from app.core.identities import DeviceIdentity, ModelIdentity
-from app.core.images import ImageSaveError, save_png
 from app.core.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
@@ -142,6 +141,8 @@ class GenerationResult:
     def save(self, folder: str | Path, *, only_unsaved: bool = True) -> list[Path]:
         """Write the images (by default those not yet saved) into `folder`, with their
         parameters. Raises ImageSaveError (carrying this result) when that fails too."""
+        from app.core.images import ImageSaveError, save_png  # PNG writing: not for the window
+
         written = []
         for entry in self.images:
             if only_unsaved and entry.path:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.kernels import AttentionKernel
-from app.core.selftest import SelfTestResult
+from app.core.selftest_records import SelfTestResult
 from app.core.settings import PrecisionSettings
 
 FP16_CLASSES = ("fast", "slow", "unreliable", "unsupported")  # best to worst

@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.checkpoint import WeightScan
 from app.core.errors import HalfSafeError
 from app.core.models.loaded import LoadedModel
 from app.core.pictures import Mode
-from app.core.profiles import RememberedFix
+from app.core.remembered_fix import RememberedFix
+from app.core.weight_findings import WeightScan
 
 # The pipeline parts a summary lists, in pipeline order.
 _PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae")
