@@ -37,6 +37,9 @@ MAX_LEVELS = 8
 MAX_CHANNELS = 8192
 # Image and latent channels: 3 and 4 in SD1.x/SDXL, 16 in SD3/Flux, 9 for inpainting UNets.
 MAX_IMAGE_CHANNELS = 128
+# A transformer's input channels: latent channels in 2x2 patches and what it reads beside them
+# (Flux.1 Fill: 64 + 64 + 256 = 384).
+MAX_TRANSFORMER_INPUTS = 1024
 # Widths of text encoders and attention (hidden, MLP, cross-attention, projection sizes):
 # CLIP-bigG 1280/5120, T5-XXL 4096/10240, Qwen2.5-VL-7B 3584/18944, Flux 3072/12288.
 MAX_WIDTH = 65_536
@@ -284,7 +287,7 @@ _TEXT_SIZES: dict[str, tuple[int, int, str]] = {
 }
 _TRANSFORMER_SIZES: dict[str, tuple[int, int, str]] = {
     "patch_size": (1, MAX_KERNEL, "SD3 uses 2, Flux 1 on packed latents"),
-    "in_channels": (1, MAX_IMAGE_CHANNELS, "Flux uses 64, SD3 16"),
+    "in_channels": (1, MAX_TRANSFORMER_INPUTS, "Flux uses 64, Flux.1 Fill 384, SD3 16"),
     "out_channels": (1, MAX_IMAGE_CHANNELS, "Flux uses 64, SD3 16"),
     "num_layers": (1, MAX_TRANSFORMER_DEPTH, "SD3.5 Large uses 38, Flux.1 19"),
     "num_single_layers": (0, MAX_TRANSFORMER_DEPTH, "Flux.1 uses 38"),

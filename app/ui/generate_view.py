@@ -548,7 +548,8 @@ class GenerateView(QWidget):
         if refusal:
             return refusal
         try:
-            check_strength(request["steps"], request["strength"], mode)
+            if self.pictures.strength_applies():
+                check_strength(request["steps"], request["strength"], mode)
         except HalfSafeError as error:
             return str(error)
         return ""

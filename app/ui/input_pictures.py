@@ -1,6 +1,9 @@
-"""The Generate page's input picture, mask and strength: what image-to-image and inpainting
-start from. A file is taken from a file dialog or a drop, shown small with its name, and read
-up front (its header only), so a file that is no picture is one sentence, not a failed job."""
+"""The Generate page's input pictures, mask and strength: what image-to-image, inpainting and
+editing start from. A file is taken from a file dialog or a drop, shown small with its name,
+and read up front (its header only), so a file that is no picture is one sentence, not a failed
+job. An editing model gets a slot for each picture it edits, each shown once the one before it
+is filled; where a job draws from noise with every step (an edit, Flux.1 Fill's inpainting) the
+strength is off, with the sentence why."""
 
 from __future__ import annotations
 
@@ -172,11 +175,34 @@ class PictureSlot(QFrame):
         self.take(path)
 
 
+PICTURE_EMPTY = (
+    "None: drawn from the prompt alone. Drop or choose a picture to start from it (image-to-image)."
+)
+STRENGTH_CAPTION = (
+    "How much of the picture is drawn again: low stays close to it, 1.00 redraws it all."
+)
+# Why the strength is off where a job draws from noise with every step, by mode.
+NO_STRENGTH = {
+    Mode.EDIT: "An edit draws the whole picture anew from noise, with every step: no strength.",
+    Mode.INPAINT: ("This model draws the masked area from noise, with every step: no strength."),
+}
+
+
+def editing_empty(references: int) -> str:
+    """What the first slot says, empty, for a model that edits up to `references` pictures."""
+    takes = "a picture" if references == 1 else f"up to {references} pictures"
+    return (
+        f"None: drawn from the prompt alone. This model edits {takes}: drop or choose one, "
+        "and say in the prompt what to change."
+    )
+
+
 class InputPictures(QWidget):
-    """The input picture, its mask and the strength, with what the loaded model allows
+    """The input pictures, the mask and the strength, with what the loaded model allows
     (`set_model`): a model that runs no picture mode has the area disabled, with the sentence
-    why. Signals (GUI thread): picture_changed(str), the input picture's path ("" when
-    removed); refused(str), one sentence (a file not taken)."""
+    why; an editing model gets a slot per picture it edits. Signals (GUI thread):
+    picture_changed(str), the first picture's path ("" when removed); refused(str), one
+    sentence (a file not taken)."""
 
     picture_changed = Signal(str)
     refused = Signal(str)
@@ -184,6 +210,8 @@ class InputPictures(QWidget):
     def __init__(self) -> None:
         super().__init__()
         self._modes: Mapping[Mode, str] = {}
+        self._references = 0  # pictures the loaded model edits (0: not an editing model)
+        self._from_noise: tuple[Mode, ...] = ()
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(4)
@@ -191,13 +219,15 @@ class InputPictures(QWidget):
         self.note = label("", "muted", wrap=True)
         self.note.hide()
         column.addWidget(self.note)
-        self.picture_slot = PictureSlot(
-            "Picture",
-            "None: drawn from the prompt alone. Drop or choose a picture to start from it "
-            "(image-to-image).",
-        )
+        self.picture_slot = PictureSlot("Picture", PICTURE_EMPTY)
         self.picture_slot.setToolTip("A PNG, JPEG or WebP picture; the new image starts from it.")
         column.addWidget(self.picture_slot)
+        # An editing model's further pictures; kept (hidden) when a model takes fewer, so that
+        # loading the editing model again finds them.
+        self.more_slots: list[PictureSlot] = []
+        self._more = QVBoxLayout()
+        self._more.setSpacing(4)
+        column.addLayout(self._more)
         self.mask_slot = PictureSlot(
             "Mask",
             "No mask. Add one to paint only part of the picture again (inpainting): white is "
@@ -219,11 +249,7 @@ class InputPictures(QWidget):
         )
         strength_row.addWidget(self.strength, 1)
         column.addLayout(strength_row)
-        self.strength_caption = label(
-            "How much of the picture is drawn again: low stays close to it, 1.00 redraws it all.",
-            "muted",
-            wrap=True,
-        )
+        self.strength_caption = label(STRENGTH_CAPTION, "muted", wrap=True)
         column.addWidget(self.strength_caption)
         self.picture_slot.changed.connect(self._picture_changed)
         self.mask_slot.changed.connect(lambda _path: self._update())
@@ -235,6 +261,22 @@ class InputPictures(QWidget):
         """What the loaded model runs decides what is enabled (nothing is known without a
         model: the area stays open, and the job decides)."""
         self._modes = model.picture_modes if model is not None else {}
+        self._references = model.references if model is not None else 0
+        self._from_noise = model.draws_from_noise if model is not None else ()
+        while len(self.more_slots) < self._references - 1:
+            slot = PictureSlot(
+                f"Picture {len(self.more_slots) + 2}",
+                "None. Drop or choose another picture for the model to edit beside those above.",
+            )
+            slot.setToolTip("A PNG, JPEG or WebP picture the model reads beside the others.")
+            slot.changed.connect(lambda _path: self._update())
+            slot.refused.connect(self.refused)
+            self._more.addWidget(slot)
+            self.more_slots.append(slot)
+        self.picture_slot.empty = (
+            editing_empty(self._references) if self._references else PICTURE_EMPTY
+        )
+        self.picture_slot._show()
         self._update()
 
     def refusal(self, mode: Mode) -> str:
@@ -252,11 +294,29 @@ class InputPictures(QWidget):
         runs_none = bool(image and inpaint)
         has_picture = bool(self.picture_slot.path)
         self.picture_slot.setEnabled(not runs_none)
-        self.mask_slot.setEnabled(has_picture and not inpaint)
+        # Each further slot of an editing model shows once the one before it holds a picture.
+        shown = has_picture and not runs_none
+        for index, slot in enumerate(self.more_slots):
+            wanted = index < self._references - 1 and shown
+            slot.setVisible(wanted)
+            slot.setEnabled(wanted)
+            shown = wanted and bool(slot.path)
+        several = len(self.images()) > 1
+        self.mask_slot.setEnabled(has_picture and not inpaint and not several)
         self.mask_slot.setVisible(has_picture)  # a mask is of a picture: no room before one
-        self.mask_slot.setToolTip(inpaint or self._mask_tip)
-        self.strength.setEnabled(has_picture and not runs_none)
-        self.strength_caption.setEnabled(self.strength.isEnabled())
+        self.mask_slot.setToolTip(
+            inpaint
+            or (
+                "Inpainting starts from one picture: remove the others to paint with a mask."
+                if several
+                else self._mask_tip
+            )
+        )
+        mode = self.mode()
+        from_noise = mode in self._from_noise
+        self.strength.setEnabled(has_picture and not runs_none and not from_noise)
+        self.strength_caption.setText(NO_STRENGTH.get(mode, "") if from_noise else STRENGTH_CAPTION)
+        self.strength_caption.setEnabled(self.strength.isEnabled() or from_noise)
         if runs_none:
             note = _both(image, inpaint)
         elif inpaint and has_picture:
@@ -269,13 +329,12 @@ class InputPictures(QWidget):
     # What a job takes -------------------------------------------------------------------------
 
     def images(self) -> list[str]:
-        """The input picture a job starts from ([] when none, or the model runs no picture
-        mode)."""
-        return (
-            [self.picture_slot.path]
-            if self.picture_slot.path and self.picture_slot.isEnabled()
-            else []
-        )
+        """The input pictures a job starts from ([] when none, or the model runs no picture
+        mode): the first, and an editing model's further ones."""
+        if not self.picture_slot.path or not self.picture_slot.isEnabled():
+            return []
+        further = self.more_slots[: max(0, self._references - 1)]
+        return [self.picture_slot.path] + [slot.path for slot in further if slot.path]
 
     def mask_path(self) -> str | None:
         return (
@@ -287,10 +346,20 @@ class InputPictures(QWidget):
     def mode(self) -> Mode:
         if not self.images():
             return Mode.TEXT
-        return Mode.INPAINT if self.mask_path() else Mode.IMAGE
+        if self.mask_path():
+            return Mode.INPAINT
+        return Mode.EDIT if self._references else Mode.IMAGE
+
+    def strength_applies(self) -> bool:
+        """Whether the next job runs the last `strength` of its steps (image-to-image and
+        inpainting, unless the model draws from noise with every step)."""
+        mode = self.mode()
+        return mode in (Mode.IMAGE, Mode.INPAINT) and mode not in self._from_noise
 
     def strength_value(self) -> float:
-        return round(self.strength.value(), 2)
+        """The strength the job carries: the one set here, or where none applies the default,
+        which a job carries unasked."""
+        return round(self.strength.value(), 2) if self.strength_applies() else STRENGTH_DEFAULT
 
 
 def _both(image: str, inpaint: str) -> str:

@@ -1,7 +1,7 @@
 """What only Flux.1 does, on tiny pipelines built in code: schnell told apart from dev, ComfyUI's
 split files (Black Forest Labs' layout) with their companions, the flow-matching schedule the
 check probes, the T5 island that runs only the feed-forward's `wo` in fp32 (also when
-transformers clamps the overflow), and a Fill-shaped transformer. A diffusers folder, the
+transformers clamps the overflow), and a control-shaped transformer. A diffusers folder, the
 health check with planted overflows in the T5 feed-forward, a double block, a single block and
 the VAE, and generation repairing a single block are every family's contract:
 test_families.py.
@@ -236,17 +236,19 @@ def test_generation_catches_a_clamped_t5_overflow_and_keeps_only_wo_in_fp32(tmp_
     assert image.settings["text_encoder_2_precision"] == "fp16"
 
 
-def test_a_fill_shaped_transformer_is_named_as_not_text_to_image():
+def test_a_control_shaped_transformer_is_named_as_not_text_to_image():
     pipeline = build_tiny_flux_pipeline()
     family = family_of(pipeline)
     assert family.text_to_image_problem(pipeline) is None
 
-    # Flux.1 Fill takes the masked image and the mask beside the noise: 384 input channels.
-    pipeline.transformer.register_to_config(in_channels=384)
+    # Flux.1 Depth and Canny take a control picture's latents beside the noise: 128 channels.
+    # (Fill, 384, is a model of its own: test_flux_fill.py.)
+    pipeline.transformer.register_to_config(in_channels=128)
 
     problem = family.text_to_image_problem(pipeline)
     assert problem is not None
-    assert "takes 384 input channels" in problem and "takes 64" in problem and "Fill" in problem
+    assert "takes 128 input channels" in problem and "takes 64" in problem
+    assert "Depth or Canny" in problem
 
 
 def test_nan_in_the_t5_weights_leaves_the_transformer_and_vae_victims_as_on_sd3():

@@ -745,6 +745,24 @@ def build_tiny_flux_kontext_pipeline(seed: int = 0):
     return FluxKontextPipeline(**dev.components)
 
 
+def build_tiny_flux_fill_pipeline(seed: int = 0):
+    """A tiny Flux.1 Fill-shaped pipeline: the tiny Flux.1 dev's text encoders and VAE, and a
+    transformer that reads beside the noise the masked picture's latents and the mask (8x8
+    values per latent cell), 2x2-packed: 64 + 64 + 256 input channels, 64 output channels, as
+    Black Forest Labs' Fill dev has them."""
+    from diffusers import FluxFillPipeline, FluxTransformer2DModel
+
+    dev = build_tiny_flux_pipeline(seed, guidance=True)
+    _seeded(seed + 3)
+    transformer = FluxTransformer2DModel(
+        **{**dev.transformer.config, "in_channels": 384, "out_channels": 64}
+    ).eval()
+    parts = {
+        k: v for k, v in dev.components.items() if k not in ("image_encoder", "feature_extractor")
+    }
+    return FluxFillPipeline(**{**parts, "transformer": transformer})
+
+
 def build_tiny_qwenimage_edit_pipeline(seed: int = 0, plus: bool = True, text_width: int = 64):
     """A tiny Qwen-Image-Edit-shaped pipeline: the tiny Qwen-Image's parts, with the Qwen2.5-VL
     processor its text encoder reads the reference pictures through (14-px patches, as the

@@ -202,6 +202,86 @@ def test_a_mode_the_model_refuses_or_a_strength_that_runs_no_step_is_not_sent(
     assert engines.current.last_job("generate").params.generation.mode_for() is Mode.INPAINT
 
 
+# What Flux.2 Klein's summary says: it edits up to 4 pictures and inpaints one with a mask.
+KLEIN_SUMMARY = replace(
+    DEMO_SUMMARY,
+    name="klein",
+    architecture="flux2-klein",
+    picture_modes={Mode.IMAGE: "", Mode.INPAINT: ""},
+    references=4,
+    draws_from_noise=(Mode.EDIT,),
+)
+
+
+def test_an_editing_model_gets_a_slot_per_picture_it_edits_and_no_strength(
+    window, engines, tmp_path
+):
+    load_fake_model(window, engines, KLEIN_SUMMARY)
+    view = window.generate_view
+    view.prompt.setPlainText("make the cube red")
+    pictures = view.pictures
+    assert "This model edits up to 4 pictures" in pictures.picture_slot.name.text()
+    assert [slot.isHidden() for slot in pictures.more_slots] == [True, True, True]
+
+    first, second = _picture(tmp_path / "a.png"), _picture(tmp_path / "b.png", colour="red")
+    assert pictures.picture_slot.choose(first)
+    # One further slot at a time, each once the one before it holds a picture.
+    assert [slot.isHidden() for slot in pictures.more_slots] == [False, True, True]
+    assert pictures.mode() is Mode.EDIT
+    assert not pictures.strength.isEnabled()
+    assert pictures.strength_caption.text() == (
+        "An edit draws the whole picture anew from noise, with every step: no strength."
+    )
+    assert pictures.mask_slot.isEnabled()  # Klein inpaints one picture with a mask
+    assert pictures.more_slots[0].choose(second)
+    assert [slot.isHidden() for slot in pictures.more_slots] == [False, False, True]
+    assert not pictures.mask_slot.isEnabled()  # inpainting starts from one picture
+    assert "remove the others" in pictures.mask_slot.toolTip()
+
+    view.generate()
+    job = engines.current.last_job("generate").params.generation
+    assert job.images == [first, second]
+    assert job.mode_for(4) is Mode.EDIT
+    assert job.strength == 0.75  # what a job carries unasked: an edit runs every step
+
+    # A model that does not edit takes one picture; the others are kept for the next editor.
+    load_fake_model(window, engines)
+    assert [slot.isHidden() for slot in pictures.more_slots] == [True, True, True]
+    assert pictures.images() == [first] and pictures.mode() is Mode.IMAGE
+    assert pictures.strength.isEnabled()
+    load_fake_model(window, engines, KLEIN_SUMMARY)
+    assert pictures.images() == [first, second]
+
+
+def test_flux_fill_inpaints_with_no_strength_and_says_why(window, engines, tmp_path):
+    fill = replace(
+        DEMO_SUMMARY,
+        name="fill",
+        architecture="flux-fill",
+        picture_modes={
+            Mode.IMAGE: "this is Flux.1 Fill, an inpainting model: give it a mask with the "
+            "picture (white where it paints).",
+            Mode.INPAINT: "",
+        },
+        draws_from_noise=(Mode.INPAINT,),
+    )
+    load_fake_model(window, engines, fill)
+    view = window.generate_view
+    view.prompt.setPlainText("a red door")
+    pictures = view.pictures
+    assert pictures.picture_slot.choose(_picture(tmp_path / "photo.png"))
+    view.steps.setValue(1)  # a strength would run no step of one; Fill runs it
+    assert pictures.mask_slot.choose(_picture(tmp_path / "mask.png", colour="white"))
+    assert pictures.mode() is Mode.INPAINT
+    assert not pictures.strength.isEnabled()
+    assert pictures.strength_caption.text() == (
+        "This model draws the masked area from noise, with every step: no strength."
+    )
+    view.generate()
+    job = engines.current.last_job("generate").params.generation
+    assert job.mode_for() is Mode.INPAINT and job.strength == 0.75
+
+
 def test_a_file_that_is_no_picture_is_one_sentence_and_never_taken(view, engines, tmp_path):
     fake = tmp_path / "notes.png"
     fake.write_text("these are my notes, not a picture")

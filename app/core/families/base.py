@@ -215,12 +215,31 @@ class Family:
         (a list of (1, C, h, w)) in the transformer's sequence beside the noise."""
         raise NotImplementedError
 
-    def sequence_latents(self, pipeline, mode: Mode, encoded) -> list[Any] | None:
-        """What the denoiser reads in its sequence beside the noise in a job of `mode`, from
-        what the check's VAE-encoder stage made of its pictures (`encoded`: an edit's
-        references, a picture's latents, or inpainting's picture and picture with its hole):
-        an edit's references (`probe_edit` reads them); None where it reads none."""
+    def sequence_latents(self, pipeline, mode: Mode, encoded, mask=None) -> list[Any] | None:
+        """What the denoiser reads beside the noise in a job of `mode`, from what the check's
+        VAE-encoder stage made of its pictures (`encoded`: an edit's references, a picture's
+        latents, or inpainting's picture and picture with its hole) and inpainting's `mask`
+        (1, 1, H, W): an edit's references (`probe_edit` reads them); None where it reads
+        none."""
         return list(encoded) if mode is Mode.EDIT else None
+
+    def redraws_from_noise(self, pipeline, mode: Mode) -> bool:
+        """Whether a job of `mode` draws from noise with every step run, so that no strength
+        applies: text-to-image, an edit, and an inpainting model that reads the masked picture
+        only beside the noise (Flux.1 Fill). Else the job starts from the picture's latents
+        noised to the strength."""
+        return mode in (Mode.TEXT, Mode.EDIT)
+
+    def encodes_its_pictures(self, pipeline, mode: Mode) -> bool:
+        """Whether the pipeline of a job of `mode` runs the VAE's encoder on the pictures
+        itself (the generation watches that encoder with hooks), rather than taking latents
+        that HalfSafe's own encoder stage made."""
+        return mode is Mode.EDIT and not self.edit_latents_given(pipeline)
+
+    def own_encoding_call(self, pipeline, pictures) -> dict[str, Any]:
+        """The call arguments that hand a pipeline which `encodes_its_pictures` the pictures of
+        a job that is not an edit (an edit's are `edit_call`'s)."""
+        raise NotImplementedError
 
     def pipeline_arguments(self, pipeline, width: int, height: int) -> dict[str, Any]:
         """Call arguments a pipeline of this family needs beyond the common ones to draw at
@@ -451,13 +470,16 @@ def make_scheduler(
     raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")
 
 
-def packed_noise(family, pipeline, pack, frames: tuple[int, ...], seeds, height, width):
+def packed_noise(
+    family, pipeline, pack, frames: tuple[int, ...], seeds, height, width, channels: int = 0
+):
     """Seeded noise per image (made on the CPU, as every family's), packed into 2x2 latent
-    patches by the pipeline's own `pack`; `frames` are extra axes before the channels."""
+    patches by the pipeline's own `pack`; `frames` are extra axes before the channels, and
+    `channels` the latent channels (by default a quarter of the transformer's input)."""
     import torch
 
     factor = family.latent_factor(pipeline)
-    channels = pipeline.transformer.config.in_channels // 4
+    channels = channels or pipeline.transformer.config.in_channels // 4
     h, w = 2 * (height // (factor * 2)), 2 * (width // (factor * 2))
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
     packed = [

@@ -97,6 +97,7 @@ class ChromaFamily(FluxFamily):
     # Chroma's transformer does not have, and fails on every call.
     picture_pipelines = {Mode.IMAGE: "ChromaImg2ImgPipeline"}
     edit_pipelines = {}  # Flux.1's Kontext is not Chroma's
+    variant_pipelines = ()  # nor its Fill, Depth or Canny
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]

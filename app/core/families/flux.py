@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from app.core import infotext
 from app.core.detection import Detection
@@ -75,11 +75,31 @@ def flux_vae_need(latent: int) -> Need:
     return Need("vae", "vae", "its 16-channel VAE (ae)", lambda c: c == latent, ("ae", "flux"))
 
 
+def beside_the_noise(in_channels: int, out_channels: int) -> str:
+    """What a Flux.1 transformer reads beside the noise in its input channels: "" (text to
+    image), "fill" (Fill: the masked picture's latents and the mask, 8x8 mask values per latent
+    cell, all in 2x2 patches) or "control" (Depth, Canny: a control picture's latents); a
+    ValueError for any other count."""
+    beside = in_channels - out_channels
+    if beside == 0:
+        return ""
+    if beside == out_channels + 4 * MASK_CELL:
+        return "fill"
+    if beside == out_channels:
+        return "control"
+    raise ValueError(
+        f"its transformer takes {in_channels} input channels for {out_channels} output "
+        "channels, as no Flux.1 model does"
+    )
+
+
 def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
     config = {"_class_name": "FluxTransformer2DModel", **bfl_blocks(shapes, prefix)}
     config["pooled_projection_dim"] = reader(shapes, prefix)("vector_in.in_layer.weight", 2)[1]
     config["guidance_embeds"] = prefix + "guidance_in.in_layer.weight" in shapes
     within_limits(config)
+    beside = beside_the_noise(config["in_channels"], config["out_channels"])
+    latent = config["out_channels"] // 4
     dev = bool(config["guidance_embeds"])
     variant = "dev" if dev else "schnell"
     width = config["num_attention_heads"] * config["attention_head_dim"]
@@ -89,19 +109,25 @@ def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
         else "and no guidance embedding (no guidance_in), as Flux.1 schnell"
     )
     clip_width = config["pooled_projection_dim"]
+    title = {"": f"Flux.1 {variant}", "fill": "Flux.1 Fill", "control": "Flux.1 Depth or Canny"}
+    reads = {
+        "": "",
+        "fill": f", and beside the noise {_FILL_WORDS.format(inputs=config['in_channels'])}",
+        "control": f", and beside the noise {_CONTROL_WORDS.format(inputs=config['in_channels'])}",
+    }
     return SplitModel(
         table=bfl_table,
         layout="flux",
         title="Flux.1",
         prefix=prefix,
         config=config,
-        architecture=f"flux-{variant}",
+        architecture={"": f"flux-{variant}", "fill": FILL, "control": "flux-control"}[beside],
         because=(
-            f"Flux.1 {variant}: a transformer in Black Forest Labs' layout ({prefix}double_blocks, "
+            f"{title[beside]}: a transformer in Black Forest Labs' layout ({prefix}double_blocks, "
             f"single_blocks) with {config['num_layers']} double and "
             f"{config['num_single_layers']} single blocks, {width} wide, taking "
             f"{config['joint_attention_dim']}-wide T5 features and a "
-            f"{clip_width}-wide CLIP vector, {guidance}; flow matching."
+            f"{clip_width}-wide CLIP vector{reads[beside]}, {guidance}; flow matching."
         ),
         needs=(
             t5_need("text_encoder_2", config["joint_attention_dim"]),
@@ -112,13 +138,16 @@ def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
                 lambda w: w == clip_width,
                 ("clip_l", "clip-l", "clipl"),
             ),
-            flux_vae_need(config["in_channels"] // 4),
+            flux_vae_need(latent),
         ),
-        pipeline_class="FluxPipeline",
+        pipeline_class={"": "FluxPipeline", "fill": FILL_PIPELINE, "control": CONTROL_PIPELINE}[
+            beside
+        ],
         configs="flux",
         # Schnell's schedule differs from dev's only in not shifting by resolution.
         scheduler={"use_dynamic_shifting": dev, "shift": 3.0 if dev else 1.0},
-        latent_channels=config["in_channels"] // 4,
+        latent_channels=latent,
+        unsupported=CONTROL_REFUSAL if beside == "control" else None,
     )
 
 
@@ -187,6 +216,22 @@ LAYOUT = Layout("Flux-style transformer", BFL_MARKERS, (CHROMA_MARKER,), _read_f
 
 
 KONTEXT_PIPELINE = "FluxKontextPipeline"
+FILL_PIPELINE = "FluxFillPipeline"
+CONTROL_PIPELINE = "FluxControlPipeline"
+FILL = "flux-fill"  # the architecture's name
+MASK_CELL = 64  # Fill's mask values per latent cell: the VAE's 8x8 pixels
+
+_FILL_WORDS = (
+    "the masked picture's latents and the mask, 8x8 values per latent cell, in 2x2 patches "
+    "({inputs} input channels in all), as an inpainting model reads them"
+)
+_CONTROL_WORDS = (
+    "a control picture's latents (a depth map or an edge picture; {inputs} input channels in all)"
+)
+CONTROL_REFUSAL = (
+    "this is Flux.1 Depth or Canny, a control model: its transformer reads a depth map's or "
+    "an edge picture's latents beside the noise, and HalfSafe does not run control models"
+)
 
 
 def _detect_kontext(transformer: Mapping[str, Any]) -> Detection:
@@ -210,6 +255,49 @@ def _detect_kontext(transformer: Mapping[str, Any]) -> Detection:
     )
 
 
+def _detect_fill(transformer: Mapping[str, Any]) -> Detection:
+    inputs = int(transformer.get("in_channels", 384))
+    because = (
+        f"Flux.1 Fill: its FluxFillPipeline has a FluxTransformer2DModel with "
+        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} "
+        f"single blocks, {transformer_width(transformer)} wide, that reads beside the noise "
+        f"{_FILL_WORDS.format(inputs=inputs)}; a guidance embedding; flow matching."
+    )
+    return Detection(
+        FILL,
+        True,
+        "a Flux.1 Fill (inpainting) pipeline",
+        because,
+        "flow",
+        1024,
+        None,
+        FILL_PIPELINE,
+    )
+
+
+def _detect_control(transformer: Mapping[str, Any]) -> Detection:
+    inputs = int(transformer.get("in_channels", 128))
+    because = (
+        f"its FluxControlPipeline has a FluxTransformer2DModel that reads beside the noise "
+        f"{_CONTROL_WORDS.format(inputs=inputs)}; {CONTROL_REFUSAL.partition(': ')[2]}."
+    )
+    return Detection(
+        "flux-control", False, "Flux.1 Depth or Canny, a control model", because, "flow", 1024
+    )
+
+
+def is_fill(pipeline) -> bool:
+    """Whether a loaded pipeline is Flux.1 Fill's."""
+    return type(pipeline).__name__ == FILL_PIPELINE
+
+
+def _latent_channels(transformer) -> int:
+    """The channels of the latents a Flux.1 transformer denoises: a quarter of its output (2x2
+    patches); Fill and the control models read more than that in their input."""
+    config = transformer.config
+    return (config.out_channels or config.in_channels) // 4
+
+
 @dataclass(frozen=True)
 class FluxFamily(ShiftedSigmas, Family):
     """Flux.1 dev and schnell: CLIP-L gives a pooled vector, T5 the token sequence; a
@@ -223,6 +311,8 @@ class FluxFamily(ShiftedSigmas, Family):
         "flux-dev": "Flux.1 dev",
         "flux-schnell": "Flux.1 schnell",
         "flux-kontext": "Flux.1 Kontext",
+        FILL: "Flux.1 Fill",
+        "flux-control": "Flux.1 Depth or Canny",
     }
     latent = FLUX_LATENT
     transformer_class = "FluxTransformer2DModel"
@@ -233,12 +323,21 @@ class FluxFamily(ShiftedSigmas, Family):
     picture_pipelines = {Mode.IMAGE: "FluxImg2ImgPipeline", Mode.INPAINT: "FluxInpaintPipeline"}
     # Kontext takes one reference; without one its pipeline draws from the prompt alone.
     edit_pipelines = {KONTEXT_PIPELINE: 1}
+    # Fill inpaints; Depth and Canny (control models) are recognised to be refused.
+    variant_pipelines: ClassVar[tuple[str, ...]] = (FILL_PIPELINE, CONTROL_PIPELINE)
+
+    def recognises(self, class_name: str) -> bool:
+        return super().recognises(class_name) or class_name in self.variant_pipelines
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
     ) -> Detection:
         if model_index.get("_class_name") == KONTEXT_PIPELINE:
             return _detect_kontext(transformer)
+        if model_index.get("_class_name") == FILL_PIPELINE:
+            return _detect_fill(transformer)
+        if model_index.get("_class_name") == CONTROL_PIPELINE:
+            return _detect_control(transformer)
         dev = bool(transformer.get("guidance_embeds"))
         variant = "dev" if dev else "schnell"
         latent = int(transformer.get("in_channels", 64)) // 4
@@ -316,13 +415,24 @@ class FluxFamily(ShiftedSigmas, Family):
 
         transformer = pipe.transformer
         side = size // self.latent_factor(pipe)
-        channels = transformer.config.in_channels // 4
+        channels = _latent_channels(transformer)
         generator = torch.Generator().manual_seed(0)
         noise = torch.randn((1, channels, side, side), generator=generator)
         latents = FluxPipeline._pack_latents(noise, 1, channels, side, side).to(device)
         image_ids = FluxPipeline._prepare_latent_image_ids(
             1, side // 2, side // 2, device, torch.float32
         )
+        # Fill reads the masked picture and the mask in its channels, not its sequence; with
+        # no picture (a check of the text path) an empty mask on a grey picture, zeros.
+        beside = None
+        if is_fill(pipe):
+            wanted = transformer.config.in_channels - 4 * channels
+            beside = (
+                self.fill_channels(pipe, references[0], references[1], device)
+                if references
+                else latents.new_zeros(1, latents.shape[1], wanted)
+            )
+            references = []
         packed, ids = [], [image_ids]
         for reference in references:
             h, w = reference.shape[-2:]
@@ -338,8 +448,9 @@ class FluxFamily(ShiftedSigmas, Family):
         tokens = latents.shape[1]
         sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
         for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
+            hidden = latents if beside is None else torch.cat([latents, beside], dim=2)
             velocity = transformer(
-                hidden_states=torch.cat([latents, *packed], dim=1),
+                hidden_states=torch.cat([hidden, *packed], dim=1),
                 timestep=torch.full([1], sigma, device=device),
                 img_ids=torch.cat(ids),
                 **extra,
@@ -360,15 +471,80 @@ class FluxFamily(ShiftedSigmas, Family):
             return {"max_area": width * height}
         return {}
 
-    def text_to_image_problem(self, pipeline) -> str | None:
-        return input_channels_problem(
-            pipeline, "latent_channels", 4, " (a Fill, Depth or Canny model?)"
+    def fill_channels(self, pipe, masked, mask, device) -> Any:
+        """What Flux.1 Fill reads beside the noise, (1, tokens, 320): the masked picture's
+        latents (as `encode_pixels` made them) and the mask (1, 1, H, W), packed by the
+        pipeline's own `prepare_mask_latents` (which shifts and scales the raw latents it is
+        given, so they are handed over raw)."""
+        import torch
+
+        vae = pipe.vae.config
+        raw = masked.float() / vae.scaling_factor + vae.shift_factor
+        height, width = mask.shape[-2:]
+        packed_mask, packed = pipe.prepare_mask_latents(
+            mask.to(device, torch.float32),
+            raw.to(device),
+            1,
+            raw.shape[1],
+            1,
+            height,
+            width,
+            torch.float32,
+            device,
+            None,
         )
+        return torch.cat((packed, packed_mask), dim=-1)
+
+    def sequence_latents(self, pipeline, mode: Mode, encoded, mask=None) -> list[Any] | None:
+        # Fill reads the picture with its hole and the mask (in its channels: `_probe`).
+        if mode is Mode.INPAINT and is_fill(pipeline):
+            return [encoded[1], mask]
+        return super().sequence_latents(pipeline, mode, encoded, mask)
+
+    def text_to_image_problem(self, pipeline) -> str | None:
+        if is_fill(pipeline):
+            return (
+                "this is Flux.1 Fill, an inpainting model: give it a picture and a mask "
+                "(white where it paints)."
+            )
+        return input_channels_problem(pipeline, "latent_channels", 4, " (a Depth or Canny model?)")
+
+    def picture_problem(self, pipeline, mode: Mode) -> str | None:
+        if is_fill(pipeline) and mode is Mode.IMAGE:
+            return (
+                "this is Flux.1 Fill, an inpainting model: give it a mask with the picture "
+                "(white where it paints)."
+            )
+        return super().picture_problem(pipeline, mode)
+
+    def redraws_from_noise(self, pipeline, mode: Mode) -> bool:
+        return super().redraws_from_noise(pipeline, mode) or (
+            mode is Mode.INPAINT and is_fill(pipeline)
+        )
+
+    def encodes_its_pictures(self, pipeline, mode: Mode) -> bool:
+        # diffusers' FluxFillPipeline takes no latents of the masked picture: its call refuses
+        # them beside a picture and cannot do without one. It encodes the picture itself.
+        return super().encodes_its_pictures(pipeline, mode) or (
+            mode is Mode.INPAINT and is_fill(pipeline)
+        )
+
+    def own_encoding_call(self, pipeline, pictures) -> dict[str, Any]:
+        # The picture in [0, 1] (the pipeline's processor makes it [-1, 1] and greys the hole,
+        # as `Pictures.masked_pixels` does) and the hard mask; from noise, every step.
+        return {
+            "image": (pictures.pixels + 1.0) / 2.0,
+            "mask_image": pictures.mask,
+            "strength": 1.0,
+        }
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
         from diffusers import FluxPipeline
 
-        return packed_noise(self, pipeline, FluxPipeline._pack_latents, (), seeds, height, width)
+        channels = _latent_channels(pipeline.transformer)
+        return packed_noise(
+            self, pipeline, FluxPipeline._pack_latents, (), seeds, height, width, channels
+        )
 
     def call_arguments(self, cfg: float) -> dict[str, Any]:
         # dev: the guidance embedding's scale (schnell ignores it); never a negative batch.

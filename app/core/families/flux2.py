@@ -602,13 +602,13 @@ class Flux2KleinFamily(_Flux2):
     def editing_picture_problem(self, pipeline, mode: Mode) -> str | None:
         return None  # a picture alone is edited; with a mask, it is inpainted
 
-    def sequence_latents(self, pipeline, mode: Mode, encoded) -> list[Any] | None:
+    def sequence_latents(self, pipeline, mode: Mode, encoded, mask=None) -> list[Any] | None:
         # Flux2KleinInpaintPipeline reads the picture's latents (not those of the picture with
         # its hole) in its sequence as an edit's first reference (time 10, row, column),
         # normalised in fp32: the generation hands them over in fp32.
         if mode is Mode.INPAINT:
             return [encoded[0].float()]
-        return super().sequence_latents(pipeline, mode, encoded)
+        return super().sequence_latents(pipeline, mode, encoded, mask)
 
 
 @dataclass(frozen=True)

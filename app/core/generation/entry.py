@@ -28,7 +28,13 @@ from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
-from app.core.pictures import check_strength, read_pictures, steps_run
+from app.core.pictures import (
+    STRENGTH_DEFAULT,
+    Mode,
+    check_strength,
+    read_pictures,
+    steps_run,
+)
 from app.core.settings import FIELDS, PrecisionSettings
 
 
@@ -42,6 +48,23 @@ def _checked_request(request: GenerationRequest, references: int = 0) -> Generat
         raise HalfSafeError("The prompt and the negative prompt must be text.")
     check_strength(request.steps, request.strength, request.mode_for(references))
     return request
+
+
+def _strength_run(
+    request: GenerationRequest, mode: Mode, from_noise: bool
+) -> tuple[GenerationRequest, list[str]]:
+    """The request as it runs: a picture job that draws from noise with every step (Flux.1
+    Fill's inpainting) runs at strength 1, and its record says so; a strength other than the
+    default asked for it gets a sentence (the default is what every job carries unasked)."""
+    if mode not in (Mode.IMAGE, Mode.INPAINT) or not from_noise or request.strength == 1.0:
+        return request, []
+    note = []
+    if request.strength != STRENGTH_DEFAULT:
+        note.append(
+            f"This model draws the masked area from noise with every step, so the strength "
+            f"{request.strength:g} does not apply to it: it ran at 1."
+        )
+    return replace(request, strength=1.0), note
 
 
 def _seeds(request: GenerationRequest) -> list[int]:
@@ -115,10 +138,11 @@ def _generate_unsaved(
     pipeline = model.pipeline
     family = family_of(pipeline)
     references = family.max_references(pipeline)
+    mode = request.mode_for(references)
+    request, strength_note = _strength_run(request, mode, family.redraws_from_noise(pipeline, mode))
     request = _checked_request(request, references)
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
-    mode = request.mode_for(references)
     problem = family.picture_problem(pipeline, mode) or family.size_problem(
         pipeline, request.width, request.height
     )
@@ -139,7 +163,7 @@ def _generate_unsaved(
         device_info=info,
         remembered=remembered.settings if remembered else None,
     )
-    warnings = list(plan.warnings) + found.notes
+    warnings = list(plan.warnings) + found.notes + strength_note
     warnings.extend(
         problem
         for applied in getattr(model, "loras", [])

@@ -257,7 +257,8 @@ class Stages:
         embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
         encoder_hooks: list[Any] = []
         generators: list[Any] = []
-        if picture is None or self.editing:
+        mode = picture_mode(self.pictures)
+        if picture is None or self.family.redraws_from_noise(pipe, mode):
             latents, generators = self.noise(seeds)
             arguments["latents"] = latents
         if self.editing:
@@ -274,10 +275,14 @@ class Stages:
             if picture is None and self.watch:
                 encoder_hooks = self._watch_pipeline_encoder()
             arguments = _accepted(pipe, arguments)
+        elif self.pictures is not None and picture is None:
+            # The pipeline encodes its picture itself (Flux.1 Fill), watched by hooks.
+            arguments.update(self.family.own_encoding_call(pipe, self.pictures))
+            if self.watch:
+                encoder_hooks = self._watch_pipeline_encoder()
+            arguments = _accepted(pipe, arguments)
         elif picture is not None:
-            pipe = self.family.picture_pipeline(
-                pipe, picture_mode(self.pictures), picture.latents.shape[1]
-            )
+            pipe = self.family.picture_pipeline(pipe, mode, picture.latents.shape[1])
             pipe.set_progress_bar_config(disable=True)
             # The pipeline draws the noise it adds to the picture from these (on the CPU, so
             # that a seed means the same image on every device).
@@ -291,7 +296,7 @@ class Stages:
             arguments = _accepted(pipe, arguments)
         else:
             arguments = _accepted(pipe, arguments)
-        steps = steps_run(request.steps, request.strength, picture_mode(self.pictures))
+        steps = steps_run(request.steps, request.strength, mode)
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
         denoiser = self.placed[self.family.denoiser]
         watch = (
@@ -384,8 +389,8 @@ class Stages:
         conditioning = conditioning or self.encode(plan)
         self.cancel.raise_if_cancelled()
         picture = None
-        if self.pictures is not None and (
-            not self.editing or self.family.edit_latents_given(self.model.pipeline)
+        if self.pictures is not None and not self.family.encodes_its_pictures(
+            self.model.pipeline, self.pictures.mode
         ):
             picture = self.encode_picture(plan)
         self.pipeline_encoder_bad = None

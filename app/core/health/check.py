@@ -319,7 +319,7 @@ class _Check:
         good = self.settle(runner.encode_picture, ["vae_encoder"], first)
         assert runner.pictures is not None  # only a check of a job that starts from a picture
         references = runner.family.sequence_latents(
-            self.model.pipeline, runner.pictures.mode, good.output
+            self.model.pipeline, runner.pictures.mode, good.output, runner.pictures.mask
         )
         if references is not None:
             if not all_finite(references):

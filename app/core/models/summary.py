@@ -24,7 +24,10 @@ class ModelSummary:
     name of that device), if any. `profile_notes`: a sentence each when the remembered fixes'
     file was found damaged (and kept aside) by this load. `picture_modes`: for image-to-image
     and inpainting (`pictures.Mode`), "" where this model runs the mode, else the one sentence
-    why not; empty when not known (a summary made without a pipeline): the job then decides."""
+    why not; empty when not known (a summary made without a pipeline): the job then decides.
+    `references`: how many pictures it edits at most (0: it is not an editing model);
+    `draws_from_noise`: its picture modes that draw from noise with every step, so that no
+    strength applies (an edit; Flux.1 Fill's inpainting)."""
 
     source: str
     name: str
@@ -45,6 +48,8 @@ class ModelSummary:
     remembered_on: str = ""  # the device the remembered fix is for
     profile_notes: tuple[str, ...] = ()
     picture_modes: Mapping[Mode, str] = field(default_factory=dict)
+    references: int = 0
+    draws_from_noise: tuple[Mode, ...] = ()
 
 
 def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
@@ -72,6 +77,7 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         remembered_on=on,
         profile_notes=tuple(notes),
         picture_modes=_picture_modes(pipeline),
+        **_picture_facts(pipeline),
     )
 
 
@@ -86,6 +92,22 @@ def _picture_modes(pipeline) -> dict[Mode, str]:
         return {}
     return {
         mode: family.picture_problem(pipeline, mode) or "" for mode in (Mode.IMAGE, Mode.INPAINT)
+    }
+
+
+def _picture_facts(pipeline) -> dict[str, Any]:
+    """`references` and `draws_from_noise` of the summary, from the model's family."""
+    from app.core.families.registry import family_of
+
+    try:
+        family = family_of(pipeline)
+    except HalfSafeError:
+        return {}
+    references = family.max_references(pipeline)
+    modes = (Mode.IMAGE, Mode.INPAINT, Mode.EDIT) if references else (Mode.IMAGE, Mode.INPAINT)
+    return {
+        "references": references,
+        "draws_from_noise": tuple(m for m in modes if family.redraws_from_noise(pipeline, m)),
     }
 
 
