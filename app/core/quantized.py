@@ -62,6 +62,14 @@ FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 # knows stores in safetensors yet; refused with a sentence instead of half-read.
 UNSUPPORTED_SAFETENSORS = ("F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
 
+# Integer weights with a scale beside them: ComfyUI's NVFP4 (two 4-bit values per byte, with
+# fp8 block scales and a second, per-tensor scale) and int8 formats, which HalfSafe does not
+# dequantise; refused in one sentence that names the format, never read as plain integers.
+INTEGER_QUANTIZED = {
+    "U8": "packed 4-bit values (NVFP4 or a format like it)",
+    "I8": "int8 values",
+}
+
 # Weight scales, by the suffix that replaces a weight's final "weight": `weight_scale`
 # (compressed-tensors and most fp8 exports), `scale_weight` (ComfyUI's scaled fp8).
 SCALE_SUFFIXES = ("weight_scale", "scale_weight")
@@ -183,6 +191,16 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
             )
     marker = SCALED_FP8_MARKER in dtypes
     scales = {n for n in dtypes if n.endswith(SCALE_SUFFIXES)}
+    for scale in sorted(scales):
+        suffix = next(s for s in SCALE_SUFFIXES if scale.endswith(s))
+        weight = scale[: -len(suffix)] + "weight"
+        if dtypes.get(weight) in INTEGER_QUANTIZED:
+            raise BadFileError(
+                path,
+                f"tensor '{weight}' is stored as {INTEGER_QUANTIZED[dtypes[weight]]} with a "
+                f"scale ('{scale}'), a quantized format HalfSafe cannot read (it reads fp8 "
+                "e4m3/e5m2 safetensors and GGUF files).",
+            )
     inputs = {n for n in dtypes if n.endswith(INPUT_SCALE_SUFFIXES)}
     configs = {n for n in dtypes if n.endswith(LAYER_CONFIG_SUFFIX)}
     bookkeeping = scales | inputs | configs | {SCALED_FP8_MARKER}

@@ -13,6 +13,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
+from app.cli import main
 from app.core import causes, health, layouts, models, split
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
@@ -198,6 +199,44 @@ def test_fp8_layouts_that_cannot_be_read_right_are_refused_in_one_sentence(tmp_p
         Checkpoint(path)
     text = str(caught.value)
     assert str(path) in text and words in text and "\n" not in text and text.endswith(".")
+
+
+# ComfyUI's NVFP4 layer (comfy/quant_ops.py): two 4-bit values per byte, fp8 scales per block
+# of 16, a per-tensor second scale; and an int8 layer with its scale.
+NVFP4_LAYER = {
+    "a.weight": torch.zeros(4, 8, dtype=torch.uint8),
+    "a.weight_scale": torch.ones(4, 1).to(E4M3),
+    "a.weight_scale_2": torch.tensor(1.0),
+    "a.comfy_quant": torch.tensor(list(b'{"format": "nvfp4"}'), dtype=torch.uint8),
+}
+INT8_LAYER = {"a.weight": torch.zeros(4, 4, dtype=torch.int8), "a.weight_scale": torch.tensor(1.0)}
+
+
+@pytest.mark.parametrize(
+    ("layer", "words"),
+    [
+        (NVFP4_LAYER, "is stored as packed 4-bit values (NVFP4 or a format like it) with a scale"),
+        (INT8_LAYER, "is stored as int8 values with a scale"),
+    ],
+    ids=["nvfp4", "int8"],
+)
+def test_integer_quantized_weights_are_refused_as_a_format_not_as_damage(
+    tmp_path, layer, words, capsys
+):
+    path = write_safetensors(tmp_path / "quantized.safetensors", {"b.weight": W8, **layer})
+    with pytest.raises(BadFileError) as caught:
+        Checkpoint(path)
+    text = str(caught.value)
+    assert text == (
+        f"{path}: tensor 'a.weight' {words} ('a.weight_scale'), a quantized format HalfSafe "
+        "cannot read (it reads fp8 e4m3/e5m2 safetensors and GGUF files)."
+    )
+    assert "damaged" not in text
+    assert main(["check", str(path), "--device", "cpu"]) == 2
+    err = without_progress(capsys.readouterr().err)
+    assert [line for line in err.splitlines() if line.startswith("halfsafe: ")] == [
+        f"halfsafe: {text}"
+    ]
 
 
 @pytest.mark.parametrize(
