@@ -85,6 +85,8 @@ def main() -> int:
     settings["output_folder"] = str(scratch / "images")
     save_settings(settings)
 
+    from PySide6.QtCore import QPointF
+
     from app.ui.application import application, build_main_window
     from app.ui.help_view import show_guide
     from app.ui.main_window import PAGES
@@ -193,6 +195,22 @@ def main() -> int:
     window.generate_view.banner.buttons["Apply fix and regenerate"].click()
     wait_until(app, lambda: window.generate_view.gallery.count() > 1, "the regeneration")
     shot("generate-fixed")
+
+    # Inpainting: the fixed image as the input picture, a mask painted over its middle.
+    pictures = window.generate_view.pictures
+    fixed = window.generate_view.current_entry
+    if fixed is None or not fixed.path or not pictures.picture_slot.take(fixed.path):
+        raise SystemExit("the fixed image could not be taken as the input picture")
+    pictures.paint_mask()
+    painter = pictures.painter
+    wait_until(app, lambda: painter is not None and painter.isVisible(), "the mask painter")
+    painter.resize(min(width - 80, 900), min(height - 80, 700))
+    wait_until(app, lambda: True, "layout")
+    side = painter.canvas.mask_image.width()
+    painter.canvas._dab(QPointF(side * 0.3, side * 0.35), QPointF(side * 0.7, side * 0.6))
+    shot("mask-painter", painter)
+    painter.reject()
+    pictures.picture_slot.remove()
 
     if "Fixes" in PAGES:
         window.show_page("Fixes")

@@ -107,9 +107,18 @@ class PictureSlot(QFrame):
         buttons.addWidget(self.choose_button)
         buttons.addWidget(self.remove_button)
         buttons.addStretch(1)
+        self._buttons = buttons
         column.addLayout(buttons)
         row.addLayout(column, 1)
         self._show()
+
+    def add_button(self, text: str, tip: str, action: Callable[[], object]) -> QPushButton:
+        """A further button beside "Choose…" and "Remove"."""
+        button = QPushButton(text)
+        button.setToolTip(tip)
+        button.clicked.connect(lambda: action())
+        self._buttons.insertWidget(self._buttons.count() - 1, button)
+        return button
 
     def choose(self, path: str | None = None) -> bool:
         """Take `path`, or a file the user picks. Returns whether a file was taken."""
@@ -236,6 +245,12 @@ class InputPictures(QWidget):
         self._mask_tip = (
             "A black and white picture the input picture's shape: white is painted again."
         )
+        self.paint_button = self.mask_slot.add_button(
+            "Paint…",
+            "Paint the mask over the picture: what you paint is drawn again.",
+            self.paint_mask,
+        )
+        self.painter: Any = None  # the mask painter while it is open
         column.addWidget(self.mask_slot)
         strength_row = QHBoxLayout()
         strength_row.addWidget(label("Strength"))
@@ -278,6 +293,39 @@ class InputPictures(QWidget):
         )
         self.picture_slot._show()
         self._update()
+
+    def paint_mask(self) -> None:
+        """Open the mask painter over the input picture (starting from the mask the job has);
+        the mask painted is saved and taken when the user keeps it."""
+        from PySide6.QtGui import QImage
+
+        from app.ui.mask_painter import MaskPainter  # imported when first opened
+
+        picture = self.picture_slot.path
+        if not picture or self.painter is not None:
+            return
+        image = QImage(picture)
+        if image.isNull():
+            self.refused.emit(f"{picture}: the picture cannot be shown to paint a mask on.")
+            return
+        mask = QImage(self.mask_slot.path) if self.mask_slot.path else None
+        self.painter = dialog = MaskPainter(image, mask, Path(picture).name, self)
+        dialog.accepted.connect(lambda: self._take_painted(dialog))
+        dialog.finished.connect(self._painter_closed)
+        dialog.open()
+
+    def _take_painted(self, dialog: Any) -> None:
+        try:
+            path = dialog.save()
+        except OSError as error:
+            self.refused.emit(f"The painted mask could not be saved ({error}).")
+            return
+        self.mask_slot.take(str(path))
+
+    def _painter_closed(self) -> None:
+        if self.painter is not None:
+            self.painter.deleteLater()
+        self.painter = None
 
     def refusal(self, mode: Mode) -> str:
         """Why the loaded model cannot run `mode`, '' when it can (or it is not known)."""

@@ -1,0 +1,259 @@
+"""Painting an inpainting mask over the input picture: the picture scaled to fit, the mask over
+it in translucent colour, the left mouse button painting what is drawn again and the right one
+erasing. The mask is painted at the picture's proportions, its long side between `MIN_SIDE` and
+`MAX_SIDE` pixels (every job resizes its mask to its own size), and saved as a black and white
+PNG, white where the picture is painted again, as every tool's masks are.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import (
+    QColor,
+    QImage,
+    QImageWriter,
+    QMouseEvent,
+    QPainter,
+    QPaintEvent,
+    QPen,
+)
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QPushButton,
+    QSizePolicy,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core import paths
+from app.core.files import write_atomic
+from app.ui.widgets import label
+
+MAX_SIDE = 1024  # the painted mask's long side at most, in pixels
+MIN_SIDE = 512  # and at least (a smaller picture is shown larger to paint on)
+BRUSH_RANGE = (2, 400)  # brush diameters, in the mask's pixels; a twelfth of it by default
+OVERLAY = QColor(230, 60, 60)  # the mask's colour over the picture
+OVERLAY_OPACITY = 0.55
+WHITE, BLACK = QColor(255, 255, 255), QColor(0, 0, 0)
+
+
+def masks_folder() -> Path:
+    """Where painted masks are kept: beside HalfSafe's other data, never in the picture's own
+    folder (which may be another program's, or read-only)."""
+    return paths.data_dir() / "masks"
+
+
+class MaskCanvas(QWidget):
+    """The picture with the mask over it. The left button paints (white in the mask), the
+    right one erases (black); a stroke is a line of round dabs `brush` mask pixels wide.
+    Signal (GUI thread): changed(), after each dab."""
+
+    changed = Signal()
+
+    def __init__(self, picture: QImage, mask: QImage | None = None) -> None:
+        super().__init__()
+        # A small picture is painted larger, so that strokes have smooth edges.
+        long_side = max(picture.width(), picture.height())
+        scale = min(MAX_SIDE, max(MIN_SIDE, long_side)) / long_side
+        size = picture.size() * scale
+        self.picture = picture.scaled(
+            size, Qt.AspectRatioMode.IgnoreAspectRatio, Qt.TransformationMode.SmoothTransformation
+        )
+        self.mask_image = QImage(self.picture.size(), QImage.Format.Format_Grayscale8)
+        self.mask_image.fill(BLACK)
+        if mask is not None and not mask.isNull():  # start from the mask the job has
+            grey = mask.convertToFormat(QImage.Format.Format_Grayscale8).scaled(
+                self.mask_image.size(),
+                Qt.AspectRatioMode.IgnoreAspectRatio,
+                Qt.TransformationMode.SmoothTransformation,
+            )
+            painter = QPainter(self.mask_image)
+            painter.drawImage(0, 0, grey)
+            painter.end()
+        self.brush = max(BRUSH_RANGE[0], round(max(size.width(), size.height()) / 12))
+        self._last: QPointF | None = None
+        self._colour = WHITE
+        self.setMinimumSize(240, 180)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.setCursor(Qt.CursorShape.CrossCursor)
+
+    # What the mask holds ------------------------------------------------------------------
+
+    def is_empty(self) -> bool:
+        """Whether nothing would be painted again (the engine refuses such a mask)."""
+        return not any(self._bytes())
+
+    def painted_share(self) -> float:
+        """The share of the picture that is painted again, 0 to 1."""
+        data = self._bytes()
+        return sum(1 for value in data if value >= 128) / max(1, len(data))
+
+    def _bytes(self) -> bytes:
+        # Rows may be padded to 4 bytes: read each row's own pixels.
+        width, rows = self.mask_image.width(), self.mask_image.height()
+        line = self.mask_image.bytesPerLine()
+        data = bytes(self.mask_image.constBits())
+        return b"".join(data[row * line : row * line + width] for row in range(rows))
+
+    def clear(self) -> None:
+        self.mask_image.fill(BLACK)
+        self._changed()
+
+    def invert(self) -> None:
+        self.mask_image.invertPixels()
+        self._changed()
+
+    # Painting -----------------------------------------------------------------------------
+
+    def target(self) -> QRectF:
+        """Where the picture is drawn in the widget: scaled to fit, centred."""
+        size = self.picture.size().toSizeF()
+        size.scale(self.size().toSizeF(), Qt.AspectRatioMode.KeepAspectRatio)
+        x = (self.width() - size.width()) / 2
+        y = (self.height() - size.height()) / 2
+        return QRectF(QPointF(x, y), size)
+
+    def to_mask(self, position: QPointF) -> QPointF:
+        """A point of the widget in the mask's pixels."""
+        target = self.target()
+        factor = self.mask_image.width() / target.width() if target.width() else 1.0
+        return (position - target.topLeft()) * factor
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.SmoothPixmapTransform)
+        target = self.target()
+        painter.drawImage(target, self.picture)
+        overlay = QImage(self.mask_image.size(), QImage.Format.Format_ARGB32_Premultiplied)
+        overlay.fill(OVERLAY)
+        overlay.setAlphaChannel(self.mask_image)
+        painter.setOpacity(OVERLAY_OPACITY)
+        painter.drawImage(target, overlay)
+        painter.end()
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
+        button = event.button()
+        if button not in (Qt.MouseButton.LeftButton, Qt.MouseButton.RightButton):
+            return
+        self._colour = WHITE if button == Qt.MouseButton.LeftButton else BLACK
+        self._last = self.to_mask(event.position())
+        self._dab(self._last, self._last)
+
+    def mouseMoveEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
+        if self._last is None:
+            return
+        point = self.to_mask(event.position())
+        self._dab(self._last, point)
+        self._last = point
+
+    def mouseReleaseEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
+        self._last = None
+
+    def _dab(self, start: QPointF, end: QPointF) -> None:
+        painter = QPainter(self.mask_image)
+        pen = QPen(self._colour, self.brush, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap)
+        painter.setPen(pen)
+        painter.drawLine(start, end)
+        painter.end()
+        self._changed()
+
+    def _changed(self) -> None:
+        self.update()
+        self.changed.emit()
+
+    def png(self) -> bytes:
+        """The mask as a PNG file's bytes: hard black and white, as the engine reads it."""
+        hard = self.mask_image.copy()
+        hard.convertTo(QImage.Format.Format_Mono, Qt.ImageConversionFlag.ThresholdDither)
+        data = QByteArray()
+        buffer = QBuffer(data)
+        buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+        QImageWriter(buffer, QByteArray(b"PNG")).write(
+            hard.convertToFormat(QImage.Format.Format_Grayscale8)
+        )
+        buffer.close()
+        return bytes(data.data())
+
+
+class MaskPainter(QDialog):
+    """Paint a mask over `picture` (the input picture's image; `name` its file's name), starting
+    from `mask` when the job has one. "Use this mask" is offered once something is painted;
+    `save()` writes the PNG and returns its path."""
+
+    def __init__(self, picture: QImage, mask: QImage | None, name: str, parent=None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Paint the mask")
+        self.name = name
+        column = QVBoxLayout(self)
+        column.addWidget(
+            label(
+                "Paint with the left mouse button over what is drawn again (shown in colour); "
+                "the right button erases. The rest of the picture is kept.",
+                "muted",
+                wrap=True,
+            )
+        )
+        self.canvas = MaskCanvas(picture, mask)
+        column.addWidget(self.canvas, 1)
+        tools = QHBoxLayout()
+        tools.addWidget(label("Brush"))
+        self.brush = QSpinBox()
+        self.brush.setRange(*BRUSH_RANGE)
+        self.brush.setSuffix(" px")
+        self.brush.setValue(self.canvas.brush)
+        self.brush.setToolTip("The brush's width in the mask's pixels.")
+        self.brush.valueChanged.connect(self._set_brush)
+        tools.addWidget(self.brush)
+        self.clear_button = QPushButton("Clear")
+        self.clear_button.clicked.connect(self.canvas.clear)
+        self.invert_button = QPushButton("Invert")
+        self.invert_button.setToolTip("Paint again what is kept, and keep what is painted.")
+        self.invert_button.clicked.connect(self.canvas.invert)
+        tools.addWidget(self.clear_button)
+        tools.addWidget(self.invert_button)
+        tools.addStretch(1)
+        self.share = label("", "muted")
+        tools.addWidget(self.share)
+        column.addLayout(tools)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        self.use_button = self.buttons.addButton(
+            "Use this mask", QDialogButtonBox.ButtonRole.AcceptRole
+        )
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        column.addWidget(self.buttons)
+        self.canvas.changed.connect(self._update)
+        self._update()
+        self.resize(720, 600)
+
+    def _set_brush(self, value: int) -> None:
+        self.canvas.brush = value
+
+    def _update(self) -> None:
+        empty = self.canvas.is_empty()
+        self.use_button.setEnabled(not empty)
+        self.share.setText(
+            "Nothing painted yet" if empty else f"{self.canvas.painted_share():.0%} painted again"
+        )
+
+    def save(self, folder: Path | None = None) -> Path:
+        """Write the mask as `<picture>-mask-<time>.png` in `folder` (by default the masks
+        folder beside HalfSafe's data); a new file each time, never one already there. Raises
+        OSError when it cannot be written."""
+        folder = folder or masks_folder()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        data = self.canvas.png()
+        for attempt in range(100):
+            suffix = f"-{attempt}" if attempt else ""
+            path = folder / f"{Path(self.name).stem}-mask-{stamp}{suffix}.png"
+            try:
+                return write_atomic(path, data, overwrite=False, shared=True)
+            except FileExistsError:
+                continue
+        raise OSError(f"no free name for the mask in {folder}")

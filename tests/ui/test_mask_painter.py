@@ -1,0 +1,187 @@
+"""Painting an inpainting mask on the Generate page: strokes of the left button paint what is
+drawn again, the right button erases, Clear and Invert work on the whole mask; the mask is saved
+as a hard black and white PNG in HalfSafe's data folder at the picture's proportions (at most
+1024 px long), taken as the job's mask and read by the engine's own reader as painted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QColor, QImage
+from PySide6.QtTest import QTest
+
+from app.core import paths
+from app.core.pictures import Mode, read_pictures
+from app.ui.mask_painter import MAX_SIDE, MIN_SIDE, MaskPainter
+from tests.ui.conftest import load_fake_model
+
+
+def _picture(path, size=(400, 300), colour="steelblue") -> str:
+    image = QImage(size[0], size[1], QImage.Format.Format_RGB32)
+    image.fill(QColor(colour))
+    assert image.save(str(path))
+    return str(path)
+
+
+def _stroke(canvas, start: QPoint, end: QPoint, button=Qt.MouseButton.LeftButton) -> None:
+    QTest.mousePress(canvas, button, Qt.KeyboardModifier.NoModifier, start)
+    steps = 8
+    for index in range(1, steps + 1):
+        point = start + (end - start) * index / steps
+        QTest.mouseMove(canvas, point)
+    QTest.mouseRelease(canvas, button, Qt.KeyboardModifier.NoModifier, end)
+
+
+def _widget_point(canvas, x: float, y: float) -> QPoint:
+    """The widget point over the picture's point at (x, y), each a share of its side."""
+    target = canvas.target()
+    return QPoint(int(target.left() + x * target.width()), int(target.top() + y * target.height()))
+
+
+@pytest.fixture
+def painter(qtbot, tmp_path):
+    picture = QImage(_picture(tmp_path / "photo.png"))
+    dialog = MaskPainter(picture, None, "photo.png")
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    return dialog
+
+
+def _saved(dialog, tmp_path) -> np.ndarray:
+    path = dialog.save(tmp_path / "masks")
+    return np.asarray(Image.open(path))
+
+
+def at(values: np.ndarray, x: float, y: float) -> int:
+    """The mask's value at (x, y), each a share of its side."""
+    rows, columns = values.shape
+    return int(values[int(y * rows), int(x * columns)])
+
+
+def test_a_stroke_paints_what_is_drawn_again_and_only_that(painter, tmp_path):
+    canvas = painter.canvas
+    assert canvas.is_empty() and not painter.use_button.isEnabled()
+    assert painter.share.text() == "Nothing painted yet"
+
+    _stroke(canvas, _widget_point(canvas, 0.25, 0.5), _widget_point(canvas, 0.75, 0.5))
+
+    assert painter.use_button.isEnabled()
+    assert painter.share.text().endswith("painted again")
+    values = _saved(painter, tmp_path)
+    assert values.shape == (384, 512)  # the picture's proportions, at least 512 px long
+    assert set(np.unique(values).tolist()) == {0, 255}  # hard, as the engine reads it
+    assert at(values, 0.5, 0.5) == 255  # on the stroke
+    assert at(values, 0.28, 0.5) == 255 and at(values, 0.72, 0.5) == 255
+    assert at(values, 0.5, 0.05) == 0 and at(values, 0.5, 0.95) == 0 and at(values, 0.02, 0.5) == 0
+
+
+def test_the_right_button_erases_and_clear_and_invert_work_on_the_whole_mask(painter, tmp_path):
+    canvas = painter.canvas
+    _stroke(canvas, _widget_point(canvas, 0.2, 0.5), _widget_point(canvas, 0.8, 0.5))
+    _stroke(
+        canvas,
+        _widget_point(canvas, 0.5, 0.2),
+        _widget_point(canvas, 0.5, 0.8),
+        Qt.MouseButton.RightButton,
+    )
+    values = _saved(painter, tmp_path)
+    assert at(values, 0.5, 0.5) == 0 and at(values, 0.25, 0.5) == 255
+
+    painter.invert_button.click()
+    inverted = _saved(painter, tmp_path)
+    assert at(inverted, 0.5, 0.5) == 255 and at(inverted, 0.25, 0.5) == 0
+    assert at(inverted, 0.02, 0.02) == 255
+
+    painter.clear_button.click()
+    assert canvas.is_empty() and not painter.use_button.isEnabled()
+
+
+def test_each_save_is_a_new_file_in_the_data_folder(painter, tmp_path, monkeypatch):
+    monkeypatch.setenv("HALFSAFE_DATA_DIR", str(tmp_path / "data"))
+    canvas = painter.canvas
+    _stroke(canvas, _widget_point(canvas, 0.4, 0.4), _widget_point(canvas, 0.6, 0.6))
+    first, second = painter.save(), painter.save()
+    assert first != second
+    assert first.parent == second.parent == paths.data_dir() / "masks"
+    assert first.name.startswith("photo-mask-") and first.suffix == ".png"
+
+
+@pytest.mark.parametrize(
+    ("size", "painted"), [((3000, 2000), (MAX_SIDE, 683)), ((64, 128), (MIN_SIDE // 2, MIN_SIDE))]
+)
+def test_the_mask_is_painted_in_the_pictures_proportions_within_bounds(
+    qtbot, tmp_path, size, painted
+):
+    picture = QImage(_picture(tmp_path / "picture.png", size))
+    dialog = MaskPainter(picture, None, "picture.png")
+    qtbot.addWidget(dialog)
+    mask = dialog.canvas.mask_image
+    assert (mask.width(), mask.height()) == painted
+    assert dialog.brush.value() == round(max(painted) / 12)
+
+
+def test_the_painter_starts_from_the_mask_the_job_has(qtbot, tmp_path):
+    values = np.zeros((150, 200), np.uint8)
+    values[:, :100] = 255  # the left half, at half the picture's size
+    Image.fromarray(values).save(tmp_path / "half.png")
+    dialog = MaskPainter(
+        QImage(_picture(tmp_path / "photo.png")), QImage(str(tmp_path / "half.png")), "photo.png"
+    )
+    qtbot.addWidget(dialog)
+    saved = _saved(dialog, tmp_path)
+    assert at(saved, 0.1, 0.5) == 255 and at(saved, 0.9, 0.5) == 0
+    assert dialog.use_button.isEnabled()
+
+
+def test_the_generate_page_paints_a_mask_and_the_job_inpaints_with_it(
+    window, engines, tmp_path, qtbot
+):
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    view = window.generate_view
+    view.prompt.setPlainText("a red door")
+    pictures = view.pictures
+    photo = _picture(tmp_path / "photo.png")
+    assert not pictures.paint_button.isEnabled()  # no picture, no mask to paint
+    assert pictures.picture_slot.choose(photo)
+    assert pictures.paint_button.isEnabled()
+
+    pictures.paint_button.click()
+    dialog = pictures.painter
+    assert dialog is not None
+    qtbot.waitExposed(dialog)
+    canvas = dialog.canvas
+    _stroke(canvas, _widget_point(canvas, 0.3, 0.3), _widget_point(canvas, 0.7, 0.7))
+    dialog.use_button.click()
+    qtbot.waitUntil(lambda: pictures.painter is None)
+
+    mask = pictures.mask_slot.path
+    assert mask and mask.startswith(str(paths.data_dir() / "masks"))
+    view.generate()
+    job = engines.current.last_job("generate").params.generation
+    assert (job.images, job.mask, job.mode_for()) == ([photo], mask, Mode.INPAINT)
+    # The engine's own reader takes it: the stroke is painted again, the corners are kept.
+    read = read_pictures([photo], mask, 64, 48)
+    assert read is not None and read.mask is not None
+    hard = read.mask[0, 0].numpy()
+    assert hard[24, 32] == 1.0 and hard[2, 2] == 0.0 and hard[45, 61] == 0.0
+
+
+def test_cancel_keeps_the_mask_the_job_had(window, engines, tmp_path, qtbot):
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    pictures = window.generate_view.pictures
+    assert pictures.picture_slot.choose(_picture(tmp_path / "photo.png"))
+    mask = _picture(tmp_path / "mask.png", colour="white")
+    assert pictures.mask_slot.choose(mask)
+    pictures.paint_button.click()
+    dialog = pictures.painter
+    qtbot.waitExposed(dialog)
+    assert not dialog.canvas.is_empty()  # it starts from the job's mask
+    dialog.canvas.clear()
+    dialog.reject()
+    qtbot.waitUntil(lambda: pictures.painter is None)
+    assert pictures.mask_slot.path == mask
