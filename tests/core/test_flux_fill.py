@@ -120,6 +120,39 @@ def test_a_fill_transformer_file_in_black_forest_labs_layout_loads_with_its_comp
     assert (entry.architecture, entry.supported) == ("flux-fill", True)
 
 
+@pytest.mark.parametrize("stored", ["gguf-q8_0", "fp8-scaled"])
+def test_a_quantized_fill_transformer_loads_and_inpaints(tmp_path, stored, picture, mask):
+    """Fill as the ecosystem ships it quantized (city96's GGUF, ComfyUI's scaled fp8): read
+    through the same layout, told Fill by its 384 input channels, and it inpaints."""
+    from gguf import GGMLQuantizationType
+
+    from app.core.checkpoint import Checkpoint, write_safetensors
+    from tests.core.test_quantized import fp8_scaled, gguf_split_set
+
+    pipeline = tiny_models.build_tiny_flux_fill_pipeline()
+    if stored == "gguf-q8_0":
+        _, _, path = gguf_split_set(
+            tmp_path, pipeline, GGMLQuantizationType.Q8_0, name="flux1-fill-dev"
+        )
+    else:
+        written = save_split_files(pipeline, tmp_path / "models", "flux1-fill-dev")
+        with Checkpoint(written["transformer"]) as checkpoint:
+            original = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+        quantized, _ = fp8_scaled(original, style="weight_scale", per_row=True)
+        path = write_safetensors(written["transformer"], quantized)
+
+    model = models.load_model(str(path))
+
+    assert (model.architecture, type(model.pipeline).__name__) == ("flux-fill", "FluxFillPipeline")
+    assert model.quantization is not None
+    assert model.quantization["format"] == ("gguf" if stored == "gguf-q8_0" else "fp8_scaled")
+    assert model.weights.non_finite == [] and model.weights.bad_quantized == []
+    image = generation.generate(
+        model, _request(tmp_path, picture, mask, steps=2), precision=FP16, device="cpu"
+    ).images[0]
+    assert image.status == "ok"
+
+
 def test_depth_and_canny_are_refused_in_one_sentence_as_folders_and_as_files(tmp_path):
     control = _control_pipeline()
     index = {"_class_name": "FluxControlPipeline", "transformer": ["diffusers", "x"]}
