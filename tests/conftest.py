@@ -3,7 +3,18 @@ folder under tmp_path."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
+
+# The folders HalfSafe and the hub read, each pointed away from the user's own.
+_FOLDERS = (
+    ("HALFSAFE_CONFIG_DIR", "config"),
+    ("HALFSAFE_DATA_DIR", "data"),
+    ("HALFSAFE_CACHE_DIR", "cache"),
+    ("HF_HOME", "hf"),
+)
 
 # Before anything can import Qt or huggingface_hub.
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
@@ -19,6 +30,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # the machine: "native" unless the run names one. The test command runs the core tests again with
 # HALFSAFE_CPU_BF16=emulated, so both branches run on every machine.
 os.environ.setdefault("HALFSAFE_CPU_BF16", "native")
+# Every test gets fresh folders (`isolated_dirs`). Beneath those, the whole run points them at a
+# folder of its own too, so that nothing a test does (a monkeypatch.undo() undoes the fixture's
+# folders as well) reads or writes the user's real settings, models' hashes or caches.
+_RUN_HOME = tempfile.mkdtemp(prefix="halfsafe-tests-")
+atexit.register(shutil.rmtree, _RUN_HOME, ignore_errors=True)
+for _var, _name in _FOLDERS:
+    os.environ[_var] = os.path.join(_RUN_HOME, _name)
 
 import pytest  # noqa: E402
 
@@ -27,12 +45,7 @@ import pytest  # noqa: E402
 def isolated_dirs(tmp_path_factory, monkeypatch):
     """Point settings, data, caches and the HF cache at fresh folders for every test."""
     root = tmp_path_factory.mktemp("halfsafe-home")
-    for var, name in (
-        ("HALFSAFE_CONFIG_DIR", "config"),
-        ("HALFSAFE_DATA_DIR", "data"),
-        ("HALFSAFE_CACHE_DIR", "cache"),
-        ("HF_HOME", "hf"),
-    ):
+    for var, name in _FOLDERS:
         monkeypatch.setenv(var, str(root / name))
     return root
 

@@ -445,13 +445,13 @@ def test_watch_records_image_and_first_step_without_reading_the_device(monkeypat
     def refuse(*_args, **_kwargs):
         raise AssertionError("the watch read a value back from the device")
 
-    for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"):
-        monkeypatch.setattr(torch.Tensor, name, refuse)
-    for step in range(4):
-        sample = torch.cat([latents] * 2) + step
-        unet(sample, torch.tensor(900.0 - step), encoder_hidden_states=context)
-        watch.after_step(step, latents)
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        for name in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+            patched.setattr(torch.Tensor, name, refuse)
+        for step in range(4):
+            sample = torch.cat([latents] * 2) + step
+            unet(sample, torch.tensor(900.0 - step), encoder_hidden_states=context)
+            watch.after_step(step, latents)
     watch.remove()
 
     bad, first = generation.read_flags(watch.flags())[:2], generation.read_flags(watch.flags())[2:]

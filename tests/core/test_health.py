@@ -310,18 +310,18 @@ def test_probe_reads_device_values_once_not_per_module(monkeypatch):
     unet = build_tiny_sd_pipeline().unet
     recorder = ActivationRecorder(unet)
     syncs = []
-    for method in ("item", "tolist", "cpu", "__bool__"):
-        original = getattr(torch.Tensor, method)
+    with monkeypatch.context() as patched:
+        for method in ("item", "tolist", "cpu", "__bool__"):
+            original = getattr(torch.Tensor, method)
 
-        def counting(self, *a, _original=original, _name=method, **k):
-            syncs.append(_name)
-            return _original(self, *a, **k)
+            def counting(self, *a, _original=original, _name=method, **k):
+                syncs.append(_name)
+                return _original(self, *a, **k)
 
-        monkeypatch.setattr(torch.Tensor, method, counting)
-    with torch.no_grad():
-        out = unet(torch.randn(2, 4, 8, 8), 10, encoder_hidden_states=torch.randn(2, 77, 32))
-    during_forward = list(syncs)
-    monkeypatch.undo()
+            patched.setattr(torch.Tensor, method, counting)
+        with torch.no_grad():
+            out = unet(torch.randn(2, 4, 8, 8), 10, encoder_hidden_states=torch.randn(2, 77, 32))
+        during_forward = list(syncs)
     result = recorder.read(out.sample)
     assert during_forward == []
     assert len(result.modules) > 50

@@ -167,20 +167,23 @@ def test_a_flaky_linear_fails_its_dtype_and_a_flaky_backend_is_not_recommended(m
     assert "math" in clean.attention_backends("fp16")
 
     # The math backend goes bad once in 5 calls, in the statistical test only.
-    monkeypatch.setattr(
-        F, "scaled_dot_product_attention", EveryNth(F.scaled_dot_product_attention, n=5)
-    )
-    ops = [op for op in selftest_stats.operations(small=True) if op.backend == "math"]
-    clean.statistical = selftest_stats.run_statistical("cpu", max_calls=10, ops=ops)
-    monkeypatch.undo()
+    # (Scoped patches throughout: monkeypatch.undo() would also undo the isolated folders the
+    # autouse fixture set, and the cache would be read from the real one.)
+    with monkeypatch.context() as patched:
+        patched.setattr(
+            F, "scaled_dot_product_attention", EveryNth(F.scaled_dot_product_attention, n=5)
+        )
+        ops = [op for op in selftest_stats.operations(small=True) if op.backend == "math"]
+        clean.statistical = selftest_stats.run_statistical("cpu", max_calls=10, ops=ops)
     assert "math" not in clean.attention_backends("fp16")
     assert "math (statistical)" not in clean.failed_ops("fp16")
     assert any(name.startswith("attention:math (") for name in clean.failed_ops("fp16"))
 
     # The one-call self-test is cached clean; then an fp16 Linear starts returning zeros
     # once in 3 calls, and asking for a call limit counts again over the cached verdict.
-    monkeypatch.setattr(F, "linear", EveryNth(F.linear, n=3, fault="zeros"))
-    result = selftest.run_self_test("cpu", key=KEY, stat_max_calls=4)
+    with monkeypatch.context() as patched:
+        patched.setattr(F, "linear", EveryNth(F.linear, n=3, fault="zeros"))
+        result = selftest.run_self_test("cpu", key=KEY, stat_max_calls=4)
     assert result.cached and result.fp16 == "fail" and result.bf16 == "fail"
     assert not [d for d in result.details if d.status == "fail"]  # only the counts failed it
     assert any(name.startswith("linear (") for name in result.failed_ops("fp16"))
@@ -193,7 +196,6 @@ def test_a_flaky_linear_fails_its_dtype_and_a_flaky_backend_is_not_recommended(m
     json.dumps(document)
 
     # Read back from the cache with the counts; asking for a call limit counts again.
-    monkeypatch.undo()
     cached = selftest.run_self_test("cpu", key=KEY)
     assert cached.statistical is not None and cached.fp16 == "fail"
     recounted = selftest.run_self_test("cpu", key=KEY, stat_max_calls=4)
