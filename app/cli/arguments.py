@@ -143,8 +143,9 @@ def _add_picture_flags(parser: argparse.ArgumentParser, *, strength: bool) -> No
         action="append",
         default=[],
         help="start from this picture (image-to-image; with --mask, inpainting); for an "
-        "editing model (Flux.1 Kontext, Qwen-Image-Edit), a picture to edit: repeat the flag "
-        "for each reference where the model takes several",
+        "editing model (Flux.1 Kontext, Qwen-Image-Edit, Flux.2), a picture to edit: repeat "
+        "the flag for each reference where the model takes several; for a control model "
+        "(Flux.1 Depth, Canny), the depth map or edge picture it follows",
     )
     parser.add_argument(
         "--mask",

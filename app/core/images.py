@@ -38,6 +38,7 @@ def read_head(path: Path) -> bytes:
     except OSError as error:
         raise BadFileError(path, f"cannot be read ({error.strerror or error}).") from None
 
+
 # A finite image counts as black when nearly every pixel is this dark and the picture is flat.
 BLACK_LEVEL = 12 / 255
 BLACK_SPREAD = 4 / 255

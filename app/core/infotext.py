@@ -209,7 +209,7 @@ INPUT_PICTURE = _halfsafe(
     "Input picture",
     "image-to-image: the input picture's file name (editing: each reference's, comma-separated)",
 )
-MODE = _halfsafe("Mode", "what the image was made from: img2img, inpaint or edit", "word")
+MODE = _halfsafe("Mode", "what the image was made from: img2img, inpaint, edit or control", "word")
 PRECISION = _halfsafe("Precision", "base dtype", "setting", "precision")
 UNET_PRECISION = _halfsafe("UNet precision", "denoiser dtype", "setting", "unet_precision")
 VAE_PRECISION = _halfsafe("VAE precision", "VAE dtype", "setting", "vae_precision")

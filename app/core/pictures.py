@@ -5,9 +5,10 @@ A job's mode follows from what it is given and what the model is: no picture is
 text-to-image, a picture is image-to-image, a picture and a mask is inpainting (white in the
 mask is painted again, black is kept, as every tool has it); an editing model (Flux.1 Kontext,
 Qwen-Image-Edit, Flux.2) given pictures alone edits them, its prompt saying how, with no
-strength. The picture is resized to the job's size; the mask to the same size, then made hard
-(0 or 1) at half grey. PIL is imported inside the functions, so that
-naming a mode stays cheap (the GUI does).
+strength; a control model (Flux.1 Depth, Canny) given a picture follows it (a depth map or an
+edge picture) while it draws from noise, with no strength either. The picture is resized to
+the job's size; the mask to the same size, then made hard (0 or 1) at half grey. PIL is
+imported inside the functions, so that naming a mode stays cheap (the GUI does).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Mode(str, Enum):
     IMAGE = "img2img"
     INPAINT = "inpaint"
     EDIT = "edit"
+    CONTROL = "control"
 
     @property
     def words(self) -> str:
@@ -39,18 +41,25 @@ _MODE_WORDS = {
     Mode.IMAGE: "image-to-image",
     Mode.INPAINT: "inpainting",
     Mode.EDIT: "editing",
+    Mode.CONTROL: "drawing after a control picture",
 }
+
+# The modes that draw from noise with every step, whatever the strength.
+FROM_NOISE = (Mode.TEXT, Mode.EDIT, Mode.CONTROL)
 
 STRENGTH_DEFAULT = 0.75  # how much of the picture is drawn again (A1111's "denoising strength")
 
 
-def mode_of(images: Sequence[str], mask: str | None, references: int = 0) -> Mode:
+def mode_of(
+    images: Sequence[str], mask: str | None, references: int = 0, control: bool = False
+) -> Mode:
     """The mode of a job given these input pictures and this mask, for a model that edits up
-    to `references` pictures (0: a model that does not edit). A picture and a mask inpaint
-    (whether this model inpaints is its family's to say, `Family.picture_problem`); pictures
-    alone are what an editing model edits, and image-to-image's one picture for any other
-    model. A mask without a picture to mask, a mask with several pictures, more pictures than
-    an editing model takes, or several for any other model is refused."""
+    to `references` pictures (0: a model that does not edit), or with `control` a control model.
+    A picture and a mask inpaint (whether this model inpaints is its family's to say,
+    `Family.picture_problem`); pictures alone are what an editing model edits, the picture a
+    control model follows, and image-to-image's one picture for any other model. A mask
+    without a picture to mask, a mask with several pictures, more pictures than an editing
+    model takes, or several for any other model is refused."""
     if mask is not None and not images:
         raise HalfSafeError("A mask needs the picture it masks: give the input picture too.")
     if mask is not None:
@@ -59,6 +68,13 @@ def mode_of(images: Sequence[str], mask: str | None, references: int = 0) -> Mod
                 f"{len(images)} input pictures were given with a mask; inpainting starts from one."
             )
         return Mode.INPAINT
+    if control and images:
+        if len(images) > 1:
+            raise HalfSafeError(
+                f"{len(images)} pictures were given; a control model follows one (a depth map "
+                "or an edge picture)."
+            )
+        return Mode.CONTROL
     if references > 0 and images:
         if len(images) > references:
             takes = "one picture" if references == 1 else f"at most {references} pictures"
@@ -81,17 +97,17 @@ def check_flags(images: Sequence[str], mask: str | None) -> None:
 
 
 def steps_run(steps: int, strength: float, mode: Mode) -> int:
-    """How many of `steps` the pipeline runs: all for text-to-image and editing (an edit draws
-    the whole picture anew beside its references); for a picture, the last `strength` of the
-    schedule (as every diffusers picture pipeline counts them)."""
-    if mode in (Mode.TEXT, Mode.EDIT):
+    """How many of `steps` the pipeline runs: all for text-to-image, editing and a control
+    picture (each draws the whole picture anew from noise); for a picture, the last `strength`
+    of the schedule (as every diffusers picture pipeline counts them)."""
+    if mode in FROM_NOISE:
         return steps
     return min(int(steps * strength), steps)
 
 
 def check_strength(steps: int, strength: float, mode: Mode) -> None:
     """Refuse a strength outside (0, 1], or one so small that no step runs."""
-    if mode in (Mode.TEXT, Mode.EDIT):
+    if mode in FROM_NOISE:
         return
     if not isinstance(strength, (int, float)) or not 0.0 < strength <= 1.0:
         raise HalfSafeError(
@@ -129,15 +145,20 @@ class Pictures:
 
 
 def read_pictures(
-    images: Sequence[str], mask: str | None, width: int, height: int, references: int = 0
+    images: Sequence[str],
+    mask: str | None,
+    width: int,
+    height: int,
+    references: int = 0,
+    control: bool = False,
 ) -> Pictures | None:
     """The input pictures (and mask) at `width` x `height`, or None for text-to-image;
-    `references` as `mode_of` takes it. A file that is not a readable picture within the
-    bounds is one sentence naming it."""
+    `references` and `control` as `mode_of` takes them. A file that is not a readable picture
+    within the bounds is one sentence naming it."""
     import numpy as np
     import torch
 
-    mode = mode_of(images, mask, references)
+    mode = mode_of(images, mask, references, control)
     if mode is Mode.TEXT:
         return None
     opened = [_open(Path(image).expanduser(), "RGB", width, height) for image in images]

@@ -62,6 +62,7 @@ class GalleryEntry:
     input_picture: str | None = None
     mask: str | None = None
     strength: float | None = None
+    recorded_mode: str | None = None  # HalfSafe's `Mode` word ("edit", "control"), if recorded
     settings: Mapping[str, Any] = field(default_factory=dict)  # the precision it ran with
     # What the NaN watch said (HalfSafe's own images).
     status: str = "ok"
@@ -162,6 +163,7 @@ class GalleryEntry:
             input_picture=parsed.get(infotext.INPUT_PICTURE),
             mask=parsed.get(infotext.MASK),
             strength=parsed.get(infotext.DENOISING_STRENGTH),
+            recorded_mode=infotext.read_text(parsed.get(infotext.MODE), 20),
             settings=parsed.settings(infotext.SETTING_KEYS),
             status=status if status in STATUSES else "ok",
             component=infotext.read_text(parsed.get(infotext.NAN_COMPONENT), 100),
@@ -222,10 +224,13 @@ class GalleryEntry:
 
     @property
     def mode(self) -> Mode:
-        """What the image was made from, as its record says: a picture (with a mask) or the
-        prompt alone."""
+        """What the image was made from, as its record says: the mode HalfSafe recorded (an
+        edit, a control picture), else a picture (with a mask) or the prompt alone."""
         if not self.input_picture:
             return Mode.TEXT
+        recorded = next((m for m in Mode if m.value == self.recorded_mode), None)
+        if recorded is not None and recorded is not Mode.TEXT:
+            return recorded
         return Mode.INPAINT if self.mask else Mode.IMAGE
 
     def picture_values(self) -> dict[str, Any]:
@@ -294,13 +299,18 @@ def made_by_words(entry: GalleryEntry) -> str:
 
 def mode_words(entry: GalleryEntry) -> str:
     """'image-to-image from photo.png, strength 0.6'; 'inpainting photo.png where mask.png is
-    white, strength 0.75'; 'text-to-image'."""
+    white, strength 0.75'; 'editing a.png, b.png'; 'drawn after the control picture
+    depth.png'; 'text-to-image'."""
     mode = entry.mode
     strength = f", strength {entry.strength:g}" if entry.strength is not None else ""
     if mode is Mode.IMAGE:
         return f"{mode.words} from {entry.input_picture}{strength}"
     if mode is Mode.INPAINT:
         return f"{mode.words} {entry.input_picture} where {entry.mask} is white{strength}"
+    if mode is Mode.EDIT:
+        return f"{mode.words} {entry.input_picture}"
+    if mode is Mode.CONTROL:
+        return f"drawn after the control picture {entry.input_picture}"
     return mode.words
 
 

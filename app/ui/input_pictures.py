@@ -193,8 +193,17 @@ STRENGTH_CAPTION = (
 # Why the strength is off where a job draws from noise with every step, by mode.
 NO_STRENGTH = {
     Mode.EDIT: "An edit draws the whole picture anew from noise, with every step: no strength.",
+    Mode.CONTROL: (
+        "A control model draws from noise with every step, after the picture: no strength."
+    ),
     Mode.INPAINT: ("This model draws the masked area from noise, with every step: no strength."),
 }
+
+
+CONTROL_EMPTY = (
+    "None. This model draws after a control picture: drop or choose the depth map (Flux.1 "
+    "Depth) or the edge picture (Flux.1 Canny) it is to follow."
+)
 
 
 def editing_empty(references: int) -> str:
@@ -220,6 +229,7 @@ class InputPictures(QWidget):
         super().__init__()
         self._modes: Mapping[Mode, str] = {}
         self._references = 0  # pictures the loaded model edits (0: not an editing model)
+        self._control = False  # the loaded model draws after a control picture
         self._from_noise: tuple[Mode, ...] = ()
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 0, 0)
@@ -277,6 +287,7 @@ class InputPictures(QWidget):
         model: the area stays open, and the job decides)."""
         self._modes = model.picture_modes if model is not None else {}
         self._references = model.references if model is not None else 0
+        self._control = model.control if model is not None else False
         self._from_noise = model.draws_from_noise if model is not None else ()
         while len(self.more_slots) < self._references - 1:
             slot = PictureSlot(
@@ -289,7 +300,11 @@ class InputPictures(QWidget):
             self._more.addWidget(slot)
             self.more_slots.append(slot)
         self.picture_slot.empty = (
-            editing_empty(self._references) if self._references else PICTURE_EMPTY
+            editing_empty(self._references)
+            if self._references
+            else CONTROL_EMPTY
+            if self._control
+            else PICTURE_EMPTY
         )
         self.picture_slot._show()
         self._update()
@@ -396,6 +411,8 @@ class InputPictures(QWidget):
             return Mode.TEXT
         if self.mask_path():
             return Mode.INPAINT
+        if self._control:
+            return Mode.CONTROL
         return Mode.EDIT if self._references else Mode.IMAGE
 
     def strength_applies(self) -> bool:

@@ -1,11 +1,11 @@
-"""Flux.1 Fill, and Flux.1 Depth and Canny refused. Fill is recognised as a diffusers folder
-(FluxFillPipeline) and as a transformer file in Black Forest Labs' layout (384 input channels:
-the noise's 64, and beside them the masked picture's latents, 64, and the mask, 256); it
-inpaints a picture with a mask from noise with every step, so no strength applies; its pipeline
-encodes the masked picture itself, watched by hooks on the VAE's encoder; and the check runs
-that path, reading the masked picture and the mask in the transformer's channels as the
-pipeline does. Planted overflows in its transformer and VAE encoder are found at their layer
-and fixed. Depth and Canny (128 input channels: a control picture's latents) get one sentence.
+"""Flux.1 Fill, recognised as a diffusers folder (FluxFillPipeline) and as a transformer file
+in Black Forest Labs' layout (384 input channels: the noise's 64, and beside them the masked
+picture's latents, 64, and the mask, 256). It inpaints a picture with a mask from noise with
+every step, so no strength applies; its pipeline encodes the masked picture itself, watched by
+hooks on the VAE's encoder; and the check runs that path, reading the masked picture and the
+mask in the transformer's channels as the pipeline does. Planted overflows in its transformer
+and VAE encoder are found at their layer and fixed. (Depth and Canny, which read a control
+picture there: test_flux_control.py.)
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from PIL import Image
 
 from app.cli import main
 from app.core import generation, models
-from app.core.architecture.diffusers_folder import detect_from_configs
-from app.core.errors import HalfSafeError, UnsupportedModelError
+from app.core.errors import HalfSafeError
 from app.core.families import FluxFamily, architecture_title, family_of
 from app.core.library import scan_library
 from app.core.pictures import Mode, read_pictures
@@ -72,18 +71,6 @@ def _request(tmp_path, picture, mask, **extra):
 def _listed(transformer):
     """The library's entries for the folder a transformer file is in."""
     return scan_library([str(transformer.parent)], include_defaults=False, use_cache=False)
-
-
-def _control_pipeline():
-    """Flux.1 Depth/Canny-shaped: 128 input channels (the noise's 64 and a control picture's),
-    in a FluxFillPipeline only to be written out (diffusers' FluxControlPipeline takes the
-    same parts)."""
-    from diffusers import FluxTransformer2DModel
-
-    pipeline = tiny_models.build_tiny_flux_fill_pipeline()
-    config = {**pipeline.transformer.config, "in_channels": 128, "out_channels": 64}
-    pipeline.transformer = FluxTransformer2DModel(**config).eval()
-    return pipeline
 
 
 # --- what it is ------------------------------------------------------------------------------
@@ -151,25 +138,6 @@ def test_a_quantized_fill_transformer_loads_and_inpaints(tmp_path, stored, pictu
         model, _request(tmp_path, picture, mask, steps=2), precision=FP16, device="cpu"
     ).images[0]
     assert image.status == "ok"
-
-
-def test_depth_and_canny_are_refused_in_one_sentence_as_folders_and_as_files(tmp_path):
-    control = _control_pipeline()
-    index = {"_class_name": "FluxControlPipeline", "transformer": ["diffusers", "x"]}
-    found = detect_from_configs(index, dict(control.transformer.config), {})
-    assert (found.architecture, found.supported) == ("flux-control", False)
-    assert "does not run control models" in found.because
-
-    written = save_split_files(control, tmp_path / "models", "flux1-depth-dev")
-    with pytest.raises(UnsupportedModelError) as caught:
-        models.load_model(str(written["transformer"]))
-    message = str(caught.value)
-    assert message.startswith(str(written["transformer"]))
-    assert "this is Flux.1 Depth or Canny, a control model" in message
-    assert message.endswith("HalfSafe does not run control models.")
-    assert "\n" not in message
-    (entry,) = _listed(written["transformer"])
-    assert not entry.supported and "control model" in (entry.missing or "")
 
 
 def test_fill_inpaints_only_and_says_so_for_other_jobs(tmp_path, picture):

@@ -763,6 +763,23 @@ def build_tiny_flux_fill_pipeline(seed: int = 0):
     return FluxFillPipeline(**{**parts, "transformer": transformer})
 
 
+def build_tiny_flux_control_pipeline(seed: int = 0):
+    """A tiny Flux.1 Depth/Canny-shaped pipeline: the tiny Flux.1 dev's text encoders and VAE,
+    and a transformer that reads a control picture's latents beside the noise (64 + 64 input
+    channels, 64 output channels), in diffusers' FluxControlPipeline."""
+    from diffusers import FluxControlPipeline, FluxTransformer2DModel
+
+    dev = build_tiny_flux_pipeline(seed, guidance=True)
+    _seeded(seed + 3)
+    transformer = FluxTransformer2DModel(
+        **{**dev.transformer.config, "in_channels": 128, "out_channels": 64}
+    ).eval()
+    parts = {
+        k: v for k, v in dev.components.items() if k not in ("image_encoder", "feature_extractor")
+    }
+    return FluxControlPipeline(**{**parts, "transformer": transformer})
+
+
 def build_tiny_qwenimage_edit_pipeline(seed: int = 0, plus: bool = True, text_width: int = 64):
     """A tiny Qwen-Image-Edit-shaped pipeline: the tiny Qwen-Image's parts, with the Qwen2.5-VL
     processor its text encoder reads the reference pictures through (14-px patches, as the

@@ -282,6 +282,67 @@ def test_flux_fill_inpaints_with_no_strength_and_says_why(window, engines, tmp_p
     assert job.mode_for() is Mode.INPAINT and job.strength == 0.75
 
 
+def test_a_control_model_takes_its_picture_alone_with_no_strength_and_no_mask(
+    window, engines, tmp_path
+):
+    control = replace(
+        DEMO_SUMMARY,
+        name="depth",
+        architecture="flux-control",
+        picture_modes={
+            Mode.IMAGE: "",
+            Mode.INPAINT: "this is a control model: it takes no mask; give only the control "
+            "picture (a depth map or an edge picture) with --image.",
+        },
+        control=True,
+        draws_from_noise=(Mode.CONTROL,),
+    )
+    load_fake_model(window, engines, control)
+    view = window.generate_view
+    view.prompt.setPlainText("a quiet room")
+    pictures = view.pictures
+    assert "drop or choose the depth map" in pictures.picture_slot.name.text()
+    depth = _picture(tmp_path / "depth.png", colour="grey")
+    assert pictures.picture_slot.choose(depth)
+    assert pictures.mode() is Mode.CONTROL
+    assert not pictures.strength.isEnabled()
+    assert pictures.strength_caption.text() == (
+        "A control model draws from noise with every step, after the picture: no strength."
+    )
+    assert not pictures.mask_slot.isEnabled()
+    assert "it takes no mask" in pictures.mask_slot.toolTip()
+    view.generate()
+    job = engines.current.last_job("generate").params.generation
+    assert job.images == [depth] and job.mask is None
+    assert job.mode_for(control=True) is Mode.CONTROL
+
+
+@pytest.mark.parametrize(
+    ("mode", "pictures", "said"),
+    [
+        ("edit", "a.png, b.png", "Editing a.png, b.png"),
+        ("control", "depth.png", "Drawn after the control picture depth.png"),
+    ],
+)
+def test_the_caption_says_the_mode_the_image_records(mode, pictures, said):
+    from app.ui.image_entry import GalleryEntry, parameter_text
+
+    text = infotext.write(
+        "make it red",
+        "",
+        [
+            (infotext.STEPS, 4),
+            (infotext.MODE, mode),
+            (infotext.INPUT_PICTURE, pictures),
+        ],
+    )
+    entry = GalleryEntry.from_parameters(text, made_by="halfsafe")
+    assert entry.mode.value == mode
+    caption = parameter_text(entry)
+    assert said in caption
+    assert "image-to-image" not in caption.lower() and "strength" not in caption.lower()
+
+
 def test_a_file_that_is_no_picture_is_one_sentence_and_never_taken(view, engines, tmp_path):
     fake = tmp_path / "notes.png"
     fake.write_text("these are my notes, not a picture")

@@ -19,7 +19,7 @@ from app.core.components import Role, of_role
 from app.core.detection import Detection
 from app.core.errors import HalfSafeError
 from app.core.layouts import Layout
-from app.core.pictures import Mode
+from app.core.pictures import FROM_NOISE, Mode
 from app.core.settings import SCHEDULERS
 
 
@@ -225,10 +225,20 @@ class Family:
 
     def redraws_from_noise(self, pipeline, mode: Mode) -> bool:
         """Whether a job of `mode` draws from noise with every step run, so that no strength
-        applies: text-to-image, an edit, and an inpainting model that reads the masked picture
-        only beside the noise (Flux.1 Fill). Else the job starts from the picture's latents
-        noised to the strength."""
-        return mode in (Mode.TEXT, Mode.EDIT)
+        applies: text-to-image, an edit, a control picture, and an inpainting model that reads
+        the masked picture only beside the noise (Flux.1 Fill). Else the job starts from the
+        picture's latents noised to the strength."""
+        return mode in FROM_NOISE
+
+    def takes_control(self, pipeline) -> bool:
+        """Whether this loaded model draws after a control picture (a depth map or an edge
+        picture: Flux.1 Depth and Canny), so that a picture given alone is that."""
+        return False
+
+    def control_call(self, pipeline, latents) -> dict[str, Any]:
+        """The call arguments that hand a control model the control picture's latents (1, C,
+        h, w), as HalfSafe's encoder stage made them."""
+        raise NotImplementedError
 
     def encodes_its_pictures(self, pipeline, mode: Mode) -> bool:
         """Whether the pipeline of a job of `mode` runs the VAE's encoder on the pictures
@@ -272,6 +282,19 @@ class Family:
         """Why this model cannot make pictures in `mode` (None: it can)."""
         if mode is Mode.TEXT:
             return self.text_to_image_problem(pipeline)
+        if mode is Mode.CONTROL:
+            return (
+                None
+                if self.takes_control(pipeline)
+                else f"this {self.title} model follows no control picture."
+            )
+        if self.takes_control(pipeline):  # a picture alone is its control picture (`mode_of`)
+            if mode is Mode.INPAINT:
+                return (
+                    "this is a control model: it takes no mask; give only the control picture "
+                    "(a depth map or an edge picture) with --image."
+                )
+            return None
         if mode is Mode.EDIT:
             return (
                 None

@@ -121,7 +121,7 @@ def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
         title="Flux.1",
         prefix=prefix,
         config=config,
-        architecture={"": f"flux-{variant}", "fill": FILL, "control": "flux-control"}[beside],
+        architecture={"": f"flux-{variant}", "fill": FILL, "control": CONTROL}[beside],
         because=(
             f"{title[beside]}: a transformer in Black Forest Labs' layout ({prefix}double_blocks, "
             f"single_blocks) with {config['num_layers']} double and "
@@ -147,7 +147,6 @@ def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
         # Schnell's schedule differs from dev's only in not shifting by resolution.
         scheduler={"use_dynamic_shifting": dev, "shift": 3.0 if dev else 1.0},
         latent_channels=latent,
-        unsupported=CONTROL_REFUSAL if beside == "control" else None,
     )
 
 
@@ -228,10 +227,7 @@ _FILL_WORDS = (
 _CONTROL_WORDS = (
     "a control picture's latents (a depth map or an edge picture; {inputs} input channels in all)"
 )
-CONTROL_REFUSAL = (
-    "this is Flux.1 Depth or Canny, a control model: its transformer reads a depth map's or "
-    "an edge picture's latents beside the noise, and HalfSafe does not run control models"
-)
+CONTROL = "flux-control"  # the architecture's name
 
 
 def _detect_kontext(transformer: Mapping[str, Any]) -> Detection:
@@ -278,17 +274,31 @@ def _detect_fill(transformer: Mapping[str, Any]) -> Detection:
 def _detect_control(transformer: Mapping[str, Any]) -> Detection:
     inputs = int(transformer.get("in_channels", 128))
     because = (
-        f"its FluxControlPipeline has a FluxTransformer2DModel that reads beside the noise "
-        f"{_CONTROL_WORDS.format(inputs=inputs)}; {CONTROL_REFUSAL.partition(': ')[2]}."
+        f"Flux.1 Depth or Canny: its FluxControlPipeline has a FluxTransformer2DModel with "
+        f"{transformer.get('num_layers')} double and {transformer.get('num_single_layers')} "
+        f"single blocks, {transformer_width(transformer)} wide, that reads beside the noise "
+        f"{_CONTROL_WORDS.format(inputs=inputs)}; a guidance embedding; flow matching."
     )
     return Detection(
-        "flux-control", False, "Flux.1 Depth or Canny, a control model", because, "flow", 1024
+        CONTROL,
+        True,
+        "a Flux.1 Depth or Canny (control) pipeline",
+        because,
+        "flow",
+        1024,
+        None,
+        CONTROL_PIPELINE,
     )
 
 
 def is_fill(pipeline) -> bool:
     """Whether a loaded pipeline is Flux.1 Fill's."""
     return type(pipeline).__name__ == FILL_PIPELINE
+
+
+def is_control(pipeline) -> bool:
+    """Whether a loaded pipeline is Flux.1 Depth's or Canny's."""
+    return type(pipeline).__name__ == CONTROL_PIPELINE
 
 
 def _latent_channels(transformer) -> int:
@@ -312,7 +322,7 @@ class FluxFamily(ShiftedSigmas, Family):
         "flux-schnell": "Flux.1 schnell",
         "flux-kontext": "Flux.1 Kontext",
         FILL: "Flux.1 Fill",
-        "flux-control": "Flux.1 Depth or Canny",
+        CONTROL: "Flux.1 Depth or Canny",
     }
     latent = FLUX_LATENT
     transformer_class = "FluxTransformer2DModel"
@@ -323,7 +333,7 @@ class FluxFamily(ShiftedSigmas, Family):
     picture_pipelines = {Mode.IMAGE: "FluxImg2ImgPipeline", Mode.INPAINT: "FluxInpaintPipeline"}
     # Kontext takes one reference; without one its pipeline draws from the prompt alone.
     edit_pipelines = {KONTEXT_PIPELINE: 1}
-    # Fill inpaints; Depth and Canny (control models) are recognised to be refused.
+    # Fill inpaints; Depth and Canny draw after a control picture.
     variant_pipelines: ClassVar[tuple[str, ...]] = (FILL_PIPELINE, CONTROL_PIPELINE)
 
     def recognises(self, class_name: str) -> bool:
@@ -422,13 +432,14 @@ class FluxFamily(ShiftedSigmas, Family):
         image_ids = FluxPipeline._prepare_latent_image_ids(
             1, side // 2, side // 2, device, torch.float32
         )
-        # Fill reads the masked picture and the mask in its channels, not its sequence; with
-        # no picture (a check of the text path) an empty mask on a grey picture, zeros.
+        # Fill (the masked picture and the mask) and the control models (the control picture)
+        # read theirs in the channels, not the sequence; with no picture (a check of the text
+        # path) zeros: an empty mask on a grey picture, or a grey control picture.
         beside = None
-        if is_fill(pipe):
+        if is_fill(pipe) or is_control(pipe):
             wanted = transformer.config.in_channels - 4 * channels
             beside = (
-                self.fill_channels(pipe, references[0], references[1], device)
+                self.channel_latents(pipe, references, device)
                 if references
                 else latents.new_zeros(1, latents.shape[1], wanted)
             )
@@ -471,6 +482,18 @@ class FluxFamily(ShiftedSigmas, Family):
             return {"max_area": width * height}
         return {}
 
+    def channel_latents(self, pipe, beside, device) -> Any:
+        """What Fill or a control model reads beside the noise in its channels, (1, tokens, C),
+        from `sequence_latents`: the control picture's latents packed in 2x2 patches (as its
+        pipeline packs them), or Fill's masked picture and mask (`fill_channels`)."""
+        from diffusers import FluxPipeline
+
+        if is_fill(pipe):
+            return self.fill_channels(pipe, beside[0], beside[1], device)
+        (latents,) = beside
+        _, channels, height, width = latents.shape
+        return FluxPipeline._pack_latents(latents.float(), 1, channels, height, width).to(device)
+
     def fill_channels(self, pipe, masked, mask, device) -> Any:
         """What Flux.1 Fill reads beside the noise, (1, tokens, 320): the masked picture's
         latents (as `encode_pixels` made them) and the mask (1, 1, H, W), packed by the
@@ -496,16 +519,35 @@ class FluxFamily(ShiftedSigmas, Family):
         return torch.cat((packed, packed_mask), dim=-1)
 
     def sequence_latents(self, pipeline, mode: Mode, encoded, mask=None) -> list[Any] | None:
-        # Fill reads the picture with its hole and the mask (in its channels: `_probe`).
+        # Fill reads the picture with its hole and the mask, a control model the control
+        # picture (in their channels: `_probe`).
         if mode is Mode.INPAINT and is_fill(pipeline):
             return [encoded[1], mask]
+        if mode is Mode.CONTROL:
+            return [encoded[0] if isinstance(encoded, list) else encoded]
         return super().sequence_latents(pipeline, mode, encoded, mask)
+
+    def takes_control(self, pipeline) -> bool:
+        return is_control(pipeline)
+
+    def control_call(self, pipeline, latents) -> dict[str, Any]:
+        # Packed latents (3-D) are read as they are; the pipeline repeats them for the batch.
+        from diffusers import FluxPipeline
+
+        _, channels, height, width = latents.shape
+        packed = FluxPipeline._pack_latents(latents, 1, channels, height, width)
+        return {"control_image": packed}
 
     def text_to_image_problem(self, pipeline) -> str | None:
         if is_fill(pipeline):
             return (
                 "this is Flux.1 Fill, an inpainting model: give it a picture and a mask "
                 "(white where it paints)."
+            )
+        if is_control(pipeline):
+            return (
+                "this is Flux.1 Depth or Canny, a control model: give it the control picture "
+                "it follows (a depth map or an edge picture) with --image."
             )
         return input_channels_problem(pipeline, "latent_channels", 4, " (a Depth or Canny model?)")
 

@@ -38,7 +38,7 @@ from app.core.pictures import (
 from app.core.settings import FIELDS, PrecisionSettings
 
 
-def _checked_request(request: GenerationRequest, references: int = 0) -> GenerationRequest:
+def _checked_request(request: GenerationRequest, mode: Mode) -> GenerationRequest:
     for key in ("steps", "cfg", "seed", "width", "height", "batch", "scheduler"):
         try:
             FIELDS[key].validate(getattr(request, key))
@@ -46,7 +46,7 @@ def _checked_request(request: GenerationRequest, references: int = 0) -> Generat
             raise HalfSafeError(f"{FIELDS[key].label}: {error}.") from None
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise HalfSafeError("The prompt and the negative prompt must be text.")
-    check_strength(request.steps, request.strength, request.mode_for(references))
+    check_strength(request.steps, request.strength, mode)
     return request
 
 
@@ -137,10 +137,10 @@ def _generate_unsaved(
     started = time.perf_counter()
     pipeline = model.pipeline
     family = family_of(pipeline)
-    references = family.max_references(pipeline)
-    mode = request.mode_for(references)
+    references, control = family.max_references(pipeline), family.takes_control(pipeline)
+    mode = request.mode_for(references, control)
     request, strength_note = _strength_run(request, mode, family.redraws_from_noise(pipeline, mode))
-    request = _checked_request(request, references)
+    request = _checked_request(request, mode)
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
     problem = family.picture_problem(pipeline, mode) or family.size_problem(
@@ -149,7 +149,7 @@ def _generate_unsaved(
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
     pictures = read_pictures(
-        request.images, request.mask, request.width, request.height, references
+        request.images, request.mask, request.width, request.height, references, control
     )
 
     torch_device = hardware.pick_device(device)

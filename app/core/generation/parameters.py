@@ -35,7 +35,9 @@ def parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         # The starting noise is made on the CPU (`Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
         (infotext.RNG, "CPU"),
-        *_picture_parameters(request, family.max_references(model.pipeline)),
+        *_picture_parameters(
+            request, family.max_references(model.pipeline), family.takes_control(model.pipeline)
+        ),
         # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
         *infotext.setting_values(s),
         (infotext.NAN_WATCH, entry.status),
@@ -69,17 +71,18 @@ def _vae_parameters(vae: str | None) -> list[tuple[infotext.Key, Any]]:
 
 
 def _picture_parameters(
-    request: GenerationRequest, references: int
+    request: GenerationRequest, references: int, control: bool
 ) -> list[tuple[infotext.Key, Any]]:
     """For a job that started from pictures: its mode, A1111's `Denoising strength` (not for
-    an edit, which has none), and the input pictures' and mask's file names (their names
-    only: a path says more than the user chose to share)."""
+    an edit or a control picture, which have none), and the input pictures' and mask's file
+    names (their names only: a path says more than the user chose to share)."""
     if not request.images:
         return []
-    mode = request.mode_for(references)
+    mode = request.mode_for(references, control)
     names = ", ".join(Path(image).name for image in request.images)
+    no_strength = mode in (Mode.EDIT, Mode.CONTROL)
     return [
-        (infotext.DENOISING_STRENGTH, None if mode is Mode.EDIT else request.strength),
+        (infotext.DENOISING_STRENGTH, None if no_strength else request.strength),
         (infotext.MODE, mode.value),
         (infotext.INPUT_PICTURE, names),
         (infotext.MASK, Path(request.mask).name if request.mask else None),

@@ -54,11 +54,12 @@ class GenerationRequest:
     mask: str | None = None
     strength: float = STRENGTH_DEFAULT
 
-    def mode_for(self, references: int = 0) -> Mode:
-        """Text-to-image, image-to-image, inpainting, or for a model that edits up to
-        `references` pictures editing; HalfSafeError for a mask without a picture, or more
-        pictures than the model takes (`pictures.mode_of`)."""
-        return mode_of(self.images, self.mask, references)
+    def mode_for(self, references: int = 0, control: bool = False) -> Mode:
+        """Text-to-image, image-to-image, inpainting, for a model that edits up to `references`
+        pictures editing, or for a `control` model drawing after a control picture;
+        HalfSafeError for a mask without a picture, or more pictures than the model takes
+        (`pictures.mode_of`)."""
+        return mode_of(self.images, self.mask, references, control)
 
 
 @dataclass

@@ -281,6 +281,10 @@ class Stages:
             if self.watch:
                 encoder_hooks = self._watch_pipeline_encoder()
             arguments = _accepted(pipe, arguments)
+        elif picture is not None and mode is Mode.CONTROL:
+            # The control picture's latents, from HalfSafe's watched encoder stage.
+            arguments.update(self.family.control_call(pipe, picture.latents))
+            arguments = _accepted(pipe, arguments)
         elif picture is not None:
             pipe = self.family.picture_pipeline(pipe, mode, picture.latents.shape[1])
             pipe.set_progress_bar_config(disable=True)

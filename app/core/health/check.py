@@ -101,14 +101,17 @@ def check_loaded(
     cancel = cancel or CancelToken()
     size = _checked_size(model, size)
     family = family_of(model.pipeline)
-    references = family.max_references(model.pipeline)
-    mode = mode_of(images, mask, references)
+    references, control = (
+        family.max_references(model.pipeline),
+        family.takes_control(model.pipeline),
+    )
+    mode = mode_of(images, mask, references, control)
     problem = family.picture_problem(model.pipeline, mode)
     # A model that cannot draw from text alone is still checked on that path, unless it is an
     # editing model: its check without the pictures would not be the path its jobs run.
     if problem is not None and (mode is not Mode.TEXT or references):
         raise HalfSafeError(f"{model.name}: {problem}")
-    pictures = read_pictures(images, mask, size, size, references)
+    pictures = read_pictures(images, mask, size, size, references, control)
     start = _start(model, precision, device)
     check = _Check(
         model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel, pictures

@@ -26,8 +26,10 @@ class ModelSummary:
     and inpainting (`pictures.Mode`), "" where this model runs the mode, else the one sentence
     why not; empty when not known (a summary made without a pipeline): the job then decides.
     `references`: how many pictures it edits at most (0: it is not an editing model);
-    `draws_from_noise`: its picture modes that draw from noise with every step, so that no
-    strength applies (an edit; Flux.1 Fill's inpainting)."""
+    `control`: whether it draws after a control picture (Flux.1 Depth, Canny), which a picture
+    given alone then is; `draws_from_noise`: its picture modes that draw from noise with every
+    step, so that no strength applies (an edit, a control picture, Flux.1 Fill's
+    inpainting)."""
 
     source: str
     name: str
@@ -49,6 +51,7 @@ class ModelSummary:
     profile_notes: tuple[str, ...] = ()
     picture_modes: Mapping[Mode, str] = field(default_factory=dict)
     references: int = 0
+    control: bool = False
     draws_from_noise: tuple[Mode, ...] = ()
 
 
@@ -96,17 +99,20 @@ def _picture_modes(pipeline) -> dict[Mode, str]:
 
 
 def _picture_facts(pipeline) -> dict[str, Any]:
-    """`references` and `draws_from_noise` of the summary, from the model's family."""
+    """`references`, `control` and `draws_from_noise` of the summary, from the model's family."""
     from app.core.families.registry import family_of
 
     try:
         family = family_of(pipeline)
     except HalfSafeError:
         return {}
-    references = family.max_references(pipeline)
-    modes = (Mode.IMAGE, Mode.INPAINT, Mode.EDIT) if references else (Mode.IMAGE, Mode.INPAINT)
+    references, control = family.max_references(pipeline), family.takes_control(pipeline)
+    modes = [Mode.IMAGE, Mode.INPAINT]
+    modes += [Mode.EDIT] if references else []
+    modes += [Mode.CONTROL] if control else []
     return {
         "references": references,
+        "control": control,
         "draws_from_noise": tuple(m for m in modes if family.redraws_from_noise(pipeline, m)),
     }
 
