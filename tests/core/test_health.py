@@ -10,6 +10,7 @@ model in fp16, are every family's contract: test_families.py.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ from app.core.checkpoint import scan_weights
 from app.core.health import stages
 from app.core.health.check import Headline
 from app.core.models import LoadedModel
+from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
@@ -77,17 +79,21 @@ VAE_CHECK_PROGRESS: list[tuple[str, int, int]] = []
 
 @pytest.fixture(scope="module")
 def vae_report():
-    """One check of a model with an overflowing VAE, cost measured, shared by the report tests."""
+    """One check of a model with an overflowing VAE, cost measured, shared by the report tests.
+    No candidate leaves the race (whether one would depends on this machine's fp16 and fp32
+    speeds): the tests below count every timing run; the race has its own."""
     VAE_CHECK_PROGRESS.clear()
-    return health.check_loaded(
-        loaded(plant(build_tiny_sd_pipeline(), "vae")),
-        precision=FP16,
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=True,
-        on_progress=lambda *event: VAE_CHECK_PROGRESS.append(event),
-    )
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(stages, "RACE_MARGIN", math.inf)
+        return health.check_loaded(
+            loaded(plant(build_tiny_sd_pipeline(), "vae")),
+            precision=FP16,
+            device="cpu",
+            size=64,
+            remember=False,
+            measure_cost=True,
+            on_progress=lambda *event: VAE_CHECK_PROGRESS.append(event),
+        )
 
 
 def test_a_checks_long_phases_count_their_work(vae_report):
@@ -157,6 +163,62 @@ def test_timing_runs_leave_the_other_components_placed():
     # the UNet stays put for all the timed runs.
     assert len(set(unets[1:])) == 1 and len(unets) == 2 * stages.COST_ROUNDS + 1
     assert set(costs) == {"as_tested", "no_half"} and costs["no_half"]["step_ms"] > 0
+
+
+def test_a_candidate_left_far_behind_stops_being_timed():
+    """A candidate whose fastest run took more than RACE_MARGIN times the slowest run of the
+    fastest one is timed no more; the baselines (the tested plan, no-half) and the candidates
+    still in the race run every round, and the progress total shrinks to the runs made."""
+    from dataclasses import replace
+
+    from app.core.diagnosis import no_half
+    from app.core.health.stages import Stage
+
+    model = loaded(build_tiny_sd_pipeline())
+    plan = PrecisionPlan("cpu", {"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"})
+    runner = stages.Runner(model, plan, 64, "a cat", 4, "euler")
+    # The VAE's time by its dtype, as on a device where fp16 is emulated: seconds per run.
+    seconds = {"fp16": 1.0, "bf16": 0.30, "fp32": 0.25}
+    made: list[str] = []
+
+    def decode(p, record):
+        made.append(p.dtypes["vae"])
+        return Stage(probes={}, seconds={"vae": seconds[p.dtypes["vae"]]}, output=None)
+
+    def vae_in(dtype):
+        return replace(plan, dtypes={**plan.dtypes, "vae": dtype})
+
+    plans = {"0": vae_in("fp16"), "1": vae_in("bf16"), "2": vae_in("fp32")}
+    plans |= {"as_tested": plan, "no_half": no_half(plan)}
+    counts: list[tuple[int, int]] = []
+    try:
+        costs = runner.stage_costs(
+            "vae",
+            decode,
+            plans,
+            lambda done, total: counts.append((done, total)),
+            warm=["0", "1", "2", "as_tested"],
+            race=["0", "1", "2"],
+        )
+    finally:
+        runner.placed.release()
+    rounds = {label: cost["rounds"] for label, cost in costs.items()}
+    full = stages.COST_ROUNDS
+    assert rounds == {"0": 1, "1": full, "2": full, "as_tested": full, "no_half": full}
+    assert costs["0"]["step_ms"] == 1000.0 and costs["0"]["step_ms_range"] == [1000.0, 1000.0]
+    assert costs["2"]["step_ms"] == 250.0
+    # One warm-up (no-half), then every plan once, then the four left for the other rounds.
+    assert len(made) == 1 + 5 + 4 * (full - 1)
+    assert [done for done, _ in counts] == list(range(1, len(made) + 1))
+    assert counts[-1] == (len(made), len(made)) and counts[0][1] == 1 + 5 * full
+
+
+def test_the_race_keeps_every_candidate_within_the_margin():
+    samples = {"a": [10.0, 12.0, 11.0], "b": [23.0], "c": [24.5, 30.0], "d": [25.0]}
+    # The leader is "a" (median 11), its slowest run 12: past 24 ms a candidate is out.
+    assert stages.left_behind(samples, ["a", "b", "c", "d"]) == ["c", "d"]
+    assert stages.left_behind(samples, ["b", "c", "d"]) == []  # "b" leads: past 46 ms
+    assert stages.left_behind(samples, ["d"]) == []  # a race of one is no race
 
 
 def test_the_engine_sends_the_headline_as_a_warning_before_the_fix(tmp_path):

@@ -257,9 +257,11 @@ def test_the_measured_check_times_every_verified_candidate_beside_the_baselines(
     verified = [c for c in report.fix.candidates if c.verified]
     assert {c.kind for c in verified} >= {"islands", "component_fp32"}
     for candidate in verified:
-        assert candidate.cost["step_ms"] > 0 and candidate.cost["rounds"] == health.COST_ROUNDS
+        # One far behind the fastest leaves the race early; the fastest runs every round.
+        assert candidate.cost["step_ms"] > 0 and 1 <= candidate.cost["rounds"] <= health.COST_ROUNDS
         low, high = candidate.cost["step_ms_range"]
         assert low <= candidate.cost["step_ms"] <= high
+    assert max(c.cost["rounds"] for c in verified) == health.COST_ROUNDS
     baselines = report.fix.baselines["vae"]
     assert set(baselines) == {"as_tested", "no_half"}
     assert baselines["no_half"]["weights_mb"] > baselines["as_tested"]["weights_mb"]

@@ -116,7 +116,10 @@ def choose_fix(
         # Each candidate's stage ran to verify it, and the tested plan's in the first probe:
         # those runs were their warm-ups.
         warm = [label for label in plans if label != "no_half"]
-        costs = runner.stage_costs(name, stage_fn, plans, measured, warm)
+        # The candidates race; the tested plan and no-half are the baselines a fix's cost is
+        # told against, timed every round.
+        race = [label for label in plans if label not in ("as_tested", "no_half")]
+        costs = runner.stage_costs(name, stage_fn, plans, measured, warm, race)
         for i, r in enumerate(verified):
             r.cost.update(costs[f"{i}"])
         search.baselines[name] = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}

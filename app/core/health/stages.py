@@ -32,6 +32,10 @@ DEFAULT_SCHEDULER = FIELDS["scheduler"].default
 
 
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
+# A candidate fix whose fastest run so far took more than this many times the slowest run of
+# the fastest candidate is out of the race: its remaining rounds could not make it the
+# cheapest (`diagnosis.rank_candidates` lets time decide only between ranges apart).
+RACE_MARGIN = 2.0
 
 # on_run(done, total): a timing run finished, `done` of the `total` a measurement makes.
 RunCallback = Callable[[int, int], None]
@@ -54,6 +58,10 @@ class _Runs:
     def one_more(self) -> None:
         self.done += 1
         self.on_run(self.done, self.total)
+
+    def fewer(self, runs: int) -> None:
+        """`runs` runs that were counted will not be made (a plan out of the race)."""
+        self.total -= runs
 
 
 @dataclass
@@ -226,22 +234,26 @@ class Runner:
         plans: dict[str, PrecisionPlan],
         on_run: RunCallback = _no_runs,
         warm: Collection[str] = (),
+        race: Collection[str] = (),
     ) -> dict[str, dict[str, Any]]:
         """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
         encode) under each plan, measured as `unet_step_costs` does. `warm`: the plans whose
         stage already ran in this check at this size (a candidate's verification, the first
-        probe), which need no warm-up. `on_run(done, total)` follows each run."""
+        probe), which need no warm-up. `race`: the plans that are candidates for the cheapest
+        (the others are baselines, timed every round); one left far behind stops being timed
+        (`RACE_MARGIN`), and its `rounds` says how often it was. `on_run(done, total)` follows
+        each run."""
         per_run = len(self.timesteps) if name == self.family.denoiser else 1
 
         def seconds(plan: PrecisionPlan) -> float:
             return stage_fn(plan, False).seconds.get(name, 0.0) / per_run
 
-        samples, peaks = self._alternating(name, plans, seconds, warm, on_run)
+        samples, peaks = self._alternating(name, plans, seconds, warm, on_run, race)
         return {
             label: {
                 "step_ms": round(statistics.median(samples[label]), 2),
                 "step_ms_range": [round(min(samples[label]), 2), round(max(samples[label]), 2)],
-                "rounds": COST_ROUNDS,
+                "rounds": len(samples[label]),
                 "peak_memory_mb": _rounded(peaks[label]),
                 "weights_mb": round(plan_weights_mb(plan, self.model.pipeline), 2),
             }
@@ -286,9 +298,11 @@ class Runner:
         seconds: Callable[[PrecisionPlan], float],
         warm: Collection[str],
         on_run: RunCallback,
+        race: Collection[str] = (),
     ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
         """`seconds(plan)` of the component `name` under each plan, in milliseconds: a warm-up
-        each but the `warm` ones, then `COST_ROUNDS` rounds alternating between the plans.
+        each but the `warm` ones, then `COST_ROUNDS` rounds alternating between the plans; after
+        each round the `race` plans left behind (`left_behind`) drop out of the rounds after it.
 
         A plan's first run (its warm-up, or for a warm plan its first timed run) places the
         whole plan and gives its peak device memory; the runs after it re-place only `name`,
@@ -301,14 +315,18 @@ class Runner:
             if label not in warm:
                 _, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
                 runs.one_more()
-        for _ in range(COST_ROUNDS):
-            for label, plan in plans.items():
+        timed = dict(plans)
+        for done in range(1, COST_ROUNDS + 1):
+            for label, plan in timed.items():
                 if label in peaks:
                     taken = seconds(only(plan, [name]))
                 else:
                     taken, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
                 runs.one_more()
                 samples[label].append(taken * 1000)
+            for label in left_behind(samples, [r for r in race if r in timed]):
+                del timed[label]
+                runs.fewer(COST_ROUNDS - done)
         return samples, peaks
 
     def _with_peak(self, run: Callable[[], float]) -> tuple[float, float | None]:
@@ -322,6 +340,16 @@ class Runner:
         torch.cuda.reset_peak_memory_stats(self.device)
         taken = run()
         return taken, torch.cuda.max_memory_allocated(self.device) / 2**20
+
+
+def left_behind(samples: dict[str, list[float]], racing: Collection[str]) -> list[str]:
+    """The `racing` plans whose fastest run took more than `RACE_MARGIN` times the slowest run
+    of the fastest of them (by median): more rounds could not make one of them the cheapest."""
+    if len(racing) < 2:
+        return []
+    leader = min(racing, key=lambda label: statistics.median(samples[label]))
+    bound = RACE_MARGIN * max(samples[leader])
+    return [label for label in racing if min(samples[label]) > bound]
 
 
 def only(plan: PrecisionPlan, names: Collection[str]) -> PrecisionPlan:

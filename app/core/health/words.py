@@ -166,6 +166,8 @@ def _ms(cost: Mapping[str, Any]) -> str:
     step, spread = cost.get("step_ms"), cost.get("step_ms_range")
     if step is None:
         return "-"
+    if cost.get("rounds") == 1:  # left far behind after one round (`stages.RACE_MARGIN`)
+        return f"{step:.1f} (1 run)"
     return f"{step:.1f} ({spread[0]:.1f}-{spread[1]:.1f})" if spread else f"{step:.1f}"
 
 
