@@ -49,6 +49,14 @@ FROM_NOISE = (Mode.TEXT, Mode.EDIT, Mode.CONTROL)
 
 STRENGTH_DEFAULT = 0.75  # how much of the picture is drawn again (A1111's "denoising strength")
 
+# Why no strength applies to a picture job that draws from noise with every step, by mode (the
+# Generate page's caption, and the sentence when a strength was asked for anyway).
+NO_STRENGTH_BECAUSE = {
+    Mode.EDIT: "an edit draws the whole picture anew from noise with every step",
+    Mode.CONTROL: "a control model draws from noise with every step, after the picture",
+    Mode.INPAINT: "this model draws the masked area from noise with every step",
+}
+
 
 def mode_of(
     images: Sequence[str], mask: str | None, references: int = 0, control: bool = False
@@ -63,7 +71,9 @@ def mode_of(
     if mask is not None and not images:
         raise HalfSafeError("A mask needs the picture it masks: give the input picture too.")
     if mask is not None:
-        if len(images) > 1:
+        # A control model takes no mask at all: its family says so (`Family.picture_problem`)
+        # whatever the number of pictures.
+        if len(images) > 1 and not control:
             raise HalfSafeError(
                 f"{len(images)} input pictures were given with a mask; inpainting starts from one."
             )

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from app.core.errors import HalfSafeError
 from app.core.explain import is_image_path
 from app.core.models.summary import ModelSummary
-from app.core.pictures import STRENGTH_DEFAULT, Mode, picture_size
+from app.core.pictures import NO_STRENGTH_BECAUSE, STRENGTH_DEFAULT, Mode, picture_size
 from app.ui import words
 from app.ui.widgets import label
 
@@ -192,11 +192,7 @@ STRENGTH_CAPTION = (
 )
 # Why the strength is off where a job draws from noise with every step, by mode.
 NO_STRENGTH = {
-    Mode.EDIT: "An edit draws the whole picture anew from noise, with every step: no strength.",
-    Mode.CONTROL: (
-        "A control model draws from noise with every step, after the picture: no strength."
-    ),
-    Mode.INPAINT: ("This model draws the masked area from noise, with every step: no strength."),
+    mode: f"{why[0].upper()}{why[1:]}: no strength." for mode, why in NO_STRENGTH_BECAUSE.items()
 }
 
 

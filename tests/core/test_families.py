@@ -38,6 +38,7 @@ import torch
 
 from app.core import architecture, generation, health, models, split
 from app.core.components import COMPONENTS, FP16_MAX
+from app.core.errors import HalfSafeError
 from app.core.families import (
     FAMILIES,
     FamilyId,
@@ -704,3 +705,37 @@ def test_a_healthy_generation_is_ok_with_previews_of_its_pictures_shape(built, t
     factor = expected.latent_factor(pipeline)  # 8, or 16 for Qwen-Image 2.1's VAE
     for _, image in previews:
         assert (image.mode, image.size) == ("RGB", (64 // factor, 96 // factor))
+
+
+# Pixels per tile of what each family's denoiser works on: a UNet's latent cell, or a 2x2
+# patch of latent cells (16 px; 32 px with Qwen-Image 2.1's 16x VAE).
+TILE = {FamilyId.SD: 8, FamilyId.SDXL: 8, FamilyId.QWENIMAGE21: 32}
+
+
+def test_a_picture_is_made_at_the_size_asked_for_or_refused_in_one_sentence(built, tmp_path):
+    """72 px is a multiple of a latent cell but not of a 2x2 patch: a UNet family draws it;
+    a patch family's pipeline would silently draw 64 px (Flux) or fail to pack a picture's
+    latents, so HalfSafe refuses it before anything runs, in one sentence."""
+    expected, pipeline = built
+    request = generation.GenerationRequest(
+        prompt="a red cat",
+        steps=2,
+        cfg=ROWS[expected.id].repairs[0].cfg,
+        seed=5,
+        width=72,
+        height=64,
+        output_dir=str(tmp_path),
+    )
+    model = loaded(pipeline, expected.id, "size")
+    tile = TILE.get(expected.id, 16)
+
+    if tile == 8:
+        result = generation.generate(model, request, precision=FP16, device="cpu")
+        assert [image.image.size for image in result.images] == [(72, 64)]
+        return
+    with pytest.raises(HalfSafeError) as caught:
+        generation.generate(model, request, precision=FP16, device="cpu")
+    assert str(caught.value) == (
+        f"{model.name}: this model makes pictures whose sides are multiples of {tile} px, "
+        "not 72x64."
+    )

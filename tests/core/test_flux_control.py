@@ -23,6 +23,7 @@ from app.core import generation, models
 from app.core.architecture.diffusers_folder import detect_from_configs
 from app.core.errors import HalfSafeError
 from app.core.families import FluxFamily, architecture_title, family_of
+from app.core.health.check import WITHOUT_PICTURE
 from app.core.pictures import Mode, mode_of, read_pictures
 from tests.core.test_edit import _check, _plant
 from tests.core.test_edit import _request as edit_request
@@ -185,6 +186,16 @@ def test_a_healthy_control_model_is_checked_on_its_control_path_in_fp16(depth):
     assert report.verdict == "healthy"
 
 
+def test_a_check_without_the_control_picture_says_what_it_did_not_check(depth):
+    """A control model cannot draw from text alone: its check without a picture probes the
+    transformer on zeros where the picture goes, and the report says so (a check with the
+    picture does not)."""
+    without = _check(_control(), [])
+    assert "vae_encoder" not in without.components
+    assert WITHOUT_PICTURE in without.notes
+    assert WITHOUT_PICTURE not in _check(_control(), [depth]).notes
+
+
 def test_a_planted_transformer_overflow_is_found_at_its_layer_and_fixed_there(depth):
     model = _control()
     _plant(model.pipeline, "transformer", SINGLE_BLOCK)
@@ -279,7 +290,7 @@ def test_the_command_follows_a_control_picture_and_refuses_none(tmp_path, depth,
     said = [line for line in err.splitlines() if line.startswith("halfsafe: ")]
     assert said == [
         "halfsafe: depth-model: this is Flux.1 Depth or Canny, a control model: give it the "
-        "control picture it follows (a depth map or an edge picture) with --image."
+        "control picture it follows (a depth map or an edge picture)."
     ]
     assert "Traceback" not in err
 
@@ -292,3 +303,27 @@ def test_the_summary_tells_the_window_it_takes_a_control_picture():
     assert Mode.CONTROL in summary.draws_from_noise
     assert "it takes no mask" in summary.picture_modes[Mode.INPAINT]
     assert summary.picture_modes[Mode.IMAGE] == ""  # a picture alone is its control picture
+
+
+def test_a_side_its_patches_do_not_tile_is_one_sentence_not_a_crash(tmp_path, depth):
+    # 72 px is nine latent cells: the control latents cannot be packed in 2x2 patches.
+    with pytest.raises(HalfSafeError, match="sides are multiples of 16 px, not 72x64"):
+        generation.generate(_control(), _request(tmp_path, depth, width=72), precision=FP16)
+
+
+def test_a_strength_asked_of_a_control_model_is_said_not_to_apply(tmp_path, depth):
+    result = generation.generate(
+        _control(), _request(tmp_path, depth, strength=0.4), precision=FP16, device="cpu"
+    )
+    assert [warning for warning in result.warnings if "strength" in warning] == [
+        "A control model draws from noise with every step, after the picture, so the strength "
+        "0.4 does not apply to it."
+    ]
+    assert "Denoising strength" not in result.images[0].parameters
+
+
+def test_a_mask_is_what_a_control_model_is_refused_for_however_many_pictures(tmp_path, depth):
+    for pictures in ([depth], [depth, depth]):
+        request = edit_request(tmp_path, pictures, steps=2, mask=depth, strength=7.0)
+        with pytest.raises(HalfSafeError, match="it takes no mask"):
+            generation.generate(_control(), request, precision=FP16)

@@ -149,9 +149,7 @@ def test_a_true_fp16_overflow_is_still_precision(base, tmp_path, monkeypatch):
     assert profiles.remembered_fix("overflow-unet", result.device.name) is not None
 
 
-def test_asked_repairs_offer_no_precision_fix_for_an_intermittent_nan(
-    base, tmp_path, monkeypatch
-):
+def test_asked_repairs_offer_no_precision_fix_for_an_intermittent_nan(base, tmp_path, monkeypatch):
     """With repairs asked for (`auto_fix="ask"`), the image stays as it came out; the quick
     test reruns the failing part unchanged, and a NaN that does not come back gets no
     precision fix offered, only the advice to make the image again."""

@@ -448,13 +448,13 @@ def test_an_answer_the_window_cannot_read_fails_its_job_not_the_engine():
     from app.core.health.check import Headline
 
     def unreadable_result(context, _request):
-        context.progress(Headline("The VAE went NaN/Inf in fp16; proving a fix against fp32."), 0, 0)
+        context.progress(
+            Headline("The VAE went NaN/Inf in fp16; proving a fix against fp32."), 0, 0
+        )
         return {"ratio": Fraction(1, 3)}
 
     recorder = Recorder()
-    engine = Engine(
-        recorder, {**HANDLERS, **sample_jobs.HANDLERS, "unreadable": unreadable_result}
-    )
+    engine = Engine(recorder, {**HANDLERS, **sample_jobs.HANDLERS, "unreadable": unreadable_result})
     worker = threading.Thread(target=engine.serve, daemon=True)
     worker.start()
     try:
@@ -484,9 +484,7 @@ def test_every_event_of_explaining_a_black_image_reads_back(engine, tmp_path):
     )
     engine.receive(JobRequest(1, "load", LoadRequest("demo-overflow")))
     engine.receive(
-        JobRequest(
-            2, "generate", GenerateRequest(black, PrecisionSettings("fp16", auto_fix="off"))
-        )
+        JobRequest(2, "generate", GenerateRequest(black, PrecisionSettings("fp16", auto_fix="off")))
     )
     made = events.wait_final(2, timeout=300)
     assert made.state == EventState.RESULT and made.result.images[0].status == "nan", made
@@ -494,8 +492,7 @@ def test_every_event_of_explaining_a_black_image_reads_back(engine, tmp_path):
     explained = events.wait_final(3, timeout=300)
     assert explained.state == EventState.RESULT, explained
     assert any(
-        e.state == EventState.PROGRESS and "proving a fix" in (e.stage or "")
-        for e in events.of(3)
+        e.state == EventState.PROGRESS and "proving a fix" in (e.stage or "") for e in events.of(3)
     )
     for event in events.events:
         assert read_message(io.BytesIO(encode(event))) == event

@@ -15,6 +15,7 @@ from app.core.generation import _parameters
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.images import save_png
+from app.core.pictures import Mode
 from app.ui.image_entry import (
     GalleryEntry,
     item_text,
@@ -129,6 +130,20 @@ def test_a_result_without_its_text_is_described_from_the_typed_request(tmp_path,
     # The typed request does not know the model's hash, which the text records; nothing else
     # differs.
     assert described == [*back[:2], back[2].replace("Model hash: 0123456789, ", ""), *back[3:]]
+
+
+@pytest.mark.parametrize(
+    ("mode", "strength"), [(Mode.EDIT, None), (Mode.CONTROL, None), (Mode.IMAGE, 0.75)]
+)
+def test_a_picture_job_without_its_text_is_described_in_the_mode_it_ran(
+    tmp_path, monkeypatch, mode, strength
+):
+    image, result = _fresh(tmp_path, monkeypatch)
+    request = replace(result.request, images=[str(tmp_path / "a.png")], strength=0.75)
+    entry = GalleryEntry.from_result(
+        replace(image, parameters=""), replace(result, request=request, mode=mode)
+    )
+    assert (entry.mode, entry.strength, entry.input_picture) == (mode, strength, "a.png")
 
 
 def test_another_tools_record_becomes_an_entry(tmp_path):

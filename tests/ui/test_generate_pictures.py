@@ -230,7 +230,7 @@ def test_an_editing_model_gets_a_slot_per_picture_it_edits_and_no_strength(
     assert pictures.mode() is Mode.EDIT
     assert not pictures.strength.isEnabled()
     assert pictures.strength_caption.text() == (
-        "An edit draws the whole picture anew from noise, with every step: no strength."
+        "An edit draws the whole picture anew from noise with every step: no strength."
     )
     assert pictures.mask_slot.isEnabled()  # Klein inpaints one picture with a mask
     assert pictures.more_slots[0].choose(second)
@@ -275,7 +275,7 @@ def test_flux_fill_inpaints_with_no_strength_and_says_why(window, engines, tmp_p
     assert pictures.mode() is Mode.INPAINT
     assert not pictures.strength.isEnabled()
     assert pictures.strength_caption.text() == (
-        "This model draws the masked area from noise, with every step: no strength."
+        "This model draws the masked area from noise with every step: no strength."
     )
     view.generate()
     job = engines.current.last_job("generate").params.generation
@@ -292,7 +292,7 @@ def test_a_control_model_takes_its_picture_alone_with_no_strength_and_no_mask(
         picture_modes={
             Mode.IMAGE: "",
             Mode.INPAINT: "this is a control model: it takes no mask; give only the control "
-            "picture (a depth map or an edge picture) with --image.",
+            "picture (a depth map or an edge picture).",
         },
         control=True,
         draws_from_noise=(Mode.CONTROL,),
@@ -385,7 +385,7 @@ def _picture_result(tmp_path, request: GenerationRequest, with_parameters: bool)
             ],
         )
     result = reports.generation({"images": [image], "seconds": 1.0})
-    result.request = request
+    result.request, result.mode = request, request.mode_for()
     return result
 
 
@@ -440,6 +440,7 @@ def test_the_fix_makes_the_same_image_again_from_its_own_picture(view, engines, 
     )
     result = reports.generation({"images": [image], "seconds": 1.0})
     result.request = GenerationRequest(prompt="a lighthouse", images=[photo], strength=0.5)
+    result.mode = Mode.IMAGE
     engines.current.finish(job, result)
     view.pictures.picture_slot.remove()  # the form moved on; the image's own picture stands
     view.banner.buttons["Apply fix and regenerate"].click()

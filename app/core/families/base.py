@@ -292,7 +292,7 @@ class Family:
             if mode is Mode.INPAINT:
                 return (
                     "this is a control model: it takes no mask; give only the control picture "
-                    "(a depth map or an edge picture) with --image."
+                    "(a depth map or an edge picture)."
                 )
             return None
         if mode is Mode.EDIT:
@@ -320,7 +320,7 @@ class Family:
         if mode is Mode.INPAINT:
             return (
                 "this is an editing model: it takes no mask; give only the pictures to edit "
-                "with --image and say in the prompt what to change."
+                "and say in the prompt what to change."
             )
         return None
 
@@ -436,10 +436,14 @@ class ShiftedSigmas(FlowMatching):
         return sorted((round(s * 1000.0, 2) for s in picked), reverse=True)
 
 
-def patches_problem(family: Family, pipeline, width: int, height: int) -> str | None:
-    """A family on 2x2 patches of the latent needs each side a multiple of twice the VAE's
-    factor (16 px): its pipeline refuses or silently resizes anything else."""
-    step = 2 * family.latent_factor(pipeline)
+def patches_problem(
+    family: Family, pipeline, width: int, height: int, patch: int = 2
+) -> str | None:
+    """A family on patches of the latent (2x2 in every one here) needs each side a multiple
+    of the patch times the VAE's factor (16 px): its pipeline refuses anything else, or
+    silently makes a smaller picture than the job asked for, or fails to pack a picture's
+    latents."""
+    step = patch * family.latent_factor(pipeline)
     if width % step or height % step:
         return (
             f"this model makes pictures whose sides are multiples of {step} px, "

@@ -18,6 +18,7 @@ from app.core.families.base import (
     ShiftedSigmas,
     input_channels_problem,
     packed_noise,
+    patches_problem,
     transformer_width,
 )
 from app.core.layouts import (
@@ -433,8 +434,8 @@ class FluxFamily(ShiftedSigmas, Family):
             1, side // 2, side // 2, device, torch.float32
         )
         # Fill (the masked picture and the mask) and the control models (the control picture)
-        # read theirs in the channels, not the sequence; with no picture (a check of the text
-        # path) zeros: an empty mask on a grey picture, or a grey control picture.
+        # read theirs in the channels, not the sequence; with no picture (a check without one,
+        # whose report says so: `health.check.WITHOUT_PICTURE`) zeros, no picture's latents.
         beside = None
         if is_fill(pipe) or is_control(pipe):
             wanted = transformer.config.in_channels - 4 * channels
@@ -547,7 +548,7 @@ class FluxFamily(ShiftedSigmas, Family):
         if is_control(pipeline):
             return (
                 "this is Flux.1 Depth or Canny, a control model: give it the control picture "
-                "it follows (a depth map or an edge picture) with --image."
+                "it follows (a depth map or an edge picture)."
             )
         return input_channels_problem(pipeline, "latent_channels", 4, " (a Depth or Canny model?)")
 
@@ -579,6 +580,9 @@ class FluxFamily(ShiftedSigmas, Family):
             "mask_image": pictures.mask,
             "strength": 1.0,
         }
+
+    def size_problem(self, pipeline, width: int, height: int) -> str | None:
+        return patches_problem(self, pipeline, width, height)
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):
         from diffusers import FluxPipeline

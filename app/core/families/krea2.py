@@ -15,6 +15,7 @@ from app.core.families.base import (
     FamilyId,
     FlowMatching,
     input_channels_problem,
+    patches_problem,
     prompt_tensors,
     transformer_width,
 )
@@ -384,13 +385,7 @@ class Krea2Family(FlowMatching, Family):
         return self.image_latents(pipe, latents, size, size)
 
     def size_problem(self, pipeline, width: int, height: int) -> str | None:
-        step = self.latent_factor(pipeline) * patch_size(pipeline)
-        if width % step or height % step:
-            return (
-                f"this model makes pictures whose sides are multiples of {step} px, "
-                f"not {width}x{height}."
-            )
-        return None
+        return patches_problem(self, pipeline, width, height, patch_size(pipeline))
 
     def text_to_image_problem(self, pipeline) -> str | None:
         return layers_problem(pipeline) or input_channels_problem(

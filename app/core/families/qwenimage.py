@@ -488,7 +488,7 @@ class QwenImageFamily(ShiftedSigmas, Family):
 
     def text_to_image_problem(self, pipeline) -> str | None:
         if self.max_references(pipeline):  # its pipeline reads the picture's size first
-            return "this is an editing model: give it the picture to edit with --image."
+            return "this is an editing model: give it the picture to edit."
         return input_channels_problem(pipeline, "z_dim", 4)
 
     def noise(self, pipeline, seeds: list[int], height: int, width: int):

@@ -15,6 +15,7 @@ from app.core.families.base import (
     FlowMatching,
     LatentFormat,
     input_channels_problem,
+    patches_problem,
     prompt_tensors,
     transformer_width,
 )
@@ -332,6 +333,11 @@ class SD3Family(FlowMatching, Family):
                 ]
             ),
         }
+
+    def size_problem(self, pipeline, width: int, height: int) -> str | None:
+        return patches_problem(
+            self, pipeline, width, height, int(pipeline.transformer.config.patch_size)
+        )
 
     def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
         """The first, middle and last timestep of StableDiffusion3Pipeline's flow-matching

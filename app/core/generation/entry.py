@@ -29,6 +29,7 @@ from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.pictures import (
+    NO_STRENGTH_BECAUSE,
     STRENGTH_DEFAULT,
     Mode,
     check_strength,
@@ -53,18 +54,23 @@ def _checked_request(request: GenerationRequest, mode: Mode) -> GenerationReques
 def _strength_run(
     request: GenerationRequest, mode: Mode, from_noise: bool
 ) -> tuple[GenerationRequest, list[str]]:
-    """The request as it runs: a picture job that draws from noise with every step (Flux.1
-    Fill's inpainting) runs at strength 1, and its record says so; a strength other than the
-    default asked for it gets a sentence (the default is what every job carries unasked)."""
-    if mode not in (Mode.IMAGE, Mode.INPAINT) or not from_noise or request.strength == 1.0:
+    """The request as it runs, and a sentence where a strength other than the default (which
+    every job carries unasked) was asked for a picture job that draws from noise with every
+    step, to which none applies: an edit, a control picture, and Flux.1 Fill's inpainting,
+    which runs at strength 1 and whose record says so."""
+    if mode is Mode.TEXT or not from_noise:
         return request, []
-    note = []
-    if request.strength != STRENGTH_DEFAULT:
-        note.append(
-            f"This model draws the masked area from noise with every step, so the strength "
-            f"{request.strength:g} does not apply to it: it ran at 1."
-        )
-    return replace(request, strength=1.0), note
+    asked = request.strength
+    recorded = mode in (Mode.IMAGE, Mode.INPAINT)  # the record of an edit has no strength
+    if recorded:
+        request = replace(request, strength=1.0)
+    if asked in (STRENGTH_DEFAULT, 1.0):
+        return request, []
+    ran = ": it ran at 1" if recorded else ""
+    because = NO_STRENGTH_BECAUSE.get(mode, NO_STRENGTH_BECAUSE[Mode.INPAINT])
+    return request, [
+        f"{because[0].upper()}{because[1:]}, so the strength {asked:g} does not apply to it{ran}."
+    ]
 
 
 def _seeds(request: GenerationRequest) -> list[int]:
@@ -139,15 +145,16 @@ def _generate_unsaved(
     family = family_of(pipeline)
     references, control = family.max_references(pipeline), family.takes_control(pipeline)
     mode = request.mode_for(references, control)
-    request, strength_note = _strength_run(request, mode, family.redraws_from_noise(pipeline, mode))
-    request = _checked_request(request, mode)
-    progress = on_progress or no_progress
-    cancel = cancel or CancelToken()
-    problem = family.picture_problem(pipeline, mode) or family.size_problem(
-        pipeline, request.width, request.height
-    )
+    problem = family.picture_problem(pipeline, mode)  # what the job is, before its numbers
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
+    request, strength_note = _strength_run(request, mode, family.redraws_from_noise(pipeline, mode))
+    request = _checked_request(request, mode)
+    problem = family.size_problem(pipeline, request.width, request.height)
+    if problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
+    progress = on_progress or no_progress
+    cancel = cancel or CancelToken()
     pictures = read_pictures(
         request.images, request.mask, request.width, request.height, references, control
     )
@@ -270,6 +277,7 @@ def _generate_unsaved(
         model=ModelIdentity.of(model),
         device=DeviceIdentity.of(info),
         warnings=warnings,
+        mode=mode,
     )
     result.seconds = time.perf_counter() - started
     return result

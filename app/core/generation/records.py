@@ -122,6 +122,7 @@ class GenerationResult:
     warnings: list[str] = field(default_factory=list)
     # Why some images are not saved (`ImageResult.png` holds them): one sentence, or "".
     save_error: str = ""
+    mode: Mode = Mode.TEXT  # what the job made its pictures from
 
     @property
     def all_good(self) -> bool:

@@ -113,6 +113,10 @@ def check_loaded(
         raise HalfSafeError(f"{model.name}: {problem}")
     pictures = read_pictures(images, mask, size, size, references, control)
     start = _start(model, precision, device)
+    if problem is not None and (
+        control or family.picture_problem(model.pipeline, Mode.INPAINT) is None
+    ):  # an inpainting (Fill among them) or control model, checked without its picture
+        start.notes.append(WITHOUT_PICTURE)
     check = _Check(
         model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel, pictures
     )
@@ -156,6 +160,14 @@ class _Start:
     bad_weights: list[str]
     bad_quantized: list[QuantFinding]
     broken: set[str | None]
+
+
+# The scope of a check of a model that cannot draw from text alone, run without a picture.
+WITHOUT_PICTURE = (
+    "This model draws only after a picture, and this check ran without one: the VAE's encoder "
+    "was not checked, and the denoiser read zeros where the picture goes. Check again with "
+    "the picture (and mask) your jobs use to check the path they run."
+)
 
 
 def _checked_size(model, size: int | None) -> int:
