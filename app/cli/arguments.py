@@ -157,7 +157,7 @@ def _add_picture_flags(parser: argparse.ArgumentParser, *, strength: bool) -> No
             "--strength",
             metavar="0..1",
             type=_strength,
-            default=STRENGTH_DEFAULT,
+            default=None,  # given or not: a strength without a picture is refused
             help=f"how much of --image is drawn again (default {STRENGTH_DEFAULT:g}; 1 redraws "
             "all of it)",
         )
@@ -340,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="auto_fix",
         choices=("off", "auto"),
         default=argparse.SUPPRESS,
-        help=FIELDS["auto_fix"].help,
+        # The setting's third choice, ask, is the window's offer: a command has no one to ask.
+        help="when an image goes NaN; off: keep the broken image and say why; auto: repair only "
+        "the part that failed (for a VAE, decode the same latents again) and remember the fix",
     )
     gen.add_argument(
         "--no-nan-check",

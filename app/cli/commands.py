@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from app.cli.arguments import effective_settings
 from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
 from app.cli.progress import progress_for
+from app.core.errors import HalfSafeError
 from app.core.pictures import STRENGTH_DEFAULT
 from app.core.settings import PrecisionSettings
 
@@ -137,6 +138,7 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
 
     width, height = cli_image_size(args, values, native_size)
     images = list(getattr(args, "images", None) or [])
+    args_strength = getattr(args, "strength", None)
     generation = GenerationRequest(
         prompt=getattr(args, "prompt", "") or "",
         negative_prompt=values.get("negative_prompt", ""),
@@ -150,7 +152,7 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
         output_dir=getattr(args, "out", None) or values.get("output_folder") or None,
         images=images,
         mask=getattr(args, "mask", None),
-        strength=getattr(args, "strength", STRENGTH_DEFAULT),
+        strength=STRENGTH_DEFAULT if args_strength is None else args_strength,
     )
     return GenerateRequest(
         generation=generation,
@@ -163,17 +165,16 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
 
 def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int, int]:
     """Width and height for `halfsafe generate`: a flag the user gave wins; a side left out
-    is the model's native size (a square model picture, never the saved 512 that made the
-    128 px demo take minutes)."""
+    follows the input picture's proportions, or without a picture is the model's native size
+    (a square model picture, never the saved 512 that made the 128 px demo take minutes)."""
     width = getattr(args, "width", None)
     height = getattr(args, "height", None)
     native = int(native_size) if native_size else int(values["width"])
     images = getattr(args, "images", None) or []
-    if images and not (width and height):  # the input picture's proportions
+    if images:
         from app.core.pictures import picture_size
 
-        own_width, own_height = picture_size(images[0], native)
-        return (int(width) if width else own_width, int(height) if height else own_height)
+        return picture_size(images[0], native, width, height)
     return (int(width) if width else native, int(height) if height else native)
 
 
@@ -181,13 +182,18 @@ def check_pictures(args) -> None:
     """The input pictures and mask given by flags refused in one sentence (a missing or
     unreadable file, a mask without a picture) before a model is loaded; how many pictures
     the model takes is known once it is (an editing model takes several)."""
-    from app.core.pictures import check_flags, picture_size
+    from app.core.pictures import check_flags, picture_header
 
     images = list(getattr(args, "images", None) or [])
     mask = getattr(args, "mask", None)
     check_flags(images, mask)
+    if getattr(args, "strength", None) is not None and not images:
+        raise HalfSafeError(
+            "--strength is how much of an input picture is drawn again: give the picture "
+            "with --image."
+        )
     for path in [*images, *([mask] if mask else [])]:
-        picture_size(path, 64)
+        picture_header(path)
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

@@ -14,12 +14,14 @@ imported inside the functions, so that naming a mode stays cheap (the GUI does).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from app.core.errors import BadFileError, HalfSafeError
+from app.core.settings.schema import FIELDS
 
 
 class Mode(str, Enum):
@@ -171,18 +173,13 @@ def read_pictures(
     mode = mode_of(images, mask, references, control)
     if mode is Mode.TEXT:
         return None
-    opened = [_open(Path(image).expanduser(), "RGB", width, height) for image in images]
+    opened = [_fit(_decode(Path(image).expanduser(), "RGB"), width, height) for image in images]
     unit = np.stack([np.asarray(picture, dtype=np.float32) for picture in opened]) / 255.0
     pixels = torch.from_numpy(unit).permute(0, 3, 1, 2) * 2.0 - 1.0
     mask_tensor = mask_image = None
     sources = tuple(str(image) for image in images)
     if mask is not None:
-        grey = _open(Path(mask).expanduser(), "L", width, height)
-        hard = (np.asarray(grey, dtype=np.float32) >= 128.0).astype(np.float32)
-        if not hard.any():
-            raise BadFileError(
-                mask, "the mask is black all over, so nothing would be painted (white is painted)."
-            )
+        hard = _hard_mask(Path(mask).expanduser(), width, height)
         mask_tensor = torch.from_numpy(hard)[None, None]
         from PIL import Image
 
@@ -192,56 +189,145 @@ def read_pictures(
     return Pictures(mode, pixels.contiguous(), mask_tensor, mask_image, sources, kept)
 
 
-def picture_size(path: str, native: int, step: int = 16) -> tuple[int, int]:
-    """The size to draw a picture at when the user gave none: its own proportions, its longer
-    side the model's native size, each side a multiple of `step` (every family's grid
-    divides 16). Reads the file's header only; a file that is no picture is one sentence."""
+def picture_header(path: str | Path) -> tuple[int, int]:
+    """A picture file's width and height as it is shown (its EXIF orientation applied), read
+    from its header within the bounds: a file that is no picture, or one of more pixels than
+    HalfSafe reads, is one sentence naming it."""
+    file = Path(path).expanduser()
+    with _opened(file) as image:
+        return _upright_size(image)
+
+
+def picture_size(
+    path: str | Path, native: int, width: int | None = None, height: int | None = None
+) -> tuple[int, int]:
+    """The size to draw a picture at: `width` and `height` where the user gave them, a side
+    left out following the picture's proportions (its longer side the model's `native` size
+    when neither is given). Each side is a multiple of 16 (every family's grid divides it) and
+    at least the smallest size, the other side growing with it to keep the proportions; a
+    picture too narrow for that within the largest size is one sentence naming it."""
+    if width and height:
+        return int(width), int(height)
+    w, h = picture_header(path)
+    if width:
+        scale = int(width) / w
+    elif height:
+        scale = int(height) / h
+    else:
+        scale = native / max(w, h)
+    scale = max(scale, MIN_SIDE / min(w, h))  # the short side no smaller than the smallest
+    sides = [round(side * scale / SIDE_STEP) * SIDE_STEP for side in (w, h)]
+    if width:
+        sides[0] = int(width)
+    if height:
+        sides[1] = int(height)
+    if max(sides) > MAX_SIDE:
+        raise BadFileError(
+            Path(path).expanduser(),
+            f"is {w}x{h} pixels; drawn at its proportions it would be {sides[0]}x{sides[1]} "
+            f"px, past the largest side, {MAX_SIDE} px: give the width and height to draw it at.",
+        )
+    return sides[0], sides[1]
+
+
+# The sizes a picture is drawn at when it sets them (`picture_size`): the width and height
+# settings' bounds, on the grid every family divides.
+MIN_SIDE = int(cast(float, FIELDS["width"].minimum))
+MAX_SIDE = int(cast(float, FIELDS["width"].maximum))
+SIDE_STEP = 16
+
+# EXIF orientations that turn the picture a quarter turn (width and height swap).
+_QUARTER_TURNS = (5, 6, 7, 8)
+_EXIF_ORIENTATION = 0x0112
+
+
+@contextmanager
+def _opened(path: Path):
+    """The picture file opened lazily (its header read, nothing decoded), its pixel count
+    within the bounds of the image reader; any failure is one sentence naming the file."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
-    from app.core.images import read_head
-
-    file = Path(path).expanduser()
-    read_head(file)
-    try:
-        with Image.open(file) as image:
-            w, h = image.size
-    except UnidentifiedImageError:
-        raise BadFileError(file, "not a picture HalfSafe can read (PNG, JPEG or WebP).") from None
-    except (OSError, ValueError) as error:
-        raise BadFileError(file, f"the picture cannot be read ({error}).") from None
-    if not w or not h:
-        raise BadFileError(file, f"says it is {w}x{h} pixels.")
-    scale = native / max(w, h)
-    return tuple(max(step, round(side * scale / step) * step) for side in (w, h))  # type: ignore[return-value]
-
-
-def _open(path: Path, kind: str, width: int, height: int):
-    """A picture file decoded as `kind` ("RGB" or "L") at width x height, within the bounds
-    of the image reader (file size and pixel count checked before it is decoded)."""
-    from PIL import Image, ImageOps, UnidentifiedImageError
-
-    from app.core.images import MAX_PIXELS, read_head
+    from app.core.images import MAX_PIXELS, read_head  # the image reader's bounds
 
     read_head(path)  # a file, and not larger than a picture can be
+    too_many = f"input pictures of 1 to {MAX_PIXELS // 1_000_000} million pixels are read."
     try:
-        with Image.open(path) as image:
-            w, h = image.size
-            if not w or not h or w * h > MAX_PIXELS:
-                raise BadFileError(
-                    path,
-                    f"says it is {w}x{h} pixels; input pictures of 1 to "
-                    f"{MAX_PIXELS // 1_000_000} million pixels are read.",
-                )
-            image.load()
-            upright = ImageOps.exif_transpose(image) or image
-            converted = upright.convert(kind)
-    except BadFileError:
-        raise
+        with warnings.catch_warnings():
+            # Counted against HalfSafe's own bound below, before anything is decoded.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(path)
     except UnidentifiedImageError:
         raise BadFileError(path, "not a picture HalfSafe can read (PNG, JPEG or WebP).") from None
-    except (OSError, ValueError, Image.DecompressionBombError) as error:
+    except Image.DecompressionBombError:
+        raise BadFileError(path, f"has far more pixels than that; {too_many}") from None
+    except (OSError, ValueError) as error:
         raise BadFileError(path, f"the picture cannot be read ({error}).") from None
-    if converted.size != (width, height):
-        resample = Image.Resampling.LANCZOS if kind == "RGB" else Image.Resampling.BILINEAR
-        converted = converted.resize((width, height), resample)
-    return converted
+    with image:
+        w, h = image.size
+        if not w or not h or w * h > MAX_PIXELS:
+            raise BadFileError(path, f"says it is {w}x{h} pixels; {too_many}")
+        try:
+            yield image
+        except (OSError, ValueError, SyntaxError) as error:
+            # Pillow raises these from a damaged file's data (SyntaxError from a bad header
+            # field read late).
+            raise BadFileError(path, f"the picture cannot be read ({error}).") from None
+
+
+def _upright_size(image) -> tuple[int, int]:
+    w, h = image.size
+    if image.getexif().get(_EXIF_ORIENTATION) in _QUARTER_TURNS:
+        return h, w
+    return w, h
+
+
+def _decode(path: Path, kind: str):
+    """A picture file decoded as `kind` ("RGB" or "L"), upright as its EXIF says, at its own
+    size. A 16-bit greyscale picture is brought to 8 bits by its top byte (Pillow's own
+    conversion clips it, turning nearly all of it white)."""
+    from PIL import Image, ImageOps
+
+    with _opened(path) as image:
+        image.load()
+        upright = ImageOps.exif_transpose(image) or image
+        if upright.mode.startswith("I"):  # "I;16", "I;16B" and "I" (16-bit values held wider)
+            import numpy as np
+
+            wide = np.asarray(upright, dtype=np.uint32).clip(0, 65535)
+            upright = Image.fromarray((wide >> 8).astype(np.uint8), "L")
+        return upright.convert(kind)
+
+
+def _fit(picture, width: int, height: int):
+    """The decoded picture at width x height (Lanczos, as a photo is scaled)."""
+    from PIL import Image
+
+    if picture.size == (width, height):
+        return picture
+    return picture.resize((width, height), Image.Resampling.LANCZOS)
+
+
+def _hard_mask(path: Path, width: int, height: int):
+    """The mask at width x height as 0 or 1 (1 is painted again), hard at half grey. A mask
+    with nothing white, or whose white is too small to outlast the scaling, is one sentence."""
+    import numpy as np
+    from PIL import Image
+
+    grey = _decode(path, "L")
+    if not any(grey.histogram()[128:]):  # no pixel as light as half grey
+        raise BadFileError(
+            path, "the mask is black all over, so nothing would be painted (white is painted)."
+        )
+    shown = grey.size
+    if shown != (width, height):
+        grey = grey.resize((width, height), Image.Resampling.BILINEAR)
+    hard = (np.asarray(grey, dtype=np.float32) >= 128.0).astype(np.float32)
+    if not hard.any():
+        raise BadFileError(
+            path,
+            f"the mask's white is too small to outlast scaling it from {shown[0]}x{shown[1]} "
+            f"to {width}x{height} px, so nothing would be painted: paint a larger area.",
+        )
+    return hard

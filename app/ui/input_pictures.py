@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from app.core.errors import HalfSafeError
 from app.core.explain import is_image_path
 from app.core.models.summary import ModelSummary
-from app.core.pictures import NO_STRENGTH_BECAUSE, STRENGTH_DEFAULT, Mode, picture_size
+from app.core.pictures import NO_STRENGTH_BECAUSE, STRENGTH_DEFAULT, Mode, picture_header
 from app.ui import words
 from app.ui.widgets import label
 
@@ -44,7 +44,7 @@ def readable_picture(path: str) -> str:
     """'' when `path` is a picture HalfSafe reads (its header, as the engine will), else the
     engine's own sentence naming the file (`BadFileError`)."""
     try:
-        picture_size(path, 64)
+        picture_header(path)
     except HalfSafeError as error:
         return str(error)
     return ""

@@ -281,6 +281,9 @@ def test_picture_flags_become_the_request_with_the_pictures_proportions(tmp_path
         0.4,
     )
     assert (generation.width, generation.height) == (128, 80)  # 300x200 at 128 px, by 16s
+    wider = build_parser().parse_args([*argv, "--width", "768"])
+    generation = generate_request(wider, effective_settings(wider), native_size=128).generation
+    assert (generation.width, generation.height) == (768, 512)  # the height follows the picture
     assert generation.mode_for().value == "inpaint"
     args = build_parser().parse_args(["check", "demo", "--image", str(photo)])
     request = check_request(args, effective_settings(args))
@@ -294,6 +297,7 @@ def test_picture_flags_become_the_request_with_the_pictures_proportions(tmp_path
         (["--image", "{missing}"], "missing.png: not a file"),
         (["--image", "{text}"], "notes.txt: not a picture HalfSafe can read"),
         (["--image", "{photo}", "--strength", "0"], "--strength: 0 is not more than 0"),
+        (["--strength", "0.5"], "--strength is how much of an input picture is drawn again"),
     ],
 )
 def test_a_bad_picture_flag_is_one_line_and_exit_2_before_a_model_loads(

@@ -22,6 +22,7 @@ from app.cli import main
 from app.core import generation, models
 from app.core.errors import HalfSafeError
 from app.core.families import FluxFamily, architecture_title, family_of
+from app.core.health.check import WITHOUT_PICTURE
 from app.core.library import scan_library
 from app.core.pictures import Mode, read_pictures
 from tests.core.test_edit import _check, _plant
@@ -228,6 +229,11 @@ def test_a_healthy_fill_is_checked_on_its_inpainting_path_in_fp16(picture, mask)
         "vae",
     ]
     assert report.verdict == "healthy"
+    assert not set(WITHOUT_PICTURE.values()) & set(report.notes)
+    # Checked without its picture, the report says which path it did not check.
+    without = _check(_fill(), [])
+    assert "vae_encoder" not in without.components
+    assert WITHOUT_PICTURE[Mode.INPAINT] in without.notes
 
 
 def test_a_planted_transformer_overflow_in_fill_is_found_at_its_layer_and_fixed_there(

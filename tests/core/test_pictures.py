@@ -9,6 +9,9 @@ and repaired by generation; a family without picture pipelines is refused in one
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +20,15 @@ from PIL import Image
 from app.core import generation, health, infotext
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.families import FAMILIES, FamilyId, family
-from app.core.pictures import Mode, check_strength, mode_of, picture_size, read_pictures, steps_run
+from app.core.pictures import (
+    Mode,
+    check_strength,
+    mode_of,
+    picture_header,
+    picture_size,
+    read_pictures,
+    steps_run,
+)
 from tests.core.test_families import ROWS
 from tests.support.family_helpers import (
     FP16,
@@ -94,6 +105,20 @@ def test_a_file_that_is_no_picture_is_one_sentence_naming_it(tmp_path, picture):
         read_pictures([picture[0]], str(black), 64, 64)
 
 
+def _png_header_only(path, width, height):
+    """A PNG whose header says width x height, with a few bytes of pixels after it: what a
+    hostile or enormous file shows before it is decoded."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(bytes(64))) + chunk(b"IEND", b"")
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+    return str(path)
+
+
 def test_a_picture_too_large_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
     from app.core import images
 
@@ -104,10 +129,87 @@ def test_a_picture_too_large_is_refused_before_it_is_decoded(tmp_path, monkeypat
         read_pictures([str(path)], None, 64, 64)
 
 
+@pytest.mark.parametrize(
+    ("width", "height", "words"),
+    [(10_000, 10_000, "10000x10000 pixels"), (20_000, 20_000, "far more pixels")],
+)
+def test_a_header_of_too_many_pixels_is_one_sentence_wherever_the_picture_is_read(
+    tmp_path, width, height, words
+):
+    # 400 million pixels is past Pillow's own bomb limit, which raises its own error at open.
+    path = _png_header_only(tmp_path / "huge.png", width, height)
+    for read in (
+        lambda: picture_header(path),
+        lambda: picture_size(path, 512),
+        lambda: read_pictures([path], None, 64, 64),
+    ):
+        with pytest.raises(BadFileError, match=words) as caught:
+            read()
+        assert "huge.png" in str(caught.value)
+        assert "million pixels are read" in str(caught.value)
+
+
+def test_a_16_bit_picture_keeps_its_tones(tmp_path):
+    # Pillow's own conversion of a 16-bit grey picture clips it to white: a quarter grey
+    # must stay a quarter grey, and a 16-bit mask's white and black stay apart.
+    path = tmp_path / "grey16.png"
+    Image.fromarray(np.full((64, 64), 16384, np.uint16)).save(path)
+    with Image.open(path) as stored:
+        assert stored.mode.startswith("I")
+    mask = np.zeros((64, 64), np.uint16)
+    mask[:, 32:] = 65535
+    mask_path = tmp_path / "mask16.png"
+    Image.fromarray(mask).save(mask_path)
+    pictures = read_pictures([str(path)], str(mask_path), 64, 64)
+    assert pictures is not None and pictures.mask is not None
+    assert float(pictures.pixels.mean()) == pytest.approx(64 / 255 * 2 - 1, abs=0.01)
+    assert float(pictures.mask[..., :32].max()) == 0.0
+    assert float(pictures.mask[..., 32:].min()) == 1.0
+
+
 def test_the_size_left_out_keeps_the_pictures_proportions(tmp_path):
     path = tmp_path / "wide.png"
     Image.new("RGB", (300, 200)).save(path)
     assert picture_size(str(path), 512) == (512, 336)  # 341.3 -> 336, a multiple of 16
+    # One side given: the other follows the picture, not the model's square.
+    assert picture_size(str(path), 512, width=768) == (768, 512)
+    assert picture_size(str(path), 512, height=256) == (384, 256)
+    assert picture_size(str(path), 512, 640, 640) == (640, 640)
+
+
+def test_the_size_follows_the_picture_as_it_is_shown_turned_by_its_exif(tmp_path):
+    path = tmp_path / "portrait.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored landscape, shown turned a quarter: a portrait photo
+    Image.new("RGB", (300, 200)).save(path, exif=exif)
+    assert picture_header(path) == (200, 300)
+    assert picture_size(str(path), 512) == (336, 512)
+    pictures = read_pictures([str(path)], None, 336, 512)
+    assert pictures is not None and pictures.pixels.shape == (1, 3, 512, 336)
+
+
+def test_a_narrow_picture_keeps_its_proportions_above_the_smallest_side(tmp_path):
+    strip = tmp_path / "strip.png"
+    Image.new("RGB", (2000, 100)).save(strip)
+    # At 512 px long its short side would be 26 px; it grows to 64 and the long side with it.
+    assert picture_size(str(strip), 512) == (1280, 64)
+    thread = tmp_path / "thread.png"
+    Image.new("RGB", (10_000, 100)).save(thread)
+    with pytest.raises(BadFileError, match="thread.png.*10000x100 pixels.*give the width"):
+        picture_size(str(thread), 512)
+    assert picture_size(str(thread), 512, 1024, 64) == (1024, 64)  # the user's size is taken
+
+
+def test_a_mask_whose_white_vanishes_when_scaled_says_so(tmp_path, picture):
+    path = tmp_path / "speck.png"
+    speck = np.zeros((1024, 1024), np.uint8)
+    speck[500:502, 500:502] = 255
+    Image.fromarray(speck).save(path)
+    with pytest.raises(BadFileError, match="speck.png.*too small.*1024x1024 to 64x64"):
+        read_pictures([picture[0]], str(path), 64, 64)
+    pictures = read_pictures([picture[0]], str(path), 1024, 1024)  # kept at its own size
+    assert pictures is not None and pictures.mask is not None
+    assert float(pictures.mask.sum()) == 4.0
 
 
 # --- every family with picture pipelines ---------------------------------------------------
@@ -152,6 +254,8 @@ def test_image_to_image_makes_a_finite_picture_from_the_input(family_id, picture
     assert [image.status for image in result.images] == ["ok"]
     assert "Denoising strength: 0.5" in result.images[0].parameters
     assert "Input picture: input.png" in result.images[0].parameters
+    document = result.to_json()
+    assert (document["mode"], document["pictures"]) == ("img2img", [picture[0]])
 
 
 @pytest.mark.parametrize("family_id", INPAINT_FAMILIES)
@@ -161,6 +265,7 @@ def test_inpainting_keeps_what_the_mask_keeps(family_id, picture, tmp_path):
         model, _request(tmp_path, *picture, strength=1.0), precision=FP16, device="cpu"
     )
     assert [image.status for image in result.images] == ["ok"]
+    assert result.to_json()["pictures"] == list(picture)  # the picture, then the mask
     parsed = infotext.parse(result.images[0].parameters)
     assert parsed.get(infotext.DENOISING_STRENGTH) == 1.0
     assert parsed.get(infotext.INPUT_PICTURE) == "input.png"
@@ -191,6 +296,7 @@ def test_a_planted_encoder_overflow_is_found_at_its_layer_and_fixed_in_the_vae(
         images=[picture[0]],
     )
     encoder = report.components["vae_encoder"]
+    assert (report.to_json()["mode"], report.to_json()["pictures"]) == ("img2img", [picture[0]])
     if "vae" in ROWS[family_id].fp32:  # its own config runs the VAE in fp32: nothing overflows
         assert report.verdict == "healthy" and not encoder.status.failed
         return

@@ -42,11 +42,23 @@ CHECK_KEYS = [
     "remembered",
     "seconds",
     "size",
+    "mode",
+    "pictures",
     "timesteps",
     "notes",
     "versions",
 ]
-GENERATION_KEYS = ["halfsafe", "images", "settings", "seconds", "model", "device", "warnings"]
+GENERATION_KEYS = [
+    "halfsafe",
+    "images",
+    "settings",
+    "seconds",
+    "model",
+    "device",
+    "mode",
+    "pictures",
+    "warnings",
+]
 STEP_COST_KEYS = ["unet_step_ms", "unet_step_ms_range", "rounds", "peak_memory_mb", "weights_mb"]
 
 
@@ -65,6 +77,7 @@ def test_a_real_checks_model_device_and_fix_cost_keep_their_json(capsys):
 
     assert status == 1 and document["verdict"] == "fixable"
     assert list(document) == CHECK_KEYS
+    assert (document["mode"], document["pictures"]) == ("txt2img", [])
     assert json.dumps(document["model"]) == (
         '{"source": "demo-overflow", "format": "demo", "architecture": "sd1", '
         '"name": "demo-overflow", "prediction": {"type": "v_prediction", '

@@ -137,6 +137,8 @@ class GenerationResult:
             "seconds": round(self.seconds, 3),
             "model": self.model.generation_json(),
             "device": self.device.to_json(),
+            "mode": self.mode.value,
+            "pictures": [*self.request.images, *([self.request.mask] if self.request.mask else [])],
             "warnings": list(self.warnings),
         }
 

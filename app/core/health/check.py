@@ -116,7 +116,7 @@ def check_loaded(
     if problem is not None and (
         control or family.picture_problem(model.pipeline, Mode.INPAINT) is None
     ):  # an inpainting (Fill among them) or control model, checked without its picture
-        start.notes.append(WITHOUT_PICTURE)
+        start.notes.append(WITHOUT_PICTURE[Mode.CONTROL if control else Mode.INPAINT])
     check = _Check(
         model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel, pictures
     )
@@ -162,12 +162,16 @@ class _Start:
     broken: set[str | None]
 
 
-# The scope of a check of a model that cannot draw from text alone, run without a picture.
-WITHOUT_PICTURE = (
-    "This model draws only after a picture, and this check ran without one: the VAE's encoder "
-    "was not checked, and the denoiser read zeros where the picture goes. Check again with "
-    "the picture (and mask) your jobs use to check the path they run."
-)
+# The note on a check made without the picture a model draws after, by the mode its jobs run.
+WITHOUT_PICTURE = {
+    mode: "This model draws only after a picture, and this check ran without one: the VAE's "
+    "encoder was not checked, and the denoiser read zeros where the picture goes. Check again "
+    f"with the {what} your jobs use to check the path they run."
+    for mode, what in (
+        (Mode.INPAINT, "picture and mask"),
+        (Mode.CONTROL, "depth map or edge picture"),
+    )
+}
 
 
 def _checked_size(model, size: int | None) -> int:
@@ -530,6 +534,8 @@ def _report(
         loras=[LoraIdentity.of(applied) for applied in getattr(model, "loras", [])],
         tried=list(check.search.candidates),
         weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
+        mode=(check.runner.pictures.mode if check.runner.pictures else Mode.TEXT).value,
+        pictures=list(check.runner.pictures.sources) if check.runner.pictures else [],
     )
 
 

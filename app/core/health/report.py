@@ -186,6 +186,10 @@ class HealthReport:
     # Quantized weights that decode wrongly (QuantFinding.to_json each): a loader's or a
     # conversion's fault, told apart from overflow.
     weights_bad_quantized: list[dict[str, Any]] = field(default_factory=list)
+    # The path the check ran (`pictures.Mode`'s word) and the files it read for it: the input
+    # pictures, then the mask.
+    mode: str = "txt2img"
+    pictures: list[str] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
@@ -214,6 +218,8 @@ class HealthReport:
             "remembered": self.remembered,
             "seconds": round(self.seconds, 3),
             "size": self.size,
+            "mode": self.mode,
+            "pictures": list(self.pictures),
             "timesteps": list(self.timesteps),
             "notes": self.notes,
             "versions": self.versions,

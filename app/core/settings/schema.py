@@ -134,8 +134,8 @@ SCHEMA: tuple[Field, ...] = (
         "modules",
         [],
         "Layers in bf16",
-        "Like 'Layers in fp32', in bf16 (fp32's range at half the memory) for GPUs with "
-        "native bf16.",
+        "Named layers, as for the layers in fp32, that run in bf16 instead (fp32's range at "
+        "half the memory) for GPUs with native bf16.",
         "Precision",
         cli=True,
     ),
