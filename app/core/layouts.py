@@ -95,6 +95,9 @@ class Layout:
     excluded: tuple[str, ...]
     read: Callable[[Shapes, str], SplitModel]  # raises ValueError naming what does not fit
     table: Callable[[Mapping[str, Any]], Iterator[Row]]
+    # What only the file's name tells of a model read from its shapes (a variant whose weights
+    # are shaped as another's): (model, file name) -> model. None: the shapes tell all.
+    named: Callable[[SplitModel, str], SplitModel] | None = None
 
 
 def weight_shape(shapes: Shapes, name: str, ndim: int, prefix: str = "") -> tuple[int, ...]:

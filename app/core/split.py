@@ -91,14 +91,18 @@ def layout_of(name: str) -> Layout:
     return layout
 
 
-def read_model(shapes: Shapes) -> SplitModel | None:
-    """What a transformer file holds, or None when it is in no layout read here. Raises
-    ValueError with words completing "this <layout words> is not one HalfSafe can build: "."""
+def read_model(shapes: Shapes, file_name: str = "") -> SplitModel | None:
+    """What a transformer file holds, or None when it is in no layout read here; its
+    `file_name` tells a variant whose weights are shaped as another's (Flux.1 Kontext's as
+    dev's). Raises ValueError with words completing "this <layout words> is not one HalfSafe
+    can build: "."""
     found = find_layout(shapes)
     if found is None:
         return None
     name, prefix = found
-    return layout_of(name).read(shapes, prefix)
+    layout = layout_of(name)
+    model = layout.read(shapes, prefix)
+    return layout.named(model, file_name) if layout.named and file_name else model
 
 
 def layout_words(shapes: Shapes) -> str:

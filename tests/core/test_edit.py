@@ -22,6 +22,7 @@ from app.core import generation, health, models
 from app.core.architecture.diffusers_folder import detect_from_configs
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId, architecture_title, family, family_of
+from app.core.library import scan_library
 from app.core.pictures import Mode, mode_of, read_pictures
 from app.core.settings import PrecisionSettings
 from tests.support import tiny_models
@@ -32,6 +33,7 @@ from tests.support.family_helpers import (
     offline,  # noqa: F401 - an autouse fixture: no network
     same_weights,
 )
+from tests.support.model_files import save_split_files
 
 FLUX_SINGLE = "single_transformer_blocks.1.proj_out"  # as the Flux.1 conformance row plants
 QWEN_BLOCK = "transformer_blocks.0.img_mlp.net.2"  # as the Qwen-Image row plants
@@ -167,6 +169,54 @@ def test_a_kontext_folder_loads_back_offline_as_an_editing_flux_model(tmp_path):
     assert family_of(model.pipeline) is family(FamilyId.FLUX)
     assert family_of(model.pipeline).max_references(model.pipeline) == 1
     same_weights(pipeline, model.pipeline, ("text_encoder", "text_encoder_2", "transformer"))
+
+
+def test_a_kontext_transformer_file_is_told_from_dev_by_its_name_and_edits(tmp_path, references):
+    # Kontext's transformer is shaped as Flux.1 dev's: as ComfyUI users keep it
+    # (diffusion_models/flux1-kontext-dev.safetensors), only its name tells it.
+    pipeline = tiny_models.build_tiny_flux_kontext_pipeline()
+    written = save_split_files(pipeline, tmp_path / "models", "flux1-kontext-dev")
+
+    model = models.load_model(str(written["transformer"]))
+
+    assert (model.architecture, model.format) == ("flux-kontext", "split_files")
+    assert type(model.pipeline).__name__ == "FluxKontextPipeline"
+    assert model.detected_because.startswith("Flux.1 Kontext, as the file's name says")
+    same_weights(pipeline, model.pipeline, ("text_encoder", "text_encoder_2", "transformer", "vae"))
+    (entry,) = scan_library(
+        [str(written["transformer"].parent)], include_defaults=False, use_cache=False
+    )
+    assert (entry.architecture, entry.supported) == ("flux-kontext", True)
+    result = generation.generate(
+        model, _request(tmp_path, references[:1]), precision=FP16, device="cpu"
+    )
+    assert result.mode is Mode.EDIT and result.images[0].status == "ok"
+
+    # The same weights under dev's name are dev: the name decides, as the README says.
+    renamed = written["transformer"].with_name("flux1-dev.safetensors")
+    written["transformer"].rename(renamed)
+    assert models.load_model(str(renamed)).architecture == "flux-dev"
+
+
+def test_a_gguf_kontext_transformer_is_told_by_its_name_too(tmp_path, references):
+    from gguf import GGMLQuantizationType
+
+    from tests.core.test_quantized import gguf_split_set
+
+    pipeline = tiny_models.build_tiny_flux_kontext_pipeline()
+    _, _, path = gguf_split_set(
+        tmp_path, pipeline, GGMLQuantizationType.Q8_0, name="flux1-kontext-dev-Q8_0"
+    )
+    model = models.load_model(str(path))
+    assert (model.architecture, type(model.pipeline).__name__) == (
+        "flux-kontext",
+        "FluxKontextPipeline",
+    )
+    assert model.quantization is not None and model.quantization["format"] == "gguf"
+    result = generation.generate(
+        model, _request(tmp_path, references[:1], steps=2), precision=FP16, device="cpu"
+    )
+    assert result.mode is Mode.EDIT and result.images[0].status == "ok"
 
 
 @pytest.mark.slow  # about 15 s here: a 151,669-token embedding saved and read back

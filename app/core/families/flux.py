@@ -6,7 +6,7 @@ its sequence."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from app.core import infotext
@@ -212,9 +212,29 @@ def bfl_table(config: Mapping[str, Any]) -> Iterator[Row]:
         yield from swapped("final_layer.adaLN_modulation.1", "norm_out.linear")
 
 
-LAYOUT = Layout("Flux-style transformer", BFL_MARKERS, (CHROMA_MARKER,), _read_flux, bfl_table)
+def _named_flux(model: SplitModel, file_name: str) -> SplitModel:
+    """Flux.1 Kontext's transformer is shaped as dev's (it reads the reference picture's
+    latents in its sequence, not in its channels): only the file's name tells it, as the
+    name Black Forest Labs and ComfyUI give it (flux1-kontext-dev) does."""
+    if model.architecture != "flux-dev" or "kontext" not in file_name.lower():
+        return model
+    return replace(
+        model,
+        architecture=KONTEXT,
+        pipeline_class=KONTEXT_PIPELINE,
+        because=(
+            "Flux.1 Kontext, as the file's name says (its weights are shaped as Flux.1 dev's, "
+            f"as Kontext's are): {model.because.removeprefix('Flux.1 dev: ')}"
+        ),
+    )
 
 
+LAYOUT = Layout(
+    "Flux-style transformer", BFL_MARKERS, (CHROMA_MARKER,), _read_flux, bfl_table, _named_flux
+)
+
+
+KONTEXT = "flux-kontext"  # the architecture's name
 KONTEXT_PIPELINE = "FluxKontextPipeline"
 FILL_PIPELINE = "FluxFillPipeline"
 CONTROL_PIPELINE = "FluxControlPipeline"
@@ -241,7 +261,7 @@ def _detect_kontext(transformer: Mapping[str, Any]) -> Detection:
         "beside the noise; a guidance embedding; flow matching."
     )
     return Detection(
-        "flux-kontext",
+        KONTEXT,
         True,
         "a Flux.1 Kontext (editing) pipeline",
         because,

@@ -16,8 +16,10 @@ from app.core.library.entries import LibraryEntry
 INDEX_FILE = "library.json"
 # 3: SD3.x and Chroma files are read (entries cached before said unsupported); 4: Z-Image and
 # Qwen-Image transformer files are (cached before as a Lumina model or unknown); 5: Flux.2,
-# Qwen-Image 2.1 and Krea 2 files are (cached before as another family's or unknown).
-INDEX_VERSION = 5
+# Qwen-Image 2.1 and Krea 2 files are (cached before as another family's or unknown); 6: Flux.1
+# Fill, Depth and Canny files run and a Kontext file is told by its name (cached before as
+# refused, or as Flux.1 dev).
+INDEX_VERSION = 6
 # The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
 INDEX_LIMIT = 64 << 20
 

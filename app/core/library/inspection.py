@@ -83,7 +83,7 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
     transformer = None
     if layout is not None:
         try:
-            transformer = split.read_model(header.shapes())
+            transformer = split.read_model(header.shapes(), path.name)
         except ValueError as error:
             return LibraryEntry(
                 str(path),
@@ -131,7 +131,7 @@ def _with_companions(entry: LibraryEntry) -> LibraryEntry:
     then says so and is not loadable."""
     path = Path(entry.path)
     try:
-        transformer = split.read_model(read_header(path).shapes())
+        transformer = split.read_model(read_header(path).shapes(), path.name)
         if transformer is None:
             return entry
         if transformer.unsupported is not None:  # no companion would make it run

@@ -29,7 +29,7 @@ from app.core.models.loaded import LoadedModel
 def split_model(path: Path, shapes) -> SplitModel | None:
     """The transformer file's model from its header (None: not a transformer file)."""
     try:
-        return split.read_model(shapes)
+        return split.read_model(shapes, path.name)
     except AbsurdSizes as error:
         raise BadFileError(
             path, f"the weights' shapes describe a model no real file holds: {error}."
