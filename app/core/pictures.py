@@ -260,8 +260,9 @@ def _opened(path: Path):
             image = Image.open(path)
     except UnidentifiedImageError:
         raise BadFileError(path, "not a picture HalfSafe can read (PNG, JPEG or WebP).") from None
-    except Image.DecompressionBombError:
-        raise BadFileError(path, f"has far more pixels than that; {too_many}") from None
+    except Image.DecompressionBombError:  # past twice Pillow's MAX_IMAGE_PIXELS
+        bomb = 2 * (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000
+        raise BadFileError(path, f"says it has over {bomb} million pixels; {too_many}") from None
     except (OSError, ValueError) as error:
         raise BadFileError(path, f"the picture cannot be read ({error}).") from None
     with image:
