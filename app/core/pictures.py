@@ -54,9 +54,9 @@ STRENGTH_DEFAULT = 0.75  # how much of the picture is drawn again (A1111's "deno
 # Why no strength applies to a picture job that draws from noise with every step, by mode (the
 # Generate page's caption, and the sentence when a strength was asked for anyway).
 NO_STRENGTH_BECAUSE = {
-    Mode.EDIT: "an edit draws the whole picture anew from noise with every step",
-    Mode.CONTROL: "a control model draws from noise with every step, after the picture",
-    Mode.INPAINT: "this model draws the masked area from noise with every step",
+    Mode.EDIT: "An edit draws the whole picture anew from noise with every step",
+    Mode.CONTROL: "A control model draws from noise with every step, after the picture",
+    Mode.INPAINT: "This model draws the masked area from noise with every step",
 }
 
 
@@ -279,9 +279,16 @@ def _opened(path: Path):
 
 def _upright_size(image) -> tuple[int, int]:
     w, h = image.size
-    if image.getexif().get(_EXIF_ORIENTATION) in _QUARTER_TURNS:
+    if _header_exif(image) and image.getexif().get(_EXIF_ORIENTATION) in _QUARTER_TURNS:
         return h, w
     return w, h
+
+
+def _header_exif(image) -> bool:
+    """Whether the file's EXIF was read with its header (a JPEG's or WebP's, a PNG's eXIf
+    chunk before its pixels). Only that EXIF turns a picture: Pillow looks for a PNG's
+    elsewhere by decoding the whole picture, which a header read must not do."""
+    return "exif" in image.info
 
 
 def _decode(path: Path, kind: str):
@@ -291,8 +298,9 @@ def _decode(path: Path, kind: str):
     from PIL import Image, ImageOps
 
     with _opened(path) as image:
+        turns = _header_exif(image)  # as `picture_header` sizes it
         image.load()
-        upright = ImageOps.exif_transpose(image) or image
+        upright = (ImageOps.exif_transpose(image) if turns else None) or image
         if upright.mode.startswith("I"):  # "I;16", "I;16B" and "I" (16-bit values held wider)
             import numpy as np
 

@@ -191,9 +191,7 @@ STRENGTH_CAPTION = (
     "How much of the picture is drawn again: low stays close to it, 1.00 redraws it all."
 )
 # Why the strength is off where a job draws from noise with every step, by mode.
-NO_STRENGTH = {
-    mode: f"{why[0].upper()}{why[1:]}: no strength." for mode, why in NO_STRENGTH_BECAUSE.items()
-}
+NO_STRENGTH = {mode: f"{why}: no strength." for mode, why in NO_STRENGTH_BECAUSE.items()}
 
 
 CONTROL_EMPTY = (

@@ -149,6 +149,17 @@ def test_a_header_of_too_many_pixels_is_one_sentence_wherever_the_picture_is_rea
         assert "million pixels are read" in str(caught.value)
 
 
+def test_reading_a_pictures_size_decodes_none_of_it(tmp_path):
+    # A header saying 8000x8000 (within the bound) over a few bytes of pixels: its size is
+    # known without a decode, which would find the pixels missing (Pillow's PNG EXIF lookup
+    # decodes the whole picture).
+    path = _png_header_only(tmp_path / "large.png", 8000, 8000)
+    assert picture_header(path) == (8000, 8000)
+    assert picture_size(path, 1024) == (1024, 1024)
+    with pytest.raises(BadFileError, match="large.png: the picture cannot be read"):
+        read_pictures([path], None, 64, 64)
+
+
 def test_a_16_bit_picture_keeps_its_tones(tmp_path):
     # Pillow's own conversion of a 16-bit grey picture clips it to white: a quarter grey
     # must stay a quarter grey, and a 16-bit mask's white and black stay apart.

@@ -68,9 +68,7 @@ def _strength_run(
         return request, []
     ran = ": it ran at 1" if recorded else ""
     because = NO_STRENGTH_BECAUSE.get(mode, NO_STRENGTH_BECAUSE[Mode.INPAINT])
-    return request, [
-        f"{because[0].upper()}{because[1:]}, so the strength {asked:g} does not apply to it{ran}."
-    ]
+    return request, [f"{because}, so the strength {asked:g} does not apply to it{ran}."]
 
 
 def _seeds(request: GenerationRequest) -> list[int]:

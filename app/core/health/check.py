@@ -512,6 +512,7 @@ def _report(
 ) -> HealthReport:
     """The finished check as a report; `started` is when check_loaded began (perf_counter)."""
     info, plan, remembered = start.info, start.plan, start.remembered
+    pictures = check.runner.pictures  # the job's input the check ran, None for text-to-image
     return HealthReport(
         model=ModelIdentity.of(model),
         device=DeviceIdentity.of(info),
@@ -534,8 +535,8 @@ def _report(
         loras=[LoraIdentity.of(applied) for applied in getattr(model, "loras", [])],
         tried=list(check.search.candidates),
         weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
-        mode=(check.runner.pictures.mode if check.runner.pictures else Mode.TEXT).value,
-        pictures=list(check.runner.pictures.sources) if check.runner.pictures else [],
+        mode=(pictures.mode if pictures else Mode.TEXT).value,
+        pictures=list(pictures.sources) if pictures else [],
     )
 
 
