@@ -340,6 +340,21 @@ def test_generation_repairs_a_planted_encoder_overflow(family_id, picture, tmp_p
     assert "NaN component: vae_encoder" in image.parameters
 
 
+def test_image_to_image_runs_the_denoiser_in_the_precision_asked(picture, tmp_path):
+    # A UNet that overflows in fp16 must overflow in an fp16 image-to-image job too: the
+    # picture pipeline runs on the placed fp16 copy, not on one widened to fp32 on the way.
+    model = _model(FamilyId.SD)
+    plant = ROWS[FamilyId.SD].plants["unet"]
+    with torch.no_grad():
+        model.pipeline.unet.get_submodule(plant.layer).weight.mul_(plant.factor)
+    result = generation.generate(
+        model, _request(tmp_path, picture[0]), precision=FP16, device="cpu"
+    )
+    image = result.images[0]
+    assert (image.status, image.component) == ("fixed", "unet")
+    assert image.first_bad_module == plant.layer
+
+
 def test_a_family_without_picture_pipelines_is_refused_in_one_sentence():
     zimage = family(next(f.id for f in FAMILIES if f.picture_pipelines.keys() == {Mode.IMAGE}))
     problem = zimage.picture_problem(None, Mode.INPAINT)

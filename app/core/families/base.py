@@ -257,7 +257,8 @@ class Family:
         return {}
 
     def picture_pipeline(self, pipe, mode: Mode, latent_channels: int):
-        """The family's pipeline for `mode`, on the same (placed) components as `pipe`, taking
+        """The family's pipeline for `mode`, on the same (placed) components as `pipe`, each
+        left in its dtype (`pipeline_sharing`), taking
         the picture as latents of `latent_channels` channels. Some of diffusers' picture
         pipelines build their image processor for 4-channel latents whatever the VAE, and
         would resize 16-channel latents as if they were a picture: theirs is told the truth."""
@@ -265,7 +266,7 @@ class Family:
 
         if mode is Mode.EDIT:  # an editing model's own pipeline is the one that edits
             return pipe
-        picture = getattr(diffusers, self.picture_pipelines[mode]).from_pipe(pipe)
+        picture = pipeline_sharing(getattr(diffusers, self.picture_pipelines[mode]), pipe)
         processor = getattr(picture, "image_processor", None)
         config = getattr(processor, "config", None)
         if (
@@ -527,3 +528,26 @@ def input_channels_problem(pipeline, latent_key: str, per_latent: int, hint: str
             f"{latent}-channel VAE takes {latent * per_latent}{hint}."
         )
     return None
+
+
+def pipeline_sharing(pipeline_class, pipe):
+    """A `pipeline_class` pipeline on `pipe`'s own component objects and options, each
+    component left in the dtype and on the device it has.
+
+    diffusers' `from_pipe` does the same and then casts every component to one dtype (fp32
+    unless told another): on a placed pipeline that would turn its fp16 components into fp32
+    in place, so the job would run in a precision its record does not name, and a module
+    island's guards (which remember the dtype of the layer they guard) would feed fp16 into
+    layers that had become fp32."""
+    modules, options = pipeline_class._get_signature_keys(pipeline_class)
+    components = pipe.components
+    config = dict(pipe.config)
+    arguments = {name: components[name] for name in modules if name in components}
+    for name in options:
+        # An option a pipeline made by `from_pipe` did not take is kept as "_<name>".
+        for key in (name, "_" + name):
+            if key in config:
+                arguments[name] = config[key]
+                break
+    return pipeline_class(**arguments)
+
