@@ -74,9 +74,7 @@ PATHS = {
         _tiny(tiny_models.build_tiny_flux_kontext_pipeline, "flux-kontext"), "", Mode.EDIT, 1
     ),
     "qwen-edit": Path(
-        _tiny(
-            lambda: tiny_models.build_tiny_qwenimage_edit_pipeline(plus=False), "qwenimage-edit"
-        ),
+        _tiny(lambda: tiny_models.build_tiny_qwenimage_edit_pipeline(plus=False), "qwenimage-edit"),
         "",
         Mode.EDIT,
         1,

@@ -550,4 +550,3 @@ def pipeline_sharing(pipeline_class, pipe):
                 arguments[name] = config[key]
                 break
     return pipeline_class(**arguments)
-
