@@ -1244,6 +1244,266 @@ def display_problem(system: str, environ: Mapping[str, str], launcher: str) -> s
     )
 
 
+# The libraries Qt's window platforms load from the system, by the package that holds each on
+# the distributions whose package managers the launcher knows (apt: Debian, Ubuntu; dnf:
+# Fedora, RHEL; pacman: Arch). Qt's own libraries come inside PySide6. Package names as those
+# distributions publish them.
+SYSTEM_LIBRARY_PACKAGES: dict[str, dict[str, str]] = {
+    "libxcb-cursor.so.0": {
+        "apt": "libxcb-cursor0",
+        "dnf": "xcb-util-cursor",
+        "pacman": "xcb-util-cursor",
+    },
+    "libxcb-icccm.so.4": {"apt": "libxcb-icccm4", "dnf": "xcb-util-wm", "pacman": "xcb-util-wm"},
+    "libxcb-keysyms.so.1": {
+        "apt": "libxcb-keysyms1",
+        "dnf": "xcb-util-keysyms",
+        "pacman": "xcb-util-keysyms",
+    },
+    "libxcb-image.so.0": {
+        "apt": "libxcb-image0",
+        "dnf": "xcb-util-image",
+        "pacman": "xcb-util-image",
+    },
+    "libxcb-render-util.so.0": {
+        "apt": "libxcb-render-util0",
+        "dnf": "xcb-util-renderutil",
+        "pacman": "xcb-util-renderutil",
+    },
+    "libxcb-util.so.1": {"apt": "libxcb-util1", "dnf": "xcb-util", "pacman": "xcb-util"},
+    "libxkbcommon-x11.so.0": {
+        "apt": "libxkbcommon-x11-0",
+        "dnf": "libxkbcommon-x11",
+        "pacman": "libxkbcommon-x11",
+    },
+    "libxkbcommon.so.0": {"apt": "libxkbcommon0", "dnf": "libxkbcommon", "pacman": "libxkbcommon"},
+    "libxcb-xkb.so.1": {"apt": "libxcb-xkb1", "dnf": "libxcb", "pacman": "libxcb"},
+    "libxcb-randr.so.0": {"apt": "libxcb-randr0", "dnf": "libxcb", "pacman": "libxcb"},
+    "libxcb-shape.so.0": {"apt": "libxcb-shape0", "dnf": "libxcb", "pacman": "libxcb"},
+    "libxcb-shm.so.0": {"apt": "libxcb-shm0", "dnf": "libxcb", "pacman": "libxcb"},
+    "libxcb-sync.so.1": {"apt": "libxcb-sync1", "dnf": "libxcb", "pacman": "libxcb"},
+    "libxcb-xfixes.so.0": {"apt": "libxcb-xfixes0", "dnf": "libxcb", "pacman": "libxcb"},
+    "libxcb-render.so.0": {"apt": "libxcb-render0", "dnf": "libxcb", "pacman": "libxcb"},
+    "libxcb.so.1": {"apt": "libxcb1", "dnf": "libxcb", "pacman": "libxcb"},
+    "libX11-xcb.so.1": {"apt": "libx11-xcb1", "dnf": "libX11-xcb", "pacman": "libx11"},
+    "libX11.so.6": {"apt": "libx11-6", "dnf": "libX11", "pacman": "libx11"},
+    "libEGL.so.1": {"apt": "libegl1", "dnf": "libglvnd-egl", "pacman": "libglvnd"},
+    "libGL.so.1": {"apt": "libgl1", "dnf": "libglvnd-glx", "pacman": "libglvnd"},
+    "libfontconfig.so.1": {"apt": "libfontconfig1", "dnf": "fontconfig", "pacman": "fontconfig"},
+    "libfreetype.so.6": {"apt": "libfreetype6", "dnf": "freetype", "pacman": "freetype2"},
+    "libdbus-1.so.3": {"apt": "libdbus-1-3", "dnf": "dbus-libs", "pacman": "dbus"},
+    "libglib-2.0.so.0": {"apt": "libglib2.0-0", "dnf": "glib2", "pacman": "glib2"},
+    "libgthread-2.0.so.0": {"apt": "libglib2.0-0", "dnf": "glib2", "pacman": "glib2"},
+    "libwayland-client.so.0": {
+        "apt": "libwayland-client0",
+        "dnf": "libwayland-client",
+        "pacman": "wayland",
+    },
+    "libwayland-cursor.so.0": {
+        "apt": "libwayland-cursor0",
+        "dnf": "libwayland-cursor",
+        "pacman": "wayland",
+    },
+    "libwayland-egl.so.1": {"apt": "libwayland-egl1", "dnf": "libwayland-egl", "pacman": "wayland"},
+}
+INSTALL_COMMANDS = {
+    "apt": ["apt-get", "install", "-y"],
+    "dnf": ["dnf", "install", "-y"],
+    "pacman": ["pacman", "-S", "--needed", "--noconfirm"],
+}
+PLATFORM_WORDS = {"xcb": "X11 (xcb)", "wayland": "Wayland"}
+
+
+@dataclass(frozen=True)
+class WindowLibraries:
+    """What Qt's window platform lacks here: the system libraries its plugin cannot load, and
+    the packages that hold them on this system (empty where its package manager is unknown)."""
+
+    platform: str
+    missing: tuple[str, ...]
+    manager: str | None
+    packages: tuple[str, ...]
+
+    def install_command(self) -> list[str] | None:
+        if not self.manager or not self.packages:
+            return None
+        return [*INSTALL_COMMANDS[self.manager], *self.packages]
+
+    def sentence(self, launcher: str) -> str:
+        names = _join(list(self.packages or self.missing))
+        command = self.install_command()
+        how = (
+            f"install {'it' if len(self.packages) == 1 else 'them'} with "
+            f"'sudo {shlex.join(command)}'"
+            if command
+            else "install the packages of your system that hold "
+            + ("it" if len(self.missing) == 1 else "them")
+        )
+        return (
+            f"HalfSafe's window cannot open: Qt's {PLATFORM_WORDS.get(self.platform, self.platform)} "
+            f"platform needs {names}, which this system lacks; {how} and start HalfSafe again "
+            f"(meanwhile the command line works: '{launcher} check demo')."
+        )
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def qt_platforms(environ: Mapping[str, str]) -> list[str]:
+    """The window platforms Qt tries here, in order: QT_QPA_PLATFORM's list where it is set,
+    else Wayland then X11 in a Wayland session, else X11."""
+    chosen = environ.get("QT_QPA_PLATFORM", "").strip()
+    if chosen:
+        return [name.split(":")[0].strip() for name in chosen.split(";") if name.strip()]
+    if environ.get("WAYLAND_DISPLAY") or environ.get("XDG_SESSION_TYPE") == "wayland":
+        return ["wayland", "xcb"]
+    return ["xcb"]
+
+
+def qt_plugin(venv: Path, platform_name: str) -> Path | None:
+    """Qt's plugin for a window platform inside the environment's PySide6, if installed."""
+    found = sorted(
+        venv.glob(f"lib/python3*/site-packages/PySide6/Qt/plugins/platforms/libq{platform_name}.so")
+    )
+    return found[0] if found else None
+
+
+def parse_ldd_missing(text: str) -> tuple[str, ...]:
+    """The libraries ldd says it could not find ('libfoo.so.1 => not found'), each once."""
+    missing: list[str] = []
+    for line in text.splitlines():
+        name, _, where = line.strip().partition(" => ")
+        if where.strip() == "not found" and name not in missing:
+            missing.append(name)
+    return tuple(missing)
+
+
+def package_manager(os_release: str, have: Callable[[str], bool]) -> str | None:
+    """apt, dnf or pacman, read from /etc/os-release's ID and ID_LIKE and checked on PATH."""
+    fields = dict(
+        line.split("=", 1)
+        for line in os_release.splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    family = " ".join(
+        fields.get(key, "").strip().strip('"').lower() for key in ("ID", "ID_LIKE")
+    ).split()
+    for manager, names in (
+        ("apt", {"debian", "ubuntu"}),
+        ("dnf", {"fedora", "rhel", "centos"}),
+        ("pacman", {"arch"}),
+    ):
+        if names & set(family) and have(INSTALL_COMMANDS[manager][0]):
+            return manager
+    return None
+
+
+def missing_window_libraries(
+    venv: Path,
+    environ: Mapping[str, str],
+    ldd: Callable[[Path], str | None],
+    os_release: str,
+    have: Callable[[str], bool],
+) -> WindowLibraries | None:
+    """What keeps Qt's window from opening here, found before it starts (Qt itself aborts with
+    'Could not load the Qt platform plugin', naming no library); None when a platform Qt tries
+    has every library, or when that cannot be told (no ldd, no plugin, a platform such as
+    offscreen that needs no system library)."""
+    platforms = qt_platforms(environ)
+    if not platforms or any(name not in PLATFORM_WORDS for name in platforms):
+        return None
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for name in platforms:
+        plugin = qt_plugin(venv, name)
+        report = ldd(plugin) if plugin is not None else None
+        if report is None:
+            return None
+        missing = parse_ldd_missing(report)
+        if not missing:
+            return None
+        found.append((name, missing))
+    name, missing = found[-1]  # X11 is the one a Wayland session falls back on
+    manager = package_manager(os_release, have)
+    packages: list[str] = []
+    if manager:
+        for library in missing:
+            package = SYSTEM_LIBRARY_PACKAGES.get(library, {}).get(manager)
+            if package is None:  # a library the table does not know: name the files instead
+                packages = []
+                break
+            if package not in packages:
+                packages.append(package)
+    return WindowLibraries(name, missing, manager if packages else None, tuple(packages))
+
+
+def run_ldd(path: Path) -> str | None:
+    """ldd's report on one of the environment's own Qt plugins (None where there is no ldd)."""
+    if not shutil.which("ldd"):
+        return None
+    try:
+        result = subprocess.run(["ldd", str(path)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout
+
+
+def _read_os_release() -> str:
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        with contextlib.suppress(OSError):
+            return Path(path).read_text(encoding="utf-8", errors="replace")
+    return ""
+
+
+def ensure_window_libraries(
+    venv: Path,
+    environ: Mapping[str, str],
+    launcher: str,
+    say: Callable[[str], None],
+    ask: Callable[[str], bool] | None,
+    run: Callable[[list[str]], int] | None = None,
+    ldd: Callable[[Path], str | None] | None = None,
+    os_release: str | None = None,
+) -> str | None:
+    """Make sure Qt's window can open: where a system library it loads is missing, install its
+    packages when `ask` (a terminal's yes/no question; None where nobody can answer) agrees;
+    returns the sentence to show when the window still cannot open, else None."""
+    release = _read_os_release() if os_release is None else os_release
+    ldd = ldd or run_ldd
+    run = run or subprocess.call
+
+    def have(program: str) -> bool:
+        return shutil.which(program) is not None
+
+    lacking = missing_window_libraries(venv, environ, ldd, release, have)
+    if lacking is None:
+        return None
+    command = lacking.install_command()
+    if command and ask is not None:
+        as_root = command if hasattr(os, "geteuid") and os.geteuid() == 0 else ["sudo", *command]
+        names = _join(list(lacking.packages))
+        if ask(
+            f"HalfSafe's window needs {names}, which this system lacks. Install now ({shlex.join(as_root)})? [Y/n] "
+        ):
+            status = run(as_root)
+            if status == 0:
+                lacking = missing_window_libraries(venv, environ, ldd, release, have)
+                if lacking is None:
+                    say(f"Installed {names}.")
+                    return None
+            else:
+                say(f"Installing {names} failed (exit {status}).")
+    return lacking.sentence(launcher)
+
+
+def _ask_in_terminal(question: str) -> bool:
+    try:
+        answer = input(question)
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("", "y", "yes")
+
+
 def app_command(venv: Path, args: Sequence[str], gui: bool) -> list[str]:
     if os.name == "nt" and gui:
         script = venv_script(venv, "halfsafe-gui")
@@ -1466,6 +1726,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         log.close()
     if options.setup_only:
         return 0
+    if starting_gui and system not in ("Windows", "Darwin"):
+        interactive = sys.stdin is not None and sys.stdin.isatty() and not options.detach
+        problem = ensure_window_libraries(
+            layout.venv, environ, launcher, _say, _ask_in_terminal if interactive else None
+        )
+        if problem:
+            _say(problem)
+            _notify_desktop(problem, environ)
+            return EXIT_CANNOT_RUN
     return start_app(layout.venv, options.app_args, options.detach, folder, _say)
 
 
