@@ -51,6 +51,7 @@ from app.core.health import (
     probe_run,
 )
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 
@@ -231,9 +232,8 @@ def check_and_attribute(
         mask=mask,
         on_progress=on_progress,
         cancel=cancel,
-        # A fix found with LoRAs applied may be theirs, not the model's: it is not remembered
-        # for the model (the next run without them would pay for it).
-        remember=remember and not getattr(model, "loras", []),
+        # Remembered below, once the cause is known and the whole check has run.
+        remember=False,
         measure_cost=measure_cost,
     )
     applied_loras = list(getattr(model, "loras", []))  # the report names them; these hold them
@@ -255,20 +255,9 @@ def check_and_attribute(
     )
     report.cause = cause
     if cause is not None and cause.kind == "intermittent":
-        _not_the_model(model, report, remember)
+        _not_the_model(report)
     elif cause is not None:
         _adopt(report, cause)
-        if remember and cause.kind == "kernel" and cause.verified:
-            from app.core import profiles
-
-            # The backend switch replaces whatever precision fix the check remembered.
-            profiles.remember_fix(
-                model.profile_key,
-                report.device.name,
-                dict(cause.settings),
-                cause.summary,
-                "health check",
-            )
     if damaged:
         # A LoRA with NaN/Inf or an absurd alpha is wrong at every precision and weight, even
         # where a run happens to stay finite (an absurd alpha in fp32): never healthy, and a
@@ -276,20 +265,34 @@ def check_and_attribute(
         report.verdict = Verdict.BROKEN
         if cause is not None and cause.action == "drop_lora":
             report.fix = None
+    # A fix found with LoRAs applied may be theirs, not the model's: it is not remembered for
+    # the model (the next run without them would pay for it).
+    if remember and not applied_loras:
+        _remember(model, report)
     return report
 
 
-def _not_the_model(model, report: HealthReport, remember: bool) -> None:
-    """An intermittent fault: the model is healthy, and a precision fix the check found (its
-    candidates ran finite only because the fault did not strike again) is dropped, and
-    forgotten if the check itself stored it."""
-    cause = report.cause
-    if remember and report.fix is not None and report.remembered is None:
-        from app.core import profiles
+def _remember(model, report: HealthReport) -> None:
+    """Store the check's verified fix for the model on this device, once the whole check has
+    run (a check stopped half-way, by an error or running out of memory, remembers nothing):
+    a precision fix, or the attention backend that a kernel fault needs. A fix for another
+    cause (a component gone bad in memory, a LoRA) is not the model's to remember."""
+    fix, cause = report.fix, report.cause
+    if report.verdict is not Verdict.FIXABLE or fix is None or not fix.verified:
+        return
+    if cause is not None and cause.kind not in ("precision", "kernel"):
+        return
+    from app.core import profiles
 
-        stored = profiles.remembered_fix(model.profile_key, report.device.name)
-        if stored is not None and stored.verified_by == "health check":
-            profiles.forget_fix(model.profile_key, report.device.name)
+    profiles.remember_fix(
+        model.profile_key, report.device.name, dict(fix.settings), fix.summary, "health check"
+    )
+
+
+def _not_the_model(report: HealthReport) -> None:
+    """An intermittent fault: the model is healthy, and a precision fix the check found (its
+    candidates ran finite only because the fault did not strike again) is dropped."""
+    cause = report.cause
     report.fix = None
     report.verdict = Verdict.HEALTHY
     report.notes.append(cause.summary)
@@ -849,7 +852,9 @@ def _state_cause(runs: _Runs, report, component: str, applied, reload, progress)
     progress(f"Re-running with a freshly loaded {component_words(component)}", 0, 1)
     try:
         fresh = reload() if reload is not None else _load_again(runs.model)
-    except Exception:  # noqa: BLE001 - a reload that fails proves nothing either way
+    except Exception as error:  # noqa: BLE001 - a reload that fails proves nothing either way
+        if is_out_of_memory(error):  # but out of memory stops the job (`memory`)
+            raise
         return None
     if applied:
         lora.reapply(fresh.pipeline, applied)

@@ -49,3 +49,8 @@ class WrongPartError(UnsupportedModelError):
     def __init__(self, part: str | Path, model: str | Path, problem: str) -> None:
         self.model = Path(model)
         super().__init__(part, problem)
+
+
+class OutOfMemoryError(HalfSafeError):
+    """The GPU's or the computer's memory ran out during a job. The job stopped and left
+    nothing behind: no image saved, no fix remembered (see `app.core.memory`)."""

@@ -31,21 +31,23 @@ def check(
     cause (`causes.check_and_attribute`). `request.loras` None leaves the model's LoRAs as
     they are; otherwise exactly those are applied first."""
     from app.core.causes import check_and_attribute
+    from app.core.memory import said_as_sentence
 
     if request.loras is not None:
         use_loras(model, request.loras, "", allow_pickle=request.allow_pickle)
-    return check_and_attribute(
-        model,
-        precision=request.precision,
-        device=request.device,
-        size=request.size,
-        steps=request.steps,  # the probe covers the ends of the user's own sampler schedule
-        scheduler=request.scheduler,
-        images=request.images,
-        mask=request.mask,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
+    with said_as_sentence("checking the model"):
+        return check_and_attribute(
+            model,
+            precision=request.precision,
+            device=request.device,
+            size=request.size,
+            steps=request.steps,  # the probe covers the ends of the user's own sampler schedule
+            scheduler=request.scheduler,
+            images=request.images,
+            mask=request.mask,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
 
 
 def generate(
@@ -60,17 +62,19 @@ def generate(
     the LoRAs its prompt names in `<lora:...>` tags applied (and no others). Raises what
     `generation.generate` raises, ImageSaveError included."""
     from app.core.generation import generate as run_generation
+    from app.core.memory import said_as_sentence
 
     use_loras(model, request.loras, request.generation.prompt, allow_pickle=request.allow_pickle)
-    return run_generation(
-        model,
-        request.generation,
-        precision=request.precision,
-        device=request.device,
-        on_progress=on_progress,
-        on_preview=on_preview,
-        cancel=cancel,
-    )
+    with said_as_sentence("generating"):
+        return run_generation(
+            model,
+            request.generation,
+            precision=request.precision,
+            device=request.device,
+            on_progress=on_progress,
+            on_preview=on_preview,
+            cancel=cancel,
+        )
 
 
 def use_loras(

@@ -22,6 +22,7 @@ from app.core.explain.matching import ModelMatch, find_model, find_vae
 from app.core.explain.records import Record, read_record
 from app.core.images import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.memory import said_as_sentence
 from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
 # Image statuses (DESIGN.md): NaN-black, a genuinely dark picture, a safety-checker blank, fine;
@@ -339,19 +340,20 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             f"{size} px, the model's native size, so overflow that appears only at larger "
             "sizes is not tested."
         )
-    report = check_and_attribute(
-        model,
-        precision=_reproduced_precision(record),
-        device=device,
-        size=size,
-        steps=steps or health.DEFAULT_STEPS,
-        scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
-        prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
-        on_progress=progress,
-        cancel=cancel,
-        remember=False,
-        measure_cost=measure_cost,
-    )
+    with said_as_sentence("checking the image's model"):
+        report = check_and_attribute(
+            model,
+            precision=_reproduced_precision(record),
+            device=device,
+            size=size,
+            steps=steps or health.DEFAULT_STEPS,
+            scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
+            prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
+            on_progress=progress,
+            cancel=cancel,
+            remember=False,
+            measure_cost=measure_cost,
+        )
     explanation.check = report
     if report.fix is not None and report.verdict == "fixable":
         settings = _fix_the_tool_can_apply(report.fix, explanation.made_by)

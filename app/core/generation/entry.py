@@ -28,6 +28,7 @@ from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
+from app.core.memory import is_out_of_memory
 from app.core.pictures import (
     NO_STRENGTH_BECAUSE,
     STRENGTH_DEFAULT,
@@ -209,7 +210,9 @@ def _generate_unsaved(
             if component and auto_fix == "auto":
                 try:
                     repair = job.repair(index, seed, outcome, len(seeds))
-                except RuntimeError as error:  # out of memory in fp32, say: keep the batch going
+                except RuntimeError as error:  # a repair that fails: keep the batch going
+                    if is_out_of_memory(error):  # but out of memory stops the job (`memory`)
+                        raise
                     warnings.append(
                         f"Image {index + 1}: the repair stopped with an error ({error}); the "
                         "image is kept as it came out."

@@ -15,6 +15,7 @@ from app.core.errors import CancelledError
 from app.core.generation.probes import Probes
 from app.core.generation.stages import Outcome, failure
 from app.core.images import to_image
+from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
 
 # Run order of the components: a failure is blamed on the first one that went non-finite.
@@ -85,6 +86,8 @@ class Repairs(Probes):
                 except CancelledError:
                     raise
                 except Exception as error:  # noqa: BLE001 - a candidate that cannot run is dropped
+                    if is_out_of_memory(error):  # the job stops, said once (`memory`)
+                        raise
                     self.dropped.append(
                         f"Trying to {candidate.words} failed ({type(error).__name__}: "
                         f"{str(error).strip()[:200]}); it was not used."

@@ -18,6 +18,7 @@ from app.core.errors import CancelledError
 from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner, Stage
 from app.core.jobs import CancelToken, ProgressCallback
+from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan, plan_weights_mb
 
 
@@ -79,6 +80,8 @@ def choose_fix(
         except CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - any failure of a candidate drops it alone
+            if is_out_of_memory(error):  # not the candidate's fault: the job stops, said once
+                raise
             search.rejected.append(
                 f"{_sentence_case(candidate.words)} failed to run ({_error_words(error)}): "
                 "not a fix."

@@ -111,6 +111,20 @@ def load_model(
     on any failure nothing stays loaded. Runs on the calling thread (the file hash is computed
     on a worker thread meanwhile); checks `cancel` between tensors and components.
     """
+    from app.core.memory import said_as_sentence
+
+    with said_as_sentence("loading the model"):
+        return _load_model(source, vae, text_encoders, allow_pickle, on_progress, cancel)
+
+
+def _load_model(
+    source: str,
+    vae: str | None,
+    text_encoders: list[str] | None,
+    allow_pickle: bool,
+    on_progress: ProgressCallback | None,
+    cancel: CancelToken | None,
+) -> LoadedModel:
     from app.core import quantized
     from app.core.demo import DEMO_MODELS
     from app.core.models.folder import load_folder

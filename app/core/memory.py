@@ -1,0 +1,87 @@
+"""Running out of memory, said as a sentence: which memory ran out, during what, how much more
+was asked for, and what to try. torch raises `torch.OutOfMemoryError` for a GPU (CUDA, ROCm)
+and a plain RuntimeError for the CPU's and Apple's allocators; both become `OutOfMemoryError`
+at the edge of a job, so a half-run job says one sentence and remembers nothing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from app.core.errors import HalfSafeError, OutOfMemoryError
+
+# What each allocator says when it runs out (torch's messages, lower-cased).
+_GPU_WORDS = ("cuda out of memory", "hip out of memory", "out of memory on device")
+_APPLE_WORDS = ("mps backend out of memory",)
+_RAM_WORDS = ("can't allocate memory", "not enough memory", "cannot allocate memory")
+_ASKED = re.compile(r"tried to allocate ([0-9.]+ ?[kmgt]?i?b(?:ytes)?)", re.IGNORECASE)
+_BYTES = re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocator running out of memory (of any device)."""
+    if isinstance(error, HalfSafeError):  # already said (ours is named OutOfMemoryError too)
+        return False
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error).lower()
+    return any(words in text for words in (*_GPU_WORDS, *_APPLE_WORDS, *_RAM_WORDS))
+
+
+def _which_memory(error: BaseException) -> str:
+    text = str(error).lower()
+    if any(words in text for words in _APPLE_WORDS):
+        return "The GPU's share of this Mac's memory"
+    if type(error).__name__ == "OutOfMemoryError" or any(w in text for w in _GPU_WORDS):
+        return "The GPU's memory"
+    return "The computer's memory"
+
+
+def _asked(error: BaseException) -> str:
+    """How much the failing allocation asked for, in the allocator's own words, else ''."""
+    text = str(error)
+    exact = _BYTES.search(text)
+    if exact:
+        return f" (it asked for {int(exact.group(1)) / 1024**3:.2f} GiB more)"
+    found = _ASKED.search(text)
+    return f" (it asked for {found.group(1)} more)" if found else ""
+
+
+def sentence(error: BaseException, doing: str) -> str:
+    """One sentence for running out of memory while `doing` ("checking the model")."""
+    memory = _which_memory(error)
+    other = "the GPU" if memory.startswith("The GPU") else "memory"
+    return (
+        f"{memory} ran out while {doing}{_asked(error)}: try a smaller size or fewer images "
+        f"at once, or close other programs that use {other}; nothing from this job was "
+        "saved or remembered."
+    )
+
+
+@contextmanager
+def said_as_sentence(doing: str) -> Iterator[None]:
+    """Turn running out of memory inside the block into `OutOfMemoryError` (its sentence);
+    the device's cached memory is handed back first, so the next job starts clean."""
+    try:
+        yield
+    except Exception as error:
+        if not is_out_of_memory(error):
+            raise
+        _release_cached_memory()
+        raise OutOfMemoryError(sentence(error, doing)) from error
+
+
+def _release_cached_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    mps = getattr(torch, "mps", None)
+    if mps is not None and torch.backends.mps.is_available():
+        mps.empty_cache()
