@@ -161,9 +161,11 @@ def test_each_allocator_is_named_as_the_memory_it_ran_out_of(raised, words):
 
 
 def test_other_errors_pass_through_unchanged():
-    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        with memory.said_as_sentence("generating"):
-            raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    with (
+        pytest.raises(RuntimeError, match="shapes cannot be multiplied"),
+        memory.said_as_sentence("generating"),
+    ):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
     inner = OutOfMemoryError("already said")
     with pytest.raises(OutOfMemoryError) as caught, memory.said_as_sentence("generating"):
         raise inner
