@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core import diagnosis, kernels, lora
-from app.core.components import COMPONENTS, Verdict, in_run_order
+from app.core.components import Verdict, in_run_order
 from app.core.components import words as component_words
 from app.core.diagnosis import Quality
 from app.core.health import (
@@ -370,6 +370,42 @@ class _Runs:
         quality = diagnosis.compare(run.image, reference.image)
         return quality.passed, quality, run
 
+    def proved_by_stage(
+        self, plan: PrecisionPlan, reference_plan: PrecisionPlan, judged: Sequence[str]
+    ) -> tuple[bool, Quality | None]:
+        """(every stage finite and each `judged` component agreeing, the worst quality):
+        `plan` judged as the check judges its candidates, stage by stage on the reference's
+        inputs (the text encoders on the prompt, the denoiser on the reference's conditioning,
+        the VAE on its latents). A whole image compared after the denoiser's steps would
+        judge the fp16 noise the steps amplify, not the component the plan repairs."""
+        from app.core.health.stages import Runner, all_finite
+
+        runner = Runner(
+            self.model, reference_plan, self.size, self.prompt, self.steps, self.scheduler
+        )
+        family = runner.family
+        worst: Quality | None = None
+        try:
+            stages = (
+                (family.text_encoders(self.model.pipeline), lambda p, _: runner.encode(p, False)),
+                ([family.denoiser], lambda p, given: runner.denoise(p, given, False)),
+                (["vae"], lambda p, given: runner.decode(p, given, False)),
+            )
+            given = None
+            for names, stage in stages:
+                expected = stage(reference_plan, given).output
+                output = stage(plan, given).output
+                if not all_finite(output) or not all_finite(expected):
+                    return False, None
+                if any(name in judged for name in names):
+                    quality = diagnosis.compare(output, expected)
+                    if worst is None or quality.value < worst.value:
+                        worst = quality
+                given = expected
+        finally:
+            runner.placed.release()
+        return worst is not None and worst.passed, worst
+
 
 def attribute(
     model,
@@ -460,7 +496,7 @@ def attribute(
         if cause is not None:
             return cause
     cancel.raise_if_cancelled()
-    cause = _kernel_cause(runs, report, component, progress)
+    cause = _kernel_cause(runs, report, component, failed, progress)
     if cause is not None:
         return cause
     # State gone bad (NaN in a weight or buffer) survives every precision change, so a
@@ -734,17 +770,18 @@ def _kernel(component: str, failing: str, backend: str, quality: Quality | None)
     )
 
 
-def _kernel_cause(runs: _Runs, report, component: str, progress) -> Cause | None:
+def _kernel_cause(
+    runs: _Runs, report, component: str, failed: Sequence[str], progress
+) -> Cause | None:
     """Another attention backend at the same precision (`diagnosis.backend_switch`, the plan
     the check's math-kernel candidate is built from), judged against fp32 on diffusers' plain
     processor (`classic`, or `math` when classic is the one failing). A switch the check
     already re-ran as a fix candidate under this very plan is not run again: its result (judged
-    against the check's fp32 reference) stands."""
-    if not COMPONENTS[component].has_attention:
-        return None
+    against the check's fp32 reference) stands. Every component is tried, the text encoders
+    included: transformers' encoders run PyTorch's SDPA as diffusers' layers do, so the backend
+    decides their kernel too (only the upcast fix is diffusers' own)."""
     plain = "math" if runs.plan.attention_backend == "classic" else "classic"
     reference_plan = replace(diagnosis.fp32_reference(runs.plan), attention_backend=plain)
-    reference: ProbeRun | None = None
     for backend in _backends(runs.plan):
         switch = diagnosis.backend_switch(runs.plan, backend)
         tried = next(
@@ -762,14 +799,8 @@ def _kernel_cause(runs: _Runs, report, component: str, progress) -> Cause | None
                 return _kernel(component, runs.plan.attention_backend, backend, tried.quality)
             continue
         progress(f"Re-running with the {backend} attention backend", 0, 1)
-        run = runs.run(switch.plan)
-        if not run.finite:
-            continue
-        reference = reference or runs.run(reference_plan)
-        if not reference.finite:
-            return None
-        quality = diagnosis.compare(run.image, reference.image)
-        if quality.passed:
+        ok, quality = runs.proved_by_stage(switch.plan, reference_plan, failed)
+        if ok:
             return _kernel(component, runs.plan.attention_backend, backend, quality)
     return None
 

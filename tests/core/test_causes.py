@@ -389,3 +389,39 @@ def test_the_nan_watch_says_kernel_when_its_repair_only_switched_the_backend(mon
     assert image.status == "fixed" and image.non_finite == 0.0
     assert image.fix is not None and image.fix["attention_backend"] == "math"
     assert image.cause == "kernel"
+
+
+def fp16_flash_fault(monkeypatch):
+    """PyTorch's own SDPA returning NaN for every fp16 call while its flash kernel may run
+    (every backend but math): the text encoder's attention (transformers' CLIP runs SDPA)
+    fails as the UNet's does, and the math backend is finite at the same precision."""
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+
+    def sdpa(query, *args, **kwargs):
+        out = real(query, *args, **kwargs)
+        if query.dtype == torch.float16 and torch.backends.cuda.flash_sdp_enabled():
+            return torch.full_like(out, float("nan"))
+        return out
+
+    # Both names: the fault is in PyTorch's own kernel, not a library patched over it.
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setattr(torch._C._nn, "scaled_dot_product_attention", sdpa)
+
+
+def test_a_kernel_fault_in_the_text_encoder_is_a_kernel_cause_not_an_overflow(monkeypatch):
+    fp16_flash_fault(monkeypatch)
+    report = check(loaded(build_tiny_sd_pipeline(), "kernel-text"), remember=True)
+
+    assert report.components["text_encoder"].status.failed
+    assert report.cause is not None and report.cause.kind == "kernel", report.cause
+    assert report.cause.component == "text_encoder"
+    assert report.fix is not None and report.fix.verified
+    assert report.fix.settings == {"attention_backend": "math"}
+    assert report.fix.plan.dtypes == report.plan.dtypes  # no component widened
+    assert "overflow" not in report.headline.split(",")[0]
+    from app.core import profiles
+
+    remembered = profiles.remembered_fix("kernel-text", report.device.name)
+    assert remembered is not None and remembered.settings == {"attention_backend": "math"}

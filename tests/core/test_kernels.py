@@ -201,6 +201,33 @@ def test_a_true_fp16_overflow_with_a_replaced_sdpa_is_still_precision(tmp_path, 
     assert len(named) == (1 if faulty else 0)
 
 
+@pytest.mark.slow
+def test_generation_compares_the_kernel_before_it_believes_a_precision_repair(tmp_path):
+    from app.core import generation, profiles
+
+    request = generation.GenerationRequest(
+        prompt="a red cube", steps=2, width=64, height=64, seed=5, output_dir=str(tmp_path)
+    )
+    model = loaded(build_tiny_sd_pipeline(), "kernel-generation")
+    with planted.patched_in(tmp_path / "site") as module:
+        result = generation.generate(
+            model, request, precision=PrecisionSettings(precision="fp16"), device="cpu"
+        )
+        still = F.scaled_dot_product_attention
+    (image,) = result.images
+
+    assert still is module.quant_attention  # the user's kernel is put back after the job
+    assert image.status == "fixed" and image.non_finite == 0.0
+    assert image.cause == "kernel", image.message
+    backend = image.fix["attention_backend"] if image.fix else None
+    assert backend in ("classic", "math")
+    assert image.fix == {"attention_backend": backend}  # no component widened
+    assert "quantattn 0.3.0" in image.message
+    # Remembered is the switch, never the precision repair the kernel's NaN would have cost.
+    remembered = profiles.remembered_fix("kernel-generation", result.device.name)
+    assert remembered is not None and remembered.settings == {"attention_backend": backend}
+
+
 # --- explain: what other tools record ------------------------------------------------------
 
 

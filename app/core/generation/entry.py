@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from app.core import diagnosis
 from app.core.components import join_words
@@ -101,9 +102,11 @@ def generate(
     Raises HalfSafeError for a bad request, CancelledError when cancelled, and ImageSaveError
     (whose `.result` holds every image) when an image cannot be written.
     """
+    from app.core import profiles
+
     started = time.perf_counter()
     progress = on_progress or no_progress
-    result = _generate_unsaved(
+    result, learned = _generate_unsaved(
         model,
         request,
         precision=precision,
@@ -113,7 +116,17 @@ def generate(
         cancel=cancel,
     )
     if precision.nan_check and precision.auto_fix == "auto":
-        _repair_by_cause(model, result, precision, device, progress, cancel or CancelToken())
+        learned = _repair_by_cause(
+            model, result, precision, device, progress, cancel or CancelToken(), learned
+        )
+    if learned is not None:  # the job ran to its end: what it proved is kept for the next
+        profiles.remember_fix(
+            model.profile_key,
+            result.device.name,
+            learned.settings,
+            learned.summary,
+            "generation repair",
+        )
     for entry in result.images:
         entry.parameters = parameters(entry, result.request, model)
     progress("Saving", 0, len(result.images))
@@ -126,6 +139,15 @@ def generate(
     return result
 
 
+@dataclass(frozen=True)
+class _Learned:
+    """A fix a generation proved by repairing its images, remembered for the model on this
+    device only once the whole job has run (one stopped half-way remembers nothing)."""
+
+    settings: dict[str, Any]
+    summary: str
+
+
 def _generate_unsaved(
     model,
     request: GenerationRequest,
@@ -135,8 +157,9 @@ def _generate_unsaved(
     on_progress: ProgressCallback | None = None,
     on_preview: PreviewCallback | None = None,
     cancel: CancelToken | None = None,
-) -> GenerationResult:
-    """`generate` up to the images and their diagnosis and precision repairs, unsaved."""
+) -> tuple[GenerationResult, _Learned | None]:
+    """`generate` up to the images and their diagnosis and precision repairs, unsaved; and the
+    precision fix those repairs proved (the remembered one's settings under it), if any."""
     from app.core import hardware, profiles
 
     started = time.perf_counter()
@@ -199,6 +222,7 @@ def _generate_unsaved(
     )
     seeds = _seeds(request)
     entries: list[ImageResult] = []
+    learned: _Learned | None = None
     try:
         progress("Encoding the prompt", 0, steps_run(request.steps, request.strength, mode))
         outcomes = job.run(plan, seeds)
@@ -258,13 +282,11 @@ def _generate_unsaved(
         if job.fix_settings and any(e.status == "fixed" for e in entries):
             merged = {**(remembered.settings if remembered else {}), **job.fix_settings}
             parts = join_words(job.fixed_components)
-            summary = (
+            learned = _Learned(
+                merged,
                 f"The {parts} went non-finite during generation; fix: "
                 f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
-                "finite."
-            )
-            profiles.remember_fix(
-                model.profile_key, info.name, merged, summary, "generation repair"
+                "finite.",
             )
     finally:
         job.placed.release()
@@ -281,7 +303,7 @@ def _generate_unsaved(
         mode=mode,
     )
     result.seconds = time.perf_counter() - started
-    return result
+    return result, learned
 
 
 # Repairs that follow a cause other than precision (see `causes`): what `_repair_by_cause` does
@@ -290,18 +312,36 @@ _CAUSE_REPAIRS = ("switch_backend", "reload", "drop_lora", "rerun")
 
 
 def _repair_by_cause(
-    model, result: GenerationResult, precision: PrecisionSettings, device: str, progress, cancel
-) -> None:
-    """Images still NaN after the precision repairs: the health check at the request's size
-    attributes the failure (`causes.check_and_attribute`), and a verified repair that is not a
-    precision change (another attention backend, a freshly loaded component, dropping a LoRA
-    whose tensors hold NaN) makes those images again with the same seeds. Each image says the
-    cause; an image the repair did not make finite keeps its first result."""
-    from app.core import causes, lora
+    model,
+    result: GenerationResult,
+    precision: PrecisionSettings,
+    device: str,
+    progress,
+    cancel,
+    learned: _Learned | None,
+) -> _Learned | None:
+    """Images still NaN after the precision repairs, and images a precision repair made
+    finite while an attention kernel HalfSafe does not ship ran (such a kernel often fails in
+    one dtype only, so a dtype change hides what turning it off fixes): the health check at
+    the request's size attributes the failure (`causes.check_and_attribute`), and a verified
+    repair that is not a precision change (another attention backend, a freshly loaded
+    component, dropping a LoRA whose tensors hold NaN) makes those images again with the same
+    seeds. Each image says the cause; an image the repair did not make finite keeps its first
+    result. Returns the fix to remember: `learned`, or the backend switch that replaces it."""
+    from app.core import causes, kernels, lora, profiles
 
     failing = [i for i, e in enumerate(result.images) if e.status == "nan"]
-    if not failing:
-        return
+    foreign = kernels.patched_sdpa() is not None
+    hidden = [
+        i
+        for i, e in enumerate(result.images)
+        if foreign
+        and result.settings.get("attention_backend") == "auto"
+        and e.status == "fixed"
+        and e.cause in (None, "precision")
+    ]
+    if not failing and not hidden:
+        return learned
     request = result.request
     progress("Finding the cause", 0, 1)
     report = causes.check_and_attribute(
@@ -320,13 +360,16 @@ def _repair_by_cause(
     )
     cause = report.cause
     if cause is None:
-        return
-    for index in failing:
+        return learned
+    if cause.kind != "kernel":
+        hidden = []  # the precision repairs stand: the kernel is not at fault
+    for index in failing + hidden:
         result.images[index].cause = cause.kind
     if not cause.verified or cause.action not in _CAUSE_REPAIRS:
         for index in failing:
             result.images[index].message += f" {cause.summary}"
-        return
+        # A kernel at fault that no switch repaired: its precision repair is not the model's.
+        return None if hidden else learned
     again = precision
     if cause.action == "switch_backend":
         again = replace(precision, **cause.settings)
@@ -336,13 +379,13 @@ def _repair_by_cause(
         used = [a for a in loras if not a.file.damaged]
         lora.use_weights(model.pipeline, used)
     try:
-        for index in failing:
+        for index in sorted(failing + hidden):
             cancel.raise_if_cancelled()
             first = result.images[index]
             one = replace(request, seed=first.seed, batch=1)
             remade = _generate_unsaved(
                 model, one, precision=again, device=device, on_progress=progress, cancel=cancel
-            ).images[0]
+            )[0].images[0]
             if remade.status in ("nan", "black"):
                 first.message += f" {cause.summary} Made again that way, it still came out bad."
                 continue
@@ -361,14 +404,9 @@ def _repair_by_cause(
         if used is not loras:
             lora.use_weights(model.pipeline, loras)
     if cause.action == "switch_backend" and any(e.cause == "kernel" for e in result.images):
-        from app.core import profiles
-
-        device_name = result.device.name
-        remembered = profiles.remembered_fix(model.profile_key, device_name)
-        profiles.remember_fix(
-            model.profile_key,
-            device_name,
-            {**(remembered.settings if remembered else {}), **cause.settings},
-            cause.summary,
-            "generation repair",
+        # The backend switch replaces the precision repair the kernel's fault seemed to need.
+        remembered = profiles.remembered_fix(model.profile_key, result.device.name)
+        return _Learned(
+            {**(remembered.settings if remembered else {}), **cause.settings}, cause.summary
         )
+    return learned
