@@ -158,8 +158,8 @@ def placements(monkeypatch):
     placed: list[tuple[str, torch.nn.Module, str, dict[str, torch.dtype]]] = []
     apply = placement.PlacedPipeline.apply
 
-    def recording(self, plan):
-        apply(self, plan)
+    def recording(self, plan, components=None):
+        apply(self, plan, components)
         for name, (_, module) in self._placed.items():
             if not any(module is seen[1] for seen in placed):
                 dtypes = {n: p.dtype for n, p in module.named_parameters()}

@@ -41,8 +41,8 @@ def run_out(monkeypatch):
     when: list[Predicate] = []
     apply = placement.PlacedPipeline.apply
 
-    def placing(self, plan):
-        apply(self, plan)
+    def placing(self, plan, components=None):
+        apply(self, plan, components)
         for name, (_, module) in self._placed.items():
             if getattr(module, "_test_out_of_memory", False):
                 continue

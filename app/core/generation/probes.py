@@ -22,7 +22,7 @@ class Probes(Stages):
 
         from app.core.probe import ActivationRecorder
 
-        self.placed.apply(plan)
+        self.placed.apply(plan, [self.family.denoiser])
         unet = self.placed[self.family.denoiser]
         arguments = dict(inputs)
         recorder = ActivationRecorder(unet) if record else None
@@ -41,7 +41,7 @@ class Probes(Stages):
         """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
         from app.core.probe import ActivationRecorder
 
-        self.placed.apply(plan)
+        self.placed.apply(plan, self.family.text_encoders(self.model.pipeline))
         recorder = ActivationRecorder(self.placed[component]) if record else None
         watching, self.watch = self.watch, True
         try:

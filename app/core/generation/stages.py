@@ -98,7 +98,7 @@ class Stages:
         self.progress = progress
         self.preview = preview
         self.cancel = cancel
-        self.placed = PlacedPipeline(model.pipeline, plan)
+        self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
         self.family = family_of(model.pipeline)
         self.do_cfg = request.cfg > 1.0
         self.repair_plan = plan  # every fix found so far, on top of the plan
@@ -119,17 +119,19 @@ class Stages:
         self._probed: dict[tuple[str, int], tuple[Any, str | None]] = {}
         self.recurred: dict[tuple[str, int], bool] = {}
 
-    def _colours(self):
+    def _colours(self, plan: PrecisionPlan):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
-        (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may."""
-        vae = self.placed["vae"]
-        key = str(vae.dtype)
+        (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may. The
+        VAE is placed for the fit, before the denoiser's stage places the denoiser alone."""
+        key = plan.dtypes["vae"]
         if key not in self.model.preview_colours:
-            self.model.preview_colours[key] = colours_for(self.family, vae)
+            self.placed.apply(plan, ["vae"])
+            self.model.preview_colours[key] = colours_for(self.family, self.placed["vae"])
         return self.model.preview_colours[key]
 
-    def _pipeline(self, plan: PrecisionPlan):
-        self.placed.apply(plan)
+    def _pipeline(self, plan: PrecisionPlan, components: list[str]):
+        """The pipeline twin for one stage, with only that stage's `components` placed."""
+        self.placed.apply(plan, components)
         pipe = self.placed.pipeline()
         pipe.scheduler = self.family.make_scheduler(
             self.request.scheduler,
@@ -143,7 +145,7 @@ class Stages:
     def encode(self, plan: PrecisionPlan) -> _Conditioning:
         import torch
 
-        pipe = self._pipeline(plan)
+        pipe = self._pipeline(plan, self.family.text_encoders(self.model.pipeline))
         request = self.request
         saturated: dict[str, list[Any]] = {}
         hooks = []
@@ -196,7 +198,7 @@ class Stages:
 
         pictures = self.pictures
         assert pictures is not None  # only a job that starts from a picture encodes one
-        self.placed.apply(plan)
+        self.placed.apply(plan, ["vae"])
         vae = self.placed["vae_encoder"]
         recorder = ActivationRecorder(vae) if record else None
         if self.editing:
@@ -249,7 +251,10 @@ class Stages:
         `picture`'s latents; returns (latents, watch or None)."""
         import torch
 
-        pipe = self._pipeline(plan)
+        colours = self._colours(plan) if self.preview is not None else None
+        # The denoiser alone, and the VAE where the pipeline encodes the pictures itself.
+        encodes = self.pictures is not None and picture is None
+        pipe = self._pipeline(plan, [self.family.denoiser, *(["vae"] if encodes else [])])
         batch = len(seeds)
         request = self.request
         arguments: dict[str, Any] = {"height": request.height, "width": request.width}
@@ -324,7 +329,7 @@ class Stages:
                 image_latents = self.family.image_latents(
                     pipe, current[:1], self.request.height, self.request.width
                 )
-                self.preview(index + 1, latent_preview(image_latents[0], self._colours()))
+                self.preview(index + 1, latent_preview(image_latents[0], colours))
             self.cancel.raise_if_cancelled()
             return {}
 
@@ -376,7 +381,7 @@ class Stages:
 
         from app.core.probe import ActivationRecorder
 
-        self.placed.apply(plan)
+        self.placed.apply(plan, ["vae"])
         vae = self.placed["vae"]
         recorder = ActivationRecorder(vae) if record else None
         try:

@@ -61,13 +61,14 @@ def choose_fix(
     is accepted; the stage it ran is returned (None: nothing verified)."""
     results: list[diagnosis.CandidateResult] = []
     retries: dict[int, Stage] = {}
-    module = runner.placed[name]
+    # The candidates read the component's layers; the loaded model has the same ones, and
+    # holding the tested copy here would keep it alive beside every candidate's copy.
     candidates = list(
         candidate_fixes(
             module_of(name),  # the VAE's encoder is fixed by the VAE's fixes
             search.plan,
             first_bad,
-            module,
+            getattr(runner.model.pipeline, module_of(name)),
             bf16_native,
             reference.probes.get(name),
         )

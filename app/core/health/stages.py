@@ -121,7 +121,7 @@ class Runner:
 
         self.model = model
         self.pictures = pictures  # the input picture (and mask) at the probe's size, if any
-        self.placed = PlacedPipeline(model.pipeline, plan)
+        self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
         self.device = torch.device(plan.device)
         self.size = size
         self.prompt = prompt
@@ -138,7 +138,7 @@ class Runner:
     def _watch(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
     ) -> Stage:
-        self.placed.apply(plan)
+        self.placed.apply(plan, names)  # this stage's components only (one copy each)
         pipe = self.placed.pipeline()
         recorders = {n: ActivationRecorder(self.placed[n]) for n in names} if record else {}
         timers = {n: _ComponentTimer(self.placed[n], self.device) for n in names}

@@ -6,7 +6,8 @@ guards at their edges, fp16 output clamps (`PlacedPipeline`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from app.core.components import FP16_MAX, module_of
@@ -114,29 +115,90 @@ def _make_clamps(module, paths: Iterable[str]) -> None:
         module.get_submodule(path).register_forward_hook(_clamp_hook)
 
 
+def _copy_as(source, device, dtype):
+    """A copy of the module `source` whose floating tensors are on `device` in `dtype`, made
+    one tensor at a time: each tensor is converted as the copy takes it, so the peak is the
+    source and the copy, never a second copy in the source's dtype on the way (a whole-module
+    `deepcopy` then `.to()`). A tensor already on that device in that dtype is shared with the
+    source, not copied: an island or clamp changes the copy's own Parameter objects, never the
+    storage they share, so the loaded model stays as it was."""
+    import torch
+
+    converted: dict[int, Any] = {}
+    for tensor in itertools.chain(source.parameters(), source.buffers()):
+        if id(tensor) in converted:
+            continue
+        wanted = dtype if tensor.is_floating_point() else tensor.dtype
+        twin = tensor.detach().to(device=device, dtype=wanted)
+        if isinstance(tensor, torch.nn.Parameter):
+            twin = torch.nn.Parameter(twin, requires_grad=False)
+        converted[id(tensor)] = twin
+    return copy.deepcopy(source, converted)
+
+
+def _own_bytes(module, source) -> int:
+    """Bytes of `module`'s tensors that are its own, not shared with `source`'s."""
+    shared = {
+        t.untyped_storage().data_ptr()
+        for t in itertools.chain(source.parameters(), source.buffers())
+    }
+    seen: set[int] = set()
+    total = 0
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in shared or pointer in seen:
+            continue
+        seen.add(pointer)
+        total += tensor.untyped_storage().nbytes()
+    return total
+
+
 class PlacedPipeline:
     """A pipeline's components on the job's device, each in its plan's dtype (and its module
-    islands, `PrecisionPlan.modules`, in theirs).
+    islands, `PrecisionPlan.modules`, in theirs), one stage's components at a time.
 
     The loaded pipeline stays untouched on the CPU in its stored dtype: a component is copied
     and cast only when the plan needs it in a different dtype or on another device, so moving
     between plans never loses precision. Each placed UNet and VAE casts its floating inputs to
     its own dtype, which is what makes mixed-precision plans work across component boundaries.
+    `placed_bytes` is what the copies hold now (on a CPU too: what a GPU would hold of them),
+    `peak_bytes` the most they held at once.
     """
 
-    def __init__(self, pipeline, plan: PrecisionPlan) -> None:
+    def __init__(
+        self, pipeline, plan: PrecisionPlan, components: Collection[str] | None = None
+    ) -> None:
         self.source = pipeline
         self.plan = plan
         self._placed: dict[str, tuple[Any, Any]] = {}
-        self.apply(plan)
+        self._bytes: dict[str, int] = {}
+        self.peak_bytes = 0
+        self.apply(plan, components)
 
-    def apply(self, plan: PrecisionPlan) -> None:
-        """Re-place only the components whose dtype changed; reset attention processors."""
+    @property
+    def placed_bytes(self) -> int:
+        return sum(self._bytes.values())
+
+    def _drop(self, name: str) -> None:
+        self._placed.pop(name, None)
+        self._bytes.pop(name, None)
+
+    def apply(self, plan: PrecisionPlan, components: Collection[str] | None = None) -> None:
+        """Place the `components` a stage runs (pipeline component names; the VAE's encoder is
+        the VAE), each in its dtype under `plan`, after dropping the copies of every other
+        component, so that only one stage's copies are ever resident; None places every
+        component of the plan. A component already placed as the plan asks is kept; attention
+        processors are reset."""
         import torch
 
         self.plan = plan
         device = torch.device(plan.device)
+        wanted = set(plan.dtypes) if components is None else {module_of(c) for c in components}
+        for name in [n for n in self._placed if n not in wanted]:
+            self._drop(name)
         for name, dtype in plan.dtypes.items():
+            if name not in wanted:
+                continue
             islands = plan.islands(name)
             clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
             key = (dtype, tuple(sorted(islands.items())), clamps, name in plan.t5_feed_forward)
@@ -144,7 +206,8 @@ class PlacedPipeline:
             if current is not None and current[0] == key:
                 module = current[1]
             else:
-                self._placed.pop(name, None)  # free the old copy before making the new one
+                current = None
+                self._drop(name)  # free the old copy before making the new one
                 module = self._place(
                     getattr(self.source, name),
                     device,
@@ -159,6 +222,8 @@ class PlacedPipeline:
                 )
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
+                self._bytes[name] = _own_bytes(module, getattr(self.source, name))
+                self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             use_autocast = plan.autocast and dtype == "fp16"
             _set_autocast(module, device.type if use_autocast else None)
             if name in ("unet", "vae"):
@@ -168,21 +233,23 @@ class PlacedPipeline:
     def _place(source, device, dtype, copy_always: bool = False):
         first = next(source.parameters())
         same = first.device == device and all(p.dtype == dtype for p in source.parameters())
-        if same and copy_always:  # islands and clamps change a copy, never the loaded model
-            module = copy.deepcopy(source)
-        elif same:
+        if same and not copy_always:
             module = source
-        else:
-            keep_source = first.device.type == "cpu" or copy_always
-            module = copy.deepcopy(source) if keep_source else source
-            module = module.to(device=device, dtype=dtype)
+        elif first.device.type == "cpu" or copy_always:
+            # Islands and clamps change a copy, never the loaded model; a copy to the device
+            # or to another dtype is made tensor by tensor (same-place tensors shared).
+            module = _copy_as(source, device, dtype)
+        else:  # a model loaded on the device itself moves, as before
+            module = source.to(device=device, dtype=dtype)
         module.eval().requires_grad_(False)
         _add_cast_hooks(module)
         return module
 
     def __getitem__(self, name: str):
-        """The placed module of a component (the VAE's for its encoder, see `module_of`)."""
-        return self._placed[module_of(name)][1]
+        """The placed module of a component (the VAE's for its encoder, see `module_of`); for a
+        component not placed now, the loaded one (the same layers, for reading its structure)."""
+        found = self._placed.get(module_of(name))
+        return found[1] if found is not None else getattr(self.source, module_of(name))
 
     def __contains__(self, name: str) -> bool:
         return module_of(name) in self._placed
@@ -201,5 +268,6 @@ class PlacedPipeline:
         import torch
 
         self._placed.clear()
+        self._bytes.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -1,0 +1,124 @@
+"""One copy at a time: a job holds the copies of the stage that runs and no other, a copy is
+made tensor by tensor, and a copy in the loaded model's own dtype and place shares its tensors
+(an island then costs only its own layers). `PlacedPipeline.peak_bytes` counts what the copies
+held at once, the bytes a GPU would hold of them, so a CPU run can check the budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.core import generation, health
+from app.core.precision import PrecisionPlan, placement
+from app.core.settings import PrecisionSettings
+from tests.core.test_health import loaded, plant
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+FP16 = PrecisionSettings(precision="fp16")
+PARTS = ("text_encoder", "unet", "vae")
+
+
+def _fp16_bytes(pipeline, name: str) -> int:
+    return sum(p.numel() * 2 for p in getattr(pipeline, name).parameters()) + sum(
+        b.numel() * (2 if b.is_floating_point() else b.element_size())
+        for b in getattr(pipeline, name).buffers()
+    )
+
+
+@pytest.fixture
+def placements(monkeypatch):
+    """Every PlacedPipeline the test makes."""
+    made: list[placement.PlacedPipeline] = []
+    init = placement.PlacedPipeline.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(placement.PlacedPipeline, "__init__", recording)
+    return made
+
+
+@pytest.mark.parametrize("planted", [None, "unet_ff", "vae"], ids=["healthy", "unet", "vae"])
+def test_a_check_holds_one_stages_copies_at_a_time(placements, planted):
+    pipeline = build_tiny_sd_pipeline()
+    if planted:
+        pipeline = plant(pipeline, planted)
+    sizes = {name: _fp16_bytes(pipeline, name) for name in PARTS}
+    report = health.check_loaded(
+        loaded(pipeline, "one-copy"), precision=FP16, device="cpu", size=64, remember=False
+    )
+    assert report.verdict == ("healthy" if planted is None else "fixable")
+    assert placements
+    peak = max(p.peak_bytes for p in placements)
+    # The fp16 copy of the largest component, and no more: the other stages' copies, the
+    # fp32 reference (the loaded fp32 weights themselves here) and the candidates never
+    # stand beside it. All three at once would be about twice this.
+    assert peak <= max(sizes.values()), (peak, sizes)
+    assert peak < sum(sizes.values()) * 0.6
+
+
+def test_a_generation_holds_one_stages_copies_at_a_time(placements, tmp_path):
+    pipeline = plant(build_tiny_sd_pipeline(), "vae")
+    sizes = {name: _fp16_bytes(pipeline, name) for name in PARTS}
+    request = generation.GenerationRequest(
+        prompt="a red cube", steps=2, width=64, height=64, seed=1, output_dir=str(tmp_path)
+    )
+    result = generation.generate(
+        loaded(pipeline, "one-copy"), request, precision=FP16, device="cpu"
+    )
+    assert result.images[0].status == "fixed"
+    peak = max(p.peak_bytes for p in placements)
+    assert peak <= max(sizes.values()), (peak, sizes)
+
+
+def test_a_copy_in_the_loaded_dtype_shares_its_tensors_and_an_island_costs_its_layers():
+    pipeline = build_tiny_sd_pipeline()  # stored in fp32
+    vae = pipeline.vae
+    layer = "decoder.up_blocks.0.resnets.0.conv1"
+    before = {n: p.clone() for n, p in vae.named_parameters()}
+    plan = PrecisionPlan(
+        device="cpu",
+        dtypes={"text_encoder": "fp32", "unet": "fp32", "vae": "fp32"},
+        modules={"vae": {layer: "bf16"}},
+    )
+    placed = placement.PlacedPipeline(pipeline, plan, components=["vae"])
+    copy = placed["vae"]
+    assert copy is not vae
+    island = copy.get_submodule(layer)
+    assert island.weight.dtype == torch.bfloat16
+    assert placed.placed_bytes == sum(
+        p.numel() * 2 for p in island.parameters()
+    )  # the island's own bf16 weights, nothing else
+    shared = copy.get_submodule("decoder.conv_in").weight
+    assert (
+        shared.untyped_storage().data_ptr()
+        == vae.decoder.conv_in.weight.untyped_storage().data_ptr()
+    )
+    # The loaded model is as it was: dtypes and values.
+    for name, parameter in vae.named_parameters():
+        assert parameter.dtype == torch.float32
+        assert torch.equal(parameter, before[name])
+    placed.release()
+    assert placed.placed_bytes == 0
+
+
+def test_a_copy_in_another_dtype_is_made_tensor_by_tensor(monkeypatch):
+    # No whole-module deepcopy in the stored dtype on the way to the cast.
+    pipeline = build_tiny_sd_pipeline()
+    copied: list[int] = []
+    real = torch.Tensor.__deepcopy__
+
+    def counting(self, memo):
+        copied.append(self.numel())
+        return real(self, memo)
+
+    monkeypatch.setattr(torch.Tensor, "__deepcopy__", counting)
+    plan = PrecisionPlan(
+        device="cpu", dtypes={"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"}
+    )
+    placed = placement.PlacedPipeline(pipeline, plan, components=["unet"])
+    assert placed["unet"].dtype == torch.float16
+    assert sum(copied) == 0
+    assert placed.placed_bytes == _fp16_bytes(pipeline, "unet")
+    assert "vae" not in placed and "text_encoder" not in placed
