@@ -216,10 +216,11 @@ def check_and_attribute(
     prompt: str = DEFAULT_PROMPT,
     images: Sequence[str] = (),
     mask: str | None = None,
+    use_remembered: bool = True,
 ) -> HealthReport:
     """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
     verified kernel or state repair becomes the report's fix. See `attribute` for `reload`;
-    `images` and `mask` as `check_loaded` takes them."""
+    `images`, `mask` and `use_remembered` as `check_loaded` takes them."""
     report = check_loaded(
         model,
         precision=precision,
@@ -235,6 +236,7 @@ def check_and_attribute(
         # Remembered below, once the cause is known and the whole check has run.
         remember=False,
         measure_cost=measure_cost,
+        use_remembered=use_remembered,
     )
     applied_loras = list(getattr(model, "loras", []))  # the report names them; these hold them
     report.notes.extend(

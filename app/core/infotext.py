@@ -252,6 +252,7 @@ CLAMPED_LAYERS = _halfsafe(
 NAN_CHECK = _halfsafe("NaN check", "whether the NaN watch was on", "setting", "nan_check")
 AUTO_FIX = _halfsafe("Auto fix", "what to do when an output goes non-finite", "setting", "auto_fix")
 DEVICE = _halfsafe("Device", "the device it ran on", "setting", "device")
+DEVICE_NAME = _halfsafe("Device name", "that device's name (a GPU's, or the CPU's)")
 NAN_WATCH = _halfsafe("NaN watch", "the image's status (ok, fixed, nan, black, ...)", "word")
 NAN_COMPONENT = _halfsafe("NaN component", "the component that first went non-finite", "word")
 NAN_STEP = _halfsafe("NaN step", "the denoising step (from 1) that first went non-finite", "int")
@@ -304,6 +305,7 @@ KEYS: tuple[Key, ...] = (
     NAN_CHECK,
     AUTO_FIX,
     DEVICE,
+    DEVICE_NAME,
     NAN_WATCH,
     NAN_COMPONENT,
     NAN_STEP,

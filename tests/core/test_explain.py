@@ -624,3 +624,59 @@ def test_halfsafes_own_demo_image_is_explained_with_the_built_in_demo(tmp_path, 
     message = document["message"]
     assert not [key for key in FIELDS if f"{key} =" in message]
     assert message.count(document["fix"]["halfsafe"][0]) == 1
+
+
+# HalfSafe's own images: checked at the settings they record ---------------------------------
+
+
+def _halfsafe_nan_image(tmp_path: Path) -> Path:
+    """A NaN-black image of the demo model whose VAE overflows in fp16, made with no repair."""
+    from app.core import generation, models
+    from app.core.settings import PrecisionSettings
+
+    request = generation.GenerationRequest(
+        prompt="a lake", steps=2, width=64, height=64, seed=9, output_dir=str(tmp_path / "out")
+    )
+    result = generation.generate(
+        models.load_model("demo-overflow"),
+        request,
+        precision=PrecisionSettings(precision="fp16", auto_fix="off"),
+        device="cpu",
+    )
+    (image,) = result.images
+    assert image.status == "nan"
+    return Path(image.path)
+
+
+def test_an_image_is_checked_at_its_recorded_settings_not_the_fix_remembered_since(tmp_path, home):
+    from app.core import hardware, models, profiles
+
+    image = _halfsafe_nan_image(tmp_path)
+    # A fix remembered after the image was made: it would make the check run finite.
+    model = models.load_model("demo-overflow")
+    device_name = hardware.describe_device("cpu").name
+    profiles.remember_fix(
+        model.profile_key, device_name, {"no_half_vae": True}, "The VAE overflowed.", "health check"
+    )
+    explanation = explain.explain_image(image, device="cpu")
+    report = explanation.check
+    assert report.plan.dtypes["vae"] == "fp16" and report.remembered is None
+    assert report.verdict == "fixable" and report.components["vae"].status.failed
+    assert "did not overflow" not in explanation.message
+
+
+def test_an_image_made_on_this_device_whose_nan_does_not_return_says_so(tmp_path, home):
+    from app.core import infotext
+
+    image = _halfsafe_nan_image(tmp_path)
+    # The same image, as if the healthy demo had made it: its NaN cannot come back.
+    from app.core.images import read_parameters
+
+    text = (read_parameters(image) or "").replace("Model: demo-overflow", "Model: demo")
+    parsed = infotext.parse(text)
+    assert parsed.get(infotext.DEVICE_NAME)  # the device's name is recorded
+    healthy = png_text(tmp_path / "healthy-nan.png", {"parameters": text})
+    explanation = explain.explain_image(healthy, device="cpu")
+    assert explanation.check is not None and explanation.check.verdict == "healthy"
+    assert "the one that made the image" in explanation.message
+    assert "may differ" not in explanation.message

@@ -353,6 +353,9 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             cancel=cancel,
             remember=False,
             measure_cost=measure_cost,
+            # The image's recorded settings, exactly: a fix remembered since would hide
+            # what made it black.
+            use_remembered=False,
         )
     explanation.check = report
     if report.fix is not None and report.verdict == "fixable":
@@ -461,6 +464,14 @@ def _check_words(explanation: Explanation) -> str:
         suspect = (
             " The image's workflow ran SageAttention, which this check does not: it is the "
             "likely cause (see the note)."
+        )
+    if explanation.record.device_name == report.device.name:
+        return (
+            "The health check at the image's settings did not overflow on this device "
+            f"({report.device.name}), the one that made the image: the same settings run "
+            "finite now, so it was not the model at these settings but a fault that strikes "
+            "at random or a part gone bad in memory (making it again is the test). "
+            f"{_headline(report)}{suspect}"
         )
     return (
         "The health check at the image's settings did not overflow on this device "

@@ -44,6 +44,7 @@ class Record:
     version: str | None = None
     halfsafe_status: str | None = None  # HalfSafe's own "NaN watch" entry
     precision: dict[str, Any] = field(default_factory=dict)  # settings recorded by HalfSafe
+    device_name: str | None = None  # the device HalfSafe made it on
     # The torch.compile step the record shows ran ("TorchCompileModel (inductor)"), or None.
     # Only ComfyUI records it (its graph holds the node); A1111, Forge, Forge Neo (whose
     # "Torch Compile Integrated" panel writes nothing into the infotext) and the others do not.
@@ -140,6 +141,10 @@ _REPRODUCED_SETTINGS = (
     infotext.FP16_REDUCED_PRECISION_REDUCTION,
     infotext.FP16_ACCUMULATION,
     infotext.ATTENTION_REDUCED_PRECISION,
+    infotext.TEXT_ENCODER_3_PRECISION,
+    infotext.FP32_LAYERS,
+    infotext.BF16_LAYERS,
+    infotext.CLAMPED_LAYERS,
 )
 
 
@@ -178,6 +183,7 @@ def _infotext_record(text: str) -> Record:
     if made_by == "halfsafe":
         record.halfsafe_status = parsed.raw(infotext.NAN_WATCH)
         record.precision = parsed.settings(_REPRODUCED_SETTINGS)
+        record.device_name = parsed.get(infotext.DEVICE_NAME)
     return record
 
 

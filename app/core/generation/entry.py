@@ -128,7 +128,7 @@ def generate(
             "generation repair",
         )
     for entry in result.images:
-        entry.parameters = parameters(entry, result.request, model)
+        entry.parameters = parameters(entry, result.request, model, result.device.name)
     progress("Saving", 0, len(result.images))
     folder = output_folder(result.request)
     try:

@@ -16,7 +16,9 @@ from app.core.lora import lora_hashes, prompt_with_tags
 from app.core.pictures import Mode
 
 
-def parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
+def parameters(
+    entry: ImageResult, request: GenerationRequest, model, device_name: str | None = None
+) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs (each
     key, its meaning and how it is written: `infotext.KEYS`)."""
     s = entry.settings
@@ -40,6 +42,7 @@ def parameters(entry: ImageResult, request: GenerationRequest, model) -> str:
         ),
         # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
         *infotext.setting_values(s),
+        (infotext.DEVICE_NAME, device_name),
         (infotext.NAN_WATCH, entry.status),
         (infotext.NAN_COMPONENT, entry.component),
         (infotext.NAN_STEP, entry.step),

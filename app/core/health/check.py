@@ -85,6 +85,7 @@ def check_loaded(
     cancel: CancelToken | None = None,
     remember: bool = True,
     measure_cost: bool = True,
+    use_remembered: bool = True,
 ) -> HealthReport:
     """Check a loaded model on `device` under the user's precision settings.
 
@@ -95,6 +96,8 @@ def check_loaded(
     the calling thread and takes seconds on a GPU. Side effects: components are copied to the device for the duration (released at the
     end), and a verified fix is stored in the model's remembered profile (unless `remember` is
     False). With `measure_cost`, a verified fix is also timed against no-half, alternating.
+    Without `use_remembered` the fix remembered for the model is left out: the check runs
+    exactly the settings given (an image's recorded ones, to reproduce it).
     """
     started = time.perf_counter()
     progress = on_progress or no_progress
@@ -112,7 +115,7 @@ def check_loaded(
     if problem is not None and (mode is not Mode.TEXT or references):
         raise HalfSafeError(f"{model.name}: {problem}")
     pictures = read_pictures(images, mask, size, size, references, control)
-    start = _start(model, precision, device)
+    start = _start(model, precision, device, use_remembered)
     if problem is not None and (
         control or family.picture_problem(model.pipeline, Mode.INPAINT) is None
     ):  # an inpainting (Fill among them) or control model, checked without its picture
@@ -186,14 +189,17 @@ def _checked_size(model, size: int | None) -> int:
     return size
 
 
-def _start(model, precision: PrecisionSettings, device: str) -> _Start:
-    """The device, the remembered fix and the plan, with their notes; then the damaged weights."""
+def _start(
+    model, precision: PrecisionSettings, device: str, use_remembered: bool = True
+) -> _Start:
+    """The device, the remembered fix (unless not `use_remembered`) and the plan, with their
+    notes; then the damaged weights."""
     from app.core import hardware, profiles
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
     found = profiles.lookup(model.profile_key, info.name)
-    remembered = found.fix
+    remembered = found.fix if use_remembered else None
     plan = diagnosis.plan_for_model(
         model,
         precision,
@@ -497,6 +503,7 @@ class _Check:
             self.search.settings,
             fix.summary,
             "health check",
+            warn=self.notes.append,
         )
 
 
