@@ -103,7 +103,7 @@ def test_the_table_lists_each_key_once_with_a_kind_and_a_real_setting():
 
 def test_a_real_generation_record_round_trips_through_the_table(made):
     model, request, _entry, repaired, vae_file = made
-    text = generation._parameters(repaired, request, model)
+    text = generation._parameters(repaired, request, model, "NVIDIA GeForce GTX 1660")
     parsed = infotext.parse(text)
     expected = {
         infotext.STEPS: 2,
@@ -118,6 +118,7 @@ def test_a_real_generation_record_round_trips_through_the_table(made):
         infotext.VAE: vae_file.name,
         infotext.RNG: "CPU",
         **{key: repaired.settings[key.setting] for key in infotext.SETTING_KEYS},
+        infotext.DEVICE_NAME: "NVIDIA GeForce GTX 1660",
         infotext.NAN_WATCH: "fixed",
         infotext.NAN_COMPONENT: "vae",
         infotext.NAN_STEP: 2,
