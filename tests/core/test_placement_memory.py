@@ -18,10 +18,11 @@ FP16 = PrecisionSettings(precision="fp16")
 PARTS = ("text_encoder", "unet", "vae")
 
 
-def _fp16_bytes(pipeline, name: str) -> int:
-    return sum(p.numel() * 2 for p in getattr(pipeline, name).parameters()) + sum(
-        b.numel() * (2 if b.is_floating_point() else b.element_size())
-        for b in getattr(pipeline, name).buffers()
+def _bytes_in(pipeline, name: str, size: int) -> int:
+    """Bytes of a component with its floating tensors `size` bytes each."""
+    module = getattr(pipeline, name)
+    return sum(p.numel() * size for p in module.parameters()) + sum(
+        b.numel() * (size if b.is_floating_point() else b.element_size()) for b in module.buffers()
     )
 
 
@@ -44,23 +45,23 @@ def test_a_check_holds_one_stages_copies_at_a_time(placements, planted):
     pipeline = build_tiny_sd_pipeline()
     if planted:
         pipeline = plant(pipeline, planted)
-    sizes = {name: _fp16_bytes(pipeline, name) for name in PARTS}
+    sizes = {name: _bytes_in(pipeline, name, 4) for name in PARTS}
     report = health.check_loaded(
         loaded(pipeline, "one-copy"), precision=FP16, device="cpu", size=64, remember=False
     )
     assert report.verdict == ("healthy" if planted is None else "fixable")
     assert placements
     peak = max(p.peak_bytes for p in placements)
-    # The fp16 copy of the largest component, and no more: the other stages' copies, the
-    # fp32 reference (the loaded fp32 weights themselves here) and the candidates never
-    # stand beside it. All three at once would be about twice this.
+    # One component in fp32 (the reference) at most: the other stages' components, and the
+    # copy tested before a candidate, never stand beside it. The whole pipeline in fp32, as
+    # each plan used to be placed, is about twice this.
     assert peak <= max(sizes.values()), (peak, sizes)
     assert peak < sum(sizes.values()) * 0.6
 
 
 def test_a_generation_holds_one_stages_copies_at_a_time(placements, tmp_path):
     pipeline = plant(build_tiny_sd_pipeline(), "vae")
-    sizes = {name: _fp16_bytes(pipeline, name) for name in PARTS}
+    sizes = {name: _bytes_in(pipeline, name, 4) for name in PARTS}
     request = generation.GenerationRequest(
         prompt="a red cube", steps=2, width=64, height=64, seed=1, output_dir=str(tmp_path)
     )
@@ -87,9 +88,11 @@ def test_a_copy_in_the_loaded_dtype_shares_its_tensors_and_an_island_costs_its_l
     assert copy is not vae
     island = copy.get_submodule(layer)
     assert island.weight.dtype == torch.bfloat16
-    assert placed.placed_bytes == sum(
+    # On the device, the whole VAE; of it, the island's bf16 weights alone are the copy's own.
+    assert placed.placed_bytes == placement.tensor_bytes(copy)
+    assert placement.tensor_bytes(copy, shared_with=vae) == sum(
         p.numel() * 2 for p in island.parameters()
-    )  # the island's own bf16 weights, nothing else
+    )
     shared = copy.get_submodule("decoder.conv_in").weight
     assert (
         shared.untyped_storage().data_ptr()
@@ -120,5 +123,5 @@ def test_a_copy_in_another_dtype_is_made_tensor_by_tensor(monkeypatch):
     placed = placement.PlacedPipeline(pipeline, plan, components=["unet"])
     assert placed["unet"].dtype == torch.float16
     assert sum(copied) == 0
-    assert placed.placed_bytes == _fp16_bytes(pipeline, "unet")
+    assert placed.placed_bytes == _bytes_in(pipeline, "unet", 2)
     assert "vae" not in placed and "text_encoder" not in placed

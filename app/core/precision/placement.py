@@ -136,12 +136,17 @@ def _copy_as(source, device, dtype):
     return copy.deepcopy(source, converted)
 
 
-def _own_bytes(module, source) -> int:
-    """Bytes of `module`'s tensors that are its own, not shared with `source`'s."""
-    shared = {
-        t.untyped_storage().data_ptr()
-        for t in itertools.chain(source.parameters(), source.buffers())
-    }
+def tensor_bytes(module, shared_with=None) -> int:
+    """Bytes of `module`'s tensors, each storage once; with `shared_with`, only those not
+    shared with that module's (what a copy costs beside the loaded model on the same device)."""
+    shared = (
+        {
+            t.untyped_storage().data_ptr()
+            for t in itertools.chain(shared_with.parameters(), shared_with.buffers())
+        }
+        if shared_with is not None
+        else set()
+    )
     seen: set[int] = set()
     total = 0
     for tensor in itertools.chain(module.parameters(), module.buffers()):
@@ -161,8 +166,8 @@ class PlacedPipeline:
     and cast only when the plan needs it in a different dtype or on another device, so moving
     between plans never loses precision. Each placed UNet and VAE casts its floating inputs to
     its own dtype, which is what makes mixed-precision plans work across component boundaries.
-    `placed_bytes` is what the copies hold now (on a CPU too: what a GPU would hold of them),
-    `peak_bytes` the most they held at once.
+    `placed_bytes` is what the placed components hold on the device now, shared tensors
+    included (on a CPU too: what a GPU would hold of them), `peak_bytes` the most at once.
     """
 
     def __init__(
@@ -222,7 +227,7 @@ class PlacedPipeline:
                 )
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
-                self._bytes[name] = _own_bytes(module, getattr(self.source, name))
+                self._bytes[name] = tensor_bytes(module)
                 self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             use_autocast = plan.autocast and dtype == "fp16"
             _set_autocast(module, device.type if use_autocast else None)
