@@ -179,10 +179,12 @@ def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int,
 
 
 def check_pictures(args) -> None:
-    """The input pictures and mask given by flags refused in one sentence (a missing or
-    unreadable file, a mask without a picture) before a model is loaded; how many pictures
-    the model takes is known once it is (an editing model takes several)."""
-    from app.core.pictures import check_flags, picture_header
+    """The input pictures and mask given by flags refused in one sentence (a missing,
+    truncated or damaged file, one of another kind than PNG, JPEG or WebP, a mask that is
+    black all over, a mask without a picture) before a model is loaded: each is decoded in
+    full here. How many pictures the model takes is known once it is (an editing model takes
+    several)."""
+    from app.core.pictures import check_flags, check_picture_files
 
     images = list(getattr(args, "images", None) or [])
     mask = getattr(args, "mask", None)
@@ -192,8 +194,7 @@ def check_pictures(args) -> None:
             "--strength is how much of an input picture is drawn again: give the picture "
             "with --image."
         )
-    for path in [*images, *([mask] if mask else [])]:
-        picture_header(path)
+    check_picture_files(images, mask)
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

@@ -19,6 +19,11 @@ from app.core.files import write_atomic
 # is decoded: a generated picture is a few MB.
 MAX_IMAGE_BYTES = 512 << 20
 MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
+# The formats a picture is opened in (an input picture, a mask, an image to explain): what
+# generated pictures and photos come as (a JPEG holding several pictures, MPO, is opened by the
+# JPEG reader). Left to itself Pillow tries every format it knows, whatever the file's name, and
+# its EPS reader hands the file to Ghostscript, an outside program that runs it.
+PICTURE_FORMATS = ("PNG", "JPEG", "WEBP")
 
 
 def read_head(path: Path) -> bytes:
@@ -37,6 +42,15 @@ def read_head(path: Path) -> bytes:
             return file.read(16)
     except OSError as error:
         raise BadFileError(path, f"cannot be read ({error.strerror or error}).") from None
+
+
+def open_picture(path: str | Path, formats: tuple[str, ...] = PICTURE_FORMATS) -> Any:
+    """The picture file opened by Pillow as one of `formats` (of PICTURE_FORMATS), lazily: its
+    header read, nothing decoded. Any other file, whatever its name says, raises Pillow's
+    UnidentifiedImageError (an OSError) without another reader seeing it."""
+    from PIL import Image
+
+    return Image.open(path, formats=list(formats))
 
 
 # A finite image counts as black when nearly every pixel is this dark and the picture is flat.
@@ -253,8 +267,6 @@ def _save_error(folder: str | Path, error: OSError | ValueError) -> ImageSaveErr
 
 def read_parameters(path: str | Path) -> str | None:
     """The `parameters` text of a PNG file, or None when it has none."""
-    from PIL import Image
-
-    with Image.open(path) as image:
+    with open_picture(path, ("PNG",)) as image:
         text = image.info.get("parameters")
     return text if isinstance(text, str) else None

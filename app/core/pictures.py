@@ -189,6 +189,20 @@ def read_pictures(
     return Pictures(mode, pixels.contiguous(), mask_tensor, mask_image, sources, kept)
 
 
+def check_picture_files(images: Sequence[str], mask: str | None) -> None:
+    """Refuse, before a model is loaded, an input picture or mask that the job would refuse
+    after loading it: each file is decoded in full within the bounds (a truncated or damaged
+    picture, a file of another kind whatever its name), and the mask must paint something.
+    One sentence naming the file (BadFileError). Decodes each file once at its own size
+    (at most `images.MAX_PIXELS`) and keeps nothing; whether the mask's white outlasts scaling
+    is known only at the job's size (`read_pictures`)."""
+    for image in images:
+        with _opened(Path(image).expanduser()) as opened:
+            opened.load()
+    if mask is not None:
+        _mask_decoded(Path(mask).expanduser())
+
+
 def picture_header(path: str | Path) -> tuple[int, int]:
     """A picture file's width and height as it is shown (its EXIF orientation applied), read
     from its header within the bounds: a file that is no picture, or one of more pixels than
@@ -249,7 +263,7 @@ def _opened(path: Path):
 
     from PIL import Image, UnidentifiedImageError
 
-    from app.core.images import MAX_PIXELS, read_head  # the image reader's bounds
+    from app.core.images import MAX_PIXELS, open_picture, read_head  # the image reader's bounds
 
     read_head(path)  # a file, and not larger than a picture can be
     too_many = f"input pictures of 1 to {MAX_PIXELS // 1_000_000} million pixels are read."
@@ -257,7 +271,7 @@ def _opened(path: Path):
         with warnings.catch_warnings():
             # Counted against HalfSafe's own bound below, before anything is decoded.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(path)
+            image = open_picture(path)  # PNG, JPEG or WebP only: no reader that runs a program
     except UnidentifiedImageError:
         raise BadFileError(path, "not a picture HalfSafe can read (PNG, JPEG or WebP).") from None
     except Image.DecompressionBombError:  # past twice Pillow's MAX_IMAGE_PIXELS
@@ -274,7 +288,15 @@ def _opened(path: Path):
         except (OSError, ValueError, SyntaxError) as error:
             # Pillow raises these from a damaged file's data (SyntaxError from a bad header
             # field read late).
-            raise BadFileError(path, f"the picture cannot be read ({error}).") from None
+            raise BadFileError(path, _damage_words(error)) from None
+
+
+def _damage_words(error: BaseException) -> str:
+    """Why a picture's data cannot be decoded, completing "<file>: "."""
+    text = str(error).strip() or type(error).__name__
+    if "truncated" in text.lower():
+        return "the picture cannot be read: the file ends before its pixels do (truncated)."
+    return f"the picture cannot be read ({text.rstrip('.')})."
 
 
 def _upright_size(image) -> tuple[int, int]:
@@ -324,11 +346,7 @@ def _hard_mask(path: Path, width: int, height: int):
     import numpy as np
     from PIL import Image
 
-    grey = _decode(path, "L")
-    if not any(grey.histogram()[128:]):  # no pixel as light as half grey
-        raise BadFileError(
-            path, "the mask is black all over, so nothing would be painted (white is painted)."
-        )
+    grey = _mask_decoded(path)
     shown = grey.size
     if shown != (width, height):
         grey = grey.resize((width, height), Image.Resampling.BILINEAR)
@@ -340,3 +358,14 @@ def _hard_mask(path: Path, width: int, height: int):
             f"to {width}x{height} px, so nothing would be painted: paint a larger area.",
         )
     return hard
+
+
+def _mask_decoded(path: Path):
+    """The mask file decoded as greyscale at its own size; a mask with no pixel as light as
+    half grey paints nothing, and is one sentence naming it."""
+    grey = _decode(path, "L")
+    if not any(grey.histogram()[128:]):
+        raise BadFileError(
+            path, "the mask is black all over, so nothing would be painted (white is painted)."
+        )
+    return grey

@@ -827,3 +827,51 @@ def test_a_folder_of_hostile_gguf_files_beside_a_flux_model_costs_seconds(tmp_pa
         (tmp_path / "models" / "text_encoders" / f"t5xxl_{number}.gguf").write_bytes(hostile)
     kind, model = bounded(load_model, str(path))
     assert kind == "ok", model
+
+
+@pytest.mark.parametrize("name", ["drawing.png", "drawing.eps"])
+def test_a_postscript_file_is_refused_by_its_format_and_never_handed_to_ghostscript(
+    tmp_path, monkeypatch, name
+):
+    """Pillow identifies PostScript by its first bytes, whatever the name, and hands its pixels
+    to Ghostscript, an outside program that runs the file (this one loops for ever). Pictures,
+    masks and images to explain are opened only as PNG, JPEG or WebP: Ghostscript is faked as
+    installed here, so the test says the same on a machine with or without it."""
+    from PIL import EpsImagePlugin
+
+    from app.core.explain import pixel_status, read_exif
+    from app.core.explain.explanation import read_image
+    from app.core.pictures import check_picture_files, picture_header, picture_size, read_pictures
+    from tests.support.image_files import pixels, postscript
+
+    ran: list[object] = []
+
+    def ghostscript(*args, **kwargs):
+        ran.append(args)
+        raise OSError("Ghostscript ran")
+
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", ghostscript)
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", lambda: True)
+    path = postscript(tmp_path / name)
+    picture = tmp_path / "picture.png"
+    pixels("noise").save(picture)
+    reads = {
+        "picture_header": lambda: picture_header(path),
+        "picture_size": lambda: picture_size(path, 512),
+        "read_pictures": lambda: read_pictures([str(path)], None, 64, 64),
+        "the mask": lambda: read_pictures([str(picture)], str(path), 64, 64),
+        "check_picture_files": lambda: check_picture_files([str(path)], None),
+        "pixel_status": lambda: pixel_status(path),
+        "read_exif": lambda: read_exif(path),
+        "read_image": lambda: read_image(path),
+    }
+    started = time.monotonic()
+    for what, read in reads.items():
+        with pytest.raises(BadFileError) as caught:
+            read()
+        message = str(caught.value)
+        assert message.startswith(f"{path}: ") and "\n" not in message, what
+        if what != "read_exif":  # read only once the first bytes say JPEG or WebP
+            assert "PNG, JPEG or WebP" in message, what
+    assert ran == []
+    assert time.monotonic() - started < 10

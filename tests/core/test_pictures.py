@@ -367,3 +367,65 @@ def test_an_inpainting_model_needs_a_mask(picture, tmp_path):
     unet.register_to_config(in_channels=9)  # what an inpainting UNet says of itself
     with pytest.raises(HalfSafeError, match="give it a mask to inpaint"):
         generation.generate(sd, _request(tmp_path, picture[0]), precision=FP16, device="cpu")
+
+
+# --- pictures checked in full before a model is loaded -------------------------------------------
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """`load_model` refused: a picture the job would refuse must be refused before it."""
+    from app.core import models
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the pictures were checked")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+
+
+@pytest.mark.parametrize("command", ["generate", "check"])
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("cut.png", "cut.png: the picture cannot be read: the file ends before its pixels do"),
+        ("cut.jpg", "cut.jpg: the picture cannot be read: the file ends before its pixels do"),
+        ("black-mask", "black.png: the mask is black all over, so nothing would be painted"),
+    ],
+)
+def test_a_truncated_picture_or_a_black_mask_is_refused_before_the_model_loads(
+    tmp_path, capsys, picture, no_model_loads, command, case, words
+):
+    from app.cli import main
+    from tests.support.cli_output import without_progress
+    from tests.support.image_files import truncated
+
+    image, mask = picture
+    if case == "black-mask":
+        mask = str(tmp_path / "black.png")
+        Image.new("L", (64, 64), 0).save(mask)
+    else:
+        image = str(truncated(tmp_path / case, "PNG" if case.endswith(".png") else "JPEG"))
+    assert picture_header(image) == (64, 64)  # its header alone says nothing is wrong
+    code = main([command, "demo", "--device", "cpu", "--image", image, "--mask", mask])
+    err = without_progress(capsys.readouterr().err)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("halfsafe: ") and words in err
+
+
+def test_checking_the_picture_files_decodes_each_and_reads_the_masks_content(tmp_path, picture):
+    from app.core.pictures import check_picture_files
+    from tests.support.image_files import truncated
+
+    image, mask = picture
+    check_picture_files([image], mask)  # whole pictures and a mask with white pass
+    check_picture_files([image], None)
+    cut = truncated(tmp_path / "cut.png", keep=0.9)
+    with pytest.raises(BadFileError, match="cut.png: the picture cannot be read") as caught:
+        check_picture_files([image, str(cut)], None)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(BadFileError, match="cut.png: the picture cannot be read"):
+        check_picture_files([image], str(cut))  # a mask is a picture too
+    grey = tmp_path / "grey.png"
+    Image.new("L", (64, 64), 127).save(grey)  # nothing as light as half grey: nothing painted
+    with pytest.raises(BadFileError, match="grey.png: the mask is black all over"):
+        check_picture_files([image], str(grey))

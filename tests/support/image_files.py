@@ -133,3 +133,28 @@ def comfy_workflow(ckpt_name: str) -> str:
             ],
         }
     )
+
+
+# --- input pictures that are not what they seem -------------------------------------------------
+
+
+def postscript(path: Path, side: int = 64) -> Path:
+    """An Encapsulated PostScript file (whatever `path` is named: `.eps`, or `.png` to pass
+    for a picture). Pillow identifies it by its first bytes and, asked for its pixels, hands it
+    to Ghostscript; this one would loop for ever there."""
+    path.write_bytes(
+        b"%!PS-Adobe-3.0 EPSF-3.0\n"
+        + f"%%BoundingBox: 0 0 {side} {side}\n".encode()
+        + b"%%EndComments\n{ } loop\n%%EOF\n"
+    )
+    return path
+
+
+def truncated(path: Path, kind: str = "PNG", keep: float = 0.5) -> Path:
+    """A picture of seeded noise (PNG or JPEG, by `kind`) cut after `keep` of its bytes: its
+    header is whole, its pixels end early, as a download stopped half-way leaves it."""
+    buffer = io.BytesIO()
+    pixels("noise", 64).save(buffer, format=kind)
+    data = buffer.getvalue()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
-from app.core.images import MAX_IMAGE_BYTES, MAX_PIXELS
+from app.core.images import MAX_IMAGE_BYTES, MAX_PIXELS, open_picture
 
 # Bounds on an image handed to `explain` beyond the file's size and pixel count (those are
 # `images.MAX_IMAGE_BYTES` and `images.MAX_PIXELS`, shared with input pictures). A generated
@@ -199,7 +199,7 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     solid-colour design looks like. Only the generation record tells which (`explain_image`).
     """
     import numpy as np
-    from PIL import Image, PngImagePlugin
+    from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
     from app.core.images import brightness_stats, flat_region
 
@@ -212,12 +212,16 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     if facts is not None and facts.width * facts.height > MAX_PIXELS:
         raise BadFileError(path, "too large to read.")
     try:
-        with Image.open(path) as image:
+        with open_picture(path) as image:
             if image.width * image.height > MAX_PIXELS:
                 raise BadFileError(path, "too large to read.")
             rgb = np.asarray(image.convert("RGB"))
     except BadFileError:
         raise
+    except UnidentifiedImageError:
+        raise BadFileError(
+            path, "not a PNG, JPEG or WebP image, the kinds explain reads."
+        ) from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise BadFileError(path, f"its pixels cannot be decoded ({_short(error)}).") from None
     zero = not rgb.any()
@@ -263,12 +267,12 @@ def read_exif(path: str | Path) -> PngFacts:
     """The size and the generation record of a JPEG or WebP, from its EXIF, as `read_png`'s
     text chunks ("parameters", "prompt", "workflow"). Bounds: the same file, pixel and text
     bounds as PNG; EXIF itself is at most MAX_TEXT_CHUNK_BYTES."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
 
     path = Path(path)
     text: dict[str, str] = {}
     try:
-        with Image.open(path) as image:
+        with open_picture(path, ("JPEG", "WEBP")) as image:
             width, height = image.size
             if not width or not height or width * height > MAX_PIXELS:
                 raise BadFileError(
@@ -296,7 +300,7 @@ def read_exif(path: str | Path) -> PngFacts:
         raise
     except UnidentifiedImageError:
         raise BadFileError(
-            path, "damaged: it starts like a JPEG or WebP image but cannot be read as one."
+            path, "not a JPEG or WebP image that can be read (damaged, or another kind of file)."
         ) from None
     except Exception as error:  # noqa: BLE001 - PIL's EXIF reader raises many kinds
         raise BadFileError(path, f"its EXIF data cannot be read ({_short(error)}).") from None
