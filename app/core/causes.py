@@ -287,7 +287,12 @@ def _remember(model, report: HealthReport) -> None:
     from app.core import profiles
 
     profiles.remember_fix(
-        model.profile_key, report.device.name, dict(fix.settings), fix.summary, "health check"
+        model.profile_key,
+        report.device.name,
+        dict(fix.settings),
+        fix.summary,
+        "health check",
+        warn=report.notes.append,
     )
 
 

@@ -1,7 +1,8 @@
 """Files that HalfSafe writes and reads back: settings, profiles, caches, images.
 
 Writing: a crash never leaves half of a file (temp file, fsync, rename), and a backup copy is
-put in place the same way. Reading a file of our own: only a regular file is opened, so a FIFO
+put in place the same way. A file kept aside (damaged) is kept only once its replacement is
+safely written, so a full or read-only disk never leaves neither. Reading a file of our own: only a regular file is opened, so a FIFO
 or a folder at that name can never block or crash the app. Read-modify-write across processes:
 `locked` holds a lock file.
 """
@@ -42,6 +43,82 @@ def write_atomic(
     gets (0666 less the umask), as images must for other programs and users to open them.
     """
     path = Path(path)
+    tmp_name = _staged(path, data, shared=shared)
+    try:
+        if keep_backup and path.exists():
+            _copy_atomic(path, path.with_name(path.name + ".bak"))
+        if overwrite:
+            os.replace(tmp_name, path)
+        else:
+            os.link(tmp_name, path)
+            os.unlink(tmp_name)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def replace_keeping_aside(
+    path: Path, data: bytes | str | Callable[[BinaryIO], None], *, label: str = "damaged"
+) -> Path | None:
+    """Put `data` at `path` and keep what held that name before as `aside_name(path, label)`,
+    in the order that never loses either of them: the new file is written and fsynced beside
+    `path` first (when that fails, on a full or read-only disk, OSError is raised with nothing
+    moved); then the old one is kept aside, a regular file by a hard link (`path` never goes
+    missing) and anything else (a folder, a FIFO, a link) by a rename; only then is the new
+    file renamed over `path`. A failure in those renames puts the old one back. Returns where
+    the old one is kept, or None when there was none.
+    """
+    path = Path(path)
+    tmp_name = _staged(path, data)
+    try:
+        target = _keep_aside(path, label)
+        try:
+            os.replace(tmp_name, path)
+        except BaseException:
+            if target is not None:
+                _put_back(target, path)
+            raise
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return None if target is None else target[0]
+
+
+def _keep_aside(path: Path, label: str) -> tuple[Path, bool] | None:
+    """Keep what holds `path` under a free name beside it: (that name, whether it was linked
+    rather than moved), or None when nothing holds `path`."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    target = aside_name(path, label)
+    if stat.S_ISREG(mode):
+        try:
+            os.link(path, target)
+            return target, True
+        except OSError:  # no hard links on this file system (FAT, some network shares)
+            pass
+    os.replace(path, target)
+    return target, False
+
+
+def _put_back(kept: tuple[Path, bool], path: Path) -> None:
+    """Undo `_keep_aside`: a link is dropped (the original never left `path`), a moved thing
+    goes back. Best effort: if even that fails, it is still kept under the other name."""
+    target, linked = kept
+    with contextlib.suppress(OSError):
+        if linked:
+            os.unlink(target)
+        else:
+            os.replace(target, path)
+
+
+def _staged(
+    path: Path, data: bytes | str | Callable[[BinaryIO], None], *, shared: bool = False
+) -> str:
+    """A temp file in `path`'s folder holding `data`, flushed and fsynced; its name. On any
+    failure (a full disk, a read-only folder) nothing is left behind and the error is raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -54,17 +131,10 @@ def write_atomic(
             os.fsync(tmp.fileno())
         if shared:
             os.chmod(tmp_name, 0o666 & ~current_umask())
-        if keep_backup and path.exists():
-            _copy_atomic(path, path.with_name(path.name + ".bak"))
-        if overwrite:
-            os.replace(tmp_name, path)
-        else:
-            os.link(tmp_name, path)
-            os.unlink(tmp_name)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    return path
+    return tmp_name
 
 
 _UMASK_LOCK = threading.Lock()

@@ -8,8 +8,11 @@ offered, and fields the user left on `auto` follow it.
 atomically under a lock file. It is read entry by entry, so that a damaged entry costs only
 itself, and bounded before any JSON is parsed: only a regular file of at most
 MAX_PROFILES_BYTES, each entry's extent and nesting found by a scan that never recurses. A file
-with any damage is moved aside, never overwritten, and the entries that could be read are
-written back; the one sentence that says so is returned as a note for the report.
+with any damage is kept aside, never overwritten, once the entries that could be read are
+safely written in its place (on a full or read-only disk it stays as it is, and its readable
+entries are used); the one sentence that says so is returned as a note for the report. A fix
+that cannot be stored (a full or read-only disk, a lock held too long) is one sentence for the
+job's warnings, never an error that costs the job its result.
 
 The fix itself, `RememberedFix`, is plain data in `remembered_fix` (re-exported here).
 """
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import paths
-from app.core.files import aside_name, locked, write_atomic
+from app.core.files import locked, replace_keeping_aside, write_atomic
 from app.core.limits import read_regular
 from app.core.remembered_fix import RememberedFix
 from app.core.settings import FIELDS, shown
@@ -126,24 +129,51 @@ def remember_fix(
     summary: str,
     verified_by: str,
     torch_version: str | None = None,
+    *,
+    warn: Callable[[str], None] | None = None,
 ) -> RememberedFix:
     """Store a verified fix: atomic write under the profiles lock; other models' entries are
-    kept. A damaged file is moved aside first; if it cannot be, the fix is not stored (that
-    would overwrite what the file still holds) and the reason is logged. Raises ValueError
-    for a setting that is not valid or `verified_by` not one of VERIFIED_BY (an entry the file
-    would refuse when read back)."""
+    kept, and a damaged file is kept aside once the readable entries and this one are written
+    in its place. Returns the fix.
+
+    Never raises for the disk: when the file cannot be written (full, read-only, locked by
+    another program for LOCK_TIMEOUT_S) nothing saved is touched, and one sentence naming the
+    file and the reason goes to `warn` (a job's warnings; logged when there is no `warn`); the
+    fix is then only not remembered for the next job. Raises ValueError for a setting that is
+    not valid or `verified_by` not one of VERIFIED_BY (an entry the file would refuse when read
+    back)."""
     for key, value in settings.items():
         FIELDS[key].validate(value)
     if verified_by not in VERIFIED_BY:
         raise ValueError(f"a fix is verified by {' or '.join(VERIFIED_BY)}, not {verified_by!r}")
     fix = RememberedFix(dict(settings), summary, verified_by, time.time())
     key = _key(profile_key, device_name, torch_version or _torch_version())
-    _change(lambda entries: entries.__setitem__(key, _entry(fix)))
+    try:
+        _change(lambda entries: entries.__setitem__(key, _entry(fix)))
+    except OSError as error:
+        sentence = _unsaved_words(_path(), error)
+        if warn is None:
+            log.warning("%s", sentence)
+        else:
+            warn(sentence)
     return fix
 
 
+def _unsaved_words(path: Path, error: OSError) -> str:
+    """The sentence for a fix that could not be stored in `path`."""
+    return (
+        f"The fix was not remembered for the next job: {path} could not be written "
+        f"({_reason(error)}); the files already saved are as they were."
+    )
+
+
+def _reason(error: OSError) -> str:
+    return str(error.strerror or error)
+
+
 def forget_fix(profile_key: str, device_name: str, torch_version: str | None = None) -> None:
-    """Drop the fix stored for this model on this device and torch, if any."""
+    """Drop the fix stored for this model on this device and torch, if any. Raises OSError when
+    the file cannot be written (nothing saved is touched then)."""
     key = _key(profile_key, device_name, torch_version or _torch_version())
     _change(lambda entries: entries.pop(key, None))
 
@@ -160,7 +190,8 @@ def stored_fixes() -> StoredFixes:
 def change_fix(stored: StoredFix, settings: dict[str, Any], summary: str) -> RememberedFix:
     """Replace the settings of a stored fix by hand (the Fixes page's Edit): validated through
     the schema, stamped `edited_at`, its verification and time kept. Raises ValueError for a
-    bad setting or an empty fix, and KeyError when the fix is no longer stored."""
+    bad setting or an empty fix, KeyError when the fix is no longer stored, and OSError when the
+    file cannot be written (nothing saved is touched then)."""
     if not settings:
         raise ValueError("a fix with no settings left is no fix (Forget removes it)")
     checked = {}
@@ -449,8 +480,9 @@ def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
 
 
 def _read_repairing(path: Path) -> tuple[_Contents, str | None]:
-    """Read the file; if it is damaged, move it aside and write back what could be read (under
-    the lock, so a save by another process is never lost). Returns the note to show."""
+    """Read the file; if it is damaged, write back what could be read and keep the damaged file
+    aside (under the lock, so a save by another process is never lost). Returns the note to
+    show."""
     contents = _read(path)
     if not contents.problems:
         return contents, None
@@ -459,24 +491,18 @@ def _read_repairing(path: Path) -> tuple[_Contents, str | None]:
             contents = _read(path)  # another process may have repaired it meanwhile
             if not contents.problems:
                 return contents, None
-            return contents, _repair(path, contents)[0]
+            target = _repair(path, contents.entries)
     except OSError as error:
         return contents, _note(path, contents, None, error)
+    return contents, None if target is None else _note(path, contents, target, None)
 
 
-def _repair(path: Path, contents: _Contents) -> tuple[str, bool]:
-    """Move the damaged file aside and write the readable entries back. Returns the note to
-    show and whether the file was moved. Call under the lock."""
-    target = aside_name(path)
-    try:
-        os.replace(path, target)  # a rename: also moves a FIFO, a folder or a link loop away
-    except OSError as error:
-        return _note(path, contents, None, error), False
-    try:
-        _write(path, contents.entries)
-    except OSError as error:  # the readable entries are still in the file kept aside
-        log.warning("%s could not be written (%s).", path, error.strerror or error)
-    return _note(path, contents, target, None), True
+def _repair(path: Path, entries: dict[str, dict[str, Any]]) -> Path | None:
+    """Write `entries` (the readable ones, perhaps changed) in place of the damaged file, which
+    is kept aside only once they are safely on disk (also a FIFO, a folder or a link loop, which
+    are moved). Returns where the damaged file is kept; raises OSError with the damaged file
+    left in place when the new one cannot be written. Call under the lock."""
+    return replace_keeping_aside(path, _text(entries))
 
 
 def _note(path: Path, contents: _Contents, target: Path | None, error: OSError | None) -> str:
@@ -496,39 +522,39 @@ def _note(path: Path, contents: _Contents, target: Path | None, error: OSError |
             f"{path} was damaged ({problem}); {kept.format('kept')}, and the file as it was is "
             f"kept as {target}."
         )
-    reason = (error.strerror or str(error)) if error is not None else "unknown reason"
+    reason = _reason(error) if error is not None else "unknown reason"
     return (
         f"{path} is damaged ({problem}); {kept.format('used')}, and the file is left as it is "
-        f"because it could not be moved aside ({reason})."
+        f"because a repaired copy could not be written in its place ({reason})."
     )
 
 
 def _change(edit: Callable[[dict[str, dict[str, Any]]], object]) -> None:
-    """Read, edit and write the entries under the lock. A damaged file is moved aside first;
-    when it cannot be, nothing is written (that would overwrite what it still holds)."""
+    """Read, edit and write the entries under the lock. A damaged file is kept aside once the
+    readable entries, edited, are written in its place. Raises OSError when the file cannot be
+    written (a full or read-only disk, the lock held too long); nothing saved is touched then."""
     path = _path()
     with locked(path):
         contents = _read(path)
-        if contents.problems:
-            note, moved = _repair(path, contents)
-            log.warning("%s", note)
-            if not moved:
-                return
         entries = dict(contents.entries)
         edit(entries)
-        if entries != contents.entries or contents.problems:
-            _write(path, entries)
+        if contents.problems:
+            target = _repair(path, entries)
+            if target is not None:
+                log.warning("%s", _note(path, contents, target, None))
+        elif entries != contents.entries:
+            write_atomic(path, _text(entries))
 
 
-def _write(path: Path, entries: dict[str, dict[str, Any]]) -> None:
-    """Write `entries` atomically; past MAX_PROFILES_BYTES the oldest fixes make room (a file
-    that large would be refused when read back)."""
+def _text(entries: dict[str, dict[str, Any]]) -> str:
+    """The file's text for `entries`; past MAX_PROFILES_BYTES the oldest fixes make room (a
+    file that large would be refused when read back)."""
     ordered = sorted(entries.items(), key=lambda item: item[1].get("saved_at", 0), reverse=True)
     text = _dumps(dict(ordered))
     while len(text.encode("utf-8")) > MAX_PROFILES_BYTES and ordered:
         ordered = ordered[: max(1, len(ordered) * 9 // 10)] if len(ordered) > 1 else []
         text = _dumps(dict(ordered))
-    write_atomic(path, text)
+    return text
 
 
 def _dumps(entries: dict[str, dict[str, Any]]) -> str:

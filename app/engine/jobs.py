@@ -243,6 +243,7 @@ def remember_fix(context: JobContext, request: RememberFixRequest) -> ModelSumma
         dict(request.settings),
         request.summary,
         "generation repair" if request.verified_by == "generation" else "health check",
+        warn=context.warn,
     )
     context.session.model_summary = summarise(model, request.device)
     return context.session.model_summary

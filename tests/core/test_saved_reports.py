@@ -163,6 +163,51 @@ def test_files_that_are_not_reports_are_left_alone():
     assert len(saved.saved_reports().reports) == 1 and stray.read_text() == "mine"
 
 
+def _save_among_other_files(reports: int, others: int) -> set[str]:
+    """`reports` saved reports with `others` files that are not reports written before, between
+    and after them (a folder lists in creation order, its reverse or a hash order: every report
+    lands somewhere in the middle of it). Returns the reports' model keys."""
+    keys = set()
+    stray = saved.folder() / "not-reports"
+    between = others // (reports + 1)
+    for number in range(others):
+        if number % between == 0 and len(keys) < reports:
+            keys.add(_save(f"{len(keys):064x}").profile_key)
+        (saved.folder() / f"photo-{number:05}.jpg").write_bytes(b"")
+    assert not stray.exists() and len(keys) == reports
+    return keys
+
+
+def test_every_report_is_listed_among_ten_thousand_other_files():
+    keys = _save_among_other_files(20, 10_000)
+    listing = saved.saved_reports()
+    assert {r.profile_key for r in listing.reports} == keys
+    assert listing.notes == []
+
+
+def test_a_folder_too_full_to_look_through_says_reports_may_be_missing(monkeypatch):
+    monkeypatch.setattr(saved, "MAX_FOLDER_ENTRIES", 100)
+    keys = _save_among_other_files(5, 300)
+    listing = saved.saved_reports()
+    assert {r.profile_key for r in listing.reports} <= keys
+    [note] = listing.notes
+    assert note.startswith("Some saved reports may not be listed: ")
+    assert str(saved.folder()) in note and "more than 100 files" in note
+    assert note.count(". ") == 0 and "\n" not in note
+
+
+def test_reports_past_the_bound_are_said_not_listed(monkeypatch):
+    for number in range(3):
+        _save(f"{number:064x}")
+        os.utime(_files()[0], None)
+    monkeypatch.setattr(saved, "MAX_SAVED_REPORTS", 2)  # a newer HalfSafe kept more
+    listing = saved.saved_reports()
+    assert len(listing.reports) == 2
+    assert listing.notes == [
+        f"1 older saved report in {saved.folder()} is not listed: only the newest 2 are."
+    ]
+
+
 # The fixes in profiles.json, as the Fixes page lists and edits them ---------------------------
 
 LAYERS = ["vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.up_blocks.0.resnets.0.norm2"]

@@ -126,6 +126,7 @@ def generate(
             learned.settings,
             learned.summary,
             "generation repair",
+            warn=result.warnings.append,
         )
     for entry in result.images:
         entry.parameters = parameters(entry, result.request, model, result.device.name)

@@ -7,7 +7,9 @@ so a damaged file costs only itself. Files are written atomically under `reports
 MAX_SAVED_REPORTS are kept (the oldest make room), each at most MAX_REPORT_BYTES with its
 Markdown cut at MAX_MARKDOWN_CHARS. They are read back file by file, bounded before any JSON is
 parsed and checked field by field; a damaged file is moved aside (`<name>.damaged-<time>`),
-never overwritten, and said in one sentence. No torch here: the GUI reads these files itself.
+never overwritten, and said in one sentence. Other files in the folder are passed over, up to
+MAX_FOLDER_ENTRIES entries in all; a listing that had to leave reports out says so. No torch
+here: the GUI reads these files itself.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ MAX_SAVED_REPORTS = 500
 MAX_MARKDOWN_CHARS = 200_000
 MAX_REPORT_BYTES = 1 << 20
 MAX_TEXT_CHARS = 4000  # a name, a path, a device, a headline, a fix's summary
-# Entries of the folder looked at when listing it: it holds only HalfSafe's files, unless
-# something else was put there.
-MAX_FOLDER_ENTRIES = 10 * MAX_SAVED_REPORTS
+# Entries of the folder looked at when listing it: it holds HalfSafe's files, but other files
+# may be put there (thousands of them cost milliseconds to pass over); past this many, the
+# listing stops and says so, so that a folder of millions never holds up the Fixes page.
+MAX_FOLDER_ENTRIES = 100_000
 # seconds since 1970; a time past this (the year 5138) is damage.
 LATEST_TIME = 1e11
 _FILE_NAME = re.compile(r"[0-9a-f]{32}\.json")
@@ -64,7 +67,7 @@ class SavedReport:
 @dataclass(frozen=True)
 class SavedReports:
     """Every saved report that could be read, newest first, and one sentence per damaged file
-    (moved aside)."""
+    (moved aside) and for reports left out of the listing."""
 
     reports: list[SavedReport]
     notes: list[str] = field(default_factory=list)
@@ -147,7 +150,7 @@ def _dumps(saved: SavedReport) -> str:
 def _prune() -> None:
     """Remove the oldest reports past MAX_SAVED_REPORTS (by the time each file was written).
     Call under the lock."""
-    files = sorted(_report_files(), key=lambda item: item[1], reverse=True)
+    files = sorted(_report_files().files, key=lambda item: item[1], reverse=True)
     for path, _written in files[MAX_SAVED_REPORTS:]:
         path.unlink(missing_ok=True)
 
@@ -157,10 +160,20 @@ def _prune() -> None:
 
 def saved_reports() -> SavedReports:
     """Every saved report (the newest MAX_SAVED_REPORTS files), newest first. Never raises for
-    a bad file: it is moved aside and named in a note."""
+    a bad file: it is moved aside and named in a note. Files that are not reports are passed
+    over; reports left out (past MAX_SAVED_REPORTS, or in a folder of more than
+    MAX_FOLDER_ENTRIES entries) are said in a note."""
     reports: list[SavedReport] = []
-    notes: list[str] = []
-    newest = sorted(_report_files(), key=lambda item: item[1], reverse=True)
+    listing = _report_files()
+    notes = listing.notes()
+    newest = sorted(listing.files, key=lambda item: item[1], reverse=True)
+    if len(newest) > MAX_SAVED_REPORTS:
+        older = len(newest) - MAX_SAVED_REPORTS
+        notes.append(
+            f"{older:,} older saved {'report' if older == 1 else 'reports'} in {folder()} "
+            f"{'is' if older == 1 else 'are'} not listed: only the newest "
+            f"{MAX_SAVED_REPORTS} are."
+        )
     for path, _written in newest[:MAX_SAVED_REPORTS]:
         saved, note = _read_repairing(path)
         if saved is not None:
@@ -182,24 +195,65 @@ def last_report(profile_key: str, device: str | None = None) -> SavedReport | No
     return mine[0] if mine else None
 
 
-def _report_files() -> Iterator[tuple[Path, float]]:
-    """(path, time written) of each report file in the folder, looking at no more than
-    MAX_FOLDER_ENTRIES entries."""
+@dataclass
+class _Listing:
+    """The report files found in the folder, and what kept any from being looked at."""
+
+    files: list[tuple[Path, float]] = field(default_factory=list)  # (path, time written)
+    unlooked: bool = False  # the folder held more than MAX_FOLDER_ENTRIES entries
+    problem: str = ""  # why the folder itself cannot be read
+
+    def notes(self) -> list[str]:
+        """One sentence for each way reports were left out of the listing."""
+        notes = []
+        if self.problem:
+            notes.append(
+                f"The saved reports in {folder()} could not all be listed ({self.problem})."
+            )
+        if self.unlooked:
+            notes.append(
+                f"Some saved reports may not be listed: {folder()} holds more than "
+                f"{MAX_FOLDER_ENTRIES:,} files, and only the first {MAX_FOLDER_ENTRIES:,} "
+                "were looked at (moving the files that are not reports out of it lists them "
+                "all)."
+            )
+        return notes
+
+
+def _report_files() -> _Listing:
+    """The report files in the folder with the time each was written, looking at no more than
+    MAX_FOLDER_ENTRIES entries (any other file is passed over by its name alone)."""
+    listing = _Listing()
     try:
         entries = os.scandir(folder())
-    except OSError:
-        return
+    except FileNotFoundError:
+        return listing  # nothing saved yet
+    except OSError as error:
+        listing.problem = str(error.strerror or error)
+        return listing
     with entries:
-        for number, entry in enumerate(entries):
+        for number, entry in enumerate(_entries(entries, listing)):
             if number >= MAX_FOLDER_ENTRIES:
-                return
+                listing.unlooked = True
+                break
             if not _FILE_NAME.fullmatch(entry.name):
                 continue
             try:
                 written = entry.stat().st_mtime
+            except FileNotFoundError:
+                continue  # removed meanwhile (forgotten, pruned)
             except OSError:
-                continue
-            yield Path(entry.path), written
+                written = 0.0  # a link loop, say: reading it says what is wrong
+            listing.files.append((Path(entry.path), written))
+    return listing
+
+
+def _entries(entries: Iterator[os.DirEntry[str]], listing: _Listing) -> Iterator[os.DirEntry[str]]:
+    """The folder's entries; a read of the folder failing half-way is said, not raised."""
+    try:
+        yield from entries
+    except OSError as error:
+        listing.problem = str(error.strerror or error)
 
 
 def _read_repairing(path: Path) -> tuple[SavedReport | None, str | None]:
