@@ -9,7 +9,7 @@ clamp that saturates or a precision loss can give finite nonsense.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,11 +101,12 @@ def plan_for_model(
     pipeline = model.pipeline
     vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
     check_module_settings(precision.to_dict(), pipeline, str(model.source))
-    if remembered:  # a remembered fix naming a layer this model lacks is not applied at all
-        try:
-            check_module_settings(remembered, pipeline, str(model.source))
-        except HalfSafeError:
-            remembered = None
+    # A remembered fix (edited on the Fixes page, say) naming a layer this model lacks costs
+    # only that layer: the rest of it is used, and the job's notes name what was left out.
+    dropped: tuple[str, ...] = ()
+    if remembered:
+        dropped = tuple(entry for _, entry in unknown_layers(remembered, pipeline))
+        remembered = without_layers(remembered, dropped)
     plan = resolve_plan(
         precision,
         feed_forward_islands=feed_forward_islands(pipeline),
@@ -116,7 +117,7 @@ def plan_for_model(
         and str(model.architecture).startswith("sdxl"),
         remembered=remembered,
     )
-    return whole_attention_plan(plan, pipeline)
+    return whole_attention_plan(replace(plan, remembered_dropped=dropped), pipeline)
 
 
 def no_half(plan: PrecisionPlan) -> PrecisionPlan:
@@ -554,11 +555,12 @@ def candidate_fixes(
 MODULE_SETTINGS = ("fp32_modules", "bf16_modules", "clamp_modules")
 
 
-def check_module_settings(settings: Mapping[str, Any], pipeline, source: str) -> None:
-    """Refuse, in one sentence, a module setting (`MODULE_SETTINGS`) that names a layer this
-    model does not have: checked when the model is loaded, before anything runs."""
+def unknown_layers(settings: Mapping[str, Any], pipeline) -> list[tuple[str, str]]:
+    """(setting, "component:layer") of every module setting entry (`MODULE_SETTINGS`) that
+    names a layer this model does not have."""
     from app.core.settings import modules_by_component
 
+    unknown = []
     for key in MODULE_SETTINGS:
         for component, paths in modules_by_component(list(settings.get(key) or [])).items():
             module = getattr(pipeline, component, None)
@@ -568,10 +570,31 @@ def check_module_settings(settings: Mapping[str, Any], pipeline, source: str) ->
                         raise AttributeError(path)
                     module.get_submodule(path)
                 except AttributeError:
-                    raise HalfSafeError(
-                        f"{source}: --{key.replace('_', '-')} names {component}:{path}, "
-                        "which this model does not have."
-                    ) from None
+                    unknown.append((key, f"{component}:{path}"))
+    return unknown
+
+
+def without_layers(settings: Mapping[str, Any], entries: Collection[str]) -> dict[str, Any]:
+    """`settings` with the module entries `entries` ("component:layer") left out, and a
+    module setting left empty by that left out too."""
+    kept = dict(settings)
+    for key in MODULE_SETTINGS:
+        if key in kept:
+            remaining = [e for e in kept[key] or [] if e not in entries]
+            if remaining:
+                kept[key] = remaining
+            else:
+                del kept[key]
+    return kept
+
+
+def check_module_settings(settings: Mapping[str, Any], pipeline, source: str) -> None:
+    """Refuse, in one sentence, a module setting (`MODULE_SETTINGS`) that names a layer this
+    model does not have: checked when the model is loaded, before anything runs."""
+    for key, entry in unknown_layers(settings, pipeline)[:1]:
+        raise HalfSafeError(
+            f"{source}: --{key.replace('_', '-')} names {entry}, which this model does not have."
+        )
 
 
 # --- choosing among verified fixes ----------------------------------------------------------

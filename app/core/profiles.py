@@ -563,11 +563,32 @@ def _dumps(entries: dict[str, dict[str, Any]]) -> str:
 
 def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
     """The note a job makes of a remembered fix: used (it set some of the settings the job ran
-    with: `plan.remembered_used`), or there but overridden by the user's own settings."""
+    with: `plan.remembered_used`), or there but overridden by the user's own settings; and the
+    layers it names that this model does not have (`plan.remembered_dropped`), left out."""
     if remembered is None:
         return []
+    dropped = tuple(getattr(plan, "remembered_dropped", ()))
+    missing = ""
+    if dropped:
+        layers = ", ".join(dropped)
+        missing = f"{layers}, which this model does not have"
     if getattr(plan, "remembered_used", ()):
-        return [f"Using the fix remembered for this model on this device: {remembered.summary}"]
+        words = f"Using the fix remembered for this model on this device: {remembered.summary}"
+        if missing:
+            words += f" Left out of it: {missing} (edit it on the Fixes page)."
+        return [words]
+    from app.core.diagnosis import without_layers
+
+    if missing and not without_layers(remembered.settings, dropped):
+        return [
+            f"The fix remembered for this model on this device names only {missing}, so this "
+            "job ran without it: edit or forget it on the Fixes page."
+        ]
+    if missing:
+        return [
+            f"The fix remembered for this model on this device names {missing}, and your "
+            "settings override the rest of it, so this job ran without it."
+        ]
     return [
         f"A fix is remembered for this model on this device ({remembered.summary}), but your "
         "settings override it, so this job ran without it."

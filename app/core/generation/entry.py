@@ -120,6 +120,12 @@ def generate(
             model, result, precision, device, progress, cancel or CancelToken(), learned
         )
     if learned is not None:  # the job ran to its end: what it proved is kept for the next
+        previous = profiles.remembered_fix(model.profile_key, result.device.name)
+        if previous is not None and dict(previous.settings) != learned.settings:
+            result.warnings.append(
+                "The fix remembered for this model on this device is replaced by the one this "
+                f"job proved: {learned.summary} (it was: {previous.summary})"
+            )
         profiles.remember_fix(
             model.profile_key,
             result.device.name,
@@ -281,7 +287,12 @@ def _generate_unsaved(
             if entries[-1].first_bad_module is None and entries[-1].component:
                 entries[-1].first_bad_module = job.first_bad.get(entries[-1].component)
         if job.fix_settings and any(e.status == "fixed" for e in entries):
-            merged = {**(remembered.settings if remembered else {}), **job.fix_settings}
+            kept = (
+                diagnosis.without_layers(remembered.settings, plan.remembered_dropped)
+                if remembered
+                else {}
+            )
+            merged = {**kept, **job.fix_settings}
             parts = join_words(job.fixed_components)
             learned = _Learned(
                 merged,

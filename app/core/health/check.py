@@ -189,9 +189,7 @@ def _checked_size(model, size: int | None) -> int:
     return size
 
 
-def _start(
-    model, precision: PrecisionSettings, device: str, use_remembered: bool = True
-) -> _Start:
+def _start(model, precision: PrecisionSettings, device: str, use_remembered: bool = True) -> _Start:
     """The device, the remembered fix (unless not `use_remembered`) and the plan, with their
     notes; then the damaged weights."""
     from app.core import hardware, profiles
