@@ -118,11 +118,17 @@ class LoraFile:
 
 @dataclass
 class AppliedLora:
-    """One LoRA loaded into a pipeline as a peft adapter, at the weight the user asked for."""
+    """One LoRA loaded into a pipeline as a peft adapter, at the weight the user asked for.
+    `layers` is how many layers the LoRA holds as diffusers converts it for the model, and
+    `layers_applied` how many of them the model has (None where not counted); `fit_note` is
+    the sentence that says so when some are missing."""
 
     file: LoraFile
     adapter: str
     weight: float
+    layers: int | None = None
+    layers_applied: int | None = None
+    fit_note: str | None = None
 
     @property
     def name(self) -> str:
@@ -362,8 +368,9 @@ def apply_loras(
 ) -> list[AppliedLora]:
     """Load each LoRA into `pipeline` (in place) as its own peft adapter and activate them all
     at their weights. A file whose keys fit no layer of the model (`model`, its words in the
-    sentence: "the SDXL model x.safetensors") gets one sentence naming it (BadFileError); on
-    any failure every adapter added here is removed again."""
+    sentence: "the SDXL model x.safetensors") gets one sentence naming it (BadFileError); one
+    of whose layers the model has only some runs with those, its `fit_note` saying how many.
+    On any failure every adapter added here is removed again."""
     if len(files) > MAX_LORAS:
         raise HalfSafeError(f"At most {MAX_LORAS} LoRAs can be applied at once, not {len(files)}.")
     if not hasattr(pipeline, "load_lora_weights"):
@@ -371,31 +378,29 @@ def apply_loras(
             f"This model ({type(pipeline).__name__}) does not take LoRAs in HalfSafe yet."
         )
     applied: list[AppliedLora] = []
-    taken = set(_adapters(pipeline))
+    before = set(_adapters(pipeline))
+    taken = set(before)  # names given out here, those of a load that failed half-way included
     try:
         for index, (lora, weight) in enumerate(files):
             adapter = f"lora{index}_{re.sub(r'[^A-Za-z0-9_]', '_', lora.name)[:40]}"
             while adapter in taken:
                 adapter += "_"
             taken.add(adapter)
+            fit = _Fit()
             try:
-                _load_adapter(pipeline, lora, adapter)
+                _load_adapter(pipeline, lora, adapter, fit)
             except HalfSafeError:
                 raise
             except Exception as error:  # noqa: BLE001 - any loader failure is this file's problem
-                raise BadFileError(
-                    lora.path,
-                    f"the LoRA does not fit {model} ({_first_line(error)}).",
-                ) from None
-            if adapter not in _adapters(pipeline):
-                raise BadFileError(
-                    lora.path,
-                    f"none of the LoRA's layers exist in {model}, so it changes nothing.",
-                )
-            applied.append(AppliedLora(lora, adapter, weight))
+                loaded = [part for part, names in _listed(pipeline).items() if adapter in names]
+                raise BadFileError(lora.path, fit.refusal(model, error, loaded)) from None
+            if adapter not in _adapters(pipeline) or not fit.applied:
+                raise BadFileError(lora.path, fit.refusal(model))
+            note = fit.note(lora.name, model)
+            applied.append(AppliedLora(lora, adapter, weight, fit.offered, fit.applied, note))
         use_weights(pipeline, applied)
     except BaseException:
-        remove_loras(pipeline, [a.adapter for a in applied] + _new_adapters(pipeline, taken))
+        remove_loras(pipeline, [a.adapter for a in applied] + _new_adapters(pipeline, before))
         raise
     return applied
 
@@ -408,8 +413,88 @@ def reapply(pipeline, loras: Sequence[AppliedLora]) -> None:
     use_weights(pipeline, loras)
 
 
-def _load_adapter(pipeline, lora: LoraFile, adapter: str) -> None:
-    """Load `lora` as the peft adapter `adapter` with every layer at its own alpha / rank.
+@dataclass
+class _Fit:
+    """How much of a LoRA a model took, filled in as it is loaded: `offered`, the layers
+    diffusers' converter made of the file for the model's parts (None where not seen), `parts`,
+    the parts it named (`unet`, `text_encoder`, ...), and `applied`, the model's layers that
+    hold the adapter now."""
+
+    offered: int | None = None
+    parts: tuple[str, ...] = ()
+    applied: int = 0
+
+    def note(self, name: str, model: str) -> str | None:
+        """The sentence for a LoRA of which the model has only some layers, None when it has
+        them all (or they were not counted)."""
+        if self.offered is None or self.applied >= self.offered:
+            return None
+        missing = self.offered - self.applied
+        return (
+            f"Only {self.applied} of the {self.offered} layers of the LoRA {name} exist in "
+            f"{model}: it runs with those, the other {missing} were not applied (is it made "
+            "for another model?)."
+        )
+
+    def refusal(
+        self, model: str, error: BaseException | None = None, loaded: Sequence[str] = ()
+    ) -> str:
+        """Why the LoRA is not applied, completing "<file>: ": none of its layers exist in the
+        model (without `error`, or where peft refused a part that matches no layer at all:
+        the part is named when it is the only one of its parts not `loaded`), or the loader's
+        own `error`."""
+        from app.core.components import words
+
+        if error is not None and "not found in the base model" not in str(error):
+            return f"the LoRA does not fit {model} ({_first_line(error)})."
+        failed = [part for part in self.parts if part not in loaded] or list(self.parts)
+        if error is not None and len(self.parts) > 1:
+            which = " or ".join(f"the {words(part)}" for part in failed)
+            return (
+                f"the LoRA does not fit {model}: none of its layers for {which} exist there "
+                "(it is made for another model), so it is not applied."
+            )
+        layers = f"{self.offered} " if self.offered else ""
+        return (
+            f"none of the LoRA's {layers}layers exist in {model}, so it changes nothing (it is "
+            "made for another model)."
+        )
+
+
+# The key endings of a layer's down (A) factor as diffusers' converters write them for the
+# model's parts: one per layer, whatever the layout the file came in.
+_DOWN_ENDINGS = ("lora_A.weight", "lora.down.weight", "lora_down.weight")
+
+
+@contextlib.contextmanager
+def _counting_layers(pipeline, fit: _Fit) -> Iterator[None]:
+    """While diffusers loads a LoRA into `pipeline`, count the layers of the state dict its
+    converter hands the model's parts (into `fit`): the layers a part lacks are dropped by peft
+    without a word, so this count is what the applied ones are held to."""
+    convert = getattr(pipeline, "lora_state_dict", None)
+    if convert is None:  # not a diffusers loader: nothing to count
+        yield
+        return
+
+    def converted(*args: Any, **kwargs: Any) -> Any:
+        result = convert(*args, **kwargs)
+        state_dict = result[0] if isinstance(result, tuple) else result
+        if isinstance(state_dict, dict):
+            downs = [str(key) for key in state_dict if str(key).endswith(_DOWN_ENDINGS)]
+            fit.offered = len(downs)
+            fit.parts = tuple(sorted({key.partition(".")[0] for key in downs}))
+        return result
+
+    vars(pipeline)["lora_state_dict"] = converted  # the instance's, over the class's
+    try:
+        yield
+    finally:
+        vars(pipeline).pop("lora_state_dict", None)
+
+
+def _load_adapter(pipeline, lora: LoraFile, adapter: str, fit: _Fit | None = None) -> None:
+    """Load `lora` as the peft adapter `adapter` with every layer at its own alpha / rank; how
+    much of it the model took goes into `fit`.
 
     diffusers is handed factors without alphas, so peft runs every layer at 1 (checked here:
     a layer that would not gets one sentence, HalfSafeError, rather than a strength the file
@@ -421,7 +506,8 @@ def _load_adapter(pipeline, lora: LoraFile, adapter: str) -> None:
     factors, common = adapter_factors(
         lora.tensors, ranks_as_alphas=_converter_folds(pipeline, lora)
     )
-    with _quiet_loaders():
+    fit = fit if fit is not None else _Fit()
+    with _quiet_loaders(), _counting_layers(pipeline, fit):
         pipeline.load_lora_weights(factors, adapter_name=adapter)
     from peft.tuners.lora import LoraLayer
 
@@ -442,6 +528,7 @@ def _load_adapter(pipeline, lora: LoraFile, adapter: str) -> None:
         # peft's set_scale makes the scaling weight * lora_alpha / r from these.
         module.lora_alpha[adapter] = common * module.r[adapter]
         module.scaling[adapter] = common
+    fit.applied = len(layers)
 
 
 def _converter_folds(pipeline, lora: LoraFile) -> bool:
@@ -522,11 +609,15 @@ def remove_loras(pipeline, adapters: Sequence[str]) -> None:
 
 
 def _adapters(pipeline) -> list[str]:
+    return sorted({name for names in _listed(pipeline).values() for name in names})
+
+
+def _listed(pipeline) -> dict[str, list[str]]:
+    """The adapters each part of the pipeline holds, by part."""
     try:
-        listed = pipeline.get_list_adapters()
+        return dict(pipeline.get_list_adapters())
     except (ValueError, AttributeError):
-        return []
-    return sorted({name for names in listed.values() for name in names})
+        return {}
 
 
 def _new_adapters(pipeline, before: set[str]) -> list[str]:
@@ -536,7 +627,11 @@ def _new_adapters(pipeline, before: set[str]) -> list[str]:
 @contextlib.contextmanager
 def _quiet_loaders() -> Iterator[None]:
     """transformers reports the text encoder's own weights as 'missing' from a LoRA and draws
-    a progress bar, diffusers says when a LoRA has no text-encoder part: noise to a user."""
+    a progress bar, diffusers says when a LoRA has no text-encoder part, and logs a load that
+    failed (with peft's list of every layer it lacks) as an error: noise to a user, who gets
+    the refusal's one sentence instead."""
+    import logging as levels_of
+
     import diffusers
     import transformers
 
@@ -544,7 +639,7 @@ def _quiet_loaders() -> Iterator[None]:
     levels = [logging.get_verbosity() for logging in loggers]
     bars = transformers.utils.logging.is_progress_bar_enabled()
     for logging in loggers:
-        logging.set_verbosity_error()
+        logging.set_verbosity(levels_of.CRITICAL)
     transformers.utils.logging.disable_progress_bar()
     try:
         with warnings.catch_warnings():
@@ -618,8 +713,9 @@ def load_requested(
     (`model.loras`). A LoRA already loaded from the same file is reused (only its weight
     changes); one no longer asked for is removed. A LoRA named twice keeps the first weight.
     A tag naming a file outside the model folders is not used; its sentence is kept in
-    `model.lora_warnings`. Every file is read and scanned before the model is touched, so a bad
-    one changes nothing."""
+    `model.lora_warnings`, as is the sentence for a LoRA of which the model has only some
+    layers (`AppliedLora.fit_note`); one of which it has none is refused. Every file is read
+    and scanned before the model is touched, so a bad one changes nothing."""
     wanted = list(requests)
     refused: list[str] = []
     _, tagged = prompt_loras(prompt)
@@ -653,6 +749,6 @@ def load_requested(
         result.append(next(added) if file is not None else replace(current[key], weight=weight))
     remove_loras(model.pipeline, [a.adapter for k, a in current.items() if k not in seen])
     model.loras = result
-    model.lora_warnings = refused
+    model.lora_warnings = refused + [a.fit_note for a in result if a.fit_note]
     use_weights(model.pipeline, result)
     return result

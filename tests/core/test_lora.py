@@ -640,3 +640,164 @@ def test_a_check_with_loras_crosses_to_the_window_as_records(tmp_path):
     again = read_message(io.BytesIO(encode(event)))
     assert isinstance(again, EngineEvent) and again.result == result
     assert result.report.to_json()["loras"][0]["name"] == "ink"
+
+
+# --- a LoRA of which the model has only some layers, or none ------------------------------------
+
+
+def lora_of_41_layers(pipeline, layout: str, fitting: int = 1) -> dict[str, torch.Tensor]:
+    """A LoRA of 41 UNet layers in kohya's or the PEFT layout, of which the first `fitting`
+    are layers of `pipeline`'s UNet and the rest name layers it does not have (as a LoRA made
+    for a model with more blocks does)."""
+    generator = torch.Generator().manual_seed(21)
+    tensors: dict[str, torch.Tensor] = {}
+    real = [name for name, _ in _linears(pipeline.unet, UNET_LAYERS)][:fitting]
+    names = real + [f"down_blocks.0.attentions.0.extra_blocks.{i}.proj" for i in range(41)]
+    for name in names[:41]:
+        inner = pipeline.unet.get_submodule(name) if name in real else torch.nn.Linear(8, 8)
+        if layout == "kohya":
+            key, down_end, up_end = "lora_unet_" + name.replace(".", "_"), "lora_down", "lora_up"
+        else:
+            key, down_end, up_end = f"unet.{name}", "lora_A", "lora_B"
+        tensors[f"{key}.{down_end}.weight"] = torch.randn(
+            RANK, inner.in_features, generator=generator
+        )
+        tensors[f"{key}.{up_end}.weight"] = (
+            torch.randn(inner.out_features, RANK, generator=generator) * 0.3
+        )
+    return tensors
+
+
+@pytest.mark.parametrize("layout", ["kohya", "peft"])
+def test_a_lora_of_which_the_model_has_one_layer_of_41_says_so_and_runs_that_one(tmp_path, layout):
+    from tests.core.test_health import loaded
+
+    pipeline = build_tiny_sd_pipeline()
+    model = loaded(pipeline)
+    before, _ = unet_and_text_outputs(pipeline)
+    path = save_lora(lora_of_41_layers(pipeline, layout), tmp_path / "bigger.safetensors")
+
+    (applied,) = lora.load_requested(model, [lora.LoraRequest(str(path))])
+    assert (applied.layers, applied.layers_applied) == (41, 1)
+    assert model.lora_warnings == [applied.fit_note]
+    assert applied.fit_note is not None
+    assert applied.fit_note.startswith(
+        "Only 1 of the 41 layers of the LoRA bigger exist in the Stable Diffusion 1.x model"
+    )
+    assert "the other 40 were not applied" in applied.fit_note
+    after, _ = unet_and_text_outputs(pipeline)
+    assert not torch.allclose(after, before, atol=1e-5)  # the one layer that fits runs
+
+    # Asked again, the LoRA is reused and still said; one that fits whole says nothing.
+    lora.load_requested(model, [lora.LoraRequest(str(path), 0.5)])
+    assert model.lora_warnings == [applied.fit_note]
+    whole = save_lora(peft_lora(pipeline), tmp_path / "whole.safetensors")
+    (fits,) = lora.load_requested(model, [lora.LoraRequest(str(whole))])
+    assert fits.layers == fits.layers_applied and fits.layers_applied
+    assert fits.fit_note is None and model.lora_warnings == []
+
+
+@pytest.mark.parametrize("layout", ["kohya", "peft"])
+def test_a_lora_none_of_whose_layers_the_model_has_is_refused_naming_it_and_the_model(
+    tmp_path, layout
+):
+    from tests.core.test_health import loaded
+
+    pipeline = build_tiny_sd_pipeline()
+    model = replace(loaded(pipeline), source=str(tmp_path / "model.safetensors"))
+    before, _ = unet_and_text_outputs(pipeline)
+    path = save_lora(lora_of_41_layers(pipeline, layout, 0), tmp_path / "elsewhere.safetensors")
+    with pytest.raises(BadFileError) as raised:
+        lora.load_requested(model, [lora.LoraRequest(str(path))])
+    assert str(raised.value) == (
+        f"{path}: none of the LoRA's 41 layers exist in the Stable Diffusion 1.x model "
+        "model.safetensors, so it changes nothing (it is made for another model)."
+    )
+    assert lora._adapters(pipeline) == [] and model.loras == []
+    after, _ = unet_and_text_outputs(pipeline)
+    assert torch.equal(before, after)
+
+
+def test_a_lora_whose_unet_layers_the_model_lacks_leaves_no_text_encoder_part_behind(tmp_path):
+    pipeline = build_tiny_sd_pipeline()
+    tensors = {k: v for k, v in peft_lora(pipeline).items() if k.startswith("unet.")}
+    tensors["text_encoder.no_such_layer.lora_A.weight"] = torch.ones(RANK, 8)
+    tensors["text_encoder.no_such_layer.lora_B.weight"] = torch.ones(8, RANK)
+    file = lora.read_lora(save_lora(tensors, tmp_path / "half.safetensors"))
+    with pytest.raises(BadFileError, match="half.safetensors: the LoRA does not fit"):
+        lora.apply_loras(pipeline, [(file, 1.0)])
+    assert lora._adapters(pipeline) == []  # the UNet part, loaded first, is removed again
+
+
+def _flux_lora_for(transformer) -> dict[str, torch.Tensor]:
+    """A Flux.1 LoRA in the diffusers layout over the attention of every block, double and
+    single."""
+    generator = torch.Generator().manual_seed(22)
+    tensors = {}
+    for name, layer in _linears(transformer, ("attn.to_q", "attn.to_k", "attn.to_v")):
+        tensors[f"transformer.{name}.lora_A.weight"] = torch.randn(
+            RANK, layer.in_features, generator=generator
+        )
+        tensors[f"transformer.{name}.lora_B.weight"] = (
+            torch.randn(layer.out_features, RANK, generator=generator) * 0.3
+        )
+    return tensors
+
+
+def test_a_flux_lora_on_qwen_image_says_how_many_layers_apply_or_is_refused(tmp_path):
+    from tests.core.test_health import loaded
+    from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_qwenimage_pipeline
+
+    flux = _flux_lora_for(build_tiny_flux_pipeline().transformer)
+    pipeline = build_tiny_qwenimage_pipeline()
+    source = str(tmp_path / "qwen-image.safetensors")
+    model = replace(loaded(pipeline), architecture="qwenimage", source=source)
+    layers = {key.rsplit(".lora_", 1)[0].removeprefix("transformer.") for key in flux}
+    shared = layers & {name for name, _ in pipeline.transformer.named_modules()}
+    assert 0 < len(shared) < len(layers)  # the double blocks' attention has Qwen-Image's names
+
+    path = save_lora(flux, tmp_path / "flux_style.safetensors")
+    (applied,) = lora.load_requested(model, [lora.LoraRequest(str(path))])
+    assert (applied.layers, applied.layers_applied) == (len(layers), len(shared))
+    assert model.lora_warnings == [
+        f"Only {len(shared)} of the {len(layers)} layers of the LoRA flux_style exist in the "
+        f"Qwen-Image model qwen-image.safetensors: it runs with those, the other "
+        f"{len(layers) - len(shared)} were not applied (is it made for another model?)."
+    ]
+    lora.load_requested(model, [])
+
+    single = {key: value for key, value in flux.items() if ".single_transformer_blocks." in key}
+    path = save_lora(single, tmp_path / "flux_single.safetensors")
+    with pytest.raises(BadFileError) as raised:
+        lora.load_requested(model, [lora.LoraRequest(str(path))])
+    assert str(raised.value) == (
+        f"{path}: none of the LoRA's {len(single) // 2} layers exist in the Qwen-Image model "
+        "qwen-image.safetensors, so it changes nothing (it is made for another model)."
+    )
+    assert lora._adapters(pipeline) == []
+
+
+def test_generate_says_how_many_layers_of_a_lora_were_applied_and_refuses_one_that_fits_none(
+    tmp_path, capsys
+):
+    from app.core.models import load_model
+    from tests.support.cli_output import without_progress
+
+    pipeline = load_model("demo").pipeline
+    some = save_lora(lora_of_41_layers(pipeline, "peft", 2), tmp_path / "some.safetensors")
+    none = save_lora(lora_of_41_layers(pipeline, "kohya", 0), tmp_path / "none.safetensors")
+    argv = ["generate", "demo", "--device", "cpu", "--steps", "2", "--out", str(tmp_path)]
+
+    assert main([*argv, "--lora", str(some), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert any(
+        w.startswith("Only 2 of the 41 layers of the LoRA some exist in")
+        for w in result["warnings"]
+    )
+
+    assert main([*argv, "--lora", str(none)]) == 2
+    err = without_progress(capsys.readouterr().err)
+    assert err == (
+        f"halfsafe: {none}: none of the LoRA's 41 layers exist in the Stable Diffusion 1.x "
+        "model demo, so it changes nothing (it is made for another model).\n"
+    )
