@@ -242,6 +242,7 @@ def check_and_attribute(
     report.notes.extend(
         problem for applied in applied_loras if (problem := applied.file.problems()) is not None
     )
+    report.notes.extend(getattr(model, "lora_warnings", []))  # a LoRA that only partly fits
     damaged = [a for a in applied_loras if a.file.damaged]
     if report.verdict is Verdict.HEALTHY and not damaged:
         return report

@@ -801,3 +801,23 @@ def test_generate_says_how_many_layers_of_a_lora_were_applied_and_refuses_one_th
         f"halfsafe: {none}: none of the LoRA's 41 layers exist in the Stable Diffusion 1.x "
         "model demo, so it changes nothing (it is made for another model).\n"
     )
+
+
+def test_the_check_says_how_many_layers_of_a_lora_were_applied(tmp_path):
+    from app.core.causes import check_and_attribute
+    from app.core.settings import PrecisionSettings
+    from tests.core.test_health import loaded
+
+    pipeline = build_tiny_sd_pipeline()
+    model = loaded(pipeline)
+    path = save_lora(lora_of_41_layers(pipeline, "peft"), tmp_path / "bigger.safetensors")
+    (applied,) = lora.load_requested(model, [lora.LoraRequest(str(path))])
+    report = check_and_attribute(
+        model,
+        precision=PrecisionSettings(precision="fp32"),
+        device="cpu",
+        size=64,
+        remember=False,
+        measure_cost=False,
+    )
+    assert applied.fit_note in report.notes
