@@ -34,6 +34,7 @@ from app.core.components import Verdict
 from app.core.health import saved
 from app.core.health.saved import SavedReport, when_words
 from app.core.library_check import ModelChecks
+from app.core.models.summary import ModelSummary
 from app.core.profiles import RememberedFix, StoredFix
 from app.core.requests import CheckModelsRequest
 from app.core.settings import FIELDS, PrecisionSettings
@@ -436,7 +437,10 @@ class FixesView(QWidget):
         row = self.selected()
         if row is None or row.stored is None:
             return None
-        editor = FixEditor(row, self)
+        model = self.state.model  # the loaded model's layers check the edit, when it is this one
+        if model is not None and model.profile_key != row.stored.profile_key:
+            model = None
+        editor = FixEditor(row, self, model)
         editor.saved.connect(lambda fix, r=row: self._edited(r, fix))
         self._open(editor)
         return editor
@@ -506,10 +510,13 @@ class FixEditor(QDialog):
 
     saved = Signal(object)
 
-    def __init__(self, row: LearnedRow, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, row: LearnedRow, parent: QWidget | None = None, model: ModelSummary | None = None
+    ) -> None:
         super().__init__(parent)
         assert row.stored is not None
         self.stored = row.stored
+        self.model = model  # the fix's model when it is loaded: its layers are known
         self.setWindowTitle(f"Edit the fix of {row.name}")
         self.resize(640, 480)
         layout = QVBoxLayout(self)
@@ -550,6 +557,12 @@ class FixEditor(QDialog):
                 checked = FIELDS[key].validate(entries)
             except ValueError as error:
                 raise ValueError(f"{FIELDS[key].label}: {error}") from None
+            unknown = self.model.unknown_layers(checked) if self.model is not None else []
+            if unknown and self.model is not None:
+                verb = "is not a layer" if len(unknown) == 1 else "are not layers"
+                raise ValueError(
+                    f"{FIELDS[key].label}: {', '.join(unknown)} {verb} of {self.model.name}"
+                )
             if checked:
                 values[key] = checked
         return values

@@ -71,3 +71,14 @@ def test_a_repair_that_replaces_a_remembered_fix_says_so_and_drops_the_missing_l
     assert MISSING not in [
         e for key in ("fp32_modules", "bf16_modules") for e in saved.settings.get(key, [])
     ]
+
+
+def test_a_model_loaded_says_which_layers_of_its_remembered_fix_it_lacks(demo):
+    from app.core.models.summary import summarise
+
+    _remember(demo, [*GOOD, MISSING])
+    summary = summarise(demo, "cpu")
+    assert summary.layers["vae"] and "decoder.up_blocks.0.resnets.0.conv1" in summary.layers["vae"]
+    assert summary.unknown_layers([*GOOD, MISSING]) == [MISSING]
+    (note,) = [n for n in summary.profile_notes if MISSING in n]
+    assert "which this model does not have" in note

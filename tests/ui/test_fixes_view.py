@@ -214,6 +214,29 @@ def test_an_edit_that_leaves_no_layers_is_refused_with_forget_named(window):
     editor.reject()
 
 
+def test_an_edit_naming_a_layer_the_loaded_model_lacks_is_refused_naming_it(window, engines):
+    fix = _remember(DEMO_SUMMARY.profile_key)
+    layers = {"vae": ("decoder", "decoder.conv_in", "decoder.up_blocks.2.resnets.1.conv2")}
+    summary = replace(DEMO_SUMMARY, remembered_fix=fix, remembered_on=DEVICE, layers=layers)
+    load_fake_model(window, engines, summary)
+    view = _page(window)
+    editor = view.edit()
+    assert editor is not None
+    editor.editors["fp32_modules"].setPlainText("vae:decoder.conv_in\nvae:decoder.no_such_layer")
+    editor.accept()
+    assert editor.isVisible()
+    assert editor.problem.text() == (
+        "Not saved: Layers in fp32: vae:decoder.no_such_layer is not a layer of demo."
+    )
+    assert profiles.stored_fixes().fixes[0].fix == fix  # nothing saved
+    editor.editors["fp32_modules"].setPlainText("vae:decoder.conv_in")
+    editor.accept()
+    assert not editor.isVisible()
+    assert profiles.stored_fixes().fixes[0].fix.settings == {
+        "fp32_modules": ["vae:decoder.conv_in"]
+    }
+
+
 # Re-verify ------------------------------------------------------------------------------------
 
 

@@ -29,7 +29,8 @@ class ModelSummary:
     `control`: whether it draws after a control picture (Flux.1 Depth, Canny), which a picture
     given alone then is; `draws_from_noise`: its picture modes that draw from noise with every
     step, so that no strength applies (an edit, a control picture, Flux.1 Fill's
-    inpainting)."""
+    inpainting). `layers`: every layer's path in each component, which a fix may name (the
+    window checks an edited fix against them)."""
 
     source: str
     name: str
@@ -53,6 +54,20 @@ class ModelSummary:
     references: int = 0
     control: bool = False
     draws_from_noise: tuple[Mode, ...] = ()
+    layers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def unknown_layers(self, entries: list[str]) -> list[str]:
+        """The "component:layer" entries that name no layer of this model (none when its
+        layers are not known)."""
+        if not self.layers:
+            return []
+        known = {component: set(paths) for component, paths in self.layers.items()}
+        unknown = []
+        for entry in entries:
+            component, _, path = entry.partition(":")
+            if path not in known.get(component, set()):
+                unknown.append(entry)
+        return unknown
 
 
 def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
@@ -60,6 +75,7 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
     because = model.detected_because
     remembered, on, notes = _remembered_fix(model.profile_key, device)
     pipeline = model.pipeline
+    layers = _layers(pipeline)
     return ModelSummary(
         source=str(model.source),
         name=str(model.name),
@@ -78,10 +94,42 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         components=tuple(n for n in _PARTS if getattr(pipeline, n, None) is not None),
         remembered_fix=remembered,
         remembered_on=on,
-        profile_notes=tuple(notes),
+        profile_notes=tuple(notes + _missing_layer_notes(remembered, layers)),
         picture_modes=_picture_modes(pipeline),
+        layers=layers,
         **_picture_facts(pipeline),
     )
+
+
+def _layers(pipeline) -> dict[str, tuple[str, ...]]:
+    """Each component's layer paths (as `named_modules()` names them)."""
+    return {
+        name: tuple(path for path, _ in module.named_modules() if path)
+        for name in _PARTS
+        if hasattr(module := getattr(pipeline, name, None), "named_modules")
+    }
+
+
+def _missing_layer_notes(
+    remembered: RememberedFix | None, layers: Mapping[str, tuple[str, ...]]
+) -> list[str]:
+    """A sentence when the remembered fix names layers this model does not have (an edit, or
+    a fix kept from another version of the model): said at load, before any job."""
+    if remembered is None:
+        return []
+    from app.core.diagnosis import MODULE_SETTINGS
+
+    entries = [e for key in MODULE_SETTINGS for e in remembered.settings.get(key) or []]
+    known = {component: set(paths) for component, paths in layers.items()}
+    missing = [
+        e for e in entries if e.partition(":")[2] not in known.get(e.partition(":")[0], set())
+    ]
+    if not missing:
+        return []
+    return [
+        f"The fix remembered for this model names {', '.join(missing)}, which this model does "
+        "not have: jobs leave that out and use the rest of the fix (edit it on the Fixes page)."
+    ]
 
 
 def _picture_modes(pipeline) -> dict[Mode, str]:
