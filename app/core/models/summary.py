@@ -103,11 +103,12 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
 
 def _layers(pipeline) -> dict[str, tuple[str, ...]]:
     """Each component's layer paths (as `named_modules()` names them)."""
-    return {
-        name: tuple(path for path, _ in module.named_modules() if path)
-        for name in _PARTS
-        if hasattr(module := getattr(pipeline, name, None), "named_modules")
-    }
+    found: dict[str, tuple[str, ...]] = {}
+    for name in _PARTS:
+        module = getattr(pipeline, name, None)
+        if module is not None and hasattr(module, "named_modules"):
+            found[name] = tuple(path for path, _ in module.named_modules() if path)
+    return found
 
 
 def _missing_layer_notes(
