@@ -43,6 +43,11 @@ MAX_TRANSFORMER_INPUTS = 1024
 # Widths of text encoders and attention (hidden, MLP, cross-attention, projection sizes):
 # CLIP-bigG 1280/5120, T5-XXL 4096/10240, Qwen2.5-VL-7B 3584/18944, Flux 3072/12288.
 MAX_WIDTH = 65_536
+# A transformer block's MLP width per unit of its own (mlp_ratio): Flux.2 and Qwen-Image 2.1
+# use 3, most transformers 4.
+MAX_MLP_RATIO = 16
+# A VAE level's width per unit of its base width (dim_mult): Qwen-Image 2.1's VAE uses 8.
+MAX_WIDTH_MULTIPLE = 64
 # Attention heads (and SD1.x's attention_head_dim, which counts heads): SDXL 20, T5-XXL 64.
 MAX_HEADS = 1024
 # Vocabulary: CLIP 49,408, T5 32,128, Qwen2 151,646 (151,936 padded), Gemma 3 262,144.
@@ -266,6 +271,17 @@ _VAE_SIZES: dict[str, tuple[int, int, str]] = {
     "layers_per_block": (1, MAX_LAYERS_PER_BLOCK, "SD's VAEs use 2"),
     "block_out_channels": (1, MAX_CHANNELS, "SD's VAEs use at most 512"),
     "norm_num_groups": (1, MAX_CHANNELS, "SD uses 32"),
+    "decoder_block_out_channels": (1, MAX_CHANNELS, "Flux.2's VAE uses at most 512"),
+    "patch_size": (1, MAX_KERNEL, "Flux.2's VAE uses 2x2"),
+    # The 3D VAEs in the Wan 2.1 layout (Qwen-Image's, Krea 2's, Qwen-Image 2.1's).
+    "base_dim": (1, MAX_CHANNELS, "Qwen-Image's VAE uses 96"),
+    "decoder_base_dim": (1, MAX_CHANNELS, "Qwen-Image 2.1's VAE uses 144"),
+    "z_dim": (1, MAX_IMAGE_CHANNELS, "Qwen-Image's VAE uses 16, Qwen-Image 2.1's 64"),
+    "dim_mult": (1, MAX_WIDTH_MULTIPLE, "Qwen-Image's VAE uses 1, 2, 4 and 4"),
+    "num_res_blocks": (1, MAX_LAYERS_PER_BLOCK, "Qwen-Image's VAE uses 2"),
+    "input_channels": (1, MAX_IMAGE_CHANNELS, "Qwen-Image's VAE uses 3"),
+    "scale_factor_spatial": (1, 64, "Qwen-Image 2.1's VAE uses 16"),
+    "scale_factor_temporal": (1, 64, "Qwen-Image 2.1's VAE uses 8"),
 }
 _TEXT_SIZES: dict[str, tuple[int, int, str]] = {
     "vocab_size": (1, MAX_VOCAB, "CLIP uses 49,408, Qwen2 151,936"),
@@ -284,7 +300,27 @@ _TEXT_SIZES: dict[str, tuple[int, int, str]] = {
     "max_position_embeddings": (1, MAX_POSITIONS, "CLIP uses 77"),
     "relative_attention_num_buckets": (1, MAX_POSITIONS, "T5 uses 32"),
     "relative_attention_max_distance": (1, MAX_POSITIONS, "T5 uses 128"),
+    "head_dim": (1, MAX_WIDTH, "Qwen3 uses 128"),
 }
+# The vision tower of a multimodal text encoder (Qwen2.5-VL's, Qwen3-VL's, Mistral 3's), in
+# its config's vision_config.
+_VISION_SIZES: dict[str, tuple[int, int, str]] = {
+    "depth": (1, MAX_TEXT_LAYERS, "Qwen2.5-VL-7B's vision tower uses 32"),
+    "num_hidden_layers": (1, MAX_TEXT_LAYERS, "Mistral 3's vision tower uses 24"),
+    "hidden_size": (1, MAX_WIDTH, "Qwen3-VL-8B's vision tower uses 1152"),
+    "intermediate_size": (1, MAX_WIDTH, "Qwen3-VL-8B's vision tower uses 4304"),
+    "out_hidden_size": (1, MAX_WIDTH, "Qwen3-VL-8B's uses 4096"),
+    "num_heads": (1, MAX_HEADS, "Qwen3-VL-8B's vision tower uses 16"),
+    "num_attention_heads": (1, MAX_HEADS, "Mistral 3's vision tower uses 16"),
+    "head_dim": (1, MAX_WIDTH, "Mistral 3's vision tower uses 64"),
+    "patch_size": (1, 64, "Qwen3-VL uses 16"),
+    "spatial_merge_size": (1, MAX_KERNEL, "Qwen3-VL uses 2"),
+    "temporal_patch_size": (1, MAX_KERNEL, "Qwen3-VL uses 2"),
+    "num_position_embeddings": (1, MAX_POSITIONS, "Qwen3-VL uses 2304"),
+    "image_size": (1, MAX_WIDTH, "Mistral 3 uses 1540"),
+}
+# A transformer's width (heads x head width), which sizes every weight: Flux's 3072.
+MAX_TRANSFORMER_WIDTH = 16_384
 _TRANSFORMER_SIZES: dict[str, tuple[int, int, str]] = {
     "patch_size": (1, MAX_KERNEL, "SD3 uses 2, Flux 1 on packed latents"),
     "in_channels": (1, MAX_TRANSFORMER_INPUTS, "Flux uses 64, Flux.1 Fill 384, SD3 16"),
@@ -303,9 +339,35 @@ _TRANSFORMER_SIZES: dict[str, tuple[int, int, str]] = {
     "approximator_num_channels": (1, MAX_WIDTH, "Chroma uses 64"),
     "approximator_hidden_dim": (1, MAX_WIDTH, "Chroma uses 5120"),
     "approximator_layers": (1, MAX_TRANSFORMER_DEPTH, "Chroma uses 5"),
+    "timestep_guidance_channels": (1, MAX_WIDTH, "Flux.2 uses 256"),
+    "context_in_dim": (1, MAX_WIDTH, "Qwen-Image 2.1 reads Qwen3-VL-8B's 4096"),
+    "num_key_value_heads": (1, MAX_HEADS, "Krea 2 uses 12"),
+    "intermediate_size": (1, MAX_WIDTH, "Krea 2 uses 16,384"),
+    "timestep_embed_dim": (1, MAX_WIDTH, "Krea 2 uses 256"),
+    "text_hidden_dim": (1, MAX_WIDTH, "Krea 2 reads Qwen3-VL-4B's 2560"),
+    "num_text_layers": (1, MAX_TEXT_LAYERS, "Krea 2 reads 12"),
+    "text_num_attention_heads": (1, MAX_HEADS, "Krea 2 uses 20"),
+    "text_num_key_value_heads": (1, MAX_HEADS, "Krea 2 uses 20"),
+    "text_intermediate_size": (1, MAX_WIDTH, "Krea 2 uses 6912"),
+    "num_layerwise_text_blocks": (0, MAX_TRANSFORMER_DEPTH, "Krea 2 uses 2"),
+    "num_refiner_text_blocks": (0, MAX_TRANSFORMER_DEPTH, "Krea 2 uses 2"),
+    # Z-Image names its sizes its own way.
+    "dim": (1, MAX_TRANSFORMER_WIDTH, "Z-Image uses 3840"),
+    "n_layers": (1, MAX_TRANSFORMER_DEPTH, "Z-Image uses 30"),
+    "n_refiner_layers": (0, MAX_TRANSFORMER_DEPTH, "Z-Image uses 2"),
+    "n_heads": (1, MAX_HEADS, "Z-Image uses 30"),
+    "n_kv_heads": (1, MAX_HEADS, "Z-Image uses 30"),
+    "cap_feat_dim": (1, MAX_WIDTH, "Z-Image reads Qwen3-4B's 2560"),
+    "siglip_feat_dim": (1, MAX_WIDTH, "Z-Image Omni reads SigLIP's 1152"),
+    "axes_dims": (1, MAX_WIDTH, "Z-Image uses 32, 48 and 48"),
+    "axes_lens": (1, MAX_POSITIONS, "Z-Image uses 1024, 512 and 512"),
+    "all_patch_size": (1, MAX_KERNEL, "Z-Image uses 2"),
+    "all_f_patch_size": (1, MAX_KERNEL, "Z-Image uses 1"),
 }
-# A transformer's width (heads x head width), which sizes every weight: Flux's 3072.
-MAX_TRANSFORMER_WIDTH = 16_384
+# Sizes that are ratios rather than counts: (smallest, largest, which real models set them).
+_TRANSFORMER_RATIOS: dict[str, tuple[float, float, str]] = {
+    "mlp_ratio": (1.0, MAX_MLP_RATIO, "Flux.2 and Qwen-Image 2.1 use 3"),
+}
 _SCHEDULER_SIZES: dict[str, tuple[int, int, str]] = {
     "num_train_timesteps": (1, MAX_TRAIN_TIMESTEPS, "every SD scheduler uses 1000"),
     "steps_offset": (0, MAX_TRAIN_TIMESTEPS, "SD uses 1"),
@@ -319,14 +381,28 @@ _LEVEL_LISTS = ("block_out_channels", "down_block_types", "up_block_types")
 
 def check_unet_config(config: Mapping[str, Any]) -> None:
     """Raise ValueError naming the first size of a UNet config outside what real models use."""
+    _check_finite(config)
     _check_sizes(config, _UNET_SIZES)
     _check_levels(config)
 
 
 def check_vae_config(config: Mapping[str, Any]) -> None:
     """Raise ValueError naming the first size of a VAE config outside what real models use."""
+    _check_finite(config)
     _check_sizes(config, _VAE_SIZES)
     _check_levels(config)
+    for key in ("dim_mult", "temperal_downsample", "attn_scales"):
+        value = config.get(key)
+        if value is not None and (not isinstance(value, list) or len(value) > MAX_LEVELS):
+            raise ValueError(f"its {key} is not a list of at most {MAX_LEVELS} levels")
+    base, multiples = config.get("base_dim"), config.get("dim_mult")
+    if isinstance(base, int) and isinstance(multiples, list) and multiples:
+        widest = base * max(multiples)
+        if widest > MAX_CHANNELS:
+            raise ValueError(
+                f"its widest level (base_dim {base} x {max(multiples)}) is {widest:,} channels, "
+                f"more than {MAX_CHANNELS:,}, so HalfSafe will not build it"
+            )
 
 
 def check_transformer_config(config: Mapping[str, Any]) -> None:
@@ -334,18 +410,63 @@ def check_transformer_config(config: Mapping[str, Any]) -> None:
     SD3) outside what real models use."""
     if config.get("dual_attention_layers") == []:  # none: every model but SD3.5 Medium
         config = {k: v for k, v in config.items() if k != "dual_attention_layers"}
+    _check_finite(config)
     _check_sizes(config, _TRANSFORMER_SIZES)
+    _check_ratios(config, _TRANSFORMER_RATIOS)
     width = config.get("num_attention_heads", 1) * config.get("attention_head_dim", 1)
     if width > MAX_TRANSFORMER_WIDTH:
         raise ValueError(
             f"its blocks are {width:,} wide, more than {MAX_TRANSFORMER_WIDTH:,} (Flux.1 uses "
             "3072), so HalfSafe will not build it"
         )
+    _check_rotary(config)
+
+
+def _check_rotary(config: Mapping[str, Any]) -> None:
+    """Rotary position axes share each attention head, two values a turn: their widths must be
+    even and add up to the head's (Flux.1's 16 + 56 + 56 = 128), or the first picture fails."""
+    head = config.get("attention_head_dim")
+    key = "axes_dims_rope"
+    if config.get("axes_dims") is not None:  # Z-Image: its width split into n_heads heads
+        key, width, heads = "axes_dims", config.get("dim"), config.get("n_heads")
+        head = None
+        if isinstance(width, int) and isinstance(heads, int):
+            if width % heads:
+                raise ValueError(f"its dim ({width}) does not split into {heads} heads")
+            head = width // heads
+    axes = config.get(key)
+    if axes is None or not isinstance(head, int):
+        return
+    if not isinstance(axes, list) or not all(isinstance(a, int) for a in axes):
+        raise ValueError(f"its {key} is {_show(axes)} where a list of whole numbers belongs")
+    shown = ", ".join(str(a) for a in axes)
+    if any(a % 2 for a in axes):
+        raise ValueError(
+            f"its {key} ({shown}) has an odd axis, where rotary axes turn values in pairs"
+        )
+    if sum(axes) != head:
+        raise ValueError(
+            f"its {key} ({shown}) add up to {sum(axes)} where its attention heads are {head} "
+            "wide, which the rotary axes must share exactly"
+        )
 
 
 def check_text_encoder_config(config: Mapping[str, Any]) -> None:
-    """Raise ValueError naming the first size of a text encoder config outside real models'."""
+    """Raise ValueError naming the first size of a text encoder config outside real models',
+    its language model's and vision tower's (a multimodal encoder's text_config and
+    vision_config) included."""
+    _check_finite(config)
     _check_sizes(config, _TEXT_SIZES)
+    for key, table in (("text_config", _TEXT_SIZES), ("vision_config", _VISION_SIZES)):
+        nested = config.get(key)
+        if nested is None:
+            continue
+        if not isinstance(nested, Mapping):
+            raise ValueError(f"its {key} is {_show(nested)} where an object belongs")
+        try:
+            _check_sizes(nested, table)
+        except ValueError as error:
+            raise ValueError(str(error).replace("its ", f"its {key}'s ", 1)) from None
 
 
 def check_scheduler_config(config: Mapping[str, Any]) -> None:
@@ -380,6 +501,8 @@ def check_component_config(component: str, config: Mapping[str, Any]) -> None:
     """The check for a diffusers pipeline component by its folder name (others pass)."""
     if component.startswith("unet"):
         check_unet_config(config)
+    elif component.startswith("transformer"):
+        check_transformer_config(config)
     elif component.startswith("vae"):
         check_vae_config(config)
     elif component.startswith("text_encoder"):
@@ -402,6 +525,34 @@ def _check_sizes(config: Mapping[str, Any], table: Mapping[str, tuple[int, int, 
                     f"its {key} is {_show(value)}, outside {low} to {high:,} ({usual}), "
                     "so HalfSafe will not build it"
                 )
+
+
+def _check_ratios(config: Mapping[str, Any], table: Mapping[str, tuple[float, float, str]]) -> None:
+    for key, (low, high, usual) in table.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"its {key} is {_show(value)} where a number belongs")
+        if not low <= value <= high:
+            raise ValueError(
+                f"its {key} is {_show(value)}, outside {low:g} to {high:g} ({usual}), "
+                "so HalfSafe will not build it"
+            )
+
+
+def _check_finite(config: Mapping[str, Any]) -> None:
+    """Every number anywhere in a model config is finite: NaN or Infinity (which Python's json
+    reads) is no size, scale or rate of a real model."""
+    pending: list[tuple[str, Any]] = [(key, value) for key, value in config.items()]
+    while pending:
+        key, value = pending.pop()
+        if isinstance(value, Mapping):
+            pending.extend((f"{key}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            pending.extend((key, v) for v in value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"its {key} is {_show(value)} where a number belongs")
 
 
 def _leaves(value: Any, key: str) -> list[Any]:

@@ -90,6 +90,86 @@ def refuse(
     )
 
 
+# The classes a pipeline takes -------------------------------------------------------------------
+
+
+def class_named(library: str, name: str) -> type | None:
+    """The class `name` of `library` ("diffusers" or "transformers"), None where it has none."""
+    import importlib
+
+    try:
+        found = getattr(importlib.import_module(library), name, None)
+    except (ImportError, RuntimeError):  # a lazy module whose import fails names nothing
+        return None
+    return found if isinstance(found, type) else None
+
+
+def pipeline_takes(pipeline_class: str) -> dict[str, tuple[type, ...]]:
+    """Component -> the classes a diffusers pipeline class takes there (its constructor's
+    annotation: one class, or the members of a union); empty for a class diffusers lacks."""
+    import inspect
+
+    found = class_named("diffusers", pipeline_class)
+    if found is None:
+        return {}
+    takes: dict[str, tuple[type, ...]] = {}
+    for name, parameter in inspect.signature(found.__init__).parameters.items():
+        classes = _annotated_classes(parameter.annotation)
+        if classes:
+            takes[name] = classes
+    return takes
+
+
+def _annotated_classes(annotation: Any) -> tuple[type, ...]:
+    """The classes an annotation names: a class, a union of them, or the text of either
+    ("AutoencoderKL | AsymmetricAutoencoderKL", where a module postpones its annotations)."""
+    import typing
+
+    if isinstance(annotation, type):
+        return (annotation,)
+    if isinstance(annotation, str):
+        names = re.findall(r"[A-Za-z_][A-Za-z0-9_]*(?=\s*(?:\||$|\]|,))", annotation)
+        found = (class_named("diffusers", n) or class_named("transformers", n) for n in names)
+        return tuple(c for c in found if c is not None)
+    return tuple(c for arg in typing.get_args(annotation) for c in _annotated_classes(arg))
+
+
+def a(name: str) -> str:
+    """ "an AutoencoderKL", "a Flux2Transformer2DModel" """
+    return f"{'an' if name[:1].upper() in 'AEIOU' else 'a'} {name}"
+
+
+def class_families(component: str, class_name: str) -> tuple[str, ...]:
+    """The titles of the families whose pipeline takes a `class_name` as its `component`."""
+    titles = []
+    for family in reversed(FAMILIES):
+        if family.pipeline_class is None:
+            continue
+        if component == "transformer" and family.transformer_class == class_name:
+            titles.append(family.title)
+            continue
+        takes = pipeline_takes(family.pipeline_class).get(component, ())
+        if any(c.__name__ == class_name for c in takes):
+            titles.append(family.title)
+    return tuple(titles)
+
+
+def refuse_class(
+    part: Path, component: str, declared: str, title: str, model: Path, wanted: list[str]
+) -> None:
+    """Raise the one sentence: model_index.json declares `part` a `declared`, which the `title`
+    model's pipeline does not take there (it takes one of `wanted`)."""
+    owners = class_families(component, declared)
+    owned = f" ({owners[0]}'s)" if len(owners) == 1 else ""
+    needs = " or ".join(a(name) for name in wanted)
+    raise WrongPartError(
+        part,
+        model,
+        f"model_index.json declares this {a(declared)}{owned}, but the {title} model "
+        f"{model.name} needs {needs}.",
+    )
+
+
 # Text encoders ---------------------------------------------------------------------------------
 
 

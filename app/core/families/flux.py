@@ -312,6 +312,57 @@ def _detect_control(transformer: Mapping[str, Any]) -> Detection:
     )
 
 
+# What a folder's pipeline needs its transformer to read beside the noise ("": nothing, as
+# text-to-image and Kontext, which reads its reference in the sequence), and in words.
+_FOLDER_READS = {FILL_PIPELINE: "fill", CONTROL_PIPELINE: "control"}
+_NEEDS_WORDS = {
+    "": "a transformer that takes as many input channels as it gives back ({out})",
+    "fill": (
+        "a Fill transformer, which reads the masked picture's latents and the mask beside the "
+        "noise ({fill} input channels for {out} output channels)"
+    ),
+    "control": (
+        "a Depth or Canny transformer, which reads a control picture's latents beside the "
+        "noise ({control} input channels for {out} output channels)"
+    ),
+}
+_TAKES_WORDS = {
+    "": "as Flux.1 dev's and schnell's do",
+    "fill": "as Flux.1 Fill's does",
+    "control": "as Flux.1 Depth's and Canny's do",
+}
+_FOLDER_VARIANTS = {
+    FILL_PIPELINE: (FILL, "a Flux.1 Fill (inpainting) pipeline"),
+    CONTROL_PIPELINE: (CONTROL, "a Flux.1 Depth or Canny (control) pipeline"),
+    KONTEXT_PIPELINE: (KONTEXT, "a Flux.1 Kontext (editing) pipeline"),
+}
+
+
+def _variant_mismatch(
+    model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+) -> Detection | None:
+    """A folder whose pipeline reads other inputs than its transformer takes (a Fill folder
+    holding Flux.1 dev's transformer, whose inpainting would fail at its first step), as an
+    unsupported Detection that says both; None when they agree."""
+    class_name = str(model_index.get("_class_name"))
+    inputs = transformer.get("in_channels", 64)
+    out = transformer.get("out_channels") or inputs
+    if not isinstance(inputs, int) or not isinstance(out, int):
+        return None
+    wanted = _FOLDER_READS.get(class_name, "")
+    try:
+        found = beside_the_noise(inputs, out)
+    except ValueError as error:
+        takes = str(error)
+    else:
+        if found == wanted:
+            return None
+        takes = f"its transformer takes {inputs} input channels, {_TAKES_WORDS[found]}"
+    needs = _NEEDS_WORDS[wanted].format(out=out, fill=2 * out + 4 * MASK_CELL, control=2 * out)
+    architecture, looks = _FOLDER_VARIANTS.get(class_name, ("flux", "a Flux.1 pipeline"))
+    return Detection(architecture, False, looks, f"its {class_name} needs {needs}, but {takes}.")
+
+
 def is_fill(pipeline) -> bool:
     """Whether a loaded pipeline is Flux.1 Fill's."""
     return type(pipeline).__name__ == FILL_PIPELINE
@@ -363,6 +414,9 @@ class FluxFamily(ShiftedSigmas, Family):
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
     ) -> Detection:
+        mismatch = _variant_mismatch(model_index, transformer)
+        if mismatch is not None:
+            return mismatch
         if model_index.get("_class_name") == KONTEXT_PIPELINE:
             return _detect_kontext(transformer)
         if model_index.get("_class_name") == FILL_PIPELINE:

@@ -17,6 +17,7 @@ from app.core.models.assembly import first_line
 from app.core.models.component_files import check_config, check_files, weight_files
 from app.core.models.configs import read_json
 from app.core.models.conversion import check_latents, load_vae_override
+from app.core.models.folder_shapes import check_weights_match
 from app.core.models.identity import Identity, vae_files
 from app.core.models.loaded import LoadedModel
 
@@ -93,7 +94,7 @@ def load_folder(
             path, f"this looks like {detection.looks_like}: {detection.because}"
         )
 
-    _check_parts(path, index, components, unet_config, detection, vae)
+    _check_parts(path, index, components, unet_config, detection, vae, allow_pickle)
 
     dtypes: dict[str, list[str]] = {}
     variant = None
@@ -103,7 +104,6 @@ def load_folder(
         if name not in MODEL_COMPONENTS:
             continue
         folder = path / name
-        read_json(folder / "config.json", owner=folder)
         files = weight_files(folder, allow_pickle, path)
         read_from += [folder / "config.json", *files]
         for file in files:
@@ -184,52 +184,49 @@ def _check_parts(
     denoiser_config: dict[str, Any],
     detection: arch.Detection,
     vae: str | None,
+    allow_pickle: bool,
 ) -> None:
-    """Refuse, from configs and headers alone, a VAE (its vae/ folder or --vae) whose latents
-    are another family's, and a text encoder folder of another kind than the pipeline takes
-    there (or, beside a UNet, of another width than it reads): before diffusers loads a thing."""
-    import inspect
-
-    import diffusers
-
+    """Refuse, from configs and headers alone, before diffusers builds a thing: a text encoder
+    folder of another kind than the pipeline takes there; a component declared as a class the
+    pipeline does not take (a Flux.1 transformer in a Flux.2 Klein folder); a config.json that
+    does not describe the weights beside it (`folder_shapes`); a VAE (its vae/ folder or
+    --vae) whose latents are another family's; beside a UNet, a text encoder of another width
+    than it reads."""
     from app.core import parts
     from app.core.families import architecture_title, family_of_architecture
 
     family = family_of_architecture(detection.architecture)
     title = architecture_title(detection.architecture)
     model = parts.model_words(title, "model", path)
+    takes = parts.pipeline_takes(str(index.get("_class_name")))
+    _check_encoder_kinds(path, components, takes, model)
+    _check_classes(path, components, takes, title)
+    for name in sorted(components):
+        if name in MODEL_COMPONENTS:
+            config = read_json(path / name / "config.json", owner=path / name)
+            files = weight_files(path / name, allow_pickle, path)
+            check_weights_match(path / name, components[name], config, files)
+    if vae is not None and Path(vae).expanduser().is_dir():
+        given = Path(vae).expanduser()
+        config = read_json(given / "config.json", owner=given)
+        files = weight_files(given, allow_pickle, given)
+        declared = str(config.get("_class_name") or "AutoencoderKL")
+        check_weights_match(given, ["diffusers", declared], config, files)
+
     packed = family.packed_channels if family is not None else 1
     # Z-Image's transformer has no out_channels: it gives back what it takes.
     out = denoiser_config.get("out_channels") or denoiser_config.get("in_channels")
     scales = parts.family_scales(family.title) if family is not None else ()
-    pipeline_class = getattr(diffusers, str(index.get("_class_name")), None)
-    takes: dict[str, str] = {}  # component -> the class name the pipeline's signature takes
-    if pipeline_class is not None:
-        for name, parameter in inspect.signature(pipeline_class.__init__).parameters.items():
-            kind = parameter.annotation
-            kind = kind if isinstance(kind, str) else getattr(kind, "__name__", None)
-            if isinstance(kind, str):
-                takes[name] = kind
-    wan = takes["vae"] == "AutoencoderKLQwenImage" if "vae" in takes else None
+    wanted_vae = [c.__name__ for c in takes.get("vae", ())]
+    wan = wanted_vae == ["AutoencoderKLQwenImage"] if wanted_vae else None
     if isinstance(out, int) and out > 0:
         channels = out // packed
-        given = [Path(vae).expanduser()] if vae is not None else []
-        for vae_path in ([path / "vae"] if "vae" in components else []) + given:
+        given_vaes = [Path(vae).expanduser()] if vae is not None else []
+        for vae_path in ([path / "vae"] if "vae" in components else []) + given_vaes:
             parts.check_vae(
                 vae_path, channels=channels, scales=scales, wan=wan, model=model, model_file=path
             )
     encoders = sorted(c for c in components if c.startswith("text_encoder"))
-    for name in encoders:
-        config = read_json(path / name / "config.json", owner=path / name)
-        declared = str(components[name][1])
-        found = parts.text_encoder_class_part(declared, config)
-        wanted = parts.encoder_class_kind(takes.get(name, ""))
-        if (
-            found is not None
-            and wanted is not None
-            and parts.encoder_class_kind(declared) != wanted
-        ):
-            parts.refuse(path / name, found, model, parts.text_encoder_part(wanted).words, path)
     text_width = denoiser_config.get("cross_attention_dim")
     if encoders == ["text_encoder"] and isinstance(text_width, int):
         config = read_json(path / "text_encoder" / "config.json", owner=path / "text_encoder")
@@ -238,6 +235,47 @@ def _check_parts(
         if found is not None and isinstance(width, int) and width != text_width:
             parts.refuse(
                 path / "text_encoder", found, model, f"a {text_width}-wide text encoder", path
+            )
+
+
+def _check_encoder_kinds(
+    path: Path, components: dict[str, Any], takes: dict[str, tuple[type, ...]], model: str
+) -> None:
+    """A text encoder folder of another kind (T5, CLIP, Qwen3, ...) than the pipeline takes
+    there, named by what it is."""
+    from app.core import parts
+
+    for name in sorted(c for c in components if c.startswith("text_encoder")):
+        config = read_json(path / name / "config.json", owner=path / name)
+        declared = str(components[name][1])
+        found = parts.text_encoder_class_part(declared, config)
+        wanted = [k for c in takes.get(name, ()) if (k := parts.encoder_class_kind(c.__name__))]
+        if found is not None and wanted and parts.encoder_class_kind(declared) not in wanted:
+            parts.refuse(path / name, found, model, parts.text_encoder_part(wanted[0]).words, path)
+
+
+def _check_classes(
+    path: Path, components: dict[str, Any], takes: dict[str, tuple[type, ...]], title: str
+) -> None:
+    """Each model component declared (model_index.json) as a class diffusers or transformers
+    has, and one the pipeline takes there: the class diffusers would build it as, whatever its
+    weights are."""
+    from app.core import parts
+
+    for name in sorted(components):
+        library, declared = str(components[name][0]), str(components[name][1])
+        if name not in MODEL_COMPONENTS or library not in ("diffusers", "transformers"):
+            continue
+        found = parts.class_named(library, declared)
+        if found is None:
+            raise BadFileError(
+                path / "model_index.json",
+                f"it declares the {name} {parts.a(declared)}, a class {library} does not have.",
+            )
+        wanted = takes.get(name, ())
+        if wanted and not any(issubclass(found, c) for c in wanted):
+            parts.refuse_class(
+                path / name, name, declared, title, path, [c.__name__ for c in wanted]
             )
 
 

@@ -1,0 +1,287 @@
+"""A diffusers folder's model components held against their own weights before anything is
+loaded: each config.json against the tensor names and shapes in its weight files' headers.
+
+A config that does not describe its weights makes diffusers drop weights in silence (a config
+naming fewer blocks than the file holds), build a model of the config's size whatever the files
+hold, or fail minutes later in a traceback. So a denoiser or VAE is built empty from its config
+on PyTorch's meta device (no memory, no weights; the build stops as soon as it makes more
+tensors than its files hold, so a config naming 100,000 layers costs no time either), and the
+tensors it would load are matched with the files' names and shapes as diffusers' loader matches
+them. A text encoder's width, layers and vocabulary are read from its token embedding and its
+numbered layers instead (transformers renames keys between versions, so names are not compared).
+Headers only: no tensor data is read. torch and diffusers are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from app.core.checkpoint.header import read_safetensors_header
+from app.core.errors import BadFileError
+from app.core.layouts import Shapes, count_indices, count_words
+
+# How many tensors and modules an empty build may make per tensor its files hold before it is
+# stopped: a real model's config builds exactly the tensors of its files (a few buffers more),
+# and a module holds one or two of them.
+_TENSORS_PER_WEIGHT = 2
+_MODULES_PER_WEIGHT = 4
+_SLACK = 256
+
+# A text encoder's token embedding (by how its key ends) and where its numbered layers are,
+# beside it: T5's shared embedding first (its encoder may also keep a tied copy).
+_EMBEDDINGS = (
+    ("shared.weight", "encoder.block."),
+    ("embeddings.token_embedding.weight", "encoder.layers."),  # CLIP
+    ("embed_tokens.weight", "layers."),  # Qwen, Mistral and other language models
+)
+
+
+def check_weights_match(
+    folder: Path, spec: list[Any], config: Mapping[str, Any], files: list[Path]
+) -> None:
+    """Raise BadFileError naming `folder`/config.json when the config does not describe the
+    tensors in `files` (the component's weight files): blocks it builds that the files lack or
+    that they hold beyond it, tensors of other shapes, a text encoder of another width or
+    depth. `spec` is the component's [library, class] from model_index.json; `config` its
+    config.json, already within real models' sizes (`limits.check_component_config`).
+
+    Pickle files are not read here (their shapes are not known without unpickling), nor are
+    quantized components (their tensors are packed). Imports torch and diffusers for a
+    diffusers model; allocates nothing.
+    """
+    if not files or any(f.suffix != ".safetensors" for f in files):
+        return
+    if "quantization_config" in config:
+        return
+    held: dict[str, tuple[int, ...]] = {}
+    for file in loaded_files(files):
+        held.update(read_safetensors_header(file).shapes())
+    library, class_name = str(spec[0]), str(spec[1])
+    if library == "diffusers":
+        problem = _model_problem(class_name, config, held)
+    elif library == "transformers":
+        problem = text_encoder_problem(config, held)
+    else:
+        return
+    if problem is not None:
+        raise BadFileError(
+            folder / "config.json",
+            f"{problem}, so the config and the weights are of different models.",
+        )
+
+
+def loaded_files(files: list[Path]) -> list[Path]:
+    """The weight files a loader reads of a component folder's: the plain ones where there are
+    any (else the fp16 variant's, as the folder loader asks for), and of those the ones named as
+    diffusers and transformers name them (a stray file beside them is not read)."""
+    plain = [f for f in files if ".fp16." not in f.name] or files
+    named = [f for f in plain if f.name.startswith(("diffusion_pytorch_model", "model"))]
+    return named or plain
+
+
+# Denoisers and VAEs: the config built empty ------------------------------------------------
+
+
+class _Overbuilt(Exception):
+    """An empty build made more tensors or modules than the files could fill."""
+
+
+def _model_problem(class_name: str, config: Mapping[str, Any], held: Shapes) -> str | None:
+    import diffusers
+
+    model_class = getattr(diffusers, class_name, None)
+    if not (isinstance(model_class, type) and issubclass(model_class, diffusers.ModelMixin)):
+        return None  # not a diffusers model: the pipeline's own check names the class
+    limit = _TENSORS_PER_WEIGHT * len(held) + _SLACK
+    try:
+        model = _built_empty(model_class, config, limit, _MODULES_PER_WEIGHT * len(held) + _SLACK)
+    except _Overbuilt:
+        return (
+            f"it builds a {class_name} of more than {limit:,} tensors where the weights beside "
+            f"it hold {len(held):,}"
+        )
+    except Exception as error:  # a config diffusers cannot build at all, whatever it raises
+        from app.core.models.assembly import first_line
+
+        return f"diffusers cannot build a {class_name} from it ({first_line(error)})"
+    state = model.state_dict()
+    built = {name: tuple(tensor.shape) for name, tensor in state.items()}
+    buffers = {name for name, _ in model.named_buffers()}
+    # The names diffusers' loader renames (old attention blocks' query/key/value), renamed.
+    renamed = model._fix_state_dict_keys_on_load(dict(held))
+    held = renamed if isinstance(renamed, dict) else held
+    ignored = [re.compile(p) for p in model_class._keys_to_ignore_on_load_unexpected or []]
+    beyond = [k for k in held if k not in built and not any(p.search(k) for p in ignored)]
+    # A buffer the files lack keeps the value it is built with, as diffusers loads it.
+    lacking = [k for k in built if k not in held and k not in buffers]
+    return mismatch_words(built, held, beyond, lacking, config)
+
+
+def _built_empty(model_class, config: Mapping[str, Any], tensors: int, modules: int):
+    """`model_class` built from `config` on the meta device, stopped with _Overbuilt once it
+    registers more than `tensors` parameters and buffers or `modules` submodules."""
+    import torch
+    from torch.nn.modules import module as torch_module
+
+    me = threading.get_ident()
+    made = {"tensors": 0, "modules": 0}
+
+    def counter(kind: str, limit: int):
+        def count(*_args) -> None:
+            if threading.get_ident() != me:
+                return  # another thread's modules (a hash worker, the GUI's engine client)
+            made[kind] += 1
+            if made[kind] > limit:
+                raise _Overbuilt(kind)
+
+        return count
+
+    hooks = [
+        torch_module.register_module_parameter_registration_hook(counter("tensors", tensors)),
+        torch_module.register_module_buffer_registration_hook(counter("tensors", tensors)),
+        torch_module.register_module_module_registration_hook(counter("modules", modules)),
+    ]
+    try:
+        with torch.device("meta"):
+            return model_class.from_config(dict(config))
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+# Words ----------------------------------------------------------------------------------------
+
+
+def mismatch_words(
+    built: Shapes,
+    held: Shapes,
+    beyond: list[str],
+    lacking: list[str],
+    config: Mapping[str, Any],
+) -> str | None:
+    """What differs between the tensors a config builds and those its files hold, in words
+    completing "<config.json>: ...": numbered blocks first (the outermost that differ), then a
+    tensor of another shape, then tensors one side lacks; None when they match. A config value
+    that alone makes the differing number is named ("its num_single_layers (1) builds ...")."""
+    built_groups, held_groups = _numbered(built), _numbered(held)
+    differing = sorted(
+        (
+            g
+            for g in set(built_groups) | set(held_groups)
+            if built_groups.get(g, 0) != held_groups.get(g, 0)
+        ),
+        key=lambda g: (g.count("."), g),
+    )
+    if differing:
+        group = differing[0]
+        count, found = built_groups.get(group, 0), held_groups.get(group, 0)
+        return (
+            f"{_subject(config, count)} builds {count} {group} where the weights beside it "
+            f"hold {found}"
+        )
+    for name in sorted(k for k in built if k in held):
+        mine, theirs = tuple(built[name]), tuple(held[name])
+        if mine != theirs:
+            differs = next((a for a, b in zip(mine, theirs, strict=False) if a != b), None)
+            return (
+                f"{_subject(config, differs)} builds {name} as {_shape(mine)} where the weights "
+                f"beside it hold {_shape(theirs)}"
+            )
+    if lacking:
+        first = sorted(lacking)[0]
+        return f"it builds {first}{_more(lacking)}, which the weights beside it lack"
+    if beyond:
+        first = sorted(beyond)[0]
+        return f"the weights beside it hold {first}{_more(beyond)}, for which it builds no place"
+    return None
+
+
+def _numbered(shapes: Shapes) -> dict[str, int]:
+    """Each numbered group of tensors ("transformer_blocks", "down_blocks.0.resnets") and how
+    many members its names reach (the highest index plus one)."""
+    groups: dict[str, int] = {}
+    for name in shapes:
+        parts = name.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part.isdigit() and i:
+                group = ".".join(parts[:i])
+                groups[group] = max(groups.get(group, 0), int(part) + 1)
+    return groups
+
+
+def _subject(config: Mapping[str, Any], value: int | None) -> str:
+    """ "its num_layers (19)" where exactly one size in the config has `value`, else "it"."""
+    if value is None:
+        return "it"
+    keys = [
+        k
+        for k, v in config.items()
+        if not k.startswith("_") and not isinstance(v, bool) and v == value
+    ]
+    return f"its {keys[0]} ({value})" if len(keys) == 1 else "it"
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape) if shape else "a scalar"
+
+
+def _more(names: list[str]) -> str:
+    return f" and {count_words(len(names) - 1, 'more tensor')}" if len(names) > 1 else ""
+
+
+# Text encoders: width, depth and vocabulary from the embedding and the layers ---------------
+
+
+def text_encoder_problem(config: Mapping[str, Any], held: Shapes) -> str | None:
+    """Where a text encoder's config (its text_config, for a multimodal one) disagrees with its
+    weights on its width, its number of layers or its vocabulary, in words completing
+    "<config.json>: ..."; None when they agree or the weights' layout is not one read here."""
+    found = _token_embedding(held)
+    if found is None:
+        return None
+    embedding, layers_prefix = found
+    shape = held[embedding]
+    if len(shape) != 2:
+        return None
+    vocabulary, width = shape
+    text, its = config, "its"
+    nested = config.get("text_config")
+    if isinstance(nested, Mapping) and not any(k in config for k in ("hidden_size", "d_model")):
+        text, its = nested, "its text_config's"
+    for key in ("hidden_size", "d_model"):
+        stated = text.get(key)
+        if isinstance(stated, int) and stated != width:
+            return (
+                f"{its} {key} is {stated} where the weights beside it are {width} wide "
+                f"({embedding})"
+            )
+    layers = count_indices(held, layers_prefix)
+    for key in ("num_hidden_layers", "num_layers"):
+        stated = text.get(key)
+        if layers and isinstance(stated, int) and stated != layers:
+            return (
+                f"{its} {key} ({stated}) builds {count_words(stated, 'layer')} where the "
+                f"weights beside it hold {layers} ({layers_prefix}0 to {layers - 1})"
+            )
+    stated = text.get("vocab_size")
+    if isinstance(stated, int) and stated != vocabulary:
+        return (
+            f"{its} vocab_size is {stated} where the weights beside it embed {vocabulary} "
+            f"tokens ({embedding})"
+        )
+    return None
+
+
+def _token_embedding(held: Shapes) -> tuple[str, str] | None:
+    """The key of a text encoder's token embedding and the prefix of its numbered layers
+    (a vision tower's embeddings are not it), or None."""
+    names = sorted(k for k in held if "visual" not in k and "vision" not in k)
+    for ending, layers in _EMBEDDINGS:
+        for name in names:
+            if name == ending or name.endswith("." + ending):
+                return name, name[: -len(ending)] + layers
+    return None
