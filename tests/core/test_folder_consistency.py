@@ -31,6 +31,7 @@ from tests.support.tiny_models import (
     build_tiny_krea2_pipeline,
     build_tiny_qwenimage21_pipeline,
     build_tiny_sd_pipeline,
+    tiny_t5,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -275,6 +276,34 @@ def test_a_qwenimage21_folder_with_krea2s_text_encoder_is_refused(saved, tmp_pat
         "but the Qwen-Image 2.1 model qwen-image-2.1-tiny needs a "
         "Qwen3VLForConditionalGeneration."
     )
+
+
+def test_krea2s_text_encoder_declared_as_qwenimage21_takes_it_is_refused_by_its_width(
+    saved, tmp_path, nothing_built
+):
+    folder = copied(saved, "qwenimage21", tmp_path / "qwen-image-2.1-tiny")
+    swap_component(folder, "text_encoder", saved["krea2"])  # the class model_index.json keeps
+
+    error = refused(folder, WrongPartError)
+
+    assert str(error) == (
+        f"{folder / 'text_encoder'}: this is a 32-wide Qwen3-VL text encoder (Qwen-Image 2.1's "
+        "or Krea 2's), but the Qwen-Image 2.1 model qwen-image-2.1-tiny needs its Qwen3-VL "
+        "text encoder (qwen_3_vl_8b), not one 32 wide."
+    )
+
+
+def test_a_flux_folder_whose_t5_is_another_width_is_refused(saved, tmp_path, nothing_built):
+    folder = copied(saved, "flux", tmp_path / "flux-tiny")
+    shutil.rmtree(folder / "text_encoder_2")
+    tiny_t5(5, hidden=64).save_pretrained(folder / "text_encoder_2")
+
+    text = one_sentence(refused(folder, WrongPartError), folder / "text_encoder_2")
+
+    assert text.endswith(
+        "but the Flux.1 dev model flux-tiny needs its T5 text encoder (t5xxl), not one 64 wide."
+    )
+    assert "this is a 64-wide T5 text encoder" in text
 
 
 def test_a_class_neither_library_has_is_named(saved, tmp_path, nothing_built):

@@ -17,7 +17,8 @@ from app.core.models.assembly import first_line
 from app.core.models.component_files import check_config, check_files, weight_files
 from app.core.models.configs import read_json
 from app.core.models.conversion import check_latents, load_vae_override
-from app.core.models.folder_shapes import check_weights_match
+from app.core.models.folder_needs import check_text_widths
+from app.core.models.folder_shapes import check_weights_match, held_shapes
 from app.core.models.identity import Identity, vae_files
 from app.core.models.loaded import LoadedModel
 
@@ -189,9 +190,9 @@ def _check_parts(
     """Refuse, from configs and headers alone, before diffusers builds a thing: a text encoder
     folder of another kind than the pipeline takes there; a component declared as a class the
     pipeline does not take (a Flux.1 transformer in a Flux.2 Klein folder); a config.json that
-    does not describe the weights beside it (`folder_shapes`); a VAE (its vae/ folder or
-    --vae) whose latents are another family's; beside a UNet, a text encoder of another width
-    than it reads."""
+    does not describe the weights beside it (`folder_shapes`); a text encoder of another width
+    than the transformer reads (`folder_needs`); a VAE (its vae/ folder or --vae) whose latents
+    are another family's; beside a UNet, a text encoder of another width than it reads."""
     from app.core import parts
     from app.core.families import architecture_title, family_of_architecture
 
@@ -201,17 +202,20 @@ def _check_parts(
     takes = parts.pipeline_takes(str(index.get("_class_name")))
     _check_encoder_kinds(path, components, takes, model)
     _check_classes(path, components, takes, title)
+    held: dict[str, Any] = {}  # component -> the shapes its weight files hold
     for name in sorted(components):
         if name in MODEL_COMPONENTS:
             config = read_json(path / name / "config.json", owner=path / name)
-            files = weight_files(path / name, allow_pickle, path)
-            check_weights_match(path / name, components[name], config, files)
+            held[name] = held_shapes(weight_files(path / name, allow_pickle, path))
+            check_weights_match(path / name, components[name], config, held[name])
     if vae is not None and Path(vae).expanduser().is_dir():
         given = Path(vae).expanduser()
         config = read_json(given / "config.json", owner=given)
-        files = weight_files(given, allow_pickle, given)
+        shapes = held_shapes(weight_files(given, allow_pickle, given))
         declared = str(config.get("_class_name") or "AutoencoderKL")
-        check_weights_match(given, ["diffusers", declared], config, files)
+        check_weights_match(given, ["diffusers", declared], config, shapes)
+    if family is not None:
+        check_text_widths(path, components, denoiser_config, family, held, model)
 
     packed = family.packed_channels if family is not None else 1
     # Z-Image's transformer has no out_channels: it gives back what it takes.

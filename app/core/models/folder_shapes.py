@@ -40,26 +40,32 @@ _EMBEDDINGS = (
 )
 
 
-def check_weights_match(
-    folder: Path, spec: list[Any], config: Mapping[str, Any], files: list[Path]
-) -> None:
-    """Raise BadFileError naming `folder`/config.json when the config does not describe the
-    tensors in `files` (the component's weight files): blocks it builds that the files lack or
-    that they hold beyond it, tensors of other shapes, a text encoder of another width or
-    depth. `spec` is the component's [library, class] from model_index.json; `config` its
-    config.json, already within real models' sizes (`limits.check_component_config`).
-
-    Pickle files are not read here (their shapes are not known without unpickling), nor are
-    quantized components (their tensors are packed). Imports torch and diffusers for a
-    diffusers model; allocates nothing.
-    """
+def held_shapes(files: list[Path]) -> dict[str, tuple[int, ...]] | None:
+    """The tensor shapes a component's weight files hold, as its loader reads them
+    (`loaded_files`), from their headers; None for pickles, whose shapes are not known without
+    unpickling them."""
     if not files or any(f.suffix != ".safetensors" for f in files):
-        return
-    if "quantization_config" in config:
-        return
+        return None
     held: dict[str, tuple[int, ...]] = {}
     for file in loaded_files(files):
         held.update(read_safetensors_header(file).shapes())
+    return held
+
+
+def check_weights_match(
+    folder: Path, spec: list[Any], config: Mapping[str, Any], held: Shapes | None
+) -> None:
+    """Raise BadFileError naming `folder`/config.json when the config does not describe the
+    tensors its weight files hold (`held`, from `held_shapes`): blocks it builds that the files
+    lack or that they hold beyond it, tensors of other shapes, a text encoder of another width
+    or depth. `spec` is the component's [library, class] from model_index.json; `config` its
+    config.json, already within real models' sizes (`limits.check_component_config`).
+
+    Pickles (`held` None) are not checked, nor are quantized components (their tensors are
+    packed). Imports torch and diffusers for a diffusers model; allocates nothing.
+    """
+    if held is None or "quantization_config" in config:
+        return
     library, class_name = str(spec[0]), str(spec[1])
     if library == "diffusers":
         problem = _model_problem(class_name, config, held)
@@ -274,6 +280,17 @@ def text_encoder_problem(config: Mapping[str, Any], held: Shapes) -> str | None:
             f"tokens ({embedding})"
         )
     return None
+
+
+def text_encoder_width(held: Shapes, projected: bool = False) -> int | None:
+    """A text encoder's hidden width from its token embedding, or with `projected` the width of
+    its text projection (a CLIP with one); None where its weights have neither."""
+    if projected:
+        shape = held.get("text_projection.weight", ())
+        return shape[0] if len(shape) == 2 else None
+    found = _token_embedding(held)
+    shape = held[found[0]] if found is not None else ()
+    return shape[1] if len(shape) == 2 else None
 
 
 def _token_embedding(held: Shapes) -> tuple[str, str] | None:
