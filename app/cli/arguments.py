@@ -86,6 +86,15 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
                 default=argparse.SUPPRESS,
                 help=f.help + " Repeat the flag for another component.",
             )
+        elif f.kind in ("int", "float"):
+            group.add_argument(
+                flag,
+                dest=f.key,
+                metavar="GB" if f.key == "max_vram_gb" else "N",
+                type=_validated(f.key),
+                default=argparse.SUPPRESS,
+                help=f.help,
+            )
     for flag, key, value in OTHER_TOOLS_FLAGS:
         group.add_argument(
             flag,

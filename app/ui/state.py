@@ -116,7 +116,7 @@ class AppState(QObject):
             {
                 key: value
                 for key, value in self.recommended().items()
-                if key in PRECISION_KEYS and values[key] != "auto"
+                if key in PRECISION_KEYS and values[key] != "auto" and key != "max_vram_gb"
             }
         )
         return values

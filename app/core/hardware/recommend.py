@@ -154,6 +154,10 @@ def _recommend(
         if rec["no_half"]
         else "Half precision is usable here; a targeted fix from the health check beats --no-half"
     )
+    rec["max_vram_gb"] = 0.0
+    why["max_vram_gb"] = (
+        "No budget of your own: set one to leave room for other programs on the device"
+    )
     ordered = {key: rec[key] for key in PRECISION_KEYS}
     PrecisionSettings(**ordered)  # every value valid for the schema
     return ordered, {key: why[key] for key in PRECISION_KEYS}

@@ -6,6 +6,7 @@ guards at their edges, fp16 output clamps (`PlacedPipeline`).
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
@@ -29,8 +30,9 @@ def _cast_floats(value, dtype):
 
 
 def _cast_inputs_hook(module, args, kwargs):
-    # Looked up per call, not captured: a placed copy may later be cast to another dtype.
-    dtype = next(module.parameters()).dtype
+    # Looked up per call, not captured: a placed copy may later be cast to another dtype. A
+    # component computing wider than it stores (`_compute_in`) takes its inputs in that dtype.
+    dtype = getattr(module, "_halfsafe_compute_dtype", None) or next(module.parameters()).dtype
     return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
 
 
@@ -158,6 +160,80 @@ def tensor_bytes(module, shared_with=None) -> int:
     return total
 
 
+def _compute_in(module, dtype) -> None:
+    """Every layer of `module` computes in `dtype` from its weights as stored: each module's
+    own floating parameters and buffers are cast to `dtype` as its forward starts and put back
+    as it ends (the stored tensors themselves, not a copy), so the component holds its stored
+    bytes and one layer's in `dtype` at a time. A cast from fp16 or bf16 to fp32 is exact: the
+    results are those of a copy in `dtype`. The hooks are diffusers' layerwise-casting kind,
+    registered under its name, so a diffusers model reports `dtype` as its compute dtype and
+    the pipelines cast their inputs to it."""
+    from diffusers.hooks.hooks import HookRegistry
+
+    module._halfsafe_compute_dtype = dtype
+    for name in _ENTRY_SUBMODULES:
+        entry = getattr(module, name, None)
+        if entry is not None:
+            entry._halfsafe_compute_dtype = dtype
+    for layer in module.modules():
+        own = [
+            t
+            for t in itertools.chain(layer.parameters(recurse=False), layer.buffers(recurse=False))
+            if t.is_floating_point()
+        ]
+        if own:
+            registry = HookRegistry.check_if_exists_or_initialize(layer)
+            registry.register_hook(_compute_in_hook()(dtype), "layerwise_casting")
+
+
+@functools.cache
+def _compute_in_hook():
+    """The hook class of `_compute_in` (made on first use: diffusers is imported then)."""
+    from diffusers.hooks.hooks import ModelHook
+
+    class ComputeIn(ModelHook):
+        """A layer's own floating tensors in `compute_dtype` for the length of its forward,
+        and its floating inputs with them (see `_compute_in`)."""
+
+        def __init__(self, compute_dtype) -> None:
+            super().__init__()
+            self.compute_dtype = compute_dtype
+            self._stored: list[tuple[Any, Any]] = []
+
+        def pre_forward(self, module, *args, **kwargs) -> tuple[tuple[Any], dict[str, Any]]:
+            for tensor in itertools.chain(
+                module.parameters(recurse=False), module.buffers(recurse=False)
+            ):
+                if tensor.is_floating_point() and tensor.dtype != self.compute_dtype:
+                    self._stored.append((tensor, tensor.data))
+                    tensor.data = tensor.data.to(self.compute_dtype)
+            cast: Any = _cast_floats((args, kwargs), self.compute_dtype)
+            return cast[0], cast[1]
+
+        def post_forward(self, module, output):
+            while self._stored:
+                tensor, stored = self._stored.pop()
+                tensor.data = stored
+            return output
+
+    return ComputeIn
+
+
+def _narrower_storage(source, dtype, budget_mb: float | None):
+    """The dtype `source` is stored in, where it is narrower than `dtype` and `source` in
+    `dtype` would take more than `budget_mb`; else None (placed in `dtype` as usual)."""
+    if budget_mb is None:
+        return None
+    floats = [t for t in source.parameters() if t.is_floating_point()]
+    if not floats:
+        return None
+    stored = floats[0].dtype
+    if any(t.dtype != stored for t in floats) or stored.itemsize >= dtype.itemsize:
+        return None
+    wide = sum(t.numel() for t in floats) * dtype.itemsize
+    return stored if wide > budget_mb * 2**20 else None
+
+
 class PlacedPipeline:
     """A pipeline's components on the job's device, each in its plan's dtype (and its module
     islands, `PrecisionPlan.modules`, in theirs), one stage's components at a time.
@@ -206,7 +282,17 @@ class PlacedPipeline:
                 continue
             islands = plan.islands(name)
             clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
-            key = (dtype, tuple(sorted(islands.items())), clamps, name in plan.t5_feed_forward)
+            source = getattr(self.source, name)
+            stored = _narrower_storage(source, torch_dtype(dtype), plan.memory_budget_mb)
+            if islands or clamps:
+                stored = None
+            key = (
+                dtype,
+                tuple(sorted(islands.items())),
+                clamps,
+                name in plan.t5_feed_forward,
+                stored,
+            )
             current = self._placed.get(name)
             if current is not None and current[0] == key:
                 module = current[1]
@@ -214,11 +300,13 @@ class PlacedPipeline:
                 current = None
                 self._drop(name)  # free the old copy before making the new one
                 module = self._place(
-                    getattr(self.source, name),
+                    source,
                     device,
-                    torch_dtype(dtype),
-                    copy_always=bool(islands or clamps),
+                    stored or torch_dtype(dtype),
+                    copy_always=bool(islands or clamps or stored),
                 )
+                if stored is not None:  # over the budget wider: the stored weights, computed wider
+                    _compute_in(module, torch_dtype(dtype))
                 t5 = name in plan.t5_feed_forward
                 _make_islands(
                     module,

@@ -70,6 +70,10 @@ class PrecisionPlan:
     # Layers ("component:layer") a remembered fix names that this model does not have: left
     # out of the plan, the rest of the fix used.
     remembered_dropped: tuple[str, ...] = ()
+    # The most one placed component may hold on the device, in MiB (the `max_vram_gb`
+    # setting); None: no budget. A component that would not fit in a dtype wider than it is
+    # stored in keeps its stored weights and computes in the wider dtype layer by layer.
+    memory_budget_mb: float | None = None
 
     def with_dtypes(self, **dtypes: str) -> PrecisionPlan:
         return replace(self, dtypes={**self.dtypes, **dtypes})

@@ -217,6 +217,7 @@ def resolve_plan(
         reasons=reasons,
         warnings=tuple(warnings),
         remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
+        memory_budget_mb=float(user.get("max_vram_gb") or 0.0) * 1024 or None,
     )
 
 

@@ -37,6 +37,22 @@ SCHEMA: tuple[Field, ...] = (
         cli=False,
     ),
     Field(
+        "max_vram_gb",
+        "float",
+        0.0,
+        "Memory budget (GB)",
+        "The most GPU memory HalfSafe's copy of a model part may take, to leave room for other "
+        "programs: a part that would not fit in a wider precision (the fp32 reference of a "
+        "health check, a fix or no-half that widens fp16 weights) keeps its weights as stored "
+        "and computes layer by layer in the wider precision, slower but within the budget. "
+        "0: no budget of your own.",
+        "Device",
+        minimum=0.0,
+        maximum=4096.0,
+        cli=True,
+        flag="max-vram",
+    ),
+    Field(
         "precision",
         "choice",
         "auto",

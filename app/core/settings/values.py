@@ -38,6 +38,7 @@ class PrecisionSettings:
     attention_reduced_precision: bool = FIELDS["attention_reduced_precision"].default
     nan_check: bool = FIELDS["nan_check"].default
     auto_fix: str = FIELDS["auto_fix"].default
+    max_vram_gb: float = FIELDS["max_vram_gb"].default
 
     def __post_init__(self) -> None:
         for f in fields(self):

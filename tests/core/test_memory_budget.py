@@ -1,0 +1,153 @@
+"""A memory budget (`max_vram_gb`): a component that would not fit in a dtype wider than it is
+stored in keeps its stored weights and computes in the wider dtype layer by layer. The answers
+are those of a copy in the wider dtype, exactly (a cast from fp16 to fp32 is exact), so a
+check under a budget gives the same verdict, layer and fix, while holding the stored bytes.
+
+The budget makes the same plan on a CPU as on a GPU, so these run here."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from app.core import health
+from app.core.precision import PrecisionPlan, placement
+from app.core.settings import PrecisionSettings
+from tests.core.test_health import loaded, plant
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+PARTS = ("text_encoder", "unet", "vae")
+TINY_BUDGET_GB = 0.001  # 1 MiB: less than any tiny component in fp32
+
+
+def _half_stored(fault: str | None = None):
+    """The tiny SD1.x model stored in fp16, as most files are (a fault planted first)."""
+    pipeline = build_tiny_sd_pipeline()
+    if fault:
+        pipeline = plant(pipeline, fault)
+    return pipeline.to(torch.float16)
+
+
+def _plan(budget_mb: float | None, **dtypes: str) -> PrecisionPlan:
+    return PrecisionPlan(
+        device="cpu",
+        dtypes={"text_encoder": "fp32", "unet": "fp32", "vae": "fp32", **dtypes},
+        memory_budget_mb=budget_mb,
+    )
+
+
+def _unet_inputs(pipeline):
+    generator = torch.Generator().manual_seed(0)
+    config = pipeline.unet.config
+    return {
+        "sample": torch.randn(2, config.in_channels, 8, 8, generator=generator),
+        "timestep": torch.tensor(500.0),
+        "encoder_hidden_states": torch.randn(
+            2, 77, config.cross_attention_dim, generator=generator
+        ),
+    }
+
+
+def test_a_part_over_the_budget_computes_wider_from_its_stored_weights_exactly():
+    pipeline = _half_stored()
+    inputs = _unet_inputs(pipeline)
+    resident = placement.PlacedPipeline(pipeline, _plan(None), components=["unet"])
+    budgeted = placement.PlacedPipeline(pipeline, _plan(1.0), components=["unet"])
+    wide, narrow = resident["unet"], budgeted["unet"]
+    assert wide.conv_in.weight.dtype == torch.float32
+    assert narrow.conv_in.weight.dtype == torch.float16  # stored as it was
+    assert narrow.dtype == torch.float32  # and says what it computes in
+    with torch.inference_mode():
+        expected = wide(**inputs).sample
+        got = narrow(**inputs).sample
+    assert got.dtype == torch.float32
+    assert torch.equal(got, expected)
+    # It holds the stored bytes, half of the resident fp32 copy's; the loaded model is as it was.
+    assert budgeted.placed_bytes * 2 == resident.placed_bytes
+    assert narrow.conv_in.weight.dtype == torch.float16  # put back after the forward
+    assert all(p.dtype == torch.float16 for p in pipeline.unet.parameters())
+
+
+def test_a_part_within_the_budget_or_stored_as_wide_is_placed_as_before():
+    pipeline = _half_stored()
+    roomy = placement.PlacedPipeline(pipeline, _plan(10_000.0), components=["unet"])
+    assert roomy["unet"].conv_in.weight.dtype == torch.float32
+    fp32_stored = build_tiny_sd_pipeline()
+    tight = placement.PlacedPipeline(fp32_stored, _plan(1.0), components=["unet"])
+    assert tight["unet"].conv_in.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("fault", "component"), [("unet_ff", "unet"), ("vae", "vae")])
+def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
+    fault, component, monkeypatch
+):
+    most: dict[str, int] = {}  # the most each component's copy held on the device
+    apply = placement.PlacedPipeline.apply
+
+    def recording(self, plan, components=None):
+        apply(self, plan, components)
+        for name, held in self._bytes.items():
+            most[name] = max(most.get(name, 0), held)
+
+    monkeypatch.setattr(placement.PlacedPipeline, "apply", recording)
+
+    def check(budget_gb: float):
+        most.clear()
+        report = health.check_loaded(
+            loaded(_half_stored(fault), f"budget-{fault}"),
+            precision=PrecisionSettings(precision="fp16", max_vram_gb=budget_gb),
+            device="cpu",
+            size=64,
+            remember=False,
+            measure_cost=False,
+        )
+        return report, dict(most)
+
+    free, free_held = check(0.0)
+    tight, tight_held = check(TINY_BUDGET_GB)
+    assert free.verdict == tight.verdict == "fixable"
+    for name in PARTS:
+        assert free.components[name].status == tight.components[name].status
+        assert free.components[name].first_bad_module == tight.components[name].first_bad_module
+    assert free.fix is not None and tight.fix is not None
+    assert tight.fix.settings == free.fix.settings
+    assert tight.fix.verified
+    # The failing part's fp32 reference held its stored fp16 bytes, not a copy twice as big.
+    assert tight_held[component] * 2 == free_held[component]
+    assert free.plan.memory_budget_mb is None
+    assert tight.plan.memory_budget_mb == pytest.approx(TINY_BUDGET_GB * 1024)
+
+
+def test_the_budget_is_a_setting_and_a_flag():
+    from app.cli.arguments import build_parser
+    from app.core.settings import FIELDS
+
+    field = FIELDS["max_vram_gb"]
+    assert (field.default, field.group, field.flag_name) == (0.0, "Device", "max-vram")
+    args = build_parser().parse_args(["check", "demo", "--max-vram", "6"])
+    assert args.max_vram_gb == 6.0
+    assert replace(PrecisionSettings(), max_vram_gb=6.0).max_vram_gb == 6.0
+
+
+def test_a_generation_under_a_budget_makes_the_same_image(tmp_path):
+    import numpy as np
+
+    from app.core import generation
+
+    request = generation.GenerationRequest(
+        prompt="a lake", steps=2, width=64, height=64, seed=4, output_dir=str(tmp_path)
+    )
+    model = loaded(_half_stored(), "budget-generation")
+    images = [
+        generation.generate(
+            model,
+            request,
+            precision=PrecisionSettings(no_half=True, max_vram_gb=budget),
+            device="cpu",
+        ).images[0]
+        for budget in (0.0, TINY_BUDGET_GB)
+    ]
+    assert [i.status for i in images] == ["ok", "ok"]
+    assert np.array_equal(np.asarray(images[0].image), np.asarray(images[1].image))
