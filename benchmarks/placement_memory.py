@@ -9,6 +9,10 @@ UNet, VAE), the fp32 reference of the UNet's stage, then its candidates (two lay
 kept in fp32, the UNet in bf16, the UNet in fp32), then the VAE's stage. Nothing runs: these
 are the weights' bytes, not activations.
 
+A third strategy adds a memory budget of 2 GiB (`--max-vram 2`): the UNet in fp32 would not fit,
+so it keeps its fp16 weights and computes in fp32 layer by layer. One UNet call (CFG batch, at
+`--size`) is timed resident in fp32 and computed in place, and their outputs compared.
+
 Two figures per strategy:
 - device: the most the placed components held at once (`PlacedPipeline.peak_bytes`), shared
   tensors included: what a GPU would hold of them, counted the same way on a CPU;
@@ -36,12 +40,14 @@ ISLANDS = ("down_blocks.0.resnets.0.conv1", "down_blocks.0.resnets.0.conv2")
 GIB = 2**30
 
 
-def replay(model, whole_pipeline: bool) -> dict:
+def replay(model, whole_pipeline: bool, budget_mb: float | None = None) -> dict:
     """The check's placements in order; (peak device bytes, peak RAM MiB, the steps)."""
     from app.core.precision import PrecisionPlan, placement
 
     fp16 = PrecisionPlan(
-        device="cpu", dtypes={n: "fp16" for n in ("text_encoder", *_second(model), "unet", "vae")}
+        device="cpu",
+        dtypes={n: "fp16" for n in ("text_encoder", *_second(model), "unet", "vae")},
+        memory_budget_mb=budget_mb,
     )
     encoders = ["text_encoder", *_second(model)]
     steps = [
@@ -83,15 +89,71 @@ def run(args) -> dict:
         for name in ("text_encoder", *_second(model), "unet", "vae")
     }
     results = {}
-    for label, whole in (("whole pipeline per plan", True), ("one stage at a time", False)):
+    strategies = (
+        ("whole pipeline per plan", True, None),
+        ("one stage at a time", False, None),
+        ("one stage, 2 GiB budget", False, 2048.0),
+    )
+    for label, whole, budget in strategies:
         with status(f"Replaying the check's placements: {label}"):
-            results[label] = replay(model, whole)
+            results[label] = replay(model, whole, budget)
+    with status(f"Timing one UNet call at {args.size} px, resident fp32 and computed in place"):
+        call = unet_call(model, args.size)
     return {
         "machine": machine("cpu"),
         "model": args.model,
         "stored_gib": stored,
         "results": results,
+        "unet_call": call,
     }
+
+
+def unet_call(model, size: int) -> dict:
+    """One UNet call (CFG batch) in fp32: resident, and from the fp16 weights in place."""
+    import time
+
+    import torch
+
+    from app.core import diagnosis
+    from app.core.precision import PrecisionPlan, placement
+
+    unet = model.pipeline.unet
+    generator = torch.Generator().manual_seed(0)
+    latent = size // 8
+    inputs = {
+        "sample": torch.randn(2, unet.config.in_channels, latent, latent, generator=generator),
+        "timestep": torch.tensor(500.0),
+        "encoder_hidden_states": torch.randn(
+            2, 77, unet.config.cross_attention_dim, generator=generator
+        ),
+    }
+    if unet.config.addition_embed_type == "text_time":
+        pooled = model.pipeline.text_encoder_2.config.projection_dim
+        inputs["added_cond_kwargs"] = {
+            "text_embeds": torch.randn(2, pooled, generator=generator),
+            "time_ids": torch.tensor([[size, size, 0, 0, size, size]] * 2, dtype=torch.float32),
+        }
+    figures, outputs = {}, {}
+    for label, budget in (("resident", None), ("in place", 1.0)):
+        plan = PrecisionPlan(
+            device="cpu",
+            dtypes={n: "fp32" for n in ("text_encoder", *_second(model), "unet", "vae")},
+            memory_budget_mb=budget,
+        )
+        placed = placement.PlacedPipeline(model.pipeline, plan, components=["unet"])
+        with torch.inference_mode():
+            placed["unet"](**inputs)  # warm-up
+            begun = time.perf_counter()
+            outputs[label] = placed["unet"](**inputs).sample
+            seconds = time.perf_counter() - begun
+        figures[label] = {
+            "seconds": round(seconds, 2),
+            "device_gib": round(placed.placed_bytes / GIB, 2),
+        }
+        placed.release()
+    same = bool(torch.equal(outputs["resident"], outputs["in place"]))
+    snr = diagnosis.snr_db(outputs["in place"], outputs["resident"])
+    return {"size": size, **figures, "identical": same, "snr_db": snr}
 
 
 def table(document: dict) -> str:
@@ -112,12 +174,22 @@ def table(document: dict) -> str:
     rows = zip(*(document["results"][label]["steps"] for label in labels), strict=True)
     for row in rows:
         lines.append(f"  {row[0]['step']:<36}" + "".join(f"{s['device_gib']:>26.2f}" for s in row))
+    call = document["unet_call"]
+    outcome = "identical" if call["identical"] else f"differ: {call['snr_db']:.1f} dB"
+    lines.append("")
+    lines.append(
+        f"One UNet call in fp32 at {call['size']} px: resident {call['resident']['seconds']} s "
+        f"holding {call['resident']['device_gib']} GiB; in place from fp16 "
+        f"{call['in place']['seconds']} s holding {call['in place']['device_gib']} GiB; "
+        f"outputs {outcome}."
+    )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="sd1", choices=("sd1", "sdxl"))
+    parser.add_argument("--size", type=int, default=256, help="the UNet call's size in px")
     parser.add_argument("--json")
     args = parser.parse_args()
     document = run(args)
