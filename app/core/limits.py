@@ -393,10 +393,10 @@ def check_vae_config(config: Mapping[str, Any]) -> None:
     _check_levels(config)
     for key in ("dim_mult", "temperal_downsample", "attn_scales"):
         value = config.get(key)
-        if value is not None and (not isinstance(value, list) or len(value) > MAX_LEVELS):
+        if value is not None and (not isinstance(value, (list, tuple)) or len(value) > MAX_LEVELS):
             raise ValueError(f"its {key} is not a list of at most {MAX_LEVELS} levels")
     base, multiples = config.get("base_dim"), config.get("dim_mult")
-    if isinstance(base, int) and isinstance(multiples, list) and multiples:
+    if isinstance(base, int) and isinstance(multiples, (list, tuple)) and multiples:
         widest = base * max(multiples)
         if widest > MAX_CHANNELS:
             raise ValueError(

@@ -176,9 +176,9 @@ def test_a_klein_config_naming_fewer_blocks_than_its_weights_is_refused(
     error = refused(folder)
 
     assert str(error) == (
-        f"{folder / 'transformer' / 'config.json'}: it builds 1 single_transformer_blocks "
-        "where the weights beside it hold 2, so the config and the weights are of different "
-        "models."
+        f"{folder / 'transformer' / 'config.json'}: it builds 1 block in "
+        "single_transformer_blocks where the weights beside it hold 2, so the config and the "
+        "weights are of different models."
     )
 
 
@@ -418,10 +418,10 @@ def test_folders_that_hold_together_still_load(saved, name):
 
 
 def test_the_words_name_the_outermost_differing_blocks_and_a_config_value_alone():
-    built = {"blocks.0.w": (4, 8), "blocks.1.w": (4, 8), "blocks.0.inner.0.w": (2,)}
-    held = {"blocks.0.w": (4, 8), "blocks.0.inner.0.w": (2,), "blocks.0.inner.1.w": (2,)}
-    words = mismatch_words(built, held, [], ["blocks.1.w"], {"depth": 2, "width": 4})
-    assert words == "its depth (2) builds 2 blocks where the weights beside it hold 1"
+    built = {"layers.0.w": (4, 8), "layers.1.w": (4, 8), "layers.0.inner.0.w": (2,)}
+    held = {"layers.0.w": (4, 8), "layers.0.inner.0.w": (2,), "layers.0.inner.1.w": (2,)}
+    words = mismatch_words(built, held, [], ["layers.1.w"], {"depth": 2, "width": 4})
+    assert words == "its depth (2) builds 2 blocks in layers where the weights beside it hold 1"
     shaped = mismatch_words({"w": (4, 8)}, {"w": (4, 6)}, [], [], {"inputs": 8, "other": 4})
     assert shaped == "its inputs (8) builds w as 4x8 where the weights beside it hold 4x6"
     assert mismatch_words({"w": (1,)}, {"w": (1,)}, [], [], {}) is None

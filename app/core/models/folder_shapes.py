@@ -114,16 +114,21 @@ def _model_problem(class_name: str, config: Mapping[str, Any], held: Shapes) -> 
         from app.core.models.assembly import first_line
 
         return f"diffusers cannot build a {class_name} from it ({first_line(error)})"
-    state = model.state_dict()
-    built = {name: tuple(tensor.shape) for name, tensor in state.items()}
-    buffers = {name for name, _ in model.named_buffers()}
     # The names diffusers' loader renames (old attention blocks' query/key/value), renamed.
     renamed = model._fix_state_dict_keys_on_load(dict(held))
     held = renamed if isinstance(renamed, dict) else held
+    # A buffer the files lack keeps the value it is built with, as diffusers loads it; what
+    # the class says its files may hold beyond it is dropped by design.
+    buffers = {name for name, _ in model.named_buffers()}
+    built = {
+        name: tuple(tensor.shape)
+        for name, tensor in model.state_dict().items()
+        if name in held or name not in buffers
+    }
     ignored = [re.compile(p) for p in model_class._keys_to_ignore_on_load_unexpected or []]
-    beyond = [k for k in held if k not in built and not any(p.search(k) for p in ignored)]
-    # A buffer the files lack keeps the value it is built with, as diffusers loads it.
-    lacking = [k for k in built if k not in held and k not in buffers]
+    held = {k: v for k, v in held.items() if k in built or not any(p.search(k) for p in ignored)}
+    beyond = [k for k in held if k not in built]
+    lacking = [k for k in built if k not in held]
     return mismatch_words(built, held, beyond, lacking, config)
 
 
@@ -186,8 +191,8 @@ def mismatch_words(
         group = differing[0]
         count, found = built_groups.get(group, 0), held_groups.get(group, 0)
         return (
-            f"{_subject(config, count)} builds {count} {group} where the weights beside it "
-            f"hold {found}"
+            f"{_subject(config, count)} builds {count_words(count, 'block')} in {group} where "
+            f"the weights beside it hold {found}"
         )
     for name in sorted(k for k in built if k in held):
         mine, theirs = tuple(built[name]), tuple(held[name])
