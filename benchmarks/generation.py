@@ -84,7 +84,7 @@ def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
         # inside the timing on both sides.
         _sync(device)
         begun = time.perf_counter()
-        pipe = job._pipeline(plan)
+        pipe = job._pipeline(plan, [job.family.denoiser])
         latents, generators = job.noise(seeds)
         with backend_flags(plan), torch.inference_mode():
             pipe(
@@ -247,7 +247,7 @@ def _sync_check(job, plan, conditioning, seeds, size, args) -> dict:
         }
 
     def plain_run(mark) -> None:
-        pipe = job._pipeline(plan)
+        pipe = job._pipeline(plan, [job.family.denoiser])
         latents, generators = job.noise(seeds)
 
         def step_end(_pipe, _index, _timestep, _tensors):
