@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -37,6 +38,7 @@ from app.ui.engine_client import EngineClient
 from app.ui.first_run import FirstStart
 from app.ui.pages import PageHost
 from app.ui.state import AppState
+from app.ui.wheel import WheelNeedsFocus
 from app.ui.widgets import Banner
 
 if TYPE_CHECKING:
@@ -71,6 +73,10 @@ class MainWindow(QMainWindow):
         self.state = state
         self.client = client
         self.ui_settings = ui_settings
+        application = QApplication.instance()
+        if application is not None:  # fields take the wheel only when focused
+            self._wheel = WheelNeedsFocus(self)
+            application.installEventFilter(self._wheel)
         self.dialogs = Dialogs(self)
         self._reload_after_restart: LoadRequest | None = None
         self.explain_dialogs: list[ExplainDialog] = []
