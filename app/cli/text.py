@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.cause_words import cause_words
+from app.core.components import words as component_words
 from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.hardware.records import HardwareReport
@@ -141,8 +142,32 @@ def health_text(report: HealthReport) -> str:
             lines.append(f"Or, layers only: {flags(report.advice.layer_settings)}")
     for note in report.notes:
         lines.append(f"Note:    {note}")
+    memory = _memory_words(report.memory)
+    if memory:
+        lines.append(f"Memory:  {memory}")
     lines.append(f"Checked in {report.seconds:.2f} s.")
     return "\n".join(lines)
+
+
+def _memory_words(memory: dict) -> str:
+    """What the check's copies held, said where a memory budget was set."""
+    budget = memory.get("budget_mb")
+    if budget is None:
+        return ""
+    words = (
+        f"budget {budget:,.0f} MB; the check's copies held at most "
+        f"{memory.get('peak_placed_mb', 0):,.0f} MB at once"
+    )
+    in_place = memory.get("computed_in_place") or []
+    if in_place:
+        parts = ", ".join(component_words(name) for name in in_place)
+        words += f"; the {parts} computed wider layer by layer from the stored weights"
+    if memory.get("peak_placed_mb", 0) > budget:
+        words += (
+            " (over the budget: a part's weights as stored take more, and parts are not yet "
+            "streamed block by block)"
+        )
+    return words + "."
 
 
 def explain_text(explanation) -> str:

@@ -118,6 +118,12 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
     assert tight_held[component] * 2 == free_held[component]
     assert free.plan.memory_budget_mb is None
     assert tight.plan.memory_budget_mb == pytest.approx(TINY_BUDGET_GB * 1024)
+    # The report says so.
+    free_memory, tight_memory = free.to_json()["memory"], tight.to_json()["memory"]
+    assert free_memory["budget_mb"] is None and free_memory["computed_in_place"] == []
+    assert tight_memory["budget_mb"] == pytest.approx(TINY_BUDGET_GB * 1024)
+    assert tight_memory["computed_in_place"] == [component]
+    assert tight_memory["peak_placed_mb"] < free_memory["peak_placed_mb"] or component == "vae"
 
 
 def test_the_budget_is_a_setting_and_a_flag():
@@ -151,3 +157,20 @@ def test_a_generation_under_a_budget_makes_the_same_image(tmp_path):
     ]
     assert [i.status for i in images] == ["ok", "ok"]
     assert np.array_equal(np.asarray(images[0].image), np.asarray(images[1].image))
+
+
+def test_the_check_says_what_its_copies_held_under_a_budget():
+    from app.cli.text import health_text
+
+    report = health.check_loaded(
+        loaded(_half_stored("vae"), "budget-words"),
+        precision=PrecisionSettings(precision="fp16", max_vram_gb=TINY_BUDGET_GB),
+        device="cpu",
+        size=64,
+        remember=False,
+        measure_cost=False,
+    )
+    (line,) = [line for line in health_text(report).splitlines() if line.startswith("Memory:")]
+    assert line.startswith("Memory:  budget 1 MB; the check's copies held at most ")
+    assert "the VAE computed wider layer by layer from the stored weights" in line
+    assert "over the budget" in line  # the tiny text encoder's fp16 weights alone are 3 MB

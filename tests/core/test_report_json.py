@@ -44,6 +44,7 @@ CHECK_KEYS = [
     "size",
     "mode",
     "pictures",
+    "memory",
     "timesteps",
     "notes",
     "versions",

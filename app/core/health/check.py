@@ -542,6 +542,11 @@ def _report(
         weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
         mode=(pictures.mode if pictures else Mode.TEXT).value,
         pictures=list(pictures.sources) if pictures else [],
+        memory={
+            "budget_mb": plan.memory_budget_mb,
+            "peak_placed_mb": round(check.runner.placed.peak_bytes / 2**20, 1),
+            "computed_in_place": sorted(check.runner.placed.computed_in_place),
+        },
     )
 
 

@@ -190,6 +190,10 @@ class HealthReport:
     # pictures, then the mask.
     mode: str = "txt2img"
     pictures: list[str] = field(default_factory=list)
+    # What the check's copies held on the device: `budget_mb` (the memory budget, None when
+    # none), `peak_placed_mb` (the most its placed components held at once) and
+    # `computed_in_place` (components kept as stored, computing wider layer by layer).
+    memory: dict[str, Any] = field(default_factory=dict)
 
     @property
     def headline(self) -> str:
@@ -220,6 +224,7 @@ class HealthReport:
             "size": self.size,
             "mode": self.mode,
             "pictures": list(self.pictures),
+            "memory": dict(self.memory),
             "timesteps": list(self.timesteps),
             "notes": self.notes,
             "versions": self.versions,

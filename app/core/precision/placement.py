@@ -254,6 +254,9 @@ class PlacedPipeline:
         self._placed: dict[str, tuple[Any, Any]] = {}
         self._bytes: dict[str, int] = {}
         self.peak_bytes = 0
+        # The components placed at some point in their stored dtype, computing wider layer by
+        # layer because the wider copy would not fit the plan's memory budget.
+        self.computed_in_place: set[str] = set()
         self.apply(plan, components)
 
     @property
@@ -307,6 +310,7 @@ class PlacedPipeline:
                 )
                 if stored is not None:  # over the budget wider: the stored weights, computed wider
                     _compute_in(module, torch_dtype(dtype))
+                    self.computed_in_place.add(name)
                 t5 = name in plan.t5_feed_forward
                 _make_islands(
                     module,
