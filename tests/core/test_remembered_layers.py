@@ -65,7 +65,7 @@ def test_a_repair_that_replaces_a_remembered_fix_says_so_and_drops_the_missing_l
     )
     result = generation.generate(demo, request, precision=FP16, device="cpu")
     assert result.images[0].status == "fixed"
-    assert any("is replaced by the one this job proved" in w for w in result.warnings)
+    assert any("is now the one this job proved" in w for w in result.warnings)
     saved = profiles.remembered_fix(demo.profile_key, result.device.name)
     assert saved is not None
     assert MISSING not in [

@@ -123,8 +123,8 @@ def generate(
         previous = profiles.remembered_fix(model.profile_key, result.device.name)
         if previous is not None and dict(previous.settings) != learned.settings:
             result.warnings.append(
-                "The fix remembered for this model on this device is replaced by the one this "
-                f"job proved: {learned.summary} (it was: {previous.summary})"
+                "The fix remembered for this model on this device is now the one this job "
+                f"proved: {learned.summary} (it was: {previous.summary})"
             )
         profiles.remember_fix(
             model.profile_key,

@@ -125,7 +125,8 @@ class Stages:
         VAE is placed for the fit, before the denoiser's stage places the denoiser alone."""
         key = plan.dtypes["vae"]
         if key not in self.model.preview_colours:
-            self.placed.apply(plan, ["vae"])
+            if self.family.latent.rgb_factors is None:  # fitted: decoded by the placed VAE
+                self.placed.apply(plan, ["vae"])
             self.model.preview_colours[key] = colours_for(self.family, self.placed["vae"])
         return self.model.preview_colours[key]
 

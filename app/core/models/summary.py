@@ -94,7 +94,7 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         components=tuple(n for n in _PARTS if getattr(pipeline, n, None) is not None),
         remembered_fix=remembered,
         remembered_on=on,
-        profile_notes=tuple(notes + _missing_layer_notes(remembered, layers)),
+        profile_notes=tuple(notes + _missing_layer_notes(remembered, pipeline)),
         picture_modes=_picture_modes(pipeline),
         layers=layers,
         **_picture_facts(pipeline),
@@ -111,20 +111,14 @@ def _layers(pipeline) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def _missing_layer_notes(
-    remembered: RememberedFix | None, layers: Mapping[str, tuple[str, ...]]
-) -> list[str]:
+def _missing_layer_notes(remembered: RememberedFix | None, pipeline) -> list[str]:
     """A sentence when the remembered fix names layers this model does not have (an edit, or
     a fix kept from another version of the model): said at load, before any job."""
     if remembered is None:
         return []
-    from app.core.diagnosis import MODULE_SETTINGS
+    from app.core.diagnosis import unknown_layers
 
-    entries = [e for key in MODULE_SETTINGS for e in remembered.settings.get(key) or []]
-    known = {component: set(paths) for component, paths in layers.items()}
-    missing = [
-        e for e in entries if e.partition(":")[2] not in known.get(e.partition(":")[0], set())
-    ]
+    missing = [entry for _, entry in unknown_layers(remembered.settings, pipeline)]
     if not missing:
         return []
     return [
