@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from app.core import quantized
 from app.core.cause_words import cause_words
 from app.core.components import words as component_words
 from app.core.generation import GenerationResult
@@ -46,7 +47,7 @@ def _quantization_line(quantization: Mapping[str, Any] | None) -> list[str]:
         return []
     return [
         f"Stored:  {quantization['format']} ({', '.join(quantization['types'])}), "
-        f"dequantised to {quantization['dequantized_to']} when loaded"
+        + quantized.held_words(quantization)
     ]
 
 

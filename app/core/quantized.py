@@ -1,14 +1,16 @@
-"""Quantized checkpoints: fp8 safetensors (plain and scaled) and GGUF files, dequantised as they
-are read.
+"""Quantized checkpoints: fp8 safetensors (plain and scaled) and GGUF files, read as the values
+they mean and kept as stored.
 
 Many large models reach users stored in 8 bits or fewer per weight: fp8 safetensors
 (`float8_e4m3fn` or `float8_e5m2`, often "scaled": a per-tensor or per-channel scale tensor beside
 each weight, `<layer>.weight_scale`, in ComfyUI's current files with `<layer>.comfy_quant`, the
 layer's format as JSON bytes; or ComfyUI's older `<layer>.scale_weight` with a `scaled_fp8`
 marker tensor) and GGUF files (Q8_0, Q4_K, ... blocks, each block with its own scale). HalfSafe
-runs no fp8 or block-quantised kernels: every such weight is dequantised to `COMPUTE_DTYPE` when
-its tensor is read (`Checkpoint.get` is the one place, so every loader gets it), and from there
-on it is an ordinary weight. That costs memory as the bf16 model, not as the file.
+runs no fp8 or block-quantised kernels: every such weight stands for its values in
+`COMPUTE_DTYPE`, and `Checkpoint.get` (the one place, so every loader gets it) hands it out kept
+as stored (`checkpoint.stored.StoredTensor`), decoded by each operation that reads it. That costs
+memory as the file, not as the bf16 model. GGUF block types torch does not decode are
+dequantised when read.
 
 A loader bug with these files (a scale dropped or applied twice, a block decoded wrongly) makes
 black or noise images that look like fp16 overflow, so the reading path checks what it decodes:
@@ -151,7 +153,37 @@ def summary(files: list[Quantization]) -> dict[str, Any] | None:
         "types": types,
         "files": [f.file for f in files],
         "dequantized_to": COMPUTE_DTYPE,
+        "dequantized_on_load": [t for t in types if _read_dequantized(t)],
     }
+
+
+# GGUF block types that torch decodes (diffusers' ports of the gguf package's decoders): kept
+# as stored and decoded per use (`checkpoint.stored`). The others the gguf package decodes are
+# dequantised when read. A test holds this list to diffusers' own.
+TORCH_DECODED_GGUF = frozenset(
+    ("Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0", "Q6_K", "Q5_K", "Q4_K", "Q3_K", "Q2_K")
+    + ("IQ4_NL", "IQ4_XS")
+)
+# Stored types read as ordinary tensors (nothing to keep or dequantise).
+_PLAIN_TYPES = frozenset(("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"))
+
+
+def _read_dequantized(type_name: str) -> bool:
+    return not (
+        type_name in FP8_DTYPES or type_name in _PLAIN_TYPES or type_name in TORCH_DECODED_GGUF
+    )
+
+
+def held_words(quantization: Mapping[str, Any]) -> str:
+    """How a quantized model's weights are held, in the words every view shows."""
+    decoded = quantization.get("dequantized_on_load") or []
+    words = (
+        f"kept as stored, each layer reading its weights as {quantization['dequantized_to']} "
+        "values as it computes"
+    )
+    if decoded:
+        words += f" ({', '.join(decoded)} weights dequantised to {quantization['dequantized_to']} when loaded)"
+    return words
 
 
 # fp8 safetensors ---------------------------------------------------------------------------
@@ -740,6 +772,15 @@ class GgufTensors:
 
     def keys(self) -> list[str]:
         return [n for n, _ in sorted(self.infos.items(), key=lambda item: item[1].start)]
+
+    def raw(self, name: str):
+        """One tensor's bytes as the file stores them (a uint8 copy)."""
+        import numpy as np
+        import torch
+
+        info = self.infos[name]
+        raw = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.start)
+        return torch.from_numpy(raw.copy())
 
     def get(self, name: str):
         """One tensor: F32, F16, F64 and integer types as stored (copied out of the file),

@@ -100,6 +100,7 @@ def test_scaled_fp8_single_file_loads_with_every_scale_applied_and_checks_health
         "types": ["F8_E4M3"],
         "files": [path.name],
         "dequantized_to": "bf16",
+        "dequantized_on_load": [],
     }
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     # Every weight read dequantised with its own scale (the scales are far from 1, so a dropped
@@ -415,6 +416,7 @@ def test_an_sd35_fp8_scaled_file_with_everything_inside_loads_every_part_dequant
         "types": ["F8_E4M3"],
         "files": [path.name],
         "dequantized_to": "bf16",
+        "dequantized_on_load": [],
     }
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     # Each part (the MMDiT through the layout's table, the CLIPs, the T5, the VAE) holds the

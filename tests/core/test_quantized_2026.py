@@ -392,7 +392,12 @@ def quantization_of(written: Written) -> dict[str, Any]:
         stored = {"format": "gguf", "types": sorted(set(written.types.values()))}
     else:
         stored = {"format": "fp8_scaled", "types": ["F8_E4M3"]}
-    return {**stored, "files": [written.path.name], "dequantized_to": "bf16"}
+    return {
+        **stored,
+        "files": [written.path.name],
+        "dequantized_to": "bf16",
+        "dequantized_on_load": [],
+    }
 
 
 # The layouts written: the ones diffusers' own converters read ---------------------------------

@@ -10,14 +10,17 @@ One responsibility per module, each importing only those before it:
   dtypes    the dtype codes: bits per element, display names, the torch dtype of each
   header    a safetensors header read and validated (read_header reads GGUF's too)
   pickles   the pickle policy: refusal, and the weights-only loader when allowed
-  reader    Checkpoint, an opened file: tensors on demand from a memory map, dequantised
+  stored    StoredTensor: a quantized weight kept as its file stores it, decoded per use
+  reader    Checkpoint, an opened file: tensors on demand from a memory map, quantized ones
+            kept as stored
   scan      the weight scan: NaN/Inf in every tensor, and the tensors' content digest (its
             record, `WeightScan`, is plain data in `app.core.weight_findings`)
   writer    write_safetensors
   cache     values computed from files' bytes, kept with the files' stamps; atomic JSON
   hashing   a file's sha256 and AUTOMATIC1111's short model hash
 
-The package imports torch only inside the functions that need it.
+The package imports torch only inside the functions that need it (and `stored`, which is
+imported by them).
 """
 
 from __future__ import annotations

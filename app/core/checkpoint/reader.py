@@ -32,11 +32,14 @@ class Checkpoint:
     """A single-file checkpoint opened for reading: names, shapes and dtypes up front, tensors
     on demand.
 
-    Quantized files are dequantised here, in `get`, so every loader reads plain weights: fp8
-    tensors are multiplied by their scales (`quantized.fp8_layout` pairs them; the scales, input
-    scales, ComfyUI's layer configs and the `scaled_fp8` marker are hidden from `keys`, `shapes`
-    and `dtypes`), GGUF files (recognised by their first bytes, bounds-checked before they are
-    mapped) are decoded by the gguf package. Both become `quantized.COMPUTE_DTYPE`. What a decoded weight shows wrong (a
+    Quantized files are read here, in `get`, as the values they mean, so every loader reads
+    them as weights: fp8 tensors with their scales (`quantized.fp8_layout` pairs them; the
+    scales, input scales, ComfyUI's layer configs and the `scaled_fp8` marker are hidden from
+    `keys`, `shapes` and `dtypes`) and GGUF files (recognised by their first bytes,
+    bounds-checked before they are mapped) come as `stored.StoredTensor`s, the file's bytes
+    decoded to `quantized.COMPUTE_DTYPE` values only while an operation reads them (GGUF block
+    types torch cannot decode are dequantised by the gguf package as they are read). What a
+    decoded weight shows wrong (a
     bad scale, implausible values) is kept in `findings` and reported to an active
     `quantized.collecting()`; `quantization` says how the file is stored. `component` names the
     pipeline part the file holds, when the loader knows it (for the findings).
@@ -181,23 +184,29 @@ class Checkpoint:
 
     def get(self, name: str):
         """One tensor: as stored (dtype and shape as in the file), except that fp8 and GGUF
-        weights come dequantised (see the class)."""
+        weights come as the values they mean (see the class)."""
+        from app.core.checkpoint import stored  # torch, on first read
+
         if self._tensors is not None:
             self.check_unchanged()
             return self._tensors[name]
         if self._gguf is not None:
             self.check_unchanged()
-            tensor = self._gguf.get(name)
+            kind = self._gguf.types[name]
+            if stored.gguf_decodable(kind):
+                tensor = stored.from_gguf(self._gguf.raw(name), kind, self.shapes[name])
+            else:
+                tensor = self._gguf.get(name)
             if self.dtypes[name].startswith(_GGUF_PREFIX):
                 self._check_decoded(name, tensor)
             return tensor
         tensor = self._stored(name)
         if self._fp8 is None or name not in self._fp8.fp8:
             return tensor
-        # The one place fp8 becomes a plain weight: scaled where the file has a scale.
+        # The one place fp8 becomes a weight: kept as stored, with its scale where it has one.
         scale = self._scales.get(name)
         problem = quantized.scale_problem(scale, tensor) if scale is not None else None
-        tensor = quantized.dequantize_fp8(tensor, scale)
+        tensor = stored.from_fp8(tensor, scale)
         if problem is not None:
             self._finding(name, f"has the scale {problem} (in {self._fp8.scale_of[name]})")
         else:

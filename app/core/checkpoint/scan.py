@@ -119,7 +119,10 @@ class WeightScanner:
     def check(self, name: str, tensor) -> None:
         if self._cancel is not None:
             self._cancel.raise_if_cancelled()
+        from app.core.checkpoint.stored import plain
+
         started = time.perf_counter()
+        tensor = plain(tensor)  # a weight kept as stored: its values, decoded once for both
         if not tensor_is_finite(tensor):
             self.non_finite.append(self._label + name)
         if self.digest is not None:

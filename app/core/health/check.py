@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
-from app.core import diagnosis
+from app.core import diagnosis, quantized
 from app.core.components import Verdict, join_words
 from app.core.components import words as component_words
 from app.core.diagnosis import no_half
@@ -225,8 +225,8 @@ def _damaged_weights(
     if quantization and not bad_quantized:
         notes.append(
             f"The model is stored quantized ({quantization['format']}: "
-            f"{', '.join(quantization['types'])}); the check ran on its weights dequantised to "
-            f"{quantization['dequantized_to']}, whose scales and decoded values are plausible."
+            f"{', '.join(quantization['types'])}), {quantized.held_words(quantization)}; "
+            "its scales and decoded values are plausible."
         )
     return bad_weights, bad_quantized, broken
 

@@ -139,24 +139,24 @@ def _copy_as(source, device, dtype):
 
 
 def tensor_bytes(module, shared_with=None) -> int:
-    """Bytes of `module`'s tensors, each storage once; with `shared_with`, only those not
-    shared with that module's (what a copy costs beside the loaded model on the same device)."""
-    shared = (
-        {
-            t.untyped_storage().data_ptr()
-            for t in itertools.chain(shared_with.parameters(), shared_with.buffers())
-        }
-        if shared_with is not None
-        else set()
-    )
+    """Bytes of `module`'s tensors, each storage once (a weight kept as stored counts its
+    file's bytes); with `shared_with`, only those not shared with that module's (what a copy
+    costs beside the loaded model on the same device)."""
+    from app.core.checkpoint.stored import storages
+
+    def held(of):
+        for tensor in itertools.chain(of.parameters(), of.buffers()):
+            yield from storages(tensor)
+
+    shared = {s.data_ptr() for s in held(shared_with)} if shared_with is not None else set()
     seen: set[int] = set()
     total = 0
-    for tensor in itertools.chain(module.parameters(), module.buffers()):
-        pointer = tensor.untyped_storage().data_ptr()
+    for storage in held(module):
+        pointer = storage.data_ptr()
         if pointer in shared or pointer in seen:
             continue
         seen.add(pointer)
-        total += tensor.untyped_storage().nbytes()
+        total += storage.nbytes()
     return total
 
 
@@ -221,7 +221,11 @@ def _compute_in_hook():
 
 def _narrower_storage(source, dtype, budget_mb: float | None):
     """The dtype `source` is stored in, where it is narrower than `dtype` and `source` in
-    `dtype` would take more than `budget_mb`; else None (placed in `dtype` as usual)."""
+    `dtype` would take more than `budget_mb`; else None (placed in `dtype` as usual). Weights
+    kept as their file stores them (fp8, GGUF) cost their stored bytes in any dtype: only the
+    others would widen."""
+    from app.core.checkpoint.stored import StoredTensor, stored_bytes
+
     if budget_mb is None:
         return None
     floats = [t for t in source.parameters() if t.is_floating_point()]
@@ -230,8 +234,10 @@ def _narrower_storage(source, dtype, budget_mb: float | None):
     stored = floats[0].dtype
     if any(t.dtype != stored for t in floats) or stored.itemsize >= dtype.itemsize:
         return None
-    wide = sum(t.numel() for t in floats) * dtype.itemsize
-    return stored if wide > budget_mb * 2**20 else None
+    widening = [t for t in floats if not isinstance(t, StoredTensor)]
+    kept = sum(stored_bytes(t) for t in floats if isinstance(t, StoredTensor))
+    wide = sum(t.numel() for t in widening) * dtype.itemsize + kept
+    return stored if widening and wide > budget_mb * 2**20 else None
 
 
 class PlacedPipeline:

@@ -1,0 +1,295 @@
+"""Weights kept as their file stores them (`StoredTensor`): fp8 bytes with their scale, GGUF
+blocks, decoded only for the length of the operation that reads them.
+
+A quantized file is read as the model it means, not as the bytes it holds: every stored weight
+stands for its values rounded to `COMPUTE_DTYPE` (bf16), as a weight dequantised on read would.
+A `StoredTensor` is a tensor of that logical shape whose dtype is the dtype it computes in. The
+file's bytes stay in memory (a GGUF tensor copied once, an fp8 tensor a view of the file's
+map), and every torch operation that reads the values gets them decoded, as bf16 and then in
+the tensor's dtype, for that operation alone: a `Linear` holds 0.56 bytes per weight for Q4_0
+and 1 for fp8, and 2 only for the one layer computing at a time.
+
+What precision a layer computes in is then a dtype, not a copy: `.to(torch.float32)` (an island,
+the fp32 reference) and `.to("cuda")` give a `StoredTensor` over the same bytes (moved to that
+device), so placing a component in any plan costs its stored bytes, never a wider copy. Row
+slices and concatenations along the first dimension (how a layout's fused weights are split
+into diffusers' layers) stay stored too. Anything that would change the values in place is
+refused: they are the file's.
+
+torch is imported at the top: this module is loaded only by code that reads tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+# What a stored weight's values mean: what they were dequantised to when read (see quantized).
+MEANING_DTYPE = torch.bfloat16
+FP8 = "fp8"
+
+
+class StoredTensor(torch.Tensor):
+    """A weight in its file's storage (`packed`, and `scale` for fp8), computing in `dtype`.
+
+    `codec` is "fp8" (packed: the fp8 tensor in the logical shape, scale: one fp32 number or
+    one per row) or a GGUF block type such as "Q4_0" (packed: uint8, one row of bytes per index
+    of the first dimension)."""
+
+    packed: torch.Tensor
+    scale: torch.Tensor | None
+    codec: str
+
+    @staticmethod
+    def __new__(cls, packed, codec: str, shape, dtype, scale=None):
+        made = torch.Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=dtype, device=packed.device, requires_grad=False
+        )
+        made.packed, made.codec, made.scale = packed, codec, scale
+        return made
+
+    def __init__(self, packed, codec: str, shape, dtype, scale=None) -> None:
+        super().__init__()
+
+    # Every operation goes straight to __torch_dispatch__ (no Python overhead per call above it).
+    __torch_function__ = torch._C._disabled_torch_function_impl  # pyright: ignore[reportAssignmentType]
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # never decodes: a repr stays cheap
+        return (
+            f"StoredTensor({self.codec}, shape={list(self.shape)}, computes in "
+            f"{str(self.dtype).removeprefix('torch.')}, {stored_bytes(self):,} bytes)"
+        )
+
+    def decoded(self, dtype=None) -> torch.Tensor:
+        """The values as a plain tensor in `dtype` (default: the tensor's own), on its device."""
+        values = _decode(self.packed, self.codec, self.scale, tuple(self.shape))
+        return values.to(dtype or self.dtype)
+
+    def _like(self, packed=None, scale=None, shape=None, dtype=None) -> StoredTensor:
+        return StoredTensor(
+            self.packed if packed is None else packed,
+            self.codec,
+            self.shape if shape is None else shape,
+            dtype or self.dtype,
+            self.scale if scale is None else scale,
+        )
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = _HANDLERS.get(func)
+        if handler is not None:
+            result = handler(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        if func._schema.is_mutable and _mutates_stored(func, args, kwargs):
+            raise TypeError(
+                f"a weight kept as its file stores it cannot be changed in place ({func})"
+            )
+        args, kwargs = tree_map_only(StoredTensor, lambda t: t.decoded(), (args, kwargs))
+        return func(*args, **kwargs)
+
+
+def _mutates_stored(func, args, kwargs) -> bool:
+    arguments = func._schema.arguments
+    for position, argument in enumerate(arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        if isinstance(value, StoredTensor):
+            return True
+    return False
+
+
+def plain(tensor):
+    """`tensor` with its values decoded if it is stored (for code that reads every value once,
+    such as a scan), else itself."""
+    return tensor.decoded() if isinstance(tensor, StoredTensor) else tensor
+
+
+def stored_bytes(tensor) -> int:
+    """The bytes a tensor holds: a stored one's packed bytes and scale, else its elements'."""
+    if isinstance(tensor, StoredTensor):
+        scale = 0 if tensor.scale is None else tensor.scale.numel() * tensor.scale.element_size()
+        return tensor.packed.numel() * tensor.packed.element_size() + scale
+    return tensor.numel() * tensor.element_size()
+
+
+def storages(tensor) -> list[Any]:
+    """The untyped storages holding a tensor's bytes (a stored one's packed bytes and scale)."""
+    if isinstance(tensor, StoredTensor):
+        held = [tensor.packed.untyped_storage()]
+        if tensor.scale is not None:
+            held.append(tensor.scale.untyped_storage())
+        return held
+    return [tensor.untyped_storage()]
+
+
+# Making them ------------------------------------------------------------------------------
+
+
+def gguf_decodable(type_name: str) -> bool:
+    """Whether a GGUF block type is decoded by torch (diffusers' ports of the gguf package's
+    decoders, on any device), so that it can be kept as stored."""
+    from app.core.quantized import TORCH_DECODED_GGUF
+
+    return type_name in TORCH_DECODED_GGUF and type_name in _gguf_decoders()
+
+
+def from_gguf(raw, type_name: str, shape) -> StoredTensor:
+    """A GGUF tensor's blocks (`raw`: uint8, all of the tensor's bytes) kept as stored."""
+    rows = shape[0] if len(shape) > 1 else 1
+    packed = raw.reshape(rows, -1)
+    return StoredTensor(packed, type_name, shape, MEANING_DTYPE)
+
+
+def from_fp8(values, scale=None) -> StoredTensor:
+    """An fp8 tensor (and its fp32 scale: one number or one per row) kept as stored."""
+    return StoredTensor(values, FP8, values.shape, MEANING_DTYPE, scale)
+
+
+# Decoding ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def _gguf_decoders() -> dict[str, Any]:
+    """GGUF type name -> (decoder, block size, block bytes): diffusers' torch ports, which run
+    on the tensor's own device (the gguf package's decoders are numpy, CPU only)."""
+    from diffusers.quantizers.gguf.utils import GGML_QUANT_SIZES, dequantize_functions
+
+    return {
+        kind.name: (decoder, *GGML_QUANT_SIZES[kind])
+        for kind, decoder in dequantize_functions.items()
+        if kind.name != "BF16"  # read as plain bf16, nothing to keep stored
+    }
+
+
+def _decode(packed, codec: str, scale, shape) -> torch.Tensor:
+    if codec == FP8:
+        from app.core.quantized import dequantize_fp8
+
+        return dequantize_fp8(packed, scale)
+    decoder, block, block_bytes = _gguf_decoders()[codec]
+    blocks = packed.reshape(-1, block_bytes)
+    # fp32 throughout, as the gguf package decodes: diffusers' default keeps a Q8_0 block's
+    # fp16 scale in fp16 and rounds each product there.
+    values = decoder(blocks, block, block_bytes, torch.float32)
+    return values.reshape(shape).to(MEANING_DTYPE)
+
+
+# Operations that keep the bytes as stored ---------------------------------------------------
+
+
+def _rows_sliceable(tensor: StoredTensor) -> bool:
+    """Whether a slice of the first dimension is a slice of `packed`'s rows: fp8 always, GGUF
+    when it has at least two dimensions (a 1-D tensor's blocks straddle its elements)."""
+    return tensor.codec == FP8 or tensor.dim() > 1
+
+
+def _row_scale(tensor: StoredTensor, start: int, stop: int):
+    if tensor.scale is None or tensor.scale.numel() == 1:
+        return tensor.scale
+    return tensor.scale.reshape(-1)[start:stop]
+
+
+def _alias(tensor, *args, **kwargs):
+    return tensor._like()
+
+
+def _to_copy(tensor, dtype=None, layout=None, device=None, pin_memory=None, **kwargs):
+    if (dtype is not None and not dtype.is_floating_point) or layout not in (None, torch.strided):
+        return NotImplemented
+    non_blocking = kwargs.get("non_blocking", False)
+    packed, scale = tensor.packed, tensor.scale
+    if device is not None and torch.device(device) != packed.device:
+        packed = packed.to(device, non_blocking=non_blocking)
+        scale = None if scale is None else scale.to(device, non_blocking=non_blocking)
+    return tensor._like(packed=packed, scale=scale, dtype=dtype)
+
+
+def _slice(tensor, dim=0, start=None, end=None, step=1):
+    size = tensor.shape[0]
+    if dim != 0 or step != 1 or not _rows_sliceable(tensor):
+        return NotImplemented
+    begin, stop, _ = slice(start, end).indices(size)
+    stop = max(begin, stop)
+    shape = (stop - begin, *tensor.shape[1:])
+    return tensor._like(
+        packed=tensor.packed[begin:stop], scale=_row_scale(tensor, begin, stop), shape=shape
+    )
+
+
+def _split_with_sizes(tensor, split_sizes, dim=0):
+    if dim != 0 or not _rows_sliceable(tensor):
+        return NotImplemented
+    parts, start = [], 0
+    for size in split_sizes:
+        parts.append(_slice(tensor, 0, start, start + size))
+        start += size
+    return parts
+
+
+def _split(tensor, split_size, dim=0):
+    if dim != 0:
+        return NotImplemented
+    total = tensor.shape[0]
+    sizes = [min(split_size, total - start) for start in range(0, total, split_size)]
+    return _split_with_sizes(tensor, sizes or [0], 0)
+
+
+def _cat(tensors, dim=0):
+    first = tensors[0] if tensors else None
+    if (
+        dim != 0
+        or not isinstance(first, StoredTensor)
+        or not all(
+            isinstance(t, StoredTensor)
+            and t.codec == first.codec
+            and t.dtype == first.dtype
+            and t.device == first.device
+            and t.shape[1:] == first.shape[1:]
+            and _rows_sliceable(t)
+            for t in tensors
+        )
+    ):
+        return NotImplemented
+    scale = None
+    if first.scale is not None:
+        scales = [t.scale for t in tensors]
+        if any(s is None for s in scales):
+            return NotImplemented
+        whole = [s for s in scales if s is not None and s.numel() == 1]
+        if len(whole) == len(scales) and all(torch.equal(s, whole[0]) for s in whole):
+            scale = first.scale
+        else:  # one scale per row for every part
+            scale = torch.cat(
+                [
+                    s.reshape(-1).expand(t.shape[0]) if s.numel() == 1 else s.reshape(-1)
+                    for s, t in zip(scales, tensors, strict=True)
+                    if s is not None
+                ]
+            )
+    packed = torch.cat([t.packed for t in tensors], dim=0)
+    shape = (sum(t.shape[0] for t in tensors), *first.shape[1:])
+    return first._like(packed=packed, scale=scale, shape=shape)
+
+
+def _clone(tensor, memory_format=None):
+    scale = None if tensor.scale is None else tensor.scale.clone()
+    return tensor._like(packed=tensor.packed.clone(), scale=scale)
+
+
+_aten = torch.ops.aten
+_HANDLERS = {
+    _aten.detach.default: _alias,
+    _aten.alias.default: _alias,
+    _aten._to_copy.default: _to_copy,
+    _aten.slice.Tensor: _slice,
+    _aten.split_with_sizes.default: _split_with_sizes,
+    _aten.split.Tensor: _split,
+    _aten.cat.default: _cat,
+    _aten.clone.default: _clone,
+}
