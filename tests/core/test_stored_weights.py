@@ -124,8 +124,9 @@ def test_a_stored_transformer_placed_in_any_precision_holds_its_stored_bytes_and
             device="cpu", dtypes={"transformer": dtypes}, memory_budget_mb=budget_mb
         )
         plan = plan.with_modules("transformer", islands) if islands else plan
-        placed = PlacedPipeline(source, plan)
-        wide = PlacedPipeline(SimpleNamespace(transformer=plain), plan)
+        with torch.inference_mode():  # as a job places its stages
+            placed = PlacedPipeline(source, plan)
+            wide = PlacedPipeline(SimpleNamespace(transformer=plain), plan)
         module = placed["transformer"]
 
         # The stored bytes are shared with the loaded model, whatever the dtype: a copy costs
@@ -184,4 +185,7 @@ def test_a_stored_weight_cannot_be_changed_in_place_and_slices_stay_stored():
     assert torch.equal((weight * 2), weight.decoded() * 2)  # any other operation: the values
     wide = weight.to(torch.float32)
     assert isinstance(wide, StoredTensor) and wide.packed is weight.packed
+    with torch.inference_mode():  # where `.to()` reaches the tensor whole
+        assert isinstance(weight.to(torch.float16), StoredTensor)
+        assert isinstance(torch.nn.Parameter(weight.to("cpu"), requires_grad=False), StoredTensor)
     assert "fp8" in repr(weight) and "computes in float32" in repr(wide)

@@ -45,9 +45,13 @@ class StoredTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, packed, codec: str, shape, dtype, scale=None):
-        made = torch.Tensor._make_wrapper_subclass(
-            cls, tuple(shape), dtype=dtype, device=packed.device, requires_grad=False
-        )
+        # Never an inference tensor, wherever it is made: a placement inside inference mode
+        # makes a Parameter of it, which detaches it, and torch sets a detached tensor's
+        # version counter (refused for inference tensors). Its bytes may be one.
+        with torch.inference_mode(False):
+            made = torch.Tensor._make_wrapper_subclass(
+                cls, tuple(shape), dtype=dtype, device=packed.device, requires_grad=False
+            )
         made.packed, made.codec, made.scale = packed, codec, scale
         return made
 
@@ -210,6 +214,18 @@ def _to_copy(tensor, dtype=None, layout=None, device=None, pin_memory=None, **kw
     return tensor._like(packed=packed, scale=scale, dtype=dtype)
 
 
+def _to_dtype(tensor, dtype, non_blocking=False, copy=False, memory_format=None):
+    return _to_copy(tensor, dtype=dtype, non_blocking=non_blocking)
+
+
+def _to_device(tensor, device, dtype, non_blocking=False, copy=False, memory_format=None):
+    return _to_copy(tensor, dtype=dtype, device=device, non_blocking=non_blocking)
+
+
+def _to_dtype_layout(tensor, dtype=None, layout=None, device=None, pin_memory=None, **kwargs):
+    return _to_copy(tensor, dtype=dtype, layout=layout, device=device, **kwargs)
+
+
 def _slice(tensor, dim=0, start=None, end=None, step=1):
     size = tensor.shape[0]
     if dim != 0 or step != 1 or not _rows_sliceable(tensor):
@@ -287,6 +303,10 @@ _HANDLERS = {
     _aten.detach.default: _alias,
     _aten.alias.default: _alias,
     _aten._to_copy.default: _to_copy,
+    # Under inference mode `.to()` arrives whole, not as `_to_copy`.
+    _aten.to.dtype: _to_dtype,
+    _aten.to.device: _to_device,
+    _aten.to.dtype_layout: _to_dtype_layout,
     _aten.slice.Tensor: _slice,
     _aten.split_with_sizes.default: _split_with_sizes,
     _aten.split.Tensor: _split,
