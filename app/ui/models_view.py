@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
 
 from app.core.demo import DEMO_LABEL, DEMO_MODELS
 from app.core.models.summary import ModelSummary
-from app.core.quantized import held_words
 from app.core.requests import LoadRequest
 from app.core.weight_findings import WeightScan
 from app.engine.events import EngineEvent, EventState, StillLoaded
@@ -560,6 +559,8 @@ class ModelsView(QWidget):
             facts.append(f"stored as {model.stored_dtype}")
         quantization = model.quantization
         if quantization:
+            from app.core.quantized import held_words  # a quantized model's words, when shown
+
             facts.append(f"quantized ({quantization.get('format')}), {held_words(quantization)}")
         if model.native_size:
             facts.append(f"made for {model.native_size}×{model.native_size} px")
