@@ -45,14 +45,15 @@ def transformer_config() -> dict:
     }
 
 
-def random_bfl_state() -> dict:
-    """The transformer's weights under BFL names, random at a real model's scale."""
+def random_bfl_state(config: dict | None = None) -> dict:
+    """The transformer's weights under BFL names (of `config`, default this script's), random
+    at a real model's scale, in fp32."""
     import torch
     from diffusers import FluxTransformer2DModel
 
     from app.core import layouts, split
 
-    config = transformer_config()
+    config = config or transformer_config()
     with torch.device("meta"):
         model = FluxTransformer2DModel(**config)
     generator = torch.Generator().manual_seed(0)

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from common import PeakMemory, emit, machine, machine_line, names, status
-from quantized_load import write_form
+from quantized_load import random_bfl_state, write_form
 
 FORMS = ("fp8_scaled", "gguf_Q8_0", "gguf_Q4_0")
 GIB = 2**30
@@ -59,26 +59,6 @@ def transformer_config() -> dict:
         "guidance_embeds": True,
         "axes_dims_rope": (16, 56, 56),
     }
-
-
-def random_bfl_state() -> dict:
-    """The transformer's weights under BFL names, random at a real model's scale (fp32)."""
-    import torch
-    from diffusers import FluxTransformer2DModel
-
-    from app.core import layouts, split
-
-    config = transformer_config()
-    with torch.device("meta"):
-        model = FluxTransformer2DModel(**config)
-    generator = torch.Generator().manual_seed(0)
-    state = {
-        k: torch.randn(v.shape, generator=generator) * 0.02 for k, v in model.state_dict().items()
-    }
-    rows = split.layout_of("flux").table({**model.config, "_class_name": "FluxTransformer2DModel"})
-    original = layouts.to_original(rows, state)
-    del state
-    return original
 
 
 def load(path: Path):
@@ -204,7 +184,7 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="halfsafe-stored-bench-") as scratch:
         root = Path(scratch)
         with status("random weights at Flux.1's width"):
-            state = random_bfl_state()
+            state = random_bfl_state(transformer_config())
         files = {}
         for form in forms:
             suffix = ".gguf" if form.startswith("gguf") else ".safetensors"
