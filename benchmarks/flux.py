@@ -119,9 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64,128")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--models", default="flux-dev,flux-schnell,chroma,sd3.5,zimage,qwenimage"
-    )
+    parser.add_argument("--models", default="flux-dev,flux-schnell,chroma,sd3.5,zimage,qwenimage")
     parser.add_argument("--json")
     args = parser.parse_args()
     rows = [

@@ -9,8 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from app.core.health.check import Headline
-from app.core.jobs import DONE
+from app.core.jobs import DONE, Headline
 
 
 def progress_for(stream: TextIO) -> RedrawnLine | ProgressLines:

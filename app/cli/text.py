@@ -155,18 +155,27 @@ def _memory_words(memory: dict) -> str:
     budget = memory.get("budget_mb")
     if budget is None:
         return ""
+    source = " (the GPU's free memory)" if memory.get("budget_from") == "free memory" else ""
     words = (
-        f"budget {budget:,.0f} MB; the check's copies held at most "
+        f"budget {budget:,.0f} MB{source}; the check's copies held at most "
         f"{memory.get('peak_placed_mb', 0):,.0f} MB at once"
     )
     in_place = memory.get("computed_in_place") or []
     if in_place:
         parts = ", ".join(component_words(name) for name in in_place)
         words += f"; the {parts} computed wider layer by layer from the stored weights"
+    streamed = memory.get("streamed") or {}
+    if streamed:
+        parts = ", ".join(
+            f"the {component_words(name)} ({held['blocks']} blocks, "
+            f"{held['block_mb']:,.0f} MB at a time)"
+            for name, held in streamed.items()
+        )
+        words += f"; streamed block by block: {parts}"
     if memory.get("peak_placed_mb", 0) > budget:
         words += (
-            " (over the budget: a part's weights as stored take more, and parts are not yet "
-            "streamed block by block)"
+            " (over the budget: the layers kept on the device and the largest block take "
+            "more than it)"
         )
     return words + "."
 

@@ -40,3 +40,10 @@ class CancelToken:
     def raise_if_cancelled(self) -> None:
         if self._event.is_set():
             raise CancelledError()
+
+
+class Headline(str):
+    """A progress stage that is a finding, not a phase: what failed and at which layer, said
+    as soon as a check's probe shows it, or how a job's parts will be held in memory, said
+    before it starts. A consumer that does not know it shows it as a stage; the CLI prints it
+    as a line of its own, the engine sends it as a warning."""

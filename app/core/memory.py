@@ -85,3 +85,48 @@ def _release_cached_memory() -> None:
     mps = getattr(torch, "mps", None)
     if mps is not None and torch.backends.mps.is_available():
         mps.empty_cache()
+
+
+def _gb(count: int) -> str:
+    return f"{count / 2**30:.1f} GB" if count >= 2**30 / 10 else f"{count / 2**20:,.0f} MB"
+
+
+def plan_words(parts, budget_mb: float | None) -> str | None:
+    """One line saying how a job's components will be held under the memory budget (from
+    `placement.memory_plan`), said before a long job; None when every part fits whole as
+    the plan asks (nothing to say)."""
+    from app.core.components import words as component_words
+
+    if budget_mb is None:
+        return None
+    said = []
+    for part in parts:
+        words = component_words(part.component)
+        if part.streams:
+            held = part.sizes
+            said.append(
+                f"the {words} streams block by block ({_gb(held.whole)} as held: "
+                f"{_gb(held.resident)} kept on the device and one of {held.blocks} blocks, "
+                f"up to {_gb(held.block)}, at a time)"
+            )
+        if part.stored_dtype is not None:
+            said.append(
+                f"the {words} computes in {part.dtype} from its {part.stored_dtype} weights "
+                "layer by layer"
+            )
+    if not said:
+        return None
+    return f"Memory budget {budget_mb * 2**20 / 2**30:.1f} GB: " + "; ".join(said) + "."
+
+
+def said_memory_plan(pipeline, plan, progress) -> None:
+    """Say before a long job how its components will be held under the memory budget (a
+    `Headline`: a line of its own), where any part streams or computes in place."""
+    from app.core.jobs import Headline
+    from app.core.precision.placement import memory_plan
+
+    if plan.memory_budget_mb is None:
+        return
+    words = plan_words(memory_plan(pipeline, plan), plan.memory_budget_mb)
+    if words:
+        progress(Headline(words), 0, 0)

@@ -99,7 +99,9 @@ def probe_prediction_type(pipeline, *, zero_terminal_snr: bool = False) -> Predi
     from app.core.families import family_of
 
     unet = pipeline.unet
-    device, dtype = unet.device, unet.dtype
+    from app.core.precision.streaming import device_of
+
+    device, dtype = device_of(unet), unet.dtype
     config = pipeline.scheduler.config
     schedule = DDPMScheduler(  # only for the model's noise schedule
         **{k: config[k] for k in _SCHEDULE if k in config},

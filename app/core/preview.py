@@ -45,7 +45,9 @@ def fit_colours(family, vae) -> LatentColours | None:
     channels = family.latent.channels
     generator = torch.Generator().manual_seed(0)
     latents = torch.randn((FIT_IMAGES, channels, FIT_CELLS, FIT_CELLS), generator=generator)
-    device = next(vae.parameters()).device
+    from app.core.precision.streaming import device_of
+
+    device = device_of(vae)
     with torch.inference_mode():
         pixels = family.decode(vae, latents.to(device)).float().cpu()
     factor = pixels.shape[-1] // FIT_CELLS

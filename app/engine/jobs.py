@@ -149,10 +149,10 @@ def _saved(context: JobContext, model: Any, result: CheckResult) -> CheckResult:
 
 
 def _headlines_as_warnings(context: JobContext) -> ProgressCallback:
-    """The check's progress callback: its headline (what failed, at which layer, found before
-    the fixes are proved) goes out at once as a warning event, a plain string; the rest as
-    progress."""
-    from app.core.health.check import Headline
+    """A job's progress callback: a headline (what failed, at which layer, found before the
+    fixes are proved; how the parts are held in memory) goes out at once as a warning event,
+    a plain string; the rest as progress."""
+    from app.core.jobs import Headline
 
     def on_progress(stage: str, done: int, total: int) -> None:
         if isinstance(stage, Headline):
@@ -176,7 +176,7 @@ def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:
         result = requested.generate(
             model,
             request,
-            on_progress=context.progress,
+            on_progress=_headlines_as_warnings(context),
             on_preview=context.preview,
             cancel=context.cancel,
         )

@@ -27,6 +27,7 @@ is tested in that family's own file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -621,6 +622,24 @@ def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed(family_id, pl
     settings = PrecisionSettings.from_mapping({**FP16.to_dict(), **fix.settings})
     again = check(loaded(planted(family_id, plant), family_id, "again"), settings)
     assert again.verdict == "healthy"
+
+
+# Less than any tiny component holds as stored: every component streams block by block.
+STREAMED = dataclasses.replace(FP16, max_vram_gb=0.0001)
+
+
+@pytest.mark.parametrize(("family_id", "plant"), PLANTED)
+def test_streamed_block_by_block_the_check_finds_the_same_layer_and_fix(family_id, plant):
+    resident = check(loaded(planted(family_id, plant), family_id, "resident"))
+    streamed = check(loaded(planted(family_id, plant), family_id, "streamed"), STREAMED)
+
+    memory = streamed.to_json()["memory"]
+    assert plant.component in memory["streamed"]  # its blocks came to the device one at a time
+    assert streamed.verdict == resident.verdict == "fixable"
+    for name, report in resident.components.items():
+        got = streamed.components[name]
+        assert (got.status, got.first_bad_module) == (report.status, report.first_bad_module)
+    assert streamed.fix.verified and streamed.fix.settings == resident.fix.settings
 
 
 # --- generation ----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """A memory budget (`max_vram_gb`): a component that would not fit in a dtype wider than it is
-stored in keeps its stored weights and computes in the wider dtype layer by layer. The answers
-are those of a copy in the wider dtype, exactly (a cast from fp16 to fp32 is exact), so a
-check under a budget gives the same verdict, layer and fix, while holding the stored bytes.
+stored in keeps its stored weights and computes in the wider dtype layer by layer; one that
+would not fit even as stored streams block by block. The answers are those of a resident copy
+in the wider dtype, exactly (a cast from fp16 to fp32 is exact), so a check under a budget gives
+the same verdict, layer and fix, while holding the stored bytes or one block at a time.
 
 The budget makes the same plan on a CPU as on a GPU, so these run here."""
 
@@ -20,6 +21,10 @@ from tests.support.tiny_models import build_tiny_sd_pipeline
 
 PARTS = ("text_encoder", "unet", "vae")
 TINY_BUDGET_GB = 0.001  # 1 MiB: less than any tiny component in fp32
+STREAM_BUDGET_GB = 0.0001  # 0.1 MiB: less than any tiny component as stored: all stream
+# MiB between the failing part's stored fp16 bytes and its fp32 copy's (UNet 2.8 / 5.6, VAE
+# 0.6 / 1.2): it computes wider in place, whole.
+IN_PLACE_MB = {"unet": 4.0, "vae": 1.0}
 
 
 def _half_stored(fault: str | None = None):
@@ -54,7 +59,7 @@ def test_a_part_over_the_budget_computes_wider_from_its_stored_weights_exactly()
     pipeline = _half_stored()
     inputs = _unet_inputs(pipeline)
     resident = placement.PlacedPipeline(pipeline, _plan(None), components=["unet"])
-    budgeted = placement.PlacedPipeline(pipeline, _plan(1.0), components=["unet"])
+    budgeted = placement.PlacedPipeline(pipeline, _plan(IN_PLACE_MB["unet"]), components=["unet"])
     wide, narrow = resident["unet"], budgeted["unet"]
     assert wide.conv_in.weight.dtype == torch.float32
     assert narrow.conv_in.weight.dtype == torch.float16  # stored as it was
@@ -75,13 +80,14 @@ def test_a_part_within_the_budget_or_stored_as_wide_is_placed_as_before():
     roomy = placement.PlacedPipeline(pipeline, _plan(10_000.0), components=["unet"])
     assert roomy["unet"].conv_in.weight.dtype == torch.float32
     fp32_stored = build_tiny_sd_pipeline()
-    tight = placement.PlacedPipeline(fp32_stored, _plan(1.0), components=["unet"])
+    tight = placement.PlacedPipeline(fp32_stored, _plan(6.0), components=["unet"])
     assert tight["unet"].conv_in.weight.dtype == torch.float32
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["in-place", "streamed"])
 @pytest.mark.parametrize(("fault", "component"), [("unet_ff", "unet"), ("vae", "vae")])
 def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
-    fault, component, monkeypatch
+    fault, component, streamed, monkeypatch
 ):
     most: dict[str, int] = {}  # the most each component's copy held on the device
     apply = placement.PlacedPipeline.apply
@@ -105,8 +111,9 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
         )
         return report, dict(most)
 
+    budget_gb = STREAM_BUDGET_GB if streamed else IN_PLACE_MB[component] / 1024
     free, free_held = check(0.0)
-    tight, tight_held = check(TINY_BUDGET_GB)
+    tight, tight_held = check(budget_gb)
     assert free.verdict == tight.verdict == "fixable"
     for name in PARTS:
         assert free.components[name].status == tight.components[name].status
@@ -114,16 +121,28 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
     assert free.fix is not None and tight.fix is not None
     assert tight.fix.settings == free.fix.settings
     assert tight.fix.verified
-    # The failing part's fp32 reference held its stored fp16 bytes, not a copy twice as big.
-    assert tight_held[component] * 2 == free_held[component]
     assert free.plan.memory_budget_mb is None
-    assert tight.plan.memory_budget_mb == pytest.approx(TINY_BUDGET_GB * 1024)
-    # The report says so.
+    assert tight.plan.memory_budget_mb == pytest.approx(budget_gb * 1024)
     free_memory, tight_memory = free.to_json()["memory"], tight.to_json()["memory"]
     assert free_memory["budget_mb"] is None and free_memory["computed_in_place"] == []
-    assert tight_memory["budget_mb"] == pytest.approx(TINY_BUDGET_GB * 1024)
+    assert free_memory["streamed"] == {}
+    assert tight_memory["budget_mb"] == pytest.approx(budget_gb * 1024)
     assert tight_memory["computed_in_place"] == [component]
-    assert tight_memory["peak_placed_mb"] < free_memory["peak_placed_mb"] or component == "vae"
+    if not streamed:
+        # The failing part's fp32 reference held its stored fp16 bytes, not a copy twice as big.
+        assert tight_held[component] * 2 == free_held[component]
+        assert tight_memory["peak_placed_mb"] < free_memory["peak_placed_mb"] or component == "vae"
+        return
+    # Streamed: every part held its resident layers and one block, less than the whole (the
+    # tiny text encoder is mostly its token embedding, which stays).
+    assert sorted(tight_memory["streamed"]) == list(PARTS)
+    for name in PARTS:
+        said = tight_memory["streamed"][name]
+        assert said["blocks"] >= 2 and said["block_mb"] > 0
+        held_mb = said["resident_mb"] + said["block_mb"]
+        assert held_mb == pytest.approx(tight_held[name] / 2**20, abs=0.01), name
+        assert tight_held[name] < free_held[name] / (1 if name == "text_encoder" else 2), name
+    assert tight_memory["peak_placed_mb"] < free_memory["peak_placed_mb"]
 
 
 def test_the_budget_is_a_setting_and_a_flag():
@@ -153,10 +172,11 @@ def test_a_generation_under_a_budget_makes_the_same_image(tmp_path):
             precision=PrecisionSettings(no_half=True, max_vram_gb=budget),
             device="cpu",
         ).images[0]
-        for budget in (0.0, TINY_BUDGET_GB)
+        for budget in (0.0, TINY_BUDGET_GB, STREAM_BUDGET_GB)
     ]
-    assert [i.status for i in images] == ["ok", "ok"]
-    assert np.array_equal(np.asarray(images[0].image), np.asarray(images[1].image))
+    assert [i.status for i in images] == ["ok", "ok", "ok"]
+    for image in images[1:]:  # computed wider in place, then streamed block by block
+        assert np.array_equal(np.asarray(images[0].image), np.asarray(image.image))
 
 
 def test_the_check_says_what_its_copies_held_under_a_budget():
@@ -173,4 +193,7 @@ def test_the_check_says_what_its_copies_held_under_a_budget():
     (line,) = [line for line in health_text(report).splitlines() if line.startswith("Memory:")]
     assert line.startswith("Memory:  budget 1 MB; the check's copies held at most ")
     assert "the VAE computed wider layer by layer from the stored weights" in line
-    assert "over the budget" in line  # the tiny text encoder's fp16 weights alone are 3 MB
+    # The tiny text encoder's and UNet's fp16 weights (3 MB) stream, a block at a time.
+    assert "streamed block by block: the text encoder (2 blocks" in line
+    # The tiny text encoder's token embedding alone (2 MB) stays on the device.
+    assert "(over the budget: the layers kept on the device and the largest block" in line

@@ -29,7 +29,7 @@ from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
-from app.core.memory import is_out_of_memory
+from app.core.memory import is_out_of_memory, said_memory_plan
 from app.core.pictures import (
     NO_STRENGTH_BECAUSE,
     STRENGTH_DEFAULT,
@@ -231,6 +231,7 @@ def _generate_unsaved(
     entries: list[ImageResult] = []
     learned: _Learned | None = None
     try:
+        said_memory_plan(model.pipeline, plan, progress)
         progress("Encoding the prompt", 0, steps_run(request.steps, request.strength, mode))
         outcomes = job.run(plan, seeds)
         finals: list[tuple[Outcome, Repair | None, str | None, int | None]] = []

@@ -31,7 +31,9 @@ class NanWatch:
 
         import torch
 
-        device = next(unet.parameters()).device
+        from app.core.precision.streaming import device_of
+
+        device = device_of(unet)
         self.sample_argument = sample_argument  # the denoiser's keyword for the latents
         self.timestep_argument = timestep_argument
         self._signature = inspect.signature(unet.forward)  # names positional arguments

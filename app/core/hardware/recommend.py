@@ -156,7 +156,8 @@ def _recommend(
     )
     rec["max_vram_gb"] = 0.0
     why["max_vram_gb"] = (
-        "No budget of your own: set one to leave room for other programs on the device"
+        "No budget of your own: a GPU's free memory at the start of each job is used; set one to "
+        "leave room for other programs on the device"
     )
     ordered = {key: rec[key] for key in PRECISION_KEYS}
     PrecisionSettings(**ordered)  # every value valid for the schema

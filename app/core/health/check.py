@@ -40,7 +40,8 @@ from app.core.health.stages import (
     first_bad_name,
 )
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
-from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
+from app.core.jobs import DONE, CancelToken, Headline, ProgressCallback, no_progress
+from app.core.memory import said_memory_plan
 from app.core.pictures import Mode, Pictures, mode_of, read_pictures
 from app.core.precision import PrecisionPlan
 from app.core.probe import ProbeResult
@@ -52,13 +53,6 @@ if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or on
     from app.core.quantized import QuantFinding
 
 STAGES = 3  # the progress total: the text encoders, the denoiser, the VAE (+ its encoder)
-
-
-class Headline(str):
-    """A progress stage that is the check's first finding, not a phase: what failed and at
-    which layer, said as soon as the probe shows it, before the fixes are tried and proved.
-    A consumer that does not know it shows it as a stage; the CLI prints it as a line of its
-    own, the engine sends it as a warning."""
 
 
 def found(component: str, dtype: str, first_bad: str | None) -> Headline:
@@ -123,6 +117,7 @@ def check_loaded(
     check = _Check(
         model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel, pictures
     )
+    said_memory_plan(model.pipeline, start.plan, progress)
     try:
         encoded = check.text_encoders()
         if pictures is not None:
@@ -544,8 +539,13 @@ def _report(
         pictures=list(pictures.sources) if pictures else [],
         memory={
             "budget_mb": plan.memory_budget_mb,
+            "budget_from": plan.memory_budget_from,
             "peak_placed_mb": round(check.runner.placed.peak_bytes / 2**20, 1),
             "computed_in_place": sorted(check.runner.placed.computed_in_place),
+            "streamed": {
+                name: streamed.to_json()
+                for name, streamed in sorted(check.runner.placed.streamed.items())
+            },
         },
     )
 

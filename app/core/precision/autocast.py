@@ -88,7 +88,9 @@ class _AutocastOff:
     def enter(self, module, args) -> None:
         import torch
 
-        device_type = next(module.parameters()).device.type
+        from app.core.precision.streaming import device_of
+
+        device_type = device_of(module).type
         context = (
             torch.autocast(device_type, enabled=False)
             if torch.is_autocast_enabled(device_type)

@@ -9,12 +9,26 @@ import copy
 import functools
 import itertools
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import FP16_MAX, module_of
 from app.core.precision.attention import set_attention
 from app.core.precision.autocast import _ENTRY_SUBMODULES, _AutocastOff, _set_autocast
-from app.core.precision.plan import PrecisionPlan, _is_t5_feed_forward, torch_dtype
+from app.core.precision.plan import (
+    PrecisionPlan,
+    _is_t5_feed_forward,
+    dtype_name,
+    torch_dtype,
+)
+from app.core.precision.streaming import (
+    Sizes,
+    Streamed,
+    sizes,
+    streamed_copy,
+    streamed_of,
+    wanted_dtypes,
+)
 
 
 def _cast_floats(value, dtype):
@@ -117,20 +131,22 @@ def _make_clamps(module, paths: Iterable[str]) -> None:
         module.get_submodule(path).register_forward_hook(_clamp_hook)
 
 
-def _copy_as(source, device, dtype):
-    """A copy of the module `source` whose floating tensors are on `device` in `dtype`, made
-    one tensor at a time: each tensor is converted as the copy takes it, so the peak is the
-    source and the copy, never a second copy in the source's dtype on the way (a whole-module
-    `deepcopy` then `.to()`). A tensor already on that device in that dtype is shared with the
-    source, not copied: an island or clamp changes the copy's own Parameter objects, never the
-    storage they share, so the loaded model stays as it was."""
+def _copy_as(source, device, dtype, islands: Mapping[str, str] | None = None):
+    """A copy of the module `source` whose floating tensors are on `device` in `dtype` (an
+    island's in its own, see `wanted_dtypes`), made one tensor at a time: each tensor is
+    converted as the copy takes it, so the peak is the source and the copy, never a second
+    copy in the source's dtype on the way (a whole-module `deepcopy` then `.to()`). A tensor
+    already on that device in that dtype is shared with the source, not copied: an island or
+    clamp changes the copy's own Parameter objects, never the storage they share, so the
+    loaded model stays as it was."""
     import torch
 
+    wanted_of = wanted_dtypes(source, dtype, islands or {})
     converted: dict[int, Any] = {}
     for tensor in itertools.chain(source.parameters(), source.buffers()):
         if id(tensor) in converted:
             continue
-        wanted = dtype if tensor.is_floating_point() else tensor.dtype
+        wanted = wanted_of.get(id(tensor), tensor.dtype)
         twin = tensor.detach().to(device=device, dtype=wanted)
         if isinstance(tensor, torch.nn.Parameter):
             twin = torch.nn.Parameter(twin, requires_grad=False)
@@ -146,7 +162,8 @@ def tensor_bytes(module, shared_with=None) -> int:
 
     def held(of):
         for tensor in itertools.chain(of.parameters(), of.buffers()):
-            yield from storages(tensor)
+            if tensor.device.type != "meta":  # a streamed block's placeholder holds nothing
+                yield from storages(tensor)
 
     shared = {s.data_ptr() for s in held(shared_with)} if shared_with is not None else set()
     seen: set[int] = set()
@@ -240,6 +257,61 @@ def _narrower_storage(source, dtype, budget_mb: float | None):
     return stored if widening and wide > budget_mb * 2**20 else None
 
 
+def _over_budget(source, dtype, budget_mb: float | None) -> bool:
+    """Whether `source` placed whole with its floating tensors in `dtype` (weights kept as
+    stored at their stored bytes) would take more than `budget_mb`, and it has blocks to stream."""
+    if budget_mb is None or next(source.parameters()).device.type != "cpu":
+        return False
+    held = sizes(source, dtype)
+    return held.whole > budget_mb * 2**20 and held.blocks > 0
+
+
+@dataclass(frozen=True)
+class PartMemory:
+    """How a plan places one component under its memory budget, before it is placed."""
+
+    component: str
+    dtype: str  # the plan's dtype for it
+    stored_dtype: str | None  # set when it keeps this narrower stored dtype, computing wider
+    sizes: Sizes  # in the dtype it is held in
+    streams: bool
+
+
+def memory_plan(pipeline, plan: PrecisionPlan) -> list[PartMemory]:
+    """How each component of `plan` will be held on the device, as `PlacedPipeline.apply`
+    will place it: whole, whole in its stored dtype computing wider, or streamed."""
+    parts = []
+    for name, dtype in plan.dtypes.items():
+        source = getattr(pipeline, name, None)
+        if source is None or next(source.parameters(), None) is None:
+            continue
+        storage, streams = _form(source, plan, name)
+        wide = torch_dtype(dtype)
+        parts.append(
+            PartMemory(
+                component=name,
+                dtype=dtype,
+                stored_dtype=dtype_name(storage) if storage != wide else None,
+                sizes=sizes(source, storage, plan.islands(name)),
+                streams=streams,
+            )
+        )
+    return parts
+
+
+def _form(source, plan: PrecisionPlan, name: str):
+    """The dtype `name`'s floating tensors are held in under `plan` (its own, or the narrower
+    one it is stored in where the wider copy would not fit the budget) and whether it streams."""
+    dtype = plan.dtypes[name]
+    islands = plan.islands(name)
+    clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
+    stored = _narrower_storage(source, torch_dtype(dtype), plan.memory_budget_mb)
+    if islands or clamps:
+        stored = None
+    storage = stored or torch_dtype(dtype)
+    return storage, _over_budget(source, storage, plan.memory_budget_mb)
+
+
 class PlacedPipeline:
     """A pipeline's components on the job's device, each in its plan's dtype (and its module
     islands, `PrecisionPlan.modules`, in theirs), one stage's components at a time.
@@ -263,6 +335,9 @@ class PlacedPipeline:
         # The components placed at some point in their stored dtype, computing wider layer by
         # layer because the wider copy would not fit the plan's memory budget.
         self.computed_in_place: set[str] = set()
+        # The components streamed block by block at some point, because even as stored they
+        # would not fit the budget whole (the last streaming of each).
+        self.streamed: dict[str, Streamed] = {}
         self.apply(plan, components)
 
     @property
@@ -292,15 +367,15 @@ class PlacedPipeline:
             islands = plan.islands(name)
             clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
             source = getattr(self.source, name)
-            stored = _narrower_storage(source, torch_dtype(dtype), plan.memory_budget_mb)
-            if islands or clamps:
-                stored = None
+            storage, streams = _form(source, plan, name)
+            stored = storage if storage != torch_dtype(dtype) else None
             key = (
                 dtype,
                 tuple(sorted(islands.items())),
                 clamps,
                 name in plan.t5_feed_forward,
                 stored,
+                streams,
             )
             current = self._placed.get(name)
             if current is not None and current[0] == key:
@@ -308,12 +383,19 @@ class PlacedPipeline:
             else:
                 current = None
                 self._drop(name)  # free the old copy before making the new one
-                module = self._place(
-                    source,
-                    device,
-                    stored or torch_dtype(dtype),
-                    copy_always=bool(islands or clamps or stored),
-                )
+                if streams:
+                    module, streamed = streamed_copy(source, device, storage, islands)
+                    module.eval().requires_grad_(False)
+                    _add_cast_hooks(module)
+                    self.streamed[name] = streamed
+                else:
+                    module = self._place(
+                        source,
+                        device,
+                        storage,
+                        copy_always=bool(islands or clamps or stored),
+                        islands=islands,
+                    )
                 if stored is not None:  # over the budget wider: the stored weights, computed wider
                     _compute_in(module, torch_dtype(dtype))
                     self.computed_in_place.add(name)
@@ -325,7 +407,8 @@ class PlacedPipeline:
                 )
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
-                self._bytes[name] = tensor_bytes(module)
+                held = streamed_of(module)
+                self._bytes[name] = tensor_bytes(module) + (held.block_bytes if held else 0)
                 self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             use_autocast = plan.autocast and dtype == "fp16"
             _set_autocast(module, device.type if use_autocast else None)
@@ -333,7 +416,7 @@ class PlacedPipeline:
                 set_attention(module, plan)
 
     @staticmethod
-    def _place(source, device, dtype, copy_always: bool = False):
+    def _place(source, device, dtype, copy_always: bool = False, islands=None):
         first = next(source.parameters())
         same = first.device == device and all(p.dtype == dtype for p in source.parameters())
         if same and not copy_always:
@@ -341,7 +424,7 @@ class PlacedPipeline:
         elif first.device.type == "cpu" or copy_always:
             # Islands and clamps change a copy, never the loaded model; a copy to the device
             # or to another dtype is made tensor by tensor (same-place tensors shared).
-            module = _copy_as(source, device, dtype)
+            module = _copy_as(source, device, dtype, islands)
         else:  # a model loaded on the device itself moves, as before
             module = source.to(device=device, dtype=dtype)
         module.eval().requires_grad_(False)

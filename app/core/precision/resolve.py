@@ -12,6 +12,7 @@ from app.core.components import COMPONENTS as ALL_COMPONENTS
 from app.core.components import SETTING_FOLLOWS
 from app.core.precision.autocast import autocast_available, autocast_problem
 from app.core.precision.plan import COMPONENT_SETTING, DTYPE_NAMES, PrecisionPlan
+from app.core.precision.streaming import device_budget_mb
 from app.core.settings import PrecisionSettings, modules_by_component
 
 
@@ -201,6 +202,10 @@ def resolve_plan(
             modules.setdefault(component, {}).update(dict.fromkeys(paths, dtype))
             if key in from_memory:
                 reasons[key] = "A fix verified for this model on this device is remembered."
+    budget = float(user.get("max_vram_gb") or 0.0) * 1024 or None
+    budget_from = "setting" if budget else None
+    if budget is None and (budget := device_budget_mb(device_str)) is not None:
+        budget_from = "free memory"
     return PrecisionPlan(
         device=device_str,
         dtypes=dtypes,
@@ -217,7 +222,8 @@ def resolve_plan(
         reasons=reasons,
         warnings=tuple(warnings),
         remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
-        memory_budget_mb=float(user.get("max_vram_gb") or 0.0) * 1024 or None,
+        memory_budget_mb=budget,
+        memory_budget_from=budget_from,
     )
 
 

@@ -44,8 +44,10 @@ SCHEMA: tuple[Field, ...] = (
         "The most GPU memory HalfSafe's copy of a model part may take, to leave room for other "
         "programs: a part that would not fit in a wider precision (the fp32 reference of a "
         "health check, a fix or no-half that widens fp16 weights) keeps its weights as stored "
-        "and computes layer by layer in the wider precision, slower but within the budget. "
-        "0: no budget of your own.",
+        "and computes layer by layer in the wider precision; a part whose stored weights do not "
+        "fit streams its blocks to the GPU one at a time. Both are slower but give the same "
+        "results. 0: no budget of your own (an NVIDIA or AMD GPU's free memory at the start of "
+        "each job, less room for its activations).",
         "Device",
         minimum=0.0,
         maximum=4096.0,

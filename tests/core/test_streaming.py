@@ -1,0 +1,158 @@
+"""A component streamed block by block (`precision.streaming`): its blocks are placeholders on
+the meta device except while their forward runs, the rest stays placed, and it computes what a
+resident copy computes, islands included. A budget makes the same plan on a CPU as on a GPU,
+and a streamed tensor read outside its block fails here as it would there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.core import health
+from app.core.jobs import Headline
+from app.core.memory import plan_words
+from app.core.precision import PrecisionPlan, placement, streaming
+from app.core.settings import PrecisionSettings
+from tests.core.test_health import loaded
+from tests.core.test_memory_budget import _half_stored, _unet_inputs
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+STREAM_MB = 0.1  # less than any tiny component as stored
+UNET_ISLAND = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.2"
+
+
+def _placed(pipeline, budget_mb, dtype="fp16", islands=None):
+    plan = PrecisionPlan(device="cpu", dtypes={"unet": dtype}, memory_budget_mb=budget_mb)
+    if islands:
+        plan = plan.with_modules("unet", islands)
+    return placement.PlacedPipeline(pipeline, plan, components=["unet"])
+
+
+def test_the_blocks_are_the_children_of_each_outermost_list_of_weighted_blocks():
+    pipeline = build_tiny_sd_pipeline()
+    unet_blocks = streaming.block_paths(pipeline.unet)
+    assert unet_blocks[:6] == [
+        "down_blocks.0",
+        "down_blocks.1",
+        "down_blocks.2",
+        "up_blocks.0",
+        "up_blocks.1",
+        "up_blocks.2",
+    ]
+    assert "mid_block.resnets.0" in unet_blocks  # a list inside a part that is not one
+    assert streaming.block_paths(pipeline.text_encoder) == ["encoder.layers.0", "encoder.layers.1"]
+    vae_blocks = streaming.block_paths(pipeline.vae)
+    assert "decoder.up_blocks.0" in vae_blocks and "encoder.down_blocks.3" in vae_blocks
+    assert streaming.block_paths(torch.nn.Linear(4, 4)) == []  # nothing to stream
+
+
+def test_a_streamed_component_computes_as_a_resident_copy_and_holds_one_block_at_a_time():
+    pipeline = _half_stored()
+    inputs = _unet_inputs(pipeline)
+    resident, streamed = _placed(pipeline, None), _placed(pipeline, STREAM_MB)
+    twin = streamed["unet"]
+    held = streamed.streamed["unet"]
+    sizes = streaming.sizes(pipeline.unet, torch.float16)
+
+    # Outside its forward every block tensor is a meta placeholder, in the dtype it computes in.
+    weight = twin.get_submodule(UNET_ISLAND).weight
+    assert weight.device.type == "meta" and weight.dtype == torch.float16
+    assert twin.conv_in.weight.device.type == "cpu"  # the rest is placed
+    seen: list[str] = []
+    block = twin.get_submodule("down_blocks.0")
+    block.register_forward_pre_hook(
+        lambda module, args: seen.append(module.resnets[0].conv1.weight.device.type)
+    )
+    with torch.inference_mode():
+        got = twin(**inputs).sample
+        expected = resident["unet"](**inputs).sample
+    assert seen == ["cpu"]  # brought in for its own forward
+    assert torch.equal(got, expected)
+    assert twin.get_submodule(UNET_ISLAND).weight.device.type == "meta"  # let go after
+    # What it held: the placed rest and the largest block, as counted before placing it.
+    assert held.blocks == sizes.blocks and held.block_bytes == sizes.block
+    assert held.resident_bytes == sizes.resident
+    assert streamed.placed_bytes == sizes.resident + sizes.block < sizes.whole
+    assert all(p.device.type == "cpu" for p in pipeline.unet.parameters())  # loaded: untouched
+
+
+def test_a_streamed_tensor_read_outside_its_blocks_forward_fails_and_a_failed_block_lets_go():
+    twin = _placed(_half_stored(), STREAM_MB)["unet"]
+    layer = twin.get_submodule(UNET_ISLAND)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        layer(torch.ones(1, layer.in_features, dtype=torch.float16)).sum().item()
+
+    block = twin.get_submodule("down_blocks.0")
+    block.register_forward_hook(lambda *_: (_ for _ in ()).throw(ValueError("planted")))
+    with pytest.raises(ValueError, match="planted"), torch.inference_mode():
+        twin(**_unet_inputs(_half_stored()))
+    assert block.resnets[0].conv1.weight.device.type == "meta"
+
+
+@pytest.mark.parametrize("budget_mb", [None, STREAM_MB], ids=["resident", "streamed"])
+def test_an_island_is_made_from_the_loaded_values_not_the_narrower_copy(budget_mb):
+    # A weight past fp16's range in an fp32 file: an fp32 island keeps it (it would be inf in
+    # an island made from the fp16 copy), resident and streamed alike.
+    pipeline = build_tiny_sd_pipeline()
+    with torch.no_grad():
+        pipeline.unet.get_submodule(UNET_ISLAND).weight[0, 0] = 1e6
+    placed = _placed(pipeline, budget_mb, islands={UNET_ISLAND: "fp32"})
+    layer = placed["unet"].get_submodule(UNET_ISLAND)
+    with torch.inference_mode():
+        if budget_mb is not None:  # read inside its block's forward
+            kept: list[torch.Tensor] = []
+            layer.register_forward_hook(lambda m, a, o: kept.append(m.weight.clone()))
+            placed["unet"](**_unet_inputs(pipeline))
+            weight = kept[0]
+        else:
+            weight = layer.weight
+    assert weight.dtype == torch.float32 and weight[0, 0].item() == 1e6
+
+
+def test_the_memory_plan_is_said_before_the_job_where_a_part_streams():
+    pipeline = _half_stored()
+    plan = PrecisionPlan(
+        device="cpu",
+        dtypes={"text_encoder": "fp16", "unet": "fp32", "vae": "fp16"},
+        memory_budget_mb=4.0,
+    )
+    parts = {p.component: p for p in placement.memory_plan(pipeline, plan)}
+    # The UNet's fp32 copy (5.6 MB) would not fit: it computes from its fp16 weights (2.8 MB)
+    # whole; nothing streams.
+    assert parts["unet"].stored_dtype == "fp16" and not parts["unet"].streams
+    assert plan_words(list(parts.values()), None) is None  # no budget: nothing to say
+    words = plan_words(list(parts.values()), 4.0)
+    assert words == (
+        "Memory budget 0.0 GB: the UNet computes in fp32 from its fp16 weights layer by layer."
+    )
+
+    stages: list[str] = []
+    health.check_loaded(
+        loaded(_half_stored(), "said-plan"),
+        precision=PrecisionSettings(precision="fp16", max_vram_gb=STREAM_MB / 1024),
+        device="cpu",
+        size=64,
+        remember=False,
+        measure_cost=False,
+        on_progress=lambda stage, done, total: stages.append(stage),
+    )
+    (said,) = [s for s in stages if isinstance(s, Headline)]
+    assert said.startswith("Memory budget 0.0 GB: the text encoder streams block by block (")
+    assert "the UNet streams block by block" in said and "one of 2 blocks" in said
+
+
+def test_without_a_budget_a_cuda_gpu_budgets_its_free_memory_less_a_reserve(monkeypatch):
+    assert streaming.device_budget_mb("cpu") is None
+    assert streaming.device_budget_mb("mps") is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gib = 2**30
+    # An 8 GB card with 7.5 GB free keeps 1.6 GB (a fifth) for activations.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(7.5 * gib), 8 * gib))
+    assert streaming.device_budget_mb("cuda:0") == pytest.approx(7.5 * 1024 - 0.2 * 8 * 1024)
+    # A 6 GB card keeps at least 1.5 GB; a full one still gets a working minimum.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(5.6 * gib), 6 * gib))
+    assert streaming.device_budget_mb("cuda") == pytest.approx(5.6 * 1024 - 1536)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (gib // 2, 6 * gib))
+    assert streaming.device_budget_mb("cuda") == streaming.BUDGET_MIN_MB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert streaming.device_budget_mb("cuda") is None
