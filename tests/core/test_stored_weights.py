@@ -199,3 +199,25 @@ def test_a_stored_weight_cannot_be_changed_in_place_and_slices_stay_stored():
         assert isinstance(weight.to(torch.float16), StoredTensor)
         assert isinstance(torch.nn.Parameter(weight.to("cpu"), requires_grad=False), StoredTensor)
     assert "fp8" in repr(weight) and "computes in float32" in repr(wide)
+
+
+def test_swapping_a_stored_weights_dtype_for_a_forward_decodes_nothing(monkeypatch):
+    # How a layer computing wider than it stores swaps its weight (`tensor.data = ...`): torch
+    # asks whether the two are shallow-copy compatible, which decoded both (twice the decoding
+    # of every layer a budget made compute wider or stream).
+    from app.core.checkpoint import stored
+
+    values = torch.randn(8, 32)
+    scale = values.abs().amax(1) / 448
+    weight = from_fp8((values / scale[:, None]).to(torch.float8_e4m3fn), scale)
+    parameter = torch.nn.Parameter(weight, requires_grad=False)
+    decoded = []
+    real = stored._decode
+    monkeypatch.setattr(stored, "_decode", lambda *a: decoded.append(1) or real(*a))
+
+    with torch.inference_mode():
+        kept = parameter.data
+        parameter.data = parameter.data.to(torch.float32)
+        assert parameter.dtype == torch.float32
+        parameter.data = kept
+    assert decoded == [] and parameter.dtype == weight.dtype

@@ -299,7 +299,15 @@ def _clone(tensor, memory_format=None):
 
 
 _aten = torch.ops.aten
+def _shallow_copy_compatible(tensor, other):
+    # Asked by `tensor.data = other` (how a layer computing in another dtype swaps its weight
+    # for the length of its forward): two stored tensors are; without this both were decoded.
+    both = isinstance(tensor, StoredTensor) and isinstance(other, StoredTensor)
+    return True if both else NotImplemented
+
+
 _HANDLERS = {
+    _aten._has_compatible_shallow_copy_type.default: _shallow_copy_compatible,
     _aten.detach.default: _alias,
     _aten.alias.default: _alias,
     _aten._to_copy.default: _to_copy,
