@@ -227,3 +227,26 @@ def test_wait_phases_come_from_the_check_stages_in_order():
         {"phase": "report", "s": 0.25},
     ]
     assert user_wait.phases([], 1.0) == []  # a model built in place reports no load stage
+
+
+def test_the_family_projection_counts_published_shapes_and_judges_cards_as_placement_does():
+    import family_memory
+
+    document = family_memory.run(type("Args", (), {"families": "sd15,sdxl,flux1", "json": None})())
+    families = document["families"]
+    # The published parameter counts, counted on the meta device.
+    assert round(families["sd15"]["parts"]["unet"]["parameters"] / 1e6) == 860
+    assert round(families["flux1"]["parts"]["transformer"]["parameters"] / 1e8) == 119
+    # SDXL's fp16 UNet (4.8 GiB) is over a 6 GB card's budget (4.0 GiB) and streams; Flux.1's
+    # Q4_0 transformer streams on an 8 GB card and fits whole on a 24 GB one.
+    assert families["sdxl"]["rows"]["16-bit"]["cards"]["6"] == "streams unet"
+    assert families["sdxl"]["rows"]["16-bit"]["cards"]["8"] == "whole"
+    assert families["flux1"]["rows"]["Q4_0"]["cards"]["8"] == "streams transformer"
+    assert families["flux1"]["rows"]["Q4_0"]["cards"]["24"] == "whole"
+    assert family_memory.card_budget(6) == pytest.approx((5.5 - 1.5) * 2**30)
+    budget = family_memory.card_budget(8)
+    # A part whose resident layers and largest block exceed the budget cannot run at all.
+    parts = {
+        "unet": {"forms": {"x": {"whole": 9 * 2**30, "resident": budget, "block": 1, "blocks": 3}}}
+    }
+    assert family_memory.verdict(parts, "x", budget).startswith("no (unet needs")

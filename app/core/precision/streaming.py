@@ -122,9 +122,11 @@ class Sizes:
     blocks: int
 
 
-def sizes(source, dtype, islands=None) -> Sizes:
+def sizes(source, dtype, islands=None, bytes_of=None) -> Sizes:
     """`source`'s bytes placed in `dtype` (islands in theirs; weights kept as stored at their
-    stored bytes), whole and streamed, counted from the loaded model without placing it."""
+    stored bytes), whole and streamed, counted from the loaded model without placing it (a
+    model on the meta device too). `bytes_of(name, tensor, dtype)`, where given, says what a
+    tensor holds instead (a projection of a file format the model is not loaded from)."""
     import torch
 
     from app.core.checkpoint.stored import StoredTensor, stored_bytes
@@ -135,12 +137,15 @@ def sizes(source, dtype, islands=None) -> Sizes:
     per_block = [0] * len(paths)
     resident = 0
     seen: set[int] = set()
-    for tensor in itertools.chain(source.parameters(), source.buffers()):
+    named = itertools.chain(source.named_parameters(), source.named_buffers())
+    for name, tensor in named:
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
         wanted = wanted_of.get(id(tensor), tensor.dtype)
-        if isinstance(tensor, StoredTensor):
+        if bytes_of is not None:
+            held = bytes_of(name, tensor, wanted)
+        elif isinstance(tensor, StoredTensor):
             held = stored_bytes(tensor)
         else:
             held = tensor.numel() * torch.empty((), dtype=wanted).element_size()
