@@ -156,3 +156,16 @@ def test_without_a_budget_a_cuda_gpu_budgets_its_free_memory_less_a_reserve(monk
     assert streaming.device_budget_mb("cuda") == streaming.BUDGET_MIN_MB
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert streaming.device_budget_mb("cuda") is None
+
+
+def test_a_dropped_streamed_copy_frees_what_it_placed_at_once():
+    import weakref
+
+    pipeline = _half_stored()
+    placed = _placed(pipeline, STREAM_MB)
+    resident = weakref.ref(placed["unet"].conv_in.weight)
+    assert resident() is not None
+    placed.apply(placed.plan, components=())  # the next stage places nothing of it
+    # No reference cycle keeps the placed layers alive until a garbage collection.
+    assert resident() is None
+    assert placed.streamed["unet"].blocks > 0  # the record of how it was held stays

@@ -299,6 +299,8 @@ def _clone(tensor, memory_format=None):
 
 
 _aten = torch.ops.aten
+
+
 def _shallow_copy_compatible(tensor, other):
     # Asked by `tensor.data = other` (how a layer computing in another dtype swaps its weight
     # for the length of its forward): two stored tensors are; without this both were decoded.

@@ -24,12 +24,10 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.precision.plan import torch_dtype
-
-_CONTAINERS = ("ModuleList", "Sequential")
 
 
 def wanted_dtypes(source, dtype, islands: Mapping[str, str]) -> dict[int, Any]:
@@ -53,16 +51,15 @@ def wanted_dtypes(source, dtype, islands: Mapping[str, str]) -> dict[int, Any]:
     return wanted_of
 
 
-@dataclass
+@dataclass(frozen=True)
 class Streamed:
     """What a streamed component holds on the device: `resident_bytes` for the whole stage,
-    plus one of its `blocks` at a time, the largest `block_bytes`."""
+    plus one of its `blocks` at a time, the largest `block_bytes`. A record only: it holds no
+    reference to the placed modules, so a dropped copy is freed."""
 
     blocks: int
     resident_bytes: int
     block_bytes: int
-    # (module, tensor name, "parameter" or "buffer", the loaded tensor) per block
-    _tensors: list[list[tuple[Any, str, str, Any]]] = field(default_factory=list, repr=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -87,7 +84,7 @@ def block_paths(module) -> list[str]:
         found: list[str] = []
         for name, child in parent.named_children():
             path = f"{prefix}{name}"
-            is_list = type(child).__name__ in _CONTAINERS or _is_container(child)
+            is_list = _is_container(child)
             weighted = [c for c in child.children() if holds_weights(c)] if is_list else []
             if is_list and len(weighted) >= 2:
                 for index, block in child.named_children():
@@ -188,14 +185,12 @@ def streamed_copy(source, device, dtype, islands=None) -> tuple[Any, Streamed]:
         block, loaded = module.get_submodule(path), source.get_submodule(path)
         tensors = []
         for owner_name, owner in block.named_modules():
-            twin_owner = owner
             loaded_owner = loaded.get_submodule(owner_name) if owner_name else loaded
             for kind, named in (("parameter", owner._parameters), ("buffer", owner._buffers)):
-                for name, held in named.items():
+                for name, placeholder in named.items():
                     loaded_tensor = getattr(loaded_owner, name)
-                    if held is not None and owner_of.get(id(loaded_tensor)) == index:
-                        tensors.append((twin_owner, name, kind, loaded_tensor))
-        streamed._tensors.append(tensors)
+                    if placeholder is not None and owner_of.get(id(loaded_tensor)) == index:
+                        tensors.append((owner, name, kind, loaded_tensor))
         _add_stream_hooks(block, tensors, torch.device(device))
     module._halfsafe_streamed = streamed
     module._halfsafe_onload_device = torch.device(device)
