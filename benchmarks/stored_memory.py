@@ -118,15 +118,13 @@ def placements(transformer) -> tuple[int, list[tuple[str, int]]]:
     return peak, held
 
 
-def call(transformer, size: int):
-    """One fp32 call from a placed fp32 copy: (RAM peak MiB, seconds, output)."""
+def flux_inputs(size: int) -> dict:
+    """One transformer call's inputs at `size` px (64 text tokens), the same every run."""
     import torch
-
-    from app.core.precision import PrecisionPlan, placement
 
     tokens = (size // 16) ** 2
     generator = torch.Generator().manual_seed(0)
-    inputs = {
+    return {
         "hidden_states": torch.randn(1, tokens, 64, generator=generator),
         "encoder_hidden_states": torch.randn(1, 64, 4096, generator=generator),
         "pooled_projections": torch.randn(1, 768, generator=generator),
@@ -135,6 +133,31 @@ def call(transformer, size: int):
         "img_ids": torch.zeros(tokens, 3),
         "txt_ids": torch.zeros(64, 3),
     }
+
+
+def written_forms(root: Path, forms: list[str]) -> tuple[dict[str, Path], int]:
+    """The random Flux.1-width transformer written in each form under `root`: the files and
+    its parameter count."""
+    with status("random weights at Flux.1's width"):
+        state = random_bfl_state(transformer_config())
+    files = {}
+    for form in forms:
+        suffix = ".gguf" if form.startswith("gguf") else ".safetensors"
+        with status(f"writing the {form} transformer"):
+            files[form] = write_form(form, state, root / f"flux-width-{form}{suffix}")
+    parameters = sum(t.numel() for t in state.values())
+    del state
+    gc.collect()
+    return files, parameters
+
+
+def call(transformer, size: int):
+    """One fp32 call from a placed fp32 copy: (RAM peak MiB, seconds, output)."""
+    import torch
+
+    from app.core.precision import PrecisionPlan, placement
+
+    inputs = flux_inputs(size)
     plan = PrecisionPlan(device="cpu", dtypes={"transformer": "fp32"})
     with PeakMemory("cpu") as ram, torch.inference_mode():
         placed = placement.PlacedPipeline(SimpleNamespace(transformer=transformer), plan)
@@ -182,17 +205,7 @@ def run(args) -> dict:
     forms = names(args.forms, FORMS)
     document = {"machine": machine("cpu"), "size": args.size, "forms": {}}
     with tempfile.TemporaryDirectory(prefix="halfsafe-stored-bench-") as scratch:
-        root = Path(scratch)
-        with status("random weights at Flux.1's width"):
-            state = random_bfl_state(transformer_config())
-        files = {}
-        for form in forms:
-            suffix = ".gguf" if form.startswith("gguf") else ".safetensors"
-            with status(f"writing the {form} transformer"):
-                files[form] = write_form(form, state, root / f"flux-width-{form}{suffix}")
-        document["parameters"] = sum(t.numel() for t in state.values())
-        del state
-        gc.collect()
+        files, document["parameters"] = written_forms(Path(scratch), forms)
         for form in forms:
             document["forms"][form] = measure(files[form], args.size)
     return document

@@ -31,8 +31,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from common import emit, machine, machine_line, names, status
-from quantized_load import random_bfl_state, write_form
-from stored_memory import DOUBLE, FULL_DOUBLE, FULL_SINGLE, SINGLE, load, transformer_config
+from stored_memory import (
+    DOUBLE,
+    FULL_DOUBLE,
+    FULL_SINGLE,
+    SINGLE,
+    flux_inputs,
+    load,
+    written_forms,
+)
 
 FORMS = ("bf16", "gguf_Q4_0")
 GIB = 2**30
@@ -76,17 +83,7 @@ def call(transformer, size: int, budget_mb: float | None):
 
     from app.core.precision import PrecisionPlan, placement
 
-    tokens = (size // 16) ** 2
-    generator = torch.Generator().manual_seed(0)
-    inputs = {
-        "hidden_states": torch.randn(1, tokens, 64, generator=generator),
-        "encoder_hidden_states": torch.randn(1, 64, 4096, generator=generator),
-        "pooled_projections": torch.randn(1, 768, generator=generator),
-        "timestep": torch.tensor([0.5]),
-        "guidance": torch.tensor([3.5]),
-        "img_ids": torch.zeros(tokens, 3),
-        "txt_ids": torch.zeros(64, 3),
-    }
+    inputs = flux_inputs(size)
     plan = PrecisionPlan(device="cpu", dtypes={"transformer": "fp32"}, memory_budget_mb=budget_mb)
     with torch.inference_mode():
         placed = placement.PlacedPipeline(SimpleNamespace(transformer=transformer), plan)
@@ -149,17 +146,7 @@ def run(args) -> dict:
         "forms": {},
     }
     with tempfile.TemporaryDirectory(prefix="halfsafe-streamed-bench-") as scratch:
-        root = Path(scratch)
-        with status("random weights at Flux.1's width"):
-            state = random_bfl_state(transformer_config())
-        files = {}
-        for form in forms:
-            suffix = ".gguf" if form.startswith("gguf") else ".safetensors"
-            with status(f"writing the {form} transformer"):
-                files[form] = write_form(form, state, root / f"flux-width-{form}{suffix}")
-        document["parameters"] = sum(t.numel() for t in state.values())
-        del state
-        gc.collect()
+        files, document["parameters"] = written_forms(Path(scratch), forms)
         for form in forms:
             document["forms"][form] = measure(files[form], args.size, args.budget_share)
     return document

@@ -53,11 +53,19 @@ def _asked(error: BaseException) -> str:
 def sentence(error: BaseException, doing: str) -> str:
     """One sentence for running out of memory while `doing` ("checking the model")."""
     memory = _which_memory(error)
-    other = "the GPU" if memory.startswith("The GPU") else "memory"
+    gpu = memory.startswith("The GPU")
+    # On a GPU a lower budget makes the large parts stream block by block (`streaming`); the
+    # computer's memory holds the loaded model whole, which no budget changes.
+    budget = (
+        ", a lower Memory budget (Settings, or --max-vram) so that large parts stream"
+        if gpu
+        else ""
+    )
+    other = "the GPU" if gpu else "memory"
     return (
         f"{memory} ran out while {doing}{_asked(error)}: try a smaller size or fewer images "
-        f"at once, or close other programs that use {other}; nothing from this job was "
-        "saved or remembered."
+        f"at once{budget}, or close other programs that use {other}; nothing from this job "
+        "was saved or remembered."
     )
 
 

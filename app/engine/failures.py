@@ -54,8 +54,9 @@ def describe_exception(error: BaseException, kind: str = "") -> Failure:
         return Failure(_sentence(text) or f"Something went wrong while {doing}.", "", name)
     if name == "OutOfMemoryError" or "out of memory" in lowered:
         return Failure(
-            f"The GPU ran out of memory while {doing}; try a smaller image size or batch, "
-            "or close other programs that use the GPU.",
+            f"The GPU ran out of memory while {doing}; try a smaller image size or batch, a "
+            "lower Memory budget in Settings so that large parts stream, or close other "
+            "programs that use the GPU.",
             details,
             "OutOfMemoryError",
         )

@@ -96,8 +96,9 @@ def test_a_check_that_runs_out_of_memory_is_one_sentence_exit_2_and_remembers_no
     # Its last line (before it, the check may have said what it found first).
     assert captured.err.strip().splitlines()[-1:] == [
         "halfsafe: The GPU's memory ran out while checking the model (it asked for 2.00 GiB "
-        "more): try a smaller size or fewer images at once, or close other programs that use "
-        "the GPU; nothing from this job was saved or remembered."
+        "more): try a smaller size or fewer images at once, a lower Memory budget "
+        "(Settings, or --max-vram) so that large parts stream, or close other programs that "
+        "use the GPU; nothing from this job was saved or remembered."
     ]
     assert "Traceback" not in captured.out + captured.err
     assert _nothing_remembered()
@@ -121,8 +122,9 @@ def test_a_generation_whose_repair_runs_out_of_memory_saves_and_remembers_nothin
     assert status == 2
     assert captured.err.strip().splitlines() == [
         "halfsafe: The GPU's memory ran out while generating (it asked for 2.00 GiB more): "
-        "try a smaller size or fewer images at once, or close other programs that use the "
-        "GPU; nothing from this job was saved or remembered."
+        "try a smaller size or fewer images at once, a lower Memory budget (Settings, or "
+        "--max-vram) so that large parts stream, or close other programs that use the GPU; nothing from this "
+        "job was saved or remembered."
     ]
     assert not out.exists() or not any(out.iterdir())
     assert _nothing_remembered()

@@ -173,7 +173,8 @@ def test_cancel_drops_a_queued_job_without_running_it(engine):
         (
             "oom",
             "The GPU ran out of memory while running the job; try a smaller image size or "
-            "batch, or close other programs that use the GPU.",
+            "batch, a lower Memory budget in Settings so that large parts stream, or close "
+            "other programs that use the GPU.",
         ),
         ("generate", "No model is loaded; load one on the Models page first."),
         ("nonsense", "This engine cannot run 'nonsense' jobs."),
