@@ -249,6 +249,9 @@ BF16_LAYERS = _halfsafe("BF16 layers", "layers run in bf16", "modules", "bf16_mo
 CLAMPED_LAYERS = _halfsafe(
     "Clamped layers", "layers whose output is clamped to fp16's range", "modules", "clamp_modules"
 )
+VAE_TILING = _halfsafe(
+    "VAE tiling", "whether the VAE decoded the picture in tiles (on, off)", "setting", "vae_tiling"
+)
 NAN_CHECK = _halfsafe("NaN check", "whether the NaN watch was on", "setting", "nan_check")
 AUTO_FIX = _halfsafe("Auto fix", "what to do when an output goes non-finite", "setting", "auto_fix")
 DEVICE = _halfsafe("Device", "the device it ran on", "setting", "device")
@@ -302,6 +305,7 @@ KEYS: tuple[Key, ...] = (
     FP32_LAYERS,
     BF16_LAYERS,
     CLAMPED_LAYERS,
+    VAE_TILING,
     NAN_CHECK,
     AUTO_FIX,
     DEVICE,

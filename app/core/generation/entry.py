@@ -38,6 +38,7 @@ from app.core.pictures import (
     read_pictures,
     steps_run,
 )
+from app.core.precision import tiling
 from app.core.settings import FIELDS, PrecisionSettings
 
 
@@ -199,6 +200,8 @@ def _generate_unsaved(
         device_info=info,
         remembered=remembered.settings if remembered else None,
     )
+    vae = getattr(model.pipeline, "vae", None)
+    plan = tiling.resolve(plan, vae, request.height, request.width)
     warnings = list(plan.warnings) + found.notes + strength_note
     warnings.extend(
         problem

@@ -154,6 +154,8 @@ def _recommend(
         if rec["no_half"]
         else "Half precision is usable here; a targeted fix from the health check beats --no-half"
     )
+    rec["vae_tiling"] = "auto"
+    why["vae_tiling"] = "Tiles only a decode that would not fit the GPU's memory"
     rec["max_vram_gb"] = 0.0
     why["max_vram_gb"] = (
         "No budget of your own: a GPU's free memory at the start of each job is used; set one to "

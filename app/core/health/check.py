@@ -43,7 +43,7 @@ from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.jobs import DONE, CancelToken, Headline, ProgressCallback, no_progress
 from app.core.memory import said_memory_plan
 from app.core.pictures import Mode, Pictures, mode_of, read_pictures
-from app.core.precision import PrecisionPlan
+from app.core.precision import PrecisionPlan, tiling
 from app.core.probe import ProbeResult
 from app.core.settings import PrecisionSettings
 
@@ -110,6 +110,7 @@ def check_loaded(
         raise HalfSafeError(f"{model.name}: {problem}")
     pictures = read_pictures(images, mask, size, size, references, control)
     start = _start(model, precision, device, use_remembered)
+    start.plan = tiling.resolve(start.plan, getattr(model.pipeline, "vae", None), size, size)
     if problem is not None and (
         control or family.picture_problem(model.pipeline, Mode.INPAINT) is None
     ):  # an inpainting (Fill among them) or control model, checked without its picture
@@ -540,6 +541,7 @@ def _report(
         memory={
             "budget_mb": plan.memory_budget_mb,
             "budget_from": plan.memory_budget_from,
+            "vae_tiling": plan.vae_tiling,
             "peak_placed_mb": round(check.runner.placed.peak_bytes / 2**20, 1),
             "computed_in_place": sorted(check.runner.placed.computed_in_place),
             "streamed": {

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import FP16_MAX, module_of
+from app.core.precision import tiling
 from app.core.precision.attention import set_attention
 from app.core.precision.autocast import _ENTRY_SUBMODULES, _AutocastOff, _set_autocast
 from app.core.precision.plan import (
@@ -369,6 +370,8 @@ class PlacedPipeline:
             source = getattr(self.source, name)
             storage, streams = _form(source, plan, name)
             stored = storage if storage != torch_dtype(dtype) else None
+            # A tiled VAE is a copy (its tensors shared): the loaded VAE keeps no job's tiling.
+            tiled = name == "vae" and plan.vae_tiling == "on"
             key = (
                 dtype,
                 tuple(sorted(islands.items())),
@@ -376,6 +379,7 @@ class PlacedPipeline:
                 name in plan.t5_feed_forward,
                 stored,
                 streams,
+                tiled,
             )
             current = self._placed.get(name)
             if current is not None and current[0] == key:
@@ -393,7 +397,7 @@ class PlacedPipeline:
                         source,
                         device,
                         storage,
-                        copy_always=bool(islands or clamps or stored),
+                        copy_always=bool(islands or clamps or stored or tiled),
                         islands=islands,
                     )
                 if stored is not None:  # over the budget wider: the stored weights, computed wider
@@ -414,6 +418,8 @@ class PlacedPipeline:
             _set_autocast(module, device.type if use_autocast else None)
             if name in ("unet", "vae"):
                 set_attention(module, plan)
+            if name == "vae":
+                tiling.apply(module, plan)
 
     @staticmethod
     def _place(source, device, dtype, copy_always: bool = False, islands=None):

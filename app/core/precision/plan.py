@@ -77,6 +77,9 @@ class PrecisionPlan:
     # Where the budget came from: "setting" (`max_vram_gb`), "free memory" (a CUDA GPU's free
     # memory less a reserve, `streaming.device_budget_mb`), None for no budget.
     memory_budget_from: str | None = None
+    # Whether the VAE decodes in tiles: "on" or "off" once a job has resolved it for its
+    # picture size (`tiling.resolve`), "auto" until then (the setting).
+    vae_tiling: str = "auto"
 
     def with_dtypes(self, **dtypes: str) -> PrecisionPlan:
         return replace(self, dtypes={**self.dtypes, **dtypes})
@@ -142,6 +145,7 @@ class PrecisionPlan:
             "fp16_accumulation": self.fp16_accumulation,
             "attention_reduced_precision": self.attention_reduced_precision,
             "t5_fp32_feed_forward": any(self.islands(c) for c in self.t5_feed_forward),
+            "vae_tiling": self.vae_tiling,
             **self.module_settings(),
         }
 

@@ -224,6 +224,7 @@ def resolve_plan(
         remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
         memory_budget_mb=budget,
         memory_budget_from=budget_from,
+        vae_tiling=str(user.get("vae_tiling") or "auto"),
     )
 
 

@@ -14,6 +14,7 @@ DTYPE_CHOICES = ("auto", "fp16", "bf16", "fp32")
 PRECISION_CHOICES = (*DTYPE_CHOICES, "autocast")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math", "classic")
 AUTO_FIX_CHOICES = ("off", "ask", "auto")
+VAE_TILING_CHOICES = ("auto", "on", "off")
 SCHEDULERS = ("euler", "euler_a", "dpmpp_2m_karras", "ddim")
 
 GROUPS = ("Device", "Precision", "Attention", "Accumulation", "NaN safety", "Generation", "Folders")
@@ -53,6 +54,19 @@ SCHEMA: tuple[Field, ...] = (
         maximum=4096.0,
         cli=True,
         flag="max-vram",
+    ),
+    Field(
+        "vae_tiling",
+        "choice",
+        "auto",
+        "VAE tiling",
+        "Decode (and encode) the picture in overlapping tiles, so that a large picture's VAE "
+        "fits in less GPU memory, at the cost of slightly different pixels along the seams. "
+        "auto tiles on a GPU when the decode at the asked size would not fit the memory left "
+        "beside the VAE; on always tiles a picture larger than one tile; off never tiles.",
+        "Device",
+        choices=VAE_TILING_CHOICES,
+        cli=True,
     ),
     Field(
         "precision",

@@ -39,6 +39,7 @@ class PrecisionSettings:
     nan_check: bool = FIELDS["nan_check"].default
     auto_fix: str = FIELDS["auto_fix"].default
     max_vram_gb: float = FIELDS["max_vram_gb"].default
+    vae_tiling: str = FIELDS["vae_tiling"].default
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -1,0 +1,75 @@
+"""VAE tiling: decoding (and encoding) a picture in overlapping tiles with diffusers' own tiled
+decode, so that a large picture's activations fit beside the VAE on a small card. The classic
+case: SDXL at 1024 px with its VAE in fp32 (the cure for its black images) needs several GB of
+activations in the decoder's last blocks, more than a 6 or 8 GB card has left.
+
+The `vae_tiling` setting is "on", "off" or "auto"; a job resolves "auto" once, from its picture
+size, before it runs (`resolve`), so its plan and every record made from it say "on" or "off":
+what ran. The activation recorder keeps each layer's largest value over all its calls, so a
+layer that overflows in one tile is found as it is untiled.
+"""
+
+from __future__ import annotations
+
+# Full-resolution feature maps a decoder's last block holds at once (its input, a norm's output,
+# a convolution's output and the residual), a judgment from diffusers' ResnetBlock2D.
+LIVE_MAPS = 4
+
+
+def decode_bytes(vae, height: int, width: int, dtype_bytes: int) -> int | None:
+    """The activations one image's decode holds at its peak, estimated from the VAE's config
+    (the widest feature map at full resolution, `LIVE_MAPS` of them); None for a VAE whose
+    config does not say its block widths."""
+    config = getattr(vae, "config", None)
+    widths = getattr(config, "block_out_channels", None) if config is not None else None
+    if not widths:
+        return None
+    full_resolution = widths[1] if len(widths) > 1 else widths[0]
+    return LIVE_MAPS * int(full_resolution) * height * width * dtype_bytes
+
+
+def can_tile(vae) -> bool:
+    """Whether this VAE has diffusers' tiled decode."""
+    return callable(getattr(vae, "enable_tiling", None)) and hasattr(vae, "use_tiling")
+
+
+def resolve(plan, vae, height: int, width: int, free_bytes: int | None = None):
+    """`plan` with `vae_tiling` "on" or "off" for a picture of `height` x `width` px: "auto"
+    is "on" on a CUDA or ROCm GPU whose free memory beside the VAE (its bytes as placed) is
+    less than the decode's activations; a VAE without a tiled decode is "off" whatever was
+    asked. `free_bytes` is measured on the device when not given."""
+    from dataclasses import replace
+
+    from app.core.precision.plan import torch_dtype
+
+    asked = plan.vae_tiling
+    if vae is None or not can_tile(vae):
+        return replace(plan, vae_tiling="off")
+    if asked in ("on", "off"):
+        return plan
+    dtype = torch_dtype(plan.dtypes.get("vae", "fp32"))
+    needed = decode_bytes(vae, height, width, dtype.itemsize)
+    if free_bytes is None:
+        free_bytes = _free_beside(vae, plan, dtype)
+    tiled = needed is not None and free_bytes is not None and needed > free_bytes
+    return replace(plan, vae_tiling="on" if tiled else "off")
+
+
+def _free_beside(vae, plan, dtype) -> int | None:
+    """A CUDA device's free memory now, less the VAE's weights in `dtype`; None elsewhere."""
+    if not plan.device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, _ = torch.cuda.mem_get_info(torch.device(plan.device))
+    weights = sum(p.numel() for p in vae.parameters()) * dtype.itemsize
+    return free - weights
+
+
+def apply(vae, plan) -> None:
+    """Set a placed VAE's tiled decode to what `plan` says (every time: a VAE placed as the
+    loaded one itself must not keep another job's choice)."""
+    if can_tile(vae):
+        vae.use_tiling = plan.vae_tiling == "on"
