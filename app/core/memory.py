@@ -99,7 +99,7 @@ def _gb(count: int) -> str:
     return f"{count / 2**30:.1f} GB" if count >= 2**30 / 10 else f"{count / 2**20:,.0f} MB"
 
 
-def plan_words(parts, budget_mb: float | None) -> str | None:
+def plan_words(parts, budget_mb: float | None, vae_tiled: bool = False) -> str | None:
     """One line saying how a job's components will be held under the memory budget (from
     `placement.memory_plan`), said before a long job; None when every part fits whole as
     the plan asks (nothing to say)."""
@@ -122,6 +122,8 @@ def plan_words(parts, budget_mb: float | None) -> str | None:
                 f"the {words} computes in {part.dtype} from its {part.stored_dtype} weights "
                 "layer by layer"
             )
+    if vae_tiled:
+        said.append("the VAE decodes in tiles")
     if not said:
         return None
     return f"Memory budget {budget_mb * 2**20 / 2**30:.1f} GB: " + "; ".join(said) + "."
@@ -135,6 +137,7 @@ def said_memory_plan(pipeline, plan, progress) -> None:
 
     if plan.memory_budget_mb is None:
         return
-    words = plan_words(memory_plan(pipeline, plan), plan.memory_budget_mb)
+    tiled = plan.vae_tiling == "on"
+    words = plan_words(memory_plan(pipeline, plan), plan.memory_budget_mb, tiled)
     if words:
         progress(Headline(words), 0, 0)

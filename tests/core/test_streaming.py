@@ -121,6 +121,9 @@ def test_the_memory_plan_is_said_before_the_job_where_a_part_streams():
     # whole; nothing streams.
     assert parts["unet"].stored_dtype == "fp16" and not parts["unet"].streams
     assert plan_words(list(parts.values()), None) is None  # no budget: nothing to say
+    assert plan_words([], 4096.0, vae_tiled=True) == (
+        "Memory budget 4.0 GB: the VAE decodes in tiles."
+    )
     words = plan_words(list(parts.values()), 4.0)
     assert words == (
         "Memory budget 0.0 GB: the UNet computes in fp32 from its fp16 weights layer by layer."
