@@ -129,8 +129,9 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
     assert tight_memory["budget_mb"] == pytest.approx(budget_gb * 1024)
     assert tight_memory["computed_in_place"] == [component]
     if not streamed:
-        # The failing part's fp32 reference held its stored fp16 bytes, not a copy twice as big.
-        assert tight_held[component] * 2 == free_held[component]
+        # The failing part's fp32 reference held its stored fp16 bytes, not a copy twice as big
+        # (a candidate with fp32 layers may hold a little more: those layers' own copies).
+        assert tight_held[component] < free_held[component] * 0.6
         assert tight_memory["peak_placed_mb"] < free_memory["peak_placed_mb"] or component == "vae"
         return
     # Streamed: every part held its resident layers and one block, less than the whole (the
@@ -139,8 +140,9 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
     for name in PARTS:
         said = tight_memory["streamed"][name]
         assert said["blocks"] >= 2 and said["block_mb"] > 0
+        # The record is its last streaming; the most it held is at least that.
         held_mb = said["resident_mb"] + said["block_mb"]
-        assert held_mb == pytest.approx(tight_held[name] / 2**20, abs=0.01), name
+        assert held_mb <= tight_held[name] / 2**20 + 0.01, name
         assert tight_held[name] < free_held[name] / (1 if name == "text_encoder" else 2), name
     assert tight_memory["peak_placed_mb"] < free_memory["peak_placed_mb"]
 
