@@ -246,12 +246,14 @@ class MainWindow(QMainWindow):
         self.message_status.setToolTip(sentence)
 
     def _about(self) -> None:
+        from app.core.families.registry import families_words
+
         QMessageBox.about(
             self,
             "About HalfSafe",
-            f"<b>HalfSafe {__version__}</b><br>Finds where a Stable Diffusion model overflows "
-            "fp16's limit of 65,504, proves the cheapest fix, and never lets a black or NaN "
-            "image pass silently.",
+            f"<b>HalfSafe {__version__}</b><br>Finds where an image model overflows fp16's "
+            "limit of 65,504, proves the cheapest fix, and never lets a black or NaN image pass "
+            f"silently.<br><br>It runs {families_words()}.",
         )
 
     def _show_guide(self) -> None:

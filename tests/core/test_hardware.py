@@ -126,6 +126,8 @@ def assert_resolved(info: hardware.DeviceInfo) -> None:
     assert set(info.reasons) == set(PRECISION_KEYS)
     for reason in info.reasons.values():
         assert reason.strip() and "\n" not in reason
+        # Said in the user's words: a setting is named by its label, never its key.
+        assert not [k for k in PRECISION_KEYS if "_" in k and k in reason], reason
 
 
 # --- NVIDIA ----------------------------------------------------------------------------------

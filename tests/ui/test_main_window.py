@@ -307,3 +307,16 @@ def test_fifos_where_the_settings_and_window_files_should_be_never_block_the_sta
     names = sorted(p.name for p in config.iterdir())
     assert any(n.startswith("window.ini.damaged-") for n in names)
     assert any(n.startswith("settings.json.damaged-") for n in names)
+
+
+def test_about_names_every_family_from_the_registry(window, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    from app.core.families import FAMILIES
+
+    shown: list[str] = []
+    monkeypatch.setattr(QMessageBox, "about", lambda parent, title, text: shown.append(text))
+    window._about()
+    (text,) = shown
+    assert "Stable Diffusion model" not in text
+    assert all(family.title in text for family in FAMILIES)

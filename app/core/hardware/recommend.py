@@ -9,7 +9,7 @@ from typing import Any
 
 from app.core.hardware.records import DeviceInfo, Quirk
 from app.core.selftest import SelfTestResult
-from app.core.settings import PRECISION_KEYS, PrecisionSettings
+from app.core.settings import FIELDS, PRECISION_KEYS, PrecisionSettings
 
 
 def _quirk_for(device: DeviceInfo, effect: str) -> Quirk | None:
@@ -144,7 +144,7 @@ def _recommend(
         why["vae_precision"] = forced.get("no_half_vae", why["vae_precision"])
     rec["no_half_vae"] = rec["vae_precision"] == "fp32"
     why["no_half_vae"] = forced.get("no_half_vae") or (
-        "The VAE runs in fp32 (see vae_precision)"
+        f"The VAE runs in fp32 (see {FIELDS['vae_precision'].label})"
         if rec["no_half_vae"]
         else f"The VAE runs in {rec['vae_precision']}, which has the range it needs"
     )
