@@ -419,3 +419,11 @@ def test_a_preview_replaces_the_last_images_caption_and_cancel_its_banner(view, 
     view.banner.show_message("good", "<b>Fixed.</b> an earlier image")
     engines.current.emit(job, EventState.CANCELLED, message="Cancelled.")
     assert not view.banner.isVisible()
+
+
+def test_steps_takes_200_as_typed(view, qtbot):
+    # The field's top was 150: typing 200 kept "20" without a word.
+    view.steps.setFocus()
+    view.steps.selectAll()
+    qtbot.keyClicks(view.steps, "200")
+    assert view.steps.value() == 200

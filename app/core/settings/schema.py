@@ -294,7 +294,7 @@ SCHEMA: tuple[Field, ...] = (
         "Denoising steps per image: more is slower and finer.",
         "Generation",
         minimum=1,
-        maximum=150,
+        maximum=1000,
     ),
     Field(
         "cfg",
