@@ -95,6 +95,12 @@ def test_the_contents_list_every_section_of_the_shipped_guide(qtbot):
     assert "HalfSafe user guide" not in titles  # the title is the window's
 
 
+def test_the_shipped_guide_renders_without_markdown_left_raw(qtbot):
+    # A line that starts with ">" is a quote: "**Engine\n> Show engine log**" showed its **.
+    text = _guide(qtbot).browser.document().toPlainText()
+    assert "**" not in text and "`" not in text
+
+
 def test_every_link_between_sections_of_the_shipped_guide_leads_to_one(qtbot):
     dialog = _guide(qtbot)
     text = guide_path().read_text(encoding="utf-8")
