@@ -27,7 +27,7 @@ from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests import ExplainRequest
 from app.core.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
-from app.ui import words
+from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.widgets import Banner, Card, label, plain_scroll, show_progress
@@ -152,7 +152,9 @@ class ExplainDialog(QDialog):
             self.resize(self.width(), hint.height())
 
     def choose_model_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "The folder that holds this model")
+        folder = QFileDialog.getExistingDirectory(
+            self, "The folder that holds this model", folders.models()
+        )
         if folder:
             self.use_model_folder(folder)
 

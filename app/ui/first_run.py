@@ -30,6 +30,7 @@ from app.core.library.entries import MODEL
 from app.core.library.folders import APP_MODELS, default_folders
 from app.core.requests import CheckRequest
 from app.engine.events import EngineEvent
+from app.ui import folders
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
@@ -200,7 +201,7 @@ class ModelFolderDialog(QDialog):
 
     def choose_folder(self) -> str:
         """Ask for a folder (the desktop's folder chooser); "" when cancelled."""
-        return QFileDialog.getExistingDirectory(self, "Add a model folder")
+        return QFileDialog.getExistingDirectory(self, "Add a model folder", folders.home())
 
     def add_chosen_folder(self) -> None:
         folder = self.choose_folder()

@@ -51,7 +51,7 @@ from app.core.pictures import check_strength, picture_size
 from app.core.requests import GenerateRequest
 from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
-from app.ui import words
+from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.fixes import remember_for_model, split_fix
@@ -851,7 +851,7 @@ class GenerateView(QWidget):
         if path is None:
             suggested = f"{entry.seed if entry.seed is not None else 'image'}.png"
             path, _filter = QFileDialog.getSaveFileName(
-                self, "Save image", suggested, "PNG images (*.png)"
+                self, "Save image", str(Path(folders.pictures()) / suggested), "PNG images (*.png)"
             )
             if not path:
                 return None

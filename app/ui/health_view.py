@@ -39,7 +39,7 @@ from app.core.jobs import DONE
 from app.core.models.summary import ModelSummary
 from app.core.requests import CheckRequest
 from app.engine.events import EngineEvent, EventState
-from app.ui import words
+from app.ui import folders, words
 from app.ui.chart import ActivationChart
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
@@ -529,7 +529,7 @@ class HealthView(QWidget):
             path, _ = QFileDialog.getSaveFileName(
                 self,
                 "Export health report",
-                f"halfsafe-health-{name}.md",
+                str(Path(folders.documents()) / f"halfsafe-health-{name}.md"),
                 "Markdown (*.md);;All files (*)",
             )
             if not path:

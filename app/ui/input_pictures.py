@@ -29,7 +29,7 @@ from app.core.errors import HalfSafeError
 from app.core.explain import is_image_path
 from app.core.models.summary import ModelSummary
 from app.core.pictures import NO_STRENGTH_BECAUSE, STRENGTH_DEFAULT, Mode, picture_header
-from app.ui import words
+from app.ui import folders, words
 from app.ui.widgets import label
 
 PICTURE_FILES = "Pictures (*.png *.jpg *.jpeg *.webp)"
@@ -126,7 +126,7 @@ class PictureSlot(QFrame):
             path, _filter = QFileDialog.getOpenFileName(
                 self,
                 self.title,
-                str(Path(self.path).parent) if self.path else "",
+                str(Path(self.path).parent) if self.path else folders.pictures(),
                 f"{PICTURE_FILES};;All files (*)",
             )
             if not path:

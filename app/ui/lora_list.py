@@ -17,6 +17,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.ui import folders
+
 # The same bounds core checks (app.core.lora.MIN_WEIGHT/MAX_WEIGHT); the UI never imports
 # torch-side modules, and these two numbers are part of the job contract.
 MIN_WEIGHT, MAX_WEIGHT = -10.0, 10.0
@@ -107,6 +109,6 @@ class LoraList(QWidget):
             self.changed.emit()
 
     def _choose(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Add LoRA", "", FILE_FILTER)
+        paths, _ = QFileDialog.getOpenFileNames(self, "Add LoRA", folders.models(), FILE_FILTER)
         for path in paths:
             self.add(path)

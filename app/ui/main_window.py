@@ -32,7 +32,7 @@ from app import __version__
 from app.core.requests import LoadRequest
 from app.engine.failures import Failure
 from app.engine.process import log_path
-from app.ui import words
+from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.first_run import FirstStart
@@ -368,7 +368,7 @@ class MainWindow(QMainWindow):
         path, _ = QFileDialog.getOpenFileName(
             self,
             "Why is this image black?",
-            "",
+            folders.pictures(),
             "Images (*.png *.jpg *.jpeg *.webp);;All files (*)",
         )
         if path:

@@ -27,7 +27,7 @@ from app.core.models.summary import ModelSummary
 from app.core.requests import LoadRequest
 from app.core.weight_findings import WeightScan
 from app.engine.events import EngineEvent, EventState, StillLoaded
-from app.ui import words
+from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
@@ -361,17 +361,23 @@ class ModelsView(QWidget):
     # Choosing ---------------------------------------------------------------------------------
 
     def open_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open a checkpoint", "", CHECKPOINT_FILTER)
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open a checkpoint", folders.models(), CHECKPOINT_FILTER
+        )
         if path:
             self.load_path(path)
 
     def open_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Open a diffusers model folder")
+        path = QFileDialog.getExistingDirectory(
+            self, "Open a diffusers model folder", folders.models()
+        )
         if path:
             self.load_path(path)
 
     def choose_vae(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose a VAE", "", CHECKPOINT_FILTER)
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Choose a VAE", folders.models(), CHECKPOINT_FILTER
+        )
         if path:
             self.set_vae(path)
 

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.core.precision import CUDA_ONLY_BACKENDS
 from app.core.settings import FIELDS, GROUPS, SCHEMA, Field
-from app.ui import words
+from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.state import AppState
 from app.ui.widgets import label, page_layout, scroll_column
@@ -270,13 +270,15 @@ class FieldEditor(QWidget):
         self._emit(int(text))
 
     def _browse_path(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, self.field.label, self.input.text())
+        folder = QFileDialog.getExistingDirectory(
+            self, self.field.label, self.input.text() or folders.home()
+        )
         if folder:
             self.input.setText(folder)
             self._emit(folder)
 
     def _browse_folder(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Add a model folder")
+        folder = QFileDialog.getExistingDirectory(self, "Add a model folder", folders.home())
         if folder:
             self.add_folder(folder)
 

@@ -320,3 +320,34 @@ def test_about_names_every_family_from_the_registry(window, monkeypatch):
     (text,) = shown
     assert "Stable Diffusion model" not in text
     assert all(family.title in text for family in FAMILIES)
+
+
+def test_file_dialogs_open_where_the_users_files_are(window, monkeypatch, tmp_path):
+    from PySide6.QtWidgets import QFileDialog
+
+    from app.core.settings import load_settings, save_settings
+    from app.ui import folders
+
+    pictures, models = tmp_path / "pictures", tmp_path / "models"
+    pictures.mkdir()
+    models.mkdir()
+    settings = load_settings().settings
+    settings["output_folder"] = str(pictures)
+    settings["model_folders"] = [str(tmp_path / "gone"), str(models)]
+    save_settings(settings)
+    assert (folders.pictures(), folders.models()) == (str(pictures), str(models))
+
+    opened: list[str] = []
+    monkeypatch.setattr(
+        QFileDialog,
+        "getOpenFileName",
+        lambda parent, title, start, *a: opened.append(start) or ("", ""),
+    )
+    window.open_image()  # "Why is this image black?"
+    window.models_view.open_file()
+    assert opened == [str(pictures), str(models)]
+    # Neither set nor there: home, never the folder HalfSafe was started from.
+    settings["output_folder"], settings["model_folders"] = str(tmp_path / "gone"), []
+    save_settings(settings)
+    monkeypatch.setattr("platformdirs.user_pictures_dir", lambda: str(tmp_path / "no-pictures"))
+    assert folders.pictures() == folders.models() == str(Path.home())
