@@ -9,6 +9,7 @@ engine (`CheckModelsRequest`), which keeps each report and loads the user's mode
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -417,7 +418,7 @@ class FixesView(QWidget):
             item.setToolTip(0, row.source)
             item.setToolTip(2, row.words)
             self.run_table.addTopLevelItem(item)
-        self.run_title.setText(_run_words(run))
+        self.run_title.setText(_run_words(run, self.state.settings["model_folders"]))
         self.run_title.show()
         self.run_table.setVisible(bool(run.rows))
         self.stage.setText("")
@@ -636,8 +637,10 @@ def _fix_markdown(row: LearnedRow) -> str:
     return "\n".join(lines)
 
 
-def _run_words(run: ModelChecks) -> str:
-    """'Checked 3 models: 1 fixable, 2 healthy; 1 not checked.' and what else the run says."""
+def _run_words(run: ModelChecks, folders: Sequence[str] = ()) -> str:
+    """'Checked 3 models: 1 fixable, 2 healthy; 1 not checked.' and what else the run says; a
+    run that found no model says why (no model folder, or none in them: the built-in demos are
+    not among "my models")."""
     checked = [row for row in run.rows if row.verdict is not None]
     counts = {v: sum(1 for row in checked if row.verdict is v) for v in Verdict}
     parts = ", ".join(f"{n} {v.value}" for v, n in counts.items() if n)
@@ -647,6 +650,14 @@ def _run_words(run: ModelChecks) -> str:
     if skipped:
         text += f"; {skipped} not checked"
     text += "."
+    if not run.rows and not run.not_checked and not run.cancelled:
+        text = text.removesuffix(".") + (
+            ": no model folder is set. Add the folders that hold your models in Settings > "
+            "Folders; the built-in demos are not checked here."
+            if not folders
+            else ": none was found in your model folders (" + ", ".join(folders) + "). The "
+            "built-in demos are not checked here."
+        )
     if run.cancelled:
         text += " Cancelled before the end."
     if run.restore_problem:

@@ -368,3 +368,17 @@ def test_a_model_with_no_saved_report_shows_none(window, engines):
     page = window.health_view
     assert not page.verdict.isVisible() and page.markdown == ""
     assert not page.copy_button.isEnabled()
+
+
+def test_a_run_that_found_no_model_says_why(window, engines, tmp_path):
+    view = _page(window)
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    for folders, why in (
+        ([], "no model folder is set. Add the folders that hold your models in Settings"),
+        ([str(tmp_path)], f"none was found in your model folders ({tmp_path})"),
+    ):
+        window.state.set_setting("model_folders", folders)
+        view.check_all()
+        engines.current.finish(engines.current.last_job("check_models"), ModelChecks(()))
+        assert view.run_title.text().startswith(f"Checked 0 models: {why}")
+        assert "the built-in demos are not checked here" in view.run_title.text().lower()
