@@ -211,7 +211,9 @@ class FixesView(QWidget):
         self.table.clear()
         for row in self.rows:
             item = QTreeWidgetItem(self._cells(row))
-            item.setToolTip(2, words.fix_words(row.stored.fix.settings) if row.stored else "")
+            if row.stored:  # the cell says what the fix does; its sentence is the tooltip
+                fix = row.stored.fix
+                item.setToolTip(2, fix.summary or words.fix_words(fix.settings))
             item.setToolTip(4, row.report.headline if row.report else "")
             self.table.addTopLevelItem(item)
             if selected is not None and _same(row, selected):
@@ -233,7 +235,7 @@ class FixesView(QWidget):
         return [
             row.name,
             device,
-            stored.fix.summary or words.fix_words(stored.fix.settings) if stored else "None",
+            words.fix_short(stored.fix.settings) or stored.fix.summary if stored else "None",
             verified_words(stored.fix) if stored else "—",
             report_words(row.report) if row.report else "Not checked since",
         ]

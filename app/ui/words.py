@@ -297,6 +297,41 @@ def fix_words(settings: Mapping[str, Any] | None) -> str:
     return "; ".join(f"{setting_label(k)}: {setting_value(k, v)}" for k, v in settings.items())
 
 
+_LAYER_LISTS = {"fp32_modules": "fp32", "bf16_modules": "bf16", "clamp_modules": None}
+
+
+def fix_short(settings: Mapping[str, Any] | None) -> str:
+    """What a fix does, short enough for a table cell: {'fp32_modules': ['vae:a', 'vae:b']}
+    -> 'keep 2 layers of the VAE in fp32'; {'vae_precision': 'fp32'} -> 'run the VAE in fp32'."""
+    parts: list[str] = []
+    for key, value in (settings or {}).items():
+        if key in _LAYER_LISTS:
+            counts: dict[str, int] = {}
+            for entry in value or ():
+                component = str(entry).split(":", 1)[0]
+                counts[component] = counts.get(component, 0) + 1
+            for component, count in counts.items():
+                spec = COMPONENTS.get(component)
+                what = (
+                    f"{count} layer{'s' if count != 1 else ''} of the "
+                    f"{spec.words if spec else component}"
+                )
+                dtype = _LAYER_LISTS[key]
+                parts.append(
+                    f"keep {what} in {dtype}" if dtype else f"clamp {what} to fp16's range"
+                )
+        elif key.endswith("_precision") and key != "precision":
+            part = setting_label(key).removesuffix(" precision")
+            parts.append(f"run the {part} in {value}")
+        elif key == "no_half" and value:
+            parts.append("run everything in fp32")
+        elif key == "no_half_vae" and value:
+            parts.append("run the VAE in fp32")
+        else:
+            parts.append(f"{setting_label(key)}: {setting_value(key, value)}")
+    return first_upper("; ".join(parts)) if parts else ""
+
+
 _SHORT_NAMES = {
     "unet_precision": "unet",
     "vae_precision": "vae",

@@ -83,7 +83,9 @@ def test_every_fix_and_report_is_listed_per_model_and_device(window):
     assert len(rows) == 2
     name, device, what, verified, last = rows[0]
     assert name == "sdxl" and device == f"{DEVICE} · torch {TORCH}"
-    assert what == fix.summary
+    # The cell says what the fix does; the check's sentence is its tooltip.
+    assert what == "Keep 1 layer of the VAE in fp32"
+    assert view.table.topLevelItem(0).toolTip(2) == fix.summary
     assert verified.startswith("health check, ")
     assert last.startswith("Fixable, ")
     assert rows[1][2:4] == ["None", "—"] and rows[1][4].startswith("Healthy, ")

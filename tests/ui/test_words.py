@@ -94,3 +94,18 @@ def test_a_long_name_may_break_at_its_separators_but_a_number_never():
     assert layer.count("\u200b") == 6
     for number in ("4.2 dB", "1187.4 (14.7-1201.0)", "8,192 tensors", "rejected: differs"):
         assert breakable(number) == number
+
+
+def test_a_fix_is_said_short_enough_for_a_table_cell():
+    from app.ui.words import fix_short
+
+    assert fix_short({"fp32_modules": ["vae:a", "vae:b", "unet:c"]}) == (
+        "Keep 2 layers of the VAE in fp32; keep 1 layer of the UNet in fp32"
+    )
+    assert fix_short({"vae_precision": "fp32"}) == "Run the VAE in fp32"
+    assert fix_short({"clamp_modules": ["transformer:x"]}) == (
+        "Clamp 1 layer of the transformer to fp16's range"
+    )
+    assert fix_short({"no_half": True}) == "Run everything in fp32"
+    assert fix_short({"upcast_attention": True}).startswith("Upcast attention")
+    assert fix_short({}) == ""
