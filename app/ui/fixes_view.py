@@ -160,7 +160,9 @@ class FixesView(QWidget):
         self.notice = Banner()
         layout.addWidget(self.notice)
 
-        self.table = _tree(COLUMNS, stretch=COLUMNS.index("Fix"))
+        # The Fix column is short words now and must be read whole; the device's long name
+        # (with torch's version) is the one that gives way, elided in its middle.
+        self.table = _tree(COLUMNS, stretch=COLUMNS.index("Device"))
         self.table.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
         self.table.itemDoubleClicked.connect(lambda _item, _col: self.view())
         layout.addWidget(self.table, 2)
@@ -211,6 +213,7 @@ class FixesView(QWidget):
         self.table.clear()
         for row in self.rows:
             item = QTreeWidgetItem(self._cells(row))
+            item.setToolTip(1, item.text(1))  # the column that gives way: the whole name
             if row.stored:  # the cell says what the fix does; its sentence is the tooltip
                 fix = row.stored.fix
                 item.setToolTip(2, fix.summary or words.fix_words(fix.settings))

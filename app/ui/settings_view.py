@@ -541,6 +541,13 @@ class SettingsView(QWidget):
             if not resolved or resolved == "auto":
                 return "Auto follows Precision."
             return _sentence(f"Auto means {words.choice_name(resolved)} here", reason)
+        if value == "auto" and key == "vae_tiling":
+            if self._on_cpu():
+                return "Auto does not tile on a CPU: its memory is the computer's."
+            return (
+                "Auto tiles when a picture's decode would not fit the GPU memory free beside "
+                "the VAE, decided at each job's size."
+            )
         if value == "auto" and FIELDS[key].kind == "choice":
             if not have_report:
                 return (

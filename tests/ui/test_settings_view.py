@@ -121,6 +121,12 @@ def test_auto_says_what_it_resolves_to_and_why(window):
     assert "GTX 1660" in view.resolved["device"].text()
     assert view.editors["device"].input.findData("cuda:0") >= 0
     assert view.resolved["vae_precision"].text().startswith("Auto means fp32 (full) here")
+    assert view.resolved["vae_tiling"].text().startswith("Auto tiles when a picture's decode")
+    window.state.set_hardware(on_a_cpu(gtx_1660_super()))
+    assert view.resolved["vae_tiling"].text() == (
+        "Auto does not tile on a CPU: its memory is the computer's."
+    )
+    window.state.set_hardware(gtx_1660_super())
     # An explicit base precision is what `auto` components follow, whatever is recommended.
     window.state.set_setting("precision", "fp16")
     assert view.resolved["vae_precision"].text() == "Auto follows Precision: fp16 (half)."

@@ -97,3 +97,20 @@ def test_generate_fits_with_an_input_picture_and_its_mask(qtbot, window, engines
     # The parameters scroll; Generate stays in sight below them.
     bottom = view.generate_button.mapTo(view, view.generate_button.rect().bottomLeft()).y()
     assert view.generate_button.isVisible() and bottom <= view.height()
+
+
+def test_the_fixes_page_shows_each_fix_whole_at_1024(qtbot, window):
+    from tests.ui.test_fixes_view import _remember, _save
+
+    _remember()
+    _save()
+    window.show_page("Fixes")
+    _settle(qtbot, window)
+    table = window.fixes_view.table
+    fix = [table.headerItem().text(c) for c in range(table.columnCount())].index("Fix")
+    text = table.topLevelItem(0).text(fix)
+    assert text == "Keep 1 layer of the VAE in fp32"
+    assert table.columnWidth(fix) >= table.fontMetrics().horizontalAdvance(text)
+    assert table.horizontalScrollBar().maximum() == 0
+    device = table.topLevelItem(0)
+    assert device.toolTip(1) == device.text(1)  # the column that gives way says it whole
