@@ -1180,6 +1180,18 @@ _NETWORK_SIGNS = (
 )
 
 
+def _unreached_hosts(output: str) -> list[str]:
+    """The hosts pip could not reach: those its connection errors name (urllib3's
+    `host='...'`, a URL it could not fetch), else those of the indexes it was looking in."""
+    named = re.findall(r"host='([^']+)'", output)
+    named += re.findall(r"Could not fetch URL https?://([^/:\s]+)", output)
+    if not named:
+        for line in output.splitlines():
+            if line.startswith(("Looking in indexes:", "Looking in links:")):
+                named += re.findall(r"https?://(?:[^@/\s]*@)?([^/:\s,]+)", line)
+    return list(dict.fromkeys(named))
+
+
 def explain_pip_failure(what: str, status: int, output: str, log_path: Path) -> str:
     """One sentence for a failed pip run: no network, no disk space, or pip's own last words."""
     if "No space left on device" in output or "[Errno 28]" in output:
@@ -1188,10 +1200,16 @@ def explain_pip_failure(what: str, status: int, output: str, log_path: Path) -> 
             f"again (details in {log_path})."
         )
     if any(sign in output for sign in _NETWORK_SIGNS):
-        host = re.search(r"host='([^']+)'", output)
-        where = f" to {host.group(1)}" if host else ""
+        hosts = _unreached_hosts(output)
+        if hosts:  # one index can be out of reach while the rest of the internet is not
+            return (
+                f"Could not download {what}: {' and '.join(hosts)} could not be reached. Check "
+                "the network connection, and any proxy or firewall, for "
+                f"{'that host' if len(hosts) == 1 else 'those hosts'}, then start HalfSafe "
+                f"again (details in {log_path})."
+            )
         return (
-            f"Could not download {what}: there is no network connection{where}. Connect to the "
+            f"Could not download {what}: there is no network connection. Connect to the "
             f"internet and start HalfSafe again (details in {log_path})."
         )
     errors = [line.strip() for line in output.splitlines() if line.strip().startswith("ERROR:")]

@@ -346,6 +346,22 @@ def test_not_enough_disk_space_is_one_sentence(setup_with_recorder, monkeypatch)
             "Could not download PyTorch: there is no network connection",
         ),
         (
+            "Looking in indexes: https://download.pytorch.org/whl/cu130\n"
+            "WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after "
+            "connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object>: "
+            "Failed to establish a new connection: [Errno -3] Temporary failure in name resolution')': /whl/cu130/torch/\n"
+            "ERROR: No matching distribution found for torch\n",
+            "Could not download PyTorch: download.pytorch.org could not be reached. Check the "
+            "network connection, and any proxy or firewall, for that host",
+        ),
+        (
+            "WARNING: Retrying after connection broken by 'ConnectTimeoutError(<...>, "
+            "'Connection to pypi.org timed out.')': /simple/pillow/\n"
+            "Could not fetch URL https://pypi.org/simple/pillow/: There was a problem confirming "
+            "the ssl certificate: HTTPSConnectionPool(host='pypi.org', port=443)\n",
+            "Could not download PyTorch: pypi.org could not be reached.",
+        ),
+        (
             "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device\n",
             "The disk filled up while installing PyTorch",
         ),
