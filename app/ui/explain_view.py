@@ -45,6 +45,32 @@ WIDTH = 680  # wide enough for a model path and a tool's flags on one line
 MARGIN = 80  # what the dialog leaves free of the screen's height
 
 
+def title_for(name: str, result: Explanation) -> str:
+    """The dialog's title, by what the image looks like: black, grey, white, one flat colour,
+    or nothing wrong."""
+    if result.status == "nan_zeroed":
+        return f"Why is {name} grey?"
+    pixels = result.pixels or {}
+    if pixels.get("mean", 0.0) >= 0.97 and pixels.get("spread", 1.0) <= 0.02:
+        return f"Why is {name} white?"  # clipped white is never "flat": read it here
+    flat = pixels.get("flat")
+    if flat:
+        low, high = min(flat["colour"]), max(flat["colour"])
+        look = (
+            "white"
+            if low >= 245
+            else "black"
+            if high <= 10
+            else "grey"
+            if high - low <= 8
+            else "one flat colour"
+        )
+        return f"Why is {name} {look}?"
+    if result.status == "ok":
+        return f"{name}: nothing went wrong"
+    return f"Why is {name} black?"
+
+
 class ExplainDialog(QDialog):
     """One image's explanation. Submits the `explain` job when built; the engine does the work
     (reading the file, the library scan, the check), the dialog only shows the result. A job
@@ -69,7 +95,7 @@ class ExplainDialog(QDialog):
         self.explanation: Explanation | None = None
         self.fix_text = ""
         self.closed = False
-        self.setWindowTitle(f"Why is {Path(path).name} black?")
+        self.setWindowTitle(f"What went wrong with {Path(path).name}?")  # until it is read
         self.setMinimumWidth(WIDTH)
         self.outer = outer = QVBoxLayout(self)
         self.body = body = QWidget()
@@ -204,6 +230,7 @@ class ExplainDialog(QDialog):
 
     def show_result(self, result: Explanation) -> None:
         self.explanation = result
+        self.setWindowTitle(title_for(Path(self.path).name, result))
         status, made_by = result.status, result.made_by
         tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
         self.verdict.show_message(

@@ -9,6 +9,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
@@ -209,6 +210,7 @@ def test_a_flat_grey_forge_image_is_shown_as_nan_replaced_by_zeros(window, engin
     assert dialog.verdict.level == "bad"
     assert "NaN replaced by zeros" in dialog.verdict.text.text()
     assert "flat grey instead of black" in dialog.message.text()
+    assert dialog.windowTitle() == "Why is 00003-42.png grey?"  # the title follows the image
 
 
 def test_a_solid_colour_without_a_record_is_shown_modestly(window, engines, tmp_path):
@@ -222,3 +224,19 @@ def test_a_solid_colour_without_a_record_is_shown_modestly(window, engines, tmp_
     assert "One flat colour" in dialog.verdict.text.text()
     assert "looks like" in dialog.message.text()
     assert "NaN-black" not in dialog.verdict.text.text()
+    assert dialog.windowTitle() == "Why is solid.png one flat colour?"
+
+
+@pytest.mark.parametrize(
+    ("colour", "look"),
+    [(255, "white"), (0, "black"), (128, "grey")],
+    ids=["white", "black", "grey"],
+)
+def test_a_flat_image_is_titled_by_how_it_looks(window, engines, tmp_path, colour, look):
+    image = tmp_path / "flat.png"
+    Image.fromarray(np.full((64, 64, 3), colour, np.uint8), "RGB").save(image)
+
+    dialog = _explain_in_the_window(window, engines, image)
+
+    assert dialog.explanation is not None
+    assert dialog.windowTitle() == f"Why is flat.png {look}?"
