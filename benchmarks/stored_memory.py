@@ -95,11 +95,13 @@ def block_bytes(transformer) -> dict[str, int]:
     }
 
 
-def placements(transformer) -> tuple[int, list[tuple[str, int]]]:
-    """The check's placements of a failing transformer, in order: device peak, and each step."""
+def placements(transformer, budget_mb: float | None = None):
+    """The check's placements of a failing transformer, in order, under `budget_mb`: the
+    device peak, each step's bytes, and how the transformer was last streamed (None: placed
+    whole)."""
     from app.core.precision import PrecisionPlan, placement
 
-    fp16 = PrecisionPlan(device="cpu", dtypes={"transformer": "fp16"})
+    fp16 = PrecisionPlan(device="cpu", dtypes={"transformer": "fp16"}, memory_budget_mb=budget_mb)
     steps = [
         ("first probe (fp16)", fp16),
         ("fp32 reference", fp16.with_dtypes(transformer="fp32")),
@@ -114,8 +116,9 @@ def placements(transformer) -> tuple[int, list[tuple[str, int]]]:
         placed.apply(plan, ["transformer"])
         held.append((words, placed.placed_bytes))
     peak = placed.peak_bytes
+    streamed = placed.streamed.get("transformer")
     placed.release()
-    return peak, held
+    return peak, held, streamed
 
 
 def flux_inputs(size: int) -> dict:
@@ -151,14 +154,14 @@ def written_forms(root: Path, forms: list[str]) -> tuple[dict[str, Path], int]:
     return files, parameters
 
 
-def call(transformer, size: int):
-    """One fp32 call from a placed fp32 copy: (RAM peak MiB, seconds, output)."""
+def call(transformer, size: int, budget_mb: float | None = None):
+    """One fp32 call from a placement under `budget_mb`: (RAM peak MiB, seconds, output)."""
     import torch
 
     from app.core.precision import PrecisionPlan, placement
 
     inputs = flux_inputs(size)
-    plan = PrecisionPlan(device="cpu", dtypes={"transformer": "fp32"})
+    plan = PrecisionPlan(device="cpu", dtypes={"transformer": "fp32"}, memory_budget_mb=budget_mb)
     with PeakMemory("cpu") as ram, torch.inference_mode():
         placed = placement.PlacedPipeline(SimpleNamespace(transformer=transformer), plan)
         started = time.perf_counter()
@@ -180,7 +183,7 @@ def measure(path: Path, size: int) -> dict:
             if way == "dequantised":
                 transformer = dequantised(transformer)
         held = block_bytes(transformer)
-        peak, steps = placements(transformer)
+        peak, steps, _ = placements(transformer)
         call_mib, seconds, outputs[way] = call(transformer, size)
         results[way] = {
             "load_ram_mib": ram.mib,

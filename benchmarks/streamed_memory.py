@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import tempfile
-import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from common import emit, machine, machine_line, names, status
 from stored_memory import (
@@ -36,62 +34,14 @@ from stored_memory import (
     FULL_DOUBLE,
     FULL_SINGLE,
     SINGLE,
-    flux_inputs,
+    call,
     load,
+    placements,
     written_forms,
 )
 
 FORMS = ("bf16", "gguf_Q4_0")
 GIB = 2**30
-ISLANDS = ("transformer_blocks.0.ff.net.2", "single_transformer_blocks.0.proj_out")
-
-
-def plans(budget_mb: float | None):
-    from app.core.precision import PrecisionPlan
-
-    fp16 = PrecisionPlan(device="cpu", dtypes={"transformer": "fp16"}, memory_budget_mb=budget_mb)
-    return [
-        ("first probe (fp16)", fp16),
-        ("fp32 reference", fp16.with_dtypes(transformer="fp32")),
-        ("2 layers in fp32", fp16.with_modules("transformer", dict.fromkeys(ISLANDS, "fp32"))),
-        ("transformer in bf16", fp16.with_dtypes(transformer="bf16")),
-        ("transformer in fp32", fp16.with_dtypes(transformer="fp32")),
-    ]
-
-
-def placements(transformer, budget_mb: float | None):
-    """The check's placements of a failing transformer: device peak, each step's bytes, and
-    how the last fp16 placement was held (streamed or not)."""
-    from app.core.precision import placement
-
-    source = SimpleNamespace(transformer=transformer)
-    steps = plans(budget_mb)
-    placed = placement.PlacedPipeline(source, steps[0][1], components=())
-    held = []
-    for words, plan in steps:
-        placed.apply(plan, ["transformer"])
-        held.append((words, placed.placed_bytes))
-    peak = placed.peak_bytes
-    streamed = placed.streamed.get("transformer")
-    placed.release()
-    return peak, held, streamed
-
-
-def call(transformer, size: int, budget_mb: float | None):
-    """One fp32 call: (seconds, output)."""
-    import torch
-
-    from app.core.precision import PrecisionPlan, placement
-
-    inputs = flux_inputs(size)
-    plan = PrecisionPlan(device="cpu", dtypes={"transformer": "fp32"}, memory_budget_mb=budget_mb)
-    with torch.inference_mode():
-        placed = placement.PlacedPipeline(SimpleNamespace(transformer=transformer), plan)
-        started = time.perf_counter()
-        output = placed["transformer"](**inputs).sample
-        seconds = time.perf_counter() - started
-        placed.release()
-    return seconds, output
 
 
 def whole_model(sizes) -> dict[str, int]:
@@ -119,7 +69,7 @@ def measure(path: Path, size: int, share: float) -> dict:
         gc.collect()
         with status(f"{path.name}: {way}"):
             peak, steps, streamed = placements(transformer, budget)
-            seconds, outputs[way] = call(transformer, size, budget)
+            _, seconds, outputs[way] = call(transformer, size, budget)
         results[way] = {
             "budget_mb": budget,
             "device_peak": peak,

@@ -18,10 +18,7 @@ def _first_existing(candidates) -> str:
 def _settings() -> Mapping[str, Any]:
     from app.core.settings import load_settings
 
-    try:
-        return load_settings().settings.values
-    except Exception:  # noqa: BLE001 - a damaged settings file is said elsewhere; home will do
-        return {}
+    return load_settings().settings.values  # never raises: a damaged file gives defaults
 
 
 def pictures() -> str:

@@ -70,8 +70,7 @@ def test_a_streamed_component_computes_as_a_resident_copy_and_holds_one_block_at
     assert torch.equal(got, expected)
     assert twin.get_submodule(UNET_ISLAND).weight.device.type == "meta"  # let go after
     # What it held: the placed rest and the largest block, as counted before placing it.
-    assert held.blocks == sizes.blocks and held.block_bytes == sizes.block
-    assert held.resident_bytes == sizes.resident
+    assert held == sizes
     assert streamed.placed_bytes == sizes.resident + sizes.block < sizes.whole
     assert all(p.device.type == "cpu" for p in pipeline.unet.parameters())  # loaded: untouched
 

@@ -193,7 +193,7 @@ class HealthReport:
     # What the check's copies held on the device: `budget_mb` (the memory budget, None when
     # none), `peak_placed_mb` (the most its placed components held at once),
     # `computed_in_place` (components kept as stored, computing wider layer by layer) and
-    # `streamed` (component -> `Streamed.to_json`, for those streamed block by block).
+    # `streamed` (component -> `streaming.Sizes.to_json`, for those streamed block by block).
     memory: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -24,7 +24,6 @@ from app.core.precision.plan import (
 )
 from app.core.precision.streaming import (
     Sizes,
-    Streamed,
     sizes,
     streamed_copy,
     streamed_of,
@@ -338,7 +337,7 @@ class PlacedPipeline:
         self.computed_in_place: set[str] = set()
         # The components streamed block by block at some point, because even as stored they
         # would not fit the budget whole (the last streaming of each).
-        self.streamed: dict[str, Streamed] = {}
+        self.streamed: dict[str, Sizes] = {}
         self.apply(plan, components)
 
     @property
@@ -412,7 +411,7 @@ class PlacedPipeline:
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
                 held = streamed_of(module)
-                self._bytes[name] = tensor_bytes(module) + (held.block_bytes if held else 0)
+                self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
                 self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             use_autocast = plan.autocast and dtype == "fp16"
             _set_autocast(module, device.type if use_autocast else None)

@@ -51,28 +51,6 @@ def wanted_dtypes(source, dtype, islands: Mapping[str, str]) -> dict[int, Any]:
     return wanted_of
 
 
-@dataclass(frozen=True)
-class Streamed:
-    """What a streamed component holds on the device: `resident_bytes` for the whole stage,
-    plus one of its `blocks` at a time, the largest `block_bytes`. A record only: it holds no
-    reference to the placed modules, so a dropped copy is freed."""
-
-    blocks: int
-    resident_bytes: int
-    block_bytes: int
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.resident_bytes + self.block_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "blocks": self.blocks,
-            "resident_mb": round(self.resident_bytes / 2**20, 3),
-            "block_mb": round(self.block_bytes / 2**20, 3),
-        }
-
-
 def block_paths(module) -> list[str]:
     """The paths of `module`'s blocks: the children of each outermost ModuleList or Sequential
     of two or more children holding weights (a child that is itself a list is looked into)."""
@@ -90,7 +68,7 @@ def block_paths(module) -> list[str]:
                 for index, block in child.named_children():
                     if not holds_weights(block):
                         continue
-                    if _is_container(block) or type(block).__name__ == "ModuleDict":
+                    if _is_container(block, dicts=True):
                         found += find(block, f"{path}.{index}.")
                     else:
                         found.append(f"{path}.{index}")
@@ -101,22 +79,33 @@ def block_paths(module) -> list[str]:
     return find(module, "")
 
 
-def _is_container(module) -> bool:
+def _is_container(module, dicts: bool = False) -> bool:
+    """A ModuleList or Sequential (and with `dicts`, a ModuleDict): a holder of blocks."""
     import torch
 
-    return isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential))
+    kinds = (torch.nn.ModuleList, torch.nn.Sequential)
+    return isinstance(module, (*kinds, torch.nn.ModuleDict) if dicts else kinds)
 
 
 @dataclass(frozen=True)
 class Sizes:
     """What a component placed with its floating tensors in one dtype holds: `whole` placed
     whole; streamed, `resident` for the whole stage plus one of `blocks` at a time, the
-    largest `block`."""
+    largest `block`. A record only: it holds no reference to a placed module, so a dropped
+    copy is freed."""
 
     whole: int
     resident: int
     block: int
     blocks: int
+
+    def to_json(self) -> dict[str, Any]:
+        """How a streamed component was held (check --json's memory.streamed)."""
+        return {
+            "blocks": self.blocks,
+            "resident_mb": round(self.resident / 2**20, 3),
+            "block_mb": round(self.block / 2**20, 3),
+        }
 
 
 def sizes(source, dtype, islands=None, bytes_of=None) -> Sizes:
@@ -159,7 +148,7 @@ def sizes(source, dtype, islands=None, bytes_of=None) -> Sizes:
     )
 
 
-def streamed_copy(source, device, dtype, islands=None) -> tuple[Any, Streamed]:
+def streamed_copy(source, device, dtype, islands=None) -> tuple[Any, Sizes]:
     """A twin of `source` whose blocks stream to `device` (see the module's words) and whose
     other floating tensors are on `device` in `dtype` (an island's in its own); tensors
     already there in that dtype are shared with `source`, as `placement._copy_as` shares them."""
@@ -179,8 +168,7 @@ def streamed_copy(source, device, dtype, islands=None) -> tuple[Any, Streamed]:
             twin = torch.nn.Parameter(twin, requires_grad=False)
         converted[id(tensor)] = twin
     module = copy.deepcopy(source, converted)
-    held = sizes(source, dtype, islands)
-    streamed = Streamed(blocks=held.blocks, resident_bytes=held.resident, block_bytes=held.block)
+    streamed = sizes(source, dtype, islands)
     for index, path in enumerate(paths):
         block, loaded = module.get_submodule(path), source.get_submodule(path)
         tensors = []
@@ -247,7 +235,7 @@ def _add_stream_hooks(block, tensors, device) -> None:
     block.register_forward_hook(let_go, always_call=True)
 
 
-def streamed_of(module) -> Streamed | None:
+def streamed_of(module) -> Sizes | None:
     """The streaming of a placed component, None for one placed whole."""
     return getattr(module, "_halfsafe_streamed", None)
 
