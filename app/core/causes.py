@@ -293,6 +293,7 @@ def _remember(model, report: HealthReport) -> None:
         dict(fix.settings),
         fix.summary,
         "health check",
+        made_at=report.plan.dtype_settings(),
         warn=report.notes.append,
     )
 

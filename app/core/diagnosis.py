@@ -99,7 +99,6 @@ def plan_for_model(
     A module island that is part of an attention runs as that whole attention
     (`whole_attention_plan`)."""
     pipeline = model.pipeline
-    vae_config = getattr(getattr(pipeline, "vae", None), "config", None)
     check_module_settings(precision.to_dict(), pipeline, str(model.source))
     # A remembered fix (edited on the Fixes page, say) naming a layer this model lacks costs
     # only that layer: the rest of it is used, and the job's notes name what was left out.
@@ -113,11 +112,19 @@ def plan_for_model(
         device=device,
         components=pipeline_components(pipeline),
         device_info=device_info,
-        vae_needs_fp32=bool(getattr(vae_config, "force_upcast", False))
-        and str(model.architecture).startswith("sdxl"),
+        vae_needs_fp32=vae_needs_fp32(model),
         remembered=remembered,
     )
     return whole_attention_plan(replace(plan, remembered_dropped=dropped), pipeline)
+
+
+def vae_needs_fp32(model) -> bool:
+    """Whether the model says its VAE overflows in fp16: SDXL's original VAE sets
+    `force_upcast` in its config (other families set it without needing it)."""
+    vae_config = getattr(getattr(model.pipeline, "vae", None), "config", None)
+    return bool(getattr(vae_config, "force_upcast", False)) and str(model.architecture).startswith(
+        "sdxl"
+    )
 
 
 def no_half(plan: PrecisionPlan) -> PrecisionPlan:

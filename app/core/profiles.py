@@ -25,7 +25,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -130,6 +130,7 @@ def remember_fix(
     verified_by: str,
     torch_version: str | None = None,
     *,
+    made_at: Mapping[str, Any] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> RememberedFix:
     """Store a verified fix: atomic write under the profiles lock; other models' entries are
@@ -141,12 +142,14 @@ def remember_fix(
     file and the reason goes to `warn` (a job's warnings; logged when there is no `warn`); the
     fix is then only not remembered for the next job. Raises ValueError for a setting that is
     not valid or `verified_by` not one of VERIFIED_BY (an entry the file would refuse when read
-    back)."""
-    for key, value in settings.items():
+    back). `made_at`: the precision it was proved at, as settings (`RememberedFix.made_at`)."""
+    for key, value in {**settings, **(made_at or {})}.items():
         FIELDS[key].validate(value)
     if verified_by not in VERIFIED_BY:
         raise ValueError(f"a fix is verified by {' or '.join(VERIFIED_BY)}, not {verified_by!r}")
-    fix = RememberedFix(dict(settings), summary, verified_by, time.time())
+    fix = RememberedFix(
+        dict(settings), summary, verified_by, time.time(), made_at=dict(made_at or {})
+    )
     key = _key(profile_key, device_name, torch_version or _torch_version())
     try:
         _change(lambda entries: entries.__setitem__(key, _entry(fix)))
@@ -220,6 +223,8 @@ def _entry(fix: RememberedFix) -> dict[str, Any]:
     entry = asdict(fix)
     if fix.edited_at is None:
         del entry["edited_at"]
+    if not fix.made_at:
+        del entry["made_at"]
     return entry
 
 
@@ -444,7 +449,10 @@ def _entry_problem(key: str, entry: Any) -> str | None:
     edited_at = entry.get("edited_at")
     if edited_at is not None and not _is_time(edited_at):
         return f"'edited_at' is {shown(edited_at)}, not a time"
-    for name, value in settings.items():
+    made_at = entry.get("made_at", {})
+    if not isinstance(made_at, dict):
+        return "'made_at' is not an object of settings"
+    for name, value in (*settings.items(), *made_at.items()):
         if name not in FIELDS:
             continue  # a setting of a newer HalfSafe: the entry is kept for it, not used here
         try:
@@ -473,6 +481,12 @@ def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
         entry["verified_by"],
         float(entry["saved_at"]),
         None if entry.get("edited_at") is None else float(entry["edited_at"]),
+        # a precision setting of a newer HalfSafe it was proved at is left out, not the fix
+        {
+            name: FIELDS[name].validate(value)
+            for name, value in entry.get("made_at", {}).items()
+            if name in FIELDS
+        },
     )
 
 

@@ -7,8 +7,21 @@ store to show it. Imports no other HalfSafe module.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+# What a fix saved without the precision it was proved at is taken to be for: every precision
+# fix HalfSafe proves is one for a part failing in fp16 (or bf16, which rarely overflows).
+ASSUMED_PROVED_AT: dict[str, Any] = {
+    "precision": "fp16",
+    "unet_precision": "auto",
+    "vae_precision": "auto",
+    "text_encoder_precision": "auto",
+    "text_encoder_2_precision": "auto",
+    "text_encoder_3_precision": "auto",
+    "no_half": False,
+    "no_half_vae": False,
+}
 
 
 @dataclass(frozen=True)
@@ -18,3 +31,11 @@ class RememberedFix:
     verified_by: str  # "health check" or "generation repair"
     saved_at: float
     edited_at: float | None = None  # when the user last changed its layer lists by hand
+    # The precision it was proved at, as the settings that give it (`PrecisionPlan.
+    # dtype_settings`): what it is a fix for, and what Re-verify runs it under. Empty in a fix
+    # saved before it was kept.
+    made_at: dict[str, Any] = field(default_factory=dict)
+
+    def proved_at(self) -> dict[str, Any]:
+        """The settings the fix is for: `made_at`, or fp16 where it was not kept."""
+        return dict(self.made_at or ASSUMED_PROVED_AT)

@@ -80,13 +80,15 @@ class HardwareRequest:
 @dataclass(frozen=True)
 class RememberFixRequest:
     """Remember `settings` (a verified fix, in settings values) for the loaded model on
-    `device`. `verified_by` says what proved it: "health check" or "generation"."""
+    `device`. `verified_by` says what proved it: "health check" or "generation"; `made_at`
+    the precision it was proved at, as settings (`PrecisionPlan.dtype_settings`)."""
 
     kind: ClassVar[str] = "remember_fix"
     settings: dict[str, Any]
     summary: str = ""
     verified_by: str = "health check"
     device: str = "auto"
+    made_at: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,13 @@ def check(context: JobContext, request: CheckRequest) -> CheckResult:
     report = requested.check(
         model, request, on_progress=_headlines_as_warnings(context), cancel=context.cancel
     )
-    return _saved(context, model, CheckResult(report, markdown_report(report)))
+    # The check may have remembered a fix: the window's summary of the model says so at once.
+    context.session.model_summary = summarise(model, request.device)
+    return _saved(
+        context,
+        model,
+        CheckResult(report, markdown_report(report), context.session.model_summary),
+    )
 
 
 def _saved(context: JobContext, model: Any, result: CheckResult) -> CheckResult:
@@ -243,6 +249,7 @@ def remember_fix(context: JobContext, request: RememberFixRequest) -> ModelSumma
         dict(request.settings),
         request.summary,
         "generation repair" if request.verified_by == "generation" else "health check",
+        made_at=request.made_at,
         warn=context.warn,
     )
     context.session.model_summary = summarise(model, request.device)

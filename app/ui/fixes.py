@@ -32,17 +32,19 @@ def apply_fix(
     settings: Mapping[str, Any],
     summary: str,
     on_failed: Callable[[EngineEvent], None] | None = None,
+    made_at: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Apply a fix the health check verified: set its plain settings and have the engine
-    remember its layer lists for the loaded model; returns the setting keys that changed
-    (ValueError, nothing changed, for a bad value). The remembering is a job queued ahead of
-    any job submitted after this call, so the next generation or check runs with it."""
+    """Apply a fix the health check verified (`made_at`: the precision it was proved at, as
+    settings): set its plain settings and have the engine remember its layer lists for the
+    loaded model; returns the setting keys that changed (ValueError, nothing changed, for a bad
+    value). The remembering is a job queued ahead of any job submitted after this call, so the
+    next generation or check runs with it."""
     shared, own = split_fix(settings)
     for key, value in own.items():
         FIELDS[key].validate(value)
     changed = state.apply(shared)
     if own:
-        remember_for_model(state, client, own, summary, "health check", on_failed)
+        remember_for_model(state, client, own, summary, "health check", on_failed, made_at)
     return changed
 
 
@@ -53,11 +55,17 @@ def remember_for_model(
     summary: str,
     verified_by: str,
     on_failed: Callable[[EngineEvent], None] | None = None,
+    made_at: Mapping[str, Any] | None = None,
 ) -> int:
     """Queue the engine job that remembers a verified fix's layer lists for the loaded model
-    on this device (`verified_by`: what proved it); the model's summary shown is refreshed."""
+    on this device (`verified_by`: what proved it; `made_at`: the precision it was proved at,
+    as settings, when known); the model's summary shown is refreshed."""
     request = RememberFixRequest(
-        settings=dict(own), summary=summary, verified_by=verified_by, device=state.device()
+        settings=dict(own),
+        summary=summary,
+        verified_by=verified_by,
+        device=state.device(),
+        made_at=dict(made_at or {}),
     )
 
     def remembered(event: EngineEvent) -> None:

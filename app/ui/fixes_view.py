@@ -36,6 +36,7 @@ from app.core.health import saved
 from app.core.health.saved import SavedReport, when_words
 from app.core.library_check import ModelChecks
 from app.core.models.summary import ModelSummary
+from app.core.precision import idle_settings
 from app.core.profiles import RememberedFix, StoredFix
 from app.core.requests import CheckModelsRequest
 from app.core.settings import FIELDS, PrecisionSettings
@@ -123,6 +124,7 @@ class FixesView(QWidget):
         self.rows: list[LearnedRow] = []
         self.job_id: int | None = None
         self.verifying: LearnedRow | None = None
+        self.verifying_at = ""  # the precision a Re-verify runs the fix at, in words
         self.windows: list[QDialog] = []  # open viewers and editors
 
         layout = page_layout(
@@ -309,27 +311,82 @@ class FixesView(QWidget):
     # Re-verify and Check all ------------------------------------------------------------------
 
     def reverify(self) -> int | None:
-        """Check the selected model again with its fix (loading it in place of the user's model
-        for the check, after saying so)."""
+        """Check the selected model again with its fix, at the precision the fix is for (a
+        fix for fp16 checked at the fp32 of a CPU's Auto would pass without running), loading
+        it in place of the user's model for the check after saying so; a fix this device
+        cannot run is said, not checked."""
         row = self.selected()
         source = self._source(row) if row is not None else ""
         if row is None or not source or self.job_id is not None:
             return None
+        fix = row.stored.fix if row.stored is not None else None
+        idle = self._idle_here(fix)
+        if idle:
+            self.notice.show_message("warn", html.escape(idle))
+            return None
+        proved_at = fix.proved_at() if fix is not None else {}
         loaded = self.state.model
-        if (loaded is None or loaded.profile_key != row.profile_key) and not self.dialogs.confirm(
+        swapping = loaded is None or loaded.profile_key != row.profile_key
+        if swapping and not self.dialogs.confirm(
             "Re-verify",
             f"Load {row.name} to check it again?",
-            _swap_words(loaded.name if loaded else None, row.name) + self._device_words(row),
+            _swap_words(loaded.name if loaded else None, row.name)
+            + self._fix_words(fix, proved_at)
+            + self._device_words(row),
             yes="Re-verify",
         ):
             return None
         fixed = {
             **self.state.precision().to_dict(),
-            **(row.stored.fix.settings if row.stored else {}),
+            **proved_at,
+            **(fix.settings if fix is not None else {}),
         }
         self.verifying = row
+        self.verifying_at = self._at_words(proved_at) if fix is not None else ""
+        at = f" at {self.verifying_at} with its fix" if self.verifying_at else ""
         return self._submit(
-            (source,), PrecisionSettings.from_mapping(fixed), f"Re-verifying {row.name}…"
+            (source,), PrecisionSettings.from_mapping(fixed), f"Re-verifying {row.name}{at}…"
+        )
+
+    def _at_words(self, proved_at: dict[str, Any]) -> str:
+        """'fp16 everywhere': the precision a fix is for, on this computer."""
+        model = self.state.model
+        return words.precision_summary(
+            proved_at, self.state.recommended(), model.components if model is not None else ()
+        )
+
+    def _fix_words(self, fix: RememberedFix | None, proved_at: dict[str, Any]) -> str:
+        if fix is None:
+            return ""
+        at = self._at_words(proved_at)
+        assumed = (
+            ""
+            if fix.made_at
+            else " (it was saved without the precision it was proved at: fp16 is what "
+            "HalfSafe's fixes are for)"
+        )
+        emulated = ""
+        device = self.state.device_report()
+        if device is not None and device.kind == "cpu" and "fp16" in at:
+            emulated = " A CPU computes fp16 slowly, so this check takes longer than on a GPU."
+        return (
+            f" The check runs it at {at}, the precision the fix is for{assumed}, with the fix: "
+            f"{words.fix_short(fix.settings).lower() or 'none'}.{emulated}"
+        )
+
+    def _idle_here(self, fix: RememberedFix | None) -> str:
+        """The sentence saying this device cannot prove `fix` (every setting it changes does
+        nothing here); "" when it can."""
+        device = self.state.device_report()
+        if fix is None or device is None or not fix.settings:
+            return ""
+        idle = idle_settings(fix.settings, device.kind)
+        if len(idle) < len(fix.settings):
+            return ""
+        return (
+            f"This fix ({words.fix_short(fix.settings).lower()}) changes only what a CUDA GPU "
+            f"runs, so a check on {device.name} cannot prove it: re-verify it on the GPU it was "
+            "found on."
         )
 
     def _device_words(self, row: LearnedRow) -> str:
@@ -432,8 +489,10 @@ class FixesView(QWidget):
     def _show_verified(self, name: str, run: ModelChecks) -> None:
         row = run.rows[0]
         level = _VERDICT_LEVEL[row.verdict] if row.verdict is not None else "bad"
+        at = f" at {self.verifying_at} with its fix" if self.verifying_at else ""
         self.notice.show_message(
-            level, f"<b>Re-verified {html.escape(name)}:</b> {html.escape(row.words)}"
+            level,
+            f"<b>Re-verified {html.escape(name)}{html.escape(at)}:</b> {html.escape(row.words)}",
         )
 
     # Edit and Forget --------------------------------------------------------------------------
@@ -489,6 +548,11 @@ class FixesView(QWidget):
                 saved.forget_report(row.profile_key, row.device)
         except OSError as error:
             self.dialogs.error(f"It could not be forgotten ({error.strerror or error}).")
+        else:
+            # What the page said of it (saved, re-verified) no longer holds.
+            self.notice.show_message(
+                "info", f"Forgot {html.escape(what)} of {html.escape(row.name)}."
+            )
         self.refresh()
         return True
 

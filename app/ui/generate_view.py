@@ -84,6 +84,10 @@ GENERATION_KEYS = (
 )
 
 
+# What the image area says while there is no image to show.
+EMPTY_WORDS = "Your images appear here, with a live preview while they are made."
+
+
 class GenerateView(QWidget):
     """Submits `generate` jobs and shows their previews and results.
 
@@ -110,6 +114,9 @@ class GenerateView(QWidget):
         self._load_demo = load_demo
         self.jobs: dict[int, dict[str, Any]] = {}
         self._fix_of_job: dict[int, dict[str, Any]] = {}
+        # Requests (and the fix each ran with) lost when the engine died under them: offered
+        # to run again once it is back.
+        self.lost: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
         self.running_job: int | None = None
         self.cancelled_with = 0  # how many queued jobs the last Cancel dropped with the running one
         self._timing: tuple[float, int] | None = None
@@ -275,9 +282,7 @@ class GenerateView(QWidget):
         self.banner = Banner()
         column.addWidget(self.banner)
         self.image = ImageView()
-        self.image.set_pixmap(
-            None, "Your images appear here, with a live preview while they are made."
-        )
+        self.image.set_pixmap(None, EMPTY_WORDS)
         column.addWidget(self.image, 1)
         self.parameters = label("", "muted", wrap=True, selectable=True)
         self.parameters.setTextFormat(Qt.TextFormat.PlainText)
@@ -631,6 +636,7 @@ class GenerateView(QWidget):
             self.running_job = event.job_id
             self._timing = None
             self._job_started = now
+            self._show_making(event.job_id)
         show_progress(self.progress, event.done, event.total)
         if event.total <= 1:
             self.progress_label.setText(f"{event.stage}…" if event.stage else "Working…")
@@ -647,9 +653,21 @@ class GenerateView(QWidget):
         self.progress_label.setText(text)
         self._show_queue()
 
+    def _show_making(self, job_id: int) -> None:
+        """A job has started: the image, banner and caption shown spoke of the last image, and
+        would read as this job's until its first preview; the image being made is said
+        instead (the last one stays in the gallery, and comes back if the job does not end)."""
+        self.banner.dismiss()
+        self.image.set_pixmap(None, "Making the image: a preview appears after a few steps.")
+        request = self.jobs.get(job_id) or {}
+        self.parameters.setText(f"Making: {request.get('prompt') or 'an image with no prompt'}")
+        self.caption.text_changed()
+
     def _job_done(self, event: EngineEvent) -> None:
-        self.jobs.pop(event.job_id, None)
+        request = self.jobs.pop(event.job_id, None)
         applied_fix = self._fix_of_job.pop(event.job_id, None)
+        if event.error_type == "EngineDied" and request is not None:
+            self.lost.append((request, applied_fix))
         if self.running_job == event.job_id:
             self.running_job = None
         self._show_cancel()
@@ -674,8 +692,7 @@ class GenerateView(QWidget):
                     else f"Cancelled, and the {_generations(dropped)} queued after it."
                 )
             self.banner.dismiss()  # it spoke of the image this job was making
-            if self.current_entry is not None:
-                self.show_entry(self.current_entry)
+            self._show_last()
         elif event.error_type == "BadFileError":
             # A picture file that cannot be read: one sentence naming it, no dialog. The model
             # stays loaded; choose another file and generate again.
@@ -683,8 +700,54 @@ class GenerateView(QWidget):
         else:
             self.progress_label.setText("The generation did not finish.")
             self.dialogs.job_failed(event)
+        if event.state != EventState.RESULT and event.state != EventState.CANCELLED:
+            self._show_last()
+        if self.lost and not self.jobs:
+            self._offer_lost()
         if self.jobs:
             self._show_queue()
+
+    def _offer_lost(self) -> None:
+        """Say what the engine's death took, with the button that runs it again."""
+        count = len(self.lost)
+        what = "the image it was making" if count == 1 else f"the {count} generations it had"
+        self.progress_label.setText("The engine stopped.")
+        self.banner.show_message(
+            "bad",
+            f"<b>The engine stopped, and {what} with it.</b> Nothing of "
+            f"{'it' if count == 1 else 'them'} was saved. Once the engine has restarted and your "
+            "model is loaded again, run "
+            f"{'it' if count == 1 else 'them'} again with the same settings.",
+            [("Run again", self.run_lost_again)],
+        )
+
+    def run_lost_again(self) -> list[int]:
+        """Submit again what the engine's death took (with the fix each ran with); while no
+        model is loaded, say that the engine must be back first. Returns the new jobs."""
+        if self.state.model is None:
+            self._say(
+                "The engine has no model loaded yet: restart it (the banner at the top of the "
+                "window), and your model loads again; then run it again."
+            )
+            return []
+        lost, self.lost = self.lost, []
+        self.banner.dismiss()
+        jobs = []
+        for request, fix in lost:
+            job_id = self.submit(request, fix)
+            if fix:
+                self._fix_of_job[job_id] = dict(fix)
+            jobs.append(job_id)
+        return jobs
+
+    def _show_last(self) -> None:
+        """The image shown before the job that did not finish, or the empty page's words."""
+        if self.current_entry is not None:
+            self.show_entry(self.current_entry)
+        else:
+            self.image.set_pixmap(None, EMPTY_WORDS)
+            self.parameters.setText("")
+            self.caption.text_changed()
 
     # Results ----------------------------------------------------------------------------------
 
@@ -698,7 +761,9 @@ class GenerateView(QWidget):
         # Each image carries what it was made with: a repaired one differs from the job's plan.
         shown = (entries[0].settings if entries else None) or result.settings
         if shown:
-            self.state.set_effective(words.precision_summary(shown))
+            model = self.state.model
+            parts = model.components if model is not None else ()
+            self.state.set_effective(words.precision_summary(shown, parts=parts))
         if entries:
             self.status_message.emit(f"Last image: {mode_words(entries[0])}.")
         first_item = None

@@ -32,11 +32,11 @@ from app.core.health import (
     cost_comparison,
     headroom_words,
     precision_words,
-    tested_words,
 )
 from app.core.health.report import CheckResult
 from app.core.jobs import DONE
 from app.core.models.summary import ModelSummary
+from app.core.precision.words import plan_words
 from app.core.requests import CheckRequest
 from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
@@ -144,8 +144,14 @@ class HealthView(QWidget):
 
         self.body = scroll_column(layout)
 
+        # The headline shown, and the precisions it holds at (the check's, its fix's): shown as
+        # a verdict only while the next job runs at one of them.
+        self._headline: tuple[str, str, tuple[str, ...]] | None = None
+
         state.model_changed.connect(self._model_changed)
         state.model_changed.connect(self.show_saved_report)
+        for signal in (state.settings_changed, state.hardware_changed, state.model_changed):
+            signal.connect(lambda _value: self._show_headline())
         self._model_changed(state.model)
 
     # Running ----------------------------------------------------------------------------------
@@ -170,6 +176,7 @@ class HealthView(QWidget):
         self._clear()
         self.report = None
         self.markdown = ""
+        self._headline = None
         self.verdict.dismiss()
         self.stage.setText("")
         for button in (self.export_button, self.copy_button):
@@ -232,6 +239,11 @@ class HealthView(QWidget):
         elif event.state == EventState.RESULT:
             result: CheckResult = event.result
             self._finish(f"Checked in {result.report.seconds:.1f} s.")
+            if result.model is not None and result.model != self.state.model:
+                # The fix the check remembered: the next job runs with it, and says so now
+                # (the report is this page's before then, so the saved one is not shown).
+                self.report = result.report
+                self.state.set_model(result.model, self.state.model_request)
             self.show_report(
                 result.report, result.markdown, self._checked_pictures.pop(event.job_id, None)
             )
@@ -260,11 +272,33 @@ class HealthView(QWidget):
         self.markdown = saved.markdown
         for button in (self.export_button, self.copy_button):
             button.setEnabled(True)
-        self.verdict.show_message(
+        ran_at = f" at {html.escape(saved.ran_at)}" if saved.ran_at else ""
+        self._headline = (
             _VERDICT_LEVEL[saved.verdict],
             f"<b>{html.escape(saved.headline)}</b><br>The last check, on "
-            f"{html.escape(saved.device)} on {when_words(saved.saved_at)}. Run the health "
-            "check to see each part and the fix in full.",
+            f"{html.escape(saved.device)}{ran_at} on {when_words(saved.saved_at)}. Run the "
+            "health check to see each part and the fix in full.",
+            tuple(t for t in (saved.ran_at, saved.fix_runs_at) if t),
+        )
+        self._show_headline()
+
+    def _show_headline(self) -> None:
+        """The shown check's headline, as its verdict while the next job runs at the precision
+        it was made at (or its fix runs at); otherwise a plain note of that, with no verdict:
+        a green "Safe" made at other settings says nothing of the next job."""
+        if self._headline is None:
+            return
+        level, text, holds_at = self._headline
+        plan = self.state.expected_plan()
+        next_job = plan_words(plan) if plan is not None else None
+        if next_job is None or not holds_at or next_job in holds_at:
+            self.verdict.show_message(level, text)
+            return
+        self.verdict.show_message(
+            "info",
+            f"<b>Not checked at your settings.</b> The last check of this model ran at "
+            f"{html.escape(holds_at[0])}; the next job runs at {html.escape(next_job)}. Run "
+            "the health check to check that.",
         )
 
     def _clear(self) -> None:
@@ -291,18 +325,20 @@ class HealthView(QWidget):
         level = _VERDICT_LEVEL[report.verdict]
         if report.advice is not None and report.advice.overflowing:
             level = "warn"  # safe as run, but not in the fp16 the user is likely to move to
-        tested = tested_words(report.plan) + (
-            ", attention upcast to fp32" if report.plan.upcast_attention else ""
-        )
-        self.verdict.show_message(
+        tested = plan_words(report.plan)
+        self._headline = (
             level,
             f"<b>{html.escape(report.headline)}</b><br>"
             f"Tested on {html.escape(report.device.name)} with {html.escape(tested)}"
             + (f" at {report.size}×{report.size} px" if report.size else "")
             + "."
             + html.escape(_pictures_words(pictures, report)),
+            # and the next job's, as the settings are now: what the check ran at, or with the
+            # fix it remembered (said in words that may differ by an island's place)
+            (tested, *([plan_words(report.fix.plan)] if report.fix is not None else []))
+            + ((plan_words(plan),) if (plan := self.state.expected_plan()) else ()),
         )
-        self.state.set_effective(tested)
+        self._show_headline()
 
         position = 0
         if report.fix is not None:
@@ -401,7 +437,7 @@ class HealthView(QWidget):
                 )
             )
         card.body.addWidget(
-            label(f"Runs as: <b>{html.escape(tested_words(fix.plan))}</b>", wrap=True)
+            label(f"Runs as: <b>{html.escape(plan_words(fix.plan))}</b>", wrap=True)
         )
         settings = dict(fix.settings)
         if settings:
@@ -497,6 +533,7 @@ class HealthView(QWidget):
                 settings,
                 words.fix_words(settings),
                 on_failed=self.dialogs.job_failed,
+                made_at=self.report.plan.dtype_settings() if self.report is not None else None,
             )
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")

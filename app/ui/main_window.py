@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import __version__
+from app.core.precision.words import plan_words
 from app.core.requests import LoadRequest
 from app.engine.failures import Failure
 from app.engine.process import log_path
@@ -489,12 +490,18 @@ class MainWindow(QMainWindow):
             self.precision_status.setText(f"Precision: {self.state.effective}")
             self.precision_status.setToolTip("What the last job actually ran with.")
         else:
+            plan = self.state.expected_plan()
             self.precision_status.setText(
                 "Precision: "
-                + words.precision_summary(self.state.settings.to_dict(), self.state.recommended())
+                + (
+                    plan_words(plan)
+                    if plan is not None
+                    else words.precision_summary(self.state.settings.to_dict())
+                )
             )
             self.precision_status.setToolTip(
-                "What the next job will use, with Auto resolved for this computer where known."
+                "What the next job will use: your settings with Auto resolved for this "
+                "computer and the loaded model (its needs and its remembered fix)."
             )
 
     # Engine life ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.components import COMPONENTS
 from app.core.precision import CUDA_ONLY_BACKENDS
 from app.core.settings import FIELDS, GROUPS, SCHEMA, Field
 from app.ui import folders, words
@@ -35,13 +36,10 @@ from app.ui.widgets import label, page_layout, scroll_column
 INT32_MAX = 2**31 - 1
 # Components whose `auto` follows the base precision rather than a recommendation of its own.
 _FOLLOWS_PRECISION = ("unet_precision", "vae_precision", "text_encoder_precision")
+# The settings that each give some parts their dtype.
+_PART_SETTINGS = tuple(dict.fromkeys(c.setting for c in COMPONENTS.values()))
 # What no-half overrides: with it on, these run in fp32 whatever they say.
-_OVERRIDDEN_BY_NO_HALF = (
-    "precision",
-    *_FOLLOWS_PRECISION,
-    "text_encoder_2_precision",
-    "no_half_vae",
-)
+_OVERRIDDEN_BY_NO_HALF = ("precision", *_PART_SETTINGS, "no_half_vae")
 GROUP_INTROS = {
     "Device": "Which processor runs the model.",
     "Precision": "The number format of each part of the model: the main speed, memory and "
@@ -520,6 +518,11 @@ class SettingsView(QWidget):
                 f"For {model.name if model else 'the loaded model'}, jobs use its remembered fix: "
                 f"{words.setting_value(key, remembered[key])}."
             )
+        planned = self._planned(key) if value == "auto" else None
+        if planned is not None and planned[1]:
+            # What the next job runs this part in, and why: the model's own need, the device's
+            # recommendation, a remembered fix (as the status bar says it).
+            return _sentence(f"Auto means {words.choice_name(planned[0])} here", planned[1])
         if key == "device" and value == "auto":
             device = self.state.device_report()
             if device is None:
@@ -574,6 +577,19 @@ class SettingsView(QWidget):
                 reason,
             )
         return ""
+
+    def _planned(self, key: str) -> tuple[str, str] | None:
+        """(dtype, why) the next job's plan gives the parts `key` governs (`why` empty when it
+        follows the base); None when no plan is known yet or no such part is loaded."""
+        if key not in _PART_SETTINGS:
+            return None
+        plan = self.state.expected_plan()
+        if plan is None:
+            return None
+        parts = [part for part in plan.dtypes if COMPONENTS[part].setting == key]
+        if not parts:
+            return None
+        return plan.dtypes[parts[0]], plan.reasons.get(key, "")
 
     def _on_cpu(self) -> bool:
         device = self.state.device_report()

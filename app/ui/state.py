@@ -8,14 +8,18 @@ job picks it up without a restart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, Signal
 
 from app.core.hardware import DeviceInfo, HardwareReport, device_entry
 from app.core.models.summary import ModelSummary
+from app.core.precision.words import USUAL_PARTS
 from app.core.requests import LoadRequest
 from app.core.settings import FIELDS, PRECISION_KEYS, PrecisionSettings, Settings, update_settings
+
+if TYPE_CHECKING:
+    from app.core.precision import PrecisionPlan
 
 
 class AppState(QObject):
@@ -96,6 +100,28 @@ class AppState(QObject):
         """The report's device that the settings pick (auto: the first listed)."""
         return device_entry(self.hardware.devices if self.hardware else [], self.device())
 
+    def expected_plan(self) -> PrecisionPlan | None:
+        """The plan the next job will run under, resolved as a job resolves it: the settings
+        against this device's report, the loaded model's parts, what its VAE asks for and the
+        fix remembered for it (the usual parts when no model is loaded). None until the device
+        is known. Asks the device nothing: the window never touches it."""
+        device = self.device_report()
+        if device is None:
+            return None
+        from app.core.precision import resolve_plan
+
+        model = self.model
+        fix = model.remembered_fix if model is not None else None
+        return resolve_plan(
+            self.precision(),
+            device=device.torch_device,
+            components=(model.components if model is not None else ()) or USUAL_PARTS,
+            device_info=device,
+            vae_needs_fp32=model is not None and model.vae_needs_fp32,
+            remembered=fix.settings if fix is not None else None,
+            ask_device=False,
+        )
+
     def recommended(self) -> dict[str, Any]:
         device = self.device_report()
         recommended = device.recommended if device is not None else {}
@@ -128,6 +154,8 @@ class AppState(QObject):
     # Model ------------------------------------------------------------------------------------
 
     def set_model(self, summary: ModelSummary | None, request: LoadRequest | None = None) -> None:
+        if summary != self.model:
+            self.effective = None  # the last job's precision: not the next job's any more
         self.model = summary
         self.model_request = request if summary is not None else None
         self.model_changed.emit(summary)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Status
@@ -332,56 +332,24 @@ def fix_short(settings: Mapping[str, Any] | None) -> str:
     return first_upper("; ".join(parts)) if parts else ""
 
 
-_SHORT_NAMES = {
-    "unet_precision": "unet",
-    "vae_precision": "vae",
-    "text_encoder_precision": "text",
-    "text_encoder_2_precision": "text 2",
-}
-
-
-def component_dtypes(
-    values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
-) -> dict[str, str]:
-    """The dtype each component will get (core's `expected_dtypes`), under short names."""
-    expected = expected_dtypes(values, recommended)
-    return {short: expected[key] for key, short in _SHORT_NAMES.items() if key in expected}
-
-
 def precision_summary(
-    values: Mapping[str, Any], recommended: Mapping[str, Any] | None = None
+    values: Mapping[str, Any],
+    recommended: Mapping[str, Any] | None = None,
+    parts: Sequence[str] = (),
 ) -> str:
-    """'UNet fp16 · VAE fp32 · text fp16 · attention upcast' for the status bar."""
-    dtypes = component_dtypes(values, recommended)
-    if set(dtypes.values()) == {"auto"}:
-        text = "auto (decided when a job runs)"
-    elif len(set(dtypes.values())) == 1:
-        text = f"{dtypes['unet']} everywhere"
-    else:
-        text = f"UNet {dtypes['unet']} · VAE {dtypes['vae']} · text {dtypes['text']}"
-        if dtypes["text 2"] != dtypes["text"]:
-            text += f" · text 2 {dtypes['text 2']}"
-    for key, dtype in (("fp32_modules", "fp32"), ("bf16_modules", "bf16"), ("clamp_modules", "")):
-        text += "".join(f" · {words}" for words in _layer_counts(values.get(key), dtype))
-    if values.get("precision") == "autocast" and "fp16" in dtypes.values():
-        text += " · under autocast"
-    if values.get("upcast_attention"):
-        text += " · attention upcast"
-    return text
+    """'fp16, VAE in fp32, attention upcast to fp32' for the status bar and captions: what
+    `values` give each of `parts` (the loaded model's; the usual ones when none is known),
+    as far as the settings and this computer's recommendation decide it (core's
+    `expected_dtypes`), in the one words table of `precision.words`."""
+    from app.core.precision.words import USUAL_PARTS, settings_words
 
-
-def _layer_counts(entries: Any, dtype: str) -> list[str]:
-    """['2 VAE layers in fp32'] for module entries ('vae:decoder.conv_in', ...); '' as the
-    dtype means clamped."""
-    counts: dict[str, int] = {}
-    for entry in entries or []:
-        component = str(entry).split(":", 1)[0]
-        counts[component] = counts.get(component, 0) + 1
-    return [
-        f"{count} {component_name(component)} layer{'s' if count != 1 else ''} "
-        + (f"in {dtype}" if dtype else "clamped")
-        for component, count in counts.items()
-    ]
+    expected = expected_dtypes(values, recommended)
+    dtypes = {
+        part: expected[COMPONENTS[part].setting]
+        for part in parts or USUAL_PARTS
+        if part in COMPONENTS and COMPONENTS[part].setting in expected
+    }
+    return settings_words(values, dtypes)
 
 
 def architecture_name(architecture: str | None) -> str:

@@ -179,8 +179,8 @@ def test_a_generation_under_autocast_says_so_in_the_png_and_the_json(tmp_path, c
 def test_the_checks_words_name_autocast():
     from app.core.health import tested_words
 
-    assert tested_words(autocast_plan(device="cuda")) == "fp16 under autocast"
+    assert tested_words(autocast_plan(device="cuda")) == "fp16 everywhere, under autocast"
     assert tested_words(autocast_plan(device="cuda", no_half_vae=True)) == (
         "fp16 under autocast, VAE in fp32"
     )
-    assert tested_words(autocast_plan(device="cuda", no_half=True)) == "no-half"
+    assert tested_words(autocast_plan(device="cuda", no_half=True)) == "fp32 everywhere"

@@ -359,6 +359,17 @@ def test_verified_fix_is_remembered_and_used_on_the_next_load():
     stored = profiles.remembered_fix("remember-me", describe_device("cpu").name)
     assert stored is not None
     assert stored.settings == report.fix.settings
+    # What it is a fix for: the fp16 the check ran at (Re-verify runs it there).
+    assert stored.made_at == {
+        "precision": "fp16",
+        "text_encoder_precision": "fp16",
+        "text_encoder_2_precision": "fp16",
+        "text_encoder_3_precision": "fp16",
+        "vae_precision": "fp16",
+        "unet_precision": "fp16",
+        "no_half": False,
+        "no_half_vae": False,
+    }
 
     again = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remember-me"))
     assert again.verdict == "healthy"

@@ -327,3 +327,32 @@ def test_a_json_problem_is_named_without_a_dangling_position():
     with pytest.raises(ValueError) as caught:
         profiles._decode('{"summary": "a\x01b"}')
     assert str(caught.value) == "it is not valid JSON: invalid control character"
+
+
+PROVED_AT = {"precision": "fp16", "vae_precision": "fp16", "no_half": False, "no_half_vae": False}
+
+
+def test_the_precision_a_fix_was_proved_at_is_kept_and_read_back():
+    path = seed()
+    fix = profiles.remember_fix(
+        NEW, DEVICE, {"vae_precision": "fp32"}, "new", "health check", TORCH, made_at=PROVED_AT
+    )
+    assert fix.made_at == PROVED_AT and fix.proved_at() == PROVED_AT
+    assert json.loads(path.read_text())[f"{NEW}|{DEVICE}|torch {TORCH}"]["made_at"] == PROVED_AT
+    assert profiles.remembered_fix(NEW, DEVICE, TORCH) == fix
+    # A fix saved before the precision was kept reads as it did, taken to be for fp16.
+    older = profiles.remembered_fix("model1", DEVICE, TORCH)
+    assert older is not None and older.made_at == {}
+    assert "made_at" not in json.loads(path.read_text())[f"model1|{DEVICE}|torch {TORCH}"]
+    assert older.proved_at()["precision"] == "fp16" and older.proved_at()["no_half"] is False
+
+
+def test_a_damaged_proved_at_costs_only_its_entry():
+    path = seed()
+    in_entry(2, '"saved_at"', '"made_at": {"precision": "fp17"}, "saved_at"')(path)
+    assert usable() == ALL - {"model2"}
+    assert kept_aside(path) != []
+    with pytest.raises(ValueError):
+        profiles.remember_fix(
+            NEW, DEVICE, {"vae_precision": "fp32"}, "new", "health check", made_at={"no_half": 3}
+        )

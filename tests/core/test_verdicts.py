@@ -31,7 +31,9 @@ def test_fp32_check_puts_the_predicted_fp16_overflow_in_its_first_line():
     # ...but the first line never says only "healthy" when fp16 would overflow.
     first_line = health_text(report).splitlines()[0]
     assert first_line == report.headline
-    assert first_line.startswith("Safe at your settings (no-half). In fp16 the VAE would overflow")
+    assert first_line.startswith(
+        "Safe at your settings (fp32 everywhere). In fp16 the VAE would overflow"
+    )
     assert "keep only the VAE in" in first_line
     assert "predicted" in first_line
     # Checked on a CPU, where fp16 is emulated: fp16 advice is for a GPU, never for here.
@@ -66,7 +68,9 @@ def test_fp16_check_measures_fp16_and_the_tried_bf16(cpu_bf16):
 def test_a_healthy_fp16_model_says_so_plainly():
     report = check(loaded(build_tiny_sd_pipeline()))
     assert report.verdict is Verdict.HEALTHY and report.advice is None
-    assert report.headline.startswith("Healthy at your settings (fp16): nothing overflowed")
+    assert report.headline.startswith(
+        "Healthy at your settings (fp16 everywhere): nothing overflowed"
+    )
 
 
 def test_remembered_fix_is_named_and_what_happens_without_it_is_said(cpu_bf16):

@@ -16,6 +16,7 @@ from app.core.library_check import ModelCheckRow, ModelChecks
 from app.core.requests import LoadRequest
 from app.engine.events import EventState
 from tests.support import reports
+from tests.support.reports import gtx_1660_super, on_a_cpu
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
 
 DEVICE = reports.RTX_3060.name
@@ -203,6 +204,13 @@ def test_edit_validates_the_layer_lists_through_the_schema_before_saving(window,
     # The loaded model's summary says what jobs now run with.
     assert window.state.model is not None and window.state.model.remembered_fix == stored.fix
     assert "edited by you" in _cells(view)[0][3]
+    assert view.notice.text.text().startswith("Saved the fix of demo")
+
+    # Forgotten, it is no longer "saved": the banner says what happened instead.
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    assert view.forget()
+    assert "Saved" not in view.notice.text.text()
+    assert view.notice.text.text() == "Forgot the remembered fix of demo."
 
 
 def test_an_edit_that_leaves_no_layers_is_refused_with_forget_named(window):
@@ -264,7 +272,8 @@ def test_re_verify_says_what_happens_before_unloading_then_checks_with_the_fix(w
         job,
         ModelChecks((row,), loaded=DEMO_SUMMARY, loaded_request=LoadRequest("demo")),
     )
-    assert view.notice.level == "good" and "Re-verified sdxl:" in view.notice.text.text()
+    assert view.notice.level == "good"
+    assert "Re-verified sdxl at fp16 everywhere with its fix:" in view.notice.text.text()
     assert view.verify_button.isEnabled()
     assert window.state.model == DEMO_SUMMARY
 
@@ -276,6 +285,83 @@ def test_re_verifying_the_loaded_model_asks_nothing(window, engines):
     window.dialogs.confirm = lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError)
     view.reverify()
     assert engines.current.last_job("check_models").params.models == ("demo",)
+
+
+def _on_the_cpu(window) -> str:
+    """The window's device made a CPU whose Auto is fp32 everywhere; returns its name."""
+    cpu = on_a_cpu(
+        gtx_1660_super(), precision="fp32", no_half=False, no_half_vae=False, allow_tf32=True
+    )
+    window.state.set_hardware(cpu)
+    return cpu.devices[0].name
+
+
+def test_re_verify_runs_the_fix_at_the_precision_it_was_proved_at(window, engines):
+    """At Auto on a CPU every part runs in fp32, where a fix for fp16 passes without running:
+    Re-verify runs the model at fp16 with the fix, and says so."""
+    device = _on_the_cpu(window)
+    assert window.state.settings["precision"] == "auto"
+    proved_at = {"precision": "fp16", "unet_precision": "fp16", "vae_precision": "fp16"}
+    profiles.remember_fix(
+        SDXL_KEY,
+        device,
+        {"fp32_modules": LAYERS},
+        "The VAE overflowed; 1 VAE layer in fp32.",
+        "health check",
+        torch_version=TORCH,
+        made_at={**proved_at, "no_half": False, "no_half_vae": False},
+    )
+    saved.save_report(
+        SDXL_KEY,
+        reports.result(replace(reports.fixable(), device=replace(reports.RTX_3060, name=device))),
+    )
+    load_fake_model(window, engines)
+    view = _page(window)
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or True
+    view.reverify()
+    assert "runs it at fp16 everywhere, the precision the fix is for" in asked[0][2]
+    assert "keep 1 layer of the vae in fp32" in asked[0][2]
+    assert "A CPU computes fp16 slowly" in asked[0][2]
+    precision = engines.current.last_job("check_models").params.precision
+    assert (precision.precision, precision.unet_precision, precision.vae_precision) == (
+        "fp16",
+        "fp16",
+        "fp16",
+    )
+    assert precision.fp32_modules == tuple(LAYERS) and not precision.no_half
+    assert "at fp16 everywhere with its fix" in view.stage.text()
+
+
+def test_a_fix_saved_without_its_precision_is_re_verified_at_fp16(window, engines):
+    window.state.set_setting("no_half", True)  # which would run the fix in fp32
+    fix = _remember(DEMO_SUMMARY.profile_key)
+    assert fix.made_at == {} and fix.proved_at()["precision"] == "fp16"
+    _loaded_with_fix(window, engines, fix)
+    view = _page(window)
+    view.reverify()
+    precision = engines.current.last_job("check_models").params.precision
+    assert precision.precision == "fp16" and not precision.no_half
+    assert precision.fp32_modules == tuple(LAYERS)
+
+
+def test_a_fix_the_device_cannot_run_is_said_not_checked(window, engines):
+    device = _on_the_cpu(window)
+    fix = profiles.remember_fix(
+        DEMO_SUMMARY.profile_key,
+        device,
+        {"attention_backend": "efficient", "fp16_reduced_precision_reduction": False},
+        "Memory-efficient attention, full-precision sums.",
+        "health check",
+        torch_version=TORCH,
+    )
+    _loaded_with_fix(window, engines, fix)
+    view = _page(window)
+    assert view.reverify() is None
+    assert engines.current.jobs("check_models") == []
+    assert view.notice.level == "warn"
+    assert "changes only what a CUDA GPU runs" in view.notice.text.text()
+    assert f"a check on {device} cannot prove it" in view.notice.text.text()
 
 
 # Check all my models --------------------------------------------------------------------------

@@ -159,7 +159,7 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
     assert "Made again with the fix (VAE precision: fp32 (full))" in text
     # What ran, from the image's record (a fix remembered for the model would show here too).
     assert f"running as {words.precision_summary(view.current_entry.settings)};" in text
-    assert "VAE fp32" in text
+    assert "VAE in fp32" in text
     assert view.banner.buttons == {}
     assert not button.isVisible()
 
@@ -427,3 +427,45 @@ def test_steps_takes_200_as_typed(view, qtbot):
     view.steps.selectAll()
     qtbot.keyClicks(view.steps, "200")
     assert view.steps.value() == 200
+
+
+def test_a_job_that_starts_clears_what_spoke_of_the_last_image(view, engines, tmp_path):
+    """The last image's banner and caption would read as the new job's until its first
+    preview: when the job starts they give way, and come back if it does not finish."""
+    view.generate()
+    first = engines.current.last_job("generate")
+    black = reports.image(_png(tmp_path / "black.png", "black"), status="nan", component="vae")
+    engines.current.finish(first, reports.generation({"images": [black]}))
+    assert view.banner.isVisible()
+    view.prompt.setPlainText("a harbour at night")
+    view.generate()
+    job = engines.current.last_job("generate")
+    engines.current.emit(job, EventState.PROGRESS, stage="Denoising", done=1, total=20)
+    assert not view.banner.isVisible()
+    assert view.image.pixmap.isNull() and "preview appears" in view.image.placeholder
+    assert view.parameters.text() == "Making: a harbour at night"
+    engines.current.emit(job, EventState.ERROR, message="It failed.", error_type="ValueError")
+    view.window().dialogs.close_all()
+    assert not view.image.pixmap.isNull() and view.banner.isVisible()  # the last image again
+
+
+def test_a_job_the_engine_took_with_it_is_offered_again(view, window, engines):
+    from tests.ui.conftest import DEMO_SUMMARY
+
+    view.seed.setText("77")
+    view.generate()
+    lost = engines.current.last_job("generate")
+    engines.current.emit(lost, EventState.PROGRESS, stage="Denoising", done=3, total=20)
+    engines.current.crash(returncode=-9)
+    assert view.banner.level == "bad" and "Run again" in view.banner.buttons
+    assert "the image it was making with it" in view.banner.text.text()
+    assert view.run_lost_again() == []  # no model until the engine is back
+    assert "restart it" in view.progress_label.text()
+
+    window.engine_banner.buttons["Restart engine"].click()
+    engines.current.finish(engines.current.last_job("load"), DEMO_SUMMARY)
+    view.banner.buttons["Run again"].click()
+    again = engines.current.last_job("generate")
+    assert again.params.generation == lost.params.generation
+    assert again.params.generation.seed == 77 and view.lost == []
+    assert not view.banner.isVisible()

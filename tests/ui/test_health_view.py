@@ -8,6 +8,7 @@ from PySide6.QtGui import QGuiApplication
 
 from app.core.components import Status, Verdict
 from app.core.jobs import DONE
+from app.core.precision import PrecisionPlan
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
 from tests.support import reports
@@ -78,7 +79,7 @@ def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
     assert view.verdict.isVisible() and view.verdict.level == "warn"
     # The headline is core's, as `halfsafe check` prints it.
     assert view.verdict.text.text().startswith(
-        "<b>Fixable: at your settings (fp16) the VAE overflows 2x; verified fix"
+        "<b>Fixable: at your settings (fp16 everywhere) the VAE overflows 2x; verified fix"
     )
     assert set(view.cards) == {"text_encoder", "unet", "vae"}
     vae_text = " ".join(w.text() for w in view.cards["vae"].findChildren(type(view.stage)))
@@ -106,7 +107,9 @@ def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
     assert "61 ms" in fix_text and "118 ms" in fix_text
     assert "the fix was 1.9x as fast as no-half" in fix_text
     assert "less memory at peak" in fix_text
-    assert window.precision_status.text() == "Precision: fp16"
+    # A check is no job: the status bar goes on saying what the next job runs.
+    assert window.precision_status.text() == "Precision: auto (decided when a job runs)"
+    assert window.precision_status.toolTip().startswith("What the next job will use")
 
 
 def test_apply_fix_writes_the_settings(window, engines):
@@ -195,7 +198,7 @@ def test_a_check_under_autocast_says_so_in_words(window, engines):
     report = replace(report, plan=replace(report.plan, autocast=True))
     engines.current.finish(job, reports.result(report))
     text = view.verdict.text.text()
-    assert "fp16 under autocast" in text
+    assert "fp16 everywhere, under autocast" in text
     assert "autocast True" not in text and "Autocast" not in text
 
 
@@ -228,3 +231,90 @@ def test_a_new_check_does_not_show_the_last_ones_verdict_while_it_runs(window, e
     view.run_button.click()
     assert not view.verdict.isVisible()
     assert view.cards == {} and view.report is None
+
+
+# Headlines that hold only at the settings they were made at ---------------------------------
+
+
+def _fp16_card(window):
+    """An fp16-capable GPU whose Auto is fp16 everywhere."""
+    from app.core.settings import FIELDS, PRECISION_KEYS
+
+    recommended = {key: FIELDS[key].default for key in PRECISION_KEYS}
+    recommended.update(
+        precision="fp16", unet_precision="fp16", vae_precision="fp16", text_encoder_precision="fp16"
+    )
+    card = replace(
+        reports.gtx_1660_super().devices[0],
+        name=reports.RTX_3060.name,
+        fp16="fast",
+        quirks=(),
+        recommended=recommended,
+        reasons={},
+    )
+    window.state.set_hardware(replace(reports.gtx_1660_super(), devices=[card]))
+
+
+def _demo_plan(dtype: str) -> PrecisionPlan:
+    """A plan of the demo's three parts, each in `dtype`."""
+    return PrecisionPlan(
+        device="cuda", dtypes=dict.fromkeys(("text_encoder", "unet", "vae"), dtype)
+    )
+
+
+def test_a_saved_headline_made_at_other_settings_is_no_verdict_after_a_restart(window, engines):
+    """Saved at no-half, shown after a restart while the next job runs in fp16: no green
+    "Safe", but what it was made at and what the next job runs; back when they agree."""
+    from app.core.health import saved
+    from tests.ui.conftest import DEMO_SUMMARY
+
+    _fp16_card(window)
+    fp32 = _demo_plan("fp32")
+    saved.save_report(DEMO_SUMMARY.profile_key, reports.result(reports.report(plan=fp32)))
+    load_fake_model(window, engines)
+    page = window.health_view
+    assert page.verdict.level == "info"
+    text = page.verdict.text.text()
+    assert "Not checked at your settings" in text and "Healthy" not in text
+    assert "ran at fp32 everywhere; the next job runs at fp16 everywhere" in text
+    assert window.precision_status.text() == "Precision: fp16 everywhere"
+
+    window.state.set_setting("no_half", True)
+    assert page.verdict.level == "good"
+    assert "at fp32 everywhere" in page.verdict.text.text()
+    assert "Healthy" in page.verdict.text.text()
+
+
+def test_a_shown_check_stops_being_a_verdict_when_the_settings_change(window, engines):
+    _fp16_card(window)
+    view, job = _run_check(window, engines)
+    fp16 = _demo_plan("fp16")
+    engines.current.finish(job, reports.result(reports.report(plan=fp16)))
+    assert view.verdict.level == "good"
+    window.state.set_setting("precision", "fp32")
+    assert view.verdict.level == "info"
+    assert "the next job runs at fp32 everywhere" in view.verdict.text.text()
+    window.state.set_setting("precision", "auto")
+    assert view.verdict.level == "good"
+
+
+def test_the_fix_a_check_remembered_shows_in_the_status_bar_at_once(window, engines):
+    """The check remembered a fix: the status bar says the next job runs with it, before any
+    job, and the check's headline still holds (the fix is what it found)."""
+    from app.core.profiles import RememberedFix
+    from tests.ui.conftest import DEMO_SUMMARY
+
+    _fp16_card(window)
+    view, job = _run_check(window, engines)
+    assert window.precision_status.text() == "Precision: fp16 everywhere"
+    fix = RememberedFix({"fp32_modules": ["vae:decoder.a.conv1"]}, "", "health check", 0.0)
+    remembered = replace(DEMO_SUMMARY, remembered_fix=fix, remembered_on=reports.RTX_3060.name)
+    fixable = reports.report(
+        plan=_demo_plan("fp16"),
+        verdict=Verdict.FIXABLE,
+        fix=reports.vae_fp32_fix(),
+    )
+    engines.current.finish(job, replace(reports.result(fixable), model=remembered))
+    assert window.state.model == remembered
+    assert window.precision_status.text() == "Precision: fp16, with 1 VAE layer in fp32"
+    assert view.verdict.level == "warn" and view.report is not None

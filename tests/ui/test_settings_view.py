@@ -211,3 +211,41 @@ def test_auto_names_the_fix_remembered_for_the_loaded_model(window, engines):
     assert "remembered fix: 1 layer (vae:decoder.a)" in view.resolved["fp32_modules"].text()
     window.state.set_model(None)
     assert "remembered" not in view.resolved["vae_precision"].text()
+
+
+def test_auto_hints_say_what_the_next_job_runs_as_the_status_bar_does(window, engines):
+    """A part's Auto says the dtype the next job gives it and why, from the same plan as the
+    status bar: an SDXL whose VAE asks for fp32 at Precision fp16 is not "follows fp16"."""
+    from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
+
+    view = window.settings_view
+    window.state.set_hardware(gtx_1660_super())
+    window.state.set_setting("precision", "fp16")
+    sdxl = replace(
+        DEMO_SUMMARY,
+        architecture="sdxl",
+        components=("text_encoder", "text_encoder_2", "unet", "vae"),
+        vae_needs_fp32=True,
+    )
+    load_fake_model(window, engines, sdxl)
+    assert view.resolved["vae_precision"].text().startswith(
+        "Auto means fp32 (full) here: This model's VAE is known to overflow in fp16"
+    )
+    assert window.precision_status.text() == "Precision: fp16, VAE in fp32"
+    # A fix remembered as no-half-VAE is named as the remembered fix, not as the user's switch.
+    fix = RememberedFix({"no_half_vae": True}, "", "health check", 0.0)
+    load_fake_model(window, engines, replace(DEMO_SUMMARY, remembered_fix=fix))
+    assert view.resolved["vae_precision"].text() == (
+        "Auto means fp32 (full) here: A fix verified for this model on this device is "
+        "remembered."
+    )
+    assert window.precision_status.text() == "Precision: fp16, VAE in fp32"
+
+
+def test_no_half_overrides_every_text_encoders_hint(window):
+    view = window.settings_view
+    window.state.set_setting("no_half", True)
+    for key in ("text_encoder_precision", "text_encoder_2_precision", "text_encoder_3_precision"):
+        assert view.resolved[key].text() == (
+            "No-half is on, so this runs in fp32 whatever is chosen here."
+        ), key

@@ -34,15 +34,15 @@ def test_precision_summary_follows_the_users_base_before_the_recommendation():
     assert words.precision_summary({"precision": "auto"}, cpu) == "fp32 everywhere"
     assert words.precision_summary(
         {"precision": "fp16", "no_half_vae": True, "upcast_attention": True}
-    ) == ("UNet fp16 · VAE fp32 · text fp16 · attention upcast")
+    ) == ("fp16, VAE in fp32, attention upcast to fp32")
     assert words.precision_summary({"precision": "fp16", "no_half": True}) == "fp32 everywhere"
     assert words.precision_summary({"precision": "auto"}) == "auto (decided when a job runs)"
 
 
 def test_autocast_is_shown_as_fp16_weights_under_autocast():
-    assert words.precision_summary({"precision": "autocast"}) == "fp16 everywhere · under autocast"
+    assert words.precision_summary({"precision": "autocast"}) == "fp16 everywhere, under autocast"
     assert words.precision_summary({"precision": "autocast", "no_half_vae": True}) == (
-        "UNet fp16 · VAE fp32 · text fp16 · under autocast"
+        "fp16 under autocast, VAE in fp32"
     )
     assert words.precision_summary({"precision": "autocast", "no_half": True}) == "fp32 everywhere"
     assert "AUTOMATIC1111" in words.setting_value("precision", "autocast")
@@ -74,7 +74,7 @@ def test_the_precision_summary_counts_the_layers_a_fix_keeps_wider():
         "bf16_modules": ["unet:mid_block.attentions.0"],
     }
     assert words.precision_summary(settings) == (
-        "fp16 everywhere · 2 VAE layers in fp32 · 1 UNet layer in bf16"
+        "fp16, with 2 VAE layers in fp32, with 1 UNet layer in bf16"
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core import diagnosis
@@ -133,6 +133,7 @@ def generate(
             learned.settings,
             learned.summary,
             "generation repair",
+            made_at=learned.made_at,
             warn=result.warnings.append,
         )
     for entry in result.images:
@@ -154,6 +155,7 @@ class _Learned:
 
     settings: dict[str, Any]
     summary: str
+    made_at: dict[str, Any] = field(default_factory=dict)  # `RememberedFix.made_at`
 
 
 def _generate_unsaved(
@@ -303,6 +305,7 @@ def _generate_unsaved(
                 f"The {parts} went non-finite during generation; fix: "
                 f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
                 "finite.",
+                plan.dtype_settings(),
             )
     finally:
         job.placed.release()
@@ -423,6 +426,8 @@ def _repair_by_cause(
         # The backend switch replaces the precision repair the kernel's fault seemed to need.
         remembered = profiles.remembered_fix(model.profile_key, result.device.name)
         return _Learned(
-            {**(remembered.settings if remembered else {}), **cause.settings}, cause.summary
+            {**(remembered.settings if remembered else {}), **cause.settings},
+            cause.summary,
+            dict(remembered.made_at) if remembered else {},
         )
     return learned

@@ -497,6 +497,7 @@ class _Check:
             self.search.settings,
             fix.summary,
             "health check",
+            made_at=self.plan.dtype_settings(),
             warn=self.notes.append,
         )
 

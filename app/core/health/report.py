@@ -16,6 +16,7 @@ from app.core.diagnosis import AT_RISK_HEADROOM, Quality
 from app.core.health.cost import FixCost
 from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, tested_words
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
+from app.core.models.summary import ModelSummary
 from app.core.precision import PrecisionPlan
 
 # Where a tensor lives, by key prefix: original (LDM) single-file names and diffusers names.
@@ -234,11 +235,13 @@ class HealthReport:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """A finished health check as the app shows it: the report, and its Markdown form (what
-    Export and Copy give the user)."""
+    """A finished health check as the app shows it: the report, its Markdown form (what
+    Export and Copy give the user), and the checked model's summary after it (with the fix
+    the check remembered for it, which the next job uses), when the engine holds that model."""
 
     report: HealthReport
     markdown: str
+    model: ModelSummary | None = None
 
 
 def _finite_or_none(value: float | None) -> float | None:

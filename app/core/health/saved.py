@@ -29,6 +29,7 @@ from app.core.components import Verdict
 from app.core.files import aside_name, locked, write_atomic
 from app.core.health.report import CheckResult
 from app.core.limits import parse_json, read_regular
+from app.core.precision.words import plan_words
 from app.core.settings import shown
 
 REPORTS_FOLDER = "reports"
@@ -45,6 +46,7 @@ MAX_FOLDER_ENTRIES = 100_000
 LATEST_TIME = 1e11
 _FILE_NAME = re.compile(r"[0-9a-f]{32}\.json")
 _TEXTS = ("profile_key", "device", "model_name", "source", "headline", "fix_summary")
+_OPTIONAL_TEXTS = ("torch_version", "ran_at", "fix_runs_at")  # absent from older files
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,18 @@ class SavedReport:
     markdown: str
     saved_at: float
     torch_version: str = ""
+    # The precision the check ran at and, for a fixable model, the one its fix runs at, in the
+    # one words table (`precision.words.plan_words`): a page shows the headline only while the
+    # next job runs at one of them. Empty in a report saved before they were kept.
+    ran_at: str = ""
+    fix_runs_at: str = ""
+
+    def holds_at(self, precision: str) -> bool | None:
+        """Whether the headline is about a job run at `precision` (said in the same words);
+        None when the report does not say what it ran at."""
+        if not self.ran_at:
+            return None
+        return precision in (self.ran_at, self.fix_runs_at)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,8 @@ def save_report(profile_key: str, result: CheckResult) -> SavedReport | None:
         markdown=_cut(result.markdown, MAX_MARKDOWN_CHARS),
         saved_at=time.time(),
         torch_version=_bounded(report.versions.get("torch")),
+        ran_at=_bounded(plan_words(report.plan)),
+        fix_runs_at=_bounded(plan_words(report.fix.plan) if report.fix is not None else ""),
     )
     saved, text = _fitted(saved)
     with locked(folder()):
@@ -321,8 +337,10 @@ def _problem(path: Path, document: Any) -> str | None:
         or not 0 <= saved_at <= LATEST_TIME
     ):
         return f"'saved_at' is {shown(saved_at)}, not a time"
-    if not isinstance(document.get("torch_version", ""), str):
-        return f"'torch_version' is {shown(document.get('torch_version'))}"
+    for name in _OPTIONAL_TEXTS:
+        value = document.get(name, "")
+        if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
+            return f"'{name}' is {shown(value)}, not a text"
     if path.name != _file(document["profile_key"], document["device"]).name:
         return "it is filed under another model's or device's name"
     return None
@@ -334,7 +352,7 @@ def _report_from(document: dict[str, Any]) -> SavedReport:
         verdict=Verdict(document["verdict"]),
         markdown=document["markdown"],
         saved_at=float(document["saved_at"]),
-        torch_version=_bounded(document.get("torch_version")),
+        **{name: _bounded(document.get(name)) for name in _OPTIONAL_TEXTS},
     )
 
 

@@ -66,22 +66,11 @@ def layer_words(plan: PrecisionPlan) -> list[str]:
 
 
 def tested_words(plan: PrecisionPlan) -> str:
-    """'no-half', 'fp16', 'fp16, VAE in fp32', 'fp16, with 2 VAE layers in fp32': the
-    precisions a check ran with, briefly."""
-    dtypes = plan.dtypes
-    if all(d == "fp32" for d in dtypes.values()):
-        return "no-half"
-    counts: dict[str, int] = {}
-    for dtype in dtypes.values():
-        counts[dtype] = counts.get(dtype, 0) + 1
-    base = max(counts, key=lambda d: counts[d])
-    others = [f"{component_words(n)} in {d}" for n, d in dtypes.items() if d != base]
-    others.extend(layer_words(plan))
-    if plan.autocast_active and base == "fp16":
-        base = "fp16 under autocast"
-    elif plan.autocast_active:
-        others.append("fp16 parts under autocast")
-    return ", ".join([base, *others])
+    """'fp32 everywhere', 'fp16, VAE in fp32', 'fp16, with 2 VAE layers in fp32': the
+    precisions a check ran with, in the one words table (`precision.words.plan_words`)."""
+    from app.core.precision.words import plan_words
+
+    return plan_words(plan)
 
 
 def flag(key: str, value: Any) -> str:

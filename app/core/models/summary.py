@@ -55,6 +55,7 @@ class ModelSummary:
     control: bool = False
     draws_from_noise: tuple[Mode, ...] = ()
     layers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    vae_needs_fp32: bool = False  # its VAE asks for fp32 (SDXL's original: `force_upcast`)
 
     def unknown_layers(self, entries: list[str]) -> list[str]:
         """The "component:layer" entries that name no layer of this model (none when its
@@ -72,6 +73,8 @@ class ModelSummary:
 
 def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
     """The summary of `model`, with the fix remembered for it on `device` (a settings value)."""
+    from app.core.diagnosis import vae_needs_fp32
+
     because = model.detected_because
     remembered, on, notes = _remembered_fix(model.profile_key, device)
     pipeline = model.pipeline
@@ -97,6 +100,7 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         profile_notes=tuple(notes + _missing_layer_notes(remembered, pipeline)),
         picture_modes=_picture_modes(pipeline),
         layers=layers,
+        vae_needs_fp32=vae_needs_fp32(model),
         **_picture_facts(pipeline),
     )
 

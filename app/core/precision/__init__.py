@@ -44,7 +44,12 @@ if TYPE_CHECKING:
         plan_weights_mb,
         torch_dtype,
     )
-    from app.core.precision.resolve import CUDA_ONLY_BACKENDS, expected_dtypes, resolve_plan
+    from app.core.precision.resolve import (
+        CUDA_ONLY_BACKENDS,
+        expected_dtypes,
+        idle_settings,
+        resolve_plan,
+    )
 
 __all__ = [
     "COMPONENTS",
@@ -61,6 +66,7 @@ __all__ = [
     "backend_flags",
     "dtype_name",
     "expected_dtypes",
+    "idle_settings",
     "parameter_counts",
     "pipeline_components",
     "plan_weights_mb",
@@ -88,6 +94,6 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "plan_weights_mb",
                 "torch_dtype",
             ],
-            ".resolve": ["CUDA_ONLY_BACKENDS", "expected_dtypes", "resolve_plan"],
+            ".resolve": ["CUDA_ONLY_BACKENDS", "expected_dtypes", "idle_settings", "resolve_plan"],
         },
     )

@@ -16,6 +16,8 @@ DTYPE_NAMES = ("fp16", "bf16", "fp32")
 # Components we place and check, in the order a pipeline runs them.
 COMPONENTS = PIPELINE_PARTS
 COMPONENT_SETTING = {c.name: c.setting for c in ALL_COMPONENTS.values()}
+# The settings that decide each part's dtype.
+DTYPE_SETTINGS = ("precision", *dict.fromkeys(COMPONENT_SETTING.values()))
 _BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
@@ -148,6 +150,16 @@ class PrecisionPlan:
             "vae_tiling": self.vae_tiling,
             **self.module_settings(),
         }
+
+    def dtype_settings(self) -> dict[str, Any]:
+        """The dtype of each part as the settings that give it whatever else is set: the base
+        and per-part precisions, no-half off. What a fix found under this plan is a fix for."""
+        effective = self.effective_settings()
+        settings = {key: effective[key] for key in DTYPE_SETTINGS}
+        if settings["precision"] == "mixed":  # every part's own setting says it
+            settings["precision"] = settings["unet_precision"]
+        settings.update(no_half=False, no_half_vae=False)
+        return settings
 
     def module_settings(self) -> dict[str, list[str]]:
         """The plan's module islands and clamps as the `fp32_modules`, `bf16_modules` and

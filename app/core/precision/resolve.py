@@ -54,6 +54,7 @@ def resolve_plan(
     vae_needs_fp32: bool = False,
     remembered: Mapping[str, Any] | None = None,
     feed_forward_islands: Mapping[str, Mapping[str, str]] | None = None,
+    ask_device: bool = True,
 ) -> PrecisionPlan:
     """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
 
@@ -66,7 +67,9 @@ def resolve_plan(
     statement that its VAE overflows in fp16 (SDXL's original VAE sets `force_upcast`);
     `remembered` is a verified fix stored for this model on this device, as settings values.
     For a field the user left on `auto` (or off), the remembered fix comes first, then the
-    model's needs, then the device's recommendation.
+    model's needs, then the device's recommendation. `ask_device`: the device is asked what
+    `device_info` does not say (its free memory for a budget left to it, what its autocast
+    does); off for the plan the window shows before a job, which never touches the device.
     """
     device_str = str(device)
     kind = device_str.split(":")[0]
@@ -93,7 +96,7 @@ def resolve_plan(
         reasons["precision"] = (
             "Autocast: fp16 weights under PyTorch's autocast, as AUTOMATIC1111 runs by default."
         )
-        problem = autocast_problem(kind)
+        problem = autocast_problem(kind) if ask_device else None
         if problem:
             warnings.append(problem)
             autocast = autocast_available(kind)
@@ -130,7 +133,11 @@ def resolve_plan(
                 reasons[key] = device_reasons[key]
         else:
             dtypes[component] = base
-        if key in from_memory or ("no_half" in from_memory and chosen["no_half"]):
+        if (
+            key in from_memory
+            or ("no_half" in from_memory and chosen["no_half"])
+            or (component == "vae" and "no_half_vae" in from_memory and chosen["no_half_vae"])
+        ):
             reasons[key] = "A fix verified for this model on this device is remembered."
 
         follows = SETTING_FOLLOWS.get(key)
@@ -204,7 +211,7 @@ def resolve_plan(
                 reasons[key] = "A fix verified for this model on this device is remembered."
     budget = float(user.get("max_vram_gb") or 0.0) * 1024 or None
     budget_from = "setting" if budget else None
-    if budget is None and (budget := device_budget_mb(device_str)) is not None:
+    if budget is None and ask_device and (budget := device_budget_mb(device_str)) is not None:
         budget_from = "free memory"
     return PrecisionPlan(
         device=device_str,
@@ -232,6 +239,19 @@ def resolve_plan(
 # a CPU its fused kernel, under the flash name).
 CUDA_ONLY_BACKENDS = {"efficient": "memory-efficient attention", "cudnn": "cuDNN attention"}
 _DEVICE_WORDS = {"cpu": "a CPU", "mps": "an Apple GPU (MPS)", "xpu": "an Intel GPU (XPU)"}
+# Settings that change only what a CUDA GPU's matrix multiplies do.
+CUDA_ONLY_SETTINGS = ("allow_tf32", "fp16_reduced_precision_reduction", "fp16_accumulation")
+
+
+def idle_settings(settings: Mapping[str, Any], kind: str) -> list[str]:
+    """The keys of `settings` that change nothing on a device of this kind ("cuda", "rocm",
+    "mps", "cpu", ...): CUDA's matmul switches and its attention kernels, elsewhere."""
+    if kind in ("cuda", "rocm"):
+        return []
+    idle = [key for key in settings if key in CUDA_ONLY_SETTINGS]
+    if settings.get("attention_backend") in CUDA_ONLY_BACKENDS:
+        idle.append("attention_backend")
+    return idle
 
 
 def _what_the_device_runs(

@@ -1,0 +1,111 @@
+"""A precision in words: the one table for what each part of a model runs in, said the same way
+in the status bar, a check's headline and report, a caption and the Fixes page.
+
+'fp32 everywhere', 'fp16 everywhere', 'fp16, VAE in fp32', 'fp16, with 2 VAE layers in fp32',
+'fp16 under autocast, attention upcast to fp32'. The most common dtype is named first and the
+parts that differ follow it; layers kept wider or clamped are counted per part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from app.core.components import words as component_words
+from app.core.precision.plan import PrecisionPlan
+
+NOT_DECIDED = "auto (decided when a job runs)"
+# The parts a precision is resolved and said for when no model is loaded: those every family
+# has.
+USUAL_PARTS = ("text_encoder", "text_encoder_2", "unet", "vae")
+
+
+def dtype_words(
+    dtypes: Mapping[str, str],
+    *,
+    islands: Mapping[str, Mapping[str, int]] | None = None,
+    clamps: Mapping[str, int] | None = None,
+    autocast: bool = False,
+    upcast: bool = False,
+) -> str:
+    """`dtypes`: part -> dtype ('auto' where not decided yet); `islands`: part -> {dtype: how
+    many of its layers run in it}; `clamps`: part -> how many of its layers are clamped;
+    `autocast`: the fp16 parts run under torch.autocast; `upcast`: attention upcast to fp32."""
+    if not dtypes or set(dtypes.values()) == {"auto"}:
+        return NOT_DECIDED
+    counts: dict[str, int] = {}
+    for dtype in dtypes.values():
+        counts[dtype] = counts.get(dtype, 0) + 1
+    base = max(counts, key=lambda d: counts[d])
+    others = [f"{component_words(n)} in {d}" for n, d in dtypes.items() if d != base]
+    for part, by_dtype in (islands or {}).items():
+        for dtype, count in by_dtype.items():
+            others.append(f"with {_layers(count, part)} in {dtype}")
+    for part, count in (clamps or {}).items():
+        if count:
+            others.append(f"with {_layers(count, part)} clamped")
+    everywhere = not others  # no part and no layer runs otherwise
+    head = f"{base} everywhere" if everywhere else base
+    if autocast and base == "fp16":
+        head = "fp16 everywhere, under autocast" if everywhere else "fp16 under autocast"
+    elif autocast:
+        others.append("fp16 parts under autocast")
+    if upcast:
+        others.append("attention upcast to fp32")
+    return ", ".join([head, *others])
+
+
+def plan_words(plan: PrecisionPlan) -> str:
+    """What a plan runs each part in (`dtype_words`), its islands and clamps counted."""
+    islands: dict[str, dict[str, int]] = {}
+    for part in plan.dtypes:
+        for dtype in plan.islands(part).values():
+            islands.setdefault(part, {})
+            islands[part][dtype] = islands[part].get(dtype, 0) + 1
+    return dtype_words(
+        plan.dtypes,
+        islands=islands,
+        clamps={part: len(paths) for part, paths in plan.clamps.items()},
+        autocast=plan.autocast_active,
+        upcast=plan.upcast_attention,
+    )
+
+
+def settings_words(
+    values: Mapping[str, Any],
+    dtypes: Mapping[str, str],
+) -> str:
+    """Settings values said as `dtype_words`, for parts whose dtypes (`dtypes`, resolved as far
+    as anything decides them) are known: the layer lists counted for parts not already as wide
+    as the list asks, autocast and upcast as the values set them."""
+    islands: dict[str, dict[str, int]] = {}
+    clamps: dict[str, int] = {}
+    for key, wide in (("fp32_modules", "fp32"), ("bf16_modules", "bf16"), ("clamp_modules", "")):
+        for part, count in _per_part(values.get(key) or ()).items():
+            own = dtypes.get(part)
+            if own is None:
+                continue
+            if not wide:
+                if own in ("fp16", "auto"):
+                    clamps[part] = clamps.get(part, 0) + count
+            elif own != "fp32" and own != wide:
+                islands.setdefault(part, {})[wide] = count
+    return dtype_words(
+        dtypes,
+        islands=islands,
+        clamps=clamps,
+        autocast=values.get("precision") == "autocast" and "fp16" in dtypes.values(),
+        upcast=bool(values.get("upcast_attention")),
+    )
+
+
+def _per_part(entries: Iterable[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for entry in entries:
+        part = str(entry).split(":", 1)[0]
+        counts[part] = counts.get(part, 0) + 1
+    return counts
+
+
+def _layers(count: int, part: str) -> str:
+    return f"{count} {component_words(part)} layer{'s' if count != 1 else ''}"
