@@ -1,7 +1,9 @@
 """The gallery that lasts: the output folder's images, newest first, with thumbnails made on a
 worker thread only for what scrolls into view and cached on disk; each item holds its
-`GalleryEntry`. Double-click or Enter views an image large; a context menu views, opens or
-reveals it, copies or reuses its parameters, shows its diagnosis, and moves it to the trash."""
+`GalleryEntry`, whose record labels it (read on the worker with the thumbnail). Each image file
+is one item, whether a job's result or the folder's listing comes first. Double-click or Enter
+views an image large; a context menu views, opens or reveals it, copies or reuses its
+parameters, shows its diagnosis, and moves it to the trash."""
 
 from __future__ import annotations
 
@@ -89,15 +91,24 @@ def make_thumbnail(path: str, mtime_ns: int, size: int, edge: int) -> QImage:
     return image
 
 
+def same_file(path: str) -> str:
+    """What two spellings of one image file's path have in common (the gallery's key): made
+    absolute and normalised, with the platform's case rule. "" for an image only in memory."""
+    return os.path.normcase(os.path.abspath(path)) if path else ""
+
+
 class ThumbnailWorker(QObject):
-    """One worker thread that lists folders and makes thumbnails, in the order asked.
+    """One worker thread that lists folders, makes thumbnails and reads images' records, in the
+    order asked.
 
     Signals are emitted from the worker thread; Qt queues them to the GUI thread:
-    listed(str folder, list[(path, mtime_ns, size)]) and thumbnail(str path, QImage).
+    listed(str folder, list[(path, mtime_ns, size)]), thumbnail(str path, QImage) and
+    recorded(str path, GalleryEntry).
     """
 
     listed = Signal(str, list)
     thumbnail = Signal(str, QImage)
+    recorded = Signal(str, object)
 
     def __init__(self, edge: int, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -108,8 +119,9 @@ class ThumbnailWorker(QObject):
     def list_folder(self, folder: str) -> None:
         self._put("list", (folder,))
 
-    def make(self, path: str, mtime_ns: int, size: int) -> None:
-        self._put("thumbnail", (path, mtime_ns, size))
+    def make(self, path: str, mtime_ns: int, size: int, read_record: bool = False) -> None:
+        """Make the file's thumbnail, and with `read_record` read its record after it."""
+        self._put("thumbnail", (path, mtime_ns, size, read_record))
 
     def _put(self, kind: str, args: tuple[Any, ...]) -> None:
         self._jobs.put((kind, args))
@@ -133,8 +145,10 @@ class ThumbnailWorker(QObject):
                 if kind == "list":
                     self.listed.emit(args[0], list_images(Path(args[0])))
                 elif kind == "thumbnail":
-                    path, mtime_ns, size = args
+                    path, mtime_ns, size, read_record = args
                     self.thumbnail.emit(path, make_thumbnail(path, mtime_ns, size, self.edge))
+                    if read_record:
+                        self.recorded.emit(path, read_image_file(path))
                 elif kind == "mark":
                     args[0].set()
             except Exception:  # noqa: BLE001 - one bad file must not stop the gallery
@@ -171,6 +185,7 @@ class Gallery(QObject):
         self.worker = ThumbnailWorker(edge, self)
         self.worker.listed.connect(self._listed)
         self.worker.thumbnail.connect(self._thumbnail_ready)
+        self.worker.recorded.connect(self._recorded)
         widget.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         widget.customContextMenuRequested.connect(self._context_menu)
         # Double-click, or Enter (and a single click where the desktop opens items with one).
@@ -192,11 +207,28 @@ class Gallery(QObject):
         self.worker.list_folder(self.folder)
 
     def add(self, entry: GalleryEntry, icon: QIcon) -> QListWidgetItem:
-        """Put a fresh image first in the gallery."""
-        item = QListWidgetItem(icon, item_text(entry))
+        """Put a fresh image first in the gallery. An image the folder's listing already
+        brought (the listing came before the job's result) is that item, moved first."""
+        item = self.item_of(entry.path)
+        if item is None:
+            item = QListWidgetItem()
+        else:
+            self.widget.takeItem(self.widget.row(item))
+        item.setIcon(icon)
         self.set_entry(item, entry)
         self.widget.insertItem(0, item)
         return item
+
+    def item_of(self, path: str) -> QListWidgetItem | None:
+        """The item that shows the image file at `path`, if any (none for "")."""
+        if not path:
+            return None
+        items = [self.widget.item(index) for index in range(self.widget.count())]
+        exact = next((item for item in items if self._path(item) == path), None)
+        if exact is not None:
+            return exact
+        key = same_file(path)
+        return next((item for item in items if same_file(self._path(item)) == key), None)
 
     @staticmethod
     def set_entry(item: QListWidgetItem, entry: GalleryEntry) -> None:
@@ -208,9 +240,9 @@ class Gallery(QObject):
     def _listed(self, folder: str, files: list[tuple[str, int, int]]) -> None:
         if folder != self.folder:
             return  # the output folder changed meanwhile
-        shown = {self._path(self.widget.item(i)) for i in range(self.widget.count())}
+        shown = {same_file(self._path(self.widget.item(i))) for i in range(self.widget.count())}
         for path, mtime_ns, size in files:
-            if path in shown:
+            if same_file(path) in shown:
                 continue
             item = QListWidgetItem(self.placeholder(), "")
             self.set_entry(item, GalleryEntry(path=path, file=(mtime_ns, size), listed_only=True))
@@ -228,15 +260,18 @@ class Gallery(QObject):
                 continue
             if self.widget.visualItemRect(item).intersects(ahead):
                 item.setData(REQUESTED, True)
-                self.worker.make(entry.path, *entry.file)
+                self.worker.make(entry.path, *entry.file, read_record=entry.listed_only)
 
     def _thumbnail_ready(self, path: str, image: QImage) -> None:
-        for index in range(self.widget.count()):
-            item = self.widget.item(index)
-            if self._path(item) == path:
-                if not image.isNull():
-                    item.setIcon(QIcon(QPixmap.fromImage(image)))
-                return
+        item = self.item_of(path)
+        if item is not None and not image.isNull():
+            item.setIcon(QIcon(QPixmap.fromImage(image)))
+
+    def _recorded(self, path: str, record: GalleryEntry) -> None:
+        item = self.item_of(path)
+        entry: GalleryEntry | None = item.data(ENTRY) if item is not None else None
+        if item is not None and entry is not None and entry.listed_only:
+            self.set_entry(item, replace(record, file=entry.file))
 
     @staticmethod
     def _path(item: QListWidgetItem | None) -> str:

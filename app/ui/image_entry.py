@@ -5,6 +5,7 @@ viewer's parameters panel), plus the widgets that show an image and its caption.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -316,10 +317,11 @@ def mode_words(entry: GalleryEntry) -> str:
 
 
 def parameter_text(entry: GalleryEntry) -> str:
-    """The caption: the parameters as AUTOMATIC1111 writes them (so they read familiar), the
-    precision the image ran with, and where it is saved; then the lines only a live run knows,
-    the job's warnings ('Note: ...'), which no file records (`live_lines`)."""
-    return "\n".join(recorded_lines(entry) + live_lines(entry))
+    """The caption: first the lines only a live run knows, the job's warnings ('Note: ...'),
+    which no file records (`live_lines`) and which a box of a few lines must not hide below
+    its fold; then the parameters as AUTOMATIC1111 writes them (so they read familiar), the
+    precision the image ran with, and where it is saved."""
+    return "\n".join(live_lines(entry) + recorded_lines(entry))
 
 
 def recorded_lines(entry: GalleryEntry) -> list[str]:
@@ -363,17 +365,43 @@ def live_lines(entry: GalleryEntry) -> list[str]:
     return [f"Note: {warning}" for warning in entry.warnings]
 
 
+# A gallery label's line at most, in characters: what fits under a thumbnail.
+LABEL_LINE = 20
+# What went wrong, in the few words a label has room for (`IMAGE_STATUS_WORDS` in full).
+LABEL_STATUS = {"fixed": "fixed", "nan": "NaN-black", "black": "dark", "safety_checker": "blanked"}
+
+
 def item_text(entry: GalleryEntry) -> str:
-    """The gallery item's text: the seed, and the status when the image is not fine."""
-    if entry.listed_only or entry.seed is None:
-        head = Path(entry.path).stem if entry.path else "image"
+    """The gallery item's label, from the image's own record: the prompt's start, then what
+    went wrong (or the mode, for a picture job) and the seed where the line has room for both.
+    Empty while only its file is listed: the record is read with the thumbnail, and a file's
+    name tells a user nothing."""
+    if entry.listed_only:
+        return ""
+    if entry.problem:
+        return "unreadable"
+    head = prompt_start(entry.prompt or "") or "no prompt recorded"
+    if entry.status != "ok":
+        kind = LABEL_STATUS.get(entry.status, entry.status)
     else:
-        head = f"seed {entry.seed}"
-    if entry.status != "ok":  # what went wrong comes before how it was made
-        return f"{head}\n{IMAGE_STATUS_WORDS.get(entry.status, entry.status)}"
-    if entry.mode is not Mode.TEXT:
-        return f"{head}\n{entry.mode.words}"
-    return head
+        kind = entry.mode.value if entry.mode is not Mode.TEXT else ""
+    seed = f"seed {entry.seed}" if entry.seed is not None else ""
+    detail = " · ".join(part for part in (kind, seed) if part)
+    if len(detail) > LABEL_LINE and kind:
+        detail = kind
+    return f"{head}\n{detail}" if detail else head
+
+
+def prompt_start(prompt: str, limit: int = LABEL_LINE) -> str:
+    """The prompt's first words, at most `limit` characters with the ellipsis; its LoRA tags
+    (`<lora:name:0.8>`) and line breaks left out."""
+    text = " ".join(re.sub(r"<[^<>]*>", " ", prompt).split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:") + "…"
 
 
 def tooltip(entry: GalleryEntry) -> str:

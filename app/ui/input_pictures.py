@@ -3,7 +3,10 @@ editing start from. A file is taken from a file dialog or a drop, shown small wi
 and read up front (its header only), so a file that is no picture is one sentence, not a failed
 job. An editing model gets a slot for each picture it edits, each shown once the one before it
 is filled; where a job draws from noise with every step (an edit, Flux.1 Fill's inpainting) the
-strength is off, with the sentence why."""
+strength is off, with the sentence why. A mask is never stretched onto a picture it was not
+made for: a mask file of another shape than the picture is refused, and a mask made for one
+picture is removed, with one sentence, when a picture of another size takes its place (an edited
+copy of the same size keeps it)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QImageReader, QPixmap
+from PySide6.QtGui import QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
@@ -38,6 +41,7 @@ STRENGTH_RANGE = (0.01, 1.0)
 
 # check(path) -> "" when the file can be taken, else one sentence naming it.
 Check = Callable[[str], str]
+Size = tuple[int, int]  # width, height in pixels
 
 
 def readable_picture(path: str) -> str:
@@ -60,6 +64,34 @@ def thumbnail(path: str, side: int) -> QPixmap:
         reader.setScaledSize(size.scaled(side, side, Qt.AspectRatioMode.KeepAspectRatio))
     image = reader.read()
     return QPixmap.fromImage(image) if not image.isNull() else QPixmap()
+
+
+def upright_image(path: str) -> QImage:
+    """The picture at its own size, upright as its EXIF says (as the engine reads it and
+    `picture_header` sizes it); a null image when Qt cannot read it."""
+    reader = QImageReader(path)
+    reader.setAutoTransform(True)
+    return reader.read()
+
+
+def picture_pixels(path: str) -> Size | None:
+    """The picture's upright width and height, None when it cannot be read."""
+    try:
+        return picture_header(path)
+    except HalfSafeError:
+        return None
+
+
+def mask_fits(mask: Size, picture: Size) -> bool:
+    """Whether a mask lies over the picture without being stretched: the picture's proportions,
+    at its size or another (the mask painter paints a large or small picture at another size,
+    each side rounded to the pixel)."""
+    scale = max(mask) / max(picture)
+    return abs(picture[0] * scale - mask[0]) <= 1 and abs(picture[1] * scale - mask[1]) <= 1
+
+
+def pixels_words(size: Size) -> str:
+    return f"{size[0]}×{size[1]} px"
 
 
 def dropped_picture(mime: Any) -> str | None:
@@ -214,7 +246,7 @@ class InputPictures(QWidget):
     (`set_model`): a model that runs no picture mode has the area disabled, with the sentence
     why; an editing model gets a slot per picture it edits. Signals (GUI thread):
     picture_changed(str), the first picture's path ("" when removed); refused(str), one
-    sentence (a file not taken)."""
+    sentence (a file not taken, or a mask removed as not made for the picture)."""
 
     picture_changed = Signal(str)
     refused = Signal(str)
@@ -225,6 +257,9 @@ class InputPictures(QWidget):
         self._references = 0  # pictures the loaded model edits (0: not an editing model)
         self._control = False  # the loaded model draws after a control picture
         self._from_noise: tuple[Mode, ...] = ()
+        self.picture_size: Size | None = None  # the first picture's, upright
+        # The size of the picture the mask was made for (painted over, or chosen beside).
+        self.mask_made_for: Size | None = None
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(4)
@@ -245,6 +280,7 @@ class InputPictures(QWidget):
             "Mask",
             "No mask. Add one to paint only part of the picture again (inpainting): white is "
             "painted again, black is kept.",
+            check=self._mask_problem,
         )
         self._mask_tip = (
             "A black and white picture the input picture's shape: white is painted again."
@@ -271,7 +307,7 @@ class InputPictures(QWidget):
         self.strength_caption = label(STRENGTH_CAPTION, "muted", wrap=True)
         column.addWidget(self.strength_caption)
         self.picture_slot.changed.connect(self._picture_changed)
-        self.mask_slot.changed.connect(lambda _path: self._update())
+        self.mask_slot.changed.connect(self._mask_changed)
         self.picture_slot.refused.connect(self.refused)
         self.mask_slot.refused.connect(self.refused)
         self._update()
@@ -306,24 +342,28 @@ class InputPictures(QWidget):
     def paint_mask(self) -> None:
         """Open the mask painter over the input picture (starting from the mask the job has);
         the mask painted is saved and taken when the user keeps it."""
-        from PySide6.QtGui import QImage
-
         from app.ui.mask_painter import MaskPainter  # imported when first opened
 
         picture = self.picture_slot.path
         if not picture or self.painter is not None:
             return
-        image = QImage(picture)
+        image = upright_image(picture)
         if image.isNull():
             self.refused.emit(f"{picture}: the picture cannot be shown to paint a mask on.")
             return
-        mask = QImage(self.mask_slot.path) if self.mask_slot.path else None
+        mask = upright_image(self.mask_slot.path) if self.mask_slot.path else None
         self.painter = dialog = MaskPainter(image, mask, Path(picture).name, self)
-        dialog.accepted.connect(lambda: self._take_painted(dialog))
+        dialog.accepted.connect(lambda: self._take_painted(dialog, picture))
         dialog.finished.connect(self._painter_closed)
         dialog.open()
 
-    def _take_painted(self, dialog: Any) -> None:
+    def _take_painted(self, dialog: Any, picture: str) -> None:
+        if picture != self.picture_slot.path:  # another window sent a picture meanwhile
+            self.refused.emit(
+                f"The mask painted over {Path(picture).name} was not used: the input picture "
+                "changed while it was painted."
+            )
+            return
         try:
             path = dialog.save()
         except OSError as error:
@@ -341,10 +381,41 @@ class InputPictures(QWidget):
         return self._modes.get(mode, "") if mode is not Mode.TEXT else ""
 
     def _picture_changed(self, path: str) -> None:
+        self.picture_size = picture_pixels(path) if path else None
         if not path:
             self.mask_slot.remove()
+        elif self.mask_slot.path and self.mask_made_for != self.picture_size:
+            made_for = self.mask_made_for
+            self.mask_slot.remove()
+            self.refused.emit(
+                "The mask was removed rather than stretched: it was made for "
+                + (f"a {pixels_words(made_for)} picture" if made_for else "another picture")
+                + (
+                    f", not this {pixels_words(self.picture_size)} one."
+                    if self.picture_size
+                    else "."
+                )
+            )
         self._update()
         self.picture_changed.emit(path)
+
+    def _mask_changed(self, path: str) -> None:
+        self.mask_made_for = self.picture_size if path else None
+        self._update()
+
+    def _mask_problem(self, path: str) -> str:
+        """'' when the mask file can be taken for the picture, else one sentence naming it: it
+        must be a picture, of the picture's proportions (another shape would be stretched)."""
+        problem = readable_picture(path)
+        if problem or self.picture_size is None:
+            return problem
+        size = picture_pixels(path)
+        if size is None or mask_fits(size, self.picture_size):
+            return ""
+        return (
+            f"{path}: a {pixels_words(size)} mask would be stretched over this "
+            f"{pixels_words(self.picture_size)} picture of another shape, so it was not taken."
+        )
 
     def _update(self) -> None:
         image, inpaint = self.refusal(Mode.IMAGE), self.refusal(Mode.INPAINT)

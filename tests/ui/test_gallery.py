@@ -15,6 +15,8 @@ from app.core.images import png_bytes
 from app.core.infotext import join_text
 from app.ui import dialogs as dialogs_module
 from app.ui.gallery import ENTRY, REQUESTED, thumbnail_cache_path
+from tests.support import reports
+from tests.ui.conftest import load_fake_model
 
 NAN_PARAMETERS = join_text(
     "a red circle on a blue background",
@@ -32,6 +34,13 @@ NAN_PARAMETERS = join_text(
         ("NaN component", "vae"),
         ("NaN step", 8),
     ],
+)
+
+
+LIGHTHOUSE_PARAMETERS = join_text(
+    "a lighthouse on a cliff at dusk, oil painting <lora:ink:0.8>",
+    "",
+    [("Steps", 20), ("Sampler", "Euler a"), ("CFG scale", "7"), ("Seed", 2), ("Size", "64x48")],
 )
 
 
@@ -195,3 +204,53 @@ def test_a_damaged_png_in_the_folder_is_listed_without_harm(window, engines, qtb
     assert f"{outputs / '00004-9.png'}: " in view.parameters.text()
     assert "Copy parameters" in [a.text() for a in view.gallery_view.menu_for(damaged).actions()]
     assert window.dialogs.shown == []
+
+
+def _labels(gallery) -> list[str]:
+    return [gallery.item(i).text() for i in range(gallery.count())]
+
+
+@pytest.mark.parametrize("first", ["the folder's listing", "the job's result"])
+def test_after_a_restart_each_image_is_shown_once_labelled_by_what_it_shows(
+    window, engines, qtbot, tmp_path, first
+):
+    folder = tmp_path / "outputs"
+    _write(folder, "00001-2.png", age_s=100, parameters=LIGHTHOUSE_PARAMETERS)
+    newest = _write(folder, "00002-4242.png", age_s=10, parameters=NAN_PARAMETERS)
+    window.state.apply({"output_folder": str(folder)})
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    view = window.generate_view
+    gallery = view.gallery
+    gallery.clear()  # a fresh start: nothing from this session
+
+    def job_result() -> None:
+        # A job saved the newest image; its result reaches the window before or after the listing.
+        view.generate()
+        image = reports.image(str(newest), status="nan", seed=4242, parameters=NAN_PARAMETERS)
+        result = reports.generation({"images": [image]})
+        engines.current.finish(engines.current.last_job("generate"), result)
+
+    if first == "the job's result":
+        job_result()
+    # A restart lists the folder from the window's start and from the page's first visit.
+    window.start_background()
+    view.gallery_view.refresh()
+    qtbot.waitUntil(lambda: gallery.count() == 2 and all(_labels(gallery)), timeout=5000)
+    if first == "the folder's listing":
+        job_result()
+
+    assert gallery.count() == 2
+    assert [gallery.item(i).data(ENTRY).path for i in range(2)] == [
+        str(newest),
+        str(folder / "00001-2.png"),
+    ]
+    # Each image is labelled by its prompt's start and its seed (or what went wrong), read from
+    # its own record; its file's name is in the tooltip, not on the label.
+    assert _labels(gallery) == [
+        "a red circle on a…\nNaN-black",
+        "a lighthouse on a…\nseed 2",
+    ]
+    for index, name in enumerate(["00002-4242.png", "00001-2.png"]):
+        assert name in gallery.item(index).toolTip()
+    assert gallery.currentRow() == 0

@@ -102,7 +102,8 @@ def test_a_fresh_image_and_its_png_read_back_render_the_same_caption(tmp_path, m
     assert back.problem == ""
     # Only the live run knows the job's warnings: they are the caption's last lines.
     assert live_lines(fresh) == [f"Note: {WARNING}"] and live_lines(back) == []
-    assert parameter_text(fresh) == parameter_text(back) + f"\nNote: {WARNING}"
+    # The job's notes come first: a caption box of a few lines never hides them below its fold.
+    assert parameter_text(fresh) == f"Note: {WARNING}\n" + parameter_text(back)
     caption = parameter_text(back).splitlines()
     assert caption[0] == "a red circle on a blue background <lora:ink:0.8>"
     assert caption[1] == "Negative prompt: blurry"
@@ -110,17 +111,61 @@ def test_a_fresh_image_and_its_png_read_back_render_the_same_caption(tmp_path, m
         "Steps: 12, Sampler: Euler a, CFG scale: 6.5, Seed: 4242, Size: 128x96, "
         "Model hash: 0123456789, Model: demo"
     )
-    assert caption[3] == (
-        "Precision: UNet fp16 · VAE fp32 · text fp16 · 1 VAE layer in fp32 · attention upcast"
-    )
+    # (the VAE runs in fp32 whole: its layer kept in fp32 is nothing more)
+    assert caption[3] == "Precision: fp16, VAE in fp32, attention upcast to fp32"
     assert caption[4] == f"Saved to {image.path}"
     # The gallery's item and tooltip, and the banner's facts, read the same record both ways.
-    assert item_text(fresh) == item_text(back) == "seed 4242\nfixed"
+    assert item_text(fresh) == item_text(back) == "a red circle on a…\nfixed · seed 4242"
     for name in ("status", "component", "step", "fixes_applied", "seed", "settings"):
         assert getattr(fresh, name) == getattr(back, name), name
     # The NaN watch's sentence is the live run's alone, and the tooltip says it when known.
     assert back.message == "" and fresh.message in tooltip(fresh)
     assert fresh.generate_values() == back.generate_values()
+
+
+@pytest.mark.parametrize(
+    ("entry", "label"),
+    [
+        (GalleryEntry(prompt="a cat", seed=7), "a cat\nseed 7"),
+        # A long prompt is cut at a word; a LoRA's tag and line breaks are no words to show.
+        (
+            GalleryEntry(prompt="<lora:ink:0.8> portrait of an\nold fisherman, dramatic", seed=1),
+            "portrait of an old…\nseed 1",
+        ),
+        (
+            GalleryEntry(prompt="supercalifragilisticexpialidocious", seed=1),
+            "supercalifragilisti…\nseed 1",
+        ),
+        (
+            GalleryEntry(prompt="a cat", seed=7, input_picture="a.png", mask="m.png"),
+            "a cat\ninpaint · seed 7",
+        ),
+        (GalleryEntry(prompt="a cat", seed=7, status="black"), "a cat\ndark · seed 7"),
+        # No room for a long seed beside the mode: the mode stays, the tooltip has the seed.
+        (GalleryEntry(prompt="a cat", seed=3141592653, input_picture="a.png"), "a cat\nimg2img"),
+        (GalleryEntry(prompt="a cat", seed=3141592653), "a cat\nseed 3141592653"),
+        (GalleryEntry(path="/out/00001-7.png"), "no prompt recorded"),
+        (GalleryEntry(path="/out/00001-7.png", problem="/out/00001-7.png: damaged."), "unreadable"),
+        # Listed, its record not read yet: no label until it is (never the file's name).
+        (GalleryEntry(path="/out/00001-7.png", listed_only=True), ""),
+    ],
+    ids=[
+        "short",
+        "long",
+        "one long word",
+        "inpainting",
+        "dark",
+        "long seed with a mode",
+        "long seed",
+        "no record",
+        "unreadable",
+        "listed",
+    ],
+)
+def test_the_gallery_label_is_the_prompts_start_and_the_seed(entry, label):
+    assert item_text(entry) == label
+    if entry.path:
+        assert entry.path in tooltip(entry)
 
 
 def test_a_result_without_its_text_is_described_from_the_typed_request(tmp_path, monkeypatch):

@@ -400,7 +400,7 @@ def test_the_caption_the_gallery_and_the_status_bar_say_the_mode(
     engines.current.finish(job, _picture_result(tmp_path, request, with_parameters))
     assert "Image-to-image from photo.png, strength 0.6" in view.parameters.text()
     item = view.gallery.item(0)
-    assert item.text() == "seed 1234\nimage-to-image"
+    assert item.text() == "a lighthouse at dusk\nimg2img · seed 1234"
     assert "Image-to-image from photo.png, strength 0.6" in item.toolTip()
     assert status_bar(view) == "Last image: image-to-image from photo.png, strength 0.6."
 
@@ -411,7 +411,7 @@ def test_the_caption_the_gallery_and_the_status_bar_say_the_mode(
     entry = view.current_entry
     assert entry.mode is Mode.INPAINT
     assert "Inpainting photo.png where mask.png is white, strength 0.75" in view.parameters.text()
-    assert item_text(entry) == "seed 1234\ninpainting"
+    assert item_text(entry) == "a lighthouse at dusk\ninpaint · seed 1234"
     assert "Inpainting photo.png" in tooltip(entry)
     assert status_bar(view).startswith("Last image: inpainting photo.png")
 
@@ -487,3 +487,60 @@ def test_the_health_check_probes_the_input_picture_and_says_so(window, engines, 
     assert (job.params.images, job.params.mask) == ((), None)
     engines.current.finish(job, reports.result(reports.report()))
     assert "input picture" not in view.verdict.text.text()
+
+
+def _paint_all(pictures, qtbot) -> str:
+    """Paint the whole picture again in the mask painter, and use that mask."""
+    pictures.paint_button.click()
+    dialog = pictures.painter
+    qtbot.waitExposed(dialog)
+    dialog.canvas.invert()
+    dialog.use_button.click()
+    qtbot.waitUntil(lambda: pictures.painter is None)
+    return pictures.mask_slot.path
+
+
+@pytest.mark.parametrize("made", ["painted", "chosen"])
+def test_a_mask_made_for_one_picture_is_not_stretched_onto_another(
+    view, engines, qtbot, tmp_path, made
+):
+    pictures = view.pictures
+    assert pictures.picture_slot.choose(_picture(tmp_path / "photo.png", (300, 200)))
+    if made == "painted":
+        mask = _paint_all(pictures, qtbot)
+    else:
+        mask = _picture(tmp_path / "mask.png", (300, 200), colour="white")
+        assert pictures.mask_slot.choose(mask)
+    said = status_bar(view)
+    # An edited copy of the same size keeps the mask: it covers what it was made over.
+    assert pictures.picture_slot.choose(_picture(tmp_path / "edited.png", (300, 200), "tomato"))
+    assert pictures.mask_slot.path == mask
+    assert status_bar(view) == said
+
+    # A picture of another size: the mask is removed, and one sentence says so.
+    tall = _picture(tmp_path / "tall.png", (200, 400))
+    assert pictures.picture_slot.choose(tall)
+    assert pictures.mask_slot.path == ""
+    sentence = status_bar(view)
+    assert view.progress_label.text() == sentence
+    assert "mask" in sentence and "300×200" in sentence and "200×400" in sentence
+    assert sentence.endswith(".") and ". " not in sentence
+    view.generate()
+    job = engines.current.last_job("generate").params.generation
+    assert (job.images, job.mask, job.mode_for()) == ([tall], None, Mode.IMAGE)
+
+
+def test_a_mask_file_of_another_shape_than_the_picture_is_refused_with_one_sentence(view, tmp_path):
+    pictures = view.pictures
+    assert pictures.picture_slot.choose(_picture(tmp_path / "photo.png", (300, 200)))
+    square = _picture(tmp_path / "square.png", (200, 200), colour="white")
+    assert not pictures.mask_slot.choose(square)
+    assert pictures.mask_slot.path == ""
+    sentence = status_bar(view)
+    assert sentence.startswith(f"{square}: ") and "200×200" in sentence and "300×200" in sentence
+    assert ". " not in sentence
+    # The picture's proportions at another size (as the painter saves a large picture's mask)
+    # are scaled evenly, not stretched: taken.
+    half = _picture(tmp_path / "half.png", (150, 100), colour="white")
+    assert pictures.mask_slot.choose(half)
+    assert pictures.mask_path() == half

@@ -185,3 +185,42 @@ def test_cancel_keeps_the_mask_the_job_had(window, engines, tmp_path, qtbot):
     dialog.reject()
     qtbot.waitUntil(lambda: pictures.painter is None)
     assert pictures.mask_slot.path == mask
+
+
+def test_a_photo_turned_by_its_exif_is_painted_on_upright(window, engines, tmp_path, qtbot):
+    # A phone's portrait photo: stored 400x300, shown (and read by the engine) 300x400.
+    exif = Image.Exif()
+    exif[0x0112] = 6  # turned a quarter
+    photo = tmp_path / "phone.jpg"
+    Image.new("RGB", (400, 300), "steelblue").save(photo, exif=exif.tobytes())
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    pictures = window.generate_view.pictures
+    assert pictures.picture_slot.choose(str(photo))
+    pictures.paint_button.click()
+    dialog = pictures.painter
+    qtbot.waitExposed(dialog)
+    assert (dialog.canvas.picture.width(), dialog.canvas.picture.height()) == (384, 512)
+    dialog.canvas.invert()
+    dialog.use_button.click()
+    qtbot.waitUntil(lambda: pictures.painter is None)
+    with Image.open(pictures.mask_slot.path) as mask:
+        assert mask.size == (384, 512)
+
+
+def test_a_mask_painted_for_a_picture_since_replaced_is_not_used(window, engines, tmp_path, qtbot):
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    view = window.generate_view
+    pictures = view.pictures
+    assert pictures.picture_slot.choose(_picture(tmp_path / "photo.png"))
+    pictures.paint_button.click()
+    dialog = pictures.painter
+    qtbot.waitExposed(dialog)
+    dialog.canvas.invert()
+    # Another window sends a picture of the same shape while the painter is open.
+    assert view.set_input_picture(_picture(tmp_path / "other.png", (800, 600)))
+    dialog.use_button.click()
+    qtbot.waitUntil(lambda: pictures.painter is None)
+    assert pictures.mask_slot.path == ""
+    assert "photo.png" in view.progress_label.text() and "mask" in view.progress_label.text()
