@@ -1,8 +1,9 @@
 """Other image tools' words for HalfSafe's precision settings: the one table that says which flag
 or setting of AUTOMATIC1111, Forge, ComfyUI, SwarmUI, SD.Next and InvokeAI does what a HalfSafe
-fix does, so `explain` can give the fix in the terms of the tool that made the image.
+fix does, so `explain` can give the fix in the terms of the tool that made the image; and the
+parts each tool already runs wider than fp16 unless told otherwise.
 
-Plain data and one lookup; no torch. Each tool's entry notes where its flags come from.
+Plain data and lookups; no torch. Each tool's entry notes where its flags come from.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ TOOLS: dict[str, Tool] = {
     ),
     "sdnext": Tool(
         "SD.Next",
-        "Set these in Settings > Compute Settings (they are saved in config.json) and apply; "
-        "SD.Next reloads the model.",
+        "Set these in Settings > Compute Settings (the VAE's under Settings > Variational Auto "
+        "Encoder; they are saved in config.json) and apply; SD.Next reloads the model.",
     ),
     "invokeai": Tool(
         "InvokeAI",
@@ -74,14 +75,21 @@ class Term:
 #             --no-half-vae, --upcast-sampling) and modules/shared_options.py (`upcast_attn`,
 #             shown as "Upcast cross attention layer to float32").
 #   forge:    lllyasviel/stable-diffusion-webui-forge backend/args.py (--vae-in-fp32,
-#             --vae-in-bf16, --unet-in-bf16, --clip-in-fp32, --all-in-fp32); `upcast_attn`
-#             kept from A1111's settings.
+#             --vae-in-bf16, --unet-in-bf16, --clip-in-fp32, --all-in-fp32,
+#             --force-upcast-attention, the backend Forge 2 brought in August 2024). A1111's
+#             `upcast_attn` is still listed in Forge's Settings, but the code that read it is
+#             commented out (modules/sd_hijack_optimizations.py): it does nothing there.
+#             Forge Classic (Haoming02/sd-webui-forge-classic, ldm_patched/modules/
+#             args_parser.py) has no --force-upcast-attention: it upcasts attention unless
+#             started with --disable-attention-upcast.
 #   comfyui:  comfyanonymous/ComfyUI comfy/cli_args.py (--fp32-vae, --bf16-vae, --fp16-vae,
 #             --fp32-unet, --bf16-unet, --fp32-text-enc, --force-fp32,
 #             --force-upcast-attention).
 #   swarmui:  mcmonkeyprojects/SwarmUI passes ExtraArgs to its self-started ComfyUI: ComfyUI's.
-#   sdnext:   vladmandic/sdnext modules/shared.py compute settings (`no_half`, `no_half_vae`,
-#             `upcast_attn`, `cuda_dtype` with FP32/FP16/BF16).
+#   sdnext:   vladmandic/sdnext modules/ui_definitions.py (`no_half_vae` under Variational Auto
+#             Encoder; `no_half` and `cuda_dtype` with FP32/FP16/BF16 under Compute Settings;
+#             both read in modules/devices.py). Its `upcast_attn` is a hidden legacy option
+#             (modules/shared_legacy.py) that nothing reads: SD.Next has no attention upcast.
 #   invokeai: invoke-ai/InvokeAI the "VAE Precision" generation setting (fp16/fp32, the
 #             latents-to-image node's `fp32`) and invokeai.yaml `precision`
 #             (auto, float16, bfloat16, float32).
@@ -158,10 +166,17 @@ TERMS: dict[tuple[str, Any], dict[str, Term]] = {
     },
     ("upcast_attention", True): {
         "a1111": Term(settings={"upcast_attn": True}),
-        "forge": Term(settings={"upcast_attn": True}),
+        "forge": Term(
+            ("--force-upcast-attention",),
+            note="Forge 2's flag; Forge Classic upcasts attention already unless started with "
+            "--disable-attention-upcast",
+        ),
         "comfyui": Term(("--force-upcast-attention",)),
         "swarmui": Term(("--force-upcast-attention",)),
-        "sdnext": Term(settings={"upcast_attn": True}),
+        "sdnext": Term(
+            settings={"no_half": True},
+            note="no attention upcast switch; this runs every part in fp32",
+        ),
         "invokeai": Term(settings={"precision": "float32"}, note="no attention upcast switch"),
     },
     ("no_half", True): {
@@ -185,17 +200,77 @@ TERMS: dict[tuple[str, Any], dict[str, Term]] = {
 for _key in ("text_encoder_precision", "text_encoder_2_precision"):
     TERMS[(_key, "bf16")] = TERMS[(_key, "fp32")]
 
-# A1111's own words for its `upcast_attn` setting, shown with the setting's key.
+# Each tool's own label for its setting, shown with the setting's key.
 SETTING_WORDS = {
     ("a1111", "upcast_attn"): "Upcast cross attention layer to float32",
-    ("forge", "upcast_attn"): "Upcast cross attention layer to float32",
-    ("sdnext", "upcast_attn"): "Upcast attention layer",
-    ("sdnext", "no_half"): "Full precision for model (--no-half)",
-    ("sdnext", "no_half_vae"): "Full precision for VAE (--no-half-vae)",
+    ("sdnext", "no_half"): "Force full precision (--no-half)",
+    ("sdnext", "no_half_vae"): "Variational Auto Encoder: Full precision (--no-half-vae)",
     ("sdnext", "cuda_dtype"): "Device precision type",
     ("invokeai", "vae_precision"): "VAE Precision",
     ("invokeai", "precision"): "precision (invokeai.yaml)",
 }
+
+
+@dataclass(frozen=True)
+class Default:
+    """A part of the model that a tool runs wider than fp16 unless told otherwise: a NaN there
+    is unlikely, and the switch for it helps only when that default was changed."""
+
+    does: str  # completes "{tool} ...": what it runs by default
+    unless: str  # completes "unless ...": what changes the default
+    families: tuple[str, ...] = ()  # only for these model families; () for every one
+
+
+# Sources, per entry:
+#   forge:    backend/memory_management.py: VAE_DTYPES is [bfloat16, float32] on an NVIDIA GPU
+#             of compute capability 8 or more with bf16, [float32] elsewhere; vae_dtype() picks
+#             fp16 only for --vae-in-fp16 (backend/args.py).
+#   comfyui:  comfy/sd.py: an SD or SDXL VAE's working_dtypes are [bfloat16, float32];
+#             comfy/model_management.py vae_dtype() picks fp16 only for --fp16-vae.
+#             comfy/supported_models.py: SD20 (SD 2.x) sets attn_precision float32, which
+#             --dont-upcast-attention turns off.
+#   swarmui:  its ComfyUI backend, ComfyUI's defaults.
+#   sdnext:   modules/processing_vae.py upcasts an fp16 VAE to fp32 while it decodes when the
+#             VAE's config says force_upcast (diffusers' default, and SDXL's original VAE) or
+#             `no_half_vae` is on; Settings > Variational Auto Encoder > "VAE upcasting"
+#             (`diffusers_vae_upcast`) set to false turns force_upcast off.
+#   invokeai: the generation panel's VAE Precision defaults to fp32
+#             (invokeai/frontend/web/src/features/controlLayers/store/types.ts).
+# AUTOMATIC1111 runs the VAE in fp16 (it redoes it in fp32 after a NaN only when "Automatically
+# revert VAE to 32-bit floats" is on), so it has no entry.
+_COMFY_VAE = "runs the VAE of SD and SDXL models in bf16 (fp32 on GPUs without bf16), never fp16"
+_COMFY_SD2 = "runs SD 2.x attention in fp32 by itself (its SD 2.x model settings)"
+WIDE_BY_DEFAULT: dict[tuple[str, str], Default] = {
+    ("forge", "vae"): Default(
+        "runs the VAE in bf16 (fp32 on GPUs without bf16), never fp16",
+        "it is started with --vae-in-fp16",
+    ),
+    ("comfyui", "vae"): Default(_COMFY_VAE, "it is started with --fp16-vae"),
+    ("swarmui", "vae"): Default(_COMFY_VAE, "--fp16-vae is in its ExtraArgs"),
+    ("comfyui", "attention"): Default(
+        _COMFY_SD2, "it is started with --dont-upcast-attention", ("sd2",)
+    ),
+    ("swarmui", "attention"): Default(
+        _COMFY_SD2, "--dont-upcast-attention is in its ExtraArgs", ("sd2",)
+    ),
+    ("sdnext", "vae"): Default(
+        "decodes with the VAE upcast to fp32 (diffusers' force_upcast, kept while "
+        '"VAE upcasting" is at default)',
+        '"VAE upcasting" is set to false',
+    ),
+    ("invokeai", "vae"): Default(
+        "decodes with VAE Precision fp32, its default", "VAE Precision was set to fp16"
+    ),
+}
+
+
+def wide_by_default(tool: str, part: str, family: str | None) -> Default | None:
+    """What `tool` runs `part` ("vae", "attention") in by default when that is wider than fp16,
+    for a model of `family` ("sdxl", "sd2", or None when unknown); None when it is fp16."""
+    default = WIDE_BY_DEFAULT.get((tool, part))
+    if default is None or (default.families and family not in default.families):
+        return None
+    return default
 
 
 @dataclass(frozen=True)

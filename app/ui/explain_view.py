@@ -1,7 +1,8 @@
 """ "Why was this image black?": a dialog that runs an `explain` job on a dropped or opened
 image and shows the answer, the model it found (or where it looked, with a button to add the
-folder it is in and look again), and the fix in the terms of the tool that made the image,
-ready to copy. The dialog grows to its answer, up to the screen; past that the answer scrolls."""
+folder it is in and look again, and meanwhile what to try in the tool that made the image, said
+as likely), and the fix in the terms of that tool, ready to copy. The dialog grows to its
+answer, up to the screen; past that the answer scrolls."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.explain import STATUS_WORDS, Explanation
+from app.core.explain.next_steps import NextSteps, Switch, likely_words, rule_out_words
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests import ExplainRequest
 from app.core.tools import TOOLS, ToolFix, setting_words
@@ -129,6 +131,12 @@ class ExplainDialog(QDialog):
         self.model_card.body.addWidget(self.add_folder_button, 0, Qt.AlignmentFlag.AlignLeft)
         self.model_card.hide()
         layout.addWidget(self.model_card)
+        self.steps_card = Card("What to try")
+        self.steps_body = label("", wrap=True, selectable=True)
+        self.steps_body.setTextFormat(Qt.TextFormat.RichText)
+        self.steps_card.body.addWidget(self.steps_body)
+        self.steps_card.hide()
+        layout.addWidget(self.steps_card)
         self.fix_card = Card("Fix")
         self.fix_body = label("", wrap=True, selectable=True)
         self.fix_body.setTextFormat(Qt.TextFormat.RichText)
@@ -254,6 +262,9 @@ class ExplainDialog(QDialog):
             self.model_text.setText("The image does not say which model made it.")
         self.add_folder_button.setVisible(missing and self.add_model_folder is not None)
         self.model_card.show()
+        self.steps_card.setVisible(result.next_steps is not None)
+        if result.next_steps is not None:
+            self._show_next_steps(result.next_steps)
         self.fix_card.setVisible(result.tool_fix is not None)
         if result.tool_fix is not None:
             self._show_fix(result.tool_fix, result.halfsafe_flags)
@@ -286,5 +297,54 @@ class ExplainDialog(QDialog):
         self.fix_text = "\n".join(plain)
         self.fix_card.show()
 
+    def _show_next_steps(self, steps: NextSteps) -> None:
+        """What to try in the image's tool while its model is not found: likely, not proven."""
+        tool = TOOLS[steps.tool].name
+        why = "the model was not found" if steps.add_folder else "the image names no model"
+        lines = [
+            f"<b>Likely, not proven:</b> {why}, so nothing was reproduced. "
+            + html.escape(likely_words(steps))
+        ]
+        rule_out = rule_out_words(steps)
+        if rule_out:
+            lines.append(html.escape(rule_out))
+        number = 0
+        for switch in steps.switches:
+            step = _switch_html(steps.tool, switch)
+            if switch.only_if:
+                lines.append(f"Only if {html.escape(switch.only_if)}: {step[0].lower()}{step[1:]}")
+            else:
+                number += 1
+                lines.append(f"{number}. {'' if number == 1 else 'Still black? '}{step}")
+        if steps.switches:
+            lines.append(html.escape(steps.how))
+        if steps.add_folder:
+            where = (
+                "<b>Add model folder…</b> above"
+                if self.add_model_folder is not None
+                else "Settings &gt; Model folders"
+            )
+            lines.append(
+                f"To know rather than guess: add the folder that holds the model ({where}) and "
+                "the health check reproduces the image and verifies a fix."
+            )
+        self.steps_card.title.setText(f"What to try in {tool}")
+        self.steps_body.setText("<br>".join(lines))
+
     def copy_fix(self) -> None:
         QGuiApplication.clipboard().setText(self.fix_text)
+
+
+def _switch_html(tool_key: str, switch: Switch) -> str:
+    """One switch in the tool's terms: its flags as code, its settings by the tool's labels."""
+    parts = []
+    if switch.flags:
+        verb = "Run" if tool_key == "halfsafe" else "Start"
+        tool = html.escape(TOOLS[tool_key].name)
+        parts.append(f"{verb} {tool} with <code>{html.escape(' '.join(switch.flags))}</code>")
+    for key, value in switch.settings.items():
+        shown = setting_words(tool_key, key)
+        setting = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
+        parts.append(f"Set {html.escape(setting)}")
+    words = " and ".join(parts)
+    return f"{words} ({html.escape(switch.note)})" if switch.note else words

@@ -25,7 +25,7 @@ from app.engine.events import EngineEvent, EventState
 from app.engine.failures import describe_exception
 from app.engine.server import JobContext, Session
 from app.ui.explain_view import ExplainDialog
-from tests.support.image_files import a1111_parameters, png_text
+from tests.support.image_files import a1111_parameters, comfy_prompt, pixels, png_text
 
 
 def drop(window, path: Path) -> None:
@@ -240,3 +240,43 @@ def test_a_flat_image_is_titled_by_how_it_looks(window, engines, tmp_path, colou
 
     assert dialog.explanation is not None
     assert dialog.windowTitle() == f"Why is flat.png {look}?"
+
+
+def test_a_missing_model_shows_the_tools_next_steps_beside_add_folder(window, engines, tmp_path):
+    parameters = a1111_parameters("lost-model", "0123456789")
+    image = png_text(tmp_path / "00004-42.png", {"parameters": parameters})
+
+    dialog = _explain_in_the_window(window, engines, image)
+
+    assert dialog.add_folder_button.isVisible()  # the step that lets the check prove it stays
+    assert dialog.steps_card.isVisible() and not dialog.fix_card.isVisible()
+    assert dialog.steps_card.title.text() == "What to try in AUTOMATIC1111 web UI"
+    steps = dialog.steps_body.text()
+    assert "Likely, not proven:" in steps
+    assert "1. Start AUTOMATIC1111 web UI with <code>--no-half-vae</code>" in steps
+    assert "Upcast cross attention layer to float32" in steps
+    assert steps.index("--no-half-vae") < steps.index("--no-half</code>")
+    assert "COMMANDLINE_ARGS" in steps and "Add model folder" in steps
+
+
+def test_a_tools_vae_default_shows_its_switch_last_and_only_if_changed(window, engines, tmp_path):
+    image = png_text(tmp_path / "ComfyUI_00003_.png", {"prompt": comfy_prompt("lost.safetensors")})
+
+    dialog = _explain_in_the_window(window, engines, image)
+
+    steps = dialog.steps_body.text()
+    assert "1. Start ComfyUI with <code>--force-upcast-attention</code>" in steps
+    assert "Only if it is started with --fp16-vae: start ComfyUI with <code>--fp32-vae</code>" in (
+        steps
+    )
+
+
+def test_a_dark_picture_whose_model_is_missing_gets_no_switch(window, engines, tmp_path):
+    parameters = a1111_parameters("lost-model", "0123456789")
+    image = png_text(tmp_path / "00005-42.png", {"parameters": parameters}, pixels("dark"))
+
+    dialog = _explain_in_the_window(window, engines, image)
+
+    assert dialog.explanation is not None and dialog.explanation.status == "black"
+    assert not dialog.steps_card.isVisible()
+    assert "--no-half" not in dialog.message.text()

@@ -7,6 +7,7 @@ One responsibility per module, each importing only those before it:
   image_file    the file within bounds: PNG chunk by chunk, JPEG/WebP EXIF, pixel status
   records       the generation record as each tool writes it
   matching      the image's model and VAE in the user's library (names, hashes)
+  next_steps    while the model is not found: the likely cause and the tool's switches to try
   explanation   Explanation, explain_image: the check at the image's settings, in words
 
 Every chunk of the file is hostile until read; any breach is one sentence naming the file

@@ -11,7 +11,7 @@ from typing import Any
 
 from app import __version__
 from app.core.errors import BadFileError, HalfSafeError
-from app.core.explain import kernels
+from app.core.explain import kernels, next_steps
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
     pixel_status,
@@ -19,6 +19,7 @@ from app.core.explain.image_file import (
     read_png,
 )
 from app.core.explain.matching import ModelMatch, find_model, find_vae
+from app.core.explain.next_steps import NextSteps
 from app.core.explain.records import Record, read_record
 from app.core.images import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
@@ -90,6 +91,8 @@ class Explanation:
     tool_fix: ToolFix | None = None
     message: str = ""
     notes: list[str] = field(default_factory=list)
+    # What to try in the image's tool while its model cannot be checked (not reproduced).
+    next_steps: NextSteps | None = None
 
     @property
     def problem(self) -> bool:
@@ -111,6 +114,7 @@ class Explanation:
             "pixels": dict(self.pixels),
             "message": self.message,
             "notes": list(self.notes),
+            "next_steps": self.next_steps.to_json() if self.next_steps is not None else None,
             # Attention kernels the record shows ran, each with the tool's switch to turn it off.
             "suspects": [
                 {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
@@ -187,7 +191,8 @@ def explain_image(
 ) -> Explanation:
     """Explain one image: its record and pixels, its model, and for a NaN-black image the
     health check at the image's settings (steps, sampler, size, and the precision the tool ran)
-    with the fix in that tool's terms.
+    with the fix in that tool's terms; when its model is not found, what such images from that
+    tool usually are and its switches to try (`next_steps`), said as likely.
 
     `loaded` is a model already in memory (the engine's): used when it is the file found.
     Runs on the calling thread; the check takes seconds on a GPU. Raises BadFileError for an
@@ -219,7 +224,11 @@ def explain_image(
         explanation.message = _status_words(explanation)
         return explanation
     if not model.found:
-        explanation.message = f"{_status_words(explanation)} {_not_found_words(record, model)}"
+        named = bool(record.model or record.unet or record.model_hash)
+        explanation.next_steps = next_steps.plan(record, status, figures, add_folder=named)
+        explanation.message = " ".join(
+            [_status_words(explanation), _not_found_words(record, model, explanation.next_steps)]
+        )
         return explanation
     _run_check(explanation, device, loaded, measure_cost, progress, cancel)
     return explanation
@@ -418,15 +427,23 @@ def _flat_words(explanation: Explanation, by: str, tool: str) -> str:
     return " ".join(words)
 
 
-def _not_found_words(record: Record, model: ModelMatch) -> str:
+def _not_found_words(record: Record, model: ModelMatch, steps: NextSteps | None) -> str:
+    """Where the model was looked for; then, for an image whose tool is known, what such images
+    from that tool usually are and its switches to try (`next_steps`), said as likely."""
     wanted = record.model or record.unet
     if wanted is None and record.model_hash is None:
-        return "The image does not say which model made it, so the check could not run."
+        unnamed = "The image does not say which model made it, so the check could not run."
+        return f"{unnamed} {next_steps.words(steps)}" if steps else unnamed
     named = wanted or f"with hash {record.model_hash}"
     where = "; ".join(model.looked_in) or "no model folders"
+    if steps is None:
+        return (
+            f"Its model ({named}) was not found in {where}; add the folder that holds it in "
+            "Settings > Model folders, then explain the image again."
+        )
     return (
-        f"Its model ({named}) was not found in {where}; add the folder that holds it in "
-        "Settings > Model folders, then explain the image again."
+        f"Its model ({named}) was not found in {where}, so the health check could not "
+        f"reproduce the image. {next_steps.words(steps)}"
     )
 
 

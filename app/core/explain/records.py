@@ -51,6 +51,9 @@ class Record:
     compiled: str | None = None
     # The attention kernels the record shows ran (ComfyUI's Sage nodes; `explain.kernels`).
     attention: list[kernels.RecordedKernel] = field(default_factory=list)
+    # The model's family as the tool states it: InvokeAI's model base ("sdxl", "sd-2", ...) or
+    # the diffusers pipeline SD.Next names ("StableDiffusionXLPipeline"); None elsewhere.
+    base: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
@@ -180,6 +183,8 @@ def _infotext_record(text: str) -> Record:
         prompt=parsed.prompt[:4096],
         version=version,
     )
+    if made_by == "sdnext":
+        record.base = parsed.get(infotext.PIPELINE)
     if made_by == "halfsafe":
         record.halfsafe_status = parsed.raw(infotext.NAN_WATCH)
         record.precision = parsed.settings(_REPRODUCED_SETTINGS)
@@ -322,6 +327,13 @@ def _model_field(value: Any) -> tuple[str | None, str | None]:
     return read_text(value), None
 
 
+def _model_base(value: Any) -> str | None:
+    """InvokeAI's model base: `base` in v4's model entry, `base_model` in v3's."""
+    if isinstance(value, dict):
+        return read_text(value.get("base"), 40) or read_text(value.get("base_model"), 40)
+    return None
+
+
 def _invoke_record(data: Any) -> Record:
     if not isinstance(data, dict):
         return Record(made_by="invokeai")
@@ -342,6 +354,7 @@ def _invoke_record(data: Any) -> Record:
         height=read_int(data.get("height")),
         prompt=read_text(data.get("positive_prompt")) or "",
         version=read_text(data.get("app_version"), 100),
+        base=_model_base(data.get("model")),
     )
 
 
