@@ -333,8 +333,8 @@ class HealthView(QWidget):
             + (f" at {report.size}×{report.size} px" if report.size else "")
             + "."
             + html.escape(_pictures_words(pictures, report)),
-            # and the next job's, as the settings are now: what the check ran at, or with the
-            # fix it remembered (said in words that may differ by an island's place)
+            # It holds at what it ran at, at its fix's, and at the next job's as the settings
+            # are now (the fix it remembered, resolved as jobs resolve it): until they change.
             (tested, *([plan_words(report.fix.plan)] if report.fix is not None else []))
             + ((plan_words(plan),) if (plan := self.state.expected_plan()) else ()),
         )
