@@ -1,8 +1,11 @@
 """Painting an inpainting mask over the input picture: the picture scaled to fit, the mask over
 it in translucent colour, the left mouse button painting what is drawn again and the right one
-erasing. The mask is painted at the picture's proportions, its long side between `MIN_SIDE` and
-`MAX_SIDE` pixels (every job resizes its mask to its own size), and saved as a black and white
-PNG, white where the picture is painted again, as every tool's masks are.
+erasing, the brush's outline under the pointer. The mouse wheel zooms about the pointer (up to
+`MAX_ZOOM` times the fitted size), the middle button (or the left one with Space held) drags
+the picture, and Fit (or 0) shows it whole again. The mask is painted at the picture's
+proportions, its long side between `MIN_SIDE` and `MAX_SIDE` pixels (every job resizes its
+mask to its own size), and saved as a black and white PNG, white where the picture is painted
+again, as every tool's masks are.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from app.ui.widgets import label
 MAX_SIDE = 1024  # the painted mask's long side at most, in pixels
 MIN_SIDE = 512  # and at least (a smaller picture is shown larger to paint on)
 BRUSH_RANGE = (2, 400)  # brush diameters, in the mask's pixels; a twelfth of it by default
+MAX_ZOOM = 16.0  # times the fitted size
+ZOOM_STEP = 1.25  # per wheel click (120 eighths of a degree)
 OVERLAY = QColor(230, 60, 60)  # the mask's colour over the picture
 OVERLAY_OPACITY = 0.55
 WHITE, BLACK = QColor(255, 255, 255), QColor(0, 0, 0)
@@ -79,9 +84,17 @@ class MaskCanvas(QWidget):
         self.brush = max(BRUSH_RANGE[0], round(max(size.width(), size.height()) / 12))
         self._last: QPointF | None = None
         self._colour = WHITE
+        # The view: `zoom` times the fitted size, moved by `offset` widget pixels from centred.
+        self.zoom = 1.0
+        self.offset = QPointF(0.0, 0.0)
+        self._drag: QPointF | None = None  # where a pan started, while one runs
+        self._space = False  # Space held: the left button pans
+        self._pointer: QPointF | None = None  # where the brush's outline is drawn
         self.setMinimumSize(240, 180)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setCursor(Qt.CursorShape.CrossCursor)
+        self.setMouseTracking(True)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
 
     # What the mask holds ------------------------------------------------------------------
 
@@ -112,12 +125,75 @@ class MaskCanvas(QWidget):
     # Painting -----------------------------------------------------------------------------
 
     def target(self) -> QRectF:
-        """Where the picture is drawn in the widget: scaled to fit, centred."""
+        """Where the picture is drawn in the widget: scaled to fit, times `zoom`, centred and
+        moved by `offset`."""
         size = self.picture.size().toSizeF()
         size.scale(self.size().toSizeF(), Qt.AspectRatioMode.KeepAspectRatio)
-        x = (self.width() - size.width()) / 2
-        y = (self.height() - size.height()) / 2
+        size *= self.zoom
+        x = (self.width() - size.width()) / 2 + self.offset.x()
+        y = (self.height() - size.height()) / 2 + self.offset.y()
         return QRectF(QPointF(x, y), size)
+
+    # The view -----------------------------------------------------------------------------
+
+    def zoom_at(self, factor: float, position: QPointF) -> None:
+        """Zoom by `factor` (within 1 and MAX_ZOOM times the fitted size), keeping the
+        picture's point under `position` (widget pixels) where it is."""
+        zoom = min(MAX_ZOOM, max(1.0, self.zoom * factor))
+        if zoom == self.zoom:
+            return
+        before = self.to_mask(position)
+        self.zoom = zoom
+        if zoom == 1.0:
+            self.offset = QPointF(0.0, 0.0)  # whole again: centred
+        else:
+            moved = self.from_mask(before) - position
+            self.offset -= moved
+        self.update()
+
+    def fit(self) -> None:
+        """Show the whole picture, centred."""
+        self.zoom, self.offset = 1.0, QPointF(0.0, 0.0)
+        self.update()
+
+    def from_mask(self, point: QPointF) -> QPointF:
+        """A point of the mask in the widget's pixels."""
+        target = self.target()
+        factor = target.width() / self.mask_image.width() if self.mask_image.width() else 1.0
+        return target.topLeft() + point * factor
+
+    def wheelEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        clicks = event.angleDelta().y() / 120
+        if clicks:
+            self.zoom_at(ZOOM_STEP**clicks, event.position())
+        event.accept()
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        key = event.key()
+        centre = QPointF(self.width() / 2, self.height() / 2)
+        if key == Qt.Key.Key_Space and not event.isAutoRepeat():
+            self._space = True
+            self.setCursor(Qt.CursorShape.OpenHandCursor)
+        elif key in (Qt.Key.Key_Plus, Qt.Key.Key_Equal):
+            self.zoom_at(ZOOM_STEP, centre)
+        elif key == Qt.Key.Key_Minus:
+            self.zoom_at(1 / ZOOM_STEP, centre)
+        elif key == Qt.Key.Key_0:
+            self.fit()
+        else:
+            super().keyPressEvent(event)
+
+    def keyReleaseEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        if event.key() == Qt.Key.Key_Space and not event.isAutoRepeat():
+            self._space = False
+            self.setCursor(Qt.CursorShape.CrossCursor)
+        else:
+            super().keyReleaseEvent(event)
+
+    def leaveEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self._pointer = None
+        self.update()
+        super().leaveEvent(event)
 
     def to_mask(self, position: QPointF) -> QPointF:
         """A point of the widget in the mask's pixels."""
@@ -135,10 +211,25 @@ class MaskCanvas(QWidget):
         overlay.setAlphaChannel(self.mask_image)
         painter.setOpacity(OVERLAY_OPACITY)
         painter.drawImage(target, overlay)
+        if self._pointer is not None and self._drag is None:
+            # The brush's outline, at its size on screen, in both colours so it shows anywhere.
+            radius = self.brush / 2 * target.width() / max(1, self.mask_image.width())
+            painter.setOpacity(1.0)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            for colour, width in ((BLACK, 3.0), (WHITE, 1.0)):
+                painter.setPen(QPen(colour, width))
+                painter.drawEllipse(self._pointer, radius, radius)
         painter.end()
 
     def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
         button = event.button()
+        if button == Qt.MouseButton.MiddleButton or (
+            button == Qt.MouseButton.LeftButton and self._space
+        ):
+            self._drag = event.position()
+            self.setCursor(Qt.CursorShape.ClosedHandCursor)
+            return
         if button not in (Qt.MouseButton.LeftButton, Qt.MouseButton.RightButton):
             return
         self._colour = WHITE if button == Qt.MouseButton.LeftButton else BLACK
@@ -146,13 +237,25 @@ class MaskCanvas(QWidget):
         self._dab(self._last, self._last)
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
+        self._pointer = event.position()
+        if self._drag is not None:
+            self.offset += event.position() - self._drag
+            self._drag = event.position()
+            self.update()
+            return
         if self._last is None:
+            self.update()  # the brush's outline follows the pointer
             return
         point = self.to_mask(event.position())
         self._dab(self._last, point)
         self._last = point
 
     def mouseReleaseEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
+        if self._drag is not None:
+            self._drag = None
+            self.setCursor(
+                Qt.CursorShape.OpenHandCursor if self._space else Qt.CursorShape.CrossCursor
+            )
         self._last = None
 
     def _dab(self, start: QPointF, end: QPointF) -> None:
@@ -194,7 +297,8 @@ class MaskPainter(QDialog):
         column.addWidget(
             label(
                 "Paint with the left mouse button over what is drawn again (shown in colour); "
-                "the right button erases. The rest of the picture is kept.",
+                "the right button erases. The rest of the picture is kept. The wheel zooms; "
+                "drag with the middle button, or with Space held, to move around.",
                 "muted",
                 wrap=True,
             )
@@ -217,6 +321,10 @@ class MaskPainter(QDialog):
         self.invert_button.clicked.connect(self.canvas.invert)
         tools.addWidget(self.clear_button)
         tools.addWidget(self.invert_button)
+        self.fit_button = QPushButton("Fit")
+        self.fit_button.setToolTip("Show the whole picture again (0).")
+        self.fit_button.clicked.connect(self.canvas.fit)
+        tools.addWidget(self.fit_button)
         tools.addStretch(1)
         self.share = label("", "muted")
         tools.addWidget(self.share)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PIL import Image
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtTest import QTest
 
@@ -97,6 +97,59 @@ def test_the_right_button_erases_and_clear_and_invert_work_on_the_whole_mask(pai
 
     painter.clear_button.click()
     assert canvas.is_empty() and not painter.use_button.isEnabled()
+
+
+def _wheel(canvas, point: QPoint, clicks: int) -> None:
+    """Turn the mouse wheel `clicks` notches over `point` (up zooms in)."""
+    from PySide6.QtGui import QWheelEvent
+
+    event = QWheelEvent(
+        QPointF(point),
+        QPointF(canvas.mapToGlobal(point)),
+        QPoint(0, 0),
+        QPoint(0, 120 * clicks),
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    canvas.wheelEvent(event)
+
+
+def test_the_wheel_zooms_about_the_pointer_and_strokes_land_where_they_are_drawn(painter, tmp_path):
+    canvas = painter.canvas
+    point = _widget_point(canvas, 0.25, 0.25)
+    before = canvas.to_mask(QPointF(point))
+    _wheel(canvas, point, 4)
+    assert canvas.zoom == pytest.approx(1.25**4)
+    after = canvas.to_mask(QPointF(point))  # the same spot of the picture stays under the pointer
+    assert (after.x(), after.y()) == pytest.approx((before.x(), before.y()), abs=0.5)
+    assert canvas.target().width() > canvas.width()  # larger than the window: zoomed in
+    # A short stroke zoomed in paints a small patch there, and nothing far from it.
+    _stroke(canvas, point, point + QPoint(4, 0))
+    values = _saved(painter, tmp_path)
+    assert at(values, 0.25, 0.25) == 255
+    assert at(values, 0.5, 0.5) == 0 and at(values, 0.32, 0.25) == 0
+    # The wheel never zooms out past the whole picture, which it shows centred again.
+    _wheel(canvas, point, -40)
+    assert canvas.zoom == 1.0 and canvas.offset.x() == 0.0 and canvas.offset.y() == 0.0
+
+
+def test_the_middle_button_moves_the_picture_and_fit_shows_it_whole(painter, tmp_path):
+    canvas = painter.canvas
+    centre = QPoint(canvas.width() // 2, canvas.height() // 2)
+    _wheel(canvas, centre, 3)
+    left = canvas.target().left()
+    _stroke(canvas, centre, centre + QPoint(60, 0), Qt.MouseButton.MiddleButton)
+    assert canvas.target().left() == pytest.approx(left + 60, abs=1)
+    assert canvas.is_empty()  # moving paints nothing
+    # With Space held, the left button moves it too.
+    QTest.keyPress(canvas, Qt.Key.Key_Space)
+    _stroke(canvas, centre, centre + QPoint(0, 30))
+    QTest.keyRelease(canvas, Qt.Key.Key_Space)
+    assert canvas.is_empty()
+    painter.fit_button.click()
+    assert canvas.zoom == 1.0 and canvas.target().width() <= canvas.width()
 
 
 def test_each_save_is_a_new_file_in_the_data_folder(painter, tmp_path, monkeypatch):
