@@ -165,3 +165,21 @@ def test_a_choice_the_cpu_cannot_run_is_recorded_as_what_ran(backend):
     # A CUDA device runs them as chosen.
     on_gpu = plan(chosen, device="cuda")
     assert on_gpu.attention_backend == backend and on_gpu.fp16_accumulation is True
+
+
+def test_a_choice_honoured_though_not_recommended_is_said_once_for_all_its_parts():
+    plan = resolve_plan(
+        PrecisionSettings(precision="fp16"),
+        device="cpu",
+        components=["text_encoder", "unet", "vae"],
+    )
+    assert plan.warnings == (
+        "The text encoder, UNet and VAE run in fp16 as you asked; on a CPU fp16 is slow and "
+        "fp32 is the usual choice.",
+    )
+    one = resolve_plan(
+        PrecisionSettings(unet_precision="fp16"), device="cpu", components=["unet", "vae"]
+    )
+    assert one.warnings == (
+        "The UNet runs in fp16 as you asked; on a CPU fp16 is slow and fp32 is the usual choice.",
+    )

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.core.components import COMPONENTS as ALL_COMPONENTS
-from app.core.components import SETTING_FOLLOWS
+from app.core.components import SETTING_FOLLOWS, join_words
 from app.core.precision.autocast import autocast_available, autocast_problem
 from app.core.precision.plan import COMPONENT_SETTING, DTYPE_NAMES, PrecisionPlan
 from app.core.precision.streaming import device_budget_mb
@@ -107,6 +107,7 @@ def resolve_plan(
         reasons["precision"] = device_reasons.get("precision", f"{base} suits this device best.")
 
     dtypes: dict[str, str] = {}
+    unwise: dict[str, list[str]] = {}  # a choice honoured though not recommended: its parts
     for component in components:
         key = COMPONENT_SETTING[component]
         device_choice = recommended.get(key)
@@ -148,20 +149,15 @@ def resolve_plan(
         )
         name = dtypes[component]
         if explicit and name == "bf16" and bf16_class != "native":
-            warnings.append(
-                f"The {ALL_COMPONENTS[component].words} runs in bf16 as you asked, but this device has no "
-                "native bf16: expect it to be slow or to fail."
-            )
+            unwise.setdefault("bf16_emulated", []).append(component)
         elif explicit and name == "fp16" and kind == "cpu":
-            warnings.append(
-                f"The {ALL_COMPONENTS[component].words} runs in fp16 as you asked; on a CPU fp16 is slow and "
-                "fp32 is the usual choice."
-            )
+            unwise.setdefault("fp16_cpu", []).append(component)
         elif explicit and name == "fp16" and fp16_class == "unreliable":
-            warnings.append(
-                f"The {ALL_COMPONENTS[component].words} runs in fp16 as you asked, but this GPU is known to "
-                "return NaN from some fp16 operations."
-            )
+            unwise.setdefault("fp16_unreliable", []).append(component)
+    # One sentence per choice honoured though not recommended, naming every part it concerns.
+    for what, parts in unwise.items():
+        runs = "runs" if len(parts) == 1 else "run"
+        warnings.append(_UNWISE_WORDS[what].format(parts=join_words(parts), runs=runs))
 
     upcast = bool(chosen["upcast_attention"] or recommended.get("upcast_attention", False))
     if upcast and not user["upcast_attention"]:
@@ -234,6 +230,16 @@ def resolve_plan(
         vae_tiling=str(user.get("vae_tiling") or "auto"),
     )
 
+
+# Explicit choices honoured though not recommended, said once for all the parts they concern.
+_UNWISE_WORDS = {
+    "bf16_emulated": "The {parts} {runs} in bf16 as you asked, but this device has no native "
+    "bf16: expect it to be slow or to fail.",
+    "fp16_cpu": "The {parts} {runs} in fp16 as you asked; on a CPU fp16 is slow and fp32 is the "
+    "usual choice.",
+    "fp16_unreliable": "The {parts} {runs} in fp16 as you asked, but this GPU is known to return "
+    "NaN from some fp16 operations.",
+}
 
 # Attention kernels PyTorch has only for CUDA GPUs; elsewhere SDPA runs its math kernel (and on
 # a CPU its fused kernel, under the flash name).
