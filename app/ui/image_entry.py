@@ -445,7 +445,8 @@ class ImageView(QWidget):
         super().__init__(parent)
         self.pixmap = QPixmap()
         self.placeholder = ""
-        self.setMinimumSize(260, 260)
+        # Small enough that the caption under it keeps its lines in a 700 px tall window.
+        self.setMinimumSize(260, 150)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
 
     def set_pixmap(self, pixmap: QPixmap | None, placeholder: str = "") -> None:

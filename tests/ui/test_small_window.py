@@ -77,11 +77,23 @@ def test_generate_fits_with_an_image_and_its_caption(qtbot, window, engines, tmp
     view = window.generate_view
     view.generate()
     job = engines.current.last_job("generate")
-    image = reports.image(_png(tmp_path / "a.png"), settings={"precision": "fp16"})
-    engines.current.finish(job, reports.generation({"images": [image], "seconds": 2.0}))
+    image = reports.image(
+        _png(tmp_path / "a.png"), status="fixed", component="vae", settings={"precision": "fp16"}
+    )
+    notes = ["The text encoder and UNet run in fp16 as you asked; on a CPU fp16 is slow."] * 2
+    engines.current.finish(
+        job, reports.generation({"images": [image], "seconds": 2.0, "warnings": notes})
+    )
     _settle(qtbot, window)
     _no_sideways_scrolling(view)
     _buttons_uncrushed(view)
+    # With a banner above it, the image gives way to its caption: they never overlap, and the
+    # caption shows its notes and more.
+    assert view.banner.isVisible()
+    image_box, caption_box = view.image.geometry(), view.caption.geometry()
+    assert image_box.bottom() < caption_box.top()
+    lines = caption_box.height() / view.parameters.fontMetrics().lineSpacing()
+    assert lines >= 4
 
 
 def test_generate_fits_with_an_input_picture_and_its_mask(qtbot, window, engines, tmp_path):
