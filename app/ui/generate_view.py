@@ -51,7 +51,7 @@ from app.core.pictures import check_strength, picture_size
 from app.core.requests import GenerateRequest
 from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
-from app.ui import folders, words
+from app.ui import browser, folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.fixes import remember_for_model, split_fix
@@ -172,6 +172,13 @@ class GenerateView(QWidget):
         column.addWidget(self.negative, 1)
         column.addWidget(label("LoRAs"))
         self.loras = LoraList()
+        # The browser looks in the model folders, opens on the loaded model's family, and puts
+        # a LoRA's trigger words into the prompt when asked to.
+        self.loras.add_to_prompt.connect(self._add_to_prompt)
+        self.loras.model_folders = lambda: list(self.state.settings["model_folders"])
+        self.loras.model_family = lambda: (
+            browser.family_words(self.state.model.architecture) if self.state.model else None
+        )
         column.addWidget(self.loras)
         self.pictures = InputPictures()
         self.pictures.picture_changed.connect(self._picture_changed)
@@ -428,6 +435,11 @@ class GenerateView(QWidget):
             self._say(self.pictures.note.text())
             return False
         return self.pictures.picture_slot.take(path)
+
+    def _add_to_prompt(self, words_: str) -> None:
+        """Append a LoRA's trigger words to the prompt, after a comma."""
+        prompt = self.prompt.toPlainText().strip()
+        self.prompt.setPlainText(", ".join(part for part in (prompt, words_) if part))
 
     def _say(self, sentence: str) -> None:
         """One sentence for the user: under the Generate button and in the status bar."""

@@ -1,11 +1,14 @@
-"""The Generate page's LoRA list: files added with a per-LoRA weight, sent with each job."""
+"""The Generate page's LoRA list: files added with a per-LoRA weight, sent with each job; a
+LoRA picked in the browser offers its trigger words to the prompt (a button, never silently)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import SIGNAL, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
@@ -26,13 +29,22 @@ FILE_FILTER = "LoRA files (*.safetensors *.sft);;All files (*)"
 
 
 class LoraRow(QWidget):
-    """One LoRA: its name (the full path as tooltip), its weight, a remove button."""
+    """One LoRA: its name (the full path as tooltip), its weight, a remove button, and for a
+    LoRA with trigger words a button that adds them to the prompt."""
 
     removed = Signal(object)
+    words_asked = Signal(str)
 
-    def __init__(self, path: str, weight: float, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        weight: float,
+        trigger_words: tuple[str, ...] = (),
+        parent: QWidget | None = None,
+    ) -> None:
         super().__init__(parent)
         self.path = path
+        self.trigger_words = trigger_words
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
         name = QLabel(Path(path).stem)
@@ -48,18 +60,35 @@ class LoraRow(QWidget):
         remove.setToolTip("Remove this LoRA")
         remove.clicked.connect(lambda: self.removed.emit(self))
         row.addWidget(name, 1)
+        self.words_button = QToolButton()
+        self.words_button.setText("+ words")
+        self.words_button.setToolTip(
+            "Add this LoRA's trigger words to the prompt: " + ", ".join(trigger_words)
+        )
+        self.words_button.clicked.connect(lambda: self.words_asked.emit(", ".join(trigger_words)))
+        self.words_button.setVisible(bool(trigger_words))
+        row.addWidget(self.words_button)
         row.addWidget(self.weight)
         row.addWidget(remove)
 
 
 class LoraList(QWidget):
-    """The LoRAs of the next job. `entries()` is what the engine's generate job takes."""
+    """The LoRAs of the next job. `entries()` is what the engine's generate job takes.
+
+    `add_to_prompt(str)` carries a LoRA's trigger words when the user asks for them; with
+    nothing connected they are copied to the clipboard instead. `model_folders` and
+    `model_family`, when the page sets them, say where the browser looks and which family it
+    shows first."""
 
     changed = Signal()
+    add_to_prompt = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.rows: list[LoraRow] = []
+        self.model_folders: Callable[[], list[str] | None] | None = None
+        self.model_family: Callable[[], str | None] | None = None
+        self.browser: Any = None  # the LoRA browser while it is open
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 0, 0)
         self._rows_box = QVBoxLayout()
@@ -70,16 +99,26 @@ class LoraList(QWidget):
             "<lora:name:weight> tags work too."
         )
         self.add_button.clicked.connect(self._choose)
-        column.addWidget(self.add_button)
+        self.browse_button = QPushButton("Browse LoRAs…")
+        self.browse_button.setToolTip(
+            "The LoRAs in the Lora folders beside your model folders, with their previews, "
+            "base model and trigger words."
+        )
+        self.browse_button.clicked.connect(self.browse)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.browse_button)
+        buttons.addWidget(self.add_button)
+        column.addLayout(buttons)
 
-    def add(self, path: str, weight: float = 1.0) -> None:
+    def add(self, path: str, weight: float = 1.0, trigger_words: tuple[str, ...] = ()) -> None:
         """Add a LoRA (a file already listed keeps its row and takes the new weight)."""
         for row in self.rows:
             if row.path == path:
                 row.weight.setValue(weight)
                 return
-        row = LoraRow(path, weight, self)
+        row = LoraRow(path, weight, tuple(trigger_words), self)
         row.removed.connect(self._remove)
+        row.words_asked.connect(self._offer_words)
         row.weight.valueChanged.connect(lambda _value: self.changed.emit())
         self.rows.append(row)
         self._rows_box.addWidget(row)
@@ -107,6 +146,38 @@ class LoraList(QWidget):
             row.setParent(None)
             row.deleteLater()
             self.changed.emit()
+
+    def browse(self) -> QWidget:
+        """Open the LoRA browser (one at a time); the LoRA chosen there joins the list."""
+        from app.ui.browser import LoraBrowser  # the readers it starts: not needed at launch
+
+        if self.browser is not None:
+            self.browser.raise_()
+            self.browser.activateWindow()
+            return self.browser
+        folders = self.model_folders() if self.model_folders is not None else None
+        family = self.model_family() if self.model_family is not None else None
+        self.browser = LoraBrowser(folders, family, self.window())
+        self.browser.chosen.connect(lambda path, words: self.add(path, 1.0, tuple(words)))
+        self.browser.finished.connect(self._browser_closed)
+        self.browser.open()
+        return self.browser
+
+    def _browser_closed(self, _result: int) -> None:
+        if self.browser is not None:
+            self.browser.deleteLater()
+        self.browser = None
+
+    def _offer_words(self, text: str) -> None:
+        if self.receivers(SIGNAL("add_to_prompt(QString)")) > 0:
+            self.add_to_prompt.emit(text)
+            return
+        clipboard = QGuiApplication.clipboard()
+        if clipboard is not None:
+            clipboard.setText(text)
+        for row in self.rows:
+            if row.trigger_words and ", ".join(row.trigger_words) == text:
+                row.words_button.setToolTip(f"Copied to the clipboard: {text}")
 
     def _choose(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Add LoRA", folders.models(), FILE_FILTER)

@@ -1,5 +1,7 @@
-"""The Models page: the library of checkpoints found on this computer, opening a file or folder,
-a separate VAE, loading with progress and cancel, and what HalfSafe detected about the model."""
+"""The Models page: the library of checkpoints found on this computer (searchable, filtered by
+family, with what each file's metadata says, its preview picture, and its last health verdict and
+remembered fix), opening a file or folder, a separate VAE, loading with progress and cancel, and
+what HalfSafe detected about the model."""
 
 from __future__ import annotations
 
@@ -9,11 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QSettings, Qt, Signal
+from PySide6.QtCore import QObject, QSettings, QSize, Qt, Signal
+from PySide6.QtGui import QIcon, QImage, QShowEvent
 from PySide6.QtWidgets import (
+    QComboBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
+    QLineEdit,
     QProgressBar,
     QPushButton,
     QTreeWidget,
@@ -28,6 +33,25 @@ from app.core.requests import LoadRequest
 from app.core.weight_findings import WeightScan
 from app.engine.events import EngineEvent, EventState, StillLoaded
 from app.ui import folders, words
+from app.ui.browser import (
+    ALL_FAMILIES,
+    FAMILY,
+    OTHER_FAMILY,
+    SEARCHED,
+    VAE_FAMILY,
+    HealthReader,
+    ModelHealth,
+    PreviewWorker,
+    apply_filter,
+    card_dict,
+    card_lines,
+    family_words,
+    fill_families,
+    health_cells,
+    health_key,
+    search_text,
+    square_icon,
+)
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
@@ -35,6 +59,10 @@ from app.ui.theme import current_scheme
 from app.ui.widgets import Banner, Card, label, page_layout, primary_button, show_progress
 
 DEMO_SOURCE = "demo"
+# The library's columns; the name takes the spare width.
+COLUMNS = ("Model", "Type", "Stored as", "Size", "Health", "Remembered fix")
+TYPE, STORED, SIZE, HEALTH, FIX = range(1, len(COLUMNS))
+ICON_EDGE = 32
 OPENED_KEPT = 20  # models opened from a file or folder that stay in the list
 CHECKPOINT_FILTER = (
     "Checkpoints (*.safetensors *.ckpt *.pt *.pth *.bin);;"
@@ -69,8 +97,10 @@ class LibraryScanner(QObject):
         problem = ""
         try:
             from app.core.library import scan_library
+            from app.core.library.metadata import read_card
 
             for entry in scan_library([str(Path(f)) for f in folders]):
+                card = read_card(entry.path) if not getattr(entry, "error", None) else None
                 entries.append(
                     {
                         "path": str(entry.path),
@@ -85,6 +115,7 @@ class LibraryScanner(QObject):
                         "vae": getattr(entry, "vae", None),
                         "companions": getattr(entry, "companions", None),
                         "missing": getattr(entry, "missing", None),
+                        "card": card_dict(card) if card is not None else None,
                     }
                 )
         except ImportError:
@@ -120,6 +151,13 @@ class ModelsView(QWidget):
         self.scanner.finished.connect(self._library_scanned)
         self._scanned: list[dict[str, Any]] = []
         self._scan_again = False  # the folders changed while a scan ran
+        self.health_reader = HealthReader(self)
+        self.health_reader.read.connect(self._health_read)
+        self.health: dict[str, ModelHealth] = {}
+        self._listed_once = False  # a scan has listed the folders: the readers are wanted now
+        self.previews = PreviewWorker(parent=self)
+        self.previews.ready.connect(self._preview_ready)
+        self.thumbnails: dict[str, QImage] = {}
 
         layout = page_layout(
             self,
@@ -144,8 +182,21 @@ class ModelsView(QWidget):
         buttons.addWidget(self.library_status, 1)
         layout.addLayout(buttons)
 
+        filters = QHBoxLayout()
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search names and trigger words")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(lambda _text: self._filter())
+        self.family = QComboBox()
+        self.family.setToolTip("Show only the models of one family.")
+        self.family.addItem(ALL_FAMILIES)
+        self.family.currentTextChanged.connect(lambda _text: self._filter())
+        filters.addWidget(self.search, 1)
+        filters.addWidget(self.family)
+        layout.addLayout(filters)
+
         self.library = QTreeWidget()
-        self.library.setHeaderLabels(["Model", "Type", "Stored as", "Size"])
+        self.library.setHeaderLabels(list(COLUMNS))
         self.library.setRootIsDecorated(False)
         self.library.setAlternatingRowColors(True)
         self.library.setUniformRowHeights(True)
@@ -154,8 +205,12 @@ class ModelsView(QWidget):
         header = self.library.header()
         header.setStretchLastSection(False)  # the name takes the spare width, not the size
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for column in (1, 2, 3):
+        for column in (TYPE, HEALTH, STORED, SIZE):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        # A fix in words can be long: its column keeps a width and the cell's tooltip says all.
+        header.setSectionResizeMode(FIX, QHeaderView.ResizeMode.Interactive)
+        header.resizeSection(FIX, 170)
+        self.library.header().setMinimumSectionSize(40)
         self.library.itemDoubleClicked.connect(lambda item, _col: self.load_item(item))
         self.library.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
         self.library.setMinimumHeight(120)
@@ -163,6 +218,10 @@ class ModelsView(QWidget):
 
         lower_layout = QVBoxLayout()
         lower_layout.setContentsMargins(0, 4, 0, 0)
+        # What the highlighted file's metadata says: base model, trigger words, resolution.
+        self.card_text = label("", "muted", wrap=True, selectable=True)
+        self.card_text.hide()
+        lower_layout.addWidget(self.card_text)
         vae_row = QHBoxLayout()
         vae_row.addWidget(label("VAE:", "muted"))
         self.vae_label = label("the model's own", wrap=True)
@@ -215,6 +274,7 @@ class ModelsView(QWidget):
         self._fill_library([])
         state.settings_changed.connect(self._settings_changed)
         state.model_changed.connect(self._show_model)
+        state.model_changed.connect(lambda _model: self._read_health())
 
     # Library ----------------------------------------------------------------------------------
 
@@ -232,7 +292,11 @@ class ModelsView(QWidget):
     def _library_scanned(self, entries: list[dict[str, Any]], problem: str) -> None:
         self.rescan_button.setEnabled(True)
         self._scanned = list(entries)
+        self._listed_once = True
         self._fill_library(entries)
+        self._read_health()
+        self.previews.forget()
+        self.previews.make(e["path"] for e in entries if not e.get("error"))
         if problem:
             self.library_status.setText(problem)
         else:
@@ -256,9 +320,15 @@ class ModelsView(QWidget):
             "in fp16 its pictures go black, and the NaN watch repairs them.",
         }
         selected = None
+        families: list[str] = []
         for source, title in DEMO_MODELS.items():
-            demo = QTreeWidgetItem([title, "SD 1.x (tiny)", "fp32", "built in"])
+            demo = QTreeWidgetItem([title, "SD 1.x (tiny)", "fp32", "built in", "", ""])
             demo.setData(0, Qt.ItemDataRole.UserRole, {"path": source, "error": None})
+            # The family registry is read once the folders are listed, not to show the window.
+            if self._listed_once:
+                demo.setData(0, FAMILY, family_words("sd1") or OTHER_FAMILY)
+                families.append(demo.data(0, FAMILY))
+            demo.setData(0, SEARCHED, search_text(title, None))
             demo.setToolTip(0, tips[source])
             self.library.addTopLevelItem(demo)
             if selected is None or source == last:
@@ -273,31 +343,130 @@ class ModelsView(QWidget):
         for entry in entries:
             path = Path(entry["path"])
             kind, tip, colour = _library_words(entry)
+            card = entry.get("card")
+            lines = card_lines(card)
+            if lines:
+                tip += "\n" + "\n".join(lines)
             item = QTreeWidgetItem(
                 [
                     path.name,
                     kind,
                     entry.get("stored_dtype") or "",
                     words.file_size(entry.get("size_bytes")),
+                    "",
+                    "",
                 ]
             )
             item.setData(0, Qt.ItemDataRole.UserRole, entry)
-            for column in range(4):
+            family = _family_of(entry)
+            families.append(family)
+            item.setData(0, FAMILY, family)
+            item.setData(0, SEARCHED, search_text(path.name, card))
+            for column in range(len(COLUMNS)):
                 item.setToolTip(column, tip)
                 if colour:
                     item.setForeground(column, current_scheme().colour(colour))
             self.library.addTopLevelItem(item)
             if str(path) == last:
                 selected = item
+        fill_families(self.family, families)
+        self._show_health()
+        self._show_thumbnails()
         if selected is not None:
             self.library.setCurrentItem(selected)
+        self._filter()
         self._update_load_button()
         if self.state.model is not None:
             self._mark_loaded(self.loaded_source())
 
+    def _filter(self) -> None:
+        """Show the rows that match the search box and the family filter."""
+        shown = apply_filter(self.library, self.search.text(), self.family.currentText())
+        total = self.library.topLevelItemCount()
+        current = self.library.currentItem()
+        if current is not None and current.isHidden():  # Load never loads a row out of sight
+            items = (self.library.topLevelItem(i) for i in range(total))
+            first = next((item for item in items if item is not None and not item.isHidden()), None)
+            if first is not None:
+                self.library.setCurrentItem(first)
+        self.library.setToolTip(
+            f"{shown} of {total} shown: clear the search or choose {ALL_FAMILIES} to see all."
+            if shown < total
+            else ""
+        )
+
+    def _read_health(self) -> None:
+        """Read the saved verdicts and remembered fixes again (worker thread), once the library
+        has been listed: never to show the window."""
+        if not self._listed_once:
+            return
+        device = self.state.device_report()
+        model, request = self.state.model, self.state.model_request
+        loaded = (
+            (model.profile_key, request.source)
+            if model is not None and request is not None and model.profile_key
+            else None
+        )
+        self.health_reader.start(device.name if device is not None else None, loaded)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        self._read_health()  # a check on another page may have saved a verdict since
+
+    def _health_read(self, health: dict[str, ModelHealth]) -> None:
+        self.health = dict(health)
+        self._show_health()
+
+    def _show_health(self) -> None:
+        for index in range(self.library.topLevelItemCount()):
+            item = self.library.topLevelItem(index)
+            if item is None:
+                continue
+            entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
+            if entry.get("error") or entry.get("role") == "vae":
+                continue
+            verdict, fix, tip = health_cells(self.health.get(health_key(entry.get("path", ""))))
+            item.setText(HEALTH, verdict)
+            item.setText(FIX, fix)
+            item.setToolTip(HEALTH, tip)
+            item.setToolTip(FIX, tip)
+            if verdict == "Broken":
+                item.setForeground(HEALTH, current_scheme().colour("invalid"))
+
+    def _preview_ready(self, model: str, image: QImage, problem: str) -> None:
+        if problem:
+            item = self._item_for(model)
+            if item is not None:
+                item.setToolTip(0, item.toolTip(0) + "\n" + problem)
+            return
+        self.thumbnails[model] = image
+        self._show_thumbnails()
+
+    def _show_thumbnails(self) -> None:
+        """Each row's preview as its icon; once any row has one, the others get an empty square
+        so that the names line up."""
+        if not self.thumbnails:
+            return
+        self.library.setIconSize(QSize(ICON_EDGE, ICON_EDGE))
+        blank: QIcon | None = None
+        for index in range(self.library.topLevelItemCount()):
+            item = self.library.topLevelItem(index)
+            if item is None:
+                continue
+            entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
+            image = self.thumbnails.get(str(entry.get("path", "")))
+            if image is not None:
+                item.setIcon(0, square_icon(image, ICON_EDGE))
+            else:
+                blank = blank or square_icon(QImage(), ICON_EDGE)
+                item.setIcon(0, blank)
+
     def _selection_changed(self) -> None:
         item = self.library.currentItem()
         entry = item.data(0, Qt.ItemDataRole.UserRole) if item else None
+        lines = card_lines((entry or {}).get("card"))
+        self.card_text.setText("; ".join(lines))
+        self.card_text.setVisible(bool(lines))
         problem = _unloadable(entry or {})
         self.load_button.setEnabled(entry is not None and not problem and self.job_id is None)
         self._update_load_button()
@@ -534,8 +703,8 @@ class ModelsView(QWidget):
             and (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("opened")
         ):
             # What the load found out fills the row of a model opened from a file.
-            item.setText(1, words.architecture_name(model.architecture))
-            item.setText(2, model.stored_dtype)
+            item.setText(TYPE, words.architecture_name(model.architecture))
+            item.setText(STORED, model.stored_dtype)
         self._mark_loaded(source)
         self.remembered.dismiss()
         if model is None:
@@ -656,6 +825,15 @@ def _library_words(entry: dict[str, Any]) -> tuple[str, str, str | None]:
     if companions:
         because += "\nLoads with: " + ", ".join(Path(p).name for p in companions)
     return kind, f"{path}\n{because}".strip(), None
+
+
+def _family_of(entry: dict[str, Any]) -> str:
+    """The family filter's word for one library entry."""
+    if entry.get("role") == "vae":
+        return VAE_FAMILY
+    if entry.get("error"):
+        return OTHER_FAMILY
+    return family_words(entry.get("architecture")) or OTHER_FAMILY
 
 
 def _unloadable(entry: dict[str, Any]) -> str:

@@ -469,3 +469,11 @@ def test_a_job_the_engine_took_with_it_is_offered_again(view, window, engines):
     assert again.params.generation == lost.params.generation
     assert again.params.generation.seed == 77 and view.lost == []
     assert not view.banner.isVisible()
+
+
+def test_a_loras_trigger_words_offered_go_into_the_prompt(view):
+    view.loras.add_to_prompt.emit("inkwash style, mountain")
+    assert view.prompt.toPlainText() == "a lighthouse at dusk, inkwash style, mountain"
+    view.prompt.setPlainText("")
+    view.loras.add_to_prompt.emit("inkwash style")
+    assert view.prompt.toPlainText() == "inkwash style"

@@ -1,15 +1,19 @@
 """The Models page: loading with progress and cancel, pickle confirmation, separate VAE, the
-remembered fix, and what was detected."""
+remembered fix, and what was detected; the library's metadata, search, family filter, health
+columns and previews."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from app.core.library.metadata import card_from_metadata
 from app.core.profiles import RememberedFix
 from app.core.requests import LoadRequest
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState, StillLoaded
-from app.ui.models_view import library_count_words
+from app.ui.browser import card_dict
+from app.ui.models_view import FIX, HEALTH, SIZE, TYPE, library_count_words
+from tests.support.model_cards import KOHYA_SDXL, lora_file, png_file, raw_header
 from tests.ui.conftest import DEMO_SUMMARY
 
 
@@ -169,8 +173,8 @@ def test_library_lists_scanned_models_and_marks_damaged_ones(window):
     assert "draws coloured shapes" in view.library.topLevelItem(0).text(0)
     assert "overflows in fp16" in view.library.topLevelItem(1).text(0)
     good, bad = view.library.topLevelItem(2), view.library.topLevelItem(3)
-    assert good.text(1) == "SDXL" and good.text(3) == "6.5 GB"
-    assert bad.text(1) == "damaged" and "cut short" in bad.toolTip(0)
+    assert good.text(TYPE) == "SDXL" and good.text(SIZE) == "6.5 GB"
+    assert bad.text(TYPE) == "damaged" and "cut short" in bad.toolTip(0)
     assert "1 damaged" in view.library_status.text()
     view.library.setCurrentItem(bad)
     assert not view.load_button.isEnabled()
@@ -203,9 +207,9 @@ def test_library_marks_pickles_and_models_it_cannot_run(window):
         "",
     )
     pickle, flux = view.library.topLevelItem(2), view.library.topLevelItem(3)
-    assert pickle.text(1) == "pickle checkpoint"
+    assert pickle.text(TYPE) == "pickle checkpoint"
     assert "confirm" in pickle.toolTip(0)
-    assert flux.text(1) == "Flux.1 (not supported)"
+    assert flux.text(TYPE) == "Flux.1 (not supported)"
     view.library.setCurrentItem(flux)
     assert not view.load_button.isEnabled()
     assert (
@@ -261,8 +265,10 @@ def test_library_lists_vaes_and_loads_a_model_with_its_paired_vae(window, engine
     assert view.library_status.text() == "1 model found in your model folders, 1 VAE."
     with_vae, vae_row = view._item_for(str(model)), view._item_for(str(shared))
     assert with_vae is not None and vae_row is not None
-    assert with_vae.text(1) == "Stable Diffusion 1.x + VAE" and str(paired) in with_vae.toolTip(0)
-    assert vae_row.text(1) == "VAE"
+    assert with_vae.text(TYPE) == "Stable Diffusion 1.x + VAE" and str(paired) in with_vae.toolTip(
+        0
+    )
+    assert vae_row.text(TYPE) == "VAE"
     view.load_item(with_vae)
     assert engines.current.last_job("load").params.vae == str(paired)
     # Double-clicking a VAE chooses it; the user's choice wins over the pair.
@@ -304,9 +310,9 @@ def test_library_names_a_transformer_files_companions_or_what_is_missing(window)
         "",
     )
     chroma, sd3 = view.library.topLevelItem(2), view.library.topLevelItem(3)
-    assert chroma.text(1) == "Chroma"
+    assert chroma.text(TYPE) == "Chroma"
     assert "Loads with: t5xxl_fp16.safetensors, ae.safetensors" in chroma.toolTip(0)
-    assert sd3.text(1) == "Stable Diffusion 3.x (incomplete)"
+    assert sd3.text(TYPE) == "Stable Diffusion 3.x (incomplete)"
     assert "needs its CLIP-L text encoder" in sd3.toolTip(0)
     view.library.setCurrentItem(sd3)
     assert not view.load_button.isEnabled()
@@ -357,3 +363,145 @@ def test_a_failed_open_shows_the_model_the_engine_still_holds(window, engines, t
     )
     assert window.state.model == DEMO_SUMMARY
     assert view.load_status.text() == "Loading cancelled; demo is still loaded."
+
+
+# The browser: metadata, search and family filter, health, previews ----------------------------
+
+
+def _scan(window, qtbot, folder) -> None:
+    view = window.models_view
+    with qtbot.waitSignal(view.scanner.finished, timeout=20000):
+        window.state.set_setting("model_folders", [str(folder)])
+
+
+def _row(view, name: str):
+    for index in range(view.library.topLevelItemCount()):
+        item = view.library.topLevelItem(index)
+        if item.text(0) == name:
+            return item
+    raise AssertionError(f"{name} is not listed")
+
+
+def test_the_library_shows_what_each_files_metadata_says(window, qtbot, tmp_path):
+    lora_file(tmp_path / "inkwash.safetensors", KOHYA_SDXL)
+    raw_header(tmp_path / "hostile.safetensors", b'{"__metadata__": {"a": 1}}')
+    _scan(window, qtbot, tmp_path)
+    view = window.models_view
+    ink = _row(view, "inkwash.safetensors")
+    assert "Base model: SDXL (trained from sd_xl_base_1.0.safetensors)" in ink.toolTip(0)
+    view.library.setCurrentItem(ink)
+    assert view.card_text.isVisible()
+    assert "Trigger words: 1girl, inkwash style, mountain" in view.card_text.text()
+    assert "Trained at 1024×1024" in view.card_text.text()
+    hostile = _row(view, "hostile.safetensors")
+    assert hostile.text(TYPE) == "damaged" and "__metadata__" in hostile.toolTip(0)
+    view.library.setCurrentItem(hostile)
+    assert not view.card_text.isVisible()
+
+
+def _two_models(view) -> None:
+    view._library_scanned(
+        [
+            {
+                "path": "/models/anime_xl.safetensors",
+                "architecture": "sdxl",
+                "size_bytes": 6_900_000_000,
+                "supported": True,
+                "card": card_dict(card_from_metadata(KOHYA_SDXL)),
+            },
+            {
+                "path": "/models/flux_dev.safetensors",
+                "architecture": "flux-dev",
+                "size_bytes": 23_000_000_000,
+                "supported": True,
+            },
+            {"path": "/models/sdxl_vae.safetensors", "architecture": "vae", "role": "vae"},
+        ],
+        "",
+    )
+
+
+def _shown(view) -> list[str]:
+    return [
+        view.library.topLevelItem(i).text(0)
+        for i in range(view.library.topLevelItemCount())
+        if not view.library.topLevelItem(i).isHidden()
+    ]
+
+
+def test_search_finds_names_and_trigger_words_and_the_family_filter_narrows(window):
+    view = window.models_view
+    _two_models(view)
+    assert len(_shown(view)) == 5
+    view.search.setText("inkwash")  # a trigger word, not in the file's name
+    assert _shown(view) == ["anime_xl.safetensors"]
+    view.search.setText("FLUX")
+    assert _shown(view) == ["flux_dev.safetensors"]
+    assert view.library.currentItem().text(0) == "flux_dev.safetensors"  # Load loads what shows
+    view.search.clear()
+    families = [view.family.itemText(i) for i in range(view.family.count())]
+    assert families == ["All families", "Flux.1", "SDXL", "Stable Diffusion 1.x", "VAEs"]
+    view.family.setCurrentText("SDXL")
+    assert _shown(view) == ["anime_xl.safetensors"]
+    view.family.setCurrentText("Stable Diffusion 1.x")  # the built-in demos
+    assert len(_shown(view)) == 2 and all("demo" in n.lower() for n in _shown(view))
+    view.family.setCurrentText("All families")
+    assert len(_shown(view)) == 5
+
+
+def test_each_model_shows_its_last_verdict_and_remembered_fix(window, qtbot, tmp_path):
+    from app.core import profiles
+    from app.core.health import saved
+    from tests.support import reports
+
+    model = lora_file(tmp_path / "sdxl.safetensors")
+    checked = replace(reports.fixable(), model=replace(reports.SDXL, source=str(model)))
+    saved.save_report("key-sdxl", reports.result(checked))
+    profiles.remember_fix(
+        "key-sdxl",
+        reports.RTX_3060.name,
+        {"vae_precision": "fp32"},
+        "The VAE overflowed; fix: run the VAE in fp32.",
+        "health check",
+        torch_version="2.5.1",
+    )
+    view = window.models_view
+    with qtbot.waitSignal(view.health_reader.read, timeout=10000):
+        view._library_scanned(
+            [
+                {"path": str(model), "architecture": "sdxl", "size_bytes": 10, "supported": True},
+                {"path": "/models/other.safetensors", "architecture": "sdxl", "size_bytes": 10},
+            ],
+            "",
+        )
+    row = _row(view, "sdxl.safetensors")
+    assert row.text(HEALTH) == "Fixable"
+    assert row.text(FIX) == "Run the VAE in fp32"
+    assert "NVIDIA GeForce RTX 3060" in row.toolTip(HEALTH)
+    other = _row(view, "other.safetensors")
+    assert other.text(HEALTH) == "not checked" and other.text(FIX) == ""
+
+
+def test_a_preview_beside_a_model_becomes_its_icon_and_a_bad_one_a_sentence(
+    window, qtbot, tmp_path
+):
+    good = lora_file(tmp_path / "good.safetensors")
+    png_file(tmp_path / "good.preview.png", (300, 200))
+    bad = lora_file(tmp_path / "bad.safetensors")
+    (tmp_path / "bad.png").write_bytes(b"GIF89a but not really a picture")
+    plain = lora_file(tmp_path / "plain.safetensors")
+    view = window.models_view
+    paths = [good, bad, plain]
+    view._library_scanned(
+        [{"path": str(p), "architecture": "sd1", "size_bytes": 10} for p in paths], ""
+    )
+    assert view.previews.wait_idle(10)
+    qtbot.waitUntil(lambda: str(good) in view.thumbnails, timeout=5000)
+    qtbot.waitUntil(lambda: "not a PNG, JPEG or WebP" in _row(view, "bad.safetensors").toolTip(0))
+    assert not view.thumbnails[str(good)].isNull()
+    assert max(view.thumbnails[str(good)].width(), view.thumbnails[str(good)].height()) <= 96
+    assert str(bad) not in view.thumbnails and str(plain) not in view.thumbnails
+    # Every row gets a square, so that names line up; only the good one shows a picture.
+    icon = _row(view, "good.safetensors").icon(0).pixmap(32, 32).toImage()
+    blank = _row(view, "plain.safetensors").icon(0).pixmap(32, 32).toImage()
+    assert icon.pixelColor(16, 16).alpha() == 255 and blank.pixelColor(16, 16).alpha() == 0

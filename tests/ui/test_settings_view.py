@@ -228,16 +228,17 @@ def test_auto_hints_say_what_the_next_job_runs_as_the_status_bar_does(window, en
         vae_needs_fp32=True,
     )
     load_fake_model(window, engines, sdxl)
-    assert view.resolved["vae_precision"].text().startswith(
-        "Auto means fp32 (full) here: This model's VAE is known to overflow in fp16"
+    assert (
+        view.resolved["vae_precision"]
+        .text()
+        .startswith("Auto means fp32 (full) here: This model's VAE is known to overflow in fp16")
     )
     assert window.precision_status.text() == "Precision: fp16, VAE in fp32"
     # A fix remembered as no-half-VAE is named as the remembered fix, not as the user's switch.
     fix = RememberedFix({"no_half_vae": True}, "", "health check", 0.0)
     load_fake_model(window, engines, replace(DEMO_SUMMARY, remembered_fix=fix))
     assert view.resolved["vae_precision"].text() == (
-        "Auto means fp32 (full) here: A fix verified for this model on this device is "
-        "remembered."
+        "Auto means fp32 (full) here: A fix verified for this model on this device is remembered."
     )
     assert window.precision_status.text() == "Precision: fp16, VAE in fp32"
 
