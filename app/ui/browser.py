@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -359,6 +359,25 @@ def fill_families(combo: QComboBox, families: Iterable[str]) -> None:
     combo.blockSignals(False)
 
 
+def filter_row(
+    family_tip: str, changed: Callable[[], Any]
+) -> tuple[QHBoxLayout, QLineEdit, QComboBox]:
+    """The search box and the family filter above a list, each calling `changed` when it
+    changes: (their row, the box, the filter)."""
+    row = QHBoxLayout()
+    search = QLineEdit()
+    search.setPlaceholderText("Search names and trigger words")
+    search.setClearButtonEnabled(True)
+    search.textChanged.connect(lambda _text: changed())
+    family = QComboBox()
+    family.setToolTip(family_tip)
+    family.addItem(ALL_FAMILIES)
+    family.currentTextChanged.connect(lambda _text: changed())
+    row.addWidget(search, 1)
+    row.addWidget(family)
+    return row, search, family
+
+
 def apply_filter(tree: QTreeWidget, query: str, family: str) -> int:
     """Hide the rows that do not match the search and family; returns how many stay shown."""
     shown = 0
@@ -442,17 +461,9 @@ class LoraBrowser(QDialog):
                 wrap=True,
             )
         )
-        filters = QHBoxLayout()
-        self.search = QLineEdit()
-        self.search.setPlaceholderText("Search names and trigger words")
-        self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(lambda _text: self._filter())
-        self.family = QComboBox()
-        self.family.setToolTip("Show only LoRAs trained for one base model family.")
-        self.family.addItem(ALL_FAMILIES)
-        self.family.currentTextChanged.connect(lambda _text: self._filter())
-        filters.addWidget(self.search, 1)
-        filters.addWidget(self.family)
+        filters, self.search, self.family = filter_row(
+            "Show only LoRAs trained for one base model family.", self._filter
+        )
         column.addLayout(filters)
 
         self.tree = QTreeWidget()

@@ -14,11 +14,9 @@ from typing import Any
 from PySide6.QtCore import QObject, QSettings, QSize, Qt, Signal
 from PySide6.QtGui import QIcon, QImage, QShowEvent
 from PySide6.QtWidgets import (
-    QComboBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
-    QLineEdit,
     QProgressBar,
     QPushButton,
     QTreeWidget,
@@ -47,6 +45,7 @@ from app.ui.browser import (
     card_lines,
     family_words,
     fill_families,
+    filter_row,
     health_cells,
     health_key,
     search_text,
@@ -182,17 +181,9 @@ class ModelsView(QWidget):
         buttons.addWidget(self.library_status, 1)
         layout.addLayout(buttons)
 
-        filters = QHBoxLayout()
-        self.search = QLineEdit()
-        self.search.setPlaceholderText("Search names and trigger words")
-        self.search.setClearButtonEnabled(True)
-        self.search.textChanged.connect(lambda _text: self._filter())
-        self.family = QComboBox()
-        self.family.setToolTip("Show only the models of one family.")
-        self.family.addItem(ALL_FAMILIES)
-        self.family.currentTextChanged.connect(lambda _text: self._filter())
-        filters.addWidget(self.search, 1)
-        filters.addWidget(self.family)
+        filters, self.search, self.family = filter_row(
+            "Show only the models of one family.", self._filter
+        )
         layout.addLayout(filters)
 
         self.library = QTreeWidget()

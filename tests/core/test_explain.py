@@ -47,16 +47,6 @@ def overflowing_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    for var in ("HOME", "USERPROFILE"):
-        monkeypatch.setenv(var, str(home))
-    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
-    return home
-
-
-@pytest.fixture
 def a1111_tree(home, overflowing_file) -> Path:
     folder = home / "stable-diffusion-webui" / "models" / "Stable-diffusion" / "realistic"
     folder.mkdir(parents=True)

@@ -73,16 +73,6 @@ def solid(colour: tuple[int, int, int], size: int = 64) -> Image.Image:
     return Image.fromarray(np.full((size, size, 3), colour, np.uint8), "RGB")
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    for var in ("HOME", "USERPROFILE"):
-        monkeypatch.setenv(var, str(home))
-    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
-    return home
-
-
 # The signatures, measured ----------------------------------------------------------------
 
 

@@ -25,16 +25,6 @@ NOT_A_VERDICT = "not a diagnosis"
 ADD_FOLDER = "Settings > Model folders"
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    for var in ("HOME", "USERPROFILE"):
-        monkeypatch.setenv(var, str(home))
-    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
-    return home
-
-
 def swarm(model: str = "lost/model") -> str:
     return json.dumps({"sui_image_params": {"prompt": "a cat", "model": model, "steps": 20}})
 

@@ -231,16 +231,6 @@ def test_generation_compares_the_kernel_before_it_believes_a_precision_repair(tm
 # --- explain: what other tools record ------------------------------------------------------
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    for var in ("HOME", "USERPROFILE"):
-        monkeypatch.setenv(var, str(home))
-    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
-    return home
-
-
 def sage_prompt(mode: str = "auto") -> str:
     """A ComfyUI API prompt whose model passes through KJNodes' Patch Sage Attention KJ."""
     nodes = json.loads(comfy_prompt("wan_like.safetensors"))

@@ -18,16 +18,6 @@ from tests.support.tiny_models import build_tiny_sd_pipeline
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    for var in ("HOME", "USERPROFILE"):
-        monkeypatch.setenv(var, str(home))
-    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
-    return home
-
-
-@pytest.fixture
 def folders(tmp_path) -> tuple[Path, Path]:
     """A model folder with a file inside, a subfolder and links in and out; and a folder
     outside it holding a file of the same name."""

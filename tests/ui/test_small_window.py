@@ -93,7 +93,7 @@ def test_generate_fits_with_an_image_and_its_caption(qtbot, window, engines, tmp
     image_box, caption_box = view.image.geometry(), view.caption.geometry()
     assert image_box.bottom() < caption_box.top()
     lines = caption_box.height() / view.parameters.fontMetrics().lineSpacing()
-    assert lines >= 4
+    assert lines >= 4, lines
 
 
 def test_generate_fits_with_an_input_picture_and_its_mask(qtbot, window, engines, tmp_path):
