@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-from test_explain import home  # noqa: F401  (the fake home folder fixture)
 
 from app.cli import main
 from app.core.checkpoint import write_safetensors
