@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core import diagnosis, kernels, lora
+from app.core.canvas import Canvas
 from app.core.components import Verdict, in_run_order
 from app.core.components import words as component_words
 from app.core.diagnosis import Quality
@@ -217,10 +218,11 @@ def check_and_attribute(
     images: Sequence[str] = (),
     mask: str | None = None,
     use_remembered: bool = True,
+    canvas: Canvas | None = None,
 ) -> HealthReport:
     """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
     verified kernel or state repair becomes the report's fix. See `attribute` for `reload`;
-    `images`, `mask` and `use_remembered` as `check_loaded` takes them."""
+    `images`, `mask`, `use_remembered` and `canvas` as `check_loaded` takes them."""
     report = check_loaded(
         model,
         precision=precision,
@@ -231,6 +233,7 @@ def check_and_attribute(
         prompt=prompt,
         images=images,
         mask=mask,
+        canvas=canvas,
         on_progress=on_progress,
         cancel=cancel,
         # Remembered below, once the cause is known and the whole check has run.

@@ -209,6 +209,18 @@ INPUT_PICTURE = _halfsafe(
     "Input picture",
     "image-to-image: the input picture's file name (editing: each reference's, comma-separated)",
 )
+MASK_BLUR = Key(
+    "Mask blur", "inpainting: pixels the mask's edge was blurred to blend the result in", "int"
+)
+INPAINT_AREA = Key(
+    "Inpaint area", "'Only masked': the mask's box alone was drawn, at the Size, and pasted back"
+)
+MASKED_AREA_PADDING = Key(
+    "Masked area padding", "'Only masked': pixels added around the mask's box", "int"
+)
+CANVAS_EXTENDED = _halfsafe(
+    "Canvas extended", "outpainting: pixels added to the picture's sides ('right 256, top 64')"
+)
 MODE = _halfsafe("Mode", "what the image was made from: img2img, inpaint, edit or control", "word")
 PRECISION = _halfsafe("Precision", "base dtype", "setting", "precision")
 UNET_PRECISION = _halfsafe("UNet precision", "denoiser dtype", "setting", "unet_precision")
@@ -287,9 +299,13 @@ KEYS: tuple[Key, ...] = (
     VAE,
     RNG,
     DENOISING_STRENGTH,
+    MASK_BLUR,
+    INPAINT_AREA,
+    MASKED_AREA_PADDING,
     MODE,
     INPUT_PICTURE,
     MASK,
+    CANVAS_EXTENDED,
     PRECISION,
     UNET_PRECISION,
     VAE_PRECISION,

@@ -20,6 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, cast
 
+from app.core.canvas import Canvas, Paste, fit, lay_out
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.settings.schema import FIELDS
 
@@ -61,23 +62,31 @@ NO_STRENGTH_BECAUSE = {
 
 
 def mode_of(
-    images: Sequence[str], mask: str | None, references: int = 0, control: bool = False
+    images: Sequence[str],
+    mask: str | None,
+    references: int = 0,
+    control: bool = False,
+    extends: bool = False,
 ) -> Mode:
     """The mode of a job given these input pictures and this mask, for a model that edits up
     to `references` pictures (0: a model that does not edit), or with `control` a control model.
     A picture and a mask inpaint (whether this model inpaints is its family's to say,
-    `Family.picture_problem`); pictures alone are what an editing model edits, the picture a
+    `Family.picture_problem`), and so does a picture whose canvas `extends` (outpainting, the
+    new area its mask); pictures alone are what an editing model edits, the picture a
     control model follows, and image-to-image's one picture for any other model. A mask
     without a picture to mask, a mask with several pictures, more pictures than an editing
     model takes, or several for any other model is refused."""
+    if extends and not images:
+        raise HalfSafeError("Extending the canvas needs the picture to extend: give it too.")
     if mask is not None and not images:
         raise HalfSafeError("A mask needs the picture it masks: give the input picture too.")
-    if mask is not None:
+    if mask is not None or extends:
         # A control model takes no mask at all: its family says so (`Family.picture_problem`)
         # whatever the number of pictures.
         if len(images) > 1 and not control:
+            given = "with a mask" if mask is not None else "to extend"
             raise HalfSafeError(
-                f"{len(images)} input pictures were given with a mask; inpainting starts from one."
+                f"{len(images)} input pictures were given {given}; inpainting starts from one."
             )
         return Mode.INPAINT
     if control and images:
@@ -139,7 +148,8 @@ class Pictures:
     the picture is painted again, with `mask_image` the same as a greyscale PIL image (what a
     pipeline's mask processor takes). `references` are the pictures as RGB PIL images (what an
     editing model's text encoder reads beside the prompt). All on the CPU; `sources` are the
-    files they came from."""
+    files they came from. `paste` says where an inpainting job's result goes back into the
+    picture (`canvas.Paste`): every inpainting job's images are blended in through it."""
 
     mode: Mode
     pixels: Any
@@ -147,6 +157,7 @@ class Pictures:
     mask_image: Any | None
     sources: tuple[str, ...]
     references: tuple[Any, ...] = ()
+    paste: Paste | None = None
 
     def masked_pixels(self) -> Any:
         """The picture with the part to paint again set to grey (0), as inpainting models
@@ -163,30 +174,64 @@ def read_pictures(
     height: int,
     references: int = 0,
     control: bool = False,
+    canvas: Canvas | None = None,
 ) -> Pictures | None:
     """The input pictures (and mask) at `width` x `height`, or None for text-to-image;
-    `references` and `control` as `mode_of` takes them. A file that is not a readable picture
-    within the bounds is one sentence naming it."""
+    `references` and `control` as `mode_of` takes them. An inpainting job is laid out by
+    `canvas` (`canvas.lay_out`: the whole picture by default; only the mask's box; the canvas
+    extended). A file that is not a readable picture within the bounds is one sentence naming
+    it."""
+    canvas = (canvas or Canvas()).checked()
+    mode = mode_of(images, mask, references, control, canvas.extends)
+    if mode is Mode.TEXT:
+        return None
+    sources = tuple(str(image) for image in images)
+    if mode is Mode.INPAINT:
+        return _inpainting(Path(images[0]).expanduser(), mask, width, height, canvas, sources)
+    opened = [fit(_decode(Path(image).expanduser(), "RGB"), width, height) for image in images]
+    kept = tuple(opened) if mode is Mode.EDIT else ()
+    return Pictures(mode, _pixels(opened), None, None, sources, kept)
+
+
+def _pixels(pictures: Sequence[Any]):
+    """RGB PIL pictures of one size as a (N, 3, H, W) float32 tensor in [-1, 1]."""
     import numpy as np
     import torch
 
-    mode = mode_of(images, mask, references, control)
-    if mode is Mode.TEXT:
-        return None
-    opened = [_fit(_decode(Path(image).expanduser(), "RGB"), width, height) for image in images]
-    unit = np.stack([np.asarray(picture, dtype=np.float32) for picture in opened]) / 255.0
-    pixels = torch.from_numpy(unit).permute(0, 3, 1, 2) * 2.0 - 1.0
-    mask_tensor = mask_image = None
-    sources = tuple(str(image) for image in images)
-    if mask is not None:
-        hard = _hard_mask(Path(mask).expanduser(), width, height)
-        mask_tensor = torch.from_numpy(hard)[None, None]
-        from PIL import Image
+    unit = np.stack([np.asarray(picture, dtype=np.float32) for picture in pictures]) / 255.0
+    return (torch.from_numpy(unit).permute(0, 3, 1, 2) * 2.0 - 1.0).contiguous()
 
-        mask_image = Image.fromarray((hard * 255).astype(np.uint8), "L")
+
+def _inpainting(
+    image: Path, mask: str | None, width: int, height: int, canvas: Canvas, sources: tuple
+) -> Pictures:
+    """An inpainting job's picture and hard mask at the job's size, laid out by `canvas`."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    picture = _decode(image, "RGB")
+    if mask is not None:
+        mask_path = Path(mask).expanduser()
+        grey = _mask_decoded(mask_path)
         sources += (str(mask),)
-    kept = tuple(opened) if mode is Mode.EDIT else ()
-    return Pictures(mode, pixels.contiguous(), mask_tensor, mask_image, sources, kept)
+    else:
+        mask_path = image
+        grey = Image.new("L", picture.size, 0)
+    shown = grey.size
+    if (canvas.extends or canvas.only_masked) and grey.size != picture.size:
+        grey = grey.resize(picture.size, Image.Resampling.BILINEAR)
+    drawn, drawn_mask, paste = lay_out(picture, grey, canvas, width, height)
+    hard = (np.asarray(drawn_mask, dtype=np.float32) >= 128.0).astype(np.float32)
+    if not hard.any():
+        raise BadFileError(
+            mask_path,
+            f"the mask's white is too small to outlast scaling it from {shown[0]}x{shown[1]} "
+            f"to {width}x{height} px, so nothing would be painted: paint a larger area.",
+        )
+    mask_image = Image.fromarray((hard * 255).astype(np.uint8), "L")
+    mask_tensor = torch.from_numpy(hard)[None, None]
+    return Pictures(Mode.INPAINT, _pixels([drawn]), mask_tensor, mask_image, sources, (), paste)
 
 
 def check_picture_files(images: Sequence[str], mask: str | None) -> None:
@@ -329,35 +374,6 @@ def _decode(path: Path, kind: str):
             wide = np.asarray(upright, dtype=np.uint32).clip(0, 65535)
             upright = Image.fromarray((wide >> 8).astype(np.uint8), "L")
         return upright.convert(kind)
-
-
-def _fit(picture, width: int, height: int):
-    """The decoded picture at width x height (Lanczos, as a photo is scaled)."""
-    from PIL import Image
-
-    if picture.size == (width, height):
-        return picture
-    return picture.resize((width, height), Image.Resampling.LANCZOS)
-
-
-def _hard_mask(path: Path, width: int, height: int):
-    """The mask at width x height as 0 or 1 (1 is painted again), hard at half grey. A mask
-    with nothing white, or whose white is too small to outlast the scaling, is one sentence."""
-    import numpy as np
-    from PIL import Image
-
-    grey = _mask_decoded(path)
-    shown = grey.size
-    if shown != (width, height):
-        grey = grey.resize((width, height), Image.Resampling.BILINEAR)
-    hard = (np.asarray(grey, dtype=np.float32) >= 128.0).astype(np.float32)
-    if not hard.any():
-        raise BadFileError(
-            path,
-            f"the mask's white is too small to outlast scaling it from {shown[0]}x{shown[1]} "
-            f"to {width}x{height} px, so nothing would be painted: paint a larger area.",
-        )
-    return hard
 
 
 def _mask_decoded(path: Path):

@@ -21,7 +21,16 @@ from tests.support.tiny_models import build_tiny_sd_pipeline
 # The keys HalfSafe writes only for some models (a family's own guidance).
 _FAMILY_KEYS = {infotext.DISTILLED_CFG_SCALE}
 # Keys written only for a job that starts from pictures (image-to-image, inpainting, editing).
-_PICTURE_KEYS = {infotext.DENOISING_STRENGTH, infotext.MODE, infotext.INPUT_PICTURE, infotext.MASK}
+_PICTURE_KEYS = {
+    infotext.DENOISING_STRENGTH,
+    infotext.MASK_BLUR,
+    infotext.INPAINT_AREA,
+    infotext.MASKED_AREA_PADDING,
+    infotext.MODE,
+    infotext.INPUT_PICTURE,
+    infotext.MASK,
+    infotext.CANVAS_EXTENDED,
+}
 # Keys other tools write, read to tell which tool made an image or what it ran.
 _READ_ONLY = {
     infotext.SCHEDULE_TYPE,

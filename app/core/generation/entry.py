@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core import diagnosis
+from app.core.canvas import Paste
 from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
@@ -51,6 +52,7 @@ def _checked_request(request: GenerationRequest, mode: Mode) -> GenerationReques
     if not isinstance(request.prompt, str) or not isinstance(request.negative_prompt, str):
         raise HalfSafeError("The prompt and the negative prompt must be text.")
     check_strength(request.steps, request.strength, mode)
+    request.canvas.checked()
     return request
 
 
@@ -188,7 +190,13 @@ def _generate_unsaved(
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
     pictures = read_pictures(
-        request.images, request.mask, request.width, request.height, references, control
+        request.images,
+        request.mask,
+        request.width,
+        request.height,
+        references,
+        control,
+        request.canvas,
     )
 
     torch_device = hardware.pick_device(device)
@@ -310,6 +318,9 @@ def _generate_unsaved(
     finally:
         job.placed.release()
     warnings.extend(dict.fromkeys(job.dropped))
+    if pictures is not None and pictures.paste is not None:
+        for entry in entries:
+            _pasted(entry, pictures.paste, request)
 
     result = GenerationResult(
         images=entries,
@@ -323,6 +334,17 @@ def _generate_unsaved(
     )
     result.seconds = time.perf_counter() - started
     return result, learned
+
+
+def _pasted(entry: ImageResult, paste: Paste, request: GenerationRequest) -> None:
+    """An inpainting image blended back into its picture (`canvas.Paste`), once its pixels
+    have been diagnosed at the size they were drawn: the saved image is the picture's size,
+    and the non-finite box says where it lies there."""
+    if entry.image is None:
+        return
+    entry.image = paste.onto(entry.image)
+    if entry.non_finite_box is not None:
+        entry.non_finite_box = paste.place_box(entry.non_finite_box, request.width, request.height)
 
 
 # Repairs that follow a cause other than precision (see `causes`): what `_repair_by_cause` does
@@ -372,6 +394,7 @@ def _repair_by_cause(
         scheduler=request.scheduler,
         images=request.images,
         mask=request.mask,
+        canvas=request.canvas,
         on_progress=progress,
         cancel=cancel,
         remember=False,

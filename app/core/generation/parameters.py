@@ -77,16 +77,23 @@ def _picture_parameters(
     request: GenerationRequest, references: int, control: bool
 ) -> list[tuple[infotext.Key, Any]]:
     """For a job that started from pictures: its mode, A1111's `Denoising strength` (not for
-    an edit or a control picture, which have none), and the input pictures' and mask's file
-    names (their names only: a path says more than the user chose to share)."""
+    an edit or a control picture, which have none), an inpainting job's layout (A1111's mask
+    blur and "only masked" keys, HalfSafe's canvas extension), and the input pictures' and
+    mask's file names (their names only: a path says more than the user chose to share)."""
     if not request.images:
         return []
     mode = request.mode_for(references, control)
     names = ", ".join(Path(image).name for image in request.images)
     no_strength = mode in (Mode.EDIT, Mode.CONTROL)
+    canvas = request.canvas if mode is Mode.INPAINT else None
+    only_masked = canvas is not None and canvas.only_masked
     return [
         (infotext.DENOISING_STRENGTH, None if no_strength else request.strength),
+        (infotext.MASK_BLUR, canvas.mask_blur if canvas is not None else None),
+        (infotext.INPAINT_AREA, "Only masked" if only_masked else None),
+        (infotext.MASKED_AREA_PADDING, canvas.padding if canvas and only_masked else None),
         (infotext.MODE, mode.value),
         (infotext.INPUT_PICTURE, names),
         (infotext.MASK, Path(request.mask).name if request.mask else None),
+        (infotext.CANVAS_EXTENDED, canvas.extended_words() if canvas is not None else None),
     ]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.core.canvas import SIDES, Canvas
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.precision import PrecisionPlan
@@ -53,13 +54,16 @@ class GenerationRequest:
     images: list[str] = field(default_factory=list)
     mask: str | None = None
     strength: float = STRENGTH_DEFAULT
+    # How an inpainting job lays out its picture (`canvas`): the mask's blur, only the masked
+    # area at full resolution, the canvas extended (outpainting: inpainting without a mask).
+    canvas: Canvas = field(default_factory=Canvas)
 
     def mode_for(self, references: int = 0, control: bool = False) -> Mode:
         """Text-to-image, image-to-image, inpainting, for a model that edits up to `references`
         pictures editing, or for a `control` model drawing after a control picture;
         HalfSafeError for a mask without a picture, or more pictures than the model takes
         (`pictures.mode_of`)."""
-        return mode_of(self.images, self.mask, references, control)
+        return mode_of(self.images, self.mask, references, control, self.canvas.extends)
 
 
 @dataclass
@@ -139,7 +143,20 @@ class GenerationResult:
             "device": self.device.to_json(),
             "mode": self.mode.value,
             "pictures": [*self.request.images, *([self.request.mask] if self.request.mask else [])],
+            "canvas": self._canvas_json(),
             "warnings": list(self.warnings),
+        }
+
+    def _canvas_json(self) -> dict[str, Any] | None:
+        """An inpainting job's layout (`canvas.Canvas`), or None for another mode."""
+        if self.mode is not Mode.INPAINT:
+            return None
+        canvas = self.request.canvas
+        return {
+            "mask_blur": canvas.mask_blur,
+            "only_masked": canvas.only_masked,
+            "padding": canvas.padding,
+            "extend": dict(zip(SIDES, canvas.extend, strict=True)),
         }
 
     def save(self, folder: str | Path, *, only_unsaved: bool = True) -> list[Path]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core import diagnosis, quantized
+from app.core.canvas import Canvas
 from app.core.components import Verdict, join_words
 from app.core.components import words as component_words
 from app.core.diagnosis import no_half
@@ -80,13 +81,15 @@ def check_loaded(
     remember: bool = True,
     measure_cost: bool = True,
     use_remembered: bool = True,
+    canvas: Canvas | None = None,
 ) -> HealthReport:
     """Check a loaded model on `device` under the user's precision settings.
 
     `steps` and `scheduler` are the user's sampler settings: the denoiser is probed at the first,
     middle and last timesteps of that schedule. With an input picture (`images`, and `mask` for
-    inpainting) the check runs the path such a job runs: the picture, resized to the probe's
-    size, through the VAE's encoder (reported as `vae_encoder`) before the denoiser. Runs on
+    inpainting, laid out by `canvas`) the check runs the path such a job runs: the picture,
+    resized to the probe's size, through the VAE's encoder (reported as `vae_encoder`) before
+    the denoiser. Runs on
     the calling thread and takes seconds on a GPU. Side effects: components are copied to the device for the duration (released at the
     end), and a verified fix is stored in the model's remembered profile (unless `remember` is
     False). With `measure_cost`, a verified fix is also timed against no-half, alternating.
@@ -102,13 +105,14 @@ def check_loaded(
         family.max_references(model.pipeline),
         family.takes_control(model.pipeline),
     )
-    mode = mode_of(images, mask, references, control)
+    canvas = canvas or Canvas()
+    mode = mode_of(images, mask, references, control, canvas.extends)
     problem = family.picture_problem(model.pipeline, mode)
     # A model that cannot draw from text alone is still checked on that path, unless it is an
     # editing model: its check without the pictures would not be the path its jobs run.
     if problem is not None and (mode is not Mode.TEXT or references):
         raise HalfSafeError(f"{model.name}: {problem}")
-    pictures = read_pictures(images, mask, size, size, references, control)
+    pictures = read_pictures(images, mask, size, size, references, control, canvas)
     start = _start(model, precision, device, use_remembered)
     start.plan = tiling.resolve(start.plan, getattr(model.pipeline, "vae", None), size, size)
     if problem is not None and (
