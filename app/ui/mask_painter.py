@@ -1,15 +1,19 @@
 """Painting an inpainting mask over the input picture: the picture scaled to fit, the mask over
 it in translucent colour, the left mouse button painting what is drawn again and the right one
-erasing, the brush's outline under the pointer. The mouse wheel zooms about the pointer (up to
-`MAX_ZOOM` times the fitted size), the middle button (or the left one with Space held) drags
-the picture, and Fit (or 0) shows it whole again. The mask is painted at the picture's
-proportions, its long side between `MIN_SIDE` and `MAX_SIDE` pixels (every job resizes its
-mask to its own size), and saved as a black and white PNG, white where the picture is painted
-again, as every tool's masks are.
+erasing, the brush's outline under the pointer. The brush has a size and a hardness: a hard
+brush paints a sharp edge, a softer one an edge that fades through greys. The mouse wheel zooms
+about the pointer (up to `MAX_ZOOM` times the fitted size), the middle button (or the left one
+with Space held) drags the picture, and Fit (or 0) shows it whole again. The mask is painted at
+the picture's proportions, its long side between `MIN_SIDE` and `MAX_SIDE` pixels (every job
+resizes its mask to its own size), and saved as an 8-bit greyscale PNG: white where the picture
+is painted again, as every tool's masks are, black where it is kept, and grey where the new
+picture is blended with the kept one (the engine paints again where the mask is at least half
+grey and blends the result into the kept picture by the mask's grey values).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from PySide6.QtGui import (
     QPainter,
     QPaintEvent,
     QPen,
+    QRadialGradient,
 )
 from PySide6.QtWidgets import (
     QDialog,
@@ -41,6 +46,7 @@ from app.ui.widgets import label
 MAX_SIDE = 1024  # the painted mask's long side at most, in pixels
 MIN_SIDE = 512  # and at least (a smaller picture is shown larger to paint on)
 BRUSH_RANGE = (2, 400)  # brush diameters, in the mask's pixels; a twelfth of it by default
+DAB_SPACING = 0.25  # a soft stroke's dabs, apart by this share of the brush's radius
 MAX_ZOOM = 16.0  # times the fitted size
 ZOOM_STEP = 1.25  # per wheel click (120 eighths of a degree)
 OVERLAY = QColor(230, 60, 60)  # the mask's colour over the picture
@@ -56,7 +62,10 @@ def masks_folder() -> Path:
 
 class MaskCanvas(QWidget):
     """The picture with the mask over it. The left button paints (white in the mask), the
-    right one erases (black); a stroke is a line of round dabs `brush` mask pixels wide.
+    right one erases (black); a stroke is a line of round dabs `brush` mask pixels wide. With
+    `hardness` (0 to 1) below 1, each dab is full only within `hardness` times its radius and
+    fades to nothing at the radius; painting only ever lightens the mask and erasing only
+    darkens it, so a soft dab never greys a white area, and dabs over each other do not add up.
     Signal (GUI thread): changed(), after each dab."""
 
     changed = Signal()
@@ -82,6 +91,7 @@ class MaskCanvas(QWidget):
             painter.drawImage(0, 0, grey)
             painter.end()
         self.brush = max(BRUSH_RANGE[0], round(max(size.width(), size.height()) / 12))
+        self.hardness = 1.0
         self._last: QPointF | None = None
         self._colour = WHITE
         # The view: `zoom` times the fitted size, moved by `offset` widget pixels from centred.
@@ -99,8 +109,10 @@ class MaskCanvas(QWidget):
     # What the mask holds ------------------------------------------------------------------
 
     def is_empty(self) -> bool:
-        """Whether nothing would be painted again (the engine refuses such a mask)."""
-        return not any(self._bytes())
+        """Whether nothing would be painted again: no pixel as light as half grey (the engine
+        refuses such a mask)."""
+        data = self._bytes()
+        return not data or max(data) < 128
 
     def painted_share(self) -> float:
         """The share of the picture that is painted again, 0 to 1."""
@@ -220,6 +232,11 @@ class MaskCanvas(QWidget):
             for colour, width in ((BLACK, 3.0), (WHITE, 1.0)):
                 painter.setPen(QPen(colour, width))
                 painter.drawEllipse(self._pointer, radius, radius)
+            if self.hardness < 1.0:  # where a soft brush starts to fade
+                inner = radius * self.hardness
+                for colour, width in ((BLACK, 3.0), (WHITE, 1.0)):
+                    painter.setPen(QPen(colour, width, Qt.PenStyle.DashLine))
+                    painter.drawEllipse(self._pointer, inner, inner)
         painter.end()
 
     def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
@@ -260,26 +277,58 @@ class MaskCanvas(QWidget):
 
     def _dab(self, start: QPointF, end: QPointF) -> None:
         painter = QPainter(self.mask_image)
-        pen = QPen(self._colour, self.brush, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap)
-        painter.setPen(pen)
-        painter.drawLine(start, end)
+        if self.hardness >= 1.0:
+            pen = QPen(self._colour, self.brush, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap)
+            painter.setPen(pen)
+            if start == end:  # a click: Qt draws nothing for a line with no length
+                painter.drawPoint(start)
+            else:
+                painter.drawLine(start, end)
+        else:
+            self._soft_dabs(painter, start, end)
         painter.end()
         self._changed()
+
+    def _soft_dabs(self, painter: QPainter, start: QPointF, end: QPointF) -> None:
+        # Each dab is opaque grey, fading from the brush's colour to the other one, and is
+        # laid with Lighten (painting) or Darken (erasing): the mask keeps the lighter (or
+        # darker) of its value and the dab's, so overlapping dabs never add up. A dab fading to
+        # transparent would add up as ordinary painting does, hardening the stroke's edge.
+        radius = self.brush / 2
+        painting = self._colour == WHITE
+        fade_to = BLACK if painting else WHITE
+        painter.setCompositionMode(
+            QPainter.CompositionMode.CompositionMode_Lighten
+            if painting
+            else QPainter.CompositionMode.CompositionMode_Darken
+        )
+        # No antialiasing: the gradient has nearly faded out at the rim, and a rim pixel's
+        # partial cover would let repeated dabs creep there.
+        painter.setPen(Qt.PenStyle.NoPen)
+        length = math.hypot(end.x() - start.x(), end.y() - start.y())
+        steps = max(1, math.ceil(length / max(1.0, radius * DAB_SPACING)))
+        for step in range(steps + 1):
+            centre = start + (end - start) * (step / steps)
+            gradient = QRadialGradient(centre, radius)
+            gradient.setColorAt(0.0, self._colour)
+            gradient.setColorAt(self.hardness, self._colour)
+            gradient.setColorAt(1.0, fade_to)
+            painter.setBrush(gradient)
+            painter.drawEllipse(centre, radius, radius)
 
     def _changed(self) -> None:
         self.update()
         self.changed.emit()
 
     def png(self) -> bytes:
-        """The mask as a PNG file's bytes: hard black and white, as the engine reads it."""
-        hard = self.mask_image.copy()
-        hard.convertTo(QImage.Format.Format_Mono, Qt.ImageConversionFlag.ThresholdDither)
+        """The mask as an 8-bit greyscale PNG file's bytes, as painted: white where the picture
+        is painted again, black where it is kept, grey where the new picture is blended with
+        the kept one (the engine paints again where the mask is at least half grey and blends
+        the result into the kept picture by the mask's grey values)."""
         data = QByteArray()
         buffer = QBuffer(data)
         buffer.open(QIODevice.OpenModeFlag.WriteOnly)
-        QImageWriter(buffer, QByteArray(b"PNG")).write(
-            hard.convertToFormat(QImage.Format.Format_Grayscale8)
-        )
+        QImageWriter(buffer, QByteArray(b"PNG")).write(self.mask_image)
         buffer.close()
         return bytes(data.data())
 
@@ -297,8 +346,10 @@ class MaskPainter(QDialog):
         column.addWidget(
             label(
                 "Paint with the left mouse button over what is drawn again (shown in colour); "
-                "the right button erases. The rest of the picture is kept. The wheel zooms; "
-                "drag with the middle button, or with Space held, to move around.",
+                "the right button erases. The rest of the picture is kept. A hardness below "
+                "100 % softens the brush's edge, so the new picture blends into the kept one. "
+                "The wheel zooms; drag with the middle button, or with Space held, to move "
+                "around.",
                 "muted",
                 wrap=True,
             )
@@ -314,6 +365,17 @@ class MaskPainter(QDialog):
         self.brush.setToolTip("The brush's width in the mask's pixels.")
         self.brush.valueChanged.connect(self._set_brush)
         tools.addWidget(self.brush)
+        tools.addWidget(label("Hardness"))
+        self.hardness = QSpinBox()
+        self.hardness.setRange(0, 100)
+        self.hardness.setSuffix(" %")
+        self.hardness.setValue(round(self.canvas.hardness * 100))
+        self.hardness.setToolTip(
+            "100 % paints a hard edge. Lower values fade the brush's edge, so the new picture "
+            "blends into the kept one; the dashed circle shows where the fading starts."
+        )
+        self.hardness.valueChanged.connect(self._set_hardness)
+        tools.addWidget(self.hardness)
         self.clear_button = QPushButton("Clear")
         self.clear_button.clicked.connect(self.canvas.clear)
         self.invert_button = QPushButton("Invert")
@@ -342,6 +404,10 @@ class MaskPainter(QDialog):
 
     def _set_brush(self, value: int) -> None:
         self.canvas.brush = value
+
+    def _set_hardness(self, value: int) -> None:
+        self.canvas.hardness = value / 100
+        self.canvas.update()  # the outline shows the new hardness
 
     def _update(self) -> None:
         empty = self.canvas.is_empty()

@@ -1,7 +1,9 @@
 """Painting an inpainting mask on the Generate page: strokes of the left button paint what is
-drawn again, the right button erases, Clear and Invert work on the whole mask; the mask is saved
-as a hard black and white PNG in HalfSafe's data folder at the picture's proportions (at most
-1024 px long), taken as the job's mask and read by the engine's own reader as painted."""
+drawn again, the right button erases, Clear and Invert work on the whole mask; a brush below
+100 % hardness paints and erases a soft edge in greys, never building up past white nor
+darkening it; the mask is saved as an 8-bit greyscale PNG, as painted, in HalfSafe's data folder
+at the picture's proportions (at most 1024 px long), taken as the job's mask and read by the
+engine's own reader as painted."""
 
 from __future__ import annotations
 
@@ -277,3 +279,151 @@ def test_a_mask_painted_for_a_picture_since_replaced_is_not_used(window, engines
     qtbot.waitUntil(lambda: pictures.painter is None)
     assert pictures.mask_slot.path == ""
     assert "photo.png" in view.progress_label.text() and "mask" in view.progress_label.text()
+
+
+def _mask_point(canvas, point: QPoint) -> tuple[int, int]:
+    """The mask's (column, row) under the widget point `point`."""
+    spot = canvas.to_mask(QPointF(point))
+    return round(spot.x()), round(spot.y())
+
+
+def _click(canvas, point: QPoint, button=Qt.MouseButton.LeftButton) -> None:
+    QTest.mouseClick(canvas, button, Qt.KeyboardModifier.NoModifier, point)
+
+
+def test_the_hardness_box_sets_the_brush_and_at_100_percent_strokes_stay_hard(painter, tmp_path):
+    canvas = painter.canvas
+    assert painter.hardness.value() == 100 and painter.hardness.suffix() == " %"
+    assert canvas.hardness == 1.0
+    painter.hardness.setValue(20)
+    assert canvas.hardness == pytest.approx(0.2)
+    painter.hardness.setValue(100)
+    assert canvas.hardness == 1.0
+
+    _stroke(canvas, _widget_point(canvas, 0.25, 0.5), _widget_point(canvas, 0.75, 0.5))
+    values = _saved(painter, tmp_path)
+    assert set(np.unique(values).tolist()) == {0, 255}  # a hard edge: no greys
+
+
+def test_a_soft_stroke_fades_from_white_at_its_middle_to_black_at_its_edge(painter, tmp_path):
+    canvas = painter.canvas
+    painter.brush.setValue(40)  # a radius of 20 mask pixels
+    painter.hardness.setValue(20)  # full within 4 of them
+    start = _widget_point(canvas, 0.25, 0.5)
+    _stroke(canvas, start, _widget_point(canvas, 0.75, 0.5))
+    values = _saved(painter, tmp_path)
+    column, row = _mask_point(canvas, _widget_point(canvas, 0.5, 0.5))
+    across = values[row - 30 : row + 31, column].astype(int)  # across the stroke, 30 px each way
+    centre = 30
+    assert across[centre - 2 : centre + 3].tolist() == [255] * 5
+    for distance in (8, 12, 16):  # within the fading ring, on both sides
+        assert 0 < across[centre - distance] < 255 and 0 < across[centre + distance] < 255
+    assert across[centre + 8] > across[centre + 12] > across[centre + 16]  # fading outwards
+    assert across[: centre - 22].max() == 0 and across[centre + 23 :].max() == 0
+    assert at(values, 0.5, 0.1) == 0 and at(values, 0.1, 0.5) == 0
+
+
+def test_a_soft_erase_only_ever_darkens_the_mask(painter, tmp_path):
+    canvas = painter.canvas
+    painter.brush.setValue(80)
+    painter.hardness.setValue(30)
+    _stroke(canvas, _widget_point(canvas, 0.2, 0.5), _widget_point(canvas, 0.8, 0.5))
+    before = _saved(painter, tmp_path).astype(int)
+    assert ((before > 0) & (before < 255)).any()  # it has soft edges to erase across
+
+    painter.brush.setValue(60)
+    painter.hardness.setValue(20)
+    _stroke(
+        canvas,
+        _widget_point(canvas, 0.5, 0.2),
+        _widget_point(canvas, 0.5, 0.8),
+        Qt.MouseButton.RightButton,
+    )
+    after = _saved(painter, tmp_path).astype(int)
+    assert (after <= before).all()  # nothing was raised, not even the soft edges' greys
+    assert (after < before).sum() > 1000
+    assert at(after, 0.5, 0.5) == 0 and at(after, 0.25, 0.5) == 255
+    column, row = _mask_point(canvas, _widget_point(canvas, 0.5, 0.5))
+    assert 0 < after[row, column + 18] < 255  # the erased band's edge is soft too
+
+
+def test_soft_dabs_never_build_up_and_leave_white_white(painter, tmp_path):
+    canvas = painter.canvas
+    painter.brush.setValue(40)
+    painter.hardness.setValue(20)
+    point = _widget_point(canvas, 0.3, 0.5)
+    _click(canvas, point)
+    once = _saved(painter, tmp_path)
+    for _ in range(10):
+        _click(canvas, point)
+    again = _saved(painter, tmp_path)
+    assert ((once > 0) & (once < 255)).sum() > 100  # a soft dab, greys around its middle
+    assert (again == once).all()  # dabbing again does not harden it: the lighter value is kept
+
+    # A soft dab inside a white patch leaves the patch white.
+    painter.brush.setValue(160)
+    painter.hardness.setValue(100)
+    patch = _widget_point(canvas, 0.7, 0.5)
+    _click(canvas, patch)
+    painter.brush.setValue(40)
+    painter.hardness.setValue(20)
+    _click(canvas, patch)
+    values = _saved(painter, tmp_path)
+    column, row = _mask_point(canvas, patch)
+    assert (values[row - 50 : row + 51, column - 50 : column + 51] == 255).all()
+
+
+def test_the_saved_mask_keeps_its_soft_edge_in_greys(painter, tmp_path):
+    canvas = painter.canvas
+    painter.hardness.setValue(10)
+    _stroke(canvas, _widget_point(canvas, 0.3, 0.5), _widget_point(canvas, 0.7, 0.5))
+    with Image.open(painter.save(tmp_path / "masks")) as image:
+        assert image.format == "PNG" and image.mode == "L"
+        values = np.asarray(image)
+    greys = np.unique(values[(values > 0) & (values < 255)])
+    assert len(greys) > 20  # a ramp of greys, not a threshold
+    assert values.max() == 255 and at(values, 0.5, 0.05) == 0
+
+
+def test_a_mask_with_nothing_as_light_as_half_grey_paints_nothing(qtbot, tmp_path):
+    Image.new("L", (200, 150), 100).save(tmp_path / "faint.png")
+    dialog = MaskPainter(
+        QImage(_picture(tmp_path / "photo.png")), QImage(str(tmp_path / "faint.png")), "photo.png"
+    )
+    qtbot.addWidget(dialog)
+    assert dialog.canvas.is_empty() and not dialog.use_button.isEnabled()
+    assert dialog.share.text() == "Nothing painted yet"
+
+
+def test_a_soft_brush_shows_where_its_edge_starts_to_fade(painter):
+    canvas = painter.canvas
+    painter.brush.setValue(200)
+    centre = QPoint(canvas.width() // 2, canvas.height() // 2)
+    QTest.mouseMove(canvas, centre)
+    hard = canvas.grab().toImage()
+    painter.hardness.setValue(50)
+    soft = canvas.grab().toImage()
+    ratio = hard.width() / canvas.width()  # the grab's device pixels per widget pixel
+    radius = 100 * canvas.target().width() / canvas.mask_image.width() * ratio
+    x, y = centre.x() * ratio, centre.y() * ratio
+    changed = [
+        (column, row)
+        for row in range(0, hard.height(), 2)
+        for column in range(0, hard.width(), 2)
+        if hard.pixel(column, row) != soft.pixel(column, row)
+    ]
+    assert changed  # a second circle is drawn
+    distances = [((column - x) ** 2 + (row - y) ** 2) ** 0.5 for column, row in changed]
+    assert all(abs(distance - radius / 2) < 4 * ratio for distance in distances)
+
+
+def test_a_click_with_the_hard_brush_paints_a_round_dab(painter, tmp_path):
+    canvas = painter.canvas
+    painter.brush.setValue(40)
+    point = _widget_point(canvas, 0.5, 0.5)
+    _click(canvas, point)
+    values = _saved(painter, tmp_path)
+    column, row = _mask_point(canvas, point)
+    assert values[row, column] == 255 and values[row + 17, column] == 255
+    assert values[row + 23, column] == 0 and values[row, column - 23] == 0
+    assert (values == 255).sum() == pytest.approx(np.pi * 20**2, rel=0.1)
