@@ -9,6 +9,14 @@ from typing import Any, NoReturn
 
 from app import __version__
 from app.cli.exit_status import EXIT_CANNOT_RUN
+from app.core.canvas import (
+    EXTEND_RANGE,
+    MASK_BLUR_DEFAULT,
+    MASK_BLUR_RANGE,
+    PADDING_DEFAULT,
+    PADDING_RANGE,
+    SIDES,
+)
 from app.core.pictures import STRENGTH_DEFAULT
 from app.core.settings import (
     FIELDS,
@@ -170,6 +178,77 @@ def _add_picture_flags(parser: argparse.ArgumentParser, *, strength: bool) -> No
             help=f"how much of --image is drawn again (default {STRENGTH_DEFAULT:g}; 1 redraws "
             "all of it)",
         )
+        _add_canvas_flags(parser)
+
+
+def _add_canvas_flags(parser: argparse.ArgumentParser) -> None:
+    """Inpainting's layout (`canvas.Canvas`): the mask's blur, only the masked area, and
+    outpainting by extending the canvas."""
+    parser.add_argument(
+        "--mask-blur",
+        metavar="PX",
+        type=_pixels(MASK_BLUR_RANGE),
+        default=None,
+        help=f"inpainting: blur the mask's edge by PX pixels to blend the result into the "
+        f"picture (default {MASK_BLUR_DEFAULT}; 0 keeps a hard edge)",
+    )
+    parser.add_argument(
+        "--only-masked",
+        action="store_true",
+        help="inpainting: draw only the mask's box, at --width x --height, and paste it back "
+        "into the picture at its own size (A1111's 'Inpaint area: Only masked')",
+    )
+    parser.add_argument(
+        "--masked-padding",
+        metavar="PX",
+        type=_pixels(PADDING_RANGE),
+        default=None,
+        help=f"with --only-masked: pixels of the picture drawn around the mask's box "
+        f"(default {PADDING_DEFAULT})",
+    )
+    parser.add_argument(
+        "--extend",
+        metavar="SIDE=PX,...",
+        type=_extension,
+        default=None,
+        help="outpainting: extend --image's canvas by PX pixels on each SIDE named (left, "
+        "top, right, bottom; e.g. right=256,bottom=128) and draw the new area; a --mask is "
+        "optional",
+    )
+
+
+def _pixels(bounds: tuple[int, int]):
+    """A flag's type: a whole number of pixels within `bounds`."""
+
+    def read(text: str) -> int:
+        try:
+            value = parse_number(text, "int")
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        if not bounds[0] <= value <= bounds[1]:
+            raise argparse.ArgumentTypeError(
+                f"{value} is not from {bounds[0]} to {bounds[1]} pixels"
+            )
+        return int(value)
+
+    return read
+
+
+def _extension(text: str) -> tuple[int, int, int, int]:
+    """`right=256,bottom=128` as (left, top, right, bottom)."""
+    sides = dict.fromkeys(SIDES, 0)
+    for part in text.split(","):
+        side, equals, number = part.strip().partition("=")
+        side = side.strip().lower()
+        if not equals or side not in sides:
+            raise argparse.ArgumentTypeError(
+                f"{part.strip()!r} is not SIDE=PX, with SIDE one of {', '.join(SIDES)}"
+            )
+        sides[side] = _pixels(EXTEND_RANGE)(number.strip())
+    if not any(sides.values()):
+        raise argparse.ArgumentTypeError("every side is 0 pixels: nothing would be extended")
+    left, top, right, bottom = (sides[side] for side in SIDES)
+    return (left, top, right, bottom)
 
 
 def _strength(text: str) -> float:

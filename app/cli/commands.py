@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from app.cli.arguments import effective_settings
 from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
 from app.cli.progress import progress_for
+from app.core.canvas import MASK_BLUR_DEFAULT, PADDING_DEFAULT, Canvas
 from app.core.errors import HalfSafeError
 from app.core.pictures import STRENGTH_DEFAULT
 from app.core.settings import PrecisionSettings
@@ -153,6 +154,7 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
         images=images,
         mask=getattr(args, "mask", None),
         strength=STRENGTH_DEFAULT if args_strength is None else args_strength,
+        canvas=cli_canvas(args),
     )
     return GenerateRequest(
         generation=generation,
@@ -160,6 +162,19 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
         device=values.get("device", "auto"),
         loras=tuple(getattr(args, "loras", None) or ()),
         allow_pickle=bool(getattr(args, "allow_pickle", False)),
+    )
+
+
+def cli_canvas(args) -> Canvas:
+    """Inpainting's layout from `--mask-blur`, `--only-masked`, `--masked-padding` and
+    `--extend` (the defaults where a flag is not given)."""
+    blur = getattr(args, "mask_blur", None)
+    padding = getattr(args, "masked_padding", None)
+    return Canvas(
+        mask_blur=MASK_BLUR_DEFAULT if blur is None else blur,
+        only_masked=bool(getattr(args, "only_masked", False)),
+        padding=PADDING_DEFAULT if padding is None else padding,
+        extend=getattr(args, "extend", None) or (0, 0, 0, 0),
     )
 
 
@@ -174,7 +189,7 @@ def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int,
     if images:
         from app.core.pictures import picture_size
 
-        return picture_size(images[0], native, width, height)
+        return picture_size(images[0], native, width, height, cli_canvas(args).extend)
     return (int(width) if width else native, int(height) if height else native)
 
 
@@ -194,6 +209,23 @@ def check_pictures(args) -> None:
             "--strength is how much of an input picture is drawn again: give the picture "
             "with --image."
         )
+    extends = getattr(args, "extend", None) is not None
+    if extends and not images:
+        raise HalfSafeError("--extend extends an input picture's canvas: give it with --image.")
+    for flag, given in (
+        ("--mask-blur", getattr(args, "mask_blur", None) is not None),
+        ("--only-masked", bool(getattr(args, "only_masked", False))),
+        ("--masked-padding", getattr(args, "masked_padding", None) is not None),
+    ):
+        if given and mask is None and not extends:
+            raise HalfSafeError(
+                f"{flag} lays out an inpainting job: give the picture with --image and the "
+                "mask with --mask (or extend the canvas with --extend)."
+            )
+    if getattr(args, "masked_padding", None) is not None and not getattr(
+        args, "only_masked", False
+    ):
+        raise HalfSafeError("--masked-padding is the room around --only-masked's box: give both.")
     check_picture_files(images, mask)
 
 

@@ -258,16 +258,23 @@ def picture_header(path: str | Path) -> tuple[int, int]:
 
 
 def picture_size(
-    path: str | Path, native: int, width: int | None = None, height: int | None = None
+    path: str | Path,
+    native: int,
+    width: int | None = None,
+    height: int | None = None,
+    extend: tuple[int, int, int, int] = (0, 0, 0, 0),
 ) -> tuple[int, int]:
     """The size to draw a picture at: `width` and `height` where the user gave them, a side
     left out following the picture's proportions (its longer side the model's `native` size
-    when neither is given). Each side is a multiple of 16 (every family's grid divides it) and
-    at least the smallest size, the other side growing with it to keep the proportions; a
-    picture too narrow for that within the largest size is one sentence naming it."""
+    when neither is given), with `extend` (left, top, right, bottom) pixels added to its
+    canvas. Each side is a multiple of 16 (every family's grid divides it) and at least the
+    smallest size, the other side growing with it to keep the proportions; a picture too
+    narrow for that within the largest size is one sentence naming it."""
     if width and height:
         return int(width), int(height)
-    w, h = picture_header(path)
+    shown = picture_header(path)
+    left, top, right, bottom = extend
+    w, h = shown[0] + left + right, shown[1] + top + bottom
     if width:
         scale = int(width) / w
     elif height:
@@ -283,8 +290,9 @@ def picture_size(
     if max(sides) > MAX_SIDE:
         raise BadFileError(
             Path(path).expanduser(),
-            f"is {w}x{h} pixels; drawn at its proportions it would be {sides[0]}x{sides[1]} "
-            f"px, past the largest side, {MAX_SIDE} px: give the width and height to draw it at.",
+            f"is {shown[0]}x{shown[1]} pixels{f' ({w}x{h} extended)' if any(extend) else ''}; "
+            f"drawn at its proportions it would be {sides[0]}x{sides[1]} px, past the largest "
+            f"side, {MAX_SIDE} px: give the width and height to draw it at.",
         )
     return sides[0], sides[1]
 

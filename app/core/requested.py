@@ -45,6 +45,7 @@ def check(
             scheduler=request.scheduler,
             images=request.images,
             mask=request.mask,
+            canvas=request.canvas,
             on_progress=on_progress,
             cancel=cancel,
         )

@@ -7,8 +7,9 @@ itself, pickled). `kind` names the engine job that runs a record. Everything her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
+from app.core.canvas import Canvas
 from app.core.generation.records import GenerationRequest
 from app.core.lora_request import LoraRequest
 from app.core.settings import FIELDS, PrecisionSettings
@@ -44,6 +45,16 @@ class CheckRequest:
     # through the VAE's encoder (none: the text-to-image path).
     images: tuple[str, ...] = ()
     mask: str | None = None
+    canvas: Canvas = field(default_factory=Canvas)  # inpainting's layout, as the job's
+
+
+class PicturePath(NamedTuple):
+    """What the next job starts from, for the health check to probe the same path: the input
+    pictures (none: text-to-image), the mask, and inpainting's layout."""
+
+    images: tuple[str, ...] = ()
+    mask: str | None = None
+    canvas: Canvas = Canvas()
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from app.core.generation.records import GenerationRequest, GenerationResult
 from app.core.lora_request import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.pictures import check_strength, picture_size
-from app.core.requests import GenerateRequest
+from app.core.requests import GenerateRequest, PicturePath
 from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
 from app.ui import browser, folders, words
@@ -182,6 +182,7 @@ class GenerateView(QWidget):
         column.addWidget(self.loras)
         self.pictures = InputPictures()
         self.pictures.picture_changed.connect(self._picture_changed)
+        self.pictures.canvas_changed.connect(self._canvas_changed)
         self.pictures.refused.connect(self._say)
         column.addWidget(self.pictures)
 
@@ -421,12 +422,15 @@ class GenerateView(QWidget):
             "images": self.pictures.images(),
             "mask": self.pictures.mask_path(),
             "strength": self.pictures.strength_value(),
+            "canvas": self.pictures.canvas(),
         }
 
-    def input_pictures(self) -> tuple[tuple[str, ...], str | None]:
-        """The input picture and mask the next job would start from (none: text-to-image), for
-        the health check to probe the same path."""
-        return tuple(self.pictures.images()), self.pictures.mask_path()
+    def input_pictures(self) -> PicturePath:
+        """The input picture, mask and inpainting layout the next job would start from (no
+        picture: text-to-image), for the health check to probe the same path."""
+        return PicturePath(
+            tuple(self.pictures.images()), self.pictures.mask_path(), self.pictures.canvas()
+        )
 
     def set_input_picture(self, path: str) -> bool:
         """Start the next images from the picture at `path` (the image viewer's "Use as input
@@ -468,12 +472,18 @@ class GenerateView(QWidget):
             return
         self._follow_picture(path)
 
+    def _canvas_changed(self) -> None:
+        """The canvas extended or not: the size follows the picture as extended."""
+        images = self.pictures.images()
+        if images and not self._size_by_user:
+            self._follow_picture(images[0])
+
     def _follow_picture(self, path: str) -> None:
         model = self.state.model
         native = model.native_size if model is not None and model.native_size > 0 else 0
         native = native or max(self.width_box.value(), self.height_box.value())
         try:
-            width, height = picture_size(path, native)
+            width, height = picture_size(path, native, extend=self.pictures.canvas().extend)
         except HalfSafeError as error:
             self._say(str(error))
             return

@@ -37,7 +37,7 @@ from app.core.health.report import CheckResult
 from app.core.jobs import DONE
 from app.core.models.summary import ModelSummary
 from app.core.precision.words import plan_words
-from app.core.requests import CheckRequest
+from app.core.requests import CheckRequest, PicturePath
 from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
 from app.ui.chart import ActivationChart
@@ -85,7 +85,7 @@ class HealthView(QWidget):
         self.charts: dict[str, ActivationChart] = {}
         # The Generate page's input picture and mask (none: text-to-image): a check probes
         # the path the next image takes, the VAE's encoder included.
-        self.input_pictures: Callable[[], tuple[tuple[str, ...], str | None]] = lambda: ((), None)
+        self.input_pictures: Callable[[], PicturePath] = PicturePath
         self._checked_pictures: dict[int, tuple[tuple[str, ...], str | None]] = {}
 
         layout = page_layout(
@@ -192,7 +192,7 @@ class HealthView(QWidget):
         self.progress.setRange(0, 0)
         self.progress.show()
         self.stage.setText("Starting…")
-        images, mask = self.input_pictures()
+        images, mask, canvas = self.input_pictures()
         request = CheckRequest(
             precision=self.state.precision(),
             device=self.state.device(),
@@ -202,6 +202,7 @@ class HealthView(QWidget):
             scheduler=str(self.state.settings["scheduler"]),
             images=images,
             mask=mask,
+            canvas=canvas,
         )
         self.job_id = self.client.submit(request, self._on_event)
         self._checked_pictures = {self.job_id: (images, mask)} if images else {}

@@ -16,6 +16,7 @@ from PySide6.QtGui import QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 
 from app.core import infotext
+from app.core.canvas import Canvas
 from app.core.errors import BadFileError
 from app.core.explain import PNG_SIGNATURE, read_exif, read_png, read_record
 from app.core.explain.records import Record
@@ -63,6 +64,9 @@ class GalleryEntry:
     input_picture: str | None = None
     mask: str | None = None
     strength: float | None = None
+    # Inpainting's layout as recorded: "Only masked", and the canvas extended ("right 256").
+    only_masked: bool = False
+    extended: str | None = None
     recorded_mode: str | None = None  # HalfSafe's `Mode` word ("edit", "control"), if recorded
     settings: Mapping[str, Any] = field(default_factory=dict)  # the precision it ran with
     # What the NaN watch said (HalfSafe's own images).
@@ -82,6 +86,7 @@ class GalleryEntry:
     # The input picture and mask as paths (a file records their names only).
     picture_paths: tuple[str, ...] = ()
     mask_path: str | None = None
+    canvas: Canvas | None = None  # an inpainting job's layout, as it ran
     # The gallery's listing of the output folder.
     file: tuple[int, int] | None = None  # (mtime in ns, size): its thumbnail's key
     listed_only: bool = False  # listed, its record not read yet
@@ -113,12 +118,14 @@ class GalleryEntry:
             png=image.png,
             picture_paths=tuple(result.request.images),
             mask_path=result.request.mask if result.request.images else None,
+            canvas=result.request.canvas if result.mode is Mode.INPAINT else None,
         )
 
     @classmethod
     def _described(cls, image: ImageResult, result: GenerationResult) -> GalleryEntry:
         request = result.request
         pictured = bool(request.images)
+        inpainted = result.mode is Mode.INPAINT
         return cls(
             made_by="halfsafe",
             prompt=request.prompt,
@@ -133,6 +140,8 @@ class GalleryEntry:
             input_picture=Path(request.images[0]).name if pictured else None,
             mask=Path(request.mask).name if pictured and request.mask else None,
             strength=request.strength if result.mode in (Mode.IMAGE, Mode.INPAINT) else None,
+            only_masked=inpainted and request.canvas.only_masked,
+            extended=request.canvas.extended_words() if inpainted else None,
             recorded_mode=result.mode.value if pictured else None,
             settings=dict(image.settings or result.settings),
             status=image.status,
@@ -165,6 +174,8 @@ class GalleryEntry:
             input_picture=parsed.get(infotext.INPUT_PICTURE),
             mask=parsed.get(infotext.MASK),
             strength=parsed.get(infotext.DENOISING_STRENGTH),
+            only_masked=parsed.get(infotext.INPAINT_AREA) == "Only masked",
+            extended=infotext.read_text(parsed.get(infotext.CANVAS_EXTENDED), 100),
             recorded_mode=infotext.read_text(parsed.get(infotext.MODE), 20),
             settings=parsed.settings(infotext.SETTING_KEYS),
             status=status if status in STATUSES else "ok",
@@ -233,14 +244,17 @@ class GalleryEntry:
         recorded = next((m for m in Mode if m.value == self.recorded_mode), None)
         if recorded is not None and recorded is not Mode.TEXT:
             return recorded
-        return Mode.INPAINT if self.mask else Mode.IMAGE
+        return Mode.INPAINT if self.mask or self.extended else Mode.IMAGE
 
     def picture_values(self) -> dict[str, Any]:
         """The input picture and mask this image was made from, as a request's fields, for
         making it again; empty when only its file is known (which records names, not paths)."""
         if not self.picture_paths:
             return {}
-        return {"images": list(self.picture_paths), "mask": self.mask_path}
+        values: dict[str, Any] = {"images": list(self.picture_paths), "mask": self.mask_path}
+        if self.canvas is not None:
+            values["canvas"] = self.canvas
+        return values
 
 
 def read_image_file(path: str) -> GalleryEntry:
@@ -301,14 +315,22 @@ def made_by_words(entry: GalleryEntry) -> str:
 
 def mode_words(entry: GalleryEntry) -> str:
     """'image-to-image from photo.png, strength 0.6'; 'inpainting photo.png where mask.png is
-    white, strength 0.75'; 'editing a.png, b.png'; 'drawn after the control picture
+    white, strength 0.75'; 'outpainting photo.png extended right 256, strength 1';
+    'editing a.png, b.png'; 'drawn after the control picture
     depth.png'; 'text-to-image'."""
     mode = entry.mode
     strength = f", strength {entry.strength:g}" if entry.strength is not None else ""
     if mode is Mode.IMAGE:
         return f"{mode.words} from {entry.input_picture}{strength}"
     if mode is Mode.INPAINT:
-        return f"{mode.words} {entry.input_picture} where {entry.mask} is white{strength}"
+        what = [f"where {entry.mask} is white"] if entry.mask else []
+        if entry.extended:
+            what.append(f"extended {entry.extended}")
+        if entry.only_masked:
+            what.append("only the masked area")
+        verb = "outpainting" if entry.extended and not entry.mask else mode.words
+        details = f" {', '.join(what)}" if what else ""
+        return f"{verb} {entry.input_picture}{details}{strength}"
     if mode is Mode.EDIT:
         return f"{mode.words} {entry.input_picture}"
     if mode is Mode.CONTROL:

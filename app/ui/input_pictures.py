@@ -1,5 +1,5 @@
-"""The Generate page's input pictures, mask and strength: what image-to-image, inpainting and
-editing start from. A file is taken from a file dialog or a drop, shown small with its name,
+"""The Generate page's input pictures, mask, inpainting's layout and strength: what
+image-to-image, inpainting, outpainting and editing start from. A file is taken from a file dialog or a drop, shown small with its name,
 and read up front (its header only), so a file that is no picture is one sentence, not a failed
 job. An editing model gets a slot for each picture it edits, each shown once the one before it
 is filled; where a job draws from noise with every step (an edit, Flux.1 Fill's inpainting) the
@@ -17,17 +17,30 @@ from typing import Any
 from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QImage, QImageReader, QPixmap
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDoubleSpinBox,
     QFileDialog,
     QFrame,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QPushButton,
     QSizePolicy,
+    QSpinBox,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from app.core.canvas import (
+    EXTEND_RANGE,
+    MASK_BLUR_DEFAULT,
+    MASK_BLUR_RANGE,
+    PADDING_DEFAULT,
+    PADDING_RANGE,
+    SIDES,
+    Canvas,
+)
 from app.core.errors import HalfSafeError
 from app.core.explain import is_image_path
 from app.core.models.summary import ModelSummary
@@ -241,15 +254,123 @@ def editing_empty(references: int) -> str:
     )
 
 
+class CanvasOptions(QWidget):
+    """Inpainting's layout (`canvas.Canvas`) behind a toggle: the mask's blur, "only masked"
+    with its padding, and the pixels the canvas is extended by on each side (outpainting).
+    Closed, the toggle says what is set. Signal (GUI thread): changed(), on any change."""
+
+    changed = Signal()
+
+    def __init__(self) -> None:
+        super().__init__()
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(4)
+        self.toggle = QToolButton()
+        self.toggle.setCheckable(True)
+        self.toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.toggle.setAutoRaise(True)
+        self.toggle.setToolTip("How inpainting lays out the picture, and outpainting.")
+        self.toggle.toggled.connect(self._open)
+        column.addWidget(self.toggle)
+        self.body = QWidget()
+        grid = QGridLayout(self.body)
+        grid.setContentsMargins(16, 0, 0, 0)
+        grid.setHorizontalSpacing(6)
+        self.blur = _pixels_box(MASK_BLUR_RANGE, MASK_BLUR_DEFAULT, 1)
+        self.blur.setToolTip(
+            "How many pixels the mask's edge is blurred when the new picture is blended into "
+            "the kept one (0: a hard edge)."
+        )
+        grid.addWidget(label("Mask blur"), 0, 0)
+        grid.addWidget(self.blur, 0, 1)
+        self.only_masked = QCheckBox("Only masked")
+        self.only_masked.setToolTip(
+            "Draw only the area around the mask, at the size set below, and paste it back "
+            "into the picture at the picture's own size: a small area of a large photo is "
+            "drawn at the model's full resolution."
+        )
+        grid.addWidget(self.only_masked, 1, 0)
+        self.padding = _pixels_box(PADDING_RANGE, PADDING_DEFAULT, 8)
+        self.padding.setToolTip("Pixels of the picture drawn around the mask's box.")
+        grid.addWidget(self.padding, 1, 1)
+        grid.addWidget(label("Extend the canvas (outpainting)", "muted"), 2, 0, 1, 4)
+        self.extend: dict[str, QSpinBox] = {}
+        for index, side in enumerate(SIDES):
+            box = _pixels_box(EXTEND_RANGE, 0, 64)
+            box.setToolTip(
+                f"Pixels added to the picture's {side} and drawn anew; the mask is optional."
+            )
+            self.extend[side] = box
+            row, col = 3 + index // 2, (index % 2) * 2
+            grid.addWidget(label(side.capitalize()), row, col)
+            grid.addWidget(box, row, col + 1)
+        column.addWidget(self.body)
+        for box in (self.blur, self.padding, *self.extend.values()):
+            box.valueChanged.connect(self._changed)
+        self.only_masked.toggled.connect(self._changed)
+        self._open(False)
+        self._changed()
+
+    def value(self) -> Canvas:
+        return Canvas(
+            mask_blur=self.blur.value(),
+            only_masked=self.only_masked.isChecked(),
+            padding=self.padding.value(),
+            extend=tuple(self.extend[side].value() for side in SIDES),  # type: ignore[arg-type]
+        )
+
+    def set_value(self, canvas: Canvas) -> None:
+        self.blur.setValue(canvas.mask_blur)
+        self.only_masked.setChecked(canvas.only_masked)
+        self.padding.setValue(canvas.padding)
+        for side, pixels in zip(SIDES, canvas.extend, strict=True):
+            self.extend[side].setValue(pixels)
+
+    def summary(self) -> str:
+        """The layout in a few words, for the closed toggle."""
+        canvas = self.value()
+        parts = [f"blur {canvas.mask_blur} px"]
+        parts.append(
+            f"only masked (+{canvas.padding} px)" if canvas.only_masked else "whole picture"
+        )
+        if canvas.extends:
+            parts.append(f"extended {canvas.extended_words()}")
+        return " · ".join(parts)
+
+    def _open(self, opened: bool) -> None:
+        self.body.setVisible(opened)
+        self.toggle.setArrowType(Qt.ArrowType.DownArrow if opened else Qt.ArrowType.RightArrow)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.padding.setEnabled(self.only_masked.isChecked())
+        opened = self.toggle.isChecked()
+        self.toggle.setText("Inpainting" if opened else f"Inpainting: {self.summary()}")
+        self.changed.emit()
+
+
+def _pixels_box(bounds: tuple[int, int], value: int, step: int) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(*bounds)
+    box.setSingleStep(step)
+    box.setSuffix(" px")
+    box.setValue(value)
+    return box
+
+
 class InputPictures(QWidget):
     """The input pictures, the mask and the strength, with what the loaded model allows
     (`set_model`): a model that runs no picture mode has the area disabled, with the sentence
     why; an editing model gets a slot per picture it edits. Signals (GUI thread):
     picture_changed(str), the first picture's path ("" when removed); refused(str), one
-    sentence (a file not taken, or a mask removed as not made for the picture)."""
+    sentence (a file not taken, or a mask removed as not made for the picture);
+    canvas_changed(), when inpainting's layout changes."""
 
     picture_changed = Signal(str)
     refused = Signal(str)
+    canvas_changed = Signal()
 
     def __init__(self) -> None:
         super().__init__()
@@ -292,6 +413,9 @@ class InputPictures(QWidget):
         )
         self.painter: Any = None  # the mask painter while it is open
         column.addWidget(self.mask_slot)
+        self.canvas_options = CanvasOptions()
+        self.canvas_options.changed.connect(self._canvas_changed)
+        column.addWidget(self.canvas_options)
         strength_row = QHBoxLayout()
         strength_row.addWidget(label("Strength"))
         self.strength = QDoubleSpinBox()
@@ -399,6 +523,10 @@ class InputPictures(QWidget):
         self._update()
         self.picture_changed.emit(path)
 
+    def _canvas_changed(self) -> None:
+        self._update()
+        self.canvas_changed.emit()
+
     def _mask_changed(self, path: str) -> None:
         self.mask_made_for = self.picture_size if path else None
         self._update()
@@ -440,6 +568,9 @@ class InputPictures(QWidget):
                 else self._mask_tip
             )
         )
+        # Outpainting needs no mask, so the layout shows with any picture the model inpaints.
+        self.canvas_options.setEnabled(has_picture and not inpaint and not several)
+        self.canvas_options.setVisible(has_picture and not inpaint and not several)
         mode = self.mode()
         from_noise = mode in self._from_noise
         self.strength.setEnabled(has_picture and not runs_none and not from_noise)
@@ -471,10 +602,17 @@ class InputPictures(QWidget):
             else None
         )
 
+    def canvas(self) -> Canvas:
+        """Inpainting's layout as the next job takes it (the defaults where it does not
+        inpaint, or inpaints from several pictures)."""
+        if not self.canvas_options.isEnabled() or not self.images():
+            return Canvas()
+        return self.canvas_options.value()
+
     def mode(self) -> Mode:
         if not self.images():
             return Mode.TEXT
-        if self.mask_path():
+        if self.mask_path() or self.canvas().extends:
             return Mode.INPAINT
         if self._control:
             return Mode.CONTROL

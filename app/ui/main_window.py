@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from app import __version__
 from app.core.precision.words import plan_words
-from app.core.requests import LoadRequest
+from app.core.requests import LoadRequest, PicturePath
 from app.engine.failures import Failure
 from app.engine.process import log_path
 from app.ui import folders, words
@@ -317,10 +317,10 @@ class MainWindow(QMainWindow):
             view.show_saved_report(self.state.model)
         return view
 
-    def _input_pictures(self) -> tuple[tuple[str, ...], str | None]:
+    def _input_pictures(self) -> PicturePath:
         # No picture can have been chosen on a Generate page never built.
         if not self.page_hosts["Generate"].built:
-            return (), None
+            return PicturePath()
         return self.generate_view.input_pictures()
 
     def _build_fixes_view(self) -> FixesView:

@@ -290,6 +290,27 @@ def test_picture_flags_become_the_request_with_the_pictures_proportions(tmp_path
     assert (request.images, request.mask) == ((str(photo),), None)
 
 
+def test_canvas_flags_become_the_requests_layout(input_picture):
+    from app.cli.commands import generate_request
+    from app.core.canvas import Canvas
+
+    photo, mask = input_picture
+    argv = ["generate", "demo", "--image", str(photo), "--mask", str(mask)]
+    args = build_parser().parse_args(argv)
+    assert generate_request(args, effective_settings(args), 128).generation.canvas == Canvas()
+    argv += ["--mask-blur", "0", "--only-masked", "--masked-padding", "64"]
+    args = build_parser().parse_args([*argv, "--extend", "right=100, top=20"])
+    generation = generate_request(args, effective_settings(args), 128).generation
+    assert generation.canvas == Canvas(0, True, 64, (0, 20, 100, 0))
+    # The size left out follows the extended canvas: 400 x 220 at 128 px, by 16s.
+    assert (generation.width, generation.height) == (128, 64)
+    args = build_parser().parse_args(
+        ["generate", "demo", "--image", str(photo), "--extend", "left=8"]
+    )
+    generation = generate_request(args, effective_settings(args), 128).generation
+    assert generation.mask is None and generation.mode_for().value == "inpaint"
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [
@@ -298,6 +319,17 @@ def test_picture_flags_become_the_request_with_the_pictures_proportions(tmp_path
         (["--image", "{text}"], "notes.txt: not a picture HalfSafe can read"),
         (["--image", "{photo}", "--strength", "0"], "--strength: 0 is not more than 0"),
         (["--strength", "0.5"], "--strength is how much of an input picture is drawn again"),
+        (["--extend", "right=64"], "--extend extends an input picture's canvas"),
+        (["--image", "{photo}", "--extend", "up=64"], "'up=64' is not SIDE=PX"),
+        (["--image", "{photo}", "--extend", "left=0"], "nothing would be extended"),
+        (["--image", "{photo}", "--extend", "left=9999"], "9999 is not from 0 to 2048"),
+        (["--image", "{photo}", "--mask-blur", "4"], "--mask-blur lays out an inpainting job"),
+        (["--image", "{photo}", "--only-masked"], "--only-masked lays out an inpainting job"),
+        (["--image", "{photo}", "--mask", "{mask}", "--mask-blur", "-1"], "-1 is not from 0"),
+        (
+            ["--image", "{photo}", "--mask", "{mask}", "--masked-padding", "8"],
+            "--masked-padding is the room around --only-masked's box",
+        ),
     ],
 )
 def test_a_bad_picture_flag_is_one_line_and_exit_2_before_a_model_loads(

@@ -317,6 +317,31 @@ def test_a_control_model_takes_its_picture_alone_with_no_strength_and_no_mask(
     assert job.mode_for(control=True) is Mode.CONTROL
 
 
+def test_the_caption_says_how_an_inpainting_was_laid_out():
+    from app.ui.image_entry import GalleryEntry, mode_words
+
+    def said(*pairs):
+        text = infotext.write(
+            "a beach",
+            "",
+            [(infotext.MODE, "inpaint"), (infotext.INPUT_PICTURE, "photo.png"), *pairs],
+        )
+        return mode_words(GalleryEntry.from_parameters(text, made_by="halfsafe"))
+
+    assert said((infotext.MASK, "m.png")) == "inpainting photo.png where m.png is white"
+    assert said((infotext.CANVAS_EXTENDED, "right 256")) == (
+        "outpainting photo.png extended right 256"
+    )
+    assert said(
+        (infotext.DENOISING_STRENGTH, 0.6),
+        (infotext.INPAINT_AREA, "Only masked"),
+        (infotext.MASK, "m.png"),
+        (infotext.CANVAS_EXTENDED, "top 64"),
+    ) == (
+        "inpainting photo.png where m.png is white, extended top 64, only the masked area, strength 0.6"
+    )
+
+
 @pytest.mark.parametrize(
     ("mode", "pictures", "said"),
     [
@@ -544,3 +569,59 @@ def test_a_mask_file_of_another_shape_than_the_picture_is_refused_with_one_sente
     half = _picture(tmp_path / "half.png", (150, 100), colour="white")
     assert pictures.mask_slot.choose(half)
     assert pictures.mask_path() == half
+
+
+def test_inpaintings_layout_reaches_the_job_and_the_check(window, engines, tmp_path):
+    from app.core.canvas import Canvas
+
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    view = window.generate_view
+    pictures = view.pictures
+    options = pictures.canvas_options
+    assert options.isHidden()  # no picture: nothing to lay out
+    photo = _picture(tmp_path / "photo.png", (300, 200))
+    assert pictures.picture_slot.choose(photo)
+    assert not options.isHidden() and options.body.isHidden()  # closed, saying what is set
+    assert options.toggle.text() == "Inpainting: blur 4 px · whole picture"
+    options.toggle.click()
+    assert not options.body.isHidden()
+    assert not options.padding.isEnabled()  # the padding is Only masked's
+    options.blur.setValue(9)
+    options.only_masked.setChecked(True)
+    assert options.padding.isEnabled()
+    options.padding.setValue(48)
+    options.extend["right"].setValue(300)
+    # Extended, the picture is inpainted without a mask, and the size follows the canvas:
+    # 600 x 200, its short side at the smallest, 64 px.
+    assert pictures.mode() is Mode.INPAINT and pictures.strength.isEnabled()
+    assert (view.width_box.value(), view.height_box.value()) == (192, 64)
+    view.generate()
+    job = engines.current.last_job("generate").params.generation
+    assert job.canvas == Canvas(9, True, 48, (0, 0, 300, 0))
+    assert (job.mask, job.mode_for()) == (None, Mode.INPAINT)
+    options.toggle.click()
+    assert options.toggle.text() == (
+        "Inpainting: blur 9 px · only masked (+48 px) · extended right 300"
+    )
+    # The health check probes the same layout.
+    window.show_page("Health check")
+    window.health_view.run_button.click()
+    check = engines.current.last_job("check").params
+    assert (check.images, check.mask, check.canvas) == ((photo,), None, job.canvas)
+
+
+def test_a_model_without_inpainting_has_no_layout_to_set(window, engines, tmp_path):
+    from app.core.canvas import Canvas
+
+    load_fake_model(
+        window,
+        engines,
+        replace(DEMO_SUMMARY, picture_modes={Mode.IMAGE: "", Mode.INPAINT: NO_INPAINT}),
+    )
+    view = window.generate_view
+    pictures = view.pictures
+    pictures.canvas_options.extend["left"].setValue(64)  # set before: not sent
+    assert pictures.picture_slot.choose(_picture(tmp_path / "photo.png"))
+    assert pictures.canvas_options.isHidden()
+    assert pictures.canvas() == Canvas() and pictures.mode() is Mode.IMAGE
