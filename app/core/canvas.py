@@ -14,6 +14,7 @@ on decoded pictures (`pictures` decodes them within bounds).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,16 +107,16 @@ class Paste:
     def place_box(
         self, box: tuple[int, int, int, int], width: int, height: int
     ) -> tuple[int, int, int, int]:
-        """A box of the drawn output (x0, y0, x1, y1 in its `width` x `height` pixels,
-        inclusive) where it lies in the saved image."""
+        """A box of the drawn output (x0, y0, x1, y1 in its `width` x `height` pixels, the
+        ends exclusive) where it lies in the saved image: every saved pixel it covers."""
         left, top, right, bottom = self.box
         sx, sy = (right - left) / width, (bottom - top) / height
         x0, y0, x1, y1 = box
         return (
-            left + int(x0 * sx),
-            top + int(y0 * sy),
-            min(right - 1, left + int((x1 + 1) * sx) - 1),
-            min(bottom - 1, top + int((y1 + 1) * sy) - 1),
+            left + math.floor(x0 * sx),
+            top + math.floor(y0 * sy),
+            min(right, left + math.ceil(x1 * sx)),
+            min(bottom, top + math.ceil(y1 * sy)),
         )
 
 

@@ -117,8 +117,9 @@ def test_extending_needs_a_picture_and_makes_the_job_inpainting():
 def test_a_box_of_the_drawn_output_is_placed_where_it_lies_in_the_saved_image():
     paste = Paste(Image.new("RGB", (400, 300)), Image.new("L", (400, 300)), (100, 50, 228, 178))
     # A 64 px output drawn for a 128 px box: each output pixel is two saved pixels.
-    assert paste.place_box((0, 0, 63, 63), 64, 64) == (100, 50, 227, 177)
-    assert paste.place_box((10, 20, 10, 20), 64, 64) == (120, 90, 121, 91)
+    # Boxes end exclusive, as the image's `non_finite_box` does.
+    assert paste.place_box((0, 0, 64, 64), 64, 64) == (100, 50, 228, 178)
+    assert paste.place_box((10, 20, 11, 21), 64, 64) == (120, 90, 122, 92)
 
 
 def test_the_pipeline_reads_a_hard_mask_of_the_laid_out_picture(wide):
