@@ -86,6 +86,7 @@ def main() -> int:
     save_settings(settings)
 
     from PySide6.QtCore import QPointF
+    from PySide6.QtWidgets import QScrollArea
 
     from app.ui.application import application, build_main_window
     from app.ui.help_view import show_guide
@@ -208,8 +209,28 @@ def main() -> int:
     wait_until(app, lambda: True, "layout")
     side = painter.canvas.mask_image.width()
     painter.canvas._dab(QPointF(side * 0.3, side * 0.35), QPointF(side * 0.7, side * 0.6))
+    # A soft stroke beside it, the brush's outline (and where it starts to fade) shown.
+    painter.hardness.setValue(30)
+    painter.canvas._dab(QPointF(side * 0.25, side * 0.75), QPointF(side * 0.6, side * 0.8))
+    painter.canvas._pointer = painter.canvas.from_mask(QPointF(side * 0.75, side * 0.3))
+    painter.canvas.update()
     shot("mask-painter", painter)
-    painter.reject()
+    painter.accept()
+    wait_until(app, lambda: pictures.painter is None, "the mask taken")
+
+    # Inpainting's layout: open, only the masked area, the canvas extended to the right.
+    options = pictures.canvas_options
+    options.toggle.setChecked(True)
+    options.only_masked.setChecked(True)
+    options.extend["right"].setValue(128)
+    form = window.generate_view.findChild(QScrollArea, "generate-form")
+    wait_until(app, lambda: True, "layout")
+    if form is not None:
+        form.ensureWidgetVisible(options)
+    shot("generate-inpainting")
+    options.extend["right"].setValue(0)
+    options.only_masked.setChecked(False)
+    options.toggle.setChecked(False)
     pictures.picture_slot.remove()
 
     if "Fixes" in PAGES:

@@ -275,27 +275,27 @@ class CanvasOptions(QWidget):
         self.toggle.toggled.connect(self._open)
         column.addWidget(self.toggle)
         self.body = QWidget()
-        grid = QGridLayout(self.body)
-        grid.setContentsMargins(16, 0, 0, 0)
-        grid.setHorizontalSpacing(6)
+        rows = QVBoxLayout(self.body)
+        rows.setContentsMargins(16, 0, 0, 0)
+        rows.setSpacing(4)
         self.blur = _pixels_box(MASK_BLUR_RANGE, MASK_BLUR_DEFAULT, 1)
         self.blur.setToolTip(
             "How many pixels the mask's edge is blurred when the new picture is blended into "
             "the kept one (0: a hard edge)."
         )
-        grid.addWidget(label("Mask blur"), 0, 0)
-        grid.addWidget(self.blur, 0, 1)
-        self.only_masked = QCheckBox("Only masked")
+        rows.addLayout(_row(label("Mask blur"), self.blur))
+        self.only_masked = QCheckBox("Only masked, padding")
         self.only_masked.setToolTip(
             "Draw only the area around the mask, at the size set below, and paste it back "
             "into the picture at the picture's own size: a small area of a large photo is "
             "drawn at the model's full resolution."
         )
-        grid.addWidget(self.only_masked, 1, 0)
         self.padding = _pixels_box(PADDING_RANGE, PADDING_DEFAULT, 8)
         self.padding.setToolTip("Pixels of the picture drawn around the mask's box.")
-        grid.addWidget(self.padding, 1, 1)
-        grid.addWidget(label("Extend the canvas (outpainting)", "muted"), 2, 0, 1, 4)
+        rows.addLayout(_row(self.only_masked, self.padding))
+        rows.addWidget(label("Extend the canvas (outpainting)", "muted"))
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(6)
         self.extend: dict[str, QSpinBox] = {}
         for index, side in enumerate(SIDES):
             box = _pixels_box(EXTEND_RANGE, 0, 64)
@@ -303,9 +303,12 @@ class CanvasOptions(QWidget):
                 f"Pixels added to the picture's {side} and drawn anew; the mask is optional."
             )
             self.extend[side] = box
-            row, col = 3 + index // 2, (index % 2) * 2
+            row, col = index // 2, (index % 2) * 2
             grid.addWidget(label(side.capitalize()), row, col)
             grid.addWidget(box, row, col + 1)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
+        rows.addLayout(grid)
         column.addWidget(self.body)
         for box in (self.blur, self.padding, *self.extend.values()):
             box.valueChanged.connect(self._changed)
@@ -349,6 +352,15 @@ class CanvasOptions(QWidget):
         opened = self.toggle.isChecked()
         self.toggle.setText("Inpainting" if opened else f"Inpainting: {self.summary()}")
         self.changed.emit()
+
+
+def _row(*widgets: QWidget) -> QHBoxLayout:
+    """Widgets side by side, at their own widths, from the left."""
+    row = QHBoxLayout()
+    for widget in widgets:
+        row.addWidget(widget)
+    row.addStretch(1)
+    return row
 
 
 def _pixels_box(bounds: tuple[int, int], value: int, step: int) -> QSpinBox:
