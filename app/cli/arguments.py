@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from app import __version__
 from app.cli.exit_status import EXIT_CANNOT_RUN
+from app.core import samplers
 from app.core.canvas import (
     EXTEND_RANGE,
     MASK_BLUR_DEFAULT,
@@ -251,6 +252,17 @@ def _extension(text: str) -> tuple[int, int, int, int]:
     return (left, top, right, bottom)
 
 
+def _sampler(text: str) -> str:
+    """A sampler setting from its key or a tool's words; the sentence naming the closest one
+    HalfSafe runs when it runs none of that name."""
+    key = samplers.key_for(text)
+    if key is None:
+        raise argparse.ArgumentTypeError(
+            samplers.refusal(text) or f"{text!r} is not a sampler HalfSafe knows"
+        )
+    return key
+
+
 def _strength(text: str) -> float:
     try:
         value = parse_number(text, "float")
@@ -418,9 +430,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
     gen.add_argument(
         "--scheduler",
-        choices=FIELDS["scheduler"].choices,
+        "--sampler",
+        metavar="SAMPLER",
+        type=_sampler,
         default=argparse.SUPPRESS,
-        help=FIELDS["scheduler"].help,
+        help=f"{FIELDS['scheduler'].help} A key ({', '.join(s.key for s in samplers.SAMPLERS)}, "
+        f"with _{', _'.join(s.key for s in samplers.SCHEDULES)} for a schedule: "
+        "dpmpp_2m_sde_karras) or AUTOMATIC1111's or ComfyUI's words ('DPM++ 2M SDE Karras').",
     )
     gen.add_argument("--out", metavar="PATH", help="output folder (default: your settings)")
     gen.add_argument(

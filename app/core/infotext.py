@@ -186,7 +186,7 @@ def _halfsafe(name: str, meaning: str, kind: str = "text", setting: str | None =
 
 # Written by HalfSafe, in this order (AUTOMATIC1111's own keys first, as A1111 orders them).
 STEPS = Key("Steps", "denoising steps", "int")
-SAMPLER = Key("Sampler", "the sampler, in the tool's words (SAMPLER_NAMES for HalfSafe's)")
+SAMPLER = Key("Sampler", "the sampler, in the tool's words (`samplers` for HalfSafe's)")
 CFG_SCALE = Key("CFG scale", "classifier-free guidance scale (1 for a distilled model)", "float")
 DISTILLED_CFG_SCALE = Key(
     "Distilled CFG Scale", "the guidance embedding's scale (Flux dev)", "float", origin="Forge"
@@ -288,6 +288,7 @@ OPERATIONS = Key("Operations", "what the job did (SD.Next writes it)", origin="S
 KEYS: tuple[Key, ...] = (
     STEPS,
     SAMPLER,
+    SCHEDULE_TYPE,
     CFG_SCALE,
     DISTILLED_CFG_SCALE,
     SEED,
@@ -333,7 +334,6 @@ KEYS: tuple[Key, ...] = (
     NON_FINITE_PIXELS,
     NON_FINITE_REGION,
     HALFSAFE,
-    SCHEDULE_TYPE,
     VERSION,
     APP,
     PIPELINE,
@@ -362,39 +362,13 @@ def keyed(pairs: Iterable[tuple[str, Any]]) -> list[tuple[Key, Any]]:
 
 # --- the sampler --------------------------------------------------------------------------------
 
-# The names HalfSafe writes in the `Sampler:` field for its schedulers (A1111's names).
-SAMPLER_NAMES = {
-    "euler": "Euler",
-    "euler_a": "Euler a",
-    "dpmpp_2m_karras": "DPM++ 2M Karras",
-    "ddim": "DDIM",
-}
-SCHEDULER_BY_SAMPLER = {name: key for key, name in SAMPLER_NAMES.items()}
-
-# A1111 writes "Sampler: DPM++ 2M" and, since 1.9, "Schedule type: Karras"; ComfyUI writes
-# sampler_name and scheduler. HalfSafe runs these four (settings.SCHEDULERS).
-_SAMPLERS = {
-    ("euler", ""): "euler",
-    ("euler", "normal"): "euler",
-    ("euler a", ""): "euler_a",
-    ("euler_ancestral", ""): "euler_a",
-    ("euler_ancestral", "normal"): "euler_a",
-    ("dpm++ 2m karras", ""): "dpmpp_2m_karras",
-    ("dpm++ 2m", "karras"): "dpmpp_2m_karras",
-    ("dpmpp_2m", "karras"): "dpmpp_2m_karras",
-    ("dpmpp_2m_karras", ""): "dpmpp_2m_karras",
-    ("ddim", ""): "ddim",
-    ("ddim", "normal"): "ddim",
-    ("ddim", "ddim_uniform"): "ddim",
-}
-
 
 def scheduler_for(sampler: str | None, schedule: str | None = None) -> str | None:
-    """HalfSafe's scheduler for a tool's sampler (and schedule) words, or None."""
-    if not sampler:
-        return None
-    key = (sampler.strip().lower(), (schedule or "").strip().lower())
-    return _SAMPLERS.get(key) or _SAMPLERS.get((key[0], ""))
+    """HalfSafe's sampler setting for a tool's sampler (and schedule) words, or None
+    (`samplers.key_for`)."""
+    from app.core import samplers
+
+    return samplers.key_for(sampler, schedule)
 
 
 # --- writing and reading ------------------------------------------------------------------------

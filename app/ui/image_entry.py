@@ -15,7 +15,7 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 
-from app.core import infotext
+from app.core import infotext, samplers
 from app.core.canvas import Canvas
 from app.core.errors import BadFileError
 from app.core.explain import PNG_SIGNATURE, read_exif, read_png, read_record
@@ -131,7 +131,7 @@ class GalleryEntry:
             prompt=request.prompt,
             negative_prompt=request.negative_prompt,
             steps=request.steps,
-            sampler=infotext.SAMPLER_NAMES.get(request.scheduler, request.scheduler),
+            sampler=samplers.words(request.scheduler),
             scheduler=request.scheduler,
             cfg=request.cfg,
             seed=image.seed,

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app.core import samplers
 from app.core.components import COMPONENTS, FP16_MAX, Status
 from app.core.precision import expected_dtypes
 
@@ -34,10 +35,8 @@ CHOICE_NAMES = {
     "classic": "Classic (diffusers)",
     "off": "Off: keep it and say why",
     "ask": "Ask me",
-    "euler": "Euler",
-    "euler_a": "Euler a",
-    "dpmpp_2m_karras": "DPM++ 2M Karras",
-    "ddim": "DDIM",
+    # Every sampler and schedule, in AUTOMATIC1111's words ("DPM++ 2M SDE Karras").
+    **{key: samplers.words(key) for key in samplers.KEYS},
 }
 FP16_WORDS = {
     "fast": "fast",

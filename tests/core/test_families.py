@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.core import architecture, generation, health, models, split
+from app.core import architecture, generation, health, models, samplers, split
 from app.core.components import COMPONENTS, FP16_MAX
 from app.core.errors import HalfSafeError
 from app.core.families import (
@@ -48,7 +48,7 @@ from app.core.families import (
     family_of,
     family_of_architecture,
 )
-from app.core.infotext import SAMPLER_NAMES, SETTING_KEYS
+from app.core.infotext import SETTING_KEYS
 from app.core.layouts import to_diffusers, to_original
 from app.core.settings import PrecisionSettings
 from tests.support import tiny_models
@@ -221,7 +221,7 @@ ROWS: dict[FamilyId, Row] = {
         ("Stable Diffusion 1.x",),
         SD_PLANTS,
         (Repair(SD_PLANTS["unet"], 7.0),),
-        "Sampler: DPM++ 2M Karras, CFG scale: {cfg:g}",
+        "Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: {cfg:g}",
     ),
     FamilyId.SDXL: Row(
         tiny_models.build_tiny_sdxl_pipeline,
@@ -231,7 +231,7 @@ ROWS: dict[FamilyId, Row] = {
         ("SDXL",),
         SDXL_PLANTS,
         (Repair(SDXL_PLANTS["unet"], 7.0),),
-        "Sampler: DPM++ 2M Karras, CFG scale: {cfg:g}",
+        "Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: {cfg:g}",
         fp32=("vae",),
     ),
     FamilyId.FLUX: Row(
@@ -691,7 +691,7 @@ def test_generation_with_the_nan_watch_repairs_a_planted_overflow(tmp_path, fami
     assert f"NaN component: {plant.component}" in text
     assert row.sampler.format(cfg=repair.cfg) in text
     # A flow-matching family samples with its own Euler: the sampler setting is said not to apply.
-    foreign = expected.sampler_words(request.scheduler) != SAMPLER_NAMES[request.scheduler]
+    foreign = expected.sampler_words(request.scheduler) != samplers.words(request.scheduler)
     assert any("does not apply" in w for w in result.warnings) is foreign
     assert json.loads(json.dumps(result.to_json()))["images"][0]["status"] == "fixed"
 

@@ -411,7 +411,7 @@ def test_v_prediction_is_carried_into_the_scheduler(base):
 
 def test_bad_requests_are_refused_in_words(base, tmp_path):
     model = variant(base, "bad")
-    for bad in ({"width": 65}, {"steps": 0}, {"scheduler": "heun"}, {"batch": 0}):
+    for bad in ({"width": 65}, {"steps": 0}, {"scheduler": "dpmpp_sde"}, {"batch": 0}):
         with pytest.raises(HalfSafeError) as error:
             generate(model, request(tmp_path, **bad), precision=PrecisionSettings(), device="cpu")
         assert "\n" not in str(error.value)
@@ -488,7 +488,7 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     assert (prompt, negative) == (asked.prompt, asked.negative_prompt)
     assert params["Steps"] == "2"
     assert params["Sampler"] == "Euler a"
-    assert infotext.SCHEDULER_BY_SAMPLER[params["Sampler"]] == "euler_a"
+    assert infotext.scheduler_for(params["Sampler"]) == "euler_a"
     assert float(params["CFG scale"]) == 6.5
     assert params["Seed"] == "4242"
     assert params["Size"] == "64x72"
@@ -617,7 +617,7 @@ def test_cli_generate_demo_json_holds_the_contract(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "flags",
-    [["--steps", "0"], ["--scheduler", "heun"], ["--width", "65"], ["--auto-fix", "maybe"]],
+    [["--steps", "0"], ["--scheduler", "dpmpp_sde"], ["--width", "65"], ["--auto-fix", "maybe"]],
 )
 def test_cli_generate_bad_flags_exit_2(flags, capsys):
     with pytest.raises(SystemExit) as caught:

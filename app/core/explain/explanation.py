@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.core import samplers
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.explain import kernels, next_steps
 from app.core.explain.image_file import (
@@ -337,9 +338,12 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     except ValueError:
         steps = None
     if record.sampler and record.scheduler is None:
+        refused = samplers.refusal(record.sampler) or (
+            f"HalfSafe does not run the sampler {record.sampler}."
+        )
         explanation.notes.append(
-            f"HalfSafe does not run the image's sampler ({record.sampler}); the check probed "
-            f"the schedule of {FIELDS['scheduler'].default} at the same step count."
+            f"{refused} The check probed the schedule of "
+            f"{samplers.words(FIELDS['scheduler'].default)} at the same step count."
         )
     _apply_image_loras(explanation, model)
     size = _probe_size(record, model.native_size)

@@ -14,13 +14,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
-from app.core import infotext
+from app.core import infotext, samplers
 from app.core.components import Role, of_role
 from app.core.detection import Detection
-from app.core.errors import HalfSafeError
 from app.core.layouts import Layout
 from app.core.pictures import FROM_NOISE, Mode
-from app.core.settings import SCHEDULERS
 
 
 class FamilyId(str, Enum):
@@ -342,8 +340,13 @@ class Family:
         )
 
     def sampler_words(self, name: str) -> str:
-        """The sampler as AUTOMATIC1111's PNG info names it."""
-        return infotext.SAMPLER_NAMES[name]
+        """The sampler as AUTOMATIC1111 names it in one word: "DPM++ 2M SDE Karras"."""
+        return samplers.words(name)
+
+    def sampler_record(self, name: str) -> tuple[str, str | None]:
+        """The sampler as AUTOMATIC1111 1.9 and later record it: `Sampler` and `Schedule
+        type` (None: the sampler's own schedule)."""
+        return samplers.infotext_words(name)
 
     def probe_timesteps(self, model, steps: int, scheduler: str, size: int) -> list[float]:
         """The first, middle and last timestep of the user's schedule (see health)."""
@@ -399,6 +402,9 @@ class FlowMatching:
 
     def sampler_words(self, name: str) -> str:
         return "Euler"
+
+    def sampler_record(self, name: str) -> tuple[str, str | None]:
+        return "Euler", None
 
 
 class ShiftedSigmas(FlowMatching):
@@ -466,36 +472,8 @@ def make_scheduler(
     name: str, config, prediction_type: str | None = None, *, zero_terminal_snr: bool = False
 ) -> Any:
     """A diffusers scheduler for one of `settings.SCHEDULERS`, from the model's scheduler
-    config. The model's prediction type (epsilon or v_prediction) is carried over; a
-    zero-terminal-SNR model gets rescaled betas and trailing timesteps (each sampler here
-    supports both)."""
-    from diffusers import (
-        DDIMScheduler,
-        DPMSolverMultistepScheduler,
-        EulerAncestralDiscreteScheduler,
-        EulerDiscreteScheduler,
-    )
-
-    extra: dict[str, Any] = {}
-    if prediction_type:
-        extra["prediction_type"] = prediction_type
-    if zero_terminal_snr:
-        extra.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
-    if name == "euler":
-        return EulerDiscreteScheduler.from_config(config, **extra)
-    if name == "euler_a":
-        return EulerAncestralDiscreteScheduler.from_config(config, **extra)
-    if name == "dpmpp_2m_karras":
-        return DPMSolverMultistepScheduler.from_config(
-            config,
-            algorithm_type="dpmsolver++",
-            solver_order=2,
-            use_karras_sigmas=True,
-            **extra,
-        )
-    if name == "ddim":
-        return DDIMScheduler.from_config(config, **extra)
-    raise HalfSafeError(f"Unknown sampler {name!r}: use one of {', '.join(SCHEDULERS)}.")
+    config (`samplers.make`)."""
+    return samplers.make(name, config, prediction_type, zero_terminal_snr=zero_terminal_snr)
 
 
 def packed_noise(

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core import diagnosis
+from app.core import diagnosis, samplers
 from app.core.canvas import Paste
 from app.core.components import join_words
 from app.core.errors import HalfSafeError
@@ -28,7 +28,6 @@ from app.core.generation.repair import Repair
 from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
-from app.core.infotext import SAMPLER_NAMES
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.memory import is_out_of_memory, said_memory_plan
 from app.core.pictures import (
@@ -221,10 +220,10 @@ def _generate_unsaved(
     warnings.extend(getattr(model, "lora_warnings", []))
     warnings.extend(profiles.remembered_words(remembered, plan))
     sampler = family.sampler_words(request.scheduler)
-    if sampler != SAMPLER_NAMES[request.scheduler]:
+    if sampler != samplers.words(request.scheduler):
         warnings.append(
             f"This model samples with its own {sampler} (flow matching); the sampler setting "
-            f"{SAMPLER_NAMES[request.scheduler]} does not apply to it."
+            f"{samplers.words(request.scheduler)} does not apply to it."
         )
     watch = bool(precision.nan_check)
     auto_fix = precision.auto_fix if watch else "off"

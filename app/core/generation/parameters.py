@@ -26,7 +26,11 @@ def parameters(
     loras = entry.loras if entry.loras is not None else list(getattr(model, "loras", []))
     values: list[tuple[infotext.Key, Any]] = [
         (infotext.STEPS, request.steps),
-        (infotext.SAMPLER, family.sampler_words(request.scheduler)),
+        *zip(
+            (infotext.SAMPLER, infotext.SCHEDULE_TYPE),
+            family.sampler_record(request.scheduler),
+            strict=True,
+        ),
         *infotext.keyed(family.guidance_parameters(request.cfg)),
         (infotext.SEED, entry.seed),
         (infotext.SIZE, (request.width, request.height)),

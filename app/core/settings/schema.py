@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.core import samplers
 from app.core.settings.validation import Field
 
 DTYPE_CHOICES = ("auto", "fp16", "bf16", "fp32")
@@ -15,7 +16,7 @@ PRECISION_CHOICES = (*DTYPE_CHOICES, "autocast")
 ATTENTION_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math", "classic")
 AUTO_FIX_CHOICES = ("off", "ask", "auto")
 VAE_TILING_CHOICES = ("auto", "on", "off")
-SCHEDULERS = ("euler", "euler_a", "dpmpp_2m_karras", "ddim")
+SCHEDULERS = samplers.KEYS  # each sampler, alone and with each schedule it runs
 
 GROUPS = ("Device", "Precision", "Attention", "Accumulation", "NaN safety", "Generation", "Folders")
 
@@ -351,10 +352,11 @@ SCHEMA: tuple[Field, ...] = (
     Field(
         "scheduler",
         "choice",
-        "dpmpp_2m_karras",
+        samplers.DEFAULT,
         "Sampler",
-        "The denoising schedule: DPM++ 2M Karras is a good default; Euler a is varied; "
-        "DDIM is deterministic.",
+        "The sampler and its noise schedule, by AUTOMATIC1111's names: DPM++ 2M Karras is a "
+        "good default; Euler a and the SDE samplers add fresh noise every step; DDIM is "
+        "deterministic. Flow-matching models (Flux, SD3, Qwen-Image, ...) use their own Euler.",
         "Generation",
         choices=SCHEDULERS,
     ),

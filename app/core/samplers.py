@@ -1,0 +1,247 @@
+"""Samplers and noise schedules by the names AUTOMATIC1111/Forge and ComfyUI use, each run by one
+of diffusers' schedulers: one table, read by the settings (the choices), the PNG's `Sampler` and
+`Schedule type` (written and read), `explain` (an image made elsewhere, made again with its own
+sampler) and the window's words.
+
+A setting's value is the sampler's key, then the schedule's when it is not the sampler's own
+(`dpmpp_2m_sde_karras`: DPM++ 2M SDE with Karras sigmas), as A1111 before 1.9 named them in one
+word. A sampler diffusers does not run the same way is refused in one sentence naming the
+closest one HalfSafe runs. Plain Python: diffusers is imported when a scheduler is made.
+
+Sources of the names (facts, not code): A1111's `sd_samplers_kdiffusion.py` and
+`sd_schedulers.py` (AGPL-3.0), ComfyUI's `KSampler.SAMPLERS` and `SCHEDULER_NAMES` (GPL-3.0),
+diffusers' scheduler overview table (Apache-2.0), which says which diffusers scheduler and
+options give which of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.errors import HalfSafeError
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A noise schedule: `key` as HalfSafe's setting spells it, A1111's `name` ("Karras"),
+    ComfyUI's `comfy` word, and the scheduler options that give it."""
+
+    key: str
+    name: str
+    comfy: str
+    options: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """A sampler: `key`, A1111's `name` ("DPM++ 2M SDE"), ComfyUI's `comfy` words, the
+    diffusers scheduler class and its options, the schedules it runs beside its own, and
+    whether it takes rescaled zero-terminal-SNR betas (a v-prediction model trained so)."""
+
+    key: str
+    name: str
+    comfy: tuple[str, ...]
+    scheduler: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    schedules: tuple[str, ...] = ()
+    zero_snr: bool = True
+
+
+SCHEDULES: tuple[Schedule, ...] = (
+    Schedule("karras", "Karras", "karras", {"use_karras_sigmas": True}),
+    Schedule("exponential", "Exponential", "exponential", {"use_exponential_sigmas": True}),
+    Schedule("beta", "Beta", "beta", {"use_beta_sigmas": True}),
+    # diffusers' overview: SGM uniform is trailing timestep spacing.
+    Schedule("sgm_uniform", "SGM Uniform", "sgm_uniform", {"timestep_spacing": "trailing"}),
+)
+_SIGMA_SCHEDULES = ("karras", "exponential", "beta", "sgm_uniform")
+
+SAMPLERS: tuple[Sampler, ...] = (
+    Sampler("euler", "Euler", ("euler",), "EulerDiscreteScheduler", {}, _SIGMA_SCHEDULES),
+    Sampler(
+        "euler_a", "Euler a", ("euler_ancestral",), "EulerAncestralDiscreteScheduler", {},
+        ("sgm_uniform",),
+    ),
+    Sampler("heun", "Heun", ("heun",), "HeunDiscreteScheduler", {}, _SIGMA_SCHEDULES, False),
+    Sampler(
+        "dpmpp_2m", "DPM++ 2M", ("dpmpp_2m",), "DPMSolverMultistepScheduler",
+        {"algorithm_type": "dpmsolver++", "solver_order": 2}, _SIGMA_SCHEDULES,
+    ),
+    Sampler(
+        "dpmpp_2m_sde", "DPM++ 2M SDE", ("dpmpp_2m_sde", "dpmpp_2m_sde_gpu"),
+        "DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2},
+        _SIGMA_SCHEDULES,
+    ),
+    Sampler(
+        "dpmpp_3m_sde", "DPM++ 3M SDE", ("dpmpp_3m_sde", "dpmpp_3m_sde_gpu"),
+        "DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3},
+        _SIGMA_SCHEDULES,
+    ),
+    Sampler("unipc", "UniPC", ("uni_pc", "uni_pc_bh2"), "UniPCMultistepScheduler", {},
+            _SIGMA_SCHEDULES),
+    Sampler("lcm", "LCM", ("lcm",), "LCMScheduler", {}, ("sgm_uniform",)),
+    Sampler("ddim", "DDIM", ("ddim",), "DDIMScheduler", {}, ("sgm_uniform",)),
+)  # fmt: skip
+
+# Samplers the tools name that HalfSafe does not run, with the closest one it does: diffusers'
+# DPM++ SDE (DPMSolverSDEScheduler) needs torchsde and draws its Brownian noise from a seed of
+# its own, so the image's seed would not make it again; its DPM2 and DPM2 a (KDPM2Discrete and
+# KDPM2AncestralDiscrete) fail in 0.42.1 before their first step (`_sigma_to_t` hands a torch
+# tensor to NumPy's cumsum), whatever the schedule.
+CLOSEST: Mapping[str, str] = {
+    "dpm2": "heun",
+    "dpm_2": "heun",
+    "dpm2 a": "euler_a",
+    "dpm_2_ancestral": "euler_a",
+    "dpm++ sde": "dpmpp_2m_sde",
+    "dpmpp_sde": "dpmpp_2m_sde",
+    "dpmpp_sde_gpu": "dpmpp_2m_sde",
+    "dpm++ 2s a": "euler_a",
+    "dpmpp_2s_ancestral": "euler_a",
+    "dpm++ 2m sde heun": "dpmpp_2m_sde",
+    "dpmpp_2m_sde_heun": "dpmpp_2m_sde",
+    "dpm fast": "dpmpp_2m",
+    "dpm adaptive": "dpmpp_2m",
+    "lms": "euler",
+    "plms": "ddim",
+    "restart": "dpmpp_2m",
+}
+
+BY_KEY: Mapping[str, Sampler] = {sampler.key: sampler for sampler in SAMPLERS}
+SCHEDULE_BY_KEY: Mapping[str, Schedule] = {schedule.key: schedule for schedule in SCHEDULES}
+
+
+def _keys() -> tuple[str, ...]:
+    keys = []
+    for sampler in SAMPLERS:
+        keys.append(sampler.key)
+        keys.extend(f"{sampler.key}_{schedule}" for schedule in sampler.schedules)
+    return tuple(keys)
+
+
+# Every value the sampler setting takes, in the order the window lists them.
+KEYS: tuple[str, ...] = _keys()
+DEFAULT = "dpmpp_2m_karras"
+
+
+def split(key: str) -> tuple[Sampler, Schedule | None]:
+    """A setting's value as its sampler and schedule (None: the sampler's own); KeyError for a
+    value the table does not hold."""
+    if key in BY_KEY:
+        return BY_KEY[key], None
+    for sampler in SAMPLERS:
+        for schedule in sampler.schedules:
+            if key == f"{sampler.key}_{schedule}":
+                return sampler, SCHEDULE_BY_KEY[schedule]
+    raise KeyError(key)
+
+
+def words(key: str) -> str:
+    """A setting's value in A1111's words, sampler then schedule: "DPM++ 2M SDE Karras"."""
+    sampler, schedule = split(key)
+    return f"{sampler.name} {schedule.name}" if schedule else sampler.name
+
+
+def infotext_words(key: str) -> tuple[str, str | None]:
+    """What A1111 1.9 and later write for it: `Sampler` and `Schedule type` (None: the
+    sampler's own schedule, which A1111 calls Automatic and leaves out)."""
+    sampler, schedule = split(key)
+    return sampler.name, schedule.name if schedule else None
+
+
+def key_for(sampler_words: str | None, schedule_words: str | None = None) -> str | None:
+    """HalfSafe's value for a tool's sampler (and schedule) words, or None when the table
+    does not know them. Reads A1111's names ("DPM++ 2M SDE", with "Schedule type: Karras",
+    or in one word "DPM++ 2M SDE Karras" as before 1.9), ComfyUI's (`dpmpp_2m_sde_gpu`,
+    scheduler `karras`; `normal` and `simple` are the sampler's own), and HalfSafe's keys."""
+    if not sampler_words:
+        return None
+    said = sampler_words.strip().lower()
+    schedule = _schedule_key(schedule_words)
+    if said in KEYS and schedule is None:
+        return said
+    found = _sampler_named(said)
+    if found is None:  # the schedule in the same words: "DPM++ 2M Karras"
+        for named in SCHEDULES:
+            suffix = f" {named.name.lower()}"
+            if said.endswith(suffix) and (found := _sampler_named(said[: -len(suffix)])):
+                schedule = schedule or named.key
+                break
+    if found is None:
+        return None
+    if schedule is None or schedule not in found.schedules:
+        return found.key
+    return f"{found.key}_{schedule}"
+
+
+def refusal(sampler_words: str | None) -> str | None:
+    """One sentence for a sampler a tool names that HalfSafe does not run, naming the
+    closest one it does; None when HalfSafe runs it (or no sampler is named)."""
+    if not sampler_words or key_for(sampler_words) is not None:
+        return None
+    # ComfyUI's sampler as `explain` records it: "dpmpp_sde_gpu (karras)".
+    said = sampler_words.strip().lower().split(" (")[0]
+    for suffix in ("", *(f" {s.name.lower()}" for s in SCHEDULES)):
+        base = said[: -len(suffix)] if suffix and said.endswith(suffix) else said
+        if base in CLOSEST:
+            closest = BY_KEY[CLOSEST[base]].name
+            return (
+                f"HalfSafe does not run the sampler {sampler_words.strip()}; the closest it "
+                f"runs is {closest}."
+            )
+    return f"HalfSafe does not run the sampler {sampler_words.strip()}."
+
+
+def _sampler_named(said: str) -> Sampler | None:
+    for sampler in SAMPLERS:
+        if said in (sampler.key, sampler.name.lower(), *sampler.comfy):
+            return sampler
+    return None
+
+
+def _schedule_key(said: str | None) -> str | None:
+    """A tool's schedule words as a schedule key; None for the sampler's own (A1111's
+    Automatic, ComfyUI's normal and simple) or words the table does not know."""
+    if not said:
+        return None
+    said = said.strip().lower()
+    for schedule in SCHEDULES:
+        if said in (schedule.key, schedule.name.lower(), schedule.comfy):
+            return schedule.key
+    return None
+
+
+def make(
+    key: str,
+    config: Mapping[str, Any],
+    prediction_type: str | None = None,
+    *,
+    zero_terminal_snr: bool = False,
+) -> Any:
+    """The diffusers scheduler for the setting `key`, from a model's scheduler `config`, for
+    its `prediction_type` ("epsilon", "v_prediction"; None keeps the config's). A model
+    trained with zero terminal SNR gets rescaled betas and trailing timesteps; a sampler that
+    cannot take them is one sentence."""
+    import diffusers
+
+    try:
+        sampler, schedule = split(key)
+    except KeyError:
+        raise HalfSafeError(f"Unknown sampler {key!r}: use one of {', '.join(KEYS)}.") from None
+    options: dict[str, Any] = dict(sampler.options)
+    if schedule is not None:
+        options.update(schedule.options)
+    if prediction_type:
+        options["prediction_type"] = prediction_type
+    if zero_terminal_snr:
+        if not sampler.zero_snr:
+            raise HalfSafeError(
+                f"The sampler {sampler.name} cannot run this model's zero-terminal-SNR "
+                "schedule (diffusers' scheduler for it has no rescaled betas): choose Euler, "
+                "DPM++ 2M or DDIM."
+            )
+        options.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
+    scheduler_class = getattr(diffusers, sampler.scheduler)
+    return scheduler_class.from_config(config, **options)
