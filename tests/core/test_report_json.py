@@ -79,7 +79,7 @@ def test_a_real_checks_model_device_and_fix_cost_keep_their_json(capsys):
 
     assert status == 1 and document["verdict"] == "fixable"
     assert list(document) == CHECK_KEYS
-    assert (document["mode"], document["pictures"], document["canvas"]) == ("txt2img", [], None)
+    assert (document["mode"], document["pictures"]) == ("txt2img", [])
     assert json.dumps(document["model"]) == (
         '{"source": "demo-overflow", "format": "demo", "architecture": "sd1", '
         '"name": "demo-overflow", "prediction": {"type": "v_prediction", '
