@@ -237,13 +237,18 @@ def table(document: dict) -> str:
         lines.append(f"| | outputs of the two ways: {outcome} | | | | | |")
     lines.append("")
     lines.append("Device GiB held after each of the check's placements (first form):")
-    first = next(iter(document["forms"].values()))
-    ways = list(first["ways"])
-    lines.append(f"  {'step':<24}" + "".join(f"{w:>14}" for w in ways))
-    for index, (step, _) in enumerate(first["ways"][ways[0]]["steps"]):
-        held = [first["ways"][w]["steps"][index][1] / GIB for w in ways]
-        lines.append(f"  {step:<24}" + "".join(f"{h:>14.2f}" for h in held))
+    lines.extend(placement_lines(next(iter(document["forms"].values())), "step", 14))
     return "\n".join(lines)
+
+
+def placement_lines(result: dict, heading: str, width: int) -> list[str]:
+    """One form's device GiB held after each placement of the check, a column per way."""
+    ways = list(result["ways"])
+    lines = [f"  {heading:<24}" + "".join(f"{w:>{width}}" for w in ways)]
+    for index, (step, _) in enumerate(result["ways"][ways[0]]["steps"]):
+        held = [result["ways"][w]["steps"][index][1] / GIB for w in ways]
+        lines.append(f"  {step:<24}" + "".join(f"{h:>{width}.2f}" for h in held))
+    return lines
 
 
 def main() -> None:

@@ -36,6 +36,7 @@ from stored_memory import (
     SINGLE,
     call,
     load,
+    placement_lines,
     placements,
     written_forms,
 )
@@ -127,11 +128,7 @@ def table(document: dict) -> str:
     lines.append("")
     lines.append("Device GiB held after each of the check's placements:")
     for form, result in document["forms"].items():
-        ways = list(result["ways"])
-        lines.append(f"  {form:<24}" + "".join(f"{w:>12}" for w in ways))
-        for index, (step, _) in enumerate(result["ways"][ways[0]]["steps"]):
-            held = [result["ways"][w]["steps"][index][1] / GIB for w in ways]
-            lines.append(f"  {step:<24}" + "".join(f"{h:>12.2f}" for h in held))
+        lines.extend(placement_lines(result, form, 12))
     return "\n".join(lines)
 
 

@@ -91,6 +91,13 @@ class Paste:
     def size(self) -> tuple[int, int]:
         return self.picture.size
 
+    @property
+    def box_share(self) -> float:
+        """The share of the saved image the drawn box covers."""
+        left, top, right, bottom = self.box
+        width, height = self.size
+        return (right - left) * (bottom - top) / (width * height)
+
     def onto(self, drawn: Any) -> Any:
         """The saved image: `drawn` (the job's output, at the job's size) scaled to the box and
         blended into the picture."""
@@ -143,23 +150,22 @@ def lay_out(picture: Any, grey: Any, canvas: Canvas, width: int, height: int):
     return drawn, drawn_mask, Paste(picture, soft, box)
 
 
+def extended_size(size: tuple[int, int], extend: tuple[int, int, int, int]) -> tuple[int, int]:
+    left, top, right, bottom = extend
+    return size[0] + left + right, size[1] + top + bottom
+
+
 def extended(picture: Any, grey: Any, extend: tuple[int, int, int, int]):
     """The picture with `extend` pixels added to its left, top, right and bottom, the new area
     the picture's edge stretched outwards and blurred; and the mask grown with it, white over
-    the new area and `EXTEND_OVERLAP` pixels into the picture, the user's mask kept inside."""
+    the new area and `EXTEND_OVERLAP` pixels into the picture, the user's mask kept inside.
+    The caller keeps the size within the image reader's bound (`pictures`)."""
     import numpy as np
     from PIL import Image, ImageChops, ImageFilter
 
-    from app.core.images import MAX_PIXELS
-
     left, top, right, bottom = extend
     w, h = picture.size
-    size = (w + left + right, h + top + bottom)
-    if size[0] * size[1] > MAX_PIXELS:
-        raise HalfSafeError(
-            f"Extend: the picture would be {size[0]}x{size[1]} pixels, past the "
-            f"{MAX_PIXELS // 1_000_000} million HalfSafe draws on; extend it less."
-        )
+    size = extended_size(picture.size, extend)
     pixels = np.asarray(picture.convert("RGB"))
     stretched = np.pad(pixels, ((top, bottom), (left, right), (0, 0)), mode="edge")
     blur = max(extend) / 4

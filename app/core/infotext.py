@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core import samplers
+
 # --- the text: prompt, negative prompt, one line of pairs -------------------------------------
 
 # A key of word characters, spaces, hyphens and slashes; a value that is a JSON string in double
@@ -360,17 +362,6 @@ def keyed(pairs: Iterable[tuple[str, Any]]) -> list[tuple[Key, Any]]:
     return values
 
 
-# --- the sampler --------------------------------------------------------------------------------
-
-
-def scheduler_for(sampler: str | None, schedule: str | None = None) -> str | None:
-    """HalfSafe's sampler setting for a tool's sampler (and schedule) words, or None
-    (`samplers.key_for`)."""
-    from app.core import samplers
-
-    return samplers.key_for(sampler, schedule)
-
-
 # --- writing and reading ------------------------------------------------------------------------
 
 
@@ -412,7 +403,7 @@ class Infotext:
 
     def scheduler(self) -> str | None:
         """HalfSafe's scheduler for the sampler (and A1111's schedule type), or None."""
-        return scheduler_for(self.raw(SAMPLER), self.raw(SCHEDULE_TYPE))
+        return samplers.key_for(self.raw(SAMPLER), self.raw(SCHEDULE_TYPE))
 
 
 def parse(text: str) -> Infotext:

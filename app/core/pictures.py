@@ -20,7 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, cast
 
-from app.core.canvas import Canvas, Paste, fit, lay_out
+from app.core.canvas import Canvas, Paste, extended_size, fit, lay_out
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.settings.schema import FIELDS
 
@@ -210,7 +210,17 @@ def _inpainting(
     import torch
     from PIL import Image
 
+    from app.core.images import MAX_PIXELS  # the image reader's bound
+
     picture = _decode(image, "RGB")
+    wide, high = extended_size(picture.size, canvas.extend)
+    if wide * high > MAX_PIXELS:
+        raise BadFileError(
+            image,
+            f"is {picture.size[0]}x{picture.size[1]} pixels; extended it would be "
+            f"{wide}x{high}, past the {MAX_PIXELS // 1_000_000} million pixels HalfSafe draws "
+            "on: extend it less.",
+        )
     if mask is not None:
         mask_path = Path(mask).expanduser()
         grey = _mask_decoded(mask_path)
@@ -273,8 +283,7 @@ def picture_size(
     if width and height:
         return int(width), int(height)
     shown = picture_header(path)
-    left, top, right, bottom = extend
-    w, h = shown[0] + left + right, shown[1] + top + bottom
+    w, h = extended_size(shown, extend)
     if width:
         scale = int(width) / w
     elif height:

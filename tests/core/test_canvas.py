@@ -231,3 +231,28 @@ def test_the_layout_of_a_whole_picture_is_the_job_size():
     drawn, drawn_mask, paste = lay_out(picture, grey, Canvas(), 64, 32)
     assert drawn.size == drawn_mask.size == paste.size == (64, 32)
     assert paste.box == (0, 0, 64, 32)
+
+
+def test_the_non_finite_share_is_of_the_saved_image(tmp_path, wide):
+    from app.core.generation.entry import _pasted
+    from app.core.generation.records import ImageResult
+
+    paste = Paste(Image.new("RGB", (400, 300)), Image.new("L", (400, 300)), (100, 50, 228, 178))
+    assert paste.box_share == pytest.approx(128 * 128 / (400 * 300))
+    entry = ImageResult(
+        seed=1, status="nan", image=Image.new("RGB", (64, 64)), non_finite=1.0,
+        non_finite_box=(0, 0, 64, 64),
+    )  # fmt: skip
+    _pasted(entry, paste, _request(tmp_path, "a.png"))
+    assert entry.image.size == (400, 300)
+    assert entry.non_finite == pytest.approx(paste.box_share)  # all of the box, not all of it
+    assert entry.non_finite_box == (100, 50, 228, 178)
+
+
+def test_a_canvas_extended_past_the_bound_is_one_sentence_naming_the_picture(wide, monkeypatch):
+    from app.core.errors import BadFileError
+
+    _, image, _ = wide
+    monkeypatch.setattr("app.core.images.MAX_PIXELS", 128 * 96 + 1000)
+    with pytest.raises(BadFileError, match=r"wide\.png: is 128x96 pixels; extended it would be "):
+        read_pictures([image], None, 64, 64, canvas=Canvas(extend=(0, 0, 64, 0)))

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from app import cli
-from app.core import generation, images, infotext, profiles
+from app.core import generation, images, infotext, profiles, samplers
 from app.core.checkpoint import WeightScan
 from app.core.errors import CancelledError, HalfSafeError
 from app.core.generation import GenerationRequest, NanWatch, generate
@@ -488,7 +488,7 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     assert (prompt, negative) == (asked.prompt, asked.negative_prompt)
     assert params["Steps"] == "2"
     assert params["Sampler"] == "Euler a"
-    assert infotext.scheduler_for(params["Sampler"]) == "euler_a"
+    assert samplers.key_for(params["Sampler"]) == "euler_a"
     assert float(params["CFG scale"]) == 6.5
     assert params["Seed"] == "4242"
     assert params["Size"] == "64x72"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.core import infotext
+from app.core import infotext, samplers
 from app.core.errors import BadFileError
 from app.core.explain import kernels
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
@@ -198,7 +198,7 @@ def _swarm_record(params: dict[str, Any]) -> Record:
         model=read_text(params.get("model")),
         vae=read_text(params.get("vae")),
         sampler=read_text(params.get("sampler")),
-        scheduler=infotext.scheduler_for(
+        scheduler=samplers.key_for(
             read_text(params.get("sampler")), read_text(params.get("scheduler"))
         ),
         steps=read_int(params.get("steps")),
@@ -304,7 +304,7 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
             record.seed = read_int(inputs.get("seed", inputs.get("noise_seed")))
             record.sampler = read_text(inputs.get("sampler_name"), 100)
             schedule = read_text(inputs.get("scheduler"), 100)
-            record.scheduler = infotext.scheduler_for(record.sampler, schedule)
+            record.scheduler = samplers.key_for(record.sampler, schedule)
             if record.sampler and schedule:
                 record.sampler = f"{record.sampler} ({schedule})"
         if "Latent" in kind and record.width is None:
@@ -381,7 +381,7 @@ def _invoke_legacy_record(data: Any) -> Record:
         model=read_text(data.get("model_weights")),
         model_hash=read_text(data.get("model_hash"), 200),
         sampler=sampler,
-        scheduler=infotext.scheduler_for(sampler),
+        scheduler=samplers.key_for(sampler),
         steps=read_int(image.get("steps")),
         cfg=read_float(image.get("cfg_scale")),
         seed=read_int(image.get("seed")),

@@ -338,10 +338,12 @@ def _generate_unsaved(
 def _pasted(entry: ImageResult, paste: Paste, request: GenerationRequest) -> None:
     """An inpainting image blended back into its picture (`canvas.Paste`), once its pixels
     have been diagnosed at the size they were drawn: the saved image is the picture's size,
-    and the non-finite box says where it lies there."""
+    the non-finite share is of its area (the drawn box is all of it, or only the masked
+    area's box), and the non-finite box says where it lies there."""
     if entry.image is None:
         return
     entry.image = paste.onto(entry.image)
+    entry.non_finite *= paste.box_share
     if entry.non_finite_box is not None:
         entry.non_finite_box = paste.place_box(entry.non_finite_box, request.width, request.height)
 
