@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from app import __version__
 from app.cli.exit_status import EXIT_CANNOT_RUN
-from app.core import samplers
+from app.core import hires, samplers
 from app.core.canvas import (
     EXTEND_RANGE,
     MASK_BLUR_DEFAULT,
@@ -263,6 +263,15 @@ def _sampler(text: str) -> str:
     return key
 
 
+def _upscaler(text: str) -> str:
+    """A hires upscaler from its key or a tool's words; the sentence naming the closest one
+    HalfSafe runs when it runs none of that name."""
+    key = hires.key_for(text)
+    if key is None:
+        raise argparse.ArgumentTypeError(hires.refusal(text))
+    return key
+
+
 def _strength(text: str) -> float:
     try:
         value = parse_number(text, "float")
@@ -411,6 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"image size to probe at, {size.minimum:g} to {size.maximum:g} and a multiple of "
         f"{size.step} (default: the model's native size)",
     )
+    check.add_argument(
+        "--clip-skip",
+        dest="clip_skip",
+        type=_validated("clip_skip"),
+        default=argparse.SUPPRESS,
+        help=FIELDS["clip_skip"].help,
+    )
     check.add_argument("--report", metavar="FILE.md", help="also write a Markdown report")
     _add_picture_flags(check, strength=False)
     _add_lora_flag(check)
@@ -420,7 +436,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("model", metavar="MODEL", help=model_help)
     gen.add_argument("--json", action="store_true", help="print the result as JSON")
     gen.add_argument("--prompt", default="", help="what to draw")
-    for key in ("negative_prompt", "steps", "cfg", "seed", "width", "height", "batch"):
+    for key in (
+        "negative_prompt",
+        "steps",
+        "cfg",
+        "seed",
+        "width",
+        "height",
+        "batch",
+        "clip_skip",
+        "hires_scale",
+        "hires_steps",
+        "hires_denoise",
+    ):
         gen.add_argument(
             "--" + key.replace("_", "-"),
             dest=key,
@@ -437,6 +465,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"{FIELDS['scheduler'].help} A key ({', '.join(s.key for s in samplers.SAMPLERS)}, "
         f"with _{', _'.join(s.key for s in samplers.SCHEDULES)} for a schedule: "
         "dpmpp_2m_sde_karras) or AUTOMATIC1111's or ComfyUI's words ('DPM++ 2M SDE Karras').",
+    )
+    gen.add_argument(
+        "--hires-upscaler",
+        dest="hires_upscaler",
+        metavar="UPSCALER",
+        type=_upscaler,
+        default=argparse.SUPPRESS,
+        help=f"{FIELDS['hires_upscaler'].help} A key ({', '.join(hires.KEYS)}) or A1111's or "
+        "ComfyUI's words ('Latent (nearest-exact)').",
     )
     gen.add_argument("--out", metavar="PATH", help="output folder (default: your settings)")
     gen.add_argument(

@@ -13,6 +13,7 @@ from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
 from app.cli.progress import progress_for
 from app.core.canvas import MASK_BLUR_DEFAULT, PADDING_DEFAULT, Canvas
 from app.core.errors import HalfSafeError
+from app.core.hires import Hires
 from app.core.pictures import STRENGTH_DEFAULT
 from app.core.settings import PrecisionSettings
 
@@ -75,6 +76,7 @@ def check_request(args: argparse.Namespace, values: dict[str, Any]) -> CheckRequ
         size=args.size,
         steps=values["steps"],
         scheduler=values["scheduler"],
+        clip_skip=values["clip_skip"],
         loras=tuple(args.loras or ()),
         allow_pickle=args.allow_pickle,
         images=tuple(getattr(args, "images", None) or ()),
@@ -155,6 +157,13 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
         mask=getattr(args, "mask", None),
         strength=STRENGTH_DEFAULT if args_strength is None else args_strength,
         canvas=cli_canvas(args),
+        clip_skip=values["clip_skip"],
+        hires=Hires(
+            scale=values["hires_scale"],
+            steps=values["hires_steps"],
+            denoise=values["hires_denoise"],
+            upscaler=values["hires_upscaler"],
+        ),
     )
     return GenerateRequest(
         generation=generation,

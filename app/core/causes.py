@@ -169,6 +169,7 @@ def check_model(
     size: int | None = None,
     steps: int = DEFAULT_STEPS,
     scheduler: str = DEFAULT_SCHEDULER,
+    clip_skip: int = 1,
     vae: str | None = None,
     text_encoders: list[str] | None = None,
     loras: list[lora.LoraRequest] | None = None,
@@ -196,6 +197,7 @@ def check_model(
         size=size,
         steps=steps,
         scheduler=scheduler,
+        clip_skip=clip_skip,
         on_progress=on_progress,
         cancel=cancel,
     )
@@ -209,6 +211,7 @@ def check_and_attribute(
     size: int | None = None,
     steps: int = DEFAULT_STEPS,
     scheduler: str = DEFAULT_SCHEDULER,
+    clip_skip: int = 1,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     reload: Callable[[], Any] | None = None,
@@ -230,6 +233,7 @@ def check_and_attribute(
         size=size,
         steps=steps,
         scheduler=scheduler,
+        clip_skip=clip_skip,
         prompt=prompt,
         images=images,
         mask=mask,
@@ -254,6 +258,7 @@ def check_and_attribute(
         report,
         steps=steps,
         scheduler=scheduler,
+        clip_skip=clip_skip,
         prompt=prompt,
         on_progress=on_progress,
         cancel=cancel,
@@ -351,9 +356,17 @@ class _Runs:
     """The re-runs of one attribution, all at the check's size and schedule."""
 
     def __init__(
-        self, model, plan: PrecisionPlan, size: int, steps: int, scheduler: str, prompt: str
+        self,
+        model,
+        plan: PrecisionPlan,
+        size: int,
+        steps: int,
+        scheduler: str,
+        prompt: str,
+        clip_skip: int = 1,
     ):
         self.prompt = prompt
+        self.clip_skip = clip_skip
         self.model = model
         self.plan = plan
         self.size = size
@@ -368,6 +381,7 @@ class _Runs:
             steps=self.steps,
             scheduler=self.scheduler,
             prompt=self.prompt,
+            clip_skip=self.clip_skip,
         )
 
     def proved(self, plan: PrecisionPlan, reference_plan: PrecisionPlan, model=None):
@@ -393,7 +407,13 @@ class _Runs:
         from app.core.health.stages import Runner, all_finite
 
         runner = Runner(
-            self.model, reference_plan, self.size, self.prompt, self.steps, self.scheduler
+            self.model,
+            reference_plan,
+            self.size,
+            self.prompt,
+            self.steps,
+            self.scheduler,
+            clip_skip=self.clip_skip,
         )
         family = runner.family
         worst: Quality | None = None
@@ -429,6 +449,7 @@ def attribute(
     cancel: CancelToken | None = None,
     reload: Callable[[], Any] | None = None,
     prompt: str = DEFAULT_PROMPT,
+    clip_skip: int = 1,
 ) -> Cause | None:
     """Tell the cause of a failed check apart by re-running under the check's plan, in this
     order: bad weights (the checkpoint's, from the load-time scan; a LoRA's NaN/Inf or absurd
@@ -474,7 +495,7 @@ def attribute(
             "none",
             verified=False,
         )
-    runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt)
+    runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt, clip_skip)
     if component is not None and not damaged and not _measured_overflow(report, failed):
         cancel.raise_if_cancelled()
         cause = _intermittent_cause(runs, component, progress)

@@ -206,6 +206,13 @@ DENOISING_STRENGTH = Key(
     "image-to-image and inpainting: how much of the picture was redrawn",
     "float",
 )
+CLIP_SKIP = Key(
+    "Clip skip", "the prompt read this many CLIP layers from the end (written when past 1)", "int"
+)
+HIRES_UPSCALE = Key("Hires upscale", "hires fix: the second pass's size over the first's", "float")
+HIRES_RESIZE = Key("Hires resize", "hires fix: the second pass's size, where set instead", "size")
+HIRES_STEPS = Key("Hires steps", "hires fix: the second pass's steps (0: the first's)", "int")
+HIRES_UPSCALER = Key("Hires upscaler", "hires fix: how the first picture was enlarged")
 MASK = _halfsafe("Mask", "inpainting: the mask's file name (white was painted again)")
 INPUT_PICTURE = _halfsafe(
     "Input picture",
@@ -302,6 +309,11 @@ KEYS: tuple[Key, ...] = (
     VAE,
     RNG,
     DENOISING_STRENGTH,
+    CLIP_SKIP,
+    HIRES_UPSCALE,
+    HIRES_RESIZE,
+    HIRES_STEPS,
+    HIRES_UPSCALER,
     MASK_BLUR,
     INPAINT_AREA,
     MASKED_AREA_PADDING,

@@ -24,6 +24,12 @@ last hidden state, after its final norm; a diffusers SD2 text encoder is already
 penultimate layer; SDXL: the penultimate hidden state), so a plain prompt of 75 tokens or fewer
 encodes exactly as `pipe.encode_prompt` would.
 
+Clip skip (A1111's "Clip skip: N", ComfyUI's CLIPSetLastLayer at -N) takes the hidden state N
+layers from the end instead: SD1/SD2 then apply the encoder's final norm to it, as A1111 does;
+SDXL counts from the end as well but never takes a layer later than the penultimate one it
+always uses (Forge's rule, and ComfyUI's: "Clip skip: 2" on SDXL is SDXL's default, which is
+also what A1111 runs, since it leaves SDXL's layer alone).
+
 Why not a library: compel reads its own syntax (`word++`, `(word)1.5`), not A1111's; it cuts
 long prompts blindly at 75 tokens and its weighting is not A1111's mean-restoring product, so a
 user's A1111 prompt would still mean something else. sd_embed is not published on PyPI. The rules
@@ -52,6 +58,7 @@ MAX_PROMPT_CHARACTERS = 32_000
 # Brackets open at once. A1111 prompts nest a handful deep; the bound keeps parsing linear
 # (each piece of text is weighed once per bracket around it).
 MAX_NESTING = 50
+MAX_CLIP_SKIP = 12  # A1111's slider; SD1's CLIP has 12 layers
 BREAK = None  # the weight of a fragment that is a BREAK, not text
 
 _PIECE = re.compile(
@@ -253,14 +260,21 @@ def _padded(chunk_lists: list[list[Chunk]], tokenizer) -> list[list[Chunk]]:
     return [chunks + [empty] * (longest - len(chunks)) for chunks in chunk_lists]
 
 
-def _run_encoder(encoder, tokenizer, prompts: list[str], device, penultimate: bool):
+def _run_encoder(encoder, tokenizer, prompts: list[str], device, layer: int, final_norm: bool):
     """Encode each prompt's chunks in one batch: (hidden (p, 77k, d), pooled (p, e) or None).
 
-    `penultimate` takes the second-to-last hidden state (SDXL), else the last one after the
-    final norm (SD1/SD2), each as the diffusers pipeline does.
+    `layer` counts hidden states from the end (1: the last); `final_norm` applies the encoder's
+    final norm to it (SD1/SD2: layer 1 is then the encoder's own last output, as the diffusers
+    pipeline takes it; SDXL takes layer 2 without the norm).
     """
     import torch
 
+    layers = encoder.config.num_hidden_layers
+    if layer > layers:
+        raise PromptError(
+            f"Clip skip {layer} is more layers than this text encoder has ({layers}); "
+            f"use 1 to {layers}."
+        )
     chunk_lists = _padded([chunk_prompt(p, tokenizer) for p in prompts], tokenizer)
     count = len(chunk_lists[0])
     flat = [chunk for chunks in chunk_lists for chunk in chunks]
@@ -269,8 +283,14 @@ def _run_encoder(encoder, tokenizer, prompts: list[str], device, penultimate: bo
     if getattr(encoder.config, "use_attention_mask", False):
         first_end = (ids == tokenizer.eos_token_id).int().argmax(dim=1, keepdim=True)
         mask = (torch.arange(ids.shape[1], device=device)[None] <= first_end).long()
-    output = encoder(ids, attention_mask=mask, output_hidden_states=penultimate)
-    hidden = output.hidden_states[-2] if penultimate else output[0]
+    own_output = layer == 1 and final_norm
+    output = encoder(ids, attention_mask=mask, output_hidden_states=not own_output)
+    if own_output:
+        hidden = output[0]
+    else:
+        hidden = output.hidden_states[-layer]
+        if final_norm:
+            hidden = _final_norm(encoder)(hidden)
     hidden = emphasise(hidden, flat)
     hidden = hidden.reshape(len(prompts), count * hidden.shape[1], hidden.shape[2])
     pooled = output[0] if output[0].ndim == 2 else None
@@ -279,20 +299,37 @@ def _run_encoder(encoder, tokenizer, prompts: list[str], device, penultimate: bo
     return hidden, pooled
 
 
-def encode_sd(pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
-    """SD1/SD2: `prompt_embeds` (1, 77k, d) and, with guidance, `negative_prompt_embeds`."""
+def _final_norm(encoder):
+    """A CLIP text encoder's final norm (transformers 5 keeps it on the model; older releases
+    and the projecting model under `text_model`)."""
+    norm = getattr(encoder, "final_layer_norm", None)
+    return norm if norm is not None else encoder.text_model.final_layer_norm
+
+
+def clip_options(clip_skip: int) -> dict[str, int]:
+    """`Family.encode`'s keyword for a clip skip (none at 1, every family's own layer)."""
+    return {"clip_skip": clip_skip} if clip_skip > 1 else {}
+
+
+def encode_sd(
+    pipe, prompt: str, negative: str, device, guidance: bool, clip_skip: int = 1
+) -> dict[str, Any]:
+    """SD1/SD2: `prompt_embeds` (1, 77k, d) and, with guidance, `negative_prompt_embeds`;
+    `clip_skip` as A1111's "Clip skip" (1: the last layer)."""
     prompts = [prompt, negative] if guidance else [prompt]
-    hidden, _ = _run_encoder(pipe.text_encoder, pipe.tokenizer, prompts, device, False)
+    hidden, _ = _run_encoder(pipe.text_encoder, pipe.tokenizer, prompts, device, clip_skip, True)
     tensors = {"prompt_embeds": hidden[:1]}
     if guidance:
         tensors["negative_prompt_embeds"] = hidden[1:]
     return tensors
 
 
-def encode_sdxl(pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
-    """SDXL: both encoders' penultimate hidden states side by side, and the pooled embedding of
-    the projecting encoder; the negative ones too with guidance (an SDXL refiner has only the
-    second encoder)."""
+def encode_sdxl(
+    pipe, prompt: str, negative: str, device, guidance: bool, clip_skip: int = 1
+) -> dict[str, Any]:
+    """SDXL: both encoders' penultimate hidden states side by side (or an earlier layer's, with
+    `clip_skip` past 2), and the pooled embedding of the projecting encoder; the negative ones
+    too with guidance (an SDXL refiner has only the second encoder)."""
     import torch
 
     prompts = [prompt, negative] if guidance else [prompt]
@@ -305,7 +342,8 @@ def encode_sdxl(pipe, prompt: str, negative: str, device, guidance: bool) -> dic
     for tokenizer, encoder in pairs:
         if encoder is None or tokenizer is None:
             continue
-        hidden, encoder_pooled = _run_encoder(encoder, tokenizer, prompts, device, True)
+        layer = max(clip_skip, 2)
+        hidden, encoder_pooled = _run_encoder(encoder, tokenizer, prompts, device, layer, False)
         hidden_parts.append(hidden)
         if encoder_pooled is not None:
             pooled = encoder_pooled

@@ -43,6 +43,7 @@ def check(
             size=request.size,
             steps=request.steps,  # the probe covers the ends of the user's own sampler schedule
             scheduler=request.scheduler,
+            clip_skip=request.clip_skip,
             images=request.images,
             mask=request.mask,
             canvas=request.canvas,

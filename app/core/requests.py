@@ -46,6 +46,7 @@ class CheckRequest:
     images: tuple[str, ...] = ()
     mask: str | None = None
     canvas: Canvas = field(default_factory=Canvas)  # inpainting's layout, as the job's
+    clip_skip: int = FIELDS["clip_skip"].default  # the prompt's CLIP layer, as the job's
 
 
 class PicturePath(NamedTuple):
@@ -117,6 +118,7 @@ class CheckModelsRequest:
     size: int | None = None
     steps: int = FIELDS["steps"].default
     scheduler: str = FIELDS["scheduler"].default
+    clip_skip: int = FIELDS["clip_skip"].default
 
 
 @dataclass(frozen=True)

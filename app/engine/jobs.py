@@ -357,6 +357,7 @@ def _check_for_run(
         size=request.size,
         steps=request.steps,
         scheduler=request.scheduler,
+        clip_skip=request.clip_skip,
         loras=(),
     )
     report = requested.check(model, alone, on_progress=progress, cancel=context.cancel)

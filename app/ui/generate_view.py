@@ -45,6 +45,7 @@ from app.core import paths
 from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
 from app.core.generation.records import GenerationRequest, GenerationResult
+from app.core.hires import Hires
 from app.core.lora_request import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.pictures import check_strength, picture_size
@@ -56,6 +57,7 @@ from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.fixes import remember_for_model, split_fix
 from app.ui.gallery import ENTRY, Gallery
+from app.ui.hires_options import HiresOptions
 from app.ui.image_entry import (
     THUMBNAIL,
     CaptionBox,
@@ -81,6 +83,11 @@ GENERATION_KEYS = (
     "height",
     "batch",
     "scheduler",
+    "clip_skip",
+    "hires_scale",
+    "hires_steps",
+    "hires_denoise",
+    "hires_upscaler",
 )
 
 
@@ -229,6 +236,9 @@ class GenerateView(QWidget):
         form.addRow("Size", size_row)
         form.addRow("Batch", self.batch)
         form.addRow("Sampler", self.scheduler)
+        self.clip_skip = QSpinBox()
+        self.clip_skip.setRange(*(int(b) for b in FIELDS["clip_skip"].bounds()))
+        form.addRow("Clip skip", self.clip_skip)
         for key, widget in (
             ("steps", self.steps),
             ("cfg", self.cfg),
@@ -237,9 +247,12 @@ class GenerateView(QWidget):
             ("scheduler", self.scheduler),
             ("width", self.width_box),
             ("height", self.height_box),
+            ("clip_skip", self.clip_skip),
         ):
             widget.setToolTip(FIELDS[key].help)
         column.addLayout(form)
+        self.hires = HiresOptions()
+        column.addWidget(self.hires)
         self.size_hint = label("", "muted", wrap=True)
         self.size_hint.setOpenExternalLinks(False)
         self.size_hint.linkActivated.connect(self._use_native_size)
@@ -360,6 +373,15 @@ class GenerateView(QWidget):
         self._set_size(settings["width"], settings["height"])
         self.batch.setValue(settings["batch"])
         self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
+        self.clip_skip.setValue(settings["clip_skip"])
+        self.hires.set_value(
+            Hires(
+                settings["hires_scale"],
+                settings["hires_steps"],
+                settings["hires_denoise"],
+                settings["hires_upscaler"],
+            )
+        )
 
     def output_folder(self) -> Path:
         chosen = self.state.settings["output_folder"]
@@ -387,6 +409,11 @@ class GenerateView(QWidget):
         index = self.scheduler.findData(request.get("scheduler"))
         if index >= 0:
             self.scheduler.setCurrentIndex(index)
+        # An image without a clip skip or a hires fix recorded was made without one.
+        clip_skip = request.get("clip_skip")
+        self.clip_skip.setValue(clip_skip if isinstance(clip_skip, int) else 1)
+        recorded = request.get("hires")
+        self.hires.set_value(recorded if isinstance(recorded, Hires) else Hires())
         self.progress_label.setText("Parameters taken from the image; press Generate.")
 
     def _settings_changed(self, keys: list[str]) -> None:
@@ -418,6 +445,8 @@ class GenerateView(QWidget):
             "height": _multiple_of_8(self.height_box.value()),
             "batch": self.batch.value(),
             "scheduler": self.scheduler.currentData(),
+            "clip_skip": self.clip_skip.value() if self.clip_skip.isEnabled() else 1,
+            "hires": self.hires.value(),
             "output_dir": output,
             "images": self.pictures.images(),
             "mask": self.pictures.mask_path(),
@@ -445,6 +474,20 @@ class GenerateView(QWidget):
         prompt = self.prompt.toPlainText().strip()
         self.prompt.setPlainText(", ".join(part for part in (prompt, words_) if part))
 
+    def _clip_skip_for(self, architecture: str | None) -> None:
+        """Clip skip only where the model reads CLIP's hidden states (SD 1.x/2.x, SDXL)."""
+        from app.core.families.registry import family_of_architecture
+
+        family = family_of_architecture(architecture or "")
+        takes = family is None or family.takes_clip_skip
+        self.clip_skip.setEnabled(takes)
+        self.clip_skip.setToolTip(
+            FIELDS["clip_skip"].help
+            if takes
+            else f"{family.title if family else 'This model'} reads its prompt without CLIP's "
+            "layers: Clip skip does not apply."
+        )
+
     def _say(self, sentence: str) -> None:
         """One sentence for the user: under the Generate button and in the status bar."""
         self.progress_label.setText(sentence)
@@ -462,6 +505,7 @@ class GenerateView(QWidget):
             self._sizing = False
 
     def _size_edited(self, _value: int) -> None:
+        self.hires.set_first_size(self.width_box.value(), self.height_box.value())
         if not self._sizing:
             self._size_by_user = True
 
@@ -497,7 +541,15 @@ class GenerateView(QWidget):
         """Last-used values persist: the prompt in the window state, the rest as settings."""
         self.ui_settings.setValue("generate/prompt", request["prompt"])
         self.ui_settings.setValue("generate/loras", json.dumps(self.loras.entries()))
-        values = {key: request[key] for key in GENERATION_KEYS}
+        chosen = request["hires"]
+        values = {
+            **{key: request[key] for key in GENERATION_KEYS if key in request},
+            "clip_skip": self.clip_skip.value(),
+            "hires_scale": chosen.scale,
+            "hires_steps": chosen.steps,
+            "hires_denoise": chosen.denoise,
+            "hires_upscaler": chosen.upscaler,
+        }
         try:
             FIELDS["seed"].validate(values["seed"])
         except ValueError:
@@ -523,6 +575,7 @@ class GenerateView(QWidget):
             return
         self.model_hint.setText(f"Model: {model.name or model.source}")
         self.pictures.set_model(model)
+        self._clip_skip_for(model.architecture)
         native = model.native_size
         source = self.state.model_request.source if self.state.model_request else model.source
         if native > 0 and source != self._sized_for:

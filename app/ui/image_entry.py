@@ -15,9 +15,9 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 
-from app.core import infotext, samplers
+from app.core import hires, infotext, samplers
 from app.core.canvas import Canvas
-from app.core.errors import BadFileError
+from app.core.errors import BadFileError, HalfSafeError
 from app.core.explain import PNG_SIGNATURE, read_exif, read_png, read_record
 from app.core.explain.records import Record
 from app.core.generation.records import (
@@ -26,6 +26,7 @@ from app.core.generation.records import (
     GenerationResult,
     ImageResult,
 )
+from app.core.hires import Hires
 from app.core.images import read_head
 from app.core.pictures import Mode
 from app.core.tools import TOOLS
@@ -37,6 +38,24 @@ THUMBNAIL = 112
 PROMPT_LIMIT = 16_384
 # The tools whose record is a `parameters` text in AUTOMATIC1111's format (`infotext`).
 _INFOTEXT_TOOLS = ("halfsafe", "a1111", "forge", "sdnext", "unknown")
+
+
+def _hires_of(parsed: infotext.Infotext) -> Hires | None:
+    """The hires fix an infotext records, as HalfSafe runs it (None: none, or one it cannot
+    run: a pixel upscaler, a size beyond the bounds)."""
+    scale = parsed.get(infotext.HIRES_UPSCALE)
+    upscaler = hires.key_for(parsed.get(infotext.HIRES_UPSCALER)) or hires.DEFAULT
+    if scale is None:
+        return None
+    try:
+        return Hires(
+            scale=scale,
+            steps=parsed.get(infotext.HIRES_STEPS) or 0,
+            denoise=parsed.get(infotext.DENOISING_STRENGTH) or hires.DENOISE_DEFAULT,
+            upscaler=upscaler,
+        ).checked()
+    except HalfSafeError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,8 @@ class GalleryEntry:
     only_masked: bool = False
     extended: str | None = None
     recorded_mode: str | None = None  # HalfSafe's `Mode` word ("edit", "control"), if recorded
+    clip_skip: int | None = None  # A1111's "Clip skip", where recorded
+    hires: Hires | None = None  # A1111's hires fix, where recorded and one HalfSafe runs
     settings: Mapping[str, Any] = field(default_factory=dict)  # the precision it ran with
     # What the NaN watch said (HalfSafe's own images).
     status: str = "ok"
@@ -143,6 +164,8 @@ class GalleryEntry:
             only_masked=inpainted and request.canvas.only_masked,
             extended=request.canvas.extended_words() if inpainted else None,
             recorded_mode=result.mode.value if pictured else None,
+            clip_skip=request.clip_skip if request.clip_skip > 1 else None,
+            hires=request.hires if request.hires.on else None,
             settings=dict(image.settings or result.settings),
             status=image.status,
             component=image.component,
@@ -177,6 +200,8 @@ class GalleryEntry:
             only_masked=parsed.get(infotext.INPAINT_AREA) == "Only masked",
             extended=infotext.read_text(parsed.get(infotext.CANVAS_EXTENDED), 100),
             recorded_mode=infotext.read_text(parsed.get(infotext.MODE), 20),
+            clip_skip=parsed.get(infotext.CLIP_SKIP),
+            hires=_hires_of(parsed),
             settings=parsed.settings(infotext.SETTING_KEYS),
             status=status if status in STATUSES else "ok",
             component=infotext.read_text(parsed.get(infotext.NAN_COMPONENT), 100),
@@ -232,6 +257,8 @@ class GalleryEntry:
             "height": height,
             "scheduler": self.scheduler,
             "strength": self.strength if self.input_picture else None,
+            "clip_skip": self.clip_skip,
+            "hires": self.hires,
         }
         return {key: value for key, value in values.items() if value is not None}
 

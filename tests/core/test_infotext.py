@@ -13,6 +13,7 @@ from app.core import generation, infotext
 from app.core.checkpoint import WeightScan
 from app.core.families import FAMILIES
 from app.core.generation import GenerationRequest, generate
+from app.core.hires import Hires
 from app.core.images import read_parameters
 from app.core.models import LoadedModel
 from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
@@ -31,8 +32,16 @@ _PICTURE_KEYS = {
     infotext.MASK,
     infotext.CANVAS_EXTENDED,
 }
+# Written only when the job set them (`test_clip_skip_and_a_hires_fix_are_written_as_a1111`).
+_SECOND_PASS_KEYS = {
+    infotext.CLIP_SKIP,
+    infotext.HIRES_UPSCALE,
+    infotext.HIRES_STEPS,
+    infotext.HIRES_UPSCALER,
+}
 # Keys other tools write, read to tell which tool made an image or what it ran.
 _READ_ONLY = {
+    infotext.HIRES_RESIZE,
     infotext.SCHEDULE_TYPE,
     infotext.VERSION,
     infotext.APP,
@@ -137,7 +146,10 @@ def test_a_real_generation_record_round_trips_through_the_table(made):
         infotext.HALFSAFE: __version__,
     }
     # Every key HalfSafe writes for this model is written, and reads back as it was given.
-    assert set(expected) == set(infotext.KEYS) - _FAMILY_KEYS - _READ_ONLY - _PICTURE_KEYS
+    assert (
+        set(expected)
+        == set(infotext.KEYS) - _FAMILY_KEYS - _READ_ONLY - _PICTURE_KEYS - _SECOND_PASS_KEYS
+    )
     assert [name for name in parsed.pairs] == [key.name for key in expected]
     assert {key: parsed.get(key) for key in expected} == expected
     assert parsed.prompt == "a lighthouse, at dusk: (storm:1.2) <lora:ink:0.8>"
@@ -148,6 +160,29 @@ def test_a_real_generation_record_round_trips_through_the_table(made):
         parsed.prompt, parsed.negative_prompt, [(key, parsed.get(key)) for key in expected]
     )
     assert again == text
+
+
+def test_clip_skip_and_a_hires_fix_are_written_as_a1111(made):
+    """A1111's own keys and values: "Clip skip: 2", the second pass's "Denoising strength",
+    "Hires upscale: 2" (no ".0"), "Hires steps" only when set, the upscaler's A1111 name; the
+    Size stays the first pass's. None of them without a clip skip or a second pass."""
+    model, request, entry, _repaired, _vae = made
+    plain = infotext.parse(generation._parameters(entry, request, model))
+    assert not {key.name for key in _SECOND_PASS_KEYS} & set(plain.pairs)
+    assert infotext.DENOISING_STRENGTH.name not in plain.pairs
+    second = dataclasses.replace(
+        request,
+        clip_skip=2,
+        hires=Hires(scale=2.0, steps=12, denoise=0.45, upscaler="latent_nearest_exact"),
+    )
+    text = generation._parameters(entry, second, model)
+    assert "Clip skip: 2, Denoising strength: 0.45, Hires upscale: 2, Hires steps: 12, " in text
+    assert "Hires upscaler: Latent (nearest-exact)" in text
+    parsed = infotext.parse(text)
+    assert parsed.get(infotext.SIZE) == (64, 72)
+    assert parsed.get(infotext.CLIP_SKIP) == 2 and parsed.get(infotext.HIRES_UPSCALE) == 2.0
+    same_steps = generation._parameters(entry, dataclasses.replace(second, hires=Hires(1.5)), model)
+    assert "Hires upscale: 1.5" in same_steps and "Hires steps" not in same_steps
 
 
 def test_the_saved_png_carries_the_text_the_table_reads(made):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core import samplers
+from app.core import hires, samplers
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.explain import kernels, next_steps
 from app.core.explain.image_file import (
@@ -22,6 +22,7 @@ from app.core.explain.image_file import (
 from app.core.explain.matching import ModelMatch, find_model, find_vae
 from app.core.explain.next_steps import NextSteps
 from app.core.explain.records import Record, read_record
+from app.core.families import family_of
 from app.core.images import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.memory import said_as_sentence
@@ -165,18 +166,25 @@ def _reproduced_precision(record: Record):
     return PrecisionSettings.from_mapping(values)
 
 
+HIRES_BOUND = 2  # a second pass is checked at up to twice the model's native size
+
+
 def _probe_size(record: Record, native: int) -> int:
     """The side the check runs at: the image's longer side, but never more than the model's
-    native size (the model's own size when the image records none). An image records whatever
-    size it claims (`Size: 999999x999999`), and even a real 2048 px image would make the
-    check cost many generations, so the work is bounded by the model, not by the image; a note
-    says when the check ran smaller than the image."""
+    native size (the model's own size when the image records none); for a hires fix or a
+    second sampler at a larger size, that pass's longer side (where the VAE decoded), up to
+    twice the native size. An image records whatever size it claims (`Size: 999999x999999`),
+    and even a real 4096 px image would make the check cost many generations, so the work is
+    bounded by the model, not by the image; a note says when the check ran smaller."""
     from app.core.settings import FIELDS
 
     side = max(record.width or 0, record.height or 0)
+    bound = native
+    if record.hires_size:
+        side, bound = max(record.hires_size), HIRES_BOUND * native
     size = FIELDS["width"]
-    low, _ = size.bounds()
-    side = int(min(max(side or native, low), native))
+    low, high = size.bounds()
+    side = int(min(max(side or native, low), bound, high))
     return side - side % int(size.step or 1)
 
 
@@ -347,12 +355,8 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         )
     _apply_image_loras(explanation, model)
     size = _probe_size(record, model.native_size)
-    if max(record.width or 0, record.height or 0) > size:
-        explanation.notes.append(
-            f"The image records a size of {record.width}x{record.height}; the check ran at "
-            f"{size} px, the model's native size, so overflow that appears only at larger "
-            "sizes is not tested."
-        )
+    explanation.notes.extend(_size_notes(record, size))
+    clip_skip = _clip_skip(explanation, model)
     with said_as_sentence("checking the image's model"):
         report = check_and_attribute(
             model,
@@ -361,6 +365,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             size=size,
             steps=steps or health.DEFAULT_STEPS,
             scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
+            clip_skip=clip_skip,
             prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
             on_progress=progress,
             cancel=cancel,
@@ -381,6 +386,61 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         )
         explanation.notes.extend(explanation.tool_fix.notes)
     explanation.message = f"{_status_words(explanation)} {_check_words(explanation)}"
+
+
+def _size_notes(record: Record, size: int) -> list[str]:
+    """What the check's size covers of the sizes the image was drawn at."""
+    if record.hires_size:
+        width, height = record.hires_size
+        how = f" from {record.hires_upscaler}" if record.hires_upscaler else ""
+        notes = [
+            f"The image was drawn again at {width}x{height}{how} (a hires fix or second "
+            f"sampler): the check ran at {size} px, that pass's size, where its denoiser and "
+            "VAE ran."
+        ]
+        if size < max(width, height):
+            notes.append(
+                f"{size} px is twice the model's native size, the most a check of an image "
+                "runs; overflow that appears only at larger sizes is not tested."
+            )
+        upscaler = record.hires_upscaler
+        if upscaler and hires.key_for(upscaler) is None and "latent" not in upscaler.lower():
+            notes.append(
+                f"{upscaler} enlarges pixels: the tool decoded the first picture and encoded "
+                "it again, steps the check does not probe (it checks the VAE's decoder at the "
+                "final size)."
+            )
+        return notes
+    if max(record.width or 0, record.height or 0) > size:
+        return [
+            f"The image records a size of {record.width}x{record.height}; the check ran at "
+            f"{size} px, the model's native size, so overflow that appears only at larger "
+            "sizes is not tested."
+        ]
+    return []
+
+
+def _clip_skip(explanation: Explanation, model) -> int:
+    """The image's Clip skip where its model reads it (a note where it does not)."""
+    wanted = explanation.record.clip_skip
+    if wanted is None or wanted <= 1:
+        return 1
+    family = family_of(model.pipeline)
+    if family.clip_skip_problem(wanted) is not None:
+        explanation.notes.append(
+            f"The image records Clip skip {wanted}, which {family.title} does not use; the "
+            "check read the prompt as the model does."
+        )
+        return 1
+    encoders = [getattr(model.pipeline, n, None) for n in ("text_encoder", "text_encoder_2")]
+    layers = min(e.config.num_hidden_layers for e in encoders if e is not None)
+    if wanted > layers:
+        explanation.notes.append(
+            f"The image records Clip skip {wanted}, more than the text encoder's {layers} "
+            f"layers; the check read the prompt at {layers}."
+        )
+        return layers
+    return wanted
 
 
 def _status_words(explanation: Explanation) -> str:

@@ -19,6 +19,7 @@ from app.core.infotext import read_float, read_int, read_text
 
 MAX_JSON_DEPTH = 64
 MAX_NODES = 20_000  # ComfyUI graph nodes read
+MAX_UPSCALE = 16.0  # a recorded upscale past this is not a size any tool drew
 
 # The text chunks each tool writes.
 TEXT_KEYS = ("parameters", "prompt", "workflow", "invokeai_metadata", "sd-metadata")
@@ -54,6 +55,11 @@ class Record:
     # The model's family as the tool states it: InvokeAI's model base ("sdxl", "sd-2", ...) or
     # the diffusers pipeline SD.Next names ("StableDiffusionXLPipeline"); None elsewhere.
     base: str | None = None
+    clip_skip: int | None = None  # A1111's "Clip skip"; ComfyUI's CLIPSetLastLayer, negated
+    # A hires fix or a second sampler at a larger size: the (width, height) that pass drew and
+    # the VAE decoded, and how the first picture was enlarged, in the tool's words.
+    hires_size: tuple[int, int] | None = None
+    hires_upscaler: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
@@ -62,6 +68,9 @@ class Record:
         document["version"] = self.version
         document["compiled"] = self.compiled
         document["attention_kernels"] = [k.to_json() for k in self.attention]
+        document["clip_skip"] = self.clip_skip
+        document["hires_size"] = list(self.hires_size) if self.hires_size else None
+        document["hires_upscaler"] = self.hires_upscaler
         return document
 
 
@@ -183,6 +192,8 @@ def _infotext_record(text: str) -> Record:
         prompt=parsed.prompt[:4096],
         version=version,
     )
+    record.clip_skip = parsed.get(infotext.CLIP_SKIP)
+    record.hires_size, record.hires_upscaler = _a1111_hires(parsed, width, height)
     if made_by == "sdnext":
         record.base = parsed.get(infotext.PIPELINE)
     if made_by == "halfsafe":
@@ -190,6 +201,21 @@ def _infotext_record(text: str) -> Record:
         record.precision = parsed.settings(_REPRODUCED_SETTINGS)
         record.device_name = parsed.get(infotext.DEVICE_NAME)
     return record
+
+
+def _a1111_hires(
+    parsed: infotext.Infotext, width: int | None, height: int | None
+) -> tuple[tuple[int, int] | None, str | None]:
+    """A1111's and Forge's hires fix: the second pass's size (`Hires resize`, else `Size`
+    times `Hires upscale`, as A1111 sizes it) and its upscaler, or (None, None)."""
+    upscaler = parsed.get(infotext.HIRES_UPSCALER)
+    resize = parsed.get(infotext.HIRES_RESIZE)
+    if resize and min(resize) > 0:
+        return (resize[0], resize[1]), upscaler
+    scale = parsed.get(infotext.HIRES_UPSCALE)
+    if scale is None or not width or not height or not 1.0 < scale <= MAX_UPSCALE:
+        return None, None
+    return (int(width * scale) // 8 * 8, int(height * scale) // 8 * 8), upscaler
 
 
 def _swarm_record(params: dict[str, Any]) -> Record:
@@ -230,6 +256,12 @@ _WORKFLOW_WIDGETS = {
     "VAELoader": ("vae_name",),
     "KSampler": ("seed", "control_after_generate", "steps", "cfg", "sampler_name", "scheduler"),
     "EmptyLatentImage": ("width", "height", "batch_size"),
+    "CLIPSetLastLayer": ("stop_at_clip_layer",),
+    "LatentUpscale": ("upscale_method", "width", "height", "crop"),
+    "LatentUpscaleBy": ("upscale_method", "scale_by"),
+    "ImageScale": ("upscale_method", "width", "height", "crop"),
+    "ImageScaleBy": ("upscale_method", "scale_by"),
+    "UpscaleModelLoader": ("model_name",),
 }
 
 
@@ -307,12 +339,52 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
             record.scheduler = samplers.key_for(record.sampler, schedule)
             if record.sampler and schedule:
                 record.sampler = f"{record.sampler} ({schedule})"
-        if "Latent" in kind and record.width is None:
+        if kind.startswith("Empty") and "Latent" in kind and record.width is None:
             record.width, record.height = (
                 read_int(inputs.get("width")),
                 read_int(inputs.get("height")),
             )
+        if kind == "CLIPSetLastLayer" and record.clip_skip is None:
+            layer = read_int(inputs.get("stop_at_clip_layer"))
+            record.clip_skip = -layer if layer is not None and layer < 0 else None
+    record.hires_size, record.hires_upscaler = _comfy_second_pass(nodes, record)
     return record
+
+
+def _comfy_second_pass(
+    nodes: list[tuple[str, dict[str, Any]]], record: Record
+) -> tuple[tuple[int, int] | None, str | None]:
+    """A ComfyUI graph's upscale between two samplers: the size the larger pass drew (an
+    upscale node's width and height, else the empty latent's size times its `scale_by`s) and
+    the upscale method or model, or (None, None) for one pass."""
+    scale, size, method = 1.0, None, None
+    for kind, inputs in nodes:
+        if kind in ("LatentUpscaleBy", "ImageScaleBy"):
+            factor = read_float(inputs.get("scale_by"))
+            if factor is not None and 0.0 < factor <= MAX_UPSCALE:
+                scale *= factor
+                method = method or _upscale_words(kind, inputs)
+        elif kind in ("LatentUpscale", "ImageScale"):
+            width, height = read_int(inputs.get("width")), read_int(inputs.get("height"))
+            if width and height and width > 0 and height > 0:
+                size = (width, height)
+                method = method or _upscale_words(kind, inputs)
+        elif kind == "UpscaleModelLoader":
+            method = method or read_text(inputs.get("model_name"), 200)
+    if size is None and scale > 1.0 and record.width and record.height:
+        size = (int(record.width * scale) // 8 * 8, int(record.height * scale) // 8 * 8)
+    first = max(record.width or 0, record.height or 0)
+    if size is None or max(size) <= first:
+        return None, None
+    return size, method
+
+
+def _upscale_words(kind: str, inputs: dict[str, Any]) -> str | None:
+    """ "bilinear" for a latent upscale; "lanczos (pixels)" for an image scale."""
+    method = read_text(inputs.get("upscale_method"), 100)
+    if method is None:
+        return None
+    return method if kind.startswith("Latent") else f"{method} (pixels)"
 
 
 def _loader_name(inputs: dict[str, Any]) -> bool:

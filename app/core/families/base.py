@@ -85,6 +85,10 @@ class Family:
     # is given (`Mode.EDIT`), with its own pipeline.
     edit_pipelines: ClassVar[Mapping[str, int]] = {}
 
+    # Whether `encode` takes `clip_skip` (A1111's "Clip skip"): the families whose prompt is
+    # read from CLIP's hidden states (SD1/SD2, SDXL).
+    takes_clip_skip: ClassVar[bool] = False
+
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents
     timestep_argument: str = "timestep"  # and for the timestep
@@ -130,6 +134,15 @@ class Family:
     def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
         """The prompt as the pipeline's `__call__` takes it (batch 1 each)."""
         raise NotImplementedError
+
+    def clip_skip_problem(self, clip_skip: int) -> str | None:
+        """Why a job cannot run at A1111's "Clip skip" `clip_skip` (None: it can)."""
+        if clip_skip == 1 or self.takes_clip_skip:
+            return None
+        return (
+            f"Clip skip {clip_skip} applies to the CLIP text encoders of Stable Diffusion 1.x, "
+            f"2.x and SDXL; {self.title} does not read its prompt from them: set Clip skip to 1."
+        )
 
     def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
         """Which parts of the encoded tensors each text encoder produced, in run order (a

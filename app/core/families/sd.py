@@ -42,13 +42,17 @@ class StableDiffusionFamily(Family):
             getattr(pipeline, "text_encoder_2", None) is None
         )
 
-    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+    takes_clip_skip = True
+
+    def encode(
+        self, pipe, prompt: str, negative: str, device, guidance: bool, clip_skip: int = 1
+    ) -> dict[str, Any]:
         """The prompt as the pipeline's `__call__` takes it: prompt_embeds and, with guidance,
         negative_prompt_embeds (batch 1 each), read as AUTOMATIC1111 reads it (emphasis, BREAK,
-        77-token chunks: `app.core.prompts`)."""
+        77-token chunks, Clip skip: `app.core.prompts`)."""
         from app.core.prompts import encode_sd
 
-        return encode_sd(pipe, prompt, negative, device, guidance)
+        return encode_sd(pipe, prompt, negative, device, guidance, clip_skip)
 
     def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
         """Which parts of the encoded tensors each text encoder produced."""

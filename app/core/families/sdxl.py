@@ -42,10 +42,14 @@ class SDXLFamily(StableDiffusionFamily):
             getattr(pipeline, "text_encoder_2", None) is not None
         )
 
-    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
+    takes_clip_skip = True
+
+    def encode(
+        self, pipe, prompt: str, negative: str, device, guidance: bool, clip_skip: int = 1
+    ) -> dict[str, Any]:
         from app.core.prompts import encode_sdxl
 
-        return encode_sdxl(pipe, prompt, negative, device, guidance)
+        return encode_sdxl(pipe, prompt, negative, device, guidance, clip_skip)
 
     def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
         hidden = prompt_tensors(tensors)

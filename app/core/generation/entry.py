@@ -43,7 +43,7 @@ from app.core.settings import FIELDS, PrecisionSettings
 
 
 def _checked_request(request: GenerationRequest, mode: Mode) -> GenerationRequest:
-    for key in ("steps", "cfg", "seed", "width", "height", "batch", "scheduler"):
+    for key in ("steps", "cfg", "seed", "width", "height", "batch", "scheduler", "clip_skip"):
         try:
             FIELDS[key].validate(getattr(request, key))
         except ValueError as error:
@@ -52,6 +52,17 @@ def _checked_request(request: GenerationRequest, mode: Mode) -> GenerationReques
         raise HalfSafeError("The prompt and the negative prompt must be text.")
     check_strength(request.steps, request.strength, mode)
     request.canvas.checked()
+    hires = request.hires.checked()
+    if hires.on and mode is not Mode.TEXT:
+        raise HalfSafeError(
+            "Hires fix is a second pass after text-to-image; this job starts from a picture "
+            f"({mode.value}): set Hires upscale to 1, or draw the picture at the larger size."
+        )
+    if hires.on and hires.steps_run(request.steps) < 1:
+        raise HalfSafeError(
+            f"Hires denoising strength {hires.denoise:g} of {hires.call_steps(request.steps)} "
+            "steps runs no step; raise the strength or the hires steps."
+        )
     return request
 
 
@@ -183,7 +194,12 @@ def _generate_unsaved(
         raise HalfSafeError(f"{model.name}: {problem}")
     request, strength_note = _strength_run(request, mode, family.redraws_from_noise(pipeline, mode))
     request = _checked_request(request, mode)
-    problem = family.size_problem(pipeline, request.width, request.height)
+    problem = (
+        family.size_problem(pipeline, request.width, request.height)
+        or family.size_problem(pipeline, *request.drawn_size())
+        or family.clip_skip_problem(request.clip_skip)
+        or (family.picture_problem(pipeline, Mode.IMAGE) if request.hires.on else None)
+    )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
     progress = on_progress or no_progress
@@ -210,7 +226,8 @@ def _generate_unsaved(
         remembered=remembered.settings if remembered else None,
     )
     vae = getattr(model.pipeline, "vae", None)
-    plan = tiling.resolve(plan, vae, request.height, request.width)
+    drawn_width, drawn_height = request.drawn_size()
+    plan = tiling.resolve(plan, vae, drawn_height, drawn_width)
     warnings = list(plan.warnings) + found.notes + strength_note
     warnings.extend(
         problem
@@ -390,9 +407,10 @@ def _repair_by_cause(
         model,
         precision=precision,
         device=device,
-        size=max(64, min(request.width, request.height) // 8 * 8),
+        size=max(64, min(request.drawn_size()) // 8 * 8),  # a hires fix's final size
         steps=request.steps,
         scheduler=request.scheduler,
+        clip_skip=request.clip_skip,
         images=request.images,
         mask=request.mask,
         canvas=request.canvas,

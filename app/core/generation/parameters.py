@@ -12,6 +12,7 @@ from app.core import infotext
 from app.core.families import family_of
 from app.core.generation.describe import box_text, percent
 from app.core.generation.records import GenerationRequest, ImageResult
+from app.core.hires import BY_KEY
 from app.core.lora import lora_hashes, prompt_with_tags
 from app.core.pictures import Mode
 
@@ -41,6 +42,8 @@ def parameters(
         # The starting noise is made on the CPU (`Job.noise`); A1111 assumes GPU noise unless
         # told, and the seed would not reproduce there.
         (infotext.RNG, "CPU"),
+        (infotext.CLIP_SKIP, request.clip_skip if request.clip_skip > 1 else None),
+        *_hires_parameters(request),
         *_picture_parameters(
             request, family.max_references(model.pipeline), family.takes_control(model.pipeline)
         ),
@@ -75,6 +78,20 @@ def _vae_parameters(vae: str | None) -> list[tuple[infotext.Key, Any]]:
         with contextlib.suppress(OSError):
             vae_hash = model_hash(path)
     return [(infotext.VAE_HASH, vae_hash), (infotext.VAE, path.name)]
+
+
+def _hires_parameters(request: GenerationRequest) -> list[tuple[infotext.Key, Any]]:
+    """A hires fix as A1111 writes it: `Denoising strength` is the second pass's, `Size` stays
+    the first pass's."""
+    hires = request.hires
+    if not hires.on:
+        return []
+    return [
+        (infotext.DENOISING_STRENGTH, f"{hires.denoise:g}"),
+        (infotext.HIRES_UPSCALE, f"{hires.scale:g}"),
+        (infotext.HIRES_STEPS, hires.steps or None),
+        (infotext.HIRES_UPSCALER, BY_KEY[hires.upscaler].words),
+    ]
 
 
 def _picture_parameters(

@@ -10,6 +10,7 @@ from typing import Any
 
 from app import __version__
 from app.core.canvas import SIDES, Canvas
+from app.core.hires import Hires
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.precision import PrecisionPlan
@@ -57,6 +58,16 @@ class GenerationRequest:
     # How an inpainting job lays out its picture (`canvas`): the mask's blur, only the masked
     # area at full resolution, the canvas extended (outpainting: inpainting without a mask).
     canvas: Canvas = field(default_factory=Canvas)
+    # A1111's "Clip skip": the prompt read this many CLIP layers from the end (SD1/SD2, SDXL).
+    clip_skip: int = 1
+    # Hires fix: a second pass at a larger size from the first pass's latents (text-to-image).
+    hires: Hires = field(default_factory=Hires)
+
+    def drawn_size(self) -> tuple[int, int]:
+        """(width, height) of the picture the job's last pass draws and its VAE decodes."""
+        if self.hires.on:
+            return self.hires.final_size(self.width, self.height)
+        return self.width, self.height
 
     def mode_for(self, references: int = 0, control: bool = False) -> Mode:
         """Text-to-image, image-to-image, inpainting, for a model that edits up to `references`
@@ -144,7 +155,23 @@ class GenerationResult:
             "mode": self.mode.value,
             "pictures": [*self.request.images, *([self.request.mask] if self.request.mask else [])],
             "canvas": self._canvas_json(),
+            "clip_skip": self.request.clip_skip,
+            "hires": self._hires_json(),
             "warnings": list(self.warnings),
+        }
+
+    def _hires_json(self) -> dict[str, Any] | None:
+        """The second pass (`hires.Hires`), or None when the job had none."""
+        hires = self.request.hires
+        if not hires.on:
+            return None
+        width, height = self.request.drawn_size()
+        return {
+            "scale": hires.scale,
+            "steps": hires.steps,
+            "denoise": hires.denoise,
+            "upscaler": hires.upscaler,
+            "size": [width, height],
         }
 
     def _canvas_json(self) -> dict[str, Any] | None:

@@ -5,19 +5,21 @@ NaN watch, and each image decoded, its pixels classified and its outcome recorde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core import diagnosis
 from app.core.families import family_of
 from app.core.generation.records import GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
+from app.core.hires import upscale
 from app.core.images import PixelStats, to_image
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora import strip_tags
 from app.core.pictures import Mode, Pictures, steps_run
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
 from app.core.preview import colours_for, latent_preview
+from app.core.prompts import clip_options
 
 PREVIEWS_PER_IMAGE = 6
 
@@ -164,7 +166,14 @@ class Stages:
                         pipe, prompt, negative, self.device, self.do_cfg, self.pictures.references
                     )
                 else:
-                    tensors = self.family.encode(pipe, prompt, negative, self.device, self.do_cfg)
+                    tensors = self.family.encode(
+                        pipe,
+                        prompt,
+                        negative,
+                        self.device,
+                        self.do_cfg,
+                        **clip_options(request.clip_skip),
+                    )
                 bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
         finally:
             for hook in hooks:
@@ -247,9 +256,12 @@ class Stages:
         conditioning: _Conditioning,
         seeds: list[int],
         picture: _Picture | None = None,
+        second: GenerationRequest | None = None,
     ):
         """The pipeline's denoising loop for these seeds, from noise or from the input
-        `picture`'s latents; returns (latents, watch or None)."""
+        `picture`'s latents; returns (latents, watch or None). `second` is a hires fix's second
+        pass (its size, steps and strength), drawn from `picture`, the first pass's latents
+        enlarged."""
         import torch
 
         colours = self._colours(plan) if self.preview is not None else None
@@ -257,13 +269,13 @@ class Stages:
         encodes = self.pictures is not None and picture is None
         pipe = self._pipeline(plan, [self.family.denoiser, *(["vae"] if encodes else [])])
         batch = len(seeds)
-        request = self.request
+        request = second or self.request
         arguments: dict[str, Any] = {"height": request.height, "width": request.width}
         arguments.update(self.family.pipeline_arguments(pipe, request.width, request.height))
         embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
         encoder_hooks: list[Any] = []
         generators: list[Any] = []
-        mode = picture_mode(self.pictures)
+        mode = Mode.IMAGE if second is not None else picture_mode(self.pictures)
         if picture is None or self.family.redraws_from_noise(pipe, mode):
             latents, generators = self.noise(seeds)
             arguments["latents"] = latents
@@ -328,7 +340,7 @@ class Stages:
             self.progress(self.stage, index + 1, steps)
             if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
                 image_latents = self.family.image_latents(
-                    pipe, current[:1], self.request.height, self.request.width
+                    pipe, current[:1], request.height, request.width
                 )
                 self.preview(index + 1, latent_preview(image_latents[0], colours))
             self.cancel.raise_if_cancelled()
@@ -352,9 +364,29 @@ class Stages:
             for hook in encoder_hooks:
                 hook.remove()
         latents = self.family.image_latents(
-            self.model.pipeline, output.images, self.request.height, self.request.width
+            self.model.pipeline, output.images, request.height, request.width
         )
         return latents, watch
+
+    def second_pass(self, plan: PrecisionPlan, conditioning: _Conditioning, seeds, latents):
+        """Hires fix: the first pass's latents (B, C, h, w) enlarged by the request's upscaler
+        and drawn again at the final size; returns (latents, watch or None)."""
+        hires = self.request.hires
+        width, height = self.request.drawn_size()
+        factor = self.family.latent_factor(self.model.pipeline)
+        enlarged = upscale(latents, (width, height), hires.upscaler, factor)
+        second = replace(
+            self.request,
+            width=width,
+            height=height,
+            steps=hires.call_steps(self.request.steps),
+            strength=hires.denoise,
+        )
+        self.stage = "Hires fix"
+        try:
+            return self.denoise(plan, conditioning, seeds, _Picture(enlarged, None, None), second)
+        finally:
+            self.stage = "Generating"
 
     def _watch_pipeline_encoder(self) -> list[Any]:
         """Hooks on the VAE's encoder parts that fold "output not all finite" into
@@ -406,12 +438,17 @@ class Stages:
         self.pipeline_encoder_bad = None
         latents, watch = self.denoise(plan, conditioning, seeds, picture)
         encoder_bad = picture.bad if picture is not None else self.pipeline_encoder_bad
+        watches = [watch]
+        if self.request.hires.on:
+            self.cancel.raise_if_cancelled()
+            latents, hires_watch = self.second_pass(plan, conditioning, seeds, latents)
+            watches.append(hires_watch)
         # The parts that run once per job, in run order: the text encoders, the VAE's encoder.
         encoders = list(conditioning.bad) + (["vae_encoder"] if encoder_bad is not None else [])
         once = [*conditioning.bad.values(), *([encoder_bad] if encoder_bad is not None else [])]
-        flags = read_flags([*once, *(watch.flags() if watch else [])])
+        flags = read_flags([*once, *(f for w in watches if w for f in w.flags())])
         bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
-        per_image = flags[len(encoders) :]
+        passes = _passes(flags[len(encoders) :], watches, len(seeds), self._first_pass_steps())
         outcomes = []
         for index in range(len(seeds)):
             self.cancel.raise_if_cancelled()
@@ -419,8 +456,7 @@ class Stages:
             image_latents = latents[index : index + 1]
             pixels, _ = self.decode(plan, image_latents)
             image, stats = to_image(pixels)
-            bad = bool(per_image[index]) if watch else False
-            step = per_image[len(seeds) + index] if watch else -1
+            bad, step, failed_watch = passes[index]
             outcomes.append(
                 Outcome(
                     plan=plan,
@@ -429,12 +465,15 @@ class Stages:
                     stats=stats,
                     bad_encoder=bad_encoders[0] if bad_encoders else None,
                     bad_step=step + 1 if bad and step >= 0 else None,
-                    unet_input=watch.failing_input(index) if watch and bad else None,
+                    unet_input=failed_watch.failing_input(index) if failed_watch else None,
                     watched=self.watch,
                     denoiser=self.family.denoiser,
                 )
             )
         return outcomes
+
+    def _first_pass_steps(self) -> int:
+        return steps_run(self.request.steps, self.request.strength, picture_mode(self.pictures))
 
     def _read(self, recorder, output) -> str | None:
         """The first bad layer a recorder saw; its whole probe is kept in `last_probe`."""
@@ -442,6 +481,26 @@ class Stages:
             return None
         self.last_probe = recorder.read(output)
         return _first_bad(self.last_probe)
+
+
+def _passes(flags: list[int], watches: list[Any], batch: int, first_steps: int):
+    """Per image: (went non-finite in a denoising pass, its 0-based step counted across the
+    passes (-1: none), the watch that saw it or None), from the watches' flags as read (each
+    watch's per-image flags, then its per-image first steps)."""
+    read = [watch for watch in watches if watch is not None]
+    found = []
+    for index in range(batch):
+        bad, step, seen = False, -1, None
+        offset = 0
+        for number, watch in enumerate(read):
+            base = 2 * batch * number
+            if flags[base + index]:
+                bad, seen = True, watch
+                step = flags[base + batch + index] + offset
+                break
+            offset += first_steps
+        found.append((bad, step, seen))
+    return found
 
 
 def picture_mode(pictures: Pictures | None) -> Mode:

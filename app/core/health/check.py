@@ -73,6 +73,7 @@ def check_loaded(
     size: int | None = None,
     steps: int = DEFAULT_STEPS,
     scheduler: str = DEFAULT_SCHEDULER,
+    clip_skip: int = 1,
     prompt: str = DEFAULT_PROMPT,
     images: Sequence[str] = (),
     mask: str | None = None,
@@ -86,7 +87,8 @@ def check_loaded(
     """Check a loaded model on `device` under the user's precision settings.
 
     `steps` and `scheduler` are the user's sampler settings: the denoiser is probed at the first,
-    middle and last timesteps of that schedule. With an input picture (`images`, and `mask` for
+    middle and last timesteps of that schedule; the prompt is read at `clip_skip`, as the
+    user's jobs read it. With an input picture (`images`, and `mask` for
     inpainting, laid out by `canvas`) the check runs the path such a job runs: the picture,
     resized to the probe's size, through the VAE's encoder (reported as `vae_encoder`) before
     the denoiser. Runs on
@@ -107,6 +109,9 @@ def check_loaded(
     )
     canvas = canvas or Canvas()
     mode = mode_of(images, mask, references, control, canvas.extends)
+    problem = family.clip_skip_problem(clip_skip)
+    if problem is not None:
+        raise HalfSafeError(f"{model.name}: {problem}")
     problem = family.picture_problem(model.pipeline, mode)
     # A model that cannot draw from text alone is still checked on that path, unless it is an
     # editing model: its check without the pictures would not be the path its jobs run.
@@ -120,7 +125,17 @@ def check_loaded(
     ):  # an inpainting (Fill among them) or control model, checked without its picture
         start.notes.append(WITHOUT_PICTURE[Mode.CONTROL if control else Mode.INPAINT])
     check = _Check(
-        model, start, size, prompt, steps, scheduler, measure_cost, progress, cancel, pictures
+        model,
+        start,
+        size,
+        prompt,
+        steps,
+        scheduler,
+        measure_cost,
+        progress,
+        cancel,
+        pictures,
+        clip_skip=clip_skip,
     )
     said_memory_plan(model.pipeline, start.plan, progress)
     try:
@@ -247,13 +262,17 @@ class _Check:
         progress: ProgressCallback,
         cancel: CancelToken,
         pictures: Pictures | None = None,
+        *,
+        clip_skip: int = 1,
     ) -> None:
         self.model = model
         self.start = start
         self.plan = start.plan
         self.notes = start.notes
         self.broken = start.broken
-        self.runner = Runner(model, start.plan, size, prompt, steps, scheduler, pictures)
+        self.runner = Runner(
+            model, start.plan, size, prompt, steps, scheduler, pictures, clip_skip=clip_skip
+        )
         self.stages = STAGES + (pictures is not None)  # the progress total
         self.seen = Observations()
         self.search = Search(start.plan)

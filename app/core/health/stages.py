@@ -20,6 +20,7 @@ from app.core.health.cost import StepCost
 from app.core.pictures import Mode, Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, plan_weights_mb
 from app.core.probe import ActivationRecorder, ProbeResult
+from app.core.prompts import clip_options
 from app.core.settings import FIELDS
 
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
@@ -116,6 +117,8 @@ class Runner:
         steps: int,
         scheduler: str,
         pictures: Pictures | None = None,
+        *,
+        clip_skip: int = 1,
     ) -> None:
         import torch
 
@@ -125,6 +128,7 @@ class Runner:
         self.device = torch.device(plan.device)
         self.size = size
         self.prompt = prompt
+        self.clip_skip = clip_skip  # A1111's "Clip skip" the prompt is read at
         self.family = family_of(model.pipeline)
         self.timesteps = probe_timesteps(model, steps, scheduler, size)
         # The latents the denoiser reads in its sequence beside the noise (an edit's
@@ -169,7 +173,9 @@ class Runner:
                 return self.family.encode_edit(
                     pipe, self.prompt, "", self.device, True, self.pictures.references
                 )
-            return self.family.encode(pipe, self.prompt, "", self.device, guidance=True)
+            return self.family.encode(
+                pipe, self.prompt, "", self.device, True, **clip_options(self.clip_skip)
+            )
 
         stage = self._watch(plan, names, run, record)
         if record:
@@ -418,11 +424,12 @@ def probe_run(
     steps: int = DEFAULT_STEPS,
     scheduler: str = DEFAULT_SCHEDULER,
     prompt: str = DEFAULT_PROMPT,
+    clip_skip: int = 1,
 ) -> ProbeRun:
     """Run the text encoder(s), the denoiser at the probe's timesteps and the VAE once under
     `plan`, as the check's first pass does, recording every module; the device copies are
     released at the end. Runs on the calling thread."""
-    runner = Runner(model, plan, size, prompt, steps, scheduler)
+    runner = Runner(model, plan, size, prompt, steps, scheduler, clip_skip=clip_skip)
     try:
         encoded = runner.encode(plan)
         denoised = runner.denoise(plan, encoded.output)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core import samplers
+from app.core import hires, samplers
 from app.core.settings.validation import Field
 
 DTYPE_CHOICES = ("auto", "fp16", "bf16", "fp32")
@@ -359,6 +359,58 @@ SCHEMA: tuple[Field, ...] = (
         "deterministic. Flow-matching models (Flux, SD3, Qwen-Image, ...) use their own Euler.",
         "Generation",
         choices=SCHEDULERS,
+    ),
+    Field(
+        "clip_skip",
+        "int",
+        1,
+        "Clip skip",
+        "Read the prompt this many layers from the end of CLIP (Stable Diffusion 1.x, 2.x and "
+        "SDXL): 1 is the model's own; anime SD 1.x models are made for 2.",
+        "Generation",
+        minimum=1,
+        maximum=12,
+    ),
+    Field(
+        "hires_scale",
+        "float",
+        1.0,
+        "Hires upscale",
+        "Hires fix: draw the picture, enlarge it this many times and draw it again at that "
+        "size (1: off). The second pass runs the VAE at the larger size, where SDXL's VAE "
+        "often overflows in fp16.",
+        "Generation",
+        minimum=1.0,
+        maximum=hires.SCALE_MAX,
+    ),
+    Field(
+        "hires_steps",
+        "int",
+        0,
+        "Hires steps",
+        "Hires fix: the second pass's steps (0: as many as the first pass runs at its strength).",
+        "Generation",
+        minimum=0,
+        maximum=hires.STEPS_MAX,
+    ),
+    Field(
+        "hires_denoise",
+        "float",
+        hires.DENOISE_DEFAULT,
+        "Hires denoising strength",
+        "Hires fix: how much of the enlarged picture the second pass draws again.",
+        "Generation",
+        minimum=0.01,
+        maximum=1.0,
+    ),
+    Field(
+        "hires_upscaler",
+        "choice",
+        hires.DEFAULT,
+        "Hires upscaler",
+        "Hires fix: how the first picture's latents are enlarged, by AUTOMATIC1111's names.",
+        "Generation",
+        choices=hires.KEYS,
     ),
     Field(
         "negative_prompt",

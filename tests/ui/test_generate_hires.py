@@ -1,0 +1,89 @@
+"""The Generate page's Clip skip and hires fix: sent with the job, kept as settings, taken
+from an image's parameters, and Clip skip off for a model that reads no CLIP layers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from app.core import infotext
+from app.core.hires import Hires
+from app.core.settings import load_settings
+from app.ui.hires_options import HiresOptions
+from app.ui.image_entry import GalleryEntry
+from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
+
+
+@pytest.fixture
+def view(window, engines):
+    load_fake_model(window, engines)
+    window.show_page("Generate")
+    view = window.generate_view
+    view.prompt.setPlainText("a lighthouse at dusk")
+    return view
+
+
+def test_the_hires_toggle_says_what_is_set(qtbot):
+    options = HiresOptions()
+    qtbot.addWidget(options)
+    assert options.value() == Hires() and options.toggle.text() == "Hires fix: off"
+    options.set_first_size(512, 768)
+    options.enabled.setChecked(True)
+    options.denoise.setValue(0.55)
+    options.upscaler.setCurrentIndex(options.upscaler.findData("latent_nearest_exact"))
+    assert options.value() == Hires(2.0, 0, 0.55, "latent_nearest_exact")
+    assert options.toggle.text() == "Hires fix: 2× Latent (nearest-exact), 0.55 → 1024×1536"
+    options.toggle.setChecked(True)
+    assert options.toggle.text() == "Hires fix" and options.body.isVisibleTo(options)
+    options.enabled.setChecked(False)
+    assert not options.scale.isEnabled() and options.value().scale == 1.0
+
+
+def test_clip_skip_and_the_hires_fix_go_with_the_job_and_are_kept(view, engines):
+    view.clip_skip.setValue(2)
+    view.hires.enabled.setChecked(True)
+    view.hires.scale.setValue(1.5)
+    view.hires.steps.setValue(8)
+    view.generate()
+    job = engines.current.last_job("generate")
+    assert job.params.generation.clip_skip == 2
+    assert job.params.generation.hires == Hires(1.5, 8, 0.7, "latent")
+    saved = load_settings().settings
+    assert (saved["clip_skip"], saved["hires_scale"], saved["hires_steps"]) == (2, 1.5, 8)
+
+
+def test_an_images_clip_skip_and_hires_fix_fill_the_form(view):
+    text = infotext.write(
+        "a castle",
+        "",
+        infotext.keyed(
+            [
+                ("Steps", 20),
+                ("Size", (512, 512)),
+                ("Clip skip", 2),
+                ("Denoising strength", 0.45),
+                ("Hires upscale", 2),
+                ("Hires steps", 10),
+                ("Hires upscaler", "Latent (bicubic)"),
+            ]
+        ),
+    )
+    entry = GalleryEntry.from_parameters(text)
+    view.use_parameters(entry.generate_values())
+    assert view.clip_skip.value() == 2
+    assert view.hires.value() == Hires(2.0, 10, 0.45, "latent_bicubic")
+    # An image that records neither was made without them.
+    view.use_parameters(GalleryEntry.from_parameters("a castle\nSteps: 20").generate_values())
+    assert view.clip_skip.value() == 1 and not view.hires.value().on
+
+
+def test_clip_skip_is_off_for_a_model_that_reads_no_clip_layers(window, engines):
+    flux = dataclasses.replace(DEMO_SUMMARY, architecture="flux-dev")
+    load_fake_model(window, engines, flux)
+    view = window.generate_view
+    view.clip_skip.setValue(2)
+    assert not view.clip_skip.isEnabled() and "does not apply" in view.clip_skip.toolTip()
+    assert view.request()["clip_skip"] == 1
+    load_fake_model(window, engines, DEMO_SUMMARY)
+    assert view.clip_skip.isEnabled()
