@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QEvent, QPoint, Qt, Signal
-from PySide6.QtGui import QRegularExpressionValidator
+from PySide6.QtGui import QKeySequence, QRegularExpressionValidator, QShortcut, QStandardItemModel
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QApplication,
@@ -16,6 +18,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QListWidget,
     QPushButton,
@@ -50,6 +53,53 @@ GROUP_INTROS = {
     "Generation": "The values the Generate page starts from; it also saves what you last used.",
     "Folders": "Where HalfSafe looks for models and saves images.",
 }
+# A sentence ends at . ! or ? and a space, except after "e.g." and "i.e.".
+_SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<=[.!?])\s+(?=\S)")
+# The value `auto` where an explanation names it: the page shows it as its combo boxes do.
+_AUTO_VALUE = re.compile(r"'auto'|\bauto\b(?!-)")
+# A value opening a clause of an explanation that goes through the choices ("off: keep the
+# broken image and say why; ask: offer the fix; ..."), capitalised as its combo box shows it.
+_CLAUSE_VALUE = re.compile(r"(^|; )(on|off|ask)\b")
+# Choice names of one setting where the shared ones (`words.choice_name`) are another's: VAE
+# tiling's off is not the NaN setting's "Off: keep it and say why".
+_CHOICE_NAMES = {"vae_tiling": {"on": "On", "off": "Off"}}
+# An inline explanation longer than this is cut at its first clause ("...: ", "...; ").
+SHORT_EXPLANATION = 180
+
+
+def shown_words(text: str) -> str:
+    """An explanation as this page shows it: the value `auto` is "Auto", as in every combo box,
+    and a value opening a clause ("off: ...; ask: ...") is capitalised (the schema's text keeps
+    the words typed on the command line)."""
+    text = _AUTO_VALUE.sub("Auto", text)
+    return _CLAUSE_VALUE.sub(lambda m: m.group(1) + m.group(2).capitalize(), text)
+
+
+def choice_words(key: str, choice: str) -> str:
+    """A choice as the setting `key`'s combo box shows it."""
+    return _CHOICE_NAMES.get(key, {}).get(choice) or words.choice_name(choice)
+
+
+def short_explanation(text: str) -> str:
+    """The one line shown under a setting: the explanation's first sentence, or, where that is
+    long, its first clause followed by an ellipsis (the whole text is the tooltip)."""
+    first = _SENTENCE_END.split(shown_words(text).strip(), maxsplit=1)[0]
+    if len(first) <= SHORT_EXPLANATION:
+        return first
+    for clause in re.finditer(r"[:;] ", first):
+        if clause.start() >= 20:  # not a leading "off: ..." naming one choice
+            return first[: clause.start()] + "…"
+    return first
+
+
+def explanation_tip(text: str) -> str:
+    """The whole explanation as a tooltip that wraps (Qt shows plain-text tips on one line)."""
+    return f"<p>{html.escape(shown_words(text))}</p>"
+
+
+def device_words(value: str) -> str:
+    """A device setting as the page shows it: `auto` is "Auto", like every other Auto."""
+    return "Auto" if value == "auto" else value
 
 
 class FieldEditor(QWidget):
@@ -67,8 +117,8 @@ class FieldEditor(QWidget):
         # The widget the field's kind calls for (a check box, combo box, spin box, line edit or
         # list): `value` and `set_value` dispatch on the kind, so it is typed loosely here.
         self.input: Any = self._build()
-        self.input.setToolTip(field.help)
-        self.setToolTip(field.help)
+        self.input.setToolTip(explanation_tip(field.help))
+        self.setToolTip(explanation_tip(field.help))
 
     # Building -------------------------------------------------------------------------------
 
@@ -86,17 +136,17 @@ class FieldEditor(QWidget):
             combo.setMinimumWidth(220)
             if kind == "choice":
                 for choice in f.choices:
-                    combo.addItem(words.choice_name(choice), choice)
+                    combo.addItem(choice_words(f.key, choice), choice)
                 combo.currentIndexChanged.connect(lambda _i: self._emit(combo.currentData()))
             else:
                 combo.setEditable(True)
                 combo.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
                 for choice in ("auto", "cpu"):
-                    combo.addItem(choice, choice)
-                combo.activated.connect(lambda _i: self._emit(combo.currentText().strip()))
+                    combo.addItem(device_words(choice), choice)
+                combo.activated.connect(lambda _i: self._emit(self.value()))
                 line = combo.lineEdit()
                 assert line is not None  # an editable combo box always has its line edit
-                line.editingFinished.connect(lambda: self._emit(combo.currentText().strip()))
+                line.editingFinished.connect(lambda: self._emit(self.value()))
             self._layout.addWidget(combo)
             self._layout.addStretch(1)
             return combo
@@ -124,15 +174,17 @@ class FieldEditor(QWidget):
             return spin
         if kind == "float":
             spin = QDoubleSpinBox()
-            spin.setDecimals(1)
-            spin.setRange(
-                f.minimum if f.minimum is not None else -1e9,
-                f.maximum if f.maximum is not None else 1e9,
-            )
-            spin.setSingleStep(0.5)
+            low = f.minimum if f.minimum is not None else -1e9
+            high = f.maximum if f.maximum is not None else 1e9
+            # A narrow range in finer steps: a strength of 0.01 to 1, an upscale of 1 to 4.
+            span = high - low
+            decimals = 2 if span <= 5 else 1
+            spin.setDecimals(decimals)
+            spin.setRange(low, high)
+            spin.setSingleStep(0.05 if span <= 1 else 0.25 if span <= 5 else 0.5)
             spin.setKeyboardTracking(False)
             spin.setMinimumWidth(110)
-            spin.valueChanged.connect(lambda v: self._emit(round(float(v), 1)))
+            spin.valueChanged.connect(lambda v: self._emit(round(float(v), decimals)))
             self._layout.addWidget(spin)
             self._layout.addStretch(1)
             return spin
@@ -183,7 +235,13 @@ class FieldEditor(QWidget):
         if kind == "choice":
             return widget.currentData()
         if kind == "device":
-            return widget.currentText().strip()
+            # What is shown ("Auto") stands for what is saved ("auto"); anything else typed is
+            # a device name, saved as typed.
+            text = widget.currentText().strip()
+            for row in range(widget.count()):
+                if widget.itemText(row).lower() == text.lower():
+                    return widget.itemData(row)
+            return text
         if self._big_int:
             text = widget.text().strip()
             return int(text) if text not in ("", "-") else self.field.default
@@ -208,7 +266,7 @@ class FieldEditor(QWidget):
                 widget.setCurrentIndex(max(0, widget.findData(value)))
             elif kind == "device":
                 if widget.findData(value) < 0:
-                    widget.addItem(str(value), value)
+                    widget.addItem(device_words(str(value)), value)
                 widget.setCurrentIndex(widget.findData(value))
             elif self._big_int:
                 widget.setText(str(value))
@@ -232,7 +290,7 @@ class FieldEditor(QWidget):
         self.input.blockSignals(True)
         for name in names:
             if self.input.findData(name) < 0:
-                self.input.addItem(name, name)
+                self.input.addItem(device_words(name), name)
         self.input.blockSignals(False)
         self.set_value(current)
 
@@ -282,7 +340,8 @@ class FieldEditor(QWidget):
 
 
 class SettingsView(QWidget):
-    """Every schema field, grouped as GROUPS lists them, with its help text visible."""
+    """Every schema field, grouped as GROUPS lists them, each with a one-line explanation (the
+    whole one is its tooltip); a filter finds settings, and "Go to" jumps to a group."""
 
     def __init__(
         self,
@@ -299,8 +358,10 @@ class SettingsView(QWidget):
             self,
             "Settings",
             "Changes are saved as soon as you make them and used by the next job; there is "
-            "nothing to restart. Hover over any setting for its explanation.",
+            "nothing to restart. Each setting says in a line what it does: hover over it for the "
+            "whole explanation.",
         )
+        layout.addLayout(self._build_finding())
         top = QHBoxLayout()
         self.reset_button = QPushButton("Reset to recommended")
         self.reset_button.setToolTip(
@@ -318,19 +379,32 @@ class SettingsView(QWidget):
         top.addWidget(self.undo_button)
         self._before_reset: dict[str, Any] = {}
         layout.addLayout(top)
+        self._jumping = False  # a jump to a group is under way: the scroll is not the reader's
 
         self._form = scroll_column(layout)
         self._form.setSpacing(2)
         self._grids: list[QGridLayout] = []
+        self.no_match = label("", "muted", wrap=True)
+        self.no_match.hide()
+        self._add(self.no_match)
 
         self.editors: dict[str, FieldEditor] = {}
         self.resolved: dict[str, Any] = {}
         self.problems: dict[str, Any] = {}
+        self.explanations: dict[str, QLabel] = {}
+        self.rows: dict[str, QWidget] = {}  # a setting's name, editor and words
+        self.sections: dict[str, QWidget] = {}  # a group's title, introduction and rows
+        self._group_keys: dict[str, list[str]] = {}
+        self._searchable: dict[str, str] = {}
         for group in GROUPS:
             fields = [f for f in SCHEMA if f.group == group]
             if fields:
                 self._add_group(group, fields)
         self._align_columns()
+        self.section_choice.addItems(list(self.sections))
+        area = self._scroll_area()
+        if area is not None:
+            area.verticalScrollBar().valueChanged.connect(self._follow_scroll)
 
         for key, editor in self.editors.items():
             editor.set_value(state.settings[key])
@@ -340,46 +414,91 @@ class SettingsView(QWidget):
         state.model_changed.connect(lambda _model: self._refresh_resolved())
         self._refresh_hardware()
 
+    def _build_finding(self) -> QHBoxLayout:
+        """The filter field ("Find a setting") and the group to go to, above the settings."""
+        row = QHBoxLayout()
+        self.filter_field = QLineEdit()
+        self.filter_field.setPlaceholderText("Find a setting")
+        self.filter_field.setClearButtonEnabled(True)
+        self.filter_field.setToolTip(
+            "Shows only the settings whose name, explanation or key holds these words (Ctrl+F). "
+            "Escape shows every setting again."
+        )
+        self.filter_field.textChanged.connect(self.apply_filter)
+        self.filter_field.setMaximumWidth(480)  # room for a few words, not a page-wide bar
+        row.addWidget(self.filter_field, 1)
+        go_to = label("Go to")
+        self.section_choice = QComboBox()
+        self.section_choice.setToolTip("Scroll to a group of settings; it follows the page.")
+        self.section_choice.activated.connect(
+            lambda index: self.go_to_section(self.section_choice.itemText(index))
+        )
+        go_to.setBuddy(self.section_choice)
+        row.addSpacing(12)
+        row.addWidget(go_to)
+        row.addWidget(self.section_choice)
+        row.addStretch(1)
+        find = QShortcut(QKeySequence.StandardKey.Find, self)
+        find.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        find.activated.connect(self._focus_filter)
+        escape = QShortcut(QKeySequence(Qt.Key.Key_Escape), self.filter_field)
+        escape.setContext(Qt.ShortcutContext.WidgetShortcut)
+        escape.activated.connect(self.filter_field.clear)
+        return row
+
     def _add_group(self, group: str, fields: list[Field]) -> None:
-        self._add(label(group, "section"))
+        section = QWidget()
+        column = QVBoxLayout(section)
+        column.setContentsMargins(0, 0, 0, 10)
+        column.setSpacing(2)
+        column.addWidget(label(group, "section"))
         if group in GROUP_INTROS:
-            self._add(label(GROUP_INTROS[group], "muted", wrap=True))
-        grid = QGridLayout()
-        grid.setContentsMargins(8, 4, 0, 10)
+            column.addWidget(label(GROUP_INTROS[group], "muted", wrap=True))
+        column.addSpacing(4)
+        for f in fields:
+            column.addWidget(self._setting_row(f))
+        self.sections[group] = section
+        self._group_keys[group] = [f.key for f in fields]
+        self._add(section)
+
+    def _setting_row(self, f: Field) -> QWidget:
+        """One setting: its name, its editor, what Auto means, a problem, and one line saying
+        what it does. The whole explanation is the tooltip anywhere on the row."""
+        row = QWidget()
+        row.setToolTip(explanation_tip(f.help))
+        grid = QGridLayout(row)
+        grid.setContentsMargins(8, 0, 0, 0)
         grid.setHorizontalSpacing(18)
         grid.setVerticalSpacing(2)
         grid.setColumnStretch(1, 1)
         self._grids.append(grid)
-        row = 0
-        for f in fields:
-            name = label(f.label)
-            name.setToolTip(f.help)
-            name.setStyleSheet("font-weight: 600;")
-            editor = FieldEditor(f)
-            editor.setObjectName(f"setting-{f.key}")
-            name.setBuddy(editor.input)
-            grid.addWidget(name, row, 0, Qt.AlignmentFlag.AlignTop)
-            grid.addWidget(editor, row, 1)
-            row += 1
-            resolved = label("", "resolved", wrap=True)
-            resolved.hide()
-            grid.addWidget(resolved, row, 1)
-            row += 1
-            problem = label("", "invalid", wrap=True)
-            problem.hide()
-            grid.addWidget(problem, row, 1)
-            row += 1
-            description = label(f.help, "help", wrap=True)
-            description.setContentsMargins(0, 0, 0, 8)
-            grid.addWidget(description, row, 1)
-            row += 1
-            self.editors[f.key] = editor
-            self.resolved[f.key] = resolved
-            self.problems[f.key] = problem
-        self._form.insertLayout(self._form.count() - 1, grid)
+        name = label(f.label)
+        name.setStyleSheet("font-weight: 600;")
+        editor = FieldEditor(f)
+        editor.setObjectName(f"setting-{f.key}")
+        name.setBuddy(editor.input)
+        grid.addWidget(name, 0, 0, Qt.AlignmentFlag.AlignTop)
+        grid.addWidget(editor, 0, 1)
+        resolved = label("", "resolved", wrap=True)
+        resolved.hide()
+        grid.addWidget(resolved, 1, 1)
+        problem = label("", "invalid", wrap=True)
+        problem.hide()
+        grid.addWidget(problem, 2, 1)
+        explanation = label(short_explanation(f.help), "help", wrap=True)
+        explanation.setContentsMargins(0, 0, 0, 8)
+        grid.addWidget(explanation, 3, 1)
+        self.editors[f.key] = editor
+        self.resolved[f.key] = resolved
+        self.problems[f.key] = problem
+        self.explanations[f.key] = explanation
+        self.rows[f.key] = row
+        words_of = (f.label, f.help, shown_words(f.help), f.key, f.key.replace("_", " "))
+        self._searchable[f.key] = "\n".join(words_of).lower()
+        return row
 
     def _align_columns(self) -> None:
-        """Every group's controls start at the same x: the name column is as wide as the
+        """Every setting's control starts at the same x: the name column is as wide as the
         widest name of any group."""
         widest = 0
         for grid in self._grids:
@@ -390,6 +509,79 @@ class SettingsView(QWidget):
                     widest = max(widest, widget.sizeHint().width())
         for grid in self._grids:
             grid.setColumnMinimumWidth(0, max(200, widest))
+
+    # Finding ----------------------------------------------------------------------------------
+
+    def _focus_filter(self) -> None:
+        self.filter_field.setFocus()
+        self.filter_field.selectAll()
+
+    def apply_filter(self, text: str) -> int:
+        """Show only the settings whose name, explanation or key holds every word of `text`
+        (in any case), and only the groups that keep one; returns how many settings show."""
+        terms = text.lower().split()
+        shown = 0
+        for key, row in self.rows.items():
+            match = all(term in self._searchable[key] for term in terms)
+            row.setHidden(not match)
+            shown += match
+        model = self.section_choice.model()
+        assert isinstance(model, QStandardItemModel)  # a combo box's own model
+        for index, (group, section) in enumerate(self.sections.items()):
+            keep = any(not self.rows[key].isHidden() for key in self._group_keys[group])
+            section.setHidden(not keep)
+            item = model.item(index)
+            if item is not None:
+                item.setEnabled(keep)
+        self.no_match.setText(f"No setting matches “{text.strip()}”.")
+        self.no_match.setVisible(shown == 0)
+        area = self._scroll_area()
+        if area is not None:
+            self._lay_out_now()
+            area.verticalScrollBar().setValue(0)
+        self._follow_scroll()
+        return shown
+
+    def go_to_section(self, group: str) -> bool:
+        """Scroll the group's title to the top of the page; False when it is not shown."""
+        section = self.sections.get(group)
+        area = self._scroll_area()
+        if section is None or section.isHidden() or area is None:
+            return False
+        self._lay_out_now()
+        self._jumping = True
+        try:
+            area.verticalScrollBar().setValue(section.y())
+        finally:
+            self._jumping = False
+        self.section_choice.setCurrentIndex(self.section_choice.findText(group))
+        return True
+
+    def current_section(self) -> str:
+        """The group being read: the last one whose title is at or above the top of the page
+        (at the end of the page, above its middle, so the last short groups can be reached)."""
+        shown = [group for group, section in self.sections.items() if not section.isHidden()]
+        area = self._scroll_area()
+        if not shown or area is None:
+            return shown[0] if shown else ""
+        bar = area.verticalScrollBar()
+        line = bar.value() + 4
+        if bar.maximum() > 0 and bar.value() >= bar.maximum():
+            line = bar.value() + area.viewport().height() // 2
+        return next((g for g in reversed(shown) if self.sections[g].y() <= line), shown[0])
+
+    def _follow_scroll(self, _value: int = 0) -> None:
+        if self._jumping:
+            return
+        index = self.section_choice.findText(self.current_section())
+        if index >= 0:
+            self.section_choice.setCurrentIndex(index)
+
+    @staticmethod
+    def _lay_out_now() -> None:
+        """Lay the page out now: widgets shown or hidden re-lay out on posted events."""
+        for _ in range(3):
+            QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
 
     def _scroll_area(self) -> QScrollArea | None:
         body = self._form.parentWidget()
@@ -407,10 +599,8 @@ class SettingsView(QWidget):
             return
         before = editor.mapTo(area.viewport(), QPoint(0, 0)).y()
         change()
-        # Lay the page out now (labels shown or hidden re-lay out on posted events), then
-        # measure where the setting went.
-        for _ in range(3):
-            QApplication.sendPostedEvents(None, QEvent.Type.LayoutRequest)
+        # Measure where the setting went once the page is laid out again.
+        self._lay_out_now()
         after = editor.mapTo(area.viewport(), QPoint(0, 0)).y()
         bar = area.verticalScrollBar()
         bar.setValue(bar.value() + after - before)

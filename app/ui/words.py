@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.core import samplers
+from app.core import hires, samplers
 from app.core.components import COMPONENTS, FP16_MAX, Status
 from app.core.precision import expected_dtypes
 
@@ -37,6 +37,7 @@ CHOICE_NAMES = {
     "ask": "Ask me",
     # Every sampler and schedule, in AUTOMATIC1111's words ("DPM++ 2M SDE Karras").
     **{key: samplers.words(key) for key in samplers.KEYS},
+    **{upscaler.key: upscaler.words for upscaler in hires.UPSCALERS},
 }
 FP16_WORDS = {
     "fast": "fast",

@@ -1,16 +1,35 @@
-"""The settings panel is generated from the schema: every field has an editor, every editor
-saves, and `auto` says what it resolves to."""
+"""The settings panel is generated from the schema: every field has an editor and a one-line
+explanation (the whole one on hover), every editor saves, `auto` says what it resolves to, and a
+setting is found by the filter or "Go to"."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
-from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QLineEdit, QListWidget, QSpinBox
+from PySide6 import QtGui
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QTextDocumentFragment
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QSpinBox,
+)
 
 from app.core.profiles import RememberedFix
 from app.core.settings import FIELDS, GROUPS, PRECISION_KEYS, SCHEMA, Field, load_settings
 from app.engine.events import EventState
+from app.ui.settings_view import (
+    SHORT_EXPLANATION,
+    explanation_tip,
+    short_explanation,
+    shown_words,
+)
 from tests.support.reports import gtx_1660_super, on_a_cpu
 
 
@@ -29,7 +48,10 @@ def _new_value(field: Field) -> Any:
             value = field.default - step
         return int(value)
     if field.kind == "float":
-        return field.default + 1.0
+        value = field.default + 1.0
+        if field.maximum is not None and value > field.maximum:
+            value = round(field.default - 0.1, 1)
+        return value
     if field.kind == "text":
         return "blurry, watermark"
     if field.kind == "path":
@@ -49,7 +71,9 @@ def _edit_like_a_user(editor, value: Any) -> None:
         widget.setCurrentIndex(widget.findData(value))
     elif isinstance(widget, QComboBox):
         widget.setEditText(value)
-        widget.lineEdit().editingFinished.emit()
+        line = widget.lineEdit()
+        assert line is not None  # an editable combo box always has its line edit
+        line.editingFinished.emit()
     elif isinstance(widget, (QSpinBox, QDoubleSpinBox)):
         widget.setValue(value)
     elif isinstance(widget, QLineEdit):
@@ -62,17 +86,192 @@ def _edit_like_a_user(editor, value: Any) -> None:
         raise AssertionError(f"no way to edit {type(widget).__name__}")
 
 
-def test_there_is_an_editor_for_every_schema_field_with_help_visible(window):
+def _tip_text(tip: str) -> str:
+    return QTextDocumentFragment.fromHtml(tip).toPlainText()
+
+
+def test_every_field_has_an_editor_a_one_line_explanation_and_the_whole_in_its_tooltip(window):
     view = window.settings_view
     assert set(view.editors) == {f.key for f in SCHEMA}
+    labels = {w.text() for w in view.findChildren(QLabel) if w.text()}
     for field in SCHEMA:
-        assert view.editors[field.key].toolTip() == field.help
-        assert view.editors[field.key].input.toolTip() == field.help
-    labels = {w.text() for w in view.findChildren(type(view.notice)) if w.text()}
-    for field in SCHEMA:
-        assert field.help in labels, f"help for {field.key} is not visible"
+        whole = shown_words(field.help)
+        for holder in (
+            view.editors[field.key],
+            view.editors[field.key].input,
+            view.rows[field.key],
+        ):
+            assert _tip_text(holder.toolTip()) == whole, field.key
+        line = view.explanations[field.key].text()
+        assert line in labels
+        assert whole.startswith(line.removesuffix("…")), field.key
+        assert len(line) <= SHORT_EXPLANATION + 1, field.key
     for group in {f.group for f in SCHEMA}:
         assert group in GROUPS and group in labels
+    # The memory budget's seven lines are one in the page and whole in the tooltip.
+    line = view.explanations["max_vram_gb"].text()
+    assert line == (
+        "The most GPU memory HalfSafe's copy of a model part may take, to leave room for other "
+        "programs…"
+    )
+    assert "0: no budget of your own" in _tip_text(view.rows["max_vram_gb"].toolTip())
+    assert view.explanations["no_half"].text() == "Run every part in fp32, like --no-half."
+    # The page says what it does: a line each, the whole explanation on hover.
+    assert any("hover over it for the whole explanation" in text for text in labels)
+
+
+def test_a_tooltip_wraps_however_long_the_explanation():
+    # Qt shows a plain-text tooltip on one line, as wide as the text.
+    long = "A long explanation & more. " * 20
+    tip = explanation_tip(long)
+    assert QtGui.Qt.mightBeRichText(tip)
+    assert _tip_text(tip) == long
+
+
+def test_short_explanations_are_the_first_sentence_or_clause():
+    assert short_explanation("Steps per image: more is slower. Fewer is faster.") == (
+        "Steps per image: more is slower."
+    )
+    assert short_explanation("Named layers (e.g. vae:decoder) in fp32. More.") == (
+        "Named layers (e.g. vae:decoder) in fp32."
+    )
+    assert short_explanation("Tiles at the seams. auto tiles on a GPU.") == "Tiles at the seams."
+    assert short_explanation("Which attention kernel runs: " + "flash is fast; " * 20) == (
+        "Which attention kernel runs…"
+    )
+    assert short_explanation("off: keep it; " + "x" * 200 + "; more") == (
+        "Off: keep it; " + "x" * 200 + "…"
+    )
+
+
+def _shown_rows(view) -> set[str]:
+    return {key for key, row in view.rows.items() if row.isVisibleTo(view)}
+
+
+def _shown_sections(view) -> set[str]:
+    return {group for group, section in view.sections.items() if section.isVisibleTo(view)}
+
+
+def test_find_a_setting_by_its_name_explanation_or_key_in_any_case(window, qtbot):
+    window.show_page("Settings")
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)  # for Escape, a shortcut
+    view = window.settings_view
+    qtbot.mouseClick(view.filter_field, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(view.filter_field.hasFocus)
+    assert view.filter_field.placeholderText() == "Find a setting"
+    qtbot.keyClicks(view.filter_field, "TILING")  # a name
+    assert _shown_rows(view) == {"vae_tiling"}
+    assert _shown_sections(view) == {"Device"}
+    assert not view.no_match.isVisibleTo(view)
+
+    view.filter_field.clear()
+    qtbot.keyClicks(view.filter_field, "no_half_vae")  # a key
+    assert _shown_rows(view) == {"no_half_vae"}
+
+    view.filter_field.clear()
+    qtbot.keyClicks(view.filter_field, "openclip")  # only in the explanation
+    assert _shown_rows(view) == {"text_encoder_2_precision"}
+    assert _shown_sections(view) == {"Precision"}
+
+    view.filter_field.clear()
+    qtbot.keyClicks(view.filter_field, "seams tiles")  # every word, anywhere in the setting
+    assert _shown_rows(view) == {"vae_tiling"}
+
+    view.filter_field.clear()
+    qtbot.keyClicks(view.filter_field, "bfloat32")
+    assert _shown_rows(view) == set() and _shown_sections(view) == set()
+    assert view.no_match.isVisibleTo(view)
+    assert view.no_match.text() == "No setting matches “bfloat32”."
+
+    qtbot.keyClick(view.filter_field, Qt.Key.Key_Escape)  # Escape shows everything again
+    assert view.filter_field.text() == ""
+    assert _shown_rows(view) == set(view.editors)
+    assert _shown_sections(view) == {f.group for f in SCHEMA}
+    assert not view.no_match.isVisibleTo(view)
+
+
+def test_ctrl_f_on_the_settings_page_goes_to_the_find_field(window, qtbot):
+    window.show_page("Settings")
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    view = window.settings_view
+    view.editors["steps"].input.setFocus()
+    qtbot.keyClick(view.editors["steps"].input, Qt.Key.Key_F, Qt.KeyboardModifier.ControlModifier)
+    assert view.filter_field.hasFocus()
+
+
+def _top_of(view, widget) -> int:
+    area = view._scroll_area()
+    return widget.mapTo(area.viewport(), QPoint(0, 0)).y()
+
+
+def test_go_to_jumps_to_a_group_and_follows_the_scrolling(window, qtbot):
+    window.show_page("Settings")
+    window.resize(1024, 700)
+    qtbot.wait(20)
+    view = window.settings_view
+    choice = view.section_choice
+    assert [choice.itemText(i) for i in range(choice.count())] == [
+        g for g in GROUPS if any(f.group == g for f in SCHEMA)
+    ]
+    assert choice.currentText() == "Device"
+    index = choice.findText("Accumulation")
+    choice.setCurrentIndex(index)
+    choice.activated.emit(index)  # what choosing it from the list sends
+    assert _top_of(view, view.sections["Accumulation"]) == 0
+    assert choice.currentText() == "Accumulation"
+
+    # Scrolling by hand: "Go to" names the group under the top of the page.
+    bar = view._scroll_area().verticalScrollBar()
+    bar.setValue(view.sections["Attention"].y() + 10)
+    assert choice.currentText() == "Attention"
+    bar.setValue(0)
+    assert choice.currentText() == "Device"
+    bar.setValue(bar.maximum())
+    assert choice.currentText() == "Folders"
+
+    # A group the filter hides cannot be gone to.
+    qtbot.keyClicks(view.filter_field, "sampler")
+    assert not view.go_to_section("Device")
+    item = choice.model().item(choice.findText("Device"))
+    assert not item.isEnabled()
+    assert choice.currentText() == "Generation"
+
+
+def test_the_device_says_auto_as_every_other_setting_does_and_saves_auto(window):
+    window.show_page("Settings")
+    view = window.settings_view
+    device = view.editors["device"].input
+    assert window.state.settings["device"] == "auto"
+    assert device.currentText() == "Auto"
+    for key, editor in view.editors.items():
+        if window.state.settings[key] == "auto":
+            assert editor.input.currentText() == "Auto", key
+    # No explanation on the page names the value in lower case.
+    for widget in view.findChildren(QLabel):
+        assert not re.search(r"\bauto\b", widget.text()), widget.text()
+    assert "Auto picks the best GPU" in _tip_text(view.editors["device"].toolTip())
+    # A choice reads as its own combo box shows it, in every explanation.
+    tiling = view.editors["vae_tiling"].input
+    assert [tiling.itemText(i) for i in range(tiling.count())] == ["Auto", "On", "Off"]
+    assert (
+        view.explanations["auto_fix"]
+        .text()
+        .startswith("Off: keep the broken image and say why; Ask: offer the fix; Auto: repair")
+    )
+
+    # Picking and typing it save the value as it always was.
+    _edit_like_a_user(view.editors["device"], "cpu")
+    assert load_settings().settings["device"] == "cpu"
+    device.setCurrentIndex(device.findText("Auto"))
+    device.activated.emit(device.currentIndex())
+    assert load_settings().settings["device"] == "auto"
+    _edit_like_a_user(view.editors["device"], "cpu")
+    _edit_like_a_user(view.editors["device"], "auto")
+    assert load_settings().settings["device"] == "auto"
+    assert device.currentText() == "Auto"
+    assert device.count() == len({device.itemData(i) for i in range(device.count())})
 
 
 def test_every_field_can_be_changed_and_is_saved_to_the_file(window):
@@ -250,3 +449,20 @@ def test_no_half_overrides_every_text_encoders_hint(window):
         assert view.resolved[key].text() == (
             "No-half is on, so this runs in fp32 whatever is chosen here."
         ), key
+
+
+def test_a_narrow_decimal_setting_is_edited_in_fine_steps(window):
+    """A strength of 0.01 to 1 in hundredths (0.45 is kept, not rounded to 0.5); an upscale
+    of 1 to 4 in quarters; CFG scale in halves, to one decimal."""
+    from app.core.settings import load_settings
+
+    view = window.settings_view
+    denoise = view.editors["hires_denoise"].input
+    assert (denoise.decimals(), denoise.singleStep()) == (2, 0.05)
+    assert view.editors["hires_scale"].input.singleStep() == 0.25
+    assert (view.editors["cfg"].input.decimals(), view.editors["cfg"].input.singleStep()) == (
+        1,
+        0.5,
+    )
+    denoise.setValue(0.45)
+    assert load_settings().settings["hires_denoise"] == 0.45
