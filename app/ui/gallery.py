@@ -28,8 +28,12 @@ LISTED_AT_MOST = 2000  # the newest; an output folder of years stays quick to op
 ENTRY = Qt.ItemDataRole.UserRole  # the item's GalleryEntry
 REQUESTED = Qt.ItemDataRole.UserRole + 1
 
-# view_image(entry, step): shows an image large; step(+1/-1) walks the gallery from it.
-ViewImage = Callable[[GalleryEntry, Callable[[int], GalleryEntry | None]], Any]
+# view_image(entry, step, place): shows an image large; step(+1/-1) walks the gallery from
+# it; place() says where it is ("3 of 12").
+ViewImage = Callable[
+    [GalleryEntry, Callable[[int], GalleryEntry | None], Callable[[], tuple[int, int] | None]],
+    Any,
+]
 
 
 def list_images(folder: Path, limit: int = LISTED_AT_MOST) -> list[tuple[str, int, int]]:
@@ -325,7 +329,13 @@ class Gallery(QObject):
             self.open_image(item)
             return
         self.widget.setCurrentItem(item)
-        self.view_image(self.full_entry(item), self.step)
+        self.view_image(self.full_entry(item), self.step, self.place)
+
+    def place(self) -> tuple[int, int] | None:
+        """Where the current image is: (its position counted from 1, the number of images);
+        None when none is current."""
+        row = self.widget.currentRow()
+        return (row + 1, self.widget.count()) if row >= 0 else None
 
     def step(self, delta: int) -> GalleryEntry | None:
         """Make the image `delta` places from the current one current, and give its entry;

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from app.ui.gpu_view import GpuView
     from app.ui.health_view import HealthView
     from app.ui.image_entry import GalleryEntry
-    from app.ui.image_viewer import ImageViewer, Step
+    from app.ui.image_viewer import ImageViewer, Place, Step
     from app.ui.models_view import ModelsView
     from app.ui.settings_view import SettingsView
 
@@ -402,7 +402,9 @@ class MainWindow(QMainWindow):
             except ValueError as error:
                 self.dialogs.error(f"{folder}: {error}")
 
-    def view_image(self, source: GalleryEntry | str, step: Step | None = None) -> ImageViewer:
+    def view_image(
+        self, source: GalleryEntry | str, step: Step | None = None, place: Place | None = None
+    ) -> ImageViewer:
         """Show an image large with its parameters (one viewer, non-modal, reused)."""
         if self.image_viewer is None:
             from app.ui.image_viewer import ImageViewer
@@ -414,7 +416,7 @@ class MainWindow(QMainWindow):
                 self,
                 use_as_input=self._use_as_input,
             )
-        self.image_viewer.show_image(source, step)
+        self.image_viewer.show_image(source, step, place)
         return self.image_viewer
 
     def _send_to_generate(self, values: dict[str, Any]) -> None:

@@ -6,17 +6,21 @@ sentence, never a crash."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QGuiApplication
+from PIL import Image
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QImage, QWheelEvent
 from PySide6.QtWidgets import QApplication
 
 from app.ui import dialogs as dialogs_module
-from app.ui.image_viewer import ImageViewer
+from app.ui.image_viewer import ZOOM_STEPS, ImageViewer
+from app.ui.theme import contrast_ratio, dark_palette
 from tests.support import reports
 from tests.support.image_files import (
     a1111_parameters,
@@ -63,9 +67,9 @@ def test_a_double_clicked_gallery_image_opens_large_and_the_arrows_walk_the_gall
     assert viewer is not None and viewer.isVisible() and not viewer.isModal()
     assert viewer.windowTitle() == "00003-4242.png"
     assert viewer.image.pixmap.width() == 64  # the image itself, not its thumbnail
+    assert viewer.verdict.text() == "NaN-black in the VAE at step 8."
     lines = viewer.parameters.text().splitlines()
-    assert lines[0].startswith("Made by ") and lines[1] == "NaN-black in the VAE at step 8."
-    assert "a red circle on a blue background" in lines
+    assert lines[0].startswith("Made by ") and lines[1] == "a red circle on a blue background"
     assert "Precision: fp16 everywhere" in lines
 
     qtbot.waitUntil(lambda: QApplication.activeWindow() is viewer, timeout=3000)
@@ -147,10 +151,13 @@ def test_a_fresh_image_is_viewed_with_what_only_its_run_knows(window, engines, q
     )
     engines.current.finish(engines.current.last_job("generate"), result)
     view.gallery_view.view(view.gallery.item(0))
-    text = window.image_viewer.parameters.text()
-    assert "NaN-black in the VAE at step 25." in text
-    assert "The VAE overflowed fp16 while decoding." in text
-    assert "Note: The UNet runs in fp16 as you asked" in text
+    viewer = window.image_viewer
+    assert viewer.verdict.text() == "NaN-black in the VAE at step 25."
+    assert viewer.diagnosis_text.text().splitlines() == [
+        "The VAE overflowed fp16 while decoding.",
+        "Note: The UNet runs in fp16 as you asked; on a CPU fp16 is slow.",
+    ]
+    assert "fp16 as you asked" not in viewer.parameters.text()  # said once, above
 
 
 def _invoke_metadata() -> str:
@@ -288,3 +295,276 @@ def test_a_viewer_alone_shows_an_image_in_memory(qtbot, tmp_path):
     assert viewer.windowTitle() == "An image not saved"
     assert not viewer.buttons["Why is it black?"].isEnabled()
     assert not viewer.buttons["Open folder"].isEnabled()
+
+
+# The picture's frame, the gallery's buttons, the zoom, the labelled parameters ---------------
+
+
+def _viewer(qtbot) -> ImageViewer:
+    viewer = ImageViewer(None, lambda values: None, lambda path: None)
+    qtbot.addWidget(viewer)
+    viewer.resize(1100, 760)
+    return viewer
+
+
+def _active(qtbot, viewer: ImageViewer) -> None:
+    """The keys are the window's shortcuts: they work in the window that has the focus."""
+    viewer.activateWindow()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is viewer, timeout=3000)
+
+
+def _black_png(path: Path) -> Path:
+    Image.new("RGB", (64, 48), (0, 0, 0)).save(path)
+    return path
+
+
+def _pixel(image, x: int, y: int) -> QColor:
+    return QColor(image.pixel(x, y))
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark", "light, then dark"])
+def test_a_black_image_sits_in_a_frame_that_shows_against_the_window(qtbot, tmp_path, scheme):
+    light = QApplication.palette()
+    if scheme == "dark":
+        QApplication.setPalette(dark_palette())  # as a dark desktop hands it over
+    try:
+        viewer = _viewer(qtbot)
+        viewer.show_image(str(_black_png(tmp_path / "black.png")))
+        qtbot.waitExposed(viewer)
+        if scheme == "light, then dark":
+            viewer.image.grab()  # painted once in the light scheme
+            QApplication.setPalette(dark_palette())  # the desktop turns dark while it shows
+        _assert_framed(viewer, "dark" if "dark" in scheme else "light")
+    finally:
+        QApplication.setPalette(light)
+
+
+def _assert_framed(viewer: ImageViewer, scheme: str) -> None:
+    shot = viewer.image.grab().toImage().convertToFormat(QImage.Format.Format_RGB32)
+    pixels = np.frombuffer(shot.constBits(), np.uint32).reshape(shot.height(), -1)
+    rows, columns = np.nonzero((pixels[:, : shot.width()] & 0xFFFFFF) == 0)  # the black image
+    left, right, top, bottom = columns.min(), columns.max(), rows.min(), rows.max()
+    middle_x, middle_y = (left + right) // 2, (top + bottom) // 2
+    # The picture keeps the window's colour around it on all four sides, for the frame.
+    assert left >= 4 and top >= 4
+    assert right <= shot.width() - 5 and bottom <= shot.height() - 5
+    window_colour = viewer.image.palette().window().color()
+    for outside, frame in (
+        ((left - 4, middle_y), (left - 1, middle_y)),
+        ((right + 4, middle_y), (right + 1, middle_y)),
+        ((middle_x, top - 4), (middle_x, top - 1)),
+        ((middle_x, bottom + 4), (middle_x, bottom + 1)),
+    ):
+        background = _pixel(shot, *outside)
+        assert background.rgb() == window_colour.rgb()
+        assert contrast_ratio(_pixel(shot, *frame), background) >= 3.0, scheme
+    if scheme == "dark":
+        assert contrast_ratio(window_colour, "#000000") < 1.5  # why the frame is needed
+
+
+def _gallery_of(paths: list[Path], start: int):
+    """A gallery's step and place over `paths`, `start` current."""
+    from app.ui.image_entry import read_image_file
+
+    current = [start]
+
+    def step(delta: int):
+        row = current[0] + delta
+        if not 0 <= row < len(paths):
+            return None
+        current[0] = row
+        return read_image_file(str(paths[row]))
+
+    return read_image_file(str(paths[start])), step, lambda: (current[0] + 1, len(paths))
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints", "does not support raise")
+def test_previous_and_next_walk_the_gallery_and_say_where_the_image_is(qtbot, tmp_path):
+    paths = [_write(tmp_path, f"0000{i}-{i}.png", age_s=i) for i in range(1, 4)]
+    viewer = _viewer(qtbot)
+    entry, step, place = _gallery_of(paths, 1)
+    viewer.show_image(entry, step, place)
+    previous, following = viewer.buttons["Previous"], viewer.buttons["Next"]
+    assert previous.isVisible() and following.isVisible()
+    assert viewer.position.text() == "2 of 3"
+    assert previous.isEnabled() and following.isEnabled()
+
+    following.click()
+    assert viewer.windowTitle() == "00003-3.png" and viewer.position.text() == "3 of 3"
+    assert not following.isEnabled() and previous.isEnabled()
+    viewer.walk(1)  # → past the end: it stays
+    assert viewer.windowTitle() == "00003-3.png" and viewer.position.text() == "3 of 3"
+    previous.click()
+    previous.click()
+    assert viewer.windowTitle() == "00001-1.png" and viewer.position.text() == "1 of 3"
+    assert not previous.isEnabled() and following.isEnabled()
+
+    # A file on its own (dropped, opened) has no gallery to walk: no buttons, no place.
+    viewer.show_image(str(paths[0]))
+    assert not previous.isVisible() and not following.isVisible()
+    assert viewer.position.text() == ""
+
+
+def test_the_buttons_walk_the_window_gallery_and_stop_at_its_end(window, qtbot, gallery):
+    _double_click(qtbot, gallery, 0)
+    viewer = window.image_viewer
+    following = viewer.buttons["Next"]
+    assert following.isVisible() and viewer.buttons["Previous"].isVisible()
+    for _ in range(5):
+        if not following.isEnabled():
+            break
+        following.click()
+    assert not following.isEnabled()  # at the end, whether told the place or found it
+    assert viewer.windowTitle() == "00001-1.png" and gallery.currentRow() == 2
+    viewer.buttons["Previous"].click()
+    assert viewer.windowTitle() == "00002-2.png" and following.isEnabled()
+
+
+def _coordinates_png(path: Path, width: int = 1500, height: int = 1000) -> Path:
+    """Each pixel's red is its x and its green its y (modulo 256): a screen that shows actual
+    pixels shows neighbours one apart."""
+    xs = np.arange(width) % 256
+    ys = np.arange(height) % 256
+    pixels = np.zeros((height, width, 3), dtype=np.uint8)
+    pixels[..., 0] = xs[None, :]
+    pixels[..., 1] = ys[:, None]
+    pixels[..., 2] = 128
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def _wheel(view, at: QPoint, notches: int, modifiers=Qt.KeyboardModifier.ControlModifier):
+    event = QWheelEvent(
+        QPointF(at),
+        QPointF(view.viewport().mapToGlobal(at)),
+        QPoint(0, 0),
+        QPoint(0, 120 * notches),
+        Qt.MouseButton.NoButton,
+        modifiers,
+        Qt.ScrollPhase.NoScrollPhase,
+        False,
+    )
+    QApplication.sendEvent(view.viewport(), event)
+
+
+def _under(view, at: QPoint) -> tuple[int, int]:
+    colour = _pixel(view.viewport().grab().toImage(), at.x(), at.y())
+    return colour.red(), colour.green()
+
+
+def test_the_image_fits_then_zooms_to_actual_pixels_and_pans(qtbot, tmp_path):
+    viewer = _viewer(qtbot)
+    viewer.show_image(str(_coordinates_png(tmp_path / "big.png")))
+    qtbot.waitExposed(viewer)
+    _active(qtbot, viewer)
+    view = viewer.image
+    fitted = re.fullmatch(r"Fit · (\d+) %", viewer.zoom.text())
+    assert fitted and 20 < int(fitted.group(1)) < 100, viewer.zoom.text()
+    assert viewer.buttons["Fit"].isChecked() and not viewer.buttons["1:1"].isChecked()
+    assert view.horizontalScrollBar().maximum() == 0  # all of it in view
+
+    viewer.buttons["1:1"].click()
+    assert viewer.zoom.text() == "100 %" and viewer.buttons["1:1"].isChecked()
+    assert not viewer.buttons["Fit"].isChecked()
+    centre = view.viewport().rect().center()
+    red, green = _under(view, centre)
+    assert _under(view, centre + QPoint(1, 0)) == ((red + 1) % 256, green)
+    assert _under(view, centre + QPoint(0, 1)) == (red, (green + 1) % 256)
+    horizontal, vertical = view.horizontalScrollBar(), view.verticalScrollBar()
+    assert horizontal.maximum() > 0 and vertical.maximum() > 0  # larger than the view
+    before = (horizontal.value(), vertical.value())
+    qtbot.mousePress(view.viewport(), Qt.MouseButton.LeftButton, pos=centre)
+    qtbot.mouseMove(view.viewport(), centre - QPoint(60, 40))
+    qtbot.mouseRelease(view.viewport(), Qt.MouseButton.LeftButton, pos=centre - QPoint(60, 40))
+    assert (horizontal.value(), vertical.value()) == (before[0] + 60, before[1] + 40)
+
+    # Ctrl+wheel zooms a step about the pointer: the pixel under it stays under it.
+    pointer = centre + QPoint(-150, 90)
+    under = _under(view, pointer)
+    _wheel(view, pointer, 1)
+    assert viewer.zoom.text() == "150 %"
+    after = _under(view, pointer)
+    assert abs(after[0] - under[0]) <= 1 and abs(after[1] - under[1]) <= 1
+    scrolled = vertical.value()
+    _wheel(view, pointer, -1, Qt.KeyboardModifier.NoModifier)  # the plain wheel scrolls
+    assert viewer.zoom.text() == "150 %" and vertical.value() > scrolled
+    _wheel(view, pointer, -2)
+    assert viewer.zoom.text() == "67 %"
+
+    qtbot.keyClick(viewer, Qt.Key.Key_Plus)
+    assert viewer.zoom.text() == "100 %"
+    qtbot.keyClick(viewer, Qt.Key.Key_Plus)
+    assert viewer.zoom.text() == "150 %"
+    qtbot.keyClick(viewer, Qt.Key.Key_Minus)
+    assert viewer.zoom.text() == "100 %"
+    qtbot.keyClick(viewer, Qt.Key.Key_0)
+    assert viewer.zoom.text() == fitted.group(0) and viewer.buttons["Fit"].isChecked()
+    assert horizontal.maximum() == 0
+    viewer.buttons["Zoom in"].click()  # the next step up from Fit's scale
+    larger = next(step for step in ZOOM_STEPS if step * 100 > int(fitted.group(1)) + 0.5)
+    assert viewer.zoom.text() == f"{larger * 100:.0f} %"
+    viewer.buttons["Fit"].click()
+    assert viewer.zoom.text() == fitted.group(0)
+    viewer.buttons["Fit"].click()  # Fit again stays Fit, checked
+    assert viewer.buttons["Fit"].isChecked()
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints", "does not support raise")
+def test_walking_keeps_the_zoom_and_a_new_image_opens_fitted(qtbot, tmp_path):
+    paths = [_coordinates_png(tmp_path / f"{name}.png") for name in ("a", "b")]
+    viewer = _viewer(qtbot)
+    entry, step, place = _gallery_of(paths, 0)
+    viewer.show_image(entry, step, place)
+    _active(qtbot, viewer)
+    qtbot.keyClick(viewer, Qt.Key.Key_1)
+    assert viewer.zoom.text() == "100 %"
+    qtbot.keyClick(viewer, Qt.Key.Key_Right)
+    assert viewer.windowTitle() == "b.png" and viewer.zoom.text() == "100 %"
+    viewer.show_image(str(paths[0]))
+    assert viewer.zoom.text().startswith("Fit · ")
+
+
+def test_the_parameters_have_a_heading_under_the_diagnosis(window, qtbot, gallery):
+    window.resize(1024, 700)
+    _double_click(qtbot, gallery, 0)
+    viewer = window.image_viewer
+    viewer.resize(944, 620)  # the smallest screen's viewer (tools/screenshots.py)
+    qtbot.waitExposed(viewer)
+    heading = viewer.parameters_heading
+    assert heading.text() == "Parameters" and heading.isVisible()
+    assert viewer.diagnosis.isVisible() and viewer.verdict.isVisible()
+
+    def top(widget) -> int:
+        return widget.mapTo(viewer, QPoint(0, 0)).y()
+
+    assert top(viewer.verdict) < top(heading) < top(viewer.parameters)
+    # The verdict and the parameters each say their part once.
+    assert "NaN-black" not in viewer.parameters.text()
+    verdict = viewer.verdict
+    assert verdict.wordWrap() and verdict.height() >= verdict.heightForWidth(verdict.width())
+    assert verdict.font().bold()
+    assert viewer.diagnosis.property("level") == "bad"  # the theme's red box
+
+    # A fine image has no diagnosis box; its parameters keep their heading.
+    viewer.buttons["Next"].click()
+    assert viewer.windowTitle() == "00002-2.png"
+    assert not viewer.diagnosis.isVisible() and heading.isVisible()
+
+
+def test_the_window_gallery_tells_the_viewer_where_it_is(window, tmp_path):
+    """Opened from the real gallery, the viewer shows "n of N" from the gallery's place."""
+    from PySide6.QtGui import QIcon
+
+    from app.ui.image_entry import GalleryEntry
+    from tests.support.image_files import png_text
+
+    gallery = window.generate_view.gallery_view
+    for index in range(3):
+        path = png_text(tmp_path / f"0000{index}-1.png", {"parameters": f"image {index}"})
+        gallery.add(GalleryEntry(path=str(path), prompt=f"image {index}"), QIcon())
+    count = gallery.widget.count()
+    gallery.widget.setCurrentRow(1)
+    gallery.view(gallery.widget.item(1))
+    assert gallery.place() == (2, count)
+    assert window.image_viewer is not None
+    assert f"2 of {count}" in window.image_viewer.position.text()
