@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
+    QGraphicsOpacityEffect,
     QGridLayout,
     QHBoxLayout,
     QLabel,
@@ -20,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.components import Status, Verdict
+from app.core.diagnosis import QUALITY_CEILING_DB
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,
@@ -39,6 +43,7 @@ from app.core.models.summary import ModelSummary
 from app.core.precision.words import plan_words
 from app.core.requests import CheckRequest, PicturePath
 from app.engine.events import EngineEvent, EventState
+from app.engine.failures import Failure
 from app.ui import folders, words
 from app.ui.chart import ActivationChart
 from app.ui.dialogs import Dialogs
@@ -66,6 +71,10 @@ _SEVERITY = {
     Status.OK: 2,
 }
 _VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
+# How the check names a stage, one part of the model after another ("Checking the UNet", sent
+# as k of n): the bar is split into those stages, and every other phase fills the one it is in.
+_STAGE = "Checking the "
+_BAR_STEPS = 1000
 
 
 class HealthView(QWidget):
@@ -141,8 +150,37 @@ class HealthView(QWidget):
         layout.addWidget(self.model_hint)
         self.verdict = Banner()
         layout.addWidget(self.verdict)
+        # The fix's button sits above the scrolling report, with the verdict it acts on: at
+        # 1024×700 the fix card's tables would push it out of sight.
+        self.fix_actions = QWidget()
+        actions = QHBoxLayout(self.fix_actions)
+        actions.setContentsMargins(0, 0, 0, 0)
+        self.apply_button = primary_button("Apply fix")
+        self.apply_button.setToolTip(
+            "Use this fix from the next job on: layer lists are remembered for this model, "
+            "other settings are written into your settings."
+        )
+        self.apply_button.clicked.connect(lambda: self.apply_fix(self._fix_settings))
+        self.applied_label = label("", "muted", wrap=True)
+        actions.addWidget(self.apply_button)
+        actions.addWidget(self.applied_label, 1)
+        self.fix_actions.hide()
+        layout.addWidget(self.fix_actions)
+        self._fix_settings: dict[str, Any] = {}
 
         self.body = scroll_column(layout)
+        content = self.body.parentWidget()
+        assert content is not None  # the scroll area's own widget
+        self.body_content: QWidget = content
+        self.faded = QGraphicsOpacityEffect(self.body_content)
+        self.faded.setOpacity(0.45)
+        self.faded.setEnabled(False)
+        self.body_content.setGraphicsEffect(self.faded)
+        # While a check runs: a card saying which stage it is at, in place of the report.
+        self.running: _CheckProgress | None = None
+        self.running_card: Card | None = None
+        # The shown result was made before the engine stopped: greyed until the model is back.
+        self.stale = False
 
         # The headline shown, and the precisions it holds at (the check's, its fix's): shown as
         # a verdict only while the next job runs at one of them.
@@ -152,6 +190,7 @@ class HealthView(QWidget):
         state.model_changed.connect(self.show_saved_report)
         for signal in (state.settings_changed, state.hardware_changed, state.model_changed):
             signal.connect(lambda _value: self._show_headline())
+        client.died.connect(self._engine_stopped)
         self._model_changed(state.model)
 
     # Running ----------------------------------------------------------------------------------
@@ -170,6 +209,9 @@ class HealthView(QWidget):
             )
             if self.report is not None and self.report.model.source != model.source:
                 self.clear_report()
+            elif self.stale:  # the engine is back with this model: the result holds again
+                self._grey(False)
+                self.stage.setText("")
 
     def clear_report(self) -> None:
         """Forget the shown report (it was about another model)."""
@@ -179,6 +221,10 @@ class HealthView(QWidget):
         self._headline = None
         self.verdict.dismiss()
         self.stage.setText("")
+        self._grey(False)
+        self.fix_actions.hide()
+        self._fix_settings = {}
+        self.applied_label.setText("")
         for button in (self.export_button, self.copy_button):
             button.setEnabled(False)
 
@@ -192,6 +238,7 @@ class HealthView(QWidget):
         self.progress.setRange(0, 0)
         self.progress.show()
         self.stage.setText("Starting…")
+        self._show_running(_CheckProgress())
         images, mask, canvas = self.input_pictures()
         request = CheckRequest(
             precision=self.state.precision(),
@@ -200,6 +247,7 @@ class HealthView(QWidget):
             # The denoiser is probed at the ends of the sampler schedule the user generates with.
             steps=int(self.state.settings["steps"]),
             scheduler=str(self.state.settings["scheduler"]),
+            clip_skip=int(self.state.settings["clip_skip"]),  # the prompt read as jobs read it
             images=images,
             mask=mask,
             canvas=canvas,
@@ -220,6 +268,7 @@ class HealthView(QWidget):
         self.stage.setText(text)
 
     def _on_event(self, event: EngineEvent) -> None:
+        running = self.running
         if event.state == EventState.QUEUED:
             self.stage.setText("Waiting for the engine…")
         elif event.state == EventState.PROGRESS:
@@ -228,15 +277,28 @@ class HealthView(QWidget):
                 # "Done" would claim the check finished while it still runs.
                 self.progress.setRange(0, 0)
                 self.stage.setText("Writing the report…")
+                if running is not None:
+                    running.writing()
             else:
-                show_progress(self.progress, event.done, event.total)
-                stage = f"{event.stage}…" if event.stage else "Working…"
+                stage = event.stage or "Working"
+                if running is not None:
+                    running.advance(stage, event.done, event.total)
+                if running is not None and running.count:
+                    self.progress.setRange(0, _BAR_STEPS)
+                    self.progress.setValue(round(running.filled * _BAR_STEPS))
+                    stage = f"Stage {running.index + 1} of {running.count} — {stage}"
+                else:  # no stage named yet: the phase's own count, or a busy bar
+                    show_progress(self.progress, event.done, event.total)
                 found = self.headlines.get(event.job_id)
-                self.stage.setText(f"{found}\n{stage}" if found else stage)
+                self.stage.setText(f"{found}\n{stage}…" if found else f"{stage}…")
+            self._update_running()
         elif event.state == EventState.WARNING:
             # The check's headline (what failed, where) stays above the stages that follow it.
             self.headlines = {event.job_id: event.message}
             self.stage.setText(event.message)
+            if running is not None:
+                running.found(event.message)
+            self._update_running()
         elif event.state == EventState.RESULT:
             result: CheckResult = event.result
             self._finish(f"Checked in {result.report.seconds:.1f} s.")
@@ -250,9 +312,88 @@ class HealthView(QWidget):
             )
         elif event.state == EventState.CANCELLED:
             self._finish("Cancelled.")
+            self._stop_running("Check cancelled", "muted", event.message)
         elif event.state == EventState.ERROR:
-            self._finish("The health check did not finish.")
+            if event.error_type == "EngineDied":
+                self._finish("The engine stopped, so the health check did not finish.")
+                self._stop_running(
+                    "The check did not finish",
+                    "bad",
+                    "The engine stopped during the check. Restart it from the banner at the top "
+                    "of the window, then run the check again.",
+                )
+            else:
+                self._finish("The health check did not finish.")
+                self._stop_running("The check did not finish", "bad", event.message)
             self.dialogs.job_failed(event)
+
+    def _show_running(self, running: _CheckProgress) -> None:
+        """A card in place of the report while a check runs: its stages, where it is, and
+        what it found so far, so the page is never blank."""
+        self.running = running
+        card = Card("Checking the model")
+        self.running_chip = Chip("Starting", "muted")
+        card.header.addWidget(self.running_chip)
+        self.running_text = label("", wrap=True)
+        card.body.addWidget(self.running_text)
+        self.running_note = label(
+            "A card for each part, its chart and the fix, if one is needed, appear here when "
+            "the check ends.",
+            "muted",
+            wrap=True,
+        )
+        card.body.addWidget(self.running_note)
+        self.running_card = card
+        self.body.insertWidget(0, card)
+        self._update_running()
+
+    def _update_running(self) -> None:
+        running = self.running
+        if running is None or self.running_card is None:
+            return
+        self.running_text.setText("<br>".join(running.lines()))
+        if running.count:
+            self.running_chip.setText(
+                f"Stage {min(running.index + 1, running.count)} of {running.count}"
+            )
+
+    def _stop_running(self, title: str, level: str, why: str) -> None:
+        """The running card, once the check stopped without a report: where it stopped, why."""
+        running, card = self.running, self.running_card
+        self.running = None
+        if running is None or card is None:
+            return
+        running.stopped()
+        card.title.setText(title)
+        self.running_chip.set_level(level, "Stopped")
+        self.running_text.setText("<br>".join(running.lines()))
+        self.running_note.setText(html.escape(why) if why and why != "Cancelled." else "")
+        self.running_note.setVisible(bool(self.running_note.text()))
+
+    # The engine stopping ----------------------------------------------------------------------
+
+    def _engine_stopped(self, _failure: Failure) -> None:
+        """The engine died. A check it was running has already said so (its ERROR event comes
+        first); a result shown stays readable, greyed, and says it is from before."""
+        self.progress.hide()
+        shown = self._headline is not None or self.report is not None
+        if shown or self.running_card is not None:  # a model was loaded: the restart reloads it
+            self.model_hint.setText(
+                "The engine stopped, and the model with it: Restart engine, at the top of the "
+                "window, loads it again."
+            )
+        if self.job_id is not None or not shown:
+            return
+        self._grey(True)
+        self.stage.setText("")  # "Checked in 0.7 s." is the check's, not the engine's state
+        self._show_headline()
+
+    def _grey(self, stale: bool) -> None:
+        """Grey the shown result and its actions (`stale`), or give them back."""
+        self.stale = stale
+        self.body_content.setEnabled(not stale)
+        self.faded.setEnabled(stale)
+        self.fix_actions.setEnabled(not stale)
 
     # Showing ----------------------------------------------------------------------------------
 
@@ -262,10 +403,14 @@ class HealthView(QWidget):
         or export. A check run now replaces it."""
         from app.core.health.saved import last_report, when_words
 
-        # A report still shown is this model's: `_model_changed` cleared another model's.
+        # A report still shown is this model's: `_model_changed` cleared another model's. A
+        # check that stopped (the engine died under it, unloading the model) keeps its card.
         if self.job_id is not None or self.report is not None:
             return
+        if model is None and self.running_card is not None:
+            return
         self.clear_report()
+        self.verdict.setToolTip("")
         device = self.state.device_report()
         saved = last_report(model.profile_key, device.name if device else None) if model else None
         if saved is None:
@@ -274,9 +419,11 @@ class HealthView(QWidget):
         for button in (self.export_button, self.copy_button):
             button.setEnabled(True)
         ran_at = f" at {html.escape(saved.ran_at)}" if saved.ran_at else ""
+        headline, figures = _plain_headline(saved.headline)
+        self.verdict.setToolTip(figures)
         self._headline = (
             _VERDICT_LEVEL[saved.verdict],
-            f"<b>{html.escape(saved.headline)}</b><br>The last check, on "
+            f"<b>{html.escape(headline)}</b><br>The last check, on "
             f"{html.escape(saved.device)}{ran_at} on {when_words(saved.saved_at)}. Run the "
             "health check to see each part and the fix in full.",
             tuple(t for t in (saved.ran_at, saved.fix_runs_at) if t),
@@ -290,6 +437,13 @@ class HealthView(QWidget):
         if self._headline is None:
             return
         level, text, holds_at = self._headline
+        if self.stale:
+            self.verdict.show_message(
+                "muted",
+                "<b>The engine stopped, so this result is from before that.</b> It holds again "
+                f"once the model is loaded again.<br>The last result: {text}",
+            )
+            return
         plan = self.state.expected_plan()
         next_job = plan_words(plan) if plan is not None else None
         if next_job is None or not holds_at or next_job in holds_at:
@@ -307,9 +461,11 @@ class HealthView(QWidget):
             item = self.body.takeAt(0)
             widget = item.widget() if item is not None else None
             if widget is not None:
+                widget.hide()  # deletion waits for the event loop: gone from the page now
                 widget.deleteLater()
         self.cards = {}
         self.charts = {}
+        self.running_card = None
 
     def show_report(
         self,
@@ -319,17 +475,22 @@ class HealthView(QWidget):
     ) -> None:
         """Show a check's report; `pictures` the input picture and mask it was run with."""
         self._clear()
+        self.running = None
+        self._grey(False)
         self.report = report
         self.markdown = markdown
         for button in (self.export_button, self.copy_button):
             button.setEnabled(bool(markdown))
+        self._show_fix_actions(report.fix)
         level = _VERDICT_LEVEL[report.verdict]
         if report.advice is not None and report.advice.overflowing:
             level = "warn"  # safe as run, but not in the fp16 the user is likely to move to
         tested = plan_words(report.plan)
+        headline, figures = _plain_headline(report.headline)
+        self.verdict.setToolTip(figures)
         self._headline = (
             level,
-            f"<b>{html.escape(report.headline)}</b><br>"
+            f"<b>{html.escape(headline)}</b><br>"
             f"Tested on {html.escape(report.device.name)} with {html.escape(tested)}"
             + (f" at {report.size}×{report.size} px" if report.size else "")
             + "."
@@ -429,11 +590,16 @@ class HealthView(QWidget):
                 "good" if fix.verified else "warn",
             )
         )
-        card.body.addWidget(label(html.escape(fix.summary), wrap=True))
-        if fix.quality is not None:
+        quality = fix.quality
+        if quality is None:
+            card.body.addWidget(label(html.escape(fix.summary), wrap=True))
+        else:
+            words_, figure = _agreement(quality.value, quality.threshold)
+            summary = fix.summary.replace(quality.words(), words_)
+            card.body.addWidget(label(html.escape(summary), wrap=True))
             card.body.addWidget(
                 label(
-                    f"Agreement with an fp32 run of the same inputs: <b>{fix.quality.words()}</b>",
+                    f"Against full precision (fp32): <b>{words_}</b> ({html.escape(figure)})",
                     wrap=True,
                 )
             )
@@ -467,19 +633,14 @@ class HealthView(QWidget):
                 )
             )
             card.body.addLayout(self._candidate_grid(fix))
-        buttons = QHBoxLayout()
-        self.apply_button = primary_button("Apply fix")
-        self.apply_button.setToolTip(
-            "Use this fix from the next job on: layer lists are remembered for this model, "
-            "other settings are written into your settings."
-        )
-        self.apply_button.clicked.connect(lambda: self.apply_fix(settings))
-        self.apply_button.setEnabled(bool(settings))
-        self.applied_label = label("", "muted", wrap=True)
-        buttons.addWidget(self.apply_button)
-        buttons.addWidget(self.applied_label, 1)
-        card.body.addLayout(buttons)
         return card
+
+    def _show_fix_actions(self, fix: Fix | None) -> None:
+        """The row with Apply fix, over the report, for a report with a fix."""
+        self.fix_actions.setVisible(fix is not None)
+        self._fix_settings = dict(fix.settings) if fix is not None else {}
+        self.apply_button.setEnabled(bool(self._fix_settings))
+        self.applied_label.setText("")
 
     def _candidate_grid(self, fix: Fix) -> QGridLayout:
         """The candidates table (core's rows, the CLI's and the report's), with an "Apply
@@ -616,3 +777,120 @@ def _pictures_words(
     if "vae_encoder" in report.components:
         text += f": the {words.component_name('vae_encoder')} included"
     return text + "."
+
+
+@dataclass
+class _CheckProgress:
+    """What a running check has said so far: the stage it is at (one part of the model, `index`
+    of `count` from 0; count 0 until a stage is named), each stage's name, the step within the
+    stage, what it found, and how much of the whole check is done (`filled`, 0 to 1)."""
+
+    count: int = 0
+    index: int = -1
+    names: dict[int, str] = field(default_factory=dict)
+    step: str = ""
+    findings: dict[int, list[str]] = field(default_factory=dict)  # by stage; -1: before any
+    filled: float = 0.0
+    halted: bool = False
+    _phase: str = ""
+    _phase_start: float = 0.0
+
+    def advance(self, stage: str, done: int, total: int) -> None:
+        """A progress event: a new stage, or a step within the current one."""
+        if stage.startswith(_STAGE) and total >= 2 and 0 <= done < total:
+            self.count, self.index = total, done
+            self.names[done] = stage
+            self.step, self._phase = "", ""
+            self.filled = max(self.filled, done / total)
+            return
+        self.step = stage
+        if not self.count:
+            return
+        end = (self.index + 1) / self.count
+        phase = stage.split(":")[0]  # "Trying a fix: …" names each candidate it tries
+        if phase != self._phase:
+            self._phase, self._phase_start = phase, self.filled
+        counted = total > 1 or (total == 1 and done >= 1)
+        share = min(done / total, 1.0) if counted else 0.0
+        # A step fills at most half of what is left of its stage, as steps follow one another
+        # with no count of them: the bar never goes back, nor fills before the stage ends.
+        start = self._phase_start
+        self.filled = max(self.filled, start + share * (end - start) / 2)
+
+    def found(self, message: str) -> None:
+        self.findings.setdefault(self.index if self.count else -1, []).append(message)
+
+    def writing(self) -> None:
+        self.index, self.step, self.filled = self.count, "Writing the report", 1.0
+
+    def stopped(self) -> None:
+        self.halted = True
+
+    def lines(self) -> list[str]:
+        """The card's lines, as rich text: every stage reached, ticked or current, and what
+        each found; then how many parts are left."""
+        lines = [f"⚠ {html.escape(f)}" for f in self.findings.get(-1, [])]
+        step = html.escape(self.step)
+        if not self.count:
+            if self.halted:
+                return [*lines, f"✗ Stopped: {step}." if step else "✗ Stopped before it began."]
+            return [*lines, f"▶ {step or 'Starting'}…"]
+        for index in range(min(self.index + 1, self.count)):
+            name = self.names.get(index, f"Stage {index + 1}")
+            part = html.escape(words.first_upper(name.removeprefix(_STAGE)))
+            if index < self.index:
+                lines.append(f"✓ {part}")
+            elif self.halted:
+                lines.append(f"✗ <b>{part}</b>: stopped" + (f" ({step})" if step else ""))
+            else:
+                lines.append(f"▶ <b>{part}</b>: {step or 'checking'}…")
+            lines.extend(
+                f"&nbsp;&nbsp;&nbsp;⚠ {html.escape(f)}" for f in self.findings.get(index, [])
+            )
+        left = self.count - self.index - 1
+        parts = f"{left} more part{'s' if left > 1 else ''}"
+        if left > 0:
+            lines.append(
+                f"{parts} not checked." if self.halted else f"{parts} to check after this one."
+            )
+        elif self.index >= self.count and step:
+            lines.append(f"▶ {step}…")
+        return lines
+
+
+# Core's figure of a fix's agreement with fp32 ("47.3 dB against fp32, threshold 20 dB"), as
+# `Quality.words` writes it into a headline.
+_QUALITY_FIGURE = re.compile(
+    r"\((identical|(-?[\d.]+|inf|-inf) dB) against fp32, threshold ([\d.]+) dB\)"
+)
+
+
+def _agreement(value: float, threshold: float) -> tuple[str, str]:
+    """How closely a fix's output matches an fp32 run of the same inputs: in plain words, and
+    the figure behind them (signal to noise: 20 dB is an error of a hundredth of the signal's
+    power, a tenth of its size; 30 dB a thousandth of its power)."""
+    if value >= QUALITY_CEILING_DB:
+        return "identical to full precision", "the same output as an fp32 run of the same inputs"
+    figure = (
+        f"{value:.1f} dB against an fp32 run of the same inputs; a fix counts as verified "
+        f"from {threshold:g} dB"
+    )
+    if not value >= threshold:  # NaN too
+        return "differs from full precision", figure
+    if value >= 30:
+        return "matches full precision closely", figure
+    return "close enough to full precision", figure
+
+
+def _plain_headline(headline: str) -> tuple[str, str]:
+    """Core's headline with each agreement figure in plain words, and those figures for a
+    tooltip ('' when it had none)."""
+    figures: list[str] = []
+
+    def plain(match: re.Match[str]) -> str:
+        value = QUALITY_CEILING_DB if match.group(1) == "identical" else float(match.group(2))
+        words_, figure = _agreement(value, float(match.group(3)))
+        figures.append(f"{words.first_upper(words_)}: {figure}.")
+        return f"({words_})"
+
+    return _QUALITY_FIGURE.sub(plain, headline), "\n".join(figures)

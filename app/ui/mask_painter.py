@@ -1,34 +1,43 @@
 """Painting an inpainting mask over the input picture: the picture scaled to fit, the mask over
-it in translucent colour, the left mouse button painting what is drawn again and the right one
-erasing, the brush's outline under the pointer. The brush has a size and a hardness: a hard
-brush paints a sharp edge, a softer one an edge that fades through greys. The mouse wheel zooms
-about the pointer (up to `MAX_ZOOM` times the fitted size), the middle button (or the left one
-with Space held) drags the picture, and Fit (or 0) shows it whole again. The mask is painted at
-the picture's proportions, its long side between `MIN_SIDE` and `MAX_SIDE` pixels (every job
-resizes its mask to its own size), and saved as an 8-bit greyscale PNG: white where the picture
-is painted again, as every tool's masks are, black where it is kept, and grey where the new
-picture is blended with the kept one (the engine paints again where the mask is at least half
-grey and blends the result into the kept picture by the mask's grey values).
+it in translucent colour, the brush's outline under the pointer. The left mouse button paints
+what is drawn again or erases, as the Paint / Erase toggle says (B and E choose, X swaps), and
+the right button does the opposite. The brush has a width, in the picture's own pixels whatever
+the zoom, and a hardness: a hard brush paints a sharp edge, a softer one an edge that fades
+through greys. Undo and Redo (Ctrl+Z; Ctrl+Shift+Z or Ctrl+Y) step back and forth by whole
+strokes, Clear and Invert included, up to `HISTORY_STEPS` steps. The mouse wheel zooms about the
+pointer (up to `MAX_ZOOM` times the fitted size), the middle button (or the left one with Space
+held) drags the picture, and Fit (or 0) shows it whole again. The dialog opens as large as the
+picture allows within `SCREEN_SHARE` of the screen. The mask is painted at the picture's
+proportions, its long side between `MIN_SIDE` and `MAX_SIDE` pixels (every job resizes its mask
+to its own size), and saved as an 8-bit greyscale PNG: white where the picture is painted again,
+as every tool's masks are, black where it is kept, and grey where the new picture is blended
+with the kept one (the engine paints again where the mask is at least half grey and blends the
+result into the kept picture by the mask's grey values).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from pathlib import Path
 
-from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import (
     QColor,
+    QIcon,
     QImage,
     QImageWriter,
+    QKeySequence,
     QMouseEvent,
     QPainter,
     QPaintEvent,
     QPen,
     QRadialGradient,
+    QShortcut,
 )
 from PySide6.QtWidgets import (
+    QButtonGroup,
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
@@ -45,13 +54,38 @@ from app.ui.widgets import label
 
 MAX_SIDE = 1024  # the painted mask's long side at most, in pixels
 MIN_SIDE = 512  # and at least (a smaller picture is shown larger to paint on)
-BRUSH_RANGE = (2, 400)  # brush diameters, in the mask's pixels; a twelfth of it by default
+# The brush's diameters, in the mask's pixels (the brush box shows them in the picture's); a
+# twelfth of the picture's long side by default.
+BRUSH_RANGE = (2, 400)
 DAB_SPACING = 0.25  # a soft stroke's dabs, apart by this share of the brush's radius
 MAX_ZOOM = 16.0  # times the fitted size
 ZOOM_STEP = 1.25  # per wheel click (120 eighths of a degree)
 OVERLAY = QColor(230, 60, 60)  # the mask's colour over the picture
 OVERLAY_OPACITY = 0.55
 WHITE, BLACK = QColor(255, 255, 255), QColor(0, 0, 0)
+HISTORY_STEPS = 30  # strokes (and Clears, Inverts) that Undo can take back
+# What the kept steps may take together. A step is the whole mask zlib-compressed: a painted
+# mask (flat black and white, grey ramps at soft edges) is some 50 KiB at 1024x683 and 150 KiB
+# at 2048x2048 (4 MiB of pixels), but a photograph-like mask a job brought compresses little,
+# so this bounds the worst case (16 steps of a 2048x2048 mask; every step of a 1024 px one).
+HISTORY_BYTES = 64 * 2**20
+SCREEN_SHARE = 0.8  # the dialog opens at most this share of the screen's available size
+# Paint and Erase as one control, the one that is on in the selection's colours: a style's
+# checked button can be a shade from an unchecked one (Fusion's, on a dark palette).
+MODE_STYLE = """
+#mode QPushButton { border: 1px solid palette(mid); background: palette(button);
+    color: palette(button-text); padding: 3px 8px; }
+#mode QPushButton:checked { background: palette(highlight); color: palette(highlighted-text);
+    border-color: palette(highlight); }
+#mode QPushButton:hover:!checked { border-color: palette(highlight); }
+#mode #paint { border-top-left-radius: 4px; border-bottom-left-radius: 4px; }
+#mode #erase { border-top-right-radius: 4px; border-bottom-right-radius: 4px; }
+"""
+UNDO_KEYS = ("Ctrl+Z",)
+REDO_KEYS = ("Ctrl+Shift+Z", "Ctrl+Y")
+PAINT_KEY, ERASE_KEY, SWAP_KEY = "B", "E", "X"
+# Mask values at least half grey (painted again) to 1, the others to 0, for bytes.translate.
+_PAINTED_AGAIN = bytes(int(value >= 128) for value in range(256))
 
 
 def masks_folder() -> Path:
@@ -60,25 +94,79 @@ def masks_folder() -> Path:
     return paths.data_dir() / "masks"
 
 
+def _keys(keys: tuple[str, ...]) -> str:
+    """Shortcuts as this platform writes them (Cmd on a Mac), for tooltips."""
+    return " or ".join(
+        QKeySequence(key).toString(QKeySequence.SequenceFormat.NativeText) for key in keys
+    )
+
+
+class MaskHistory:
+    """The mask's states before each step (a stroke from press to release, Clear, Invert), for
+    Undo, and the states undone, for Redo; a new step forgets what was undone. States are the
+    mask's bytes as the caller gives them, kept zlib-compressed; at most `steps` steps are kept,
+    within `budget` bytes together, the oldest forgotten first."""
+
+    def __init__(self, steps: int = HISTORY_STEPS, budget: int = HISTORY_BYTES) -> None:
+        self.steps = steps
+        self.budget = budget
+        self._undo: list[bytes] = []
+        self._redo: list[bytes] = []
+
+    def can_undo(self) -> bool:
+        return bool(self._undo)
+
+    def can_redo(self) -> bool:
+        return bool(self._redo)
+
+    def size(self) -> int:
+        """The bytes the kept states take."""
+        return sum(len(state) for state in self._undo + self._redo)
+
+    def record(self, before: bytes) -> None:
+        """A step was taken from the state `before`."""
+        self._undo.append(zlib.compress(before, 1))
+        self._redo.clear()
+        while len(self._undo) > self.steps or (len(self._undo) > 1 and self.size() > self.budget):
+            del self._undo[0]
+
+    def undo(self, current: bytes) -> bytes | None:
+        """The state before the last step (`current` is kept for Redo); None if there is none."""
+        if not self._undo:
+            return None
+        self._redo.append(zlib.compress(current, 1))
+        return zlib.decompress(self._undo.pop())
+
+    def redo(self, current: bytes) -> bytes | None:
+        """The state the last Undo left (`current` is kept for Undo); None if there is none."""
+        if not self._redo:
+            return None
+        self._undo.append(zlib.compress(current, 1))
+        return zlib.decompress(self._redo.pop())
+
+
 class MaskCanvas(QWidget):
-    """The picture with the mask over it. The left button paints (white in the mask), the
-    right one erases (black); a stroke is a line of round dabs `brush` mask pixels wide. With
-    `hardness` (0 to 1) below 1, each dab is full only within `hardness` times its radius and
-    fades to nothing at the radius; painting only ever lightens the mask and erasing only
-    darkens it, so a soft dab never greys a white area, and dabs over each other do not add up.
-    Signal (GUI thread): changed(), after each dab."""
+    """The picture with the mask over it. The left button paints (white in the mask), or erases
+    (black) while `erasing`; the right one does the opposite. A stroke is a line of round dabs
+    `brush` of the picture's pixels wide (`scale` mask pixels each). With `hardness` (0 to 1)
+    below 1, each dab is full only within `hardness` times its radius and fades to nothing at
+    the radius; painting only ever lightens the mask and erasing only darkens it, so a soft dab
+    never greys a white area, and dabs over each other do not add up. Each stroke, Clear and
+    Invert is one step of `history`. Signal (GUI thread): changed(), after each dab and each
+    change of the history."""
 
     changed = Signal()
 
     def __init__(self, picture: QImage, mask: QImage | None = None) -> None:
         super().__init__()
+        self.picture_size = picture.size()
         # A small picture is painted larger, so that strokes have smooth edges.
         long_side = max(picture.width(), picture.height())
-        scale = min(MAX_SIDE, max(MIN_SIDE, long_side)) / long_side
-        size = picture.size() * scale
+        size = picture.size() * (min(MAX_SIDE, max(MIN_SIDE, long_side)) / long_side)
         self.picture = picture.scaled(
             size, Qt.AspectRatioMode.IgnoreAspectRatio, Qt.TransformationMode.SmoothTransformation
         )
+        self.scale = size.width() / picture.width()  # mask pixels per picture pixel
         self.mask_image = QImage(self.picture.size(), QImage.Format.Format_Grayscale8)
         self.mask_image.fill(BLACK)
         if mask is not None and not mask.isNull():  # start from the mask the job has
@@ -90,8 +178,12 @@ class MaskCanvas(QWidget):
             painter = QPainter(self.mask_image)
             painter.drawImage(0, 0, grey)
             painter.end()
-        self.brush = max(BRUSH_RANGE[0], round(max(size.width(), size.height()) / 12))
+        low, high = self.brush_range()
+        self.brush = min(high, max(low, round(long_side / 12)))
         self.hardness = 1.0
+        self.erasing = False
+        self.history = MaskHistory()
+        self._before: QImage | None = None  # the mask as the stroke under way found it
         self._last: QPointF | None = None
         self._colour = WHITE
         # The view: `zoom` times the fitted size, moved by `offset` widget pixels from centred.
@@ -106,18 +198,30 @@ class MaskCanvas(QWidget):
         self.setMouseTracking(True)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
 
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return self.picture.size()  # the mask's pixels one to one
+
+    def brush_range(self) -> tuple[int, int]:
+        """The brush's narrowest and widest diameters, in the picture's pixels."""
+        return (
+            max(1, math.ceil(BRUSH_RANGE[0] / self.scale)),
+            max(2, round(BRUSH_RANGE[1] / self.scale)),
+        )
+
     # What the mask holds ------------------------------------------------------------------
 
     def is_empty(self) -> bool:
         """Whether nothing would be painted again: no pixel as light as half grey (the engine
         refuses such a mask)."""
-        data = self._bytes()
-        return not data or max(data) < 128
+        return self._painted_again() == 0
 
     def painted_share(self) -> float:
         """The share of the picture that is painted again, 0 to 1."""
-        data = self._bytes()
-        return sum(1 for value in data if value >= 128) / max(1, len(data))
+        return self._painted_again() / max(1, self.mask_image.width() * self.mask_image.height())
+
+    def _painted_again(self) -> int:
+        # Counted in C: the Generate page asks after every dab of a stroke.
+        return self._bytes().translate(_PAINTED_AGAIN).count(1)
 
     def _bytes(self) -> bytes:
         # Rows may be padded to 4 bytes: read each row's own pixels.
@@ -127,14 +231,52 @@ class MaskCanvas(QWidget):
         return b"".join(data[row * line : row * line + width] for row in range(rows))
 
     def clear(self) -> None:
+        """Keep the whole picture (one step of the history)."""
+        self._end_stroke()
+        before = QImage(self.mask_image)  # shares the pixels until fill() writes its own
         self.mask_image.fill(BLACK)
+        self._record(before)
         self._changed()
 
     def invert(self) -> None:
+        """Paint again what is kept, and keep what is painted (one step of the history)."""
+        self._end_stroke()
+        before = QImage(self.mask_image)
         self.mask_image.invertPixels()
+        self._record(before)
         self._changed()
 
-    # Painting -----------------------------------------------------------------------------
+    # The history --------------------------------------------------------------------------
+
+    def undo(self) -> None:
+        """Take back the last stroke, Clear or Invert."""
+        self._end_stroke()
+        self._restore(self.history.undo(bytes(self.mask_image.constBits())))
+
+    def redo(self) -> None:
+        """Take again what Undo took back."""
+        self._end_stroke()
+        self._restore(self.history.redo(bytes(self.mask_image.constBits())))
+
+    def _restore(self, state: bytes | None) -> None:
+        if state is not None:
+            memoryview(self.mask_image.bits())[:] = state
+            self._changed()
+
+    def _record(self, before: QImage) -> None:
+        # A step that changed nothing (erasing where nothing is painted) is not one to undo.
+        state = bytes(before.constBits())
+        if state != bytes(self.mask_image.constBits()):
+            self.history.record(state)
+            self.changed.emit()
+
+    def _end_stroke(self) -> None:
+        self._last = None
+        if self._before is not None:
+            before, self._before = self._before, None
+            self._record(before)
+
+    # The view -----------------------------------------------------------------------------
 
     def target(self) -> QRectF:
         """Where the picture is drawn in the widget: scaled to fit, times `zoom`, centred and
@@ -145,8 +287,6 @@ class MaskCanvas(QWidget):
         x = (self.width() - size.width()) / 2 + self.offset.x()
         y = (self.height() - size.height()) / 2 + self.offset.y()
         return QRectF(QPointF(x, y), size)
-
-    # The view -----------------------------------------------------------------------------
 
     def zoom_at(self, factor: float, position: QPointF) -> None:
         """Zoom by `factor` (within 1 and MAX_ZOOM times the fitted size), keeping the
@@ -173,6 +313,12 @@ class MaskCanvas(QWidget):
         target = self.target()
         factor = target.width() / self.mask_image.width() if self.mask_image.width() else 1.0
         return target.topLeft() + point * factor
+
+    def to_mask(self, position: QPointF) -> QPointF:
+        """A point of the widget in the mask's pixels."""
+        target = self.target()
+        factor = self.mask_image.width() / target.width() if target.width() else 1.0
+        return (position - target.topLeft()) * factor
 
     def wheelEvent(self, event) -> None:  # noqa: N802 - Qt's name
         clicks = event.angleDelta().y() / 120
@@ -207,11 +353,7 @@ class MaskCanvas(QWidget):
         self.update()
         super().leaveEvent(event)
 
-    def to_mask(self, position: QPointF) -> QPointF:
-        """A point of the widget in the mask's pixels."""
-        target = self.target()
-        factor = self.mask_image.width() / target.width() if target.width() else 1.0
-        return (position - target.topLeft()) * factor
+    # Painting -----------------------------------------------------------------------------
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 - Qt's name
         painter = QPainter(self)
@@ -225,15 +367,15 @@ class MaskCanvas(QWidget):
         painter.drawImage(target, overlay)
         if self._pointer is not None and self._drag is None:
             # The brush's outline, at its size on screen, in both colours so it shows anywhere.
-            radius = self.brush / 2 * target.width() / max(1, self.mask_image.width())
+            radius = self.brush / 2 * target.width() / max(1, self.picture_size.width())
             painter.setOpacity(1.0)
             painter.setRenderHint(QPainter.RenderHint.Antialiasing)
             painter.setBrush(Qt.BrushStyle.NoBrush)
             for colour, width in ((BLACK, 3.0), (WHITE, 1.0)):
                 painter.setPen(QPen(colour, width))
                 painter.drawEllipse(self._pointer, radius, radius)
-            if self.hardness < 1.0:  # where a soft brush starts to fade
-                inner = radius * self.hardness
+            inner = radius * self.hardness
+            if self.hardness < 1.0 and inner >= 2.0:  # where a soft brush starts to fade
                 for colour, width in ((BLACK, 3.0), (WHITE, 1.0)):
                     painter.setPen(QPen(colour, width, Qt.PenStyle.DashLine))
                     painter.drawEllipse(self._pointer, inner, inner)
@@ -249,7 +391,10 @@ class MaskCanvas(QWidget):
             return
         if button not in (Qt.MouseButton.LeftButton, Qt.MouseButton.RightButton):
             return
-        self._colour = WHITE if button == Qt.MouseButton.LeftButton else BLACK
+        self._end_stroke()  # the other button may still hold one
+        paints = (button == Qt.MouseButton.LeftButton) != self.erasing
+        self._colour = WHITE if paints else BLACK
+        self._before = QImage(self.mask_image)  # shares the pixels until the first dab
         self._last = self.to_mask(event.position())
         self._dab(self._last, self._last)
 
@@ -273,28 +418,28 @@ class MaskCanvas(QWidget):
             self.setCursor(
                 Qt.CursorShape.OpenHandCursor if self._space else Qt.CursorShape.CrossCursor
             )
-        self._last = None
+        self._end_stroke()
 
     def _dab(self, start: QPointF, end: QPointF) -> None:
         painter = QPainter(self.mask_image)
+        width = max(1.0, self.brush * self.scale)  # in the mask's pixels
         if self.hardness >= 1.0:
-            pen = QPen(self._colour, self.brush, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap)
+            pen = QPen(self._colour, width, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap)
             painter.setPen(pen)
             if start == end:  # a click: Qt draws nothing for a line with no length
                 painter.drawPoint(start)
             else:
                 painter.drawLine(start, end)
         else:
-            self._soft_dabs(painter, start, end)
+            self._soft_dabs(painter, start, end, width / 2)
         painter.end()
         self._changed()
 
-    def _soft_dabs(self, painter: QPainter, start: QPointF, end: QPointF) -> None:
+    def _soft_dabs(self, painter: QPainter, start: QPointF, end: QPointF, radius: float) -> None:
         # Each dab is opaque grey, fading from the brush's colour to the other one, and is
         # laid with Lighten (painting) or Darken (erasing): the mask keeps the lighter (or
         # darker) of its value and the dab's, so overlapping dabs never add up. A dab fading to
         # transparent would add up as ordinary painting does, hardening the stroke's edge.
-        radius = self.brush / 2
         painting = self._colour == WHITE
         fade_to = BLACK if painting else WHITE
         painter.setCompositionMode(
@@ -342,27 +487,82 @@ class MaskPainter(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Paint the mask")
         self.name = name
-        column = QVBoxLayout(self)
+        self.column = column = QVBoxLayout(self)
         column.addWidget(
             label(
-                "Paint with the left mouse button over what is drawn again (shown in colour); "
-                "the right button erases. The rest of the picture is kept. A hardness below "
-                "100 % softens the brush's edge, so the new picture blends into the kept one. "
-                "The wheel zooms; drag with the middle button, or with Space held, to move "
-                "around.",
+                "Paint over what is drawn again (shown in colour); the rest of the picture is "
+                "kept. The left mouse button paints or erases as Paint / Erase says, the right "
+                "button does the opposite. A hardness below 100 % softens the brush's edge, so "
+                "the new picture blends into the kept one. The wheel zooms; drag with the "
+                "middle button, or with Space held, to move around.",
                 "muted",
                 wrap=True,
             )
         )
         self.canvas = MaskCanvas(picture, mask)
         column.addWidget(self.canvas, 1)
+        column.addLayout(self._tools())
+        self.share = label("", "muted")
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        # Some styles give Cancel an icon and no other button one: none has one here.
+        self.cancel_button = self.buttons.button(QDialogButtonBox.StandardButton.Cancel)
+        self.cancel_button.setIcon(QIcon())
+        self.use_button = self.buttons.addButton(
+            "Use this mask", QDialogButtonBox.ButtonRole.AcceptRole
+        )
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.share)
+        bottom.addStretch(1)
+        bottom.addWidget(self.buttons)
+        column.addLayout(bottom)
+        self._shortcuts()
+        self.canvas.changed.connect(self._update)
+        self._update()
+        self.resize(self.opening_size())
+        self.canvas.setFocus()
+
+    def _tools(self) -> QHBoxLayout:
         tools = QHBoxLayout()
-        tools.addWidget(label("Brush"))
+        self.paint_button = self._tool(
+            "Paint",
+            f"The left button paints what is drawn again ({PAINT_KEY}; {SWAP_KEY} swaps Paint "
+            "and Erase). The right button erases.",
+        )
+        self.erase_button = self._tool(
+            "Erase",
+            f"The left button erases, keeping the picture there ({ERASE_KEY}; {SWAP_KEY} swaps "
+            "Paint and Erase). The right button paints.",
+        )
+        self.mode = QButtonGroup(self)  # exclusive: one of the two is always on
+        pair = QWidget()
+        pair.setObjectName("mode")
+        pair.setStyleSheet(MODE_STYLE)
+        row = QHBoxLayout(pair)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        for button, name in ((self.paint_button, "paint"), (self.erase_button, "erase")):
+            button.setObjectName(name)
+            button.setCheckable(True)
+            self.mode.addButton(button)
+            row.addWidget(button)
+        self.paint_button.setChecked(True)
+        self.erase_button.toggled.connect(self._set_erasing)
+        tools.addWidget(pair)
+        tools.addSpacing(8)
+        picture = self.canvas.picture_size
+        self.brush_label = label("Brush (picture px)")
+        tools.addWidget(self.brush_label)
         self.brush = QSpinBox()
-        self.brush.setRange(*BRUSH_RANGE)
+        self.brush.setRange(*self.canvas.brush_range())
         self.brush.setSuffix(" px")
         self.brush.setValue(self.canvas.brush)
-        self.brush.setToolTip("The brush's width in the mask's pixels.")
+        self.brush.setToolTip(
+            f"The brush's width in the picture's own pixels (it is {picture.width()} × "
+            f"{picture.height()}), whatever the zoom: zoomed in, the brush's outline is larger "
+            "on screen and it paints the same width on the picture."
+        )
         self.brush.valueChanged.connect(self._set_brush)
         tools.addWidget(self.brush)
         tools.addWidget(label("Hardness"))
@@ -372,49 +572,108 @@ class MaskPainter(QDialog):
         self.hardness.setValue(round(self.canvas.hardness * 100))
         self.hardness.setToolTip(
             "100 % paints a hard edge. Lower values fade the brush's edge, so the new picture "
-            "blends into the kept one; the dashed circle shows where the fading starts."
+            "blends into the kept one; the dashed circle shows where the fading starts, the "
+            "outer one where it ends."
         )
         self.hardness.valueChanged.connect(self._set_hardness)
         tools.addWidget(self.hardness)
-        self.clear_button = QPushButton("Clear")
-        self.clear_button.clicked.connect(self.canvas.clear)
-        self.invert_button = QPushButton("Invert")
-        self.invert_button.setToolTip("Paint again what is kept, and keep what is painted.")
-        self.invert_button.clicked.connect(self.canvas.invert)
-        tools.addWidget(self.clear_button)
-        tools.addWidget(self.invert_button)
-        self.fit_button = QPushButton("Fit")
-        self.fit_button.setToolTip("Show the whole picture again (0).")
-        self.fit_button.clicked.connect(self.canvas.fit)
-        tools.addWidget(self.fit_button)
-        tools.addStretch(1)
-        self.share = label("", "muted")
-        tools.addWidget(self.share)
-        column.addLayout(tools)
-        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
-        self.use_button = self.buttons.addButton(
-            "Use this mask", QDialogButtonBox.ButtonRole.AcceptRole
+        tools.addSpacing(8)
+        self.undo_button = self._tool(
+            "Undo",
+            f"Take back the last stroke, Clear or Invert ({_keys(UNDO_KEYS)}); up to "
+            f"{HISTORY_STEPS} steps.",
         )
-        self.buttons.accepted.connect(self.accept)
-        self.buttons.rejected.connect(self.reject)
-        column.addWidget(self.buttons)
-        self.canvas.changed.connect(self._update)
-        self._update()
-        self.resize(720, 600)
+        self.undo_button.clicked.connect(self.canvas.undo)
+        self.redo_button = self._tool(
+            "Redo", f"Take again what Undo took back ({_keys(REDO_KEYS)})."
+        )
+        self.redo_button.clicked.connect(self.canvas.redo)
+        self.clear_button = self._tool("Clear", "Keep the whole picture (Undo brings it back).")
+        self.clear_button.clicked.connect(self.canvas.clear)
+        self.invert_button = self._tool(
+            "Invert", "Paint again what is kept, and keep what is painted."
+        )
+        self.invert_button.clicked.connect(self.canvas.invert)
+        self.fit_button = self._tool("Fit", "Show the whole picture again (0).")
+        self.fit_button.clicked.connect(self.canvas.fit)
+        for button in (
+            self.undo_button,
+            self.redo_button,
+            self.clear_button,
+            self.invert_button,
+            self.fit_button,
+        ):
+            tools.addWidget(button)
+        tools.addStretch(1)
+        return tools
+
+    @staticmethod
+    def _tool(text: str, tip: str) -> QPushButton:
+        button = QPushButton(text)
+        button.setToolTip(tip)
+        # Clicked, it leaves the keyboard with the canvas (Space, +, -, 0); Tab still reaches it.
+        button.setFocusPolicy(Qt.FocusPolicy.TabFocus)
+        button.setAutoDefault(False)  # Enter stays with "Use this mask"
+        # As wide as its word: the style's least width for a dialog's buttons would make the
+        # row wider than a 1024 px screen's dialog.
+        words = button.fontMetrics().horizontalAdvance(text)
+        button.setFixedWidth(max(words + 24, button.sizeHint().height() + 6))
+        return button
+
+    def _shortcuts(self) -> None:
+        actions = [(key, self.canvas.undo) for key in UNDO_KEYS]
+        actions += [(key, self.canvas.redo) for key in REDO_KEYS]
+        actions += [
+            (PAINT_KEY, lambda: self.paint_button.setChecked(True)),
+            (ERASE_KEY, lambda: self.erase_button.setChecked(True)),
+            (SWAP_KEY, self._swap),
+        ]
+        for key, action in actions:
+            QShortcut(QKeySequence(key), self).activated.connect(action)
+
+    def opening_size(self) -> QSize:
+        """The picture as large as it fits, at its proportions, within SCREEN_SHARE of the
+        available size of the screen the dialog opens on (its parent's), with the tools and
+        buttons around it; never narrower than the tools need."""
+        parent = self.parentWidget()
+        screen = (parent.screen() if parent is not None else None) or self.screen()
+        available = screen.availableGeometry().size()
+        most = QSize(
+            round(available.width() * SCREEN_SHARE), round(available.height() * SCREEN_SHARE)
+        )
+        self.column.activate()
+        margins = self.column.contentsMargins()
+        across = margins.left() + margins.right()
+        around = self.sizeHint().height() - self.canvas.sizeHint().height()
+        room = QSize(max(1, most.width() - across), max(1, most.height() - around))
+        shown = self.canvas.picture.size().scaled(room, Qt.AspectRatioMode.KeepAspectRatio)
+        least = self.minimumSizeHint()
+        return QSize(
+            max(least.width(), shown.width() + across), max(least.height(), shown.height() + around)
+        )
+
+    def _swap(self) -> None:
+        # The pair is exclusive: unchecking the one that is on does nothing, so check the other.
+        other = self.paint_button if self.erase_button.isChecked() else self.erase_button
+        other.setChecked(True)
+
+    def _set_erasing(self, erasing: bool) -> None:
+        self.canvas.erasing = erasing
 
     def _set_brush(self, value: int) -> None:
         self.canvas.brush = value
+        self.canvas.update()  # the outline shows the new width
 
     def _set_hardness(self, value: int) -> None:
         self.canvas.hardness = value / 100
         self.canvas.update()  # the outline shows the new hardness
 
     def _update(self) -> None:
-        empty = self.canvas.is_empty()
-        self.use_button.setEnabled(not empty)
-        self.share.setText(
-            "Nothing painted yet" if empty else f"{self.canvas.painted_share():.0%} painted again"
-        )
+        share = self.canvas.painted_share()  # 0 exactly when the mask is empty
+        self.use_button.setEnabled(share > 0)
+        self.undo_button.setEnabled(self.canvas.history.can_undo())
+        self.redo_button.setEnabled(self.canvas.history.can_redo())
+        self.share.setText(f"{share:.0%} painted again" if share else "Nothing painted yet")
 
     def save(self, folder: Path | None = None) -> Path:
         """Write the mask as `<picture>-mask-<time>.png` in `folder` (by default the masks

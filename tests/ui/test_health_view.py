@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+from PySide6.QtCore import QPoint, QRect
 from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.core.components import Status, Verdict
+from app.core.diagnosis import Quality
 from app.core.jobs import DONE
 from app.core.precision import PrecisionPlan
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
 from tests.support import reports
 from tests.support.reports import MARKDOWN
-from tests.ui.conftest import load_fake_model
+from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
 
 
 def _run_check(window, engines):
@@ -31,8 +35,8 @@ def test_run_is_one_click_and_sends_the_current_settings(window, engines):
     assert job.params.precision.upcast_attention is True
     assert job.params.size is None  # the model's own size
     engines.current.emit(job, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
-    assert view.progress.value() == 1 and view.progress.maximum() == 3
-    assert "Checking the UNet" in view.stage.text()
+    assert view.progress.value() / view.progress.maximum() == pytest.approx(1 / 3, abs=0.01)
+    assert view.stage.text() == "Stage 2 of 3 — Checking the UNet…"
     assert not view.run_button.isEnabled()
 
 
@@ -61,7 +65,151 @@ def test_the_finding_stays_in_the_stage_line_while_fixes_are_proved(window, engi
     view.run_button.click()  # the next check starts without the last one's finding
     again = engines.current.last_job("check")
     engines.current.emit(again, EventState.PROGRESS, stage="Checking the VAE", done=2, total=3)
-    assert view.stage.text() == "Checking the VAE…"
+    assert view.stage.text() == "Stage 3 of 3 — Checking the VAE…"
+
+
+def _filled(view) -> float:
+    bar = view.progress
+    assert bar.maximum() > 0, "a busy bar, not the stages"
+    return bar.value() / bar.maximum()
+
+
+def _shown_text(widget: QWidget) -> str:
+    """Every label the user can see in `widget`, one after another, once the event loop has
+    shown what was added to it."""
+    QApplication.processEvents()
+    return "\n".join(w.text() for w in widget.findChildren(QLabel) if w.isVisible())
+
+
+def test_the_bar_follows_the_stages_the_text_names(window, engines):
+    """The bar is split into the check's stages (the parts of the model, named "k of n" in
+    the text); the fixes measured in the last stage fill that stage, never the bar's start."""
+    view, job = _run_check(window, engines)
+    emit = engines.current.emit
+    filled = []
+
+    def step(stage, done=0, total=0):
+        emit(job, EventState.PROGRESS, stage=stage, done=done, total=total)
+        filled.append(_filled(view))
+
+    step("Checking the text encoder", 0, 3)
+    assert view.stage.text() == "Stage 1 of 3 — Checking the text encoder…"
+    step("Checking the UNet", 1, 3)
+    step("Checking the VAE", 2, 3)
+    assert filled[-1] == pytest.approx(2 / 3, abs=0.01)
+    emit(job, EventState.WARNING, message="The VAE went NaN/Inf in fp16; proving a fix.")
+    step("Running the fp32 reference", 0, 1)
+    for tried, words in enumerate(("run the VAE in fp32", "run the VAE in bf16")):
+        step(f"Trying a fix: {words}", tried, 2)
+    step("Measuring the fixes for the VAE", 1, 20)
+    assert "Stage 3 of 3 — Measuring the fixes for the VAE…" in view.stage.text()
+    step("Measuring the fixes for the VAE", 19, 20)
+    step("Measuring the cost of the fix", 1, 6)
+    assert 2 / 3 <= filled[-1] < 1
+    assert filled == sorted(filled), f"the bar went back: {filled}"
+    assert len(set(filled[2:])) > 3, "the bar stood still through the fixes"
+
+
+def test_a_running_check_shows_its_stages_in_place_of_the_report(window, engines):
+    view, job = _run_check(window, engines)
+    report_area = view.body.parentWidget()
+    assert "Starting" in _shown_text(report_area)  # never a blank page
+    engines.current.emit(
+        job, EventState.PROGRESS, stage="Checking the text encoder", done=0, total=3
+    )
+    engines.current.emit(job, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
+    finding = "The UNet went NaN/Inf in fp16, first at mid_block; proving a fix against fp32."
+    engines.current.emit(job, EventState.WARNING, message=finding)
+    engines.current.emit(job, EventState.PROGRESS, stage="Trying a fix: run the UNet in bf16")
+    shown = _shown_text(report_area)
+    assert "✓ Text encoder" in shown
+    assert "<b>UNet</b>: Trying a fix: run the UNet in bf16…" in shown
+    assert finding in shown and "1 more part to check" in shown
+    assert view.running_chip.text() == "Stage 2 of 3"
+    engines.current.finish(job, reports.result(reports.fixable()))
+    assert "Trying a fix" not in _shown_text(report_area) and view.cards
+
+    view.run_button.click()
+    again = engines.current.last_job("check")
+    engines.current.emit(again, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
+    engines.current.emit(again, EventState.CANCELLED, message="Cancelled.")
+    shown = _shown_text(report_area)
+    assert "Check cancelled" in shown and "<b>UNet</b>: stopped" in shown
+
+
+def _on_screen(widget: QWidget) -> bool:
+    """Whether all of `widget` is painted inside its window: none of it scrolled out of a
+    scroll area's view or past the window's edge."""
+    window = widget.window()
+    where = QRect(widget.mapTo(window, QPoint(0, 0)), widget.size())
+    unclipped = widget.visibleRegion().boundingRect() == widget.rect()
+    return widget.isVisible() and unclipped and window.rect().contains(where)
+
+
+def test_apply_fix_is_on_screen_at_1024_by_700_after_a_check_with_a_fix(qtbot, window, engines):
+    view, job = _run_check(window, engines)
+    window.resize(1024, 700)
+    engines.current.finish(job, reports.result(reports.islands()))  # every fix tried, listed
+    qtbot.wait(50)  # the layouts take the size, the scroll area its range
+    assert view.apply_button.text() == "Apply fix"
+    assert _on_screen(view.apply_button)
+    assert view.apply_button.isEnabled()
+    view.apply_button.click()  # it applies this report's fix
+    assert "remembered for this model" in view.applied_label.text()
+    # A report with no fix has no button to press.
+    view.run_button.click()
+    engines.current.finish(engines.current.last_job("check"), reports.result(reports.report()))
+    assert not view.apply_button.isVisible()
+
+
+def test_after_the_engine_stops_the_result_is_greyed_and_says_so(window, engines):
+    view, job = _run_check(window, engines)
+    report = replace(reports.fixable(), model=DEMO_SUMMARY)  # the model loaded
+    engines.current.finish(job, reports.result(report))
+    assert view.stage.text().startswith("Checked in")
+    engines.current.crash()
+    assert view.verdict.level == "muted"
+    assert "The engine stopped, so this result is from before that" in view.verdict.text.text()
+    assert "Checked in" not in view.stage.text()
+    assert "Restart engine" in view.model_hint.text()
+    assert not view.progress.isVisible()
+    assert not view.body.parentWidget().isEnabled() and view.faded.isEnabled()
+    assert not view.apply_button.isEnabled()
+    window.state.set_setting("steps", 12)  # a settings change does not bring the verdict back
+    assert view.verdict.level == "muted"
+    # The engine back with the model: the result holds again.
+    window.restart_engine()
+    engines.current.finish(engines.current.last_job("load"), DEMO_SUMMARY)
+    assert view.verdict.level == "warn" and view.body.parentWidget().isEnabled()
+    assert view.apply_button.isEnabled() and not view.faded.isEnabled()
+
+
+def test_a_check_the_engine_died_under_says_it_did_not_finish(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.emit(job, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
+    engines.current.crash()
+    assert "engine stopped" in view.stage.text() and "did not finish" in view.stage.text()
+    assert not view.progress.isVisible()
+    shown = _shown_text(view.body.parentWidget())
+    assert "The check did not finish" in shown and "<b>UNet</b>: stopped" in shown
+    assert "1 more part not checked." in shown
+    assert "The engine stopped during the check" in shown
+    assert not window.dialogs._open  # the window's banner says it once, with Restart
+
+
+def test_the_banner_says_how_close_the_fix_is_in_words_with_the_figure_in_reach(window, engines):
+    view, job = _run_check(window, engines)
+    fix = replace(reports.vae_fp32_fix(), quality=Quality(47.3))
+    engines.current.finish(job, reports.result(reports.report(verdict=Verdict.FIXABLE, fix=fix)))
+    banner = view.verdict.text.text()
+    assert "verified fix (matches full precision closely): run the VAE in fp32" in banner
+    assert "dB" not in banner
+    assert "47.3 dB" in view.verdict.toolTip() and "verified from 20 dB" in view.verdict.toolTip()
+    card = _shown_text(view.body.parentWidget())
+    assert (
+        "Against full precision (fp32): <b>matches full precision closely</b> (47.3 dB against "
+        "an fp32 run of the same inputs; a fix counts as verified from 20 dB)"
+    ) in card
 
 
 def test_probe_size_can_be_chosen(window, engines):

@@ -76,7 +76,7 @@ def test_the_check_is_not_done_before_its_report_arrives(window, engines):
     view.run_check()
     job = engines.current.last_job("check")
     engines.current.emit(job, EventState.PROGRESS, stage="Checking the VAE", done=2, total=4)
-    assert view.progress.maximum() == 4 and view.progress.value() == 2
+    assert view.progress.value() / view.progress.maximum() == 0.5  # two stages of four done
     engines.current.emit(job, EventState.PROGRESS, stage="Done", done=4, total=4)
     assert "Done" not in view.stage.text()
     assert view.progress.maximum() == 0  # busy, not a full bar
