@@ -205,7 +205,6 @@ def main() -> int:
     pictures.paint_mask()
     painter = pictures.painter
     wait_until(app, lambda: painter is not None and painter.isVisible(), "the mask painter")
-    painter.resize(min(width - 80, 900), min(height - 80, 700))
     wait_until(app, lambda: True, "layout")
     side = painter.canvas.mask_image.width()
     painter.canvas._dab(QPointF(side * 0.3, side * 0.35), QPointF(side * 0.7, side * 0.6))
