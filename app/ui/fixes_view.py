@@ -1,5 +1,6 @@
 """The Fixes page: what HalfSafe has learned, per model and device (every remembered fix and
-every saved health report), with View, Re-verify, Edit and Forget, and "Check all my models".
+every saved health report), the selected one said in full below the list, with View, Re-verify,
+Edit and Forget, and "Check all my models".
 
 The lists are read from the data folder in this process (`profiles.stored_fixes`,
 `saved.saved_reports`: plain files, no torch) each time the page is shown; checks run in the
@@ -9,7 +10,9 @@ engine (`CheckModelsRequest`), which keeps each report and loads the user's mode
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +26,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSplitter,
     QTextBrowser,
     QTreeWidget,
     QTreeWidgetItem,
@@ -31,7 +35,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.core import profiles
-from app.core.components import Verdict
+from app.core.components import COMPONENTS, Verdict
+from app.core.diagnosis import QUALITY_CEILING_DB
 from app.core.health import saved
 from app.core.health.saved import SavedReport, when_words
 from app.core.library_check import ModelChecks
@@ -48,7 +53,16 @@ from app.ui.state import AppState
 from app.ui.widgets import Banner, label, page_layout, primary_button
 
 COLUMNS = ("Model", "Device", "Fix", "Verified by", "Last check")
+# How the spare width of a wide window is shared (the Fix column gets the most, the short
+# device name none), and which columns give way, in turn, when the window is narrow: the
+# model's name first (elided, whole in its tooltip), the Fix column never.
+COLUMN_SHARES = (1, 0, 4, 1, 1)
+GIVE_WAY = (0, 3, 4, 1)
 RUN_COLUMNS = ("Model", "Verdict", "Fix, or why it was not checked")
+RUN_SHARES = (1, 0, 3)
+RUN_GIVE_WAY = (0, 2)
+# A column that gives way keeps at least this many characters of its text.
+FLOOR_CHARS = 12
 # The parts of a fix that name a model's own layers: what Edit changes.
 LAYER_KEYS = tuple(key for key, f in FIELDS.items() if f.kind == "modules")
 _VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
@@ -111,6 +125,93 @@ def report_words(report: SavedReport) -> str:
     return f"{words.first_upper(report.verdict.value)}, {when_words(report.saved_at)}"
 
 
+def day_words(seconds: float) -> str:
+    """'23 Nov 2026': `when_words` without the time of day, for a table cell."""
+    return when_words(seconds).partition(", ")[0]
+
+
+_TRADEMARKS = re.compile(r"\((?:R|TM)\)|[®™]", re.IGNORECASE)
+_CLOCK = re.compile(r"\s*(?:CPU\s*)?@.*$")
+_PROCESSOR = re.compile(r"\s+(?:\d+-Core\s+)?(?:Processor|CPU)$", re.IGNORECASE)
+_VENDOR = re.compile(r"^(?:NVIDIA\s+(?:GeForce\s+)?|AMD\s+|Intel\s+)(?=\S)")
+
+
+def short_device(name: str) -> str:
+    """A device's name short enough for a narrow column (its whole name is the tooltip):
+    'NVIDIA GeForce RTX 3060' -> 'RTX 3060', 'Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz'
+    -> 'Xeon Platinum 8375C', 'AMD Ryzen 9 5950X 16-Core Processor' -> 'Ryzen 9 5950X': the
+    product's name, without trademarks, clock, 'Processor' or the vendor it names anyway."""
+    text = " ".join(_CLOCK.sub("", _TRADEMARKS.sub("", name)).split())
+    text = _VENDOR.sub("", _PROCESSOR.sub("", text))
+    return text or name
+
+
+# The agreement figure a check writes into its sentences (`diagnosis.Quality.words`), in
+# parentheses in a headline.
+_QUALITY = re.compile(
+    r"(\()?(identical|(-?[\d.]+|-?inf) dB) against fp32, threshold ([\d.]+) dB(?(1)\))"
+)
+
+
+def _share_off(db: float) -> str:
+    """How far an output is from its reference, as a share of its size, for a signal-to-noise
+    ratio in dB (the RMS difference over the RMS value: 20 dB is 10%)."""
+    share = 100 * 10 ** (-db / 20)
+    return "less than 0.01%" if share < 0.01 else f"{share:.2g}%"
+
+
+def _agreement_words(db: float, threshold: float) -> str:
+    """A fix's agreement with fp32 in the Health check page's words for it (`health_view`)."""
+    if db >= QUALITY_CEILING_DB:
+        return "identical to full precision"
+    if not db >= threshold:
+        return "differs from full precision"
+    return "matches full precision closely" if db >= 30 else "close enough to full precision"
+
+
+def _figure(found: re.Match[str]) -> tuple[float, float]:
+    """(the figure in dB, the threshold in dB) of a `_QUALITY` match."""
+    db = QUALITY_CEILING_DB if found.group(3) is None else float(found.group(3))
+    return db, float(found.group(4))
+
+
+def quality_words(text: str) -> str:
+    """The agreement figure in a check's sentence ('55.3 dB against fp32, threshold 20 dB') in
+    plain words; "" when `text` holds none."""
+    found = _QUALITY.search(text)
+    if found is None:
+        return ""
+    db, threshold = _figure(found)
+    said = words.first_upper(_agreement_words(db, threshold))
+    if db >= QUALITY_CEILING_DB:
+        return f"{said}: its output was the same as an fp32 run of the same inputs."
+    if not math.isfinite(db):
+        return f"{said}: its output was not finite, so it could not be compared with fp32."
+    how = f"within about {_share_off(db)} of" if db >= threshold else f"about {_share_off(db)} off"
+    return (
+        f"{said}: its output was {how} an fp32 run of the same inputs ({db:g} dB signal-to-"
+        f"noise; a fix counts as verified from {threshold:g} dB, about {_share_off(threshold)})."
+    )
+
+
+def plain_figures(text: str) -> str:
+    """A check's sentence with each agreement figure in words, as the Health check page shows
+    a headline: '...verified fix (47.3 dB against fp32, threshold 20 dB)...' -> '...verified
+    fix (matches full precision closely)...'."""
+
+    def plain(found: re.Match[str]) -> str:
+        said = _agreement_words(*_figure(found))
+        return f"({said})" if found.group(1) else said
+
+    return _QUALITY.sub(plain, text)
+
+
+def _lower_first(text: str) -> str:
+    """'Keep 1 layer of the VAE in fp32' -> 'keep 1 layer of the VAE in fp32', inside a
+    sentence; a first word in capitals ('T5 feed-forward ...') is left as it is."""
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
+
+
 class FixesView(QWidget):
     """The Fixes page; see the module docstring."""
 
@@ -162,12 +263,26 @@ class FixesView(QWidget):
         self.notice = Banner()
         layout.addWidget(self.notice)
 
-        # The Fix column is short words now and must be read whole; the device's long name
-        # (with torch's version) is the one that gives way, elided in its middle.
-        self.table = _tree(COLUMNS, stretch=COLUMNS.index("Device"))
+        self.table = FittedTree(COLUMNS, COLUMN_SHARES, GIVE_WAY)
         self.table.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
         self.table.itemDoubleClicked.connect(lambda _item, _col: self.view())
-        layout.addWidget(self.table, 2)
+        # The selected row in full: the table says each fix in a few words, this says which
+        # layers, at what precision, what proved it and how well.
+        self.detail = QTextBrowser()
+        self.detail.setObjectName("fix-detail")
+        self.detail.setOpenLinks(False)
+        self.detail.setMinimumHeight(120)
+        self.detail.document().setDefaultStyleSheet(
+            "h3 { margin-top: 0px; margin-bottom: 6px; } p { margin-top: 0px; margin-bottom: 6px; }"
+            " ul { margin-top: 0px; margin-bottom: 6px; }"
+        )
+        self.split = QSplitter(Qt.Orientation.Vertical)
+        self.split.setChildrenCollapsible(False)
+        self.split.addWidget(self.table)
+        self.split.addWidget(self.detail)
+        self.split.setStretchFactor(0, 2)
+        self.split.setStretchFactor(1, 3)
+        layout.addWidget(self.split, 2)
         self.empty = label(
             "Nothing yet: run a health check on a model, or check all your models.", "muted"
         )
@@ -175,6 +290,7 @@ class FixesView(QWidget):
 
         actions = QHBoxLayout()
         self.view_button = QPushButton("View")
+        self.view_button.setToolTip("Open the saved health report and the fix in a window.")
         self.view_button.clicked.connect(self.view)
         self.verify_button = QPushButton("Re-verify")
         self.verify_button.clicked.connect(self.reverify)
@@ -189,7 +305,7 @@ class FixesView(QWidget):
         layout.addLayout(actions)
 
         self.run_title = label("Last run", "muted")
-        self.run_table = _tree(RUN_COLUMNS, stretch=len(RUN_COLUMNS) - 1)
+        self.run_table = FittedTree(RUN_COLUMNS, RUN_SHARES, RUN_GIVE_WAY)
         layout.addWidget(self.run_title)
         layout.addWidget(self.run_table, 1)
         self.run_title.hide()
@@ -212,38 +328,27 @@ class FixesView(QWidget):
         reports = saved.saved_reports()
         selected = self.selected()
         self.rows = learned_rows(fixes.fixes, reports.reports, self.state.model)
+        # A model on one device under two torch versions: the cells say which is which.
+        places = [(row.profile_key, row.device) for row in self.rows]
         self.table.clear()
         for row in self.rows:
-            item = QTreeWidgetItem(self._cells(row))
-            item.setToolTip(1, item.text(1))  # the column that gives way: the whole name
-            if row.stored:  # the cell says what the fix does; its sentence is the tooltip
-                fix = row.stored.fix
-                item.setToolTip(2, fix.summary or words.fix_words(fix.settings))
-            item.setToolTip(4, row.report.headline if row.report else "")
+            item = QTreeWidgetItem(_cells(row, with_torch=places.count(_place(row)) > 1))
+            for column, tip in enumerate(_tips(row)):
+                item.setToolTip(column, tip)
             self.table.addTopLevelItem(item)
             if selected is not None and _same(row, selected):
                 self.table.setCurrentItem(item)
         first = self.table.topLevelItem(0)
         if self.table.currentItem() is None and first is not None:
             self.table.setCurrentItem(first)
+        self.table.fit_columns()
         self.empty.setVisible(not self.rows)
+        self.detail.setVisible(bool(self.rows))
         notes = fixes.notes + reports.notes
         if notes:
             more = f" (and {len(notes) - 1} more)" if len(notes) > 1 else ""
             self.notice.show_message("warn", html.escape(notes[0]) + more)
         self._selection_changed()
-
-    @staticmethod
-    def _cells(row: LearnedRow) -> list[str]:
-        stored = row.stored
-        device = row.device + (f" · torch {stored.torch_version}" if stored else "")
-        return [
-            row.name,
-            device,
-            words.fix_short(stored.fix.settings) or stored.fix.summary if stored else "None",
-            verified_words(stored.fix) if stored else "—",
-            report_words(row.report) if row.report else "Not checked since",
-        ]
 
     def selected(self) -> LearnedRow | None:
         item = self.table.currentItem()
@@ -264,6 +369,88 @@ class FixesView(QWidget):
         self.edit_button.setEnabled(row is not None and row.stored is not None)
         self.forget_button.setEnabled(row is not None)
         self.check_all_button.setEnabled(not running)
+        self.detail.setHtml(self._detail_html(row) if row is not None else "")
+
+    def _detail_html(self, row: LearnedRow) -> str:
+        """The row in full: its fix's parts (each layer by name), the precision it was proved
+        at, what proved it and when, how close it came to fp32, and the last check."""
+        stored, report = row.stored, row.report
+        torch = _torch(row)
+        parts = [
+            f"<h3>{html.escape(row.name)}</h3>",
+            _para("On", row.device + (f", torch {torch}" if torch else "")),
+        ]
+        if row.source and row.source != row.name:  # a built-in demo's source is its name
+            parts.append(_para("File", row.source))
+        if stored is None:
+            parts.append(_para("Fix", _no_fix_words(report)))
+            if report is not None and report.fix_summary:
+                parts.append(_para("The check found", report.fix_summary))
+                quality = quality_words(report.fix_summary)
+                if quality:
+                    parts.append(_para("How well it worked", quality))
+        else:
+            fix = stored.fix
+            parts.append(_para("Fix", words.fix_short(fix.settings) or fix.summary, bold=True))
+            parts.extend(self._fix_parts(row, fix.settings))
+            at = self._at_words(fix.proved_at())
+            parts.append(
+                _para(
+                    "Proved at",
+                    f"{at}, the precision it is a fix for"
+                    + ("" if fix.made_at else " (assumed: it was saved without it)")
+                    + "; Re-verify runs it there.",
+                )
+            )
+            parts.append(_para("Proved by", f"the {verified_words(fix)}."))
+            parts.append(_para("How well it worked", _fix_quality(fix)))
+            # The sentence it was saved with, unless it only lists the settings said above.
+            if fix.summary and fix.summary != words.fix_words(fix.settings):
+                said = f"In the words of the {fix.verified_by}"
+                parts.append(_para(said, fix.summary, quoted=True))
+        if report is not None:
+            headline = plain_figures(report.headline)
+            parts.append(_para("Last check", f"{report_words(report)}: {headline}"))
+        else:
+            parts.append(_para("Last check", "none kept for this model on this device."))
+        return "".join(parts)
+
+    def _fix_parts(self, row: LearnedRow, settings: Mapping[str, Any]) -> list[str]:
+        """Which components a fix is about, what they do, each layer list by name, and the
+        fix's other settings."""
+        model = self.state.model
+        mine = model is not None and model.profile_key == row.profile_key
+        parts = []
+        components = _fix_components(settings, model.components if model and mine else ())
+        if components:
+            where = "; ".join(
+                f"{words.component_phrase(c)}, which {words.COMPONENT_ROLES.get(c, '')}"
+                if words.COMPONENT_ROLES.get(c)
+                else words.component_phrase(c)
+                for c in components
+            )
+            parts.append(_para("Where", where + "."))
+        for key in LAYER_KEYS:
+            entries = [str(entry) for entry in settings.get(key) or ()]
+            if not entries:
+                continue
+            parts.append(f"<p><b>{html.escape(FIELDS[key].label)}</b> ({len(entries)}):</p><ul>")
+            for entry in entries:
+                component, _, path = entry.partition(":")
+                said = words.describe_module(component, path).removesuffix(
+                    f", in {words.component_phrase(component)}"
+                )
+                parts.append(
+                    f"<li><code>{html.escape(words.breakable(path or entry))}</code>"
+                    + (f" in {html.escape(words.component_phrase(component))}" if path else "")
+                    + (f": {html.escape(said)}" if said else "")
+                    + "</li>"
+                )
+            parts.append("</ul>")
+        others = {k: v for k, v in settings.items() if k not in LAYER_KEYS}
+        if others:
+            parts.append(_para("Settings it changes", words.fix_words(others)))
+        return parts
 
     def _source(self, row: LearnedRow) -> str:
         loaded, request = self.state.model, self.state.model_request
@@ -371,7 +558,7 @@ class FixesView(QWidget):
             emulated = " A CPU computes fp16 slowly, so this check takes longer than on a GPU."
         return (
             f" The check runs it at {at}, the precision the fix is for{assumed}, with the fix: "
-            f"{words.fix_short(fix.settings).lower() or 'none'}.{emulated}"
+            f"{_lower_first(words.fix_short(fix.settings)) or 'none'}.{emulated}"
         )
 
     def _idle_here(self, fix: RememberedFix | None) -> str:
@@ -384,7 +571,7 @@ class FixesView(QWidget):
         if len(idle) < len(fix.settings):
             return ""
         return (
-            f"This fix ({words.fix_short(fix.settings).lower()}) changes only what a CUDA GPU "
+            f"This fix ({_lower_first(words.fix_short(fix.settings))}) changes only what a CUDA GPU "
             f"runs, so a check on {device.name} cannot prove it: re-verify it on the GPU it was "
             "found on."
         )
@@ -475,14 +662,17 @@ class FixesView(QWidget):
         self.run_table.clear()
         for row in run.rows:
             verdict = words.first_upper(row.verdict.value) if row.verdict else "Not checked"
-            detail = row.fix if row.verdict is not None else row.words
+            detail = plain_figures(row.fix if row.verdict is not None else row.words)
             item = QTreeWidgetItem([row.name, verdict, detail or "None needed"])
             item.setToolTip(0, row.source)
-            item.setToolTip(2, row.words)
+            # The cell may be elided: the tooltip says it whole, and the check's headline.
+            said = (detail, plain_figures(row.words))
+            item.setToolTip(2, "\n".join(t for t in dict.fromkeys(said) if t))
             self.run_table.addTopLevelItem(item)
         self.run_title.setText(_run_words(run, self.state.settings["model_folders"]))
         self.run_title.show()
         self.run_table.setVisible(bool(run.rows))
+        self.run_table.fit_columns()
         self.stage.setText("")
         self.refresh()
 
@@ -654,31 +844,173 @@ class FixEditor(QDialog):
         super().accept()
 
 
-def _tree(columns: tuple[str, ...], stretch: int) -> QTreeWidget:
-    """A flat table whose `stretch` column takes the spare width, the others their text's."""
-    tree = QTreeWidget()
-    tree.setHeaderLabels(list(columns))
-    tree.setRootIsDecorated(False)
-    tree.setAlternatingRowColors(True)
-    tree.setUniformRowHeights(True)
-    tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
-    header = tree.header()
-    header.setStretchLastSection(False)
-    for column in range(len(columns)):
-        header.setSectionResizeMode(
-            column,
-            QHeaderView.ResizeMode.Stretch
-            if column == stretch
-            else QHeaderView.ResizeMode.ResizeToContents,
-        )
-    tree.setMinimumHeight(100)
-    return tree
+class FittedTree(QTreeWidget):
+    """A flat table whose columns share its width as it changes: each gets the width its text
+    needs while they all fit, and spare width by `shares`; when they do not fit, the
+    `give_way` columns narrow in turn, to FLOOR_CHARS at least, their text elided in its
+    middle (a cell's tooltip says it whole). The other columns are never narrowed."""
+
+    def __init__(
+        self,
+        columns: Sequence[str],
+        shares: Sequence[int],
+        give_way: Sequence[int],
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.shares = tuple(shares)
+        self.give_way = tuple(give_way)
+        self.setHeaderLabels(list(columns))
+        self.setRootIsDecorated(False)
+        self.setAlternatingRowColors(True)
+        self.setUniformRowHeights(True)
+        self.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        header = self.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.setMinimumHeight(100)
+
+    def wanted_widths(self) -> list[int]:
+        """The width each column needs to show its header and every cell whole."""
+        header = self.header()
+        return [
+            max(self.sizeHintForColumn(column), header.sectionSizeHint(column))
+            for column in range(self.columnCount())
+        ]
+
+    def fit_columns(self) -> None:
+        widths = self.wanted_widths()
+        floor = self.fontMetrics().averageCharWidth() * FLOOR_CHARS
+        over = sum(widths) - self.viewport().width()
+        for column in self.give_way:
+            cut = min(max(over, 0), max(widths[column] - floor, 0))
+            widths[column] -= cut
+            over -= cut
+        if over < 0:
+            total = sum(self.shares)
+            extra = [-over * share // total for share in self.shares]
+            extra[self.shares.index(max(self.shares))] += -over - sum(extra)
+            widths = [width + more for width, more in zip(widths, extra, strict=True)]
+        for column, width in enumerate(widths):
+            self.header().resizeSection(column, width)
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        # Also called when the viewport alone changes size (a scroll bar comes or goes).
+        super().resizeEvent(event)
+        self.fit_columns()
 
 
 def _same(row: LearnedRow, other: LearnedRow) -> bool:
     mine = row.stored.torch_version if row.stored else None
     theirs = other.stored.torch_version if other.stored else None
     return (row.profile_key, row.device, mine) == (other.profile_key, other.device, theirs)
+
+
+def _place(row: LearnedRow) -> tuple[str, str]:
+    return row.profile_key, row.device
+
+
+def _torch(row: LearnedRow) -> str:
+    if row.stored is not None:
+        return row.stored.torch_version
+    return row.report.torch_version if row.report is not None else ""
+
+
+def _cells(row: LearnedRow, with_torch: bool = False) -> list[str]:
+    """The row's cells, each short (`_tips` says them whole): the model, the device's short
+    name (with torch's version where the model has a fix for another), the fix in the words the
+    Models page uses (`words.fix_short`), and the days it was verified and last checked."""
+    stored, report = row.stored, row.report
+    device = short_device(row.device) + (f" · torch {_torch(row)}" if with_torch else "")
+    if stored is None:
+        fix, verified = _no_fix_cell(report), "—"
+    else:
+        fix = words.fix_short(stored.fix.settings) or stored.fix.summary
+        edited = stored.fix.edited_at
+        verified = (
+            f"Edited by you, {day_words(edited)}"
+            if edited is not None
+            else f"{words.first_upper(stored.fix.verified_by)}, {day_words(stored.fix.saved_at)}"
+        )
+    last = (
+        f"{words.first_upper(report.verdict.value)}, {day_words(report.saved_at)}"
+        if report is not None
+        else "Not checked since"
+    )
+    return [row.name, device, fix, verified, last]
+
+
+def _tips(row: LearnedRow) -> list[str]:
+    """Each cell's tooltip: its text whole, and the sentence behind it."""
+    stored, report = row.stored, row.report
+    torch = _torch(row)
+    fix = ""
+    if stored is not None:
+        short = words.fix_short(stored.fix.settings)
+        fix = "\n".join(t for t in dict.fromkeys((short, stored.fix.summary)) if t)
+    elif report is not None:
+        fix = report.fix_summary
+    return [
+        "\n".join(t for t in (row.name, row.source) if t),
+        row.device + (f", torch {torch}" if torch else ""),
+        fix,
+        verified_words(stored.fix) if stored is not None else "",
+        f"{report_words(report)}: {plain_figures(report.headline)}" if report is not None else "",
+    ]
+
+
+def _no_fix_cell(report: SavedReport | None) -> str:
+    if report is None or report.verdict is Verdict.HEALTHY:
+        return "None needed"
+    return "None remembered" if report.verdict is Verdict.FIXABLE else "None found"
+
+
+def _no_fix_words(report: SavedReport | None) -> str:
+    """What the Fix cell of a row without a remembered fix means, in a sentence."""
+    cell = _no_fix_cell(report)
+    if cell == "None needed":
+        return "none needed: the last check found this model safe here."
+    if cell == "None remembered":
+        return (
+            "none remembered. The fix the check found changes only plain settings (those are "
+            "set in Settings, for every model), or it was not applied."
+        )
+    return "none found: no precision setting makes this model run finite here."
+
+
+def _fix_quality(fix: RememberedFix) -> str:
+    """How close the fix came to an fp32 run, in plain words, from the sentence it was saved
+    with; what stands in for the figure when it holds none."""
+    if fix.edited_at is not None:
+        return "not measured since you edited it."
+    return quality_words(fix.summary) or (
+        f"no figure kept: the {fix.verified_by} that proved it did not compare it with an fp32 run."
+    )
+
+
+def _fix_components(settings: Mapping[str, Any], loaded: Sequence[str] = ()) -> list[str]:
+    """The components a fix's settings are about, in run order: those its layer lists name and
+    those its per-component precisions set (the UNet or the transformer by `loaded`, the
+    loaded model's components, when they are known)."""
+    named: set[str] = set()
+    for key, value in settings.items():
+        if key in LAYER_KEYS:
+            named.update(str(entry).partition(":")[0] for entry in value or ())
+            continue
+        if key == "no_half_vae" and value:
+            named.add("vae")
+        owners = [c.name for c in COMPONENTS.values() if c.setting == key and c.part_of is None]
+        present = [name for name in owners if name in loaded]
+        named.update((present or owners)[:1])
+    return [name for name in COMPONENTS if name in named] + sorted(named - set(COMPONENTS))
+
+
+def _para(title: str, text: str, bold: bool = False, quoted: bool = False) -> str:
+    """One line of the detail pane: 'Title: text', the text in bold (what matters most) or in
+    italics (a sentence quoted as it was saved)."""
+    body = html.escape(text)
+    body = f"<b>{body}</b>" if bold else f"<i>{body}</i>" if quoted else body
+    return f"<p><b>{html.escape(title)}:</b> {body}</p>"
 
 
 def _swap_words(loaded: str | None, name: str) -> str:

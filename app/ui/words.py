@@ -14,6 +14,12 @@ FP16_LIMIT = FP16_MAX
 
 COMPONENT_NAMES = {name: c.title for name, c in COMPONENTS.items()}
 COMPONENT_ROLES = {name: c.does for name, c in COMPONENTS.items()}
+# Each component's precision setting, by the words the component goes by ("VAE", "second text
+# encoder"); the first component a setting governs names it (the VAE's encoder is the VAE's).
+_PRECISION_WORDS: dict[str, str] = {}
+for _component in COMPONENTS.values():
+    if _component.part_of is None:
+        _PRECISION_WORDS.setdefault(_component.setting, _component.words)
 # The colour of a component's status chip; its words are core's (`health.STATUS_WORDS`).
 STATUS_LEVEL = {
     Status.OK: "good",
@@ -320,9 +326,8 @@ def fix_short(settings: Mapping[str, Any] | None) -> str:
                 parts.append(
                     f"keep {what} in {dtype}" if dtype else f"clamp {what} to fp16's range"
                 )
-        elif key.endswith("_precision") and key != "precision":
-            part = setting_label(key).removesuffix(" precision")
-            parts.append(f"run the {part} in {value}")
+        elif key in _PRECISION_WORDS:  # a component's own precision, by the component's words
+            parts.append(f"run the {_PRECISION_WORDS[key]} in {value}")
         elif key == "no_half" and value:
             parts.append("run everything in fp32")
         elif key == "no_half_vae" and value:

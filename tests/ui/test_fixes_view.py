@@ -7,14 +7,20 @@ from __future__ import annotations
 import html
 from dataclasses import replace
 
-from PySide6.QtWidgets import QTextBrowser
+import pytest
+from PySide6.QtWidgets import QStyle, QTextBrowser
 
 from app.core import profiles
 from app.core.components import Verdict
+from app.core.diagnosis import Quality
 from app.core.health import saved
+from app.core.health.fix import fix_summary
+from app.core.health.saved import when_words
 from app.core.library_check import ModelCheckRow, ModelChecks
 from app.core.requests import LoadRequest
 from app.engine.events import EventState
+from app.ui import browser, words
+from app.ui.fixes_view import day_words, quality_words, short_device, verified_words
 from tests.support import reports
 from tests.support.reports import gtx_1660_super, on_a_cpu
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
@@ -83,13 +89,16 @@ def test_every_fix_and_report_is_listed_per_model_and_device(window):
     rows = _cells(view)
     assert len(rows) == 2
     name, device, what, verified, last = rows[0]
-    assert name == "sdxl" and device == f"{DEVICE} · torch {TORCH}"
-    # The cell says what the fix does; the check's sentence is its tooltip.
+    # The device by its short name; the whole name, and torch's version, in its tooltip.
+    assert name == "sdxl" and device == "RTX 3060"
+    assert view.table.topLevelItem(0).toolTip(1) == f"{DEVICE}, torch {TORCH}"
+    # The cell says what the fix does; the check's sentence is in its tooltip.
     assert what == "Keep 1 layer of the VAE in fp32"
-    assert view.table.topLevelItem(0).toolTip(2) == fix.summary
-    assert verified.startswith("health check, ")
+    assert view.table.topLevelItem(0).toolTip(2) == f"{what}\n{fix.summary}"
+    assert verified == f"Health check, {day_words(fix.saved_at)}"
+    assert view.table.topLevelItem(0).toolTip(3) == verified_words(fix)
     assert last.startswith("Fixable, ")
-    assert rows[1][2:4] == ["None", "—"] and rows[1][4].startswith("Healthy, ")
+    assert rows[1][2:4] == ["None needed", "—"] and rows[1][4].startswith("Healthy, ")
     assert not view.empty.isVisible()
 
 
@@ -123,6 +132,235 @@ def test_a_fix_of_an_unknown_file_cannot_be_re_verified_and_says_why(window):
     assert _cells(view)[0][0].startswith("A model not checked since")
     assert not view.verify_button.isEnabled()
     assert "load it on the Models page" in view.verify_button.toolTip()
+
+
+# Column widths --------------------------------------------------------------------------------
+
+XEON = "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"
+CPU_TORCH = "2.5.1+cpu"
+LONG_NAME = "realisticVisionV60B1_v51HyperVAE_merged_with_dreamshaperXL"
+
+
+def _long_names() -> None:
+    """SDXL under a long file name, fixed on a CPU with a long name, and a second model checked
+    healthy there."""
+    cpu = replace(reports.RTX_3060, kind="cpu", name=XEON)
+    sdxl = replace(reports.SDXL, name=LONG_NAME)
+    saved.save_report(SDXL_KEY, reports.result(replace(reports.fixable(), model=sdxl, device=cpu)))
+    profiles.remember_fix(
+        SDXL_KEY,
+        XEON,
+        {"fp32_modules": LAYERS},
+        "The VAE overflowed; 1 VAE layer in fp32.",
+        "health check",
+        torch_version=CPU_TORCH,
+    )
+    saved.save_report("d" * 64, reports.result(reports.report(device=cpu)))
+
+
+def _sized(qtbot, window, width: int, height: int):
+    window.resize(width, height)
+    view = _page(window)
+    qtbot.wait(50)  # let the layouts take the size
+    return view.table
+
+
+def _shown_whole(table, row: int, column: int) -> bool:
+    """Whether the cell's text fits its column unelided (Qt's item delegate keeps the focus
+    frame's margin and a pixel clear on each side of it)."""
+    margin = table.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, table) + 1
+    text = table.topLevelItem(row).text(column)
+    return table.fontMetrics().horizontalAdvance(text) + 2 * margin <= table.columnWidth(column)
+
+
+def _column(table, name: str) -> int:
+    return [table.headerItem().text(c) for c in range(table.columnCount())].index(name)
+
+
+def test_at_1024_the_device_is_short_and_whole_and_only_the_models_name_gives_way(qtbot, window):
+    _long_names()
+    table = _sized(qtbot, window, 1024, 700)
+    assert [row[1] for row in _cells(window.fixes_view)] == ["Xeon Platinum 8375C"] * 2
+    assert table.topLevelItem(0).toolTip(1) == f"{XEON}, torch {CPU_TORCH}"
+    for name in ("Device", "Fix", "Verified by", "Last check"):
+        for row in range(table.topLevelItemCount()):
+            assert _shown_whole(table, row, _column(table, name)), (name, row)
+    # The long name is elided, and whole in its tooltip.
+    assert not _shown_whole(table, 0, 0)
+    assert table.topLevelItem(0).toolTip(0).startswith(LONG_NAME)
+    widths = [table.columnWidth(c) for c in range(table.columnCount())]
+    assert max(widths) == widths[_column(table, "Fix")]
+    assert table.horizontalScrollBar().maximum() == 0
+
+
+def test_at_1920_the_fix_column_has_the_most_of_the_spare_width(qtbot, window):
+    _long_names()
+    table = _sized(qtbot, window, 1920, 1080)
+    for row in range(table.topLevelItemCount()):
+        for column in range(table.columnCount()):
+            assert _shown_whole(table, row, column), (row, column)
+    widths = [table.columnWidth(c) for c in range(table.columnCount())]
+    device, fix = widths[_column(table, "Device")], widths[_column(table, "Fix")]
+    assert max(widths) == fix and device < table.viewport().width() / 8
+    assert sum(widths) == table.viewport().width()  # no gap at the right, no scrolling
+
+
+def test_the_same_model_on_one_device_under_two_torch_versions_says_which_is_which(window):
+    _remember()
+    profiles.remember_fix(
+        SDXL_KEY, DEVICE, {"fp32_modules": LAYERS}, "Again.", "health check", torch_version="2.9"
+    )
+    view = _page(window)
+    assert sorted(row[1] for row in _cells(view)) == [
+        "RTX 3060 · torch 2.9",
+        f"RTX 3060 · torch {TORCH}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "short"),
+    [
+        ("NVIDIA GeForce RTX 3060", "RTX 3060"),
+        ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3"),
+        ("Intel(R) Core(TM) i7-10700K CPU @ 3.80GHz", "Core i7-10700K"),
+        ("Intel(R) Xeon(R) Processor", "Xeon"),
+        ("AMD Ryzen 9 5950X 16-Core Processor", "Ryzen 9 5950X"),
+        ("AMD Radeon RX 7900 XTX", "Radeon RX 7900 XTX"),
+        ("Apple M2 Pro", "Apple M2 Pro"),
+        ("CPU", "CPU"),
+    ],
+)
+def test_a_devices_short_name_is_its_products(name, short):
+    assert short_device(name) == short
+
+
+# The selected row in full ---------------------------------------------------------------------
+
+ISLANDS = ["vae:decoder.up_blocks.2.resnets.1.conv2", "vae:decoder.up_blocks.2.resnets.1.norm2"]
+
+
+def _checked_fix(quality: Quality) -> profiles.RememberedFix:
+    """Two VAE layers in fp32, remembered with the sentence the health check writes."""
+    tested = reports.plan()
+    fixed = reports.plan(modules={"vae": {e.partition(":")[2]: "fp32" for e in ISLANDS}})
+    summary = fix_summary(["vae"], ["keep 2 layers of the VAE in fp32"], tested, fixed, quality)
+    return profiles.remember_fix(
+        SDXL_KEY,
+        DEVICE,
+        {"fp32_modules": ISLANDS},
+        summary,
+        "health check",
+        torch_version=TORCH,
+        made_at=tested.dtype_settings(),
+    )
+
+
+def _detail(view) -> str:
+    return view.detail.toPlainText().replace("\u200b", "")  # break opportunities in paths
+
+
+def test_the_selected_fix_is_said_in_full_and_forget_acts_on_it(window):
+    fix = _checked_fix(Quality(55.3))
+    _save()
+    _save("d" * 64, reports.report(model=replace(reports.SDXL, name="flux", source="/m/flux")))
+    view = _page(window)
+    assert view.detail.isVisible()
+    text = _detail(view)
+    assert f"sdxl\nOn: {DEVICE}, torch {TORCH}" in text
+    assert "Fix: Keep 2 layers of the VAE in fp32" in text
+    assert "Where: the VAE, which turns the finished latents into pixels." in text
+    assert "Layers in fp32 (2):" in text
+    for entry in ISLANDS:
+        path = entry.partition(":")[2]
+        said = words.describe_module("vae", path).removesuffix(", in the VAE")
+        assert f"{path} in the VAE: {said}" in text
+    assert "Proved at: fp16 everywhere, the precision it is a fix for" in text
+    assert f"Proved by: the health check, {when_words(fix.saved_at)}." in text
+    assert (
+        "How well it worked: Matches full precision closely: its output was within about 0.17% "
+        "of an fp32 run of the same inputs (55.3 dB signal-to-noise; a fix counts as verified "
+        "from 20 dB, about 10%)."
+    ) in text
+    # The last check's headline, its figure in words as the Health check page says it.
+    assert "Last check: Fixable, " in text
+    assert "verified fix (identical to full precision): run the VAE in fp32." in text
+
+    # Another row selected: the pane follows it.
+    view.table.setCurrentItem(view.table.topLevelItem(1))
+    text = _detail(view)
+    assert "Fix: none needed: the last check found this model safe here." in text
+    assert "Keep 2 layers" not in text and "Last check: Healthy, " in text
+
+    # Forget and Re-verify act on the row the pane shows.
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or True
+    assert view.forget()
+    assert asked[0][1] == f"Forget the saved health report of flux on {DEVICE}?"
+    assert [s.profile_key for s in profiles.stored_fixes().fixes] == [SDXL_KEY]
+    assert [row.profile_key for row in view.rows] == [SDXL_KEY]
+    assert "Keep 2 layers of the VAE in fp32" in _detail(view)
+
+
+def test_a_fix_with_no_figure_or_edited_since_says_so_instead(window, engines):
+    fix = _remember(DEMO_SUMMARY.profile_key)  # saved without a figure
+    _loaded_with_fix(window, engines, fix)
+    view = _page(window)
+    assert (
+        "How well it worked: no figure kept: the health check that proved it did not compare "
+        "it with an fp32 run."
+    ) in _detail(view)
+    editor = view.edit()
+    assert editor is not None
+    editor.editors["fp32_modules"].setPlainText("vae:decoder.conv_in")
+    editor.accept()
+    text = _detail(view)
+    assert "How well it worked: not measured since you edited it." in text
+    assert "edited by you" in text and "decoder.conv_in in the VAE: the input convolution" in text
+
+
+def test_a_row_without_a_remembered_fix_says_what_the_check_found(window):
+    kept = _save()  # fixable, by a plain setting: nothing remembered for the model
+    view = _page(window)
+    assert _cells(view)[0][2] == "None remembered"
+    text = _detail(view)
+    assert f"The check found: {kept.fix_summary}" in text
+    assert "Fix: none remembered." in text
+
+
+@pytest.mark.parametrize(
+    ("quality", "said"),
+    [
+        (Quality(200.0), "Identical to full precision: its output was the same as an fp32 run"),
+        (Quality(25.0), "Close enough to full precision: its output was within about 5.6% of"),
+        (Quality(4.2), "Differs from full precision: its output was about 62% off an fp32 run"),
+        (Quality(float("-inf")), "Differs from full precision: its output was not finite"),
+    ],
+)
+def test_the_quality_figure_is_said_in_plain_words(quality, said):
+    sentence = f"Verified by re-running it with the fix: finite, and {quality.words()}."
+    assert quality_words(sentence).startswith(said)
+    assert quality_words("Verified by repairing the image, which came out finite.") == ""
+
+
+# The fix's words ------------------------------------------------------------------------------
+
+
+def test_the_fix_is_named_as_on_the_models_page_and_inside_sentences(window, engines):
+    fix = _remember()
+    _save()
+    view = _page(window)
+    models_page = browser.health_by_model(
+        saved.saved_reports().reports, profiles.stored_fixes().fixes
+    )
+    [health] = models_page.values()
+    assert _cells(view)[0][2] == health.fix == words.fix_short(fix.settings)
+    assert f"Fix: {health.fix}" in _detail(view)
+    # Inside a sentence it starts lower case, its names as they are ("VAE", not "vae").
+    load_fake_model(window, engines)
+    asked = []
+    window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or False
+    view.reverify()
+    assert "with the fix: keep 1 layer of the VAE in fp32." in asked[0][2]
 
 
 # View -----------------------------------------------------------------------------------------
@@ -203,7 +441,7 @@ def test_edit_validates_the_layer_lists_through_the_schema_before_saving(window,
     assert stored.fix.edited_at is not None and stored.fix.verified_by == "health check"
     # The loaded model's summary says what jobs now run with.
     assert window.state.model is not None and window.state.model.remembered_fix == stored.fix
-    assert "edited by you" in _cells(view)[0][3]
+    assert _cells(view)[0][3].startswith("Edited by you, ")
     assert view.notice.text.text().startswith("Saved the fix of demo")
 
     # Forgotten, it is no longer "saved": the banner says what happened instead.
@@ -321,7 +559,7 @@ def test_re_verify_runs_the_fix_at_the_precision_it_was_proved_at(window, engine
     window.dialogs.confirm = lambda *args, **kwargs: asked.append(args) or True
     view.reverify()
     assert "runs it at fp16 everywhere, the precision the fix is for" in asked[0][2]
-    assert "keep 1 layer of the vae in fp32" in asked[0][2]
+    assert "keep 1 layer of the VAE in fp32" in asked[0][2]
     assert "A CPU computes fp16 slowly" in asked[0][2]
     precision = engines.current.last_job("check_models").params.precision
     assert (precision.precision, precision.unet_precision, precision.vae_precision) == (
@@ -410,6 +648,21 @@ def test_check_all_runs_one_job_shows_progress_and_ends_with_a_summary(window, e
     assert view.check_all_button.isEnabled() and not view.progress.isVisible()
 
 
+def test_the_last_runs_fix_says_its_figure_in_words_and_is_whole_in_its_tooltip(window, engines):
+    view = _page(window)
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    view.check_all()
+    fixed = reports.plan(dtypes={"vae": "fp32"})
+    summary = fix_summary(["vae"], ["run the VAE in fp32"], reports.plan(), fixed, Quality(47.3))
+    row = ModelCheckRow("/m/b.safetensors", "b.safetensors", Verdict.FIXABLE, "Fixable.", summary)
+    engines.current.finish(engines.current.last_job("check_models"), ModelChecks((row,)))
+    item = view.run_table.topLevelItem(0)
+    said = "Verified by re-running it with the fix: finite, and matches full precision closely."
+    assert said in item.text(2)
+    assert item.toolTip(2) == f"{item.text(2)}\nFixable."
+    assert view.run_table.horizontalScrollBar().maximum() == 0
+
+
 def test_a_run_that_could_not_load_the_users_model_again_says_so_and_shows_none(window, engines):
     load_fake_model(window, engines)
     view = _page(window)
@@ -438,7 +691,8 @@ def test_a_model_loaded_again_shows_its_last_saved_report_until_a_check_runs(win
     load_fake_model(window, engines)
     page = window.health_view
     assert page.verdict.level == "warn"
-    assert html.escape(health.headline) in page.verdict.text.text()
+    # The headline up to its agreement figure, which the page says in plain words.
+    assert html.escape(health.headline.partition(" (")[0]) in page.verdict.text.text()
     assert DEVICE in page.verdict.text.text()
     assert page.markdown == reports.MARKDOWN and page.copy_button.isEnabled()
 

@@ -124,5 +124,6 @@ def test_the_fixes_page_shows_each_fix_whole_at_1024(qtbot, window):
     assert text == "Keep 1 layer of the VAE in fp32"
     assert table.columnWidth(fix) >= table.fontMetrics().horizontalAdvance(text)
     assert table.horizontalScrollBar().maximum() == 0
-    device = table.topLevelItem(0)
-    assert device.toolTip(1) == device.text(1)  # the column that gives way says it whole
+    row = table.topLevelItem(0)  # the device by its short name, whole; the full name in its tip
+    assert row.text(1) == "RTX 3060" and row.toolTip(1).startswith("NVIDIA GeForce RTX 3060")
+    assert table.columnWidth(1) >= table.fontMetrics().horizontalAdvance(row.text(1))

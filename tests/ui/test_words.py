@@ -109,3 +109,20 @@ def test_a_fix_is_said_short_enough_for_a_table_cell():
     assert fix_short({"no_half": True}) == "Run everything in fp32"
     assert fix_short({"upcast_attention": True}).startswith("Upcast attention")
     assert fix_short({}) == ""
+
+
+def test_a_fix_names_each_component_by_its_own_words_and_no_switch_as_a_component():
+    """A component's precision reads "run the second text encoder in bf16"; a switch whose
+    key merely ends in "_precision" (math attention's reduced precision) is no component."""
+    from app.ui.words import fix_short
+
+    text = fix_short(
+        {
+            "text_encoder_2_precision": "bf16",
+            "vae_precision": "fp32",
+            "attention_reduced_precision": False,
+        }
+    )
+    assert "run the second text encoder in bf16" in text.lower()
+    assert "run the vae in fp32" in text.lower()
+    assert "in False" not in text and "math attention: off" in text.lower()
