@@ -3,17 +3,33 @@ style sheet built from it. Every custom colour in the window comes from here.
 
 Window, base and text colours are the palette's own; the accents (banners, chips, links, the
 chart) are chosen per scheme so that text on them keeps a WCAG contrast ratio of at least 4.5.
+What a user must find to operate (the borders of fields, check boxes and radio buttons) keeps
+3:1 against the window and the field (WCAG 1.4.11), and so does a disabled button's text.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QLineEdit
+
+from app.core import paths
 
 LEVELS = ("good", "warn", "bad", "info", "muted")
+# WCAG 1.4.11: the parts of a control a user must see to find and operate it, against what is
+# next to them. A disabled button's text is held to it too: dimmer than body text, still read.
+CONTROL = 3.0
 
 
 @dataclass(frozen=True)
@@ -28,10 +44,12 @@ class Scheme:
     muted: str
     link: str
     invalid: str
-    border: str
+    border: str  # cards and lines: decoration, deliberately quiet
+    field: str  # fields, check boxes and radio buttons: CONTROL on the window and on `base`
+    disabled_text: str  # a disabled button's or field's text: CONTROL on window, base, button
     banners: dict[str, tuple[str, str, str]]
     chips: dict[str, tuple[str, str]]
-    primary: tuple[str, str, str, str]  # background, hover, disabled background, text
+    primary: tuple[str, str, str, str, str]  # background, hover, text; disabled: background, text
     selected: tuple[str, str]  # navigation's selected row: background, text
     scrollbar: tuple[str, str]  # handle, handle under the mouse
     chart: dict[str, str]
@@ -53,6 +71,13 @@ def scheme_for(palette: QPalette) -> Scheme:
     window = palette.color(QPalette.ColorRole.Window).name()
     base = palette.color(QPalette.ColorRole.Base).name()
     text = palette.color(QPalette.ColorRole.WindowText).name()
+    # A button's face runs from the palette's button colour to half as light again (Fusion's
+    # gradient on a dark one): a disabled button's text keeps CONTROL on all of it.
+    button = palette.color(QPalette.ColorRole.Button)
+    faces = (base, button.name(), button.lighter(150).name())
+    # Headroom: a radio button's round border is antialiased, and drawn it loses a few percent.
+    field = _blend(text, window, 0.45, floor=CONTROL + 0.2, against=(base,))
+    disabled_text = _blend(text, window, 0.45, floor=CONTROL, against=faces)
     if is_dark(palette):
         return Scheme(
             dark=True,
@@ -63,6 +88,8 @@ def scheme_for(palette: QPalette) -> Scheme:
             link="#8ab4f8",
             invalid="#f2b8b5",
             border=_blend(text, window, 0.25),
+            field=field,
+            disabled_text=disabled_text,
             banners={
                 "good": ("#0f3d1e", "#2f6b40", "#c4eed0"),
                 "warn": ("#4a3500", "#7a5a10", "#ffe08a"),
@@ -77,7 +104,7 @@ def scheme_for(palette: QPalette) -> Scheme:
                 "info": ("#8ab4f8", "#0a1f3f"),
                 "muted": ("#9aa0a6", "#1b1c1e"),
             },
-            primary=("#8ab4f8", "#aecbfa", "#3c4a5e", "#0a1f3f"),
+            primary=("#8ab4f8", "#aecbfa", "#0a1f3f", "#3c4a5e", "#9aa6b9"),
             selected=("#394457", "#e8eaed"),
             scrollbar=("#7a7f86", "#a8adb3"),
             chart={
@@ -98,6 +125,8 @@ def scheme_for(palette: QPalette) -> Scheme:
         link="#0b57d0",
         invalid="#b3261e",
         border=_blend(text, window, 0.18),
+        field=field,
+        disabled_text=disabled_text,
         banners={
             "good": ("#e7f4ea", "#a8d5b2", "#0d3818"),
             "warn": ("#fff4de", "#f0cf8e", "#3d2a00"),
@@ -112,7 +141,7 @@ def scheme_for(palette: QPalette) -> Scheme:
             "info": ("#0b57d0", "#ffffff"),
             "muted": ("#5f6368", "#ffffff"),
         },
-        primary=("#0b57d0", "#0a4cb8", "#9bb6e6", "#ffffff"),
+        primary=("#0b57d0", "#0a4cb8", "#ffffff", "#d0dcf2", "#5a6f92"),
         selected=("#d3e3fd", "#041e49"),
         scrollbar=("#9aa0a6", "#6f747a"),
         chart={
@@ -159,13 +188,15 @@ def style_sheet(scheme: Scheme) -> str:
             f'QLabel[chip="{level}"] {{ background: {background}; color: {text};'
             " border-radius: 9px; padding: 2px 9px; }"
         )
-    background, hover, disabled, text = scheme.primary
+    background, hover, text, disabled, disabled_text = scheme.primary
     rules += [
+        f"QPushButton:disabled {{ color: {scheme.disabled_text}; }}",
         f'QPushButton[primary="true"] {{ background: {background}; color: {text}; border: none;'
         " border-radius: 5px; padding: 6px 16px; font-weight: 600; }",
-        f'QPushButton[primary="true"]:disabled {{ background: {disabled}; color: {text}; }}',
+        f'QPushButton[primary="true"]:disabled {{ background: {disabled}; color: {disabled_text}; }}',
         f'QPushButton[primary="true"]:hover {{ background: {hover}; }}',
     ]
+    rules += _field_rules(scheme)
     handle, hovered = scheme.scrollbar
     # Scroll bars the user can see: Fusion's default handle nearly vanishes on either scheme.
     rules += [
@@ -179,6 +210,83 @@ def style_sheet(scheme: Scheme) -> str:
         "QScrollBar::add-page, QScrollBar::sub-page { background: none; }",
     ]
     return "\n".join(rules) + "\n"
+
+
+FIELDS = ("QLineEdit", "QAbstractSpinBox", "QComboBox", "QPlainTextEdit", "QTextEdit")
+# Check boxes, and the boxes a list's rows are ticked in (the first start's model folders).
+BOXES = ("QCheckBox::indicator", "QAbstractItemView::indicator")
+INDICATORS = (*BOXES, "QRadioButton::indicator")
+# Where a spin box's text starts inside its border, as Fusion's: a style sheet's padding does not
+# reach the line edit inside a spin box (ThemeFollower sets it as text margins instead).
+SPIN_TEXT_INDENT = 4
+
+
+def _field_rules(scheme: Scheme) -> list[str]:
+    """Fields, check boxes and radio buttons with borders a user can find. Fusion draws theirs a
+    shade off the window (1.2:1 on a dark one); a style sheet that sets a border draws the rest
+    of the control too, so the tick, the dot and the arrows are drawn here as well."""
+    accent, _hover, on_accent, disabled, on_disabled = scheme.primary
+    text, dim = scheme.text, scheme.disabled_text
+
+    def each(names: tuple[str, ...], state: str = "") -> str:
+        return ", ".join(f"{name}{state}" for name in names)
+
+    return [
+        f"{each(FIELDS)} {{ background: {scheme.base}; border: 1px solid {scheme.field};"
+        " border-radius: 4px; }",
+        "QLineEdit, QComboBox { padding: 2px 4px; }",
+        "QAbstractSpinBox { padding: 1px 0; }",
+        f"{each(FIELDS, ':focus')}, QComboBox:on {{ border-color: {accent}; }}",
+        f"{each(FIELDS, ':disabled')} {{ background: {scheme.window}; color: {dim}; }}",
+        # The guide and the reports are read, not typed in: their frame stays a quiet one.
+        f"QTextBrowser {{ border-color: {scheme.border}; }}",
+        # Where a picture is dropped: it has to show where it is while it is empty.
+        f"PictureSlot {{ border: 1px solid {scheme.field}; border-radius: 6px; }}",
+        "QComboBox::drop-down { subcontrol-origin: border; subcontrol-position: center right;"
+        " width: 20px; border: none; }",
+        f"QComboBox::down-arrow {{ image: url({_picture('down', text)}); width: 10px;"
+        " height: 10px; }",
+        f"QComboBox::down-arrow:disabled {{ image: url({_picture('down', dim)}); }}",
+        # A styled combo box draws its list's rows as its own items: without these, the row in
+        # reach is drawn in the highlighted-text colour on the field's (white on white).
+        f"QComboBox QAbstractItemView {{ background: {scheme.base}; color: {text};"
+        f" border: 1px solid {scheme.field}; outline: none; }}",
+        f"QComboBox::item:selected {{ background: {scheme.selected[0]};"
+        f" color: {scheme.selected[1]}; }}",
+        "QAbstractSpinBox::up-button, QAbstractSpinBox::down-button { subcontrol-origin: border;"
+        " width: 14px; border: none; background: transparent; }",
+        "QAbstractSpinBox::up-button { subcontrol-position: top right; }",
+        "QAbstractSpinBox::down-button { subcontrol-position: bottom right; }",
+        f"QAbstractSpinBox::up-arrow {{ image: url({_picture('up', text)}); width: 10px;"
+        " height: 10px; }",
+        f"QAbstractSpinBox::down-arrow {{ image: url({_picture('down', text)}); width: 10px;"
+        " height: 10px; }",
+        # :off is the arrow of a spin box at its end of the range: it does nothing.
+        "QAbstractSpinBox::up-arrow:disabled, QAbstractSpinBox::up-arrow:off"
+        f" {{ image: url({_picture('up', dim)}); }}",
+        "QAbstractSpinBox::down-arrow:disabled, QAbstractSpinBox::down-arrow:off"
+        f" {{ image: url({_picture('down', dim)}); }}",
+        f"{each(INDICATORS)} {{ width: 12px; height: 12px; background: {scheme.base};"
+        f" border: 1px solid {scheme.field}; }}",
+        f"{each(BOXES)} {{ border-radius: 3px; }}",
+        "QRadioButton::indicator { border-radius: 7px; }",
+        f"{each(INDICATORS, ':hover')}, {each(INDICATORS, ':focus')} {{ border-color: {accent}; }}",
+        f"{each(INDICATORS, ':disabled')} {{ background: {scheme.window}; }}",
+        f"{each(BOXES, ':checked')} {{ background: {accent}; border-color: {accent};"
+        f" image: url({_picture('check', on_accent)}); }}",
+        f"{each(BOXES, ':indeterminate')} {{ background: {accent}; border-color: {accent};"
+        f" image: url({_picture('dash', on_accent)}); }}",
+        f"{each(BOXES, ':checked:disabled')}, {each(BOXES, ':indeterminate:disabled')}"
+        f" {{ background: {disabled}; border-color: {disabled}; }}",
+        f"{each(BOXES, ':checked:disabled')} {{ image: url({_picture('check', on_disabled)}); }}",
+        f"{each(BOXES, ':indeterminate:disabled')}"
+        f" {{ image: url({_picture('dash', on_disabled)}); }}",
+        f"QRadioButton::indicator:checked {{ border-color: {accent};"
+        f" image: url({_picture('dot', accent)}); }}",
+        f"QRadioButton::indicator:checked:disabled {{ border-color: {scheme.field};"
+        f" image: url({_picture('dot', dim)}); }}",
+        f"QCheckBox:disabled, QRadioButton:disabled {{ color: {dim}; }}",
+    ]
 
 
 def dark_palette() -> QPalette:
@@ -239,9 +347,66 @@ class ThemeFollower(QObject):
             self.app.setStyleSheet(sheet)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
-        if watched is self.app and event.type() == QEvent.Type.ApplicationPaletteChange:
+        kind = event.type()
+        if kind == QEvent.Type.Polish and isinstance(watched, QAbstractSpinBox):
+            edit = watched.findChild(QLineEdit)
+            if edit is not None:
+                edit.setTextMargins(SPIN_TEXT_INDENT, 0, 0, 0)
+        elif watched is self.app and kind == QEvent.Type.ApplicationPaletteChange:
             self.apply()
         return False
+
+
+# Pictures the style sheet names -----------------------------------------------------------------
+
+# A style sheet draws a check box's tick, a radio button's dot and a field's arrows only from
+# files: each is an SVG in the scheme's colour, on a 12 x 12 canvas.
+_SHAPES = {
+    "check": '<path d="M2.5 6.4 5 8.9 9.6 3.4" fill="none" stroke="{colour}"'
+    ' stroke-width="1.9" stroke-linecap="round" stroke-linejoin="round"/>',
+    "dash": '<path d="M3 6h6" stroke="{colour}" stroke-width="1.9" stroke-linecap="round"/>',
+    "dot": '<circle cx="6" cy="6" r="3" fill="{colour}"/>',
+    "down": '<path d="M1.5 4h9L6 8.8z" fill="{colour}"/>',
+    "up": '<path d="M1.5 8h9L6 3.2z" fill="{colour}"/>',
+}
+
+
+def _picture(shape: str, colour: str) -> str:
+    """The quoted path, for a style sheet's url(), of `shape` drawn in `colour`. Written once:
+    the name holds a digest of the drawing, so a file of that name is always the right one."""
+    svg = (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="12" height="12" viewBox="0 0 12 12">'
+        + _SHAPES[shape].format(colour=colour)
+        + "</svg>\n"
+    )
+    name = f"{shape}-{hashlib.sha1(svg.encode()).hexdigest()[:12]}.svg"
+    for folder in (_pictures_folder, _spare_pictures_folder):
+        with contextlib.suppress(OSError):
+            path = folder() / name
+            if not path.is_file():
+                # Another HalfSafe may be reading this name: it appears whole or not at all.
+                part = path.with_name(f"{name}.{os.getpid()}.part")
+                part.write_text(svg, encoding="utf-8")
+                part.replace(path)
+            return f'"{path.as_posix()}"'
+    # Nowhere to write: the controls keep their borders and colours, without the pictures.
+    logging.getLogger("halfsafe").warning("Could not write the style sheet's %s picture.", shape)
+    return '""'
+
+
+@functools.cache
+def _pictures_folder() -> Path:
+    folder = paths.cache_dir() / "theme"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@functools.cache
+def _spare_pictures_folder() -> Path:
+    """A folder of this process's own, for when the cache folder cannot be written."""
+    folder = Path(tempfile.mkdtemp(prefix="halfsafe-theme-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 # Colour arithmetic ----------------------------------------------------------------------------
@@ -268,9 +433,15 @@ def contrast_ratio(foreground: QColor | str, background: QColor | str) -> float:
     return (light + 0.05) / (dark + 0.05)
 
 
-def _blend(foreground: str, background: str, amount: float, floor: float = 0.0) -> str:
+def _blend(
+    foreground: str,
+    background: str,
+    amount: float,
+    floor: float = 0.0,
+    against: tuple[str, ...] = (),
+) -> str:
     """`amount` of the foreground over the background; moved towards the foreground until the
-    contrast with the background reaches `floor`."""
+    contrast with the background, and with every colour in `against`, reaches `floor`."""
     front, back = QColor(foreground), QColor(background)
     while True:
         mixed = QColor(
@@ -278,7 +449,7 @@ def _blend(foreground: str, background: str, amount: float, floor: float = 0.0) 
             round(back.green() + (front.green() - back.green()) * amount),
             round(back.blue() + (front.blue() - back.blue()) * amount),
         )
-        if amount >= 1.0 or contrast_ratio(mixed, back) >= floor:
+        if amount >= 1.0 or all(contrast_ratio(mixed, c) >= floor for c in (back, *against)):
             return mixed.name()
         amount = min(1.0, amount + 0.04)
 
