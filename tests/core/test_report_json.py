@@ -59,6 +59,8 @@ GENERATION_KEYS = [
     "mode",
     "pictures",
     "canvas",
+    "clip_skip",
+    "hires",
     "warnings",
 ]
 STEP_COST_KEYS = ["unet_step_ms", "unet_step_ms_range", "rounds", "peak_memory_mb", "weights_mb"]
