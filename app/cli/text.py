@@ -196,6 +196,18 @@ def explain_text(explanation) -> str:
             f"Pixels:  RGB {colour} exactly, {flat['share']:.0%} of the picture "
             f"(x {x0}-{x1 - 1}, y {y0}-{y1 - 1})"
         )
+    saturated, noise = explanation.pixels.get("saturated"), explanation.pixels.get("noise")
+    if saturated:
+        colour = ", ".join(str(c) for c in saturated["colour"])
+        lines.append(
+            f"Pixels:  every channel at 0 or 255 in {saturated['share']:.1%} of the picture "
+            f"(most RGB {colour})"
+        )
+    elif noise and noise["coloured_noise"]:
+        lines.append(
+            f"Pixels:  structure {noise['structure']:.2f} over 64 px blocks, colour "
+            f"{noise['colour']:.1f} times brightness between neighbours (coloured noise)"
+        )
     if record.compiled:
         lines.append(f"Compile: {record.compiled} (the check runs uncompiled)")
     made = TOOLS[explanation.made_by].name if explanation.made_by in TOOLS else "unknown"

@@ -39,6 +39,9 @@ _LEVELS = {
     "nan": "bad",
     "nan_zeroed": "bad",
     "flat": "warn",
+    "saturated": "bad",
+    "noise": "bad",
+    "unclaimed": "warn",
     "safety_checker": "warn",
     "black": "info",
     "ok": "good",
@@ -48,11 +51,16 @@ MARGIN = 80  # what the dialog leaves free of the screen's height
 
 
 def title_for(name: str, result: Explanation) -> str:
-    """The dialog's title, by what the image looks like: black, grey, white, one flat colour,
-    or nothing wrong."""
+    """The dialog's title, by what the image looks like: black, grey, white, saturated, noise,
+    one flat colour, or nothing wrong."""
     if result.status == "nan_zeroed":
         return f"Why is {name} grey?"
     pixels = result.pixels or {}
+    saturated = pixels.get("saturated")
+    if saturated:
+        return f"Why is {name} {'white' if saturated['white'] else 'saturated'}?"
+    if result.status in ("noise", "unclaimed"):
+        return f"Why is {name} noise?"
     if pixels.get("mean", 0.0) >= 0.97 and pixels.get("spread", 1.0) <= 0.02:
         return f"Why is {name} white?"  # clipped white is never "flat": read it here
     flat = pixels.get("flat")

@@ -30,9 +30,23 @@ from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
 # Image statuses (DESIGN.md): NaN-black, a genuinely dark picture, a safety-checker blank, fine;
 # then one flat colour where a generation record says a tool made it (NaN replaced by zeros,
-# most likely), and one flat colour with no record (nothing claimed).
-STATUSES = ("nan", "black", "safety_checker", "ok", "nan_zeroed", "flat")
-PROBLEMS = ("nan", "nan_zeroed")
+# most likely), and one flat colour with no record (nothing claimed); saturated (white, or
+# every channel at 0 or 255: an overflow to infinity, clipped) and coloured noise
+# (`signatures`) where a record says a tool made it, and either with no record ("unclaimed":
+# a white or noisy design looks the same, so nothing is claimed).
+STATUSES = (
+    "nan",
+    "black",
+    "safety_checker",
+    "ok",
+    "nan_zeroed",
+    "flat",
+    "saturated",
+    "noise",
+    "unclaimed",
+)
+# The statuses of a failed image: the health check runs and the exit status is 1.
+PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise")
 
 # What explain says, in one table for the terminal, the window and --json's message: the short
 # names of the statuses only explain gives (a generated image's are generation's
@@ -41,6 +55,9 @@ PROBLEMS = ("nan", "nan_zeroed")
 STATUS_WORDS = {
     "nan_zeroed": "flat colour: NaN replaced by zeros",
     "flat": "one flat colour",
+    "saturated": "white or saturated: an overflow to infinity",
+    "noise": "coloured noise: not a picture",
+    "unclaimed": "white or noise, no record",
 }
 FINDING_WORDS = {
     "flat_whole": "This image ({by}) is one exact colour, RGB {colour}, in every pixel.",
@@ -69,6 +86,44 @@ FINDING_WORDS = {
     "flat_unknown": (
         "That looks like what a tool writes when it replaces NaN values with zeros instead "
         "of writing a black image, but a picture made flat on purpose looks the same; this "
+        "image carries no generation record, so HalfSafe does not say which."
+    ),
+    "saturated_white": (
+        "This image ({by}) is white: {share} of its pixels are 255 in every channel. A value "
+        "that overflowed to infinity becomes the brightest value when the picture is clipped "
+        "and saved, so a value overflowed somewhere in the model, as it does for a black image."
+    ),
+    "saturated_colour": (
+        "This image ({by}) is saturated: {share} of its pixels have every channel at 0 or 255 "
+        "(most of them RGB {colour}), which is what values that overflowed to plus or minus "
+        "infinity become when the picture is clipped and saved, so a value overflowed "
+        "somewhere in the model."
+    ),
+    "noise": (
+        "This image ({by}) is coloured noise, not a picture: almost none of its variance "
+        "survives averaging over 64 px blocks ({structure:.2f}; pictures keep over 0.1) "
+        "and neighbouring pixels differ more in colour than in brightness ({colour:.1f} times; "
+        "in pictures at most 0.3). Nothing overflowed to make it: such images come from "
+        "latents that were never denoised (too few steps, or a sampler or schedule the model "
+        "was not made for), from latents decoded by the VAE of another model family, or "
+        "from a quantised file (GGUF, fp8, NVFP4) its loader read wrongly."
+    ),
+    "noise_healthy": (
+        "The health check at the image's settings ran finite and agreed with fp32 here, so "
+        "the noise is not a precision fault. Check that {vae} belongs to the model, that the "
+        "steps and sampler are what the model needs (a distilled model drawn with another "
+        "sampler or too few steps stays noise), and, for a quantised file, that another "
+        "format of the same model draws a picture."
+    ),
+    "unclaimed_saturated": (
+        "This image ({by}) is {look}: {share} of its pixels have every channel at 0 or 255. "
+        "That is what an overflow to infinity looks like once saved, but a picture made "
+        "{look} on purpose looks the same; this image carries no generation record, so "
+        "HalfSafe does not say which."
+    ),
+    "unclaimed_noise": (
+        "This image ({by}) looks like coloured noise, not a picture (what a never-denoised or "
+        "wrongly decoded image looks like), but noise made on purpose looks the same; this "
         "image carries no generation record, so HalfSafe does not say which."
     ),
     "compiled": (
@@ -143,10 +198,13 @@ def read_image(path: str | Path) -> tuple[Record, str, dict[str, Any]]:
     status, figures = pixel_status(path, facts)
     if status in ("nan", "black") and record.halfsafe_status == "safety_checker":
         status = "safety_checker"
-    if status == "flat" and record.made_by in MADE_BY and record.made_by != "unknown":
+    generated = record.made_by in MADE_BY and record.made_by != "unknown"
+    if status == "flat" and generated:
         # A generated picture carries the VAE's noise: one exact colour over a large part of
         # it is a value replaced by a constant, not a design.
         status = "nan_zeroed"
+    if status in ("saturated", "noise") and not generated:
+        status = "unclaimed"  # a white or noisy design looks the same
     return record, status, figures
 
 
@@ -453,6 +511,8 @@ def _status_words(explanation: Explanation) -> str:
         )
     if explanation.status in ("nan_zeroed", "flat"):
         return _flat_words(explanation, by, tool.name if tool else "the tool that made it")
+    if explanation.status in ("saturated", "noise", "unclaimed"):
+        return _signature_words(explanation, by)
     if explanation.status == "safety_checker":
         return (
             f"This image ({by}) was blanked by the model's safety checker; nothing overflowed, "
@@ -489,6 +549,26 @@ def _flat_words(explanation: Explanation, by: str, tool: str) -> str:
     else:
         words.append(FINDING_WORDS["hidden_by_tool"].format(tool=tool))
     return " ".join(words)
+
+
+def _signature_words(explanation: Explanation, by: str) -> str:
+    """A saturated or noisy image in words (`signatures`), claimed only with a record."""
+    saturated = explanation.pixels.get("saturated")
+    if saturated is not None:
+        values = {
+            "by": by,
+            "share": f"{saturated['share']:.1%}",
+            "colour": ", ".join(str(c) for c in saturated["colour"]),
+            "look": "white" if saturated["white"] else "saturated",
+        }
+        if explanation.status == "unclaimed":
+            return FINDING_WORDS["unclaimed_saturated"].format(**values)
+        key = "saturated_white" if saturated["white"] else "saturated_colour"
+        return FINDING_WORDS[key].format(**values)
+    noise = explanation.pixels["noise"]
+    if explanation.status == "unclaimed":
+        return FINDING_WORDS["unclaimed_noise"].format(by=by)
+    return FINDING_WORDS["noise"].format(by=by, **noise)
 
 
 def _not_found_words(record: Record, model: ModelMatch, steps: NextSteps | None) -> str:
@@ -540,6 +620,10 @@ def _check_words(explanation: Explanation) -> str:
         )
     if report.verdict == "broken":
         return f"The health check says: {_headline(report)} No precision setting fixes it."
+    if explanation.status == "noise":
+        record = explanation.record
+        vae = f"its VAE ({record.vae})" if record.vae else "the VAE it used"
+        return FINDING_WORDS["noise_healthy"].format(vae=vae)
     suspect = ""
     if explanation.record.attention:  # the tool ran a kernel this check did not
         suspect = (

@@ -181,8 +181,8 @@ def _inflate(path: Path, name: str, data: bytes) -> bytes:
 
 
 def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, dict[str, Any]]:
-    """What the pixels say, from the pixels alone: "nan", "flat", "black" or "ok", with the
-    figures.
+    """What the pixels say, from the pixels alone: "nan", "saturated", "flat", "black",
+    "noise" or "ok", with the figures.
 
     The rule: NaN becomes 0 when a tool writes its image as 8-bit (NumPy's cast, which
     A1111, ComfyUI, diffusers and HalfSafe all use), so an image whose every colour value is
@@ -197,10 +197,16 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     of black (exact mid-grey when it happened after decoding; another colour framed by a band
     of structure along the edges when all-zero latents were decoded), and also what a
     solid-colour design looks like. Only the generation record tells which (`explain_image`).
+
+    Saturated and coloured noise are `signatures`: almost every pixel with every channel at 0
+    or 255 (values that overflowed to infinity, clipped), and a picture with no large shapes
+    whose neighbouring pixels differ in colour more than in brightness. A white or noisy design
+    looks the same; again only the record tells which.
     """
     import numpy as np
     from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
+    from app.core import signatures
     from app.core.images import brightness_stats, flat_region
 
     # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
@@ -243,11 +249,19 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
             "box": list(flat.box),
             "stage": "pixels" if flat.mid_grey else "latent",
         }
+    saturated = None if zero else signatures.saturated(rgb)
+    figures["saturated"] = saturated.to_json() if saturated is not None else None
+    noise = None if zero or saturated or flat else signatures.noise(rgb)
+    figures["noise"] = noise.to_json() if noise is not None else None
     if zero:
         return "nan", figures
+    if saturated is not None:
+        return "saturated", figures
     if flat is not None:
         return "flat", figures
-    return ("black" if stats.near_black else "ok"), figures
+    if stats.near_black:
+        return "black", figures
+    return ("noise" if noise is not None and noise.coloured_noise else "ok"), figures
 
 
 def _short(error: BaseException) -> str:

@@ -193,10 +193,11 @@ def _stated_family(base: str | None) -> str | None:
 def plan(
     record: Record, status: str, pixels: dict[str, Any], *, add_folder: bool
 ) -> NextSteps | None:
-    """What to try in the tool that made a NaN-black (or NaN-replaced-by-zeros) image whose
-    model cannot be checked; None for another status, or an image whose maker is unknown."""
+    """What to try in the tool that made a NaN-black image (or one whose NaN was replaced by
+    zeros, or saturated: an overflow to infinity) whose model cannot be checked; None for
+    another status, or an image whose maker is unknown."""
     tool = record.made_by
-    if status not in ("nan", "nan_zeroed") or tool not in TOOLS:
+    if status not in ("nan", "nan_zeroed", "saturated") or tool not in TOOLS:
         return None
     family, because = model_family(record)
     reasons = [because] if because else []

@@ -1,0 +1,122 @@
+"""What a failed picture looks like beyond NaN-black and one flat colour: saturated (white, or
+every channel at 0 or 255: values that overflowed to infinity, clipped when the image was
+written) and coloured noise (latents never denoised, or decoded by a VAE they were not made
+for, or a quantised file read wrongly). numpy only.
+
+Each signature is chosen so that a genuine picture does not show it. A white picture (snow, a
+white background) still carries the VAE's noise in its last bits; only an overflow writes 255
+in every channel of almost every pixel. Noise is told from fine texture by two figures that a
+picture keeps and noise does not (measured on 1/f pictures, the spectrum of natural images,
+with grain and colour grain added, dark and bright, on stars and on photos; and on decoded
+latent-sized noise, tests/core/test_signatures.py):
+- structure: the share of the brightness variance that survives averaging over 64 px blocks.
+  A picture has most of its variance in large shapes (0.12 with heavy grain to 0.35, at
+  512 px); noise whose grains are a latent cell (8 px) wide averages away (0.03 to 0.05).
+- colour: the colour part of the differences between neighbouring pixels, against their
+  brightness part. In a picture, even with coloured grain, neighbours differ mostly in
+  brightness (0.02 to 0.30); in decoded random latents the channels vary apart (2.0).
+  This figure carries the margin; structure keeps a colourful picture (confetti, a mosaic)
+  whose large shapes survive from being called noise.
+A fine texture (stars, gravel, a knit) has no structure either but is mostly brightness, so
+only noise that fails both is called noise; grey or brown noise is not told from such a
+texture by its pixels and is not claimed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Saturated: at least this share of the pixels has every channel at 0 or 255, and not all are
+# 0 (that is NaN-black). A clipped white background, however large, leaves the subject.
+SATURATED_SHARE = 0.999
+_CLIPPED = (0, 255)
+# Coloured noise: structure at most this (pictures measured 0.12 and up, noise 0.05 at most)
+# with colour at least this (pictures measured 0.30 at most with heavy coloured grain, noise
+# 1.9 and up).
+NOISE_STRUCTURE = 0.1
+NOISE_COLOUR = 1.0
+_BLOCK = 64
+# The figures are measured on the centre of a large picture: a crop of at most this side keeps
+# the work and memory bounded (a 1536 px crop is a few tens of MB of floats).
+_CROP = 1536
+_MIN_SIDE = 2 * _BLOCK
+
+
+@dataclass(frozen=True)
+class Saturated:
+    """Almost every pixel has every channel at 0 or 255: `colour` is the most common one."""
+
+    colour: tuple[int, int, int]
+    share: float  # of the pixels, with every channel at 0 or 255
+
+    @property
+    def white(self) -> bool:
+        return self.colour == (255, 255, 255)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"colour": list(self.colour), "share": round(self.share, 4), "white": self.white}
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The figures that tell noise from a picture (see the module's words)."""
+
+    structure: float
+    colour: float
+
+    @property
+    def coloured_noise(self) -> bool:
+        return self.structure <= NOISE_STRUCTURE and self.colour >= NOISE_COLOUR
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "structure": round(self.structure, 4),
+            "colour": round(self.colour, 4),
+            "coloured_noise": self.coloured_noise,
+        }
+
+
+def saturated(rgb) -> Saturated | None:
+    """The saturated signature of an (H, W, 3) uint8 picture, or None."""
+    import numpy as np
+
+    rgb = np.asarray(rgb)
+    if rgb.ndim != 3 or rgb.shape[-1] != 3 or not rgb.size:
+        return None
+    clipped = ((rgb == 0) | (rgb == 255)).all(axis=-1)
+    share = float(clipped.mean())
+    if share < SATURATED_SHARE or not rgb.any():
+        return None
+    pixels = rgb[clipped].reshape(-1, 3)
+    codes = (pixels[:, 0] // 255) * 4 + (pixels[:, 1] // 255) * 2 + pixels[:, 2] // 255
+    code = int(np.bincount(codes.astype(np.int64), minlength=8).argmax())
+    colour = tuple(_CLIPPED[(code >> shift) & 1] for shift in (2, 1, 0))
+    return Saturated((colour[0], colour[1], colour[2]), share)
+
+
+def noise(rgb) -> Noise | None:
+    """The noise figures of an (H, W, 3) uint8 picture (its centre, at most _CROP square), or
+    None for a picture too small to measure or with no variance at all (flat: another rule)."""
+    import numpy as np
+
+    rgb = np.asarray(rgb)
+    if rgb.ndim != 3 or rgb.shape[-1] != 3 or min(rgb.shape[:2]) < _MIN_SIDE:
+        return None
+    height, width = rgb.shape[:2]
+    top, left = max(0, (height - _CROP) // 2), max(0, (width - _CROP) // 2)
+    crop = rgb[top : top + _CROP, left : left + _CROP].astype(np.float32) / 255.0
+    rows, columns = (crop.shape[0] // _BLOCK) * _BLOCK, (crop.shape[1] // _BLOCK) * _BLOCK
+    crop = crop[:rows, :columns]
+    brightness = crop.mean(axis=-1)
+    variance = float(brightness.var())
+    if variance < 1e-8:
+        return None
+    blocks = brightness.reshape(rows // _BLOCK, _BLOCK, columns // _BLOCK, _BLOCK).mean((1, 3))
+    structure = float(blocks.var()) / variance
+    steps = np.diff(crop, axis=1)
+    step_brightness = steps.mean(axis=-1)
+    colour_part = float(((steps - step_brightness[..., None]) ** 2).sum(axis=-1).mean())
+    brightness_part = float((step_brightness**2).mean()) * 3
+    colour = colour_part / brightness_part if brightness_part > 0 else 0.0
+    return Noise(structure, colour)

@@ -1,0 +1,278 @@
+"""Failed pictures beyond black and grey (`app.core.signatures`, `halfsafe explain`): white or
+saturated (values that overflowed to infinity, clipped when written) and coloured noise, each
+named as its own finding with its next step; and the pictures that look alike but are fine
+(snow, a white background, a night sky, film grain, fine texture) never flagged.
+
+The natural pictures are 1/f fields, the power spectrum of photographs, made here in code;
+the saturated picture is a tiny VAE's fp16 overflow written the way A1111 and ComfyUI write
+8-bit pictures (clip, then cast), and the noise is latent-sized noise decoded to pixels.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_explain_flat import forge_parameters
+
+from app.cli import main
+from app.core import explain, signatures
+from app.core.explain.image_file import pixel_status
+from tests.support.image_files import comfy_prompt, png_text
+from tests.support.tiny_models import tiny_vae
+
+SIZE = 512
+
+
+def one_over_f(seed: int, colour: float = 0.4, size: int = SIZE) -> np.ndarray:
+    """A picture-like field: 1/f amplitude (the spectrum of photographs), shared between the
+    channels with some colour of its own; zero mean, unit spread."""
+    rng = np.random.default_rng(seed)
+    frequencies = np.fft.fftfreq(size)
+    radius = np.hypot(frequencies[:, None], frequencies[None, :])
+    radius[0, 0] = 1.0
+
+    def field() -> np.ndarray:
+        return np.fft.ifft2(np.fft.fft2(rng.standard_normal((size, size))) / radius).real
+
+    shared = field()
+    channels = np.stack([shared + colour * field() for _ in range(3)], axis=-1)
+    return (channels - channels.mean()) / channels.std()
+
+
+def written(values: np.ndarray, mean: float, spread: float, grain: float = 0.0, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    unit = values * spread + mean + rng.normal(0.0, grain, values.shape[:2] + (1,))
+    return (np.clip(unit, 0.0, 1.0) * 255).round().astype(np.uint8)
+
+
+NATURAL = {
+    "a photograph": written(one_over_f(1), 0.5, 0.2),
+    "a grey photograph": written(one_over_f(2, colour=0.0), 0.5, 0.2),
+    "a night scene": written(one_over_f(3), 0.06, 0.04),
+    "snow": written(one_over_f(4), 0.9, 0.05),
+    "film grain": written(one_over_f(5), 0.5, 0.2, grain=0.05),
+    "heavy grain": written(one_over_f(6), 0.45, 0.15, grain=0.12),
+    "colour grain": np.clip(
+        written(one_over_f(9), 0.5, 0.2).astype(float)
+        + np.random.default_rng(9).normal(0, 12, (SIZE, SIZE, 3)),
+        0,
+        255,
+    ).astype(np.uint8),
+}
+
+
+def starry_sky() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    stars = (rng.random((SIZE, SIZE, 1)) < 0.01) * 230.0
+    return np.clip(stars + 5 + rng.normal(0, 2, (SIZE, SIZE, 3)), 0, 255).astype(np.uint8)
+
+
+def white_background() -> np.ndarray:
+    """A product shot: a subject on a blown-out white background (60% of it 255)."""
+    picture = written(one_over_f(8), 0.5, 0.2)
+    picture[:, : int(SIZE * 0.6)] = 255
+    return picture
+
+
+def decoded_noise(seed: int = 0) -> np.ndarray:
+    """Latents that were never denoised, turned into pixels: one random colour per 8 px cell,
+    smoothed between cells as a VAE's upsampling does."""
+    rng = np.random.default_rng(seed)
+    cells = rng.standard_normal((SIZE // 8, SIZE // 8, 3))
+    unit = (cells - cells.min()) / (cells.max() - cells.min())
+    small = Image.fromarray((unit * 255).astype(np.uint8), "RGB")
+    return np.asarray(small.resize((SIZE, SIZE), Image.Resampling.BILINEAR))
+
+
+def a1111_write(sample) -> np.ndarray:
+    """A decoded sample in [-1, 1] written as A1111 and ComfyUI write it: clipped, then cast
+    (+inf becomes 255, -inf and NaN 0)."""
+    unit = np.clip(np.asarray(sample, dtype=np.float32) / 2 + 0.5, 0.0, 1.0)
+    return (255.0 * np.nan_to_num(unit, nan=0.0)).astype(np.uint8)
+
+
+def fp16_overflow_decoded() -> np.ndarray:
+    """A tiny VAE whose last layer overflows fp16 (weights scaled 1e6): its output cast to
+    fp16 is +-inf in every value, as a half-precision decode writes it."""
+    import torch
+
+    vae = tiny_vae(1)
+    with torch.no_grad():
+        vae.decoder.conv_out.weight.mul_(1e6)
+        vae.decoder.conv_out.bias.fill_(1e6)
+        latents = torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(0))
+        sample = vae.decode(latents)
+    half = sample.sample.to(torch.float16).float()[0].permute(1, 2, 0).numpy()
+    return a1111_write(half)
+
+
+# The figures ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [*NATURAL, "a starry sky", "a white background"])
+def test_pictures_are_neither_saturated_nor_coloured_noise(name):
+    picture = {"a starry sky": starry_sky(), "a white background": white_background()}.get(
+        name, NATURAL.get(name)
+    )
+    assert signatures.saturated(picture) is None
+    figures = signatures.noise(picture)
+    assert figures is not None and not figures.coloured_noise, figures
+
+
+def test_pictures_keep_structure_and_move_in_brightness():
+    """The margins the thresholds leave: every 1/f picture, grain included, keeps more
+    structure than noise is allowed, and none comes within a factor 3 of the colour noise
+    needs (the figure that carries the margin)."""
+    for picture in NATURAL.values():
+        figures = signatures.noise(picture)
+        assert figures.structure > signatures.NOISE_STRUCTURE, figures
+        assert figures.colour <= signatures.NOISE_COLOUR / 3, figures
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_decoded_latent_noise_is_coloured_noise(seed):
+    figures = signatures.noise(decoded_noise(seed))
+    assert figures.coloured_noise, figures
+    assert figures.structure <= signatures.NOISE_STRUCTURE / 2
+    assert figures.colour >= 1.5 * signatures.NOISE_COLOUR
+
+
+def test_per_pixel_noise_is_coloured_noise():
+    picture = np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3)).astype(np.uint8)
+    assert signatures.noise(picture).coloured_noise
+
+
+def test_a_picture_too_small_or_without_variance_gives_no_noise_figures():
+    assert signatures.noise(np.zeros((64, 64, 3), np.uint8)) is None
+    assert signatures.noise(np.full((SIZE, SIZE, 3), 90, np.uint8)) is None
+
+
+def test_an_fp16_overflow_written_by_another_tool_is_saturated():
+    picture = fp16_overflow_decoded()
+    found = signatures.saturated(picture)
+    assert found is not None and found.share == 1.0
+    assert picture.any()  # not NaN-black: +inf became 255 where it was positive
+
+
+def test_an_overflow_to_plus_infinity_everywhere_is_white():
+    found = signatures.saturated(a1111_write(np.full((SIZE, SIZE, 3), np.inf)))
+    assert found is not None and found.white and found.colour == (255, 255, 255)
+
+
+def test_nan_black_is_not_saturated_but_nan():
+    assert signatures.saturated(np.zeros((SIZE, SIZE, 3), np.uint8)) is None
+
+
+def test_the_figures_are_bounded_on_a_large_picture():
+    """A 6000 px picture is measured on its centre (a crop of at most 1536 px)."""
+    big = np.zeros((6000, 3000, 3), np.uint8)
+    big[2232:3768, :] = np.tile(decoded_noise(), (6, 12, 1))[:1536, :3000]
+    assert signatures.noise(big).coloured_noise
+
+
+# pixel_status and explain ----------------------------------------------------------------
+
+
+def save(tmp_path, name: str, picture: np.ndarray, texts: dict[str, str] | None = None):
+    image = Image.fromarray(picture, "RGB")
+    if texts is None:
+        path = tmp_path / name
+        image.save(path)
+        return path
+    return png_text(tmp_path / name, texts, image)
+
+
+@pytest.mark.parametrize(
+    ("picture", "status"),
+    [
+        (NATURAL["snow"], "ok"),
+        (NATURAL["a night scene"], "ok"),
+        (NATURAL["heavy grain"], "ok"),
+        (decoded_noise(), "noise"),
+        (np.full((SIZE, SIZE, 3), 255, np.uint8), "saturated"),
+    ],
+    ids=["snow", "night", "grain", "noise", "white"],
+)
+def test_pixel_status_names_each_signature(tmp_path, picture, status):
+    assert pixel_status(save(tmp_path, "picture.png", picture))[0] == status
+
+
+def test_a_white_forge_image_is_an_overflow_with_the_nan_next_steps(tmp_path, home, capsys):
+    white = np.full((SIZE, SIZE, 3), 255, np.uint8)
+    image = save(tmp_path, "white.png", white, {"parameters": forge_parameters()})
+
+    assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["image"]["status"] == "saturated"
+    assert document["pixels"]["saturated"] == {
+        "colour": [255, 255, 255],
+        "share": 1.0,
+        "white": True,
+    }
+    message = document["message"]
+    assert message.startswith("This image (made by Stable Diffusion WebUI Forge) is white")
+    assert "overflowed" in message
+    # Its model is not in the library: the tool's switches, as for a black image.
+    assert document["next_steps"] is not None
+    assert "Settings > Model folders" in message
+
+    assert main(["explain", str(image)]) == 1
+    assert "Pixels:  every channel at 0 or 255 in 100.0% of the picture" in capsys.readouterr().out
+
+
+def test_a_saturated_comfyui_image_of_an_fp16_overflow_is_named(tmp_path, home, capsys):
+    image = save(tmp_path, "inf.png", fp16_overflow_decoded(), {"prompt": comfy_prompt("x.ckpt")})
+    assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["image"]["status"] == "saturated"
+    assert "plus or minus infinity" in document["message"] or "is white" in document["message"]
+
+
+def test_coloured_noise_from_comfyui_is_named_with_its_causes_not_a_precision_fix(
+    tmp_path, home, capsys
+):
+    image = save(tmp_path, "noise.png", decoded_noise(), {"prompt": comfy_prompt("x.ckpt")})
+    assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["image"]["status"] == "noise"
+    assert document["pixels"]["noise"]["coloured_noise"] is True
+    message = document["message"]
+    assert "coloured noise, not a picture" in message
+    assert "Nothing overflowed" in message and "VAE of another model family" in message
+    assert document["next_steps"] is None  # no precision switch is offered for noise
+    assert document["fix"] is None
+
+
+@pytest.mark.parametrize("kind", ["white", "noise"])
+def test_a_white_or_noisy_design_without_a_record_is_not_claimed(tmp_path, home, capsys, kind):
+    picture = np.full((SIZE, SIZE, 3), 255, np.uint8) if kind == "white" else decoded_noise()
+    image = save(tmp_path, f"{kind}.png", picture)
+    assert main(["explain", str(image), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["image"]["status"] == "unclaimed"
+    assert "does not say which" in document["message"]
+    assert document["check"] is None
+
+
+@pytest.mark.parametrize("name", list(NATURAL))
+def test_natural_pictures_with_a_record_are_fine(tmp_path, home, capsys, name):
+    image = save(tmp_path, "p.png", NATURAL[name], {"parameters": forge_parameters()})
+    assert main(["explain", str(image), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["image"]["status"] == "ok"
+
+
+def test_the_new_statuses_are_problems_with_words():
+    assert {"saturated", "noise"} <= set(explain.PROBLEMS)
+    assert "unclaimed" not in explain.PROBLEMS
+    assert {"saturated", "noise", "unclaimed"} <= set(explain.STATUS_WORDS)
+
+
+def test_the_signatures_are_documented():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
+    for word in ("`saturated`", "`noise`", "`unclaimed`", "pixels.saturated", "pixels.noise"):
+        assert word in docs
