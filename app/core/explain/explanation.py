@@ -12,7 +12,7 @@ from typing import Any
 from app import __version__
 from app.core import hires, samplers
 from app.core.errors import BadFileError, HalfSafeError
-from app.core.explain import kernels, next_steps
+from app.core.explain import kernels, next_steps, runtime
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
     pixel_status,
@@ -157,6 +157,13 @@ class Explanation:
         or without one."""
         return self.status in PROBLEMS
 
+    def _memory_manager(self) -> dict[str, Any] | None:
+        manager = runtime.MEMORY_MANAGERS.get(self.made_by)
+        named = self.next_steps is not None or (
+            self.check is not None and self.check.verdict == "healthy"
+        )
+        return manager.to_json() if manager is not None and named else None
+
     def to_json(self) -> dict[str, Any]:
         fix = None
         if self.tool_fix is not None:
@@ -172,6 +179,9 @@ class Explanation:
             "message": self.message,
             "notes": list(self.notes),
             "next_steps": self.next_steps.to_json() if self.next_steps is not None else None,
+            # The tool's memory manager, named where the words point at it (a clean check, or
+            # next steps without the model) as what to rule out.
+            "memory_manager": self._memory_manager(),
             # Attention kernels the record shows ran, each with the tool's switch to turn it off.
             "suspects": [
                 {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
@@ -284,6 +294,11 @@ def explain_image(
         explanation.notes.append(FINDING_WORDS["compiled"].format(compiled=record.compiled))
     if record.attention:
         explanation.notes.append(kernels.suspect_words(made_by, record.attention))
+    if record.caches:
+        nodes, first = runtime.cache_nodes(record.caches), record.caches[0].node
+        explanation.notes.append(
+            runtime.RUNTIME_WORDS["cache_note"].format(nodes=nodes, first=first)
+        )
     if model.note:
         explanation.notes.append(model.note)
     explanation.notes.extend(model.unread)
@@ -434,6 +449,12 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             use_remembered=False,
         )
     explanation.check = report
+    if record.caches and report.verdict in ("fixable", "broken"):
+        explanation.notes.append(
+            runtime.RUNTIME_WORDS["cache_reproduced"].format(
+                nodes=runtime.cache_nodes(record.caches)
+            )
+        )
     if report.fix is not None and report.verdict == "fixable":
         settings = _fix_the_tool_can_apply(report.fix, explanation.made_by)
         explanation.halfsafe_flags = [
@@ -624,13 +645,21 @@ def _check_words(explanation: Explanation) -> str:
         record = explanation.record
         vae = f"its VAE ({record.vae})" if record.vae else "the VAE it used"
         return FINDING_WORDS["noise_healthy"].format(vae=vae)
+    record = explanation.record
     suspect = ""
-    if explanation.record.attention:  # the tool ran a kernel this check did not
+    if record.attention:  # the tool ran a kernel this check did not
         suspect = (
             " The image's workflow ran SageAttention, which this check does not: it is the "
             "likely cause (see the note)."
         )
-    if explanation.record.device_name == report.device.name:
+    if record.caches:  # the tool cached steps; this check computed every one
+        nodes = runtime.cache_nodes(record.caches)
+        first = record.caches[0].node
+        suspect += " " + runtime.RUNTIME_WORDS["cache_suspect"].format(nodes=nodes, first=first)
+    tool = TOOLS.get(explanation.made_by)
+    if tool is not None and explanation.made_by != "halfsafe":
+        suspect += " " + runtime.state_words(explanation.made_by, tool.name)
+    if record.device_name == report.device.name:
         return (
             "The health check at the image's settings did not overflow on this device "
             f"({report.device.name}), the one that made the image: the same settings run "

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.explain import runtime
 from app.core.explain.records import Record
 from app.core.tools import TERMS, TOOLS, setting_words, wide_by_default
 
@@ -52,6 +53,7 @@ REASON_WORDS = {
 RULE_OUT_WORDS = {
     "sageattention": "SageAttention ({nodes})",
     "compile": "the compile step ({compiled}), which can hide a NaN",
+    "step_cache": runtime.RUNTIME_WORDS["cache_rule_out"],
 }
 # The sentences around them.
 STEP_WORDS = {
@@ -230,6 +232,8 @@ def plan(
         rule_out.append(("sageattention", {"nodes": nodes}))
     if status == "nan_zeroed" and record.compiled:
         rule_out.append(("compile", {"compiled": record.compiled}))
+    if record.caches:
+        rule_out.append(("step_cache", {"nodes": runtime.cache_nodes(record.caches)}))
     return NextSteps(
         tool,
         cause,
@@ -327,6 +331,8 @@ def words(steps: NextSteps) -> str:
                 switches="; ".join(clauses),
             )
         )
+    if steps.tool != "halfsafe":
+        sentences.append(runtime.state_words(steps.tool, TOOLS[steps.tool].name))
     if steps.add_folder:
         sentences.append(STEP_WORDS["add_folder"])
     return " ".join(sentences)

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.core import infotext, samplers
 from app.core.errors import BadFileError
-from app.core.explain import kernels
+from app.core.explain import kernels, runtime
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
 from app.core.infotext import read_float, read_int, read_text
 
@@ -60,6 +60,9 @@ class Record:
     # the VAE decoded, and how the first picture was enlarged, in the tool's words.
     hires_size: tuple[int, int] | None = None
     hires_upscaler: str | None = None
+    # The step caches the record shows ran (ComfyUI's cache nodes, an extension's infotext
+    # keys; `explain.runtime`).
+    caches: list[runtime.RecordedCache] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
@@ -71,6 +74,7 @@ class Record:
         document["clip_skip"] = self.clip_skip
         document["hires_size"] = list(self.hires_size) if self.hires_size else None
         document["hires_upscaler"] = self.hires_upscaler
+        document["step_caches"] = [c.to_json() for c in self.caches]
         return document
 
 
@@ -194,6 +198,7 @@ def _infotext_record(text: str) -> Record:
     )
     record.clip_skip = parsed.get(infotext.CLIP_SKIP)
     record.hires_size, record.hires_upscaler = _a1111_hires(parsed, width, height)
+    record.caches = runtime.from_infotext_keys(parsed.pairs)
     if made_by == "sdnext":
         record.base = parsed.get(infotext.PIPELINE)
     if made_by == "halfsafe":
@@ -326,6 +331,17 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         if prompt is not None
         else kernels.from_comfy_workflow(workflow, MAX_NODES)
     )
+    record.caches = (
+        runtime.from_comfy_prompt(_comfy_nodes(prompt))
+        if prompt is not None
+        else runtime.from_comfy_workflow(workflow, MAX_NODES)
+    )
+    if workflow is None and workflow_text is not None:
+        try:
+            workflow = _json(path, "workflow", workflow_text)
+        except BadFileError:
+            workflow = None  # the prompt is the record; the UI graph only gives the version
+    record.version = runtime.comfy_version(workflow, MAX_NODES)
     for kind, inputs in nodes:
         record.model = record.model or read_text(inputs.get("ckpt_name"), 1024)
         record.unet = record.unet or read_text(inputs.get("unet_name"), 1024)
