@@ -6,7 +6,7 @@ from __future__ import annotations
 
 CAUSE_WORDS = {
     "precision": "fp16/bf16 overflow: a precision change fixes it",
-    "kernel": "an attention kernel fault, not the model",
+    "kernel": "a kernel fault, not the model",
     "weights": "damaged or overflowing weights in the file, not a setting",
     "state": "a part went bad in memory after loading; a fresh load fixes it",
     "intermittent": (

@@ -28,6 +28,7 @@ check's three stages (`health.probe_run`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -839,17 +840,26 @@ def _kernel_cause(
 
 
 def _foreign_kernel(runs: _Runs, progress):
-    """(the kernel, what it gave) when the plan's runs go through an attention kernel HalfSafe
-    does not ship (SDPA replaced by a library, under the `auto` backend) and that kernel, run
-    beside PyTorch's math kernel on the same inputs for one run of the plan, alone goes
-    non-finite or drifts below the quality threshold; None otherwise."""
-    foreign = kernels.patched_sdpa()
-    if foreign is None or runs.plan.attention_backend != "auto":
+    """(the kernel, what it gave) when the plan's runs go through a kernel HalfSafe does not
+    ship (SDPA or a functional op replaced by a library, under the `auto` backend) and that
+    kernel, run beside PyTorch's own (the math kernel for attention) on the same inputs for one
+    run of the plan, alone goes non-finite or drifts below the quality threshold; None
+    otherwise. Every such kernel is compared in the same run (each call goes on with PyTorch's
+    values); the first found at fault is named, a NaN before a drift."""
+    foreign = kernels.foreign_kernels()
+    if not foreign or runs.plan.attention_backend != "auto":
         return None
-    progress(f"Comparing {foreign.words()} with PyTorch's math kernel", 0, 1)
-    with kernels.comparing(foreign, diagnosis.QUALITY_THRESHOLD_DB) as comparison:
+    names = ", ".join(dict.fromkeys(k.words() for k in foreign))
+    progress(f"Comparing {names} with PyTorch's own kernels", 0, 1)
+    with contextlib.ExitStack() as stack:
+        comparisons = [
+            stack.enter_context(kernels.comparing(k, diagnosis.QUALITY_THRESHOLD_DB))
+            for k in foreign
+        ]
         runs.run(runs.plan)
-    return (foreign, comparison) if comparison.finding is not None else None
+    found = [c for c in comparisons if c.finding is not None]
+    found.sort(key=lambda c: (c.finding != "non_finite", c.kernel.fused))
+    return (found[0].kernel, found[0]) if found else None
 
 
 def _foreign_kernel_cause(
@@ -866,17 +876,22 @@ def _foreign_kernel_cause(
             cause = _kernel(component, runs.plan.attention_backend, backend, quality)
             return _blamed(report, cause, foreign, comparison)
     report.notes.append(
-        f"The attention kernel {foreign.words()} {_finding_words(comparison)} on the same "
-        "inputs, but turning it off alone did not give the right answer."
+        f"{foreign.what().capitalize()} {foreign.words()} {_finding_words(comparison)} on "
+        "the same inputs, but turning it off alone did not give the right answer."
     )
     return None
 
 
 def _finding_words(comparison) -> str:
+    own = (
+        f"PyTorch's own {comparison.kernel.op}"
+        if comparison.kernel.fused
+        else ("PyTorch's math kernel")
+    )
     if comparison.finding == "non_finite":
-        return "gives NaN or Inf where PyTorch's math kernel is finite"
+        return f"gives NaN or Inf where {own} is finite"
     return (
-        f"agrees with PyTorch's math kernel only to {comparison.worst_snr_db:.1f} dB "
+        f"agrees with {own} only to {comparison.worst_snr_db:.1f} dB "
         f"(threshold {diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
     )
 
@@ -892,11 +907,13 @@ def _blamed(report, cause: Cause, foreign, comparison) -> Cause:
     where = f" (the first layer to go bad: {blame.layer})" if blame.layer else ""
     proof = f"verified: {cause.quality.words()}" if cause.quality else "verified"
     part = component_words(component) if component else "model"
+    kind = foreign.what()
+    own = f"PyTorch's own {foreign.op}" if foreign.fused else "PyTorch's math kernel"
     summary = (
-        f"The attention kernel {name}, which replaced PyTorch's scaled_dot_product_attention "
-        f"here, {what} on the same inputs in the {part}{where}: the kernel is at fault, not "
-        f"the model or fp16. Turn {foreign.name} off; in HalfSafe, choose the {backend} "
-        f"attention backend, which runs PyTorch's own kernel ({proof})."
+        f"{kind.capitalize()} {name}, which replaced PyTorch's {foreign.op} here, {what} on "
+        f"the same inputs in the {part}{where}: the kernel is at fault, not the model or fp16. "
+        f"Turn {foreign.name} off; in HalfSafe, choose the {backend} attention backend, which "
+        f"runs PyTorch's own kernels ({proof})."
     )
     return replace(
         cause,
@@ -904,9 +921,9 @@ def _blamed(report, cause: Cause, foreign, comparison) -> Cause:
         repair=f"turn off {name}: use the {backend} attention backend",
         kernel=blame,
         headline=(
-            f"Fixable: the attention kernel {name} fails in the {part}, not an overflow: on "
-            f"the same inputs PyTorch's math kernel is right; {proof}: turn {foreign.name} off "
-            f"(the {backend} attention backend)."
+            f"Fixable: {kind} {name} fails in the {part}, not an overflow: on the same inputs "
+            f"{own} is right; {proof}: turn {foreign.name} off (the {backend} attention "
+            "backend, which runs PyTorch's own kernels)."
         ),
     )
 

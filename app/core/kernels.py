@@ -1,7 +1,9 @@
 """Attention kernels HalfSafe does not ship, found in this Python environment: SageAttention and
 xformers installed, and PyTorch's `scaled_dot_product_attention` replaced at run time by another
-library ("patched SDPA"); PyTorch's own SDPA function; and the comparison of a replacement with
-PyTorch's math kernel on the same inputs, call by call, during one run.
+library ("patched SDPA"); the functional ops a library of fused kernels replaces the same way
+(`FUSED_OPS`: RMS and layer norm, group norm, linear, GELU, SiLU, the ops comfy-kitchen and
+its kind fuse); PyTorch's own SDPA and ops; and the comparison of a replacement with PyTorch's
+own on the same inputs (the math kernel for attention), call by call, during one run.
 
 Detection is cheap and imports nothing: a package is found with `importlib.util.find_spec` and
 its version read from its distribution's metadata (a CUDA extension is never imported just to
@@ -31,6 +33,11 @@ KNOWN = {
 # diffusers' attention dispatcher reads its default backend from this variable
 # (diffusers/utils/constants.py); "native" is PyTorch's SDPA.
 DIFFUSERS_BACKEND_ENV = "DIFFUSERS_ATTN_BACKEND"
+SDPA = "scaled_dot_product_attention"
+# The functional ops fused-kernel libraries replace (comfy-kitchen's rms_norm, adaln and
+# quantised linear; Apex- and Liger-style fused norms and activations), each with PyTorch's own
+# implementation at the same signature (`_torch_op`).
+FUSED_OPS = ("rms_norm", "layer_norm", "group_norm", "linear", "gelu", "silu")
 
 
 @dataclass(frozen=True)
@@ -42,12 +49,24 @@ class AttentionKernel:
     name: str  # the distribution ("sageattention"), or the module a patched function lives in
     version: str | None = None
     patched_sdpa: bool = False
-    function: str | None = None  # module.qualname of the function that replaced SDPA
+    function: str | None = None  # module.qualname of the function that replaced SDPA or `op`
     diffusers_backend: str | None = None
+    # The torch.nn.functional op it replaced: SDPA for an attention kernel, else one of
+    # FUSED_OPS (a fused kernel: `patched_sdpa` is False then).
+    op: str = SDPA
+
+    @property
+    def fused(self) -> bool:
+        """A fused kernel replacing a functional op other than attention."""
+        return self.op != SDPA
 
     def words(self) -> str:
         """ "sageattention 2.1.1"; the name alone when no version is known."""
         return f"{self.name} {self.version}" if self.version else self.name
+
+    def what(self) -> str:
+        """ "the attention kernel" or "the fused rms_norm kernel", before its words."""
+        return f"the fused {self.op} kernel" if self.fused else "the attention kernel"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +75,7 @@ class AttentionKernel:
             "patched_sdpa": self.patched_sdpa,
             "function": self.function,
             "diffusers_backend": self.diffusers_backend,
+            "op": self.op,
         }
 
 
@@ -81,6 +101,45 @@ def torch_sdpa() -> Callable[..., Any]:
     import torch
 
     return torch._C._nn.scaled_dot_product_attention  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _torch_op(op: str) -> Callable[..., Any]:
+    """PyTorch's own `op`, called as torch.nn.functional calls it, built on torch's C entry
+    points (which a library patching torch.nn.functional leaves alone). Imports torch."""
+    import torch
+
+    nn = torch._C._nn  # pyright: ignore[reportAttributeAccessIssue]
+
+    def rms_norm(input, normalized_shape, weight=None, eps=None):
+        return torch.rms_norm(input, normalized_shape, weight, eps)
+
+    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        return torch.layer_norm(input, normalized_shape, weight, bias, eps)
+
+    def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+        return torch.group_norm(input, num_groups, weight, bias, eps)
+
+    def linear(input, weight, bias=None):
+        return nn.linear(input, weight, bias)
+
+    def gelu(input, approximate="none"):
+        return nn.gelu(input, approximate=approximate)
+
+    own = {
+        "rms_norm": rms_norm,
+        "layer_norm": layer_norm,
+        "group_norm": group_norm,
+        "linear": linear,
+        "gelu": gelu,
+        "silu": _silu,
+    }
+    return own[op]
+
+
+def _silu(input, inplace=False):
+    import torch
+
+    return torch._C._nn.silu_(input) if inplace else torch._C._nn.silu(input)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def current_sdpa() -> Callable[..., Any] | None:
@@ -117,10 +176,48 @@ def patched_sdpa() -> AttentionKernel | None:
     return AttentionKernel(name, version, patched_sdpa=True, function=where)
 
 
+def _is_torch_own(op: str, function: Callable[..., Any]) -> bool:
+    """Whether `function` is PyTorch's own `op`: its C entry point itself, or a function whose
+    code is torch.nn.functional's (a wrapper copies the name and module, never the code)."""
+    import torch
+
+    if function is getattr(torch._C._nn, op, None):  # pyright: ignore[reportAttributeAccessIssue]
+        return True
+    code = getattr(function, "__code__", None)
+    filename = str(getattr(code, "co_filename", "")).replace("\\", "/")
+    return filename.endswith("torch/nn/functional.py")
+
+
+def patched_ops() -> list[AttentionKernel]:
+    """The fused kernels that replaced functional ops (FUSED_OPS) in this process, each named
+    after the library it comes from; [] while torch is not imported."""
+    functional = sys.modules.get("torch.nn.functional")
+    if functional is None:
+        return []
+    found = []
+    for op in FUSED_OPS:
+        function = getattr(functional, op, None)
+        if function is None or _is_torch_own(op, function):
+            continue
+        name, version = _owner(function)
+        qualname = getattr(function, "__qualname__", getattr(function, "__name__", "?"))
+        where = f"{getattr(function, '__module__', None) or '?'}.{qualname}"
+        found.append(AttentionKernel(name, version, function=where, op=op))
+    return found
+
+
+def foreign_kernels() -> list[AttentionKernel]:
+    """Every kernel HalfSafe does not ship that this process's runs go through: the SDPA
+    replacement first, then the fused ops."""
+    sdpa = patched_sdpa()
+    return ([sdpa] if sdpa is not None else []) + patched_ops()
+
+
 def installed_kernels() -> list[AttentionKernel]:
     """Every attention kernel found here: the known libraries installed (`KNOWN`), the library
     that replaced SDPA (merged into its installed entry), and diffusers' dispatcher backend when
-    the environment sets one other than PyTorch's. Imports nothing new; tens of ms at most."""
+    the environment sets one other than PyTorch's; then each functional op a fused-kernel
+    library replaced (`patched_ops`). Imports nothing new; tens of ms at most."""
     found: dict[str, AttentionKernel] = {}
     for distribution, module in KNOWN.items():
         if _installed(module):
@@ -145,25 +242,27 @@ def installed_kernels() -> list[AttentionKernel]:
             function=base.function if base else None,
             diffusers_backend=backend,
         )
-    return list(found.values())
+    return list(found.values()) + patched_ops()
 
 
 @contextmanager
-def torch_own_sdpa() -> Iterator[None]:
-    """PyTorch's own SDPA in `torch.nn.functional` for the duration, whatever replaced it; the
-    replacement is put back after. Process-wide: the engine runs one job at a time."""
+def torch_own_kernels() -> Iterator[None]:
+    """PyTorch's own SDPA and functional ops (FUSED_OPS) in `torch.nn.functional` for the
+    duration, whatever replaced them; the replacements are put back after. Process-wide: the
+    engine runs one job at a time."""
     import torch.nn.functional as F
 
-    replaced = F.scaled_dot_product_attention
-    own = torch_sdpa()
-    if replaced is own:
-        yield
-        return
-    F.scaled_dot_product_attention = own
+    replaced = {SDPA: F.scaled_dot_product_attention}
+    if replaced[SDPA] is torch_sdpa():
+        del replaced[SDPA]
+    replaced.update({k.op: getattr(F, k.op) for k in patched_ops()})
+    for op in replaced:
+        setattr(F, op, torch_sdpa() if op == SDPA else _torch_op(op))
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = replaced
+        for op, function in replaced.items():
+            setattr(F, op, function)
 
 
 # --- the replacement against PyTorch's math kernel, on the same inputs ------------------------
@@ -209,24 +308,29 @@ def _snr_db(output, reference) -> float:
 
 @contextmanager
 def comparing(kernel: AttentionKernel, threshold_db: float) -> Iterator[KernelComparison]:
-    """While active, every call of the replaced SDPA runs both the replacement and PyTorch's math
-    kernel on the same inputs; the math kernel's output is returned, so the run goes on with
-    trusted values and every later call is compared on the inputs a correct run gives. A call is
-    bad when the replacement's output is non-finite where the math kernel's is finite
-    (`non_finite`), or agrees with it below `threshold_db` (`drift`). The replacement is put
-    back in a finally. Doubles the cost of attention for the run."""
+    """While active, every call of the replaced op (`kernel.op`: SDPA or a fused op) runs both
+    the replacement and PyTorch's own (for attention, its math kernel) on the same inputs;
+    PyTorch's output is returned, so the run goes on with trusted values and every later call is
+    compared on the inputs a correct run gives. A call is bad when the replacement's output is
+    non-finite where PyTorch's is finite (`non_finite`), or agrees with it below `threshold_db`
+    (`drift`). The replacement is put back in a finally. Doubles the cost of the op for the
+    run."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    replacement = F.scaled_dot_product_attention
-    own = torch_sdpa()
+    replacement = getattr(F, kernel.op)
+    own = torch_sdpa() if kernel.op == SDPA else _torch_op(kernel.op)
     result = KernelComparison(kernel)
 
-    def compared(query, key, value, *args, **kwargs):
-        theirs = replacement(query, key, value, *args, **kwargs)
-        with sdpa_kernel([SDPBackend.MATH]):
-            reference = own(query, key, value, *args, **kwargs)
+    def compared(query, *args, **kwargs):
+        in_place = kwargs.get("inplace") is True or (kernel.op == "silu" and True in args)
+        theirs = replacement(query.clone() if in_place else query, *args, **kwargs)
+        if kernel.op == SDPA:
+            with sdpa_kernel([SDPBackend.MATH]):
+                reference = own(query, *args, **kwargs)
+        else:
+            reference = own(query, *args, **kwargs)
         index = result.calls
         result.calls += 1
         if not bool(torch.isfinite(reference).all()):
@@ -244,8 +348,8 @@ def comparing(kernel: AttentionKernel, threshold_db: float) -> Iterator[KernelCo
             result.shape, result.dtype = list(query.shape), str(query.dtype).replace("torch.", "")
         return reference
 
-    F.scaled_dot_product_attention = compared
+    setattr(F, kernel.op, compared)
     try:
         yield result
     finally:
-        F.scaled_dot_product_attention = replacement
+        setattr(F, kernel.op, replacement)

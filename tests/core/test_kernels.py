@@ -61,6 +61,7 @@ def test_an_installed_kernel_is_listed_with_its_version_without_being_imported(t
         "patched_sdpa": False,
         "function": None,
         "diffusers_backend": None,
+        "op": "scaled_dot_product_attention",
     }
     assert "sageattention" not in {k.name for k in kernels.installed_kernels()}  # gone again
 
@@ -180,7 +181,7 @@ def test_a_replaced_sdpa_that_gives_nan_in_fp16_is_named_as_the_kernel_cause(tmp
     from app.cli.text import health_text
 
     text = health_text(report)
-    assert "Cause:   kernel (quantattn 0.3.0), an attention kernel fault, not the model;" in text
+    assert "Cause:   kernel (quantattn 0.3.0), a kernel fault, not the model;" in text
     assert "repair: turn off quantattn" in text
 
 

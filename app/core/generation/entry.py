@@ -390,7 +390,7 @@ def _repair_by_cause(
     from app.core import causes, kernels, lora, profiles
 
     failing = [i for i, e in enumerate(result.images) if e.status == "nan"]
-    foreign = kernels.patched_sdpa() is not None
+    foreign = bool(kernels.foreign_kernels())
     hidden = [
         i
         for i, e in enumerate(result.images)

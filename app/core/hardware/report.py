@@ -70,8 +70,14 @@ def hardware_report(
 
 
 def kernel_note(kernel: kernels.AttentionKernel) -> str:
-    """One sentence on an attention kernel HalfSafe does not ship, found here."""
-    if kernel.patched_sdpa:
+    """One sentence on an attention or fused kernel HalfSafe does not ship, found here."""
+    if kernel.fused:
+        how = (
+            f"has replaced PyTorch's {kernel.op} in this process ({kernel.function}): "
+            "HalfSafe's auto attention backend runs it, every named backend runs PyTorch's own "
+            "kernels, and a failing check compares the two"
+        )
+    elif kernel.patched_sdpa:
         how = (
             f"has replaced PyTorch's scaled_dot_product_attention in this process "
             f"({kernel.function}): HalfSafe's auto attention backend runs it, every named "
@@ -87,7 +93,8 @@ def kernel_note(kernel: kernels.AttentionKernel) -> str:
             "is installed but not in use here (HalfSafe runs PyTorch's attention); other tools "
             "in this environment may use it"
         )
-    return f"Attention kernel {kernel.words()} {how}."
+    kind = f"Fused {kernel.op} kernel" if kernel.fused else "Attention kernel"
+    return f"{kind} {kernel.words()} {how}."
 
 
 def _report_notes(devices: Iterable[DeviceInfo]) -> list[str]:

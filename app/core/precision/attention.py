@@ -1,8 +1,9 @@
 """Attention for a plan: the processor that honours `upcast_attention` under every SDPA kernel,
 installing it on a component's attention layers, and PyTorch's precision and attention-kernel
 flags set for one job. A named backend is PyTorch's own kernel even where another library
-replaced `scaled_dot_product_attention` in this process (`kernels.patched_sdpa`); `auto` runs
-whatever the environment installed.
+replaced `scaled_dot_product_attention` in this process (`kernels.patched_sdpa`), and runs
+PyTorch's own functional ops where a fused-kernel library replaced them (`kernels.patched_ops`);
+`auto` runs whatever the environment installed.
 """
 
 from __future__ import annotations
@@ -163,7 +164,11 @@ def backend_flags(plan: PrecisionPlan) -> Iterator[None]:
         # Math is always allowed as a fallback: a kernel that cannot run a shape (flash in
         # fp32 under upcast, any fused kernel on CPU) must not turn into an error.
         chosen = [*chosen, SDPBackend.MATH] if SDPBackend.MATH not in chosen else chosen
-    own = kernels.torch_own_sdpa() if plan.attention_backend != "auto" else contextlib.nullcontext()
+    own = (
+        kernels.torch_own_kernels()
+        if plan.attention_backend != "auto"
+        else contextlib.nullcontext()
+    )
     try:
         with own:
             if chosen is None:
