@@ -170,13 +170,19 @@ def feed_forward_islands(pipeline) -> dict[str, dict[str, str]]:
 
 @dataclass(frozen=True)
 class FixCandidate:
-    """One fix to try: the plan to re-run under, the settings it means, and its words.
-    `kind` names its row of `FIX_KINDS`."""
+    """One fix to try: the plan to re-run under and the settings it means, said from those
+    settings (`precision.words.fix_words`, the one way a fix is said). `kind` names its row of
+    `FIX_KINDS`."""
 
     plan: PrecisionPlan
     settings: Mapping[str, Any]
-    words: str
     kind: str = ""
+
+    @property
+    def words(self) -> str:
+        from app.core.precision.words import fix_words
+
+        return fix_words(self.settings)
 
 
 def _is_attention(module_name: str | None, component_module) -> bool:
@@ -354,7 +360,7 @@ def _reduced_precision_off(ctx: FixContext) -> FixCandidate | None:
         "attention_reduced_precision": False,
         "fp16_reduced_precision_reduction": False,
     }
-    return FixCandidate(replace(plan, **off), off, "turn off reduced-precision accumulation")
+    return FixCandidate(replace(plan, **off), off)
 
 
 def _attention_failed(ctx: FixContext) -> bool:
@@ -369,7 +375,6 @@ def _upcast_attention(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         replace(ctx.plan, upcast_attention=True),
         {"upcast_attention": True},
-        "upcast attention to fp32",
     )
 
 
@@ -380,7 +385,6 @@ def backend_switch(plan: PrecisionPlan, backend: str) -> FixCandidate:
     return FixCandidate(
         replace(plan, attention_backend=backend),
         {"attention_backend": backend},
-        f"switch attention to the {backend} kernel",
         kind="backend",
     )
 
@@ -406,7 +410,6 @@ def _math_attention(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         replace(switch.plan, attention_reduced_precision=False),
         {**switch.settings, "attention_reduced_precision": False},
-        switch.words,
     )
 
 
@@ -417,7 +420,6 @@ def _classic_upcast(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         replace(ctx.plan, attention_backend="classic", upcast_attention=True),
         {"attention_backend": "classic", "upcast_attention": True},
-        "switch to the classic attention processor with attention upcast",
     )
 
 
@@ -438,7 +440,6 @@ def _t5_feed_forward(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         plan,
         {"t5_fp32_feed_forward": True},
-        f"keep the {ctx.words}'s T5 feed-forward output projections (wo) in fp32",
     )
 
 
@@ -455,7 +456,6 @@ def _clamp(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         ctx.plan.with_clamps(ctx.component, layers),
         {"clamp_modules": entries},
-        f"clamp the fp16 output of {_layers(layers)} of the {ctx.words} to +-65504",
     )
 
 
@@ -473,7 +473,6 @@ def _islands(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         plan,
         {f"{dtype}_modules": plan.module_settings()[f"{dtype}_modules"]},
-        f"keep {_layers(layers)} of the {ctx.words} in {dtype}",
     )
 
 
@@ -484,7 +483,6 @@ def _component_bf16(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         ctx.plan.with_dtypes(**{ctx.component: "bf16"}),
         {spec.setting: "bf16"},
-        f"run the {spec.words} in bf16",
     )
 
 
@@ -495,12 +493,7 @@ def _component_fp32(ctx: FixContext) -> FixCandidate | None:
     return FixCandidate(
         ctx.plan.with_dtypes(**{ctx.component: "fp32"}),
         {spec.setting: "fp32"},
-        f"run the {spec.words} in fp32",
     )
-
-
-def _layers(paths: list[str]) -> str:
-    return f"1 layer ({paths[0]})" if len(paths) == 1 else f"{len(paths)} layers"
 
 
 @dataclass(frozen=True)
@@ -689,7 +682,7 @@ def rank_candidates(results: list[CandidateResult]) -> list[CandidateResult]:
 
 
 def everything_fp32(plan: PrecisionPlan) -> FixCandidate:
-    return FixCandidate(no_half(plan), {"no_half": True}, "run everything in fp32")
+    return FixCandidate(no_half(plan), {"no_half": True})
 
 
 # --- predictions --------------------------------------------------------------------------

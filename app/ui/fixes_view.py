@@ -207,7 +207,7 @@ def plain_figures(text: str) -> str:
 
 
 def _lower_first(text: str) -> str:
-    """'Keep 1 layer of the VAE in fp32' -> 'keep 1 layer of the VAE in fp32', inside a
+    """'Keep 1 VAE layer in fp32' -> 'keep 1 VAE layer in fp32', inside a
     sentence; a first word in capitals ('T5 feed-forward ...') is left as it is."""
     return text[:1].lower() + text[1:] if text[1:2].islower() else text
 

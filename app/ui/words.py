@@ -14,12 +14,6 @@ FP16_LIMIT = FP16_MAX
 
 COMPONENT_NAMES = {name: c.title for name, c in COMPONENTS.items()}
 COMPONENT_ROLES = {name: c.does for name, c in COMPONENTS.items()}
-# Each component's precision setting, by the words the component goes by ("VAE", "second text
-# encoder"); the first component a setting governs names it (the VAE's encoder is the VAE's).
-_PRECISION_WORDS: dict[str, str] = {}
-for _component in COMPONENTS.values():
-    if _component.part_of is None:
-        _PRECISION_WORDS.setdefault(_component.setting, _component.words)
 # The colour of a component's status chip; its words are core's (`health.STATUS_WORDS`).
 STATUS_LEVEL = {
     Status.OK: "good",
@@ -303,38 +297,13 @@ def fix_words(settings: Mapping[str, Any] | None) -> str:
     return "; ".join(f"{setting_label(k)}: {setting_value(k, v)}" for k, v in settings.items())
 
 
-_LAYER_LISTS = {"fp32_modules": "fp32", "bf16_modules": "bf16", "clamp_modules": None}
-
-
 def fix_short(settings: Mapping[str, Any] | None) -> str:
-    """What a fix does, short enough for a table cell: {'fp32_modules': ['vae:a', 'vae:b']}
-    -> 'keep 2 layers of the VAE in fp32'; {'vae_precision': 'fp32'} -> 'run the VAE in fp32'."""
-    parts: list[str] = []
-    for key, value in (settings or {}).items():
-        if key in _LAYER_LISTS:
-            counts: dict[str, int] = {}
-            for entry in value or ():
-                component = str(entry).split(":", 1)[0]
-                counts[component] = counts.get(component, 0) + 1
-            for component, count in counts.items():
-                spec = COMPONENTS.get(component)
-                what = (
-                    f"{count} layer{'s' if count != 1 else ''} of the "
-                    f"{spec.words if spec else component}"
-                )
-                dtype = _LAYER_LISTS[key]
-                parts.append(
-                    f"keep {what} in {dtype}" if dtype else f"clamp {what} to fp16's range"
-                )
-        elif key in _PRECISION_WORDS:  # a component's own precision, by the component's words
-            parts.append(f"run the {_PRECISION_WORDS[key]} in {value}")
-        elif key == "no_half" and value:
-            parts.append("run everything in fp32")
-        elif key == "no_half_vae" and value:
-            parts.append("run the VAE in fp32")
-        else:
-            parts.append(f"{setting_label(key)}: {setting_value(key, value)}")
-    return first_upper("; ".join(parts)) if parts else ""
+    """What a fix does, short enough for a table cell, in the one words a fix is said with
+    (`precision.words.fix_words`): {'fp32_modules': ['vae:a', 'vae:b']} -> 'Keep 2 VAE layers
+    in fp32'; {'vae_precision': 'fp32'} -> 'Run the VAE in fp32'."""
+    from app.core.precision.words import fix_words
+
+    return first_upper(fix_words(settings))
 
 
 def precision_summary(

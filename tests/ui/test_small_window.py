@@ -121,7 +121,7 @@ def test_the_fixes_page_shows_each_fix_whole_at_1024(qtbot, window):
     table = window.fixes_view.table
     fix = [table.headerItem().text(c) for c in range(table.columnCount())].index("Fix")
     text = table.topLevelItem(0).text(fix)
-    assert text == "Keep 1 layer of the VAE in fp32"
+    assert text == "Keep 1 VAE layer in fp32"
     assert table.columnWidth(fix) >= table.fontMetrics().horizontalAdvance(text)
     assert table.horizontalScrollBar().maximum() == 0
     row = table.topLevelItem(0)  # the device by its short name, whole; the full name in its tip

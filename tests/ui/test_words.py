@@ -100,11 +100,11 @@ def test_a_fix_is_said_short_enough_for_a_table_cell():
     from app.ui.words import fix_short
 
     assert fix_short({"fp32_modules": ["vae:a", "vae:b", "unet:c"]}) == (
-        "Keep 2 layers of the VAE in fp32; keep 1 layer of the UNet in fp32"
+        "Keep 2 VAE layers in fp32; keep 1 UNet layer in fp32"
     )
     assert fix_short({"vae_precision": "fp32"}) == "Run the VAE in fp32"
     assert fix_short({"clamp_modules": ["transformer:x"]}) == (
-        "Clamp 1 layer of the transformer to fp16's range"
+        "Clamp 1 transformer layer to fp16's range"
     )
     assert fix_short({"no_half": True}) == "Run everything in fp32"
     assert fix_short({"upcast_attention": True}).startswith("Upcast attention")
@@ -125,4 +125,23 @@ def test_a_fix_names_each_component_by_its_own_words_and_no_switch_as_a_componen
     )
     assert "run the second text encoder in bf16" in text.lower()
     assert "run the vae in fp32" in text.lower()
-    assert "in False" not in text and "math attention: off" in text.lower()
+    assert "in False" not in text and "turn off reduced-precision accumulation" in text.lower()
+
+
+def test_a_fix_is_said_one_way_by_the_check_the_pages_and_the_state_it_leaves():
+    """The check's candidate, the Fixes and Models pages' cell and the precision words of the
+    state the fix leaves name the same layers with the same noun phrase."""
+    from app.core.diagnosis import FixCandidate
+    from app.core.precision import PrecisionPlan
+    from app.core.precision.words import plan_words
+    from app.ui.words import fix_short
+
+    settings = {"fp32_modules": ["vae:decoder.up_blocks.0", "vae:decoder.conv_out"]}
+    plan = PrecisionPlan(device="cpu", dtypes={"unet": "fp16", "vae": "fp16"})
+    plan = plan.with_modules(
+        "vae", dict.fromkeys(["decoder.up_blocks.0", "decoder.conv_out"], "fp32")
+    )
+    candidate = FixCandidate(plan, settings)
+    assert candidate.words == "keep 2 VAE layers in fp32"
+    assert fix_short(settings) == "Keep 2 VAE layers in fp32"
+    assert plan_words(plan) == "fp16, with 2 VAE layers in fp32"

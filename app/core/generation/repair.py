@@ -9,7 +9,6 @@ from typing import Any
 
 from app.core import diagnosis
 from app.core.components import COMPONENTS, RUN_ORDER, module_of
-from app.core.components import words as component_words
 from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import CancelledError
 from app.core.generation.probes import Probes
@@ -47,7 +46,7 @@ class Repairs(Probes):
         """
         base = self.repair_plan
         if _relevant_change(component, outcome.plan, base):
-            yield FixCandidate(base, dict(self.fix_settings), "; ".join(self.fix_words))
+            yield FixCandidate(base, dict(self.fix_settings))
         first_bad = self.first_bad_module(component, outcome)
         yield from candidate_fixes(
             module_of(component),  # the VAE's encoder is fixed by the VAE's fixes
@@ -184,11 +183,10 @@ class Repairs(Probes):
             return None
         dtype = outcome.plan.dtypes.get(module_of(component))
         key = COMPONENTS[component].setting
-        words = component_words(component)
         if dtype == "fp16" and self.bf16_native:
-            return FixCandidate(outcome.plan, {key: "bf16"}, f"run the {words} in bf16")
+            return FixCandidate(outcome.plan, {key: "bf16"})
         if dtype != "fp32":
-            return FixCandidate(outcome.plan, {key: "fp32"}, f"run the {words} in fp32")
+            return FixCandidate(outcome.plan, {key: "fp32"})
         return None
 
 

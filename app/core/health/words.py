@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core.components import Status, Verdict
-from app.core.components import words as component_words
 from app.core.diagnosis import CandidateResult
 from app.core.health.cost import FixCost, StepCost
 from app.core.precision import PrecisionPlan
@@ -51,17 +50,18 @@ def headroom_words(headroom: float | None, status: Status) -> str:
 def layer_words(plan: PrecisionPlan) -> list[str]:
     """'with 3 VAE layers in fp32', 'with 1 UNet layer clamped': the plan's module islands and
     clamps, per component and dtype (the T5 feed-forward islands included)."""
+    from app.core.precision.words import layer_count_words
+
     words_: list[str] = []
     for component in plan.dtypes:
         by_dtype: dict[str, int] = {}
         for dtype in plan.islands(component).values():
             by_dtype[dtype] = by_dtype.get(dtype, 0) + 1
-        name = component_words(component)
         for dtype, count in by_dtype.items():
-            words_.append(f"with {count} {name} layer{'s' if count != 1 else ''} in {dtype}")
+            words_.append(f"with {layer_count_words(count, component)} in {dtype}")
         clamped = len(plan.clamps.get(component, ()))
         if clamped:
-            words_.append(f"with {clamped} {name} layer{'s' if clamped != 1 else ''} clamped")
+            words_.append(f"with {layer_count_words(clamped, component)} clamped")
     return words_
 
 

@@ -40,10 +40,10 @@ def dtype_words(
     others = [f"{component_words(n)} in {d}" for n, d in dtypes.items() if d != base]
     for part, by_dtype in (islands or {}).items():
         for dtype, count in by_dtype.items():
-            others.append(f"with {_layers(count, part)} in {dtype}")
+            others.append(f"with {layer_count_words(count, part)} in {dtype}")
     for part, count in (clamps or {}).items():
         if count:
-            others.append(f"with {_layers(count, part)} clamped")
+            others.append(f"with {layer_count_words(count, part)} clamped")
     everywhere = not others  # no part and no layer runs otherwise
     head = f"{base} everywhere" if everywhere else base
     if autocast and base == "fp16":
@@ -107,5 +107,62 @@ def _per_part(entries: Iterable[Any]) -> dict[str, int]:
     return counts
 
 
-def _layers(count: int, part: str) -> str:
+def layer_count_words(count: int, part: str) -> str:
+    """ "2 VAE layers": the one noun phrase for a count of a part's layers, in a state
+    ('with 2 VAE layers in fp32') and in a fix ('keep 2 VAE layers in fp32') alike."""
     return f"{count} {component_words(part)} layer{'s' if count != 1 else ''}"
+
+
+# --- a fix in words ----------------------------------------------------------------------------
+
+_LAYER_LISTS = {"fp32_modules": "fp32", "bf16_modules": "bf16", "clamp_modules": None}
+_REDUCED = ("fp16_accumulation", "fp16_reduced_precision_reduction", "attention_reduced_precision")
+
+
+def fix_words(settings: Mapping[str, Any] | None) -> str:
+    """What a fix does, from its settings: the one way a fix is said, by the check's candidates,
+    its report, the Fixes page and the Models page alike, with the layer counts `dtype_words`
+    uses for the same state. {'fp32_modules': ['vae:a', 'vae:b']} -> 'keep 2 VAE layers in
+    fp32'; {'vae_precision': 'fp32'} -> 'run the VAE in fp32'; '' for no settings."""
+    from app.core.components import COMPONENTS
+    from app.core.settings import FIELDS
+
+    settings = settings or {}
+    precision_words: dict[str, str] = {}
+    for component in COMPONENTS.values():
+        if component.part_of is None:
+            precision_words.setdefault(component.setting, component.words)
+    parts: list[str] = []
+    for key, value in settings.items():
+        if key in _LAYER_LISTS:
+            dtype = _LAYER_LISTS[key]
+            for part, count in _per_part(value or ()).items():
+                layers = layer_count_words(count, part)
+                parts.append(
+                    f"keep {layers} in {dtype}" if dtype else f"clamp {layers} to fp16's range"
+                )
+        elif key in precision_words:
+            parts.append(f"run the {precision_words[key]} in {value}")
+        elif key == "no_half":
+            parts.append("run everything in fp32" if value else "allow half precision")
+        elif key == "no_half_vae":
+            parts.append("run the VAE in fp32" if value else "allow a half-precision VAE")
+        elif key == "t5_fp32_feed_forward" and value:
+            parts.append("keep the T5 feed-forward output layers (wo) in fp32")
+        elif key == "upcast_attention" and value:
+            parts.append("upcast attention to fp32")
+        elif key == "attention_backend":
+            parts.append(f"switch attention to the {value} kernel")
+        elif key in _REDUCED and value is False:
+            math_alone = (
+                key == "attention_reduced_precision" and settings.get("attention_backend") == "math"
+            )
+            said = "turn off reduced-precision accumulation"
+            if not math_alone and said not in parts:
+                parts.append(said)
+        else:
+            field = FIELDS.get(key)
+            label = field.label if field is not None else key.replace("_", " ")
+            shown = ("on" if value else "off") if isinstance(value, bool) else str(value)
+            parts.append(f"{label}: {shown}")
+    return "; ".join(parts)
