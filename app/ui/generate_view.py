@@ -754,8 +754,17 @@ class GenerateView(QWidget):
             _shared, own = split_fix(applied_fix or {})
             images = result.images
             if own and images and all(i.status == "ok" for i in images):
-                # Proved: the same image came out finite with it.
-                remember_for_model(self.state, self.client, own, words.fix_words(own), "generation")
+                # Proved: the same image came out finite with it, at the job's precision.
+                from app.core.precision.plan import dtype_settings_of
+
+                remember_for_model(
+                    self.state,
+                    self.client,
+                    own,
+                    words.fix_words(own),
+                    "generation",
+                    made_at=dtype_settings_of(result.settings),
+                )
             self.add_result(result, applied_fix)
             self.progress_label.setText(f"Done in {result.seconds:.1f} s.")
         elif event.state == EventState.CANCELLED:

@@ -363,7 +363,7 @@ def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all
         reports.generation(
             {
                 "images": [reports.image(_png(tmp_path / "fixed.png"))],
-                "settings": fix,
+                "settings": {**fix, "precision": "fp16", "vae_precision": "fp16"},
                 "seconds": 3.0,
             }
         ),
@@ -371,6 +371,10 @@ def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all
     remember = engines.current.last_job("remember_fix")
     assert remember.params.settings == fix
     assert remember.params.verified_by == "generation"
+    # What it is a fix for: the precision the job proved it at (Re-verify runs it there).
+    made_at = remember.params.made_at
+    assert made_at["precision"] == "fp16" and made_at["vae_precision"] == "fp16"
+    assert made_at["no_half"] is False
     assert "remembered for this model" in view.banner.text.text()
 
 

@@ -21,6 +21,16 @@ DTYPE_SETTINGS = ("precision", *dict.fromkeys(COMPONENT_SETTING.values()))
 _BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
 
 
+def dtype_settings_of(effective: Mapping[str, Any]) -> dict[str, Any]:
+    """`PrecisionPlan.dtype_settings` from a plan's effective settings as a job records them
+    (`GenerationResult.settings`): what a fix proved in that job is a fix for."""
+    settings = {key: effective[key] for key in DTYPE_SETTINGS if key in effective}
+    if settings.get("precision") == "mixed":  # every part's own setting says it
+        settings["precision"] = settings.get("unet_precision", "fp16")
+    settings.update(no_half=False, no_half_vae=False)
+    return settings
+
+
 def torch_dtype(name: str):
     import torch
 
@@ -154,12 +164,7 @@ class PrecisionPlan:
     def dtype_settings(self) -> dict[str, Any]:
         """The dtype of each part as the settings that give it whatever else is set: the base
         and per-part precisions, no-half off. What a fix found under this plan is a fix for."""
-        effective = self.effective_settings()
-        settings = {key: effective[key] for key in DTYPE_SETTINGS}
-        if settings["precision"] == "mixed":  # every part's own setting says it
-            settings["precision"] = settings["unet_precision"]
-        settings.update(no_half=False, no_half_vae=False)
-        return settings
+        return dtype_settings_of(self.effective_settings())
 
     def module_settings(self) -> dict[str, list[str]]:
         """The plan's module islands and clamps as the `fp32_modules`, `bf16_modules` and
