@@ -290,7 +290,7 @@ class ExplainDialog(QDialog):
             plain.append(flags)
         if tool_key == "halfsafe" and for_tool.settings:
             # HalfSafe's own settings by the names its Settings page shows them.
-            lines.append("Or in Settings: " + html.escape(words.fix_words(for_tool.settings)))
+            lines.append("Or in Settings: " + html.escape(words.settings_listed(for_tool.settings)))
         else:
             for key, value in for_tool.settings.items():
                 shown = setting_words(tool_key, key)

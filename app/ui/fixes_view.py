@@ -206,12 +206,6 @@ def plain_figures(text: str) -> str:
     return _QUALITY.sub(plain, text)
 
 
-def _lower_first(text: str) -> str:
-    """'Keep 1 VAE layer in fp32' -> 'keep 1 VAE layer in fp32', inside a
-    sentence; a first word in capitals ('T5 feed-forward ...') is left as it is."""
-    return text[:1].lower() + text[1:] if text[1:2].islower() else text
-
-
 class FixesView(QWidget):
     """The Fixes page; see the module docstring."""
 
@@ -405,7 +399,10 @@ class FixesView(QWidget):
             parts.append(_para("Proved by", f"the {verified_words(fix)}."))
             parts.append(_para("How well it worked", _fix_quality(fix)))
             # The sentence it was saved with, unless it only lists the settings said above.
-            if fix.summary and fix.summary != words.fix_words(fix.settings):
+            if fix.summary and fix.summary not in (
+                words.fix_short(fix.settings),
+                words.settings_listed(fix.settings),
+            ):
                 said = f"In the words of the {fix.verified_by}"
                 parts.append(_para(said, fix.summary, quoted=True))
         if report is not None:
@@ -449,7 +446,7 @@ class FixesView(QWidget):
             parts.append("</ul>")
         others = {k: v for k, v in settings.items() if k not in LAYER_KEYS}
         if others:
-            parts.append(_para("Settings it changes", words.fix_words(others)))
+            parts.append(_para("Settings it changes", words.settings_listed(others)))
         return parts
 
     def _source(self, row: LearnedRow) -> str:
@@ -558,7 +555,7 @@ class FixesView(QWidget):
             emulated = " A CPU computes fp16 slowly, so this check takes longer than on a GPU."
         return (
             f" The check runs it at {at}, the precision the fix is for{assumed}, with the fix: "
-            f"{_lower_first(words.fix_short(fix.settings)) or 'none'}.{emulated}"
+            f"{words.first_lower(words.fix_short(fix.settings)) or 'none'}.{emulated}"
         )
 
     def _idle_here(self, fix: RememberedFix | None) -> str:
@@ -571,7 +568,7 @@ class FixesView(QWidget):
         if len(idle) < len(fix.settings):
             return ""
         return (
-            f"This fix ({_lower_first(words.fix_short(fix.settings))}) changes only what a CUDA GPU "
+            f"This fix ({words.first_lower(words.fix_short(fix.settings))}) changes only what a CUDA GPU "
             f"runs, so a check on {device.name} cannot prove it: re-verify it on the GPU it was "
             "found on."
         )
@@ -830,7 +827,7 @@ class FixEditor(QDialog):
     def accept(self) -> None:
         try:
             settings = self.settings()
-            fix = profiles.change_fix(self.stored, settings, words.fix_words(settings))
+            fix = profiles.change_fix(self.stored, settings, words.fix_short(settings))
         except ValueError as error:
             self.problem.setText(f"Not saved: {error}.")
             return

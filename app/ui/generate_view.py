@@ -177,22 +177,6 @@ class GenerateView(QWidget):
         self.negative.setMinimumHeight(46)
         self.negative.setMaximumHeight(90)
         column.addWidget(self.negative, 1)
-        column.addWidget(label("LoRAs"))
-        self.loras = LoraList()
-        # The browser looks in the model folders, opens on the loaded model's family, and puts
-        # a LoRA's trigger words into the prompt when asked to.
-        self.loras.add_to_prompt.connect(self._add_to_prompt)
-        self.loras.model_folders = lambda: list(self.state.settings["model_folders"])
-        self.loras.model_family = lambda: (
-            browser.family_words(self.state.model.architecture) if self.state.model else None
-        )
-        column.addWidget(self.loras)
-        self.pictures = InputPictures()
-        self.pictures.picture_changed.connect(self._picture_changed)
-        self.pictures.canvas_changed.connect(self._canvas_changed)
-        self.pictures.refused.connect(self._say)
-        column.addWidget(self.pictures)
-
         form = QFormLayout()
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.steps = QSpinBox()
@@ -257,6 +241,24 @@ class GenerateView(QWidget):
         self.size_hint.setOpenExternalLinks(False)
         self.size_hint.linkActivated.connect(self._use_native_size)
         column.addWidget(self.size_hint)
+        # The numbers every job needs sit right below the prompts, where a 700 px window still
+        # shows them; the LoRAs and the input picture, which grow, come after.
+        column.addWidget(label("LoRAs"))
+        self.loras = LoraList()
+        # The browser looks in the model folders, opens on the loaded model's family, and puts
+        # a LoRA's trigger words into the prompt when asked to.
+        self.loras.add_to_prompt.connect(self._add_to_prompt)
+        self.loras.model_folders = lambda: list(self.state.settings["model_folders"])
+        self.loras.model_family = lambda: (
+            browser.family_words(self.state.model.architecture) if self.state.model else None
+        )
+        column.addWidget(self.loras)
+        self.pictures = InputPictures()
+        self.pictures.picture_changed.connect(self._picture_changed)
+        self.pictures.canvas_changed.connect(self._canvas_changed)
+        self.pictures.refused.connect(self._say)
+        column.addWidget(self.pictures)
+
         column.addStretch(1)
 
         # The parameters scroll up and down when the window is too short for them (an input
@@ -761,7 +763,7 @@ class GenerateView(QWidget):
                     self.state,
                     self.client,
                     own,
-                    words.fix_words(own),
+                    words.fix_short(own),
                     "generation",
                     made_at=dtype_settings_of(result.settings),
                 )
@@ -940,7 +942,7 @@ class GenerateView(QWidget):
             self.banner.show_message(
                 "good",
                 "<b>Fixed.</b> Made again with the fix ("
-                + html.escape(words.fix_words(dict(entry.applied_fix)))
+                + html.escape(words.first_lower(words.fix_short(dict(entry.applied_fix))))
                 # What ran, fixes remembered for the model included, from the image's record.
                 + f"), running as {html.escape(words.precision_summary(entry.settings))}"
                 + "; this time every value stayed finite. "
@@ -974,7 +976,7 @@ class GenerateView(QWidget):
         self.banner.show_message(
             "info",
             "<b>Fix applied:</b> "
-            + html.escape(words.fix_words(fix))
+            + html.escape(words.fix_short(fix))
             + ". Making the same image again…",
         )
         job_id = self.submit(request, with_fix=own)

@@ -610,7 +610,9 @@ class HealthView(QWidget):
         if settings:
             card.body.addWidget(
                 label(
-                    "Settings it changes: <b>" + html.escape(words.fix_words(settings)) + "</b>",
+                    "Settings it changes: <b>"
+                    + html.escape(words.settings_listed(settings))
+                    + "</b>",
                     wrap=True,
                 )
             )
@@ -661,7 +663,7 @@ class HealthView(QWidget):
             candidate = next(candidates)
             if candidate.verified and not candidate.chosen:
                 button = QPushButton("Apply instead")
-                button.setToolTip(words.fix_words(candidate.settings))
+                button.setToolTip(words.settings_listed(candidate.settings))
                 settings = dict(candidate.settings)
                 button.clicked.connect(lambda _=False, s=settings: self.apply_fix(s))
                 grid.addWidget(button, row, len(CANDIDATE_COLUMNS))
@@ -693,7 +695,7 @@ class HealthView(QWidget):
                 self.state,
                 self.client,
                 settings,
-                words.fix_words(settings),
+                words.fix_short(settings),
                 on_failed=self.dialogs.job_failed,
                 made_at=self.report.plan.dtype_settings() if self.report is not None else None,
             )

@@ -748,7 +748,7 @@ class ModelsView(QWidget):
             self.remembered.show_message(
                 "warn" if damage else "info",
                 f"<b>HalfSafe remembers a fix for this model on {on}.</b> "
-                f"{html.escape(fix.summary or words.fix_words(fix.settings))} "
+                f"{html.escape(fix.summary or words.fix_short(fix.settings))} "
                 "Settings left on Auto follow it already." + damage,
                 [("Apply to my settings", lambda s=fix.settings: self._apply_remembered(s))],
             )
@@ -762,7 +762,10 @@ class ModelsView(QWidget):
             self.dialogs.error(f"The remembered fix could not be applied: {error}.")
             return
         self.remembered.show_message(
-            "good", "Applied the remembered fix: " + html.escape(words.fix_words(settings)) + "."
+            "good",
+            "Applied the remembered fix: "
+            + html.escape(words.first_lower(words.fix_short(settings)))
+            + ".",
         )
 
 

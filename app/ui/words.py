@@ -290,8 +290,9 @@ def setting_label(key: str) -> str:
     return field.label if field else key.replace("_", " ")
 
 
-def fix_words(settings: Mapping[str, Any] | None) -> str:
-    """{'vae_precision': 'fp32'} -> 'VAE precision: fp32 (full)'."""
+def settings_listed(settings: Mapping[str, Any] | None) -> str:
+    """Settings as the Settings page names them, label by label: {'vae_precision': 'fp32'} ->
+    'VAE precision: fp32 (full)'. A fix is said with `fix_short`, never this."""
     if not settings:
         return ""
     return "; ".join(f"{setting_label(k)}: {setting_value(k, v)}" for k, v in settings.items())
@@ -337,6 +338,12 @@ def architecture_name(architecture: str | None) -> str:
 def first_upper(text: str) -> str:
     """'goes NaN' -> 'Goes NaN' (str.capitalize would lower the rest: 'Goes nan')."""
     return text[:1].upper() + text[1:]
+
+
+def first_lower(text: str) -> str:
+    """'Keep 1 VAE layer in fp32' -> 'keep 1 VAE layer in fp32', inside a sentence; a first
+    word in capitals ('T5 feed-forward ...', 'VAE precision') is left as it is."""
+    return text[:1].lower() + text[1:] if text[1:2].islower() else text
 
 
 # Where a wrapped line may break inside a name without spaces (a layer path, a file name).

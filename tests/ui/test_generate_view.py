@@ -156,7 +156,7 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
     assert view.gallery.count() == 2
     assert view.banner.level == "good"
     text = view.banner.text.text()
-    assert "Made again with the fix (VAE precision: fp32 (full))" in text
+    assert "Made again with the fix (run the VAE in fp32)" in text
     # What ran, from the image's record (a fix remembered for the model would show here too).
     assert f"running as {words.precision_summary(view.current_entry.settings)};" in text
     assert "VAE in fp32" in text
