@@ -9,6 +9,7 @@ clamp that saturates or a precision loss can give finite nonsense.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,8 +49,75 @@ class Quality:
         return {"metric": self.metric, "value": round(self.value, 2), "threshold": self.threshold}
 
     def words(self) -> str:
+        """The figure as the check writes it into its sentences (`QUALITY_FIGURE` reads it
+        back): '47.3 dB against fp32, threshold 20 dB', 'identical against fp32, ...'."""
         shown = "identical" if self.value >= QUALITY_CEILING_DB else f"{self.value:.1f} dB"
         return f"{shown} against fp32, threshold {self.threshold:g} dB"
+
+    def plain_words(self) -> str:
+        """The figure in the pages' plain words (`AGREEMENT_WORDS`)."""
+        if self.value >= QUALITY_CEILING_DB:
+            return AGREEMENT_WORDS["identical"]
+        if not self.passed:  # NaN and -inf too
+            return AGREEMENT_WORDS["differs"]
+        return AGREEMENT_WORDS["close" if self.value >= CLOSE_DB else "enough"]
+
+    def figure_words(self) -> str:
+        """What the plain words stand for, in one clause: how far the output was from an fp32
+        run of the same inputs, as a share of its size (20 dB is 10%)."""
+        if self.value >= QUALITY_CEILING_DB:
+            return "its output was the same as an fp32 run of the same inputs"
+        if not math.isfinite(self.value):
+            return "its output was not finite, so it could not be compared with fp32"
+        off = _share_off(self.value)
+        how = f"within about {off} of" if self.passed else f"about {off} off"
+        return (
+            f"its output was {how} an fp32 run of the same inputs ({self.value:.1f} dB "
+            f"signal-to-noise; a fix counts as verified from {self.threshold:g} dB, about "
+            f"{_share_off(self.threshold)})"
+        )
+
+
+# A fix's agreement with fp32 in the pages' plain words: the one table for it.
+AGREEMENT_WORDS = {
+    "identical": "identical to full precision",
+    "close": "matches full precision closely",
+    "enough": "close enough to full precision",
+    "differs": "differs from full precision",
+}
+CLOSE_DB = 30.0  # "matches closely" from here: an error of 3% of the output's size
+# `Quality.words` as written into a check's sentences, in parentheses or not.
+QUALITY_FIGURE = re.compile(
+    r"(\()?(identical|(-?[\d.]+|-?inf|nan) dB) against fp32, threshold ([\d.]+) dB(?(1)\))"
+)
+
+
+def _share_off(db: float) -> str:
+    share = 100 * 10 ** (-db / 20)
+    return "less than 0.01%" if share < 0.01 else f"{share:.2g}%"
+
+
+def qualities_in(text: str) -> list[Quality]:
+    """The figures `Quality.words` wrote into a check's sentence, in order: a headline or a
+    fix's summary kept as text (a saved report, a remembered fix) read back by the one module
+    that writes them."""
+    found = []
+    for match in QUALITY_FIGURE.finditer(text):
+        value = QUALITY_CEILING_DB if match.group(3) is None else float(match.group(3))
+        found.append(Quality(value, threshold=float(match.group(4))))
+    return found
+
+
+def plain_figures(text: str) -> str:
+    """A check's sentence with each figure in plain words: '...verified fix (47.3 dB against
+    fp32, threshold 20 dB)...' -> '...verified fix (matches full precision closely)...'."""
+
+    def plain(match: re.Match[str]) -> str:
+        value = QUALITY_CEILING_DB if match.group(3) is None else float(match.group(3))
+        said = Quality(value, threshold=float(match.group(4))).plain_words()
+        return f"({said})" if match.group(1) else said
+
+    return QUALITY_FIGURE.sub(plain, text)
 
 
 def snr_db(output: Any, reference: Any) -> float:

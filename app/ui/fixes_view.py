@@ -10,7 +10,6 @@ engine (`CheckModelsRequest`), which keeps each report and loads the user's mode
 from __future__ import annotations
 
 import html
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,7 +35,7 @@ from PySide6.QtWidgets import (
 
 from app.core import profiles
 from app.core.components import COMPONENTS, Verdict
-from app.core.diagnosis import QUALITY_CEILING_DB
+from app.core.diagnosis import Quality, plain_figures, qualities_in
 from app.core.health import saved
 from app.core.health.saved import SavedReport, when_words
 from app.core.library_check import ModelChecks
@@ -146,64 +145,19 @@ def short_device(name: str) -> str:
     return text or name
 
 
-# The agreement figure a check writes into its sentences (`diagnosis.Quality.words`), in
-# parentheses in a headline.
-_QUALITY = re.compile(
-    r"(\()?(identical|(-?[\d.]+|-?inf) dB) against fp32, threshold ([\d.]+) dB(?(1)\))"
-)
-
-
-def _share_off(db: float) -> str:
-    """How far an output is from its reference, as a share of its size, for a signal-to-noise
-    ratio in dB (the RMS difference over the RMS value: 20 dB is 10%)."""
-    share = 100 * 10 ** (-db / 20)
-    return "less than 0.01%" if share < 0.01 else f"{share:.2g}%"
-
-
-def _agreement_words(db: float, threshold: float) -> str:
-    """A fix's agreement with fp32 in the Health check page's words for it (`health_view`)."""
-    if db >= QUALITY_CEILING_DB:
-        return "identical to full precision"
-    if not db >= threshold:
-        return "differs from full precision"
-    return "matches full precision closely" if db >= 30 else "close enough to full precision"
-
-
-def _figure(found: re.Match[str]) -> tuple[float, float]:
-    """(the figure in dB, the threshold in dB) of a `_QUALITY` match."""
-    db = QUALITY_CEILING_DB if found.group(3) is None else float(found.group(3))
-    return db, float(found.group(4))
-
-
-def quality_words(text: str) -> str:
-    """The agreement figure in a check's sentence ('55.3 dB against fp32, threshold 20 dB') in
-    plain words; "" when `text` holds none."""
-    found = _QUALITY.search(text)
-    if found is None:
+def quality_words(quality: Quality | None) -> str:
+    """How close a fix came to an fp32 run, in plain words and what they stand for (the one
+    table, `diagnosis.Quality.plain_words`); "" for no figure."""
+    if quality is None:
         return ""
-    db, threshold = _figure(found)
-    said = words.first_upper(_agreement_words(db, threshold))
-    if db >= QUALITY_CEILING_DB:
-        return f"{said}: its output was the same as an fp32 run of the same inputs."
-    if not math.isfinite(db):
-        return f"{said}: its output was not finite, so it could not be compared with fp32."
-    how = f"within about {_share_off(db)} of" if db >= threshold else f"about {_share_off(db)} off"
-    return (
-        f"{said}: its output was {how} an fp32 run of the same inputs ({db:g} dB signal-to-"
-        f"noise; a fix counts as verified from {threshold:g} dB, about {_share_off(threshold)})."
-    )
+    return f"{words.first_upper(quality.plain_words())}: {quality.figure_words()}."
 
 
-def plain_figures(text: str) -> str:
-    """A check's sentence with each agreement figure in words, as the Health check page shows
-    a headline: '...verified fix (47.3 dB against fp32, threshold 20 dB)...' -> '...verified
-    fix (matches full precision closely)...'."""
-
-    def plain(found: re.Match[str]) -> str:
-        said = _agreement_words(*_figure(found))
-        return f"({said})" if found.group(1) else said
-
-    return _QUALITY.sub(plain, text)
+def _first_quality(text: str) -> Quality | None:
+    """The first figure the check wrote into a sentence kept as text (a fix saved before its
+    figure was kept as a number)."""
+    found = qualities_in(text)
+    return found[0] if found else None
 
 
 class FixesView(QWidget):
@@ -380,7 +334,7 @@ class FixesView(QWidget):
             parts.append(_para("Fix", _no_fix_words(report)))
             if report is not None and report.fix_summary:
                 parts.append(_para("The check found", report.fix_summary))
-                quality = quality_words(report.fix_summary)
+                quality = quality_words(report.fix_quality or _first_quality(report.fix_summary))
                 if quality:
                     parts.append(_para("How well it worked", quality))
         else:
@@ -980,7 +934,7 @@ def _fix_quality(fix: RememberedFix) -> str:
     with; what stands in for the figure when it holds none."""
     if fix.edited_at is not None:
         return "not measured since you edited it."
-    return quality_words(fix.summary) or (
+    return quality_words(_first_quality(fix.summary)) or (
         f"no figure kept: the {fix.verified_by} that proved it did not compare it with an fp32 run."
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.components import Status, Verdict
-from app.core.diagnosis import QUALITY_CEILING_DB
+from app.core.diagnosis import plain_figures, qualities_in
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,
@@ -594,7 +593,8 @@ class HealthView(QWidget):
         if quality is None:
             card.body.addWidget(label(html.escape(fix.summary), wrap=True))
         else:
-            words_, figure = _agreement(quality.value, quality.threshold)
+            # The check's data, said in the one table's words (`diagnosis.Quality`).
+            words_, figure = quality.plain_words(), quality.figure_words()
             summary = fix.summary.replace(quality.words(), words_)
             card.body.addWidget(label(html.escape(summary), wrap=True))
             card.body.addWidget(
@@ -860,39 +860,10 @@ class _CheckProgress:
         return lines
 
 
-# Core's figure of a fix's agreement with fp32 ("47.3 dB against fp32, threshold 20 dB"), as
-# `Quality.words` writes it into a headline.
-_QUALITY_FIGURE = re.compile(
-    r"\((identical|(-?[\d.]+|inf|-inf) dB) against fp32, threshold ([\d.]+) dB\)"
-)
-
-
-def _agreement(value: float, threshold: float) -> tuple[str, str]:
-    """How closely a fix's output matches an fp32 run of the same inputs: in plain words, and
-    the figure behind them (signal to noise: 20 dB is an error of a hundredth of the signal's
-    power, a tenth of its size; 30 dB a thousandth of its power)."""
-    if value >= QUALITY_CEILING_DB:
-        return "identical to full precision", "the same output as an fp32 run of the same inputs"
-    figure = (
-        f"{value:.1f} dB against an fp32 run of the same inputs; a fix counts as verified "
-        f"from {threshold:g} dB"
-    )
-    if not value >= threshold:  # NaN too
-        return "differs from full precision", figure
-    if value >= 30:
-        return "matches full precision closely", figure
-    return "close enough to full precision", figure
-
-
 def _plain_headline(headline: str) -> tuple[str, str]:
-    """Core's headline with each agreement figure in plain words, and those figures for a
-    tooltip ('' when it had none)."""
-    figures: list[str] = []
-
-    def plain(match: re.Match[str]) -> str:
-        value = QUALITY_CEILING_DB if match.group(1) == "identical" else float(match.group(2))
-        words_, figure = _agreement(value, float(match.group(3)))
-        figures.append(f"{words.first_upper(words_)}: {figure}.")
-        return f"({words_})"
-
-    return _QUALITY_FIGURE.sub(plain, headline), "\n".join(figures)
+    """Core's headline with each agreement figure in plain words, and what those words stand
+    for, for a tooltip ('' when it had none); both from `diagnosis`, which writes the figures."""
+    figures = [
+        f"{words.first_upper(q.plain_words())}: {q.figure_words()}." for q in qualities_in(headline)
+    ]
+    return plain_figures(headline), "\n".join(figures)

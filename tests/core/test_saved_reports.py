@@ -59,6 +59,27 @@ def test_a_saved_report_reads_back_with_its_verdict_headline_fix_and_markdown():
     assert saved.last_report(OTHER) is None
 
 
+def test_a_saved_report_keeps_its_fixs_figure_as_numbers():
+    """The pages say how close the fix came from the numbers, never from the summary's text;
+    a report saved before they were kept reads back without them."""
+    health = reports.fixable()
+    quality = health.fix.quality  # type: ignore[union-attr]
+    assert quality is not None
+    _save(health=health)
+    [back] = saved.saved_reports().reports
+    assert back.fix_quality == quality
+    path = saved._file(KEY, DEVICE)
+    document = json.loads(path.read_text())
+    del document["fix_quality_db"], document["fix_quality_threshold_db"]
+    path.write_text(json.dumps(document))
+    [older] = saved.saved_reports().reports
+    assert older.fix_quality is None and older.headline == back.headline
+    document["fix_quality_db"] = "47 dB"
+    path.write_text(json.dumps(document))
+    listing = saved.saved_reports()
+    assert listing.reports == [] and "'fix_quality_db' is '47 dB'" in listing.notes[0]
+
+
 def test_the_next_check_of_a_model_on_a_device_replaces_its_report_and_keeps_the_others():
     _save(health=reports.fixable())
     _save(OTHER, health=reports.report())

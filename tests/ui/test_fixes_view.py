@@ -335,9 +335,16 @@ def test_a_row_without_a_remembered_fix_says_what_the_check_found(window):
     ],
 )
 def test_the_quality_figure_is_said_in_plain_words(quality, said):
+    """From the data, and from a sentence kept as text (read back by `diagnosis`, which
+    writes it) alike."""
+    from app.core.diagnosis import qualities_in
+
+    assert quality_words(quality).startswith(said)
     sentence = f"Verified by re-running it with the fix: finite, and {quality.words()}."
-    assert quality_words(sentence).startswith(said)
-    assert quality_words("Verified by repairing the image, which came out finite.") == ""
+    (read_back,) = qualities_in(sentence)
+    assert quality_words(read_back).startswith(said)
+    assert qualities_in("Verified by repairing the image, which came out finite.") == []
+    assert quality_words(None) == ""
 
 
 # The fix's words ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 from app.core import paths
 from app.core.components import Verdict
+from app.core.diagnosis import Quality
 from app.core.files import aside_name, locked, write_atomic
 from app.core.health.report import CheckResult
 from app.core.limits import parse_json, read_regular
@@ -47,6 +49,7 @@ LATEST_TIME = 1e11
 _FILE_NAME = re.compile(r"[0-9a-f]{32}\.json")
 _TEXTS = ("profile_key", "device", "model_name", "source", "headline", "fix_summary")
 _OPTIONAL_TEXTS = ("torch_version", "ran_at", "fix_runs_at")  # absent from older files
+_OPTIONAL_NUMBERS = ("fix_quality_db", "fix_quality_threshold_db")  # likewise
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,17 @@ class SavedReport:
     # next job runs at one of them. Empty in a report saved before they were kept.
     ran_at: str = ""
     fix_runs_at: str = ""
+    # The fix's agreement with fp32 as numbers (`diagnosis.Quality`): what the pages say of
+    # it, without reading the figure back out of `fix_summary`. None when the fix had no
+    # finite figure, or in a report saved before they were kept.
+    fix_quality_db: float | None = None
+    fix_quality_threshold_db: float | None = None
+
+    @property
+    def fix_quality(self) -> Quality | None:
+        if self.fix_quality_db is None or self.fix_quality_threshold_db is None:
+            return None
+        return Quality(self.fix_quality_db, threshold=self.fix_quality_threshold_db)
 
     def holds_at(self, precision: str) -> bool | None:
         """Whether the headline is about a job run at `precision` (said in the same words);
@@ -121,6 +135,11 @@ def save_report(profile_key: str, result: CheckResult) -> SavedReport | None:
         ran_at=_bounded(plan_words(report.plan)),
         fix_runs_at=_bounded(plan_words(report.fix.plan) if report.fix is not None else ""),
     )
+    quality = report.fix.quality if report.fix is not None else None
+    if quality is not None and math.isfinite(quality.value):
+        saved = replace(
+            saved, fix_quality_db=quality.value, fix_quality_threshold_db=quality.threshold
+        )
     saved, text = _fitted(saved)
     with locked(folder()):
         write_atomic(_file(saved.profile_key, saved.device), text)
@@ -341,6 +360,14 @@ def _problem(path: Path, document: Any) -> str | None:
         value = document.get(name, "")
         if not isinstance(value, str) or len(value) > MAX_TEXT_CHARS:
             return f"'{name}' is {shown(value)}, not a text"
+    for name in _OPTIONAL_NUMBERS:
+        value = document.get(name)
+        if value is not None and (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not -1e6 <= value <= 1e6
+        ):
+            return f"'{name}' is {shown(value)}, not a figure in dB"
     if path.name != _file(document["profile_key"], document["device"]).name:
         return "it is filed under another model's or device's name"
     return None
@@ -353,6 +380,11 @@ def _report_from(document: dict[str, Any]) -> SavedReport:
         markdown=document["markdown"],
         saved_at=float(document["saved_at"]),
         **{name: _bounded(document.get(name)) for name in _OPTIONAL_TEXTS},
+        **{
+            name: float(document[name])
+            for name in _OPTIONAL_NUMBERS
+            if document.get(name) is not None
+        },
     )
 
 
