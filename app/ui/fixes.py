@@ -26,6 +26,27 @@ def split_fix(settings: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return shared, own
 
 
+def layers_ran(own: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
+    """Whether a job whose effective settings were `settings` ran the layer lists `own` at all:
+    every part they name ran narrower than the lists widen it to (an fp32 layer in an fp16 or
+    bf16 part; a clamp in an fp16 part). A part that ran wholly in fp32 (a remembered fix, or
+    the user's own setting) makes its layers moot: its image proves nothing of them."""
+    from app.core.components import COMPONENTS
+
+    widths = {"fp16": 0, "bf16": 1, "fp32": 2}
+    wanted = {"fp32_modules": "fp32", "bf16_modules": "bf16", "clamp_modules": "bf16"}
+    for key, entries in own.items():
+        for entry in entries or ():
+            part = str(entry).partition(":")[0]
+            spec = COMPONENTS.get(part)
+            ran = settings.get(spec.setting) if spec is not None else None
+            if ran in (None, "auto"):
+                ran = settings.get("precision")
+            if ran not in widths or widths[ran] >= widths[wanted.get(key, "fp32")]:
+                return False
+    return True
+
+
 def apply_fix(
     state: AppState,
     client: EngineClient,

@@ -55,7 +55,7 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import browser, folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import remember_for_model, split_fix
+from app.ui.fixes import layers_ran, remember_for_model, split_fix
 from app.ui.gallery import ENTRY, Gallery
 from app.ui.hires_options import HiresOptions
 from app.ui.image_entry import (
@@ -755,8 +755,14 @@ class GenerateView(QWidget):
             result: GenerationResult = event.result
             _shared, own = split_fix(applied_fix or {})
             images = result.images
-            if own and images and all(i.status == "ok" for i in images):
-                # Proved: the same image came out finite with it, at the job's precision.
+            if (
+                own
+                and images
+                and all(i.status == "ok" for i in images)
+                and layers_ran(own, result.settings)
+            ):
+                # Proved: the same image came out finite with it, at the job's precision (a
+                # part that ran wholly wider proves nothing of its layers: not remembered).
                 from app.core.precision.plan import dtype_settings_of
 
                 remember_for_model(
@@ -946,11 +952,7 @@ class GenerateView(QWidget):
                 # What ran, fixes remembered for the model included, from the image's record.
                 + f"), running as {html.escape(words.precision_summary(entry.settings))}"
                 + "; this time every value stayed finite. "
-                + (
-                    "The fix is remembered for this model on this device."
-                    if split_fix(dict(entry.applied_fix))[1]
-                    else "The fix stays in your settings."
-                ),
+                + _remembered_words(split_fix(dict(entry.applied_fix))[1], entry.settings),
             )
         else:
             self.banner.dismiss()
@@ -1027,6 +1029,19 @@ class GenerateView(QWidget):
         if self.current_entry is not None and self.current_entry.path:
             folder = os.path.dirname(self.current_entry.path)
             self.dialogs.open_location(folder, "the folder")
+
+
+def _remembered_words(own: dict[str, Any], settings: Mapping[str, Any]) -> str:
+    """What became of a fix the image was made again with: its layer lists remembered for the
+    model when the job ran them (`fixes.layers_ran`), else why not."""
+    if not own:
+        return "The fix stays in your settings."
+    if layers_ran(own, settings):
+        return "The fix is remembered for this model on this device."
+    return (
+        "Its layers were not tested, though: the part they belong to ran wholly wider in this "
+        "job, so the fix is not remembered."
+    )
 
 
 def _generations(count: int) -> str:

@@ -481,3 +481,47 @@ def test_a_loras_trigger_words_offered_go_into_the_prompt(view):
     view.prompt.setPlainText("")
     view.loras.add_to_prompt.emit("inkwash style")
     assert view.prompt.toPlainText() == "inkwash style"
+
+
+def test_a_layer_fix_whose_part_ran_wholly_wider_is_not_remembered(view, engines, tmp_path):
+    """The image came out finite because the VAE ran in fp32 (a remembered fix, say): that
+    proves nothing of two of its layers in fp32, which are not remembered, and the banner says
+    why."""
+    view.generate()
+    job = engines.current.last_job("generate")
+    fix = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    black = reports.image(
+        _png(tmp_path / "black.png", "black"), status="nan", component="vae", fix=fix
+    )
+    engines.current.finish(
+        job, reports.generation({"images": [black], "settings": {}, "seconds": 3.0})
+    )
+    view.banner.buttons["Apply fix and regenerate"].click()
+    again = engines.current.last_job("generate")
+    ran = {**fix, "precision": "fp16", "vae_precision": "fp32"}
+    fine = reports.image(_png(tmp_path / "fine.png"), settings=ran)
+    engines.current.finish(
+        again, reports.generation({"images": [fine], "settings": ran, "seconds": 3.0})
+    )
+    assert engines.current.jobs("remember_fix") == []
+    assert "the fix is not remembered" in view.banner.text.text()
+
+
+@pytest.mark.parametrize(
+    ("settings", "ran"),
+    [
+        ({"precision": "fp16", "vae_precision": "auto"}, True),
+        ({"precision": "fp16", "vae_precision": "bf16"}, True),
+        ({"precision": "fp16", "vae_precision": "fp32"}, False),
+        ({"precision": "fp32", "vae_precision": "auto"}, False),
+        ({"precision": "bf16"}, True),
+    ],
+)
+def test_layers_run_only_in_a_part_narrower_than_they_widen_it_to(settings, ran):
+    from app.ui.fixes import layers_ran
+
+    assert layers_ran({"fp32_modules": ["vae:a", "vae:b"]}, settings) is ran
+    clamp_ran = (
+        settings.get("vae_precision", "auto") in ("auto",) and settings["precision"] == "fp16"
+    )
+    assert layers_ran({"clamp_modules": ["vae:a"]}, settings) is clamp_ran
