@@ -374,17 +374,16 @@ def _problem(path: Path, document: Any) -> str | None:
 
 
 def _report_from(document: dict[str, Any]) -> SavedReport:
+    figures: dict[str, Any] = {
+        name: float(document[name]) for name in _OPTIONAL_NUMBERS if document.get(name) is not None
+    }
     return SavedReport(
         **{name: document[name] for name in _TEXTS},
         verdict=Verdict(document["verdict"]),
         markdown=document["markdown"],
         saved_at=float(document["saved_at"]),
         **{name: _bounded(document.get(name)) for name in _OPTIONAL_TEXTS},
-        **{
-            name: float(document[name])
-            for name in _OPTIONAL_NUMBERS
-            if document.get(name) is not None
-        },
+        **figures,
     )
 
 
