@@ -1,11 +1,14 @@
-"""Quantized checkpoints: fp8 safetensors (plain and scaled) and GGUF files, read as the values
-they mean and kept as stored.
+"""Quantized checkpoints: fp8 safetensors (plain and scaled), int8 and NVFP4 safetensors and GGUF
+files, read as the values they mean and kept as stored.
 
 Many large models reach users stored in 8 bits or fewer per weight: fp8 safetensors
 (`float8_e4m3fn` or `float8_e5m2`, often "scaled": a per-tensor or per-channel scale tensor beside
 each weight, `<layer>.weight_scale`, in ComfyUI's current files with `<layer>.comfy_quant`, the
 layer's format as JSON bytes; or ComfyUI's older `<layer>.scale_weight` with a `scaled_fp8`
-marker tensor) and GGUF files (Q8_0, Q4_K, ... blocks, each block with its own scale). HalfSafe
+marker tensor), int8 weights with such a scale (ComfyUI's `int8_tensorwise`), NVFP4 (E2M1
+values two per byte, an fp8 scale per block of 16 and a tensor scale: ComfyUI's files and
+NVIDIA ModelOpt's, which BFL publishes, pack them differently; see `ScaledLayout.tiled`) and GGUF
+files (Q8_0, Q4_K, ... blocks, each block with its own scale). HalfSafe
 runs no fp8 or block-quantised kernels: every such weight stands for its values in
 `COMPUTE_DTYPE`, and `Checkpoint.get` (the one place, so every loader gets it) hands it out kept
 as stored (`checkpoint.stored.StoredTensor`), decoded by each operation that reads it. That costs
@@ -17,7 +20,7 @@ black or noise images that look like fp16 overflow, so the reading path checks w
 scales that are NaN, Inf, zero, negative or absurd and weights whose dequantised values are far
 beyond any real model's become `QuantFinding`s (the health check's `broken_weights`; plain
 records in `weight_findings`), and a scale that is missing altogether refuses the file (see
-`Fp8Layout`).
+`scaled_layout`).
 
 GGUF headers are walked here with every count, size and offset bounded (`check_gguf_header`)
 before the `gguf` package's reader maps the file: a hostile header gets one sentence, never an
@@ -64,19 +67,28 @@ FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 # knows stores in safetensors yet; refused with a sentence instead of half-read.
 UNSUPPORTED_SAFETENSORS = ("F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
 
-# Integer weights with a scale beside them: ComfyUI's NVFP4 (two 4-bit values per byte, with
-# fp8 block scales and a second, per-tensor scale) and int8 formats, which HalfSafe does not
-# dequantise; refused in one sentence that names the format, never read as plain integers.
-INTEGER_QUANTIZED = {
-    "U8": "packed 4-bit values (NVFP4 or a format like it)",
-    "I8": "int8 values",
-}
+# The dtype codes of weights whose stored type alone does not say what they mean (see
+# `model_view`): NVFP4, a uint8 tensor of two E2M1 values per byte with fp8 block scales (one
+# per 16 values of a row, `<layer>.weight_scale`) and an fp32 tensor scale
+# (`<layer>.weight_scale_2`), shown at the shape of its values; and int8 values with a scale.
+NVFP4_CODE = "NVFP4"
+INT8_CODE = "INT8"
+SCALED_CODES = (*FP8_DTYPES, INT8_CODE, NVFP4_CODE)
+NVFP4_BLOCK = 16
+# NVFP4 block scales in ComfyUI's files are in cuBLAS's tiled layout: 128 rows by 4 block
+# columns per tile, the matrix padded to whole tiles.
+NVFP4_TILE = (128, 4)
 
 # Weight scales, by the suffix that replaces a weight's final "weight": `weight_scale`
-# (compressed-tensors and most fp8 exports), `scale_weight` (ComfyUI's scaled fp8).
+# (compressed-tensors, ModelOpt and most fp8 exports; NVFP4's block scales), `scale_weight`
+# (ComfyUI's scaled fp8).
 SCALE_SUFFIXES = ("weight_scale", "scale_weight")
-# Activation scales, used only by fp8 matrix kernels; dequantised weights do not need them.
+SECOND_SCALE_SUFFIX = "weight_scale_2"  # NVFP4's tensor scale
+# Activation scales, used only by fp8 and fp4 matrix kernels; decoded weights do not need them.
 INPUT_SCALE_SUFFIXES = ("input_scale", "scale_input")
+# A smoothing factor some NVFP4 exports multiply into a layer's input (AWQ-style): the layer
+# computes differently from its weight alone, so such a file is refused.
+PRE_QUANT_SCALE_SUFFIX = "pre_quant_scale"
 SCALED_FP8_MARKER = "scaled_fp8"
 # ComfyUI's per-layer quantisation config, `<layer>.comfy_quant`: the layer's format as JSON
 # bytes ({"format": "float8_e4m3fn"}), beside its `weight_scale` (its comfy/ops.py,
@@ -170,7 +182,7 @@ _PLAIN_TYPES = frozenset(("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"
 
 def _read_dequantized(type_name: str) -> bool:
     return not (
-        type_name in FP8_DTYPES or type_name in _PLAIN_TYPES or type_name in TORCH_DECODED_GGUF
+        type_name in SCALED_CODES or type_name in _PLAIN_TYPES or type_name in TORCH_DECODED_GGUF
     )
 
 
@@ -186,28 +198,77 @@ def held_words(quantization: Mapping[str, Any]) -> str:
     return words
 
 
-# fp8 safetensors ---------------------------------------------------------------------------
+# Scaled weights in safetensors: fp8, int8 and NVFP4 -------------------------------------------
+
+
+def model_view(
+    shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str]
+) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """A safetensors header's shapes and dtype codes as the model sees them: a 2-D uint8 weight
+    with an NVFP4 tensor scale beside it is NVFP4, at the shape of the values it packs (two per
+    byte); an int8 weight with a scale beside it is INT8. Everything else as stored. Only
+    names are read: `scaled_layout` checks that the rest of each layer holds together."""
+    shapes, dtypes = dict(shapes), dict(dtypes)
+    for name, code in dtypes.items():
+        if not name.endswith("weight") or code not in ("U8", "I8"):
+            continue
+        base = name.removesuffix("weight")
+        if code == "U8" and base + SECOND_SCALE_SUFFIX in dtypes and len(shapes[name]) == 2:
+            rows, packed = shapes[name]
+            shapes[name] = (rows, packed * 2)
+            dtypes[name] = NVFP4_CODE
+        elif code == "I8" and any(base + suffix in dtypes for suffix in SCALE_SUFFIXES):
+            dtypes[name] = INT8_CODE
+    return shapes, dtypes
+
+
+# ComfyUI's per-layer formats (`<layer>.comfy_quant`) HalfSafe reads, and the code each needs.
+COMFY_FORMATS = {
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int8_tensorwise": INT8_CODE,
+    "nvfp4": NVFP4_CODE,
+}
+_MAX_LAYER_CONFIG = 4096  # bytes; a real one is a few dozen
 
 
 @dataclass
-class Fp8Layout:
-    """Which tensors of a safetensors file are fp8, which scale belongs to which, and which
-    tensors exist only for fp8 kernels (hidden from loaders)."""
+class ScaledLayout:
+    """Which weights of a safetensors file are stored in 8 bits or fewer (fp8, int8, NVFP4),
+    which scales belong to which, and which tensors exist only as their bookkeeping (hidden
+    from loaders)."""
 
-    fp8: dict[str, str]  # fp8 tensor -> its dtype code
-    scale_of: dict[str, str]  # fp8 tensor -> its scale tensor
-    hidden: set[str]  # scales, input scales, ComfyUI's layer configs, the scaled_fp8 marker
+    stored: dict[str, str]  # weight -> its code (F8_E4M3, F8_E5M2, INT8, NVFP4)
+    scale_of: dict[str, str]  # weight -> its scale (an NVFP4 weight's: its block scales)
+    tensor_scale_of: dict[str, str]  # NVFP4 weight -> its tensor scale
+    config_of: dict[str, str]  # weight -> its ComfyUI layer config (`comfy_quant`)
+    hidden: set[str]  # scales, input scales, layer configs, the scaled_fp8 marker
 
     @property
     def format(self) -> str:
+        codes = set(self.stored.values())
+        if NVFP4_CODE in codes:
+            return "nvfp4"
+        if INT8_CODE in codes:
+            return "int8_scaled"
         return "fp8_scaled" if self.scale_of else "fp8"
 
+    def tiled(self, weight: str) -> bool:
+        """Whether an NVFP4 weight is packed as ComfyUI packs it (the even value in each
+        byte's high nibble, block scales in the tiled layout): a layer with a ComfyUI config
+        is; ModelOpt's and BFL's files (the even value low, scales in row order) have none."""
+        return weight in self.config_of
 
-def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]):
-    """The fp8 layout of a safetensors file, or None when it holds no fp8 tensor.
 
-    Raises BadFileError for what cannot be read right: block-scaled dtypes, a scale or a layer
-    config without its weight (or a scale for a weight that is not fp8), and a missing scale. A
+def scaled_layout(
+    path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple[int, ...]]
+) -> ScaledLayout | None:
+    """The scaled-weight layout of a safetensors file (its `model_view`), or None when it holds
+    no fp8, int8-with-scale or NVFP4 weight.
+
+    Raises BadFileError for what cannot be read right: block-scaled dtypes HalfSafe does not
+    decode, an input smoothing factor, a scale or a layer config without its weight (or a scale
+    for a weight it cannot apply to), a scale of the wrong shape, and a missing scale. A
     missing scale refuses the file rather than being flagged: the weight's true values are
     unknown (it could be off by any factor), and a weight read without its scale can still give
     finite, plausible-looking output, so a check run on it could call a wrong model healthy. The
@@ -219,26 +280,25 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
             raise BadFileError(
                 path,
                 f"tensor '{name}' is stored as {code}, a block-scaled format HalfSafe cannot "
-                "read (it reads fp8 e4m3/e5m2 safetensors and GGUF files).",
+                "read (it reads fp8, int8 and NVFP4 safetensors and GGUF files).",
+            )
+        if name.endswith(PRE_QUANT_SCALE_SUFFIX):
+            raise BadFileError(
+                path,
+                f"tensor '{name}' multiplies its layer's input before the quantized weight (a "
+                "smoothing factor), which HalfSafe does not apply, so the layer would compute "
+                "other values than the file means.",
             )
     marker = SCALED_FP8_MARKER in dtypes
     scales = {n for n in dtypes if n.endswith(SCALE_SUFFIXES)}
-    for scale in sorted(scales):
-        suffix = next(s for s in SCALE_SUFFIXES if scale.endswith(s))
-        weight = scale[: -len(suffix)] + "weight"
-        if dtypes.get(weight) in INTEGER_QUANTIZED:
-            raise BadFileError(
-                path,
-                f"tensor '{weight}' is stored as {INTEGER_QUANTIZED[dtypes[weight]]} with a "
-                f"scale ('{scale}'), a quantized format HalfSafe cannot read (it reads fp8 "
-                "e4m3/e5m2 safetensors and GGUF files).",
-            )
+    seconds = {n for n in dtypes if n.endswith(SECOND_SCALE_SUFFIX)}
     inputs = {n for n in dtypes if n.endswith(INPUT_SCALE_SUFFIXES)}
     configs = {n for n in dtypes if n.endswith(LAYER_CONFIG_SUFFIX)}
-    bookkeeping = scales | inputs | configs | {SCALED_FP8_MARKER}
-    fp8 = {n: c for n, c in dtypes.items() if c in FP8_DTYPES and n not in bookkeeping}
-    if not fp8 and not marker:
+    bookkeeping = scales | seconds | inputs | configs | {SCALED_FP8_MARKER}
+    stored = {n: c for n, c in dtypes.items() if c in SCALED_CODES and n not in bookkeeping}
+    if not stored and not marker and not seconds:
         return None
+    config_of: dict[str, str] = {}
     for config in sorted(configs):
         weight = config.removesuffix(LAYER_CONFIG_SUFFIX) + ".weight"
         if weight not in dtypes:
@@ -247,6 +307,7 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
                 f"the layer config '{config}' belongs to no weight (there is no '{weight}'), "
                 "so the file is damaged or not what it claims.",
             )
+        config_of[weight] = config
     scale_of: dict[str, str] = {}
     for scale in sorted(scales):
         suffix = next(s for s in SCALE_SUFFIXES if scale.endswith(s))
@@ -257,32 +318,67 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
                 f"the scale '{scale}' belongs to no weight (there is no '{weight}'), so the "
                 "file is damaged or not what it claims.",
             )
-        if weight not in fp8:
+        if weight not in stored:
             raise BadFileError(
                 path,
                 f"the scale '{scale}' belongs to '{weight}', which is stored as "
-                f"{dtypes[weight]}, not fp8, so it is unclear whether it applies.",
+                f"{dtypes[weight]}, not fp8, int8 or NVFP4, so it is unclear whether it "
+                "applies.",
             )
         if weight in scale_of:
-            raise BadFileError(path, f"the fp8 weight '{weight}' has two scales.")
+            raise BadFileError(path, f"the weight '{weight}' has two scales.")
         scale_of[weight] = scale
-    if marker or scale_of or configs:
-        for name in fp8:
-            if name not in scale_of:
-                raise BadFileError(
-                    path,
-                    f"the fp8 tensor '{name}' has no scale ({_scale_names(name)}) although "
-                    "the file's other fp8 weights are scaled, so its true values are unknown "
-                    "(the file is damaged or was converted incompletely).",
-                )
-    for weight, scale in scale_of.items():
-        size = math.prod(shapes[scale])
-        if size == 0:
+    tensor_scale_of: dict[str, str] = {}
+    for second in sorted(seconds):
+        weight = second.removesuffix(SECOND_SCALE_SUFFIX) + "weight"
+        if dtypes.get(weight) != NVFP4_CODE:
+            held = f"is stored as {dtypes[weight]}" if weight in dtypes else "does not exist"
             raise BadFileError(
                 path,
-                f"the scale '{scale}' of '{weight}' is empty (it holds no number), so the "
-                "weight's true values are unknown.",
+                f"the tensor scale '{second}' belongs to no NVFP4 weight ('{weight}' {held}), "
+                "so the file is damaged or not what it claims.",
             )
+        tensor_scale_of[weight] = second
+    for name, code in stored.items():
+        if name in scale_of:
+            continue
+        if code == NVFP4_CODE:
+            raise BadFileError(
+                path,
+                f"the NVFP4 weight '{name}' has no block scales "
+                f"('{name.removesuffix('weight')}weight_scale'), so its true values are unknown.",
+            )
+        if marker or scale_of or configs:
+            raise BadFileError(
+                path,
+                f"the fp8 tensor '{name}' has no scale ({_scale_names(name)}) although "
+                "the file's other fp8 weights are scaled, so its true values are unknown "
+                "(the file is damaged or was converted incompletely).",
+            )
+    for weight, scale in scale_of.items():
+        _check_scale_shape(path, weight, scale, stored[weight], dtypes, shapes, config_of)
+    for weight, second in tensor_scale_of.items():
+        if math.prod(shapes[second]) != 1 or dtypes[second] not in ("F16", "BF16", "F32"):
+            raise BadFileError(
+                path,
+                f"the tensor scale '{second}' of '{weight}' has shape {list(shapes[second])} "
+                f"and dtype {dtypes[second]}, where one fp32 number belongs.",
+            )
+    hidden = set(scale_of.values()) | set(tensor_scale_of.values()) | inputs | configs
+    if marker:
+        hidden.add(SCALED_FP8_MARKER)
+    return ScaledLayout(stored, scale_of, tensor_scale_of, config_of, hidden)
+
+
+def _check_scale_shape(path, weight, scale, code, dtypes, shapes, config_of) -> None:
+    size = math.prod(shapes[scale])
+    if size == 0:
+        raise BadFileError(
+            path,
+            f"the scale '{scale}' of '{weight}' is empty (it holds no number), so the "
+            "weight's true values are unknown.",
+        )
+    if code != NVFP4_CODE:
         rows = shapes[weight][0] if shapes[weight] else 1
         if size not in (1, rows) or dtypes[scale] not in ("F16", "BF16", "F32", "F64"):
             raise BadFileError(
@@ -291,8 +387,63 @@ def fp8_layout(path: Path, dtypes: Mapping[str, str], shapes: Mapping[str, tuple
                 f"{dtypes[scale]}, where one number (or one per output row of the weight) in "
                 "fp16, bf16 or fp32 belongs.",
             )
-    hidden = set(scale_of.values()) | inputs | configs | ({SCALED_FP8_MARKER} if marker else set())
-    return Fp8Layout(fp8, scale_of, hidden)
+        return
+    rows, columns = shapes[weight]
+    if columns % NVFP4_BLOCK:
+        raise BadFileError(
+            path,
+            f"the NVFP4 weight '{weight}' holds {columns} values per row, not a whole number "
+            f"of blocks of {NVFP4_BLOCK}, so its block scales cannot apply.",
+        )
+    blocks = columns // NVFP4_BLOCK
+    expected = (rows, blocks)
+    where = "one per 16 values of a row"
+    if weight in config_of:
+        tile_rows, tile_columns = NVFP4_TILE
+        expected = (-(-rows // tile_rows) * tile_rows, -(-blocks // tile_columns) * tile_columns)
+        where += ", in ComfyUI's tiled layout"
+    if tuple(shapes[scale]) != expected or dtypes[scale] != "F8_E4M3":
+        raise BadFileError(
+            path,
+            f"the block scales '{scale}' of the NVFP4 weight '{weight}' have shape "
+            f"{list(shapes[scale])} and dtype {dtypes[scale]}, where fp8 e4m3 scales of "
+            f"shape {list(expected)} belong ({where}).",
+        )
+
+
+def layer_format(path: Path, config: str, raw: bytes, code: str) -> None:
+    """Check a ComfyUI layer config (`comfy_quant`: the layer's format as JSON bytes) against the
+    weight's code: a format HalfSafe decodes, the one its weight is stored in, without a
+    rotation (int8 "convrot" weights are stored multiplied by a Hadamard matrix). Raises
+    BadFileError with one sentence otherwise."""
+    import json
+
+    def refuse(problem: str) -> BadFileError:
+        return BadFileError(path, f"the layer config '{config}' {problem}")
+
+    if len(raw) > _MAX_LAYER_CONFIG:
+        raise refuse(f"is {len(raw):,} bytes long, where a few dozen belong.")
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise refuse("is not JSON text, so the file is damaged.") from None
+    if not isinstance(document, dict) or not isinstance(document.get("format"), str):
+        raise refuse("names no format, so how its weight is stored is unknown.")
+    fmt = document["format"]
+    if fmt not in COMFY_FORMATS:
+        raise refuse(
+            f"names the format '{fmt[:40]}', which HalfSafe cannot read (it reads "
+            f"{', '.join(COMFY_FORMATS)})."
+        )
+    if COMFY_FORMATS[fmt] != code:
+        raise refuse(f"names the format '{fmt}', but its weight is stored as {code}.")
+    params = document.get("params")
+    rotated = document.get("convrot") or (isinstance(params, dict) and params.get("convrot"))
+    if rotated:
+        raise refuse(
+            "says its int8 weight is stored rotated (ConvRot), which HalfSafe does not undo, "
+            "so the weight would be read as other values than the layer's."
+        )
 
 
 def _scale_names(name: str) -> str:
@@ -305,7 +456,7 @@ def scale_problem(scale, stored=None) -> str | None:
 
     A zero (or vanishing) scale is harmless only where every stored value it multiplies is
     zero, as converters write an all-zero weight: that weight is 0 whatever its scale.
-    `stored` is the fp8 tensor, to tell the two apart.
+    `stored` is the fp8 or int8 tensor, to tell the two apart.
     """
     import torch
 
@@ -320,7 +471,10 @@ def scale_problem(scale, stored=None) -> str | None:
     if not bool(small.any()):
         return None
     if stored is not None:
-        magnitudes = stored.contiguous().view(torch.uint8) & 0x7F  # the sign bit cleared
+        if stored.dtype == torch.int8:
+            magnitudes = stored.contiguous()
+        else:
+            magnitudes = stored.contiguous().view(torch.uint8) & 0x7F  # fp8: the sign cleared
         rows = magnitudes.reshape(small.numel(), -1)
         if not bool(rows[small].any()):
             return None
@@ -329,12 +483,26 @@ def scale_problem(scale, stored=None) -> str | None:
     return f"{low:.3g}, outside {SCALE_RANGE[0]:g} to {SCALE_RANGE[1]:g} where real scales lie"
 
 
-def dequantize_fp8(tensor, scale=None):
-    """An fp8 tensor times its scale (one number, or one per output row), in COMPUTE_DTYPE,
-    each value's product taken in fp32 and rounded once.
+def block_scale_problem(block_scales) -> str | None:
+    """Why NVFP4 block scales (fp8 e4m3, whose range is what a block scale can be: a block of
+    zeros has the scale 0) cannot be real ones, or None: NaN, or negative."""
+    import torch
 
-    Without a scale or with one per tensor, this is a lookup in a table of all 256 fp8 codes
-    (their NaN and Inf codes included) already scaled and rounded: the same values as converting
+    codes = block_scales.contiguous().view(torch.uint8)
+    if bool(((codes & 0x7F) == 0x7F).any()):  # e4m3fn's NaN, with either sign
+        return "NaN (in a block scale)"
+    negative = block_scales.to(torch.float32) < 0
+    if bool(negative.any()):
+        return f"negative ({float(block_scales.to(torch.float32).min()):.3g}, in a block scale)"
+    return None
+
+
+def dequantize_scaled(tensor, scale=None):
+    """An fp8 or int8 tensor times its scale (one number, or one per output row), in
+    COMPUTE_DTYPE, each value's product taken in fp32 and rounded once.
+
+    Without a scale or with one per tensor, this is a lookup in a table of all 256 codes (fp8's
+    NaN and Inf codes included) already scaled and rounded: the same values as converting
     element by element, several times faster on CPUs (docs/benchmarks.md).
     """
     import torch

@@ -18,7 +18,7 @@ from app.core import causes, health, layouts, models, split
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
 from app.core.errors import BadFileError
-from app.core.quantized import check_gguf_header, dequantize_fp8
+from app.core.quantized import check_gguf_header, dequantize_scaled
 from app.core.settings import PrecisionSettings
 from tests.support.cli_output import without_progress
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
@@ -202,42 +202,263 @@ def test_fp8_layouts_that_cannot_be_read_right_are_refused_in_one_sentence(tmp_p
     assert str(path) in text and words in text and "\n" not in text and text.endswith(".")
 
 
-# ComfyUI's NVFP4 layer (comfy/quant_ops.py): two 4-bit values per byte, fp8 scales per block
-# of 16, a per-tensor second scale; and an int8 layer with its scale.
-NVFP4_LAYER = {
-    "a.weight": torch.zeros(4, 8, dtype=torch.uint8),
-    "a.weight_scale": torch.ones(4, 1).to(E4M3),
-    "a.weight_scale_2": torch.tensor(1.0),
-    "a.comfy_quant": torch.tensor(list(b'{"format": "nvfp4"}'), dtype=torch.uint8),
+# NVFP4 and int8 layers, one at a time -----------------------------------------------------
+
+
+def nvfp4_layer(values, *, comfy: bool, name: str = "a"):
+    """One layer's tensors in NVFP4 (ComfyUI's layout or ModelOpt's) and its decoded values."""
+    from tests.core.test_quantized_2026 import comfy_quant, nvfp4, pack_nibbles, tiled
+
+    codes, blocks, second, decoded, _ = nvfp4(values)
+    layer = {
+        f"{name}.weight": pack_nibbles(codes, high_first=comfy),
+        f"{name}.weight_scale": tiled(blocks) if comfy else blocks,
+        f"{name}.weight_scale_2": second,
+    }
+    if comfy:
+        layer[f"{name}.comfy_quant"] = comfy_quant({"format": "nvfp4"})
+    return layer, decoded
+
+
+INT8_CONFIG = torch.tensor(list(b'{"format": "int8_tensorwise"}'), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("comfy", [True, False], ids=["comfyui", "modelopt"])
+def test_an_nvfp4_layer_is_kept_packed_and_reads_as_its_values(tmp_path, comfy):
+    from app.core.checkpoint.stored import StoredTensor, stored_bytes
+
+    values = torch.randn(130, 80)  # rows and blocks that do not fill ComfyUI's tiles
+    layer, decoded = nvfp4_layer(values, comfy=comfy)
+    norm = torch.ones(80, dtype=torch.bfloat16)
+    path = write_safetensors(tmp_path / "nvfp4.safetensors", {"b.weight": norm, **layer})
+
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.shapes["a.weight"] == (130, 80)  # the values', not the bytes'
+        assert set(checkpoint.keys()) == {"a.weight", "b.weight"}
+        weight = checkpoint.get("a.weight")
+        assert checkpoint.quantization is not None
+        assert checkpoint.quantization.format == "nvfp4"
+        assert checkpoint.quantization.types == ["NVFP4"]
+    assert isinstance(weight, StoredTensor) and weight.shape == (130, 80)
+    # Half a byte per value, one byte per 16 for the block scales, four for the tensor scale.
+    assert stored_bytes(weight) == 130 * 40 + 130 * 5 + 4
+    assert torch.equal(weight.decoded(torch.float32), decoded.to(torch.bfloat16).float())
+    rows = weight[10:20]  # how a layout splits a fused matrix: still packed, the same values
+    assert isinstance(rows, StoredTensor) and stored_bytes(rows) == 10 * 45 + 4
+    assert torch.equal(rows.decoded(), weight.decoded()[10:20])
+    assert torch.equal(torch.cat([weight[:10], weight[10:]]).decoded(), weight.decoded())
+
+
+def test_a_file_mixing_nvfp4_and_fp8_layers_reads_each_with_its_own_scales(tmp_path):
+    """ComfyUI's "NVFP4 mixed" files keep some layers in scaled fp8."""
+    layer, decoded = nvfp4_layer(torch.randn(16, 32), comfy=True)
+    values = torch.randn(8, 8)
+    scale = values.abs().max() / 448
+    fp8 = {
+        "b.weight": (values / scale).to(E4M3),
+        "b.weight_scale": scale,
+        "b.comfy_quant": FP8_CONFIG,
+    }
+    path = write_safetensors(tmp_path / "mixed.safetensors", {**layer, **fp8})
+
+    with Checkpoint(path) as checkpoint:
+        assert checkpoint.quantization is not None
+        assert checkpoint.quantization.format == "nvfp4"
+        assert checkpoint.quantization.types == ["F8_E4M3", "NVFP4"]
+        assert torch.equal(checkpoint.get("a.weight").decoded(), decoded.to(torch.bfloat16))
+        expected = (fp8["b.weight"].float() * scale).to(torch.bfloat16)
+        assert torch.equal(checkpoint.get("b.weight").decoded(), expected)
+
+
+def test_modelopt_nvfp4_reads_as_diffusers_bfl_quantizer_decodes_it():
+    """BFL's NVFP4 files are the layout diffusers' BFL quantizer reads: the same values."""
+    from diffusers.quantizers.bfl.utils import dequantize_nvfp4
+
+    from app.core.checkpoint.stored import from_nvfp4
+
+    generator = torch.Generator().manual_seed(3)
+    packed = torch.randint(0, 256, (48, 32), dtype=torch.uint8, generator=generator)
+    # Every e4m3 code but NaN's, with both signs of zero.
+    codes = torch.randint(0, 0x7F, (48, 4), dtype=torch.uint8, generator=generator)
+    blocks = codes.view(E4M3)
+    second = torch.tensor(0.00372)
+
+    ours = from_nvfp4(packed, blocks, second, high_first=False).decoded()
+
+    assert torch.equal(ours, dequantize_nvfp4(packed, blocks, second).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("per_row", [False, True], ids=["per-tensor", "per-row"])
+def test_an_int8_layer_with_its_scale_reads_as_int8_times_scale(tmp_path, per_row):
+    from app.core.checkpoint.stored import StoredTensor
+
+    stored = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8).reshape(8, 32)
+    scale = torch.linspace(0.001, 0.01, 8).reshape(8, 1) if per_row else torch.tensor(0.0042)
+    path = write_safetensors(
+        tmp_path / "int8.safetensors",
+        {"a.weight": stored, "a.weight_scale": scale, "a.comfy_quant": INT8_CONFIG},
+    )
+
+    with Checkpoint(path) as checkpoint:
+        weight = checkpoint.get("a.weight")
+        assert checkpoint.quantization is not None
+        assert (checkpoint.quantization.format, checkpoint.quantization.types) == (
+            "int8_scaled",
+            ["INT8"],
+        )
+    assert isinstance(weight, StoredTensor) and weight.packed.dtype == torch.int8
+    assert torch.equal(weight.decoded(), (stored.float() * scale).to(torch.bfloat16))
+
+
+def test_a_tiny_sd1_file_in_int8_loads_and_checks_healthy(tmp_path):
+    pipeline = build_tiny_sd_pipeline(seed=3)
+    tensors = ldm_state_dict(pipeline, architecture="sd1")
+    stored = {}
+    for name, tensor in tensors.items():
+        if not is_quantizable(name, tensor):
+            stored[name] = tensor
+            continue
+        rows = tensor.reshape(tensor.shape[0], -1).float()
+        scale = (rows.abs().amax(1) / 127).clamp_min(1e-8)
+        quantized = (rows / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        stored[name] = quantized.reshape(tensor.shape)
+        stored[name.removesuffix("weight") + "weight_scale"] = scale
+    path = write_safetensors(tmp_path / "tiny-sd1-int8.safetensors", stored)
+
+    model = models.load_model(str(path))
+
+    assert model.quantization is not None and model.quantization["format"] == "int8_scaled"
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    report = health.check_loaded(
+        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+    )
+    assert report.verdict is Verdict.HEALTHY
+    assert any("stored quantized (int8_scaled: INT8)" in note for note in report.notes)
+
+
+NVFP4_VALUES = torch.linspace(-1, 1, 4 * 32).reshape(4, 32)
+COMFY_NVFP4, _ = nvfp4_layer(NVFP4_VALUES, comfy=True)
+MODELOPT_NVFP4, _ = nvfp4_layer(NVFP4_VALUES, comfy=False)
+INT8_LAYER = {
+    "a.weight": torch.ones(4, 4, dtype=torch.int8),
+    "a.weight_scale": torch.tensor(0.1),
+    "a.comfy_quant": INT8_CONFIG,
 }
-INT8_LAYER = {"a.weight": torch.zeros(4, 4, dtype=torch.int8), "a.weight_scale": torch.tensor(1.0)}
 
 
-@pytest.mark.parametrize(
-    ("layer", "words"),
-    [
-        (NVFP4_LAYER, "is stored as packed 4-bit values (NVFP4 or a format like it) with a scale"),
-        (INT8_LAYER, "is stored as int8 values with a scale"),
-    ],
-    ids=["nvfp4", "int8"],
-)
-def test_integer_quantized_weights_are_refused_as_a_format_not_as_damage(
-    tmp_path, layer, words, capsys
+def config(document: str) -> torch.Tensor:
+    return torch.tensor(list(document.encode()), dtype=torch.uint8)
+
+
+SCALED_LAYOUT_CASES = {
+    "int8 rotated": (
+        {**INT8_LAYER, "a.comfy_quant": config('{"format": "int8_tensorwise", "convrot": true}')},
+        "stored rotated (ConvRot)",
+    ),
+    "int8 rotated in params": (
+        {
+            **INT8_LAYER,
+            "a.comfy_quant": config('{"format": "int8_tensorwise", "params": {"convrot": true}}'),
+        },
+        "stored rotated (ConvRot)",
+    ),
+    "unknown format": (
+        {**INT8_LAYER, "a.comfy_quant": config('{"format": "svdquant_w4a4"}')},
+        "names the format 'svdquant_w4a4', which HalfSafe cannot read",
+    ),
+    "format of another type": (
+        {**INT8_LAYER, "a.comfy_quant": config('{"format": "nvfp4"}')},
+        "names the format 'nvfp4', but its weight is stored as INT8",
+    ),
+    "config not JSON": ({**INT8_LAYER, "a.comfy_quant": config("{format")}, "is not JSON"),
+    "config without a format": ({**INT8_LAYER, "a.comfy_quant": config("[1]")}, "names no format"),
+    "nvfp4 without block scales": (
+        {k: v for k, v in MODELOPT_NVFP4.items() if k != "a.weight_scale"},
+        "the NVFP4 weight 'a.weight' has no block scales ('a.weight_scale')",
+    ),
+    "nvfp4 block scales in row order in a ComfyUI layer": (
+        {**COMFY_NVFP4, "a.weight_scale": MODELOPT_NVFP4["a.weight_scale"]},
+        "where fp8 e4m3 scales of shape [128, 4] belong (one per 16 values of a row, in "
+        "ComfyUI's tiled layout)",
+    ),
+    "nvfp4 block scales of another dtype": (
+        {**MODELOPT_NVFP4, "a.weight_scale": torch.ones(4, 2)},
+        "dtype F32, where fp8 e4m3 scales of shape [4, 2] belong",
+    ),
+    "nvfp4 tensor scale of a bf16 weight": (
+        {"b.weight": torch.ones(2, 2, dtype=torch.bfloat16), "b.weight_scale_2": torch.tensor(1.0)},
+        "the tensor scale 'b.weight_scale_2' belongs to no NVFP4 weight ('b.weight' is stored "
+        "as BF16)",
+    ),
+    "nvfp4 two tensor scales": (
+        {**MODELOPT_NVFP4, "a.weight_scale_2": torch.ones(2)},
+        "where one fp32 number belongs",
+    ),
+    "nvfp4 rows not in blocks of 16": (
+        {
+            "a.weight": torch.zeros(4, 4, dtype=torch.uint8),
+            "a.weight_scale": torch.ones(4, 1).to(E4M3),
+            "a.weight_scale_2": torch.tensor(1.0),
+        },
+        "holds 8 values per row, not a whole number of blocks of 16",
+    ),
+    "input smoothing": (
+        {**MODELOPT_NVFP4, "a.pre_quant_scale": torch.ones(32)},
+        "multiplies its layer's input before the quantized weight",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCALED_LAYOUT_CASES))
+def test_nvfp4_and_int8_layouts_that_cannot_be_read_right_are_refused_in_one_sentence(
+    tmp_path, case, capsys
 ):
-    path = write_safetensors(tmp_path / "quantized.safetensors", {"b.weight": W8, **layer})
+    extra, words = SCALED_LAYOUT_CASES[case]
+    path = write_safetensors(tmp_path / "odd.safetensors", extra)
     with pytest.raises(BadFileError) as caught:
         Checkpoint(path)
     text = str(caught.value)
-    assert text == (
-        f"{path}: tensor 'a.weight' {words} ('a.weight_scale'), a quantized format HalfSafe "
-        "cannot read (it reads fp8 e4m3/e5m2 safetensors and GGUF files)."
-    )
-    assert "damaged" not in text
+    assert str(path) in text and words in text and "\n" not in text and text.endswith(".")
     assert main(["check", str(path), "--device", "cpu"]) == 2
     err = without_progress(capsys.readouterr().err)
     assert [line for line in err.splitlines() if line.startswith("halfsafe: ")] == [
         f"halfsafe: {text}"
     ]
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        ({"a.weight_scale_2": torch.tensor(0.0)}, "has the scale 0 (in a.weight_scale_2)"),
+        ({"a.weight_scale_2": torch.tensor(float("inf"))}, "has the scale Inf"),
+        (
+            {"a.weight_scale": torch.full((4, 2), float("nan")).to(E4M3)},
+            "has the scale NaN (in a block scale) (in a.weight_scale)",
+        ),
+        (
+            {"a.weight_scale": torch.full((4, 2), -0.5).to(E4M3)},
+            "has the scale negative (-0.5, in a block scale)",
+        ),
+    ],
+    ids=["zero tensor scale", "inf tensor scale", "nan block scale", "negative block scale"],
+)
+def test_a_bad_nvfp4_scale_is_a_finding_naming_the_tensor(tmp_path, damage, words):
+    path = write_safetensors(tmp_path / "bad.safetensors", {**MODELOPT_NVFP4, **damage})
+
+    scan = scan_weights(path)
+
+    [finding] = scan.bad_quantized
+    assert finding.tensor == "a.weight" and words in finding.problem
+
+
+def test_block_scales_come_out_of_comfyuis_tiles_in_row_order():
+    from app.core.checkpoint.reader import untile_block_scales
+    from tests.core.test_quantized_2026 import tiled
+
+    for rows, columns in [(1, 1), (130, 5), (256, 8), (3, 9)]:
+        codes = torch.randint(0, 0x7F, (rows, columns), dtype=torch.uint8).view(E4M3)
+        back = untile_block_scales(tiled(codes), rows, columns)
+        assert torch.equal(back.view(torch.uint8), codes.view(torch.uint8)), (rows, columns)
 
 
 @pytest.mark.parametrize(
@@ -310,7 +531,7 @@ def test_every_fp8_code_decodes_as_an_fp32_product_rounded_once(dtype, scale):
     factor = torch.tensor(scale) if scale is not None else None
     expected = (codes.float() * (scale if scale is not None else 1.0)).to(torch.bfloat16)
 
-    got = dequantize_fp8(codes, factor)
+    got = dequantize_scaled(codes, factor)
 
     assert got.dtype == torch.bfloat16 and got.shape == codes.shape
     assert torch.equal(got.isnan(), expected.isnan())

@@ -123,7 +123,15 @@ CASES = {
         ("blocks.0.mlp.up.weight", "transformer_blocks.0.ff.up"),
     ),
 }
-FORMATS = ("fp8-comfy_quant", "fp8-metadata", "fp8-scaled", "gguf-Q8_0")
+FORMATS = (
+    "fp8-comfy_quant",
+    "fp8-metadata",
+    "fp8-scaled",
+    "gguf-Q8_0",
+    "nvfp4-comfy",
+    "nvfp4-modelopt",
+    "int8-comfy_quant",
+)
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +216,109 @@ def write_fp8(path: Path, weights, quantised, layout: str) -> Written:
             "_quantization_metadata": json.dumps({"format_version": "1.0", "layers": formats})
         }
     write_safetensors(path, tensors, metadata)
+    return Written(path, decoded, error, types)
+
+
+# NVFP4 and int8, as ComfyUI and ModelOpt write them -----------------------------------------
+
+# E2M1's magnitudes by their 3-bit code; bit 3 of a code is the sign.
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def nvfp4(values: torch.Tensor):
+    """`values` (rows by a multiple of 16) in NVFP4: the tensor scale (largest value over 448 x
+    6), each block of 16's fp8 e4m3 scale (its largest over 6, over the tensor scale), each
+    value's nearest E2M1 code. Returns the codes (one per value), block scales, tensor scale,
+    the decoded values and each value's error bound (half E2M1's widest step at its block's
+    scale, plus what the block scale's rounding may clip: 1/16 of the value)."""
+    rows, columns = values.shape
+    tensor_scale = (values.abs().max() / (448 * 6)).clamp_min(1e-12).reshape(())
+    blocks = values.reshape(rows, columns // 16, 16)
+    block_scales = (blocks.abs().amax(-1) / 6 / tensor_scale).to(E4M3)
+    scale = block_scales.float() * tensor_scale
+    scaled = blocks / torch.where(scale > 0, scale, 1.0)[..., None]
+    index = (scaled.abs().clamp(max=6)[..., None] - E2M1).abs().argmin(-1)
+    negative = scaled < 0
+    codes = (index | (negative.long() << 3)).to(torch.uint8).reshape(rows, columns)
+    decoded = E2M1[index] * torch.where(negative, -1.0, 1.0) * scale[..., None]
+    error = scale[..., None].expand_as(blocks) + blocks.abs() / 16
+    return (
+        codes,
+        block_scales,
+        tensor_scale,
+        decoded.reshape(rows, columns),
+        error.reshape(rows, columns),
+    )
+
+
+def pack_nibbles(codes: torch.Tensor, *, high_first: bool) -> torch.Tensor:
+    even, odd = codes[:, 0::2], codes[:, 1::2]
+    return (even << 4) | odd if high_first else even | (odd << 4)
+
+
+def tiled(block_scales: torch.Tensor) -> torch.Tensor:
+    """Block scales in cuBLAS's tiled layout, as ComfyUI's files hold them, placed one by one:
+    tiles of 128 rows by 4 columns, row of tiles after row of tiles, row 32a + j and column c
+    of a tile at 16j + 4a + c within it."""
+    rows, columns = block_scales.shape
+    row_tiles, column_tiles = -(-rows // 128), -(-columns // 4)
+    flat = torch.zeros(row_tiles * column_tiles * 512, dtype=torch.uint8)
+    codes = block_scales.view(torch.uint8)
+    for r in range(rows):
+        for c in range(columns):
+            tile = (r // 128) * column_tiles + c // 4
+            within = (r % 32) * 16 + (r % 128 // 32) * 4 + c % 4
+            flat[tile * 512 + within] = codes[r, c]
+    return flat.view(E4M3).reshape(row_tiles * 128, column_tiles * 4)
+
+
+def write_nvfp4(path: Path, weights, quantised, layout: str) -> Written:
+    """The weights `quantised` picks (those whose rows hold whole blocks of 16) in NVFP4, the
+    rest as given: ComfyUI's layout ("comfy": the even value in each byte's high nibble, block
+    scales tiled, a `comfy_quant` config per layer) or ModelOpt's, as BFL publishes it
+    ("modelopt": the even value low, block scales in row order, an `input_scale` per layer)."""
+    tensors: dict[str, torch.Tensor] = {}
+    decoded, error, types = {}, {}, {}
+    for name, weight in weights.items():
+        values = weight.float()
+        if not quantised(name, weight) or values.shape[1] % 16:
+            tensors[name], decoded[name] = weight, values
+            error[name], types[name] = torch.zeros_like(values), str(weight.dtype)
+            continue
+        layer = name.removesuffix(".weight")
+        codes, blocks, second, decoded[name], error[name] = nvfp4(values)
+        comfy = layout == "comfy"
+        tensors[name] = pack_nibbles(codes, high_first=comfy)
+        tensors[f"{layer}.weight_scale"] = tiled(blocks) if comfy else blocks
+        tensors[f"{layer}.weight_scale_2"] = second
+        if comfy:
+            tensors[f"{layer}.comfy_quant"] = comfy_quant({"format": "nvfp4"})
+        else:
+            tensors[f"{layer}.input_scale"] = torch.tensor(0.02)  # an fp4 kernel's, unused
+        types[name] = "NVFP4"
+    write_safetensors(path, tensors)
+    return Written(path, decoded, error, types)
+
+
+def write_int8(path: Path, weights, quantised) -> Written:
+    """The weights `quantised` picks in int8 with a scale per row (its largest value over 127),
+    as ComfyUI's `int8_tensorwise` layers store them, the rest as given."""
+    tensors: dict[str, torch.Tensor] = {}
+    decoded, error, types = {}, {}, {}
+    for name, weight in weights.items():
+        values = weight.float()
+        if not quantised(name, weight):
+            tensors[name], decoded[name] = weight, values
+            error[name], types[name] = torch.zeros_like(values), str(weight.dtype)
+            continue
+        layer = name.removesuffix(".weight")
+        scale = (values.abs().amax(1, keepdim=True) / 127).clamp_min(1e-12)
+        stored = (values / scale).round().clamp(-127, 127).to(torch.int8)
+        tensors[name], tensors[f"{layer}.weight_scale"] = stored, scale
+        tensors[f"{layer}.comfy_quant"] = comfy_quant({"format": "int8_tensorwise"})
+        decoded[name] = stored.float() * scale
+        error[name], types[name] = (scale / 2).expand_as(values), "INT8"
+    write_safetensors(path, tensors)
     return Written(path, decoded, error, types)
 
 
@@ -325,9 +436,13 @@ def write_quantised(folder: Path, weights, case: Case, form: str) -> Written:
     `folder`, named as the ecosystem names them (<model>-fp8, <model>-Q8_0)."""
     kind, style = form.split("-", 1)
     folder.mkdir(parents=True, exist_ok=True)
+    quantised = matrices_under(case.fp8_layers)
     if kind == "fp8":
-        quantised = matrices_under(case.fp8_layers)
         return write_fp8(folder / f"{case.stem}-fp8.safetensors", weights, quantised, style)
+    if kind == "nvfp4":
+        return write_nvfp4(folder / f"{case.stem}-nvfp4.safetensors", weights, quantised, style)
+    if kind == "int8":
+        return write_int8(folder / f"{case.stem}-int8.safetensors", weights, quantised)
     qtype = GGMLQuantizationType[style]
     return write_gguf(folder / f"{case.stem}-{style}.gguf", weights, qtype, case)
 
@@ -383,13 +498,18 @@ def assert_loaded_as_written(model, pipeline, written: Written) -> None:
     assert any(not torch.equal(state[k].float(), v) for k, v in want.items())
 
 
-QUANTISED_TYPES = {"F8_E4M3", "Q8_0", "Q4_K"}
+QUANTISED_TYPES = {"F8_E4M3", "Q8_0", "Q4_K", "NVFP4", "INT8"}
 
 
 def quantization_of(written: Written) -> dict[str, Any]:
     """The `model.quantization` a model read from this file alone reports."""
+    types = set(written.types.values())
     if written.path.suffix == ".gguf":
-        stored = {"format": "gguf", "types": sorted(set(written.types.values()))}
+        stored = {"format": "gguf", "types": sorted(types)}
+    elif "NVFP4" in types:
+        stored = {"format": "nvfp4", "types": ["NVFP4"]}
+    elif "INT8" in types:
+        stored = {"format": "int8_scaled", "types": ["INT8"]}
     else:
         stored = {"format": "fp8_scaled", "types": ["F8_E4M3"]}
     return {
@@ -598,7 +718,9 @@ def test_a_quantised_flux2_dev_file_is_read_as_dev_and_refused_in_one_sentence(t
 # The check ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("form", ["fp8-comfy_quant", "gguf-Q8_0"])
+@pytest.mark.parametrize(
+    "form", ["fp8-comfy_quant", "gguf-Q8_0", "nvfp4-comfy", "int8-comfy_quant"]
+)
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_healthy_quantised_model_checks_healthy(tmp_path, pipelines, name, form):
     written = quantised_set(tmp_path, pipelines[name], CASES[name], form)
@@ -616,18 +738,29 @@ def test_a_healthy_quantised_model_checks_healthy(tmp_path, pipelines, name, for
 # of the 10,000 past which a decoded weight is called broken, and enough to carry the layer's
 # output past fp16's 65,504 on the check's prompt.
 PLANTED_PEAK = 0.8 * PLAUSIBLE_WEIGHT_MAX
-# A different file form for each family: GGUF and both of ComfyUI's fp8 layouts.
-PLANTED_IN = {"flux2-klein": "gguf-Q8_0", "qwenimage21": "fp8-comfy_quant", "krea2": "fp8-scaled"}
+# Different file forms for each family: GGUF, both of ComfyUI's fp8 layouts, NVFP4 in ComfyUI's
+# and ModelOpt's layouts, int8.
+PLANTED_IN = [
+    ("flux2-klein", "gguf-Q8_0"),
+    ("flux2-klein", "nvfp4-comfy"),
+    ("qwenimage21", "fp8-comfy_quant"),
+    ("qwenimage21", "int8-comfy_quant"),
+    ("krea2", "fp8-scaled"),
+    ("krea2", "nvfp4-modelopt"),
+]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_an_overflow_planted_in_a_quantised_block_is_found_at_its_layer(tmp_path, pipelines, name):
+@pytest.mark.parametrize(("name", "form"), PLANTED_IN)
+def test_an_overflow_planted_in_a_quantised_block_is_found_at_its_layer(
+    tmp_path, pipelines, name, form
+):
     case, pipeline = CASES[name], pipelines[name]
     key, layer = case.block
     weights = written_weights(pipeline)
     planted = weights[key].float()
     weights[key] = (planted * (PLANTED_PEAK / planted.abs().max())).to(torch.bfloat16)
-    written = quantised_set(tmp_path, pipeline, case, PLANTED_IN[name], weights)
+    written = quantised_set(tmp_path, pipeline, case, form, weights)
+    assert written.types[key] in QUANTISED_TYPES  # the planted layer is stored quantised
     model = models.load_model(str(written.path))
     assert model.weights.bad_quantized == []  # a large weight, not a wrongly decoded one
 

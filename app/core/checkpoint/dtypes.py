@@ -37,7 +37,11 @@ DTYPE_BITS = {
     "F6_E2M3": 6,
     "F6_E3M2": 6,
 }
+# The floating dtypes, and the codes of weights that stand for floating values though their file
+# stores integers (`quantized.model_view`: NVFP4, INT8).
 FLOAT_DTYPES = {
+    "NVFP4",
+    "INT8",
     "F16",
     "BF16",
     "F32",
@@ -58,6 +62,8 @@ DTYPE_NAMES = {
     "F8_E5M2": "fp8",
     "F8_E4M3": "fp8",
     "F8_E8M0": "fp8",
+    "NVFP4": "nvfp4",
+    "INT8": "int8",
 }
 
 

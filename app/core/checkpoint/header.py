@@ -55,10 +55,19 @@ class SafetensorsHeader:
         return 8 + len(self.raw)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: info.shape for name, info in self.tensors.items()}
+        """Every tensor's shape as the model sees it: an NVFP4 weight at the shape of the values
+        it packs (`quantized.model_view`); `tensors` holds the stored shapes."""
+        return self._model_view()[0]
 
     def dtypes(self) -> dict[str, str]:
-        return {name: info.dtype for name, info in self.tensors.items()}
+        """Every tensor's dtype code as the model sees it: NVFP4 and int8-with-scale weights
+        as NVFP4 and INT8 (`quantized.model_view`); `tensors` holds the stored codes."""
+        return self._model_view()[1]
+
+    def _model_view(self) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+        stored_shapes = {name: info.shape for name, info in self.tensors.items()}
+        stored_dtypes = {name: info.dtype for name, info in self.tensors.items()}
+        return quantized.model_view(stored_shapes, stored_dtypes)
 
 
 def read_safetensors_header(path: str | Path) -> SafetensorsHeader:

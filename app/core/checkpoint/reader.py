@@ -1,5 +1,6 @@
 """An opened checkpoint, `Checkpoint`: names, shapes and dtypes up front, each tensor on demand
-(a zero-copy view of a memory map for safetensors), fp8 and GGUF weights dequantised as read.
+(a zero-copy view of a memory map for safetensors), fp8, int8, NVFP4 and GGUF weights kept as
+stored and read as the values they mean.
 
 Imports torch only inside the functions that need it.
 """
@@ -33,9 +34,10 @@ class Checkpoint:
     on demand.
 
     Quantized files are read here, in `get`, as the values they mean, so every loader reads
-    them as weights: fp8 tensors with their scales (`quantized.fp8_layout` pairs them; the
-    scales, input scales, ComfyUI's layer configs and the `scaled_fp8` marker are hidden from
-    `keys`, `shapes` and `dtypes`) and GGUF files (recognised by their first bytes,
+    them as weights: fp8, int8 and NVFP4 tensors with their scales (`quantized.scaled_layout`
+    pairs them; the scales, input scales, ComfyUI's layer configs and the `scaled_fp8` marker
+    are hidden from `keys`, `shapes` and `dtypes`, and an NVFP4 weight has the shape of its
+    values) and GGUF files (recognised by their first bytes,
     bounds-checked before they are mapped) come as `stored.StoredTensor`s, the file's bytes
     decoded to `quantized.COMPUTE_DTYPE` values only while an operation reads them (GGUF block
     types torch cannot decode are dequantised by the gguf package as they are read). What a
@@ -61,8 +63,9 @@ class Checkpoint:
         self._tensors: dict[str, Any] | None = None
         self._populated = 0
         self._gguf: quantized.GgufTensors | None = None
-        self._fp8: quantized.Fp8Layout | None = None
+        self._scaled: quantized.ScaledLayout | None = None
         self._scales: dict[str, Any] = {}
+        self._tensor_scales: dict[str, Any] = {}
         self.quantization: quantized.Quantization | None = None
         self.findings: dict[str, quantized.QuantFinding] = {}
         self.component = component
@@ -94,25 +97,40 @@ class Checkpoint:
         if not self.shapes:
             raise BadFileError(self.path, "the file holds no tensors, so it holds no model.")
         if self.header is not None:
-            self._fp8 = quantized.fp8_layout(self.path, self.dtypes, self.shapes)
+            self._scaled = quantized.scaled_layout(self.path, self.dtypes, self.shapes)
             self._open_for_tensors()
-        if self._fp8 is not None:
-            self._read_scales(self._fp8)
+        if self._scaled is not None:
+            self._read_scales(self._scaled)
         if self.quantization is not None:
             quantized.report(quantization=self.quantization)
 
-    def _read_scales(self, layout: quantized.Fp8Layout) -> None:
-        """Hide the fp8 bookkeeping tensors and read every scale (a few bytes each) up front,
-        so each weight is dequantised with its own scale as it is read."""
+    def _read_scales(self, layout: quantized.ScaledLayout) -> None:
+        """Hide the bookkeeping tensors, check ComfyUI's layer configs and read every scale up
+        front (a few bytes per row; NVFP4's block scales one byte per 16 values, put in row
+        order), so each weight is read with its own scales."""
         import torch
 
         for name in layout.hidden:
             self.shapes.pop(name, None)
             self.dtypes.pop(name, None)
+        for weight, config in layout.config_of.items():
+            raw = self._stored(config)
+            if raw.dtype != torch.uint8 or raw.dim() != 1:
+                raise BadFileError(self.path, f"the layer config '{config}' is not a row of bytes.")
+            quantized.layer_format(self.path, config, raw.numpy().tobytes(), layout.stored[weight])
         for weight, scale in layout.scale_of.items():
-            self._scales[weight] = self._stored(scale).to(torch.float32).clone()
-        if layout.fp8:  # a `scaled_fp8` marker beside no fp8 weight leaves the file as stored
-            types = sorted({layout.fp8[n] for n in layout.fp8})
+            if layout.stored[weight] != quantized.NVFP4_CODE:
+                self._scales[weight] = self._stored(scale).to(torch.float32).clone()
+                continue
+            blocks = self._stored(scale)
+            if layout.tiled(weight):
+                rows, columns = self.shapes[weight]
+                blocks = untile_block_scales(blocks, rows, columns // quantized.NVFP4_BLOCK)
+            self._scales[weight] = blocks
+        for weight, second in layout.tensor_scale_of.items():
+            self._tensor_scales[weight] = self._stored(second).to(torch.float32).reshape(())
+        if layout.stored:  # a `scaled_fp8` marker beside no fp8 weight leaves the file as stored
+            types = sorted(set(layout.stored.values()))
             self.quantization = quantized.Quantization(layout.format, types, self.path.name)
 
     def _finding(self, name: str, problem: str) -> None:
@@ -201,14 +219,27 @@ class Checkpoint:
                 self._check_decoded(name, tensor)
             return tensor
         tensor = self._stored(name)
-        if self._fp8 is None or name not in self._fp8.fp8:
+        layout = self._scaled
+        if layout is None or name not in layout.stored:
             return tensor
-        # The one place fp8 becomes a weight: kept as stored, with its scale where it has one.
+        # The one place a scaled weight becomes a weight: kept as stored, with its scales.
         scale = self._scales.get(name)
-        problem = quantized.scale_problem(scale, tensor) if scale is not None else None
-        tensor = stored.from_fp8(tensor, scale)
+        if layout.stored[name] == quantized.NVFP4_CODE:
+            second = self._tensor_scales[name]
+            tensor = stored.from_nvfp4(tensor, scale, second, high_first=layout.tiled(name))
+            problem = quantized.scale_problem(second)
+            where = layout.tensor_scale_of[name]
+            if problem is None:
+                problem, where = quantized.block_scale_problem(scale), layout.scale_of[name]
+        else:
+            problem = quantized.scale_problem(scale, tensor) if scale is not None else None
+            where = layout.scale_of.get(name)
+            if layout.stored[name] == quantized.INT8_CODE:
+                tensor = stored.from_int8(tensor, scale)
+            else:
+                tensor = stored.from_fp8(tensor, scale)
         if problem is not None:
-            self._finding(name, f"has the scale {problem} (in {self._fp8.scale_of[name]})")
+            self._finding(name, f"has the scale {problem} (in {where})")
         else:
             self._check_decoded(name, tensor)
         return tensor
@@ -295,6 +326,21 @@ def _changed(path: Path) -> BadFileError:
         "the file changed while it was read (it was truncated, rewritten or replaced); "
         "load it again once it is complete.",
     )
+
+
+def untile_block_scales(tiled, rows: int, columns: int):
+    """NVFP4 block scales from cuBLAS's tiled layout (as ComfyUI's files keep them) in row
+    order: `rows` by `columns` (blocks per row), a copy of one byte per 16 values.
+
+    The tiled layout pads the matrix to whole tiles of 128 rows by 4 columns, lays the tiles
+    out row of tiles by row of tiles, and within a tile puts row 32 * a + j, column c at
+    16 * j + 4 * a + c (cuBLAS documentation, "1D block scaling factors layout")."""
+    tile_rows, tile_columns = quantized.NVFP4_TILE
+    row_tiles, column_tiles = -(-rows // tile_rows), -(-columns // tile_columns)
+    # [row tile, column tile, j, a, c] -> [row tile, a, j, column tile, c]
+    tiles = tiled.reshape(row_tiles, column_tiles, 32, 4, tile_columns)
+    ordered = tiles.permute(0, 3, 2, 1, 4).reshape(row_tiles * tile_rows, -1)
+    return ordered[:rows, :columns].contiguous()
 
 
 _POPULATE_STEP = 256 << 20

@@ -1,5 +1,6 @@
-"""Weights kept as their file stores them (`StoredTensor`): fp8 bytes with their scale, GGUF
-blocks, decoded only for the length of the operation that reads them.
+"""Weights kept as their file stores them (`StoredTensor`): fp8 and int8 bytes with their scale,
+NVFP4's packed 4-bit values with their block and tensor scales, GGUF blocks, decoded only for
+the length of the operation that reads them.
 
 A quantized file is read as the model it means, not as the bytes it holds: every stored weight
 stands for its values rounded to `COMPUTE_DTYPE` (bf16), as a weight dequantised on read would.
@@ -30,21 +31,37 @@ from torch.utils._pytree import tree_map_only
 # What a stored weight's values mean: what they were dequantised to when read (see quantized).
 MEANING_DTYPE = torch.bfloat16
 FP8 = "fp8"
+INT8 = "int8"
+# NVFP4: two E2M1 (4-bit float) values per byte, one fp8 e4m3 scale per block of 16 values of
+# a row and one fp32 scale for the tensor. The two packings differ in which nibble holds the
+# even-indexed value: the low one (NVIDIA ModelOpt's layout, BFL's files) or the high one
+# (ComfyUI's files, packed by comfy-kitchen).
+NVFP4 = "nvfp4"
+NVFP4_HIGH_FIRST = "nvfp4_high_first"
+NVFP4_CODECS = (NVFP4, NVFP4_HIGH_FIRST)
+NVFP4_BLOCK = 16
+# The 16 E2M1 codes' values: bit 3 is the sign, bits 2-0 the magnitude (OCP MX spec, FP4 E2M1).
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+# Codecs whose bytes are one element each, times a scale (one number or one per row).
+_SCALED_BYTES = (FP8, INT8)
 
 
 class StoredTensor(torch.Tensor):
-    """A weight in its file's storage (`packed`, and `scale` for fp8), computing in `dtype`.
+    """A weight in its file's storage (`packed`, and its scales), computing in `dtype`.
 
-    `codec` is "fp8" (packed: the fp8 tensor in the logical shape, scale: one fp32 number or
-    one per row) or a GGUF block type such as "Q4_0" (packed: uint8, one row of bytes per index
-    of the first dimension)."""
+    `codec` is "fp8" or "int8" (packed: the 8-bit tensor in the logical shape, `scale`: none,
+    one fp32 number or one per row), "nvfp4" or "nvfp4_high_first" (packed: uint8, rows of
+    two values per byte; `scale`: the fp8 block scales, one per 16 values of a row, in row
+    order; `scale2`: the tensor's fp32 scale) or a GGUF block type such as "Q4_0" (packed:
+    uint8, one row of bytes per index of the first dimension)."""
 
     packed: torch.Tensor
     scale: torch.Tensor | None
+    scale2: torch.Tensor | None
     codec: str
 
     @staticmethod
-    def __new__(cls, packed, codec: str, shape, dtype, scale=None):
+    def __new__(cls, packed, codec: str, shape, dtype, scale=None, scale2=None):
         # Never an inference tensor, wherever it is made: a placement inside inference mode
         # makes a Parameter of it, which detaches it, and torch sets a detached tensor's
         # version counter (refused for inference tensors). Its bytes may be one.
@@ -52,10 +69,10 @@ class StoredTensor(torch.Tensor):
             made = torch.Tensor._make_wrapper_subclass(
                 cls, tuple(shape), dtype=dtype, device=packed.device, requires_grad=False
             )
-        made.packed, made.codec, made.scale = packed, codec, scale
+        made.packed, made.codec, made.scale, made.scale2 = packed, codec, scale, scale2
         return made
 
-    def __init__(self, packed, codec: str, shape, dtype, scale=None) -> None:
+    def __init__(self, packed, codec: str, shape, dtype, scale=None, scale2=None) -> None:
         super().__init__()
 
     # Every operation goes straight to __torch_dispatch__ (no Python overhead per call above it).
@@ -69,16 +86,17 @@ class StoredTensor(torch.Tensor):
 
     def decoded(self, dtype=None) -> torch.Tensor:
         """The values as a plain tensor in `dtype` (default: the tensor's own), on its device."""
-        values = _decode(self.packed, self.codec, self.scale, tuple(self.shape))
+        values = _decode(self.packed, self.codec, self.scale, self.scale2, tuple(self.shape))
         return values.to(dtype or self.dtype)
 
-    def _like(self, packed=None, scale=None, shape=None, dtype=None) -> StoredTensor:
+    def _like(self, packed=None, scale=None, shape=None, dtype=None, scale2=None) -> StoredTensor:
         return StoredTensor(
             self.packed if packed is None else packed,
             self.codec,
             self.shape if shape is None else shape,
             dtype or self.dtype,
             self.scale if scale is None else scale,
+            self.scale2 if scale2 is None else scale2,
         )
 
     @classmethod
@@ -114,21 +132,21 @@ def plain(tensor):
     return tensor.decoded() if isinstance(tensor, StoredTensor) else tensor
 
 
+def _parts(tensor: StoredTensor) -> list[torch.Tensor]:
+    return [t for t in (tensor.packed, tensor.scale, tensor.scale2) if t is not None]
+
+
 def stored_bytes(tensor) -> int:
-    """The bytes a tensor holds: a stored one's packed bytes and scale, else its elements'."""
+    """The bytes a tensor holds: a stored one's packed bytes and scales, else its elements'."""
     if isinstance(tensor, StoredTensor):
-        scale = 0 if tensor.scale is None else tensor.scale.numel() * tensor.scale.element_size()
-        return tensor.packed.numel() * tensor.packed.element_size() + scale
+        return sum(t.numel() * t.element_size() for t in _parts(tensor))
     return tensor.numel() * tensor.element_size()
 
 
 def storages(tensor) -> list[Any]:
-    """The untyped storages holding a tensor's bytes (a stored one's packed bytes and scale)."""
+    """The untyped storages holding a tensor's bytes (a stored one's packed bytes and scales)."""
     if isinstance(tensor, StoredTensor):
-        held = [tensor.packed.untyped_storage()]
-        if tensor.scale is not None:
-            held.append(tensor.scale.untyped_storage())
-        return held
+        return [t.untyped_storage() for t in _parts(tensor)]
     return [tensor.untyped_storage()]
 
 
@@ -155,6 +173,20 @@ def from_fp8(values, scale=None) -> StoredTensor:
     return StoredTensor(values, FP8, values.shape, MEANING_DTYPE, scale)
 
 
+def from_int8(values, scale) -> StoredTensor:
+    """An int8 tensor and its fp32 scale (one number or one per row) kept as stored."""
+    return StoredTensor(values, INT8, values.shape, MEANING_DTYPE, scale)
+
+
+def from_nvfp4(packed, block_scales, tensor_scale, *, high_first: bool) -> StoredTensor:
+    """An NVFP4 matrix kept as stored: `packed` (uint8, rows of two values per byte),
+    `block_scales` (fp8 e4m3, one per 16 values of a row, in row order: a tiled layout is put in
+    row order by the reader) and `tensor_scale` (one fp32 number)."""
+    codec = NVFP4_HIGH_FIRST if high_first else NVFP4
+    shape = (packed.shape[0], packed.shape[1] * 2)
+    return StoredTensor(packed, codec, shape, MEANING_DTYPE, block_scales, tensor_scale)
+
+
 # Decoding ---------------------------------------------------------------------------------
 
 
@@ -171,11 +203,13 @@ def _gguf_decoders() -> dict[str, Any]:
     }
 
 
-def _decode(packed, codec: str, scale, shape) -> torch.Tensor:
-    if codec == FP8:
-        from app.core.quantized import dequantize_fp8
+def _decode(packed, codec: str, scale, scale2, shape) -> torch.Tensor:
+    if codec in _SCALED_BYTES:
+        from app.core.quantized import dequantize_scaled
 
-        return dequantize_fp8(packed, scale)
+        return dequantize_scaled(packed, scale)
+    if codec in NVFP4_CODECS:
+        return decode_nvfp4(packed, scale, scale2, high_first=codec == NVFP4_HIGH_FIRST)
     decoder, block, block_bytes = _gguf_decoders()[codec]
     blocks = packed.reshape(-1, block_bytes)
     # fp32 throughout, as the gguf package decodes: diffusers' default keeps a Q8_0 block's
@@ -184,18 +218,37 @@ def _decode(packed, codec: str, scale, shape) -> torch.Tensor:
     return values.reshape(shape).to(MEANING_DTYPE)
 
 
+def decode_nvfp4(packed, block_scales, tensor_scale, *, high_first: bool) -> torch.Tensor:
+    """An NVFP4 matrix's values in MEANING_DTYPE: each E2M1 value times its block's fp8 scale
+    times the tensor's scale, the product taken in fp32 and then rounded to bf16."""
+    rows = packed.shape[0]
+    low, high = packed & 0x0F, packed >> 4
+    pairs = (high, low) if high_first else (low, high)
+    codes = torch.stack(pairs, dim=-1).reshape(rows, -1).to(torch.int32)
+    table = torch.tensor(_E2M1, dtype=torch.float32, device=packed.device)
+    values = table.index_select(0, codes.reshape(-1)).reshape(rows, -1, NVFP4_BLOCK)
+    scales = block_scales.to(torch.float32) * tensor_scale.to(torch.float32).reshape(())
+    values.mul_(scales.reshape(rows, -1, 1))
+    return values.reshape(rows, -1).to(MEANING_DTYPE)
+
+
 # Operations that keep the bytes as stored ---------------------------------------------------
 
 
 def _rows_sliceable(tensor: StoredTensor) -> bool:
-    """Whether a slice of the first dimension is a slice of `packed`'s rows: fp8 always, GGUF
-    when it has at least two dimensions (a 1-D tensor's blocks straddle its elements)."""
-    return tensor.codec == FP8 or tensor.dim() > 1
+    """Whether a slice of the first dimension is a slice of `packed`'s rows: fp8, int8 and
+    NVFP4 always, GGUF when it has at least two dimensions (a 1-D tensor's blocks straddle its
+    elements)."""
+    return tensor.codec in _SCALED_BYTES + NVFP4_CODECS or tensor.dim() > 1
 
 
 def _row_scale(tensor: StoredTensor, start: int, stop: int):
+    """The scales of rows `start` to `stop`: NVFP4's block scales by row, a scale per row, or
+    the tensor's one scale."""
     if tensor.scale is None or tensor.scale.numel() == 1:
         return tensor.scale
+    if tensor.codec in NVFP4_CODECS:
+        return tensor.scale[start:stop]
     return tensor.scale.reshape(-1)[start:stop]
 
 
@@ -207,11 +260,12 @@ def _to_copy(tensor, dtype=None, layout=None, device=None, pin_memory=None, **kw
     if (dtype is not None and not dtype.is_floating_point) or layout not in (None, torch.strided):
         return NotImplemented
     non_blocking = kwargs.get("non_blocking", False)
-    packed, scale = tensor.packed, tensor.scale
+    packed, scale, scale2 = tensor.packed, tensor.scale, tensor.scale2
     if device is not None and torch.device(device) != packed.device:
         packed = packed.to(device, non_blocking=non_blocking)
         scale = None if scale is None else scale.to(device, non_blocking=non_blocking)
-    return tensor._like(packed=packed, scale=scale, dtype=dtype)
+        scale2 = None if scale2 is None else scale2.to(device, non_blocking=non_blocking)
+    return tensor._like(packed=packed, scale=scale, dtype=dtype, scale2=scale2)
 
 
 def _to_dtype(tensor, dtype, non_blocking=False, copy=False, memory_format=None):
@@ -273,7 +327,14 @@ def _cat(tensors, dim=0):
     ):
         return NotImplemented
     scale = None
-    if first.scale is not None:
+    if first.codec in NVFP4_CODECS:
+        # Block scales go with their rows; one tensor scale must hold for every part.
+        second, blocks = first.scale2, [t.scale for t in tensors]
+        seconds = [t.scale2 for t in tensors]
+        if second is None or any(s is None or not torch.equal(s, second) for s in seconds):
+            return NotImplemented
+        scale = torch.cat([b for b in blocks if b is not None], dim=0)
+    elif first.scale is not None:
         scales = [t.scale for t in tensors]
         if any(s is None for s in scales):
             return NotImplemented
@@ -295,7 +356,8 @@ def _cat(tensors, dim=0):
 
 def _clone(tensor, memory_format=None):
     scale = None if tensor.scale is None else tensor.scale.clone()
-    return tensor._like(packed=tensor.packed.clone(), scale=scale)
+    scale2 = None if tensor.scale2 is None else tensor.scale2.clone()
+    return tensor._like(packed=tensor.packed.clone(), scale=scale, scale2=scale2)
 
 
 _aten = torch.ops.aten
