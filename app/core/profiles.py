@@ -593,6 +593,15 @@ def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
         return [words]
     from app.core.diagnosis import without_layers
 
+    held = set(getattr(plan, "remembered_held", ()))
+    wanted = {k for k, v in remembered.settings.items() if v not in ("auto", False, [], ())}
+    if wanted and wanted <= held and not missing:
+        # The job's own settings held the same fix (a fix applied to this job, say): it ran
+        # with it, though not because it is remembered.
+        return [
+            f"The fix remembered for this model on this device ({remembered.summary}) is also "
+            "in this job's own settings, so the job ran with it."
+        ]
     if missing and not without_layers(remembered.settings, dropped):
         return [
             f"The fix remembered for this model on this device names only {missing}, so this "

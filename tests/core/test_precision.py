@@ -99,6 +99,15 @@ def test_a_remembered_fix_is_said_to_be_used_only_where_it_set_something():
     assert note.startswith("A fix is remembered for this model on this device")
     assert "ran without it" in note and "Using" not in note
     assert remembered_words(None, mine) == []
+    # The job's own settings hold the same fix (a fix applied to it): it ran with it.
+    layers = ["vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.conv_in"]
+    layered = RememberedFix({"fp32_modules": layers}, "keep 2 VAE layers in fp32", "check", 0.0)
+    again = plan(
+        PrecisionSettings(precision="fp16", fp32_modules=layers[::-1]), remembered=layered.settings
+    )
+    assert again.remembered_used == () and again.remembered_held == ("fp32_modules",)
+    (note,) = remembered_words(layered, again)
+    assert "ran with it" in note and "without" not in note and "override" not in note
 
 
 def test_backend_flags_hold_for_the_job_and_are_restored_even_on_error():

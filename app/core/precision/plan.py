@@ -79,6 +79,8 @@ class PrecisionPlan:
     # The settings a remembered fix set (fields the user left on auto, off or empty, that it
     # changed); empty when none was remembered or the user's own choices leave it nothing.
     remembered_used: tuple[str, ...] = ()
+    # Settings of the remembered fix that the job's own settings already held, the same value.
+    remembered_held: tuple[str, ...] = ()
     # Layers ("component:layer") a remembered fix names that this model does not have: left
     # out of the plan, the rest of the fix used.
     remembered_dropped: tuple[str, ...] = ()

@@ -225,9 +225,31 @@ def resolve_plan(
         reasons=reasons,
         warnings=tuple(warnings),
         remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
+        remembered_held=_held(remembered, user),
         memory_budget_mb=budget,
         memory_budget_from=budget_from,
         vae_tiling=str(user.get("vae_tiling") or "auto"),
+    )
+
+
+def _held(remembered: Mapping[str, Any] | None, user: Mapping[str, Any]) -> tuple[str, ...]:
+    """The settings of a remembered fix that the user's own settings already give the same
+    value (a layer list in any order): the job ran with them, though not from memory."""
+
+    def same(value: Any, other: Any) -> bool:
+        if isinstance(value, list | tuple) and isinstance(other, list | tuple):
+            return sorted(map(str, value)) == sorted(map(str, other))
+        return value == other
+
+    return tuple(
+        sorted(
+            key
+            for key, value in (remembered or {}).items()
+            if key in user
+            and key != "device"
+            and value not in ("auto", False, [], ())
+            and same(value, user[key])
+        )
     )
 
 
