@@ -70,6 +70,7 @@ PATHS = {
     "klein-inpaint": Path(_row(FamilyId.FLUX2_KLEIN), "flux2-klein", Mode.INPAINT, 1, True),
     "klein-edit": Path(_row(FamilyId.FLUX2_KLEIN), "flux2-klein", Mode.EDIT, 2),
     "flux2-edit": Path(_row(FamilyId.FLUX2), "flux2-dev", Mode.EDIT, 2),
+    "qwenimage21-edit": Path(_row(FamilyId.QWENIMAGE21), "qwenimage21", Mode.EDIT, 2),
     "kontext-edit": Path(
         _tiny(tiny_models.build_tiny_flux_kontext_pipeline, "flux-kontext"), "", Mode.EDIT, 1
     ),

@@ -212,6 +212,13 @@ class Family:
         takes them: by default at the job's size, as read."""
         return list(pictures.pixels.split(1))
 
+    def probed_references(self, pipeline, pictures) -> list[Any]:
+        """The references' pixels (1, 3, H, W) each that the check's VAE-encoder stage
+        encodes for an edit's probe: by default at the job's size, as read (the same path at
+        the probe's cost); a family whose transformer must meet each reference at the size its
+        text encoder saw it reads them as its pipeline does (`edit_pixels`)."""
+        return list(pictures.pixels.split(1))
+
     def edit_call(
         self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
     ) -> dict[str, Any]:

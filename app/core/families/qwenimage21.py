@@ -1,6 +1,8 @@
 """Qwen-Image 2.1: a Qwen3-VL text encoder read through Qwen3-VL's processor, a single-stream
 block-causal `transformer` on unpatched 64-channel latent cells, a residual causal VAE (16x, RGBA)
-with per-channel latent statistics."""
+with per-channel latent statistics. The same pipeline draws from the prompt alone and edits
+condition pictures: its text encoder sees them, and their latents lead the transformer's
+sequence."""
 
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ from app.core.layouts import (
 QWENIMAGE21_LATENT = LatentFormat(channels=64)
 QWENIMAGE21_SIZE = 1024  # QwenImage21Pipeline's `output_resolution`
 QWENIMAGE21_CELL = 16  # pixels per latent cell along a side (the pipeline's vae_scale_factor)
+# How many condition pictures an edit takes: the model's documented limit (diffusers'
+# QwenImage21Pipeline sets none; each picture adds a megapixel's latents to the sequence and its
+# vision tokens to the prompt).
+QWENIMAGE21_REFERENCES = 10
 
 
 # Qwen-Image 2.1's own layout (ComfyUI: diffusion_models/qwen_image_2.1*.safetensors) -------
@@ -186,6 +192,8 @@ class QwenImage21Family(ShiftedSigmas, Family):
     transformer_class = "QwenImage21Transformer2DModel"
     layout = LAYOUT
     pipeline_class = "QwenImage21Pipeline"
+    # The one pipeline also edits: a picture given alone is a condition picture.
+    edit_pipelines = {"QwenImage21Pipeline": QWENIMAGE21_REFERENCES}
     companion_names = {"text_encoder": "qwen_3_vl_8b", "vae": "qwen_image_2.1_vae"}
 
     def detect_folder(
@@ -252,22 +260,32 @@ class QwenImage21Family(ShiftedSigmas, Family):
         return {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()}
 
     def denoiser_inputs(
-        self, conditioning: dict[str, Any], size: int, device, prefix: str = ""
+        self,
+        conditioning: dict[str, Any],
+        size: int,
+        device,
+        prefix: str = "",
+        references: tuple[tuple[int, int], ...] = (),
     ) -> dict[str, Any]:
         """One transformer call on a `size`-px square picture for one prompt (`prefix`
-        "negative_" for the negative one): the prompt's hidden states and mask, the picture's
-        grid, and which slots of the joint sequence are the picture's (one per 2x2 cells after
-        the text, as QwenImage21Pipeline appends them)."""
+        "negative_" for the negative one): the prompt's hidden states and mask, the grids of
+        the condition pictures (`references`: each one's latent (height, width)) and of the
+        picture, and which slots of the joint sequence are pictures' (the prompt's vision
+        tokens where an edit's encoder read pictures, then one per 2x2 cells of the picture
+        drawn, as QwenImage21Pipeline appends them)."""
         import torch
 
         embeds = conditioning[prefix + "prompt_embeds"]
         side = size // QWENIMAGE21_CELL
-        text = torch.zeros(embeds.shape[:2], dtype=torch.bool, device=embeds.device)
+        text = conditioning.get(prefix + "image_pad_mask")
+        if text is None:  # from the prompt alone: no slot of the text is a picture's
+            text = torch.zeros(embeds.shape[:2], dtype=torch.bool, device=embeds.device)
         slots = torch.ones(embeds.shape[0], side * side // 4, dtype=torch.bool, device=device)
+        grids = [(1, h, w) for h, w in references] + [(1, side, side)]
         return {
             "encoder_hidden_states": embeds,
             "encoder_hidden_states_mask": conditioning.get(prefix + "prompt_embeds_mask"),
-            "img_shapes": [[(1, side, side)]] * embeds.shape[0],
+            "img_shapes": [grids] * embeds.shape[0],
             "img_mask": torch.cat([text.to(device), slots], dim=1),
         }
 
@@ -276,6 +294,16 @@ class QwenImage21Family(ShiftedSigmas, Family):
         and one on the negative prompt (the whole joint sequence each time: the text's tokens
         are checked at every step), stepped with the prompt's prediction as the model samples
         by default (no CFG); returns the latents (1, 64, h, w)."""
+        return self._probe(pipe, conditioning, size, device, timesteps, [])
+
+    def probe_edit(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
+        """As `probe_denoise`, with each condition picture's latents (as `encode_pixels` makes
+        them) flattened into cells ahead of the noise in the transformer's sequence, its grid
+        in `img_shapes`, as QwenImage21Pipeline runs an edit; only the noise's part of the
+        output steps."""
+        return self._probe(pipe, conditioning, size, device, timesteps, references)
+
+    def _probe(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
         import torch
         from diffusers import QwenImage21Pipeline
 
@@ -286,20 +314,111 @@ class QwenImage21Family(ShiftedSigmas, Family):
         noise = torch.randn((1, 1, channels, side, side), generator=generator)
         latents = QwenImage21Pipeline._pack_latents(noise, 1, channels, side, side).to(device)
         cells = latents.shape[1]
+        grids = tuple((int(r.shape[-2]), int(r.shape[-1])) for r in references)
+        leading = [
+            QwenImage21Pipeline._pack_latents(r.to(device).float(), 1, channels, h, w)
+            for r, (h, w) in zip(references, grids, strict=True)
+        ]
         calls = [
-            self.denoiser_inputs(conditioning, size, device, prefix) for prefix in ("", "negative_")
+            self.denoiser_inputs(conditioning, size, device, prefix, grids)
+            for prefix in ("", "negative_")
         ]
         sigmas = [float(t) / 1000.0 for t in timesteps] + [0.0]
         for sigma, following in zip(sigmas[:-1], sigmas[1:], strict=True):
             t = torch.full([1], sigma, device=device)
+            sequence = torch.cat([*leading, latents], dim=1)
             cond, _ = (
-                transformer(hidden_states=latents, timestep=t, **call, return_dict=False)[0][
+                transformer(hidden_states=sequence, timestep=t, **call, return_dict=False)[0][
                     :, -cells:
                 ].float()
                 for call in calls
             )
             latents = latents + (following - sigma) * cond
         return self.image_latents(pipe, latents, size, size)
+
+    # -- editing: condition pictures, read by the text encoder and the VAE -------------------
+
+    def _as_read(self, picture):
+        """A condition picture as QwenImage21Pipeline reads it: in RGBA (opaque where it had
+        no alpha), and the (width, height) of about a megapixel in its proportions, in whole
+        cells, that it is resized to for both the text encoder and the VAE."""
+        from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions
+
+        rgba = picture if picture.mode == "RGBA" else picture.convert("RGBA")
+        area = QWENIMAGE21_SIZE * QWENIMAGE21_SIZE
+        width, height, _ = calculate_dimensions(area, rgba.size[0] / rgba.size[1])
+        return rgba, (width, height)
+
+    def encode_edit(
+        self, pipe, prompt: str, negative: str, device, guidance: bool, references
+    ) -> dict[str, Any]:
+        """The prompt with the condition pictures, as the pipeline encodes them: each picture
+        resized as it resizes them, named "<image n>" in Qwen3-VL's chat template, its vision
+        tokens in the prompt's hidden states; `image_pad_mask` says which of those tokens are
+        the pictures' (the transformer's joint sequence needs it)."""
+        seen = []
+        for picture in references:
+            rgba, (width, height) = self._as_read(picture)
+            seen.append(pipe.image_processor.resize(rgba, width=width, height=height))
+        tensors: dict[str, Any] = {}
+        texts = [("", prompt)] + ([("negative_", negative)] if guidance else [])
+        for prefix, text in texts:
+            embeds, mask, pads = pipe.encode_prompt(
+                prompt=text, image=seen, device=device, num_images_per_prompt=1
+            )
+            tensors[prefix + "prompt_embeds"] = embeds
+            if mask is not None:  # None: every token counts
+                tensors[prefix + "prompt_embeds_mask"] = mask
+            tensors[prefix + "image_pad_mask"] = pads
+        return tensors
+
+    def edit_latents_given(self, pipeline) -> bool:
+        # QwenImage21Pipeline takes condition pictures as pictures only (its text encoder must
+        # see them) and encodes them itself: HalfSafe watches that encoding with a hook.
+        return False
+
+    def edit_pixels(self, pipeline, pictures) -> list[Any]:
+        """Each condition picture as the pipeline hands it to the VAE's encoder: RGBA at about
+        a megapixel in its proportions, in [-1, 1], (1, 4, H, W)."""
+        pixels = []
+        for picture in pictures.references:
+            rgba, (width, height) = self._as_read(picture)
+            pixels.append(pipeline.image_processor.preprocess(rgba, width=width, height=height))
+        return pixels
+
+    def probed_references(self, pipeline, pictures) -> list[Any]:
+        # Each picture's vision tokens in the prompt stand for its latent cells in the
+        # transformer's sequence (a slot per 2x2 cells): the check reads the pictures at the
+        # size its text encoder saw them, as the pipeline does.
+        return self.edit_pixels(pipeline, pictures)
+
+    def edit_call(
+        self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
+    ) -> dict[str, Any]:
+        """The prompt as the watched stage encoded it, and the pictures. The pipeline's call
+        takes no `image_pad_mask`, and refuses encoded prompts beside pictures without one, so
+        this job's pipeline (the stage's own copy) is handed its encoding instead of making
+        it again: its `encode_prompt` gives back each prompt's tensors with their mask."""
+        prompts = {k: v for k, v in embeds.items() if not k.endswith("image_pad_mask")}
+        given = self.pipeline_embeds(prompts, batch)
+        pads = {
+            id(given[prefix + "prompt_embeds"]): embeds[prefix + "image_pad_mask"]
+            for prefix in ("", "negative_")
+            if prefix + "prompt_embeds" in given
+        }
+        object.__setattr__(pipeline, "encode_prompt", _EncodedPrompt(pipeline, pads))
+        return {**given, "image": list(pictures.references)}
+
+    def encode_pixels(self, vae, pixels):
+        """A condition picture (1, 4, H, W) as one frame through the VAE's encoder, the mode
+        of its distribution normalised per channel as the pipeline does (and `decode` undoes)."""
+        import torch
+
+        z = vae.encode(pixels.to(vae.dtype).unsqueeze(2)).latent_dist.mode()[:, :, 0]
+        channels = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean, device=z.device).view(1, channels, 1, 1)
+        std = torch.tensor(vae.config.latents_std, device=z.device).view(1, channels, 1, 1)
+        return (z.float() - mean) / std
 
     def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
         """The sigmas QwenImage21Pipeline runs: its folder's `sample_sigmas` where set (their
@@ -375,6 +494,22 @@ class QwenImage21Family(ShiftedSigmas, Family):
         std = torch.tensor(vae.config.latents_std, device=latents.device).view(1, channels, 1, 1)
         z = (latents.float() * std + mean).unsqueeze(2)
         return vae.decode(z.to(vae.dtype)).sample[:, :3, 0]
+
+
+class _EncodedPrompt:
+    """A stand-in for a QwenImage21Pipeline's `encode_prompt` that hands back prompts already
+    encoded with their pictures (keyed by the tensor the call passes), with the mask of which
+    tokens are the pictures'."""
+
+    def __init__(self, pipeline, pads: dict[int, Any]) -> None:
+        self._encode = type(pipeline).encode_prompt.__get__(pipeline)
+        self._pads = pads
+
+    def __call__(self, *, prompt_embeds=None, image=None, **options):
+        pads = self._pads.get(id(prompt_embeds))
+        if pads is None:  # not one of this job's prompts: as the pipeline would
+            return self._encode(prompt_embeds=prompt_embeds, image=image, **options)
+        return self._encode(prompt_embeds=prompt_embeds, image_pad_mask=pads, **options)
 
 
 def processor_from_folder(folder: Path):

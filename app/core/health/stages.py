@@ -213,10 +213,11 @@ class Runner:
         assert pictures is not None  # only a check of a job that starts from a picture
 
         def run(pipe):
-            if pictures.mode is Mode.EDIT:  # each reference, at the probe's size
+            if pictures.mode is Mode.EDIT:  # each reference, as the family's check reads it
+                references = self.family.probed_references(self.model.pipeline, pictures)
                 return [
                     self.family.encode_pixels(pipe.vae, reference.to(self.device))
-                    for reference in pictures.pixels.split(1)
+                    for reference in references
                 ]
             pixels = pictures.pixels.to(self.device)
             latents = [self.family.encode_pixels(pipe.vae, pixels)]
