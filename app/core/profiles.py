@@ -151,8 +151,14 @@ def remember_fix(
         dict(settings), summary, verified_by, time.time(), made_at=dict(made_at or {})
     )
     key = _key(profile_key, device_name, torch_version or _torch_version())
+
+    def store(entries: dict[str, dict[str, Any]]) -> None:
+        if verified_by != "health check" and _proved_by_check(entries.get(key), fix):
+            return  # the same fix, proved against fp32 by the check: that proof stays
+        entries[key] = _entry(fix)
+
     try:
-        _change(lambda entries: entries.__setitem__(key, _entry(fix)))
+        _change(store)
     except OSError as error:
         sentence = _unsaved_words(_path(), error)
         if warn is None:
@@ -160,6 +166,26 @@ def remember_fix(
         else:
             warn(sentence)
     return fix
+
+
+def _proved_by_check(entry: Any, fix: RememberedFix) -> bool:
+    """Whether a stored entry is `fix` (the same settings, a layer list in any order, proved at
+    the same precision) as the health check proved it: a generation that makes an image with it
+    again proves less (it compares nothing with fp32), so it does not replace that record."""
+    if not isinstance(entry, dict) or entry.get("verified_by") != "health check":
+        return False
+
+    def settled(settings: Any) -> Any:
+        if not isinstance(settings, dict):
+            return None
+        return {
+            k: sorted(map(str, v)) if isinstance(v, list | tuple) else v
+            for k, v in settings.items()
+        }
+
+    same_settings = settled(entry.get("settings")) == settled(fix.settings)
+    same_place = not fix.made_at or entry.get("made_at", {}) in ({}, fix.made_at)
+    return same_settings and same_place
 
 
 def _unsaved_words(path: Path, error: OSError) -> str:

@@ -356,3 +356,25 @@ def test_a_damaged_proved_at_costs_only_its_entry():
         profiles.remember_fix(
             NEW, DEVICE, {"vae_precision": "fp32"}, "new", "health check", made_at={"no_half": 3}
         )
+
+
+def test_a_generation_proving_a_checked_fix_again_keeps_the_checks_proof():
+    """The check compared the fix with fp32; an image made with it again compares nothing: the
+    check's record stays (the Fixes page keeps showing its figure). A different fix from a
+    generation replaces it as before."""
+    path = seed()
+    layers = {"fp32_modules": ["vae:decoder.conv_in", "vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    checked = profiles.remember_fix(
+        NEW, DEVICE, layers, "keep 2 VAE layers in fp32", "health check", TORCH, made_at=PROVED_AT
+    )
+    again = {"fp32_modules": layers["fp32_modules"][::-1]}
+    profiles.remember_fix(
+        NEW, DEVICE, again, "keep 2 VAE layers", "generation repair", TORCH, made_at=PROVED_AT
+    )
+    assert profiles.remembered_fix(NEW, DEVICE, TORCH) == checked
+    other = {"vae_precision": "fp32"}
+    profiles.remember_fix(NEW, DEVICE, other, "the VAE in fp32", "generation repair", TORCH)
+    replaced = profiles.remembered_fix(NEW, DEVICE, TORCH)
+    assert replaced is not None and replaced.verified_by == "generation repair"
+    assert replaced.settings == other
+    assert len(json.loads(path.read_text())) == SEEDED + 1
