@@ -277,6 +277,14 @@ NAN_CHECK = _halfsafe("NaN check", "whether the NaN watch was on", "setting", "n
 AUTO_FIX = _halfsafe("Auto fix", "what to do when an output goes non-finite", "setting", "auto_fix")
 DEVICE = _halfsafe("Device", "the device it ran on", "setting", "device")
 DEVICE_NAME = _halfsafe("Device name", "that device's name (a GPU's, or the CPU's)")
+MEMORY_BUDGET = _halfsafe(
+    "Memory budget",
+    "the memory budget its parts were held under (the setting, or the GPU's free memory)",
+)
+STREAMED = _halfsafe("Streamed", "the parts that streamed block by block under it", "list")
+COMPUTED_IN_PLACE = _halfsafe(
+    "Computed in place", "the parts kept as stored, computing wider layer by layer", "list"
+)
 NAN_WATCH = _halfsafe("NaN watch", "the image's status (ok, fixed, nan, black, ...)", "word")
 NAN_COMPONENT = _halfsafe("NaN component", "the component that first went non-finite", "word")
 NAN_STEP = _halfsafe("NaN step", "the denoising step (from 1) that first went non-finite", "int")
@@ -341,6 +349,9 @@ KEYS: tuple[Key, ...] = (
     AUTO_FIX,
     DEVICE,
     DEVICE_NAME,
+    MEMORY_BUDGET,
+    STREAMED,
+    COMPUTED_IN_PLACE,
     NAN_WATCH,
     NAN_COMPONENT,
     NAN_STEP,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from app.core.errors import HalfSafeError, OutOfMemoryError
 
@@ -127,6 +129,43 @@ def plan_words(parts, budget_mb: float | None, vae_tiled: bool = False) -> str |
     if not said:
         return None
     return f"Memory budget {budget_mb * 2**20 / 2**30:.1f} GB: " + "; ".join(said) + "."
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    """How a job held its parts under its memory budget (`placement.memory_plan`): the budget
+    in MB (the user's, or the GPU's free memory), the parts that streamed block by block and
+    those kept as stored computing wider layer by layer."""
+
+    budget_mb: float
+    streamed: tuple[str, ...] = ()
+    computed_in_place: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "budget_mb": round(self.budget_mb),
+            "streamed": list(self.streamed),
+            "computed_in_place": list(self.computed_in_place),
+        }
+
+    def budget_words(self) -> str:
+        """The budget as the PNG records it: "4.1 GB"."""
+        return f"{self.budget_mb / 1024:.1f} GB"
+
+
+def memory_record(pipeline, plan) -> MemoryRecord | None:
+    """How a job's parts will be held under its memory budget, as its records keep it
+    (`generation.MemoryRecord`), or None when no budget applies."""
+    from app.core.precision.placement import memory_plan
+
+    if plan.memory_budget_mb is None:
+        return None
+    parts = memory_plan(pipeline, plan)
+    return MemoryRecord(
+        plan.memory_budget_mb,
+        tuple(p.component for p in parts if p.streams),
+        tuple(p.component for p in parts if p.stored_dtype is not None),
+    )
 
 
 def said_memory_plan(pipeline, plan, progress) -> None:

@@ -15,6 +15,7 @@ from app.core.families import FAMILIES
 from app.core.generation import GenerationRequest, generate
 from app.core.hires import Hires
 from app.core.images import read_parameters
+from app.core.memory import MemoryRecord
 from app.core.models import LoadedModel
 from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -121,7 +122,8 @@ def test_the_table_lists_each_key_once_with_a_kind_and_a_real_setting():
 
 def test_a_real_generation_record_round_trips_through_the_table(made):
     model, request, _entry, repaired, vae_file = made
-    text = generation._parameters(repaired, request, model, "NVIDIA GeForce GTX 1660")
+    memory = MemoryRecord(4198.4, ("unet",), ("vae",))
+    text = generation._parameters(repaired, request, model, "NVIDIA GeForce GTX 1660", memory)
     parsed = infotext.parse(text)
     expected = {
         infotext.STEPS: 2,
@@ -137,6 +139,9 @@ def test_a_real_generation_record_round_trips_through_the_table(made):
         infotext.RNG: "CPU",
         **{key: repaired.settings[key.setting] for key in infotext.SETTING_KEYS},
         infotext.DEVICE_NAME: "NVIDIA GeForce GTX 1660",
+        infotext.MEMORY_BUDGET: "4.1 GB",
+        infotext.STREAMED: ["unet"],
+        infotext.COMPUTED_IN_PLACE: ["vae"],
         infotext.NAN_WATCH: "fixed",
         infotext.NAN_COMPONENT: "vae",
         infotext.NAN_STEP: 2,

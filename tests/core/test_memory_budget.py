@@ -181,6 +181,43 @@ def test_a_generation_under_a_budget_makes_the_same_image(tmp_path):
         assert np.array_equal(np.asarray(images[0].image), np.asarray(image.image))
 
 
+def test_a_generation_records_how_its_parts_were_held_in_its_json_and_png(tmp_path):
+    """Computed in place under one budget, streamed under a smaller one, nothing without: the
+    result's `memory` and the PNG's Memory budget, Streamed and Computed in place keys say so."""
+    from app.core import generation, infotext
+    from app.core.infotext import parse
+
+    request = generation.GenerationRequest(
+        prompt="a lake", steps=2, width=64, height=64, seed=4, output_dir=str(tmp_path)
+    )
+    model = loaded(_half_stored(), "budget-record")
+    made = {
+        budget: generation.generate(
+            model,
+            request,
+            precision=PrecisionSettings(no_half=True, max_vram_gb=budget),
+            device="cpu",
+        )
+        for budget in (0.0, TINY_BUDGET_GB, STREAM_BUDGET_GB)
+    }
+    assert made[0.0].memory is None and made[0.0].to_json()["memory"] is None
+    assert "Memory budget" not in made[0.0].images[0].parameters
+    in_place, streamed = made[TINY_BUDGET_GB].memory, made[STREAM_BUDGET_GB].memory
+    assert in_place is not None and streamed is not None
+    assert set(in_place.computed_in_place) == set(PARTS)  # every part fp16 -> fp32
+    assert set(streamed.streamed) == set(PARTS)
+    assert made[TINY_BUDGET_GB].to_json()["memory"] == {
+        "budget_mb": 1,
+        "streamed": list(in_place.streamed),
+        "computed_in_place": list(in_place.computed_in_place),
+    }
+    record = parse(made[STREAM_BUDGET_GB].images[0].parameters)
+    assert record.raw(infotext.MEMORY_BUDGET) == "0.0 GB"
+    assert set(record.get(infotext.STREAMED)) == set(PARTS)
+    record = parse(made[TINY_BUDGET_GB].images[0].parameters)
+    assert record.get(infotext.COMPUTED_IN_PLACE) == list(in_place.computed_in_place)
+
+
 def test_the_check_says_what_its_copies_held_under_a_budget():
     from app.cli.text import health_text
 

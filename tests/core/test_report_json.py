@@ -62,6 +62,7 @@ GENERATION_KEYS = [
     "clip_skip",
     "hires",
     "warnings",
+    "memory",
 ]
 STEP_COST_KEYS = ["unet_step_ms", "unet_step_ms_range", "rounds", "peak_memory_mb", "weights_mb"]
 

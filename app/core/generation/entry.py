@@ -29,7 +29,7 @@ from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
-from app.core.memory import is_out_of_memory, said_memory_plan
+from app.core.memory import is_out_of_memory, memory_record, said_memory_plan
 from app.core.pictures import (
     NO_STRENGTH_BECAUSE,
     STRENGTH_DEFAULT,
@@ -149,7 +149,9 @@ def generate(
             warn=result.warnings.append,
         )
     for entry in result.images:
-        entry.parameters = parameters(entry, result.request, model, result.device.name)
+        entry.parameters = parameters(
+            entry, result.request, model, result.device.name, result.memory
+        )
     progress("Saving", 0, len(result.images))
     folder = output_folder(result.request)
     try:
@@ -347,6 +349,7 @@ def _generate_unsaved(
         device=DeviceIdentity.of(info),
         warnings=warnings,
         mode=mode,
+        memory=memory_record(model.pipeline, plan),
     )
     result.seconds = time.perf_counter() - started
     return result, learned

@@ -11,14 +11,18 @@ from app import __version__
 from app.core import infotext
 from app.core.families import family_of
 from app.core.generation.describe import box_text, percent
-from app.core.generation.records import GenerationRequest, ImageResult
+from app.core.generation.records import GenerationRequest, ImageResult, MemoryRecord
 from app.core.hires import BY_KEY
 from app.core.lora import lora_hashes, prompt_with_tags
 from app.core.pictures import Mode
 
 
 def parameters(
-    entry: ImageResult, request: GenerationRequest, model, device_name: str | None = None
+    entry: ImageResult,
+    request: GenerationRequest,
+    model,
+    device_name: str | None = None,
+    memory: MemoryRecord | None = None,
 ) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs (each
     key, its meaning and how it is written: `infotext.KEYS`)."""
@@ -50,6 +54,12 @@ def parameters(
         # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
         *infotext.setting_values(s),
         (infotext.DEVICE_NAME, device_name),
+        (infotext.MEMORY_BUDGET, memory.budget_words() if memory is not None else None),
+        (infotext.STREAMED, list(memory.streamed) if memory and memory.streamed else None),
+        (
+            infotext.COMPUTED_IN_PLACE,
+            list(memory.computed_in_place) if memory and memory.computed_in_place else None,
+        ),
         (infotext.NAN_WATCH, entry.status),
         (infotext.NAN_COMPONENT, entry.component),
         (infotext.NAN_STEP, entry.step),

@@ -12,6 +12,7 @@ from app import __version__
 from app.core.canvas import SIDES, Canvas
 from app.core.hires import Hires
 from app.core.identities import DeviceIdentity, ModelIdentity
+from app.core.memory import MemoryRecord
 from app.core.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
@@ -138,6 +139,7 @@ class GenerationResult:
     # Why some images are not saved (`ImageResult.png` holds them): one sentence, or "".
     save_error: str = ""
     mode: Mode = Mode.TEXT  # what the job made its pictures from
+    memory: MemoryRecord | None = None  # None: no memory budget applied
 
     @property
     def all_good(self) -> bool:
@@ -158,6 +160,7 @@ class GenerationResult:
             "clip_skip": self.request.clip_skip,
             "hires": self._hires_json(),
             "warnings": list(self.warnings),
+            "memory": self.memory.to_json() if self.memory is not None else None,
         }
 
     def _hires_json(self) -> dict[str, Any] | None:
