@@ -374,6 +374,29 @@ def test_every_family_has_a_row():
         assert any(r.plant.component == denoiser for r in row.repairs), family_id
 
 
+def test_the_readmes_families_table_has_a_row_for_every_family_and_names_only_theirs():
+    """README's table of families (the first column's `architecture` names) against the
+    registry: a family added without its row, or a row naming an architecture no family has,
+    fails here."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    header = "| family (`architecture`) |"
+    lines = readme[readme.index(header) :].splitlines()[2:]  # past the header and rule
+    rows = lines[: next((i for i, line in enumerate(lines) if not line.startswith("|")), None)]
+    named = {
+        code
+        for row in rows
+        for code in re.findall(r"`([^`]+)`", row.split("|")[1])
+        if code != "-inpaint"  # the SD 1.x/2.x inpainting variants' suffix
+    }
+    known = {name for f in FAMILIES for name in f.architectures}
+    assert named <= known, named - known
+    for each in FAMILIES:
+        assert named & set(each.architectures), f"{each.title} has no row in README's table"
+
+
 def _each(rows: Mapping[FamilyId, Row], what: Callable[[Row], Mapping[str, Any]]):
     """pytest params of (family id, item) for every row's items, named family-item."""
     return [
