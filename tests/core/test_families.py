@@ -781,3 +781,15 @@ def test_a_picture_is_made_at_the_size_asked_for_or_refused_in_one_sentence(buil
         f"{model.name}: this model makes pictures whose sides are multiples of {tile} px, "
         "not 72x64."
     )
+
+
+def test_the_families_read_from_files_of_their_own_are_named_from_the_registry():
+    from app.core.families.registry import file_layout_words
+
+    words = file_layout_words()
+    for each in FAMILIES:
+        sharing = [f for f in FAMILIES if f.layout is not None and f.layout is each.layout]
+        if each.layout is not None:
+            assert any(f.title in words for f in sharing), each.title
+        else:
+            assert each.title not in words, each.title

@@ -25,6 +25,7 @@ from app.core.architecture.keys import (
 from app.core.architecture.prediction_type import read_prediction
 from app.core.detection import UNET, VAE, Detection, TextEncoderLayout
 from app.core.families import architecture_title
+from app.core.families.registry import file_layout_words
 
 
 def detect_architecture(
@@ -225,7 +226,7 @@ def _foreign_model(keys: list[str], shapes: Shapes) -> Detection | None:
                 words,
                 f"it has {arch}-style tensors ({fragment}*), which SD1.x, SD2.x "
                 "and SDXL checkpoints never have, and is in none of the transformer layouts "
-                "HalfSafe reads (Flux.1, Chroma, SD3.x, Z-Image, Qwen-Image).",
+                f"HalfSafe reads ({file_layout_words()}).",
             )
     return None
 

@@ -47,6 +47,17 @@ def families_words() -> str:
     return ", ".join(titles[:-1]) + " and " + titles[-1]
 
 
+def file_layout_words() -> str:
+    """The families whose transformer HalfSafe reads from a file of its own (a layout: split
+    files as ComfyUI keeps them, or all in one), for sentences: "Flux.1, Chroma, ... and
+    Krea 2"."""
+    # One title per layout: families sharing one (Flux.2 dev and Klein) are named by the one
+    # listed first in the registry, the one whose files run (dev's are read, then refused).
+    by_layout = {id(f.layout): f.title for f in reversed(FAMILIES) if f.layout is not None}
+    titles = list(by_layout.values())
+    return ", ".join(titles[:-1]) + " and " + titles[-1]
+
+
 def family_of(pipeline) -> Family:
     """The family a loaded pipeline belongs to, from the components it has."""
     for family in FAMILIES:

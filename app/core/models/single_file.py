@@ -19,6 +19,7 @@ from app.core.checkpoint import (
     stored_dtype,
 )
 from app.core.errors import HalfSafeError, UnsupportedModelError
+from app.core.families.registry import file_layout_words
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models.assembly import assign, built, empty, infer, nbytes
 from app.core.models.configs import config_folder, read_json
@@ -65,8 +66,7 @@ def load_single_file(
         raise UnsupportedModelError(
             path,
             "this checkpoint carries its own text encoders; --text-encoder is for split "
-            "transformer files (Flux.1, Chroma, SD3.x, Z-Image and Qwen-Image as ComfyUI keeps "
-            "them).",
+            f"transformer files ({file_layout_words()} as ComfyUI keeps them).",
         )
     hasher = Hasher(path)
     try:
