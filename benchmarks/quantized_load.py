@@ -76,6 +76,14 @@ def write_form(form: str, state: dict, path: Path) -> Path:
     if form in ("bf16", "fp16"):
         dtype = torch.bfloat16 if form == "bf16" else torch.float16
         return write_safetensors(path, {k: v.to(dtype) for k, v in state.items()})
+    if form == "nvfp4":
+        out = {}
+        for name, tensor in state.items():
+            if matrix(name, tensor) and tensor.ndim == 2 and tensor.shape[1] % 16 == 0:
+                out.update(nvfp4_layer(name, tensor))
+            else:
+                out[name] = tensor.to(torch.bfloat16)
+        return write_safetensors(path, out)
     if form.startswith("fp8"):
         out = {}
         for name, tensor in state.items():
@@ -108,6 +116,35 @@ def write_form(form: str, state: dict, path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# E2M1's magnitudes and the midpoints between them: a value's nearest code is the number of
+# midpoints below its magnitude.
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def nvfp4_layer(name: str, weight) -> dict:
+    """One matrix in NVFP4 as NVIDIA ModelOpt (and BFL) write it: two E2M1 codes per byte (the
+    even value in the low nibble), an fp8 e4m3 scale per 16 values of a row, in row order, and
+    the tensor's fp32 scale (its largest value over 448 x 6)."""
+    import torch
+
+    rows, columns = weight.shape
+    values = weight.float().reshape(rows, columns // 16, 16)
+    second = (values.abs().max() / (448 * 6)).clamp_min(1e-12)
+    blocks = (values.abs().amax(-1) / 6 / second).to(torch.float8_e4m3fn)
+    scale = blocks.float() * second
+    scaled = values / torch.where(scale > 0, scale, 1.0)[..., None]
+    codes = torch.bucketize(scaled.abs(), torch.tensor(_E2M1_MIDPOINTS)).to(torch.uint8)
+    codes = (codes | ((scaled < 0).to(torch.uint8) << 3)).reshape(rows, columns)
+    layer = name.removesuffix("weight")
+    return {
+        name: codes[:, 0::2] | (codes[:, 1::2] << 4),
+        layer + "weight_scale": blocks,
+        layer + "weight_scale_2": second.reshape(()),
+        layer + "input_scale": torch.tensor(1.0),
+    }
 
 
 def build_files(root: Path) -> dict[str, Path]:
