@@ -113,7 +113,7 @@ class ExplainDialog(QDialog):
         layout.setContentsMargins(0, 0, 0, 0)
         self.answer = plain_scroll(body)
         outer.addWidget(self.answer, 1)
-        layout.addWidget(label(html.escape(Path(path).name), "section"))
+        layout.addWidget(label(html.escape(Path(path).name), "section", rich=True))
         self.verdict = Banner()
         layout.addWidget(self.verdict)
         progress_row = QHBoxLayout()

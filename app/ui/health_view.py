@@ -591,12 +591,12 @@ class HealthView(QWidget):
         )
         quality = fix.quality
         if quality is None:
-            card.body.addWidget(label(html.escape(fix.summary), wrap=True))
+            card.body.addWidget(label(html.escape(fix.summary), wrap=True, rich=True))
         else:
             # The check's data, said in the one table's words (`diagnosis.Quality`).
             words_, figure = quality.plain_words(), quality.figure_words()
             summary = fix.summary.replace(quality.words(), words_)
-            card.body.addWidget(label(html.escape(summary), wrap=True))
+            card.body.addWidget(label(html.escape(summary), wrap=True, rich=True))
             card.body.addWidget(
                 label(
                     f"Against full precision (fp32): <b>{words_}</b> ({html.escape(figure)})",

@@ -25,10 +25,18 @@ def _restyle(widget: QWidget) -> None:
 
 
 def label(
-    text: str = "", role: str | None = None, wrap: bool = False, selectable: bool = False
+    text: str = "",
+    role: str | None = None,
+    wrap: bool = False,
+    selectable: bool = False,
+    rich: bool = False,
 ) -> QLabel:
-    """A QLabel with an optional stylesheet role ("title", "section", "help", "muted")."""
+    """A QLabel with an optional stylesheet role ("title", "section", "help", "muted").
+    `rich`: the text is HTML (a record's words escaped in it), shown as HTML even without a
+    tag; Qt otherwise takes tagless text for plain text and shows "fp16&#x27;s" as written."""
     widget = QLabel(text)
+    if rich:
+        widget.setTextFormat(Qt.TextFormat.RichText)
     if role:
         widget.setProperty("role", role)
     widget.setWordWrap(wrap)

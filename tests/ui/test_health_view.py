@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from PySide6.QtCore import QPoint, QRect
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtCore import QPoint, QRect, Qt
+from PySide6.QtGui import QGuiApplication, QTextDocument
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.core.components import Status, Verdict
@@ -467,3 +467,25 @@ def test_the_fix_a_check_remembered_shows_in_the_status_bar_at_once(window, engi
     assert window.state.model == remembered
     assert window.precision_status.text() == "Precision: fp16, with 1 VAE layer in fp32"
     assert view.verdict.level == "warn" and view.report is not None
+
+
+def test_a_fix_whose_words_hold_an_apostrophe_shows_it_not_its_entity(window, engines):
+    """A clamp's summary says "fp16's range": escaped for the card, it must still be shown as
+    an apostrophe (a tagless label is taken for plain text and showed "fp16&#x27;s")."""
+    view, job = _run_check(window, engines)
+    report = reports.fixable()
+    assert report.fix is not None
+    words = "The VAE overflowed; fix: clamp 1 VAE layer to fp16's range. Verified."
+    report = replace(report, fix=replace(report.fix, summary=words, quality=None))
+    engines.current.finish(job, reports.result(report))
+    QApplication.processEvents()
+
+    shown = [w for w in view.findChildren(QLabel) if "fp16" in w.text() and "range" in w.text()]
+    assert shown
+    for widget in shown:
+        document = QTextDocument()
+        if widget.textFormat() == Qt.TextFormat.RichText:
+            document.setHtml(widget.text())
+        else:
+            document.setPlainText(widget.text())
+        assert "fp16's range" in document.toPlainText()

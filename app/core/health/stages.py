@@ -351,12 +351,19 @@ class Runner:
 
 def left_behind(samples: dict[str, list[float]], racing: Collection[str]) -> list[str]:
     """The `racing` plans whose fastest run took more than `RACE_MARGIN` times the slowest run
-    of the fastest of them (by median): more rounds could not make one of them the cheapest."""
+    of the fastest of them (by median): more rounds could not make one of them the cheapest.
+    A plan timed once is left behind only past the square of that margin: one run can be slowed
+    that much by other programs, and a plan dropped on it would lose the choice of the fix to a
+    chance (its one run is a range of no width, which any candidate timed well beats)."""
     if len(racing) < 2:
         return []
     leader = min(racing, key=lambda label: statistics.median(samples[label]))
     bound = RACE_MARGIN * max(samples[leader])
-    return [label for label in racing if min(samples[label]) > bound]
+    return [
+        label
+        for label in racing
+        if min(samples[label]) > (bound if len(samples[label]) > 1 else bound * RACE_MARGIN)
+    ]
 
 
 def only(plan: PrecisionPlan, names: Collection[str]) -> PrecisionPlan:
