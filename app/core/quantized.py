@@ -916,7 +916,9 @@ class GgufTensors:
         try:
             with open_regular(path) as handle:
                 self.file_size = os.fstat(handle.fileno()).st_size
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+                # Private (copy-on-write): tensors are views of it, pages shared with the OS
+                # cache and held once; writing to one never touches the file.
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
         except OSError as error:
             raise BadFileError(
                 path, f"the file cannot be read ({error.strerror or error})."
@@ -942,16 +944,17 @@ class GgufTensors:
         return [n for n, _ in sorted(self.infos.items(), key=lambda item: item[1].start)]
 
     def raw(self, name: str):
-        """One tensor's bytes as the file stores them (a uint8 copy)."""
+        """One tensor's bytes as the file stores them: a zero-copy uint8 view of the file's
+        private map (a copy held them twice, beside the map's pages, while a model loaded)."""
         import numpy as np
         import torch
 
         info = self.infos[name]
         raw = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.start)
-        return torch.from_numpy(raw.copy())
+        return torch.from_numpy(raw)
 
     def get(self, name: str):
-        """One tensor: F32, F16, F64 and integer types as stored (copied out of the file),
+        """One tensor: F32, F16, F64 and integer types as stored (a view of the file's map),
         block-quantised types and BF16 dequantised by the gguf package to float32 and held as
         COMPUTE_DTYPE."""
         import numpy as np
@@ -963,7 +966,9 @@ class GgufTensors:
         raw = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.start)
         plain = _PLAIN_GGUF_TYPES.get(info.type_name)
         if plain is not None:
-            values = raw.view(plain).copy()
+            values = raw.view(plain) if info.start % np.dtype(plain).itemsize == 0 else None
+            if values is None:  # not aligned to its elements: kernels may assume it, so copy
+                values = raw.copy().view(plain)
             return torch.from_numpy(values).reshape(info.shape)
         kind = GGMLQuantizationType[info.type_name]
         block_bytes = GGML_QUANT_SIZES[kind][1]

@@ -103,7 +103,8 @@ def test_a_clamp_that_saturates_is_shown_rejected_below_the_island(no_native_bf1
     assert island.chosen
     kinds = [c.kind for c in report.fix.candidates]
     assert kinds.index("islands") < kinds.index("clamp")
-    assert any(n.startswith("Clamp the fp16 output") and "not a fix" in n for n in report.notes)
+    # Said as every fix is said (`precision.words.fix_words`): "Clamp 1 text encoder layer ...".
+    assert any(n.startswith("Clamp 1 ") and "not a fix" in n for n in report.notes)
     shown = {c["kind"]: c for c in report.to_json()["fix"]["candidates"]}
     assert shown["clamp"]["verified"] is False
     assert shown["clamp"]["quality"]["value"] < diagnosis.QUALITY_THRESHOLD_DB
@@ -422,7 +423,8 @@ def test_a_candidate_that_fails_to_run_is_dropped_with_a_note(no_native_bf16, mo
         if ctx.component != "unet":
             return None
         plan = ctx.plan.with_modules("unet", {f"{UNET_ATTENTION}.to_q": "fp32"})
-        return diagnosis.FixCandidate(plan, {}, "keep the query projection alone in fp32")
+        settings = {"fp32_modules": [f"unet:{UNET_ATTENTION}.to_q"]}
+        return diagnosis.FixCandidate(plan, settings, "split")
 
     kinds = (diagnosis.FixKind("split", split_attention, "a split attention"),)
     monkeypatch.setattr(diagnosis, "FIX_KINDS", kinds + diagnosis.FIX_KINDS)
@@ -430,5 +432,6 @@ def test_a_candidate_that_fails_to_run_is_dropped_with_a_note(no_native_bf16, mo
 
     assert report.verdict == "fixable" and report.fix.verified
     assert "split" not in {c.kind for c in report.fix.candidates}
-    (note,) = [n for n in report.notes if n.startswith("Keep the query projection alone")]
-    assert "failed to run (RuntimeError: " in note and note.endswith("not a fix.")
+    (note,) = [n for n in report.notes if "failed to run" in n]
+    assert note.startswith("Keep 1 UNet layer in fp32 failed to run (RuntimeError: ")
+    assert note.endswith("not a fix.")

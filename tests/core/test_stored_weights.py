@@ -221,3 +221,20 @@ def test_swapping_a_stored_weights_dtype_for_a_forward_decodes_nothing(monkeypat
         assert parameter.dtype == torch.float32
         parameter.data = kept
     assert decoded == [] and parameter.dtype == weight.dtype
+
+
+def test_a_gguf_tensor_kept_as_stored_is_a_view_of_the_files_map_not_a_copy(tmp_path):
+    """A copy held each tensor's bytes twice while a model loaded (the copy and the map's
+    pages): the blocks are the file's own bytes, read twice the same memory."""
+    from app.core.checkpoint import Checkpoint
+
+    _, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q4_0)
+    with Checkpoint(path) as checkpoint:
+        name = next(n for n, t in checkpoint._gguf.types.items() if t == "Q4_0")
+        first, second = checkpoint.get(name), checkpoint.get(name)
+    assert isinstance(first, StoredTensor) and isinstance(second, StoredTensor)
+    assert first.packed.data_ptr() == second.packed.data_ptr()
+    written = np.fromfile(path, dtype=np.uint8)
+    info = checkpoint._gguf.infos[name]
+    expected = written[info.start : info.start + info.nbytes]
+    assert np.array_equal(first.packed.reshape(-1).numpy(), expected)
