@@ -153,30 +153,21 @@ class MemoryRecord:
         return f"{self.budget_mb / 1024:.1f} GB"
 
 
-def memory_record(pipeline, plan) -> MemoryRecord | None:
-    """How a job's parts will be held under its memory budget, as its records keep it
-    (`generation.MemoryRecord`), or None when no budget applies."""
+def said_memory_plan(pipeline, plan, progress) -> MemoryRecord | None:
+    """Say before a long job how its components will be held under the memory budget (a
+    `Headline`: a line of its own), where any part streams or computes in place; and return
+    that plan as the job's records keep it (None when no budget applies)."""
+    from app.core.jobs import Headline
     from app.core.precision.placement import memory_plan
 
     if plan.memory_budget_mb is None:
         return None
     parts = memory_plan(pipeline, plan)
+    words = plan_words(parts, plan.memory_budget_mb, plan.vae_tiling == "on")
+    if words:
+        progress(Headline(words), 0, 0)
     return MemoryRecord(
         plan.memory_budget_mb,
         tuple(p.component for p in parts if p.streams),
         tuple(p.component for p in parts if p.stored_dtype is not None),
     )
-
-
-def said_memory_plan(pipeline, plan, progress) -> None:
-    """Say before a long job how its components will be held under the memory budget (a
-    `Headline`: a line of its own), where any part streams or computes in place."""
-    from app.core.jobs import Headline
-    from app.core.precision.placement import memory_plan
-
-    if plan.memory_budget_mb is None:
-        return
-    tiled = plan.vae_tiling == "on"
-    words = plan_words(memory_plan(pipeline, plan), plan.memory_budget_mb, tiled)
-    if words:
-        progress(Headline(words), 0, 0)

@@ -229,7 +229,7 @@ COMFY_FORMATS = {
     "int8_tensorwise": INT8_CODE,
     "nvfp4": NVFP4_CODE,
 }
-_MAX_LAYER_CONFIG = 4096  # bytes; a real one is a few dozen
+MAX_LAYER_CONFIG_BYTES = 4096  # a real one is a few dozen
 
 
 @dataclass
@@ -421,8 +421,10 @@ def layer_format(path: Path, config: str, raw: bytes, code: str) -> None:
     def refuse(problem: str) -> BadFileError:
         return BadFileError(path, f"the layer config '{config}' {problem}")
 
-    if len(raw) > _MAX_LAYER_CONFIG:
-        raise refuse(f"is {len(raw):,} bytes long, where a few dozen belong.")
+    if len(raw) > MAX_LAYER_CONFIG_BYTES:
+        raise refuse(
+            f"is more than {MAX_LAYER_CONFIG_BYTES:,} bytes long, where a few dozen belong."
+        )
     try:
         document = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

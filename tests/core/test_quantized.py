@@ -372,6 +372,10 @@ SCALED_LAYOUT_CASES = {
     ),
     "config not JSON": ({**INT8_LAYER, "a.comfy_quant": config("{format")}, "is not JSON"),
     "config without a format": ({**INT8_LAYER, "a.comfy_quant": config("[1]")}, "names no format"),
+    "config far too long": (
+        {**INT8_LAYER, "a.comfy_quant": torch.full((1 << 20,), 32, dtype=torch.uint8)},
+        "is more than 4,096 bytes long",
+    ),
     "nvfp4 without block scales": (
         {k: v for k, v in MODELOPT_NVFP4.items() if k != "a.weight_scale"},
         "the NVFP4 weight 'a.weight' has no block scales ('a.weight_scale')",

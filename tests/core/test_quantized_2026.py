@@ -180,6 +180,13 @@ def matrices_under(prefixes: tuple[str, ...]) -> Callable[[str, torch.Tensor], b
     return lambda name, t: name.endswith(".weight") and t.ndim == 2 and name.startswith(prefixes)
 
 
+def _as_given(tensors, decoded, error, types, name: str, weight: torch.Tensor) -> None:
+    """A tensor a quantised file keeps as the weights give it: read back exactly."""
+    values = weight.float()
+    tensors[name], decoded[name] = weight, values
+    error[name], types[name] = torch.zeros_like(values), str(weight.dtype)
+
+
 def write_fp8(path: Path, weights, quantised, layout: str) -> Written:
     """The weights `quantised` picks in fp8 e4m3 with a per-tensor scale (their largest value
     over 448), everything else as given, in one of ComfyUI's layouts (see the module)."""
@@ -188,8 +195,7 @@ def write_fp8(path: Path, weights, quantised, layout: str) -> Written:
     for name, weight in weights.items():
         values = weight.float()
         if not quantised(name, weight):
-            tensors[name], decoded[name] = weight, values
-            error[name], types[name] = torch.zeros_like(values), str(weight.dtype)
+            _as_given(tensors, decoded, error, types, name, weight)
             continue
         layer = name.removesuffix(".weight")
         scale = (values.abs().max() / 448).reshape(())
@@ -282,8 +288,7 @@ def write_nvfp4(path: Path, weights, quantised, layout: str) -> Written:
     for name, weight in weights.items():
         values = weight.float()
         if not quantised(name, weight) or values.shape[1] % 16:
-            tensors[name], decoded[name] = weight, values
-            error[name], types[name] = torch.zeros_like(values), str(weight.dtype)
+            _as_given(tensors, decoded, error, types, name, weight)
             continue
         layer = name.removesuffix(".weight")
         codes, blocks, second, decoded[name], error[name] = nvfp4(values)
@@ -308,8 +313,7 @@ def write_int8(path: Path, weights, quantised) -> Written:
     for name, weight in weights.items():
         values = weight.float()
         if not quantised(name, weight):
-            tensors[name], decoded[name] = weight, values
-            error[name], types[name] = torch.zeros_like(values), str(weight.dtype)
+            _as_given(tensors, decoded, error, types, name, weight)
             continue
         layer = name.removesuffix(".weight")
         scale = (values.abs().amax(1, keepdim=True) / 127).clamp_min(1e-12)

@@ -7,6 +7,7 @@ nothing is half-loaded.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -56,14 +57,16 @@ class SafetensorsHeader:
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor's shape as the model sees it: an NVFP4 weight at the shape of the values
-        it packs (`quantized.model_view`); `tensors` holds the stored shapes."""
-        return self._model_view()[0]
+        it packs (`quantized.model_view`); `tensors` holds the stored shapes. A copy: callers
+        may change it."""
+        return dict(self._model_view[0])
 
     def dtypes(self) -> dict[str, str]:
         """Every tensor's dtype code as the model sees it: NVFP4 and int8-with-scale weights
-        as NVFP4 and INT8 (`quantized.model_view`); `tensors` holds the stored codes."""
-        return self._model_view()[1]
+        as NVFP4 and INT8 (`quantized.model_view`); `tensors` holds the stored codes. A copy."""
+        return dict(self._model_view[1])
 
+    @functools.cached_property
     def _model_view(self) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
         stored_shapes = {name: info.shape for name, info in self.tensors.items()}
         stored_dtypes = {name: info.dtype for name, info in self.tensors.items()}

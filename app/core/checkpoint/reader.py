@@ -117,7 +117,9 @@ class Checkpoint:
             raw = self._stored(config)
             if raw.dtype != torch.uint8 or raw.dim() != 1:
                 raise BadFileError(self.path, f"the layer config '{config}' is not a row of bytes.")
-            quantized.layer_format(self.path, config, raw.numpy().tobytes(), layout.stored[weight])
+            # A few dozen bytes in a real file: past the bound, only enough to refuse it is read.
+            head = raw[: quantized.MAX_LAYER_CONFIG_BYTES + 1].numpy().tobytes()
+            quantized.layer_format(self.path, config, head, layout.stored[weight])
         for weight, scale in layout.scale_of.items():
             if layout.stored[weight] != quantized.NVFP4_CODE:
                 self._scales[weight] = self._stored(scale).to(torch.float32).clone()

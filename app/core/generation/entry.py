@@ -29,7 +29,7 @@ from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
-from app.core.memory import is_out_of_memory, memory_record, said_memory_plan
+from app.core.memory import is_out_of_memory, said_memory_plan
 from app.core.pictures import (
     NO_STRENGTH_BECAUSE,
     STRENGTH_DEFAULT,
@@ -261,8 +261,8 @@ def _generate_unsaved(
     seeds = _seeds(request)
     entries: list[ImageResult] = []
     learned: _Learned | None = None
+    memory = said_memory_plan(model.pipeline, plan, progress)
     try:
-        said_memory_plan(model.pipeline, plan, progress)
         progress("Encoding the prompt", 0, steps_run(request.steps, request.strength, mode))
         outcomes = job.run(plan, seeds)
         finals: list[tuple[Outcome, Repair | None, str | None, int | None]] = []
@@ -349,7 +349,7 @@ def _generate_unsaved(
         device=DeviceIdentity.of(info),
         warnings=warnings,
         mode=mode,
-        memory=memory_record(model.pipeline, plan),
+        memory=memory,
     )
     result.seconds = time.perf_counter() - started
     return result, learned
