@@ -223,7 +223,7 @@ def measure_family(parts: dict[str, Callable[[], object]]) -> dict:
 
 def card_budget(card_gib: float) -> float:
     """Bytes a job's parts may each hold on a card of `card_gib` with nothing else running
-    (`streaming.device_budget_mb` on the free memory left beside the desktop)."""
+    (`streaming.device_budget` on the free memory left beside the desktop)."""
     from app.core.precision import streaming
 
     free = (card_gib - DESKTOP_GIB) * GIB

@@ -58,3 +58,19 @@ def cpu_bf16(request, monkeypatch) -> str:
     where it is native, fp32 elsewhere): both answers are asserted on every machine."""
     monkeypatch.setenv("HALFSAFE_CPU_BF16", request.param)
     return request.param
+
+
+# The computer's RAM as the tests see it: a job on the CPU with no budget of its own takes one
+# from the RAM free beside its model (`streaming.device_budget`). Fixed, so that what a job holds
+# and records does not depend on the machine; tests of that budget set their own.
+TEST_RAM_GIB = 64
+
+
+@pytest.fixture(autouse=True)
+def fixed_ram(monkeypatch):
+    import psutil
+
+    memory = psutil.virtual_memory()._replace(
+        available=TEST_RAM_GIB * 2**30, total=TEST_RAM_GIB * 2**30
+    )
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)

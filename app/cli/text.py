@@ -26,6 +26,7 @@ from app.core.health import (
     precision_words,
     status_words,
 )
+from app.core.memory import budget_source_words
 from app.core.selftest import SelfTestResult
 from app.core.settings import FIELDS
 
@@ -155,7 +156,8 @@ def _memory_words(memory: dict) -> str:
     budget = memory.get("budget_mb")
     if budget is None:
         return ""
-    source = " (the GPU's free memory)" if memory.get("budget_from") == "free memory" else ""
+    source = budget_source_words(memory.get("budget_from"))
+    source = f" ({source})" if source else ""
     words = (
         f"budget {budget:,.0f} MB{source}; the check's copies held at most "
         f"{memory.get('peak_placed_mb', 0):,.0f} MB at once"

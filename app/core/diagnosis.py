@@ -17,6 +17,7 @@ from typing import Any
 from app.core.components import COMPONENTS, FP16_MAX, Role, Status
 from app.core.errors import HalfSafeError
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
+from app.core.precision.streaming import host_bytes
 from app.core.settings import PrecisionSettings
 
 AT_RISK_HEADROOM = 2.0  # within 2x of 65504: a bigger image or another prompt can tip it over
@@ -174,14 +175,16 @@ def plan_for_model(
     if remembered:
         dropped = tuple(entry for _, entry in unknown_layers(remembered, pipeline))
         remembered = without_layers(remembered, dropped)
+    components = pipeline_components(pipeline)
     plan = resolve_plan(
         precision,
         feed_forward_islands=feed_forward_islands(pipeline),
         device=device,
-        components=pipeline_components(pipeline),
+        components=components,
         device_info=device_info,
         vae_needs_fp32=vae_needs_fp32(model),
         remembered=remembered,
+        held_bytes=host_bytes(getattr(pipeline, name) for name in components),
     )
     return whole_attention_plan(replace(plan, remembered_dropped=dropped), pipeline)
 

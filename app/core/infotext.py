@@ -279,7 +279,7 @@ DEVICE = _halfsafe("Device", "the device it ran on", "setting", "device")
 DEVICE_NAME = _halfsafe("Device name", "that device's name (a GPU's, or the CPU's)")
 MEMORY_BUDGET = _halfsafe(
     "Memory budget",
-    "the memory budget its parts were held under (the setting, or the GPU's free memory)",
+    "the memory budget its parts were held under (the setting, or the device's free memory)",
 )
 STREAMED = _halfsafe("Streamed", "the parts that streamed block by block under it", "list")
 COMPUTED_IN_PLACE = _halfsafe(

@@ -101,6 +101,15 @@ def _gb(count: int) -> str:
     return f"{count / 2**30:.1f} GB" if count >= 2**30 / 10 else f"{count / 2**20:,.0f} MB"
 
 
+def budget_source_words(budget_from: str | None) -> str:
+    """Where a budget the user did not set came from, in words ("" for the user's own)."""
+    from app.core.precision.streaming import FROM_GPU, FROM_RAM
+
+    return {FROM_GPU: "the GPU's free memory", FROM_RAM: "the computer's free memory"}.get(
+        budget_from or "", ""
+    )
+
+
 def plan_words(parts, budget_mb: float | None, vae_tiled: bool = False) -> str | None:
     """One line saying how a job's components will be held under the memory budget (from
     `placement.memory_plan`), said before a long job; None when every part fits whole as
@@ -134,16 +143,20 @@ def plan_words(parts, budget_mb: float | None, vae_tiled: bool = False) -> str |
 @dataclass(frozen=True)
 class MemoryRecord:
     """How a job held its parts under its memory budget (`placement.memory_plan`): the budget
-    in MB (the user's, or the GPU's free memory), the parts that streamed block by block and
+    in MB (the user's, or the device's free memory), the parts that streamed block by block and
     those kept as stored computing wider layer by layer."""
 
     budget_mb: float
     streamed: tuple[str, ...] = ()
     computed_in_place: tuple[str, ...] = ()
+    # Where the budget came from: "setting", "free memory" (a GPU's) or "free RAM" (a CPU's or
+    # an Apple GPU's: the computer's), as `PrecisionPlan.memory_budget_from`.
+    budget_from: str = "setting"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "budget_mb": round(self.budget_mb),
+            "budget_from": self.budget_from,
             "streamed": list(self.streamed),
             "computed_in_place": list(self.computed_in_place),
         }
@@ -170,4 +183,5 @@ def said_memory_plan(pipeline, plan, progress) -> MemoryRecord | None:
         plan.memory_budget_mb,
         tuple(p.component for p in parts if p.streams),
         tuple(p.component for p in parts if p.stored_dtype is not None),
+        plan.memory_budget_from or "setting",
     )

@@ -121,10 +121,12 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
     assert free.fix is not None and tight.fix is not None
     assert tight.fix.settings == free.fix.settings
     assert tight.fix.verified
-    assert free.plan.memory_budget_mb is None
+    # No budget of the user's own: on a CPU, the (test-fixed) computer's free RAM, ample.
+    assert free.plan.memory_budget_from == "free RAM"
     assert tight.plan.memory_budget_mb == pytest.approx(budget_gb * 1024)
+    assert tight.plan.memory_budget_from == "setting"
     free_memory, tight_memory = free.to_json()["memory"], tight.to_json()["memory"]
-    assert free_memory["budget_mb"] is None and free_memory["computed_in_place"] == []
+    assert free_memory["budget_mb"] > 32 * 1024 and free_memory["computed_in_place"] == []
     assert free_memory["streamed"] == {}
     assert tight_memory["budget_mb"] == pytest.approx(budget_gb * 1024)
     assert tight_memory["computed_in_place"] == [component]
@@ -182,8 +184,9 @@ def test_a_generation_under_a_budget_makes_the_same_image(tmp_path):
 
 
 def test_a_generation_records_how_its_parts_were_held_in_its_json_and_png(tmp_path):
-    """Computed in place under one budget, streamed under a smaller one, nothing without: the
-    result's `memory` and the PNG's Memory budget, Streamed and Computed in place keys say so."""
+    """Computed in place under one budget, streamed under a smaller one, held whole under the
+    computer's ample free RAM: the result's `memory` and the PNG's Memory budget, Streamed and
+    Computed in place keys say so."""
     from app.core import generation, infotext
     from app.core.infotext import parse
 
@@ -200,14 +203,18 @@ def test_a_generation_records_how_its_parts_were_held_in_its_json_and_png(tmp_pa
         )
         for budget in (0.0, TINY_BUDGET_GB, STREAM_BUDGET_GB)
     }
-    assert made[0.0].memory is None and made[0.0].to_json()["memory"] is None
-    assert "Memory budget" not in made[0.0].images[0].parameters
+    ample = made[0.0].memory
+    assert ample is not None and ample.budget_mb > 32 * 1024
+    assert not ample.streamed and not ample.computed_in_place
+    assert made[0.0].to_json()["memory"]["budget_from"] == "free RAM"
+    assert "Memory budget: 5" in made[0.0].images[0].parameters  # of the tests' fixed 64 GB
     in_place, streamed = made[TINY_BUDGET_GB].memory, made[STREAM_BUDGET_GB].memory
     assert in_place is not None and streamed is not None
     assert set(in_place.computed_in_place) == set(PARTS)  # every part fp16 -> fp32
     assert set(streamed.streamed) == set(PARTS)
     assert made[TINY_BUDGET_GB].to_json()["memory"] == {
         "budget_mb": 1,
+        "budget_from": "setting",
         "streamed": list(in_place.streamed),
         "computed_in_place": list(in_place.computed_in_place),
     }

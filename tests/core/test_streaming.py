@@ -144,20 +144,111 @@ def test_the_memory_plan_is_said_before_the_job_where_a_part_streams():
 
 
 def test_without_a_budget_a_cuda_gpu_budgets_its_free_memory_less_a_reserve(monkeypatch):
-    assert streaming.device_budget_mb("cpu") is None
-    assert streaming.device_budget_mb("mps") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     gib = 2**30
     # An 8 GB card with 7.5 GB free keeps 1.6 GB (a fifth) for activations.
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(7.5 * gib), 8 * gib))
-    assert streaming.device_budget_mb("cuda:0") == pytest.approx(7.5 * 1024 - 0.2 * 8 * 1024)
-    # A 6 GB card keeps at least 1.5 GB; a full one still gets a working minimum.
+    budget, source = streaming.device_budget("cuda:0")
+    assert budget == pytest.approx(7.5 * 1024 - 0.2 * 8 * 1024) and source == "free memory"
+    # A 6 GB card keeps at least 1.5 GB; a full one still gets a working minimum. What the
+    # model holds in the computer's memory is no concern of a GPU's budget.
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(5.6 * gib), 6 * gib))
-    assert streaming.device_budget_mb("cuda") == pytest.approx(5.6 * 1024 - 1536)
+    assert streaming.device_budget("cuda", held_bytes=4 * gib)[0] == pytest.approx(
+        5.6 * 1024 - 1536
+    )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (gib // 2, 6 * gib))
-    assert streaming.device_budget_mb("cuda") == streaming.BUDGET_MIN_MB
+    assert streaming.device_budget("cuda")[0] == streaming.BUDGET_MIN_MB
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert streaming.device_budget_mb("cuda") is None
+    assert streaming.device_budget("cuda") == (None, None)
+    assert streaming.device_budget("xpu") == (None, None)
+
+
+def _ram(monkeypatch, available_gib: float, total_gib: float):
+    import psutil
+
+    gib = 2**30
+    memory = psutil.virtual_memory()._replace(
+        available=int(available_gib * gib), total=int(total_gib * gib)
+    )
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+
+
+def test_without_a_budget_a_cpu_budgets_the_computers_free_ram_beside_the_model(monkeypatch):
+    gib = 2**30
+    # 16 GB of RAM with 12 GB available, 6.5 GB of it the page cache of an SDXL file the job
+    # holds: 5.5 GB left, less a fifth of the RAM (3.2 GB) for activations and the system.
+    _ram(monkeypatch, 12, 16)
+    budget, source = streaming.device_budget("cpu", held_bytes=int(6.5 * gib))
+    assert budget == pytest.approx((12 - 6.5 - 0.2 * 16) * 1024) and source == "free RAM"
+    # 6 GB of RAM keeps at least 1.5 GB; a model as big as what is free leaves the minimum.
+    _ram(monkeypatch, 5, 6)
+    assert streaming.device_budget("cpu")[0] == pytest.approx((5 - 1.5) * 1024)
+    assert streaming.device_budget("cpu", held_bytes=5 * gib)[0] == streaming.BUDGET_MIN_MB
+
+
+def test_an_apple_gpu_budgets_the_computers_free_ram_within_metals_working_set(monkeypatch):
+    gib = 2**30
+    _ram(monkeypatch, 12, 16)
+    monkeypatch.setattr(torch.mps, "recommended_max_memory", lambda: 10 * gib, raising=False)
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: 2 * gib, raising=False)
+    # RAM says 12 - 2 held = 10 GB; Metal's working set has 8 GB left: the smaller, less 3.2.
+    budget, source = streaming.device_budget("mps", held_bytes=2 * gib)
+    assert budget == pytest.approx((8 - 0.2 * 16) * 1024) and source == "free RAM"
+    monkeypatch.setattr(torch.mps, "driver_allocated_memory", lambda: 0, raising=False)
+    assert streaming.device_budget("mps", held_bytes=2 * gib)[0] == pytest.approx(
+        (10 - 0.2 * 16) * 1024
+    )
+
+
+def test_host_bytes_count_each_tensor_once_at_its_stored_bytes():
+    pipeline = _half_stored()
+    unet = sum(t.numel() * 2 for t in pipeline.unet.parameters())
+    unet += sum(t.numel() * t.element_size() for t in pipeline.unet.buffers())
+    assert streaming.host_bytes([pipeline.unet, pipeline.unet]) == unet
+
+
+def test_a_cpu_job_whose_wider_copy_would_not_fit_the_free_ram_computes_in_place(monkeypatch):
+    """With no budget set, the fp32 reference of an fp16 UNet on a CPU is made only where the
+    computer has the RAM for it beside the model; else the UNet computes in fp32 from its fp16
+    weights, and the check finds the same as with the copy."""
+    pipeline = _half_stored()
+    held = streaming.host_bytes([pipeline.text_encoder, pipeline.unet, pipeline.vae])
+    wide = sum(t.numel() * 4 for t in pipeline.unet.parameters())
+    # No reserve and no minimum, so the tiny model meets the budget as a real one would.
+    monkeypatch.setattr(streaming, "RESERVE_MIN_MB", 0.0)
+    monkeypatch.setattr(streaming, "RESERVE_SHARE", 0.0)
+    monkeypatch.setattr(streaming, "BUDGET_MIN_MB", 0.0)
+    gib = 2**30
+    reports = {}
+    for room in ("ample", "short"):
+        extra = 100 * wide if room == "ample" else wide // 2
+        _ram(monkeypatch, (held + extra) / gib, 16)
+        stages: list[object] = []
+        reports[room] = health.check_loaded(
+            loaded(_half_stored("unet_ff"), f"ram-{room}"),
+            precision=PrecisionSettings(precision="fp16"),
+            device="cpu",
+            size=64,
+            remember=False,
+            measure_cost=False,
+            on_progress=lambda stage, done, total, said=stages: said.append(stage),
+        )
+        memory = reports[room].memory
+        assert memory["budget_from"] == "free RAM"
+        assert memory["budget_mb"] == pytest.approx(extra / 2**20, abs=0.01)
+        said = [s for s in stages if isinstance(s, Headline) and s.startswith("Memory budget")]
+        if room == "short":
+            assert "unet" in memory["computed_in_place"]
+            assert memory["peak_placed_mb"] < wide / 2**20
+        else:
+            assert not memory["computed_in_place"] and not said
+    short, ample = reports["short"].to_json(), reports["ample"].to_json()
+    assert short["verdict"] == ample["verdict"] == "fixable"
+    bad = [
+        c["first_bad_module"] for c in (short["components"]["unet"], ample["components"]["unet"])
+    ]
+    assert bad[0] == bad[1] is not None
+    assert short["fix"]["summary"] == ample["fix"]["summary"]
 
 
 def test_a_dropped_streamed_copy_frees_what_it_placed_at_once():

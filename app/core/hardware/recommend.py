@@ -158,8 +158,8 @@ def _recommend(
     why["vae_tiling"] = "Tiles only a decode that would not fit the GPU's memory"
     rec["max_vram_gb"] = 0.0
     why["max_vram_gb"] = (
-        "No budget of your own: a GPU's free memory at the start of each job is used; set one to "
-        "leave room for other programs on the device"
+        "No budget of your own: the device's free memory at the start of each job is used (the "
+        "computer's for a CPU or an Apple GPU); set one to leave room for other programs"
     )
     ordered = {key: rec[key] for key in PRECISION_KEYS}
     PrecisionSettings(**ordered)  # every value valid for the schema

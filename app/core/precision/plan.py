@@ -85,11 +85,12 @@ class PrecisionPlan:
     # out of the plan, the rest of the fix used.
     remembered_dropped: tuple[str, ...] = ()
     # The most one placed component may hold on the device, in MiB (the `max_vram_gb`
-    # setting, else a CUDA GPU's free memory less a reserve); None: no budget. A component that would not fit in a dtype wider than it is
-    # stored in keeps its stored weights and computes in the wider dtype layer by layer.
+    # setting, else the device's free memory less a reserve, `streaming.device_budget`); None:
+    # no budget. A component that would not fit in a dtype wider than it is stored in keeps
+    # its stored weights and computes in the wider dtype layer by layer.
     memory_budget_mb: float | None = None
-    # Where the budget came from: "setting" (`max_vram_gb`), "free memory" (a CUDA GPU's free
-    # memory less a reserve, `streaming.device_budget_mb`), None for no budget.
+    # Where the budget came from: "setting" (`max_vram_gb`), "free memory" (a CUDA GPU's),
+    # "free RAM" (the computer's, for a CPU or an Apple GPU), None for no budget.
     memory_budget_from: str | None = None
     # Whether the VAE decodes in tiles: "on" or "off" once a job has resolved it for its
     # picture size (`tiling.resolve`), "auto" until then (the setting).

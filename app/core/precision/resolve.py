@@ -12,7 +12,7 @@ from app.core.components import COMPONENTS as ALL_COMPONENTS
 from app.core.components import SETTING_FOLLOWS, join_words
 from app.core.precision.autocast import autocast_available, autocast_problem
 from app.core.precision.plan import COMPONENT_SETTING, DTYPE_NAMES, PrecisionPlan
-from app.core.precision.streaming import device_budget_mb
+from app.core.precision.streaming import device_budget
 from app.core.settings import PrecisionSettings, modules_by_component
 
 
@@ -55,6 +55,7 @@ def resolve_plan(
     remembered: Mapping[str, Any] | None = None,
     feed_forward_islands: Mapping[str, Mapping[str, str]] | None = None,
     ask_device: bool = True,
+    held_bytes: int = 0,
 ) -> PrecisionPlan:
     """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
 
@@ -70,6 +71,8 @@ def resolve_plan(
     model's needs, then the device's recommendation. `ask_device`: the device is asked what
     `device_info` does not say (its free memory for a budget left to it, what its autocast
     does); off for the plan the window shows before a job, which never touches the device.
+    `held_bytes`: what the loaded model's weights take in the computer's memory, which a budget
+    taken from that memory (a CPU's, an Apple GPU's) leaves to them.
     """
     device_str = str(device)
     kind = device_str.split(":")[0]
@@ -207,8 +210,8 @@ def resolve_plan(
                 reasons[key] = "A fix verified for this model on this device is remembered."
     budget = float(user.get("max_vram_gb") or 0.0) * 1024 or None
     budget_from = "setting" if budget else None
-    if budget is None and ask_device and (budget := device_budget_mb(device_str)) is not None:
-        budget_from = "free memory"
+    if budget is None and ask_device:
+        budget, budget_from = device_budget(device_str, held_bytes)
     return PrecisionPlan(
         device=device_str,
         dtypes=dtypes,

@@ -235,6 +235,21 @@ def _add_stream_hooks(block, tensors, device) -> None:
     block.register_forward_hook(let_go, always_call=True)
 
 
+def host_bytes(modules) -> int:
+    """The bytes the tensors of `modules` take in the computer's memory (stored ones at their
+    stored bytes), each tensor counted once."""
+    from app.core.checkpoint.stored import stored_bytes
+
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if id(tensor) not in seen and tensor.device.type == "cpu":
+                seen.add(id(tensor))
+                total += stored_bytes(tensor)
+    return total
+
+
 def streamed_of(module) -> Sizes | None:
     """The streaming of a placed component, None for one placed whole."""
     return getattr(module, "_halfsafe_streamed", None)
@@ -249,23 +264,52 @@ def device_of(module):
     return next(t for t in itertools.chain(module.parameters(), module.buffers())).device
 
 
-# What a job leaves free on a GPU beside the weights it places, when no budget is set: the
-# activations (a 1024 px VAE decode takes GBs in fp16), the CUDA context, other programs.
-RESERVE_SHARE = 0.2  # of the card's memory
+# What a job leaves free beside the weights it places, when no budget is set: the activations
+# (a 1024 px VAE decode takes GBs in fp16), the CUDA context, the system and other programs.
+RESERVE_SHARE = 0.2  # of the device's memory (the computer's, for a CPU or an Apple GPU)
 RESERVE_MIN_MB = 1536.0
 BUDGET_MIN_MB = 256.0
 
+# Where a budget the user did not set comes from (`PrecisionPlan.memory_budget_from`).
+FROM_GPU = "free memory"  # a CUDA or ROCm GPU's free memory
+FROM_RAM = "free RAM"  # the computer's, where the device computes in it (a CPU, an Apple GPU)
 
-def device_budget_mb(device: str) -> float | None:
-    """The memory budget of a job on `device` when the user set none: a CUDA (or ROCm) GPU's
-    free memory now, less a reserve for activations of a fifth of the card or 1.5 GB, whichever
-    is more; None elsewhere (a CPU's and an Apple GPU's memory is the computer's)."""
-    if not device.startswith("cuda"):
-        return None
+
+def device_budget(device: str, held_bytes: int = 0) -> tuple[float, str] | tuple[None, None]:
+    """The memory budget of a job on `device` when the user set none, in MiB, and where it came
+    from; (None, None) where there is nothing to ask.
+
+    A CUDA (or ROCm) GPU: its free memory now. A CPU or an Apple GPU computes in the computer's
+    own memory, beside the loaded model: the RAM the system says is available less the
+    `held_bytes` the model's weights take there (counted again, since a model read from a
+    mapped file sits in the page cache the system calls available; an Apple GPU also no more
+    than Metal's recommended working set left). Either way less a reserve for activations of a
+    fifth of the device's memory or 1.5 GB, whichever is more."""
     import torch
 
-    if not torch.cuda.is_available():
-        return None
-    free, total = torch.cuda.mem_get_info(torch.device(device))
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return None, None
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return _less_reserve(free, total), FROM_GPU
+    if device.startswith(("cpu", "mps")):
+        import psutil
+
+        memory = psutil.virtual_memory()
+        free = memory.available - held_bytes
+        if device.startswith("mps"):
+            free = min(free, _metal_free())
+        return _less_reserve(free, memory.total), FROM_RAM
+    return None, None
+
+
+def _metal_free() -> int:
+    import torch
+
+    mps = torch.mps
+    return int(mps.recommended_max_memory()) - int(mps.driver_allocated_memory())
+
+
+def _less_reserve(free: int, total: int) -> float:
     reserve = max(RESERVE_MIN_MB, RESERVE_SHARE * total / 2**20)
     return max(free / 2**20 - reserve, BUDGET_MIN_MB)

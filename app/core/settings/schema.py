@@ -48,8 +48,9 @@ SCHEMA: tuple[Field, ...] = (
         "health check, a fix or no-half that widens fp16 weights) keeps its weights as stored "
         "and computes layer by layer in the wider precision; a part whose stored weights do not "
         "fit streams its blocks to the GPU one at a time. Both are slower but give the same "
-        "results. 0: no budget of your own (an NVIDIA or AMD GPU's free memory at the start of "
-        "each job, less room for its activations).",
+        "results. 0: no budget of your own (the device's free memory at the start of each job, "
+        "less room for its activations: a GPU's own, or for a CPU or an Apple GPU the "
+        "computer's, beside the model it holds).",
         "Device",
         minimum=0.0,
         maximum=4096.0,
