@@ -121,8 +121,8 @@ def plan_words(parts, budget_mb: float | None, vae_tiled: bool = False) -> str |
     said = []
     for part in parts:
         words = component_words(part.component)
-        if part.streams:
-            held = part.sizes
+        held = part.sizes
+        if part.streams and held is not None:
             said.append(
                 f"the {words} streams block by block ({_gb(held.whole)} as held: "
                 f"{_gb(held.resident)} kept on the device and one of {held.blocks} blocks, "

@@ -262,8 +262,22 @@ def _over_budget(source, dtype, budget_mb: float | None) -> bool:
     stored at their stored bytes) would take more than `budget_mb`, and it has blocks to stream."""
     if budget_mb is None or next(source.parameters()).device.type != "cpu":
         return False
+    if _at_most_bytes(source) <= budget_mb * 2**20:
+        return False  # fits in any dtype a plan places it in: no need to count it block by block
     held = sizes(source, dtype)
     return held.whole > budget_mb * 2**20 and held.blocks > 0
+
+
+def _at_most_bytes(source) -> int:
+    """An upper bound of what `source` can hold placed in any dtype a plan gives it (fp32 at
+    most, a tensor stored wider in its own), each tensor counted once: a quick "it fits"."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in itertools.chain(source.parameters(), source.buffers()):
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * max(tensor.element_size(), 4)
+    return total
 
 
 @dataclass(frozen=True)
@@ -273,8 +287,8 @@ class PartMemory:
     component: str
     dtype: str  # the plan's dtype for it
     stored_dtype: str | None  # set when it keeps this narrower stored dtype, computing wider
-    sizes: Sizes  # in the dtype it is held in
     streams: bool
+    sizes: Sizes | None  # in the dtype it is held in, where it streams (else not counted)
 
 
 def memory_plan(pipeline, plan: PrecisionPlan) -> list[PartMemory]:
@@ -292,8 +306,8 @@ def memory_plan(pipeline, plan: PrecisionPlan) -> list[PartMemory]:
                 component=name,
                 dtype=dtype,
                 stored_dtype=dtype_name(storage) if storage != wide else None,
-                sizes=sizes(source, storage, plan.islands(name)),
                 streams=streams,
+                sizes=sizes(source, storage, plan.islands(name)) if streams else None,
             )
         )
     return parts
