@@ -31,7 +31,7 @@ TIMEOUT_S = 300
 
 
 def one_run() -> dict[str, float]:
-    from app.core.requests import HardwareRequest, LoadRequest, PingRequest
+    from app.core.requests.records import HardwareRequest, LoadRequest, PingRequest
     from app.engine.events import EngineEvent, EventState, JobRequest
     from app.engine.process import EngineProcess
 

@@ -72,7 +72,9 @@ def _to(value, device):
 def run(args) -> dict:
     import torch
 
-    from app.core import diagnosis, hardware
+    from app.core import hardware
+    from app.core.fixing import diagnosis
+    from app.core.fixing.probe import ActivationRecorder
     from app.core.precision import (
         PlacedPipeline,
         backend_flags,
@@ -80,7 +82,6 @@ def run(args) -> dict:
         plan_weights_mb,
         resolve_plan,
     )
-    from app.core.probe import ActivationRecorder
     from app.core.settings import PrecisionSettings
 
     device = hardware.pick_device(args.device)

@@ -114,7 +114,7 @@ def unet_call(model, size: int) -> dict:
 
     import torch
 
-    from app.core import diagnosis
+    from app.core.fixing import diagnosis
     from app.core.precision import PrecisionPlan, placement
 
     unet = model.pipeline.unet

@@ -51,7 +51,8 @@ def random_bfl_state(config: dict | None = None) -> dict:
     import torch
     from diffusers import FluxTransformer2DModel
 
-    from app.core import layouts, split
+    from app.core.formats import layouts
+    from app.core.models import split
 
     config = config or transformer_config()
     with torch.device("meta"):

@@ -65,8 +65,8 @@ def transformer_config() -> dict:
 
 def load(path: Path):
     """The transformer as HalfSafe's loader reads it (the split-file loader's own function)."""
-    from app.core import split
     from app.core.checkpoint import Checkpoint
+    from app.core.models import split
     from app.core.models.transformer_files import _split_transformer
 
     with Checkpoint(path) as checkpoint:

@@ -91,7 +91,7 @@ def worker(case: dict) -> dict:
     """One warm case in this process: load through the engine's load handler, check through its
     check handler, generate 20 steps through its generate handler."""
     started = time.perf_counter()
-    from app.core.requests import CheckRequest, GenerateRequest, LoadRequest
+    from app.core.requests.records import CheckRequest, GenerateRequest, LoadRequest
     from app.core.settings import PrecisionSettings
     from app.engine import jobs
     from app.engine.events import EventState, JobRequest

@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.core import demo  # noqa: E402
-from app.core.tokenizers import clip_tokenizer  # noqa: E402
+from app.core.encoders.tokenizers import clip_tokenizer  # noqa: E402
 
 SIZE = demo.DEMO_SIZE
 

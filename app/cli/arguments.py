@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 from app import __version__
 from app.cli.exit_status import EXIT_CANNOT_RUN
 from app.core import hires, samplers
-from app.core.canvas import (
+from app.core.images.canvas import (
     EXTEND_RANGE,
     MASK_BLUR_DEFAULT,
     MASK_BLUR_RANGE,
@@ -18,7 +18,7 @@ from app.core.canvas import (
     PADDING_RANGE,
     SIDES,
 )
-from app.core.pictures import STRENGTH_DEFAULT
+from app.core.images.pictures import STRENGTH_DEFAULT
 from app.core.settings import (
     FIELDS,
     SCHEMA,
@@ -293,7 +293,7 @@ def _seconds(text: str) -> float:
 
 
 def _lora_argument(text: str):
-    from app.core.lora import parse_lora_argument
+    from app.core.lora.files import parse_lora_argument
 
     try:
         return parse_lora_argument(text)

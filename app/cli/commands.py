@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 from app.cli.arguments import effective_settings
 from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
 from app.cli.progress import progress_for
-from app.core.canvas import MASK_BLUR_DEFAULT, PADDING_DEFAULT, Canvas
 from app.core.errors import HalfSafeError
 from app.core.hires import Hires
-from app.core.pictures import STRENGTH_DEFAULT
+from app.core.images.canvas import MASK_BLUR_DEFAULT, PADDING_DEFAULT, Canvas
+from app.core.images.pictures import STRENGTH_DEFAULT
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported where a command runs: `halfsafe --version` stays instant
     from app.core.generation import GenerationResult
     from app.core.models import LoadedModel
-    from app.core.requests import CheckRequest, GenerateRequest
+    from app.core.requests.records import CheckRequest, GenerateRequest
 
 
 def _print_json(document: dict[str, Any]) -> None:
@@ -43,7 +43,8 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from app.core import health, requested
+    from app.core import health
+    from app.core.requests.records import requested
 
     request = check_request(args, effective_settings(args))
     check_pictures(args)
@@ -68,7 +69,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def check_request(args: argparse.Namespace, values: dict[str, Any]) -> CheckRequest:
     """`halfsafe check`'s flags laid over the saved settings (`values`), as the record the
     window's check sends: the LoRAs are exactly those the flags name."""
-    from app.core.requests import CheckRequest
+    from app.core.requests.records import CheckRequest
 
     return CheckRequest(
         precision=PrecisionSettings.from_mapping(values),
@@ -113,10 +114,10 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     """`halfsafe generate`: load `source`, build the request from the flags laid over the saved
     settings (`values`), and generate. Progress goes to stderr: a line redrawn in place on a
     terminal, a plain line with the ETA every few seconds otherwise (a log file or a CI job)."""
-    from app.core import requested
+    from app.core.encoders.prompts import parse_emphasis
     from app.core.generation import rescue_unsaved
-    from app.core.images import ImageSaveError
-    from app.core.prompts import parse_emphasis
+    from app.core.images.finished import ImageSaveError
+    from app.core.requests.records import requested
 
     for text in (getattr(args, "prompt", "") or "", values.get("negative_prompt", "")):
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
@@ -137,7 +138,7 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
     window's Generate sends. Without --width/--height the image is the model's native size
     (`native_size`: the demo's 128 px, SDXL's 1024), not the saved 512."""
     from app.core.generation import GenerationRequest
-    from app.core.requests import GenerateRequest
+    from app.core.requests.records import GenerateRequest
 
     width, height = cli_image_size(args, values, native_size)
     images = list(getattr(args, "images", None) or [])
@@ -196,7 +197,7 @@ def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int,
     native = int(native_size) if native_size else int(values["width"])
     images = getattr(args, "images", None) or []
     if images:
-        from app.core.pictures import picture_size
+        from app.core.images.pictures import picture_size
 
         return picture_size(images[0], native, width, height, cli_canvas(args).extend)
     return (int(width) if width else native, int(height) if height else native)
@@ -208,7 +209,7 @@ def check_pictures(args) -> None:
     black all over, a mask without a picture) before a model is loaded: each is decoded in
     full here. How many pictures the model takes is known once it is (an editing model takes
     several)."""
-    from app.core.pictures import check_flags, check_picture_files
+    from app.core.images.pictures import check_flags, check_picture_files
 
     images = list(getattr(args, "images", None) or [])
     mask = getattr(args, "mask", None)

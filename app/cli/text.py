@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.core import quantized
-from app.core.cause_words import cause_words
 from app.core.components import words as component_words
+from app.core.formats import quantized
 from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.hardware.records import HardwareReport
+from app.core.hardware.selftest import SelfTestResult
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,
@@ -27,8 +27,8 @@ from app.core.health import (
     status_words,
 )
 from app.core.memory import budget_source_words
-from app.core.selftest import SelfTestResult
 from app.core.settings import FIELDS
+from app.core.words.causes import cause_words
 
 
 def _number(value: float | None) -> str:
@@ -185,7 +185,7 @@ def _memory_words(memory: dict) -> str:
 def explain_text(explanation) -> str:
     """What `halfsafe explain` prints: the answer first, then the record, the model and the fix
     in the image tool's terms; the health report follows when the check ran."""
-    from app.core.tools import TOOLS, setting_words
+    from app.core.words.tools import TOOLS, setting_words
 
     record = explanation.record
     lines = [explanation.message, ""]

@@ -36,11 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core import diagnosis, kernels, lora
-from app.core.canvas import Canvas
 from app.core.components import Verdict, in_run_order
 from app.core.components import words as component_words
-from app.core.diagnosis import Quality
+from app.core.fixing import diagnosis
+from app.core.fixing.diagnosis import Quality
 from app.core.health import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
@@ -52,9 +51,11 @@ from app.core.health import (
     damaged_files,
     probe_run,
 )
+from app.core.images.canvas import Canvas
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
+from app.core.lora.files import files as lora
 from app.core.memory import is_out_of_memory
-from app.core.precision import PrecisionPlan
+from app.core.precision import PrecisionPlan, kernels
 from app.core.settings import PrecisionSettings
 
 CAUSES = ("precision", "kernel", "weights", "state", "intermittent")
@@ -294,7 +295,7 @@ def _remember(model, report: HealthReport) -> None:
         return
     if cause is not None and cause.kind not in ("precision", "kernel"):
         return
-    from app.core import profiles
+    from app.core.fixing import profiles
 
     profiles.remember_fix(
         model.profile_key,
@@ -558,7 +559,7 @@ def _measured_overflow(report: HealthReport, failed: list[str]) -> bool:
 def _intermittent_cause(runs: _Runs, component: str, progress) -> Cause | None:
     """The check's plan run again, unchanged, on the same inputs: finite and agreeing with fp32
     means the NaN does not come from the model."""
-    from app.core.cause_words import cause_words
+    from app.core.words.causes import cause_words
 
     progress("Re-running exactly as before", 0, 1)
     ok, quality, _ = runs.proved(runs.plan, diagnosis.fp32_reference(runs.plan))

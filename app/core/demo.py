@@ -151,7 +151,7 @@ def build_demo_pipeline(name: str = "demo", progress: ProgressCallback = no_prog
     import torch
     from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
 
-    from app.core.tokenizers import clip_tokenizer
+    from app.core.encoders.tokenizers import clip_tokenizer
 
     if name not in DEMO_MODELS:
         raise ValueError(name)

@@ -42,7 +42,7 @@ class Detection:
     unet_prefix: str = UNET
     notes: tuple[str, ...] = field(default=())
     zero_terminal_snr: bool = False
-    prediction_decided: bool = True  # False: a guess the loader tests (app.core.prediction)
+    prediction_decided: bool = True  # False: a guess the loader tests (app.core.models.prediction)
     prediction_because: str = ""  # the end of `because`: how the prediction type is known
 
     @property

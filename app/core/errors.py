@@ -44,7 +44,7 @@ class CancelledError(HalfSafeError):
 class WrongPartError(UnsupportedModelError):
     """A part of another family or size handed to a model or found beside it (a text encoder,
     a VAE, a LoRA): the message names both files and what each belongs to. Raised before the
-    part is built or the model changed (see `app.core.parts`)."""
+    part is built or the model changed (see `app.core.models.parts`)."""
 
     def __init__(self, part: str | Path, model: str | Path, problem: str) -> None:
         self.model = Path(model)

@@ -26,7 +26,9 @@ class Prediction:
 
     @classmethod
     def of(cls, model: Any) -> Prediction:
-        from app.core.prediction import prediction_summary  # the engine's side, not the window's
+        from app.core.models.prediction import (
+            prediction_summary,  # the engine's side, not the window's
+        )
 
         return cls(**prediction_summary(model))
 

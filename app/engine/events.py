@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any, BinaryIO
 
 from app.core.models.summary import ModelSummary
-from app.core.requests import LoadRequest
+from app.core.requests.records import LoadRequest
 
 
 class EventState(str, Enum):

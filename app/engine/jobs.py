@@ -1,4 +1,4 @@
-"""The jobs the engine runs: each takes its typed request (`app.core.requests`), calls one core
+"""The jobs the engine runs: each takes its typed request (`app.core.requests.records`), calls one core
 function and returns core's typed result, which crosses to the GUI process as itself.
 
 Core modules that use torch are imported inside the handlers, so the engine process starts fast
@@ -14,22 +14,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.core import requested
 from app.core.errors import CancelledError, HalfSafeError
 from app.core.explain import Explanation
 from app.core.generation.records import GenerationResult
 from app.core.hardware import HardwareReport
 from app.core.health.report import CheckResult
 from app.core.jobs import CancelToken, ProgressCallback
-from app.core.library_check import (
+from app.core.models.summary import ModelSummary, summarise
+from app.core.requests.library_check import (
     MAX_MODELS_PER_RUN,
     ModelCheckRow,
     ModelChecks,
     ModelToCheck,
     models_to_check,
 )
-from app.core.models.summary import ModelSummary, summarise
-from app.core.requests import (
+from app.core.requests.records import (
     CheckModelsRequest,
     CheckRequest,
     ExplainRequest,
@@ -38,6 +37,7 @@ from app.core.requests import (
     LoadRequest,
     PingRequest,
     RememberFixRequest,
+    requested,
 )
 from app.engine.failures import describe_exception
 from app.engine.server import Handler, JobContext
@@ -176,7 +176,7 @@ def generate(context: JobContext, request: GenerateRequest) -> GenerationResult:
     holds it and can save it elsewhere; `save_error` is the sentence that says so."""
     model = _loaded(context)
     from app.core.generation import rescue_unsaved
-    from app.core.images import ImageSaveError, png_bytes
+    from app.core.images.finished import ImageSaveError, png_bytes
 
     try:
         result = requested.generate(
@@ -240,7 +240,8 @@ def remember_fix(context: JobContext, request: RememberFixRequest) -> ModelSumma
     lists) follow it from the next job on. Returns the loaded model's summary, with the fix
     now remembered."""
     model = _loaded(context)
-    from app.core import hardware, profiles
+    from app.core import hardware
+    from app.core.fixing import profiles
 
     info = hardware.describe_device(hardware.pick_device(request.device))
     profiles.remember_fix(

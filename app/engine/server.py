@@ -21,7 +21,7 @@ from typing import Any
 from app.core.errors import CancelledError
 from app.core.jobs import CancelToken
 from app.core.models.summary import ModelSummary
-from app.core.requests import LoadRequest
+from app.core.requests.records import LoadRequest
 from app.engine.events import (
     HEARTBEAT_S,
     CancelRequest,

@@ -241,8 +241,8 @@ class HealthReader(QObject):
     def _run(self, device: str | None, loaded: tuple[str, str] | None) -> None:
         while True:
             try:
+                from app.core.fixing.profiles import stored_fixes
                 from app.core.health.saved import saved_reports
-                from app.core.profiles import stored_fixes
 
                 found = health_by_model(
                     saved_reports().reports, stored_fixes().fixes, device, loaded
@@ -413,7 +413,7 @@ class LoraScanner(QObject):
         found: list[dict[str, Any]] = []
         problem = ""
         try:
-            from app.core.lora_library import list_loras
+            from app.core.lora.library import list_loras
 
             for lora in list_loras(model_folders):
                 found.append(

@@ -148,7 +148,7 @@ class EngineClient(QObject):
     def submit(
         self, request: Any, handler: JobHandler | None = None, *, kind: str | None = None
     ) -> int:
-        """Queue a job: `request` is its typed request (`app.core.requests`), whose `kind`
+        """Queue a job: `request` is its typed request (`app.core.requests.records`), whose `kind`
         names the job (or `kind` does, for a job that takes plain data). Returns its id.
         Starts the engine first if needed.
 

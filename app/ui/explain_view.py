@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
 from app.core.explain import STATUS_WORDS, Explanation
 from app.core.explain.next_steps import NextSteps, Switch, likely_words, rule_out_words
 from app.core.generation.records import IMAGE_STATUS_WORDS
-from app.core.requests import ExplainRequest
-from app.core.tools import TOOLS, ToolFix, setting_words
+from app.core.requests.records import ExplainRequest
+from app.core.words.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
 from app.ui.dialogs import Dialogs

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from app.core import paths
 from app.core.library.entries import MODEL
 from app.core.library.folders import APP_MODELS, default_folders
-from app.core.requests import CheckRequest
+from app.core.requests.records import CheckRequest
 from app.engine.events import EngineEvent
 from app.ui import folders
 from app.ui.dialogs import Dialogs

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from app.core.requests import RememberFixRequest
+from app.core.requests.records import RememberFixRequest
 from app.core.settings import FIELDS
 from app.engine.events import EngineEvent, EventState
 from app.ui.engine_client import EngineClient

@@ -33,16 +33,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core import profiles
 from app.core.components import COMPONENTS, Verdict
-from app.core.diagnosis import Quality, plain_figures, qualities_in
+from app.core.fixing import profiles
+from app.core.fixing.diagnosis import Quality, plain_figures, qualities_in
+from app.core.fixing.profiles import RememberedFix, StoredFix
 from app.core.health import saved
 from app.core.health.saved import SavedReport, when_words
-from app.core.library_check import ModelChecks
 from app.core.models.summary import ModelSummary
 from app.core.precision import idle_settings
-from app.core.profiles import RememberedFix, StoredFix
-from app.core.requests import CheckModelsRequest
+from app.core.requests.library_check import ModelChecks
+from app.core.requests.records import CheckModelsRequest
 from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
 from app.ui import words

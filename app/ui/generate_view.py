@@ -46,10 +46,10 @@ from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
 from app.core.generation.records import GenerationRequest, GenerationResult
 from app.core.hires import Hires
-from app.core.lora_request import LoraRequest
+from app.core.images.pictures import check_strength, picture_size
+from app.core.lora.request import LoraRequest
 from app.core.models.summary import ModelSummary
-from app.core.pictures import check_strength, picture_size
-from app.core.requests import GenerateRequest, PicturePath
+from app.core.requests.records import GenerateRequest, PicturePath
 from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
 from app.ui import browser, folders, words

@@ -17,8 +17,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.hardware import DeviceInfo, HardwareReport
-from app.core.requests import HardwareRequest
-from app.core.selftest_records import SelfTestResult
+from app.core.hardware.selftest_records import SelfTestResult
+from app.core.requests.records import HardwareRequest
 from app.core.settings import PRECISION_KEYS
 from app.engine.events import EngineEvent, EventState
 from app.ui import words

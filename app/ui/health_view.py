@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.components import Status, Verdict
-from app.core.diagnosis import plain_figures, qualities_in
+from app.core.fixing.diagnosis import plain_figures, qualities_in
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,
@@ -40,7 +40,7 @@ from app.core.health.report import CheckResult
 from app.core.jobs import DONE
 from app.core.models.summary import ModelSummary
 from app.core.precision.words import plan_words
-from app.core.requests import CheckRequest, PicturePath
+from app.core.requests.records import CheckRequest, PicturePath
 from app.engine.events import EngineEvent, EventState
 from app.engine.failures import Failure
 from app.ui import folders, words

@@ -15,8 +15,7 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QGuiApplication, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 
-from app.core import hires, infotext, samplers
-from app.core.canvas import Canvas
+from app.core import hires, samplers
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.explain import PNG_SIGNATURE, read_exif, read_png, read_record
 from app.core.explain.records import Record
@@ -27,9 +26,11 @@ from app.core.generation.records import (
     ImageResult,
 )
 from app.core.hires import Hires
-from app.core.images import read_head
-from app.core.pictures import Mode
-from app.core.tools import TOOLS
+from app.core.images.canvas import Canvas
+from app.core.images.finished import read_head
+from app.core.images.pictures import Mode
+from app.core.words import infotext
+from app.core.words.tools import TOOLS
 from app.ui import words
 
 THUMBNAIL = 112

@@ -32,7 +32,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.canvas import (
+from app.core.errors import HalfSafeError
+from app.core.explain import is_image_path
+from app.core.images.canvas import (
     EXTEND_RANGE,
     MASK_BLUR_DEFAULT,
     MASK_BLUR_RANGE,
@@ -41,10 +43,8 @@ from app.core.canvas import (
     SIDES,
     Canvas,
 )
-from app.core.errors import HalfSafeError
-from app.core.explain import is_image_path
+from app.core.images.pictures import NO_STRENGTH_BECAUSE, STRENGTH_DEFAULT, Mode, picture_header
 from app.core.models.summary import ModelSummary
-from app.core.pictures import NO_STRENGTH_BECAUSE, STRENGTH_DEFAULT, Mode, picture_header
 from app.ui import folders, words
 from app.ui.widgets import label
 

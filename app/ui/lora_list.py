@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.ui import folders
 
-# The same bounds core checks (app.core.lora.MIN_WEIGHT/MAX_WEIGHT); the UI never imports
+# The same bounds core checks (app.core.lora.files.MIN_WEIGHT/MAX_WEIGHT); the UI never imports
 # torch-side modules, and these two numbers are part of the job contract.
 MIN_WEIGHT, MAX_WEIGHT = -10.0, 10.0
 FILE_FILTER = "LoRA files (*.safetensors *.sft);;All files (*)"

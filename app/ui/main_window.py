@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from app import __version__
 from app.core.precision.words import plan_words
-from app.core.requests import LoadRequest, PicturePath
+from app.core.requests.records import LoadRequest, PicturePath
 from app.engine.failures import Failure
 from app.engine.process import log_path
 from app.ui import folders, words

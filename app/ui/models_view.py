@@ -26,9 +26,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.demo import DEMO_LABEL, DEMO_MODELS
+from app.core.formats.weight_findings import WeightScan
 from app.core.models.summary import ModelSummary
-from app.core.requests import LoadRequest
-from app.core.weight_findings import WeightScan
+from app.core.requests.records import LoadRequest
 from app.engine.events import EngineEvent, EventState, StillLoaded
 from app.ui import folders, words
 from app.ui.browser import (
@@ -725,7 +725,9 @@ class ModelsView(QWidget):
             facts.append(f"stored as {model.stored_dtype}")
         quantization = model.quantization
         if quantization:
-            from app.core.quantized import held_words  # a quantized model's words, when shown
+            from app.core.formats.quantized import (
+                held_words,  # a quantized model's words, when shown
+            )
 
             facts.append(f"quantized ({quantization.get('format')}), {held_words(quantization)}")
         if model.native_size:

@@ -15,7 +15,7 @@ from PySide6.QtCore import QObject, Signal
 from app.core.hardware import DeviceInfo, HardwareReport, device_entry
 from app.core.models.summary import ModelSummary
 from app.core.precision.words import USUAL_PARTS
-from app.core.requests import LoadRequest
+from app.core.requests.records import LoadRequest
 from app.core.settings import FIELDS, PRECISION_KEYS, PrecisionSettings, Settings, update_settings
 
 if TYPE_CHECKING:

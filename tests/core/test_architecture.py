@@ -12,7 +12,7 @@ import json
 import pytest
 
 from app.core import architecture as arch
-from app.core.layouts import count_indices
+from app.core.formats.layouts import count_indices
 from app.core.models import config_folder
 from app.core.paths import resource
 from tests.support.model_files import build_random_pipeline, ldm_state_dict

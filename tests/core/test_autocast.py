@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from app.core import diagnosis
 from app.core.families import family_of
+from app.core.fixing import diagnosis
 from app.core.precision import (
     PlacedPipeline,
     autocast_upcasts_norms,
@@ -158,8 +158,8 @@ def test_a_generation_under_autocast_says_so_in_the_png_and_the_json(tmp_path, c
     import json
 
     from app.cli import main
-    from app.core.images import read_parameters
-    from app.core.infotext import split_text
+    from app.core.images.finished import read_parameters
+    from app.core.words.infotext import split_text
 
     argv = ["generate", "demo", "--precision", "autocast", "--device", "cpu", "--steps", "1"]
     argv += ["--width", "64", "--height", "64", "--out", str(tmp_path), "--json"]

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.core import generation, health, infotext
-from app.core.canvas import EXTEND_OVERLAP, Canvas, Paste, extended, lay_out, masked_box
+from app.core import generation, health
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId
-from app.core.pictures import Mode, mode_of, read_pictures
+from app.core.images.canvas import EXTEND_OVERLAP, Canvas, Paste, extended, lay_out, masked_box
+from app.core.images.pictures import Mode, mode_of, read_pictures
+from app.core.words import infotext
 from tests.core.test_pictures import _model
 from tests.support.family_helpers import (
     FP16,
@@ -253,6 +254,6 @@ def test_a_canvas_extended_past_the_bound_is_one_sentence_naming_the_picture(wid
     from app.core.errors import BadFileError
 
     _, image, _ = wide
-    monkeypatch.setattr("app.core.images.MAX_PIXELS", 128 * 96 + 1000)
+    monkeypatch.setattr("app.core.images.finished.MAX_PIXELS", 128 * 96 + 1000)
     with pytest.raises(BadFileError, match=r"wide\.png: is 128x96 pixels; extended it would be "):
         read_pictures([image], None, 64, 64, canvas=Canvas(extend=(0, 0, 64, 0)))

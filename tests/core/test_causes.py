@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import causes, lora, precision
-from app.core.lora import LoraFile
+from app.core import causes, precision
+from app.core.lora.files import LoraFile
+from app.core.lora.files import files as lora
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded
 from tests.core.test_lora import kohya_lora
@@ -140,7 +141,7 @@ def test_a_nan_from_one_attention_backend_is_a_kernel_fault_fixed_by_switching_b
     assert report.fix.candidates and not any(c.chosen for c in report.fix.candidates)
     assert "none chosen: the cause's repair replaced them" in health_text(report)
     # Remembered for this model on this device, so the next job runs on that backend.
-    from app.core import profiles
+    from app.core.fixing import profiles
 
     remembered = profiles.remembered_fix("kernel-check", report.device.name)
     assert remembered is not None and remembered.settings == {"attention_backend": "classic"}
@@ -240,8 +241,8 @@ def generate(model, tmp_path, **settings):
 
 @pytest.mark.slow
 def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, tmp_path):
-    from app.core.images import read_parameters
-    from app.core.infotext import split_text
+    from app.core.images.finished import read_parameters
+    from app.core.words.infotext import split_text
 
     broken_sdpa(monkeypatch)
     result = generate(loaded(build_tiny_sd_pipeline(), "kernel-gen"), tmp_path)
@@ -253,7 +254,7 @@ def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, 
     _, _, params = split_text(read_parameters(image.path) or "")
     assert params["Attention backend"] == "classic"
     assert result.to_json()["images"][0]["cause"] == "kernel"
-    from app.core import profiles  # the next job on this model and device uses that backend
+    from app.core.fixing import profiles
 
     remembered = profiles.remembered_fix("kernel-gen", result.device.name)
     assert remembered is not None and remembered.settings["attention_backend"] == "classic"
@@ -261,8 +262,8 @@ def test_the_nan_watch_repairs_a_kernel_fault_by_switching_backend(monkeypatch, 
 
 @pytest.mark.slow
 def test_the_nan_watch_drops_a_lora_with_nan_tensors_and_says_so(tmp_path):
-    from app.core.images import read_parameters
-    from app.core.infotext import split_text
+    from app.core.images.finished import read_parameters
+    from app.core.words.infotext import split_text
 
     pipeline = build_tiny_sd_pipeline()
     good = in_memory("style", kohya_lora(pipeline, scale=0.05, seed=1))
@@ -282,8 +283,8 @@ def test_the_nan_watch_drops_a_lora_with_nan_tensors_and_says_so(tmp_path):
 def test_a_few_nan_tiles_are_a_finding_with_their_share_and_place(tmp_path):
     """A decode that loses one 16x16 tile of a 64x64 image (as a tiled VAE can): the image is
     not ok, the share is exact and the box is where the tile is."""
-    from app.core.images import read_parameters
-    from app.core.infotext import split_text
+    from app.core.images.finished import read_parameters
+    from app.core.words.infotext import split_text
 
     pipeline = build_tiny_sd_pipeline()
 
@@ -421,7 +422,7 @@ def test_a_kernel_fault_in_the_text_encoder_is_a_kernel_cause_not_an_overflow(mo
     assert report.fix.settings == {"attention_backend": "math"}
     assert report.fix.plan.dtypes == report.plan.dtypes  # no component widened
     assert "overflow" not in report.headline.split(",")[0]
-    from app.core import profiles
+    from app.core.fixing import profiles
 
     remembered = profiles.remembered_fix("kernel-text", report.device.name)
     assert remembered is not None and remembered.settings == {"attention_backend": "math"}

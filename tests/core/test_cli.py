@@ -194,8 +194,8 @@ def test_an_absurd_flag_is_refused_under_a_memory_limit_before_anything_heavy_lo
 def test_check_flags_become_the_check_request_the_engine_runs(tmp_path):
     """The probe follows the saved sampler; the LoRAs are exactly those the flags name."""
     from app.cli.commands import check_request
-    from app.core.lora import LoraRequest
-    from app.core.requests import CheckRequest
+    from app.core.lora.files import LoraRequest
+    from app.core.requests.records import CheckRequest
     from app.core.settings import PrecisionSettings
 
     saved = Settings()
@@ -224,8 +224,8 @@ def test_generate_flags_become_the_generate_request_the_engine_runs(tmp_path):
     saved settings."""
     from app.cli.commands import generate_request
     from app.core.generation import GenerationRequest
-    from app.core.lora import LoraRequest
-    from app.core.requests import GenerateRequest
+    from app.core.lora.files import LoraRequest
+    from app.core.requests.records import GenerateRequest
     from app.core.settings import PrecisionSettings
 
     lora = tmp_path / "ink.safetensors"
@@ -292,7 +292,7 @@ def test_picture_flags_become_the_request_with_the_pictures_proportions(tmp_path
 
 def test_canvas_flags_become_the_requests_layout(input_picture):
     from app.cli.commands import generate_request
-    from app.core.canvas import Canvas
+    from app.core.images.canvas import Canvas
 
     photo, mask = input_picture
     argv = ["generate", "demo", "--image", str(photo), "--mask", str(mask)]

@@ -22,8 +22,8 @@ from app.core import generation, health, models
 from app.core.architecture.diffusers_folder import detect_from_configs
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId, architecture_title, family, family_of
+from app.core.images.pictures import Mode, mode_of, read_pictures
 from app.core.library import scan_library
-from app.core.pictures import Mode, mode_of, read_pictures
 from app.core.settings import PrecisionSettings
 from tests.support import tiny_models
 from tests.support.cli_output import without_progress
@@ -353,7 +353,7 @@ def test_qwen_image_edit_plus_edits_several_references_into_a_finite_picture(tmp
     )
     image = result.images[0]
     assert image.status == "ok"
-    from app.core import infotext
+    from app.core.words import infotext
 
     parsed = infotext.parse(image.parameters)
     assert parsed.get(infotext.MODE) == "edit"

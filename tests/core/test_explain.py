@@ -19,8 +19,9 @@ import pytest
 from test_health import plant
 
 from app.cli import main
-from app.core import explain, tools
+from app.core import explain
 from app.core.errors import BadFileError
+from app.core.words import tools
 from tests.support.image_files import (
     a1111_parameters,
     chunk,
@@ -639,7 +640,8 @@ def _halfsafe_nan_image(tmp_path: Path) -> Path:
 
 
 def test_an_image_is_checked_at_its_recorded_settings_not_the_fix_remembered_since(tmp_path, home):
-    from app.core import hardware, models, profiles
+    from app.core import hardware, models
+    from app.core.fixing import profiles
 
     image = _halfsafe_nan_image(tmp_path)
     # A fix remembered after the image was made: it would make the check run finite.
@@ -656,11 +658,11 @@ def test_an_image_is_checked_at_its_recorded_settings_not_the_fix_remembered_sin
 
 
 def test_an_image_made_on_this_device_whose_nan_does_not_return_says_so(tmp_path, home):
-    from app.core import infotext
+    from app.core.words import infotext
 
     image = _halfsafe_nan_image(tmp_path)
     # The same image, as if the healthy demo had made it: its NaN cannot come back.
-    from app.core.images import read_parameters
+    from app.core.images.finished import read_parameters
 
     text = (read_parameters(image) or "").replace("Model: demo-overflow", "Model: demo")
     parsed = infotext.parse(text)

@@ -19,8 +19,9 @@ from PIL import Image
 from test_health import plant
 
 from app.cli import main
-from app.core import explain, infotext
-from app.core.images import FLAT_SHARE, flat_region, to_image
+from app.core import explain
+from app.core.images.finished import FLAT_SHARE, flat_region, to_image
+from app.core.words import infotext
 from tests.support.image_files import comfy_prompt, comfy_workflow, pixels, png_text
 from tests.support.model_files import save_single_file
 from tests.support.tiny_models import build_tiny_sd_pipeline, tiny_vae

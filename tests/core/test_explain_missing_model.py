@@ -15,9 +15,9 @@ import pytest
 from PIL import Image
 
 from app.cli import main
-from app.core import tools
 from app.core.explain import next_steps
 from app.core.explain.records import Record
+from app.core.words import tools
 from tests.support.image_files import a1111_parameters, comfy_prompt, pixels, png_text
 
 FORGE = "f2.0.1v1.10.1-previous-669-gdfdcbab6"

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.core import architecture, generation, health, models, samplers, split
+from app.core import architecture, generation, health, models, samplers
 from app.core.components import COMPONENTS, FP16_MAX
 from app.core.errors import HalfSafeError
 from app.core.families import (
@@ -48,9 +48,10 @@ from app.core.families import (
     family_of,
     family_of_architecture,
 )
-from app.core.infotext import SETTING_KEYS
-from app.core.layouts import to_diffusers, to_original
+from app.core.formats.layouts import to_diffusers, to_original
+from app.core.models import split
 from app.core.settings import PrecisionSettings
+from app.core.words.infotext import SETTING_KEYS
 from tests.support import tiny_models
 from tests.support.family_helpers import (
     FP16,

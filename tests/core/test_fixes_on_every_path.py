@@ -21,7 +21,7 @@ from PIL import Image
 
 from app.core import generation
 from app.core.families import FamilyId
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
 from app.core.precision import placement
 from app.core.settings import PrecisionSettings
 from tests.core.test_families import ROWS, VAE_LAYER

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.core import architecture, layouts, models, split
+from app.core import architecture, models
 from app.core.checkpoint import write_safetensors
 from app.core.errors import UnsupportedModelError
 from app.core.families import FamilyId, family, family_of
+from app.core.formats import layouts
+from app.core.models import split
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 from tests.support.model_files import _ldm_vae, save_split_files
 from tests.support.tiny_models import (

@@ -24,7 +24,7 @@ from app.core.architecture.diffusers_folder import detect_from_configs
 from app.core.errors import HalfSafeError
 from app.core.families import FluxFamily, architecture_title, family_of
 from app.core.health.check import WITHOUT_PICTURE
-from app.core.pictures import Mode, mode_of, read_pictures
+from app.core.images.pictures import Mode, mode_of, read_pictures
 from tests.core.test_edit import _check, _plant
 from tests.core.test_edit import _request as edit_request
 from tests.core.test_flux2_edit import _changed, _first_transformer_call

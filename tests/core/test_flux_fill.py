@@ -23,8 +23,8 @@ from app.core import generation, models
 from app.core.errors import HalfSafeError
 from app.core.families import FluxFamily, architecture_title, family_of
 from app.core.health.check import WITHOUT_PICTURE
+from app.core.images.pictures import Mode, read_pictures
 from app.core.library import scan_library
-from app.core.pictures import Mode, read_pictures
 from tests.core.test_edit import _check, _plant
 from tests.core.test_edit import _request as edit_request
 from tests.core.test_flux2_edit import _changed, _first_transformer_call

@@ -11,8 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.core import kernels
-from app.core.precision import PrecisionPlan, backend_flags
+from app.core.precision import PrecisionPlan, backend_flags, kernels
 from tests.core.test_health import loaded, plant
 from tests.core.test_kernels import check
 from tests.support import fused_kernels as planted

@@ -19,15 +19,18 @@ import torch
 from PIL import Image
 
 from app import cli
-from app.core import generation, images, infotext, profiles, samplers
+from app.core import generation, samplers
 from app.core.checkpoint import WeightScan
 from app.core.errors import CancelledError, HalfSafeError
+from app.core.fixing import profiles
 from app.core.generation import GenerationRequest, NanWatch, generate
-from app.core.images import ImageSaveError, read_parameters
-from app.core.infotext import split_text
+from app.core.images.finished import ImageSaveError, read_parameters
+from app.core.images.finished import finished as images
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
+from app.core.words import infotext
+from app.core.words.infotext import split_text
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from app.cli.text import hardware_text
-from app.core import hardware, paths, selftest, selftest_stats
+from app.core import hardware, paths
 from app.core.errors import DeviceError, HalfSafeError
-from app.core.hardware import DeviceInfo, probe
-from app.core.selftest import OpResult, SelfTestResult
+from app.core.hardware import DeviceInfo, probe, selftest, selftest_stats
+from app.core.hardware.selftest import OpResult, SelfTestResult
 from app.core.settings import PRECISION_KEYS, PrecisionSettings
 
 GIB = 2**30

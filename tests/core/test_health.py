@@ -17,8 +17,9 @@ import sys
 import pytest
 import torch
 
-from app.core import health, profiles
+from app.core import health
 from app.core.checkpoint import scan_weights
+from app.core.fixing import profiles
 from app.core.health import stages
 from app.core.health.check import Headline
 from app.core.health.words import flags
@@ -139,7 +140,7 @@ def test_measuring_skips_the_warm_ups_the_check_already_ran(vae_report):
 def test_timing_runs_leave_the_other_components_placed():
     """Alternating plans for the VAE's timing re-places only the VAE: the UNet is not copied
     between fp16 and fp32 for every no-half run."""
-    from app.core.diagnosis import no_half
+    from app.core.fixing.diagnosis import no_half
 
     model = loaded(build_tiny_sd_pipeline())
     plan = health.check_loaded(model, precision=FP16, device="cpu", size=64, remember=False).plan
@@ -172,7 +173,7 @@ def test_a_candidate_left_far_behind_stops_being_timed():
     still in the race run every round, and the progress total shrinks to the runs made."""
     from dataclasses import replace
 
-    from app.core.diagnosis import no_half
+    from app.core.fixing.diagnosis import no_half
     from app.core.health.stages import Stage
 
     model = loaded(build_tiny_sd_pipeline())
@@ -225,7 +226,7 @@ def test_the_race_keeps_every_candidate_within_the_margin():
 
 def test_the_engine_sends_the_headline_as_a_warning_before_the_fix(tmp_path):
     from app.core.jobs import CancelToken
-    from app.core.requests import CheckRequest
+    from app.core.requests.records import CheckRequest
     from app.engine import jobs
     from app.engine.events import EventState, JobRequest
     from app.engine.server import JobContext, Session
@@ -380,7 +381,7 @@ def test_verified_fix_is_remembered_and_used_on_the_next_load():
 
 
 def test_probe_reads_device_values_once_not_per_module(monkeypatch):
-    from app.core.probe import ActivationRecorder
+    from app.core.fixing.probe import ActivationRecorder
 
     unet = build_tiny_sd_pipeline().unet
     recorder = ActivationRecorder(unet)

@@ -11,15 +11,16 @@ import json
 import pytest
 import torch
 
-from app.core import explain, hires, infotext
+from app.core import explain, hires
+from app.core.encoders.prompts import PromptError, encode_sd, encode_sdxl
 from app.core.errors import HalfSafeError
 from app.core.families import FAMILIES, family_of
 from app.core.generation import GenerationRequest, generate
 from app.core.generation.stages import _passes
 from app.core.hires import Hires
 from app.core.models import LoadedModel
-from app.core.prompts import PromptError, encode_sd, encode_sdxl
 from app.core.settings import PrecisionSettings
+from app.core.words import infotext
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 

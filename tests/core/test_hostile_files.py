@@ -841,7 +841,12 @@ def test_a_postscript_file_is_refused_by_its_format_and_never_handed_to_ghostscr
 
     from app.core.explain import pixel_status, read_exif
     from app.core.explain.explanation import read_image
-    from app.core.pictures import check_picture_files, picture_header, picture_size, read_pictures
+    from app.core.images.pictures import (
+        check_picture_files,
+        picture_header,
+        picture_size,
+        read_pictures,
+    )
     from tests.support.image_files import pixels, postscript
 
     ran: list[object] = []

@@ -14,8 +14,9 @@ import shutil
 import pytest
 import torch
 
-from app.core import checkpoint, health, profiles
+from app.core import checkpoint, health
 from app.core.checkpoint import read_safetensors_header
+from app.core.fixing import profiles
 from app.core.hardware import describe_device
 from app.core.models import load_model
 from app.core.settings import PrecisionSettings

@@ -9,15 +9,16 @@ import types
 import pytest
 
 from app import __version__
-from app.core import generation, infotext
+from app.core import generation
 from app.core.checkpoint import WeightScan
 from app.core.families import FAMILIES
 from app.core.generation import GenerationRequest, generate
 from app.core.hires import Hires
-from app.core.images import read_parameters
+from app.core.images.finished import read_parameters
 from app.core.memory import MemoryRecord
 from app.core.models import LoadedModel
 from app.core.settings import FIELDS, SCHEDULERS, PrecisionSettings
+from app.core.words import infotext
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 # The keys HalfSafe writes only for some models (a family's own guidance).

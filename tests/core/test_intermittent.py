@@ -15,11 +15,12 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from PIL import Image
 
-from app.core import causes, profiles
-from app.core.cause_words import CAUSE_WORDS, cause_words
+from app.core import causes
 from app.core.components import Verdict
+from app.core.fixing import profiles
 from app.core.generation import GenerationRequest, generate
 from app.core.settings import PrecisionSettings
+from app.core.words.causes import CAUSE_WORDS, cause_words
 from tests.core.test_generation import variant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 

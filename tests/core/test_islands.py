@@ -17,13 +17,14 @@ import pytest
 import torch
 
 from app.cli.arguments import build_parser
-from app.core import diagnosis, hardware, health, profiles
+from app.core import hardware, health
 from app.core.errors import HalfSafeError
+from app.core.fixing import diagnosis, profiles
 from app.core.generation import GenerationRequest, generate
-from app.core.images import read_parameters
-from app.core.infotext import split_text
+from app.core.images.finished import read_parameters
 from app.core.precision import plan_weights_mb
 from app.core.settings import FIELDS, PrecisionSettings
+from app.core.words.infotext import split_text
 from tests.core.test_health import TE_LAYER, VAE_LAYER, check, loaded
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
@@ -277,7 +278,7 @@ def test_another_tool_gets_the_best_verified_fix_it_can_apply():
     import types
 
     from app.core.explain.explanation import _fix_the_tool_can_apply
-    from app.core.tools import in_tool_terms
+    from app.core.words.tools import in_tool_terms
 
     layers = {"fp32_modules": [f"vae:{VAE_LAYER}"]}
     islands = _result("islands", 6.5)

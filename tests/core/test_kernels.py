@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.core import causes, kernels
-from app.core.precision import PrecisionPlan, backend_flags
+from app.core import causes
+from app.core.precision import PrecisionPlan, backend_flags, kernels
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded, plant
 from tests.support import attention_kernels as planted
@@ -204,7 +204,8 @@ def test_a_true_fp16_overflow_with_a_replaced_sdpa_is_still_precision(tmp_path, 
 
 @pytest.mark.slow
 def test_generation_compares_the_kernel_before_it_believes_a_precision_repair(tmp_path):
-    from app.core import generation, profiles
+    from app.core import generation
+    from app.core.fixing import profiles
 
     request = generation.GenerationRequest(
         prompt="a red cube", steps=2, width=64, height=64, seed=5, output_dir=str(tmp_path)
@@ -350,4 +351,4 @@ def test_the_kernel_fields_are_documented():
     for word in ("`attention_kernels`", "`patched_sdpa`", "record.attention_kernels", "`suspects`"):
         assert word in docs
     assert "| `kernel` | object or null |" in docs
-    assert "attention_kernels" in (root / "README.md").read_text(encoding="utf-8")
+    assert "attention_kernels" in (root / "docs" / "cli.md").read_text(encoding="utf-8")

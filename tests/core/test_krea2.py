@@ -15,12 +15,14 @@ import pytest
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from app.core import architecture, encoders, generation, models, parts, split
+from app.core import architecture, generation, models
 from app.core.checkpoint import write_safetensors
+from app.core.encoders.files import files as encoders
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from app.core.families import FamilyId, Krea2Family, family
 from app.core.families.krea2 import LAYOUT
-from app.core.layouts import to_original
+from app.core.formats.layouts import to_original
+from app.core.models import parts, split
 from app.core.settings import PrecisionSettings
 from tests.support.family_helpers import (
     FP16,

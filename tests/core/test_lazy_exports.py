@@ -34,17 +34,17 @@ PACKAGES = [
 # words and records the pages show.
 GUI_RECORDS = [
     "app.engine.events",
-    "app.core.requests",
+    "app.core.requests.records",
     "app.core.models.summary",
     "app.core.health.words",
     "app.core.health.report",
     "app.core.generation.records",
     "app.core.hardware.records",
     "app.core.settings",
-    "app.core.weight_findings",
-    "app.core.remembered_fix",
-    "app.core.lora_request",
-    "app.core.selftest_records",
+    "app.core.formats.weight_findings",
+    "app.core.fixing.remembered_fix",
+    "app.core.lora.request",
+    "app.core.hardware.selftest_records",
     "app.core.identities",
 ]
 
@@ -78,13 +78,13 @@ THIRD_PARTY = {"torch", "diffusers", "transformers", "numpy", "PIL", "safetensor
 BESIDE_THE_RECORDS = {
     "app.core.checkpoint.reader",
     "app.core.checkpoint.scan",
-    "app.core.quantized",
-    "app.core.lora",
-    "app.core.profiles",
-    "app.core.selftest",
-    "app.core.selftest_stats",
-    "app.core.prediction",
-    "app.core.images",
+    "app.core.formats.quantized",
+    "app.core.lora.files",
+    "app.core.fixing.profiles",
+    "app.core.hardware.selftest",
+    "app.core.hardware.selftest_stats",
+    "app.core.models.prediction",
+    "app.core.images.finished",
     "importlib.metadata",
 }
 
@@ -210,12 +210,16 @@ def test_the_modules_beside_the_records_exist():
 @pytest.mark.parametrize(
     ("old", "light", "names"),
     [
-        ("app.core.checkpoint.scan", "app.core.weight_findings", ["WeightScan"]),
-        ("app.core.checkpoint", "app.core.weight_findings", ["WeightScan"]),
-        ("app.core.quantized", "app.core.weight_findings", ["QuantFinding"]),
-        ("app.core.profiles", "app.core.remembered_fix", ["RememberedFix"]),
-        ("app.core.lora", "app.core.lora_request", ["LoraRequest"]),
-        ("app.core.selftest", "app.core.selftest_records", ["OpResult", "SelfTestResult"]),
+        ("app.core.checkpoint.scan", "app.core.formats.weight_findings", ["WeightScan"]),
+        ("app.core.checkpoint", "app.core.formats.weight_findings", ["WeightScan"]),
+        ("app.core.formats.quantized", "app.core.formats.weight_findings", ["QuantFinding"]),
+        ("app.core.fixing.profiles", "app.core.fixing.remembered_fix", ["RememberedFix"]),
+        ("app.core.lora.files", "app.core.lora.request", ["LoraRequest"]),
+        (
+            "app.core.hardware.selftest",
+            "app.core.hardware.selftest_records",
+            ["OpResult", "SelfTestResult"],
+        ),
     ],
 )
 def test_a_moved_record_is_still_read_where_it_was(old, light, names):

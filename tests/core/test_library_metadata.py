@@ -21,7 +21,7 @@ from app.core.library.metadata import (
     read_card,
     read_preview,
 )
-from app.core.lora_library import list_loras, lora_folders
+from app.core.lora.library import list_loras, lora_folders
 from tests.support.model_cards import (
     KOHYA_SDXL,
     MODELSPEC_SD1,

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from app.cli import main
-from app.core import lora
 from app.core.checkpoint import write_safetensors
 from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError
-from app.core.infotext import split_text
+from app.core.lora.files import files as lora
+from app.core.words.infotext import split_text
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 UNET_LAYERS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.2")
@@ -205,7 +205,7 @@ def test_a_lora_that_fits_no_layer_of_the_model_gets_one_sentence(tmp_path):
 
 
 def test_generate_records_loras_as_a1111_does(tmp_path, capsys):
-    from app.core.images import read_parameters
+    from app.core.images.finished import read_parameters
     from app.core.models import load_model
 
     demo = load_model("demo")
@@ -332,9 +332,9 @@ def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     from app.core import paths
     from app.core.generation import GenerationRequest
     from app.core.jobs import CancelToken
-    from app.core.lora import LoraRequest
+    from app.core.lora.files import LoraRequest
     from app.core.models import load_model
-    from app.core.requests import GenerateRequest
+    from app.core.requests.records import GenerateRequest
     from app.engine import jobs
     from app.engine.events import JobRequest
     from app.engine.server import JobContext, Session
@@ -618,9 +618,9 @@ def test_a_check_with_loras_crosses_to_the_window_as_records(tmp_path):
     import io
 
     from app.core.jobs import CancelToken
-    from app.core.lora import LoraRequest
+    from app.core.lora.files import LoraRequest
     from app.core.models import load_model
-    from app.core.requests import CheckRequest
+    from app.core.requests.records import CheckRequest
     from app.core.settings import PrecisionSettings
     from app.engine import jobs
     from app.engine.events import EngineEvent, EventState, JobRequest, encode, read_message

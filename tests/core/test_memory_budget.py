@@ -187,8 +187,9 @@ def test_a_generation_records_how_its_parts_were_held_in_its_json_and_png(tmp_pa
     """Computed in place under one budget, streamed under a smaller one, held whole under the
     computer's ample free RAM: the result's `memory` and the PNG's Memory budget, Streamed and
     Computed in place keys say so."""
-    from app.core import generation, infotext
-    from app.core.infotext import parse
+    from app.core import generation
+    from app.core.words import infotext
+    from app.core.words.infotext import parse
 
     request = generation.GenerationRequest(
         prompt="a lake", steps=2, width=64, height=64, seed=4, output_dir=str(tmp_path)

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from test_lora import kohya_lora, save_lora
 
-from app.core import explain, library, limits, lora
+from app.core import explain, library, limits
 from app.core.explain.explanation import _apply_image_loras
 from app.core.generation import GenerationRequest, generate
+from app.core.lora.files import files as lora
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 from PIL import Image
 
-from app.core import generation, health, infotext
+from app.core import generation, health
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.families import FAMILIES, FamilyId, family
-from app.core.pictures import (
+from app.core.images.pictures import (
     Mode,
     check_strength,
     mode_of,
@@ -29,6 +29,7 @@ from app.core.pictures import (
     read_pictures,
     steps_run,
 )
+from app.core.words import infotext
 from tests.core.test_families import ROWS
 from tests.support.family_helpers import (
     FP16,
@@ -120,7 +121,7 @@ def _png_header_only(path, width, height):
 
 
 def test_a_picture_too_large_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
-    from app.core import images
+    from app.core.images.finished import finished as images
 
     path = tmp_path / "big.png"
     Image.new("RGB", (200, 100)).save(path)
@@ -413,7 +414,7 @@ def test_a_truncated_picture_or_a_black_mask_is_refused_before_the_model_loads(
 
 
 def test_checking_the_picture_files_decodes_each_and_reads_the_masks_content(tmp_path, picture):
-    from app.core.pictures import check_picture_files
+    from app.core.images.pictures import check_picture_files
     from tests.support.image_files import truncated
 
     image, mask = picture

@@ -84,7 +84,7 @@ def test_remembered_fix_fills_auto_fields_only():
 
 
 def test_a_remembered_fix_is_said_to_be_used_only_where_it_set_something():
-    from app.core.profiles import RememberedFix, remembered_words
+    from app.core.fixing.profiles import RememberedFix, remembered_words
 
     fix = RememberedFix({"vae_precision": "fp32"}, "run the VAE in fp32", "health check", 0.0)
     used = plan(PrecisionSettings(precision="fp16"), remembered=fix.settings)

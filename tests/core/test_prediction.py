@@ -17,10 +17,9 @@ import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 
-from app.core import prediction
 from app.core.checkpoint import write_safetensors
 from app.core.generation import GenerationRequest, generate
-from app.core.models import load_model
+from app.core.models import load_model, prediction
 from app.core.settings import PrecisionSettings
 from tests.support.checkpoint_files import tiny_sd2
 from tests.support.model_files import ldm_state_dict

@@ -10,7 +10,7 @@ import torch
 
 from app.core.families import FAMILIES, family_of
 from app.core.families.sd import SD_LATENT
-from app.core.preview import LatentColours, colours_for, latent_preview
+from app.core.generation.preview import LatentColours, colours_for, latent_preview
 from tests.support import tiny_models
 
 TRANSFORMER_PIPELINES = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core import profiles
+from app.core.fixing import profiles
 
 TORCH = "2.test"
 DEVICE = "Test CPU"
@@ -322,7 +322,7 @@ def test_a_check_and_the_model_summary_name_the_damaged_file():
 
 
 def test_a_json_problem_is_named_without_a_dangling_position():
-    from app.core import profiles
+    from app.core.fixing import profiles
 
     with pytest.raises(ValueError) as caught:
         profiles._decode('{"summary": "a\x01b"}')

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import prompts
+from app.core.encoders.files import prompts
+from app.core.encoders.prompts import Fragment, chunk_prompt, parse_emphasis
+from app.core.encoders.tokenizers import clip_tokenizer
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
-from app.core.prompts import Fragment, chunk_prompt, parse_emphasis
-from app.core.tokenizers import clip_tokenizer
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 BOS, EOS = 49406, 49407

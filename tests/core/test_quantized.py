@@ -14,11 +14,13 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 from gguf.quants import quantize
 
 from app.cli import main
-from app.core import causes, health, layouts, models, split
+from app.core import causes, health, models
 from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
 from app.core.errors import BadFileError
-from app.core.quantized import check_gguf_header, dequantize_scaled
+from app.core.formats import layouts
+from app.core.formats.quantized import check_gguf_header, dequantize_scaled
+from app.core.models import split
 from app.core.settings import PrecisionSettings
 from tests.support.cli_output import without_progress
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network

@@ -41,13 +41,14 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
-from app.core import models, split
+from app.core import models
 from app.core.checkpoint import Checkpoint, read_header, write_safetensors
 from app.core.components import Verdict
 from app.core.errors import UnsupportedModelError
 from app.core.families import family_of
-from app.core.layouts import Layout, to_original
-from app.core.quantized import PLAUSIBLE_WEIGHT_MAX
+from app.core.formats.layouts import Layout, to_original
+from app.core.formats.quantized import PLAUSIBLE_WEIGHT_MAX
+from app.core.models import split
 from tests.support.family_helpers import (
     check,
     offline,  # noqa: F401 - an autouse fixture: no network

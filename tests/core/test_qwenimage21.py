@@ -12,10 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import architecture, generation, models, split
+from app.core import architecture, generation, models
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from app.core.families import QwenImage21Family, QwenImageFamily, family_of
-from app.core.layouts import to_original
+from app.core.formats.layouts import to_original
+from app.core.models import split
 from tests.support.family_helpers import (
     FP16,
     in_memory,

@@ -19,7 +19,7 @@ from PIL import Image
 
 from app.core import generation
 from app.core.families import FamilyId, family, family_of
-from app.core.pictures import Mode, mode_of, read_pictures
+from app.core.images.pictures import Mode, mode_of, read_pictures
 from tests.core.test_edit import _changed, _plant
 from tests.core.test_edit import _check as edit_check
 from tests.core.test_edit import _request as edit_request

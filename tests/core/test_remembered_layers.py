@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.core import generation, hardware, health, models, profiles
+from app.core import generation, hardware, health, models
+from app.core.fixing import profiles
 from app.core.settings import PrecisionSettings
 
 GOOD = ("vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.up_blocks.0.resnets.0.norm2")

@@ -19,7 +19,7 @@ from app.cli import main
 from app.core import hardware, health
 from app.core.health import FixCost
 from app.core.identities import DeviceIdentity, ModelIdentity
-from app.core.lora import read_lora
+from app.core.lora.files import read_lora
 from app.core.models import load_model
 from app.engine.events import EngineEvent, EventState, encode, read_message
 from tests.core.test_lora import kohya_lora, save_lora

@@ -14,11 +14,12 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from app.core import generation, infotext, samplers
+from app.core import generation, samplers
 from app.core.errors import HalfSafeError
 from app.core.explain.records import _comfy_record, _infotext_record
 from app.core.families import FamilyId
 from app.core.settings import FIELDS, SCHEDULERS
+from app.core.words import infotext
 from tests.core.test_pictures import _model
 from tests.support.family_helpers import (
     FP16,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from app.core import profiles
 from app.core.components import Verdict
+from app.core.fixing import profiles
 from app.core.health import saved
 from app.core.library import LibraryEntry
-from app.core.library_check import models_to_check
+from app.core.requests.library_check import models_to_check
 from tests.support import reports
 
 KEY = "a" * 64

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from app import cli
-from app.core import files, paths, profiles
+from app.core import files, paths
+from app.core.fixing import profiles
 
 TORCH = "2.test"
 DEVICE = "Test CPU"
@@ -238,7 +239,7 @@ def test_generate_repairing_on_a_full_data_disk_saves_its_images(tmp_path, capsy
 def test_the_engine_says_a_fix_it_cannot_remember_as_a_warning():
     from app.core.jobs import CancelToken
     from app.core.models import load_model
-    from app.core.requests import RememberFixRequest
+    from app.core.requests.records import RememberFixRequest
     from app.engine import jobs
     from app.engine.events import EventState, JobRequest
     from app.engine.server import JobContext, Session

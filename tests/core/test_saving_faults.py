@@ -12,8 +12,9 @@ import pytest
 from PIL import Image
 
 from app import cli
-from app.core import images, paths
-from app.core.images import ImageSaveError
+from app.core import paths
+from app.core.images.finished import ImageSaveError
+from app.core.images.finished import finished as images
 
 FAST = ["--steps", "2", "--width", "64", "--height", "64", "--seed", "7"]
 
@@ -62,7 +63,7 @@ def _generate_job(tmp_path, output_dir: str):
     from app.core.generation import GenerationRequest
     from app.core.jobs import CancelToken
     from app.core.models import load_model
-    from app.core.requests import GenerateRequest
+    from app.core.requests.records import GenerateRequest
     from app.engine import jobs
     from app.engine.events import JobRequest
     from app.engine.server import JobContext, Session

@@ -14,7 +14,7 @@ import torch
 from app.core import architecture as arch
 from app.core.architecture.single_file import _sd2_encoder
 from app.core.checkpoint import write_safetensors
-from app.core.layouts import count_indices
+from app.core.formats.layouts import count_indices
 from app.core.models import load_model
 from tests.support.checkpoint_files import tiny_sd2
 from tests.support.model_files import ldm_state_dict

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from app.core import selftest
 from app.core.errors import CancelledError
+from app.core.hardware import selftest
 from app.core.jobs import CancelToken
 
 KEY = selftest.cache_key("Test CPU", None, torch.__version__, "cpu")

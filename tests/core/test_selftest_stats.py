@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from app.core import binomial, selftest, selftest_stats
-from app.core.binomial import Rate
+from app.core.hardware import binomial, selftest, selftest_stats
+from app.core.hardware.binomial import Rate
 
 # --- the binomial bounds ----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Failed pictures beyond black and grey (`app.core.signatures`, `halfsafe explain`): white or
+"""Failed pictures beyond black and grey (`app.core.explain.signatures`, `halfsafe explain`): white or
 saturated (values that overflowed to infinity, clipped when written) and coloured noise, each
 named as its own finding with its next step; and the pictures that look alike but are fine
 (snow, a white background, a night sky, film grain, fine texture) never flagged.
@@ -18,7 +18,8 @@ from PIL import Image
 from test_explain_flat import forge_parameters
 
 from app.cli import main
-from app.core import explain, signatures
+from app.core import explain
+from app.core.explain import signatures
 from app.core.explain.image_file import pixel_status
 from tests.support.image_files import comfy_prompt, png_text
 from tests.support.tiny_models import tiny_vae

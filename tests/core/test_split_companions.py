@@ -12,10 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from app.cli.text import health_text
-from app.core import models, split
+from app.core import models
 from app.core.checkpoint import write_safetensors
 from app.core.errors import UnsupportedModelError
 from app.core.library import scan_library
+from app.core.models import split
 from tests.support.family_helpers import (
     check,
     offline,  # noqa: F401 - an autouse fixture: no network

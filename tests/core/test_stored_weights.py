@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
-from app.core import layouts, models, quantized, split
+from app.core import models
 from app.core.checkpoint.stored import (
     StoredTensor,
     _gguf_decoders,
@@ -22,9 +22,11 @@ from app.core.checkpoint.stored import (
     from_gguf,
     gguf_decodable,
 )
+from app.core.formats import layouts, quantized
+from app.core.formats.quantized import TORCH_DECODED_GGUF
+from app.core.models import split
 from app.core.precision import PrecisionPlan
 from app.core.precision.placement import PlacedPipeline, tensor_bytes
-from app.core.quantized import TORCH_DECODED_GGUF
 from tests.core.test_quantized import UNET_LAYER, flux_gguf, sd1_file
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 

@@ -10,9 +10,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.core import generation, health, infotext
+from app.core import generation, health
 from app.core.precision import PrecisionPlan, tiling
 from app.core.settings import PrecisionSettings
+from app.core.words import infotext
 from tests.core.test_health import loaded
 from tests.core.test_memory_budget import _half_stored
 from tests.support.tiny_models import build_tiny_sd_pipeline

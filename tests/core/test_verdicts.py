@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from app.cli.text import health_text
-from app.core import diagnosis, health
+from app.core import health
 from app.core.components import Status, Verdict
+from app.core.fixing import diagnosis
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline

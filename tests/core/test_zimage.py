@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from app.core import generation, models
-from app.core.tokenizers import qwen2_tokenizer, qwen3_tokenizer
+from app.core.encoders.tokenizers import qwen2_tokenizer, qwen3_tokenizer
 from tests.support.family_helpers import (
     FP16,
     in_memory,

@@ -10,9 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import layouts, models, split
+from app.core import models
 from app.core.checkpoint import write_safetensors
 from app.core.errors import HalfSafeError, UnsupportedModelError
+from app.core.formats import layouts
+from app.core.models import split
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 from tests.support.model_files import save_split_files
 from tests.support.tiny_models import (

@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from app.core import profiles
 from app.core.components import Verdict
+from app.core.fixing import profiles
 from app.core.health import saved
 from app.core.models import load_model
-from app.core.requests import CheckModelsRequest, CheckRequest, LoadRequest, RememberFixRequest
+from app.core.requests.records import (
+    CheckModelsRequest,
+    CheckRequest,
+    LoadRequest,
+    RememberFixRequest,
+)
 from app.core.settings import PrecisionSettings
 from app.engine import jobs
 from app.engine.events import EngineEvent, EventState, JobRequest, encode, read_message

@@ -16,7 +16,7 @@ import pytest
 from app.core.components import Verdict
 from app.core.generation import GenerationRequest
 from app.core.hardware import HardwareReport
-from app.core.requests import (
+from app.core.requests.records import (
     CheckRequest,
     ExplainRequest,
     GenerateRequest,

@@ -84,7 +84,7 @@ def tiny_sd1_matching_rules(seed: int = 0):
     )
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from app.core.tokenizers import clip_tokenizer
+    from app.core.encoders.tokenizers import clip_tokenizer
 
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(
@@ -146,7 +146,7 @@ def tiny_sd2(seed: int = 0, *, in_channels: int = 4):
     )
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from app.core.tokenizers import clip_tokenizer
+    from app.core.encoders.tokenizers import clip_tokenizer
 
     torch.manual_seed(seed)
     unet = UNet2DConditionModel(

@@ -11,10 +11,10 @@ from typing import Any
 
 from app.core import architecture as arch
 from app.core.checkpoint import one_torch_thread, write_safetensors
-from app.core.encoders import qwen25_vl_to_file, wan_vae_to_original
+from app.core.encoders.files import qwen25_vl_to_file, wan_vae_to_original
 from app.core.families import family_of
 from app.core.families.sd3 import SD3_INSIDE
-from app.core.layouts import CLIP_PREFIX, to_original
+from app.core.formats.layouts import CLIP_PREFIX, to_original
 from app.core.models.assembly import empty, torch_dtype
 from app.core.models.configs import config_folder, read_json
 

@@ -12,9 +12,10 @@ from dataclasses import replace
 from typing import Any
 
 from app.core.components import Status, Verdict
-from app.core.diagnosis import CandidateResult, Quality
+from app.core.fixing.diagnosis import CandidateResult, Quality
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.hardware import DeviceInfo, HardwareReport, Quirk
+from app.core.hardware.selftest import OpResult, SelfTestResult
 from app.core.health import (
     Advice,
     ComponentReport,
@@ -27,7 +28,6 @@ from app.core.health import (
 from app.core.health.report import CheckResult
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.precision import PrecisionPlan
-from app.core.selftest import OpResult, SelfTestResult
 from app.core.settings import FIELDS, PRECISION_KEYS
 
 SDXL = ModelIdentity(

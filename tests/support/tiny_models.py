@@ -13,7 +13,12 @@ from app.core.demo import (
     SD_SCHEDULER_CONFIG,
 )
 from app.core.demo import demo_vae as tiny_vae  # the SD-shaped VAE every tiny SD pipeline uses
-from app.core.tokenizers import clip_tokenizer, qwen2_tokenizer, qwen3_tokenizer, t5_tokenizer
+from app.core.encoders.tokenizers import (
+    clip_tokenizer,
+    qwen2_tokenizer,
+    qwen3_tokenizer,
+    t5_tokenizer,
+)
 
 
 def _seeded(seed: int):
@@ -316,7 +321,7 @@ def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
     real vocabulary size and Qwen3-4B's rotary base and norms."""
     from transformers import Qwen3Config, Qwen3Model
 
-    from app.core.encoders import QWEN3_FIXED
+    from app.core.encoders.files import QWEN3_FIXED
 
     config = Qwen3Config(
         **QWEN3_FIXED,
@@ -339,7 +344,7 @@ def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
     split file's config is read with); narrower, it has 4 heads."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from app.core.encoders import QWEN25_VL_FIXED, QWEN25_VL_HEAD
+    from app.core.encoders.files import QWEN25_VL_FIXED, QWEN25_VL_HEAD
 
     heads = 1 if hidden == QWEN25_VL_HEAD else 4
     half = hidden // heads // 2  # half a head's width, split 2:3:3 as the 7B's 16:24:24
@@ -722,7 +727,7 @@ def build_tiny_qwenimage21_pipeline(seed: int = 0, text_width: int = 64):
     64-channel latent cells, Qwen-Image 2.1's 16x VAE."""
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImage21Pipeline
 
-    from app.core.tokenizers import qwen3_vl_processor
+    from app.core.encoders.tokenizers import qwen3_vl_processor
 
     return QwenImage21Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**QWENIMAGE21_SCHEDULER_CONFIG),

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from app.core.checkpoint import WeightScan
+from app.core.images.pictures import Mode
 from app.core.models.summary import ModelSummary
-from app.core.pictures import Mode
 from app.engine.events import CancelRequest, EngineEvent, EventState, JobRequest, Message
 from app.engine.failures import Failure, describe_exit
 

@@ -93,7 +93,7 @@ def test_generate_one_image_with_the_real_engine(qtbot, real_window, tmp_path):
 def test_image_to_image_with_the_real_engine(qtbot, real_window, tmp_path):
     from PySide6.QtGui import QColor, QImage
 
-    from app.core.pictures import Mode
+    from app.core.images.pictures import Mode
 
     window = real_window
     _load_demo(qtbot, window)

@@ -9,7 +9,7 @@ from app.core.explain import Explanation
 from app.core.explain.matching import ModelMatch
 from app.core.explain.records import Record
 from app.core.settings import load_settings
-from app.core.tools import ToolFix
+from app.core.words.tools import ToolFix
 
 LONG_NOTE = (
     "The image's workflow names a LoRA that is not in the install's Lora folder, so the check "

@@ -19,7 +19,7 @@ from app.core.explain import Explanation
 from app.core.explain.matching import ModelMatch
 from app.core.explain.records import Record
 from app.core.jobs import CancelToken
-from app.core.tools import ToolFix
+from app.core.words.tools import ToolFix
 from app.engine import jobs
 from app.engine.events import EngineEvent, EventState
 from app.engine.failures import describe_exception

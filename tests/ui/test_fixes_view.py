@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 from PySide6.QtWidgets import QStyle, QTextBrowser
 
-from app.core import profiles
 from app.core.components import Verdict
-from app.core.diagnosis import Quality
+from app.core.fixing import profiles
+from app.core.fixing.diagnosis import Quality
 from app.core.health import saved
 from app.core.health.fix import fix_summary
 from app.core.health.saved import when_words
-from app.core.library_check import ModelCheckRow, ModelChecks
-from app.core.requests import LoadRequest
+from app.core.requests.library_check import ModelCheckRow, ModelChecks
+from app.core.requests.records import LoadRequest
 from app.engine.events import EventState
 from app.ui import browser, words
 from app.ui.fixes_view import day_words, quality_words, short_device, verified_words
@@ -337,7 +337,7 @@ def test_a_row_without_a_remembered_fix_says_what_the_check_found(window):
 def test_the_quality_figure_is_said_in_plain_words(quality, said):
     """From the data, and from a sentence kept as text (read back by `diagnosis`, which
     writes it) alike."""
-    from app.core.diagnosis import qualities_in
+    from app.core.fixing.diagnosis import qualities_in
 
     assert quality_words(quality).startswith(said)
     sentence = f"Verified by re-running it with the fix: finite, and {quality.words()}."

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 from PySide6.QtGui import QGuiApplication
 
-from app.core.images import png_bytes
-from app.core.infotext import join_text
+from app.core.images.finished import png_bytes
+from app.core.words.infotext import join_text
 from app.ui import dialogs as dialogs_module
 from app.ui.gallery import ENTRY, REQUESTED, thumbnail_cache_path
 from tests.support import reports

@@ -14,8 +14,8 @@ from app.core.families import FAMILIES
 from app.core.generation import _parameters
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.identities import DeviceIdentity, ModelIdentity
-from app.core.images import save_png
-from app.core.pictures import Mode
+from app.core.images.finished import save_png
+from app.core.images.pictures import Mode
 from app.ui.image_entry import (
     GalleryEntry,
     item_text,

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from app.core import infotext
 from app.core.hires import Hires
 from app.core.settings import load_settings
+from app.core.words import infotext
 from app.ui.hires_options import HiresOptions
 from app.ui.image_entry import GalleryEntry
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model

@@ -12,9 +12,9 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QApplication
 
-from app.core import infotext
 from app.core.generation.records import GenerationRequest
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
+from app.core.words import infotext
 from app.engine.events import EventState
 from app.ui.image_entry import item_text, tooltip
 from tests.support import reports
@@ -572,7 +572,7 @@ def test_a_mask_file_of_another_shape_than_the_picture_is_refused_with_one_sente
 
 
 def test_inpaintings_layout_reaches_the_job_and_the_check(window, engines, tmp_path):
-    from app.core.canvas import Canvas
+    from app.core.images.canvas import Canvas
 
     load_fake_model(window, engines)
     window.show_page("Generate")
@@ -612,7 +612,7 @@ def test_inpaintings_layout_reaches_the_job_and_the_check(window, engines, tmp_p
 
 
 def test_a_model_without_inpainting_has_no_layout_to_set(window, engines, tmp_path):
-    from app.core.canvas import Canvas
+    from app.core.images.canvas import Canvas
 
     load_fake_model(
         window,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel
 
-from app.core.requests import HardwareRequest
+from app.core.requests.records import HardwareRequest
 from app.core.settings import PRECISION_KEYS, load_settings
 from app.engine.events import EventState
 from tests.support.reports import gtx_1660_super

@@ -10,7 +10,7 @@ from PySide6.QtGui import QGuiApplication, QTextDocument
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.core.components import Status, Verdict
-from app.core.diagnosis import Quality
+from app.core.fixing.diagnosis import Quality
 from app.core.jobs import DONE
 from app.core.precision import PrecisionPlan
 from app.core.settings import load_settings
@@ -450,7 +450,7 @@ def test_a_shown_check_stops_being_a_verdict_when_the_settings_change(window, en
 def test_the_fix_a_check_remembered_shows_in_the_status_bar_at_once(window, engines):
     """The check remembered a fix: the status bar says the next job runs with it, before any
     job, and the check's headline still holds (the fix is what it found)."""
-    from app.core.profiles import RememberedFix
+    from app.core.fixing.profiles import RememberedFix
     from tests.ui.conftest import DEMO_SUMMARY
 
     _fp16_card(window)

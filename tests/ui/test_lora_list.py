@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from app.core.lora import LoraRequest
+from app.core.lora.files import LoraRequest
 from tests.support.model_cards import KOHYA_SDXL, MODELSPEC_SD1, lora_file, png_file, raw_header
 from tests.ui.conftest import load_fake_model
 

@@ -23,7 +23,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QDialogButtonBox, QProxyStyle, QPushButton, QStyle
 
 from app.core import paths
-from app.core.pictures import Mode, read_pictures
+from app.core.images.pictures import Mode, read_pictures
 from app.ui.mask_painter import MAX_SIDE, MIN_SIDE, MaskHistory, MaskPainter
 from tests.ui.conftest import load_fake_model
 

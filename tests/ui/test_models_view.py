@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from app.core.fixing.profiles import RememberedFix
 from app.core.library.metadata import card_from_metadata
-from app.core.profiles import RememberedFix
-from app.core.requests import LoadRequest
+from app.core.requests.records import LoadRequest
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState, StillLoaded
 from app.ui.browser import card_dict
@@ -450,7 +450,7 @@ def test_search_finds_names_and_trigger_words_and_the_family_filter_narrows(wind
 
 
 def test_each_model_shows_its_last_verdict_and_remembered_fix(window, qtbot, tmp_path):
-    from app.core import profiles
+    from app.core.fixing import profiles
     from app.core.health import saved
     from tests.support import reports
 

@@ -35,7 +35,7 @@ OTHER_PAGES_MODULES = [
 # What the window needs only on one later path, not to show: the image reader (an image dropped
 # or opened) and the demo's tokenizer (the engine builds the demo). With the modules the records
 # it reads once lived beside (`BESIDE_THE_RECORDS`), what its launch must not import.
-LATER_PATHS = ["app.core.explain.image_file", "app.core.tokenizers"]
+LATER_PATHS = ["app.core.explain.image_file", "app.core.encoders.tokenizers"]
 NOT_AT_LAUNCH = OTHER_PAGES_MODULES + LATER_PATHS + sorted(BESIDE_THE_RECORDS)
 
 

@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
-from app.core.profiles import RememberedFix
+from app.core.fixing.profiles import RememberedFix
 from app.core.settings import FIELDS, GROUPS, PRECISION_KEYS, SCHEMA, Field, load_settings
 from app.engine.events import EventState
 from app.ui.settings_view import (

@@ -8,7 +8,7 @@ from dataclasses import replace
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
-from app.core.requests import HardwareRequest
+from app.core.requests.records import HardwareRequest
 from app.engine.events import EventState
 from tests.support.reports import gtx_1660_super
 from tests.ui.conftest import DEMO_SUMMARY

@@ -11,7 +11,7 @@ from typing import Any
 
 from app.core.architecture.keys import Shapes, _cross_attention_dim
 from app.core.detection import UNET, VAE, Detection, TextEncoderLayout
-from app.core.layouts import count_indices
+from app.core.formats.layouts import count_indices
 
 
 def shape_problem(shapes: Shapes, detection: Detection) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from app.core.detection import TextEncoderLayout
-from app.core.layouts import count_indices
+from app.core.formats.layouts import count_indices
 
 Shapes = Mapping[str, tuple[int, ...]]
 

@@ -1,6 +1,6 @@
 """The prediction type a checkpoint states (v_pred and ztsnr markers, training metadata,
 ModelSpec, an A1111 `.yaml` beside it), or the guess from its name and family that
-`app.core.prediction` tests with the UNet itself.
+`app.core.models.prediction` tests with the UNet itself.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def read_prediction(
     `v_pred` and `ztsnr` tensors NoobAI/kohya/ComfyUI write, training metadata (kohya's
     ss_v_parameterization and ss_zero_terminal_snr, ModelSpec), an A1111 `.yaml` beside the
     file. Without one, the file name and then the family's usual choice give an undecided
-    guess (`decided=False`) that `app.core.prediction` tests with the UNet itself.
+    guess (`decided=False`) that `app.core.models.prediction` tests with the UNet itself.
     """
     keyset = set(keys)
     zsnr_flag = metadata.get("ss_zero_terminal_snr", "").strip().lower()

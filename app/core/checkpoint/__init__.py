@@ -14,7 +14,7 @@ One responsibility per module, each importing only those before it:
   reader    Checkpoint, an opened file: tensors on demand from a memory map, quantized ones
             kept as stored
   scan      the weight scan: NaN/Inf in every tensor, and the tensors' content digest (its
-            record, `WeightScan`, is plain data in `app.core.weight_findings`)
+            record, `WeightScan`, is plain data in `app.core.formats.weight_findings`)
   writer    write_safetensors
   cache     values computed from files' bytes, kept with the files' stamps; atomic JSON
   hashing   a file's sha256 and AUTOMATIC1111's short model hash
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
         tensor_is_finite,
     )
     from app.core.checkpoint.writer import write_safetensors
-    from app.core.weight_findings import WeightScan
+    from app.core.formats.weight_findings import WeightScan
 
 __all__ = [
     "DTYPE_BITS",
@@ -137,6 +137,6 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "tensor_is_finite",
             ],
             ".writer": ["write_safetensors"],
-            "app.core.weight_findings": ["WeightScan"],
+            "app.core.formats.weight_findings": ["WeightScan"],
         },
     )

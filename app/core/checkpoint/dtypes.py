@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from app.core import quantized
 from app.core.errors import BadFileError
+from app.core.formats import quantized
 
 # Bits per element of every dtype the safetensors format defines.
 DTYPE_BITS = {

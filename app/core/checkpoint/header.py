@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.core import quantized
 from app.core.checkpoint.dtypes import DTYPE_BITS
 from app.core.errors import BadFileError, PickleRefusedError
+from app.core.formats import quantized
 from app.core.limits import check_tensor_shape, open_regular
 
 # The safetensors format caps its JSON header at 100 MB; its reference reader refuses larger.

@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from app.core import quantized
 from app.core.checkpoint.dtypes import (
     _GGUF_PREFIX,
     _gguf_code,
@@ -26,6 +25,7 @@ from app.core.checkpoint.dtypes import (
 from app.core.checkpoint.header import SafetensorsHeader, _file_size, read_safetensors_header
 from app.core.checkpoint.pickles import is_pickle_file, load_pickle_state_dict, refuse_pickle
 from app.core.errors import BadFileError
+from app.core.formats import quantized
 from app.core.limits import open_regular
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from app.core.checkpoint.dtypes import _safetensors_dtype
 from app.core.checkpoint.reader import Checkpoint
+from app.core.formats.weight_findings import DIGEST_SCHEME, WeightScan
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.weight_findings import DIGEST_SCHEME, WeightScan
 
 
 class TensorDigest:

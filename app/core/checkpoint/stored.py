@@ -156,7 +156,7 @@ def storages(tensor) -> list[Any]:
 def gguf_decodable(type_name: str) -> bool:
     """Whether a GGUF block type is decoded by torch (diffusers' ports of the gguf package's
     decoders, on any device), so that it can be kept as stored."""
-    from app.core.quantized import TORCH_DECODED_GGUF
+    from app.core.formats.quantized import TORCH_DECODED_GGUF
 
     return type_name in TORCH_DECODED_GGUF and type_name in _gguf_decoders()
 
@@ -205,7 +205,7 @@ def _gguf_decoders() -> dict[str, Any]:
 
 def _decode(packed, codec: str, scale, scale2, shape) -> torch.Tensor:
     if codec in _SCALED_BYTES:
-        from app.core.quantized import dequantize_scaled
+        from app.core.formats.quantized import dequantize_scaled
 
         return dequantize_scaled(packed, scale)
     if codec in NVFP4_CODECS:

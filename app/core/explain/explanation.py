@@ -23,10 +23,10 @@ from app.core.explain.matching import ModelMatch, find_model, find_vae
 from app.core.explain.next_steps import NextSteps
 from app.core.explain.records import Record, read_record
 from app.core.families import family_of
-from app.core.images import read_head
+from app.core.images.finished import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.memory import said_as_sentence
-from app.core.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
+from app.core.words.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
 # Image statuses (DESIGN.md): NaN-black, a genuinely dark picture, a safety-checker blank, fine;
 # then one flat colour where a generation record says a tool made it (NaN replaced by zeros,
@@ -342,7 +342,7 @@ def _apply_image_loras(explanation, model) -> None:
     """The LoRAs the image's prompt names (`<lora:name:weight>`), looked up beside its model
     and in the Lora folders; one that is missing or does not load is a note, and the check runs
     without it."""
-    from app.core.lora import (
+    from app.core.lora.files import (
         LoraRequest,
         OutsideModelFoldersError,
         find_lora,
@@ -378,7 +378,7 @@ def _apply_image_loras(explanation, model) -> None:
 def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> None:
     from app.core import health
     from app.core.causes import check_and_attribute
-    from app.core.lora import strip_tags
+    from app.core.lora.files import strip_tags
     from app.core.models import load_model
     from app.core.settings import FIELDS
 

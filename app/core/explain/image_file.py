@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
-from app.core.images import MAX_IMAGE_BYTES, MAX_PIXELS, open_picture
+from app.core.images.finished import MAX_IMAGE_BYTES, MAX_PIXELS, open_picture
 
 # Bounds on an image handed to `explain` beyond the file's size and pixel count (those are
 # `images.MAX_IMAGE_BYTES` and `images.MAX_PIXELS`, shared with input pictures). A generated
@@ -206,8 +206,8 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     import numpy as np
     from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
-    from app.core import signatures
-    from app.core.images import brightness_stats, flat_region
+    from app.core.explain import signatures
+    from app.core.images.finished import brightness_stats, flat_region
 
     # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
     # ComfyUI workflow included. `read_png` has already held every chunk to the bounds above

@@ -1,7 +1,7 @@
 """What to try in the tool that made a black image whose model is not in the library: the likely
 cause, from what the image's record and pixels say (the model family the record implies, a NaN
 replaced by zeros before the VAE, what the tool runs wider than fp16 by default), and that
-tool's own switches in the order to try them, from the tables in `app.core.tools`.
+tool's own switches in the order to try them, from the tables in `app.core.words.tools`.
 
 Nothing here was reproduced: the words say likely, never the cause, and end with the step that
 lets the health check prove it (adding the model's folder). Plain data and words; no torch.
@@ -16,7 +16,7 @@ from typing import Any
 
 from app.core.explain import runtime
 from app.core.explain.records import Record
-from app.core.tools import TERMS, TOOLS, setting_words, wide_by_default
+from app.core.words.tools import TERMS, TOOLS, setting_words, wide_by_default
 
 # Where the NaN most likely is, completing "the likely cause is ...".
 LIKELY_WORDS = {

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.core import infotext, samplers
+from app.core import samplers
 from app.core.errors import BadFileError
 from app.core.explain import kernels, runtime
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
-from app.core.infotext import read_float, read_int, read_text
+from app.core.words import infotext
+from app.core.words.infotext import read_float, read_int, read_text
 
 MAX_JSON_DEPTH = 64
 MAX_NODES = 20_000  # ComfyUI graph nodes read

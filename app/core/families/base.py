@@ -14,11 +14,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar
 
-from app.core import infotext, samplers
+from app.core import samplers
 from app.core.components import Role, of_role
 from app.core.detection import Detection
-from app.core.layouts import Layout
-from app.core.pictures import FROM_NOISE, Mode
+from app.core.formats.layouts import Layout
+from app.core.images.pictures import FROM_NOISE, Mode
+from app.core.words import infotext
 
 
 class FamilyId(str, Enum):
@@ -43,7 +44,7 @@ class FamilyId(str, Enum):
 class LatentFormat:
     """What the family's denoiser works on: `channels` per latent cell and, for the live
     preview, a linear map to RGB (`rgb_factors`: one (r, g, b) row per channel, `rgb_bias`)
-    known for its VAE. None: the preview fits one to the loaded VAE (`app.core.preview`)."""
+    known for its VAE. None: the preview fits one to the loaded VAE (`app.core.generation.preview`)."""
 
     channels: int
     rgb_factors: tuple[tuple[float, float, float], ...] | None = None

@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.core import infotext
 from app.core.detection import Detection
 from app.core.families.base import FamilyId, prompt_tensors, transformer_width
 from app.core.families.flux import (
@@ -17,7 +16,7 @@ from app.core.families.flux import (
     bfl_table,
     flux_vae_need,
 )
-from app.core.layouts import (
+from app.core.formats.layouts import (
     Layout,
     Shapes,
     SplitModel,
@@ -27,7 +26,8 @@ from app.core.layouts import (
     t5_need,
     within_limits,
 )
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
+from app.core.words import infotext
 
 PROBE_CHROMA_CFG = 5.0  # the check's guidance for Chroma (ChromaPipeline's default)
 

@@ -9,7 +9,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from app.core import infotext
 from app.core.detection import Detection
 from app.core.families.base import (
     Family,
@@ -21,7 +20,7 @@ from app.core.families.base import (
     patches_problem,
     transformer_width,
 )
-from app.core.layouts import (
+from app.core.formats.layouts import (
     Layout,
     Need,
     Row,
@@ -35,7 +34,8 @@ from app.core.layouts import (
     t5_need,
     within_limits,
 )
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
+from app.core.words import infotext
 
 PROBE_GUIDANCE = 3.5  # the check's distilled guidance (Flux.1 dev's guidance embedding)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from app.core import infotext, limits
+from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
 from app.core.errors import HalfSafeError
 from app.core.families.base import (
@@ -27,7 +27,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
-from app.core.layouts import (
+from app.core.formats.layouts import (
     Layout,
     Need,
     Row,
@@ -39,7 +39,8 @@ from app.core.layouts import (
     swapped,
     within_limits,
 )
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
+from app.core.words import infotext
 
 # The hidden states the reference pipelines stack (their `text_encoder_out_layers`): Mistral
 # Small 3.1's layers 10, 20 and 30 of 40 for dev, Qwen3's 9, 18 and 27 of 36 for Klein.

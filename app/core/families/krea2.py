@@ -20,7 +20,7 @@ from app.core.families.base import (
     transformer_width,
 )
 from app.core.families.qwenimage import QWENIMAGE_LATENT
-from app.core.layouts import (
+from app.core.formats.layouts import (
     Layout,
     Need,
     Row,

@@ -24,7 +24,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
-from app.core.layouts import (
+from app.core.formats.layouts import (
     Layout,
     Need,
     Row,
@@ -35,7 +35,7 @@ from app.core.layouts import (
     reader,
     within_limits,
 )
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
 
 PROBE_QWEN_CFG = 4.0  # the check's guidance for Qwen-Image (QwenImagePipeline's default)
 
@@ -204,7 +204,7 @@ def edit_processor(tokenizer=None, images: Mapping[str, Any] | None = None):
     from transformers import Qwen2VLImageProcessorPil, Qwen2VLProcessor
     from transformers.video_processing_utils import BaseVideoProcessor, VideoProcessorMixin
 
-    from app.core.tokenizers import qwen2_tokenizer
+    from app.core.encoders.tokenizers import qwen2_tokenizer
 
     settings = {k: v for k, v in (images or QWEN2_VL_IMAGES).items() if not k.endswith("_type")}
     for old, new in (("min_pixels", "shortest_edge"), ("max_pixels", "longest_edge")):

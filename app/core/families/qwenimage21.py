@@ -23,7 +23,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
-from app.core.layouts import (
+from app.core.formats.layouts import (
     Layout,
     Need,
     Row,
@@ -519,7 +519,7 @@ def processor_from_folder(folder: Path):
     ValueError or OSError naming what is missing or malformed."""
     from transformers import AutoTokenizer
 
-    from app.core.tokenizers import qwen3_vl_processor
+    from app.core.encoders.tokenizers import qwen3_vl_processor
 
     images: Any = None
     combined, older = folder / "processor_config.json", folder / "preprocessor_config.json"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.families.base import Family, FamilyId, LatentFormat, prompt_tensors
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
 
 PROBE_CFG = 7.0  # the check's classifier-free guidance scale
 
@@ -49,8 +49,8 @@ class StableDiffusionFamily(Family):
     ) -> dict[str, Any]:
         """The prompt as the pipeline's `__call__` takes it: prompt_embeds and, with guidance,
         negative_prompt_embeds (batch 1 each), read as AUTOMATIC1111 reads it (emphasis, BREAK,
-        77-token chunks, Clip skip: `app.core.prompts`)."""
-        from app.core.prompts import encode_sd
+        77-token chunks, Clip skip: `app.core.encoders.prompts`)."""
+        from app.core.encoders.prompts import encode_sd
 
         return encode_sd(pipe, prompt, negative, device, guidance, clip_skip)
 

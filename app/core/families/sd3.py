@@ -19,7 +19,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
-from app.core.layouts import (
+from app.core.formats.layouts import (
     CLIP_PREFIX,
     Layout,
     Need,
@@ -36,7 +36,7 @@ from app.core.layouts import (
     t5_need,
     within_limits,
 )
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
 
 PROBE_SD3_CFG = 4.5  # the check's guidance for SD3.5 (its reference pipelines use 3.5 to 4.5)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from app.core.families.base import FamilyId, LatentFormat, prompt_tensors
 from app.core.families.sd import StableDiffusionFamily
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
 
 # SDXL's VAE latents to RGB: a published approximation, as SD's.
 SDXL_LATENT = LatentFormat(
@@ -47,7 +47,7 @@ class SDXLFamily(StableDiffusionFamily):
     def encode(
         self, pipe, prompt: str, negative: str, device, guidance: bool, clip_skip: int = 1
     ) -> dict[str, Any]:
-        from app.core.prompts import encode_sdxl
+        from app.core.encoders.prompts import encode_sdxl
 
         return encode_sdxl(pipe, prompt, negative, device, guidance, clip_skip)
 

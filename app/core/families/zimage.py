@@ -18,7 +18,7 @@ from app.core.families.base import (
     prompt_tensors,
 )
 from app.core.families.flux import FLUX_LATENT
-from app.core.layouts import (
+from app.core.formats.layouts import (
     Layout,
     Need,
     Row,
@@ -30,7 +30,7 @@ from app.core.layouts import (
     reader,
     within_limits,
 )
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
 
 # Z-Image's original layout (ComfyUI: diffusion_models/z_image_turbo_bf16.safetensors) ------
 

@@ -3,13 +3,13 @@ non-finite, where, and what was done about it (or what would fix it)."""
 
 from __future__ import annotations
 
-from app.core.cause_words import cause_words
 from app.core.components import words as component_words
-from app.core.diagnosis import FixCandidate
+from app.core.fixing.diagnosis import FixCandidate
 from app.core.generation.records import GenerationRequest, ImageResult, settings_of
 from app.core.generation.repair import Repair
 from app.core.generation.stages import Outcome, failure
 from app.core.settings import PrecisionSettings
+from app.core.words.causes import cause_words
 
 
 def describe(

@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core import diagnosis, samplers
-from app.core.canvas import Paste
+from app.core import samplers
 from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
+from app.core.fixing import diagnosis
 from app.core.generation.describe import describe
 from app.core.generation.job import Job
 from app.core.generation.parameters import parameters
@@ -28,9 +28,8 @@ from app.core.generation.repair import Repair
 from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
 from app.core.identities import DeviceIdentity, ModelIdentity
-from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
-from app.core.memory import is_out_of_memory, said_memory_plan
-from app.core.pictures import (
+from app.core.images.canvas import Paste
+from app.core.images.pictures import (
     NO_STRENGTH_BECAUSE,
     STRENGTH_DEFAULT,
     Mode,
@@ -38,6 +37,8 @@ from app.core.pictures import (
     read_pictures,
     steps_run,
 )
+from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
+from app.core.memory import is_out_of_memory, said_memory_plan
 from app.core.precision import tiling
 from app.core.settings import FIELDS, PrecisionSettings
 
@@ -115,7 +116,7 @@ def generate(
     Raises HalfSafeError for a bad request, CancelledError when cancelled, and ImageSaveError
     (whose `.result` holds every image) when an image cannot be written.
     """
-    from app.core import profiles
+    from app.core.fixing import profiles
 
     started = time.perf_counter()
     progress = on_progress or no_progress
@@ -184,7 +185,8 @@ def _generate_unsaved(
 ) -> tuple[GenerationResult, _Learned | None]:
     """`generate` up to the images and their diagnosis and precision repairs, unsaved; and the
     precision fix those repairs proved (the remembered one's settings under it), if any."""
-    from app.core import hardware, profiles
+    from app.core import hardware
+    from app.core.fixing import profiles
 
     started = time.perf_counter()
     pipeline = model.pipeline
@@ -390,7 +392,10 @@ def _repair_by_cause(
     component, dropping a LoRA whose tensors hold NaN) makes those images again with the same
     seeds. Each image says the cause; an image the repair did not make finite keeps its first
     result. Returns the fix to remember: `learned`, or the backend switch that replaces it."""
-    from app.core import causes, kernels, lora, profiles
+    from app.core import causes
+    from app.core.fixing import profiles
+    from app.core.lora.files import files as lora
+    from app.core.precision import kernels
 
     failing = [i for i, e in enumerate(result.images) if e.status == "nan"]
     foreign = bool(kernels.foreign_kernels())

@@ -7,7 +7,7 @@ import weakref
 from typing import Any
 
 from app.core.generation.repair import Repairs
-from app.core.images import image_array
+from app.core.images.finished import image_array
 
 
 class Job(Repairs):

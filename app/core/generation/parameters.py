@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core import infotext
 from app.core.families import family_of
 from app.core.generation.describe import box_text, percent
 from app.core.generation.records import GenerationRequest, ImageResult, MemoryRecord
 from app.core.hires import BY_KEY
-from app.core.lora import lora_hashes, prompt_with_tags
-from app.core.pictures import Mode
+from app.core.images.pictures import Mode
+from app.core.lora.files import lora_hashes, prompt_with_tags
+from app.core.words import infotext
 
 
 def parameters(

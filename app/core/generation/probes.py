@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core import diagnosis
+from app.core.fixing import diagnosis
 from app.core.generation.stages import Outcome, Stages, _first_bad
 from app.core.generation.watch import read_flags
 from app.core.precision import PrecisionPlan, backend_flags
@@ -20,7 +20,7 @@ class Probes(Stages):
         """One denoiser call on a kept failing input: (its output, first bad module)."""
         import torch
 
-        from app.core.probe import ActivationRecorder
+        from app.core.fixing.probe import ActivationRecorder
 
         self.placed.apply(plan, [self.family.denoiser])
         unet = self.placed[self.family.denoiser]
@@ -39,7 +39,7 @@ class Probes(Stages):
 
     def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
         """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
-        from app.core.probe import ActivationRecorder
+        from app.core.fixing.probe import ActivationRecorder
 
         self.placed.apply(plan, self.family.text_encoders(self.model.pipeline))
         recorder = ActivationRecorder(self.placed[component]) if record else None

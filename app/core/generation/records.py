@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core.canvas import SIDES, Canvas
 from app.core.hires import Hires
 from app.core.identities import DeviceIdentity, ModelIdentity
+from app.core.images.canvas import SIDES, Canvas
+from app.core.images.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.memory import MemoryRecord
-from app.core.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 
@@ -192,7 +192,10 @@ class GenerationResult:
     def save(self, folder: str | Path, *, only_unsaved: bool = True) -> list[Path]:
         """Write the images (by default those not yet saved) into `folder`, with their
         parameters. Raises ImageSaveError (carrying this result) when that fails too."""
-        from app.core.images import ImageSaveError, save_png  # PNG writing: not for the window
+        from app.core.images.finished import (  # PNG writing: not for the window
+            ImageSaveError,
+            save_png,
+        )
 
         written = []
         for entry in self.images:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core import diagnosis
 from app.core.components import COMPONENTS, RUN_ORDER, module_of
-from app.core.diagnosis import FixCandidate, candidate_fixes
 from app.core.errors import CancelledError
+from app.core.fixing import diagnosis
+from app.core.fixing.diagnosis import FixCandidate, candidate_fixes
 from app.core.generation.probes import Probes
 from app.core.generation.stages import Outcome, failure
-from app.core.images import to_image
+from app.core.images.finished import to_image
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
 

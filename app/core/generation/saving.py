@@ -7,7 +7,7 @@ from pathlib import Path
 
 from app.core import paths
 from app.core.generation.records import GenerationRequest
-from app.core.images import ImageSaveError
+from app.core.images.finished import ImageSaveError
 
 
 def output_folder(request: GenerationRequest) -> Path:

@@ -8,18 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core import diagnosis
+from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
+from app.core.fixing import diagnosis
+from app.core.generation.preview import colours_for, latent_preview
 from app.core.generation.records import GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
 from app.core.hires import upscale
-from app.core.images import PixelStats, to_image
+from app.core.images.finished import PixelStats, to_image
+from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
-from app.core.lora import strip_tags
-from app.core.pictures import Mode, Pictures, steps_run
+from app.core.lora.files import strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
-from app.core.preview import colours_for, latent_preview
-from app.core.prompts import clip_options
 
 PREVIEWS_PER_IMAGE = 6
 
@@ -204,7 +204,7 @@ class Stages:
         went non-finite is kept (`_read`)."""
         import torch
 
-        from app.core.probe import ActivationRecorder
+        from app.core.fixing.probe import ActivationRecorder
 
         pictures = self.pictures
         assert pictures is not None  # only a job that starts from a picture encodes one
@@ -412,7 +412,7 @@ class Stages:
         also the first VAE layer that went non-finite."""
         import torch
 
-        from app.core.probe import ActivationRecorder
+        from app.core.fixing.probe import ActivationRecorder
 
         self.placed.apply(plan, ["vae"])
         vae = self.placed["vae"]
@@ -519,7 +519,7 @@ def _accepted(pipe, arguments: dict[str, Any]) -> dict[str, Any]:
 def _clamped_encoder_blocks(module) -> list[Any]:
     """The blocks of a T5 encoder: transformers clamps their fp16 output to 65504 (64504 once
     an inf appeared), so a T5 overflow comes out finite and wrong instead of NaN."""
-    from app.core.diagnosis import is_t5
+    from app.core.fixing.diagnosis import is_t5
 
     encoder = getattr(module, "encoder", None)
     return list(getattr(encoder, "block", None) or []) if is_t5(module) else []

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         device_entry,
     )
     from app.core.hardware.report import hardware_report
-    from app.core.hardware.self_test import self_test_key, self_test_skips
+    from app.core.hardware.selftest_cache import self_test_key, self_test_skips
 
 __all__ = [
     "BACKENDS",

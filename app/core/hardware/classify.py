@@ -11,7 +11,7 @@ from app.core.hardware.probe import _BF16_FLAGS
 from app.core.hardware.quirks import load_quirks
 from app.core.hardware.recommend import _recommend
 from app.core.hardware.records import BF16_CLASSES, FP16_CLASSES, DeviceInfo, Quirk
-from app.core.selftest import SelfTestResult
+from app.core.hardware.selftest import SelfTestResult
 
 
 def assess(

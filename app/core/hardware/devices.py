@@ -13,7 +13,7 @@ from app.core.errors import DeviceError
 from app.core.hardware.classify import assess
 from app.core.hardware.probe import _probe_cpu, _probe_cuda, _probe_mps, _probe_xpu
 from app.core.hardware.records import DeviceInfo
-from app.core.hardware.self_test import _cached_self_test
+from app.core.hardware.selftest_cache import _cached_self_test
 
 if TYPE_CHECKING:
     import torch

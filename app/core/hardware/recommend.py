@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from app.core.hardware.records import DeviceInfo, Quirk
-from app.core.selftest import SelfTestResult
+from app.core.hardware.selftest import SelfTestResult
 from app.core.settings import FIELDS, PRECISION_KEYS, PrecisionSettings
 
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.kernels import AttentionKernel
-from app.core.selftest_records import SelfTestResult
+from app.core.hardware.selftest_records import SelfTestResult
+from app.core.precision.kernels import AttentionKernel
 from app.core.settings import PrecisionSettings
 
 FP16_CLASSES = ("fast", "slow", "unreliable", "unsupported")  # best to worst

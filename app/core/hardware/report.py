@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from app import __version__
-from app.core import kernels
 from app.core.hardware.classify import assess
 from app.core.hardware.devices import list_devices
 from app.core.hardware.probe import nvidia_gpu_names
 from app.core.hardware.records import DeviceInfo, HardwareReport
-from app.core.hardware.self_test import self_test_key, self_test_skips
+from app.core.hardware.selftest import SelfTestResult
+from app.core.hardware.selftest_cache import self_test_key, self_test_skips
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.selftest import SelfTestResult
+from app.core.precision import kernels
 
 
 def hardware_report(
@@ -35,7 +35,7 @@ def hardware_report(
     """
     import torch
 
-    from app.core import selftest
+    from app.core.hardware import selftest
 
     devices = []
     for info in list_devices():

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from app.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from app.core.diagnosis import AT_RISK_HEADROOM, FixCandidate, candidate_fixes
+    from app.core.fixing.diagnosis import AT_RISK_HEADROOM, FixCandidate, candidate_fixes
     from app.core.health.check import check_loaded
     from app.core.health.cost import FixCost, StepCost
     from app.core.health.markdown import candidate_markdown, markdown_report, write_markdown_report
@@ -119,7 +119,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
     __getattr__, __dir__ = lazy_exports(
         globals(),
         {
-            "app.core.diagnosis": ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes"],
+            "app.core.fixing.diagnosis": ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes"],
             ".check": ["check_loaded"],
             ".cost": ["FixCost", "StepCost"],
             ".markdown": ["candidate_markdown", "markdown_report", "write_markdown_report"],

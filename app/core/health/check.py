@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
-from app.core import diagnosis, quantized
-from app.core.canvas import Canvas
 from app.core.components import Verdict, join_words
 from app.core.components import words as component_words
-from app.core.diagnosis import no_half
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
+from app.core.fixing import diagnosis
+from app.core.fixing.diagnosis import no_half
+from app.core.fixing.probe import ProbeResult
+from app.core.formats import quantized
 from app.core.health.cost import FixCost
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort
 from app.core.health.observations import (
@@ -41,17 +42,17 @@ from app.core.health.stages import (
     first_bad_name,
 )
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
+from app.core.images.canvas import Canvas
+from app.core.images.pictures import Mode, Pictures, mode_of, read_pictures
 from app.core.jobs import DONE, CancelToken, Headline, ProgressCallback, no_progress
 from app.core.memory import said_memory_plan
-from app.core.pictures import Mode, Pictures, mode_of, read_pictures
 from app.core.precision import PrecisionPlan, tiling
-from app.core.probe import ProbeResult
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or only named here
+    from app.core.fixing.profiles import RememberedFix
+    from app.core.formats.quantized import QuantFinding
     from app.core.hardware.records import DeviceInfo
-    from app.core.profiles import RememberedFix
-    from app.core.quantized import QuantFinding
 
 STAGES = 3  # the progress total: the text encoders, the denoiser, the VAE (+ its encoder)
 
@@ -207,7 +208,8 @@ def _checked_size(model, size: int | None) -> int:
 def _start(model, precision: PrecisionSettings, device: str, use_remembered: bool = True) -> _Start:
     """The device, the remembered fix (unless not `use_remembered`) and the plan, with their
     notes; then the damaged weights."""
-    from app.core import hardware, profiles
+    from app.core import hardware
+    from app.core.fixing import profiles
 
     torch_device = hardware.pick_device(device)
     info = hardware.describe_device(torch_device)
@@ -512,7 +514,7 @@ class _Check:
 
     def remember_fix(self, fix: Fix) -> None:
         """Store the fix in the model's remembered profile for this device."""
-        from app.core import profiles
+        from app.core.fixing import profiles
 
         profiles.remember_fix(
             self.model.profile_key,

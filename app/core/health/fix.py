@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import diagnosis
 from app.core.components import in_run_order, join_words, module_of
 from app.core.components import words as component_words
-from app.core.diagnosis import FixCandidate, Quality, candidate_fixes, no_half
 from app.core.errors import CancelledError
+from app.core.fixing import diagnosis
+from app.core.fixing.diagnosis import FixCandidate, Quality, candidate_fixes, no_half
 from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner, Stage
 from app.core.jobs import CancelToken, ProgressCallback

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.core import diagnosis
-from app.core.cause_words import cause_words
 from app.core.components import Verdict
 from app.core.errors import HalfSafeError
+from app.core.fixing import diagnosis
 from app.core.health.report import Fix, HealthReport, precision_words, status_words
 from app.core.health.words import (
     CANDIDATE_COLUMNS,
@@ -18,6 +17,7 @@ from app.core.health.words import (
     cost_words,
     flags,
 )
+from app.core.words.causes import cause_words
 
 
 def _fmt_number(value: float | None) -> str:

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core import diagnosis
 from app.core.components import COMPONENTS, FP16_MAX, Status, in_run_order, module_of
 from app.core.components import words as component_words
-from app.core.diagnosis import AT_RISK_HEADROOM, status_from_peak
+from app.core.fixing import diagnosis
+from app.core.fixing.diagnosis import AT_RISK_HEADROOM, status_from_peak
+from app.core.fixing.probe import ProbeResult, top_blocks
 from app.core.health.report import Advice, ComponentReport, PrecisionOutcome
 from app.core.health.stages import Stage
 from app.core.precision import PlacedPipeline, PrecisionPlan
-from app.core.probe import ProbeResult, top_blocks
 
 HALF_DTYPES = ("fp16", "bf16")
 

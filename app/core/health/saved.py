@@ -27,8 +27,8 @@ from typing import Any
 
 from app.core import paths
 from app.core.components import Verdict
-from app.core.diagnosis import Quality
 from app.core.files import aside_name, locked, write_atomic
+from app.core.fixing.diagnosis import Quality
 from app.core.health.report import CheckResult
 from app.core.limits import parse_json, read_regular
 from app.core.precision.words import plan_words

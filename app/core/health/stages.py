@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.components import in_run_order, module_of
+from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
+from app.core.fixing.probe import ActivationRecorder, ProbeResult
 from app.core.health.cost import StepCost
-from app.core.pictures import Mode, Pictures
+from app.core.images.pictures import Mode, Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, plan_weights_mb
-from app.core.probe import ActivationRecorder, ProbeResult
-from app.core.prompts import clip_options
 from app.core.settings import FIELDS
 
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
@@ -396,7 +396,7 @@ def probe_timesteps(model, steps: int, scheduler: str, size: int | None = None) 
 
 
 def all_finite(value: Any) -> bool:
-    from app.core.probe import max_abs
+    from app.core.fixing.probe import max_abs
 
     peak = max_abs(value)
     return peak is None or math.isfinite(float(peak))

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core.components import Status, Verdict
-from app.core.diagnosis import CandidateResult
+from app.core.fixing.diagnosis import CandidateResult
 from app.core.health.cost import FixCost, StepCost
 from app.core.precision import PrecisionPlan
 from app.core.settings import FIELDS, modules_by_component

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.core import architecture as arch
-from app.core import limits, split
+from app.core import limits
 from app.core.checkpoint import (
     SAFETENSORS_SUFFIX,
     read_header,
@@ -18,8 +18,9 @@ from app.core.checkpoint import (
     stored_dtype,
 )
 from app.core.errors import BadFileError
+from app.core.formats.quantized import SCALED_FP8_MARKER
 from app.core.library.entries import MAX_FOLDER_ENTRIES, LibraryEntry
-from app.core.quantized import SCALED_FP8_MARKER
+from app.core.models import split
 
 
 def _inspect_one(path: Path, kind: str) -> LibraryEntry:

@@ -282,7 +282,7 @@ def read_preview(path: str | Path, edge: int) -> Any:
     The file is opened only as PNG, JPEG or WebP (`images.open_picture`), checked against
     MAX_PREVIEW_BYTES and the picture-size bound before it is decoded. Raises BadFileError with
     one sentence for anything else. Runs on the calling thread (a worker's)."""
-    from app.core.images import MAX_PIXELS, open_picture
+    from app.core.images.finished import MAX_PIXELS, open_picture
 
     path = Path(path)
     try:

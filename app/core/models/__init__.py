@@ -125,8 +125,8 @@ def _load_model(
     on_progress: ProgressCallback | None,
     cancel: CancelToken | None,
 ) -> LoadedModel:
-    from app.core import quantized
     from app.core.demo import DEMO_MODELS
+    from app.core.formats import quantized
     from app.core.models.folder import load_folder
     from app.core.models.single_file import load_single_file
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.core import architecture as arch
-from app.core import encoders, limits, paths
+from app.core import limits, paths
 from app.core.checkpoint.reader import Checkpoint
+from app.core.encoders.files import files as encoders
 from app.core.errors import BadFileError, UnsupportedModelError
-from app.core.layouts import CLIP_PREFIX, CLIP_PROJECTION, Need
+from app.core.formats.layouts import CLIP_PREFIX, CLIP_PROJECTION, Need
 from app.core.models.assembly import assign, empty
 from app.core.models.configs import read_json
 from app.core.models.conversion import convert_text_encoder

@@ -18,8 +18,8 @@ from app.core.checkpoint import (
 )
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.families import family_of_denoiser
+from app.core.formats.layouts import count_indices
 from app.core.jobs import CancelToken
-from app.core.layouts import count_indices
 from app.core.models import assembly
 from app.core.models.assembly import assign, built, empty, first_line, nbytes
 from app.core.models.component_files import check_files, weight_files

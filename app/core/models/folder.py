@@ -193,8 +193,8 @@ def _check_parts(
     does not describe the weights beside it (`folder_shapes`); a text encoder of another width
     than the transformer reads (`folder_needs`); a VAE (its vae/ folder or --vae) whose latents
     are another family's; beside a UNet, a text encoder of another width than it reads."""
-    from app.core import parts
     from app.core.families import architecture_title, family_of_architecture
+    from app.core.models import parts
 
     family = family_of_architecture(detection.architecture)
     title = architecture_title(detection.architecture)
@@ -247,7 +247,7 @@ def _check_encoder_kinds(
 ) -> None:
     """A text encoder folder of another kind (T5, CLIP, Qwen3, ...) than the pipeline takes
     there, named by what it is."""
-    from app.core import parts
+    from app.core.models import parts
 
     for name in sorted(c for c in components if c.startswith("text_encoder")):
         config = read_json(path / name / "config.json", owner=path / name)
@@ -264,7 +264,7 @@ def _check_classes(
     """Each model component declared (model_index.json) as a class diffusers or transformers
     has, and one the pipeline takes there: the class diffusers would build it as, whatever its
     weights are."""
-    from app.core import parts
+    from app.core.models import parts
 
     for name in sorted(components):
         library, declared = str(components[name][0]), str(components[name][1])

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from app.core import parts
 from app.core.families import Family
-from app.core.layouts import Need, Row, Shapes
+from app.core.formats.layouts import Need, Row, Shapes
+from app.core.models import parts
 from app.core.models.configs import read_json
 from app.core.models.folder_shapes import text_encoder_width
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from app.core.checkpoint.header import read_safetensors_header
 from app.core.errors import BadFileError
-from app.core.layouts import Shapes, count_indices, count_words
+from app.core.formats.layouts import Shapes, count_indices, count_words
 
 # How many tensors and modules an empty build may make per tensor its files hold before it is
 # stopped: a real model's config builds exactly the tensors of its files (a few buffers more),

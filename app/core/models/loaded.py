@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.weight_findings import WeightScan
+from app.core.formats.weight_findings import WeightScan
 
 
 @dataclass

@@ -137,7 +137,7 @@ def _settle_prediction(
     known: list[str] | None = None,
 ) -> tuple[str, str, int]:
     """(prediction type, how we know it, native size): what the file states, else what a test
-    pass of the UNet decides (`app.core.prediction`), else the detection's guess with the
+    pass of the UNet decides (`app.core.models.prediction`), else the detection's guess with the
     reason the test gave. `known` is a test's answer cached for these unchanged files: the
     test pass costs seconds to a minute on a CPU, so a file pays it once. Sets the pipeline's
     scheduler to match."""
@@ -153,7 +153,7 @@ def _settle_prediction(
         elif detection.family == "sd2":
             native = 768 if kind == "v_prediction" else 512
     elif not detection.prediction_decided:
-        from app.core.prediction import probe_prediction_type
+        from app.core.models.prediction import probe_prediction_type
 
         if cancel is not None:
             cancel.raise_if_cancelled()
@@ -193,8 +193,8 @@ def scheduler_for(config, prediction_type: str, zero_terminal_snr: bool, like=No
 def _check_vae_file(path: Path, vae: Path, detection: arch.Detection) -> None:
     """Refuse a --vae whose header or config says its latents are another family's, before
     anything is read (`parts.check_vae`)."""
-    from app.core import parts
     from app.core.families import architecture_title
+    from app.core.models import parts
 
     base = read_json(
         config_folder(detection.config_name or detection.family) / "vae" / "config.json"

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.errors import HalfSafeError
+from app.core.fixing.remembered_fix import RememberedFix
+from app.core.formats.weight_findings import WeightScan
+from app.core.images.pictures import Mode
 from app.core.models.loaded import LoadedModel
-from app.core.pictures import Mode
-from app.core.remembered_fix import RememberedFix
-from app.core.weight_findings import WeightScan
 
 # The pipeline parts a summary lists, in pipeline order.
 _PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae")
@@ -73,7 +73,7 @@ class ModelSummary:
 
 def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
     """The summary of `model`, with the fix remembered for it on `device` (a settings value)."""
-    from app.core.diagnosis import vae_needs_fp32
+    from app.core.fixing.diagnosis import vae_needs_fp32
 
     because = model.detected_because
     remembered, on, notes = _remembered_fix(model.profile_key, device)
@@ -120,7 +120,7 @@ def _missing_layer_notes(remembered: RememberedFix | None, pipeline) -> list[str
     a fix kept from another version of the model): said at load, before any job."""
     if remembered is None:
         return []
-    from app.core.diagnosis import unknown_layers
+    from app.core.fixing.diagnosis import unknown_layers
 
     missing = [entry for _, entry in unknown_layers(remembered.settings, pipeline)]
     if not missing:
@@ -170,7 +170,8 @@ def _remembered_fix(profile_key: str, device: str) -> tuple[RememberedFix | None
     if not profile_key:
         return None, "", []
     try:
-        from app.core import hardware, profiles
+        from app.core import hardware
+        from app.core.fixing import profiles
 
         info = hardware.describe_device(hardware.pick_device(device))
         found = profiles.lookup(profile_key, info.name)

@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.core import paths, split
+from app.core import paths
 from app.core.checkpoint import Checkpoint, one_torch_thread, scan_weights, stored_dtype
-from app.core.encoders import QWEN3_VL_READS
+from app.core.encoders.files import QWEN3_VL_READS
 from app.core.errors import BadFileError, UnsupportedModelError
+from app.core.formats.layouts import AbsurdSizes, SplitModel, to_diffusers
 from app.core.jobs import CancelToken, ProgressCallback
-from app.core.layouts import AbsurdSizes, SplitModel, to_diffusers
+from app.core.models import split
 from app.core.models.assembly import assign, built, empty, first_line
 from app.core.models.companions import (
     load_flux2_vae_file,
@@ -55,7 +56,7 @@ def load_split(
     and every companion found before a tensor is read."""
     import diffusers
 
-    from app.core.tokenizers import (
+    from app.core.encoders.tokenizers import (
         clip_tokenizer,
         qwen2_tokenizer,
         qwen3_tokenizer,

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from app.core import kernels
+from app.core.precision import kernels
 from app.core.precision.plan import PrecisionPlan
 
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core import architecture as arch
-from app.core import limits, parts, paths
+from app.core import limits, paths
 from app.core.checkpoint.header import read_header
-from app.core.encoders import (
+from app.core.encoders.files import (
     QWEN3_VL_READS,
     encoder_kind,
     is_qwenimage21_vae,
@@ -42,7 +42,7 @@ from app.core.encoders import (
 )
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 from app.core.families import FAMILIES, FamilyId, family
-from app.core.layouts import (
+from app.core.formats.layouts import (
     CLIP_PREFIX,
     CLIP_PROJECTION,
     TRANSFORMER_PREFIXES,
@@ -54,6 +54,7 @@ from app.core.layouts import (
     weight_shape,
 )
 from app.core.limits import read_json_object
+from app.core.models import parts
 from app.core.paths import resource
 
 TRANSFORMER_FOLDERS = ("diffusion_models", "unet")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
+from app.core.formats.weight_findings import QuantFinding
 from app.core.limits import (
     MAX_GGUF_ALIGNMENT,
     MAX_GGUF_ARRAY_ITEMS,
@@ -55,7 +56,6 @@ from app.core.limits import (
     check_tensor_shape,
     open_regular,
 )
-from app.core.weight_findings import QuantFinding
 
 # What fp8 and GGUF weights become when read: bf16 has fp32's range, so no scaled weight can
 # overflow in the conversion, and 8 bits of mantissa hold every fp8 value and Q8_0's 8-bit

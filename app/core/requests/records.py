@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
-from app.core.canvas import Canvas
 from app.core.generation.records import GenerationRequest
-from app.core.lora_request import LoraRequest
+from app.core.images.canvas import Canvas
+from app.core.lora.request import LoraRequest
 from app.core.settings import FIELDS, PrecisionSettings
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from app.core.binomial import Rate
+from app.core.hardware.binomial import Rate
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, cast
 
-from app.core.canvas import Canvas, Paste, extended_size, fit, lay_out
 from app.core.errors import BadFileError, HalfSafeError
+from app.core.images.canvas import Canvas, Paste, extended_size, fit, lay_out
 from app.core.settings.schema import FIELDS
 
 
@@ -210,7 +210,7 @@ def _inpainting(
     import torch
     from PIL import Image
 
-    from app.core.images import MAX_PIXELS  # the image reader's bound
+    from app.core.images.finished import MAX_PIXELS  # the image reader's bound
 
     picture = _decode(image, "RGB")
     wide, high = extended_size(picture.size, canvas.extend)
@@ -325,7 +325,11 @@ def _opened(path: Path):
 
     from PIL import Image, UnidentifiedImageError
 
-    from app.core.images import MAX_PIXELS, open_picture, read_head  # the image reader's bounds
+    from app.core.images.finished import (  # the image reader's bounds
+        MAX_PIXELS,
+        open_picture,
+        read_head,
+    )
 
     read_head(path)  # a file, and not larger than a picture can be
     too_many = f"input pictures of 1 to {MAX_PIXELS // 1_000_000} million pixels are read."

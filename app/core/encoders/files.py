@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core import limits
-from app.core.layouts import CLIP_PREFIX, Shapes, bounded, count_indices, weight_shape
+from app.core.formats.layouts import CLIP_PREFIX, Shapes, bounded, count_indices, weight_shape
 
 # Text encoders -----------------------------------------------------------------------------
 

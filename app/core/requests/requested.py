@@ -1,4 +1,4 @@
-"""A check or a generation run as its request record (`app.core.requests`) asks, on a loaded
+"""A check or a generation run as its request record (`app.core.requests.records`) asks, on a loaded
 model: the one entry the engine's jobs and the `halfsafe` command both call, so the window and
 the terminal run the same job from the same record.
 
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.core.errors import HalfSafeError
 from app.core.jobs import CancelToken, ProgressCallback
-from app.core.lora_request import LoraRequest
-from app.core.requests import CheckRequest, GenerateRequest
+from app.core.lora.request import LoraRequest
+from app.core.requests.records import CheckRequest, GenerateRequest
 
 if TYPE_CHECKING:
     from app.core.generation.records import GenerationResult, PreviewCallback
@@ -85,7 +85,7 @@ def use_loras(
     """Apply exactly `loras` and those `prompt` names to `model`. A record that crossed from
     another process is checked again: an entry whose weight is no usable number is one
     sentence."""
-    from app.core.lora import check_weight, load_requested
+    from app.core.lora.files import check_weight, load_requested
 
     requests = []
     for entry in loras or ():

@@ -25,10 +25,10 @@ from typing import Any
 
 from app.core import architecture as arch
 from app.core import limits, paths
-from app.core.encoders import encoder_kind, is_wan_vae, wan_vae_config
+from app.core.encoders.files import encoder_kind, is_wan_vae, wan_vae_config
 from app.core.errors import WrongPartError
 from app.core.families import FAMILIES, Family
-from app.core.layouts import Shapes
+from app.core.formats.layouts import Shapes
 
 # What a text encoder of each kind is called (its model, not a family).
 ENCODER_WORDS = {
@@ -207,7 +207,7 @@ def text_encoder_part(kind: str, width: int | None = None) -> PartOf:
 
 def encoder_width(kind: str, shapes: Shapes) -> int | None:
     """A text encoder file's hidden width from its token embedding (None where it has none)."""
-    from app.core.encoders import qwen3_prefix, qwen3_vl_prefix
+    from app.core.encoders.files import qwen3_prefix, qwen3_vl_prefix
 
     names = {
         "t5": "shared.weight",

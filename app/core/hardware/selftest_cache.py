@@ -1,4 +1,4 @@
-"""A device and the self-test (`app.core.selftest`): its cache key, its cached verdict, and the
+"""A device and the self-test (`app.core.hardware.selftest`): its cache key, its cached verdict, and the
 half dtypes not worth testing on it.
 
 Imports torch only inside the function that needs it.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from app.core.hardware.recommend import _quirk_for
 from app.core.hardware.records import DeviceInfo
-from app.core.selftest import SelfTestResult
+from app.core.hardware.selftest import SelfTestResult
 
 
 def _cached_self_test(device: DeviceInfo) -> SelfTestResult | None:
-    from app.core import selftest
+    from app.core.hardware import selftest
 
     return selftest.cached_result(self_test_key(device))
 
@@ -21,7 +21,7 @@ def self_test_key(device: DeviceInfo) -> str:
     """The self-test cache key for `device`: its name, driver and this PyTorch version."""
     import torch
 
-    from app.core import selftest
+    from app.core.hardware import selftest
 
     return selftest.cache_key(device.name, device.driver, torch.__version__, device.kind)
 

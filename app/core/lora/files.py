@@ -36,7 +36,7 @@ from typing import Any
 from app.core import limits
 from app.core.checkpoint import Checkpoint, one_torch_thread, tensor_is_finite
 from app.core.errors import BadFileError, HalfSafeError
-from app.core.lora_request import LoraRequest
+from app.core.lora.request import LoraRequest
 
 # A LoRA's weight: A1111 lets users type anything, but past these the LoRA is not a style but
 # a different model, and a check of it says nothing useful.
@@ -662,7 +662,7 @@ def _first_line(error: BaseException) -> str:
 def _model_words(model) -> str:
     """ "the SDXL model x.safetensors" for a loaded model."""
     from app.core.families import architecture_title
-    from app.core.parts import model_words
+    from app.core.models.parts import model_words
 
     return model_words(
         architecture_title(getattr(model, "architecture", None)), "model", model.source
@@ -676,8 +676,8 @@ def check_made_for(file: LoraFile, model) -> None:
     text of another width than the model's UNet (SD2's 1024 on SD1's 768). One sentence
     naming the LoRA, the model and what each belongs to (WrongPartError); a LoRA whose names
     do not tell is left to the loader, whose refusal names the model too."""
-    from app.core import parts
     from app.core.families import family_of
+    from app.core.models import parts
 
     try:
         family = family_of(model.pipeline)

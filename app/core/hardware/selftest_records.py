@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.core.selftest_stats import StatisticalTest
+    from app.core.hardware.selftest_stats import StatisticalTest
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from app.core.library import library_roots
 from app.core.library.metadata import CARD_SUFFIXES, ModelCard, read_card
 from app.core.library.scan import _candidates
-from app.core.lora import LORA_FOLDERS
+from app.core.lora.files import LORA_FOLDERS
 
 # LoRAs listed at most: collections of a few thousand are common, tens of thousands are not.
 MAX_LORAS_LISTED = 10_000

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core import paths
+from app.core.hardware.selftest_records import OpResult, SelfTestResult
+from app.core.hardware.selftest_stats import StatisticalTest, default_budget, run_statistical
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.selftest_records import OpResult, SelfTestResult
-from app.core.selftest_stats import StatisticalTest, default_budget, run_statistical
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,7 @@ from pathlib import Path
 from app.core.components import Verdict
 from app.core.library import MODEL, LibraryEntry
 from app.core.models.summary import ModelSummary
-from app.core.requests import LoadRequest
+from app.core.requests.records import LoadRequest
 
 # One run loads each model in turn: past this many, the rest are counted, not checked.
 MAX_MODELS_PER_RUN = 100

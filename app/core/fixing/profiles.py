@@ -32,8 +32,8 @@ from typing import Any
 
 from app.core import paths
 from app.core.files import locked, replace_keeping_aside, write_atomic
+from app.core.fixing.remembered_fix import RememberedFix
 from app.core.limits import read_regular
-from app.core.remembered_fix import RememberedFix
 from app.core.settings import FIELDS, shown
 
 PROFILES_FILE = "profiles.json"
@@ -617,7 +617,7 @@ def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
         if missing:
             words += f" Left out of it: {missing} (edit it on the Fixes page)."
         return [words]
-    from app.core.diagnosis import without_layers
+    from app.core.fixing.diagnosis import without_layers
 
     held = set(getattr(plan, "remembered_held", ()))
     wanted = {k for k, v in remembered.settings.items() if v not in ("auto", False, [], ())}
