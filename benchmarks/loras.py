@@ -66,7 +66,7 @@ def unet_step_ms(model, plan, size: int, device, rounds: int, loras) -> dict:
     """One UNet call with the CFG batch, LoRA off and on alternately."""
     import torch
 
-    from app.core.lora.files import files as lora
+    from app.core.lora import files as lora
     from app.core.precision import PlacedPipeline, backend_flags
 
     placed = PlacedPipeline(model.pipeline, plan)
@@ -138,7 +138,7 @@ def bench(name: str, args) -> dict:
     from app.core import hardware, precision
     from app.core.checkpoint import write_safetensors
     from app.core.fixing import diagnosis
-    from app.core.lora.files import files as lora
+    from app.core.lora import files as lora
     from app.core.settings import PrecisionSettings
 
     device = torch.device(args.device)

@@ -44,7 +44,7 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from app.core import health
-    from app.core.requests.records import requested
+    from app.core.requests import requested
 
     request = check_request(args, effective_settings(args))
     check_pictures(args)
@@ -117,7 +117,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     from app.core.encoders.prompts import parse_emphasis
     from app.core.generation import rescue_unsaved
     from app.core.images.finished import ImageSaveError
-    from app.core.requests.records import requested
+    from app.core.requests import requested
 
     for text in (getattr(args, "prompt", "") or "", values.get("negative_prompt", "")):
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads

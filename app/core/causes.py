@@ -53,7 +53,7 @@ from app.core.health import (
 )
 from app.core.images.canvas import Canvas
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.lora.files import files as lora
+from app.core.lora import files as lora
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan, kernels
 from app.core.settings import PrecisionSettings

@@ -21,6 +21,7 @@ from app.core.hardware import HardwareReport
 from app.core.health.report import CheckResult
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models.summary import ModelSummary, summarise
+from app.core.requests import requested
 from app.core.requests.library_check import (
     MAX_MODELS_PER_RUN,
     ModelCheckRow,
@@ -37,7 +38,6 @@ from app.core.requests.records import (
     LoadRequest,
     PingRequest,
     RememberFixRequest,
-    requested,
 )
 from app.engine.failures import describe_exception
 from app.engine.server import Handler, JobContext

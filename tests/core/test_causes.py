@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from app.core import causes, precision
+from app.core.lora import files as lora
 from app.core.lora.files import LoraFile
-from app.core.lora.files import files as lora
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded
 from tests.core.test_lora import kohya_lora

@@ -24,8 +24,8 @@ from app.core.checkpoint import WeightScan
 from app.core.errors import CancelledError, HalfSafeError
 from app.core.fixing import profiles
 from app.core.generation import GenerationRequest, NanWatch, generate
+from app.core.images import finished as images
 from app.core.images.finished import ImageSaveError, read_parameters
-from app.core.images.finished import finished as images
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings

@@ -17,7 +17,7 @@ from torch.utils.hooks import RemovableHandle
 
 from app.core import architecture, generation, models
 from app.core.checkpoint import write_safetensors
-from app.core.encoders.files import files as encoders
+from app.core.encoders import files as encoders
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from app.core.families import FamilyId, Krea2Family, family
 from app.core.families.krea2 import LAYOUT

@@ -13,7 +13,7 @@ import torch
 from app.cli import main
 from app.core.checkpoint import write_safetensors
 from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError
-from app.core.lora.files import files as lora
+from app.core.lora import files as lora
 from app.core.words.infotext import split_text
 from tests.support.tiny_models import build_tiny_sd_pipeline
 

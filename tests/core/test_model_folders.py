@@ -13,7 +13,7 @@ from test_lora import kohya_lora, save_lora
 from app.core import explain, library, limits
 from app.core.explain.explanation import _apply_image_loras
 from app.core.generation import GenerationRequest, generate
-from app.core.lora.files import files as lora
+from app.core.lora import files as lora
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
 

@@ -121,7 +121,7 @@ def _png_header_only(path, width, height):
 
 
 def test_a_picture_too_large_is_refused_before_it_is_decoded(tmp_path, monkeypatch):
-    from app.core.images.finished import finished as images
+    from app.core.images import finished as images
 
     path = tmp_path / "big.png"
     Image.new("RGB", (200, 100)).save(path)

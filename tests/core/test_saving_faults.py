@@ -13,8 +13,8 @@ from PIL import Image
 
 from app import cli
 from app.core import paths
+from app.core.images import finished as images
 from app.core.images.finished import ImageSaveError
-from app.core.images.finished import finished as images
 
 FAST = ["--steps", "2", "--width", "64", "--height", "64", "--seed", "7"]
 

@@ -16,9 +16,9 @@ from app.core import architecture as arch
 from app.core import models
 from app.core.checkpoint import write_safetensors
 from app.core.errors import UnsupportedModelError, WrongPartError
+from app.core.lora import files as lora
 from app.core.lora.files import LoraRequest
-from app.core.lora.files import files as lora
-from app.core.requests.records import requested
+from app.core.requests import requested
 from tests.support.cli_output import without_progress
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 from tests.support.model_files import _ldm_vae, save_single_file, save_split_files

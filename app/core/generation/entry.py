@@ -394,7 +394,7 @@ def _repair_by_cause(
     result. Returns the fix to remember: `learned`, or the backend switch that replaces it."""
     from app.core import causes
     from app.core.fixing import profiles
-    from app.core.lora.files import files as lora
+    from app.core.lora import files as lora
     from app.core.precision import kernels
 
     failing = [i for i, e in enumerate(result.images) if e.status == "nan"]

@@ -9,7 +9,7 @@ from pathlib import Path
 from app.core import architecture as arch
 from app.core import limits, paths
 from app.core.checkpoint.reader import Checkpoint
-from app.core.encoders.files import files as encoders
+from app.core.encoders import files as encoders
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.formats.layouts import CLIP_PREFIX, CLIP_PROJECTION, Need
 from app.core.models.assembly import assign, empty
