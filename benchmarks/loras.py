@@ -97,12 +97,13 @@ def unet_step_ms(model, plan, size: int, device, rounds: int, loras) -> dict:
 
 def attribution_case(model, size: int, device: str, plant) -> dict:
     """Check, then attribute; the passes of the three stages the attribution ran."""
-    from app.core import causes, health
+    from app.core import health
+    from app.core.causes import attribution
     from app.core.settings import PrecisionSettings
 
     settings = PrecisionSettings(precision="fp16" if device.startswith("cuda") else "fp32")
     counted = {"runs": 0}
-    real_run = causes.probe_run
+    real_run = attribution.probe_run
 
     def counting(*args, **kwargs):
         counted["runs"] += 1
@@ -114,13 +115,13 @@ def attribution_case(model, size: int, device: str, plant) -> dict:
             model, precision=settings, device=device, size=size, remember=False, measure_cost=False
         )
         checked = time.perf_counter() - started
-        causes.probe_run = counting
+        attribution.probe_run = counting
         try:
             started = time.perf_counter()
-            cause = causes.attribute(model, report)
+            cause = attribution.attribute(model, report)
             attributed = time.perf_counter() - started
         finally:
-            causes.probe_run = real_run
+            attribution.probe_run = real_run
     return {
         "check_s": round(checked, 3),
         "attribution_s": round(attributed, 3),

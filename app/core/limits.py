@@ -77,7 +77,7 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 # Nesting of a JSON document: configs nest 2-3 levels, tokenizer.json 5.
 MAX_JSON_DEPTH = 32
-# GGUF headers (walked in quantized.check_gguf_header before anything maps the file).
+# GGUF headers (walked in gguf.check_gguf_header before anything maps the file).
 # Tensors in one GGUF file: a Flux.1 transformer has about 780, SD3.5 Large about 1,200, Wan
 # 14B about 1,100, the largest language models (Llama 3 70B, Mixtral) under 1,000. The header
 # walk costs 10-30 us per tensor, and the companion search walks every file beside a model,

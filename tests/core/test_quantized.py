@@ -19,7 +19,8 @@ from app.core.checkpoint import Checkpoint, scan_weights, write_safetensors
 from app.core.components import Status, Verdict
 from app.core.errors import BadFileError
 from app.core.formats import layouts
-from app.core.formats.quantized import check_gguf_header, dequantize_scaled
+from app.core.formats.gguf import check_gguf_header
+from app.core.formats.quantized import dequantize_scaled
 from app.core.models import split
 from app.core.settings import PrecisionSettings
 from tests.support.cli_output import without_progress

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
-from app.core.formats import quantized
+from app.core.formats import gguf
 
 # Bits per element of every dtype the safetensors format defines.
 DTYPE_BITS = {
@@ -97,8 +97,8 @@ def _torch_dtype(path: Path, name: str, code: str):
     return dtype
 
 
-_GGUF_PREFIX = quantized.GGUF_DTYPE_PREFIX
-_gguf_code = quantized.gguf_dtype_code
+_GGUF_PREFIX = gguf.GGUF_DTYPE_PREFIX
+_gguf_code = gguf.gguf_dtype_code
 
 
 def _safetensors_dtype(dtype: Any) -> str:

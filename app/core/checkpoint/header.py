@@ -17,7 +17,7 @@ from typing import Any
 
 from app.core.checkpoint.dtypes import DTYPE_BITS
 from app.core.errors import BadFileError, PickleRefusedError
-from app.core.formats import quantized
+from app.core.formats import gguf, quantized
 from app.core.limits import check_tensor_shape, open_regular
 
 # The safetensors format caps its JSON header at 100 MB; its reference reader refuses larger.
@@ -124,12 +124,12 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
     return _parse_header(path, size, raw)
 
 
-def read_header(path: str | Path) -> SafetensorsHeader | quantized.GgufHeader:
+def read_header(path: str | Path) -> SafetensorsHeader | gguf.GgufHeader:
     """A model file's tensor names, shapes and dtype codes from its header alone: a GGUF file
     (by its first bytes) or a safetensors file, each validated (see `read_safetensors_header`,
-    `quantized.check_gguf_header`)."""
-    if quantized.is_gguf_file(path):
-        return quantized.read_gguf_header(path)
+    `gguf.check_gguf_header`)."""
+    if gguf.is_gguf_file(path):
+        return gguf.read_gguf_header(path)
     return read_safetensors_header(path)
 
 

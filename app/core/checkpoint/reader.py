@@ -25,7 +25,7 @@ from app.core.checkpoint.dtypes import (
 from app.core.checkpoint.header import SafetensorsHeader, _file_size, read_safetensors_header
 from app.core.checkpoint.pickles import is_pickle_file, load_pickle_state_dict, refuse_pickle
 from app.core.errors import BadFileError
-from app.core.formats import quantized
+from app.core.formats import gguf, quantized
 from app.core.limits import open_regular
 
 
@@ -62,7 +62,7 @@ class Checkpoint:
         self._map: Any = None
         self._tensors: dict[str, Any] | None = None
         self._populated = 0
-        self._gguf: quantized.GgufTensors | None = None
+        self._gguf: gguf.GgufTensors | None = None
         self._scaled: quantized.ScaledLayout | None = None
         self._scales: dict[str, Any] = {}
         self._tensor_scales: dict[str, Any] = {}
@@ -78,8 +78,8 @@ class Checkpoint:
             self.dtypes = {k: _safetensors_dtype(v.dtype) for k, v in self._tensors.items()}
             self.metadata: dict[str, str] = {}
             self.file_size = _file_size(self.path)
-        elif quantized.is_gguf_file(self.path):
-            self._gguf = quantized.GgufTensors(self.path)
+        elif gguf.is_gguf_file(self.path):
+            self._gguf = gguf.GgufTensors(self.path)
             self._stamp = self._stamp_now()
             self.shapes = dict(self._gguf.shapes)
             self.dtypes = {n: _gguf_code(t) for n, t in self._gguf.types.items()}

@@ -61,7 +61,7 @@ TRANSFORMER_FOLDERS = ("diffusion_models", "unet")
 TEXT_ENCODER_FOLDERS = ("text_encoders", "clip")
 VAE_FOLDERS = ("vae",)
 # Companion files: safetensors, and GGUF (a T5 encoder in llama.cpp's names reads as
-# transformers' layout, see quantized.transformers_names).
+# transformers' layout, see gguf.transformers_names).
 COMPANION_SUFFIXES = (".safetensors", ".gguf")
 
 

@@ -30,12 +30,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from app.core.causes.records import (
+    _BACKENDS,
+    WEIGHT_SEARCH_STEPS,
+    Cause,
+    KernelBlame,
+    LoraBlame,
+    layer_name,
+)
 from app.core.components import Verdict, in_run_order
 from app.core.components import words as component_words
 from app.core.fixing import diagnosis
@@ -44,314 +51,15 @@ from app.core.health import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
     DEFAULT_STEPS,
-    Fix,
     HealthReport,
     ProbeRun,
-    check_loaded,
     damaged_files,
     probe_run,
 )
-from app.core.images.canvas import Canvas
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.lora import files as lora
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan, kernels
-from app.core.settings import PrecisionSettings
-
-CAUSES = ("precision", "kernel", "weights", "state", "intermittent")
-WEIGHT_SEARCH_STEPS = 6  # halvings of the LoRA weight range: the answer within 1/64 of it
-# Attention backends to try in place of a failing one, in order, per device type.
-_BACKENDS = {
-    "cuda": ("math", "efficient", "flash", "cudnn", "classic"),
-    "other": ("classic", "math"),
-}
-# peft wraps a layer in `base_layer`, `lora_A.<adapter>`, `lora_B.<adapter>`: the layer a user
-# knows is the wrapper.
-_PEFT_PARTS = (".base_layer", ".lora_A", ".lora_B", ".lora_dropout", ".lora_magnitude_vector")
-
-
-@dataclass
-class LoraBlame:
-    """A LoRA found to cause the failure, and the weight that works."""
-
-    name: str
-    weight: float
-    layer: str | None  # first layer that went non-finite with it applied
-    component: str | None
-    non_finite: list[str]  # its NaN/Inf tensors (a weights cause)
-    safe_weight: float | None = None  # largest weight found finite and agreeing with fp32
-    quality: Quality | None = None  # at safe_weight, against fp32 at safe_weight
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "weight": self.weight,
-            "layer": self.layer,
-            "component": self.component,
-            "non_finite": list(self.non_finite),
-            "safe_weight": self.safe_weight,
-            "quality": self.quality.to_json() if self.quality else None,
-            # A lower weight is another picture; its quality is measured against fp32 at it.
-            "picture_changes": self.safe_weight is not None,
-        }
-
-
-@dataclass
-class KernelBlame:
-    """An attention kernel HalfSafe does not ship, compared with PyTorch's math kernel on the
-    same inputs during one run and found at fault."""
-
-    kernel: kernels.AttentionKernel
-    comparison: kernels.KernelComparison
-    layer: str | None  # the first layer that went non-finite in the check's run
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.kernel.to_json(),
-            "words": self.kernel.words(),
-            "layer": self.layer,
-            "finding": self.comparison.finding,
-            "comparison": self.comparison.to_json(),
-        }
-
-
-@dataclass
-class Cause:
-    """Why the check failed and the repair that follows from it. `verified` when the repair was
-    re-run and came out finite and agreeing with the fp32 reference (`quality`)."""
-
-    kind: str  # one of CAUSES
-    component: str | None
-    summary: str
-    repair: str  # the repair in words
-    action: str  # "change_precision" | "switch_backend" | "reload" | "drop_lora" | "lower_lora_weight" | "rerun" | "none"
-    verified: bool
-    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
-    quality: Quality | None = None
-    lora: LoraBlame | None = None
-    headline: str | None = None  # replaces the report's headline when the cause changes it
-    kernel: KernelBlame | None = None  # a kernel cause's foreign attention kernel, when one is
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kernel": self.kernel.to_json() if self.kernel else None,
-            "kind": self.kind,
-            "component": self.component,
-            "summary": self.summary,
-            "repair": {
-                "action": self.action,
-                "words": self.repair,
-                "settings": dict(self.settings),
-                "verified": self.verified,
-                "quality": self.quality.to_json() if self.quality else None,
-            },
-            "lora": self.lora.to_json() if self.lora else None,
-        }
-
-
-def layer_name(module_path: str | None) -> str | None:
-    """The layer as the model names it, without peft's wrapper parts."""
-    if not module_path:
-        return module_path
-    for part in _PEFT_PARTS:
-        index = module_path.find(part)
-        if index >= 0:
-            return module_path[:index]
-    return module_path
-
-
-# --- the check with LoRAs and causes -------------------------------------------------------
-
-
-def check_model(
-    source: str,
-    *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    size: int | None = None,
-    steps: int = DEFAULT_STEPS,
-    scheduler: str = DEFAULT_SCHEDULER,
-    clip_skip: int = 1,
-    vae: str | None = None,
-    text_encoders: list[str] | None = None,
-    loras: list[lora.LoraRequest] | None = None,
-    allow_pickle: bool = False,
-    on_progress: ProgressCallback | None = None,
-    cancel: CancelToken | None = None,
-) -> HealthReport:
-    """`halfsafe check`: load the model, apply the LoRAs, check it (`health.check_loaded`)
-    and, when something failed, attribute the failure (`attribute`)."""
-    from app.core.models import load_model
-
-    model = load_model(
-        source,
-        vae=vae,
-        text_encoders=text_encoders,
-        allow_pickle=allow_pickle,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
-    lora.load_requested(model, loras or [], allow_pickle=allow_pickle)
-    return check_and_attribute(
-        model,
-        precision=precision,
-        device=device,
-        size=size,
-        steps=steps,
-        scheduler=scheduler,
-        clip_skip=clip_skip,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
-
-
-def check_and_attribute(
-    model,
-    *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    size: int | None = None,
-    steps: int = DEFAULT_STEPS,
-    scheduler: str = DEFAULT_SCHEDULER,
-    clip_skip: int = 1,
-    on_progress: ProgressCallback | None = None,
-    cancel: CancelToken | None = None,
-    reload: Callable[[], Any] | None = None,
-    remember: bool = True,
-    measure_cost: bool = True,
-    prompt: str = DEFAULT_PROMPT,
-    images: Sequence[str] = (),
-    mask: str | None = None,
-    use_remembered: bool = True,
-    canvas: Canvas | None = None,
-) -> HealthReport:
-    """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
-    verified kernel or state repair becomes the report's fix. See `attribute` for `reload`;
-    `images`, `mask`, `use_remembered` and `canvas` as `check_loaded` takes them."""
-    report = check_loaded(
-        model,
-        precision=precision,
-        device=device,
-        size=size,
-        steps=steps,
-        scheduler=scheduler,
-        clip_skip=clip_skip,
-        prompt=prompt,
-        images=images,
-        mask=mask,
-        canvas=canvas,
-        on_progress=on_progress,
-        cancel=cancel,
-        # Remembered below, once the cause is known and the whole check has run.
-        remember=False,
-        measure_cost=measure_cost,
-        use_remembered=use_remembered,
-    )
-    applied_loras = list(getattr(model, "loras", []))  # the report names them; these hold them
-    report.notes.extend(
-        problem for applied in applied_loras if (problem := applied.file.problems()) is not None
-    )
-    report.notes.extend(getattr(model, "lora_warnings", []))  # a LoRA that only partly fits
-    damaged = [a for a in applied_loras if a.file.damaged]
-    if report.verdict is Verdict.HEALTHY and not damaged:
-        return report
-    cause = attribute(
-        model,
-        report,
-        steps=steps,
-        scheduler=scheduler,
-        clip_skip=clip_skip,
-        prompt=prompt,
-        on_progress=on_progress,
-        cancel=cancel,
-        reload=reload,
-    )
-    report.cause = cause
-    if cause is not None and cause.kind == "intermittent":
-        _not_the_model(report)
-    elif cause is not None:
-        _adopt(report, cause)
-    if damaged:
-        # A LoRA with NaN/Inf or an absurd alpha is wrong at every precision and weight, even
-        # where a run happens to stay finite (an absurd alpha in fp32): never healthy, and a
-        # precision "fix" that only runs it finite is no fix.
-        report.verdict = Verdict.BROKEN
-        if cause is not None and cause.action == "drop_lora":
-            report.fix = None
-    # A fix found with LoRAs applied may be theirs, not the model's: it is not remembered for
-    # the model (the next run without them would pay for it).
-    if remember and not applied_loras:
-        _remember(model, report)
-    return report
-
-
-def _remember(model, report: HealthReport) -> None:
-    """Store the check's verified fix for the model on this device, once the whole check has
-    run (a check stopped half-way, by an error or running out of memory, remembers nothing):
-    a precision fix, or the attention backend that a kernel fault needs. A fix for another
-    cause (a component gone bad in memory, a LoRA) is not the model's to remember."""
-    fix, cause = report.fix, report.cause
-    if report.verdict is not Verdict.FIXABLE or fix is None or not fix.verified:
-        return
-    if cause is not None and cause.kind not in ("precision", "kernel"):
-        return
-    from app.core.fixing import profiles
-
-    profiles.remember_fix(
-        model.profile_key,
-        report.device.name,
-        dict(fix.settings),
-        fix.summary,
-        "health check",
-        made_at=report.plan.dtype_settings(),
-        warn=report.notes.append,
-    )
-
-
-def _not_the_model(report: HealthReport) -> None:
-    """An intermittent fault: the model is healthy, and a precision fix the check found (its
-    candidates ran finite only because the fault did not strike again) is dropped."""
-    cause = report.cause
-    report.fix = None
-    report.verdict = Verdict.HEALTHY
-    report.notes.append(cause.summary)
-
-
-def _adopt(report: HealthReport, cause: Cause) -> None:
-    """A verified kernel or state repair is the fix (the precision search could not find one,
-    or found a costlier one that only hid the fault)."""
-    fix = report.fix
-    backend = cause.settings.get("attention_backend")
-    if (
-        cause.kind == "kernel"
-        and fix is not None
-        and fix.verified
-        and diagnosis.switched_backend(fix.settings, report.plan) == backend
-    ):
-        report.notes.append(cause.summary)  # the chosen fix is that backend already
-        return
-    if cause.kind in ("kernel", "state") and cause.verified:
-        plan = replace(report.plan, **cause.settings) if cause.settings else report.plan
-        # The candidates the check tried stay beside the repair; the one that is this
-        # backend switch, if the check tried it, is the chosen one.
-        candidates = list(fix.candidates) if fix is not None else list(report.tried)
-        for c in candidates:
-            c.chosen = c.candidate is not None and c.candidate.plan == plan
-        report.fix = Fix(
-            plan,
-            dict(cause.settings),
-            cause.summary,
-            verified=True,
-            quality=cause.quality,
-            steps=[cause.repair],
-            candidates=candidates,
-            baselines=dict(fix.baselines) if fix is not None else {},
-        )
-        report.verdict = Verdict.FIXABLE
-    report.notes.append(cause.summary)
-
-
-# --- attribution ----------------------------------------------------------------------------
 
 
 class _Runs:
