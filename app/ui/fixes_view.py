@@ -10,24 +10,19 @@ engine (`CheckModelsRequest`), which keeps each report and loads the user's mode
 from __future__ import annotations
 
 import html
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
-    QHeaderView,
-    QLabel,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QSplitter,
     QTextBrowser,
-    QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -35,11 +30,10 @@ from PySide6.QtWidgets import (
 
 from app.core.components import COMPONENTS, Verdict
 from app.core.fixing import profiles
-from app.core.fixing.diagnosis import Quality, plain_figures, qualities_in
+from app.core.fixing.diagnosis import plain_figures
 from app.core.fixing.profiles import RememberedFix, StoredFix
 from app.core.health import saved
-from app.core.health.saved import SavedReport, when_words
-from app.core.models.summary import ModelSummary
+from app.core.health.saved import SavedReport
 from app.core.precision import idle_settings
 from app.core.requests.library_check import ModelChecks
 from app.core.requests.records import CheckModelsRequest
@@ -48,8 +42,20 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
+from app.ui.fix_editor import LAYER_KEYS, FixEditor
+from app.ui.fixes_rows import (
+    _VERDICT_LEVEL,
+    LearnedRow,
+    _first_quality,
+    day_words,
+    learned_rows,
+    quality_words,
+    report_words,
+    short_device,
+    verified_words,
+)
 from app.ui.state import AppState
-from app.ui.widgets import Banner, label, page_layout, primary_button
+from app.ui.widgets import Banner, FittedTree, label, page_layout, primary_button
 
 COLUMNS = ("Model", "Device", "Fix", "Verified by", "Last check")
 # How the spare width of a wide window is shared (the Fix column gets the most, the short
@@ -60,104 +66,6 @@ GIVE_WAY = (0, 3, 4, 1)
 RUN_COLUMNS = ("Model", "Verdict", "Fix, or why it was not checked")
 RUN_SHARES = (1, 0, 3)
 RUN_GIVE_WAY = (0, 2)
-# A column that gives way keeps at least this many characters of its text.
-FLOOR_CHARS = 12
-# The parts of a fix that name a model's own layers: what Edit changes.
-LAYER_KEYS = tuple(key for key, f in FIELDS.items() if f.kind == "modules")
-_VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
-
-
-@dataclass(frozen=True)
-class LearnedRow:
-    """One line of the page: a model on a device, its remembered fix and its last report
-    (either may be missing). `source` is where the model was loaded from ("" when unknown)."""
-
-    profile_key: str
-    device: str
-    name: str
-    source: str
-    stored: StoredFix | None
-    report: SavedReport | None
-
-
-def learned_rows(
-    fixes: list[StoredFix], reports: list[SavedReport], loaded: Any = None
-) -> list[LearnedRow]:
-    """Each stored fix with the report of its model and device, then each report with no fix.
-    A fix's model is named by its report, or by the loaded model when it is that one."""
-    by_model = {(r.profile_key, r.device): r for r in reports}
-    known = {r.profile_key: r for r in reversed(reports)}  # the newest report of each model
-    rows = []
-    for stored in fixes:
-        report = by_model.get((stored.profile_key, stored.device))
-        named = report or known.get(stored.profile_key)
-        name, source = (named.model_name, named.source) if named else ("", "")
-        if loaded is not None and loaded.profile_key == stored.profile_key:
-            name, source = name or loaded.name, source or loaded.source
-        name = name or f"A model not checked since ({stored.profile_key[:8]})"
-        rows.append(LearnedRow(stored.profile_key, stored.device, name, source, stored, report))
-    with_fix = {(s.profile_key, s.device) for s in fixes}
-    for report in reports:
-        if (report.profile_key, report.device) not in with_fix:
-            rows.append(
-                LearnedRow(
-                    report.profile_key,
-                    report.device,
-                    report.model_name or report.source,
-                    report.source,
-                    None,
-                    report,
-                )
-            )
-    return rows
-
-
-def verified_words(fix: RememberedFix) -> str:
-    """'health check, 23 Nov 2026, 17:20', and when it was edited by hand since."""
-    text = f"{fix.verified_by}, {when_words(fix.saved_at)}"
-    if fix.edited_at is not None:
-        text += f"; edited by you {when_words(fix.edited_at)}"
-    return text
-
-
-def report_words(report: SavedReport) -> str:
-    return f"{words.first_upper(report.verdict.value)}, {when_words(report.saved_at)}"
-
-
-def day_words(seconds: float) -> str:
-    """'23 Nov 2026': `when_words` without the time of day, for a table cell."""
-    return when_words(seconds).partition(", ")[0]
-
-
-_TRADEMARKS = re.compile(r"\((?:R|TM)\)|[®™]", re.IGNORECASE)
-_CLOCK = re.compile(r"\s*(?:CPU\s*)?@.*$")
-_PROCESSOR = re.compile(r"\s+(?:\d+-Core\s+)?(?:Processor|CPU)$", re.IGNORECASE)
-_VENDOR = re.compile(r"^(?:NVIDIA\s+(?:GeForce\s+)?|AMD\s+|Intel\s+)(?=\S)")
-
-
-def short_device(name: str) -> str:
-    """A device's name short enough for a narrow column (its whole name is the tooltip):
-    'NVIDIA GeForce RTX 3060' -> 'RTX 3060', 'Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz'
-    -> 'Xeon Platinum 8375C', 'AMD Ryzen 9 5950X 16-Core Processor' -> 'Ryzen 9 5950X': the
-    product's name, without trademarks, clock, 'Processor' or the vendor it names anyway."""
-    text = " ".join(_CLOCK.sub("", _TRADEMARKS.sub("", name)).split())
-    text = _VENDOR.sub("", _PROCESSOR.sub("", text))
-    return text or name
-
-
-def quality_words(quality: Quality | None) -> str:
-    """How close a fix came to an fp32 run, in plain words and what they stand for (the one
-    table, `diagnosis.Quality.plain_words`); "" for no figure."""
-    if quality is None:
-        return ""
-    return f"{words.first_upper(quality.plain_words())}: {quality.figure_words()}."
-
-
-def _first_quality(text: str) -> Quality | None:
-    """The first figure the check wrote into a sentence kept as text (a fix saved before its
-    figure was kept as a number)."""
-    found = qualities_in(text)
-    return found[0] if found else None
 
 
 class FixesView(QWidget):
@@ -712,143 +620,6 @@ class FixesView(QWidget):
             model, remembered_fix=fix, remembered_on=stored.device if fix is not None else ""
         )
         self.state.set_model(changed, self.state.model_request)
-
-
-class FixEditor(QDialog):
-    """Edit the layer lists of one remembered fix: one entry (COMPONENT:PATH) a line per list,
-    each checked by the settings schema before anything is saved. `saved(RememberedFix)` is
-    emitted once the change is in profiles.json."""
-
-    saved = Signal(object)
-
-    def __init__(
-        self, row: LearnedRow, parent: QWidget | None = None, model: ModelSummary | None = None
-    ) -> None:
-        super().__init__(parent)
-        assert row.stored is not None
-        self.stored = row.stored
-        self.model = model  # the fix's model when it is loaded: its layers are known
-        self.setWindowTitle(f"Edit the fix of {row.name}")
-        self.resize(640, 480)
-        layout = QVBoxLayout(self)
-        layout.addWidget(
-            label(
-                f"On {html.escape(row.device)}. One layer a line, as COMPONENT:PATH (e.g. "
-                "vae:decoder.up_blocks.0.resnets.0.conv1). Re-verify afterwards to prove the "
-                "changed fix.",
-                "muted",
-                wrap=True,
-            )
-        )
-        self.editors: dict[str, QPlainTextEdit] = {}
-        settings = self.stored.fix.settings
-        for key in LAYER_KEYS:
-            layout.addWidget(QLabel(FIELDS[key].label))
-            editor = QPlainTextEdit("\n".join(settings.get(key) or []))
-            editor.setToolTip(FIELDS[key].help)
-            self.editors[key] = editor
-            layout.addWidget(editor)
-        self.problem = label("", "invalid", wrap=True)
-        self.problem.setTextFormat(Qt.TextFormat.PlainText)
-        layout.addWidget(self.problem)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel
-        )
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        layout.addWidget(buttons)
-
-    def settings(self) -> dict[str, Any]:
-        """The fix as edited: its other settings kept, each layer list validated (ValueError
-        naming the list otherwise), empty lists left out."""
-        values = {k: v for k, v in self.stored.fix.settings.items() if k not in LAYER_KEYS}
-        for key, editor in self.editors.items():
-            entries = [line.strip() for line in editor.toPlainText().splitlines() if line.strip()]
-            try:
-                checked = FIELDS[key].validate(entries)
-            except ValueError as error:
-                raise ValueError(f"{FIELDS[key].label}: {error}") from None
-            unknown = self.model.unknown_layers(checked) if self.model is not None else []
-            if unknown and self.model is not None:
-                verb = "is not a layer" if len(unknown) == 1 else "are not layers"
-                raise ValueError(
-                    f"{FIELDS[key].label}: {', '.join(unknown)} {verb} of {self.model.name}"
-                )
-            if checked:
-                values[key] = checked
-        return values
-
-    def accept(self) -> None:
-        try:
-            settings = self.settings()
-            fix = profiles.change_fix(self.stored, settings, words.fix_short(settings))
-        except ValueError as error:
-            self.problem.setText(f"Not saved: {error}.")
-            return
-        except KeyError:
-            self.problem.setText("Not saved: this fix was forgotten meanwhile.")
-            return
-        except OSError as error:
-            self.problem.setText(f"Not saved: {error.strerror or error}.")
-            return
-        self.saved.emit(fix)
-        super().accept()
-
-
-class FittedTree(QTreeWidget):
-    """A flat table whose columns share its width as it changes: each gets the width its text
-    needs while they all fit, and spare width by `shares`; when they do not fit, the
-    `give_way` columns narrow in turn, to FLOOR_CHARS at least, their text elided in its
-    middle (a cell's tooltip says it whole). The other columns are never narrowed."""
-
-    def __init__(
-        self,
-        columns: Sequence[str],
-        shares: Sequence[int],
-        give_way: Sequence[int],
-        parent: QWidget | None = None,
-    ) -> None:
-        super().__init__(parent)
-        self.shares = tuple(shares)
-        self.give_way = tuple(give_way)
-        self.setHeaderLabels(list(columns))
-        self.setRootIsDecorated(False)
-        self.setAlternatingRowColors(True)
-        self.setUniformRowHeights(True)
-        self.setTextElideMode(Qt.TextElideMode.ElideMiddle)
-        header = self.header()
-        header.setStretchLastSection(False)
-        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
-        self.setMinimumHeight(100)
-
-    def wanted_widths(self) -> list[int]:
-        """The width each column needs to show its header and every cell whole."""
-        header = self.header()
-        return [
-            max(self.sizeHintForColumn(column), header.sectionSizeHint(column))
-            for column in range(self.columnCount())
-        ]
-
-    def fit_columns(self) -> None:
-        widths = self.wanted_widths()
-        floor = self.fontMetrics().averageCharWidth() * FLOOR_CHARS
-        over = sum(widths) - self.viewport().width()
-        for column in self.give_way:
-            cut = min(max(over, 0), max(widths[column] - floor, 0))
-            widths[column] -= cut
-            over -= cut
-        if over < 0:
-            total = sum(self.shares)
-            extra = [-over * share // total for share in self.shares]
-            extra[self.shares.index(max(self.shares))] += -over - sum(extra)
-            widths = [width + more for width, more in zip(widths, extra, strict=True)]
-        for column, width in enumerate(widths):
-            self.header().resizeSection(column, width)
-
-    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
-        # Also called when the viewport alone changes size (a scroll bar comes or goes).
-        super().resizeEvent(event)
-        self.fit_columns()
 
 
 def _same(row: LearnedRow, other: LearnedRow) -> bool:

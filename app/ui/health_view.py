@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.components import Status, Verdict
-from app.core.fixing.diagnosis import plain_figures, qualities_in
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,
@@ -32,7 +30,6 @@ from app.core.health import (
     FixCost,
     HealthReport,
     candidate_rows,
-    cost_comparison,
     headroom_words,
     precision_words,
 )
@@ -45,9 +42,11 @@ from app.engine.events import EngineEvent, EventState
 from app.engine.failures import Failure
 from app.ui import folders, words
 from app.ui.chart import ActivationChart
+from app.ui.check_progress import CheckProgress
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.fixes import apply_fix, split_fix
+from app.ui.health_words import cost_comparison_words, pictures_words, plain_headline
 from app.ui.state import AppState
 from app.ui.widgets import (
     Banner,
@@ -70,9 +69,6 @@ _SEVERITY = {
     Status.OK: 2,
 }
 _VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
-# How the check names a stage, one part of the model after another ("Checking the UNet", sent
-# as k of n): the bar is split into those stages, and every other phase fills the one it is in.
-_STAGE = "Checking the "
 _BAR_STEPS = 1000
 
 
@@ -176,7 +172,7 @@ class HealthView(QWidget):
         self.faded.setEnabled(False)
         self.body_content.setGraphicsEffect(self.faded)
         # While a check runs: a card saying which stage it is at, in place of the report.
-        self.running: _CheckProgress | None = None
+        self.running: CheckProgress | None = None
         self.running_card: Card | None = None
         # The shown result was made before the engine stopped: greyed until the model is back.
         self.stale = False
@@ -237,7 +233,7 @@ class HealthView(QWidget):
         self.progress.setRange(0, 0)
         self.progress.show()
         self.stage.setText("Starting…")
-        self._show_running(_CheckProgress())
+        self._show_running(CheckProgress())
         images, mask, canvas = self.input_pictures()
         request = CheckRequest(
             precision=self.state.precision(),
@@ -326,7 +322,7 @@ class HealthView(QWidget):
                 self._stop_running("The check did not finish", "bad", event.message)
             self.dialogs.job_failed(event)
 
-    def _show_running(self, running: _CheckProgress) -> None:
+    def _show_running(self, running: CheckProgress) -> None:
         """A card in place of the report while a check runs: its stages, where it is, and
         what it found so far, so the page is never blank."""
         self.running = running
@@ -418,7 +414,7 @@ class HealthView(QWidget):
         for button in (self.export_button, self.copy_button):
             button.setEnabled(True)
         ran_at = f" at {html.escape(saved.ran_at)}" if saved.ran_at else ""
-        headline, figures = _plain_headline(saved.headline)
+        headline, figures = plain_headline(saved.headline)
         self.verdict.setToolTip(figures)
         self._headline = (
             _VERDICT_LEVEL[saved.verdict],
@@ -485,7 +481,7 @@ class HealthView(QWidget):
         if report.advice is not None and report.advice.overflowing:
             level = "warn"  # safe as run, but not in the fp16 the user is likely to move to
         tested = plan_words(report.plan)
-        headline, figures = _plain_headline(report.headline)
+        headline, figures = plain_headline(report.headline)
         self.verdict.setToolTip(figures)
         self._headline = (
             level,
@@ -493,7 +489,7 @@ class HealthView(QWidget):
             f"Tested on {html.escape(report.device.name)} with {html.escape(tested)}"
             + (f" at {report.size}×{report.size} px" if report.size else "")
             + "."
-            + html.escape(_pictures_words(pictures, report)),
+            + html.escape(pictures_words(pictures, report)),
             # It holds at what it ran at, at its fix's, and at the next job's as the settings
             # are now (the fix it remembered, resolved as jobs resolve it): until they change.
             (tested, *([plan_words(report.fix.plan)] if report.fix is not None else []))
@@ -620,7 +616,7 @@ class HealthView(QWidget):
             card.body.addWidget(hline())
             card.body.addWidget(label("Measured cost", "muted"))
             card.body.addLayout(self._cost_grid(fix.cost))
-            comparison = _cost_comparison(fix.cost)
+            comparison = cost_comparison_words(fix.cost)
             if comparison:
                 card.body.addWidget(label(comparison, wrap=True))
         if fix.candidates:
@@ -744,126 +740,3 @@ class HealthView(QWidget):
             )
             return
         self.stage.setText(f"Report saved to {path}.")
-
-
-def _cost_comparison(cost: FixCost) -> str:
-    """Core's sentence on step time (it knows the spread of each measurement), then what the
-    memory figures add."""
-    fix, no_half = cost.fix, cost.no_half
-    parts = []
-    small, large = fix.peak_memory_mb, no_half.peak_memory_mb
-    if small is not None and large is not None and large > small:
-        parts.append(f"{words.megabytes(large - small)} less memory at peak")
-    small_w, large_w = fix.weights_mb, no_half.weights_mb
-    if large_w > small_w:
-        parts.append(f"{words.megabytes(large_w - small_w)} less memory for weights")
-    memory = (
-        "Compared with running everything in fp32, the fix uses " + ", ".join(parts) + "."
-        if parts
-        else ""
-    )
-    return " ".join(s for s in (cost_comparison(cost), memory) if s)
-
-
-def _pictures_words(
-    pictures: tuple[tuple[str, ...], str | None] | None, report: HealthReport
-) -> str:
-    """' Checked with the input picture photo.png (and the mask mask.png): the VAE encoder
-    included.' for a check of the image-to-image or inpainting path; '' otherwise."""
-    if not pictures or not pictures[0]:
-        return ""
-    images, mask = pictures
-    text = f" Checked with the input picture {Path(images[0]).name}"
-    if mask:
-        text += f" and the mask {Path(mask).name}"
-    if "vae_encoder" in report.components:
-        text += f": the {words.component_name('vae_encoder')} included"
-    return text + "."
-
-
-@dataclass
-class _CheckProgress:
-    """What a running check has said so far: the stage it is at (one part of the model, `index`
-    of `count` from 0; count 0 until a stage is named), each stage's name, the step within the
-    stage, what it found, and how much of the whole check is done (`filled`, 0 to 1)."""
-
-    count: int = 0
-    index: int = -1
-    names: dict[int, str] = field(default_factory=dict)
-    step: str = ""
-    findings: dict[int, list[str]] = field(default_factory=dict)  # by stage; -1: before any
-    filled: float = 0.0
-    halted: bool = False
-    _phase: str = ""
-    _phase_start: float = 0.0
-
-    def advance(self, stage: str, done: int, total: int) -> None:
-        """A progress event: a new stage, or a step within the current one."""
-        if stage.startswith(_STAGE) and total >= 2 and 0 <= done < total:
-            self.count, self.index = total, done
-            self.names[done] = stage
-            self.step, self._phase = "", ""
-            self.filled = max(self.filled, done / total)
-            return
-        self.step = stage
-        if not self.count:
-            return
-        end = (self.index + 1) / self.count
-        phase = stage.split(":")[0]  # "Trying a fix: …" names each candidate it tries
-        if phase != self._phase:
-            self._phase, self._phase_start = phase, self.filled
-        counted = total > 1 or (total == 1 and done >= 1)
-        share = min(done / total, 1.0) if counted else 0.0
-        # A step fills at most half of what is left of its stage, as steps follow one another
-        # with no count of them: the bar never goes back, nor fills before the stage ends.
-        start = self._phase_start
-        self.filled = max(self.filled, start + share * (end - start) / 2)
-
-    def found(self, message: str) -> None:
-        self.findings.setdefault(self.index if self.count else -1, []).append(message)
-
-    def writing(self) -> None:
-        self.index, self.step, self.filled = self.count, "Writing the report", 1.0
-
-    def stopped(self) -> None:
-        self.halted = True
-
-    def lines(self) -> list[str]:
-        """The card's lines, as rich text: every stage reached, ticked or current, and what
-        each found; then how many parts are left."""
-        lines = [f"⚠ {html.escape(f)}" for f in self.findings.get(-1, [])]
-        step = html.escape(self.step)
-        if not self.count:
-            if self.halted:
-                return [*lines, f"✗ Stopped: {step}." if step else "✗ Stopped before it began."]
-            return [*lines, f"▶ {step or 'Starting'}…"]
-        for index in range(min(self.index + 1, self.count)):
-            name = self.names.get(index, f"Stage {index + 1}")
-            part = html.escape(words.first_upper(name.removeprefix(_STAGE)))
-            if index < self.index:
-                lines.append(f"✓ {part}")
-            elif self.halted:
-                lines.append(f"✗ <b>{part}</b>: stopped" + (f" ({step})" if step else ""))
-            else:
-                lines.append(f"▶ <b>{part}</b>: {step or 'checking'}…")
-            lines.extend(
-                f"&nbsp;&nbsp;&nbsp;⚠ {html.escape(f)}" for f in self.findings.get(index, [])
-            )
-        left = self.count - self.index - 1
-        parts = f"{left} more part{'s' if left > 1 else ''}"
-        if left > 0:
-            lines.append(
-                f"{parts} not checked." if self.halted else f"{parts} to check after this one."
-            )
-        elif self.index >= self.count and step:
-            lines.append(f"▶ {step}…")
-        return lines
-
-
-def _plain_headline(headline: str) -> tuple[str, str]:
-    """Core's headline with each agreement figure in plain words, and what those words stand
-    for, for a tooltip ('' when it had none); both from `diagnosis`, which writes the figures."""
-    figures = [
-        f"{words.first_upper(q.plain_words())}: {q.figure_words()}." for q in qualities_in(headline)
-    ]
-    return plain_figures(headline), "\n".join(figures)

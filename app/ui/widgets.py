@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QProgressBar,
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QTreeWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -189,3 +192,63 @@ def show_progress(bar: QProgressBar, done: int, total: int) -> None:
         bar.setValue(min(done, total))
     else:
         bar.setRange(0, 0)
+
+
+# A column that gives way keeps at least this many characters of its text.
+FLOOR_CHARS = 12
+
+
+class FittedTree(QTreeWidget):
+    """A flat table whose columns share its width as it changes: each gets the width its text
+    needs while they all fit, and spare width by `shares`; when they do not fit, the
+    `give_way` columns narrow in turn, to FLOOR_CHARS at least, their text elided in its
+    middle (a cell's tooltip says it whole). The other columns are never narrowed."""
+
+    def __init__(
+        self,
+        columns: Sequence[str],
+        shares: Sequence[int],
+        give_way: Sequence[int],
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.shares = tuple(shares)
+        self.give_way = tuple(give_way)
+        self.setHeaderLabels(list(columns))
+        self.setRootIsDecorated(False)
+        self.setAlternatingRowColors(True)
+        self.setUniformRowHeights(True)
+        self.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        header = self.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.setMinimumHeight(100)
+
+    def wanted_widths(self) -> list[int]:
+        """The width each column needs to show its header and every cell whole."""
+        header = self.header()
+        return [
+            max(self.sizeHintForColumn(column), header.sectionSizeHint(column))
+            for column in range(self.columnCount())
+        ]
+
+    def fit_columns(self) -> None:
+        widths = self.wanted_widths()
+        floor = self.fontMetrics().averageCharWidth() * FLOOR_CHARS
+        over = sum(widths) - self.viewport().width()
+        for column in self.give_way:
+            cut = min(max(over, 0), max(widths[column] - floor, 0))
+            widths[column] -= cut
+            over -= cut
+        if over < 0:
+            total = sum(self.shares)
+            extra = [-over * share // total for share in self.shares]
+            extra[self.shares.index(max(self.shares))] += -over - sum(extra)
+            widths = [width + more for width, more in zip(widths, extra, strict=True)]
+        for column, width in enumerate(widths):
+            self.header().resizeSection(column, width)
+
+    def resizeEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
+        # Also called when the viewport alone changes size (a scroll bar comes or goes).
+        super().resizeEvent(event)
+        self.fit_columns()

@@ -20,7 +20,7 @@ from app.core.requests.library_check import ModelCheckRow, ModelChecks
 from app.core.requests.records import LoadRequest
 from app.engine.events import EventState
 from app.ui import browser, words
-from app.ui.fixes_view import day_words, quality_words, short_device, verified_words
+from app.ui.fixes_rows import day_words, quality_words, short_device, verified_words
 from tests.support import reports
 from tests.support.reports import gtx_1660_super, on_a_cpu
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model

@@ -12,7 +12,8 @@ from app.core.requests.records import LoadRequest
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState, StillLoaded
 from app.ui.browser import card_dict
-from app.ui.models_view import FIX, HEALTH, SIZE, TYPE, library_count_words
+from app.ui.library_scan import library_count_words
+from app.ui.models_view import FIX, HEALTH, SIZE, TYPE
 from tests.support.model_cards import KOHYA_SDXL, lora_file, png_file, raw_header
 from tests.ui.conftest import DEMO_SUMMARY
 

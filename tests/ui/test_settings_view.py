@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (
 from app.core.fixing.profiles import RememberedFix
 from app.core.settings import FIELDS, GROUPS, PRECISION_KEYS, SCHEMA, Field, load_settings
 from app.engine.events import EventState
-from app.ui.settings_view import (
+from app.ui.setting_fields import (
     SHORT_EXPLANATION,
     explanation_tip,
     short_explanation,
