@@ -71,11 +71,24 @@ def test_modelspec_trigger_phrases_come_first_and_its_title_wins(tmp_path):
         ("qwen-image/lora", "qwenimage"),
         ("qwen_image_edit", "qwenimage-edit"),
         ("z-image-turbo", "zimage"),
+        ("krea-2", "krea2"),
+        ("qwen_image_2.1", "qwenimage21"),
     ],
 )
 def test_trainers_base_model_words_map_to_families_halfsafe_knows(stated, architecture):
     assert base_architecture(stated) == architecture
     assert family_of_architecture(architecture) is not None
+
+
+def test_each_familys_trainer_words_name_its_own_architectures():
+    """The words trainers write live with each family: the architecture each pattern means is
+    one the same family runs, so a family added with its words needs no table elsewhere."""
+    from app.core.families import FAMILIES
+
+    for family in FAMILIES:
+        for _pattern, architecture in family.trainer_words:
+            assert family_of_architecture(architecture) is family, (family.title, architecture)
+    assert all(family.trainer_words for family in FAMILIES)
 
 
 def test_unknown_base_model_words_are_kept_as_written():

@@ -61,6 +61,11 @@ class Family:
     # HalfSafe's architecture names in this family and how each is shown ("flux-dev":
     # "Flux.1 dev"); the first is the family's own.
     architectures: ClassVar[Mapping[str, str]]
+    # The words trainers write for a base model of this family (kohya's ss_base_model_version,
+    # modelspec.architecture), each a pattern and the architecture it means, matched in order
+    # (the registry's order across families) on the words lowered, with `_`, `.` and spaces as
+    # `-` (`library.metadata.base_architecture`).
+    trainer_words: ClassVar[tuple[tuple[str, str], ...]] = ()
     latent: ClassVar[LatentFormat]
     # The diffusers class of a loaded pipeline's `transformer` that marks the family (None: a
     # UNet family, told apart by its text encoders).

@@ -89,6 +89,7 @@ class ChromaFamily(FluxFamily):
     id = FamilyId.CHROMA
     title = "Chroma"
     architectures = {"chroma": "Chroma"}
+    trainer_words = ((r"chroma", "chroma"),)
     transformer_class = "ChromaTransformer2DModel"
     layout = LAYOUT
     pipeline_class = "ChromaPipeline"

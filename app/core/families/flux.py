@@ -396,6 +396,13 @@ class FluxFamily(ShiftedSigmas, Family):
         FILL: "Flux.1 Fill",
         CONTROL: "Flux.1 Depth or Canny",
     }
+    trainer_words = (
+        (r"flux.*kontext", "flux-kontext"),
+        (r"flux.*fill", "flux-fill"),
+        (r"flux.*schnell", "flux-schnell"),
+        (r"flux-?1?-dev", "flux-dev"),
+        (r"flux", "flux"),
+    )
     latent = FLUX_LATENT
     transformer_class = "FluxTransformer2DModel"
     packed_channels = 4

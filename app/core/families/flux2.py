@@ -523,6 +523,7 @@ class Flux2KleinFamily(_Flux2):
     id = FamilyId.FLUX2_KLEIN
     title = "Flux.2 Klein"
     architectures = {"flux2-klein": "Flux.2 Klein"}
+    trainer_words = ((r"flux-?2.*klein", "flux2-klein"),)
     layout = LAYOUT  # the one layout both variants are kept in, told apart as it is read
     pipeline_class = "Flux2KleinPipeline"
     pipelines = ("Flux2KleinPipeline",)
@@ -621,6 +622,7 @@ class Flux2Family(_Flux2):
     id = FamilyId.FLUX2
     title = "Flux.2"
     architectures = {"flux2": "Flux.2", "flux2-dev": "Flux.2 dev"}
+    trainer_words = ((r"flux-?2", "flux2"),)
     layout = LAYOUT
     pipeline_class = "Flux2Pipeline"
     pipelines = ("Flux2Pipeline",)

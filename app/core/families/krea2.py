@@ -253,6 +253,7 @@ class Krea2Family(FlowMatching, Family):
     id = FamilyId.KREA2
     title = "Krea 2"
     architectures = {"krea2": "Krea 2"}
+    trainer_words = ((r"krea-?2", "krea2"),)
     latent = QWENIMAGE_LATENT
     transformer_class = "Krea2Transformer2DModel"
     packed_channels = 4  # 2x2 patches of 16 latent channels: 64 in

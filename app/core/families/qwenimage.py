@@ -264,6 +264,10 @@ class QwenImageFamily(ShiftedSigmas, Family):
         "qwenimage-edit": "Qwen-Image-Edit",
         "qwenimage-edit-plus": "Qwen-Image-Edit-Plus",
     }
+    trainer_words = (
+        (r"qwen-?image-?edit", "qwenimage-edit"),
+        (r"qwen-?image", "qwenimage"),
+    )
     latent = QWENIMAGE_LATENT
     transformer_class = "QwenImageTransformer2DModel"
     layout = LAYOUT

@@ -188,6 +188,7 @@ class QwenImage21Family(ShiftedSigmas, Family):
     id = FamilyId.QWENIMAGE21
     title = "Qwen-Image 2.1"
     architectures = {"qwenimage21": "Qwen-Image 2.1"}
+    trainer_words = ((r"qwen-?image-?2-?1", "qwenimage21"),)
     latent = QWENIMAGE21_LATENT
     transformer_class = "QwenImage21Transformer2DModel"
     layout = LAYOUT

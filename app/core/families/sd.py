@@ -31,6 +31,10 @@ class StableDiffusionFamily(Family):
     id = FamilyId.SD
     title = "Stable Diffusion 1.x/2.x"
     architectures = {"sd1": "Stable Diffusion 1.x", "sd2": "Stable Diffusion 2.x"}
+    trainer_words = (
+        (r"stable-diffusion-v?2|^sd-?v?2", "sd2"),
+        (r"stable-diffusion-v?1|^sd-?v?1", "sd1"),
+    )
     picture_pipelines = {
         Mode.IMAGE: "StableDiffusionImg2ImgPipeline",
         Mode.INPAINT: "StableDiffusionInpaintPipeline",

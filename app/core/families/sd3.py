@@ -224,6 +224,7 @@ class SD3Family(FlowMatching, Family):
     id = FamilyId.SD3
     title = "Stable Diffusion 3.x"
     architectures = {"sd3": "Stable Diffusion 3.x"}
+    trainer_words = ((r"stable-diffusion-(v)?3|^sd-?3|^sd-v3", "sd3"),)
     latent = SD3_LATENT
     transformer_class = "SD3Transformer2DModel"
     layout = LAYOUT

@@ -31,6 +31,10 @@ class SDXLFamily(StableDiffusionFamily):
     id = FamilyId.SDXL
     title = "SDXL"
     architectures = {"sdxl": "SDXL"}
+    trainer_words = (
+        (r"xl.*refiner", "sdxl-refiner"),
+        (r"sdxl|stable-diffusion-xl|^sd-xl", "sdxl"),
+    )
     picture_pipelines = {
         Mode.IMAGE: "StableDiffusionXLImg2ImgPipeline",
         Mode.INPAINT: "StableDiffusionXLInpaintPipeline",

@@ -175,6 +175,7 @@ class ZImageFamily(ShiftedSigmas, Family):
     id = FamilyId.ZIMAGE
     title = "Z-Image"
     architectures = {"zimage": "Z-Image"}
+    trainer_words = ((r"z-?image", "zimage"),)
     latent = FLUX_LATENT
     transformer_class = "ZImageTransformer2DModel"
     layout = LAYOUT

@@ -54,31 +54,6 @@ MAX_PREVIEW_BYTES = 32 << 20
 # Cards kept in memory, by path, size and modification time: a rescan reads only what changed.
 MAX_CARDS_KEPT = 8192
 
-# The words trainers write for a base model, mapped to HalfSafe's architecture names (whose
-# titles the family registry gives). Matched in order on the text lowered, with `_`, `.` and
-# spaces as `-`, and any `/lora...` suffix dropped: kohya's ss_base_model_version ("sd_v1",
-# "sdxl_base_v1-0", "flux1", "sd3") and modelspec.architecture ("stable-diffusion-xl-v1-base",
-# "flux-1-dev", "stable-diffusion-v3-medium").
-_BASE_MODELS: tuple[tuple[str, str], ...] = (
-    (r"xl.*refiner", "sdxl-refiner"),
-    (r"sdxl|stable-diffusion-xl|^sd-xl", "sdxl"),
-    (r"stable-diffusion-(v)?3|^sd-?3|^sd-v3", "sd3"),
-    (r"flux-?2.*klein", "flux2-klein"),
-    (r"flux-?2", "flux2"),
-    (r"flux.*kontext", "flux-kontext"),
-    (r"flux.*fill", "flux-fill"),
-    (r"flux.*schnell", "flux-schnell"),
-    (r"flux-?1?-dev", "flux-dev"),
-    (r"flux", "flux"),
-    (r"chroma", "chroma"),
-    (r"qwen-?image-?2-?1", "qwenimage21"),
-    (r"qwen-?image-?edit", "qwenimage-edit"),
-    (r"qwen-?image", "qwenimage"),
-    (r"z-?image", "zimage"),
-    (r"krea-?2", "krea2"),
-    (r"stable-diffusion-v?2|^sd-?v?2", "sd2"),
-    (r"stable-diffusion-v?1|^sd-?v?1", "sd1"),
-)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 
 
@@ -179,12 +154,16 @@ def card_from_metadata(metadata: Mapping[str, Any]) -> ModelCard:
 
 def base_architecture(stated: str) -> str | None:
     """HalfSafe's architecture name for a trainer's base-model words ("sdxl_base_v1-0" ->
-    "sdxl", "flux-1-dev/lora" -> "flux-dev"); None for words it does not know."""
+    "sdxl", "flux-1-dev/lora" -> "flux-dev", as each family's `trainer_words` say, any
+    `/lora...` suffix dropped); None for words it does not know."""
+    from app.core.families import FAMILIES
+
     text = stated.strip().lower().split("/")[0]
     text = re.sub(r"[\s_.]+", "-", text)
-    for pattern, architecture in _BASE_MODELS:
-        if re.search(pattern, text):
-            return architecture
+    for family in FAMILIES:
+        for pattern, architecture in family.trainer_words:
+            if re.search(pattern, text):
+                return architecture
     return None
 
 
