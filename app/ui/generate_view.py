@@ -4,9 +4,7 @@ banner on every image that went NaN or black, with the fix one click away."""
 
 from __future__ import annotations
 
-import contextlib
 import html
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -14,28 +12,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, QSize, Qt, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import (
-    QIcon,
     QKeySequence,
     QPixmap,
     QShortcut,
 )
 from PySide6.QtWidgets import (
-    QComboBox,
-    QDoubleSpinBox,
     QFileDialog,
-    QFormLayout,
-    QFrame,
     QHBoxLayout,
-    QLineEdit,
-    QListWidget,
     QListWidgetItem,
-    QPlainTextEdit,
     QProgressBar,
     QPushButton,
-    QSizePolicy,
-    QSpinBox,
     QSplitter,
     QVBoxLayout,
     QWidget,
@@ -45,54 +33,23 @@ from app.core import paths
 from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
 from app.core.generation.records import GenerationRequest, GenerationResult
-from app.core.hires import Hires
-from app.core.images.pictures import check_strength, picture_size
+from app.core.images.pictures import check_strength
 from app.core.lora.request import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import GenerateRequest, PicturePath
 from app.core.settings import FIELDS, PrecisionSettings
 from app.engine.events import EngineEvent, EventState
-from app.ui import browser, folders, words
+from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.fixes import layers_ran, remember_for_model, split_fix
-from app.ui.gallery import ENTRY, Gallery
-from app.ui.hires_options import HiresOptions
-from app.ui.image_entry import (
-    THUMBNAIL,
-    CaptionBox,
-    GalleryEntry,
-    ImageView,
-    entry_pixmap,
-    mode_words,
-    parameter_text,
-    placeholder_icon,
-    where_words,
-)
-from app.ui.input_pictures import InputPictures
-from app.ui.lora_list import LoraList
+from app.ui.gallery import ENTRY
+from app.ui.generate_form import GENERATION_KEYS, GenerateForm
+from app.ui.image_entry import GalleryEntry, mode_words
+from app.ui.result_banner import Action, banner_words
+from app.ui.results_pane import ResultsPane, thumbnail
 from app.ui.state import AppState
-from app.ui.widgets import Banner, label, page_layout, plain_scroll, primary_button, show_progress
-
-GENERATION_KEYS = (
-    "negative_prompt",
-    "steps",
-    "cfg",
-    "seed",
-    "width",
-    "height",
-    "batch",
-    "scheduler",
-    "clip_skip",
-    "hires_scale",
-    "hires_steps",
-    "hires_denoise",
-    "hires_upscaler",
-)
-
-
-# What the image area says while there is no image to show.
-EMPTY_WORDS = "Your images appear here, with a live preview while they are made."
+from app.ui.widgets import label, page_layout, plain_scroll, primary_button, show_progress
 
 
 class GenerateView(QWidget):
@@ -130,8 +87,6 @@ class GenerateView(QWidget):
         self._job_started = 0.0
         self.last_seed: int | None = None
         self.current_entry: GalleryEntry | None = None
-        self._size_by_user = False  # the user set the size: an input picture leaves it alone
-        self._sizing = False  # the page itself is setting the size
 
         layout = page_layout(self, "Generate")
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -151,119 +106,28 @@ class GenerateView(QWidget):
         escape.setContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
         escape.activated.connect(self.cancel)
 
-        self._load_values()
+        self.form.load_values()
         state.settings_changed.connect(self._settings_changed)
-        self._sized_for: str | None = None  # the model whose native size the form was set to
         state.model_changed.connect(self._model_changed)
         self._model_changed(state.model)
 
     # Layout -----------------------------------------------------------------------------------
 
     def _build_form(self) -> QWidget:
-        form_widget = QWidget()
-        column = QVBoxLayout(form_widget)
-        column.setContentsMargins(0, 0, 8, 0)
-        column.addWidget(label("Prompt"))
-        self.prompt = QPlainTextEdit()
-        self.prompt.setPlaceholderText("What to draw, e.g. a lighthouse on a cliff at dusk")
-        self.prompt.setTabChangesFocus(True)
-        self.prompt.setMinimumHeight(70)
-        self.prompt.setMaximumHeight(150)
-        column.addWidget(self.prompt, 2)
-        column.addWidget(label("Negative prompt"))
-        self.negative = QPlainTextEdit()
-        self.negative.setPlaceholderText("What to leave out, e.g. blurry, text")
-        self.negative.setTabChangesFocus(True)
-        self.negative.setMinimumHeight(46)
-        self.negative.setMaximumHeight(90)
-        column.addWidget(self.negative, 1)
-        form = QFormLayout()
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        self.steps = QSpinBox()
-        self.steps.setRange(*(int(b) for b in FIELDS["steps"].bounds()))
-        self.cfg = QDoubleSpinBox()
-        self.cfg.setRange(*FIELDS["cfg"].bounds())
-        self.cfg.setDecimals(1)
-        self.cfg.setSingleStep(0.5)
-        self.seed = QLineEdit()
-        self.seed.setToolTip("-1 picks a new random seed for every image.")
-        seed_row = QHBoxLayout()
-        seed_row.addWidget(self.seed, 1)
-        self.random_seed = QPushButton("Random")
-        self.random_seed.setToolTip("Use a new random seed for every run (-1).")
-        self.random_seed.clicked.connect(lambda: self.seed.setText("-1"))
-        self.reuse_seed = QPushButton("Reuse last")
-        self.reuse_seed.setToolTip("Use the seed of the image shown.")
+        self.form = form = GenerateForm(self.state, self.ui_settings, self._say)
+        # The form's widgets, by the names the page reads them with.
+        self.prompt, self.negative = form.prompt, form.negative
+        self.steps, self.cfg = form.steps, form.cfg
+        self.seed, self.random_seed, self.reuse_seed = form.seed, form.random_seed, form.reuse_seed
+        self.width_box, self.height_box = form.width_box, form.height_box
+        self.batch, self.scheduler, self.clip_skip = form.batch, form.scheduler, form.clip_skip
+        self.hires, self.size_hint = form.hires, form.size_hint
+        self.loras, self.pictures = form.loras, form.pictures
         self.reuse_seed.clicked.connect(self.reuse_last_seed)
-        seed_row.addWidget(self.random_seed)
-        seed_row.addWidget(self.reuse_seed)
-        size_row = QHBoxLayout()
-        self.width_box = QSpinBox()
-        self.height_box = QSpinBox()
-        for box, key in ((self.width_box, "width"), (self.height_box, "height")):
-            box.setRange(*(int(b) for b in FIELDS[key].bounds()))
-            box.setSingleStep(64)
-            box.setSuffix(" px")
-            box.setKeyboardTracking(False)
-            box.valueChanged.connect(self._size_edited)
-        size_row.addWidget(self.width_box, 1)
-        size_row.addWidget(label("×"))
-        size_row.addWidget(self.height_box, 1)
-        self.batch = QSpinBox()
-        self.batch.setRange(*(int(b) for b in FIELDS["batch"].bounds()))
-        self.scheduler = QComboBox()
-        for choice in FIELDS["scheduler"].choices:
-            self.scheduler.addItem(words.choice_name(choice), choice)
-        form.addRow("Steps", self.steps)
-        form.addRow("CFG scale", self.cfg)
-        form.addRow("Seed", seed_row)
-        form.addRow("Size", size_row)
-        form.addRow("Batch", self.batch)
-        form.addRow("Sampler", self.scheduler)
-        self.clip_skip = QSpinBox()
-        self.clip_skip.setRange(*(int(b) for b in FIELDS["clip_skip"].bounds()))
-        form.addRow("Clip skip", self.clip_skip)
-        for key, widget in (
-            ("steps", self.steps),
-            ("cfg", self.cfg),
-            ("seed", self.seed),
-            ("batch", self.batch),
-            ("scheduler", self.scheduler),
-            ("width", self.width_box),
-            ("height", self.height_box),
-            ("clip_skip", self.clip_skip),
-        ):
-            widget.setToolTip(FIELDS[key].help)
-        column.addLayout(form)
-        self.hires = HiresOptions()
-        column.addWidget(self.hires)
-        self.size_hint = label("", "muted", wrap=True)
-        self.size_hint.setOpenExternalLinks(False)
-        self.size_hint.linkActivated.connect(self._use_native_size)
-        column.addWidget(self.size_hint)
-        # The numbers every job needs sit right below the prompts, where a 700 px window still
-        # shows them; the LoRAs and the input picture, which grow, come after.
-        column.addWidget(label("LoRAs"))
-        self.loras = LoraList()
-        # The browser looks in the model folders, opens on the loaded model's family, and puts
-        # a LoRA's trigger words into the prompt when asked to.
-        self.loras.add_to_prompt.connect(self._add_to_prompt)
-        self.loras.model_folders = lambda: list(self.state.settings["model_folders"])
-        self.loras.model_family = lambda: (
-            browser.family_words(self.state.model.architecture) if self.state.model else None
-        )
-        column.addWidget(self.loras)
-        self.pictures = InputPictures()
-        self.pictures.picture_changed.connect(self._picture_changed)
-        self.pictures.canvas_changed.connect(self._canvas_changed)
-        self.pictures.refused.connect(self._say)
-        column.addWidget(self.pictures)
-
-        column.addStretch(1)
 
         # The parameters scroll up and down when the window is too short for them (an input
         # picture and its mask make them tall), never sideways; what runs the job stays below.
-        scroll = plain_scroll(form_widget)
+        scroll = plain_scroll(form)
         scroll.setObjectName("generate-form")
         outer = QWidget()
         outer.setMinimumWidth(330)
@@ -297,93 +161,21 @@ class GenerateView(QWidget):
         return outer
 
     def _build_results(self) -> QWidget:
-        results = QSplitter(Qt.Orientation.Vertical)
-        results.setChildrenCollapsible(False)
-        viewer = QWidget()
-        column = QVBoxLayout(viewer)
-        column.setContentsMargins(12, 0, 0, 0)
-        self.banner = Banner()
-        column.addWidget(self.banner)
-        self.image = ImageView()
-        self.image.set_pixmap(None, EMPTY_WORDS)
-        column.addWidget(self.image, 1)
-        self.parameters = label("", "muted", wrap=True, selectable=True)
-        self.parameters.setTextFormat(Qt.TextFormat.PlainText)
-        self.parameters.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        # The caption scrolls inside a box of its own: long parameters never run into the image.
-        caption = CaptionBox()
-        plain_scroll(self.parameters, caption)
-        caption.setMinimumHeight(48)
-        caption.setMaximumHeight(self.parameters.fontMetrics().lineSpacing() * 7 + 8)
-        caption.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
-        self.caption = caption
-        column.addWidget(caption)
-        actions = QHBoxLayout()
-        self.open_folder_button = QPushButton("Open folder")
-        self.open_folder_button.clicked.connect(self.open_folder)
-        self.open_folder_button.setEnabled(False)
-        actions.addWidget(self.open_folder_button)
-        self.save_as_button = QPushButton("Save as…")
-        self.save_as_button.setToolTip("Save this image, which is only in memory, to a file.")
-        self.save_as_button.clicked.connect(lambda: self.save_entry_as())
-        self.save_as_button.setVisible(False)
-        actions.addWidget(self.save_as_button)
-        actions.addStretch(1)
-        column.addLayout(actions)
-        results.addWidget(viewer)
-
-        gallery_box = QFrame()
-        gallery_layout = QVBoxLayout(gallery_box)
-        gallery_layout.setContentsMargins(12, 4, 0, 0)
-        gallery_layout.addWidget(label("Gallery", "muted"))
-        self.gallery = QListWidget()
-        self.gallery.setViewMode(QListWidget.ViewMode.IconMode)
-        self.gallery.setFlow(QListWidget.Flow.LeftToRight)
-        self.gallery.setWrapping(False)
-        self.gallery.setMovement(QListWidget.Movement.Static)
-        self.gallery.setIconSize(QSize(THUMBNAIL, THUMBNAIL))
-        self.gallery.setGridSize(QSize(THUMBNAIL + 24, THUMBNAIL + 36))
-        self.gallery.setMinimumHeight(THUMBNAIL + 48)
-        self.gallery.setMaximumHeight(THUMBNAIL + 64)
-        self.gallery.currentItemChanged.connect(self._gallery_selected)
-        gallery_layout.addWidget(self.gallery)
-        self.gallery_view = Gallery(
-            self.gallery,
-            THUMBNAIL,
-            output_folder=self.output_folder,
-            show_entry=self.show_entry,
-            use_parameters=self.use_parameters,
-            dialogs=self.dialogs,
-            placeholder=placeholder_icon,
+        self.results = results = ResultsPane(
+            self.output_folder, self.show_entry, self.use_parameters, self.dialogs
         )
-        results.addWidget(gallery_box)
-        results.setStretchFactor(0, 1)
-        results.setStretchFactor(1, 0)
+        # The pane's widgets, by the names the page reads them with.
+        self.banner, self.image, self.parameters = results.banner, results.image, results.parameters
+        self.caption = results.caption
+        self.gallery, self.gallery_view = results.gallery, results.gallery_view
+        self.open_folder_button = results.open_folder_button
+        self.save_as_button = results.save_as_button
+        self.open_folder_button.clicked.connect(self.open_folder)
+        self.save_as_button.clicked.connect(lambda: self.save_entry_as())
+        self.gallery.currentItemChanged.connect(self._gallery_selected)
         return results
 
     # Values -----------------------------------------------------------------------------------
-
-    def _load_values(self) -> None:
-        settings = self.state.settings
-        self.prompt.setPlainText(str(self.ui_settings.value("generate/prompt", "")))
-        with contextlib.suppress(TypeError, ValueError):
-            self.loras.set_entries(json.loads(str(self.ui_settings.value("generate/loras", "[]"))))
-        self.negative.setPlainText(settings["negative_prompt"])
-        self.steps.setValue(settings["steps"])
-        self.cfg.setValue(settings["cfg"])
-        self.seed.setText(str(settings["seed"]))
-        self._set_size(settings["width"], settings["height"])
-        self.batch.setValue(settings["batch"])
-        self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
-        self.clip_skip.setValue(settings["clip_skip"])
-        self.hires.set_value(
-            Hires(
-                settings["hires_scale"],
-                settings["hires_steps"],
-                settings["hires_denoise"],
-                settings["hires_upscaler"],
-            )
-        )
 
     def output_folder(self) -> Path:
         chosen = self.state.settings["output_folder"]
@@ -392,30 +184,7 @@ class GenerateView(QWidget):
     def use_parameters(self, request: dict[str, Any]) -> None:
         """Put an image's parameters into the form (the gallery's "Send parameters to
         Generate"); values the form cannot take are left as they are."""
-        if "prompt" in request:
-            self.prompt.setPlainText(str(request["prompt"]))
-        if "negative_prompt" in request:
-            self.negative.setPlainText(str(request["negative_prompt"]))
-        for key, box in (
-            ("steps", self.steps),
-            ("width", self.width_box),
-            ("height", self.height_box),
-        ):
-            if isinstance(request.get(key), int):
-                box.setValue(request[key])  # the image's size: the user's choice, kept
-        for key, spin in (("cfg", self.cfg), ("strength", self.pictures.strength)):
-            if isinstance(request.get(key), (int, float)):
-                spin.setValue(float(request[key]))
-        if request.get("seed") is not None:
-            self.seed.setText(str(request["seed"]))
-        index = self.scheduler.findData(request.get("scheduler"))
-        if index >= 0:
-            self.scheduler.setCurrentIndex(index)
-        # An image without a clip skip or a hires fix recorded was made without one.
-        clip_skip = request.get("clip_skip")
-        self.clip_skip.setValue(clip_skip if isinstance(clip_skip, int) else 1)
-        recorded = request.get("hires")
-        self.hires.set_value(recorded if isinstance(recorded, Hires) else Hires())
+        self.form.use_parameters(request)
         self.progress_label.setText("Parameters taken from the image; press Generate.")
 
     def _settings_changed(self, keys: list[str]) -> None:
@@ -426,35 +195,12 @@ class GenerateView(QWidget):
             self.gallery_view.refresh()
         if any(key in GENERATION_KEYS for key in keys):
             prompt = self.prompt.toPlainText()
-            self._load_values()
+            self.form.load_values()
             self.prompt.setPlainText(prompt)
 
     def request(self) -> dict[str, Any]:
         """The request the Generate button would send, as GenerationRequest's fields."""
-        seed_text = self.seed.text().strip()
-        try:
-            seed = int(seed_text)
-        except ValueError:
-            seed = -1
-        output = self.state.settings["output_folder"] or None
-        return {
-            "prompt": self.prompt.toPlainText().strip(),
-            "negative_prompt": self.negative.toPlainText().strip(),
-            "steps": self.steps.value(),
-            "cfg": round(self.cfg.value(), 1),
-            "seed": seed,
-            "width": _multiple_of_8(self.width_box.value()),
-            "height": _multiple_of_8(self.height_box.value()),
-            "batch": self.batch.value(),
-            "scheduler": self.scheduler.currentData(),
-            "clip_skip": self.clip_skip.value() if self.clip_skip.isEnabled() else 1,
-            "hires": self.hires.value(),
-            "output_dir": output,
-            "images": self.pictures.images(),
-            "mask": self.pictures.mask_path(),
-            "strength": self.pictures.strength_value(),
-            "canvas": self.pictures.canvas(),
-        }
+        return self.form.request()
 
     def input_pictures(self) -> PicturePath:
         """The input picture, mask and inpainting layout the next job would start from (no
@@ -471,94 +217,10 @@ class GenerateView(QWidget):
             return False
         return self.pictures.picture_slot.take(path)
 
-    def _add_to_prompt(self, words_: str) -> None:
-        """Append a LoRA's trigger words to the prompt, after a comma."""
-        prompt = self.prompt.toPlainText().strip()
-        self.prompt.setPlainText(", ".join(part for part in (prompt, words_) if part))
-
-    def _clip_skip_for(self, architecture: str | None) -> None:
-        """Clip skip only where the model reads CLIP's hidden states (SD 1.x/2.x, SDXL)."""
-        from app.core.families.registry import family_of_architecture
-
-        family = family_of_architecture(architecture or "")
-        takes = family is None or family.takes_clip_skip
-        self.clip_skip.setEnabled(takes)
-        self.clip_skip.setToolTip(
-            FIELDS["clip_skip"].help
-            if takes
-            else f"{family.title if family else 'This model'} reads its prompt without CLIP's "
-            "layers: Clip skip does not apply."
-        )
-
     def _say(self, sentence: str) -> None:
         """One sentence for the user: under the Generate button and in the status bar."""
         self.progress_label.setText(sentence)
         self.status_message.emit(sentence)
-
-    # Size -------------------------------------------------------------------------------------
-
-    def _set_size(self, width: int, height: int) -> None:
-        """Set the size as the page's own choice (not the user's)."""
-        self._sizing = True
-        try:
-            self.width_box.setValue(width)
-            self.height_box.setValue(height)
-        finally:
-            self._sizing = False
-
-    def _size_edited(self, _value: int) -> None:
-        self.hires.set_first_size(self.width_box.value(), self.height_box.value())
-        if not self._sizing:
-            self._size_by_user = True
-
-    def _picture_changed(self, path: str) -> None:
-        """A new input picture: the size follows its proportions, at the model's size, unless
-        the user set the size."""
-        if not path or self._size_by_user:
-            return
-        self._follow_picture(path)
-
-    def _canvas_changed(self) -> None:
-        """The canvas extended or not: the size follows the picture as extended."""
-        images = self.pictures.images()
-        if images and not self._size_by_user:
-            self._follow_picture(images[0])
-
-    def _follow_picture(self, path: str) -> None:
-        model = self.state.model
-        native = model.native_size if model is not None and model.native_size > 0 else 0
-        native = native or max(self.width_box.value(), self.height_box.value())
-        try:
-            width, height = picture_size(path, native, extend=self.pictures.canvas().extend)
-        except HalfSafeError as error:
-            self._say(str(error))
-            return
-        self._set_size(width, height)
-        self.size_hint.setText(
-            f"Size set to {width}×{height} px: the input picture's proportions at "
-            + (f"this model's {native} px." if model is not None else f"{native} px.")
-        )
-
-    def _remember(self, request: dict[str, Any]) -> None:
-        """Last-used values persist: the prompt in the window state, the rest as settings."""
-        self.ui_settings.setValue("generate/prompt", request["prompt"])
-        self.ui_settings.setValue("generate/loras", json.dumps(self.loras.entries()))
-        chosen = request["hires"]
-        values = {
-            **{key: request[key] for key in GENERATION_KEYS if key in request},
-            "clip_skip": self.clip_skip.value(),
-            "hires_scale": chosen.scale,
-            "hires_steps": chosen.steps,
-            "hires_denoise": chosen.denoise,
-            "hires_upscaler": chosen.upscaler,
-        }
-        try:
-            FIELDS["seed"].validate(values["seed"])
-        except ValueError:
-            values.pop("seed")
-        # A value out of the schema's range is still used for this run, just not saved.
-        with contextlib.suppress(ValueError):
-            self.state.apply(values)
 
     # Jobs -------------------------------------------------------------------------------------
 
@@ -566,49 +228,13 @@ class GenerateView(QWidget):
         has_model = model is not None
         self.generate_button.setEnabled(has_model)
         self.demo_button.setVisible(not has_model and self._load_demo is not None)
-        if not has_model:
-            self.model_hint.setText(
-                "No model is loaded. Load one on the Models page, or try "
-                "the demo model, which runs anywhere and draws simple coloured "
-                "shapes."
-            )
-            self.size_hint.setText("")
-            self.pictures.set_model(None)
-            return
-        self.model_hint.setText(f"Model: {model.name or model.source}")
-        self.pictures.set_model(model)
-        self._clip_skip_for(model.architecture)
-        native = model.native_size
-        source = self.state.model_request.source if self.state.model_request else model.source
-        if native > 0 and source != self._sized_for:
-            # A newly loaded model starts at the size it was made for (a 128 px model asked
-            # for 512 px draws badly, slowly); the user's own change afterwards stands.
-            self._sized_for = source
-            self._size_by_user = False
-            self._set_size(native, native)
-            self.size_hint.setText(
-                f"Size set to {native}×{native} px, what this model was made for."
-            )
-            if self.pictures.images():
-                self._follow_picture(self.pictures.images()[0])
-        elif self.pictures.images() and not self._size_by_user:
-            return  # the size follows the input picture, and its hint says so
-        elif (
-            isinstance(native, int)
-            and native > 0
-            and (self.width_box.value(), self.height_box.value()) != (native, native)
-        ):
-            self.size_hint.setText(
-                f"This model was made for {native}×{native} px. "
-                f"<a href='{native}'>Use {native}×{native}</a>"
-            )
-        else:
-            self.size_hint.setText("")
-
-    def _use_native_size(self, link: str) -> None:
-        self.width_box.setValue(int(link))
-        self.height_box.setValue(int(link))
-        self.size_hint.setText("")
+        self.model_hint.setText(
+            f"Model: {model.name or model.source}"
+            if model is not None
+            else "No model is loaded. Load one on the Models page, or try the demo model, which "
+            "runs anywhere and draws simple coloured shapes."
+        )
+        self.form.model_changed(model)
 
     def generate(self) -> None:
         if self.state.model is None:
@@ -619,7 +245,7 @@ class GenerateView(QWidget):
         if problem:
             self._say(problem)
             return
-        self._remember(request)
+        self.form.remember(request)
         self.submit(request)
 
     def _picture_problem(self, request: dict[str, Any]) -> str:
@@ -693,15 +319,13 @@ class GenerateView(QWidget):
         elif state == EventState.PREVIEW and event.preview_png:
             pixmap = QPixmap()
             if pixmap.loadFromData(event.preview_png, "PNG"):
-                self.image.set_pixmap(pixmap)
-                self.banner.dismiss()
                 # The caption described the image the preview replaces.
                 request = self.jobs.get(event.job_id) or {}
-                self.parameters.setText(
+                self.results.show_preview(
+                    pixmap,
                     f"Preview at step {event.done}: "
-                    f"{request.get('prompt') or 'the image being made'}"
+                    f"{request.get('prompt') or 'the image being made'}",
                 )
-                self.caption.text_changed()
         elif state == EventState.WARNING:
             self.progress_label.setText(event.message)
         elif state.final:
@@ -734,11 +358,8 @@ class GenerateView(QWidget):
         """A job has started: the image, banner and caption shown spoke of the last image, and
         would read as this job's until its first preview; the image being made is said
         instead (the last one stays in the gallery, and comes back if the job does not end)."""
-        self.banner.dismiss()
-        self.image.set_pixmap(None, "Making the image: a preview appears after a few steps.")
         request = self.jobs.get(job_id) or {}
-        self.parameters.setText(f"Making: {request.get('prompt') or 'an image with no prompt'}")
-        self.caption.text_changed()
+        self.results.show_making(f"Making: {request.get('prompt') or 'an image with no prompt'}")
 
     def _job_done(self, event: EngineEvent) -> None:
         request = self.jobs.pop(event.job_id, None)
@@ -837,9 +458,7 @@ class GenerateView(QWidget):
         if self.current_entry is not None:
             self.show_entry(self.current_entry)
         else:
-            self.image.set_pixmap(None, EMPTY_WORDS)
-            self.parameters.setText("")
-            self.caption.text_changed()
+            self.results.show_empty()
 
     # Results ----------------------------------------------------------------------------------
 
@@ -860,26 +479,12 @@ class GenerateView(QWidget):
             self.status_message.emit(f"Last image: {mode_words(entries[0])}.")
         first_item = None
         for entry in entries:
-            item = self.gallery_view.add(entry, self._thumbnail(entry))
+            item = self.gallery_view.add(entry, thumbnail(entry))
             first_item = first_item or item
         if first_item is not None:
             self.gallery.setCurrentItem(first_item)
         if result.save_error:
             self.dialogs.error(result.save_error)
-
-    def _thumbnail(self, entry: GalleryEntry) -> QIcon:
-        pixmap = entry_pixmap(entry)
-        if pixmap.isNull():
-            pixmap = QPixmap(THUMBNAIL, THUMBNAIL)
-            pixmap.fill(Qt.GlobalColor.darkGray)
-        else:
-            pixmap = pixmap.scaled(
-                THUMBNAIL,
-                THUMBNAIL,
-                Qt.AspectRatioMode.KeepAspectRatio,
-                Qt.TransformationMode.SmoothTransformation,
-            )
-        return QIcon(pixmap)
 
     def _gallery_selected(self, current: QListWidgetItem | None, _previous: Any) -> None:
         if current is not None:
@@ -887,75 +492,23 @@ class GenerateView(QWidget):
 
     def show_entry(self, entry: GalleryEntry) -> None:
         self.current_entry = entry
-        pixmap = entry_pixmap(entry)
-        self.image.set_pixmap(
-            pixmap if not pixmap.isNull() else None,
-            entry.problem or f"The image file is missing: {entry.path}",
-        )
-        self.parameters.setText(parameter_text(entry))
-        self.caption.text_changed()
-        self.open_folder_button.setEnabled(bool(entry.path))
-        self.save_as_button.setVisible(entry.unsaved)
+        self.results.show_image(entry)
         self.last_seed = entry.seed
         self._show_banner(entry)
 
     def _show_banner(self, entry: GalleryEntry) -> None:
-        if entry.unsaved:
-            # Above any diagnosis: this image is lost when the window closes unless saved.
-            self.banner.show_message(
-                "bad",
-                "<b>Not saved: this image is only in memory.</b> Save it before closing "
-                "HalfSafe; the error said why it could not be written.",
-                [("Save as…", lambda: self.save_entry_as())],
-            )
-            return
-        status = entry.status
-        message = html.escape(entry.message)
-        fix = entry.fix
-        actions = []
-        intermittent = status == "nan" and entry.cause == "intermittent"
-        if fix and status in ("nan", "black"):
-            actions.append(
-                ("Apply fix and regenerate", lambda e=entry: self.apply_fix_and_regenerate(e))
-            )
-        elif intermittent:
-            actions.append(("Make it again", lambda e=entry: self.make_again(e)))
-        where = where_words(entry)
-        if status == "nan":
-            head = f"NaN{where}." if where else "This image went NaN (black)."
-            hint = (
-                ""
-                if fix or intermittent
-                else " Run the health check to find which setting fixes it."
-            )
-            self.banner.show_message("bad", f"<b>{head}</b> {message}{html.escape(hint)}", actions)
-        elif status == "black":
-            head = f"Completely black{where}." if where else "This image is completely black."
-            self.banner.show_message("warn", f"<b>{head}</b> {message}", actions)
-        elif status == "safety_checker":
-            self.banner.show_message(
-                "warn", "<b>The safety checker blanked this image.</b> " + message, actions
-            )
-        elif status == "fixed":
-            applied = ", ".join(entry.fixes_applied)
-            self.banner.show_message(
-                "info",
-                "<b>Fixed automatically.</b> "
-                + message
-                + (f" Fix applied: {html.escape(applied)}." if applied else ""),
-            )
-        elif entry.applied_fix:
-            self.banner.show_message(
-                "good",
-                "<b>Fixed.</b> Made again with the fix ("
-                + html.escape(words.first_lower(words.fix_short(dict(entry.applied_fix))))
-                # What ran, fixes remembered for the model included, from the image's record.
-                + f"), running as {html.escape(words.precision_summary(entry.settings))}"
-                + "; this time every value stayed finite. "
-                + _remembered_words(split_fix(dict(entry.applied_fix))[1], entry.settings),
-            )
-        else:
+        said = banner_words(entry)
+        if said is None:
             self.banner.dismiss()
+            return
+        does: dict[Action, Callable[[], object]] = {
+            "save_as": lambda: self.save_entry_as(),
+            "apply_fix": lambda: self.apply_fix_and_regenerate(entry),
+            "make_again": lambda: self.make_again(entry),
+        }
+        self.banner.show_message(
+            said.level, said.text, [(text, does[action]) for text, action in said.actions]
+        )
 
     def apply_fix_and_regenerate(self, entry: GalleryEntry) -> int | None:
         """Make the same image again with the image's fix. Its plain settings are written into
@@ -1031,22 +584,5 @@ class GenerateView(QWidget):
             self.dialogs.open_location(folder, "the folder")
 
 
-def _remembered_words(own: dict[str, Any], settings: Mapping[str, Any]) -> str:
-    """What became of a fix the image was made again with: its layer lists remembered for the
-    model when the job ran them (`fixes.layers_ran`), else why not."""
-    if not own:
-        return "The fix stays in your settings."
-    if layers_ran(own, settings):
-        return "The fix is remembered for this model on this device."
-    return (
-        "Its layers were not tested, though: the part they belong to ran wholly wider in this "
-        "job, so the fix is not remembered."
-    )
-
-
 def _generations(count: int) -> str:
     return "generation" if count == 1 else f"{count} generations"
-
-
-def _multiple_of_8(value: int) -> int:
-    return max(64, int(round(value / 8) * 8))

@@ -1,0 +1,377 @@
+"""The Generate page's form: the prompts, the numbers every job needs (steps, CFG scale, seed,
+size, batch, sampler, clip skip), the hires fix, the LoRAs and the input picture. It fills
+itself from the settings or from an image's parameters, reads back the request they make, and
+keeps the last-used values. The size follows what the loaded model was made for and the input
+picture's proportions, until the user sets it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtCore import QSettings
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.core.errors import HalfSafeError
+from app.core.hires import Hires
+from app.core.images.pictures import picture_size
+from app.core.models.summary import ModelSummary
+from app.core.settings import FIELDS
+from app.ui import browser, words
+from app.ui.hires_options import HiresOptions
+from app.ui.input_pictures import InputPictures
+from app.ui.lora_list import LoraList
+from app.ui.state import AppState
+from app.ui.widgets import label
+
+GENERATION_KEYS = (
+    "negative_prompt",
+    "steps",
+    "cfg",
+    "seed",
+    "width",
+    "height",
+    "batch",
+    "scheduler",
+    "clip_skip",
+    "hires_scale",
+    "hires_steps",
+    "hires_denoise",
+    "hires_upscaler",
+)
+
+
+class GenerateForm(QWidget):
+    """The form's widgets, read and set by the page. `say(sentence)` tells the user why a
+    picture could not be taken or sized. "Reuse last" is the page's to connect: the page knows
+    the image shown."""
+
+    def __init__(self, state: AppState, ui_settings: QSettings, say: Callable[[str], None]) -> None:
+        super().__init__()
+        self.state = state
+        self.ui_settings = ui_settings
+        self._say = say
+        self._size_by_user = False  # the user set the size: an input picture leaves it alone
+        self._sizing = False  # the page itself is setting the size
+        self._sized_for: str | None = None  # the model whose native size the form was set to
+
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 8, 0)
+        column.addWidget(label("Prompt"))
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("What to draw, e.g. a lighthouse on a cliff at dusk")
+        self.prompt.setTabChangesFocus(True)
+        self.prompt.setMinimumHeight(70)
+        self.prompt.setMaximumHeight(150)
+        column.addWidget(self.prompt, 2)
+        column.addWidget(label("Negative prompt"))
+        self.negative = QPlainTextEdit()
+        self.negative.setPlaceholderText("What to leave out, e.g. blurry, text")
+        self.negative.setTabChangesFocus(True)
+        self.negative.setMinimumHeight(46)
+        self.negative.setMaximumHeight(90)
+        column.addWidget(self.negative, 1)
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.steps = QSpinBox()
+        self.steps.setRange(*(int(b) for b in FIELDS["steps"].bounds()))
+        self.cfg = QDoubleSpinBox()
+        self.cfg.setRange(*FIELDS["cfg"].bounds())
+        self.cfg.setDecimals(1)
+        self.cfg.setSingleStep(0.5)
+        self.seed = QLineEdit()
+        self.seed.setToolTip("-1 picks a new random seed for every image.")
+        seed_row = QHBoxLayout()
+        seed_row.addWidget(self.seed, 1)
+        self.random_seed = QPushButton("Random")
+        self.random_seed.setToolTip("Use a new random seed for every run (-1).")
+        self.random_seed.clicked.connect(lambda: self.seed.setText("-1"))
+        self.reuse_seed = QPushButton("Reuse last")
+        self.reuse_seed.setToolTip("Use the seed of the image shown.")
+        seed_row.addWidget(self.random_seed)
+        seed_row.addWidget(self.reuse_seed)
+        size_row = QHBoxLayout()
+        self.width_box = QSpinBox()
+        self.height_box = QSpinBox()
+        for box, key in ((self.width_box, "width"), (self.height_box, "height")):
+            box.setRange(*(int(b) for b in FIELDS[key].bounds()))
+            box.setSingleStep(64)
+            box.setSuffix(" px")
+            box.setKeyboardTracking(False)
+            box.valueChanged.connect(self._size_edited)
+        size_row.addWidget(self.width_box, 1)
+        size_row.addWidget(label("×"))
+        size_row.addWidget(self.height_box, 1)
+        self.batch = QSpinBox()
+        self.batch.setRange(*(int(b) for b in FIELDS["batch"].bounds()))
+        self.scheduler = QComboBox()
+        for choice in FIELDS["scheduler"].choices:
+            self.scheduler.addItem(words.choice_name(choice), choice)
+        form.addRow("Steps", self.steps)
+        form.addRow("CFG scale", self.cfg)
+        form.addRow("Seed", seed_row)
+        form.addRow("Size", size_row)
+        form.addRow("Batch", self.batch)
+        form.addRow("Sampler", self.scheduler)
+        self.clip_skip = QSpinBox()
+        self.clip_skip.setRange(*(int(b) for b in FIELDS["clip_skip"].bounds()))
+        form.addRow("Clip skip", self.clip_skip)
+        for key, widget in (
+            ("steps", self.steps),
+            ("cfg", self.cfg),
+            ("seed", self.seed),
+            ("batch", self.batch),
+            ("scheduler", self.scheduler),
+            ("width", self.width_box),
+            ("height", self.height_box),
+            ("clip_skip", self.clip_skip),
+        ):
+            widget.setToolTip(FIELDS[key].help)
+        column.addLayout(form)
+        self.hires = HiresOptions()
+        column.addWidget(self.hires)
+        self.size_hint = label("", "muted", wrap=True)
+        self.size_hint.setOpenExternalLinks(False)
+        self.size_hint.linkActivated.connect(self._use_native_size)
+        column.addWidget(self.size_hint)
+        # The numbers every job needs sit right below the prompts, where a 700 px window still
+        # shows them; the LoRAs and the input picture, which grow, come after.
+        column.addWidget(label("LoRAs"))
+        self.loras = LoraList()
+        # The browser looks in the model folders, opens on the loaded model's family, and puts
+        # a LoRA's trigger words into the prompt when asked to.
+        self.loras.add_to_prompt.connect(self._add_to_prompt)
+        self.loras.model_folders = lambda: list(self.state.settings["model_folders"])
+        self.loras.model_family = lambda: (
+            browser.family_words(self.state.model.architecture) if self.state.model else None
+        )
+        column.addWidget(self.loras)
+        self.pictures = InputPictures()
+        self.pictures.picture_changed.connect(self._picture_changed)
+        self.pictures.canvas_changed.connect(self._canvas_changed)
+        self.pictures.refused.connect(say)
+        column.addWidget(self.pictures)
+
+        column.addStretch(1)
+
+    # Values -----------------------------------------------------------------------------------
+
+    def load_values(self) -> None:
+        """Fill the form from the settings, the prompt and the LoRAs from the window state."""
+        settings = self.state.settings
+        self.prompt.setPlainText(str(self.ui_settings.value("generate/prompt", "")))
+        with contextlib.suppress(TypeError, ValueError):
+            self.loras.set_entries(json.loads(str(self.ui_settings.value("generate/loras", "[]"))))
+        self.negative.setPlainText(settings["negative_prompt"])
+        self.steps.setValue(settings["steps"])
+        self.cfg.setValue(settings["cfg"])
+        self.seed.setText(str(settings["seed"]))
+        self._set_size(settings["width"], settings["height"])
+        self.batch.setValue(settings["batch"])
+        self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
+        self.clip_skip.setValue(settings["clip_skip"])
+        self.hires.set_value(
+            Hires(
+                settings["hires_scale"],
+                settings["hires_steps"],
+                settings["hires_denoise"],
+                settings["hires_upscaler"],
+            )
+        )
+
+    def use_parameters(self, request: dict[str, Any]) -> None:
+        """Put an image's parameters into the form; values the form cannot take are left as
+        they are."""
+        if "prompt" in request:
+            self.prompt.setPlainText(str(request["prompt"]))
+        if "negative_prompt" in request:
+            self.negative.setPlainText(str(request["negative_prompt"]))
+        for key, box in (
+            ("steps", self.steps),
+            ("width", self.width_box),
+            ("height", self.height_box),
+        ):
+            if isinstance(request.get(key), int):
+                box.setValue(request[key])  # the image's size: the user's choice, kept
+        for key, spin in (("cfg", self.cfg), ("strength", self.pictures.strength)):
+            if isinstance(request.get(key), (int, float)):
+                spin.setValue(float(request[key]))
+        if request.get("seed") is not None:
+            self.seed.setText(str(request["seed"]))
+        index = self.scheduler.findData(request.get("scheduler"))
+        if index >= 0:
+            self.scheduler.setCurrentIndex(index)
+        # An image without a clip skip or a hires fix recorded was made without one.
+        clip_skip = request.get("clip_skip")
+        self.clip_skip.setValue(clip_skip if isinstance(clip_skip, int) else 1)
+        recorded = request.get("hires")
+        self.hires.set_value(recorded if isinstance(recorded, Hires) else Hires())
+
+    def request(self) -> dict[str, Any]:
+        """The request the form makes, as GenerationRequest's fields."""
+        seed_text = self.seed.text().strip()
+        try:
+            seed = int(seed_text)
+        except ValueError:
+            seed = -1
+        output = self.state.settings["output_folder"] or None
+        return {
+            "prompt": self.prompt.toPlainText().strip(),
+            "negative_prompt": self.negative.toPlainText().strip(),
+            "steps": self.steps.value(),
+            "cfg": round(self.cfg.value(), 1),
+            "seed": seed,
+            "width": _multiple_of_8(self.width_box.value()),
+            "height": _multiple_of_8(self.height_box.value()),
+            "batch": self.batch.value(),
+            "scheduler": self.scheduler.currentData(),
+            "clip_skip": self.clip_skip.value() if self.clip_skip.isEnabled() else 1,
+            "hires": self.hires.value(),
+            "output_dir": output,
+            "images": self.pictures.images(),
+            "mask": self.pictures.mask_path(),
+            "strength": self.pictures.strength_value(),
+            "canvas": self.pictures.canvas(),
+        }
+
+    def remember(self, request: dict[str, Any]) -> None:
+        """Last-used values persist: the prompt in the window state, the rest as settings."""
+        self.ui_settings.setValue("generate/prompt", request["prompt"])
+        self.ui_settings.setValue("generate/loras", json.dumps(self.loras.entries()))
+        chosen = request["hires"]
+        values = {
+            **{key: request[key] for key in GENERATION_KEYS if key in request},
+            "clip_skip": self.clip_skip.value(),
+            "hires_scale": chosen.scale,
+            "hires_steps": chosen.steps,
+            "hires_denoise": chosen.denoise,
+            "hires_upscaler": chosen.upscaler,
+        }
+        try:
+            FIELDS["seed"].validate(values["seed"])
+        except ValueError:
+            values.pop("seed")
+        # A value out of the schema's range is still used for this run, just not saved.
+        with contextlib.suppress(ValueError):
+            self.state.apply(values)
+
+    def _add_to_prompt(self, words_: str) -> None:
+        """Append a LoRA's trigger words to the prompt, after a comma."""
+        prompt = self.prompt.toPlainText().strip()
+        self.prompt.setPlainText(", ".join(part for part in (prompt, words_) if part))
+
+    def _clip_skip_for(self, architecture: str | None) -> None:
+        """Clip skip only where the model reads CLIP's hidden states (SD 1.x/2.x, SDXL)."""
+        from app.core.families.registry import family_of_architecture
+
+        family = family_of_architecture(architecture or "")
+        takes = family is None or family.takes_clip_skip
+        self.clip_skip.setEnabled(takes)
+        self.clip_skip.setToolTip(
+            FIELDS["clip_skip"].help
+            if takes
+            else f"{family.title if family else 'This model'} reads its prompt without CLIP's "
+            "layers: Clip skip does not apply."
+        )
+
+    # Model and size ---------------------------------------------------------------------------
+
+    def model_changed(self, model: ModelSummary | None) -> None:
+        """A model loaded (or none is): the input picture offers what it runs, clip skip is on
+        where it reads CLIP, and a newly loaded model starts at the size it was made for."""
+        if model is None:
+            self.size_hint.setText("")
+            self.pictures.set_model(None)
+            return
+        self.pictures.set_model(model)
+        self._clip_skip_for(model.architecture)
+        native = model.native_size
+        source = self.state.model_request.source if self.state.model_request else model.source
+        if native > 0 and source != self._sized_for:
+            # A newly loaded model starts at the size it was made for (a 128 px model asked
+            # for 512 px draws badly, slowly); the user's own change afterwards stands.
+            self._sized_for = source
+            self._size_by_user = False
+            self._set_size(native, native)
+            self.size_hint.setText(
+                f"Size set to {native}×{native} px, what this model was made for."
+            )
+            if self.pictures.images():
+                self._follow_picture(self.pictures.images()[0])
+        elif self.pictures.images() and not self._size_by_user:
+            return  # the size follows the input picture, and its hint says so
+        elif (
+            isinstance(native, int)
+            and native > 0
+            and (self.width_box.value(), self.height_box.value()) != (native, native)
+        ):
+            self.size_hint.setText(
+                f"This model was made for {native}×{native} px. "
+                f"<a href='{native}'>Use {native}×{native}</a>"
+            )
+        else:
+            self.size_hint.setText("")
+
+    def _use_native_size(self, link: str) -> None:
+        self.width_box.setValue(int(link))
+        self.height_box.setValue(int(link))
+        self.size_hint.setText("")
+
+    def _set_size(self, width: int, height: int) -> None:
+        """Set the size as the page's own choice (not the user's)."""
+        self._sizing = True
+        try:
+            self.width_box.setValue(width)
+            self.height_box.setValue(height)
+        finally:
+            self._sizing = False
+
+    def _size_edited(self, _value: int) -> None:
+        self.hires.set_first_size(self.width_box.value(), self.height_box.value())
+        if not self._sizing:
+            self._size_by_user = True
+
+    def _picture_changed(self, path: str) -> None:
+        """A new input picture: the size follows its proportions, at the model's size, unless
+        the user set the size."""
+        if not path or self._size_by_user:
+            return
+        self._follow_picture(path)
+
+    def _canvas_changed(self) -> None:
+        """The canvas extended or not: the size follows the picture as extended."""
+        images = self.pictures.images()
+        if images and not self._size_by_user:
+            self._follow_picture(images[0])
+
+    def _follow_picture(self, path: str) -> None:
+        model = self.state.model
+        native = model.native_size if model is not None and model.native_size > 0 else 0
+        native = native or max(self.width_box.value(), self.height_box.value())
+        try:
+            width, height = picture_size(path, native, extend=self.pictures.canvas().extend)
+        except HalfSafeError as error:
+            self._say(str(error))
+            return
+        self._set_size(width, height)
+        self.size_hint.setText(
+            f"Size set to {width}×{height} px: the input picture's proportions at "
+            + (f"this model's {native} px." if model is not None else f"{native} px.")
+        )
+
+
+def _multiple_of_8(value: int) -> int:
+    return max(64, int(round(value / 8) * 8))
