@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core.encoders.files import prompts
+from app.core.encoders import prompts
 from app.core.encoders.prompts import Fragment, chunk_prompt, parse_emphasis
 from app.core.encoders.tokenizers import clip_tokenizer
 from app.core.errors import HalfSafeError
