@@ -47,6 +47,17 @@ def layers_ran(own: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
     return True
 
 
+def ran_with(settings: Mapping[str, Any] | None, fix: Mapping[str, Any]) -> bool:
+    """Whether a job whose effective settings were `settings` ran with `fix`: each of its plain
+    settings as the fix sets it, and each layer it names in the job's list of that kind."""
+    if not settings:
+        return False
+    shared, own = split_fix(fix)
+    if any(settings.get(key) != value for key, value in shared.items()):
+        return False
+    return all(set(entries or ()) <= set(settings.get(key) or ()) for key, entries in own.items())
+
+
 def apply_fix(
     state: AppState,
     client: EngineClient,

@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 from app.core import paths
 from app.core.errors import HalfSafeError
 from app.core.files import write_atomic
+from app.core.fixing.remembered_fix import RememberedFix
 from app.core.generation.records import GenerationRequest, GenerationResult
 from app.core.images.pictures import check_strength
 from app.core.lora.request import LoraRequest
@@ -42,7 +43,7 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import layers_ran, remember_for_model, split_fix
+from app.ui.fixes import layers_ran, ran_with, remember_for_model, split_fix
 from app.ui.gallery import ENTRY
 from app.ui.generate_form import GENERATION_KEYS, GenerateForm
 from app.ui.image_entry import GalleryEntry, mode_words
@@ -515,6 +516,9 @@ class GenerateView(QWidget):
         the settings; its layer lists (that model's alone: `app.ui.fixes`) run with this job
         only, and are remembered for the model once the image comes out finite with them."""
         fix = dict(entry.fix or {})
+        remembered = self._remembered_since(entry)
+        if remembered is not None:
+            return self._regenerate_with_remembered(entry, remembered)
         shared, own = split_fix(fix)
         try:
             for key, value in own.items():
@@ -536,6 +540,32 @@ class GenerateView(QWidget):
         )
         job_id = self.submit(request, with_fix=own)
         self._fix_of_job[job_id] = dict(fix)
+        return job_id
+
+    def _remembered_since(self, entry: GalleryEntry) -> RememberedFix | None:
+        """The fix remembered for the loaded model when this image did not run with it (a
+        health check or an edit remembered it after the image was made) and it is not the
+        image's own: the model's next job runs with it anyway, so the image's older fix must
+        not be laid on top of it. None when the image ran with it (it did not keep this image
+        finite, so the image's fix is what is left to try) or there is none."""
+        model = self.state.model
+        remembered = model.remembered_fix if model is not None else None
+        if remembered is None or dict(remembered.settings) == dict(entry.fix or {}):
+            return None
+        return None if ran_with(entry.settings, remembered.settings) else remembered
+
+    def _regenerate_with_remembered(self, entry: GalleryEntry, remembered: RememberedFix) -> int:
+        request = {**self.request(), **entry.generate_values(), **entry.picture_values()}
+        if entry.seed is not None:
+            request["batch"] = 1
+        self.banner.show_message(
+            "info",
+            "<b>Making the same image again with the fix remembered for this model</b> ("
+            + html.escape(words.first_lower(words.fix_short(dict(remembered.settings))))
+            + "), which replaces the fix suggested when this image was made…",
+        )
+        job_id = self.submit(request)
+        self._fix_of_job[job_id] = dict(remembered.settings)
         return job_id
 
     def make_again(self, entry: GalleryEntry) -> int:

@@ -525,3 +525,57 @@ def test_layers_run_only_in_a_part_narrower_than_they_widen_it_to(settings, ran)
         settings.get("vae_precision", "auto") in ("auto",) and settings["precision"] == "fp16"
     )
     assert layers_ran({"clamp_modules": ["vae:a"]}, settings) is clamp_ran
+
+
+def _black_with_fix(view, engines, tmp_path, fix, ran):
+    """A generation whose image went NaN in the VAE with `fix` suggested, having run `ran`."""
+    view.generate()
+    job = engines.current.last_job("generate")
+    black = reports.image(
+        _png(tmp_path / "black.png", "black"), status="nan", component="vae", fix=fix
+    )
+    engines.current.finish(
+        job, reports.generation({"images": [black], "settings": ran, "seconds": 3.0})
+    )
+
+
+def _remember(view, settings):
+    from dataclasses import replace
+
+    from app.core.fixing.remembered_fix import RememberedFix
+
+    fix = RememberedFix(
+        settings=settings, summary="the VAE in bf16", verified_by="health check", saved_at=1.0
+    )
+    view.state.set_model(replace(view.state.model, remembered_fix=fix))
+
+
+def test_a_fix_remembered_since_the_image_is_run_instead_of_the_images_own(view, engines, tmp_path):
+    """The health check remembered a fix after the image was made: Apply fix and regenerate
+    runs the same image with that fix (which the model's jobs follow from now on), not with
+    the image's older suggestion laid on top of it."""
+    suggested = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    _black_with_fix(view, engines, tmp_path, suggested, {"precision": "fp16"})
+    _remember(view, {"vae_precision": "bf16"})
+    view.banner.buttons["Apply fix and regenerate"].click()
+    again = engines.current.last_job("generate")
+    assert list(again.params.precision.fp32_modules) == []
+    assert load_settings().settings["fp32_modules"] == []
+    text = view.banner.text.text()
+    assert "fix remembered for this model" in text and "VAE in bf16" in text
+
+
+def test_an_image_that_ran_with_the_remembered_fix_is_made_again_with_its_own_fix(
+    view, engines, tmp_path
+):
+    """The image went NaN although it ran with the remembered fix: what is left to try is the
+    fix its repair suggested, on top."""
+    suggested = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    _remember(view, {"vae_precision": "bf16"})
+    _black_with_fix(
+        view, engines, tmp_path, suggested, {"precision": "fp16", "vae_precision": "bf16"}
+    )
+    view.banner.buttons["Apply fix and regenerate"].click()
+    again = engines.current.last_job("generate")
+    assert list(again.params.precision.fp32_modules) == suggested["fp32_modules"]
+    assert "Fix applied" in view.banner.text.text()
