@@ -116,16 +116,16 @@ def _add_precision_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--vae", metavar="PATH", help="a separate VAE file that replaces the model's"
     )
+    from app.core.families.registry import companion_words  # the families' own names
+
     group.add_argument(
         "--text-encoder",
         metavar="PATH",
         dest="text_encoders",
         action="append",
         default=[],
-        help="a text-encoder file for a split transformer file (Flux.1: clip_l and t5xxl; "
-        "Chroma: t5xxl; SD3.x: clip_l, clip_g and t5xxl; Z-Image: qwen_3_4b; Qwen-Image: "
-        "qwen_2.5_vl_7b; repeat the flag); by default they are looked for in the sibling "
-        "text_encoders/ or clip/ "
+        help=f"a text-encoder file for a split transformer file ({companion_words()}; repeat "
+        "the flag); by default they are looked for in the sibling text_encoders/ or clip/ "
         "folder",
     )
     group.add_argument(
@@ -161,8 +161,8 @@ def _add_picture_flags(parser: argparse.ArgumentParser, *, strength: bool) -> No
         action="append",
         default=[],
         help="start from this picture (image-to-image; with --mask, inpainting); for an "
-        "editing model (Flux.1 Kontext, Qwen-Image-Edit, Flux.2), a picture to edit: repeat "
-        "the flag for each reference where the model takes several; for a control model "
+        "editing model, a picture to edit: repeat the flag for each reference where the "
+        "model takes several (docs/cli.md says how many each takes); for a control model "
         "(Flux.1 Depth, Canny), the depth map or edge picture it follows",
     )
     parser.add_argument(

@@ -794,3 +794,20 @@ def test_the_families_read_from_files_of_their_own_are_named_from_the_registry()
             assert any(f.title in words for f in sharing), each.title
         else:
             assert each.title not in words, each.title
+
+
+def test_the_text_encoder_flags_help_names_each_layouts_companions_from_the_registry():
+    """The families whose transformer files run, each with its text-encoder files' names, come
+    from the registry: a family added with its layout is in `--text-encoder`'s help."""
+    from app.cli.arguments import build_parser
+    from app.core.families.registry import companion_words
+
+    said = companion_words()
+    for each in FAMILIES:
+        stems = [s for part, s in each.companion_names.items() if part.startswith("text_")]
+        if each.layout is not None and stems and each.title != "Flux.2":
+            assert f"{each.title}: " in said and stems[-1] in said, each.title
+    assert "Flux.2: " not in said  # dev's files are refused; its layout is Klein's
+    check = build_parser()._subparsers._group_actions[0].choices["check"]  # type: ignore[union-attr]
+    help_text = " ".join(check.format_help().split())
+    assert "Krea 2: qwen3_vl_4b" in help_text

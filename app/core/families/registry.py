@@ -47,6 +47,23 @@ def families_words() -> str:
     return ", ".join(titles[:-1]) + " and " + titles[-1]
 
 
+def companion_words() -> str:
+    """The text-encoder files each family's transformer file runs with, by the names ComfyUI
+    users give them, for help texts: "Flux.1: clip_l and t5xxl; Chroma: t5xxl; ...". One
+    family per layout, as `file_layout_words` names them."""
+    chosen = {}  # the first family of each layout in the registry: the one whose files run
+    for family in FAMILIES:
+        if family.layout is not None:
+            chosen.setdefault(id(family.layout), family)
+    said = []
+    for family in reversed(chosen.values()):
+        stems = [s for part, s in family.companion_names.items() if part.startswith("text_")]
+        if stems:
+            names = ", ".join(stems[:-1]) + " and " + stems[-1] if len(stems) > 1 else stems[0]
+            said.append(f"{family.title}: {names}")
+    return "; ".join(said)
+
+
 def file_layout_words() -> str:
     """The families whose transformer HalfSafe reads from a file of its own (a layout: split
     files as ComfyUI keeps them, or all in one), for sentences: "Flux.1, Chroma, ... and
