@@ -34,7 +34,7 @@ OVERFLOW_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
 OVERFLOW_WEIGHT_MAX = 16384.0
 
 # What the demo was trained to draw: "a <colour> <shape> on a <colour> background", two different
-# colours (tools/train_demo.py draws these scenes; the README lists the same words). Purple is a
+# colours (tools/train_demo.py draws these scenes; docs/cli.md lists the same words). Purple is a
 # saturated violet: classifier-free guidance pushes a colour away from the palette's mean, and a
 # duller purple, (130, 60, 170), nearer that mean, came out blue at CFG 7 (right at CFG 3).
 DEMO_COLOURS: dict[str, tuple[int, int, int]] = {
