@@ -10,7 +10,7 @@ One responsibility per module, each importing only those before it:
   probe      one device described from what PyTorch, NVML and the OS report
   recommend  every precision setting resolved for a classified device, with its reason
   classify   assess: a device's classes from capability, quirks and self-test
-  self_test  a device's self-test cache key, cached verdict, and dtypes not worth testing
+  selftest_cache  a device's self-test cache key, cached verdict, and dtypes not worth testing
   devices    the devices PyTorch can use: listed, described, picked for a device setting
   report     hardware_report: every device assessed, with notes for the user
 
@@ -83,6 +83,6 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "device_entry",
             ],
             ".report": ["hardware_report"],
-            ".self_test": ["self_test_key", "self_test_skips"],
+            ".selftest_cache": ["self_test_key", "self_test_skips"],
         },
     )
