@@ -20,6 +20,7 @@ from app.cli.arguments import build_parser
 from app.cli.commands import COMMANDS
 from app.cli.exit_status import EXIT_CANNOT_RUN, EXIT_OK
 from app.core.errors import HalfSafeError
+from app.core.memory import free_large_blocks_promptly
 
 
 def quiet_libraries() -> None:
@@ -58,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Run one headless command; a HalfSafeError becomes one line on stderr and exit 2."""
+    free_large_blocks_promptly()  # a job's tensors leave no resident holes behind
     try:
         return COMMANDS[args.command](args)
     except HalfSafeError as error:

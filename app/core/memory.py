@@ -97,6 +97,36 @@ def _release_cached_memory() -> None:
         mps.empty_cache()
 
 
+# glibc's malloc gives a block below its mmap threshold from its heaps and keeps the pages of a
+# freed one for reuse. The threshold starts at 128 KiB but rises, each time a larger mapped
+# block is freed, up to 32 MiB: after a job's first layers every tensor up to 32 MiB comes from
+# the heaps, and the holes freed tensors leave there stay resident. A check that widens an SDXL
+# UNet's layers to fp32 one at a time thus peaked 0.3-0.5 GiB higher than with the threshold held
+# at its start (`docs/benchmarks.md`, whole jobs). Held there, each freed tensor's pages go back
+# to the system at once; the cost is the page faults of touching fresh pages again.
+HEAP_MMAP_THRESHOLD = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
+
+
+def free_large_blocks_promptly() -> bool:
+    """Have the C library hand each freed block of `HEAP_MMAP_THRESHOLD` bytes or more back to
+    the system at once, for the rest of the process (a job's process: the command line's, the
+    engine's). Only glibc needs telling: macOS's and Windows' allocators give large blocks
+    back by themselves, as does musl. Returns whether the setting took."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt(_M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD) == 1
+
+
 def _gb(count: int) -> str:
     return f"{count / 2**30:.1f} GB" if count >= 2**30 / 10 else f"{count / 2**20:,.0f} MB"
 

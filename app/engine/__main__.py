@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 
+from app.core.memory import free_large_blocks_promptly
 from app.engine.events import HEARTBEAT_S, ProtocolError, read_message, write_message
 from app.engine.jobs import HANDLERS
 from app.engine.server import Engine
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout = sys.stderr
     protocol_in = sys.stdin.buffer
     faulthandler.enable(sys.stderr)
+    free_large_blocks_promptly()  # a job's tensors leave no resident holes behind
 
     handlers = dict(HANDLERS)
     for module_name in args.handlers:
