@@ -125,3 +125,36 @@ def test_a_copy_in_another_dtype_is_made_tensor_by_tensor(monkeypatch):
     assert sum(copied) == 0
     assert placed.placed_bytes == _bytes_in(pipeline, "unet", 2)
     assert "vae" not in placed and "text_encoder" not in placed
+
+
+@pytest.mark.parametrize("fault", ["unet_ff", "vae"])
+def test_the_fp32_reference_computes_from_the_stored_weights_without_a_copy(monkeypatch, fault):
+    """A model stored in fp16 fails; its check's fp32 reference holds the failing component's
+    stored bytes (each layer widened as it runs), not an fp32 copy twice their size, budget or
+    no budget: the copy bought a few runs' speed for 10 bytes per weight on the device."""
+    pipeline = plant(build_tiny_sd_pipeline(), fault).to(torch.float16)
+    component = "unet" if fault == "unet_ff" else "vae"
+    stored = _bytes_in(pipeline, component, 2)
+    held_by_reference: list[int] = []
+    apply = placement.PlacedPipeline.apply
+
+    def recording(self, plan, components=None):
+        apply(self, plan, components)
+        if plan.compute_in_place and component in self._bytes:
+            held_by_reference.append(self._bytes[component])
+
+    monkeypatch.setattr(placement.PlacedPipeline, "apply", recording)
+    report = health.check_loaded(
+        loaded(pipeline, f"reference-{fault}"),
+        precision=FP16,
+        device="cpu",
+        size=64,
+        remember=False,
+        measure_cost=False,
+    )
+    assert report.verdict == "fixable"
+    assert report.fix is not None and report.fix.verified
+    assert held_by_reference, "the check ran no fp32 reference of the failing component"
+    assert max(held_by_reference) <= stored * 1.01, (held_by_reference, stored)
+    # The budget (the test-fixed free RAM, ample) had nothing to do with it: not recorded so.
+    assert report.to_json()["memory"]["computed_in_place"] == []

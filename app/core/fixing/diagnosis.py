@@ -205,9 +205,12 @@ def no_half(plan: PrecisionPlan) -> PrecisionPlan:
 
 def fp32_reference(plan: PrecisionPlan) -> PrecisionPlan:
     """The reference a fix is judged against: everything fp32, full-precision sums, attention
-    upcast, TF32 off (TF32 keeps 10 mantissa bits: not a reference), no autocast."""
+    upcast, TF32 off (TF32 keeps 10 mantissa bits: not a reference), no autocast; each
+    component stored narrower computes in fp32 from its stored weights layer by layer (a cast
+    to fp32 is exact: the same numbers as an fp32 copy, without holding one)."""
     return replace(
         no_half(plan),
+        compute_in_place=True,
         upcast_attention=True,
         autocast=False,
         allow_tf32=False,

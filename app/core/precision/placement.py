@@ -319,7 +319,8 @@ def _form(source, plan: PrecisionPlan, name: str):
     dtype = plan.dtypes[name]
     islands = plan.islands(name)
     clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
-    stored = _narrower_storage(source, torch_dtype(dtype), plan.memory_budget_mb)
+    budget = 0.0 if plan.compute_in_place else plan.memory_budget_mb
+    stored = _narrower_storage(source, torch_dtype(dtype), budget)
     if islands or clamps:
         stored = None
     storage = stored or torch_dtype(dtype)
@@ -413,9 +414,10 @@ class PlacedPipeline:
                         copy_always=bool(islands or clamps or stored or tiled),
                         islands=islands,
                     )
-                if stored is not None:  # over the budget wider: the stored weights, computed wider
+                if stored is not None:  # the stored weights, computed wider
                     _compute_in(module, torch_dtype(dtype))
-                    self.computed_in_place.add(name)
+                    if not plan.compute_in_place:  # the budget's doing, not the reference's
+                        self.computed_in_place.add(name)
                 t5 = name in plan.t5_feed_forward
                 _make_islands(
                     module,

@@ -92,6 +92,10 @@ class PrecisionPlan:
     # Where the budget came from: "setting" (`max_vram_gb`), "free memory" (a CUDA GPU's),
     # "free RAM" (the computer's, for a CPU or an Apple GPU), None for no budget.
     memory_budget_from: str | None = None
+    # Whether every component wider than its stored weights computes from them layer by layer
+    # whatever the budget, as one over the budget does: the check's fp32 reference, a few runs
+    # that a wider copy (twice an fp16 denoiser's bytes) would hold the device for.
+    compute_in_place: bool = False
     # Whether the VAE decodes in tiles: "on" or "off" once a job has resolved it for its
     # picture size (`tiling.resolve`), "auto" until then (the setting).
     vae_tiling: str = "auto"
