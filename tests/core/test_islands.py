@@ -436,3 +436,20 @@ def test_a_candidate_that_fails_to_run_is_dropped_with_a_note(no_native_bf16, mo
     (note,) = [n for n in report.notes if "failed to run" in n]
     assert note.startswith("Keep 1 UNet layer in fp32 failed to run (RuntimeError: ")
     assert note.endswith("not a fix.")
+
+
+def test_a_fix_of_the_denoiser_is_said_with_the_denoiser_the_model_has():
+    """The denoiser setting governs a UNet or a DiT's transformer (DESIGN.md): a candidate
+    says the one its model has, from the components its plan places."""
+    from app.core.precision import PrecisionPlan
+    from app.core.precision.words import fix_words
+
+    settings = {"unet_precision": "bf16", "vae_precision": "fp32"}
+    dit = PrecisionPlan(device="cpu", dtypes={"transformer": "bf16", "vae": "fp32"})
+    sd = PrecisionPlan(device="cpu", dtypes={"unet": "bf16", "vae": "fp32"})
+    assert diagnosis.FixCandidate(dit, settings).words == (
+        "run the transformer in bf16; run the VAE in fp32"
+    )
+    assert diagnosis.FixCandidate(sd, settings).words == "run the UNet in bf16; run the VAE in fp32"
+    # Where the model is not known, the first kind of component that setting governs.
+    assert fix_words(settings) == "run the UNet in bf16; run the VAE in fp32"

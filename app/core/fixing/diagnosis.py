@@ -256,7 +256,7 @@ class FixCandidate:
     def words(self) -> str:
         from app.core.precision.words import fix_words
 
-        return fix_words(self.settings)
+        return fix_words(self.settings, self.plan.dtypes)
 
 
 def _is_attention(module_name: str | None, component_module) -> bool:
