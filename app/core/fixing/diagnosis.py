@@ -210,7 +210,7 @@ def fp32_reference(plan: PrecisionPlan) -> PrecisionPlan:
     to fp32 is exact: the same numbers as an fp32 copy, without holding one)."""
     return replace(
         no_half(plan),
-        compute_in_place=True,
+        reference=True,
         upcast_attention=True,
         autocast=False,
         allow_tf32=False,

@@ -119,12 +119,12 @@ _LAYER_LISTS = {"fp32_modules": "fp32", "bf16_modules": "bf16", "clamp_modules":
 _REDUCED = ("fp16_accumulation", "fp16_reduced_precision_reduction", "attention_reduced_precision")
 
 
-def fix_words(settings: Mapping[str, Any] | None, parts: Collection[str] = ()) -> str:
+def fix_words(settings: Mapping[str, Any] | None, components: Collection[str] = ()) -> str:
     """What a fix does, from its settings: the one way a fix is said, by the check's candidates,
     its report, the Fixes page and the Models page alike, with the layer counts `dtype_words`
     uses for the same state. {'fp32_modules': ['vae:a', 'vae:b']} -> 'keep 2 VAE layers in
-    fp32'; {'vae_precision': 'fp32'} -> 'run the VAE in fp32'; '' for no settings. `parts`,
-    the model's components where they are known, name a setting shared by several kinds of
+    fp32'; {'vae_precision': 'fp32'} -> 'run the VAE in fp32'; '' for no settings.
+    `components`, the model's where they are known, name a setting shared by several kinds of
     component by the one the model has ({'unet_precision': 'bf16'} runs a Flux model's
     transformer, not a UNet); else by the first kind."""
     from app.core.components import COMPONENTS
@@ -133,7 +133,7 @@ def fix_words(settings: Mapping[str, Any] | None, parts: Collection[str] = ()) -
     settings = settings or {}
     precision_words: dict[str, str] = {}
     for component in COMPONENTS.values():
-        if component.part_of is None and component.name in parts:
+        if component.part_of is None and component.name in components:
             precision_words.setdefault(component.setting, component.words)
     for component in COMPONENTS.values():
         if component.part_of is None:
