@@ -247,7 +247,8 @@ class FixesView(QWidget):
                     parts.append(_para("How well it worked", quality))
         else:
             fix = stored.fix
-            parts.append(_para("Fix", words.fix_short(fix.settings) or fix.summary, bold=True))
+            said = words.fix_short(fix.settings, self._components_of(row))
+            parts.append(_para("Fix", said or fix.summary, bold=True))
             parts.extend(self._fix_parts(row, fix.settings))
             at = self._at_words(fix.proved_at())
             parts.append(
@@ -262,6 +263,7 @@ class FixesView(QWidget):
             parts.append(_para("How well it worked", _fix_quality(fix)))
             # The sentence it was saved with, unless it only lists the settings said above.
             if fix.summary and fix.summary not in (
+                said,
                 words.fix_short(fix.settings),
                 words.settings_listed(fix.settings),
             ):
@@ -273,6 +275,13 @@ class FixesView(QWidget):
         else:
             parts.append(_para("Last check", "none kept for this model on this device."))
         return "".join(parts)
+
+    def _components_of(self, row: LearnedRow) -> tuple[str, ...]:
+        """The row's model's components where it is the loaded model (they say its fixes: a
+        transformer's, not a UNet's), else none known."""
+        model = self.state.model
+        mine = model is not None and model.profile_key == row.profile_key
+        return tuple(model.components) if model is not None and mine else ()
 
     def _fix_parts(self, row: LearnedRow, settings: Mapping[str, Any]) -> list[str]:
         """Which components a fix is about, what they do, each layer list by name, and the

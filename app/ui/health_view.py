@@ -691,7 +691,7 @@ class HealthView(QWidget):
                 self.state,
                 self.client,
                 settings,
-                words.fix_short(settings),
+                words.fix_short(settings, tuple(self.report.components) if self.report else ()),
                 on_failed=self.dialogs.job_failed,
                 made_at=self.report.plan.dtype_settings() if self.report is not None else None,
             )

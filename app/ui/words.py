@@ -298,13 +298,14 @@ def settings_listed(settings: Mapping[str, Any] | None) -> str:
     return "; ".join(f"{setting_label(k)}: {setting_value(k, v)}" for k, v in settings.items())
 
 
-def fix_short(settings: Mapping[str, Any] | None) -> str:
+def fix_short(settings: Mapping[str, Any] | None, components: Sequence[str] = ()) -> str:
     """What a fix does, short enough for a table cell, in the one words a fix is said with
     (`precision.words.fix_words`): {'fp32_modules': ['vae:a', 'vae:b']} -> 'Keep 2 VAE layers
-    in fp32'; {'vae_precision': 'fp32'} -> 'Run the VAE in fp32'."""
+    in fp32'; {'vae_precision': 'fp32'} -> 'Run the VAE in fp32'. `components`, the model's
+    where known, say the denoiser it has ('Run the transformer in bf16')."""
     from app.core.precision.words import fix_words
 
-    return first_upper(fix_words(settings))
+    return first_upper(fix_words(settings, components))
 
 
 def precision_summary(

@@ -145,3 +145,11 @@ def test_a_fix_is_said_one_way_by_the_check_the_pages_and_the_state_it_leaves():
     assert candidate.words == "keep 2 VAE layers in fp32"
     assert fix_short(settings) == "Keep 2 VAE layers in fp32"
     assert plan_words(plan) == "fp16, with 2 VAE layers in fp32"
+
+
+def test_a_fix_is_said_with_the_denoiser_the_model_has():
+    settings = {"unet_precision": "bf16"}
+    assert words.fix_short(settings, ("text_encoder", "transformer", "vae")) == (
+        "Run the transformer in bf16"
+    )
+    assert words.fix_short(settings, ("text_encoder", "unet", "vae")) == "Run the UNet in bf16"
