@@ -73,14 +73,3 @@ def only_placed_components_run(monkeypatch):
     monkeypatch.setattr(placement.PlacedPipeline, "release", guarded_release)
     yield
     unguard()
-
-
-@pytest.fixture
-def gpu_like_placement(monkeypatch):
-    """Jobs place their parts as on a GPU: a copy in a wider dtype wherever the memory budget
-    has room for it, where a job on a CPU computes such a part from its stored weights
-    (`resolve.computes_in_model_memory`). The budget makes the same plan on a CPU as on a GPU
-    otherwise, so the GPU's branch runs here too."""
-    from app.core.precision import resolve
-
-    monkeypatch.setattr(resolve, "computes_in_model_memory", lambda device: False)

@@ -87,7 +87,7 @@ def test_a_part_within_the_budget_or_stored_as_wide_is_placed_as_before():
 @pytest.mark.parametrize("streamed", [False, True], ids=["in-place", "streamed"])
 @pytest.mark.parametrize(("fault", "component"), [("unet_ff", "unet"), ("vae", "vae")])
 def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
-    fault, component, streamed, monkeypatch, gpu_like_placement
+    fault, component, streamed, monkeypatch
 ):
     most: dict[str, int] = {}  # the most each component's copy held on the device
     apply = placement.PlacedPipeline.apply
@@ -183,9 +183,7 @@ def test_a_generation_under_a_budget_makes_the_same_image(tmp_path):
         assert np.array_equal(np.asarray(images[0].image), np.asarray(image.image))
 
 
-def test_a_generation_records_how_its_parts_were_held_in_its_json_and_png(
-    tmp_path, gpu_like_placement
-):
+def test_a_generation_records_how_its_parts_were_held_in_its_json_and_png(tmp_path):
     """Computed in place under one budget, streamed under a smaller one, held whole under the
     computer's ample free RAM: the result's `memory` and the PNG's Memory budget, Streamed and
     Computed in place keys say so."""

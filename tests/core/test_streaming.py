@@ -207,62 +207,50 @@ def test_host_bytes_count_each_tensor_once_at_its_stored_bytes():
     assert streaming.host_bytes([pipeline.unet, pipeline.unet]) == unet
 
 
-def _check_half_stored_unet_fault(tag: str, stages: list | None = None):
-    return health.check_loaded(
-        loaded(_half_stored("unet_ff"), tag),
-        precision=PrecisionSettings(precision="fp16"),
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
-        on_progress=(lambda stage, done, total: stages.append(stage))
-        if stages is not None
-        else None,
-    )
-
-
-def test_a_cpu_job_computes_wider_parts_from_their_stored_weights_whatever_ram_is_free(
-    monkeypatch,
-):
-    """On a CPU the RAM that holds the loaded model is the device: a part planned wider than
-    it is stored (a bf16 or fp32 fix candidate of an fp16 UNet) computes from its stored
-    weights layer by layer, however much RAM is free, and the check finds what a job making
-    copies (a GPU's, with room) finds: the same layer, the same fix."""
+def test_a_cpu_job_whose_wider_copy_would_not_fit_the_free_ram_computes_in_place(monkeypatch):
+    """With no budget set, a wider copy of an fp16 UNet on a CPU (a fix candidate's fp32 UNet;
+    the fp32 reference never makes one) is made only where the computer has the RAM for it
+    beside the model; else the UNet computes in fp32 from its fp16 weights, and the check finds
+    the same as with the copy. A copy is made where it fits because computing in place costs
+    time on a CPU (`docs/benchmarks.md`: 1.8x a UNet call at 256 px)."""
     pipeline = _half_stored()
     held = streaming.host_bytes([pipeline.text_encoder, pipeline.unet, pipeline.vae])
     wide = sum(t.numel() * 4 for t in pipeline.unet.parameters())
-    _ram(monkeypatch, (held + 100 * wide) / 2**30, 16)  # ample
-    stages: list[object] = []
-    on_cpu = _check_half_stored_unet_fault("ram-cpu", stages)
-    assert on_cpu.plan.compute_in_place
-    memory = on_cpu.memory
-    assert memory["budget_from"] == "free RAM"
-    assert "unet" in memory["computed_in_place"]
-    # The stored bytes and a candidate's few wider layers: never a second UNet beside it.
-    assert memory["peak_placed_mb"] < 0.6 * wide / 2**20
-    said = [s for s in stages if isinstance(s, Headline) and s.startswith("Memory budget")]
-    assert said == []  # the job's own plan (fp16) widens nothing: nothing to say before it
-
-    from app.core.precision import resolve
-
-    monkeypatch.setattr(resolve, "computes_in_model_memory", lambda device: False)
-    copies = _check_half_stored_unet_fault("ram-copies")
-    assert not copies.plan.compute_in_place
-    assert copies.memory["computed_in_place"] == []
-    assert copies.memory["peak_placed_mb"] > memory["peak_placed_mb"]
-    cpu, gpu_like = on_cpu.to_json(), copies.to_json()
-    assert cpu["verdict"] == gpu_like["verdict"] == "fixable"
-    bad = [c["components"]["unet"]["first_bad_module"] for c in (cpu, gpu_like)]
+    # No reserve and no minimum, so the tiny model meets the budget as a real one would.
+    monkeypatch.setattr(streaming, "RESERVE_MIN_MB", 0.0)
+    monkeypatch.setattr(streaming, "RESERVE_SHARE", 0.0)
+    monkeypatch.setattr(streaming, "BUDGET_MIN_MB", 0.0)
+    gib = 2**30
+    reports = {}
+    for room in ("ample", "short"):
+        extra = 100 * wide if room == "ample" else wide // 2
+        _ram(monkeypatch, (held + extra) / gib, 16)
+        stages: list[object] = []
+        reports[room] = health.check_loaded(
+            loaded(_half_stored("unet_ff"), f"ram-{room}"),
+            precision=PrecisionSettings(precision="fp16"),
+            device="cpu",
+            size=64,
+            remember=False,
+            measure_cost=False,
+            on_progress=lambda stage, done, total, said=stages: said.append(stage),
+        )
+        memory = reports[room].memory
+        assert memory["budget_from"] == "free RAM"
+        assert memory["budget_mb"] == pytest.approx(extra / 2**20, abs=0.01)
+        said = [s for s in stages if isinstance(s, Headline) and s.startswith("Memory budget")]
+        if room == "short":
+            assert "unet" in memory["computed_in_place"]
+            assert memory["peak_placed_mb"] < wide / 2**20
+        else:
+            assert not memory["computed_in_place"] and not said
+    short, ample = reports["short"].to_json(), reports["ample"].to_json()
+    assert short["verdict"] == ample["verdict"] == "fixable"
+    bad = [
+        c["first_bad_module"] for c in (short["components"]["unet"], ample["components"]["unet"])
+    ]
     assert bad[0] == bad[1] is not None
-    assert cpu["fix"]["summary"] == gpu_like["fix"]["summary"]
-
-
-def test_only_a_cpu_computes_in_the_memory_that_holds_the_model():
-    from app.core.precision import resolve
-
-    assert resolve.computes_in_model_memory("cpu")
-    for device in ("cuda", "cuda:1", "mps", "xpu"):
-        assert not resolve.computes_in_model_memory(device)
+    assert short["fix"]["summary"] == ample["fix"]["summary"]
 
 
 def test_a_dropped_streamed_copy_frees_what_it_placed_at_once():

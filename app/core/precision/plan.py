@@ -92,15 +92,11 @@ class PrecisionPlan:
     # Where the budget came from: "setting" (`max_vram_gb`), "free memory" (a CUDA GPU's),
     # "free RAM" (the computer's, for a CPU or an Apple GPU), None for no budget.
     memory_budget_from: str | None = None
-    # Whether every component planned in another dtype at least as wide as its stored weights
-    # (fp32 or bf16 from fp16) computes from them layer by layer whatever the budget, as one
-    # over the budget does: every job on a CPU, whose RAM holds the loaded model (a copy there
-    # is the component twice). A cast to a wider dtype is exact, and one to a dtype as wide is
-    # the copy's own: the numbers are a copy's.
-    compute_in_place: bool = False
     # Whether this is the fp32 reference a fix is judged against (`diagnosis.fp32_reference`):
-    # it computes in place too, on any device (a few runs, for which a copy would hold twice
-    # an fp16 denoiser's bytes), and how it held its parts is not the job's to record.
+    # each component stored narrower computes in fp32 from its stored weights layer by layer,
+    # budget or not (a few runs, for which a copy would hold twice an fp16 denoiser's bytes;
+    # a cast to fp32 is exact: the numbers are a copy's), and how it held its parts is not the
+    # job's to record.
     reference: bool = False
     # Whether the VAE decodes in tiles: "on" or "off" once a job has resolved it for its
     # picture size (`tiling.resolve`), "auto" until then (the setting).

@@ -231,17 +231,8 @@ def resolve_plan(
         remembered_held=_held(remembered, user),
         memory_budget_mb=budget,
         memory_budget_from=budget_from,
-        compute_in_place=computes_in_model_memory(device_str),
         vae_tiling=str(user.get("vae_tiling") or "auto"),
     )
-
-
-def computes_in_model_memory(device: str) -> bool:
-    """Whether a job on `device` computes in the memory that holds the loaded model: a CPU's
-    RAM. Its plan then computes each part wider than stored from the stored weights (see
-    `PrecisionPlan.compute_in_place`). An Apple GPU shares that memory too, but its copy of a
-    part is the one it computes from: a different dtype costs no more than the same one."""
-    return device.split(":")[0] == "cpu"
 
 
 def _held(remembered: Mapping[str, Any] | None, user: Mapping[str, Any]) -> tuple[str, ...]:
