@@ -131,10 +131,13 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
     assert tight_memory["budget_mb"] == pytest.approx(budget_gb * 1024)
     assert tight_memory["computed_in_place"] == [component]
     if not streamed:
-        # The failing part's fp32 reference held its stored fp16 bytes, not a copy twice as big
-        # (a candidate with fp32 layers may hold a little more: those layers' own copies).
-        assert tight_held[component] < free_held[component] * 0.6
-        assert tight_memory["peak_placed_mb"] < free_memory["peak_placed_mb"] or component == "vae"
+        # A check is a fix search: budget or not, the failing part's fp32 reference and its
+        # wider candidates held its stored fp16 bytes, never a copy twice as big (a candidate
+        # with fp32 layers holds a little more: those layers' own copies, a large share of
+        # this tiny model where the fixes are fp32).
+        stored = sum(t.numel() * 2 for t in getattr(_half_stored(), component).parameters())
+        assert free_held[component] <= stored * 1.25
+        assert tight_held[component] <= stored * 1.25
         return
     # Streamed: every part held its resident layers and one block, less than the whole (the
     # tiny text encoder is mostly its token embedding, which stays).

@@ -5,6 +5,7 @@ fp32 reference."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from app.core.fixing import diagnosis
@@ -108,9 +109,11 @@ class Probes(Stages):
     def part_output(self, component: str, plan: PrecisionPlan, outcome: Outcome) -> Any:
         """The failing part's output under `plan`, on the inputs it failed with: the decoded
         pixels, one UNet call on the kept input, the picture's latents, or the prompt's
-        embeddings (None when no
-        input was kept to re-run)."""
+        embeddings (None when no input was kept to re-run). A search's run: the part computes
+        from its stored weights (`PrecisionPlan.compute_in_place`)."""
         import torch
+
+        plan = replace(plan, compute_in_place=True)
 
         if component == "vae":
             return torch.from_numpy(self.decode(plan, outcome.latents)[0])

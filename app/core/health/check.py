@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
@@ -121,6 +121,8 @@ def check_loaded(
     pictures = read_pictures(images, mask, size, size, references, control, canvas)
     start = _start(model, precision, device, use_remembered)
     start.plan = tiling.resolve(start.plan, getattr(model.pipeline, "vae", None), size, size)
+    # A check is a fix search: every plan it runs holds the stored weights, never a wider copy.
+    start.plan = replace(start.plan, compute_in_place=True)
     if problem is not None and (
         control or family.picture_problem(model.pipeline, Mode.INPAINT) is None
     ):  # an inpainting (Fill among them) or control model, checked without its picture

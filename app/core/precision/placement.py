@@ -236,11 +236,12 @@ def _compute_in_hook():
     return ComputeIn
 
 
-def _kept_as_stored(source, dtype, budget_mb: float | None):
-    """The dtype `source` is stored in, where it is narrower than `dtype` and `source` in
-    `dtype` would take more than `budget_mb`: it keeps its stored weights and computes in
-    `dtype` layer by layer. Else None: placed in `dtype` as usual. Weights kept as their file
-    stores them (fp8, GGUF) cost their stored bytes in any dtype: only the others would widen."""
+def _kept_as_stored(source, dtype, budget_mb: float | None, as_wide: bool = False):
+    """The dtype `source` is stored in, where it is narrower than `dtype` (or, `as_wide`, a
+    different dtype of the same width: fp16 for bf16) and `source` in `dtype` would take more
+    than `budget_mb`: it keeps its stored weights and computes in `dtype` layer by layer. Else
+    None: placed in `dtype` as usual. Weights kept as their file stores them (fp8, GGUF) cost
+    their stored bytes in any dtype: only the others would widen."""
     from app.core.checkpoint.stored import StoredTensor, stored_bytes
 
     if budget_mb is None:
@@ -249,7 +250,9 @@ def _kept_as_stored(source, dtype, budget_mb: float | None):
     if not floats:
         return None
     stored = floats[0].dtype
-    if any(t.dtype != stored for t in floats) or stored.itemsize >= dtype.itemsize:
+    if any(t.dtype != stored for t in floats) or stored == dtype:
+        return None
+    if stored.itemsize > dtype.itemsize or (stored.itemsize == dtype.itemsize and not as_wide):
         return None
     widening = [t for t in floats if not isinstance(t, StoredTensor)]
     kept = sum(stored_bytes(t) for t in floats if isinstance(t, StoredTensor))
@@ -314,14 +317,18 @@ def memory_plan(pipeline, plan: PrecisionPlan) -> list[PartMemory]:
 
 
 def _form(source, plan: PrecisionPlan, name: str):
-    """The dtype `name`'s floating tensors are held in under `plan` (its own, or the narrower
-    one it is stored in where the wider copy would not fit the budget, or the plan is the fp32
-    reference) and whether it streams."""
+    """The dtype `name`'s floating tensors are held in under `plan` (its own, or the one it is
+    stored in where a copy in its own would not fit the budget or the plan computes in place)
+    and whether it streams."""
+    import torch
+
     dtype = plan.dtypes[name]
     islands = plan.islands(name)
     clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
-    budget = 0.0 if plan.reference else plan.memory_budget_mb
-    stored = _kept_as_stored(source, torch_dtype(dtype), budget)
+    in_place = plan.compute_in_place or plan.reference
+    budget = 0.0 if in_place else plan.memory_budget_mb
+    beside = in_place and next(source.parameters()).device == torch.device(plan.device)
+    stored = _kept_as_stored(source, torch_dtype(dtype), budget, as_wide=beside)
     if islands or clamps:
         stored = None
     storage = stored or torch_dtype(dtype)
@@ -349,8 +356,8 @@ class PlacedPipeline:
         self._bytes: dict[str, int] = {}
         self.peak_bytes = 0
         # The components placed at some point in their stored dtype, computing wider layer by
-        # layer because the wider copy would not fit the plan's memory budget (the fp32
-        # reference, which always computes so, is not counted).
+        # layer because the wider copy would not fit the plan's memory budget (a fix search's
+        # and the fp32 reference's, which always compute so, are not counted).
         self.computed_in_place: set[str] = set()
         # The components streamed block by block at some point, because even as stored they
         # would not fit the budget whole (the last streaming of each).
@@ -418,8 +425,9 @@ class PlacedPipeline:
                     )
                 if stored is not None:  # the stored weights, computed wider
                     _compute_in(module, torch_dtype(dtype))
-                    if not plan.reference:  # the job's own way of holding it
-                        self.computed_in_place.add(name)
+                    budget = plan.memory_budget_mb
+                    if _kept_as_stored(source, torch_dtype(dtype), budget) is not None:
+                        self.computed_in_place.add(name)  # the budget's doing, not a search's
                 t5 = name in plan.t5_feed_forward
                 _make_islands(
                     module,

@@ -92,6 +92,15 @@ class PrecisionPlan:
     # Where the budget came from: "setting" (`max_vram_gb`), "free memory" (a CUDA GPU's),
     # "free RAM" (the computer's, for a CPU or an Apple GPU), None for no budget.
     memory_budget_from: str | None = None
+    # Whether this plan is one of a fix search's (a check's runs, a generation's search for a
+    # repair): each component planned wider than it is stored computes from its stored weights
+    # layer by layer, budget or not, and so does one planned in another dtype as wide where its
+    # loaded weights already sit on the device (a CPU's RAM, where such a copy is the part
+    # again). The numbers are a copy's (a cast to a wider dtype is exact, one to a dtype as
+    # wide is the copy's own); a search then holds the model's stored bytes and one layer's
+    # wider copy, whichever fix it tries, and the fix it chooses runs as a copy where the
+    # budget has room (a copy computes faster: `docs/benchmarks.md`).
+    compute_in_place: bool = False
     # Whether this is the fp32 reference a fix is judged against (`diagnosis.fp32_reference`):
     # each component stored narrower computes in fp32 from its stored weights layer by layer,
     # budget or not (a few runs, for which a copy would hold twice an fp16 denoiser's bytes;
