@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, Qt
-from PySide6.QtGui import QColor, QImage, QKeySequence, QScreen
+from PySide6.QtGui import QColor, QImage, QKeySequence, QMouseEvent, QScreen
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QDialogButtonBox, QProxyStyle, QPushButton, QStyle
 
@@ -628,10 +628,20 @@ def test_the_outline_shows_where_a_soft_dab_fades_and_ends_at_any_zoom(qtbot, tm
 
     canvas.leaveEvent(QEvent(QEvent.Type.Leave))
     bare = canvas.grab().toImage()
-    # From a point beside it: a move to where the pointer already was (the click) may send no
-    # event at all, and the outline would not come back.
-    QTest.mouseMove(canvas, centre + QPoint(3, 0))
-    QTest.mouseMove(canvas, centre)
+    # The move is sent to the canvas itself: QTest's goes through the window system, which
+    # may send no event for a move to where the pointer already was (the click), and then the
+    # outline would not come back (it failed so in parallel runs).
+    QApplication.sendEvent(
+        canvas,
+        QMouseEvent(
+            QEvent.Type.MouseMove,
+            QPointF(centre),
+            QPointF(canvas.mapToGlobal(centre)),
+            Qt.MouseButton.NoButton,
+            Qt.MouseButton.NoButton,
+            Qt.KeyboardModifier.NoModifier,
+        ),
+    )
     soft = canvas.grab().toImage()
     dialog.hardness.setValue(100)
     hard = canvas.grab().toImage()
