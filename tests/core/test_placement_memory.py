@@ -11,7 +11,7 @@ import torch
 from app.core import generation, health
 from app.core.precision import PrecisionPlan, placement
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import loaded, plant
+from tests.core.test_health import FF_LAYER, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
@@ -189,3 +189,41 @@ def test_a_generations_fix_search_holds_the_stored_weights_and_its_fix_runs_as_a
     assert max(searched) <= stored * 1.25, (searched, stored)
     # The run that made the image with the fix is placed as any job is, not the search's way.
     assert held[-1][0] is False, held
+
+
+def test_an_island_in_a_part_computing_from_its_stored_weights_holds_its_layer_alone():
+    """A transformer stored in bf16, checked in fp16: a candidate's fp32 island and fp16
+    clamps compute beside the stored weights, as a whole fp16 copy would (the same numbers,
+    bit for bit), holding the island's fp32 weights and nothing else of their own: a copy held
+    the part twice (a Flux-width bf16 transformer's failing check took 8.4 GiB for a 3.6 GiB
+    file)."""
+    pipeline = build_tiny_sd_pipeline().to(torch.bfloat16)
+    unet = pipeline.unet
+    island, clamped = FF_LAYER, "up_blocks.0.resnets.0"
+    stored = _bytes_in(pipeline, "unet", 2)
+    inputs = (
+        torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1)),
+        torch.tensor(10),
+        torch.randn(1, 77, unet.config.cross_attention_dim, generator=torch.Generator()),
+    )
+    outputs, held = {}, {}
+    for in_place in (False, True):
+        plan = PrecisionPlan(
+            device="cpu",
+            dtypes={"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"},
+            modules={"unet": {island: "fp32"}},
+            clamps={"unet": (clamped,)},
+            compute_in_place=in_place,
+        )
+        placed = placement.PlacedPipeline(pipeline, plan, components=["unet"])
+        with torch.no_grad():
+            outputs[in_place] = placed["unet"](*inputs).sample
+        held[in_place] = placement.tensor_bytes(placed["unet"], shared_with=unet)
+        assert placed["unet"].get_submodule(island).weight.dtype == torch.float32
+    island_bytes = sum(p.numel() * 4 for p in unet.get_submodule(island).parameters())
+    assert outputs[True].dtype == outputs[False].dtype == torch.float16
+    assert torch.equal(outputs[True], outputs[False])
+    assert held[True] == island_bytes
+    assert held[False] > stored  # the copy: the whole UNet again in fp16, and the island
+    for parameter in unet.parameters():  # the loaded model is as it was
+        assert parameter.dtype == torch.bfloat16

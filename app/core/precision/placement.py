@@ -62,7 +62,7 @@ def _add_cast_hooks(module) -> None:
             )
 
 
-def _make_islands(module, islands: Mapping[str, str], guard: bool = True) -> None:
+def _make_islands(module, islands: Mapping[str, str], guard: bool = True, computes_in=None) -> None:
     """Run each named submodule of a placed component in its own dtype: its weights are cast,
     and so are its floating inputs on every call. Its output keeps that dtype, as transformers
     runs the T5 feed-forward output projection it keeps in fp32 (`_keep_in_fp32_modules`):
@@ -76,7 +76,9 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True) -> Non
     is one whose inputs the probe measured inside fp16's range (`diagnosis.overflow_islands`
     puts every layer fed values past it into the island). The T5 feed-forward islands run
     without guards, as transformers runs them: T5's own layer norm takes the fp32 stream and
-    casts back itself."""
+    casts back itself. In a component kept as stored and computing in `computes_in`
+    (`_compute_in`), a guard casts to that dtype, never to the stored one: fp32 values put
+    through bf16 on their way to fp16 would lose the digits a copy in fp16 keeps."""
     for path, dtype in islands.items():
         island = module.get_submodule(path)
         island.to(torch_dtype(dtype))
@@ -90,11 +92,13 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True) -> Non
             island.register_forward_hook(outside.leave, always_call=True)
     if not islands or not guard:
         return
+    inside = {id(layer) for path in islands for layer in module.get_submodule(path).modules()}
     for layer in module.modules():
         own = next(iter(layer.parameters(recurse=False)), None)
         if own is None or getattr(layer, "_halfsafe_cast_hook", None) is not None:
             continue
-        layer._halfsafe_dtype = own.dtype
+        outside_islands = id(layer) not in inside
+        layer._halfsafe_dtype = computes_in if computes_in and outside_islands else own.dtype
         layer._halfsafe_cast_hook = layer.register_forward_pre_hook(_guard_hook, with_kwargs=True)
 
 
@@ -177,22 +181,26 @@ def tensor_bytes(module, shared_with=None) -> int:
     return total
 
 
-def _compute_in(module, dtype) -> None:
+def _compute_in(module, dtype, islands: Iterable[str] = ()) -> None:
     """Every layer of `module` computes in `dtype` from its weights as stored: each module's
     own floating parameters and buffers are cast to `dtype` as its forward starts and put back
     as it ends (the stored tensors themselves, not a copy), so the component holds its stored
     bytes and one layer's in `dtype` at a time. A cast from fp16 or bf16 to fp32 is exact: the
     results are those of a copy in `dtype`. The hooks are diffusers' layerwise-casting kind,
     registered under its name, so a diffusers model reports `dtype` as its compute dtype and
-    the pipelines cast their inputs to it."""
+    the pipelines cast their inputs to it. The layers of `islands` (paths) and all below them
+    are left to compute in their own dtype (`_make_islands`)."""
     from diffusers.hooks.hooks import HookRegistry
 
+    apart = {id(layer) for path in islands for layer in module.get_submodule(path).modules()}
     module._halfsafe_compute_dtype = dtype
     for name in _ENTRY_SUBMODULES:
         entry = getattr(module, name, None)
         if entry is not None:
             entry._halfsafe_compute_dtype = dtype
     for layer in module.modules():
+        if id(layer) in apart:
+            continue
         own = [
             t
             for t in itertools.chain(layer.parameters(recurse=False), layer.buffers(recurse=False))
@@ -323,14 +331,10 @@ def _form(source, plan: PrecisionPlan, name: str):
     import torch
 
     dtype = plan.dtypes[name]
-    islands = plan.islands(name)
-    clamps = tuple(plan.clamps.get(name, ())) if dtype == "fp16" else ()
     in_place = plan.compute_in_place or plan.reference
     budget = 0.0 if in_place else plan.memory_budget_mb
     beside = in_place and next(source.parameters()).device == torch.device(plan.device)
     stored = _kept_as_stored(source, torch_dtype(dtype), budget, as_wide=beside)
-    if islands or clamps:
-        stored = None
     storage = stored or torch_dtype(dtype)
     return storage, _over_budget(source, storage, plan.memory_budget_mb)
 
@@ -424,7 +428,7 @@ class PlacedPipeline:
                         islands=islands,
                     )
                 if stored is not None:  # the stored weights, computed wider
-                    _compute_in(module, torch_dtype(dtype))
+                    _compute_in(module, torch_dtype(dtype), islands)
                     budget = plan.memory_budget_mb
                     if _kept_as_stored(source, torch_dtype(dtype), budget) is not None:
                         self.computed_in_place.add(name)  # the budget's doing, not a search's
@@ -433,6 +437,7 @@ class PlacedPipeline:
                     module,
                     islands,
                     guard=any(not (t5 and _is_t5_feed_forward(p)) for p in islands),
+                    computes_in=torch_dtype(dtype) if stored is not None else None,
                 )
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
