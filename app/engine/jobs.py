@@ -251,6 +251,7 @@ def remember_fix(context: JobContext, request: RememberFixRequest) -> ModelSumma
         request.summary,
         "generation repair" if request.verified_by == "generation" else "health check",
         made_at=request.made_at,
+        parts=model.components,
         warn=context.warn,
     )
     context.session.model_summary = summarise(model, request.device)

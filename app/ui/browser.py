@@ -194,7 +194,7 @@ def health_by_model(
             headline=report.headline if report is not None else "",
             checked_on=report.device if report is not None else "",
             checked_at=when_words(report.saved_at) if report is not None else "",
-            fix=words.fix_short(stored.fix.settings) if stored is not None else "",
+            fix=words.fix_short(stored.fix.settings, stored.fix.parts) if stored else "",
             fix_summary=stored.fix.summary if stored is not None else "",
             fix_on=stored.device if stored is not None else "",
         )

@@ -95,7 +95,9 @@ class FixEditor(QDialog):
     def accept(self) -> None:
         try:
             settings = self.settings()
-            fix = profiles.change_fix(self.stored, settings, words.fix_short(settings))
+            fix = profiles.change_fix(
+                self.stored, settings, words.fix_short(settings, self.stored.fix.parts)
+            )
         except ValueError as error:
             self.problem.setText(f"Not saved: {error}.")
             return

@@ -247,7 +247,7 @@ class FixesView(QWidget):
                     parts.append(_para("How well it worked", quality))
         else:
             fix = stored.fix
-            said = words.fix_short(fix.settings, self._components_of(row))
+            said = words.fix_short(fix.settings, fix.parts or self._components_of(row))
             parts.append(_para("Fix", said or fix.summary, bold=True))
             parts.extend(self._fix_parts(row, fix.settings))
             at = self._at_words(fix.proved_at())
@@ -264,7 +264,7 @@ class FixesView(QWidget):
             # The sentence it was saved with, unless it only lists the settings said above.
             if fix.summary and fix.summary not in (
                 said,
-                words.fix_short(fix.settings),
+                words.fix_short(fix.settings, fix.parts),
                 words.settings_listed(fix.settings),
             ):
                 said = f"In the words of the {fix.verified_by}"
@@ -426,7 +426,7 @@ class FixesView(QWidget):
             emulated = " A CPU computes fp16 slowly, so this check takes longer than on a GPU."
         return (
             f" The check runs it at {at}, the precision the fix is for{assumed}, with the fix: "
-            f"{words.first_lower(words.fix_short(fix.settings)) or 'none'}.{emulated}"
+            f"{words.first_lower(words.fix_short(fix.settings, fix.parts)) or 'none'}.{emulated}"
         )
 
     def _idle_here(self, fix: RememberedFix | None) -> str:
@@ -439,9 +439,9 @@ class FixesView(QWidget):
         if len(idle) < len(fix.settings):
             return ""
         return (
-            f"This fix ({words.first_lower(words.fix_short(fix.settings))}) changes only what a CUDA GPU "
-            f"runs, so a check on {device.name} cannot prove it: re-verify it on the GPU it was "
-            "found on."
+            f"This fix ({words.first_lower(words.fix_short(fix.settings, fix.parts))}) changes "
+            f"only what a CUDA GPU runs, so a check on {device.name} cannot prove it: re-verify "
+            "it on the GPU it was found on."
         )
 
     def _device_words(self, row: LearnedRow) -> str:
@@ -656,7 +656,7 @@ def _cells(row: LearnedRow, with_torch: bool = False) -> list[str]:
     if stored is None:
         fix, verified = _no_fix_cell(report), "—"
     else:
-        fix = words.fix_short(stored.fix.settings) or stored.fix.summary
+        fix = words.fix_short(stored.fix.settings, stored.fix.parts) or stored.fix.summary
         edited = stored.fix.edited_at
         verified = (
             f"Edited by you, {day_words(edited)}"
@@ -677,7 +677,7 @@ def _tips(row: LearnedRow) -> list[str]:
     torch = _torch(row)
     fix = ""
     if stored is not None:
-        short = words.fix_short(stored.fix.settings)
+        short = words.fix_short(stored.fix.settings, stored.fix.parts)
         fix = "\n".join(t for t in dict.fromkeys((short, stored.fix.summary)) if t)
     elif report is not None:
         fix = report.fix_summary

@@ -391,7 +391,7 @@ class GenerateView(QWidget):
                     self.state,
                     self.client,
                     own,
-                    words.fix_short(own, self._components()),
+                    words.fix_short(own, self.state.components()),
                     "generation",
                     made_at=dtype_settings_of(result.settings),
                 )
@@ -535,17 +535,12 @@ class GenerateView(QWidget):
         self.banner.show_message(
             "info",
             "<b>Fix applied:</b> "
-            + html.escape(words.fix_short(fix, self._components()))
+            + html.escape(words.fix_short(fix, self.state.components()))
             + ". Making the same image again…",
         )
         job_id = self.submit(request, with_fix=own)
         self._fix_of_job[job_id] = dict(fix)
         return job_id
-
-    def _components(self) -> tuple[str, ...]:
-        """The loaded model's components, which say its fixes (a transformer's, not a UNet's)."""
-        model = self.state.model
-        return tuple(model.components) if model is not None else ()
 
     def _remembered_since(self, entry: GalleryEntry) -> RememberedFix | None:
         """The fix remembered for the loaded model when this image did not run with it (a
@@ -567,7 +562,9 @@ class GenerateView(QWidget):
             "info",
             "<b>Making the same image again with the fix remembered for this model</b> ("
             + html.escape(
-                words.first_lower(words.fix_short(dict(remembered.settings), self._components()))
+                words.first_lower(
+                    words.fix_short(dict(remembered.settings), self.state.components())
+                )
             )
             + "), which replaces the fix suggested when this image was made…",
         )

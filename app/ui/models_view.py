@@ -693,7 +693,7 @@ class ModelsView(QWidget):
             self.remembered.show_message(
                 "warn" if damage else "info",
                 f"<b>HalfSafe remembers a fix for this model on {on}.</b> "
-                f"{html.escape(fix.summary or words.fix_short(fix.settings))} "
+                f"{html.escape(fix.summary or words.fix_short(fix.settings, model.components))} "
                 "Settings left on Auto follow it already." + damage,
                 [("Apply to my settings", lambda s=fix.settings: self._apply_remembered(s))],
             )
@@ -709,7 +709,7 @@ class ModelsView(QWidget):
         self.remembered.show_message(
             "good",
             "Applied the remembered fix: "
-            + html.escape(words.first_lower(words.fix_short(settings)))
+            + html.escape(words.first_lower(words.fix_short(settings, self.state.components())))
             + ".",
         )
 

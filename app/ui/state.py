@@ -153,6 +153,11 @@ class AppState(QObject):
 
     # Model ------------------------------------------------------------------------------------
 
+    def components(self) -> tuple[str, ...]:
+        """The loaded model's components ("unet" or "transformer", ...), which say a fix's
+        words (a transformer's, not a UNet's); none while no model is loaded."""
+        return tuple(self.model.components) if self.model is not None else ()
+
     def set_model(self, summary: ModelSummary | None, request: LoadRequest | None = None) -> None:
         if summary != self.model:
             self.effective = None  # the last job's precision: not the next job's any more

@@ -160,6 +160,7 @@ def test_vae_overflow_is_repaired_from_the_same_latents(base, tmp_path, device_n
     remembered = profiles.remembered_fix("vae-auto", device_name)
     assert remembered is not None and remembered.verified_by == "generation repair"
     assert remembered.made_at["precision"] == remembered.made_at["vae_precision"] == "fp16"
+    assert remembered.parts == ("text_encoder", "unet", "vae")
     assert set(remembered.settings) in ({"vae_precision"}, {"bf16_modules"}, {"fp32_modules"})
 
     # The next job starts from the remembered fix: nothing goes NaN, nothing to repair.

@@ -372,6 +372,7 @@ def test_verified_fix_is_remembered_and_used_on_the_next_load():
         "no_half": False,
         "no_half_vae": False,
     }
+    assert stored.parts == ("text_encoder", "unet", "vae")  # the parts its words name
 
     again = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="remember-me"))
     assert again.verdict == "healthy"

@@ -358,6 +358,36 @@ def test_a_damaged_proved_at_costs_only_its_entry():
         )
 
 
+def test_the_parts_a_fix_was_proved_on_are_kept_and_read_back():
+    """A Flux model's fix says its transformer wherever it is shown, the model loaded or not."""
+    path = seed()
+    parts = ("text_encoder", "text_encoder_2", "transformer", "vae")
+    fix = profiles.remember_fix(
+        NEW, DEVICE, {"unet_precision": "bf16"}, "new", "health check", TORCH, parts=parts
+    )
+    assert fix.parts == parts
+    assert json.loads(path.read_text())[f"{NEW}|{DEVICE}|torch {TORCH}"]["parts"] == list(parts)
+    assert profiles.remembered_fix(NEW, DEVICE, TORCH) == fix
+    older = profiles.remembered_fix("model1", DEVICE, TORCH)  # saved before parts were kept
+    assert older is not None and older.parts == ()
+    assert "parts" not in json.loads(path.read_text())[f"model1|{DEVICE}|torch {TORCH}"]
+
+
+@pytest.mark.parametrize(
+    "parts", ['"transformer"', "[1]", '["x"' + ', "x"' * 40 + "]", '["' + "t" * 200 + '"]']
+)
+def test_damaged_parts_cost_only_their_entry_and_a_newer_component_is_left_out(parts):
+    path = seed()
+    in_entry(2, '"saved_at"', f'"parts": {parts}, "saved_at"')(path)
+    assert usable() == ALL - {"model2"}
+    assert kept_aside(path) != []
+    path = seed()
+    in_entry(2, '"saved_at"', '"parts": ["transformer", "hypernetwork"], "saved_at"')(path)
+    assert usable() == ALL
+    fix = profiles.remembered_fix("model2", DEVICE, TORCH)
+    assert fix is not None and fix.parts == ("transformer",)
+
+
 def test_a_generation_proving_a_checked_fix_again_keeps_the_checks_proof():
     """The check compared the fix with fp32; an image made with it again compares nothing: the
     check's record stays (the Fixes page keeps showing its figure). A different fix from a

@@ -368,6 +368,23 @@ def test_the_fix_is_named_as_on_the_models_page_and_inside_sentences(window, eng
     assert "with the fix: keep 1 VAE layer in fp32." in asked[0][2]
 
 
+def test_a_transformer_models_fix_says_transformer_whether_loaded_or_not(window, engines):
+    profiles.remember_fix(
+        SDXL_KEY,
+        DEVICE,
+        {"unet_precision": "bf16"},
+        "The transformer overflowed in fp16; run it in bf16.",
+        "health check",
+        torch_version=TORCH,
+        parts=("text_encoder", "text_encoder_2", "transformer", "vae"),
+    )
+    view = _page(window)  # the demo (a UNet) loaded, not this model
+    assert _cells(view)[0][2] == "Run the transformer in bf16"
+    fixes = profiles.stored_fixes().fixes
+    [health] = browser.health_by_model([], fixes, loaded=(SDXL_KEY, "flux.gguf")).values()
+    assert health.fix == "Run the transformer in bf16"
+
+
 # View -----------------------------------------------------------------------------------------
 
 

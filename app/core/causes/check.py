@@ -167,6 +167,7 @@ def _remember(model, report: HealthReport) -> None:
         fix.summary,
         "health check",
         made_at=report.plan.dtype_settings(),
+        parts=model.components,
         warn=report.notes.append,
     )
 

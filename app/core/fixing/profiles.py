@@ -25,12 +25,13 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from app.core import paths
+from app.core.components import PIPELINE_PARTS
 from app.core.files import locked, replace_keeping_aside, write_atomic
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.limits import read_regular
@@ -44,6 +45,7 @@ MAX_PROFILES_BYTES = 4 << 20
 MAX_ENTRY_DEPTH = 8
 MAX_ENTRY_CHARS = 64 << 10
 MAX_SUMMARY_CHARS = 4000
+MAX_PARTS = 16  # of a model's components named beside a fix
 # Numbers of more digits than this are no time and no setting.
 MAX_NUMBER_DIGITS = 20
 # saved_at is seconds since 1970; a time past this (the year 5138) is damage.
@@ -131,6 +133,7 @@ def remember_fix(
     torch_version: str | None = None,
     *,
     made_at: Mapping[str, Any] | None = None,
+    parts: Collection[str] = (),
     warn: Callable[[str], None] | None = None,
 ) -> RememberedFix:
     """Store a verified fix: atomic write under the profiles lock; other models' entries are
@@ -142,13 +145,19 @@ def remember_fix(
     file and the reason goes to `warn` (a job's warnings; logged when there is no `warn`); the
     fix is then only not remembered for the next job. Raises ValueError for a setting that is
     not valid or `verified_by` not one of VERIFIED_BY (an entry the file would refuse when read
-    back). `made_at`: the precision it was proved at, as settings (`RememberedFix.made_at`)."""
+    back). `made_at`: the precision it was proved at, as settings (`RememberedFix.made_at`);
+    `parts`: the model's components (`RememberedFix.parts`)."""
     for key, value in {**settings, **(made_at or {})}.items():
         FIELDS[key].validate(value)
     if verified_by not in VERIFIED_BY:
         raise ValueError(f"a fix is verified by {' or '.join(VERIFIED_BY)}, not {verified_by!r}")
     fix = RememberedFix(
-        dict(settings), summary, verified_by, time.time(), made_at=dict(made_at or {})
+        dict(settings),
+        summary,
+        verified_by,
+        time.time(),
+        made_at=dict(made_at or {}),
+        parts=tuple(p for p in parts if p in PIPELINE_PARTS),
     )
     key = _key(profile_key, device_name, torch_version or _torch_version())
 
@@ -251,6 +260,10 @@ def _entry(fix: RememberedFix) -> dict[str, Any]:
         del entry["edited_at"]
     if not fix.made_at:
         del entry["made_at"]
+    if fix.parts:
+        entry["parts"] = list(fix.parts)
+    else:
+        del entry["parts"]
     return entry
 
 
@@ -478,6 +491,13 @@ def _entry_problem(key: str, entry: Any) -> str | None:
     made_at = entry.get("made_at", {})
     if not isinstance(made_at, dict):
         return "'made_at' is not an object of settings"
+    parts = entry.get("parts", [])
+    if (
+        not isinstance(parts, list)
+        or len(parts) > MAX_PARTS
+        or not all(isinstance(p, str) and len(p) <= 100 for p in parts)
+    ):
+        return f"'parts' is {shown(parts)}, not a list of a model's components"
     for name, value in (*settings.items(), *made_at.items()):
         if name not in FIELDS:
             continue  # a setting of a newer HalfSafe: the entry is kept for it, not used here
@@ -513,6 +533,8 @@ def _fix_from(entry: dict[str, Any]) -> RememberedFix | None:
             for name, value in entry.get("made_at", {}).items()
             if name in FIELDS
         },
+        # a component of a newer HalfSafe is left out: the words fall back for it
+        tuple(p for p in entry.get("parts", []) if p in PIPELINE_PARTS),
     )
 
 

@@ -35,6 +35,10 @@ class RememberedFix:
     # dtype_settings`): what it is a fix for, and what Re-verify runs it under. Empty in a fix
     # saved before it was kept.
     made_at: dict[str, Any] = field(default_factory=dict)
+    # The model's components it was proved on ("transformer", "vae", ...): a setting several
+    # kinds of component share ('unet_precision') is said of the part the model has (a Flux
+    # model's transformer, not a UNet). Empty in a fix saved before they were kept.
+    parts: tuple[str, ...] = ()
 
     def proved_at(self) -> dict[str, Any]:
         """The settings the fix is for: `made_at`, or fp16 where it was not kept."""

@@ -147,6 +147,7 @@ def generate(
             learned.summary,
             "generation repair",
             made_at=learned.made_at,
+            parts=model.components,
             warn=result.warnings.append,
         )
     for entry in result.images:

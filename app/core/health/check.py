@@ -525,6 +525,7 @@ class _Check:
             fix.summary,
             "health check",
             made_at=self.plan.dtype_settings(),
+            parts=self.model.components,
             warn=self.notes.append,
         )
 

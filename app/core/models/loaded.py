@@ -38,3 +38,10 @@ class LoadedModel:
     # The live preview's latent colours (`preview.colours_for`) by the VAE's dtype, found on
     # the first preview; None where the VAE gave nothing to fit them to.
     preview_colours: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The model's components its pipeline holds ("unet", "vae", ...), in run order."""
+        from app.core.components import PIPELINE_PARTS
+
+        return tuple(n for n in PIPELINE_PARTS if getattr(self.pipeline, n, None) is not None)
