@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QRect, Qt
+from PySide6.QtCore import QObject, QRect, Qt
 from PySide6.QtGui import QColor, QImage, QPalette
 from PySide6.QtWidgets import (
     QApplication,
@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QRadioButton,
     QSpinBox,
     QStyle,
-    QStyleFactory,
     QStyleOptionButton,
     QVBoxLayout,
     QWidget,
@@ -32,7 +31,14 @@ from PySide6.QtWidgets import (
 
 from app.engine.events import EventState
 from app.ui.input_pictures import PictureSlot
-from app.ui.theme import CONTROL, contrast_ratio, is_dark, scheme_for, style_sheet
+from app.ui.theme import (
+    CONTROL,
+    SpinIndentStyle,
+    contrast_ratio,
+    is_dark,
+    scheme_for,
+    style_sheet,
+)
 from tests.support import reports
 from tests.support.reports import gtx_1660_super
 from tests.ui.conftest import load_fake_model
@@ -309,13 +315,14 @@ def test_a_disabled_button_stays_readable_and_looks_disabled(scheme_name):
 
 
 def _render(*widgets: QWidget) -> tuple[QWidget, QImage]:
-    """The widgets in a column, drawn in Fusion (whatever the machine's own style) and at rest
-    (none has the focus, which would draw its border in the accent), and the picture of them."""
+    """The widgets in a column, drawn in the application's style made from Fusion (whatever the
+    machine's own style) and at rest (none has the focus, which would draw its border in the
+    accent), and the picture of them."""
     panel = QWidget()
     column = QVBoxLayout(panel)
     for widget in widgets:
         column.addWidget(widget)
-    fusion = QStyleFactory.create("Fusion")
+    fusion = SpinIndentStyle("Fusion")
     fusion.setParent(panel)
     for widget in (panel, *panel.findChildren(QWidget)):
         widget.setStyle(fusion)
@@ -451,3 +458,18 @@ def test_a_spin_box_keeps_its_text_clear_of_its_border(scheme_name):
     assert edit is not None
     edit.setCursorPosition(0)
     assert edit.mapTo(spin, edit.cursorRect().center()).x() >= 4
+
+
+def test_the_theme_watches_no_event_of_any_widget(scheme_name):
+    """The style sheet follows the palette through the application's own signal, and spin boxes
+    get their margin from the style: an application-wide event filter is a Python call for
+    every event of every object, and re-polishing a few hundred widgets through one took
+    minutes."""
+    from app.ui.theme import ThemeFollower
+
+    app = QApplication.instance()
+    assert isinstance(app, QApplication)
+    follower = app.findChild(ThemeFollower)
+    assert follower is not None
+    assert type(follower).eventFilter is QObject.eventFilter
+    assert isinstance(follower.style, SpinIndentStyle)
