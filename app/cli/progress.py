@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from app.core.jobs import DONE, Headline
+from app.core.words.durations import duration
 
 
 def progress_for(stream: TextIO) -> RedrawnLine | ProgressLines:
@@ -73,18 +74,11 @@ class ProgressLines:
         line = f"halfsafe: {stage}"
         if total > 1 or (total == 1 and done == 1):
             line += f": {done} of {total}"
-        line += f", {_seconds(now - self.started)} so far"
+        line += f", {duration(now - self.started)} so far"
         if total > 0 and done > self.stage_first and done < total:
             pace = (now - self.stage_started) / (done - self.stage_first)
-            line += f", about {_seconds(pace * (total - done))} left"
+            line += f", about {duration(pace * (total - done))} left"
         print(line, file=self.stream, flush=True)
 
     def close(self) -> None:
         """Nothing to clear: every line printed stays."""
-
-
-def _seconds(value: float) -> str:
-    value = max(0.0, value)
-    if value < 90:
-        return f"{value:.0f} s"
-    return f"{value // 60:.0f} min {value % 60:02.0f} s"

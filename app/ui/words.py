@@ -9,6 +9,7 @@ from typing import Any
 from app.core import hires, samplers
 from app.core.components import COMPONENTS, FP16_MAX, Status
 from app.core.precision import expected_dtypes
+from app.core.words.durations import duration  # noqa: F401 - the pages say it as words.duration
 
 FP16_LIMIT = FP16_MAX
 
@@ -241,17 +242,6 @@ def file_size(num_bytes: int | None) -> str:
 
 def milliseconds(value: float | None) -> str:
     return "not measured" if value is None else f"{value:,.0f} ms"
-
-
-def duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 def choice_name(value: str) -> str:

@@ -126,3 +126,21 @@ def test_generate_demo_without_a_size_makes_a_native_image_and_logs_progress(
     with Image.open(document["images"][0]["path"]) as image:
         assert image.size == (128, 128)
     assert "halfsafe: " in captured.err and " so far" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        (0.4, "0 s"),
+        (59.4, "59 s"),
+        (59.6, "1 min 00 s"),
+        (299.6, "5 min 00 s"),
+        (3725, "1 h 02 min"),
+    ],
+)
+def test_a_duration_is_rounded_before_it_is_split(seconds, said):
+    """A progress line said '4 min 60 s so far' for 299.6 s: the seconds were rounded after the
+    minutes were taken."""
+    from app.core.words.durations import duration
+
+    assert duration(seconds) == said
