@@ -227,3 +227,41 @@ def test_an_island_in_a_part_computing_from_its_stored_weights_holds_its_layer_a
     assert held[False] > stored  # the copy: the whole UNet again in fp16, and the island
     for parameter in unet.parameters():  # the loaded model is as it was
         assert parameter.dtype == torch.bfloat16
+
+
+def test_a_repaired_generation_frees_each_copy_before_it_makes_the_next(tmp_path, monkeypatch):
+    """A UNet stored in bf16 generated in fp16 fails; its repair searches in place, then makes
+    the image again as an fp16 copy with the fix. The first run's fp16 copy is gone by then:
+    the search's generator held it, and a bf16 Flux-width transformer's repaired generation
+    held both fp16 copies at once on a CPU (10.98 GiB for a 5.38 GiB set of files)."""
+    import gc
+    import weakref
+
+    pipeline = plant(build_tiny_sd_pipeline(), "unet_ff").to(torch.bfloat16)
+    unet = pipeline.unet
+    stored = _bytes_in(pipeline, "unet", 2)
+    copies: list[weakref.ref] = []
+    held_beside: list[int] = []
+    real = placement._copy_as
+
+    def watched(source, device, dtype, islands=None):
+        if source is unet:
+            gc.collect()
+            alive = [c for r in copies if (c := r()) is not None]
+            held_beside.append(sum(placement.tensor_bytes(c, shared_with=unet) for c in alive))
+        made = real(source, device, dtype, islands)
+        if source is unet:
+            copies.append(weakref.ref(made))
+        return made
+
+    monkeypatch.setattr(placement, "_copy_as", watched)
+    request = generation.GenerationRequest(
+        prompt="a red cube", steps=2, width=64, height=64, seed=1, output_dir=str(tmp_path)
+    )
+    result = generation.generate(
+        loaded(pipeline, "frees-copies"), request, precision=FP16, device="cpu"
+    )
+    assert result.images[0].status == "fixed"
+    assert len(held_beside) >= 3, held_beside  # the run, the search, the image made again
+    # Beside each new copy: at most a search's islands, never a whole earlier copy.
+    assert max(held_beside) <= stored * 0.25, (held_beside, stored)

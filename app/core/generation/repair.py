@@ -48,11 +48,15 @@ class Repairs(Probes):
         if _relevant_change(component, outcome.plan, base):
             yield FixCandidate(base, dict(self.fix_settings))
         first_bad = self.first_bad_module(component, outcome)
+        part = module_of(component)  # the VAE's encoder is fixed by the VAE's fixes
         yield from candidate_fixes(
-            module_of(component),  # the VAE's encoder is fixed by the VAE's fixes
+            part,
             base,
             first_bad,
-            self.placed[component],
+            # The loaded part, for its layers' names and kinds: the placed copy, held by this
+            # generator for the whole search, would still be in memory when the fix's copy is
+            # made (a bf16 transformer generated in fp16: both fp16 copies at once, 2.4 GiB).
+            getattr(self.model.pipeline, part),
             self.bf16_native,
             lambda: self.wide_probe(component, outcome),
         )
