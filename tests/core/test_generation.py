@@ -698,3 +698,26 @@ def test_the_watch_adds_no_host_sync_inside_the_loop(base, tmp_path):
         placed.release()
 
     assert count_inside(watched) <= count_inside(plain)
+
+
+def test_a_repair_made_where_the_user_overrode_the_remembered_fix_keeps_none_of_it(
+    base, tmp_path, device_name
+):
+    """The check remembered 'run the VAE in fp32'; the user then set the VAE to fp16 and a
+    generation repaired it with layers. The fix remembered now is the repair alone: merged with
+    the overridden setting it read 'keep 2 VAE layers in bf16; run the VAE in fp32'."""
+    model = variant(base, "vae-overridden", vae=scaled(base.vae, VAE_LAYER, 1e6))
+    profiles.remember_fix(
+        "vae-overridden", device_name, {"vae_precision": "fp32"}, "checked", "health check"
+    )
+    result = generate(
+        model,
+        request(tmp_path),
+        precision=fp16(auto_fix="auto", vae_precision="fp16"),
+        device="cpu",
+    )
+    (entry,) = result.images
+    assert (entry.status, entry.component) == ("fixed", "vae")
+    remembered = profiles.remembered_fix("vae-overridden", device_name)
+    assert remembered is not None and remembered.verified_by == "generation repair"
+    assert remembered.settings.get("vae_precision") != "fp32", remembered.settings

@@ -322,8 +322,19 @@ def _generate_unsaved(
             if entries[-1].first_bad_module is None and entries[-1].component:
                 entries[-1].first_bad_module = job.first_bad.get(entries[-1].component)
         if job.fix_settings and any(e.status == "fixed" for e in entries):
+            # Of the remembered fix, what this job ran with (from memory, or the user's own
+            # settings holding the same value): a setting the user overrode (a VAE in fp16 where
+            # the fix ran it in fp32) took no part in this proof, and beside the repair it would
+            # make a fix that contradicts itself ("2 VAE layers in bf16; the VAE in fp32").
+            ran_with = {*plan.remembered_used, *plan.remembered_held}
             kept = (
-                diagnosis.without_layers(remembered.settings, plan.remembered_dropped)
+                {
+                    key: value
+                    for key, value in diagnosis.without_layers(
+                        remembered.settings, plan.remembered_dropped
+                    ).items()
+                    if key in ran_with
+                }
                 if remembered
                 else {}
             )
