@@ -12,9 +12,11 @@ from app.core import generation, health
 from app.core.precision import PrecisionPlan, placement
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, loaded, plant
-from tests.support.tiny_models import build_tiny_sd_pipeline
+from tests.support.family_helpers import in_memory
+from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
+FLUX_LAYER = "single_transformer_blocks.1.proj_out"
 PARTS = ("text_encoder", "unet", "vae")
 
 
@@ -230,23 +232,27 @@ def test_an_island_in_a_part_computing_from_its_stored_weights_holds_its_layer_a
 
 
 def test_a_repaired_generation_frees_each_copy_before_it_makes_the_next(tmp_path, monkeypatch):
-    """A UNet stored in bf16 generated in fp16 fails; its repair searches in place, then makes
-    the image again as an fp16 copy with the fix. The first run's fp16 copy is gone by then:
-    the search's generator held it, and a bf16 Flux-width transformer's repaired generation
-    held both fp16 copies at once on a CPU (10.98 GiB for a 5.38 GiB set of files)."""
+    """A Flux transformer stored in bf16 generated in fp16 fails; its repair searches in place,
+    then makes the image again as an fp16 copy with the fix. The first run's fp16 copy is gone by then:
+    the search's generator held it, and, a placed copy sitting in reference cycles, it waited
+    for Python's collector: a bf16 Flux-width transformer's repaired generation held two fp16
+    copies at once on a CPU (10.98 GiB for a 5.38 GiB set of files). Python's own collector is
+    off here, so only the job's own collection frees what it drops (at any size, here)."""
     import gc
     import weakref
 
-    pipeline = plant(build_tiny_sd_pipeline(), "unet_ff").to(torch.bfloat16)
-    unet = pipeline.unet
-    stored = _bytes_in(pipeline, "unet", 2)
+    pipeline = build_tiny_flux_pipeline()
+    with torch.no_grad():
+        pipeline.transformer.get_submodule(FLUX_LAYER).weight.mul_(1e6)
+    pipeline = pipeline.to(torch.bfloat16)
+    unet = pipeline.transformer
+    stored = _bytes_in(pipeline, "transformer", 2)
     copies: list[weakref.ref] = []
     held_beside: list[int] = []
     real = placement._copy_as
 
     def watched(source, device, dtype, islands=None):
         if source is unet:
-            gc.collect()
             alive = [c for r in copies if (c := r()) is not None]
             held_beside.append(sum(placement.tensor_bytes(c, shared_with=unet) for c in alive))
         made = real(source, device, dtype, islands)
@@ -255,12 +261,21 @@ def test_a_repaired_generation_frees_each_copy_before_it_makes_the_next(tmp_path
         return made
 
     monkeypatch.setattr(placement, "_copy_as", watched)
+    monkeypatch.setattr(placement, "COLLECT_AFTER_DROPPING_BYTES", 0)
     request = generation.GenerationRequest(
         prompt="a red cube", steps=2, width=64, height=64, seed=1, output_dir=str(tmp_path)
     )
-    result = generation.generate(
-        loaded(pipeline, "frees-copies"), request, precision=FP16, device="cpu"
-    )
+    gc.collect()
+    gc.disable()
+    try:
+        result = generation.generate(
+            in_memory(pipeline, "frees-copies", "flux-dev", "flow"),
+            request,
+            precision=FP16,
+            device="cpu",
+        )
+    finally:
+        gc.enable()
     assert result.images[0].status == "fixed"
     assert len(held_beside) >= 3, held_beside  # the run, the search, the image made again
     # Beside each new copy: at most a search's islands, never a whole earlier copy.
