@@ -672,3 +672,16 @@ def test_an_image_made_on_this_device_whose_nan_does_not_return_says_so(tmp_path
     assert explanation.check is not None and explanation.check.verdict == "healthy"
     assert "the one that made the image" in explanation.message
     assert "may differ" not in explanation.message
+
+
+def test_a_black_image_with_no_record_is_not_called_an_overflow_as_a_fact(tmp_path, home, capsys):
+    """No maker, no model: its pixels say NaN, not why; an overflow is the likely cause, which
+    only a check proves (a tool's filter that blanks an image writes the same zeros)."""
+    from PIL import Image
+
+    path = tmp_path / "black.png"
+    Image.new("RGB", (64, 64)).save(path)
+    main(["explain", str(path)])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "NaN-black" in first
+    assert "Most often a value overflowed" in first and "only a check of the model proves" in first

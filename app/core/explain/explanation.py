@@ -528,7 +528,9 @@ def _status_words(explanation: Explanation) -> str:
     if explanation.status == "nan":
         return (
             f"This image ({by}) is NaN-black: every pixel is exactly 0, which is what a NaN "
-            "becomes when the image is saved; a value overflowed somewhere in the model."
+            "becomes when the image is saved. Most often a value overflowed somewhere in the "
+            "model, which only a check of the model proves: a tool that blanks an image it "
+            "will not show writes the same pixels."
         )
     if explanation.status in ("nan_zeroed", "flat"):
         return _flat_words(explanation, by, tool.name if tool else "the tool that made it")
