@@ -301,6 +301,11 @@ def test_a_viewer_alone_shows_an_image_in_memory(qtbot, tmp_path):
 
 
 def _viewer(qtbot) -> ImageViewer:
+    """A viewer in the application as HalfSafe sets it up (its theme following the palette),
+    whichever test ran before."""
+    from app.ui.application import application
+
+    application()
     viewer = ImageViewer(None, lambda values: None, lambda path: None)
     qtbot.addWidget(viewer)
     viewer.resize(1100, 760)
