@@ -32,6 +32,7 @@ from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
+from app.ui.on_screen import keep_on_screen
 from app.ui.widgets import Banner, Card, label, plain_scroll, show_progress
 
 _STATUS_WORDS = {**IMAGE_STATUS_WORDS, **STATUS_WORDS}  # a generated image's, and explain's own
@@ -192,6 +193,7 @@ class ExplainDialog(QDialog):
         hint = self.sizeHint()
         if hint.height() > self.height():
             self.resize(self.width(), hint.height())
+            keep_on_screen(self)  # grown downwards: its buttons stay on the screen
 
     def choose_model_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(

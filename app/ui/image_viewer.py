@@ -45,6 +45,7 @@ from app.ui.image_entry import (
     recorded_lines,
     status_words,
 )
+from app.ui.on_screen import fitting_size
 from app.ui.theme import scheme_for
 from app.ui.widgets import label, plain_scroll
 
@@ -384,7 +385,7 @@ class ImageViewer(QDialog):
         self._step: Step | None = None
         self._place: Place | None = None
         self.setModal(False)
-        self.resize(1100, 760)
+        self.resize(fitting_size(self, QSize(1100, 760)))
 
         self.buttons: dict[str, QPushButton] = {}
         # The panel first: its buttons lead the focus chain, so Send to Generate has the focus
