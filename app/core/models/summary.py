@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.components import PIPELINE_PARTS
 from app.core.errors import HalfSafeError
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.formats.weight_findings import WeightScan
@@ -14,7 +15,6 @@ from app.core.images.pictures import Mode
 from app.core.models.loaded import LoadedModel
 
 # The pipeline parts a summary lists, in pipeline order.
-_PARTS = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae")
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         prediction_because=str(model.prediction_because),
         quantization=dict(model.quantization) if model.quantization else None,
         detected_because=tuple([because] if isinstance(because, str) else because or ()),
-        components=tuple(n for n in _PARTS if getattr(pipeline, n, None) is not None),
+        components=model.components,
         remembered_fix=remembered,
         remembered_on=on,
         profile_notes=tuple(notes + _missing_layer_notes(remembered, pipeline)),
@@ -108,7 +108,7 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
 def _layers(pipeline) -> dict[str, tuple[str, ...]]:
     """Each component's layer paths (as `named_modules()` names them)."""
     found: dict[str, tuple[str, ...]] = {}
-    for name in _PARTS:
+    for name in PIPELINE_PARTS:
         module = getattr(pipeline, name, None)
         if module is not None and hasattr(module, "named_modules"):
             found[name] = tuple(path for path, _ in module.named_modules() if path)

@@ -31,9 +31,9 @@ from app.core.precision.streaming import (
     wanted_dtypes,
 )
 
-# A dropped placed copy holding this many bytes or more is freed at once by a collection (see
-# `PlacedPipeline._drop`); a collection takes a fraction of a second, a small copy is left to
-# Python's own collector.
+# A dropped placed copy holding this many bytes of its own (not shared with the loaded model) or
+# more is freed at once by a collection (see `PlacedPipeline._drop`); a collection takes a
+# fraction of a second, a small copy is left to Python's own collector.
 COLLECT_AFTER_DROPPING_BYTES = 64 << 20
 
 
@@ -274,6 +274,13 @@ def _kept_as_stored(source, dtype, budget_mb: float | None, as_wide: bool = Fals
     return stored if widening and wide > budget_mb * 2**20 else None
 
 
+def _own_bytes(module, pipeline, name: str) -> int:
+    """What a placed `module` of component `name` holds beside the loaded one (nothing for a
+    component computing from the loaded weights): what dropping it can free."""
+    loaded = getattr(pipeline, name, None)
+    return tensor_bytes(module) if loaded is None else tensor_bytes(module, shared_with=loaded)
+
+
 def _over_budget(source, dtype, budget_mb: float | None) -> bool:
     """Whether `source` placed whole with its floating tensors in `dtype` (weights kept as
     stored at their stored bytes) would take more than `budget_mb`, and it has blocks to stream."""
@@ -384,8 +391,12 @@ class PlacedPipeline:
         which only Python's collector frees, and it may not run before the next copy is made
         (a bf16 transformer generated in fp16 held a dropped 2.4 GiB fp16 copy beside the
         next one)."""
-        self._placed.pop(name, None)
-        if self._bytes.pop(name, 0) >= COLLECT_AFTER_DROPPING_BYTES:
+        dropped = self._placed.pop(name, None)
+        self._bytes.pop(name, None)
+        if dropped is not None and _own_bytes(dropped[1], self.source, name) >= (
+            COLLECT_AFTER_DROPPING_BYTES
+        ):
+            del dropped
             gc.collect()
 
     def apply(self, plan: PrecisionPlan, components: Collection[str] | None = None) -> None:
@@ -501,10 +512,10 @@ class PlacedPipeline:
         """Drop the placed copies and give cached device memory back."""
         import torch
 
-        held = self.placed_bytes
+        own = sum(_own_bytes(m, self.source, n) for n, (_, m) in self._placed.items())
         self._placed.clear()
         self._bytes.clear()
-        if held >= COLLECT_AFTER_DROPPING_BYTES:
+        if own >= COLLECT_AFTER_DROPPING_BYTES:
             gc.collect()  # the copies' reference cycles, as in `_drop`
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
