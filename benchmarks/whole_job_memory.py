@@ -54,6 +54,7 @@ from pathlib import Path
 
 from common import ROOT, emit, machine, machine_line, names, status
 
+HERE = Path(__file__).resolve().parent
 GIB = 2**30
 MIB = 2**20
 BUDGET_GB = 6
@@ -182,9 +183,10 @@ def write_models(root: Path, models: list[str], forms: list[str], t5_blocks: int
 # --- running the jobs ----------------------------------------------------------------------
 
 
-def run_job(command: list[str], scratch: Path) -> dict:
+def run_job(command: list[str], scratch: Path, gpu: bool) -> dict:
     """One `halfsafe` command in a process of its own (niced, fresh HalfSafe folders): its
-    peak RSS, wall time, exit status and --json document."""
+    peak RSS, wall time, exit status and --json document; with `gpu`, through
+    `device_peak.py`, also the allocator's peak over the whole command."""
     for part in ("config", "data", "cache"):
         shutil.rmtree(scratch / part, ignore_errors=True)
     env = {
@@ -196,7 +198,10 @@ def run_job(command: list[str], scratch: Path) -> dict:
         "TRANSFORMERS_OFFLINE": "1",
     }
     out, err = scratch / "stdout.json", scratch / "stderr.txt"
-    argv = ["nice", "-n", "10", sys.executable, "-m", "app.cli", *command]
+    peak_file = scratch / "device-peak.json"
+    peak_file.unlink(missing_ok=True)
+    runner = [str(HERE / "device_peak.py"), str(peak_file)] if gpu else ["-m", "app.cli"]
+    argv = ["nice", "-n", "10", sys.executable, *runner, *command]
     started = time.perf_counter()
     with out.open("wb") as stdout, err.open("wb") as stderr:
         child = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=stdout, stderr=stderr)
@@ -207,9 +212,15 @@ def run_job(command: list[str], scratch: Path) -> dict:
         document = json.loads(out.read_text())
     except ValueError:
         document = None
+    try:
+        device = json.loads(peak_file.read_text()) if gpu else None
+    except (OSError, ValueError):
+        device = None
     return {
         "argv": command,
         "exit": child.returncode,
+        "device_allocated_bytes": device and device["allocated_bytes"],
+        "device_reserved_bytes": device and device["reserved_bytes"],
         "seconds": round(seconds, 1),
         "peak_rss_bytes": usage.ru_maxrss * 1024,  # Linux: KiB
         "document": document,
@@ -263,8 +274,10 @@ def _pixels(path: str | None) -> str | None:
         return hashlib.sha256(image.convert("RGB").tobytes()).hexdigest()[:16]
 
 
-def command(job: str, model: str, size: int, steps: int, budget: int | None, out: Path) -> list:
-    words = [job, model, "--json", "--device", "cpu", "--precision", "fp16"]
+def command(
+    job: str, model: str, size: int, steps: int, budget: int | None, out: Path, device: str
+) -> list:
+    words = [job, model, "--json", "--device", device, "--precision", "fp16"]
     if job == "check":
         words += ["--size", str(size)]
     else:
@@ -353,7 +366,8 @@ def run(args) -> dict:
     jobs = names(args.jobs, JOBS)
     budgets = [None if b == "none" else BUDGET_GB for b in names(args.budgets, ("none", "6"))]
     document: dict = {
-        "machine": machine("cpu"),
+        "machine": machine(args.device),
+        "device": args.device,
         "size": args.size,
         "steps": args.steps,
         "t5_blocks": args.t5_blocks,
@@ -393,8 +407,11 @@ def run(args) -> dict:
                     out = scratch / f"{case['model']}-{case['kind']}-{job}-{budget or 0}.png"
                     with status(words):
                         result = run_job(
-                            command(job, case["path"], args.size, args.steps, budget, out),
+                            command(
+                                job, case["path"], args.size, args.steps, budget, out, args.device
+                            ),
                             scratch,
+                            gpu=args.device.startswith("cuda"),
                         )
                     result.update(
                         {
@@ -409,6 +426,14 @@ def run(args) -> dict:
                         }
                     )
                     result["within"] = result["peak_rss_bytes"] <= result["bound_bytes"]
+                    if result["device_allocated_bytes"] is not None:
+                        print(
+                            f"  device peak (allocator) "
+                            f"{result['device_allocated_bytes'] / GIB:.2f} GiB, reserved "
+                            f"{result['device_reserved_bytes'] / GIB:.2f} GiB",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     print(
                         f"  peak RSS {result['peak_rss_bytes'] / GIB:.2f} GiB, bound "
                         f"{result['bound_bytes'] / GIB:.2f}, exit {result['exit']}, "
@@ -491,9 +516,12 @@ def _device_peak(run: dict) -> str:
     """The plan's device peak (a check's `memory.peak_placed_mb`: what a GPU would hold of the
     weights; on a CPU the copies among it are RAM) and what the budget changed."""
     memory = run.get("memory_line")
+    notes = []
+    if run.get("device_allocated_bytes") is not None:
+        notes.append(f"measured {run['device_allocated_bytes'] / GIB:.2f} GiB")
     if not isinstance(memory, dict) or memory.get("peak_placed_mb") is None:
-        return "-"
-    notes = [f"{memory['peak_placed_mb'] / 1024:.2f} GiB"]
+        return "; ".join(notes) or "-"
+    notes.append(f"planned {memory['peak_placed_mb'] / 1024:.2f} GiB")
     if memory.get("computed_in_place"):
         notes.append("in place: " + ", ".join(memory["computed_in_place"]))
     if memory.get("streamed"):
@@ -504,7 +532,8 @@ def _device_peak(run: dict) -> str:
 def table(document: dict) -> str:
     lines = [
         machine_line(document["machine"]) + f", {document['machine']['memory_gib']} GiB RAM",
-        f"Each job: python -m app.cli ... --json --device cpu --precision fp16, in its own "
+        f"Each job: python -m app.cli ... --json --device {document.get('device', 'cpu')} "
+        f"--precision fp16, in its own "
         f"process; check --size {document['size']}, generate {document['size']} px, "
         f"{document['steps']} steps; T5-XXL at {document['t5_blocks']} of {T5_FULL_BLOCKS} blocks",
         "",
@@ -546,6 +575,7 @@ def main() -> None:
         "--budgets", help="none, 6 or both (default): with and without --max-vram 6"
     )
     parser.add_argument("--append", action="store_true", help="add the runs to --json's runs")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--size", type=int, default=128, help="px, a multiple of 16")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--t5-blocks", type=int, default=6, help="of T5-XXL's 24")
