@@ -30,6 +30,7 @@ from app.core.precision.streaming import (
     streamed_of,
     wanted_dtypes,
 )
+from app.core.precision.transfer import moved_as
 
 # A dropped placed copy holding this many bytes of its own (not shared with the loaded model) or
 # more is freed at once by a collection (see `PlacedPipeline._drop`); a collection takes a
@@ -157,7 +158,7 @@ def _copy_as(source, device, dtype, islands: Mapping[str, str] | None = None):
         if id(tensor) in converted:
             continue
         wanted = wanted_of.get(id(tensor), tensor.dtype)
-        twin = tensor.detach().to(device=device, dtype=wanted)
+        twin = moved_as(tensor, device, wanted)
         if isinstance(tensor, torch.nn.Parameter):
             twin = torch.nn.Parameter(twin, requires_grad=False)
         converted[id(tensor)] = twin

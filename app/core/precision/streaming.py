@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.precision.plan import torch_dtype
+from app.core.precision.transfer import cuda_free_bytes, moved_as
 
 
 def wanted_dtypes(source, dtype, islands: Mapping[str, str]) -> dict[int, Any]:
@@ -163,7 +164,7 @@ def streamed_copy(source, device, dtype, islands=None) -> tuple[Any, Sizes]:
             continue
         wanted = wanted_of.get(id(tensor), tensor.dtype)
         block = owner_of.get(id(tensor))
-        twin = tensor.detach().to(device="meta" if block is not None else device, dtype=wanted)
+        twin = moved_as(tensor, "meta" if block is not None else device, wanted)
         if isinstance(tensor, torch.nn.Parameter):
             twin = torch.nn.Parameter(twin, requires_grad=False)
         converted[id(tensor)] = twin
@@ -219,7 +220,7 @@ def _add_stream_hooks(block, tensors, device) -> None:
             table = owner._parameters if kind == "parameter" else owner._buffers
             placeholder = table[name]
             placeholders.append(placeholder)
-            moved = loaded.detach().to(device=device, dtype=placeholder.dtype)
+            moved = moved_as(loaded, device, placeholder.dtype)
             table[name] = (
                 torch.nn.Parameter(moved, requires_grad=False) if kind == "parameter" else moved
             )
@@ -290,8 +291,8 @@ def device_budget(device: str, held_bytes: int = 0) -> tuple[float, str] | tuple
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             return None, None
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return _less_reserve(free, total), FROM_GPU
+        _, total = torch.cuda.mem_get_info(torch.device(device))
+        return _less_reserve(cuda_free_bytes(device), total), FROM_GPU
     if device.startswith(("cpu", "mps")):
         import psutil
 

@@ -63,7 +63,9 @@ def _free_beside(vae, plan, dtype) -> int | None:
 
     if not torch.cuda.is_available():
         return None
-    free, _ = torch.cuda.mem_get_info(torch.device(plan.device))
+    from app.core.precision.transfer import cuda_free_bytes
+
+    free = cuda_free_bytes(plan.device)
     weights = sum(p.numel() for p in vae.parameters()) * dtype.itemsize
     return free - weights
 
