@@ -4,12 +4,13 @@
 #
 #   bash benchmarks/gpu_round.sh OUT_DIR [SCALE]
 #
-# SCALE (default 1) multiplies every step's time box. OUT_DIR receives one log per step and the
-# JSON documents: gpu.json (`halfsafe gpu --json`: the quirks table and the self-test),
-# whole-job-memory-cuda.json (whole_job_memory.py --device cuda: SDXL's checks and generations
-# at 1024 px with and without a 6 GB budget, the allocator's peak of each), health-gpu.json
-# (the check's time against a 20-step generation) and generation-gpu.json (the NaN watch's
-# cost and the host syncs it adds), the last two at SD1.5 and SDXL size in fp16.
+# SCALE (default 1) multiplies every step's time box. OUT_DIR receives round.log and the
+# JSON documents (each step's whole log stays in $LOGS): gpu.json (`halfsafe gpu --json`:
+# the quirks table and the self-test), whole-job-memory-check.json and -generate.json
+# (whole_job_memory.py --device cuda: SDXL's failing check and generation at 1024 px with no
+# budget and under 4 GB, the allocator's peak of each), health-sd1.json (the check's time
+# against a 20-step generation) and generation-sdxl.json (the NaN watch's cost and the host
+# syncs it adds). The first round's figures (2026-11-26, docs/benchmarks.md) set the boxes.
 set -u
 out=${1:?usage: gpu_round.sh OUT_DIR [SCALE]}
 scale=${2:-1}
@@ -33,17 +34,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
 "$python" -c "import torch, diffusers, transformers; print(torch.__version__, diffusers.__version__, transformers.__version__)"
 step gpu 45 "$python" -m app.cli gpu --json --retest
 "$python" -c "import json, sys; t = open(sys.argv[1]).read(); json.dump(json.loads(t[t.index('{'):]), open(sys.argv[2], 'w'), indent=1)" "$logs/gpu.log" "$out/gpu.json"
-whole=("$python" benchmarks/whole_job_memory.py --device cuda --models sdxl --size 1024 --steps 4
-    --keep /tmp/halfsafe-whole --json "$out/whole-job-memory-cuda.json")
-step whole-check 190 "${whole[@]}" --jobs check
-for model_limit in sd1:40 sdxl:60; do
-    model=${model_limit%:*} limit=${model_limit#*:}
-    step "health-$model" "$limit" "$python" benchmarks/health_check.py --device cuda \
-        --models "$model" --dtype fp16 --repeats 3 --json "$out/health-$model.json"
-done
-for model in sd1 sdxl; do
-    step "generation-$model" 50 "$python" benchmarks/generation.py --device cuda --cases "$model" \
-        --runs 3 --steps 20 --json "$out/generation-$model.json"
-done
-step whole-generate 110 "${whole[@]}" --jobs generate --append
+# SDXL with an overflow planted in its UNet, at 1024 px: without a budget, and under 4 GB, where
+# the UNet (4.8 GiB in fp16) must stream block by block.
+whole=("$python" benchmarks/whole_job_memory.py --device cuda --models sdxl --kinds planted
+    --budgets none,4 --size 1024 --steps 4 --keep /tmp/halfsafe-whole)
+step whole-check 220 "${whole[@]}" --jobs check --json "$out/whole-job-memory-check.json"
+step health-sd1 90 "$python" benchmarks/health_check.py --device cuda --models sd1 --dtype fp16 \
+    --repeats 1 --json "$out/health-sd1.json"
+step whole-generate 110 "${whole[@]}" --jobs generate --json "$out/whole-job-memory-generate.json"
+step generation-sdxl 60 "$python" benchmarks/generation.py --device cuda --cases sdxl --runs 5 \
+    --steps 20 --json "$out/generation-sdxl.json"
 } 2>&1 | tee "$out/round.log"

@@ -57,7 +57,6 @@ from common import ROOT, emit, machine, machine_line, names, status
 HERE = Path(__file__).resolve().parent
 GIB = 2**30
 MIB = 2**20
-BUDGET_GB = 6
 WORKING_SET = 1.5 * GIB
 MODELS = ("sdxl", "flux")
 FORMS = ("gguf_Q4_0", "bf16", "fp8_scaled")
@@ -275,7 +274,7 @@ def _pixels(path: str | None) -> str | None:
 
 
 def command(
-    job: str, model: str, size: int, steps: int, budget: int | None, out: Path, device: str
+    job: str, model: str, size: int, steps: int, budget: float | None, out: Path, device: str
 ) -> list:
     words = [job, model, "--json", "--device", device, "--precision", "fp16"]
     if job == "check":
@@ -284,7 +283,7 @@ def command(
         words += ["--width", str(size), "--height", str(size), "--steps", str(steps)]
         words += ["--seed", "1234", "--auto-fix", "auto", "--out", str(out)]
     if budget is not None:
-        words += ["--max-vram", str(budget)]
+        words += ["--max-vram", f"{budget:g}"]
     return words
 
 
@@ -364,14 +363,14 @@ def run(args) -> dict:
     models = names(args.models, MODELS)
     forms = names(args.forms, FORMS[:1])
     jobs = names(args.jobs, JOBS)
-    budgets = [None if b == "none" else BUDGET_GB for b in names(args.budgets, ("none", "6"))]
+    budgets = [None if b == "none" else float(b) for b in names(args.budgets, ("none", "6"))]
     document: dict = {
         "machine": machine(args.device),
         "device": args.device,
         "size": args.size,
         "steps": args.steps,
         "t5_blocks": args.t5_blocks,
-        "budget_gb": BUDGET_GB,
+        "budgets_gb": [b for b in budgets if b is not None],
         "runs": [],
     }
     holder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="halfsafe-whole-"))
@@ -403,8 +402,8 @@ def run(args) -> dict:
             activations, layer = activations_bytes(case["model"], args.size, args.t5_blocks)
             for job in jobs:
                 for budget in budgets:
-                    words = f"{case['form']} {case['kind']}: {job}, budget {budget or 'none'}"
-                    out = scratch / f"{case['model']}-{case['kind']}-{job}-{budget or 0}.png"
+                    words = f"{case['form']} {case['kind']}: {job}, budget {'none' if budget is None else f'{budget:g}'}"
+                    out = scratch / f"{case['model']}-{case['kind']}-{job}-{budget or 0:g}.png"
                     with status(words):
                         result = run_job(
                             command(
@@ -543,7 +542,7 @@ def table(document: dict) -> str:
     ]
     for run in document["runs"]:
         agrees = run.get("agrees")
-        budget = "none" if run["budget_gb"] is None else f"{run['budget_gb']} GB"
+        budget = "none" if run["budget_gb"] is None else f"{run['budget_gb']:g} GB"
         lines.append(
             f"| {run['form']} | {run['kind']} | {run['job']} | "
             f"{budget} | "
@@ -572,7 +571,8 @@ def main() -> None:
     parser.add_argument("--jobs", help=f"comma-separated, of {', '.join(JOBS)}")
     parser.add_argument("--kinds", help="healthy, planted or both (default)")
     parser.add_argument(
-        "--budgets", help="none, 6 or both (default): with and without --max-vram 6"
+        "--budgets",
+        help="comma-separated: none and GB figures for --max-vram (default: none,6)",
     )
     parser.add_argument("--append", action="store_true", help="add the runs to --json's runs")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
