@@ -535,18 +535,29 @@ class HealthView(QWidget):
         role = words.COMPONENT_ROLES.get(name)
         if role:
             card.header.insertWidget(1, label(f"— {role}", "muted"))
+        dtype = component.dtype
+        fp16 = component.precisions.get("fp16")
         if component.fed_by and not status.failed:  # not its own fault
             chip = Chip(words.fed_by_words(component.fed_by), "muted")
+        elif status is Status.OK and dtype != "fp16" and fp16 is not None and fp16.status.failed:
+            # Fine as run, but not in the precision most users move to: never a plain green Ok.
+            chip = Chip(f"Ok in {dtype}; fp16 {STATUS_WORDS[fp16.status]}", "warn")
         else:
             chip = Chip(words.first_upper(STATUS_WORDS[status]), words.STATUS_LEVEL[status])
         card.header.addWidget(chip)
-        dtype = component.dtype
-        facts = [
-            f"Largest value: <b>{words.big_number(component.max_abs)}</b>"
-            + (f" (run in {dtype})" if dtype else "")
-            + " — the fp16 limit is 65,504.",
-            html.escape(headroom_words(component.headroom, status)),
-        ]
+        if component.wider_max_abs is not None:
+            largest = (
+                f"Largest value held in fp16: <b>{words.big_number(component.max_abs)}</b> — the "
+                "fp16 limit is 65,504. The layers kept wider reached "
+                f"{words.big_number(component.wider_max_abs)}, which their precision holds."
+            )
+        else:
+            largest = (
+                f"Largest value: <b>{words.big_number(component.max_abs)}</b>"
+                + (f" (run in {dtype})" if dtype else "")
+                + " — the fp16 limit is 65,504."
+            )
+        facts = [largest, html.escape(headroom_words(component.headroom, status))]
         first_bad = component.first_bad_module
         if first_bad:
             facts.append(

@@ -514,3 +514,23 @@ def test_cancel_stops_the_check_and_releases_the_device_copies(monkeypatch):
         check(loaded(build_tiny_sd_pipeline()), on_progress=cancel_at_unet, cancel=token)
     assert len(released) == 1
     assert released[0]._placed == {}
+
+
+def test_a_component_run_in_fp16_with_layers_kept_wider_has_fp16s_headroom():
+    """The VAE in fp16 with its overflowing layers kept in bf16 (the fix a check proves for the
+    planted VAE): its headroom is about what fp16 held; the bf16 layers' larger values are
+    reported apart, never as 'fp16 would overflow' beside 'fp16 ok (measured)'."""
+    block = "decoder.up_blocks.0.resnets.0"
+    settings = PrecisionSettings(
+        precision="fp16", bf16_modules=(f"vae:{block}.conv1", f"vae:{block}.norm2")
+    )
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), settings)
+    assert report.verdict == "healthy"
+    vae = report.components["vae"]
+    assert vae.dtype == "fp16" and vae.status.value == "ok"
+    assert vae.precisions["fp16"].measured and vae.precisions["fp16"].status.value == "ok"
+    assert vae.max_abs < 65504 and vae.headroom > 1
+    assert vae.wider_max_abs > 65504
+    assert vae.to_json()["wider_max_abs"] == pytest.approx(vae.wider_max_abs)
+    # A component with no wider layer keeps its one figure.
+    assert report.components["unet"].wider_max_abs is None

@@ -11,10 +11,12 @@ from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.core.components import Status, Verdict
 from app.core.fixing.diagnosis import Quality
+from app.core.health import PrecisionOutcome
 from app.core.jobs import DONE
 from app.core.precision import PrecisionPlan
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
+from app.ui.widgets import Chip
 from tests.support import reports
 from tests.support.reports import MARKDOWN
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
@@ -489,3 +491,41 @@ def test_a_fix_whose_words_hold_an_apostrophe_shows_it_not_its_entity(window, en
         else:
             document.setPlainText(widget.text())
         assert "fp16's range" in document.toPlainText()
+
+
+def test_a_part_fine_as_run_but_not_in_fp16_is_never_a_plain_green_ok(window, engines):
+    """The VAE ran in fp32 and would overflow in fp16: its chip says both, as a warning, beside
+    'fp16 would overflow'. The UNet ran in fp16 with layers kept in bf16: its largest value is
+    fp16's, and the bf16 layers' larger one is said apart (never '(run in fp16)' past 65,504)."""
+    view, job = _run_check(window, engines)
+    parts = reports.components()
+    vae = replace(
+        parts["vae"],
+        dtype="fp32",
+        status=Status.OK,
+        first_bad_module=None,
+        max_abs=387513.0,
+        headroom=65504 / 387513.0,
+        precisions={
+            "fp16": PrecisionOutcome(Status.OVERFLOW, False),
+            "bf16": PrecisionOutcome(Status.OK, False),
+        },
+    )
+    unet = replace(
+        parts["unet"], status=Status.OK, max_abs=20000.0, headroom=3.3, wider_max_abs=387072.0
+    )
+    report = reports.report(
+        plan=reports.plan(dtypes={"vae": "fp32"}), components={**parts, "vae": vae, "unet": unet}
+    )
+    engines.current.finish(job, reports.result(report))
+
+    def shown(name):
+        return " ".join(w.text() for w in view.cards[name].findChildren(QLabel))
+
+    (chip,) = [c for c in view.cards["vae"].findChildren(Chip) if "Ok" in c.text()]
+    assert chip.text() == "Ok in fp32; fp16 overflows" and chip.level == "warn"
+    assert "fp16 would overflow" in shown("vae")
+    unet_text = shown("unet")
+    assert "Largest value held in fp16: <b>20,000</b>" in unet_text
+    assert "The layers kept wider reached 387,072, which their precision holds" in unet_text
+    assert "(run in fp16)" not in unet_text

@@ -106,6 +106,11 @@ def component_report(
         status = Status.OK
     measured = verify if verify is not None else probe
     peak = measured.max_abs if not (measured.non_finite and verify is None) else None
+    wider = None
+    if dtype == "fp16" and verify is None and not probe.non_finite and probe.half_max_abs:
+        # fp16's headroom is about the values fp16 held; a layer kept wider may carry more.
+        peak = probe.half_max_abs
+        wider = probe.max_abs if probe.max_abs > peak else None
     headroom = FP16_MAX / peak if peak else None
     # Within 2x of 65504 is a risk only for a component that runs in fp16; a wider run's
     # large values are reported under `precisions` as what fp16 would do.
@@ -123,6 +128,7 @@ def component_report(
         seconds=seconds,
         blocks=_blocks(probe, module) if module is not None else [],
         predicted_first_bad_module=over.name if over else None,
+        wider_max_abs=wider,
     )
 
 

@@ -59,6 +59,9 @@ class PrecisionOutcome:
 class ComponentReport:
     """One component's result. `max_abs` is measured at the tested precision, or, when that run
     went non-finite, on the run that fixed it (so headroom below 1 says by how much it overflows).
+    A component that ran in fp16 with layers kept wider (a fix's islands) has its `max_abs` and
+    headroom from the values held in fp16, and the wider layers' own largest value, where it is
+    above those, as `wider_max_abs`: fp16's range is no concern of theirs.
     """
 
     name: str
@@ -75,6 +78,7 @@ class ComponentReport:
     # finite). Such a victim is checked on a finite stand-in input; its status says what it did
     # there, never the upstream fault.
     fed_by: str | None = None
+    wider_max_abs: float | None = None
 
     @property
     def predicted_fp16(self) -> str | None:
@@ -94,6 +98,8 @@ class ComponentReport:
             "blocks": self.blocks,
             "fed_by": self.fed_by,
         }
+        if self.wider_max_abs is not None:
+            document["wider_max_abs"] = _finite_or_none(self.wider_max_abs)
         if self.predicted_fp16 is not None:
             document["predicted_fp16"] = self.predicted_fp16
             document["predicted_first_bad_module"] = self.predicted_first_bad_module
