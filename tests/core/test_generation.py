@@ -700,12 +700,13 @@ def test_the_watch_adds_no_host_sync_inside_the_loop(base, tmp_path):
     assert count_inside(watched) <= count_inside(plain)
 
 
-def test_a_repair_made_where_the_user_overrode_the_remembered_fix_keeps_none_of_it(
+def test_a_checked_fix_the_user_overrode_stays_when_a_generation_repairs_around_it(
     base, tmp_path, device_name
 ):
-    """The check remembered 'run the VAE in fp32'; the user then set the VAE to fp16 and a
-    generation repaired it with layers. The fix remembered now is the repair alone: merged with
-    the overridden setting it read 'keep 2 VAE layers in bf16; run the VAE in fp32'."""
+    """The check proved 'run the VAE in fp32' against fp32; the user then set the VAE to fp16
+    and a generation repaired its image with layers. The checked fix stays remembered (the
+    repair proves only a finite image, at settings the fix was never meant for), and the job
+    says so; merged, the two read 'keep 2 VAE layers in bf16; run the VAE in fp32'."""
     model = variant(base, "vae-overridden", vae=scaled(base.vae, VAE_LAYER, 1e6))
     profiles.remember_fix(
         "vae-overridden", device_name, {"vae_precision": "fp32"}, "checked", "health check"
@@ -719,5 +720,29 @@ def test_a_repair_made_where_the_user_overrode_the_remembered_fix_keeps_none_of_
     (entry,) = result.images
     assert (entry.status, entry.component) == ("fixed", "vae")
     remembered = profiles.remembered_fix("vae-overridden", device_name)
+    assert remembered is not None and remembered.verified_by == "health check"
+    assert remembered.settings == {"vae_precision": "fp32"}
+    (said,) = [w for w in result.warnings if "stays" in w]
+    assert said.startswith("The fix remembered for this model on this device (checked) stays")
+    assert not any("is now the one this job proved" in w for w in result.warnings)
+
+
+def test_a_repair_the_user_overrode_is_replaced_by_the_repair_that_ran(base, tmp_path, device_name):
+    """A remembered fix that a generation proved (finite only) is no better proof than the new
+    repair: the one that ran at the user's settings replaces it, with none of the overridden
+    setting merged in."""
+    model = variant(base, "vae-repaired", vae=scaled(base.vae, VAE_LAYER, 1e6))
+    profiles.remember_fix(
+        "vae-repaired", device_name, {"vae_precision": "fp32"}, "repaired", "generation repair"
+    )
+    result = generate(
+        model,
+        request(tmp_path),
+        precision=fp16(auto_fix="auto", vae_precision="fp16"),
+        device="cpu",
+    )
+    assert result.images[0].status == "fixed"
+    remembered = profiles.remembered_fix("vae-repaired", device_name)
     assert remembered is not None and remembered.verified_by == "generation repair"
     assert remembered.settings.get("vae_precision") != "fp32", remembered.settings
+    assert any("is now the one this job proved" in w for w in result.warnings)

@@ -14,6 +14,7 @@ from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.fixing import diagnosis
+from app.core.fixing.remembered_fix import RememberedFix
 from app.core.generation.describe import describe
 from app.core.generation.job import Job
 from app.core.generation.parameters import parameters
@@ -133,8 +134,15 @@ def generate(
         learned = _repair_by_cause(
             model, result, precision, device, progress, cancel or CancelToken(), learned
         )
+    previous = profiles.remembered_fix(model.profile_key, result.device.name)
+    if learned is not None and previous is not None and _keeps_the_checked_fix(previous, learned):
+        result.warnings.append(
+            f"The fix remembered for this model on this device ({previous.summary}) stays: "
+            "your settings override it, and the health check proved it against fp32, where "
+            f"this job's repair only came out finite ({learned.summary})"
+        )
+        learned = None
     if learned is not None:  # the job ran to its end: what it proved is kept for the next
-        previous = profiles.remembered_fix(model.profile_key, result.device.name)
         if previous is not None and dict(previous.settings) != learned.settings:
             result.warnings.append(
                 "The fix remembered for this model on this device is now the one this job "
@@ -172,6 +180,20 @@ class _Learned:
     settings: dict[str, Any]
     summary: str
     made_at: dict[str, Any] = field(default_factory=dict)  # `RememberedFix.made_at`
+    # The user's own settings overrode some of the remembered fix, so the job ran without it:
+    # the repair proves what works at those settings, not that the remembered fix was wrong.
+    overrode_remembered: bool = False
+
+
+def _keeps_the_checked_fix(previous: RememberedFix, learned: _Learned) -> bool:
+    """Whether a remembered fix stays although this job repaired its images another way: the
+    health check proved it (against fp32), and the job ran without it because the user's own
+    settings overrode it. A generation's repair proves only a finite image."""
+    return (
+        previous.verified_by == "health check"
+        and learned.overrode_remembered
+        and dict(previous.settings) != learned.settings
+    )
 
 
 def _generate_unsaved(
@@ -327,25 +349,27 @@ def _generate_unsaved(
             # the fix ran it in fp32) took no part in this proof, and beside the repair it would
             # make a fix that contradicts itself ("2 VAE layers in bf16; the VAE in fp32").
             ran_with = {*plan.remembered_used, *plan.remembered_held}
-            kept = (
-                {
-                    key: value
-                    for key, value in diagnosis.without_layers(
-                        remembered.settings, plan.remembered_dropped
-                    ).items()
-                    if key in ran_with
-                }
+            usable = (
+                diagnosis.without_layers(remembered.settings, plan.remembered_dropped)
                 if remembered
                 else {}
             )
+            kept = {key: value for key, value in usable.items() if key in ran_with}
             merged = {**kept, **job.fix_settings}
             parts = join_words(job.fixed_components)
+            # What of it the user's settings overrode (a layer the model lacks is no override).
+            overridden = {
+                key
+                for key, value in usable.items()
+                if key not in ran_with and value not in ("auto", False, [], ())
+            }
             learned = _Learned(
                 merged,
                 f"The {parts} went non-finite during generation; fix: "
                 f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
                 "finite.",
                 plan.dtype_settings(),
+                overrode_remembered=bool(overridden),
             )
     finally:
         job.placed.release()
