@@ -432,6 +432,7 @@ class HealthView(QWidget):
         if self._headline is None:
             return
         level, text, holds_at = self._headline
+        self._forget_undone_applied()
         if self.stale:
             self.verdict.show_message(
                 "muted",
@@ -650,6 +651,19 @@ class HealthView(QWidget):
         self._fix_settings = dict(fix.settings) if fix is not None else {}
         self.apply_button.setEnabled(bool(self._fix_settings))
         self.applied_label.setText("")
+
+    def _forget_undone_applied(self) -> None:
+        """'Applied' is said of the settings as they were when the fix was applied: once the
+        user changes one of the settings it set, the next job runs without it, and so says the
+        row (Apply fix stays, to apply it again)."""
+        if not self.applied_label.text() or not self._fix_settings:
+            return
+        shared, _own = split_fix(self._fix_settings)
+        if any(self.state.settings[key] != value for key, value in shared.items()):
+            self.applied_label.setText(
+                "Your settings have changed since this fix was applied: the next job runs "
+                "without it. Apply fix sets it again."
+            )
 
     def _candidate_grid(self, fix: Fix) -> QGridLayout:
         """The candidates table (core's rows, the CLI's and the report's), with an "Apply

@@ -273,6 +273,23 @@ def test_apply_fix_writes_the_settings(window, engines):
     assert engines.current.last_job("check").params.precision.vae_precision == "fp32"
 
 
+def test_applied_is_taken_back_when_the_user_undoes_the_fix_in_settings(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, reports.result(reports.fixable()))
+    view.apply_button.click()
+    assert view.applied_label.text().startswith("Applied.")
+    window.state.set_setting("precision", "fp16")  # not a setting of the fix: still applied
+    assert view.applied_label.text().startswith("Applied.")
+    window.state.set_setting("vae_precision", "fp16")
+    assert view.applied_label.text() == (
+        "Your settings have changed since this fix was applied: the next job runs without it. "
+        "Apply fix sets it again."
+    )
+    assert view.apply_button.isEnabled()
+    view.apply_button.click()
+    assert view.applied_label.text().startswith("Applied.")
+
+
 def test_export_and_copy_markdown(window, engines, tmp_path):
     view, job = _run_check(window, engines)
     engines.current.finish(job, reports.result(reports.fixable()))
