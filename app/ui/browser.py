@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,7 @@ class ModelHealth:
     fix: str = ""  # the fix in a table cell's words (`words.fix_short`)
     fix_summary: str = ""
     fix_on: str = ""
+    fix_settings: dict[str, Any] = field(default_factory=dict)  # the remembered fix's own
 
 
 def health_key(source: str) -> str:
@@ -197,6 +198,7 @@ def health_by_model(
             fix=words.fix_short(stored.fix.settings, stored.fix.parts) if stored else "",
             fix_summary=stored.fix.summary if stored is not None else "",
             fix_on=stored.device if stored is not None else "",
+            fix_settings=dict(stored.fix.settings) if stored is not None else {},
         )
     return result
 

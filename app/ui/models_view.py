@@ -350,6 +350,7 @@ class ModelsView(QWidget):
     def _health_read(self, health: dict[str, ModelHealth]) -> None:
         self.health = dict(health)
         self._show_health()
+        self._refresh_remembered()
 
     def _show_health(self) -> None:
         for index in range(self.library.topLevelItemCount()):
@@ -689,16 +690,38 @@ class ModelsView(QWidget):
         # The remembered fixes' file was damaged and kept aside: said once, by this load.
         damage = "".join(f"<br>{html.escape(n)}" for n in model.profile_notes)
         if fix is not None and fix.settings:
-            on = html.escape(model.remembered_on or "this device")
-            self.remembered.show_message(
-                "warn" if damage else "info",
-                f"<b>HalfSafe remembers a fix for this model on {on}.</b> "
-                f"{html.escape(fix.summary or words.fix_short(fix.settings, model.components))} "
-                "Settings left on Auto follow it already." + damage,
-                [("Apply to my settings", lambda s=fix.settings: self._apply_remembered(s))],
-            )
+            self._show_remembered(fix.settings, fix.summary, model.remembered_on, damage)
         elif damage:
             self.remembered.show_message("warn", damage.removeprefix("<br>"))
+
+    def _show_remembered(
+        self, settings: dict[str, Any], summary: str, on: str | None, damage: str = ""
+    ) -> None:
+        model = self.state.model
+        parts = model.components if model is not None else ()
+        self.remembered.show_message(
+            "warn" if damage else "info",
+            f"<b>HalfSafe remembers a fix for this model on {html.escape(on or 'this device')}."
+            f"</b> {html.escape(summary or words.fix_short(settings, parts))} "
+            "Settings left on Auto follow it already." + damage,
+            [("Apply to my settings", lambda s=settings: self._apply_remembered(s))],
+        )
+
+    def _refresh_remembered(self) -> None:
+        """The loaded model's remembered fix as saved now, where it is not the one its load
+        found (a generation that repaired an image remembers its repair): never an old fix."""
+        model, source = self.state.model, self.loaded_source()
+        if model is None or not source or self.loading is not None:
+            return
+        device = self.state.device_report()
+        here = device.name if device is not None else model.remembered_on
+        saved = self.health.get(health_key(source))
+        if saved is None or not saved.fix_settings or saved.fix_on != here:
+            return
+        known = model.remembered_fix
+        if known is not None and dict(known.settings) == saved.fix_settings:
+            return
+        self._show_remembered(saved.fix_settings, saved.fix_summary, saved.fix_on)
 
     def _apply_remembered(self, settings: dict[str, Any]) -> None:
         try:

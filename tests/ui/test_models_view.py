@@ -506,3 +506,41 @@ def test_a_preview_beside_a_model_becomes_its_icon_and_a_bad_one_a_sentence(
     icon = _row(view, "good.safetensors").icon(0).pixmap(32, 32).toImage()
     blank = _row(view, "plain.safetensors").icon(0).pixmap(32, 32).toImage()
     assert icon.pixelColor(16, 16).alpha() == 255 and blank.pixelColor(16, 16).alpha() == 0
+
+
+def test_the_banner_shows_the_fix_remembered_now_not_the_one_the_load_found(window, engines):
+    """A generation that repaired an image remembered its repair: once the saved fixes are read
+    again, the banner names that one, not the fix the model was loaded with."""
+    from app.ui.browser import ModelHealth, health_key
+
+    view = window.models_view
+    view.load_path("demo")
+    here = "NVIDIA GeForce RTX 3060"
+    old = RememberedFix({"vae_precision": "fp32"}, "The old fix.", "health check", 0.0)
+    engines.current.finish(
+        engines.current.last_job("load"),
+        replace(DEMO_SUMMARY, remembered_fix=old, remembered_on=here),
+    )
+    assert "The old fix." in view.remembered.text.text()
+    new = {"bf16_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    view._health_read(
+        {
+            health_key(view.loaded_source()): ModelHealth(
+                fix="1 VAE layer in bf16",
+                fix_summary="The new fix.",
+                fix_on=here,
+                fix_settings=new,
+            )
+        }
+    )
+    assert "The new fix." in view.remembered.text.text()
+    assert "The old fix." not in view.remembered.text.text()
+    # The same fix as the load's, or another device's: the banner stays as it is.
+    view._health_read(
+        {
+            health_key(view.loaded_source()): ModelHealth(
+                fix_summary="Another device's.", fix_on="Some other GPU", fix_settings=new
+            )
+        }
+    )
+    assert "The new fix." in view.remembered.text.text()
