@@ -643,6 +643,8 @@ class ModelsView(QWidget):
         self._mark_loaded(source)
         self.remembered.dismiss()
         if model is None:
+            if self.loading is None:  # "... is still loaded" of an earlier load holds no more
+                self.load_status.setText("")
             self.details.title.setText("No model loaded")
             self.details_text.setText(
                 "Loading reads the weights once to check that none of them is NaN or infinite."

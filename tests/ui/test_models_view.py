@@ -364,6 +364,11 @@ def test_a_failed_open_shows_the_model_the_engine_still_holds(window, engines, t
     )
     assert window.state.model == DEMO_SUMMARY
     assert view.load_status.text() == "Loading cancelled; demo is still loaded."
+    # The engine dies: nothing is loaded any more, and nothing on the page says otherwise.
+    engines.current.crash()
+    assert window.state.model is None
+    assert view.details.title.text() == "No model loaded"
+    assert "still loaded" not in view.load_status.text()
 
 
 # The browser: metadata, search and family filter, health, previews ----------------------------
