@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QListWidget,
     QMainWindow,
     QMessageBox,
-    QSizePolicy,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
@@ -40,7 +39,7 @@ from app.ui.first_run import FirstStart
 from app.ui.pages import PageHost
 from app.ui.state import AppState
 from app.ui.wheel import WheelNeedsFocus
-from app.ui.widgets import Banner
+from app.ui.widgets import Banner, ElidedLabel
 
 if TYPE_CHECKING:
     # The pages' modules are imported when a page is built, the dialogs' when one opens.
@@ -236,15 +235,14 @@ class MainWindow(QMainWindow):
             bar.addPermanentWidget(widget)
         # The last thing a page said (what the last image was made as, a file that could not
         # be read): it takes the room left and is cut, never widening the window.
-        self.message_status = QLabel()
+        self.message_status = ElidedLabel()
         self.message_status.setContentsMargins(6, 0, 6, 0)
-        self.message_status.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         bar.addPermanentWidget(self.message_status, 1)
 
     def say(self, sentence: str) -> None:
-        """One sentence in the status bar (the whole of it in its tooltip)."""
-        self.message_status.setText(sentence)
-        self.message_status.setToolTip(sentence)
+        """One sentence in the status bar, ending in "…" where it is cut (the whole of it in
+        its tooltip)."""
+        self.message_status.set_full_text(sentence)
 
     def _about(self) -> None:
         from app.core.families.registry import families_words

@@ -118,7 +118,8 @@ def test_image_to_image_with_the_real_engine(qtbot, real_window, tmp_path):
     assert entry.mode is Mode.IMAGE and entry.strength == 0.5
     assert "Image-to-image from photo.png, strength 0.5" in view.parameters.text()
     assert (
-        window.message_status.text() == "Last image: image-to-image from photo.png, strength 0.5."
+        window.message_status.full_text()
+        == "Last image: image-to-image from photo.png, strength 0.5."
     )
 
 

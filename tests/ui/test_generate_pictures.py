@@ -42,7 +42,7 @@ def _picture(path, size=(300, 200), colour="steelblue") -> str:
 
 
 def status_bar(view) -> str:
-    return view.window().message_status.text()
+    return view.window().message_status.full_text()
 
 
 def test_the_request_carries_the_picture_the_mask_and_the_strength(view, engines, tmp_path):

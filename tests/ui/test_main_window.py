@@ -351,3 +351,15 @@ def test_file_dialogs_open_where_the_users_files_are(window, monkeypatch, tmp_pa
     save_settings(settings)
     monkeypatch.setattr("platformdirs.user_pictures_dir", lambda: str(tmp_path / "no-pictures"))
     assert folders.pictures() == folders.models() == str(Path.home())
+
+
+def test_a_long_status_message_ends_in_an_ellipsis_where_it_is_cut(window, engines):
+    sentence = "Last image: inpainting 00002-354156698.png where the mask was painted, " * 3
+    window.say(sentence)
+    shown = window.message_status
+    shown.resize(200, shown.height())
+    assert shown.full_text() == sentence == shown.toolTip()
+    assert shown.text().endswith("…") and len(shown.text()) < len(sentence)
+    assert shown.fontMetrics().horizontalAdvance(shown.text()) <= shown.contentsRect().width()
+    shown.resize(4000, shown.height())
+    assert shown.text() == sentence
