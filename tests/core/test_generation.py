@@ -723,7 +723,9 @@ def test_a_checked_fix_the_user_overrode_stays_when_a_generation_repairs_around_
     assert remembered is not None and remembered.verified_by == "health check"
     assert remembered.settings == {"vae_precision": "fp32"}
     (said,) = [w for w in result.warnings if "stays" in w]
-    assert said.startswith("The fix remembered for this model on this device (checked) stays")
+    assert said.startswith(
+        "The fix remembered for this model on this device (run the VAE in fp32) stays"
+    )
     assert not any("is now the one this job proved" in w for w in result.warnings)
 
 

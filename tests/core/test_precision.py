@@ -90,7 +90,7 @@ def test_a_remembered_fix_is_said_to_be_used_only_where_it_set_something():
     used = plan(PrecisionSettings(precision="fp16"), remembered=fix.settings)
     assert used.remembered_used == ("vae_precision",)
     assert remembered_words(fix, used) == [
-        "Using the fix remembered for this model on this device: run the VAE in fp32"
+        "Using the fix remembered for this model on this device: run the VAE in fp32."
     ]
     # The user's own VAE choice wins: the job runs without the fix and says so.
     mine = plan(PrecisionSettings(precision="fp16", vae_precision="fp16"), remembered=fix.settings)

@@ -629,13 +629,17 @@ def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
     layers it names that this model does not have (`plan.remembered_dropped`), left out."""
     if remembered is None:
         return []
+    from app.core.precision.words import fix_words
+
+    # What it does, short: how it was proved is on the Fixes page, not in every job's notes.
+    does = fix_words(remembered.settings, remembered.parts)
     dropped = tuple(getattr(plan, "remembered_dropped", ()))
     missing = ""
     if dropped:
         layers = ", ".join(dropped)
         missing = f"{layers}, which this model does not have"
     if getattr(plan, "remembered_used", ()):
-        words = f"Using the fix remembered for this model on this device: {remembered.summary}"
+        words = f"Using the fix remembered for this model on this device: {does}."
         if missing:
             words += f" Left out of it: {missing} (edit it on the Fixes page)."
         return [words]
@@ -647,8 +651,8 @@ def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
         # The job's own settings held the same fix (a fix applied to this job, say): it ran
         # with it, though not because it is remembered.
         return [
-            f"The fix remembered for this model on this device ({remembered.summary}) is also "
-            "in this job's own settings, so the job ran with it."
+            f"Your settings include the fix remembered for this model on this device ({does}), "
+            "so the job ran with it."
         ]
     if missing and not without_layers(remembered.settings, dropped):
         return [
@@ -661,6 +665,6 @@ def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
             "settings override the rest of it, so this job ran without it."
         ]
     return [
-        f"A fix is remembered for this model on this device ({remembered.summary}), but your "
-        "settings override it, so this job ran without it."
+        f"A fix is remembered for this model on this device ({does}), but your settings "
+        "override it, so this job ran without it."
     ]

@@ -41,6 +41,7 @@ from app.core.images.pictures import (
 from app.core.jobs import DONE, CancelToken, ProgressCallback, no_progress
 from app.core.memory import is_out_of_memory, said_memory_plan
 from app.core.precision import tiling
+from app.core.precision.words import fix_words
 from app.core.settings import FIELDS, PrecisionSettings
 
 
@@ -135,19 +136,22 @@ def generate(
             model, result, precision, device, progress, cancel or CancelToken(), learned
         )
     previous = profiles.remembered_fix(model.profile_key, result.device.name)
-    if learned is not None and previous is not None and _keeps_the_checked_fix(previous, learned):
-        result.warnings.append(
-            f"The fix remembered for this model on this device ({previous.summary}) stays: "
-            "your settings override it, and the health check proved it against fp32, where "
-            f"this job's repair only came out finite ({learned.summary})"
-        )
-        learned = None
-    if learned is not None:  # the job ran to its end: what it proved is kept for the next
-        if previous is not None and dict(previous.settings) != learned.settings:
+    if learned is not None and previous is not None:
+        was = fix_words(previous.settings, previous.parts or model.components)
+        now = fix_words(learned.settings, model.components)
+        if _keeps_the_checked_fix(previous, learned):
+            result.warnings.append(
+                f"The fix remembered for this model on this device ({was}) stays: your settings "
+                "override it, and the health check proved it against fp32, where this job's "
+                f"repair ({now}) only came out finite."
+            )
+            learned = None
+        elif dict(previous.settings) != learned.settings:
             result.warnings.append(
                 "The fix remembered for this model on this device is now the one this job "
-                f"proved: {learned.summary} (it was: {previous.summary})"
+                f"proved: {now} (it was: {was})."
             )
+    if learned is not None:  # the job ran to its end: what it proved is kept for the next
         profiles.remember_fix(
             model.profile_key,
             result.device.name,
