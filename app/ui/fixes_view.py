@@ -271,7 +271,12 @@ class FixesView(QWidget):
                 parts.append(_para(said, fix.summary, quoted=True))
         if report is not None:
             headline = plain_figures(report.headline)
-            parts.append(_para("Last check", f"{report_words(report)}: {headline}"))
+            # The verdict once: most headlines begin with it ("Fixable: at your settings ...").
+            said = report_words(report)
+            verdict = words.first_upper(report.verdict.value)
+            if headline.startswith(verdict):
+                said = said.removeprefix(f"{verdict}, ")
+            parts.append(_para("Last check", f"{said}: {headline}"))
         else:
             parts.append(_para("Last check", "none kept for this model on this device."))
         return "".join(parts)

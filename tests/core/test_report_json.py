@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import types
 from dataclasses import replace
 
 import pytest
@@ -179,3 +180,23 @@ def test_the_cost_reads_as_one_line_per_plan():
     assert health.cost_words(on_a_cpu) == (
         "118.0 ms per UNet step (116.0-121.5 over 5 runs), 10500 MB of weights"
     )
+
+
+def test_a_fix_identical_to_fp32_is_said_identical_in_its_table_not_200_db():
+    from app.core.fixing.diagnosis import QUALITY_CEILING_DB, Quality
+    from app.core.health.words import candidate_rows
+
+    assert Quality(QUALITY_CEILING_DB).figure() == "identical"
+    assert Quality(47.3).figure() == "47.3 dB"
+    row = types.SimpleNamespace(
+        component="vae",
+        words="run the VAE in fp32",
+        modules=0,
+        quality=Quality(QUALITY_CEILING_DB),
+        verified=True,
+        chosen=True,
+        finite=True,
+        cost={},
+    )
+    (shown,) = candidate_rows([row], {})
+    assert shown[3] == "identical"

@@ -280,14 +280,15 @@ def test_the_selected_fix_is_said_in_full_and_forget_acts_on_it(window):
         "from 20 dB, about 10%)."
     ) in text
     # The last check's headline, its figure in words as the Health check page says it.
-    assert "Last check: Fixable, " in text
+    assert "Last check: Fixable, " not in text and ": Fixable: at your settings" in text
     assert "verified fix (identical to full precision): run the VAE in fp32." in text
 
     # Another row selected: the pane follows it.
     view.table.setCurrentItem(view.table.topLevelItem(1))
     text = _detail(view)
     assert "Fix: none needed: the last check found this model safe here." in text
-    assert "Keep 2 layers" not in text and "Last check: Healthy, " in text
+    assert "Keep 2 layers" not in text and "Last check: Healthy, " not in text
+    assert ": Healthy " in text
 
     # Forget and Re-verify act on the row the pane shows.
     asked = []

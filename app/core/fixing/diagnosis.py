@@ -52,8 +52,12 @@ class Quality:
     def words(self) -> str:
         """The figure as the check writes it into its sentences (`QUALITY_FIGURE` reads it
         back): '47.3 dB against fp32, threshold 20 dB', 'identical against fp32, ...'."""
-        shown = "identical" if self.value >= QUALITY_CEILING_DB else f"{self.value:.1f} dB"
-        return f"{shown} against fp32, threshold {self.threshold:g} dB"
+        return f"{self.figure()} against fp32, threshold {self.threshold:g} dB"
+
+    def figure(self) -> str:
+        """The figure alone, for a table's cell: '47.3 dB', 'identical' (at the ceiling, an
+        output the same as fp32's, never '200.0 dB')."""
+        return "identical" if self.value >= QUALITY_CEILING_DB else f"{self.value:.1f} dB"
 
     def plain_words(self) -> str:
         """The figure in the pages' plain words (`AGREEMENT_WORDS`)."""

@@ -179,7 +179,7 @@ def candidate_rows(
                     component,
                     c.words,
                     str(c.modules or "-"),
-                    f"{c.quality.value:.1f} dB" if c.quality else "-",
+                    c.quality.figure() if c.quality else "-",
                     _result_words(c),
                     _ms(c.cost),
                     _mb(c.cost.get("peak_memory_mb")),
