@@ -238,7 +238,8 @@ class FirstStart(QObject):
 
     `hint` gives the Models page's banner (read when the hint shows or goes, so the page is
     built only then); `try_demo` loads the demo and opens the Health check
-    page; `show_models` opens the Models page. A health check run from anywhere ends the hint.
+    page; `show_models` opens the Models page, `show_health` the Health check page. Once a
+    model is loaded the hint says the next step; a health check run from anywhere ends it.
     """
 
     def __init__(
@@ -251,6 +252,7 @@ class FirstStart(QObject):
         try_demo: Callable[[], object],
         show_models: Callable[[], object],
         parent: QWidget,
+        show_health: Callable[[], object] = lambda: None,
     ) -> None:
         super().__init__(parent)
         self.ui_settings = ui_settings
@@ -259,9 +261,11 @@ class FirstStart(QObject):
         self._hint = hint
         self._try_demo = try_demo
         self._show_models = show_models
+        self._show_health = show_health
         self._window = parent
         self.folder_dialog: ModelFolderDialog | None = None
         client.job_event.connect(self._job_event)
+        state.model_changed.connect(self._model_changed)
 
     @property
     def hint(self) -> Banner:
@@ -300,6 +304,17 @@ class FirstStart(QObject):
             "info",
             "<b>New here?</b> Load the demo model, then press Health check.",
             [("Load the demo", self._try_demo), ("Dismiss", self.dismiss_hint)],
+        )
+
+    def _model_changed(self, model: object) -> None:
+        """A model loaded while the hint is up: its first step is done, so it says the next."""
+        if model is None or self._done(HINT_DONE) or not self.hint.isVisibleTo(self._window):
+            return
+        self.hint.show_message(
+            "info",
+            "<b>Next:</b> press Health check to see which part of the model overflows in fp16 "
+            "and the fix HalfSafe proves for it.",
+            [("Open Health check", self._show_health), ("Dismiss", self.dismiss_hint)],
         )
 
     def dismiss_hint(self) -> None:

@@ -205,6 +205,7 @@ class MainWindow(QMainWindow):
             try_demo=lambda: (self.load_demo(), self.show_page("Health check")),
             show_models=lambda: self.show_page("Models"),
             parent=self,
+            show_health=lambda: self.show_page("Health check"),
         )
         help_menu = self.menuBar().addMenu("&Help")
         guide = QAction("&User guide", self)

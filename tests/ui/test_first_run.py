@@ -108,6 +108,19 @@ def test_a_dismissed_hint_never_comes_back(window, engines, home, qtbot):
     assert _folder_step(later) is None
 
 
+def test_once_a_model_is_loaded_the_hint_says_the_next_step(window, engines, home, qtbot):
+    window.start_background(first_start=True)
+    _skip_folder_step(qtbot, window)
+    window.show_page("Models")
+    load_fake_model(window, engines)  # loaded from the list, not by the hint's button
+    hint = window.models_view.first_start_hint
+    assert hint.isVisible()
+    shown = re.sub(r"<[^>]+>", "", hint.text.text())
+    assert shown.startswith("Next: press Health check") and "Load the demo" not in shown
+    hint.buttons["Open Health check"].click()
+    assert window.current_page() == "Health check"
+
+
 def test_running_a_check_ends_the_hint_for_good(window, engines, home, qtbot):
     window.start_background(first_start=True)
     _skip_folder_step(qtbot, window)
