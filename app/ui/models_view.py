@@ -58,6 +58,13 @@ from app.ui.widgets import Banner, Card, label, page_layout, primary_button, sho
 
 DEMO_SOURCE = "demo"
 # The library's columns; the name takes the spare width.
+# The built-in models' names in the list: short enough for the name column at 1024 px (their
+# whole description is the row's tooltip); a sentence cut in its middle reads as nonsense.
+_LIST_TITLES = {
+    "demo": "HalfSafe demo (draws coloured shapes)",
+    "demo-overflow": "HalfSafe demo that overflows in fp16",
+}
+
 COLUMNS = ("Model", "Type", "Stored as", "Size", "Health", "Remembered fix")
 TYPE, STORED, SIZE, HEALTH, FIX = range(1, len(COLUMNS))
 ICON_EDGE = 32
@@ -255,7 +262,8 @@ class ModelsView(QWidget):
         }
         selected = None
         families: list[str] = []
-        for source, title in DEMO_MODELS.items():
+        for source, described in DEMO_MODELS.items():
+            title = _LIST_TITLES.get(source, described)
             demo = QTreeWidgetItem([title, "SD 1.x (tiny)", "fp32", "built in", "", ""])
             demo.setData(0, Qt.ItemDataRole.UserRole, {"path": source, "error": None})
             # The family registry is read once the folders are listed, not to show the window.
