@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QComboBox,
@@ -70,6 +71,20 @@ _SEVERITY = {
 }
 _VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
 _BAR_STEPS = 1000
+
+
+def _saved_report_card(markdown: str) -> Card:
+    """The last check's report as it was saved (its Markdown: every part's figures, the fix,
+    the candidates), shown after a restart; its own title line is the card's."""
+    card = Card("The last report, as saved")
+    body = markdown.split("\n", 1)[1] if markdown.startswith("# ") else markdown
+    text = QLabel()
+    text.setTextFormat(Qt.TextFormat.MarkdownText)
+    text.setText(body.strip())
+    text.setWordWrap(True)
+    text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    card.body.addWidget(text)
+    return card
 
 
 class HealthView(QWidget):
@@ -419,11 +434,13 @@ class HealthView(QWidget):
         self._headline = (
             _VERDICT_LEVEL[saved.verdict],
             f"<b>{html.escape(headline)}</b><br>The last check, on "
-            f"{html.escape(saved.device)}{ran_at} on {when_words(saved.saved_at)}. Run the "
-            "health check to see each part and the fix in full.",
+            f"{html.escape(saved.device)}{ran_at} on {when_words(saved.saved_at)}: its report "
+            "as saved is below; run the health check for each part's chart and the fix's "
+            "buttons.",
             tuple(t for t in (saved.ran_at, saved.fix_runs_at) if t),
         )
         self._show_headline()
+        self.body.insertWidget(0, _saved_report_card(saved.markdown))
 
     def _show_headline(self) -> None:
         """The shown check's headline, as its verdict while the next job runs at the precision

@@ -16,7 +16,7 @@ from app.core.jobs import DONE
 from app.core.precision import PrecisionPlan
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
-from app.ui.widgets import Chip
+from app.ui.widgets import Card, Chip
 from tests.support import reports
 from tests.support.reports import MARKDOWN
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
@@ -451,6 +451,32 @@ def test_a_saved_headline_made_at_other_settings_is_no_verdict_after_a_restart(w
     assert page.verdict.level == "good"
     assert "at fp32 everywhere" in page.verdict.text.text()
     assert "Healthy" in page.verdict.text.text()
+
+
+def test_after_a_restart_the_last_report_is_shown_in_full_as_saved(window, engines):
+    """Not only its headline: every part's figures, the fix and its candidates, from the
+    Markdown saved with it; a check run now replaces it."""
+    from app.core.health import saved
+    from tests.ui.conftest import DEMO_SUMMARY
+
+    markdown = (
+        "# HalfSafe health check: demo\n\n**Fixable: the VAE overflows.**\n\n"
+        "| component | dtype | status |\n|---|---|---|\n| vae | fp16 | overflows |\n"
+    )
+    saved.save_report(
+        DEMO_SUMMARY.profile_key, reports.result(reports.fixable(), markdown=markdown)
+    )
+    load_fake_model(window, engines)
+    page = window.health_view
+    (card,) = [c for c in page.findChildren(Card) if c.isVisibleTo(page)]
+    (shown,) = [
+        w for w in card.findChildren(QLabel) if w.textFormat() == Qt.TextFormat.MarkdownText
+    ]
+    assert "| vae | fp16 | overflows |" in shown.text()
+    assert not shown.text().startswith("# HalfSafe")  # the card's title says it
+    assert "its report as saved is below" in page.verdict.text.text()
+    page.run_check()
+    assert not card.isVisibleTo(page)
 
 
 def test_a_shown_check_stops_being_a_verdict_when_the_settings_change(window, engines):
