@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import Verdict
-from app.core.fixing.diagnosis import Quality, qualities_in
+from app.core.fixing.diagnosis import Quality, plain_figures, qualities_in
 from app.core.fixing.profiles import RememberedFix, StoredFix
 from app.core.health.saved import SavedReport, when_words
 from app.ui import words
@@ -107,3 +107,91 @@ def _first_quality(text: str) -> Quality | None:
     figure was kept as a number)."""
     found = qualities_in(text)
     return found[0] if found else None
+
+
+def same_row(row: LearnedRow, other: LearnedRow) -> bool:
+    mine = row.stored.torch_version if row.stored else None
+    theirs = other.stored.torch_version if other.stored else None
+    return (row.profile_key, row.device, mine) == (other.profile_key, other.device, theirs)
+
+
+def place_of(row: LearnedRow) -> tuple[str, str]:
+    return row.profile_key, row.device
+
+
+def torch_of(row: LearnedRow) -> str:
+    if row.stored is not None:
+        return row.stored.torch_version
+    return row.report.torch_version if row.report is not None else ""
+
+
+def cells(row: LearnedRow, with_torch: bool = False) -> list[str]:
+    """The row's cells, each short (`tips` says them whole): the model, the device's short
+    name (with torch's version where the model has a fix for another), the fix in the words the
+    Models page uses (`words.fix_short`), and the days it was verified and last checked."""
+    stored, report = row.stored, row.report
+    device = short_device(row.device) + (f" · torch {torch_of(row)}" if with_torch else "")
+    if stored is None:
+        fix, verified = no_fix_cell(report), "—"
+    else:
+        fix = words.fix_short(stored.fix.settings, stored.fix.parts) or stored.fix.summary
+        edited = stored.fix.edited_at
+        verified = (
+            f"Edited by you, {day_words(edited)}"
+            if edited is not None
+            else f"{words.first_upper(stored.fix.verified_by)}, {day_words(stored.fix.saved_at)}"
+        )
+    last = (
+        f"{words.first_upper(report.verdict.value)}, {day_words(report.saved_at)}"
+        if report is not None
+        else "Not checked since"
+    )
+    return [row.name, device, fix, verified, last]
+
+
+def tips(row: LearnedRow) -> list[str]:
+    """Each cell's tooltip: its text whole, and the sentence behind it."""
+    stored, report = row.stored, row.report
+    torch = torch_of(row)
+    fix = ""
+    if stored is not None:
+        short = words.fix_short(stored.fix.settings, stored.fix.parts)
+        fix = "\n".join(t for t in dict.fromkeys((short, stored.fix.summary)) if t)
+    elif report is not None:
+        fix = report.fix_summary
+    return [
+        "\n".join(t for t in (row.name, row.source) if t),
+        row.device + (f", torch {torch}" if torch else ""),
+        fix,
+        verified_words(stored.fix) if stored is not None else "",
+        f"{report_words(report)}: {plain_figures(report.headline)}" if report is not None else "",
+    ]
+
+
+def no_fix_cell(report: SavedReport | None) -> str:
+    if report is None or report.verdict is Verdict.HEALTHY:
+        return "None needed"
+    return "None remembered" if report.verdict is Verdict.FIXABLE else "None found"
+
+
+def no_fix_words(report: SavedReport | None) -> str:
+    """What the Fix cell of a row without a remembered fix means, in a sentence."""
+    cell = no_fix_cell(report)
+    if cell == "None needed":
+        return "none needed: the last check found this model safe here."
+    if cell == "None remembered":
+        return (
+            "none remembered. The fix the check found changes only plain settings (those are "
+            "set in Settings, for every model), or it was not applied."
+        )
+    return "none found: no precision setting makes this model run finite here."
+
+
+def fix_quality(fix: RememberedFix) -> str:
+    """How close the fix came to an fp32 run, in plain words, from the sentence it was saved
+    with; what stands in for the figure when it holds none."""
+    if fix.edited_at is not None:
+        return "not measured since you edited it."
+    return quality_words(_first_quality(fix.summary)) or (
+        f"no figure kept: the {fix.verified_by} that proved it did not compare it with an fp32 run."
+    )

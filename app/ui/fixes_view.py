@@ -33,7 +33,6 @@ from app.core.fixing import profiles
 from app.core.fixing.diagnosis import plain_figures
 from app.core.fixing.profiles import RememberedFix, StoredFix
 from app.core.health import saved
-from app.core.health.saved import SavedReport
 from app.core.precision import idle_settings
 from app.core.requests.library_check import ModelChecks
 from app.core.requests.records import CheckModelsRequest
@@ -47,11 +46,16 @@ from app.ui.fixes_rows import (
     _VERDICT_LEVEL,
     LearnedRow,
     _first_quality,
-    day_words,
+    cells,
+    fix_quality,
     learned_rows,
+    no_fix_words,
+    place_of,
     quality_words,
     report_words,
-    short_device,
+    same_row,
+    tips,
+    torch_of,
     verified_words,
 )
 from app.ui.state import AppState
@@ -188,11 +192,11 @@ class FixesView(QWidget):
         places = [(row.profile_key, row.device) for row in self.rows]
         self.table.clear()
         for row in self.rows:
-            item = QTreeWidgetItem(_cells(row, with_torch=places.count(_place(row)) > 1))
-            for column, tip in enumerate(_tips(row)):
+            item = QTreeWidgetItem(cells(row, with_torch=places.count(place_of(row)) > 1))
+            for column, tip in enumerate(tips(row)):
                 item.setToolTip(column, tip)
             self.table.addTopLevelItem(item)
-            if selected is not None and _same(row, selected):
+            if selected is not None and same_row(row, selected):
                 self.table.setCurrentItem(item)
         first = self.table.topLevelItem(0)
         if self.table.currentItem() is None and first is not None:
@@ -231,7 +235,7 @@ class FixesView(QWidget):
         """The row in full: its fix's parts (each layer by name), the precision it was proved
         at, what proved it and when, how close it came to fp32, and the last check."""
         stored, report = row.stored, row.report
-        torch = _torch(row)
+        torch = torch_of(row)
         parts = [
             f"<h3>{html.escape(row.name)}</h3>",
             _para("On", row.device + (f", torch {torch}" if torch else "")),
@@ -239,7 +243,7 @@ class FixesView(QWidget):
         if row.source and row.source != row.name:  # a built-in demo's source is its name
             parts.append(_para("File", row.source))
         if stored is None:
-            parts.append(_para("Fix", _no_fix_words(report)))
+            parts.append(_para("Fix", no_fix_words(report)))
             if report is not None and report.fix_summary:
                 parts.append(_para("The check found", report.fix_summary))
                 quality = quality_words(report.fix_quality or _first_quality(report.fix_summary))
@@ -260,7 +264,7 @@ class FixesView(QWidget):
                 )
             )
             parts.append(_para("Proved by", f"the {verified_words(fix)}."))
-            parts.append(_para("How well it worked", _fix_quality(fix)))
+            parts.append(_para("How well it worked", fix_quality(fix)))
             # The sentence it was saved with, unless it only lists the settings said above.
             if fix.summary and fix.summary not in (
                 said,
@@ -634,94 +638,6 @@ class FixesView(QWidget):
             model, remembered_fix=fix, remembered_on=stored.device if fix is not None else ""
         )
         self.state.set_model(changed, self.state.model_request)
-
-
-def _same(row: LearnedRow, other: LearnedRow) -> bool:
-    mine = row.stored.torch_version if row.stored else None
-    theirs = other.stored.torch_version if other.stored else None
-    return (row.profile_key, row.device, mine) == (other.profile_key, other.device, theirs)
-
-
-def _place(row: LearnedRow) -> tuple[str, str]:
-    return row.profile_key, row.device
-
-
-def _torch(row: LearnedRow) -> str:
-    if row.stored is not None:
-        return row.stored.torch_version
-    return row.report.torch_version if row.report is not None else ""
-
-
-def _cells(row: LearnedRow, with_torch: bool = False) -> list[str]:
-    """The row's cells, each short (`_tips` says them whole): the model, the device's short
-    name (with torch's version where the model has a fix for another), the fix in the words the
-    Models page uses (`words.fix_short`), and the days it was verified and last checked."""
-    stored, report = row.stored, row.report
-    device = short_device(row.device) + (f" · torch {_torch(row)}" if with_torch else "")
-    if stored is None:
-        fix, verified = _no_fix_cell(report), "—"
-    else:
-        fix = words.fix_short(stored.fix.settings, stored.fix.parts) or stored.fix.summary
-        edited = stored.fix.edited_at
-        verified = (
-            f"Edited by you, {day_words(edited)}"
-            if edited is not None
-            else f"{words.first_upper(stored.fix.verified_by)}, {day_words(stored.fix.saved_at)}"
-        )
-    last = (
-        f"{words.first_upper(report.verdict.value)}, {day_words(report.saved_at)}"
-        if report is not None
-        else "Not checked since"
-    )
-    return [row.name, device, fix, verified, last]
-
-
-def _tips(row: LearnedRow) -> list[str]:
-    """Each cell's tooltip: its text whole, and the sentence behind it."""
-    stored, report = row.stored, row.report
-    torch = _torch(row)
-    fix = ""
-    if stored is not None:
-        short = words.fix_short(stored.fix.settings, stored.fix.parts)
-        fix = "\n".join(t for t in dict.fromkeys((short, stored.fix.summary)) if t)
-    elif report is not None:
-        fix = report.fix_summary
-    return [
-        "\n".join(t for t in (row.name, row.source) if t),
-        row.device + (f", torch {torch}" if torch else ""),
-        fix,
-        verified_words(stored.fix) if stored is not None else "",
-        f"{report_words(report)}: {plain_figures(report.headline)}" if report is not None else "",
-    ]
-
-
-def _no_fix_cell(report: SavedReport | None) -> str:
-    if report is None or report.verdict is Verdict.HEALTHY:
-        return "None needed"
-    return "None remembered" if report.verdict is Verdict.FIXABLE else "None found"
-
-
-def _no_fix_words(report: SavedReport | None) -> str:
-    """What the Fix cell of a row without a remembered fix means, in a sentence."""
-    cell = _no_fix_cell(report)
-    if cell == "None needed":
-        return "none needed: the last check found this model safe here."
-    if cell == "None remembered":
-        return (
-            "none remembered. The fix the check found changes only plain settings (those are "
-            "set in Settings, for every model), or it was not applied."
-        )
-    return "none found: no precision setting makes this model run finite here."
-
-
-def _fix_quality(fix: RememberedFix) -> str:
-    """How close the fix came to an fp32 run, in plain words, from the sentence it was saved
-    with; what stands in for the figure when it holds none."""
-    if fix.edited_at is not None:
-        return "not measured since you edited it."
-    return quality_words(_first_quality(fix.summary)) or (
-        f"no figure kept: the {fix.verified_by} that proved it did not compare it with an fp32 run."
-    )
 
 
 def _fix_components(settings: Mapping[str, Any], loaded: Sequence[str] = ()) -> list[str]:
