@@ -2,7 +2,8 @@
 
 The real stdout is kept for the protocol and file descriptor 1 is pointed at stderr, so a stray
 print() in any library lands in the engine log instead of corrupting the message stream.
-`--handlers MODULE` adds or replaces job kinds with MODULE.HANDLERS (used to extend the engine);
+`--handlers MODULE` adds or replaces jobs with MODULE.HANDLERS (request class -> handler; its
+request records may cross the pipe; used to extend the engine);
 `--heartbeat SECONDS` sets the interval of the heartbeat the GUI watches for (tests shorten it).
 """
 
@@ -17,7 +18,13 @@ import sys
 import threading
 
 from app.core.memory import free_large_blocks_promptly
-from app.engine.events import HEARTBEAT_S, ProtocolError, read_message, write_message
+from app.engine.events import (
+    HEARTBEAT_S,
+    ProtocolError,
+    allow_records_from,
+    read_message,
+    write_message,
+)
 from app.engine.jobs import HANDLERS
 from app.engine.server import Engine
 
@@ -38,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = dict(HANDLERS)
     for module_name in args.handlers:
         handlers.update(importlib.import_module(module_name).HANDLERS)
+        allow_records_from(module_name)  # its job requests cross the pipe as HalfSafe's do
 
     engine = Engine(lambda event: write_message(protocol_out, event), handlers)
 

@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any, BinaryIO
 
 from app.core.models.summary import ModelSummary
-from app.core.requests.records import LoadRequest
+from app.core.requests.records import LoadRequest, Request
 
 
 class EventState(str, Enum):
@@ -72,12 +72,16 @@ class EngineEvent:
 
 @dataclass(frozen=True)
 class JobRequest:
-    """Run `kind` with `params` (its typed request, e.g. a `CheckRequest`) once the jobs before
-    it have finished."""
+    """Run the job `params` asks for once the jobs before it have finished: its typed request
+    (a `CheckRequest`, say), whose class picks the engine's handler."""
 
     job_id: int
-    kind: str
-    params: Any = None
+    params: Request
+
+    @property
+    def kind(self) -> str:
+        """The job's name in its events ("check")."""
+        return type(self.params).kind
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,17 @@ def unreadable(message: Message) -> str | None:
     return None
 
 
+# Modules besides HalfSafe's whose records an engine reads: a handlers module it was started
+# with (`python -m app.engine --handlers MODULE`) brings its own job requests.
+_EXTRA_RECORD_MODULES: set[str] = set()
+
+
+def allow_records_from(module: str) -> None:
+    """Let `read_message` build the dataclasses of `module` too (an engine extension's own job
+    requests); nothing else of it."""
+    _EXTRA_RECORD_MODULES.add(module)
+
+
 class _PlainUnpickler(pickle.Unpickler):
     """Builds only builtins (which pickle builds without naming a class), this module's
     messages and HalfSafe's own records: the dataclasses and enums of `app.core` and
@@ -174,7 +189,8 @@ class _PlainUnpickler(pickle.Unpickler):
     from a bad frame."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module.split(".")[:2] in (["app", "core"], ["app", "engine"]) and name.isidentifier():
+        ours = module.split(".")[:2] in (["app", "core"], ["app", "engine"])
+        if (ours or module in _EXTRA_RECORD_MODULES) and name.isidentifier():
             found = getattr(importlib.import_module(module), name, None)
             if isinstance(found, type) and (
                 dataclasses.is_dataclass(found) or issubclass(found, Enum)

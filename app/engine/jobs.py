@@ -229,7 +229,7 @@ def hardware(context: JobContext, request: HardwareRequest) -> HardwareReport:
     return hardware_report(self_test=request.self_test, retest=request.retest)
 
 
-def ping(context: JobContext, request: PingRequest | None) -> dict[str, Any]:
+def ping(context: JobContext, request: PingRequest) -> dict[str, Any]:
     """Proves the engine is up and answering."""
     return {"pid": os.getpid(), "python": sys.version.split()[0]}
 
@@ -385,13 +385,14 @@ def _restore(context: JobContext, previous: LoadRequest | None) -> str:
     return ""
 
 
-HANDLERS: dict[str, Handler] = {
-    "load": load,
-    "remember_fix": remember_fix,
-    "check": check,
-    "check_models": check_models,
-    "generate": generate,
-    "explain": explain,
-    "hardware": hardware,
-    "ping": ping,
+# Each job by the class of its request.
+HANDLERS: dict[type, Handler] = {
+    LoadRequest: load,
+    RememberFixRequest: remember_fix,
+    CheckRequest: check,
+    CheckModelsRequest: check_models,
+    GenerateRequest: generate,
+    ExplainRequest: explain,
+    HardwareRequest: hardware,
+    PingRequest: ping,
 }

@@ -100,7 +100,7 @@ class Engine:
     """Runs jobs one at a time in the order they arrive; see the module docstring for threads."""
 
     def __init__(
-        self, send: Callable[[EngineEvent], None], handlers: Mapping[str, Handler]
+        self, send: Callable[[EngineEvent], None], handlers: Mapping[type, Handler]
     ) -> None:
         self._send_raw = send
         self._send_lock = threading.Lock()
@@ -256,7 +256,7 @@ class Engine:
     def run(self, job: JobRequest, token: CancelToken) -> None:
         """Run one job to its final event (RESULT, ERROR or CANCELLED)."""
         context = JobContext(job, self.session, self.send, token)
-        handler = self.handlers.get(job.kind)
+        handler = self.handlers.get(type(job.params))
         if handler is None:
             self.send(
                 EngineEvent(

@@ -11,6 +11,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from app.core.requests.records import Request
 from app.engine.events import SILENCE_S, CancelRequest, EngineEvent, EventState, JobRequest
 from app.engine.failures import Failure
 from app.engine.process import EngineProcess, EngineTransport
@@ -145,24 +146,22 @@ class EngineClient(QObject):
             self._watch.start(max(20, min(1000, int(self.silence_s * 1000 / 4))))
         return True
 
-    def submit(
-        self, request: Any, handler: JobHandler | None = None, *, kind: str | None = None
-    ) -> int:
-        """Queue a job: `request` is its typed request (`app.core.requests.records`), whose `kind`
-        names the job (or `kind` does, for a job that takes plain data). Returns its id.
-        Starts the engine first if needed.
+    def submit(self, request: Request, handler: JobHandler | None = None) -> int:
+        """Queue a job: `request` is its typed request (`app.core.requests.records`, or an
+        engine extension's record), whose class picks the job. Returns its id. Starts the
+        engine first if needed.
 
         If the engine cannot take the job, `handler` still gets a final ERROR event.
         """
         job_id = next(self._ids)
-        kind = str(kind or request.kind)
+        kind = request.kind
         self._pending[job_id] = _PendingJob(kind, request, handler)
         self._set_state(EngineState.BUSY)
         if not self.ensure_started():
             return job_id
         try:
             assert self._transport is not None
-            self._transport.send(JobRequest(job_id, kind, request))
+            self._transport.send(JobRequest(job_id, request))
         except OSError:
             # The engine is gone; its reader thread will report the death and fail this job.
             pass

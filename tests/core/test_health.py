@@ -234,7 +234,7 @@ def test_the_engine_sends_the_headline_as_a_warning_before_the_fix(tmp_path):
     session = Session(model=loaded(plant(build_tiny_sd_pipeline(), "vae"), key="headline"))
     events = []
     request = CheckRequest(precision=FP16, device="cpu", size=64)
-    context = JobContext(JobRequest(1, "check", request), session, events.append, CancelToken())
+    context = JobContext(JobRequest(1, request), session, events.append, CancelToken())
     result = jobs.check(context, request)
 
     assert result.report.verdict == "fixable"

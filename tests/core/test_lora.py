@@ -348,7 +348,7 @@ def test_the_engine_applies_the_windows_loras_and_prompt_tags(tmp_path):
     )
 
     def run(request: GenerateRequest):
-        context = JobContext(JobRequest(1, "generate", request), session, [].append, CancelToken())
+        context = JobContext(JobRequest(1, request), session, [].append, CancelToken())
         return jobs.generate(context, request)
 
     result = run(GenerateRequest(generation, device="cpu", loras=(LoraRequest(str(ink), 0.4),)))
@@ -631,7 +631,7 @@ def test_a_check_with_loras_crosses_to_the_window_as_records(tmp_path):
     request = CheckRequest(
         PrecisionSettings("fp32"), size=64, steps=2, loras=(LoraRequest(str(ink), 0.4),)
     )
-    context = JobContext(JobRequest(1, "check", request), session, [].append, CancelToken())
+    context = JobContext(JobRequest(1, request), session, [].append, CancelToken())
     result = jobs.check(context, request)
 
     (lora,) = result.report.loras

@@ -247,9 +247,7 @@ def test_the_engine_says_a_fix_it_cannot_remember_as_a_warning():
     session = Session(model=load_model("demo"))
     sent: list = []
     request = RememberFixRequest(FIX, "the VAE in fp32", "health check")
-    context = JobContext(
-        JobRequest(1, "remember_fix", request), session, sent.append, CancelToken()
-    )
+    context = JobContext(JobRequest(1, request), session, sent.append, CancelToken())
     with read_only(paths.data_dir()):
         summary = jobs.remember_fix(context, request)
     assert summary.remembered_fix is None

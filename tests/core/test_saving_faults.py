@@ -74,7 +74,7 @@ def _generate_job(tmp_path, output_dir: str):
     request = GenerateRequest(generation, device="cpu")
     session = Session(model=load_model("demo"))
     sent: list = []
-    context = JobContext(JobRequest(1, "generate", request), session, sent.append, CancelToken())
+    context = JobContext(JobRequest(1, request), session, sent.append, CancelToken())
     return jobs.generate(context, request)
 
 

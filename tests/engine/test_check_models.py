@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,13 +33,13 @@ class Job:
     """One handler call in-process, as the engine makes it: its events, and a cancel that a
     test can pull when a progress stage appears."""
 
-    def __init__(self, session: Session, kind: str, cancel_at: str | None = None) -> None:
+    def __init__(self, session: Session, request: Any, cancel_at: str | None = None) -> None:
         self.events: list[EngineEvent] = []
         self.cancel_at = cancel_at
         from app.core.jobs import CancelToken
 
         self.token = CancelToken()
-        self.context = JobContext(JobRequest(1, kind), session, self._send, self.token)
+        self.context = JobContext(JobRequest(1, request), session, self._send, self.token)
 
     def _send(self, event: EngineEvent) -> None:
         self.events.append(event)
@@ -50,7 +51,8 @@ class Job:
 
 
 def _load(session: Session, source: str) -> None:
-    jobs.load(Job(session, "load").context, LoadRequest(source))
+    request = LoadRequest(source)
+    jobs.load(Job(session, request).context, request)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def library(tmp_path_factory) -> Path:
 
 
 def _run(session: Session, request: CheckModelsRequest, cancel_at: str | None = None):
-    job = Job(session, "check_models", cancel_at)
+    job = Job(session, request, cancel_at)
     result = jobs.check_models(job.context, request)
     # What the GUI reads back: only builtins and HalfSafe's records.
     frame = encode(EngineEvent(1, "check_models", EventState.RESULT, result=result))
@@ -74,9 +76,8 @@ def _run(session: Session, request: CheckModelsRequest, cancel_at: str | None = 
 def test_a_check_keeps_its_report_for_the_model_and_device():
     session = Session()
     _load(session, "demo-overflow")
-    result = jobs.check(
-        Job(session, "check").context, CheckRequest(PrecisionSettings("fp16"), size=64, steps=2)
-    )
+    request = CheckRequest(PrecisionSettings("fp16"), size=64, steps=2)
+    result = jobs.check(Job(session, request).context, request)
     kept = saved.last_report(session.model.profile_key, result.report.device.name)
     assert kept is not None
     assert kept.verdict is Verdict.FIXABLE and kept.headline == result.report.headline
@@ -152,7 +153,7 @@ def test_a_fix_applied_from_a_generation_is_stored_as_a_generation_repair():
     _load(session, "demo-overflow")
     layers = ["vae:decoder.up_blocks.0.resnets.0.conv1"]
     request = RememberFixRequest({"fp32_modules": layers}, "1 VAE layer", "generation")
-    summary = jobs.remember_fix(Job(session, "remember_fix").context, request)
+    summary = jobs.remember_fix(Job(session, request).context, request)
     assert summary.remembered_fix is not None
     [stored] = profiles.stored_fixes().fixes
     assert stored.fix.verified_by == "generation repair"

@@ -9,7 +9,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import pytest
 
@@ -22,6 +23,7 @@ from app.core.requests.records import (
     GenerateRequest,
     HardwareRequest,
     LoadRequest,
+    PingRequest,
     RememberFixRequest,
 )
 from app.core.settings import PrecisionSettings
@@ -39,6 +41,7 @@ from app.engine.jobs import HANDLERS
 from app.engine.process import EngineProcess, log_path
 from app.engine.server import Engine
 from tests.support import sample_jobs
+from tests.support.sample_jobs import Count, Fail, Recall, Remember, Segfault
 
 
 def _one_sentence(text: str) -> bool:
@@ -66,14 +69,14 @@ def test_every_event_state_pickles_cleanly_with_preview_bytes():
 
 
 def test_frames_round_trip_and_garbage_is_refused():
-    stream = io.BytesIO(encode(JobRequest(1, "ping")) + encode(CancelRequest(1)))
-    assert read_message(stream) == JobRequest(1, "ping")
+    stream = io.BytesIO(encode(JobRequest(1, PingRequest())) + encode(CancelRequest(1)))
+    assert read_message(stream) == JobRequest(1, PingRequest())
     assert read_message(stream) == CancelRequest(1)
     assert read_message(stream) is None
     with pytest.raises(ProtocolError):
         read_message(io.BytesIO(b"\x05\x00\x00\x00abc"))
     with pytest.raises(ProtocolError):
-        read_message(io.BytesIO(encode(JobRequest(1, "ping"))[:4] + b"\x80\x04junk"))
+        read_message(io.BytesIO(encode(JobRequest(1, PingRequest()))[:4] + b"\x80\x04junk"))
 
 
 # In-process ----------------------------------------------------------------------------------
@@ -118,7 +121,7 @@ def engine():
 def test_jobs_run_one_at_a_time_in_order(engine):
     engine, events = engine
     for job_id in (1, 2, 3):
-        engine.receive(JobRequest(job_id, "count", {"steps": 3, "seconds": 0.01}))
+        engine.receive(JobRequest(job_id, Count(steps=3, seconds=0.01)))
     for job_id in (1, 2, 3):
         assert events.wait_final(job_id).state == EventState.RESULT
     finals = [e.job_id for e in events.events if e.state.final]
@@ -137,7 +140,7 @@ def test_jobs_run_one_at_a_time_in_order(engine):
 
 def test_cancel_reaches_a_running_job_within_a_step(engine):
     engine, events = engine
-    engine.receive(JobRequest(1, "count", {"steps": 1000, "seconds": 0.02}))
+    engine.receive(JobRequest(1, Count(steps=1000, seconds=0.02)))
     deadline = time.monotonic() + 5
     while not any(e.state == EventState.PROGRESS and e.done >= 2 for e in events.of(1)):
         assert time.monotonic() < deadline
@@ -153,36 +156,54 @@ def test_cancel_reaches_a_running_job_within_a_step(engine):
 
 def test_cancel_drops_a_queued_job_without_running_it(engine):
     engine, events = engine
-    engine.receive(JobRequest(1, "count", {"steps": 20, "seconds": 0.02}))
-    engine.receive(JobRequest(2, "count", {"steps": 2}))
+    engine.receive(JobRequest(1, Count(steps=20, seconds=0.02)))
+    engine.receive(JobRequest(2, Count(steps=2)))
     engine.receive(CancelRequest(2))
     assert events.wait_final(2).state == EventState.CANCELLED
     assert events.wait_final(1).state == EventState.RESULT
     assert [e.state for e in events.of(2)] == [EventState.QUEUED, EventState.CANCELLED]
 
 
+@dataclass(frozen=True)
+class _Unreadable:
+    """A job whose answer the window could not read."""
+
+    kind: ClassVar[str] = "unreadable"
+
+
+@dataclass(frozen=True)
+class _Nonsense:
+    """A request no engine has a handler for."""
+
+    kind: ClassVar[str] = "nonsense"
+
+
 @pytest.mark.parametrize(
-    "kind, expected",
+    "request_, expected",
     [
         (
-            "fail",
+            sample_jobs.Fail(),
             "Something went wrong while running the job (ValueError); the details have the "
             "full report.",
         ),
-        ("bad_file", "/models/x.safetensors: the header is cut short."),
+        (sample_jobs.BadFile(), "/models/x.safetensors: the header is cut short."),
         (
-            "oom",
+            sample_jobs.Oom(),
             "The GPU ran out of memory while running the job; try a smaller image size or "
             "batch, a lower Memory budget in Settings so that large parts stream, or close "
             "other programs that use the GPU.",
         ),
-        ("generate", "No model is loaded; load one on the Models page first."),
-        ("nonsense", "This engine cannot run 'nonsense' jobs."),
+        (
+            GenerateRequest(GenerationRequest("a lake")),
+            "No model is loaded; load one on the Models page first.",
+        ),
+        (_Nonsense(), "This engine cannot run 'nonsense' jobs."),
     ],
 )
-def test_errors_are_one_plain_sentence_with_details_apart(engine, kind, expected):
+def test_errors_are_one_plain_sentence_with_details_apart(engine, request_, expected):
     engine, events = engine
-    engine.receive(JobRequest(1, kind, {"request": {}}))
+    kind = request_.kind
+    engine.receive(JobRequest(1, request_))
     final = events.wait_final(1)
     assert final.state == EventState.ERROR
     assert final.message == expected
@@ -194,14 +215,14 @@ def test_errors_are_one_plain_sentence_with_details_apart(engine, kind, expected
         # Details" that makes it look like a crash (the engine log keeps it).
         assert "Traceback" not in final.details
     # The engine keeps serving after a failed job.
-    engine.receive(JobRequest(2, "ping"))
+    engine.receive(JobRequest(2, PingRequest()))
     assert events.wait_final(2).state == EventState.RESULT
 
 
 def test_session_survives_between_jobs(engine):
     engine, events = engine
-    engine.receive(JobRequest(1, "remember", {"value": 42}))
-    engine.receive(JobRequest(2, "recall"))
+    engine.receive(JobRequest(1, Remember(value=42)))
+    engine.receive(JobRequest(2, Recall()))
     assert events.wait_final(2).result["value"] == 42
 
 
@@ -241,8 +262,8 @@ def process():
 def test_real_process_queues_and_answers(process):
     engine, heard = process
     for job_id in (1, 2):
-        engine.send(JobRequest(job_id, "count", {"steps": 2}))
-    engine.send(JobRequest(3, "ping"))
+        engine.send(JobRequest(job_id, Count(steps=2)))
+    engine.send(JobRequest(3, PingRequest()))
     assert heard.recorder.wait_final(1, 30).result["counted"] == 2
     assert heard.recorder.wait_final(2, 30).state == EventState.RESULT
     assert heard.recorder.wait_final(3, 30).result["pid"] == engine.pid != os.getpid()
@@ -250,7 +271,7 @@ def test_real_process_queues_and_answers(process):
 
 def test_real_process_cancel(process):
     engine, heard = process
-    engine.send(JobRequest(1, "count", {"steps": 10_000, "seconds": 0.01}))
+    engine.send(JobRequest(1, Count(steps=10_000, seconds=0.01)))
     deadline = time.monotonic() + 30
     while not any(e.state == EventState.PROGRESS and e.done > 0 for e in heard.recorder.of(1)):
         assert time.monotonic() < deadline
@@ -261,7 +282,7 @@ def test_real_process_cancel(process):
 
 def test_real_process_error_event_is_one_sentence(process):
     engine, heard = process
-    engine.send(JobRequest(1, "fail"))
+    engine.send(JobRequest(1, Fail()))
     final = heard.recorder.wait_final(1, 30)
     assert final.state == EventState.ERROR and _one_sentence(final.message)
     assert "something internal" in final.details
@@ -269,7 +290,7 @@ def test_real_process_error_event_is_one_sentence(process):
 
 def test_killed_engine_is_detected_and_described(process):
     engine, heard = process
-    engine.send(JobRequest(1, "ping"))
+    engine.send(JobRequest(1, PingRequest()))
     heard.recorder.wait_final(1, 30)
     if sys.platform == "win32":
         engine._process.kill()
@@ -284,7 +305,7 @@ def test_killed_engine_is_detected_and_described(process):
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_segfault_is_detected_and_described(process):
     engine, heard = process
-    engine.send(JobRequest(1, "segfault"))
+    engine.send(JobRequest(1, Segfault()))
     assert heard.exited.wait(20)
     assert "segmentation fault" in heard.exits[0].message
     # faulthandler wrote where it happened into the engine log, shown as details.
@@ -297,7 +318,7 @@ def test_asked_stop_is_not_reported_as_a_death():
     engine = EngineProcess()
     heard = ProcessEvents()
     engine.start(heard.recorder, heard.on_exit)
-    engine.send(JobRequest(1, "ping"))
+    engine.send(JobRequest(1, PingRequest()))
     heard.recorder.wait_final(1, 30)
     engine.stop(timeout=5)
     assert not engine.running
@@ -308,7 +329,7 @@ def test_engine_exits_when_the_gui_goes_away():
     engine = EngineProcess()
     heard = ProcessEvents()
     engine.start(heard.recorder, heard.on_exit)
-    engine.send(JobRequest(1, "ping"))
+    engine.send(JobRequest(1, PingRequest()))
     heard.recorder.wait_final(1, 30)
     engine._process.stdin.close()  # what the OS does when the GUI process dies
     assert heard.exited.wait(10)
@@ -350,12 +371,12 @@ def _folder(path):
 )
 def test_a_failed_open_leaves_the_loaded_model_loaded(engine, tmp_path, make, refused_early):
     engine, events = engine
-    engine.receive(JobRequest(1, "load", LoadRequest("demo")))
+    engine.receive(JobRequest(1, LoadRequest("demo")))
     assert events.wait_final(1, timeout=60).state == EventState.RESULT
     before = engine.session.model
 
     bad = make(tmp_path)
-    engine.receive(JobRequest(2, "load", LoadRequest(str(bad))))
+    engine.receive(JobRequest(2, LoadRequest(str(bad))))
     final = events.wait_final(2, timeout=60)
     assert final.state == EventState.ERROR and _one_sentence(final.message)
     assert str(bad.name) in final.message
@@ -366,22 +387,22 @@ def test_a_failed_open_leaves_the_loaded_model_loaded(engine, tmp_path, make, re
     # A file that cannot even be opened is refused before anything changes; one that fails
     # later is refused after the demo was let go, and the demo is loaded again.
     assert (engine.session.model is before) is refused_early
-    engine.receive(JobRequest(3, "check", CheckRequest(PrecisionSettings("fp32"), size=64)))
+    engine.receive(JobRequest(3, CheckRequest(PrecisionSettings("fp32"), size=64)))
     assert events.wait_final(3, timeout=120).state == EventState.RESULT
 
 
 def test_a_fix_applied_from_the_gui_is_remembered_for_the_loaded_model(engine):
     engine, events = engine
-    engine.receive(JobRequest(1, "load", LoadRequest("demo-overflow")))
+    engine.receive(JobRequest(1, LoadRequest("demo-overflow")))
     assert events.wait_final(1, timeout=60).state == EventState.RESULT
     layers = ["vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.up_blocks.0.resnets.0.norm2"]
     remember = RememberFixRequest({"fp32_modules": layers}, summary="2 VAE layers in fp32")
-    engine.receive(JobRequest(2, "remember_fix", remember))
+    engine.receive(JobRequest(2, remember))
     final = events.wait_final(2, timeout=60)
     assert final.state == EventState.RESULT
     assert final.result.remembered_fix.settings == {"fp32_modules": layers}
     # The next check runs with it, though the settings name no layers.
-    engine.receive(JobRequest(3, "check", CheckRequest(PrecisionSettings("fp16"), size=64)))
+    engine.receive(JobRequest(3, CheckRequest(PrecisionSettings("fp16"), size=64)))
     report = events.wait_final(3, timeout=300).result.report
     assert report.remembered == "2 VAE layers in fp32"
     assert report.verdict is Verdict.HEALTHY
@@ -414,17 +435,17 @@ def test_every_job_result_crosses_to_the_gui_as_core_records(engine, tmp_path):
     engine, events = engine
     generation = GenerationRequest("a red cube", steps=2, width=64, height=64, seed=3)
     jobs = [
-        ("hardware", HardwareRequest(self_test=False)),
-        ("load", LoadRequest("demo")),
-        ("check", CheckRequest(PrecisionSettings("fp32"), size=64, steps=2)),
-        ("generate", GenerateRequest(replace(generation, output_dir=str(tmp_path)))),
+        HardwareRequest(self_test=False),
+        LoadRequest("demo"),
+        CheckRequest(PrecisionSettings("fp32"), size=64, steps=2),
+        GenerateRequest(replace(generation, output_dir=str(tmp_path))),
     ]
-    for job_id, (kind, request) in enumerate(jobs, start=1):
-        engine.receive(JobRequest(job_id, kind, request))
+    for job_id, request in enumerate(jobs, start=1):
+        engine.receive(JobRequest(job_id, request))
     finals = [events.wait_final(job_id, timeout=300) for job_id in range(1, len(jobs) + 1)]
     assert [f.state for f in finals] == [EventState.RESULT] * len(jobs), finals
     image = finals[-1].result.images[0].path
-    engine.receive(JobRequest(9, "explain", ExplainRequest(image)))
+    engine.receive(JobRequest(9, ExplainRequest(image)))
     finals.append(events.wait_final(9, timeout=300))
     assert finals[-1].state == EventState.RESULT, finals[-1]
     for final in finals:
@@ -455,12 +476,12 @@ def test_an_answer_the_window_cannot_read_fails_its_job_not_the_engine():
         return {"ratio": Fraction(1, 3)}
 
     recorder = Recorder()
-    engine = Engine(recorder, {**HANDLERS, **sample_jobs.HANDLERS, "unreadable": unreadable_result})
+    engine = Engine(recorder, {**HANDLERS, **sample_jobs.HANDLERS, _Unreadable: unreadable_result})
     worker = threading.Thread(target=engine.serve, daemon=True)
     worker.start()
     try:
-        engine.receive(JobRequest(1, "unreadable", None))
-        engine.receive(JobRequest(2, "count", {"steps": 1, "seconds": 0.0}))
+        engine.receive(JobRequest(1, _Unreadable()))
+        engine.receive(JobRequest(2, Count(steps=1, seconds=0.0)))
         failed, then = recorder.wait_final(1), recorder.wait_final(2)
     finally:
         engine.stop()
@@ -483,13 +504,11 @@ def test_every_event_of_explaining_a_black_image_reads_back(engine, tmp_path):
     black = GenerationRequest(
         "a yellow triangle", steps=2, width=128, height=128, seed=7, output_dir=str(tmp_path)
     )
-    engine.receive(JobRequest(1, "load", LoadRequest("demo-overflow")))
-    engine.receive(
-        JobRequest(2, "generate", GenerateRequest(black, PrecisionSettings("fp16", auto_fix="off")))
-    )
+    engine.receive(JobRequest(1, LoadRequest("demo-overflow")))
+    engine.receive(JobRequest(2, GenerateRequest(black, PrecisionSettings("fp16", auto_fix="off"))))
     made = events.wait_final(2, timeout=300)
     assert made.state == EventState.RESULT and made.result.images[0].status == "nan", made
-    engine.receive(JobRequest(3, "explain", ExplainRequest(made.result.images[0].path)))
+    engine.receive(JobRequest(3, ExplainRequest(made.result.images[0].path)))
     explained = events.wait_final(3, timeout=300)
     assert explained.state == EventState.RESULT, explained
     assert any(
@@ -514,7 +533,7 @@ def test_a_cancelled_load_loads_the_previous_model_again():
     cancel = CancelToken()
     cancel.cancel()  # the user pressed Cancel as the new load began
     request = LoadRequest("demo-overflow")
-    context = JobContext(JobRequest(2, "load", request), session, heard.append, cancel)
+    context = JobContext(JobRequest(2, request), session, heard.append, cancel)
 
     with pytest.raises(CancelledError):
         jobs.load(context, request)

@@ -8,12 +8,21 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 
 from app.engine.events import ENGINE_EVENTS, EngineEvent, EventState, JobRequest
 from app.engine.process import EngineProcess
 from app.engine.server import Engine
+from tests.support.sample_jobs import Count
+
+
+@dataclass(frozen=True)
+class _Quick:
+    kind: ClassVar[str] = "quick"
+
 
 BEAT = 0.05
 
@@ -67,14 +76,14 @@ def test_a_beating_engine_still_starts_every_job():
     def quick(context, params):
         return {}
 
-    engine = Engine(sent.append, {"quick": quick})
+    engine = Engine(sent.append, {_Quick: quick})
     engine.beat(30.0)
     time.sleep(0.1)  # the beat thread is waiting before the worker
     worker = threading.Thread(target=lambda: (engine.serve(), finished.set()), daemon=True)
     worker.start()
     time.sleep(0.1)
     for job_id in range(1, 6):
-        engine.receive(JobRequest(job_id, "quick"))
+        engine.receive(JobRequest(job_id, _Quick()))
         deadline = time.monotonic() + 5
         while not any(e.job_id == job_id and e.state.final for e in sent):
             assert time.monotonic() < deadline, f"job {job_id} never started"
@@ -96,7 +105,7 @@ def process():
 
 def test_a_busy_engine_keeps_beating(process):
     engine, heard = process
-    engine.send(JobRequest(1, "count", {"steps": 40, "seconds": 0.02}))
+    engine.send(JobRequest(1, Count(steps=40, seconds=0.02)))
     heard.wait_for(lambda: any(e.job_id == 1 and e.state == EventState.PROGRESS
                                for _, e in heard.events))  # fmt: skip
     started = time.monotonic()

@@ -1,4 +1,6 @@
-"""Job kinds for exercising the engine itself: counting with cancel points, failing, crashing."""
+"""Jobs for exercising the engine itself: counting with cancel points, failing, crashing; each
+asked for by a record of its own, as HalfSafe's jobs are (`--handlers tests.support.sample_jobs`
+lets an engine process read these records)."""
 
 from __future__ import annotations
 
@@ -7,15 +9,60 @@ import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
 from app.core.errors import BadFileError
 
 
+@dataclass(frozen=True)
+class Count:
+    kind: ClassVar[str] = "count"
+    steps: int = 3
+    seconds: float = 0.01
+
+
+@dataclass(frozen=True)
+class Deadlock:
+    kind: ClassVar[str] = "deadlock"
+
+
+@dataclass(frozen=True)
+class Fail:
+    kind: ClassVar[str] = "fail"
+
+
+@dataclass(frozen=True)
+class BadFile:
+    kind: ClassVar[str] = "bad_file"
+
+
+@dataclass(frozen=True)
+class Oom:
+    kind: ClassVar[str] = "oom"
+
+
+@dataclass(frozen=True)
+class Segfault:
+    kind: ClassVar[str] = "segfault"
+
+
+@dataclass(frozen=True)
+class Remember:
+    kind: ClassVar[str] = "remember"
+    value: int = 0
+
+
+@dataclass(frozen=True)
+class Recall:
+    kind: ClassVar[str] = "recall"
+
+
 def count(context, params):
     """`steps` steps of `seconds` each, a progress event and a cancel check per step."""
-    steps = int(params.get("steps", 3))
+    steps = params.steps
     for step in range(1, steps + 1):
-        time.sleep(float(params.get("seconds", 0.01)))
+        time.sleep(params.seconds)
         context.cancel.raise_if_cancelled()
         context.progress("Counting", step, steps)
     return {"counted": steps, "pid": os.getpid()}
@@ -49,7 +96,7 @@ def segfault(context, params):
 
 
 def remember(context, params):
-    context.session.extras["value"] = params["value"]
+    context.session.extras["value"] = params.value
     return {}
 
 
@@ -58,12 +105,14 @@ def recall(context, params):
 
 
 HANDLERS = {
-    "count": count,
-    "deadlock": deadlock,
-    "fail": fail,
-    "bad_file": bad_file,
-    "oom": oom,
-    "segfault": segfault,
-    "remember": remember,
-    "recall": recall,
+    Count: count,
+    Deadlock: deadlock,
+    Fail: fail,
+    BadFile: bad_file,
+    Oom: oom,
+    Segfault: segfault,
+    Remember: remember,
+    Recall: recall,
 }
+# Each record by its job's name, for tests that pick a job by name.
+RECORDS = {record.kind: record for record in HANDLERS}

@@ -12,9 +12,11 @@ import time
 
 import pytest
 
+from app.core.requests.records import PingRequest
 from app.engine.events import EngineEvent, EventState, heartbeat
 from app.engine.process import EngineProcess
 from app.ui.engine_client import EngineState
+from tests.support.sample_jobs import Count, Deadlock
 
 posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -24,7 +26,7 @@ posix_only = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 def test_silence_of_an_engine_that_promises_no_heartbeat_means_nothing(window, engines, qtbot):
     window.client.silence_s = 0.1
-    window.client.submit({}, kind="count")
+    window.client.submit(Count())
     qtbot.wait(400)
     assert window.client.state == EngineState.BUSY
     assert not window.engine_banner.isVisible()
@@ -36,7 +38,7 @@ def test_a_silent_engine_is_reported_with_restart_and_recovers_when_it_speaks(
     engines.heartbeat_s = 0.05
     window.client.silence_s = 0.3
     with qtbot.waitSignal(window.client.not_answering, timeout=3000) as silent:
-        window.client.submit({}, kind="count")
+        window.client.submit(Count())
     assert silent.args[0] >= 0.3
     assert "stopped answering" in window.engine_banner.text.text()
     assert "Restart engine" in window.engine_banner.buttons
@@ -52,7 +54,7 @@ def test_a_silent_engine_is_reported_with_restart_and_recovers_when_it_speaks(
 def test_after_the_computer_slept_silence_is_measured_again(window, engines, qtbot):
     engines.heartbeat_s = 0.05
     window.client.silence_s = 10
-    window.client.submit({}, kind="count")
+    window.client.submit(Count())
     # As after a suspend: neither the engine nor this window's timer ran for a minute.
     window.client._last_heard -= 60
     window.client._last_check -= 60
@@ -69,7 +71,7 @@ def test_cancel_on_a_silent_engine_ends_it_and_offers_restart(window, engines, q
     window.client.silence_s = 0.3
     ended: list[EngineEvent] = []
     with qtbot.waitSignal(window.client.not_answering, timeout=3000):
-        window.client.submit({}, ended.append, kind="count")
+        window.client.submit(Count(), ended.append)
     with qtbot.waitSignal(window.client.died, timeout=3000) as died:
         window.client.cancel_all()
     assert engines.current.killed
@@ -85,7 +87,7 @@ def test_a_cancel_that_is_never_honoured_ends_the_engine(window, engines, qtbot)
     window.client.silence_s = 60
     window.client.cancel_grace_s = 0.3
     ended: list[EngineEvent] = []
-    job_id = window.client.submit({}, ended.append, kind="count")
+    job_id = window.client.submit(Count(), ended.append)
     fake = engines.current
     window.client.cancel(job_id)
     started = time.monotonic()
@@ -139,7 +141,7 @@ def _first_step(qtbot, events: list[EngineEvent]) -> None:
 def test_sigstopped_engine_is_noticed_and_cancel_ends_it(real_engine_window, qtbot):
     window, started = real_engine_window
     events: list[EngineEvent] = []
-    window.client.submit({"steps": 100_000, "seconds": 0.01}, events.append, kind="count")
+    window.client.submit(Count(steps=100_000, seconds=0.01), events.append)
     _first_step(qtbot, events)
     engine = started[-1]
     os.kill(engine.pid, signal.SIGSTOP)
@@ -162,7 +164,7 @@ def test_sigstopped_engine_is_noticed_and_cancel_ends_it(real_engine_window, qtb
     # Restart gives a fresh engine that answers.
     window.restart_engine()
     answers: list[EngineEvent] = []
-    window.client.submit(None, answers.append, kind="ping")
+    window.client.submit(PingRequest(), answers.append)
     qtbot.waitUntil(lambda: bool(answers) and answers[-1].state.final, timeout=60_000)
     assert answers[-1].state == EventState.RESULT
     assert answers[-1].result["pid"] == started[-1].pid != engine.pid
@@ -172,7 +174,7 @@ def test_sigstopped_engine_is_noticed_and_cancel_ends_it(real_engine_window, qtb
 def test_a_continued_engine_is_answering_again_and_finishes_its_job(real_engine_window, qtbot):
     window, started = real_engine_window
     events: list[EngineEvent] = []
-    window.client.submit({"steps": 30, "seconds": 0.02}, events.append, kind="count")
+    window.client.submit(Count(steps=30, seconds=0.02), events.append)
     _first_step(qtbot, events)
     engine = started[-1]
     os.kill(engine.pid, signal.SIGSTOP)
@@ -189,7 +191,7 @@ def test_a_deadlocked_job_is_ended_when_cancel_goes_unanswered(real_engine_windo
     window, started = real_engine_window
     window.client.cancel_grace_s = 1.0
     events: list[EngineEvent] = []
-    window.client.submit({}, events.append, kind="deadlock")
+    window.client.submit(Deadlock(), events.append)
     _first_step(qtbot, events)
     qtbot.wait(1500)  # the heartbeat thread still beats: not reported as silent
     assert window.client.state == EngineState.BUSY

@@ -7,12 +7,19 @@ itself, pickled). `kind` names the engine job that runs a record. Everything her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from app.core.generation.records import GenerationRequest
 from app.core.images.canvas import Canvas
 from app.core.lora.request import LoraRequest
 from app.core.settings import FIELDS, PrecisionSettings
+
+
+class Request(Protocol):
+    """What every job's request is: a frozen record whose class picks the engine job that runs
+    it, and whose `kind` names that job in the events it sends."""
+
+    kind: ClassVar[str]
 
 
 @dataclass(frozen=True)
