@@ -521,6 +521,8 @@ def _device_peak(run: dict) -> str:
     if not isinstance(memory, dict) or memory.get("peak_placed_mb") is None:
         return "; ".join(notes) or "-"
     notes.append(f"planned {memory['peak_placed_mb'] / 1024:.2f} GiB")
+    if memory.get("placements") is not None:
+        notes.append(f"{memory['placements']} copies made in {memory['placing_s']:.1f} s")
     if memory.get("computed_in_place"):
         notes.append("in place: " + ", ".join(memory["computed_in_place"]))
     if memory.get("streamed"):

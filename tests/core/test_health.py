@@ -534,3 +534,16 @@ def test_a_component_run_in_fp16_with_layers_kept_wider_has_fp16s_headroom():
     assert vae.to_json()["wider_max_abs"] == pytest.approx(vae.wider_max_abs)
     # A component with no wider layer keeps its one figure.
     assert report.components["unet"].wider_max_abs is None
+
+
+def test_a_check_counts_the_copies_it_made_and_their_time(vae_report):
+    """Timing the candidates places the failing part again for each run: the record says how
+    often and how long that took (on a GPU, copies from the RAM can outweigh the runs)."""
+    memory = vae_report.memory
+    timed = sum(c.cost["rounds"] for c in vae_report.fix.candidates if c.cost)
+    assert memory["placements"] > timed >= 2
+    assert memory["placing_s"] >= 0
+    assert (
+        json.loads(json.dumps(vae_report.to_json()))["memory"]["placements"]
+        == (memory["placements"])
+    )

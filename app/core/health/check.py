@@ -572,6 +572,8 @@ def _report(
             "budget_from": plan.memory_budget_from,
             "vae_tiling": plan.vae_tiling,
             "peak_placed_mb": round(check.runner.placed.peak_bytes / 2**20, 1),
+            "placements": check.runner.placed.placements,
+            "placing_s": round(check.runner.placed.placing_seconds, 2),
             "computed_in_place": sorted(check.runner.placed.computed_in_place),
             "streamed": {
                 name: streamed.to_json()

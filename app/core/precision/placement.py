@@ -9,6 +9,7 @@ import copy
 import functools
 import gc
 import itertools
+import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -380,6 +381,10 @@ class PlacedPipeline:
         # The components streamed block by block at some point, because even as stored they
         # would not fit the budget whole (the last streaming of each).
         self.streamed: dict[str, Sizes] = {}
+        # How many copies were made, and the seconds making them took (the whole of it: on a
+        # GPU a copy from the RAM, its casts, its islands), which a check's timing runs repeat.
+        self.placements = 0
+        self.placing_seconds = 0.0
         self.apply(plan, components)
 
     @property
@@ -438,6 +443,7 @@ class PlacedPipeline:
             else:
                 current = None
                 self._drop(name)  # free the old copy before making the new one
+                began = time.perf_counter()
                 if streams:
                     module, streamed = streamed_copy(source, device, storage, islands)
                     module.eval().requires_grad_(False)
@@ -465,6 +471,8 @@ class PlacedPipeline:
                 )
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
+                self.placements += 1
+                self.placing_seconds += time.perf_counter() - began
                 held = streamed_of(module)
                 self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
                 self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
