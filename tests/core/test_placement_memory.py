@@ -193,12 +193,26 @@ def test_a_generations_fix_search_holds_the_stored_weights_and_its_fix_runs_as_a
     assert held[-1][0] is False, held
 
 
+def _fp16_copy(unet, island: str, clamped: str):
+    """The part as a GPU job places it from weights loaded in the RAM: a copy in fp16, its
+    island copied in fp32 from the stored weights, guarded, and its clamps (what
+    `PlacedPipeline.apply` does where the part is not loaded on the job's device)."""
+    module = placement.PlacedPipeline._place(
+        unet, torch.device("cpu"), torch.float16, copy_always=True, islands={island: "fp32"}
+    )
+    placement._make_islands(module, {island: "fp32"}, guard=True)
+    placement._make_clamps(module, (clamped,))
+    return module
+
+
 def test_an_island_in_a_part_computing_from_its_stored_weights_holds_its_layer_alone():
     """A transformer stored in bf16, checked in fp16: a candidate's fp32 island and fp16
     clamps compute beside the stored weights, as a whole fp16 copy would (the same numbers,
     bit for bit), holding the island's fp32 weights and nothing else of their own: a copy held
     the part twice (a Flux-width bf16 transformer's failing check took 8.4 GiB for a 3.6 GiB
-    file)."""
+    file). On the device it is loaded on, a generation's placement computes so too: an fp16
+    copy of bf16 weights would hold the part twice for nothing (a Flux-width bf16 transformer's
+    generation in fp16 took 8.44 GiB on a CPU for 5.38 GiB of files)."""
     pipeline = build_tiny_sd_pipeline().to(torch.bfloat16)
     unet = pipeline.unet
     island, clamped = FF_LAYER, "up_blocks.0.resnets.0"
@@ -209,7 +223,7 @@ def test_an_island_in_a_part_computing_from_its_stored_weights_holds_its_layer_a
         torch.randn(1, 77, unet.config.cross_attention_dim, generator=torch.Generator()),
     )
     outputs, held = {}, {}
-    for in_place in (False, True):
+    for in_place in (False, True):  # a generation's placement, a search's
         plan = PrecisionPlan(
             device="cpu",
             dtypes={"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"},
@@ -222,11 +236,14 @@ def test_an_island_in_a_part_computing_from_its_stored_weights_holds_its_layer_a
             outputs[in_place] = placed["unet"](*inputs).sample
         held[in_place] = placement.tensor_bytes(placed["unet"], shared_with=unet)
         assert placed["unet"].get_submodule(island).weight.dtype == torch.float32
+    copy = _fp16_copy(unet, island, clamped)
+    with torch.no_grad():
+        copied = copy(*inputs).sample
     island_bytes = sum(p.numel() * 4 for p in unet.get_submodule(island).parameters())
-    assert outputs[True].dtype == outputs[False].dtype == torch.float16
-    assert torch.equal(outputs[True], outputs[False])
-    assert held[True] == island_bytes
-    assert held[False] > stored  # the copy: the whole UNet again in fp16, and the island
+    assert outputs[True].dtype == outputs[False].dtype == copied.dtype == torch.float16
+    assert torch.equal(outputs[True], copied) and torch.equal(outputs[False], copied)
+    assert held[True] == held[False] == island_bytes
+    assert placement.tensor_bytes(copy, shared_with=unet) > stored  # the copy: it all again
     for parameter in unet.parameters():  # the loaded model is as it was
         assert parameter.dtype == torch.bfloat16
 

@@ -345,12 +345,18 @@ def _form(source, plan: PrecisionPlan, name: str):
     and whether it streams."""
     import torch
 
-    dtype = plan.dtypes[name]
+    wide = torch_dtype(plan.dtypes[name])
+    loaded = next(source.parameters())
     in_place = plan.compute_in_place or plan.reference
-    budget = 0.0 if in_place else plan.memory_budget_mb
-    beside = in_place and next(source.parameters()).device == torch.device(plan.device)
-    stored = _kept_as_stored(source, torch_dtype(dtype), budget, as_wide=beside)
-    storage = stored or torch_dtype(dtype)
+    # Loaded on the device itself (a CPU, whose memory is the RAM the model is loaded in): a
+    # copy in another dtype of the same width (fp16 for bf16 weights) would hold the part twice
+    # for no gain in range, so it computes from its loaded weights, each layer cast as it runs
+    # (the same numbers, bit for bit).
+    beside = loaded.device == torch.device(plan.device)
+    same_width = loaded.is_floating_point() and loaded.dtype.itemsize == wide.itemsize
+    budget = 0.0 if in_place or (beside and same_width) else plan.memory_budget_mb
+    stored = _kept_as_stored(source, wide, budget, as_wide=beside)
+    storage = stored or wide
     return storage, _over_budget(source, storage, plan.memory_budget_mb)
 
 
