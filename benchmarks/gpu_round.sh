@@ -5,12 +5,13 @@
 #   bash benchmarks/gpu_round.sh OUT_DIR [SCALE]
 #
 # SCALE (default 1) multiplies every step's time box. OUT_DIR receives round.log and the
-# JSON documents (each step's whole log stays in $LOGS): gpu.json (`halfsafe gpu --json`:
-# the quirks table and the self-test), whole-job-memory-check.json and -generate.json
-# (whole_job_memory.py --device cuda: SDXL's failing check and generation at 1024 px with no
-# budget and under 4 GB, the allocator's peak of each), health-sd1.json (the check's time
-# against a 20-step generation) and generation-sdxl.json (the NaN watch's cost and the host
-# syncs it adds). The first round's figures (2026-11-26, docs/benchmarks.md) set the boxes.
+# JSON documents (each step's whole log stays in $LOGS): gpu.json (`halfsafe gpu --json`: the
+# quirks table and the self-test), then the tests marked gpu, whole-job-memory-check.json and
+# -generate.json (whole_job_memory.py --device cuda: SDXL's failing check and generation at
+# 1024 px with no budget and under 4 GB, the allocator's peak of each), health-sd1.json (the
+# check's time against a 20-step generation) and generation-sdxl.json (the NaN watch's cost
+# and the host syncs it adds). The first round's figures (2026-11-26, docs/benchmarks.md) set
+# the boxes.
 set -u
 out=${1:?usage: gpu_round.sh OUT_DIR [SCALE]}
 scale=${2:-1}
@@ -33,6 +34,9 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output to NAME.log, then t
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv || true
 "$python" -c "import torch, diffusers, transformers; print(torch.__version__, diffusers.__version__, transformers.__version__)"
 step gpu 45 "$python" -m app.cli gpu --json --retest
+# The tests that need a CUDA device (`-m gpu`): autocast's norms, the watch's host syncs.
+step gpu-tests 90 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/core/test_autocast.py \
+    tests/core/test_generation.py
 "$python" -c "import json, sys; t = open(sys.argv[1]).read(); json.dump(json.loads(t[t.index('{'):]), open(sys.argv[2], 'w'), indent=1)" "$logs/gpu.log" "$out/gpu.json"
 # SDXL with an overflow planted in its UNet, at 1024 px: without a budget, and under 4 GB, where
 # the UNet (4.8 GiB in fp16) must stream block by block.
