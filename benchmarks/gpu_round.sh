@@ -35,17 +35,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
 "$python" -c "import torch, diffusers, transformers; print(torch.__version__, diffusers.__version__, transformers.__version__)"
 step gpu 45 "$python" -m app.cli gpu --json --retest
 # The tests that need a CUDA device (`-m gpu`): autocast's norms, the watch's host syncs.
-step gpu-tests 90 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/core/test_autocast.py \
+step gpu-tests 60 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/core/test_autocast.py \
     tests/core/test_generation.py
 "$python" -c "import json, sys; t = open(sys.argv[1]).read(); json.dump(json.loads(t[t.index('{'):]), open(sys.argv[2], 'w'), indent=1)" "$logs/gpu.log" "$out/gpu.json"
 # SDXL with an overflow planted in its UNet, at 1024 px: without a budget, and under 4 GB, where
 # the UNet (4.8 GiB in fp16) must stream block by block.
 whole=("$python" benchmarks/whole_job_memory.py --device cuda --models sdxl --kinds planted
     --budgets none,4 --size 1024 --steps 4 --keep /tmp/halfsafe-whole)
-step whole-check 220 "${whole[@]}" --jobs check --json "$out/whole-job-memory-check.json"
+step whole-check 200 "${whole[@]}" --jobs check --json "$out/whole-job-memory-check.json"
 step health-sd1 90 "$python" benchmarks/health_check.py --device cuda --models sd1 --dtype fp16 \
     --repeats 1 --json "$out/health-sd1.json"
-step whole-generate 110 "${whole[@]}" --jobs generate --json "$out/whole-job-memory-generate.json"
-step generation-sdxl 60 "$python" benchmarks/generation.py --device cuda --cases sdxl --runs 5 \
+step whole-generate 100 "${whole[@]}" --jobs generate --json "$out/whole-job-memory-generate.json"
+step generation-sdxl 50 "$python" benchmarks/generation.py --device cuda --cases sdxl --runs 5 \
     --steps 20 --json "$out/generation-sdxl.json"
 } 2>&1 | tee "$out/round.log"
