@@ -5,6 +5,8 @@ held at once, the bytes a GPU would hold of them, so a CPU run can check the bud
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -297,3 +299,53 @@ def test_a_repaired_generation_frees_each_copy_before_it_makes_the_next(tmp_path
     assert len(held_beside) >= 3, held_beside  # the run, the search, the image made again
     # Beside each new copy: at most a search's islands, never a whole earlier copy.
     assert max(held_beside) <= stored * 0.25, (held_beside, stored)
+
+
+def test_a_checks_plans_on_another_device_move_the_stored_weights_there_once():
+    """On a GPU the loaded model stays in the RAM: each plan of a check that computes from the
+    stored weights (the reference, each candidate, each timed run) placed the part from there
+    again, a whole UNet across the bus every run. The stored weights now move once and every
+    such plan shares them (an island copies its own layers alone); a plan that copies lets
+    them go. "meta" stands in for the GPU here: it runs the same placements, without values."""
+    from torch.overrides import TorchFunctionMode
+
+    class Crossings(TorchFunctionMode):
+        """How many `Tensor.to` calls moved a tensor from the CPU (the RAM)."""
+
+        count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.Tensor.to and args[0].device.type == "cpu":
+                self.count += out.device.type == "meta"
+            return out
+
+    pipeline = build_tiny_sd_pipeline().to(torch.float16)
+    unet = pipeline.unet
+    tensors = len({id(t) for t in itertools.chain(unet.parameters(), unet.buffers())})
+
+    def plan(**values):
+        dtypes = {"text_encoder": "fp16", "unet": values.pop("unet", "fp16"), "vae": "fp16"}
+        return PrecisionPlan(device="meta", dtypes=dtypes, compute_in_place=True, **values)
+
+    plans = [
+        plan(unet="bf16"),
+        plan(modules={"unet": {FF_LAYER: "fp32"}}),
+        plan(unet="fp32"),
+        plan(unet="bf16"),
+        plan(modules={"unet": {FF_LAYER: "fp32"}}),
+    ]
+    placed = placement.PlacedPipeline(pipeline, plans[0], components=())
+    with Crossings() as crossed:
+        for each in plans:
+            placed.apply(each, ["unet"])
+            module = placed["unet"]
+            assert next(module.parameters()).device.type == "meta"
+    assert crossed.count == tensors  # each tensor once, not once a plan
+    island = placed["unet"].get_submodule(FF_LAYER).weight
+    assert island.dtype == torch.float32
+    assert placed.placements == len(plans) + 1  # the move, and each plan's own module
+    # A generation's plan copies: the moved weights go first, and it places from the RAM.
+    placed.apply(PrecisionPlan(device="meta", dtypes={"unet": "bf16"}), ["unet"])
+    assert not placed._resident
+    placed.release()
