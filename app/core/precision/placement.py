@@ -582,6 +582,7 @@ class PlacedPipeline:
         import torch
 
         own = sum(_own_bytes(m, self.source, n) for n, (_, m) in self._placed.items())
+        own += sum(tensor_bytes(m) for m in self._resident.values())
         self._placed.clear()
         self._bytes.clear()
         self._resident.clear()
