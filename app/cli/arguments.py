@@ -521,6 +521,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_validated("device"),
         help="where the health check runs (default: your settings)",
     )
+    explain.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="the model that made the image (a file, a folder or a built-in demo), for an image "
+        "that names none or one HalfSafe cannot find: it is checked in place of a search",
+    )
     return parser
 
 

@@ -243,7 +243,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from app.core import explain
 
     values = effective_settings(args)
-    explanation = explain.explain_image(args.image, device=values["device"])
+    explanation = explain.explain_image(args.image, device=values["device"], model=args.model)
     if args.json:
         _print_json(explanation.to_json())
     else:

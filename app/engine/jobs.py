@@ -217,6 +217,7 @@ def explain(context: JobContext, request: ExplainRequest) -> Explanation:
         loaded=context.session.model,
         on_progress=context.progress,
         cancel=context.cancel,
+        model=request.model,
     )
     # The library's folders served the search for files here; they stay in this process.
     return replace(explanation, model=replace(explanation.model, roots=[]))

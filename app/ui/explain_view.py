@@ -96,9 +96,14 @@ class ExplainDialog(QDialog):
         device: str,
         parent: QWidget,
         add_model_folder: Callable[[str], None] | None = None,
+        loaded: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(parent)
         self.path = path
+        # The model the engine holds, as (source, name): offered for an image that names no
+        # model it can find. `model` is the one the user chose for this image, if any.
+        self.loaded = loaded
+        self.model: str | None = None
         self.client = client
         self.dialogs = dialogs
         self.device = device
@@ -137,7 +142,22 @@ class ExplainDialog(QDialog):
         )
         self.add_folder_button.clicked.connect(self.choose_model_folder)
         self.add_folder_button.hide()
-        self.model_card.body.addWidget(self.add_folder_button, 0, Qt.AlignmentFlag.AlignLeft)
+        model_buttons = QHBoxLayout()
+        model_buttons.addWidget(self.add_folder_button)
+        self.loaded_button = QPushButton()
+        self.loaded_button.clicked.connect(lambda: self.check_with(self.loaded and self.loaded[0]))
+        self.loaded_button.hide()
+        model_buttons.addWidget(self.loaded_button)
+        self.choose_model_button = QPushButton("Check with a model file…")
+        self.choose_model_button.setToolTip(
+            "The image does not lead to its model: name the file that made it, and the health "
+            "check reproduces the image with it."
+        )
+        self.choose_model_button.clicked.connect(self.choose_model)
+        self.choose_model_button.hide()
+        model_buttons.addWidget(self.choose_model_button)
+        model_buttons.addStretch(1)
+        self.model_card.body.addLayout(model_buttons)
         self.model_card.hide()
         layout.addWidget(self.model_card)
         self.steps_card = Card("What to try")
@@ -172,7 +192,8 @@ class ExplainDialog(QDialog):
         self.progress.setRange(0, 0)
         self.cancel_button.setEnabled(True)
         self.stage.setText("Reading the image…")
-        self.job_id = self.client.submit(ExplainRequest(self.path, self.device), self._on_event)
+        request = ExplainRequest(self.path, self.device, self.model)
+        self.job_id = self.client.submit(request, self._on_event)
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         """As tall as the answer at the dialog's width, up to the screen's height."""
@@ -201,6 +222,25 @@ class ExplainDialog(QDialog):
         )
         if folder:
             self.use_model_folder(folder)
+
+    def choose_model(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self,
+            "The model that made this image",
+            folders.models(),
+            "Models (*.safetensors *.gguf *.ckpt *.pt *.sft);;All files (*)",
+        )
+        if path:
+            self.check_with(path)
+
+    def check_with(self, model: str | None) -> None:
+        """Explain the image again, checking it with `model` (a file or a built-in demo)."""
+        if not model:
+            return
+        self.model = model
+        for button in (self.loaded_button, self.choose_model_button, self.add_folder_button):
+            button.hide()
+        self.explain()
 
     def use_model_folder(self, folder: str) -> None:
         """Add `folder` to the model folders and explain the image again, looking there too."""
@@ -271,6 +311,13 @@ class ExplainDialog(QDialog):
         else:
             self.model_text.setText("The image does not say which model made it.")
         self.add_folder_button.setVisible(missing and self.add_model_folder is not None)
+        self.choose_model_button.setVisible(not model.found)
+        if self.loaded is not None and not model.found:
+            self.loaded_button.setText(f"Check with {self.loaded[1]}")
+            self.loaded_button.setToolTip(
+                "Reproduce the image with the model loaded now, if it is the one that made it."
+            )
+        self.loaded_button.setVisible(self.loaded is not None and not model.found)
         self.model_card.show()
         self.steps_card.setVisible(result.next_steps is not None)
         if result.next_steps is not None:

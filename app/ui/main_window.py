@@ -385,11 +385,19 @@ class MainWindow(QMainWindow):
             self.state.device(),
             self,
             add_model_folder=self.add_model_folder,
+            loaded=self._loaded_model(),
         )
         self.explain_dialogs.append(dialog)
         dialog.finished.connect(lambda _result, d=dialog: self._explain_closed(d))
         dialog.show()
         return dialog
+
+    def _loaded_model(self) -> tuple[str, str] | None:
+        """The model the engine holds, as (source, name in words), or None."""
+        model, request = self.state.model, self.state.model_request
+        if model is None or request is None:
+            return None
+        return request.source, model.name or Path(request.source).name
 
     def add_model_folder(self, folder: str) -> None:
         """Add `folder` to the model folders (kept after the ones already there); the Models

@@ -6,6 +6,7 @@ what core really says about the file."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -280,3 +281,42 @@ def test_a_dark_picture_whose_model_is_missing_gets_no_switch(window, engines, t
     assert dialog.explanation is not None and dialog.explanation.status == "black"
     assert not dialog.steps_card.isVisible()
     assert "--no-half" not in dialog.message.text()
+
+
+def test_an_image_that_names_no_model_is_checked_with_the_one_the_user_names(
+    window, engines, tmp_path
+):
+    """A black PNG without a record: the dialog offers the loaded model and a file, and the
+    check then runs with the one the user names, saying whose word it was."""
+    from tests.ui.conftest import DEMO_SUMMARY
+
+    window.models_view.load_path("demo-overflow")
+    loading = engines.current.last_job("load")
+    engines.current.finish(loading, replace(DEMO_SUMMARY, name="demo-overflow"))
+    image = tmp_path / "black.png"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8), "RGB").save(image)
+    dialog = _explain_in_the_window(window, engines, image)
+    assert dialog.explanation is not None and not dialog.explanation.model.found
+    assert dialog.choose_model_button.isVisible()
+    assert dialog.loaded_button.isVisible()
+    assert dialog.loaded_button.text() == "Check with demo-overflow"
+
+    dialog.loaded_button.click()
+    job = engines.current.last_job("explain")
+    assert job.params.model == "demo-overflow"
+    answer_with_the_real_handler(engines, job)
+    result = dialog.explanation
+    assert result.model.found and result.model.matched_by == "named by you"
+    assert result.check is not None and result.check.fix is not None  # its VAE overflows
+    assert "The check ran with the model you named (demo-overflow)." in dialog.notes.text()
+    assert not dialog.choose_model_button.isVisible() and not dialog.loaded_button.isVisible()
+
+
+def test_a_model_named_for_an_image_that_is_not_there_is_one_sentence(tmp_path):
+    from app.core.errors import BadFileError
+    from app.core.explain import explain_image
+
+    image = tmp_path / "black.png"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8), "RGB").save(image)
+    with pytest.raises(BadFileError, match="there is no such file or folder"):
+        explain_image(image, device="cpu", model=str(tmp_path / "gone.safetensors"))

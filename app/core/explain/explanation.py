@@ -19,7 +19,7 @@ from app.core.explain.image_file import (
     read_exif,
     read_png,
 )
-from app.core.explain.matching import ModelMatch, find_model, find_vae
+from app.core.explain.matching import ModelMatch, find_model, find_vae, named_model
 from app.core.explain.next_steps import NextSteps
 from app.core.explain.records import Record, read_record
 from app.core.families import family_of
@@ -265,6 +265,7 @@ def explain_image(
     measure_cost: bool = False,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
+    model: str | None = None,
 ) -> Explanation:
     """Explain one image: its record and pixels, its model, and for a NaN-black image the
     health check at the image's settings (steps, sampler, size, and the precision the tool ran)
@@ -272,6 +273,9 @@ def explain_image(
     tool usually are and its switches to try (`next_steps`), said as likely.
 
     `loaded` is a model already in memory (the engine's): used when it is the file found.
+    `model` is the model the user says made the image (a file, a folder or a built-in demo's
+    name), for an image that names none or one the library cannot find: it is checked in place
+    of a search, and the explanation says whose word it is.
     Runs on the calling thread; the check takes seconds on a GPU. Raises BadFileError for an
     unreadable or hostile image, and passes on the model loader's errors. Writes nothing but
     the hash cache and the library index; a verified fix is not remembered as a profile.
@@ -283,13 +287,15 @@ def explain_image(
     record, status, figures = read_image(path)
     made_by = record.made_by if record.made_by in MADE_BY else "unknown"
     cancel.raise_if_cancelled()
-    if record.model or record.unet or record.model_hash:
-        model = find_model(record, folders, on_progress=progress, cancel=cancel)
+    if model is not None:
+        found = named_model(model, record)
+    elif record.model or record.unet or record.model_hash:
+        found = find_model(record, folders, on_progress=progress, cancel=cancel)
     else:
         from app.core import library
 
-        model = ModelMatch(False, None, [str(f) for f in library.library_folders(folders)])
-    explanation = Explanation(str(path), made_by, status, record, figures, model)
+        found = ModelMatch(False, None, [str(f) for f in library.library_folders(folders)])
+    explanation = Explanation(str(path), made_by, status, record, figures, found)
     if record.compiled:
         explanation.notes.append(FINDING_WORDS["compiled"].format(compiled=record.compiled))
     if record.attention:
@@ -299,17 +305,17 @@ def explain_image(
         explanation.notes.append(
             runtime.RUNTIME_WORDS["cache_note"].format(nodes=nodes, first=first)
         )
-    if model.note:
-        explanation.notes.append(model.note)
-    explanation.notes.extend(model.unread)
+    if found.note:
+        explanation.notes.append(found.note)
+    explanation.notes.extend(found.unread)
     if status not in PROBLEMS:
         explanation.message = _status_words(explanation)
         return explanation
-    if not model.found:
+    if not found.found:
         named = bool(record.model or record.unet or record.model_hash)
         explanation.next_steps = next_steps.plan(record, status, figures, add_folder=named)
         explanation.message = " ".join(
-            [_status_words(explanation), _not_found_words(record, model, explanation.next_steps)]
+            [_status_words(explanation), _not_found_words(record, found, explanation.next_steps)]
         )
         return explanation
     _run_check(explanation, device, loaded, measure_cost, progress, cancel)

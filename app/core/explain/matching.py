@@ -37,6 +37,26 @@ class ModelMatch:
         }
 
 
+def named_model(model: str, record: Record) -> ModelMatch:
+    """The model the user says made the image (a file, a folder or a built-in demo's name), as
+    a match; its note says whose word it is, and which model the image names where it names
+    another. Raises BadFileError for a path that is not there."""
+    from app.core.demo import DEMO_MODELS
+    from app.core.errors import BadFileError
+
+    if model in DEMO_MODELS:
+        path, how = model, "named by you"
+    else:
+        found = Path(model).expanduser()
+        if not found.exists():
+            raise BadFileError(str(found), "there is no such file or folder")
+        path, how = str(found), "named by you"
+    said = record.model or record.unet
+    note = f"The check ran with the model you named ({Path(path).name})"
+    note += f"; the image names {said}." if said and Path(said).name != Path(path).name else "."
+    return ModelMatch(True, path, [], how, note)
+
+
 def _wanted_names(record: Record) -> list[str]:
     """The names the record gives, with folders as the tool wrote them (ComfyUI keeps the
     subfolder below its models folder, with either slash)."""

@@ -85,6 +85,7 @@ class ExplainRequest:
     kind: ClassVar[str] = "explain"
     path: str
     device: str = "auto"
+    model: str | None = None  # the model the user says made it, where the image does not
 
 
 @dataclass(frozen=True)
