@@ -46,7 +46,8 @@ from app.ui.chart import ActivationChart
 from app.ui.check_progress import CheckProgress
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import apply_fix, split_fix
+from app.ui.fix_editor import LAYER_KEYS
+from app.ui.fixes import apply_fix, layers_ran, split_fix
 from app.ui.health_words import cost_comparison_words, pictures_words, plain_headline
 from app.ui.state import AppState
 from app.ui.widgets import (
@@ -177,6 +178,7 @@ class HealthView(QWidget):
         self.fix_actions.hide()
         layout.addWidget(self.fix_actions)
         self._fix_settings: dict[str, Any] = {}
+        self._applied_settings: dict[str, Any] = {}  # what Apply last wrote
 
         self.body = scroll_column(layout)
         content = self.body.parentWidget()
@@ -234,6 +236,7 @@ class HealthView(QWidget):
         self._grey(False)
         self.fix_actions.hide()
         self._fix_settings = {}
+        self._applied_settings = {}
         self.applied_label.setText("")
         for button in (self.export_button, self.copy_button):
             button.setEnabled(False)
@@ -666,20 +669,30 @@ class HealthView(QWidget):
         """The row with Apply fix, over the report, for a report with a fix."""
         self.fix_actions.setVisible(fix is not None)
         self._fix_settings = dict(fix.settings) if fix is not None else {}
+        self._applied_settings = {}
         self.apply_button.setEnabled(bool(self._fix_settings))
         self.applied_label.setText("")
 
     def _forget_undone_applied(self) -> None:
         """'Applied' is said of the settings as they were when the fix was applied: once the
-        user changes one of the settings it set, the next job runs without it, and so says the
-        row (Apply fix stays, to apply it again)."""
-        if not self.applied_label.text() or not self._fix_settings:
+        user changes one of the settings it set, or sets layer lists of their own (which
+        replace the ones remembered for the model), or runs the part its layers are in wider
+        than they are, the next job runs without it, and so says the row (the buttons stay, to
+        apply it again)."""
+        applied = self._applied_settings
+        if not self.applied_label.text() or not applied:
             return
-        shared, _own = split_fix(self._fix_settings)
-        if any(self.state.settings[key] != value for key, value in shared.items()):
+        shared, own = split_fix(applied)
+        undone = any(self.state.settings[key] != value for key, value in shared.items())
+        if own:
+            undone = undone or any(self.state.settings[key] for key in LAYER_KEYS)
+            plan = self.state.expected_plan()
+            if plan is not None and not layers_ran(own, plan.dtype_settings()):
+                undone = True
+        if undone:
             self.applied_label.setText(
                 "Your settings have changed since this fix was applied: the next job runs "
-                "without it. Apply fix sets it again."
+                "without it. Apply it again to use it."
             )
 
     def _candidate_grid(self, fix: Fix) -> QGridLayout:
@@ -726,32 +739,49 @@ class HealthView(QWidget):
         return grid
 
     def apply_fix(self, settings: dict[str, Any]) -> None:
-        """Apply a verified fix: its layer lists are remembered for this model (see
-        `app.ui.fixes`), its other settings are written into the settings."""
+        """Apply a verified fix (the chosen one, or a candidate's "Apply instead"): its layer
+        lists are remembered for this model (see `app.ui.fixes`), with the sentence that holds
+        its measured agreement with fp32; its other settings are written into the settings,
+        which every model uses, and the row under the report says which it was."""
+        from app.core.health.fix import candidate_summary
+
+        report = self.report
+        fix = report.fix if report is not None else None
+        summary = words.fix_short(settings, tuple(report.components) if report else ())
+        if fix is not None and dict(fix.settings) == dict(settings):
+            summary = fix.summary
+        elif fix is not None:
+            for candidate in fix.candidates:
+                if dict(candidate.settings) == dict(settings):
+                    summary = candidate_summary(candidate)
         try:
             changed = apply_fix(
                 self.state,
                 self.client,
                 settings,
-                words.fix_short(settings, tuple(self.report.components) if self.report else ()),
+                summary,
                 on_failed=self.dialogs.job_failed,
-                made_at=self.report.plan.dtype_settings() if self.report is not None else None,
+                made_at=report.plan.dtype_settings() if report is not None else None,
             )
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return
-        _shared, own = split_fix(settings)
+        self._applied_settings = dict(settings)
+        shared, own = split_fix(settings)
+        named = words.fix_short(settings, tuple(report.components) if report else ())
         if own:
             self.applied_label.setText(
-                "Applied: remembered for this model on this device, so other models are not "
-                "affected. Your next job uses it; run the check again to see the model pass."
+                f"Applied ({named}): remembered for this model on this device, so other models "
+                "are not affected. Your next job uses it; run the check again to see the model "
+                "pass."
             )
         elif changed:
             self.applied_label.setText(
-                "Applied. Your next job uses it; run the check again to see the model pass."
+                f"Applied ({named}): written into Settings, so it holds for every model you "
+                "run. Your next job uses it; run the check again to see the model pass."
             )
         else:
-            self.applied_label.setText("Your settings already include this fix.")
+            self.applied_label.setText(f"Your settings already include this fix ({named}).")
 
     # Export -----------------------------------------------------------------------------------
 

@@ -247,6 +247,10 @@ def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
         [_result("islands", 6.5, (30, 40)), _result("component_fp32", 7.1, (25, 35))]
     )
     assert overlapping[0].kind == "islands"  # the ranges overlap: the table order decides
+    close = diagnosis.rank_candidates(
+        [_result("islands", 6.5, (300, 310)), _result("component_bf16", 6.45, (285, 295))]
+    )
+    assert close[0].kind == "islands"  # apart, but by 5%: not worth another fix
     heavy = diagnosis.rank_candidates(
         [_result("islands", 6.5, (400, 460)), _result("component_fp32", 13.0, (10, 15))]
     )

@@ -277,17 +277,46 @@ def test_applied_is_taken_back_when_the_user_undoes_the_fix_in_settings(window, 
     view, job = _run_check(window, engines)
     engines.current.finish(job, reports.result(reports.fixable()))
     view.apply_button.click()
-    assert view.applied_label.text().startswith("Applied.")
+    assert view.applied_label.text().startswith("Applied (Run the VAE in fp32): written into")
     window.state.set_setting("precision", "fp16")  # not a setting of the fix: still applied
-    assert view.applied_label.text().startswith("Applied.")
+    assert view.applied_label.text().startswith("Applied (")
     window.state.set_setting("vae_precision", "fp16")
-    assert view.applied_label.text() == (
-        "Your settings have changed since this fix was applied: the next job runs without it. "
-        "Apply fix sets it again."
-    )
+    assert view.applied_label.text() == UNDONE
     assert view.apply_button.isEnabled()
     view.apply_button.click()
-    assert view.applied_label.text().startswith("Applied.")
+    assert view.applied_label.text().startswith("Applied (")
+
+
+UNDONE = (
+    "Your settings have changed since this fix was applied: the next job runs without it. "
+    "Apply it again to use it."
+)
+
+
+def test_a_layer_fix_applied_is_taken_back_by_layer_lists_of_the_users_own(window, engines):
+    """The layers are remembered for the model; layer lists typed into Settings replace them,
+    and a part set to run wider than its layers makes them moot: either way the next job runs
+    without the fix, and the row says so. What is remembered keeps its measured agreement."""
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, reports.result(reports.islands()))
+    view.apply_button.click()
+    remember = engines.current.last_job("remember_fix")
+    assert remember.params.summary == reports.islands().fix.summary  # its proof, whole
+    assert "remembered for this model" in view.applied_label.text()
+    window.state.set_setting("bf16_modules", ["vae:decoder.conv_in"])
+    assert view.applied_label.text() == UNDONE
+
+
+def test_a_fix_applied_instead_is_the_one_the_row_follows(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, reports.result(reports.islands()))
+    (instead,) = view.alternative_buttons
+    instead.click()  # run the VAE in fp32: a setting every model uses, and said so
+    assert view.applied_label.text().startswith(
+        "Applied (Run the VAE in fp32): written into Settings, so it holds for every model"
+    )
+    window.state.set_setting("vae_precision", "fp16")
+    assert view.applied_label.text() == UNDONE
 
 
 def test_export_and_copy_markdown(window, engines, tmp_path):

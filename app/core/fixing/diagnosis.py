@@ -721,10 +721,20 @@ class CandidateResult:
         }
 
 
+# A candidate beats the one the table prefers only by this much time at least (its median a
+# tenth below the other's), and beyond the noise: on a busy machine two candidates a few
+# percent apart swapped places from one check to the next, the fix the user was shown with them.
+MATERIALLY_FASTER = 0.9
+
+
 def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether `a` was measured faster than `b` beyond the noise (the ranges do not overlap)."""
+    """Whether `a` was measured faster than `b` beyond the noise (the ranges do not overlap)
+    and by a margin that matters (`MATERIALLY_FASTER`)."""
     ra, rb = a.get("step_ms_range"), b.get("step_ms_range")
-    return bool(ra and rb and ra[1] < rb[0])
+    ma, mb = a.get("step_ms"), b.get("step_ms")
+    if not (ra and rb and ra[1] < rb[0]):
+        return False
+    return ma is None or mb is None or ma <= mb * MATERIALLY_FASTER
 
 
 def rank_candidates(results: list[CandidateResult]) -> list[CandidateResult]:

@@ -205,6 +205,18 @@ def fix_summary(
     return f"The {join_words(in_run_order(failed))} overflowed; fix: {steps}. {proof}{rest}"
 
 
+def candidate_summary(candidate: diagnosis.CandidateResult) -> str:
+    """The sentence a fix the check verified but did not choose is remembered with, as the
+    chosen one's (`fix_summary`): what failed, the fix and its measured agreement with fp32."""
+    proof = (
+        f"Verified by re-running it with the fix: finite, and {candidate.quality.words()}."
+        if candidate.quality is not None
+        else "Not verified."
+    )
+    failed = component_words(candidate.component)
+    return f"The {failed} overflowed; fix: {candidate.words}. {proof}"
+
+
 def _error_words(error: BaseException) -> str:
     """An exception in one short line: its type and the first line of its message."""
     first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
