@@ -547,3 +547,26 @@ def test_a_check_counts_the_copies_it_made_and_their_time(vae_report):
         json.loads(json.dumps(vae_report.to_json()))["memory"]["placements"]
         == (memory["placements"])
     )
+
+
+def test_a_check_run_with_the_remembered_fix_in_the_users_settings_names_it():
+    """The fix was applied to the settings (the user's settings hold it, as remembered): the check
+    ran with it, so its report and its Markdown say so, never a bare "None needed"."""
+    from app.core.health.markdown import markdown_report
+
+    first = check(loaded(plant(build_tiny_sd_pipeline(), "vae"), key="held-fix"))
+    assert first.verdict == "fixable"
+    held = {k: tuple(v) if isinstance(v, list) else v for k, v in first.fix.settings.items()}
+    again = check(
+        loaded(plant(build_tiny_sd_pipeline(), "vae"), key="held-fix"),
+        PrecisionSettings(precision="fp16", **held),
+    )
+    assert again.verdict == "healthy"
+    assert again.remembered == first.fix.summary
+    assert again.headline.startswith("Safe with the fix remembered for this model")
+    said = markdown_report(again)
+    assert "None needed." not in said
+    assert (
+        f"None beyond the one it ran with, remembered for this model on this device: {first.fix.summary}"
+        in said
+    )

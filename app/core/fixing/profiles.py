@@ -623,6 +623,19 @@ def _dumps(entries: dict[str, dict[str, Any]]) -> str:
     return json.dumps(entries, indent=2, sort_keys=True) + "\n"
 
 
+def ran_with_remembered(remembered: RememberedFix | None, plan: Any) -> bool:
+    """Whether a job under `plan` ran with the remembered fix: it set some of the job's
+    settings (`plan.remembered_used`), or the user's own settings held all of it (a fix applied
+    to the settings) with no layer of it missing from the model."""
+    if remembered is None:
+        return False
+    if getattr(plan, "remembered_used", ()):
+        return True
+    held = set(getattr(plan, "remembered_held", ()))
+    wanted = {k for k, v in remembered.settings.items() if v not in ("auto", False, [], ())}
+    return bool(wanted) and wanted <= held and not getattr(plan, "remembered_dropped", ())
+
+
 def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
     """The note a job makes of a remembered fix: used (it set some of the settings the job ran
     with: `plan.remembered_used`), or there but overridden by the user's own settings; and the

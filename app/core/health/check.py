@@ -541,6 +541,8 @@ def _report(
     started: float,
 ) -> HealthReport:
     """The finished check as a report; `started` is when check_loaded began (perf_counter)."""
+    from app.core.fixing import profiles
+
     info, plan, remembered = start.info, start.plan, start.remembered
     pictures = check.runner.pictures  # the job's input the check ran, None for text-to-image
     return HealthReport(
@@ -555,7 +557,11 @@ def _report(
         seconds=time.perf_counter() - started,
         notes=start.notes,
         versions=_versions(),
-        remembered=remembered.summary if remembered and plan.remembered_used else None,
+        remembered=(
+            remembered.summary
+            if remembered and profiles.ran_with_remembered(remembered, plan)
+            else None
+        ),
         timesteps=check.runner.timesteps,
         advice=(
             fp16_advice(check.reports, plan, check.bf16_native, islands)

@@ -43,6 +43,11 @@ def markdown_report(report: HealthReport) -> str:
         for n, c in report.components.items()
     )
     fix = "None needed." if report.verdict is Verdict.HEALTHY else "None: the model is broken."
+    if report.verdict is Verdict.HEALTHY and report.remembered:
+        fix = (
+            "None beyond the one it ran with, remembered for this model on this device: "
+            f"{report.remembered}"
+        )
     if report.fix:
         cost = report.fix.cost
         fix = f"{report.fix.summary}\n\nSettings: `{flags(report.fix.settings)}`"
