@@ -308,7 +308,9 @@ class FirstStart(QObject):
 
     def _model_changed(self, model: object) -> None:
         """A model loaded while the hint is up: its first step is done, so it says the next."""
-        if model is None or self._done(HINT_DONE) or not self.hint.isVisibleTo(self._window):
+        # The hint shows on the Models page, which may be out of sight (its own button opens
+        # the Health check page): it is up unless it was dismissed.
+        if model is None or self._done(HINT_DONE) or self.hint.isHidden():
             return
         self.hint.show_message(
             "info",

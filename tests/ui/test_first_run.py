@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from app.core.settings import load_settings
 from app.engine.events import EventState
 from app.ui.first_run import FOLDERS_DONE, HINT_DONE, ModelFolderDialog, merged_folders
-from tests.ui.conftest import load_fake_model
+from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
 
 
 @pytest.fixture
@@ -92,9 +92,15 @@ def test_a_window_that_did_not_opt_in_shows_neither(window, home):
 
 def test_the_hint_loads_the_demo_and_opens_the_health_check(window, engines, home):
     window.first_start.show_hint()
-    window.models_view.first_start_hint.buttons["Load the demo"].click()
-    assert engines.current.last_job("load").params.source == "demo"
+    hint = window.models_view.first_start_hint
+    hint.buttons["Load the demo"].click()
+    job = engines.current.last_job("load")
+    assert job.params.source == "demo"
     assert window.current_page() == "Health check"
+    # Loaded while the Models page is out of sight: back there, the hint says the next step.
+    engines.current.finish(job, DEMO_SUMMARY)
+    window.show_page("Models")
+    assert re.sub(r"<[^>]+>", "", hint.text.text()).startswith("Next: press Health check")
 
 
 def test_a_dismissed_hint_never_comes_back(window, engines, home, qtbot):

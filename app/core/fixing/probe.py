@@ -94,14 +94,15 @@ class ProbeResult:
         ]
         return min(candidates, key=lambda m: m.first_bad or 0) if candidates else None
 
-    def within(self, block: str) -> tuple[float, bool]:
+    def within(self, block: str, held_in_fp16: bool = False) -> tuple[float, bool]:
         """The largest finite |output| anywhere inside `block` (the block and every module
         below it) and whether any of them went non-finite: a peak that a normalisation shrinks
-        before the block's output is still seen."""
+        before the block's output is still seen. `held_in_fp16`: only the outputs fp16 held
+        (a layer kept wider carries larger values by design)."""
         prefix = block + "."
         inside = [m for n, m in self.modules.items() if n == block or n.startswith(prefix)]
         return (
-            max((m.max_abs for m in inside), default=0.0),
+            max((m.half_max_abs if held_in_fp16 else m.max_abs for m in inside), default=0.0),
             any(m.non_finite for m in inside),
         )
 

@@ -126,20 +126,22 @@ def component_report(
         headroom=headroom,
         first_bad_module=first_bad.name if first_bad else None,
         seconds=seconds,
-        blocks=_blocks(probe, module) if module is not None else [],
+        blocks=_blocks(probe, module, held_in_fp16=wider is not None) if module is not None else [],
         predicted_first_bad_module=over.name if over else None,
         wider_max_abs=wider,
     )
 
 
-def _blocks(probe: ProbeResult, module) -> list[dict[str, Any]]:
-    """Per top-level block, in run order: the largest activation anywhere inside it."""
+def _blocks(probe: ProbeResult, module, held_in_fp16: bool = False) -> list[dict[str, Any]]:
+    """Per top-level block, in run order: the largest activation anywhere inside it (only
+    those fp16 held, `held_in_fp16`, for a part run in fp16 with layers kept wider: the chart
+    beside its card is about fp16's limit, as its largest value is)."""
     rows = []
     for name in top_blocks(module):
         stats = probe.modules.get(name)
         if stats is None:
             continue
-        peak, non_finite = probe.within(name)
+        peak, non_finite = probe.within(name, held_in_fp16)
         rows.append(
             (stats.order, {"module": name, "max_abs": peak or None, "non_finite": non_finite})
         )
