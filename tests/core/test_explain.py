@@ -203,6 +203,25 @@ def test_halfsafes_own_safety_checker_record_is_a_safety_checker_blank(tmp_path,
     assert "safety checker" in document["message"]
 
 
+def test_halfsafes_own_repaired_image_says_it_was_repaired(tmp_path, home, capsys):
+    """An image the NaN watch repaired is fine, and the explanation says what happened to it
+    rather than only "nothing to fix"."""
+    import numpy as np
+    from PIL import Image
+
+    text = (
+        "a cat\nSteps: 20, Sampler: Euler, Seed: 1, Size: 64x64, Model: demo, "
+        "NaN watch: fixed, HalfSafe: 0.1"
+    )
+    picture = Image.fromarray(np.random.default_rng(1).integers(0, 255, (64, 64, 3), np.uint8))
+    image = png_text(tmp_path / "repaired.png", {"parameters": text}, picture)
+    assert main(["explain", str(image), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["image"]["status"] == "ok"
+    assert "went non-finite while it was made" in document["message"]
+    assert "repaired" in document["message"]
+
+
 # Who made it --------------------------------------------------------------------------------
 
 SWARM = json.dumps(

@@ -552,6 +552,12 @@ def _status_words(explanation: Explanation) -> str:
             f"This image ({by}) is very dark but not NaN-black: its pixels are finite and not "
             "all zero, so nothing overflowed; it is a dark picture (try another seed or prompt)."
         )
+    if explanation.made_by == "halfsafe" and explanation.record.halfsafe_status == "fixed":
+        return (
+            f"This image ({by}) is not black: it went non-finite while it was made, and "
+            "HalfSafe's NaN watch repaired that part and made it again before it was saved. "
+            "The fix that did it is kept for the model on the Fixes page."
+        )
     return f"This image ({by}) is not black: nothing to fix."
 
 
