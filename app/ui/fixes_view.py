@@ -175,7 +175,9 @@ class FixesView(QWidget):
         self._selection_changed()
 
     def showEvent(self, event: Any) -> None:  # noqa: N802 - Qt's name
-        # Read when looked at: a check on another page may have added to the lists.
+        # Read when looked at: a check on another page may have added to the lists. What the
+        # page said of its last action (saved, forgot, re-verified) is of then, not now.
+        self.notice.dismiss()
         self.refresh()
         super().showEvent(event)
 

@@ -472,6 +472,10 @@ def test_edit_validates_the_layer_lists_through_the_schema_before_saving(window,
     assert view.forget()
     assert "Saved" not in view.notice.text.text()
     assert view.notice.text.text() == "Forgot the remembered fix of demo."
+    # Away and back (a check on another page may remember a new fix): it said so of then.
+    window.show_page("Health check")
+    window.show_page("Fixes")
+    assert view.notice.isHidden()
 
 
 def test_an_edit_that_leaves_no_layers_is_refused_with_forget_named(window):
