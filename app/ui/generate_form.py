@@ -347,7 +347,14 @@ class GenerateForm(QWidget):
     def _picture_changed(self, path: str) -> None:
         """A new input picture: the size follows its proportions, at the model's size, unless
         the user set the size."""
-        if not path or self._size_by_user:
+        if not path:
+            # The picture it followed is gone: its words about the size go with it.
+            if self.size_hint.text().startswith("Size set to") and "input picture" in (
+                self.size_hint.text()
+            ):
+                self.size_hint.setText("")
+            return
+        if self._size_by_user:
             return
         self._follow_picture(path)
 

@@ -52,6 +52,12 @@ from app.ui.results_pane import ResultsPane, thumbnail
 from app.ui.state import AppState
 from app.ui.widgets import label, page_layout, plain_scroll, primary_button, show_progress
 
+ENGINE_STOPPED = "The engine stopped."
+NO_MODEL_YET = (
+    "The engine has no model loaded yet: restart it (the banner at the top of the window), and "
+    "your model loads again; then run it again."
+)
+
 
 class GenerateView(QWidget):
     """Submits `generate` jobs and shows their previews and results.
@@ -227,6 +233,8 @@ class GenerateView(QWidget):
 
     def _model_changed(self, model: ModelSummary | None) -> None:
         has_model = model is not None
+        if has_model and self.progress_label.text() in (ENGINE_STOPPED, NO_MODEL_YET):
+            self.progress_label.setText("")  # the engine is back, with a model
         self.generate_button.setEnabled(has_model)
         self.demo_button.setVisible(not has_model and self._load_demo is not None)
         self.model_hint.setText(
@@ -425,7 +433,7 @@ class GenerateView(QWidget):
         """Say what the engine's death took, with the button that runs it again."""
         count = len(self.lost)
         what = "the image it was making" if count == 1 else f"the {count} generations it had"
-        self.progress_label.setText("The engine stopped.")
+        self.progress_label.setText(ENGINE_STOPPED)
         self.banner.show_message(
             "bad",
             f"<b>The engine stopped, and {what} with it.</b> Nothing of "
@@ -439,10 +447,7 @@ class GenerateView(QWidget):
         """Submit again what the engine's death took (with the fix each ran with); while no
         model is loaded, say that the engine must be back first. Returns the new jobs."""
         if self.state.model is None:
-            self._say(
-                "The engine has no model loaded yet: restart it (the banner at the top of the "
-                "window), and your model loads again; then run it again."
-            )
+            self._say(NO_MODEL_YET)
             return []
         lost, self.lost = self.lost, []
         self.banner.dismiss()

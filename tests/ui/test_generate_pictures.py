@@ -113,6 +113,8 @@ def test_width_and_height_follow_the_picture_unless_the_user_set_them(view, tmp_
     assert view.pictures.picture_slot.choose(_picture(tmp_path / "wide.png", (300, 200)))
     assert (view.width_box.value(), view.height_box.value()) == (128, 80)
     assert "proportions" in view.size_hint.text()
+    view.pictures.picture_slot.remove()  # the picture gone, so are its words about the size
+    assert "proportions" not in view.size_hint.text()
     assert view.pictures.picture_slot.choose(_picture(tmp_path / "tall.png", (200, 400)))
     assert (view.width_box.value(), view.height_box.value()) == (64, 128)
 
