@@ -179,6 +179,7 @@ class HealthView(QWidget):
         layout.addWidget(self.fix_actions)
         self._fix_settings: dict[str, Any] = {}
         self._applied_settings: dict[str, Any] = {}  # what Apply last wrote
+        self.alternative_buttons: list[Any] = []  # "Apply instead", one per candidate
 
         self.body = scroll_column(layout)
         content = self.body.parentWidget()
@@ -717,6 +718,7 @@ class HealthView(QWidget):
                 button.setToolTip(words.settings_listed(candidate.settings))
                 settings = dict(candidate.settings)
                 button.clicked.connect(lambda _=False, s=settings: self.apply_fix(s))
+                button.setProperty("fix_settings", settings)
                 grid.addWidget(button, row, len(CANDIDATE_COLUMNS))
                 self.alternative_buttons.append(button)
         grid.setColumnStretch(1, 1)
@@ -767,6 +769,11 @@ class HealthView(QWidget):
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return
         self._applied_settings = dict(settings)
+        # The fix applied is the one whose button says so, the chosen one's or another's.
+        for button in self.alternative_buttons:
+            mine = button.property("fix_settings") == dict(settings)
+            button.setText("Applied" if mine else "Apply instead")
+            button.setEnabled(not mine)
         shared, own = split_fix(settings)
         named = words.fix_short(settings, tuple(report.components) if report else ())
         if own:

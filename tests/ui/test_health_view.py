@@ -312,6 +312,7 @@ def test_a_fix_applied_instead_is_the_one_the_row_follows(window, engines):
     engines.current.finish(job, reports.result(reports.islands()))
     (instead,) = view.alternative_buttons
     instead.click()  # run the VAE in fp32: a setting every model uses, and said so
+    assert instead.text() == "Applied" and not instead.isEnabled()
     assert view.applied_label.text().startswith(
         "Applied (Run the VAE in fp32): written into Settings, so it holds for every model"
     )
