@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, QPoint, Qt, QUrl
+from PySide6.QtCore import QEvent, QObject, QPoint, QSize, Qt, QUrl
 from PySide6.QtGui import (
     QDesktopServices,
     QKeySequence,
@@ -25,6 +25,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QDialog,
+    QDialogButtonBox,
     QHBoxLayout,
     QLineEdit,
     QListWidget,
@@ -38,6 +39,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core import paths
+from app.ui.on_screen import fitting_size
 from app.ui.widgets import label
 
 GUIDE_FILE = "user-guide.md"
@@ -103,7 +105,7 @@ class HelpDialog(QDialog):
         self.path = path or guide_path()
         self.setWindowTitle("HalfSafe user guide")
         self.setModal(False)
-        self.resize(980, 700)
+        self.resize(fitting_size(self, QSize(980, 700)))  # within a 1024 x 700 screen too
 
         self.contents = QListWidget()
         self.contents.setMinimumWidth(200)
@@ -131,6 +133,11 @@ class HelpDialog(QDialog):
         layout = QVBoxLayout(self)
         layout.addLayout(self._build_tool_row())
         layout.addWidget(splitter, 1)
+        closing = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        closing.rejected.connect(self.close)
+        # Enter belongs to the find field (the next match), never to Close.
+        closing.button(QDialogButtonBox.StandardButton.Close).setAutoDefault(False)
+        layout.addWidget(closing)
 
         find = QShortcut(QKeySequence.StandardKey.Find, self)
         find.activated.connect(self.open_find)

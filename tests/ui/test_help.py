@@ -9,7 +9,7 @@ import re
 import pytest
 from PySide6.QtCore import QPoint, Qt, QUrl
 from PySide6.QtGui import QKeySequence, QTextCursor
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QDialogButtonBox
 
 from app.core import paths
 from app.ui import help_view
@@ -130,7 +130,12 @@ def test_f1_opens_one_guide_beside_the_window(window, qtbot):
     assert window.isEnabled()  # the window stays usable beside it
     action.trigger()
     assert window.findChildren(HelpDialog) == [dialog]
-    dialog.close()
+    # It fits the screen it opens on, and closes with a button, as the other dialogs do.
+    available = dialog.screen().availableGeometry()
+    assert dialog.width() <= available.width() and dialog.height() <= available.height()
+    (closing,) = dialog.findChildren(QDialogButtonBox)
+    closing.button(QDialogButtonBox.StandardButton.Close).click()
+    assert not dialog.isVisible()
 
 
 def test_choosing_a_section_in_the_contents_brings_it_into_view(qtbot):
