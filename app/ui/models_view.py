@@ -709,11 +709,12 @@ class ModelsView(QWidget):
     ) -> None:
         model = self.state.model
         parts = model.components if model is not None else ()
+        said = (summary or words.fix_short(settings, parts)).rstrip()
+        said += "" if said.endswith(".") else "."
         self.remembered.show_message(
             "warn" if damage else "info",
             f"<b>HalfSafe remembers a fix for this model on {html.escape(on or 'this device')}."
-            f"</b> {html.escape(summary or words.fix_short(settings, parts))} "
-            "Settings left on Auto follow it already." + damage,
+            f"</b> {html.escape(said)} Settings left on Auto follow it already." + damage,
             [("Apply to my settings", lambda s=settings: self._apply_remembered(s))],
         )
 

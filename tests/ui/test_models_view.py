@@ -549,3 +549,5 @@ def test_the_banner_shows_the_fix_remembered_now_not_the_one_the_load_found(wind
         }
     )
     assert "The new fix." in view.remembered.text.text()
+    view._show_remembered(new, "", here)  # said by its settings alone: still a sentence
+    assert "Keep 1 VAE layer in bf16. Settings left on Auto" in view.remembered.text.text()
