@@ -45,7 +45,7 @@ def one_run() -> dict[str, float]:
     try:
         for job_id, request in enumerate(requests, start=1):
             kind = request.kind
-            engine.send(JobRequest(job_id, kind, request))
+            engine.send(JobRequest(job_id, request))
             while True:
                 event = events.get(timeout=TIMEOUT_S)
                 if isinstance(event, str):

@@ -113,7 +113,7 @@ def worker(case: dict) -> dict:
         from app.core.jobs import CancelToken
 
         context = JobContext(
-            JobRequest(job_id, request.kind, request), session, send, CancelToken()
+            JobRequest(job_id, request), session, send, CancelToken()
         )
         began = time.perf_counter()
         return handler(context, request), began, time.perf_counter()
