@@ -618,10 +618,13 @@ class FixesView(QWidget):
         except OSError as error:
             self.dialogs.error(f"It could not be forgotten ({error.strerror or error}).")
         else:
-            # What the page said of it (saved, re-verified) no longer holds.
+            # What the page said of it (saved, re-verified) no longer holds: neither does the
+            # last run's summary, whose rows were checked with what is now forgotten.
             self.notice.show_message(
                 "info", f"Forgot {html.escape(what)} of {html.escape(row.name)}."
             )
+            self.run_title.hide()
+            self.run_table.hide()
         self.refresh()
         return True
 

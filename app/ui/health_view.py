@@ -46,7 +46,6 @@ from app.ui.chart import ActivationChart
 from app.ui.check_progress import CheckProgress
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fix_editor import LAYER_KEYS
 from app.ui.fixes import apply_fix, layers_ran, split_fix
 from app.ui.health_words import cost_comparison_words, pictures_words, plain_headline
 from app.ui.state import AppState
@@ -179,6 +178,7 @@ class HealthView(QWidget):
         layout.addWidget(self.fix_actions)
         self._fix_settings: dict[str, Any] = {}
         self._applied_settings: dict[str, Any] = {}  # what Apply last wrote
+        self._applied_words = ""  # and what the row said of it then
         self.alternative_buttons: list[Any] = []  # "Apply instead", one per candidate
 
         self.body = scroll_column(layout)
@@ -238,6 +238,7 @@ class HealthView(QWidget):
         self.fix_actions.hide()
         self._fix_settings = {}
         self._applied_settings = {}
+        self._applied_words = ""
         self.applied_label.setText("")
         for button in (self.export_button, self.copy_button):
             button.setEnabled(False)
@@ -574,9 +575,12 @@ class HealthView(QWidget):
                 f"{words.big_number(component.wider_max_abs)}, which their precision holds."
             )
         else:
+            # A part that went non-finite has its largest value from the run that fixed it:
+            # its own run in fp16 held no finite one that large.
+            run = "on the run that fixed it" if status.failed else f"run in {dtype}"
             largest = (
                 f"Largest value: <b>{words.big_number(component.max_abs)}</b>"
-                + (f" (run in {dtype})" if dtype else "")
+                + (f" ({run})" if dtype else "")
                 + " — the fp16 limit is 65,504."
             )
         facts = [largest, html.escape(headroom_words(component.headroom, status))]
@@ -671,30 +675,47 @@ class HealthView(QWidget):
         self.fix_actions.setVisible(fix is not None)
         self._fix_settings = dict(fix.settings) if fix is not None else {}
         self._applied_settings = {}
+        self._applied_words = ""
         self.apply_button.setEnabled(bool(self._fix_settings))
         self.applied_label.setText("")
 
     def _forget_undone_applied(self) -> None:
-        """'Applied' is said of the settings as they were when the fix was applied: once the
-        user changes one of the settings it set, or sets layer lists of their own (which
-        replace the ones remembered for the model), or runs the part its layers are in wider
-        than they are, the next job runs without it, and so says the row (the buttons stay, to
-        apply it again)."""
+        """'Applied' is said of the next job as the settings make it: while it runs the fix
+        applied (each setting it set as it set it; each of its layers in the plan, not replaced
+        by layer lists of the user's own and not in a part set wider than they are) the row
+        says it was applied, otherwise that the settings changed since; and back again once
+        they hold it again (the layers are remembered by a job that answers a moment later)."""
         applied = self._applied_settings
-        if not self.applied_label.text() or not applied:
+        if not applied or not self._applied_words:
             return
+        in_effect = self._in_effect(applied)
+        self.applied_label.setText(
+            self._applied_words
+            if in_effect
+            else "Your settings have changed since this fix was applied: the next job runs "
+            "without it. Apply it again to use it."
+        )
+
+    def _in_effect(self, applied: dict[str, Any]) -> bool:
         shared, own = split_fix(applied)
-        undone = any(self.state.settings[key] != value for key, value in shared.items())
-        if own:
-            undone = undone or any(self.state.settings[key] for key in LAYER_KEYS)
-            plan = self.state.expected_plan()
-            if plan is not None and not layers_ran(own, plan.dtype_settings()):
-                undone = True
-        if undone:
-            self.applied_label.setText(
-                "Your settings have changed since this fix was applied: the next job runs "
-                "without it. Apply it again to use it."
-            )
+        if any(self.state.settings[key] != value for key, value in shared.items()):
+            return False
+        if not own:
+            return True
+        plan = self.state.expected_plan()
+        if plan is None:
+            return True  # nothing to tell by: as it was applied
+        for key, entries in own.items():
+            for entry in entries or ():
+                part, _, path = str(entry).partition(":")
+                if key == "clamp_modules":
+                    ran = path in plan.clamps.get(part, ())
+                else:
+                    wanted = "fp32" if key == "fp32_modules" else "bf16"
+                    ran = plan.islands(part).get(path) == wanted
+                if not ran:
+                    return False
+        return layers_ran(own, plan.dtype_settings())
 
     def _candidate_grid(self, fix: Fix) -> QGridLayout:
         """The candidates table (core's rows, the CLI's and the report's), with an "Apply
@@ -777,18 +798,20 @@ class HealthView(QWidget):
         shared, own = split_fix(settings)
         named = words.fix_short(settings, tuple(report.components) if report else ())
         if own:
-            self.applied_label.setText(
+            said = (
                 f"Applied ({named}): remembered for this model on this device, so other models "
                 "are not affected. Your next job uses it; run the check again to see the model "
                 "pass."
             )
         elif changed:
-            self.applied_label.setText(
+            said = (
                 f"Applied ({named}): written into Settings, so it holds for every model you "
                 "run. Your next job uses it; run the check again to see the model pass."
             )
         else:
-            self.applied_label.setText(f"Your settings already include this fix ({named}).")
+            said = f"Your settings already include this fix ({named})."
+        self._applied_words = said
+        self.applied_label.setText(said)
 
     # Export -----------------------------------------------------------------------------------
 

@@ -541,6 +541,12 @@ def test_re_verify_says_what_happens_before_unloading_then_checks_with_the_fix(w
     assert "Re-verified sdxl at fp16 everywhere with its fix:" in view.notice.text.text()
     assert view.verify_button.isEnabled()
     assert window.state.model == DEMO_SUMMARY
+    assert view.run_table.isVisible()
+    # Forgotten, the run's summary goes too: it was checked with what is now forgotten.
+    view.table.setCurrentItem(view.table.topLevelItem(0))
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    assert view.forget()
+    assert not view.run_table.isVisible() and not view.run_title.isVisible()
 
 
 def test_re_verifying_the_loaded_model_asks_nothing(window, engines):

@@ -235,6 +235,8 @@ def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
     assert set(view.cards) == {"text_encoder", "unet", "vae"}
     vae_text = " ".join(w.text() for w in view.cards["vae"].findChildren(type(view.stage)))
     assert "Overflows" in vae_text
+    # Its largest value is the fixing run's: fp16 held none that large.
+    assert "Largest value: <b>131,000</b> (on the run that fixed it)" in vae_text
     assert (
         "the second convolution of the second ResNet layer of the third up-sampling block "
         "of the decoder, in the VAE"
@@ -293,17 +295,43 @@ UNDONE = (
 )
 
 
-def test_a_layer_fix_applied_is_taken_back_by_layer_lists_of_the_users_own(window, engines):
-    """The layers are remembered for the model; layer lists typed into Settings replace them,
-    and a part set to run wider than its layers makes them moot: either way the next job runs
-    without the fix, and the row says so. What is remembered keeps its measured agreement."""
-    view, job = _run_check(window, engines)
-    engines.current.finish(job, reports.result(reports.islands()))
+def _apply_layers_remembered(window, engines, view, fix_settings):
+    """Apply the report's layer fix and answer the engine's remembering job, as it would: the
+    loaded model's summary then holds the fix, and the next job's plan runs it."""
+    from app.core.fixing.profiles import RememberedFix
+    from tests.ui.conftest import DEMO_SUMMARY
+
     view.apply_button.click()
     remember = engines.current.last_job("remember_fix")
-    assert remember.params.summary == reports.islands().fix.summary  # its proof, whole
-    assert "remembered for this model" in view.applied_label.text()
-    window.state.set_setting("bf16_modules", ["vae:decoder.conv_in"])
+    fix = RememberedFix(dict(fix_settings), remember.params.summary, "health check", 0.0)
+    # The same model the report is of, now with the fix remembered for it.
+    source = view.report.model.source
+    engines.current.finish(remember, replace(DEMO_SUMMARY, source=source, remembered_fix=fix))
+    return remember
+
+
+def test_a_layer_fix_applied_is_taken_back_by_what_replaces_its_layers(window, engines):
+    """The layers are remembered for the model. Layer lists of the same kind typed into
+    Settings replace them, and the row says the next job runs without the fix; lists of
+    another kind run beside them and take nothing back; undone, the row says so again. What is
+    remembered keeps its measured agreement."""
+    _fp16_card(window)
+    view, job = _run_check(window, engines)
+    clamp = {"clamp_modules": ["vae:decoder.a.conv1"]}
+    report = reports.islands()
+    report = replace(report, fix=replace(report.fix, settings=dict(clamp)))
+    engines.current.finish(job, reports.result(report))
+    remember = _apply_layers_remembered(window, engines, view, clamp)
+    assert remember.params.summary == report.fix.summary  # its proof, whole
+    applied = view.applied_label.text()
+    assert applied.startswith("Applied (") and "remembered for this model" in applied
+    window.state.set_setting("bf16_modules", ["vae:decoder.conv_in"])  # another kind: beside it
+    assert view.applied_label.text() == applied
+    window.state.set_setting("clamp_modules", ["vae:decoder.conv_in"])  # the same kind: replaced
+    assert view.applied_label.text() == UNDONE
+    window.state.set_setting("clamp_modules", [])
+    assert view.applied_label.text() == applied  # it runs again, and the row says so
+    window.state.set_setting("vae_precision", "fp32")  # a clamp in an fp32 VAE does nothing
     assert view.applied_label.text() == UNDONE
 
 
