@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.components import words as component_words
+from app.core.fixing.diagnosis import CHOSEN_WORDS
 from app.core.formats import quantized
 from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS
@@ -129,7 +130,7 @@ def health_text(report: HealthReport) -> str:
             lines.append("")
             timed = ", timed on this device" if fix.baselines else ""
             how = (
-                "the cheapest verified wins"
+                CHOSEN_WORDS
                 if any(c.chosen for c in fix.candidates)
                 else "none chosen: the cause's repair replaced them"
             )

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.components import Status, Verdict
+from app.core.fixing.diagnosis import CHOSEN_WORDS
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,
@@ -660,9 +661,9 @@ class HealthView(QWidget):
             card.body.addWidget(hline())
             card.body.addWidget(
                 label(
-                    "Every fix tried, judged against fp32 and measured on this device (the "
-                    "cheapest verified one is chosen; any other verified one can be applied "
-                    f"instead). Times are in {RUN_WORDS}.",
+                    "Every fix tried, judged against fp32 and measured on this device "
+                    f"({CHOSEN_WORDS}; any other verified one can be applied instead). Times "
+                    f"are in {RUN_WORDS}.",
                     "muted",
                     wrap=True,
                 )

@@ -737,6 +737,15 @@ def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return ma is None or mb is None or ma <= mb * MATERIALLY_FASTER
 
 
+# How the fix is chosen among the verified candidates (`rank_candidates`), in the words every
+# rendering of the candidates' table uses.
+CHOSEN_WORDS = (
+    "the verified one holding the least memory is chosen; among those alike, the first of a "
+    "switch, layers kept wider, the part in bf16, a clamp and the part in fp32, unless another "
+    "was a tenth faster beyond the noise"
+)
+
+
 def rank_candidates(results: list[CandidateResult]) -> list[CandidateResult]:
     """Verified candidates, best first, then the rest (never a fix), by quality. The best is
     found among the verified ones whose memory (peak where the device reports it, else

@@ -63,7 +63,7 @@ def markdown_report(report: HealthReport) -> str:
                 f"({diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
                 + (f" and timed on this device ({RUN_WORDS})" if report.fix.baselines else "")
                 + (
-                    "; the cheapest verified one is chosen.\n\n"
+                    f"; {diagnosis.CHOSEN_WORDS}.\n\n"
                     if any(c.chosen for c in report.fix.candidates)
                     else "; none is chosen: the cause's repair replaced them.\n\n"
                 )
