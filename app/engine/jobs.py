@@ -245,16 +245,25 @@ def remember_fix(context: JobContext, request: RememberFixRequest) -> ModelSumma
     from app.core.fixing import profiles
 
     info = hardware.describe_device(hardware.pick_device(request.device))
-    profiles.remember_fix(
-        model.profile_key,
-        info.name,
-        dict(request.settings),
-        request.summary,
-        "generation repair" if request.verified_by == "generation" else "health check",
-        made_at=request.made_at,
-        parts=model.components,
-        warn=context.warn,
+    verified_by = "generation repair" if request.verified_by == "generation" else "health check"
+    held = profiles.remembered_fix(model.profile_key, info.name)
+    same = (
+        held is not None
+        and dict(held.settings) == dict(request.settings)
+        and held.verified_by == verified_by
+        and held.edited_at is None
     )
+    if not same:  # the check that proved it remembered it already: when it did stays
+        profiles.remember_fix(
+            model.profile_key,
+            info.name,
+            dict(request.settings),
+            request.summary,
+            verified_by,
+            made_at=request.made_at,
+            parts=model.components,
+            warn=context.warn,
+        )
     context.session.model_summary = summarise(model, request.device)
     return context.session.model_summary
 

@@ -159,3 +159,20 @@ def test_a_fix_applied_from_a_generation_is_stored_as_a_generation_repair():
     assert stored.fix.verified_by == "generation repair"
     # The file reads back whole: the entry is not refused as damage.
     assert profiles.lookup(stored.profile_key, stored.device, stored.torch_version).notes == []
+
+
+def test_applying_the_fix_a_check_just_remembered_keeps_its_proof_and_its_time():
+    """Apply fix on the Health check page sends the fix the check remembered already: the
+    entry stays as the check wrote it (its sentence, and the time it was proved), rather than
+    being written again at the time of the click."""
+    session = Session()
+    _load(session, "demo-overflow")
+    request = CheckRequest(PrecisionSettings("fp16"), size=64, steps=2)
+    report = jobs.check(Job(session, request).context, request).report
+    assert report.fix is not None
+    [before] = profiles.stored_fixes().fixes
+    again = RememberFixRequest(dict(report.fix.settings), "short words", "health check")
+    jobs.remember_fix(Job(session, again).context, again)
+    [after] = profiles.stored_fixes().fixes
+    assert after.fix.saved_at == before.fix.saved_at
+    assert after.fix.summary == report.fix.summary
