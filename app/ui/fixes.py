@@ -74,7 +74,10 @@ def apply_fix(
     shared, own = split_fix(settings)
     for key, value in own.items():
         FIELDS[key].validate(value)
-    changed = state.apply(shared)
+    # Layer lists of the user's own of a kind the fix names replace the model's remembered
+    # ones: applying the fix hands that kind back to it (the list left empty: Auto).
+    overriding = {key: [] for key in own if state.settings[key]}
+    changed = state.apply({**shared, **overriding})
     if own:
         remember_for_model(state, client, own, summary, "health check", on_failed, made_at)
     return changed

@@ -128,7 +128,8 @@ class HealthView(QWidget):
         self.stage = label("", "muted")
         self.headlines: dict[int, str] = {}  # a running check's first finding, by job
         self.export_button = QPushButton("Export Markdown…")
-        self.export_button.clicked.connect(self.export_markdown)
+        # Not connected directly: `clicked` passes its `checked` flag, which is no path.
+        self.export_button.clicked.connect(lambda: self.export_markdown())
         self.copy_button = QPushButton("Copy report")
         self.copy_button.setToolTip(
             "Copy the report as Markdown, ready to paste into a bug report."

@@ -329,6 +329,11 @@ def test_a_layer_fix_applied_is_taken_back_by_what_replaces_its_layers(window, e
     assert view.applied_label.text() == applied
     window.state.set_setting("clamp_modules", ["vae:decoder.conv_in"])  # the same kind: replaced
     assert view.applied_label.text() == UNDONE
+    view.apply_button.click()  # applied again: the list of the same kind gives way to it
+    assert window.state.settings["clamp_modules"] == []
+    assert view.applied_label.text().startswith("Applied (")
+    window.state.set_setting("clamp_modules", ["vae:decoder.conv_in"])
+    assert view.applied_label.text() == UNDONE
     window.state.set_setting("clamp_modules", [])
     assert view.applied_label.text() == applied  # it runs again, and the row says so
     window.state.set_setting("vae_precision", "fp32")  # a clamp in an fp32 VAE does nothing
@@ -346,6 +351,19 @@ def test_a_fix_applied_instead_is_the_one_the_row_follows(window, engines):
     )
     window.state.set_setting("vae_precision", "fp16")
     assert view.applied_label.text() == UNDONE
+
+
+def test_the_export_button_asks_where_to_save(window, engines, tmp_path, monkeypatch):
+    """The button itself, not the method: `clicked` passes a flag that is no path."""
+    from PySide6.QtWidgets import QFileDialog
+
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, reports.result(reports.fixable()))
+    target = tmp_path / "report.md"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(target), ""))
+    view.export_button.click()
+    assert target.read_text(encoding="utf-8") == MARKDOWN
+    assert not window.dialogs.shown
 
 
 def test_export_and_copy_markdown(window, engines, tmp_path):
