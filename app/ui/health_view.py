@@ -47,7 +47,7 @@ from app.ui.chart import ActivationChart
 from app.ui.check_progress import CheckProgress
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import apply_fix, layers_ran, split_fix
+from app.ui.fixes import apply_fix, layers_ran, ran_with, split_fix
 from app.ui.health_words import cost_comparison_words, pictures_words, plain_headline
 from app.ui.state import AppState
 from app.ui.widgets import (
@@ -707,17 +707,8 @@ class HealthView(QWidget):
         plan = self.state.expected_plan()
         if plan is None:
             return True  # nothing to tell by: as it was applied
-        for key, entries in own.items():
-            for entry in entries or ():
-                part, _, path = str(entry).partition(":")
-                if key == "clamp_modules":
-                    ran = path in plan.clamps.get(part, ())
-                else:
-                    wanted = "fp32" if key == "fp32_modules" else "bf16"
-                    ran = plan.islands(part).get(path) == wanted
-                if not ran:
-                    return False
-        return layers_ran(own, plan.dtype_settings())
+        # Each layer in the next job's list of its kind, in a part narrower than it.
+        return ran_with(plan.effective_settings(), own) and layers_ran(own, plan.dtype_settings())
 
     def _candidate_grid(self, fix: Fix) -> QGridLayout:
         """The candidates table (core's rows, the CLI's and the report's), with an "Apply

@@ -658,9 +658,7 @@ def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
         return [words]
     from app.core.fixing.diagnosis import without_layers
 
-    held = set(getattr(plan, "remembered_held", ()))
-    wanted = {k for k, v in remembered.settings.items() if v not in ("auto", False, [], ())}
-    if wanted and wanted <= held and not missing:
+    if ran_with_remembered(remembered, plan):
         # The job's own settings held the same fix (a fix applied to this job, say): it ran
         # with it, though not because it is remembered.
         return [
