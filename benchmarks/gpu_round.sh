@@ -11,7 +11,8 @@
 # 1024 px with no budget and under 4 GB, the allocator's peak of each), health-sd1.json (the
 # check's time against a 20-step generation) and generation-sdxl.json (the NaN watch's cost
 # and the host syncs it adds). The first round's figures (2026-11-26, docs/benchmarks.md) set
-# the boxes.
+# the boxes. SKIP names steps to leave out (SKIP="gpu generation-sdxl": figures a round already
+# has), so a short lease goes to what is still missing.
 set -u
 out=${1:?usage: gpu_round.sh OUT_DIR [SCALE]}
 scale=${2:-1}
@@ -24,6 +25,7 @@ python=${PYTHON:-python3}
 step() {  # step NAME SECONDS COMMAND...: run it, its output to NAME.log, then the log's tail
     local name=$1 limit=$(( $2 * scale )) began=$SECONDS
     shift 2
+    case " ${SKIP:-} " in *" $name "*) echo "== $name: skipped"; return ;; esac
     echo "== $name (at most $limit s)"
     timeout "$limit" "$@" >"$logs/$name.log" 2>&1
     echo "== $name: exit $?, $(( SECONDS - began )) s"
@@ -37,12 +39,12 @@ step gpu 45 "$python" -m app.cli gpu --json --retest
 # The tests that need a CUDA device (`-m gpu`): autocast's norms, the watch's host syncs.
 step gpu-tests 60 "$python" -m pytest -q -p no:cacheprovider -m gpu tests/core/test_autocast.py \
     tests/core/test_generation.py
-"$python" -c "import json, sys; t = open(sys.argv[1]).read(); json.dump(json.loads(t[t.index('{'):]), open(sys.argv[2], 'w'), indent=1)" "$logs/gpu.log" "$out/gpu.json"
+[ -s "$logs/gpu.log" ] && "$python" -c "import json, sys; t = open(sys.argv[1]).read(); json.dump(json.loads(t[t.index('{'):]), open(sys.argv[2], 'w'), indent=1)" "$logs/gpu.log" "$out/gpu.json"
 # SDXL with an overflow planted in its UNet, at 1024 px: without a budget, and under 4 GB, where
 # the UNet (4.8 GiB in fp16) must stream block by block.
 whole=("$python" benchmarks/whole_job_memory.py --device cuda --models sdxl --kinds planted
     --budgets none,4 --size 1024 --steps 4 --keep /tmp/halfsafe-whole)
-step whole-check 200 "${whole[@]}" --jobs check --json "$out/whole-job-memory-check.json"
+step whole-check 240 "${whole[@]}" --jobs check --json "$out/whole-job-memory-check.json"
 step health-sd1 90 "$python" benchmarks/health_check.py --device cuda --models sd1 --dtype fp16 \
     --repeats 1 --json "$out/health-sd1.json"
 step whole-generate 100 "${whole[@]}" --jobs generate --json "$out/whole-job-memory-generate.json"

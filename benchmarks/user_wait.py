@@ -112,9 +112,7 @@ def worker(case: dict) -> dict:
     def run(handler, request, job_id: int):
         from app.core.jobs import CancelToken
 
-        context = JobContext(
-            JobRequest(job_id, request), session, send, CancelToken()
-        )
+        context = JobContext(JobRequest(job_id, request), session, send, CancelToken())
         began = time.perf_counter()
         return handler(context, request), began, time.perf_counter()
 

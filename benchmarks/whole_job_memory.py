@@ -441,6 +441,9 @@ def run(args) -> dict:
                         flush=True,
                     )
                     document["runs"].append(result)
+                    if args.json and not args.append:
+                        # Each job as it ends, so that a run stopped early keeps what it has.
+                        Path(args.json).write_text(json.dumps(document, indent=1))
     finally:
         if not args.keep:
             shutil.rmtree(holder, ignore_errors=True)
