@@ -44,6 +44,7 @@ def bench_check(name: str, args) -> dict:
         health.DEFAULT_SCHEDULER,
     )
     placed: PlacedPipeline = runner.placed
+    placed.apply(report.plan)  # every component at once, as a plain pipeline holds them
     pipe = placed.pipeline()
     pipe.set_progress_bar_config(disable=True)
 

@@ -257,6 +257,7 @@ def outcome(job: str, document: dict | None, scratch: Path) -> dict:
                 "first_bad_module": image.get("first_bad_module"),
                 "fixes_applied": image.get("fixes_applied"),
                 "pixels": _pixels(image.get("path")),
+                "vae_tiling": (image.get("settings") or {}).get("vae_tiling"),
             }
         )
     return {"images": images}
@@ -474,9 +475,26 @@ def _agreement(document: dict) -> None:
         if run["budget_gb"] is None:
             continue
         twin = plain.get((run["form"], run["kind"], run["job"]))
-        run["agrees"] = twin is not None and twin["outcome"] == run["outcome"]
+        run["agrees"] = twin is not None and _same(twin["outcome"], run["outcome"])
         if twin is not None:
             twin["agrees"] = run["agrees"]
+
+
+def _same(plain: dict, budgeted: dict) -> bool:
+    """Whether a budgeted job's outcome is its unbudgeted twin's. A budget that made the VAE
+    decode in tiles changes the pixels by design (diffusers blends overlapping tiles): those
+    two must agree in all else."""
+    if plain == budgeted:
+        return True
+
+    def untiled(outcome: dict) -> list:
+        return [
+            {k: v for k, v in image.items() if k not in ("pixels", "vae_tiling")}
+            for image in outcome.get("images", [])
+        ]
+
+    tiled = [i.get("vae_tiling") for i in budgeted.get("images", [])]
+    return "on" in tiled and untiled(plain) == untiled(budgeted)
 
 
 def _layers(component: str, modules: dict[str, str]) -> str:

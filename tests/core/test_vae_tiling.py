@@ -34,13 +34,28 @@ def test_auto_tiles_only_where_the_decode_would_not_fit_beside_the_vae():
     # The widest full-resolution map (32 channels here), four of them live, 4 bytes a value.
     needed = tiling.decode_bytes(vae, 1024, 1024, 4)
     assert needed == 4 * 32 * 1024 * 1024 * 4
-    assert tiling.resolve(plan, vae, 1024, 1024, free_bytes=needed - 1).vae_tiling == "on"
-    assert tiling.resolve(plan, vae, 1024, 1024, free_bytes=needed).vae_tiling == "off"
-    # A choice made is kept; a CPU's memory is not measured, so auto does not tile there.
+    # The device's free memory holds the VAE's weights and the decode's activations.
+    weights = sum(p.numel() for p in vae.parameters()) * 4
+    free = needed + weights
+    assert tiling.resolve(plan, vae, 1024, 1024, free_bytes=free - 1).vae_tiling == "on"
+    assert tiling.resolve(plan, vae, 1024, 1024, free_bytes=free).vae_tiling == "off"
+    # A choice made is kept; a CPU's memory is not measured, so without a budget auto does
+    # not tile there.
     assert tiling.resolve(replace(plan, vae_tiling="off"), vae, 1024, 1024, 0).vae_tiling == "off"
     assert tiling.resolve(replace(plan, vae_tiling="on"), vae, 64, 64).vae_tiling == "on"
     cpu = replace(plan, device="cpu")
     assert tiling.resolve(cpu, vae, 4096, 4096).vae_tiling == "off"
+    # A budget bounds the room on any device: the decode stage holds the VAE alone, so the
+    # budget less the VAE's weights is what its activations get.
+    budgeted = replace(cpu, memory_budget_mb=free / 2**20)
+    assert tiling.resolve(budgeted, vae, 1024, 1024).vae_tiling == "off"
+    assert tiling.resolve(budgeted, vae, 1025, 1024).vae_tiling == "on"
+    # On a GPU the smaller of the budget and its free memory decides.
+    on_gpu = replace(budgeted, device="cuda:0")
+    assert tiling.resolve(on_gpu, vae, 1024, 1024, free_bytes=100 * GIB).vae_tiling == "off"
+    assert tiling.resolve(on_gpu, vae, 1024, 1024, free_bytes=free - 1).vae_tiling == "on"
+    roomy = replace(on_gpu, memory_budget_mb=100 * 1024)
+    assert tiling.resolve(roomy, vae, 1024, 1024, free_bytes=free - 1).vae_tiling == "on"
     # A VAE without a tiled decode never tiles, whatever was asked.
     assert tiling.resolve(
         replace(plan, vae_tiling="on"), torch.nn.Linear(2, 2), 64, 64

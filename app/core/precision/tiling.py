@@ -35,9 +35,12 @@ def can_tile(vae) -> bool:
 
 def resolve(plan, vae, height: int, width: int, free_bytes: int | None = None):
     """`plan` with `vae_tiling` "on" or "off" for a picture of `height` x `width` px: "auto"
-    is "on" on a CUDA or ROCm GPU whose free memory beside the VAE (its bytes as placed) is
-    less than the decode's activations; a VAE without a tiled decode is "off" whatever was
-    asked. `free_bytes` is measured on the device when not given."""
+    is "on" where the room beside the VAE (its bytes as placed) is less than the decode's
+    activations. The room is the job's memory budget where it has one (on any device: a
+    decode stage holds the VAE alone, so the budget less the VAE is what its activations get)
+    and a CUDA or ROCm GPU's free memory, the smaller of the two; with neither (a CPU without
+    a budget) auto does not tile. A VAE without a tiled decode is "off" whatever was asked.
+    `free_bytes` stands for the device's free memory when given."""
     from dataclasses import replace
 
     from app.core.precision.plan import torch_dtype
@@ -49,25 +52,29 @@ def resolve(plan, vae, height: int, width: int, free_bytes: int | None = None):
         return plan
     dtype = torch_dtype(plan.dtypes.get("vae", "fp32"))
     needed = decode_bytes(vae, height, width, dtype.itemsize)
-    if free_bytes is None:
-        free_bytes = _free_beside(vae, plan, dtype)
-    tiled = needed is not None and free_bytes is not None and needed > free_bytes
+    room = _room_beside(vae, plan, dtype, free_bytes)
+    tiled = needed is not None and room is not None and needed > room
     return replace(plan, vae_tiling="on" if tiled else "off")
 
 
-def _free_beside(vae, plan, dtype) -> int | None:
-    """A CUDA device's free memory now, less the VAE's weights in `dtype`; None elsewhere."""
-    if not plan.device.startswith("cuda"):
-        return None
-    import torch
+def _room_beside(vae, plan, dtype, free_bytes: int | None) -> int | None:
+    """What the decode's activations may take: the smaller of the job's budget and the device's
+    free memory (`free_bytes`, else measured on a CUDA device), less the VAE's weights in
+    `dtype`; None where neither is known."""
+    limits = [] if free_bytes is None else [free_bytes]
+    if plan.memory_budget_mb is not None:
+        limits.append(int(plan.memory_budget_mb * 2**20))
+    if free_bytes is None and plan.device.startswith("cuda"):
+        import torch
 
-    if not torch.cuda.is_available():
-        return None
-    from app.core.precision.transfer import cuda_free_bytes
+        if torch.cuda.is_available():
+            from app.core.precision.transfer import cuda_free_bytes
 
-    free = cuda_free_bytes(plan.device)
+            limits.append(cuda_free_bytes(plan.device))
+    if not limits:
+        return None
     weights = sum(p.numel() for p in vae.parameters()) * dtype.itemsize
-    return free - weights
+    return min(limits) - weights
 
 
 def apply(vae, plan) -> None:
