@@ -140,7 +140,9 @@ def budget_source_words(budget_from: str | None) -> str:
     )
 
 
-def plan_words(parts, budget_mb: float | None, vae_tiled: bool = False) -> str | None:
+def plan_words(
+    parts, budget_mb: float | None, vae_tiled: bool = False, tile_px: int = 0
+) -> str | None:
     """One line saying how a job's components will be held under the memory budget (from
     `placement.memory_plan`), said before a long job; None when every part fits whole as
     the plan asks (nothing to say)."""
@@ -164,7 +166,9 @@ def plan_words(parts, budget_mb: float | None, vae_tiled: bool = False) -> str |
                 "layer by layer"
             )
     if vae_tiled:
-        said.append("the VAE decodes in tiles")
+        said.append(
+            f"the VAE decodes in {tile_px} px tiles" if tile_px else "the VAE decodes in tiles"
+        )
     if not said:
         return None
     return f"Memory budget {budget_mb * 2**20 / 2**30:.1f} GB: " + "; ".join(said) + "."
@@ -206,7 +210,7 @@ def said_memory_plan(pipeline, plan, progress) -> MemoryRecord | None:
     if plan.memory_budget_mb is None:
         return None
     parts = memory_plan(pipeline, plan)
-    words = plan_words(parts, plan.memory_budget_mb, plan.vae_tiling == "on")
+    words = plan_words(parts, plan.memory_budget_mb, plan.vae_tiling == "on", plan.vae_tile_px)
     if words:
         progress(Headline(words), 0, 0)
     return MemoryRecord(

@@ -130,3 +130,59 @@ def test_a_vae_overflow_is_found_at_the_same_layer_with_the_same_fix_in_tiles(ch
     assert report.fix is not None and report.fix.verified
     assert report.fix.settings == untiled.fix.settings
     assert report.plan.vae_tiling == choice
+
+
+def test_tiles_are_made_smaller_than_the_vaes_own_where_one_would_not_fit(monkeypatch):
+    vae = build_tiny_sd_pipeline().vae  # its own tiles: 128 px (16 latents), a 128 px picture one
+    monkeypatch.setattr(tiling, "SMALLEST_TILE_PX", 32)
+    weights = sum(p.numel() for p in vae.parameters()) * 4
+    plan = PrecisionPlan(device="cpu", dtypes={"vae": "fp32"})
+    fits_64 = weights + tiling.decode_bytes(vae, 64, 64, 4)
+    budgeted = replace(plan, memory_budget_mb=fits_64 / 2**20)
+    resolved = tiling.resolve(budgeted, vae, 128, 128)
+    assert (resolved.vae_tiling, resolved.vae_tile_px) == ("on", 64)
+    # Room for its own tiles: they are kept (0); asked for without a budget, likewise.
+    roomy = replace(
+        plan, memory_budget_mb=(weights + tiling.decode_bytes(vae, 128, 128, 4)) / 2**20
+    )
+    assert tiling.resolve(roomy, vae, 256, 256).vae_tile_px == 0
+    assert tiling.resolve(replace(plan, vae_tiling="on"), vae, 256, 256).vae_tile_px == 0
+    # Never below the smallest tile, however little room.
+    starved = replace(plan, memory_budget_mb=weights / 2**20)
+    assert tiling.resolve(starved, vae, 128, 128).vae_tile_px == 32
+
+
+def test_a_budgeted_generation_decodes_in_tiles_of_the_size_that_fits(tmp_path, monkeypatch):
+    from diffusers import AutoencoderKL
+
+    sizes: list[tuple[int, int]] = []
+    real = AutoencoderKL.tiled_decode
+
+    def seen(self, *args, **kwargs):
+        sizes.append((self.tile_sample_min_size, self.tile_latent_min_size))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(AutoencoderKL, "tiled_decode", seen)
+    monkeypatch.setattr(tiling, "SMALLEST_TILE_PX", 32)
+    model = loaded(build_tiny_sd_pipeline(), "tiling-budget")
+    vae = model.pipeline.vae
+    # Room for a 64 px tile's activations (in fp32, the widest the VAE runs in) beside the
+    # VAE in fp32, not for one of its own 128 px tiles.
+    weights = sum(p.numel() for p in vae.parameters()) * 4
+    budget = weights + tiling.decode_bytes(vae, 64, 64, 4)
+    lines: list[str] = []
+    request = generation.GenerationRequest(
+        prompt="a lake", steps=2, width=128, height=128, seed=4, output_dir=str(tmp_path)
+    )
+    image = generation.generate(
+        model,
+        request,
+        precision=PrecisionSettings(precision="fp16", max_vram_gb=budget / 2**30),
+        device="cpu",
+        on_progress=lambda message, *_: lines.append(str(message)),
+    ).images[0]
+    assert image.status == "ok"
+    assert image.settings["vae_tiling"] == "on"
+    assert sizes and set(sizes) == {(64, 8)}
+    assert any("the VAE decodes in 64 px tiles" in line for line in lines)
+    assert (vae.tile_sample_min_size, vae.use_tiling) == (128, False)  # the loaded VAE's own

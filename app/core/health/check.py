@@ -577,6 +577,7 @@ def _report(
             "budget_mb": plan.memory_budget_mb,
             "budget_from": plan.memory_budget_from,
             "vae_tiling": plan.vae_tiling,
+            "vae_tile_px": plan.vae_tile_px,
             "peak_placed_mb": round(check.runner.placed.peak_bytes / 2**20, 1),
             "placements": check.runner.placed.placements,
             "placing_s": round(check.runner.placed.placing_seconds, 2),

@@ -488,6 +488,7 @@ class PlacedPipeline:
             stored = storage if storage != torch_dtype(dtype) else None
             # A tiled VAE is a copy (its tensors shared): the loaded VAE keeps no job's tiling.
             tiled = name == "vae" and plan.vae_tiling == "on"
+            tiles = plan.vae_tile_px if tiled else 0
             key = (
                 dtype,
                 tuple(sorted(islands.items())),
@@ -496,6 +497,7 @@ class PlacedPipeline:
                 stored,
                 streams,
                 tiled,
+                tiles,
             )
             current = self._placed.get(name)
             if current is not None and current[0] == key:

@@ -110,6 +110,11 @@ class PrecisionPlan:
     # Whether the VAE decodes in tiles: "on" or "off" once a job has resolved it for its
     # picture size (`tiling.resolve`), "auto" until then (the setting).
     vae_tiling: str = "auto"
+    # The side of the square tiles a tiled VAE decodes (and encodes) in, in px: 0 for the
+    # VAE's own (its config's sample size: 1024 px for SDXL's, so a 1024 px picture is one
+    # tile), smaller where one tile of that size would not fit beside the VAE
+    # (`tiling.resolve`).
+    vae_tile_px: int = 0
 
     def with_dtypes(self, **dtypes: str) -> PrecisionPlan:
         return replace(self, dtypes={**self.dtypes, **dtypes})

@@ -14,6 +14,9 @@ from __future__ import annotations
 # Full-resolution feature maps a decoder's last block holds at once (its input, a norm's output,
 # a convolution's output and the residual), a judgment from diffusers' ResnetBlock2D.
 LIVE_MAPS = 4
+# The smallest tile `resolve` makes: below it the overlaps diffusers blends take most of each
+# tile.
+SMALLEST_TILE_PX = 256
 
 
 def decode_bytes(vae, height: int, width: int, dtype_bytes: int) -> int | None:
@@ -34,8 +37,8 @@ def can_tile(vae) -> bool:
 
 
 def resolve(plan, vae, height: int, width: int, free_bytes: int | None = None):
-    """`plan` with `vae_tiling` "on" or "off" for a picture of `height` x `width` px: "auto"
-    is "on" where the room beside the VAE (its bytes as placed) is less than the decode's
+    """`plan` with `vae_tiling` "on" or "off" for a picture of `height` x `width` px, and
+    the tiles' size where it is on (`tile_px`): "auto" is "on" where the room beside the VAE (its bytes as placed) is less than the decode's
     activations. The room is the job's memory budget where it has one (on any device: a
     decode stage holds the VAE alone, so the budget less the VAE is what its activations get)
     and a CUDA or ROCm GPU's free memory, the smaller of the two; with neither (a CPU without
@@ -48,13 +51,33 @@ def resolve(plan, vae, height: int, width: int, free_bytes: int | None = None):
     asked = plan.vae_tiling
     if vae is None or not can_tile(vae):
         return replace(plan, vae_tiling="off")
-    if asked in ("on", "off"):
+    if asked == "off":
         return plan
     dtype = torch_dtype(plan.dtypes.get("vae", "fp32"))
-    needed = decode_bytes(vae, height, width, dtype.itemsize)
     room = _room_beside(vae, plan, dtype, free_bytes)
-    tiled = needed is not None and room is not None and needed > room
-    return replace(plan, vae_tiling="on" if tiled else "off")
+    if asked == "auto":
+        needed = decode_bytes(vae, height, width, dtype.itemsize)
+        if needed is None or room is None or needed <= room:
+            return replace(plan, vae_tiling="off")
+    return replace(plan, vae_tiling="on", vae_tile_px=tile_px(vae, dtype, room))
+
+
+def tile_px(vae, dtype, room: int | None) -> int:
+    """The side of the tiles a VAE decodes in so that one tile's activations fit `room`: its
+    own tile size (0), halved until one fits, down to `SMALLEST_TILE_PX`. 0 where the VAE
+    sets its tiles otherwise (diffusers' newer VAEs tile at 256 px already) or the room is not
+    known."""
+    own = getattr(vae, "tile_sample_min_size", None)
+    if room is None or not isinstance(own, int) or not hasattr(vae, "tile_latent_min_size"):
+        return 0
+    side = own
+    while side // 2 >= SMALLEST_TILE_PX and _tile_bytes(vae, side, dtype) > room:
+        side //= 2
+    return 0 if side == own else side
+
+
+def _tile_bytes(vae, side: int, dtype) -> int:
+    return decode_bytes(vae, side, side, dtype.itemsize) or 0
 
 
 def _room_beside(vae, plan, dtype, free_bytes: int | None) -> int | None:
@@ -79,6 +102,12 @@ def _room_beside(vae, plan, dtype, free_bytes: int | None) -> int | None:
 
 def apply(vae, plan) -> None:
     """Set a placed VAE's tiled decode to what `plan` says (every time: a VAE placed as the
-    loaded one itself must not keep another job's choice)."""
-    if can_tile(vae):
-        vae.use_tiling = plan.vae_tiling == "on"
+    loaded one itself must not keep another job's choice). Smaller tiles than the VAE's own
+    are set on a copy only (`PlacedPipeline` copies a tiled VAE, its tensors shared)."""
+    if not can_tile(vae):
+        return
+    vae.use_tiling = plan.vae_tiling == "on"
+    if vae.use_tiling and plan.vae_tile_px:
+        scale = vae.tile_sample_min_size // vae.tile_latent_min_size
+        vae.tile_sample_min_size = plan.vae_tile_px
+        vae.tile_latent_min_size = plan.vae_tile_px // scale
