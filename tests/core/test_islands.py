@@ -257,6 +257,31 @@ def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
     assert heavy[0].kind == "islands"  # twice the memory is not bought back by time
 
 
+def test_each_verified_candidate_passed_over_says_why_in_the_table():
+    """The result cell of a verified candidate that was not chosen names the rule that passed
+    it over, so a faster rival's loss is read, not guessed (`diagnosis.passed_over`)."""
+    chosen = _result("islands", 6.5, (300, 1000))
+    rivals = {
+        "heavy": _result("component_fp32", 13.0, (10, 15)),
+        "slower": _result("component_bf16", 6.45, (1100, 1200)),
+        "noise": _result("component_bf16", 6.45, (100, 320)),  # 2.5x faster, ranges overlap
+        "margin": _result("component_bf16", 6.45, (200, 290)),  # apart, but less than a tenth
+        "raced out": _result("component_bf16", 6.45, (1500, 1500)),  # one run, far behind
+    }
+    chosen.chosen = True
+    said = {
+        name: health.candidate_rows([chosen, rival], {})[1][4] for name, rival in rivals.items()
+    }
+    assert said == {
+        "heavy": "verified; holds more memory",
+        "slower": "verified; not faster",
+        "noise": "verified; faster only within the noise",
+        "margin": "verified; faster by less than a tenth",
+        "raced out": "verified; not faster",
+    }
+    assert health.candidate_rows([chosen], {})[0][4] == "chosen"
+
+
 @pytest.mark.slow  # every verified candidate timed: warm-up and rounds
 def test_the_measured_check_times_every_verified_candidate_beside_the_baselines(no_native_bf16):
     report = check(loaded(planted("vae", VAE_LAYER, 1e6)), remember=False, measure_cost=True)

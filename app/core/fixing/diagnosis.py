@@ -737,6 +737,23 @@ def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return ma is None or mb is None or ma <= mb * MATERIALLY_FASTER
 
 
+def passed_over(candidate: CandidateResult, chosen: CandidateResult) -> str:
+    """Why `rank_candidates` chose `chosen` over the verified `candidate` (of the same
+    component): "memory" (it held more, past `MEMORY_TOLERANCE`), "slower" (its median was not
+    below the chosen one's), "noise" (faster, but the two runs' ranges overlap) or "margin"
+    (faster beyond the noise, by less than a tenth). The same rules as `_faster`'s."""
+    least = chosen.memory_mb() or 0.0
+    if (candidate.memory_mb() or 0.0) > least * (1 + MEMORY_TOLERANCE) + 1e-9:
+        return "memory"
+    mine, theirs = candidate.cost.get("step_ms"), chosen.cost.get("step_ms")
+    if mine is None or theirs is None or mine >= theirs:
+        return "slower"
+    ra, rb = candidate.cost.get("step_ms_range"), chosen.cost.get("step_ms_range")
+    if not (ra and rb and ra[1] < rb[0]):
+        return "noise"
+    return "margin"
+
+
 # How the fix is chosen among the verified candidates (`rank_candidates`), in the words every
 # rendering of the candidates' table uses.
 CHOSEN_WORDS = (

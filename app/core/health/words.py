@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core.components import Status, Verdict
-from app.core.fixing.diagnosis import CandidateResult
+from app.core.fixing.diagnosis import CandidateResult, passed_over
 from app.core.health.cost import FixCost, StepCost
 from app.core.precision import PrecisionPlan
 from app.core.settings import FIELDS, modules_by_component
@@ -141,11 +141,22 @@ CANDIDATE_COLUMNS = (
 )
 
 
-def _result_words(candidate: CandidateResult) -> str:
+# Why a verified candidate was not chosen (`diagnosis.passed_over`), said in its result cell.
+PASSED_OVER_WORDS = {
+    "memory": "verified; holds more memory",
+    "slower": "verified; not faster",
+    "noise": "verified; faster only within the noise",
+    "margin": "verified; faster by less than a tenth",
+}
+
+
+def _result_words(candidate: CandidateResult, chosen: CandidateResult | None) -> str:
     if candidate.chosen:
         return "chosen"
     if candidate.verified:
-        return "verified"
+        if chosen is None:
+            return "verified"
+        return PASSED_OVER_WORDS[passed_over(candidate, chosen)]
     if candidate.finite:
         return "rejected: differs from fp32"
     return "rejected: not finite"
@@ -173,14 +184,16 @@ def candidate_rows(
     table the CLI, the Markdown report and the GUI show."""
     rows: list[tuple[str, ...]] = []
     for component in dict.fromkeys(c.component for c in candidates):
-        for c in (c for c in candidates if c.component == component):
+        mine = [c for c in candidates if c.component == component]
+        chosen = next((c for c in mine if c.chosen), None)
+        for c in mine:
             rows.append(
                 (
                     component,
                     c.words,
                     str(c.modules or "-"),
                     c.quality.figure() if c.quality else "-",
-                    _result_words(c),
+                    _result_words(c, chosen),
                     _ms(c.cost),
                     _mb(c.cost.get("peak_memory_mb")),
                     _mb(c.cost.get("weights_mb")),
