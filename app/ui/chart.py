@@ -144,7 +144,9 @@ class ActivationChart(QWidget):
         values = [b.max_abs for b in self.blocks if b.max_abs is not None and b.max_abs > 0]
         low = min(values, default=1.0)
         high = max([*values, self.limit])
-        low_exp = max(-3, math.floor(math.log10(low)))
+        # A quarter of a decade under the smallest bar at least: one of exactly 1 (a sinusoidal
+        # time embedding's largest value) stood on an axis starting at 1 with no height.
+        low_exp = max(-3, math.floor(math.log10(low) - 0.25))
         high_exp = math.ceil(math.log10(high) + 0.25)
         if high_exp - low_exp < 3:
             low_exp = high_exp - 3

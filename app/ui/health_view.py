@@ -36,6 +36,7 @@ from app.core.health import (
     precision_words,
 )
 from app.core.health.report import CheckResult
+from app.core.health.words import FROM_THE_FIX_WORDS
 from app.core.jobs import DONE
 from app.core.models.summary import ModelSummary
 from app.core.precision.words import plan_words
@@ -72,6 +73,30 @@ _SEVERITY = {
 }
 _VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
 _BAR_STEPS = 1000
+
+
+# The row's words once the settings no longer run a fix applied from it.
+UNDONE_WORDS = (
+    "Your settings have changed since this fix was applied: the next job runs without it. "
+    "Apply it again to use it."
+)
+
+
+def _in_use_words(held: bool, remembered: bool) -> str:
+    """The row's words for the chosen fix in use before any click: its layers remembered for
+    this model by the check, its settings `held` by the user's own or else taken by this
+    model's jobs from the fix the check remembered."""
+    if held and remembered:
+        return (
+            "In use: the check remembered this fix for this model, so your next job runs with "
+            "it; other models are not affected."
+        )
+    if held:
+        return "In use: your settings already include this fix."
+    return (
+        "In use for this model: the check remembered it, so your next job runs with it. Apply "
+        "fix writes it into Settings too, for every model you run."
+    )
 
 
 def _saved_report_card(markdown: str) -> Card:
@@ -181,6 +206,11 @@ class HealthView(QWidget):
         self._fix_settings: dict[str, Any] = {}
         self._applied_settings: dict[str, Any] = {}  # what Apply last wrote
         self._applied_words = ""  # and what the row said of it then
+        # Applied from this page and not yet in the next job's plan (the engine remembers a
+        # fix's layers a moment later); the plans a fix applied here made, which this check
+        # verified (the tested plan with one of its verified candidates).
+        self._awaiting_applied = False
+        self._verified_plans: set[str] = set()
         self.alternative_buttons: list[Any] = []  # "Apply instead", one per candidate
 
         self.body = scroll_column(layout)
@@ -238,10 +268,7 @@ class HealthView(QWidget):
         self.stage.setText("")
         self._grey(False)
         self.fix_actions.hide()
-        self._fix_settings = {}
-        self._applied_settings = {}
-        self._applied_words = ""
-        self.applied_label.setText("")
+        self._show_fix_actions(None)
         for button in (self.export_button, self.copy_button):
             button.setEnabled(False)
 
@@ -456,7 +483,7 @@ class HealthView(QWidget):
         if self._headline is None:
             return
         level, text, holds_at = self._headline
-        self._forget_undone_applied()
+        self._show_applied()
         if self.stale:
             self.verdict.show_message(
                 "muted",
@@ -466,7 +493,7 @@ class HealthView(QWidget):
             return
         plan = self.state.expected_plan()
         next_job = plan_words(plan) if plan is not None else None
-        if next_job is None or not holds_at or next_job in holds_at:
+        if next_job is None or not holds_at or next_job in (*holds_at, *self._verified_plans):
             self.verdict.show_message(level, text)
             return
         self.verdict.show_message(
@@ -579,7 +606,7 @@ class HealthView(QWidget):
         else:
             # A part that went non-finite has its largest value from the run that fixed it:
             # its own run in fp16 held no finite one that large.
-            run = "on the run that fixed it" if status.failed else f"run in {dtype}"
+            run = FROM_THE_FIX_WORDS if status.failed else f"run in {dtype}"
             largest = (
                 f"Largest value: <b>{words.big_number(component.max_abs)}</b>"
                 + (f" ({run})" if dtype else "")
@@ -655,7 +682,7 @@ class HealthView(QWidget):
             card.body.addWidget(hline())
             card.body.addWidget(label("Measured cost", "muted"))
             card.body.addLayout(self._cost_grid(fix.cost))
-            comparison = cost_comparison_words(fix.cost)
+            comparison = cost_comparison_words(fix.cost, fix.settings)
             if comparison:
                 card.body.addWidget(label(comparison, wrap=True))
         if fix.candidates:
@@ -678,37 +705,72 @@ class HealthView(QWidget):
         self._fix_settings = dict(fix.settings) if fix is not None else {}
         self._applied_settings = {}
         self._applied_words = ""
+        self._awaiting_applied = False
+        self._verified_plans = set()
         self.apply_button.setEnabled(bool(self._fix_settings))
+        self.apply_button.setText("Apply fix")
         self.applied_label.setText("")
 
-    def _forget_undone_applied(self) -> None:
-        """'Applied' is said of the next job as the settings make it: while it runs the fix
-        applied (each setting it set as it set it; each of its layers in the plan, not replaced
-        by layer lists of the user's own and not in a part set wider than they are) the row
-        says it was applied, otherwise that the settings changed since; and back again once
-        they hold it again (the layers are remembered by a job that answers a moment later)."""
-        applied = self._applied_settings
-        if not applied or not self._applied_words:
-            return
-        in_effect = self._in_effect(applied)
-        self.applied_label.setText(
-            self._applied_words
-            if in_effect
-            else "Your settings have changed since this fix was applied: the next job runs "
-            "without it. Apply it again to use it."
-        )
+    def _show_applied(self) -> None:
+        """The row under Apply fix says whether the next job runs the fix, as the settings and
+        the model's remembered fix make it: one applied here (each setting as it set it; each
+        of its layers in the plan, not replaced by layer lists of the user's own and not in a
+        part set wider than they are), said applied while it runs and that the settings
+        changed while it does not, and again once it does; or, before any click, the fix the
+        check remembered for this model, already in use. Apply fix and each "Apply instead"
+        is idle while the fix it applies runs as applied."""
+        fix, applied = self._fix_settings, self._applied_settings
+        chosen_runs = False
+        if applied and self._applied_words:
+            runs = self._runs(applied)
+            if runs and self._awaiting_applied:
+                # The fix applied here now makes the next job's plan: this check verified it.
+                self._awaiting_applied = False
+                plan = self.state.expected_plan()
+                if plan is not None:
+                    self._verified_plans.add(plan_words(plan))
+            shown = runs or self._awaiting_applied
+            self.applied_label.setText(self._applied_words if shown else UNDONE_WORDS)
+            chosen_runs = shown and applied == fix
+            self.apply_button.setText("Applied" if chosen_runs else "Apply fix")
+        elif fix and self._runs(fix):
+            shared, own = split_fix(fix)
+            # Its settings held by the user's own (nothing left to apply), or by the fix the
+            # check remembered for this model (Apply would write them for every model).
+            chosen_runs = all(self.state.settings[k] == v for k, v in shared.items())
+            remembered = bool(own) and self._remembered(fix)
+            self.applied_label.setText(_in_use_words(chosen_runs, remembered))
+            self.apply_button.setText("In use" if chosen_runs else "Apply fix")
+        else:
+            self.applied_label.setText("")
+            self.apply_button.setText("Apply fix")
+        self.apply_button.setEnabled(bool(fix) and not chosen_runs)
+        for button in self.alternative_buttons:
+            mine = bool(applied) and button.property("fix_settings") == applied
+            runs = mine and (self._awaiting_applied or self._runs(applied))
+            button.setText("Applied" if runs else "Apply instead")
+            button.setEnabled(not runs)
 
-    def _in_effect(self, applied: dict[str, Any]) -> bool:
-        shared, own = split_fix(applied)
-        if any(self.state.settings[key] != value for key, value in shared.items()):
+    def _remembered(self, settings: dict[str, Any]) -> bool:
+        """Whether the loaded model's remembered fix holds `settings`' layer lists."""
+        model = self.state.model
+        fix = model.remembered_fix if model is not None else None
+        if fix is None:
             return False
-        if not own:
-            return True
+        _, own = split_fix(settings)
+        return all(set(v or ()) <= set(fix.settings.get(k) or ()) for k, v in own.items())
+
+    def _runs(self, settings: dict[str, Any]) -> bool:
+        """Whether the next job runs the fix `settings` as the settings and the remembered fix
+        make its plan (each layer in a part narrower than it)."""
         plan = self.state.expected_plan()
-        if plan is None:
-            return True  # nothing to tell by: as it was applied
-        # Each layer in the next job's list of its kind, in a part narrower than it.
-        return ran_with(plan.effective_settings(), own) and layers_ran(own, plan.dtype_settings())
+        shared, own = split_fix(settings)
+        if plan is None:  # no device known yet: by the settings and the remembered fix
+            held = all(self.state.settings[k] == v for k, v in shared.items())
+            return held and (not own or self._remembered(settings))
+        return ran_with(plan.effective_settings(), settings) and (
+            not own or layers_ran(own, plan.dtype_settings())
+        )
 
     def _candidate_grid(self, fix: Fix) -> QGridLayout:
         """The candidates table (core's rows, the CLI's and the report's), with an "Apply
@@ -770,24 +832,26 @@ class HealthView(QWidget):
             for candidate in fix.candidates:
                 if dict(candidate.settings) == dict(settings):
                     summary = candidate_summary(candidate)
+
+        def failed(event: EngineEvent) -> None:  # the layers were not remembered
+            self._applied_settings, self._awaiting_applied = {}, False
+            self._show_headline()
+            self.dialogs.job_failed(event)
+
         try:
             changed = apply_fix(
                 self.state,
                 self.client,
                 settings,
                 summary,
-                on_failed=self.dialogs.job_failed,
+                on_failed=failed,
                 made_at=report.plan.dtype_settings() if report is not None else None,
             )
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return
         self._applied_settings = dict(settings)
-        # The fix applied is the one whose button says so, the chosen one's or another's.
-        for button in self.alternative_buttons:
-            mine = button.property("fix_settings") == dict(settings)
-            button.setText("Applied" if mine else "Apply instead")
-            button.setEnabled(not mine)
+        self._awaiting_applied = True
         shared, own = split_fix(settings)
         named = words.fix_short(settings, tuple(report.components) if report else ())
         if own:
@@ -804,7 +868,7 @@ class HealthView(QWidget):
         else:
             said = f"Your settings already include this fix ({named})."
         self._applied_words = said
-        self.applied_label.setText(said)
+        self._show_headline()  # the row and buttons, and the verdict at the plan it makes
 
     # Export -----------------------------------------------------------------------------------
 

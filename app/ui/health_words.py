@@ -3,8 +3,11 @@ check read, and the headline with its agreement figures in plain words."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from app.core.components import COMPONENTS, Role
 from app.core.fixing.diagnosis import plain_figures, qualities_in
 from app.core.health import (
     FixCost,
@@ -14,9 +17,11 @@ from app.core.health import (
 from app.ui import words
 
 
-def cost_comparison_words(cost: FixCost) -> str:
-    """Core's sentence on step time (it knows the spread of each measurement), then what the
-    memory figures add."""
+def cost_comparison_words(cost: FixCost, fix_settings: Mapping[str, Any] | None = None) -> str:
+    """Core's sentence on step time (it knows the spread of each measurement), what the
+    memory figures add, and, for a fix that leaves the denoiser as the settings run it
+    (`fix_settings` touch only other parts), that the step times are the denoiser's dtype
+    against fp32, not the fix's own cost."""
     fix, no_half = cost.fix, cost.no_half
     parts = []
     small, large = fix.peak_memory_mb, no_half.peak_memory_mb
@@ -30,7 +35,28 @@ def cost_comparison_words(cost: FixCost) -> str:
         if parts
         else ""
     )
-    return " ".join(s for s in (cost_comparison(cost), memory) if s)
+    elsewhere = ""
+    if fix_settings is not None and not _touches_denoiser(fix_settings):
+        elsewhere = (
+            "The fix leaves the denoiser as your settings run it, so these step times compare "
+            "that with fp32, not the fix's own cost."
+        )
+    return " ".join(s for s in (cost_comparison(cost), memory, elsewhere) if s)
+
+
+def _touches_denoiser(settings: Mapping[str, Any]) -> bool:
+    """Whether a fix's settings change the denoiser: the base precision, no-half, the
+    denoiser's own setting, or layer lists naming its layers."""
+    denoisers = {c.name for c in COMPONENTS.values() if c.role is Role.DENOISER}
+    setting = {COMPONENTS[name].setting for name in denoisers}
+    for key, value in settings.items():
+        if key in ("precision", "no_half", *setting):
+            return True
+        if isinstance(value, (list, tuple)) and any(
+            str(entry).partition(":")[0] in denoisers for entry in value
+        ):
+            return True
+    return False
 
 
 def pictures_words(

@@ -409,6 +409,9 @@ def test_markdown_report_names_the_layer_and_the_fix(vae_report):
     assert f"`{VAE_LAYER}`" in text
     assert "| vae |" in text
     assert "Verified" in text
+    # The VAE went non-finite: its largest value is from the run that fixed it, and says so.
+    row = next(line for line in text.splitlines() if line.startswith("| vae | fp16 |"))
+    assert "(on the run that fixed it)" in row
     # The fix that won the timing race (the VAE wider, its overflowing layers alone wider or
     # clamped: which is faster depends on this machine and its load), as the flags to run it
     # with; whichever won, they are the VAE's.

@@ -283,3 +283,18 @@ def test_an_fp32_run_warns_of_attention_scores_that_could_pass_fp16s_limit():
     healthy = check(loaded(build_tiny_sd_pipeline()), FP32)
     assert healthy.components["unet"].precisions["fp16"].status is Status.OK
     assert "fp16 would be safe too" in healthy.headline
+
+
+def test_a_fix_summary_names_the_parts_it_leaves_as_a_list_in_words():
+    from app.core.fixing.diagnosis import Quality
+    from app.core.health.fix import fix_summary
+    from app.core.precision import PrecisionPlan
+
+    tested = PrecisionPlan(
+        device="cpu", dtypes={"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"}
+    )
+    fixed = tested.with_dtypes(vae="fp32")
+    said = fix_summary(["vae"], ["run the VAE in fp32"], tested, fixed, Quality(60.0))
+    assert said.endswith(" The text encoder and UNet keep their precision.")
+    only = fix_summary(["vae"], ["x"], tested, fixed.with_dtypes(unet="fp32"), None)
+    assert only.endswith(" The text encoder keeps its precision.")

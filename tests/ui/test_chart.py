@@ -95,3 +95,16 @@ def test_a_larger_font_makes_room_for_the_names(qtbot):
     assert chart.height() > before
     whole = QRectF(chart.rect())
     assert all(whole.contains(covers) for _a, _t, covers in chart.chart_layout().labels)
+
+
+@pytest.mark.parametrize("smallest", [1.0, 10.0, 0.01, 3.0])
+def test_the_smallest_bar_stands_above_the_axis(qtbot, smallest):
+    """A block whose largest value is a power of ten (a time embedding's 1.0) is a bar, not a
+    line on the axis."""
+    blocks = [{"module": "time_proj", "max_abs": smallest}, *UNET[:3]]
+    chart = _chart(qtbot, blocks, 760)
+    plot = chart._plot_rect()
+    low, high = chart._range()
+    assert plot.bottom() - chart._y(smallest, plot, low, high) >= plot.height() * 0.25 / (
+        high - low
+    )

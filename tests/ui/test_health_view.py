@@ -260,6 +260,8 @@ def test_report_shows_cards_in_plain_words_chart_and_fix(window, engines):
     assert "61 ms" in fix_text and "118 ms" in fix_text
     assert "the fix was 1.9x as fast as no-half" in fix_text
     assert "less memory at peak" in fix_text
+    # The fix is the VAE's: the step times are the UNet as the settings run it against fp32.
+    assert "The fix leaves the denoiser as your settings run it" in fix_text
     # A check is no job: the status bar goes on saying what the next job runs.
     assert window.precision_status.text() == "Precision: auto (decided when a job runs)"
     assert window.precision_status.toolTip().startswith("What the next job will use")
@@ -351,6 +353,75 @@ def test_a_fix_applied_instead_is_the_one_the_row_follows(window, engines):
     )
     window.state.set_setting("vae_precision", "fp16")
     assert view.applied_label.text() == UNDONE
+
+
+def test_a_denoiser_fix_is_not_said_to_leave_the_denoiser():
+    from app.ui.health_words import cost_comparison_words
+
+    cost = reports.vae_fp32_fix().cost
+    assert cost is not None
+    for settings in ({"unet_precision": "bf16"}, {"bf16_modules": ["unet:mid_block.a"]}):
+        assert "leaves the denoiser" not in cost_comparison_words(cost, settings)
+    assert "leaves the denoiser" in cost_comparison_words(cost, {"vae_precision": "fp32"})
+
+
+def _checked_and_remembered(window, engines, report):
+    """A check on an fp16 card whose fix the check remembered for the loaded demo, as the
+    engine sends it: the model's summary after the check comes with the result."""
+    from app.core.fixing.profiles import RememberedFix
+    from app.core.health.report import CheckResult
+
+    _fp16_card(window)
+    view, job = _run_check(window, engines)
+    remembered = RememberedFix(dict(report.fix.settings), report.fix.summary, "health check", 0.0)
+    model = replace(DEMO_SUMMARY, remembered_fix=remembered)
+    report = replace(report, model=model, plan=_demo_plan("fp16"))
+    engines.current.finish(job, CheckResult(report, MARKDOWN, model))
+    return view
+
+
+def test_a_fix_the_check_remembered_is_said_in_use_before_any_click(window, engines):
+    """The check remembers its fix for the model, so the next job runs it already: the row says
+    so and Apply fix has nothing left to do, where it offered a blue "Apply fix" before."""
+    view = _checked_and_remembered(window, engines, reports.islands())
+    assert "with 2 VAE layers in fp32" in window.precision_status.text()
+    assert view.applied_label.text().startswith("In use: the check remembered this fix")
+    assert view.apply_button.text() == "In use" and not view.apply_button.isEnabled()
+    # Its layers replaced by the user's own list of that kind: it no longer runs, Apply offers
+    # it again (and would hand the kind back to it).
+    window.state.set_setting("fp32_modules", ["vae:decoder.conv_in"])
+    assert view.applied_label.text() == ""
+    assert view.apply_button.text() == "Apply fix" and view.apply_button.isEnabled()
+
+
+def test_a_settings_fix_the_check_remembered_is_in_use_for_this_model_only(window, engines):
+    """A fix of plain settings remembered for the model runs in its jobs; Apply fix would write
+    it for every model, and the row says which."""
+    report = replace(reports.islands(), fix=reports.vae_fp32_fix())
+    view = _checked_and_remembered(window, engines, report)
+    assert view.applied_label.text().startswith("In use for this model: the check remembered")
+    assert view.apply_button.text() == "Apply fix" and view.apply_button.isEnabled()
+    view.apply_button.click()
+    assert window.state.settings["vae_precision"] == "fp32"
+    assert view.apply_button.text() == "Applied" and not view.apply_button.isEnabled()
+
+
+def test_a_fix_applied_instead_keeps_the_checks_verdict_at_the_plan_it_makes(window, engines):
+    """Another verified candidate applied from the table: this check verified the plan it
+    makes, so the headline keeps its verdict (it said "Not checked at your settings"); a
+    setting changed after that is a plan no check made."""
+    view = _checked_and_remembered(window, engines, reports.islands())
+    level = view.verdict.level
+    (instead,) = view.alternative_buttons
+    instead.click()  # the VAE in fp32
+    assert instead.text() == "Applied" and not instead.isEnabled()
+    assert view.apply_button.text() == "Apply fix" and view.apply_button.isEnabled()
+    text = view.verdict.text.text()
+    assert "Not checked at your settings" not in text and view.verdict.level == level
+    window.state.set_setting("unet_precision", "bf16")
+    assert "Not checked at your settings" in view.verdict.text.text()
+    window.state.set_setting("unet_precision", "auto")
+    assert "Not checked at your settings" not in view.verdict.text.text()
 
 
 def test_the_export_button_asks_where_to_save(window, engines, tmp_path, monkeypatch):

@@ -188,12 +188,13 @@ def fix_summary(
 ) -> str:
     steps = "; ".join(fix_words)
     kept = [
-        component_words(c)
+        c
         for c, d in tested.dtypes.items()
         if fixed.dtypes[c] == d and fixed.islands(c) == tested.islands(c)
     ]
     rest = (
-        f" The {', '.join(kept)} keep{'s' if len(kept) == 1 else ''} {_their(kept)} precision."
+        f" The {join_words(in_run_order(kept))} keep{'s' if len(kept) == 1 else ''} "
+        f"{_their(kept)} precision."
         if kept
         else ""
     )

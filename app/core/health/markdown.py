@@ -16,6 +16,7 @@ from app.core.health.words import (
     cost_comparison,
     cost_words,
     flags,
+    largest_words,
 )
 from app.core.words.causes import cause_words
 
@@ -37,7 +38,7 @@ def markdown_report(report: HealthReport) -> str:
     """A Markdown report to paste into a bug report: versions, device, model, table, fix."""
     v = report.versions
     rows = "\n".join(
-        f"| {n} | {c.dtype} | {status_words(c)} | {_fmt_number(c.max_abs)} | "
+        f"| {n} | {c.dtype} | {status_words(c)} | {largest_words(c)} | "
         f"{_fmt_number(c.headroom)} | {('`' + c.first_bad_module + '`') if c.first_bad_module else '-'} "
         f"| {precision_words(c)} |"
         for n, c in report.components.items()

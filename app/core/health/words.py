@@ -125,6 +125,21 @@ def cost_comparison(cost: FixCost) -> str:
     return f"Per UNet step the fix was {fast / slow:.2g}x as slow as no-half on this device."
 
 
+# Where a part that went non-finite has its largest value from: its own run held no finite
+# value that large, the run with its fix did.
+FROM_THE_FIX_WORDS = "on the run that fixed it"
+
+
+def largest_words(component) -> str:
+    """A part's largest value as a table cell: '3.88e+05 (on the run that fixed it)' for one
+    that went non-finite."""
+    value = component.max_abs
+    if value is None:
+        return "-"
+    said = f"{value:.3g}"
+    return f"{said} ({FROM_THE_FIX_WORDS})" if component.status.failed else said
+
+
 # What "ms per run" times: a fix's component once, as a job runs it (its median over the
 # alternating rounds, and their spread).
 RUN_WORDS = "ms per run: one step of the denoiser, one whole run of a text encoder or the VAE"
