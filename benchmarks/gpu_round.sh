@@ -9,10 +9,11 @@
 # quirks table and the self-test), then the tests marked gpu, whole-job-memory-check.json and
 # -generate.json (whole_job_memory.py --device cuda: SDXL's failing check and generation at
 # 1024 px with no budget and under 4 GB, the allocator's peak of each), health-sd1.json (the
-# check's time against a 20-step generation) and generation-sdxl.json (the NaN watch's cost
-# and the host syncs it adds). The first round's figures (2026-11-26, docs/benchmarks.md) set
-# the boxes. SKIP names steps to leave out (SKIP="gpu generation-sdxl": figures a round already
-# has), so a short lease goes to what is still missing.
+# check's time against a 20-step generation), probe-overhead-sd1.json (the check's recorder by
+# its per-tensor reduction) and generation-sdxl.json (the NaN watch's cost and the host syncs
+# it adds). The two rounds' figures (2026-11-26, docs/benchmarks.md) set the boxes; they sum to
+# 625 s, past one call's 600: SKIP names steps to leave out (SKIP="gpu generation-sdxl":
+# figures the rounds already have), so a short lease goes to what is still missing.
 set -u
 out=${1:?usage: gpu_round.sh OUT_DIR [SCALE]}
 scale=${2:-1}
@@ -36,12 +37,13 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output to NAME.log, then t
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv || true
 "$python" -c "import torch, diffusers, transformers; print(torch.__version__, diffusers.__version__, transformers.__version__)"
 step gpu 45 "$python" -m app.cli gpu --json --retest
-# The tests that need a CUDA device (`-m gpu`): autocast's norms, the watch's host syncs.
+# The tests that need a CUDA device (`-m gpu`): autocast's norms, the watch's host syncs, the
+# recorder's reduction keeping NaN and inf.
 # (pytest-qt is not there: its ini option would be a config warning, an error under the suite's
 # filters.)
 step gpu-tests 60 "$python" -m pytest -q -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
     -m gpu tests/core/test_autocast.py \
-    tests/core/test_generation.py
+    tests/core/test_generation.py tests/core/test_probe.py
 [ -s "$logs/gpu.log" ] && "$python" -c "import json, sys; t = open(sys.argv[1]).read(); json.dump(json.loads(t[t.index('{'):]), open(sys.argv[2], 'w'), indent=1)" "$logs/gpu.log" "$out/gpu.json"
 # SDXL with an overflow planted in its UNet, at 1024 px: without a budget, and under 4 GB, where
 # the UNet (4.8 GiB in fp16) must stream block by block.
@@ -50,6 +52,9 @@ whole=("$python" benchmarks/whole_job_memory.py --device cuda --models sdxl --ki
 step whole-check 240 "${whole[@]}" --jobs check --json "$out/whole-job-memory-check.json"
 step health-sd1 90 "$python" benchmarks/health_check.py --device cuda --models sd1 --dtype fp16 \
     --repeats 1 --json "$out/health-sd1.json"
+# Which per-tensor reduction makes the check's recorder cheaper on this device.
+step probe-overhead 40 "$python" benchmarks/probe_overhead.py --device cuda --models sd1 \
+    --dtype fp16 --rounds 5 --json "$out/probe-overhead-sd1.json"
 step whole-generate 100 "${whole[@]}" --jobs generate --json "$out/whole-job-memory-generate.json"
 step generation-sdxl 50 "$python" benchmarks/generation.py --device cuda --cases sdxl --runs 5 \
     --steps 20 --json "$out/generation-sdxl.json"

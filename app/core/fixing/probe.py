@@ -32,6 +32,18 @@ def float_tensors(value: Any) -> Iterable[Any]:
             yield from float_tensors(item)
 
 
+def peaks(value: Any) -> list[Any]:
+    """max |x| of each floating tensor in `value`, each a 0-d fp32 device tensor.
+
+    NaN anywhere in a tensor makes its peak NaN and inf makes it inf (`amax` propagates NaN:
+    `tests/core/test_probe.py` holds it to a result computed element by element, on the CPU
+    and on CUDA). A fused infinity norm would spare the full-size |x| copy, but on a CPU it ran
+    several times slower than this (`benchmarks/probe_overhead.py` compares the two on the
+    device it runs on).
+    """
+    return [t.detach().abs().amax().float() for t in float_tensors(value)]
+
+
 def max_abs(value: Any):
     """max |x| over every floating tensor in `value`, as a 0-d fp32 device tensor (or None).
 
@@ -40,10 +52,17 @@ def max_abs(value: Any):
     """
     import torch
 
-    peaks = [t.detach().abs().amax().float() for t in float_tensors(value)]
-    if not peaks:
+    found = peaks(value)
+    if not found:
         return None
-    return peaks[0] if len(peaks) == 1 else torch.stack(peaks).amax()
+    return found[0] if len(found) == 1 else torch.stack(found).amax()
+
+
+def _largest(values: list[float]) -> float:
+    """max of host floats as the device's reduction gives it: NaN if any is NaN."""
+    if any(math.isnan(v) for v in values):
+        return math.nan
+    return max(values)
 
 
 @dataclass
@@ -144,15 +163,18 @@ class ActivationRecorder:
             self._handles.append(module.register_forward_hook(self._after))
 
     def _before(self, module, args, kwargs):
-        self._pending.setdefault(id(module), []).append(max_abs((args, kwargs)))
+        self._pending.setdefault(id(module), []).append(peaks((args, kwargs)))
 
     def _after(self, module, args, output):
         stack = self._pending.get(id(module))
-        inputs = stack.pop() if stack else None
+        inputs = stack.pop() if stack else []
         scores = getattr(module, self.SCORES, None)
         bound = scores.pop() if scores else None
-        self._calls.append((id(module), inputs, max_abs(output), bound))
-        self._half.append(any(_is_half(t) for t in float_tensors(output)))
+        outputs = list(float_tensors(output))
+        # Each tensor's peak, kept apart: a call's inputs and outputs are combined on the host
+        # at `read()`, so a hook launches one reduction a tensor and nothing more.
+        self._calls.append((id(module), inputs, peaks(outputs), bound))
+        self._half.append(any(_is_half(t) for t in outputs))
 
     def __enter__(self) -> ActivationRecorder:
         return self
@@ -175,30 +197,40 @@ class ActivationRecorder:
         result = ProbeResult()
         if not self._calls:
             return result
-        device = next(t for _, _, t, _ in self._calls if t is not None).device
-        nan = torch.tensor(float("nan"), device=device)
-        zero = torch.zeros((), device=device)
-        rows = [
-            torch.stack(
-                [
-                    i if i is not None else zero,
-                    o if o is not None else nan,
-                    b.to(device) if b is not None else zero,
-                ]
-            )
-            for _, i, o, b in self._calls
-        ]
-        final = max_abs(output)
-        if final is not None:
-            rows.append(torch.stack([zero, final, zero]))
-        table = torch.stack(rows).cpu().tolist()  # the one host sync of the probe
-        if final is not None:
-            result.output_finite = math.isfinite(table.pop()[1])
+        # Every peak of every call in one transfer: inputs', outputs', the attention bound,
+        # laid out call after call, then the final output's.
+        flat: list[Any] = []
+        spans: list[tuple[int, int, int]] = []  # per call: inputs, outputs, bound counts
+        for _, inputs, outputs, bound in self._calls:
+            flat.extend(inputs)
+            flat.extend(outputs)
+            if bound is not None:
+                flat.append(bound)
+            spans.append((len(inputs), len(outputs), int(bound is not None)))
+        final = peaks(output)
+        flat.extend(final)
+        if not flat:
+            return result
+        device = flat[0].device
+        values = torch.stack([v.to(device=device, dtype=torch.float32) for v in flat])
+        numbers = values.cpu().tolist()  # the one host sync of the probe
+        table = []
+        at = 0
+        for n_in, n_out, n_bound in spans:
+            inputs = _largest(numbers[at : at + n_in]) if n_in else 0.0
+            at += n_in
+            peak = _largest(numbers[at : at + n_out]) if n_out else math.nan
+            at += n_out
+            bound = numbers[at] if n_bound else 0.0
+            at += n_bound
+            table.append((inputs, peak, bound))
+        if final:
+            result.output_finite = math.isfinite(_largest(numbers[at:]))
 
         for index, ((module_id, _, out, _), (inputs, peak, bound), half) in enumerate(
             zip(self._calls, table, self._half, strict=True)
         ):
-            if out is None:
+            if not out:
                 continue
             name = self._names[module_id]
             stats = result.modules.get(name)
