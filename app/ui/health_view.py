@@ -513,6 +513,7 @@ class HealthView(QWidget):
         self.cards = {}
         self.charts = {}
         self.running_card = None
+        self.alternative_buttons = []  # the report's table went with it
 
     def show_report(
         self,

@@ -424,6 +424,21 @@ def test_a_fix_applied_instead_keeps_the_checks_verdict_at_the_plan_it_makes(win
     assert "Not checked at your settings" not in view.verdict.text.text()
 
 
+def test_a_report_cleared_by_the_next_check_leaves_no_button_behind(window, engines):
+    """A new check clears the last report's table: a setting changed while it runs, or its
+    report arriving, touches no button of the old one (Qt had deleted them: an error box)."""
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, reports.result(reports.islands()))
+    (instead,) = view.alternative_buttons
+    instead.click()
+    view.run_button.click()  # the report goes
+    assert view.alternative_buttons == []
+    window.state.set_setting("unet_precision", "bf16")
+    engines.current.finish(engines.current.last_job("check"), reports.result(reports.fixable()))
+    window.state.set_setting("unet_precision", "auto")
+    assert not window.dialogs.shown
+
+
 def test_the_export_button_asks_where_to_save(window, engines, tmp_path, monkeypatch):
     """The button itself, not the method: `clicked` passes a flag that is no path."""
     from PySide6.QtWidgets import QFileDialog
