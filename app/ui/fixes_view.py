@@ -609,12 +609,16 @@ class FixesView(QWidget):
         ):
             return False
         try:
+            # Both forgotten before any page is told: the loaded model's summary changing
+            # would have the Health check page read the saved report again, still there.
             if row.stored is not None:
                 stored = row.stored
                 profiles.forget_fix(stored.profile_key, stored.device, stored.torch_version)
-                self._refresh_loaded(stored, None)
             if row.report is not None:
                 saved.forget_report(row.profile_key, row.device)
+            if row.stored is not None:
+                self._refresh_loaded(row.stored, None)
+            self.state.forgotten.emit(row.profile_key)
         except OSError as error:
             self.dialogs.error(f"It could not be forgotten ({error.strerror or error}).")
         else:

@@ -210,7 +210,11 @@ class HealthView(QWidget):
         # fix's layers a moment later); the plans a fix applied here made, which this check
         # verified (the tested plan with one of its verified candidates).
         self._awaiting_applied = False
+        self._record_plan = False  # the next plan that runs the applied fix is verified
         self._verified_plans: set[str] = set()
+        # The plain settings the last Apply here changed: key -> (before, as set), undone by
+        # the next Apply of another of this report's fixes (two fixes at once are none).
+        self._set_by_apply: dict[str, tuple[Any, Any]] = {}
         self.alternative_buttons: list[Any] = []  # "Apply instead", one per candidate
 
         self.body = scroll_column(layout)
@@ -233,6 +237,7 @@ class HealthView(QWidget):
 
         state.model_changed.connect(self._model_changed)
         state.model_changed.connect(self.show_saved_report)
+        state.forgotten.connect(self._forgotten)
         for signal in (state.settings_changed, state.hardware_changed, state.model_changed):
             signal.connect(lambda _value: self._show_headline())
         client.died.connect(self._engine_stopped)
@@ -440,6 +445,13 @@ class HealthView(QWidget):
         self.fix_actions.setEnabled(not stale)
 
     # Showing ----------------------------------------------------------------------------------
+
+    def _forgotten(self, profile_key: str) -> None:
+        """The loaded model's saved report forgotten: one shown as saved goes (a check shown
+        from this session stays: it is no saved state)."""
+        model = self.state.model
+        if model is not None and model.profile_key == profile_key and self.report is None:
+            self.show_saved_report(model)
 
     def show_saved_report(self, model: ModelSummary | None) -> None:
         """When a model is loaded (and no check of it is shown or running), show its last
@@ -707,7 +719,9 @@ class HealthView(QWidget):
         self._applied_settings = {}
         self._applied_words = ""
         self._awaiting_applied = False
+        self._record_plan = False
         self._verified_plans = set()
+        self._set_by_apply = {}
         self.apply_button.setEnabled(bool(self._fix_settings))
         self.apply_button.setText("Apply fix")
         self.applied_label.setText("")
@@ -723,10 +737,12 @@ class HealthView(QWidget):
         fix, applied = self._fix_settings, self._applied_settings
         chosen_runs = False
         if applied and self._applied_words:
+            if self._awaiting_applied and self._remembered(applied):
+                self._awaiting_applied = False  # the engine has remembered its layers
             runs = self._runs(applied)
-            if runs and self._awaiting_applied:
+            if runs and self._record_plan:
                 # The fix applied here now makes the next job's plan: this check verified it.
-                self._awaiting_applied = False
+                self._record_plan = False
                 plan = self.state.expected_plan()
                 if plan is not None:
                     self._verified_plans.add(plan_words(plan))
@@ -839,7 +855,18 @@ class HealthView(QWidget):
             self._show_headline()
             self.dialogs.job_failed(event)
 
+        shared, own = split_fix(settings)
+        # Another of this report's fixes applied before: its plain settings that this one does
+        # not set go back to what they were (where the user has not changed them since).
+        undo = {
+            key: before
+            for key, (before, set_to) in self._set_by_apply.items()
+            if key not in shared and self.state.settings[key] == set_to
+        }
+        before = {key: self.state.settings[key] for key in shared}
         try:
+            if undo:
+                self.state.apply(undo)
             changed = apply_fix(
                 self.state,
                 self.client,
@@ -852,8 +879,9 @@ class HealthView(QWidget):
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return
         self._applied_settings = dict(settings)
-        self._awaiting_applied = True
-        shared, own = split_fix(settings)
+        self._awaiting_applied = bool(own)
+        self._record_plan = True
+        self._set_by_apply = {key: (before[key], value) for key, value in shared.items()}
         named = words.fix_short(settings, tuple(report.components) if report else ())
         if own:
             said = (
@@ -868,6 +896,8 @@ class HealthView(QWidget):
             )
         else:
             said = f"Your settings already include this fix ({named})."
+        if undo:
+            said += f" Set back as before: {html.escape(words.settings_listed(undo))}."
         self._applied_words = said
         self._show_headline()  # the row and buttons, and the verdict at the plan it makes
 

@@ -29,6 +29,8 @@ class AppState(QObject):
     hardware_changed(object): the `HardwareReport` (what `gpu --json` prints, typed).
     effective_changed(object): the last job's precision in words (str), or None.
     save_failed(str): a plain sentence; the change applies to this session only.
+    forgotten(str): a model's remembered fix or saved health report was forgotten (its
+    profile key): what a page shows of it no longer holds.
     """
 
     settings_changed = Signal(list)
@@ -36,6 +38,7 @@ class AppState(QObject):
     hardware_changed = Signal(object)
     effective_changed = Signal(object)
     save_failed = Signal(str)
+    forgotten = Signal(str)
 
     def __init__(self, settings: Settings, parent: QObject | None = None) -> None:
         super().__init__(parent)

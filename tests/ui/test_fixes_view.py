@@ -418,11 +418,16 @@ def test_forget_asks_first_then_removes_the_fix_and_report_and_refreshes_the_loa
     assert profiles.stored_fixes().fixes and saved.saved_reports().reports
     assert "the remembered fix and the saved health report" in asked[0][1]
 
+    health = window.health_view
+    assert health.markdown  # the saved report, shown on the Health check page
     window.dialogs.confirm = lambda *args, **kwargs: True
     assert view.forget()
     assert profiles.stored_fixes().fixes == [] and saved.saved_reports().reports == []
     assert window.state.model is not None and window.state.model.remembered_fix is None
     assert _cells(view) == []
+    # Forgotten there too: no saved report left to show, copy or export.
+    assert not health.markdown and not health.verdict.isVisible()
+    assert not health.copy_button.isEnabled()
 
 
 def test_forgetting_another_models_fix_leaves_the_loaded_models_summary_alone(window, engines):

@@ -424,6 +424,25 @@ def test_a_fix_applied_instead_keeps_the_checks_verdict_at_the_plan_it_makes(win
     assert "Not checked at your settings" not in view.verdict.text.text()
 
 
+def test_applying_the_chosen_fix_after_another_takes_the_others_settings_back(window, engines):
+    """Apply instead (the VAE in fp32), then Apply fix (two VAE layers in bf16): the VAE's
+    setting goes back, or the layers would run in an fp32 VAE, moot, while the row said
+    "Applied"; the row says what it set back."""
+    view = _checked_and_remembered(window, engines, reports.islands())
+    (instead,) = view.alternative_buttons
+    instead.click()
+    assert window.state.settings["vae_precision"] == "fp32"
+    view.apply_button.click()
+    assert window.state.settings["vae_precision"] == "auto"
+    assert "with 2 VAE layers in fp32" in window.precision_status.text()
+    text = view.applied_label.text()
+    assert text.startswith("Applied (") and "Set back as before: VAE precision" in text
+    assert view.apply_button.text() == "Applied" and instead.text() == "Apply instead"
+    # A fix applied that the settings then make moot is not said applied, however long.
+    window.state.set_setting("vae_precision", "fp32")
+    assert view.applied_label.text() == UNDONE
+
+
 def test_a_report_cleared_by_the_next_check_leaves_no_button_behind(window, engines):
     """A new check clears the last report's table: a setting changed while it runs, or its
     report arriving, touches no button of the old one (Qt had deleted them: an error box)."""
