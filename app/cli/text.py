@@ -88,7 +88,7 @@ def health_text(report: HealthReport) -> str:
             if (c.predicted_first_bad_module)
             else ""
         )
-        lines.append(f"{'':<16}{precision_words(c)}{where}")
+        lines.append(f"{'':<16}{precision_words(c, len(report.plan.islands(name)))}{where}")
     lines.append("")
     if report.weights_non_finite:
         lines.append(
@@ -122,7 +122,7 @@ def health_text(report: HealthReport) -> str:
                 f"Cost:    {cost_words(fix.cost.fix)} with the fix; "
                 f"{cost_words(fix.cost.no_half)} with --no-half"
             )
-            comparison = cost_comparison(fix.cost)
+            comparison = cost_comparison(fix.cost, fix.settings)
             if comparison:
                 lines.append(f"         {comparison}")
         rows = candidate_rows(fix.candidates, fix.baselines)

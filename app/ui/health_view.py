@@ -633,7 +633,9 @@ class HealthView(QWidget):
                 f" (<code>{html.escape(first_bad)}</code>)."
             )
         if component.precisions:
-            facts.append("In each half precision: " + html.escape(precision_words(component)) + ".")
+            kept = len(self.report.plan.islands(name)) if self.report is not None else 0
+            said = precision_words(component, kept)
+            facts.append("In each half precision: " + html.escape(said) + ".")
         predicted = component.precisions.get("fp16")
         if predicted is not None and not predicted.measured and predicted.status is not Status.OK:
             where = component.predicted_first_bad_module

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.core.components import COMPONENTS, Role
 from app.core.fixing.diagnosis import plain_figures, qualities_in
 from app.core.health import (
     FixCost,
@@ -18,10 +17,9 @@ from app.ui import words
 
 
 def cost_comparison_words(cost: FixCost, fix_settings: Mapping[str, Any] | None = None) -> str:
-    """Core's sentence on step time (it knows the spread of each measurement), what the
-    memory figures add, and, for a fix that leaves the denoiser as the settings run it
-    (`fix_settings` touch only other parts), that the step times are the denoiser's dtype
-    against fp32, not the fix's own cost."""
+    """Core's sentences on step time (it knows the spread of each measurement, and whether
+    the fix's settings leave the denoiser as the settings run it), then what the memory
+    figures add."""
     fix, no_half = cost.fix, cost.no_half
     parts = []
     small, large = fix.peak_memory_mb, no_half.peak_memory_mb
@@ -35,28 +33,7 @@ def cost_comparison_words(cost: FixCost, fix_settings: Mapping[str, Any] | None 
         if parts
         else ""
     )
-    elsewhere = ""
-    if fix_settings is not None and not _touches_denoiser(fix_settings):
-        elsewhere = (
-            "The fix leaves the denoiser as your settings run it, so these step times compare "
-            "that with fp32, not the fix's own cost."
-        )
-    return " ".join(s for s in (cost_comparison(cost), memory, elsewhere) if s)
-
-
-def _touches_denoiser(settings: Mapping[str, Any]) -> bool:
-    """Whether a fix's settings change the denoiser: the base precision, no-half, the
-    denoiser's own setting, or layer lists naming its layers."""
-    denoisers = {c.name for c in COMPONENTS.values() if c.role is Role.DENOISER}
-    setting = {COMPONENTS[name].setting for name in denoisers}
-    for key, value in settings.items():
-        if key in ("precision", "no_half", *setting):
-            return True
-        if isinstance(value, (list, tuple)) and any(
-            str(entry).partition(":")[0] in denoisers for entry in value
-        ):
-            return True
-    return False
+    return " ".join(s for s in (cost_comparison(cost, fix_settings), memory) if s)
 
 
 def pictures_words(

@@ -298,3 +298,27 @@ def test_a_fix_summary_names_the_parts_it_leaves_as_a_list_in_words():
     assert said.endswith(" The text encoder and UNet keep their precision.")
     only = fix_summary(["vae"], ["x"], tested, fixed.with_dtypes(unet="fp32"), None)
     assert only.endswith(" The text encoder keeps its precision.")
+
+
+def test_a_part_run_with_layers_kept_wider_says_so_beside_its_measured_outcome():
+    from app.core.components import Status
+    from app.core.health import PrecisionOutcome
+    from app.core.health.report import ComponentReport, precision_words
+
+    vae = ComponentReport(
+        "vae",
+        "fp16",
+        Status.OK,
+        300.0,
+        218.0,
+        None,
+        0.1,
+        precisions={
+            "fp16": PrecisionOutcome(Status.OK, True),
+            "bf16": PrecisionOutcome(Status.OK, False),
+        },
+    )
+    assert precision_words(vae) == "fp16 ok (measured), bf16 ok (predicted)"
+    assert precision_words(vae, 2) == (
+        "fp16 with 2 layers kept wider ok (measured), bf16 ok (predicted)"
+    )

@@ -40,7 +40,7 @@ def markdown_report(report: HealthReport) -> str:
     rows = "\n".join(
         f"| {n} | {c.dtype} | {status_words(c)} | {largest_words(c)} | "
         f"{_fmt_number(c.headroom)} | {('`' + c.first_bad_module + '`') if c.first_bad_module else '-'} "
-        f"| {precision_words(c)} |"
+        f"| {precision_words(c, len(report.plan.islands(n)))} |"
         for n, c in report.components.items()
     )
     fix = "None needed." if report.verdict is Verdict.HEALTHY else "None: the model is broken."
@@ -55,7 +55,8 @@ def markdown_report(report: HealthReport) -> str:
         if cost:
             fix += (
                 f"\n\nCost: {cost_words(cost.fix)} with the fix; "
-                f"{cost_words(cost.no_half)} with no-half. {cost_comparison(cost)}"
+                f"{cost_words(cost.no_half)} with no-half. "
+                f"{cost_comparison(cost, report.fix.settings)}"
             )
         table = candidate_markdown(report.fix)
         if table:

@@ -132,9 +132,11 @@ class Fix:
             "quality": self.quality.to_json() if self.quality else None,
             "modules": {c: self.plan.islands(c) for c in self.plan.modules if self.plan.islands(c)},
             "settings": self.settings,
-            # The figures, and the one sentence that reads them honestly (noise included).
+            # The figures, and the sentences that read them honestly (noise included).
             "cost": (
-                {**self.cost.to_json(), "summary": cost_comparison(self.cost)} if self.cost else {}
+                {**self.cost.to_json(), "summary": cost_comparison(self.cost, self.settings)}
+                if self.cost
+                else {}
             ),
             "precision_words": tested_words(self.plan),
             "clamps": {c: list(p) for c, p in self.plan.clamps.items() if p},
@@ -262,12 +264,18 @@ def status_words(component: ComponentReport) -> str:
     return STATUS_WORDS[component.status]
 
 
-def precision_words(component: ComponentReport) -> str:
-    """'fp16 overflows (predicted), bf16 ok (measured)' for one component."""
-    return ", ".join(
-        f"{dtype} {STATUS_WORDS[o.status].lower()} ({'measured' if o.measured else 'predicted'})"
-        for dtype, o in component.precisions.items()
-    )
+def precision_words(component: ComponentReport, kept_wider: int = 0) -> str:
+    """'fp16 overflows (predicted), bf16 ok (measured)' for one component; where it ran with
+    `kept_wider` layers out of its dtype (a layer fix), its own dtype's outcome is measured
+    with them: 'fp16 with 2 layers kept wider ok (measured)', not plain fp16's."""
+    said = []
+    for dtype, o in component.precisions.items():
+        name = dtype
+        if kept_wider and o.measured and dtype == component.dtype:
+            name = f"{dtype} with {kept_wider} layer{'s' if kept_wider != 1 else ''} kept wider"
+        status = STATUS_WORDS[o.status].lower()
+        said.append(f"{name} {status} ({'measured' if o.measured else 'predicted'})")
+    return ", ".join(said)
 
 
 def _factor(peak: float | None) -> str:

@@ -105,11 +105,40 @@ def cost_words(cost: StepCost) -> str:
     return ", ".join(parts)
 
 
-def cost_comparison(cost: FixCost) -> str:
+def cost_comparison(cost: FixCost, fix_settings: Mapping[str, Any] | None = None) -> str:
     """One sentence comparing the fix's step time with no-half's, honest about noise: the two
     are told apart when they differ by 10% or more and one's median lies outside the other's
     range of runs (a load spike stretches a range but hardly moves a median); otherwise the
-    sentence says the measurement cannot tell them apart, with both figures."""
+    sentence says the measurement cannot tell them apart, with both figures. For a fix whose
+    `fix_settings` leave the denoiser as the settings run it, a second sentence says the times
+    are that against fp32, not the fix's own cost."""
+    said = _step_comparison(cost)
+    if said and fix_settings is not None and not _touches_denoiser(fix_settings):
+        said += (
+            " The fix leaves the denoiser as your settings run it, so these step times compare "
+            "that with fp32, not the fix's own cost."
+        )
+    return said
+
+
+def _touches_denoiser(settings: Mapping[str, Any]) -> bool:
+    """Whether a fix's settings change the denoiser: the base precision, no-half, the
+    denoiser's own setting, or layer lists naming its layers."""
+    from app.core.components import COMPONENTS, Role
+
+    denoisers = {c.name for c in COMPONENTS.values() if c.role is Role.DENOISER}
+    setting = {COMPONENTS[name].setting for name in denoisers}
+    for key, value in settings.items():
+        if key in ("precision", "no_half", *setting):
+            return True
+        if isinstance(value, (list, tuple)) and any(
+            str(entry).partition(":")[0] in denoisers for entry in value
+        ):
+            return True
+    return False
+
+
+def _step_comparison(cost: FixCost) -> str:
     fast, slow = cost.fix.unet_step_ms, cost.no_half.unet_step_ms
     if not fast or not slow:
         return ""
