@@ -209,6 +209,7 @@ class HealthView(QWidget):
         # Applied from this page and not yet in the next job's plan (the engine remembers a
         # fix's layers a moment later); the plans a fix applied here made, which this check
         # verified (the tested plan with one of its verified candidates).
+        self._before_check: tuple[HealthReport | None, str] = (None, "")
         self._awaiting_applied = False
         self._record_plan = False  # the next plan that runs the applied fix is verified
         self._verified_plans: set[str] = set()
@@ -280,7 +281,9 @@ class HealthView(QWidget):
     def run_check(self) -> None:
         if self.job_id is not None or self.state.model is None:
             return
-        # The shown report, its banner and its fix are the last check's: not this one's.
+        # The shown report, its banner and its fix are the last check's: not this one's. Kept
+        # aside, to come back if this one is cancelled.
+        self._before_check = (self.report, self.markdown)
         self.clear_report()
         self.run_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
@@ -303,6 +306,19 @@ class HealthView(QWidget):
         )
         self.job_id = self.client.submit(request, self._on_event)
         self._checked_pictures = {self.job_id: (images, mask)} if images else {}
+
+    def _show_before_check(self) -> None:
+        """A cancelled check gives back the report shown before it (this session's, or the one
+        saved), with the stage saying the check was cancelled."""
+        report, markdown = self._before_check
+        self._before_check = (None, "")
+        if report is not None:
+            self.show_report(report, markdown)
+        elif markdown:
+            self.show_saved_report(self.state.model)
+        else:
+            return
+        self.stage.setText("Cancelled: the report from before it is shown again.")
 
     def cancel(self) -> None:
         if self.job_id is not None:
@@ -362,6 +378,7 @@ class HealthView(QWidget):
         elif event.state == EventState.CANCELLED:
             self._finish("Cancelled.")
             self._stop_running("Check cancelled", "muted", event.message)
+            self._show_before_check()
         elif event.state == EventState.ERROR:
             if event.error_type == "EngineDied":
                 self._finish("The engine stopped, so the health check did not finish.")

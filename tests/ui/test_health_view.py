@@ -490,6 +490,18 @@ def test_cancel_sends_cancel(window, engines):
     assert view.run_button.isEnabled()
 
 
+def test_a_cancelled_check_gives_back_the_report_shown_before_it(window, engines):
+    view, job = _run_check(window, engines)
+    engines.current.finish(job, reports.result(reports.islands()))
+    shown = view.report
+    view.run_button.click()
+    assert view.report is None  # this check's, while it runs: none yet
+    engines.current.emit(engines.current.last_job("check"), EventState.CANCELLED, message="x")
+    assert view.report is shown and view.cards and view.alternative_buttons
+    assert view.stage.text() == "Cancelled: the report from before it is shown again."
+    assert view.copy_button.isEnabled()
+
+
 def test_healthy_and_broken_verdicts(window, engines):
     view, job = _run_check(window, engines)
     engines.current.finish(job, reports.result(reports.report()))

@@ -757,7 +757,8 @@ def passed_over(candidate: CandidateResult, chosen: CandidateResult) -> str:
 # How the fix is chosen among the verified candidates (`rank_candidates`), in the words every
 # rendering of the candidates' table uses.
 CHOSEN_WORDS = (
-    "the verified one holding the least memory is chosen; among those alike, the first of a "
+    "the verified one holding the least memory is chosen (within a tenth counts as alike); "
+    "among those alike, the first of a "
     "switch, layers kept wider, the part in bf16, a clamp and the part in fp32, unless another "
     "was a tenth faster beyond the noise"
 )

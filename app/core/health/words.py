@@ -171,7 +171,10 @@ def largest_words(component) -> str:
 
 # What "ms per run" times: a fix's component once, as a job runs it (its median over the
 # alternating rounds, and their spread).
-RUN_WORDS = "ms per run: one step of the denoiser, one whole run of a text encoder or the VAE"
+RUN_WORDS = (
+    "ms per run: one step of the denoiser, one whole run of a text encoder or the VAE (the "
+    "median, then the fastest and slowest of its runs)"
+)
 
 CANDIDATE_COLUMNS = (
     "component",
