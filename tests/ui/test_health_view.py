@@ -135,6 +135,14 @@ def test_a_running_check_shows_its_stages_in_place_of_the_report(window, engines
     again = engines.current.last_job("check")
     engines.current.emit(again, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
     engines.current.emit(again, EventState.CANCELLED, message="Cancelled.")
+    # The report from before it comes back (a test below); with none, the card says where
+    # the check stopped.
+    assert view.stage.text().startswith("Cancelled: the report from before it")
+    view.clear_report()
+    view.run_button.click()
+    third = engines.current.last_job("check")
+    engines.current.emit(third, EventState.PROGRESS, stage="Checking the UNet", done=1, total=3)
+    engines.current.emit(third, EventState.CANCELLED, message="Cancelled.")
     shown = _shown_text(report_area)
     assert "Check cancelled" in shown and "<b>UNet</b>: stopped" in shown
 
