@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.components import Status, Verdict
+from app.core.components import Status, Verdict, in_run_order, join_words
 from app.core.fixing.diagnosis import CHOSEN_WORDS
 from app.core.health import (
     CANDIDATE_COLUMNS,
@@ -74,6 +74,12 @@ _SEVERITY = {
 _VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROKEN: "bad"}
 _BAR_STEPS = 1000
 
+
+# The row's words for a layer fix whose parts the settings run as wide as its layers or wider.
+MOOT_WORDS = (
+    "Not needed at your settings: they run the {parts} at least as wide as this fix keeps its "
+    "layers, so it would change nothing. It applies again when you go back to fp16."
+)
 
 # The row's words once the settings no longer run a fix applied from it.
 UNDONE_WORDS = (
@@ -755,7 +761,13 @@ class HealthView(QWidget):
         is idle while the fix it applies runs as applied."""
         fix, applied = self._fix_settings, self._applied_settings
         chosen_runs = False
-        if applied and self._applied_words:
+        moot = self._moot(fix)
+        if moot:
+            # Its layers sit in parts the settings run wider: applying it changes nothing.
+            self.applied_label.setText(MOOT_WORDS.format(parts=moot))
+            self.apply_button.setText("Not needed")
+            self.apply_button.setEnabled(False)
+        elif applied and self._applied_words:
             if self._awaiting_applied and self._remembered(applied):
                 self._awaiting_applied = False  # the engine has remembered its layers
             runs = self._runs(applied)
@@ -780,12 +792,28 @@ class HealthView(QWidget):
         else:
             self.applied_label.setText("")
             self.apply_button.setText("Apply fix")
-        self.apply_button.setEnabled(bool(fix) and not chosen_runs)
+        if not moot:
+            self.apply_button.setEnabled(bool(fix) and not chosen_runs)
         for button in self.alternative_buttons:
             mine = bool(applied) and button.property("fix_settings") == applied
             runs = mine and (self._awaiting_applied or self._runs(applied))
             button.setText("Applied" if runs else "Apply instead")
             button.setEnabled(not runs)
+
+    def _moot(self, settings: dict[str, Any]) -> str:
+        """The parts, in words, whose layers a layer fix of only layer lists names but which
+        the next job runs as wide as those layers or wider (fp32 everywhere, say): there it
+        changes nothing. '' for any other fix, or where it would run."""
+        shared, own = split_fix(settings)
+        plan = self.state.expected_plan()
+        if shared or not own or plan is None or layers_ran(own, plan.dtype_settings()):
+            return ""
+        if settings != self._applied_settings and any(
+            self.state.settings[key] == set_to for key, (_, set_to) in self._set_by_apply.items()
+        ):
+            return ""  # another fix applied here widened it: applying this one sets that back
+        parts = {str(e).partition(":")[0] for entries in own.values() for e in entries or ()}
+        return join_words(in_run_order(parts))
 
     def _remembered(self, settings: dict[str, Any]) -> bool:
         """Whether the loaded model's remembered fix holds `settings`' layer lists."""

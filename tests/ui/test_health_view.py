@@ -347,7 +347,7 @@ def test_a_layer_fix_applied_is_taken_back_by_what_replaces_its_layers(window, e
     window.state.set_setting("clamp_modules", [])
     assert view.applied_label.text() == applied  # it runs again, and the row says so
     window.state.set_setting("vae_precision", "fp32")  # a clamp in an fp32 VAE does nothing
-    assert view.applied_label.text() == UNDONE
+    assert view.applied_label.text().startswith("Not needed at your settings")
 
 
 def test_a_fix_applied_instead_is_the_one_the_row_follows(window, engines):
@@ -446,9 +446,22 @@ def test_applying_the_chosen_fix_after_another_takes_the_others_settings_back(wi
     text = view.applied_label.text()
     assert text.startswith("Applied (") and "Set back as before: VAE precision" in text
     assert view.apply_button.text() == "Applied" and instead.text() == "Apply instead"
-    # A fix applied that the settings then make moot is not said applied, however long.
+    # A fix applied that the settings then make moot is not said applied, however long, and
+    # not offered again: applying it would change nothing.
     window.state.set_setting("vae_precision", "fp32")
-    assert view.applied_label.text() == UNDONE
+    assert view.applied_label.text().startswith("Not needed at your settings")
+    assert not view.apply_button.isEnabled()
+
+
+def test_a_layer_fix_made_moot_by_wider_settings_is_not_offered_in_a_loop(window, engines):
+    """At fp32 everywhere the fix's fp32 layers change nothing: Apply is idle and the row says
+    why, where it offered Apply and then said the settings had changed, again and again."""
+    view = _checked_and_remembered(window, engines, reports.islands())
+    window.state.set_setting("precision", "fp32")
+    assert view.applied_label.text().startswith("Not needed at your settings: they run the VAE")
+    assert view.apply_button.text() == "Not needed" and not view.apply_button.isEnabled()
+    window.state.set_setting("precision", "auto")  # fp16 on this card: it runs again
+    assert view.applied_label.text().startswith("In use: the check remembered this fix")
 
 
 def test_a_report_cleared_by_the_next_check_leaves_no_button_behind(window, engines):
