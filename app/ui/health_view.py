@@ -216,6 +216,7 @@ class HealthView(QWidget):
         # fix's layers a moment later); the plans a fix applied here made, which this check
         # verified (the tested plan with one of its verified candidates).
         self._before_check: tuple[HealthReport | None, str] = (None, "")
+        self._saved_fix_runs_at = ""  # a saved report's fix, as the plan it runs at
         self._awaiting_applied = False
         self._record_plan = False  # the next plan that runs the applied fix is verified
         self._verified_plans: set[str] = set()
@@ -276,6 +277,7 @@ class HealthView(QWidget):
         self.report = None
         self.markdown = ""
         self._headline = None
+        self._saved_fix_runs_at = ""
         self.verdict.dismiss()
         self.stage.setText("")
         self._grey(False)
@@ -500,6 +502,7 @@ class HealthView(QWidget):
         ran_at = f" at {html.escape(saved.ran_at)}" if saved.ran_at else ""
         headline, figures = plain_headline(saved.headline)
         self.verdict.setToolTip(figures)
+        self._saved_fix_runs_at = saved.fix_runs_at
         self._headline = (
             _VERDICT_LEVEL[saved.verdict],
             f"<b>{html.escape(headline)}</b><br>The last check, on "
@@ -529,6 +532,8 @@ class HealthView(QWidget):
         plan = self.state.expected_plan()
         next_job = plan_words(plan) if plan is not None else None
         if next_job is None or not holds_at or next_job in (*holds_at, *self._verified_plans):
+            if self._saved_fix_runs_at and next_job == self._saved_fix_runs_at:
+                text += " The fix it proved is in use: your next job runs with it."
             self.verdict.show_message(level, text)
             return
         self.verdict.show_message(
@@ -558,6 +563,7 @@ class HealthView(QWidget):
     ) -> None:
         """Show a check's report; `pictures` the input picture and mask it was run with."""
         self._clear()
+        self._saved_fix_runs_at = ""  # a live report has its fix's own row
         self.running = None
         self._grey(False)
         self.report = report

@@ -693,6 +693,33 @@ def test_after_a_restart_the_last_report_is_shown_in_full_as_saved(window, engin
     assert not card.isVisibleTo(page)
 
 
+def test_a_saved_report_whose_fix_is_in_use_says_so(window, engines):
+    """After a restart the saved "Fixable" headline says the fix it proved is what the next
+    job runs (the status bar said so; the page did not)."""
+    from app.core.fixing.profiles import RememberedFix
+    from app.core.health import saved
+    from app.core.precision.words import plan_words
+
+    _fp16_card(window)
+    report = reports.islands()
+    fix = report.fix
+    assert fix is not None
+    remembered = RememberedFix(dict(fix.settings), fix.summary, "health check", 0.0)
+    summary = replace(DEMO_SUMMARY, remembered_fix=remembered)
+    window.state.set_model(summary, None)
+    expected = window.state.expected_plan()
+    assert expected is not None
+    fix = replace(fix, plan=expected)  # the fix's plan as the next job resolves it
+    saved.save_report(summary.profile_key, reports.result(replace(report, fix=fix)))
+    window.state.set_model(None, None)
+    load_fake_model(window, engines, summary)
+    text = window.health_view.verdict.text.text()
+    assert plan_words(expected) in window.precision_status.text()
+    assert "The fix it proved is in use: your next job runs with it." in text
+    window.state.set_setting("fp32_modules", ["vae:decoder.conv_in"])  # replaces its layers
+    assert "The fix it proved is in use" not in window.health_view.verdict.text.text()
+
+
 def test_a_shown_check_stops_being_a_verdict_when_the_settings_change(window, engines):
     _fp16_card(window)
     view, job = _run_check(window, engines)
