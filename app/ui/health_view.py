@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.components import Status, Verdict, in_run_order, join_words
+from app.core.components import Status, Verdict
 from app.core.fixing.diagnosis import CHOSEN_WORDS
 from app.core.health import (
     CANDIDATE_COLUMNS,
@@ -48,7 +48,7 @@ from app.ui.chart import ActivationChart
 from app.ui.check_progress import CheckProgress
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import apply_fix, layers_ran, ran_with, split_fix
+from app.ui.health_fix_row import FixRow
 from app.ui.health_words import cost_comparison_words, pictures_words, plain_headline
 from app.ui.state import AppState
 from app.ui.widgets import (
@@ -75,36 +75,6 @@ _VERDICT_LEVEL = {Verdict.HEALTHY: "good", Verdict.FIXABLE: "warn", Verdict.BROK
 _BAR_STEPS = 1000
 
 
-# The row's words for a layer fix whose parts the settings run as wide as its layers or wider.
-MOOT_WORDS = (
-    "Not needed at your settings: they run the {parts} at least as wide as this fix keeps its "
-    "layers, so it would change nothing. It applies again when you go back to fp16."
-)
-
-# The row's words once the settings no longer run a fix applied from it.
-UNDONE_WORDS = (
-    "Your settings have changed since this fix was applied: the next job runs without it. "
-    "Apply it again to use it."
-)
-
-
-def _in_use_words(held: bool, remembered: bool) -> str:
-    """The row's words for the chosen fix in use before any click: its layers remembered for
-    this model by the check, its settings `held` by the user's own or else taken by this
-    model's jobs from the fix the check remembered."""
-    if held and remembered:
-        return (
-            "In use: the check remembered this fix for this model, so your next job runs with "
-            "it; other models are not affected."
-        )
-    if held:
-        return "In use: your settings already include this fix."
-    return (
-        "In use for this model: the check remembered it, so your next job runs with it. Apply "
-        "fix writes it into Settings too, for every model you run."
-    )
-
-
 def _saved_report_card(markdown: str) -> Card:
     """The last check's report as it was saved (its Markdown: every part's figures, the fix,
     the candidates), shown after a restart; its own title line is the card's."""
@@ -119,7 +89,7 @@ def _saved_report_card(markdown: str) -> Card:
     return card
 
 
-class HealthView(QWidget):
+class HealthView(QWidget, FixRow):
     """Runs `check` jobs on the loaded model and shows the `HealthReport` it sends back."""
 
     def __init__(
@@ -743,105 +713,6 @@ class HealthView(QWidget):
             card.body.addLayout(self._candidate_grid(fix))
         return card
 
-    def _show_fix_actions(self, fix: Fix | None) -> None:
-        """The row with Apply fix, over the report, for a report with a fix."""
-        self.fix_actions.setVisible(fix is not None)
-        self._fix_settings = dict(fix.settings) if fix is not None else {}
-        self._applied_settings = {}
-        self._applied_words = ""
-        self._awaiting_applied = False
-        self._record_plan = False
-        self._verified_plans = set()
-        self._set_by_apply = {}
-        self.apply_button.setEnabled(bool(self._fix_settings))
-        self.apply_button.setText("Apply fix")
-        self.applied_label.setText("")
-
-    def _show_applied(self) -> None:
-        """The row under Apply fix says whether the next job runs the fix, as the settings and
-        the model's remembered fix make it: one applied here (each setting as it set it; each
-        of its layers in the plan, not replaced by layer lists of the user's own and not in a
-        part set wider than they are), said applied while it runs and that the settings
-        changed while it does not, and again once it does; or, before any click, the fix the
-        check remembered for this model, already in use. Apply fix and each "Apply instead"
-        is idle while the fix it applies runs as applied."""
-        fix, applied = self._fix_settings, self._applied_settings
-        chosen_runs = False
-        moot = self._moot(fix)
-        if moot:
-            # Its layers sit in parts the settings run wider: applying it changes nothing.
-            self.applied_label.setText(MOOT_WORDS.format(parts=moot))
-            self.apply_button.setText("Not needed")
-            self.apply_button.setEnabled(False)
-        elif applied and self._applied_words:
-            if self._awaiting_applied and self._remembered(applied):
-                self._awaiting_applied = False  # the engine has remembered its layers
-            runs = self._runs(applied)
-            if runs and self._record_plan:
-                # The fix applied here now makes the next job's plan: this check verified it.
-                self._record_plan = False
-                plan = self.state.expected_plan()
-                if plan is not None:
-                    self._verified_plans.add(plan_words(plan))
-            shown = runs or self._awaiting_applied
-            self.applied_label.setText(self._applied_words if shown else UNDONE_WORDS)
-            chosen_runs = shown and applied == fix
-            self.apply_button.setText("Applied" if chosen_runs else "Apply fix")
-        elif fix and self._runs(fix):
-            shared, own = split_fix(fix)
-            # Its settings held by the user's own (nothing left to apply), or by the fix the
-            # check remembered for this model (Apply would write them for every model).
-            chosen_runs = all(self.state.settings[k] == v for k, v in shared.items())
-            remembered = bool(own) and self._remembered(fix)
-            self.applied_label.setText(_in_use_words(chosen_runs, remembered))
-            self.apply_button.setText("In use" if chosen_runs else "Apply fix")
-        else:
-            self.applied_label.setText("")
-            self.apply_button.setText("Apply fix")
-        if not moot:
-            self.apply_button.setEnabled(bool(fix) and not chosen_runs)
-        for button in self.alternative_buttons:
-            mine = bool(applied) and button.property("fix_settings") == applied
-            runs = mine and (self._awaiting_applied or self._runs(applied))
-            button.setText("Applied" if runs else "Apply instead")
-            button.setEnabled(not runs)
-
-    def _moot(self, settings: dict[str, Any]) -> str:
-        """The parts, in words, whose layers a layer fix of only layer lists names but which
-        the next job runs as wide as those layers or wider (fp32 everywhere, say): there it
-        changes nothing. '' for any other fix, or where it would run."""
-        shared, own = split_fix(settings)
-        plan = self.state.expected_plan()
-        if shared or not own or plan is None or layers_ran(own, plan.dtype_settings()):
-            return ""
-        if settings != self._applied_settings and any(
-            self.state.settings[key] == set_to for key, (_, set_to) in self._set_by_apply.items()
-        ):
-            return ""  # another fix applied here widened it: applying this one sets that back
-        parts = {str(e).partition(":")[0] for entries in own.values() for e in entries or ()}
-        return join_words(in_run_order(parts))
-
-    def _remembered(self, settings: dict[str, Any]) -> bool:
-        """Whether the loaded model's remembered fix holds `settings`' layer lists."""
-        model = self.state.model
-        fix = model.remembered_fix if model is not None else None
-        if fix is None:
-            return False
-        _, own = split_fix(settings)
-        return all(set(v or ()) <= set(fix.settings.get(k) or ()) for k, v in own.items())
-
-    def _runs(self, settings: dict[str, Any]) -> bool:
-        """Whether the next job runs the fix `settings` as the settings and the remembered fix
-        make its plan (each layer in a part narrower than it)."""
-        plan = self.state.expected_plan()
-        shared, own = split_fix(settings)
-        if plan is None:  # no device known yet: by the settings and the remembered fix
-            held = all(self.state.settings[k] == v for k, v in shared.items())
-            return held and (not own or self._remembered(settings))
-        return ran_with(plan.effective_settings(), settings) and (
-            not own or layers_ran(own, plan.dtype_settings())
-        )
-
     def _candidate_grid(self, fix: Fix) -> QGridLayout:
         """The candidates table (core's rows, the CLI's and the report's), with an "Apply
         instead" button on each verified candidate that was not chosen."""
@@ -885,74 +756,6 @@ class HealthView(QWidget):
             grid.addWidget(QLabel(words.megabytes(values.weights_mb)), row, 3)
         grid.setColumnStretch(4, 1)
         return grid
-
-    def apply_fix(self, settings: dict[str, Any]) -> None:
-        """Apply a verified fix (the chosen one, or a candidate's "Apply instead"): its layer
-        lists are remembered for this model (see `app.ui.fixes`), with the sentence that holds
-        its measured agreement with fp32; its other settings are written into the settings,
-        which every model uses, and the row under the report says which it was."""
-        from app.core.health.fix import candidate_summary
-
-        report = self.report
-        fix = report.fix if report is not None else None
-        summary = words.fix_short(settings, tuple(report.components) if report else ())
-        if fix is not None and dict(fix.settings) == dict(settings):
-            summary = fix.summary
-        elif fix is not None:
-            for candidate in fix.candidates:
-                if dict(candidate.settings) == dict(settings):
-                    summary = candidate_summary(candidate)
-
-        def failed(event: EngineEvent) -> None:  # the layers were not remembered
-            self._applied_settings, self._awaiting_applied = {}, False
-            self._show_headline()
-            self.dialogs.job_failed(event)
-
-        shared, own = split_fix(settings)
-        # Another of this report's fixes applied before: its plain settings that this one does
-        # not set go back to what they were (where the user has not changed them since).
-        undo = {
-            key: before
-            for key, (before, set_to) in self._set_by_apply.items()
-            if key not in shared and self.state.settings[key] == set_to
-        }
-        before = {key: self.state.settings[key] for key in shared}
-        try:
-            if undo:
-                self.state.apply(undo)
-            changed = apply_fix(
-                self.state,
-                self.client,
-                settings,
-                summary,
-                on_failed=failed,
-                made_at=report.plan.dtype_settings() if report is not None else None,
-            )
-        except ValueError as error:
-            self.dialogs.error(f"The fix could not be applied: {error}.")
-            return
-        self._applied_settings = dict(settings)
-        self._awaiting_applied = bool(own)
-        self._record_plan = True
-        self._set_by_apply = {key: (before[key], value) for key, value in shared.items()}
-        named = words.fix_short(settings, tuple(report.components) if report else ())
-        if own:
-            said = (
-                f"Applied ({named}): remembered for this model on this device, so other models "
-                "are not affected. Your next job uses it; run the check again to see the model "
-                "pass."
-            )
-        elif changed:
-            said = (
-                f"Applied ({named}): written into Settings, so it holds for every model you "
-                "run. Your next job uses it; run the check again to see the model pass."
-            )
-        else:
-            said = f"Your settings already include this fix ({named})."
-        if undo:
-            said += f" Set back as before: {html.escape(words.settings_listed(undo))}."
-        self._applied_words = said
-        self._show_headline()  # the row and buttons, and the verdict at the plan it makes
 
     # Export -----------------------------------------------------------------------------------
 
