@@ -37,9 +37,9 @@ def peaks(value: Any) -> list[Any]:
 
     NaN anywhere in a tensor makes its peak NaN and inf makes it inf (`amax` propagates NaN:
     `tests/core/test_probe.py` holds it to a result computed element by element, on the CPU
-    and on CUDA). A fused infinity norm would spare the full-size |x| copy, but on a CPU it ran
-    several times slower than this (`benchmarks/probe_overhead.py` compares the two on the
-    device it runs on).
+    and on CUDA). A fused infinity norm would spare the full-size |x| copy, but on a CPU the recorder
+    cost 2.2 to 2.8 times as much with it (`benchmarks/probe_overhead.py` compares the two on
+    the device it runs on; docs/benchmarks.md).
     """
     return [t.detach().abs().amax().float() for t in float_tensors(value)]
 
