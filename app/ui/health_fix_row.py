@@ -12,6 +12,7 @@ from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 
 from app.core.components import in_run_order, join_words
 from app.core.health import Fix, HealthReport
+from app.core.precision import PrecisionPlan
 from app.core.precision.words import plan_words
 from app.engine.events import EngineEvent
 from app.ui import words
@@ -53,7 +54,8 @@ def _in_use_words(held: bool, remembered: bool) -> str:
 class FixRow:
     """Apply fix and its row, for `HealthView` (a mixin: the page owns the widgets and state it
     names: `report`, `state`, `client`, `dialogs`, `fix_actions`, `apply_button`,
-    `applied_label`, `alternative_buttons`, and the row's own fields set in its `__init__`)."""
+    `applied_label`, `alternative_buttons`; it calls `_show_fix_actions(None)` once they are
+    made, which sets the row's own fields)."""
 
     # The page's, set in its __init__.
     report: HealthReport | None
@@ -63,7 +65,12 @@ class FixRow:
     fix_actions: QWidget
     apply_button: QPushButton
     applied_label: QLabel
-    alternative_buttons: list[Any]
+    alternative_buttons: list[Any]  # "Apply instead", one per verified candidate not chosen
+    # The row's own, set by `_show_fix_actions`: the report's fix; what Apply last wrote and
+    # what the row said of it then; whether the engine has yet to remember its layers; whether
+    # the next plan that runs it is to be kept as one this check verified, and those plans;
+    # the plain settings the last Apply changed, key -> (before, as set), set back by the
+    # next Apply of another of the report's fixes (two fixes at once are none).
     _fix_settings: dict[str, Any]
     _applied_settings: dict[str, Any]
     _applied_words: str
@@ -98,52 +105,49 @@ class FixRow:
         check remembered for this model, already in use. Apply fix and each "Apply instead"
         is idle while the fix it applies runs as applied."""
         fix, applied = self._fix_settings, self._applied_settings
-        chosen_runs = False
-        moot = self._moot(fix)
+        plan = self.state.expected_plan()  # the next job's, resolved once for the whole row
+        idle = False  # Apply fix has nothing to do
+        applied_runs = bool(applied) and self._runs(applied, plan)
+        moot = self._moot(fix, plan)
         if moot:
             # Its layers sit in parts the settings run wider: applying it changes nothing.
             self.applied_label.setText(MOOT_WORDS.format(parts=moot))
             self.apply_button.setText("Not needed")
-            self.apply_button.setEnabled(False)
+            idle = True
         elif applied and self._applied_words:
             if self._awaiting_applied and self._remembered(applied):
                 self._awaiting_applied = False  # the engine has remembered its layers
-            runs = self._runs(applied)
-            if runs and self._record_plan:
+            if applied_runs and self._record_plan and plan is not None:
                 # The fix applied here now makes the next job's plan: this check verified it.
                 self._record_plan = False
-                plan = self.state.expected_plan()
-                if plan is not None:
-                    self._verified_plans.add(plan_words(plan))
-            shown = runs or self._awaiting_applied
+                self._verified_plans.add(plan_words(plan))
+            shown = applied_runs or self._awaiting_applied
             self.applied_label.setText(self._applied_words if shown else UNDONE_WORDS)
-            chosen_runs = shown and applied == fix
-            self.apply_button.setText("Applied" if chosen_runs else "Apply fix")
-        elif fix and self._runs(fix):
+            idle = shown and applied == fix
+            self.apply_button.setText("Applied" if idle else "Apply fix")
+        elif fix and self._runs(fix, plan):
             shared, own = split_fix(fix)
             # Its settings held by the user's own (nothing left to apply), or by the fix the
             # check remembered for this model (Apply would write them for every model).
-            chosen_runs = all(self.state.settings[k] == v for k, v in shared.items())
+            idle = all(self.state.settings[k] == v for k, v in shared.items())
             remembered = bool(own) and self._remembered(fix)
-            self.applied_label.setText(_in_use_words(chosen_runs, remembered))
-            self.apply_button.setText("In use" if chosen_runs else "Apply fix")
+            self.applied_label.setText(_in_use_words(idle, remembered))
+            self.apply_button.setText("In use" if idle else "Apply fix")
         else:
             self.applied_label.setText("")
             self.apply_button.setText("Apply fix")
-        if not moot:
-            self.apply_button.setEnabled(bool(fix) and not chosen_runs)
+        self.apply_button.setEnabled(bool(fix) and not idle)
         for button in self.alternative_buttons:
             mine = bool(applied) and button.property("fix_settings") == applied
-            runs = mine and (self._awaiting_applied or self._runs(applied))
+            runs = mine and (self._awaiting_applied or applied_runs)
             button.setText("Applied" if runs else "Apply instead")
             button.setEnabled(not runs)
 
-    def _moot(self, settings: dict[str, Any]) -> str:
+    def _moot(self, settings: dict[str, Any], plan: PrecisionPlan | None) -> str:
         """The parts, in words, whose layers a layer fix of only layer lists names but which
         the next job runs as wide as those layers or wider (fp32 everywhere, say): there it
         changes nothing. '' for any other fix, or where it would run."""
         shared, own = split_fix(settings)
-        plan = self.state.expected_plan()
         if shared or not own or plan is None or layers_ran(own, plan.dtype_settings()):
             return ""
         if settings != self._applied_settings and any(
@@ -162,10 +166,9 @@ class FixRow:
         _, own = split_fix(settings)
         return all(set(v or ()) <= set(fix.settings.get(k) or ()) for k, v in own.items())
 
-    def _runs(self, settings: dict[str, Any]) -> bool:
+    def _runs(self, settings: dict[str, Any], plan: PrecisionPlan | None) -> bool:
         """Whether the next job runs the fix `settings` as the settings and the remembered fix
-        make its plan (each layer in a part narrower than it)."""
-        plan = self.state.expected_plan()
+        make its plan, `plan` (each layer in a part narrower than it)."""
         shared, own = split_fix(settings)
         if plan is None:  # no device known yet: by the settings and the remembered fix
             held = all(self.state.settings[k] == v for k, v in shared.items())

@@ -177,23 +177,13 @@ class HealthView(QWidget, FixRow):
         self.applied_label = label("", "muted", wrap=True)
         actions.addWidget(self.apply_button)
         actions.addWidget(self.applied_label, 1)
-        self.fix_actions.hide()
         layout.addWidget(self.fix_actions)
-        self._fix_settings: dict[str, Any] = {}
-        self._applied_settings: dict[str, Any] = {}  # what Apply last wrote
-        self._applied_words = ""  # and what the row said of it then
-        # Applied from this page and not yet in the next job's plan (the engine remembers a
-        # fix's layers a moment later); the plans a fix applied here made, which this check
-        # verified (the tested plan with one of its verified candidates).
+        self.alternative_buttons = []
+        self._show_fix_actions(None)  # the row's own state (`FixRow`), hidden
+        # The report a check replaces, given back if it is cancelled; a saved report's fix, as
+        # the plan it runs at.
         self._before_check: tuple[HealthReport | None, str] = (None, "")
-        self._saved_fix_runs_at = ""  # a saved report's fix, as the plan it runs at
-        self._awaiting_applied = False
-        self._record_plan = False  # the next plan that runs the applied fix is verified
-        self._verified_plans: set[str] = set()
-        # The plain settings the last Apply here changed: key -> (before, as set), undone by
-        # the next Apply of another of this report's fixes (two fixes at once are none).
-        self._set_by_apply: dict[str, tuple[Any, Any]] = {}
-        self.alternative_buttons: list[Any] = []  # "Apply instead", one per candidate
+        self._saved_fix_runs_at = ""
 
         self.body = scroll_column(layout)
         content = self.body.parentWidget()
@@ -251,7 +241,6 @@ class HealthView(QWidget, FixRow):
         self.verdict.dismiss()
         self.stage.setText("")
         self._grey(False)
-        self.fix_actions.hide()
         self._show_fix_actions(None)
         for button in (self.export_button, self.copy_button):
             button.setEnabled(False)

@@ -260,12 +260,12 @@ def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
 def test_each_verified_candidate_passed_over_says_why_in_the_table():
     """The result cell of a verified candidate that was not chosen names the rule that passed
     it over, so a faster rival's loss is read, not guessed (`diagnosis.passed_over`)."""
-    chosen = _result("islands", 6.5, (300, 1000))
+    chosen = _result("islands", 6.5, (600, 700))
     rivals = {
         "heavy": _result("component_fp32", 13.0, (10, 15)),
         "slower": _result("component_bf16", 6.45, (1100, 1200)),
-        "noise": _result("component_bf16", 6.45, (100, 320)),  # 2.5x faster, ranges overlap
-        "margin": _result("component_bf16", 6.45, (200, 290)),  # apart, but less than a tenth
+        "noise": _result("component_bf16", 6.45, (100, 620)),  # 1.8x faster, ranges overlap
+        "margin": _result("component_bf16", 6.45, (590, 598)),  # apart, but less than a tenth
         "raced out": _result("component_bf16", 6.45, (1500, 1500)),  # one run, far behind
     }
     chosen.chosen = True
@@ -280,6 +280,12 @@ def test_each_verified_candidate_passed_over_says_why_in_the_table():
         "raced out": "verified; not faster",
     }
     assert health.candidate_rows([chosen], {})[0][4] == "chosen"
+    # Faster beyond the noise and by a tenth, yet not chosen: the ranking's walk kept another.
+    ahead = _result("component_bf16", 6.45, (100, 200))
+    assert diagnosis.passed_over(ahead, chosen) == "order"
+    assert health.candidate_rows([chosen, ahead], {})[1][4] == (
+        "verified; kept out by the table's order"
+    )
 
 
 @pytest.mark.slow  # every verified candidate timed: warm-up and rounds

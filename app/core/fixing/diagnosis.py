@@ -727,31 +727,36 @@ class CandidateResult:
 MATERIALLY_FASTER = 0.9
 
 
+def _timing(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """How `a`'s measured time compares with `b`'s: "slower" (its median not below `b`'s, or
+    either not measured), "noise" (below, but the two runs' ranges overlap), "margin" (apart,
+    by less than `MATERIALLY_FASTER`) or "faster" (a fix worth preferring for its time)."""
+    ma, mb = a.get("step_ms"), b.get("step_ms")
+    if ma is None or mb is None or ma >= mb:
+        return "slower"
+    ra, rb = a.get("step_ms_range"), b.get("step_ms_range")
+    if not (ra and rb and ra[1] < rb[0]):
+        return "noise"
+    return "faster" if ma <= mb * MATERIALLY_FASTER else "margin"
+
+
 def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether `a` was measured faster than `b` beyond the noise (the ranges do not overlap)
     and by a margin that matters (`MATERIALLY_FASTER`)."""
-    ra, rb = a.get("step_ms_range"), b.get("step_ms_range")
-    ma, mb = a.get("step_ms"), b.get("step_ms")
-    if not (ra and rb and ra[1] < rb[0]):
-        return False
-    return ma is None or mb is None or ma <= mb * MATERIALLY_FASTER
+    return _timing(a, b) == "faster"
 
 
 def passed_over(candidate: CandidateResult, chosen: CandidateResult) -> str:
     """Why `rank_candidates` chose `chosen` over the verified `candidate` (of the same
-    component): "memory" (it held more, past `MEMORY_TOLERANCE`), "slower" (its median was not
-    below the chosen one's), "noise" (faster, but the two runs' ranges overlap) or "margin"
-    (faster beyond the noise, by less than a tenth). The same rules as `_faster`'s."""
+    component): "memory" (it held more, past `MEMORY_TOLERANCE`), else its time against the
+    chosen one's (`_timing`): "slower", "noise", "margin", or "order" where it was faster yet
+    the ranking's walk through the table's order kept another (each rival is timed against the
+    best found before it)."""
     least = chosen.memory_mb() or 0.0
     if (candidate.memory_mb() or 0.0) > least * (1 + MEMORY_TOLERANCE) + 1e-9:
         return "memory"
-    mine, theirs = candidate.cost.get("step_ms"), chosen.cost.get("step_ms")
-    if mine is None or theirs is None or mine >= theirs:
-        return "slower"
-    ra, rb = candidate.cost.get("step_ms_range"), chosen.cost.get("step_ms_range")
-    if not (ra and rb and ra[1] < rb[0]):
-        return "noise"
-    return "margin"
+    timing = _timing(candidate.cost, chosen.cost)
+    return "order" if timing == "faster" else timing
 
 
 # How the fix is chosen among the verified candidates (`rank_candidates`), in the words every

@@ -38,8 +38,8 @@ def can_tile(vae) -> bool:
 
 def resolve(plan, vae, height: int, width: int, free_bytes: int | None = None):
     """`plan` with `vae_tiling` "on" or "off" for a picture of `height` x `width` px, and
-    the tiles' size where it is on (`tile_px`): "auto" is "on" where the room beside the VAE (its bytes as placed) is less than the decode's
-    activations. The room is the job's memory budget where it has one (on any device: a
+    the tiles' size where it is on (`tile_px`): "auto" is "on" where the room beside the VAE
+    (its bytes as placed) is less than the decode's activations. The room is the job's memory budget where it has one (on any device: a
     decode stage holds the VAE alone, so the budget less the VAE is what its activations get)
     and a CUDA or ROCm GPU's free memory, the smaller of the two; with neither (a CPU without
     a budget) auto does not tile. A VAE without a tiled decode is "off" whatever was asked.
