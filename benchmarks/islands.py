@@ -19,7 +19,7 @@ Measured: one UNet call on the CFG batch (2 latents) at the model's native size,
 warm-up per plan (which also measures peak working memory, benchmarks.common.PeakMemory), then
 rounds alternating between the plans; median and range. Weights are the whole model's under
 each plan, islands counted (`precision.plan_weights_mb`). Agreement: each plan's UNet output
-against no-half's, SNR in dB (`diagnosis.snr_db`).
+against no-half's, SNR in dB (`quality.snr_db`).
 
 Usage: python benchmarks/islands.py [--device cpu|cuda] [--model sd1|sdxl|demo] [--size PX]
        [--rounds R] [--half fp16|bf16] [--json FILE]
@@ -75,6 +75,7 @@ def run(args) -> dict:
     from app.core import hardware
     from app.core.fixing import diagnosis
     from app.core.fixing.probe import ActivationRecorder
+    from app.core.fixing.quality import snr_db
     from app.core.precision import (
         PlacedPipeline,
         backend_flags,
@@ -139,7 +140,7 @@ def run(args) -> dict:
                 out = step(key)
             peaks[key] = peak.mib
             finite[key] = bool(torch.isfinite(out).all())
-            snr[key] = diagnosis.snr_db(out.float().cpu(), reference)
+            snr[key] = snr_db(out.float().cpu(), reference)
     samples: dict[str, list[float]] = {k: [] for k in plans}
     for round_ in range(args.rounds):
         with status(f"round {round_ + 1} of {args.rounds}"):

@@ -114,7 +114,7 @@ def unet_call(model, size: int) -> dict:
 
     import torch
 
-    from app.core.fixing import diagnosis
+    from app.core.fixing.quality import snr_db
     from app.core.precision import PrecisionPlan, placement
 
     unet = model.pipeline.unet
@@ -152,7 +152,7 @@ def unet_call(model, size: int) -> dict:
         }
         placed.release()
     same = bool(torch.equal(outputs["resident"], outputs["in place"]))
-    snr = diagnosis.snr_db(outputs["in place"], outputs["resident"])
+    snr = snr_db(outputs["in place"], outputs["resident"])
     return {"size": size, **figures, "identical": same, "snr_db": snr}
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import Verdict
-from app.core.fixing.diagnosis import Quality, plain_figures, qualities_in
 from app.core.fixing.profiles import RememberedFix, StoredFix
+from app.core.fixing.quality import Quality, plain_figures, qualities_in
 from app.core.health.saved import SavedReport, when_words
 from app.ui import words
 
@@ -96,7 +96,7 @@ def short_device(name: str) -> str:
 
 def quality_words(quality: Quality | None) -> str:
     """How close a fix came to an fp32 run, in plain words and what they stand for (the one
-    table, `diagnosis.Quality.plain_words`); "" for no figure."""
+    table, `quality.Quality.plain_words`); "" for no figure."""
     if quality is None:
         return ""
     return f"{words.first_upper(quality.plain_words())}: {quality.figure_words()}."

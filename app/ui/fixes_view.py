@@ -30,8 +30,8 @@ from PySide6.QtWidgets import (
 
 from app.core.components import COMPONENTS, Verdict
 from app.core.fixing import profiles
-from app.core.fixing.diagnosis import plain_figures
 from app.core.fixing.profiles import RememberedFix, StoredFix
+from app.core.fixing.quality import plain_figures
 from app.core.health import saved
 from app.core.precision import idle_settings
 from app.core.requests.library_check import ModelChecks

@@ -658,7 +658,7 @@ class HealthView(QWidget, FixRow):
         if quality is None:
             card.body.addWidget(label(html.escape(fix.summary), wrap=True, rich=True))
         else:
-            # The check's data, said in the one table's words (`diagnosis.Quality`).
+            # The check's data, said in the one table's words (`quality.Quality`).
             words_, figure = quality.plain_words(), quality.figure_words()
             summary = fix.summary.replace(quality.words(), words_)
             card.body.addWidget(label(html.escape(summary), wrap=True, rich=True))

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.core.fixing.diagnosis import plain_figures, qualities_in
+from app.core.fixing.quality import plain_figures, qualities_in
 from app.core.health import (
     FixCost,
     HealthReport,

@@ -20,6 +20,7 @@ from app.cli.arguments import build_parser
 from app.core import hardware, health
 from app.core.errors import HalfSafeError
 from app.core.fixing import diagnosis, profiles
+from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality
 from app.core.generation import GenerationRequest, generate
 from app.core.images.finished import read_parameters
 from app.core.precision import plan_weights_mb
@@ -78,7 +79,7 @@ def test_a_planted_overflow_is_fixed_by_a_few_layers_in_fp32(
     assert set(islands.values()) == {"fp32"}  # no native bf16 here
     assert fix.settings == {"fp32_modules": [f"{component}:{p}" for p in islands]}
     # Finite and right: proved against the fp32 reference.
-    assert fix.verified and fix.quality.value >= diagnosis.QUALITY_THRESHOLD_DB
+    assert fix.verified and fix.quality.value >= QUALITY_THRESHOLD_DB
     # Its weights cost within 10% of fp16's, where the whole component in fp32 costs more.
     pipeline = loaded(planted(component, layer, factor)).pipeline
     fp16_mb = plan_weights_mb(report.plan, pipeline)
@@ -100,7 +101,7 @@ def test_a_clamp_that_saturates_is_shown_rejected_below_the_island(no_native_bf1
     report = check(loaded(planted("text_encoder", TE_LAYER, 1e5)), remember=False)
     clamp, island = row(report, "clamp"), row(report, "islands")
     assert clamp.finite and not clamp.verified and not clamp.chosen
-    assert clamp.quality is not None and clamp.quality.value < diagnosis.QUALITY_THRESHOLD_DB
+    assert clamp.quality is not None and clamp.quality.value < QUALITY_THRESHOLD_DB
     assert island.chosen
     kinds = [c.kind for c in report.fix.candidates]
     assert kinds.index("islands") < kinds.index("clamp")
@@ -108,7 +109,7 @@ def test_a_clamp_that_saturates_is_shown_rejected_below_the_island(no_native_bf1
     assert any(n.startswith("Clamp 1 ") and "not a fix" in n for n in report.notes)
     shown = {c["kind"]: c for c in report.to_json()["fix"]["candidates"]}
     assert shown["clamp"]["verified"] is False
-    assert shown["clamp"]["quality"]["value"] < diagnosis.QUALITY_THRESHOLD_DB
+    assert shown["clamp"]["quality"]["value"] < QUALITY_THRESHOLD_DB
     text = health.markdown_report(report)
     assert "clamp" in text and "rejected" in text
 
@@ -220,7 +221,7 @@ def _result(kind: str, memory: float, ms: tuple[float, float] | None = None, db:
     cost: dict = {"weights_mb": memory}
     if ms is not None:
         cost.update({"step_ms": sum(ms) / 2, "step_ms_range": list(ms)})
-    return diagnosis.CandidateResult("vae", kind, kind, {}, 0, db > -1, diagnosis.Quality(db), cost)
+    return diagnosis.CandidateResult("vae", kind, kind, {}, 0, db > -1, Quality(db), cost)
 
 
 def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():

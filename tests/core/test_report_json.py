@@ -185,7 +185,7 @@ def test_the_cost_reads_as_one_line_per_plan():
 
 
 def test_a_fix_identical_to_fp32_is_said_identical_in_its_table_not_200_db():
-    from app.core.fixing.diagnosis import QUALITY_CEILING_DB, Quality
+    from app.core.fixing.quality import QUALITY_CEILING_DB, Quality
     from app.core.health.words import candidate_rows
 
     assert Quality(QUALITY_CEILING_DB).figure() == "identical"

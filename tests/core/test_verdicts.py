@@ -15,6 +15,7 @@ from app.cli.text import health_text
 from app.core import health
 from app.core.components import Status, Verdict
 from app.core.fixing import diagnosis
+from app.core.fixing.quality import QUALITY_THRESHOLD_DB, compare
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
@@ -106,7 +107,7 @@ def test_a_finite_but_wrong_fix_is_rejected_and_the_next_one_is_verified(cpu_bf1
 
     assert report.verdict is Verdict.FIXABLE
     assert report.fix.verified
-    assert report.fix.quality.value >= diagnosis.QUALITY_THRESHOLD_DB
+    assert report.fix.quality.value >= QUALITY_THRESHOLD_DB
     if cpu_bf16 == "native":
         # The whole VAE in bf16 was finite but wrong; the layers kept in bf16 do not reach the
         # saturating layer.
@@ -118,7 +119,7 @@ def test_a_finite_but_wrong_fix_is_rejected_and_the_next_one_is_verified(cpu_bf1
         assert not any("bf16" in n for n in report.notes)
     document = report.to_json()["fix"]
     assert document["quality"]["metric"] == "snr_db"
-    assert document["quality"]["threshold"] == diagnosis.QUALITY_THRESHOLD_DB
+    assert document["quality"]["threshold"] == QUALITY_THRESHOLD_DB
 
 
 def test_a_wrong_candidate_is_never_the_fix(monkeypatch):
@@ -151,10 +152,10 @@ def test_a_wrong_candidate_is_never_the_fix(monkeypatch):
 
 def test_snr_is_high_for_the_same_output_and_low_for_a_clamped_one():
     reference = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    assert diagnosis.compare(reference.clone(), reference).passed
-    assert diagnosis.compare(reference.half(), reference).value > 50
-    assert not diagnosis.compare(reference.clamp(-0.01, 0.01), reference).passed
-    assert not diagnosis.compare(torch.full_like(reference, float("nan")), reference).passed
+    assert compare(reference.clone(), reference).passed
+    assert compare(reference.half(), reference).value > 50
+    assert not compare(reference.clamp(-0.01, 0.01), reference).passed
+    assert not compare(torch.full_like(reference, float("nan")), reference).passed
 
 
 def _fault_below(pipeline, threshold: int):
@@ -286,7 +287,7 @@ def test_an_fp32_run_warns_of_attention_scores_that_could_pass_fp16s_limit():
 
 
 def test_a_fix_summary_names_the_parts_it_leaves_as_a_list_in_words():
-    from app.core.fixing.diagnosis import Quality
+    from app.core.fixing.quality import Quality
     from app.core.health.fix import fix_summary
     from app.core.precision import PrecisionPlan
 

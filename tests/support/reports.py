@@ -12,7 +12,8 @@ from dataclasses import replace
 from typing import Any
 
 from app.core.components import Status, Verdict
-from app.core.fixing.diagnosis import CandidateResult, Quality
+from app.core.fixing.diagnosis import CandidateResult
+from app.core.fixing.quality import Quality
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.hardware import DeviceInfo, HardwareReport, Quirk
 from app.core.hardware.selftest import OpResult, SelfTestResult

@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QStyle, QTextBrowser
 
 from app.core.components import Verdict
 from app.core.fixing import profiles
-from app.core.fixing.diagnosis import Quality
+from app.core.fixing.quality import Quality
 from app.core.health import saved
 from app.core.health.fix import fix_summary
 from app.core.health.saved import when_words
@@ -338,7 +338,7 @@ def test_a_row_without_a_remembered_fix_says_what_the_check_found(window):
 def test_the_quality_figure_is_said_in_plain_words(quality, said):
     """From the data, and from a sentence kept as text (read back by `diagnosis`, which
     writes it) alike."""
-    from app.core.fixing.diagnosis import qualities_in
+    from app.core.fixing.quality import qualities_in
 
     assert quality_words(quality).startswith(said)
     sentence = f"Verified by re-running it with the fix: finite, and {quality.words()}."

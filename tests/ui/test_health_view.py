@@ -10,7 +10,7 @@ from PySide6.QtGui import QGuiApplication, QTextDocument
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.core.components import Status, Verdict
-from app.core.fixing.diagnosis import Quality
+from app.core.fixing.quality import Quality
 from app.core.health import PrecisionOutcome
 from app.core.jobs import DONE
 from app.core.precision import PrecisionPlan

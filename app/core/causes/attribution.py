@@ -22,7 +22,7 @@ need different repairs, and a precision change does not help them:
   measured a real overflow (fp32 peaks past 65504), which no re-run can cure.
 
 Every attribution is proved by a re-run whose output is finite and agrees with an fp32
-reference (`diagnosis.Quality`). Runs on the calling thread; each re-run is one pass of the
+reference (`quality.Quality`). Runs on the calling thread; each re-run is one pass of the
 check's three stages (`health.probe_run`).
 """
 
@@ -46,7 +46,7 @@ from app.core.causes.records import (
 from app.core.components import Verdict, in_run_order
 from app.core.components import words as component_words
 from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import Quality
+from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality, compare
 from app.core.health import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
@@ -103,7 +103,7 @@ class _Runs:
         reference = self.run(reference_plan, model)
         if not reference.finite:
             return False, None, run
-        quality = diagnosis.compare(run.image, reference.image)
+        quality = compare(run.image, reference.image)
         return quality.passed, quality, run
 
     def proved_by_stage(
@@ -140,7 +140,7 @@ class _Runs:
                 if not all_finite(output) or not all_finite(expected):
                     return False, None
                 if any(name in judged for name in names):
-                    quality = diagnosis.compare(output, expected)
+                    quality = compare(output, expected)
                     if worst is None or quality.value < worst.value:
                         worst = quality
                 given = expected
@@ -562,8 +562,7 @@ def _foreign_kernel(runs: _Runs, progress):
     progress(f"Comparing {names} with PyTorch's own kernels", 0, 1)
     with contextlib.ExitStack() as stack:
         comparisons = [
-            stack.enter_context(kernels.comparing(k, diagnosis.QUALITY_THRESHOLD_DB))
-            for k in foreign
+            stack.enter_context(kernels.comparing(k, QUALITY_THRESHOLD_DB)) for k in foreign
         ]
         runs.run(runs.plan)
     found = [c for c in comparisons if c.finding is not None]
@@ -601,7 +600,7 @@ def _finding_words(comparison) -> str:
         return f"gives NaN or Inf where {own} is finite"
     return (
         f"agrees with {own} only to {comparison.worst_snr_db:.1f} dB "
-        f"(threshold {diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
+        f"(threshold {QUALITY_THRESHOLD_DB:g} dB)"
     )
 
 

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.fixing.diagnosis import Quality
+from app.core.fixing.quality import Quality
 from app.core.precision import kernels
 
 CAUSES = ("precision", "kernel", "weights", "state", "intermittent")

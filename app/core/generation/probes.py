@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.core.fixing import diagnosis
+from app.core.fixing.quality import compare
 from app.core.generation.stages import Outcome, Stages, _first_bad
 from app.core.generation.watch import read_flags
 from app.core.precision import PrecisionPlan, backend_flags
@@ -132,7 +133,7 @@ class Probes(Stages):
 
     def verify(self, component: str, plan: PrecisionPlan, outcome: Outcome):
         """Whether `plan` repairs the failing part, from one forward pass: finite, and in
-        agreement with an fp32 reference of the same inputs (`diagnosis.compare`); returns
+        agreement with an fp32 reference of the same inputs (`quality.compare`); returns
         (passed, the part's output). The reference is run once per failing part;
         `self.qualities[component]` keeps the last figure. Passed when no input was kept to
         re-run (the full re-run then decides)."""
@@ -143,7 +144,7 @@ class Probes(Stages):
         if key not in self._references:
             reference_plan = diagnosis.fp32_reference(outcome.plan)
             self._references[key] = self.part_output(component, reference_plan, outcome)
-        quality = diagnosis.compare(output, self._references[key])
+        quality = compare(output, self._references[key])
         self.qualities[component] = quality
         return quality.passed, output
 

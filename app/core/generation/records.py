@@ -96,7 +96,7 @@ class ImageResult:
     non_finite: float = 0.0  # fraction of pixels that were NaN/inf
     non_finite_box: tuple[int, int, int, int] | None = None  # where they are: x0, y0, x1, y1
     settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
-    quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (diagnosis.Quality)
+    quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (quality.Quality)
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
     cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)

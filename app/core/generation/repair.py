@@ -11,6 +11,7 @@ from app.core.components import COMPONENTS, RUN_ORDER, module_of
 from app.core.errors import CancelledError
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import FixCandidate, candidate_fixes
+from app.core.fixing.quality import Quality
 from app.core.generation.probes import Probes
 from app.core.generation.stages import Outcome, failure
 from app.core.images.finished import to_image
@@ -28,7 +29,7 @@ class Repair:
     fixes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     first_bad_module: str | None = None
-    quality: diagnosis.Quality | None = None  # the worst of its repairs against fp32
+    quality: Quality | None = None  # the worst of its repairs against fp32
     # "kernel" when the repairs only switched the attention backend (the same precision, as
     # `causes` classifies a check's fix), "intermittent" when the image made again unchanged
     # came out finite (no fix at all), else "precision".

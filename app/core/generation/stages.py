@@ -10,7 +10,7 @@ from typing import Any
 
 from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
-from app.core.fixing import diagnosis
+from app.core.fixing.quality import Quality
 from app.core.generation.preview import colours_for, latent_preview
 from app.core.generation.records import GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
@@ -108,7 +108,7 @@ class Stages:
         self.fix_words: list[str] = []
         self.fixed_components: list[str] = []
         self.first_bad: dict[str, str] = {}  # component -> first layer seen going non-finite
-        self.qualities: dict[str, diagnosis.Quality] = {}  # component -> its fix against fp32
+        self.qualities: dict[str, Quality] = {}  # component -> its fix against fp32
         self._references: dict[tuple[str, int], Any] = {}  # fp32 outputs of failing parts
         self.last_probe: Any = None  # the last recorded probe (`_read`)
         self.stage = "Generating"

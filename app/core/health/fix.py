@@ -14,7 +14,8 @@ from app.core.components import in_run_order, join_words, module_of
 from app.core.components import words as component_words
 from app.core.errors import CancelledError
 from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import FixCandidate, Quality, candidate_fixes, no_half
+from app.core.fixing.diagnosis import FixCandidate, candidate_fixes, no_half
+from app.core.fixing.quality import QUALITY_CEILING_DB, Quality, compare
 from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner, Stage
 from app.core.jobs import CancelToken, ProgressCallback
@@ -89,7 +90,7 @@ def choose_fix(
             )
             continue
         finite = not retry.probes[name].non_finite
-        quality = diagnosis.compare(retry.output, reference.output) if finite else None
+        quality = compare(retry.output, reference.output) if finite else None
         result = diagnosis.CandidateResult(
             component=name,
             kind=candidate.kind,
@@ -175,7 +176,7 @@ def last_resort(runner, search, seen, reports, first_probes, plan, broken, progr
             False,
         )
         # Everything in fp32 is the reference itself.
-        search.qualities[name] = Quality(diagnosis.QUALITY_CEILING_DB)
+        search.qualities[name] = Quality(QUALITY_CEILING_DB)
     search.unfixed = []
 
 

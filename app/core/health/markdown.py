@@ -8,6 +8,7 @@ from pathlib import Path
 from app.core.components import Verdict
 from app.core.errors import HalfSafeError
 from app.core.fixing import diagnosis
+from app.core.fixing.quality import QUALITY_THRESHOLD_DB
 from app.core.health.report import Fix, HealthReport, precision_words, status_words
 from app.core.health.words import (
     CANDIDATE_COLUMNS,
@@ -62,7 +63,7 @@ def markdown_report(report: HealthReport) -> str:
         if table:
             fix += (
                 "\n\n### Candidates\n\nEvery fix tried, judged against fp32 "
-                f"({diagnosis.QUALITY_THRESHOLD_DB:g} dB)"
+                f"({QUALITY_THRESHOLD_DB:g} dB)"
                 + (f" and timed on this device ({RUN_WORDS})" if report.fix.baselines else "")
                 + (
                     f"; {diagnosis.CHOSEN_WORDS}.\n\n"

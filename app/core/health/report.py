@@ -12,7 +12,8 @@ from typing import Any
 from app import __version__
 from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_words
 from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import AT_RISK_HEADROOM, Quality
+from app.core.fixing.diagnosis import AT_RISK_HEADROOM
+from app.core.fixing.quality import Quality
 from app.core.health.cost import FixCost
 from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, tested_words
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity

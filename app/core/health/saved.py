@@ -28,7 +28,7 @@ from typing import Any
 from app.core import paths
 from app.core.components import Verdict
 from app.core.files import aside_name, locked, write_atomic
-from app.core.fixing.diagnosis import Quality
+from app.core.fixing.quality import Quality
 from app.core.health.report import CheckResult
 from app.core.limits import parse_json, read_regular
 from app.core.precision.words import plan_words
@@ -72,7 +72,7 @@ class SavedReport:
     # next job runs at one of them. Empty in a report saved before they were kept.
     ran_at: str = ""
     fix_runs_at: str = ""
-    # The fix's agreement with fp32 as numbers (`diagnosis.Quality`): what the pages say of
+    # The fix's agreement with fp32 as numbers (`quality.Quality`): what the pages say of
     # it, without reading the figure back out of `fix_summary`. None when the fix had no
     # finite figure, or in a report saved before they were kept.
     fix_quality_db: float | None = None

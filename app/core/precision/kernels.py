@@ -272,7 +272,7 @@ def torch_own_kernels() -> Iterator[None]:
 class KernelComparison:
     """What a replacement SDPA gave against PyTorch's math kernel on the same q/k/v, call by
     call. `snr_db` is 10*log10(signal/noise) of the replacement's output against the math
-    kernel's (as `diagnosis.snr_db` measures whole outputs)."""
+    kernel's (as `quality.snr_db` measures whole outputs)."""
 
     kernel: AttentionKernel
     calls: int = 0
