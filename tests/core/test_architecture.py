@@ -12,6 +12,9 @@ import json
 import pytest
 
 from app.core import architecture as arch
+from app.core import families
+from app.core.families.sd import SD2_TEXT
+from app.core.families.sdxl import SDXL_TEXT_1
 from app.core.formats.layouts import count_indices
 from app.core.models import config_folder
 from app.core.paths import resource
@@ -47,7 +50,9 @@ UNET_FIELDS = (
 
 
 def test_sd1_real_key_set(real_shapes):
-    detection = arch.detect_architecture(real_shapes["sd1"], name="v1-5-pruned-emaonly.safetensors")
+    detection = families.detect_architecture(
+        real_shapes["sd1"], name="v1-5-pruned-emaonly.safetensors"
+    )
     assert (detection.architecture, detection.supported) == ("sd1", True)
     assert (detection.prediction_type, detection.native_size) == ("epsilon", 512)
     assert detection.pipeline_class == "StableDiffusionPipeline" and detection.has_vae
@@ -72,8 +77,8 @@ def test_sd1_real_key_set(real_shapes):
 
 def test_sd2_real_key_set_drops_the_unused_last_text_layer(real_shapes):
     shapes = real_shapes["sd2"]
-    assert count_indices(shapes, arch.SD2_TEXT + "transformer.resblocks.") == 24
-    detection = arch.detect_architecture(shapes, name="v2-1_768-ema-pruned.safetensors")
+    assert count_indices(shapes, SD2_TEXT + "transformer.resblocks.") == 24
+    detection = families.detect_architecture(shapes, name="v2-1_768-ema-pruned.safetensors")
     assert (detection.architecture, detection.prediction_type) == ("sd2", "v_prediction")
     assert (detection.native_size, detection.config_name) == (768, "sd2-v")
     assert "1024-wide text features" in detection.because and "768" in detection.because
@@ -131,7 +136,7 @@ def test_sd2_real_key_set_drops_the_unused_last_text_layer(real_shapes):
     ],
 )
 def test_sd2_prediction_type_markers(real_shapes, name, metadata, sidecar, expected):
-    detection = arch.detect_architecture(
+    detection = families.detect_architecture(
         real_shapes["sd2"], metadata=metadata, name=name, sidecar_config=sidecar
     )
     assert (detection.prediction_type, detection.native_size, detection.config_name) == expected
@@ -139,14 +144,14 @@ def test_sd2_prediction_type_markers(real_shapes, name, metadata, sidecar, expec
 
 def test_v_pred_marker_tensor_makes_sdxl_v_prediction(real_shapes):
     shapes = {**real_shapes["sdxl"], "v_pred": (0,)}
-    detection = arch.detect_architecture(shapes)
+    detection = families.detect_architecture(shapes)
     assert (detection.architecture, detection.prediction_type) == ("sdxl", "v_prediction")
     assert "v_pred marker" in detection.because
 
 
 def test_sdxl_real_key_set(real_shapes):
     shapes = real_shapes["sdxl"]
-    detection = arch.detect_architecture(shapes, name="sd_xl_base_1.0.safetensors")
+    detection = families.detect_architecture(shapes, name="sd_xl_base_1.0.safetensors")
     assert (detection.architecture, detection.native_size) == ("sdxl", 1024)
     assert detection.pipeline_class == "StableDiffusionXLPipeline"
     assert [e.component for e in detection.text_encoders] == ["text_encoder", "text_encoder_2"]
@@ -166,7 +171,7 @@ def test_sdxl_real_key_set(real_shapes):
 def test_inpainting_variant(real_shapes):
     shapes = dict(real_shapes["sd1"])
     shapes[arch.UNET + "input_blocks.0.0.weight"] = (320, 9, 3, 3)
-    detection = arch.detect_architecture(shapes)
+    detection = families.detect_architecture(shapes)
     assert (detection.architecture, detection.supported) == ("sd1-inpaint", True)
     assert detection.pipeline_class == "StableDiffusionInpaintPipeline"
     assert "9 input channels" in detection.because
@@ -180,13 +185,13 @@ def test_inpainting_variant(real_shapes):
 def test_other_input_channel_counts_are_named_and_unsupported(real_shapes, channels, words):
     shapes = dict(real_shapes["sd2"])
     shapes[arch.UNET + "input_blocks.0.0.weight"] = (320, channels, 3, 3)
-    detection = arch.detect_architecture(shapes)
+    detection = families.detect_architecture(shapes)
     assert not detection.supported and words in detection.looks_like
 
 
 def test_missing_vae_is_noted(real_shapes):
     shapes = {k: v for k, v in real_shapes["sd1"].items() if not k.startswith(arch.VAE)}
-    detection = arch.detect_architecture(shapes)
+    detection = families.detect_architecture(shapes)
     assert detection.supported and not detection.has_vae and detection.notes
 
 
@@ -195,7 +200,7 @@ def test_old_clip_layout_without_text_model_level(real_shapes):
         k.replace("cond_stage_model.transformer.text_model.", "cond_stage_model.transformer."): v
         for k, v in real_shapes["sd1"].items()
     }
-    detection = arch.detect_architecture(shapes)
+    detection = families.detect_architecture(shapes)
     assert detection.architecture == "sd1"
     assert detection.text_encoders[0].prefix == "cond_stage_model.transformer."
     text = arch.infer_text_encoder_config(shapes, {}, detection.text_encoders[0])
@@ -205,7 +210,7 @@ def test_old_clip_layout_without_text_model_level(real_shapes):
 def _refiner(shapes_sdxl):
     shapes = {}
     for key, shape in shapes_sdxl.items():
-        if key.startswith(arch.SDXL_TEXT_1):
+        if key.startswith(SDXL_TEXT_1):
             continue
         shapes[key.replace("conditioner.embedders.1.", "conditioner.embedders.0.")] = shape
     return shapes
@@ -240,7 +245,7 @@ def test_unsupported_families_are_named(real_shapes):
         "not a Stable Diffusion checkpoint": {"foo.weight": (2, 2)},
     }
     for words, shapes in cases.items():
-        detection = arch.detect_architecture(shapes)
+        detection = families.detect_architecture(shapes)
         assert not detection.supported, words
         assert words in detection.looks_like, (words, detection.looks_like)
         assert detection.because.endswith(".") and "\n" not in detection.because
@@ -251,7 +256,7 @@ def test_demo_shaped_unet_with_fewer_blocks(real_shapes):
 
     pipeline = build_tiny_sd_pipeline()
     shapes = {k: tuple(v.shape) for k, v in ldm_state_dict(pipeline).items()}
-    detection = arch.detect_architecture(shapes)
+    detection = families.detect_architecture(shapes)
     assert detection.architecture == "sd1"
     unet = arch.infer_unet_config(shapes, shipped("sd1", "unet"))
     original = pipeline.unet.config
@@ -318,13 +323,13 @@ def test_folder_detection_on_shipped_configs(name, expected):
     index = json.loads((folder / "model_index.json").read_text())
     unet = json.loads((folder / "unet" / "config.json").read_text())
     scheduler = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
-    detection = arch.detect_from_configs(index, unet, scheduler)
+    detection = families.detect_from_configs(index, unet, scheduler)
     assert (detection.architecture, detection.prediction_type, detection.native_size) == expected
     assert detection.supported and detection.because.endswith(".")
 
 
 def test_folder_detection_names_other_pipelines():
-    detection = arch.detect_from_configs(
+    detection = families.detect_from_configs(
         {"_class_name": "HiDreamImagePipeline", "transformer": ["diffusers", "X"]}, {}, {}
     )
     assert not detection.supported and "HiDreamImagePipeline" in detection.because
@@ -334,8 +339,8 @@ def test_folder_detection_tells_flux_dev_from_schnell_by_the_guidance_embedding(
     index = {"_class_name": "FluxPipeline", "transformer": ["diffusers", "X"]}
     config = {"num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128}
     config |= {"num_attention_heads": 24, "in_channels": 64}
-    dev = arch.detect_from_configs(index, {**config, "guidance_embeds": True}, {})
-    schnell = arch.detect_from_configs(index, {**config, "guidance_embeds": False}, {})
+    dev = families.detect_from_configs(index, {**config, "guidance_embeds": True}, {})
+    schnell = families.detect_from_configs(index, {**config, "guidance_embeds": False}, {})
     assert (dev.architecture, schnell.architecture) == ("flux-dev", "flux-schnell")
     assert dev.supported and dev.prediction_type == "flow" and dev.native_size == 1024
     assert "19 double and 38 single blocks, 3072 wide" in dev.because
@@ -359,13 +364,13 @@ def test_shipped_tokenizers_pad_as_the_originals():
 
 
 def test_folder_detection_of_zimage_and_qwenimage_says_why():
-    zimage = arch.detect_from_configs(
+    zimage = families.detect_from_configs(
         {"_class_name": "ZImagePipeline", "transformer": ["diffusers", "X"]}
         | {"text_encoder": ["transformers", "Qwen3Model"]},
         {"n_layers": 30, "n_refiner_layers": 2, "dim": 3840, "cap_feat_dim": 2560},
         {},
     )
-    qwen = arch.detect_from_configs(
+    qwen = families.detect_from_configs(
         {"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "X"]}
         | {"text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"]},
         {"num_layers": 60, "num_attention_heads": 24, "attention_head_dim": 128},

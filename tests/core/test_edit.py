@@ -19,9 +19,8 @@ from PIL import Image
 
 from app.cli import main
 from app.core import generation, health, models
-from app.core.architecture.diffusers_folder import detect_from_configs
 from app.core.errors import HalfSafeError
-from app.core.families import FamilyId, architecture_title, family, family_of
+from app.core.families import FamilyId, architecture_title, detect_from_configs, family, family_of
 from app.core.images.pictures import Mode, mode_of, read_pictures
 from app.core.library import scan_library
 from app.core.settings import PrecisionSettings

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.core import architecture, generation, health, models, samplers
+from app.core import families, generation, health, models, samplers
 from app.core.components import COMPONENTS, FP16_MAX
 from app.core.errors import HalfSafeError
 from app.core.families import (
@@ -479,7 +479,7 @@ def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
             index[name] = [type(part).__module__.split(".")[0], type(part).__name__]
     scheduler = dict(pipeline.scheduler.config)
 
-    detection = architecture.detect_from_configs(index, dict(denoiser.config), scheduler)
+    detection = families.detect_from_configs(index, dict(denoiser.config), scheduler)
 
     assert detection.supported, detection.because
     assert family_of_architecture(detection.architecture) is expected
@@ -523,7 +523,7 @@ def _plain(value):
 
 
 def test_a_pipeline_of_no_family_is_refused_naming_every_family_there_is():
-    detection = architecture.detect_from_configs({"_class_name": "WanPipeline"}, {}, {})
+    detection = families.detect_from_configs({"_class_name": "WanPipeline"}, {}, {})
 
     assert not detection.supported and "WanPipeline" in detection.because
     assert all(f.title in detection.because for f in FAMILIES)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.core import architecture, models
+from app.core import architecture, families, models
 from app.core.checkpoint import write_safetensors
 from app.core.errors import UnsupportedModelError
 from app.core.families import FamilyId, family, family_of
@@ -90,8 +90,8 @@ def test_klein_base_and_distilled_folders_are_named_for_how_they_sample(klein):
     }
     config = dict(klein.transformer.config)
 
-    base = architecture.detect_from_configs({**index, "is_distilled": False}, config, {})
-    distilled = architecture.detect_from_configs({**index, "is_distilled": True}, config, {})
+    base = families.detect_from_configs({**index, "is_distilled": False}, config, {})
+    distilled = families.detect_from_configs({**index, "is_distilled": True}, config, {})
 
     assert base.architecture == distilled.architecture == "flux2-klein"
     assert "real CFG" in base.because and "without CFG" in distilled.because

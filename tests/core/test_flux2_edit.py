@@ -21,9 +21,8 @@ from PIL import Image
 
 from app.cli import main
 from app.core import generation
-from app.core.architecture.diffusers_folder import detect_from_configs
 from app.core.errors import HalfSafeError
-from app.core.families import FamilyId, family, family_of
+from app.core.families import FamilyId, detect_from_configs, family, family_of
 from app.core.images.pictures import Mode, mode_of, read_pictures
 from tests.core.test_edit import _check as edit_check
 from tests.core.test_edit import _plant

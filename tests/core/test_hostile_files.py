@@ -521,14 +521,14 @@ def test_one_bad_item_costs_only_its_own_row(mixed_folder):
 
 
 def test_an_unforeseen_fault_in_one_file_costs_only_its_row(mixed_folder, monkeypatch):
-    real = library.inspection.arch.detect_architecture
+    real = library.inspection.families.detect_architecture
 
     def faulty(shapes, **kwargs):
         if kwargs.get("name") == "scalar.safetensors":
             raise IndexError("tuple index out of range")
         return real(shapes, **kwargs)
 
-    monkeypatch.setattr(library.inspection.arch, "detect_architecture", faulty)
+    monkeypatch.setattr(library.inspection.families, "detect_architecture", faulty)
     rows = _rows(mixed_folder)
     assert "IndexError" in rows["scalar.safetensors"].error
     assert rows["good.safetensors"].error is None

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from app.core import architecture, generation, models
+from app.core import families, generation, models
 from app.core.checkpoint import write_safetensors
 from app.core.encoders import files as encoders
 from app.core.errors import HalfSafeError, UnsupportedModelError
@@ -204,8 +204,8 @@ def _index(turbo: bool) -> dict:
 def test_a_turbo_folder_is_told_from_the_base_model():
     transformer = dict(build_tiny_krea2_pipeline().transformer.config)
 
-    base = architecture.detect_from_configs(_index(False), transformer, {})
-    turbo = architecture.detect_from_configs(_index(True), transformer, {})
+    base = families.detect_from_configs(_index(False), transformer, {})
+    turbo = families.detect_from_configs(_index(True), transformer, {})
 
     assert base.architecture == turbo.architecture == "krea2"
     assert base.because.startswith("Krea 2: its Krea2Pipeline") and "with CFG" in base.because

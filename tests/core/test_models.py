@@ -21,6 +21,7 @@ from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
 from app.core.errors import BadFileError, CancelledError, PickleRefusedError, UnsupportedModelError
 from app.core.families import architecture_title
+from app.core.families.sdxl import SDXL_TEXT_1
 from app.core.jobs import CancelToken
 from app.core.models import LoadedModel, load_model
 from tests.support.checkpoint_files import (
@@ -408,7 +409,7 @@ def test_sdxl_refiner_is_named(tmp_path):
     pipeline = build_tiny_sdxl_pipeline()
     tensors = {}
     for key, tensor in ldm_state_dict(pipeline).items():
-        if key.startswith(arch.SDXL_TEXT_1):
+        if key.startswith(SDXL_TEXT_1):
             continue
         tensors[key.replace("conditioner.embedders.1.", "conditioner.embedders.0.")] = tensor
     path = write_safetensors(tmp_path / "refiner.safetensors", tensors)

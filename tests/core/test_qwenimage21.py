@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import architecture, generation, models
+from app.core import families, generation, models
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from app.core.families import QwenImage21Family, QwenImageFamily, family_of
 from app.core.formats.layouts import to_original
@@ -57,7 +57,7 @@ def test_qwenimage21_is_told_apart_from_qwenimage_1(pipelines):
     assert type(family_of(old)) is QwenImageFamily
     for pipeline, name in ((new, "qwenimage21"), (old, "qwenimage")):
         index = {"_class_name": type(pipeline).__name__, "transformer": ["diffusers", "x"]}
-        detection = architecture.detect_from_configs(index, dict(pipeline.transformer.config), {})
+        detection = families.detect_from_configs(index, dict(pipeline.transformer.config), {})
         assert detection.architecture == name
         read = split.read_model(_file_shapes(pipeline))
         assert read is not None and read.architecture == name

@@ -11,21 +11,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.core import architecture as arch
-from app.core.architecture.single_file import _sd2_encoder
 from app.core.checkpoint import write_safetensors
+from app.core.families.sd import SD1_TEXT, SD2_TEXT, _sd2_encoder
 from app.core.formats.layouts import count_indices
 from app.core.models import load_model
 from tests.support.checkpoint_files import tiny_sd2
 from tests.support.model_files import ldm_state_dict
 
-BLOCKS = arch.SD2_TEXT + "transformer.resblocks."
+BLOCKS = SD2_TEXT + "transformer.resblocks."
 HEADS = 4  # tiny_sd2's text encoder: 64 wide, 64 // 16 heads
 
 
 def by_hand(tensors: dict[str, torch.Tensor], ids: torch.Tensor, blocks: int) -> torch.Tensor:
     """OpenCLIP's text tower run over its first `blocks` residual blocks, then ln_final."""
-    p = arch.SD2_TEXT
+    p = SD2_TEXT
     x = tensors[p + "token_embedding.weight"][ids] + tensors[p + "positional_embedding"]
     width = x.shape[-1]
 
@@ -91,7 +90,7 @@ def converted(pipeline) -> dict[str, torch.Tensor]:
     return {
         k: v
         for k, v in tensors.items()
-        if not k.startswith(f"{BLOCKS}{last}.") and k != arch.SD2_TEXT + "text_projection"
+        if not k.startswith(f"{BLOCKS}{last}.") and k != SD2_TEXT + "text_projection"
     }
 
 
@@ -121,7 +120,7 @@ def test_converted_sd2_file_keeps_every_block_it_has(tmp_path, pipeline):
 def test_full_tower_sd2_file_reads_the_penultimate_layer(tmp_path, pipeline):
     tensors = full_tower(pipeline)
     blocks = tower_blocks(tensors)
-    assert blocks == 3 and arch.SD2_TEXT + "text_projection" in tensors
+    assert blocks == 3 and SD2_TEXT + "text_projection" in tensors
     path = write_safetensors(tmp_path / "sd2-original.safetensors", tensors)
     model = load_model(str(path))
     assert model.pipeline.text_encoder.config.num_hidden_layers == blocks - 1
@@ -145,23 +144,23 @@ def test_real_size_depth_decides_full_or_converted():
     width = 1024
 
     def shapes(blocks: int, projection: bool) -> dict[str, tuple[int, ...]]:
-        out = {arch.SD2_TEXT + "token_embedding.weight": (49408, width)}
+        out = {SD2_TEXT + "token_embedding.weight": (49408, width)}
         out.update({f"{BLOCKS}{n}.ln_1.weight": (width,) for n in range(blocks)})
         if projection:
-            out[arch.SD2_TEXT + "text_projection"] = (width, width)
+            out[SD2_TEXT + "text_projection"] = (width, width)
         return out
 
-    assert _sd2_encoder(shapes(24, True), arch.SD2_TEXT, "openclip").drop_last_layer
-    assert _sd2_encoder(shapes(24, False), arch.SD2_TEXT, "openclip").drop_last_layer
-    assert not _sd2_encoder(shapes(23, False), arch.SD2_TEXT, "openclip").drop_last_layer
-    assert not _sd2_encoder(shapes(23, True), arch.SD2_TEXT, "openclip").drop_last_layer
+    assert _sd2_encoder(shapes(24, True), SD2_TEXT, "openclip").drop_last_layer
+    assert _sd2_encoder(shapes(24, False), SD2_TEXT, "openclip").drop_last_layer
+    assert not _sd2_encoder(shapes(23, False), SD2_TEXT, "openclip").drop_last_layer
+    assert not _sd2_encoder(shapes(23, True), SD2_TEXT, "openclip").drop_last_layer
 
 
 def test_sd2_text_encoder_under_transformers_names_is_sd2_with_every_layer(tmp_path, pipeline):
     """A converted SD2 file may store OpenCLIP under cond_stage_model.transformer with
     transformers' names, where SD1's CLIP sits: still SD2, every layer kept."""
     tensors = ldm_state_dict(pipeline, architecture="sd1")  # CLIP layout for the text encoder
-    assert any(k.startswith(arch.SD1_TEXT + "text_model.encoder.layers.1.") for k in tensors)
+    assert any(k.startswith(SD1_TEXT + "text_model.encoder.layers.1.") for k in tensors)
     path = write_safetensors(tmp_path / "sd2-hf-names.safetensors", tensors)
     model = load_model(str(path))
     assert model.architecture == "sd2"

@@ -16,10 +16,11 @@ import torch
 
 from app.core import architecture as arch
 from app.core.checkpoint import write_safetensors
+from app.core.families.sd import SD1_TEXT
 from tests.support.model_files import ldm_state_dict
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
-TEXT = arch.SD1_TEXT + "text_model."
+TEXT = SD1_TEXT + "text_model."
 UNET = arch.UNET
 VAE = arch.VAE
 

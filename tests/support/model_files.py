@@ -13,7 +13,9 @@ from app.core import architecture as arch
 from app.core.checkpoint import one_torch_thread, write_safetensors
 from app.core.encoders.files import qwen25_vl_to_file, wan_vae_to_original
 from app.core.families import family_of
+from app.core.families.sd import SD1_TEXT, SD2_TEXT
 from app.core.families.sd3 import SD3_INSIDE
+from app.core.families.sdxl import SDXL_TEXT_1, SDXL_TEXT_2
 from app.core.formats.layouts import CLIP_PREFIX, to_original
 from app.core.models.assembly import empty, torch_dtype
 from app.core.models.configs import config_folder, read_json
@@ -130,14 +132,12 @@ def ldm_state_dict(pipeline, *, architecture: str | None = None) -> dict[str, An
         _ldm_vae(components["vae"].state_dict(), len(components["vae"].config.block_out_channels))
     )
     if family == "sdxl":
-        out.update(_ldm_clip_hf(components["text_encoder"], arch.SDXL_TEXT_1))
-        out.update(
-            _ldm_open_clip(components["text_encoder_2"], arch.SDXL_TEXT_2, extra_layer=False)
-        )
+        out.update(_ldm_clip_hf(components["text_encoder"], SDXL_TEXT_1))
+        out.update(_ldm_open_clip(components["text_encoder_2"], SDXL_TEXT_2, extra_layer=False))
     elif family == "sd2":
-        out.update(_ldm_open_clip(components["text_encoder"], arch.SD2_TEXT, extra_layer=True))
+        out.update(_ldm_open_clip(components["text_encoder"], SD2_TEXT, extra_layer=True))
     else:
-        out.update(_ldm_clip_hf(components["text_encoder"], arch.SD1_TEXT))
+        out.update(_ldm_clip_hf(components["text_encoder"], SD1_TEXT))
     return out
 
 

@@ -12,15 +12,6 @@ from app.core.formats.layouts import count_indices
 
 Shapes = Mapping[str, tuple[int, ...]]
 
-SD1_TEXT = "cond_stage_model.transformer."
-SD2_TEXT = "cond_stage_model.model."
-SDXL_TEXT_1 = "conditioner.embedders.0.transformer."
-SDXL_TEXT_2 = "conditioner.embedders.1.model."
-SDXL_REFINER_TEXT = "conditioner.embedders.0.model."
-
-SUPPORTED = ("sd1", "sd2", "sdxl")
-CONFIG_NAMES = ("sd1", "sd2", "sd2-v", "sdxl")
-
 _TOKEN_EMBEDDING = {"hf": "embeddings.token_embedding.weight", "openclip": "token_embedding.weight"}
 
 

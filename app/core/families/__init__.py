@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from app.core.families.registry import (
         FAMILIES,
         architecture_title,
+        detect_architecture,
+        detect_from_configs,
         family,
         family_of,
         family_of_architecture,
@@ -54,6 +56,8 @@ __all__ = [
     "StableDiffusionFamily",
     "ZImageFamily",
     "architecture_title",
+    "detect_architecture",
+    "detect_from_configs",
     "family",
     "family_of",
     "family_of_architecture",
@@ -75,6 +79,8 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
             ".registry": [
                 "FAMILIES",
                 "architecture_title",
+                "detect_architecture",
+                "detect_from_configs",
                 "family",
                 "family_of",
                 "family_of_architecture",

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from app.core import samplers
 from app.core.components import Role, of_role
@@ -20,6 +20,9 @@ from app.core.detection import Detection
 from app.core.formats.layouts import Layout
 from app.core.images.pictures import FROM_NOISE, Mode
 from app.core.words import infotext
+
+if TYPE_CHECKING:
+    from app.core.families.checkpoints import Checkpoint
 
 
 class FamilyId(str, Enum):
@@ -76,6 +79,12 @@ class Family:
     # How its transformer is kept as a file of its own (ComfyUI's `diffusion_models/`): the
     # keys that mark it, its config from shapes, its key table. None: no such file is read.
     layout: ClassVar[Layout | None] = None
+    # The shipped configs (resources/configs) its single-file checkpoints of the original
+    # Stable Diffusion layout load with (`detect_checkpoint`'s `config_name`).
+    checkpoint_configs: ClassVar[tuple[str, ...]] = ()
+    # Key fragments that mark this family's weights in a layout HalfSafe does not read (a
+    # checkpoint of another tool's making), each with the words for such a file.
+    file_markers: ClassVar[tuple[tuple[str, str], ...]] = ()
     # The diffusers pipeline class a model folder's model_index.json names for this family,
     # when it is recognised by `detect_folder` (None: the UNet families, see architecture).
     pipeline_class: ClassVar[str | None] = None
@@ -112,6 +121,19 @@ class Family:
 
     def text_encoders(self, pipeline) -> list[str]:
         return of_role(self.components(pipeline), Role.TEXT_ENCODER)
+
+    def detect_checkpoint(self, file: Checkpoint) -> Detection | None:
+        """What a single file of the original Stable Diffusion layout is, when it is of this
+        family (None: it is not). Families kept as transformer files answer through their
+        `layout` instead."""
+        return None
+
+    def detect_unet_folder(
+        self, model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
+    ) -> Detection | None:
+        """What a diffusers folder with a UNet is, when it is of this family (None: it is not);
+        `unet` has passed `limits.check_unet_config`."""
+        return None
 
     def detect_folder(
         self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]

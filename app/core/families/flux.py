@@ -387,6 +387,7 @@ class FluxFamily(ShiftedSigmas, Family):
     guidance scale as an embedding (one batch, no negative prompt), schnell takes none."""
 
     id = FamilyId.FLUX
+    file_markers = (("double_blocks.", "a Flux model"),)
     title = "Flux.1"
     architectures = {
         "flux": "Flux.1",

@@ -620,6 +620,7 @@ class Flux2Family(_Flux2):
     distilled, it takes the guidance scale as an embedding (one batch, no negative prompt)."""
 
     id = FamilyId.FLUX2
+    file_markers = (("single_stream_modulation.", "a Flux.2 model"),)
     title = "Flux.2"
     architectures = {"flux2": "Flux.2", "flux2-dev": "Flux.2 dev"}
     trainer_words = ((r"flux-?2", "flux2"),)

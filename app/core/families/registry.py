@@ -1,11 +1,18 @@
 """The families in the order they are recognised, and the questions other modules ask of them:
 which family a loaded pipeline is, which family an architecture name belongs to, and how that
-name is shown. Code outside `app/core/families/` asks here and never names a family."""
+name is shown, and what a single file or a diffusers folder holds. Code outside
+`app/core/families/` asks here and never names a family."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from app.core.architecture.single_file import not_a_full_checkpoint, other_file
+from app.core.detection import Detection
 from app.core.errors import HalfSafeError
 from app.core.families.base import Family, FamilyId
+from app.core.families.checkpoints import Checkpoint
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
@@ -117,3 +124,55 @@ def architecture_title(architecture: str | None) -> str:
         if base in candidate.architectures and variant in _VARIANT_WORDS:
             return f"{candidate.architectures[base]} {_VARIANT_WORDS[variant]}"
     return architecture
+
+
+def detect_architecture(
+    shapes: Mapping[str, tuple[int, ...]],
+    *,
+    metadata: Mapping[str, str] | None = None,
+    name: str = "",
+    sidecar_config: str | None = None,
+) -> Detection:
+    """Which model a single-file checkpoint of the original Stable Diffusion layout holds, from
+    its tensor names and shapes, or in one sentence what else the file is (a LoRA, an
+    embedding, a VAE, another architecture's model).
+
+    `metadata` is the safetensors `__metadata__`, `name` the file name, `sidecar_config` the
+    text of an A1111-style `.yaml` beside the file; they only inform the prediction type,
+    which the weights do not record. Never raises: an unknown file gives an unsupported
+    Detection that names what it looks like.
+    """
+    markers = [(m, f.id.value, words) for f in FAMILIES for m, words in f.file_markers]
+    other = other_file(list(shapes), markers, file_layout_words())
+    if other is not None:
+        return other
+    file = Checkpoint(shapes, metadata or {}, name, sidecar_config)
+    for candidate in FAMILIES:
+        found = candidate.detect_checkpoint(file)
+        if found is not None:
+            return found
+    return not_a_full_checkpoint(file.keys)
+
+
+def detect_from_configs(
+    model_index: Mapping[str, Any], denoiser: Mapping[str, Any], scheduler: Mapping[str, Any]
+) -> Detection:
+    """Which model a diffusers folder holds, from its model_index.json and its denoiser's
+    (`unet` or `transformer`) and scheduler's configs; a UNet config must have passed
+    `limits.check_unet_config`."""
+    class_name = str(model_index.get("_class_name", ""))
+    if "transformer" in model_index:
+        for candidate in FAMILIES:
+            if candidate.recognises(class_name):
+                return candidate.detect_folder(model_index, denoiser)
+    for candidate in FAMILIES:
+        found = candidate.detect_unet_folder(model_index, denoiser, scheduler)
+        if found is not None:
+            return found
+    return Detection(
+        class_name or "unknown",
+        False,
+        f"a {class_name or 'pipeline of unknown type'}",
+        f"its model_index.json names {class_name or 'no pipeline class'}; "
+        f"HalfSafe runs {families_words()} pipelines.",
+    )

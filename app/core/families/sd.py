@@ -3,13 +3,29 @@ v prediction), a 4-channel VAE."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.architecture.keys import Shapes, _count_layers
+from app.core.detection import UNET, Detection, TextEncoderLayout
 from app.core.families.base import Family, FamilyId, LatentFormat, prompt_tensors
+from app.core.families.checkpoints import (
+    Checkpoint,
+    clip_words,
+    full_checkpoint,
+    token_width,
+    unet_folder,
+    unet_without_text,
+)
 from app.core.images.pictures import Mode
 
 PROBE_CFG = 7.0  # the check's classifier-free guidance scale
+
+# Where a checkpoint of the original layout keeps its CLIP: SD1.x's under transformers names,
+# SD2.x's OpenCLIP under its own (some converted SD2 files use SD1's place).
+SD1_TEXT = "cond_stage_model.transformer."
+SD2_TEXT = "cond_stage_model.model."
 
 # A linear map from SD1.x/2.x latents to RGB, a published approximation fitted to their VAE's
 # output (good enough for a thumbnail; no VAE call needed).
@@ -40,6 +56,8 @@ class StableDiffusionFamily(Family):
         Mode.INPAINT: "StableDiffusionInpaintPipeline",
     }
     latent = SD_LATENT
+    # The shipped configs (resources/configs) its checkpoints load with.
+    checkpoint_configs = ("sd1", "sd2", "sd2-v")
 
     def owns(self, pipeline) -> bool:
         return getattr(pipeline, "unet", None) is not None and (
@@ -47,6 +65,55 @@ class StableDiffusionFamily(Family):
         )
 
     takes_clip_skip = True
+
+    def detect_checkpoint(self, file: Checkpoint) -> Detection | None:
+        """SD1.x or SD2.x by its one CLIP, in either layout; the last family asked, so a UNet
+        of the layout with no text encoder any family reads is named here."""
+        if not file.has(UNET):
+            return None
+        cross = file.cross_words
+        if file.has(SD2_TEXT):
+            encoder = _sd2_encoder(file.shapes, SD2_TEXT, "openclip")
+            why = (
+                f"its UNet takes {cross} from an {clip_words(file.shapes, encoder)} text "
+                f"encoder (cond_stage_model.model), as SD2.x does{_penultimate_words(encoder)}"
+            )
+        elif file.has(SD1_TEXT) and _sd2_in_clip_layout(file, file.hf_prefix(SD1_TEXT)):
+            encoder = _sd2_encoder(file.shapes, file.hf_prefix(SD1_TEXT), "hf")
+            why = (
+                f"its UNet takes {cross} from an OpenCLIP-sized "
+                f"{clip_words(file.shapes, encoder)} text encoder stored under transformers "
+                "names (cond_stage_model.transformer), as SD2.x "
+                f"does{_penultimate_words(encoder)}"
+            )
+        elif file.has(SD1_TEXT):
+            encoder = TextEncoderLayout("text_encoder", file.hf_prefix(SD1_TEXT), "hf")
+            why = (
+                f"its UNet takes {cross} from a {clip_words(file.shapes, encoder)} text "
+                "encoder (cond_stage_model.transformer), as SD1.x does"
+            )
+            return full_checkpoint(
+                file, "sd1", self.architectures["sd1"], why, (encoder,), SD_PIPELINE, 512
+            )
+        else:
+            return unet_without_text(file)
+        title = self.architectures["sd2"]
+        return full_checkpoint(file, "sd2", title, why, (encoder,), SD_PIPELINE, None, "sd2-v")
+
+    def detect_unet_folder(
+        self, model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
+    ) -> Detection | None:
+        class_name = str(model_index.get("_class_name", ""))
+        if not class_name.startswith("StableDiffusion") or "text_encoder_2" in model_index:
+            return None
+        cross = unet.get("cross_attention_dim")
+        cross = cross[0] if isinstance(cross, list) else cross
+        architecture = "sd2" if cross == 1024 else "sd1"
+        why = f"its {class_name} has one text encoder and a UNet with {cross}-wide text features"
+        if architecture == "sd1" and cross != 768:
+            why += " (a non-standard width, treated as SD1.x)"
+        title = self.architectures[architecture]
+        return unet_folder(architecture, title, why, class_name, unet, scheduler)
 
     def encode(
         self, pipe, prompt: str, negative: str, device, guidance: bool, clip_skip: int = 1
@@ -113,3 +180,50 @@ class StableDiffusionFamily(Family):
         shape = (1, pipeline.unet.config.in_channels, height // factor, width // factor)
         generators = [torch.Generator().manual_seed(seed) for seed in seeds]
         return torch.cat([torch.randn(shape, generator=g) for g in generators]), generators
+
+
+SD_PIPELINE = "StableDiffusionPipeline"
+
+
+def _sd2_encoder(shapes: Shapes, prefix: str, layout: str) -> TextEncoderLayout:
+    """SD2's text encoder, keeping every block the file has unless it holds the full tower.
+
+    SD2 conditions on the output of OpenCLIP ViT-H's 23rd of 24 blocks (then the final norm).
+    Original files carry all 24 blocks and the text projection; diffusers' converter writes
+    only the 23 blocks diffusers runs and no projection. ViT-H's depth decides for real sizes;
+    for other sizes the projection tells a full tower from a converted one.
+    """
+    probe = TextEncoderLayout("text_encoder", prefix, layout)
+    layers = _count_layers(shapes, probe)
+    width = token_width(shapes, prefix, layout)
+    if width == 1024 and layers in (23, 24):
+        full = layers == 24
+    elif layout == "hf":
+        full = (prefix.removesuffix("text_model.") + "text_projection.weight") in shapes
+    else:
+        full = (prefix + "text_projection") in shapes
+    return TextEncoderLayout("text_encoder", prefix, layout, drop_last_layer=full and layers > 1)
+
+
+def _penultimate_words(encoder: TextEncoderLayout) -> str:
+    if encoder.drop_last_layer:
+        return " (its last block is unused: SD2 reads the penultimate layer)"
+    return " (the file holds only the blocks SD2 reads, all of them used)"
+
+
+def _sd2_in_clip_layout(file: Checkpoint, prefix: str) -> bool:
+    """A converted SD2 file can store OpenCLIP under transformers names, where SD1's CLIP sits.
+
+    Real SD2 text features are 1024 wide (SD1's 768); at other sizes SD2's UNet gives itself
+    away by linear attention projections (SD1's are 1x1 convolutions).
+    """
+    width, cross = token_width(file.shapes, prefix, "hf"), file.cross
+    if cross == 1024 and width == 1024:
+        return True
+    if cross in (768, None) or width != cross:
+        return False
+    proj_in = next(
+        (s for k, s in file.shapes.items() if k.startswith(UNET) and k.endswith(".proj_in.weight")),
+        None,
+    )
+    return proj_in is not None and len(proj_in) == 2

@@ -222,6 +222,7 @@ class SD3Family(FlowMatching, Family):
     batch (negative first) as SD does."""
 
     id = FamilyId.SD3
+    file_markers = (("joint_blocks.", "a Stable Diffusion 3 model"),)
     title = "Stable Diffusion 3.x"
     architectures = {"sd3": "Stable Diffusion 3.x"}
     trainer_words = ((r"stable-diffusion-(v)?3|^sd-?3|^sd-v3", "sd3"),)

@@ -3,12 +3,21 @@ embeddings and size conditioning for the UNet, a 4-channel VAE."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.detection import UNET, Detection, TextEncoderLayout
 from app.core.families.base import FamilyId, LatentFormat, prompt_tensors
+from app.core.families.checkpoints import Checkpoint, clip_words, full_checkpoint, unet_folder
 from app.core.families.sd import StableDiffusionFamily
 from app.core.images.pictures import Mode
+
+# Where a checkpoint of the original layout keeps SDXL's two text encoders (CLIP ViT-L under
+# transformers names, OpenCLIP ViT-bigG under its own), and the refiner's one.
+SDXL_TEXT_1 = "conditioner.embedders.0.transformer."
+SDXL_TEXT_2 = "conditioner.embedders.1.model."
+SDXL_REFINER_TEXT = "conditioner.embedders.0.model."
 
 # SDXL's VAE latents to RGB: a published approximation, as SD's.
 SDXL_LATENT = LatentFormat(
@@ -40,6 +49,7 @@ class SDXLFamily(StableDiffusionFamily):
         Mode.INPAINT: "StableDiffusionXLInpaintPipeline",
     }
     latent = SDXL_LATENT
+    checkpoint_configs = ("sdxl",)
 
     def owns(self, pipeline) -> bool:
         return getattr(pipeline, "unet", None) is not None and (
@@ -47,6 +57,47 @@ class SDXLFamily(StableDiffusionFamily):
         )
 
     takes_clip_skip = True
+
+    def detect_checkpoint(self, file: Checkpoint) -> Detection | None:
+        """SDXL by its two text encoders (CLIP ViT-L beside OpenCLIP ViT-bigG); its refiner,
+        with the second alone, is named and refused."""
+        if not file.has(UNET):
+            return None
+        if file.has(SDXL_TEXT_1) and file.has(SDXL_TEXT_2):
+            encoders = (
+                TextEncoderLayout("text_encoder", file.hf_prefix(SDXL_TEXT_1), "hf"),
+                TextEncoderLayout("text_encoder_2", SDXL_TEXT_2, "openclip"),
+            )
+            why = (
+                f"its UNet takes {file.cross_words} plus size embeddings (label_emb) and it "
+                f"carries two text encoders, {clip_words(file.shapes, encoders[0])} and "
+                f"{clip_words(file.shapes, encoders[1])}"
+            )
+            return full_checkpoint(file, "sdxl", self.title, why, encoders, SDXL_PIPELINE, 1024)
+        if file.has(SDXL_REFINER_TEXT) and not file.has(SDXL_TEXT_2):
+            return Detection(
+                "sdxl-refiner",
+                False,
+                "an SDXL refiner",
+                "it has the SDXL refiner's single OpenCLIP text encoder "
+                "(conditioner.embedders.0.model) and a UNet with "
+                f"{file.cross_words}; HalfSafe runs base models, not refiners.",
+            )
+        return None
+
+    def detect_unet_folder(
+        self, model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
+    ) -> Detection | None:
+        if "text_encoder_2" not in model_index or unet.get("addition_embed_type") != "text_time":
+            return None
+        class_name = str(model_index.get("_class_name", ""))
+        cross = unet.get("cross_attention_dim")
+        cross = cross[0] if isinstance(cross, list) else cross
+        why = (
+            f"its {class_name} has two text encoders and a UNet with {cross}-wide text "
+            "features and text/time embeddings"
+        )
+        return unet_folder("sdxl", self.title, why, class_name, unet, scheduler)
 
     def encode(
         self, pipe, prompt: str, negative: str, device, guidance: bool, clip_skip: int = 1
@@ -80,3 +131,6 @@ class SDXLFamily(StableDiffusionFamily):
         )
         inputs["added_cond_kwargs"] = {"text_embeds": pooled, "time_ids": time_ids}
         return inputs
+
+
+SDXL_PIPELINE = "StableDiffusionXLPipeline"

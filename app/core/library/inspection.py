@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.core import architecture as arch
-from app.core import limits
+from app.core import families, limits
 from app.core.checkpoint import (
     SAFETENSORS_SUFFIX,
     read_header,
@@ -110,7 +110,7 @@ def _inspect(path: Path, kind: str) -> LibraryEntry:
             supported=True,
             detected_because=transformer.because,
         )
-    detection = arch.detect_architecture(
+    detection = families.detect_architecture(
         header.shapes(), metadata=header.metadata, name=path.name, sidecar_config=sidecar_text
     )
     problem = arch.shape_problem(header.shapes(), detection) if detection.supported else None
@@ -189,7 +189,7 @@ def _inspect_folder(path: Path) -> LibraryEntry:
                 dtypes.extend(read_safetensors_header(file).dtypes().values())
             except BadFileError as error:
                 return LibraryEntry(str(path), None, None, size, str(error), format="diffusers")
-    detection = arch.detect_from_configs(index, unet, scheduler)
+    detection = families.detect_from_configs(index, unet, scheduler)
     dtype = stored_dtype(dtypes)
     return LibraryEntry(
         str(path),

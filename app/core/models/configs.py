@@ -9,20 +9,20 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from app.core import architecture as arch
 from app.core import limits, paths
 from app.core.errors import BadFileError
+from app.core.families.registry import FAMILIES
 
 
 def config_folder(name: str) -> Path:
-    """The ready-to-use diffusers config folder for `name` (one of architecture.CONFIG_NAMES).
+    """The ready-to-use diffusers config folder for `name` (a family's `checkpoint_configs`).
 
     The shipped folder (`resources/configs/<name>`) holds the JSON configs; the tokenizer
     folders get the shared CLIP vocabulary and merges (`resources/tokenizers/clip`) copied in.
     The result lives in the cache directory, keyed by the content of both, and is built once;
     it is what `from_single_file(..., config=...)` and our own loader read.
     """
-    if name not in arch.CONFIG_NAMES:
+    if not any(name in family.checkpoint_configs for family in FAMILIES):
         raise ValueError(f"no shipped config named {name!r}")
     shipped = paths.resource("configs", name)
     vocabulary = paths.resource("tokenizers", "clip")

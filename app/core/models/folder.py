@@ -10,7 +10,11 @@ from app.core import architecture as arch
 from app.core import limits
 from app.core.checkpoint import read_safetensors_header, scan_weights, stored_dtype
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
-from app.core.families.registry import families_words, family_of_architecture
+from app.core.families.registry import (
+    detect_from_configs,
+    families_words,
+    family_of_architecture,
+)
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models import assembly
 from app.core.models.assembly import first_line
@@ -89,7 +93,7 @@ def load_folder(
     )
     for name in sorted(components):
         check_files(path / name)
-    detection = arch.detect_from_configs(index, unet_config, scheduler_config)
+    detection = detect_from_configs(index, unet_config, scheduler_config)
     if not detection.supported:
         raise UnsupportedModelError(
             path, f"this looks like {detection.looks_like}: {detection.because}"

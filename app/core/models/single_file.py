@@ -19,7 +19,7 @@ from app.core.checkpoint import (
     stored_dtype,
 )
 from app.core.errors import HalfSafeError, UnsupportedModelError
-from app.core.families.registry import file_layout_words
+from app.core.families.registry import detect_architecture, file_layout_words
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models.assembly import assign, built, empty, infer, nbytes
 from app.core.models.configs import config_folder, read_json
@@ -70,7 +70,7 @@ def load_single_file(
         )
     hasher = Hasher(path)
     try:
-        detection = arch.detect_architecture(
+        detection = detect_architecture(
             checkpoint.shapes,
             metadata=checkpoint.metadata,
             name=path.name,
