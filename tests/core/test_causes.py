@@ -5,6 +5,8 @@ the layer and a proved lower weight), an attention kernel that returns NaN on on
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -208,6 +210,60 @@ def test_state_poisoned_after_the_first_run_is_a_state_fault_fixed_by_reloading(
         assert not torch.allclose(encoded_at(0.0), encoded_at(2.0), atol=1e-5)
 
 
+def test_state_gone_bad_beside_a_true_overflow_is_named_and_the_overflow_still_fixed(
+    tmp_path, monkeypatch
+):
+    """A VAE poisoned in memory in a model whose UNet truly overflows fp16: the precision
+    search fixes the UNet and nothing fixes the VAE, so the VAE alone is the suspect; reloaded,
+    it runs, and the check run again on it proves the UNet's precision fix, which is the one
+    remembered (the reload is the moment's)."""
+    from app.core.fixing import profiles
+    from app.core.models import load_model
+    from tests.core.test_health import plant
+
+    folder = tmp_path / "tiny"
+    plant(build_tiny_sd_pipeline(), "unet_ff").save_pretrained(folder)
+    model = load_model(str(folder))
+    overflow_alone = check(model)
+    assert overflow_alone.cause.kind == "precision" and overflow_alone.cause.component == "unet"
+    with torch.no_grad():  # then a bug leaves NaN in the loaded VAE (its file is fine)
+        model.pipeline.vae.decoder.conv_in.weight[0, 0, 0, 0] = float("nan")
+    remembered: list[dict] = []
+    monkeypatch.setattr(profiles, "remember_fix", lambda _k, _d, s, *a, **k: remembered.append(s))
+
+    report = check(model, remember=True)
+
+    assert report.cause is not None and report.cause.kind == "state"
+    assert report.cause.component == "vae" and report.cause.action == "reload"
+    assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
+    assert report.fix.steps[0] == "reload the VAE"
+    assert report.fix.settings == overflow_alone.fix.settings  # the UNet's precision fix
+    assert report.components["unet"].status == "overflow"
+    assert report.components["vae"].status == "ok"  # the reloaded VAE, checked again
+    assert "VAE in memory went bad" in report.headline and "UNet" in report.headline
+    assert remembered == [overflow_alone.fix.settings]
+    # The model in memory runs the reloaded VAE: with the fix, it checks healthy.
+    fixed = replace(FP16, **overflow_alone.fix.settings)
+    again = causes.check_and_attribute(
+        model, precision=fixed, device="cpu", size=64, remember=False, measure_cost=False
+    )
+    assert again.verdict == "healthy"
+
+
+def test_a_part_no_precision_fixes_is_said_alone_with_its_verb():
+    """The broken headline names the parts nothing fixed, not every failed one."""
+    from app.core.health.report import headline
+    from tests.core.test_health import plant
+
+    model = loaded(plant(build_tiny_sd_pipeline(), "unet_ff"))
+    with torch.no_grad():  # gone bad after loading (no reload to prove it here)
+        model.pipeline.vae.decoder.conv_in.weight[0, 0, 0, 0] = float("nan")
+    report = check(model, reload=lambda: (_ for _ in ()).throw(OSError("gone")))
+    assert report.verdict == "broken" and report.cause is None
+    assert report.unfixed == ["vae"]
+    assert headline(report).startswith("Broken: the VAE gives no finite output")
+
+
 def test_a_plain_overflow_is_a_precision_cause_without_extra_runs():
     from tests.core.test_health import plant
 
@@ -323,6 +379,27 @@ def test_the_nan_watch_reloads_a_component_gone_bad_in_memory(tmp_path):
     assert image.non_finite == 0.0 and "reload" in image.fixes_applied[-1]
     assert torch.isfinite(model.pipeline.vae.decoder.conv_in.weight).all()
     assert result.to_json()["model"]["loras"] == []
+
+
+@pytest.mark.slow
+def test_the_nan_watch_reloads_a_part_gone_bad_beside_a_true_overflow(tmp_path):
+    """The UNet truly overflows fp16 and the VAE went bad in memory: the image is made again
+    on the reloaded VAE with the UNet's precision repair, and says both."""
+    from app.core.models import load_model
+    from tests.core.test_health import plant
+
+    folder = tmp_path / "tiny"
+    plant(build_tiny_sd_pipeline(), "unet_ff").save_pretrained(folder)
+    model = load_model(str(folder))
+    with torch.no_grad():
+        model.pipeline.vae.decoder.conv_in.weight[0, 0, 0, 0] = float("nan")
+
+    (image,) = generate(model, tmp_path / "out").images
+
+    assert image.status == "fixed" and image.cause == "state" and image.non_finite == 0.0
+    assert "reload the VAE" in image.fixes_applied
+    assert any("UNet" in fix for fix in image.fixes_applied[:-1])  # its own precision repair
+    assert torch.isfinite(model.pipeline.vae.decoder.conv_in.weight).all()
 
 
 @pytest.mark.slow

@@ -43,16 +43,17 @@ from app.core.causes.records import (
     LoraBlame,
     layer_name,
 )
-from app.core.components import Verdict, in_run_order
+from app.core.components import Verdict, in_run_order, join_words
 from app.core.components import words as component_words
 from app.core.fixing import diagnosis
-from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality, compare
+from app.core.fixing.quality import QUALITY_CEILING_DB, QUALITY_THRESHOLD_DB, Quality, compare
 from app.core.health import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
     DEFAULT_STEPS,
     HealthReport,
     ProbeRun,
+    component_of_tensor,
     damaged_files,
     probe_run,
 )
@@ -197,7 +198,7 @@ def attribute(
         )
         return Cause(
             "weights",
-            component,
+            component_of_tensor(report.weights_non_finite[0]) or component,
             f"{where} hold NaN or Inf values ({report.weights_non_finite[0]}"
             f"{' and more' if len(report.weights_non_finite) > 1 else ''}): the file is "
             "damaged, and no setting can repair it.",
@@ -243,10 +244,12 @@ def attribute(
     if cause is not None:
         return cause
     # State gone bad (NaN in a weight or buffer) survives every precision change, so a
-    # verified precision fix rules it out without reloading anything.
+    # verified precision fix rules it out without reloading anything. Where the search fixed
+    # some failed parts (a real overflow) and not others, the others are the suspects.
     if report.fix is None or not report.fix.verified:
         cancel.raise_if_cancelled()
-        cause = _state_cause(runs, report, component, applied, reload, progress)
+        suspects = report.unfixed or [component]
+        cause = _state_cause(runs, report, suspects, applied, reload, progress)
         if cause is not None:
             return cause
     if report.fix is not None and report.fix.verified:
@@ -636,9 +639,14 @@ def _blamed(report, cause: Cause, foreign, comparison) -> Cause:
     )
 
 
-def _state_cause(runs: _Runs, report, component: str, applied, reload, progress) -> Cause | None:
-    """A fresh load of the failing component, LoRAs applied again, under the same plan."""
-    progress(f"Re-running with a freshly loaded {component_words(component)}", 0, 1)
+def _state_cause(
+    runs: _Runs, report, suspects: list[str], applied, reload, progress
+) -> Cause | None:
+    """The suspects freshly loaded, LoRAs applied again: under the check's plan, or, where
+    another failed part overflows at that plan (its precision fix is found apart), under
+    fp32, where the parts in memory failed too."""
+    words = join_words(suspects)
+    progress(f"Re-running with a freshly loaded {words}", 0, 1)
     try:
         fresh = reload() if reload is not None else _load_again(runs.model)
     except Exception as error:  # noqa: BLE001 - a reload that fails proves nothing either way
@@ -647,24 +655,44 @@ def _state_cause(runs: _Runs, report, component: str, applied, reload, progress)
         return None
     if applied:
         lora.reapply(fresh.pipeline, applied)
-    module = getattr(fresh.pipeline, component, None)
-    if module is None:
+    modules = {name: getattr(fresh.pipeline, name, None) for name in suspects}
+    if any(module is None for module in modules.values()):
         return None
     twin_pipeline = copy.copy(runs.model.pipeline)
-    object.__setattr__(twin_pipeline, component, module)
+    for name, module in modules.items():
+        object.__setattr__(twin_pipeline, name, module)
     twin = replace(runs.model, pipeline=twin_pipeline)
-    ok, quality, _ = runs.proved(runs.plan, diagnosis.fp32_reference(runs.plan), twin)
+    reference = diagnosis.fp32_reference(runs.plan)
+    overflowing = [
+        n
+        for n, c in report.components.items()
+        if c.status.failed and n not in suspects and c.fed_by is None
+    ]
+    if overflowing:
+        # fp32 is the reference itself: finite is the proof, the overflow's fix is the check's
+        # to find again on the repaired model (`causes.check`).
+        ok, quality = runs.run(reference, twin).finite, Quality(QUALITY_CEILING_DB)
+    else:
+        ok, quality, _ = runs.proved(runs.plan, reference, twin)
     if not ok or quality is None:
         return None
-    # The repair, applied: the model in memory runs the fresh component from now on.
-    object.__setattr__(runs.model.pipeline, component, module)
-    words = component_words(component)
+    # The repair, applied: the model in memory runs the fresh parts from now on.
+    for name, module in modules.items():
+        object.__setattr__(runs.model.pipeline, name, module)
+    plural = len(suspects) > 1
+    proof = (
+        f"freshly loaded, {'they run' if plural else 'it runs'} finite in fp32, where the "
+        f"{words} in memory did not"
+        if overflowing
+        else f"a freshly loaded {words} gives the right answer (verified: finite, "
+        f"{quality.words()})"
+    )
     return Cause(
         "state",
-        component,
-        f"The {words} in memory went bad after loading (its file is fine): a freshly loaded "
-        f"{words} gives the right answer (verified: finite, {quality.words()}). HalfSafe "
-        f"reloaded it; in another app, restart it or reload the model.",
+        suspects[0],
+        f"The {words} in memory went bad after loading (the file is fine): {proof}. HalfSafe "
+        f"reloaded {'them' if plural else 'it'}; in another app, restart it or reload the "
+        "model.",
         f"reload the {words}",
         "reload",
         verified=True,

@@ -91,25 +91,29 @@ def check_and_attribute(
     """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
     verified kernel or state repair becomes the report's fix. See `attribute` for `reload`;
     `images`, `mask`, `use_remembered` and `canvas` as `check_loaded` takes them."""
-    report = check_loaded(
-        model,
-        precision=precision,
-        device=device,
-        size=size,
-        steps=steps,
-        scheduler=scheduler,
-        clip_skip=clip_skip,
-        prompt=prompt,
-        images=images,
-        mask=mask,
-        canvas=canvas,
-        on_progress=on_progress,
-        cancel=cancel,
-        # Remembered below, once the cause is known and the whole check has run.
-        remember=False,
-        measure_cost=measure_cost,
-        use_remembered=use_remembered,
-    )
+
+    def checked() -> HealthReport:
+        return check_loaded(
+            model,
+            precision=precision,
+            device=device,
+            size=size,
+            steps=steps,
+            scheduler=scheduler,
+            clip_skip=clip_skip,
+            prompt=prompt,
+            images=images,
+            mask=mask,
+            canvas=canvas,
+            on_progress=on_progress,
+            cancel=cancel,
+            # Remembered below, once the cause is known and the whole check has run.
+            remember=False,
+            measure_cost=measure_cost,
+            use_remembered=use_remembered,
+        )
+
+    report = checked()
     applied_loras = list(getattr(model, "loras", []))  # the report names them; these hold them
     report.notes.extend(
         problem for applied in applied_loras if (problem := applied.file.problems()) is not None
@@ -130,7 +134,10 @@ def check_and_attribute(
         reload=reload,
     )
     report.cause = cause
-    if cause is not None and cause.kind == "intermittent":
+    if cause is not None and cause.kind == "state" and _failed_beside(report, cause):
+        # The parts gone bad are reloaded; what else failed is checked again on them.
+        report = _beside_state(checked(), cause)
+    elif cause is not None and cause.kind == "intermittent":
         _not_the_model(report)
     elif cause is not None:
         _adopt(report, cause)
@@ -156,7 +163,11 @@ def _remember(model, report: HealthReport) -> None:
     fix, cause = report.fix, report.cause
     if report.verdict is not Verdict.FIXABLE or fix is None or not fix.verified:
         return
-    if cause is not None and cause.kind not in ("precision", "kernel"):
+    # A state repair is the moment's (a reload); the precision fix the check found beside it,
+    # on the reloaded parts, is the model's.
+    if cause is not None and cause.kind not in ("precision", "kernel", "state"):
+        return
+    if not fix.settings:
         return
     from app.core.fixing import profiles
 
@@ -170,6 +181,31 @@ def _remember(model, report: HealthReport) -> None:
         parts=model.components,
         warn=report.notes.append,
     )
+
+
+def _failed_beside(report: HealthReport, cause: Cause) -> bool:
+    """Whether a part other than those the state cause reloaded failed on its own inputs."""
+    reloaded = report.unfixed or [cause.component]
+    return any(
+        c.status.failed and name not in reloaded and c.fed_by is None
+        for name, c in report.components.items()
+    )
+
+
+def _beside_state(report: HealthReport, cause: Cause) -> HealthReport:
+    """The check run again once the parts gone bad in memory were reloaded: its verdict and
+    precision fix for what else failed (a real overflow), with the state cause beside it."""
+    if report.verdict is Verdict.HEALTHY:
+        report.cause = cause
+        _adopt(report, cause)
+        return report
+    said = report.headline
+    report.cause = cause
+    report.notes.append(cause.summary)
+    if report.verdict is Verdict.FIXABLE and report.fix is not None:
+        report.fix.steps = [cause.repair, *report.fix.steps]
+    cause.headline = f"{said} Before that, {cause.summary[:1].lower()}{cause.summary[1:]}"
+    return report
 
 
 def _not_the_model(report: HealthReport) -> None:

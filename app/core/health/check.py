@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
-from app.core.components import Verdict, join_words
+from app.core.components import Verdict, in_run_order, join_words
 from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
@@ -475,10 +475,12 @@ class _Check:
                 "overflow, and no precision setting can repair it."
             )
         if not self.broken:
+            unfixed = in_run_order(self.search.unfixed)
             self.notes.append(
-                f"The {join_words(self.search.unfixed)} gives no finite output that agrees with "
-                "fp32 under any precision setting, so the cause is not precision (the "
-                "weights, a LoRA or a kernel: see the cause, where one was found)."
+                f"The {join_words(unfixed)} {'gives' if len(unfixed) == 1 else 'give'} no "
+                "finite output that agrees with fp32 under any precision setting, so the cause "
+                "is not precision (the weights, a LoRA, a kernel or state gone bad in memory: "
+                "see the cause, where one was found)."
             )
 
     def proved_fix(self, failed: list[str]) -> Fix:
@@ -570,6 +572,7 @@ def _report(
         ),
         loras=[LoraIdentity.of(applied) for applied in getattr(model, "loras", [])],
         tried=list(check.search.candidates),
+        unfixed=in_run_order(check.search.unfixed),
         weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
         mode=(pictures.mode if pictures else Mode.TEXT).value,
         pictures=list(pictures.sources) if pictures else [],

@@ -193,6 +193,9 @@ class HealthReport:
     # Every fix candidate the check re-ran, ranked per component, verified or not (kept also
     # when nothing was verified: the cause's kernel probe reuses their re-runs). Not reported.
     tried: list[diagnosis.CandidateResult] = field(default_factory=list, repr=False)
+    # The failed components no precision setting made finite and right (in run order): what a
+    # broken verdict is about. Not reported (each one's status is).
+    unfixed: list[str] = field(default_factory=list, repr=False)
     # Quantized weights that decode wrongly (QuantFinding.to_json each): a loader's or a
     # conversion's fault, told apart from overflow.
     weights_bad_quantized: list[dict[str, Any]] = field(default_factory=list)
@@ -327,9 +330,10 @@ def headline(report: HealthReport) -> str:
                 f"precision setting can repair {'that file' if len(files) == 1 else 'them'}."
             )
         failed = [n for n, c in components.items() if c.status.failed]
+        unfixed = report.unfixed or failed or list(components)
         return (
-            f"Broken: the {join_words(failed or list(components))} gives no finite output that "
-            "agrees with fp32 under any precision setting."
+            f"Broken: the {join_words(unfixed)} {'gives' if len(unfixed) == 1 else 'give'} no "
+            "finite output that agrees with fp32 under any precision setting."
         )
     if report.verdict is Verdict.FIXABLE and report.fix is not None:
         failed = [n for n, c in components.items() if c.status.failed]
