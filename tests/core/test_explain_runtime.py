@@ -109,6 +109,33 @@ def test_a_black_comfyui_image_with_a_cache_rules_the_cache_out_first(tmp_path, 
     assert any("step cache (EasyCache)" in note for note in document["notes"])
 
 
+@pytest.mark.parametrize(
+    ("version", "switch"),
+    [
+        ("0.3.40", "--disable-smart-memory"),
+        ("0.16.2", "--disable-dynamic-vram"),
+        (None, "--disable-dynamic-vram"),
+    ],
+)
+def test_a_comfyui_workflow_older_than_dynamic_vram_names_smart_memory(
+    tmp_path, home, capsys, version, switch
+):
+    """A workflow whose core nodes come from before DynamicVRAM was ComfyUI's default names
+    the memory manager of its time, whose switch covers both."""
+    workflow = json.loads(comfy_workflow("missing.safetensors"))
+    if version is not None:
+        for node in workflow["nodes"]:
+            node["properties"] = {"cnr_id": "comfy-core", "ver": version}
+    image = comfy_png(tmp_path, comfy_prompt("missing.safetensors"), json.dumps(workflow))
+    assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert switch in document["message"]
+    assert document["memory_manager"]["switch"] == f"start ComfyUI with {switch}"
+    assert ("DynamicVRAM (on by default" in document["message"]) == (
+        switch != "--disable-smart-memory"
+    )
+
+
 def test_a_forge_image_names_forges_swap_settings(tmp_path, home, capsys):
     image = png_text(tmp_path / "f.png", {"parameters": forge_parameters()})
     assert main(["explain", str(image), "--json"]) == 1

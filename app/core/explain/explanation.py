@@ -158,7 +158,7 @@ class Explanation:
         return self.status in PROBLEMS
 
     def _memory_manager(self) -> dict[str, Any] | None:
-        manager = runtime.MEMORY_MANAGERS.get(self.made_by)
+        manager = runtime.memory_manager(self.made_by, self.record.version)
         named = self.next_steps is not None or (
             self.check is not None and self.check.verdict == "healthy"
         )
@@ -672,7 +672,7 @@ def _check_words(explanation: Explanation) -> str:
         suspect += " " + runtime.RUNTIME_WORDS["cache_suspect"].format(nodes=nodes, first=first)
     tool = TOOLS.get(explanation.made_by)
     if tool is not None and explanation.made_by != "halfsafe":
-        suspect += " " + runtime.state_words(explanation.made_by, tool.name)
+        suspect += " " + runtime.state_words(explanation.made_by, tool.name, record.version)
     if record.device_name == report.device.name:
         return (
             "The health check at the image's settings did not overflow on this device "

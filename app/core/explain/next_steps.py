@@ -136,6 +136,7 @@ class NextSteps:
     rule_out: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     switches: list[Switch] = field(default_factory=list)
     add_folder: bool = True
+    version: str | None = None  # the tool's version, as its record names it
 
     @property
     def how(self) -> str:
@@ -242,6 +243,7 @@ def plan(
         rule_out,
         _switches(tool, order, family, record),
         add_folder,
+        record.version,
     )
 
 
@@ -332,7 +334,7 @@ def words(steps: NextSteps) -> str:
             )
         )
     if steps.tool != "halfsafe":
-        sentences.append(runtime.state_words(steps.tool, TOOLS[steps.tool].name))
+        sentences.append(runtime.state_words(steps.tool, TOOLS[steps.tool].name, steps.version))
     if steps.add_folder:
         sentences.append(STEP_WORDS["add_folder"])
     return " ".join(sentences)

@@ -145,6 +145,18 @@ _COMFY_MANAGER = MemoryManager(
     "ComfyUI issue 15452: a reused model gives NaN or black output on VAE decode where a "
     "fresh load does not",
 )
+# Before DynamicVRAM (made the default in ComfyUI's 0.15 line, February-March 2026: ComfyUI
+# pull request 12658), ComfyUI's smart memory kept a model in VRAM between jobs; its switch
+# turns DynamicVRAM off too from then on (pull request 12722).
+_COMFY_SMART_MEMORY = MemoryManager(
+    "comfyui",
+    "smart memory",
+    "on by default before DynamicVRAM replaced it in ComfyUI 0.15 (March 2026), and its "
+    "switch turns DynamicVRAM off too in later versions",
+    "start ComfyUI with --disable-smart-memory",
+    "ComfyUI's --disable-smart-memory: offload models to RAM instead of keeping them in VRAM",
+)
+DYNAMIC_VRAM_SINCE = (0, 15)
 MEMORY_MANAGERS = {
     "comfyui": _COMFY_MANAGER,
     # SwarmUI generates through a ComfyUI backend: the switch goes in its ExtraArgs.
@@ -199,10 +211,22 @@ def cache_nodes(caches: list[RecordedCache]) -> str:
     return ", ".join(dict.fromkeys(c.node for c in caches))
 
 
-def state_words(tool: str, tool_name: str) -> str:
+def memory_manager(tool: str, version: str | None = None) -> MemoryManager | None:
+    """The memory manager of the tool that made an image, for the version its record names
+    where that matters (a ComfyUI workflow whose newest core node is older than DynamicVRAM:
+    the smart memory before it, whose switch covers both)."""
+    if tool == "comfyui" and version is not None:
+        numbers = tuple(int(p) for p in version.lstrip("v").split(".")[:2] if p.isdigit())
+        if len(numbers) == 2 and numbers < DYNAMIC_VRAM_SINCE:
+            return _COMFY_SMART_MEMORY
+    return MEMORY_MANAGERS.get(tool)
+
+
+def state_words(tool: str, tool_name: str, version: str | None = None) -> str:
     """What rules out a part gone bad in the tool's memory: its memory manager and switch
-    where HalfSafe knows one, otherwise a fresh start of the tool."""
-    manager = MEMORY_MANAGERS.get(tool)
+    where HalfSafe knows one (for the tool's version, where its record names one), otherwise a
+    fresh start of the tool."""
+    manager = memory_manager(tool, version)
     if manager is None:
         return RUNTIME_WORDS["fresh_start"].format(tool=tool_name)
     return RUNTIME_WORDS["manager"].format(
