@@ -448,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
         "hires_scale",
         "hires_steps",
         "hires_denoise",
+        "step_cache",
     ):
         gen.add_argument(
             "--" + key.replace("_", "-"),

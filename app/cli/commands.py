@@ -165,6 +165,7 @@ def generate_request(args, values: dict[str, Any], native_size: int) -> Generate
             denoise=values["hires_denoise"],
             upscaler=values["hires_upscaler"],
         ),
+        step_cache=values["step_cache"],
     )
     return GenerateRequest(
         generation=generation,

@@ -26,9 +26,11 @@ def describe(
     precision: PrecisionSettings,
     *,
     intermittent: bool = False,
+    cached: bool = False,
 ) -> ImageResult:
     """The entry for one image. `intermittent`: the image is still non-finite, and the part
-    that failed came out finite when it ran again unchanged (checked when repairs are asked)."""
+    that failed came out finite when it ran again unchanged (checked when repairs are asked);
+    `cached`: still non-finite from a denoiser run with the step cache, never ruled out."""
     stats = outcome.stats
     fixes = list(repair.fixes) if repair else []
     still = failure(outcome)
@@ -63,6 +65,12 @@ def describe(
                 f"{_box_words(stats.non_finite_box)}); "
                 "the NaN watch was off, so which part failed is not known: turn it on to find "
                 "and repair it."
+            )
+        elif cached:
+            entry.message = (
+                f"{where} with the step cache on, so {share}. A NaN a cache holds repeats in "
+                "every later step: make the image again with Step cache 0 before any precision "
+                "fix (with Auto fix on, HalfSafe does that itself)."
             )
         elif intermittent:
             entry.cause = "intermittent"
@@ -107,6 +115,13 @@ def describe(
         entry.message = (
             "This image is almost completely black but holds no NaN, so nothing overflowed; "
             "that may be what the prompt asks for, so try another seed or a brighter prompt."
+        )
+    elif repair is not None and repair.cause == "cache":
+        entry.status = "fixed"
+        entry.message = (
+            f"{where} with the step cache on; made again without it (same seed, same "
+            f"settings), it came out finite: {cause_words('cache')}. No precision fix is kept "
+            "for it; set Step cache to 0, or lower it, for this model."
         )
     elif repair is not None and repair.cause == "intermittent":
         entry.status = "fixed"

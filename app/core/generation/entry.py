@@ -15,6 +15,7 @@ from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.fixing import diagnosis
 from app.core.fixing.remembered_fix import RememberedFix
+from app.core.generation import step_cache
 from app.core.generation.describe import describe
 from app.core.generation.job import Job
 from app.core.generation.parameters import parameters
@@ -46,7 +47,17 @@ from app.core.settings import FIELDS, PrecisionSettings
 
 
 def _checked_request(request: GenerationRequest, mode: Mode) -> GenerationRequest:
-    for key in ("steps", "cfg", "seed", "width", "height", "batch", "scheduler", "clip_skip"):
+    for key in (
+        "steps",
+        "cfg",
+        "seed",
+        "width",
+        "height",
+        "batch",
+        "scheduler",
+        "clip_skip",
+        "step_cache",
+    ):
         try:
             FIELDS[key].validate(getattr(request, key))
         except ValueError as error:
@@ -230,6 +241,7 @@ def _generate_unsaved(
         or family.size_problem(pipeline, *request.drawn_size())
         or family.clip_skip_problem(request.clip_skip)
         or (family.picture_problem(pipeline, Mode.IMAGE) if request.hires.on else None)
+        or (step_cache.problem(getattr(pipeline, family.denoiser)) if request.step_cache else None)
     )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
@@ -323,11 +335,14 @@ def _generate_unsaved(
             suggestion = None
             intermittent = False
             still = failure(outcome)
-            if still is not None and auto_fix == "ask":
+            # A denoiser that went non-finite with the step cache on: the cache comes first
+            # (a part re-run alone runs without it, so it would look intermittent).
+            cached = still is not None and still == outcome.denoiser and outcome.step_cache > 0
+            if still is not None and auto_fix == "ask" and not cached:
                 # The quick test starts by running the failing part again unchanged: a NaN that
                 # does not come back is no precision problem, so no precision fix is offered.
                 intermittent = not job.recurs(still, outcome)
-            if still is not None and auto_fix in ("off", "ask") and not intermittent:
+            if still is not None and auto_fix in ("off", "ask") and not (intermittent or cached):
                 suggestion = job.suggest(still, outcome, verify=auto_fix == "ask")
             entries.append(
                 describe(
@@ -343,6 +358,7 @@ def _generate_unsaved(
                     request,
                     precision,
                     intermittent=intermittent,
+                    cached=cached,
                 )
             )
             if entries[-1].first_bad_module is None and entries[-1].component:

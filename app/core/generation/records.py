@@ -63,6 +63,8 @@ class GenerationRequest:
     clip_skip: int = 1
     # Hires fix: a second pass at a larger size from the first pass's latents (text-to-image).
     hires: Hires = field(default_factory=Hires)
+    # The step cache's threshold (`step_cache`; 0: every step computed in full).
+    step_cache: float = 0.0
 
     def drawn_size(self) -> tuple[int, int]:
         """(width, height) of the picture the job's last pass draws and its VAE decodes."""
@@ -159,6 +161,7 @@ class GenerationResult:
             "canvas": self._canvas_json(),
             "clip_skip": self.request.clip_skip,
             "hires": self._hires_json(),
+            "step_cache": self.request.step_cache,
             "warnings": list(self.warnings),
             "memory": self.memory.to_json() if self.memory is not None else None,
         }

@@ -32,7 +32,8 @@ class Repair:
     quality: Quality | None = None  # the worst of its repairs against fp32
     # "kernel" when the repairs only switched the attention backend (the same precision, as
     # `causes` classifies a check's fix), "intermittent" when the image made again unchanged
-    # came out finite (no fix at all), else "precision".
+    # came out finite (no fix at all), "cache" when made again without the step cache it did,
+    # else "precision".
     cause: str = "precision"
 
 
@@ -72,6 +73,11 @@ class Repairs(Probes):
         and if that comes out finite the fault was intermittent (`causes`): that image is kept
         and no precision fix is tried or remembered."""
         component = failure(outcome)
+        if component and component == outcome.denoiser and outcome.step_cache > 0:
+            outcome, uncached = self._without_cache(index, seed, outcome, total)
+            if uncached is not None:
+                return uncached
+            component = failure(outcome)
         if component:
             again = self._same_again(index, seed, component, outcome, total)
             if again is not None:
@@ -115,6 +121,24 @@ class Repairs(Probes):
         if diagnosis.switched_backend(result.settings, self.plan) is not None:
             result.cause = "kernel"
         return result
+
+    def _without_cache(
+        self, index: int, seed: int, outcome: Outcome, total: int
+    ) -> tuple[Outcome, Repair | None]:
+        """The image made again with the step cache off, before any other repair is believed
+        (a NaN a cache holds repeats in every later step); the cache stays off for the rest of
+        the job. Right then, the cache was the cause; still non-finite, that run is the one
+        repaired."""
+        self.step_cache = 0.0
+        self.progress(f"Image {index + 1} of {total}: making it again without the step cache", 0, 1)
+        self.stage = "Making the image again"
+        try:
+            again = self.run(outcome.plan, [seed])[0]
+        finally:
+            self.stage = "Generating"
+        if failure(again) is not None:
+            return again, None
+        return again, Repair(again, fixes=["made again without the step cache"], cause="cache")
 
     def _same_again(
         self, index: int, seed: int, component: str, outcome: Outcome, total: int

@@ -11,6 +11,7 @@ from typing import Any
 from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
 from app.core.fixing.quality import Quality
+from app.core.generation import step_cache
 from app.core.generation.preview import colours_for, latent_preview
 from app.core.generation.records import GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
@@ -56,6 +57,7 @@ class Outcome:
     unet_input: dict[str, Any] | None = None  # the denoiser call that went non-finite
     watched: bool = True
     denoiser: str = "unet"  # the family's denoiser component
+    step_cache: float = 0.0  # the step cache's threshold it was denoised with (0: none)
 
 
 def failure(outcome: Outcome) -> str | None:
@@ -120,6 +122,9 @@ class Stages:
         # that identical re-run went non-finite again (`probes.first_bad_module`).
         self._probed: dict[tuple[str, int], tuple[Any, str | None]] = {}
         self.recurred: dict[tuple[str, int], bool] = {}
+        # The step cache's threshold the job denoises with (`step_cache`): 0 once a failure
+        # made it rule the cache out, for the rest of the job.
+        self.step_cache = request.step_cache
 
     def _colours(self, plan: PrecisionPlan):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
@@ -347,7 +352,11 @@ class Stages:
             return {}
 
         try:
-            with backend_flags(plan), torch.inference_mode():
+            with (
+                backend_flags(plan),
+                torch.inference_mode(),
+                step_cache.cached(denoiser, self.step_cache),
+            ):
                 output = pipe(
                     **embeds,
                     **arguments,
@@ -468,6 +477,7 @@ class Stages:
                     unet_input=failed_watch.failing_input(index) if failed_watch else None,
                     watched=self.watch,
                     denoiser=self.family.denoiser,
+                    step_cache=self.step_cache,
                 )
             )
         return outcomes

@@ -13,6 +13,10 @@ CAUSE_WORDS = {
         "the NaN did not come back on an identical re-run: a kernel or device fault that "
         "strikes at random, not the model"
     ),
+    "cache": (
+        "the step cache: made again without it, the image came out right, so the NaN was one "
+        "the cache held and replayed, not the model's"
+    ),
 }
 
 

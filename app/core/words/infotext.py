@@ -213,6 +213,10 @@ HIRES_UPSCALE = Key("Hires upscale", "hires fix: the second pass's size over the
 HIRES_RESIZE = Key("Hires resize", "hires fix: the second pass's size, where set instead", "size")
 HIRES_STEPS = Key("Hires steps", "hires fix: the second pass's steps (0: the first's)", "int")
 HIRES_UPSCALER = Key("Hires upscaler", "hires fix: how the first picture was enlarged")
+# Named as the step-cache extensions name theirs, so that explain reads it as one.
+STEP_CACHE = _halfsafe(
+    "First block cache", "the step cache's threshold (written when on): steps were skipped", "float"
+)
 MASK = _halfsafe("Mask", "inpainting: the mask's file name (white was painted again)")
 INPUT_PICTURE = _halfsafe(
     "Input picture",
@@ -322,6 +326,7 @@ KEYS: tuple[Key, ...] = (
     HIRES_RESIZE,
     HIRES_STEPS,
     HIRES_UPSCALER,
+    STEP_CACHE,
     MASK_BLUR,
     INPAINT_AREA,
     MASKED_AREA_PADDING,
