@@ -25,7 +25,7 @@ def detect_from_configs(
     if "transformer" in model_index:
         for family in FAMILIES:
             if family.recognises(class_name):
-                return family.detect_folder(model_index, unet)
+                return family.detect_folder(model_index, unet, scheduler)
     cross = unet.get("cross_attention_dim")
     cross = cross[0] if isinstance(cross, list) else cross
     in_channels = unet.get("in_channels", 4)

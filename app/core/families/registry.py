@@ -5,7 +5,7 @@ name is shown. Code outside `app/core/families/` asks here and never names a fam
 from __future__ import annotations
 
 from app.core.errors import HalfSafeError
-from app.core.families.base import Family, FamilyId
+from app.core.families.base import Family, FamilyId, GenerationDefaults
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
@@ -117,3 +117,19 @@ def architecture_title(architecture: str | None) -> str:
         if base in candidate.architectures and variant in _VARIANT_WORDS:
             return f"{candidate.architectures[base]} {_VARIANT_WORDS[variant]}"
     return architecture
+
+
+def generation_defaults(architecture: str | None) -> GenerationDefaults | None:
+    """The steps and CFG scale a model of this architecture runs at when the user gives none
+    for the job (Z-Image Turbo's 9 steps without CFG); None where its family states none (the
+    saved settings apply) or the name is unknown."""
+    family = family_of_architecture(architecture or "")
+    return family.generation_defaults(architecture or "") if family is not None else None
+
+
+def profile_architecture(architecture: str) -> str:
+    """The architecture's name in the keys of what is saved per model (remembered fixes and
+    reports): its own, or the name its family keyed that state by before the variant was told
+    apart ("zimage" for Z-Image Turbo and Base), so that nothing saved is lost."""
+    family = family_of_architecture(architecture)
+    return family.profile_name(architecture) if family is not None else architecture
