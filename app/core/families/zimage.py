@@ -294,14 +294,16 @@ class ZImageFamily(ShiftedSigmas, Family):
         which = shift_variant(shift) if shift is not None else TURBO
         if shift is None:
             told = (
-                "it has no scheduler config, which alone tells Turbo from Base, so it is read "
-                "as Turbo"
+                "its scheduler config, the one thing that tells Turbo from Base, is missing or "
+                "states no shift it can be read by, so it is read as Turbo"
             )
         else:
+            released = shift in (TURBO_SHIFT, BASE_SHIFT)
             told = (
-                f"its scheduler shifts the schedule by {shift:g}, as {_TITLES[which]}'s does "
-                f"(Turbo's by {TURBO_SHIFT:g}, Base's by {BASE_SHIFT:g}; nothing else in the "
-                "folder tells them apart)"
+                f"its scheduler shifts the schedule by {shift:g}, "
+                f"{'as' if released else 'nearer'} {_TITLES[which]}'s "
+                f"{'does' if released else 'than the other'} (Turbo's by {TURBO_SHIFT:g}, "
+                f"Base's by {BASE_SHIFT:g}; nothing else in the folder tells them apart)"
             )
         because = (
             f"{_TITLES[which]}: its ZImagePipeline has a single-stream ZImageTransformer2DModel "
