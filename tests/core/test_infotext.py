@@ -138,6 +138,7 @@ def test_a_real_generation_record_round_trips_through_the_table(made):
         infotext.VAE_HASH: hashlib.sha256(vae_file.read_bytes()).hexdigest()[:10],
         infotext.VAE: vae_file.name,
         infotext.RNG: "CPU",
+        infotext.ARCHITECTURE: "sd1",  # which model of its family ran
         **{key: repaired.settings[key.setting] for key in infotext.SETTING_KEYS},
         infotext.DEVICE_NAME: "NVIDIA GeForce GTX 1660",
         infotext.MEMORY_BUDGET: "4.1 GB",
