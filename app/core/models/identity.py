@@ -38,7 +38,7 @@ class Identity:
         from app.core.families.registry import profile_architecture
 
         # The name state was saved under: a variant told apart later keeps its family's old
-        # name here ("zimage" for Z-Image Turbo and Base), so remembered fixes are found again.
+        # name here (`profile_architecture`), so remembered fixes are found again.
         architecture = profile_architecture(architecture)
         self._words = f"{architecture}\0{prediction_type}"
         self._key = json.dumps(["tensors", architecture, *(str(p.resolve()) for p in parts)])
