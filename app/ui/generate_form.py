@@ -337,7 +337,7 @@ class GenerateForm(QWidget):
                 f"<a href='{native}'>Use {native}×{native}</a>"
             )
         else:
-            self.size_hint.setText("")
+            self.size_hint.setText(defaults.strip())
 
     def _defaults_for_model(self, model: ModelSummary, source: str) -> str:
         """A newly loaded model whose family states its own steps and CFG scale starts at them
