@@ -124,10 +124,11 @@ def test_a_transformer_file_is_told_by_its_name_and_says_so(name, expected, star
     assert model is not None and model.architecture == expected
     assert model.because.startswith(start), model.because
     assert model.scheduler["shift"] == (6.0 if expected == BASE else 3.0)
+    assert model.because.count(". ") == 0 and model.because.endswith(".")  # one sentence
     if "name says" in start:  # said why the name decides
         assert "nothing in the file tells Turbo from Base" in model.because
     else:  # nothing told it: said so, and what would
-        assert "Nothing in such a file tells Turbo from Base" in model.because
+        assert "nothing in such a file tells Turbo from Base" in model.because
         assert "its name says neither, so it is read as Turbo, as InvokeAI" in model.because
 
 

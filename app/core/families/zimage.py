@@ -152,7 +152,7 @@ def _read_zimage(shapes: Shapes, prefix: str) -> SplitModel:
             f"Z-Image Turbo: a single-stream transformer in its original layout ({prefix}layers, "
             f"noise_refiner, context_refiner, cap_embedder) with {layers} main and "
             f"{refiners}+{refiners} refiner blocks, {dim} wide, on {latent}-channel latents in "
-            f"2x2 patches, reading {text_width}-wide Qwen3 hidden states; flow matching. {_UNTOLD}"
+            f"2x2 patches, reading {text_width}-wide Qwen3 hidden states; flow matching; {_UNTOLD}"
         ),
         needs=(
             Need(
@@ -179,9 +179,9 @@ def _read_zimage(shapes: Shapes, prefix: str) -> SplitModel:
 
 # What a transformer file's detection says when its name tells neither model.
 _UNTOLD = (
-    "Nothing in such a file tells Turbo from Base (their weights have the same names and "
+    "nothing in such a file tells Turbo from Base (their weights have the same names and "
     "shapes) and its name says neither, so it is read as Turbo, as InvokeAI registers such "
-    "files; a file named for Base (z_image_base_bf16) is read as Base."
+    "files (a file named for Base, z_image_base_bf16, is read as Base)."
 )
 
 
@@ -191,7 +191,7 @@ def _named_zimage(model: SplitModel, file_name: str) -> SplitModel:
     said = _name_says(file_name)
     if said is None:
         return model
-    what = model.because.removeprefix("Z-Image Turbo: ").removesuffix(" " + _UNTOLD)
+    what = model.because.removeprefix("Z-Image Turbo: ").removesuffix("; " + _UNTOLD) + "."
     because = (
         f"{_TITLES[said]}, as the file's name says (nothing in the file tells Turbo from Base: "
         f"their weights have the same names and shapes): {what}"
