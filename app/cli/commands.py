@@ -18,6 +18,7 @@ from app.core.images.pictures import STRENGTH_DEFAULT
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported where a command runs: `halfsafe --version` stays instant
+    from app.core.families.base import GenerationDefaults
     from app.core.generation import GenerationResult
     from app.core.models import LoadedModel
     from app.core.requests.records import CheckRequest, GenerateRequest
@@ -123,7 +124,16 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
     check_pictures(args)
     model = _load(source, args)
-    request = generate_request(args, values, model.native_size)
+    defaults = requested.model_defaults(model)
+    request = generate_request(args, values, model.native_size, defaults)
+    given = vars(args)
+    if defaults is not None and not ("steps" in given and "cfg" in given):
+        generation = request.generation
+        print(
+            f"halfsafe: {generation.steps} steps at CFG scale {generation.cfg:g}, as "
+            f"{defaults.whose} defaults apply where --steps and --cfg are not given.",
+            file=sys.stderr,
+        )
     on_progress = progress_for(sys.stderr)
     try:
         return requested.generate(model, request, on_progress=on_progress)
@@ -133,21 +143,29 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
         on_progress.close()
 
 
-def generate_request(args, values: dict[str, Any], native_size: int) -> GenerateRequest:
+def generate_request(
+    args, values: dict[str, Any], native_size: int, defaults: GenerationDefaults | None = None
+) -> GenerateRequest:
     """`halfsafe generate`'s flags laid over the saved settings (`values`), as the record the
     window's Generate sends. Without --width/--height the image is the model's native size
-    (`native_size`: the demo's 128 px, SDXL's 1024), not the saved 512."""
+    (`native_size`: the demo's 128 px, SDXL's 1024), not the saved 512; without --steps and
+    --cfg, the model's own (`defaults`: Z-Image Turbo's 9 steps at CFG 1) where it states them."""
     from app.core.generation import GenerationRequest
     from app.core.requests.records import GenerateRequest
 
     width, height = cli_image_size(args, values, native_size)
+    given = vars(args)  # a flag not given is absent (argparse.SUPPRESS)
+    steps, cfg = values["steps"], values["cfg"]
+    if defaults is not None:
+        steps = steps if "steps" in given else defaults.steps
+        cfg = cfg if "cfg" in given else defaults.cfg
     images = list(getattr(args, "images", None) or [])
     args_strength = getattr(args, "strength", None)
     generation = GenerationRequest(
         prompt=getattr(args, "prompt", "") or "",
         negative_prompt=values.get("negative_prompt", ""),
-        steps=values["steps"],
-        cfg=values["cfg"],
+        steps=steps,
+        cfg=cfg,
         seed=values["seed"],
         width=width,
         height=height,

@@ -2,14 +2,15 @@
 size, batch, sampler, clip skip), the hires fix, the LoRAs and the input picture. It fills
 itself from the settings or from an image's parameters, reads back the request they make, and
 keeps the last-used values. The size follows what the loaded model was made for and the input
-picture's proportions, until the user sets it."""
+picture's proportions, until the user sets it; steps and CFG scale start at the loaded model's
+own where its family states them (Z-Image Turbo's 9 steps without CFG)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import (
@@ -36,6 +37,9 @@ from app.ui.input_pictures import InputPictures
 from app.ui.lora_list import LoraList
 from app.ui.state import AppState
 from app.ui.widgets import label
+
+if TYPE_CHECKING:
+    from app.core.families.base import GenerationDefaults
 
 GENERATION_KEYS = (
     "negative_prompt",
@@ -67,6 +71,10 @@ class GenerateForm(QWidget):
         self._size_by_user = False  # the user set the size: an input picture leaves it alone
         self._sizing = False  # the page itself is setting the size
         self._sized_for: str | None = None  # the model whose native size the form was set to
+        # The loaded model's own steps and CFG scale (None: it states none, the settings' apply)
+        # and the model the form last took them for.
+        self.model_defaults: GenerationDefaults | None = None
+        self._defaults_for: str | None = None
 
         column = QVBoxLayout(self)
         column.setContentsMargins(0, 0, 8, 0)
@@ -176,8 +184,9 @@ class GenerateForm(QWidget):
         with contextlib.suppress(TypeError, ValueError):
             self.loras.set_entries(json.loads(str(self.ui_settings.value("generate/loras", "[]"))))
         self.negative.setPlainText(settings["negative_prompt"])
-        self.steps.setValue(settings["steps"])
-        self.cfg.setValue(settings["cfg"])
+        if self.model_defaults is None:  # else the model's own, or what the user made of them
+            self.steps.setValue(settings["steps"])
+            self.cfg.setValue(settings["cfg"])
         self.seed.setText(str(settings["seed"]))
         self._set_size(settings["width"], settings["height"])
         self.batch.setValue(settings["batch"])
@@ -260,6 +269,10 @@ class GenerateForm(QWidget):
             "hires_denoise": chosen.denoise,
             "hires_upscaler": chosen.upscaler,
         }
+        if self.model_defaults is not None:
+            # This model's steps and CFG scale are its own: the settings keep everyone else's.
+            values.pop("steps", None)
+            values.pop("cfg", None)
         try:
             FIELDS["seed"].validate(values["seed"])
         except ValueError:
@@ -300,6 +313,7 @@ class GenerateForm(QWidget):
         self._clip_skip_for(model.architecture)
         native = model.native_size
         source = self.state.model_request.source if self.state.model_request else model.source
+        defaults = self._defaults_for_model(model, source)
         if native > 0 and source != self._sized_for:
             # A newly loaded model starts at the size it was made for (a 128 px model asked
             # for 512 px draws badly, slowly); the user's own change afterwards stands.
@@ -307,7 +321,7 @@ class GenerateForm(QWidget):
             self._size_by_user = False
             self._set_size(native, native)
             self.size_hint.setText(
-                f"Size set to {native}×{native} px, what this model was made for."
+                f"Size set to {native}×{native} px, what this model was made for." + defaults
             )
             if self.pictures.images():
                 self._follow_picture(self.pictures.images()[0])
@@ -323,7 +337,28 @@ class GenerateForm(QWidget):
                 f"<a href='{native}'>Use {native}×{native}</a>"
             )
         else:
-            self.size_hint.setText("")
+            self.size_hint.setText(defaults.strip())
+
+    def _defaults_for_model(self, model: ModelSummary, source: str) -> str:
+        """A newly loaded model whose family states its own steps and CFG scale starts at them
+        (the user's changes afterwards stand); the next one that states none starts at the
+        saved settings again. Returns the sentence that says so ("" when nothing changed)."""
+        from app.core.families.registry import generation_defaults
+
+        if source == self._defaults_for:
+            return ""
+        self._defaults_for = source
+        had = self.model_defaults
+        self.model_defaults = generation_defaults(model.architecture)
+        if self.model_defaults is not None:
+            self.steps.setValue(self.model_defaults.steps)
+            self.cfg.setValue(self.model_defaults.cfg)
+            return f" Steps and CFG scale set to {self.model_defaults.words()}."
+        if had is not None:
+            self.steps.setValue(self.state.settings["steps"])
+            self.cfg.setValue(self.state.settings["cfg"])
+            return " Steps and CFG scale are your settings' again."
+        return ""
 
     def _use_native_size(self, link: str) -> None:
         self.width_box.setValue(int(link))

@@ -376,7 +376,11 @@ def test_folder_detection_of_zimage_and_qwenimage_says_why():
         {"num_layers": 60, "num_attention_heads": 24, "attention_head_dim": 128},
         {},
     )
-    assert (zimage.architecture, qwen.architecture) == ("zimage", "qwenimage")
+    assert (zimage.architecture, qwen.architecture) == ("zimage-turbo", "qwenimage")
+    assert (
+        "its scheduler config, the one thing that tells Turbo from Base, is missing"
+        in zimage.because
+    )
     assert zimage.supported and qwen.supported and zimage.prediction_type == "flow"
     assert "30 main and 2+2 refiner blocks, 3840 wide" in zimage.because
     assert "Qwen3 text encoder (Qwen3Model) whose 2560-wide hidden states" in zimage.because

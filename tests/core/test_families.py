@@ -213,8 +213,8 @@ KREA2_PLANTS = {
 }
 FLOW = "Sampler: Euler, CFG scale: {cfg:g}"
 
-ROWS: dict[FamilyId, Row] = {
-    FamilyId.SD: Row(
+ROWS: dict[str, Row] = {
+    FamilyId.SD.value: Row(
         tiny_models.build_tiny_sd_pipeline,
         "sd1",
         "epsilon",
@@ -224,7 +224,7 @@ ROWS: dict[FamilyId, Row] = {
         (Repair(SD_PLANTS["unet"], 7.0),),
         "Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: {cfg:g}",
     ),
-    FamilyId.SDXL: Row(
+    FamilyId.SDXL.value: Row(
         tiny_models.build_tiny_sdxl_pipeline,
         "sdxl",
         "epsilon",
@@ -235,7 +235,7 @@ ROWS: dict[FamilyId, Row] = {
         "Sampler: DPM++ 2M, Schedule type: Karras, CFG scale: {cfg:g}",
         fp32=("vae",),
     ),
-    FamilyId.FLUX: Row(
+    FamilyId.FLUX.value: Row(
         tiny_models.build_tiny_flux_pipeline,
         "flux-dev",
         "flow",
@@ -250,7 +250,7 @@ ROWS: dict[FamilyId, Row] = {
         # As Forge writes Flux's: no CFG batch, the guidance embedding's scale beside it.
         "Sampler: Euler, CFG scale: 1, Distilled CFG Scale: {cfg:g}",
     ),
-    FamilyId.CHROMA: Row(
+    FamilyId.CHROMA.value: Row(
         tiny_models.build_tiny_chroma_pipeline,
         "chroma",
         "flow",
@@ -260,7 +260,7 @@ ROWS: dict[FamilyId, Row] = {
         (Repair(CHROMA_PLANTS["single_block"], 5.0),),
         FLOW,
     ),
-    FamilyId.SD3: Row(
+    FamilyId.SD3.value: Row(
         tiny_models.build_tiny_sd3_pipeline,
         "sd3",
         "flow",
@@ -271,18 +271,38 @@ ROWS: dict[FamilyId, Row] = {
         FLOW,
         slow_folder=True,  # about 20 s here: writing and reading five components
     ),
-    FamilyId.ZIMAGE: Row(
+    # Z-Image Turbo, and Z-Image Base (its own row: its own scheduler, defaults and probe).
+    FamilyId.ZIMAGE.value: Row(
         tiny_models.build_tiny_zimage_pipeline,
-        "zimage",
+        "zimage-turbo",
         "flow",
         ("text_encoder", "transformer", "vae"),
-        ("Z-Image: its ZImagePipeline", "a Qwen3 text encoder"),
+        (
+            "Z-Image Turbo: its ZImagePipeline",
+            "a Qwen3 text encoder",
+            "its scheduler shifts the schedule by 3, as Z-Image Turbo's does",
+        ),
         ZIMAGE_PLANTS,
-        # Turbo without CFG; the base model with it.
+        # Without CFG, as Turbo samples; with it, as some ask of it.
         (Repair(ZIMAGE_PLANTS["joint_block"], 1.0), Repair(ZIMAGE_PLANTS["joint_block"], 4.0)),
         FLOW,
     ),
-    FamilyId.QWENIMAGE: Row(
+    "zimage-base": Row(
+        lambda: tiny_models.build_tiny_zimage_pipeline(base=True),
+        "zimage-base",
+        "flow",
+        ("text_encoder", "transformer", "vae"),
+        (
+            "Z-Image Base: its ZImagePipeline",
+            "a Qwen3 text encoder",
+            "its scheduler shifts the schedule by 6, as Z-Image Base's does",
+        ),
+        ZIMAGE_PLANTS,
+        # At its own CFG 4 (the negative prompt's branch runs), and without CFG.
+        (Repair(ZIMAGE_PLANTS["joint_block"], 4.0), Repair(ZIMAGE_PLANTS["joint_block"], 1.0)),
+        FLOW,
+    ),
+    FamilyId.QWENIMAGE.value: Row(
         tiny_models.build_tiny_qwenimage_pipeline,
         "qwenimage",
         "flow",
@@ -294,7 +314,7 @@ ROWS: dict[FamilyId, Row] = {
         FLOW,
         slow_folder=True,  # about 10 s here: saving and loading a 151,669-token embedding
     ),
-    FamilyId.FLUX2: Row(
+    FamilyId.FLUX2.value: Row(
         tiny_models.build_tiny_flux2_pipeline,
         "flux2-dev",
         "flow",
@@ -311,7 +331,7 @@ ROWS: dict[FamilyId, Row] = {
         # As Forge writes a guidance-distilled Flux's: the embedding's scale beside CFG 1.
         "Sampler: Euler, CFG scale: 1, Distilled CFG Scale: {cfg:g}",
     ),
-    FamilyId.FLUX2_KLEIN: Row(
+    FamilyId.FLUX2_KLEIN.value: Row(
         tiny_models.build_tiny_flux2_klein_pipeline,
         "flux2-klein",
         "flow",
@@ -331,7 +351,7 @@ ROWS: dict[FamilyId, Row] = {
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding
     ),
-    FamilyId.QWENIMAGE21: Row(
+    FamilyId.QWENIMAGE21.value: Row(
         tiny_models.build_tiny_qwenimage21_pipeline,
         "qwenimage21",
         "flow",
@@ -347,7 +367,7 @@ ROWS: dict[FamilyId, Row] = {
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
     ),
-    FamilyId.KREA2: Row(
+    FamilyId.KREA2.value: Row(
         # Read where Krea 2 reads its 36-layer encoder, as its transformer file is run.
         lambda: tiny_models.build_tiny_krea2_pipeline(released_taps=True),
         "krea2",
@@ -362,17 +382,25 @@ ROWS: dict[FamilyId, Row] = {
     ),
 }
 IDS = [f.id for f in FAMILIES]
+NAMES = list(ROWS)  # a row's name: its family's id, "-variant" for a family's second row
+
+
+def family_id(name: str) -> FamilyId:
+    """The family of the row named `name`."""
+    return FamilyId(name.split("-")[0])
 
 
 def test_every_family_has_a_row():
-    assert set(ROWS) == {f.id for f in FAMILIES} == set(FamilyId)
+    assert {family_id(name) for name in ROWS} == {f.id for f in FAMILIES} == set(FamilyId)
     assert len(FAMILIES) == len(set(IDS))
-    for family_id, row in ROWS.items():
-        denoiser = family(family_id).denoiser
-        assert row.components[-2:] == (denoiser, "vae"), family_id
-        assert next(iter(row.plants.values())).component == denoiser, family_id
-        assert {p.component for p in row.plants.values()} <= set(row.components), family_id
-        assert any(r.plant.component == denoiser for r in row.repairs), family_id
+    assert all(family_id(f.id.value) == f.id and f.id.value in ROWS for f in FAMILIES)
+    for name, row in ROWS.items():
+        denoiser = family(family_id(name)).denoiser
+        assert family_of_architecture(row.architecture) is family(family_id(name)), name
+        assert row.components[-2:] == (denoiser, "vae"), name
+        assert next(iter(row.plants.values())).component == denoiser, name
+        assert {p.component for p in row.plants.values()} <= set(row.components), name
+        assert any(r.plant.component == denoiser for r in row.repairs), name
 
 
 def test_the_readmes_families_table_has_a_row_for_every_family_and_names_only_theirs():
@@ -398,11 +426,11 @@ def test_the_readmes_families_table_has_a_row_for_every_family_and_names_only_th
         assert named & set(each.architectures), f"{each.title} has no row in README's table"
 
 
-def _each(rows: Mapping[FamilyId, Row], what: Callable[[Row], Mapping[str, Any]]):
-    """pytest params of (family id, item) for every row's items, named family-item."""
+def _each(rows: Mapping[str, Row], what: Callable[[Row], Mapping[str, Any]]):
+    """pytest params of (row name, item) for every row's items, named row-item."""
     return [
-        pytest.param(family_id, item, id=f"{family_id.value}-{name}")
-        for family_id, row in rows.items()
+        pytest.param(key, item, id=f"{key}-{name}")
+        for key, row in rows.items()
         for name, item in what(row).items()
     ]
 
@@ -413,21 +441,21 @@ REPAIRED = _each(
     lambda row: {f"{r.plant.component}-cfg{r.cfg:g}": r for r in row.repairs},
 )
 FOLDERS = [
-    pytest.param(i, id=i.value, marks=[pytest.mark.slow] if row.slow_folder else [])
+    pytest.param(i, id=i, marks=[pytest.mark.slow] if row.slow_folder else [])
     for i, row in ROWS.items()
 ]
 
 
-@pytest.fixture(scope="module", params=IDS, ids=lambda i: i.value)
+@pytest.fixture(scope="module", params=NAMES)
 def built(request):
-    """(family, its tiny pipeline), built once per family for this module; the tests that use
-    it leave its weights alone (the ones that plant a fault build their own)."""
-    return family(request.param), ROWS[request.param].build()
+    """(family, its tiny pipeline, the row's name), built once per row for this module; the
+    tests that use it leave its weights alone (the ones that plant a fault build their own)."""
+    return family(family_id(request.param)), ROWS[request.param].build(), request.param
 
 
-def loaded(pipeline, family_id: FamilyId, key: str):
-    row = ROWS[family_id]
-    return in_memory(pipeline, f"{family_id.value}-{key}", row.architecture, row.prediction)
+def loaded(pipeline, name: str, key: str):
+    row = ROWS[name]
+    return in_memory(pipeline, f"{name}-{key}", row.architecture, row.prediction)
 
 
 def asked(row: Row) -> dict[str, str]:
@@ -435,9 +463,9 @@ def asked(row: Row) -> dict[str, str]:
     return {c: "fp32" if c in row.fp32 else "fp16" for c in row.components}
 
 
-def planted(family_id: FamilyId, plant: Plant):
-    """A fresh tiny pipeline of the family with `plant` in it."""
-    pipeline = ROWS[family_id].build()
+def planted(name: str, plant: Plant):
+    """A fresh tiny pipeline of the row with `plant` in it."""
+    pipeline = ROWS[name].build()
     with torch.no_grad():
         getattr(pipeline, plant.component).get_submodule(plant.layer).weight.mul_(plant.factor)
     return pipeline
@@ -447,13 +475,13 @@ def planted(family_id: FamilyId, plant: Plant):
 
 
 def test_the_registry_recognises_the_familys_pipeline(built):
-    expected, pipeline = built
+    expected, pipeline, row_name = built
     assert family_of(pipeline) is expected
     assert [f for f in FAMILIES if f.owns(pipeline)] == [expected]  # no other family claims it
 
 
 def test_the_latent_format_is_the_vaes(built):
-    expected, pipeline = built
+    expected, pipeline, row_name = built
     config = pipeline.vae.config
     channels = config.get("latent_channels") or config.get("z_dim")
     assert expected.latent.channels == channels
@@ -462,8 +490,8 @@ def test_the_latent_format_is_the_vaes(built):
 
 
 def test_an_architecture_name_reads_back_to_its_family_with_a_title(built):
-    expected, _ = built
-    name = ROWS[expected.id].architecture
+    expected, _, row_name = built
+    name = ROWS[row_name].architecture
     assert family_of_architecture(name) is expected
     assert architecture_title(name) not in ("", name)
     for own in expected.architectures:
@@ -471,7 +499,7 @@ def test_an_architecture_name_reads_back_to_its_family_with_a_title(built):
 
 
 def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
-    expected, pipeline = built
+    expected, pipeline, row_name = built
     denoiser = getattr(pipeline, expected.denoiser)
     index: dict[str, Any] = {"_class_name": type(pipeline).__name__}
     for name, part in pipeline.components.items():
@@ -482,6 +510,7 @@ def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
     detection = families.detect_from_configs(index, dict(denoiser.config), scheduler)
 
     assert detection.supported, detection.because
+    assert detection.architecture == ROWS[row_name].architecture  # a variant told apart too
     assert family_of_architecture(detection.architecture) is expected
     assert detection.pipeline_class == type(pipeline).__name__
     assert detection.because.endswith(".")
@@ -490,7 +519,7 @@ def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
 def test_a_transformer_file_in_the_familys_layout_is_read_as_it(built):
     """The layout's key table maps both ways with identical tensors, and a file in it is told
     apart from every other family's (Chroma carries all of Flux.1's keys, and more)."""
-    expected, pipeline = built
+    expected, pipeline, row_name = built
     if expected.layout is None:
         assert expected.transformer_class is None  # a UNet family: single files, see models
         return
@@ -542,16 +571,14 @@ def _outputs(expected, pipeline, timesteps) -> list[Any]:
     return [*(conditioning[k] for k in sorted(conditioning)), latents, pixels]
 
 
-@pytest.mark.parametrize("family_id", FOLDERS)
-def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outputs(
-    tmp_path, family_id
-):
-    row = ROWS[family_id]
-    expected = family(family_id)
+@pytest.mark.parametrize("name", FOLDERS)
+def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outputs(tmp_path, name):
+    row = ROWS[name]
+    expected = family(family_id(name))
     pipeline = row.build()
-    pipeline.save_pretrained(tmp_path / family_id.value)
+    pipeline.save_pretrained(tmp_path / name)
 
-    model = models.load_model(str(tmp_path / family_id.value))
+    model = models.load_model(str(tmp_path / name))
 
     assert (model.architecture, model.format, model.prediction_type) == (
         row.architecture,
@@ -580,9 +607,9 @@ def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outp
 
 
 def test_the_healthy_model_is_healthy_in_fp16_and_every_component_is_probed(built):
-    expected, pipeline = built
-    row = ROWS[expected.id]
-    model = loaded(pipeline, expected.id, "healthy")
+    expected, pipeline, row_name = built
+    row = ROWS[row_name]
+    model = loaded(pipeline, row_name, "healthy")
 
     report = check(model)
 
@@ -604,14 +631,14 @@ def test_the_healthy_model_is_healthy_in_fp16_and_every_component_is_probed(buil
         assert report.timesteps[0] == 1000.0  # sigma 1: pure noise
 
 
-@pytest.mark.parametrize(("family_id", "plant"), PLANTED)
-def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed(family_id, plant):
+@pytest.mark.parametrize(("name", "plant"), PLANTED)
+def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed(name, plant):
     component, layer = plant.component, plant.layer
 
-    report = check(loaded(planted(family_id, plant), family_id, "planted"))
+    report = check(loaded(planted(name, plant), name, "planted"))
 
     assert report.verdict == "fixable"
-    assert list(report.components) == list(ROWS[family_id].components)
+    assert list(report.components) == list(ROWS[name].components)
     failed = {n for n, c in report.components.items() if c.status in ("overflow", "nan")}
     assert failed == {component}
     assert all(c.status == "ok" for n, c in report.components.items() if n != component)
@@ -644,7 +671,7 @@ def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed(family_id, pl
 
     # Proof by re-running: the whole check under the fix's settings is healthy.
     settings = PrecisionSettings.from_mapping({**FP16.to_dict(), **fix.settings})
-    again = check(loaded(planted(family_id, plant), family_id, "again"), settings)
+    again = check(loaded(planted(name, plant), name, "again"), settings)
     assert again.verdict == "healthy"
 
 
@@ -652,10 +679,10 @@ def test_a_planted_overflow_is_found_and_only_what_failed_is_fixed(family_id, pl
 STREAMED = dataclasses.replace(FP16, max_vram_gb=0.0001)
 
 
-@pytest.mark.parametrize(("family_id", "plant"), PLANTED)
-def test_streamed_block_by_block_the_check_finds_the_same_layer_and_fix(family_id, plant):
-    resident = check(loaded(planted(family_id, plant), family_id, "resident"))
-    streamed = check(loaded(planted(family_id, plant), family_id, "streamed"), STREAMED)
+@pytest.mark.parametrize(("name", "plant"), PLANTED)
+def test_streamed_block_by_block_the_check_finds_the_same_layer_and_fix(name, plant):
+    resident = check(loaded(planted(name, plant), name, "resident"))
+    streamed = check(loaded(planted(name, plant), name, "streamed"), STREAMED)
 
     memory = streamed.to_json()["memory"]
     assert plant.component in memory["streamed"]  # its blocks came to the device one at a time
@@ -675,9 +702,9 @@ def _setting_label(component: str) -> str:
     return next(key.name for key in SETTING_KEYS if key.setting == setting)
 
 
-@pytest.mark.parametrize(("family_id", "repair"), REPAIRED)
-def test_generation_with_the_nan_watch_repairs_a_planted_overflow(tmp_path, family_id, repair):
-    row, expected, plant = ROWS[family_id], family(family_id), repair.plant
+@pytest.mark.parametrize(("name", "repair"), REPAIRED)
+def test_generation_with_the_nan_watch_repairs_a_planted_overflow(tmp_path, name, repair):
+    row, expected, plant = ROWS[name], family(family_id(name)), repair.plant
     request = generation.GenerationRequest(
         prompt="a red cat",
         negative_prompt="fog",
@@ -690,7 +717,7 @@ def test_generation_with_the_nan_watch_repairs_a_planted_overflow(tmp_path, fami
     )
 
     result = generation.generate(
-        loaded(planted(family_id, plant), family_id, "generate"),
+        loaded(planted(name, plant), name, "generate"),
         request,
         precision=FP16,
         device="cpu",
@@ -721,8 +748,8 @@ def test_generation_with_the_nan_watch_repairs_a_planted_overflow(tmp_path, fami
 
 
 def test_a_healthy_generation_is_ok_with_previews_of_its_pictures_shape(built, tmp_path):
-    expected, pipeline = built
-    row = ROWS[expected.id]
+    expected, pipeline, row_name = built
+    row = ROWS[row_name]
     request = generation.GenerationRequest(
         prompt="a red cat",
         negative_prompt="fog",
@@ -736,7 +763,7 @@ def test_a_healthy_generation_is_ok_with_previews_of_its_pictures_shape(built, t
     previews = []
 
     result = generation.generate(
-        loaded(pipeline, expected.id, "preview"),
+        loaded(pipeline, row_name, "preview"),
         request,
         precision=FP16,
         device="cpu",
@@ -759,17 +786,17 @@ def test_a_picture_is_made_at_the_size_asked_for_or_refused_in_one_sentence(buil
     """72 px is a multiple of a latent cell but not of a 2x2 patch: a UNet family draws it;
     a patch family's pipeline would silently draw 64 px (Flux) or fail to pack a picture's
     latents, so HalfSafe refuses it before anything runs, in one sentence."""
-    expected, pipeline = built
+    expected, pipeline, row_name = built
     request = generation.GenerationRequest(
         prompt="a red cat",
         steps=2,
-        cfg=ROWS[expected.id].repairs[0].cfg,
+        cfg=ROWS[row_name].repairs[0].cfg,
         seed=5,
         width=72,
         height=64,
         output_dir=str(tmp_path),
     )
-    model = loaded(pipeline, expected.id, "size")
+    model = loaded(pipeline, row_name, "size")
     tile = TILE.get(expected.id, 16)
 
     if tile == 8:

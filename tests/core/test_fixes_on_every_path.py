@@ -44,9 +44,10 @@ class Path:
     slow: bool = True
 
 
-def _row(family_id: FamilyId):
-    row = ROWS[family_id]
-    return lambda: in_memory(row.build(), family_id.value, row.architecture, row.prediction)
+def _row(family_id: FamilyId, variant: str = ""):
+    name = family_id.value + variant
+    row = ROWS[name]
+    return lambda: in_memory(row.build(), name, row.architecture, row.prediction)
 
 
 def _tiny(builder: Callable[[], object], architecture: str):
@@ -64,7 +65,8 @@ PATHS = {
     "chroma-img2img": Path(_row(FamilyId.CHROMA), "chroma", Mode.IMAGE, 1),
     "sd3-img2img": Path(_row(FamilyId.SD3), "sd3", Mode.IMAGE, 1),
     "sd3-inpaint": Path(_row(FamilyId.SD3), "sd3", Mode.INPAINT, 1, True),
-    "zimage-img2img": Path(_row(FamilyId.ZIMAGE), "zimage", Mode.IMAGE, 1),
+    "zimage-img2img": Path(_row(FamilyId.ZIMAGE), "zimage-turbo", Mode.IMAGE, 1),
+    "zimage-base-img2img": Path(_row(FamilyId.ZIMAGE, "-base"), "zimage-base", Mode.IMAGE, 1),
     "qwenimage-img2img": Path(_row(FamilyId.QWENIMAGE), "qwenimage", Mode.IMAGE, 1),
     "qwenimage-inpaint": Path(_row(FamilyId.QWENIMAGE), "qwenimage", Mode.INPAINT, 1, True),
     "klein-inpaint": Path(_row(FamilyId.FLUX2_KLEIN), "flux2-klein", Mode.INPAINT, 1, True),

@@ -40,6 +40,8 @@ _SECOND_PASS_KEYS = {
     infotext.HIRES_UPSCALE,
     infotext.HIRES_STEPS,
     infotext.HIRES_UPSCALER,
+    # Written for a transformer model run with the step cache (tests/core/test_step_cache.py).
+    infotext.STEP_CACHE,
 }
 # Keys other tools write, read to tell which tool made an image or what it ran.
 _READ_ONLY = {
@@ -138,6 +140,7 @@ def test_a_real_generation_record_round_trips_through_the_table(made):
         infotext.VAE_HASH: hashlib.sha256(vae_file.read_bytes()).hexdigest()[:10],
         infotext.VAE: vae_file.name,
         infotext.RNG: "CPU",
+        infotext.ARCHITECTURE: "sd1",  # which model of its family ran
         **{key: repaired.settings[key.setting] for key in infotext.SETTING_KEYS},
         infotext.DEVICE_NAME: "NVIDIA GeForce GTX 1660",
         infotext.MEMORY_BUDGET: "4.1 GB",

@@ -70,7 +70,9 @@ def test_modelspec_trigger_phrases_come_first_and_its_title_wins(tmp_path):
         ("chroma", "chroma"),
         ("qwen-image/lora", "qwenimage"),
         ("qwen_image_edit", "qwenimage-edit"),
-        ("z-image-turbo", "zimage"),
+        ("z-image-turbo", "zimage-turbo"),
+        ("Z_Image_Base/lora", "zimage-base"),
+        ("z-image", "zimage"),  # either of them: the family's own name
         ("krea-2", "krea2"),
         ("qwen_image_2.1", "qwenimage21"),
     ],

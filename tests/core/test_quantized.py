@@ -768,7 +768,7 @@ def test_a_flux_gguf_transformer_loads_with_its_companions_within_quantisation_e
 GGUF_LAYOUTS = {
     "chroma": (build_tiny_chroma_pipeline, "chroma"),
     "sd3": (build_tiny_sd3_pipeline, "sd3"),
-    "zimage": (build_tiny_zimage_pipeline, "zimage"),
+    "zimage": (build_tiny_zimage_pipeline, "zimage-turbo"),  # its name says neither: Turbo
     # Its text encoder file is read with Qwen2.5-VL's 128-wide heads.
     "qwenimage": (lambda: build_tiny_qwenimage_pipeline(text_width=128), "qwenimage"),
 }

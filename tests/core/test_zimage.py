@@ -77,7 +77,7 @@ def test_a_folder_given_a_vae_of_other_latents_is_refused_in_one_sentence(tmp_pa
 
     assert str(sd_vae) in str(caught.value)
     message = str(caught.value)  # the wrong part: both files, both families
-    assert "this is a 4-channel VAE" in message and "the Z-Image model z-image" in message
+    assert "this is a 4-channel VAE" in message and "the Z-Image Turbo model z-image" in message
     assert "needs a 16-channel VAE" in message and "\n" not in message
 
 

@@ -53,7 +53,7 @@ def test_original_layout_maps_both_ways_with_identical_weights():
     assert not any("to_q" in k or "all_" in k for k in original)
     # The file is told apart and its config read from its own shapes, as the loader does.
     model = split.read_model({k: tuple(v.shape) for k, v in original.items()})
-    assert model is not None and (model.layout, model.architecture) == ("zimage", "zimage")
+    assert model is not None and (model.layout, model.architecture) == ("zimage", "zimage-turbo")
     for key, value in transformer.config.items():
         if key in model.config:
             assert model.config[key] == (list(value) if isinstance(value, tuple) else value), key
@@ -71,10 +71,12 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
 
     assert (model.format, model.architecture, model.prediction_type) == (
         "split_files",
-        "zimage",
+        "zimage-turbo",
         "flow",
     )
-    assert model.detected_because.startswith("Z-Image: a single-stream transformer")
+    assert model.detected_because.startswith(
+        "Z-Image Turbo, as the file's name says (nothing in the file tells Turbo from Base"
+    )
     assert "2 main and 1+1 refiner blocks, 64 wide" in model.detected_because
     # Sampled with Turbo's schedule, as a diffusers folder of it is.
     scheduler = model.pipeline.scheduler.config
@@ -190,8 +192,12 @@ def test_library_lists_a_zimage_file_with_its_companions_or_the_missing_one(tmp_
     entries = scan_library([folder], include_defaults=False, use_cache=False)
 
     (entry,) = entries
-    assert (entry.architecture, entry.format, entry.supported) == ("zimage", "split_files", True)
-    assert entry.detected_because and entry.detected_because.startswith("Z-Image:")
+    assert (entry.architecture, entry.format, entry.supported) == (
+        "zimage-turbo",
+        "split_files",
+        True,
+    )
+    assert entry.detected_because and entry.detected_because.startswith("Z-Image Turbo,")
     assert entry.companions == {
         "text_encoder": str(written["text_encoder"]),
         "vae": str(written["vae"]),
@@ -201,7 +207,7 @@ def test_library_lists_a_zimage_file_with_its_companions_or_the_missing_one(tmp_
     written["text_encoder"].unlink()
     (entry,) = scan_library([folder], include_defaults=False, use_cache=False)
 
-    assert entry.architecture == "zimage" and entry.supported is False
+    assert entry.architecture == "zimage-turbo" and entry.supported is False
     assert entry.companions == {"text_encoder": None, "vae": str(written["vae"])}
     assert entry.missing and "this Z-Image transformer file needs its Qwen3 text encoder" in (
         entry.missing

@@ -298,6 +298,8 @@ ZIMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
     "shift": 3.0,
     "use_dynamic_shifting": False,
 }
+# Z-Image (Base)'s: the same with a shift of 6, all that tells its folder from Turbo's.
+ZIMAGE_BASE_SCHEDULER_CONFIG: dict[str, Any] = {**ZIMAGE_SCHEDULER_CONFIG, "shift": 6.0}
 
 # Qwen-Image's schedule: a resolution-dependent exponential shift, ending at sigma 0.02.
 QWENIMAGE_SCHEDULER_CONFIG: dict[str, Any] = {
@@ -402,13 +404,15 @@ def tiny_zimage_transformer(seed: int, text: int = 32):
     ).eval()
 
 
-def build_tiny_zimage_pipeline(seed: int = 0):
+def build_tiny_zimage_pipeline(seed: int = 0, base: bool = False):
     """A tiny Z-Image-shaped pipeline: a Qwen3-shaped text encoder, a single-stream transformer
-    with one noise and one context refiner block and two main blocks, Flux's 16-channel VAE."""
+    with one noise and one context refiner block and two main blocks, Flux's 16-channel VAE;
+    Turbo's scheduler, or with `base` Z-Image Base's."""
     from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline
 
+    config = ZIMAGE_BASE_SCHEDULER_CONFIG if base else ZIMAGE_SCHEDULER_CONFIG
     return ZImagePipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(**ZIMAGE_SCHEDULER_CONFIG),
+        scheduler=FlowMatchEulerDiscreteScheduler(**config),
         vae=tiny_flux_vae(seed + 1),
         text_encoder=tiny_qwen3(seed + 2),
         tokenizer=qwen3_tokenizer(),

@@ -22,7 +22,7 @@ from app.core.explain.image_file import (
 from app.core.explain.matching import ModelMatch, find_model, find_vae, named_model
 from app.core.explain.next_steps import NextSteps
 from app.core.explain.records import Record, read_record
-from app.core.families import family_of
+from app.core.families import family_of, generation_defaults
 from app.core.images.finished import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.memory import said_as_sentence
@@ -442,7 +442,8 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             precision=_reproduced_precision(record),
             device=device,
             size=size,
-            steps=steps or health.DEFAULT_STEPS,
+            # The image's own step count; else the model's own where it states one.
+            steps=steps or _own_steps(model, health.DEFAULT_STEPS),
             scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
             clip_skip=clip_skip,
             prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
@@ -685,3 +686,10 @@ def _check_words(explanation: Explanation) -> str:
         "The health check at the image's settings did not overflow on this device "
         f"({report.device.name}); the image's GPU may differ. {_headline(report)}{suspect}"
     )
+
+
+def _own_steps(model, fallback: int) -> int:
+    """The step count a check of an image that records none probes at: the model's own where
+    its family states one (Z-Image Turbo's 9), else `fallback` (the check's default)."""
+    defaults = generation_defaults(getattr(model, "architecture", None))
+    return defaults.steps if defaults is not None else fallback

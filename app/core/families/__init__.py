@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 from app.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from app.core.families.base import Family, FamilyId, LatentFormat, make_scheduler
+    from app.core.families.base import (
+        Family,
+        FamilyId,
+        GenerationDefaults,
+        LatentFormat,
+        make_scheduler,
+    )
     from app.core.families.chroma import ChromaFamily
     from app.core.families.flux import FluxFamily
     from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
@@ -33,6 +39,8 @@ if TYPE_CHECKING:
         family_of,
         family_of_architecture,
         family_of_denoiser,
+        generation_defaults,
+        profile_architecture,
     )
     from app.core.families.sd import StableDiffusionFamily
     from app.core.families.sd3 import SD3Family
@@ -47,6 +55,7 @@ __all__ = [
     "Flux2Family",
     "Flux2KleinFamily",
     "FluxFamily",
+    "GenerationDefaults",
     "Krea2Family",
     "LatentFormat",
     "QwenImage21Family",
@@ -62,14 +71,16 @@ __all__ = [
     "family_of",
     "family_of_architecture",
     "family_of_denoiser",
+    "generation_defaults",
     "make_scheduler",
+    "profile_architecture",
 ]
 
 if not TYPE_CHECKING:  # pyright would take any name from a module with __getattr__
     __getattr__, __dir__ = lazy_exports(
         globals(),
         {
-            ".base": ["Family", "FamilyId", "LatentFormat", "make_scheduler"],
+            ".base": ["Family", "FamilyId", "GenerationDefaults", "LatentFormat", "make_scheduler"],
             ".chroma": ["ChromaFamily"],
             ".flux": ["FluxFamily"],
             ".flux2": ["Flux2Family", "Flux2KleinFamily"],
@@ -85,6 +96,8 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "family_of",
                 "family_of_architecture",
                 "family_of_denoiser",
+                "generation_defaults",
+                "profile_architecture",
             ],
             ".sd": ["StableDiffusionFamily"],
             ".sd3": ["SD3Family"],

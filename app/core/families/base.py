@@ -55,6 +55,20 @@ class LatentFormat:
 
 
 @dataclass(frozen=True)
+class GenerationDefaults:
+    """A model's own steps and CFG scale, where its makers publish them (a distilled model's
+    few steps without CFG), with where they come from, for sentences ("Z-Image Turbo's")."""
+
+    steps: int
+    cfg: float
+    whose: str
+
+    def words(self) -> str:
+        """ "9 steps at CFG scale 1, Z-Image Turbo's defaults"."""
+        return f"{self.steps} steps at CFG scale {self.cfg:g}, {self.whose} defaults"
+
+
+@dataclass(frozen=True)
 class Family:
     """A model family. Subclasses set the class attributes below and override the steps that
     differ; the defaults are a UNet family's (SD)."""
@@ -136,11 +150,26 @@ class Family:
         return None
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         """What a diffusers folder of this family is (`pipeline_class` named in its
-        model_index.json; `transformer` its denoiser's config), with the sentence why."""
+        model_index.json; `transformer` its denoiser's config, `scheduler` its scheduler's),
+        with the sentence why."""
         raise NotImplementedError
+
+    def generation_defaults(self, architecture: str) -> GenerationDefaults | None:
+        """The steps and CFG scale a model of this architecture runs at when the user gives
+        none for the job (None: the saved settings' apply, as for most models)."""
+        return None
+
+    def profile_name(self, architecture: str) -> str:
+        """The architecture's name in the keys of what is saved per model (remembered fixes,
+        reports): its own, unless it once had another (a variant told apart later keeps the
+        name its saved state was keyed by)."""
+        return architecture
 
     def recognises(self, class_name: str) -> bool:
         """Whether a diffusers folder whose model_index.json names `class_name` is of this

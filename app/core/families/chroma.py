@@ -101,7 +101,10 @@ class ChromaFamily(FluxFamily):
     variant_pipelines = ()  # nor its Fill, Depth or Canny
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         width = transformer_width(transformer)
         because = (

@@ -420,7 +420,10 @@ class FluxFamily(ShiftedSigmas, Family):
         return super().recognises(class_name) or class_name in self.variant_pipelines
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         mismatch = _variant_mismatch(model_index, transformer)
         if mismatch is not None:

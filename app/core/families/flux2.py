@@ -536,7 +536,10 @@ class Flux2KleinFamily(_Flux2):
     layers = KLEIN_LAYERS
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         distilled = bool(model_index.get("is_distilled"))
         sampling = (
@@ -632,7 +635,10 @@ class Flux2Family(_Flux2):
     layers = DEV_LAYERS
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         guidance = (
             "a guidance embedding, as the guidance-distilled Flux.2 dev has"

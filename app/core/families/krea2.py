@@ -262,7 +262,10 @@ class Krea2Family(FlowMatching, Family):
     companion_names = {"text_encoder": "qwen3_vl_4b", "vae": "qwen_image_vae"}
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         width = transformer_width(transformer)
         patch = int(model_index.get("patch_size", 2))

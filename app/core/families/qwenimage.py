@@ -280,7 +280,10 @@ class QwenImageFamily(ShiftedSigmas, Family):
     edit_pipelines = {EDIT_PIPELINE: 1, EDIT_PLUS_PIPELINE: 3}
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         if model_index.get("_class_name") in self.edit_pipelines:
             return _detect_edit(model_index, transformer)

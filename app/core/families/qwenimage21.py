@@ -198,7 +198,10 @@ class QwenImage21Family(ShiftedSigmas, Family):
     companion_names = {"text_encoder": "qwen_3_vl_8b", "vae": "qwen_image_2.1_vae"}
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         sigmas = model_index.get("sample_sigmas")
         schedule = (

@@ -11,7 +11,7 @@ from typing import Any
 from app.core.architecture.single_file import not_a_full_checkpoint, other_file
 from app.core.detection import Detection
 from app.core.errors import HalfSafeError
-from app.core.families.base import Family, FamilyId
+from app.core.families.base import Family, FamilyId, GenerationDefaults
 from app.core.families.checkpoints import Checkpoint
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
@@ -164,7 +164,7 @@ def detect_from_configs(
     if "transformer" in model_index:
         for candidate in FAMILIES:
             if candidate.recognises(class_name):
-                return candidate.detect_folder(model_index, denoiser)
+                return candidate.detect_folder(model_index, denoiser, scheduler)
     for candidate in FAMILIES:
         found = candidate.detect_unet_folder(model_index, denoiser, scheduler)
         if found is not None:
@@ -176,3 +176,19 @@ def detect_from_configs(
         f"its model_index.json names {class_name or 'no pipeline class'}; "
         f"HalfSafe runs {families_words()} pipelines.",
     )
+
+
+def generation_defaults(architecture: str | None) -> GenerationDefaults | None:
+    """The steps and CFG scale a model of this architecture runs at when the user gives none
+    for the job (Z-Image Turbo's 9 steps without CFG); None where its family states none (the
+    saved settings apply) or the name is unknown."""
+    family = family_of_architecture(architecture or "")
+    return family.generation_defaults(architecture or "") if family is not None else None
+
+
+def profile_architecture(architecture: str) -> str:
+    """The architecture's name in the keys of what is saved per model (remembered fixes and
+    reports): its own, or the name its family keyed that state by before the variant was told
+    apart ("zimage" for Z-Image Turbo and Base), so that nothing saved is lost."""
+    family = family_of_architecture(architecture)
+    return family.profile_name(architecture) if family is not None else architecture

@@ -242,7 +242,10 @@ class SD3Family(FlowMatching, Family):
     }
 
     def detect_folder(
-        self, model_index: Mapping[str, Any], transformer: Mapping[str, Any]
+        self,
+        model_index: Mapping[str, Any],
+        transformer: Mapping[str, Any],
+        scheduler: Mapping[str, Any],
     ) -> Detection:
         layers = int(transformer.get("num_layers", 0))
         dual = transformer.get("dual_attention_layers") or ()

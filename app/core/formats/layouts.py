@@ -62,7 +62,7 @@ class SplitModel:
     title: str  # "Flux.1", "Chroma", "SD3.5 Large", "Z-Image" (for sentences)
     prefix: str  # the transformer's key prefix in the file
     config: dict[str, Any]  # the diffusers transformer's config, `_class_name` included
-    architecture: str  # HalfSafe's name: "flux-dev", "chroma", "sd3", "zimage", "qwenimage"
+    architecture: str  # HalfSafe's name: "flux-dev", "chroma", "sd3", "zimage-turbo", "qwenimage"
     because: str  # one sentence: why it is this model
     needs: tuple[Need, ...]
     pipeline_class: str  # the diffusers pipeline class

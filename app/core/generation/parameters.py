@@ -52,6 +52,8 @@ def parameters(
         *_picture_parameters(
             request, family.max_references(model.pipeline), family.takes_control(model.pipeline)
         ),
+        # Which model of its family ran (Z-Image Turbo or Base), which sets steps and CFG.
+        (infotext.ARCHITECTURE, getattr(model, "architecture", None)),
         # The effective settings: precisions, backend flags, layer-level fixes, NaN watch, device.
         *infotext.setting_values(s),
         (infotext.DEVICE_NAME, device_name),

@@ -35,6 +35,11 @@ class Identity:
     """
 
     def __init__(self, architecture: str, prediction_type: str, parts: list[Path], files) -> None:
+        from app.core.families.registry import profile_architecture
+
+        # The name state was saved under: a variant told apart later keeps its family's old
+        # name here (`profile_architecture`), so remembered fixes are found again.
+        architecture = profile_architecture(architecture)
         self._words = f"{architecture}\0{prediction_type}"
         self._key = json.dumps(["tensors", architecture, *(str(p.resolve()) for p in parts)])
         self._stamp: dict[str, Any] | None = None  # unstamped: never cached, hashed every time

@@ -38,7 +38,8 @@ class LoadRequest:
 class CheckRequest:
     """Check the loaded model at `precision` on `device`: probed at `size` px (None: the
     model's native size) at the ends of the sampler (`steps`, `scheduler`) the user generates
-    with. `loras`: exactly these applied (None: leave the model's LoRAs as they are)."""
+    with; a model whose family states steps of its own (Z-Image Turbo's 9) is probed at those.
+    `loras`: exactly these applied (None: leave the model's LoRAs as they are)."""
 
     kind: ClassVar[str] = "check"
     precision: PrecisionSettings = field(default_factory=PrecisionSettings)

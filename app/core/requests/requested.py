@@ -16,6 +16,7 @@ from app.core.lora.request import LoraRequest
 from app.core.requests.records import CheckRequest, GenerateRequest
 
 if TYPE_CHECKING:
+    from app.core.families.base import GenerationDefaults
     from app.core.generation.records import GenerationResult, PreviewCallback
     from app.core.health.report import HealthReport
 
@@ -29,19 +30,22 @@ def check(
 ) -> HealthReport:
     """Check `model` (a `models.LoadedModel`) as `request` asks, a failure attributed to its
     cause (`causes.check_and_attribute`). `request.loras` None leaves the model's LoRAs as
-    they are; otherwise exactly those are applied first."""
+    they are; otherwise exactly those are applied first. A model whose family states its own
+    steps (`model_defaults`) is probed at those, the schedule its images run."""
     from app.core.causes import check_and_attribute
     from app.core.memory import said_as_sentence
 
     if request.loras is not None:
         use_loras(model, request.loras, "", allow_pickle=request.allow_pickle)
+    defaults = model_defaults(model)
     with said_as_sentence("checking the model"):
         return check_and_attribute(
             model,
             precision=request.precision,
             device=request.device,
             size=request.size,
-            steps=request.steps,  # the probe covers the ends of the user's own sampler schedule
+            # The probe covers the ends of the sampler schedule the user's images run.
+            steps=defaults.steps if defaults is not None else request.steps,
             scheduler=request.scheduler,
             clip_skip=request.clip_skip,
             images=request.images,
@@ -77,6 +81,15 @@ def generate(
             on_preview=on_preview,
             cancel=cancel,
         )
+
+
+def model_defaults(model: Any) -> GenerationDefaults | None:
+    """The steps and CFG scale the loaded `model` runs at where the user gives none (Z-Image
+    Turbo's 9 steps without CFG, Base's 28 at CFG 4); None where its family states none and the
+    saved settings apply."""
+    from app.core.families.registry import generation_defaults
+
+    return generation_defaults(getattr(model, "architecture", None))
 
 
 def use_loras(

@@ -234,6 +234,9 @@ MASKED_AREA_PADDING = Key(
 CANVAS_EXTENDED = _halfsafe(
     "Canvas extended", "outpainting: pixels added to the picture's sides ('right 256, top 64')"
 )
+ARCHITECTURE = _halfsafe(
+    "Architecture", "HalfSafe's name for the kind of model (sdxl, zimage-base, ...)", "word"
+)
 MODE = _halfsafe("Mode", "what the image was made from: img2img, inpaint, edit or control", "word")
 PRECISION = _halfsafe("Precision", "base dtype", "setting", "precision")
 UNET_PRECISION = _halfsafe("UNet precision", "denoiser dtype", "setting", "unet_precision")
@@ -334,6 +337,7 @@ KEYS: tuple[Key, ...] = (
     INPUT_PICTURE,
     MASK,
     CANVAS_EXTENDED,
+    ARCHITECTURE,
     PRECISION,
     UNET_PRECISION,
     VAE_PRECISION,
