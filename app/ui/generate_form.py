@@ -55,6 +55,7 @@ GENERATION_KEYS = (
     "hires_steps",
     "hires_denoise",
     "hires_upscaler",
+    "step_cache",
 )
 
 
@@ -137,6 +138,12 @@ class GenerateForm(QWidget):
         self.clip_skip = QSpinBox()
         self.clip_skip.setRange(*(int(b) for b in FIELDS["clip_skip"].bounds()))
         form.addRow("Clip skip", self.clip_skip)
+        self.step_cache = QDoubleSpinBox()
+        self.step_cache.setRange(*FIELDS["step_cache"].bounds())
+        self.step_cache.setSingleStep(0.05)
+        self.step_cache.setDecimals(2)
+        self.step_cache.setSpecialValueText("off")  # 0: every step computed in full
+        form.addRow("Step cache", self.step_cache)
         for key, widget in (
             ("steps", self.steps),
             ("cfg", self.cfg),
@@ -146,6 +153,7 @@ class GenerateForm(QWidget):
             ("width", self.width_box),
             ("height", self.height_box),
             ("clip_skip", self.clip_skip),
+            ("step_cache", self.step_cache),
         ):
             widget.setToolTip(FIELDS[key].help)
         column.addLayout(form)
@@ -192,6 +200,7 @@ class GenerateForm(QWidget):
         self.batch.setValue(settings["batch"])
         self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
         self.clip_skip.setValue(settings["clip_skip"])
+        self.step_cache.setValue(settings["step_cache"])
         self.hires.set_value(
             Hires(
                 settings["hires_scale"],
@@ -228,6 +237,8 @@ class GenerateForm(QWidget):
         self.clip_skip.setValue(clip_skip if isinstance(clip_skip, int) else 1)
         recorded = request.get("hires")
         self.hires.set_value(recorded if isinstance(recorded, Hires) else Hires())
+        cache = request.get("step_cache")
+        self.step_cache.setValue(float(cache) if isinstance(cache, (int, float)) else 0.0)
 
     def request(self) -> dict[str, Any]:
         """The request the form makes, as GenerationRequest's fields."""
@@ -248,6 +259,7 @@ class GenerateForm(QWidget):
             "batch": self.batch.value(),
             "scheduler": self.scheduler.currentData(),
             "clip_skip": self.clip_skip.value() if self.clip_skip.isEnabled() else 1,
+            "step_cache": self.step_cache.value() if self.step_cache.isEnabled() else 0.0,
             "hires": self.hires.value(),
             "output_dir": output,
             "images": self.pictures.images(),
@@ -264,6 +276,7 @@ class GenerateForm(QWidget):
         values = {
             **{key: request[key] for key in GENERATION_KEYS if key in request},
             "clip_skip": self.clip_skip.value(),
+            "step_cache": self.step_cache.value(),
             "hires_scale": chosen.scale,
             "hires_steps": chosen.steps,
             "hires_denoise": chosen.denoise,
@@ -293,6 +306,14 @@ class GenerateForm(QWidget):
         family = family_of_architecture(architecture or "")
         takes = family is None or family.takes_clip_skip
         self.clip_skip.setEnabled(takes)
+        caches = family is None or family.takes_step_cache
+        self.step_cache.setEnabled(caches)
+        self.step_cache.setToolTip(
+            FIELDS["step_cache"].help
+            if caches
+            else f"{family.title if family else 'This model'}'s denoiser is not one diffusers' "
+            "step cache can skip blocks of: every step is computed in full."
+        )
         self.clip_skip.setToolTip(
             FIELDS["clip_skip"].help
             if takes

@@ -90,6 +90,7 @@ class GalleryEntry:
     recorded_mode: str | None = None  # HalfSafe's `Mode` word ("edit", "control"), if recorded
     clip_skip: int | None = None  # A1111's "Clip skip", where recorded
     hires: Hires | None = None  # A1111's hires fix, where recorded and one HalfSafe runs
+    step_cache: float | None = None  # HalfSafe's step cache threshold, where recorded
     settings: Mapping[str, Any] = field(default_factory=dict)  # the precision it ran with
     # What the NaN watch said (HalfSafe's own images).
     status: str = "ok"
@@ -167,6 +168,7 @@ class GalleryEntry:
             recorded_mode=result.mode.value if pictured else None,
             clip_skip=request.clip_skip if request.clip_skip > 1 else None,
             hires=request.hires if request.hires.on else None,
+            step_cache=request.step_cache or None,
             settings=dict(image.settings or result.settings),
             status=image.status,
             component=image.component,
@@ -203,6 +205,7 @@ class GalleryEntry:
             recorded_mode=infotext.read_text(parsed.get(infotext.MODE), 20),
             clip_skip=parsed.get(infotext.CLIP_SKIP),
             hires=_hires_of(parsed),
+            step_cache=parsed.get(infotext.STEP_CACHE),
             settings=parsed.settings(infotext.SETTING_KEYS),
             status=status if status in STATUSES else "ok",
             component=infotext.read_text(parsed.get(infotext.NAN_COMPONENT), 100),
@@ -260,6 +263,7 @@ class GalleryEntry:
             "strength": self.strength if self.input_picture else None,
             "clip_skip": self.clip_skip,
             "hires": self.hires,
+            "step_cache": self.step_cache,
         }
         return {key: value for key, value in values.items() if value is not None}
 

@@ -14,7 +14,6 @@ from diffusers.hooks import first_block_cache
 from app.cli import main
 from app.core import generation
 from app.core.errors import HalfSafeError
-from app.core.generation import step_cache
 from app.core.images.finished import read_parameters
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
@@ -125,7 +124,6 @@ def test_a_unet_model_refuses_the_cache_in_one_sentence(tmp_path):
     model = in_memory(build_tiny_sd_pipeline(), "sd-cache", "sd1", "epsilon")
     with pytest.raises(HalfSafeError, match="set Step cache to 0"):
         generation.generate(model, _request(tmp_path), precision=FP16, device="cpu")
-    assert step_cache.problem(build_tiny_flux_pipeline().transformer) is None
 
 
 def test_cli_step_cache_out_of_range_is_exit_2(capsys):
@@ -146,3 +144,27 @@ def test_explain_reads_halfsafes_own_step_cache(tmp_path, poisoned_cache):
     assert json.loads(json.dumps(record.to_json()))["step_caches"] == [
         {"node": "First block cache"}
     ]
+
+
+def _rows():
+    from tests.core.test_families import ROWS
+
+    return ROWS
+
+
+@pytest.mark.parametrize("name", sorted(_rows()))
+def test_every_family_says_truly_whether_it_takes_the_step_cache(tmp_path, name, replays):
+    """A family that says it takes the step cache runs a generation with it (steps replayed,
+    the image finite); one that says not refuses it in one sentence, before anything runs."""
+    from app.core.families import family_of
+
+    row = _rows()[name]
+    pipeline = row.build()
+    family = family_of(pipeline)
+    model = in_memory(pipeline, f"{name}-cache", row.architecture, row.prediction)
+    if not family.takes_step_cache:
+        with pytest.raises(HalfSafeError, match="set Step cache to 0"):
+            generation.generate(model, _request(tmp_path), precision=FP16, device="cpu")
+        return
+    (image,) = generation.generate(model, _request(tmp_path), precision=FP16, device="cpu").images
+    assert image.status == "ok" and replays["replayed"] > 0

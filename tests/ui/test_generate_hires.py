@@ -87,3 +87,30 @@ def test_clip_skip_is_off_for_a_model_that_reads_no_clip_layers(window, engines)
     assert view.request()["clip_skip"] == 1
     load_fake_model(window, engines, DEMO_SUMMARY)
     assert view.clip_skip.isEnabled()
+
+
+def test_the_step_cache_is_on_only_for_a_model_it_runs_on_and_goes_with_the_job(window, engines):
+    """The demo (a UNet) computes every step: its Step cache is off and sends 0; a Flux.1
+    model takes it, sends it with the job, keeps it as a setting, and an image recording
+    one puts it back in the form."""
+    view = window.generate_view
+    load_fake_model(window, engines, DEMO_SUMMARY)
+    view.step_cache.setValue(0.1)
+    assert not view.step_cache.isEnabled() and "every step" in view.step_cache.toolTip()
+    assert view.request()["step_cache"] == 0.0
+    load_fake_model(window, engines, dataclasses.replace(DEMO_SUMMARY, architecture="flux-dev"))
+    window.show_page("Generate")
+    view.prompt.setPlainText("a lighthouse at dusk")
+    assert view.step_cache.isEnabled()
+    view.generate()
+    assert engines.current.last_job("generate").params.generation.step_cache == 0.1
+    assert load_settings().settings["step_cache"] == 0.1
+    view.use_parameters(GalleryEntry.from_parameters("a castle\nSteps: 20").generate_values())
+    assert view.step_cache.value() == 0.0  # recorded none: made without one
+    recorded = infotext.write(
+        "a castle",
+        "",
+        infotext.keyed([("Steps", 20), ("Size", (512, 512)), ("First block cache", 0.12)]),
+    )
+    view.use_parameters(GalleryEntry.from_parameters(recorded).generate_values())
+    assert view.step_cache.value() == 0.12

@@ -114,6 +114,11 @@ class Family:
     # is given (`Mode.EDIT`), with its own pipeline.
     edit_pipelines: ClassVar[Mapping[str, int]] = {}
 
+    # Whether diffusers' step cache (the first-block cache, `generation.step_cache`) runs on
+    # its transformer: its blocks are ones diffusers knows how to skip, and its pipeline keeps
+    # the cache's context (the conformance suite holds each family to it).
+    takes_step_cache: ClassVar[bool] = False
+
     # Whether `encode` takes `clip_skip` (A1111's "Clip skip"): the families whose prompt is
     # read from CLIP's hidden states (SD1/SD2, SDXL).
     takes_clip_skip: ClassVar[bool] = False

@@ -86,6 +86,8 @@ class ChromaFamily(FluxFamily):
     network instead of a guidance embedding, and real CFG: a second call on the negative prompt,
     each with T5's attention mask."""
 
+    takes_step_cache = False  # diffusers' cache does not know Chroma's blocks
+
     id = FamilyId.CHROMA
     title = "Chroma"
     architectures = {"chroma": "Chroma"}

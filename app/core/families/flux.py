@@ -386,6 +386,8 @@ class FluxFamily(ShiftedSigmas, Family):
     `transformer` denoises 2x2 patches of a 16-channel latent by flow matching; dev takes the
     guidance scale as an embedding (one batch, no negative prompt), schnell takes none."""
 
+    takes_step_cache = True
+
     id = FamilyId.FLUX
     file_markers = (("double_blocks.", "a Flux model"),)
     title = "Flux.1"

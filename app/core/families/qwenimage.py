@@ -257,6 +257,8 @@ class QwenImageFamily(ShiftedSigmas, Family):
     its result rescaled to the prompt's norm); a causal 3D VAE (one frame per image) with a
     per-channel latent mean and spread."""
 
+    takes_step_cache = True
+
     id = FamilyId.QWENIMAGE
     title = "Qwen-Image"
     architectures = {

@@ -241,7 +241,7 @@ def _generate_unsaved(
         or family.size_problem(pipeline, *request.drawn_size())
         or family.clip_skip_problem(request.clip_skip)
         or (family.picture_problem(pipeline, Mode.IMAGE) if request.hires.on else None)
-        or (step_cache.problem(getattr(pipeline, family.denoiser)) if request.step_cache else None)
+        or (step_cache.problem(family) if request.step_cache else None)
     )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")

@@ -14,31 +14,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from app.core.components import words as component_words
 
+def problem(family) -> str | None:
+    """Why a model of this family cannot run with the step cache (None: it can)."""
+    from app.core.families.registry import FAMILIES
 
-def problem(denoiser) -> str | None:
-    """Why this denoiser cannot run with the step cache (None: it can): a UNet, or a
-    transformer whose blocks diffusers' cache does not know. Registers the cache and takes it
-    off again: no forward runs."""
-    from diffusers.hooks import FirstBlockCacheConfig
-
-    name = type(denoiser).__name__
-    if not hasattr(denoiser, "enable_cache"):
-        return (
-            f"the step cache skips a transformer's blocks, and this model's "
-            f"{component_words('unet')} ({name}) has none diffusers' cache can skip; set "
-            "Step cache to 0."
-        )
-    try:
-        denoiser.enable_cache(FirstBlockCacheConfig(threshold=0.05))
-    except (ValueError, TypeError, AttributeError, KeyError) as error:
-        return (
-            f"diffusers' step cache does not run on this model's transformer ({name}: "
-            f"{str(error).strip()[:160]}); set Step cache to 0."
-        )
-    denoiser.disable_cache()
-    return None
+    if family.takes_step_cache:
+        return None
+    takers = [f.title for f in FAMILIES if f.takes_step_cache]
+    return (
+        f"diffusers' step cache does not run on {family.title}'s denoiser (it skips the blocks "
+        f"of the transformers it knows: {', '.join(takers)}); set Step cache to 0."
+    )
 
 
 @contextlib.contextmanager

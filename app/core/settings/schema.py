@@ -420,9 +420,9 @@ SCHEMA: tuple[Field, ...] = (
         "Step cache",
         "Skip most of a step's work while the model's first block changes by less than this "
         "share (diffusers' first-block cache; 0: off, 0.05 to 0.15 is usual). Faster, and the "
-        "image changes a little; transformer models only (Flux, SD3, Z-Image, Qwen-Image, "
-        "Flux.2). A NaN a cache holds repeats in every later step: an image that goes NaN is "
-        "made again without it first.",
+        "image changes a little; only for transformers whose blocks the cache can skip (other "
+        "models refuse it). A NaN a cache holds repeats in every later step: an image that "
+        "goes NaN is made again without it first.",
         "Generation",
         minimum=0.0,
         maximum=1.0,
