@@ -408,8 +408,8 @@ class Stages:
         return [part.register_forward_hook(hook) for part in parts if part is not None]
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = False):
-        """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1]; with `record`,
-        also the first VAE layer that went non-finite."""
+        """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1] ((H, W, 4) from a
+        VAE that decodes RGBA); with `record`, also the first VAE layer that went non-finite."""
         import torch
 
         from app.core.fixing.probe import ActivationRecorder
