@@ -16,6 +16,7 @@ options give which of them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,13 @@ SAMPLERS: tuple[Sampler, ...] = (
         ("sgm_uniform",),
     ),
     Sampler("heun", "Heun", ("heun",), "HeunDiscreteScheduler", {}, _SIGMA_SCHEDULES, False),
+    # DPM2 and DPM2 a: second order, two denoiser calls a step but the last (as Heun); no
+    # rescaled betas in diffusers' KDPM2 schedulers.
+    Sampler("dpm2", "DPM2", ("dpm_2",), "KDPM2DiscreteScheduler", {}, _SIGMA_SCHEDULES, False),
+    Sampler(
+        "dpm2_a", "DPM2 a", ("dpm_2_ancestral",), "KDPM2AncestralDiscreteScheduler", {},
+        _SIGMA_SCHEDULES, False,
+    ),
     Sampler(
         "dpmpp_2m", "DPM++ 2M", ("dpmpp_2m",), "DPMSolverMultistepScheduler",
         {"algorithm_type": "dpmsolver++", "solver_order": 2}, _SIGMA_SCHEDULES,
@@ -87,14 +95,8 @@ SAMPLERS: tuple[Sampler, ...] = (
 
 # Samplers the tools name that HalfSafe does not run, with the closest one it does: diffusers'
 # DPM++ SDE (DPMSolverSDEScheduler) needs torchsde and draws its Brownian noise from a seed of
-# its own, so the image's seed would not make it again; its DPM2 and DPM2 a (KDPM2Discrete and
-# KDPM2AncestralDiscrete) fail in 0.42.1 before their first step (`_sigma_to_t` hands a torch
-# tensor to NumPy's cumsum), whatever the schedule.
+# its own, so the image's seed would not make it again.
 CLOSEST: Mapping[str, str] = {
-    "dpm2": "heun",
-    "dpm_2": "heun",
-    "dpm2 a": "euler_a",
-    "dpm_2_ancestral": "euler_a",
     "dpm++ sde": "dpmpp_2m_sde",
     "dpmpp_sde": "dpmpp_2m_sde",
     "dpmpp_sde_gpu": "dpmpp_2m_sde",
@@ -244,4 +246,24 @@ def make(
             )
         options.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
     scheduler_class = getattr(diffusers, sampler.scheduler)
+    if sampler.scheduler in _TENSORS_TO_NUMPY:
+        scheduler_class = _numpy_sigma_to_t(scheduler_class)
     return scheduler_class.from_config(config, **options)
+
+
+# diffusers 0.42.1's KDPM2 schedulers (DPM2, DPM2 a) hand torch tensors to NumPy in
+# `_sigma_to_t` while they set their interpolated timesteps: NumPy 2 hands the result back
+# through torch's older `__array_wrap__`, a DeprecationWarning today and a TypeError once NumPy
+# drops it. HalfSafe's scheduler is diffusers' own with that one method given NumPy arrays.
+_TENSORS_TO_NUMPY = ("KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler")
+
+
+@functools.cache
+def _numpy_sigma_to_t(base: type) -> type:
+    import numpy as np
+
+    def _sigma_to_t(self, sigma, log_sigmas):
+        return base._sigma_to_t(self, np.asarray(sigma), np.asarray(log_sigmas))
+
+    # Named as diffusers' class, so that its config and the words that name it stay the same.
+    return type(base.__name__, (base,), {"_sigma_to_t": _sigma_to_t, "__module__": __name__})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -41,6 +42,8 @@ def test_the_setting_lists_every_sampler_alone_and_with_each_schedule_it_runs():
     for key in ("heun", "heun_karras", "dpmpp_2m_sde_karras", "dpmpp_3m_sde_exponential"):
         assert key in SCHEDULERS
     for key in ("unipc_beta", "lcm", "euler_sgm_uniform", "ddim_sgm_uniform"):
+        assert key in SCHEDULERS
+    for key in ("dpm2", "dpm2_karras", "dpm2_a", "dpm2_a_karras", "dpm2_a_sgm_uniform"):
         assert key in SCHEDULERS
     assert "euler_a_karras" not in SCHEDULERS  # diffusers' Euler a takes no sigma schedule
     assert len(set(SCHEDULERS)) == len(SCHEDULERS)
@@ -86,6 +89,8 @@ def test_a_zero_terminal_snr_model_gets_rescaled_betas_or_one_sentence():
     )
     with pytest.raises(HalfSafeError, match="The sampler Heun cannot run this model's zero"):
         samplers.make("heun_karras", SD_CONFIG, "v_prediction", zero_terminal_snr=True)
+    with pytest.raises(HalfSafeError, match="The sampler DPM2 a cannot run this model's zero"):
+        samplers.make("dpm2_a", SD_CONFIG, "v_prediction", zero_terminal_snr=True)
     with pytest.raises(HalfSafeError, match="Unknown sampler 'dpmpp_sde'"):
         samplers.make("dpmpp_sde", SD_CONFIG)
 
@@ -98,7 +103,11 @@ def test_a_zero_terminal_snr_model_gets_rescaled_betas_or_one_sentence():
         ("DPM++ 2M Karras", None, "dpmpp_2m_karras"),
         ("DPM++ 3M SDE Exponential", None, "dpmpp_3m_sde_exponential"),
         ("Heun", "Automatic", "heun"),
-        ("DPM2 a Karras", None, None),  # diffusers 0.42.1's DPM2 fails: not listed
+        ("DPM2 a Karras", None, "dpm2_a_karras"),
+        ("DPM2", "Karras", "dpm2_karras"),
+        ("DPM2 a", "Exponential", "dpm2_a_exponential"),
+        ("dpm_2", "normal", "dpm2"),  # ComfyUI
+        ("dpm_2_ancestral", "karras", "dpm2_a_karras"),
         ("Euler a", None, "euler_a"),
         ("Euler a", "Karras", "euler_a"),  # a schedule it cannot take: its own
         ("UniPC", "Beta", "unipc_beta"),
@@ -121,7 +130,8 @@ def test_a_sampler_halfsafe_does_not_run_names_the_closest():
         "HalfSafe does not run the sampler DPM++ SDE Karras; the closest it runs is DPM++ 2M SDE."
     )
     assert samplers.refusal("dpmpp_sde_gpu (karras)").endswith("closest it runs is DPM++ 2M SDE.")
-    assert samplers.refusal("DPM2 a Karras").endswith("the closest it runs is Euler a.")
+    assert samplers.refusal("DPM2 a Karras") is None  # diffusers' KDPM2 runs it
+    assert samplers.refusal("dpm_2_ancestral") is None
     assert samplers.refusal("Made Up") == "HalfSafe does not run the sampler Made Up."
     assert samplers.refusal("DPM++ 2M") is None
 
@@ -166,3 +176,81 @@ def test_explain_reads_the_sampler_of_an_a1111_and_a_comfyui_image(tmp_path):
     nodes["3"]["inputs"].update(sampler_name="dpmpp_3m_sde_gpu", scheduler="exponential")
     comfy = _comfy_record(tmp_path / "x.png", json.dumps(nodes), None)
     assert comfy.scheduler == "dpmpp_3m_sde_exponential"
+
+
+def test_dpm2_a_karras_is_diffusers_dpm2_ancestral_recorded_and_read_back_as_a1111_writes_it(
+    tmp_path,
+):
+    """DPM2 a with Karras sigmas: the same picture as diffusers' own pipeline with its KDPM2
+    ancestral scheduler from the same seed, written `Sampler: DPM2 a, Schedule type: Karras`
+    and read back to the same setting; progress counts the model's calls (two a step but the
+    last)."""
+    from diffusers import KDPM2AncestralDiscreteScheduler
+    from PIL import Image
+
+    from app.core.settings import PrecisionSettings
+
+    model = _model(FamilyId.SD)
+    request = generation.GenerationRequest(
+        prompt="a red cube", steps=3, cfg=5.0, seed=11, width=64, height=64,
+        scheduler="dpm2_a_karras", output_dir=str(tmp_path),
+    )  # fmt: skip
+    progress = []
+    made = generation.generate(
+        model, request, precision=PrecisionSettings(precision="fp32"), device="cpu",
+        on_progress=lambda stage, step, total: progress.append((stage, step, total)),
+    ).images[0]  # fmt: skip
+
+    pipeline = model.pipeline
+    own = pipeline.scheduler
+    # diffusers' own class takes NumPy 2's deprecated path (see samplers.make).
+    warnings.filterwarnings("ignore", "__array_wrap__", DeprecationWarning)
+    try:
+        pipeline.scheduler = KDPM2AncestralDiscreteScheduler.from_config(
+            own.config, use_karras_sigmas=True
+        )
+        theirs = pipeline(
+            "a red cube", num_inference_steps=3, guidance_scale=5.0, height=64, width=64,
+            generator=torch.Generator().manual_seed(11), output_type="np",
+        ).images[0]  # fmt: skip
+    finally:
+        pipeline.scheduler = own
+    with Image.open(made.path) as image:
+        saved = np.asarray(image.convert("RGB"))
+    assert made.status == "ok"
+    assert np.abs(saved.astype(int) - (theirs * 255).round().astype(int)).max() <= 1
+    parsed = infotext.parse(made.parameters)
+    assert (parsed.raw(infotext.SAMPLER), parsed.raw(infotext.SCHEDULE_TYPE)) == (
+        "DPM2 a",
+        "Karras",
+    )
+    assert parsed.scheduler() == "dpm2_a_karras"
+    assert [p for p in progress if p[0] == "Generating"] == [
+        ("Generating", i, 5) for i in range(1, 6)
+    ]
+
+
+@pytest.mark.parametrize("key", ["dpm2", "dpm2_a_karras", "heun"])
+def test_a_second_order_sampler_is_checked_and_its_nan_step_is_the_samplers(key):
+    """The check probes the sampler's own schedule; the NaN watch counts a step per two model
+    calls, so the step it names is never past the steps asked for."""
+    from app.core.generation.watch import NanWatch
+    from app.core.health.stages import probe_timesteps
+    from tests.core.test_generation import Poisoned
+
+    model = _model(FamilyId.SD)
+    scheduler = samplers.make(key, model.pipeline.scheduler.config, "epsilon")
+    scheduler.set_timesteps(20)
+    timesteps = probe_timesteps(model, 20, key, 64)
+    assert timesteps[0] == int(scheduler.timesteps[0]) and len(timesteps) == 3
+    assert timesteps[-1] == int(scheduler.timesteps[-1])
+
+    unet = Poisoned()  # the third call onward is NaN for image 1: the second step's first
+    watch = NanWatch(unet, batch=2, order=scheduler.order)
+    latents = torch.zeros(2, 4, 8, 8)
+    for call in range(5):  # 3 steps: 5 calls
+        unet(torch.cat([latents] * 2), torch.tensor(900.0 - call))
+        watch.after_step(call, latents)
+    watch.remove()
+    first = generation.read_flags(watch.flags())[2:]
+    assert scheduler.order == 2 and first == [-1, 1]  # 0-based: the second step

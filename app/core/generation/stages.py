@@ -318,7 +318,10 @@ class Stages:
             arguments = _accepted(pipe, arguments)
         else:
             arguments = _accepted(pipe, arguments)
-        steps = steps_run(request.steps, request.strength, mode)
+        # A second-order sampler (Heun, DPM2) calls the denoiser twice per step but the last,
+        # and diffusers' callback follows each call: progress counts the calls.
+        order = max(1, int(getattr(pipe.scheduler, "order", 1)))
+        steps = order * steps_run(request.steps, request.strength, mode) - (order - 1)
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
         denoiser = self.placed[self.family.denoiser]
         watch = (
@@ -328,6 +331,7 @@ class Stages:
                 sample_argument=self.family.sample_argument,
                 timestep_argument=self.family.timestep_argument,
                 clamped=self.family.clamped_blocks(denoiser),
+                order=order,
             )
             if self.watch
             else None
