@@ -114,7 +114,13 @@ def test_a_zero_terminal_snr_model_gets_rescaled_betas_or_one_sentence():
         ("dpmpp_2m_sde_gpu", "karras", "dpmpp_2m_sde_karras"),  # ComfyUI
         ("euler_ancestral", "normal", "euler_a"),
         ("uni_pc_bh2", "sgm_uniform", "unipc_sgm_uniform"),
-        ("lcm", "simple", "lcm"),
+        ("lcm", "simple", "lcm_sgm_uniform"),  # ComfyUI's simple: the closest, trailing
+        ("Euler", "Simple", "euler_sgm_uniform"),
+        ("DPM++ 2M", "KL Optimal", "dpmpp_2m_karras"),
+        ("euler", "ddim_uniform", "euler"),
+        ("DPM++ 2M SDE", "Align Your Steps", "dpmpp_2m_sde_karras"),
+        ("Euler Simple", None, "euler_sgm_uniform"),
+        ("dpmpp_2m_kl_optimal", None, "dpmpp_2m_karras"),
         ("heun_karras", None, "heun_karras"),  # HalfSafe's own key
         ("DPM++ SDE Karras", None, None),
         ("Restart", None, None),
@@ -175,7 +181,19 @@ def test_explain_reads_the_sampler_of_an_a1111_and_a_comfyui_image(tmp_path):
     nodes = json.loads(comfy_prompt("model.safetensors"))
     nodes["3"]["inputs"].update(sampler_name="dpmpp_3m_sde_gpu", scheduler="exponential")
     comfy = _comfy_record(tmp_path / "x.png", json.dumps(nodes), None)
-    assert comfy.scheduler == "dpmpp_3m_sde_exponential"
+    assert comfy.scheduler == "dpmpp_3m_sde_exponential" and comfy.schedule_note is None
+    # A schedule HalfSafe does not run: the closest, and the sentence that says so.
+    nodes["3"]["inputs"].update(sampler_name="dpmpp_2m", scheduler="kl_optimal")
+    comfy = _comfy_record(tmp_path / "x.png", json.dumps(nodes), None)
+    assert (comfy.scheduler, comfy.schedule_note) == (
+        "dpmpp_2m_karras",
+        "HalfSafe does not run the schedule kl_optimal; the closest it runs is DPM++ 2M Karras.",
+    )
+    ays = _infotext_record(
+        "a cat\nSteps: 20, Sampler: Euler, Schedule type: Align Your Steps, CFG scale: 7, Seed: 1"
+    )
+    assert ays.scheduler == "euler_karras"
+    assert ays.schedule_note is not None and "Align Your Steps" in ays.schedule_note
 
 
 def test_dpm2_a_karras_is_diffusers_dpm2_ancestral_recorded_and_read_back_as_a1111_writes_it(
@@ -254,3 +272,69 @@ def test_a_second_order_sampler_is_checked_and_its_nan_step_is_the_samplers(key)
     watch.remove()
     first = generation.read_flags(watch.flags())[2:]
     assert scheduler.order == 2 and first == [-1, 1]  # 0-based: the second step
+
+
+@pytest.mark.parametrize(
+    ("sampler", "schedule", "key", "sentence"),
+    [
+        ("Euler", "Simple", "euler_sgm_uniform",
+         "HalfSafe does not run the schedule Simple; the closest it runs is Euler SGM Uniform."),
+        ("dpmpp_2m", "kl_optimal", "dpmpp_2m_karras",
+         "HalfSafe does not run the schedule kl_optimal; the closest it runs is DPM++ 2M Karras."),
+        ("Euler a", "KL Optimal", "euler_a",
+         "HalfSafe does not run the schedule KL Optimal; the closest it runs is Euler a with "
+         "its own schedule."),
+        ("euler", "ddim_uniform", "euler",
+         "HalfSafe does not run the schedule ddim_uniform; the closest it runs is Euler with its "
+         "own schedule."),
+        ("DPM++ 2M", "Align Your Steps", "dpmpp_2m_karras",
+         "HalfSafe does not run the schedule Align Your Steps; the closest it runs is DPM++ 2M "
+         "Karras."),
+        ("Euler a", "Karras", "euler_a",
+         "HalfSafe does not run Euler a with the schedule Karras (diffusers' Euler a takes no "
+         "such option); the closest it runs is Euler a with its own schedule."),
+        ("Euler", "Made Up", "euler",
+         "HalfSafe does not run the schedule Made Up; the closest it runs is Euler with its own "
+         "schedule."),
+        ("DPM++ 2M", "Karras", "dpmpp_2m_karras", None),
+        ("Euler", "Automatic", "euler", None),
+        ("euler", "normal", "euler", None),
+    ],
+)  # fmt: skip
+def test_a_schedule_halfsafe_does_not_run_is_one_sentence_naming_the_closest(
+    sampler, schedule, key, sentence
+):
+    assert samplers.read(sampler, schedule) == (key, sentence)
+
+
+def _comfy_simple(sigmas: np.ndarray, steps: int) -> np.ndarray:
+    """ComfyUI's simple schedule, computed here from its definition: the model's sigmas at
+    evenly spaced indices from the top, 999 - floor(i * 1000 / steps), then 0."""
+    picked = [sigmas[-(1 + int(i * len(sigmas) / steps))] for i in range(steps)]
+    return np.array([*picked, 0.0], dtype=np.float32)
+
+
+def test_simple_is_not_run_as_such_because_trailing_spacing_rounds_where_it_floors():
+    """Why Simple is the closest, not the same: HalfSafe's SGM Uniform (diffusers' trailing
+    spacing) takes the same sigmas as ComfyUI's simple where the step count divides 1000, and
+    one index lower where i * 1000 / steps has a fraction of a half or more."""
+    model_sigmas = ((1 - DDPMScheduler.from_config(SD_CONFIG).alphas_cumprod) /
+                    DDPMScheduler.from_config(SD_CONFIG).alphas_cumprod).sqrt().numpy()  # fmt: skip
+    for steps, same in ((20, True), (25, True), (30, False), (6, False)):
+        trailing = samplers.make("euler_sgm_uniform", SD_CONFIG)
+        trailing.set_timesteps(steps)
+        simple = _comfy_simple(model_sigmas, steps)
+        assert np.allclose(trailing.sigmas.numpy(), simple, rtol=1e-5) is same, steps
+        assert np.allclose(trailing.sigmas.numpy(), simple, rtol=0.05)  # the closest
+
+
+@pytest.mark.parametrize("words", ["Euler Simple", "euler_kl_optimal", "Euler a Karras"])
+def test_generate_refuses_a_schedule_it_does_not_run_with_exit_2(words, capsys, tmp_path):
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "demo", "--scheduler", words, "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert samplers.read(words)[1] in err and "closest it runs is" in err
+    assert not list(tmp_path.iterdir())
