@@ -254,12 +254,14 @@ def _extension(text: str) -> tuple[int, int, int, int]:
 
 def _sampler(text: str) -> str:
     """A sampler setting from its key or a tool's words; the sentence naming the closest one
-    HalfSafe runs when it runs none of that name."""
-    key = samplers.key_for(text)
+    HalfSafe runs when it runs none of that name, or not with that schedule."""
+    key, unrun = samplers.read(text)
     if key is None:
         raise argparse.ArgumentTypeError(
             samplers.refusal(text) or f"{text!r} is not a sampler HalfSafe knows"
         )
+    if unrun is not None:
+        raise argparse.ArgumentTypeError(unrun)
     return key
 
 

@@ -6,7 +6,7 @@ sampler) and the window's words.
 A setting's value is the sampler's key, then the schedule's when it is not the sampler's own
 (`dpmpp_2m_sde_karras`: DPM++ 2M SDE with Karras sigmas), as A1111 before 1.9 named them in one
 word. A sampler diffusers does not run the same way is refused in one sentence naming the
-closest one HalfSafe runs. Plain Python: diffusers is imported when a scheduler is made.
+closest one HalfSafe runs, and so is a schedule (`read`); an image's record takes the closest. Plain Python: diffusers is imported when a scheduler is made.
 
 Sources of the names (facts, not code): A1111's `sd_samplers_kdiffusion.py` and
 `sd_schedulers.py` (AGPL-3.0), ComfyUI's `KSampler.SAMPLERS` and `SCHEDULER_NAMES` (GPL-3.0),
@@ -16,6 +16,7 @@ options give which of them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,13 @@ SAMPLERS: tuple[Sampler, ...] = (
         ("sgm_uniform",),
     ),
     Sampler("heun", "Heun", ("heun",), "HeunDiscreteScheduler", {}, _SIGMA_SCHEDULES, False),
+    # DPM2 and DPM2 a: second order, two denoiser calls a step but the last (as Heun); no
+    # rescaled betas in diffusers' KDPM2 schedulers.
+    Sampler("dpm2", "DPM2", ("dpm_2",), "KDPM2DiscreteScheduler", {}, _SIGMA_SCHEDULES, False),
+    Sampler(
+        "dpm2_a", "DPM2 a", ("dpm_2_ancestral",), "KDPM2AncestralDiscreteScheduler", {},
+        _SIGMA_SCHEDULES, False,
+    ),
     Sampler(
         "dpmpp_2m", "DPM++ 2M", ("dpmpp_2m",), "DPMSolverMultistepScheduler",
         {"algorithm_type": "dpmsolver++", "solver_order": 2}, _SIGMA_SCHEDULES,
@@ -87,14 +95,8 @@ SAMPLERS: tuple[Sampler, ...] = (
 
 # Samplers the tools name that HalfSafe does not run, with the closest one it does: diffusers'
 # DPM++ SDE (DPMSolverSDEScheduler) needs torchsde and draws its Brownian noise from a seed of
-# its own, so the image's seed would not make it again; its DPM2 and DPM2 a (KDPM2Discrete and
-# KDPM2AncestralDiscrete) fail in 0.42.1 before their first step (`_sigma_to_t` hands a torch
-# tensor to NumPy's cumsum), whatever the schedule.
+# its own, so the image's seed would not make it again.
 CLOSEST: Mapping[str, str] = {
-    "dpm2": "heun",
-    "dpm_2": "heun",
-    "dpm2 a": "euler_a",
-    "dpm_2_ancestral": "euler_a",
     "dpm++ sde": "dpmpp_2m_sde",
     "dpmpp_sde": "dpmpp_2m_sde",
     "dpmpp_sde_gpu": "dpmpp_2m_sde",
@@ -108,6 +110,43 @@ CLOSEST: Mapping[str, str] = {
     "plms": "ddim",
     "restart": "dpmpp_2m",
 }
+
+# Schedules the tools name that HalfSafe does not run, with the closest one it does (a key of
+# SCHEDULES; None: the sampler's own). What each is (A1111's sd_schedulers.py, ComfyUI's
+# comfy/samplers.py, as facts):
+# - Simple (ComfyUI): the model's sigmas at evenly spaced indices from the top,
+#   999 - floor(i * 1000 / steps). diffusers' trailing spacing (SGM Uniform here) takes
+#   999 - round(i * 1000 / steps): the same sigmas where steps divide 1000, one index lower
+#   where the fraction is a half or more (30 steps: 933 for 934), and no diffusers scheduler
+#   option floors.
+# - DDIM uniform (A1111's DDIM): indices 1, 1 + 1000 // steps, ...: the leading spacing with
+#   steps_offset 1 that SD's own scheduler configs set (the sampler's own), where steps divide
+#   999 evenly enough; elsewhere ComfyUI runs a step more than asked.
+# - KL Optimal: tan of evenly spaced arctan(sigma), crowded at low noise as Karras is.
+# - Align Your Steps (and its GITS, 11 and 32 variants): NVIDIA's fixed sigma tables, log-
+#   interpolated to the step count, again crowded at low noise: Karras.
+# - Polyexponential: exponential with a power on the ramp. Turbo: SD-Turbo's trailing steps.
+# - Linear quadratic (for flow models): linear, then quadratic sigmas: the sampler's own.
+UNRUN_SCHEDULES: Mapping[str, str | None] = {
+    "simple": "sgm_uniform",
+    "ddim_uniform": None,
+    "ddim uniform": None,
+    "ddim": None,
+    "kl_optimal": "karras",
+    "kl optimal": "karras",
+    "align your steps": "karras",
+    "align_your_steps": "karras",
+    "align your steps gits": "karras",
+    "align your steps 11": "karras",
+    "align your steps 32": "karras",
+    "ays": "karras",
+    "polyexponential": "exponential",
+    "turbo": "sgm_uniform",
+    "linear_quadratic": None,
+    "linear quadratic": None,
+}
+# The words for the sampler's own schedule: A1111's Automatic, ComfyUI's normal.
+_OWN_SCHEDULE = ("automatic", "normal")
 
 BY_KEY: Mapping[str, Sampler] = {sampler.key: sampler for sampler in SAMPLERS}
 SCHEDULE_BY_KEY: Mapping[str, Schedule] = {schedule.key: schedule for schedule in SCHEDULES}
@@ -153,27 +192,75 @@ def infotext_words(key: str) -> tuple[str, str | None]:
 
 def key_for(sampler_words: str | None, schedule_words: str | None = None) -> str | None:
     """HalfSafe's value for a tool's sampler (and schedule) words, or None when the table
-    does not know them. Reads A1111's names ("DPM++ 2M SDE", with "Schedule type: Karras",
-    or in one word "DPM++ 2M SDE Karras" as before 1.9), ComfyUI's (`dpmpp_2m_sde_gpu`,
-    scheduler `karras`; `normal` and `simple` are the sampler's own), and HalfSafe's keys."""
+    does not know the sampler. Reads A1111's names ("DPM++ 2M SDE", with "Schedule type:
+    Karras", or in one word "DPM++ 2M SDE Karras" as before 1.9), ComfyUI's (`dpmpp_2m_sde_gpu`,
+    scheduler `karras`; `normal` is the sampler's own), and HalfSafe's keys. A schedule
+    HalfSafe does not run gives the closest it does (`read` says so in a sentence)."""
+    return read(sampler_words, schedule_words)[0]
+
+
+def read(
+    sampler_words: str | None, schedule_words: str | None = None
+) -> tuple[str | None, str | None]:
+    """(`key_for`'s value, one sentence when that is not the schedule the words ask for: a
+    schedule HalfSafe does not run, or one this sampler does not take in diffusers, naming the
+    closest it runs, which the value is; None when it runs what was asked)."""
     if not sampler_words:
-        return None
+        return None, None
     said = sampler_words.strip().lower()
-    schedule = _schedule_key(schedule_words)
+    schedule = schedule_words.strip() if schedule_words and schedule_words.strip() else None
     if said in KEYS and schedule is None:
-        return said
+        return said, None
     found = _sampler_named(said)
-    if found is None:  # the schedule in the same words: "DPM++ 2M Karras"
-        for named in SCHEDULES:
-            suffix = f" {named.name.lower()}"
-            if said.endswith(suffix) and (found := _sampler_named(said[: -len(suffix)])):
-                schedule = schedule or named.key
+    if found is None:  # the schedule in the same words: "DPM++ 2M Karras", "euler_kl_optimal"
+        for spelling in _schedule_spellings():
+            for separator in (" ", "_"):
+                suffix = separator + spelling
+                if said.endswith(suffix) and (found := _sampler_named(said[: -len(suffix)])):
+                    schedule = schedule or sampler_words.strip()[-len(spelling) :]
+                    break
+            if found is not None:
                 break
     if found is None:
-        return None
-    if schedule is None or schedule not in found.schedules:
-        return found.key
-    return f"{found.key}_{schedule}"
+        return None, None
+    return _with_schedule(found, schedule)
+
+
+def _with_schedule(sampler: Sampler, said: str | None) -> tuple[str, str | None]:
+    if said is None or said.lower() in _OWN_SCHEDULE:
+        return sampler.key, None
+    known = _schedule_named(said.lower())
+    if known is not None:
+        if known.key in sampler.schedules:
+            return f"{sampler.key}_{known.key}", None
+        return sampler.key, (
+            f"HalfSafe does not run {sampler.name} with the schedule {known.name} (diffusers' "
+            f"{sampler.name} takes no such option); the closest it runs is {sampler.name} "
+            "with its own schedule."
+        )
+    lowered = said.lower()
+    closest = UNRUN_SCHEDULES.get(lowered, UNRUN_SCHEDULES.get(lowered.replace("_", " ")))
+    if closest in sampler.schedules:
+        key, runs = f"{sampler.key}_{closest}", words(f"{sampler.key}_{closest}")
+    else:
+        key, runs = sampler.key, f"{sampler.name} with its own schedule"
+    return key, f"HalfSafe does not run the schedule {said}; the closest it runs is {runs}."
+
+
+def _schedule_spellings() -> list[str]:
+    """Every schedule's words as a sampler's suffix may spell them, longest first (so that
+    "align your steps gits" is not read as its shorter relatives)."""
+    spellings = {*UNRUN_SCHEDULES, *_OWN_SCHEDULE}
+    for schedule in SCHEDULES:
+        spellings.update((schedule.key, schedule.name.lower(), schedule.comfy))
+    return sorted(spellings, key=len, reverse=True)
+
+
+def _schedule_named(said: str) -> Schedule | None:
+    for schedule in SCHEDULES:
+        if said in (schedule.key, schedule.name.lower(), schedule.comfy):
+            return schedule
+    return None
 
 
 def refusal(sampler_words: str | None) -> str | None:
@@ -198,18 +285,6 @@ def _sampler_named(said: str) -> Sampler | None:
     for sampler in SAMPLERS:
         if said in (sampler.key, sampler.name.lower(), *sampler.comfy):
             return sampler
-    return None
-
-
-def _schedule_key(said: str | None) -> str | None:
-    """A tool's schedule words as a schedule key; None for the sampler's own (A1111's
-    Automatic, ComfyUI's normal and simple) or words the table does not know."""
-    if not said:
-        return None
-    said = said.strip().lower()
-    for schedule in SCHEDULES:
-        if said in (schedule.key, schedule.name.lower(), schedule.comfy):
-            return schedule.key
     return None
 
 
@@ -244,4 +319,24 @@ def make(
             )
         options.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
     scheduler_class = getattr(diffusers, sampler.scheduler)
+    if sampler.scheduler in _TENSORS_TO_NUMPY:
+        scheduler_class = _numpy_sigma_to_t(scheduler_class)
     return scheduler_class.from_config(config, **options)
+
+
+# diffusers 0.42.1's KDPM2 schedulers (DPM2, DPM2 a) hand torch tensors to NumPy in
+# `_sigma_to_t` while they set their interpolated timesteps: NumPy 2 hands the result back
+# through torch's older `__array_wrap__`, a DeprecationWarning today and a TypeError once NumPy
+# drops it. HalfSafe's scheduler is diffusers' own with that one method given NumPy arrays.
+_TENSORS_TO_NUMPY = ("KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler")
+
+
+@functools.cache
+def _numpy_sigma_to_t(base: type) -> type:
+    import numpy as np
+
+    def _sigma_to_t(self, sigma, log_sigmas):
+        return base._sigma_to_t(self, np.asarray(sigma), np.asarray(log_sigmas))
+
+    # Named as diffusers' class, so that its config and the words that name it stay the same.
+    return type(base.__name__, (base,), {"_sigma_to_t": _sigma_to_t, "__module__": __name__})

@@ -193,7 +193,11 @@ class GenerateView(QWidget):
         """Put an image's parameters into the form (the gallery's "Send parameters to
         Generate"); values the form cannot take are left as they are."""
         self.form.use_parameters(request)
-        self.progress_label.setText("Parameters taken from the image; press Generate.")
+        note = request.get("schedule_note")
+        self.progress_label.setText(
+            "Parameters taken from the image; press Generate."
+            + (f" {note}" if isinstance(note, str) and note else "")
+        )
 
     def _settings_changed(self, keys: list[str]) -> None:
         if "output_folder" in keys:

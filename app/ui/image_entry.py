@@ -72,6 +72,8 @@ class GalleryEntry:
     steps: int | None = None
     sampler: str | None = None  # in the tool's words ("DPM++ 2M Karras")
     scheduler: str | None = None  # HalfSafe's scheduler for that sampler, when it runs one
+    # One sentence when `scheduler` is the closest HalfSafe runs to the recorded schedule.
+    schedule_note: str | None = None
     cfg: float | None = None
     seed: int | None = None
     size: tuple[int, int] | None = None  # width, height
@@ -190,6 +192,9 @@ class GalleryEntry:
             steps=parsed.get(infotext.STEPS),
             sampler=parsed.get(infotext.SAMPLER),
             scheduler=parsed.scheduler(),
+            schedule_note=samplers.read(
+                parsed.raw(infotext.SAMPLER), parsed.raw(infotext.SCHEDULE_TYPE)
+            )[1],
             cfg=parsed.get(infotext.CFG_SCALE),
             seed=parsed.get(infotext.SEED),
             size=parsed.get(infotext.SIZE),
@@ -226,6 +231,7 @@ class GalleryEntry:
             steps=record.steps,
             sampler=record.sampler,
             scheduler=record.scheduler,
+            schedule_note=record.schedule_note,
             cfg=record.cfg,
             seed=record.seed,
             size=size,
@@ -264,6 +270,9 @@ class GalleryEntry:
             "clip_skip": self.clip_skip,
             "hires": self.hires,
             "step_cache": self.step_cache,
+            # Not a form value: the sentence the Generate page shows when the sampler it takes
+            # is the closest HalfSafe runs to the one recorded.
+            "schedule_note": self.schedule_note,
         }
         return {key: value for key, value in values.items() if value is not None}
 

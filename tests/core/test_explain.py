@@ -704,3 +704,27 @@ def test_a_black_image_with_no_record_is_not_called_an_overflow_as_a_fact(tmp_pa
     first = capsys.readouterr().out.splitlines()[0]
     assert "NaN-black" in first
     assert "Most often a value overflowed" in first and "only a check of the model proves" in first
+
+
+def test_an_image_made_with_a_schedule_halfsafe_does_not_run_is_checked_with_the_closest(
+    tmp_path, a1111_tree
+):
+    """Schedule type: Simple (ComfyUI's, also in A1111): the check probes the closest schedule
+    HalfSafe runs, Euler SGM Uniform, and a note says so."""
+    from app.core import models
+    from app.core.health.stages import probe_timesteps
+
+    loaded = models.load_model(str(a1111_tree))
+    loaded.native_size = 64  # see test_the_check_runs_at_most_at_the_models_native_size
+    image = a1111_black_png(tmp_path, a1111_tree, Sampler="Euler", **{"Schedule type": "Simple"})
+    explanation = explain.explain_image(image, device="cpu", loaded=loaded)
+
+    sentence = (
+        "HalfSafe does not run the schedule Simple; the closest it runs is Euler SGM Uniform."
+    )
+    assert f"{sentence} The check probed that schedule at the same step count." in (
+        explanation.notes
+    )
+    assert explanation.check is not None
+    closest = probe_timesteps(loaded, 12, "euler_sgm_uniform", 64)
+    assert explanation.check.timesteps == closest != probe_timesteps(loaded, 12, "euler", 64)

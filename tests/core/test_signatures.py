@@ -277,3 +277,30 @@ def test_the_signatures_are_documented():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
     for word in ("`saturated`", "`noise`", "`unclaimed`", "pixels.saturated", "pixels.noise"):
         assert word in docs
+
+
+def _tone_figures(rgb: np.ndarray) -> np.ndarray:
+    """The figures a negative could be told by: the median over 16 px blocks of the darkest
+    and of the brightest channel (natural photographs keep a dark channel near 0), and the
+    skew of the brightness (photographs lean to dark tones with few highlights)."""
+    unit = rgb.astype(np.float32) / 255.0
+    brightness = unit.mean(axis=-1)
+    skew = float(((brightness - brightness.mean()) ** 3).mean() / brightness.std() ** 3)
+    blocks = unit.reshape(SIZE // 16, 16, SIZE // 16, 16, 3)
+    dark = float(np.median(blocks.min(axis=(1, 3, 4))))
+    bright = float(np.median(blocks.max(axis=(1, 3, 4))))
+    return np.array([dark, bright, skew])
+
+
+def test_a_negative_is_not_told_from_a_picture_by_its_pixels():
+    """Why explain claims no inverted signature: the negative of a night scene has the tone
+    figures of snow (and snow's those of a night scene), and no picture's negative is flagged
+    by the signatures explain reads."""
+    night, snow = NATURAL["a night scene"], NATURAL["snow"]
+    assert np.abs(_tone_figures(255 - night) - _tone_figures(snow)).max() < 0.15
+    assert np.abs(_tone_figures(255 - snow) - _tone_figures(night)).max() < 0.15
+    for name, picture in {**NATURAL, "a white background": white_background()}.items():
+        negative = 255 - picture
+        assert signatures.saturated(negative) is None, name
+        figures = signatures.noise(negative)
+        assert figures is not None and not figures.coloured_noise, name

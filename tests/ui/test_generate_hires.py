@@ -114,3 +114,19 @@ def test_the_step_cache_is_on_only_for_a_model_it_runs_on_and_goes_with_the_job(
     )
     view.use_parameters(GalleryEntry.from_parameters(recorded).generate_values())
     assert view.step_cache.value() == 0.12
+
+
+def test_an_images_schedule_halfsafe_does_not_run_takes_the_closest_and_says_so(view):
+    """Send to Generate: an image made with ComfyUI's Simple schedule fills the form with the
+    closest sampler HalfSafe runs, and the page says which in one sentence."""
+    text = "a castle\nSteps: 20, Sampler: Euler, Schedule type: Simple, Size: 512x512"
+    view.use_parameters(GalleryEntry.from_parameters(text).generate_values())
+    assert view.form.scheduler.currentData() == "euler_sgm_uniform"
+    assert view.progress_label.text() == (
+        "Parameters taken from the image; press Generate. HalfSafe does not run the schedule "
+        "Simple; the closest it runs is Euler SGM Uniform."
+    )
+    own = "a castle\nSteps: 20, Sampler: DPM++ 2M, Schedule type: Karras, Size: 512x512"
+    view.use_parameters(GalleryEntry.from_parameters(own).generate_values())
+    assert view.form.scheduler.currentData() == "dpmpp_2m_karras"
+    assert view.progress_label.text() == "Parameters taken from the image; press Generate."

@@ -573,3 +573,24 @@ def test_the_window_gallery_tells_the_viewer_where_it_is(window, tmp_path):
     assert gallery.place() == (2, count)
     assert window.image_viewer is not None
     assert f"2 of {count}" in window.image_viewer.position.text()
+
+
+def test_an_rgba_result_is_shown_with_its_alpha(qtbot, tmp_path):
+    """Qwen-Image 2.1 saves RGBA: the viewer shows it with its transparency, from the file or
+    from memory (an image no folder took)."""
+    from app.core.images.finished import png_bytes
+    from app.ui.image_entry import GalleryEntry
+    from app.ui.image_viewer import load_pixmap
+
+    rgba = np.zeros((32, 48, 4), np.uint8)
+    rgba[..., 0] = 200
+    rgba[:, 24:, 3] = 255
+    image = Image.fromarray(rgba, "RGBA")
+    path = tmp_path / "00001-1.png"
+    path.write_bytes(png_bytes(image, "a cat\nSteps: 2, Seed: 1, Size: 48x32"))
+    for entry in (GalleryEntry(path=str(path)), GalleryEntry(png=png_bytes(image))):
+        pixmap, problem = load_pixmap(entry)
+        assert problem == "" and pixmap.hasAlphaChannel()
+        shown = pixmap.toImage()
+        assert shown.pixelColor(2, 2).alpha() == 0
+        assert (shown.pixelColor(40, 2).red(), shown.pixelColor(40, 2).alpha()) == (200, 255)

@@ -432,6 +432,10 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             f"{refused} The check probed the schedule of "
             f"{samplers.words(FIELDS['scheduler'].default)} at the same step count."
         )
+    elif record.schedule_note:
+        explanation.notes.append(
+            f"{record.schedule_note} The check probed that schedule at the same step count."
+        )
     _apply_image_loras(explanation, model)
     size = _probe_size(record, model.native_size)
     explanation.notes.extend(_size_notes(record, size))

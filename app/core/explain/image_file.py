@@ -198,6 +198,11 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     of structure along the edges when all-zero latents were decoded), and also what a
     solid-colour design looks like. Only the generation record tells which (`explain_image`).
 
+    A picture with an alpha channel (Qwen-Image 2.1 decodes RGBA) is judged by the pixels that
+    show (alpha above 0): a cut-out's transparent background, whatever colour it is written
+    in, is not black, flat or saturated. Coloured noise is measured only on a picture every
+    pixel of which shows. A picture with nothing showing is judged as stored.
+
     Saturated and coloured noise are `signatures`: almost every pixel with every channel at 0
     or 255 (values that overflowed to infinity, clipped), and a picture with no large shapes
     whose neighbouring pixels differ in colour more than in brightness. A white or noisy design
@@ -221,7 +226,12 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         with open_picture(path) as image:
             if image.width * image.height > MAX_PIXELS:
                 raise BadFileError(path, "too large to read.")
-            rgb = np.asarray(image.convert("RGB"))
+            alpha = None
+            if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+                rgba = np.asarray(image.convert("RGBA"))
+                rgb, alpha = rgba[..., :3], rgba[..., 3]
+            else:
+                rgb = np.asarray(image.convert("RGB"))
     except BadFileError:
         raise
     except UnidentifiedImageError:
@@ -230,17 +240,24 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         ) from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise BadFileError(path, f"its pixels cannot be decoded ({_short(error)}).") from None
-    zero = not rgb.any()
-    stats = brightness_stats(rgb.mean(axis=-1) / 255.0)
+    # Only what shows is judged: a transparent pixel's colour is never seen (a cut-out's
+    # background is often written 0, which must not make it read as black). A picture with no
+    # pixel showing at all (NaN written as zeros in every channel, alpha included) is judged
+    # as stored.
+    visible = alpha > 0 if alpha is not None and alpha.any() else None
+    shown = rgb[visible] if visible is not None else rgb
+    zero = not shown.any()
+    stats = brightness_stats(shown.mean(axis=-1) / 255.0)
     figures = {
         "width": int(rgb.shape[1]),
         "height": int(rgb.shape[0]),
+        "transparent": round(float((alpha == 0).mean()), 4) if alpha is not None else 0.0,
         "all_zero": bool(zero),
         "mean": round(stats.mean, 4),
         "spread": round(stats.spread, 4),
         "bright": round(stats.bright, 4),
     }
-    flat = None if zero else flat_region(rgb)
+    flat = None if zero else flat_region(rgb, visible)
     figures["flat"] = None
     if flat is not None:
         figures["flat"] = {
@@ -249,9 +266,11 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
             "box": list(flat.box),
             "stage": "pixels" if flat.mid_grey else "latent",
         }
-    saturated = None if zero else signatures.saturated(rgb)
+    saturated = None if zero else signatures.saturated(shown.reshape(1, -1, 3))
     figures["saturated"] = saturated.to_json() if saturated is not None else None
-    noise = None if zero or saturated or flat else signatures.noise(rgb)
+    # Noise is measured over whole blocks of neighbouring pixels: only where every one shows.
+    whole = visible is None or bool(visible.all())
+    noise = None if zero or saturated or flat or not whole else signatures.noise(rgb)
     figures["noise"] = noise.to_json() if noise is not None else None
     if zero:
         return "nan", figures

@@ -37,6 +37,9 @@ class Record:
     vae: str | None = None
     sampler: str | None = None  # the tool's own words
     scheduler: str | None = None  # HalfSafe's scheduler when the sampler maps to one
+    # One sentence when `scheduler` is the closest HalfSafe runs, not the schedule recorded
+    # (one it does not run, or one the sampler does not take in diffusers); None otherwise.
+    schedule_note: str | None = None
     steps: int | None = None
     cfg: float | None = None
     seed: int | None = None
@@ -197,6 +200,9 @@ def _infotext_record(text: str) -> Record:
         prompt=parsed.prompt[:4096],
         version=version,
     )
+    record.schedule_note = samplers.read(
+        parsed.raw(infotext.SAMPLER), parsed.raw(infotext.SCHEDULE_TYPE)
+    )[1]
     record.clip_skip = parsed.get(infotext.CLIP_SKIP)
     record.hires_size, record.hires_upscaler = _a1111_hires(parsed, width, height)
     record.caches = runtime.from_infotext_keys(parsed.pairs)
@@ -225,14 +231,16 @@ def _a1111_hires(
 
 
 def _swarm_record(params: dict[str, Any]) -> Record:
+    scheduler, note = samplers.read(
+        read_text(params.get("sampler")), read_text(params.get("scheduler"))
+    )
     return Record(
         made_by="swarmui",
         model=read_text(params.get("model")),
         vae=read_text(params.get("vae")),
         sampler=read_text(params.get("sampler")),
-        scheduler=samplers.key_for(
-            read_text(params.get("sampler")), read_text(params.get("scheduler"))
-        ),
+        scheduler=scheduler,
+        schedule_note=note,
         steps=read_int(params.get("steps")),
         cfg=read_float(params.get("cfgscale")),
         seed=read_int(params.get("seed")),
@@ -353,7 +361,7 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
             record.seed = read_int(inputs.get("seed", inputs.get("noise_seed")))
             record.sampler = read_text(inputs.get("sampler_name"), 100)
             schedule = read_text(inputs.get("scheduler"), 100)
-            record.scheduler = samplers.key_for(record.sampler, schedule)
+            record.scheduler, record.schedule_note = samplers.read(record.sampler, schedule)
             if record.sampler and schedule:
                 record.sampler = f"{record.sampler} ({schedule})"
         if kind.startswith("Empty") and "Latent" in kind and record.width is None:
@@ -471,6 +479,7 @@ def _invoke_legacy_record(data: Any) -> Record:
         model_hash=read_text(data.get("model_hash"), 200),
         sampler=sampler,
         scheduler=samplers.key_for(sampler),
+        schedule_note=samplers.read(sampler)[1],
         steps=read_int(image.get("steps")),
         cfg=read_float(image.get("cfg_scale")),
         seed=read_int(image.get("seed")),

@@ -238,7 +238,8 @@ class Family:
         return {k: v.repeat(batch, *([1] * (v.dim() - 1))) for k, v in embeds.items()}
 
     def decode(self, vae, latents):
-        """Latents (B, C, h, w) as the family's pipeline leaves them -> pixels (B, 3, H, W)."""
+        """Latents (B, C, h, w) as the family's pipeline leaves them -> pixels (B, 3, H, W) in
+        [-1, 1], or (B, 4, H, W) where the VAE decodes RGBA (the alpha last)."""
         z = latents / vae.config.scaling_factor
         shift = getattr(vae.config, "shift_factor", None)
         if shift:

@@ -489,15 +489,15 @@ class QwenImage21Family(ShiftedSigmas, Family):
         return list(denoiser.transformer_blocks)
 
     def decode(self, vae, latents):
-        """Undo the per-channel normalisation, decode the one frame and keep its RGB (the VAE
-        also makes an alpha channel, which a text-to-image picture does not use)."""
+        """Undo the per-channel normalisation and decode the one frame: (B, 4, H, W), RGBA in
+        [-1, 1] as the VAE makes it (the alpha is saved with the picture)."""
         import torch
 
         channels = vae.config.z_dim
         mean = torch.tensor(vae.config.latents_mean, device=latents.device).view(1, channels, 1, 1)
         std = torch.tensor(vae.config.latents_std, device=latents.device).view(1, channels, 1, 1)
         z = (latents.float() * std + mean).unsqueeze(2)
-        return vae.decode(z.to(vae.dtype)).sample[:, :3, 0]
+        return vae.decode(z.to(vae.dtype)).sample[:, :, 0]
 
 
 class _EncodedPrompt:

@@ -49,7 +49,8 @@ def fit_colours(family, vae) -> LatentColours | None:
 
     device = device_of(vae)
     with torch.inference_mode():
-        pixels = family.decode(vae, latents.to(device)).float().cpu()
+        # The colours only: a VAE that decodes RGBA also makes an alpha, which has no colour.
+        pixels = family.decode(vae, latents.to(device))[:, :3].float().cpu()
     factor = pixels.shape[-1] // FIT_CELLS
     if factor < 1 or pixels.shape[-2] != FIT_CELLS * factor:
         return None

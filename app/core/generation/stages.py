@@ -323,7 +323,10 @@ class Stages:
             arguments = _accepted(pipe, arguments)
         else:
             arguments = _accepted(pipe, arguments)
-        steps = steps_run(request.steps, request.strength, mode)
+        # A second-order sampler (Heun, DPM2) calls the denoiser twice per step but the last,
+        # and diffusers' callback follows each call: progress counts the calls.
+        order = max(1, int(getattr(pipe.scheduler, "order", 1)))
+        steps = order * steps_run(request.steps, request.strength, mode) - (order - 1)
         every = max(2, round(steps / PREVIEWS_PER_IMAGE))
         denoiser = self.placed[self.family.denoiser]
         watch = (
@@ -333,6 +336,7 @@ class Stages:
                 sample_argument=self.family.sample_argument,
                 timestep_argument=self.family.timestep_argument,
                 clamped=self.family.clamped_blocks(denoiser),
+                order=order,
             )
             if self.watch
             else None
@@ -417,8 +421,8 @@ class Stages:
         return [part.register_forward_hook(hook) for part in parts if part is not None]
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = False):
-        """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1]; with `record`,
-        also the first VAE layer that went non-finite."""
+        """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1] ((H, W, 4) from a
+        VAE that decodes RGBA); with `record`, also the first VAE layer that went non-finite."""
         import torch
 
         from app.core.fixing.probe import ActivationRecorder

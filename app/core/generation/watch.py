@@ -26,6 +26,7 @@ class NanWatch:
         sample_argument: str = "sample",
         timestep_argument: str = "timestep",
         clamped: list[Any] | tuple[Any, ...] = (),
+        order: int = 1,
     ) -> None:
         import inspect
 
@@ -40,6 +41,9 @@ class NanWatch:
         self._listed = False  # the denoiser takes and returns one tensor per image (Z-Image)
         self.batch = batch
         self.step = 0
+        # Denoiser calls per sampler step: a second-order sampler (Heun, DPM2) calls it twice
+        # per step but the last (diffusers' `scheduler.order`), and a step is counted as one.
+        self.order = max(1, order)
         self.bad = torch.zeros(batch, dtype=torch.bool, device=device)
         self.first_step = torch.full((batch,), -1, dtype=torch.long, device=device)
         self._keep = keep_failing_input
@@ -131,15 +135,16 @@ class NanWatch:
         self._kwargs = rest
         self._copies = copies
 
-    def after_step(self, step: int, latents) -> None:
-        """Fold the latents after denoising step `step` (0-based) into the flags."""
+    def after_step(self, call: int, latents) -> None:
+        """Fold the latents after the pipeline's loop iteration `call` (0-based: one denoiser
+        call; `order` of them make a sampler step) into the flags."""
         import torch
 
         bad = self._per_image(~torch.isfinite(latents).flatten(1).all(1))
         newly = bad & ~self.bad
-        self.first_step = torch.where(newly, step, self.first_step)
+        self.first_step = torch.where(newly, call // self.order, self.first_step)
         self.bad = self.bad | bad
-        self.step = step + 1
+        self.step = (call + 1) // self.order  # the step the next call belongs to
 
     def flags(self) -> list[Any]:
         """The device tensors `read` would transfer, for reading together with others."""

@@ -110,15 +110,24 @@ class PixelStats:
 
 
 def to_image(pixels) -> tuple[Any, PixelStats]:
-    """A decoded image as an (H, W, 3) float array in [-1, 1] -> (PIL image, PixelStats).
+    """A decoded image as an (H, W, 3) float array in [-1, 1], or (H, W, 4) from a VAE that
+    decodes RGBA -> (PIL image, RGB or RGBA, PixelStats).
 
     Non-finite pixels become black, as every Stable Diffusion front end shows them; they are
     counted first so the diagnosis sees them.
+
+    The alpha channel is written to the picture and judged by nothing: the NaN count, the
+    brightness figures and so the black/flat status are of the colour channels, as for an RGB
+    picture. It comes out of the same last convolution as the colours, so a non-finite input
+    there shows in the colours too (and a NaN weight of its own is the load-time weight scan's
+    to find). A non-finite alpha is written opaque, so a NaN pixel shows black as elsewhere.
     """
     import numpy as np
     from PIL import Image
 
     pixels = np.asarray(pixels, dtype=np.float32)
+    alpha = pixels[..., 3] if pixels.ndim == 3 and pixels.shape[-1] == 4 else None
+    pixels = pixels[..., :3]
     finite = np.isfinite(pixels)
     bad_pixels = ~finite.all(axis=-1)
     non_finite = float(bad_pixels.mean()) if pixels.size else 0.0
@@ -128,6 +137,10 @@ def to_image(pixels) -> tuple[Any, PixelStats]:
         rows, columns = np.nonzero(bad_pixels)
         box = (int(columns.min()), int(rows.min()), int(columns.max()) + 1, int(rows.max()) + 1)
         stats = replace(stats, non_finite_box=box)
+    if alpha is not None:
+        opacity = np.clip(np.where(np.isfinite(alpha), alpha, 1.0) / 2 + 0.5, 0.0, 1.0)
+        rgba = np.concatenate([unit, opacity[..., None]], axis=-1)
+        return Image.fromarray((rgba * 255).round().astype(np.uint8), "RGBA"), stats
     image = Image.fromarray((unit * 255).round().astype(np.uint8), "RGB")
     return image, stats
 
@@ -161,18 +174,25 @@ class FlatRegion:
         return len(set(self.colour)) == 1 and self.colour[0] in MID_GREY
 
 
-def flat_region(rgb) -> FlatRegion | None:
+def flat_region(rgb, where=None) -> FlatRegion | None:
     """The colour that is exactly the same over at least FLAT_SHARE of an (H, W, 3) uint8
     picture, or None. Exact equality, not low variance: a dark or smooth picture still varies
-    in its last bit. A colour whose every channel is 0 or 255 (clipping) is not counted."""
+    in its last bit. A colour whose every channel is 0 or 255 (clipping) is not counted.
+    `where`: an (H, W) bool array of the pixels to judge (those that show), else all; the share
+    is of those."""
     import numpy as np
 
     rgb = np.asarray(rgb)
     if rgb.ndim != 3 or rgb.shape[-1] != 3 or not rgb.size:
         return None
+    if where is not None and not where.any():
+        return None
     height, width = rgb.shape[:2]
     step = max(1, int(np.ceil(np.sqrt(height * width / _FLAT_SAMPLE))))
-    sample = rgb[::step, ::step].reshape(-1, 3).astype(np.uint32)
+    sample = rgb[::step, ::step]
+    if where is not None:
+        sample = sample[where[::step, ::step]]
+    sample = sample.reshape(-1, 3).astype(np.uint32)
     codes = (sample[:, 0] << 16) | (sample[:, 1] << 8) | sample[:, 2]
     values, counts = np.unique(codes, return_counts=True)
     for code in values[np.argsort(counts)[::-1][:4]]:
@@ -180,7 +200,9 @@ def flat_region(rgb) -> FlatRegion | None:
         if all(c in _CLIPPED for c in colour):
             continue
         same = np.all(rgb == np.array(colour, dtype=rgb.dtype), axis=-1)
-        share = float(same.mean())
+        if where is not None:
+            same &= where
+        share = float(same.sum() / (where.sum() if where is not None else same.size))
         if share < FLAT_SHARE:
             return None
         rows = np.flatnonzero(same.any(axis=1))
