@@ -5,6 +5,7 @@ name is shown. Code outside `app/core/families/` asks here and never names a fam
 from __future__ import annotations
 
 from app.core.errors import HalfSafeError
+from app.core.families.anima import AnimaFamily
 from app.core.families.base import Family, FamilyId
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
@@ -19,6 +20,7 @@ from app.core.families.zimage import ZImageFamily
 
 # Most specific first: the first family that owns a pipeline is its family.
 FAMILIES: tuple[Family, ...] = (
+    AnimaFamily(),  # its own transformer class (Cosmos's) and text conditioner
     # Krea 2 and Qwen-Image 2.1 before Qwen-Image (all three read Qwen VLs and share its VAE
     # or names); their own markers and transformer classes tell the two apart.
     Krea2Family(),

@@ -554,24 +554,32 @@ def _islands(ctx: FixContext) -> FixCandidate | None:
     )
 
 
+def _whole_component(ctx: FixContext, dtype: str) -> FixCandidate:
+    """The component in `dtype` by its setting, and with it every part of the plan that
+    setting governs (Anima's text conditioner and transformer share the denoiser's): the
+    candidate runs what its setting will run."""
+    setting = COMPONENTS[ctx.component].setting
+    governed = [
+        name
+        for name in ctx.plan.dtypes
+        if name == ctx.component or (name in COMPONENTS and COMPONENTS[name].setting == setting)
+    ]
+    return FixCandidate(
+        ctx.plan.with_dtypes(**dict.fromkeys(governed, dtype)),
+        {setting: dtype},
+    )
+
+
 def _component_bf16(ctx: FixContext) -> FixCandidate | None:
     if ctx.dtype != "fp16" or not ctx.bf16_native:
         return None
-    spec = COMPONENTS[ctx.component]
-    return FixCandidate(
-        ctx.plan.with_dtypes(**{ctx.component: "bf16"}),
-        {spec.setting: "bf16"},
-    )
+    return _whole_component(ctx, "bf16")
 
 
 def _component_fp32(ctx: FixContext) -> FixCandidate | None:
     if ctx.dtype == "fp32":
         return None
-    spec = COMPONENTS[ctx.component]
-    return FixCandidate(
-        ctx.plan.with_dtypes(**{ctx.component: "fp32"}),
-        {spec.setting: "fp32"},
-    )
+    return _whole_component(ctx, "fp32")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,218 @@
+"""What only Anima does: diffusers runs it as a modular pipeline (HalfSafe's AnimaPipeline runs
+its blocks), an LLM adapter (the text conditioner) sits between the text encoder and the
+transformer and is governed by the denoiser's setting, the Cosmos transformer's padding-mask
+channel is dropped (always zero), and ComfyUI's files keep the adapter inside the diffusion
+model's file (llm_adapter.*) beside Cosmos's original layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from app.core import generation, models
+from app.core.checkpoint import write_safetensors
+from app.core.errors import HalfSafeError
+from app.core.families import family_of
+from app.core.families.anima_pipeline import AnimaPipeline, without_padding_channel
+from app.core.fixing import diagnosis
+from app.core.formats.layouts import to_original
+from app.core.precision.words import fix_words
+from tests.support import tiny_models
+from tests.support.family_helpers import (
+    FP16,
+    check,
+    in_memory,
+    offline,  # noqa: F401 - an autouse fixture: no network
+)
+from tests.support.model_files import save_split_files
+
+PARTS = ("text_encoder", "text_conditioner", "transformer", "vae")
+CONDITIONER_LAYER = "blocks.0.mlp.2"
+
+
+def _planted(component: str, layer: str, factor: float) -> AnimaPipeline:
+    pipeline = tiny_models.build_tiny_anima_pipeline()
+    with torch.no_grad():
+        getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
+    return pipeline
+
+
+def _outputs(pipeline) -> list:
+    """The prompt through both encoders, a probe's denoising and the decode, in fp32."""
+    family = family_of(pipeline)
+    with torch.inference_mode():
+        tensors = family.encode(pipeline, "a red cat", "fog", "cpu", True)
+        latents = family.probe_denoise(pipeline, tensors, 64, "cpu", [1000.0, 500.0])
+        pixels = family.decode(pipeline.vae, latents)
+    return [*(tensors[k] for k in sorted(tensors)), latents, pixels]
+
+
+def _same_weights(mine, theirs) -> None:
+    for name in PARTS:
+        a, b = getattr(mine, name).state_dict(), getattr(theirs, name).state_dict()
+        assert set(a) == set(b), name
+        assert all(torch.equal(v, b[k]) for k, v in a.items()), name
+
+
+# --- the padding-mask channel ---------------------------------------------------------------
+
+
+def test_the_padding_channel_is_dropped_and_the_patches_embed_as_with_a_zero_mask():
+    stored = tiny_models.tiny_anima_transformer(2)  # as its files keep it: 16 + 1 channels in
+    folded = without_padding_channel(stored)
+    latents = torch.randn(1, 16, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+    with torch.inference_mode():
+        with_mask = stored.patch_embed(torch.cat([latents, torch.zeros(1, 1, 1, 8, 8)], dim=1))
+        without = folded.patch_embed(latents)
+
+    assert stored.config["concat_padding_mask"] and not folded.config["concat_padding_mask"]
+    assert torch.equal(with_mask, without)
+    kept, dropped = folded.state_dict(), stored.state_dict()
+    assert set(kept) == set(dropped)
+    for key, value in kept.items():  # everything else is the stored weights, untouched
+        if key != "patch_embed.proj.weight":
+            assert torch.equal(value, dropped[key]), key
+    assert without_padding_channel(folded) is folded
+
+
+def test_a_folder_as_diffusers_writes_it_loads_with_the_padding_channel_dropped(tmp_path):
+    """The hub's form: modular_model_index.json naming AnimaModularPipeline, the transformer
+    with its padding-mask channel, and no tokenizers of its own (an index may point them at
+    another repository): the shipped ones stand in, and it computes as before."""
+    pipeline = tiny_models.build_tiny_anima_pipeline()
+    folder = tmp_path / "anima"
+    pipeline.save_pretrained(folder)
+    stored = tiny_models.tiny_anima_transformer(2)
+    stored.save_pretrained(folder / "transformer")  # with the padding channel, as released
+    for name in ("tokenizer", "t5_tokenizer"):
+        for file in (folder / name).iterdir():
+            file.unlink()
+        (folder / name).rmdir()
+    index = json.loads((folder / "modular_model_index.json").read_text())
+    assert index["_class_name"] == "AnimaModularPipeline"
+
+    model = models.load_model(str(folder))
+
+    assert (model.architecture, model.format) == ("anima", "diffusers")
+    loaded = model.pipeline
+    assert isinstance(loaded, AnimaPipeline)
+    assert loaded.transformer.config.concat_padding_mask is False
+    folded = without_padding_channel(stored).state_dict()
+    assert all(torch.equal(v, folded[k]) for k, v in loaded.transformer.state_dict().items())
+    ids = loaded.t5_tokenizer("a red cat").input_ids
+    assert ids == pipeline.t5_tokenizer("a red cat").input_ids
+
+
+def test_a_folder_missing_a_part_is_refused_in_one_sentence(tmp_path):
+    pipeline = tiny_models.build_tiny_anima_pipeline()
+    folder = tmp_path / "anima"
+    pipeline.save_pretrained(folder)
+    for file in (folder / "text_conditioner").iterdir():
+        file.unlink()
+    (folder / "text_conditioner").rmdir()
+
+    with pytest.raises(HalfSafeError) as caught:
+        models.load_model(str(folder))
+
+    assert "does not hold its text_conditioner" in str(caught.value)
+
+
+# --- ComfyUI's files --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", ["", "net."])
+def test_split_files_load_offline_with_the_adapter_from_the_diffusion_models_file(tmp_path, prefix):
+    pipeline = tiny_models.build_tiny_anima_pipeline()
+    written = save_split_files(pipeline, tmp_path / "models", "anima-preview", prefix=prefix)
+    assert set(written) == {"transformer", "text_encoder", "vae"}
+    assert written["text_encoder"].name == "qwen_3_06b.safetensors"
+
+    model = models.load_model(str(written["transformer"]))  # companions found beside it
+
+    assert (model.format, model.architecture, model.prediction_type) == (
+        "split_files",
+        "anima",
+        "flow",
+    )
+    assert model.detected_because.startswith("Anima: a Cosmos DiT in its original layout")
+    assert f"its LLM adapter ({prefix}llm_adapter.) reading 32-wide" in model.detected_because
+    assert model.pipeline.scheduler.config.shift == 3.0
+    _same_weights(pipeline, model.pipeline)
+    for a, b in zip(_outputs(pipeline), _outputs(model.pipeline), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cosmos_file_without_the_adapter_is_refused_in_one_sentence(tmp_path):
+    transformer = tiny_models.build_tiny_anima_pipeline().transformer
+    rows = family_of(tiny_models.build_tiny_anima_pipeline()).layout.table(  # type: ignore[union-attr]
+        dict(transformer.config)
+    )
+    file = tmp_path / "diffusion_models" / "cosmos_predict2.safetensors"
+    file.parent.mkdir(parents=True)
+    write_safetensors(file, to_original(rows, transformer.state_dict()))
+
+    with pytest.raises(HalfSafeError) as caught:
+        models.load_model(str(file))
+
+    assert "no LLM adapter (llm_adapter.*): it is not an Anima model" in str(caught.value)
+
+
+# --- the text conditioner, governed by the denoiser's setting --------------------------------
+
+
+def test_a_conditioner_overflow_in_a_generation_is_repaired_at_its_layer(tmp_path):
+    request = generation.GenerationRequest(
+        prompt="a red cat",
+        negative_prompt="fog",
+        steps=3,
+        cfg=4.0,
+        seed=3,
+        width=64,
+        height=64,
+        output_dir=str(tmp_path),
+    )
+    model = in_memory(_planted("text_conditioner", CONDITIONER_LAYER, 1e6), "anima", "anima")
+
+    result = generation.generate(model, request, precision=FP16, device="cpu")
+
+    (image,) = result.images
+    assert (image.status, image.component) == ("fixed", "text_conditioner")
+    assert image.first_bad_module == CONDITIONER_LAYER
+    assert image.step is None  # before the first step: once per prompt
+    assert "text conditioner" in image.fixes_applied[0]
+    assert image.non_finite == 0 and result.all_good
+
+
+def test_the_conditioners_wider_run_moves_what_its_setting_governs():
+    """A whole-component fix of the text conditioner is the denoiser's setting: the candidate
+    runs the transformer wider too, as that setting will, and says so."""
+    report = check(
+        in_memory(_planted("text_conditioner", CONDITIONER_LAYER, 1e6), "anima", "anima")
+    )
+    assert report.fix is not None
+    whole = [c for c in report.fix.candidates if c.kind == "component_fp32"]
+
+    assert report.fix.plan.dtypes["transformer"] == "fp16"  # the layers' fix is chosen
+    (fp32,) = whole
+    assert fp32.settings == {"unet_precision": "fp32"}
+    assert fp32.candidate is not None
+    plan = fp32.candidate.plan
+    assert (plan.dtypes["text_conditioner"], plan.dtypes["transformer"]) == ("fp32", "fp32")
+    assert plan.effective_settings()["unet_precision"] == "fp32"
+    assert (
+        diagnosis.FixCandidate(plan, fp32.settings).words
+        == "run the text conditioner and transformer in fp32"
+    )
+    assert fix_words({"unet_precision": "bf16"}) == "run the UNet in bf16"
+
+
+def test_a_text_encoder_overflow_is_the_text_encoders_and_the_conditioner_it_fed_is_ok():
+    report = check(in_memory(_planted("text_encoder", "layers.0.mlp.down_proj", 1e8), "a", "anima"))
+
+    assert report.components["text_encoder"].status == "nan"
+    conditioner = report.components["text_conditioner"]
+    assert (conditioner.status, conditioner.fed_by) == ("ok", "text_encoder")
+    assert any("text conditioner was fed non-finite input" in n for n in report.notes)
