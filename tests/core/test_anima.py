@@ -216,3 +216,75 @@ def test_a_text_encoder_overflow_is_the_text_encoders_and_the_conditioner_it_fed
     conditioner = report.components["text_conditioner"]
     assert (conditioner.status, conditioner.fed_by) == ("ok", "text_encoder")
     assert any("text conditioner was fed non-finite input" in n for n in report.notes)
+
+
+# --- on a GPU -------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_watch_adds_no_host_sync_to_the_blocks_loop(tmp_path):
+    """Under `set_sync_debug_mode("warn")`, the synchronising calls between the end of the
+    first step and the end of the last: the watched generation makes no more than diffusers'
+    blocks with a callback that only marks the step."""
+    import warnings
+
+    from app.core.precision import PlacedPipeline, backend_flags, resolve_plan
+
+    steps = 6
+    model = in_memory(tiny_models.build_tiny_anima_pipeline(), "sync", "anima")
+
+    def count_inside(run) -> int:
+        marks: list[int] = []
+        with warnings.catch_warnings(record=True) as records:
+            warnings.simplefilter("always")
+
+            def mark() -> None:
+                marks.append(sum("synchronizing" in str(r.message) for r in records))
+
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run(mark)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        assert len(marks) == steps
+        return marks[-1] - marks[0]
+
+    def watched(mark) -> None:
+        def progress(stage, step, total):
+            if stage == "Generating":
+                mark()
+
+        request = generation.GenerationRequest(
+            prompt="a lighthouse at dusk",
+            steps=steps,
+            cfg=4.0,
+            seed=1,
+            width=64,
+            height=64,
+            output_dir=str(tmp_path),
+        )
+        result = generation.generate(
+            model, request, precision=FP16, device="cuda", on_progress=progress
+        )
+        assert result.images[0].status == "ok"
+
+    def plain(mark) -> None:
+        plan = resolve_plan(FP16, device="cuda", components=list(PARTS))
+        placed = PlacedPipeline(model.pipeline, plan)
+        pipe = placed.pipeline()
+        family = family_of(pipe)
+        with backend_flags(plan), torch.inference_mode():
+            tensors = family.encode(pipe, "a lighthouse at dusk", "", "cuda", True)
+            pipe(
+                tensors["prompt_embeds"],
+                tensors["negative_prompt_embeds"],
+                height=64,
+                width=64,
+                num_inference_steps=steps,
+                guidance_scale=4.0,
+                callback_on_step_end=lambda *_: mark() or {},
+            )
+        placed.release()
+
+    assert count_inside(watched) <= count_inside(plain)

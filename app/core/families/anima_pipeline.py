@@ -12,6 +12,9 @@ Imported only where an Anima model is built or loaded: it subclasses diffusers' 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +114,31 @@ class AnimaConditionedDenoiseStep(SequentialPipelineBlocks):
         return "Denoises from conditioned Anima prompt embeddings."
 
 
+# The loggers of diffusers' modular machinery that speak while a pipeline is assembled: that
+# guiders are experimental, that a part was not made by their ComponentSpec. Said on every
+# job, they would be noise on a user's terminal.
+_ASSEMBLY_LOGGERS = (
+    "diffusers.guiders.guider_utils",
+    "diffusers.modular_pipelines.modular_pipeline_utils",
+    "diffusers.modular_pipelines.modular_pipeline",
+)
+
+
+@contextlib.contextmanager
+def _quiet_assembly() -> Iterator[None]:
+    """diffusers' assembly warnings silenced (errors still said). The levels are process-wide:
+    the engine runs one job at a time."""
+    loggers = [logging.getLogger(name) for name in _ASSEMBLY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 @dataclass
 class AnimaOutput:
     """What a call gives back: the latents (B, C, 1, h, w), as a pipeline's `.images` with
@@ -155,11 +183,12 @@ class AnimaPipeline(DiffusionPipeline):
         one call a step, on the prompt alone)."""
         from diffusers.guiders import ClassifierFreeGuidance
 
-        modular = AnimaModularPipeline(blocks=blocks)
-        wanted = set(modular.component_names)
-        parts = {n: replaced.get(n, getattr(self, n)) for n in PARTS if n in wanted}
-        guider = ClassifierFreeGuidance(guidance_scale=guidance_scale)
-        modular.update_components(**parts, guider=guider)
+        with _quiet_assembly():
+            modular = AnimaModularPipeline(blocks=blocks)
+            wanted = set(modular.component_names)
+            parts = {n: replaced.get(n, getattr(self, n)) for n in PARTS if n in wanted}
+            guider = ClassifierFreeGuidance(guidance_scale=guidance_scale)
+            modular.update_components(**parts, guider=guider)
         modular.set_progress_bar_config(disable=True)
         return modular
 
@@ -251,7 +280,9 @@ class AnimaPipeline(DiffusionPipeline):
         from diffusers.modular_pipelines import AnimaAutoBlocks
 
         kwargs.setdefault("overwrite_modular_index", True)
-        self.modular(AnimaAutoBlocks(), 4.0).save_pretrained(str(save_directory), **kwargs)
+        modular = self.modular(AnimaAutoBlocks(), 4.0)
+        with _quiet_assembly():
+            modular.save_pretrained(str(save_directory), **kwargs)
 
 
 def without_padding_channel(transformer):
