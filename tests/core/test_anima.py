@@ -218,6 +218,67 @@ def test_a_text_encoder_overflow_is_the_text_encoders_and_the_conditioner_it_fed
     assert any("text conditioner was fed non-finite input" in n for n in report.notes)
 
 
+# --- image-to-image ---------------------------------------------------------------------------
+
+
+def test_image_to_image_runs_the_last_part_of_the_schedule_from_the_picture():
+    """diffusers' image-to-image blocks: the last `strength` of the steps, from the picture's
+    latents noised to where they start (the less strength, the nearer the picture)."""
+    pipeline = tiny_models.build_tiny_anima_pipeline()
+    family = family_of(pipeline)
+    generator = torch.Generator().manual_seed(0)
+    pixels = torch.rand(1, 3, 64, 64, generator=generator) * 2 - 1
+    with torch.inference_mode():
+        picture = family.encode_pixels(pipeline.vae, pixels)
+        tensors = family.encode(pipeline, "a red cat", "fog", "cpu", True)
+        distances, steps = {}, {}
+        for strength in (0.25, 1.0):
+            seen: list[int] = []
+            latents = pipeline(
+                tensors["prompt_embeds"],
+                tensors["negative_prompt_embeds"],
+                height=64,
+                width=64,
+                num_inference_steps=8,
+                generator=[torch.Generator().manual_seed(1)],
+                image=picture,
+                strength=strength,
+                callback_on_step_end=lambda _p, i, _t, _d, seen=seen: seen.append(i) or {},
+            ).images
+            steps[strength] = len(seen)
+            distances[strength] = float((latents[:, :, 0] - picture).abs().mean())
+
+    assert steps == {0.25: 2, 1.0: 8}
+    assert distances[0.25] < distances[1.0]
+
+
+def test_an_image_to_image_job_repairs_a_transformer_overflow(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "input.png"
+    Image.new("RGB", (64, 64), (200, 40, 40)).save(path)
+    request = generation.GenerationRequest(
+        prompt="a red cube",
+        negative_prompt="fog",
+        steps=4,
+        cfg=4.0,
+        seed=3,
+        width=64,
+        height=64,
+        images=[str(path)],
+        strength=0.5,
+        output_dir=str(tmp_path / "out"),
+    )
+    model = in_memory(_planted("transformer", "transformer_blocks.0.ff.net.2", 1e6), "i", "anima")
+
+    result = generation.generate(model, request, precision=FP16, device="cpu")
+
+    (image,) = result.images
+    assert (image.status, image.component, image.step) == ("fixed", "transformer", 1)
+    assert image.first_bad_module == "transformer_blocks.0.ff.net.2"
+    assert "Denoising strength: 0.5" in image.parameters
+
+
 # --- on a GPU -------------------------------------------------------------------------------
 
 

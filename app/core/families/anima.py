@@ -34,6 +34,7 @@ from app.core.formats.layouts import (
     reader,
     within_limits,
 )
+from app.core.images.pictures import Mode
 
 # The check's guidance: the middle of Anima's recommended CFG scale of 4-5.
 PROBE_ANIMA_CFG = 4.0
@@ -255,6 +256,8 @@ class AnimaFamily(FlowMatching, Family):
     layout = LAYOUT
     pipeline_class = "AnimaModularPipeline"
     companion_names = {"text_encoder": "qwen_3_06b", "vae": "qwen_image_vae"}
+    # diffusers' Anima image-to-image blocks, which `AnimaPipeline` runs given a picture.
+    picture_pipelines = {Mode.IMAGE: "AnimaModularPipeline"}
 
     denoiser: str = "transformer"
     sample_argument: str = "hidden_states"
@@ -359,6 +362,22 @@ class AnimaFamily(FlowMatching, Family):
             scheduler=scheduler,
         ).images
         return latents[:, :, 0]
+
+    def picture_pipeline(self, pipe, mode: Mode, latent_channels: int):
+        """The same pipeline: given the picture's latents, it runs diffusers' image-to-image
+        blocks."""
+        return pipe
+
+    def encode_pixels(self, vae, pixels):
+        """The picture as one frame through the causal 3D VAE's encoder, normalised per
+        channel as `decode` undoes it (AnimaImg2ImgVaeEncoderStep's latents, its mode)."""
+        import torch
+
+        z = vae.encode(pixels.to(vae.dtype).unsqueeze(2)).latent_dist.mode()[:, :, 0]
+        channels = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean, device=z.device).view(1, channels, 1, 1)
+        std = torch.tensor(vae.config.latents_std, device=z.device).view(1, channels, 1, 1)
+        return (z.float() - mean) / std
 
     def size_problem(self, pipeline, width: int, height: int) -> str | None:
         return patches_problem(self, pipeline, width, height)

@@ -22,6 +22,9 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.modular_pipelines import AnimaModularPipeline
 from diffusers.modular_pipelines.anima.before_denoise import (
+    AnimaImageInputStep,
+    AnimaImg2ImgPrepareLatentsStep,
+    AnimaImg2ImgSetTimestepsStep,
     AnimaPrepareLatentsStep,
     AnimaSetTimestepsStep,
     AnimaTextConditioningStep,
@@ -112,6 +115,25 @@ class AnimaConditionedDenoiseStep(SequentialPipelineBlocks):
     @property
     def description(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
         return "Denoises from conditioned Anima prompt embeddings."
+
+
+class AnimaConditionedImg2ImgStep(SequentialPipelineBlocks):
+    """diffusers' image-to-image core denoising blocks after the text conditioning: the
+    prompt and the picture's latents batched, the timesteps cut to the strength, the picture's
+    latents noised to the first of them, the loop."""
+
+    block_classes = [
+        AnimaTextInputStep,
+        AnimaImageInputStep,
+        AnimaImg2ImgSetTimestepsStep,
+        AnimaImg2ImgPrepareLatentsStep,
+        AnimaCallbackDenoiseStep,
+    ]
+    block_names = ["input", "image_input", "set_timesteps", "prepare_latents", "denoise"]
+
+    @property
+    def description(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
+        return "Denoises a picture's Anima latents from conditioned prompt embeddings."
 
 
 # The loggers of diffusers' modular machinery that speak while a pipeline is assembled: that
@@ -238,6 +260,8 @@ class AnimaPipeline(DiffusionPipeline):
         num_inference_steps: int = 30,
         guidance_scale: float = 4.0,
         generator=None,
+        image=None,
+        strength: float = 0.6,
         sigmas: list[float] | None = None,
         output_type: str = "latent",
         callback_on_step_end=None,
@@ -247,9 +271,11 @@ class AnimaPipeline(DiffusionPipeline):
         """Denoise from the conditioned prompt (B, tokens, width each) by diffusers' Anima
         blocks: CFG at `guidance_scale` where a negative prompt is given and the scale is
         above 1; `sigmas` (unshifted, from 1 down) as AnimaSetTimestepsStep takes them, by
-        default linear from 1 to 1/steps; `scheduler` in place of the pipeline's. Gives the
-        latents (B, C, 1, h, w): only output_type "latent" (HalfSafe decodes each image
-        itself)."""
+        default linear from 1 to 1/steps; `scheduler` in place of the pipeline's. With `image`
+        (a picture's latents as the VAE's encoder made them, normalised: (B, C, h, w) or
+        (B, C, 1, h, w)), image-to-image: the last `strength` of the schedule, from the
+        picture noised by `generator`'s draws. Gives the latents (B, C, 1, h, w): only
+        output_type "latent" (HalfSafe decodes each image itself)."""
         if output_type != "latent":
             raise ValueError("AnimaPipeline gives latents only (output_type='latent').")
         if callback_on_step_end_tensor_inputs not in (None, ["latents"]):
@@ -257,7 +283,8 @@ class AnimaPipeline(DiffusionPipeline):
         if negative_prompt_embeds is None:
             guidance_scale = 1.0
         replaced = {"scheduler": scheduler} if scheduler is not None else {}
-        modular = self.modular(AnimaConditionedDenoiseStep(), guidance_scale, **replaced)
+        blocks = AnimaConditionedDenoiseStep() if image is None else AnimaConditionedImg2ImgStep()
+        modular = self.modular(blocks, guidance_scale, **replaced)
         arguments: dict[str, Any] = {
             "prompt_embeds": prompt_embeds,
             "height": height,
@@ -270,6 +297,9 @@ class AnimaPipeline(DiffusionPipeline):
             arguments["negative_prompt_embeds"] = negative_prompt_embeds
         if latents is not None:
             arguments["latents"] = latents
+        if image is not None:
+            arguments["image_latents"] = image.unsqueeze(2) if image.dim() == 4 else image
+            arguments["strength"] = strength
         if sigmas is not None:
             arguments["sigmas"] = sigmas
         return AnimaOutput(modular(**arguments, output="latents"))
