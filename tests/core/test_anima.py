@@ -349,3 +349,53 @@ def test_the_watch_adds_no_host_sync_to_the_blocks_loop(tmp_path):
         placed.release()
 
     assert count_inside(watched) <= count_inside(plain)
+
+
+def test_scaled_fp8_files_dequantise_in_the_transformer_and_its_adapter(tmp_path):
+    """ComfyUI's scaled fp8 form (`scale_weight`s and the `scaled_fp8` marker) of the
+    diffusion model's file: the transformer's and the LLM adapter's matrices read through the
+    one dequantising path, the scales not taken for weights of the adapter."""
+    from app.core.checkpoint import Checkpoint
+    from tests.core.test_quantized import close_to, fp8_scaled
+
+    pipeline = tiny_models.build_tiny_anima_pipeline()
+    written = save_split_files(pipeline, tmp_path / "models", "anima-fp8")
+    with Checkpoint(written["transformer"]) as checkpoint:
+        tensors = {k: checkpoint.get(k).clone() for k in checkpoint.shapes}
+    stored, exact = fp8_scaled(tensors)
+    write_safetensors(written["transformer"], stored)
+
+    model = models.load_model(str(written["transformer"]))
+
+    assert model.quantization is not None and model.quantization["format"] == "fp8_scaled"
+    assert model.weights.bad_quantized == [] and model.weights.non_finite == []
+    adapter = model.pipeline.text_conditioner.state_dict()
+    key = "blocks.0.mlp.2.weight"
+    close_to(adapter[key], exact["llm_adapter." + key], tensors["llm_adapter." + key].float())
+    block = model.pipeline.transformer.state_dict()["transformer_blocks.0.ff.net.2.weight"]
+    close_to(block, exact["blocks.0.mlp.layer2.weight"], tensors["blocks.0.mlp.layer2.weight"])
+    report = check(model)
+    assert report.verdict == "healthy"
+
+
+def test_a_gguf_diffusion_model_file_loads_with_its_adapter_within_quantisation_error(tmp_path):
+    """city96's form: the diffusion model's file as GGUF Q8_0 (the adapter's matrices too),
+    the companions as they are."""
+    from gguf import GGMLQuantizationType
+
+    from tests.core.test_quantized import STEP, gguf_split_set
+
+    pipeline, _, path = gguf_split_set(
+        tmp_path, tiny_models.build_tiny_anima_pipeline(), GGMLQuantizationType.Q8_0, name="anima"
+    )
+
+    model = models.load_model(str(path))
+
+    assert (model.format, model.architecture) == ("split_files", "anima")
+    assert model.quantization is not None and model.quantization["format"] == "gguf"
+    for part in ("transformer", "text_conditioner"):
+        state = getattr(model.pipeline, part).state_dict()
+        for key, reference in getattr(pipeline, part).state_dict().items():
+            bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
+            assert (state[key].float() - reference).abs().max() <= bound * 1.05, (part, key)
+    assert check(model).verdict == "healthy"

@@ -223,7 +223,11 @@ def _inner_part(path: Path, checkpoint: Checkpoint, inner: InnerPart):
     words = component_words(inner.component)
     build = getattr(diffusers, inner.class_name).from_config
     module = built(path, words, empty, build, inner.config)
-    keys = [k for k in checkpoint.shapes if k.startswith(inner.prefix)]
+    # Its own weights only (a quantized file keeps scales beside them: `get` applies them).
+    keys = [inner.prefix + name for name in module.state_dict()]
+    missing = [k for k in keys if k not in checkpoint.shapes]
+    if missing:
+        raise BadFileError(path, f"the {words} is incomplete: {missing[0]} is missing.")
     state = {k[len(inner.prefix) :]: checkpoint.get(k) for k in keys}
     return assign(path, module, state, words), [checkpoint.dtypes[k] for k in keys]
 
