@@ -7,7 +7,8 @@ the Qwen3 text encoder, T5's SentencePiece vocabulary for the T5 ids."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,24 @@ def load(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any])
             "a part at another repository; HalfSafe reads only what the folder holds).",
         )
     parts: dict[str, Any] = {}
+    with _no_progress_bars():
+        _load_parts(folder, components, dtypes, parts)
+    parts["transformer"] = without_padding_channel(parts["transformer"])
+    scheduler = folder / "scheduler"
+    parts["scheduler"] = (
+        diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(str(scheduler))
+        if "scheduler" in components
+        else diffusers.FlowMatchEulerDiscreteScheduler(shift=ANIMA_SHIFT)
+    )
+    parts["tokenizer"] = _tokenizer(folder, components, "tokenizer") or qwen2_tokenizer()
+    parts["t5_tokenizer"] = _tokenizer(folder, components, "t5_tokenizer") or t5_tokenizer()
+    return AnimaPipeline(**parts)
+
+
+def _load_parts(
+    folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any], parts: dict
+) -> None:
+    """Each model part from its subfolder, by its declared class, into `parts`."""
     for name in MODEL_PARTS:
         library, declared = components[name]
         found = _class_named(str(library), str(declared))
@@ -46,16 +65,21 @@ def load(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any])
         parts[name] = found.from_pretrained(
             str(folder / name), local_files_only=True, **{keyword: dtype}
         )
-    parts["transformer"] = without_padding_channel(parts["transformer"])
-    scheduler = folder / "scheduler"
-    parts["scheduler"] = (
-        diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(str(scheduler))
-        if "scheduler" in components
-        else diffusers.FlowMatchEulerDiscreteScheduler(shift=ANIMA_SHIFT)
-    )
-    parts["tokenizer"] = _tokenizer(folder, components, "tokenizer") or qwen2_tokenizer()
-    parts["t5_tokenizer"] = _tokenizer(folder, components, "t5_tokenizer") or t5_tokenizer()
-    return AnimaPipeline(**parts)
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers draws a bar while it reads a model's weights: noise beside HalfSafe's own
+    progress."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
 
 
 # Anima's flow-matching shift where a folder carries no scheduler: the one ComfyUI samples it
