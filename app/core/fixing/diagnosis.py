@@ -554,32 +554,21 @@ def _islands(ctx: FixContext) -> FixCandidate | None:
     )
 
 
-def _whole_component(ctx: FixContext, dtype: str) -> FixCandidate:
-    """The component in `dtype` by its setting, and with it every part of the plan that
-    setting governs (Anima's text conditioner and transformer share the denoiser's): the
-    candidate runs what its setting will run."""
+def _whole_component(ctx: FixContext, dtype: str) -> FixCandidate | None:
+    """The component in `dtype` by its setting, and with it every part that setting governs
+    (Anima's text conditioner and transformer share the denoiser's), as the setting will run."""
     setting = COMPONENTS[ctx.component].setting
-    governed = [
-        name
-        for name in ctx.plan.dtypes
-        if name == ctx.component or (name in COMPONENTS and COMPONENTS[name].setting == setting)
-    ]
-    return FixCandidate(
-        ctx.plan.with_dtypes(**dict.fromkeys(governed, dtype)),
-        {setting: dtype},
-    )
+    shared = [n for n in ctx.plan.dtypes if n in COMPONENTS and COMPONENTS[n].setting == setting]
+    plan = ctx.plan.with_dtypes(**dict.fromkeys([ctx.component, *shared], dtype))
+    return FixCandidate(plan, {setting: dtype})
 
 
 def _component_bf16(ctx: FixContext) -> FixCandidate | None:
-    if ctx.dtype != "fp16" or not ctx.bf16_native:
-        return None
-    return _whole_component(ctx, "bf16")
+    return _whole_component(ctx, "bf16") if ctx.dtype == "fp16" and ctx.bf16_native else None
 
 
 def _component_fp32(ctx: FixContext) -> FixCandidate | None:
-    if ctx.dtype == "fp32":
-        return None
-    return _whole_component(ctx, "fp32")
+    return _whole_component(ctx, "fp32") if ctx.dtype != "fp32" else None
 
 
 @dataclass(frozen=True)
