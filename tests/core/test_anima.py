@@ -120,6 +120,20 @@ def test_a_folder_missing_a_part_is_refused_in_one_sentence(tmp_path):
     assert "does not hold its text_conditioner" in str(caught.value)
 
 
+def test_a_folder_whose_text_encoder_the_conditioner_cannot_read_is_refused(tmp_path):
+    pipeline = tiny_models.build_tiny_anima_pipeline()
+    pipeline.register_modules(text_encoder=tiny_models.tiny_qwen3(0, hidden=64))
+    folder = tmp_path / "anima"
+    pipeline.save_pretrained(folder)
+
+    with pytest.raises(HalfSafeError) as caught:
+        models.load_model(str(folder))
+
+    assert str(caught.value).endswith(
+        "its text encoder gives 64-wide states, but its text conditioner reads 32-wide ones."
+    )
+
+
 # --- ComfyUI's files --------------------------------------------------------------------------
 
 

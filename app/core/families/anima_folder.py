@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from app.core.errors import BadFileError
+from app.core.errors import BadFileError, UnsupportedModelError
 
 # The parts of weight an Anima folder must hold itself.
 MODEL_PARTS = ("text_encoder", "text_conditioner", "transformer", "vae")
@@ -38,6 +38,7 @@ def load(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any])
     with _no_progress_bars():
         _load_parts(folder, components, dtypes, parts)
     parts["transformer"] = without_padding_channel(parts["transformer"])
+    _check_widths(folder, parts)
     scheduler = folder / "scheduler"
     parts["scheduler"] = (
         diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(str(scheduler))
@@ -47,6 +48,26 @@ def load(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any])
     parts["tokenizer"] = _tokenizer(folder, components, "tokenizer") or qwen2_tokenizer()
     parts["t5_tokenizer"] = _tokenizer(folder, components, "t5_tokenizer") or t5_tokenizer()
     return AnimaPipeline(**parts)
+
+
+def _check_widths(folder: Path, parts: Mapping[str, Any]) -> None:
+    """Refuse parts that do not read each other: the text conditioner reads the text encoder's
+    states and gives what the transformer's cross-attention reads."""
+    states = parts["text_encoder"].config.hidden_size
+    conditioner = parts["text_conditioner"].config
+    reads = parts["transformer"].config["text_embed_dim"]
+    if states != conditioner["source_dim"]:
+        raise UnsupportedModelError(
+            folder,
+            f"its text encoder gives {states}-wide states, but its text conditioner reads "
+            f"{conditioner['source_dim']}-wide ones.",
+        )
+    if reads != conditioner["target_dim"]:
+        raise UnsupportedModelError(
+            folder,
+            f"its text conditioner gives {conditioner['target_dim']}-wide text, but its "
+            f"transformer reads {reads}-wide text.",
+        )
 
 
 def _load_parts(
