@@ -106,6 +106,31 @@ def test_a_folder_as_diffusers_writes_it_loads_with_the_padding_channel_dropped(
     assert ids == pipeline.t5_tokenizer("a red cat").input_ids
 
 
+def test_a_modular_index_lists_only_the_parts_the_folder_holds(tmp_path):
+    """An entry's class from its type hint where the folder was written without the part
+    loaded; an entry kept in another subfolder or repository, or named as a path, is no part
+    of the folder."""
+    from app.core.models.folder import modular_components
+
+    for name in ("text_encoder", "vae"):
+        (tmp_path / name).mkdir()
+    hint = {"type_hint": ["transformers", "Qwen3Model"], "subfolder": "text_encoder"}
+    index = {
+        "_class_name": "AnimaModularPipeline",
+        "text_encoder": [None, None, hint],
+        "vae": ["diffusers", "AutoencoderKLQwenImage", {"subfolder": "vae"}],
+        "tokenizer": ["transformers", "Qwen2Tokenizer", {"subfolder": "tokenizer"}],
+        "transformer": ["diffusers", "CosmosTransformer3DModel", {"subfolder": "other"}],
+        "../vae": ["diffusers", "AutoencoderKLQwenImage", {"subfolder": "../vae"}],
+    }
+
+    assert modular_components(tmp_path, index) == {
+        "_class_name": "AnimaModularPipeline",
+        "text_encoder": ["transformers", "Qwen3Model"],
+        "vae": ["diffusers", "AutoencoderKLQwenImage"],
+    }
+
+
 def test_a_folder_missing_a_part_is_refused_in_one_sentence(tmp_path):
     pipeline = tiny_models.build_tiny_anima_pipeline()
     folder = tmp_path / "anima"

@@ -197,7 +197,9 @@ def modular_components(folder: Path, index: dict[str, Any]) -> dict[str, Any]:
     at another repository, which HalfSafe does not fetch)."""
     found: dict[str, Any] = {key: value for key, value in index.items() if key.startswith("_")}
     for name, entry in index.items():
-        if name.startswith("_") or not isinstance(entry, list) or len(entry) != 3:
+        if not name.isidentifier() or name.startswith("_"):
+            continue  # a part's name is its subfolder's: never a path
+        if not isinstance(entry, list) or len(entry) != 3:
             continue
         library, declared, spec = entry
         spec = spec if isinstance(spec, dict) else {}
