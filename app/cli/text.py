@@ -64,6 +64,8 @@ def _companion_lines(companions: Mapping[str, str]) -> list[str]:
 def health_text(report: HealthReport) -> str:
     """The human-readable report `halfsafe check` prints; its first line is the headline."""
     model, device = report.model, report.device
+    # The component column: 16 wide, wider for a longer name ("text_conditioner").
+    wide = max([16, *(len(name) + 2 for name in report.components)])
     lines = [
         report.headline,
         "",
@@ -76,11 +78,11 @@ def health_text(report: HealthReport) -> str:
         + ", ".join(f"{k} {v}" for k, v in report.plan.dtypes.items())
         + (", upcast attention" if report.plan.upcast_attention else ""),
         "",
-        f"{'component':<16}{'status':<26}{'max |x|':>10}{'headroom':>10}  first bad layer",
+        f"{'component':<{wide}}{'status':<26}{'max |x|':>10}{'headroom':>10}  first bad layer",
     ]
     for name, c in report.components.items():
         lines.append(
-            f"{name:<16}{status_words(c):<26}{_number(c.max_abs):>10}"
+            f"{name:<{wide}}{status_words(c):<26}{_number(c.max_abs):>10}"
             f"{_number(c.headroom):>10}  {c.first_bad_module or '-'}"
         )
         where = (
@@ -88,7 +90,7 @@ def health_text(report: HealthReport) -> str:
             if (c.predicted_first_bad_module)
             else ""
         )
-        lines.append(f"{'':<16}{precision_words(c, len(report.plan.islands(name)))}{where}")
+        lines.append(f"{'':<{wide}}{precision_words(c, len(report.plan.islands(name)))}{where}")
     lines.append("")
     if report.weights_non_finite:
         lines.append(

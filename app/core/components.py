@@ -37,6 +37,9 @@ class Component:
     # The pipeline component it is a part of, where it is not one of its own: the VAE's
     # encoder runs in the VAE's module, at the VAE's dtype, and is fixed by the VAE's fixes.
     part_of: str | None = None
+    # Whether its setting is another part's first (Anima's text conditioner runs at the
+    # denoiser's): a setting is named after that part where the model is not known.
+    borrows_setting: bool = False
 
     @property
     def module(self) -> str:
@@ -74,6 +77,18 @@ _ALL = (
         "third text encoder",
         "SD3's T5 prompt encoder, the one known to overflow in fp16",
         False,
+    ),
+    # Anima's LLM adapter: it reads the text encoder's states once per prompt and gives the
+    # transformer what it attends to. ComfyUI and Forge keep it inside the diffusion model's
+    # file (`llm_adapter.*`), so the denoiser's setting governs it.
+    Component(
+        "text_conditioner",
+        Role.TEXT_ENCODER,
+        "unet_precision",
+        "text conditioner",
+        "turns the text encoder's output into what the transformer reads (Anima's LLM adapter)",
+        False,
+        borrows_setting=True,
     ),
     Component(
         "vae_encoder",

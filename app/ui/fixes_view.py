@@ -660,7 +660,12 @@ def _fix_components(settings: Mapping[str, Any], loaded: Sequence[str] = ()) -> 
             continue
         if key == "no_half_vae" and value:
             named.add("vae")
-        owners = [c.name for c in COMPONENTS.values() if c.setting == key and c.part_of is None]
+        # A part that borrows its setting (Anima's text conditioner) is named after its owner.
+        owners = [
+            c.name
+            for c in sorted(COMPONENTS.values(), key=lambda c: c.borrows_setting)
+            if c.setting == key and c.part_of is None
+        ]
         present = [name for name in owners if name in loaded]
         named.update((present or owners)[:1])
     return [name for name in COMPONENTS if name in named] + sorted(named - set(COMPONENTS))

@@ -211,6 +211,16 @@ KREA2_PLANTS = {
     ),
     "vae": Plant("vae", VAE_LAYER, 1e6),
 }
+ANIMA_BLOCK = "transformer_blocks.0.ff.net.2"
+ANIMA_PLANTS = {
+    # The inf reaches the next block's norm: NaN.
+    "block": Plant("transformer", ANIMA_BLOCK, 1e6, status="nan"),
+    # Anima reads the prompt's own tokens, no chat format: smaller activations than Z-Image's.
+    "qwen3": Plant("text_encoder", "layers.0.mlp.down_proj", 1e8, status="nan"),
+    # The inf reaches the conditioner's next norm: NaN.
+    "conditioner": Plant("text_conditioner", "blocks.0.mlp.2", 1e6, status="nan"),
+    "vae": Plant("vae", VAE_LAYER, 1e6),
+}
 FLOW = "Sampler: Euler, CFG scale: {cfg:g}"
 
 ROWS: dict[str, Row] = {
@@ -380,6 +390,22 @@ ROWS: dict[str, Row] = {
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
     ),
+    FamilyId.ANIMA: Row(
+        tiny_models.build_tiny_anima_pipeline,
+        "anima",
+        "flow",
+        ("text_encoder", "text_conditioner", "transformer", "vae"),
+        (
+            "Anima: its AnimaModularPipeline",
+            "a Cosmos DiT (CosmosTransformer3DModel) with 2 blocks, 32 wide",
+            "a text conditioner (AnimaTextConditioner) over a Qwen3 text encoder (Qwen3Model)",
+        ),
+        ANIMA_PLANTS,
+        # With CFG (Anima's recommended 4-5) and without it.
+        (Repair(ANIMA_PLANTS["block"], 4.0), Repair(ANIMA_PLANTS["block"], 1.0)),
+        FLOW,
+        slow_folder=True,  # saving and loading a 151,669-token embedding, as Z-Image's
+    ),
 }
 IDS = [f.id for f in FAMILIES]
 NAMES = list(ROWS)  # a row's name: its family's id, "-variant" for a family's second row
@@ -501,7 +527,9 @@ def test_an_architecture_name_reads_back_to_its_family_with_a_title(built):
 def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
     expected, pipeline, row_name = built
     denoiser = getattr(pipeline, expected.denoiser)
-    index: dict[str, Any] = {"_class_name": type(pipeline).__name__}
+    # The class its folder names (Anima's adapter writes diffusers' modular pipeline's).
+    named = getattr(type(pipeline), "folder_class_name", type(pipeline).__name__)
+    index: dict[str, Any] = {"_class_name": named}
     for name, part in pipeline.components.items():
         if part is not None:
             index[name] = [type(part).__module__.split(".")[0], type(part).__name__]
@@ -512,7 +540,7 @@ def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
     assert detection.supported, detection.because
     assert detection.architecture == ROWS[row_name].architecture  # a variant told apart too
     assert family_of_architecture(detection.architecture) is expected
-    assert detection.pipeline_class == type(pipeline).__name__
+    assert detection.pipeline_class == named
     assert detection.because.endswith(".")
 
 

@@ -46,10 +46,11 @@ def save_single_file(
 def save_split_files(
     pipeline, root: str | Path, name: str = "model", *, prefix: str = "", single_file: bool = False
 ) -> dict[str, Path]:
-    """Write a Flux, Chroma, SD3, Z-Image, Qwen-Image, Flux.2 Klein, Qwen-Image 2.1 or Krea 2
-    pipeline as ComfyUI keeps it under `root` (its models folder): the transformer in its
-    original layout (Black Forest Labs', Stability AI's, Z-Image's, Krea's; Qwen-Image's keeps
-    diffusers' names; under `prefix`) in diffusion_models/, the text encoders in text_encoders/
+    """Write a Flux, Chroma, SD3, Z-Image, Qwen-Image, Flux.2 Klein, Qwen-Image 2.1, Krea 2 or
+    Anima pipeline as ComfyUI keeps it under `root` (its models folder): the transformer in its
+    original layout (Black Forest Labs', Stability AI's, Z-Image's, Krea's, Cosmos's with
+    Anima's LLM adapter beside it; Qwen-Image's keeps diffusers' names; under `prefix`) in
+    diffusion_models/, the text encoders in text_encoders/
     in the layout their files use (clip_l, clip_g, t5xxl; qwen_3_4b under Qwen3ForCausalLM's
     names, Flux.2 Klein's without its LM head; qwen_2.5_vl_7b under model.*, visual.*;
     qwen_3_vl_8b under transformers' names), the VAE in vae/ in the original layout
@@ -70,6 +71,11 @@ def save_split_files(
             prefix + k: v for k, v in to_original(rows, transformer.state_dict()).items()
         }
     }
+    conditioner = getattr(pipeline, "text_conditioner", None)
+    if conditioner is not None:  # Anima's LLM adapter, inside its transformer's file
+        tensors["transformer"].update(
+            {f"{prefix}llm_adapter.{k}": v for k, v in conditioner.state_dict().items()}
+        )
     for component, stem in family.companion_names.items():
         part = getattr(pipeline, component)
         state = part.state_dict()

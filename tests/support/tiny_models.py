@@ -909,3 +909,63 @@ def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False, released_t
         is_distilled=distilled,
         patch_size=2,
     )
+
+
+def tiny_anima_transformer(seed: int, text: int = 32, padding_channel: bool = True):
+    """Cosmos-Predict2's DiT in the shape Anima keeps it (rotary scales, the padding-mask input
+    channel, no learnable positions) at a tiny width; with `padding_channel`, as its files
+    store it, else as HalfSafe runs it (`without_padding_channel`)."""
+    from diffusers import CosmosTransformer3DModel
+
+    from app.core.families.anima_pipeline import without_padding_channel
+
+    _seeded(seed)
+    transformer = CosmosTransformer3DModel(
+        in_channels=16,
+        out_channels=16,
+        num_attention_heads=2,
+        attention_head_dim=16,
+        num_layers=2,
+        text_embed_dim=text,
+        adaln_lora_dim=8,
+        max_size=(128, 240, 240),
+        patch_size=(1, 2, 2),
+        rope_scale=(1.0, 4.0, 4.0),
+        concat_padding_mask=True,
+        extra_pos_embed_type=None,
+    ).eval()
+    return transformer if padding_channel else without_padding_channel(transformer)
+
+
+def tiny_anima_conditioner(seed: int, source: int = 32, target: int = 32):
+    """Anima's LLM adapter: T5-vocabulary query tokens cross-attending to Qwen3 states, padded
+    to 512 tokens as the released one."""
+    from diffusers import AnimaTextConditioner
+
+    _seeded(seed)
+    return AnimaTextConditioner(
+        source_dim=source,
+        target_dim=target,
+        model_dim=target,
+        num_layers=2,
+        num_attention_heads=4,
+    ).eval()
+
+
+def build_tiny_anima_pipeline(seed: int = 0):
+    """A tiny Anima: a Qwen3-shaped text encoder with the real vocabulary, the text conditioner
+    over it, the Cosmos DiT as HalfSafe runs it, Qwen-Image's causal 3D VAE, flow matching
+    shifted by 3; HalfSafe's AnimaPipeline over diffusers' blocks."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from app.core.families.anima_pipeline import AnimaPipeline
+
+    return AnimaPipeline(
+        text_encoder=tiny_qwen3(seed),
+        tokenizer=qwen2_tokenizer(),
+        t5_tokenizer=t5_tokenizer(),
+        text_conditioner=tiny_anima_conditioner(seed + 1),
+        transformer=tiny_anima_transformer(seed + 2, padding_channel=False),
+        vae=tiny_qwenimage_vae(seed + 3),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+    )

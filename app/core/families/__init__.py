@@ -1,5 +1,5 @@
 """Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
-`qwenimage`, `qwenimage21`, `krea2`, `flux2`), what they share (`base`), and the ordered
+`qwenimage`, `qwenimage21`, `krea2`, `flux2`, `anima`), what they share (`base`), and the ordered
 registry (`registry`).
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from app.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from app.core.families.anima import AnimaFamily
     from app.core.families.base import (
         Family,
         FamilyId,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAMILIES",
+    "AnimaFamily",
     "ChromaFamily",
     "Family",
     "FamilyId",
@@ -80,6 +82,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
     __getattr__, __dir__ = lazy_exports(
         globals(),
         {
+            ".anima": ["AnimaFamily"],
             ".base": ["Family", "FamilyId", "GenerationDefaults", "LatentFormat", "make_scheduler"],
             ".chroma": ["ChromaFamily"],
             ".flux": ["FluxFamily"],

@@ -41,6 +41,7 @@ class FamilyId(str, Enum):
     FLUX2_KLEIN = "flux2klein"
     QWENIMAGE21 = "qwenimage21"
     KREA2 = "krea2"
+    ANIMA = "anima"
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,21 @@ class Family:
         diffusers' loader (where that loader would need a package HalfSafe does not ship);
         raises ValueError or OSError for a part it cannot build."""
         return {}
+
+    def load_folder(
+        self, folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any]
+    ) -> Any:
+        """The pipeline of a checked diffusers folder of this family (`components`: name ->
+        [library, class] of the parts it holds; `dtypes`: the torch dtype per part and
+        "default"), for a family diffusers' `DiffusionPipeline` does not load (one diffusers
+        has as a modular pipeline only); None: diffusers loads it."""
+        return None
+
+    def pipeline_from_parts(self, components: dict[str, Any]) -> Any:
+        """The pipeline of parts read from a transformer file and its companions (`components`
+        by pipeline name, the tokenizers and scheduler among them), for a family whose
+        pipeline diffusers does not build from them; None: diffusers' `pipeline_class` does."""
+        return None
 
     # -- the steps each family defines ------------------------------------------------------
 

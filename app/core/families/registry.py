@@ -11,6 +11,7 @@ from typing import Any
 from app.core.architecture.single_file import not_a_full_checkpoint, other_file
 from app.core.detection import Detection
 from app.core.errors import HalfSafeError
+from app.core.families.anima import AnimaFamily
 from app.core.families.base import Family, FamilyId, GenerationDefaults
 from app.core.families.checkpoints import Checkpoint
 from app.core.families.chroma import ChromaFamily
@@ -26,6 +27,7 @@ from app.core.families.zimage import ZImageFamily
 
 # Most specific first: the first family that owns a pipeline is its family.
 FAMILIES: tuple[Family, ...] = (
+    AnimaFamily(),  # its own transformer class (Cosmos's) and text conditioner
     # Krea 2 and Qwen-Image 2.1 before Qwen-Image (all three read Qwen VLs and share its VAE
     # or names); their own markers and transformer classes tell the two apart.
     Krea2Family(),

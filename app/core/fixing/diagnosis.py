@@ -418,24 +418,21 @@ def _islands(ctx: FixContext) -> FixCandidate | None:
     )
 
 
+def _whole_component(ctx: FixContext, dtype: str) -> FixCandidate | None:
+    """The component in `dtype` by its setting, and with it every part that setting governs
+    (Anima's text conditioner and transformer share the denoiser's), as the setting will run."""
+    setting = COMPONENTS[ctx.component].setting
+    shared = [n for n in ctx.plan.dtypes if n in COMPONENTS and COMPONENTS[n].setting == setting]
+    plan = ctx.plan.with_dtypes(**dict.fromkeys([ctx.component, *shared], dtype))
+    return FixCandidate(plan, {setting: dtype})
+
+
 def _component_bf16(ctx: FixContext) -> FixCandidate | None:
-    if ctx.dtype != "fp16" or not ctx.bf16_native:
-        return None
-    spec = COMPONENTS[ctx.component]
-    return FixCandidate(
-        ctx.plan.with_dtypes(**{ctx.component: "bf16"}),
-        {spec.setting: "bf16"},
-    )
+    return _whole_component(ctx, "bf16") if ctx.dtype == "fp16" and ctx.bf16_native else None
 
 
 def _component_fp32(ctx: FixContext) -> FixCandidate | None:
-    if ctx.dtype == "fp32":
-        return None
-    spec = COMPONENTS[ctx.component]
-    return FixCandidate(
-        ctx.plan.with_dtypes(**{ctx.component: "fp32"}),
-        {spec.setting: "fp32"},
-    )
+    return _whole_component(ctx, "fp32") if ctx.dtype != "fp32" else None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from app.core import limits
 Shapes = Mapping[str, tuple[int, ...]]
 Row = tuple[str, tuple[str, ...], str]  # (original key, diffusers keys, how), see `to_diffusers`
 
-TRANSFORMER_PREFIXES = ("model.diffusion_model.", "")  # a full save, a plain transformer file
+# A full save, a Cosmos training save (Anima's), a plain transformer file.
+TRANSFORMER_PREFIXES = ("model.diffusion_model.", "net.", "")
 CLIP_PREFIX = "text_model."
 CLIP_PROJECTION = "text_projection.weight"
 
@@ -55,6 +56,18 @@ class Need:
 
 
 @dataclass(frozen=True)
+class InnerPart:
+    """A pipeline part the transformer's own file holds beside it under `prefix`, in the
+    diffusers class's own names (Anima's LLM adapter, `llm_adapter.*`, is its text
+    conditioner): built from `config` (its shapes read by the layout's reader)."""
+
+    component: str  # "text_conditioner"
+    prefix: str  # its keys' prefix in the file, the transformer's own prefix included
+    class_name: str  # the diffusers class it is built as
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class SplitModel:
     """A transformer file read from its header: its diffusers config and what it needs."""
 
@@ -75,6 +88,8 @@ class SplitModel:
     pooled_from: tuple[str, ...] = ()
     # Why such a file cannot be run at all (words completing "<file>: "), None when it can.
     unsupported: str | None = None
+    # Parts the file holds beside the transformer, in their diffusers class's names.
+    inner: tuple[InnerPart, ...] = ()
 
     def rows(self) -> Iterator[Row]:
         return self.table(self.config)
@@ -223,7 +238,9 @@ def to_diffusers(
 ) -> dict[str, Any]:
     """Original-layout tensors -> diffusers names, by a layout's rows: "same" (renamed), "cat"
     (fused along dim 0; `expected` gives the parts' sizes), "swap" (a modulation's shift and
-    scale halves swapped) or "flat" (a table kept as one vector, shaped as `expected` says).
+    scale halves swapped), "flat" (a table kept as one vector, shaped as `expected` says) or
+    "pad:N" (N input columns the original has last that diffusers' has not: an input that is
+    always zero, Cosmos's padding mask, whose columns are dropped; put back as zeros).
     Raises KeyError for a missing key, ValueError for a misfit."""
     import torch
 
@@ -239,6 +256,13 @@ def to_diffusers(
             state.update(zip(names, torch.split(tensor, sizes, dim=0), strict=True))
         elif how == "swap":
             state[names[0]] = _swap_halves(tensor)
+        elif how.startswith("pad:"):
+            kept = expected[names[0]][1]
+            if tensor.shape[1] != kept + int(how[4:]):
+                raise ValueError(
+                    f"{prefix + original} has {tensor.shape[1]} columns, not {kept + int(how[4:])}"
+                )
+            state[names[0]] = tensor[:, :kept]
         elif how == "flat":
             shape = expected[names[0]]
             if tensor.numel() != math.prod(shape):
@@ -262,6 +286,10 @@ def to_original(rows: Iterator[Row], state: Mapping[str, Any]) -> dict[str, Any]
             out[original] = torch.cat([state[n] for n in names], dim=0)
         elif how == "swap":
             out[original] = _swap_halves(state[names[0]])
+        elif how.startswith("pad:"):
+            weight = state[names[0]]
+            padding = weight.new_zeros((weight.shape[0], int(how[4:])))
+            out[original] = torch.cat([weight, padding], dim=1)
         elif how == "flat":
             out[original] = state[names[0]].reshape(-1)
         else:

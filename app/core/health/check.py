@@ -195,6 +195,15 @@ WITHOUT_PICTURE = {
 }
 
 
+def _fed_by(first: Stage, before: list[str], probe: ProbeResult) -> str | None:
+    """The part of a stage, among those that ran `before` a part in it, whose non-finite output
+    that part read: None unless the part went non-finite with no layer of its own going so
+    first (its inputs already were) after one of them failed."""
+    if not probe.non_finite or first_bad_name(probe) is not None:
+        return None
+    return next((n for n in before if first.probes[n].non_finite), None)
+
+
 def _checked_size(model, size: int | None) -> int:
     """The probe size in pixels (the model's own by default), refused when the family cannot
     run it."""
@@ -301,9 +310,15 @@ class _Check:
         self.seen.add(first, search.plan)
         good = first
         reference: Stage | None = None
-        for name in names:
+        for index, name in enumerate(names):
             probe = self.first_probes[name] = first.probes[name]
             verify: ProbeResult | None = None
+            feeder = _fed_by(first, names[:index], probe)
+            if feeder is not None and good is not first and not good.probes[name].non_finite:
+                # It read a failed part's output in this stage (Anima's text conditioner reads
+                # the text encoder's states) and went bad there, not in a layer of its own:
+                # its run is the one under that part's fix.
+                probe = self.first_probes[name] = good.probes[name]
             if name in self.broken:
                 pass
             elif probe.non_finite and good is not first and not good.probes[name].non_finite:
@@ -340,6 +355,9 @@ class _Check:
                 self.runner.placed[name],
                 name in self.broken,
             )
+            if probe is not first.probes[name] and feeder is not None:
+                stand_in = f"the {component_words(feeder)}'s output under its fix"
+                mark_fed_by(self.reports, [name], feeder, self.notes, stand_in)
         return good
 
     def text_encoders(self) -> Stage:

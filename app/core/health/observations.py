@@ -182,9 +182,14 @@ def fp16_advice(
         if reports[n].precisions.get("fp16", PrecisionOutcome(Status.OK, False)).status.failed
     ]
     settings: dict[str, Any] = {"no_half": False, "no_half_vae": False, "precision": "fp16"}
+    keep = "bf16" if bf16_native else "fp32"
     for name in reports:
-        keep = "bf16" if bf16_native else "fp32"
-        settings[COMPONENTS[name].setting] = keep if name in overflowing else "fp16"
+        # A setting several parts share (Anima's conditioner and transformer) stays wide
+        # where any of them would overflow.
+        if name in overflowing:
+            settings[COMPONENTS[name].setting] = keep
+        else:
+            settings.setdefault(COMPONENTS[name].setting, "fp16")
     measured = all(reports[n].precisions["fp16"].measured for n in wider)
     layer_settings: dict[str, Any] = {}
     layers = predicted_layers or {}

@@ -33,6 +33,7 @@ MODEL_COMPONENTS = (
     "vae",
     "text_encoder",
     "text_encoder_2",
+    "text_conditioner",
     "safety_checker",
     "image_encoder",
 )
@@ -49,12 +50,16 @@ def load_folder(
     import diffusers
 
     index_file = path / "model_index.json"
+    if not index_file.exists() and (path / MODULAR_INDEX).exists():
+        index_file = path / MODULAR_INDEX  # a modular pipeline's folder, as diffusers writes it
     if not index_file.exists():
         raise BadFileError(
             path, "this folder has no model_index.json, so it is not a diffusers pipeline folder."
         )
     progress("Checking the model folder", 0, 1)
     index = read_json(index_file)
+    if index_file.name == MODULAR_INDEX:
+        index = modular_components(path, index)
     components = {
         name: spec
         for name, spec in index.items()
@@ -134,15 +139,17 @@ def load_folder(
     progress("Loading the model folder", 0, 1)
     family = family_of_architecture(detection.architecture)
     try:
-        parts = family.folder_parts(path) if family is not None else {}
-        pipeline = diffusers.DiffusionPipeline.from_pretrained(
-            path,
-            local_files_only=True,
-            torch_dtype=torch_dtype,
-            variant=variant,
-            use_safetensors=None if pickles else True,
-            **parts,
-        )
+        pipeline = family.load_folder(path, components, torch_dtype) if family else None
+        if pipeline is None:
+            parts = family.folder_parts(path) if family is not None else {}
+            pipeline = diffusers.DiffusionPipeline.from_pretrained(
+                path,
+                local_files_only=True,
+                torch_dtype=torch_dtype,
+                variant=variant,
+                use_safetensors=None if pickles else True,
+                **parts,
+            )
     except HalfSafeError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as error:
@@ -180,6 +187,37 @@ def load_folder(
         zero_terminal_snr=detection.zero_terminal_snr,
         prediction_because=detection.prediction_because,
     )
+
+
+# The index diffusers writes for a modular pipeline's folder (`ModularPipeline.save_pretrained`).
+MODULAR_INDEX = "modular_model_index.json"
+
+
+def modular_components(folder: Path, index: dict[str, Any]) -> dict[str, Any]:
+    """A modular_model_index.json as model_index.json lists a pipeline's parts (name ->
+    [library, class]): each entry there is [library, class, loading spec] (library and class
+    null where the part was not loaded when the folder was written: its spec's type hint names
+    them); only the parts the folder holds in their own subfolder are kept (an entry may point
+    at another repository, which HalfSafe does not fetch)."""
+    found: dict[str, Any] = {key: value for key, value in index.items() if key.startswith("_")}
+    for name, entry in index.items():
+        if not name.isidentifier() or name.startswith("_"):
+            continue  # a part's name is its subfolder's: never a path
+        if not isinstance(entry, list) or len(entry) != 3:
+            continue
+        library, declared, spec = entry
+        spec = spec if isinstance(spec, dict) else {}
+        hint = spec.get("type_hint")
+        if (library is None or declared is None) and isinstance(hint, list) and len(hint) == 2:
+            library, declared = hint
+        if (
+            isinstance(library, str)
+            and isinstance(declared, str)
+            and (spec.get("subfolder") or name) == name
+            and (folder / name).is_dir()
+        ):
+            found[name] = [library, declared]
+    return found
 
 
 def _check_parts(

@@ -33,6 +33,8 @@ def original_shapes(rows: Iterator[Row], held: Shapes) -> dict[str, tuple[int, .
             shapes[original] = (sum(s[0] for s in found if s), *found[0][1:])
         elif how == "flat":
             shapes[original] = (math.prod(found[0]),)
+        elif how.startswith("pad:"):
+            shapes[original] = (found[0][0], found[0][1] + int(how[4:]))
         else:
             shapes[original] = found[0]
     return shapes

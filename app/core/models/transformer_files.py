@@ -9,9 +9,11 @@ from typing import Any
 
 from app.core import paths
 from app.core.checkpoint import Checkpoint, one_torch_thread, scan_weights, stored_dtype
+from app.core.components import words as component_words
 from app.core.encoders.files import QWEN3_VL_READS
 from app.core.errors import BadFileError, UnsupportedModelError
-from app.core.formats.layouts import AbsurdSizes, SplitModel, to_diffusers
+from app.core.families.registry import family_of_architecture
+from app.core.formats.layouts import AbsurdSizes, InnerPart, SplitModel, to_diffusers
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models import split
 from app.core.models.assembly import assign, built, empty, first_line
@@ -139,6 +141,11 @@ def load_split(
                         if need.kind in tokenizers
                         else clip_tokenizer(need.pad_token)
                     )
+            for inner in model.inner:  # parts the file holds beside the transformer
+                checkpoint.component = inner.component
+                part, dtypes = _inner_part(path, checkpoint, inner)
+                components[inner.component] = part
+                used += dtypes
             if model.pooled_from:
                 widths = [components[c].config.projection_dim for c in model.pooled_from]
                 if sum(widths) != model.config["pooled_projection_dim"]:
@@ -155,7 +162,10 @@ def load_split(
             components["scheduler"] = diffusers.FlowMatchEulerDiscreteScheduler.from_config(
                 scheduler_config, **model.scheduler
             )
-            pipeline = getattr(diffusers, model.pipeline_class)(**components)
+            family = family_of_architecture(model.architecture)
+            pipeline = family.pipeline_from_parts(components) if family is not None else None
+            if pipeline is None:
+                pipeline = getattr(diffusers, model.pipeline_class)(**components)
         progress("Scanning the weights", steps - 1, steps)
         weights = scan_weights(
             pipeline, on_progress=progress, cancel=cancel, identify=identity.needed
@@ -203,6 +213,23 @@ def _split_transformer(path: Path, checkpoint: Checkpoint, model: SplitModel):
             path, f"the transformer does not fit together: {first_line(error)}."
         ) from None
     return assign(path, transformer, state, "transformer")
+
+
+def _inner_part(path: Path, checkpoint: Checkpoint, inner: InnerPart):
+    """A part the transformer's file holds under `inner.prefix`, in its diffusers class's own
+    names (Anima's LLM adapter). Returns (model, stored dtypes)."""
+    import diffusers
+
+    words = component_words(inner.component)
+    build = getattr(diffusers, inner.class_name).from_config
+    module = built(path, words, empty, build, inner.config)
+    # Its own weights only (a quantized file keeps scales beside them: `get` applies them).
+    keys = [inner.prefix + name for name in module.state_dict()]
+    missing = [k for k in keys if k not in checkpoint.shapes]
+    if missing:
+        raise BadFileError(path, f"the {words} is incomplete: {missing[0]} is missing.")
+    state = {k[len(inner.prefix) :]: checkpoint.get(k) for k in keys}
+    return assign(path, module, state, words), [checkpoint.dtypes[k] for k in keys]
 
 
 def _inner_vae(checkpoint: Checkpoint, prefix: str, base: dict[str, Any]):

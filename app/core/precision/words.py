@@ -134,9 +134,12 @@ def fix_words(settings: Mapping[str, Any] | None, components: Collection[str] = 
     precision_words: dict[str, str] = {}
     for component in COMPONENTS.values():
         if component.part_of is None and component.name in components:
-            precision_words.setdefault(component.setting, component.words)
+            # Every part the setting governs: "text conditioner and transformer" (Anima).
+            said = precision_words.get(component.setting)
+            words = component.words
+            precision_words[component.setting] = f"{said} and {words}" if said else words
     for component in COMPONENTS.values():
-        if component.part_of is None:
+        if component.part_of is None and not component.borrows_setting:
             precision_words.setdefault(component.setting, component.words)
     parts: list[str] = []
     for key, value in settings.items():

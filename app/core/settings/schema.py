@@ -89,7 +89,8 @@ SCHEMA: tuple[Field, ...] = (
         "choice",
         "auto",
         "UNet precision",
-        "Override for the denoising UNet, the largest and slowest part. 'auto' follows "
+        "Override for the denoising UNet (or transformer), the largest and slowest part; it "
+        "also sets Anima's text conditioner, kept in the same file. 'auto' follows "
         "Precision. Running it in fp32 roughly doubles the time of every step.",
         "Precision",
         choices=DTYPE_CHOICES,
