@@ -328,3 +328,125 @@ def test_a_bfl_file_without_its_text_encoder_is_named_in_one_sentence(tmp_path):
         models.load_model(str(file))
 
     assert "Qwen3-VL text encoder (qwen3_vl_4b)" in str(caught.value)
+
+
+# --- editing: reference pictures in the transformer's sequence -------------------------------
+
+
+@pytest.fixture
+def references(tmp_path):
+    """Two 64 px pictures of seeded colours."""
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    paths = []
+    for index in range(2):
+        path = tmp_path / f"ref{index}.png"
+        Image.fromarray((rng.rand(64, 64, 3) * 255).astype(np.uint8)).save(path)
+        paths.append(str(path))
+    return paths
+
+
+def _edit_check(model, images):
+    from app.core import health
+
+    return health.check_loaded(
+        model,
+        precision=FP16,
+        device="cpu",
+        size=64,
+        measure_cost=False,
+        remember=False,
+        images=images,
+    )
+
+
+def _edit_request(tmp_path, images, cfg: float = 3.5):
+    return generation.GenerationRequest(
+        prompt="make the cube red",
+        steps=2,
+        cfg=cfg,
+        seed=3,
+        width=64,
+        height=64,
+        images=list(images),
+        output_dir=str(tmp_path / "out"),
+    )
+
+
+@pytest.mark.parametrize("distilled", [False, True], ids=["base", "distilled"])
+def test_a_healthy_model_is_checked_on_the_edit_path_in_fp16(distilled, references):
+    model = in_memory(
+        build_tiny_flux3_pipeline(distilled=distilled), "edit", ARCHITECTURE[distilled]
+    )
+
+    report = _edit_check(model, references)
+
+    assert list(report.components) == ["text_encoder", "vae_encoder", "transformer", "vae"]
+    assert report.verdict == "healthy"
+    assert family_of(model.pipeline).max_references(model.pipeline) == 10
+
+
+@pytest.mark.parametrize("distilled", [False, True], ids=["base", "distilled"])
+def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fixed(
+    distilled, references
+):
+    layer = "mode_blocks.image_cond.0.ff.linear_out"  # the references' own per-mode block
+    pipeline = build_tiny_flux3_pipeline(distilled=distilled)
+    with torch.no_grad():
+        pipeline.transformer.get_submodule(layer).weight.mul_(1e6)
+    model = in_memory(pipeline, "edit-planted", ARCHITECTURE[distilled])
+
+    report = _edit_check(model, references)
+
+    assert report.verdict == "fixable"
+    assert {n for n, c in report.components.items() if c.status.failed} == {"transformer"}
+    assert report.components["transformer"].first_bad_module == layer
+    fix = report.fix
+    assert fix is not None and fix.verified and fix.quality is not None and fix.quality.passed
+    tested, fixed = report.plan, fix.plan
+    assert {
+        c
+        for c in tested.dtypes
+        if tested.dtypes[c] != fixed.dtypes[c] or tested.islands(c) != fixed.islands(c)
+    } == {"transformer"}
+
+
+def test_an_edit_reads_each_reference_in_the_sequence_and_changes_the_picture(tmp_path, references):
+    pipeline = build_tiny_flux3_pipeline(distilled=True)
+    model = in_memory(pipeline, "edit-gen", "flux3-klein")
+    seen: list[tuple] = []
+
+    def record(_module, _args, kwargs):
+        ids = kwargs.get("image_cond_ids")
+        states = kwargs.get("image_cond_hidden_states")
+        seen.append((None, None) if ids is None else (states.shape[1], ids[:, 3].unique().tolist()))
+
+    handle = pipeline.transformer.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        edited = generation.generate(
+            model, _edit_request(tmp_path, references, cfg=1.0), precision=FP16, device="cpu"
+        ).images[0]
+    finally:
+        handle.remove()
+    drawn = generation.generate(
+        model,
+        generation.GenerationRequest(
+            prompt="make the cube red",
+            steps=2,
+            cfg=1.0,
+            seed=3,
+            width=64,
+            height=64,
+            output_dir=str(tmp_path / "drawn"),
+        ),
+        precision=FP16,
+        device="cpu",
+    ).images[0]
+
+    # Each 64 px reference is 4x4 cells of 2x2 latent patches, told apart as -1 and -2.
+    assert seen == [(32, [-2.0, -1.0])] * 2
+    assert edited.status == "ok" and "Mode: edit" in edited.parameters
+    pixels = np.asarray(edited.image.convert("RGB"), dtype=np.float32)
+    assert np.isfinite(pixels).all()
+    assert not np.array_equal(pixels, np.asarray(drawn.image.convert("RGB"), dtype=np.float32))

@@ -24,7 +24,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
-from app.core.families.flux2 import FLUX2_LATENT
+from app.core.families.flux2 import FLUX2_LATENT, _normalised
 from app.core.families.flux3_recipe import (
     BASE_CFG,
     BASE_STEPS,
@@ -47,6 +47,10 @@ from app.core.words import infotext
 
 # The Qwen3-VL layers FLUX.3 reads (8 of the 4B's 36), each as wide as the encoder.
 TEXT_LAYER_COUNT = len(TEXT_LAYERS)
+# The reference pictures an edit reads at most (diffusers' FLUX.3 prompt upsampler's "at most
+# 10"; its denoising blocks set no limit). Each lengthens the transformer's sequence by as many
+# tokens as the picture has 16-px cells.
+MAX_REFERENCES = 10
 
 
 # Black Forest Labs' key layout, as diffusers' single-file converter reads it
@@ -327,6 +331,9 @@ class _Flux3(FlowMatching, Family):
         checked), the distilled one on the prompt, told each step's next timestep (0 after the
         last); the sigmas are given as they are (a copy of the scheduler without its shift), so
         the blocks step exactly through them. Returns the VAE's latents (1, 32, h, w)."""
+        return self._probe(pipe, conditioning, size, device, timesteps, [])
+
+    def _probe(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
         import torch
 
         side = size // self.latent_factor(pipe) // 2
@@ -345,8 +352,37 @@ class _Flux3(FlowMatching, Family):
             guidance_scale=BASE_CFG,
             sigmas=[float(t) / 1000.0 for t in timesteps],
             scheduler=scheduler,
+            image_cond_latents=references,
         ).images
         return self.image_latents(pipe, tokens, size, size)
+
+    def probe_edit(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
+        """As `probe_denoise`, with the references (the VAE's latents in 2x2 patches, as
+        `encode_pixels` makes them) normalised by the VAE's batch-norm statistics as diffusers'
+        encoder step does, and read in the transformer's sequence beside the noise by diffusers'
+        image-conditioned blocks."""
+        normalised = [_normalised(r.to(device), pipe.vae) for r in references]
+        return self._probe(pipe, conditioning, size, device, timesteps, normalised)
+
+    # -- editing: reference pictures in the transformer's sequence ---------------------------
+
+    def encode_pixels(self, vae, pixels):
+        """Pixels (B, 3, H, W) in [-1, 1] -> the mode of the VAE encoder's distribution in 2x2
+        patches (B, 4C, H/16, W/16), before the batch-norm normalisation (done where they are
+        read: `edit_call`, `probe_edit`)."""
+        from diffusers import Flux2Pipeline
+
+        z = vae.encode(pixels.to(vae.dtype)).latent_dist.mode()
+        return Flux2Pipeline._patchify_latents(z)
+
+    def edit_call(
+        self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
+    ) -> dict[str, Any]:
+        """The prompt for `batch` images and the references' latents (HalfSafe's watched
+        encoder made them, at the job's size), normalised as diffusers' encoder step leaves
+        them."""
+        normalised = [_normalised(r, pipeline.vae) for r in latents]
+        return {**self.pipeline_embeds(embeds, batch), "image_cond_latents": normalised}
 
     def size_problem(self, pipeline, width: int, height: int) -> str | None:
         return patches_problem(self, pipeline, width, height)
@@ -396,6 +432,7 @@ class Flux3Family(_Flux3):
     trainer_words = ((r"flux-?3(?!.*(klein(?!-base)|distill))", "flux3-base"),)
     pipeline_class = "Flux3ModularPipeline"
     adapter = "Flux3Pipeline"
+    edit_pipelines = {"Flux3Pipeline": MAX_REFERENCES}
 
     def call_arguments(self, cfg: float) -> dict[str, Any]:
         return {"guidance_scale": cfg}  # real CFG above 1
@@ -412,6 +449,7 @@ class Flux3KleinFamily(_Flux3):
     trainer_words = ((r"flux-?3.*(klein|distill)", "flux3-klein"),)
     pipeline_class = "Flux3DistilledModularPipeline"
     adapter = "Flux3DistilledPipeline"
+    edit_pipelines = {"Flux3DistilledPipeline": MAX_REFERENCES}
     distilled = True
 
     def call_arguments(self, cfg: float) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from diffusers import DiffusionPipeline
 from diffusers.modular_pipelines import Flux3DistilledModularPipeline, Flux3ModularPipeline
 from diffusers.modular_pipelines.flux3.before_denoise import (
     Flux3DistilledTextRoPEInputsStep,
+    Flux3PrepareImageCondLatentsStep,
     Flux3PrepareLatentsStep,
     Flux3SetTimestepsStep,
     Flux3TextRoPEInputsStep,
@@ -35,6 +36,7 @@ from diffusers.modular_pipelines.flux3.denoise import (
 from diffusers.modular_pipelines.flux3.encoders import Flux3TextEncoderStep
 from diffusers.modular_pipelines.flux3.inputs import (
     Flux3DistilledTextInputStep,
+    Flux3ImageCondInputStep,
     Flux3TextInputStep,
 )
 from diffusers.modular_pipelines.modular_pipeline import (
@@ -143,6 +145,54 @@ class Flux3DistilledConditionedDenoiseStep(SequentialPipelineBlocks):
         return "Denoises from an encoded prompt with the distilled FLUX.3."
 
 
+class Flux3EditDenoiseStep(SequentialPipelineBlocks):
+    """The base model's core denoising blocks with reference pictures (diffusers'
+    image-conditioned workflow): their latents batched and packed into the transformer's
+    sequence (told apart on the position ids' last axis: -1, -2, ...), then as text-to-image."""
+
+    block_classes = [
+        Flux3TextInputStep(),
+        Flux3ImageCondInputStep(),
+        Flux3PrepareLatentsStep(),
+        Flux3PrepareImageCondLatentsStep(),
+        Flux3SetTimestepsStep(num_inference_steps=BASE_STEPS),
+        Flux3TextRoPEInputsStep(),
+        Flux3CallbackDenoiseStep(),
+    ]
+    block_names = [
+        "input",
+        "cond_input",
+        "prepare_latents",
+        "prepare_image_cond_latents",
+        "set_timesteps",
+        "prepare_rope_inputs",
+        "denoise",
+    ]
+
+    @property
+    def description(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
+        return "Denoises from an encoded FLUX.3 prompt and reference pictures."
+
+
+class Flux3DistilledEditDenoiseStep(SequentialPipelineBlocks):
+    """The same for the distilled model."""
+
+    block_classes = [
+        Flux3DistilledTextInputStep(),
+        Flux3ImageCondInputStep(),
+        Flux3PrepareLatentsStep(),
+        Flux3PrepareImageCondLatentsStep(),
+        Flux3SetTimestepsStep(num_inference_steps=DISTILLED_STEPS),
+        Flux3DistilledTextRoPEInputsStep(),
+        Flux3DistilledCallbackDenoiseStep(),
+    ]
+    block_names = Flux3EditDenoiseStep.block_names
+
+    @property
+    def description(self) -> str:  # pyright: ignore[reportIncompatibleMethodOverride]
+        return "Denoises from an encoded prompt and reference pictures with the distilled FLUX.3."
+
+
 @dataclass
 class Flux3Output:
     """What a call gives back: the latent tokens (B, cells, 128), normalised 2x2 patches of the
@@ -174,7 +224,9 @@ class Flux3Pipeline(DiffusionPipeline):
     def _modular_class(self):
         return Flux3DistilledModularPipeline if self.distilled else Flux3ModularPipeline
 
-    def _denoise_blocks(self):
+    def _denoise_blocks(self, references: bool):
+        if references:
+            return Flux3DistilledEditDenoiseStep() if self.distilled else Flux3EditDenoiseStep()
         return (
             Flux3DistilledConditionedDenoiseStep()
             if self.distilled
@@ -226,6 +278,7 @@ class Flux3Pipeline(DiffusionPipeline):
         callback_on_step_end=None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
         scheduler=None,
+        image_cond_latents: list[Any] | None = None,
     ) -> Flux3Output:
         """Denoise from the encoded prompt (B, tokens, width each) by diffusers' FLUX.3 blocks:
         the base model with CFG at `guidance_scale` where a negative prompt is given and the
@@ -233,7 +286,9 @@ class Flux3Pipeline(DiffusionPipeline):
         `num_inference_steps` by default the variant's (50, 16); `sigmas` (unshifted, from 1
         down) as Flux3SetTimestepsStep takes them, by default linear from 1 to 1/steps;
         `latents` (B, 128, h, w) as the noise, normalised 2x2 patches; `scheduler` in place of
-        the pipeline's. Gives the latent tokens (B, cells, 128): only output_type "latent"
+        the pipeline's; `image_cond_latents`, the reference pictures' latents (1, 128, h_i,
+        w_i each, normalised 2x2 patches), read in the transformer's sequence beside the noise
+        (an edit). Gives the latent tokens (B, cells, 128): only output_type "latent"
         (HalfSafe decodes each image itself)."""
         if output_type != "latent":
             raise ValueError("Flux3Pipeline gives latents only (output_type='latent').")
@@ -242,7 +297,8 @@ class Flux3Pipeline(DiffusionPipeline):
         if negative_prompt_embeds is None or self.distilled:
             guidance_scale = 1.0
         replaced = {"scheduler": scheduler} if scheduler is not None else {}
-        modular = self.modular(self._denoise_blocks(), guidance_scale, **replaced)
+        blocks = self._denoise_blocks(bool(image_cond_latents))
+        modular = self.modular(blocks, guidance_scale, **replaced)
         arguments: dict[str, Any] = {
             "prompt_embeds": prompt_embeds,
             "height": height,
@@ -257,6 +313,8 @@ class Flux3Pipeline(DiffusionPipeline):
             arguments["latents"] = latents
         if sigmas is not None:
             arguments["sigmas"] = sigmas
+        if image_cond_latents:
+            arguments["image_cond_latents"] = list(image_cond_latents)
         return Flux3Output(modular(**arguments, output="latents"))
 
     def save_pretrained(self, save_directory, **kwargs) -> None:  # type: ignore[override]
