@@ -450,3 +450,55 @@ def test_an_edit_reads_each_reference_in_the_sequence_and_changes_the_picture(tm
     pixels = np.asarray(edited.image.convert("RGB"), dtype=np.float32)
     assert np.isfinite(pixels).all()
     assert not np.array_equal(pixels, np.asarray(drawn.image.convert("RGB"), dtype=np.float32))
+
+
+# --- on a GPU --------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("distilled", [False, True], ids=["base", "distilled"])
+def test_on_cuda_a_planted_overflow_is_found_fixed_and_repaired_in_fp16(tmp_path, distilled):
+    """fp16 on CUDA (its attention kernels, the QK norms diffusers would keep in fp32): the
+    healthy model is healthy, a planted overflow in the image's per-mode block is found at its
+    layer and fixed, and a generation repairs it."""
+    from app.core import health
+
+    def checked(pipeline):
+        return health.check_loaded(
+            in_memory(pipeline, "cuda", ARCHITECTURE[distilled]),
+            precision=FP16,
+            device="cuda",
+            size=64,
+            measure_cost=False,
+            remember=False,
+        )
+
+    assert checked(build_tiny_flux3_pipeline(distilled=distilled)).verdict == "healthy"
+    layer = "mode_blocks.image.0.ff.linear_out"
+
+    def planted():
+        pipeline = build_tiny_flux3_pipeline(distilled=distilled)
+        with torch.no_grad():
+            pipeline.transformer.get_submodule(layer).weight.mul_(1e6)
+        return pipeline
+
+    report = checked(planted())
+    assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
+    assert report.components["transformer"].first_bad_module == layer
+    request = generation.GenerationRequest(
+        prompt="a red cat",
+        steps=3,
+        cfg=1.0 if distilled else 3.5,
+        seed=3,
+        width=64,
+        height=64,
+        output_dir=str(tmp_path),
+    )
+    model = in_memory(planted(), "cuda-generate", ARCHITECTURE[distilled])
+    (image,) = generation.generate(model, request, precision=FP16, device="cuda").images
+    assert (image.status, image.component, image.first_bad_module) == (
+        "fixed",
+        "transformer",
+        layer,
+    )

@@ -1,7 +1,6 @@
 """Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
-`qwenimage`, `qwenimage21`, `krea2`, `flux2`, `anima`,
-`flux3`), what they share (`base`), and the ordered
-registry (`registry`).
+`qwenimage`, `qwenimage21`, `krea2`, `flux2`, `anima`, `flux3`), what they share (`base`), and
+the ordered registry (`registry`).
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
 prompt into the named tensors its denoiser takes, which of those tensors come from which text
