@@ -196,6 +196,36 @@ def test_a_folder_without_its_processor_or_scheduler_loads_with_the_shipped_ones
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # saving a 151,669-token embedding
+def test_a_folder_missing_a_part_is_refused_in_one_sentence(tmp_path):
+    folder = tmp_path / "flux3"
+    build_tiny_flux3_pipeline().save_pretrained(folder)
+    for file in (folder / "text_encoder").iterdir():
+        file.unlink()
+    (folder / "text_encoder").rmdir()
+
+    with pytest.raises(HalfSafeError) as caught:
+        models.load_model(str(folder))
+
+    assert "this FLUX.3 folder does not hold its text_encoder" in str(caught.value)
+
+
+def test_the_prompt_is_read_as_diffusers_text_encoder_step_reads_it():
+    """The same hidden states as diffusers' step makes with the whole generation model (HalfSafe
+    runs its inner model: the LM head's logits are never read), padded to a multiple of 80."""
+    from diffusers.modular_pipelines.flux3.encoders import Flux3TextEncoderStep
+
+    pipeline = build_tiny_flux3_pipeline()
+    with torch.inference_mode():
+        mine = pipeline.encode_prompt("a red cat", "cpu")
+        theirs = Flux3TextEncoderStep._get_qwen3_vl_prompt_embeds(
+            pipeline.text_encoder, pipeline.tokenizer, "a red cat", device="cpu"
+        )
+
+    assert mine.shape == (1, 80, 8 * 32)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
 def test_trainers_words_name_each_variant():
     assert base_architecture("flux-3-image-klein-base") == "flux3-base"
     assert base_architecture("FLUX.3") == "flux3-base"

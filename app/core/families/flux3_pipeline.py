@@ -251,9 +251,11 @@ class Flux3Pipeline(DiffusionPipeline):
     def encode_prompt(self, prompt: str, device) -> Any:
         """One prompt as diffusers' text encoder step reads it (Qwen3-VL's chat form, padded to
         a multiple of 80 tokens): the hidden states after eight of its layers side by side,
-        (1, tokens, 8 x width), in the text encoder's dtype."""
+        (1, tokens, 8 x width), in the text encoder's dtype. The generation model's inner
+        Qwen3-VL model is what runs: its LM head, whose logits nothing reads, would cost a
+        151,936-wide row per token (2.5 GB in fp16 for 8,192 tokens)."""
         return Flux3TextEncoderStep._get_qwen3_vl_prompt_embeds(
-            text_encoder=self.text_encoder,
+            text_encoder=getattr(self.text_encoder, "model", self.text_encoder),
             tokenizer=self.tokenizer,
             prompt=prompt,
             device=device,
