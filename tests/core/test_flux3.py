@@ -219,7 +219,7 @@ def test_the_prompt_is_read_as_diffusers_text_encoder_step_reads_it():
     with torch.inference_mode():
         mine = pipeline.encode_prompt("a red cat", "cpu")
         theirs = Flux3TextEncoderStep._get_qwen3_vl_prompt_embeds(
-            pipeline.text_encoder, pipeline.tokenizer, "a red cat", device="cpu"
+            pipeline.text_encoder, pipeline.tokenizer, "a red cat", device=torch.device("cpu")
         )
 
     assert mine.shape == (1, 80, 8 * 32)
