@@ -136,6 +136,8 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     same_weights(pipeline, model.pipeline, ("text_encoder", "transformer", "vae"))
     fam = family_of(pipeline)
     timesteps = fam.probe_timesteps(model, 4, "euler", 64)
+    built = in_memory(pipeline, "flux3-split", ARCHITECTURE[distilled])
+    assert timesteps == fam.probe_timesteps(built, 4, "euler", 64)  # the same schedule
     for a, b in zip(
         _outputs(pipeline, timesteps), _outputs(model.pipeline, timesteps), strict=True
     ):
