@@ -228,6 +228,28 @@ def test_the_prompt_is_read_as_diffusers_text_encoder_step_reads_it():
     torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # saving a 151,669-token embedding
+def test_a_folder_declaring_another_class_for_a_part_is_refused_in_one_sentence(tmp_path):
+    import json
+
+    folder = tmp_path / "flux3"
+    build_tiny_flux3_pipeline().save_pretrained(folder)
+    index_file = folder / "modular_model_index.json"
+    index = json.loads(index_file.read_text())
+    index["transformer"][1] = "Flux2Transformer2DModel"
+    index["transformer"][2]["type_hint"] = ["diffusers", "Flux2Transformer2DModel"]
+    index_file.write_text(json.dumps(index))
+
+    with pytest.raises(HalfSafeError) as caught:
+        models.load_model(str(folder))
+
+    # The folder's checks build nothing: the declared class's config does not describe the
+    # weights beside it.
+    said = str(caught.value)
+    assert said.startswith(str(folder / "transformer" / "config.json"))
+    assert said.endswith("so the config and the weights are of different models.")
+
+
 def test_trainers_words_name_each_variant():
     assert base_architecture("flux-3-image-klein-base") == "flux3-base"
     assert base_architecture("FLUX.3") == "flux3-base"
