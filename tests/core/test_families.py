@@ -221,6 +221,23 @@ ANIMA_PLANTS = {
     "conditioner": Plant("text_conditioner", "blocks.0.mlp.2", 1e6, status="nan"),
     "vae": Plant("vae", VAE_LAYER, 1e6),
 }
+# FLUX.3: the image's per-mode block's feed-forward output (the inf reaches the joint blocks'
+# norm: NaN), a joint single block's; Qwen3-VL's first MLP (FLUX.3 reads inner layers' states,
+# no final norm between: they overflow too).
+FLUX3_MODE_BLOCK = "mode_blocks.image.0.ff.linear_out"
+FLUX3_SINGLE = "single_transformer_blocks.1.ff.linear_out"
+FLUX3_PLANTS = {
+    "mode_block": Plant("transformer", FLUX3_MODE_BLOCK, 1e6, status="nan"),
+    # The inf reaches the next single block's norm: NaN.
+    "single_block": Plant("transformer", FLUX3_SINGLE, 1e6, status="nan"),
+    "qwen3_vl": Plant(
+        "text_encoder",
+        "model.language_model.layers.0.mlp.down_proj",
+        1e6,
+        output_past_fp16=False,
+    ),
+    "vae": Plant("vae", VAE_LAYER, 1e6),
+}
 FLOW = "Sampler: Euler, CFG scale: {cfg:g}"
 
 ROWS: dict[str, Row] = {
@@ -405,6 +422,38 @@ ROWS: dict[str, Row] = {
         (Repair(ANIMA_PLANTS["block"], 4.0), Repair(ANIMA_PLANTS["block"], 1.0)),
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding, as Z-Image's
+    ),
+    FamilyId.FLUX3: Row(
+        tiny_models.build_tiny_flux3_pipeline,
+        "flux3-base",
+        "flow",
+        ("text_encoder", "transformer", "vae"),
+        (
+            "FLUX.3 base: its Flux3ModularPipeline",
+            "a Flux3Transformer2DModel with 1 per-mode and 2 single blocks, 64 wide",
+            "8 layers of a Qwen3-VL text encoder (Qwen3VLForConditionalGeneration)",
+            "real CFG (50 steps, CFG 3.5)",
+        ),
+        FLUX3_PLANTS,
+        # With CFG (the blocks' default 3.5) and without it.
+        (Repair(FLUX3_PLANTS["mode_block"], 3.5), Repair(FLUX3_PLANTS["single_block"], 1.0)),
+        FLOW,
+        slow_folder=True,  # saving and loading a 151,669-token embedding
+    ),
+    FamilyId.FLUX3_KLEIN: Row(
+        lambda: tiny_models.build_tiny_flux3_pipeline(distilled=True),
+        "flux3-klein",
+        "flow",
+        ("text_encoder", "transformer", "vae"),
+        (
+            "FLUX.3 Klein: its Flux3DistilledModularPipeline",
+            "a flow map, told the timestep each step jumps to; 16 steps without CFG",
+        ),
+        FLUX3_PLANTS,
+        # No CFG whatever is asked: one call a step, and the PNG says CFG 1.
+        (Repair(FLUX3_PLANTS["mode_block"], 1.0), Repair(FLUX3_PLANTS["single_block"], 4.0)),
+        "Sampler: Euler, CFG scale: 1",
+        slow_folder=True,  # saving and loading a 151,669-token embedding
     ),
 }
 IDS = [f.id for f in FAMILIES]
@@ -621,6 +670,8 @@ def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outp
     tokenizers = [n for n, part in pipeline.components.items() if n.startswith("tokenizer")]
     for name in tokenizers:
         mine, theirs = getattr(pipeline, name), getattr(model.pipeline, name)
+        if hasattr(mine, "image_processor"):  # a processor as the tokenizer (FLUX.3's Qwen3-VL)
+            mine, theirs = mine.tokenizer, theirs.tokenizer
         assert mine("a red cat").input_ids == theirs("a red cat").input_ids, name
     timesteps = expected.probe_timesteps(model, 2, "euler", 64)
     mine = _outputs(expected, pipeline, timesteps)
@@ -860,7 +911,10 @@ def test_the_text_encoder_flags_help_names_each_layouts_companions_from_the_regi
     said = companion_words()
     for each in FAMILIES:
         stems = [s for part, s in each.companion_names.items() if part.startswith("text_")]
-        if each.layout is not None and stems and each.title != "Flux.2":
+        # A layout two variants share is named by the first in the registry (FLUX.3 base's
+        # names the distilled Klein's files too).
+        first = next((f for f in FAMILIES if each.layout and f.layout is each.layout), None)
+        if each.layout is not None and stems and each.title != "Flux.2" and first is each:
             assert f"{each.title}: " in said and stems[-1] in said, each.title
     assert "Flux.2: " not in said  # dev's files are refused; its layout is Klein's
     check = build_parser()._subparsers._group_actions[0].choices["check"]  # type: ignore[union-attr]

@@ -287,8 +287,8 @@ def test_krea2s_text_encoder_declared_as_qwenimage21_takes_it_is_refused_by_its_
     error = refused(folder, WrongPartError)
 
     assert str(error) == (
-        f"{folder / 'text_encoder'}: this is a 32-wide Qwen3-VL text encoder (Qwen-Image 2.1's "
-        "or Krea 2's), but the Qwen-Image 2.1 model qwen-image-2.1-tiny needs its Qwen3-VL "
+        f"{folder / 'text_encoder'}: this is a 32-wide Qwen3-VL text encoder (FLUX.3's, "
+        "Qwen-Image 2.1's or Krea 2's), but the Qwen-Image 2.1 model qwen-image-2.1-tiny needs its Qwen3-VL "
         "text encoder (qwen_3_vl_8b), not one 32 wide."
     )
 

@@ -368,7 +368,9 @@ def test_one_qwen3_vl_reader_serves_krea2_and_qwenimage21():
     # A wrong part's sentence says what it is and whose (not a Qwen3's).
     found = parts.text_encoder_of(shapes)
     assert found is not None
-    assert found.described() == "a 64-wide Qwen3-VL text encoder (Qwen-Image 2.1's or Krea 2's)"
+    assert found.described() == (
+        "a 64-wide Qwen3-VL text encoder (FLUX.3's, Qwen-Image 2.1's or Krea 2's)"
+    )
     assert parts.encoder_class_kind("Qwen3VLModel") == "qwen3_vl"
     assert parts.encoder_class_kind("Qwen3VLForConditionalGeneration") == "qwen3_vl"
     config = encoders.qwen3_vl_config(shapes, "model.", reads["8b"])

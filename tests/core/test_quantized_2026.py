@@ -21,9 +21,9 @@ overflow planted in one of its blocks found at that layer. A text encoder in Com
 "mixed" layout loads beside them too.
 
 Not known here, so not claimed: which layers a released fp8 file keeps in bf16, the released
-files' names, and how Qwen-Image 2.1 and Krea 2 GGUF files are made (the converter read has no
-rules for them: they get the generic ones and a made-up `general.architecture`, which HalfSafe
-does not read). The reader depends on none of these.
+files' names, and how Qwen-Image 2.1, Krea 2 and FLUX.3 GGUF files are made (the converter read
+has no rules for them: they get the generic ones and a made-up `general.architecture`, which
+HalfSafe does not read). The reader depends on none of these.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from tests.support.family_helpers import (
 from tests.support.model_files import save_split_files
 from tests.support.tiny_models import (
     build_tiny_flux2_klein_pipeline,
+    build_tiny_flux3_pipeline,
     build_tiny_krea2_pipeline,
     build_tiny_qwenimage21_pipeline,
     tiny_flux2_transformer,
@@ -122,6 +123,22 @@ CASES = {
         "krea2",
         (),
         ("blocks.0.mlp.up.weight", "transformer_blocks.0.ff.up"),
+    ),
+    "flux3-klein": Case(
+        lambda: build_tiny_flux3_pipeline(distilled=True),
+        "flux-3-klein",
+        "flux3-klein",
+        "FLUX.3 Klein: a transformer in Black Forest Labs' layout",
+        (
+            "txt_mode_blocks.",
+            "content_mode_blocks.",
+            "single_blocks.",
+            "early_stream_modulations",
+            "single_stream_modulations",
+        ),
+        "flux3",
+        ("txt_in.", "emb_in.", "time_in.", "ref_time_in.", "final_layer."),
+        ("content_mode_blocks.image.0.mlp_in.weight", "mode_blocks.image.0.ff.linear_in"),
     ),
 }
 FORMATS = (
@@ -532,6 +549,7 @@ CONVERTERS = {
     "flux2-dev": "convert_flux2_transformer_checkpoint_to_diffusers",
     "qwenimage21": "convert_qwen_image21_transformer_checkpoint_to_diffusers",
     "krea2": "convert_krea2_transformer_checkpoint_to_diffusers",
+    "flux3-klein": "convert_flux3_transformer_checkpoint_to_diffusers",
 }
 
 
@@ -752,6 +770,8 @@ PLANTED_IN = [
     ("qwenimage21", "int8-comfy_quant"),
     ("krea2", "fp8-scaled"),
     ("krea2", "nvfp4-modelopt"),
+    ("flux3-klein", "fp8-scaled"),
+    ("flux3-klein", "gguf-Q8_0"),
 ]
 
 

@@ -969,3 +969,59 @@ def build_tiny_anima_pipeline(seed: int = 0):
         vae=tiny_qwenimage_vae(seed + 3),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
     )
+
+
+# FLUX.3 -------------------------------------------------------------------------------------
+
+
+def tiny_flux3_text_encoder(seed: int, hidden: int = 32):
+    """Qwen3-VL-4B's shape as FLUX.3 reads it (a Qwen3VLForConditionalGeneration, its LM head
+    tied): `tiny_qwen3_vl_4b`'s config with all 36 layers, so that the eight FLUX.3 reads
+    (4, 8, ..., 32) are inner layers' states, never the final norm's output."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    config = tiny_qwen3_vl_4b(seed, hidden=hidden, layers=36).config
+    _seeded(seed)
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+def tiny_flux3_transformer(seed: int, distilled: bool, text: int = 8 * 32):
+    """One per-mode block per token mode and two joint single blocks, two 32-wide heads with
+    FLUX.3's rotary proportions (four equal axes), reading eight 32-wide hidden states a token;
+    `distilled`: the flow map's second timestep embedder."""
+    from diffusers import Flux3Transformer2DModel
+
+    _seeded(seed)
+    return Flux3Transformer2DModel(
+        in_channels=128,  # 32 latent channels in 2x2 patches
+        cond_in_channels=128,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=text,
+        timestep_channels=32,
+        axes_dims_rope=(8, 8, 8, 8),
+        flow_map=distilled,
+    ).eval()
+
+
+def build_tiny_flux3_pipeline(seed: int = 0, distilled: bool = False):
+    """A tiny FLUX.3: a 36-layer Qwen3-VL-shaped text encoder with Qwen3-VL's processor, the
+    transformer (a flow map when `distilled`), Flux.2's 32-channel VAE, flow matching with
+    FLUX.3's constant shift; HalfSafe's adapter over diffusers' blocks (the base model's, or the
+    distilled Klein's)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    from app.core.encoders.tokenizers import qwen3_vl_processor
+    from app.core.families.flux3_pipeline import Flux3DistilledPipeline, Flux3Pipeline
+    from app.core.families.flux3_recipe import FLUX3_SHIFT
+
+    pipeline = Flux3DistilledPipeline if distilled else Flux3Pipeline
+    return pipeline(
+        text_encoder=tiny_flux3_text_encoder(seed),
+        tokenizer=qwen3_vl_processor(),
+        transformer=tiny_flux3_transformer(seed + 1, distilled),
+        vae=tiny_flux2_vae(seed + 2),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=FLUX3_SHIFT),
+    )

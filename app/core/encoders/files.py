@@ -197,7 +197,7 @@ def qwen25_vl_config(shapes: Shapes) -> dict[str, Any]:
     }
 
 
-# Qwen3-VL (Krea 2's and Qwen-Image 2.1's text encoder), kept as transformers'
+# Qwen3-VL (Krea 2's, Qwen-Image 2.1's and FLUX.3's text encoder), kept as transformers'
 # Qwen3VLForConditionalGeneration saves it (model.language_model.*, model.visual.*, an LM head
 # where the embedding is not tied) or as a Qwen3VLModel (language_model.*, visual.*). One kind
 # of file, read as the class its family's pipeline takes (`Qwen3VLRead`, named by a `Need`'s
@@ -240,6 +240,11 @@ QWEN3_VL_READS = {
     # Qwen3-VL's processor. Vision: 1152 wide in 16 heads.
     "8b": Qwen3VLRead(
         "Qwen3-VL-8B-Instruct", 72, "Qwen3VLForConditionalGeneration", processor=True
+    ),
+    # FLUX.3: Qwen3-VL-4B read whole (diffusers' FLUX.3 blocks take the generation model)
+    # through Qwen3-VL's processor, whose chat form its prompts are read in.
+    "4b-generation": Qwen3VLRead(
+        "Qwen3-VL-4B-Instruct", 64, "Qwen3VLForConditionalGeneration", processor=True
     ),
 }
 

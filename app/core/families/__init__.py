@@ -1,6 +1,6 @@
 """Model families: one module each (`sd`, `sdxl`, `flux`, `chroma`, `sd3`, `zimage`,
-`qwenimage`, `qwenimage21`, `krea2`, `flux2`, `anima`), what they share (`base`), and the ordered
-registry (`registry`).
+`qwenimage`, `qwenimage21`, `krea2`, `flux2`, `anima`, `flux3`), what they share (`base`), and
+the ordered registry (`registry`).
 
 A family says which components a pipeline has (by role, see `components.py`), how to encode a
 prompt into the named tensors its denoiser takes, which of those tensors come from which text
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from app.core.families.chroma import ChromaFamily
     from app.core.families.flux import FluxFamily
     from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
+    from app.core.families.flux3 import Flux3Family, Flux3KleinFamily
     from app.core.families.krea2 import Krea2Family
     from app.core.families.qwenimage import QwenImageFamily
     from app.core.families.qwenimage21 import QwenImage21Family
@@ -56,6 +57,8 @@ __all__ = [
     "FamilyId",
     "Flux2Family",
     "Flux2KleinFamily",
+    "Flux3Family",
+    "Flux3KleinFamily",
     "FluxFamily",
     "GenerationDefaults",
     "Krea2Family",
@@ -87,6 +90,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
             ".chroma": ["ChromaFamily"],
             ".flux": ["FluxFamily"],
             ".flux2": ["Flux2Family", "Flux2KleinFamily"],
+            ".flux3": ["Flux3Family", "Flux3KleinFamily"],
             ".krea2": ["Krea2Family"],
             ".qwenimage": ["QwenImageFamily"],
             ".qwenimage21": ["QwenImage21Family"],

@@ -42,6 +42,8 @@ class FamilyId(str, Enum):
     QWENIMAGE21 = "qwenimage21"
     KREA2 = "krea2"
     ANIMA = "anima"
+    FLUX3 = "flux3"  # FLUX.3 base
+    FLUX3_KLEIN = "flux3klein"  # the 16-step distilled FLUX.3 Klein
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from app.core.families.checkpoints import Checkpoint
 from app.core.families.chroma import ChromaFamily
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
+from app.core.families.flux3 import Flux3Family, Flux3KleinFamily
 from app.core.families.krea2 import Krea2Family
 from app.core.families.qwenimage import QwenImageFamily
 from app.core.families.qwenimage21 import QwenImage21Family
@@ -35,6 +36,10 @@ FAMILIES: tuple[Family, ...] = (
     QwenImageFamily(),
     ZImageFamily(),
     SD3Family(),
+    # FLUX.3's own transformer class and layout, shared by its two variants: the base model's
+    # title names the layout's files (both run).
+    Flux3Family(),
+    Flux3KleinFamily(),
     # Flux.2 before Flux.1 (its transformer files carry Flux.1's markers too); Klein before
     # dev, whose "flux2" would otherwise take "flux2-klein".
     Flux2KleinFamily(),

@@ -187,15 +187,27 @@ def _stem_kind(stem: str) -> str | None:
 
 
 def encoder_families(kind: str) -> tuple[str, ...]:
-    """The titles of the families whose transformer files run with a text encoder of `kind`."""
+    """The titles of the families whose transformer files run with a text encoder of `kind`;
+    variants that share a layout and that encoder's file (FLUX.3 base and Klein) are named
+    once, by the first in the registry."""
+
+    def stems(family) -> set[str]:
+        return {
+            stem
+            for component, stem in family.companion_names.items()
+            if component.startswith("text_encoder") and _stem_kind(stem) == kind
+        }
+
+    def named_before(family) -> bool:
+        earlier = FAMILIES[: FAMILIES.index(family)]
+        return family.layout is not None and any(
+            g.layout is family.layout and stems(g) & stems(family) for g in earlier
+        )
+
     return tuple(
         f.title
         for f in reversed(FAMILIES)  # oldest first, as `registry.families_words`
-        if any(
-            _stem_kind(stem) == kind
-            for component, stem in f.companion_names.items()
-            if component.startswith("text_encoder")
-        )
+        if stems(f) and not named_before(f)
     )
 
 
