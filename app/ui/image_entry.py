@@ -170,7 +170,7 @@ class GalleryEntry:
             recorded_mode=result.mode.value if pictured else None,
             clip_skip=request.clip_skip if request.clip_skip > 1 else None,
             hires=request.hires if request.hires.on else None,
-            step_cache=request.step_cache or None,
+            step_cache=image.step_cache or None,
             settings=dict(image.settings or result.settings),
             status=image.status,
             component=image.component,

@@ -250,6 +250,29 @@ def test_state_gone_bad_beside_a_true_overflow_is_named_and_the_overflow_still_f
     assert again.verdict == "healthy"
 
 
+def test_state_gone_bad_upstream_of_a_true_overflow_is_named_too(tmp_path):
+    """The other order: the UNet went bad in memory and the VAE truly overflows. The check
+    hands the VAE a stand-in for the UNet's output, on which it overflows on its own."""
+    from app.core.models import load_model
+    from tests.core.test_health import plant
+
+    folder = tmp_path / "tiny"
+    plant(build_tiny_sd_pipeline(), "vae").save_pretrained(folder)
+    model = load_model(str(folder))
+    alone = check(model)
+    assert alone.cause.kind == "precision" and alone.cause.component == "vae"
+    with torch.no_grad():
+        model.pipeline.unet.conv_in.weight[0, 0, 0, 0] = float("nan")
+
+    report = check(model)
+
+    assert report.cause is not None and report.cause.kind == "state"
+    assert report.cause.component == "unet" and report.cause.reloaded == ("unet",)
+    assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
+    assert report.fix.settings == alone.fix.settings and report.fix.steps[0] == "reload the UNet"
+    assert report.cause.quality is None  # proved finite in fp32: nothing compared, no figure
+
+
 def test_a_part_no_precision_fixes_is_said_alone_with_its_verb():
     """The broken headline names the parts nothing fixed, not every failed one."""
     from app.core.health.report import headline

@@ -80,6 +80,7 @@ def test_the_cache_runs_and_leaves_no_hook_behind(tmp_path, replays):
     result = generation.generate(model, _request(tmp_path), precision=FP16, device="cpu")
     (image,) = result.images
     assert image.status == "ok" and replays["replayed"] > 0  # steps were skipped
+    assert image.step_cache == THRESHOLD
     _, _, parameters = infotext.split_text(read_parameters(image.path))
     assert parameters["First block cache"] == "0.99"
     assert result.to_json()["step_cache"] == THRESHOLD
@@ -96,6 +97,10 @@ def test_a_nan_the_cache_replayed_is_named_as_the_caches(tmp_path, poisoned_cach
     assert image.fixes_applied == ["made again without the step cache"]
     assert image.fix == {} and image.non_finite == 0.0
     assert "step cache" in image.message and "No precision fix" in image.message
+    # Its record says what made it: no step cache, so taking it back cannot bring the fault.
+    assert image.step_cache == 0.0 and image.to_json()["step_cache"] == 0.0
+    _, _, parameters = infotext.split_text(read_parameters(image.path))
+    assert "First block cache" not in parameters
 
 
 def test_a_true_overflow_with_the_cache_on_is_still_an_overflow(tmp_path, replays):
@@ -133,7 +138,7 @@ def test_cli_step_cache_out_of_range_is_exit_2(capsys):
     assert "--step-cache: 2 is above the maximum 1" in capsys.readouterr().err
 
 
-def test_explain_reads_halfsafes_own_step_cache(tmp_path, poisoned_cache):
+def test_explain_reads_halfsafes_own_step_cache(tmp_path):
     """HalfSafe's PNG names its step cache as the step-cache extensions do, so that explain
     reads it as a recorded cache."""
     from app.core.explain import read_image

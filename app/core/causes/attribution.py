@@ -43,10 +43,10 @@ from app.core.causes.records import (
     LoraBlame,
     layer_name,
 )
-from app.core.components import Verdict, in_run_order, join_words
+from app.core.components import Verdict, in_run_order, join_words, module_of
 from app.core.components import words as component_words
 from app.core.fixing import diagnosis
-from app.core.fixing.quality import QUALITY_CEILING_DB, QUALITY_THRESHOLD_DB, Quality, compare
+from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality, compare
 from app.core.health import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
@@ -642,9 +642,10 @@ def _blamed(report, cause: Cause, foreign, comparison) -> Cause:
 def _state_cause(
     runs: _Runs, report, suspects: list[str], applied, reload, progress
 ) -> Cause | None:
-    """The suspects freshly loaded, LoRAs applied again: under the check's plan, or, where
-    another failed part overflows at that plan (its precision fix is found apart), under
-    fp32, where the parts in memory failed too."""
+    """The suspects freshly loaded, LoRAs applied again, and the right answer proved: under the
+    check's plan where nothing else failed; otherwise in fp32, where the parts in memory failed
+    too and a part that only overflows fp16 runs right, each suspect alone first, so that such a
+    part beside them (a second text encoder of the same stage) is not called gone bad."""
     words = join_words(suspects)
     progress(f"Re-running with a freshly loaded {words}", 0, 1)
     try:
@@ -655,41 +656,46 @@ def _state_cause(
         return None
     if applied:
         lora.reapply(fresh.pipeline, applied)
-    modules = {name: getattr(fresh.pipeline, name, None) for name in suspects}
+    # The pipeline attributes the suspects run in (the VAE's encoder runs in the VAE).
+    modules = {module_of(name): getattr(fresh.pipeline, module_of(name), None) for name in suspects}
     if any(module is None for module in modules.values()):
         return None
-    twin_pipeline = copy.copy(runs.model.pipeline)
-    for name, module in modules.items():
-        object.__setattr__(twin_pipeline, name, module)
-    twin = replace(runs.model, pipeline=twin_pipeline)
+
+    def twin_with(names: list[str]):
+        twin_pipeline = copy.copy(runs.model.pipeline)
+        for name in dict.fromkeys(module_of(n) for n in names):
+            object.__setattr__(twin_pipeline, name, modules[name])
+        return replace(runs.model, pipeline=twin_pipeline)
+
     reference = diagnosis.fp32_reference(runs.plan)
-    overflowing = [
-        n
-        for n, c in report.components.items()
-        if c.status.failed and n not in suspects and c.fed_by is None
-    ]
-    if overflowing:
-        # fp32 is the reference itself: finite is the proof, the overflow's fix is the check's
-        # to find again on the repaired model (`causes.check`).
-        ok, quality = runs.run(reference, twin).finite, Quality(QUALITY_CEILING_DB)
-    else:
-        ok, quality, _ = runs.proved(runs.plan, reference, twin)
-    if not ok or quality is None:
+    overflowing = [n for n, c in report.components.items() if c.status.failed and n not in suspects]
+    gone_bad: list[str] = []
+    quality: Quality | None = None
+    if not overflowing:
+        ok, quality, _ = runs.proved(runs.plan, reference, twin_with(suspects))
+        gone_bad = list(suspects) if ok and quality is not None else []
+    if not gone_bad:
+        quality = None  # fp32 is the reference itself: finite is the proof, nothing compared
+        if len(suspects) > 1:
+            gone_bad = [s for s in suspects if runs.run(reference, twin_with([s])).finite]
+        if not gone_bad and runs.run(reference, twin_with(suspects)).finite:
+            gone_bad = list(suspects)
+    if not gone_bad:
         return None
     # The repair, applied: the model in memory runs the fresh parts from now on.
-    for name, module in modules.items():
-        object.__setattr__(runs.model.pipeline, name, module)
-    plural = len(suspects) > 1
+    for name in dict.fromkeys(module_of(n) for n in gone_bad):
+        object.__setattr__(runs.model.pipeline, name, modules[name])
+    words = join_words(gone_bad)
+    plural = len(gone_bad) > 1
     proof = (
-        f"freshly loaded, {'they run' if plural else 'it runs'} finite in fp32, where the "
+        f"a freshly loaded {words} gives the right answer (verified: finite, {quality.words()})"
+        if quality is not None
+        else f"freshly loaded, {'they run' if plural else 'it runs'} finite in fp32, where the "
         f"{words} in memory did not"
-        if overflowing
-        else f"a freshly loaded {words} gives the right answer (verified: finite, "
-        f"{quality.words()})"
     )
     return Cause(
         "state",
-        suspects[0],
+        gone_bad[0],
         f"The {words} in memory went bad after loading (the file is fine): {proof}. HalfSafe "
         f"reloaded {'them' if plural else 'it'}; in another app, restart it or reload the "
         "model.",
@@ -697,6 +703,7 @@ def _state_cause(
         "reload",
         verified=True,
         quality=quality,
+        reloaded=tuple(gone_bad),
     )
 
 

@@ -115,10 +115,11 @@ def check_and_attribute(
 
     report = checked()
     applied_loras = list(getattr(model, "loras", []))  # the report names them; these hold them
-    report.notes.extend(
+    lora_notes = [
         problem for applied in applied_loras if (problem := applied.file.problems()) is not None
-    )
-    report.notes.extend(getattr(model, "lora_warnings", []))  # a LoRA that only partly fits
+    ]
+    lora_notes.extend(getattr(model, "lora_warnings", []))  # a LoRA that only partly fits
+    report.notes.extend(lora_notes)
     damaged = [a for a in applied_loras if a.file.damaged]
     if report.verdict is Verdict.HEALTHY and not damaged:
         return report
@@ -137,6 +138,7 @@ def check_and_attribute(
     if cause is not None and cause.kind == "state" and _failed_beside(report, cause):
         # The parts gone bad are reloaded; what else failed is checked again on them.
         report = _beside_state(checked(), cause)
+        report.notes[:0] = lora_notes
     elif cause is not None and cause.kind == "intermittent":
         _not_the_model(report)
     elif cause is not None:
@@ -185,11 +187,8 @@ def _remember(model, report: HealthReport) -> None:
 
 def _failed_beside(report: HealthReport, cause: Cause) -> bool:
     """Whether a part other than those the state cause reloaded failed on its own inputs."""
-    reloaded = report.unfixed or [cause.component]
-    return any(
-        c.status.failed and name not in reloaded and c.fed_by is None
-        for name, c in report.components.items()
-    )
+    reloaded = cause.reloaded or (cause.component,)
+    return any(c.status.failed and name not in reloaded for name, c in report.components.items())
 
 
 def _beside_state(report: HealthReport, cause: Cause) -> HealthReport:

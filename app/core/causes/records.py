@@ -83,6 +83,8 @@ class Cause:
     lora: LoraBlame | None = None
     headline: str | None = None  # replaces the report's headline when the cause changes it
     kernel: KernelBlame | None = None  # a kernel cause's foreign attention kernel, when one is
+    # The parts a state cause reloaded, in run order (`component` is the first). Not reported.
+    reloaded: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -45,6 +45,7 @@ def describe(
         non_finite_box=stats.non_finite_box,
         settings=settings_of(outcome.plan, precision),
         image=outcome.image,
+        step_cache=outcome.step_cache,
     )
     where = _where(component, step, request.steps)
     if still is not None:

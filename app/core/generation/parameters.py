@@ -47,7 +47,7 @@ def parameters(
         # told, and the seed would not reproduce there.
         (infotext.RNG, "CPU"),
         (infotext.CLIP_SKIP, request.clip_skip if request.clip_skip > 1 else None),
-        (infotext.STEP_CACHE, f"{request.step_cache:g}" if request.step_cache else None),
+        (infotext.STEP_CACHE, f"{entry.step_cache:g}" if entry.step_cache else None),
         *_hires_parameters(request),
         *_picture_parameters(
             request, family.max_references(model.pipeline), family.takes_control(model.pipeline)

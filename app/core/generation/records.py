@@ -102,6 +102,8 @@ class ImageResult:
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
     cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
+    # The step cache's threshold this image was made with: 0 for one made again without it.
+    step_cache: float = 0.0
     loras: list[Any] | None = field(default=None, repr=False)  # None: the model's LoRAs
     # The image as PNG bytes, with its parameters, where it could not be saved (`path` empty)
     # and leaves the engine for the window, which can still save it elsewhere.
@@ -123,6 +125,7 @@ class ImageResult:
             "settings": dict(self.settings),  # what this image was made with, repairs included
             "quality": dict(self.quality) if self.quality is not None else None,
             "cause": self.cause,
+            "step_cache": self.step_cache,
         }
 
 
