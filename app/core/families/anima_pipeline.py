@@ -12,9 +12,6 @@ Imported only where an Anima model is built or loaded: it subclasses diffusers' 
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,11 +34,9 @@ from diffusers.modular_pipelines.anima.denoise import (
     AnimaLoopDenoiser,
 )
 from diffusers.modular_pipelines.anima.encoders import AnimaTextEncoderStep
-from diffusers.modular_pipelines.modular_pipeline import (
-    ModularPipelineBlocks,
-    SequentialPipelineBlocks,
-)
-from diffusers.modular_pipelines.modular_pipeline_utils import InputParam
+from diffusers.modular_pipelines.modular_pipeline import SequentialPipelineBlocks
+
+from app.core.families.modular import StepEndStep, assembled, quiet_assembly
 
 # The parts of an Anima pipeline, as diffusers' blocks name them.
 PARTS = (
@@ -55,27 +50,8 @@ PARTS = (
 )
 
 
-class AnimaStepEndStep(ModularPipelineBlocks):
-    """The last block of each denoising step: the step's latents to `step_callback(pipeline,
-    step, timestep, {"latents": ...})`, whose returned "latents" (if any) replace them."""
-
+class AnimaStepEndStep(StepEndStep):
     model_name = "anima"
-
-    @property
-    def description(self) -> str:
-        return "Hands each step's latents to a callback, as a pipeline's callback_on_step_end."
-
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [InputParam("step_callback", description="Called after each denoising step.")]
-
-    @torch.no_grad()
-    def __call__(self, components, block_state, i: int, t):
-        callback = getattr(block_state, "step_callback", None)
-        if callback is not None:
-            changed = callback(components, i, t, {"latents": block_state.latents}) or {}
-            block_state.latents = changed.get("latents", block_state.latents)
-        return components, block_state
 
 
 class AnimaCallbackDenoiseStep(AnimaDenoiseLoopWrapper):
@@ -136,31 +112,6 @@ class AnimaConditionedImg2ImgStep(SequentialPipelineBlocks):
         return "Denoises a picture's Anima latents from conditioned prompt embeddings."
 
 
-# The loggers of diffusers' modular machinery that speak while a pipeline is assembled: that
-# guiders are experimental, that a part was not made by their ComponentSpec. Said on every
-# job, they would be noise on a user's terminal.
-_ASSEMBLY_LOGGERS = (
-    "diffusers.guiders.guider_utils",
-    "diffusers.modular_pipelines.modular_pipeline_utils",
-    "diffusers.modular_pipelines.modular_pipeline",
-)
-
-
-@contextlib.contextmanager
-def _quiet_assembly() -> Iterator[None]:
-    """diffusers' assembly warnings silenced (errors still said). The levels are process-wide:
-    the engine runs one job at a time."""
-    loggers = [logging.getLogger(name) for name in _ASSEMBLY_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
 @dataclass
 class AnimaOutput:
     """What a call gives back: the latents (B, C, 1, h, w), as a pipeline's `.images` with
@@ -203,16 +154,8 @@ class AnimaPipeline(DiffusionPipeline):
         """diffusers' AnimaModularPipeline on `blocks`, with this pipeline's parts (or those
         `replaced`) and a classifier-free guider at `guidance_scale` (at 1 or below it makes
         one call a step, on the prompt alone)."""
-        from diffusers.guiders import ClassifierFreeGuidance
-
-        with _quiet_assembly():
-            modular = AnimaModularPipeline(blocks=blocks)
-            wanted = set(modular.component_names)
-            parts = {n: replaced.get(n, getattr(self, n)) for n in PARTS if n in wanted}
-            guider = ClassifierFreeGuidance(guidance_scale=guidance_scale)
-            modular.update_components(**parts, guider=guider)
-        modular.set_progress_bar_config(disable=True)
-        return modular
+        parts = {n: replaced.get(n, getattr(self, n)) for n in PARTS}
+        return assembled(AnimaModularPipeline, blocks, parts, guidance_scale)
 
     def encode_prompt(
         self, prompt: str, negative_prompt: str, device, guidance: bool, max_sequence_length: int
@@ -311,7 +254,7 @@ class AnimaPipeline(DiffusionPipeline):
 
         kwargs.setdefault("overwrite_modular_index", True)
         modular = self.modular(AnimaAutoBlocks(), 4.0)
-        with _quiet_assembly():
+        with quiet_assembly():
             modular.save_pretrained(str(save_directory), **kwargs)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from diffusers import DiffusionPipeline
 from diffusers.modular_pipelines import Flux3DistilledModularPipeline, Flux3ModularPipeline
 from diffusers.modular_pipelines.flux3.before_denoise import (
@@ -39,11 +38,7 @@ from diffusers.modular_pipelines.flux3.inputs import (
     Flux3ImageCondInputStep,
     Flux3TextInputStep,
 )
-from diffusers.modular_pipelines.modular_pipeline import (
-    ModularPipelineBlocks,
-    SequentialPipelineBlocks,
-)
-from diffusers.modular_pipelines.modular_pipeline_utils import InputParam
+from diffusers.modular_pipelines.modular_pipeline import SequentialPipelineBlocks
 
 from app.core.families.flux3_recipe import (
     BASE_CFG,
@@ -53,33 +48,15 @@ from app.core.families.flux3_recipe import (
     PAD_MULTIPLE,
     TEXT_LAYERS,
 )
+from app.core.families.modular import StepEndStep, assembled
 
 # The parts of a FLUX.3 pipeline, as diffusers' blocks name them (the tokenizer is Qwen3-VL's
 # processor).
 PARTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
 
 
-class Flux3StepEndStep(ModularPipelineBlocks):
-    """The last block of each denoising step: the step's latents to `step_callback(pipeline,
-    step, timestep, {"latents": ...})`, whose returned "latents" (if any) replace them."""
-
+class Flux3StepEndStep(StepEndStep):
     model_name = "flux3"
-
-    @property
-    def description(self) -> str:
-        return "Hands each step's latents to a callback, as a pipeline's callback_on_step_end."
-
-    @property
-    def inputs(self) -> list[InputParam]:
-        return [InputParam("step_callback", description="Called after each denoising step.")]
-
-    @torch.no_grad()
-    def __call__(self, components, block_state, i: int, t):
-        callback = getattr(block_state, "step_callback", None)
-        if callback is not None:
-            changed = callback(components, i, t, {"latents": block_state.latents}) or {}
-            block_state.latents = changed.get("latents", block_state.latents)
-        return components, block_state
 
 
 class Flux3CallbackDenoiseStep(Flux3DenoiseLoopWrapper):
@@ -237,16 +214,8 @@ class Flux3Pipeline(DiffusionPipeline):
         """diffusers' modular pipeline of this variant on `blocks`, with this pipeline's parts (or
         those `replaced`) and, for the base model, a classifier-free guider at `guidance_scale`
         (at 1 or below it makes one call a step, on the prompt alone)."""
-        from diffusers.guiders import ClassifierFreeGuidance
-
-        modular = self._modular_class()(blocks=blocks)
-        wanted = set(modular.component_names)
-        parts = {n: replaced.get(n, getattr(self, n)) for n in PARTS if n in wanted}
-        if "guider" in wanted:
-            parts["guider"] = ClassifierFreeGuidance(guidance_scale=guidance_scale)
-        modular.update_components(**parts)
-        modular.set_progress_bar_config(disable=True)
-        return modular
+        parts = {n: replaced.get(n, getattr(self, n)) for n in PARTS}
+        return assembled(self._modular_class(), blocks, parts, guidance_scale)
 
     def encode_prompt(self, prompt: str, device) -> Any:
         """One prompt as diffusers' text encoder step reads it (Qwen3-VL's chat form, padded to
