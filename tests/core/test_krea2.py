@@ -479,7 +479,7 @@ def test_a_missing_qwen3_vl_is_named_in_one_sentence_and_another_qwen_is_not_tak
 
     # Refused as the wrong part: whose a Qwen3 is, and what Krea 2 needs instead.
     assert str(caught.value) == (
-        f"{qwen3}: this is a 32-wide Qwen3 text encoder (Flux.2 Klein's or Z-Image's), but the "
+        f"{qwen3}: this is a 32-wide Qwen3 text encoder (Flux.2 Klein's, Z-Image's or Anima's), but the "
         f"Krea 2 transformer {written['transformer'].name} needs its Qwen3-VL text encoder "
         "(qwen3_vl_4b)."
     )

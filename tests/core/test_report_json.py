@@ -62,6 +62,7 @@ GENERATION_KEYS = [
     "canvas",
     "clip_skip",
     "hires",
+    "step_cache",
     "warnings",
     "memory",
 ]
