@@ -17,7 +17,11 @@ from torch.utils.hooks import RemovableHandle
 
 from app.core import families, generation, models
 from app.core.checkpoint import write_safetensors
-from app.core.encoders import files as encoders
+from app.core.encoders import kinds
+from app.core.encoders import qwen3_vl as encoders
+from app.core.encoders.qwen3 import QWEN3
+from app.core.encoders.qwen3_vl import QWEN3_VL
+from app.core.encoders.qwen25_vl import QWEN25_VL, qwen25_vl_to_file
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from app.core.families import FamilyId, Krea2Family, family
 from app.core.families.krea2 import LAYOUT
@@ -315,18 +319,18 @@ def test_the_encoders_of_the_qwen_families_are_told_apart():
     qwen3_vl = {"model." + k: tuple(v.shape) for k, v in tiny_qwen3_vl_4b(0).state_dict().items()}
     qwen3 = {"model." + k: tuple(v.shape) for k, v in tiny_qwen3(0).state_dict().items()}
     qwen25_vl = {
-        encoders.qwen25_vl_to_file(k): tuple(v.shape)
+        qwen25_vl_to_file(k): tuple(v.shape)
         for k, v in tiny_qwen25_vl(0, hidden=32).state_dict().items()
     }
 
-    assert [encoders.encoder_kind(s) for s in (qwen3_vl, qwen3, qwen25_vl)] == [
-        "qwen3_vl",
-        "qwen3",
-        "qwen25_vl",
+    assert [kinds.text_encoder_kind(s) for s in (qwen3_vl, qwen3, qwen25_vl)] == [
+        QWEN3_VL,
+        QWEN3,
+        QWEN25_VL,
     ]
     # Each as wide as the Krea 2 transformer reads, only the Qwen3-VL is taken for it.
-    assert [split.width_of("qwen3_vl", s) for s in (qwen3_vl, qwen3, qwen25_vl)] == [32, None, None]
-    config = encoders.qwen3_vl_config(qwen3_vl, "model.", encoders.QWEN3_VL_READS["4b"])
+    assert [QWEN3_VL.width(s) for s in (qwen3_vl, qwen3, qwen25_vl)] == [32, None, None]
+    config = encoders.qwen3_vl_config(qwen3_vl, "model.", encoders.READS["4b"])
     built = tiny_qwen3_vl_4b(0).config
     text, vision = built.to_dict()["text_config"], built.to_dict()["vision_config"]
     assert config["text_config"]["rope_parameters"] == text["rope_parameters"]
@@ -351,11 +355,11 @@ def test_one_qwen3_vl_reader_serves_krea2_and_qwenimage21():
             _shapes(to_original(layout.table(config), pipeline.transformer.state_dict()))
         )
         assert found is not None and found.layout == name
-        need = next(n for n in found.needs if n.kind == "qwen3_vl")
+        need = next(n for n in found.needs if n.kind is QWEN3_VL)
         assert need.reads == {"krea2": "4b", "qwenimage21": "8b"}[name]
-        read = encoders.QWEN3_VL_READS[need.reads]
+        read = encoders.READS[need.reads]
         assert read.model_class == type(pipeline.text_encoder).__name__
-    reads = {name: encoders.QWEN3_VL_READS[name] for name in ("4b", "8b")}
+    reads = {name: encoders.READS[name] for name in ("4b", "8b")}
     assert (reads["4b"].model_class, reads["4b"].processor) == ("Qwen3VLModel", False)
     assert (reads["8b"].model_class, reads["8b"].processor) == (
         "Qwen3VLForConditionalGeneration",
@@ -363,7 +367,7 @@ def test_one_qwen3_vl_reader_serves_krea2_and_qwenimage21():
     )
     generation = tiny_qwen3_vl(0)  # Qwen-Image 2.1's, saved with model.* and its LM head
     shapes = {k: tuple(v.shape) for k, v in generation.state_dict().items()}
-    assert encoders.encoder_kind(shapes) == "qwen3_vl"
+    assert kinds.text_encoder_kind(shapes) is QWEN3_VL
     assert encoders.qwen3_vl_prefix(shapes) == "model."
     # A wrong part's sentence says what it is and whose (not a Qwen3's).
     found = parts.text_encoder_of(shapes)
@@ -371,8 +375,8 @@ def test_one_qwen3_vl_reader_serves_krea2_and_qwenimage21():
     assert found.described() == (
         "a 64-wide Qwen3-VL text encoder (FLUX.3's, Qwen-Image 2.1's or Krea 2's)"
     )
-    assert parts.encoder_class_kind("Qwen3VLModel") == "qwen3_vl"
-    assert parts.encoder_class_kind("Qwen3VLForConditionalGeneration") == "qwen3_vl"
+    assert kinds.class_kind("Qwen3VLModel") is QWEN3_VL
+    assert kinds.class_kind("Qwen3VLForConditionalGeneration") is QWEN3_VL
     config = encoders.qwen3_vl_config(shapes, "model.", reads["8b"])
     built = generation.config.to_dict()
     assert config["vision_config"]["num_heads"] == built["vision_config"]["num_heads"] == 2

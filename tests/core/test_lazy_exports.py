@@ -63,7 +63,7 @@ ENGINE_SIDE = {
     "app.core.models.folder",
     "app.core.models.single_file",
     "app.core.models.conversion",
-    "app.core.models.assembly",
+    "app.core.checkpoint.assembly",
     "app.core.architecture.configs",
     "app.core.precision.placement",
 }

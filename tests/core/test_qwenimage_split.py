@@ -12,7 +12,7 @@ import torch
 
 from app.core import models
 from app.core.checkpoint import write_safetensors
-from app.core.encoders import files as encoders
+from app.core.encoders import vaes as encoders
 from app.core.errors import UnsupportedModelError
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
 from tests.support.model_files import save_split_files

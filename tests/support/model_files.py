@@ -11,13 +11,15 @@ from typing import Any
 
 from app.core import architecture as arch
 from app.core.checkpoint import one_torch_thread, write_safetensors
-from app.core.encoders.files import qwen25_vl_to_file, wan_vae_to_original
+from app.core.checkpoint.assembly import empty, torch_dtype
+from app.core.encoders.clip import CLIP_PREFIX
+from app.core.encoders.qwen25_vl import qwen25_vl_to_file
+from app.core.encoders.vaes import wan_vae_to_original
 from app.core.families import family_of
 from app.core.families.sd import SD1_TEXT, SD2_TEXT
 from app.core.families.sd3 import SD3_INSIDE
 from app.core.families.sdxl import SDXL_TEXT_1, SDXL_TEXT_2
-from app.core.formats.layouts import CLIP_PREFIX, to_original
-from app.core.models.assembly import empty, torch_dtype
+from app.core.formats.layouts import to_original
 from app.core.models.configs import config_folder, read_json
 
 # Writing single files ----------------------------------------------------------------------

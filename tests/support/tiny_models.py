@@ -323,7 +323,7 @@ def tiny_qwen3(seed: int, hidden: int = 32, layers: int = 2):
     real vocabulary size and Qwen3-4B's rotary base and norms."""
     from transformers import Qwen3Config, Qwen3Model
 
-    from app.core.encoders.files import QWEN3_FIXED
+    from app.core.encoders.qwen3 import QWEN3_FIXED
 
     config = Qwen3Config(
         **QWEN3_FIXED,
@@ -346,7 +346,7 @@ def tiny_qwen25_vl(seed: int, hidden: int = 64, layers: int = 2):
     split file's config is read with); narrower, it has 4 heads."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from app.core.encoders.files import QWEN25_VL_FIXED, QWEN25_VL_HEAD
+    from app.core.encoders.qwen25_vl import QWEN25_VL_FIXED, QWEN25_VL_HEAD
 
     heads = 1 if hidden == QWEN25_VL_HEAD else 4
     half = hidden // heads // 2  # half a head's width, split 2:3:3 as the 7B's 16:24:24

@@ -16,21 +16,16 @@ from typing import Any
 
 from app.core.explain import runtime
 from app.core.explain.records import Record
+from app.core.families.faults import ToolFault
+from app.core.families.registry import tool_faults
 from app.core.words.tools import TERMS, TOOLS, setting_words, wide_by_default
 
-# Where the NaN most likely is, completing "the likely cause is ...".
+# Where the NaN most likely is, completing "the likely cause is ..." (and each family's known
+# faults in other tools, `Family.tool_faults`).
 LIKELY_WORDS = {
     "vae_decode": (
         "a NaN in the VAE's decode, the most common one (its values pass fp16's limit of "
         "65504 while it turns the latents into pixels)"
-    ),
-    "sdxl_vae": (
-        "SDXL's original VAE overflowing fp16 while it decodes, as it is known to (the reason "
-        "fp16-fixed SDXL VAEs exist)"
-    ),
-    "sd2_attention": (
-        "SD 2.x's attention overflowing fp16 in the UNet, as it is known to (the reason "
-        "upcast-attention switches exist)"
     ),
     "denoiser": "a NaN in the UNet, most often its attention overflowing fp16",
 }
@@ -72,7 +67,6 @@ STEP_WORDS = {
         "verifies a fix."
     ),
 }
-FAMILY_WORDS = {"sdxl": "SDXL", "sd2": "SD 2.x"}
 PART_WORDS = {"vae": "the VAE", "attention": "attention"}
 
 # Each switch is the HalfSafe setting that widens one part; tools.TERMS says it in each tool.
@@ -82,23 +76,11 @@ PART_SETTINGS: dict[str, tuple[str, Any]] = {
     "unet": ("unet_precision", "fp32"),
     "all": ("no_half", True),
 }
-# The parts to widen, first to last, for each likely cause.
+# The parts to widen, first to last, for each likely cause (and a family's known fault's own).
 ORDER = {
     "vae_decode": ("vae", "attention", "all"),
-    "sdxl_vae": ("vae", "attention", "all"),
-    "sd2_attention": ("attention", "all"),
     "denoiser": ("attention", "unet", "all"),
 }
-
-# Names that say a family (checked case-insensitively, bounded by non-letters): sd_xl_base,
-# "Juggernaut XL", ponyDiffusionV6XL; v2-1_768-ema-pruned, sd21, stable-diffusion-2-1.
-_SDXL_NAME = re.compile(r"sd[-_ ]?xl|(?<![a-z])xl(?![a-z])", re.IGNORECASE)
-_SDXL_CAMEL = re.compile(r"[a-z]XL(?![a-z])")  # juggernautXL_v9, dreamshaperXL
-_SD2_NAME = re.compile(
-    r"(?<![a-z0-9])(?:sd[-_ ]?2(?:[-_. ]?[01])?|stable[-_ ]?diffusion[-_ ]?2(?:[-_. ]?[01])?"
-    r"|v2-[01]_(?:512|768)|768-v-ema)(?![0-9])",
-    re.IGNORECASE,
-)
 _FP16_FIX = re.compile(r"fp16[-_ ]?fix", re.IGNORECASE)
 
 
@@ -154,43 +136,32 @@ class NextSteps:
         }
 
 
-def model_family(record: Record) -> tuple[str | None, tuple[str, dict[str, str]] | None]:
-    """The family the record implies ("sdxl", "sd2", or None when it does not tell) and the
+def model_family(record: Record) -> tuple[ToolFault | None, tuple[str, dict[str, str]] | None]:
+    """The known fault of the family the record implies (None when it does not tell) and the
     reason: what the tool states (InvokeAI's base, SD.Next's pipeline) first, then the model's
-    name, then an SDXL VAE's name. A stated family that is neither is believed: no name
-    overrides it."""
-    stated = _stated_family(record.base)
-    if stated in FAMILY_WORDS:
-        family = FAMILY_WORDS[stated]
-        return stated, ("family_stated", {"family": family, "stated": record.base or ""})
-    if stated == "other":
-        return None, None
+    name, then its VAE's name. A stated family with no known fault is believed: no name
+    overrides it; a stated base that leaves the family open (a plain Stable Diffusion pipeline)
+    lets the model's name tell."""
+    faults = tool_faults()
+    base = (record.base or "").strip().lower()
+    open_to_names = faults
+    if base:
+        for fault in faults:
+            if fault.stated(base):
+                return fault, (
+                    "family_stated",
+                    {"family": fault.title, "stated": record.base or ""},
+                )
+        open_to_names = tuple(f for f in faults if f.vaguely_stated(base))
     for name in (record.model, record.unet):
-        if not name:
-            continue
-        if stated is None and (_SDXL_NAME.search(name) or _SDXL_CAMEL.search(name)):
-            return "sdxl", ("family_named", {"family": "SDXL", "name": name})
-        if _SD2_NAME.search(name):
-            return "sd2", ("family_named", {"family": "SD 2.x", "name": name})
+        for fault in open_to_names if name else ():
+            if fault.named(name or ""):
+                return fault, ("family_named", {"family": fault.title, "name": name or ""})
     vae = record.vae or ""
-    if stated is None and re.search(r"sd[-_ ]?xl", vae, re.IGNORECASE):
-        return "sdxl", ("family_vae", {"family": "SDXL", "vae": vae})
+    for fault in () if base else faults:
+        if fault.vae_named(vae):
+            return fault, ("family_vae", {"family": fault.title, "vae": vae})
     return None, None
-
-
-def _stated_family(base: str | None) -> str | None:
-    """ "sdxl" or "sd2" from what a tool states, "sd" for SD 1.x or 2.x (SD.Next's plain
-    StableDiffusionPipeline), "other" for another family, None when nothing is stated."""
-    if not base:
-        return None
-    text = base.strip().lower()
-    if text.startswith("sdxl") or text.startswith("stablediffusionxl"):
-        return "sdxl"
-    if text in ("sd-2", "sd2"):
-        return "sd2"
-    if text.startswith("stablediffusion") and not text.startswith("stablediffusion3"):
-        return "sd"
-    return "other"
 
 
 def plan(
@@ -202,7 +173,8 @@ def plan(
     tool = record.made_by
     if status not in ("nan", "nan_zeroed", "saturated") or tool not in TOOLS:
         return None
-    family, because = model_family(record)
+    fault, because = model_family(record)
+    family = fault.family if fault is not None else None
     reasons = [because] if because else []
     flat = pixels.get("flat") or {}
     if status == "nan_zeroed" and flat.get("stage") == "latent":
@@ -212,8 +184,8 @@ def plan(
         reasons.append(("fp16_vae", {"vae": record.vae}))
         cause = "denoiser"
     else:
-        cause = {"sdxl": "sdxl_vae", "sd2": "sd2_attention"}.get(family or "", "vae_decode")
-    order = list(ORDER[cause])
+        cause = fault.likely if fault is not None else "vae_decode"
+    order = list(fault.order if fault is not None and cause == fault.likely else ORDER[cause])
     default = wide_by_default(tool, order[0], family)
     if default is not None and cause != "denoiser":
         # The tool already runs that part wide: the NaN is more likely in the UNet, and the
@@ -298,7 +270,9 @@ def likely_words(steps: NextSteps) -> str:
     reasons = "; ".join(REASON_WORDS[key].format(**values) for key, values in steps.reasons)
     if reasons:
         sentences.append(f"{reasons[0].upper()}{reasons[1:]}.")
-    sentences.append(STEP_WORDS["likely"].format(likely=LIKELY_WORDS[steps.likely]))
+    faults = {fault.likely: fault.likely_words for fault in tool_faults()}
+    likely = LIKELY_WORDS.get(steps.likely) or faults[steps.likely]
+    sentences.append(STEP_WORDS["likely"].format(likely=likely))
     return " ".join(sentences)
 
 

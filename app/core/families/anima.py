@@ -13,6 +13,8 @@ from typing import Any
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.encoders.qwen3 import QWEN3
+from app.core.encoders.vaes import WAN_VAE
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -151,14 +153,14 @@ def _read_anima(shapes: Shapes, prefix: str) -> SplitModel:
         needs=(
             Need(
                 "text_encoder",
-                "qwen3",
+                QWEN3,
                 "its Qwen3 text encoder (qwen_3_06b)",
                 lambda found: source is None or found == source,
                 ("qwen_3_06b", "qwen3_06b", "qwen_3", "qwen3"),
             ),
             Need(
                 "vae",
-                "wan_vae",
+                WAN_VAE,
                 "its VAE (qwen_image_vae)",
                 lambda c: c == latent,
                 ("qwen_image", "qwen"),

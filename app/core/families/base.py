@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from app.core import samplers
 from app.core.components import Role, of_role
 from app.core.detection import Detection
+from app.core.families.faults import ToolFault
 from app.core.formats.layouts import Layout
 from app.core.images.pictures import FROM_NOISE, Mode
 from app.core.words import infotext
@@ -125,6 +126,19 @@ class Family:
     # Whether `encode` takes `clip_skip` (A1111's "Clip skip"): the families whose prompt is
     # read from CLIP's hidden states (SD1/SD2, SDXL).
     takes_clip_skip: ClassVar[bool] = False
+
+    # What its models are known to overflow in fp16 in other tools, and how those tools'
+    # records say such a model: `explain`'s first guess where the model cannot be checked.
+    tool_faults: ClassVar[tuple[ToolFault, ...]] = ()
+
+    # Whether its VAE's `force_upcast` says it overflows fp16 (SDXL's original VAE sets it and
+    # does; other families set it without needing it).
+    force_upcast_means_fp32: ClassVar[bool] = False
+
+    # A checkpoint's own: the native size of each architecture by prediction type, where it
+    # differs (SD 2.x's 768-v and 512 models), and the keywords its pipeline is built with.
+    native_by_prediction: ClassVar[Mapping[str, Mapping[str, int]]] = {}
+    checkpoint_pipeline_options: ClassVar[Mapping[str, Any]] = {}
 
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.detection import Detection
+from app.core.encoders.t5 import t5_need
 from app.core.families.base import FamilyId, prompt_tensors, transformer_width
 from app.core.families.flux import (
     BFL_MARKERS,
@@ -23,7 +24,6 @@ from app.core.formats.layouts import (
     count_indices,
     count_words,
     reader,
-    t5_need,
     within_limits,
 )
 from app.core.images.pictures import Mode

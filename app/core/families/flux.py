@@ -10,6 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from app.core.detection import Detection
+from app.core.encoders.clip import CLIP
+from app.core.encoders.t5 import t5_need
+from app.core.encoders.vaes import VAE
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -31,7 +34,6 @@ from app.core.formats.layouts import (
     linear,
     reader,
     swapped,
-    t5_need,
     within_limits,
 )
 from app.core.images.pictures import Mode
@@ -73,7 +75,7 @@ def bfl_blocks(shapes: Shapes, prefix: str) -> dict[str, Any]:
 
 
 def flux_vae_need(latent: int) -> Need:
-    return Need("vae", "vae", "its 16-channel VAE (ae)", lambda c: c == latent, ("ae", "flux"))
+    return Need("vae", VAE, "its 16-channel VAE (ae)", lambda c: c == latent, ("ae", "flux"))
 
 
 def beside_the_noise(in_channels: int, out_channels: int) -> str:
@@ -134,7 +136,7 @@ def _read_flux(shapes: Shapes, prefix: str) -> SplitModel:
             t5_need("text_encoder_2", config["joint_attention_dim"]),
             Need(
                 "text_encoder",
-                "clip",
+                CLIP,
                 "its CLIP-L text encoder (clip_l)",
                 lambda w: w == clip_width,
                 ("clip_l", "clip-l", "clipl"),

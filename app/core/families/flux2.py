@@ -16,6 +16,9 @@ from typing import Any, ClassVar
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.encoders.mistral3 import MISTRAL3
+from app.core.encoders.qwen3 import QWEN3
+from app.core.encoders.vaes import FLUX2_VAE
 from app.core.errors import HalfSafeError
 from app.core.families.base import (
     Family,
@@ -181,7 +184,7 @@ def _read_flux2(shapes: Shapes, prefix: str) -> SplitModel:
     )
     vae = Need(
         "vae",
-        "flux2_vae",
+        FLUX2_VAE,
         f"its {latent}-channel Flux.2 VAE (flux2-vae)",
         lambda c: c == latent,
         ("flux2", "flux-2"),
@@ -201,7 +204,7 @@ def _read_flux2(shapes: Shapes, prefix: str) -> SplitModel:
             needs=(
                 Need(
                     "text_encoder",
-                    "mistral3",
+                    MISTRAL3,
                     "its Mistral 3 Small text encoder (mistral_3_small_flux2)",
                     lambda width: 3 * width == text,
                     ("mistral",),
@@ -230,7 +233,7 @@ def _read_flux2(shapes: Shapes, prefix: str) -> SplitModel:
         needs=(
             Need(
                 "text_encoder",
-                "qwen3",
+                QWEN3,
                 f"its Qwen3 text encoder ({encoder})",
                 lambda width: 3 * width == text,
                 ("qwen_3", "qwen3"),

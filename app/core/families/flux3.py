@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.encoders.qwen3_vl import QWEN3_VL
+from app.core.encoders.vaes import FLUX2_VAE
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -146,7 +148,7 @@ def _read_flux3(shapes: Shapes, prefix: str) -> SplitModel:
         needs=(
             Need(
                 "text_encoder",
-                "qwen3_vl",
+                QWEN3_VL,
                 f"its Qwen3-VL text encoder ({TEXT_ENCODER_FILE})",
                 lambda found: found == width,
                 ("qwen3_vl", "qwen3-vl", "qwen_3_vl"),
@@ -154,7 +156,7 @@ def _read_flux3(shapes: Shapes, prefix: str) -> SplitModel:
             ),
             Need(
                 "vae",
-                "flux2_vae",
+                FLUX2_VAE,
                 f"its {latent}-channel Flux.2 VAE ({VAE_FILE})",
                 lambda c: c == latent,
                 ("flux2", "flux-2"),

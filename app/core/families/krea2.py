@@ -9,6 +9,8 @@ from typing import Any
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.encoders.qwen3_vl import QWEN3_VL
+from app.core.encoders.vaes import WAN_VAE
 from app.core.errors import HalfSafeError
 from app.core.families.base import (
     Family,
@@ -138,7 +140,7 @@ def _read_krea2(shapes: Shapes, prefix: str) -> SplitModel:
         needs=(
             Need(
                 "text_encoder",
-                "qwen3_vl",
+                QWEN3_VL,
                 "its Qwen3-VL text encoder (qwen3_vl_4b)",
                 lambda found: found == text_width,
                 ("qwen3_vl", "qwen3-vl", "qwen_3_vl"),
@@ -146,7 +148,7 @@ def _read_krea2(shapes: Shapes, prefix: str) -> SplitModel:
             ),
             Need(
                 "vae",
-                "wan_vae",
+                WAN_VAE,
                 "its VAE (qwen_image_vae)",
                 lambda c: c == latent,
                 ("qwen_image", "qwen"),

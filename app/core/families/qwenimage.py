@@ -13,6 +13,8 @@ from typing import Any
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.encoders.qwen25_vl import QWEN25_VL
+from app.core.encoders.vaes import WAN_VAE
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -87,14 +89,14 @@ def _read_qwenimage(shapes: Shapes, prefix: str) -> SplitModel:
         needs=(
             Need(
                 "text_encoder",
-                "qwen25_vl",
+                QWEN25_VL,
                 "its Qwen2.5-VL text encoder (qwen_2.5_vl_7b)",
                 lambda width: width == text_width,
                 ("qwen_2.5", "qwen2.5", "qwen25"),
             ),
             Need(
                 "vae",
-                "wan_vae",
+                WAN_VAE,
                 "its VAE (qwen_image_vae)",
                 lambda c: c == latent,
                 ("qwen_image", "qwen"),

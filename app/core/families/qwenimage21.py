@@ -13,6 +13,7 @@ from typing import Any
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.encoders.qwen3_vl import QWEN3_VL
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -23,6 +24,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
+from app.core.families.qwenimage21_vae import QWENIMAGE21_VAE
 from app.core.formats.layouts import (
     Layout,
     Need,
@@ -106,7 +108,7 @@ def _read_qwenimage21(shapes: Shapes, prefix: str) -> SplitModel:
         needs=(
             Need(
                 "text_encoder",
-                "qwen3_vl",
+                QWEN3_VL,
                 "its Qwen3-VL text encoder (qwen_3_vl_8b)",
                 lambda width: width == text_width,
                 ("qwen_3_vl", "qwen3_vl", "qwen3-vl", "qwen_3-vl"),
@@ -114,7 +116,7 @@ def _read_qwenimage21(shapes: Shapes, prefix: str) -> SplitModel:
             ),
             Need(
                 "vae",
-                "qwenimage21_vae",
+                QWENIMAGE21_VAE,
                 "its VAE (qwen_image_2.1_vae)",
                 lambda c: c == in_channels,
                 ("qwen_image_2", "qwen_image2", "qwenimage2", "qwen"),

@@ -15,6 +15,7 @@ from app.core.families.anima import AnimaFamily
 from app.core.families.base import Family, FamilyId, GenerationDefaults
 from app.core.families.checkpoints import Checkpoint
 from app.core.families.chroma import ChromaFamily
+from app.core.families.faults import ToolFault
 from app.core.families.flux import FluxFamily
 from app.core.families.flux2 import Flux2Family, Flux2KleinFamily
 from app.core.families.flux3 import Flux3Family, Flux3KleinFamily
@@ -87,6 +88,15 @@ def file_layout_words() -> str:
     by_layout = {id(f.layout): f.title for f in reversed(FAMILIES) if f.layout is not None}
     titles = list(by_layout.values())
     return ", ".join(titles[:-1]) + " and " + titles[-1]
+
+
+def tool_faults() -> tuple[ToolFault, ...]:
+    """Every family's known fp16 faults in other tools, newest family first (SDXL's names are
+    asked before SD 2.x's)."""
+    faults: list[ToolFault] = []
+    for candidate in FAMILIES:
+        faults += [f for f in candidate.tool_faults if f not in faults]
+    return tuple(faults)
 
 
 def family_of(pipeline) -> Family:

@@ -3,6 +3,7 @@ v prediction), a 4-channel VAE."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from app.core.families.checkpoints import (
     unet_folder,
     unet_without_text,
 )
+from app.core.families.faults import ToolFault
 from app.core.images.pictures import Mode
 
 PROBE_CFG = 7.0  # the check's classifier-free guidance scale
@@ -40,6 +42,31 @@ SD_LATENT = LatentFormat(
 )
 
 
+# SD 2.x's attention overflows fp16 in the UNet. Names that say SD 2.x: v2-1_768-ema-pruned,
+# sd21, stable-diffusion-2-1. A tool that states a plain Stable Diffusion pipeline (SD.Next's
+# StableDiffusionPipeline) says SD 1.x or 2.x; the model's name may still say which.
+ATTENTION_2X = ToolFault(
+    family="sd2",
+    title="SD 2.x",
+    likely="sd2_attention",
+    likely_words=(
+        "SD 2.x's attention overflowing fp16 in the UNet, as it is known to (the reason "
+        "upcast-attention switches exist)"
+    ),
+    order=("attention", "all"),
+    exact_bases=("sd-2", "sd2"),
+    vague_bases=("stablediffusion",),
+    not_vague_bases=("stablediffusion3",),
+    names=(
+        re.compile(
+            r"(?<![a-z0-9])(?:sd[-_ ]?2(?:[-_. ]?[01])?|stable[-_ ]?diffusion[-_ ]?2(?:[-_. ]?[01])?"
+            r"|v2-[01]_(?:512|768)|768-v-ema)(?![0-9])",
+            re.IGNORECASE,
+        ),
+    ),
+)
+
+
 @dataclass(frozen=True)
 class StableDiffusionFamily(Family):
     """Stable Diffusion 1.x/2.x: one CLIP text encoder, a UNet, a VAE."""
@@ -56,6 +83,14 @@ class StableDiffusionFamily(Family):
         Mode.INPAINT: "StableDiffusionInpaintPipeline",
     }
     latent = SD_LATENT
+    tool_faults = (ATTENTION_2X,)
+    native_by_prediction = {"sd2": {"v_prediction": 768, "epsilon": 512}}
+    # No safety checker: HalfSafe tells a checker's black from NaN-black by its own record.
+    checkpoint_pipeline_options = {
+        "safety_checker": None,
+        "feature_extractor": None,
+        "requires_safety_checker": False,
+    }
     # The shipped configs (resources/configs) its checkpoints load with.
     checkpoint_configs = ("sd1", "sd2", "sd2-v")
 

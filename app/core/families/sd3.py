@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.detection import Detection
+from app.core.encoders.clip import CLIP_PREFIX, clip_needs
+from app.core.encoders.t5 import t5_need
+from app.core.encoders.vaes import VAE
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -20,20 +23,17 @@ from app.core.families.base import (
     transformer_width,
 )
 from app.core.formats.layouts import (
-    CLIP_PREFIX,
     Layout,
     Need,
     Row,
     Shapes,
     SplitModel,
-    clip_needs,
     count_indices,
     fused,
     linear,
     listed,
     reader,
     swapped,
-    t5_need,
     within_limits,
 )
 from app.core.images.pictures import Mode
@@ -139,7 +139,7 @@ def _read_sd3(shapes: Shapes, prefix: str) -> SplitModel:
             t5_need("text_encoder_3", text_width, inside.get("text_encoder_3")),
             Need(
                 "vae",
-                "vae",
+                VAE,
                 f"its {latent}-channel SD3 VAE",
                 lambda c: c == latent,
                 ("sd3", "sd35"),

@@ -3,6 +3,7 @@ embeddings and size conditioning for the UNet, a 4-channel VAE."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from app.core.detection import UNET, Detection, TextEncoderLayout
 from app.core.families.base import FamilyId, LatentFormat, prompt_tensors
 from app.core.families.checkpoints import Checkpoint, clip_words, full_checkpoint, unet_folder
+from app.core.families.faults import ToolFault
 from app.core.families.sd import StableDiffusionFamily
 from app.core.images.pictures import Mode
 
@@ -32,6 +34,27 @@ SDXL_LATENT = LatentFormat(
 )
 
 
+# SDXL's original VAE overflows fp16 while it decodes. Names that say SDXL (case-insensitive,
+# bounded by non-letters): sd_xl_base, "Juggernaut XL", ponyDiffusionV6XL; camel case:
+# juggernautXL_v9, dreamshaperXL.
+ORIGINAL_VAE = ToolFault(
+    family="sdxl",
+    title="SDXL",
+    likely="sdxl_vae",
+    likely_words=(
+        "SDXL's original VAE overflowing fp16 while it decodes, as it is known to (the reason "
+        "fp16-fixed SDXL VAEs exist)"
+    ),
+    order=("vae", "attention", "all"),
+    bases=("sdxl", "stablediffusionxl"),
+    names=(
+        re.compile(r"sd[-_ ]?xl|(?<![a-z])xl(?![a-z])", re.IGNORECASE),
+        re.compile(r"[a-z]XL(?![a-z])"),
+    ),
+    vae_names=(re.compile(r"sd[-_ ]?xl", re.IGNORECASE),),
+)
+
+
 @dataclass(frozen=True)
 class SDXLFamily(StableDiffusionFamily):
     """SDXL: two CLIP text encoders whose hidden states lie side by side, pooled embeddings from
@@ -39,6 +62,10 @@ class SDXLFamily(StableDiffusionFamily):
 
     id = FamilyId.SDXL
     title = "SDXL"
+    tool_faults = (ORIGINAL_VAE,)
+    force_upcast_means_fp32 = True
+    native_by_prediction = {}
+    checkpoint_pipeline_options = {"force_zeros_for_empty_prompt": True, "add_watermarker": False}
     architectures = {"sdxl": "SDXL"}
     trainer_words = (
         (r"xl.*refiner", "sdxl-refiner"),

@@ -11,6 +11,8 @@ from typing import Any
 
 from app.core import limits
 from app.core.detection import Detection, pipeline_part_class
+from app.core.encoders.qwen3 import QWEN3
+from app.core.encoders.vaes import VAE
 from app.core.families.base import (
     Family,
     FamilyId,
@@ -157,14 +159,14 @@ def _read_zimage(shapes: Shapes, prefix: str) -> SplitModel:
         needs=(
             Need(
                 "text_encoder",
-                "qwen3",
+                QWEN3,
                 "its Qwen3 text encoder (qwen_3_4b)",
                 lambda width: width == text_width,
                 ("qwen_3", "qwen3"),
             ),
             Need(
                 "vae",
-                "vae",
+                VAE,
                 f"its {latent}-channel VAE (Flux's ae)",
                 lambda c: c == latent,
                 ("ae", "flux"),

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Role, Status
+from app.core.encoders import t5
 from app.core.errors import HalfSafeError
+from app.core.families.registry import family_of_architecture
 from app.core.fixing.quality import Quality
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
 from app.core.precision.streaming import host_bytes
@@ -58,12 +60,12 @@ def plan_for_model(
 
 
 def vae_needs_fp32(model) -> bool:
-    """Whether the model says its VAE overflows in fp16: SDXL's original VAE sets
-    `force_upcast` in its config (other families set it without needing it)."""
+    """Whether the model says its VAE overflows in fp16: its VAE config's `force_upcast`, where
+    its family's VAEs mean it (`Family.force_upcast_means_fp32`)."""
     vae_config = getattr(getattr(model.pipeline, "vae", None), "config", None)
-    return bool(getattr(vae_config, "force_upcast", False)) and str(model.architecture).startswith(
-        "sdxl"
-    )
+    family = family_of_architecture(str(model.architecture))
+    means = family is not None and family.force_upcast_means_fp32
+    return means and bool(getattr(vae_config, "force_upcast", False))
 
 
 def no_half(plan: PrecisionPlan) -> PrecisionPlan:
@@ -88,21 +90,17 @@ def fp32_reference(plan: PrecisionPlan) -> PrecisionPlan:
     )
 
 
-def is_t5(module) -> bool:
-    return type(module).__name__.startswith("T5")
-
-
 def feed_forward_islands(pipeline) -> dict[str, dict[str, str]]:
     """Per T5 text encoder of the pipeline, its feed-forward output projections (`wo`, the
     modules transformers keeps in fp32 for T5) as fp32 islands."""
     islands = {}
     for name in pipeline_components(pipeline):
         module = getattr(pipeline, name)
-        if COMPONENTS[name].role is Role.TEXT_ENCODER and is_t5(module):
+        if COMPONENTS[name].role is Role.TEXT_ENCODER and t5.is_t5(module):
             islands[name] = {
                 path: "fp32"
                 for path, _ in module.named_modules()
-                if path.endswith("DenseReluDense.wo")
+                if t5.is_feed_forward_output(path)
             }
     return islands
 
@@ -368,7 +366,7 @@ def _classic_upcast(ctx: FixContext) -> FixCandidate | None:
 def _t5_feed_forward(ctx: FixContext) -> FixCandidate | None:
     if (
         ctx.dtype == "fp32"
-        or not is_t5(ctx.module)
+        or not t5.is_t5(ctx.module)
         or ctx.first_bad is None
         or "DenseReluDense" not in ctx.first_bad
         or ctx.plan.islands(ctx.component)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from app.core import limits
 
@@ -22,11 +22,46 @@ Row = tuple[str, tuple[str, ...], str]  # (original key, diffusers keys, how), s
 
 # A full save, a Cosmos training save (Anima's), a plain transformer file.
 TRANSFORMER_PREFIXES = ("model.diffusion_model.", "net.", "")
-CLIP_PREFIX = "text_model."
-CLIP_PROJECTION = "text_projection.weight"
 
 
 # What a transformer file is and what it runs with ------------------------------------------
+
+
+class PartKind(Protocol):
+    """A kind of part file a transformer runs with (a T5, a CLIP, a Qwen3-VL, a VAE layout):
+    what it is called, how a file of it is told and read, what it offers a `Need` and how it
+    is built. One module per kind under `app/core/encoders/` (a family's own VAE kind in its
+    family module); nothing outside them branches on which kind a part is."""
+
+    key: str  # "t5", "clip_projected", "wan_vae": as records and sentences name it
+    name: str  # the model a file of it holds: "T5", "Qwen3-VL" ("VAE" for the VAE kinds)
+    text_encoder: bool
+
+    @property
+    def words(self) -> str:
+        """ "T5 text encoder", "VAE" """
+        ...
+
+    def holds(self, shapes: Shapes) -> bool:
+        """Whether a file with these shapes is of this kind (headers only)."""
+        ...
+
+    def width(self, shapes: Shapes) -> int | None:
+        """What a file offers a need of this kind: a text encoder's width (a projected CLIP's
+        projection width), a VAE's latent channels; None when it is not of this kind. Its
+        config is read as the loader reads it, within real models' sizes: one that cannot be
+        built raises ValueError naming what does not fit."""
+        ...
+
+    def load(self, checkpoint: Any, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
+        """The part built from `checkpoint`'s tensors under `prefix` (`configs`: the shipped
+        config folder of the transformer's family), with the stored dtypes it read."""
+        ...
+
+    def prompt_reader(self, need: Need) -> tuple[str, Any] | None:
+        """The pipeline component that reads its prompts and its value (("tokenizer_2", a
+        CLIP tokenizer), ("processor", ...)); None for a VAE."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -34,25 +69,22 @@ class Need:
     """One component a transformer runs with besides itself."""
 
     component: str  # the pipeline component it becomes: "text_encoder", "vae", ...
-    # What file it takes, as `width_of` reads it: "clip" (hidden width), "clip_projected"
-    # (projection width), "t5", "qwen3", "qwen25_vl", "qwen3_vl", "mistral3" (hidden width);
-    # "vae" (an original-layout VAE), "wan_vae" (the Wan 2.1 layout), "flux2_vae",
-    # "qwenimage21_vae" by latent channels.
-    kind: str
+    kind: PartKind  # what file it takes, and what `fits` is asked about (`PartKind.width`)
     words: str  # "its T5 text encoder (t5xxl)"
     fits: Callable[[int], bool]  # on the file's width (latent channels for a VAE)
     hints: tuple[str, ...] = ()  # name fragments preferred when several files fit
     inside: str | None = None  # its key prefix when the transformer's own file holds it
     pad_token: str = "<|endoftext|>"  # a CLIP tokenizer's padding (CLIP-G pads with "!")
-    clip_config: str = "sd1/text_encoder"  # a CLIP's shipped config (what shapes do not say)
+    # A CLIP's shipped config (what shapes do not say), "" for CLIP-L's (`encoders.clip`).
+    clip_config: str = ""
     # A Qwen3-VL's released model and the class its pipeline takes, a key of
-    # `encoders.QWEN3_VL_READS`: "4b" (Krea 2's Qwen3VLModel), "8b" (Qwen-Image 2.1's
+    # `encoders.qwen3_vl.READS`: "4b" (Krea 2's Qwen3VLModel), "8b" (Qwen-Image 2.1's
     # Qwen3VLForConditionalGeneration).
     reads: str = ""
 
     @property
     def is_text_encoder(self) -> bool:
-        return not self.kind.endswith("vae")
+        return self.kind.text_encoder
 
 
 @dataclass(frozen=True)
@@ -149,32 +181,6 @@ def within_limits(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def clip_needs(pooled: int, inside: Mapping[str, str] | None = None) -> tuple[Need, Need]:
-    """SD3's two CLIPs, told apart by projection width (CLIP-L's 768 and CLIP-G's 1280 make
-    the transformer's 2048-wide pooled vector) and, where widths agree, by name."""
-    inside = inside or {}
-    return (
-        Need(
-            "text_encoder",
-            "clip_projected",
-            "its CLIP-L text encoder (clip_l)",
-            lambda width: 2 * width <= pooled,
-            ("clip_l", "clip-l", "clipl"),
-            inside.get("text_encoder"),
-        ),
-        Need(
-            "text_encoder_2",
-            "clip_projected",
-            "its CLIP-G text encoder (clip_g)",
-            lambda width: pooled > width and 2 * width >= pooled,
-            ("clip_g", "clip-g", "clipg"),
-            inside.get("text_encoder_2"),
-            pad_token="!",
-            clip_config="sdxl/text_encoder_2",  # OpenCLIP ViT-bigG: gelu, not quick_gelu
-        ),
-    )
-
-
 def count_indices(shapes: Shapes, prefix: str) -> int:
     """How many numbered blocks (`prefix`0., `prefix`1., ...) the shapes hold: the highest
     index plus one."""
@@ -192,12 +198,6 @@ def bounded(*sizes: tuple[str, int, int]) -> None:
     for what, size, limit in sizes:
         if not 1 <= size <= limit:
             raise AbsurdSizes(f"its {what} ({size}) is outside 1 to {limit}")
-
-
-def t5_need(component: str, width: int, inside: str | None = None) -> Need:
-    return Need(
-        component, "t5", "its T5 text encoder (t5xxl)", lambda w: w == width, ("t5",), inside
-    )
 
 
 def count_words(number: int, noun: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.core.encoders import t5
 from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
 from app.core.fixing.quality import Quality
@@ -159,7 +160,7 @@ class Stages:
         hooks = []
         if self.watch:
             for name in self.family.text_encoders(self.model.pipeline):
-                for block in _clamped_encoder_blocks(self.placed[name]):
+                for block in t5.clamped_blocks(self.placed[name]):
                     hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
         try:
             with backend_flags(plan), torch.inference_mode():
@@ -528,15 +529,6 @@ def _accepted(pipe, arguments: dict[str, Any]) -> dict[str, Any]:
 
     taken = inspect.signature(type(pipe).__call__).parameters
     return {k: v for k, v in arguments.items() if k in taken}
-
-
-def _clamped_encoder_blocks(module) -> list[Any]:
-    """The blocks of a T5 encoder: transformers clamps their fp16 output to 65504 (64504 once
-    an inf appeared), so a T5 overflow comes out finite and wrong instead of NaN."""
-    from app.core.fixing.diagnosis import is_t5
-
-    encoder = getattr(module, "encoder", None)
-    return list(getattr(encoder, "block", None) or []) if is_t5(module) else []
 
 
 def _saturation_hook(saturated: dict[str, list[Any]], name: str):

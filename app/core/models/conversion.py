@@ -8,20 +8,20 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits
 from app.core.checkpoint import (
     Checkpoint,
     WeightScanner,
+    assembly,
     read_safetensors_header,
     scan_weights,
     stored_dtype,
 )
+from app.core.checkpoint.assembly import first_line, nbytes
+from app.core.encoders.vaes import vae_from_checkpoint, vae_keys
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.families import family_of_denoiser
 from app.core.formats.layouts import count_indices
 from app.core.jobs import CancelToken
-from app.core.models import assembly
-from app.core.models.assembly import assign, built, empty, first_line, nbytes
 from app.core.models.component_files import check_files, weight_files
 from app.core.models.configs import read_json
 
@@ -51,83 +51,6 @@ def text_encoder_keys(names: list[str], shapes, encoder: arch.TextEncoderLayout)
             k for k in keys if not k.startswith(unused) and k != encoder.prefix + "text_projection"
         ]
     return keys
-
-
-def convert_text_encoder(model, tensors: dict[str, Any], encoder: arch.TextEncoderLayout):
-    wrapped = any(k.startswith("text_model.") for k in model.state_dict())
-    if encoder.layout == "hf":
-        root = encoder.prefix.removesuffix("text_model.")
-        state = {}
-        for key, tensor in tensors.items():
-            if key == root + "text_projection.weight":
-                state["text_projection.weight"] = tensor
-            else:
-                name = key[len(encoder.prefix) :]
-                state[("text_model." + name) if wrapped else name] = tensor
-        return state
-    from diffusers.loaders.single_file_utils import convert_open_clip_checkpoint
-
-    converted = convert_open_clip_checkpoint(model, tensors, prefix=encoder.prefix)
-    if not hasattr(model, "text_projection"):
-        converted.pop("text_projection.weight", None)
-    if not wrapped:
-        converted = {k.removeprefix("text_model."): v for k, v in converted.items()}
-    return converted
-
-
-_VAE_PARTS = ("encoder.", "decoder.", "quant_conv.", "post_quant_conv.")
-
-
-def vae_keys(names: list[str], prefix: str) -> list[str]:
-    return [k for k in names if k.startswith(prefix) and k[len(prefix) :].startswith(_VAE_PARTS)]
-
-
-def vae_from_checkpoint(
-    checkpoint: Checkpoint, prefix: str, base: dict[str, Any], native_size: int, read
-):
-    import diffusers
-
-    path = checkpoint.path
-    try:
-        config = arch.infer_vae_config(
-            checkpoint.shapes, base, prefix=prefix, sample_size=native_size
-        )
-    except ValueError as error:
-        raise UnsupportedModelError(
-            path, f"its VAE is not one HalfSafe can build: {error}."
-        ) from None
-    try:
-        limits.check_vae_config(config)
-    except ValueError as error:
-        raise BadFileError(
-            path, f"the VAE weights' shapes describe a VAE no real file holds: {error}."
-        ) from None
-    tensors = read(vae_keys(checkpoint.keys(), prefix))
-    model = built(path, "VAE", empty, diffusers.AutoencoderKL.from_config, config)
-    return assign(path, model, built(path, "VAE", _convert_vae, tensors, prefix, config), "VAE")
-
-
-def _convert_vae(tensors: dict[str, Any], prefix: str, config: dict[str, Any]) -> dict[str, Any]:
-    plain = {k[len(prefix) :]: v for k, v in tensors.items()}
-    if "encoder.down_blocks.0.resnets.0.conv1.weight" in plain:
-        # Already diffusers names; older files still call the attention projections
-        # query/key/value/proj_attn and store them as 1x1 convolutions.
-        renamed = {}
-        for key, tensor in plain.items():
-            for old, new in (
-                (".query.", ".to_q."),
-                (".key.", ".to_k."),
-                (".value.", ".to_v."),
-                (".proj_attn.", ".to_out.0."),
-            ):
-                key = key.replace(old, new)
-            if ".attentions." in key and key.endswith("weight") and tensor.ndim > 2:
-                tensor = tensor.reshape(tensor.shape[0], tensor.shape[1])
-            renamed[key] = tensor
-        return renamed
-    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
-
-    return convert_ldm_vae_checkpoint(plain, config)
 
 
 def load_vae_override(

@@ -8,7 +8,9 @@ from typing import Any
 
 from app.core import architecture as arch
 from app.core import limits
-from app.core.checkpoint import read_safetensors_header, scan_weights, stored_dtype
+from app.core.checkpoint import assembly, read_safetensors_header, scan_weights, stored_dtype
+from app.core.checkpoint.assembly import first_line
+from app.core.encoders import vaes
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 from app.core.families.registry import (
     detect_from_configs,
@@ -16,8 +18,6 @@ from app.core.families.registry import (
     family_of_architecture,
 )
 from app.core.jobs import CancelToken, ProgressCallback
-from app.core.models import assembly
-from app.core.models.assembly import first_line
 from app.core.models.component_files import check_config, check_files, weight_files
 from app.core.models.configs import read_json
 from app.core.models.conversion import check_latents, load_vae_override
@@ -264,13 +264,19 @@ def _check_parts(
     out = denoiser_config.get("out_channels") or denoiser_config.get("in_channels")
     scales = parts.family_scales(family.title) if family is not None else ()
     wanted_vae = [c.__name__ for c in takes.get("vae", ())]
-    wan = wanted_vae == ["AutoencoderKLQwenImage"] if wanted_vae else None
+    layouts = {vaes.layout_of_class(name) for name in wanted_vae}
+    layout = layouts.pop() if len(layouts) == 1 else None
     if isinstance(out, int) and out > 0:
         channels = out // packed
         given_vaes = [Path(vae).expanduser()] if vae is not None else []
         for vae_path in ([path / "vae"] if "vae" in components else []) + given_vaes:
             parts.check_vae(
-                vae_path, channels=channels, scales=scales, wan=wan, model=model, model_file=path
+                vae_path,
+                channels=channels,
+                scales=scales,
+                layout=layout,
+                model=model,
+                model_file=path,
             )
     encoders = sorted(c for c in components if c.startswith("text_encoder"))
     text_width = denoiser_config.get("cross_attention_dim")
@@ -289,14 +295,15 @@ def _check_encoder_kinds(
 ) -> None:
     """A text encoder folder of another kind (T5, CLIP, Qwen3, ...) than the pipeline takes
     there, named by what it is."""
+    from app.core.encoders import kinds
     from app.core.models import parts
 
     for name in sorted(c for c in components if c.startswith("text_encoder")):
         config = read_json(path / name / "config.json", owner=path / name)
         declared = str(components[name][1])
         found = parts.text_encoder_class_part(declared, config)
-        wanted = [k for c in takes.get(name, ()) if (k := parts.encoder_class_kind(c.__name__))]
-        if found is not None and wanted and parts.encoder_class_kind(declared) not in wanted:
+        wanted = [k for c in takes.get(name, ()) if (k := kinds.class_kind(c.__name__))]
+        if found is not None and wanted and kinds.class_kind(declared) not in wanted:
             parts.refuse(path / name, found, model, parts.text_encoder_part(wanted[0]).words, path)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from app.core.encoders.kind import TextEncoderKind
 from app.core.families import Family
 from app.core.formats.layouts import Need, Row, Shapes
 from app.core.models import parts
@@ -66,7 +67,9 @@ def check_text_widths(
         shapes = held.get(need.component)
         if not need.is_text_encoder or need.component not in components or shapes is None:
             continue
-        width = text_encoder_width(shapes, projected=need.kind == "clip_projected")
+        kind = need.kind
+        projected = isinstance(kind, TextEncoderKind) and kind.projected
+        width = text_encoder_width(shapes, projected=projected)
         if width is None or need.fits(width):
             continue
         _refuse(path, components, need, width, model)
@@ -79,8 +82,7 @@ def _refuse(path: Path, components: Mapping[str, Any], need: Need, width: int, m
     found = parts.text_encoder_class_part(declared, config) or parts.PartOf(
         f"a {width}-wide text encoder ({declared})"
     )
-    kind = parts.encoder_class_kind(declared)
     wanted = need.words
-    if kind is not None and need.kind.startswith(kind):
+    if isinstance(need.kind, TextEncoderKind) and need.kind.of_class(declared):
         wanted += f", not one {width} wide"
     parts.refuse(folder, found, model, wanted, path)

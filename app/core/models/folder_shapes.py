@@ -111,7 +111,7 @@ def _model_problem(class_name: str, config: Mapping[str, Any], held: Shapes) -> 
             f"it hold {len(held):,}"
         )
     except Exception as error:  # a config diffusers cannot build at all, whatever it raises
-        from app.core.models.assembly import first_line
+        from app.core.checkpoint.assembly import first_line
 
         return f"diffusers cannot build a {class_name} from it ({first_line(error)})"
     # The names diffusers' loader renames (old attention blocks' query/key/value), renamed.

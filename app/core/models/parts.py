@@ -3,7 +3,7 @@ model or found beside it), read from its header or config alone, and the one sen
 refuses a part of another family before anything is built or run (`WrongPartError`).
 
 What a part is comes from what already reads it: a text encoder's kind from
-`encoders.encoder_kind` (or its config's class), a VAE's latent channels from its decoder's
+`encoders.kinds` (or its config's class), a VAE's latent channels from its decoder's
 input, a LoRA's layers against the transformer layouts of the families. Which families take it
 is asked of the registry: a text encoder of a kind belongs to the families whose companion files
 are named for that kind (`Family.companion_names`: "qwen_3_4b" is a Qwen3, "t5xxl" a T5); a VAE
@@ -23,30 +23,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from app.core import architecture as arch
 from app.core import limits, paths
-from app.core.encoders.files import encoder_kind, is_wan_vae, wan_vae_config
+from app.core.encoders import kinds, vaes
+from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import WrongPartError
 from app.core.families import FAMILIES, Family
 from app.core.formats.layouts import Shapes
 
-# What a text encoder of each kind is called (its model, not a family).
-ENCODER_WORDS = {
-    "t5": "T5",
-    "clip": "CLIP",
-    "qwen3": "Qwen3",
-    "qwen25_vl": "Qwen2.5-VL",
-    "qwen3_vl": "Qwen3-VL",
-}
-# transformers' classes -> the kind of text encoder they are (a diffusers folder's config).
-_ENCODER_CLASSES = (
-    ("T5EncoderModel", "t5"),
-    ("CLIPTextModel", "clip"),
-    ("Qwen2_5_VL", "qwen25_vl"),
-    ("Qwen3VL", "qwen3_vl"),  # before Qwen3, which it starts with
-    ("Qwen3", "qwen3"),
-)
-VAE_PREFIXES = (arch.VAE, "vae.", "")  # a full checkpoint's VAE, a "vae." save, a VAE file
 # Two latent scales are the same family's when they differ by less than this (configs round).
 _SCALE_TOLERANCE = 1e-3
 
@@ -177,16 +160,16 @@ def _compact(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
 
 
-def _stem_kind(stem: str) -> str | None:
-    """The kind of text encoder a companion file's usual name says ("qwen_3_4b": qwen3); the
-    longest kind that starts the name wins ("qwen_3_vl" would be a "qwen3_vl" before a
-    "qwen3")."""
+def _stem_kind(stem: str) -> TextEncoderKind | None:
+    """The kind of text encoder a companion file's usual name says ("qwen_3_4b": Qwen3); the
+    longest kind that starts the name wins ("qwen_3_vl" would be a Qwen3-VL before a
+    Qwen3)."""
     compact = _compact(stem)
-    kinds = sorted(ENCODER_WORDS, key=lambda k: -len(_compact(k)))
-    return next((k for k in kinds if compact.startswith(_compact(k))), None)
+    ranked = sorted(kinds.TEXT_ENCODERS, key=lambda k: -len(_compact(k.key)))
+    return next((k for k in ranked if compact.startswith(_compact(k.key))), None)
 
 
-def encoder_families(kind: str) -> tuple[str, ...]:
+def encoder_families(kind: TextEncoderKind) -> tuple[str, ...]:
     """The titles of the families whose transformer files run with a text encoder of `kind`;
     variants that share a layout and that encoder's file (FLUX.3 base and Klein) are named
     once, by the first in the registry."""
@@ -195,7 +178,7 @@ def encoder_families(kind: str) -> tuple[str, ...]:
         return {
             stem
             for component, stem in family.companion_names.items()
-            if component.startswith("text_encoder") and _stem_kind(stem) == kind
+            if component.startswith("text_encoder") and _stem_kind(stem) is kind
         }
 
     def named_before(family) -> bool:
@@ -211,42 +194,22 @@ def encoder_families(kind: str) -> tuple[str, ...]:
     )
 
 
-def text_encoder_part(kind: str, width: int | None = None) -> PartOf:
-    """A text encoder of `kind` (as `encoder_kind` says), `width` wide where known."""
+def text_encoder_part(kind: TextEncoderKind, width: int | None = None) -> PartOf:
+    """A text encoder of `kind`, `width` wide where known."""
     size = f"{width}-wide " if width else ""
-    return PartOf(f"a {size}{ENCODER_WORDS[kind]} text encoder", encoder_families(kind))
-
-
-def encoder_width(kind: str, shapes: Shapes) -> int | None:
-    """A text encoder file's hidden width from its token embedding (None where it has none)."""
-    from app.core.encoders.files import qwen3_prefix, qwen3_vl_prefix
-
-    names = {
-        "t5": "shared.weight",
-        "clip": "text_model.embeddings.token_embedding.weight",
-        "qwen25_vl": "model.embed_tokens.weight",
-        "qwen3": f"{qwen3_prefix(shapes) or ''}embed_tokens.weight",
-        "qwen3_vl": f"{qwen3_vl_prefix(shapes) or ''}language_model.embed_tokens.weight",
-    }
-    shape = shapes.get(names[kind], ())
-    return shape[1] if len(shape) == 2 else None
+    return PartOf(f"a {size}{kind.name} text encoder", encoder_families(kind))
 
 
 def text_encoder_of(shapes: Shapes) -> PartOf | None:
     """What a text-encoder file is, from its header (None: no text encoder read here)."""
-    kind = encoder_kind(shapes)
-    return None if kind is None else text_encoder_part(kind, encoder_width(kind, shapes))
-
-
-def encoder_class_kind(class_name: str) -> str | None:
-    """The kind of text encoder a transformers class is ("T5EncoderModel": t5), or None."""
-    return next((k for name, k in _ENCODER_CLASSES if class_name.startswith(name)), None)
+    kind = kinds.text_encoder_kind(shapes)
+    return None if kind is None else text_encoder_part(kind, kind.embedding_width(shapes))
 
 
 def text_encoder_class_part(class_name: str, config: Mapping[str, Any]) -> PartOf | None:
     """What a diffusers folder's text encoder is, from its config's class (None: not one of
     the kinds read here)."""
-    kind = encoder_class_kind(class_name)
+    kind = kinds.class_kind(class_name)
     if kind is None:
         return None
     width = config.get("d_model") or config.get("hidden_size")
@@ -276,11 +239,11 @@ def _shipped_scales() -> dict[str, tuple[float, ...]]:
     return scales
 
 
-def vae_part(channels: int, scale: float | None = None, wan: bool = False) -> PartOf:
+def vae_part(channels: int, scale: float | None = None, layout: str = "") -> PartOf:
     """A VAE making `channels`-channel latents, with the latent `scale` its config states
-    (None: its file does not say), `wan` in the Wan 2.1 layout."""
-    if wan:
-        return PartOf(f"a {channels}-channel VAE in the Wan 2.1 layout")
+    (None: its file does not say), in `layout` ("": the original one)."""
+    if layout:
+        return PartOf(f"a {channels}-channel VAE in {layout}")
     families = [f.title for f in reversed(FAMILIES) if f.latent.channels == channels]
     if scale is not None:
         scales = _shipped_scales()
@@ -293,27 +256,12 @@ def same_scale(a: float, b: float) -> bool:
     return abs(a - b) <= _SCALE_TOLERANCE * max(abs(a), abs(b))
 
 
-def vae_channels(shapes: Shapes) -> int | None:
-    """The latent channels of a VAE file (original or diffusers layout, a full checkpoint's
-    first_stage_model, or the Wan 2.1 layout), from its header; None when it holds no VAE."""
-    if is_wan_vae(shapes):
-        try:
-            return int(wan_vae_config(shapes)["z_dim"])
-        except ValueError:
-            return None
-    for prefix in VAE_PREFIXES:
-        shape = shapes.get(prefix + "decoder.conv_in.weight", ())
-        if len(shape) == 4:
-            return int(shape[1])
-    return None
-
-
 def vae_file_of(shapes: Shapes) -> PartOf | None:
     """What a VAE file is, from its header (None: it holds no VAE)."""
-    channels = vae_channels(shapes)
+    channels = vaes.channels_of_file(shapes)
     if channels is None:
         return None
-    return vae_part(channels, wan=is_wan_vae(shapes))
+    return vae_part(channels, layout=vaes.layout_of_file(shapes))
 
 
 def vae_folder_of(config: Mapping[str, Any]) -> PartOf | None:
@@ -322,20 +270,20 @@ def vae_folder_of(config: Mapping[str, Any]) -> PartOf | None:
     if not isinstance(channels, int):
         return None
     scale = config.get("scaling_factor")
-    wan = config.get("_class_name") == "AutoencoderKLQwenImage"
-    return vae_part(channels, float(scale) if isinstance(scale, (int, float)) else None, wan)
+    layout = vaes.layout_of_class(str(config.get("_class_name")))
+    return vae_part(channels, float(scale) if isinstance(scale, (int, float)) else None, layout)
 
 
 @dataclass(frozen=True)
 class VaeAt:
     """A separate VAE file or folder as its header or config.json tells it: its latent
-    channels, the latent scale its config states (None: a file, which does not say) and
-    whether it is in the Wan 2.1 layout."""
+    channels, the latent scale its config states (None: a file, which does not say) and its
+    layout ("": the original one)."""
 
     part: PartOf
     channels: int
     scale: float | None
-    wan: bool
+    layout: str
 
 
 def vae_at(path: Path) -> VaeAt | None:
@@ -362,16 +310,16 @@ def vae_at(path: Path) -> VaeAt | None:
             part,
             channels,
             float(scale) if isinstance(scale, (int, float)) else None,
-            config.get("_class_name") == "AutoencoderKLQwenImage",
+            vaes.layout_of_class(str(config.get("_class_name"))),
         )
     if not path.is_file() or is_pickle_file(path):
         return None
     shapes = read_header(path).shapes()
-    channels = vae_channels(shapes)
+    channels = vaes.channels_of_file(shapes)
     if channels is None:
         return None
-    wan = is_wan_vae(shapes)
-    return VaeAt(vae_part(channels, wan=wan), channels, None, wan)
+    layout = vaes.layout_of_file(shapes)
+    return VaeAt(vae_part(channels, layout=layout), channels, None, layout)
 
 
 def check_vae(
@@ -379,14 +327,14 @@ def check_vae(
     *,
     channels: int,
     scales: tuple[float, ...] = (),
-    wan: bool | None = None,
+    layout: str | None = None,
     model: str,
     model_file: Path,
     wanted: str | None = None,
 ) -> None:
     """Refuse the VAE at `path` (header or config only) when its latents are not the model's:
-    other channels; the other layout (`wan`: whether the model's VAE is in the Wan 2.1 layout,
-    None: either); or a latent scale its config states that is another family's and none of
+    other channels; another layout (`layout`: the model's VAE's, "" the original one, None:
+    any); or a latent scale its config states that is another family's and none of
     `scales` (the model's), which is another latent space with the same channels. `wanted` is
     what the model needs in words ("its 16-channel VAE (ae)"), `model` the model in words
     (`model_words`). A scale no family ships is a fine-tune's own: not refused."""
@@ -394,7 +342,7 @@ def check_vae(
     if found is None:
         return
     want = wanted or f"a {channels}-channel VAE"
-    if found.channels != channels or (wan is not None and found.wan != wan):
+    if found.channels != channels or (layout is not None and found.layout != layout):
         refuse(path, found.part, model, want, model_file)
     if (
         found.scale is not None

@@ -18,19 +18,18 @@ from app.core.checkpoint import (
     refuse_pickle,
     stored_dtype,
 )
+from app.core.checkpoint.assembly import assign, built, empty, infer, nbytes
+from app.core.encoders.clip import convert_text_encoder
+from app.core.encoders.vaes import vae_from_checkpoint, vae_keys
 from app.core.errors import HalfSafeError, UnsupportedModelError
-from app.core.families.registry import detect_architecture, file_layout_words
-from app.core.jobs import CancelToken, ProgressCallback
-from app.core.models.assembly import assign, built, empty, infer, nbytes
-from app.core.models.configs import config_folder, read_json
-from app.core.models.conversion import (
-    check_latents,
-    convert_text_encoder,
-    load_vae_override,
-    text_encoder_keys,
-    vae_from_checkpoint,
-    vae_keys,
+from app.core.families.registry import (
+    detect_architecture,
+    family_of_architecture,
+    file_layout_words,
 )
+from app.core.jobs import CancelToken, ProgressCallback
+from app.core.models.configs import config_folder, read_json
+from app.core.models.conversion import check_latents, load_vae_override, text_encoder_keys
 from app.core.models.identity import Hasher, Identity, vae_files
 from app.core.models.loaded import LoadedModel
 from app.core.models.transformer_files import load_split, split_model
@@ -150,8 +149,8 @@ def _settle_prediction(
         kind, because = str(known[0]), str(known[1])
         if kind not in ("epsilon", "v_prediction"):
             kind, because = detection.prediction_type, detection.prediction_because
-        elif detection.family == "sd2":
-            native = 768 if kind == "v_prediction" else 512
+        else:
+            native = _native_size(detection, kind, native)
     elif not detection.prediction_decided:
         from app.core.models.prediction import probe_prediction_type
 
@@ -164,12 +163,19 @@ def _settle_prediction(
             because = f"{because}; {tested.because}, so the guess stands"
         else:
             kind, because = tested.kind, tested.because
-            if detection.family == "sd2":
-                native = 768 if kind == "v_prediction" else 512
+            native = _native_size(detection, kind, native)
     pipeline.scheduler = scheduler_for(
         pipeline.scheduler.config, kind, detection.zero_terminal_snr, pipeline.scheduler
     )
     return kind, because, native
+
+
+def _native_size(detection: arch.Detection, prediction_type: str, native: int) -> int:
+    """The checkpoint's native size once its prediction type is known, where its family's
+    sizes differ by it (`Family.native_by_prediction`)."""
+    family = family_of_architecture(detection.architecture)
+    sizes = family.native_by_prediction.get(detection.family, {}) if family else {}
+    return sizes.get(prediction_type, native)
 
 
 def scheduler_for(config, prediction_type: str, zero_terminal_snr: bool, like=None):
@@ -336,14 +342,12 @@ def _assemble(
         scheduler_config, prediction_type=detection.prediction_type
     )
 
-    pipeline_class = getattr(diffusers, detection.pipeline_class or "StableDiffusionPipeline")
-    if detection.family == "sdxl":
-        pipeline = pipeline_class(
-            **components, force_zeros_for_empty_prompt=True, add_watermarker=False
-        )
-    else:
-        components.update(safety_checker=None, feature_extractor=None)
-        pipeline = pipeline_class(**components, requires_safety_checker=False)
+    family = family_of_architecture(detection.architecture)
+    if family is None or detection.pipeline_class is None:
+        raise UnsupportedModelError(path, "HalfSafe does not know which pipeline runs it.")
+    pipeline_class = getattr(diffusers, detection.pipeline_class)
+    options = family.checkpoint_pipeline_options
+    pipeline = pipeline_class(**components, **options)
     progress("Loaded", steps, steps)
     scan = scanner.result()
     if vae_scan is not None:

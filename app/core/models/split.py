@@ -23,39 +23,22 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.core import architecture as arch
 from app.core import limits, paths
 from app.core.checkpoint.header import read_header
-from app.core.encoders.files import (
-    QWEN3_VL_READS,
-    encoder_kind,
-    is_qwenimage21_vae,
-    is_wan_vae,
-    qwen3_config,
-    qwen3_prefix,
-    qwen3_vl_config,
-    qwen3_vl_prefix,
-    qwen25_vl_config,
-    qwenimage21_vae_config,
-    t5_config,
-    wan_vae_config,
-)
+from app.core.encoders import kinds
+from app.core.encoders.kind import VaeKind
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 from app.core.families import FAMILIES, FamilyId, family
 from app.core.formats.layouts import (
-    CLIP_PREFIX,
-    CLIP_PROJECTION,
     TRANSFORMER_PREFIXES,
     Layout,
     Need,
+    PartKind,
     Shapes,
     SplitModel,
     listed,
-    weight_shape,
 )
-from app.core.limits import read_json_object
 from app.core.models import parts
-from app.core.paths import resource
 
 TRANSFORMER_FOLDERS = ("diffusion_models", "unet")
 TEXT_ENCODER_FOLDERS = ("text_encoders", "clip")
@@ -120,20 +103,6 @@ MAX_FOLDER_ENTRIES = 10_000
 # then the largest (a text encoder or VAE is megabytes, junk rarely is): junk hides a companion
 # only when more than this many files rank above it.
 MAX_CANDIDATES = 256
-# What a file of each kind is called when it is passed over.
-_KIND_WORDS = {
-    "t5": "T5 text encoder",
-    "clip": "CLIP text encoder",
-    "clip_projected": "CLIP text encoder",
-    "qwen3": "Qwen3 text encoder",
-    "qwen25_vl": "Qwen2.5-VL text encoder",
-    "qwen3_vl": "Qwen3-VL text encoder",
-    "vae": "VAE",
-    "wan_vae": "VAE",
-    "flux2_vae": "VAE",
-    "mistral3": "Mistral 3 text encoder",
-    "qwenimage21_vae": "VAE",
-}
 _PASSED_OVER_SHOWN = 3  # files a sentence names before "and N more"
 
 
@@ -198,62 +167,6 @@ def _ranked(need: Need, files: list[_File]) -> list[_File]:
     return ranked[:MAX_CANDIDATES]
 
 
-def width_of(kind: str, shapes: Shapes) -> int | None:
-    """What a companion file offers for a need of `kind`: a text encoder's width (a CLIP's
-    projection width for "clip_projected") or a VAE's latent channels; None when it is not
-    that kind of file. The component it would become is read from the shapes first, as the
-    loader reads it, and checked against real models' sizes: a file of that kind that cannot
-    be built raises ValueError naming what does not fit (nothing is built here)."""
-    if kind == "vae":
-        if "decoder.conv_in.weight" not in shapes:
-            return None
-        config = arch.infer_vae_config(shapes, {}, prefix="")
-        limits.check_vae_config(config)
-        return config["latent_channels"]
-    if kind == "wan_vae":
-        return wan_vae_config(shapes)["z_dim"] if is_wan_vae(shapes) else None
-    if kind == "flux2_vae":  # Flux.2's VAE: batch-norm statistics over its latent patches
-        if "decoder.conv_in.weight" not in shapes or "bn.running_mean" not in shapes:
-            return None
-        config = arch.infer_vae_config(shapes, {}, prefix="")
-        limits.check_vae_config(config)
-        return config["latent_channels"]
-    if kind == "qwenimage21_vae":
-        if not is_qwenimage21_vae(shapes):
-            return None
-        statistics = read_json_object(resource("configs", "qwenimage21", "vae", "config.json"))
-        return qwenimage21_vae_config(shapes, statistics)["z_dim"]
-    found = encoder_kind(shapes)
-    if kind == "t5" and found == "t5":
-        config = t5_config(shapes)
-        limits.check_text_encoder_config(config)
-        return config["d_model"]
-    if kind in ("clip", "clip_projected") and found == "clip":
-        if kind == "clip_projected" and CLIP_PROJECTION not in shapes:
-            return None  # a CLIP without a projection is not what this need takes
-        layout = arch.TextEncoderLayout("text_encoder", CLIP_PREFIX, "hf")
-        config = arch.infer_text_encoder_config(shapes, {}, layout)
-        limits.check_text_encoder_config(config)
-        if kind == "clip":
-            return config["hidden_size"]
-        return weight_shape(shapes, CLIP_PROJECTION, 2)[0]
-    if kind == "qwen3" and found == "qwen3":
-        config = qwen3_config(shapes, qwen3_prefix(shapes) or "")
-        limits.check_text_encoder_config(config)
-        return config["hidden_size"]
-    if kind == "qwen25_vl" and found == "qwen25_vl":
-        config = qwen25_vl_config(shapes)["text_config"]
-        limits.check_text_encoder_config(config)
-        return config["hidden_size"]
-    if kind == "qwen3_vl" and found == "qwen3_vl":
-        # Its text side, the same whichever released model's settings and class it is read as.
-        prefix = qwen3_vl_prefix(shapes) or ""
-        config = qwen3_vl_config(shapes, prefix, QWEN3_VL_READS["8b"])["text_config"]
-        limits.check_text_encoder_config(config)
-        return config["hidden_size"]
-    return None
-
-
 def _hinted(need: Need, path: Path) -> bool:
     """Whether the file's name has a word starting with one of the need's hints ("t5xxl_fp16"
     says t5, "sd3_vae" says sd3 but not ae)."""
@@ -261,7 +174,7 @@ def _hinted(need: Need, path: Path) -> bool:
     return any(re.search(rf"(^|[^a-z0-9]){re.escape(h)}", stem) for h in need.hints)
 
 
-def _cannot_build(kind: str, error: Exception) -> str:
+def _cannot_build(kind: PartKind, error: Exception) -> str:
     """Why a file of `kind` cannot be built, completing "<file>: "."""
     if isinstance(error, ValueError):
         reason = str(error).rstrip(".")
@@ -270,7 +183,7 @@ def _cannot_build(kind: str, error: Exception) -> str:
         reason = (
             f"HalfSafe could not read it ({type(error).__name__}{': ' + words if words else ''})"
         )
-    return f"this {_KIND_WORDS[kind]} cannot be built: {reason}"
+    return f"this {kind.words} cannot be built: {reason}"
 
 
 class _Search:
@@ -335,11 +248,11 @@ def find_companions(
                 path, "split text encoders are read from .safetensors or .gguf files."
             )
         shapes = read_header(path).shapes()
-        if encoder_kind(shapes) is None:
+        if kinds.text_encoder_kind(shapes) is None:
             raise UnsupportedModelError(
                 path,
-                "this is not a text encoder HalfSafe reads (CLIP, T5, Qwen3, Qwen2.5-VL or "
-                "Qwen3-VL in the layout their files use).",
+                f"this is not a text encoder HalfSafe reads ({kinds.words()} in the layout "
+                "their files use).",
             )
         open_needs = [n for n in needs if n.is_text_encoder and found[n.component] is None]
         if not any(n.is_text_encoder for n in needs):
@@ -397,10 +310,9 @@ def _refuse_text_encoder(
     and whose, the transformer and its family, what it still needs, and the need it would
     fit that another file given already fills."""
     part = parts.text_encoder_of(shapes)
-    assert part is not None  # encoder_kind read it
+    assert part is not None  # its kind was read
     # The needs of its own kind where there are some (a CLIP where a CLIP-G goes), else all.
-    kind = encoder_kind(shapes) or ""
-    same = [n for n in open_needs if n.kind.startswith(kind)]
+    same = [n for n in open_needs if n.kind.holds(shapes)]
     wanted = listed([n.words for n in same or open_needs] or ["no other text encoder"])
     for need in split_model.companions:
         taken = found.get(need.component)
@@ -426,9 +338,10 @@ def _check_given_vae(path: Path, model: Path, split_model: SplitModel) -> None:
     need = next((n for n in split_model.needs if not n.is_text_encoder), None)
     if need is None:
         return
-    wan = need.kind == "wan_vae"
+    kind = need.kind
+    assert isinstance(kind, VaeKind)  # the need that is not a text encoder
     scales: tuple[float, ...] = ()
-    if not wan:
+    if not kind.layout:  # a latent scale in the shipped config of an original-layout VAE
         config = paths.resource("configs", split_model.configs, "vae", "config.json")
         if limits.is_regular_file(config):
             value = limits.read_json_object(config).get("scaling_factor")
@@ -437,7 +350,7 @@ def _check_given_vae(path: Path, model: Path, split_model: SplitModel) -> None:
         path,
         channels=split_model.latent_channels,
         scales=scales,
-        wan=wan,
+        layout=kind.layout,
         model=parts.model_words(split_model.title, "transformer", model),
         model_file=model,
         wanted=need.words,
@@ -446,7 +359,7 @@ def _check_given_vae(path: Path, model: Path, split_model: SplitModel) -> None:
 
 def _fits(need: Need, shapes: Shapes) -> bool:
     """Whether a file fits `need`; ValueError when it is of its kind but cannot be built."""
-    width = width_of(need.kind, shapes)
+    width = need.kind.width(shapes)
     return width is not None and need.fits(width)
 
 

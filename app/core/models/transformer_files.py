@@ -9,22 +9,14 @@ from typing import Any
 
 from app.core import paths
 from app.core.checkpoint import Checkpoint, one_torch_thread, scan_weights, stored_dtype
+from app.core.checkpoint.assembly import assign, built, empty, first_line
 from app.core.components import words as component_words
-from app.core.encoders.files import QWEN3_VL_READS
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.families.registry import family_of_architecture
 from app.core.formats.layouts import AbsurdSizes, InnerPart, SplitModel, to_diffusers
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models import split
-from app.core.models.assembly import assign, built, empty, first_line
-from app.core.models.companions import (
-    load_flux2_vae_file,
-    load_qwenimage21_vae_file,
-    load_text_encoder,
-    load_wan_vae_file,
-)
 from app.core.models.configs import read_json
-from app.core.models.conversion import load_vae_override, vae_from_checkpoint, vae_keys
 from app.core.models.identity import Hasher, Identity, vae_files
 from app.core.models.loaded import LoadedModel
 
@@ -58,20 +50,6 @@ def load_split(
     and every companion found before a tensor is read."""
     import diffusers
 
-    from app.core.encoders.tokenizers import (
-        clip_tokenizer,
-        qwen2_tokenizer,
-        qwen3_tokenizer,
-        qwen3_vl_processor,
-        t5_tokenizer,
-    )
-
-    tokenizers = {
-        "t5": t5_tokenizer,
-        "qwen3": qwen3_tokenizer,
-        "qwen25_vl": qwen2_tokenizer,
-        "qwen3_vl": qwen2_tokenizer,  # Qwen3-VL reads the same BPE (Krea 2 applies its template)
-    }
     if model.unsupported is not None:
         raise UnsupportedModelError(path, model.unsupported + ".")
     companions = split.find_companions(path, model, text_encoders, vae)
@@ -102,26 +80,13 @@ def load_split(
                 progress(f"Loading the {need.words.removeprefix('its ')}", step, steps)
                 where = external.get(need.component)
                 checkpoint.component = need.component
-                if need.kind == "wan_vae" and where is not None:
-                    part, dtypes = load_wan_vae_file(where)
-                elif need.kind == "flux2_vae" and where is not None:
-                    base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
-                    part, dtypes = load_flux2_vae_file(where, base)
-                elif need.kind == "qwenimage21_vae" and where is not None:
-                    part, dtypes = load_qwenimage21_vae_file(where)
-                elif need.kind == "vae":
-                    base = read_json(paths.resource("configs", model.configs, "vae", "config.json"))
-                    if where is not None:
-                        part, _, dtypes = load_vae_override(
-                            where, base, 1024, allow_pickle=False, cancel=cancel
-                        )
-                    else:
-                        part, dtypes = _inner_vae(checkpoint, need.inside or "", base)
-                elif where is not None:
+                if where is not None:
                     with Checkpoint(where, component=need.component) as companion:
-                        part, dtypes = load_text_encoder(companion, "", need)
-                else:
-                    part, dtypes = load_text_encoder(checkpoint, need.inside or "", need)
+                        part, dtypes = need.kind.load(companion, "", need, model.configs)
+                else:  # the transformer's own file holds it (SD3.x as Stability AI ships it)
+                    part, dtypes = need.kind.load(
+                        checkpoint, need.inside or "", need, model.configs
+                    )
                 if not need.is_text_encoder:
                     latent = part.config.get("latent_channels") or part.config.get("z_dim")
                     if latent != model.latent_channels:
@@ -132,15 +97,9 @@ def load_split(
                         )
                 components[need.component] = part
                 used += dtypes
-                if need.kind == "qwen3_vl" and QWEN3_VL_READS[need.reads].processor:
-                    components["processor"] = qwen3_vl_processor()
-                elif need.is_text_encoder:
-                    tokenizer = need.component.replace("text_encoder", "tokenizer")
-                    components[tokenizer] = (
-                        tokenizers[need.kind]()
-                        if need.kind in tokenizers
-                        else clip_tokenizer(need.pad_token)
-                    )
+                reader = need.kind.prompt_reader(need)
+                if reader is not None:
+                    components[reader[0]] = reader[1]
             for inner in model.inner:  # parts the file holds beside the transformer
                 checkpoint.component = inner.component
                 part, dtypes = _inner_part(path, checkpoint, inner)
@@ -230,14 +189,3 @@ def _inner_part(path: Path, checkpoint: Checkpoint, inner: InnerPart):
         raise BadFileError(path, f"the {words} is incomplete: {missing[0]} is missing.")
     state = {k[len(inner.prefix) :]: checkpoint.get(k) for k in keys}
     return assign(path, module, state, words), [checkpoint.dtypes[k] for k in keys]
-
-
-def _inner_vae(checkpoint: Checkpoint, prefix: str, base: dict[str, Any]):
-    """The VAE an SD3.x file carries (first_stage_model.*). Returns (model, stored dtypes)."""
-    keys = vae_keys(checkpoint.keys(), prefix)
-
-    def read(names: list[str]) -> dict[str, Any]:
-        return {k: checkpoint.get(k) for k in names}
-
-    model = vae_from_checkpoint(checkpoint, prefix, base, 1024, read)
-    return model, [checkpoint.dtypes[k] for k in keys]

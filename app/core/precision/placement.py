@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import FP16_MAX, module_of
+from app.core.encoders import t5
 from app.core.precision import tiling
 from app.core.precision.attention import set_attention
 from app.core.precision.autocast import _ENTRY_SUBMODULES, _AutocastOff, _set_autocast
 from app.core.precision.plan import (
     PrecisionPlan,
-    _is_t5_feed_forward,
     dtype_name,
     torch_dtype,
 )
@@ -524,11 +524,12 @@ class PlacedPipeline:
                     budget = plan.memory_budget_mb
                     if _kept_as_stored(source, torch_dtype(dtype), budget) is not None:
                         self.computed_in_place.add(name)  # the budget's doing, not a search's
-                t5 = name in plan.t5_feed_forward
+                # T5's own fp32 feed-forward (transformers' choice) needs no guard; others do.
+                own = name in plan.t5_feed_forward
                 _make_islands(
                     module,
                     islands,
-                    guard=any(not (t5 and _is_t5_feed_forward(p)) for p in islands),
+                    guard=any(not (own and t5.is_feed_forward_output(p)) for p in islands),
                     computes_in=torch_dtype(dtype) if stored is not None else None,
                 )
                 _make_clamps(module, clamps)

@@ -196,7 +196,7 @@ class PrecisionPlan:
         for component in self.modules:
             t5 = component in self.t5_feed_forward
             for path, dtype in self.islands(component).items():
-                if t5 and dtype == "fp32" and _is_t5_feed_forward(path):
+                if t5 and dtype == "fp32" and t5.is_feed_forward_output(path):
                     continue  # the t5_fp32_feed_forward setting
                 if dtype in ("fp32", "bf16"):
                     settings[f"{dtype}_modules"].append(f"{component}:{path}")
@@ -211,10 +211,6 @@ class PrecisionPlan:
             if c in self.dtypes
         )
         return total / 2**20
-
-
-def _is_t5_feed_forward(path: str) -> bool:
-    return path.endswith("DenseReluDense.wo")
 
 
 def plan_weights_mb(plan: PrecisionPlan, pipeline) -> float:
