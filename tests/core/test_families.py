@@ -31,6 +31,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,7 @@ from tests.support.family_helpers import (
     offline,  # noqa: F401 - an autouse fixture: no network
     same_weights,
 )
+from tests.support.model_files import save_split_files
 
 # --- the rows ------------------------------------------------------------------------------
 
@@ -113,6 +115,9 @@ class Row:
     # Components run in fp32 when fp16 is asked for, as the model's own config says (SDXL's
     # original VAE asks for it through `force_upcast`).
     fp32: tuple[str, ...] = ()
+    # Its tiny pipeline as its files can hold it, where `build`'s parts are narrower than any
+    # file's fixed widths (Qwen2.5-VL's heads are 128 wide).
+    build_files: Callable[[], Any] | None = None
 
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"  # every family's VAE decoder has it
@@ -340,6 +345,7 @@ ROWS: dict[str, Row] = {
         (Repair(QWENIMAGE_PLANTS["block"], 4.0), Repair(QWENIMAGE_PLANTS["vae"], 4.0)),
         FLOW,
         slow_folder=True,  # about 10 s here: saving and loading a 151,669-token embedding
+        build_files=lambda: tiny_models.build_tiny_qwenimage_pipeline(text_width=128),
     ),
     FamilyId.FLUX2.value: Row(
         tiny_models.build_tiny_flux2_pipeline,
@@ -519,6 +525,12 @@ FOLDERS = [
     pytest.param(i, id=i, marks=[pytest.mark.slow] if row.slow_folder else [])
     for i, row in ROWS.items()
 ]
+# The rows whose family keeps its transformer as a file of its own.
+SPLIT = [
+    pytest.param(i, id=i, marks=[pytest.mark.slow] if row.slow_folder else [])
+    for i, row in ROWS.items()
+    if family(family_id(i)).layout is not None
+]
 
 
 @pytest.fixture(scope="module", params=NAMES)
@@ -679,6 +691,54 @@ def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outp
     # The same numbers up to float rounding (weights read from the file sit at other addresses,
     # and the matrix kernels pick their path by alignment); a wrong config is off by far more.
     for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_its_files_as_comfyui_keeps_them_load_offline_with_identical_weights_and_outputs(
+    tmp_path, name
+):
+    """The transformer in its family's layout in diffusion_models/, each companion in the
+    layout its kind's files use in text_encoders/ and vae/ (`Need.kind`): found beside it by
+    their contents, read as their kinds, the same model."""
+    row = ROWS[name]
+    expected = family(family_id(name))
+    pipeline = (row.build_files or row.build)()
+    # The file's name carries the variant where nothing in its tensors does (Z-Image Base).
+    written = save_split_files(pipeline, tmp_path / "models", row.architecture)
+    assert set(written) == {"transformer", *expected.companion_names}
+    shapes = models.read_safetensors_header(written["transformer"]).shapes()
+    read = split.read_model(shapes, written["transformer"].name)
+    assert read is not None and read.architecture == row.architecture
+    if read.unsupported is not None:  # refused before anything is read, in one sentence
+        with pytest.raises(HalfSafeError, match="cannot be run on its own"):
+            models.load_model(str(written["transformer"]))
+        return
+
+    model = models.load_model(str(written["transformer"]))
+
+    assert (model.format, model.architecture, model.prediction_type) == (
+        "split_files",
+        row.architecture,
+        row.prediction,
+    )
+    assert family_of(model.pipeline) is expected
+    assert set(model.companions) == set(expected.companion_names)
+    parts = ["transformer", *expected.companion_names]
+    parts += ["text_conditioner"] if getattr(pipeline, "text_conditioner", None) else []
+    for part in parts:
+        mine, theirs = getattr(pipeline, part), getattr(model.pipeline, part)
+        if type(mine) is not type(theirs):  # a causal LM read as its model (Flux.2 Klein's)
+            mine = mine.model
+        same_weights(SimpleNamespace(part=mine), SimpleNamespace(part=theirs), ["part"])
+    # The prompt's tensors and the denoised latents; the VAE's latent scale is no tensor, so a
+    # file's VAE decodes with its family's published one (`same_weights` covers its weights).
+    timesteps = expected.probe_timesteps(model, 2, "euler", 64)
+    for a, b in zip(
+        _outputs(expected, pipeline, timesteps)[:-1],
+        _outputs(expected, model.pipeline, timesteps)[:-1],
+        strict=True,
+    ):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 

@@ -32,7 +32,6 @@ from tests.support.family_helpers import (
     FP16,
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
-    same_weights,
 )
 from tests.support.model_files import save_split_files
 from tests.support.tiny_models import (
@@ -416,7 +415,7 @@ def tiny_split():
 
 
 @pytest.mark.slow  # about 15 s here: writing and reading a 151,669-token embedding
-def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
+def test_its_files_hold_the_released_taps_and_the_wan_layout_vae(tmp_path):
     pipeline = tiny_split()
     written = save_split_files(pipeline, tmp_path / "models", "krea2_raw")
     header = models.read_safetensors_header(written["text_encoder"]).shapes()
@@ -441,21 +440,6 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     }
     scheduler = model.pipeline.scheduler.config
     assert all(scheduler[k] == v for k, v in KREA2_SCHEDULER_CONFIG.items())
-    same_weights(pipeline, model.pipeline, ("text_encoder", "transformer", "vae"))
-    timesteps = KREA2.probe_timesteps(model, 4, "euler", 64)
-    assert timesteps == KREA2.probe_timesteps(loaded(pipeline, "krea2-split"), 4, "euler", 64)
-    mine, theirs = _outputs(pipeline, timesteps), _outputs(model.pipeline, timesteps)
-    for a, b in zip(mine, theirs, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-
-
-def _outputs(pipeline, timesteps) -> list[torch.Tensor]:
-    """The prompt's tensors, the latents denoised through `timesteps` and their pixels."""
-    with torch.inference_mode():
-        conditioning = KREA2.encode(pipeline, "a red cat", "fog", "cpu", True)
-        latents = KREA2.probe_denoise(pipeline, conditioning, 64, "cpu", timesteps)
-        pixels = KREA2.decode(pipeline.vae, latents)
-    return [*(conditioning[k] for k in sorted(conditioning)), latents, pixels]
 
 
 @pytest.mark.slow  # about 10 s here: writing a 151,669-token embedding twice

@@ -10,7 +10,6 @@ and generation repairing them are every family's contract: test_families.py.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from app.core import families, generation, models
 from app.core.errors import HalfSafeError, UnsupportedModelError
@@ -21,7 +20,6 @@ from tests.support.family_helpers import (
     FP16,
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
-    same_weights,
 )
 from tests.support.model_files import save_split_files
 from tests.support.tiny_models import (
@@ -102,7 +100,7 @@ def test_the_probe_follows_the_models_own_sample_sigmas():
 
 
 @pytest.mark.slow  # about 15 s here: writing and reading a 151,669-token embedding twice
-def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
+def test_its_files_keep_transformers_names_and_its_schedule(tmp_path):
     pipeline = build_tiny_qwenimage21_pipeline()
     written = save_split_files(pipeline, tmp_path / "models", "qwen_image_2.1")
     header = models.read_safetensors_header(written["text_encoder"]).shapes()
@@ -117,28 +115,6 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     assert model.native_size == 1024
     scheduler = model.pipeline.scheduler.config
     assert all(scheduler[k] == v for k, v in QWENIMAGE21_SCHEDULER_CONFIG.items())
-    same_weights(pipeline, model.pipeline, COMPONENTS)
-    qwen = family_of(model.pipeline)
-    with torch.inference_mode():
-        mine = qwen.encode(pipeline, "a red cat", "fog", "cpu", True)
-        theirs = qwen.encode(model.pipeline, "a red cat", "fog", "cpu", True)
-        assert set(mine) == set(theirs)
-        for key, tensor in mine.items():
-            torch.testing.assert_close(theirs[key], tensor, rtol=0, atol=1e-5)
-        timesteps = qwen.probe_timesteps(model, 2, "euler", 64)
-        latents = qwen.probe_denoise(pipeline, mine, 64, "cpu", timesteps)
-        torch.testing.assert_close(
-            qwen.probe_denoise(model.pipeline, mine, 64, "cpu", timesteps),
-            latents,
-            rtol=0,
-            atol=1e-5,
-        )
-        torch.testing.assert_close(
-            qwen.decode(model.pipeline.vae, latents),
-            qwen.decode(pipeline.vae, latents),
-            rtol=0,
-            atol=1e-5,
-        )
 
 
 @pytest.mark.slow  # about 15 s here, as above

@@ -66,7 +66,7 @@ def test_wan_layout_vae_maps_both_ways_with_identical_weights(blocks):
     assert all(torch.equal(v, state[k]) for k, v in back.items())
 
 
-def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_path):
+def test_its_files_keep_the_older_qwen25_vl_names_and_its_schedule(tmp_path):
     pipeline = tiny()
     written = save_split_files(pipeline, tmp_path / "models", "qwen_image")
     header = models.read_safetensors_header(written["text_encoder"]).shapes()
@@ -81,22 +81,6 @@ def test_split_files_round_trip_offline_with_identical_weights_and_outputs(tmp_p
     assert model.native_size == 1328
     scheduler = model.pipeline.scheduler.config
     assert all(scheduler[k] == v for k, v in QWENIMAGE_SCHEDULER_CONFIG.items())
-    same_weights(pipeline, model.pipeline)
-    ids = pipeline.tokenizer("a red cat", return_tensors="pt").input_ids
-    z = torch.randn(1, 16, 1, 4, 4)
-    with torch.no_grad():
-        torch.testing.assert_close(
-            model.pipeline.text_encoder(ids, output_hidden_states=True).hidden_states[-1],
-            pipeline.text_encoder(ids, output_hidden_states=True).hidden_states[-1],
-            rtol=0,
-            atol=1e-5,
-        )
-        torch.testing.assert_close(
-            model.pipeline.vae.decode(z).sample,
-            pipeline.vae.decode(z).sample,
-            rtol=0,
-            atol=1e-5,
-        )
 
 
 def test_split_files_given_by_flag_load_from_anywhere(tmp_path):

@@ -11,6 +11,7 @@ from typing import Any
 
 from app.core.components import COMPONENTS as ALL_COMPONENTS
 from app.core.components import PIPELINE_PARTS, module_of
+from app.core.encoders import t5
 
 DTYPE_NAMES = ("fp16", "bf16", "fp32")
 # Components we place and check, in the order a pipeline runs them.
@@ -194,9 +195,9 @@ class PrecisionPlan:
         `clamp_modules` settings (the T5 feed-forward islands are `t5_fp32_feed_forward`)."""
         settings: dict[str, list[str]] = {"fp32_modules": [], "bf16_modules": []}
         for component in self.modules:
-            t5 = component in self.t5_feed_forward
+            own = component in self.t5_feed_forward  # the T5's own island, its setting's
             for path, dtype in self.islands(component).items():
-                if t5 and dtype == "fp32" and t5.is_feed_forward_output(path):
+                if own and dtype == "fp32" and t5.is_feed_forward_output(path):
                     continue  # the t5_fp32_feed_forward setting
                 if dtype in ("fp32", "bf16"):
                     settings[f"{dtype}_modules"].append(f"{component}:{path}")
