@@ -111,13 +111,85 @@ RUN_ORDER: tuple[str, ...] = tuple(COMPONENTS)
 # The components a pipeline has as attributes of its own, in run order (not the parts of one).
 PIPELINE_PARTS: tuple[str, ...] = tuple(c.name for c in _ALL if c.part_of is None)
 
-# Which setting a per-component setting falls back to when left on `auto`: the second and third
-# text encoders follow the first (so one switch still covers them all, as it did before they
-# split), every other component follows the base precision.
-SETTING_FOLLOWS = {
-    "text_encoder_2_precision": "text_encoder_precision",
-    "text_encoder_3_precision": "text_encoder_precision",
-}
+
+@dataclass(frozen=True)
+class ComponentSetting:
+    """A per-component precision setting (the components it governs name it: `setting`), and
+    everything said of it: its label and help in the settings (`settings.schema`), its PNG key
+    (`words.infotext`), what `auto` follows, and why a recommendation that follows its base
+    gives it that dtype (`hardware.recommend`). A part with a setting of its own (a fourth text
+    encoder) is one `Component` and one of these."""
+
+    key: str  # "text_encoder_2_precision"
+    label: str  # "Second text encoder precision"
+    help: str
+    png: str  # "Text encoder 2 precision"
+    png_meaning: str  # "second text encoder dtype"
+    follows: str | None  # the setting `auto` falls back to (None: the base precision)
+    why: str  # a recommendation's reason where it follows its base
+
+
+# In the order the settings page, the PNG and a recommendation show them. The second and third
+# text encoders follow the first, so one switch still covers them all (as it did before they
+# split); every other setting follows the base precision.
+COMPONENT_SETTINGS: tuple[ComponentSetting, ...] = (
+    ComponentSetting(
+        "unet_precision",
+        "UNet precision",
+        "Override for the denoising UNet (or transformer), the largest and slowest part; it "
+        "also sets Anima's text conditioner, kept in the same file. 'auto' follows "
+        "Precision. Running it in fp32 roughly doubles the time of every step.",
+        "UNet precision",
+        "denoiser dtype",
+        None,
+        "Follows precision: the UNet runs every step, so its dtype sets the speed",
+    ),
+    ComponentSetting(
+        "vae_precision",
+        "VAE precision",
+        "Override for the VAE that turns latents into pixels. SDXL's original VAE overflows "
+        "in fp16; fp32 here costs little time (it runs once per image) and some memory.",
+        "VAE precision",
+        "VAE dtype",
+        None,
+        "Follows precision",
+    ),
+    ComponentSetting(
+        "text_encoder_precision",
+        "Text encoder precision",
+        "Override for the text encoder (the first one on SDXL). Text encoders run once per "
+        "prompt, so fp32 here is cheap in time but holds more memory.",
+        "Text encoder precision",
+        "text encoder dtype",
+        None,
+        "Follows precision: text encoders run once per prompt; the health check moves one to "
+        "fp32 only if a model's encoder overflows",
+    ),
+    ComponentSetting(
+        "text_encoder_2_precision",
+        "Second text encoder precision",
+        "Override for SDXL's second, larger text encoder (OpenCLIP bigG). 'auto' follows the "
+        "text encoder precision. A fix for one encoder leaves the other alone.",
+        "Text encoder 2 precision",
+        "second text encoder dtype",
+        "text_encoder_precision",
+        "Follows the text encoder: SDXL's second encoder moves on its own only if it overflows",
+    ),
+    ComponentSetting(
+        "text_encoder_3_precision",
+        "Third text encoder precision",
+        "Override for SD3's third text encoder (T5-XXL), the one known to overflow in fp16. "
+        "'auto' follows the text encoder precision.",
+        "Text encoder 3 precision",
+        "third text encoder dtype",
+        "text_encoder_precision",
+        "Follows the text encoder: SD3's T5 encoder moves on its own only if it overflows",
+    ),
+)
+COMPONENT_SETTING: dict[str, ComponentSetting] = {s.key: s for s in COMPONENT_SETTINGS}
+# Which setting a per-component setting falls back to when left on `auto`, where it is not the
+# base precision.
+SETTING_FOLLOWS = {s.key: s.follows for s in COMPONENT_SETTINGS if s.follows is not None}
 
 
 def component(name: str) -> Component:

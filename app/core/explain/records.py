@@ -151,17 +151,13 @@ def _json(path: Path, chunk: str, text: str) -> Any:
 # The precision settings an image's record carries into the check (see _reproduced_precision).
 _REPRODUCED_SETTINGS = (
     infotext.PRECISION,
-    infotext.UNET_PRECISION,
-    infotext.VAE_PRECISION,
-    infotext.TEXT_ENCODER_PRECISION,
-    infotext.TEXT_ENCODER_2_PRECISION,
+    *infotext.COMPONENT_PRECISION.values(),
     infotext.UPCAST_ATTENTION,
     infotext.ATTENTION_BACKEND,
     infotext.TF32,
     infotext.FP16_REDUCED_PRECISION_REDUCTION,
     infotext.FP16_ACCUMULATION,
     infotext.ATTENTION_REDUCED_PRECISION,
-    infotext.TEXT_ENCODER_3_PRECISION,
     infotext.FP32_LAYERS,
     infotext.BF16_LAYERS,
     infotext.CLAMPED_LAYERS,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from app.core.components import COMPONENT_SETTINGS
 from app.core.hardware.records import DeviceInfo, Quirk
 from app.core.hardware.selftest import SelfTestResult
 from app.core.settings import FIELDS, PRECISION_KEYS, PrecisionSettings
@@ -44,23 +45,8 @@ def _recommend(
         base_why = f"{_fp16_problem(device, test)}; bf16 is {device.bf16} here, so fp32 it is"
 
     rec["precision"], why["precision"] = base, base_why
-    rec["unet_precision"] = base
-    why["unet_precision"] = (
-        "Follows precision: the UNet runs every step, so its dtype sets the speed"
-    )
-    rec["text_encoder_precision"] = base
-    why["text_encoder_precision"] = (
-        "Follows precision: text encoders run once per prompt; the health check moves one to "
-        "fp32 only if a model's encoder overflows"
-    )
-    rec["text_encoder_2_precision"] = base
-    why["text_encoder_2_precision"] = (
-        "Follows the text encoder: SDXL's second encoder moves on its own only if it overflows"
-    )
-    rec["text_encoder_3_precision"] = base
-    why["text_encoder_3_precision"] = (
-        "Follows the text encoder: SD3's T5 encoder moves on its own only if it overflows"
-    )
+    for setting in COMPONENT_SETTINGS:  # each follows the base; the VAE's is decided below
+        rec[setting.key], why[setting.key] = base, setting.why
     if base == "fp16" and bf16_ok:
         rec["vae_precision"] = "bf16"
         why["vae_precision"] = (
@@ -122,13 +108,7 @@ def _recommend(
     rec["auto_fix"] = "auto"
     why["auto_fix"] = "Repairs only the part that went non-finite and remembers the fix"
 
-    components = (
-        "unet_precision",
-        "vae_precision",
-        "text_encoder_precision",
-        "text_encoder_2_precision",
-        "text_encoder_3_precision",
-    )
+    components = tuple(setting.key for setting in COMPONENT_SETTINGS)
     forced: dict[str, str] = {}  # setting -> the quirk reason that forced it
     for quirk in device.quirks:
         for key, value in quirk.effects.items():

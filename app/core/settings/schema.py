@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.core import hires, samplers
+from app.core.components import COMPONENT_SETTINGS
 from app.core.settings.validation import Field
 
 DTYPE_CHOICES = ("auto", "fp16", "bf16", "fp32")
@@ -84,61 +85,19 @@ SCHEMA: tuple[Field, ...] = (
         choices=PRECISION_CHOICES,
         cli=True,
     ),
-    Field(
-        "unet_precision",
-        "choice",
-        "auto",
-        "UNet precision",
-        "Override for the denoising UNet (or transformer), the largest and slowest part; it "
-        "also sets Anima's text conditioner, kept in the same file. 'auto' follows "
-        "Precision. Running it in fp32 roughly doubles the time of every step.",
-        "Precision",
-        choices=DTYPE_CHOICES,
-        cli=True,
-    ),
-    Field(
-        "vae_precision",
-        "choice",
-        "auto",
-        "VAE precision",
-        "Override for the VAE that turns latents into pixels. SDXL's original VAE overflows "
-        "in fp16; fp32 here costs little time (it runs once per image) and some memory.",
-        "Precision",
-        choices=DTYPE_CHOICES,
-        cli=True,
-    ),
-    Field(
-        "text_encoder_precision",
-        "choice",
-        "auto",
-        "Text encoder precision",
-        "Override for the text encoder (the first one on SDXL). Text encoders run once per "
-        "prompt, so fp32 here is cheap in time but holds more memory.",
-        "Precision",
-        choices=DTYPE_CHOICES,
-        cli=True,
-    ),
-    Field(
-        "text_encoder_2_precision",
-        "choice",
-        "auto",
-        "Second text encoder precision",
-        "Override for SDXL's second, larger text encoder (OpenCLIP bigG). 'auto' follows the "
-        "text encoder precision. A fix for one encoder leaves the other alone.",
-        "Precision",
-        choices=DTYPE_CHOICES,
-        cli=True,
-    ),
-    Field(
-        "text_encoder_3_precision",
-        "choice",
-        "auto",
-        "Third text encoder precision",
-        "Override for SD3's third text encoder (T5-XXL), the one known to overflow in fp16. "
-        "'auto' follows the text encoder precision.",
-        "Precision",
-        choices=DTYPE_CHOICES,
-        cli=True,
+    # One per component setting, from the components table.
+    *(
+        Field(
+            setting.key,
+            "choice",
+            "auto",
+            setting.label,
+            setting.help,
+            "Precision",
+            choices=DTYPE_CHOICES,
+            cli=True,
+        )
+        for setting in COMPONENT_SETTINGS
     ),
     Field(
         "t5_fp32_feed_forward",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core import samplers
+from app.core.components import COMPONENT_SETTINGS
 
 # --- the text: prompt, negative prompt, one line of pairs -------------------------------------
 
@@ -239,17 +240,11 @@ ARCHITECTURE = _halfsafe(
 )
 MODE = _halfsafe("Mode", "what the image was made from: img2img, inpaint, edit or control", "word")
 PRECISION = _halfsafe("Precision", "base dtype", "setting", "precision")
-UNET_PRECISION = _halfsafe("UNet precision", "denoiser dtype", "setting", "unet_precision")
-VAE_PRECISION = _halfsafe("VAE precision", "VAE dtype", "setting", "vae_precision")
-TEXT_ENCODER_PRECISION = _halfsafe(
-    "Text encoder precision", "text encoder dtype", "setting", "text_encoder_precision"
-)
-TEXT_ENCODER_2_PRECISION = _halfsafe(
-    "Text encoder 2 precision", "second text encoder dtype", "setting", "text_encoder_2_precision"
-)
-TEXT_ENCODER_3_PRECISION = _halfsafe(
-    "Text encoder 3 precision", "third text encoder dtype", "setting", "text_encoder_3_precision"
-)
+# The per-component precision settings, from the components table (in its order).
+COMPONENT_PRECISION: dict[str, Key] = {
+    setting.key: _halfsafe(setting.png, setting.png_meaning, "setting", setting.key)
+    for setting in COMPONENT_SETTINGS
+}
 UPCAST_ATTENTION = _halfsafe(
     "Upcast attention", "attention scores and softmax in fp32", "setting", "upcast_attention"
 )
@@ -339,11 +334,7 @@ KEYS: tuple[Key, ...] = (
     CANVAS_EXTENDED,
     ARCHITECTURE,
     PRECISION,
-    UNET_PRECISION,
-    VAE_PRECISION,
-    TEXT_ENCODER_PRECISION,
-    TEXT_ENCODER_2_PRECISION,
-    TEXT_ENCODER_3_PRECISION,
+    *COMPONENT_PRECISION.values(),
     UPCAST_ATTENTION,
     ATTENTION_BACKEND,
     TF32,
