@@ -24,32 +24,9 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
+from app.core.health.report import BlockPeak
 from app.ui.theme import scheme_for
 from app.ui.words import FP16_LIMIT, big_number, short_block
-
-
-@dataclass(frozen=True)
-class Block:
-    module: str
-    max_abs: float | None
-    non_finite: bool
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Block:
-        value = data.get("max_abs")
-        value = float(value) if isinstance(value, (int, float)) else None
-        if value is not None and not math.isfinite(value):
-            return cls(str(data.get("module", "")), None, True)
-        return cls(str(data.get("module", "")), value, bool(data.get("non_finite", False)))
-
-    @property
-    def level(self) -> str:
-        if self.non_finite or (self.max_abs is not None and self.max_abs >= FP16_LIMIT):
-            return "bad"
-        if self.max_abs is not None and self.max_abs >= FP16_LIMIT / 10:
-            return "warn"
-        return "good"
-
 
 # How far under the axis a block's name starts, in pixels.
 _LABEL_DROP = 6
@@ -106,12 +83,12 @@ class ActivationChart(QWidget):
     def __init__(self, parent: QWidget | None = None, limit: float = FP16_LIMIT) -> None:
         super().__init__(parent)
         self.limit = limit
-        self.blocks: list[Block] = []
+        self.blocks: list[BlockPeak] = []
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setMouseTracking(True)
 
-    def set_blocks(self, blocks: list[dict[str, Any]]) -> None:
-        self.blocks = [Block.from_json(b) for b in blocks]
+    def set_blocks(self, blocks: list[BlockPeak]) -> None:
+        self.blocks = list(blocks)
         bad = [b.module for b in self.blocks if b.level == "bad"]
         peak = max((b.max_abs for b in self.blocks if b.max_abs is not None), default=None)
         self.setAccessibleName("Largest activation per block against the fp16 limit")
@@ -330,7 +307,7 @@ class ActivationChart(QWidget):
 
     # Hover ------------------------------------------------------------------------------------
 
-    def block_at(self, x: float) -> Block | None:
+    def block_at(self, x: float) -> BlockPeak | None:
         plot = self._plot_rect()
         for block, (centre, width) in zip(self.blocks, self._bar_rects(plot), strict=True):
             if abs(x - centre) <= max(width / 2, 6):

@@ -536,7 +536,7 @@ def test_a_component_run_in_fp16_with_layers_kept_wider_has_fp16s_headroom():
     assert vae.wider_max_abs > 65504
     assert vae.to_json()["wider_max_abs"] == pytest.approx(vae.wider_max_abs)
     # Its chart is about fp16's limit too: no block past it, the kept layers' block included.
-    assert vae.blocks and all((b["max_abs"] or 0) < 65504 for b in vae.blocks)
+    assert vae.blocks and all((b.max_abs or 0) < 65504 for b in vae.blocks)
     # A component with no wider layer keeps its one figure.
     assert report.components["unet"].wider_max_abs is None
 

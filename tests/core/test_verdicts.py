@@ -206,10 +206,11 @@ def test_an_sdxl_second_encoder_fault_leaves_the_first_encoder_alone():
 def test_block_chart_shows_a_peak_hidden_inside_a_block():
     report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")), FP32)
     vae = report.components["vae"]
-    block = next(b for b in vae.blocks if VAE_LAYER.startswith(b["module"] + "."))
+    block = next(b for b in vae.blocks if VAE_LAYER.startswith(b.module + "."))
     # The planted layer's output passes 65504 inside the block, whatever the block returns.
-    assert block["max_abs"] > 65504
-    assert block["max_abs"] == pytest.approx(vae.max_abs)
+    assert block.max_abs is not None and block.max_abs > 65504
+    assert block.max_abs == pytest.approx(vae.max_abs)
+    assert block.level == "bad"
 
 
 def test_costs_are_measured_alike_with_their_spread(vae_report):

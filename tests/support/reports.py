@@ -26,7 +26,7 @@ from app.core.health import (
     PrecisionOutcome,
     StepCost,
 )
-from app.core.health.report import CheckResult
+from app.core.health.report import BlockPeak, CheckResult
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.precision import PrecisionPlan
 from app.core.settings import FIELDS, PRECISION_KEYS
@@ -75,8 +75,8 @@ def components() -> dict[str, ComponentReport]:
             Status.OK,
             310.0,
             blocks=[
-                {"module": "text_model.embeddings", "max_abs": 2.0, "non_finite": False},
-                {"module": "text_model.encoder", "max_abs": 310.0, "non_finite": False},
+                BlockPeak("text_model.embeddings", 2.0, False),
+                BlockPeak("text_model.encoder", 310.0, False),
             ],
         ),
         "unet": _component(
@@ -84,8 +84,8 @@ def components() -> dict[str, ComponentReport]:
             Status.AT_RISK,
             41000.0,
             blocks=[
-                {"module": "down_blocks.0", "max_abs": 800.0, "non_finite": False},
-                {"module": "mid_block", "max_abs": 41000.0, "non_finite": False},
+                BlockPeak("down_blocks.0", 800.0, False),
+                BlockPeak("mid_block", 41000.0, False),
             ],
         ),
         "vae": _component(
@@ -94,9 +94,9 @@ def components() -> dict[str, ComponentReport]:
             131000.0,
             first_bad_module=VAE_LAYER,
             blocks=[
-                {"module": "post_quant_conv", "max_abs": 30.0, "non_finite": False},
-                {"module": "decoder.mid_block", "max_abs": 9000.0, "non_finite": False},
-                {"module": "decoder.up_blocks.2", "max_abs": None, "non_finite": True},
+                BlockPeak("post_quant_conv", 30.0, False),
+                BlockPeak("decoder.mid_block", 9000.0, False),
+                BlockPeak("decoder.up_blocks.2", None, True),
             ],
         ),
     }

@@ -7,17 +7,18 @@ import pytest
 from PySide6.QtCore import QRectF
 from PySide6.QtGui import QFont
 
+from app.core.health.report import BlockPeak
 from app.ui.chart import ActivationChart
 
 # The demo's VAE as the health check reports it: three blocks far below the limit, then every
 # block from the first up-sampling one on non-finite. The last bar reaches the top of the plot,
 # under the end of the limit's line.
 DEMO_VAE = [
-    {"module": "post_quant_conv", "max_abs": 4.2},
-    {"module": "decoder.conv_in", "max_abs": 9.1},
-    {"module": "decoder.mid_block", "max_abs": 16.8},
+    BlockPeak("post_quant_conv", 4.2),
+    BlockPeak("decoder.conv_in", 9.1),
+    BlockPeak("decoder.mid_block", 16.8),
     *(
-        {"module": f"decoder.{name}", "max_abs": None, "non_finite": True}
+        BlockPeak(f"decoder.{name}", None, True)
         for name in (
             "up_blocks.0",
             "up_blocks.1",
@@ -31,7 +32,7 @@ DEMO_VAE = [
 ]
 # A denoiser's many blocks, some of them long names.
 UNET = [
-    {"module": f"{part}.{i}.attentions.{j}", "max_abs": 10.0 ** (i + j)}
+    BlockPeak(f"{part}.{i}.attentions.{j}", 10.0 ** (i + j))
     for part in ("down_blocks", "up_blocks")
     for i in range(4)
     for j in range(3)
@@ -101,7 +102,7 @@ def test_a_larger_font_makes_room_for_the_names(qtbot):
 def test_the_smallest_bar_stands_above_the_axis(qtbot, smallest):
     """A block whose largest value is a power of ten (a time embedding's 1.0) is a bar, not a
     line on the axis."""
-    blocks = [{"module": "time_proj", "max_abs": smallest}, *UNET[:3]]
+    blocks = [BlockPeak("time_proj", smallest), *UNET[:3]]
     chart = _chart(qtbot, blocks, 760)
     plot = chart._plot_rect()
     low, high = chart._range()

@@ -211,6 +211,7 @@ def _not_the_model(report: HealthReport) -> None:
     """An intermittent fault: the model is healthy, and a precision fix the check found (its
     candidates ran finite only because the fault did not strike again) is dropped."""
     cause = report.cause
+    assert cause is not None  # attributed as intermittent just before
     report.fix = None
     report.verdict = Verdict.HEALTHY
     report.notes.append(cause.summary)

@@ -5,6 +5,7 @@ the advice for moving to fp16."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Status, in_run_order, module_of
@@ -12,7 +13,7 @@ from app.core.components import words as component_words
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import AT_RISK_HEADROOM, status_from_peak
 from app.core.fixing.probe import ProbeResult, top_blocks
-from app.core.health.report import Advice, ComponentReport, PrecisionOutcome
+from app.core.health.report import Advice, BlockPeak, ComponentReport, PrecisionOutcome
 from app.core.health.stages import Stage
 from app.core.precision import PlacedPipeline, PrecisionPlan
 
@@ -132,7 +133,7 @@ def component_report(
     )
 
 
-def _blocks(probe: ProbeResult, module, held_in_fp16: bool = False) -> list[dict[str, Any]]:
+def _blocks(probe: ProbeResult, module, held_in_fp16: bool = False) -> list[BlockPeak]:
     """Per top-level block, in run order: the largest activation anywhere inside it (only
     those fp16 held, `held_in_fp16`, for a part run in fp16 with layers kept wider: the chart
     beside its card is about fp16's limit, as its largest value is)."""
@@ -142,9 +143,9 @@ def _blocks(probe: ProbeResult, module, held_in_fp16: bool = False) -> list[dict
         if stats is None:
             continue
         peak, non_finite = probe.within(name, held_in_fp16)
-        rows.append(
-            (stats.order, {"module": name, "max_abs": peak or None, "non_finite": non_finite})
-        )
+        if peak is not None and not math.isfinite(peak):  # past every float: drawn as non-finite
+            peak, non_finite = None, True
+        rows.append((stats.order, BlockPeak(name, peak or None, non_finite)))
     return [row for _, row in sorted(rows, key=lambda r: r[0])]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_words
@@ -19,6 +19,9 @@ from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, te
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.models.summary import ModelSummary
 from app.core.precision import PrecisionPlan
+
+if TYPE_CHECKING:  # the causes are told from re-runs of the check: they import it
+    from app.core.causes.records import Cause
 
 # Where a tensor lives, by key prefix: original (LDM) single-file names and diffusers names.
 _WEIGHT_PREFIXES = (
@@ -56,6 +59,29 @@ class PrecisionOutcome:
         return {"status": self.status.value, "measured": self.measured}
 
 
+@dataclass(frozen=True)
+class BlockPeak:
+    """One top-level block of a component, in run order: the largest value anywhere inside it
+    (None: none finite, or not measured) and whether it went non-finite; the chart beside a
+    component's card draws one bar per block."""
+
+    module: str
+    max_abs: float | None
+    non_finite: bool = False
+
+    @property
+    def level(self) -> str:
+        """ "bad" past fp16's limit (or non-finite), "warn" within a tenth of it, else "good"."""
+        if self.non_finite or (self.max_abs is not None and self.max_abs >= FP16_MAX):
+            return "bad"
+        if self.max_abs is not None and self.max_abs >= FP16_MAX / 10:
+            return "warn"
+        return "good"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"module": self.module, "max_abs": self.max_abs, "non_finite": self.non_finite}
+
+
 @dataclass
 class ComponentReport:
     """One component's result. `max_abs` is measured at the tested precision, or, when that run
@@ -72,7 +98,7 @@ class ComponentReport:
     headroom: float | None
     first_bad_module: str | None
     seconds: float
-    blocks: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[BlockPeak] = field(default_factory=list)
     precisions: dict[str, PrecisionOutcome] = field(default_factory=dict)
     predicted_first_bad_module: str | None = None  # first layer past 65504 in a wider run
     # The component upstream whose non-finite output this one was fed (None: its inputs were
@@ -96,7 +122,7 @@ class ComponentReport:
             "seconds": round(self.seconds, 4),
             "dtype": self.dtype,
             "precisions": {name: p.to_json() for name, p in self.precisions.items()},
-            "blocks": self.blocks,
+            "blocks": [block.to_json() for block in self.blocks],
             "fed_by": self.fed_by,
         }
         if self.wider_max_abs is not None:
@@ -188,7 +214,7 @@ class HealthReport:
     timesteps: list[float] = field(default_factory=list)  # where the denoiser was probed
     advice: Advice | None = None
     # Why it failed, from re-runs (see `causes.attribute`): None when healthy or not attributed.
-    cause: Any = None
+    cause: Cause | None = None
     loras: list[LoraIdentity] = field(default_factory=list)  # the LoRAs the check ran with
     # Every fix candidate the check re-ran, ranked per component, verified or not (kept also
     # when nothing was verified: the cause's kernel probe reuses their re-runs). Not reported.
