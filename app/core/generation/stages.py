@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.core import samplers
 from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
 from app.core.fixing.quality import Quality
@@ -323,6 +324,7 @@ class Stages:
             arguments = _accepted(pipe, arguments)
         else:
             arguments = _accepted(pipe, arguments)
+        samplers.seeded(pipe.scheduler, seeds)  # DPM++ SDE's Brownian noise: the images' seeds
         # A second-order sampler (Heun, DPM2) calls the denoiser twice per step but the last,
         # and diffusers' callback follows each call: progress counts the calls.
         order = max(1, int(getattr(pipe.scheduler, "order", 1)))
