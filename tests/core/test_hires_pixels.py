@@ -341,3 +341,24 @@ def test_explain_checks_a_comfyui_pixel_upscale_between_two_samplers_with_it(
     asked, notes = _asked(tmp_path, monkeypatch, image)
     assert asked["size"] == 96 and asked["pixel_upscale"] is True
     assert any("the VAE's encoder at that size" in note for note in notes)
+
+
+def test_the_cause_of_an_encoder_nan_on_the_pixel_path_is_precision_not_chance(home):
+    """The attribution's identical re-run runs the text-to-image path, without the VAE's
+    encoder: it cannot call the encoder's NaN intermittent, and the verified fix stands."""
+    from app.core import causes
+
+    model = _tiny_model()
+    _plant_encoder(model.pipeline)
+    report = causes.check_and_attribute(
+        model,
+        precision=FP16,
+        device="cpu",
+        size=96,
+        pixel_upscale=True,
+        remember=False,
+        measure_cost=False,
+    )
+    assert report.components["vae_encoder"].status.failed
+    assert report.verdict == "fixable" and report.cause is not None
+    assert report.cause.kind == "precision", report.cause.summary

@@ -305,6 +305,7 @@ class _Check:
         )
         # The progress total: the VAE's encoder is a stage of its own where it runs.
         self.stages = STAGES + (pictures is not None or pixel_upscale)
+        self.vae_stage = self.stages - 1 - pixel_upscale  # the enlarged picture's encoder: after it
         self.seen = Observations()
         self.search = Search(start.plan)
         self.bf16_native = getattr(start.info, "bf16", None) == "native"
@@ -417,7 +418,7 @@ class _Check:
         (their non-finite values zeroed when nothing fixed them)."""
         runner = self.runner
         denoiser = runner.family.denoiser
-        self.progress(f"Checking the {component_words(denoiser)}", self.stages - 2, self.stages)
+        self.progress(f"Checking the {component_words(denoiser)}", self.vae_stage - 1, self.stages)
         self.cancel.raise_if_cancelled()
         conditioning = encoded.output
         if not all_finite(conditioning):  # nothing fixed an encoder: zero what is non-finite
@@ -438,7 +439,7 @@ class _Check:
         import torch
 
         runner = self.runner
-        self.progress("Checking the VAE", self.stages - 1, self.stages)
+        self.progress("Checking the VAE", self.vae_stage, self.stages)
         self.cancel.raise_if_cancelled()
         latents = denoised.output
         stand_in = f"what the {component_words(runner.family.denoiser)} made of its stand-in"
