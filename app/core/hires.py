@@ -33,7 +33,7 @@ DENOISE_DEFAULT = 0.7  # A1111's default denoising strength for the second pass
 @dataclass(frozen=True)
 class Upscaler:
     key: str
-    words: str  # A1111's name, as the PNG writes it (ComfyUI's method and "(pixels)" where A1111 has none)
+    words: str  # A1111's name, as the PNG writes it (where it has none, ComfyUI's + "(pixels)")
     mode: str  # torch.nn.functional.interpolate's mode, or Pillow's filter where `pillow`
     antialias: bool = False
     pixels: bool = False  # enlarges the decoded picture, which the VAE encodes again
@@ -80,9 +80,11 @@ _COMFY_PIXELS = {
 # `Upscaler.upscale` finishes every upscale so): HalfSafe's Lanczos.
 _A1111_NONE = "none"
 # Upscalers that are model files of their own (A1111's ESRGAN, SwinIR, LDSR, ScuNET, DAT and the
-# files users add, ComfyUI's UpscaleModelLoader), by the words their names hold.
+# files users add, named by their stem; ComfyUI's UpscaleModelLoader, by the file's name), by
+# the words their names hold.
 _MODEL_WORDS = (
     "esrgan", "swinir", "dat", "ldsr", "scunet", "ultrasharp", "hat", "x-", "4x", "2x", "8x",
+    "x4", "x2", "x8", ".pth", ".pt", ".safetensors", ".ckpt", ".bin",
 )  # fmt: skip
 
 

@@ -51,7 +51,16 @@ def test_pixel_upscalers_are_read_in_each_tools_words(words, key):
 
 
 @pytest.mark.parametrize(
-    "words", ["4x-UltraSharp", "R-ESRGAN 4x+", "SwinIR 4x", "LDSR", "ScuNET GAN", "DAT x4"]
+    "words",
+    [
+        "4x-UltraSharp",
+        "R-ESRGAN 4x+",
+        "SwinIR 4x",
+        "LDSR",
+        "ScuNET GAN",
+        "DAT x4",
+        "NMKD-Siax_200k.pth",  # ComfyUI's UpscaleModelLoader: the file's name
+    ],
 )
 def test_an_upscaler_model_file_is_one_sentence_naming_lanczos(words):
     sentence = hires.refusal(words)
