@@ -215,8 +215,9 @@ def enlarge(pixels, size: tuple[int, int], upscaler: str):
     """Decoded pictures (B, C, H, W) in [-1, 1] enlarged to `size` (width, height) px by the
     pixel upscaler `upscaler`, as the tool that names it does: A1111's Lanczos and Nearest (and
     ComfyUI's lanczos) with Pillow on the 8-bit picture (all NaN where the picture held a
-    non-finite pixel), ComfyUI's other methods with torch's interpolation of the picture clamped to [0, 1], as its VAEDecode
-    leaves it. Returns fp32 pixels in [-1, 1] on the pictures' device; no side effects."""
+    non-finite pixel), ComfyUI's other methods with torch's interpolation of the picture
+    clamped to [0, 1], as its VAEDecode leaves it. Returns fp32 pixels in [-1, 1] on the
+    pictures' device; no side effects."""
     import numpy as np
     import torch
     import torch.nn.functional as F

@@ -324,16 +324,16 @@ def make(
     scheduler_class = getattr(diffusers, sampler.scheduler)
     if sampler.scheduler in _TENSORS_TO_NUMPY:
         scheduler_class = _numpy_sigma_to_t(scheduler_class)
-    if sampler.scheduler in _BROWNIAN:
-        scheduler_class = _brownian_on_the_cpu(scheduler_class)
     return scheduler_class.from_config(config, **options)
 
 
 def seeded(scheduler: Any, seeds: list[int]) -> Any:
     """`scheduler` with the fresh noise of a sampler that draws it from a Brownian tree (DPM++
     SDE) seeded by the images' `seeds`, one tree per image in batch order, as A1111 seeds it:
-    the same seed makes the same image again, alone or in a batch. Other schedulers draw their
-    noise from the job's generators and are left as they are. Returns `scheduler`."""
+    the same seed makes the same image again on the same device, alone or in a batch. The
+    tree is drawn on the latents' device, as diffusers and A1111 draw it (on a CPU it costs
+    more than the rest of the step). Other schedulers draw their noise from the job's
+    generators and are left as they are. Returns `scheduler`."""
     if hasattr(scheduler, "noise_sampler_seed"):
         scheduler.noise_sampler_seed = list(seeds)
     return scheduler
@@ -344,47 +344,6 @@ def seeded(scheduler: Any, seeds: list[int]) -> Any:
 # through torch's older `__array_wrap__`, a DeprecationWarning today and a TypeError once NumPy
 # drops it. HalfSafe's scheduler is diffusers' own with that one method given NumPy arrays.
 _TENSORS_TO_NUMPY = ("KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler")
-
-
-# diffusers' DPM++ SDE builds its Brownian tree on the latents' device, whose random numbers
-# differ between a CPU and a GPU; HalfSafe builds it on the CPU in fp32 and hands each draw to
-# the latents' device (as the rest of a job's noise is drawn on the CPU, so that a seed means
-# the same image on every device).
-_BROWNIAN = ("DPMSolverSDEScheduler",)
-
-
-class _OnTheDevice:
-    """A CPU noise sampler whose draws are moved to the latents' device and dtype. torchsde
-    rounds the tree's ends to its tolerance (1e-6) and holds a query beyond them at the end,
-    warning on each: the smallest sigma, rounded up, is past the last step's, every image."""
-
-    def __init__(self, sampler: Any, like: Any) -> None:
-        self.sampler = sampler
-        self.device, self.dtype = like.device, like.dtype
-
-    def __call__(self, sigma: Any, sigma_next: Any) -> Any:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Should have t", UserWarning)
-            return self.sampler(sigma, sigma_next).to(self.device, self.dtype)
-
-
-@functools.cache
-def _brownian_on_the_cpu(base: type) -> type:
-    from diffusers.schedulers.scheduling_dpmsolver_sde import BrownianTreeNoiseSampler
-
-    def step(self, model_output, timestep, sample, *args, **kwargs):
-        if self.noise_sampler is None:  # made once per schedule, as diffusers makes it
-            low = self.sigmas[self.sigmas > 0].min().item()
-            high = self.sigmas.max().item()
-            tree = BrownianTreeNoiseSampler(
-                sample.detach().float().cpu(), low, high, self.noise_sampler_seed
-            )
-            self.noise_sampler = _OnTheDevice(tree, sample)
-        return base.step(self, model_output, timestep, sample, *args, **kwargs)
-
-    return type(base.__name__, (base,), {"step": step, "__module__": __name__})
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """The probes of a failing part: only the part that went non-finite (the VAE's decode, the one
-denoiser call kept by the watch, the input or enlarged picture's encoding or the prompt's) re-run under a
-plan, to name its first bad layer, draw its layers' peaks in fp32, or check a fix against an
-fp32 reference."""
+denoiser call kept by the watch, the input or enlarged picture's encoding or the prompt's)
+re-run under a plan, to name its first bad layer, draw its layers' peaks in fp32, or check a
+fix against an fp32 reference."""
 
 from __future__ import annotations
 

@@ -305,7 +305,7 @@ class _Check:
         )
         # The progress total: the VAE's encoder is a stage of its own where it runs.
         self.stages = STAGES + (pictures is not None or pixel_upscale)
-        self.vae_stage = self.stages - 1 - pixel_upscale  # the enlarged picture's encoder: after it
+        self.vae_stage = self.stages - 1 - pixel_upscale  # an enlarged picture's encoder after
         self.seen = Observations()
         self.search = Search(start.plan)
         self.bf16_native = getattr(start.info, "bf16", None) == "native"
