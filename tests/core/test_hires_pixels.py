@@ -371,3 +371,21 @@ def test_the_cause_of_an_encoder_nan_on_the_pixel_path_is_precision_not_chance(h
     assert report.components["vae_encoder"].status.failed
     assert report.verdict == "fixable" and report.cause is not None
     assert report.cause.kind == "precision", report.cause.summary
+
+
+def test_a_vae_decoder_overflow_on_the_pixel_path_is_the_first_pictures_decode_and_is_repaired(
+    tmp_path, home
+):
+    """The first picture's decode, before it is enlarged, is where a decoder overflow first
+    shows on the pixel path: named the VAE's (not the encoder's or the second pass's, which
+    only read its NaN), probed on the first pass's latents, and the image made again whole."""
+    from tests.core.test_health import VAE_LAYER, plant
+
+    model = _tiny_model()
+    plant(model.pipeline, "vae")
+    result = generate(model, _request(tmp_path, "lanczos"), precision=FP16, device="cpu")
+    (image,) = result.images
+    assert (image.status, image.component, image.step) == ("fixed", "vae", None)
+    assert image.first_bad_module == VAE_LAYER
+    assert image.image.size == (96, 96)
+    assert np.asarray(image.image).std() > 0  # a picture, not a flat fill
