@@ -145,6 +145,12 @@ class Hires:
     def on(self) -> bool:
         return self.scale > 1.0
 
+    @property
+    def pixels(self) -> bool:
+        """Whether the second pass starts from the decoded first picture enlarged (a pixel
+        upscaler), which the VAE's encoder encodes again at the final size."""
+        return self.on and self.upscaler in BY_KEY and BY_KEY[self.upscaler].pixels
+
     def checked(self) -> Hires:
         """Itself, or HalfSafeError naming the value out of range."""
         if not isinstance(self.scale, (int, float)) or not 1.0 <= self.scale <= SCALE_MAX:

@@ -272,8 +272,10 @@ class HealthView(QWidget, FixRow):
             mask=mask,
             canvas=canvas,
             # A hires fix from a pixel upscaler runs the VAE's encoder at the final size.
-            pixel_upscale=float(self.state.settings["hires_scale"]) > 1.0
-            and hires.enlarges_pixels(str(self.state.settings["hires_upscaler"])),
+            pixel_upscale=hires.Hires(
+                scale=float(self.state.settings["hires_scale"]),
+                upscaler=str(self.state.settings["hires_upscaler"]),
+            ).pixels,
         )
         self.job_id = self.client.submit(request, self._on_event)
         self._checked_pictures = {self.job_id: (images, mask)} if images else {}

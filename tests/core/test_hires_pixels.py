@@ -73,6 +73,13 @@ def test_an_upscaler_model_file_is_one_sentence_naming_lanczos(words):
         Hires(scale=2.0, upscaler=words).checked()
 
 
+def test_a_hires_fix_starts_from_pixels_only_when_on_with_a_pixel_upscaler():
+    assert Hires(scale=2.0, upscaler="lanczos").pixels
+    assert Hires(scale=1.5, upscaler="pixel_area").pixels
+    assert not Hires(scale=1.0, upscaler="lanczos").pixels  # off
+    assert not Hires(scale=2.0, upscaler="latent_bicubic").pixels
+
+
 def test_the_cli_takes_a_pixel_upscaler_and_refuses_a_model_file_with_exit_2(capsys, tmp_path):
     from app.cli import main
     from app.cli.arguments import build_parser

@@ -29,7 +29,6 @@ from app.core.generation.records import (
 from app.core.generation.repair import Repair
 from app.core.generation.saving import output_folder
 from app.core.generation.stages import Outcome, failure
-from app.core.hires import enlarges_pixels
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.images.canvas import Paste
 from app.core.images.pictures import (
@@ -479,7 +478,7 @@ def _repair_by_cause(
         images=request.images,
         mask=request.mask,
         canvas=request.canvas,
-        pixel_upscale=request.hires.on and enlarges_pixels(request.hires.upscaler),
+        pixel_upscale=request.hires.pixels,
         on_progress=progress,
         cancel=cancel,
         remember=False,
