@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_upscaler,
         default=argparse.SUPPRESS,
         help=f"{FIELDS['hires_upscaler'].help} A key ({', '.join(hires.KEYS)}) or A1111's or "
-        "ComfyUI's words ('Latent (nearest-exact)').",
+        "ComfyUI's words ('Latent (nearest-exact)', 'Lanczos').",
     )
     gen.add_argument("--out", metavar="PATH", help="output folder (default: your settings)")
     gen.add_argument(

@@ -83,6 +83,8 @@ def check_request(args: argparse.Namespace, values: dict[str, Any]) -> CheckRequ
         allow_pickle=args.allow_pickle,
         images=tuple(getattr(args, "images", None) or ()),
         mask=getattr(args, "mask", None),
+        # The saved hires fix enlarges pixels: the VAE's encoder runs too, as the window asks.
+        pixel_upscale=Hires(scale=values["hires_scale"], upscaler=values["hires_upscaler"]).pixels,
     )
 
 

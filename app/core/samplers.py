@@ -82,6 +82,13 @@ SAMPLERS: tuple[Sampler, ...] = (
         "DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 2},
         _SIGMA_SCHEDULES,
     ),
+    # DPM++ SDE: second order (two denoiser calls a step but the last), its fresh noise drawn
+    # from a Brownian tree seeded by each image's seed (`seeded`), as A1111 and ComfyUI seed
+    # it; no rescaled betas in diffusers' DPMSolverSDEScheduler.
+    Sampler(
+        "dpmpp_sde", "DPM++ SDE", ("dpmpp_sde", "dpmpp_sde_gpu"), "DPMSolverSDEScheduler", {},
+        _SIGMA_SCHEDULES, False,
+    ),
     Sampler(
         "dpmpp_3m_sde", "DPM++ 3M SDE", ("dpmpp_3m_sde", "dpmpp_3m_sde_gpu"),
         "DPMSolverMultistepScheduler", {"algorithm_type": "sde-dpmsolver++", "solver_order": 3},
@@ -93,17 +100,13 @@ SAMPLERS: tuple[Sampler, ...] = (
     Sampler("ddim", "DDIM", ("ddim",), "DDIMScheduler", {}, ("sgm_uniform",)),
 )  # fmt: skip
 
-# Samplers the tools name that HalfSafe does not run, with the closest one it does: diffusers'
-# DPM++ SDE (DPMSolverSDEScheduler) needs torchsde and draws its Brownian noise from a seed of
-# its own, so the image's seed would not make it again.
+# Samplers the tools name that HalfSafe does not run, with the closest one it does.
 CLOSEST: Mapping[str, str] = {
-    "dpm++ sde": "dpmpp_2m_sde",
-    "dpmpp_sde": "dpmpp_2m_sde",
-    "dpmpp_sde_gpu": "dpmpp_2m_sde",
     "dpm++ 2s a": "euler_a",
     "dpmpp_2s_ancestral": "euler_a",
     "dpm++ 2m sde heun": "dpmpp_2m_sde",
     "dpmpp_2m_sde_heun": "dpmpp_2m_sde",
+    "dpmpp_2m_sde_heun_gpu": "dpmpp_2m_sde",
     "dpm fast": "dpmpp_2m",
     "dpm adaptive": "dpmpp_2m",
     "lms": "euler",
@@ -322,6 +325,18 @@ def make(
     if sampler.scheduler in _TENSORS_TO_NUMPY:
         scheduler_class = _numpy_sigma_to_t(scheduler_class)
     return scheduler_class.from_config(config, **options)
+
+
+def seeded(scheduler: Any, seeds: list[int]) -> Any:
+    """`scheduler` with the fresh noise of a sampler that draws it from a Brownian tree (DPM++
+    SDE) seeded by the images' `seeds`, one tree per image in batch order, as A1111 seeds it:
+    the same seed makes the same image again on the same device, alone or in a batch. The
+    tree is drawn on the latents' device, as diffusers and A1111 draw it (on a CPU it costs
+    more than the rest of the step). Other schedulers draw their noise from the job's
+    generators and are left as they are. Returns `scheduler`."""
+    if hasattr(scheduler, "noise_sampler_seed"):
+        scheduler.noise_sampler_seed = list(seeds)
+    return scheduler
 
 
 # diffusers 0.42.1's KDPM2 schedulers (DPM2, DPM2 a) hand torch tensors to NumPy in

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core import hires
 from app.core.components import Status, Verdict
 from app.core.fixing.diagnosis import CHOSEN_WORDS
 from app.core.health import (
@@ -270,6 +271,11 @@ class HealthView(QWidget, FixRow):
             images=images,
             mask=mask,
             canvas=canvas,
+            # A hires fix from a pixel upscaler runs the VAE's encoder at the final size.
+            pixel_upscale=hires.Hires(
+                scale=float(self.state.settings["hires_scale"]),
+                upscaler=str(self.state.settings["hires_upscaler"]),
+            ).pixels,
         )
         self.job_id = self.client.submit(request, self._on_event)
         self._checked_pictures = {self.job_id: (images, mask)} if images else {}

@@ -42,10 +42,14 @@ _INFOTEXT_TOOLS = ("halfsafe", "a1111", "forge", "sdnext", "unknown")
 
 
 def _hires_of(parsed: infotext.Infotext) -> Hires | None:
-    """The hires fix an infotext records, as HalfSafe runs it (None: none, or one it cannot
-    run: a pixel upscaler, a size beyond the bounds)."""
+    """The hires fix an infotext records, as HalfSafe runs it (None: none, or one beyond the
+    bounds); an upscaler model file (ESRGAN) is taken as the closest HalfSafe runs, Lanczos,
+    another upscaler it does not know as Latent."""
     scale = parsed.get(infotext.HIRES_UPSCALE)
-    upscaler = hires.key_for(parsed.get(infotext.HIRES_UPSCALER)) or hires.DEFAULT
+    words = parsed.get(infotext.HIRES_UPSCALER)
+    upscaler = hires.key_for(words) or (
+        "lanczos" if words and hires.is_model_upscaler(words) else hires.DEFAULT
+    )
     if scale is None:
         return None
     try:

@@ -526,3 +526,29 @@ def test_a_kernel_fault_in_the_text_encoder_is_a_kernel_cause_not_an_overflow(mo
 
     remembered = profiles.remembered_fix("kernel-text", report.device.name)
     assert remembered is not None and remembered.settings == {"attention_backend": "math"}
+
+
+def test_an_encoder_nan_on_the_image_to_image_path_is_not_called_intermittent(tmp_path):
+    """A check with an input picture whose VAE encoder overflows: the attribution's identical
+    re-run (the text-to-image path) never runs the encoder, so it cannot prove the NaN
+    intermittent; the verified fix is the cause."""
+    from PIL import Image
+
+    from tests.core.test_pictures import _plant_encoder
+
+    picture = tmp_path / "input.png"
+    Image.new("RGB", (64, 64), (120, 30, 200)).save(picture)
+    model = loaded(build_tiny_sd_pipeline())
+    _plant_encoder(model.pipeline)
+    report = causes.check_and_attribute(
+        model,
+        precision=PrecisionSettings(precision="fp16"),
+        device="cpu",
+        size=64,
+        images=[str(picture)],
+        remember=False,
+        measure_cost=False,
+    )
+    assert report.components["vae_encoder"].status.failed
+    assert report.verdict == "fixable" and report.cause is not None
+    assert report.cause.kind == "precision", report.cause.summary

@@ -217,6 +217,13 @@ def test_check_flags_become_the_check_request_the_engine_runs(tmp_path):
         allow_pickle=True,
     )
     assert values["precision"] == "fp16"
+    # A saved hires fix from a pixel upscaler: the VAE's encoder is probed too, as the window's.
+    saved["hires_scale"], saved["hires_upscaler"] = 2.0, "lanczos"
+    save_settings(saved)
+    assert check_request(args, effective_settings(args)).pixel_upscale is True
+    saved["hires_upscaler"] = "latent"
+    save_settings(saved)
+    assert check_request(args, effective_settings(args)).pixel_upscale is False
 
 
 def test_generate_flags_become_the_generate_request_the_engine_runs(tmp_path):

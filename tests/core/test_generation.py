@@ -415,7 +415,7 @@ def test_v_prediction_is_carried_into_the_scheduler(base):
 
 def test_bad_requests_are_refused_in_words(base, tmp_path):
     model = variant(base, "bad")
-    for bad in ({"width": 65}, {"steps": 0}, {"scheduler": "dpmpp_sde"}, {"batch": 0}):
+    for bad in ({"width": 65}, {"steps": 0}, {"scheduler": "dpmpp_2s_a"}, {"batch": 0}):
         with pytest.raises(HalfSafeError) as error:
             generate(model, request(tmp_path, **bad), precision=PrecisionSettings(), device="cpu")
         assert "\n" not in str(error.value)
@@ -621,7 +621,7 @@ def test_cli_generate_demo_json_holds_the_contract(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "flags",
-    [["--steps", "0"], ["--scheduler", "dpmpp_sde"], ["--width", "65"], ["--auto-fix", "maybe"]],
+    [["--steps", "0"], ["--scheduler", "dpmpp_2s_a"], ["--width", "65"], ["--auto-fix", "maybe"]],
 )
 def test_cli_generate_bad_flags_exit_2(flags, capsys):
     with pytest.raises(SystemExit) as caught:

@@ -128,7 +128,7 @@ def test_a_hires_fix_runs_a1111s_step_count_at_its_size():
         (Hires(scale=0.5), "Hires upscale: 0.5 is not between 1"),
         (Hires(scale=2.0, steps=151), "Hires steps: 151 is not between 0"),
         (Hires(scale=2.0, denoise=0.0), "Hires denoising strength: 0.0 is not between 0 and 1"),
-        (Hires(scale=2.0, upscaler="ESRGAN_4x"), "pixel upscaler ESRGAN_4x"),
+        (Hires(scale=2.0, upscaler="ESRGAN_4x"), "upscaler ESRGAN_4x (a model file of its own"),
     ],
 )
 def test_a_hires_fix_out_of_range_is_one_sentence(hires_fix, words):
@@ -142,13 +142,13 @@ def test_upscalers_are_read_in_each_tools_words():
     assert hires.key_for("bicubic") == "latent_bicubic"  # ComfyUI's LatentUpscale method
     assert hires.key_for("latent_area") == "latent_area"
     assert hires.key_for("4x-UltraSharp") is None
-    assert "closest it runs is Latent (antialiased)" in hires.refusal("4x-UltraSharp")
+    assert hires.refusal("4x-UltraSharp").endswith("; the closest it runs is Lanczos.")
     assert "closest it runs is Latent" in hires.refusal("bislerp")
 
 
 def test_latents_are_enlarged_to_the_final_sizes_latents():
     latents = torch.arange(2 * 4 * 8 * 6, dtype=torch.float16).reshape(2, 4, 8, 6)
-    for upscaler in hires.KEYS:
+    for upscaler in (key for key in hires.KEYS if not hires.enlarges_pixels(key)):
         out = hires.upscale(latents, (96, 128), upscaler, 8)
         assert out.shape == (2, 4, 16, 12) and out.dtype == torch.float16
     nearest = hires.upscale(latents.float(), (96, 128), "latent_nearest", 8)

@@ -112,3 +112,37 @@ def test_an_image_with_clip_skip_and_dpmpp_2m_sde_karras_is_made_again_with_them
     _, _, written = infotext.split_text(read_parameters(image.path))
     assert (written["Sampler"], written["Schedule type"]) == ("DPM++ 2M SDE", "Karras")
     assert written["Clip skip"] == "2" and written["Seed"] == "77"
+
+
+@pytest.mark.slow
+def test_a_comfyui_pixel_upscale_is_checked_with_the_vae_encoder_at_its_second_pass(
+    home, tmp_path, capsys
+):
+    """VAEDecode -> ImageScaleBy(lanczos) -> VAEEncode -> KSampler on a model whose VAE
+    encoder overflows in fp16: the check at the second pass's size runs the encoder there and
+    finds it (a check of the latent path would not run it)."""
+    from tests.core.test_pictures import _plant_encoder
+
+    folder = home / "ComfyUI" / "models" / "checkpoints"
+    folder.mkdir(parents=True)
+    pipeline = build_tiny_sd_pipeline()
+    layer = _plant_encoder(pipeline)
+    save_single_file(pipeline, folder / "dreamy.safetensors")
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    graph["8"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}}
+    graph["9"] = {
+        "class_type": "ImageScaleBy",
+        "inputs": {"upscale_method": "lanczos", "scale_by": 2.0, "image": ["8", 0]},
+    }
+    graph["10"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["9", 0], "vae": ["4", 2]}}
+    graph["11"] = {
+        "class_type": "KSampler",
+        "inputs": {**graph["3"]["inputs"], "denoise": 0.5, "latent_image": ["10", 0]},
+    }
+    image = png_text(tmp_path / "ComfyUI_00001_.png", {"prompt": json.dumps(graph)}, BLACK)
+    document = _explained(image, capsys)
+    assert document["record"]["hires_upscaler"] == "lanczos (pixels)"
+    check = document["check"]
+    assert check["size"] == 128 and check["verdict"] == "fixable"
+    encoder = check["components"]["vae_encoder"]
+    assert encoder["status"] in ("overflow", "nan") and encoder["first_bad_module"] == layer

@@ -45,6 +45,10 @@ def test_the_setting_lists_every_sampler_alone_and_with_each_schedule_it_runs():
         assert key in SCHEDULERS
     for key in ("dpm2", "dpm2_karras", "dpm2_a", "dpm2_a_karras", "dpm2_a_sgm_uniform"):
         assert key in SCHEDULERS
+    # diffusers' DPMSolverSDEScheduler takes every sigma schedule and trailing spacing.
+    for key in ("dpmpp_sde", "dpmpp_sde_karras", "dpmpp_sde_exponential", "dpmpp_sde_beta"):
+        assert key in SCHEDULERS
+    assert "dpmpp_sde_sgm_uniform" in SCHEDULERS
     assert "euler_a_karras" not in SCHEDULERS  # diffusers' Euler a takes no sigma schedule
     assert len(set(SCHEDULERS)) == len(SCHEDULERS)
 
@@ -91,8 +95,12 @@ def test_a_zero_terminal_snr_model_gets_rescaled_betas_or_one_sentence():
         samplers.make("heun_karras", SD_CONFIG, "v_prediction", zero_terminal_snr=True)
     with pytest.raises(HalfSafeError, match="The sampler DPM2 a cannot run this model's zero"):
         samplers.make("dpm2_a", SD_CONFIG, "v_prediction", zero_terminal_snr=True)
-    with pytest.raises(HalfSafeError, match="Unknown sampler 'dpmpp_sde'"):
-        samplers.make("dpmpp_sde", SD_CONFIG)
+    with pytest.raises(
+        HalfSafeError, match=r"The sampler DPM\+\+ SDE cannot run this model's zero"
+    ):
+        samplers.make("dpmpp_sde_karras", SD_CONFIG, "v_prediction", zero_terminal_snr=True)
+    with pytest.raises(HalfSafeError, match="Unknown sampler 'dpmpp_2s_a'"):
+        samplers.make("dpmpp_2s_a", SD_CONFIG)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +130,13 @@ def test_a_zero_terminal_snr_model_gets_rescaled_betas_or_one_sentence():
         ("Euler Simple", None, "euler_sgm_uniform"),
         ("dpmpp_2m_kl_optimal", None, "dpmpp_2m_karras"),
         ("heun_karras", None, "heun_karras"),  # HalfSafe's own key
-        ("DPM++ SDE Karras", None, None),
+        ("DPM++ SDE Karras", None, "dpmpp_sde_karras"),  # A1111 before 1.9
+        ("DPM++ SDE", "Karras", "dpmpp_sde_karras"),  # A1111 1.9 and later
+        ("DPM++ SDE", "Automatic", "dpmpp_sde"),
+        ("dpmpp_sde", "karras", "dpmpp_sde_karras"),  # ComfyUI
+        ("dpmpp_sde_gpu", "exponential", "dpmpp_sde_exponential"),
+        ("dpmpp_sde_gpu", "normal", "dpmpp_sde"),
+        ("DPM++ 2S a Karras", None, None),
         ("Restart", None, None),
         (None, None, None),
     ],
@@ -132,10 +146,15 @@ def test_the_tools_names_read_back_to_the_setting(sampler, schedule, key):
 
 
 def test_a_sampler_halfsafe_does_not_run_names_the_closest():
-    assert samplers.refusal("DPM++ SDE Karras") == (
-        "HalfSafe does not run the sampler DPM++ SDE Karras; the closest it runs is DPM++ 2M SDE."
+    assert samplers.refusal("DPM++ 2S a Karras") == (
+        "HalfSafe does not run the sampler DPM++ 2S a Karras; the closest it runs is Euler a."
     )
-    assert samplers.refusal("dpmpp_sde_gpu (karras)").endswith("closest it runs is DPM++ 2M SDE.")
+    assert samplers.refusal("dpmpp_2m_sde_heun_gpu (karras)") == (
+        "HalfSafe does not run the sampler dpmpp_2m_sde_heun_gpu (karras); the closest it runs "
+        "is DPM++ 2M SDE."
+    )
+    assert samplers.refusal("DPM++ SDE Karras") is None  # diffusers' DPMSolverSDE runs it
+    assert samplers.refusal("dpmpp_sde_gpu") is None
     assert samplers.refusal("DPM2 a Karras") is None  # diffusers' KDPM2 runs it
     assert samplers.refusal("dpm_2_ancestral") is None
     assert samplers.refusal("Made Up") == "HalfSafe does not run the sampler Made Up."
@@ -338,3 +357,94 @@ def test_generate_refuses_a_schedule_it_does_not_run_with_exit_2(words, capsys, 
     err = capsys.readouterr().err
     assert samplers.read(words)[1] in err and "closest it runs is" in err
     assert not list(tmp_path.iterdir())
+
+
+def test_dpmpp_sde_karras_draws_its_brownian_noise_from_the_images_seed(tmp_path):
+    """DPM++ SDE with Karras sigmas: the same seed makes the same picture twice and another
+    seed another; the picture is diffusers' own pipeline with its DPMSolverSDEScheduler whose
+    Brownian tree is seeded by the image's seed (and not another tree's), written `Sampler: DPM++
+    SDE, Schedule type: Karras` and read back to the same setting; progress counts the model's
+    calls (two a step but the last)."""
+    from diffusers import DPMSolverSDEScheduler
+
+    from app.core.settings import PrecisionSettings
+
+    model = _model(FamilyId.SD)
+    request = generation.GenerationRequest(
+        prompt="a red cube", steps=3, cfg=5.0, seed=11, width=64, height=64,
+        scheduler="dpmpp_sde_karras", output_dir=str(tmp_path),
+    )  # fmt: skip
+    fp32 = PrecisionSettings(precision="fp32")
+    progress = []
+    first = generation.generate(
+        model, request, precision=fp32, device="cpu",
+        on_progress=lambda stage, step, total: progress.append((stage, step, total)),
+    ).images[0]  # fmt: skip
+    again = generation.generate(model, request, precision=fp32, device="cpu").images[0]
+    other = generation.generate(
+        model, generation.GenerationRequest(**{**request.__dict__, "seed": 12}),
+        precision=fp32, device="cpu",
+    ).images[0]  # fmt: skip
+    pixels = [np.asarray(made.image).astype(int) for made in (first, again, other)]
+    assert first.status == "ok" and np.array_equal(pixels[0], pixels[1])
+    assert np.abs(pixels[0] - pixels[2]).max() > 8
+
+    pipeline = model.pipeline
+    own = pipeline.scheduler
+
+    def theirs(tree_seed: int) -> np.ndarray:
+        pipeline.scheduler = DPMSolverSDEScheduler.from_config(
+            own.config, use_karras_sigmas=True, noise_sampler_seed=[tree_seed]
+        )
+        try:
+            out = pipeline(
+                "a red cube", num_inference_steps=3, guidance_scale=5.0, height=64, width=64,
+                generator=torch.Generator().manual_seed(11), output_type="np",
+            ).images[0]  # fmt: skip
+        finally:
+            pipeline.scheduler = own
+        return (out * 255).round().astype(int)
+
+    assert np.abs(pixels[0] - theirs(11)).max() <= 1
+    assert np.abs(pixels[0] - theirs(99)).max() > 8  # the tree's seed shows in the picture
+    parsed = infotext.parse(first.parameters)
+    assert (parsed.raw(infotext.SAMPLER), parsed.raw(infotext.SCHEDULE_TYPE)) == (
+        "DPM++ SDE",
+        "Karras",
+    )
+    assert parsed.scheduler() == "dpmpp_sde_karras"
+    assert [p for p in progress if p[0] == "Generating"] == [
+        ("Generating", i, 5) for i in range(1, 6)
+    ]
+
+
+def test_dpmpp_sde_from_a1111_and_comfyui_is_read_as_itself_and_made_again_with_it(tmp_path):
+    """A1111's "Sampler: DPM++ SDE, Schedule type: Karras" and ComfyUI's `dpmpp_sde` with
+    `karras` read as DPM++ SDE Karras, with no note of a closest sampler, and the image made
+    again from A1111's words runs and records that sampler."""
+    from app.core.settings import PrecisionSettings
+    from app.ui.image_entry import GalleryEntry
+
+    text = "a cat\nSteps: 3, Sampler: DPM++ SDE, Schedule type: Karras, CFG scale: 5, Seed: 4"
+    record = _infotext_record(text)
+    assert (record.scheduler, record.schedule_note) == ("dpmpp_sde_karras", None)
+    nodes = json.loads(comfy_prompt("model.safetensors"))
+    for name in ("dpmpp_sde", "dpmpp_sde_gpu"):
+        nodes["3"]["inputs"].update(sampler_name=name, scheduler="karras")
+        comfy = _comfy_record(tmp_path / "x.png", json.dumps(nodes), None)
+        assert (comfy.scheduler, comfy.schedule_note) == ("dpmpp_sde_karras", None)
+    values = GalleryEntry.from_parameters(text).generate_values()
+    assert values["scheduler"] == "dpmpp_sde_karras"
+    request = generation.GenerationRequest(
+        prompt=values["prompt"], steps=values["steps"], seed=values["seed"], width=64,
+        height=64, scheduler=values["scheduler"], output_dir=str(tmp_path),
+    )  # fmt: skip
+    made = generation.generate(
+        _model(FamilyId.SD), request, precision=PrecisionSettings(), device="cpu"
+    ).images[0]
+    parsed = infotext.parse(made.parameters)
+    assert made.status == "ok"
+    assert (parsed.raw(infotext.SAMPLER), parsed.raw(infotext.SCHEDULE_TYPE)) == (
+        "DPM++ SDE",
+        "Karras",
+    )

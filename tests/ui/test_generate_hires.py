@@ -73,6 +73,14 @@ def test_an_images_clip_skip_and_hires_fix_fill_the_form(view):
     view.use_parameters(entry.generate_values())
     assert view.clip_skip.value() == 2
     assert view.hires.value() == Hires(2.0, 10, 0.45, "latent_bicubic")
+    for words, key in (
+        ("Lanczos", "lanczos"),
+        ("Nearest", "nearest"),
+        ("4x-UltraSharp", "lanczos"),
+    ):
+        recorded = GalleryEntry.from_parameters(text.replace("Latent (bicubic)", words))
+        view.use_parameters(recorded.generate_values())
+        assert view.hires.value() == Hires(2.0, 10, 0.45, key)  # a model file: the closest
     # An image that records neither was made without them.
     view.use_parameters(GalleryEntry.from_parameters("a castle\nSteps: 20").generate_values())
     assert view.clip_skip.value() == 1 and not view.hires.value().on

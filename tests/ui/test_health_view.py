@@ -813,3 +813,18 @@ def test_a_part_fine_as_run_but_not_in_fp16_is_never_a_plain_green_ok(window, en
     assert "Largest value held in fp16: <b>20,000</b>" in unet_text
     assert "The layers kept wider reached 387,072, which their precision holds" in unet_text
     assert "(run in fp16)" not in unet_text
+
+
+def test_a_hires_fix_from_a_pixel_upscaler_has_the_check_probe_the_vae_encoder(window, engines):
+    """The Generate page's hires fix enlarges the decoded picture with Lanczos: the check is
+    asked to run the VAE's encoder too; a latent upscaler, or no hires fix, does not ask it."""
+    view, job = _run_check(window, engines)
+    asked = [job.params.pixel_upscale]
+    window.state.set_setting("hires_scale", 2.0)
+    for upscaler in ("latent", "lanczos"):
+        engines.current.finish(job, reports.result(reports.fixable()))
+        window.state.set_setting("hires_upscaler", upscaler)
+        view.run_check()
+        job = engines.current.last_job("check")
+        asked.append(job.params.pixel_upscale)
+    assert asked == [False, False, True]

@@ -207,7 +207,14 @@ def attribute(
             verified=False,
         )
     runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt, clip_skip)
-    if component is not None and not damaged and not _measured_overflow(report, failed):
+    # The re-run is the text-to-image path (`probe_run`): it does not run the VAE's encoder, so
+    # it cannot show an encoder's NaN to be intermittent (it would always come out finite).
+    if (
+        component is not None
+        and component != "vae_encoder"
+        and not damaged
+        and not _measured_overflow(report, failed)
+    ):
         cancel.raise_if_cancelled()
         cause = _intermittent_cause(runs, component, progress)
         if cause is not None:

@@ -87,10 +87,12 @@ def check_and_attribute(
     mask: str | None = None,
     use_remembered: bool = True,
     canvas: Canvas | None = None,
+    pixel_upscale: bool = False,
 ) -> HealthReport:
     """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
     verified kernel or state repair becomes the report's fix. See `attribute` for `reload`;
-    `images`, `mask`, `use_remembered` and `canvas` as `check_loaded` takes them."""
+    `images`, `mask`, `use_remembered`, `canvas` and `pixel_upscale` as `check_loaded` takes
+    them."""
 
     def checked() -> HealthReport:
         return check_loaded(
@@ -105,6 +107,7 @@ def check_and_attribute(
             images=images,
             mask=mask,
             canvas=canvas,
+            pixel_upscale=pixel_upscale,
             on_progress=on_progress,
             cancel=cancel,
             # Remembered below, once the cause is known and the whole check has run.

@@ -458,6 +458,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             # The image's recorded settings, exactly: a fix remembered since would hide
             # what made it black.
             use_remembered=False,
+            pixel_upscale=bool(record.hires_size) and _enlarges_pixels(record.hires_upscaler),
         )
     explanation.check = report
     if record.caches and report.verdict in ("fixable", "broken"):
@@ -494,12 +495,14 @@ def _size_notes(record: Record, size: int) -> list[str]:
                 "runs; overflow that appears only at larger sizes is not tested."
             )
         upscaler = record.hires_upscaler
-        if upscaler and hires.key_for(upscaler) is None and "latent" not in upscaler.lower():
+        if upscaler and _enlarges_pixels(upscaler):
             notes.append(
-                f"{upscaler} enlarges pixels: the tool decoded the first picture and encoded "
-                "it again, steps the check does not probe (it checks the VAE's decoder at the "
-                "final size)."
+                f"{upscaler} enlarges pixels: the tool decoded the first picture, enlarged it "
+                "and encoded it again, so the check also ran the VAE's encoder at that size, on "
+                "the picture the VAE decoded there."
             )
+            if hires.key_for(upscaler) is None:  # a model file that enlarges: not the VAE
+                notes.append(hires.refusal(upscaler))
         return notes
     if max(record.width or 0, record.height or 0) > size:
         return [
@@ -508,6 +511,18 @@ def _size_notes(record: Record, size: int) -> list[str]:
             "sizes is not tested."
         ]
     return []
+
+
+def _enlarges_pixels(upscaler: str | None) -> bool:
+    """Whether an image's hires upscaler enlarges the decoded picture, which the VAE encodes
+    again: a pixel upscaler HalfSafe runs (Lanczos), an upscaler model file (ESRGAN), or
+    ComfyUI's image scale ("bislerp (pixels)")."""
+    if not upscaler:
+        return False
+    key = hires.key_for(upscaler)
+    if key is not None:
+        return hires.enlarges_pixels(key)
+    return hires.is_model_upscaler(upscaler) or upscaler.lower().endswith("(pixels)")
 
 
 def _clip_skip(explanation: Explanation, model) -> int:

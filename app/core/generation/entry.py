@@ -478,6 +478,7 @@ def _repair_by_cause(
         images=request.images,
         mask=request.mask,
         canvas=request.canvas,
+        pixel_upscale=request.hires.pixels,
         on_progress=progress,
         cancel=cancel,
         remember=False,

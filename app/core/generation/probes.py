@@ -1,7 +1,7 @@
 """The probes of a failing part: only the part that went non-finite (the VAE's decode, the one
-denoiser call kept by the watch, the input picture's encoding or the prompt's) re-run under a
-plan, to name its first bad layer, draw its layers' peaks in fp32, or check a fix against an
-fp32 reference."""
+denoiser call kept by the watch, the input or enlarged picture's encoding or the prompt's)
+re-run under a plan, to name its first bad layer, draw its layers' peaks in fp32, or check a
+fix against an fp32 reference."""
 
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ class Probes(Stages):
         plan = diagnosis.fp32_reference(outcome.plan)
         self.last_probe = None
         if component == "vae":
-            self.decode(plan, outcome.latents, record=True)
+            self.decode(plan, _decoded(outcome), record=True)
         elif component == "vae_encoder":
-            self.encode_picture(plan, record=True)
+            self.encode_picture(plan, record=True, pixels=outcome.enlarged)
         elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return None
@@ -87,10 +87,10 @@ class Probes(Stages):
             return self._probed[key][1]
         recurred = True
         if component == "vae":
-            pixels, name = self.decode(outcome.plan, outcome.latents, record=True)
+            pixels, name = self.decode(outcome.plan, _decoded(outcome), record=True)
             recurred = not np.isfinite(pixels).all()
         elif component == "vae_encoder":
-            picture = self.encode_picture(outcome.plan, record=True)
+            picture = self.encode_picture(outcome.plan, record=True, pixels=outcome.enlarged)
             name = _first_bad(self.last_probe)
             recurred = bool(read_flags([picture.bad])[0])
         elif component == outcome.denoiser:
@@ -117,9 +117,9 @@ class Probes(Stages):
         plan = replace(plan, compute_in_place=True)
 
         if component == "vae":
-            return torch.from_numpy(self.decode(plan, outcome.latents)[0])
+            return torch.from_numpy(self.decode(plan, _decoded(outcome))[0])
         if component == "vae_encoder":
-            picture = self.encode_picture(plan)
+            picture = self.encode_picture(plan, pixels=outcome.enlarged)
             if isinstance(picture.latents, list):  # an edit's references
                 return picture.latents
             return (
@@ -150,3 +150,9 @@ class Probes(Stages):
 
     def quick_check(self, component: str, plan: PrecisionPlan, outcome: Outcome) -> bool:
         return self.verify(component, plan, outcome)[0]
+
+
+def _decoded(outcome: Outcome) -> Any:
+    """The latents whose decode went non-finite: a hires fix's first pass (decoded to be
+    enlarged by a pixel upscaler) where that one did, else the image's own."""
+    return outcome.vae_latents if outcome.vae_latents is not None else outcome.latents

@@ -149,7 +149,7 @@ class Repairs(Probes):
         if self.recurred.get((component, id(outcome)), True):
             return None
         self.progress(f"Image {index + 1} of {total}: making it again, unchanged", 0, 1)
-        if component == "vae":
+        if component == "vae" and outcome.vae_latents is None:
             image, stats = to_image(self.decode(outcome.plan, outcome.latents)[0])
             again = replace(outcome, image=image, stats=stats)
         else:
@@ -171,7 +171,8 @@ class Repairs(Probes):
         passed, output = self.verify(component, candidate.plan, outcome)
         if not passed:
             return None
-        if component == "vae" and output is not None:  # the verified decode is the image
+        # The verified decode is the image, unless it was a hires fix's first picture.
+        if component == "vae" and output is not None and outcome.vae_latents is None:
             image, stats = to_image(output.numpy())
             return replace(outcome, plan=candidate.plan, image=image, stats=stats)
         self.stage = "Making the image again"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.core import samplers
 from app.core.encoders import t5
 from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
@@ -16,7 +17,7 @@ from app.core.generation import step_cache
 from app.core.generation.preview import colours_for, latent_preview
 from app.core.generation.records import GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
-from app.core.hires import upscale
+from app.core.hires import enlarge, enlarges_pixels, upscale
 from app.core.images.finished import PixelStats, to_image
 from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
@@ -46,6 +47,24 @@ class _Picture:
 
 
 @dataclass
+class _SecondPass:
+    """A hires fix's second pass: its latents and watch; for a pixel upscaler also the first
+    pass's latents, the enlarged pictures and, per image, device-side flags of the first
+    picture's decode and of the enlarged picture's encoding going non-finite from finite
+    input (so that each names its own failure, not one it was handed)."""
+
+    latents: Any
+    watch: NanWatch | None
+    first_latents: Any = None
+    enlarged: Any = None
+    decode_bad: Any = None  # (B,)
+    encode_bad: Any = None  # (B,)
+
+    def flags(self) -> list[Any]:
+        return [] if self.decode_bad is None else [self.decode_bad, self.encode_bad]
+
+
+@dataclass
 class Outcome:
     """One image made under one plan: its latents, pixels, and where it went non-finite."""
 
@@ -59,6 +78,11 @@ class Outcome:
     watched: bool = True
     denoiser: str = "unet"  # the family's denoiser component
     step_cache: float = 0.0  # the step cache's threshold it was denoised with (0: none)
+    # A hires fix with a pixel upscaler: the first pass's latents (1, C, h, w), where their
+    # decode went non-finite (the VAE's failing input, not `latents`), and the enlarged picture
+    # (1, C, H, W) on the CPU that the VAE's encoder read at the final size.
+    vae_latents: Any = None
+    enlarged: Any = None
 
 
 def failure(outcome: Outcome) -> str | None:
@@ -203,20 +227,32 @@ class Stages:
     def editing(self) -> bool:
         return self.pictures is not None and self.pictures.mode is Mode.EDIT
 
-    def encode_picture(self, plan: PrecisionPlan, record: bool = False) -> _Picture:
+    def encode_picture(
+        self, plan: PrecisionPlan, record: bool = False, pixels: Any = None
+    ) -> _Picture:
         """The input picture through the VAE's encoder under `plan` (and, for inpainting, the
         picture with its hole grey, as an inpainting model takes it beside the mask; for an
-        edit, each reference as its pipeline encodes it); with `record`, the first layer that
-        went non-finite is kept (`_read`)."""
+        edit, each reference as its pipeline encodes it), or `pixels` (B, C, H, W) in [-1, 1]
+        (a hires fix's enlarged picture); with `record`, the first layer that went non-finite
+        is kept (`_read`)."""
         import torch
 
         from app.core.fixing.probe import ActivationRecorder
 
-        pictures = self.pictures
-        assert pictures is not None  # only a job that starts from a picture encodes one
         self.placed.apply(plan, ["vae"])
         vae = self.placed["vae_encoder"]
         recorder = ActivationRecorder(vae) if record else None
+        if pixels is not None:
+            try:
+                with backend_flags(plan), torch.inference_mode():
+                    latents = self.family.encode_pixels(vae, pixels.to(self.device))
+            finally:
+                if recorder is not None:
+                    recorder.remove()
+            self._read(recorder, latents)
+            return _Picture(latents.float(), None, ~torch.isfinite(latents).all())
+        pictures = self.pictures
+        assert pictures is not None  # only a job that starts from a picture encodes one
         if self.editing:
             references = self.family.edit_pixels(self.model.pipeline, pictures)
             try:
@@ -324,6 +360,7 @@ class Stages:
             arguments = _accepted(pipe, arguments)
         else:
             arguments = _accepted(pipe, arguments)
+        samplers.seeded(pipe.scheduler, seeds)  # DPM++ SDE's Brownian noise: the images' seeds
         # A second-order sampler (Heun, DPM2) calls the denoiser twice per step but the last,
         # and diffusers' callback follows each call: progress counts the calls.
         order = max(1, int(getattr(pipe.scheduler, "order", 1)))
@@ -382,13 +419,21 @@ class Stages:
         )
         return latents, watch
 
-    def second_pass(self, plan: PrecisionPlan, conditioning: _Conditioning, seeds, latents):
+    def second_pass(
+        self, plan: PrecisionPlan, conditioning: _Conditioning, seeds, latents
+    ) -> _SecondPass:
         """Hires fix: the first pass's latents (B, C, h, w) enlarged by the request's upscaler
-        and drawn again at the final size; returns (latents, watch or None)."""
+        (a latent one), or decoded, enlarged as pictures and encoded again at the final size (a
+        pixel one, `enlarged_picture`), and drawn again at the final size."""
         hires = self.request.hires
         width, height = self.request.drawn_size()
-        factor = self.family.latent_factor(self.model.pipeline)
-        enlarged = upscale(latents, (width, height), hires.upscaler, factor)
+        done = _SecondPass(None, None)
+        if enlarges_pixels(hires.upscaler):
+            picture, done = self.enlarged_picture(plan, latents, (width, height))
+        else:
+            factor = self.family.latent_factor(self.model.pipeline)
+            enlarged = upscale(latents, (width, height), hires.upscaler, factor)
+            picture = _Picture(enlarged, None, None)
         second = replace(
             self.request,
             width=width,
@@ -398,9 +443,44 @@ class Stages:
         )
         self.stage = "Hires fix"
         try:
-            return self.denoise(plan, conditioning, seeds, _Picture(enlarged, None, None), second)
+            done.latents, done.watch = self.denoise(plan, conditioning, seeds, picture, second)
         finally:
             self.stage = "Generating"
+        return done
+
+    def enlarged_picture(
+        self, plan: PrecisionPlan, latents, size: tuple[int, int]
+    ) -> tuple[_Picture, _SecondPass]:
+        """A pixel upscaler's path, image by image: the first pass's latents decoded by the
+        VAE, the picture enlarged to `size` (width, height) px and encoded by the VAE's encoder
+        there; with device-side flags of each part going non-finite from finite input."""
+        import torch
+
+        hires = self.request.hires
+        self.placed.apply(plan, ["vae"])
+        vae, encoder = self.placed["vae"], self.placed["vae_encoder"]
+        encoded, pictures, decode_bad, encode_bad = [], [], [], []
+        for index in range(latents.shape[0]):
+            self.progress("Enlarging the picture", index, latents.shape[0])
+            self.cancel.raise_if_cancelled()
+            first = latents[index : index + 1]
+            with backend_flags(plan), torch.inference_mode():
+                pixels = self.family.decode(vae, first.float())
+                picture = enlarge(pixels, size, hires.upscaler).to(self.device)
+                again = self.family.encode_pixels(encoder, picture)
+            decode_bad.append(torch.isfinite(first).all() & ~torch.isfinite(pixels).all())
+            encode_bad.append(torch.isfinite(picture).all() & ~torch.isfinite(again).all())
+            encoded.append(again.float())
+            pictures.append(picture.cpu())
+        done = _SecondPass(
+            None,
+            None,
+            first_latents=latents,
+            enlarged=torch.cat(pictures),
+            decode_bad=torch.stack(decode_bad),
+            encode_bad=torch.stack(encode_bad),
+        )
+        return _Picture(torch.cat(encoded), None, None), done
 
     def _watch_pipeline_encoder(self) -> list[Any]:
         """Hooks on the VAE's encoder parts that fold "output not all finite" into
@@ -453,16 +533,22 @@ class Stages:
         latents, watch = self.denoise(plan, conditioning, seeds, picture)
         encoder_bad = picture.bad if picture is not None else self.pipeline_encoder_bad
         watches = [watch]
+        second = None
         if self.request.hires.on:
             self.cancel.raise_if_cancelled()
-            latents, hires_watch = self.second_pass(plan, conditioning, seeds, latents)
-            watches.append(hires_watch)
+            second = self.second_pass(plan, conditioning, seeds, latents)
+            latents = second.latents
+            watches.append(second.watch)
         # The parts that run once per job, in run order: the text encoders, the VAE's encoder.
         encoders = list(conditioning.bad) + (["vae_encoder"] if encoder_bad is not None else [])
         once = [*conditioning.bad.values(), *([encoder_bad] if encoder_bad is not None else [])]
-        flags = read_flags([*once, *(f for w in watches if w for f in w.flags())])
+        per_image = second.flags() if second is not None else []
+        flags = read_flags([*once, *per_image, *(f for w in watches if w for f in w.flags())])
         bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
-        passes = _passes(flags[len(encoders) :], watches, len(seeds), self._first_pass_steps())
+        flags = flags[len(encoders) :]
+        enlarging = [flags[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(per_image))]
+        flags = flags[len(per_image) * len(seeds) :]
+        passes = _passes(flags, watches, len(seeds), self._first_pass_steps())
         outcomes = []
         for index in range(len(seeds)):
             self.cancel.raise_if_cancelled()
@@ -471,18 +557,30 @@ class Stages:
             pixels, _ = self.decode(plan, image_latents)
             image, stats = to_image(pixels)
             bad, step, failed_watch = passes[index]
+            bad_encoder = bad_encoders[0] if bad_encoders else None
+            vae_latents = enlarged = None
+            if second is not None and second.enlarged is not None:
+                enlarged = second.enlarged[index : index + 1]
+                # Before the second pass, in run order: the first picture's decode, its encoding.
+                if bad_encoder is None and enlarging[0][index]:
+                    bad_encoder = "vae"
+                    vae_latents = second.first_latents[index : index + 1]
+                elif bad_encoder is None and enlarging[1][index]:
+                    bad_encoder = "vae_encoder"
             outcomes.append(
                 Outcome(
                     plan=plan,
                     latents=image_latents,
                     image=image,
                     stats=stats,
-                    bad_encoder=bad_encoders[0] if bad_encoders else None,
+                    bad_encoder=bad_encoder,
                     bad_step=step + 1 if bad and step >= 0 else None,
                     unet_input=failed_watch.failing_input(index) if failed_watch else None,
                     watched=self.watch,
                     denoiser=self.family.denoiser,
                     step_cache=self.step_cache,
+                    vae_latents=vae_latents,
+                    enlarged=enlarged,
                 )
             )
         return outcomes

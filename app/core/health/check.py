@@ -84,6 +84,7 @@ def check_loaded(
     measure_cost: bool = True,
     use_remembered: bool = True,
     canvas: Canvas | None = None,
+    pixel_upscale: bool = False,
 ) -> HealthReport:
     """Check a loaded model on `device` under the user's precision settings.
 
@@ -97,7 +98,10 @@ def check_loaded(
     end), and a verified fix is stored in the model's remembered profile (unless `remember` is
     False). With `measure_cost`, a verified fix is also timed against no-half, alternating.
     Without `use_remembered` the fix remembered for the model is left out: the check runs
-    exactly the settings given (an image's recorded ones, to reproduce it).
+    exactly the settings given (an image's recorded ones, to reproduce it). With
+    `pixel_upscale` (a hires fix whose upscaler enlarges the decoded picture, checked at its
+    final size) the picture the VAE decoded also goes through the VAE's encoder at that size
+    (reported as `vae_encoder`), as the second pass encodes the enlarged first picture.
     """
     started = time.perf_counter()
     progress = on_progress or no_progress
@@ -127,6 +131,9 @@ def check_loaded(
         control or family.picture_problem(model.pipeline, Mode.INPAINT) is None
     ):  # an inpainting (Fill among them) or control model, checked without its picture
         start.notes.append(WITHOUT_PICTURE[Mode.CONTROL if control else Mode.INPAINT])
+    pixel_upscale = pixel_upscale and pictures is None  # a hires fix follows text-to-image
+    if pixel_upscale:
+        start.notes.append(PIXEL_UPSCALE_NOTE.format(size=size))
     check = _Check(
         model,
         start,
@@ -139,6 +146,7 @@ def check_loaded(
         cancel,
         pictures,
         clip_skip=clip_skip,
+        pixel_upscale=pixel_upscale,
     )
     said_memory_plan(model.pipeline, start.plan, progress)
     try:
@@ -146,7 +154,9 @@ def check_loaded(
         if pictures is not None:
             check.vae_encoder()
         denoised = check.denoiser(encoded)
-        check.vae(denoised)
+        decoded = check.vae(denoised)
+        if pixel_upscale:
+            check.enlarged_encoder(decoded)
         last_resort(
             check.runner,
             check.search,
@@ -182,6 +192,12 @@ class _Start:
     bad_quantized: list[QuantFinding]
     broken: set[str | None]
 
+
+# The note on a check of a hires fix's pixel path (`pixel_upscale`).
+PIXEL_UPSCALE_NOTE = (
+    "The hires fix enlarges the decoded picture and encodes it again: the VAE's encoder was "
+    "checked at {size} px too, on the picture the VAE decoded there."
+)
 
 # The note on a check made without the picture a model draws after, by the mode its jobs run.
 WITHOUT_PICTURE = {
@@ -277,6 +293,7 @@ class _Check:
         pictures: Pictures | None = None,
         *,
         clip_skip: int = 1,
+        pixel_upscale: bool = False,
     ) -> None:
         self.model = model
         self.start = start
@@ -286,7 +303,9 @@ class _Check:
         self.runner = Runner(
             model, start.plan, size, prompt, steps, scheduler, pictures, clip_skip=clip_skip
         )
-        self.stages = STAGES + (pictures is not None)  # the progress total
+        # The progress total: the VAE's encoder is a stage of its own where it runs.
+        self.stages = STAGES + (pictures is not None or pixel_upscale)
+        self.vae_stage = self.stages - 1 - pixel_upscale  # an enlarged picture's encoder after
         self.seen = Observations()
         self.search = Search(start.plan)
         self.bf16_native = getattr(start.info, "bf16", None) == "native"
@@ -399,7 +418,7 @@ class _Check:
         (their non-finite values zeroed when nothing fixed them)."""
         runner = self.runner
         denoiser = runner.family.denoiser
-        self.progress(f"Checking the {component_words(denoiser)}", self.stages - 2, self.stages)
+        self.progress(f"Checking the {component_words(denoiser)}", self.vae_stage - 1, self.stages)
         self.cancel.raise_if_cancelled()
         conditioning = encoded.output
         if not all_finite(conditioning):  # nothing fixed an encoder: zero what is non-finite
@@ -414,13 +433,13 @@ class _Check:
         mark_fed_by(self.reports, [denoiser], self.fed_by, self.notes, "zeroed embeddings")
         return denoised
 
-    def vae(self, denoised: Stage) -> None:
+    def vae(self, denoised: Stage) -> Stage:
         """The third stage: the VAE decoding the denoiser's latent (a seeded noise latent when
-        nothing fixed the denoiser)."""
+        nothing fixed the denoiser); returns the decode under the fix found, if any."""
         import torch
 
         runner = self.runner
-        self.progress("Checking the VAE", self.stages - 1, self.stages)
+        self.progress("Checking the VAE", self.vae_stage, self.stages)
         self.cancel.raise_if_cancelled()
         latents = denoised.output
         stand_in = f"what the {component_words(runner.family.denoiser)} made of its stand-in"
@@ -430,12 +449,32 @@ class _Check:
             latents = torch.randn(latents.shape, generator=torch.Generator().manual_seed(1)).to(
                 latents.device
             )
-        self.settle(
+        decoded = self.settle(
             lambda p, record: runner.decode(p, latents, record),
             ["vae"],
             runner.decode(self.search.plan, latents),
         )
         mark_fed_by(self.reports, ["vae"], self.fed_by, self.notes, stand_in)
+        return decoded
+
+    def enlarged_encoder(self, decoded: Stage) -> None:
+        """For a hires fix with a pixel upscaler: the picture the VAE decoded at the check's
+        size through the VAE's encoder, as the second pass encodes the enlarged first picture
+        at that size (a seeded noise picture when nothing fixed the VAE's decode)."""
+        import torch
+
+        runner = self.runner
+        self.progress("Checking the VAE encoder", self.stages - 1, self.stages)
+        self.cancel.raise_if_cancelled()
+        pixels = decoded.output
+        fed_by = None
+        if not all_finite(pixels):
+            fed_by = self.fed_by or at_fault(["vae"], self.reports)
+            noise = torch.rand(pixels.shape, generator=torch.Generator().manual_seed(1))
+            pixels = noise * 2.0 - 1.0
+        runner.enlarged = pixels.detach().float().clamp(-1.0, 1.0).cpu()
+        self.settle(runner.encode_picture, ["vae_encoder"], runner.encode_picture(self.search.plan))
+        mark_fed_by(self.reports, ["vae_encoder"], fed_by, self.notes, "a seeded noise picture")
 
     def note_inputs_beyond_range(self) -> None:
         """A note for each component whose input was already non-finite, with no layer of its

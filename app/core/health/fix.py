@@ -156,7 +156,7 @@ def last_resort(runner, search, seen, reports, first_probes, plan, broken, progr
     full = candidate.plan
     encoded = seen.add(runner.encode(full), full)
     stages = dict(encoded.probes)
-    if runner.pictures is not None:
+    if runner.encodes_pictures:
         stages.update(seen.add(runner.encode_picture(full), full).probes)
     unet = seen.add(runner.denoise(full, encoded.output), full)
     vae = seen.add(runner.decode(full, unet.output), full)

@@ -134,6 +134,15 @@ class Runner:
         # The latents the denoiser reads in its sequence beside the noise (an edit's
         # references, or an inpainted picture read so), once the VAE's encoder made them.
         self.references: list[Any] | None = None
+        # A hires fix with a pixel upscaler: the picture the VAE decoded at the probe's size,
+        # which the VAE's encoder reads as the second pass reads the enlarged first picture.
+        self.enlarged: Any = None
+
+    @property
+    def encodes_pictures(self) -> bool:
+        """Whether the path checked runs the VAE's encoder (an input picture, or a pixel
+        upscaler's enlarged picture)."""
+        return self.pictures is not None or self.enlarged is not None
 
     @property
     def editing(self) -> bool:
@@ -208,9 +217,18 @@ class Runner:
 
     def encode_picture(self, plan: PrecisionPlan, record: bool = True) -> Stage:
         """The input picture through the VAE's encoder (and, for inpainting, the picture with
-        its hole): the stage an image-to-image or inpainting job runs before the denoiser."""
+        its hole): the stage an image-to-image or inpainting job runs before the denoiser; or,
+        for a hires fix with a pixel upscaler, the enlarged picture (`enlarged`)."""
         pictures = self.pictures
-        assert pictures is not None  # only a check of a job that starts from a picture
+        if pictures is None:
+            enlarged = self.enlarged
+            assert enlarged is not None  # only a check of a path that encodes a picture
+            return self._watch(
+                plan,
+                ["vae_encoder"],
+                lambda pipe: self.family.encode_pixels(pipe.vae, enlarged.to(self.device)),
+                record,
+            )
 
         def run(pipe):
             if pictures.mode is Mode.EDIT:  # each reference, as the family's check reads it

@@ -55,6 +55,9 @@ class CheckRequest:
     mask: str | None = None
     canvas: Canvas = field(default_factory=Canvas)  # inpainting's layout, as the job's
     clip_skip: int = FIELDS["clip_skip"].default  # the prompt's CLIP layer, as the job's
+    # The job's hires fix enlarges the decoded picture (a pixel upscaler): the VAE's encoder
+    # is probed too, on the picture the VAE decodes at the check's size.
+    pixel_upscale: bool = False
 
 
 class PicturePath(NamedTuple):

@@ -51,6 +51,7 @@ def check(
             images=request.images,
             mask=request.mask,
             canvas=request.canvas,
+            pixel_upscale=request.pixel_upscale,
             on_progress=on_progress,
             cancel=cancel,
         )

@@ -369,7 +369,8 @@ SCHEMA: tuple[Field, ...] = (
         "choice",
         hires.DEFAULT,
         "Hires upscaler",
-        "Hires fix: how the first picture's latents are enlarged, by AUTOMATIC1111's names.",
+        "Hires fix: how the first picture is enlarged, by AUTOMATIC1111's names: its latents "
+        "(Latent, ...), or its pixels (Lanczos, Nearest), which the VAE encodes again.",
         "Generation",
         choices=hires.KEYS,
     ),
