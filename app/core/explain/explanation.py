@@ -150,6 +150,10 @@ class Explanation:
     notes: list[str] = field(default_factory=list)
     # What to try in the image's tool while its model cannot be checked (not reproduced).
     next_steps: NextSteps | None = None
+    # comfy-kitchen compared here after a clean check of an image from a tool that runs it
+    # (`kitchen`), and the kernel cause it proved, if one.
+    kitchen: Any = None
+    cause: Any = None  # causes.Cause
 
     @property
     def problem(self) -> bool:
@@ -182,6 +186,9 @@ class Explanation:
             # The tool's memory manager, named where the words point at it (a clean check, or
             # next steps without the model) as what to rule out.
             "memory_manager": self._memory_manager(),
+            # A cause proved beside the check (a comfy-kitchen kernel after a clean check).
+            "cause": self.cause.to_json() if self.cause is not None else None,
+            "fused_kernels": self.kitchen.to_json(self.made_by) if self.kitchen else None,
             # Attention kernels the record shows ran, each with the tool's switch to turn it off.
             "suspects": [
                 {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
@@ -460,6 +467,8 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             use_remembered=False,
         )
     explanation.check = report
+    if report.verdict == "healthy":
+        _compare_kitchen(explanation, report)
     if record.caches and report.verdict in ("fixable", "broken"):
         explanation.notes.append(
             runtime.RUNTIME_WORDS["cache_reproduced"].format(
@@ -476,6 +485,23 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         )
         explanation.notes.extend(explanation.tool_fix.notes)
     explanation.message = f"{_status_words(explanation)} {_check_words(explanation)}"
+
+
+def _compare_kitchen(explanation: Explanation, report) -> None:
+    """comfy-kitchen's kernels against PyTorch's own on the check's device, for an image from
+    a tool that runs them (`kitchen`): a kernel at fault is the cause; else a note."""
+    from app.core.explain import kitchen
+    from app.core.fixing.quality import QUALITY_THRESHOLD_DB
+
+    device = report.plan.device
+    finding = kitchen.examine(explanation.made_by, device, QUALITY_THRESHOLD_DB)
+    if finding is None:
+        return
+    explanation.kitchen = finding
+    name = TOOLS[explanation.made_by].name
+    explanation.cause = kitchen.cause(finding, explanation.made_by, name, report.device.name)
+    if explanation.cause is None:
+        explanation.notes.append(kitchen.note(finding, name))
 
 
 def _size_notes(record: Record, size: int) -> list[str]:
@@ -666,6 +692,8 @@ def _check_words(explanation: Explanation) -> str:
         return FINDING_WORDS["noise_healthy"].format(vae=vae)
     record = explanation.record
     suspect = ""
+    if explanation.cause is not None:  # a comfy-kitchen kernel compared wrong here
+        suspect = f" {explanation.cause.summary}"
     if record.attention:  # the tool ran a kernel this check did not
         suspect = (
             " The image's workflow ran SageAttention, which this check does not: it is the "

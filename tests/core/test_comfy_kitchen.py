@@ -1,0 +1,191 @@
+"""comfy-kitchen's fused ops (`app.core.precision.fused`) compared backend by backend with
+PyTorch's own on the same fp16 inputs, and named with the tool's switch when a black ComfyUI
+image's check runs clean (`app.core.explain.kitchen`), while an overflow the check reproduces in
+the same tiny model is still the model's precision fault.
+
+comfy-kitchen is real (the dev extras install it; its `eager` backend is plain PyTorch and runs
+on a CPU). The faulty backend is planted through comfy-kitchen's own registry
+(`tests.support.kitchen_backends`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_health import plant
+
+from app.cli import main
+from app.core.explain import kernels as explain_kernels
+from app.core.explain import kitchen
+from app.core.precision import fused
+from tests.support.image_files import comfy_prompt, comfy_workflow, png_text
+from tests.support.model_files import save_single_file
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+comfy_kitchen = pytest.importorskip("comfy_kitchen")
+
+from tests.support.kitchen_backends import planted_backend  # noqa: E402
+
+THRESHOLD = 20.0
+
+
+# The comparison ---------------------------------------------------------------------------
+
+
+def test_the_packages_own_eager_ops_agree_with_pytorchs():
+    compared = fused.compare(THRESHOLD)
+    eager = [c for c in compared if c.kernel.backend == "eager"]
+    assert {c.kernel.op for c in eager} == {op.name for op in fused.OPS}
+    assert all(c.finding is None and c.calls == len(fused.SCALES) for c in eager)
+    assert fused.at_fault(compared) is None
+    assert eager[0].kernel.words() == f"comfy-kitchen {fused.installed()} (eager backend)"
+
+
+def test_a_backend_giving_nan_is_found_with_its_op_and_backend():
+    with planted_backend(("apply_rope1", "rms_adaln")):
+        blamed = fused.at_fault(fused.compare(THRESHOLD))
+    assert blamed is not None
+    assert (blamed.kernel.backend, blamed.finding, blamed.first_bad_call) == (
+        "planted",
+        "non_finite",
+        0,
+    )
+    assert blamed.kernel.op in ("apply_rope1", "rms_adaln")
+    assert blamed.to_json()["dtype"] == "float16"
+    # The registry is as it was.
+    assert "planted" not in comfy_kitchen.list_backends()
+    assert fused.at_fault(fused.compare(THRESHOLD)) is None
+
+
+def test_a_backend_that_drifts_is_found_below_the_threshold():
+    with planted_backend(("apply_rope",), faulty="drift"):
+        (blamed,) = [c for c in fused.compare(THRESHOLD) if c.kernel.backend == "planted"]
+    assert blamed.finding == "drift" and blamed.worst_snr_db < THRESHOLD
+
+
+def test_inputs_pytorch_itself_overflows_on_are_not_held_against_a_kernel(monkeypatch):
+    """A kernel that gives NaN on the large inputs only is blamed where PyTorch's own is finite
+    on them, and not where PyTorch's own overflows there too (the inputs' fault, not the
+    kernel's)."""
+    rope = next(o for o in fused.OPS if o.name == "apply_rope1")
+
+    def overflowing(**kwargs):
+        out = rope.reference(**kwargs)
+        return out * float("inf") if float(kwargs["x"].abs().max()) > 1000 else out
+
+    with planted_backend(("apply_rope1",), faulty="nan_large"):
+        (judged,) = [c for c in fused.compare(THRESHOLD) if c.kernel.backend == "planted"]
+        monkeypatch.setattr(fused, "OPS", (fused.FusedOp("apply_rope1", rope.inputs, overflowing),))
+        (spared,) = [c for c in fused.compare(THRESHOLD) if c.kernel.backend == "planted"]
+    assert (judged.finding, judged.first_bad_call) == ("non_finite", 1)
+    assert spared.finding is None and spared.calls == 2
+
+
+def test_a_backend_that_cannot_take_the_call_is_left_out(monkeypatch):
+    monkeypatch.setattr(fused, "backends", lambda: ["eager", "triton"])
+    compared = fused.compare(THRESHOLD)
+    assert {c.kernel.backend for c in compared} == {"eager"}
+
+
+def test_nothing_is_compared_without_the_package(monkeypatch):
+    monkeypatch.setattr(fused, "installed", lambda: None)
+    assert fused.compare(THRESHOLD) == []
+    assert kitchen.examine("comfyui", "cpu", THRESHOLD).version is None
+    assert kitchen.examine("a1111", "cpu", THRESHOLD) is None  # A1111 runs no comfy-kitchen
+
+
+# The switches ------------------------------------------------------------------------------
+
+
+def test_each_backend_is_turned_off_in_the_tools_own_terms():
+    words = explain_kernels.backend_switch_words
+    assert "--enable-triton-backend" in words("comfyui", "comfy-kitchen", "triton")
+    assert "--disable-triton-backend" in words("comfyui", "comfy-kitchen", "triton")
+    assert "ExtraArgs" in words("swarmui", "comfy-kitchen", "triton")
+    assert "CUDA 12" in words("comfyui", "comfy-kitchen", "cuda")
+    assert "COMFY_KITCHEN_DISABLE_HIP=1" in words("comfyui", "comfy-kitchen", "hip")
+    assert 'disable_backend("planted")' in words("comfyui", "comfy-kitchen", "planted")
+
+
+# explain: a black ComfyUI image -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def healthy_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "calm.safetensors"
+    return save_single_file(build_tiny_sd_pipeline(), path)
+
+
+@pytest.fixture(scope="module")
+def overflowing_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "dreamy.safetensors"
+    return save_single_file(plant(build_tiny_sd_pipeline(), "vae"), path)
+
+
+def comfy_black_png(tmp_path: Path, home: Path, model: Path) -> Path:
+    folder = home / "ComfyUI" / "models" / "checkpoints"
+    folder.mkdir(parents=True)
+    shutil.copy(model, folder / model.name)
+    return png_text(
+        tmp_path / "ComfyUI_00001_.png",
+        {"prompt": comfy_prompt(model.name), "workflow": comfy_workflow(model.name)},
+    )
+
+
+@pytest.mark.slow
+def test_a_clean_check_names_the_faulty_kitchen_op_with_its_switch(
+    tmp_path, home, capsys, healthy_file
+):
+    image = comfy_black_png(tmp_path, home, healthy_file)
+    with planted_backend(("apply_rope1",)):
+        assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["check"]["verdict"] == "healthy"
+    cause = document["cause"]
+    assert cause["kind"] == "kernel"
+    assert cause["kernel"]["op"] == "apply_rope1"
+    assert cause["kernel"]["backend"] == "planted"
+    assert cause["kernel"]["finding"] == "non_finite"
+    assert 'disable_backend("planted")' in cause["repair"]["words"]
+    at_fault = document["fused_kernels"]["at_fault"]
+    assert at_fault["op"] == "apply_rope1" and "disable_backend" in at_fault["turn_off"]
+    message = document["message"]
+    assert "apply_rope1 gives NaN or Inf where PyTorch's own is finite" in message
+    assert "not the model or fp16" in message
+
+
+@pytest.mark.slow
+def test_an_overflow_in_the_same_model_is_still_the_models_precision(
+    tmp_path, home, capsys, overflowing_file
+):
+    image = comfy_black_png(tmp_path, home, overflowing_file)
+    with planted_backend(("apply_rope1",)):
+        assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["check"]["verdict"] == "fixable"
+    assert document["check"]["cause"]["kind"] == "precision"
+    assert document["check"]["components"]["vae"]["status"] == "overflow"
+    assert document["cause"] is None and document["fused_kernels"] is None
+    assert "The health check reproduced it" in document["message"]
+    assert "comfy-kitchen" not in document["message"]
+
+
+@pytest.mark.slow
+def test_a_clean_check_with_agreeing_kernels_says_they_are_not_the_cause(
+    tmp_path, home, capsys, healthy_file
+):
+    image = comfy_black_png(tmp_path, home, healthy_file)
+    assert main(["explain", str(image), "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    assert document["cause"] is None
+    assert document["fused_kernels"]["installed"] is True
+    assert document["fused_kernels"]["at_fault"] is None
+    assert any("agree with PyTorch's own" in n for n in document["notes"])
+
+
+def test_the_fields_are_documented():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
+    for word in ("fused_kernels", "comfy-kitchen", "`backend`", "--enable-triton-backend"):
+        assert word in docs
