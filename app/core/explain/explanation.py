@@ -12,7 +12,8 @@ from typing import Any
 from app import __version__
 from app.core import hires, samplers
 from app.core.errors import BadFileError, HalfSafeError
-from app.core.explain import kernels, next_steps, runtime
+from app.core.explain import findings, kernels, next_steps, runtime
+from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
     pixel_status,
@@ -44,94 +45,25 @@ STATUSES = (
     "saturated",
     "noise",
     "unclaimed",
+    "noise_region",
 )
-# The statuses of a failed image: the health check runs and the exit status is 1.
-PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise")
+# The statuses of a failed image: the exit status is 1, and for all but a noisy box the health
+# check runs (a box of noise in a fine picture is a second pass's, which the check of the
+# model at the image's settings does not run: `regions`).
+PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise", "noise_region")
+CHECKED = PROBLEMS[:4]
 
 # What explain says, in one table for the terminal, the window and --json's message: the short
 # names of the statuses only explain gives (a generated image's are generation's
-# IMAGE_STATUS_WORDS), and the sentences of the findings only explain makes. {placeholders}
-# are filled in by `_status_words`.
+# IMAGE_STATUS_WORDS); the sentences of the findings only explain makes are
+# `findings.FINDING_WORDS`.
 STATUS_WORDS = {
     "nan_zeroed": "flat colour: NaN replaced by zeros",
     "flat": "one flat colour",
     "saturated": "white or saturated: an overflow to infinity",
     "noise": "coloured noise: not a picture",
     "unclaimed": "white or noise, no record",
-}
-FINDING_WORDS = {
-    "flat_whole": "This image ({by}) is one exact colour, RGB {colour}, in every pixel.",
-    "flat_region": (
-        "This image ({by}) is one exact colour, RGB {colour}, over {share} of its pixels "
-        "(x {x0}-{x1}, y {y0}-{y1})."
-    ),
-    "nan_zeroed_pixels": (
-        "That is most likely NaN values replaced by zeros: the picture came out flat grey "
-        "instead of black (0 becomes exact mid-grey once the decoded image is saved), so a "
-        "value overflowed somewhere in the model."
-    ),
-    "nan_zeroed_latent": (
-        "That is most likely NaN values replaced by zeros before decoding: the picture came "
-        "out one flat colour instead of black (all-zero latents decode to one colour, with a "
-        "band of detail along the edges), so a value overflowed somewhere in the model."
-    ),
-    "hidden_by_compile": (
-        "The image's workflow compiles the model ({compiled}), and compiled code can turn a "
-        "NaN into 0 (see the note)."
-    ),
-    "hidden_by_tool": (
-        "The image does not say what replaced the NaN: some versions of {tool}, and some "
-        "extensions and nodes, replace NaN silently instead of reporting it."
-    ),
-    "flat_unknown": (
-        "That looks like what a tool writes when it replaces NaN values with zeros instead "
-        "of writing a black image, but a picture made flat on purpose looks the same; this "
-        "image carries no generation record, so HalfSafe does not say which."
-    ),
-    "saturated_white": (
-        "This image ({by}) is white: {share} of its pixels are 255 in every channel. A value "
-        "that overflowed to infinity becomes the brightest value when the picture is clipped "
-        "and saved, so a value overflowed somewhere in the model, as it does for a black image."
-    ),
-    "saturated_colour": (
-        "This image ({by}) is saturated: {share} of its pixels have every channel at 0 or 255 "
-        "(most of them RGB {colour}), which is what values that overflowed to plus or minus "
-        "infinity become when the picture is clipped and saved, so a value overflowed "
-        "somewhere in the model."
-    ),
-    "noise": (
-        "This image ({by}) is coloured noise, not a picture: almost none of its variance "
-        "survives averaging over 64 px blocks ({structure:.2f}; pictures keep over 0.1) "
-        "and neighbouring pixels differ more in colour than in brightness ({colour:.1f} times; "
-        "in pictures at most 0.3). Nothing overflowed to make it: such images come from "
-        "latents that were never denoised (too few steps, or a sampler or schedule the model "
-        "was not made for), from latents decoded by the VAE of another model family, or "
-        "from a quantised file (GGUF, fp8, NVFP4) its loader read wrongly."
-    ),
-    "noise_healthy": (
-        "The health check at the image's settings ran finite and agreed with fp32 here, so "
-        "the noise is not a precision fault. Check that {vae} belongs to the model, that the "
-        "steps and sampler are what the model needs (a distilled model drawn with another "
-        "sampler or too few steps stays noise), and, for a quantised file, that another "
-        "format of the same model draws a picture."
-    ),
-    "unclaimed_saturated": (
-        "This image ({by}) is {look}: {share} of its pixels have every channel at 0 or 255. "
-        "That is what an overflow to infinity looks like once saved, but a picture made "
-        "{look} on purpose looks the same; this image carries no generation record, so "
-        "HalfSafe does not say which."
-    ),
-    "unclaimed_noise": (
-        "This image ({by}) looks like coloured noise, not a picture (what a never-denoised or "
-        "wrongly decoded image looks like), but noise made on purpose looks the same; this "
-        "image carries no generation record, so HalfSafe does not say which."
-    ),
-    "compiled": (
-        "The image's workflow runs the model through torch.compile ({compiled}). Compiled "
-        "code can return 0 where eager PyTorch returns NaN (PyTorch issue 183605: Inductor "
-        "gave zeros where eager gave NaN), so a flat, grey or wrong image may hide a NaN; "
-        "HalfSafe's check runs the model eagerly, uncompiled."
-    ),
+    "noise_region": "coloured noise in one box: a second pass's",
 }
 
 
@@ -220,7 +152,7 @@ def read_image(path: str | Path) -> tuple[Record, str, dict[str, Any]]:
         # A generated picture carries the VAE's noise: one exact colour over a large part of
         # it is a value replaced by a constant, not a design.
         status = "nan_zeroed"
-    if status in ("saturated", "noise") and not generated:
+    if status in ("saturated", "noise", "noise_region") and not generated:
         status = "unclaimed"  # a white or noisy design looks the same
     return record, status, figures
 
@@ -315,7 +247,7 @@ def explain_image(
     if found.note:
         explanation.notes.append(found.note)
     explanation.notes.extend(found.unread)
-    if status not in PROBLEMS:
+    if status not in CHECKED:
         explanation.message = _status_words(explanation)
         return explanation
     if not found.found:
@@ -570,9 +502,11 @@ def _status_words(explanation: Explanation) -> str:
             "will not show writes the same pixels."
         )
     if explanation.status in ("nan_zeroed", "flat"):
-        return _flat_words(explanation, by, tool.name if tool else "the tool that made it")
+        return findings.flat_words(explanation, by, tool.name if tool else "the tool that made it")
+    if explanation.status == "noise_region" or explanation.pixels.get("noise_region"):
+        return findings.region_words(explanation, by)
     if explanation.status in ("saturated", "noise", "unclaimed"):
-        return _signature_words(explanation, by)
+        return findings.signature_words(explanation, by)
     if explanation.status == "safety_checker":
         return (
             f"This image ({by}) was blanked by the model's safety checker; nothing overflowed, "
@@ -590,51 +524,6 @@ def _status_words(explanation: Explanation) -> str:
             "The fix that did it is kept for the model on the Fixes page."
         )
     return f"This image ({by}) is not black: nothing to fix."
-
-
-def _flat_words(explanation: Explanation, by: str, tool: str) -> str:
-    flat = explanation.pixels["flat"]
-    x0, y0, x1, y1 = flat["box"]
-    values = {
-        "by": by,
-        "colour": ", ".join(str(c) for c in flat["colour"]),
-        "share": f"{flat['share']:.0%}",
-        "x0": x0,
-        "y0": y0,
-        "x1": x1 - 1,
-        "y1": y1 - 1,
-    }
-    words = [FINDING_WORDS["flat_whole" if flat["share"] >= 1 else "flat_region"].format(**values)]
-    if explanation.status == "flat":
-        words.append(FINDING_WORDS["flat_unknown"])
-        return " ".join(words)
-    words.append(FINDING_WORDS[f"nan_zeroed_{flat['stage']}"])
-    compiled = explanation.record.compiled
-    if compiled:
-        words.append(FINDING_WORDS["hidden_by_compile"].format(compiled=compiled))
-    else:
-        words.append(FINDING_WORDS["hidden_by_tool"].format(tool=tool))
-    return " ".join(words)
-
-
-def _signature_words(explanation: Explanation, by: str) -> str:
-    """A saturated or noisy image in words (`signatures`), claimed only with a record."""
-    saturated = explanation.pixels.get("saturated")
-    if saturated is not None:
-        values = {
-            "by": by,
-            "share": f"{saturated['share']:.1%}",
-            "colour": ", ".join(str(c) for c in saturated["colour"]),
-            "look": "white" if saturated["white"] else "saturated",
-        }
-        if explanation.status == "unclaimed":
-            return FINDING_WORDS["unclaimed_saturated"].format(**values)
-        key = "saturated_white" if saturated["white"] else "saturated_colour"
-        return FINDING_WORDS[key].format(**values)
-    noise = explanation.pixels["noise"]
-    if explanation.status == "unclaimed":
-        return FINDING_WORDS["unclaimed_noise"].format(by=by)
-    return FINDING_WORDS["noise"].format(by=by, **noise)
 
 
 def _not_found_words(record: Record, model: ModelMatch, steps: NextSteps | None) -> str:
