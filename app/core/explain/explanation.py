@@ -12,7 +12,7 @@ from typing import Any
 from app import __version__
 from app.core import hires, samplers
 from app.core.errors import BadFileError, HalfSafeError
-from app.core.explain import findings, kernels, next_steps, runtime
+from app.core.explain import checkers, findings, kernels, next_steps, runtime
 from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
@@ -96,7 +96,9 @@ class Explanation:
     def _memory_manager(self) -> dict[str, Any] | None:
         manager = runtime.memory_manager(self.made_by, self.record.version)
         named = self.next_steps is not None or (
-            self.check is not None and self.check.verdict == "healthy"
+            self.check is not None
+            and self.check.verdict == "healthy"
+            and self.status != "safety_checker"  # the recorded checker explains it
         )
         return manager.to_json() if manager is not None and named else None
 
@@ -401,6 +403,9 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     explanation.check = report
     if report.verdict == "healthy":
         _compare_kitchen(explanation, report)
+        if record.safety_checker is not None and explanation.cause is None:
+            # The record says a checker was on, and the model runs clean: the checker's.
+            explanation.status = "safety_checker"
     if record.caches and report.verdict in ("fixable", "broken"):
         explanation.notes.append(
             runtime.RUNTIME_WORDS["cache_reproduced"].format(
@@ -494,19 +499,25 @@ def _clip_skip(explanation: Explanation, model) -> int:
 def _status_words(explanation: Explanation) -> str:
     tool = TOOLS.get(explanation.made_by)
     by = f"made by {tool.name}" if tool else "whose maker is unknown"
+    checker = explanation.record.safety_checker
     if explanation.status == "nan":
-        return (
+        words = (
             f"This image ({by}) is NaN-black: every pixel is exactly 0, which is what a NaN "
             "becomes when the image is saved. Most often a value overflowed somewhere in the "
             "model, which only a check of the model proves: a tool that blanks an image it "
             "will not show writes the same pixels."
         )
+        if checker is not None:
+            words += " " + FINDING_WORDS["checker_recorded"].format(checker=checker.words())
+        return words
     if explanation.status in ("nan_zeroed", "flat"):
         return findings.flat_words(explanation, by, tool.name if tool else "the tool that made it")
     if explanation.status == "noise_region" or explanation.pixels.get("noise_region"):
         return findings.region_words(explanation, by)
     if explanation.status in ("saturated", "noise", "unclaimed"):
         return findings.signature_words(explanation, by)
+    if explanation.status == "safety_checker" and checker is not None:
+        return FINDING_WORDS["checker_by_elimination"].format(by=by, checker=checker.words())
     if explanation.status == "safety_checker":
         return (
             f"This image ({by}) was blanked by the model's safety checker; nothing overflowed, "
@@ -579,6 +590,10 @@ def _check_words(explanation: Explanation) -> str:
         record = explanation.record
         vae = f"its VAE ({record.vae})" if record.vae else "the VAE it used"
         return FINDING_WORDS["noise_healthy"].format(vae=vae)
+    if explanation.status == "safety_checker":
+        switch = checkers.turn_off_words(explanation.made_by)
+        words = FINDING_WORDS["checker_healthy"].format(device=report.device.name, switch=switch)
+        return f"{words} {_headline(report)}"
     record = explanation.record
     suspect = ""
     if explanation.cause is not None:  # a comfy-kitchen kernel compared wrong here

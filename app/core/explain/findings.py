@@ -103,6 +103,21 @@ FINDING_WORDS = {
         "purpose looks the same; this image carries no generation record, so HalfSafe does "
         "not say which."
     ),
+    "checker_recorded": (
+        "The image's workflow runs a safety checker ({checker}), which writes exactly these "
+        "pixels when it blanks an image it flags; the record does not say whether it did, so "
+        "the health check decides."
+    ),
+    "checker_by_elimination": (
+        "This image ({by}) is NaN-black, and its workflow runs a safety checker ({checker}), "
+        "which writes exactly these pixels when it blanks an image it flags; the record does "
+        "not say whether it did."
+    ),
+    "checker_healthy": (
+        "The health check at the image's settings ran clean on this device ({device}): "
+        "nothing overflowed, so the black is the safety checker's, not precision, and no "
+        "precision setting changes it. To keep such an image, {switch}."
+    ),
     "compiled": (
         "The image's workflow runs the model through torch.compile ({compiled}). Compiled "
         "code can return 0 where eager PyTorch returns NaN (PyTorch issue 183605: Inductor "

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.core import samplers
 from app.core.errors import BadFileError
-from app.core.explain import kernels, regions, runtime
+from app.core.explain import checkers, kernels, regions, runtime
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
 from app.core.words import infotext
 from app.core.words.infotext import read_float, read_int, read_text
@@ -69,6 +69,8 @@ class Record:
     caches: list[runtime.RecordedCache] = field(default_factory=list)
     # The passes over one region the record shows ran (ADetailer, FaceDetailer; `regions`).
     second_passes: list[regions.SecondPass] = field(default_factory=list)
+    # A safety checker the record shows was on (ComfyUI's Safety Checker node; `checkers`).
+    safety_checker: checkers.RecordedChecker | None = None
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
@@ -82,6 +84,8 @@ class Record:
         document["hires_upscaler"] = self.hires_upscaler
         document["step_caches"] = [c.to_json() for c in self.caches]
         document["second_passes"] = [p.to_json() for p in self.second_passes]
+        checker = self.safety_checker
+        document["safety_checker"] = checker.to_json() if checker is not None else None
         return document
 
 
@@ -350,8 +354,10 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         else runtime.from_comfy_workflow(workflow, MAX_NODES)
     )
     record.second_passes = regions.from_comfy_prompt(prompt)
+    record.safety_checker = checkers.from_comfy_prompt(_comfy_nodes(prompt)) if prompt else None
     if prompt is None and isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list):
         record.second_passes = regions.from_comfy_workflow(workflow["nodes"][:MAX_NODES])
+        record.safety_checker = checkers.from_comfy_workflow(workflow["nodes"][:MAX_NODES])
     if workflow is None and workflow_text is not None:
         try:
             workflow = _json(path, "workflow", workflow_text)
