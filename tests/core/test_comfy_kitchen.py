@@ -21,8 +21,8 @@ from app.core.explain import kernels as explain_kernels
 from app.core.explain import kitchen
 from app.core.precision import fused
 from tests.support.image_files import comfy_prompt, comfy_workflow, png_text
-from tests.support.model_files import save_single_file
-from tests.support.tiny_models import build_tiny_sd_pipeline
+from tests.support.model_files import save_single_file, save_split_files
+from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_sd_pipeline
 
 comfy_kitchen = pytest.importorskip("comfy_kitchen")
 
@@ -92,8 +92,7 @@ def test_a_backend_that_cannot_take_the_call_is_left_out(monkeypatch):
 def test_nothing_is_compared_without_the_package(monkeypatch):
     monkeypatch.setattr(fused, "installed", lambda: None)
     assert fused.compare(THRESHOLD) == []
-    assert kitchen.examine("comfyui", "cpu", THRESHOLD).version is None
-    assert kitchen.examine("a1111", "cpu", THRESHOLD) is None  # A1111 runs no comfy-kitchen
+    assert kitchen.examine("comfyui", "flux-dev", "cpu", THRESHOLD).version is None
 
 
 # The switches ------------------------------------------------------------------------------
@@ -112,36 +111,33 @@ def test_each_backend_is_turned_off_in_the_tools_own_terms():
 # explain: a black ComfyUI image -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def healthy_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "calm.safetensors"
-    return save_single_file(build_tiny_sd_pipeline(), path)
+def flux_in_comfy(home: Path, pipeline) -> str:
+    """A tiny Flux.1 transformer file with its companions, as ComfyUI keeps them; its name."""
+    paths = save_split_files(pipeline, home / "ComfyUI" / "models", name="tinyflux")
+    return paths["transformer"].name
 
 
-@pytest.fixture(scope="module")
-def overflowing_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("model") / "dreamy.safetensors"
-    return save_single_file(plant(build_tiny_sd_pipeline(), "vae"), path)
+def comfy_flux_png(tmp_path: Path, unet_name: str) -> Path:
+    prompt = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet_name}},
+        "3": {
+            "class_type": "KSampler",
+            "inputs": {"seed": 1, "steps": 4, "cfg": 1.0, "sampler_name": "euler"},
+        },
+    }
+    return png_text(tmp_path / "ComfyUI_00001_.png", {"prompt": json.dumps(prompt)})
 
 
-def comfy_black_png(tmp_path: Path, home: Path, model: Path) -> Path:
-    folder = home / "ComfyUI" / "models" / "checkpoints"
-    folder.mkdir(parents=True)
-    shutil.copy(model, folder / model.name)
-    return png_text(
-        tmp_path / "ComfyUI_00001_.png",
-        {"prompt": comfy_prompt(model.name), "workflow": comfy_workflow(model.name)},
-    )
+def explain_json(image: Path, capsys, code: int) -> dict:
+    assert main(["explain", str(image), "--json"]) == code
+    return json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.slow
-def test_a_clean_check_names_the_faulty_kitchen_op_with_its_switch(
-    tmp_path, home, capsys, healthy_file
-):
-    image = comfy_black_png(tmp_path, home, healthy_file)
-    with planted_backend(("apply_rope1",)):
-        assert main(["explain", str(image), "--json"]) == 1
-    document = json.loads(capsys.readouterr().out)
+def test_a_clean_check_names_the_faulty_rope_kernel_with_its_switch(tmp_path, home, capsys):
+    image = comfy_flux_png(tmp_path, flux_in_comfy(home, build_tiny_flux_pipeline()))
+    with planted_backend(("apply_rope1", "adaln")):
+        document = explain_json(image, capsys, 1)
     assert document["check"]["verdict"] == "healthy"
     cause = document["cause"]
     assert cause["kind"] == "kernel"
@@ -154,16 +150,16 @@ def test_a_clean_check_names_the_faulty_kitchen_op_with_its_switch(
     message = document["message"]
     assert "apply_rope1 gives NaN or Inf where PyTorch's own is finite" in message
     assert "not the model or fp16" in message
+    # adaln, which ComfyUI's Flux path is not known to call, is a note, not the cause.
+    assert any("adaln" in n and "not known to run it" in n for n in document["notes"])
 
 
 @pytest.mark.slow
-def test_an_overflow_in_the_same_model_is_still_the_models_precision(
-    tmp_path, home, capsys, overflowing_file
-):
-    image = comfy_black_png(tmp_path, home, overflowing_file)
+def test_an_overflow_in_the_same_model_is_still_the_models_precision(tmp_path, home, capsys):
+    pipeline = plant(build_tiny_flux_pipeline(), "vae")
+    image = comfy_flux_png(tmp_path, flux_in_comfy(home, pipeline))
     with planted_backend(("apply_rope1",)):
-        assert main(["explain", str(image), "--json"]) == 1
-    document = json.loads(capsys.readouterr().out)
+        document = explain_json(image, capsys, 1)
     assert document["check"]["verdict"] == "fixable"
     assert document["check"]["cause"]["kind"] == "precision"
     assert document["check"]["components"]["vae"]["status"] == "overflow"
@@ -173,16 +169,49 @@ def test_an_overflow_in_the_same_model_is_still_the_models_precision(
 
 
 @pytest.mark.slow
-def test_a_clean_check_with_agreeing_kernels_says_they_are_not_the_cause(
-    tmp_path, home, capsys, healthy_file
-):
-    image = comfy_black_png(tmp_path, home, healthy_file)
-    assert main(["explain", str(image), "--json"]) == 1
-    document = json.loads(capsys.readouterr().out)
+def test_a_clean_check_with_agreeing_kernels_says_they_are_not_the_cause(tmp_path, home, capsys):
+    image = comfy_flux_png(tmp_path, flux_in_comfy(home, build_tiny_flux_pipeline()))
+    document = explain_json(image, capsys, 1)
     assert document["cause"] is None
     assert document["fused_kernels"]["installed"] is True
     assert document["fused_kernels"]["at_fault"] is None
-    assert any("agree with PyTorch's own" in n for n in document["notes"])
+    assert any("RoPE kernels" in n and "not the cause" in n for n in document["notes"])
+
+
+@pytest.mark.slow
+def test_a_unet_comfyui_image_does_not_run_the_kitchen(tmp_path, home, capsys, healthy_file):
+    """ComfyUI's UNets apply no rotary embeddings: a faulty kernel is not theirs."""
+    image = comfy_black_png(tmp_path, home, healthy_file)
+    with planted_backend(("apply_rope1",)):
+        document = explain_json(image, capsys, 1)
+    assert document["check"]["verdict"] == "healthy"
+    assert document["cause"] is None and document["fused_kernels"] is None
+    assert "comfy-kitchen" not in document["message"]
+
+
+@pytest.fixture(scope="module")
+def healthy_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("model") / "calm.safetensors"
+    return save_single_file(build_tiny_sd_pipeline(), path)
+
+
+def comfy_black_png(tmp_path: Path, home: Path, model: Path) -> Path:
+    folder = home / "ComfyUI" / "models" / "checkpoints"
+    folder.mkdir(parents=True)
+    shutil.copy(model, folder / model.name)
+    return png_text(
+        tmp_path / "ComfyUI_00001_.png",
+        {"prompt": comfy_prompt(model.name), "workflow": comfy_workflow(model.name)},
+    )
+
+
+def test_only_families_comfyui_runs_rope_through_it_are_compared(monkeypatch):
+    monkeypatch.setattr(fused, "installed", lambda: None)
+    assert kitchen.examine("comfyui", "flux-dev", "cpu", THRESHOLD) is not None
+    assert kitchen.examine("swarmui", "chroma", "cpu", THRESHOLD) is not None
+    assert kitchen.examine("comfyui", "sdxl", "cpu", THRESHOLD) is None
+    assert kitchen.examine("a1111", "flux-dev", "cpu", THRESHOLD) is None  # A1111 runs none
+    assert kitchen.examine("comfyui", None, "cpu", THRESHOLD) is None
 
 
 def test_the_fields_are_documented():

@@ -431,14 +431,14 @@ def _compare_kitchen(explanation: Explanation, report) -> None:
     from app.core.fixing.quality import QUALITY_THRESHOLD_DB
 
     device = report.plan.device
-    finding = kitchen.examine(explanation.made_by, device, QUALITY_THRESHOLD_DB)
+    architecture = report.model.architecture
+    finding = kitchen.examine(explanation.made_by, architecture, device, QUALITY_THRESHOLD_DB)
     if finding is None:
         return
     explanation.kitchen = finding
     name = TOOLS[explanation.made_by].name
     explanation.cause = kitchen.cause(finding, explanation.made_by, name, report.device.name)
-    if explanation.cause is None:
-        explanation.notes.append(kitchen.note(finding, name))
+    explanation.notes.extend(kitchen.notes(finding, name))
 
 
 def _size_notes(record: Record, size: int) -> list[str]:

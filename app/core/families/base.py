@@ -126,6 +126,11 @@ class Family:
     # read from CLIP's hidden states (SD1/SD2, SDXL).
     takes_clip_skip: ClassVar[bool] = False
 
+    # Whether ComfyUI applies this family's rotary embeddings through comfy-kitchen's fused ops
+    # (comfy/ldm/flux/math.py's apply_rope and apply_rope1, which its Flux and Chroma layers
+    # call): a clean check of a ComfyUI image of it compares those kernels (`explain.kitchen`).
+    comfyui_fused_rope: ClassVar[bool] = False
+
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents
     timestep_argument: str = "timestep"  # and for the timestep
