@@ -11,8 +11,11 @@ so only a record tells the two apart. What each tool records (checked against it
   metadata entries (modules/async_worker.py `save_and_log`) do not include it: nothing is read.
 - SD.Next's NudeNet extension writes `NudeNet` and `NSFW` into the infotext, but censors the
   detected areas (pixelate, blur, an overlay), never the whole image black: not this case.
-- AUTOMATIC1111 and Forge have no checker built in; diffusers' pipelines return
-  `nsfw_content_detected` to the caller and write nothing into the file.
+- AUTOMATIC1111 and Forge have no checker built in. AUTOMATIC1111's own NSFW censor
+  extension (AUTOMATIC1111/stable-diffusion-webui-nsfw-censor: Settings > NSFW > "Filter
+  NSFW", on once installed) replaces flagged images with black ones and writes nothing into the
+  infotext. diffusers' pipelines return `nsfw_content_detected` to the caller and write nothing
+  into the file.
 No tool's record says that its checker blanked the image; where the record says the checker
 was on, the black may be the checker's and the health check decides: a check that runs clean
 points to the checker, not to precision (`explanation`).
