@@ -218,3 +218,27 @@ def test_the_fields_are_documented():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
     for word in ("fused_kernels", "comfy-kitchen", "`backend`", "--enable-triton-backend"):
         assert word in docs
+
+
+def test_the_findings_cross_to_the_window_as_plain_records():
+    """An explanation holding comfy-kitchen's comparison and cause, a second pass and a
+    safety checker is read back by the engine's frame reader (HalfSafe's records only)."""
+    import io
+
+    from app.core import explain
+    from app.core.explain import checkers, regions
+    from app.core.explain.matching import ModelMatch
+    from app.engine.events import EngineEvent, EventState, encode, read_message
+
+    with planted_backend(("apply_rope1",)):
+        finding = kitchen.examine("comfyui", "flux-dev", "cpu", THRESHOLD)
+    assert finding is not None and finding.blamed is not None
+    record = explain.Record(made_by="comfyui")
+    record.second_passes = [regions.SecondPass("FaceDetailer", "bbox/face_yolov8m.pt", 0.5)]
+    record.safety_checker = checkers.RecordedChecker("Safety Checker", 0.5)
+    result = explain.Explanation("x.png", "comfyui", "nan", record, {}, ModelMatch(False, None, []))
+    result.kitchen = finding
+    result.cause = kitchen.cause(finding, "comfyui", "ComfyUI", "cpu")
+    event = EngineEvent(1, "explain", EventState.RESULT, result=result)
+    again = read_message(io.BytesIO(encode(event)))
+    assert again.result.to_json() == result.to_json()
