@@ -130,19 +130,23 @@ _TURN_OFF = {
 _TURN_OFF.update(
     {
         ("comfyui", "comfy-kitchen:triton"): (
-            "start ComfyUI without --enable-triton-backend, or with --disable-triton-backend"
+            "start ComfyUI without --enable-triton-backend, or with --disable-triton-backend "
+            "(ComfyUI runs Triton only when started with --enable-triton-backend; without it, "
+            "this backend was not the one that ran)"
         ),
         ("swarmui", "comfy-kitchen:triton"): (
             "remove --enable-triton-backend from ExtraArgs in Server > Backends, or add "
-            "--disable-triton-backend there"
+            "--disable-triton-backend there (without that flag, this backend did not run)"
         ),
         ("comfyui", "comfy-kitchen:cuda"): (
             "ComfyUI has no flag for comfy-kitchen's CUDA backend: it runs it under a PyTorch "
-            "built for CUDA 13 or newer, so run ComfyUI on a PyTorch for CUDA 12.x to turn it off"
+            "built for CUDA 13 or newer (under an older one it is already off, and was not the "
+            "one that ran), so run ComfyUI on a PyTorch for CUDA 12.x to turn it off"
         ),
         ("swarmui", "comfy-kitchen:cuda"): (
             "its ComfyUI has no flag for comfy-kitchen's CUDA backend: it runs it under a "
-            "PyTorch built for CUDA 13 or newer, so give that ComfyUI a PyTorch for CUDA 12.x"
+            "PyTorch built for CUDA 13 or newer (under an older one it is already off), so give "
+            "that ComfyUI a PyTorch for CUDA 12.x"
         ),
         ("comfyui", "comfy-kitchen:hip"): (
             "set COMFY_KITCHEN_DISABLE_HIP=1 in the environment ComfyUI starts in"
