@@ -242,3 +242,14 @@ def test_the_findings_cross_to_the_window_as_plain_records():
     event = EngineEvent(1, "explain", EventState.RESULT, result=result)
     again = read_message(io.BytesIO(encode(event)))
     assert again.result.to_json() == result.to_json()
+
+
+def test_halfsafe_gpu_says_where_an_installed_comfy_kitchen_runs(home, monkeypatch):
+    from app.core import hardware
+
+    notes = hardware.hardware_report(self_test=False).notes
+    (said,) = [n for n in notes if n.startswith("comfy-kitchen")]
+    assert fused.installed() in said and "HalfSafe's own runs do not use it" in said
+    monkeypatch.setattr(fused, "installed", lambda: None)
+    notes = hardware.hardware_report(self_test=False).notes
+    assert not [n for n in notes if "comfy-kitchen" in n]
