@@ -213,6 +213,15 @@ def explain_text(explanation) -> str:
             f"Pixels:  structure {noise['structure']:.2f} over 64 px blocks, colour "
             f"{noise['colour']:.1f} times brightness between neighbours (coloured noise)"
         )
+    region = explanation.pixels.get("noise_region")
+    if region:
+        x0, y0, x1, y1 = region["box"]
+        lines.append(
+            f"Pixels:  coloured noise in x {x0}-{x1 - 1}, y {y0}-{y1 - 1} "
+            f"({region['share']:.0%} of the picture), the rest a picture"
+        )
+    for second in record.second_passes:
+        lines.append(f"Pass:    {second.words()}")
     if record.compiled:
         lines.append(f"Compile: {record.compiled} (the check runs uncompiled)")
     made = TOOLS[explanation.made_by].name if explanation.made_by in TOOLS else "unknown"

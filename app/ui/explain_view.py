@@ -42,6 +42,7 @@ _LEVELS = {
     "flat": "warn",
     "saturated": "bad",
     "noise": "bad",
+    "noise_region": "bad",
     "unclaimed": "warn",
     "safety_checker": "warn",
     "black": "info",
@@ -60,6 +61,8 @@ def title_for(name: str, result: Explanation) -> str:
     saturated = pixels.get("saturated")
     if saturated:
         return f"Why is {name} {'white' if saturated['white'] else 'saturated'}?"
+    if pixels.get("noise_region"):
+        return f"Why is part of {name} noise?"
     if result.status in ("noise", "unclaimed"):
         return f"Why is {name} noise?"
     if pixels.get("mean", 0.0) >= 0.97 and pixels.get("spread", 1.0) <= 0.02:

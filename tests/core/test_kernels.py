@@ -62,6 +62,7 @@ def test_an_installed_kernel_is_listed_with_its_version_without_being_imported(t
         "function": None,
         "diffusers_backend": None,
         "op": "scaled_dot_product_attention",
+        "backend": None,
     }
     assert "sageattention" not in {k.name for k in kernels.installed_kernels()}  # gone again
 

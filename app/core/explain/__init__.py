@@ -8,6 +8,10 @@ One responsibility per module, each importing only those before it:
   records       the generation record as each tool writes it
   matching      the image's model and VAE in the user's library (names, hashes)
   next_steps    while the model is not found: the likely cause and the tool's switches to try
+  signatures, regions   what the pixels are beyond black: saturated, noise, a box of noise
+  checkers      other tools' safety checkers as their records show them
+  kitchen       comfy-kitchen's kernels compared after a clean check of a ComfyUI image
+  findings      the sentences of the findings (FINDING_WORDS) and the pixels' words
   explanation   Explanation, explain_image: the check at the image's settings, in words
 
 Every chunk of the file is hostile until read; any breach is one sentence naming the file

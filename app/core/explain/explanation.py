@@ -12,7 +12,8 @@ from typing import Any
 from app import __version__
 from app.core import hires, samplers
 from app.core.errors import BadFileError, HalfSafeError
-from app.core.explain import kernels, next_steps, runtime
+from app.core.explain import checkers, findings, kernels, next_steps, runtime
+from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
     pixel_status,
@@ -44,94 +45,25 @@ STATUSES = (
     "saturated",
     "noise",
     "unclaimed",
+    "noise_region",
 )
-# The statuses of a failed image: the health check runs and the exit status is 1.
-PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise")
+# The statuses of a failed image: the exit status is 1, and for all but a noisy box the health
+# check runs (a box of noise in a fine picture is a second pass's, which the check of the
+# model at the image's settings does not run: `regions`).
+PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise", "noise_region")
+CHECKED = PROBLEMS[:4]
 
 # What explain says, in one table for the terminal, the window and --json's message: the short
 # names of the statuses only explain gives (a generated image's are generation's
-# IMAGE_STATUS_WORDS), and the sentences of the findings only explain makes. {placeholders}
-# are filled in by `_status_words`.
+# IMAGE_STATUS_WORDS); the sentences of the findings only explain makes are
+# `findings.FINDING_WORDS`.
 STATUS_WORDS = {
     "nan_zeroed": "flat colour: NaN replaced by zeros",
     "flat": "one flat colour",
     "saturated": "white or saturated: an overflow to infinity",
     "noise": "coloured noise: not a picture",
     "unclaimed": "white or noise, no record",
-}
-FINDING_WORDS = {
-    "flat_whole": "This image ({by}) is one exact colour, RGB {colour}, in every pixel.",
-    "flat_region": (
-        "This image ({by}) is one exact colour, RGB {colour}, over {share} of its pixels "
-        "(x {x0}-{x1}, y {y0}-{y1})."
-    ),
-    "nan_zeroed_pixels": (
-        "That is most likely NaN values replaced by zeros: the picture came out flat grey "
-        "instead of black (0 becomes exact mid-grey once the decoded image is saved), so a "
-        "value overflowed somewhere in the model."
-    ),
-    "nan_zeroed_latent": (
-        "That is most likely NaN values replaced by zeros before decoding: the picture came "
-        "out one flat colour instead of black (all-zero latents decode to one colour, with a "
-        "band of detail along the edges), so a value overflowed somewhere in the model."
-    ),
-    "hidden_by_compile": (
-        "The image's workflow compiles the model ({compiled}), and compiled code can turn a "
-        "NaN into 0 (see the note)."
-    ),
-    "hidden_by_tool": (
-        "The image does not say what replaced the NaN: some versions of {tool}, and some "
-        "extensions and nodes, replace NaN silently instead of reporting it."
-    ),
-    "flat_unknown": (
-        "That looks like what a tool writes when it replaces NaN values with zeros instead "
-        "of writing a black image, but a picture made flat on purpose looks the same; this "
-        "image carries no generation record, so HalfSafe does not say which."
-    ),
-    "saturated_white": (
-        "This image ({by}) is white: {share} of its pixels are 255 in every channel. A value "
-        "that overflowed to infinity becomes the brightest value when the picture is clipped "
-        "and saved, so a value overflowed somewhere in the model, as it does for a black image."
-    ),
-    "saturated_colour": (
-        "This image ({by}) is saturated: {share} of its pixels have every channel at 0 or 255 "
-        "(most of them RGB {colour}), which is what values that overflowed to plus or minus "
-        "infinity become when the picture is clipped and saved, so a value overflowed "
-        "somewhere in the model."
-    ),
-    "noise": (
-        "This image ({by}) is coloured noise, not a picture: almost none of its variance "
-        "survives averaging over 64 px blocks ({structure:.2f}; pictures keep over 0.1) "
-        "and neighbouring pixels differ more in colour than in brightness ({colour:.1f} times; "
-        "in pictures at most 0.3). Nothing overflowed to make it: such images come from "
-        "latents that were never denoised (too few steps, or a sampler or schedule the model "
-        "was not made for), from latents decoded by the VAE of another model family, or "
-        "from a quantised file (GGUF, fp8, NVFP4) its loader read wrongly."
-    ),
-    "noise_healthy": (
-        "The health check at the image's settings ran finite and agreed with fp32 here, so "
-        "the noise is not a precision fault. Check that {vae} belongs to the model, that the "
-        "steps and sampler are what the model needs (a distilled model drawn with another "
-        "sampler or too few steps stays noise), and, for a quantised file, that another "
-        "format of the same model draws a picture."
-    ),
-    "unclaimed_saturated": (
-        "This image ({by}) is {look}: {share} of its pixels have every channel at 0 or 255. "
-        "That is what an overflow to infinity looks like once saved, but a picture made "
-        "{look} on purpose looks the same; this image carries no generation record, so "
-        "HalfSafe does not say which."
-    ),
-    "unclaimed_noise": (
-        "This image ({by}) looks like coloured noise, not a picture (what a never-denoised or "
-        "wrongly decoded image looks like), but noise made on purpose looks the same; this "
-        "image carries no generation record, so HalfSafe does not say which."
-    ),
-    "compiled": (
-        "The image's workflow runs the model through torch.compile ({compiled}). Compiled "
-        "code can return 0 where eager PyTorch returns NaN (PyTorch issue 183605: Inductor "
-        "gave zeros where eager gave NaN), so a flat, grey or wrong image may hide a NaN; "
-        "HalfSafe's check runs the model eagerly, uncompiled."
-    ),
+    "noise_region": "coloured noise in one box: a second pass's",
 }
 
 
@@ -150,6 +82,10 @@ class Explanation:
     notes: list[str] = field(default_factory=list)
     # What to try in the image's tool while its model cannot be checked (not reproduced).
     next_steps: NextSteps | None = None
+    # comfy-kitchen compared here after a clean check of an image from a tool that runs it
+    # (`kitchen`), and the kernel cause it proved, if one.
+    kitchen: Any = None
+    cause: Any = None  # causes.Cause
 
     @property
     def problem(self) -> bool:
@@ -160,7 +96,9 @@ class Explanation:
     def _memory_manager(self) -> dict[str, Any] | None:
         manager = runtime.memory_manager(self.made_by, self.record.version)
         named = self.next_steps is not None or (
-            self.check is not None and self.check.verdict == "healthy"
+            self.check is not None
+            and self.check.verdict == "healthy"
+            and self.status != "safety_checker"  # the recorded checker explains it
         )
         return manager.to_json() if manager is not None and named else None
 
@@ -182,6 +120,9 @@ class Explanation:
             # The tool's memory manager, named where the words point at it (a clean check, or
             # next steps without the model) as what to rule out.
             "memory_manager": self._memory_manager(),
+            # A cause proved beside the check (a comfy-kitchen kernel after a clean check).
+            "cause": self.cause.to_json() if self.cause is not None else None,
+            "fused_kernels": self.kitchen.to_json(self.made_by) if self.kitchen else None,
             # Attention kernels the record shows ran, each with the tool's switch to turn it off.
             "suspects": [
                 {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
@@ -213,7 +154,7 @@ def read_image(path: str | Path) -> tuple[Record, str, dict[str, Any]]:
         # A generated picture carries the VAE's noise: one exact colour over a large part of
         # it is a value replaced by a constant, not a design.
         status = "nan_zeroed"
-    if status in ("saturated", "noise") and not generated:
+    if status in ("saturated", "noise", "noise_region") and not generated:
         status = "unclaimed"  # a white or noisy design looks the same
     return record, status, figures
 
@@ -308,7 +249,7 @@ def explain_image(
     if found.note:
         explanation.notes.append(found.note)
     explanation.notes.extend(found.unread)
-    if status not in PROBLEMS:
+    if status not in CHECKED:
         explanation.message = _status_words(explanation)
         return explanation
     if not found.found:
@@ -461,6 +402,11 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             pixel_upscale=bool(record.hires_size) and _enlarges_pixels(record.hires_upscaler),
         )
     explanation.check = report
+    if report.verdict == "healthy":
+        _compare_kitchen(explanation, report)
+        if record.safety_checker is not None and explanation.cause is None:
+            # The record says a checker was on, and the model runs clean: the checker's.
+            explanation.status = "safety_checker"
     if record.caches and report.verdict in ("fixable", "broken"):
         explanation.notes.append(
             runtime.RUNTIME_WORDS["cache_reproduced"].format(
@@ -477,6 +423,23 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
         )
         explanation.notes.extend(explanation.tool_fix.notes)
     explanation.message = f"{_status_words(explanation)} {_check_words(explanation)}"
+
+
+def _compare_kitchen(explanation: Explanation, report) -> None:
+    """comfy-kitchen's kernels against PyTorch's own on the check's device, for an image from
+    a tool that runs them (`kitchen`): a kernel at fault is the cause; else a note."""
+    from app.core.explain import kitchen
+    from app.core.fixing.quality import QUALITY_THRESHOLD_DB
+
+    device = report.plan.device
+    architecture = report.model.architecture
+    finding = kitchen.examine(explanation.made_by, architecture, device, QUALITY_THRESHOLD_DB)
+    if finding is None:
+        return
+    explanation.kitchen = finding
+    name = TOOLS[explanation.made_by].name
+    explanation.cause = kitchen.cause(finding, explanation.made_by, name, report.device.name)
+    explanation.notes.extend(kitchen.notes(finding, name))
 
 
 def _size_notes(record: Record, size: int) -> list[str]:
@@ -551,17 +514,25 @@ def _clip_skip(explanation: Explanation, model) -> int:
 def _status_words(explanation: Explanation) -> str:
     tool = TOOLS.get(explanation.made_by)
     by = f"made by {tool.name}" if tool else "whose maker is unknown"
+    checker = explanation.record.safety_checker
     if explanation.status == "nan":
-        return (
+        words = (
             f"This image ({by}) is NaN-black: every pixel is exactly 0, which is what a NaN "
             "becomes when the image is saved. Most often a value overflowed somewhere in the "
             "model, which only a check of the model proves: a tool that blanks an image it "
             "will not show writes the same pixels."
         )
+        if checker is not None:
+            words += " " + FINDING_WORDS["checker_recorded"].format(checker=checker.words())
+        return words
     if explanation.status in ("nan_zeroed", "flat"):
-        return _flat_words(explanation, by, tool.name if tool else "the tool that made it")
+        return findings.flat_words(explanation, by, tool.name if tool else "the tool that made it")
+    if explanation.status == "noise_region" or explanation.pixels.get("noise_region"):
+        return findings.region_words(explanation, by)
     if explanation.status in ("saturated", "noise", "unclaimed"):
-        return _signature_words(explanation, by)
+        return findings.signature_words(explanation, by)
+    if explanation.status == "safety_checker" and checker is not None:
+        return FINDING_WORDS["checker_by_elimination"].format(by=by, checker=checker.words())
     if explanation.status == "safety_checker":
         return (
             f"This image ({by}) was blanked by the model's safety checker; nothing overflowed, "
@@ -579,51 +550,6 @@ def _status_words(explanation: Explanation) -> str:
             "The fix that did it is kept for the model on the Fixes page."
         )
     return f"This image ({by}) is not black: nothing to fix."
-
-
-def _flat_words(explanation: Explanation, by: str, tool: str) -> str:
-    flat = explanation.pixels["flat"]
-    x0, y0, x1, y1 = flat["box"]
-    values = {
-        "by": by,
-        "colour": ", ".join(str(c) for c in flat["colour"]),
-        "share": f"{flat['share']:.0%}",
-        "x0": x0,
-        "y0": y0,
-        "x1": x1 - 1,
-        "y1": y1 - 1,
-    }
-    words = [FINDING_WORDS["flat_whole" if flat["share"] >= 1 else "flat_region"].format(**values)]
-    if explanation.status == "flat":
-        words.append(FINDING_WORDS["flat_unknown"])
-        return " ".join(words)
-    words.append(FINDING_WORDS[f"nan_zeroed_{flat['stage']}"])
-    compiled = explanation.record.compiled
-    if compiled:
-        words.append(FINDING_WORDS["hidden_by_compile"].format(compiled=compiled))
-    else:
-        words.append(FINDING_WORDS["hidden_by_tool"].format(tool=tool))
-    return " ".join(words)
-
-
-def _signature_words(explanation: Explanation, by: str) -> str:
-    """A saturated or noisy image in words (`signatures`), claimed only with a record."""
-    saturated = explanation.pixels.get("saturated")
-    if saturated is not None:
-        values = {
-            "by": by,
-            "share": f"{saturated['share']:.1%}",
-            "colour": ", ".join(str(c) for c in saturated["colour"]),
-            "look": "white" if saturated["white"] else "saturated",
-        }
-        if explanation.status == "unclaimed":
-            return FINDING_WORDS["unclaimed_saturated"].format(**values)
-        key = "saturated_white" if saturated["white"] else "saturated_colour"
-        return FINDING_WORDS[key].format(**values)
-    noise = explanation.pixels["noise"]
-    if explanation.status == "unclaimed":
-        return FINDING_WORDS["unclaimed_noise"].format(by=by)
-    return FINDING_WORDS["noise"].format(by=by, **noise)
 
 
 def _not_found_words(record: Record, model: ModelMatch, steps: NextSteps | None) -> str:
@@ -679,8 +605,14 @@ def _check_words(explanation: Explanation) -> str:
         record = explanation.record
         vae = f"its VAE ({record.vae})" if record.vae else "the VAE it used"
         return FINDING_WORDS["noise_healthy"].format(vae=vae)
+    if explanation.status == "safety_checker":
+        switch = checkers.turn_off_words(explanation.made_by)
+        words = FINDING_WORDS["checker_healthy"].format(device=report.device.name, switch=switch)
+        return f"{words} {_headline(report)}"
     record = explanation.record
     suspect = ""
+    if explanation.cause is not None:  # a comfy-kitchen kernel compared wrong here
+        suspect = f" {explanation.cause.summary}"
     if record.attention:  # the tool ran a kernel this check did not
         suspect = (
             " The image's workflow ran SageAttention, which this check does not: it is the "

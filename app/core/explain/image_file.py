@@ -182,7 +182,7 @@ def _inflate(path: Path, name: str, data: bytes) -> bytes:
 
 def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, dict[str, Any]]:
     """What the pixels say, from the pixels alone: "nan", "saturated", "flat", "black",
-    "noise" or "ok", with the figures.
+    "noise", "noise_region" or "ok", with the figures.
 
     The rule: NaN becomes 0 when a tool writes its image as 8-bit (NumPy's cast, which
     A1111, ComfyUI, diffusers and HalfSafe all use), so an image whose every colour value is
@@ -206,12 +206,13 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     Saturated and coloured noise are `signatures`: almost every pixel with every channel at 0
     or 255 (values that overflowed to infinity, clipped), and a picture with no large shapes
     whose neighbouring pixels differ in colour more than in brightness. A white or noisy design
-    looks the same; again only the record tells which.
+    looks the same; again only the record tells which. A picture with such noise in one box
+    only, the rest a picture, is "noise_region" (`regions`: a second pass's).
     """
     import numpy as np
     from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
-    from app.core.explain import signatures
+    from app.core.explain import regions, signatures
     from app.core.images.finished import brightness_stats, flat_region
 
     # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
@@ -272,6 +273,12 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     whole = visible is None or bool(visible.all())
     noise = None if zero or saturated or flat or not whole else signatures.noise(rgb)
     figures["noise"] = noise.to_json() if noise is not None else None
+    # A box of noise in a picture that is otherwise fine (`regions`): a second pass's.
+    region = None
+    fine = not (zero or saturated or flat or stats.near_black)
+    if whole and fine and (noise is None or not noise.coloured_noise):
+        region = regions.noisy_region(rgb)
+    figures["noise_region"] = region.to_json() if region is not None else None
     if zero:
         return "nan", figures
     if saturated is not None:
@@ -280,7 +287,9 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         return "flat", figures
     if stats.near_black:
         return "black", figures
-    return ("noise" if noise is not None and noise.coloured_noise else "ok"), figures
+    if noise is not None and noise.coloured_noise:
+        return "noise", figures
+    return ("noise_region" if region is not None else "ok"), figures
 
 
 def _short(error: BaseException) -> str:

@@ -122,6 +122,52 @@ _TURN_OFF = {
 }
 
 
+# comfy-kitchen's backends (`precision.fused`), keyed "comfy-kitchen:<backend>": ComfyUI turns
+# `triton` on only with --enable-triton-backend, and --disable-triton-backend overrides it
+# (comfy/cli_args.py, comfy/quant_ops.py); it runs `cuda` under a PyTorch built for CUDA 13 or
+# newer and has no flag for it; comfy-kitchen keeps `hip` off with COMFY_KITCHEN_DISABLE_HIP=1
+# (its backends/hip). SwarmUI passes ExtraArgs to the ComfyUI it starts.
+_TURN_OFF.update(
+    {
+        ("comfyui", "comfy-kitchen:triton"): (
+            "start ComfyUI without --enable-triton-backend, or with --disable-triton-backend "
+            "(ComfyUI runs Triton only when started with --enable-triton-backend; without it, "
+            "this backend was not the one that ran)"
+        ),
+        ("swarmui", "comfy-kitchen:triton"): (
+            "remove --enable-triton-backend from ExtraArgs in Server > Backends, or add "
+            "--disable-triton-backend there (without that flag, this backend did not run)"
+        ),
+        ("comfyui", "comfy-kitchen:cuda"): (
+            "ComfyUI has no flag for comfy-kitchen's CUDA backend: it runs it under a PyTorch "
+            "built for CUDA 13 or newer (under an older one it is already off, and was not the "
+            "one that ran), so run ComfyUI on a PyTorch for CUDA 12.x to turn it off"
+        ),
+        ("swarmui", "comfy-kitchen:cuda"): (
+            "its ComfyUI has no flag for comfy-kitchen's CUDA backend: it runs it under a "
+            "PyTorch built for CUDA 13 or newer (under an older one it is already off), so give "
+            "that ComfyUI a PyTorch for CUDA 12.x"
+        ),
+        ("comfyui", "comfy-kitchen:hip"): (
+            "set COMFY_KITCHEN_DISABLE_HIP=1 in the environment ComfyUI starts in"
+        ),
+        ("swarmui", "comfy-kitchen:hip"): (
+            "set COMFY_KITCHEN_DISABLE_HIP=1 in the environment SwarmUI starts its ComfyUI in"
+        ),
+    }
+)
+
+
+def backend_switch_words(tool: str, library: str, backend: str) -> str:
+    """How to turn `library`'s `backend` off in `tool`, one clause; the library's own call
+    where the tool has no switch HalfSafe knows."""
+    return _TURN_OFF.get(
+        (tool, f"{library}:{backend}"),
+        f"turn off {library}'s {backend} backend where the tool registers it "
+        f'(comfy_kitchen.disable_backend("{backend}") before its first run)',
+    )
+
+
 def turn_off_words(tool: str, recorded: RecordedKernel) -> str:
     """How to turn the recorded kernel off in `tool`, one clause."""
     return _TURN_OFF.get(

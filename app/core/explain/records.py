@@ -13,7 +13,7 @@ from typing import Any
 
 from app.core import samplers
 from app.core.errors import BadFileError
-from app.core.explain import kernels, runtime
+from app.core.explain import checkers, kernels, regions, runtime
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
 from app.core.words import infotext
 from app.core.words.infotext import read_float, read_int, read_text
@@ -67,6 +67,10 @@ class Record:
     # The step caches the record shows ran (ComfyUI's cache nodes, an extension's infotext
     # keys; `explain.runtime`).
     caches: list[runtime.RecordedCache] = field(default_factory=list)
+    # The passes over one region the record shows ran (ADetailer, FaceDetailer; `regions`).
+    second_passes: list[regions.SecondPass] = field(default_factory=list)
+    # A safety checker the record shows was on (ComfyUI's Safety Checker node; `checkers`).
+    safety_checker: checkers.RecordedChecker | None = None
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
@@ -79,6 +83,9 @@ class Record:
         document["hires_size"] = list(self.hires_size) if self.hires_size else None
         document["hires_upscaler"] = self.hires_upscaler
         document["step_caches"] = [c.to_json() for c in self.caches]
+        document["second_passes"] = [p.to_json() for p in self.second_passes]
+        checker = self.safety_checker
+        document["safety_checker"] = checker.to_json() if checker is not None else None
         return document
 
 
@@ -202,6 +209,7 @@ def _infotext_record(text: str) -> Record:
     record.clip_skip = parsed.get(infotext.CLIP_SKIP)
     record.hires_size, record.hires_upscaler = _a1111_hires(parsed, width, height)
     record.caches = runtime.from_infotext_keys(parsed.pairs)
+    record.second_passes = regions.from_infotext(parsed.pairs)
     if made_by == "sdnext":
         record.base = parsed.get(infotext.PIPELINE)
     if made_by == "halfsafe":
@@ -341,6 +349,11 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         if prompt is not None
         else runtime.from_comfy_workflow(workflow, MAX_NODES)
     )
+    record.second_passes = regions.from_comfy_prompt(prompt)
+    record.safety_checker = checkers.from_comfy_prompt(_comfy_nodes(prompt)) if prompt else None
+    if prompt is None and isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list):
+        record.second_passes = regions.from_comfy_workflow(workflow["nodes"][:MAX_NODES])
+        record.safety_checker = checkers.from_comfy_workflow(workflow["nodes"][:MAX_NODES])
     if workflow is None and workflow_text is not None:
         try:
             workflow = _json(path, "workflow", workflow_text)

@@ -140,6 +140,11 @@ class Family:
     native_by_prediction: ClassVar[Mapping[str, Mapping[str, int]]] = {}
     checkpoint_pipeline_options: ClassVar[Mapping[str, Any]] = {}
 
+    # Whether ComfyUI applies this family's rotary embeddings through comfy-kitchen's fused ops
+    # (comfy/ldm/flux/math.py's apply_rope and apply_rope1, which its Flux and Chroma layers
+    # call): a clean check of a ComfyUI image of it compares those kernels (`explain.kitchen`).
+    comfyui_fused_rope: ClassVar[bool] = False
+
     denoiser: str = "unet"
     sample_argument: str = "sample"  # the denoiser's keyword for the latents
     timestep_argument: str = "timestep"  # and for the timestep

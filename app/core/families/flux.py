@@ -466,6 +466,7 @@ class FluxFamily(ShiftedSigmas, Family):
 
     denoiser: str = "transformer"
     sample_argument: str = "hidden_states"
+    comfyui_fused_rope = True  # comfy/ldm/flux/layers.py (and Chroma's) attend through it
 
     @staticmethod
     def max_sequence_length(pipe) -> int:

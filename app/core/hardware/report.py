@@ -15,7 +15,7 @@ from app.core.hardware.records import DeviceInfo, HardwareReport
 from app.core.hardware.selftest import SelfTestResult
 from app.core.hardware.selftest_cache import self_test_key, self_test_skips
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
-from app.core.precision import kernels
+from app.core.precision import fused, kernels
 
 
 def hardware_report(
@@ -57,6 +57,7 @@ def hardware_report(
         devices.append(assess(info, result))
     cuda = torch.version.cuda
     found = kernels.installed_kernels()
+    kitchen = fused.installed()
     return HardwareReport(
         halfsafe=__version__,
         # Exactly str: torch.__version__ is torch's TorchVersion, a str subclass that would
@@ -64,7 +65,9 @@ def hardware_report(
         torch=str(torch.__version__),
         cuda=None if cuda is None else str(cuda),
         devices=devices,
-        notes=_report_notes(devices) + [kernel_note(k) for k in found],
+        notes=_report_notes(devices)
+        + [kernel_note(k) for k in found]
+        + ([kitchen_note(kitchen)] if kitchen is not None else []),
         attention_kernels=found,
     )
 
@@ -95,6 +98,17 @@ def kernel_note(kernel: kernels.AttentionKernel) -> str:
         )
     kind = f"Fused {kernel.op} kernel" if kernel.fused else "Attention kernel"
     return f"{kind} {kernel.words()} {how}."
+
+
+def kitchen_note(version: str) -> str:
+    """One sentence on comfy-kitchen found here (`precision.fused`): what runs it, and where
+    HalfSafe compares it."""
+    words = f"comfy-kitchen {version}" if version else "comfy-kitchen"
+    return (
+        f"{words} is installed: HalfSafe's own runs do not use it, but ComfyUI applies the "
+        "rotary embeddings of Flux-style models through its fused kernels; explaining a black "
+        "ComfyUI image whose check runs clean compares them with PyTorch's own on this device."
+    )
 
 
 def _report_notes(devices: Iterable[DeviceInfo]) -> list[str]:

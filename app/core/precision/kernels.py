@@ -1,9 +1,10 @@
 """Attention kernels HalfSafe does not ship, found in this Python environment: SageAttention and
 xformers installed, and PyTorch's `scaled_dot_product_attention` replaced at run time by another
 library ("patched SDPA"); the functional ops a library of fused kernels replaces the same way
-(`FUSED_OPS`: RMS and layer norm, group norm, linear, GELU, SiLU, the ops comfy-kitchen and
-its kind fuse); PyTorch's own SDPA and ops; and the comparison of a replacement with PyTorch's
-own on the same inputs (the math kernel for attention), call by call, during one run.
+(`FUSED_OPS`: RMS and layer norm, group norm, linear, GELU, SiLU, the ops Apex- and Liger-style
+libraries fuse; comfy-kitchen's own ops are compared in `fused`); PyTorch's own SDPA and ops;
+and the comparison of a replacement with PyTorch's own on the same inputs (the math kernel for
+attention), call by call, during one run.
 
 Detection is cheap and imports nothing: a package is found with `importlib.util.find_spec` and
 its version read from its distribution's metadata (a CUDA extension is never imported just to
@@ -34,9 +35,9 @@ KNOWN = {
 # (diffusers/utils/constants.py); "native" is PyTorch's SDPA.
 DIFFUSERS_BACKEND_ENV = "DIFFUSERS_ATTN_BACKEND"
 SDPA = "scaled_dot_product_attention"
-# The functional ops fused-kernel libraries replace (comfy-kitchen's rms_norm, adaln and
-# quantised linear; Apex- and Liger-style fused norms and activations), each with PyTorch's own
-# implementation at the same signature (`_torch_op`).
+# The functional ops fused-kernel libraries replace (Apex- and Liger-style fused norms and
+# activations), each with PyTorch's own implementation at the same signature (`_torch_op`).
+# comfy-kitchen replaces none of them: its tool calls its ops by name (`fused`).
 FUSED_OPS = ("rms_norm", "layer_norm", "group_norm", "linear", "gelu", "silu")
 
 
@@ -52,8 +53,12 @@ class AttentionKernel:
     function: str | None = None  # module.qualname of the function that replaced SDPA or `op`
     diffusers_backend: str | None = None
     # The torch.nn.functional op it replaced: SDPA for an attention kernel, else one of
-    # FUSED_OPS (a fused kernel: `patched_sdpa` is False then).
+    # FUSED_OPS (a fused kernel: `patched_sdpa` is False then); for comfy-kitchen, which
+    # replaces nothing, the op of its own it runs (`fused.OPS`).
     op: str = SDPA
+    # The library's backend that ran the op, where it has several (comfy-kitchen's `cuda`,
+    # `triton`, ...); None for a library with one.
+    backend: str | None = None
 
     @property
     def fused(self) -> bool:
@@ -61,8 +66,10 @@ class AttentionKernel:
         return self.op != SDPA
 
     def words(self) -> str:
-        """ "sageattention 2.1.1"; the name alone when no version is known."""
-        return f"{self.name} {self.version}" if self.version else self.name
+        """ "sageattention 2.1.1", "comfy-kitchen 0.2.40 (triton backend)"; the name alone
+        when no version is known."""
+        words = f"{self.name} {self.version}" if self.version else self.name
+        return f"{words} ({self.backend} backend)" if self.backend else words
 
     def what(self) -> str:
         """ "the attention kernel" or "the fused rms_norm kernel", before its words."""
@@ -76,6 +83,7 @@ class AttentionKernel:
             "function": self.function,
             "diffusers_backend": self.diffusers_backend,
             "op": self.op,
+            "backend": self.backend,
         }
 
 

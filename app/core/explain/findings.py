@@ -1,0 +1,206 @@
+"""The sentences of the findings only explain makes (`FINDING_WORDS`: the one table of them;
+the short names of the statuses are `explanation.STATUS_WORDS`), and the words of what an
+image's pixels are beyond NaN-black: one flat colour, saturated, coloured noise, and noise in
+one box (`signatures`, `regions`). {placeholders} are filled in here. Plain words; no torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.core.words.tools import TOOLS, in_tool_terms
+
+# {placeholders} are filled in by the functions below and by `explanation`.
+FINDING_WORDS = {
+    "flat_whole": "This image ({by}) is one exact colour, RGB {colour}, in every pixel.",
+    "flat_region": (
+        "This image ({by}) is one exact colour, RGB {colour}, over {share} of its pixels "
+        "(x {x0}-{x1}, y {y0}-{y1})."
+    ),
+    "nan_zeroed_pixels": (
+        "That is most likely NaN values replaced by zeros: the picture came out flat grey "
+        "instead of black (0 becomes exact mid-grey once the decoded image is saved), so a "
+        "value overflowed somewhere in the model."
+    ),
+    "nan_zeroed_latent": (
+        "That is most likely NaN values replaced by zeros before decoding: the picture came "
+        "out one flat colour instead of black (all-zero latents decode to one colour, with a "
+        "band of detail along the edges), so a value overflowed somewhere in the model."
+    ),
+    "hidden_by_compile": (
+        "The image's workflow compiles the model ({compiled}), and compiled code can turn a "
+        "NaN into 0 (see the note)."
+    ),
+    "hidden_by_tool": (
+        "The image does not say what replaced the NaN: some versions of {tool}, and some "
+        "extensions and nodes, replace NaN silently instead of reporting it."
+    ),
+    "flat_unknown": (
+        "That looks like what a tool writes when it replaces NaN values with zeros instead "
+        "of writing a black image, but a picture made flat on purpose looks the same; this "
+        "image carries no generation record, so HalfSafe does not say which."
+    ),
+    "saturated_white": (
+        "This image ({by}) is white: {share} of its pixels are 255 in every channel. A value "
+        "that overflowed to infinity becomes the brightest value when the picture is clipped "
+        "and saved, so a value overflowed somewhere in the model, as it does for a black image."
+    ),
+    "saturated_colour": (
+        "This image ({by}) is saturated: {share} of its pixels have every channel at 0 or 255 "
+        "(most of them RGB {colour}), which is what values that overflowed to plus or minus "
+        "infinity become when the picture is clipped and saved, so a value overflowed "
+        "somewhere in the model."
+    ),
+    "noise": (
+        "This image ({by}) is coloured noise, not a picture: almost none of its variance "
+        "survives averaging over 64 px blocks ({structure:.2f}; pictures keep over 0.1) "
+        "and neighbouring pixels differ more in colour than in brightness ({colour:.1f} times; "
+        "in pictures at most 0.3). Nothing overflowed to make it: such images come from "
+        "latents that were never denoised (too few steps, or a sampler or schedule the model "
+        "was not made for), from latents decoded by the VAE of another model family, or "
+        "from a quantised file (GGUF, fp8, NVFP4) its loader read wrongly."
+    ),
+    "noise_healthy": (
+        "The health check at the image's settings ran finite and agreed with fp32 here, so "
+        "the noise is not a precision fault. Check that {vae} belongs to the model, that the "
+        "steps and sampler are what the model needs (a distilled model drawn with another "
+        "sampler or too few steps stays noise), and, for a quantised file, that another "
+        "format of the same model draws a picture."
+    ),
+    "unclaimed_saturated": (
+        "This image ({by}) is {look}: {share} of its pixels have every channel at 0 or 255. "
+        "That is what an overflow to infinity looks like once saved, but a picture made "
+        "{look} on purpose looks the same; this image carries no generation record, so "
+        "HalfSafe does not say which."
+    ),
+    "unclaimed_noise": (
+        "This image ({by}) looks like coloured noise, not a picture (what a never-denoised or "
+        "wrongly decoded image looks like), but noise made on purpose looks the same; this "
+        "image carries no generation record, so HalfSafe does not say which."
+    ),
+    "noise_region": (
+        "This image ({by}) is a picture with a box of coloured noise at x {x0}-{x1}, "
+        "y {y0}-{y1} ({share} of it): inside the box almost none of the variance survives "
+        "averaging over 64 px blocks ({structure:.2f}) and neighbouring pixels differ more in "
+        "colour than in brightness ({colour:.1f} times), while the rest is a picture."
+    ),
+    "noise_region_pass": (
+        "The image's record shows a pass over one region after the picture was made: "
+        "{passes}. That pass drew the box, and it went wrong there, not the model's first "
+        "pass (which drew the rest), so no precision change of the first pass is claimed. "
+        "Next, in {tool}: make the image again with that pass's own settings checked: its "
+        "checkpoint and VAE (a VAE of another model family decodes noise), its denoise "
+        "({denoise}; noise at 1.0 means nothing of the picture was kept), and its precision "
+        "({vae_switch} runs its VAE decode wider than fp16)."
+    ),
+    "noise_region_unnamed": (
+        "The record names no second pass, but a box of noise in a finished picture is what a "
+        "pass over one region (a face fix such as ADetailer or FaceDetailer, or an inpaint) "
+        "leaves when it goes wrong: check that pass's checkpoint, VAE and denoise."
+    ),
+    "unclaimed_noise_region": (
+        "This image ({by}) has a box of what looks like coloured noise at x {x0}-{x1}, "
+        "y {y0}-{y1} (what a second pass that went wrong leaves), but noise put there on "
+        "purpose looks the same; this image carries no generation record, so HalfSafe does "
+        "not say which."
+    ),
+    "checker_recorded": (
+        "The image's workflow runs a safety checker ({checker}), which writes exactly these "
+        "pixels when it blanks an image it flags; the record does not say whether it did, so "
+        "the health check decides."
+    ),
+    "checker_by_elimination": (
+        "This image ({by}) is NaN-black, and its workflow runs a safety checker ({checker}), "
+        "which writes exactly these pixels when it blanks an image it flags; the record does "
+        "not say whether it did."
+    ),
+    "checker_healthy": (
+        "The health check at the image's settings ran clean on this device ({device}): "
+        "nothing overflowed, so the black is the safety checker's, not precision, and no "
+        "precision setting changes it. To keep such an image, {switch}."
+    ),
+    "compiled": (
+        "The image's workflow runs the model through torch.compile ({compiled}). Compiled "
+        "code can return 0 where eager PyTorch returns NaN (PyTorch issue 183605: Inductor "
+        "gave zeros where eager gave NaN), so a flat, grey or wrong image may hide a NaN; "
+        "HalfSafe's check runs the model eagerly, uncompiled."
+    ),
+}
+
+
+def flat_words(explanation: Any, by: str, tool: str) -> str:
+    flat = explanation.pixels["flat"]
+    x0, y0, x1, y1 = flat["box"]
+    values = {
+        "by": by,
+        "colour": ", ".join(str(c) for c in flat["colour"]),
+        "share": f"{flat['share']:.0%}",
+        "x0": x0,
+        "y0": y0,
+        "x1": x1 - 1,
+        "y1": y1 - 1,
+    }
+    words = [FINDING_WORDS["flat_whole" if flat["share"] >= 1 else "flat_region"].format(**values)]
+    if explanation.status == "flat":
+        words.append(FINDING_WORDS["flat_unknown"])
+        return " ".join(words)
+    words.append(FINDING_WORDS[f"nan_zeroed_{flat['stage']}"])
+    compiled = explanation.record.compiled
+    if compiled:
+        words.append(FINDING_WORDS["hidden_by_compile"].format(compiled=compiled))
+    else:
+        words.append(FINDING_WORDS["hidden_by_tool"].format(tool=tool))
+    return " ".join(words)
+
+
+def region_words(explanation: Any, by: str) -> str:
+    """A box of coloured noise in a picture (`regions`), named as the second pass the record
+    shows, claimed only with a record."""
+    region = explanation.pixels["noise_region"]
+    x0, y0, x1, y1 = region["box"]
+    values = {"by": by, "x0": x0, "y0": y0, "x1": x1 - 1, "y1": y1 - 1}
+    if explanation.status == "unclaimed":
+        return FINDING_WORDS["unclaimed_noise_region"].format(**values)
+    words = [
+        FINDING_WORDS["noise_region"].format(
+            share=f"{region['share']:.0%}",
+            structure=region["structure"],
+            colour=region["colour"],
+            **values,
+        )
+    ]
+    passes = explanation.record.second_passes
+    if not passes:
+        words.append(FINDING_WORDS["noise_region_unnamed"])
+        return " ".join(words)
+    tool = TOOLS.get(explanation.made_by)
+    fp32_vae = in_tool_terms(explanation.made_by, {"no_half_vae": True}, ["--no-half-vae"])
+    denoise = [p.denoise for p in passes if p.denoise is not None]
+    words.append(
+        FINDING_WORDS["noise_region_pass"].format(
+            passes="; ".join(p.words() for p in passes),
+            tool=tool.name if tool else "the tool that made it",
+            denoise=", ".join(f"{d:g}" for d in denoise) or "not recorded",
+            vae_switch=" ".join(fp32_vae.flags) or "its VAE precision setting",
+        )
+    )
+    return " ".join(words)
+
+
+def signature_words(explanation: Any, by: str) -> str:
+    """A saturated or noisy image in words (`signatures`), claimed only with a record."""
+    saturated = explanation.pixels.get("saturated")
+    if saturated is not None:
+        values = {
+            "by": by,
+            "share": f"{saturated['share']:.1%}",
+            "colour": ", ".join(str(c) for c in saturated["colour"]),
+            "look": "white" if saturated["white"] else "saturated",
+        }
+        if explanation.status == "unclaimed":
+            return FINDING_WORDS["unclaimed_saturated"].format(**values)
+        key = "saturated_white" if saturated["white"] else "saturated_colour"
+        return FINDING_WORDS[key].format(**values)
+    noise = explanation.pixels["noise"]
+    if explanation.status == "unclaimed":
+        return FINDING_WORDS["unclaimed_noise"].format(by=by)
+    return FINDING_WORDS["noise"].format(by=by, **noise)
