@@ -10,7 +10,6 @@ from typing import Any
 
 from app.core import architecture as arch
 from app.core import limits, paths
-from app.core.checkpoint.assembly import assign, empty
 from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, weight_shape
@@ -72,6 +71,8 @@ class ClipKind(TextEncoderKind):
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
         import transformers
+
+        from app.core.checkpoint.assembly import assign, empty
 
         path = checkpoint.path
         words = need.words.removeprefix("its ")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from app.core import limits
-from app.core.checkpoint.assembly import assign, empty
 from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, bounded, count_indices, weight_shape
@@ -85,6 +84,8 @@ class Qwen3Kind(TextEncoderKind):
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
         import transformers
+
+        from app.core.checkpoint.assembly import assign, empty
 
         path = checkpoint.path
         found = qwen3_prefix(checkpoint.shapes)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core import limits
-from app.core.checkpoint.assembly import assign, empty
 from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, bounded, count_indices, weight_shape
@@ -191,6 +190,8 @@ class Qwen3VLKind(TextEncoderKind):
         """Read as `need.reads` says: Krea 2's Qwen3VLModel (the LM head, if any, is not used)
         or Qwen-Image 2.1's and FLUX.3's Qwen3VLForConditionalGeneration."""
         import transformers
+
+        from app.core.checkpoint.assembly import assign, empty
 
         path = checkpoint.path
         read = READS[need.reads]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from app.core import limits
-from app.core.checkpoint.assembly import assign, empty
 from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, count_indices, weight_shape
@@ -62,6 +61,8 @@ class T5Kind(TextEncoderKind):
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
         import transformers
+
+        from app.core.checkpoint.assembly import assign, empty
 
         words = need.words.removeprefix("its ")
         shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}

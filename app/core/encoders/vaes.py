@@ -11,7 +11,6 @@ from typing import Any
 
 from app.core import architecture as arch
 from app.core import limits, paths
-from app.core.checkpoint.assembly import assign, built, empty
 from app.core.encoders.kind import VaeKind
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, bounded, count_indices, weight_shape
@@ -62,6 +61,8 @@ def vae_from_checkpoint(checkpoint, prefix: str, base: dict[str, Any], native_si
     """An AutoencoderKL from the VAE under `prefix` of a checkpoint, its config read from the
     shapes over `base`; `read(keys)` gives its tensors."""
     import diffusers
+
+    from app.core.checkpoint.assembly import assign, built, empty
 
     path = checkpoint.path
     try:
@@ -146,6 +147,8 @@ class Flux2VaeKind(OriginalVaeKind):
         AutoencoderKLFlux2 on the shipped config."""
         import diffusers
         import torch
+
+        from app.core.checkpoint.assembly import assign, empty
 
         path = checkpoint.path
         try:
@@ -299,6 +302,8 @@ class WanVaeKind(VaeKind):
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
         import diffusers
+
+        from app.core.checkpoint.assembly import assign, empty
 
         path = checkpoint.path
         try:

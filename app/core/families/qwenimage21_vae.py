@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core import limits, paths
-from app.core.checkpoint.assembly import assign, empty
 from app.core.encoders.kind import VaeKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, bounded, count_indices, weight_shape
@@ -100,6 +99,8 @@ class QwenImage21VaeKind(VaeKind):
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
         import diffusers
+
+        from app.core.checkpoint.assembly import assign, empty
 
         path = checkpoint.path
         try:

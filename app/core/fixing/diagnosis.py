@@ -13,7 +13,6 @@ from typing import Any
 from app.core.components import COMPONENTS, FP16_MAX, Role, Status
 from app.core.encoders import t5
 from app.core.errors import HalfSafeError
-from app.core.families.registry import family_of_architecture
 from app.core.fixing.quality import Quality
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
 from app.core.precision.streaming import host_bytes
@@ -62,6 +61,8 @@ def plan_for_model(
 def vae_needs_fp32(model) -> bool:
     """Whether the model says its VAE overflows in fp16: its VAE config's `force_upcast`, where
     its family's VAEs mean it (`Family.force_upcast_means_fp32`)."""
+    from app.core.families.registry import family_of_architecture
+
     vae_config = getattr(getattr(model.pipeline, "vae", None), "config", None)
     family = family_of_architecture(str(model.architecture))
     means = family is not None and family.force_upcast_means_fp32
