@@ -27,6 +27,7 @@ from app.core.health import (
     precision_words,
     status_words,
 )
+from app.core.health.report import CheckMemory
 from app.core.memory import budget_source_words
 from app.core.settings import FIELDS
 from app.core.words.causes import cause_words
@@ -154,30 +155,27 @@ def health_text(report: HealthReport) -> str:
     return "\n".join(lines)
 
 
-def _memory_words(memory: dict) -> str:
+def _memory_words(memory: CheckMemory | None) -> str:
     """What the check's copies held, said where a memory budget was set."""
-    budget = memory.get("budget_mb")
-    if budget is None:
+    if memory is None or memory.budget_mb is None:
         return ""
-    source = budget_source_words(memory.get("budget_from"))
+    budget = memory.budget_mb
+    source = budget_source_words(memory.budget_from)
     source = f" ({source})" if source else ""
     words = (
         f"budget {budget:,.0f} MB{source}; the check's copies held at most "
-        f"{memory.get('peak_placed_mb', 0):,.0f} MB at once"
+        f"{memory.peak_placed_mb:,.0f} MB at once"
     )
-    in_place = memory.get("computed_in_place") or []
-    if in_place:
-        parts = ", ".join(component_words(name) for name in in_place)
+    if memory.computed_in_place:
+        parts = ", ".join(component_words(name) for name in memory.computed_in_place)
         words += f"; the {parts} computed wider layer by layer from the stored weights"
-    streamed = memory.get("streamed") or {}
-    if streamed:
+    if memory.streamed:
         parts = ", ".join(
-            f"the {component_words(name)} ({held['blocks']} blocks, "
-            f"{held['block_mb']:,.0f} MB at a time)"
-            for name, held in streamed.items()
+            f"the {component_words(name)} ({held.blocks} blocks, {held.block_mb:,.0f} MB at a time)"
+            for name, held in memory.streamed.items()
         )
         words += f"; streamed block by block: {parts}"
-    if memory.get("peak_placed_mb", 0) > budget:
+    if memory.peak_placed_mb > budget:
         words += (
             " (over the budget: the layers kept on the device and the largest block take "
             "more than it)"

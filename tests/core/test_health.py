@@ -545,12 +545,12 @@ def test_a_check_counts_the_copies_it_made_and_their_time(vae_report):
     """Timing the candidates places the failing part again for each run: the record says how
     often and how long that took (on a GPU, copies from the RAM can outweigh the runs)."""
     memory = vae_report.memory
+    assert memory is not None
     timed = sum(c.cost["rounds"] for c in vae_report.fix.candidates if c.cost)
-    assert memory["placements"] > timed >= 2
-    assert memory["placing_s"] >= 0
+    assert memory.placements > timed >= 2
+    assert memory.placing_s >= 0
     assert (
-        json.loads(json.dumps(vae_report.to_json()))["memory"]["placements"]
-        == (memory["placements"])
+        json.loads(json.dumps(vae_report.to_json()))["memory"]["placements"] == memory.placements
     )
 
 

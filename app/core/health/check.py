@@ -30,7 +30,14 @@ from app.core.health.observations import (
     mark_fed_by,
     predicted_islands,
 )
-from app.core.health.report import ComponentReport, Fix, HealthReport, component_of_tensor
+from app.core.health.report import (
+    CheckMemory,
+    ComponentReport,
+    Fix,
+    HealthReport,
+    StreamedPart,
+    component_of_tensor,
+)
 from app.core.health.stages import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
@@ -633,20 +640,20 @@ def _report(
         weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
         mode=(pictures.mode if pictures else Mode.TEXT).value,
         pictures=list(pictures.sources) if pictures else [],
-        memory={
-            "budget_mb": plan.memory_budget_mb,
-            "budget_from": plan.memory_budget_from,
-            "vae_tiling": plan.vae_tiling,
-            "vae_tile_px": plan.vae_tile_px,
-            "peak_placed_mb": round(check.runner.placed.peak_bytes / 2**20, 1),
-            "placements": check.runner.placed.placements,
-            "placing_s": round(check.runner.placed.placing_seconds, 2),
-            "computed_in_place": sorted(check.runner.placed.computed_in_place),
-            "streamed": {
-                name: streamed.to_json()
+        memory=CheckMemory(
+            budget_mb=plan.memory_budget_mb,
+            budget_from=plan.memory_budget_from,
+            vae_tiling=plan.vae_tiling,
+            vae_tile_px=plan.vae_tile_px,
+            peak_placed_mb=round(check.runner.placed.peak_bytes / 2**20, 1),
+            placements=check.runner.placed.placements,
+            placing_s=round(check.runner.placed.placing_seconds, 2),
+            computed_in_place=tuple(sorted(check.runner.placed.computed_in_place)),
+            streamed={
+                name: StreamedPart(**streamed.to_json())
                 for name, streamed in sorted(check.runner.placed.streamed.items())
             },
-        },
+        ),
     )
 
 

@@ -82,6 +82,50 @@ class BlockPeak:
         return {"module": self.module, "max_abs": self.max_abs, "non_finite": self.non_finite}
 
 
+@dataclass(frozen=True)
+class StreamedPart:
+    """How a component streamed block by block was held: `resident_mb` for its whole stage,
+    plus one of its `blocks` at a time, the largest `block_mb`."""
+
+    blocks: int
+    resident_mb: float
+    block_mb: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"blocks": self.blocks, "resident_mb": self.resident_mb, "block_mb": self.block_mb}
+
+
+@dataclass(frozen=True)
+class CheckMemory:
+    """What the check's copies of the parts held on the device: the memory budget (None: none)
+    and where it came from, the VAE's tiling, the most its placed components held at once, how
+    often and for how long it placed a part, the parts kept as stored computing wider layer by
+    layer, and those streamed block by block."""
+
+    budget_mb: float | None
+    budget_from: str | None
+    vae_tiling: str
+    vae_tile_px: int | None
+    peak_placed_mb: float
+    placements: int
+    placing_s: float
+    computed_in_place: tuple[str, ...] = ()
+    streamed: dict[str, StreamedPart] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "budget_mb": self.budget_mb,
+            "budget_from": self.budget_from,
+            "vae_tiling": self.vae_tiling,
+            "vae_tile_px": self.vae_tile_px,
+            "peak_placed_mb": self.peak_placed_mb,
+            "placements": self.placements,
+            "placing_s": self.placing_s,
+            "computed_in_place": list(self.computed_in_place),
+            "streamed": {name: part.to_json() for name, part in self.streamed.items()},
+        }
+
+
 @dataclass
 class ComponentReport:
     """One component's result. `max_abs` is measured at the tested precision, or, when that run
@@ -229,11 +273,8 @@ class HealthReport:
     # pictures, then the mask.
     mode: str = "txt2img"
     pictures: list[str] = field(default_factory=list)
-    # What the check's copies held on the device: `budget_mb` (the memory budget, None when
-    # none), `peak_placed_mb` (the most its placed components held at once),
-    # `computed_in_place` (components kept as stored, computing wider layer by layer) and
-    # `streamed` (component -> `streaming.Sizes.to_json`, for those streamed block by block).
-    memory: dict[str, Any] = field(default_factory=dict)
+    # What the check's copies held on the device (None: a report made without a check).
+    memory: CheckMemory | None = None
 
     @property
     def headline(self) -> str:
@@ -264,7 +305,7 @@ class HealthReport:
             "size": self.size,
             "mode": self.mode,
             "pictures": list(self.pictures),
-            "memory": dict(self.memory),
+            "memory": self.memory.to_json() if self.memory is not None else {},
             "timesteps": list(self.timesteps),
             "notes": self.notes,
             "versions": self.versions,
