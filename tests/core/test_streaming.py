@@ -248,14 +248,14 @@ def test_a_cpu_job_whose_wider_copy_would_not_fit_the_free_ram_computes_in_place
             on_progress=lambda stage, done, total, said=stages: said.append(stage),
         )
         memory = reports[room].memory
-        assert memory["budget_from"] == "free RAM"
-        assert memory["budget_mb"] == pytest.approx(extra / 2**20, abs=0.01)
+        assert memory is not None and memory.budget_from == "free RAM"
+        assert memory.budget_mb == pytest.approx(extra / 2**20, abs=0.01)
         said = [s for s in stages if isinstance(s, Headline) and s.startswith("Memory budget")]
         if room == "short":
-            assert "unet" in memory["computed_in_place"]
-            assert memory["peak_placed_mb"] < wide / 2**20
+            assert "unet" in memory.computed_in_place
+            assert memory.peak_placed_mb < wide / 2**20
         else:
-            assert not memory["computed_in_place"] and not said
+            assert not memory.computed_in_place and not said
     short, ample = reports["short"].to_json(), reports["ample"].to_json()
     assert short["verdict"] == ample["verdict"] == "fixable"
     bad = [
