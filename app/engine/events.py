@@ -13,12 +13,20 @@ import importlib
 import io
 import pickle
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, Union
 
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import LoadRequest, Request
+
+if TYPE_CHECKING:  # the window unpickles them; it never imports what builds them
+    from app.core.explain.explanation import Explanation
+    from app.core.generation.records import GenerationResult
+    from app.core.hardware.records import HardwareReport
+    from app.core.health.report import CheckResult
+    from app.core.requests.library_check import ModelChecks
 
 
 class EventState(str, Enum):
@@ -40,6 +48,25 @@ class EventState(str, Enum):
     @property
     def final(self) -> bool:
         return self in (EventState.RESULT, EventState.ERROR, EventState.CANCELLED)
+
+
+R = TypeVar("R")
+
+# What a finished job gives back, by its request (`app.engine.jobs.HANDLERS`): a load's and a
+# remembered fix's model, a check's, a run over many models', a generation's, an explanation's
+# and the devices' records; a ping's (and an engine extension's) plain data; and the model a
+# failed or cancelled load leaves loaded.
+JobResult = Union[
+    ModelSummary,
+    "CheckResult",
+    "ModelChecks",
+    "GenerationResult",
+    "Explanation",
+    "HardwareReport",
+    "StillLoaded",
+    Mapping[str, object],
+    None,
+]
 
 
 @dataclass(frozen=True)
@@ -66,8 +93,23 @@ class EngineEvent:
     details: str = ""
     error_type: str = ""
     preview_png: bytes | None = None
-    result: Any = None
+    result: JobResult = None
     seconds: float = 0.0
+
+    def result_as(self, kind: type[R]) -> R:
+        """The result, which is a `kind` (the record the job's request gives back); another
+        is a fault of the engine's, said as one."""
+        if not isinstance(self.result, kind):
+            raise TypeError(
+                f"the engine's {self.kind} job gave back {type(self.result).__name__}, "
+                f"not {kind.__name__}"
+            )
+        return self.result
+
+    def result_or_none(self, kind: type[R]) -> R | None:
+        """The result where it is a `kind`, else None (a failed load's `StillLoaded`, which
+        an older engine may leave out)."""
+        return self.result if isinstance(self.result, kind) else None
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,7 @@ class ExplainDialog(QDialog):
             self.stage.setText(f"{event.stage}…" if event.stage else "Working…")
         elif event.state == EventState.RESULT:
             self._finished("")
-            self.show_result(event.result)
+            self.show_result(event.result_as(Explanation))
         elif event.state == EventState.CANCELLED:
             self._finished("Cancelled.")
         elif event.state == EventState.ERROR:

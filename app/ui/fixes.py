@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from app.core.models.summary import ModelSummary
 from app.core.requests.records import RememberFixRequest
 from app.core.settings import FIELDS
 from app.engine.events import EngineEvent, EventState
@@ -105,7 +106,7 @@ def remember_for_model(
 
     def remembered(event: EngineEvent) -> None:
         if event.state == EventState.RESULT and event.result:
-            state.set_model(event.result, state.model_request)
+            state.set_model(event.result_as(ModelSummary), state.model_request)
         elif event.state == EventState.ERROR and on_failed is not None:
             on_failed(event)
 

@@ -515,7 +515,7 @@ class FixesView(QWidget):
                 self.stage.setText(f"{event.stage}…")
         elif event.state == EventState.RESULT:
             self._finish()
-            self._show_run(event.result)
+            self._show_run(event.result_as(ModelChecks))
         elif event.state == EventState.CANCELLED:
             self._finish()
             self.stage.setText("Cancelled.")

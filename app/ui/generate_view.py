@@ -387,7 +387,7 @@ class GenerateView(QWidget):
             self.progress.setRange(0, 1)
             self.progress.setValue(0 if event.state != EventState.RESULT else 1)
         if event.state == EventState.RESULT:
-            result: GenerationResult = event.result
+            result = event.result_as(GenerationResult)
             _shared, own = split_fix(applied_fix or {})
             images = result.images
             if (

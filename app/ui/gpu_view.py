@@ -112,7 +112,7 @@ class GpuView(QWidget):
         self.self_test_button.setEnabled(True)
         waiting, self._waiting = self._waiting, []
         if event.state == EventState.RESULT:
-            self.state.set_hardware(event.result)
+            self.state.set_hardware(event.result_as(HardwareReport))
             for callback in waiting:
                 callback()
         elif event.state == EventState.CANCELLED:

@@ -338,7 +338,7 @@ class HealthView(QWidget, FixRow):
                 running.found(event.message)
             self._update_running()
         elif event.state == EventState.RESULT:
-            result: CheckResult = event.result
+            result = event.result_as(CheckResult)
             self._finish(f"Checked in {result.report.seconds:.1f} s.")
             if result.model is not None and result.model != self.state.model:
                 # The fix the check remembered: the next job runs with it, and says so now

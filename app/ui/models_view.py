@@ -577,7 +577,7 @@ class ModelsView(QWidget):
             if request is not None:
                 self.ui_settings.setValue("models/last", request.source)
                 self._remember_opened(request.source)
-            self.state.set_model(event.result, request)
+            self.state.set_model(event.result_as(ModelSummary), request)
         elif event.state == EventState.CANCELLED:
             self.loading = None
             kept = self._keep_what_the_engine_holds(event)
@@ -595,7 +595,7 @@ class ModelsView(QWidget):
     def _keep_what_the_engine_holds(self, event: EngineEvent) -> str:
         """After a failed or cancelled load, show the model the engine still holds (the one
         loaded before, kept or loaded again); returns it in words."""
-        held: StillLoaded | None = event.result
+        held = event.result_or_none(StillLoaded)
         if held is None or held.model is None or held.request is None:
             self.state.set_model(None)
             return "no model is loaded"
