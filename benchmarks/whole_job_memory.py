@@ -104,7 +104,7 @@ def flux_companions(t5_blocks: int):
     import torch
     import transformers
 
-    from app.core.models.assembly import empty
+    from app.core.checkpoint.assembly import empty
     from app.core.models.configs import config_folder, read_json
     from app.core.paths import resource
     from tests.support.model_files import _fill_from_pool

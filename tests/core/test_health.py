@@ -549,9 +549,7 @@ def test_a_check_counts_the_copies_it_made_and_their_time(vae_report):
     timed = sum(c.cost["rounds"] for c in vae_report.fix.candidates if c.cost)
     assert memory.placements > timed >= 2
     assert memory.placing_s >= 0
-    assert (
-        json.loads(json.dumps(vae_report.to_json()))["memory"]["placements"] == memory.placements
-    )
+    assert json.loads(json.dumps(vae_report.to_json()))["memory"]["placements"] == memory.placements
 
 
 def test_a_check_run_with_the_remembered_fix_in_the_users_settings_names_it():
