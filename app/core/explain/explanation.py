@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core import hires, samplers
@@ -28,6 +28,9 @@ from app.core.images.finished import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.memory import said_as_sentence
 from app.core.words.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
+
+if TYPE_CHECKING:  # explain runs the check: the report is its record
+    from app.core.health.report import HealthReport
 
 # Image statuses (DESIGN.md): NaN-black, a genuinely dark picture, a safety-checker blank, fine;
 # then one flat colour where a generation record says a tool made it (NaN replaced by zeros,
@@ -75,7 +78,7 @@ class Explanation:
     record: Record
     pixels: dict[str, Any]
     model: ModelMatch
-    check: Any = None  # health.HealthReport
+    check: HealthReport | None = None  # the health check at the image's settings
     halfsafe_flags: list[str] = field(default_factory=list)
     tool_fix: ToolFix | None = None
     message: str = ""
@@ -579,6 +582,7 @@ def _headline(report) -> str:
 
 def _check_words(explanation: Explanation) -> str:
     report = explanation.check
+    assert report is not None  # said only of an explanation whose check ran
     if report.verdict == "fixable" and explanation.tool_fix is not None:
         fix = explanation.tool_fix
         if fix.tool == "halfsafe":  # its flags are the whole fix, in its own words

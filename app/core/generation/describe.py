@@ -104,7 +104,7 @@ def describe(
     if fixes and repair is not None:
         entry.fix = dict(repair.settings)
         entry.cause = repair.cause  # a precision change (or only another backend) made it finite
-        entry.quality = repair.quality.to_json() if repair.quality is not None else None
+        entry.quality = repair.quality
     if safety_hit:
         entry.status = "safety_checker"
         entry.message = (

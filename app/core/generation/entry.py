@@ -522,7 +522,7 @@ def _repair_by_cause(
             remade.first_bad_module = first.first_bad_module
             remade.fixes_applied = [*remade.fixes_applied, cause.repair]
             remade.fix = dict(cause.settings)
-            remade.quality = cause.quality.to_json() if cause.quality is not None else None
+            remade.quality = cause.quality
             remade.loras = list(used)
             remade.message = f"{cause.summary} The image was made again that way."
             result.images[index] = remade

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
+from app.core.fixing.quality import Quality
 from app.core.hires import Hires
 from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.images.canvas import SIDES, Canvas
@@ -98,7 +99,7 @@ class ImageResult:
     non_finite: float = 0.0  # fraction of pixels that were NaN/inf
     non_finite_box: tuple[int, int, int, int] | None = None  # where they are: x0, y0, x1, y1
     settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
-    quality: dict[str, Any] | None = None  # a repair's agreement with fp32 (quality.Quality)
+    quality: Quality | None = None  # a repair's agreement with fp32
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
     cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
@@ -123,7 +124,7 @@ class ImageResult:
             "non_finite": round(self.non_finite, 6),
             "non_finite_box": list(self.non_finite_box) if self.non_finite_box else None,
             "settings": dict(self.settings),  # what this image was made with, repairs included
-            "quality": dict(self.quality) if self.quality is not None else None,
+            "quality": self.quality.to_json() if self.quality is not None else None,
             "cause": self.cause,
             "step_cache": self.step_cache,
         }
