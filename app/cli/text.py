@@ -99,7 +99,7 @@ def health_text(report: HealthReport) -> str:
             + (" ..." if len(report.weights_non_finite) > 5 else "")
         )
     for finding in report.weights_bad_quantized[:5]:
-        lines.append(f"Bad quantized tensor: {finding['tensor']} {finding['problem']}")
+        lines.append(f"Bad quantized tensor: {finding.tensor} {finding.problem}")
     lines.append(f"Verdict: {VERDICT_WORDS[report.verdict]}")
     if report.loras:
         lines.append(

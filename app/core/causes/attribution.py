@@ -183,7 +183,7 @@ def attribute(
         return Cause(
             "weights",
             component,
-            f"The quantized weight {first['tensor']} {first['problem']}: the file's "
+            f"The quantized weight {first.tensor} {first.problem}: the file's "
             "quantisation is at fault, not fp16 overflow, and no setting can repair it.",
             "replace the file (or use an unquantized one)",
             "none",

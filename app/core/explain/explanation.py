@@ -29,7 +29,9 @@ from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.memory import said_as_sentence
 from app.core.words.tools import MADE_BY, TOOLS, ToolFix, in_tool_terms
 
-if TYPE_CHECKING:  # explain runs the check: the report is its record
+if TYPE_CHECKING:  # explain runs the check and compares the kernels: these are their records
+    from app.core.causes.records import Cause
+    from app.core.explain.kitchen import KitchenFinding
     from app.core.health.report import HealthReport
 
 # Image statuses (DESIGN.md): NaN-black, a genuinely dark picture, a safety-checker blank, fine;
@@ -87,8 +89,8 @@ class Explanation:
     next_steps: NextSteps | None = None
     # comfy-kitchen compared here after a clean check of an image from a tool that runs it
     # (`kitchen`), and the kernel cause it proved, if one.
-    kitchen: Any = None
-    cause: Any = None  # causes.Cause
+    kitchen: KitchenFinding | None = None
+    cause: Cause | None = None
 
     @property
     def problem(self) -> bool:

@@ -637,7 +637,7 @@ def _report(
         loras=[LoraIdentity.of(applied) for applied in getattr(model, "loras", [])],
         tried=list(check.search.candidates),
         unfixed=in_run_order(check.search.unfixed),
-        weights_bad_quantized=[f.to_json() for f in start.bad_quantized],
+        weights_bad_quantized=list(start.bad_quantized),
         mode=(pictures.mode if pictures else Mode.TEXT).value,
         pictures=list(pictures.sources) if pictures else [],
         memory=CheckMemory(

@@ -14,6 +14,7 @@ from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_word
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import AT_RISK_HEADROOM
 from app.core.fixing.quality import Quality
+from app.core.formats.weight_findings import QuantFinding
 from app.core.health.cost import FixCost
 from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, tested_words
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
@@ -266,9 +267,9 @@ class HealthReport:
     # The failed components no precision setting made finite and right (in run order): what a
     # broken verdict is about. Not reported (each one's status is).
     unfixed: list[str] = field(default_factory=list, repr=False)
-    # Quantized weights that decode wrongly (QuantFinding.to_json each): a loader's or a
-    # conversion's fault, told apart from overflow.
-    weights_bad_quantized: list[dict[str, Any]] = field(default_factory=list)
+    # Quantized weights that decode wrongly: a loader's or a conversion's fault, told apart
+    # from overflow.
+    weights_bad_quantized: list[QuantFinding] = field(default_factory=list)
     # The path the check ran (`pictures.Mode`'s word) and the files it read for it: the input
     # pictures, then the mask.
     mode: str = "txt2img"
@@ -291,7 +292,7 @@ class HealthReport:
             "tested_layers": layer_words(self.plan),
             "weights": {
                 "non_finite": self.weights_non_finite,
-                "bad_quantized": self.weights_bad_quantized,
+                "bad_quantized": [f.to_json() for f in self.weights_bad_quantized],
             },
             "components": {name: c.to_json() for name, c in self.components.items()},
             "verdict": self.verdict.value,
@@ -380,7 +381,7 @@ def headline(report: HealthReport) -> str:
         if report.weights_bad_quantized:
             first = report.weights_bad_quantized[0]
             return (
-                f"Broken: quantized weight {first['tensor']} {first['problem']}; this is the "
+                f"Broken: quantized weight {first.tensor} {first.problem}; this is the "
                 "file's quantisation, not fp16 overflow, and no precision setting repairs it."
             )
         if report.weights_non_finite:
