@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 from app.core.fixing import profiles
 from app.core.models.summary import ModelSummary
 from app.core.settings import FIELDS
+from app.core.settings.values import setting_entries
 from app.ui import words
 from app.ui.fixes_rows import LearnedRow
 from app.ui.widgets import label
@@ -58,7 +59,7 @@ class FixEditor(QDialog):
         settings = self.stored.fix.settings
         for key in LAYER_KEYS:
             layout.addWidget(QLabel(FIELDS[key].label))
-            editor = QPlainTextEdit("\n".join(settings.get(key) or []))
+            editor = QPlainTextEdit("\n".join(setting_entries(settings, key)))
             editor.setToolTip(FIELDS[key].help)
             self.editors[key] = editor
             layout.addWidget(editor)

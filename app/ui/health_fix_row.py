@@ -14,6 +14,7 @@ from app.core.components import in_run_order, join_words
 from app.core.health import Fix, HealthReport
 from app.core.precision import PrecisionPlan
 from app.core.precision.words import plan_words
+from app.core.settings.values import setting_entries
 from app.engine.events import EngineEvent
 from app.ui import words
 from app.ui.dialogs import Dialogs
@@ -164,7 +165,7 @@ class FixRow:
         if fix is None:
             return False
         _, own = split_fix(settings)
-        return all(set(v or ()) <= set(fix.settings.get(k) or ()) for k, v in own.items())
+        return all(set(v or ()) <= set(setting_entries(fix.settings, k)) for k, v in own.items())
 
     def _runs(self, settings: dict[str, Any], plan: PrecisionPlan | None) -> bool:
         """Whether the next job runs the fix `settings` as the settings and the remembered fix

@@ -9,6 +9,7 @@ from typing import Any
 
 from app.core.fixing.quality import Quality
 from app.core.precision import kernels
+from app.core.settings.values import SettingValue
 
 CAUSES = ("precision", "kernel", "weights", "state", "intermittent")
 WEIGHT_SEARCH_STEPS = 6  # halvings of the LoRA weight range: the answer within 1/64 of it
@@ -78,7 +79,7 @@ class Cause:
     repair: str  # the repair in words
     action: str  # "change_precision" | "switch_backend" | "reload" | "drop_lora" | "lower_lora_weight" | "rerun" | "none"
     verified: bool
-    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    settings: dict[str, SettingValue] = dataclasses.field(default_factory=dict)
     quality: Quality | None = None
     lora: LoraBlame | None = None
     headline: str | None = None  # replaces the report's headline when the cause changes it

@@ -18,6 +18,7 @@ from app.core.explain import runtime
 from app.core.explain.records import Record
 from app.core.families.faults import ToolFault
 from app.core.families.registry import tool_faults
+from app.core.settings.values import SettingValue
 from app.core.words.tools import TERMS, TOOLS, setting_words, wide_by_default
 
 # Where the NaN most likely is, completing "the likely cause is ..." (and each family's known
@@ -91,7 +92,7 @@ class Switch:
 
     part: str  # "vae", "attention", "unet", "all"
     flags: list[str]
-    settings: dict[str, Any]
+    settings: dict[str, SettingValue]
     note: str = ""  # where the tool's switch is wider than the part
     only_if: str | None = None  # completes "only if ...": the default it undoes
 

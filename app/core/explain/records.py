@@ -15,6 +15,7 @@ from app.core import samplers
 from app.core.errors import BadFileError
 from app.core.explain import checkers, kernels, regions, runtime
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
+from app.core.settings.values import SettingValue
 from app.core.words import infotext
 from app.core.words.infotext import read_float, read_int, read_text
 
@@ -48,7 +49,9 @@ class Record:
     prompt: str = ""
     version: str | None = None
     halfsafe_status: str | None = None  # HalfSafe's own "NaN watch" entry
-    precision: dict[str, Any] = field(default_factory=dict)  # settings recorded by HalfSafe
+    precision: dict[str, SettingValue] = field(
+        default_factory=dict
+    )  # settings recorded by HalfSafe
     device_name: str | None = None  # the device HalfSafe made it on
     # The torch.compile step the record shows ran ("TorchCompileModel (inductor)"), or None.
     # Only ComfyUI records it (its graph holds the node); A1111, Forge, Forge Neo (whose

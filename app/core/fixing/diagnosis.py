@@ -17,6 +17,7 @@ from app.core.fixing.quality import Quality
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
 from app.core.precision.streaming import host_bytes
 from app.core.settings import PrecisionSettings
+from app.core.settings.values import SettingValue
 
 AT_RISK_HEADROOM = 2.0  # within 2x of 65504: a bigger image or another prompt can tip it over
 
@@ -116,7 +117,7 @@ class FixCandidate:
     `FIX_KINDS`."""
 
     plan: PrecisionPlan
-    settings: Mapping[str, Any]
+    settings: Mapping[str, SettingValue]
     kind: str = ""
 
     @property
@@ -550,7 +551,7 @@ class CandidateResult:
     component: str
     kind: str
     words: str
-    settings: dict[str, Any]
+    settings: dict[str, SettingValue]
     modules: int  # layers kept out of the component's dtype by this candidate
     finite: bool
     quality: Quality | None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.settings.values import SettingValue
+
 # What a fix saved without the precision it was proved at is taken to be for: every precision
 # fix HalfSafe proves is one for a part failing in fp16 (or bf16, which rarely overflows).
 ASSUMED_PROVED_AT: dict[str, Any] = {
@@ -26,7 +28,9 @@ ASSUMED_PROVED_AT: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class RememberedFix:
-    settings: dict[str, Any]  # settings values that make the model run finite on this device
+    settings: dict[
+        str, SettingValue
+    ]  # settings values that make the model run finite on this device
     summary: str  # one sentence, as the health check wrote it
     verified_by: str  # "health check" or "generation repair"
     saved_at: float
@@ -34,7 +38,7 @@ class RememberedFix:
     # The precision it was proved at, as the settings that give it (`PrecisionPlan.
     # dtype_settings`): what it is a fix for, and what Re-verify runs it under. Empty in a fix
     # saved before it was kept.
-    made_at: dict[str, Any] = field(default_factory=dict)
+    made_at: dict[str, SettingValue] = field(default_factory=dict)
     # The model's components it was proved on ("transformer", "vae", ...): a setting several
     # kinds of component share ('unet_precision') is said of the part the model has (a Flux
     # model's transformer, not a UNet). Empty in a fix saved before they were kept.

@@ -17,6 +17,7 @@ from app.core.images.pictures import STRENGTH_DEFAULT, Mode, mode_of
 from app.core.memory import MemoryRecord
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
+from app.core.settings.values import SettingValue
 
 # on_preview(step, image): a small PIL image of the first image of the batch.
 PreviewCallback = Callable[[int, Any], None]
@@ -93,12 +94,14 @@ class ImageResult:
     step: int | None = None
     fixes_applied: list[str] = field(default_factory=list)
     message: str = ""
-    fix: dict[str, Any] | None = None
+    fix: dict[str, SettingValue] | None = None
     path: str = ""
     first_bad_module: str | None = None
     non_finite: float = 0.0  # fraction of pixels that were NaN/inf
     non_finite_box: tuple[int, int, int, int] | None = None  # where they are: x0, y0, x1, y1
-    settings: dict[str, Any] = field(default_factory=dict)  # effective settings it was made with
+    settings: dict[str, SettingValue] = field(
+        default_factory=dict
+    )  # effective settings it was made with
     quality: Quality | None = None  # a repair's agreement with fp32
     parameters: str = ""  # the PNG's `parameters` text
     image: Any = field(default=None, repr=False)
@@ -136,7 +139,7 @@ class GenerationResult:
     with) and the device that made them."""
 
     images: list[ImageResult]
-    settings: dict[str, Any]  # effective precision settings of the job (before any repair)
+    settings: dict[str, SettingValue]  # effective precision settings of the job (before any repair)
     seconds: float
     request: GenerationRequest
     model: ModelIdentity

@@ -20,6 +20,7 @@ from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, te
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.models.summary import ModelSummary
 from app.core.precision import PrecisionPlan
+from app.core.settings.values import SettingValue, setting_word
 
 if TYPE_CHECKING:  # the causes are told from re-runs of the check: they import it
     from app.core.causes.records import Cause
@@ -185,7 +186,7 @@ class Fix:
     repaired components)."""
 
     plan: PrecisionPlan
-    settings: dict[str, Any]  # what "Apply fix" writes into the user's settings
+    settings: dict[str, SettingValue]  # what "Apply fix" writes into the user's settings
     summary: str
     verified: bool
     quality: Quality | None = None
@@ -224,11 +225,11 @@ class Advice:
     would move the model to fp16 while keeping the components predicted to overflow wider."""
 
     overflowing: list[str]  # components predicted to overflow in fp16
-    settings: dict[str, Any]
+    settings: dict[str, SettingValue]
     measured: bool  # False: predicted from the wider run
     # The layer-level alternative: everything in fp16 but the layers the wider run measured
     # past fp16's range (and those they feed), kept in fp32; empty when it could not be drawn.
-    layer_settings: dict[str, Any] = field(default_factory=dict)
+    layer_settings: dict[str, SettingValue] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -429,7 +430,7 @@ def headline(report: HealthReport) -> str:
     advice = report.advice
     if advice is not None and advice.overflowing:
         peak = max((components[n].max_abs or 0.0 for n in advice.overflowing), default=0.0)
-        keep = {advice.settings[COMPONENTS[n].setting] for n in advice.overflowing}
+        keep = {setting_word(advice.settings, COMPONENTS[n].setting) for n in advice.overflowing}
         basis = "measured" if advice.measured else "predicted from this run"
         keep_only = (
             f"keep only the {join_words(advice.overflowing)} in {' or '.join(sorted(keep))} "

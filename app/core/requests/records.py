@@ -7,12 +7,13 @@ itself, pickled). `kind` names the engine job that runs a record. Everything her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 from app.core.generation.records import GenerationRequest
 from app.core.images.canvas import Canvas
 from app.core.lora.request import LoraRequest
 from app.core.settings import FIELDS, PrecisionSettings
+from app.core.settings.values import SettingValue
 
 
 class Request(Protocol):
@@ -108,11 +109,11 @@ class RememberFixRequest:
     the precision it was proved at, as settings (`PrecisionPlan.dtype_settings`)."""
 
     kind: ClassVar[str] = "remember_fix"
-    settings: dict[str, Any]
+    settings: dict[str, SettingValue]
     summary: str = ""
     verified_by: str = "health check"
     device: str = "auto"
-    made_at: dict[str, Any] = field(default_factory=dict)
+    made_at: dict[str, SettingValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,23 @@ from typing import Any
 
 from app.core.settings.schema import FIELDS, defaults
 
+# One setting's value, as the schema's field kinds hold them (`validation.Field.kind`): a
+# switch, a number, a word or a path, a list of folders or COMPONENT:PATH entries; None where
+# a record leaves it unset.
+SettingValue = bool | int | float | str | list[str] | None
+
+
+def setting_entries(settings: Mapping[str, SettingValue], key: str) -> list[str]:
+    """A list setting's entries (`fp32_modules`, `clamp_modules`, ...): [] where unset."""
+    value = settings.get(key)
+    return list(value) if isinstance(value, list) else []
+
+
+def setting_word(settings: Mapping[str, SettingValue], key: str) -> str:
+    """A word setting's value (a dtype, a backend): "" where unset."""
+    value = settings.get(key)
+    return value if isinstance(value, str) else ""
+
 
 @dataclass(frozen=True)
 class PrecisionSettings:

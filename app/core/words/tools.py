@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.settings.values import SettingValue
+
 # What `made_by` can be (DESIGN.md, `halfsafe explain --json`).
 MADE_BY = ("a1111", "forge", "comfyui", "invokeai", "swarmui", "sdnext", "halfsafe", "unknown")
 
@@ -66,7 +68,7 @@ class Term:
     settings to change. `note` says where the tool's switch is wider than HalfSafe's."""
 
     flags: tuple[str, ...] = ()
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, SettingValue] = field(default_factory=dict)
     note: str = ""
 
 
@@ -279,7 +281,7 @@ class ToolFix:
 
     tool: str
     flags: list[str]
-    settings: dict[str, Any]
+    settings: dict[str, SettingValue]
     how: str
     notes: list[str]
     covered: bool  # every changed setting has a term in this tool
