@@ -18,10 +18,10 @@ from app.core.families.base import (
     FlowMatching,
     input_channels_problem,
     patches_problem,
-    prompt_tensors,
     transformer_width,
 )
 from app.core.families.qwenimage import QWENIMAGE_LATENT
+from app.core.families.vl_prompts import PipelinePrompts
 from app.core.formats.layouts import (
     Layout,
     Need,
@@ -241,7 +241,7 @@ def patch_size(pipeline) -> int:
 
 
 @dataclass(frozen=True)
-class Krea2Family(FlowMatching, Family):
+class Krea2Family(PipelinePrompts, FlowMatching, Family):
     """Krea 2: the prompt, padded to a fixed length inside Qwen-Image's chat template, runs
     through a Qwen3-VL text encoder; the hidden states of a dozen of its layers
     (`text_encoder_select_layers`), stacked per token after the system instruction, are what
@@ -296,26 +296,13 @@ class Krea2Family(FlowMatching, Family):
         problem = layers_problem(pipe)
         if problem is not None:
             raise HalfSafeError(f"This Krea 2 model cannot read a prompt: {problem}")
-        tensors: dict[str, Any] = {}
-        texts = [("", prompt)] + ([("negative_", negative)] if guidance else [])
-        for prefix, text in texts:
-            embeds, mask = pipe.encode_prompt(
-                prompt=text, device=device, max_sequence_length=self.max_sequence_length
-            )
-            tensors[prefix + "prompt_embeds"] = embeds  # (1, tokens, layers, width)
-            tensors[prefix + "prompt_embeds_mask"] = mask  # (1, tokens), True for real tokens
-        return tensors
+        return super().encode(pipe, prompt, negative, device, guidance)
 
-    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
-        return {"text_encoder": prompt_tensors(tensors)}
-
-    def pipeline_embeds(self, embeds: dict[str, Any], batch: int) -> dict[str, Any]:
-        # Krea2Pipeline keeps its latents in the embeddings' dtype: fp32 keeps the sampler's
-        # latents in fp32 whatever the text encoder ran in (the transformer casts its inputs).
-        import torch
-
-        repeated = super().pipeline_embeds(embeds, batch)
-        return {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()}
+    def prompt_embeds(self, pipe, text: str, device) -> tuple[Any, Any]:
+        # (1, tokens, layers, width), and (1, tokens) True for the real tokens
+        return pipe.encode_prompt(
+            prompt=text, device=device, max_sequence_length=self.max_sequence_length
+        )
 
     def _sigmas(self, pipeline, steps: int, size: int) -> list[float]:
         """The sigmas Krea2Pipeline runs at this step count and size: linear from 1 to 1/steps,

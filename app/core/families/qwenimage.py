@@ -23,9 +23,9 @@ from app.core.families.base import (
     input_channels_problem,
     packed_noise,
     patches_problem,
-    prompt_tensors,
     transformer_width,
 )
+from app.core.families.vl_prompts import PipelinePrompts
 from app.core.formats.layouts import (
     Layout,
     Need,
@@ -252,7 +252,7 @@ def _edit_processor_from(folder: Path):
 
 
 @dataclass(frozen=True)
-class QwenImageFamily(ShiftedSigmas, Family):
+class QwenImageFamily(PipelinePrompts, ShiftedSigmas, Family):
     """Qwen-Image: a Qwen2.5-VL text encoder whose last hidden states (the prompt's tokens
     after its system instruction) condition an MMDiT `transformer` on packed 2x2 patches of a
     16-channel latent, by flow matching with real CFG (a second call on the negative prompt,
@@ -317,31 +317,13 @@ class QwenImageFamily(ShiftedSigmas, Family):
     def latent_factor(self, pipeline) -> int:
         return 2 ** len(pipeline.vae.temperal_downsample)
 
-    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
-        tensors: dict[str, Any] = {}
-        texts = [("", prompt)] + ([("negative_", negative)] if guidance else [])
-        for prefix, text in texts:
-            embeds, mask = pipe.encode_prompt(
-                prompt=text,
-                device=device,
-                num_images_per_prompt=1,
-                max_sequence_length=self.max_sequence_length,
-            )
-            tensors[prefix + "prompt_embeds"] = embeds
-            if mask is not None:  # None: every token counts
-                tensors[prefix + "prompt_embeds_mask"] = mask
-        return tensors
-
-    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
-        return {"text_encoder": prompt_tensors(tensors)}
-
-    def pipeline_embeds(self, embeds: dict[str, Any], batch: int) -> dict[str, Any]:
-        # QwenImagePipeline keeps its latents in the embeddings' dtype: fp32 keeps the sampler's
-        # latents in fp32 whatever the text encoder ran in (the transformer casts its inputs).
-        import torch
-
-        repeated = super().pipeline_embeds(embeds, batch)
-        return {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()}
+    def prompt_embeds(self, pipe, text: str, device) -> tuple[Any, Any]:
+        return pipe.encode_prompt(
+            prompt=text,
+            device=device,
+            num_images_per_prompt=1,
+            max_sequence_length=self.max_sequence_length,
+        )
 
     def folder_parts(self, folder: Path) -> dict[str, Any]:
         """An editing folder's processor, built from its processor/ files (diffusers' own

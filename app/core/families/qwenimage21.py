@@ -21,10 +21,10 @@ from app.core.families.base import (
     ShiftedSigmas,
     input_channels_problem,
     patches_problem,
-    prompt_tensors,
     transformer_width,
 )
 from app.core.families.qwenimage21_vae import QWENIMAGE21_VAE
+from app.core.families.vl_prompts import PipelinePrompts
 from app.core.formats.layouts import (
     Layout,
     Need,
@@ -174,7 +174,7 @@ LAYOUT = Layout(
 
 
 @dataclass(frozen=True)
-class QwenImage21Family(ShiftedSigmas, Family):
+class QwenImage21Family(PipelinePrompts, ShiftedSigmas, Family):
     """Qwen-Image 2.1: a Qwen3-VL text encoder whose last layer's hidden states before its final
     norm (the prompt's tokens after its system instruction, in Qwen3-VL's chat format) condition
     a single-stream `transformer`. Text and image share one sequence, causal over the text and
@@ -242,28 +242,9 @@ class QwenImage21Family(ShiftedSigmas, Family):
     def latent_factor(self, pipeline) -> int:
         return 2 ** (len(pipeline.vae.config.dim_mult) - 1)
 
-    def encode(self, pipe, prompt: str, negative: str, device, guidance: bool) -> dict[str, Any]:
-        tensors: dict[str, Any] = {}
-        texts = [("", prompt)] + ([("negative_", negative)] if guidance else [])
-        for prefix, text in texts:
-            embeds, mask, _ = pipe.encode_prompt(
-                prompt=text, device=device, num_images_per_prompt=1
-            )
-            tensors[prefix + "prompt_embeds"] = embeds
-            if mask is not None:  # None: every token counts
-                tensors[prefix + "prompt_embeds_mask"] = mask
-        return tensors
-
-    def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
-        return {"text_encoder": prompt_tensors(tensors)}
-
-    def pipeline_embeds(self, embeds: dict[str, Any], batch: int) -> dict[str, Any]:
-        # QwenImage21Pipeline keeps its latents in the embeddings' dtype: fp32 keeps the
-        # sampler's latents in fp32 whatever the text encoder ran in.
-        import torch
-
-        repeated = super().pipeline_embeds(embeds, batch)
-        return {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in repeated.items()}
+    def prompt_embeds(self, pipe, text: str, device) -> tuple[Any, Any]:
+        embeds, mask, _ = pipe.encode_prompt(prompt=text, device=device, num_images_per_prompt=1)
+        return embeds, mask
 
     def denoiser_inputs(
         self,
