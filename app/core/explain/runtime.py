@@ -40,6 +40,7 @@ _CACHE_WORDS = (
     "taylorseer",
     "seacache",
     "deepcache",
+    "promptcache",  # HalfSafe's own (`infotext.PROMPT_CACHE`): keys and values kept
 )
 _SKIPPED_MODES = (2, 4)  # a UI workflow node muted (2) or bypassed (4) did not run
 _OFF = (False, "disabled", "false", "off", "none")
