@@ -85,6 +85,12 @@ def poisoned_cache(monkeypatch):
     return poisoned
 
 
+def _text(path: str) -> str:
+    text = read_parameters(path)
+    assert text is not None
+    return text
+
+
 def _pixels(image) -> np.ndarray:
     return np.asarray(image.image if hasattr(image, "image") else image, dtype=np.float32)
 
@@ -123,7 +129,7 @@ def test_a_nan_the_cache_held_is_named_as_the_caches(tmp_path, poisoned_cache):
     # Its record says what made it: no prompt cache, so taking it back cannot bring the fault.
     assert image.prompt_cache is False and image.to_json()["prompt_cache"] is False
     assert result.to_json()["prompt_cache"] is True  # what was asked
-    _, _, parameters = infotext.split_text(read_parameters(image.path))
+    _, _, parameters = infotext.split_text(_text(image.path))
     assert infotext.PROMPT_CACHE.name not in parameters
 
 
@@ -167,9 +173,9 @@ def test_the_png_names_the_cache_and_explain_reads_it(tmp_path):
     model = _model("qwen21-cache-png")
     (image,) = generation.generate(model, _request(tmp_path), precision=FP16, device="cpu").images
     assert image.status == "ok" and image.prompt_cache is True
-    _, _, parameters = infotext.split_text(read_parameters(image.path))
+    _, _, parameters = infotext.split_text(_text(image.path))
     assert parameters[infotext.PROMPT_CACHE.name] == "on"
-    entry = GalleryEntry.from_parameters(read_parameters(image.path), image.path, "HalfSafe")
+    entry = GalleryEntry.from_parameters(_text(image.path), image.path, "HalfSafe")
     assert entry.generate_values()["prompt_cache"] is True  # "Reuse" sets the form's box
     record, _, _ = read_image(image.path)
     assert json.loads(json.dumps(record.to_json()))["step_caches"] == [{"node": "Prompt cache"}]
