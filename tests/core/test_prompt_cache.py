@@ -194,6 +194,10 @@ def test_cli_refuses_the_cache_for_another_family_with_exit_2(tmp_path, capsys):
     status = main(["generate", "demo", "--prompt-cache", "on", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and "turn Prompt cache off" in err
+    fast = ["--steps", "2", "--width", "64", "--height", "64", "--json"]
+    off = ["generate", "demo", *fast, "--prompt-cache", "off", "--out", str(tmp_path)]
+    assert main(off) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_cache"] is False
 
 
 def test_cli_prompt_cache_takes_on_or_off(capsys):
@@ -227,3 +231,38 @@ def test_every_family_says_truly_whether_it_takes_the_prompt_cache(tmp_path, nam
         return
     (image,) = generation.generate(model, _request(tmp_path), precision=FP16, device="cpu").images
     assert image.status == "ok" and cache_use["read"] > 0
+
+
+def test_the_watch_keeps_a_failing_call_that_runs_again_without_the_cache(poisoned_cache):
+    """A call that read NaN from the cache is kept without the cache's arguments: run again
+    alone, it computes the text's keys and values itself, and comes out finite."""
+    from app.core.families import family_of
+    from app.core.generation.watch import NanWatch
+
+    pipeline = build_tiny_qwenimage21_pipeline()
+    family = family_of(pipeline)
+    transformer = pipeline.transformer
+    watch = NanWatch(
+        transformer,
+        1,
+        sample_argument=family.sample_argument,
+        timestep_argument=family.timestep_argument,
+    )
+    try:
+        with torch.inference_mode():
+            pipeline(
+                prompt="a red cat",
+                height=64,
+                width=64,
+                num_inference_steps=3,
+                output_type="latent",
+                **family.prompt_cache_arguments(True),
+            )
+    finally:
+        watch.remove()
+    assert poisoned_cache["stores"] > 0 and bool(watch.bad[0])
+    kept = watch.failing_input(0)
+    assert kept is not None and "kv_cache" not in kept and "kv_cache_mode" not in kept
+    with torch.inference_mode():
+        output = transformer(**{**kept, "return_dict": False})[0]
+    assert torch.isfinite(output).all()
