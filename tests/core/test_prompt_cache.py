@@ -19,6 +19,7 @@ from app.core.errors import HalfSafeError
 from app.core.images.finished import read_parameters
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
+from app.core.words.causes import cause_words
 from tests.core.test_families import QWENIMAGE21_BLOCK
 from tests.support.family_helpers import in_memory
 from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_qwenimage21_pipeline
@@ -124,7 +125,7 @@ def test_a_nan_the_cache_held_is_named_as_the_caches(tmp_path, poisoned_cache):
     assert image.fixes_applied == ["made again without the prompt cache"]
     assert image.fix == {} and image.non_finite == 0.0
     assert "prompt cache" in image.message and "No precision fix" in image.message
-    assert "Prompt cache off" in image.message
+    assert "Prompt cache off" in image.message and cause_words("cache") in image.message
     assert np.isfinite(_pixels(image)).all()
     # Its record says what made it: no prompt cache, so taking it back cannot bring the fault.
     assert image.prompt_cache is False and image.to_json()["prompt_cache"] is False

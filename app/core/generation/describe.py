@@ -125,9 +125,10 @@ def describe(
     elif repair is not None and repair.cause == "cache":
         entry.status = "fixed"
         entry.message = (
-            f"{where} with {step_cache.names(*repair.caches)} on; made again without it (same "
-            f"seed, same settings), it came out finite: {cause_words('cache')}. No precision "
-            f"fix is kept for it; {step_cache.advice(*repair.caches)} for this model."
+            f"{where} with {step_cache.names(*repair.caches)} on; made again without "
+            f"{'them' if all(repair.caches) else 'it'} (same seed, same settings), it came out "
+            f"finite: {cause_words('cache')}. No precision fix is kept for it; "
+            f"{step_cache.advice(*repair.caches)} for this model."
         )
     elif repair is not None and repair.cause == "intermittent":
         entry.status = "fixed"

@@ -34,8 +34,7 @@ class Repair:
     # "kernel" when the repairs only switched the attention backend (the same precision, as
     # `causes` classifies a check's fix), "intermittent" when the image made again unchanged
     # came out finite (no fix at all), "cache" when made again without its caches (the step
-    # cache, the prompt cache) it did,
-    # else "precision".
+    # cache, the prompt cache) it did, else "precision".
     cause: str = "precision"
     # With cause "cache": the caches the failed run had on (step cache threshold, prompt cache).
     caches: tuple[float, bool] = (0.0, False)
