@@ -267,3 +267,24 @@ def test_the_watch_keeps_a_failing_call_that_runs_again_without_the_cache(poison
     with torch.inference_mode():
         output = transformer(**{**kept, "return_dict": False})[0]
     assert torch.isfinite(output).all()
+
+
+def test_an_edit_with_real_cfg_keeps_the_pictures_in_the_cache_and_is_ruled_out_the_same(
+    tmp_path, poisoned_cache
+):
+    """An edit caches the reference pictures' keys and values beside the text's, for the
+    prompt and the negative prompt (real CFG): a NaN held there is the cache's too."""
+    from PIL import Image
+
+    from tests.core.test_edit import _request as edit_request
+
+    path = tmp_path / "ref.png"
+    rng = np.random.RandomState(0)
+    Image.fromarray((rng.rand(64, 64, 3) * 255).astype(np.uint8)).save(path)
+    model = _model("qwen21-cache-edit")
+    request = edit_request(tmp_path, [str(path)], prompt_cache=True)
+    (image,) = generation.generate(model, request, precision=FP16, device="cpu").images
+    assert poisoned_cache["stores"] >= 2 * len(model.pipeline.transformer.transformer_blocks)
+    assert (image.status, image.cause) == ("fixed", "cache"), image.message
+    assert image.fixes_applied == ["made again without the prompt cache"]
+    assert np.isfinite(_pixels(image)).all()
