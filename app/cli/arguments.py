@@ -362,6 +362,14 @@ class _ModuleEntries(argparse.Action):
             parser.error(f"argument {option_string}: {error}")
 
 
+def _on_off(text: str) -> bool:
+    """A switch's flag: on or off."""
+    words = {"on": True, "off": False}
+    if text.strip().lower() not in words:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is neither on nor off")
+    return words[text.strip().lower()]
+
+
 def _validated(key: str):
     """A flag's value checked against the schema field `key`, so the bounds live in one place.
 
@@ -459,6 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,
             help=FIELDS[key].help,
         )
+    gen.add_argument(
+        "--prompt-cache",
+        dest="prompt_cache",
+        metavar="on|off",
+        type=_on_off,
+        default=argparse.SUPPRESS,
+        help=FIELDS["prompt_cache"].help + " Default: off (or your saved setting).",
+    )
     gen.add_argument(
         "--scheduler",
         "--sampler",

@@ -186,6 +186,7 @@ def generate_request(
             upscaler=values["hires_upscaler"],
         ),
         step_cache=values["step_cache"],
+        prompt_cache=values["prompt_cache"],
     )
     return GenerateRequest(
         generation=generation,

@@ -129,7 +129,7 @@ class GenerateView(QWidget):
         self.width_box, self.height_box = form.width_box, form.height_box
         self.batch, self.scheduler, self.clip_skip = form.batch, form.scheduler, form.clip_skip
         self.hires, self.size_hint = form.hires, form.size_hint
-        self.step_cache = form.step_cache
+        self.step_cache, self.prompt_cache = form.step_cache, form.prompt_cache
         self.loras, self.pictures = form.loras, form.pictures
         self.reuse_seed.clicked.connect(self.reuse_last_seed)
 

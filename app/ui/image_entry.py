@@ -97,6 +97,7 @@ class GalleryEntry:
     clip_skip: int | None = None  # A1111's "Clip skip", where recorded
     hires: Hires | None = None  # A1111's hires fix, where recorded and one HalfSafe runs
     step_cache: float | None = None  # HalfSafe's step cache threshold, where recorded
+    prompt_cache: bool | None = None  # HalfSafe's prompt cache, True where recorded on
     settings: Mapping[str, Any] = field(default_factory=dict)  # the precision it ran with
     # What the NaN watch said (HalfSafe's own images).
     status: str = "ok"
@@ -175,6 +176,7 @@ class GalleryEntry:
             clip_skip=request.clip_skip if request.clip_skip > 1 else None,
             hires=request.hires if request.hires.on else None,
             step_cache=image.step_cache or None,
+            prompt_cache=image.prompt_cache or None,
             settings=dict(image.settings or result.settings),
             status=image.status,
             component=image.component,
@@ -215,6 +217,7 @@ class GalleryEntry:
             clip_skip=parsed.get(infotext.CLIP_SKIP),
             hires=_hires_of(parsed),
             step_cache=parsed.get(infotext.STEP_CACHE),
+            prompt_cache=parsed.get(infotext.PROMPT_CACHE) == "on" or None,
             settings=parsed.settings(infotext.SETTING_KEYS),
             status=status if status in STATUSES else "ok",
             component=infotext.read_text(parsed.get(infotext.NAN_COMPONENT), 100),
@@ -274,6 +277,7 @@ class GalleryEntry:
             "clip_skip": self.clip_skip,
             "hires": self.hires,
             "step_cache": self.step_cache,
+            "prompt_cache": self.prompt_cache,
             # Not a form value: the sentence the Generate page shows when the sampler it takes
             # is the closest HalfSafe runs to the one recorded.
             "schedule_note": self.schedule_note,

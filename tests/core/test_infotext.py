@@ -42,6 +42,8 @@ _SECOND_PASS_KEYS = {
     infotext.HIRES_UPSCALER,
     # Written for a transformer model run with the step cache (tests/core/test_step_cache.py).
     infotext.STEP_CACHE,
+    # Written for a Qwen-Image 2.1 model run with the prompt cache (test_prompt_cache.py).
+    infotext.PROMPT_CACHE,
 }
 # Keys other tools write, read to tell which tool made an image or what it ran.
 _READ_ONLY = {

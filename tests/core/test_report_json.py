@@ -63,6 +63,7 @@ GENERATION_KEYS = [
     "clip_skip",
     "hires",
     "step_cache",
+    "prompt_cache",
     "warnings",
     "memory",
 ]

@@ -124,6 +124,35 @@ def test_the_step_cache_is_on_only_for_a_model_it_runs_on_and_goes_with_the_job(
     assert view.step_cache.value() == 0.12
 
 
+def test_the_prompt_cache_is_on_only_for_a_model_that_keeps_one_and_goes_with_the_job(
+    window, engines
+):
+    """The demo's pipeline keeps no prompt cache: its box is off and sends False; a Qwen-Image
+    2.1 model takes it, sends it with the job, keeps it as a setting, and an image recording
+    it puts it back in the form."""
+    view = window.generate_view
+    load_fake_model(window, engines, DEMO_SUMMARY)
+    view.prompt_cache.setChecked(True)
+    assert not view.prompt_cache.isEnabled() and "no prompt cache" in view.prompt_cache.toolTip()
+    assert view.request()["prompt_cache"] is False
+    load_fake_model(window, engines, dataclasses.replace(DEMO_SUMMARY, architecture="qwenimage21"))
+    window.show_page("Generate")
+    view.prompt.setPlainText("a lighthouse at dusk")
+    assert view.prompt_cache.isEnabled() and view.prompt_cache.isChecked()
+    view.generate()
+    assert engines.current.last_job("generate").params.generation.prompt_cache is True
+    assert load_settings().settings["prompt_cache"] is True
+    view.use_parameters(GalleryEntry.from_parameters("a castle\nSteps: 20").generate_values())
+    assert not view.prompt_cache.isChecked()  # recorded none: made without it
+    recorded = infotext.write(
+        "a castle",
+        "",
+        infotext.keyed([("Steps", 20), ("Size", (512, 512)), ("Prompt cache", "on")]),
+    )
+    view.use_parameters(GalleryEntry.from_parameters(recorded).generate_values())
+    assert view.prompt_cache.isChecked()
+
+
 def test_an_images_schedule_halfsafe_does_not_run_takes_the_closest_and_says_so(view):
     """Send to Generate: an image made with ComfyUI's Simple schedule fills the form with the
     closest sampler HalfSafe runs, and the page says which in one sentence."""

@@ -40,6 +40,7 @@ _CACHE_WORDS = (
     "taylorseer",
     "seacache",
     "deepcache",
+    "promptcache",  # HalfSafe's own (`infotext.PROMPT_CACHE`): keys and values kept
 )
 _SKIPPED_MODES = (2, 4)  # a UI workflow node muted (2) or bypassed (4) did not run
 _OFF = (False, "disabled", "false", "off", "none")
@@ -178,21 +179,22 @@ MEMORY_MANAGERS = {
 
 RUNTIME_WORDS = {
     "cache_note": (
-        "The image's workflow ran a step cache ({nodes}), which reuses a block's output across "
-        "denoising steps instead of computing it again: a NaN cached once repeats in every "
-        "later step. HalfSafe's check computes every step; to rule the cache out in the tool, "
-        "bypass {first} and make the image again."
+        "The image's workflow ran a step cache ({nodes}), which reuses what one denoising step "
+        "computed (a block's output, the prompt's keys and values) in later steps instead of "
+        "computing it again: a NaN cached once repeats in every later step. HalfSafe's check "
+        "computes every step; to rule the cache out in the tool, bypass {first} and make the "
+        "image again."
     ),
     "cache_reproduced": (
         "The image's workflow ran a step cache ({nodes}); HalfSafe's check runs without one, "
         "so what it found is the model's, not the cache's."
     ),
     "cache_suspect": (
-        "The image's workflow ran a step cache ({nodes}), which reuses a block's output across "
-        "steps: a NaN it cached repeats in every later step, and a stale cache carries one "
-        "image's values into the next. The check without it ran finite, so the cache is the "
-        "first suspect: bypass {first} and make the image again; if it comes out right, it was "
-        "the cache."
+        "The image's workflow ran a step cache ({nodes}), which reuses what one step computed "
+        "in later steps: a NaN it cached repeats in every later step, and a stale cache carries "
+        "one image's values into the next. The check without it ran finite, so the cache is "
+        "the first suspect: bypass {first} and make the image again; if it comes out right, it "
+        "was the cache."
     ),
     "cache_rule_out": "the step cache ({nodes})",
     "manager": (

@@ -122,6 +122,11 @@ class Family:
     # its transformer: its blocks are ones diffusers knows how to skip, and its pipeline keeps
     # the cache's context (the conformance suite holds each family to it).
     takes_step_cache: ClassVar[bool] = False
+    # Whether its pipeline keeps the prompt's keys and values from the first step and reuses
+    # them in every later step (the prompt cache, `generation.step_cache`; Qwen-Image 2.1's
+    # `use_kv_cache`), which `prompt_cache_arguments` turns on (the conformance suite holds
+    # each family to it).
+    takes_prompt_cache: ClassVar[bool] = False
 
     # Whether `encode` takes `clip_skip` (A1111's "Clip skip"): the families whose prompt is
     # read from CLIP's hidden states (SD1/SD2, SDXL).
@@ -488,6 +493,11 @@ class Family:
     def call_arguments(self, cfg: float) -> dict[str, Any]:
         """The pipeline call's guidance arguments."""
         return {"guidance_scale": cfg}
+
+    def prompt_cache_arguments(self, on: bool) -> dict[str, Any]:
+        """The pipeline call's arguments that turn its prompt cache on or off (none where the
+        family has none: `takes_prompt_cache`)."""
+        return {}
 
     def guidance_parameters(self, cfg: float) -> list[tuple[str, Any]]:
         """The guidance as A1111-style PNG parameters."""

@@ -180,8 +180,8 @@ class QwenImage21Family(PipelinePrompts, ShiftedSigmas, Family):
     a single-stream `transformer`. Text and image share one sequence, causal over the text and
     bidirectional inside the image; each 2x2 group of latent cells takes one slot of the text
     encoder's sequence, and the text's tokens are modulated as at t = 0, which lets the pipeline
-    keep their keys and values after the first step (`use_kv_cache`, not used here: see
-    `call_arguments`). Flow matching on the
+    keep their keys and values after the first step (`use_kv_cache`: HalfSafe's prompt cache,
+    off unless asked, see `prompt_cache_arguments`). Flow matching on the
     64-channel cells of a 16x VAE, sigmas shifted by the image's sequence length, or the model's
     own `sample_sigmas` where its folder sets them. Real CFG is optional (`true_cfg_scale`, 1:
     none, the model's default): the negative prompt's prediction is not rescaled. Every block
@@ -195,6 +195,7 @@ class QwenImage21Family(PipelinePrompts, ShiftedSigmas, Family):
     transformer_class = "QwenImage21Transformer2DModel"
     layout = LAYOUT
     pipeline_class = "QwenImage21Pipeline"
+    takes_prompt_cache = True  # the pipeline's `use_kv_cache` (`prompt_cache_arguments`)
     # The one pipeline also edits: a picture given alone is a condition picture.
     edit_pipelines = {"QwenImage21Pipeline": QWENIMAGE21_REFERENCES}
     companion_names = {"text_encoder": "qwen_3_vl_8b", "vae": "qwen_image_2.1_vae"}
@@ -453,12 +454,18 @@ class QwenImage21Family(PipelinePrompts, ShiftedSigmas, Family):
         return torch.cat(packed), generators
 
     def call_arguments(self, cfg: float) -> dict[str, Any]:
-        # Real CFG when a negative prompt is given (cfg > 1). Every step runs the whole joint
-        # sequence, without the pipeline's key/value cache of the text: the NaN watch keeps a
-        # failing transformer call to re-run it alone under other precisions, and a call that
-        # reads keys and values cached by another run cannot be. The text is a few hundred
-        # tokens beside the picture's thousands, so this costs a few percent of a step.
-        return {"true_cfg_scale": cfg, "use_kv_cache": False}
+        # Real CFG when a negative prompt is given (cfg > 1).
+        return {"true_cfg_scale": cfg}
+
+    def prompt_cache_arguments(self, on: bool) -> dict[str, Any]:
+        # The pipeline's key/value cache of the text (and reference pictures): kept at the first
+        # step, reused by every later one, only where the transformer's `causal_condition` makes
+        # them the same at every step (the pipeline checks). Off, every step runs the whole
+        # joint sequence; the text is a few hundred tokens beside the picture's thousands, so
+        # the cache saves a few percent of a step. A NaN it holds repeats in every later step:
+        # an image that goes non-finite with it on is made again without it (`repair`), and the
+        # NaN watch keeps a failing call without the cache, which it re-runs computing them.
+        return {"use_kv_cache": on}
 
     def image_latents(self, pipeline, latents, height: int, width: int):
         from diffusers import QwenImage21Pipeline

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from app.core.components import words as component_words
 from app.core.fixing.diagnosis import FixCandidate
+from app.core.generation import step_cache
 from app.core.generation.records import GenerationRequest, ImageResult, settings_of
 from app.core.generation.repair import Repair
 from app.core.generation.stages import Outcome, failure
@@ -30,7 +31,8 @@ def describe(
 ) -> ImageResult:
     """The entry for one image. `intermittent`: the image is still non-finite, and the part
     that failed came out finite when it ran again unchanged (checked when repairs are asked);
-    `cached`: still non-finite from a denoiser run with the step cache, never ruled out."""
+    `cached`: still non-finite from a denoiser run with a cache on (the step cache, the prompt
+    cache), never ruled out."""
     stats = outcome.stats
     fixes = list(repair.fixes) if repair else []
     still = failure(outcome)
@@ -46,6 +48,7 @@ def describe(
         settings=settings_of(outcome.plan, precision),
         image=outcome.image,
         step_cache=outcome.step_cache,
+        prompt_cache=outcome.prompt_cache,
     )
     where = _where(component, step, request.steps)
     if still is not None:
@@ -68,9 +71,11 @@ def describe(
                 "and repair it."
             )
         elif cached:
+            caches = step_cache.names(outcome.step_cache, outcome.prompt_cache)
+            switches = step_cache.switches(outcome.step_cache, outcome.prompt_cache)
             entry.message = (
-                f"{where} with the step cache on, so {share}. A NaN a cache holds repeats in "
-                "every later step: make the image again with Step cache 0 before any precision "
+                f"{where} with {caches} on, so {share}. A NaN a cache holds repeats in "
+                f"every later step: make the image again with {switches} before any precision "
                 "fix (with Auto fix on, HalfSafe does that itself)."
             )
         elif intermittent:
@@ -120,9 +125,10 @@ def describe(
     elif repair is not None and repair.cause == "cache":
         entry.status = "fixed"
         entry.message = (
-            f"{where} with the step cache on; made again without it (same seed, same "
-            f"settings), it came out finite: {cause_words('cache')}. No precision fix is kept "
-            "for it; set Step cache to 0, or lower it, for this model."
+            f"{where} with {step_cache.names(*repair.caches)} on; made again without "
+            f"{'them' if all(repair.caches) else 'it'} (same seed, same settings), it came out "
+            f"finite: {cause_words('cache')}. No precision fix is kept for it; "
+            f"{step_cache.advice(*repair.caches)} for this model."
         )
     elif repair is not None and repair.cause == "intermittent":
         entry.status = "fixed"

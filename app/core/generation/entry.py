@@ -242,6 +242,7 @@ def _generate_unsaved(
         or family.clip_skip_problem(request.clip_skip)
         or (family.picture_problem(pipeline, Mode.IMAGE) if request.hires.on else None)
         or (step_cache.problem(family) if request.step_cache else None)
+        or (step_cache.prompt_problem(family) if request.prompt_cache else None)
     )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
@@ -335,9 +336,9 @@ def _generate_unsaved(
             suggestion = None
             intermittent = False
             still = failure(outcome)
-            # A denoiser that went non-finite with the step cache on: the cache comes first
-            # (a part re-run alone runs without it, so it would look intermittent).
-            cached = still is not None and still == outcome.denoiser and outcome.step_cache > 0
+            # A denoiser that went non-finite with a cache on: the cache comes first (a part
+            # re-run alone runs without it, so it would look intermittent).
+            cached = still is not None and still == outcome.denoiser and outcome.cached
             if still is not None and auto_fix == "ask" and not cached:
                 # The quick test starts by running the failing part again unchanged: a NaN that
                 # does not come back is no precision problem, so no precision fix is offered.

@@ -48,6 +48,7 @@ def parameters(
         (infotext.RNG, "CPU"),
         (infotext.CLIP_SKIP, request.clip_skip if request.clip_skip > 1 else None),
         (infotext.STEP_CACHE, f"{entry.step_cache:g}" if entry.step_cache else None),
+        (infotext.PROMPT_CACHE, "on" if entry.prompt_cache else None),
         *_hires_parameters(request),
         *_picture_parameters(
             request, family.max_references(model.pipeline), family.takes_control(model.pipeline)

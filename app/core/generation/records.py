@@ -67,6 +67,8 @@ class GenerationRequest:
     hires: Hires = field(default_factory=Hires)
     # The step cache's threshold (`step_cache`; 0: every step computed in full).
     step_cache: float = 0.0
+    # The pipeline's prompt cache (`prompt_cache`; only for families that keep one).
+    prompt_cache: bool = False
 
     def drawn_size(self) -> tuple[int, int]:
         """(width, height) of the picture the job's last pass draws and its VAE decodes."""
@@ -108,6 +110,8 @@ class ImageResult:
     cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
     # The step cache's threshold this image was made with: 0 for one made again without it.
     step_cache: float = 0.0
+    # Whether the prompt cache was on for it: False for one made again without it.
+    prompt_cache: bool = False
     loras: list[Any] | None = field(default=None, repr=False)  # None: the model's LoRAs
     # The image as PNG bytes, with its parameters, where it could not be saved (`path` empty)
     # and leaves the engine for the window, which can still save it elsewhere.
@@ -130,6 +134,7 @@ class ImageResult:
             "quality": self.quality.to_json() if self.quality is not None else None,
             "cause": self.cause,
             "step_cache": self.step_cache,
+            "prompt_cache": self.prompt_cache,
         }
 
 
@@ -169,6 +174,7 @@ class GenerationResult:
             "clip_skip": self.request.clip_skip,
             "hires": self._hires_json(),
             "step_cache": self.request.step_cache,
+            "prompt_cache": self.request.prompt_cache,
             "warnings": list(self.warnings),
             "memory": self.memory.to_json() if self.memory is not None else None,
         }

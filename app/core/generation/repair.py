@@ -12,6 +12,7 @@ from app.core.errors import CancelledError
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import FixCandidate, candidate_fixes
 from app.core.fixing.quality import Quality
+from app.core.generation import step_cache
 from app.core.generation.probes import Probes
 from app.core.generation.stages import Outcome, failure
 from app.core.images.finished import to_image
@@ -32,9 +33,11 @@ class Repair:
     quality: Quality | None = None  # the worst of its repairs against fp32
     # "kernel" when the repairs only switched the attention backend (the same precision, as
     # `causes` classifies a check's fix), "intermittent" when the image made again unchanged
-    # came out finite (no fix at all), "cache" when made again without the step cache it did,
-    # else "precision".
+    # came out finite (no fix at all), "cache" when made again without its caches (the step
+    # cache, the prompt cache) it did, else "precision".
     cause: str = "precision"
+    # With cause "cache": the caches the failed run had on (step cache threshold, prompt cache).
+    caches: tuple[float, bool] = (0.0, False)
 
 
 class Repairs(Probes):
@@ -73,7 +76,7 @@ class Repairs(Probes):
         and if that comes out finite the fault was intermittent (`causes`): that image is kept
         and no precision fix is tried or remembered."""
         component = failure(outcome)
-        if component and component == outcome.denoiser and outcome.step_cache > 0:
+        if component and component == outcome.denoiser and outcome.cached:
             outcome, uncached = self._without_cache(index, seed, outcome, total)
             if uncached is not None:
                 return uncached
@@ -125,12 +128,14 @@ class Repairs(Probes):
     def _without_cache(
         self, index: int, seed: int, outcome: Outcome, total: int
     ) -> tuple[Outcome, Repair | None]:
-        """The image made again with the step cache off, before any other repair is believed
-        (a NaN a cache holds repeats in every later step); the cache stays off for the rest of
-        the job. Right then, the cache was the cause; still non-finite, that run is the one
-        repaired."""
+        """The image made again with its caches off (the step cache, the prompt cache), before
+        any other repair is believed (a NaN a cache holds repeats in every later step); they
+        stay off for the rest of the job. Right then, a cache was the cause; still non-finite,
+        that run is the one repaired."""
+        caches = step_cache.names(outcome.step_cache, outcome.prompt_cache)
         self.step_cache = 0.0
-        self.progress(f"Image {index + 1} of {total}: making it again without the step cache", 0, 1)
+        self.prompt_cache = False
+        self.progress(f"Image {index + 1} of {total}: making it again without {caches}", 0, 1)
         self.stage = "Making the image again"
         try:
             again = self.run(outcome.plan, [seed])[0]
@@ -138,7 +143,12 @@ class Repairs(Probes):
             self.stage = "Generating"
         if failure(again) is not None:
             return again, None
-        return again, Repair(again, fixes=["made again without the step cache"], cause="cache")
+        return again, Repair(
+            again,
+            fixes=[f"made again without {caches}"],
+            cause="cache",
+            caches=(outcome.step_cache, outcome.prompt_cache),
+        )
 
     def _same_again(
         self, index: int, seed: int, component: str, outcome: Outcome, total: int

@@ -78,11 +78,17 @@ class Outcome:
     watched: bool = True
     denoiser: str = "unet"  # the family's denoiser component
     step_cache: float = 0.0  # the step cache's threshold it was denoised with (0: none)
+    prompt_cache: bool = False  # whether the pipeline's prompt cache was on for it
     # A hires fix with a pixel upscaler: the first pass's latents (1, C, h, w), where their
     # decode went non-finite (the VAE's failing input, not `latents`), and the enlarged picture
     # (1, C, H, W) on the CPU that the VAE's encoder read at the final size.
     vae_latents: Any = None
     enlarged: Any = None
+
+    @property
+    def cached(self) -> bool:
+        """Whether it was denoised with a cache on (the step cache, the prompt cache)."""
+        return self.step_cache > 0 or self.prompt_cache
 
 
 def failure(outcome: Outcome) -> str | None:
@@ -150,6 +156,7 @@ class Stages:
         # The step cache's threshold the job denoises with (`step_cache`): 0 once a failure
         # made it rule the cache out, for the rest of the job.
         self.step_cache = request.step_cache
+        self.prompt_cache = request.prompt_cache  # likewise, the prompt cache
 
     def _colours(self, plan: PrecisionPlan):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
@@ -404,6 +411,7 @@ class Stages:
                     **arguments,
                     num_inference_steps=request.steps,
                     **self.family.call_arguments(request.cfg),
+                    **self.family.prompt_cache_arguments(self.prompt_cache),
                     generator=generators,
                     output_type="latent",
                     callback_on_step_end=on_step_end,
@@ -579,6 +587,7 @@ class Stages:
                     watched=self.watch,
                     denoiser=self.family.denoiser,
                     step_cache=self.step_cache,
+                    prompt_cache=self.prompt_cache,
                     vae_latents=vae_latents,
                     enlarged=enlarged,
                 )

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The denoiser's arguments that carry a cache of another call's keys and values.
+_PROMPT_CACHE_ARGUMENTS = ("kv_cache", "kv_cache_mode")
+
 
 class NanWatch:
     """Per-image, device-side record of non-finite values in one denoising run.
@@ -77,6 +80,10 @@ class NanWatch:
             for name, parameter in self._signature.parameters.items():
                 if parameter.kind is parameter.VAR_KEYWORD:  # **kwargs: their own names
                     named.update(named.pop(name, {}))
+            # A prompt cache (Qwen-Image 2.1's keys and values of the text, kept by the first
+            # step): the call kept is re-run alone, and computes them itself.
+            for name in _PROMPT_CACHE_ARGUMENTS:
+                named.pop(name, None)
             sample = named.pop(self.sample_argument, None)
             timestep = named.pop(self.timestep_argument, None)
             if isinstance(sample, list):

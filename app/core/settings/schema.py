@@ -389,6 +389,18 @@ SCHEMA: tuple[Field, ...] = (
         maximum=1.0,
     ),
     Field(
+        "prompt_cache",
+        "bool",
+        False,
+        "Prompt cache",
+        "Keep the prompt's keys and values from the first step and reuse them in every later "
+        "step (Qwen-Image 2.1's key/value cache): a little faster, the same image within "
+        "rounding; only for models whose pipeline keeps one (other models refuse it). A NaN a "
+        "cache holds repeats in every later step: an image that goes NaN is made again "
+        "without it first.",
+        "Generation",
+    ),
+    Field(
         "negative_prompt",
         "text",
         "",

@@ -14,8 +14,9 @@ CAUSE_WORDS = {
         "strikes at random, not the model"
     ),
     "cache": (
-        "the step cache: made again without it, the image came out right, so the NaN was one "
-        "the cache held and replayed, not the model's"
+        "a cache (the step cache, or the prompt cache of the text's keys and values): made "
+        "again without it, the image came out right, so the NaN was one the cache held and "
+        "replayed, not the model's"
     ),
 }
 

@@ -218,6 +218,12 @@ HIRES_UPSCALER = Key("Hires upscaler", "hires fix: how the first picture was enl
 STEP_CACHE = _halfsafe(
     "First block cache", "the step cache's threshold (written when on): steps were skipped", "float"
 )
+# Read by explain as a cache that ran (`explain.runtime`: its name says "prompt cache").
+PROMPT_CACHE = _halfsafe(
+    "Prompt cache",
+    "the prompt's keys and values were kept from the first step and reused (written 'on' when on)",
+    "word",
+)
 MASK = _halfsafe("Mask", "inpainting: the mask's file name (white was painted again)")
 INPUT_PICTURE = _halfsafe(
     "Input picture",
@@ -325,6 +331,7 @@ KEYS: tuple[Key, ...] = (
     HIRES_STEPS,
     HIRES_UPSCALER,
     STEP_CACHE,
+    PROMPT_CACHE,
     MASK_BLUR,
     INPAINT_AREA,
     MASKED_AREA_PADDING,
