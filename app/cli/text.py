@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from app.core.components import words as component_words
 from app.core.fixing.diagnosis import CHOSEN_WORDS
-from app.core.formats import quantized
+from app.core.formats.weight_findings import StoredQuantization
 from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.hardware.records import HardwareReport
@@ -45,12 +44,12 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     ]
 
 
-def _quantization_line(quantization: Mapping[str, Any] | None) -> list[str]:
+def _quantization_line(quantization: StoredQuantization | None) -> list[str]:
     if not quantization:
         return []
     return [
-        f"Stored:  {quantization['format']} ({', '.join(quantization['types'])}), "
-        + quantized.held_words(quantization)
+        f"Stored:  {quantization.format} ({', '.join(quantization.types)}), "
+        + quantization.held_words()
     ]
 
 

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app.core.formats.weight_findings import StoredQuantization
+
 if TYPE_CHECKING:
     from app.core.hardware import DeviceInfo
 
@@ -97,7 +99,7 @@ class ModelIdentity:
     format: str = ""
     hash: str | None = None
     prediction: Prediction = field(default_factory=Prediction)
-    quantization: Mapping[str, Any] | None = None
+    quantization: StoredQuantization | None = None
     companions: Mapping[str, str] = field(default_factory=dict)
     loras: tuple[LoraIdentity, ...] = ()
 
@@ -112,7 +114,7 @@ class ModelIdentity:
             format=str(model.format),
             hash=getattr(model, "model_hash", None),
             prediction=Prediction.of(model),
-            quantization=dict(quantization) if quantization is not None else None,
+            quantization=quantization,
             companions=dict(getattr(model, "companions", {})),
             loras=tuple(LoraIdentity.of(a) for a in getattr(model, "loras", [])),
         )
@@ -125,7 +127,7 @@ class ModelIdentity:
             "architecture": self.architecture,
             "name": self.name,
             "prediction": self.prediction.to_json(),
-            "quantization": dict(self.quantization) if self.quantization is not None else None,
+            "quantization": self.quantization.to_json() if self.quantization is not None else None,
             "companions": dict(self.companions),
         }
 

@@ -679,11 +679,7 @@ class ModelsView(QWidget):
             facts.append(f"stored as {model.stored_dtype}")
         quantization = model.quantization
         if quantization:
-            from app.core.formats.quantized import (
-                held_words,  # a quantized model's words, when shown
-            )
-
-            facts.append(f"quantized ({quantization.get('format')}), {held_words(quantization)}")
+            facts.append(f"quantized ({quantization.format}), {quantization.held_words()}")
         if model.native_size:
             facts.append(f"made for {model.native_size}×{model.native_size} px")
         if model.prediction_type:

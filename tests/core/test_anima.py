@@ -386,7 +386,7 @@ def test_scaled_fp8_files_dequantise_in_the_transformer_and_its_adapter(tmp_path
 
     model = models.load_model(str(written["transformer"]))
 
-    assert model.quantization is not None and model.quantization["format"] == "fp8_scaled"
+    assert model.quantization is not None and model.quantization.to_json()["format"] == "fp8_scaled"
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     adapter = model.pipeline.text_conditioner.state_dict()
     key = "blocks.0.mlp.2.weight"
@@ -411,7 +411,7 @@ def test_a_gguf_diffusion_model_file_loads_with_its_adapter_within_quantisation_
     model = models.load_model(str(path))
 
     assert (model.format, model.architecture) == ("split_files", "anima")
-    assert model.quantization is not None and model.quantization["format"] == "gguf"
+    assert model.quantization is not None and model.quantization.to_json()["format"] == "gguf"
     for part in ("transformer", "text_conditioner"):
         state = getattr(model.pipeline, part).state_dict()
         for key, reference in getattr(pipeline, part).state_dict().items():

@@ -211,7 +211,7 @@ def test_a_gguf_kontext_transformer_is_told_by_its_name_too(tmp_path, references
         "flux-kontext",
         "FluxKontextPipeline",
     )
-    assert model.quantization is not None and model.quantization["format"] == "gguf"
+    assert model.quantization is not None and model.quantization.format == "gguf"
     result = generation.generate(
         model, _request(tmp_path, references[:1], steps=2), precision=FP16, device="cpu"
     )

@@ -133,7 +133,9 @@ def test_a_quantized_fill_transformer_loads_and_inpaints(tmp_path, stored, pictu
 
     assert (model.architecture, type(model.pipeline).__name__) == ("flux-fill", "FluxFillPipeline")
     assert model.quantization is not None
-    assert model.quantization["format"] == ("gguf" if stored == "gguf-q8_0" else "fp8_scaled")
+    assert model.quantization.to_json()["format"] == (
+        "gguf" if stored == "gguf-q8_0" else "fp8_scaled"
+    )
     assert model.weights.non_finite == [] and model.weights.bad_quantized == []
     image = generation.generate(
         model, _request(tmp_path, picture, mask, steps=2), precision=FP16, device="cpu"

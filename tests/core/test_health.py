@@ -164,7 +164,7 @@ def test_timing_runs_leave_the_other_components_placed():
     # The no-half warm-up placed the whole plan, the tested plan's first run put it back; then
     # the UNet stays put for all the timed runs.
     assert len(set(unets[1:])) == 1 and len(unets) == 2 * stages.COST_ROUNDS + 1
-    assert set(costs) == {"as_tested", "no_half"} and costs["no_half"]["step_ms"] > 0
+    assert set(costs) == {"as_tested", "no_half"} and (costs["no_half"].step_ms or 0) > 0
 
 
 def test_a_candidate_left_far_behind_stops_being_timed():
@@ -204,11 +204,11 @@ def test_a_candidate_left_far_behind_stops_being_timed():
         )
     finally:
         runner.placed.release()
-    rounds = {label: cost["rounds"] for label, cost in costs.items()}
+    rounds = {label: cost.rounds for label, cost in costs.items()}
     full = stages.COST_ROUNDS
     assert rounds == {"0": 1, "1": full, "2": full, "as_tested": full, "no_half": full}
-    assert costs["0"]["step_ms"] == 1200.0 and costs["0"]["step_ms_range"] == [1200.0, 1200.0]
-    assert costs["2"]["step_ms"] == 250.0
+    assert costs["0"].step_ms == 1200.0 and costs["0"].step_ms_range == (1200.0, 1200.0)
+    assert costs["2"].step_ms == 250.0
     # One warm-up (no-half), then every plan once, then the four left for the other rounds.
     assert len(made) == 1 + 5 + 4 * (full - 1)
     assert [done for done, _ in counts] == list(range(1, len(made) + 1))
@@ -546,7 +546,7 @@ def test_a_check_counts_the_copies_it_made_and_their_time(vae_report):
     often and how long that took (on a GPU, copies from the RAM can outweigh the runs)."""
     memory = vae_report.memory
     assert memory is not None
-    timed = sum(c.cost["rounds"] for c in vae_report.fix.candidates if c.cost)
+    timed = sum(c.cost.rounds or 0 for c in vae_report.fix.candidates if c.cost)
     assert memory.placements > timed >= 2
     assert memory.placing_s >= 0
     assert json.loads(json.dumps(vae_report.to_json()))["memory"]["placements"] == memory.placements

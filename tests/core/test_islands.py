@@ -21,6 +21,7 @@ from app.core import hardware, health
 from app.core.errors import HalfSafeError
 from app.core.fixing import diagnosis, profiles
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality
+from app.core.fixing.stage_cost import StageCost
 from app.core.generation import GenerationRequest, generate
 from app.core.images.finished import read_parameters
 from app.core.precision import plan_weights_mb
@@ -86,7 +87,7 @@ def test_a_planted_overflow_is_fixed_by_a_few_layers_in_fp32(
     assert plan_weights_mb(fix.plan, pipeline) <= 1.10 * fp16_mb
     whole = row(report, "component_fp32")
     assert whole.verified and not whole.chosen
-    assert whole.cost["weights_mb"] > row(report, "islands").cost["weights_mb"]
+    assert whole.cost and whole.cost.weights_mb > row(report, "islands").cost.weights_mb
     assert fix.candidates[0].kind == "islands" and fix.candidates[0].chosen
     # What the user reads and copies.
     document = report.to_json()["fix"]
@@ -218,9 +219,8 @@ def test_islands_run_only_the_named_layers_wider_and_cast_back():
 
 
 def _result(kind: str, memory: float, ms: tuple[float, float] | None = None, db: float = 40.0):
-    cost: dict = {"weights_mb": memory}
-    if ms is not None:
-        cost.update({"step_ms": sum(ms) / 2, "step_ms_range": list(ms)})
+    timed = {"step_ms": sum(ms) / 2, "step_ms_range": ms} if ms is not None else {}
+    cost = StageCost(memory, **timed)
     return diagnosis.CandidateResult("vae", kind, kind, {}, 0, db > -1, Quality(db), cost)
 
 
@@ -296,13 +296,16 @@ def test_the_measured_check_times_every_verified_candidate_beside_the_baselines(
     assert {c.kind for c in verified} >= {"islands", "component_fp32"}
     for candidate in verified:
         # One far behind the fastest leaves the race early; the fastest runs every round.
-        assert candidate.cost["step_ms"] > 0 and 1 <= candidate.cost["rounds"] <= health.COST_ROUNDS
-        low, high = candidate.cost["step_ms_range"]
-        assert low <= candidate.cost["step_ms"] <= high
-    assert max(c.cost["rounds"] for c in verified) == health.COST_ROUNDS
+        cost = candidate.cost
+        assert cost is not None and cost.step_ms is not None and cost.step_ms > 0
+        assert cost.rounds is not None and 1 <= cost.rounds <= health.COST_ROUNDS
+        assert cost.step_ms_range is not None
+        low, high = cost.step_ms_range
+        assert low <= cost.step_ms <= high
+    assert max(c.cost.rounds or 0 for c in verified if c.cost) == health.COST_ROUNDS
     baselines = report.fix.baselines["vae"]
     assert set(baselines) == {"as_tested", "no_half"}
-    assert baselines["no_half"]["weights_mb"] > baselines["as_tested"]["weights_mb"]
+    assert baselines["no_half"].weights_mb > baselines["as_tested"].weights_mb
     assert report.fix.candidates[0].chosen and report.fix.candidates[0].verified
     shown = health.candidate_rows(report.fix.candidates, report.fix.baselines)
     assert [r[1] for r in shown[-2:]] == ["as tested (no fix)", "no-half"]

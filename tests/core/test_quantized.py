@@ -98,7 +98,7 @@ def test_scaled_fp8_single_file_loads_with_every_scale_applied_and_checks_health
 
     model = models.load_model(str(path))
 
-    assert model.quantization == {
+    assert model.quantization.to_json() == {
         "format": "fp8_scaled",
         "types": ["F8_E4M3"],
         "files": [path.name],
@@ -330,7 +330,9 @@ def test_a_tiny_sd1_file_in_int8_loads_and_checks_healthy(tmp_path):
 
     model = models.load_model(str(path))
 
-    assert model.quantization is not None and model.quantization["format"] == "int8_scaled"
+    assert (
+        model.quantization is not None and model.quantization.to_json()["format"] == "int8_scaled"
+    )
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     report = health.check_loaded(
         model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
@@ -557,7 +559,7 @@ def test_a_plain_fp8_single_file_loads(tmp_path, dtype):
 
     model = models.load_model(str(path))
 
-    assert model.quantization is not None and model.quantization["format"] == "fp8"
+    assert model.quantization is not None and model.quantization.to_json()["format"] == "fp8"
     assert model.weights.non_finite == [] and model.weights.bad_quantized == []
     assert model.stored_dtype == "mixed"  # fp8 weights, fp16 biases and norms
     got = model.pipeline.unet.state_dict()["down_blocks.0.attentions.0.proj_in.weight"]
@@ -588,8 +590,8 @@ def test_scaled_fp8_split_flux_files_dequantise_in_every_file(tmp_path, prefix):
 
     assert model.format == "split_files"
     assert model.quantization is not None
-    assert model.quantization["format"] == "fp8_scaled"
-    assert model.quantization["files"] == [
+    assert model.quantization.to_json()["format"] == "fp8_scaled"
+    assert model.quantization.to_json()["files"] == [
         "flux1-fp8.safetensors",
         "t5xxl.safetensors",
         "ae.safetensors",
@@ -639,7 +641,7 @@ def test_an_sd35_fp8_scaled_file_with_everything_inside_loads_every_part_dequant
     model = models.load_model(str(path))
 
     assert (model.architecture, model.format) == ("sd3", "single_file")
-    assert model.quantization == {
+    assert model.quantization.to_json() == {
         "format": "fp8_scaled",
         "types": ["F8_E4M3"],
         "files": [path.name],
@@ -748,8 +750,8 @@ def test_a_flux_gguf_transformer_loads_with_its_companions_within_quantisation_e
     model = models.load_model(str(path))
 
     assert model.format == "split_files" and model.architecture == "flux-dev"
-    assert model.quantization is not None and model.quantization["format"] == "gguf"
-    assert qtype.name in model.quantization["types"]
+    assert model.quantization is not None and model.quantization.to_json()["format"] == "gguf"
+    assert qtype.name in model.quantization.to_json()["types"]
     assert model.weights.non_finite == [] and model.weights.bad_quantized == []
     state = model.pipeline.transformer.state_dict()
     for key, reference in pipeline.transformer.state_dict().items():
@@ -788,8 +790,8 @@ def test_a_gguf_transformer_of_every_layout_loads_and_is_listed_with_its_compani
     model = models.load_model(str(path))
 
     assert (model.format, model.architecture) == ("split_files", architecture)
-    assert model.quantization is not None and model.quantization["files"] == [path.name]
-    assert "Q8_0" in model.quantization["types"]
+    assert model.quantization is not None and model.quantization.to_json()["files"] == [path.name]
+    assert "Q8_0" in model.quantization.to_json()["types"]
     assert model.weights.non_finite == [] and model.weights.bad_quantized == []
     state = model.pipeline.transformer.state_dict()
     for key, reference in pipeline.transformer.state_dict().items():
@@ -858,7 +860,7 @@ def test_a_t5_gguf_companion_in_llama_cpp_names_loads_beside_a_gguf_transformer(
     model = models.load_model(str(path))
 
     assert model.quantization is not None
-    assert model.quantization["files"] == [path.name, "t5-v1_1-xxl-encoder-Q8_0.gguf"]
+    assert model.quantization.to_json()["files"] == [path.name, "t5-v1_1-xxl-encoder-Q8_0.gguf"]
     state = model.pipeline.text_encoder_2.state_dict()
     for key, reference in pipeline.text_encoder_2.state_dict().items():
         bound = reference.abs().max() * STEP["Q8_0"] + 1e-6
@@ -898,7 +900,7 @@ def test_clip_and_vae_gguf_companions_under_their_safetensors_names_load(tmp_pat
     model = models.load_model(str(path))
 
     assert model.quantization is not None
-    assert model.quantization["files"] == [path.name, "clip_l.gguf", "ae.gguf"]
+    assert model.quantization.to_json()["files"] == [path.name, "clip_l.gguf", "ae.gguf"]
     for component in ("text_encoder", "vae"):
         state = getattr(model.pipeline, component).state_dict()
         for key, reference in getattr(pipeline, component).state_dict().items():

@@ -624,7 +624,8 @@ def test_a_quantised_transformer_loads_dequantised_within_its_quantisations_erro
     model = models.load_model(str(written.path))
 
     assert (model.format, model.architecture) == ("split_files", case.architecture)
-    assert model.quantization == quantization_of(written)
+    assert model.quantization is not None
+    assert model.quantization.to_json() == quantization_of(written)
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     assert_loaded_as_written(model, pipeline, written)
 
@@ -663,7 +664,8 @@ def test_a_klein_q4_k_gguf_loads_within_q4_ks_error_and_checks_healthy(tmp_path,
     model = models.load_model(str(written.path))
 
     assert model.architecture == "flux2-klein"
-    assert model.quantization == quantization_of(written)
+    assert model.quantization is not None
+    assert model.quantization.to_json() == quantization_of(written)
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     assert_loaded_as_written(model, pipeline, written)
     assert check(model).verdict == Verdict.HEALTHY
@@ -689,8 +691,8 @@ def test_a_text_encoder_in_comfyuis_fp8_mixed_layout_loads_beside_a_gguf_transfo
 
     model = models.load_model(str(written.path))
 
-    assert model.quantization is not None and model.quantization["format"] == "mixed"
-    assert model.quantization["files"] == [written.path.name, encoder_file.name]
+    assert model.quantization is not None and model.quantization.to_json()["format"] == "mixed"
+    assert model.quantization.to_json()["files"] == [written.path.name, encoder_file.name]
     assert model.weights.bad_quantized == []
     loaded = model.pipeline.text_encoder.state_dict()
     mine = pipeline.text_encoder.state_dict()

@@ -200,7 +200,7 @@ def test_a_fix_identical_to_fp32_is_said_identical_in_its_table_not_200_db():
         verified=True,
         chosen=True,
         finite=True,
-        cost={},
+        cost=None,
     )
     (shown,) = candidate_rows([row], {})
     assert shown[3] == "identical"

@@ -14,6 +14,7 @@ from typing import Any
 from app.core.components import Status, Verdict
 from app.core.fixing.diagnosis import CandidateResult
 from app.core.fixing.quality import Quality
+from app.core.fixing.stage_cost import StageCost
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.hardware import DeviceInfo, HardwareReport, Quirk
 from app.core.hardware.selftest import OpResult, SelfTestResult
@@ -189,7 +190,7 @@ def islands() -> HealthReport:
                 2,
                 quality=Quality(55.3),
                 chosen=True,
-                cost={"step_ms": 40.0, "step_ms_range": [39.0, 41.0], "weights_mb": 5310.0},
+                cost=StageCost(5310.0, step_ms=40.0, step_ms_range=(39.0, 41.0)),
             ),
             _candidate(
                 "component_fp32",
@@ -197,7 +198,7 @@ def islands() -> HealthReport:
                 {"vae_precision": "fp32"},
                 0,
                 quality=Quality(200.0),
-                cost={"step_ms": 80.0, "step_ms_range": [79.0, 82.0], "weights_mb": 5460.0},
+                cost=StageCost(5460.0, step_ms=80.0, step_ms_range=(79.0, 82.0)),
             ),
             _candidate(
                 "clamp",
@@ -207,13 +208,13 @@ def islands() -> HealthReport:
                 {"clamp_modules": ["vae:decoder.a.conv1"]},
                 1,
                 quality=Quality(4.2),
-                cost={"weights_mb": 5300.0},
+                cost=StageCost(5300.0),
             ),
         ],
         baselines={
             "vae": {
-                "as_tested": {"step_ms": 39.0, "step_ms_range": [38.0, 40.0], "weights_mb": 5300.0},
-                "no_half": {"step_ms": 81.0, "step_ms_range": [80.0, 83.0], "weights_mb": 10500.0},
+                "as_tested": StageCost(5300.0, step_ms=39.0, step_ms_range=(38.0, 40.0)),
+                "no_half": StageCost(10500.0, step_ms=81.0, step_ms_range=(80.0, 83.0)),
             }
         },
     )

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Role, Status
 from app.core.encoders import t5
 from app.core.errors import HalfSafeError
 from app.core.fixing.quality import Quality
+from app.core.fixing.stage_cost import StageCost
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
 from app.core.precision.streaming import host_bytes
 from app.core.settings import PrecisionSettings
@@ -555,7 +556,7 @@ class CandidateResult:
     modules: int  # layers kept out of the component's dtype by this candidate
     finite: bool
     quality: Quality | None
-    cost: dict[str, Any] = field(default_factory=dict)
+    cost: StageCost | None = None  # None: not measured
     chosen: bool = False
     candidate: FixCandidate | None = None
 
@@ -564,8 +565,7 @@ class CandidateResult:
         return self.finite and self.quality is not None and self.quality.passed
 
     def memory_mb(self) -> float | None:
-        peak = self.cost.get("peak_memory_mb")
-        return peak if peak is not None else self.cost.get("weights_mb")
+        return self.cost.memory_mb if self.cost is not None else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -578,7 +578,7 @@ class CandidateResult:
             "quality": self.quality.to_json() if self.quality else None,
             "verified": self.verified,
             "chosen": self.chosen,
-            "cost": dict(self.cost),
+            "cost": self.cost.to_json() if self.cost is not None else {},
         }
 
 
@@ -588,20 +588,22 @@ class CandidateResult:
 MATERIALLY_FASTER = 0.9
 
 
-def _timing(a: dict[str, Any], b: dict[str, Any]) -> str:
+def _timing(a: StageCost | None, b: StageCost | None) -> str:
     """How `a`'s measured time compares with `b`'s: "slower" (its median not below `b`'s, or
     either not measured), "noise" (below, but the two runs' ranges overlap), "margin" (apart,
     by less than `MATERIALLY_FASTER`) or "faster" (a fix worth preferring for its time)."""
-    ma, mb = a.get("step_ms"), b.get("step_ms")
+    ma = a.step_ms if a is not None else None
+    mb = b.step_ms if b is not None else None
     if ma is None or mb is None or ma >= mb:
         return "slower"
-    ra, rb = a.get("step_ms_range"), b.get("step_ms_range")
+    ra = a.step_ms_range if a is not None else None
+    rb = b.step_ms_range if b is not None else None
     if not (ra and rb and ra[1] < rb[0]):
         return "noise"
     return "faster" if ma <= mb * MATERIALLY_FASTER else "margin"
 
 
-def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _faster(a: StageCost | None, b: StageCost | None) -> bool:
     """Whether `a` was measured faster than `b` beyond the noise (the ranges do not overlap)
     and by a margin that matters (`MATERIALLY_FASTER`)."""
     return _timing(a, b) == "faster"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
-from app.core.formats.weight_findings import QuantFinding
+from app.core.formats.weight_findings import QuantFinding, StoredQuantization
 
 # What fp8 and GGUF weights become when read: bf16 has fp32's range, so no scaled weight can
 # overflow in the conversion, and 8 bits of mantissa hold every fp8 value and Q8_0's 8-bit
@@ -135,20 +135,19 @@ def report(finding: QuantFinding | None = None, quantization: Quantization | Non
         collected.files.append(quantization)
 
 
-def summary(files: list[Quantization]) -> dict[str, Any] | None:
-    """The `model.quantization` object of a report: the formats and types of every quantised
-    file the model was read from, or None when none was."""
+def summary(files: list[Quantization]) -> StoredQuantization | None:
+    """How the quantised files the model was read from store it, or None when none was."""
     if not files:
         return None
     formats = sorted({f.format for f in files})
     types = sorted({t for f in files for t in f.types})
-    return {
-        "format": formats[0] if len(formats) == 1 else "mixed",
-        "types": types,
-        "files": [f.file for f in files],
-        "dequantized_to": COMPUTE_DTYPE,
-        "dequantized_on_load": [t for t in types if _read_dequantized(t)],
-    }
+    return StoredQuantization(
+        format=formats[0] if len(formats) == 1 else "mixed",
+        types=tuple(types),
+        files=tuple(f.file for f in files),
+        dequantized_to=COMPUTE_DTYPE,
+        dequantized_on_load=tuple(t for t in types if _read_dequantized(t)),
+    )
 
 
 # GGUF block types that torch decodes (diffusers' ports of the gguf package's decoders): kept
@@ -166,18 +165,6 @@ def _read_dequantized(type_name: str) -> bool:
     return not (
         type_name in SCALED_CODES or type_name in _PLAIN_TYPES or type_name in TORCH_DECODED_GGUF
     )
-
-
-def held_words(quantization: Mapping[str, Any]) -> str:
-    """How a quantized model's weights are held, in the words every view shows."""
-    decoded = quantization.get("dequantized_on_load") or []
-    words = (
-        f"kept as stored, each layer reading its weights as {quantization['dequantized_to']} "
-        "values as it computes"
-    )
-    if decoded:
-        words += f" ({', '.join(decoded)} weights dequantised to {quantization['dequantized_to']} when loaded)"
-    return words
 
 
 # Scaled weights in safetensors: fp8, int8 and NVFP4 -------------------------------------------

@@ -1,5 +1,6 @@
 """What reading a model's weights found: the weight scan (`WeightScan`: tensors holding NaN or
-Inf, the content digest) and quantized weights that decode wrongly (`QuantFinding`).
+Inf, the content digest) and quantized weights that decode wrongly (`QuantFinding`), and how a model's files store their
+quantized weights (`StoredQuantization`).
 
 Plain records, apart from the scanner (`checkpoint.scan`) and the dequantiser (`quantized`) that
 make them, which re-export them: a `ModelSummary` carries them to the window, whose process
@@ -14,6 +15,39 @@ from typing import Any
 # Names the digest scheme; changing how tensors are hashed must change it, so that no key of
 # the old scheme can ever match one of the new.
 DIGEST_SCHEME = "halfsafe-tensors-v1"
+
+
+@dataclass(frozen=True)
+class StoredQuantization:
+    """How a model's files store its quantized weights: their format ("fp8_scaled", "gguf",
+    "mixed", ...), the stored types, the files, the dtype each layer reads its weights as, and
+    the types dequantised when they are read (the rest are kept as stored)."""
+
+    format: str
+    types: tuple[str, ...]
+    files: tuple[str, ...]
+    dequantized_to: str
+    dequantized_on_load: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "types": list(self.types),
+            "files": list(self.files),
+            "dequantized_to": self.dequantized_to,
+            "dequantized_on_load": list(self.dequantized_on_load),
+        }
+
+    def held_words(self) -> str:
+        """How the weights are held, in the words every view shows."""
+        words = (
+            f"kept as stored, each layer reading its weights as {self.dequantized_to} values "
+            "as it computes"
+        )
+        if self.dequantized_on_load:
+            decoded = ", ".join(self.dequantized_on_load)
+            words += f" ({decoded} weights dequantised to {self.dequantized_to} when loaded)"
+        return words
 
 
 @dataclass(frozen=True)

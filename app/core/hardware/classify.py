@@ -12,6 +12,7 @@ from app.core.hardware.quirks import load_quirks
 from app.core.hardware.recommend import _recommend
 from app.core.hardware.records import BF16_CLASSES, FP16_CLASSES, DeviceInfo, Quirk
 from app.core.hardware.selftest import SelfTestResult
+from app.core.settings.values import setting_word
 
 
 def assess(
@@ -28,8 +29,8 @@ def assess(
     matched = tuple(q for q in quirks if q.matches(device))
     fp16, bf16, tf32 = _base_classes(device)
     for quirk in matched:
-        fp16 = _worse(FP16_CLASSES, fp16, quirk.effects.get("fp16"))
-        bf16 = _worse(BF16_CLASSES, bf16, quirk.effects.get("bf16"))
+        fp16 = _worse(FP16_CLASSES, fp16, setting_word(quirk.effects, "fp16") or None)
+        bf16 = _worse(BF16_CLASSES, bf16, setting_word(quirk.effects, "bf16") or None)
         if quirk.effects.get("tf32") is False:
             tf32 = False
     test = self_test if self_test is not None and self_test.ran else None

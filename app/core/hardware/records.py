@@ -16,6 +16,7 @@ from typing import Any
 from app.core.hardware.selftest_records import SelfTestResult
 from app.core.precision.kernels import AttentionKernel
 from app.core.settings import PrecisionSettings
+from app.core.settings.values import SettingValue
 
 FP16_CLASSES = ("fast", "slow", "unreliable", "unsupported")  # best to worst
 BF16_CLASSES = ("native", "emulated", "unsupported")
@@ -35,7 +36,7 @@ class Quirk:
     summary: str
     source: str
     match: Mapping[str, Any]
-    effects: Mapping[str, Any]
+    effects: Mapping[str, SettingValue]
 
     def matches(self, device: DeviceInfo) -> bool:
         """Whether every condition of the match rule holds for `device`."""
@@ -114,7 +115,7 @@ class DeviceInfo:
     bf16: str = "native"
     tf32: bool = False
     quirks: tuple[Quirk, ...] = ()
-    recommended: Mapping[str, Any] = field(default_factory=dict)
+    recommended: Mapping[str, SettingValue] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
     self_test: SelfTestResult | None = None
 
@@ -132,7 +133,7 @@ class DeviceInfo:
         return self.kind
 
     def recommended_settings(self) -> PrecisionSettings:
-        return PrecisionSettings(**self.recommended)
+        return PrecisionSettings.from_mapping(self.recommended)
 
     def to_json(self) -> dict[str, Any]:
         """This device as `halfsafe gpu --json` lists it."""

@@ -19,7 +19,6 @@ from app.core.families import family_of
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import no_half
 from app.core.fixing.probe import ProbeResult
-from app.core.formats import quantized
 from app.core.health.cost import FixCost
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort
 from app.core.health.observations import (
@@ -275,8 +274,8 @@ def _damaged_weights(
     quantization = getattr(model, "quantization", None)
     if quantization and not bad_quantized:
         notes.append(
-            f"The model is stored quantized ({quantization['format']}: "
-            f"{', '.join(quantization['types'])}), {quantized.held_words(quantization)}; "
+            f"The model is stored quantized ({quantization.format}: "
+            f"{', '.join(quantization.types)}), {quantization.held_words()}; "
             "its scales and decoded values are plausible."
         )
     return bad_weights, bad_quantized, broken

@@ -16,6 +16,7 @@ from app.core.errors import CancelledError
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import FixCandidate, candidate_fixes, no_half
 from app.core.fixing.quality import QUALITY_CEILING_DB, Quality, compare
+from app.core.fixing.stage_cost import StageCost
 from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner, Stage
 from app.core.jobs import CancelToken, ProgressCallback
@@ -34,7 +35,7 @@ class Search:
     rejected: list[str] = field(default_factory=list)  # finite but wrong: never a fix
     unfixed: list[str] = field(default_factory=list)
     candidates: list[diagnosis.CandidateResult] = field(default_factory=list)  # ranked
-    baselines: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    baselines: dict[str, dict[str, StageCost]] = field(default_factory=dict)
 
     def accept(self, candidate: FixCandidate) -> None:
         self.plan = candidate.plan
@@ -100,7 +101,7 @@ def choose_fix(
             + len(candidate.plan.clamps.get(module_of(name), ())),
             finite=finite,
             quality=quality,
-            cost={"weights_mb": round(plan_weights_mb(candidate.plan, runner.model.pipeline), 2)},
+            cost=StageCost(round(plan_weights_mb(candidate.plan, runner.model.pipeline), 2)),
             candidate=candidate,
         )
         if finite:
@@ -126,7 +127,7 @@ def choose_fix(
         race = [label for label in plans if label not in ("as_tested", "no_half")]
         costs = runner.stage_costs(name, stage_fn, plans, measured, warm, race)
         for i, r in enumerate(verified):
-            r.cost.update(costs[f"{i}"])
+            r.cost = costs[f"{i}"]
         search.baselines[name] = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}
     ranked = diagnosis.rank_candidates(results)
     for r in ranked:

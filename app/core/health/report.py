@@ -14,6 +14,7 @@ from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_word
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import AT_RISK_HEADROOM
 from app.core.fixing.quality import Quality
+from app.core.fixing.stage_cost import StageCost
 from app.core.formats.weight_findings import QuantFinding
 from app.core.health.cost import FixCost
 from app.core.health.words import STATUS_WORDS, cost_comparison, layer_words, tested_words
@@ -195,7 +196,7 @@ class Fix:
     # Every candidate tried, per failing component, ranked (the chosen one first), and the
     # tested plan's and no-half's cost measured beside them (component -> label -> cost).
     candidates: list[diagnosis.CandidateResult] = field(default_factory=list)
-    baselines: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    baselines: dict[str, dict[str, StageCost]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -215,7 +216,10 @@ class Fix:
             "clamps": {c: list(p) for c, p in self.plan.clamps.items() if p},
             "layers_wider": self.plan.island_count(),
             "candidates": [c.to_json() for c in self.candidates],
-            "baselines": self.baselines,
+            "baselines": {
+                component: {label: cost.to_json() for label, cost in costs.items()}
+                for component, costs in self.baselines.items()
+            },
         }
 
 

@@ -18,6 +18,7 @@ from app.core.components import in_run_order, module_of
 from app.core.encoders.prompts import clip_options
 from app.core.families import family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult
+from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
 from app.core.images.pictures import Mode, Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, plan_weights_mb
@@ -260,7 +261,7 @@ class Runner:
         on_run: RunCallback = _no_runs,
         warm: Collection[str] = (),
         race: Collection[str] = (),
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, StageCost]:
         """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
         encode) under each plan, measured as `unet_step_costs` does. `warm`: the plans whose
         stage already ran in this check at this size (a candidate's verification, the first
@@ -275,13 +276,13 @@ class Runner:
 
         samples, peaks = self._alternating(name, plans, seconds, warm, on_run, race)
         return {
-            label: {
-                "step_ms": round(statistics.median(samples[label]), 2),
-                "step_ms_range": [round(min(samples[label]), 2), round(max(samples[label]), 2)],
-                "rounds": len(samples[label]),
-                "peak_memory_mb": _rounded(peaks[label]),
-                "weights_mb": round(plan_weights_mb(plan, self.model.pipeline), 2),
-            }
+            label: StageCost(
+                weights_mb=round(plan_weights_mb(plan, self.model.pipeline), 2),
+                step_ms=round(statistics.median(samples[label]), 2),
+                step_ms_range=(round(min(samples[label]), 2), round(max(samples[label]), 2)),
+                rounds=len(samples[label]),
+                peak_memory_mb=_rounded(peaks[label]),
+            )
             for label, plan in plans.items()
         }
 

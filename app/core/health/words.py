@@ -9,6 +9,7 @@ from typing import Any
 
 from app.core.components import Status, Verdict
 from app.core.fixing.diagnosis import CandidateResult, passed_over
+from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import FixCost, StepCost
 from app.core.precision import PrecisionPlan
 from app.core.settings import FIELDS, modules_by_component
@@ -210,11 +211,12 @@ def _result_words(candidate: CandidateResult, chosen: CandidateResult | None) ->
     return "rejected: not finite"
 
 
-def _ms(cost: Mapping[str, Any]) -> str:
-    step, spread = cost.get("step_ms"), cost.get("step_ms_range")
-    if step is None:
+def _ms(cost: StageCost | None) -> str:
+    step = cost.step_ms if cost is not None else None
+    if cost is None or step is None:
         return "-"
-    if cost.get("rounds") == 1:  # left far behind after one round (`stages.RACE_MARGIN`)
+    spread = cost.step_ms_range
+    if cost.rounds == 1:  # left far behind after one round (`stages.RACE_MARGIN`)
         return f"{step:.1f} (1 run)"
     return f"{step:.1f} ({spread[0]:.1f}-{spread[1]:.1f})" if spread else f"{step:.1f}"
 
@@ -225,7 +227,7 @@ def _mb(value: Any) -> str:
 
 def candidate_rows(
     candidates: Sequence[CandidateResult],
-    baselines: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    baselines: Mapping[str, Mapping[str, StageCost]],
 ) -> list[tuple[str, ...]]:
     """A fix's candidates as table rows (`CANDIDATE_COLUMNS`), ranked, each failing
     component's measured baselines (its tested plan, no-half) after its candidates: the one
@@ -243,8 +245,8 @@ def candidate_rows(
                     c.quality.figure() if c.quality else "-",
                     _result_words(c, chosen),
                     _ms(c.cost),
-                    _mb(c.cost.get("peak_memory_mb")),
-                    _mb(c.cost.get("weights_mb")),
+                    _mb(c.cost.peak_memory_mb if c.cost else None),
+                    _mb(c.cost.weights_mb if c.cost else None),
                 )
             )
         for label, words_ in (("as_tested", "as tested (no fix)"), ("no_half", "no-half")):
@@ -258,8 +260,8 @@ def candidate_rows(
                         "-",
                         "baseline",
                         _ms(cost),
-                        _mb(cost.get("peak_memory_mb")),
-                        _mb(cost.get("weights_mb")),
+                        _mb(cost.peak_memory_mb),
+                        _mb(cost.weights_mb),
                     )
                 )
     return rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.formats.weight_findings import WeightScan
+from app.core.formats.weight_findings import StoredQuantization, WeightScan
 
 
 @dataclass
@@ -30,7 +30,7 @@ class LoadedModel:
     loras: list[Any] = field(default_factory=list)  # lora.AppliedLora, in the order applied
     lora_warnings: list[str] = field(default_factory=list)  # prompt tags refused, a sentence each
     # How its files store the weights when any is fp8 or GGUF (quantized.summary), else None.
-    quantization: dict[str, Any] | None = None
+    quantization: StoredQuantization | None = None
     # A split transformer file's text-encoder and VAE files, by component (what a damaged
     # weight of that component is blamed on), and what the loader has to say about them.
     companions: dict[str, str] = field(default_factory=dict)

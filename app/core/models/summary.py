@@ -10,7 +10,7 @@ from typing import Any
 from app.core.components import PIPELINE_PARTS
 from app.core.errors import HalfSafeError
 from app.core.fixing.remembered_fix import RememberedFix
-from app.core.formats.weight_findings import WeightScan
+from app.core.formats.weight_findings import StoredQuantization, WeightScan
 from app.core.images.pictures import Mode
 from app.core.models.loaded import LoadedModel
 
@@ -44,7 +44,7 @@ class ModelSummary:
     model_hash: str | None = None
     zero_terminal_snr: bool = False
     prediction_because: str = ""
-    quantization: dict[str, Any] | None = None
+    quantization: StoredQuantization | None = None
     detected_because: tuple[str, ...] = ()
     components: tuple[str, ...] = ()
     remembered_fix: RememberedFix | None = None
@@ -92,7 +92,7 @@ def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
         model_hash=model.model_hash,
         zero_terminal_snr=bool(model.zero_terminal_snr),
         prediction_because=str(model.prediction_because),
-        quantization=dict(model.quantization) if model.quantization else None,
+        quantization=model.quantization,
         detected_because=tuple([because] if isinstance(because, str) else because or ()),
         components=model.components,
         remembered_fix=remembered,
