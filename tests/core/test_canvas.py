@@ -140,7 +140,7 @@ def test_the_pipeline_reads_a_hard_mask_of_the_laid_out_picture(wide):
 
 def test_inpainting_keeps_every_pixel_the_mask_keeps(tmp_path, wide):
     _, image, mask = wide
-    model = _model(FamilyId.SD)
+    model = _model(FamilyId("sd"))
     request = _request(tmp_path, image, mask, Canvas(mask_blur=0), width=128, height=96)
     result = generation.generate(model, request, precision=FP16, device="cpu")
     saved = np.asarray(Image.open(result.images[0].path).convert("RGB"))
@@ -153,7 +153,7 @@ def test_inpainting_keeps_every_pixel_the_mask_keeps(tmp_path, wide):
 
 def test_the_blurred_mask_blends_the_edge(tmp_path, wide):
     _, image, mask = wide
-    model = _model(FamilyId.SD)
+    model = _model(FamilyId("sd"))
     drawn = {}
     for blur in (0, 4):
         request = _request(tmp_path, image, mask, Canvas(mask_blur=blur), width=128, height=96)
@@ -169,7 +169,7 @@ def test_the_blurred_mask_blends_the_edge(tmp_path, wide):
 
 def test_only_masked_draws_the_box_and_saves_the_picture_at_its_own_size(tmp_path, wide):
     _, image, mask = wide
-    model = _model(FamilyId.SD)
+    model = _model(FamilyId("sd"))
     canvas = Canvas(mask_blur=0, only_masked=True, padding=8)
     result = generation.generate(
         model, _request(tmp_path, image, mask, canvas), precision=FP16, device="cpu"
@@ -191,7 +191,7 @@ def test_only_masked_draws_the_box_and_saves_the_picture_at_its_own_size(tmp_pat
 
 def test_outpainting_extends_the_canvas_without_a_mask(tmp_path, wide):
     picture, image, _ = wide
-    model = _model(FamilyId.SD)
+    model = _model(FamilyId("sd"))
     canvas = Canvas(mask_blur=0, extend=(0, 0, 32, 0))
     result = generation.generate(
         model, _request(tmp_path, image, None, canvas, 160, 96), precision=FP16, device="cpu"
@@ -209,7 +209,7 @@ def test_outpainting_extends_the_canvas_without_a_mask(tmp_path, wide):
 
 def test_the_check_probes_an_extended_canvas_as_inpainting(wide):
     _, image, _ = wide
-    model = _model(FamilyId.SD)
+    model = _model(FamilyId("sd"))
     report = health.check_loaded(
         model,
         precision=FP16,

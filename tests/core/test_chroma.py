@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from app.core import models
-from app.core.families import ChromaFamily, family_of
+from app.core.families import family_of
+from app.core.families.chroma import ChromaFamily
 from tests.support.family_helpers import (
     check,
     offline,  # noqa: F401 - an autouse fixture: no network

@@ -45,7 +45,7 @@ class Path:
 
 
 def _row(family_id: FamilyId, variant: str = ""):
-    name = family_id.value + variant
+    name = family_id + variant
     row = ROWS[name]
     return lambda: in_memory(row.build(), name, row.architecture, row.prediction)
 
@@ -55,24 +55,24 @@ def _tiny(builder: Callable[[], object], architecture: str):
 
 
 PATHS = {
-    "sd-text": Path(_row(FamilyId.SD), "sd1", Mode.TEXT, slow=False),
-    "sd-img2img": Path(_row(FamilyId.SD), "sd1", Mode.IMAGE, 1, slow=False),
-    "sd-inpaint": Path(_row(FamilyId.SD), "sd1", Mode.INPAINT, 1, True, slow=False),
-    "sdxl-img2img": Path(_row(FamilyId.SDXL), "sdxl", Mode.IMAGE, 1),
-    "sdxl-inpaint": Path(_row(FamilyId.SDXL), "sdxl", Mode.INPAINT, 1, True),
-    "flux-img2img": Path(_row(FamilyId.FLUX), "flux-dev", Mode.IMAGE, 1),
-    "flux-inpaint": Path(_row(FamilyId.FLUX), "flux-dev", Mode.INPAINT, 1, True),
-    "chroma-img2img": Path(_row(FamilyId.CHROMA), "chroma", Mode.IMAGE, 1),
-    "sd3-img2img": Path(_row(FamilyId.SD3), "sd3", Mode.IMAGE, 1),
-    "sd3-inpaint": Path(_row(FamilyId.SD3), "sd3", Mode.INPAINT, 1, True),
-    "zimage-img2img": Path(_row(FamilyId.ZIMAGE), "zimage-turbo", Mode.IMAGE, 1),
-    "zimage-base-img2img": Path(_row(FamilyId.ZIMAGE, "-base"), "zimage-base", Mode.IMAGE, 1),
-    "qwenimage-img2img": Path(_row(FamilyId.QWENIMAGE), "qwenimage", Mode.IMAGE, 1),
-    "qwenimage-inpaint": Path(_row(FamilyId.QWENIMAGE), "qwenimage", Mode.INPAINT, 1, True),
-    "klein-inpaint": Path(_row(FamilyId.FLUX2_KLEIN), "flux2-klein", Mode.INPAINT, 1, True),
-    "klein-edit": Path(_row(FamilyId.FLUX2_KLEIN), "flux2-klein", Mode.EDIT, 2),
-    "flux2-edit": Path(_row(FamilyId.FLUX2), "flux2-dev", Mode.EDIT, 2),
-    "qwenimage21-edit": Path(_row(FamilyId.QWENIMAGE21), "qwenimage21", Mode.EDIT, 2),
+    "sd-text": Path(_row(FamilyId("sd")), "sd1", Mode.TEXT, slow=False),
+    "sd-img2img": Path(_row(FamilyId("sd")), "sd1", Mode.IMAGE, 1, slow=False),
+    "sd-inpaint": Path(_row(FamilyId("sd")), "sd1", Mode.INPAINT, 1, True, slow=False),
+    "sdxl-img2img": Path(_row(FamilyId("sdxl")), "sdxl", Mode.IMAGE, 1),
+    "sdxl-inpaint": Path(_row(FamilyId("sdxl")), "sdxl", Mode.INPAINT, 1, True),
+    "flux-img2img": Path(_row(FamilyId("flux")), "flux-dev", Mode.IMAGE, 1),
+    "flux-inpaint": Path(_row(FamilyId("flux")), "flux-dev", Mode.INPAINT, 1, True),
+    "chroma-img2img": Path(_row(FamilyId("chroma")), "chroma", Mode.IMAGE, 1),
+    "sd3-img2img": Path(_row(FamilyId("sd3")), "sd3", Mode.IMAGE, 1),
+    "sd3-inpaint": Path(_row(FamilyId("sd3")), "sd3", Mode.INPAINT, 1, True),
+    "zimage-img2img": Path(_row(FamilyId("zimage")), "zimage-turbo", Mode.IMAGE, 1),
+    "zimage-base-img2img": Path(_row(FamilyId("zimage"), "-base"), "zimage-base", Mode.IMAGE, 1),
+    "qwenimage-img2img": Path(_row(FamilyId("qwenimage")), "qwenimage", Mode.IMAGE, 1),
+    "qwenimage-inpaint": Path(_row(FamilyId("qwenimage")), "qwenimage", Mode.INPAINT, 1, True),
+    "klein-inpaint": Path(_row(FamilyId("flux2klein")), "flux2-klein", Mode.INPAINT, 1, True),
+    "klein-edit": Path(_row(FamilyId("flux2klein")), "flux2-klein", Mode.EDIT, 2),
+    "flux2-edit": Path(_row(FamilyId("flux2")), "flux2-dev", Mode.EDIT, 2),
+    "qwenimage21-edit": Path(_row(FamilyId("qwenimage21")), "qwenimage21", Mode.EDIT, 2),
     "kontext-edit": Path(
         _tiny(tiny_models.build_tiny_flux_kontext_pipeline, "flux-kontext"), "", Mode.EDIT, 1
     ),

@@ -17,7 +17,8 @@ import torch
 
 from app.core import generation, health, models
 from app.core.errors import UnsupportedModelError
-from app.core.families import FluxFamily, family_of
+from app.core.families import family_of
+from app.core.families.flux import FluxFamily
 from app.core.precision import PlacedPipeline, resolve_plan
 from app.core.settings import PrecisionSettings
 from tests.support import family_helpers as helpers

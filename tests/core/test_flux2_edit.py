@@ -35,7 +35,7 @@ from tests.support.family_helpers import (
     offline,  # noqa: F401 - an autouse fixture: no network
 )
 
-DEV, KLEIN = family(FamilyId.FLUX2), family(FamilyId.FLUX2_KLEIN)
+DEV, KLEIN = family(FamilyId("flux2")), family(FamilyId("flux2klein"))
 SINGLE_BLOCK = "single_transformer_blocks.1.attn.to_out"  # as the Flux.2 conformance rows plant
 ENCODER_LAYER = "encoder.down_blocks.0.resnets.0.conv1"  # the VAE encoder's first conv
 

@@ -34,8 +34,8 @@ from tests.support.family_helpers import (
 from tests.support.model_files import save_split_files
 from tests.support.tiny_models import build_tiny_flux3_pipeline, tiny_flux3_transformer
 
-BASE = cast(Flux3Family, family(FamilyId.FLUX3))
-KLEIN = family(FamilyId.FLUX3_KLEIN)
+BASE = cast(Flux3Family, family(FamilyId("flux3")))
+KLEIN = family(FamilyId("flux3klein"))
 ARCHITECTURE = {False: "flux3-base", True: "flux3-klein"}
 
 
@@ -94,7 +94,7 @@ def test_the_key_table_is_the_one_diffusers_reads_bfl_files_with(distilled):
 def test_a_flux3_file_is_told_apart_from_flux2_files():
     from tests.support.tiny_models import tiny_flux2_transformer
 
-    flux2 = family(FamilyId.FLUX2_KLEIN)
+    flux2 = family(FamilyId("flux2klein"))
     klein2 = tiny_flux2_transformer(0, guidance=False, text=96)
     assert flux2.layout is not None
     flux2_file = to_original(

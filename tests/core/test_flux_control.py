@@ -21,7 +21,8 @@ from PIL import Image
 from app.cli import main
 from app.core import generation, models
 from app.core.errors import HalfSafeError
-from app.core.families import FluxFamily, architecture_title, detect_from_configs, family_of
+from app.core.families import architecture_title, detect_from_configs, family_of
+from app.core.families.flux import FluxFamily
 from app.core.health.check import WITHOUT_PICTURE
 from app.core.images.pictures import Mode, mode_of, read_pictures
 from tests.core.test_edit import _check, _plant

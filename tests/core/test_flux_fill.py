@@ -21,7 +21,8 @@ from PIL import Image
 from app.cli import main
 from app.core import generation, models
 from app.core.errors import HalfSafeError
-from app.core.families import FluxFamily, architecture_title, family_of
+from app.core.families import architecture_title, family_of
+from app.core.families.flux import FluxFamily
 from app.core.health.check import WITHOUT_PICTURE
 from app.core.images.pictures import Mode, read_pictures
 from app.core.library import scan_library

@@ -23,8 +23,8 @@ from app.core.encoders.qwen3 import QWEN3
 from app.core.encoders.qwen3_vl import QWEN3_VL
 from app.core.encoders.qwen25_vl import QWEN25_VL, qwen25_vl_to_file
 from app.core.errors import HalfSafeError, UnsupportedModelError
-from app.core.families import FamilyId, Krea2Family, family
-from app.core.families.krea2 import LAYOUT
+from app.core.families import FamilyId, family
+from app.core.families.krea2 import LAYOUT, Krea2Family
 from app.core.formats.layouts import to_original
 from app.core.models import parts, split
 from app.core.settings import PrecisionSettings
@@ -41,7 +41,7 @@ from tests.support.tiny_models import (
     tiny_qwen3_vl_4b,
 )
 
-KREA2 = cast(Krea2Family, family(FamilyId.KREA2))
+KREA2 = cast(Krea2Family, family(FamilyId("krea2")))
 FP32 = PrecisionSettings(precision="fp32")
 PREFIX_TOKENS = 34  # Qwen-Image's system instruction, which Krea2Pipeline drops
 SUFFIX_TOKENS = 5  # <|im_end|>\n<|im_start|>assistant\n, after the padding

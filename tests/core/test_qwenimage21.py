@@ -13,7 +13,9 @@ import pytest
 
 from app.core import families, generation, models
 from app.core.errors import HalfSafeError, UnsupportedModelError
-from app.core.families import QwenImage21Family, QwenImageFamily, family_of
+from app.core.families import family_of
+from app.core.families.qwenimage import QwenImageFamily
+from app.core.families.qwenimage21 import QwenImage21Family
 from app.core.formats.layouts import to_original
 from app.core.models import split
 from tests.support.family_helpers import (

@@ -31,7 +31,7 @@ from tests.support.family_helpers import (
     offline,  # noqa: F401 - an autouse fixture: no network
 )
 
-QWEN21 = family(FamilyId.QWENIMAGE21)
+QWEN21 = family(FamilyId("qwenimage21"))
 BLOCK = "transformer_blocks.0.img_mlp.out"  # a block's feed-forward output
 ENCODER_LAYER = "encoder.down_blocks.0.resnets.0.conv1"  # the VAE encoder's first block's conv
 

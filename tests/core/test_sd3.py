@@ -15,7 +15,8 @@ import torch
 
 from app.core import models
 from app.core.errors import BadFileError, UnsupportedModelError
-from app.core.families import SD3Family, family_of
+from app.core.families import family_of
+from app.core.families.sd3 import SD3Family
 from tests.support.family_helpers import (
     check,
     in_memory,

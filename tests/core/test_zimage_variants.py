@@ -16,7 +16,6 @@ import torch
 from app.cli.arguments import build_parser, effective_settings
 from app.core import families, health, models
 from app.core.families import (
-    ZImageFamily,
     architecture_title,
     family_of_architecture,
     generation_defaults,
@@ -28,6 +27,7 @@ from app.core.families.zimage import (
     LEGACY,
     TURBO,
     TURBO_DEFAULTS,
+    ZImageFamily,
     variant,
 )
 from app.core.models import split

@@ -249,7 +249,7 @@ class AnimaFamily(FlowMatching, Family):
     latents (one frame) in 2x2 patches by flow matching with real CFG. Its sigmas are linear
     from 1 to 1/steps, shifted by its scheduler's fixed shift."""
 
-    id = FamilyId.ANIMA
+    id = FamilyId("anima")
     title = "Anima"
     architectures = {"anima": "Anima"}
     trainer_words = ((r"(^|-)anima($|-)", "anima"),)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,25 +25,12 @@ if TYPE_CHECKING:
     from app.core.families.checkpoints import Checkpoint
 
 
-class FamilyId(str, Enum):
-    """The model families HalfSafe runs. The value is the family's name in profiles and
-    library entries; a model's `architecture` (what the JSON reports) names a family and, for
-    some, a variant ("sd2-inpaint", "flux-dev")."""
+class FamilyId(str):
+    """A model family's name: the name in profiles and library entries, and the first word of a
+    model's `architecture` (what the JSON reports: "sdxl", "sd2-inpaint", "flux-dev"). Each
+    family module names its own (`id`); the registry knows them all (`registry.family`)."""
 
-    SD = "sd"  # Stable Diffusion 1.x and 2.x
-    SDXL = "sdxl"
-    FLUX = "flux"
-    CHROMA = "chroma"
-    SD3 = "sd3"
-    ZIMAGE = "zimage"
-    QWENIMAGE = "qwenimage"
-    FLUX2 = "flux2"  # Flux.2 dev
-    FLUX2_KLEIN = "flux2klein"
-    QWENIMAGE21 = "qwenimage21"
-    KREA2 = "krea2"
-    ANIMA = "anima"
-    FLUX3 = "flux3"  # FLUX.3 base
-    FLUX3_KLEIN = "flux3klein"  # the 16-step distilled FLUX.3 Klein
+    __slots__ = ()
 
 
 @dataclass(frozen=True)

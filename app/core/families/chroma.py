@@ -88,7 +88,7 @@ class ChromaFamily(FluxFamily):
 
     takes_step_cache = False  # diffusers' cache does not know Chroma's blocks
 
-    id = FamilyId.CHROMA
+    id = FamilyId("chroma")
     title = "Chroma"
     architectures = {"chroma": "Chroma"}
     trainer_words = ((r"chroma", "chroma"),)

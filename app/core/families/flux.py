@@ -390,7 +390,7 @@ class FluxFamily(ShiftedSigmas, Family):
 
     takes_step_cache = True
 
-    id = FamilyId.FLUX
+    id = FamilyId("flux")
     file_markers = (("double_blocks.", "a Flux model"),)
     title = "Flux.1"
     architectures = {

@@ -192,7 +192,7 @@ def _read_flux2(shapes: Shapes, prefix: str) -> SplitModel:
     if dev:
         return SplitModel(
             table=_flux2_table,
-            layout=FamilyId.FLUX2.value,
+            layout="flux2",
             title="Flux.2 dev",
             prefix=prefix,
             config=config,
@@ -220,7 +220,7 @@ def _read_flux2(shapes: Shapes, prefix: str) -> SplitModel:
     encoder = _KLEIN_ENCODERS.get(text // 3, "qwen_3")
     return SplitModel(
         table=_flux2_table,
-        layout=FamilyId.FLUX2_KLEIN.value,
+        layout="flux2klein",
         title="Flux.2 Klein",
         prefix=prefix,
         config=config,
@@ -523,7 +523,7 @@ class Flux2KleinFamily(_Flux2):
     transformer; no guidance embedding. The base models sample with real CFG (a second call
     on the negative prompt), the distilled ones (`is_distilled`) with none."""
 
-    id = FamilyId.FLUX2_KLEIN
+    id = FamilyId("flux2klein")
     title = "Flux.2 Klein"
     architectures = {"flux2-klein": "Flux.2 Klein"}
     trainer_words = ((r"flux-?2.*klein", "flux2-klein"),)
@@ -625,7 +625,7 @@ class Flux2Family(_Flux2):
     and 30 (the prompt after Flux.2's system message) condition the transformer; guidance
     distilled, it takes the guidance scale as an embedding (one batch, no negative prompt)."""
 
-    id = FamilyId.FLUX2
+    id = FamilyId("flux2")
     file_markers = (("single_stream_modulation.", "a Flux.2 model"),)
     title = "Flux.2"
     architectures = {"flux2": "Flux.2", "flux2-dev": "Flux.2 dev"}

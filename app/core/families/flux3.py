@@ -139,7 +139,7 @@ def _read_flux3(shapes: Shapes, prefix: str) -> SplitModel:
     )
     return SplitModel(
         table=_flux3_table,
-        layout=(FamilyId.FLUX3_KLEIN if distilled else FamilyId.FLUX3).value,
+        layout="flux3klein" if distilled else "flux3",
         title="FLUX.3 Klein" if distilled else "FLUX.3",
         prefix=prefix,
         config=config,
@@ -437,7 +437,7 @@ class Flux3Family(_Flux3):
     """FLUX.3 base: flow matching with real CFG (a second call on the negative prompt), 50
     steps and CFG 3.5 by diffusers' blocks' default."""
 
-    id = FamilyId.FLUX3
+    id = FamilyId("flux3")
     title = "FLUX.3"
     architectures = {"flux3-base": "FLUX.3 base"}
     # Not the distilled Klein's words ("flux-3-image-klein"; its base is "...-klein-base").
@@ -455,7 +455,7 @@ class Flux3KleinFamily(_Flux3):
     """FLUX.3 Klein, step-distilled: a flow map (its transformer takes the timestep each step
     jumps to as well), 16 steps by default and no CFG: one call a step, on the prompt alone."""
 
-    id = FamilyId.FLUX3_KLEIN
+    id = FamilyId("flux3klein")
     title = "FLUX.3 Klein"
     architectures = {"flux3-klein": "FLUX.3 Klein"}
     trainer_words = ((r"flux-?3.*(klein|distill)", "flux3-klein"),)

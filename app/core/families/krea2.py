@@ -252,7 +252,7 @@ class Krea2Family(PipelinePrompts, FlowMatching, Family):
     `guidance_scale` is the user's CFG scale minus 1. The base model's schedule shifts by the
     image's size; Turbo (`is_distilled`) shifts by a fixed 1.15 and samples without guidance."""
 
-    id = FamilyId.KREA2
+    id = FamilyId("krea2")
     title = "Krea 2"
     architectures = {"krea2": "Krea 2"}
     trainer_words = ((r"krea-?2", "krea2"),)

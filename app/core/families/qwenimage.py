@@ -261,7 +261,7 @@ class QwenImageFamily(PipelinePrompts, ShiftedSigmas, Family):
 
     takes_step_cache = True
 
-    id = FamilyId.QWENIMAGE
+    id = FamilyId("qwenimage")
     title = "Qwen-Image"
     architectures = {
         "qwenimage": "Qwen-Image",

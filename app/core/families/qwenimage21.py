@@ -187,7 +187,7 @@ class QwenImage21Family(PipelinePrompts, ShiftedSigmas, Family):
     none, the model's default): the negative prompt's prediction is not rescaled. Every block
     clips its fp16 output to +-65504, so an overflow there comes out finite and wrong."""
 
-    id = FamilyId.QWENIMAGE21
+    id = FamilyId("qwenimage21")
     title = "Qwen-Image 2.1"
     architectures = {"qwenimage21": "Qwen-Image 2.1"}
     trainer_words = ((r"qwen-?image-?2-?1", "qwenimage21"),)

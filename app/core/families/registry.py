@@ -114,8 +114,12 @@ def family_of_denoiser(denoiser) -> Family | None:
     return next((f for f in FAMILIES if f.transformer_class == name), None)
 
 
-def family(family_id: FamilyId) -> Family:
-    return _BY_ID[family_id]
+def family(family_id: str) -> Family:
+    """The family whose id is `family_id` ("sdxl"); ValueError for a name no family has."""
+    try:
+        return _BY_ID[FamilyId(family_id)]
+    except KeyError:
+        raise ValueError(f"HalfSafe runs no model family named {family_id!r}") from None
 
 
 def family_of_architecture(architecture: str) -> Family | None:
@@ -159,7 +163,7 @@ def detect_architecture(
     which the weights do not record. Never raises: an unknown file gives an unsupported
     Detection that names what it looks like.
     """
-    markers = [(m, f.id.value, words) for f in FAMILIES for m, words in f.file_markers]
+    markers = [(m, str(f.id), words) for f in FAMILIES for m, words in f.file_markers]
     other = other_file(list(shapes), markers, file_layout_words())
     if other is not None:
         return other

@@ -71,7 +71,7 @@ ATTENTION_2X = ToolFault(
 class StableDiffusionFamily(Family):
     """Stable Diffusion 1.x/2.x: one CLIP text encoder, a UNet, a VAE."""
 
-    id = FamilyId.SD
+    id = FamilyId("sd")
     title = "Stable Diffusion 1.x/2.x"
     architectures = {"sd1": "Stable Diffusion 1.x", "sd2": "Stable Diffusion 2.x"}
     trainer_words = (

@@ -221,7 +221,7 @@ class SD3Family(FlowMatching, Family):
     `transformer` denoises 2x2 patches of a 16-channel latent by flow matching, with the CFG
     batch (negative first) as SD does."""
 
-    id = FamilyId.SD3
+    id = FamilyId("sd3")
     file_markers = (("joint_blocks.", "a Stable Diffusion 3 model"),)
     title = "Stable Diffusion 3.x"
     architectures = {"sd3": "Stable Diffusion 3.x"}

@@ -60,7 +60,7 @@ class SDXLFamily(StableDiffusionFamily):
     """SDXL: two CLIP text encoders whose hidden states lie side by side, pooled embeddings from
     the second, and size conditioning for the UNet."""
 
-    id = FamilyId.SDXL
+    id = FamilyId("sdxl")
     title = "SDXL"
     tool_faults = (ORIGINAL_VAE,)
     force_upcast_means_fp32 = True

@@ -267,7 +267,7 @@ class ZImageFamily(ShiftedSigmas, Family):
     without it (CFG scale 1), Base with it (CFG 4); the pipeline's `guidance_scale` is the
     user's CFG scale minus 1 (prompt + s x (prompt - negative))."""
 
-    id = FamilyId.ZIMAGE
+    id = FamilyId("zimage")
     title = "Z-Image"
     # The family's own name first: the one saved state and records written before Turbo and
     # Base were told apart name both by; read back, it is a Z-Image of either kind.

@@ -28,7 +28,7 @@ from app.core.checkpoint.header import read_header
 from app.core.encoders import kinds
 from app.core.encoders.kind import VaeKind
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
-from app.core.families import FAMILIES, FamilyId, family
+from app.core.families import FAMILIES, family
 from app.core.formats.layouts import (
     TRANSFORMER_PREFIXES,
     Layout,
@@ -63,13 +63,13 @@ def find_layout(shapes: Shapes) -> tuple[str, str] | None:
             if all(prefix + m in shapes for m in layout.markers) and not any(
                 prefix + m in shapes for m in layout.excluded
             ):
-                return candidate.id.value, prefix
+                return candidate.id, prefix
     return None
 
 
 def layout_of(name: str) -> Layout:
     """The transformer layout of the family `name` (what `find_layout` returns)."""
-    layout = family(FamilyId(name)).layout
+    layout = family(name).layout
     if layout is None:
         raise ValueError(f"{name} models have no transformer-file layout")
     return layout
