@@ -19,6 +19,7 @@ from app.cli.text import hardware_text
 from app.core import hardware, paths
 from app.core.errors import DeviceError, HalfSafeError
 from app.core.hardware import DeviceInfo, probe, selftest, selftest_stats
+from app.core.hardware.records import Bounds, QuirkMatch
 from app.core.hardware.selftest import OpResult, SelfTestResult
 from app.core.settings import PRECISION_KEYS, PrecisionSettings
 
@@ -556,6 +557,8 @@ REPORT_RECORDS = (
     hardware.HardwareReport,
     hardware.DeviceInfo,
     hardware.Quirk,
+    QuirkMatch,
+    Bounds,
     SelfTestResult,
     OpResult,
 )

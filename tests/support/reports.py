@@ -17,6 +17,7 @@ from app.core.fixing.quality import Quality
 from app.core.fixing.stage_cost import StageCost
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult
 from app.core.hardware import DeviceInfo, HardwareReport, Quirk
+from app.core.hardware.records import QuirkMatch
 from app.core.hardware.selftest import OpResult, SelfTestResult
 from app.core.health import (
     Advice,
@@ -278,7 +279,7 @@ def gtx_1660_super() -> HardwareReport:
                 id="nvidia-turing-gtx16-fp16-nan",
                 summary="GTX 16xx cards can return NaN from fp16 convolutions.",
                 source="https://github.com/pytorch/pytorch/issues/58123",
-                match={"name": "GTX 16"},
+                match=QuirkMatch(name="GTX 16"),
                 effects={"fp16": "unreliable"},
             ),
         ),

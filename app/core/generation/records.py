@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core.fixing.quality import Quality
@@ -18,6 +18,11 @@ from app.core.memory import MemoryRecord
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 from app.core.settings.values import SettingValue
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from app.core.lora.files import AppliedLora
 
 # on_preview(step, image): a small PIL image of the first image of the batch.
 PreviewCallback = Callable[[int, Any], None]
@@ -106,13 +111,13 @@ class ImageResult:
     )  # effective settings it was made with
     quality: Quality | None = None  # a repair's agreement with fp32
     parameters: str = ""  # the PNG's `parameters` text
-    image: Any = field(default=None, repr=False)
+    image: Image.Image | None = field(default=None, repr=False)
     cause: str | None = None  # "precision", "kernel", "weights", "state" (see `causes`)
     # The step cache's threshold this image was made with: 0 for one made again without it.
     step_cache: float = 0.0
     # Whether the prompt cache was on for it: False for one made again without it.
     prompt_cache: bool = False
-    loras: list[Any] | None = field(default=None, repr=False)  # None: the model's LoRAs
+    loras: list[AppliedLora] | None = field(default=None, repr=False)  # None: the model's LoRAs
     # The image as PNG bytes, with its parameters, where it could not be saved (`path` empty)
     # and leaves the engine for the window, which can still save it elsewhere.
     png: bytes | None = field(default=None, repr=False)

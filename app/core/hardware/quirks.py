@@ -10,12 +10,10 @@ import re
 from pathlib import Path
 
 from app.core import paths
-from app.core.hardware.records import BACKENDS, BF16_CLASSES, FP16_CLASSES, Quirk, _as_list
+from app.core.hardware.records import BF16_CLASSES, FP16_CLASSES, Quirk, QuirkMatch
 from app.core.settings import FIELDS, PRECISION_KEYS
 
 QUIRKS_FILE = "quirks.json"
-_MATCH_KEYS = {"backend", "vendor", "name", "arch", "capability", "os", "os_version", "driver"}
-_RANGE_KEYS = {"min", "max", "below"}
 _CLASS_EFFECTS = {"fp16": FP16_CLASSES, "bf16": BF16_CLASSES}
 
 
@@ -39,7 +37,7 @@ def _load_quirks_cached(path: str, _stamp: tuple[int, ...]) -> tuple[Quirk, ...]
                 id=entry["id"],
                 summary=entry["summary"],
                 source=entry["source"],
-                match=dict(entry["match"]),
+                match=QuirkMatch.read(entry["match"]),
                 effects=dict(entry["effects"]),
             )
             _check_quirk(quirk)
@@ -57,17 +55,6 @@ def _check_quirk(quirk: Quirk) -> None:
         raise ValueError("summary must be one non-empty line")
     if not quirk.source.startswith("https://"):
         raise ValueError("source must be an https:// address")
-    if not quirk.match or set(quirk.match) - _MATCH_KEYS:
-        raise ValueError(f"match keys must be among {sorted(_MATCH_KEYS)}")
-    for backend in _as_list(quirk.match.get("backend", [])):
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend {backend!r}")
-    for key in ("name", "arch"):
-        if key in quirk.match:
-            re.compile(quirk.match[key])
-    for key in ("capability", "os_version", "driver"):
-        if key in quirk.match and (not quirk.match[key] or set(quirk.match[key]) - _RANGE_KEYS):
-            raise ValueError(f"{key} must be a range with keys among {sorted(_RANGE_KEYS)}")
     if not quirk.effects:
         raise ValueError("effects must not be empty")
     for key, value in quirk.effects.items():

@@ -9,8 +9,8 @@ these records nested, so that the report unpickles in a process that never impor
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from app.core.hardware.selftest_records import SelfTestResult
@@ -25,6 +25,94 @@ BACKENDS = (*KINDS, "directml")
 
 
 @dataclass(frozen=True)
+class Bounds:
+    """A range of versions or capabilities, each bound a tuple of numbers: at least `min`, at
+    most `max`, below `below` (None: unbounded on that side)."""
+
+    min: tuple[int, ...] | None = None
+    max: tuple[int, ...] | None = None
+    below: tuple[int, ...] | None = None
+
+    def holds(self, value: tuple[int, ...]) -> bool:
+        if self.min is not None and value < self.min:
+            return False
+        if self.max is not None and value > self.max:
+            return False
+        return not (self.below is not None and value >= self.below)
+
+    @classmethod
+    def read(cls, value: object, parse: Callable[[Any], tuple[int, ...]]) -> Bounds:
+        """The bounds a quirks-table range gives (`{"min": [7, 5]}`, `{"below": "14.5"}`);
+        ValueError for anything else."""
+        if not isinstance(value, Mapping) or not value or set(value) - {"min", "max", "below"}:
+            raise ValueError("must be a range with keys among ['below', 'max', 'min']")
+        return cls(**{key: parse(bound) for key, bound in value.items()})
+
+
+@dataclass(frozen=True)
+class QuirkMatch:
+    """Which devices a quirk hits: every condition given must hold. `name` and `arch` are
+    regular expressions (the name's case ignored); an empty tuple or None leaves that side of
+    the device unasked."""
+
+    backend: tuple[str, ...] = ()
+    vendor: tuple[str, ...] = ()
+    name: str = ""
+    arch: str = ""
+    capability: Bounds | None = None
+    os: tuple[str, ...] = ()
+    os_version: Bounds | None = None
+    driver: Bounds | None = None
+
+    def matches(self, device: DeviceInfo) -> bool:
+        if self.backend and device.backend not in self.backend:
+            return False
+        if self.vendor and device.vendor not in self.vendor:
+            return False
+        if self.name and not re.search(self.name, device.name, re.IGNORECASE):
+            return False
+        if self.arch and not (device.arch and re.search(self.arch, device.arch)):
+            return False
+        if self.capability is not None and (
+            device.capability is None or not self.capability.holds(tuple(device.capability))
+        ):
+            return False
+        if self.os and device.os_name not in self.os:
+            return False
+        for bounds, value in ((self.os_version, device.os_version), (self.driver, device.driver)):
+            if bounds is not None and not (
+                value and re.search(r"\d", value) and bounds.holds(_version(value))
+            ):
+                return False
+        return True
+
+    @classmethod
+    def read(cls, rule: object) -> QuirkMatch:
+        """The match rule of a quirks-table entry; ValueError (re.error for a bad pattern)
+        naming what is wrong."""
+        keys = {f.name for f in fields(cls)}
+        if not isinstance(rule, Mapping) or not rule or set(rule) - keys:
+            raise ValueError(f"match keys must be among {sorted(keys)}")
+        values: dict[str, Any] = {}
+        for key, value in rule.items():
+            if key in ("backend", "vendor", "os"):
+                values[key] = tuple(str(v) for v in _as_list(value))
+            elif key in ("name", "arch"):
+                values[key] = re.compile(str(value)).pattern
+            else:
+                numbers = _capability if key == "capability" else _version
+                try:
+                    values[key] = Bounds.read(value, numbers)
+                except ValueError as error:
+                    raise ValueError(f"{key} {error}") from None
+        match = cls(**values)
+        for backend in match.backend:
+            if backend not in BACKENDS:
+                raise ValueError(f"unknown backend {backend!r}")
+        return match
+
+
+@dataclass(frozen=True)
 class Quirk:
     """One known fault or limit: which devices it hits, what it changes, and where it is from.
 
@@ -35,42 +123,22 @@ class Quirk:
     id: str
     summary: str
     source: str
-    match: Mapping[str, Any]
+    match: QuirkMatch
     effects: Mapping[str, SettingValue]
 
     def matches(self, device: DeviceInfo) -> bool:
         """Whether every condition of the match rule holds for `device`."""
-        rule = self.match
-        if "backend" in rule and device.backend not in _as_list(rule["backend"]):
-            return False
-        if "vendor" in rule and device.vendor not in _as_list(rule["vendor"]):
-            return False
-        if "name" in rule and not re.search(rule["name"], device.name, re.IGNORECASE):
-            return False
-        if "arch" in rule and not (device.arch and re.search(rule["arch"], device.arch)):
-            return False
-        if "capability" in rule:
-            if device.capability is None:
-                return False
-            bounds = {k: tuple(v) for k, v in rule["capability"].items()}
-            if not _in_range(tuple(device.capability), bounds):
-                return False
-        if "os" in rule and device.os_name not in _as_list(rule["os"]):
-            return False
-        for key, value in (("os_version", device.os_version), ("driver", device.driver)):
-            if key in rule:
-                if not value or not re.search(r"\d", value):
-                    return False
-                bounds = {k: _version(v) for k, v in rule[key].items()}
-                if not _in_range(_version(value), bounds):
-                    return False
-        return True
+        return self.match.matches(device)
 
     def to_json(self) -> dict[str, str]:
         return {"id": self.id, "summary": self.summary, "source": self.source}
 
 
-def _as_list(value: Any) -> list[Any]:
+def _capability(bound: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(n) for n in bound)
+
+
+def _as_list(value: object) -> list[object]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
@@ -78,14 +146,6 @@ def _version(text: str) -> tuple[int, ...]:
     """ "14.5" -> (14, 5, 0, 0); "macOS 15.1" -> (15, 1, 0, 0); "560.94" -> (560, 94, 0, 0)."""
     numbers = [int(n) for n in re.findall(r"\d+", str(text))][:4]
     return tuple(numbers + [0] * (4 - len(numbers)))
-
-
-def _in_range(value: tuple[int, ...], bounds: Mapping[str, tuple[int, ...]]) -> bool:
-    if "min" in bounds and value < bounds["min"]:
-        return False
-    if "max" in bounds and value > bounds["max"]:
-        return False
-    return not ("below" in bounds and value >= bounds["below"])
 
 
 @dataclass(frozen=True)
