@@ -190,32 +190,33 @@ def explain_text(explanation) -> str:
     record = explanation.record
     lines = [explanation.message, ""]
     lines.append(f"Image:   {explanation.path} ({explanation.status})")
-    flat = explanation.pixels.get("flat")
+    pixels = explanation.pixels
+    flat = pixels.flat
     if flat:
-        colour = ", ".join(str(c) for c in flat["colour"])
-        x0, y0, x1, y1 = flat["box"]
+        colour = ", ".join(str(c) for c in flat.colour)
+        x0, y0, x1, y1 = flat.box
         lines.append(
-            f"Pixels:  RGB {colour} exactly, {flat['share']:.0%} of the picture "
+            f"Pixels:  RGB {colour} exactly, {flat.share:.0%} of the picture "
             f"(x {x0}-{x1 - 1}, y {y0}-{y1 - 1})"
         )
-    saturated, noise = explanation.pixels.get("saturated"), explanation.pixels.get("noise")
+    saturated, noise = pixels.saturated, pixels.noise
     if saturated:
-        colour = ", ".join(str(c) for c in saturated["colour"])
+        colour = ", ".join(str(c) for c in saturated.colour)
         lines.append(
-            f"Pixels:  every channel at 0 or 255 in {saturated['share']:.1%} of the picture "
+            f"Pixels:  every channel at 0 or 255 in {saturated.share:.1%} of the picture "
             f"(most RGB {colour})"
         )
-    elif noise and noise["coloured_noise"]:
+    elif noise and noise.coloured_noise:
         lines.append(
-            f"Pixels:  structure {noise['structure']:.2f} over 64 px blocks, colour "
-            f"{noise['colour']:.1f} times brightness between neighbours (coloured noise)"
+            f"Pixels:  structure {noise.structure:.2f} over 64 px blocks, colour "
+            f"{noise.colour:.1f} times brightness between neighbours (coloured noise)"
         )
-    region = explanation.pixels.get("noise_region")
+    region = pixels.noise_region
     if region:
-        x0, y0, x1, y1 = region["box"]
+        x0, y0, x1, y1 = region.box
         lines.append(
             f"Pixels:  coloured noise in x {x0}-{x1 - 1}, y {y0}-{y1 - 1} "
-            f"({region['share']:.0%} of the picture), the rest a picture"
+            f"({region.share:.0%} of the picture), the rest a picture"
         )
     for second in record.second_passes:
         lines.append(f"Pass:    {second.words()}")

@@ -57,19 +57,19 @@ def title_for(name: str, result: Explanation) -> str:
     one flat colour, or nothing wrong."""
     if result.status == "nan_zeroed":
         return f"Why is {name} grey?"
-    pixels = result.pixels or {}
-    saturated = pixels.get("saturated")
+    pixels = result.pixels
+    saturated = pixels.saturated
     if saturated:
-        return f"Why is {name} {'white' if saturated['white'] else 'saturated'}?"
-    if pixels.get("noise_region"):
+        return f"Why is {name} {'white' if saturated.white else 'saturated'}?"
+    if pixels.noise_region:
         return f"Why is part of {name} noise?"
     if result.status in ("noise", "unclaimed"):
         return f"Why is {name} noise?"
-    if pixels.get("mean", 0.0) >= 0.97 and pixels.get("spread", 1.0) <= 0.02:
+    if pixels.clipped_white:
         return f"Why is {name} white?"  # clipped white is never "flat": read it here
-    flat = pixels.get("flat")
+    flat = pixels.flat
     if flat:
-        low, high = min(flat["colour"]), max(flat["colour"])
+        low, high = min(flat.colour), max(flat.colour)
         look = (
             "white"
             if low >= 245

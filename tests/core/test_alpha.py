@@ -120,8 +120,8 @@ def test_a_small_cut_out_on_a_transparent_black_background_is_not_black(tmp_path
     status, figures = pixel_status(path)
 
     assert status == "ok"
-    assert figures["transparent"] == round(1 - 100 / SIZE**2, 4)
-    assert figures["mean"] > 0.1  # the sticker's own brightness, not the background's 0
+    assert figures.transparent == round(1 - 100 / SIZE**2, 4)
+    assert figures.mean > 0.1  # the sticker's own brightness, not the background's 0
 
 
 def test_a_transparent_background_written_in_one_grey_is_not_flat(tmp_path):
@@ -135,7 +135,7 @@ def test_a_transparent_background_written_in_one_grey_is_not_flat(tmp_path):
 
     status, figures = pixel_status(path)
 
-    assert status == "ok" and figures["flat"] is None
+    assert status == "ok" and figures.flat is None
     # The same grey showing is still one flat colour.
     assert pixel_status(_save(tmp_path, "shown.png", _rgba(rgb, np.full_like(alpha, 255))))[0] == (
         "flat"

@@ -19,6 +19,7 @@ from test_health import plant
 from app.cli import main
 from app.core.explain import kernels as explain_kernels
 from app.core.explain import kitchen
+from app.core.explain.pixels import PixelFigures
 from app.core.precision import fused
 from tests.support.image_files import comfy_prompt, comfy_workflow, png_text
 from tests.support.model_files import save_single_file, save_split_files
@@ -236,7 +237,9 @@ def test_the_findings_cross_to_the_window_as_plain_records():
     record = explain.Record(made_by="comfyui")
     record.second_passes = [regions.SecondPass("FaceDetailer", "bbox/face_yolov8m.pt", 0.5)]
     record.safety_checker = checkers.RecordedChecker("Safety Checker", 0.5)
-    result = explain.Explanation("x.png", "comfyui", "nan", record, {}, ModelMatch(False, None, []))
+    result = explain.Explanation(
+        "x.png", "comfyui", "nan", record, PixelFigures(), ModelMatch(False, None, [])
+    )
     result.kitchen = finding
     result.cause = kitchen.cause(finding, "comfyui", "ComfyUI", "cpu")
     event = EngineEvent(1, "explain", EventState.RESULT, result=result)

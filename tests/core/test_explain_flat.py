@@ -97,7 +97,7 @@ def test_nan_zeroed_in_unit_range_is_black_and_stays_nan_black(tmp_path):
         tmp_path / "unit.png", {"parameters": forge_parameters()}, Image.fromarray(picture)
     )
     _, status, figures = explain.read_image(path)
-    assert status == "nan" and figures["all_zero"] and figures["flat"] is None
+    assert status == "nan" and figures.all_zero and figures.flat is None
 
 
 def test_zero_latents_decode_to_one_colour_inside_a_band_of_edge_detail(zero_latent_picture):

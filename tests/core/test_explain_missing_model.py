@@ -16,6 +16,7 @@ from PIL import Image
 
 from app.cli import main
 from app.core.explain import next_steps
+from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record
 from app.core.words import tools
 from tests.support.image_files import a1111_parameters, comfy_prompt, pixels, png_text
@@ -326,7 +327,7 @@ def test_each_tools_attention_switch_is_one_that_tool_reads():
 
 def test_halfsafes_own_image_skips_what_its_record_shows_was_on():
     record = Record(made_by="halfsafe", model="lost", precision={"vae_precision": "fp32"})
-    steps = next_steps.plan(record, "nan", {}, add_folder=True)
+    steps = next_steps.plan(record, "nan", PixelFigures(), add_folder=True)
     assert steps is not None
     assert [s.flags for s in steps.switches] == [["--upcast-attention"], ["--no-half"]]
 

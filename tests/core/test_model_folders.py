@@ -12,6 +12,7 @@ from test_lora import kohya_lora, save_lora
 
 from app.core import explain, library, limits
 from app.core.explain.explanation import _apply_image_loras
+from app.core.explain.pixels import PixelFigures
 from app.core.generation import GenerationRequest, generate
 from app.core.lora import files as lora
 from app.core.settings import PrecisionSettings
@@ -136,7 +137,7 @@ def test_explain_uses_no_image_lora_outside_the_model_folders(lora_folders):
     tags = _outside_tags(evil)
     record = explain.Record(made_by="a1111", prompt="a cat " + " ".join(tags) + " <lora:ink>")
     match = explain.ModelMatch(True, model.source, [], roots=library.library_roots())
-    explanation = explain.Explanation("x.png", "a1111", "nan", record, {}, match)
+    explanation = explain.Explanation("x.png", "a1111", "nan", record, PixelFigures(), match)
     _apply_image_loras(explanation, model)
     assert [a.name for a in model.loras] == ["ink"]
     refused = [n for n in explanation.notes if "outside your model folders" in n]

@@ -147,7 +147,7 @@ def test_two_boxes_name_the_larger_and_a_tiny_one_is_not_claimed():
 def test_pixel_status_names_a_noisy_box(tmp_path, picture, status):
     found, figures = pixel_status(save(tmp_path, "p.png", picture))
     assert found == status
-    assert (figures["noise_region"] is not None) is (status == "noise_region")
+    assert (figures.noise_region is not None) is (status == "noise_region")
 
 
 # The record ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from PySide6.QtWidgets import QLabel
 
 from app.core.explain import Explanation
 from app.core.explain.matching import ModelMatch
+from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record
 from app.core.settings import load_settings
 from app.core.words.tools import ToolFix
@@ -24,7 +25,7 @@ def _explanation(path: str, found: bool) -> Explanation:
         made_by="a1111",
         status="nan",
         record=Record(made_by="a1111", model="lost-model"),
-        pixels={},
+        pixels=PixelFigures(),
         model=ModelMatch(
             found=found, path="/m/lost-model.safetensors" if found else None, looked_in=looked
         ),

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.core.explain import Explanation
 from app.core.explain.matching import ModelMatch
+from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record
 from app.core.jobs import CancelToken
 from app.core.words.tools import ToolFix
@@ -115,7 +116,7 @@ def test_the_fix_is_shown_in_the_image_tools_terms_and_can_be_copied(
         made_by="a1111",
         status="nan",
         record=Record(made_by="a1111", model="sd"),
-        pixels={},
+        pixels=PixelFigures(),
         model=ModelMatch(found=True, path="/m/sd.safetensors", looked_in=["/m"]),
         halfsafe_flags=["--vae-precision fp32"],
         tool_fix=ToolFix(
@@ -147,7 +148,7 @@ def test_halfsafes_own_fix_reads_as_its_flags_and_its_settings_names(window, eng
         made_by="halfsafe",
         status="nan",
         record=Record(made_by="halfsafe", model="demo-overflow"),
-        pixels={},
+        pixels=PixelFigures(),
         model=ModelMatch(found=True, path="demo-overflow", looked_in=[]),
         halfsafe_flags=flags,
         tool_fix=ToolFix("halfsafe", flags, {"bf16_modules": layers}, "Add the flags.", [], True),

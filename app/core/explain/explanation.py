@@ -22,6 +22,7 @@ from app.core.explain.image_file import (
 )
 from app.core.explain.matching import ModelMatch, find_model, find_vae, named_model
 from app.core.explain.next_steps import NextSteps
+from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record, read_record
 from app.core.families import family_of, generation_defaults
 from app.core.images.finished import read_head
@@ -78,7 +79,7 @@ class Explanation:
     made_by: str
     status: str
     record: Record
-    pixels: dict[str, Any]
+    pixels: PixelFigures
     model: ModelMatch
     check: HealthReport | None = None  # the health check at the image's settings
     halfsafe_flags: list[str] = field(default_factory=list)
@@ -118,7 +119,7 @@ class Explanation:
             "check": self.check.to_json() if self.check is not None else None,
             "fix": fix,
             "record": self.record.to_json(),
-            "pixels": dict(self.pixels),
+            "pixels": self.pixels.to_json(),
             "message": self.message,
             "notes": list(self.notes),
             "next_steps": self.next_steps.to_json() if self.next_steps is not None else None,
@@ -136,7 +137,7 @@ class Explanation:
         }
 
 
-def read_image(path: str | Path) -> tuple[Record, str, dict[str, Any]]:
+def read_image(path: str | Path) -> tuple[Record, str, PixelFigures]:
     """(record, status, pixel figures) of an image file, without the library or a model.
     PNG is read chunk by chunk (`read_png`); JPEG and WebP through their EXIF (`read_exif`).
     Raises BadFileError with one sentence for a file that cannot be read."""
@@ -532,7 +533,7 @@ def _status_words(explanation: Explanation) -> str:
         return words
     if explanation.status in ("nan_zeroed", "flat"):
         return findings.flat_words(explanation, by, tool.name if tool else "the tool that made it")
-    if explanation.status == "noise_region" or explanation.pixels.get("noise_region"):
+    if explanation.status == "noise_region" or explanation.pixels.noise_region:
         return findings.region_words(explanation, by)
     if explanation.status in ("saturated", "noise", "unclaimed"):
         return findings.signature_words(explanation, by)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.core.explain.pixels import zeroed_stage
 from app.core.words.tools import TOOLS, in_tool_terms
 
 # {placeholders} are filled in by the functions below and by `explanation`.
@@ -128,22 +129,22 @@ FINDING_WORDS = {
 
 
 def flat_words(explanation: Any, by: str, tool: str) -> str:
-    flat = explanation.pixels["flat"]
-    x0, y0, x1, y1 = flat["box"]
+    flat = explanation.pixels.flat
+    x0, y0, x1, y1 = flat.box
     values = {
         "by": by,
-        "colour": ", ".join(str(c) for c in flat["colour"]),
-        "share": f"{flat['share']:.0%}",
+        "colour": ", ".join(str(c) for c in flat.colour),
+        "share": f"{flat.share:.0%}",
         "x0": x0,
         "y0": y0,
         "x1": x1 - 1,
         "y1": y1 - 1,
     }
-    words = [FINDING_WORDS["flat_whole" if flat["share"] >= 1 else "flat_region"].format(**values)]
+    words = [FINDING_WORDS["flat_whole" if flat.share >= 1 else "flat_region"].format(**values)]
     if explanation.status == "flat":
         words.append(FINDING_WORDS["flat_unknown"])
         return " ".join(words)
-    words.append(FINDING_WORDS[f"nan_zeroed_{flat['stage']}"])
+    words.append(FINDING_WORDS[f"nan_zeroed_{zeroed_stage(flat)}"])
     compiled = explanation.record.compiled
     if compiled:
         words.append(FINDING_WORDS["hidden_by_compile"].format(compiled=compiled))
@@ -155,16 +156,16 @@ def flat_words(explanation: Any, by: str, tool: str) -> str:
 def region_words(explanation: Any, by: str) -> str:
     """A box of coloured noise in a picture (`regions`), named as the second pass the record
     shows, claimed only with a record."""
-    region = explanation.pixels["noise_region"]
-    x0, y0, x1, y1 = region["box"]
+    region = explanation.pixels.noise_region
+    x0, y0, x1, y1 = region.box
     values = {"by": by, "x0": x0, "y0": y0, "x1": x1 - 1, "y1": y1 - 1}
     if explanation.status == "unclaimed":
         return FINDING_WORDS["unclaimed_noise_region"].format(**values)
     words = [
         FINDING_WORDS["noise_region"].format(
-            share=f"{region['share']:.0%}",
-            structure=region["structure"],
-            colour=region["colour"],
+            share=f"{region.share:.0%}",
+            structure=region.structure,
+            colour=region.colour,
             **values,
         )
     ]
@@ -188,19 +189,19 @@ def region_words(explanation: Any, by: str) -> str:
 
 def signature_words(explanation: Any, by: str) -> str:
     """A saturated or noisy image in words (`signatures`), claimed only with a record."""
-    saturated = explanation.pixels.get("saturated")
+    saturated = explanation.pixels.saturated
     if saturated is not None:
         values = {
             "by": by,
-            "share": f"{saturated['share']:.1%}",
-            "colour": ", ".join(str(c) for c in saturated["colour"]),
-            "look": "white" if saturated["white"] else "saturated",
+            "share": f"{saturated.share:.1%}",
+            "colour": ", ".join(str(c) for c in saturated.colour),
+            "look": "white" if saturated.white else "saturated",
         }
         if explanation.status == "unclaimed":
             return FINDING_WORDS["unclaimed_saturated"].format(**values)
-        key = "saturated_white" if saturated["white"] else "saturated_colour"
+        key = "saturated_white" if saturated.white else "saturated_colour"
         return FINDING_WORDS[key].format(**values)
-    noise = explanation.pixels["noise"]
+    noise = explanation.pixels.noise
     if explanation.status == "unclaimed":
         return FINDING_WORDS["unclaimed_noise"].format(by=by)
-    return FINDING_WORDS["noise"].format(by=by, **noise)
+    return FINDING_WORDS["noise"].format(by=by, **noise.to_json())

@@ -13,9 +13,9 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from app.core.errors import BadFileError
+from app.core.explain.pixels import PixelFigures
 from app.core.images.finished import MAX_IMAGE_BYTES, MAX_PIXELS, open_picture
 
 # Bounds on an image handed to `explain` beyond the file's size and pixel count (those are
@@ -180,7 +180,7 @@ def _inflate(path: Path, name: str, data: bytes) -> bytes:
 # --- pixels ------------------------------------------------------------------------------------
 
 
-def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, dict[str, Any]]:
+def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, PixelFigures]:
     """What the pixels say, from the pixels alone: "nan", "saturated", "flat", "black",
     "noise", "noise_region" or "ok", with the figures.
 
@@ -249,36 +249,29 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     shown = rgb[visible] if visible is not None else rgb
     zero = not shown.any()
     stats = brightness_stats(shown.mean(axis=-1) / 255.0)
-    figures = {
-        "width": int(rgb.shape[1]),
-        "height": int(rgb.shape[0]),
-        "transparent": round(float((alpha == 0).mean()), 4) if alpha is not None else 0.0,
-        "all_zero": bool(zero),
-        "mean": round(stats.mean, 4),
-        "spread": round(stats.spread, 4),
-        "bright": round(stats.bright, 4),
-    }
     flat = None if zero else flat_region(rgb, visible)
-    figures["flat"] = None
-    if flat is not None:
-        figures["flat"] = {
-            "colour": list(flat.colour),
-            "share": round(flat.share, 4),
-            "box": list(flat.box),
-            "stage": "pixels" if flat.mid_grey else "latent",
-        }
     saturated = None if zero else signatures.saturated(shown.reshape(1, -1, 3))
-    figures["saturated"] = saturated.to_json() if saturated is not None else None
     # Noise is measured over whole blocks of neighbouring pixels: only where every one shows.
     whole = visible is None or bool(visible.all())
     noise = None if zero or saturated or flat or not whole else signatures.noise(rgb)
-    figures["noise"] = noise.to_json() if noise is not None else None
     # A box of noise in a picture that is otherwise fine (`regions`): a second pass's.
     region = None
     fine = not (zero or saturated or flat or stats.near_black)
     if whole and fine and (noise is None or not noise.coloured_noise):
         region = regions.noisy_region(rgb)
-    figures["noise_region"] = region.to_json() if region is not None else None
+    figures = PixelFigures(
+        width=int(rgb.shape[1]),
+        height=int(rgb.shape[0]),
+        transparent=round(float((alpha == 0).mean()), 4) if alpha is not None else 0.0,
+        all_zero=bool(zero),
+        mean=round(stats.mean, 4),
+        spread=round(stats.spread, 4),
+        bright=round(stats.bright, 4),
+        flat=flat,
+        saturated=saturated,
+        noise=noise,
+        noise_region=region,
+    )
     if zero:
         return "nan", figures
     if saturated is not None:

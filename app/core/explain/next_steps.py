@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.explain import runtime
+from app.core.explain.pixels import PixelFigures, zeroed_stage
 from app.core.explain.records import Record
 from app.core.families.faults import ToolFault
 from app.core.families.registry import tool_faults
@@ -166,7 +167,7 @@ def model_family(record: Record) -> tuple[ToolFault | None, tuple[str, dict[str,
 
 
 def plan(
-    record: Record, status: str, pixels: dict[str, Any], *, add_folder: bool
+    record: Record, status: str, pixels: PixelFigures, *, add_folder: bool
 ) -> NextSteps | None:
     """What to try in the tool that made a NaN-black image (or one whose NaN was replaced by
     zeros, or saturated: an overflow to infinity) whose model cannot be checked; None for
@@ -177,8 +178,8 @@ def plan(
     fault, because = model_family(record)
     family = fault.family if fault is not None else None
     reasons = [because] if because else []
-    flat = pixels.get("flat") or {}
-    if status == "nan_zeroed" and flat.get("stage") == "latent":
+    flat = pixels.flat
+    if status == "nan_zeroed" and flat is not None and zeroed_stage(flat) == "latent":
         reasons.append(("latent", {}))
         cause = "denoiser"
     elif record.vae and _FP16_FIX.search(record.vae):

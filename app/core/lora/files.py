@@ -31,12 +31,15 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.core import limits
 from app.core.checkpoint import Checkpoint, one_torch_thread, tensor_is_finite
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.lora.request import LoraRequest
+
+if TYPE_CHECKING:
+    import torch
 
 # A LoRA's weight: A1111 lets users type anything, but past these the LoRA is not a style but
 # a different model, and a check of it says nothing useful.
@@ -74,7 +77,7 @@ class LoraFile:
     path: Path
     name: str
     layout: str  # "kohya" | "diffusers"
-    tensors: dict[str, Any] = field(repr=False)
+    tensors: dict[str, torch.Tensor] = field(repr=False)
     non_finite: list[str]
     absurd: list[tuple[str, float]]  # (tensor, largest |element|) past ABSURD_ELEMENT
     short_hash: str | None
