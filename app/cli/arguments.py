@@ -546,6 +546,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model that made the image (a file, a folder or a built-in demo), for an image "
         "that names none or one HalfSafe cannot find: it is checked in place of a search",
     )
+    explain.add_argument(
+        "--remake",
+        action="store_true",
+        help="make the image again from its record with its model and compare: tells a "
+        "picture whose colours were inverted after it was made (a warm decode) from one the "
+        "model makes so",
+    )
     return parser
 
 

@@ -265,7 +265,9 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from app.core import explain
 
     values = effective_settings(args)
-    explanation = explain.explain_image(args.image, device=values["device"], model=args.model)
+    explanation = explain.explain_image(
+        args.image, device=values["device"], model=args.model, remake=args.remake
+    )
     if args.json:
         _print_json(explanation.to_json())
     else:

@@ -233,6 +233,12 @@ def explain_text(explanation) -> str:
         lines.append(f"Found:   {model.path} (by {model.matched_by})")
     else:
         lines.append("Found:   no; looked in " + ("; ".join(model.looked_in) or "no folders"))
+    remade = explanation.remade
+    if remade is not None and remade.correlation is not None:
+        lines.append(
+            f"Remade:  {remade.verdict}, brightness correlation {remade.correlation:.2f} "
+            f"(seed {remade.seed})"
+        )
     fix = explanation.tool_fix
     if fix is not None:
         lines += ["", f"Fix in {TOOLS[fix.tool].name}:"]

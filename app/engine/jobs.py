@@ -218,6 +218,7 @@ def explain(context: JobContext, request: ExplainRequest) -> Explanation:
         on_progress=context.progress,
         cancel=context.cancel,
         model=request.model,
+        remake=request.remake,
     )
     # The library's folders served the search for files here; they stay in this process.
     return replace(explanation, model=replace(explanation.model, roots=[]))

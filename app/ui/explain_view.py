@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.explain import STATUS_WORDS, Explanation
+from app.core.explain.explanation import CHECKED
 from app.core.explain.next_steps import NextSteps, Switch, likely_words, rule_out_words
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests.records import ExplainRequest
@@ -43,6 +44,7 @@ _LEVELS = {
     "saturated": "bad",
     "noise": "bad",
     "noise_region": "bad",
+    "inverted": "bad",
     "unclaimed": "warn",
     "safety_checker": "warn",
     "black": "info",
@@ -57,6 +59,8 @@ def title_for(name: str, result: Explanation) -> str:
     one flat colour, or nothing wrong."""
     if result.status == "nan_zeroed":
         return f"Why is {name} grey?"
+    if result.status == "inverted":
+        return f"Why are the colours of {name} inverted?"
     pixels = result.pixels
     saturated = pixels.saturated
     if saturated:
@@ -107,6 +111,7 @@ class ExplainDialog(QDialog):
         # model it can find. `model` is the one the user chose for this image, if any.
         self.loaded = loaded
         self.model: str | None = None
+        self.remake = False  # make the image again from its record and compare (`remake`)
         self.client = client
         self.dialogs = dialogs
         self.device = device
@@ -159,6 +164,15 @@ class ExplainDialog(QDialog):
         self.choose_model_button.clicked.connect(self.choose_model)
         self.choose_model_button.hide()
         model_buttons.addWidget(self.choose_model_button)
+        self.remake_button = QPushButton("Make it again and compare")
+        self.remake_button.setToolTip(
+            "Make the image again from its record with this model and compare the two: tells "
+            "colours inverted after the picture was made (a model kept loaded in the tool's "
+            "memory) from a picture the model makes so. Nothing is saved."
+        )
+        self.remake_button.clicked.connect(self.make_again)
+        self.remake_button.hide()
+        model_buttons.addWidget(self.remake_button)
         model_buttons.addStretch(1)
         self.model_card.body.addLayout(model_buttons)
         self.model_card.hide()
@@ -195,7 +209,7 @@ class ExplainDialog(QDialog):
         self.progress.setRange(0, 0)
         self.cancel_button.setEnabled(True)
         self.stage.setText("Reading the image…")
-        request = ExplainRequest(self.path, self.device, self.model)
+        request = ExplainRequest(self.path, self.device, self.model, remake=self.remake)
         self.job_id = self.client.submit(request, self._on_event)
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
@@ -243,6 +257,12 @@ class ExplainDialog(QDialog):
         self.model = model
         for button in (self.loaded_button, self.choose_model_button, self.add_folder_button):
             button.hide()
+        self.explain()
+
+    def make_again(self) -> None:
+        """Explain the image again, making it again from its record and comparing."""
+        self.remake = True
+        self.remake_button.hide()
         self.explain()
 
     def use_model_folder(self, folder: str) -> None:
@@ -321,6 +341,10 @@ class ExplainDialog(QDialog):
                 "Reproduce the image with the model loaded now, if it is the one that made it."
             )
         self.loaded_button.setVisible(self.loaded is not None and not model.found)
+        # A picture (not a NaN-black or flat image, which the check proves) can be made again.
+        self.remake_button.setVisible(
+            model.found and not self.remake and result.status not in CHECKED
+        )
         self.model_card.show()
         self.steps_card.setVisible(result.next_steps is not None)
         if result.next_steps is not None:

@@ -138,6 +138,33 @@ def test_the_fix_is_shown_in_the_image_tools_terms_and_can_be_copied(
     assert QApplication.clipboard().text() == "--no-half-vae\nupcast_attn = True"
 
 
+def test_a_picture_can_be_made_again_and_an_inverted_one_is_named(window, engines, tmp_path):
+    from app.core.explain.remake import Remade
+
+    dialog = window.explain_image(str(tmp_path / "x.png"))
+    job = engines.current.last_job("explain")
+    assert job.params.remake is False
+    found = ModelMatch(found=True, path="/m/sd.safetensors", looked_in=["/m"])
+    record = Record(made_by="comfyui", model="sd", seed=42, steps=12)
+    fine = Explanation(str(tmp_path / "x.png"), "comfyui", "ok", record, PixelFigures(), found)
+    engines.current.finish(job, fine)
+    assert dialog.remake_button.isVisible()  # a picture whose model was found
+    dialog.remake_button.click()
+    again = engines.current.last_job("explain")
+    assert again is not job and again.params.remake is True
+    assert not dialog.remake_button.isVisible()
+    remade = Remade("inverted", -0.99, "the file is that picture's negative", 42, (64, 64))
+    engines.current.finish(again, replace(fine, status="inverted", remade=remade))
+    assert dialog.windowTitle() == "Why are the colours of x.png inverted?"
+    assert dialog.verdict.level == "bad" and "Inverted colours" in dialog.verdict.text.text()
+    assert not dialog.remake_button.isVisible()
+    # A NaN-black image is the check's to prove: it is not made again.
+    other = window.explain_image(str(tmp_path / "y.png"))
+    black = replace(fine, path=str(tmp_path / "y.png"), status="nan")
+    engines.current.finish(engines.current.last_job("explain"), black)
+    assert not other.remake_button.isVisible()
+
+
 def test_halfsafes_own_fix_reads_as_its_flags_and_its_settings_names(window, engines, tmp_path):
     dialog = window.explain_image(str(tmp_path / "x.png"))
     job = engines.current.last_job("explain")

@@ -24,6 +24,7 @@ from app.core.explain.matching import ModelMatch, find_model, find_vae, named_mo
 from app.core.explain.next_steps import NextSteps
 from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record, read_record
+from app.core.explain.remake import REMAKE_WORDS, Remade
 from app.core.families import family_of, generation_defaults
 from app.core.images.finished import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
@@ -52,11 +53,12 @@ STATUSES = (
     "noise",
     "unclaimed",
     "noise_region",
+    "inverted",
 )
 # The statuses of a failed image: the exit status is 1, and for all but a noisy box the health
 # check runs (a box of noise in a fine picture is a second pass's, which the check of the
 # model at the image's settings does not run: `regions`).
-PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise", "noise_region")
+PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise", "noise_region", "inverted")
 CHECKED = PROBLEMS[:4]
 
 # What explain says, in one table for the terminal, the window and --json's message: the short
@@ -70,6 +72,7 @@ STATUS_WORDS = {
     "noise": "coloured noise: not a picture",
     "unclaimed": "white or noise, no record",
     "noise_region": "coloured noise in one box: a second pass's",
+    "inverted": "inverted colours: the negative of the picture its record makes",
 }
 
 
@@ -92,6 +95,8 @@ class Explanation:
     # (`kitchen`), and the kernel cause it proved, if one.
     kitchen: KitchenFinding | None = None
     cause: Cause | None = None
+    # The image made again from its record and compared with the file (`remake`), when asked.
+    remade: Remade | None = None
 
     @property
     def problem(self) -> bool:
@@ -129,6 +134,7 @@ class Explanation:
             # A cause proved beside the check (a comfy-kitchen kernel after a clean check).
             "cause": self.cause.to_json() if self.cause is not None else None,
             "fused_kernels": self.kitchen.to_json(self.made_by) if self.kitchen else None,
+            "remake": self.remade.to_json() if self.remade is not None else None,
             # Attention kernels the record shows ran, each with the tool's switch to turn it off.
             "suspects": [
                 {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
@@ -213,6 +219,7 @@ def explain_image(
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     model: str | None = None,
+    remake: bool = False,
 ) -> Explanation:
     """Explain one image: its record and pixels, its model, and for a NaN-black image the
     health check at the image's settings (steps, sampler, size, and the precision the tool ran)
@@ -223,6 +230,8 @@ def explain_image(
     `model` is the model the user says made the image (a file, a folder or a built-in demo's
     name), for an image that names none or one the library cannot find: it is checked in place
     of a search, and the explanation says whose word it is.
+    `remake`: an image that is a picture is made again from its record with its model and
+    compared with the file (`remake`); one that is its negative is "inverted".
     Runs on the calling thread; the check takes seconds on a GPU. Raises BadFileError for an
     unreadable or hostile image, and passes on the model loader's errors. Writes nothing but
     the hash cache and the library index; a verified fix is not remembered as a profile.
@@ -256,8 +265,16 @@ def explain_image(
         explanation.notes.append(found.note)
     explanation.notes.extend(found.unread)
     if status not in CHECKED:
+        if remake and found.found:
+            _remake(explanation, device, loaded, progress, cancel)
+        elif remake:
+            explanation.notes.append(
+                REMAKE_WORDS["asked_not_made"].format(why="its model was not found.")
+            )
         explanation.message = _status_words(explanation)
         return explanation
+    if remake:
+        explanation.notes.append(REMAKE_WORDS["checked_instead"])
     if not found.found:
         named = bool(record.model or record.unet or record.model_hash)
         explanation.next_steps = next_steps.plan(record, status, figures, add_folder=named)
@@ -267,6 +284,77 @@ def explain_image(
         return explanation
     _run_check(explanation, device, loaded, measure_cost, progress, cancel)
     return explanation
+
+
+def _image_model(explanation: Explanation, vae, loaded, progress, cancel, *, who: str):
+    """The image's model: `loaded` where it is the file found (and no other VAE is asked),
+    else the file loaded. None, with the message saying why, for a model file that fails."""
+    from app.core.models import load_model
+
+    model_path = explanation.model.path
+    assert model_path is not None  # a found model has its path
+    if (
+        loaded is not None
+        and vae is None
+        and str(getattr(loaded, "source", "")) not in ("", "demo")
+        and Path(loaded.source).resolve() == Path(model_path).resolve()
+    ):
+        return loaded
+    try:
+        return load_model(model_path, vae=vae, on_progress=progress, cancel=cancel)
+    except BadFileError as error:
+        # The image was read; it is the model file that failed.
+        explanation.notes.append(str(error))
+        explanation.message = (
+            f"{_status_words(explanation)} Its model was found at {model_path}, but "
+            f"{who} could not load it: {error.problem}"
+        )
+        return None
+
+
+def _remake(explanation: Explanation, device, loaded, progress, cancel) -> None:
+    """Make the image again from its record and compare (`remake`); a file that is the
+    picture's negative becomes "inverted", its cause the tool's memory (`state`)."""
+    from app.core.causes.records import Cause
+    from app.core.explain import remake as remaking
+
+    record = explanation.record
+    tool = TOOLS.get(explanation.made_by)
+    tool_name = tool.name if tool else "the tool that made it"
+    why = remaking.missing(record)
+    if why is not None:
+        explanation.notes.append(REMAKE_WORDS["asked_not_made"].format(why=why + "."))
+        return
+    model = _image_model(explanation, None, loaded, progress, cancel, who="HalfSafe")
+    if model is None:
+        return
+    _apply_image_loras(explanation, model)
+    state = runtime.state_words(explanation.made_by, tool_name, record.version)
+    with said_as_sentence("making the image again"):
+        remade = remaking.remake(
+            record,
+            Path(explanation.path),
+            model,
+            precision=_reproduced_precision(record),
+            device=device,
+            tool_name=tool_name,
+            state_words=state,
+            on_progress=progress,
+            cancel=cancel,
+        )
+    explanation.remade = remade
+    if remade.verdict == "inverted":
+        explanation.status = "inverted"
+        explanation.cause = Cause(
+            "state",
+            "vae",
+            remade.words,
+            state,
+            "none",  # the tool's memory, restarted or switched there; nothing HalfSafe sets
+            verified=True,  # made again here, freshly loaded: the right picture
+        )
+    elif remade.verdict != "matches":
+        explanation.notes.append(remade.words)
 
 
 def _fix_the_tool_can_apply(fix, tool: str) -> dict[str, Any]:
@@ -332,7 +420,6 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     from app.core import health
     from app.core.causes import check_and_attribute
     from app.core.lora.files import strip_tags
-    from app.core.models import load_model
     from app.core.settings import FIELDS
 
     record = explanation.record
@@ -347,25 +434,9 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             f"The image used the VAE {record.vae}, which was not found next to the model; "
             "the check ran with the model's own VAE."
         )
-    same = (
-        loaded is not None
-        and vae is None
-        and str(getattr(loaded, "source", "")) not in ("", "demo")
-        and Path(loaded.source).resolve() == Path(model_path).resolve()
-    )
-    if same and loaded is not None:
-        model = loaded
-    else:
-        try:
-            model = load_model(model_path, vae=vae, on_progress=progress, cancel=cancel)
-        except BadFileError as error:
-            # The image was read and holds a NaN; it is the model file that failed.
-            explanation.notes.append(str(error))
-            explanation.message = (
-                f"{_status_words(explanation)} Its model was found at {model_path}, but the "
-                f"health check could not load it: {error.problem}"
-            )
-            return
+    model = _image_model(explanation, vae, loaded, progress, cancel, who="the health check")
+    if model is None:
+        return
     steps = record.steps
     try:
         steps = FIELDS["steps"].validate(steps) if steps is not None else None
@@ -544,6 +615,8 @@ def _status_words(explanation: Explanation) -> str:
             f"This image ({by}) was blanked by the model's safety checker; nothing overflowed, "
             "so no precision setting changes it."
         )
+    if explanation.status == "inverted" and explanation.remade is not None:
+        return f"This image ({by}) has inverted colours. {explanation.remade.words}"
     if explanation.status == "black":
         return (
             f"This image ({by}) is very dark but not NaN-black: its pixels are finite and not "
@@ -555,7 +628,9 @@ def _status_words(explanation: Explanation) -> str:
             "HalfSafe's NaN watch repaired that part and made it again before it was saved. "
             "The fix that did it is kept for the model on the Fixes page."
         )
-    return f"This image ({by}) is not black: nothing to fix."
+    matched = explanation.remade is not None and explanation.remade.verdict == "matches"
+    said = f" {explanation.remade.words}" if matched and explanation.remade else ""
+    return f"This image ({by}) is not black: nothing to fix.{said}"
 
 
 def _not_found_words(record: Record, model: ModelMatch, steps: NextSteps | None) -> str:

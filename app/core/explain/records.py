@@ -47,6 +47,10 @@ class Record:
     width: int | None = None
     height: int | None = None
     prompt: str = ""
+    negative_prompt: str = ""
+    # Where the starting noise was made ("cpu", "gpu", "nv"; None: not known): a seed makes the
+    # same noise only from the same source (`remake`).
+    noise_source: str | None = None
     version: str | None = None
     halfsafe_status: str | None = None  # HalfSafe's own "NaN watch" entry
     precision: dict[str, SettingValue] = field(
@@ -89,6 +93,7 @@ class Record:
         document["second_passes"] = [p.to_json() for p in self.second_passes]
         checker = self.safety_checker
         document["safety_checker"] = checker.to_json() if checker is not None else None
+        document["noise_source"] = self.noise_source
         return document
 
 
@@ -204,6 +209,8 @@ def _infotext_record(text: str) -> Record:
         width=width,
         height=height,
         prompt=parsed.prompt[:4096],
+        negative_prompt=parsed.negative_prompt[:4096],
+        noise_source=_infotext_noise(made_by, parsed.raw(infotext.RNG)),
         version=version,
     )
     record.schedule_note = samplers.read(
@@ -235,6 +242,17 @@ def _a1111_hires(
     if scale is None or not width or not height or not 1.0 < scale <= MAX_UPSCALE:
         return None, None
     return (int(width * scale) // 8 * 8, int(height * scale) // 8 * 8), upscaler
+
+
+def _infotext_noise(made_by: str, written: str | None) -> str | None:
+    """Where an infotext image's starting noise was made: HalfSafe's on the CPU; A1111's and
+    Forge's on the GPU unless their `RNG` says otherwise (their default, "GPU", is not written);
+    another tool's as its `RNG` says, else unknown."""
+    if made_by == "halfsafe":
+        return "cpu"
+    if written is not None and written.strip().lower() in ("cpu", "gpu", "nv"):
+        return written.strip().lower()
+    return "gpu" if made_by in ("a1111", "forge") else None
 
 
 def _swarm_record(params: dict[str, Any]) -> Record:
@@ -341,7 +359,8 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
     if not any(_loader_name(inputs) for _kind, inputs in nodes) and workflow_text is not None:
         workflow = _json(path, "workflow", workflow_text)
         nodes = list(_workflow_nodes(workflow))
-    record = Record(made_by="comfyui", compiled=_compile_node(prompt, workflow))
+    # ComfyUI draws a KSampler's starting noise on the CPU from its seed (comfy/sample.py).
+    record = Record(made_by="comfyui", noise_source="cpu", compiled=_compile_node(prompt, workflow))
     record.attention = (
         kernels.from_comfy_prompt(_comfy_nodes(prompt))
         if prompt is not None
@@ -385,7 +404,30 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
             layer = read_int(inputs.get("stop_at_clip_layer"))
             record.clip_skip = -layer if layer is not None and layer < 0 else None
     record.hires_size, record.hires_upscaler = _comfy_second_pass(nodes, record)
+    if prompt is not None:
+        record.prompt, record.negative_prompt = _comfy_texts(prompt)
     return record
+
+
+def _comfy_texts(prompt: dict[str, Any]) -> tuple[str, str]:
+    """The prompt and negative prompt of a ComfyUI API prompt: the text of the nodes its first
+    KSampler's `positive` and `negative` inputs link to ("" where that is not a text node)."""
+
+    def text(link: Any) -> str:
+        if not (isinstance(link, list) and link and isinstance(link[0], (str, int))):
+            return ""
+        node = prompt.get(str(link[0]))
+        inputs = node.get("inputs") if isinstance(node, dict) else None
+        if not isinstance(inputs, dict):
+            return ""
+        return read_text(inputs.get("text", inputs.get("text_g")), 4096) or ""
+
+    for node in list(prompt.values())[:MAX_NODES]:
+        if isinstance(node, dict) and str(node.get("class_type", "")).startswith("KSampler"):
+            inputs = node.get("inputs")
+            if isinstance(inputs, dict):
+                return text(inputs.get("positive")), text(inputs.get("negative"))
+    return "", ""
 
 
 def _comfy_second_pass(

@@ -200,6 +200,23 @@ class _Learned:
     overrode_remembered: bool = False
 
 
+def generate_unsaved(
+    model,
+    request: GenerationRequest,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    on_progress: ProgressCallback | None = None,
+    cancel: CancelToken | None = None,
+) -> GenerationResult:
+    """`generate`'s images and their diagnosis, neither saved nor remembered: a picture made to
+    be compared (`explain --remake`), not kept. A repair still runs where `precision.auto_fix`
+    allows, and the fix it proved is not kept for the model."""
+    return _generate_unsaved(
+        model, request, precision=precision, device=device, on_progress=on_progress, cancel=cancel
+    )[0]
+
+
 def _keeps_the_checked_fix(previous: RememberedFix, learned: _Learned) -> bool:
     """Whether a remembered fix stays although this job repaired its images another way: the
     health check proved it (against fp32), and the job ran without it because the user's own

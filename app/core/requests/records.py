@@ -91,6 +91,7 @@ class ExplainRequest:
     path: str
     device: str = "auto"
     model: str | None = None  # the model the user says made it, where the image does not
+    remake: bool = False  # make it again from its record and compare (`explain.remake`)
 
 
 @dataclass(frozen=True)

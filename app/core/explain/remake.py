@@ -1,0 +1,190 @@
+"""An image made again from its record and compared with the file (`explain --remake`): the
+one proof of inverted colours, which no figure of the pixels alone gives (`signatures`).
+
+A picture's negative is as natural a picture as the picture, by every figure of its pixels. But
+where the record holds everything that made the image (model, prompt, seed, steps, CFG, sampler,
+size) and its starting noise came from a source HalfSafe draws the same way (the CPU: HalfSafe's
+own images and ComfyUI's), the model makes the same picture again. Both are compared on their
+brightness over a 64x64 grid (each cell the mean of its pixels, so that the last bits of a
+different GPU or kernel do not count): the correlation of the two
+- is near 1 for the same picture (`MATCH`);
+- near -1 for its negative (`INVERTED`): the colours were inverted after the model made it, as
+  a warm decode in a tool's memory manager does (ComfyUI issue 15452), while the model made it
+  right here, freshly loaded;
+- and anywhere between for another picture: another noise source (A1111's GPU noise), another
+  sampler or model, a LoRA not found. Nothing is claimed then.
+Two different pictures of one prompt correlate at 0.2 to 0.5 (a centred subject, a sky above),
+never near -1; the thresholds leave that margin on both sides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GRID = 64  # the comparison's cells per side
+MATCH = 0.8  # correlation at or above: the same picture
+INVERTED = -0.8  # at or below: its negative
+
+REMAKE_VERDICTS = ("matches", "inverted", "differs", "not_made")
+
+REMAKE_WORDS = {
+    "matches": (
+        "HalfSafe made the image again from its record ({made}), and it is the same picture "
+        "(brightness correlation {r:.2f}): the model and its settings make it as it is."
+    ),
+    "inverted": (
+        "HalfSafe made the image again from its record ({made}), and the file is that "
+        "picture's negative (brightness correlation {r:.2f}): its colours were inverted after "
+        "the model made it, which a decode by a model kept loaded in memory does. The model is "
+        "fine: freshly loaded here, it made the picture right. {state}"
+    ),
+    "differs": (
+        "HalfSafe made the image again from its record ({made}), and it is another picture "
+        "(brightness correlation {r:.2f}), so it tells nothing about this one{why}."
+    ),
+    "gpu_noise": (
+        ": {tool} made its starting noise on the GPU ({source}), HalfSafe makes it on the CPU, "
+        "so one seed gives another picture"
+    ),
+    "unknown_noise": (
+        ": {tool} does not record where it made its starting noise, and HalfSafe makes it on "
+        "the CPU"
+    ),
+    "asked_not_made": "It was not made again: {why}",
+    "checked_instead": (
+        "It was not made again: a NaN-black or flat image is no picture to compare, and the "
+        "check above is the proof."
+    ),
+}
+# Why an image cannot be made again from its record, by what is missing.
+_MISSING = {
+    "seed": "its record gives no seed",
+    "steps": "its record gives no step count",
+    "scheduler": "HalfSafe does not run its sampler",
+    "hires": "it was drawn again at a larger size (a hires fix or second sampler), which "
+    "--remake does not repeat",
+}
+
+
+@dataclass(frozen=True)
+class Remade:
+    """The image made again from its record and compared: `verdict` one of REMAKE_VERDICTS,
+    `correlation` of the two pictures' brightness (None when not made), `words` the sentence."""
+
+    verdict: str
+    correlation: float | None
+    words: str
+    seed: int | None = None
+    size: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "correlation": None if self.correlation is None else round(self.correlation, 4),
+            "seed": self.seed,
+            "size": list(self.size) if self.size else None,
+            "words": self.words,
+        }
+
+
+def missing(record) -> str | None:
+    """What keeps `record` from making its image again (a sentence's end), or None."""
+    if record.seed is None or record.seed < 0:
+        return _MISSING["seed"]
+    if not record.steps:
+        return _MISSING["steps"]
+    if record.scheduler is None:
+        return _MISSING["scheduler"]
+    if record.hires_size:
+        return _MISSING["hires"]
+    return None
+
+
+def correlation(file_rgb, made_rgb) -> float:
+    """The correlation of two pictures' brightness, each averaged over a GRID x GRID grid of
+    cells (uint8 (H, W, 3) arrays, resized to one grid whatever their sizes). 0 where either
+    is one flat colour (no picture to compare)."""
+    import numpy as np
+    from PIL import Image
+
+    def grid(rgb) -> Any:
+        grey = Image.fromarray(np.asarray(rgb, dtype=np.uint8)).convert("L")
+        cells = grey.resize((GRID, GRID), Image.Resampling.BOX)
+        return np.asarray(cells, dtype=np.float64).ravel()
+
+    a, b = grid(file_rgb), grid(made_rgb)
+    a, b = a - a.mean(), b - b.mean()
+    scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / scale) if scale > 0 else 0.0
+
+
+def verdict(r: float) -> str:
+    return "matches" if r >= MATCH else "inverted" if r <= INVERTED else "differs"
+
+
+def noise_words(record, tool_name: str) -> str:
+    """Why a picture made again from another noise source differs (a sentence's end), or ""
+    where the noise came from the CPU as HalfSafe's does."""
+    if record.noise_source == "cpu":
+        return ""
+    if record.noise_source in ("gpu", "nv"):
+        source = "its RNG setting" if record.noise_source == "nv" else "its default"
+        return REMAKE_WORDS["gpu_noise"].format(tool=tool_name, source=source)
+    return REMAKE_WORDS["unknown_noise"].format(tool=tool_name)
+
+
+def remake(
+    record,
+    file: Path,
+    model,
+    *,
+    precision,
+    device: str,
+    tool_name: str,
+    state_words: str,
+    on_progress=None,
+    cancel=None,
+) -> Remade:
+    """Make the image `file` records again with `model` (its LoRAs applied), as its record
+    says, with `precision` (the image's own; a NaN is repaired as generation repairs it), and
+    compare the two (`correlation`). Writes nothing. `state_words`: what rules out the tool's
+    memory manager, said when the file is the picture's negative."""
+    import numpy as np
+    from PIL import Image
+
+    from app.core.generation import GenerationRequest
+    from app.core.generation.entry import generate_unsaved
+    from app.core.images.finished import open_picture
+
+    why = missing(record)
+    if why is not None:
+        return Remade("not_made", None, REMAKE_WORDS["asked_not_made"].format(why=why + "."))
+    with open_picture(file) as image:
+        file_rgb = np.asarray(image.convert("RGB"))
+    width, height = record.width or file_rgb.shape[1], record.height or file_rgb.shape[0]
+    request = GenerationRequest(
+        prompt=record.prompt,
+        negative_prompt=record.negative_prompt,
+        steps=record.steps,
+        cfg=record.cfg if record.cfg is not None else GenerationRequest.cfg,
+        seed=record.seed,
+        width=width,
+        height=height,
+        scheduler=record.scheduler,
+        clip_skip=record.clip_skip or 1,
+    )
+    result = generate_unsaved(
+        model, request, precision=precision, device=device, on_progress=on_progress, cancel=cancel
+    )
+    made = result.images[0].image
+    assert made is not None  # every image generation makes keeps its picture
+    made_rgb = np.asarray(made.convert("RGB") if isinstance(made, Image.Image) else made)
+    r = correlation(file_rgb, made_rgb)
+    found = verdict(r)
+    said = f"seed {record.seed}, {width}x{height}, {record.steps} steps"
+    words = REMAKE_WORDS[found].format(
+        made=said, r=r, state=state_words, why=noise_words(record, tool_name)
+    )
+    return Remade(found, r, words, record.seed, (width, height))

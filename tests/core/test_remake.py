@@ -1,0 +1,197 @@
+"""`explain --remake`: an image made again from its record with its model and compared with the
+file. A file that is the picture's negative (colours inverted after the model made it, as a
+warm decode does) is "inverted", its cause the tool's memory with the tool's switch; the picture
+itself matches; another picture (another seed, A1111's GPU noise) claims nothing; a NaN-black
+image made by a true fp16 overflow in the same model is still the check's overflow.
+
+The tool's picture is made here by HalfSafe's own generation in fp32, from the seed and
+settings its record says (ComfyUI draws its starting noise on the CPU, as HalfSafe does), so
+the remake, in the image's own fp16, is another run of the same model at another precision."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.cli import main
+from app.core import samplers
+from app.core.explain import remake
+from app.core.explain.records import read_record
+from app.core.generation import GenerationRequest
+from app.core.generation.entry import generate_unsaved
+from app.core.models import load_model
+from app.core.settings import PrecisionSettings
+from tests.core.test_health import plant
+from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
+from tests.support.model_files import save_single_file
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+SEED = 42  # comfy_prompt's KSampler: 12 steps, CFG 7, euler/normal, 64x64
+
+
+@pytest.fixture
+def comfy_model(home):
+    """A tiny SD checkpoint where ComfyUI keeps it, and the model loaded."""
+    folder = home / "ComfyUI" / "models" / "checkpoints"
+    folder.mkdir(parents=True)
+    path = folder / "dreamy.safetensors"
+    save_single_file(build_tiny_sd_pipeline(), path)
+    return load_model(path)
+
+
+def drawn(model, seed: int = SEED, **change) -> np.ndarray:
+    """The picture the tool made: comfy_prompt's settings, `seed`, in fp32 on the CPU."""
+    values = {"prompt": "a lighthouse", **change}
+    request = GenerationRequest(
+        negative_prompt="blurry",
+        steps=12,
+        cfg=7.0,
+        seed=seed,
+        width=64,
+        height=64,
+        scheduler=samplers.read("euler", "normal")[0],
+        **values,
+    )
+    result = generate_unsaved(
+        model, request, precision=PrecisionSettings(precision="fp32"), device="cpu"
+    )
+    image = result.images[0].image
+    assert image is not None
+    return np.asarray(image.convert("RGB"))
+
+
+def comfy_image(tmp_path, pixels: np.ndarray, name: str = "ComfyUI_00001_.png"):
+    graph = comfy_prompt("dreamy.safetensors")
+    return png_text(tmp_path / name, {"prompt": graph}, Image.fromarray(pixels))
+
+
+def explained(image, capsys, *flags: str, code: int | None = None) -> dict:
+    found = main(["explain", str(image), "--json", "--device", "cpu", *flags])
+    document = json.loads(capsys.readouterr().out)
+    if code is not None:
+        assert found == code, document["message"]
+    return document
+
+
+# The comparison ---------------------------------------------------------------------------
+
+
+def test_the_comparison_tells_a_picture_its_negative_and_another_picture_apart():
+    rng = np.random.default_rng(0)
+    # A picture: large shapes (a gradient and a disc) with fine noise over them.
+    y, x = np.mgrid[0:96, 0:128]
+    base = 40 + 150 * x / 128 + 60 * ((x - 64) ** 2 + (y - 48) ** 2 < 900)
+    picture = np.clip(base[..., None] + rng.normal(0, 12, (96, 128, 3)), 0, 255).astype(np.uint8)
+    other = np.clip(
+        (220 - 150 * y / 96)[..., None] + rng.normal(0, 12, (96, 128, 3)), 0, 255
+    ).astype(np.uint8)
+    regrained = np.clip(picture + rng.normal(0, 6, picture.shape), 0, 255).astype(np.uint8)
+    assert remake.correlation(picture, regrained) > 0.99
+    assert remake.correlation(picture, 255 - picture) == pytest.approx(-1.0, abs=1e-3)  # rounding
+    assert abs(remake.correlation(picture, other)) < 0.5
+    assert remake.correlation(picture, np.full_like(picture, 128)) == 0.0  # nothing to compare
+    # Another size of the same picture (a file saved smaller) is the same picture.
+    smaller = np.asarray(Image.fromarray(picture).resize((64, 48), Image.Resampling.LANCZOS))
+    assert remake.correlation(picture, smaller) > 0.95
+    assert [remake.verdict(r) for r in (0.95, -0.95, 0.3, -0.5)] == [
+        "matches",
+        "inverted",
+        "differs",
+        "differs",
+    ]
+
+
+def test_records_give_the_prompts_and_where_the_noise_was_made(tmp_path):
+    black = Image.fromarray(np.zeros((64, 64, 3), np.uint8))
+    comfy = read_record(
+        png_text(tmp_path / "c.png", {"prompt": comfy_prompt("a.safetensors")}, black),
+        {"prompt": comfy_prompt("a.safetensors")},
+    )
+    assert (comfy.prompt, comfy.negative_prompt, comfy.noise_source) == (
+        "a lighthouse",
+        "blurry",
+        "cpu",
+    )
+    text = a1111_parameters("a", "0123456789")  # "a lighthouse at night", "blurry"
+    assert read_record(tmp_path / "a.png", {"parameters": text}).noise_source == "gpu"
+    cpu = text.replace("Version:", "RNG: CPU, Version:")
+    record = read_record(tmp_path / "a.png", {"parameters": cpu})
+    assert (record.negative_prompt, record.noise_source) == ("blurry", "cpu")
+
+
+# End to end ----------------------------------------------------------------------------------
+
+
+def test_an_inverted_comfyui_image_is_named_with_its_memory_manager(comfy_model, tmp_path, capsys):
+    picture = drawn(comfy_model)
+    image = comfy_image(tmp_path, 255 - picture)
+    # Its pixels alone are a picture: nothing is claimed without the remake.
+    plain = explained(image, capsys, code=0)
+    assert plain["image"]["status"] == "ok" and plain["remake"] is None
+    document = explained(image, capsys, "--remake", code=1)
+    assert document["image"]["status"] == "inverted"
+    assert document["remake"]["verdict"] == "inverted"
+    assert document["remake"]["correlation"] <= -0.95
+    assert document["remake"]["seed"] == SEED and document["remake"]["size"] == [64, 64]
+    cause = document["cause"]
+    assert cause["kind"] == "state" and cause["repair"]["verified"] is True
+    assert "--disable-dynamic-vram" in cause["repair"]["words"]  # ComfyUI's DynamicVRAM
+    assert "negative" in document["message"] and "inverted" in document["message"]
+
+
+def test_the_picture_itself_matches_and_claims_nothing(comfy_model, tmp_path, capsys):
+    image = comfy_image(tmp_path, drawn(comfy_model))
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["image"]["status"] == "ok" and document["cause"] is None
+    assert document["remake"]["verdict"] == "matches"
+    assert document["remake"]["correlation"] >= 0.95  # fp32 here, fp16 in the remake
+    assert "same picture" in document["message"]
+
+
+def test_another_picture_claims_nothing_and_says_why(comfy_model, home, tmp_path, capsys):
+    # A ComfyUI record whose picture came from another seed.
+    image = comfy_image(tmp_path, 255 - drawn(comfy_model, seed=7))
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["remake"]["verdict"] == "differs" and document["cause"] is None
+    assert abs(document["remake"]["correlation"]) < 0.8
+    assert any("another picture" in note for note in document["notes"])
+    # An A1111 image: its noise came from the GPU (its default), which HalfSafe does not draw.
+    folder = home / "stable-diffusion-webui" / "models" / "Stable-diffusion"
+    folder.mkdir(parents=True)
+    save_single_file(build_tiny_sd_pipeline(), folder / "anime.safetensors")
+    # Its picture here stands for one from GPU noise: another seed's.
+    text = a1111_parameters("anime", "0123456789", Sampler="Euler")
+    picture = drawn(comfy_model, seed=7, prompt="a lighthouse at night")
+    a1111 = png_text(tmp_path / "00001-1234.png", {"parameters": text}, Image.fromarray(picture))
+    document = explained(a1111, capsys, "--remake", code=0)
+    assert document["record"]["noise_source"] == "gpu"
+    assert document["remake"]["verdict"] == "differs"
+    assert any("starting noise on the GPU" in note for note in document["notes"])
+
+
+def test_a_record_that_cannot_make_the_image_again_says_so(comfy_model, tmp_path, capsys):
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    del graph["3"]["inputs"]["seed"]
+    image = png_text(
+        tmp_path / "ComfyUI_00002_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(255 - drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["remake"] is None and document["image"]["status"] == "ok"
+    assert any("not made again: its record gives no seed" in n for n in document["notes"])
+
+
+def test_a_true_overflow_in_the_same_model_is_still_the_checks(home, tmp_path, capsys):
+    folder = home / "ComfyUI" / "models" / "checkpoints"
+    folder.mkdir(parents=True)
+    save_single_file(plant(build_tiny_sd_pipeline(), "vae"), folder / "dreamy.safetensors")
+    black = np.zeros((64, 64, 3), np.uint8)
+    document = explained(comfy_image(tmp_path, black), capsys, "--remake", code=1)
+    assert document["image"]["status"] == "nan" and document["remake"] is None
+    assert document["check"]["verdict"] == "fixable"
+    assert document["check"]["cause"]["kind"] == "precision"
+    assert any("not made again" in note for note in document["notes"])
