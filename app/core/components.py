@@ -137,7 +137,7 @@ COMPONENT_SETTINGS: tuple[ComponentSetting, ...] = (
         "unet_precision",
         "UNet precision",
         "Override for the denoising UNet (or transformer), the largest and slowest part; it "
-        "also sets Anima's text conditioner, kept in the same file. 'auto' follows "
+        "also sets a text conditioner kept in the same file. 'auto' follows "
         "Precision. Running it in fp32 roughly doubles the time of every step.",
         "UNet precision",
         "denoiser dtype",

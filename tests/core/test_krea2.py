@@ -466,8 +466,10 @@ def test_a_missing_qwen3_vl_is_named_in_one_sentence_and_another_qwen_is_not_tak
         models.load_model(str(written["transformer"]), text_encoders=[str(qwen3)])
 
     # Refused as the wrong part: whose a Qwen3 is, and what Krea 2 needs instead.
+    # Whose a Qwen3 is comes from the registry: every family that reads one.
+    owners = parts.text_encoder_part(QWEN3, 32).described()
+    assert "Flux.2 Klein's" in owners and "Z-Image's" in owners
     assert str(caught.value) == (
-        f"{qwen3}: this is a 32-wide Qwen3 text encoder (Flux.2 Klein's, Z-Image's or Anima's), but the "
-        f"Krea 2 transformer {written['transformer'].name} needs its Qwen3-VL text encoder "
-        "(qwen3_vl_4b)."
+        f"{qwen3}: this is {owners}, but the Krea 2 transformer {written['transformer'].name} "
+        "needs its Qwen3-VL text encoder (qwen3_vl_4b)."
     )

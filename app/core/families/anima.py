@@ -237,7 +237,15 @@ def _anima_table(config: Mapping[str, Any]) -> Iterator[Row]:
     yield "final_layer.linear.weight", ("proj_out.weight",), "same"
 
 
-LAYOUT = Layout("Cosmos-style transformer", _ANIMA_MARKERS, (), _read_anima, _anima_table)
+# Cosmos's training saves keep the transformer under "net." (ComfyUI reads them so).
+LAYOUT = Layout(
+    "Cosmos-style transformer",
+    _ANIMA_MARKERS,
+    (),
+    _read_anima,
+    _anima_table,
+    own_prefixes=("net.",),
+)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ from app.core import limits
 Shapes = Mapping[str, tuple[int, ...]]
 Row = tuple[str, tuple[str, ...], str]  # (original key, diffusers keys, how), see `to_diffusers`
 
-# A full save, a Cosmos training save (Anima's), a plain transformer file.
-TRANSFORMER_PREFIXES = ("model.diffusion_model.", "net.", "")
+# A full save's prefix before a transformer's keys (a plain transformer file has none; a
+# family's own saves may add theirs: `Layout.own_prefixes`).
+FULL_SAVE_PREFIX = "model.diffusion_model."
 
 
 # What a transformer file is and what it runs with ------------------------------------------
@@ -145,6 +146,13 @@ class Layout:
     # What only the file's name tells of a model read from its shapes (a variant whose weights
     # are shaped as another's): (model, file name) -> model. None: the shapes tell all.
     named: Callable[[SplitModel, str], SplitModel] | None = None
+    # Key prefixes the family's own saves put before its keys, besides a full save's and none
+    # (a training save's: Cosmos's "net.").
+    own_prefixes: tuple[str, ...] = ()
+
+    def prefixes(self) -> tuple[str, ...]:
+        """The key prefixes a transformer file in this layout is read under, in order."""
+        return (FULL_SAVE_PREFIX, *self.own_prefixes, "")
 
 
 def weight_shape(shapes: Shapes, name: str, ndim: int, prefix: str = "") -> tuple[int, ...]:

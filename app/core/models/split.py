@@ -30,7 +30,6 @@ from app.core.encoders.kind import VaeKind
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 from app.core.families import FAMILIES, family
 from app.core.formats.layouts import (
-    TRANSFORMER_PREFIXES,
     Layout,
     Need,
     PartKind,
@@ -59,7 +58,7 @@ def find_layout(shapes: Shapes) -> tuple[str, str] | None:
         layout = candidate.layout
         if layout is None:
             continue
-        for prefix in TRANSFORMER_PREFIXES:
+        for prefix in layout.prefixes():
             if all(prefix + m in shapes for m in layout.markers) and not any(
                 prefix + m in shapes for m in layout.excluded
             ):
