@@ -122,6 +122,29 @@ def test_records_give_the_prompts_and_where_the_noise_was_made(tmp_path):
     assert (record.negative_prompt, record.noise_source) == ("blurry", "cpu")
 
 
+def test_a_guidance_distilled_image_is_made_again_with_its_guidance(tmp_path):
+    black = Image.fromarray(np.zeros((64, 64, 3), np.uint8))
+    graph = json.loads(comfy_prompt("flux1-dev.safetensors"))
+    graph["3"]["inputs"]["cfg"] = 1.0  # ComfyUI's Flux.1 dev: no CFG batch, guidance beside
+    graph["9"] = {
+        "class_type": "FluxGuidance",
+        "inputs": {"guidance": 3.5, "conditioning": ["6", 0]},
+    }
+    text = {"prompt": json.dumps(graph)}
+    comfy = read_record(png_text(tmp_path / "c.png", text, black), text)
+    assert (comfy.cfg, comfy.guidance) == (1.0, 3.5)
+    assert remake.request_of(comfy, 64, 64).cfg == 3.5
+    forge = a1111_parameters("flux1-dev", "0123456789", "f2.0.1", **{"Distilled CFG Scale": 3.5})
+    record = read_record(
+        tmp_path / "f.png", {"parameters": forge.replace("CFG scale: 7", "CFG scale: 1")}
+    )
+    assert (record.made_by, record.cfg, record.guidance) == ("forge", 1.0, 3.5)
+    assert remake.request_of(record, 64, 64).cfg == 3.5
+    # A model with real CFG keeps its scale.
+    plain = read_record(tmp_path / "a.png", {"parameters": a1111_parameters("a", "0123456789")})
+    assert plain.guidance is None and remake.request_of(plain, 64, 64).cfg == 7.0
+
+
 # End to end ----------------------------------------------------------------------------------
 
 

@@ -43,6 +43,9 @@ class Record:
     schedule_note: str | None = None
     steps: int | None = None
     cfg: float | None = None
+    # A guidance-distilled model's guidance (Forge's "Distilled CFG Scale", ComfyUI's
+    # FluxGuidance node): what HalfSafe's CFG scale is for such a model (`remake`).
+    guidance: float | None = None
     seed: int | None = None
     width: int | None = None
     height: int | None = None
@@ -80,7 +83,7 @@ class Record:
     safety_checker: checkers.RecordedChecker | None = None
 
     def to_json(self) -> dict[str, Any]:
-        keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "seed")
+        keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "guidance", "seed")
         document = {k: getattr(self, k) for k in keys}
         document["size"] = [self.width, self.height] if self.width and self.height else None
         document["version"] = self.version
@@ -205,6 +208,7 @@ def _infotext_record(text: str) -> Record:
         scheduler=parsed.scheduler(),
         steps=parsed.get(infotext.STEPS),
         cfg=parsed.get(infotext.CFG_SCALE),
+        guidance=parsed.get(infotext.DISTILLED_CFG_SCALE),
         seed=parsed.get(infotext.SEED),
         width=width,
         height=height,
@@ -400,6 +404,8 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
                 read_int(inputs.get("width")),
                 read_int(inputs.get("height")),
             )
+        if kind == "FluxGuidance" and record.guidance is None:
+            record.guidance = read_float(inputs.get("guidance"))
         if kind == "CLIPSetLastLayer" and record.clip_skip is None:
             layer = read_int(inputs.get("stop_at_clip_layer"))
             record.clip_skip = -layer if layer is not None and layer < 0 else None

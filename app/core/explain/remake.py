@@ -102,6 +102,26 @@ def missing(record) -> str | None:
     return None
 
 
+def request_of(record, width: int, height: int):
+    """The generation request that makes `record`'s image again at width x height: its
+    prompts, seed, steps, sampler and Clip skip; its CFG scale, or for a guidance-distilled
+    model the guidance it recorded (what HalfSafe's CFG scale is for one: Flux.1 dev)."""
+    from app.core.generation import GenerationRequest
+
+    cfg = record.guidance if record.guidance is not None else record.cfg
+    return GenerationRequest(
+        prompt=record.prompt,
+        negative_prompt=record.negative_prompt,
+        steps=record.steps,
+        cfg=cfg if cfg is not None else GenerationRequest.cfg,
+        seed=record.seed,
+        width=width,
+        height=height,
+        scheduler=record.scheduler,
+        clip_skip=record.clip_skip or 1,
+    )
+
+
 def correlation(file_rgb, made_rgb) -> float:
     """The correlation of two pictures' brightness, each averaged over a GRID x GRID grid of
     cells (uint8 (H, W, 3) arrays, resized to one grid whatever their sizes). 0 where either
@@ -154,7 +174,6 @@ def remake(
     import numpy as np
     from PIL import Image
 
-    from app.core.generation import GenerationRequest
     from app.core.generation.entry import generate_unsaved
     from app.core.images.finished import open_picture
 
@@ -164,17 +183,7 @@ def remake(
     with open_picture(file) as image:
         file_rgb = np.asarray(image.convert("RGB"))
     width, height = record.width or file_rgb.shape[1], record.height or file_rgb.shape[0]
-    request = GenerationRequest(
-        prompt=record.prompt,
-        negative_prompt=record.negative_prompt,
-        steps=record.steps,
-        cfg=record.cfg if record.cfg is not None else GenerationRequest.cfg,
-        seed=record.seed,
-        width=width,
-        height=height,
-        scheduler=record.scheduler,
-        clip_skip=record.clip_skip or 1,
-    )
+    request = request_of(record, width, height)
     result = generate_unsaved(
         model, request, precision=precision, device=device, on_progress=on_progress, cancel=cancel
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from app.core import samplers
 from app.core.components import Role, of_role
 from app.core.detection import Detection
+from app.core.families.capabilities import Editing, controls, editing, references
 from app.core.families.faults import ToolFault
 from app.core.formats.layouts import Layout
 from app.core.images.pictures import FROM_NOISE, Mode
@@ -98,11 +99,6 @@ class Family:
     # The diffusers pipelines that start from a picture, by mode (image-to-image, inpainting):
     # each takes the picture's latents as the VAE encoder made them (`encode_pixels`).
     picture_pipelines: ClassVar[Mapping[Mode, str]] = {}
-    # The family's editing pipelines (a variant with its own folder class: Flux.1 Kontext,
-    # Qwen-Image-Edit; or the family's own pipeline where it takes references: Flux.2) and how
-    # many reference pictures each takes. A model loaded as one of them edits the pictures it
-    # is given (`Mode.EDIT`), with its own pipeline.
-    edit_pipelines: ClassVar[Mapping[str, int]] = {}
 
     # Whether diffusers' step cache (the first-block cache, `generation.step_cache`) runs on
     # its transformer: its blocks are ones diffusers knows how to skip, and its pipeline keeps
@@ -191,12 +187,8 @@ class Family:
 
     def recognises(self, class_name: str) -> bool:
         """Whether a diffusers folder whose model_index.json names `class_name` is of this
-        family (its text-to-image pipeline, or one of its editing pipelines)."""
-        return class_name == self.pipeline_class or class_name in self.edit_pipelines
-
-    def max_references(self, pipeline) -> int:
-        """How many pictures this loaded model edits at most (0: it is not an editing model)."""
-        return self.edit_pipelines.get(type(pipeline).__name__, 0)
+        family (its text-to-image pipeline; `Editing` adds its editing pipelines)."""
+        return class_name == self.pipeline_class
 
     def folder_parts(self, folder: Path) -> dict[str, Any]:
         """Parts of a diffusers folder of this family that HalfSafe builds itself and hands to
@@ -284,46 +276,6 @@ class Family:
             z = z - shift
         return z * vae.config.scaling_factor
 
-    # -- editing (a family with `edit_pipelines` overrides these) ----------------------------
-
-    def encode_edit(
-        self, pipe, prompt: str, negative: str, device, guidance: bool, references
-    ) -> dict[str, Any]:
-        """The prompt as an editing pipeline takes it, where its text encoder reads the
-        reference pictures (PIL) beside the prompt; by default the prompt alone (`encode`)."""
-        return self.encode(pipe, prompt, negative, device, guidance)
-
-    def edit_latents_given(self, pipeline) -> bool:
-        """Whether the editing pipeline takes its references as latents that HalfSafe's VAE
-        encoder stage made (True), or encodes the pictures itself, watched by a hook (False)."""
-        return True
-
-    def edit_pixels(self, pipeline, pictures) -> list[Any]:
-        """The references' pixels (1, 3, H, W) each, as the editing pipeline's VAE encoder
-        takes them: by default at the job's size, as read."""
-        return list(pictures.pixels.split(1))
-
-    def probed_references(self, pipeline, pictures) -> list[Any]:
-        """The references' pixels (1, 3, H, W) each that the check's VAE-encoder stage
-        encodes for an edit's probe: by default at the job's size, as read (the same path at
-        the probe's cost); a family whose transformer must meet each reference at the size its
-        text encoder saw it reads them as its pipeline does (`edit_pixels`)."""
-        return list(pictures.pixels.split(1))
-
-    def edit_call(
-        self, pipeline, embeds: dict[str, Any], batch: int, latents, pictures, size
-    ) -> dict[str, Any]:
-        """The editing pipeline's call arguments for `batch` images beyond the noise and
-        the steps: the prompt and the references (`latents`, a list of (1, C, h, w), when
-        `edit_latents_given`; else the pipeline encodes `pictures.references` itself); `size`
-        is (width, height)."""
-        raise NotImplementedError
-
-    def probe_edit(self, pipe, conditioning, size: int, device, timesteps, references) -> Any:
-        """The check's denoising of an edit: as `probe_denoise`, with the references' latents
-        (a list of (1, C, h, w)) in the transformer's sequence beside the noise."""
-        raise NotImplementedError
-
     def sequence_latents(self, pipeline, mode: Mode, encoded, mask=None) -> list[Any] | None:
         """What the denoiser reads beside the noise in a job of `mode`, from what the check's
         VAE-encoder stage made of its pictures (`encoded`: an edit's references, a picture's
@@ -339,21 +291,15 @@ class Family:
         picture's latents noised to the strength."""
         return mode in FROM_NOISE
 
-    def takes_control(self, pipeline) -> bool:
-        """Whether this loaded model draws after a control picture (a depth map or an edge
-        picture: Flux.1 Depth and Canny), so that a picture given alone is that."""
-        return False
-
-    def control_call(self, pipeline, latents) -> dict[str, Any]:
-        """The call arguments that hand a control model the control picture's latents (1, C,
-        h, w), as HalfSafe's encoder stage made them."""
-        raise NotImplementedError
-
     def encodes_its_pictures(self, pipeline, mode: Mode) -> bool:
         """Whether the pipeline of a job of `mode` runs the VAE's encoder on the pictures
         itself (the generation watches that encoder with hooks), rather than taking latents
         that HalfSafe's own encoder stage made."""
-        return mode is Mode.EDIT and not self.edit_latents_given(pipeline)
+        return (
+            mode is Mode.EDIT
+            and isinstance(self, Editing)
+            and not self.edit_latents_given(pipeline)
+        )
 
     def own_encoding_call(self, pipeline, pictures) -> dict[str, Any]:
         """The call arguments that hand a pipeline which `encodes_its_pictures` the pictures of
@@ -395,10 +341,10 @@ class Family:
         if mode is Mode.CONTROL:
             return (
                 None
-                if self.takes_control(pipeline)
+                if controls(self, pipeline)
                 else f"this {self.title} model follows no control picture."
             )
-        if self.takes_control(pipeline):  # a picture alone is its control picture (`mode_of`)
+        if controls(self, pipeline):  # a picture alone is its control picture (`mode_of`)
             if mode is Mode.INPAINT:
                 return (
                     "this is a control model: it takes no mask; give only the control picture "
@@ -408,30 +354,19 @@ class Family:
         if mode is Mode.EDIT:
             return (
                 None
-                if self.max_references(pipeline)
+                if references(self, pipeline)
                 else (
                     f"this {self.title} model does not edit pictures (an editing model such as "
                     "Flux.1 Kontext, Qwen-Image-Edit or Flux.2 does)."
                 )
             )
-        if self.max_references(pipeline):
-            return self.editing_picture_problem(pipeline, mode)
+        if references(self, pipeline):
+            return editing(self).editing_picture_problem(pipeline, mode)
         if mode not in self.picture_pipelines:
             return f"HalfSafe does not run {mode.words} for {self.title} models."
         if mode is Mode.IMAGE:  # an inpainting model's denoiser takes a mask beside the picture
             problem = self.text_to_image_problem(pipeline)
             return f"{problem[:-1]}; give it a mask to inpaint." if problem else None
-        return None
-
-    def editing_picture_problem(self, pipeline, mode: Mode) -> str | None:
-        """Why an editing model cannot make pictures in `mode` (image-to-image or
-        inpainting). A picture given alone is one it edits (`mode_of` makes that job an edit),
-        so a picture is never refused; a mask is, unless the family inpaints with it."""
-        if mode is Mode.INPAINT:
-            return (
-                "this is an editing model: it takes no mask; give only the pictures to edit "
-                "and say in the prompt what to change."
-            )
         return None
 
     def latent_factor(self, pipeline) -> int:

@@ -23,6 +23,7 @@ from app.core.families.base import (
     patches_problem,
     transformer_width,
 )
+from app.core.families.capabilities import Control, Editing
 from app.core.formats.layouts import (
     Layout,
     Need,
@@ -383,7 +384,7 @@ def _latent_channels(transformer) -> int:
 
 
 @dataclass(frozen=True)
-class FluxFamily(ShiftedSigmas, Family):
+class FluxFamily(Editing, Control, ShiftedSigmas, Family):
     """Flux.1 dev and schnell: CLIP-L gives a pooled vector, T5 the token sequence; a
     `transformer` denoises 2x2 patches of a 16-channel latent by flow matching; dev takes the
     guidance scale as an embedding (one batch, no negative prompt), schnell takes none."""

@@ -30,6 +30,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
+from app.core.families.capabilities import Editing
 from app.core.formats.layouts import (
     Layout,
     Need,
@@ -303,7 +304,7 @@ LAYOUT = Layout("Flux.2-style transformer", _FLUX2_MARKERS, (), _read_flux2, _fl
 
 
 @dataclass(frozen=True)
-class _Flux2(ShiftedSigmas, Family):
+class _Flux2(Editing, ShiftedSigmas, Family):
     """What Flux.2 dev and Klein share: the transformer, the latent, the schedule."""
 
     latent = FLUX2_LATENT

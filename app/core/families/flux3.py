@@ -27,6 +27,7 @@ from app.core.families.base import (
     prompt_tensors,
     transformer_width,
 )
+from app.core.families.capabilities import Editing
 from app.core.families.flux2 import FLUX2_LATENT, _normalised
 from app.core.families.flux3_recipe import (
     BASE_CFG,
@@ -220,7 +221,7 @@ def _blocks_words(transformer: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class _Flux3(FlowMatching, Family):
+class _Flux3(Editing, FlowMatching, Family):
     """What FLUX.3 base and the distilled Klein share: the transformer class, the text encoder
     and how a prompt is read, the latent, the schedule's constant shift. A variant is told by its
     pipeline (`Flux3Pipeline` or `Flux3DistilledPipeline`) and, in a file or folder, by the

@@ -25,6 +25,7 @@ from app.core.families.base import (
     patches_problem,
     transformer_width,
 )
+from app.core.families.capabilities import Editing
 from app.core.families.vl_prompts import PipelinePrompts
 from app.core.formats.layouts import (
     Layout,
@@ -252,7 +253,7 @@ def _edit_processor_from(folder: Path):
 
 
 @dataclass(frozen=True)
-class QwenImageFamily(PipelinePrompts, ShiftedSigmas, Family):
+class QwenImageFamily(Editing, PipelinePrompts, ShiftedSigmas, Family):
     """Qwen-Image: a Qwen2.5-VL text encoder whose last hidden states (the prompt's tokens
     after its system instruction) condition an MMDiT `transformer` on packed 2x2 patches of a
     16-channel latent, by flow matching with real CFG (a second call on the negative prompt,

@@ -23,6 +23,7 @@ from app.core.families.base import (
     patches_problem,
     transformer_width,
 )
+from app.core.families.capabilities import Editing
 from app.core.families.qwenimage21_vae import QWENIMAGE21_VAE
 from app.core.families.vl_prompts import PipelinePrompts
 from app.core.formats.layouts import (
@@ -174,7 +175,7 @@ LAYOUT = Layout(
 
 
 @dataclass(frozen=True)
-class QwenImage21Family(PipelinePrompts, ShiftedSigmas, Family):
+class QwenImage21Family(Editing, PipelinePrompts, ShiftedSigmas, Family):
     """Qwen-Image 2.1: a Qwen3-VL text encoder whose last layer's hidden states before its final
     norm (the prompt's tokens after its system instruction, in Qwen3-VL's chat format) condition
     a single-stream `transformer`. Text and image share one sequence, causal over the text and

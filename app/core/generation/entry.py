@@ -12,7 +12,7 @@ from typing import Any
 from app.core import samplers
 from app.core.components import join_words
 from app.core.errors import HalfSafeError
-from app.core.families import family_of
+from app.core.families import capabilities, family_of
 from app.core.fixing import diagnosis
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.generation import step_cache
@@ -246,7 +246,10 @@ def _generate_unsaved(
     started = time.perf_counter()
     pipeline = model.pipeline
     family = family_of(pipeline)
-    references, control = family.max_references(pipeline), family.takes_control(pipeline)
+    references, control = (
+        capabilities.references(family, pipeline),
+        capabilities.controls(family, pipeline),
+    )
     mode = request.mode_for(references, control)
     problem = family.picture_problem(pipeline, mode)  # what the job is, before its numbers
     if problem is not None:

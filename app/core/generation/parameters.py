@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from app import __version__
-from app.core.families import family_of
+from app.core.families import capabilities, family_of
 from app.core.generation.describe import box_text, percent
 from app.core.generation.records import GenerationRequest, ImageResult, MemoryRecord
 from app.core.hires import BY_KEY
@@ -51,7 +51,9 @@ def parameters(
         (infotext.PROMPT_CACHE, "on" if entry.prompt_cache else None),
         *_hires_parameters(request),
         *_picture_parameters(
-            request, family.max_references(model.pipeline), family.takes_control(model.pipeline)
+            request,
+            capabilities.references(family, model.pipeline),
+            capabilities.controls(family, model.pipeline),
         ),
         # Which model of its family ran (Z-Image Turbo or Base), which sets steps and CFG.
         (infotext.ARCHITECTURE, getattr(model, "architecture", None)),

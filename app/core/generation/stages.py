@@ -11,7 +11,7 @@ from typing import Any
 from app.core import samplers
 from app.core.encoders import t5
 from app.core.encoders.prompts import clip_options
-from app.core.families import family_of
+from app.core.families import capabilities, family_of
 from app.core.fixing.quality import Quality
 from app.core.generation import step_cache
 from app.core.generation.preview import colours_for, latent_preview
@@ -199,7 +199,7 @@ class Stages:
                 negative = strip_tags(request.negative_prompt)
                 if self.editing:
                     assert self.pictures is not None
-                    tensors = self.family.encode_edit(
+                    tensors = capabilities.editing(self.family).encode_edit(
                         pipe, prompt, negative, self.device, self.do_cfg, self.pictures.references
                     )
                 else:
@@ -261,7 +261,9 @@ class Stages:
         pictures = self.pictures
         assert pictures is not None  # only a job that starts from a picture encodes one
         if self.editing:
-            references = self.family.edit_pixels(self.model.pipeline, pictures)
+            references = capabilities.editing(self.family).edit_pixels(
+                self.model.pipeline, pictures
+            )
             try:
                 with backend_flags(plan), torch.inference_mode():
                     encoded = [
@@ -331,7 +333,7 @@ class Stages:
         if self.editing:
             # The references join the sequence: the pipeline takes their latents, or encodes
             # the pictures itself under a hook that keeps a device-side flag.
-            embeds = self.family.edit_call(
+            embeds = capabilities.editing(self.family).edit_call(
                 pipe,
                 conditioning.embeds,
                 batch,
@@ -350,7 +352,7 @@ class Stages:
             arguments = _accepted(pipe, arguments)
         elif picture is not None and mode is Mode.CONTROL:
             # The control picture's latents, from HalfSafe's watched encoder stage.
-            arguments.update(self.family.control_call(pipe, picture.latents))
+            arguments.update(capabilities.control(self.family).control_call(pipe, picture.latents))
             arguments = _accepted(pipe, arguments)
         elif picture is not None:
             pipe = self.family.picture_pipeline(pipe, mode, picture.latents.shape[1])

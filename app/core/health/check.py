@@ -15,7 +15,7 @@ from app import __version__
 from app.core.components import Verdict, in_run_order, join_words
 from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
-from app.core.families import family_of
+from app.core.families import capabilities, family_of
 from app.core.fixing import diagnosis
 from app.core.fixing.diagnosis import no_half
 from app.core.fixing.probe import ProbeResult
@@ -115,8 +115,8 @@ def check_loaded(
     size = _checked_size(model, size)
     family = family_of(model.pipeline)
     references, control = (
-        family.max_references(model.pipeline),
-        family.takes_control(model.pipeline),
+        capabilities.references(family, model.pipeline),
+        capabilities.controls(family, model.pipeline),
     )
     canvas = canvas or Canvas()
     mode = mode_of(images, mask, references, control, canvas.extends)

@@ -16,7 +16,7 @@ from typing import Any
 
 from app.core.components import in_run_order, module_of
 from app.core.encoders.prompts import clip_options
-from app.core.families import family_of
+from app.core.families import capabilities, family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
@@ -180,7 +180,7 @@ class Runner:
         def run(pipe):
             if self.editing:  # the text encoder reads the references beside the prompt
                 assert self.pictures is not None
-                return self.family.encode_edit(
+                return capabilities.editing(self.family).encode_edit(
                     pipe, self.prompt, "", self.device, True, self.pictures.references
                 )
             return self.family.encode(
@@ -209,7 +209,7 @@ class Runner:
         def run(pipe):
             steps = list(timesteps or self.timesteps)
             if self.references is not None:  # the VAE encoder's stage made them
-                return self.family.probe_edit(
+                return capabilities.editing(self.family).probe_edit(
                     pipe, conditioning, self.size, self.device, steps, self.references
                 )
             return self.family.probe_denoise(pipe, conditioning, self.size, self.device, steps)
@@ -233,7 +233,9 @@ class Runner:
 
         def run(pipe):
             if pictures.mode is Mode.EDIT:  # each reference, as the family's check reads it
-                references = self.family.probed_references(self.model.pipeline, pictures)
+                references = capabilities.editing(self.family).probed_references(
+                    self.model.pipeline, pictures
+                )
                 return [
                     self.family.encode_pixels(pipe.vae, reference.to(self.device))
                     for reference in references

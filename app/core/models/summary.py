@@ -9,6 +9,7 @@ from typing import Any
 
 from app.core.components import PIPELINE_PARTS
 from app.core.errors import HalfSafeError
+from app.core.families import capabilities
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.formats.weight_findings import StoredQuantization, WeightScan
 from app.core.images.pictures import Mode
@@ -153,7 +154,10 @@ def _picture_facts(pipeline) -> dict[str, Any]:
         family = family_of(pipeline)
     except HalfSafeError:
         return {}
-    references, control = family.max_references(pipeline), family.takes_control(pipeline)
+    references, control = (
+        capabilities.references(family, pipeline),
+        capabilities.controls(family, pipeline),
+    )
     modes = [Mode.IMAGE, Mode.INPAINT]
     modes += [Mode.EDIT] if references else []
     modes += [Mode.CONTROL] if control else []
