@@ -239,6 +239,12 @@ def explain_text(explanation) -> str:
             f"Remade:  {remade.verdict}, brightness correlation {remade.correlation:.2f} "
             f"(seed {remade.seed})"
         )
+    if remade is not None and remade.box is not None:
+        x0, y0, x1, y1 = remade.box.box
+        lines.append(
+            f"Pixels:  noise in x {x0}-{x1 - 1}, y {y0}-{y1 - 1} (structure "
+            f"{remade.box.structure:.2f}; {remade.box.made_structure:.2f} made again)"
+        )
     fix = explanation.tool_fix
     if fix is not None:
         lines += ["", f"Fix in {TOOLS[fix.tool].name}:"]

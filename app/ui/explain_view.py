@@ -65,7 +65,7 @@ def title_for(name: str, result: Explanation) -> str:
     saturated = pixels.saturated
     if saturated:
         return f"Why is {name} {'white' if saturated.white else 'saturated'}?"
-    if pixels.noise_region:
+    if pixels.noise_region or result.status == "noise_region":
         return f"Why is part of {name} noise?"
     if result.status in ("noise", "unclaimed"):
         return f"Why is {name} noise?"

@@ -25,6 +25,7 @@ from app.core.generation.entry import generate_unsaved
 from app.core.models import load_model
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import plant
+from tests.core.test_signatures import decoded_noise, one_over_f, written
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
 from tests.support.model_files import save_single_file
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -218,3 +219,98 @@ def test_a_true_overflow_in_the_same_model_is_still_the_checks(home, tmp_path, c
     assert document["check"]["verdict"] == "fixable"
     assert document["check"]["cause"]["kind"] == "precision"
     assert any("not made again" in note for note in document["notes"])
+
+
+# A pass over one region, proved against the picture made again -----------------------------
+
+BOX = (160, 96, 352, 288)  # a face-sized box in a 512 px picture, on the 32 px grid
+
+
+def brightness_noise(tint: tuple[float, float, float], seed: int = 5) -> np.ndarray:
+    """Noise in brightness only, in grains a latent cell (8 px) wide, tinted: brown or grey
+    noise, which the pixels alone do not tell from a texture."""
+    x0, y0, x1, y1 = BOX
+    rng = np.random.default_rng(seed)
+    cells = rng.random(((y1 - y0) // 8, (x1 - x0) // 8))
+    grains = np.asarray(
+        Image.fromarray((cells * 255).astype(np.uint8)).resize(
+            (x1 - x0, y1 - y0), Image.Resampling.BILINEAR
+        ),
+        dtype=np.float64,
+    )
+    return np.clip(grains[..., None] * np.array(tint), 0, 255).astype(np.uint8)
+
+
+def boxed(picture: np.ndarray, patch: np.ndarray) -> np.ndarray:
+    x0, y0, x1, y1 = BOX
+    out = picture.copy()
+    out[y0:y1, x0:x1] = patch
+    return out
+
+
+def made_again(picture: np.ndarray) -> np.ndarray:
+    """The same picture from another run: its last bits differ (fp16 against fp32)."""
+    rng = np.random.default_rng(11)
+    return np.clip(picture + rng.normal(0, 2.0, picture.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        pytest.param(lambda: brightness_noise((0.8, 0.55, 0.3)), id="brown noise"),
+        pytest.param(lambda: brightness_noise((0.7, 0.7, 0.7)), id="grey noise"),
+        pytest.param(lambda: with_colour(), id="coloured noise"),
+    ],
+)
+def test_noise_a_pass_left_in_its_box_is_found_whatever_its_colour(patch):
+    picture = written(one_over_f(1), 0.5, 0.2)
+    found = remake.pass_box(boxed(picture, patch()), made_again(picture))
+    assert found is not None and found.box == BOX
+    assert found.outside >= 0.95 and found.structure <= 0.1 and found.made_structure >= 0.12
+    assert found.share == pytest.approx(192 * 192 / 512**2)
+
+
+def with_colour() -> np.ndarray:
+    x0, y0, x1, y1 = BOX
+    noise = Image.fromarray(decoded_noise(3)).resize((x1 - x0, y1 - y0), Image.Resampling.BILINEAR)
+    return np.asarray(noise)
+
+
+def test_a_pass_that_drew_a_picture_or_nothing_is_not_claimed():
+    picture = written(one_over_f(1), 0.5, 0.2)
+    x0, y0, x1, y1 = BOX
+    face = written(one_over_f(30), 0.5, 0.2)[y0:y1, x0:x1]  # the pass drew a face again
+    assert remake.pass_box(boxed(picture, face), made_again(picture)) is None
+    assert remake.pass_box(picture, made_again(picture)) is None  # nothing changed
+    grained = written(one_over_f(1), 0.5, 0.2, grain=0.05)  # grain over all of it
+    assert remake.pass_box(grained, picture) is None
+    # Another picture altogether (another seed): no box, the rest does not match.
+    other = written(one_over_f(2), 0.5, 0.2)
+    noisy = boxed(other, brightness_noise((0.8, 0.55, 0.3)))
+    assert remake.pass_box(noisy, picture) is None
+    # Where the picture made again had no shapes in the box either, nothing is proved.
+    flat_sky = picture.copy()
+    flat_sky[y0:y1, x0:x1] = 128
+    assert remake.pass_box(boxed(picture, brightness_noise((0.8, 0.55, 0.3))), flat_sky) is None
+
+
+def test_a_pass_box_is_the_images_noise_region_with_the_pass_named(tmp_path):
+    from app.core.explain import explanation as module
+    from app.core.explain.matching import ModelMatch
+    from app.core.explain.pixels import PixelFigures
+    from app.core.explain.regions import SecondPass
+
+    picture = written(one_over_f(1), 0.5, 0.2)
+    box = remake.pass_box(boxed(picture, brightness_noise((0.8, 0.55, 0.3))), made_again(picture))
+    assert box is not None
+    record = read_record(tmp_path / "a.png", {"parameters": a1111_parameters("a", "0123456789")})
+    record.second_passes = [SecondPass("ADetailer", "face_yolov8n.pt", 0.4)]
+    remade = remake.Remade("pass_noise", 0.9, "the pass's box is noise", 1234, (512, 512), box)
+    found = module.Explanation(
+        "x.png", "a1111", "ok", record, PixelFigures(), ModelMatch(True, "/m/a.safetensors", [])
+    )
+    module.take_remade(found, remade, state="")
+    assert found.status == "noise_region" and found.problem and found.cause is None
+    words = module._status_words(found)
+    assert "the pass's box is noise" in words and "ADetailer (detector face_yolov8n.pt" in words
+    assert found.to_json()["remake"]["pass_box"]["box"] == list(BOX)

@@ -315,7 +315,6 @@ def _image_model(explanation: Explanation, vae, loaded, progress, cancel, *, who
 def _remake(explanation: Explanation, device, loaded, progress, cancel) -> None:
     """Make the image again from its record and compare (`remake`); a file that is the
     picture's negative becomes "inverted", its cause the tool's memory (`state`)."""
-    from app.core.causes.records import Cause
     from app.core.explain import remake as remaking
 
     record = explanation.record
@@ -342,6 +341,15 @@ def _remake(explanation: Explanation, device, loaded, progress, cancel) -> None:
             on_progress=progress,
             cancel=cancel,
         )
+    take_remade(explanation, remade, state)
+
+
+def take_remade(explanation: Explanation, remade: Remade, state: str) -> None:
+    """What the image made again proves, taken into the explanation: a file that is the
+    picture's negative is "inverted" (its cause the tool's memory, `state` its words); a box of
+    noise a pass left is "noise_region"; another picture is a note."""
+    from app.core.causes.records import Cause
+
     explanation.remade = remade
     if remade.verdict == "inverted":
         explanation.status = "inverted"
@@ -353,6 +361,8 @@ def _remake(explanation: Explanation, device, loaded, progress, cancel) -> None:
             "none",  # the tool's memory, restarted or switched there; nothing HalfSafe sets
             verified=True,  # made again here, freshly loaded: the right picture
         )
+    elif remade.verdict == "pass_noise":
+        explanation.status = "noise_region"  # a pass's box, proved by the picture made again
     elif remade.verdict != "matches":
         explanation.notes.append(remade.words)
 
@@ -604,6 +614,9 @@ def _status_words(explanation: Explanation) -> str:
         return words
     if explanation.status in ("nan_zeroed", "flat"):
         return findings.flat_words(explanation, by, tool.name if tool else "the tool that made it")
+    remade = explanation.remade
+    if remade is not None and remade.verdict == "pass_noise":
+        return f"This image ({by}) has a box of noise. {remade.words} {findings.pass_words(explanation)}"
     if explanation.status == "noise_region" or explanation.pixels.noise_region:
         return findings.region_words(explanation, by)
     if explanation.status in ("saturated", "noise", "unclaimed"):

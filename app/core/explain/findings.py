@@ -169,22 +169,25 @@ def region_words(explanation: Any, by: str) -> str:
             **values,
         )
     ]
+    words.append(pass_words(explanation))
+    return " ".join(words)
+
+
+def pass_words(explanation: Any) -> str:
+    """The second passes the record shows, named as what drew a box of noise, with the next
+    step in the tool; or that no record names one."""
     passes = explanation.record.second_passes
     if not passes:
-        words.append(FINDING_WORDS["noise_region_unnamed"])
-        return " ".join(words)
+        return FINDING_WORDS["noise_region_unnamed"]
     tool = TOOLS.get(explanation.made_by)
     fp32_vae = in_tool_terms(explanation.made_by, {"no_half_vae": True}, ["--no-half-vae"])
     denoise = [p.denoise for p in passes if p.denoise is not None]
-    words.append(
-        FINDING_WORDS["noise_region_pass"].format(
-            passes="; ".join(p.words() for p in passes),
-            tool=tool.name if tool else "the tool that made it",
-            denoise=", ".join(f"{d:g}" for d in denoise) or "not recorded",
-            vae_switch=" ".join(fp32_vae.flags) or "its VAE precision setting",
-        )
+    return FINDING_WORDS["noise_region_pass"].format(
+        passes="; ".join(p.words() for p in passes),
+        tool=tool.name if tool else "the tool that made it",
+        denoise=", ".join(f"{d:g}" for d in denoise) or "not recorded",
+        vae_switch=" ".join(fp32_vae.flags) or "its VAE precision setting",
     )
-    return " ".join(words)
 
 
 def signature_words(explanation: Any, by: str) -> str:

@@ -96,7 +96,7 @@ def _cells(rgb):
     return colour, strength
 
 
-def _largest_group(marked) -> list[tuple[int, int]]:
+def largest_group(marked) -> list[tuple[int, int]]:
     """The largest 4-connected group of True cells."""
     rows, columns = marked.shape
     seen = set()
@@ -129,7 +129,7 @@ def noisy_region(rgb) -> NoisyRegion | None:
         return None
     colour, strength = _cells(rgb)
     marked = (colour >= NOISE_COLOUR) & (strength >= _CELL_STRENGTH)
-    group = _largest_group(marked)
+    group = largest_group(marked)
     if not group:
         return None
     rows = [r for r, _ in group]

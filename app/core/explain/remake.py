@@ -15,6 +15,15 @@ different GPU or kernel do not count): the correlation of the two
   sampler or model, a LoRA not found. Nothing is claimed then.
 Two different pictures of one prompt correlate at 0.2 to 0.5 (a centred subject, a sky above),
 never near -1; the thresholds leave that margin on both sides.
+
+The picture made again also proves what the pixels alone cannot for a pass over one region (a
+face fix, `regions`): where the record shows such a pass, the two pictures are compared 32 px
+cell by cell. A box where they differ (each cell's mean brightness step at least `DIFFER`),
+the rest the same picture (its cells correlating at `MATCH` or more), in which the file has no
+shapes left (structure at most `NOISE_STRUCTURE`, brightness spread at least `STRENGTH`) where
+the picture made again has them (structure at least `PICTURE_STRUCTURE`) is noise that pass
+drew: brown, grey or coloured alike, which the pixels alone tell from a texture only when it is
+coloured. A pass that drew a face again leaves shapes in its box, and is not claimed.
 """
 
 from __future__ import annotations
@@ -27,7 +36,13 @@ GRID = 64  # the comparison's cells per side
 MATCH = 0.8  # correlation at or above: the same picture
 INVERTED = -0.8  # at or below: its negative
 
-REMAKE_VERDICTS = ("matches", "inverted", "differs", "not_made")
+# A pass's box: cells whose mean brightness differs by this much (0..1) between the file and
+# the picture made again; inside it, the picture made again at least this structure (pictures
+# measure 0.12 and up, noise 0.05 at most: `signatures`).
+DIFFER = 0.1
+PICTURE_STRUCTURE = 0.12
+
+REMAKE_VERDICTS = ("matches", "inverted", "differs", "not_made", "pass_noise")
 
 REMAKE_WORDS = {
     "matches": (
@@ -43,6 +58,13 @@ REMAKE_WORDS = {
     "differs": (
         "HalfSafe made the image again from its record ({made}), and it is another picture "
         "(brightness correlation {r:.2f}), so it tells nothing about this one{why}."
+    ),
+    "pass_noise": (
+        "HalfSafe made the image again from its record ({made}): outside x {x0}-{x1}, "
+        "y {y0}-{y1} ({share} of it) it is the same picture (cell correlation {outside:.2f}), "
+        "but inside that box the file has no shapes left (structure {structure:.2f}, against "
+        "{made_structure:.2f} in the picture made again): noise, whatever its colour, where "
+        "the first pass drew a picture."
     ),
     "gpu_noise": (
         ": {tool} made its starting noise on the GPU ({source}), HalfSafe makes it on the CPU, "
@@ -69,6 +91,28 @@ _MISSING = {
 
 
 @dataclass(frozen=True)
+class PassBox:
+    """A box of noise a pass over one region left, proved against the picture made again:
+    `box` (x0, y0, x1, y1; ends exclusive), its `share` of the picture, the cells' correlation
+    `outside` it, and the structure inside of the file and of the picture made again."""
+
+    box: tuple[int, int, int, int]
+    share: float
+    outside: float
+    structure: float
+    made_structure: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "box": list(self.box),
+            "share": round(self.share, 4),
+            "outside": round(self.outside, 4),
+            "structure": round(self.structure, 4),
+            "made_structure": round(self.made_structure, 4),
+        }
+
+
+@dataclass(frozen=True)
 class Remade:
     """The image made again from its record and compared: `verdict` one of REMAKE_VERDICTS,
     `correlation` of the two pictures' brightness (None when not made), `words` the sentence."""
@@ -78,10 +122,12 @@ class Remade:
     words: str
     seed: int | None = None
     size: tuple[int, int] | None = None
+    box: PassBox | None = None  # verdict "pass_noise": the box a pass left noise in
 
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "pass_box": self.box.to_json() if self.box is not None else None,
             "correlation": None if self.correlation is None else round(self.correlation, 4),
             "seed": self.seed,
             "size": list(self.size) if self.size else None,
@@ -140,6 +186,70 @@ def correlation(file_rgb, made_rgb) -> float:
     return float((a * b).sum() / scale) if scale > 0 else 0.0
 
 
+def _cell_means(grey, cell: int):
+    """Per `cell` px cell, the mean of a (H, W) float picture cropped to whole cells."""
+    rows, columns = grey.shape[0] // cell, grey.shape[1] // cell
+    whole = grey[: rows * cell, : columns * cell]
+    return whole.reshape(rows, cell, columns, cell).mean(axis=(1, 3))
+
+
+def pass_box(file_rgb, made_rgb) -> PassBox | None:
+    """The box of noise a pass over one region left in `file_rgb` that the picture made
+    again (`made_rgb`, resized to the file's size where it differs) shows a picture in, or
+    None (see the module's words). uint8 (H, W, 3) arrays."""
+    import numpy as np
+    from PIL import Image
+
+    from app.core.explain.regions import CELL, FILL, MAX_SHARE, MIN_SIDE, STRENGTH, largest_group
+    from app.core.explain.signatures import NOISE_STRUCTURE, noise
+
+    file_rgb = np.asarray(file_rgb, dtype=np.uint8)
+    height, width = file_rgb.shape[:2]
+    if min(height, width) < 2 * MIN_SIDE:
+        return None
+    made = Image.fromarray(np.asarray(made_rgb, dtype=np.uint8))
+    if made.size != (width, height):
+        made = made.resize((width, height), Image.Resampling.LANCZOS)
+    made_rgb = np.asarray(made.convert("RGB"))
+    grey_file = file_rgb.astype(np.float32).mean(axis=-1) / 255.0
+    grey_made = made_rgb.astype(np.float32).mean(axis=-1) / 255.0
+    differ = _cell_means(np.abs(grey_file - grey_made), CELL) >= DIFFER
+    group = largest_group(differ)
+    if not group:
+        return None
+    rows, columns = [r for r, _ in group], [c for _, c in group]
+    top, bottom, left, right = min(rows), max(rows) + 1, min(columns), max(columns) + 1
+    cells = (bottom - top) * (right - left)
+    if (
+        min(bottom - top, right - left) * CELL < MIN_SIDE
+        or len(group) < FILL * cells
+        or cells > MAX_SHARE * differ.size
+    ):
+        return None
+    inside = np.zeros_like(differ)
+    inside[top:bottom, left:right] = True
+    a = _cell_means(grey_file, CELL)[~inside]
+    b = _cell_means(grey_made, CELL)[~inside]
+    a, b = a - a.mean(), b - b.mean()
+    scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    outside = float((a * b).sum() / scale) if scale > 0 else 0.0
+    box = (left * CELL, top * CELL, right * CELL, bottom * CELL)
+    crop = file_rgb[box[1] : box[3], box[0] : box[2]]
+    found, before = noise(crop), noise(made_rgb[box[1] : box[3], box[0] : box[2]])
+    spread = float((crop.astype(np.float32) / 255.0).std(axis=(0, 1)).mean())
+    if (
+        outside < MATCH
+        or found is None
+        or before is None
+        or found.structure > NOISE_STRUCTURE
+        or before.structure < PICTURE_STRUCTURE
+        or spread < STRENGTH
+    ):
+        return None
+    share = (box[2] - box[0]) * (box[3] - box[1]) / float(width * height)
+    return PassBox(box, share, outside, found.structure, before.structure)
+
+
 def verdict(r: float) -> str:
     return "matches" if r >= MATCH else "inverted" if r <= INVERTED else "differs"
 
@@ -191,8 +301,23 @@ def remake(
     assert made is not None  # every image generation makes keeps its picture
     made_rgb = np.asarray(made.convert("RGB") if isinstance(made, Image.Image) else made)
     r = correlation(file_rgb, made_rgb)
-    found = verdict(r)
     said = f"seed {record.seed}, {width}x{height}, {record.steps} steps"
+    box = pass_box(file_rgb, made_rgb) if record.second_passes else None
+    if box is not None:
+        x0, y0, x1, y1 = box.box
+        words = REMAKE_WORDS["pass_noise"].format(
+            made=said,
+            x0=x0,
+            y0=y0,
+            x1=x1 - 1,
+            y1=y1 - 1,
+            share=f"{box.share:.0%}",
+            outside=box.outside,
+            structure=box.structure,
+            made_structure=box.made_structure,
+        )
+        return Remade("pass_noise", r, words, record.seed, (width, height), box)
+    found = verdict(r)
     words = REMAKE_WORDS[found].format(
         made=said, r=r, state=state_words, why=noise_words(record, tool_name)
     )

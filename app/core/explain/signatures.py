@@ -19,15 +19,15 @@ latent-sized noise, tests/core/test_signatures.py):
   whose large shapes survive from being called noise.
 A fine texture (stars, gravel, a knit) has no structure either but is mostly brightness, so
 only noise that fails both is called noise; grey or brown noise is not told from such a
-texture by its pixels and is not claimed.
+texture by its pixels and is not claimed from them (a box of it a pass drew is, against the
+picture made again: `remake.pass_box`).
 
 Inverted colours (the picture's negative, as a faulty decode can write it) have no signature
 here: a negative is as natural a picture by every figure above and by the tone figures that
 could tell one (the darkest and brightest channel over 16 px blocks, the skew of the
 brightness): a night scene's negative has a snow scene's figures, a product shot's on white
-one on black, a starry sky's a drawing's. Only the picture made again from its record, beside
-the file, would tell, and the check does not decode the image's own latents
-(tests/core/test_signatures.py measures it).
+one on black, a starry sky's a drawing's (tests/core/test_signatures.py measures it). Only the
+picture made again from its record, beside the file, tells: `remake` (`explain --remake`).
 """
 
 from __future__ import annotations
