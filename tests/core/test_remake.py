@@ -173,6 +173,17 @@ def test_the_picture_itself_matches_and_claims_nothing(comfy_model, tmp_path, ca
     assert document["remake"]["verdict"] == "matches"
     assert document["remake"]["correlation"] >= 0.95  # fp32 here, fp16 in the remake
     assert "same picture" in document["message"]
+    # With a face fix in its graph, the pictures are compared box by box too: nothing differs.
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    graph["10"] = {"class_type": "FaceDetailer", "inputs": {"denoise": 0.4, "image": ["8", 0]}}
+    image = png_text(
+        tmp_path / "ComfyUI_00003_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["record"]["second_passes"][0]["name"] == "FaceDetailer"
+    assert document["remake"]["verdict"] == "matches" and document["remake"]["pass_box"] is None
 
 
 def test_another_picture_claims_nothing_and_says_why(comfy_model, home, tmp_path, capsys):
