@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.explain import STATUS_WORDS, Explanation
-from app.core.explain.explanation import CHECKED
+from app.core.explain import STATUS_WORDS, Explanation, remake
 from app.core.explain.next_steps import NextSteps, Switch, likely_words, rule_out_words
+from app.core.explain.remake import REMADE_STATUSES
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests.records import ExplainRequest
 from app.core.words.tools import TOOLS, ToolFix, setting_words
@@ -341,9 +341,13 @@ class ExplainDialog(QDialog):
                 "Reproduce the image with the model loaded now, if it is the one that made it."
             )
         self.loaded_button.setVisible(self.loaded is not None and not model.found)
-        # A picture (not a NaN-black or flat image, which the check proves) can be made again.
+        # A picture (not a NaN-black or flat image, which the check proves) whose record holds
+        # what made it can be made again.
         self.remake_button.setVisible(
-            model.found and not self.remake and result.status not in CHECKED
+            model.found
+            and not self.remake
+            and result.status in REMADE_STATUSES
+            and remake.missing(record) is None
         )
         self.model_card.show()
         self.steps_card.setVisible(result.next_steps is not None)

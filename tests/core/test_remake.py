@@ -97,12 +97,9 @@ def test_the_comparison_tells_a_picture_its_negative_and_another_picture_apart()
     # Another size of the same picture (a file saved smaller) is the same picture.
     smaller = np.asarray(Image.fromarray(picture).resize((64, 48), Image.Resampling.LANCZOS))
     assert remake.correlation(picture, smaller) > 0.95
-    assert [remake.verdict(r) for r in (0.95, -0.95, 0.3, -0.5)] == [
-        "matches",
-        "inverted",
-        "differs",
-        "differs",
-    ]
+    assert remake.verdict(regrained, picture)[0] == "matches"
+    assert remake.verdict(255 - picture, picture)[0] == "inverted"
+    assert remake.verdict(other, picture)[0] == "differs"
 
 
 def test_records_give_the_prompts_and_where_the_noise_was_made(tmp_path):
@@ -325,3 +322,120 @@ def test_a_pass_box_is_the_images_noise_region_with_the_pass_named(tmp_path):
     words = module._status_words(found)
     assert "the pass's box is noise" in words and "ADetailer (detector face_yolov8n.pt" in words
     assert found.to_json()["remake"]["pass_box"]["box"] == list(BOX)
+
+
+# What must never be claimed, and records that cannot be made again ---------------------------
+
+
+def test_a_dim_or_nearly_flat_file_is_neither_the_picture_nor_its_negative():
+    picture = written(one_over_f(1), 0.5, 0.2)
+    # Three grey levels that happen to follow the picture's negative: correlated, not close.
+    levels = np.digitize(255 - picture.mean(axis=-1), [100, 160])
+    dim = np.repeat((10 + 4 * levels)[..., None], 3, axis=-1).astype(np.uint8)
+    assert remake.correlation(dim, picture) <= -0.8
+    assert remake.verdict(dim, picture)[0] == "differs"
+    assert remake.verdict(255 - picture, picture)[0] == "inverted"
+    assert remake.verdict(made_again(picture), picture)[0] == "matches"
+
+
+def test_records_that_cannot_make_their_image_again_say_why(tmp_path):
+    black = Image.fromarray(np.zeros((64, 64, 3), np.uint8))
+
+    def comfy(change) -> str | None:
+        graph = json.loads(comfy_prompt("a.safetensors"))
+        change(graph)
+        text = {"prompt": json.dumps(graph)}
+        return remake.missing(read_record(png_text(tmp_path / "c.png", text, black), text))
+
+    assert comfy(lambda g: None) is None
+    big_seed = comfy(lambda g: g["3"]["inputs"].update(seed=2**40))
+    assert big_seed is not None and "1099511627776" in big_seed
+    assert "image-to-image" in (comfy(lambda g: g["3"]["inputs"].update(denoise=0.6)) or "")
+    img2img = a1111_parameters("a", "0123456789", **{"Denoising strength": 0.5})
+    assert "image-to-image" in (
+        remake.missing(read_record(tmp_path / "a.png", {"parameters": img2img})) or ""
+    )
+
+
+def test_a_comfyui_prompt_is_read_through_the_conditioning_nodes_between(tmp_path):
+    graph = json.loads(comfy_prompt("flux1-dev.safetensors"))
+    graph["9"] = {
+        "class_type": "FluxGuidance",
+        "inputs": {"guidance": 3.5, "conditioning": ["6", 0]},
+    }
+    graph["3"]["inputs"]["positive"] = ["9", 0]
+    graph["10"] = {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}
+    text = {"prompt": json.dumps(graph)}
+    black = Image.fromarray(np.zeros((64, 64, 3), np.uint8))
+    record = read_record(png_text(tmp_path / "c.png", text, black), text)
+    assert (record.prompt, record.negative_prompt, record.guidance) == (
+        "a lighthouse",
+        "blurry",
+        3.5,
+    )
+    # A conditioning loop leads nowhere, in bounded steps.
+    graph["9"]["inputs"]["conditioning"] = ["9", 0]
+    text = {"prompt": json.dumps(graph)}
+    assert read_record(png_text(tmp_path / "d.png", text, black), text).prompt == ""
+
+
+@pytest.mark.parametrize("chunk", ["[1]", '"abc"', "42", "null"])
+def test_a_prompt_chunk_that_is_no_graph_is_read_without_a_prompt(tmp_path, chunk):
+    black = Image.fromarray(np.zeros((64, 64, 3), np.uint8))
+    image = png_text(tmp_path / "ComfyUI_00001_.png", {"prompt": chunk}, black)
+    record = read_record(image, {"prompt": chunk})
+    assert record.made_by == "comfyui" and record.prompt == ""
+
+
+def test_a_graph_that_inverts_its_picture_matches_its_negative(comfy_model, tmp_path, capsys):
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    graph["11"] = {"class_type": "ImageInvert", "inputs": {"image": ["8", 0]}}
+    image = png_text(
+        tmp_path / "ComfyUI_00004_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(255 - drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["record"]["inverts"] == "ImageInvert"
+    assert document["image"]["status"] == "ok" and document["cause"] is None
+    assert document["remake"]["verdict"] == "matches"
+    assert "ImageInvert" in document["remake"]["words"]
+
+
+def test_a_seed_beyond_halfsafes_is_a_note_and_the_explanation_stays(comfy_model, tmp_path, capsys):
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    graph["3"]["inputs"]["seed"] = 2**40  # ComfyUI's randomize draws seeds up to 2**64
+    image = png_text(
+        tmp_path / "ComfyUI_00005_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["image"]["status"] == "ok" and document["remake"] is None
+    assert any("not made again: its seed 1099511627776" in n for n in document["notes"])
+    # A value HalfSafe refuses once generation reads it is a note too, not the command's end.
+    graph["3"]["inputs"].update(seed=42, steps=5000)  # past HalfSafe's most steps
+    image = png_text(
+        tmp_path / "ComfyUI_00006_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["remake"] is None
+    assert any(n.startswith("It was not made again: ") for n in document["notes"])
+
+
+def test_lora_tags_in_a_comfyui_prompt_are_text(home, tmp_path, capsys):
+    folder = home / "ComfyUI" / "models" / "checkpoints"
+    folder.mkdir(parents=True)
+    save_single_file(plant(build_tiny_sd_pipeline(), "vae"), folder / "dreamy.safetensors")
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    graph["6"]["inputs"]["text"] = "a lighthouse <lora:add_detail:0.8>"
+    image = png_text(
+        tmp_path / "ComfyUI_00007_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(np.zeros((64, 64, 3), np.uint8)),
+    )
+    document = explained(image, capsys, code=1)
+    assert document["check"]["verdict"] == "fixable"
+    assert not any("LoRA" in note for note in document["notes"])

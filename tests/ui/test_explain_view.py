@@ -145,7 +145,7 @@ def test_a_picture_can_be_made_again_and_an_inverted_one_is_named(window, engine
     job = engines.current.last_job("explain")
     assert job.params.remake is False
     found = ModelMatch(found=True, path="/m/sd.safetensors", looked_in=["/m"])
-    record = Record(made_by="comfyui", model="sd", seed=42, steps=12)
+    record = Record(made_by="comfyui", model="sd", seed=42, steps=12, scheduler="euler")
     fine = Explanation(str(tmp_path / "x.png"), "comfyui", "ok", record, PixelFigures(), found)
     engines.current.finish(job, fine)
     assert dialog.remake_button.isVisible()  # a picture whose model was found
@@ -163,6 +163,11 @@ def test_a_picture_can_be_made_again_and_an_inverted_one_is_named(window, engine
     black = replace(fine, path=str(tmp_path / "y.png"), status="nan")
     engines.current.finish(engines.current.last_job("explain"), black)
     assert not other.remake_button.isVisible()
+    # Nor is a picture whose record lacks what made it (here its seed).
+    unseeded = window.explain_image(str(tmp_path / "z.png"))
+    no_seed = replace(fine, path=str(tmp_path / "z.png"), record=replace(record, seed=None))
+    engines.current.finish(engines.current.last_job("explain"), no_seed)
+    assert not unseeded.remake_button.isVisible()
 
 
 def test_halfsafes_own_fix_reads_as_its_flags_and_its_settings_names(window, engines, tmp_path):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core import hires, samplers
-from app.core.errors import BadFileError, HalfSafeError
+from app.core.errors import BadFileError, CancelledError, HalfSafeError
 from app.core.explain import checkers, findings, kernels, next_steps, runtime
 from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
@@ -24,7 +24,7 @@ from app.core.explain.matching import ModelMatch, find_model, find_vae, named_mo
 from app.core.explain.next_steps import NextSteps
 from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record, read_record
-from app.core.explain.remake import REMAKE_WORDS, Remade
+from app.core.explain.remake import REMADE_STATUSES, REMAKE_WORDS, Remade
 from app.core.families import family_of, generation_defaults
 from app.core.images.finished import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
@@ -265,8 +265,10 @@ def explain_image(
         explanation.notes.append(found.note)
     explanation.notes.extend(found.unread)
     if status not in CHECKED:
-        if remake and found.found:
+        if remake and found.found and status in REMADE_STATUSES:
             _remake(explanation, device, loaded, progress, cancel)
+        elif remake and found.found:
+            explanation.notes.append(REMAKE_WORDS["no_picture"])
         elif remake:
             explanation.notes.append(
                 REMAKE_WORDS["asked_not_made"].format(why="its model was not found.")
@@ -284,6 +286,22 @@ def explain_image(
         return explanation
     _run_check(explanation, device, loaded, measure_cost, progress, cancel)
     return explanation
+
+
+def _image_vae(explanation: Explanation, ran: str):
+    """The VAE the image's record names, found beside its model or in the VAE folders; None
+    for the model's own (a note says so where the named one was not found: `ran` is what
+    then ran with the model's own, "the check ran")."""
+    record, model_path = explanation.record, explanation.model.path
+    if not record.vae or model_path is None:
+        return None
+    vae = find_vae(record.vae, model_path, explanation.model.vaes, explanation.model.roots or None)
+    if vae is None and record.vae.lower() not in ("none", "automatic", "baked vae"):
+        explanation.notes.append(
+            f"The image used the VAE {record.vae}, which was not found next to the model; "
+            f"{ran} with the model's own VAE."
+        )
+    return vae
 
 
 def _image_model(explanation: Explanation, vae, loaded, progress, cancel, *, who: str):
@@ -324,23 +342,30 @@ def _remake(explanation: Explanation, device, loaded, progress, cancel) -> None:
     if why is not None:
         explanation.notes.append(REMAKE_WORDS["asked_not_made"].format(why=why + "."))
         return
-    model = _image_model(explanation, None, loaded, progress, cancel, who="HalfSafe")
+    vae = _image_vae(explanation, "it was made again")
+    model = _image_model(explanation, vae, loaded, progress, cancel, who="HalfSafe")
     if model is None:
         return
     _apply_image_loras(explanation, model)
     state = runtime.state_words(explanation.made_by, tool_name, record.version)
-    with said_as_sentence("making the image again"):
-        remade = remaking.remake(
-            record,
-            Path(explanation.path),
-            model,
-            precision=_reproduced_precision(record),
-            device=device,
-            tool_name=tool_name,
-            state_words=state,
-            on_progress=progress,
-            cancel=cancel,
-        )
+    try:
+        with said_as_sentence("making the image again"):
+            remade = remaking.remake(
+                record,
+                Path(explanation.path),
+                model,
+                precision=_reproduced_precision(record),
+                device=device,
+                tool_name=tool_name,
+                state_words=state,
+                on_progress=progress,
+                cancel=cancel,
+            )
+    except HalfSafeError as error:  # a record HalfSafe cannot make again as it stands
+        if isinstance(error, CancelledError):
+            raise
+        explanation.notes.append(REMAKE_WORDS["asked_not_made"].format(why=str(error)))
+        return
     take_remade(explanation, remade, state)
 
 
@@ -402,7 +427,9 @@ def _apply_image_loras(explanation, model) -> None:
     )
 
     requests = []
-    for tag in prompt_loras_quiet(explanation.record.prompt or ""):
+    # ComfyUI applies LoRAs by its loader nodes; "<lora:...>" in its prompt is only text.
+    prompt = "" if explanation.made_by == "comfyui" else explanation.record.prompt or ""
+    for tag in prompt_loras_quiet(prompt):
         try:
             requests.append(
                 LoraRequest(
@@ -433,17 +460,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     from app.core.settings import FIELDS
 
     record = explanation.record
-    model_path = explanation.model.path
-    vae = None
-    if record.vae:
-        vae = find_vae(
-            record.vae, model_path, explanation.model.vaes, explanation.model.roots or None
-        )
-    if record.vae and vae is None and record.vae.lower() not in ("none", "automatic", "baked vae"):
-        explanation.notes.append(
-            f"The image used the VAE {record.vae}, which was not found next to the model; "
-            "the check ran with the model's own VAE."
-        )
+    vae = _image_vae(explanation, "the check ran")
     model = _image_model(explanation, vae, loaded, progress, cancel, who="the health check")
     if model is None:
         return

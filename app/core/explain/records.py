@@ -54,6 +54,10 @@ class Record:
     # Where the starting noise was made ("cpu", "gpu", "nv"; None: not known): a seed makes the
     # same noise only from the same source (`remake`).
     noise_source: str | None = None
+    # The first pass's denoise where it started from a picture (below 1: image-to-image).
+    denoise: float | None = None
+    # The node of a graph that inverts the decoded picture itself (ComfyUI's ImageInvert), "".
+    inverts: str = ""
     version: str | None = None
     halfsafe_status: str | None = None  # HalfSafe's own "NaN watch" entry
     precision: dict[str, SettingValue] = field(
@@ -97,6 +101,8 @@ class Record:
         checker = self.safety_checker
         document["safety_checker"] = checker.to_json() if checker is not None else None
         document["noise_source"] = self.noise_source
+        document["denoise"] = self.denoise
+        document["inverts"] = self.inverts or None
         return document
 
 
@@ -222,6 +228,8 @@ def _infotext_record(text: str) -> Record:
     )[1]
     record.clip_skip = parsed.get(infotext.CLIP_SKIP)
     record.hires_size, record.hires_upscaler = _a1111_hires(parsed, width, height)
+    if record.hires_size is None:  # a denoising strength without a hires fix: image-to-image
+        record.denoise = parsed.get(infotext.DENOISING_STRENGTH)
     record.caches = runtime.from_infotext_keys(parsed.pairs)
     record.second_passes = regions.from_infotext(parsed.pairs)
     if made_by == "sdnext":
@@ -390,7 +398,11 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         record.model = record.model or read_text(inputs.get("ckpt_name"), 1024)
         record.unet = record.unet or read_text(inputs.get("unet_name"), 1024)
         record.vae = record.vae or read_text(inputs.get("vae_name"), 1024)
+        if kind == "ImageInvert":
+            record.inverts = kind
         if kind.startswith("KSampler") and record.steps is None:
+            denoise = read_float(inputs.get("denoise"))
+            record.denoise = denoise if denoise is not None and denoise < 1.0 else None
             record.steps = read_int(inputs.get("steps"))
             record.cfg = read_float(inputs.get("cfg"))
             record.seed = read_int(inputs.get("seed", inputs.get("noise_seed")))
@@ -410,26 +422,37 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
             layer = read_int(inputs.get("stop_at_clip_layer"))
             record.clip_skip = -layer if layer is not None and layer < 0 else None
     record.hires_size, record.hires_upscaler = _comfy_second_pass(nodes, record)
-    if prompt is not None:
+    if isinstance(prompt, dict):
         record.prompt, record.negative_prompt = _comfy_texts(prompt)
     return record
 
 
+# The samplers whose `positive` and `negative` inputs carry a graph's prompts.
+_SAMPLERS = ("KSampler", "KSamplerAdvanced")
+
+
 def _comfy_texts(prompt: dict[str, Any]) -> tuple[str, str]:
     """The prompt and negative prompt of a ComfyUI API prompt: the text of the nodes its first
-    KSampler's `positive` and `negative` inputs link to ("" where that is not a text node)."""
+    sampler's `positive` and `negative` inputs lead to, through conditioning nodes between
+    (FluxGuidance, a ControlNet's apply: their `conditioning` inputs), "" where none is a text
+    node."""
 
     def text(link: Any) -> str:
-        if not (isinstance(link, list) and link and isinstance(link[0], (str, int))):
-            return ""
-        node = prompt.get(str(link[0]))
-        inputs = node.get("inputs") if isinstance(node, dict) else None
-        if not isinstance(inputs, dict):
-            return ""
-        return read_text(inputs.get("text", inputs.get("text_g")), 4096) or ""
+        for _ in range(8):  # a few conditioning nodes deep, never round a cycle
+            if not (isinstance(link, list) and link and isinstance(link[0], (str, int))):
+                return ""
+            node = prompt.get(str(link[0]))
+            inputs = node.get("inputs") if isinstance(node, dict) else None
+            if not isinstance(inputs, dict):
+                return ""
+            found = read_text(inputs.get("text", inputs.get("text_g")), 4096)
+            if found is not None:
+                return found
+            link = inputs.get("conditioning", inputs.get("positive"))
+        return ""
 
     for node in list(prompt.values())[:MAX_NODES]:
-        if isinstance(node, dict) and str(node.get("class_type", "")).startswith("KSampler"):
+        if isinstance(node, dict) and node.get("class_type") in _SAMPLERS:
             inputs = node.get("inputs")
             if isinstance(inputs, dict):
                 return text(inputs.get("positive")), text(inputs.get("negative"))

@@ -11,6 +11,10 @@ different GPU or kernel do not count): the correlation of the two
 - near -1 for its negative (`INVERTED`): the colours were inverted after the model made it, as
   a warm decode in a tool's memory manager does (ComfyUI issue 15452), while the model made it
   right here, freshly loaded;
+and each verdict also needs the cells themselves close (`CLOSE`: their mean difference from the
+picture made again, or from its negative), so that a dim or nearly flat file, whose few
+levels can correlate with anything, is neither; a graph that inverts its picture itself
+(ComfyUI's ImageInvert) is compared with the negative of the picture made again;
 - and anywhere between for another picture: another noise source (A1111's GPU noise), another
   sampler or model, a LoRA not found. Nothing is claimed then.
 Two different pictures of one prompt correlate at 0.2 to 0.5 (a centred subject, a sky above),
@@ -35,6 +39,11 @@ from typing import Any
 GRID = 64  # the comparison's cells per side
 MATCH = 0.8  # correlation at or above: the same picture
 INVERTED = -0.8  # at or below: its negative
+CLOSE = 0.1  # the most the cells may differ on average (0..1) from the picture or its negative
+# The statuses of an image that is a picture to compare (NaN-black and flat images are the
+# check's to prove; a safety checker's blank is no picture).
+REMADE_STATUSES = ("ok", "black", "noise_region")
+MAX_SEED = 2**32 - 1  # HalfSafe's seeds, as its generation takes them
 
 # A pass's box: cells whose mean brightness differs by this much (0..1) between the file and
 # the picture made again; inside it, the picture made again at least this structure (pictures
@@ -52,8 +61,9 @@ REMAKE_WORDS = {
     "inverted": (
         "HalfSafe made the image again from its record ({made}), and the file is that "
         "picture's negative (brightness correlation {r:.2f}): its colours were inverted after "
-        "the model made it, which a decode by a model kept loaded in memory does. The model is "
-        "fine: freshly loaded here, it made the picture right. {state}"
+        "the model made it, which a decode by a model kept loaded in memory does (or an editor "
+        "that kept the image's record). The model is fine: freshly loaded here, it made the "
+        "picture right. {state}"
     ),
     "differs": (
         "HalfSafe made the image again from its record ({made}), and it is another picture "
@@ -75,6 +85,13 @@ REMAKE_WORDS = {
         "the CPU"
     ),
     "asked_not_made": "It was not made again: {why}",
+    "inverts": (
+        " The image's graph inverts its picture itself ({node}): it is compared with the "
+        "negative of the picture made again."
+    ),
+    "no_picture": (
+        "It was not made again: a safety checker's blank or a flat image is no picture to compare."
+    ),
     "checked_instead": (
         "It was not made again: a NaN-black or flat image is no picture to compare, and the "
         "check above is the proof."
@@ -87,6 +104,10 @@ _MISSING = {
     "scheduler": "HalfSafe does not run its sampler",
     "hires": "it was drawn again at a larger size (a hires fix or second sampler), which "
     "--remake does not repeat",
+    "picture": "it was drawn from a picture (image-to-image: a denoise below 1), which "
+    "--remake does not repeat",
+    "seed_range": "its seed {seed} is beyond the seeds HalfSafe draws noise from (0 to "
+    f"{MAX_SEED:,})",
 }
 
 
@@ -139,12 +160,16 @@ def missing(record) -> str | None:
     """What keeps `record` from making its image again (a sentence's end), or None."""
     if record.seed is None or record.seed < 0:
         return _MISSING["seed"]
+    if record.seed > MAX_SEED:
+        return _MISSING["seed_range"].format(seed=record.seed)
     if not record.steps:
         return _MISSING["steps"]
     if record.scheduler is None:
         return _MISSING["scheduler"]
     if record.hires_size:
         return _MISSING["hires"]
+    if record.denoise is not None and record.denoise < 1.0:
+        return _MISSING["picture"]
     return None
 
 
@@ -168,19 +193,30 @@ def request_of(record, width: int, height: int):
     )
 
 
+def _grid(rgb) -> Any:
+    """A picture's brightness, 0..1, averaged over GRID x GRID cells."""
+    import numpy as np
+    from PIL import Image
+
+    grey = Image.fromarray(np.asarray(rgb, dtype=np.uint8)).convert("L")
+    cells = grey.resize((GRID, GRID), Image.Resampling.BOX)
+    return np.asarray(cells, dtype=np.float64).ravel() / 255.0
+
+
+def distance(file_rgb, made_rgb) -> float:
+    """How far apart two pictures' GRID x GRID brightness cells are on average, 0..1."""
+    import numpy as np
+
+    return float(np.abs(_grid(file_rgb) - _grid(made_rgb)).mean())
+
+
 def correlation(file_rgb, made_rgb) -> float:
     """The correlation of two pictures' brightness, each averaged over a GRID x GRID grid of
     cells (uint8 (H, W, 3) arrays, resized to one grid whatever their sizes). 0 where either
     is one flat colour (no picture to compare)."""
     import numpy as np
-    from PIL import Image
 
-    def grid(rgb) -> Any:
-        grey = Image.fromarray(np.asarray(rgb, dtype=np.uint8)).convert("L")
-        cells = grey.resize((GRID, GRID), Image.Resampling.BOX)
-        return np.asarray(cells, dtype=np.float64).ravel()
-
-    a, b = grid(file_rgb), grid(made_rgb)
+    a, b = _grid(file_rgb), _grid(made_rgb)
     a, b = a - a.mean(), b - b.mean()
     scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
     return float((a * b).sum() / scale) if scale > 0 else 0.0
@@ -250,8 +286,19 @@ def pass_box(file_rgb, made_rgb) -> PassBox | None:
     return PassBox(box, share, outside, found.structure, before.structure)
 
 
-def verdict(r: float) -> str:
-    return "matches" if r >= MATCH else "inverted" if r <= INVERTED else "differs"
+def verdict(file_rgb, made_rgb) -> tuple[str, float]:
+    """("matches", "inverted" or "differs", the correlation) of a file and the picture made
+    again: correlated at MATCH or more and CLOSE to it, or at INVERTED or less and CLOSE to
+    its negative."""
+    import numpy as np
+
+    r = correlation(file_rgb, made_rgb)
+    made = np.asarray(made_rgb, dtype=np.uint8)
+    if r >= MATCH and distance(file_rgb, made) <= CLOSE:
+        return "matches", r
+    if r <= INVERTED and distance(file_rgb, 255 - made) <= CLOSE:
+        return "inverted", r
+    return "differs", r
 
 
 def noise_words(record, tool_name: str) -> str:
@@ -282,7 +329,7 @@ def remake(
     compare the two (`correlation`). Writes nothing. `state_words`: what rules out the tool's
     memory manager, said when the file is the picture's negative."""
     import numpy as np
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     from app.core.generation.entry import generate_unsaved
     from app.core.images.finished import open_picture
@@ -291,7 +338,8 @@ def remake(
     if why is not None:
         return Remade("not_made", None, REMAKE_WORDS["asked_not_made"].format(why=why + "."))
     with open_picture(file) as image:
-        file_rgb = np.asarray(image.convert("RGB"))
+        # As a viewer shows it: a JPEG's or WebP's EXIF orientation applied.
+        file_rgb = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
     width, height = record.width or file_rgb.shape[1], record.height or file_rgb.shape[0]
     request = request_of(record, width, height)
     result = generate_unsaved(
@@ -300,7 +348,10 @@ def remake(
     made = result.images[0].image
     assert made is not None  # every image generation makes keeps its picture
     made_rgb = np.asarray(made.convert("RGB") if isinstance(made, Image.Image) else made)
-    r = correlation(file_rgb, made_rgb)
+    inverts = ""
+    if record.inverts:  # what the graph saves is the negative of what the model drew
+        made_rgb = 255 - made_rgb
+        inverts = REMAKE_WORDS["inverts"].format(node=record.inverts)
     said = f"seed {record.seed}, {width}x{height}, {record.steps} steps"
     box = pass_box(file_rgb, made_rgb) if record.second_passes else None
     if box is not None:
@@ -316,9 +367,10 @@ def remake(
             structure=box.structure,
             made_structure=box.made_structure,
         )
-        return Remade("pass_noise", r, words, record.seed, (width, height), box)
-    found = verdict(r)
+        r = correlation(file_rgb, made_rgb)
+        return Remade("pass_noise", r, words + inverts, record.seed, (width, height), box)
+    found, r = verdict(file_rgb, made_rgb)
     words = REMAKE_WORDS[found].format(
         made=said, r=r, state=state_words, why=noise_words(record, tool_name)
     )
-    return Remade(found, r, words, record.seed, (width, height))
+    return Remade(found, r, words + inverts, record.seed, (width, height))
