@@ -44,6 +44,9 @@ class Detection:
     zero_terminal_snr: bool = False
     prediction_decided: bool = True  # False: a guess the loader tests (app.core.models.prediction)
     prediction_because: str = ""  # the end of `because`: how the prediction type is known
+    # The family that recognised it (its `FamilyId`: "sd", "flux"); "" for a file no family
+    # runs. Set by the registry's detection (`families.registry`).
+    family_id: str = ""
 
     @property
     def family(self) -> str:

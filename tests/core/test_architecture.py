@@ -146,6 +146,8 @@ def test_v_pred_marker_tensor_makes_sdxl_v_prediction(real_shapes):
     shapes = {**real_shapes["sdxl"], "v_pred": (0,)}
     detection = families.detect_architecture(shapes)
     assert (detection.architecture, detection.prediction_type) == ("sdxl", "v_prediction")
+    lora = families.detect_architecture({"lora_unet_down_blocks_0.lora_down.weight": (4, 320)})
+    assert not lora.supported and lora.family_id == ""  # no family runs a LoRA alone
     assert "v_pred marker" in detection.because
 
 
@@ -153,6 +155,7 @@ def test_sdxl_real_key_set(real_shapes):
     shapes = real_shapes["sdxl"]
     detection = families.detect_architecture(shapes, name="sd_xl_base_1.0.safetensors")
     assert (detection.architecture, detection.native_size) == ("sdxl", 1024)
+    assert detection.family_id == "sdxl"  # the family that recognised it, not its words
     assert detection.pipeline_class == "StableDiffusionXLPipeline"
     assert [e.component for e in detection.text_encoders] == ["text_encoder", "text_encoder_2"]
     assert "OpenCLIP ViT-bigG (1280 wide, 32 layers)" in detection.because

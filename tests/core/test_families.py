@@ -601,6 +601,9 @@ def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
     assert detection.supported, detection.because
     assert detection.architecture == ROWS[row_name].architecture  # a variant told apart too
     assert family_of_architecture(detection.architecture) is expected
+    assert (
+        detection.family_id == expected.id and families.family_of_detection(detection) is expected
+    )
     assert detection.pipeline_class == named
     assert detection.because.endswith(".")
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         family_of,
         family_of_architecture,
         family_of_denoiser,
+        family_of_detection,
         generation_defaults,
         profile_architecture,
     )
@@ -50,6 +51,7 @@ __all__ = [
     "family_of",
     "family_of_architecture",
     "family_of_denoiser",
+    "family_of_detection",
     "generation_defaults",
     "make_scheduler",
     "profile_architecture",
@@ -69,6 +71,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "family_of",
                 "family_of_architecture",
                 "family_of_denoiser",
+                "family_of_detection",
                 "generation_defaults",
                 "profile_architecture",
             ],

@@ -6,6 +6,7 @@ name is shown, and what a single file or a diffusers folder holds. Code outside
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from app.core.architecture.single_file import not_a_full_checkpoint, other_file
@@ -147,6 +148,18 @@ def architecture_title(architecture: str | None) -> str:
     return architecture
 
 
+def _by(family: Family, detection: Detection) -> Detection:
+    """`detection` carrying the family that made it, where that family runs it."""
+    return replace(detection, family_id=family.id) if detection.supported else detection
+
+
+def family_of_detection(detection: Detection) -> Family | None:
+    """The family that recognised `detection` (None: a file no family runs)."""
+    if detection.family_id:
+        return _BY_ID.get(FamilyId(detection.family_id))
+    return family_of_architecture(detection.architecture) if detection.supported else None
+
+
 def detect_architecture(
     shapes: Mapping[str, tuple[int, ...]],
     *,
@@ -171,7 +184,7 @@ def detect_architecture(
     for candidate in FAMILIES:
         found = candidate.detect_checkpoint(file)
         if found is not None:
-            return found
+            return _by(candidate, found)
     return not_a_full_checkpoint(file.keys)
 
 
@@ -185,11 +198,11 @@ def detect_from_configs(
     if "transformer" in model_index:
         for candidate in FAMILIES:
             if candidate.recognises(class_name):
-                return candidate.detect_folder(model_index, denoiser, scheduler)
+                return _by(candidate, candidate.detect_folder(model_index, denoiser, scheduler))
     for candidate in FAMILIES:
         found = candidate.detect_unet_folder(model_index, denoiser, scheduler)
         if found is not None:
-            return found
+            return _by(candidate, found)
     return Detection(
         class_name or "unknown",
         False,

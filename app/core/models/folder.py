@@ -15,7 +15,7 @@ from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 from app.core.families.registry import (
     detect_from_configs,
     families_words,
-    family_of_architecture,
+    family_of_detection,
 )
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models.component_files import check_config, check_files, weight_files
@@ -137,7 +137,7 @@ def load_folder(
     for name, found in dtypes.items():
         torch_dtype[name] = assembly.torch_dtype(stored_dtype(found))
     progress("Loading the model folder", 0, 1)
-    family = family_of_architecture(detection.architecture)
+    family = family_of_detection(detection)
     try:
         pipeline = family.load_folder(path, components, torch_dtype) if family else None
         if pipeline is None:
@@ -235,10 +235,10 @@ def _check_parts(
     does not describe the weights beside it (`folder_shapes`); a text encoder of another width
     than the transformer reads (`folder_needs`); a VAE (its vae/ folder or --vae) whose latents
     are another family's; beside a UNet, a text encoder of another width than it reads."""
-    from app.core.families import architecture_title, family_of_architecture
+    from app.core.families import architecture_title, family_of_detection
     from app.core.models import parts
 
-    family = family_of_architecture(detection.architecture)
+    family = family_of_detection(detection)
     title = architecture_title(detection.architecture)
     model = parts.model_words(title, "model", path)
     takes = parts.pipeline_takes(str(index.get("_class_name")))

@@ -24,7 +24,7 @@ from app.core.encoders.vaes import vae_from_checkpoint, vae_keys
 from app.core.errors import HalfSafeError, UnsupportedModelError
 from app.core.families.registry import (
     detect_architecture,
-    family_of_architecture,
+    family_of_detection,
     file_layout_words,
 )
 from app.core.jobs import CancelToken, ProgressCallback
@@ -173,7 +173,7 @@ def _settle_prediction(
 def _native_size(detection: arch.Detection, prediction_type: str, native: int) -> int:
     """The checkpoint's native size once its prediction type is known, where its family's
     sizes differ by it (`Family.native_by_prediction`)."""
-    family = family_of_architecture(detection.architecture)
+    family = family_of_detection(detection)
     sizes = family.native_by_prediction.get(detection.family, {}) if family else {}
     return sizes.get(prediction_type, native)
 
@@ -342,7 +342,7 @@ def _assemble(
         scheduler_config, prediction_type=detection.prediction_type
     )
 
-    family = family_of_architecture(detection.architecture)
+    family = family_of_detection(detection)
     if family is None or detection.pipeline_class is None:
         raise UnsupportedModelError(path, "HalfSafe does not know which pipeline runs it.")
     pipeline_class = getattr(diffusers, detection.pipeline_class)
