@@ -11,14 +11,14 @@ different GPU or kernel do not count): the correlation of the two
 - near -1 for its negative (`INVERTED`): the colours were inverted after the model made it, as
   a warm decode in a tool's memory manager does (ComfyUI issue 15452), while the model made it
   right here, freshly loaded;
-and each verdict also needs the cells themselves close (`CLOSE`: their mean difference from the
-picture made again, or from its negative), so that a dim or nearly flat file, whose few
-levels can correlate with anything, is neither; a graph that inverts its picture itself
-(ComfyUI's ImageInvert) is compared with the negative of the picture made again;
 - and anywhere between for another picture: another noise source (A1111's GPU noise), another
   sampler or model, a LoRA not found. Nothing is claimed then.
 Two different pictures of one prompt correlate at 0.2 to 0.5 (a centred subject, a sky above),
-never near -1; the thresholds leave that margin on both sides.
+never near -1; the thresholds leave that margin on both sides. Each verdict also needs the
+cells themselves close (`CLOSE`: their mean difference from the picture made again, or from its
+negative), so that a dim or nearly flat file, whose few levels can correlate with anything, is
+neither. A graph that inverts its picture itself (ComfyUI's ImageInvert) is compared with the
+negative of the picture made again.
 
 The picture made again also proves what the pixels alone cannot for a pass over one region (a
 face fix, `regions`): where the record shows such a pass, the two pictures are compared 32 px
