@@ -234,7 +234,7 @@ def explain_text(explanation) -> str:
     else:
         lines.append("Found:   no; looked in " + ("; ".join(model.looked_in) or "no folders"))
     remade = explanation.remade
-    if remade is not None and remade.correlation is not None:
+    if remade is not None:
         lines.append(
             f"Remade:  {remade.verdict}, brightness correlation {remade.correlation:.2f} "
             f"(seed {remade.seed})"

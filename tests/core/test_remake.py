@@ -373,6 +373,16 @@ def test_a_comfyui_prompt_is_read_through_the_conditioning_nodes_between(tmp_pat
         "blurry",
         3.5,
     )
+    # Through a ControlNet's advanced apply, each prompt by its own output.
+    graph["12"] = {
+        "class_type": "ControlNetApplyAdvanced",
+        "inputs": {"positive": ["9", 0], "negative": ["7", 0], "strength": 0.8},
+    }
+    graph["3"]["inputs"].update(positive=["12", 0], negative=["12", 1])
+    text = {"prompt": json.dumps(graph)}
+    record = read_record(png_text(tmp_path / "e.png", text, black), text)
+    assert (record.prompt, record.negative_prompt) == ("a lighthouse", "blurry")
+    graph["3"]["inputs"].update(positive=["9", 0], negative=["7", 0])
     # A conditioning loop leads nowhere, in bounded steps.
     graph["9"]["inputs"]["conditioning"] = ["9", 0]
     text = {"prompt": json.dumps(graph)}

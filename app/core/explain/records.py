@@ -434,8 +434,8 @@ _SAMPLERS = ("KSampler", "KSamplerAdvanced")
 def _comfy_texts(prompt: dict[str, Any]) -> tuple[str, str]:
     """The prompt and negative prompt of a ComfyUI API prompt: the text of the nodes its first
     sampler's `positive` and `negative` inputs lead to, through conditioning nodes between
-    (FluxGuidance, a ControlNet's apply: their `conditioning` inputs), "" where none is a text
-    node."""
+    (FluxGuidance, a ControlNet's apply: their `conditioning`, or `positive` and `negative`,
+    inputs), "" where none is a text node."""
 
     def text(link: Any) -> str:
         for _ in range(8):  # a few conditioning nodes deep, never round a cycle
@@ -448,7 +448,10 @@ def _comfy_texts(prompt: dict[str, Any]) -> tuple[str, str]:
             found = read_text(inputs.get("text", inputs.get("text_g")), 4096)
             if found is not None:
                 return found
-            link = inputs.get("conditioning", inputs.get("positive"))
+            # A node that passes both prompts on (a ControlNet's advanced apply) gives the
+            # positive as its output 0 and the negative as its output 1.
+            side = "negative" if len(link) > 1 and link[1] == 1 else "positive"
+            link = inputs.get("conditioning", inputs.get(side))
         return ""
 
     for node in list(prompt.values())[:MAX_NODES]:

@@ -51,7 +51,7 @@ MAX_SEED = 2**32 - 1  # HalfSafe's seeds, as its generation takes them
 DIFFER = 0.1
 PICTURE_STRUCTURE = 0.12
 
-REMAKE_VERDICTS = ("matches", "inverted", "differs", "not_made", "pass_noise")
+REMAKE_VERDICTS = ("matches", "inverted", "differs", "pass_noise")
 
 REMAKE_WORDS = {
     "matches": (
@@ -136,10 +136,10 @@ class PassBox:
 @dataclass(frozen=True)
 class Remade:
     """The image made again from its record and compared: `verdict` one of REMAKE_VERDICTS,
-    `correlation` of the two pictures' brightness (None when not made), `words` the sentence."""
+    `correlation` of the two pictures' brightness, `words` the sentence."""
 
     verdict: str
-    correlation: float | None
+    correlation: float
     words: str
     seed: int | None = None
     size: tuple[int, int] | None = None
@@ -149,7 +149,7 @@ class Remade:
         return {
             "verdict": self.verdict,
             "pass_box": self.box.to_json() if self.box is not None else None,
-            "correlation": None if self.correlation is None else round(self.correlation, 4),
+            "correlation": round(self.correlation, 4),
             "seed": self.seed,
             "size": list(self.size) if self.size else None,
             "words": self.words,
@@ -203,23 +203,20 @@ def _grid(rgb) -> Any:
     return np.asarray(cells, dtype=np.float64).ravel() / 255.0
 
 
-def distance(file_rgb, made_rgb) -> float:
-    """How far apart two pictures' GRID x GRID brightness cells are on average, 0..1."""
+def _correlated(a, b) -> float:
+    """The correlation of two grids of cells; 0 where either is flat (nothing to compare)."""
     import numpy as np
 
-    return float(np.abs(_grid(file_rgb) - _grid(made_rgb)).mean())
+    a, b = a - a.mean(), b - b.mean()
+    scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / scale) if scale > 0 else 0.0
 
 
 def correlation(file_rgb, made_rgb) -> float:
     """The correlation of two pictures' brightness, each averaged over a GRID x GRID grid of
     cells (uint8 (H, W, 3) arrays, resized to one grid whatever their sizes). 0 where either
     is one flat colour (no picture to compare)."""
-    import numpy as np
-
-    a, b = _grid(file_rgb), _grid(made_rgb)
-    a, b = a - a.mean(), b - b.mean()
-    scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
-    return float((a * b).sum() / scale) if scale > 0 else 0.0
+    return _correlated(_grid(file_rgb), _grid(made_rgb))
 
 
 def _cell_means(grey, cell: int):
@@ -264,11 +261,9 @@ def pass_box(file_rgb, made_rgb) -> PassBox | None:
         return None
     inside = np.zeros_like(differ)
     inside[top:bottom, left:right] = True
-    a = _cell_means(grey_file, CELL)[~inside]
-    b = _cell_means(grey_made, CELL)[~inside]
-    a, b = a - a.mean(), b - b.mean()
-    scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
-    outside = float((a * b).sum() / scale) if scale > 0 else 0.0
+    outside = _correlated(
+        _cell_means(grey_file, CELL)[~inside], _cell_means(grey_made, CELL)[~inside]
+    )
     box = (left * CELL, top * CELL, right * CELL, bottom * CELL)
     crop = file_rgb[box[1] : box[3], box[0] : box[2]]
     found, before = noise(crop), noise(made_rgb[box[1] : box[3], box[0] : box[2]])
@@ -289,14 +284,12 @@ def pass_box(file_rgb, made_rgb) -> PassBox | None:
 def verdict(file_rgb, made_rgb) -> tuple[str, float]:
     """("matches", "inverted" or "differs", the correlation) of a file and the picture made
     again: correlated at MATCH or more and CLOSE to it, or at INVERTED or less and CLOSE to
-    its negative."""
-    import numpy as np
-
-    r = correlation(file_rgb, made_rgb)
-    made = np.asarray(made_rgb, dtype=np.uint8)
-    if r >= MATCH and distance(file_rgb, made) <= CLOSE:
+    its negative (whose cells are 1 minus the picture's)."""
+    a, b = _grid(file_rgb), _grid(made_rgb)
+    r = _correlated(a, b)
+    if r >= MATCH and float(abs(a - b).mean()) <= CLOSE:
         return "matches", r
-    if r <= INVERTED and distance(file_rgb, 255 - made) <= CLOSE:
+    if r <= INVERTED and float(abs(a - (1.0 - b)).mean()) <= CLOSE:
         return "inverted", r
     return "differs", r
 
@@ -334,9 +327,7 @@ def remake(
     from app.core.generation.entry import generate_unsaved
     from app.core.images.finished import open_picture
 
-    why = missing(record)
-    if why is not None:
-        return Remade("not_made", None, REMAKE_WORDS["asked_not_made"].format(why=why + "."))
+    assert missing(record) is None, "a record that cannot make its image again (`missing`)"
     with open_picture(file) as image:
         # As a viewer shows it: a JPEG's or WebP's EXIF orientation applied.
         file_rgb = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
