@@ -449,3 +449,29 @@ def test_lora_tags_in_a_comfyui_prompt_are_text(home, tmp_path, capsys):
     document = explained(image, capsys, code=1)
     assert document["check"]["verdict"] == "fixable"
     assert not any("LoRA" in note for note in document["notes"])
+
+
+def test_the_engines_model_is_used_when_the_image_names_the_vae_it_runs(tmp_path):
+    """A ComfyUI Flux.1 graph names its VAE (ae.safetensors): the model the engine holds,
+    loaded with that file, is used, never loaded a second time beside it."""
+    from app.core.explain import explanation as module
+    from app.core.explain.matching import ModelMatch
+    from app.core.explain.pixels import PixelFigures
+    from app.core.jobs import CancelToken, no_progress
+    from app.core.models import load_model as load
+    from tests.support.model_files import save_split_files
+    from tests.support.tiny_models import build_tiny_flux_pipeline
+
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    model = load(str(written["transformer"]))  # its companions found beside it
+    found = ModelMatch(True, str(written["transformer"]), [])
+    record = read_record(tmp_path / "a.png", {"prompt": comfy_prompt("flux1.safetensors")})
+    image = module.Explanation("x.png", "comfyui", "ok", record, PixelFigures(), found)
+    same = module._image_model(
+        image, written["vae"], model, no_progress, CancelToken(), who="HalfSafe"
+    )
+    assert same is model
+    other = tmp_path / "other-vae.safetensors"
+    other.write_bytes(written["vae"].read_bytes())
+    fresh = module._image_model(image, other, model, no_progress, CancelToken(), who="HalfSafe")
+    assert fresh is not model  # another VAE asked: the model is loaded with it

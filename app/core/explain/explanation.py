@@ -304,20 +304,24 @@ def _image_vae(explanation: Explanation, ran: str):
     return vae
 
 
+def _same_file(a, b) -> bool:
+    return b is not None and Path(a).resolve() == Path(b).resolve()
+
+
 def _image_model(explanation: Explanation, vae, loaded, progress, cancel, *, who: str):
-    """The image's model: `loaded` where it is the file found (and no other VAE is asked),
-    else the file loaded. None, with the message saying why, for a model file that fails."""
+    """The image's model: `loaded` where it is the file found and runs the VAE asked (its own,
+    or the file it was loaded with: a split transformer's `ae`), else the file loaded. None, with the message saying why, for a model file that fails."""
     from app.core.models import load_model
 
     model_path = explanation.model.path
     assert model_path is not None  # a found model has its path
     if (
         loaded is not None
-        and vae is None
         and str(getattr(loaded, "source", "")) not in ("", "demo")
         and Path(loaded.source).resolve() == Path(model_path).resolve()
+        and (vae is None or _same_file(vae, loaded.vae or loaded.companions.get("vae")))
     ):
-        return loaded
+        return loaded  # never a second copy of the model the engine holds
     try:
         return load_model(model_path, vae=vae, on_progress=progress, cancel=cancel)
     except BadFileError as error:
