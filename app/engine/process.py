@@ -72,8 +72,40 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+# Python puts the working folder first on sys.path for `-m` and `-c`, so a module there named as
+# one the engine imports (an argparse.py in the folder the window was started from) would run
+# inside it. -P (Python 3.11+) leaves the folder out; before 3.11 the command takes it out itself
+# before it runs the engine's module (PYTHONPATH, which finds the app, is kept either way).
+_ENGINE_WITHOUT_WORKING_FOLDER = (
+    "import sys\n"
+    "if sys.path[:1] == ['']: del sys.path[0]\n"
+    "import runpy\n"
+    "runpy.run_module('app.engine', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def engine_command(python: str, arguments: Sequence[str], version: tuple[int, int]) -> list[str]:
+    """The command that starts the engine with `python` (of `version`) and its `arguments`,
+    importing nothing from the working folder. A frozen build's executable takes the plain
+    `-m app.engine` form (installer/frozen_entry.py), whose path holds only its bundle."""
+    if getattr(sys, "frozen", False):
+        return [python, "-m", "app.engine", *arguments]
+    if version >= (3, 11):
+        return [python, "-P", "-m", "app.engine", *arguments]
+    return [python, "-c", _ENGINE_WITHOUT_WORKING_FOLDER, *arguments]
+
+
+def engine_python_path(given: str | None) -> str:
+    """The engine's PYTHONPATH: the app's folder, then the absolute folders of the one `given`
+    (the user's). An empty or relative entry would name the working folder again (a PYTHONPATH
+    of "$PYTHONPATH:/x" begins with one), so it is left out."""
+    kept = [e for e in (given or "").split(os.pathsep) if e and os.path.isabs(e)]
+    return os.pathsep.join([str(ROOT), *kept])
+
+
 class EngineProcess:
-    """`python -m app.engine` as a child process, framed pickles over its stdin/stdout.
+    """`python -P -m app.engine` as a child process (`engine_command`), framed pickles over its
+    stdin/stdout.
 
     Its stderr goes to `engine.log` in the cache folder (the previous run's log is kept as
     `engine.log.1`). When the process ends without being asked to, `on_exit` gets a Failure
@@ -88,14 +120,10 @@ class EngineProcess:
         heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.heartbeat_s: float | None = heartbeat_s
-        self._command = [
-            python or sys.executable,
-            "-m",
-            "app.engine",
-            "--heartbeat",
-            repr(float(heartbeat_s)),
-            *extra_args,
-        ]
+        arguments = ["--heartbeat", repr(float(heartbeat_s)), *extra_args]
+        # Another interpreter's version is not known here: the form every version runs.
+        version = sys.version_info[:2] if python is None else (3, 10)
+        self._command = engine_command(python or sys.executable, arguments, version)
         self._process: subprocess.Popen[bytes] | None = None
         self._write_lock = threading.Lock()
         self._stopping = False
@@ -116,7 +144,7 @@ class EngineProcess:
         if log.exists():
             log.replace(log.with_name(LOG_NAME + ".1"))
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = engine_python_path(env.get("PYTHONPATH"))
         env.setdefault("PYTHONUNBUFFERED", "1")
         flags = subprocess.CREATE_NO_WINDOW if sys.platform == "win32" else 0
         try:

@@ -38,7 +38,13 @@ from app.engine.events import (
 )
 from app.engine.failures import describe_exception, describe_exit
 from app.engine.jobs import HANDLERS
-from app.engine.process import EngineProcess, log_path
+from app.engine.process import (
+    ROOT,
+    EngineProcess,
+    engine_command,
+    engine_python_path,
+    log_path,
+)
 from app.engine.server import Engine
 from tests.support import sample_jobs
 from tests.support.sample_jobs import Count, Fail, Recall, Remember, Segfault
@@ -334,6 +340,62 @@ def test_engine_exits_when_the_gui_goes_away():
     engine._process.stdin.close()  # what the OS does when the GUI process dies
     assert heard.exited.wait(10)
     assert engine._process.returncode == 0
+
+
+# The folder the window was started in --------------------------------------------------------
+
+
+def plant_shadowing_modules(folder, marker) -> None:
+    """Modules named as ones the engine imports (its own package, argparse, runpy), each
+    writing `marker` when imported: what Python would run first from the working folder."""
+    code = f"open({str(marker)!r}, 'a').write(__name__)\n"
+    for name in ("argparse.py", "runpy.py", "app/__init__.py", "app/engine/__init__.py"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(code)
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["as started", "by another python", "with an empty PYTHONPATH entry"],
+)
+def test_the_engine_imports_nothing_from_the_folder_it_was_started_in(tmp_path, monkeypatch, how):
+    """'as started': -P on Python 3.11+; 'by another python' (whose version is not known):
+    the form every Python from 3.10 runs, which takes the folder off sys.path itself; an empty
+    entry of the user's PYTHONPATH ("$PYTHONPATH:/x") would name the folder again."""
+    started_in, marker = tmp_path / "downloads", tmp_path / "ran"
+    started_in.mkdir()
+    plant_shadowing_modules(started_in, marker)
+    monkeypatch.chdir(started_in)
+    if how == "with an empty PYTHONPATH entry":
+        monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", "") + os.pathsep)
+    python = sys.executable if how == "by another python" else None
+    engine = EngineProcess(python=python)
+    heard = ProcessEvents()
+    engine.start(heard.recorder, heard.on_exit)
+    try:
+        engine.send(JobRequest(1, PingRequest()))
+        final = heard.recorder.wait_final(1, 60)
+    finally:
+        engine.stop(timeout=5)
+    assert final.state == EventState.RESULT and final.result["pid"] == engine.pid
+    assert not marker.exists(), marker.read_text()
+
+
+def test_the_engine_command_leaves_the_working_folder_out_on_every_python(monkeypatch):
+    assert engine_command("py", ["--heartbeat", "2.0"], (3, 11)) == [
+        "py", "-P", "-m", "app.engine", "--heartbeat", "2.0",
+    ]  # fmt: skip
+    before_3_11 = engine_command("py", ["--heartbeat", "2.0"], (3, 10))
+    assert before_3_11[:2] == ["py", "-c"] and before_3_11[3:] == ["--heartbeat", "2.0"]
+    assert "-P" not in before_3_11 and "-m" not in before_3_11
+    monkeypatch.setattr(sys, "frozen", True, raising=False)  # the bundle: installer/frozen_entry.py
+    assert engine_command("HalfSafe", [], (3, 11)) == ["HalfSafe", "-m", "app.engine"]
+
+
+def test_the_engine_path_keeps_only_absolute_folders_after_the_apps():
+    given = os.pathsep.join(["", "relative", os.path.abspath("x"), ""])
+    assert engine_python_path(given).split(os.pathsep) == [str(ROOT), os.path.abspath("x")]
+    assert engine_python_path(None) == str(ROOT)
 
 
 # A failed open keeps the loaded model --------------------------------------------------------
