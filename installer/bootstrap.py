@@ -637,6 +637,23 @@ def venv_python(venv: Path) -> Path:
     return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+# Python puts the working folder first on sys.path for `-m`, so a module there named as one pip,
+# venv or the app imports (an argparse.py in the folder the launcher was started from) would run
+# in their place. The command below takes the folder out before it runs the module, on every
+# Python from 3.10 (-P, which does the same, arrived in 3.11).
+_RUN_MODULE = (
+    "import sys\n"
+    "if sys.path[:1] == ['']: del sys.path[0]\n"
+    "import runpy\n"
+    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+)
+
+
+def module_command(python: str | Path, module: str, *arguments: str) -> list[str]:
+    """`python -m module arguments`, importing nothing from the working folder."""
+    return [str(python), "-c", _RUN_MODULE.format(module=module), *arguments]
+
+
 def venv_script(venv: Path, name: str) -> Path:
     return (
         venv
@@ -954,7 +971,8 @@ class Setup:
         if importlib.util.find_spec("ensurepip") is None:
             raise no_venv
         self.say(f"Creating HalfSafe's Python environment in {self.venv}")
-        command = [sys.executable, "-m", "venv", *(["--clear"] if clear else []), str(self.venv)]
+        clearing = ["--clear"] if clear else []
+        command = module_command(sys.executable, "venv", *clearing, str(self.venv))
         self.log.step("running: " + shlex.join(command))
         result = subprocess.run(command, capture_output=True, text=True)
         self.log.write(result.stdout + result.stderr)
@@ -1005,8 +1023,9 @@ class Setup:
         reads it as every later one does instead of compiling some 150 modules from source
         (about 0.07 s of a 0.3 s launch on a 2-core machine; see docs/benchmarks.md). A failure
         costs only that time, so it is logged and setup goes on."""
-        command = [str(venv_python(self.venv)), "-m", "compileall", "-q", "-j", "0"]
-        command.append(str(self.app_dir / "app"))
+        command = module_command(
+            venv_python(self.venv), "compileall", "-q", "-j", "0", str(self.app_dir / "app")
+        )
         self.log.step("running: " + shlex.join(command))
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -1077,16 +1096,15 @@ class Setup:
     # pip
 
     def pip(self, arguments: list[str], what: str, install: bool = True) -> None:
-        command = [
-            str(venv_python(self.venv)),
-            "-m",
+        command = module_command(
+            venv_python(self.venv),
             "pip",
             *arguments[:1],
             "--disable-pip-version-check",
             "--no-input",
             "--no-color",
             *arguments[1:],
-        ]
+        )
         if install:
             command.insert(command.index("--no-input"), "--progress-bar")
             command.insert(command.index("--no-input"), "off")
@@ -1527,11 +1545,11 @@ def app_command(venv: Path, args: Sequence[str], gui: bool) -> list[str]:
         script = venv_script(venv, "halfsafe-gui")
         if script.exists():
             return [str(script), *args]
-        return [str(venv / "Scripts" / "pythonw.exe"), "-m", "app", *args]
+        return module_command(venv / "Scripts" / "pythonw.exe", "app", *args)
     script = venv_script(venv, "halfsafe")
     if script.exists():
         return [str(script), *args]
-    return [str(venv_python(venv)), "-m", "app", *args]
+    return module_command(venv_python(venv), "app", *args)
 
 
 def start_app(

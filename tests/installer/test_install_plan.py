@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -273,6 +275,43 @@ def test_the_app_is_compiled_at_setup_so_the_first_launch_reads_bytecode(tmp_pat
     log.close()
     assert Path(importlib.util.cache_from_source(str(module))).is_file()
     assert "compileall" in (tmp_path / "setup.log").read_text()
+
+
+def test_setup_and_the_app_import_nothing_from_the_folder_the_launcher_was_started_in(
+    tmp_path, monkeypatch
+):
+    """Python puts the working folder first on sys.path for `-m`: modules there named as
+    compileall, argparse or the app itself would run in their place."""
+    started_in, marker = tmp_path / "downloads", tmp_path / "ran"
+    for name in ("compileall.py", "argparse.py", "pip/__init__.py", "app/__init__.py"):
+        (started_in / name).parent.mkdir(parents=True, exist_ok=True)
+        (started_in / name).write_text(f"open({str(marker)!r}, 'a').write(__name__)\n")
+    (tmp_path / "HalfSafe" / "app").mkdir(parents=True)
+    module = tmp_path / "HalfSafe" / "app" / "window.py"
+    module.write_text("SHOWN = True\n")
+    venv = tmp_path / "venv"
+    python = bs.venv_python(venv)
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    log = bs.Log(tmp_path / "setup.log")
+    setup = bs.Setup(module.parents[1], bs.Layout(venv, editable=True), log, [], {}, print)
+    monkeypatch.chdir(started_in)
+
+    setup.compile_app()
+    log.close()
+    # The venv has no halfsafe script here: the app is started as a module (its libraries are
+    # this Python's).
+    started = subprocess.run(
+        bs.app_command(venv, ["--help"], gui=False),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *site.getsitepackages()])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert Path(importlib.util.cache_from_source(str(module))).is_file()
+    assert started.returncode == 0 and started.stdout.startswith("usage: halfsafe"), started
+    assert not marker.exists(), marker.read_text()
 
 
 def test_a_failed_compile_is_logged_and_setup_goes_on(tmp_path):
