@@ -695,12 +695,32 @@ def _check_component_file(component: str, path: Path) -> None:
         configs = ("config.json", "scheduler_config.json")
         limit = MAX_CONFIG_BYTES if name in configs else MAX_TOKENIZER_BYTES
         document = parse_json(read_regular(path, limit))
+        if name != "tokenizer.json":  # the tokenizers library's own format: no loader's config
+            check_no_custom_code(document)
         if name in configs:
             if not isinstance(document, dict):
                 raise ValueError("it holds JSON but not an object")
             check_component_config(component, document)
         elif name == "tokenizer_config.json" and isinstance(document, dict):
             check_tokenizer_config(document)
+
+
+def check_no_custom_code(document: Any) -> None:
+    """Raise ValueError when a config names code of the model's own to import: an `auto_map`
+    (transformers' and diffusers' Auto classes read it, at any level a config nests, and would
+    import the .py file it points at, asking on the terminal first where no answer was given)."""
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, dict):
+            if "auto_map" in value:
+                raise ValueError(
+                    "it names code of its own to run (auto_map), and HalfSafe never runs code "
+                    "from a model folder"
+                )
+            pending.extend(v for v in value.values() if isinstance(v, (dict, list)))
+        elif isinstance(value, list):
+            pending.extend(v for v in value if isinstance(v, (dict, list)))
 
 
 # Names from an image or a prompt -----------------------------------------------------------

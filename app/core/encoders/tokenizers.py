@@ -54,7 +54,7 @@ def qwen2_tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(
-        str(resource("tokenizers", "qwen2")), local_files_only=True
+        str(resource("tokenizers", "qwen2")), local_files_only=True, trust_remote_code=False
     )
 
 

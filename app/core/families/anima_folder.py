@@ -41,7 +41,9 @@ def load(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any])
     _check_widths(folder, parts)
     scheduler = folder / "scheduler"
     parts["scheduler"] = (
-        diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(str(scheduler))
+        diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(
+            str(scheduler), trust_remote_code=False
+        )
         if "scheduler" in components
         else diffusers.FlowMatchEulerDiscreteScheduler(shift=ANIMA_SHIFT)
     )
@@ -84,7 +86,7 @@ def _load_parts(
         dtype = dtypes.get(name, dtypes["default"])
         keyword = "dtype" if library == "transformers" else "torch_dtype"
         parts[name] = found.from_pretrained(
-            str(folder / name), local_files_only=True, **{keyword: dtype}
+            str(folder / name), local_files_only=True, trust_remote_code=False, **{keyword: dtype}
         )
 
 
@@ -114,7 +116,9 @@ def _tokenizer(folder: Path, components: Mapping[str, Any], name: str):
         return None
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder / name), local_files_only=True)
+    return AutoTokenizer.from_pretrained(
+        str(folder / name), local_files_only=True, trust_remote_code=False
+    )
 
 
 def _class_named(library: str, name: str):

@@ -55,10 +55,12 @@ def load(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any],
         keyword = "dtype" if library == "transformers" else "torch_dtype"
         dtype = dtypes.get(name, dtypes["default"])
         parts[name] = found.from_pretrained(
-            str(folder / name), local_files_only=True, **{keyword: dtype}
+            str(folder / name), local_files_only=True, trust_remote_code=False, **{keyword: dtype}
         )
     parts["scheduler"] = (
-        diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(str(folder / "scheduler"))
+        diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(
+            str(folder / "scheduler"), trust_remote_code=False
+        )
         if "scheduler" in components
         else diffusers.FlowMatchEulerDiscreteScheduler(shift=FLUX3_SHIFT)
     )

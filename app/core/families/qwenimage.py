@@ -248,7 +248,9 @@ def _edit_processor_from(folder: Path):
         images = limits.read_json_object(older)
     if not isinstance(images, dict):
         raise ValueError(f"{folder} has no image processor settings")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(folder), local_files_only=True, trust_remote_code=False
+    )
     return edit_processor(tokenizer, images)
 
 

@@ -532,5 +532,7 @@ def processor_from_folder(folder: Path):
         template = limits.read_json_object(folder / "chat_template.json").get("chat_template")
     if template is not None and not isinstance(template, str):
         raise ValueError(f"the chat template in {folder} is not text")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(folder), local_files_only=True, trust_remote_code=False
+    )
     return qwen3_vl_processor(tokenizer, images, template)

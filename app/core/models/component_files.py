@@ -28,6 +28,35 @@ def check_files(folder: Path, component: str | None = None) -> None:
         limits.check_component_files(folder, component)
     except limits.ComponentFileError as error:
         raise BadFileError(error.path, f"{error.reason}.") from None
+    check_known_classes(folder)
+
+
+def check_known_classes(folder: Path) -> None:
+    """A config's `model_type` and a tokenizer's `tokenizer_class` are ones transformers has.
+    Given an unknown one, transformers' Auto classes look for the model's own code instead (and
+    without it fail deep inside); so HalfSafe refuses it first, naming the file. The files
+    passed `check_files`' limits."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    config, tokenizer = folder / "config.json", folder / "tokenizer_config.json"
+    if config.is_file():
+        kind = limits.read_json_object(config).get("model_type")
+        if kind is not None and (not isinstance(kind, str) or kind not in CONFIG_MAPPING_NAMES):
+            raise BadFileError(
+                config,
+                f"its model_type {_shown(kind)} is no model transformers knows, so loading it would "
+                "need code of the model's own, which HalfSafe never runs.",
+            )
+    if tokenizer.is_file():
+        named = limits.read_json_object(tokenizer, limits.MAX_TOKENIZER_BYTES).get(
+            "tokenizer_class"
+        )
+        if named is not None and not _is_tokenizer(named):
+            raise BadFileError(
+                tokenizer,
+                f"its tokenizer_class {_shown(named)} is no tokenizer transformers knows, so loading "
+                "it would need code of the model's own, which HalfSafe never runs.",
+            )
 
 
 def weight_files(folder: Path, allow_pickle: bool, owner: Path) -> list[Path]:
@@ -47,3 +76,19 @@ def weight_files(folder: Path, allow_pickle: bool, owner: Path) -> list[Path]:
             refuse_pickle(pickles[0])
         return pickles
     raise BadFileError(folder, f"the {folder.name} folder of {owner.name} has no weights file.")
+
+
+def _is_tokenizer(name: Any) -> bool:
+    """Whether `name` is a tokenizer class transformers has (its tables, or a class of its
+    own by that name)."""
+    from transformers import PreTrainedTokenizerBase
+    from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
+
+    found = tokenizer_class_from_name(name) if isinstance(name, str) else None
+    return isinstance(found, type) and issubclass(found, PreTrainedTokenizerBase)
+
+
+def _shown(value: Any) -> str:
+    """A config's value as a sentence quotes it: short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

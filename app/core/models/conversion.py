@@ -82,6 +82,7 @@ def load_vae_override(
             model = diffusers.AutoencoderKL.from_pretrained(
                 path,
                 local_files_only=True,
+                trust_remote_code=False,
                 torch_dtype=torch_dtype,
                 use_safetensors=not all(f.suffix != ".safetensors" for f in files) or None,
             )

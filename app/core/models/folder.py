@@ -3,6 +3,7 @@ itself, offline, in the stored dtypes."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,10 @@ def load_folder(
         )
     progress("Checking the model folder", 0, 1)
     index = read_json(index_file)
+    try:
+        limits.check_no_custom_code(index)
+    except ValueError as error:
+        raise BadFileError(index_file, f"{error}.") from None
     if index_file.name == MODULAR_INDEX:
         index = modular_components(path, index)
     components = {
@@ -145,6 +150,7 @@ def load_folder(
             pipeline = diffusers.DiffusionPipeline.from_pretrained(
                 path,
                 local_files_only=True,
+                trust_remote_code=False,
                 torch_dtype=torch_dtype,
                 variant=variant,
                 use_safetensors=None if pickles else True,
@@ -317,6 +323,7 @@ def _check_classes(
 
     for name in sorted(components):
         library, declared = str(components[name][0]), str(components[name][1])
+        _refuse_nested_pipeline(path, name, library, declared)
         if name not in MODEL_COMPONENTS or library not in ("diffusers", "transformers"):
             continue
         found = parts.class_named(library, declared)
@@ -330,6 +337,35 @@ def _check_classes(
             parts.refuse_class(
                 path / name, name, declared, title, path, [c.__name__ for c in wanted]
             )
+
+
+def _refuse_nested_pipeline(path: Path, name: str, library: str, declared: str) -> None:
+    """A part declared as a whole pipeline (diffusers would load another pipeline from the
+    part's folder and the subfolders in it, which no check of HalfSafe's has read) is
+    refused."""
+    import importlib
+
+    import diffusers
+    from diffusers.modular_pipelines import ModularPipeline
+
+    from app.core.models import parts
+
+    found: Any = None
+    if library in ("diffusers", "transformers"):
+        found = parts.class_named(library, declared)
+    elif library.isidentifier() and not library.startswith("_"):
+        # a diffusers pipeline's own module, as model_index.json names a safety checker's
+        with contextlib.suppress(ImportError, RuntimeError, AttributeError):
+            module = importlib.import_module(f"diffusers.pipelines.{library}")
+            found = getattr(module, declared, None)
+    if isinstance(found, type) and issubclass(
+        found, (diffusers.DiffusionPipeline, ModularPipeline)
+    ):
+        raise BadFileError(
+            path / name,
+            f"the folder's index declares the {name} {parts.a(declared)}, a whole pipeline "
+            "where one part belongs, and HalfSafe does not load a pipeline nested in a part.",
+        )
 
 
 def _modules(pipeline) -> list[Any]:

@@ -89,18 +89,40 @@ def class_named(library: str, name: str) -> type | None:
 
 def pipeline_takes(pipeline_class: str) -> dict[str, tuple[type, ...]]:
     """Component -> the classes a diffusers pipeline class takes there (its constructor's
-    annotation: one class, or the members of a union); empty for a class diffusers lacks."""
+    annotation: one class, or the members of a union; for a modular pipeline, which annotates
+    none, the class its default blocks expect there); empty for a class diffusers lacks."""
     import inspect
 
     found = class_named("diffusers", pipeline_class)
     if found is None:
         return {}
+    modular = _modular_takes(found)
+    if modular is not None:
+        return modular
     takes: dict[str, tuple[type, ...]] = {}
     for name, parameter in inspect.signature(found.__init__).parameters.items():
         classes = _annotated_classes(parameter.annotation)
         if classes:
             takes[name] = classes
     return takes
+
+
+def _modular_takes(pipeline: type) -> dict[str, tuple[type, ...]] | None:
+    """Component -> the class a modular pipeline's default blocks expect there (their
+    components' type hints: Flux3ModularPipeline's transformer is a Flux3Transformer2DModel);
+    None for a pipeline that is not modular."""
+    from diffusers.modular_pipelines import ModularPipeline
+
+    from app.core.families.modular import quiet_assembly
+
+    if not issubclass(pipeline, ModularPipeline):
+        return None
+    blocks = class_named("diffusers", str(getattr(pipeline, "default_blocks_name", None)))
+    if blocks is None:
+        return {}
+    with quiet_assembly():
+        expected = blocks().expected_components
+    return {s.name: (s.type_hint,) for s in expected if isinstance(s.type_hint, type)}
 
 
 def _annotated_classes(annotation: Any) -> tuple[type, ...]:

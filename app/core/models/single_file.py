@@ -334,7 +334,7 @@ def _assemble(
             "tokenizer", "text_encoder"
         ) in components:
             components[tokenizer] = transformers.CLIPTokenizer.from_pretrained(
-                folder / tokenizer, local_files_only=True
+                folder / tokenizer, local_files_only=True, trust_remote_code=False
             )
     scheduler_config = read_json(folder / "scheduler" / "scheduler_config.json")
     scheduler_class = getattr(diffusers, scheduler_config["_class_name"])
