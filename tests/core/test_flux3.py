@@ -233,11 +233,11 @@ def test_a_folder_declaring_another_class_for_a_part_is_refused_in_one_sentence(
     with pytest.raises(HalfSafeError) as caught:
         models.load_model(str(folder))
 
-    # The folder's checks build nothing: the declared class's config does not describe the
-    # weights beside it.
-    said = str(caught.value)
-    assert said.startswith(str(folder / "transformer" / "config.json"))
-    assert said.endswith("so the config and the weights are of different models.")
+    # The folder's checks build nothing: FLUX.3's blocks take a Flux3Transformer2DModel there.
+    assert str(caught.value) == (
+        f"{folder / 'transformer'}: modular_model_index.json declares this a "
+        "Flux2Transformer2DModel, but the FLUX.3 base model flux3 needs a Flux3Transformer2DModel."
+    )
 
 
 def test_trainers_words_name_each_variant():

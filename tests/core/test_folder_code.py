@@ -209,7 +209,8 @@ def test_a_modular_folders_part_of_a_class_its_family_does_not_take_is_refused(
 
     said = str(caught.value)
     assert said.startswith(f"{folder / part}: ")
-    assert f"declares this a{'n' if declared[0] in 'AEIOU' else ''} {declared}" in said
+    article = "an" if declared[0] in "AEIOU" else "a"
+    assert f"modular_model_index.json declares this {article} {declared}" in said
     assert said.endswith(f"needs {wanted}.")
 
 
@@ -401,27 +402,29 @@ def test_the_check_on_a_terminal_answering_yes_runs_no_code_and_refuses(
 
 
 def _on_terminal(argv: list[str], cwd: Path, timeout: float = 300) -> tuple[int, str]:
-    """Run `argv` on a pseudo-terminal whose user has typed "y" ahead and answers "y" to every
-    "[y/N]" question; its exit status and everything it wrote there."""
+    """Run `argv` with a pseudo-terminal as its stdin, stdout and stderr, whose user has typed
+    "y" ahead and answers "y" to every "[y/N]" question; its exit status and everything it
+    wrote there."""
     import pty
+    import subprocess
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    pid, terminal = pty.fork()
-    if pid == 0:  # the child: the command, on the terminal
-        try:
-            os.chdir(cwd)
-            os.execve(argv[0], argv, env)
-        finally:
-            os._exit(127)
+    terminal, its_side = pty.openpty()
+    process = subprocess.Popen(
+        argv, stdin=its_side, stdout=its_side, stderr=its_side, cwd=cwd, env=env
+    )
+    os.close(its_side)
     os.write(terminal, b"y\n")
     output, asked, deadline = b"", 0, time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([terminal], [], [], 1.0)
         if not ready:
+            if process.poll() is not None:
+                break
             continue
         try:
             chunk = os.read(terminal, 65536)
-        except OSError:  # the child closed the terminal
+        except OSError:  # the command closed the terminal
             break
         if not chunk:
             break
@@ -430,7 +433,6 @@ def _on_terminal(argv: list[str], cwd: Path, timeout: float = 300) -> tuple[int,
             asked += 1
             os.write(terminal, b"y\n")
     else:
-        os.kill(pid, 9)
+        process.kill()
     os.close(terminal)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), output.decode("utf-8", "replace")
+    return process.wait(timeout=30), output.decode("utf-8", "replace")

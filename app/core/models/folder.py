@@ -334,9 +334,9 @@ def _check_classes(
             )
         wanted = takes.get(name, ())
         if wanted and not any(issubclass(found, c) for c in wanted):
-            parts.refuse_class(
-                path / name, name, declared, title, path, [c.__name__ for c in wanted]
-            )
+            index = "model_index.json" if (path / "model_index.json").exists() else MODULAR_INDEX
+            wanted_names = [c.__name__ for c in wanted]
+            parts.refuse_class(path / name, name, declared, title, path, wanted_names, index)
 
 
 def _refuse_nested_pipeline(path: Path, name: str, library: str, declared: str) -> None:

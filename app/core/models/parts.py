@@ -160,17 +160,23 @@ def class_families(component: str, class_name: str) -> tuple[str, ...]:
 
 
 def refuse_class(
-    part: Path, component: str, declared: str, title: str, model: Path, wanted: list[str]
+    part: Path,
+    component: str,
+    declared: str,
+    title: str,
+    model: Path,
+    wanted: list[str],
+    index: str = "model_index.json",
 ) -> None:
-    """Raise the one sentence: model_index.json declares `part` a `declared`, which the `title`
-    model's pipeline does not take there (it takes one of `wanted`)."""
+    """Raise the one sentence: the folder's `index` declares `part` a `declared`, which the
+    `title` model's pipeline does not take there (it takes one of `wanted`)."""
     owners = class_families(component, declared)
     owned = f" ({owners[0]}'s)" if len(owners) == 1 else ""
     needs = " or ".join(a(name) for name in wanted)
     raise WrongPartError(
         part,
         model,
-        f"model_index.json declares this {a(declared)}{owned}, but the {title} model "
+        f"{index} declares this {a(declared)}{owned}, but the {title} model "
         f"{model.name} needs {needs}.",
     )
 
