@@ -256,6 +256,30 @@ def test_a_part_declared_a_pipeline_is_refused_before_any_file_under_it_is_opene
     assert not marker.exists()
 
 
+def test_a_part_of_a_library_of_the_folders_own_is_refused_and_its_code_never_runs(
+    saved, tmp_path, answers_yes
+):
+    """model_index.json may name a part's library: one that is none of diffusers',
+    transformers' or diffusers' pipelines' is a .py file in the part's folder to diffusers."""
+    folder = _copy(saved, "qwenimage21", tmp_path)
+    marker = tmp_path / "ran"
+    (folder / "transformer" / "evil.py").write_text(_marker_code(marker))
+    index = json.loads((folder / "model_index.json").read_text())
+    index["transformer"] = ["evil", "EvilModel"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+
+    with pytest.raises(BadFileError) as caught:
+        models.load_model(str(folder))
+
+    assert str(caught.value) == (
+        f"{folder / 'transformer'}: the folder's index declares the transformer an EvilModel of "
+        "'evil', which is none of diffusers, transformers or diffusers' pipelines, and HalfSafe "
+        "runs no other code."
+    )
+    assert not marker.exists()
+    assert answers_yes == []
+
+
 class _Payload:
     """Unpickled, writes its marker file."""
 

@@ -323,10 +323,19 @@ def _check_classes(
 
     for name in sorted(components):
         library, declared = str(components[name][0]), str(components[name][1])
-        _refuse_nested_pipeline(path, name, library, declared)
-        if name not in MODEL_COMPONENTS or library not in ("diffusers", "transformers"):
+        found = _declared_class(library, declared)
+        _refuse_nested_pipeline(path, name, declared, found)
+        if name not in MODEL_COMPONENTS:
             continue
-        found = parts.class_named(library, declared)
+        if library not in ("diffusers", "transformers"):
+            if found is None:  # diffusers would look for it in the part's folder: its own code
+                raise BadFileError(
+                    path / name,
+                    f"the folder's index declares the {name} {parts.a(declared)} of "
+                    f"{_shown(library)}, which is none of diffusers, transformers or diffusers' "
+                    "pipelines, and HalfSafe runs no other code.",
+                )
+            continue
         if found is None:
             raise BadFileError(
                 path / "model_index.json",
@@ -339,33 +348,44 @@ def _check_classes(
             parts.refuse_class(path / name, name, declared, title, path, wanted_names, index)
 
 
-def _refuse_nested_pipeline(path: Path, name: str, library: str, declared: str) -> None:
+def _declared_class(library: str, declared: str) -> type | None:
+    """The class an index names for a part: of diffusers or transformers, or of one of
+    diffusers' pipeline modules (as model_index.json names a safety checker's:
+    ["stable_diffusion", "StableDiffusionSafetyChecker"]); None for any other."""
+    import importlib
+
+    from app.core.models import parts
+
+    if library in ("diffusers", "transformers"):
+        return parts.class_named(library, declared)
+    if not library.isidentifier() or library.startswith("_"):
+        return None
+    with contextlib.suppress(ImportError, RuntimeError, AttributeError):
+        found = getattr(importlib.import_module(f"diffusers.pipelines.{library}"), declared, None)
+        return found if isinstance(found, type) else None
+    return None
+
+
+def _refuse_nested_pipeline(path: Path, name: str, declared: str, found: type | None) -> None:
     """A part declared as a whole pipeline (diffusers would load another pipeline from the
     part's folder and the subfolders in it, which no check of HalfSafe's has read) is
     refused."""
-    import importlib
-
     import diffusers
     from diffusers.modular_pipelines import ModularPipeline
 
     from app.core.models import parts
 
-    found: Any = None
-    if library in ("diffusers", "transformers"):
-        found = parts.class_named(library, declared)
-    elif library.isidentifier() and not library.startswith("_"):
-        # a diffusers pipeline's own module, as model_index.json names a safety checker's
-        with contextlib.suppress(ImportError, RuntimeError, AttributeError):
-            module = importlib.import_module(f"diffusers.pipelines.{library}")
-            found = getattr(module, declared, None)
-    if isinstance(found, type) and issubclass(
-        found, (diffusers.DiffusionPipeline, ModularPipeline)
-    ):
+    if found is not None and issubclass(found, (diffusers.DiffusionPipeline, ModularPipeline)):
         raise BadFileError(
             path / name,
             f"the folder's index declares the {name} {parts.a(declared)}, a whole pipeline "
             "where one part belongs, and HalfSafe does not load a pipeline nested in a part.",
         )
+
+
+def _shown(text: str) -> str:
+    """A name from a file as a sentence quotes it: short."""
+    return repr(text) if len(text) <= 60 else repr(text[:57] + "...")
 
 
 def _modules(pipeline) -> list[Any]:
