@@ -125,6 +125,7 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     for text in (getattr(args, "prompt", "") or "", values.get("negative_prompt", "")):
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
     check_pictures(args, source)
+    _check_size_flags(args, values)
     model = _load(source, args)
     defaults = requested.model_defaults(model)
     request = generate_request(args, values, model.native_size, defaults)
@@ -195,6 +196,16 @@ def generate_request(
         loras=tuple(getattr(args, "loras", None) or ()),
         allow_pickle=bool(getattr(args, "allow_pickle", False)),
     )
+
+
+def _check_size_flags(args, values: dict[str, Any]) -> None:
+    """A final picture past HalfSafe's bound (`--width` by `--height`, the hires fix's upscale
+    included) refused before the model loads; a side left out is the model's and is checked
+    with the request once it is known."""
+    width, height = getattr(args, "width", None), getattr(args, "height", None)
+    if width and height:
+        upscale = Hires(scale=values["hires_scale"], upscaler=values["hires_upscaler"])
+        upscale.checked().checked_size(int(width), int(height))
 
 
 def cli_canvas(args) -> Canvas:
