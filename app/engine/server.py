@@ -180,7 +180,9 @@ class Engine:
         if type(job.params) in self.handlers:
             return None
         asked = type(job.params).__name__
-        print(f"[engine] job {job_id}: a {asked} is no request", file=sys.stderr, flush=True)
+        print(f"[engine] job {job_id}: no handler takes a {asked}", file=sys.stderr, flush=True)
+        if job.kind != "unknown":  # a request of a kind this engine was not given
+            return _refused(job_id, job.kind, f"This engine cannot run '{job.kind}' jobs.")
         return _refused(
             job_id, job.kind, f"This engine cannot run a job asked as a {asked}; nothing ran."
         )
