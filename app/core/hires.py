@@ -180,10 +180,10 @@ class Hires:
 
     def checked_size(self, width: int, height: int) -> tuple[int, int]:
         """The final picture's (width, height), this pass included; HalfSafeError where it
-        is past the pixels HalfSafe reads back as a picture (`images.MAX_PIXELS`, as explain's
+        is past the pixels HalfSafe reads back as a picture (`limits.MAX_PIXELS`, as explain's
         reader and the input pictures are bounded): 4096x4096 upscaled 4x would be 268 million
         pixels, hours of work and tens of GB."""
-        from app.core.images.finished import MAX_PIXELS
+        from app.core.limits import MAX_PIXELS
 
         wide, high = self.final_size(width, height) if self.on else (width, height)
         if wide * high > MAX_PIXELS:

@@ -56,6 +56,9 @@ MAX_VOCAB = 300_000
 MAX_MERGES = 300_000
 # Text positions: CLIP 77, T5 512 (relative), Qwen2.5-VL 128,000 (rotary).
 MAX_POSITIONS = 1 << 18
+# Pixels of a picture HalfSafe reads or makes (explain's reader, input pictures, a final picture
+# with the hires fix's upscale): 8944 x 8944; below PIL's decompression-bomb warning (89 million).
+MAX_PIXELS = 80_000_000
 # Training timesteps of a noise schedule: 1000 in every SD scheduler and in flow matching.
 MAX_TRAIN_TIMESTEPS = 10_000
 # UNet sample_size, in latents: SD1.x 64, SD2.x 96, SDXL 128 (2048 px at most).
