@@ -48,7 +48,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from app.core.requests import requested
 
     request = check_request(args, effective_settings(args))
-    check_pictures(args)
+    check_pictures(args, args.model)
     # Progress and the headline (what failed, where) go to stderr as the check runs; stdout
     # keeps the report alone (with --json, one JSON document).
     on_progress = progress_for(sys.stderr)
@@ -124,7 +124,8 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
 
     for text in (getattr(args, "prompt", "") or "", values.get("negative_prompt", "")):
         parse_emphasis(text)  # a prompt that cannot be read is refused before the model loads
-    check_pictures(args)
+    check_pictures(args, source)
+    _check_size_flags(args, values)
     model = _load(source, args)
     defaults = requested.model_defaults(model)
     request = generate_request(args, values, model.native_size, defaults)
@@ -197,6 +198,16 @@ def generate_request(
     )
 
 
+def _check_size_flags(args, values: dict[str, Any]) -> None:
+    """A final picture past HalfSafe's bound (`--width` by `--height`, the hires fix's upscale
+    included) refused before the model loads; a side left out is the model's and is checked
+    with the request once it is known."""
+    width, height = getattr(args, "width", None), getattr(args, "height", None)
+    if width and height:
+        upscale = Hires(scale=values["hires_scale"], upscaler=values["hires_upscaler"])
+        upscale.checked().checked_size(int(width), int(height))
+
+
 def cli_canvas(args) -> Canvas:
     """Inpainting's layout from `--mask-blur`, `--only-masked`, `--masked-padding` and
     `--extend` (the defaults where a flag is not given)."""
@@ -225,13 +236,14 @@ def cli_image_size(args, values: dict[str, Any], native_size: int) -> tuple[int,
     return (int(width) if width else native, int(height) if height else native)
 
 
-def check_pictures(args) -> None:
+def check_pictures(args, source: str) -> None:
     """The input pictures and mask given by flags refused in one sentence (a missing,
     truncated or damaged file, one of another kind than PNG, JPEG or WebP, a mask that is
-    black all over, a mask without a picture) before a model is loaded: each is decoded in
-    full here. How many pictures the model takes is known once it is (an editing model takes
-    several)."""
+    black all over, a mask without a picture, more pictures than any model of `source`'s
+    family takes) before a model is loaded: each is decoded in full here. Exactly how many
+    pictures the model takes is known once it is (Qwen-Image-Edit one, Edit Plus three)."""
     from app.core.images.pictures import check_flags, check_picture_files
+    from app.core.models.references import check_picture_count
 
     images = list(getattr(args, "images", None) or [])
     mask = getattr(args, "mask", None)
@@ -258,6 +270,7 @@ def check_pictures(args) -> None:
         args, "only_masked", False
     ):
         raise HalfSafeError("--masked-padding is the room around --only-masked's box: give both.")
+    check_picture_count(source, images)
     check_picture_files(images, mask)
 
 

@@ -178,6 +178,24 @@ class Hires:
         A1111 sizes its latents)."""
         return (int(width * self.scale) // 8 * 8, int(height * self.scale) // 8 * 8)
 
+    def checked_size(self, width: int, height: int) -> tuple[int, int]:
+        """The final picture's (width, height), this pass included; HalfSafeError where it
+        is past the pixels HalfSafe reads back as a picture (`limits.MAX_PIXELS`, as explain's
+        reader and the input pictures are bounded): 4096x4096 upscaled 4x would be 268 million
+        pixels, hours of work and tens of GB."""
+        from app.core.limits import MAX_PIXELS
+
+        wide, high = self.final_size(width, height) if self.on else (width, height)
+        if wide * high > MAX_PIXELS:
+            upscaled = f" upscaled {self.scale:g}x by the hires fix" if self.on else ""
+            raise HalfSafeError(
+                f"{width}x{height}{upscaled} is a {wide}x{high} picture "
+                f"({wide * high / 1e6:.0f} million pixels), past the "
+                f"{MAX_PIXELS // 1_000_000} million HalfSafe draws: lower the size"
+                f"{' or the upscale' if self.on else ''}."
+            )
+        return wide, high
+
     def call_steps(self, first_steps: int) -> int:
         """`num_inference_steps` for the second pass's picture pipeline, which runs the last
         `denoise` of them: A1111's count, its `Hires steps` run when set (the schedule

@@ -56,6 +56,9 @@ MAX_VOCAB = 300_000
 MAX_MERGES = 300_000
 # Text positions: CLIP 77, T5 512 (relative), Qwen2.5-VL 128,000 (rotary).
 MAX_POSITIONS = 1 << 18
+# Pixels of a picture HalfSafe reads or makes (explain's reader, input pictures, a final picture
+# with the hires fix's upscale): 8944 x 8944; below PIL's decompression-bomb warning (89 million).
+MAX_PIXELS = 80_000_000
 # Training timesteps of a noise schedule: 1000 in every SD scheduler and in flow matching.
 MAX_TRAIN_TIMESTEPS = 10_000
 # UNet sample_size, in latents: SD1.x 64, SD2.x 96, SDXL 128 (2048 px at most).
@@ -371,7 +374,36 @@ _TRANSFORMER_RATIOS: dict[str, tuple[float, float, str]] = {
 _SCHEDULER_SIZES: dict[str, tuple[int, int, str]] = {
     "num_train_timesteps": (1, MAX_TRAIN_TIMESTEPS, "every SD scheduler uses 1000"),
     "steps_offset": (0, MAX_TRAIN_TIMESTEPS, "SD uses 1"),
+    "base_image_seq_len": (1, MAX_POSITIONS, "Flux.1 uses 256"),
+    "max_image_seq_len": (1, MAX_POSITIONS, "Flux.1 uses 4096"),
+    "solver_order": (1, 8, "DPM-Solver++ uses 2"),
 }
+# The numbers of a schedule that are no size, each with a wide margin over what diffusers'
+# schedulers and the families' configs use: an absurd one (`shift: 1e308`) makes every
+# timestep NaN and a good model look broken. A scheduler built for another sampler reads the
+# same config, so every family's keys are bounded in every config.
+_SCHEDULER_NUMBERS: dict[str, tuple[float, float, str]] = {
+    "beta_start": (0.0, 1.0, "SD uses 0.00085"),
+    "beta_end": (0.0, 1.0, "SD uses 0.012"),
+    "shift": (0.0, 100.0, "SD3 and Z-Image use 3, FLUX.3 6.93"),
+    "flow_shift": (0.0, 100.0, "Wan uses 3 to 12"),
+    "base_shift": (-10.0, 10.0, "Flux.1 uses 0.5"),
+    "max_shift": (-10.0, 10.0, "Flux.1 uses 1.15"),
+    "shift_terminal": (0.0, 1.0, "LTX-Video uses 0.1"),
+    "sigma_min": (0.0, 100.0, "Karras schedules use 0.0292, EDM 0.002"),
+    "sigma_max": (0.0, 2000.0, "Karras schedules use 14.6, EDM 80"),
+    "sigma_data": (0.0, 10.0, "EDM uses 0.5"),
+    "rho": (0.0, 100.0, "Karras schedules use 7"),
+    "sample_max_value": (0.0, 100.0, "SD uses 1"),
+    "clip_sample_range": (0.0, 100.0, "SD uses 1"),
+    "dynamic_thresholding_ratio": (0.0, 1.0, "DPM-Solver uses 0.995"),
+    "timestep_scaling": (0.0, 1000.0, "LCM uses 10"),
+    "snr_shift_scale": (0.0, 100.0, "CogVideoX uses 3"),
+    "lambda_min_clipped": (-1000.0, 0.0, "DPM-Solver writes -Infinity, no clipping"),
+}
+# Any other number in a schedule (a key of a scheduler HalfSafe does not name): none of a real
+# one comes near.
+MAX_SCHEDULE_NUMBER = 1e6
 _TOKENIZER_SIZES: dict[str, tuple[int, int, str]] = {
     "model_max_length": (1, MAX_POSITIONS, "CLIP uses 77"),
 }
@@ -470,13 +502,50 @@ def check_text_encoder_config(config: Mapping[str, Any]) -> None:
 
 
 def check_scheduler_config(config: Mapping[str, Any]) -> None:
-    """Raise ValueError when a scheduler config asks for more timesteps than real schedules."""
+    """Raise ValueError when a scheduler config asks for more timesteps than real schedules,
+    or holds a number outside what real schedules use (`_SCHEDULER_NUMBERS`; any other key's
+    within +-`MAX_SCHEDULE_NUMBER`), NaN or an infinity included: the key named."""
     _check_sizes(config, _SCHEDULER_SIZES)
+    lowest = config.get("lambda_min_clipped")
+    if isinstance(lowest, float) and lowest == -math.inf:  # DPM-Solver's "no clipping"
+        config = {k: v for k, v in config.items() if k != "lambda_min_clipped"}
+    _check_ratios(config, _SCHEDULER_NUMBERS)
     betas = config.get("trained_betas")
     if betas is not None and (not isinstance(betas, list) or len(betas) > MAX_TRAIN_TIMESTEPS):
         raise ValueError(
             f"its trained_betas is not a list of at most {MAX_TRAIN_TIMESTEPS:,} numbers"
         )
+    for beta in betas or ():
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta < 1:
+            raise ValueError(f"its trained_betas holds {_show(beta)} where a rate below 1 belongs")
+    base, top = config.get("base_image_seq_len"), config.get("max_image_seq_len")
+    if isinstance(base, int) and isinstance(top, int) and base >= top:
+        raise ValueError(
+            f"its base_image_seq_len ({base}) is not below its max_image_seq_len ({top}), "
+            "between which the shift is drawn"
+        )
+    _check_other_numbers(config, {*_SCHEDULER_SIZES, *_SCHEDULER_NUMBERS, "trained_betas"})
+
+
+def _check_other_numbers(config: Mapping[str, Any], named: set[str]) -> None:
+    """Every number of a schedule under a key not `named`, at any depth, is finite and within
+    +-`MAX_SCHEDULE_NUMBER`."""
+    pending = [(key, value) for key, value in config.items() if key not in named]
+    while pending:
+        key, value = pending.pop()
+        if isinstance(value, Mapping):
+            pending.extend((f"{key}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            pending.extend((key, v) for v in value)
+        elif (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and not -MAX_SCHEDULE_NUMBER <= value <= MAX_SCHEDULE_NUMBER
+        ):
+            raise ValueError(
+                f"its {key} is {_show(value)}, outside +-{MAX_SCHEDULE_NUMBER:g} (no real "
+                "schedule's number comes near), so HalfSafe will not build it"
+            )
 
 
 def check_tokenizer_config(config: Mapping[str, Any]) -> None:

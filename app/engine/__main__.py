@@ -21,6 +21,7 @@ from app.core.memory import free_large_blocks_promptly
 from app.engine.events import (
     HEARTBEAT_S,
     ProtocolError,
+    StrayFrame,
     allow_records_from,
     read_message,
     write_message,
@@ -52,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     def listen() -> None:
         try:
             while True:
-                message = read_message(protocol_in)
+                try:
+                    message = read_message(protocol_in)
+                except StrayFrame as error:  # the stream is in step: answer, read on
+                    engine.refuse_frame(str(error))
+                    continue
                 if message is None:
                     break
                 engine.receive(message)

@@ -122,8 +122,10 @@ class JobRequest:
 
     @property
     def kind(self) -> str:
-        """The job's name in its events ("check")."""
-        return type(self.params).kind
+        """The job's name in its events ("check"); "unknown" for params that are no request
+        (a plain dict or string), which the engine refuses with an ERROR event."""
+        kind = getattr(type(self.params), "kind", None)
+        return kind if isinstance(kind, str) else "unknown"
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,11 @@ class ProtocolError(Exception):
     """The byte stream between the processes is not a sequence of our frames."""
 
 
+class StrayFrame(ProtocolError):
+    """A whole frame that holds no message (undecodable, or a value of another type): the
+    stream is still in step, so a reader may leave the frame out and read on."""
+
+
 def encode(message: Message) -> bytes:
     """One frame: a 4-byte little-endian length, then the pickled message."""
     payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -182,7 +189,8 @@ def write_message(stream: BinaryIO, message: Message) -> None:
 
 
 def read_message(stream: BinaryIO) -> Message | None:
-    """The next message, or None at a clean end of stream. Raises ProtocolError on garbage."""
+    """The next message, or None at a clean end of stream. Raises ProtocolError on garbage:
+    StrayFrame for a whole frame that holds no message (the next frame reads as usual)."""
     header = _read_exactly(stream, _HEADER.size)
     if header is None:
         return None
@@ -195,9 +203,9 @@ def read_message(stream: BinaryIO) -> Message | None:
     try:
         message = _PlainUnpickler(io.BytesIO(payload)).load()
     except Exception as error:  # noqa: BLE001 - any unpickling failure is a protocol failure
-        raise ProtocolError(f"frame could not be decoded: {error}") from error
+        raise StrayFrame(f"frame could not be decoded: {error}") from error
     if not isinstance(message, (EngineEvent, JobRequest, CancelRequest, ShutdownRequest)):
-        raise ProtocolError(f"unexpected message type {type(message).__name__}")
+        raise StrayFrame(f"unexpected message type {type(message).__name__}")
     return message
 
 

@@ -23,6 +23,7 @@ from app.core.jobs import CancelToken
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import LoadRequest
 from app.engine.events import (
+    ENGINE_EVENTS,
     HEARTBEAT_S,
     CancelRequest,
     EngineEvent,
@@ -140,8 +141,14 @@ class Engine:
     # Listener side -------------------------------------------------------------------------
 
     def receive(self, message: Message) -> None:
-        """Handle one request; called from the listener thread, returns at once."""
+        """Handle one request; called from the listener thread, returns at once. A job whose
+        request no handler takes (a plain dict or string where a request belongs) is answered
+        with its ERROR at once, never queued: the engine goes on."""
         if isinstance(message, JobRequest):
+            refusal = self._refusal(message)
+            if refusal is not None:
+                self.send(refusal)
+                return
             with self._condition:
                 if self._stopping:
                     return
@@ -163,6 +170,30 @@ class Engine:
             self.cancel(message.job_id)
         elif isinstance(message, ShutdownRequest):
             self.stop()
+
+    def _refusal(self, job: JobRequest) -> EngineEvent | None:
+        """The ERROR that answers a job this engine cannot run, or None for one it can."""
+        job_id = job.job_id
+        if not isinstance(job_id, int) or isinstance(job_id, bool):
+            print(f"[engine] a job numbered {job_id!r} was refused", file=sys.stderr, flush=True)
+            return _refused(ENGINE_EVENTS, "engine", "A job without a job number was refused.")
+        if type(job.params) in self.handlers:
+            return None
+        asked = type(job.params).__name__
+        print(f"[engine] job {job_id}: no handler takes a {asked}", file=sys.stderr, flush=True)
+        if job.kind != "unknown":  # a request of a kind this engine was not given
+            return _refused(job_id, job.kind, f"This engine cannot run '{job.kind}' jobs.")
+        return _refused(
+            job_id, job.kind, f"This engine cannot run a job asked as a {asked}; nothing ran."
+        )
+
+    def refuse_frame(self, problem: str) -> None:
+        """Answer a frame that held no message (the listener reads on): one line in the log,
+        an ERROR of the engine's own."""
+        print(f"[engine] a request could not be read: {problem}", file=sys.stderr, flush=True)
+        self.send(
+            _refused(ENGINE_EVENTS, "engine", "A request the engine cannot read was refused.")
+        )
 
     def cancel(self, job_id: int) -> None:
         dropped: JobRequest | None = None
@@ -323,6 +354,10 @@ class Engine:
         self.send(
             EngineEvent(job.job_id, job.kind, EventState.RESULT, result=result, seconds=seconds)
         )
+
+
+def _refused(job_id: int, kind: str, message: str) -> EngineEvent:
+    return EngineEvent(job_id, kind, EventState.ERROR, message=message, error_type="UnknownJob")
 
 
 def _log_failure(kind: str, error: BaseException) -> None:

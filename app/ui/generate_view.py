@@ -263,13 +263,15 @@ class GenerateView(QWidget):
         self.submit(request)
 
     def _picture_problem(self, request: dict[str, Any]) -> str:
-        """Why this request's picture mode cannot run, before it is sent: the loaded model
-        does not run the mode, or the strength runs no step. '' when nothing is in the way."""
+        """Why this request's picture cannot be made, before it is sent: the loaded model
+        does not run the mode, the strength runs no step, or the final picture (the hires
+        fix's included) is past HalfSafe's bound. '' when nothing is in the way."""
         mode = self.pictures.mode()
         refusal = self.pictures.refusal(mode)
         if refusal:
             return refusal
         try:
+            request["hires"].checked().checked_size(request["width"], request["height"])
             if self.pictures.strength_applies():
                 check_strength(request["steps"], request["strength"], mode)
         except HalfSafeError as error:

@@ -451,7 +451,10 @@ def test_generate_edits_the_pictures_given_with_image(tmp_path, references, caps
     assert main(two) == 2
     err = without_progress(capsys.readouterr().err)
     said = [line for line in err.splitlines() if line.startswith("halfsafe: ")]
-    assert said == ["halfsafe: 2 pictures were given; this editing model takes one picture."]
+    # Told from the folder's configs before it loads.
+    assert said == [
+        "halfsafe: 2 pictures were given; kontext is a Flux.1 model, which takes one picture."
+    ]
     assert "Traceback" not in err
 
 

@@ -361,5 +361,8 @@ def test_the_command_refuses_more_references_than_dev_takes_in_one_line(
     assert main(seven) == 2
     err = without_progress(capsys.readouterr().err)
     said = [line for line in err.splitlines() if line.startswith("halfsafe: ")]
-    assert said == ["halfsafe: 7 pictures were given; this editing model takes at most 6 pictures."]
+    # Told from the folder's configs before it loads.
+    assert said == [
+        "halfsafe: 7 pictures were given; dev is a Flux.2 model, which takes at most 6."
+    ]
     assert "Traceback" not in err

@@ -373,3 +373,36 @@ def test_explain_checks_a_hires_image_at_the_second_pass_with_its_clip_skip_and_
     assert asked["size"] == 64 and asked["clip_skip"] == 2
     assert asked["scheduler"] == "dpmpp_2m_sde_karras"
     assert any("drawn again at 64x64" in note for note in found.notes)
+
+
+def test_a_final_picture_past_80_million_pixels_is_refused_in_one_sentence():
+    """4096x4096 upscaled 4x is 268 million pixels: refused where every generation request is
+    checked (the CLI's, the window's and the engine's), the hires fix's upscale included."""
+    from app.core.generation.entry import _checked_request
+    from app.core.images.pictures import Mode
+
+    big = GenerationRequest(prompt=PROMPT, width=4096, height=4096, hires=Hires(scale=4.0))
+    with pytest.raises(HalfSafeError) as caught:
+        _checked_request(big, Mode.TEXT)
+    assert str(caught.value) == (
+        "4096x4096 upscaled 4x by the hires fix is a 16384x16384 picture (268 million "
+        "pixels), past the 80 million HalfSafe draws: lower the size or the upscale."
+    )
+    # 2048x2048 upscaled 4x (67 million) and 4096x4096 alone are within the bound.
+    _checked_request(dataclasses.replace(big, width=2048, height=2048), Mode.TEXT)
+    _checked_request(dataclasses.replace(big, hires=Hires()), Mode.TEXT)
+
+
+def test_the_command_refuses_a_picture_past_the_bound_before_the_model_loads(monkeypatch, capsys):
+    from app.cli import main
+    from app.core import models
+    from tests.support.cli_output import without_progress
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(models, "load_model", no_load)
+    argv = ["generate", "demo", "--width", "4096", "--height", "4096", "--hires-scale", "4"]
+    assert main(argv) == 2
+    err = without_progress(capsys.readouterr().err)
+    assert err.count("\n") == 1 and "268 million pixels" in err

@@ -87,7 +87,7 @@ def test_scan_reads_headers_only(model_folder, monkeypatch):
 def test_index_is_cached_and_refreshed_when_a_file_changes(model_folder, monkeypatch):
     first = scan_library([str(model_folder)], include_defaults=False)
     index = json.loads((library.index._index_path()).read_text())
-    assert index["version"] == library.INDEX_VERSION and len(index["entries"]) == 6
+    assert index["version"] == library.index_version() and len(index["entries"]) == 6
 
     calls = []
     real_inspect = library.inspection._inspect
@@ -103,6 +103,29 @@ def test_index_is_cached_and_refreshed_when_a_file_changes(model_folder, monkeyp
     again = by_name(scan_library([str(model_folder)], include_defaults=False))
     assert calls == ["broken.safetensors"]
     assert again["broken.safetensors"].error is None
+
+
+def test_a_family_added_since_the_last_scan_makes_its_files_read_again(model_folder, monkeypatch):
+    """A cache kept by a HalfSafe without a family says its files are unsupported (or another
+    family's); the registry it was made with is in its version, so the rows are read anew."""
+    from app.core.families import registry
+
+    with monkeypatch.context() as before:
+        without_sdxl = tuple(f for f in registry.FAMILIES if f.id != "sdxl")
+        before.setattr(registry, "FAMILIES", without_sdxl)
+        old = by_name(scan_library([str(model_folder)], include_defaults=False))
+        assert old["xl.safetensors"].architecture != "sdxl"
+    now = by_name(scan_library([str(model_folder)], include_defaults=False))
+    assert (now["xl.safetensors"].architecture, now["xl.safetensors"].supported) == ("sdxl", True)
+
+
+def test_a_family_recognising_files_anew_invalidates_the_cache(monkeypatch):
+    from app.core.families import registry
+
+    version = library.index_version()
+    monkeypatch.setattr(type(registry.FAMILIES[0]), "detection_version", 2)
+    assert library.index_version() != version
+    assert library.index_version().startswith(f"{library.INDEX_FORMAT}-")
 
 
 def test_damaged_index_is_ignored(model_folder):

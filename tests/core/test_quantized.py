@@ -1036,3 +1036,43 @@ def test_an_fp8_weight_with_an_empty_scale_is_one_sentence(tmp_path):
         f"{path}: the scale 'a.weight_scale' of 'a.weight' is empty (it holds no number), so "
         "the weight's true values are unknown."
     )
+
+
+def test_nvfp4_block_scales_of_0_over_stored_values_are_broken_weights(tmp_path):
+    """The tensor scale 0 was caught, block scales only for NaN and negative: all 0 over
+    codes that are not made the layer 0 and the check healthy."""
+    zeroed = {**MODELOPT_NVFP4, "a.weight_scale": torch.zeros(4, 2).to(E4M3)}
+    path = write_safetensors(tmp_path / "zeroed.safetensors", zeroed)
+
+    [finding] = scan_weights(path).bad_quantized
+
+    assert finding.tensor == "a.weight"
+    assert finding.problem == (
+        "decodes to 0 everywhere although its stored values are not 0: its block scales are "
+        "0, so the layer is lost (in a.weight_scale)"
+    )
+    # An all-zero weight is written as zero codes: 0 whatever its block scales.
+    zeros = {**zeroed, "a.weight": torch.zeros_like(MODELOPT_NVFP4["a.weight"])}
+    assert scan_weights(write_safetensors(tmp_path / "z.safetensors", zeros)).bad_quantized == []
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_gguf_block_scales_of_0_over_stored_values_are_broken_weights(tmp_path, qtype):
+    from gguf.constants import GGML_QUANT_SIZES
+
+    kind = GGMLQuantizationType[qtype]
+    _, _, path = flux_gguf(tmp_path, kind)
+    bad = "double_blocks.0.img_mlp.0.weight"
+    info = next(i for i in check_gguf_header(path) if i.name == bad)
+    _, size = GGML_QUANT_SIZES[kind]
+    with open(path, "r+b") as handle:  # every block's fp16 scale becomes 0
+        handle.seek(info.start)
+        data = bytearray(handle.read(info.nbytes))
+        for start in range(0, len(data), size):
+            data[start : start + 2] = bytes(2)
+        handle.seek(info.start)
+        handle.write(bytes(data))
+
+    found = {f.tensor: f.problem for f in scan_weights(path).bad_quantized}
+
+    assert list(found) == [bad] and "decodes to 0 everywhere" in found[bad]

@@ -304,3 +304,22 @@ def test_halfsafe_generate_on_a_base_folder_records_base_s_steps_cfg_and_name(tm
         assert said in image.parameters, said
     assert result.to_json()["model"]["architecture"] == BASE
     assert "28 steps at CFG scale 4, as Z-Image Base's defaults apply" in capsys.readouterr().err
+
+
+def test_an_absurd_shift_is_refused_naming_the_file_and_the_key(tmp_path):
+    """`shift: 1e308` made every timestep NaN, and a good model's check said broken."""
+    import json
+
+    from app.core.errors import BadFileError
+
+    folder = tmp_path / "z-image"
+    build_tiny_zimage_pipeline().save_pretrained(folder)
+    config_file = folder / "scheduler" / "scheduler_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "shift": 1e308}))
+
+    with pytest.raises(BadFileError) as caught:
+        models.load_model(str(folder))
+
+    said = str(caught.value)
+    assert said.startswith(f"{config_file}: its shift is 1e+308, outside 0 to 100")
+    assert "\n" not in said

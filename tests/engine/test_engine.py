@@ -294,6 +294,26 @@ def test_real_process_error_event_is_one_sentence(process):
     assert "something internal" in final.details
 
 
+def test_malformed_jobs_get_an_error_and_the_engine_keeps_running(process):
+    """A plain dict or string where a request belongs, as a job's request or as the whole
+    frame, or a job without a number: each is answered with an ERROR, and a valid job after them succeeds."""
+    engine, heard = process
+    engine.send(JobRequest(1, {"source": "model.safetensors"}))  # type: ignore[arg-type]
+    engine.send(JobRequest(2, "check"))  # type: ignore[arg-type]
+    engine.send({"job_id": 3, "kind": "check"})  # type: ignore[arg-type]
+    engine.send("generate")  # type: ignore[arg-type]
+    engine.send(JobRequest("5", PingRequest()))  # type: ignore[arg-type]
+    engine.send(JobRequest(4, PingRequest()))
+    for job_id in (1, 2):
+        final = heard.recorder.wait_final(job_id, 30)
+        assert final.state == EventState.ERROR and _one_sentence(final.message)
+    assert heard.recorder.wait_final(4, 30).result["pid"] == engine.pid
+    refused = [e for e in heard.recorder.of(0) if e.state == EventState.ERROR]
+    assert len(refused) == 3 and all(_one_sentence(e.message) for e in refused)
+    assert engine.running and not heard.exits
+    assert "Traceback" not in log_path().read_text()
+
+
 def test_killed_engine_is_detected_and_described(process):
     engine, heard = process
     engine.send(JobRequest(1, PingRequest()))

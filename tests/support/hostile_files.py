@@ -261,6 +261,30 @@ FOLDERS: dict[str, tuple[Callable[[Path], None], str, str]] = {
         "scheduler/scheduler_config.json",
         "num_train_timesteps",
     ),
+    # Every number of a schedule is bounded, those of the families that do not read it too: a
+    # scheduler made for another sampler is built from the same config.
+    **{
+        f"schedule's {key} {words}": (
+            _raw_value("scheduler/scheduler_config.json", key, literal),
+            "scheduler/scheduler_config.json",
+            key,
+        )
+        for key, literal, words in (
+            ("shift", "1e308", "1e308"),
+            ("beta_end", "1e308", "1e308"),
+            ("beta_start", "NaN", "NaN"),
+            ("max_shift", "1e308", "1e308"),
+            ("base_shift", "-1e308", "-1e308"),
+            ("sigma_max", "Infinity", "Infinity"),
+            ("sigma_min", "-1", "-1"),
+            ("rho", "1e308", "1e308"),
+            ("flow_shift", "1e308", "1e308"),
+            ("shift_terminal", "2", "2"),
+            ("trained_betas", "[0.1, 1e308]", "1e308"),
+            ("max_image_seq_len", "1e308", "1e308"),
+            ("a_future_key", "1e308", "1e308"),
+        )
+    },
     "sample_size 512": (_set("unet/config.json", "sample_size", 512), "unet/config.json", "512"),
     "sample_size big": (
         _set("unet/config.json", "sample_size", "big"),

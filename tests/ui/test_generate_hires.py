@@ -167,3 +167,14 @@ def test_an_images_schedule_halfsafe_does_not_run_takes_the_closest_and_says_so(
     view.use_parameters(GalleryEntry.from_parameters(own).generate_values())
     assert view.form.scheduler.currentData() == "dpmpp_2m_karras"
     assert view.progress_label.text() == "Parameters taken from the image; press Generate."
+
+
+def test_a_final_picture_past_the_bound_is_said_and_not_sent(view, engines):
+    view.width_box.setValue(4096)
+    view.height_box.setValue(4096)
+    view.hires.enabled.setChecked(True)
+    view.hires.scale.setValue(4.0)
+    view.generate()
+    assert engines.current.jobs("generate") == []
+    said = view.window().message_status.full_text()
+    assert said.startswith("4096x4096 upscaled 4x by the hires fix is a 16384x16384 picture")

@@ -213,12 +213,15 @@ class Checkpoint:
         if self._gguf is not None:
             self.check_unchanged()
             kind = self._gguf.types[name]
+            holds = False
             if stored.gguf_decodable(kind):
-                tensor = stored.from_gguf(self._gguf.raw(name), kind, self.shapes[name])
+                raw = self._gguf.raw(name)
+                holds = quantized.gguf_holds_values(raw, kind)
+                tensor = stored.from_gguf(raw, kind, self.shapes[name])
             else:
                 tensor = self._gguf.get(name)
             if self.dtypes[name].startswith(_GGUF_PREFIX):
-                self._check_decoded(name, tensor)
+                self._check_decoded(name, tensor, holds)
             return tensor
         tensor = self._stored(name)
         layout = self._scaled
@@ -226,7 +229,9 @@ class Checkpoint:
             return tensor
         # The one place a scaled weight becomes a weight: kept as stored, with its scales.
         scale = self._scales.get(name)
+        holds = False
         if layout.stored[name] == quantized.NVFP4_CODE:
+            holds = quantized.nvfp4_holds_values(tensor)
             second = self._tensor_scales[name]
             tensor = stored.from_nvfp4(tensor, scale, second, high_first=layout.tiled(name))
             problem = quantized.scale_problem(second)
@@ -243,13 +248,16 @@ class Checkpoint:
         if problem is not None:
             self._finding(name, f"has the scale {problem} (in {where})")
         else:
-            self._check_decoded(name, tensor)
+            self._check_decoded(name, tensor, holds, where)
         return tensor
 
-    def _check_decoded(self, name: str, tensor) -> None:
-        problem = quantized.implausible(tensor)
+    def _check_decoded(self, name: str, tensor, holds: bool = False, where=None) -> None:
+        """A finding for a weight that decodes to implausible values, or to 0 everywhere while
+        its codes `holds` values (its scales, `where`, are 0)."""
+        problem = quantized.implausible(tensor, holds)
         if problem is not None:
-            self._finding(name, problem)
+            lost = holds and problem.startswith("decodes to 0") and where
+            self._finding(name, f"{problem} (in {where})" if lost else problem)
 
     def _stored(self, name: str):
         """One safetensors tensor exactly as stored: a zero-copy view of the map."""

@@ -69,6 +69,11 @@ class Family:
     # HalfSafe's architecture names in this family and how each is shown ("flux-dev":
     # "Flux.1 dev"); the first is the family's own.
     architectures: ClassVar[Mapping[str, str]]
+    # Raised when what the family recognises in a file or folder changes without a new
+    # architecture name (a marker read differently, a variant told by its name): the library's
+    # cache is keyed on it, with the ids and architectures of every family, so rows a scan
+    # kept before the change are read again (`library.index.index_version`).
+    detection_version: ClassVar[int] = 1
     # The words trainers write for a base model of this family (kohya's ss_base_model_version,
     # modelspec.architecture), each a pattern and the architecture it means, matched in order
     # (the registry's order across families) on the words lowered, with `_`, `.` and spaces as

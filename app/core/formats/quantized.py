@@ -468,6 +468,30 @@ def block_scale_problem(block_scales) -> str | None:
     return None
 
 
+def nvfp4_holds_values(packed) -> bool:
+    """Whether NVFP4 codes (uint8, two E2M1 values per byte) hold any value but +-0."""
+    return bool((packed & 0x77).any())  # each nibble's magnitude bits
+
+
+# GGUF block types whose zero code is plain to see, by name: (block bytes, bytes of scale at
+# the block's start, the code that means 0). Q8_0: an fp16 scale and 32 int8 values (0 is 0);
+# Q4_0: an fp16 scale and 32 nibbles, each value (nibble - 8) times the scale. Types with a
+# minimum or sub-block scales are left to the value checks.
+_GGUF_ZERO_CODES: dict[str, tuple[int, int, int]] = {"Q8_0": (34, 2, 0), "Q4_0": (18, 2, 8)}
+
+
+def gguf_holds_values(raw, type_name: str) -> bool:
+    """Whether a GGUF tensor's blocks (`raw`: uint8, all its bytes) hold any code but the zero
+    code, for the types `_GGUF_ZERO_CODES` reads; False for others (nothing is claimed)."""
+    if type_name not in _GGUF_ZERO_CODES:
+        return False
+    size, head, zero = _GGUF_ZERO_CODES[type_name]
+    codes = raw.reshape(-1, size)[:, head:]
+    if type_name == "Q4_0":
+        return bool(((codes & 0x0F) != zero).any() or ((codes >> 4) != zero).any())
+    return bool((codes != zero).any())
+
+
 def dequantize_scaled(tensor, scale=None):
     """An fp8 or int8 tensor times its scale (one number, or one per output row), in
     COMPUTE_DTYPE, each value's product taken in fp32 and rounded once.
@@ -489,14 +513,21 @@ def dequantize_scaled(tensor, scale=None):
     return table.to(torch.bfloat16).index_select(0, codes).view(tensor.shape)
 
 
-def implausible(tensor) -> str | None:
+def implausible(tensor, holds_values: bool = False) -> str | None:
     """Why a dequantised weight cannot be a real model's, or None (NaN and Inf are left to the
-    weight scan, which names them as non-finite)."""
+    weight scan, which names them as non-finite). `holds_values`: its stored codes are not all
+    zero codes, so a weight that decodes to 0 everywhere lost them to scales of 0 (a converter
+    writes an all-zero weight as zero codes)."""
     import torch
 
     if tensor.numel() == 0 or not tensor.is_floating_point():
         return None
     low, high = torch.aminmax(tensor)  # one pass, no temporary (abs() would copy)
+    if holds_values and float(low) == 0.0 == float(high):
+        return (
+            "decodes to 0 everywhere although its stored values are not 0: its block scales "
+            "are 0, so the layer is lost"
+        )
     peak = max(-float(low), float(high))
     if math.isfinite(peak) and peak > PLAUSIBLE_WEIGHT_MAX:
         return (

@@ -67,6 +67,7 @@ def _checked_request(request: GenerationRequest, mode: Mode) -> GenerationReques
     check_strength(request.steps, request.strength, mode)
     request.canvas.checked()
     hires = request.hires.checked()
+    hires.checked_size(request.width, request.height)
     if hires.on and mode is not Mode.TEXT:
         raise HalfSafeError(
             "Hires fix is a second pass after text-to-image; this job starts from a picture "

@@ -14,11 +14,11 @@ from typing import Any
 
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.files import write_atomic
+from app.core.limits import MAX_PIXELS as MAX_PIXELS  # the bound on a picture, read here too
 
 # Bounds on an image file HalfSafe reads (one to explain, an input picture), checked before it
-# is decoded: a generated picture is a few MB.
+# is decoded: a generated picture is a few MB (and `MAX_PIXELS`, from limits).
 MAX_IMAGE_BYTES = 512 << 20
-MAX_PIXELS = 80_000_000  # 8944 x 8944; below PIL's decompression-bomb warning (89 million)
 # The formats a picture is opened in (an input picture, a mask, an image to explain): what
 # generated pictures and photos come as (a JPEG holding several pictures, MPO, is opened by the
 # JPEG reader). Left to itself Pillow tries every format it knows, whatever the file's name, and

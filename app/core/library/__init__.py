@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         library_roots,
         tool_of,
     )
-    from app.core.library.index import INDEX_FILE, INDEX_LIMIT, INDEX_VERSION
+    from app.core.library.index import INDEX_FILE, INDEX_FORMAT, INDEX_LIMIT, index_version
     from app.core.library.scan import MODEL_SUFFIXES, VAE_PAIR_SUFFIXES, scan_library
     from app.core.library.yaml_files import (
         MAX_YAML_BYTES,
@@ -54,7 +54,7 @@ __all__ = [
     "APP_MODELS",
     "INDEX_FILE",
     "INDEX_LIMIT",
-    "INDEX_VERSION",
+    "INDEX_FORMAT",
     "MAX_DEPTH",
     "MAX_FOLDER_ENTRIES",
     "MAX_YAML_BYTES",
@@ -70,6 +70,7 @@ __all__ = [
     "default_folders",
     "default_model_folders",
     "extra_model_paths",
+    "index_version",
     "library_folders",
     "library_roots",
     "scan_library",
@@ -97,7 +98,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "library_roots",
                 "tool_of",
             ],
-            ".index": ["INDEX_FILE", "INDEX_LIMIT", "INDEX_VERSION"],
+            ".index": ["INDEX_FILE", "INDEX_FORMAT", "INDEX_LIMIT", "index_version"],
             ".scan": ["MODEL_SUFFIXES", "VAE_PAIR_SUFFIXES", "scan_library"],
             ".yaml_files": [
                 "MAX_YAML_BYTES",

@@ -5,6 +5,8 @@ file's size, times and identity are unchanged; a damaged cache or row only costs
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -14,14 +16,27 @@ from app.core.checkpoint import write_json_atomic
 from app.core.library.entries import LibraryEntry
 
 INDEX_FILE = "library.json"
-# 3: SD3.x and Chroma files are read (entries cached before said unsupported); 4: Z-Image and
-# Qwen-Image transformer files are (cached before as a Lumina model or unknown); 5: Flux.2,
-# Qwen-Image 2.1 and Krea 2 files are (cached before as another family's or unknown); 6: Flux.1
-# Fill, Depth and Canny files run and a Kontext file is told by its name (cached before as
-# refused, or as Flux.1 dev).
-INDEX_VERSION = 6
+# The layout of the cache's rows; what the rows say depends on the families HalfSafe
+# recognises too, which `index_version` adds.
+INDEX_FORMAT = 6
 # The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
 INDEX_LIMIT = 64 << 20
+
+
+def index_version() -> str:
+    """The cache's version: its row layout and a digest of the family registry (each family's
+    id, detection version and architecture names, in the order they are recognised), so that a
+    family added, removed or reordered, or recognising files anew, makes a cache kept before
+    it a rescan: its rows would say unsupported, or another family's, where the files now run.
+    """
+    from app.core.families.registry import FAMILIES
+
+    registry = [
+        [str(family.id), family.detection_version, sorted(family.architectures)]
+        for family in FAMILIES
+    ]
+    digest = hashlib.sha256(json.dumps(registry).encode()).hexdigest()[:16]
+    return f"{INDEX_FORMAT}-{digest}"
 
 
 def _stamp(path: Path, kind: str) -> list[int] | None:
@@ -76,7 +91,7 @@ def _load_index() -> dict[str, dict]:
         data = limits.parse_json(limits.read_regular(_index_path(), INDEX_LIMIT))
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
+    if not isinstance(data, dict) or data.get("version") != index_version():
         return {}
     entries = data.get("entries")
     return entries if isinstance(entries, dict) else {}
@@ -86,5 +101,5 @@ def _save_index(entries: dict[str, dict]) -> None:
     # The cache only saves time; a read-only data folder must not fail the scan.
     with contextlib.suppress(OSError):
         write_json_atomic(
-            _index_path(), {"version": INDEX_VERSION, "saved": time.time(), "entries": entries}
+            _index_path(), {"version": index_version(), "saved": time.time(), "entries": entries}
         )
