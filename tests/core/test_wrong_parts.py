@@ -153,6 +153,27 @@ def test_a_sibling_text_encoder_of_another_family_is_named_not_used(tmp_path):
     assert one_line(message)
 
 
+def test_an_anima_folder_holding_a_qwen3_vl_text_encoder_names_it_before_diffusers_runs(tmp_path):
+    """FLUX.3's kind of text encoder (a Qwen3-VL) saved in an Anima folder's text_encoder/,
+    the index still declaring its Qwen3: the folder's config says what it is, and the sentence
+    names it, where diffusers would fail inside on the config it cannot read."""
+    import shutil
+
+    from tests.support.tiny_models import build_tiny_anima_pipeline, tiny_qwen3_vl
+
+    folder = tmp_path / "anima"
+    build_tiny_anima_pipeline().save_pretrained(folder)
+    shutil.rmtree(folder / "text_encoder")
+    tiny_qwen3_vl(0, hidden=32).save_pretrained(folder / "text_encoder")
+
+    message = refused(models.load_model, str(folder))
+
+    assert message == (
+        f"{folder / 'text_encoder'}: this is a 32-wide Qwen3-VL text encoder (FLUX.3's, "
+        "Qwen-Image 2.1's or Krea 2's), but the Anima model anima needs a Qwen3 text encoder."
+    )
+
+
 # --- VAEs -------------------------------------------------------------------------------------
 
 
