@@ -371,6 +371,35 @@ def test_a_flux_lora_on_an_sdxl_model_names_both_families(tmp_path):
     )
 
 
+def test_a_lora_whose_metadata_names_another_family_is_refused_where_it_fits_in_part(tmp_path):
+    """Two layers under names Qwen-Image's transformer has, four under names no family's has:
+    the key set tells nothing, the metadata kohya's trainer wrote does (Flux.1), so the two
+    that happen to match are no fit: refused in one sentence, the model untouched."""
+    from tests.core.test_health import loaded
+
+    pipeline = build_tiny_qwenimage_pipeline()
+    model = loaded(pipeline, "qwen-image")
+    model.architecture, model.source = "qwenimage", str(tmp_path / "qwen-image.safetensors")
+    tensors: dict[str, torch.Tensor] = {}
+    names = [f"transformer_blocks.0.attn.{n}" for n in ("to_q", "to_k")]
+    names += [f"transformer_blocks.0.norm_out_{i}" for i in range(4)]
+    for name in names:
+        layer = pipeline.transformer.get_submodule(names[0])
+        tensors[f"transformer.{name}.lora_A.weight"] = torch.randn(RANK, layer.in_features)
+        tensors[f"transformer.{name}.lora_B.weight"] = torch.zeros(layer.out_features, RANK)
+    path = write_safetensors(
+        tmp_path / "style.safetensors", tensors, {"ss_base_model_version": "flux1"}
+    )
+
+    message = refused(requested.use_loras, model, [LoraRequest(str(path))], "", allow_pickle=False)
+
+    assert message == (
+        f"{path}: this is a LoRA (Flux.1's), but the Qwen-Image model qwen-image.safetensors "
+        "needs a LoRA made for Qwen-Image (only 2 of its 6 layers exist there)."
+    )
+    assert lora._adapters(pipeline) == [] and not getattr(model, "loras", [])
+
+
 def test_the_right_lora_still_applies(sd_model, tmp_path):
     sd = build_tiny_sd_pipeline()
     path = kohya_lora(
