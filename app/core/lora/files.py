@@ -425,7 +425,7 @@ def refuse_told(lora: LoraFile, pipeline, fit: _Fit, model: str, source) -> None
     base model its trainer wrote), else by its whole key set (every layer it adapts is a
     module of another family's transformer). Layer names that merely happen to match in part
     are no fit."""
-    from app.core.families import family_of
+    from app.core.families import FAMILIES, family_of
     from app.core.models import parts
 
     try:
@@ -433,7 +433,8 @@ def refuse_told(lora: LoraFile, pipeline, fit: _Fit, model: str, source) -> None
     except HalfSafeError:
         return
     told = made_for(lora)
-    if told.families and family.title not in told.families:
+    kin = {f.title for f in FAMILIES if str(f.id) in family.lora_kin}
+    if told.families and not {family.title, *kin} & set(told.families):
         parts.refuse(
             lora.path,
             told,
