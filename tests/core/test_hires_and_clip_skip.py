@@ -128,6 +128,7 @@ def test_a_clip_skip_never_runs_the_layers_after_the_one_it_reads(tmp_path):
     assert skipped.verdict == "healthy", (skipped.headline, skipped.cause)
     assert skipped.cause is None and skipped.components["text_encoder"].status == "ok"
     assert ran == []  # the unread layer was never computed
+    assert "forward" not in pipe.text_encoder.get_submodule(last).__dict__  # and is as it was
     request = GenerationRequest(
         prompt=PROMPT, steps=2, seed=1, width=64, height=64, clip_skip=2, output_dir=str(tmp_path)
     )

@@ -323,13 +323,18 @@ def _layers_read(encoder, layer: int) -> Iterator[None]:
         yield
         return
     unread = list(stack.layers)[len(stack.layers) - layer + 1 :]
+    # A forward of a module's own (an offloading hook's wrapper) is put back as it was.
+    own = [module.__dict__.get("forward") for module in unread]
     for module in unread:
         module.forward = _passed_on
     try:
         yield
     finally:
-        for module in unread:
-            del module.forward
+        for module, forward in zip(unread, own, strict=True):
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
 
 
 def _passed_on(hidden_states, *args, **kwargs):
