@@ -127,6 +127,10 @@ def health_text(report: HealthReport) -> str:
             comparison = cost_comparison(fix.cost, fix.settings)
             if comparison:
                 lines.append(f"         {comparison}")
+        alternative = report.cause.alternative if report.cause is not None else None
+        if alternative is not None:  # the precision fix beside a kernel repair, priced too
+            priced = f" ({cost_words(alternative.cost.fix)})" if alternative.cost else ""
+            lines.append(f"Or:      {flags(alternative.settings)}{priced}")
         rows = candidate_rows(fix.candidates, fix.baselines)
         if rows:
             lines.append("")

@@ -528,6 +528,45 @@ def test_a_kernel_fault_in_the_text_encoder_is_a_kernel_cause_not_an_overflow(mo
     assert remembered is not None and remembered.settings == {"attention_backend": "math"}
 
 
+def test_a_kernel_fault_in_every_component_is_named_once_with_both_fixes_priced(monkeypatch):
+    """PyTorch's flash kernel returning NaN in fp16 everywhere attention runs: Flux.1's two
+    text encoders, its transformer and its VAE all go NaN, and fp16 on the math backend is
+    right. One kernel fault, named for every part it struck (never "overflowed"); the backend
+    switch is the fix, and the precision fix the check found is kept beside it, both timed
+    against no-half."""
+    from tests.support.family_helpers import in_memory
+    from tests.support.tiny_models import build_tiny_flux_pipeline
+
+    fp16_flash_fault(monkeypatch)
+    model = in_memory(build_tiny_flux_pipeline(), "kernel-everywhere", "flux-dev")
+    report = check(model, measure_cost=True)
+
+    struck = ["text_encoder", "text_encoder_2", "transformer", "vae"]
+    assert [n for n, c in report.components.items() if c.status.failed] == struck
+    cause = report.cause
+    assert cause is not None and cause.kind == "kernel" and cause.verified, cause
+    assert report.fix is not None and report.fix.settings == {"attention_backend": "math"}
+    assert report.fix.plan.dtypes == report.plan.dtypes  # fp16 stays
+    parts = "text encoder, second text encoder, transformer and VAE"
+    assert f"attention kernel fault in the {parts}, not an overflow" in report.headline
+    assert "overflowed" not in report.headline and "overflowed" not in cause.summary
+    # Both fixes priced: the backend switch and the precision fix, each beside no-half.
+    assert report.fix.cost is not None and report.fix.cost.fix.unet_step_ms > 0
+    alternative = cause.alternative
+    assert alternative is not None and alternative.verified
+    assert alternative.plan.dtypes != report.plan.dtypes  # it changes precision
+    assert alternative.cost is not None and alternative.cost.fix.unet_step_ms > 0
+    said = report.to_json()["cause"]
+    assert said["alternative"]["settings"] == alternative.settings
+    assert said["alternative"]["cost"]["fix"]["unet_step_ms"] > 0
+    assert "ms with the math attention backend" in cause.summary
+    assert "with the precision fix" in cause.summary
+    from app.cli.text import health_text
+    from app.core.health.words import flags
+
+    assert f"\nOr:      {flags(alternative.settings)} (" in health_text(report)
+
+
 def test_an_encoder_nan_on_the_image_to_image_path_is_not_called_intermittent(tmp_path):
     """A check with an input picture whose VAE encoder overflows: the attribution's identical
     re-run (the text-to-image path) never runs the encoder, so it cannot prove the NaN

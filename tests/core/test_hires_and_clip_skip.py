@@ -95,6 +95,52 @@ def test_a_clip_skip_past_the_encoders_layers_is_one_sentence():
         encode_sd(pipe, PROMPT, "", "cpu", False, clip_skip=layers + 1)
 
 
+def test_a_clip_skip_never_runs_the_layers_after_the_one_it_reads(tmp_path):
+    """An overflow in the last CLIP layer, which Clip skip 2 never reads: the check at clip
+    skip 2 (with its attribution, as `halfsafe check --clip-skip 2` runs it) is healthy and
+    never runs that layer, and the generation at that setting is clean; at clip skip 1, which
+    reads it, the same model is flagged at that layer."""
+    from app.core import causes
+    from tests.core.test_health import loaded
+
+    pipe = build_tiny_sd_pipeline()
+    last = f"encoder.layers.{pipe.text_encoder.config.num_hidden_layers - 1}"
+    with torch.no_grad():
+        pipe.text_encoder.get_submodule(f"{last}.mlp.fc1").weight.mul_(1e5)
+    ran: list[str] = []
+    pipe.text_encoder.get_submodule(f"{last}.mlp").register_forward_hook(
+        lambda *_: ran.append("mlp")
+    )
+    fp16 = PrecisionSettings(precision="fp16")
+
+    def check(skip: int):
+        return causes.check_and_attribute(
+            loaded(pipe, f"last-layer-{skip}"),
+            precision=fp16,
+            device="cpu",
+            size=64,
+            clip_skip=skip,
+            measure_cost=False,
+            remember=False,
+        )
+
+    skipped = check(2)
+    assert skipped.verdict == "healthy", (skipped.headline, skipped.cause)
+    assert skipped.cause is None and skipped.components["text_encoder"].status == "ok"
+    assert ran == []  # the unread layer was never computed
+    assert "forward" not in pipe.text_encoder.get_submodule(last).__dict__  # and is as it was
+    request = GenerationRequest(
+        prompt=PROMPT, steps=2, seed=1, width=64, height=64, clip_skip=2, output_dir=str(tmp_path)
+    )
+    off = dataclasses.replace(fp16, auto_fix="off")
+    (image,) = generate(loaded(pipe, "last-layer-gen"), request, precision=off, device="cpu").images
+    assert image.status == "ok" and ran == []
+
+    read = check(1)
+    assert read.verdict != "healthy" and ran
+    assert read.components["text_encoder"].first_bad_module == f"{last}.mlp.fc1"
+
+
 def test_only_the_clip_families_take_a_clip_skip():
     takes = {type(f).__name__ for f in FAMILIES if f.takes_clip_skip}
     assert takes == {"StableDiffusionFamily", "SDXLFamily"}

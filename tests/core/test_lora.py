@@ -12,7 +12,7 @@ import torch
 
 from app.cli import main
 from app.core.checkpoint import write_safetensors
-from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError
+from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError, WrongPartError
 from app.core.lora import files as lora
 from app.core.words.infotext import split_text
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -744,7 +744,13 @@ def _flux_lora_for(transformer) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def test_a_flux_lora_on_qwen_image_says_how_many_layers_apply_or_is_refused(tmp_path):
+def test_a_flux_lora_on_qwen_image_is_refused_for_its_family_or_says_how_many_layers_apply(
+    tmp_path,
+):
+    """A Flux LoRA over every block's attention: Qwen-Image's double blocks have some of its
+    layer names, but its key set (every layer a module of Flux.1's transformer) tells what it
+    was made for: refused, the model untouched. A LoRA whose family nothing tells runs with the
+    layers that exist, its note saying how many; one that fits none is refused."""
     from tests.core.test_health import loaded
     from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_qwenimage_pipeline
 
@@ -757,10 +763,25 @@ def test_a_flux_lora_on_qwen_image_says_how_many_layers_apply_or_is_refused(tmp_
     assert 0 < len(shared) < len(layers)  # the double blocks' attention has Qwen-Image's names
 
     path = save_lora(flux, tmp_path / "flux_style.safetensors")
+    with pytest.raises(WrongPartError) as raised:
+        lora.load_requested(model, [lora.LoraRequest(str(path))])
+    assert str(raised.value) == (
+        f"{path}: this is a LoRA (Flux.1's or Chroma's), but the Qwen-Image model "
+        f"qwen-image.safetensors needs a LoRA made for Qwen-Image (only {len(shared)} of its "
+        f"{len(layers)} layers exist there)."
+    )
+    assert lora._adapters(pipeline) == [] and not getattr(model, "loras", [])
+
+    # The single blocks' layers under names no family's transformer has: nothing tells.
+    untold = {
+        key.replace(".single_transformer_blocks.", ".extra_blocks."): value
+        for key, value in flux.items()
+    }
+    path = save_lora(untold, tmp_path / "untold.safetensors")
     (applied,) = lora.load_requested(model, [lora.LoraRequest(str(path))])
     assert (applied.layers, applied.layers_applied) == (len(layers), len(shared))
     assert model.lora_warnings == [
-        f"Only {len(shared)} of the {len(layers)} layers of the LoRA flux_style exist in the "
+        f"Only {len(shared)} of the {len(layers)} layers of the LoRA untold exist in the "
         f"Qwen-Image model qwen-image.safetensors: it runs with those, the other "
         f"{len(layers) - len(shared)} were not applied (is it made for another model?)."
     ]

@@ -153,6 +153,27 @@ def test_a_sibling_text_encoder_of_another_family_is_named_not_used(tmp_path):
     assert one_line(message)
 
 
+def test_an_anima_folder_holding_a_qwen3_vl_text_encoder_names_it_before_diffusers_runs(tmp_path):
+    """FLUX.3's kind of text encoder (a Qwen3-VL) saved in an Anima folder's text_encoder/,
+    the index still declaring its Qwen3: the folder's config says what it is, and the sentence
+    names it, where diffusers would fail inside on the config it cannot read."""
+    import shutil
+
+    from tests.support.tiny_models import build_tiny_anima_pipeline, tiny_qwen3_vl
+
+    folder = tmp_path / "anima"
+    build_tiny_anima_pipeline().save_pretrained(folder)
+    shutil.rmtree(folder / "text_encoder")
+    tiny_qwen3_vl(0, hidden=32).save_pretrained(folder / "text_encoder")
+
+    message = refused(models.load_model, str(folder))
+
+    assert message == (
+        f"{folder / 'text_encoder'}: this is a 32-wide Qwen3-VL text encoder (FLUX.3's, "
+        "Qwen-Image 2.1's or Krea 2's), but the Anima model anima needs a Qwen3 text encoder."
+    )
+
+
 # --- VAEs -------------------------------------------------------------------------------------
 
 
@@ -348,6 +369,57 @@ def test_a_flux_lora_on_an_sdxl_model_names_both_families(tmp_path):
         f"{path}: this is a LoRA (Flux.1's, Chroma's, Flux.2's or Flux.2 Klein's), but the SDXL model "
         "sdxl-tiny.safetensors needs a LoRA made for SDXL."
     )
+
+
+def partly_fitting_lora(pipeline, path: Path, base_model: str) -> Path:
+    """Two layers under names the pipeline's transformer has, four under names no family's
+    has (so the key set tells nothing), and the base model kohya's trainer writes."""
+    tensors: dict[str, torch.Tensor] = {}
+    names = [f"transformer_blocks.0.attn.{n}" for n in ("to_q", "to_k")]
+    names += [f"transformer_blocks.0.norm_out_{i}" for i in range(4)]
+    layer = pipeline.transformer.get_submodule(names[0])
+    for name in names:
+        tensors[f"transformer.{name}.lora_A.weight"] = torch.randn(RANK, layer.in_features)
+        tensors[f"transformer.{name}.lora_B.weight"] = torch.zeros(layer.out_features, RANK)
+    return write_safetensors(path, tensors, {"ss_base_model_version": base_model})
+
+
+def test_a_lora_whose_metadata_names_another_family_is_refused_where_it_fits_in_part(tmp_path):
+    """The metadata tells what the key set does not (Flux.1), so the two layers that happen to
+    match Qwen-Image's are no fit: refused in one sentence, the model untouched."""
+    from tests.core.test_health import loaded
+
+    pipeline = build_tiny_qwenimage_pipeline()
+    model = loaded(pipeline, "qwen-image")
+    model.architecture, model.source = "qwenimage", str(tmp_path / "qwen-image.safetensors")
+    path = partly_fitting_lora(pipeline, tmp_path / "style.safetensors", "flux1")
+
+    message = refused(requested.use_loras, model, [LoraRequest(str(path))], "", allow_pickle=False)
+
+    assert message == (
+        f"{path}: this is a LoRA (Flux.1's), but the Qwen-Image model qwen-image.safetensors "
+        "needs a LoRA made for Qwen-Image (only 2 of its 6 layers exist there)."
+    )
+    assert lora._adapters(pipeline) == [] and not getattr(model, "loras", [])
+
+
+def test_a_flux_lora_that_fits_chroma_in_part_runs_there_with_its_note(tmp_path):
+    """Chroma was made from Flux.1 and runs its LoRAs: one that fits only in part is applied
+    with the note saying how many layers, not refused as another family's."""
+    from tests.core.test_health import loaded
+    from tests.support.tiny_models import build_tiny_chroma_pipeline
+
+    pipeline = build_tiny_chroma_pipeline()
+    model = loaded(pipeline, "chroma")
+    model.architecture, model.source = "chroma", str(tmp_path / "chroma.safetensors")
+    path = partly_fitting_lora(pipeline, tmp_path / "flux_style.safetensors", "flux1")
+
+    requested.use_loras(model, [LoraRequest(str(path))], "", allow_pickle=False)
+
+    (applied,) = model.loras
+    assert (applied.layers, applied.layers_applied) == (6, 2)
+    (note,) = model.lora_warnings
+    assert note.startswith("Only 2 of the 6 layers of the LoRA flux_style exist in the Chroma")
 
 
 def test_the_right_lora_still_applies(sd_model, tmp_path):

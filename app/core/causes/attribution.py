@@ -233,7 +233,9 @@ def attribute(
         # the same precision works on another kernel, so the kernel is the cause.
         backend = diagnosis.switched_backend(report.fix.settings, report.plan)
         if backend is not None:
-            cause = _kernel(component, report.plan.attention_backend, backend, report.fix.quality)
+            cause = _kernel(
+                component, report.plan.attention_backend, backend, report.fix.quality, failed
+            )
             foreign = _foreign_kernel(runs, progress)
             return _blamed(report, cause, *foreign) if foreign is not None else cause
     if _measured_overflow(report, failed) and report.fix is not None and report.fix.verified:
@@ -500,15 +502,31 @@ def _backends(plan: PrecisionPlan) -> list[str]:
     return [b for b in _BACKENDS[kind] if b != plan.attention_backend]
 
 
-def _kernel(component: str, failing: str, backend: str, quality: Quality | None) -> Cause:
+def _kernel(
+    component: str,
+    failing: str,
+    backend: str,
+    quality: Quality | None,
+    struck: Sequence[str] = (),
+) -> Cause:
+    """The kernel cause: `backend` right at the same precision where `failing` is not, for
+    `component` and every other part in `struck` (the parts the switch was proved on)."""
     where = f" where the {failing} backend does not" if failing != "auto" else ""
     proof = f"verified fix ({quality.words()})" if quality else "verified fix"
+    parts = join_words(in_run_order(list(dict.fromkeys([component, *struck]))))
+    several = len(set(struck) | {component}) > 1
+    fault = (
+        f"one attention kernel fault struck the {parts} alike, not an overflow of each"
+        if several
+        else "an attention kernel fault, not the model"
+    )
     return Cause(
         "kernel",
         component,
         f"At the same precision the {backend} attention backend gives finite output "
-        f"that agrees with fp32 ({quality.words() if quality else 'verified'}){where}: an "
-        f"attention kernel fault, not the model. Fix: use the {backend} attention backend.",
+        f"that agrees with fp32 ({quality.words() if quality else 'verified'}){where}"
+        f"{f' in the {parts}' if several else ''}: {fault}. Fix: use the {backend} attention "
+        "backend.",
         f"use the {backend} attention backend",
         "switch_backend",
         verified=True,
@@ -516,7 +534,8 @@ def _kernel(component: str, failing: str, backend: str, quality: Quality | None)
         quality=quality,
         # The check's own headline would call a NaN out of an attention layer an overflow.
         headline=(
-            f"Fixable: an attention kernel fault in the {component_words(component)}, not an "
+            f"Fixable: an attention kernel fault in the "
+            f"{parts if several else component_words(component)}, not an "
             f"overflow: at the same precision another backend is right; {proof}: use the "
             f"{backend} attention backend."
         ),
@@ -554,7 +573,7 @@ def _kernel_cause(
         progress(f"Re-running with the {backend} attention backend", 0, 1)
         ok, quality = runs.proved_by_stage(switch.plan, reference_plan, failed)
         if ok:
-            return _kernel(component, runs.plan.attention_backend, backend, quality)
+            return _kernel(component, runs.plan.attention_backend, backend, quality, failed)
     return None
 
 

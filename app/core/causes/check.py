@@ -10,8 +10,10 @@ from typing import Any
 
 from app.core.causes.attribution import attribute
 from app.core.causes.records import Cause
-from app.core.components import Verdict
+from app.core.components import Role, Verdict, of_role
+from app.core.components import words as component_words
 from app.core.fixing import diagnosis
+from app.core.fixing.diagnosis import no_half
 from app.core.health import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
@@ -20,9 +22,11 @@ from app.core.health import (
     HealthReport,
     check_loaded,
 )
+from app.core.health.cost import FixCost, StepCost
 from app.core.images.canvas import Canvas
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora import files as lora
+from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 
 
@@ -145,7 +149,11 @@ def check_and_attribute(
     elif cause is not None and cause.kind == "intermittent":
         _not_the_model(report)
     elif cause is not None:
-        _adopt(report, cause)
+
+        def priced(plans: dict[str, PrecisionPlan]) -> dict[str, StepCost]:
+            return _step_costs(model, report, plans, prompt, steps, scheduler, clip_skip)
+
+        _adopt(report, cause, priced if measure_cost else None)
     if damaged:
         # A LoRA with NaN/Inf or an absurd alpha is wrong at every precision and weight, even
         # where a run happens to stay finite (an absurd alpha in fp32): never healthy, and a
@@ -220,9 +228,37 @@ def _not_the_model(report: HealthReport) -> None:
     report.notes.append(cause.summary)
 
 
-def _adopt(report: HealthReport, cause: Cause) -> None:
+def _step_costs(
+    model,
+    report: HealthReport,
+    plans: dict[str, PrecisionPlan],
+    prompt: str,
+    steps: int,
+    scheduler: str,
+    clip_skip: int,
+) -> dict[str, StepCost]:
+    """A denoiser step under each of `plans` (label -> plan), timed as the check times its fix
+    (`Runner.unet_step_costs`, alternating), on the prompt encoded under the first plan."""
+    from app.core.health.stages import Runner
+
+    first = next(iter(plans.values()))
+    runner = Runner(model, first, report.size, prompt, steps, scheduler, clip_skip=clip_skip)
+    try:
+        conditioning = runner.encode(first, record=False).output
+        return runner.unet_step_costs(plans, conditioning)
+    finally:
+        runner.placed.release()
+
+
+def _adopt(
+    report: HealthReport,
+    cause: Cause,
+    priced: Callable[[dict[str, PrecisionPlan]], dict[str, StepCost]] | None = None,
+) -> None:
     """A verified kernel or state repair is the fix (the precision search could not find one,
-    or found a costlier one that only hid the fault)."""
+    or found a costlier one that only hid the fault). Beside a kernel repair the precision fix
+    the check found stays as the cause's alternative, and with `priced` both are timed against
+    no-half, so the user sees what each costs."""
     fix = report.fix
     backend = cause.settings.get("attention_backend")
     if (
@@ -251,4 +287,53 @@ def _adopt(report: HealthReport, cause: Cause) -> None:
             baselines=dict(fix.baselines) if fix is not None else {},
         )
         report.verdict = Verdict.FIXABLE
+        if cause.kind == "kernel" and fix is not None and fix.verified:
+            _beside_kernel(report.fix, fix, cause, report, priced)
     report.notes.append(cause.summary)
+
+
+def _beside_kernel(
+    repair: Fix,
+    precision: Fix,
+    cause: Cause,
+    report: HealthReport,
+    priced: Callable[[dict[str, PrecisionPlan]], dict[str, StepCost]] | None,
+) -> None:
+    """The precision fix the check found, kept beside the kernel repair as its alternative,
+    and both priced (a denoiser step under each and under no-half) where `priced` is given."""
+    cause.alternative = precision
+    changes = "; ".join(precision.steps)
+    precision.summary = (
+        f"Keep the attention backend and change precision: {changes} (verified"
+        f"{f': {precision.quality.words()}' if precision.quality else ''})."
+    )
+    wide = no_half(report.plan)
+    if priced is not None:
+        plans = {"repair": repair.plan, "no_half": wide}
+        if precision.plan != wide:  # no-half itself is timed once
+            plans["precision"] = precision.plan
+        costs = priced(plans)
+        repair.cost = FixCost(fix=costs["repair"], no_half=costs["no_half"])
+        precision.cost = FixCost(
+            fix=costs.get("precision", costs["no_half"]), no_half=costs["no_half"]
+        )
+    backend = cause.settings.get("attention_backend")
+    said = (
+        f" Or keep the attention backend and change precision, as the check's own search "
+        f"found: {changes} (verified), which pays for what only the kernel needed."
+    )
+    denoiser = of_role(list(report.components), Role.DENOISER)
+    if repair.cost is not None and precision.cost is not None and denoiser:
+        said += (
+            f" A {component_words(denoiser[0])} step takes "
+            f"{repair.cost.fix.unet_step_ms:.1f} ms with the {backend} attention backend, "
+            + (
+                f"{precision.cost.fix.unet_step_ms:.1f} ms with the precision fix and "
+                f"{repair.cost.no_half.unet_step_ms:.1f} ms with --no-half."
+                if precision.plan != wide
+                else f"{repair.cost.no_half.unet_step_ms:.1f} ms with the precision fix "
+                "(--no-half)."
+            )
+        )
+    cause.summary += said
+    repair.summary = cause.summary

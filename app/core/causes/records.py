@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.fixing.quality import Quality
+from app.core.health.report import Fix
 from app.core.precision import kernels
 from app.core.settings.values import SettingValue
 
@@ -86,6 +87,9 @@ class Cause:
     kernel: KernelBlame | None = None  # a kernel cause's foreign attention kernel, when one is
     # The parts a state cause reloaded, in run order (`component` is the first). Not reported.
     reloaded: tuple[str, ...] = ()
+    # Beside a kernel repair: the precision fix the check found for the same failure, which
+    # also runs right but pays for what only the kernel needed (priced beside the repair).
+    alternative: Fix | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,7 +105,27 @@ class Cause:
                 "quality": self.quality.to_json() if self.quality else None,
             },
             "lora": self.lora.to_json() if self.lora else None,
+            "alternative": _alternative_json(self.alternative),
         }
+
+
+def _alternative_json(fix: Fix | None) -> dict[str, Any] | None:
+    """The precision fix beside a kernel repair: its settings, words, proof and cost."""
+    if fix is None:
+        return None
+    from app.core.health.words import cost_comparison
+
+    return {
+        "settings": dict(fix.settings),
+        "summary": fix.summary,
+        "verified": fix.verified,
+        "quality": fix.quality.to_json() if fix.quality else None,
+        "cost": (
+            {**fix.cost.to_json(), "summary": cost_comparison(fix.cost, fix.settings)}
+            if fix.cost
+            else {}
+        ),
+    }
 
 
 def layer_name(module_path: str | None) -> str | None:

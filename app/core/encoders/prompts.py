@@ -28,7 +28,9 @@ Clip skip (A1111's "Clip skip: N", ComfyUI's CLIPSetLastLayer at -N) takes the h
 layers from the end instead: SD1/SD2 then apply the encoder's final norm to it, as A1111 does;
 SDXL counts from the end as well but never takes a layer later than the penultimate one it
 always uses (Forge's rule, and ComfyUI's: "Clip skip: 2" on SDXL is SDXL's default, which is
-also what A1111 runs, since it leaves SDXL's layer alone).
+also what A1111 runs, since it leaves SDXL's layer alone). The layers after the one taken are
+not run (unless a pooled embedding reads the last layer, as SDXL's projecting encoder's does):
+what they would compute is never read, so the check does not probe it either.
 
 Why not a library: compel reads its own syntax (`word++`, `(word)1.5`), not A1111's; it cuts
 long prompts blindly at 75 tokens and its weighting is not A1111's mean-restoring product, so a
@@ -42,6 +44,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -284,7 +288,8 @@ def _run_encoder(encoder, tokenizer, prompts: list[str], device, layer: int, fin
         first_end = (ids == tokenizer.eos_token_id).int().argmax(dim=1, keepdim=True)
         mask = (torch.arange(ids.shape[1], device=device)[None] <= first_end).long()
     own_output = layer == 1 and final_norm
-    output = encoder(ids, attention_mask=mask, output_hidden_states=not own_output)
+    with _layers_read(encoder, layer):
+        output = encoder(ids, attention_mask=mask, output_hidden_states=not own_output)
     if own_output:
         hidden = output[0]
     else:
@@ -297,6 +302,53 @@ def _run_encoder(encoder, tokenizer, prompts: list[str], device, layer: int, fin
     if pooled is not None:
         pooled = pooled.reshape(len(prompts), count, -1)[:, 0]  # from the first chunk
     return hidden, pooled
+
+
+def _pooled(encoder) -> bool:
+    """Whether the encoder's first output is a pooled embedding read from its last layer (a
+    projecting CLIP: SDXL's second encoder), so that every layer is read whatever the layer
+    taken for the hidden states."""
+    return hasattr(encoder, "text_projection")
+
+
+@contextmanager
+def _layers_read(encoder, layer: int) -> Iterator[None]:
+    """The encoder runs only up to the layer taken (`layer` from the end), unless its pooled
+    embedding reads the last: each layer after it hands its input on untouched, so what would
+    overflow there (the last layer, under a clip skip that never reads it) is never computed,
+    costs no time and turns up in no probe. The layers stay in place (transformers records the
+    hidden states by hooks on them), and their own `forward` is back after the run."""
+    stack = _layer_stack(encoder)
+    if layer == 1 or _pooled(encoder) or stack is None:
+        yield
+        return
+    unread = list(stack.layers)[len(stack.layers) - layer + 1 :]
+    # A forward of a module's own (an offloading hook's wrapper) is put back as it was.
+    own = [module.__dict__.get("forward") for module in unread]
+    for module in unread:
+        module.forward = _passed_on
+    try:
+        yield
+    finally:
+        for module, forward in zip(unread, own, strict=True):
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
+
+
+def _passed_on(hidden_states, *args, **kwargs):
+    """A layer that is not read: its input, as it came."""
+    return hidden_states
+
+
+def _layer_stack(encoder):
+    """The module holding a CLIP text encoder's `layers` (its `encoder`), or None."""
+    import torch
+
+    model = getattr(encoder, "text_model", encoder)
+    stack = getattr(model, "encoder", None)
+    return stack if isinstance(getattr(stack, "layers", None), torch.nn.ModuleList) else None
 
 
 def _final_norm(encoder):

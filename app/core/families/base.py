@@ -95,6 +95,9 @@ class Family:
     # Key fragments that mark this family's weights in a layout HalfSafe does not read (a
     # checkpoint of another tool's making), each with the words for such a file.
     file_markers: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # The families (by id) whose LoRAs its models run as their own, having been made from them:
+    # such a LoRA that fits only in part is applied with a note, never refused as another's.
+    lora_kin: ClassVar[tuple[str, ...]] = ()
     # The diffusers pipeline class a model folder's model_index.json names for this family,
     # when it is recognised by `detect_folder` (None: the UNet families, see architecture).
     pipeline_class: ClassVar[str | None] = None

@@ -92,6 +92,7 @@ class ChromaFamily(FluxFamily):
     title = "Chroma"
     architectures = {"chroma": "Chroma"}
     trainer_words = ((r"chroma", "chroma"),)
+    lora_kin = ("flux",)  # made from Flux.1 schnell: Flux.1 LoRAs are run on it
     transformer_class = "ChromaTransformer2DModel"
     layout = LAYOUT
     pipeline_class = "ChromaPipeline"

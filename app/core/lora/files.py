@@ -81,6 +81,8 @@ class LoraFile:
     non_finite: list[str]
     absurd: list[tuple[str, float]]  # (tensor, largest |element|) past ABSURD_ELEMENT
     short_hash: str | None
+    # The safetensors header's __metadata__ (a trainer's ss_* and modelspec.* keys).
+    metadata: dict[str, str] = field(default_factory=dict)
 
     @property
     def absurd_alphas(self) -> list[tuple[str, float]]:
@@ -327,6 +329,7 @@ def read_lora(path: str | Path, *, allow_pickle: bool = False) -> LoraFile:
                     absurd.append((key, peak))
         checkpoint.check_unchanged()
         short_hash = _short_hash(checkpoint)
+        metadata = dict(checkpoint.metadata)
     layout = "kohya" if any(k.startswith("lora_") for k in keys) else "diffusers"
     return LoraFile(
         path=path,
@@ -336,6 +339,7 @@ def read_lora(path: str | Path, *, allow_pickle: bool = False) -> LoraFile:
         non_finite=non_finite,
         absurd=absurd,
         short_hash=short_hash,
+        metadata=metadata,
     )
 
 
@@ -367,13 +371,18 @@ def _short_hash(checkpoint: Checkpoint) -> str | None:
 
 
 def apply_loras(
-    pipeline, files: Sequence[tuple[LoraFile, float]], *, model: str = "this model"
+    pipeline,
+    files: Sequence[tuple[LoraFile, float]],
+    *,
+    model: str = "this model",
+    source: str | Path | None = None,
 ) -> list[AppliedLora]:
     """Load each LoRA into `pipeline` (in place) as its own peft adapter and activate them all
     at their weights. A file whose keys fit no layer of the model (`model`, its words in the
-    sentence: "the SDXL model x.safetensors") gets one sentence naming it (BadFileError); one
-    of whose layers the model has only some runs with those, its `fit_note` saying how many.
-    On any failure every adapter added here is removed again."""
+    sentence: "the SDXL model x.safetensors"; `source`, its file) gets one sentence naming it
+    (BadFileError); one of whose layers the model has only some runs with those, its `fit_note`
+    saying how many, unless the family it was made for can be told and is another
+    (`refuse_told`). On any failure every adapter added here is removed again."""
     if len(files) > MAX_LORAS:
         raise HalfSafeError(f"At most {MAX_LORAS} LoRAs can be applied at once, not {len(files)}.")
     if not hasattr(pipeline, "load_lora_weights"):
@@ -400,12 +409,56 @@ def apply_loras(
             if adapter not in _adapters(pipeline) or not fit.applied:
                 raise BadFileError(lora.path, fit.refusal(model))
             note = fit.note(lora.name, model)
+            if note is not None:
+                refuse_told(lora, pipeline, fit, model, source)
             applied.append(AppliedLora(lora, adapter, weight, fit.offered, fit.applied, note))
         use_weights(pipeline, applied)
     except BaseException:
         remove_loras(pipeline, [a.adapter for a in applied] + _new_adapters(pipeline, before))
         raise
     return applied
+
+
+def refuse_told(lora: LoraFile, pipeline, fit: _Fit, model: str, source) -> None:
+    """A LoRA of which the model has only some layers, refused (WrongPartError, one sentence)
+    where the family it was made for can be told and is not the model's: by its metadata (the
+    base model its trainer wrote), else by its whole key set (every layer it adapts is a
+    module of another family's transformer). Layer names that merely happen to match in part
+    are no fit."""
+    from app.core.families import FAMILIES, family_of
+    from app.core.models import parts
+
+    try:
+        family = family_of(pipeline)
+    except HalfSafeError:
+        return
+    told = made_for(lora)
+    kin = {f.title for f in FAMILIES if str(f.id) in family.lora_kin}
+    if told.families and not {family.title, *kin} & set(told.families):
+        parts.refuse(
+            lora.path,
+            told,
+            model,
+            f"a LoRA made for {family.title} (only {fit.applied} of its {fit.offered} layers "
+            "exist there)",
+            source or lora.path,
+        )
+
+
+def made_for(lora: LoraFile):
+    """What `lora` was made for (`parts.PartOf`): the family its metadata names (kohya's
+    ss_base_model_version, modelspec.architecture), else the families whose transformer has
+    every layer it adapts, else its layout's (`parts.lora_of`); no family where none tells."""
+    from app.core.families import family_of_architecture
+    from app.core.library.metadata import card_from_metadata
+    from app.core.models import parts
+
+    base = card_from_metadata(lora.metadata).base_model
+    family = family_of_architecture(base) if base else None
+    if family is not None:
+        return parts.PartOf("a LoRA", (family.title,))
+    told = parts.transformer_lora_of(lora.tensors)
+    return told if told.families else parts.lora_of(lora.tensors)
 
 
 def reapply(pipeline, loras: Sequence[AppliedLora]) -> None:
@@ -746,7 +799,7 @@ def load_requested(
     for file, _ in new:
         check_made_for(file, model)
     words = _model_words(model)
-    added = iter(apply_loras(model.pipeline, new, model=words) if new else [])
+    added = iter(apply_loras(model.pipeline, new, model=words, source=model.source) if new else [])
     result: list[AppliedLora] = []
     for key, weight, file in chosen:
         result.append(next(added) if file is not None else replace(current[key], weight=weight))

@@ -300,16 +300,22 @@ def _check_encoder_kinds(
     path: Path, components: dict[str, Any], takes: dict[str, tuple[type, ...]], model: str
 ) -> None:
     """A text encoder folder of another kind (T5, CLIP, Qwen3, ...) than the pipeline takes
-    there, named by what it is."""
+    there (a modular pipeline annotates none: then the kind the index declares), named by what
+    it is: the class its config.json was saved from, else the class declared."""
     from app.core.encoders import kinds
     from app.core.models import parts
 
     for name in sorted(c for c in components if c.startswith("text_encoder")):
         config = read_json(path / name / "config.json", owner=path / name)
         declared = str(components[name][1])
-        found = parts.text_encoder_class_part(declared, config)
+        saved = config.get("architectures")
+        stored = saved[0] if isinstance(saved, list) and saved and isinstance(saved[0], str) else ""
+        is_class = stored if kinds.class_kind(stored) is not None else declared
+        found = parts.text_encoder_class_part(is_class, config)
         wanted = [k for c in takes.get(name, ()) if (k := kinds.class_kind(c.__name__))]
-        if found is not None and wanted and kinds.class_kind(declared) not in wanted:
+        if not wanted and (declared_kind := kinds.class_kind(declared)) is not None:
+            wanted = [declared_kind]
+        if found is not None and wanted and kinds.class_kind(is_class) not in wanted:
             parts.refuse(path / name, found, model, parts.text_encoder_part(wanted[0]).words, path)
 
 

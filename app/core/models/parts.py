@@ -10,7 +10,10 @@ are named for that kind (`Family.companion_names`: "qwen_3_4b" is a Qwen3, "t5xx
 to the families whose latents have its channels (`Family.latent`) and, where its config states a
 latent scale, whose shipped VAE config (`resources/configs/<architecture>/vae`) has that scale;
 a LoRA to the families whose transformer layout has its layers, or whose pipeline has the text
-encoders and denoiser it adapts. Shapes and names only: nothing is built here.
+encoders and denoiser it adapts, or, for a LoRA in diffusers' names, whose diffusers transformer
+class has every layer it adapts (`transformer_lora_of`: the class's module names, built once on
+PyTorch's meta device, which holds no weights). Shapes and names only: no weights are read or
+made here.
 """
 
 from __future__ import annotations
@@ -478,3 +481,48 @@ def lora_of(keys: Iterable[str]) -> PartOf:
         if owner is not None:
             return PartOf("a LoRA", (owner.title,))
     return PartOf("a LoRA")
+
+
+def transformer_lora_of(keys: Iterable[str]) -> PartOf:
+    """What a LoRA in diffusers' names (`transformer.<module>.lora_A.weight`) is made for: the
+    families whose diffusers transformer class has every module it adapts (empty: a key outside
+    that layout, or no family has them all)."""
+    modules: set[str] = set()
+    for layer in _lora_layers(keys):
+        if not layer.startswith("transformer."):
+            return PartOf("a LoRA")
+        modules.add(_numbered(layer.removeprefix("transformer.")))
+    if not modules:
+        return PartOf("a LoRA")
+    owners = [
+        f.title
+        for f in reversed(FAMILIES)
+        if f.transformer_class and modules <= _class_modules(f.transformer_class)
+    ]
+    return PartOf("a LoRA", tuple(owners))
+
+
+def _numbered(name: str) -> str:
+    """A module's name with each block number as `#` (blocks.12.attn -> blocks.#.attn)."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "#", name)
+
+
+@cache
+def _class_modules(class_name: str) -> frozenset[str]:
+    """The module names (numbered as `_numbered`) of diffusers' `class_name` built with its
+    default config on the meta device: no weights, a fraction of a second; empty where it
+    cannot be built so."""
+    import warnings
+
+    import torch
+
+    found = class_named("diffusers", class_name)
+    if found is None:
+        return frozenset()
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            module = found()
+    except Exception:  # noqa: BLE001 - a class that needs arguments tells nothing
+        return frozenset()
+    return frozenset(_numbered(name) for name, _ in module.named_modules() if name)
