@@ -17,8 +17,10 @@ Two different pictures of one prompt correlate at 0.2 to 0.5 (a centred subject,
 never near -1; the thresholds leave that margin on both sides. Each verdict also needs the
 cells themselves close (`CLOSE`: their mean difference from the picture made again, or from its
 negative), so that a dim or nearly flat file, whose few levels can correlate with anything, is
-neither. A graph that inverts its picture itself (ComfyUI's ImageInvert) is compared with the
-negative of the picture made again.
+neither. A graph that inverts its picture itself (ComfyUI's ImageInvert on the chain from the
+file's saver back to its decoder: `saved_chain`) is compared with the negative of the picture
+made again; one that saves both the picture and its negative, where the file may be either,
+with both, and the file is never called inverted then.
 
 The picture made again also proves what the pixels alone cannot for a pass over one region (a
 face fix, `regions`): where the record shows such a pass, the two pictures are compared 32 px
@@ -88,6 +90,10 @@ REMAKE_WORDS = {
     "inverts": (
         " The image's graph inverts its picture itself ({node}): it is compared with the "
         "negative of the picture made again."
+    ),
+    "inverts_unsure": (
+        " The image's graph saves the picture and, through {node}, its negative, and the file "
+        "does not say which it is: it is compared with both, and a negative is not claimed."
     ),
     "no_picture": (
         "It was not made again: a safety checker's blank or a flat image is no picture to compare."
@@ -294,6 +300,16 @@ def verdict(file_rgb, made_rgb) -> tuple[str, float]:
     return "differs", r
 
 
+def _either(found: str, r: float, negative: tuple[str, float]) -> tuple[str, float]:
+    """The verdict of a file that may be the picture or its negative, saved alike: "matches"
+    where it is either (with that one's correlation), else "differs"; never "inverted"."""
+    if found == "matches":
+        return found, r
+    if negative[0] == "matches":
+        return negative
+    return "differs", r
+
+
 def noise_words(record, tool_name: str) -> str:
     """Why a picture made again from another noise source differs (a sentence's end), or ""
     where the noise came from the CPU as HalfSafe's does."""
@@ -361,6 +377,10 @@ def remake(
         r = correlation(file_rgb, made_rgb)
         return Remade("pass_noise", r, words + inverts, record.seed, (width, height), box)
     found, r = verdict(file_rgb, made_rgb)
+    if record.inverts_unsure:
+        # The graph saves the negative too: a file that is it matches that save.
+        found, r = _either(found, r, verdict(file_rgb, 255 - made_rgb))
+        inverts = REMAKE_WORDS["inverts_unsure"].format(node=record.inverts_unsure)
     words = REMAKE_WORDS[found].format(
         made=said, r=r, state=state_words, why=noise_words(record, tool_name)
     )
