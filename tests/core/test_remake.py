@@ -542,3 +542,39 @@ def test_a_file_that_may_be_either_save_is_never_called_inverted(comfy_model, tm
     assert document["image"]["status"] == "ok" and document["cause"] is None
     assert document["remake"]["verdict"] == "matches"
     assert "does not say which" in document["remake"]["words"]
+
+
+def test_a_file_smaller_than_its_record_is_made_again_at_its_own_size(
+    comfy_model, tmp_path, capsys
+):
+    """A 64 px file whose record says 256x256 (a 4096 px record on a 128 px file ran for
+    minutes) is made at the file's size, and the notes say so."""
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    graph["5"]["inputs"].update(width=256, height=256)
+    image = png_text(
+        tmp_path / "ComfyUI_00009_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["record"]["size"] == [256, 256]
+    assert document["remake"]["size"] == [64, 64]
+    assert document["remake"]["verdict"] == "matches"
+    assert any("at the file's size, 64x64, not at the 256x256" in n for n in document["notes"])
+
+
+def test_the_size_made_again_is_bounded_by_the_file():
+    from app.core.explain.records import Record
+
+    def size(width, height, file_width, file_height):
+        return remake.made_size(Record(width=width, height=height), file_width, file_height)
+
+    made, note = size(4096, 4096, 128, 128)
+    assert made == (128, 128) and note is not None and "4096x4096" in note
+    assert size(512, 512, 512, 512) == ((512, 512), None)
+    # A file enlarged after it was made is still its record's picture: made at that size.
+    assert size(512, 512, 1024, 1024) == ((512, 512), None)
+    # Sides as generation takes them: multiples of 8, at least 64.
+    assert size(1024, 1024, 203, 30)[0] == (200, 64)
+    made, note = size(None, None, 300, 200)
+    assert made == (296, 200) and note is not None and "no size" in note
