@@ -212,7 +212,7 @@ def explain_text(explanation) -> str:
         )
     elif noise and noise.coloured_noise:
         lines.append(
-            f"Pixels:  structure {noise.structure:.2f} over 64 px blocks, colour "
+            f"Pixels:  correlation {noise.correlation:.2f} 16 px apart, colour "
             f"{noise.colour:.1f} times brightness between neighbours (coloured noise)"
         )
     region = pixels.noise_region

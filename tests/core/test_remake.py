@@ -397,9 +397,24 @@ def test_a_prompt_chunk_that_is_no_graph_is_read_without_a_prompt(tmp_path, chun
     assert record.made_by == "comfyui" and record.prompt == ""
 
 
+def saving(graph: dict, *chain: str, prefix: str = "ComfyUI", saver: str = "12") -> dict:
+    """`graph` with a VAE decode of its sampler's latents (node "8"), then the image nodes
+    `chain` in turn, then a SaveImage (`saver`) of the last with `prefix`."""
+    graph["8"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}}
+    link = ["8", 0]
+    for number, kind in enumerate(chain):
+        node_id = f"{saver}{number}"
+        graph[node_id] = {"class_type": kind, "inputs": {"image": link}}
+        link = [node_id, 0]
+    graph[saver] = {
+        "class_type": "SaveImage",
+        "inputs": {"images": link, "filename_prefix": prefix},
+    }
+    return graph
+
+
 def test_a_graph_that_inverts_its_picture_matches_its_negative(comfy_model, tmp_path, capsys):
-    graph = json.loads(comfy_prompt("dreamy.safetensors"))
-    graph["11"] = {"class_type": "ImageInvert", "inputs": {"image": ["8", 0]}}
+    graph = saving(json.loads(comfy_prompt("dreamy.safetensors")), "ImageInvert")
     image = png_text(
         tmp_path / "ComfyUI_00004_.png",
         {"prompt": json.dumps(graph)},
@@ -475,3 +490,91 @@ def test_the_engines_model_is_used_when_the_image_names_the_vae_it_runs(tmp_path
     other.write_bytes(written["vae"].read_bytes())
     fresh = module._image_model(image, other, model, no_progress, CancelToken(), who="HalfSafe")
     assert fresh is not model  # another VAE asked: the model is loaded with it
+
+
+def test_an_invert_on_a_branch_never_saved_is_not_the_files(comfy_model, tmp_path, capsys):
+    """A mask branch inverts the decoded picture (ImageInvert, then ImageToMask into nothing
+    saved); the file is the picture the SaveImage wrote straight from the decoder: it matches,
+    never "inverted"."""
+    graph = saving(json.loads(comfy_prompt("dreamy.safetensors")))
+    graph["20"] = {"class_type": "ImageInvert", "inputs": {"image": ["8", 0]}}
+    graph["21"] = {"class_type": "ImageToMask", "inputs": {"image": ["20", 0], "channel": "red"}}
+    image = png_text(
+        tmp_path / "ComfyUI_00007_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["record"]["inverts"] is None
+    assert document["record"]["inverts_unsure"] is None
+    assert document["image"]["status"] == "ok" and document["cause"] is None
+    assert document["remake"]["verdict"] == "matches"
+    assert "ImageInvert" not in document["remake"]["words"]
+
+
+def test_the_files_saver_is_told_by_its_name_among_several(tmp_path):
+    """A graph saving the picture ("pic") and its negative ("neg"): each file is read through
+    its own saver's chain; a file whose name names neither may be both."""
+    graph = saving(json.loads(comfy_prompt("dreamy.safetensors")), prefix="renders/pic")
+    graph = saving(graph, "ImageScale", "ImageInvert", prefix="neg", saver="30")
+    text = {"prompt": json.dumps(graph)}
+    picture = read_record(tmp_path / "pic_00001_.png", text)
+    negative = read_record(tmp_path / "neg_00001_.png", text)
+    renamed = read_record(tmp_path / "wallpaper.png", text)
+    assert (picture.inverts, picture.inverts_unsure) == ("", "")
+    assert (negative.inverts, negative.inverts_unsure) == ("ImageInvert", "")
+    assert (renamed.inverts, renamed.inverts_unsure) == ("", "ImageInvert")
+    # Inverted twice on the way is the picture again.
+    twice = saving(json.loads(comfy_prompt("x")), "ImageInvert", "ImageInvert")
+    assert read_record(tmp_path / "ComfyUI_00001_.png", {"prompt": json.dumps(twice)}).inverts == ""
+
+
+def test_a_file_that_may_be_either_save_is_never_called_inverted(comfy_model, tmp_path, capsys):
+    graph = saving(json.loads(comfy_prompt("dreamy.safetensors")), "ImageInvert", saver="30")
+    graph = saving(graph, prefix="ComfyUI")  # the same prefix, straight from the decoder
+    image = png_text(
+        tmp_path / "ComfyUI_00008_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(255 - drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["record"]["inverts_unsure"] == "ImageInvert"
+    assert document["image"]["status"] == "ok" and document["cause"] is None
+    assert document["remake"]["verdict"] == "matches"
+    assert "does not say which" in document["remake"]["words"]
+
+
+def test_a_file_smaller_than_its_record_is_made_again_at_its_own_size(
+    comfy_model, tmp_path, capsys
+):
+    """A 64 px file whose record says 256x256 (a 4096 px record on a 128 px file ran for
+    minutes) is made at the file's size, and the notes say so."""
+    graph = json.loads(comfy_prompt("dreamy.safetensors"))
+    graph["5"]["inputs"].update(width=256, height=256)
+    image = png_text(
+        tmp_path / "ComfyUI_00009_.png",
+        {"prompt": json.dumps(graph)},
+        Image.fromarray(drawn(comfy_model)),
+    )
+    document = explained(image, capsys, "--remake", code=0)
+    assert document["record"]["size"] == [256, 256]
+    assert document["remake"]["size"] == [64, 64]
+    assert document["remake"]["verdict"] == "matches"
+    assert any("at the file's size, 64x64, not at the 256x256" in n for n in document["notes"])
+
+
+def test_the_size_made_again_is_bounded_by_the_file():
+    from app.core.explain.records import Record
+
+    def size(width, height, file_width, file_height):
+        return remake.made_size(Record(width=width, height=height), file_width, file_height)
+
+    made, note = size(4096, 4096, 128, 128)
+    assert made == (128, 128) and note is not None and "4096x4096" in note
+    assert size(512, 512, 512, 512) == ((512, 512), None)
+    # A file enlarged after it was made is still its record's picture: made at that size.
+    assert size(512, 512, 1024, 1024) == ((512, 512), None)
+    # Sides as generation takes them: multiples of 8, at least 64.
+    assert size(1024, 1024, 203, 30)[0] == (200, 64)
+    made, note = size(None, None, 300, 200)
+    assert made == (296, 200) and note is not None and "no size" in note

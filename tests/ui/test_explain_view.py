@@ -353,3 +353,19 @@ def test_a_model_named_for_an_image_that_is_not_there_is_one_sentence(tmp_path):
     Image.fromarray(np.zeros((64, 64, 3), np.uint8), "RGB").save(image)
     with pytest.raises(BadFileError, match="there is no such file or folder"):
         explain_image(image, device="cpu", model=str(tmp_path / "gone.safetensors"))
+
+
+def test_a_small_demo_picture_is_a_picture_that_can_be_made_again(window, engines, tmp_path):
+    """docs/cli.md's own example at 128 px, a red circle on a blue background: a picture (not
+    coloured noise), so the explanation offers to make it again and compare."""
+    from tests.support.drawn import demo_picture, halfsafe_parameters
+
+    picture = Image.fromarray(demo_picture("circle", "red", "blue", 128, grain=3.0), "RGB")
+    prompt = "a red circle on a blue background"
+    image = png_text(
+        tmp_path / "red.png", {"parameters": halfsafe_parameters(prompt, 128)}, picture
+    )
+    dialog = _explain_in_the_window(window, engines, image)
+    assert dialog.verdict.level != "bad"
+    assert "noise" not in dialog.verdict.text.text().lower()
+    assert dialog.remake_button.isVisible()

@@ -380,6 +380,8 @@ def take_remade(explanation: Explanation, remade: Remade, state: str) -> None:
     from app.core.causes.records import Cause
 
     explanation.remade = remade
+    if remade.note:
+        explanation.notes.append(remade.note)
     if remade.verdict == "inverted":
         explanation.status = "inverted"
         explanation.cause = Cause(

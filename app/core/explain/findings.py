@@ -52,10 +52,11 @@ FINDING_WORDS = {
         "somewhere in the model."
     ),
     "noise": (
-        "This image ({by}) is coloured noise, not a picture: almost none of its variance "
-        "survives averaging over 64 px blocks ({structure:.2f}; pictures keep over 0.1) "
-        "and neighbouring pixels differ more in colour than in brightness ({colour:.1f} times; "
-        "in pictures at most 0.3). Nothing overflowed to make it: such images come from "
+        "This image ({by}) is coloured noise, not a picture: pixels 16 px apart are no more "
+        "alike than any two (correlation {correlation:.2f}; a picture's shapes keep them "
+        "alike, from 0.09 in a small photograph to 0.5 and more in a drawing) and neighbouring "
+        "pixels differ more in colour than in brightness ({colour:.1f} times; in photographs "
+        "at most 0.3). Nothing overflowed to make it: such images come from "
         "latents that were never denoised (too few steps, or a sampler or schedule the model "
         "was not made for), from latents decoded by the VAE of another model family, or "
         "from a quantised file (GGUF, fp8, NVFP4) its loader read wrongly."

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.core import samplers
 from app.core.errors import BadFileError
-from app.core.explain import checkers, kernels, regions, runtime
+from app.core.explain import checkers, kernels, regions, runtime, saved_chain
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
 from app.core.settings.values import SettingValue
 from app.core.words import infotext
@@ -56,8 +56,11 @@ class Record:
     noise_source: str | None = None
     # The first pass's denoise where it started from a picture (below 1: image-to-image).
     denoise: float | None = None
-    # The node of a graph that inverts the decoded picture itself (ComfyUI's ImageInvert), "".
+    # The node of a graph that inverts the decoded picture itself (ComfyUI's ImageInvert) on the
+    # chain from the file's saver back to its decoder (`saved_chain`), "".
     inverts: str = ""
+    # That node where the graph saves the picture and its negative and the file may be either.
+    inverts_unsure: str = ""
     version: str | None = None
     halfsafe_status: str | None = None  # HalfSafe's own "NaN watch" entry
     precision: dict[str, SettingValue] = field(
@@ -103,6 +106,7 @@ class Record:
         document["noise_source"] = self.noise_source
         document["denoise"] = self.denoise
         document["inverts"] = self.inverts or None
+        document["inverts_unsure"] = self.inverts_unsure or None
         return document
 
 
@@ -398,8 +402,6 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         record.model = record.model or read_text(inputs.get("ckpt_name"), 1024)
         record.unet = record.unet or read_text(inputs.get("unet_name"), 1024)
         record.vae = record.vae or read_text(inputs.get("vae_name"), 1024)
-        if kind == "ImageInvert":
-            record.inverts = kind
         if kind.startswith("KSampler") and record.steps is None:
             denoise = read_float(inputs.get("denoise"))
             record.denoise = denoise if denoise is not None and denoise < 1.0 else None
@@ -424,6 +426,8 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
     record.hires_size, record.hires_upscaler = _comfy_second_pass(nodes, record)
     if isinstance(prompt, dict):
         record.prompt, record.negative_prompt = _comfy_texts(prompt)
+        inversion = saved_chain.saved_inversion(prompt, path.name, MAX_NODES)
+        record.inverts, record.inverts_unsure = inversion.inverts, inversion.unsure
     return record
 
 

@@ -17,8 +17,10 @@ Two different pictures of one prompt correlate at 0.2 to 0.5 (a centred subject,
 never near -1; the thresholds leave that margin on both sides. Each verdict also needs the
 cells themselves close (`CLOSE`: their mean difference from the picture made again, or from its
 negative), so that a dim or nearly flat file, whose few levels can correlate with anything, is
-neither. A graph that inverts its picture itself (ComfyUI's ImageInvert) is compared with the
-negative of the picture made again.
+neither. A graph that inverts its picture itself (ComfyUI's ImageInvert on the chain from the
+file's saver back to its decoder: `saved_chain`) is compared with the negative of the picture
+made again; one that saves both the picture and its negative, where the file may be either,
+with both, and the file is never called inverted then.
 
 The picture made again also proves what the pixels alone cannot for a pass over one region (a
 face fix, `regions`): where the record shows such a pass, the two pictures are compared 32 px
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 GRID = 64  # the comparison's cells per side
 MATCH = 0.8  # correlation at or above: the same picture
@@ -89,6 +91,17 @@ REMAKE_WORDS = {
         " The image's graph inverts its picture itself ({node}): it is compared with the "
         "negative of the picture made again."
     ),
+    "inverts_unsure": (
+        " The image's graph saves the picture and, through {node}, its negative, and the file "
+        "does not say which it is: it is compared with both, and a negative is not claimed."
+    ),
+    "file_size": (
+        "It was made again at the file's size, {made}, not at the {recorded} its record gives: "
+        "that is larger than the file, and would take far longer to make than the file can "
+        "show. A picture made at another size is another picture, so a file saved smaller than "
+        "it was made is compared with another picture, which claims nothing."
+    ),
+    "no_size": "Its record gives no size: it was made again at the file's size, {made}.",
     "no_picture": (
         "It was not made again: a safety checker's blank or a flat image is no picture to compare."
     ),
@@ -144,6 +157,8 @@ class Remade:
     seed: int | None = None
     size: tuple[int, int] | None = None
     box: PassBox | None = None  # verdict "pass_noise": the box a pass left noise in
+    # Where it was made at another size than its record's (`made_size`), the sentence.
+    note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -191,6 +206,32 @@ def request_of(record, width: int, height: int):
         scheduler=record.scheduler,
         clip_skip=record.clip_skip or 1,
     )
+
+
+def _snapped(side: int, key: str) -> int:
+    """A side as generation takes it: a multiple of its step, within its bounds."""
+    from app.core.settings import FIELDS
+
+    field = FIELDS[key]
+    step = int(field.step or 1)
+    low, high = int(cast(float, field.minimum)), int(cast(float, field.maximum))
+    return min(high, max(low, side // step * step))
+
+
+def made_size(record, file_width: int, file_height: int) -> tuple[tuple[int, int], str | None]:
+    """The size to make `record`'s image again at, and a note where it is not the record's:
+    the record's where it is no larger than the file (a file enlarged after it was made is
+    still that picture), else the file's, so that the work is bounded by what the file shows
+    (a 128 px file whose record says 4096x4096 would otherwise take minutes); the file's too
+    where the record gives none. Sides snapped as generation takes them (`FIELDS`)."""
+    by_file = (_snapped(file_width, "width"), _snapped(file_height, "height"))
+    said = f"{by_file[0]}x{by_file[1]}"
+    if not (record.width and record.height):
+        return by_file, REMAKE_WORDS["no_size"].format(made=said)
+    if record.width * record.height <= file_width * file_height:
+        return (record.width, record.height), None
+    recorded = f"{record.width}x{record.height}"
+    return by_file, REMAKE_WORDS["file_size"].format(made=said, recorded=recorded)
 
 
 def _grid(rgb) -> Any:
@@ -294,6 +335,16 @@ def verdict(file_rgb, made_rgb) -> tuple[str, float]:
     return "differs", r
 
 
+def _either(found: str, r: float, negative: tuple[str, float]) -> tuple[str, float]:
+    """The verdict of a file that may be the picture or its negative, saved alike: "matches"
+    where it is either (with that one's correlation), else "differs"; never "inverted"."""
+    if found == "matches":
+        return found, r
+    if negative[0] == "matches":
+        return negative
+    return "differs", r
+
+
 def noise_words(record, tool_name: str) -> str:
     """Why a picture made again from another noise source differs (a sentence's end), or ""
     where the noise came from the CPU as HalfSafe's does."""
@@ -331,7 +382,7 @@ def remake(
     with open_picture(file) as image:
         # As a viewer shows it: a JPEG's or WebP's EXIF orientation applied.
         file_rgb = np.asarray(ImageOps.exif_transpose(image).convert("RGB"))
-    width, height = record.width or file_rgb.shape[1], record.height or file_rgb.shape[0]
+    (width, height), size_note = made_size(record, file_rgb.shape[1], file_rgb.shape[0])
     request = request_of(record, width, height)
     result = generate_unsaved(
         model, request, precision=precision, device=device, on_progress=on_progress, cancel=cancel
@@ -359,9 +410,15 @@ def remake(
             made_structure=box.made_structure,
         )
         r = correlation(file_rgb, made_rgb)
-        return Remade("pass_noise", r, words + inverts, record.seed, (width, height), box)
+        return Remade(
+            "pass_noise", r, words + inverts, record.seed, (width, height), box, size_note
+        )
     found, r = verdict(file_rgb, made_rgb)
+    if record.inverts_unsure:
+        # The graph saves the negative too: a file that is it matches that save.
+        found, r = _either(found, r, verdict(file_rgb, 255 - made_rgb))
+        inverts = REMAKE_WORDS["inverts_unsure"].format(node=record.inverts_unsure)
     words = REMAKE_WORDS[found].format(
         made=said, r=r, state=state_words, why=noise_words(record, tool_name)
     )
-    return Remade(found, r, words + inverts, record.seed, (width, height))
+    return Remade(found, r, words + inverts, record.seed, (width, height), note=size_note)
