@@ -11,6 +11,7 @@ from app.core.errors import HalfSafeError
 from app.core.fixing import profiles
 from app.core.fixing.job_fix import JobFix, with_job_fix
 from app.core.settings import PrecisionSettings
+from app.core.words import infotext
 
 MINE = PrecisionSettings(precision="fp16", vae_precision="fp16")  # chosen by hand
 
@@ -85,6 +86,10 @@ def test_the_fix_a_job_is_given_runs_over_the_users_setting_and_its_record_says_
     assert result.settings["vae_precision"] == "bf16"
     assert result.job_fix == JobFix({"vae_precision": "bf16"}, {"vae_precision": "fp16"})
     assert result.to_json()["fix_for_job"]["overrode"] == {"vae_precision": "fp16"}
+    # The PNG's record says it too, beside the settings that ran.
+    recorded = infotext.parse(result.images[0].parameters)
+    assert recorded.get(infotext.FIX_FOR_JOB) == ["VAE precision bf16 (over fp16)"]
+    assert recorded.settings(infotext.SETTING_KEYS)["vae_precision"] == "bf16"
     notes = " ".join(result.warnings)
     assert "for this job only, over your own VAE precision fp16" in notes
     assert "set VAE precision to Auto (the fix remembered for this model then applies)" in notes

@@ -32,6 +32,24 @@ class JobFix:
     def to_json(self) -> dict[str, Any]:
         return {"settings": dict(self.settings), "overrode": dict(self.overrode)}
 
+    def listed(self) -> list[str]:
+        """Each setting it set as the image's record lists it (`infotext.FIX_FOR_JOB`), as the
+        Settings page names it, with the user's own value it replaced: ['VAE precision bf16
+        (over fp16)', 'FP32 layers vae:a'] ."""
+
+        def said(value: Any) -> str:
+            if isinstance(value, bool):
+                return "on" if value else "off"
+            if isinstance(value, list | tuple):
+                return " ".join(map(str, value))
+            return str(value)
+
+        return [
+            f"{FIELDS[key].label} {said(value)}"
+            + (f" (over {said(self.overrode[key])})" if key in self.overrode else "")
+            for key, value in self.settings.items()
+        ]
+
 
 def with_job_fix(
     precision: PrecisionSettings, fix: Mapping[str, Any] | None

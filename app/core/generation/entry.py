@@ -183,7 +183,7 @@ def generate(
         )
     for entry in result.images:
         entry.parameters = parameters(
-            entry, result.request, model, result.device.name, result.memory
+            entry, result.request, model, result.device.name, result.memory, result.job_fix
         )
     progress("Saving", 0, len(result.images))
     folder = output_folder(result.request)
