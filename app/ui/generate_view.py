@@ -508,7 +508,8 @@ class GenerateView(QWidget):
         self._show_banner(entry)
 
     def _show_banner(self, entry: GalleryEntry) -> None:
-        said = banner_words(entry)
+        remembered = self._remembered_since(entry)
+        said = banner_words(entry, remembered.settings if remembered is not None else None)
         if said is None:
             self.banner.dismiss()
             return

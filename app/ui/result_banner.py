@@ -32,8 +32,13 @@ class BannerWords:
     actions: tuple[tuple[str, Action], ...] = ()
 
 
-def banner_words(entry: GalleryEntry) -> BannerWords | None:
-    """What the banner says about `entry`; None when the image needs no banner."""
+def banner_words(
+    entry: GalleryEntry, remembered: Mapping[str, Any] | None = None
+) -> BannerWords | None:
+    """What the banner says about `entry`; None when the image needs no banner. `remembered`:
+    the fix remembered for the model that the image did not run with, which its fix button
+    runs in place of the image's own (`GenerateView.apply_fix_and_regenerate`): named, so
+    that the button runs the fix the banner names."""
     if entry.unsaved:
         # Above any diagnosis: this image is lost when the window closes unless saved.
         return BannerWords(
@@ -49,6 +54,12 @@ def banner_words(entry: GalleryEntry) -> BannerWords | None:
     intermittent = status == "nan" and entry.cause == "intermittent"
     if fix and status in ("nan", "black"):
         actions = (("Apply fix and regenerate", "apply_fix"),)
+        if remembered:
+            message += html.escape(
+                " Apply fix and regenerate runs the fix remembered for this model instead ("
+                + words.first_lower(words.fix_short(dict(remembered)))
+                + "), which your own settings set aside for this image."
+            )
     elif intermittent:
         actions = (("Make it again", "make_again"),)
     where = where_words(entry)

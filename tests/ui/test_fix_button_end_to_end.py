@@ -91,6 +91,7 @@ def test_apply_fix_and_regenerate_runs_the_fix_over_the_users_own_setting(qtbot,
     black = view.current_entry
     assert black.status == "nan"
     assert "Apply fix and regenerate" in view.banner.buttons
+    assert "runs the fix remembered for this model instead" in view.banner.text.text()
 
     view.banner.buttons["Apply fix and regenerate"].click()
     _wait(qtbot, window, lambda: view.gallery.count() == 2)
@@ -101,7 +102,7 @@ def test_apply_fix_and_regenerate_runs_the_fix_over_the_users_own_setting(qtbot,
     # The user's own setting is unchanged: the fix ran for that job only, and the words say so.
     assert load_settings().settings["vae_precision"] == "fp16"
     banner = view.banner.text.text()
-    assert "for this image only" in banner and "VAE precision" in banner, banner
+    assert "for this image only, over your own VAE precision fp16" in banner, banner
     assert "Make it the setting" in view.banner.buttons
     caption = view.parameters.text()
     assert "this job only" in caption, caption

@@ -175,15 +175,20 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
 def test_the_fix_button_runs_its_fix_over_the_users_own_setting_and_says_so(
     view, engines, tmp_path
 ):
-    """The user chose VAE precision fp16 by hand and a fix is remembered since the image was
-    made: the button's job carries that fix, which the engine runs over the user's choice; the
+    """The user chose VAE precision fp16 by hand, which sets the fix remembered for the model
+    aside, and the image went NaN: the banner names that fix, the button's job carries it, which the engine runs over the user's choice; the
     banner says it ran for that image only, over which setting, and how to keep it."""
     view.state.apply({"precision": "fp16", "vae_precision": "fp16"})
+    _remember(view, {"vae_precision": "bf16"})
     suggested = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
     _black_with_fix(
         view, engines, tmp_path, suggested, {"precision": "fp16", "vae_precision": "fp16"}
     )
-    _remember(view, {"vae_precision": "bf16"})
+    # The banner names the fix its button runs.
+    assert (
+        "Apply fix and regenerate runs the fix remembered for this model instead (run the VAE "
+        "in bf16), which your own settings set aside for this image."
+    ) in view.banner.text.text()
     view.banner.buttons["Apply fix and regenerate"].click()
     again = engines.current.last_job("generate")
     assert again.params.fix == {"vae_precision": "bf16"}
