@@ -40,6 +40,7 @@ def test_a_job_fix_over_auto_overrides_nothing_and_adds_to_the_users_layers():
     [
         ({"steps": 4}, "'steps', which is no precision setting"),
         ({"vae_precision": "fp12"}, "VAE precision"),
+        (["vae_precision"], "must be precision settings by name"),
     ],
 )
 def test_a_job_fix_that_is_no_precision_fix_is_refused_in_one_sentence(fix, said):

@@ -59,6 +59,8 @@ def with_job_fix(
     naming a setting that is not a precision setting or holding a value it cannot take."""
     if not fix:
         return precision, None
+    if not isinstance(fix, Mapping):
+        raise HalfSafeError("The fix for this job must be precision settings by name.")
     values = precision.to_dict()
     overrode: dict[str, SettingValue] = {}
     for key, value in fix.items():
