@@ -558,11 +558,12 @@ class GenerateView(QWidget):
         return job_id
 
     def _remembered_since(self, entry: GalleryEntry) -> RememberedFix | None:
-        """The fix remembered for the loaded model when this image did not run with it (a
-        health check or an edit remembered it after the image was made) and it is not the
-        image's own: the model's next job runs with it anyway, so the image's older fix must
-        not be laid on top of it. None when the image ran with it (it did not keep this image
-        finite, so the image's fix is what is left to try) or there is none."""
+        """The fix remembered for the loaded model when this image did not run with it and it
+        is not the image's own: a health check or an edit remembered it after the image was
+        made, or the user's own settings set it aside; it is the model's proved fix, so the
+        fix button runs it (for that job, over those settings) rather than the image's quick
+        suggestion, and the banner names it. None when the image ran with it (it did not keep
+        this image finite, so the image's fix is what is left to try) or there is none."""
         model = self.state.model
         remembered = model.remembered_fix if model is not None else None
         if remembered is None or dict(remembered.settings) == dict(entry.fix or {}):
