@@ -38,12 +38,12 @@ from app.core.images.pictures import check_strength
 from app.core.lora.request import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import GenerateRequest, PicturePath
-from app.core.settings import FIELDS, PrecisionSettings
+from app.core.settings import FIELDS
 from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import layers_ran, ran_with, remember_for_model, split_fix
+from app.ui.fixes import apply_fix, layers_ran, ran_with, remember_for_model, split_fix
 from app.ui.gallery import ENTRY
 from app.ui.generate_form import GENERATION_KEYS, GenerateForm
 from app.ui.image_entry import GalleryEntry, mode_words
@@ -280,15 +280,13 @@ class GenerateView(QWidget):
 
     def submit(self, request: dict[str, Any], with_fix: dict[str, Any] | None = None) -> int:
         """Queue a generation with the settings as they are now (and, for this job only, the
-        fix settings `with_fix`)."""
-        precision = self.state.precision()
-        if with_fix:
-            precision = PrecisionSettings.from_mapping({**precision.to_dict(), **with_fix})
+        fix `with_fix`, which the request carries over them: `GenerateRequest.fix`)."""
         job = GenerateRequest(
             generation=GenerationRequest(**request),
-            precision=precision,
+            precision=self.state.precision(),
             device=self.state.device(),
             loras=tuple(LoraRequest(e["path"], e["weight"]) for e in self.loras.entries()),
+            fix=dict(with_fix or {}),
         )
         job_id = self.client.submit(job, self._on_event)
         self.jobs[job_id] = request
@@ -379,7 +377,7 @@ class GenerateView(QWidget):
 
     def _job_done(self, event: EngineEvent) -> None:
         request = self.jobs.pop(event.job_id, None)
-        applied_fix = self._fix_of_job.pop(event.job_id, None)
+        applied_fix = self._fix_of_job.pop(event.job_id, None)  # until the record says
         if event.error_type == "EngineDied" and request is not None:
             self.lost.append((request, applied_fix))
         if self.running_job == event.job_id:
@@ -390,6 +388,8 @@ class GenerateView(QWidget):
             self.progress.setValue(0 if event.state != EventState.RESULT else 1)
         if event.state == EventState.RESULT:
             result = event.result_as(GenerationResult)
+            if result.job_fix is not None:  # what ran, as the job's own record says
+                applied_fix = dict(result.job_fix.settings)
             _shared, own = split_fix(applied_fix or {})
             images = result.images
             if (
@@ -482,12 +482,12 @@ class GenerateView(QWidget):
         `applied_fix` is the fix this job was made with, after a NaN image. The status bar, the
         gallery and the caption all read each image's one record (`GalleryEntry`)."""
         entries = [GalleryEntry.from_result(image, result, applied_fix) for image in result.images]
-        # Each image carries what it was made with: a repaired one differs from the job's plan.
-        shown = (entries[0].settings if entries else None) or result.settings
-        if shown:
+        if result.settings:
             model = self.state.model
             parts = model.components if model is not None else ()
-            self.state.set_effective(words.precision_summary(shown, parts=parts))
+            # What the job ran with, and a repair after as a repair: never as if the fix were
+            # in place for the next job.
+            self.state.set_effective(words.job_ran_words(result, parts))
         if entries:
             self.status_message.emit(f"Last image: {mode_words(entries[0])}.")
         first_item = None
@@ -510,7 +510,8 @@ class GenerateView(QWidget):
         self._show_banner(entry)
 
     def _show_banner(self, entry: GalleryEntry) -> None:
-        said = banner_words(entry)
+        remembered = self._remembered_since(entry)
+        said = banner_words(entry, remembered.settings if remembered is not None else None)
         if said is None:
             self.banner.dismiss()
             return
@@ -518,25 +519,24 @@ class GenerateView(QWidget):
             "save_as": lambda: self.save_entry_as(),
             "apply_fix": lambda: self.apply_fix_and_regenerate(entry),
             "make_again": lambda: self.make_again(entry),
+            "make_setting": lambda: self.make_fix_the_setting(entry),
         }
         self.banner.show_message(
             said.level, said.text, [(text, does[action]) for text, action in said.actions]
         )
 
     def apply_fix_and_regenerate(self, entry: GalleryEntry) -> int | None:
-        """Make the same image again with the image's fix. Its plain settings are written into
-        the settings; its layer lists (that model's alone: `app.ui.fixes`) run with this job
-        only, and are remembered for the model once the image comes out finite with them."""
-        fix = dict(entry.fix or {})
+        """Make the same image again with the fix the banner names, for this job only: the
+        request carries it (`GenerateRequest.fix`), over the settings, the user's own choices
+        included, which stay as they are (the result's banner offers to make it the setting).
+        A fix remembered for the model since the image was made is that fix. Layer lists that
+        come out finite are remembered for the model (`app.ui.fixes`)."""
         remembered = self._remembered_since(entry)
-        if remembered is not None:
-            return self._regenerate_with_remembered(entry, remembered)
-        shared, own = split_fix(fix)
+        fix = dict(remembered.settings if remembered is not None else entry.fix or {})
         try:
-            for key, value in own.items():
+            for key, value in fix.items():
                 FIELDS[key].validate(value)
-            self.state.apply(shared)
-        except ValueError as error:
+        except (KeyError, ValueError) as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return None
         # The image's own values over the form's; its seed makes that one image again, from
@@ -544,45 +544,51 @@ class GenerateView(QWidget):
         request = {**self.request(), **entry.generate_values(), **entry.picture_values()}
         if entry.seed is not None:
             request["batch"] = 1
+        said = html.escape(words.first_lower(words.fix_short(fix, self.state.components())))
         self.banner.show_message(
             "info",
-            "<b>Fix applied:</b> "
-            + html.escape(words.fix_short(fix, self.state.components()))
-            + ". Making the same image again…",
+            (
+                f"<b>Making the same image again with the fix remembered for this model</b> "
+                f"({said}), which replaces the fix suggested when this image was made"
+                if remembered is not None
+                else f"<b>Making the same image again with the fix</b> ({said})"
+            )
+            + ", for this image only: your settings stay as they are…",
         )
-        job_id = self.submit(request, with_fix=own)
-        self._fix_of_job[job_id] = dict(fix)
+        job_id = self.submit(request, with_fix=fix)
+        self._fix_of_job[job_id] = fix
         return job_id
 
     def _remembered_since(self, entry: GalleryEntry) -> RememberedFix | None:
-        """The fix remembered for the loaded model when this image did not run with it (a
-        health check or an edit remembered it after the image was made) and it is not the
-        image's own: the model's next job runs with it anyway, so the image's older fix must
-        not be laid on top of it. None when the image ran with it (it did not keep this image
-        finite, so the image's fix is what is left to try) or there is none."""
+        """The fix remembered for the loaded model when this image did not run with it and it
+        is not the image's own: a health check or an edit remembered it after the image was
+        made, or the user's own settings set it aside; it is the model's proved fix, so the
+        fix button runs it (for that job, over those settings) rather than the image's quick
+        suggestion, and the banner names it. None when the image ran with it (it did not keep
+        this image finite, so the image's fix is what is left to try) or there is none."""
         model = self.state.model
         remembered = model.remembered_fix if model is not None else None
         if remembered is None or dict(remembered.settings) == dict(entry.fix or {}):
             return None
         return None if ran_with(entry.settings, remembered.settings) else remembered
 
-    def _regenerate_with_remembered(self, entry: GalleryEntry, remembered: RememberedFix) -> int:
-        request = {**self.request(), **entry.generate_values(), **entry.picture_values()}
-        if entry.seed is not None:
-            request["batch"] = 1
+    def make_fix_the_setting(self, entry: GalleryEntry) -> list[str]:
+        """Make the fix an image was made again with the user's setting, from the next job on:
+        its plain settings set, its layer lists remembered for the model (`fixes.apply_fix`).
+        Returns the setting keys that changed."""
+        fix = dict(entry.applied_fix or {})
+        summary = words.fix_short(fix, self.state.components())
+        try:
+            changed = apply_fix(self.state, self.client, fix, summary, self.dialogs.job_failed)
+        except ValueError as error:
+            self.dialogs.error(f"The fix could not be applied: {error}.")
+            return []
         self.banner.show_message(
-            "info",
-            "<b>Making the same image again with the fix remembered for this model</b> ("
-            + html.escape(
-                words.first_lower(
-                    words.fix_short(dict(remembered.settings), self.state.components())
-                )
-            )
-            + "), which replaces the fix suggested when this image was made…",
+            "good",
+            f"<b>The fix is now your setting</b> ({html.escape(words.first_lower(summary))}): "
+            "every job runs with it from the next one on.",
         )
-        job_id = self.submit(request)
-        self._fix_of_job[job_id] = dict(remembered.settings)
-        return job_id
+        return changed
 
     def make_again(self, entry: GalleryEntry) -> int:
         """Make the same image again with nothing changed: for a NaN that did not come back

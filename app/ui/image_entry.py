@@ -112,6 +112,8 @@ class GalleryEntry:
     cause: str | None = None  # why it went non-finite, where the run told (`causes.CAUSES`)
     warnings: tuple[str, ...] = ()  # the job's warnings
     applied_fix: Mapping[str, Any] | None = None  # the fix this image was made again with
+    # The user's own settings that fix replaced for that job only, each as the user had it.
+    fix_overrode: Mapping[str, Any] = field(default_factory=dict)
     png: bytes | None = field(default=None, repr=False)  # the image, where no folder took it
     # The input picture and mask as paths (a file records their names only).
     picture_paths: tuple[str, ...] = ()
@@ -145,6 +147,7 @@ class GalleryEntry:
             cause=image.cause,
             warnings=tuple(result.warnings),
             applied_fix=dict(applied_fix) if applied_fix else None,
+            fix_overrode=dict(result.job_fix.overrode) if result.job_fix is not None else {},
             png=image.png,
             picture_paths=tuple(result.request.images),
             mask_path=result.request.mask if result.request.images else None,

@@ -1,7 +1,8 @@
 """What the banner above a generated image says: an image only in memory asks to be saved, one
 that went NaN or black says where and offers its fix (or, where the fault came and went, to
 make it again), one the run repaired says so, and one made again with a fix says what it ran
-as and whether the fix is remembered for the model. A fine image has no banner."""
+as, that the fix ran for that image only (over which of the user's own settings), offers to
+make it the setting, and says whether its layers are remembered for the model. A fine image has no banner."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from app.core.fixing.profiles import overridden_words
 from app.ui import words
 from app.ui.fixes import layers_ran, split_fix
 from app.ui.image_entry import GalleryEntry, where_words
 
 # What a banner's button does, for the page to run with its own methods: save the image to a
-# file, make it again with its fix, or make it again unchanged.
-Action = Literal["save_as", "apply_fix", "make_again"]
+# file, make it again with its fix, make it again unchanged, or make the fix an image was made
+# again with (for that job only) the setting.
+Action = Literal["save_as", "apply_fix", "make_again", "make_setting"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,13 @@ class BannerWords:
     actions: tuple[tuple[str, Action], ...] = ()
 
 
-def banner_words(entry: GalleryEntry) -> BannerWords | None:
-    """What the banner says about `entry`; None when the image needs no banner."""
+def banner_words(
+    entry: GalleryEntry, remembered: Mapping[str, Any] | None = None
+) -> BannerWords | None:
+    """What the banner says about `entry`; None when the image needs no banner. `remembered`:
+    the fix remembered for the model that the image did not run with, which its fix button
+    runs in place of the image's own (`GenerateView.apply_fix_and_regenerate`): named, so
+    that the button runs the fix the banner names."""
     if entry.unsaved:
         # Above any diagnosis: this image is lost when the window closes unless saved.
         return BannerWords(
@@ -46,6 +54,12 @@ def banner_words(entry: GalleryEntry) -> BannerWords | None:
     intermittent = status == "nan" and entry.cause == "intermittent"
     if fix and status in ("nan", "black"):
         actions = (("Apply fix and regenerate", "apply_fix"),)
+        if remembered:
+            message += html.escape(
+                " Apply fix and regenerate runs the fix remembered for this model instead ("
+                + words.first_lower(words.fix_short(dict(remembered)))
+                + "), which your own settings set aside for this image."
+            )
     elif intermittent:
         actions = (("Make it again", "make_again"),)
     where = where_words(entry)
@@ -71,14 +85,20 @@ def banner_words(entry: GalleryEntry) -> BannerWords | None:
             + (f" Fix applied: {html.escape(applied)}." if applied else ""),
         )
     if entry.applied_fix:
+        over = (
+            f", over your own {overridden_words(entry.fix_overrode)}" if entry.fix_overrode else ""
+        )
         return BannerWords(
             "good",
             "<b>Fixed.</b> Made again with the fix ("
             + html.escape(words.first_lower(words.fix_short(dict(entry.applied_fix))))
+            + f") for this image only{html.escape(over)}"
             # What ran, fixes remembered for the model included, from the image's record.
-            + f"), running as {html.escape(words.precision_summary(entry.settings))}"
-            + "; this time every value stayed finite. "
+            + f", running as {html.escape(words.precision_summary(entry.settings))}"
+            + "; this time every value stayed finite. Your settings are unchanged: make it "
+            "the setting to run it on every job. "
             + _remembered_words(split_fix(dict(entry.applied_fix))[1], entry.settings),
+            (("Make it the setting", "make_setting"),),
         )
     return None
 
@@ -87,7 +107,7 @@ def _remembered_words(own: dict[str, Any], settings: Mapping[str, Any]) -> str:
     """What became of a fix the image was made again with: its layer lists remembered for the
     model when the job ran them (`fixes.layers_ran`), else why not."""
     if not own:
-        return "The fix stays in your settings."
+        return ""
     if layers_ran(own, settings):
         return "The fix is remembered for this model on this device."
     return (

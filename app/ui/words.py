@@ -318,6 +318,20 @@ def precision_summary(
     return settings_words(values, dtypes)
 
 
+def job_ran_words(result: Any, parts: Sequence[str] = ()) -> str:
+    """The status bar's words for what a finished generation (`GenerationResult`) ran with:
+    the job's precision (a fix it ran for that job only said as such), and a repair after it
+    as a repair, once per repair: 'fp16 everywhere; repaired after: keep 2 VAE layers in bf16'.
+    A repair is no setting: the next job at the same settings repairs again."""
+    said = precision_summary(result.settings, parts=parts)
+    if result.job_fix is not None:
+        said += " (with the fix for that job only)"
+    repairs = dict.fromkeys(fix for image in result.images for fix in image.fixes_applied)
+    if repairs:
+        said += "; repaired after: " + ", ".join(repairs)
+    return said
+
+
 def architecture_name(architecture: str | None) -> str:
     # Imported here: the family registry imports every family's module, which the window
     # needs only once a model is listed or loaded, not to show itself.

@@ -220,6 +220,10 @@ def test_halfsafes_own_repaired_image_says_it_was_repaired(tmp_path, home, capsy
     assert document["image"]["status"] == "ok"
     assert "went non-finite while it was made" in document["message"]
     assert "repaired" in document["message"]
+    # Whether the repair is remembered the file does not say (a fix the health check proved
+    # stays in its place when the user's own settings override it): no claim that it is.
+    assert "kept for the model" not in document["message"]
+    assert "whether a fix is remembered for the model is on the Fixes page" in document["message"]
 
 
 # Who made it --------------------------------------------------------------------------------

@@ -722,10 +722,12 @@ def test_a_checked_fix_the_user_overrode_stays_when_a_generation_repairs_around_
     remembered = profiles.remembered_fix("vae-overridden", device_name)
     assert remembered is not None and remembered.verified_by == "health check"
     assert remembered.settings == {"vae_precision": "fp32"}
-    (said,) = [w for w in result.warnings if "stays" in w]
+    (said,) = [w for w in result.warnings if "remembered for this model" in w]
     assert said.startswith(
-        "The fix remembered for this model on this device (run the VAE in fp32) stays"
+        "Your own VAE precision fp16 set aside the fix remembered for this model on this "
+        "device (run the VAE in fp32), so this job ran without it"
     )
+    assert "The remembered fix stays" in said
     assert not any("is now the one this job proved" in w for w in result.warnings)
 
 

@@ -12,6 +12,7 @@ from app import __version__
 from app.core import generation
 from app.core.checkpoint import WeightScan
 from app.core.families import FAMILIES
+from app.core.fixing.job_fix import JobFix
 from app.core.generation import GenerationRequest, generate
 from app.core.hires import Hires
 from app.core.images.finished import read_parameters
@@ -128,7 +129,10 @@ def test_the_table_lists_each_key_once_with_a_kind_and_a_real_setting():
 def test_a_real_generation_record_round_trips_through_the_table(made):
     model, request, _entry, repaired, vae_file = made
     memory = MemoryRecord(4198.4, ("unet",), ("vae",))
-    text = generation._parameters(repaired, request, model, "NVIDIA GeForce GTX 1660", memory)
+    job_fix = JobFix({"vae_precision": "fp32"}, {"vae_precision": "fp16"})
+    text = generation._parameters(
+        repaired, request, model, "NVIDIA GeForce GTX 1660", memory, job_fix
+    )
     parsed = infotext.parse(text)
     expected = {
         infotext.STEPS: 2,
@@ -152,6 +156,7 @@ def test_a_real_generation_record_round_trips_through_the_table(made):
         infotext.NAN_COMPONENT: "vae",
         infotext.NAN_STEP: 2,
         infotext.FIXES_APPLIED: ["VAE decoded again in fp32", "attention upcast"],
+        infotext.FIX_FOR_JOB: ["VAE precision fp32 (over fp16)"],
         infotext.NON_FINITE_PIXELS: "25.0%",
         infotext.NON_FINITE_REGION: "x 0-63, y 8-39",
         infotext.HALFSAFE: __version__,

@@ -66,6 +66,7 @@ GENERATION_KEYS = [
     "prompt_cache",
     "warnings",
     "memory",
+    "fix_for_job",
 ]
 STEP_COST_KEYS = ["unet_step_ms", "unet_step_ms_range", "rounds", "peak_memory_mb", "weights_mb"]
 

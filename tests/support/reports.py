@@ -235,7 +235,7 @@ def image(path: str, status: str = "ok", **values: Any) -> ImageResult:
 def generation(document: dict[str, Any]) -> GenerationResult:
     """A generation's result on the RTX 3060, typed, from its parts: `images` (see `image`),
     `settings`, `seconds`, and optionally `warnings`, `model` (the SDXL checkpoint unless
-    given) and `save_error`."""
+    given), `save_error` and `job_fix` (a `JobFix`: the fix the job ran with for that job)."""
     return GenerationResult(
         images=list(document["images"]),
         settings=dict(document.get("settings") or {}),
@@ -245,6 +245,7 @@ def generation(document: dict[str, Any]) -> GenerationResult:
         device=RTX_3060,
         warnings=list(document.get("warnings") or []),
         save_error=str(document.get("save_error") or ""),
+        job_fix=document.get("job_fix"),
     )
 
 

@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QImage
 
+from app.core.fixing.job_fix import JobFix
 from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState
 from app.ui import words
@@ -138,10 +139,13 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
 
     again = engines.current.last_job("generate")
     assert again.job_id != job.job_id
-    assert again.params.precision.vae_precision == "fp32"
+    # The request carries the fix, for this job only; the settings stay as they are.
+    assert again.params.fix == {"vae_precision": "fp32"}
+    assert again.params.precision.vae_precision == "auto"
     assert again.params.generation.seed == 1234
     assert again.params.generation.prompt == "a lighthouse at dusk"
-    assert load_settings().settings["vae_precision"] == "fp32"
+    assert load_settings().settings["vae_precision"] == "auto"
+    assert "for this image only" in view.banner.text.text()
 
     engines.current.finish(
         again,
@@ -150,18 +154,64 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
                 "images": [reports.image(_png(tmp_path / "fixed.png"))],
                 "settings": {"vae_precision": "fp32"},
                 "seconds": 3.0,
+                "job_fix": JobFix({"vae_precision": "fp32"}),
             }
         ),
     )
     assert view.gallery.count() == 2
     assert view.banner.level == "good"
     text = view.banner.text.text()
-    assert "Made again with the fix (run the VAE in fp32)" in text
+    assert "Made again with the fix (run the VAE in fp32) for this image only" in text
     # What ran, from the image's record (a fix remembered for the model would show here too).
     assert f"running as {words.precision_summary(view.current_entry.settings)};" in text
     assert "VAE in fp32" in text
-    assert view.banner.buttons == {}
     assert not button.isVisible()
+    # Offered, not done: the fix becomes the setting only when asked.
+    view.banner.buttons["Make it the setting"].click()
+    assert load_settings().settings["vae_precision"] == "fp32"
+    assert "The fix is now your setting" in view.banner.text.text()
+
+
+def test_the_fix_button_runs_its_fix_over_the_users_own_setting_and_says_so(
+    view, engines, tmp_path
+):
+    """The user chose VAE precision fp16 by hand, which sets the fix remembered for the model
+    aside, and the image went NaN: the banner names that fix, the button's job carries it, which the engine runs over the user's choice; the
+    banner says it ran for that image only, over which setting, and how to keep it."""
+    view.state.apply({"precision": "fp16", "vae_precision": "fp16"})
+    _remember(view, {"vae_precision": "bf16"})
+    suggested = {"fp32_modules": ["vae:decoder.up_blocks.0.resnets.0.conv1"]}
+    _black_with_fix(
+        view, engines, tmp_path, suggested, {"precision": "fp16", "vae_precision": "fp16"}
+    )
+    # The banner names the fix its button runs.
+    assert (
+        "Apply fix and regenerate runs the fix remembered for this model instead (run the VAE "
+        "in bf16), which your own settings set aside for this image."
+    ) in view.banner.text.text()
+    view.banner.buttons["Apply fix and regenerate"].click()
+    again = engines.current.last_job("generate")
+    assert again.params.fix == {"vae_precision": "bf16"}
+    assert again.params.precision.vae_precision == "fp16"  # the user's, unchanged
+    ran = {"precision": "fp16", "vae_precision": "bf16"}
+    fine = reports.image(_png(tmp_path / "fine.png"), settings=ran)
+    engines.current.finish(
+        again,
+        reports.generation(
+            {
+                "images": [fine],
+                "settings": ran,
+                "seconds": 3.0,
+                "job_fix": JobFix({"vae_precision": "bf16"}, {"vae_precision": "fp16"}),
+            }
+        ),
+    )
+    text = view.banner.text.text()
+    assert "for this image only, over your own VAE precision fp16" in text
+    assert load_settings().settings["vae_precision"] == "fp16"
+    assert "bf16" in window_status(view) and "for that job only" in window_status(view)
+    view.banner.buttons["Make it the setting"].click()
+    assert load_settings().settings["vae_precision"] == "bf16"
 
 
 def test_fixed_image_says_what_was_fixed(view, engines, tmp_path):
@@ -356,7 +406,7 @@ def test_a_layer_fix_from_the_banner_is_remembered_for_the_model_not_set_for_all
     assert load_settings().settings["fp32_modules"] == []
     again = engines.current.last_job("generate")
     # The layers run with this job only, and nothing is remembered before they are proved.
-    assert list(again.params.precision.fp32_modules) == fix["fp32_modules"]
+    assert again.params.fix == fix
     assert engines.current.jobs("remember_fix") == []
     engines.current.finish(
         again,
@@ -561,7 +611,7 @@ def test_a_fix_remembered_since_the_image_is_run_instead_of_the_images_own(view,
     _remember(view, {"vae_precision": "bf16"})
     view.banner.buttons["Apply fix and regenerate"].click()
     again = engines.current.last_job("generate")
-    assert list(again.params.precision.fp32_modules) == []
+    assert again.params.fix == {"vae_precision": "bf16"}
     assert load_settings().settings["fp32_modules"] == []
     text = view.banner.text.text()
     assert "fix remembered for this model" in text and "VAE in bf16" in text
@@ -579,5 +629,5 @@ def test_an_image_that_ran_with_the_remembered_fix_is_made_again_with_its_own_fi
     )
     view.banner.buttons["Apply fix and regenerate"].click()
     again = engines.current.last_job("generate")
-    assert list(again.params.precision.fp32_modules) == suggested["fp32_modules"]
-    assert "Fix applied" in view.banner.text.text()
+    assert again.params.fix == suggested
+    assert "Making the same image again with the fix</b>" in view.banner.text.text()

@@ -662,7 +662,8 @@ def _status_words(explanation: Explanation) -> str:
         return (
             f"This image ({by}) is not black: it went non-finite while it was made, and "
             "HalfSafe's NaN watch repaired that part and made it again before it was saved. "
-            "The fix that did it is kept for the model on the Fixes page."
+            "The image's record names the repair; whether a fix is remembered for the model "
+            "is on the Fixes page."
         )
     matched = explanation.remade is not None and explanation.remade.verdict == "matches"
     said = f" {explanation.remade.words}" if matched and explanation.remade else ""

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from app.core import paths
-from app.core.components import PIPELINE_PARTS
+from app.core.components import PIPELINE_PARTS, join_words
 from app.core.files import locked, replace_keeping_aside, write_atomic
+from app.core.fixing.job_fix import JobFix
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.limits import read_regular
 from app.core.settings import FIELDS, shown
@@ -636,12 +637,84 @@ def ran_with_remembered(remembered: RememberedFix | None, plan: Any) -> bool:
     return bool(wanted) and wanted <= held and not getattr(plan, "remembered_dropped", ())
 
 
-def remembered_words(remembered: RememberedFix | None, plan: Any) -> list[str]:
+def remembered_words(
+    remembered: RememberedFix | None, plan: Any, job_fix: JobFix | None = None
+) -> list[str]:
     """The note a job makes of a remembered fix: used (it set some of the settings the job ran
     with: `plan.remembered_used`), or there but overridden by the user's own settings; and the
-    layers it names that this model does not have (`plan.remembered_dropped`), left out."""
+    layers it names that this model does not have (`plan.remembered_dropped`), left out. A job
+    run with a fix of its own (`job_fix`) says that first, and what of the user's it replaced;
+    the remembered fix it holds is then no setting of the user's."""
+    said = [job_fix_words(job_fix, remembered)] if job_fix is not None else []
     if remembered is None:
-        return []
+        return said
+    held = set(getattr(plan, "remembered_held", ()))
+    if job_fix is not None and held and held <= set(job_fix.settings):
+        return said  # the job's fix is the remembered one, said above
+    return said + _remembered_only_words(remembered, plan)
+
+
+def overridden_words(overrode: Mapping[str, Any]) -> str:
+    """The user's own settings a fix set aside, as the settings page names them: 'VAE
+    precision fp16 and Precision fp16'."""
+
+    def value_words(value: Any) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return str(value)
+
+    return join_words([f"{FIELDS[key].label} {value_words(v)}" for key, v in overrode.items()])
+
+
+def job_fix_words(job_fix: JobFix, remembered: RememberedFix | None = None) -> str:
+    """What a job run with a fix of its own says of it: the fix, for this job only, over which
+    of the user's own settings, and how to have it on every job."""
+    from app.core.precision.words import fix_words
+
+    does = fix_words(job_fix.settings, remembered.parts if remembered else ())
+    if not job_fix.overrode:
+        return f"This job ran with the fix {does} for this job only; your settings are unchanged."
+    mine = overridden_words(job_fix.overrode)
+    labels = _labels(job_fix.overrode)
+    is_remembered = remembered is not None and dict(remembered.settings) == job_fix.settings
+    every_job = (
+        f"set {labels} to Auto (the fix remembered for this model then applies), or make the "
+        "fix your setting"
+        if is_remembered
+        else "make the fix your setting"
+    )
+    return (
+        f"This job ran with the fix {does} for this job only, over your own {mine}; your "
+        f"settings are unchanged. To run it on every job, {every_job}."
+    )
+
+
+def overridden_repair_words(
+    remembered: RememberedFix, overrode: Mapping[str, Any], repair: str
+) -> str:
+    """What a job says when the user's own settings (`overrode`) set the remembered fix aside
+    and the job repaired its images another way (`repair`), which the next job at the same
+    settings repeats: the fix was not in place, and how to put it there."""
+    from app.core.precision.words import fix_words
+
+    does = fix_words(remembered.settings, remembered.parts)
+    labels = _labels(overrode)
+    return (
+        f"Your own {overridden_words(overrode)} set aside the fix remembered for this model on "
+        f"this device ({does}), so this job ran without it, went non-finite and was repaired "
+        f"after ({repair}); every job at these settings will be repaired again, which is "
+        f"slower. To run the fix from the start, set {labels} to Auto, or make the fix your "
+        "setting. The remembered fix stays: the health check proved it against fp32, where "
+        "this repair only came out finite."
+    )
+
+
+def _labels(overrode: Mapping[str, Any]) -> str:
+    return join_words([FIELDS[key].label for key in overrode])
+
+
+def _remembered_only_words(remembered: RememberedFix, plan: Any) -> list[str]:
+    """`remembered_words` for a job with no fix of its own."""
     from app.core.precision.words import fix_words
 
     # What it does, short: how it was proved is on the Fixes page, not in every job's notes.

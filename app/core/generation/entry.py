@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -14,6 +15,7 @@ from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
 from app.core.fixing import diagnosis
+from app.core.fixing.job_fix import JobFix, with_job_fix
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.generation import step_cache
 from app.core.generation.describe import describe
@@ -115,9 +117,12 @@ def generate(
     on_progress: ProgressCallback | None = None,
     on_preview: PreviewCallback | None = None,
     cancel: CancelToken | None = None,
+    fix: Mapping[str, Any] | None = None,
 ) -> GenerationResult:
     """Generate `request.batch` images with `model` (a `models.LoadedModel`), diagnose each,
-    repair what `precision.auto_fix` allows, and save them as PNG files.
+    repair what `precision.auto_fix` allows, and save them as PNG files. `fix`: a fix for this
+    job only, over `precision`, the user's own choices included (`job_fix.with_job_fix`); the
+    result records it (`GenerationResult.job_fix`).
 
     Runs on the calling thread. `on_progress(stage, step, total)` is called once per denoising
     step; `on_preview(step, image)` every few steps with a small latent preview (that reads the
@@ -134,6 +139,7 @@ def generate(
 
     started = time.perf_counter()
     progress = on_progress or no_progress
+    precision, job_fix = with_job_fix(precision, fix)
     result, learned = _generate_unsaved(
         model,
         request,
@@ -142,6 +148,7 @@ def generate(
         on_progress=on_progress,
         on_preview=on_preview,
         cancel=cancel,
+        job_fix=job_fix,
     )
     if precision.nan_check and precision.auto_fix == "auto":
         learned = _repair_by_cause(
@@ -152,10 +159,11 @@ def generate(
         was = fix_words(previous.settings, previous.parts or model.components)
         now = fix_words(learned.settings, model.components)
         if _keeps_the_checked_fix(previous, learned):
+            # One note, in place of "ran without it": the job repaired, the fix was not in
+            # place, and the next job at these settings repairs again.
+            result.warnings = [w for w in result.warnings if w not in learned.remembered_note]
             result.warnings.append(
-                f"The fix remembered for this model on this device ({was}) stays: your settings "
-                "override it, and the health check proved it against fp32, where this job's "
-                f"repair ({now}) only came out finite."
+                profiles.overridden_repair_words(previous, learned.overrode_remembered, now)
             )
             learned = None
         elif dict(previous.settings) != learned.settings:
@@ -176,7 +184,7 @@ def generate(
         )
     for entry in result.images:
         entry.parameters = parameters(
-            entry, result.request, model, result.device.name, result.memory
+            entry, result.request, model, result.device.name, result.memory, result.job_fix
         )
     progress("Saving", 0, len(result.images))
     folder = output_folder(result.request)
@@ -196,9 +204,11 @@ class _Learned:
     settings: dict[str, Any]
     summary: str
     made_at: dict[str, Any] = field(default_factory=dict)  # `RememberedFix.made_at`
-    # The user's own settings overrode some of the remembered fix, so the job ran without it:
-    # the repair proves what works at those settings, not that the remembered fix was wrong.
-    overrode_remembered: bool = False
+    # The user's own settings that overrode some of the remembered fix (each as the user had
+    # it), so the job ran without it: the repair proves what works at those settings, not that
+    # the remembered fix was wrong.
+    overrode_remembered: dict[str, Any] = field(default_factory=dict)
+    remembered_note: tuple[str, ...] = ()  # what the job's notes said of the remembered fix
 
 
 def generate_unsaved(
@@ -224,7 +234,7 @@ def _keeps_the_checked_fix(previous: RememberedFix, learned: _Learned) -> bool:
     settings overrode it. A generation's repair proves only a finite image."""
     return (
         previous.verified_by == "health check"
-        and learned.overrode_remembered
+        and bool(learned.overrode_remembered)
         and dict(previous.settings) != learned.settings
     )
 
@@ -238,6 +248,7 @@ def _generate_unsaved(
     on_progress: ProgressCallback | None = None,
     on_preview: PreviewCallback | None = None,
     cancel: CancelToken | None = None,
+    job_fix: JobFix | None = None,
 ) -> tuple[GenerationResult, _Learned | None]:
     """`generate` up to the images and their diagnosis and precision repairs, unsaved; and the
     precision fix those repairs proved (the remembered one's settings under it), if any."""
@@ -300,7 +311,8 @@ def _generate_unsaved(
         if (problem := applied.file.problems()) is not None
     )
     warnings.extend(getattr(model, "lora_warnings", []))
-    warnings.extend(profiles.remembered_words(remembered, plan))
+    remembered_note = tuple(profiles.remembered_words(remembered, plan, job_fix))
+    warnings.extend(remembered_note)
     sampler = family.sampler_words(request.scheduler)
     if sampler != samplers.words(request.scheduler):
         warnings.append(
@@ -400,10 +412,11 @@ def _generate_unsaved(
             merged = {**kept, **job.fix_settings}
             parts = join_words(job.fixed_components)
             # What of it the user's settings overrode (a layer the model lacks is no override).
+            asked = precision.to_dict()
             overridden = {
-                key
+                key: asked[key]
                 for key, value in usable.items()
-                if key not in ran_with and value not in ("auto", False, [], ())
+                if key not in ran_with and value not in ("auto", False, [], ()) and key in asked
             }
             learned = _Learned(
                 merged,
@@ -411,7 +424,8 @@ def _generate_unsaved(
                 f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
                 "finite.",
                 plan.dtype_settings(),
-                overrode_remembered=bool(overridden),
+                overrode_remembered=overridden,
+                remembered_note=remembered_note,
             )
     finally:
         job.placed.release()
@@ -430,6 +444,7 @@ def _generate_unsaved(
         warnings=warnings,
         mode=mode,
         memory=memory,
+        job_fix=job_fix,
     )
     result.seconds = time.perf_counter() - started
     return result, learned

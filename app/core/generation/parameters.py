@@ -9,6 +9,7 @@ from typing import Any
 
 from app import __version__
 from app.core.families import capabilities, family_of
+from app.core.fixing.job_fix import JobFix
 from app.core.generation.describe import box_text, percent
 from app.core.generation.records import GenerationRequest, ImageResult, MemoryRecord
 from app.core.hires import BY_KEY
@@ -23,6 +24,7 @@ def parameters(
     model,
     device_name: str | None = None,
     memory: MemoryRecord | None = None,
+    job_fix: JobFix | None = None,
 ) -> str:
     """The PNG's `parameters` text, in AUTOMATIC1111's format, plus HalfSafe's own pairs (each
     key, its meaning and how it is written: `infotext.KEYS`)."""
@@ -70,6 +72,7 @@ def parameters(
         (infotext.NAN_COMPONENT, entry.component),
         (infotext.NAN_STEP, entry.step),
         (infotext.FIXES_APPLIED, entry.fixes_applied),
+        (infotext.FIX_FOR_JOB, job_fix.listed() if job_fix is not None else None),
         (infotext.NON_FINITE_PIXELS, percent(entry.non_finite) if entry.non_finite else None),
         (
             infotext.NON_FINITE_REGION,

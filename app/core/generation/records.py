@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
+from app.core.fixing.job_fix import JobFix
 from app.core.fixing.quality import Quality
 from app.core.hires import Hires
 from app.core.identities import DeviceIdentity, ModelIdentity
@@ -159,6 +160,9 @@ class GenerationResult:
     save_error: str = ""
     mode: Mode = Mode.TEXT  # what the job made its pictures from
     memory: MemoryRecord | None = None  # None: no memory budget applied
+    # A fix the job was asked to run with, for this job only, over the settings it was given
+    # (`job_fix.JobFix`: what it set, and which of the user's own choices it replaced).
+    job_fix: JobFix | None = None
 
     @property
     def all_good(self) -> bool:
@@ -182,6 +186,7 @@ class GenerationResult:
             "prompt_cache": self.request.prompt_cache,
             "warnings": list(self.warnings),
             "memory": self.memory.to_json() if self.memory is not None else None,
+            "fix_for_job": self.job_fix.to_json() if self.job_fix is not None else None,
         }
 
     def _hires_json(self) -> dict[str, Any] | None:

@@ -138,7 +138,7 @@ def resolve_plan(
         else:
             dtypes[component] = base
         if (
-            key in from_memory
+            (key in from_memory and not _moot(key, user))
             or ("no_half" in from_memory and chosen["no_half"])
             or (component == "vae" and "no_half_vae" in from_memory and chosen["no_half_vae"])
         ):
@@ -227,12 +227,38 @@ def resolve_plan(
         autocast=autocast,
         reasons=reasons,
         warnings=tuple(warnings),
-        remembered_used=tuple(sorted(k for k in from_memory if chosen[k] != user[k])),
+        remembered_used=tuple(
+            sorted(k for k in from_memory if chosen[k] != user[k] and not _moot(k, user))
+        ),
         remembered_held=_held(remembered, user),
         memory_budget_mb=budget,
         memory_budget_from=budget_from,
         vae_tiling=str(user.get("vae_tiling") or "auto"),
     )
+
+
+def _moot(key: str, user: Mapping[str, Any]) -> bool:
+    """Whether a remembered fix's `key` changes nothing the job runs: the user's own no-half
+    runs every part in fp32 (no-half-VAE the VAE), so no dtype or layer list of a fix takes
+    part; a check or job run so ran without the fix, whatever memory set."""
+    if user.get("no_half"):
+        return key in _WIDTH_KEYS
+    return bool(user.get("no_half_vae")) and key == "vae_precision"
+
+
+# The settings that only choose how wide a part or its layers compute.
+_WIDTH_KEYS = frozenset(
+    {
+        *COMPONENT_SETTING.values(),
+        "precision",
+        "no_half_vae",
+        "upcast_attention",
+        "fp32_modules",
+        "bf16_modules",
+        "clamp_modules",
+        "t5_fp32_feed_forward",
+    }
+)
 
 
 def _held(remembered: Mapping[str, Any] | None, user: Mapping[str, Any]) -> tuple[str, ...]:

@@ -73,7 +73,9 @@ class PicturePath(NamedTuple):
 @dataclass(frozen=True)
 class GenerateRequest:
     """Make the images `generation` describes with the loaded model, at `precision` on
-    `device`. The LoRAs applied are `loras` and those the prompt names in `<lora:...>` tags."""
+    `device`. The LoRAs applied are `loras` and those the prompt names in `<lora:...>` tags.
+    `fix`: a fix (settings values) this job runs with over `precision`, the user's own
+    choices included, for this job only ("Apply fix and regenerate"; `job_fix`)."""
 
     kind: ClassVar[str] = "generate"
     generation: GenerationRequest
@@ -81,6 +83,7 @@ class GenerateRequest:
     device: str = "auto"
     loras: tuple[LoraRequest, ...] = ()
     allow_pickle: bool = False
+    fix: dict[str, SettingValue] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

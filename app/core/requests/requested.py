@@ -81,6 +81,7 @@ def generate(
             on_progress=on_progress,
             on_preview=on_preview,
             cancel=cancel,
+            fix=request.fix,
         )
 
 

@@ -297,6 +297,12 @@ NAN_WATCH = _halfsafe("NaN watch", "the image's status (ok, fixed, nan, black, .
 NAN_COMPONENT = _halfsafe("NaN component", "the component that first went non-finite", "word")
 NAN_STEP = _halfsafe("NaN step", "the denoising step (from 1) that first went non-finite", "int")
 FIXES_APPLIED = _halfsafe("Fixes applied", "the repairs made to this image", "list")
+FIX_FOR_JOB = _halfsafe(
+    "Fix for this job",
+    "a fix its job ran with over the settings, for that job only: each setting it set, and "
+    "the user's own value it replaced ('VAE precision bf16 (over fp16)')",
+    "list",
+)
 NON_FINITE_PIXELS = _halfsafe("Non-finite pixels", "the share of pixels that came out NaN")
 NON_FINITE_REGION = _halfsafe("Non-finite region", "where they are: 'x 0-63, y 0-63'")
 HALFSAFE = Key(
@@ -363,6 +369,7 @@ KEYS: tuple[Key, ...] = (
     NAN_COMPONENT,
     NAN_STEP,
     FIXES_APPLIED,
+    FIX_FOR_JOB,
     NON_FINITE_PIXELS,
     NON_FINITE_REGION,
     HALFSAFE,
