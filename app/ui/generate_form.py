@@ -71,9 +71,13 @@ class GenerateForm(QWidget):
         self.state = state
         self.ui_settings = ui_settings
         self._say = say
-        self._size_by_user = False  # the user set the size: an input picture leaves it alone
+        # The user set the size: an input picture leaves it alone. Both this and the model the
+        # size was chosen for outlive a restart, with the size itself (`remember`): the same
+        # model loaded again keeps the user's size instead of starting at its own.
+        self._size_by_user = ui_settings.value("generate/size_by_user", False) in (True, "true")
         self._sizing = False  # the page itself is setting the size
-        self._sized_for: str | None = None  # the model whose native size the form was set to
+        # The model whose native size the form was set to (and the user's size is for).
+        self._sized_for: str | None = str(ui_settings.value("generate/sized_for", "")) or None
         # The loaded model's own steps and CFG scale (None: it states none, the settings' apply)
         # and the model the form last took them for.
         self.model_defaults: GenerationDefaults | None = None
@@ -282,6 +286,8 @@ class GenerateForm(QWidget):
         """Last-used values persist: the prompt in the window state, the rest as settings."""
         self.ui_settings.setValue("generate/prompt", request["prompt"])
         self.ui_settings.setValue("generate/loras", json.dumps(self.loras.entries()))
+        self.ui_settings.setValue("generate/sized_for", self._sized_for or "")
+        self.ui_settings.setValue("generate/size_by_user", self._size_by_user)
         chosen = request["hires"]
         values = {
             **{key: request[key] for key in GENERATION_KEYS if key in request},
