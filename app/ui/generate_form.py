@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -32,10 +31,11 @@ from app.core.hires import Hires
 from app.core.images.pictures import picture_size
 from app.core.models.summary import ModelSummary
 from app.core.settings import FIELDS
-from app.ui import browser, words
+from app.ui import browser
 from app.ui.hires_options import HiresOptions
 from app.ui.input_pictures import InputPictures
 from app.ui.lora_list import LoraList
+from app.ui.sampler_choice import SamplerChoice
 from app.ui.state import AppState
 from app.ui.widgets import label
 
@@ -132,9 +132,9 @@ class GenerateForm(QWidget):
         size_row.addWidget(self.height_box, 1)
         self.batch = QSpinBox()
         self.batch.setRange(*(int(b) for b in FIELDS["batch"].bounds()))
-        self.scheduler = QComboBox()
-        for choice in FIELDS["scheduler"].choices:
-            self.scheduler.addItem(words.choice_name(choice), choice)
+        # The sampler setting as a sampler and its schedule, as AUTOMATIC1111 and ComfyUI
+        # offer it: two short lists instead of one of every pair.
+        self.scheduler = SamplerChoice()
         form.addRow("Steps", self.steps)
         form.addRow("CFG scale", self.cfg)
         form.addRow("Seed", seed_row)
@@ -209,7 +209,7 @@ class GenerateForm(QWidget):
         self.seed.setText(str(settings["seed"]))
         self._set_size(settings["width"], settings["height"])
         self.batch.setValue(settings["batch"])
-        self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
+        self.scheduler.set_value(settings["scheduler"])
         self.clip_skip.setValue(settings["clip_skip"])
         self.step_cache.setValue(settings["step_cache"])
         self.prompt_cache.setChecked(settings["prompt_cache"])
@@ -241,9 +241,7 @@ class GenerateForm(QWidget):
                 spin.setValue(float(request[key]))
         if request.get("seed") is not None:
             self.seed.setText(str(request["seed"]))
-        index = self.scheduler.findData(request.get("scheduler"))
-        if index >= 0:
-            self.scheduler.setCurrentIndex(index)
+        self.scheduler.set_value(request.get("scheduler"))
         # An image without a clip skip or a hires fix recorded was made without one.
         clip_skip = request.get("clip_skip")
         self.clip_skip.setValue(clip_skip if isinstance(clip_skip, int) else 1)
@@ -270,7 +268,7 @@ class GenerateForm(QWidget):
             "width": _multiple_of_8(self.width_box.value()),
             "height": _multiple_of_8(self.height_box.value()),
             "batch": self.batch.value(),
-            "scheduler": self.scheduler.currentData(),
+            "scheduler": self.scheduler.value(),
             "clip_skip": self.clip_skip.value() if self.clip_skip.isEnabled() else 1,
             "step_cache": self.step_cache.value() if self.step_cache.isEnabled() else 0.0,
             "prompt_cache": self.prompt_cache.isChecked() and self.prompt_cache.isEnabled(),
