@@ -10,8 +10,8 @@ cd "$here/.."
 
 say() { printf 'run-tests: %s\n' "$*"; }
 
-# Qt's offscreen and xcb platforms, and Xvfb for screenshots.
-packages=(xvfb xauth libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3)
+# Qt's offscreen and xcb platforms, Xvfb for screenshots, xdotool for real input under it.
+packages=(xvfb xauth xdotool libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -180,6 +180,21 @@ def split(key: str) -> tuple[Sampler, Schedule | None]:
     raise KeyError(key)
 
 
+def join(sampler_key: str, schedule_key: str | None = None) -> str:
+    """The setting's value for a sampler run with a schedule (None: its own), as `split` reads
+    it back; KeyError for a sampler the table does not hold or a schedule it does not run."""
+    sampler = BY_KEY[sampler_key]
+    if schedule_key is None:
+        return sampler.key
+    if schedule_key not in sampler.schedules:
+        raise KeyError(f"{sampler_key}_{schedule_key}")
+    return f"{sampler.key}_{schedule_key}"
+
+
+# A1111's word for a sampler's own schedule (its `Schedule type` when none is chosen).
+OWN_SCHEDULE_WORDS = "Automatic"
+
+
 def words(key: str) -> str:
     """A setting's value in A1111's words, sampler then schedule: "DPM++ 2M SDE Karras"."""
     sampler, schedule = split(key)

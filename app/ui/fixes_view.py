@@ -634,19 +634,32 @@ class FixesView(QWidget):
 
     def _refresh_loaded(self, stored: StoredFix, fix: RememberedFix | None) -> None:
         """The loaded model's summary, when `stored` is its remembered fix, with `fix` instead
-        (None: forgotten), as the engine's next summary of it would say."""
+        (None: forgotten), as the engine's next summary of it would say. A fix forgotten also
+        ends the status bar's account of the last job, which ran with it: the bar says what
+        the next job will run with."""
         model = self.state.model
-        if (
-            model is None
-            or model.profile_key != stored.profile_key
-            or model.remembered_on != stored.device
-            or model.remembered_fix != stored.fix
-        ):
+        if model is None or not self._is_loaded_models(stored):
             return
         changed = replace(
             model, remembered_fix=fix, remembered_on=stored.device if fix is not None else ""
         )
         self.state.set_model(changed, self.state.model_request)
+        if fix is None and self.state.effective is not None:
+            self.state.set_effective(None)
+
+    def _is_loaded_models(self, stored: StoredFix) -> bool:
+        """Whether `stored` is the fix the loaded model's next job looks up: its model, on
+        the device and under the torch the engine runs. The summary's own fix may be older
+        than the store's (a generation's repair is remembered after the load), so it is not
+        what tells; it does where the engine's device or torch is not known yet."""
+        model = self.state.model
+        if model is None or model.profile_key != stored.profile_key:
+            return False
+        device = self.state.device_report()
+        hardware = self.state.hardware
+        if device is None or hardware is None:
+            return model.remembered_on == stored.device and model.remembered_fix == stored.fix
+        return device.name == stored.device and hardware.torch == stored.torch_version
 
 
 def _fix_components(settings: Mapping[str, Any], loaded: Sequence[str] = ()) -> list[str]:

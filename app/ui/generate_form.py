@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -32,10 +31,11 @@ from app.core.hires import Hires
 from app.core.images.pictures import picture_size
 from app.core.models.summary import ModelSummary
 from app.core.settings import FIELDS
-from app.ui import browser, words
+from app.ui import browser
 from app.ui.hires_options import HiresOptions
 from app.ui.input_pictures import InputPictures
 from app.ui.lora_list import LoraList
+from app.ui.sampler_choice import SamplerChoice
 from app.ui.state import AppState
 from app.ui.widgets import label
 
@@ -71,9 +71,13 @@ class GenerateForm(QWidget):
         self.state = state
         self.ui_settings = ui_settings
         self._say = say
-        self._size_by_user = False  # the user set the size: an input picture leaves it alone
+        # The user set the size: an input picture leaves it alone. Both this and the model the
+        # size was chosen for outlive a restart, with the size itself (`remember`): the same
+        # model loaded again keeps the user's size instead of starting at its own.
+        self._size_by_user = ui_settings.value("generate/size_by_user", False) in (True, "true")
         self._sizing = False  # the page itself is setting the size
-        self._sized_for: str | None = None  # the model whose native size the form was set to
+        # The model whose native size the form was set to (and the user's size is for).
+        self._sized_for: str | None = str(ui_settings.value("generate/sized_for", "")) or None
         # The loaded model's own steps and CFG scale (None: it states none, the settings' apply)
         # and the model the form last took them for.
         self.model_defaults: GenerationDefaults | None = None
@@ -128,9 +132,9 @@ class GenerateForm(QWidget):
         size_row.addWidget(self.height_box, 1)
         self.batch = QSpinBox()
         self.batch.setRange(*(int(b) for b in FIELDS["batch"].bounds()))
-        self.scheduler = QComboBox()
-        for choice in FIELDS["scheduler"].choices:
-            self.scheduler.addItem(words.choice_name(choice), choice)
+        # The sampler setting as a sampler and its schedule, as AUTOMATIC1111 and ComfyUI
+        # offer it: two short lists instead of one of every pair.
+        self.scheduler = SamplerChoice()
         form.addRow("Steps", self.steps)
         form.addRow("CFG scale", self.cfg)
         form.addRow("Seed", seed_row)
@@ -205,7 +209,7 @@ class GenerateForm(QWidget):
         self.seed.setText(str(settings["seed"]))
         self._set_size(settings["width"], settings["height"])
         self.batch.setValue(settings["batch"])
-        self.scheduler.setCurrentIndex(max(0, self.scheduler.findData(settings["scheduler"])))
+        self.scheduler.set_value(settings["scheduler"])
         self.clip_skip.setValue(settings["clip_skip"])
         self.step_cache.setValue(settings["step_cache"])
         self.prompt_cache.setChecked(settings["prompt_cache"])
@@ -237,9 +241,7 @@ class GenerateForm(QWidget):
                 spin.setValue(float(request[key]))
         if request.get("seed") is not None:
             self.seed.setText(str(request["seed"]))
-        index = self.scheduler.findData(request.get("scheduler"))
-        if index >= 0:
-            self.scheduler.setCurrentIndex(index)
+        self.scheduler.set_value(request.get("scheduler"))
         # An image without a clip skip or a hires fix recorded was made without one.
         clip_skip = request.get("clip_skip")
         self.clip_skip.setValue(clip_skip if isinstance(clip_skip, int) else 1)
@@ -266,7 +268,7 @@ class GenerateForm(QWidget):
             "width": _multiple_of_8(self.width_box.value()),
             "height": _multiple_of_8(self.height_box.value()),
             "batch": self.batch.value(),
-            "scheduler": self.scheduler.currentData(),
+            "scheduler": self.scheduler.value(),
             "clip_skip": self.clip_skip.value() if self.clip_skip.isEnabled() else 1,
             "step_cache": self.step_cache.value() if self.step_cache.isEnabled() else 0.0,
             "prompt_cache": self.prompt_cache.isChecked() and self.prompt_cache.isEnabled(),
@@ -282,6 +284,8 @@ class GenerateForm(QWidget):
         """Last-used values persist: the prompt in the window state, the rest as settings."""
         self.ui_settings.setValue("generate/prompt", request["prompt"])
         self.ui_settings.setValue("generate/loras", json.dumps(self.loras.entries()))
+        self.ui_settings.setValue("generate/sized_for", self._sized_for or "")
+        self.ui_settings.setValue("generate/size_by_user", self._size_by_user)
         chosen = request["hires"]
         values = {
             **{key: request[key] for key in GENERATION_KEYS if key in request},

@@ -413,18 +413,21 @@ def recorded_lines(entry: GalleryEntry) -> list[str]:
         (infotext.SAMPLER, entry.sampler),
         (infotext.CFG_SCALE, entry.cfg),
         (infotext.SEED, entry.seed),
-        (infotext.SIZE, entry.size),
+        (infotext.SIZE, picture_size(entry)),
         (infotext.MODEL_HASH, entry.model_hash),
         (infotext.MODEL, entry.model),
         (infotext.VAE, entry.vae),
+        (infotext.CLIP_SKIP, entry.clip_skip),
     ]
-    if not entry.input_picture:  # another tool's strength with no picture (A1111's hires fix)
+    if not entry.input_picture and entry.hires is None:  # another tool's strength, no picture
         details.append((infotext.DENOISING_STRENGTH, entry.strength))
     shown = [f"{key.name}: {key.write(value)}" for key, value in details if value is not None]
     if shown:
         lines.append(", ".join(shown))
     elif not entry.prompt and not entry.problem:
         lines.append("The image records no generation parameters.")
+    if entry.hires is not None:
+        lines.append(hires_line(entry.hires, entry.size))
     if entry.mode is not Mode.TEXT:
         lines.append(words.first_upper(mode_words(entry)))
     if entry.settings:
@@ -432,6 +435,29 @@ def recorded_lines(entry: GalleryEntry) -> list[str]:
     if entry.path:
         lines.append(f"Saved to {Path(entry.path)}")
     return lines
+
+
+def picture_size(entry: GalleryEntry) -> tuple[int, int] | None:
+    """The picture's size: the recorded size, which for a hires fix is its first pass's (as
+    AUTOMATIC1111 records it), times the fix's upscale."""
+    if entry.size is None or entry.hires is None:
+        return entry.size
+    return entry.hires.final_size(*entry.size)
+
+
+def hires_line(chosen: Hires, first: tuple[int, int] | None) -> str:
+    """A hires fix in AUTOMATIC1111's keys, with the size its first pass was drawn at:
+    "Hires upscale: 2 (from 128x128), Hires steps: 10, Hires upscaler: Latent, Denoising
+    strength: 0.7"."""
+    scale = f"{infotext.HIRES_UPSCALE.name}: {chosen.scale:g}"
+    if first is not None:
+        scale += f" (from {infotext.SIZE.write(first)})"
+    parts = [scale]
+    if chosen.steps:
+        parts.append(f"{infotext.HIRES_STEPS.name}: {chosen.steps}")
+    parts.append(f"{infotext.HIRES_UPSCALER.name}: {hires.BY_KEY[chosen.upscaler].words}")
+    parts.append(f"{infotext.DENOISING_STRENGTH.name}: {chosen.denoise:g}")
+    return ", ".join(parts)
 
 
 def live_lines(entry: GalleryEntry) -> list[str]:

@@ -12,7 +12,7 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -36,6 +36,7 @@ from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.first_run import FirstStart
+from app.ui.on_screen import fitting_size
 from app.ui.pages import PageHost
 from app.ui.state import AppState
 from app.ui.wheel import WheelNeedsFocus
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 
 PAGES = ("Models", "Health check", "Fixes", "Generate", "Devices", "Settings")
 TITLE = "HalfSafe"
+# The window's size at the first start, where the screen has room for it (less on a smaller
+# screen: its buttons and status bar stay on it).
+FIRST_SIZE = QSize(1180, 800)
 
 
 class MainWindow(QMainWindow):
@@ -600,8 +604,8 @@ class MainWindow(QMainWindow):
         geometry = self.ui_settings.value("window/geometry")
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
-        else:
-            self.resize(1180, 800)
+        else:  # the first start: as large as the screen allows, up to FIRST_SIZE
+            self.resize(fitting_size(self, FIRST_SIZE))
         page = self.ui_settings.value("window/page", "Models")
         self.show_page(page if page in PAGES else "Models")
 

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.core.settings import Field
 from app.ui import folders, words
+from app.ui.sampler_choice import SamplerChoice
 
 INT32_MAX = 2**31 - 1
 
@@ -112,6 +113,13 @@ class FieldEditor(QWidget):
             self._layout.addWidget(box)
             self._layout.addStretch(1)
             return box
+        if kind == "choice" and f.key == "scheduler":
+            # A sampler and its schedule, two short lists (`SamplerChoice`), for one value.
+            pair = SamplerChoice()
+            pair.changed.connect(self._emit)
+            self._layout.addWidget(pair)
+            self._layout.addStretch(1)
+            return pair
         if kind in ("choice", "device"):
             combo = QComboBox()
             combo.setMinimumWidth(220)
@@ -213,6 +221,8 @@ class FieldEditor(QWidget):
         widget, kind = self.input, self.field.kind
         if kind == "bool":
             return widget.isChecked()
+        if isinstance(widget, SamplerChoice):
+            return widget.value()
         if kind == "choice":
             return widget.currentData()
         if kind == "device":
@@ -243,6 +253,8 @@ class FieldEditor(QWidget):
         try:
             if kind == "bool":
                 widget.setChecked(bool(value))
+            elif isinstance(widget, SamplerChoice):
+                widget.set_value(value)
             elif kind == "choice":
                 widget.setCurrentIndex(max(0, widget.findData(value)))
             elif kind == "device":

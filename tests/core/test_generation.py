@@ -501,6 +501,10 @@ def test_png_parameters_parse_back_to_the_inputs(base, tmp_path):
     assert params["RNG"] == "CPU"  # A1111 reads this and makes its noise on the CPU too
     assert params["UNet precision"] == result.settings["unet_precision"]
     assert params["NaN watch"] == "ok"
+    # TF32 is on by default, but only a CUDA GPU of the Ampere kind or later runs it: on a CPU
+    # the file records what ran.
+    assert PrecisionSettings().allow_tf32 and params["TF32"] == "False"
+    assert result.settings["allow_tf32"] is False
     # A1111's order: the standard fields first, on the last line.
     last = read_parameters(entry.path).splitlines()[-1]
     assert last.startswith(

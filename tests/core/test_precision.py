@@ -176,6 +176,19 @@ def test_a_choice_the_cpu_cannot_run_is_recorded_as_what_ran(backend):
     assert on_gpu.attention_backend == backend and on_gpu.fp16_accumulation is True
 
 
+def test_tf32_is_recorded_only_where_it_runs():
+    """TF32 (on by default) exists only on CUDA GPUs of the Ampere kind or later: a plan for a
+    CPU, an Apple GPU or an older card says it did not run, so the PNG and the report do."""
+    on = PrecisionSettings(allow_tf32=True)
+    assert plan(on, device="cpu", info=None).effective_settings()["allow_tf32"] is False
+    assert plan(on, device="mps", info=None, ask_device=False).allow_tf32 is False
+    assert (
+        plan(on, device="cuda", info=SimpleNamespace(**vars(GTX16), tf32=False)).allow_tf32 is False
+    )
+    assert plan(on, device="cuda", info=SimpleNamespace(**vars(RTX), tf32=True)).allow_tf32
+    assert not plan(PrecisionSettings(allow_tf32=False), device="cuda").allow_tf32
+
+
 def test_a_choice_honoured_though_not_recommended_is_said_once_for_all_its_parts():
     plan = resolve_plan(
         PrecisionSettings(precision="fp16"),

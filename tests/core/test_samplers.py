@@ -448,3 +448,11 @@ def test_dpmpp_sde_from_a1111_and_comfyui_is_read_as_itself_and_made_again_with_
         "DPM++ SDE",
         "Karras",
     )
+
+
+def test_join_is_split_read_back_and_refuses_a_schedule_the_sampler_does_not_run():
+    for key in samplers.KEYS:
+        sampler, schedule = samplers.split(key)
+        assert samplers.join(sampler.key, schedule.key if schedule else None) == key
+    with pytest.raises(KeyError):
+        samplers.join("euler_a", "karras")

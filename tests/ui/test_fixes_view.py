@@ -430,6 +430,40 @@ def test_forget_asks_first_then_removes_the_fix_and_report_and_refreshes_the_loa
     assert not health.copy_button.isEnabled()
 
 
+def test_forgetting_a_repair_remembered_after_the_load_leaves_no_fix_in_the_status_bar(
+    window, engines
+):
+    """A generation's repair is remembered by the engine over the fix the model loaded with,
+    and the window's summary still holds that older one. Forget then changed nothing the
+    status bar reads: it went on naming the forgotten fix's layers."""
+    here = replace(gtx_1660_super().devices[0], name=DEVICE)
+    window.state.set_hardware(replace(gtx_1660_super(), devices=[here], torch=TORCH))
+    window.state.apply({"precision": "fp16"})
+    _loaded_with_fix(window, engines, _remember(DEMO_SUMMARY.profile_key))
+    assert "1 VAE layer in fp32" in window.precision_status.text()
+    repair = LAYERS + ["vae:decoder.up_blocks.3.resnets.0.conv1"]
+    profiles.remember_fix(
+        DEMO_SUMMARY.profile_key,
+        DEVICE,
+        {"fp32_modules": repair},
+        "The VAE overflowed; 2 VAE layers in fp32.",
+        "generation repair",
+        torch_version=TORCH,
+    )
+    # What the generation that made the repair ran with, as the Generate page says it.
+    window.state.set_effective(
+        words.precision_summary({"precision": "fp16", "fp32_modules": repair})
+    )
+    assert "layers in fp32" in window.precision_status.text()
+
+    view = _page(window)
+    window.dialogs.confirm = lambda *args, **kwargs: True
+    assert view.forget()
+    assert profiles.stored_fixes().fixes == []
+    assert window.state.model is not None and window.state.model.remembered_fix is None
+    assert "in fp32" not in window.precision_status.text(), window.precision_status.text()
+
+
 def test_forgetting_another_models_fix_leaves_the_loaded_models_summary_alone(window, engines):
     mine = _remember(DEMO_SUMMARY.profile_key)
     _loaded_with_fix(window, engines, mine)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from app.core.settings import load_settings
 from tests.ui.conftest import DEMO_SUMMARY
 
@@ -72,3 +74,44 @@ def test_the_users_change_stands_and_each_new_model_starts_at_its_own_or_the_set
     view.steps.setValue(30)
     assert _sent(view, engines) == (30, 7.0)
     assert load_settings().settings["steps"] == 30  # an ordinary model's choice is kept
+
+
+@pytest.mark.parametrize("page_first", [False, True])
+def test_the_users_size_outlives_a_restart_with_the_same_model(
+    qtbot, engines, tmp_path, page_first
+):
+    """A newly loaded model starts at its own size, and the user's change stands: after a
+    restart too, where the same model loaded again (before or after the page is visited) took
+    its own size back over the saved one."""
+    from app.ui.application import application, build_main_window
+    from tests.ui.conftest import load_fake_model
+
+    application()
+    first = build_main_window(engines)
+    qtbot.addWidget(first)
+    load_fake_model(first, engines)
+    view = first.generate_view
+    assert (view.width_box.value(), view.height_box.value()) == (128, 128)  # the demo's own
+    view.width_box.setValue(256)
+    view.height_box.setValue(192)
+    view.prompt.setPlainText("a lighthouse at dusk")
+    view.generate()
+    first.close()
+    assert (load_settings().settings["width"], load_settings().settings["height"]) == (256, 192)
+
+    second = build_main_window(engines)
+    qtbot.addWidget(second)
+    if page_first:
+        second.show_page("Generate")
+    load_fake_model(second, engines)  # the last model, loaded again
+    view = second.generate_view
+    assert (view.width_box.value(), view.height_box.value()) == (256, 192)
+    assert "made for 128×128" in view.size_hint.text()  # and the model's own is offered
+    second.close()
+
+    # Another model starts at its own size, as before.
+    third = build_main_window(engines)
+    qtbot.addWidget(third)
+    view = _load(third, engines, tmp_path, "other", "sd1")
+    assert (view.width_box.value(), view.height_box.value()) == (1024, 1024)
+    third.close()

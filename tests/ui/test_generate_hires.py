@@ -158,14 +158,14 @@ def test_an_images_schedule_halfsafe_does_not_run_takes_the_closest_and_says_so(
     closest sampler HalfSafe runs, and the page says which in one sentence."""
     text = "a castle\nSteps: 20, Sampler: Euler, Schedule type: Simple, Size: 512x512"
     view.use_parameters(GalleryEntry.from_parameters(text).generate_values())
-    assert view.form.scheduler.currentData() == "euler_sgm_uniform"
+    assert view.form.scheduler.value() == "euler_sgm_uniform"
     assert view.progress_label.text() == (
         "Parameters taken from the image; press Generate. HalfSafe does not run the schedule "
         "Simple; the closest it runs is Euler SGM Uniform."
     )
     own = "a castle\nSteps: 20, Sampler: DPM++ 2M, Schedule type: Karras, Size: 512x512"
     view.use_parameters(GalleryEntry.from_parameters(own).generate_values())
-    assert view.form.scheduler.currentData() == "dpmpp_2m_karras"
+    assert view.form.scheduler.value() == "dpmpp_2m_karras"
     assert view.progress_label.text() == "Parameters taken from the image; press Generate."
 
 

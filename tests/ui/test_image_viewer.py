@@ -594,3 +594,37 @@ def test_an_rgba_result_is_shown_with_its_alpha(qtbot, tmp_path):
         shown = pixmap.toImage()
         assert shown.pixelColor(2, 2).alpha() == 0
         assert (shown.pixelColor(40, 2).red(), shown.pixelColor(40, 2).alpha()) == (200, 255)
+
+
+def test_a_hires_images_size_clip_skip_and_hires_fix_are_shown(qtbot, tmp_path):
+    """A 256x256 file made with a 2x hires fix from 128x128 at Clip skip 2: the panel said
+    "Size: 128x128" (AUTOMATIC1111 records the first pass's size) and left out the hires fix
+    and Clip skip."""
+    text = a1111_parameters(
+        "sd15",
+        "abcdef1234",
+        **{
+            "Size": "128x128",
+            "Clip skip": 2,
+            "Denoising strength": 0.55,
+            "Hires upscale": 2,
+            "Hires steps": 10,
+            "Hires upscaler": "Latent",
+        },
+    )
+    path = png_text(
+        tmp_path / "hires.png", {"parameters": text}, Image.new("RGB", (256, 256), "navy")
+    )
+    viewer = _viewer(qtbot)
+    viewer.show_image(str(path))
+    shown = viewer.parameters.text()
+    assert "Size: 256x256" in shown and "Size: 128x128" not in shown
+    assert "Clip skip: 2" in shown
+    assert (
+        "Hires upscale: 2 (from 128x128), Hires steps: 10, Hires upscaler: Latent, "
+        "Denoising strength: 0.55"
+    ) in shown
+    assert viewer.image.pixmap.width() == 256
+    # Send to Generate still takes the first pass's size with the fix.
+    values = viewer.entry.generate_values()
+    assert (values["width"], values["height"]) == (128, 128) and values["clip_skip"] == 2

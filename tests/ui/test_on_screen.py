@@ -47,3 +47,25 @@ def test_a_dialog_grown_past_the_bottom_moves_up_to_keep_its_buttons_on_the_scre
     assert frame.y() >= available.y()
     assert frame.y() + frame.height() <= available.y() + available.height()
     assert frame.x() == available.x() + 50  # moved up only
+
+
+def test_the_first_window_opens_within_the_screen(qtbot, engines):
+    """The first start (no saved geometry) asked for 1180 x 800 whatever the screen: on a
+    1024 x 700 one "Load the demo" and the status bar were off it."""
+    from app.ui.application import application, build_main_window
+    from app.ui.main_window import FIRST_SIZE
+
+    application()
+    window = build_main_window(engines)
+    qtbot.addWidget(window)
+    available = _available()
+    assert available.width() < FIRST_SIZE.width()  # the test screen is smaller than it
+    assert window.width() <= available.width() - SCREEN_MARGIN
+    assert window.height() <= available.height() - SCREEN_MARGIN
+    window.show()
+    qtbot.waitExposed(window)
+    window.show_page("Generate")
+    button = window.generate_view.demo_button
+    bottom_right = button.mapToGlobal(button.rect().bottomRight())
+    assert available.contains(bottom_right)
+    window.dialogs.close_all()

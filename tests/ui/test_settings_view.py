@@ -21,9 +21,11 @@ from PySide6.QtWidgets import (
     QSpinBox,
 )
 
+from app.core import samplers
 from app.core.fixing.profiles import RememberedFix
 from app.core.settings import FIELDS, GROUPS, PRECISION_KEYS, SCHEMA, Field, load_settings
 from app.engine.events import EventState
+from app.ui.sampler_choice import SamplerChoice
 from app.ui.setting_fields import (
     SHORT_EXPLANATION,
     explanation_tip,
@@ -67,6 +69,10 @@ def _edit_like_a_user(editor, value: Any) -> None:
     widget = editor.input
     if isinstance(widget, QCheckBox):
         widget.click()
+    elif isinstance(widget, SamplerChoice):  # the sampler, then its schedule
+        sampler, schedule = samplers.split(value)
+        widget.sampler.setCurrentIndex(widget.sampler.findData(sampler.key))
+        widget.schedule.setCurrentIndex(widget.schedule.findData(schedule.key if schedule else ""))
     elif isinstance(widget, QComboBox) and not widget.isEditable():
         widget.setCurrentIndex(widget.findData(value))
     elif isinstance(widget, QComboBox):

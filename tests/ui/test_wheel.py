@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QWheelEvent
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QComboBox, QSlider, QWidget
 
 from app.ui.wheel import _scroll_area_of
 
@@ -56,3 +56,21 @@ def test_generate_fields_change_only_when_focused(window, qtbot):
     qtbot.waitUntil(view.steps.hasFocus)
     _wheel(view.steps, clicks=1)
     assert view.steps.value() == 11
+
+
+def test_no_field_on_any_page_can_take_the_focus_from_the_wheel(window, qtbot):
+    """A real wheel event gives a `WheelFocus` field the focus before any event filter sees
+    it (a synthetic one, as above, skips that step): the field would then count as clicked
+    into and take the wheel. No widget the window builds keeps that policy."""
+    from app.ui.main_window import PAGES
+
+    fields = 0
+    for page in PAGES:
+        window.show_page(page)
+        for widget in window.findChildren(QWidget):
+            widget.ensurePolished()  # as before it first shows
+            assert widget.focusPolicy() != Qt.FocusPolicy.WheelFocus, (
+                f"{page}: {type(widget).__name__} {widget.objectName()!r} takes the wheel's focus"
+            )
+            fields += isinstance(widget, (QAbstractSpinBox, QComboBox, QSlider))
+    assert fields > 20  # Precision, UNet precision, CFG scale, steps... were all walked

@@ -220,7 +220,7 @@ def resolve_plan(
         t5_feed_forward=tuple(t5_components),
         upcast_attention=upcast,
         attention_backend=attention_backend,
-        allow_tf32=bool(chosen["allow_tf32"]),
+        allow_tf32=bool(chosen["allow_tf32"]) and _runs_tf32(kind, device_info),
         fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
         fp16_accumulation=fp16_accumulation,
         attention_reduced_precision=bool(chosen["attention_reduced_precision"]),
@@ -259,6 +259,16 @@ _WIDTH_KEYS = frozenset(
         "t5_fp32_feed_forward",
     }
 )
+
+
+def _runs_tf32(kind: str, device_info: Any | None) -> bool:
+    """Whether TF32 can run here at all: only CUDA GPUs of the Ampere kind or later have it
+    (`DeviceInfo.tf32`; a CUDA device not described is taken at its word). Elsewhere the
+    setting changes nothing, and the plan, and so every record of the job, says it did not
+    run."""
+    if kind != "cuda":
+        return False
+    return bool(getattr(device_info, "tf32", True))
 
 
 def _held(remembered: Mapping[str, Any] | None, user: Mapping[str, Any]) -> tuple[str, ...]:
