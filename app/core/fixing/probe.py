@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core import work
 from app.core.components import FP16_MAX
 
 __all__ = ["FP16_MAX", "ActivationRecorder", "ProbeResult", "float_tensors", "max_abs"]
@@ -214,6 +215,7 @@ class ActivationRecorder:
         device = flat[0].device
         values = torch.stack([v.to(device=device, dtype=torch.float32) for v in flat])
         numbers = values.cpu().tolist()  # the one host sync of the probe
+        work.add("host_syncs")
         table = []
         at = 0
         for n_in, n_out, n_bound in spans:
