@@ -29,7 +29,8 @@ class Work:
 
     # component -> dtype it computed in -> forward calls (a VAE's decoder or encoder calls).
     calls: dict[str, dict[str, int]] = field(default_factory=dict)
-    recorded_calls: int = 0  # component calls run under the activation recorder
+    recorded_calls: int = 0  # component calls run under the full activation recorder
+    lean_calls: int = 0  # component calls run under the lean one (outputs only)
     timed_calls: int = 0  # component calls run to time a plan (a candidate's or a fix's cost)
     timed_runs: int = 0  # stage runs made to be timed
     placements: int = 0  # copies of a part made on the device
@@ -38,10 +39,13 @@ class Work:
     full_gc_passes: int = 0  # ... of them, those that walked every object (nothing set aside)
     host_syncs: int = 0  # points where the host waited for the device to read a result
 
-    def call(self, component: str, dtype: str, *, recorded: bool, timed: bool) -> None:
+    def call(self, component: str, dtype: str, *, recorder: str | None, timed: bool) -> None:
+        """One forward call of `component` computing in `dtype`, under the `recorder` named
+        ("full", "lean" or None), timed or not."""
         by_dtype = self.calls.setdefault(component, {})
         by_dtype[dtype] = by_dtype.get(dtype, 0) + 1
-        self.recorded_calls += recorded
+        self.recorded_calls += recorder == "full"
+        self.lean_calls += recorder == "lean"
         self.timed_calls += timed
 
     def calls_of(self, component: str, dtype: str | None = None) -> int:
@@ -53,6 +57,7 @@ class Work:
         return {
             "calls": {name: dict(sorted(d.items())) for name, d in sorted(self.calls.items())},
             "recorded_calls": self.recorded_calls,
+            "lean_calls": self.lean_calls,
             "timed_calls": self.timed_calls,
             "timed_runs": self.timed_runs,
             "placements": self.placements,

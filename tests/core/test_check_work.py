@@ -42,6 +42,9 @@ def test_a_healthy_check_runs_each_probe_call_once_and_times_nothing(healthy):
         "vae": {"fp16": 1},
     }
     assert done.timed_calls == 0 and done.timed_runs == 0
+    # Every call watched by the lean recorder (outputs only), none by the full one.
+    assert done.lean_calls == 1 + len(healthy.timesteps) + 1
+    assert done.recorded_calls == 0
     # Each component placed at most once.
     assert done.placements <= len(COMPONENTS)
 
@@ -84,7 +87,7 @@ def test_a_planted_unet_fault_reaches_its_fix_within_its_budget(unet_fault):
     (and those in fp32), the copies placed and the timed runs."""
     assert unet_fault.verdict == "fixable" and unet_fault.fix.verified
     done = unet_fault.work
-    assert done.calls_of("unet") <= 41
+    assert done.calls_of("unet") <= 43
     assert done.calls_of("unet", "fp32") <= 17
     assert done.placements <= 13
     assert done.timed_runs <= 23
@@ -107,7 +110,9 @@ def test_the_work_is_in_the_reports_json(unet_fault):
 def test_the_timed_runs_are_counted_as_timed(unet_fault):
     done = unet_fault.work
     assert done.timed_calls >= done.timed_runs
-    assert done.recorded_calls + done.timed_calls <= sum(done.calls_of(name) for name in done.calls)
+    assert done.recorded_calls + done.lean_calls + done.timed_calls <= sum(
+        done.calls_of(name) for name in done.calls
+    )
 
 
 class _Cycle:
@@ -157,6 +162,7 @@ def test_every_count_is_in_the_json():
     assert set(report.to_json()["work"]) == {
         "calls",
         "recorded_calls",
+        "lean_calls",
         "timed_calls",
         "timed_runs",
         "placements",

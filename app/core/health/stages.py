@@ -17,7 +17,7 @@ from typing import Any
 from app.core.components import in_run_order, module_of
 from app.core.encoders.prompts import clip_options
 from app.core.families import capabilities, family_of
-from app.core.fixing.probe import ActivationRecorder, ProbeResult
+from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
 from app.core.images.pictures import Mode, Pictures
@@ -33,6 +33,9 @@ DEFAULT_STEPS = FIELDS["steps"].default
 DEFAULT_SCHEDULER = FIELDS["scheduler"].default
 
 
+# Components run in fp16 are recorded by their outputs alone while they stay finite
+# (`Runner._watch`); False records every call in full, as the lean recorder's answers are tested.
+LEAN_RECORDER = True
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
 # A candidate fix whose fastest run so far took more than this many times the slowest run of
 # the fastest candidate is out of the race: its remaining rounds could not make it the
@@ -84,9 +87,11 @@ class _ComponentTimer:
     A VAE's stage runs its `decode` or `encode`, never its `forward`: the calls counted are its
     decoder's or encoder's (`counted_module`), and the stage's wall time is its time."""
 
-    def __init__(self, module, device, dtype: str, name: str, recorded: bool, timed: bool) -> None:
+    def __init__(
+        self, module, device, dtype: str, name: str, recorder: str | None, timed: bool
+    ) -> None:
         self._device = device
-        self._call = (name, dtype, recorded, timed)
+        self._call = (name, dtype, recorder, timed)
         self._wall = 0.0
         self._start = 0.0
         self._made = 0  # calls made
@@ -101,8 +106,8 @@ class _ComponentTimer:
 
         counting = work.counted()
         if counting is not None:
-            name, dtype, recorded, timed = self._call
-            counting.call(name, dtype, recorded=recorded, timed=timed)
+            name, dtype, recorder, timed = self._call
+            counting.call(name, dtype, recorder=recorder, timed=timed)
         self._made += 1
         if self._device.type == "cuda":
             import torch
@@ -140,6 +145,28 @@ class _ComponentTimer:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+class _Stop:
+    """Ends a stage's run once `module` completed `calls` calls (registered after the recorder's
+    and the timer's hooks, so that the last call is recorded and timed); no limit: nothing."""
+
+    class Enough(Exception):
+        """The calls asked for are made."""
+
+    def __init__(self, module, calls: int | None) -> None:
+        self._left = calls
+        self._handle = module.register_forward_hook(self._after) if calls else None
+
+    def _after(self, *_):
+        assert self._left is not None
+        self._left -= 1
+        if self._left <= 0:
+            raise _Stop.Enough
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
 
 
 def counted_module(name: str, module):
@@ -207,28 +234,84 @@ class Runner:
     def _watch(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
     ) -> Stage:
+        """One run of a stage's components `names` under `plan`, each recorded (`record`) and
+        timed. Components run in fp16 are recorded lean (their outputs alone), which is all a
+        finite run needs; where one went non-finite, the stage runs again under the full
+        recorder to name the layer at fault as it always has (its inputs decide which layer
+        made the first NaN), the same inputs giving the same values."""
+        lean = (
+            record and LEAN_RECORDER and all(plan.dtypes.get(module_of(n)) == "fp16" for n in names)
+        )
+        stage = self._run_stage(plan, names, run, "lean" if lean else "full" if record else None)
+        if lean and any(p.non_finite for p in stage.probes.values()):
+            return self._descend(plan, names, run, stage)
+        return stage
+
+    def _descend(
+        self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], lean: Stage
+    ) -> Stage:
+        """A stage whose lean record went non-finite, told in full: its one component's calls
+        run again under the full recorder up to the first that went non-finite (the denoiser's
+        first timestep, for a fault that fires there: one call, not the stage's three), merged
+        with the lean record of every call (`probe.descended`). Where that names no layer (or
+        the stage runs several components), the whole stage runs again in full."""
+        (probe,) = lean.probes.values() if len(names) == 1 else (None,)
+        if probe is not None and probe.first_bad_call is not None:
+            full = self._run_stage(plan, names, run, "full", stop_after=probe.first_bad_call + 1)
+            told = descended(probe, full.probes[names[0]])
+            if told is not None:
+                return Stage({names[0]: told}, lean.seconds, lean.output)
+        return self._run_stage(plan, names, run, "full")
+
+    def _run_stage(
+        self,
+        plan: PrecisionPlan,
+        names: list[str],
+        run: Callable[[Any], Any],
+        recorder: str | None,
+        stop_after: int | None = None,
+    ) -> Stage:
+        """`_watch`'s one run, under the `recorder` named ("lean", "full", or None); with
+        `stop_after`, the run ends once its one component made that many calls (its output is
+        then None)."""
         self.placed.apply(plan, names)  # this stage's components only (one copy each)
         pipe = self.placed.pipeline()
-        recorders = {n: ActivationRecorder(self.placed[n]) for n in names} if record else {}
+        recorders = (
+            {
+                n: ActivationRecorder(
+                    self.placed[n],
+                    lean=recorder == "lean",
+                    calls_of=counted_module(n, self.placed[n]),
+                )
+                for n in names
+            }
+            if recorder
+            else {}
+        )
         timers = {
             n: _ComponentTimer(
                 counted_module(n, self.placed[n]),
                 self.device,
                 plan.dtypes[module_of(n)],
                 n,
-                recorded=record,
+                recorder=recorder,
                 timed=self._timing,
             )
             for n in names
         }
+        stop = _Stop(counted_module(names[0], self.placed[names[0]]), stop_after)
         started = time.perf_counter()
+        output = None
         try:
             with backend_flags(plan):
                 import torch
 
                 with torch.inference_mode():
                     output = run(pipe)
+        except _Stop.Enough:
+            pass
         finally:
+            stop.remove()
             for r in recorders.values():
                 r.remove()
             for t in timers.values():
