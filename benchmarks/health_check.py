@@ -12,6 +12,7 @@ Usage: python benchmarks/health_check.py [--device cpu|cuda] [--models demo,sd1,
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 
 from common import NATIVE_SIZE, bench_model, emit, machine, names, status, timed
@@ -98,6 +99,7 @@ def bench_check(name: str, args) -> dict:
         "hook_overhead": round(hooks, 3),
         "repeats": args.repeats,
         "hook_repeats": len(hook_pairs),
+        "work": report.work.to_json() if report.work is not None else None,
     }
 
 
@@ -121,6 +123,9 @@ def table(document: dict) -> str:
             f"{r['generation_s']:>11.3f}{r['check_vs_generation']:>8.1%}"
             f"{r['hook_overhead']:>+8.1%}  {r['verdict']}"
         )
+    for r in document["results"]:  # the check's work, counted
+        if r.get("work"):
+            lines.append(f"{r['model']} work: {json.dumps(r['work'])}")
     return "\n".join(lines)
 
 

@@ -441,6 +441,14 @@ def run(args) -> dict:
                         file=sys.stderr,
                         flush=True,
                     )
+                    done = (result["document"] or {}).get("work")
+                    if done:  # a check's work, counted, and its own seconds after loading
+                        print(
+                            f"  the check {result['document'].get('seconds')} s after loading; "
+                            f"work {json.dumps(done)}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                     document["runs"].append(result)
                     if args.json and not args.append:
                         # Each job as it ends, so that a run stopped early keeps what it has.

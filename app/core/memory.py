@@ -85,11 +85,11 @@ def said_as_sentence(doing: str) -> Iterator[None]:
 
 
 def _release_cached_memory() -> None:
-    import gc
-
     import torch
 
-    gc.collect()
+    from app.core import work
+
+    work.collect_garbage()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     mps = getattr(torch, "mps", None)

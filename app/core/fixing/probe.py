@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from app.core import work
 from app.core.components import FP16_MAX
 
-__all__ = ["FP16_MAX", "ActivationRecorder", "ProbeResult", "float_tensors", "max_abs"]
+__all__ = [
+    "FP16_MAX",
+    "ActivationRecorder",
+    "ProbeResult",
+    "descended",
+    "float_tensors",
+    "max_abs",
+]
 
 
 def float_tensors(value: Any) -> Iterable[Any]:
@@ -35,13 +43,23 @@ def float_tensors(value: Any) -> Iterable[Any]:
 def peaks(value: Any) -> list[Any]:
     """max |x| of each floating tensor in `value`, each a 0-d fp32 device tensor.
 
-    NaN anywhere in a tensor makes its peak NaN and inf makes it inf (`amax` propagates NaN:
-    `tests/core/test_probe.py` holds it to a result computed element by element, on the CPU
-    and on CUDA). A fused infinity norm would spare the full-size |x| copy, but on a CPU the recorder
-    cost 2.2 to 2.8 times as much with it (`benchmarks/probe_overhead.py` compares the two on
-    the device it runs on; docs/benchmarks.md).
+    NaN anywhere in a tensor makes its peak NaN and inf makes it inf (`tests/core/test_probe.py`
+    holds both reductions to a result computed element by element, on the CPU and on CUDA). On
+    CUDA it is one kernel a tensor, the infinity norm accumulated in fp32 (on an H200 the
+    recorder cost SD1.5's UNet stage +184% so, +281% with |x|, its max and a cast); on a CPU
+    |x| and its max, which cost the recorder 2.2 to 2.8 times less there than the norm
+    (`benchmarks/probe_overhead.py` compares the two on the device it runs on).
     """
-    return [t.detach().abs().amax().float() for t in float_tensors(value)]
+    import torch
+
+    found = []
+    for t in float_tensors(value):
+        t = t.detach()
+        if t.is_cuda:
+            found.append(torch.linalg.vector_norm(t, math.inf, dtype=torch.float32))
+        else:
+            found.append(t.abs().amax().float())
+    return found
 
 
 def max_abs(value: Any):
@@ -91,6 +109,9 @@ class ProbeResult:
 
     modules: dict[str, ModuleStats] = field(default_factory=dict)
     output_finite: bool = True
+    # A lean probe's: the component call (0-based, counted by the recorder's `calls_of`) during
+    # which the first non-finite output came, where one did.
+    first_bad_call: int | None = None
 
     @property
     def non_finite(self) -> bool:
@@ -142,12 +163,23 @@ class ActivationRecorder:
     Per module call it keeps two 0-d device tensors (inputs' and output's max |value|), and for
     attention layers run by `precision.SafeAttnProcessor` a third, the bound on their scores; no
     host synchronisation happens until `read()`.
+
+    `lean`: outputs only, one hook and one reduction a module call (what a component run in
+    fp16 needs while it stays finite: its peaks and whether they held). Its inputs and scores
+    are not seen, so a lean probe that went non-finite cannot name the layer at fault: the
+    caller runs the call again under a full recorder (`Runner._watch`).
     """
 
     SCORES = "_halfsafe_scores"  # the list an attention processor appends its bounds to
 
-    def __init__(self, root, skip: tuple[str, ...] = ()) -> None:
+    def __init__(self, root, skip: tuple[str, ...] = (), lean: bool = False, calls_of=None) -> None:
         self.root = root
+        self.lean = lean
+        # The module whose completed calls are the component's calls (`first_bad_call`), and
+        # per recorded call, how many of them had completed by then.
+        self._calls_of = id(calls_of if calls_of is not None else root)
+        self._completed = 0
+        self._call_of: list[int] = []
         self._names: dict[int, str] = {}
         self._pending: dict[int, list[Any]] = {}
         self._calls: list[tuple[int, Any, Any, Any]] = []
@@ -157,6 +189,9 @@ class ActivationRecorder:
             if any(name == s or name.startswith(s + ".") for s in skip):
                 continue
             self._names[id(module)] = name
+            if lean:
+                self._handles.append(module.register_forward_hook(self._output_only))
+                continue
             if hasattr(module, "set_processor"):  # a diffusers attention layer
                 setattr(module, self.SCORES, [])
             self._handles.append(module.register_forward_pre_hook(self._before, with_kwargs=True))
@@ -175,6 +210,13 @@ class ActivationRecorder:
         # at `read()`, so a hook launches one reduction a tensor and nothing more.
         self._calls.append((id(module), inputs, peaks(outputs), bound))
         self._half.append(any(_is_half(t) for t in outputs))
+
+    def _output_only(self, module, args, output):
+        outputs = list(float_tensors(output))
+        self._calls.append((id(module), [], peaks(outputs), None))
+        self._half.append(any(_is_half(t) for t in outputs))
+        self._call_of.append(self._completed)
+        self._completed += id(module) == self._calls_of
 
     def __enter__(self) -> ActivationRecorder:
         return self
@@ -214,6 +256,7 @@ class ActivationRecorder:
         device = flat[0].device
         values = torch.stack([v.to(device=device, dtype=torch.float32) for v in flat])
         numbers = values.cpu().tolist()  # the one host sync of the probe
+        work.add("host_syncs")
         table = []
         at = 0
         for n_in, n_out, n_bound in spans:
@@ -256,7 +299,33 @@ class ActivationRecorder:
                 stats.overflow = math.isinf(peak)
                 stats.first_bad = index
                 stats.bad_with_finite_inputs = math.isfinite(inputs)
+                if self._call_of and result.first_bad_call is None:
+                    result.first_bad_call = self._call_of[index]
         return result
+
+
+def descended(lean: ProbeResult, full: ProbeResult) -> ProbeResult | None:
+    """A lean probe that went non-finite, told in full: every call's outputs from `lean`, and
+    from `full` (the full recorder's run of the same calls up to the first that went
+    non-finite) the inputs, the score bounds and which layer made the first non-finite value.
+    None where that run names no such layer (the component's own input was already
+    non-finite): the caller then records every call in full."""
+    if full.first_bad_module() is None:
+        return None
+    result = ProbeResult(output_finite=lean.output_finite)
+    for name, seen in lean.modules.items():
+        told = full.modules.get(name)
+        merged = result.modules[name] = replace(seen)
+        if told is None:
+            continue
+        merged.input_max_abs = told.input_max_abs
+        merged.score_bound = told.score_bound
+        # A layer that first went bad in a later call than the full run saw is no culprit:
+        # the first bad layer came before it, in the calls seen in full.
+        merged.bad_with_finite_inputs = told.first_bad is not None and told.bad_with_finite_inputs
+        if told.first_bad is not None:
+            merged.first_bad, merged.overflow = told.first_bad, told.overflow
+    return result
 
 
 def _is_half(tensor) -> bool:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
+from app.core import work
 from app.core.components import Verdict, in_run_order, join_words
 from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
@@ -155,33 +156,35 @@ def check_loaded(
         pixel_upscale=pixel_upscale,
     )
     said_memory_plan(model.pipeline, start.plan, progress)
-    try:
-        encoded = check.text_encoders()
-        if pictures is not None:
-            check.vae_encoder()
-        denoised = check.denoiser(encoded)
-        decoded = check.vae(denoised)
-        if pixel_upscale:
-            check.enlarged_encoder(decoded)
-        last_resort(
-            check.runner,
-            check.search,
-            check.seen,
-            check.reports,
-            check.first_probes,
-            start.plan,
-            start.broken,
-            progress,
-            cancel,
-        )
-        check.note_inputs_beyond_range()
-        check.weigh_precisions()
-        verdict, fix, islands = check.conclude(remember)
-    finally:
-        # Also on cancel or error: drop the device copies and hand cached memory back.
-        check.runner.placed.release()
-    progress(DONE, check.stages, check.stages)
-    return _report(model, start, size, check, verdict, fix, islands, started)
+    # Counted, and with the loaded world set aside from the collector (`work`).
+    with work.counting() as counted, work.frozen_world():
+        try:
+            encoded = check.text_encoders()
+            if pictures is not None:
+                check.vae_encoder()
+            denoised = check.denoiser(encoded)
+            decoded = check.vae(denoised)
+            if pixel_upscale:
+                check.enlarged_encoder(decoded)
+            last_resort(
+                check.runner,
+                check.search,
+                check.seen,
+                check.reports,
+                check.first_probes,
+                start.plan,
+                start.broken,
+                progress,
+                cancel,
+            )
+            check.note_inputs_beyond_range()
+            check.weigh_precisions()
+            verdict, fix, islands = check.conclude(remember)
+        finally:
+            # Also on cancel or error: drop the device copies and hand cached memory back.
+            check.runner.placed.release()
+        progress(DONE, check.stages, check.stages)
+    return _report(model, start, size, check, verdict, fix, islands, started, counted)
 
 
 @dataclass
@@ -604,6 +607,7 @@ def _report(
     fix: Fix | None,
     islands: dict[str, list[str]],
     started: float,
+    counted: work.Work,
 ) -> HealthReport:
     """The finished check as a report; `started` is when check_loaded began (perf_counter)."""
     from app.core.fixing import profiles
@@ -653,6 +657,7 @@ def _report(
                 for name, streamed in sorted(check.runner.placed.streamed.items())
             },
         ),
+        work=counted,
     )
 
 

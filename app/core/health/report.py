@@ -22,6 +22,7 @@ from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.models.summary import ModelSummary
 from app.core.precision import PrecisionPlan
 from app.core.settings.values import SettingValue, setting_word
+from app.core.work import Work
 
 if TYPE_CHECKING:  # the causes are told from re-runs of the check: they import it
     from app.core.causes.records import Cause
@@ -281,6 +282,8 @@ class HealthReport:
     pictures: list[str] = field(default_factory=list)
     # What the check's copies held on the device (None: a report made without a check).
     memory: CheckMemory | None = None
+    # What the check did, counted (None: a report made without a check).
+    work: Work | None = None
 
     @property
     def headline(self) -> str:
@@ -312,6 +315,7 @@ class HealthReport:
             "mode": self.mode,
             "pictures": list(self.pictures),
             "memory": self.memory.to_json() if self.memory is not None else {},
+            "work": self.work.to_json() if self.work is not None else None,
             "timesteps": list(self.timesteps),
             "notes": self.notes,
             "versions": self.versions,

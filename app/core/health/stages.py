@@ -17,7 +17,7 @@ from typing import Any
 from app.core.components import in_run_order, module_of
 from app.core.encoders.prompts import clip_options
 from app.core.families import capabilities, family_of
-from app.core.fixing.probe import ActivationRecorder, ProbeResult
+from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
 from app.core.images.pictures import Mode, Pictures
@@ -33,6 +33,9 @@ DEFAULT_STEPS = FIELDS["steps"].default
 DEFAULT_SCHEDULER = FIELDS["scheduler"].default
 
 
+# Components run in fp16 are recorded by their outputs alone while they stay finite
+# (`Runner._watch`); False records every call in full, as the lean recorder's answers are tested.
+LEAN_RECORDER = True
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
 # A candidate fix whose fastest run so far took more than this many times the slowest run of
 # the fastest candidate is out of the race: its remaining rounds could not make it the
@@ -76,34 +79,104 @@ class Stage:
 
 
 class _ComponentTimer:
-    """Wall time spent inside a component's own forward calls (synchronised at its boundary)."""
+    """Counts a component's forward calls (into the job's `work.Work`, by the dtype the plan
+    computes it in) and times them: on a CUDA device by events recorded at the call's
+    boundaries, read once when the stage is over (one host sync a stage, where synchronising
+    around every call cost two); elsewhere by the wall clock, the device being the host.
 
-    def __init__(self, module, device) -> None:
-        self.seconds = 0.0
+    A VAE's stage runs its `decode` or `encode`, never its `forward`: the calls counted are its
+    decoder's or encoder's (`counted_module`), and the stage's wall time is its time."""
+
+    def __init__(
+        self, module, device, dtype: str, name: str, recorder: str | None, timed: bool
+    ) -> None:
         self._device = device
+        self._call = (name, dtype, recorder, timed)
+        self._wall = 0.0
         self._start = 0.0
+        self._made = 0  # calls made
+        self._events: list[tuple[Any, Any]] = []
         self._handles = [
             module.register_forward_pre_hook(self._before),
             module.register_forward_hook(self._after),
         ]
 
-    def _sync(self) -> None:
-        import torch
-
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
-
     def _before(self, *_):
-        self._sync()
-        self._start = time.perf_counter()
+        from app.core import work
+
+        counting = work.counted()
+        if counting is not None:
+            name, dtype, recorder, timed = self._call
+            counting.call(name, dtype, recorder=recorder, timed=timed)
+        self._made += 1
+        if self._device.type == "cuda":
+            import torch
+
+            began = torch.cuda.Event(enable_timing=True)
+            began.record()
+            self._events.append((began, None))
+        else:
+            self._start = time.perf_counter()
 
     def _after(self, *_):
-        self._sync()
-        self.seconds += time.perf_counter() - self._start
+        if self._device.type == "cuda":
+            import torch
+
+            ended = torch.cuda.Event(enable_timing=True)
+            ended.record()
+            self._events[-1] = (self._events[-1][0], ended)
+        else:
+            self._wall += time.perf_counter() - self._start
+
+    @property
+    def seconds(self) -> float:
+        """The calls' time so far, read once a stage: where calls were made this is a host
+        sync, counted on every device (on CUDA it waits for the last call to finish)."""
+        if not self._made:
+            return 0.0
+        from app.core import work
+
+        work.add("host_syncs")
+        if not self._events:
+            return self._wall
+        self._events[-1][1].synchronize()
+        return sum(b.elapsed_time(e) for b, e in self._events if e is not None) / 1000
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+class _Stop:
+    """Ends a stage's run once `module` completed `calls` calls (registered after the recorder's
+    and the timer's hooks, so that the last call is recorded and timed); no limit: nothing."""
+
+    class Enough(Exception):
+        """The calls asked for are made."""
+
+    def __init__(self, module, calls: int | None) -> None:
+        self._left = calls
+        self._handle = module.register_forward_hook(self._after) if calls else None
+
+    def _after(self, *_):
+        assert self._left is not None
+        self._left -= 1
+        if self._left <= 0:
+            raise _Stop.Enough
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+
+def counted_module(name: str, module):
+    """The module whose forward calls are a component's calls: a VAE's decoder (or, for the
+    VAE's encoder, its encoder), since a VAE stage calls `decode`/`encode`, not `forward`."""
+    if name == "vae":
+        return getattr(module, "decoder", module)
+    if name == "vae_encoder":
+        return getattr(module, "encoder", module)
+    return module
 
 
 class Runner:
@@ -138,6 +211,15 @@ class Runner:
         # A hires fix with a pixel upscaler: the picture the VAE decoded at the probe's size,
         # which the VAE's encoder reads as the second pass reads the enlarged first picture.
         self.enlarged: Any = None
+        self._timing = False  # the stages run now are timed for a cost (`_alternating`)
+
+    @property
+    def one_step(self) -> list[float]:
+        """The timestep a timed denoiser run takes: the middle one of the probe's. A step's
+        cost is what is timed, and one call of it is a step (three made each timed run three
+        times as long, and the check's timing three times as costly)."""
+        middle = len(self.timesteps) // 2
+        return self.timesteps[middle : middle + 1]
 
     @property
     def encodes_pictures(self) -> bool:
@@ -152,26 +234,92 @@ class Runner:
     def _watch(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
     ) -> Stage:
+        """One run of a stage's components `names` under `plan`, each recorded (`record`) and
+        timed. Components run in fp16 are recorded lean (their outputs alone), which is all a
+        finite run needs; where one went non-finite, the stage runs again under the full
+        recorder to name the layer at fault as it always has (its inputs decide which layer
+        made the first NaN), the same inputs giving the same values."""
+        lean = (
+            record and LEAN_RECORDER and all(plan.dtypes.get(module_of(n)) == "fp16" for n in names)
+        )
+        stage = self._run_stage(plan, names, run, "lean" if lean else "full" if record else None)
+        if lean and any(p.non_finite for p in stage.probes.values()):
+            return self._descend(plan, names, run, stage)
+        return stage
+
+    def _descend(
+        self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], lean: Stage
+    ) -> Stage:
+        """A stage whose lean record went non-finite, told in full: its one component's calls
+        run again under the full recorder up to the first that went non-finite (the denoiser's
+        first timestep, for a fault that fires there: one call, not the stage's three), merged
+        with the lean record of every call (`probe.descended`). Where that names no layer (or
+        the stage runs several components), the whole stage runs again in full."""
+        (probe,) = lean.probes.values() if len(names) == 1 else (None,)
+        if probe is not None and probe.first_bad_call is not None:
+            full = self._run_stage(plan, names, run, "full", stop_after=probe.first_bad_call + 1)
+            told = descended(probe, full.probes[names[0]])
+            if told is not None:
+                return Stage({names[0]: told}, lean.seconds, lean.output)
+        return self._run_stage(plan, names, run, "full")
+
+    def _run_stage(
+        self,
+        plan: PrecisionPlan,
+        names: list[str],
+        run: Callable[[Any], Any],
+        recorder: str | None,
+        stop_after: int | None = None,
+    ) -> Stage:
+        """`_watch`'s one run, under the `recorder` named ("lean", "full", or None); with
+        `stop_after`, the run ends once its one component made that many calls (its output is
+        then None)."""
         self.placed.apply(plan, names)  # this stage's components only (one copy each)
         pipe = self.placed.pipeline()
-        recorders = {n: ActivationRecorder(self.placed[n]) for n in names} if record else {}
-        timers = {n: _ComponentTimer(self.placed[n], self.device) for n in names}
+        recorders = (
+            {
+                n: ActivationRecorder(
+                    self.placed[n],
+                    lean=recorder == "lean",
+                    calls_of=counted_module(n, self.placed[n]),
+                )
+                for n in names
+            }
+            if recorder
+            else {}
+        )
+        timers = {
+            n: _ComponentTimer(
+                counted_module(n, self.placed[n]),
+                self.device,
+                plan.dtypes[module_of(n)],
+                n,
+                recorder=recorder,
+                timed=self._timing,
+            )
+            for n in names
+        }
+        stop = _Stop(counted_module(names[0], self.placed[names[0]]), stop_after)
         started = time.perf_counter()
+        output = None
         try:
             with backend_flags(plan):
                 import torch
 
                 with torch.inference_mode():
                     output = run(pipe)
+        except _Stop.Enough:
+            pass
         finally:
+            stop.remove()
             for r in recorders.values():
                 r.remove()
             for t in timers.values():
                 t.remove()
         probes = {n: r.read(output if len(names) == 1 else None) for n, r in recorders.items()}
         seconds = {n: t.seconds for n, t in timers.items()}
-        if names in (["vae"], ["vae_encoder"]):  # .decode and .encode, not forward: time it
-            seconds[names[0]] = time.perf_counter() - started
+        if names in (["vae"], ["vae_encoder"]) and not seconds[names[0]]:
+            seconds[names[0]] = time.perf_counter() - started  # no decoder or encoder of its own
         return Stage(probes, seconds, output)
 
     def encode(self, plan: PrecisionPlan, record: bool = True) -> Stage:
@@ -207,7 +355,7 @@ class Runner:
         (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding)."""
 
         def run(pipe):
-            steps = list(timesteps or self.timesteps)
+            steps = list(timesteps or (self.one_step if self._timing else self.timesteps))
             if self.references is not None:  # the VAE encoder's stage made them
                 return capabilities.editing(self.family).probe_edit(
                     pipe, conditioning, self.size, self.device, steps, self.references
@@ -271,10 +419,9 @@ class Runner:
         (the others are baselines, timed every round); one left far behind stops being timed
         (`RACE_MARGIN`), and its `rounds` says how often it was. `on_run(done, total)` follows
         each run."""
-        per_run = len(self.timesteps) if name == self.family.denoiser else 1
 
-        def seconds(plan: PrecisionPlan) -> float:
-            return stage_fn(plan, False).seconds.get(name, 0.0) / per_run
+        def seconds(plan: PrecisionPlan) -> float:  # a timed denoiser runs one step (`one_step`)
+            return stage_fn(plan, False).seconds.get(name, 0.0)
 
         samples, peaks = self._alternating(name, plans, seconds, warm, on_run, race)
         return {
@@ -300,11 +447,10 @@ class Runner:
         check), then `COST_ROUNDS` rounds that alternate between the plans, so drift (clocks,
         caches, other load) hits every plan alike. Reports the median and the spread; peak
         device memory where the device reports it. `on_run(done, total)` follows each run."""
-        one_step = self.timesteps[len(self.timesteps) // 2 : len(self.timesteps) // 2 + 1]
         denoiser = self.family.denoiser
 
         def seconds(plan: PrecisionPlan) -> float:
-            stage = self.denoise(plan, conditioning, record=False, timesteps=one_step)
+            stage = self.denoise(plan, conditioning, record=False)
             return stage.seconds[denoiser]
 
         samples, peaks = self._alternating(denoiser, plans, seconds, warm, on_run)
@@ -336,9 +482,33 @@ class Runner:
         whole plan and gives its peak device memory; the runs after it re-place only `name`,
         whose time alone is taken, so alternating plans never copies the other components back
         and forth (a UNet between fp16 and fp32 for every no-half run of the VAE)."""
+        from app.core import work
+
         samples: dict[str, list[float]] = {label: [] for label in plans}
         peaks: dict[str, float | None] = {}
         runs = _Runs(len(plans), on_run, warm=len(set(warm) & set(plans)))
+        timing, self._timing = self._timing, True
+        placed_before = self.placed.placements
+        try:
+            with self.placed.keeping_variants():
+                return self._race(name, plans, seconds, warm, runs, race, samples, peaks)
+        finally:
+            self._timing = timing
+            work.add("timed_runs", runs.done)
+            work.add("timed_placements", self.placed.placements - placed_before)
+
+    def _race(
+        self,
+        name: str,
+        plans: dict[str, PrecisionPlan],
+        seconds: Callable[[PrecisionPlan], float],
+        warm: Collection[str],
+        runs: _Runs,
+        race: Collection[str],
+        samples: dict[str, list[float]],
+        peaks: dict[str, float | None],
+    ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
+        """`_alternating`'s runs, filling its `samples` and `peaks`."""
         for label, plan in plans.items():
             if label not in warm:
                 _, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
@@ -364,7 +534,10 @@ class Runner:
 
         if self.device.type != "cuda":
             return run(), None
+        from app.core import work
+
         torch.cuda.synchronize(self.device)
+        work.add("host_syncs")
         torch.cuda.reset_peak_memory_stats(self.device)
         taken = run()
         return taken, torch.cuda.max_memory_allocated(self.device) / 2**20
@@ -417,10 +590,14 @@ def probe_timesteps(model, steps: int, scheduler: str, size: int | None = None) 
 
 
 def all_finite(value: Any) -> bool:
+    from app.core import work
     from app.core.fixing.probe import max_abs
 
     peak = max_abs(value)
-    return peak is None or math.isfinite(float(peak))
+    if peak is None:
+        return True
+    work.add("host_syncs")
+    return math.isfinite(float(peak))
 
 
 @dataclass
@@ -480,6 +657,9 @@ def finite_stand_in(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
+        from app.core import work
+
+        work.add("host_syncs", value.is_floating_point())
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             return torch.zeros_like(value)
         return value

@@ -5,15 +5,16 @@ guards at their edges, fp16 output clamps (`PlacedPipeline`).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
-import gc
 import itertools
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core import work
 from app.core.components import FP16_MAX, module_of
 from app.core.encoders import t5
 from app.core.precision import tiling
@@ -37,6 +38,14 @@ from app.core.precision.transfer import moved_as
 # more is freed at once by a collection (see `PlacedPipeline._drop`); a collection takes a
 # fraction of a second, a small copy is left to Python's own collector.
 COLLECT_AFTER_DROPPING_BYTES = 64 << 20
+# While plans of one stage are timed in turn (`PlacedPipeline.keeping_variants`), a copy that
+# holds little of its own (an island's layers beside the weights it computes from, shared with
+# the loaded part or its resident copy) is kept beside the next instead of being made again for
+# each run: at most this much, and at most `VARIANT_SHARE` of its part; all of them together at
+# most `VARIANTS_BYTES`. A whole copy of a part is never kept: one stage's copies at a time.
+VARIANT_BYTES = COLLECT_AFTER_DROPPING_BYTES
+VARIANT_SHARE = 1 / 8
+VARIANTS_BYTES = 4 * VARIANT_BYTES
 
 
 def _cast_floats(value, dtype):
@@ -397,33 +406,69 @@ class PlacedPipeline:
         # from them (a check's: its reference, its candidates), kept while its stage runs
         # (`_resident_source`).
         self._resident: dict[str, Any] = {}
+        # While `keeping_variants`: the copies set aside by their key, and the bytes they hold.
+        self._variants: dict[tuple[str, Any], tuple[Any, int]] | None = None
         self.apply(plan, components)
 
     @property
     def placed_bytes(self) -> int:
-        return sum(self._bytes.values())
+        """What the placed copies hold, and the copies set aside beside them."""
+        kept = sum(b for _, b in self._variants.values()) if self._variants else 0
+        return sum(self._bytes.values()) + kept
 
     def _drop(self, name: str) -> None:
         """Forget a placed copy, and free it now where it held much: a placed module sits in
         reference cycles (diffusers' hook registries and hooks' closures point back at it),
         which only Python's collector frees, and it may not run before the next copy is made
         (a bf16 transformer generated in fp16 held a dropped 2.4 GiB fp16 copy beside the
-        next one)."""
+        next one). While `keeping_variants`, a small copy is set aside instead."""
         dropped = self._placed.pop(name, None)
         self._bytes.pop(name, None)
-        resident = self._resident.get(name)
-        if dropped is not None and _own_bytes(dropped[1], self.source, name, resident) >= (
-            COLLECT_AFTER_DROPPING_BYTES
+        if dropped is None:
+            return
+        own = _own_bytes(dropped[1], self.source, name, self._resident.get(name))
+        if self._variants is not None and own <= min(
+            VARIANT_BYTES, VARIANT_SHARE * tensor_bytes(getattr(self.source, name))
         ):
+            held = sum(b for _, b in self._variants.values())
+            if held + own <= VARIANTS_BYTES:
+                self._variants[(name, dropped[0])] = (dropped[1], own)
+                return
+        if own >= COLLECT_AFTER_DROPPING_BYTES:
             del dropped
-            gc.collect()
+            work.collect_garbage()
+
+    @contextlib.contextmanager
+    def keeping_variants(self) -> Iterator[None]:
+        """Inside the block, plans that take turns with a part (the runs that time a stage under
+        several plans) keep each one's copy of it beside the others, where it holds little of
+        its own, so that a run places nothing; the copies set aside are dropped after it."""
+        if self._variants is not None:
+            yield
+            return
+        self._variants = {}
+        try:
+            yield
+        finally:
+            kept, self._variants = self._variants, None
+            if sum(b for _, b in kept.values()) >= COLLECT_AFTER_DROPPING_BYTES:
+                kept.clear()
+                work.collect_garbage()
+
+    def _set_aside(self, name: str, key) -> Any:
+        """The copy of `name` placed under `key` and set aside while `keeping_variants` (taken
+        back out), or None."""
+        if self._variants is None:
+            return None
+        kept = self._variants.pop((name, key), None)
+        return kept[0] if kept is not None else None
 
     def _drop_resident(self, name: str) -> None:
         """Forget the stored weights moved to the device for `name`, freeing them now."""
         resident = self._resident.pop(name, None)
         if resident is not None and tensor_bytes(resident) >= COLLECT_AFTER_DROPPING_BYTES:
             del resident
-            gc.collect()
+            work.collect_garbage()
 
     def _resident_source(self, name: str, source, plan: PrecisionPlan, device):
         """What a plan that computes from the stored weights (a check's reference and
@@ -458,6 +503,7 @@ class PlacedPipeline:
         resident = _copy_as(source, device, None)
         resident.eval().requires_grad_(False)
         self.placements += 1
+        work.add("placements")
         self.placing_seconds += time.perf_counter() - began
         self._resident[name] = resident
         return resident
@@ -502,6 +548,13 @@ class PlacedPipeline:
             current = self._placed.get(name)
             if current is not None and current[0] == key:
                 module = current[1]
+            elif (kept := self._set_aside(name, key)) is not None:
+                self._drop(name)
+                module = kept
+                self._placed[name] = (key, module)
+                held = streamed_of(module)
+                self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
+                self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             else:
                 current = None
                 self._drop(name)  # free the old copy before making the new one
@@ -535,6 +588,7 @@ class PlacedPipeline:
                 _make_clamps(module, clamps)
                 self._placed[name] = (key, module)
                 self.placements += 1
+                work.add("placements")
                 self.placing_seconds += time.perf_counter() - began
                 held = streamed_of(module)
                 self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
@@ -590,6 +644,6 @@ class PlacedPipeline:
         self._bytes.clear()
         self._resident.clear()
         if own >= COLLECT_AFTER_DROPPING_BYTES:
-            gc.collect()  # the copies' reference cycles, as in `_drop`
+            work.collect_garbage()  # the copies' reference cycles, as in `_drop`
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -1,0 +1,120 @@
+"""The work a job does, counted: each component's forward calls by dtype, the calls run under the
+activation recorder and the calls timed for a cost, the copies placed on the device, the
+garbage collector's passes, and the points where the host waits for the device.
+
+Counts, unlike seconds, do not depend on the machine, so tests hold budgets on them and the
+benchmarks print them beside the times. Code deep in a job counts into the job's `Work` through
+`counting()` (a context variable: each thread counts its own job); outside one nothing is kept.
+
+The collector: a loaded model is millions of Python objects, and one full pass over them takes
+0.3-0.6 s (`docs/benchmarks.md`), where the copies a job drops (whose reference cycles only the
+collector frees) are a small part of them. `frozen_world()` sets everything that existed before
+the job aside (`gc.freeze`), so the job's passes look at what the job made alone, and hands it
+back at the end (`gc.unfreeze`), so nothing is kept longer than it was.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Work:
+    """What one job did, counted."""
+
+    # component -> dtype it computed in -> forward calls (a VAE's decoder or encoder calls).
+    calls: dict[str, dict[str, int]] = field(default_factory=dict)
+    recorded_calls: int = 0  # component calls run under the full activation recorder
+    lean_calls: int = 0  # component calls run under the lean one (outputs only)
+    timed_calls: int = 0  # component calls run to time a plan (a candidate's or a fix's cost)
+    timed_runs: int = 0  # stage runs made to be timed
+    placements: int = 0  # copies of a part made on the device
+    timed_placements: int = 0  # ... of them, those made while plans were timed
+    gc_passes: int = 0  # the collector's passes the job asked for
+    full_gc_passes: int = 0  # ... of them, those that walked every object (nothing set aside)
+    host_syncs: int = 0  # points where the host waited for the device to read a result
+
+    def call(self, component: str, dtype: str, *, recorder: str | None, timed: bool) -> None:
+        """One forward call of `component` computing in `dtype`, under the `recorder` named
+        ("full", "lean" or None), timed or not."""
+        by_dtype = self.calls.setdefault(component, {})
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + 1
+        self.recorded_calls += recorder == "full"
+        self.lean_calls += recorder == "lean"
+        self.timed_calls += timed
+
+    def calls_of(self, component: str, dtype: str | None = None) -> int:
+        """Forward calls of `component` (in `dtype`, or in any)."""
+        by_dtype = self.calls.get(component, {})
+        return by_dtype.get(dtype, 0) if dtype is not None else sum(by_dtype.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": {name: dict(sorted(d.items())) for name, d in sorted(self.calls.items())},
+            "recorded_calls": self.recorded_calls,
+            "lean_calls": self.lean_calls,
+            "timed_calls": self.timed_calls,
+            "timed_runs": self.timed_runs,
+            "placements": self.placements,
+            "timed_placements": self.timed_placements,
+            "gc_passes": self.gc_passes,
+            "full_gc_passes": self.full_gc_passes,
+            "host_syncs": self.host_syncs,
+        }
+
+
+_current: ContextVar[Work | None] = ContextVar("halfsafe_work", default=None)
+
+
+@contextmanager
+def counting(work: Work | None = None) -> Iterator[Work]:
+    """Count the work done inside the block into `work` (a new `Work` by default). A block
+    inside another counts into its own record alone."""
+    work = work if work is not None else Work()
+    token = _current.set(work)
+    try:
+        yield work
+    finally:
+        _current.reset(token)
+
+
+def counted() -> Work | None:
+    """The record the running job counts into (None outside `counting()`)."""
+    return _current.get()
+
+
+def add(what: str, times: int = 1) -> None:
+    """Add `times` to the running job's counter `what` (a `Work` field); nothing outside a job."""
+    work = _current.get()
+    if work is not None:
+        setattr(work, what, getattr(work, what) + times)
+
+
+def collect_garbage() -> None:
+    """One pass of the collector, counted; inside `frozen_world()` it walks the job's own
+    objects only."""
+    work = _current.get()
+    if work is not None:
+        work.gc_passes += 1
+        work.full_gc_passes += gc.get_freeze_count() == 0
+    gc.collect()
+
+
+@contextmanager
+def frozen_world() -> Iterator[None]:
+    """Set every object that exists now aside from the collector for the block (the loaded
+    model, the libraries), and give them back after it. A block inside another is the outer
+    one's: only the outermost freezes and unfreezes."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -1,0 +1,173 @@
+"""The work a health check does, counted (`work` in `check --json`): budgets on the calls, the
+copies, the timing runs, the collector's passes and the host syncs of a healthy check and of a
+planted UNet fault. Counts do not depend on the machine, so these hold on every one."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import weakref
+
+import pytest
+import torch
+
+from app.core import health, work
+from app.core.health import stages
+from app.core.precision import placement
+from tests.core.test_health import FP16, check, loaded, plant
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+COMPONENTS = ("text_encoder", "unet", "vae")
+
+
+@pytest.fixture(scope="module")
+def healthy():
+    """A healthy model checked in fp16, every dropped copy collected (as a real-size one is:
+    the threshold is 64 MiB, which no tiny copy reaches)."""
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(placement, "COLLECT_AFTER_DROPPING_BYTES", 0)
+        return check(loaded(build_tiny_sd_pipeline()), measure_cost=True)
+
+
+def test_a_healthy_check_runs_each_probe_call_once_and_times_nothing(healthy):
+    assert healthy.verdict == "healthy"
+    done = healthy.work
+    assert done is not None
+    # The text encoder once (prompt and empty prompt in one batch), the UNet once per probed
+    # timestep, the VAE's decoder once, each in fp16 as the user's plan runs them.
+    assert done.calls == {
+        "text_encoder": {"fp16": 1},
+        "unet": {"fp16": len(healthy.timesteps)},
+        "vae": {"fp16": 1},
+    }
+    assert done.timed_calls == 0 and done.timed_runs == 0
+    # Every call watched by the lean recorder (outputs only), none by the full one.
+    assert done.lean_calls == 1 + len(healthy.timesteps) + 1
+    assert done.recorded_calls == 0
+    # Each component placed at most once.
+    assert done.placements <= len(COMPONENTS)
+
+
+def test_a_healthy_check_never_walks_the_loaded_world_with_the_collector(healthy):
+    """Each dropped copy is collected (three passes: the text encoder's, the UNet's, the VAE's
+    at the end), each over the objects the check made alone, never over the loaded model and the
+    libraries (0.3-0.6 s a pass at real size)."""
+    done = healthy.work
+    assert done.gc_passes >= len(COMPONENTS)
+    assert done.full_gc_passes == 0
+    assert gc.get_freeze_count() == 0  # the world is given back after the check
+
+
+def test_a_healthy_check_waits_for_the_device_once_a_stage(healthy):
+    """The recorder's read and the timer's, per stage, and the finiteness of what a stage hands
+    on: never a sync per module or per forward call."""
+    assert healthy.work.host_syncs <= 4 * len(COMPONENTS)
+
+
+def stored_in_fp16(pipeline):
+    """The model as users download it: its weights stored in fp16."""
+    model = loaded(pipeline.to(torch.float16), "fp16-stored")
+    model.stored_dtype = "fp16"
+    return model
+
+
+@pytest.fixture(scope="module")
+def unet_fault():
+    """A planted UNet feed-forward overflow, stored in fp16, checked in fp16 with the fix's cost
+    measured; no candidate leaves the race (whether one would depends on this machine's
+    speeds)."""
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(stages, "RACE_MARGIN", math.inf)
+        return check(stored_in_fp16(plant(build_tiny_sd_pipeline(), "unet_ff")), measure_cost=True)
+
+
+def test_a_planted_unet_fault_reaches_its_fix_within_its_budget(unet_fault):
+    """What proving a UNet fix costs today, held so that it only goes down: the denoiser's calls
+    (and those in fp32), the copies placed and the timed runs."""
+    assert unet_fault.verdict == "fixable" and unet_fault.fix.verified
+    done = unet_fault.work
+    assert done.calls_of("unet") <= 43
+    assert done.calls_of("unet", "fp32") <= 17
+    assert done.placements <= 13
+    assert done.timed_runs <= 23
+    assert done.timed_calls == done.timed_runs  # a timed denoiser run is one step
+    # Each plan timed is placed for its first run at most (the three verified candidates, the
+    # plan as tested and no-half), its copy kept beside the others' for the runs after it; the
+    # fix's cost then times the fix and no-half from those copies.
+    timed_plans = sum(1 for c in unet_fault.fix.candidates if c.cost and c.cost.rounds) + 2
+    assert done.timed_placements <= timed_plans == 5
+    assert done.full_gc_passes == 0
+
+
+def test_the_work_is_in_the_reports_json(unet_fault):
+    document = json.loads(json.dumps(unet_fault.to_json()))
+    assert document["work"] == unet_fault.work.to_json()
+    assert document["work"]["calls"]["unet"]["fp16"] == unet_fault.work.calls_of("unet", "fp16")
+    assert document["work"]["timed_runs"] == unet_fault.work.timed_runs > 0
+
+
+def test_the_timed_runs_are_counted_as_timed(unet_fault):
+    done = unet_fault.work
+    assert done.timed_calls >= done.timed_runs
+    assert done.recorded_calls + done.lean_calls + done.timed_calls <= sum(
+        done.calls_of(name) for name in done.calls
+    )
+
+
+class _Cycle:
+    """Garbage only the collector frees: an object that refers to itself."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_frozen_world_is_left_alone_and_given_back():
+    """Inside `frozen_world` a pass collects what the block made, not what was there before it;
+    after the block the older garbage is collected again."""
+    older = weakref.ref(_Cycle())
+    assert older() is not None  # garbage, held by its own cycle
+    with work.counting() as counted, work.frozen_world():
+        younger = weakref.ref(_Cycle())
+        work.collect_garbage()
+        assert younger() is None and older() is not None
+        with work.frozen_world():  # an inner block is the outer one's
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() > 0
+    assert (counted.gc_passes, counted.full_gc_passes) == (1, 0)
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert older() is None
+
+
+def test_a_pass_outside_a_frozen_world_is_a_full_one():
+    with work.counting() as counted:
+        work.collect_garbage()
+    assert (counted.gc_passes, counted.full_gc_passes) == (1, 1)
+
+
+def test_counts_outside_a_job_are_not_kept():
+    work.add("placements")  # nothing to count into: ignored
+    with work.counting() as outer:
+        work.add("placements")
+        with work.counting() as inner:
+            work.add("placements", 2)
+    assert (outer.placements, inner.placements) == (1, 2)
+
+
+def test_every_count_is_in_the_json():
+    report = health.check_loaded(
+        loaded(build_tiny_sd_pipeline()), precision=FP16, device="cpu", size=64, measure_cost=False
+    )
+    assert set(report.to_json()["work"]) == {
+        "calls",
+        "recorded_calls",
+        "lean_calls",
+        "timed_calls",
+        "timed_runs",
+        "placements",
+        "timed_placements",
+        "gc_passes",
+        "full_gc_passes",
+        "host_syncs",
+    }
