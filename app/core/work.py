@@ -69,6 +69,8 @@ class Work:
 
 
 _current: ContextVar[Work | None] = ContextVar("halfsafe_work", default=None)
+# How deep inside `frozen_world` blocks the process is (0: outside any).
+_frozen_depth = 0
 
 
 @contextmanager
@@ -101,7 +103,7 @@ def collect_garbage() -> None:
     work = _current.get()
     if work is not None:
         work.gc_passes += 1
-        work.full_gc_passes += gc.get_freeze_count() == 0
+        work.full_gc_passes += not _frozen_depth
     gc.collect()
 
 
@@ -109,12 +111,21 @@ def collect_garbage() -> None:
 def frozen_world() -> Iterator[None]:
     """Set every object that exists now aside from the collector for the block (the loaded
     model, the libraries), and give them back after it. A block inside another is the outer
-    one's: only the outermost freezes and unfreezes."""
-    if gc.get_freeze_count():
-        yield
+    one's: only the outermost freezes and unfreezes. (Whether a block is inside another is
+    counted here, never read from `gc.get_freeze_count()`: libraries freeze objects of their
+    own, and a count above 0 from them once kept a check from freezing anything.)"""
+    global _frozen_depth
+    if _frozen_depth:
+        _frozen_depth += 1
+        try:
+            yield
+        finally:
+            _frozen_depth -= 1
         return
     gc.freeze()
+    _frozen_depth = 1
     try:
         yield
     finally:
+        _frozen_depth = 0
         gc.unfreeze()
