@@ -15,12 +15,13 @@ back at the end (`gc.unfreeze`), so nothing is kept longer than it was.
 
 from __future__ import annotations
 
+import functools
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 
 @dataclass
@@ -129,3 +130,18 @@ def frozen_world() -> Iterator[None]:
     finally:
         _frozen_depth = 0
         gc.unfreeze()
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def setting_world_aside(function: Callable[P, R]) -> Callable[P, R]:
+    """`function` run inside `frozen_world()` (a job: a generation, its repairs)."""
+
+    @functools.wraps(function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with frozen_world():
+            return function(*args, **kwargs)
+
+    return run

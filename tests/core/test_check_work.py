@@ -189,3 +189,20 @@ def test_a_freeze_made_elsewhere_does_not_stop_the_check_setting_the_world_aside
         gc.unfreeze()
     gc.collect()
     assert garbage() is None
+
+
+def test_a_generation_never_walks_the_loaded_world_with_the_collector(tmp_path, monkeypatch):
+    """A generation (and its repair) frees the copies it drops with passes over its own
+    objects, as the check does."""
+    from app.core import generation
+
+    monkeypatch.setattr(placement, "COLLECT_AFTER_DROPPING_BYTES", 0)
+    request = generation.GenerationRequest(
+        prompt="a red cube", steps=2, width=64, height=64, seed=1, output_dir=str(tmp_path)
+    )
+    model = loaded(plant(build_tiny_sd_pipeline(), "vae"), "generation-gc")
+    with work.counting() as counted:
+        result = generation.generate(model, request, precision=FP16, device="cpu")
+    assert result.images[0].status == "fixed"
+    assert counted.gc_passes >= 1 and counted.full_gc_passes == 0
+    assert gc.get_freeze_count() == 0

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core import samplers
+from app.core import samplers, work
 from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
@@ -239,6 +239,7 @@ def _keeps_the_checked_fix(previous: RememberedFix, learned: _Learned) -> bool:
     )
 
 
+@work.setting_world_aside
 def _generate_unsaved(
     model,
     request: GenerationRequest,
