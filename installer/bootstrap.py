@@ -641,11 +641,10 @@ def venv_python(venv: Path) -> Path:
 # venv or the app imports (an argparse.py in the folder the launcher was started from) would run
 # in their place. The command below takes the folder out before it runs the module, on every
 # Python from 3.10 (-P, which does the same, arrived in 3.11).
+# One line, so that the setup log's "running pip: ..." line reads back as the command it ran.
 _RUN_MODULE = (
-    "import sys\n"
-    "if sys.path[:1] == ['']: del sys.path[0]\n"
-    "import runpy\n"
-    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"
+    "import sys; sys.path[:1] == [''] and sys.path.pop(0); import runpy; "
+    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
 )
 
 

@@ -27,6 +27,13 @@ class SamplerChoice(QWidget):
             self.sampler.addItem(sampler.name, sampler.key)
         self.schedule = QComboBox()
         self.schedule.setObjectName("schedule")
+        # Side by side, the two lists give way to a narrow form (their text elided) rather than
+        # widen it past a small window.
+        for combo in (self.sampler, self.schedule):
+            combo.setSizeAdjustPolicy(
+                QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+            )
+            combo.setMinimumContentsLength(8)
         self.setFocusProxy(self.sampler)  # a label's buddy, Tab: the sampler first
         row.addWidget(self.sampler, 3)
         row.addWidget(self.schedule, 2)

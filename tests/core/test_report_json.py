@@ -46,6 +46,7 @@ CHECK_KEYS = [
     "mode",
     "pictures",
     "memory",
+    "work",
     "timesteps",
     "notes",
     "versions",
