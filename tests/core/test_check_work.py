@@ -72,35 +72,56 @@ def stored_in_fp16(pipeline):
     return model
 
 
-@pytest.fixture(scope="module")
-def unet_fault():
+# What proving the planted UNet fix costs today, per CPU bf16 class (the layers a fix keeps
+# wider are bf16 where it is native, fp32 elsewhere, and so are the candidates), held so that
+# it only goes down.
+BUDGETS = {
+    "native": {"unet": 43, "unet_fp32": 17, "placements": 13, "timed_runs": 23, "timed_placed": 5},
+    "emulated": {
+        "unet": 37,
+        "unet_fp32": 17,
+        "placements": 15,
+        "timed_runs": 20,
+        "timed_placed": 8,
+    },
+}
+
+
+@pytest.fixture(scope="module", params=list(BUDGETS))
+def unet_fault(request):
     """A planted UNet feed-forward overflow, stored in fp16, checked in fp16 with the fix's cost
-    measured; no candidate leaves the race (whether one would depends on this machine's
-    speeds)."""
+    measured, as on a CPU of each bf16 class; no candidate leaves the race (whether one would
+    depends on this machine's speeds)."""
     with pytest.MonkeyPatch.context() as patched:
+        patched.setenv("HALFSAFE_CPU_BF16", request.param)
         patched.setattr(stages, "RACE_MARGIN", math.inf)
-        return check(stored_in_fp16(plant(build_tiny_sd_pipeline(), "unet_ff")), measure_cost=True)
+        report = check(
+            stored_in_fp16(plant(build_tiny_sd_pipeline(), "unet_ff")),
+            measure_cost=True,
+            remember=False,
+        )
+    return request.param, report
 
 
 def test_a_planted_unet_fault_reaches_its_fix_within_its_budget(unet_fault):
-    """What proving a UNet fix costs today, held so that it only goes down: the denoiser's calls
-    (and those in fp32), the copies placed and the timed runs."""
-    assert unet_fault.verdict == "fixable" and unet_fault.fix.verified
-    done = unet_fault.work
-    assert done.calls_of("unet") <= 43
-    assert done.calls_of("unet", "fp32") <= 17
-    assert done.placements <= 13
-    assert done.timed_runs <= 23
+    """The denoiser's calls (and those in fp32), the copies placed and the timed runs."""
+    kind, report = unet_fault
+    budget = BUDGETS[kind]
+    assert report.verdict == "fixable" and report.fix.verified
+    done = report.work
+    assert done.calls_of("unet") <= budget["unet"]
+    assert done.calls_of("unet", "fp32") <= budget["unet_fp32"]
+    assert done.placements <= budget["placements"]
+    assert done.timed_runs <= budget["timed_runs"]
     assert done.timed_calls == done.timed_runs  # a timed denoiser run is one step
-    # Each plan timed is placed for its first run at most (the three verified candidates, the
-    # plan as tested and no-half), its copy kept beside the others' for the runs after it; the
-    # fix's cost then times the fix and no-half from those copies.
-    timed_plans = sum(1 for c in unet_fault.fix.candidates if c.cost and c.cost.rounds) + 2
-    assert done.timed_placements <= timed_plans == 5
+    # Each plan timed is placed for its first run, and a copy holding little of its own is kept
+    # beside the others for the runs after it.
+    assert done.timed_placements <= budget["timed_placed"]
     assert done.full_gc_passes == 0
 
 
 def test_the_work_is_in_the_reports_json(unet_fault):
+    _, unet_fault = unet_fault
     document = json.loads(json.dumps(unet_fault.to_json()))
     assert document["work"] == unet_fault.work.to_json()
     assert document["work"]["calls"]["unet"]["fp16"] == unet_fault.work.calls_of("unet", "fp16")
@@ -108,7 +129,7 @@ def test_the_work_is_in_the_reports_json(unet_fault):
 
 
 def test_the_timed_runs_are_counted_as_timed(unet_fault):
-    done = unet_fault.work
+    done = unet_fault[1].work
     assert done.timed_calls >= done.timed_runs
     assert done.recorded_calls + done.lean_calls + done.timed_calls <= sum(
         done.calls_of(name) for name in done.calls
