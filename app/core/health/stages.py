@@ -479,9 +479,11 @@ class Runner:
         each round the `race` plans left behind (`left_behind`) drop out of the rounds after it.
 
         A plan's first run (its warm-up, or for a warm plan its first timed run) places the
-        whole plan and gives its peak device memory; the runs after it re-place only `name`,
-        whose time alone is taken, so alternating plans never copies the other components back
-        and forth (a UNet between fp16 and fp32 for every no-half run of the VAE)."""
+        whole plan and gives its peak device memory; the runs after it place only `name`, whose
+        time alone is taken, so alternating plans never copies the other components back and
+        forth (a UNet between fp16 and fp32 for every no-half run of the VAE), and a copy of
+        `name` that holds little of its own is kept for the plan's next run
+        (`PlacedPipeline.keeping_variants`)."""
         from app.core import work
 
         samples: dict[str, list[float]] = {label: [] for label in plans}
@@ -491,41 +493,27 @@ class Runner:
         placed_before = self.placed.placements
         try:
             with self.placed.keeping_variants():
-                return self._race(name, plans, seconds, warm, runs, race, samples, peaks)
+                for label, plan in plans.items():
+                    if label not in warm:
+                        _, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
+                        runs.one_more()
+                timed = dict(plans)
+                for done in range(1, COST_ROUNDS + 1):
+                    for label, plan in timed.items():
+                        if label in peaks:
+                            taken = seconds(only(plan, [name]))
+                        else:
+                            taken, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
+                        runs.one_more()
+                        samples[label].append(taken * 1000)
+                    for label in left_behind(samples, [r for r in race if r in timed]):
+                        del timed[label]
+                        runs.fewer(COST_ROUNDS - done)
+                return samples, peaks
         finally:
             self._timing = timing
             work.add("timed_runs", runs.done)
             work.add("timed_placements", self.placed.placements - placed_before)
-
-    def _race(
-        self,
-        name: str,
-        plans: dict[str, PrecisionPlan],
-        seconds: Callable[[PrecisionPlan], float],
-        warm: Collection[str],
-        runs: _Runs,
-        race: Collection[str],
-        samples: dict[str, list[float]],
-        peaks: dict[str, float | None],
-    ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
-        """`_alternating`'s runs, filling its `samples` and `peaks`."""
-        for label, plan in plans.items():
-            if label not in warm:
-                _, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
-                runs.one_more()
-        timed = dict(plans)
-        for done in range(1, COST_ROUNDS + 1):
-            for label, plan in timed.items():
-                if label in peaks:
-                    taken = seconds(only(plan, [name]))
-                else:
-                    taken, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
-                runs.one_more()
-                samples[label].append(taken * 1000)
-            for label in left_behind(samples, [r for r in race if r in timed]):
-                del timed[label]
-                runs.fewer(COST_ROUNDS - done)
-        return samples, peaks
 
     def _with_peak(self, run: Callable[[], float]) -> tuple[float, float | None]:
         """`run()` and the peak device memory it reached, in MiB (None where the device does

@@ -431,7 +431,9 @@ class PlacedPipeline:
             VARIANT_BYTES, VARIANT_SHARE * tensor_bytes(getattr(self.source, name))
         ):
             held = sum(b for _, b in self._variants.values())
-            if held + own <= VARIANTS_BYTES:
+            budget = self.plan.memory_budget_mb
+            fits = budget is None or self.placed_bytes + own <= budget * 2**20
+            if held + own <= VARIANTS_BYTES and fits:  # never past the job's memory budget
                 self._variants[(name, dropped[0])] = (dropped[1], own)
                 return
         if own >= COLLECT_AFTER_DROPPING_BYTES:
