@@ -239,24 +239,20 @@ def _keeps_the_checked_fix(previous: RememberedFix, learned: _Learned) -> bool:
     )
 
 
-@work.setting_world_aside
-def _generate_unsaved(
-    model,
-    request: GenerationRequest,
-    *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    on_progress: ProgressCallback | None = None,
-    on_preview: PreviewCallback | None = None,
-    cancel: CancelToken | None = None,
-    job_fix: JobFix | None = None,
-) -> tuple[GenerationResult, _Learned | None]:
-    """`generate` up to the images and their diagnosis and precision repairs, unsaved; and the
-    precision fix those repairs proved (the remembered one's settings under it), if any."""
-    from app.core import hardware
-    from app.core.fixing import profiles
+@dataclass
+class _Prepared:
+    """A job's request as it will run, checked against the model before any of its numbers:
+    its mode, the pictures it reads, and the note a strength that redraws everything makes."""
 
-    started = time.perf_counter()
+    request: GenerationRequest
+    mode: Mode
+    pictures: Any
+    strength_note: list[str]
+
+
+def _prepared(model, request: GenerationRequest) -> _Prepared:
+    """The request checked against the model's family (what the job is, its size, clip skip,
+    hires, caches) and its pictures read; HalfSafeError naming the model otherwise."""
     pipeline = model.pipeline
     family = family_of(pipeline)
     references, control = (
@@ -279,8 +275,6 @@ def _generate_unsaved(
     )
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
-    progress = on_progress or no_progress
-    cancel = cancel or CancelToken()
     pictures = read_pictures(
         request.images,
         request.mask,
@@ -290,43 +284,193 @@ def _generate_unsaved(
         control,
         request.canvas,
     )
+    return _Prepared(request, mode, pictures, strength_note)
 
-    torch_device = hardware.pick_device(device)
-    info = hardware.describe_device(torch_device)
-    found = profiles.lookup(model.profile_key, info.name)
-    remembered = found.fix
-    plan = diagnosis.plan_for_model(
-        model,
-        precision,
-        device=torch_device,
-        device_info=info,
-        remembered=remembered.settings if remembered else None,
-    )
-    vae = getattr(model.pipeline, "vae", None)
-    drawn_width, drawn_height = request.drawn_size()
-    plan = tiling.resolve(plan, vae, drawn_height, drawn_width)
-    warnings = list(plan.warnings) + found.notes + strength_note
+
+def _job_notes(model, request: GenerationRequest, plan, start, strength_note) -> list[str]:
+    """The notes a job starts with: the plan's, the profiles file's, the strength's, each
+    LoRA's, and a sampler setting this model does not sample with."""
+    warnings = list(plan.warnings) + start.profile_notes + strength_note
     warnings.extend(
         problem
         for applied in getattr(model, "loras", [])
         if (problem := applied.file.problems()) is not None
     )
     warnings.extend(getattr(model, "lora_warnings", []))
+    return warnings
+
+
+def _sampler_note(model, request: GenerationRequest) -> list[str]:
+    """A sentence when the model samples with its own sampler, not the one set."""
+    sampler = family_of(model.pipeline).sampler_words(request.scheduler)
+    if sampler == samplers.words(request.scheduler):
+        return []
+    return [
+        f"This model samples with its own {sampler} (flow matching); the sampler setting "
+        f"{samplers.words(request.scheduler)} does not apply to it."
+    ]
+
+
+# One image as it came out of the job: its outcome (after a repair, if one ran), the repair,
+# the component that failed first and the denoising step it failed at.
+_Final = tuple[Outcome, Repair | None, str | None, int | None]
+
+
+def _run_and_repair(job: Job, plan, seeds: list[int], auto_fix: str, warnings: list[str]):
+    """Every image of the job, each repaired where it failed and the auto repair is on. A
+    repair that stops with an error keeps the batch going (the image is kept as it came out);
+    out of memory stops the job."""
+    finals: list[_Final] = []
+    outcomes = job.run(plan, seeds)
+    for index, (seed, outcome) in enumerate(zip(seeds, outcomes, strict=True)):
+        component = failure(outcome)
+        step = outcome.bad_step if component == outcome.denoiser else None
+        repair = None
+        if component and auto_fix == "auto":
+            try:
+                repair = job.repair(index, seed, outcome, len(seeds))
+            except RuntimeError as error:
+                if is_out_of_memory(error):
+                    raise
+                warnings.append(
+                    f"Image {index + 1}: the repair stopped with an error ({error}); the "
+                    "image is kept as it came out."
+                )
+            else:
+                outcome = repair.outcome
+        finals.append((outcome, repair, component, step))
+    return finals
+
+
+def _described(
+    job: Job,
+    seeds: list[int],
+    finals: list[_Final],
+    auto_fix: str,
+    watch: bool,
+    request: GenerationRequest,
+    precision: PrecisionSettings,
+) -> list[ImageResult]:
+    """Each image's result: the safety checker's verdict on the finite ones, and for one that
+    still failed whether the failure recurs and the fix suggested (by `auto_fix`)."""
+    flagged, checked = job.safety_check([o.image for o, *_ in finals if o.stats.non_finite == 0])
+    verdicts = iter(zip(flagged, checked, strict=True))
+    entries: list[ImageResult] = []
+    for seed, (outcome, repair, component, step) in zip(seeds, finals, strict=True):
+        hit = False
+        if outcome.stats.non_finite == 0:
+            hit, outcome.image = next(verdicts)
+        suggestion = None
+        intermittent = False
+        still = failure(outcome)
+        # A denoiser that went non-finite with a cache on: the cache comes first (a part
+        # re-run alone runs without it, so it would look intermittent).
+        cached = still is not None and still == outcome.denoiser and outcome.cached
+        if still is not None and auto_fix == "ask" and not cached:
+            # The quick test starts by running the failing part again unchanged: a NaN that
+            # does not come back is no precision problem, so no precision fix is offered.
+            intermittent = not job.recurs(still, outcome)
+        if still is not None and auto_fix in ("off", "ask") and not (intermittent or cached):
+            suggestion = job.suggest(still, outcome, verify=auto_fix == "ask")
+        entry = describe(
+            seed,
+            outcome,
+            repair,
+            component,
+            step,
+            hit,
+            suggestion,
+            auto_fix,
+            watch,
+            request,
+            precision,
+            intermittent=intermittent,
+            cached=cached,
+        )
+        if entry.first_bad_module is None and entry.component:
+            entry.first_bad_module = job.first_bad.get(entry.component)
+        entries.append(entry)
+    return entries
+
+
+def _learned_fix(
+    job: Job,
+    plan,
+    remembered: RememberedFix | None,
+    precision: PrecisionSettings,
+    remembered_note: tuple[str, ...],
+) -> _Learned:
+    """The precision fix the job's repairs proved, merged with what of the remembered fix the
+    job ran with.
+
+    A setting the user overrode (a VAE in fp16 where the fix ran it in fp32) took no part in
+    this proof, and beside the repair it would make a fix that contradicts itself ("2 VAE
+    layers in bf16; the VAE in fp32")."""
+    ran_with = {*plan.remembered_used, *plan.remembered_held}
+    usable = (
+        diagnosis.without_layers(remembered.settings, plan.remembered_dropped) if remembered else {}
+    )
+    kept = {key: value for key, value in usable.items() if key in ran_with}
+    merged = {**kept, **job.fix_settings}
+    parts = join_words(job.fixed_components)
+    # What of it the user's settings overrode (a layer the model lacks is no override).
+    asked = precision.to_dict()
+    overridden = {
+        key: asked[key]
+        for key, value in usable.items()
+        if key not in ran_with and value not in ("auto", False, [], ()) and key in asked
+    }
+    return _Learned(
+        merged,
+        f"The {parts} went non-finite during generation; fix: "
+        f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
+        "finite.",
+        plan.dtype_settings(),
+        overrode_remembered=overridden,
+        remembered_note=remembered_note,
+    )
+
+
+@work.setting_world_aside
+def _generate_unsaved(
+    model,
+    request: GenerationRequest,
+    *,
+    precision: PrecisionSettings,
+    device: str = "auto",
+    on_progress: ProgressCallback | None = None,
+    on_preview: PreviewCallback | None = None,
+    cancel: CancelToken | None = None,
+    job_fix: JobFix | None = None,
+) -> tuple[GenerationResult, _Learned | None]:
+    """`generate` up to the images and their diagnosis and precision repairs, unsaved; and the
+    precision fix those repairs proved (the remembered one's settings under it), if any."""
+    from app.core.fixing import profiles
+    from app.core.fixing.job_start import start_job
+
+    started = time.perf_counter()
+    prepared = _prepared(model, request)
+    request, mode, pictures = prepared.request, prepared.mode, prepared.pictures
+    progress = on_progress or no_progress
+    cancel = cancel or CancelToken()
+
+    start = start_job(model, precision, device)
+    info, remembered = start.info, start.remembered
+    drawn_width, drawn_height = request.drawn_size()
+    plan = tiling.resolve(
+        start.plan, getattr(model.pipeline, "vae", None), drawn_height, drawn_width
+    )
+    warnings = _job_notes(model, request, plan, start, prepared.strength_note)
     remembered_note = tuple(profiles.remembered_words(remembered, plan, job_fix))
     warnings.extend(remembered_note)
-    sampler = family.sampler_words(request.scheduler)
-    if sampler != samplers.words(request.scheduler):
-        warnings.append(
-            f"This model samples with its own {sampler} (flow matching); the sampler setting "
-            f"{samplers.words(request.scheduler)} does not apply to it."
-        )
+    warnings.extend(_sampler_note(model, request))
     watch = bool(precision.nan_check)
     auto_fix = precision.auto_fix if watch else "off"
     job = Job(
         model,
         request,
         plan,
-        device=torch_device,
+        device=start.torch_device,
         bf16_native=getattr(info, "bf16", None) == "native",
         watch=watch,
         progress=progress,
@@ -335,99 +479,14 @@ def _generate_unsaved(
         pictures=pictures,
     )
     seeds = _seeds(request)
-    entries: list[ImageResult] = []
     learned: _Learned | None = None
     memory = said_memory_plan(model.pipeline, plan, progress)
     try:
         progress("Encoding the prompt", 0, steps_run(request.steps, request.strength, mode))
-        outcomes = job.run(plan, seeds)
-        finals: list[tuple[Outcome, Repair | None, str | None, int | None]] = []
-        for index, (seed, outcome) in enumerate(zip(seeds, outcomes, strict=True)):
-            component = failure(outcome)
-            step = outcome.bad_step if component == outcome.denoiser else None
-            repair = None
-            if component and auto_fix == "auto":
-                try:
-                    repair = job.repair(index, seed, outcome, len(seeds))
-                except RuntimeError as error:  # a repair that fails: keep the batch going
-                    if is_out_of_memory(error):  # but out of memory stops the job (`memory`)
-                        raise
-                    warnings.append(
-                        f"Image {index + 1}: the repair stopped with an error ({error}); the "
-                        "image is kept as it came out."
-                    )
-                else:
-                    outcome = repair.outcome
-            finals.append((outcome, repair, component, step))
-        flagged, checked = job.safety_check(
-            [o.image for o, *_ in finals if o.stats.non_finite == 0]
-        )
-        verdicts = iter(zip(flagged, checked, strict=True))
-        for seed, (outcome, repair, component, step) in zip(seeds, finals, strict=True):
-            hit = False
-            if outcome.stats.non_finite == 0:
-                hit, outcome.image = next(verdicts)
-            suggestion = None
-            intermittent = False
-            still = failure(outcome)
-            # A denoiser that went non-finite with a cache on: the cache comes first (a part
-            # re-run alone runs without it, so it would look intermittent).
-            cached = still is not None and still == outcome.denoiser and outcome.cached
-            if still is not None and auto_fix == "ask" and not cached:
-                # The quick test starts by running the failing part again unchanged: a NaN that
-                # does not come back is no precision problem, so no precision fix is offered.
-                intermittent = not job.recurs(still, outcome)
-            if still is not None and auto_fix in ("off", "ask") and not (intermittent or cached):
-                suggestion = job.suggest(still, outcome, verify=auto_fix == "ask")
-            entries.append(
-                describe(
-                    seed,
-                    outcome,
-                    repair,
-                    component,
-                    step,
-                    hit,
-                    suggestion,
-                    auto_fix,
-                    watch,
-                    request,
-                    precision,
-                    intermittent=intermittent,
-                    cached=cached,
-                )
-            )
-            if entries[-1].first_bad_module is None and entries[-1].component:
-                entries[-1].first_bad_module = job.first_bad.get(entries[-1].component)
+        finals = _run_and_repair(job, plan, seeds, auto_fix, warnings)
+        entries = _described(job, seeds, finals, auto_fix, watch, request, precision)
         if job.fix_settings and any(e.status == "fixed" for e in entries):
-            # Of the remembered fix, what this job ran with (from memory, or the user's own
-            # settings holding the same value): a setting the user overrode (a VAE in fp16 where
-            # the fix ran it in fp32) took no part in this proof, and beside the repair it would
-            # make a fix that contradicts itself ("2 VAE layers in bf16; the VAE in fp32").
-            ran_with = {*plan.remembered_used, *plan.remembered_held}
-            usable = (
-                diagnosis.without_layers(remembered.settings, plan.remembered_dropped)
-                if remembered
-                else {}
-            )
-            kept = {key: value for key, value in usable.items() if key in ran_with}
-            merged = {**kept, **job.fix_settings}
-            parts = join_words(job.fixed_components)
-            # What of it the user's settings overrode (a layer the model lacks is no override).
-            asked = precision.to_dict()
-            overridden = {
-                key: asked[key]
-                for key, value in usable.items()
-                if key not in ran_with and value not in ("auto", False, [], ()) and key in asked
-            }
-            learned = _Learned(
-                merged,
-                f"The {parts} went non-finite during generation; fix: "
-                f"{'; '.join(job.fix_words)}. Verified by repairing the image, which came out "
-                "finite.",
-                plan.dtype_settings(),
-                overrode_remembered=overridden,
-                remembered_note=remembered_note,
-            )
+            learned = _learned_fix(job, plan, remembered, precision, remembered_note)
     finally:
         job.placed.release()
     warnings.extend(dict.fromkeys(job.dropped))

@@ -244,21 +244,12 @@ def _checked_size(model, size: int | None) -> int:
 def _start(model, precision: PrecisionSettings, device: str, use_remembered: bool = True) -> _Start:
     """The device, the remembered fix (unless not `use_remembered`) and the plan, with their
     notes; then the damaged weights."""
-    from app.core import hardware
     from app.core.fixing import profiles
+    from app.core.fixing.job_start import start_job
 
-    torch_device = hardware.pick_device(device)
-    info = hardware.describe_device(torch_device)
-    found = profiles.lookup(model.profile_key, info.name)
-    remembered = found.fix if use_remembered else None
-    plan = diagnosis.plan_for_model(
-        model,
-        precision,
-        device=torch_device,
-        device_info=info,
-        remembered=remembered.settings if remembered else None,
-    )
-    notes = list(plan.warnings) + found.notes + list(getattr(model, "notes", []))
+    started = start_job(model, precision, device, use_remembered=use_remembered)
+    info, plan, remembered = started.info, started.plan, started.remembered
+    notes = list(plan.warnings) + started.profile_notes + list(getattr(model, "notes", []))
     notes.extend(profiles.remembered_words(remembered, plan))
     bad_weights, bad_quantized, broken = _damaged_weights(model, notes)
     return _Start(info, plan, remembered, notes, bad_weights, bad_quantized, broken)
