@@ -6,6 +6,7 @@ component before a model is loaded; what this device can really run.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.components import COMPONENTS as ALL_COMPONENTS
@@ -92,7 +93,78 @@ def resolve_plan(
     reasons: dict[str, str] = {}
     warnings: list[str] = []
 
-    base = chosen["precision"]
+    base, autocast = _base_precision(
+        chosen["precision"], kind, recommended, device_reasons, reasons, warnings, ask_device
+    )
+    dtypes = _component_dtypes(
+        components,
+        _Choices(user, chosen, from_memory, base),
+        _DeviceSays(kind, recommended, device_reasons, bf16_class, fp16_class),
+        vae_needs_fp32,
+        reasons,
+        warnings,
+    )
+    upcast = bool(chosen["upcast_attention"] or recommended.get("upcast_attention", False))
+    if upcast and not user["upcast_attention"]:
+        reasons["upcast_attention"] = (
+            "A fix verified for this model on this device is remembered."
+            if "upcast_attention" in from_memory
+            else device_reasons.get(
+                "upcast_attention", "This device needs attention upcast to fp32."
+            )
+        )
+    attention_backend, fp16_accumulation = _what_the_device_runs(
+        kind, chosen["attention_backend"], bool(chosen["fp16_accumulation"]), warnings
+    )
+    if chosen["attention_backend"] == "flash" and upcast:
+        warnings.append(
+            "Flash attention has no fp32 kernel: upcast attention runs on the "
+            "memory-efficient or math kernel instead."
+        )
+    modules, clamps, t5_components = _layer_lists(
+        chosen, from_memory, dtypes, feed_forward_islands, reasons
+    )
+    budget = float(user.get("max_vram_gb") or 0.0) * 1024 or None
+    budget_from = "setting" if budget else None
+    if budget is None and ask_device:
+        budget, budget_from = device_budget(device_str, held_bytes)
+    return PrecisionPlan(
+        device=device_str,
+        dtypes=dtypes,
+        modules=modules,
+        clamps=clamps,
+        t5_feed_forward=tuple(t5_components),
+        upcast_attention=upcast,
+        attention_backend=attention_backend,
+        allow_tf32=bool(chosen["allow_tf32"]) and _runs_tf32(kind, device_info),
+        fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
+        fp16_accumulation=fp16_accumulation,
+        attention_reduced_precision=bool(chosen["attention_reduced_precision"]),
+        autocast=autocast,
+        reasons=reasons,
+        warnings=tuple(warnings),
+        remembered_used=tuple(
+            sorted(k for k in from_memory if chosen[k] != user[k] and not _moot(k, user))
+        ),
+        remembered_held=_held(remembered, user),
+        memory_budget_mb=budget,
+        memory_budget_from=budget_from,
+        vae_tiling=str(user.get("vae_tiling") or "auto"),
+    )
+
+
+def _base_precision(
+    asked: str,
+    kind: str,
+    recommended: Mapping[str, Any],
+    device_reasons: Mapping[str, str],
+    reasons: dict[str, str],
+    warnings: list[str],
+    ask_device: bool,
+) -> tuple[str, bool]:
+    """The precision every part starts from (`asked`, resolved when "auto" or "autocast"), and
+    whether PyTorch's autocast runs; the reason and any warning added to `reasons`, `warnings`."""
+    base = asked
     autocast = base == "autocast"
     if autocast:
         base = "fp16"
@@ -108,12 +180,53 @@ def resolve_plan(
         if base not in DTYPE_NAMES:
             base = "fp32" if kind == "cpu" else "fp16"
         reasons["precision"] = device_reasons.get("precision", f"{base} suits this device best.")
+    return base, autocast
 
+
+@dataclass(frozen=True)
+class _Choices:
+    """The user's settings (`user`), with the remembered fix filled in where they are left on
+    auto (`chosen`, and the keys it filled: `from_memory`), and the resolved base precision."""
+
+    user: Mapping[str, Any]
+    chosen: Mapping[str, Any]
+    from_memory: set[str]
+    base: str
+
+
+@dataclass(frozen=True)
+class _DeviceSays:
+    """What the device report recommends, why, and its fp16 and bf16 classes."""
+
+    kind: str
+    recommended: Mapping[str, Any]
+    reasons: Mapping[str, str]
+    bf16_class: str
+    fp16_class: str
+
+
+def _component_dtypes(
+    components: Iterable[str],
+    choices: _Choices,
+    device: _DeviceSays,
+    vae_needs_fp32: bool,
+    reasons: dict[str, str],
+    warnings: list[str],
+) -> dict[str, str]:
+    """Each part's dtype: no-half, the part's own setting (or the one it follows), the model's
+    need, the device's recommendation, then the base. One warning per choice honoured though not
+    recommended, naming every part it concerns."""
+    user, chosen, from_memory, base = (
+        choices.user,
+        choices.chosen,
+        choices.from_memory,
+        choices.base,
+    )
     dtypes: dict[str, str] = {}
     unwise: dict[str, list[str]] = {}  # a choice honoured though not recommended: its parts
     for component in components:
         key = COMPONENT_SETTING[component]
-        device_choice = recommended.get(key)
+        device_choice = device.recommended.get(key)
         if chosen["no_half"]:
             dtypes[component], reasons[key] = (
                 "fp32",
@@ -133,8 +246,8 @@ def resolve_plan(
             )
         elif user["precision"] == "auto" and device_choice in DTYPE_NAMES:
             dtypes[component] = device_choice
-            if key in device_reasons:
-                reasons[key] = device_reasons[key]
+            if key in device.reasons:
+                reasons[key] = device.reasons[key]
         else:
             dtypes[component] = base
         if (
@@ -151,34 +264,28 @@ def resolve_plan(
             or (follows is not None and user[follows] != "auto")
         )
         name = dtypes[component]
-        if explicit and name == "bf16" and bf16_class != "native":
+        if explicit and name == "bf16" and device.bf16_class != "native":
             unwise.setdefault("bf16_emulated", []).append(component)
-        elif explicit and name == "fp16" and kind == "cpu":
+        elif explicit and name == "fp16" and device.kind == "cpu":
             unwise.setdefault("fp16_cpu", []).append(component)
-        elif explicit and name == "fp16" and fp16_class == "unreliable":
+        elif explicit and name == "fp16" and device.fp16_class == "unreliable":
             unwise.setdefault("fp16_unreliable", []).append(component)
-    # One sentence per choice honoured though not recommended, naming every part it concerns.
     for what, parts in unwise.items():
         runs = "runs" if len(parts) == 1 else "run"
         warnings.append(_UNWISE_WORDS[what].format(parts=join_words(parts), runs=runs))
+    return dtypes
 
-    upcast = bool(chosen["upcast_attention"] or recommended.get("upcast_attention", False))
-    if upcast and not user["upcast_attention"]:
-        reasons["upcast_attention"] = (
-            "A fix verified for this model on this device is remembered."
-            if "upcast_attention" in from_memory
-            else device_reasons.get(
-                "upcast_attention", "This device needs attention upcast to fp32."
-            )
-        )
-    attention_backend, fp16_accumulation = _what_the_device_runs(
-        kind, chosen["attention_backend"], bool(chosen["fp16_accumulation"]), warnings
-    )
-    if chosen["attention_backend"] == "flash" and upcast:
-        warnings.append(
-            "Flash attention has no fp32 kernel: upcast attention runs on the "
-            "memory-efficient or math kernel instead."
-        )
+
+def _layer_lists(
+    chosen: Mapping[str, Any],
+    from_memory: set[str],
+    dtypes: Mapping[str, str],
+    feed_forward_islands: Mapping[str, Mapping[str, str]] | None,
+    reasons: dict[str, str],
+) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, ...]], list[str]]:
+    """The layers kept wider than their part (layer -> dtype, per part), the layers clamped (per
+    fp16 part) and the parts whose T5 feed-forward runs in fp32. A layer list naming a part that
+    already runs as wide keeps nothing wider."""
     modules: dict[str, dict[str, str]] = {}
     t5_components: list[str] = []
     if chosen.get("t5_fp32_feed_forward"):
@@ -208,33 +315,7 @@ def resolve_plan(
             modules.setdefault(component, {}).update(dict.fromkeys(paths, dtype))
             if key in from_memory:
                 reasons[key] = "A fix verified for this model on this device is remembered."
-    budget = float(user.get("max_vram_gb") or 0.0) * 1024 or None
-    budget_from = "setting" if budget else None
-    if budget is None and ask_device:
-        budget, budget_from = device_budget(device_str, held_bytes)
-    return PrecisionPlan(
-        device=device_str,
-        dtypes=dtypes,
-        modules=modules,
-        clamps=clamps,
-        t5_feed_forward=tuple(t5_components),
-        upcast_attention=upcast,
-        attention_backend=attention_backend,
-        allow_tf32=bool(chosen["allow_tf32"]) and _runs_tf32(kind, device_info),
-        fp16_reduced_precision_reduction=bool(chosen["fp16_reduced_precision_reduction"]),
-        fp16_accumulation=fp16_accumulation,
-        attention_reduced_precision=bool(chosen["attention_reduced_precision"]),
-        autocast=autocast,
-        reasons=reasons,
-        warnings=tuple(warnings),
-        remembered_used=tuple(
-            sorted(k for k in from_memory if chosen[k] != user[k] and not _moot(k, user))
-        ),
-        remembered_held=_held(remembered, user),
-        memory_budget_mb=budget,
-        memory_budget_from=budget_from,
-        vae_tiling=str(user.get("vae_tiling") or "auto"),
-    )
+    return modules, clamps, t5_components
 
 
 def _moot(key: str, user: Mapping[str, Any]) -> bool:
