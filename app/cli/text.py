@@ -28,6 +28,7 @@ from app.core.health import (
 )
 from app.core.health.report import CheckMemory
 from app.core.memory import budget_source_words
+from app.core.precision.words import low_bit_lines
 from app.core.settings import FIELDS
 from app.core.words.causes import cause_words
 
@@ -363,6 +364,7 @@ def hardware_text(report: HardwareReport) -> str:
                     lines.append(f"  Self-test: {op.dtype} not tested: {op.note}")
             lines += [f"  {note}" for note in test.notes]
             lines += _statistical_lines(test)
+            lines += _low_bit_lines(test)
         lines.append("  Recommended settings:")
         key_width = max(len(k) for k in d.recommended)
         for key, value in d.recommended.items():
@@ -371,6 +373,19 @@ def hardware_text(report: HardwareReport) -> str:
     if report.notes:
         lines += ["", *[f"Note: {note}" for note in report.notes]]
     return "\n".join(lines)
+
+
+def _low_bit_lines(test: SelfTestResult) -> list[str]:
+    """comfy-kitchen's low-bit kernels at the self-test's shapes, per backend and per fault."""
+    low_bit = test.low_bit
+    if low_bit is None:
+        return []
+    timed = ", timed against bf16" if low_bit.timed else ""
+    head = (
+        f"  comfy-kitchen {low_bit.version} low-bit kernels "
+        f"({low_bit.dtype}, {low_bit.shapes_from} shapes{timed}):"
+    )
+    return [head, *[f"    {line}" for line in low_bit_lines(low_bit.to_json())]]
 
 
 def _statistical_lines(test: SelfTestResult) -> list[str]:

@@ -7,7 +7,10 @@ norms of activations in the thousands, a long-K matrix product under reduced-pre
 reduction) runs in the half-precision dtype and again in fp32 on the same device, from the same
 (rounded) inputs. A non-finite output, an error past the dtype's
 tolerance, or an exception marks the dtype failed and names the operation. Results are cached
-per device name, driver and PyTorch version, so the test costs seconds once.
+per device name, driver and PyTorch version, so the test costs seconds once. Where comfy-kitchen
+is installed, its int8/int4 kernels run too, at generic shapes on every backend usable here
+(`precision.lowbit`): a fault there is the other tools' kernel, recorded in `low_bit`, and fails
+no dtype.
 
 Importing this module does not import torch; running the test does. Its records, `OpResult`
 and `SelfTestResult`, are plain data in `selftest_records` (re-exported here).
@@ -35,8 +38,10 @@ from app.core.jobs import CancelToken, ProgressCallback, no_progress
 if TYPE_CHECKING:
     import torch
 
+    from app.core.precision.lowbit import LowBitReport
+
 # Bump when the operations, sizes or tolerances change, so old cached verdicts are not reused.
-SELFTEST_VERSION = 3
+SELFTEST_VERSION = 4
 HALF_DTYPES = ("fp16", "bf16")
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
 
@@ -93,6 +98,7 @@ def _cache_document(result: SelfTestResult) -> dict[str, Any]:
         "seconds": result.seconds,
         "device": result.device,
         "notes": list(result.notes),
+        "low_bit": result.low_bit.to_json() if result.low_bit is not None else None,
     }
 
 
@@ -100,7 +106,10 @@ def _from_cache(data: Mapping[str, Any], key: str) -> SelfTestResult:
     verdicts = ("pass", "fail", "skipped")
     if data.get("fp16") not in verdicts or data.get("bf16") not in verdicts:
         raise ValueError("bad verdict")
+    from app.core.precision.lowbit import LowBitReport
+
     statistical = data.get("statistical")
+    low_bit = data.get("low_bit")
     return SelfTestResult(
         fp16=data["fp16"],
         bf16=data["bf16"],
@@ -113,6 +122,7 @@ def _from_cache(data: Mapping[str, Any], key: str) -> SelfTestResult:
         statistical=None
         if not isinstance(statistical, dict)
         else StatisticalTest.from_json(statistical),
+        low_bit=LowBitReport.from_json(low_bit) if isinstance(low_bit, dict) else None,
     )
 
 
@@ -206,6 +216,7 @@ def run_self_test(
     for dtype in HALF_DTYPES:
         if dtype in skip:
             details.append(OpResult("all", dtype, "skipped", note=skip[dtype]))
+    low_bit = _low_bit_kernels(device, skip, on_progress)
     notes = []
     if device.type == "cpu":
         notes.append(
@@ -221,6 +232,7 @@ def run_self_test(
         key=key,
         notes=notes,
         statistical=statistical,
+        low_bit=low_bit,
     )
     result.fp16, result.bf16 = (_verdict(result, d) for d in HALF_DTYPES)
     _store(result)
@@ -237,6 +249,24 @@ def _verdict(result: SelfTestResult, dtype: str) -> str:
         return "fail"
     flaky = result.statistical.flaky(dtype) if result.statistical is not None else []
     return "fail" if any(r.op != "attention" for r in flaky) else "pass"
+
+
+def _low_bit_kernels(
+    device: torch.device, skip: Mapping[str, str], on_progress: ProgressCallback
+) -> LowBitReport | None:
+    """comfy-kitchen's int8/int4 kernels at the generic shapes, every backend usable here
+    (`precision.lowbit`), with bf16 activations (fp16 where bf16 is not tested): None when
+    comfy-kitchen is not installed."""
+    from app.core.precision import fused, lowbit
+
+    if fused.installed() is None:
+        return None
+    said = "Self-test: comfy-kitchen's low-bit kernels"
+    on_progress(said, 0, 1)
+    dtype = "fp16" if "bf16" in skip else "bf16"
+    report = lowbit.compare(lowbit.generic_shapes(device.type), str(device), dtype)
+    on_progress(said, 1, 1)
+    return report
 
 
 @dataclass(frozen=True)

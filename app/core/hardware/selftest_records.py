@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.core.hardware.selftest_stats import StatisticalTest
+    from app.core.precision.lowbit import LowBitReport
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class SelfTestResult:
     notes: list[str] = field(default_factory=list)
     # The statistical self-test (`selftest_stats`): rare faults counted over many calls.
     statistical: StatisticalTest | None = None
+    # comfy-kitchen's low-bit kernels at the self-test's shapes (`precision.lowbit`): None when
+    # comfy-kitchen is not installed.
+    low_bit: LowBitReport | None = None
 
     @classmethod
     def skipped(cls, reason: str = "the self-test was not run") -> SelfTestResult:
@@ -126,4 +130,5 @@ class SelfTestResult:
             "statistical": [r.to_json() for r in statistical.results] if statistical else [],
             "statistical_budget_s": statistical.budget_s if statistical else None,
             "statistical_seconds": round(statistical.seconds, 3) if statistical else None,
+            "low_bit": self.low_bit.to_json() if self.low_bit is not None else None,
         }
