@@ -5,7 +5,8 @@ on every backend, GELU, GEGLU; and the faults that come from layout and magnitud
 every backend with strided q/k/v at SD and Flux head shapes, a convolution of a channel chunk,
 norms of activations in the thousands, a long-K matrix product under reduced-precision
 reduction) runs in the half-precision dtype and again in fp32 on the same device, from the same
-(rounded) inputs. A non-finite output, an error past the dtype's
+(rounded) inputs. Full fp16 accumulation, a mode rather than a dtype, has a row of its own
+(`fp16_accumulation`) that fails no dtype. A non-finite output, an error past the dtype's
 tolerance, or an exception marks the dtype failed and names the operation. Results are cached
 per device name, driver and PyTorch version, so the test costs seconds once. Where comfy-kitchen
 is installed, its int8/int4 kernels run too, at generic shapes on every backend usable here
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core import paths
-from app.core.hardware.selftest_records import OpResult, SelfTestResult
+from app.core.hardware.selftest_records import ACCUMULATION_OP, OpResult, SelfTestResult
 from app.core.hardware.selftest_stats import StatisticalTest, default_budget, run_statistical
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
@@ -213,6 +214,8 @@ def run_self_test(
             on_progress=on_progress,
             cancel=cancel,
         )
+    if "fp16" not in skip:
+        details.append(fp16_accumulation(device))
     for dtype in HALF_DTYPES:
         if dtype in skip:
             details.append(OpResult("all", dtype, "skipped", note=skip[dtype]))
@@ -245,7 +248,9 @@ def _verdict(result: SelfTestResult, dtype: str) -> str:
     (A flaky attention backend only loses its place among the backends to use.)"""
     if any(d.dtype == dtype and d.op == "all" and d.status == "skipped" for d in result.details):
         return "skipped"
-    if any(d.dtype == dtype and d.status == "fail" for d in result.details):
+    if any(
+        d.dtype == dtype and d.status == "fail" and d.op != ACCUMULATION_OP for d in result.details
+    ):
         return "fail"
     flaky = result.statistical.flaky(dtype) if result.statistical is not None else []
     return "fail" if any(r.op != "attention" for r in flaky) else "pass"
@@ -267,6 +272,74 @@ def _low_bit_kernels(
     report = lowbit.compare(lowbit.generic_shapes(device.type), str(device), dtype)
     on_progress(said, 1, 1)
     return report
+
+
+def fp16_accumulation(
+    device: torch.device | str, matmul: Callable[[Any, Any], Any] | None = None
+) -> OpResult:
+    """Full fp16 accumulation (cuBLAS's CUBLAS_COMPUTE_16F, PyTorch's
+    `torch.backends.cuda.matmul.allow_fp16_accumulation`) on a (64, 4096) @ (4096, 64) fp16
+    product whose running sums pass 65504 (+64 per term for the first half of K, -64 for the
+    second) while the result is small: fp32 accumulation gives it finite, fp16 accumulation
+    holds inf from the first partial sum past 65504 on. "fail" with the figures where the
+    mode turned a finite product into NaN or Inf or past the tolerance, "pass" where it held,
+    "unavailable" where the device (not CUDA) or this PyTorch has no such mode. `matmul`
+    replaces the product under that mode (a test's stand-in, since no CPU has the mode)."""
+    import torch
+
+    device = torch.device(device)
+    matmul_flags = torch.backends.cuda.matmul
+    if matmul is None:
+        if device.type != "cuda" or not hasattr(matmul_flags, "allow_fp16_accumulation"):
+            return OpResult(
+                ACCUMULATION_OP,
+                "fp16",
+                "unavailable",
+                note="fp16 accumulation is a cuBLAS mode of CUDA GPUs; it does not run here",
+            )
+        matmul = _fp16_accumulating_matmul
+    k = 4096
+    generator = torch.Generator().manual_seed(1234)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * scale
+
+    factors = _cancelling_factors(rand, k)
+    a, b = (factors[name].to(device, torch.float16) for name in ("a", "b"))
+    started = time.perf_counter()
+    with _exact_fp32():
+        reference = a.float() @ b.float()
+        partial = float((a[0].float() * b[:, 0].float()).cumsum(0).abs().max())
+        try:
+            output = matmul(a, b).float()
+        except Exception as exc:  # noqa: BLE001 - a mode that cannot run is not a fault
+            return OpResult(
+                ACCUMULATION_OP, "fp16", "unavailable", note=f"raised {type(exc).__name__}: {exc}"
+            )
+    seconds = time.perf_counter() - started
+    tolerance = TOLERANCE["fp16"]
+    peak = float(reference.abs().max().clamp_min(1e-6))
+    figures = f"partial sums reach {partial:,.0f}; fp32 accumulation gives at most {peak:,.3g}"
+    bad = int((~torch.isfinite(output)).sum())
+    if bad:
+        note = f"{figures}, fp16 accumulation NaN or Inf in {bad} of {output.numel()} outputs"
+        return OpResult(ACCUMULATION_OP, "fp16", "fail", None, tolerance, seconds, note)
+    error = float((output - reference).abs().max()) / peak
+    note = f"{figures}, fp16 accumulation off by {error:.2g} of that"
+    status = "fail" if error > tolerance else "pass"
+    return OpResult(ACCUMULATION_OP, "fp16", status, error, tolerance, seconds, note)
+
+
+def _fp16_accumulating_matmul(a: Any, b: Any) -> Any:
+    import torch
+
+    flags = torch.backends.cuda.matmul
+    saved = flags.allow_fp16_accumulation
+    flags.allow_fp16_accumulation = True
+    try:
+        return a @ b
+    finally:
+        flags.allow_fp16_accumulation = saved
 
 
 @dataclass(frozen=True)
