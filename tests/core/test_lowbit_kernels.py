@@ -95,6 +95,19 @@ def test_a_backend_that_refuses_some_ms_is_named_with_its_message():
     assert f'{planted} int8 GEMM: refused at M 97, 127 (K 256, N 256): raised "{REFUSAL}"' in said
 
 
+def test_a_call_a_backends_constraints_turn_away_is_counted_not_judged():
+    with planted_lowbit("cuda_only") as planted:
+        report = lowbit.compare(lowbit.generic_shapes("cpu"))
+
+    assert report is not None and planted in report.backends
+    assert gemm_status(report, planted) == {}  # the registry sends those calls elsewhere
+    assert report.declined == {planted: len(CPU_MS)}
+    assert [c.status for c in report.calls if c.backend == planted] == ["right"]  # its decode
+    assert report.to_json()["declined"] == {planted: len(CPU_MS)}
+    said = low_bit_lines(report.to_json())
+    assert f"{planted}: 1 call, all right (5 more its constraints send to another backend)" in said
+
+
 def test_the_record_reads_back_from_its_json():
     with planted_lowbit("tiled"):
         report = lowbit.compare(lowbit.generic_shapes("cpu")[:2])
@@ -246,5 +259,6 @@ def test_the_fields_are_documented():
         "shapes_from",
         "bf16_ms",
         "non_finite",
+        "declined",
     ):
         assert f"`{field}`" in docs, field

@@ -9,7 +9,9 @@ computed by the eager backend, except where its fault strikes:
 - "tiled": the GEMM returns one tile of noise repeated over the output, at every M (the
   "deterministic tiled psychedelic noise" of an int8 GEMM on a card it does not support);
 - "refuses": the GEMM raises "INT8 GEMM not supported on this GPU for these dimensions" for
-  M = 97..127.
+  M = 97..127;
+- "cuda_only": no fault, but the GEMM's declared constraints take CUDA tensors only, so the
+  registry turns a CPU call away (to the next backend) before it runs.
 The decode is always right: the faults are the GEMM's.
 """
 
@@ -50,7 +52,7 @@ def _gemm(fault: str):
 
 @contextmanager
 def planted_lowbit(fault: str) -> Iterator[str]:
-    """The planted backend with `fault` ("wrong_m", "tiled", "refuses"), registered and
+    """The planted backend with `fault` ("wrong_m", "tiled", "refuses", "cuda_only"), registered and
     preferred; the registry is put back as it was in a finally."""
     import comfy_kitchen
 
@@ -61,7 +63,15 @@ def planted_lowbit(fault: str) -> Iterator[str]:
         "dequantize_int8_simple_dtype", backend="eager"
     )
     priority = list(registry._priority)
-    registry.register(NAME, module, {op: registry.get_constraints("eager", op) for op in OPS})
+    constraints = {op: registry.get_constraints("eager", op) for op in OPS}
+    if fault == "cuda_only":
+        from comfy_kitchen.constraints import FunctionConstraints, ParamConstraint
+
+        cuda = frozenset({"cuda"})
+        constraints["int8_linear"] = FunctionConstraints(
+            params={"x": ParamConstraint(devices=cuda)}, default_devices=cuda
+        )
+    registry.register(NAME, module, constraints)
     registry.set_priority([NAME, *priority])
     try:
         yield NAME

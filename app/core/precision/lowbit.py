@@ -17,6 +17,8 @@ own runs. Here each usable backend runs, at every shape asked for:
 Each call is `right`, `wrong` (the error, relative to the reference's largest magnitude, past
 the op's tolerance, or NaN/Inf), `refused` (it raised: the message is kept) or `slow` (right,
 but far slower than the same layer in bf16: timed with CUDA events, on a CUDA device only).
+A call a backend's declared constraints turn away (the cuda backend's int8 GEMM below compute
+capability 7.5, say) is not judged: the registry sends it to the next backend; it is counted.
 
 `generic_shapes` is the self-test's set (an M range around the 96/128 tile boundary);
 `linear_shapes` lists a module tree's Linear layers at the M values a job gives
@@ -125,7 +127,9 @@ class LowBitCall:
 class LowBitReport:
     """Every call of the comparison: which comfy-kitchen ran, on which device, in which dtype,
     with which shapes ("generic": the self-test's; "model": a model's layers), and whether the
-    calls were timed."""
+    calls were timed. `declined` counts per backend the calls its declared constraints turn
+    away (compute capability, device, dtypes): the registry sends those to the next backend,
+    so they are not judged."""
 
     version: str
     device: str
@@ -134,6 +138,7 @@ class LowBitReport:
     timed: bool
     backends: list[str] = field(default_factory=list)
     calls: list[LowBitCall] = field(default_factory=list)
+    declined: dict[str, int] = field(default_factory=dict)
 
     @property
     def faults(self) -> list[LowBitCall]:
@@ -154,6 +159,7 @@ class LowBitReport:
             "timed": self.timed,
             "backends": list(self.backends),
             "calls_per_backend": self.calls_per_backend(),
+            "declined": dict(self.declined),
             "calls": [c.to_json() for c in self.calls],
         }
 
@@ -167,6 +173,7 @@ class LowBitReport:
             timed=bool(data.get("timed", False)),
             backends=[str(b) for b in data.get("backends", [])],
             calls=[LowBitCall.from_json(c) for c in data.get("calls", [])],
+            declined={str(b): int(n) for b, n in dict(data.get("declined", {})).items()},
         )
 
 
@@ -277,9 +284,15 @@ def compare(
             ms = [s.m for s in shapes if (s.k, s.n) == (k, n)]
             for op in offered:
                 if op == INT8_DECODE:
-                    report.calls.append(weights.decode(backend))
+                    made = [weights.decode(backend)]
                 elif op != INT4_GEMM or k % INT4_ROTATION == 0:
-                    report.calls += [weights.gemm(backend, op, m, bool(timing)) for m in ms]
+                    made = [weights.gemm(backend, op, m, bool(timing)) for m in ms]
+                else:
+                    continue
+                report.calls += [c for c in made if c is not None]
+                turned_away = made.count(None)
+                if turned_away:
+                    report.declined[backend] = report.declined.get(backend, 0) + turned_away
     return report
 
 
@@ -299,14 +312,14 @@ class _Weights:
         self.decoded = self.q.float() * self.scale
         self._int4: tuple[Any, ...] | None = None
 
-    def decode(self, backend: str) -> LowBitCall:
+    def decode(self, backend: str) -> LowBitCall | None:
         import torch
 
         code = 2 if self.dtype == torch.bfloat16 else 1  # comfy-kitchen's output dtype codes
         kwargs = {"q": self.q, "scale": self.scale, "output_dtype_code": code}
         return self._judge(backend, INT8_DECODE, 0, kwargs, lambda: self.decoded, False)
 
-    def gemm(self, backend: str, op: str, m: int, timing: bool) -> LowBitCall:
+    def gemm(self, backend: str, op: str, m: int, timing: bool) -> LowBitCall | None:
         import torch
 
         if op == INT8_GEMM:
@@ -365,13 +378,17 @@ class _Weights:
         reference: Callable[[], Any],
         timing: bool,
         weight: Any = None,
-    ) -> LowBitCall:
+    ) -> LowBitCall | None:
+        """The call judged; None when the backend's declared constraints turn it away."""
         import comfy_kitchen
         import torch
 
         tolerance = TOLERANCE[op]
         try:
             run = comfy_kitchen.registry.get_implementation(op, backend=backend, kwargs=kwargs)
+        except Exception:  # noqa: BLE001 - the registry would send the call to another backend
+            return None
+        try:
             output = run(**kwargs)
         except Exception as exc:  # noqa: BLE001 - a kernel that raises is the finding
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

@@ -204,7 +204,10 @@ def low_bit_lines(document: Mapping[str, Any]) -> list[str]:
     for backend, count in document.get("calls_per_backend", {}).items():
         bad = [c for c in calls if c["backend"] == backend and c["status"] != "right"]
         verdict = f"{len(bad)} not right" if bad else "all right"
-        lines.append(f"{backend}: {count} calls, {verdict}")
+        declined = document.get("declined", {}).get(backend, 0)
+        away = f" ({declined} more its constraints send to another backend)" if declined else ""
+        calls_said = f"{count} call" + ("s" if count != 1 else "")
+        lines.append(f"{backend}: {calls_said}, {verdict}{away}")
     per_shape: dict[tuple[str, str, str, int, int], list[Mapping[str, Any]]] = {}
     for call in calls:
         if call["status"] != "right":
