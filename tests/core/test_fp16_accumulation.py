@@ -96,3 +96,15 @@ def test_the_volta_quirk_keeps_fp16_accumulation_off_on_volta_only(device, hit):
 def test_the_row_is_documented():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
     assert f"`{ACCUMULATION_OP}`" in docs and "`nvidia-volta-fp16-accumulation`" in docs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_row_runs_cublas_fp16_accumulation_on_a_cuda_gpu():
+    row = selftest.fp16_accumulation("cuda")
+
+    assert row.status in ("pass", "fail") and "partial sums reach 131," in row.note
+    if row.status == "fail" and row.error is None:
+        assert "NaN or Inf in" in row.note
+    # The mode was put back as it was.
+    assert torch.backends.cuda.matmul.allow_fp16_accumulation is False

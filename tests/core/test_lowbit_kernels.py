@@ -262,3 +262,17 @@ def test_the_fields_are_documented():
         "declined",
     ):
         assert f"`{field}`" in docs, field
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_cuda_gpu_every_backend_runs_the_generic_shapes_timed():
+    report = lowbit.compare(lowbit.generic_shapes("cuda"), "cuda")
+
+    assert report is not None and report.timed and "eager" in report.backends
+    assert {(c.k, c.n) for c in report.calls} == set(lowbit.GENERIC_KN_GPU)
+    for call in report.calls:
+        timed = call.status in ("right", "slow") and call.op in lowbit.GEMMS
+        assert (call.ms is not None and call.bf16_ms is not None) is timed, call
+    eager = [c for c in report.calls if c.backend == "eager"]
+    assert all(c.status in ("right", "slow") for c in eager), report.faults
