@@ -221,6 +221,7 @@ def test_an_int8_models_shapes_are_its_int8_layers_at_the_jobs_m(int8_model):
     assert {(c.k, c.n) for c in report.calls} == pairs
     # 128 px: a 16x16 latent, one token per 2x2 patch, alone and doubled by CFG.
     assert {c.m for c in report.calls if c.op == lowbit.INT8_GEMM} == {64, 128}
+    assert {c.op for c in report.calls} == set(lowbit.INT8_OPS)  # an int8 model's ops only
     assert clean(report, "eager")
 
 
@@ -243,6 +244,25 @@ def test_the_check_of_an_int8_model_names_a_planted_kernel_fault(int8_model):
     assert report.verdict.value == "healthy"  # HalfSafe's own numbers are not the kernel's
 
 
+def test_on_a_cpu_a_models_shapes_are_bounded_by_their_work(int8_model, monkeypatch):
+    shapes = [lowbit.Shape(m, k, n) for k, n in ((64, 64), (64, 256)) for m in (16, 32)]
+    cost = {s: s.m * s.k * s.n for s in shapes}  # 16x64x64 = 65,536 the smallest
+    assert lowbit.within(shapes, 1e12) == shapes
+    kept = lowbit.within(shapes, cost[shapes[0]] + cost[shapes[2]])
+    assert kept == [shapes[0], shapes[2]]  # both layers at the smallest M first
+
+    whole = lowbit.model_report(int8_model.pipeline, 128, "cpu")
+    monkeypatch.setattr(lowbit, "CPU_MACS", 64 * 64 * 64)
+    bounded = lowbit.model_report(int8_model.pipeline, 128, "cpu")
+
+    assert whole is not None and bounded is not None and whole.left_out == 0
+    ran = {(c.m, c.k, c.n) for c in bounded.calls if c.op == lowbit.INT8_GEMM}
+    assert ran and sum(m * k * n for m, k, n in ran) <= 64 * 64 * 64
+    whole_gemms = sum(c.op == lowbit.INT8_GEMM for c in whole.calls)
+    assert bounded.left_out == whole_gemms - len(ran) > 0
+    assert bounded.to_json()["left_out"] == bounded.left_out
+
+
 def test_a_model_without_int8_layers_runs_no_kernels():
     class Pipe:
         transformer = torch.nn.Sequential(torch.nn.Linear(8, 8))
@@ -260,6 +280,7 @@ def test_the_fields_are_documented():
         "bf16_ms",
         "non_finite",
         "declined",
+        "left_out",
     ):
         assert f"`{field}`" in docs, field
 

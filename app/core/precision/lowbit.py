@@ -58,6 +58,12 @@ GENERIC_KN_CPU = ((256, 256),)
 GENERIC_MS_CPU = (1, 96, 97, 127, 128)
 MAX_LAYER_SHAPES = 24  # distinct (K, N) of a model's Linear layers compared
 MAX_MS = 4  # distinct M values a model's layers are compared at
+# On a CPU a model's shapes are run up to this many int8 multiply-adds per backend (the eager
+# backend's int8 GEMM ran at 0.4e9 to 3.4e9 a second, small M to large, on a busy two-core
+# machine: seconds); the rest are counted as left out.
+CPU_MACS = 1.5e10
+# The ops a model stored int8 runs (its tools never run the int4 GEMM on it).
+INT8_OPS = (INT8_GEMM, INT8_DECODE)
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,7 @@ class LowBitReport:
     backends: list[str] = field(default_factory=list)
     calls: list[LowBitCall] = field(default_factory=list)
     declined: dict[str, int] = field(default_factory=dict)
+    left_out: int = 0  # shapes not run for the work bound (`within`)
 
     @property
     def faults(self) -> list[LowBitCall]:
@@ -160,6 +167,7 @@ class LowBitReport:
             "backends": list(self.backends),
             "calls_per_backend": self.calls_per_backend(),
             "declined": dict(self.declined),
+            "left_out": self.left_out,
             "calls": [c.to_json() for c in self.calls],
         }
 
@@ -174,6 +182,7 @@ class LowBitReport:
             backends=[str(b) for b in data.get("backends", [])],
             calls=[LowBitCall.from_json(c) for c in data.get("calls", [])],
             declined={str(b): int(n) for b, n in dict(data.get("declined", {})).items()},
+            left_out=int(data.get("left_out", 0)),
         )
 
 
@@ -235,7 +244,8 @@ def model_report(
     gives (`job_ms`: the image tokens, one per 2x2 latent patch of a transformer, a UNet's
     latent at each of its four resolutions; times the batch, and twice that under CFG). None
     when comfy-kitchen is not installed or no layer is stored int8. Text tokens, which a joint
-    transformer block adds to M, are left out."""
+    transformer block adds to M, are left out. Only the int8 ops run (`INT8_OPS`); on a CPU
+    the shapes within `CPU_MACS` (`within`), the rest counted in `left_out`."""
     if fused.installed() is None:
         return None
     transformer = getattr(pipeline, "transformer", None)
@@ -249,7 +259,24 @@ def model_report(
         (latent // 2) ** 2 if transformer is not None else [(latent >> i) ** 2 for i in range(4)]
     )
     shapes = linear_shapes(denoiser, job_ms(tokens, batch), stored_int8)
-    return compare(shapes, device, dtype, "model")
+    kept = within(shapes, CPU_MACS) if str(device).startswith("cpu") else shapes
+    report = compare(kept, device, dtype, "model", ops=INT8_OPS)
+    if report is not None:
+        report.left_out = len(shapes) - len(kept)
+    return report
+
+
+def within(shapes: Sequence[Shape], macs: float) -> list[Shape]:
+    """Those of `shapes` whose GEMMs (m k n multiply-adds a shape) fit in `macs` together, taken smallest M first (every layer at the job's smallest M
+    before any at a larger one), smaller layers first within an M; in the order given."""
+    kept, spent = [], 0.0
+    for shape in sorted(shapes, key=lambda s: (s.m, s.k * s.n)):
+        cost = float(shape.m * shape.k * shape.n)
+        if spent + cost > macs:
+            continue
+        kept.append(shape)
+        spent += cost
+    return [s for s in shapes if s in kept]
 
 
 def compare(
@@ -258,8 +285,9 @@ def compare(
     dtype: str = "bf16",
     shapes_from: str = "generic",
     timing: bool | None = None,
+    ops: Sequence[str] = OPS,
 ) -> LowBitReport | None:
-    """Every op of `OPS` each usable comfy-kitchen backend offers, at every shape of `shapes`
+    """Every op of `ops` (all of `OPS` by default) each usable comfy-kitchen backend offers, at every shape of `shapes`
     (a decode once per distinct (K, N)), on `device`, activations and outputs in `dtype`
     ("bf16" or "fp16"). `timing` (None: on a CUDA device) times each right GEMM against the
     bf16 layer of the same shape. None when comfy-kitchen is not installed. Runs on the calling
@@ -275,7 +303,7 @@ def compare(
     states = comfy_kitchen.list_backends()
     pairs = list(dict.fromkeys((s.k, s.n) for s in shapes))
     for backend in fused.backends():
-        offered = [op for op in OPS if op in states[backend]["capabilities"]]
+        offered = [op for op in ops if op in states[backend]["capabilities"]]
         if not offered:
             continue
         report.backends.append(backend)
