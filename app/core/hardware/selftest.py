@@ -153,7 +153,8 @@ def run_self_test(
     that has none). `retest` ignores the cache.
 
     Takes about two seconds on a 2-core CPU (sizes there are kept small) and well under a second
-    on a GPU, plus the statistical test's budget. Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
+    on a GPU, plus the statistical test's budget, plus with comfy-kitchen installed its low-bit
+    kernels (`precision.lowbit`: a second or two on a CPU after importing it). Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
     under `paths.cache_dir()`. Progress goes to `on_progress`; `cancel` is checked between
     operations.
     """
