@@ -13,6 +13,7 @@ from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.hardware.records import HardwareReport
 from app.core.hardware.selftest import SelfTestResult
+from app.core.hardware.selftest_records import ACCUMULATION_OP
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,
@@ -28,6 +29,7 @@ from app.core.health import (
 )
 from app.core.health.report import CheckMemory
 from app.core.memory import budget_source_words
+from app.core.precision.words import low_bit_lines
 from app.core.settings import FIELDS
 from app.core.words.causes import cause_words
 
@@ -355,14 +357,20 @@ def hardware_text(report: HardwareReport) -> str:
         test = d.self_test
         if test is not None and test.ran:
             for dtype in ("fp16", "bf16"):
-                failed = [x for x in test.details if x.dtype == dtype and x.status == "fail"]
+                failed = [
+                    x
+                    for x in test.details
+                    if x.dtype == dtype and x.status == "fail" and x.op != ACCUMULATION_OP
+                ]
                 for op in failed:
                     lines.append(f"  Self-test: {op.op} failed in {dtype}: {op.note}")
+            lines += _accumulation_lines(test)
             for op in test.details:
                 if op.status == "skipped":
                     lines.append(f"  Self-test: {op.dtype} not tested: {op.note}")
             lines += [f"  {note}" for note in test.notes]
             lines += _statistical_lines(test)
+            lines += _low_bit_lines(test)
         lines.append("  Recommended settings:")
         key_width = max(len(k) for k in d.recommended)
         for key, value in d.recommended.items():
@@ -371,6 +379,29 @@ def hardware_text(report: HardwareReport) -> str:
     if report.notes:
         lines += ["", *[f"Note: {note}" for note in report.notes]]
     return "\n".join(lines)
+
+
+def _accumulation_lines(test: SelfTestResult) -> list[str]:
+    """The full fp16 accumulation row, where it ran: a mode, not fp16 itself."""
+    return [
+        f"  Self-test: full fp16 accumulation (fp16_accumulation) "
+        f"{'overflows' if row.status == 'fail' else 'holds'} here: {row.note}"
+        for row in test.details
+        if row.op == ACCUMULATION_OP and row.status in ("pass", "fail")
+    ]
+
+
+def _low_bit_lines(test: SelfTestResult) -> list[str]:
+    """comfy-kitchen's low-bit kernels at the self-test's shapes, per backend and per fault."""
+    low_bit = test.low_bit
+    if low_bit is None:
+        return []
+    timed = ", timed against bf16" if low_bit.timed else ""
+    head = (
+        f"  comfy-kitchen {low_bit.version} low-bit kernels "
+        f"({low_bit.dtype}, {low_bit.shapes_from} shapes{timed}):"
+    )
+    return [head, *[f"    {line}" for line in low_bit_lines(low_bit.to_json())]]
 
 
 def _statistical_lines(test: SelfTestResult) -> list[str]:

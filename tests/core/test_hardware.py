@@ -21,6 +21,7 @@ from app.core.errors import DeviceError, HalfSafeError
 from app.core.hardware import DeviceInfo, probe, selftest, selftest_stats
 from app.core.hardware.records import Bounds, QuirkMatch
 from app.core.hardware.selftest import OpResult, SelfTestResult
+from app.core.precision import lowbit
 from app.core.settings import PRECISION_KEYS, PrecisionSettings
 
 GIB = 2**30
@@ -533,6 +534,7 @@ def test_report_lists_every_device_and_keeps_the_contract(machine):
         "statistical": [],
         "statistical_budget_s": None,
         "statistical_seconds": None,
+        "low_bit": None,
     }
     assert rocm["quirks"][0]["source"].startswith("https://")
     text = hardware_text(report)
@@ -561,6 +563,8 @@ REPORT_RECORDS = (
     Bounds,
     SelfTestResult,
     OpResult,
+    lowbit.LowBitReport,
+    lowbit.LowBitCall,
 )
 
 

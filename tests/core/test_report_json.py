@@ -50,6 +50,7 @@ CHECK_KEYS = [
     "timesteps",
     "notes",
     "versions",
+    "low_bit_kernels",
 ]
 GENERATION_KEYS = [
     "halfsafe",

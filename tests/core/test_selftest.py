@@ -57,6 +57,7 @@ def test_cpu_passes_fp16_and_bf16_on_every_sd_operation():
         "statistical",
         "statistical_budget_s",
         "statistical_seconds",
+        "low_bit",
     }
 
 

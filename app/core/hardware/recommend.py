@@ -10,6 +10,7 @@ from typing import Any
 from app.core.components import COMPONENT_SETTINGS
 from app.core.hardware.records import DeviceInfo, Quirk
 from app.core.hardware.selftest import SelfTestResult
+from app.core.hardware.selftest_records import ACCUMULATION_OP
 from app.core.settings import FIELDS, PRECISION_KEYS, PrecisionSettings
 
 
@@ -20,6 +21,15 @@ def _quirk_for(device: DeviceInfo, effect: str) -> Quirk | None:
         if quirk.effects.get(effect) == value:
             return quirk
     return None
+
+
+def _accumulation_reason(test: SelfTestResult | None) -> str:
+    """Why full fp16 accumulation stays off: what the self-test measured here, where it ran."""
+    said = "Full fp16 accumulation turns any sum past 65504 into inf; never on by default"
+    for row in test.details if test is not None else []:
+        if row.op == ACCUMULATION_OP and row.status == "fail":
+            return f"{said}; the self-test measured it here: {row.note}"
+    return said
 
 
 def _recommend(
@@ -93,9 +103,7 @@ def _recommend(
         else "PyTorch's default; it has no effect while nothing runs in fp16"
     )
     rec["fp16_accumulation"] = False
-    why["fp16_accumulation"] = (
-        "Full fp16 accumulation turns any sum past 65504 into inf; never on by default"
-    )
+    why["fp16_accumulation"] = _accumulation_reason(test)
     rec["t5_fp32_feed_forward"] = False
     why["t5_fp32_feed_forward"] = (
         "A per-model fix: the health check turns it on for a T5 text encoder that overflows"

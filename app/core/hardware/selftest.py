@@ -5,9 +5,13 @@ on every backend, GELU, GEGLU; and the faults that come from layout and magnitud
 every backend with strided q/k/v at SD and Flux head shapes, a convolution of a channel chunk,
 norms of activations in the thousands, a long-K matrix product under reduced-precision
 reduction) runs in the half-precision dtype and again in fp32 on the same device, from the same
-(rounded) inputs. A non-finite output, an error past the dtype's
+(rounded) inputs. Full fp16 accumulation, a mode rather than a dtype, has a row of its own
+(`fp16_accumulation`) that fails no dtype. A non-finite output, an error past the dtype's
 tolerance, or an exception marks the dtype failed and names the operation. Results are cached
-per device name, driver and PyTorch version, so the test costs seconds once.
+per device name, driver and PyTorch version, so the test costs seconds once. Where comfy-kitchen
+is installed, its int8/int4 kernels run too, at generic shapes on every backend usable here
+(`precision.lowbit`): a fault there is the other tools' kernel, recorded in `low_bit`, and fails
+no dtype.
 
 Importing this module does not import torch; running the test does. Its records, `OpResult`
 and `SelfTestResult`, are plain data in `selftest_records` (re-exported here).
@@ -28,15 +32,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core import paths
-from app.core.hardware.selftest_records import OpResult, SelfTestResult
+from app.core.hardware.selftest_records import ACCUMULATION_OP, OpResult, SelfTestResult
 from app.core.hardware.selftest_stats import StatisticalTest, default_budget, run_statistical
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 
 if TYPE_CHECKING:
     import torch
 
+    from app.core.precision.lowbit import LowBitReport
+
 # Bump when the operations, sizes or tolerances change, so old cached verdicts are not reused.
-SELFTEST_VERSION = 3
+SELFTEST_VERSION = 4
 HALF_DTYPES = ("fp16", "bf16")
 ATTENTION_BACKENDS = ("flash", "efficient", "cudnn", "math")
 
@@ -93,6 +99,7 @@ def _cache_document(result: SelfTestResult) -> dict[str, Any]:
         "seconds": result.seconds,
         "device": result.device,
         "notes": list(result.notes),
+        "low_bit": result.low_bit.to_json() if result.low_bit is not None else None,
     }
 
 
@@ -100,7 +107,10 @@ def _from_cache(data: Mapping[str, Any], key: str) -> SelfTestResult:
     verdicts = ("pass", "fail", "skipped")
     if data.get("fp16") not in verdicts or data.get("bf16") not in verdicts:
         raise ValueError("bad verdict")
+    from app.core.precision.lowbit import LowBitReport
+
     statistical = data.get("statistical")
+    low_bit = data.get("low_bit")
     return SelfTestResult(
         fp16=data["fp16"],
         bf16=data["bf16"],
@@ -113,6 +123,7 @@ def _from_cache(data: Mapping[str, Any], key: str) -> SelfTestResult:
         statistical=None
         if not isinstance(statistical, dict)
         else StatisticalTest.from_json(statistical),
+        low_bit=LowBitReport.from_json(low_bit) if isinstance(low_bit, dict) else None,
     )
 
 
@@ -142,7 +153,8 @@ def run_self_test(
     that has none). `retest` ignores the cache.
 
     Takes about two seconds on a 2-core CPU (sizes there are kept small) and well under a second
-    on a GPU, plus the statistical test's budget. Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
+    on a GPU, plus the statistical test's budget, plus with comfy-kitchen installed its low-bit
+    kernels (`precision.lowbit`: a second or two on a CPU after importing it). Runs on the calling thread, allocates a few MB on `device`, writes one JSON file
     under `paths.cache_dir()`. Progress goes to `on_progress`; `cancel` is checked between
     operations.
     """
@@ -203,9 +215,12 @@ def run_self_test(
             on_progress=on_progress,
             cancel=cancel,
         )
+    if "fp16" not in skip:
+        details.append(fp16_accumulation(device))
     for dtype in HALF_DTYPES:
         if dtype in skip:
             details.append(OpResult("all", dtype, "skipped", note=skip[dtype]))
+    low_bit = _low_bit_kernels(device, skip, on_progress)
     notes = []
     if device.type == "cpu":
         notes.append(
@@ -221,6 +236,7 @@ def run_self_test(
         key=key,
         notes=notes,
         statistical=statistical,
+        low_bit=low_bit,
     )
     result.fp16, result.bf16 = (_verdict(result, d) for d in HALF_DTYPES)
     _store(result)
@@ -233,10 +249,98 @@ def _verdict(result: SelfTestResult, dtype: str) -> str:
     (A flaky attention backend only loses its place among the backends to use.)"""
     if any(d.dtype == dtype and d.op == "all" and d.status == "skipped" for d in result.details):
         return "skipped"
-    if any(d.dtype == dtype and d.status == "fail" for d in result.details):
+    if any(
+        d.dtype == dtype and d.status == "fail" and d.op != ACCUMULATION_OP for d in result.details
+    ):
         return "fail"
     flaky = result.statistical.flaky(dtype) if result.statistical is not None else []
     return "fail" if any(r.op != "attention" for r in flaky) else "pass"
+
+
+def _low_bit_kernels(
+    device: torch.device, skip: Mapping[str, str], on_progress: ProgressCallback
+) -> LowBitReport | None:
+    """comfy-kitchen's int8/int4 kernels at the generic shapes, every backend usable here
+    (`precision.lowbit`), with bf16 activations (fp16 where bf16 is not tested): None when
+    comfy-kitchen is not installed."""
+    from app.core.precision import fused, lowbit
+
+    if fused.installed() is None:
+        return None
+    said = "Self-test: comfy-kitchen's low-bit kernels"
+    on_progress(said, 0, 1)
+    dtype = "fp16" if "bf16" in skip else "bf16"
+    report = lowbit.compare(lowbit.generic_shapes(device.type), str(device), dtype)
+    on_progress(said, 1, 1)
+    return report
+
+
+def fp16_accumulation(
+    device: torch.device | str, matmul: Callable[[Any, Any], Any] | None = None
+) -> OpResult:
+    """Full fp16 accumulation (cuBLAS's CUBLAS_COMPUTE_16F, PyTorch's
+    `torch.backends.cuda.matmul.allow_fp16_accumulation`) on a (64, 4096) @ (4096, 64) fp16
+    product whose running sums pass 65504 (+64 per term for the first half of K, -64 for the
+    second) while the result is small: fp32 accumulation gives it finite, fp16 accumulation
+    holds inf from the first partial sum past 65504 on. "fail" with the figures where the
+    mode turned a finite product into NaN or Inf or past the tolerance, "pass" where it held,
+    "unavailable" where the device (not CUDA) or this PyTorch has no such mode. `matmul`
+    replaces the product under that mode (a test's stand-in, since no CPU has the mode)."""
+    import torch
+
+    device = torch.device(device)
+    matmul_flags = torch.backends.cuda.matmul
+    if matmul is None:
+        if device.type != "cuda" or not hasattr(matmul_flags, "allow_fp16_accumulation"):
+            return OpResult(
+                ACCUMULATION_OP,
+                "fp16",
+                "unavailable",
+                note="fp16 accumulation is a cuBLAS mode of CUDA GPUs; it does not run here",
+            )
+        matmul = _fp16_accumulating_matmul
+    k = 4096
+    generator = torch.Generator().manual_seed(1234)
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator) * scale
+
+    factors = _cancelling_factors(rand, k)
+    a, b = (factors[name].to(device, torch.float16) for name in ("a", "b"))
+    started = time.perf_counter()
+    with _exact_fp32():
+        reference = a.float() @ b.float()
+        partial = float((a[0].float() * b[:, 0].float()).cumsum(0).abs().max())
+        try:
+            output = matmul(a, b).float()
+        except Exception as exc:  # noqa: BLE001 - a mode that cannot run is not a fault
+            return OpResult(
+                ACCUMULATION_OP, "fp16", "unavailable", note=f"raised {type(exc).__name__}: {exc}"
+            )
+    seconds = time.perf_counter() - started
+    tolerance = TOLERANCE["fp16"]
+    peak = float(reference.abs().max().clamp_min(1e-6))
+    figures = f"partial sums reach {partial:,.0f}; fp32 accumulation gives at most {peak:,.3g}"
+    bad = int((~torch.isfinite(output)).sum())
+    if bad:
+        note = f"{figures}, fp16 accumulation NaN or Inf in {bad} of {output.numel()} outputs"
+        return OpResult(ACCUMULATION_OP, "fp16", "fail", None, tolerance, seconds, note)
+    error = float((output - reference).abs().max()) / peak
+    note = f"{figures}, fp16 accumulation off by {error:.2g} of that"
+    status = "fail" if error > tolerance else "pass"
+    return OpResult(ACCUMULATION_OP, "fp16", status, error, tolerance, seconds, note)
+
+
+def _fp16_accumulating_matmul(a: Any, b: Any) -> Any:
+    import torch
+
+    flags = torch.backends.cuda.matmul
+    saved = flags.allow_fp16_accumulation
+    flags.allow_fp16_accumulation = True
+    try:
+        return a @ b
+    finally:
+        flags.allow_fp16_accumulation = saved
 
 
 @dataclass(frozen=True)

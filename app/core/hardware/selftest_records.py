@@ -15,6 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.core.hardware.selftest_stats import StatisticalTest
+    from app.core.precision.lowbit import LowBitReport
+
+# The self-test's row for full fp16 accumulation (cuBLAS's CUBLAS_COMPUTE_16F). It tells whether
+# that mode, not fp16, is safe here, so it counts toward no dtype's verdict.
+ACCUMULATION_OP = "fp16 accumulation matmul"
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,9 @@ class SelfTestResult:
     notes: list[str] = field(default_factory=list)
     # The statistical self-test (`selftest_stats`): rare faults counted over many calls.
     statistical: StatisticalTest | None = None
+    # comfy-kitchen's low-bit kernels at the self-test's shapes (`precision.lowbit`): None when
+    # comfy-kitchen is not installed.
+    low_bit: LowBitReport | None = None
 
     @classmethod
     def skipped(cls, reason: str = "the self-test was not run") -> SelfTestResult:
@@ -84,7 +92,11 @@ class SelfTestResult:
     def failed_ops(self, dtype: str) -> list[str]:
         """Names of the operations that failed in `dtype`, in test order; then those that gave
         a bad result in the statistical test, with their count."""
-        failed = [d.op for d in self.details if d.dtype == dtype and d.status == "fail"]
+        failed = [
+            d.op
+            for d in self.details
+            if d.dtype == dtype and d.status == "fail" and d.op != ACCUMULATION_OP
+        ]
         if self.statistical is not None:
             failed += [
                 f"{r.name} ({r.bad} bad in {r.calls:,} calls)"
@@ -126,4 +138,5 @@ class SelfTestResult:
             "statistical": [r.to_json() for r in statistical.results] if statistical else [],
             "statistical_budget_s": statistical.budget_s if statistical else None,
             "statistical_seconds": round(statistical.seconds, 3) if statistical else None,
+            "low_bit": self.low_bit.to_json() if self.low_bit is not None else None,
         }

@@ -54,12 +54,14 @@ from app.core.images.pictures import Mode, Pictures, mode_of, read_pictures
 from app.core.jobs import DONE, CancelToken, Headline, ProgressCallback, no_progress
 from app.core.memory import said_memory_plan
 from app.core.precision import PrecisionPlan, tiling
+from app.core.precision.words import low_bit_notes
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or only named here
     from app.core.fixing.profiles import RememberedFix
     from app.core.formats.quantized import QuantFinding
     from app.core.hardware.records import DeviceInfo
+    from app.core.precision.lowbit import LowBitReport
 
 STAGES = 3  # the progress total: the text encoders, the denoiser, the VAE (+ its encoder)
 
@@ -184,7 +186,21 @@ def check_loaded(
             # Also on cancel or error: drop the device copies and hand cached memory back.
             check.runner.placed.release()
         progress(DONE, check.stages, check.stages)
-    return _report(model, start, size, check, verdict, fix, islands, started, counted)
+    report = _report(model, start, size, check, verdict, fix, islands, started, counted)
+    report.low_bit_kernels = _low_bit_kernels(model, size, start.info)
+    if report.low_bit_kernels is not None:
+        report.notes += low_bit_notes(report.low_bit_kernels.to_json())
+    return report
+
+
+def _low_bit_kernels(model, size: int, info: DeviceInfo) -> LowBitReport | None:
+    """comfy-kitchen's int8 kernels at the shapes of the model's layers stored int8, on the
+    checked device (`precision.lowbit`): what ComfyUI would run them with there. None for a
+    model with no such layer or without comfy-kitchen."""
+    from app.core.precision import lowbit
+
+    dtype = "bf16" if info.bf16 == "native" or info.kind == "cpu" else "fp16"
+    return lowbit.model_report(model.pipeline, size, info.torch_device, dtype)
 
 
 @dataclass

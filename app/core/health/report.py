@@ -26,6 +26,7 @@ from app.core.work import Work
 
 if TYPE_CHECKING:  # the causes are told from re-runs of the check: they import it
     from app.core.causes.records import Cause
+    from app.core.precision.lowbit import LowBitReport
 
 # Where a tensor lives, by key prefix: original (LDM) single-file names and diffusers names.
 _WEIGHT_PREFIXES = (
@@ -284,6 +285,9 @@ class HealthReport:
     memory: CheckMemory | None = None
     # What the check did, counted (None: a report made without a check).
     work: Work | None = None
+    # comfy-kitchen's int8 kernels at the shapes of the model's layers stored int8, on the
+    # checked device (`precision.lowbit`): None for a model with none or without comfy-kitchen.
+    low_bit_kernels: LowBitReport | None = None
 
     @property
     def headline(self) -> str:
@@ -319,6 +323,9 @@ class HealthReport:
             "timesteps": list(self.timesteps),
             "notes": self.notes,
             "versions": self.versions,
+            "low_bit_kernels": (
+                self.low_bit_kernels.to_json() if self.low_bit_kernels is not None else None
+            ),
         }
 
 

@@ -175,3 +175,77 @@ def fix_words(settings: Mapping[str, Any] | None, components: Collection[str] = 
             shown = ("on" if value else "off") if isinstance(value, bool) else str(value)
             parts.append(f"{label}: {shown}")
     return "; ".join(parts)
+
+
+# comfy-kitchen's low-bit kernels (`precision.lowbit`): each op and each outcome of a call.
+LOW_BIT_OPS = {
+    "int8_linear": "int8 GEMM",
+    "dequantize_int8_simple_dtype": "int8 decode",
+    "w4a8_int8_linear": "int4 GEMM",
+}
+LOW_BIT_STATUS = {
+    "right": "right",
+    "wrong": "wrong results",
+    "refused": "refused",
+    "slow": "far slower than bf16",
+}
+
+
+LOW_BIT_SHAPES_SAID = 3  # layer shapes named in one line before "and N more"
+
+
+def low_bit_lines(document: Mapping[str, Any]) -> list[str]:
+    """A low-bit kernel comparison (`LowBitReport.to_json()`) in words: one line per backend
+    with its calls counted, then one per fault: a backend's op, its status, the M values it
+    struck at and the (K, N) shapes where it struck at just those, the worst error or the
+    first message, the times where slow."""
+    lines = []
+    calls = list(document.get("calls", []))
+    for backend, count in document.get("calls_per_backend", {}).items():
+        bad = [c for c in calls if c["backend"] == backend and c["status"] != "right"]
+        verdict = f"{len(bad)} not right" if bad else "all right"
+        declined = document.get("declined", {}).get(backend, 0)
+        away = f" ({declined} more its constraints send to another backend)" if declined else ""
+        calls_said = f"{count} call" + ("s" if count != 1 else "")
+        lines.append(f"{backend}: {calls_said}, {verdict}{away}")
+    per_shape: dict[tuple[str, str, str, int, int], list[Mapping[str, Any]]] = {}
+    for call in calls:
+        if call["status"] != "right":
+            key = (call["backend"], call["op"], call["status"], call["k"], call["n"])
+            per_shape.setdefault(key, []).append(call)
+    # Shapes struck at the same M values are said together.
+    groups: dict[tuple[str, str, str, tuple[int, ...]], list[Mapping[str, Any]]] = {}
+    for (backend, op, status, _k, _n), group in per_shape.items():
+        ms = tuple(sorted({c["m"] for c in group}))
+        groups.setdefault((backend, op, status, ms), []).extend(group)
+    for (backend, op, status, ms), group in groups.items():
+        shapes = list(dict.fromkeys(f"K {c['k']}, N {c['n']}" for c in group))
+        more = len(shapes) - LOW_BIT_SHAPES_SAID
+        said = "; ".join(shapes[:LOW_BIT_SHAPES_SAID]) + (f"; and {more} more" if more > 0 else "")
+        where = f"({said})" if ms == (0,) else f"M {', '.join(map(str, ms))} ({said})"
+        first = group[0]
+        if status == "wrong":
+            how = (
+                "NaN or Inf"
+                if any(c.get("non_finite") for c in group)
+                else f"off by {max(c['error'] or 0.0 for c in group):.2g} of the largest value"
+            )
+        elif status == "refused":
+            how = f'raised "{first.get("message", "")}"'
+        else:
+            how = f"{first.get('ms')} ms against {first.get('bf16_ms')} ms in bf16"
+        op_words = LOW_BIT_OPS.get(op, op)
+        lines.append(f"{backend} {op_words}: {LOW_BIT_STATUS[status]} at {where}: {how}")
+    return lines
+
+
+LOW_BIT_NOTE = (
+    "comfy-kitchen's low-bit kernels on this device, at this model's int8 layers' shapes (as "
+    "ComfyUI runs them; HalfSafe's own runs decode the weights instead): {line}."
+)
+
+
+def low_bit_notes(document: Mapping[str, Any]) -> list[str]:
+    """One note per fault of a model's low-bit kernel comparison (none when all are right)."""
+    backends = len(document.get("calls_per_backend", {}))
+    return [LOW_BIT_NOTE.format(line=line) for line in low_bit_lines(document)[backends:]]
