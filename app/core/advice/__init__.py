@@ -13,8 +13,17 @@ from app.core.advice.advise import (
     FormAdvice,
     advise,
     advise_on,
+    architecture_choices,
     family_names,
     resolve_family,
 )
 
-__all__ = ["FamilyAdvice", "FormAdvice", "advise", "advise_on", "family_names", "resolve_family"]
+__all__ = [
+    "FamilyAdvice",
+    "FormAdvice",
+    "advise",
+    "advise_on",
+    "architecture_choices",
+    "family_names",
+    "resolve_family",
+]

@@ -116,6 +116,14 @@ def family_names() -> list[str]:
     return names
 
 
+def architecture_choices() -> list[tuple[str, str]]:
+    """(architecture name, its title) for every architecture of every family, registry order:
+    the choices of the window's family chooser."""
+    from app.core.families.registry import FAMILIES
+
+    return [(name, title) for f in reversed(FAMILIES) for name, title in f.architectures.items()]
+
+
 def resolve_family(name: str) -> tuple[str, str, str]:
     """(family id, architecture, title) for a family id ("flux2klein") or architecture name
     ("flux-dev", "sd1-inpaint"); HalfSafeError listing the names for any other."""
