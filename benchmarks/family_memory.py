@@ -33,12 +33,11 @@ from collections.abc import Callable
 
 from common import ROOT, emit, machine
 
-GIB = 2**30
+from app.core.advice import sizes  # the judgement `halfsafe advise` makes of these figures
+
+GIB = sizes.GIB
 CARDS_GIB = (6, 8, 12, 24)
 RAM_GIB = (16, 32)
-DESKTOP_GIB = 0.5
-SYSTEM_RAM_GIB = 2.5
-WORKING_SET_GIB = 1.5
 FORMS = {"16-bit": None, "fp8": 1.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32}
 BIG_ENCODER = 1e9  # parameters: a text encoder past this is quantized with the denoiser
 CONFIGS = ROOT / "resources" / "configs"
@@ -224,11 +223,7 @@ def measure_family(parts: dict[str, Callable[[], object]]) -> dict:
 def card_budget(card_gib: float) -> float:
     """Bytes a job's parts may each hold on a card of `card_gib` with nothing else running
     (`streaming.device_budget` on the free memory left beside the desktop)."""
-    from app.core.precision import streaming
-
-    free = (card_gib - DESKTOP_GIB) * GIB
-    reserve = max(streaming.RESERVE_MIN_MB * 2**20, streaming.RESERVE_SHARE * card_gib * GIB)
-    return max(free - reserve, streaming.BUDGET_MIN_MB * 2**20)
+    return sizes.card_budget(int(card_gib * GIB))
 
 
 def verdict(parts: dict, form: str, budget: float) -> str:
@@ -261,10 +256,7 @@ def run(args) -> dict:
             denoiser = next(iter(measured.values()))
             rows[form] = {
                 "files_bytes": files,
-                "ram": {
-                    f"{ram}": files + WORKING_SET_GIB * GIB <= (ram - SYSTEM_RAM_GIB) * GIB
-                    for ram in RAM_GIB
-                },
+                "ram": {f"{ram}": sizes.ram_fits(files, ram * GIB) for ram in RAM_GIB},
                 "cards": {
                     f"{card}": verdict(measured, form, card_budget(card)) for card in CARDS_GIB
                 },
