@@ -50,6 +50,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
 
     resolve_family(args.family)  # an unknown name is one sentence before any device is asked
     device = getattr(args, "device", None) or str(effective_settings(args)["device"])
+    hardware.pick_device(device)  # a device that is not here is one sentence
     report = hardware.hardware_report(self_test=False)
     advice = advise_on(args.family, report, device, saved_reports().reports)
     if args.json:

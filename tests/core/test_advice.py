@@ -87,8 +87,9 @@ def test_an_unknown_family_is_one_sentence_naming_the_families(capsys):
     assert line.startswith("halfsafe: 'sd4' is not a model family HalfSafe runs; give one of: ")
     for name in ("sd1", "sdxl", "flux-dev", "flux2-klein", "qwenimage21", "anima"):
         assert f" {name}," in line or line.endswith(f" {name}.")
-    with pytest.raises(HalfSafeError):
-        resolve_family("")
+    for name in ("", "flux-foo", "sdxl-turbo"):
+        with pytest.raises(HalfSafeError):
+            resolve_family(name)
 
 
 def test_family_ids_and_architecture_names_both_resolve():
@@ -227,6 +228,7 @@ def test_a_saved_report_keeps_the_architecture_and_form_it_checked():
         ((), "bf16"),
         (("F8_E4M3",), "fp8"),
         (("INT8_CONVROT", "F8_E4M3"), "int8-convrot"),
+        (("int8_convrot_g256",), "int8-convrot"),
         (("Q4_K", "Q6_K", "F16"), "gguf-q4_k"),
         (("Q8_0", "F32"), "gguf-q8_0"),
         (("INT8",), ""),  # int8 per tensor is no published form of these families

@@ -134,9 +134,11 @@ def resolve_family(name: str) -> tuple[str, str, str]:
         if wanted == family.id:
             return family.id, next(iter(family.architectures)), family.title
     family = family_of_architecture(wanted) if wanted else None
-    if family is None or wanted.split("-")[0] not in {
-        a.split("-")[0] for a in family.architectures
-    }:
+    # A variant the titles know ("sd2-inpaint") is its family's; any other word after a
+    # family's name ("flux-foo") is no architecture.
+    if family is None or (
+        wanted not in family.architectures and architecture_title(wanted) == wanted
+    ):
         raise HalfSafeError(
             f"'{name}' is not a model family HalfSafe runs; give one of: "
             f"{', '.join(family_names())}."

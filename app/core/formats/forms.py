@@ -46,6 +46,8 @@ def stored_form(quantization: StoredQuantization | None) -> str:
     if quantization is None:
         return BF16
     types = {t.upper() for t in quantization.types}
+    # However a reader spells rotated int8 (INT8_CONVROT, ...), it is ConvRot's.
+    types |= {"INT8_CONVROT" for t in types if "CONVROT" in t}
     for key in _FEWEST_BITS_FIRST:
         if types & set(BY_KEY[key].types):
             return key
