@@ -60,7 +60,9 @@ def test_every_family_of_the_readme_answers_on_this_cpu(capsys):
             sentence = form["sentence"]
             assert sentence.endswith(".") and "\n" not in sentence, sentence
             # What the device does, what it needs, whether a check proved it: each said.
-            assert "computes" in sentence or "decoded" in sentence, sentence
+            assert form["device_use"] in ("native", "emulated", "decoded", "unsupported")
+            does = "runs 16-bit weights in fp32" if form["form"] == "bf16" else "decoded to fp32"
+            assert does in sentence, sentence
             assert ("GiB" in sentence) != ("no projection" in sentence), sentence
             assert "no check of" in sentence, sentence
 
