@@ -36,6 +36,7 @@ class AdvicePanel(Card):
         row = QHBoxLayout()
         self.family = QComboBox()
         self.family.setToolTip(CHOOSER_TIP)
+        self.family.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.family.currentIndexChanged.connect(lambda _index: self.refresh())
         self.device_text = label(WAITING, "muted", wrap=True)
         row.addWidget(self.family)
@@ -43,6 +44,8 @@ class AdvicePanel(Card):
         self.body.addLayout(row)
         self.sentences = QListWidget()
         self.sentences.setWordWrap(True)
+        self.sentences.setAlternatingRowColors(True)  # where one form's sentence ends
+        self.sentences.setSpacing(2)
         self.sentences.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.sentences.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
         self.sentences.setMaximumHeight(LIST_HEIGHT)
