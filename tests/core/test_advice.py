@@ -20,6 +20,8 @@ from app.core.components import Verdict
 from app.core.errors import HalfSafeError
 from app.core.formats.forms import stored_form
 from app.core.formats.weight_findings import StoredQuantization
+from app.core.hardware import DeviceInfo, HardwareReport, assess
+from app.core.hardware.selftest_records import SelfTestResult
 from app.core.health import saved
 from app.core.identities import DeviceIdentity
 from tests.support import recorded_devices, reports
@@ -181,6 +183,29 @@ def test_an_m1_computes_bf16_through_fp32_in_the_computers_memory():
     assert "this device computes in the computer's memory" in sixteen.sentence
     assert "int8" not in forms and forms["fp8"].use.use == "emulated"
     assert "this Apple GPU has none" in forms["fp8"].sentence
+
+
+def test_an_rdna2_card_has_no_usable_bf16_by_the_quirks_table():
+    card = assess(
+        DeviceInfo(
+            kind="rocm",
+            index=0,
+            name="AMD Radeon RX 6700 XT",
+            capability=(10, 3),
+            memory_total_mb=12272,
+            vendor="amd",
+            arch="gfx1031",
+            os_name="linux",
+        ),
+        SelfTestResult.skipped(),
+    )
+    report = HardwareReport("0.1.0", "2.13.0", None, [card, recorded_devices.m1().devices[1]])
+    forms = _forms(report, "sdxl")
+    assert forms["bf16"].use.use == "unsupported"
+    assert "no usable bf16 [amd-rdna1-rdna2-no-bf16]" in forms["bf16"].sentence
+    assert "HalfSafe runs 16-bit weights in fp16 here" in forms["bf16"].sentence
+    assert "this GPU has none" in forms["fp8"].sentence  # ROCm: no NVIDIA tensor cores
+    assert "runs whole on this 12 GB card" in forms["bf16"].sentence
 
 
 # What a check proved --------------------------------------------------------------------------

@@ -112,7 +112,9 @@ def _why_emulated(device: DeviceInfo) -> str:
             f"{BF16_FROM[0]}.{BF16_FROM[1]}, Ampere"
         )
     if device.backend == "mps":
-        return "Apple's GPU computes bf16 through fp32"
+        return (
+            "Apple's GPU computes bf16 through fp32 on M1 and M2, and HalfSafe classes it so on all"
+        )
     if device.kind == "cpu":
         return "this CPU has no bf16 instructions"
     return "it has no bf16 arithmetic"
