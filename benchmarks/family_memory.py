@@ -9,7 +9,8 @@ ones HalfSafe ships in resources/configs (SD1.5, SDXL, Flux.1 dev, the Flux.2 VA
 defaults where they are the published model's (Qwen-Image's transformer and VAE, Flux.2 dev's
 transformer), transformers' defaults for Mistral Small 3.1 (Flux.2 dev's text encoder), and the
 published widths and depths of the others written out below (Qwen2.5-VL-7B, Qwen3-4B/8B, the
-Klein transformers). Parts are counted by HalfSafe's own `streaming.sizes` and judged as
+Klein transformers, SD3.5 Large's; Chroma's and Z-Image's are diffusers' defaults, 8.9B and
+6.15B as published). Parts are counted by HalfSafe's own `streaming.sizes` and judged as
 `PlacedPipeline` judges them under a budget.
 
 Forms: "16-bit" is every part as fp16/bf16. In "fp8", "Q8_0" and "Q4_0" the denoiser and every
@@ -33,12 +34,11 @@ from collections.abc import Callable
 
 from common import ROOT, emit, machine
 
-GIB = 2**30
+from app.core.advice import sizes  # the judgement `halfsafe advise` makes of these figures
+
+GIB = sizes.GIB
 CARDS_GIB = (6, 8, 12, 24)
 RAM_GIB = (16, 32)
-DESKTOP_GIB = 0.5
-SYSTEM_RAM_GIB = 2.5
-WORKING_SET_GIB = 1.5
 FORMS = {"16-bit": None, "fp8": 1.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32}
 BIG_ENCODER = 1e9  # parameters: a text encoder past this is quantized with the denoiser
 CONFIGS = ROOT / "resources" / "configs"
@@ -63,6 +63,19 @@ QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct
 QWEN3 = {  # Qwen/Qwen3-4B and Qwen3-8B (the Klein text encoders), without the LM head
     "4B": {"hidden_size": 2560, "num_hidden_layers": 36, "intermediate_size": 9728},
     "8B": {"hidden_size": 4096, "num_hidden_layers": 36, "intermediate_size": 12288},
+}
+SD35_LARGE = {  # stabilityai/stable-diffusion-3.5-large's transformer (8.1B)
+    "num_layers": 38,
+    "attention_head_dim": 64,
+    "num_attention_heads": 38,
+    "joint_attention_dim": 4096,
+    "caption_projection_dim": 2432,
+    "pooled_projection_dim": 2048,
+    "out_channels": 16,
+    "patch_size": 2,
+    "sample_size": 128,
+    "pos_embed_max_size": 192,
+    "qk_norm": "rms_norm",
 }
 KLEIN = {  # FLUX.2 [klein] 4B and 9B: 128-wide heads, Qwen3's last three layers as text input
     "4B": {"num_layers": 5, "num_single_layers": 20, "num_attention_heads": 24},
@@ -116,6 +129,9 @@ def _families() -> dict[str, tuple[str, dict[str, Callable[[], object]]]]:
         T5EncoderModel,
     )
 
+    def t5xxl():
+        return T5EncoderModel(T5Config.from_dict(_json("flux", "text_encoder_2")))
+
     def klein(size: str, encoder: str):
         text = 3 * QWEN3[encoder]["hidden_size"]
         return {
@@ -153,6 +169,42 @@ def _families() -> dict[str, tuple[str, dict[str, Callable[[], object]]]]:
                     T5Config.from_dict(_json("flux", "text_encoder_2"))
                 ),
                 "vae": lambda: _diffusers("AutoencoderKL", "flux", "vae"),
+            },
+        ),
+        "sd2": (
+            "SD2.x",
+            {
+                "unet": lambda: _diffusers("UNet2DConditionModel", "sd2", "unet"),
+                "text_encoder": lambda: _clip("sd2"),
+                "vae": lambda: _diffusers("AutoencoderKL", "sd2", "vae"),
+            },
+        ),
+        "chroma": (
+            "Chroma",
+            {
+                # diffusers' defaults are Chroma1's published shape (8.9B).
+                "transformer": lambda: _diffusers("ChromaTransformer2DModel"),
+                "text_encoder": lambda: t5xxl(),
+                "vae": lambda: _diffusers("AutoencoderKL", "flux", "vae"),
+            },
+        ),
+        "zimage": (
+            "Z-Image",
+            {
+                # diffusers' defaults are Z-Image's published shape (6.15B), Turbo's and Base's.
+                "transformer": lambda: _diffusers("ZImageTransformer2DModel"),
+                "text_encoder": lambda: _qwen3("4B"),
+                "vae": lambda: _diffusers("AutoencoderKL", "flux", "vae"),
+            },
+        ),
+        "sd35large": (
+            "SD3.5 Large",
+            {
+                "transformer": lambda: _diffusers("SD3Transformer2DModel", **SD35_LARGE),
+                "text_encoder": lambda: _clip("sdxl"),
+                "text_encoder_2": lambda: _clip("sdxl", "text_encoder_2"),
+                "text_encoder_3": lambda: t5xxl(),
+                "vae": lambda: _diffusers("AutoencoderKL", "sd3", "vae"),
             },
         ),
         "klein4b": ("Flux.2 Klein 4B", klein("4B", "4B")),
@@ -224,11 +276,7 @@ def measure_family(parts: dict[str, Callable[[], object]]) -> dict:
 def card_budget(card_gib: float) -> float:
     """Bytes a job's parts may each hold on a card of `card_gib` with nothing else running
     (`streaming.device_budget` on the free memory left beside the desktop)."""
-    from app.core.precision import streaming
-
-    free = (card_gib - DESKTOP_GIB) * GIB
-    reserve = max(streaming.RESERVE_MIN_MB * 2**20, streaming.RESERVE_SHARE * card_gib * GIB)
-    return max(free - reserve, streaming.BUDGET_MIN_MB * 2**20)
+    return sizes.card_budget(int(card_gib * GIB))
 
 
 def verdict(parts: dict, form: str, budget: float) -> str:
@@ -261,10 +309,7 @@ def run(args) -> dict:
             denoiser = next(iter(measured.values()))
             rows[form] = {
                 "files_bytes": files,
-                "ram": {
-                    f"{ram}": files + WORKING_SET_GIB * GIB <= (ram - SYSTEM_RAM_GIB) * GIB
-                    for ram in RAM_GIB
-                },
+                "ram": {f"{ram}": sizes.ram_fits(files, ram * GIB) for ram in RAM_GIB},
                 "cards": {
                     f"{card}": verdict(measured, form, card_budget(card)) for card in CARDS_GIB
                 },

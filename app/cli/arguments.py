@@ -413,6 +413,24 @@ def build_parser() -> argparse.ArgumentParser:
         "0 skips it; a cached count is reused unless this is given)",
     )
 
+    advise = sub.add_parser(
+        "advise", help="which stored form of a model family runs on this device, and its needs"
+    )
+    advise.add_argument(
+        "family",
+        metavar="FAMILY",
+        help="a family or architecture name as the README's Families table gives it "
+        "(sdxl, flux-dev, flux2-klein, qwenimage21, ...)",
+    )
+    advise.add_argument("--json", action="store_true", help="print the advice as JSON")
+    advise.add_argument(
+        "--device",
+        default=argparse.SUPPRESS,
+        metavar="auto|cpu|cuda|cuda:N|mps|xpu",
+        type=_validated("device"),
+        help="the device to advise for (default: your saved device setting)",
+    )
+
     model_help = (
         "a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "
         "--allow-pickle), 'demo' for the built-in demo model (it draws simple coloured shapes), "

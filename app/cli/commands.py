@@ -43,6 +43,25 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_advise(args: argparse.Namespace) -> int:
+    from app.core import hardware
+    from app.core.advice import advise_on, resolve_family
+    from app.core.health.saved import saved_reports
+
+    resolve_family(args.family)  # an unknown name is one sentence before any device is asked
+    device = getattr(args, "device", None) or str(effective_settings(args)["device"])
+    hardware.pick_device(device)  # a device that is not here is one sentence
+    report = hardware.hardware_report(self_test=False)
+    advice = advise_on(args.family, report, device, saved_reports().reports)
+    if args.json:
+        _print_json(advice.to_json())
+    else:
+        from app.cli.text import advice_text
+
+        print(advice_text(advice))
+    return EXIT_OK
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from app.core import health
     from app.core.requests import requested
@@ -292,6 +311,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "gpu": _cmd_gpu,
+    "advise": _cmd_advise,
     "check": _cmd_check,
     "generate": _cmd_generate,
     "explain": _cmd_explain,

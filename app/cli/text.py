@@ -1,11 +1,12 @@
-"""Plain-text renderings of core results for the terminal (`halfsafe gpu`, `check`, `generate`,
-`explain`)."""
+"""Plain-text renderings of core results for the terminal (`halfsafe gpu`, `advise`, `check`,
+`generate`, `explain`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
+from app.core.advice import FamilyAdvice
 from app.core.components import words as component_words
 from app.core.fixing.diagnosis import CHOSEN_WORDS
 from app.core.formats.weight_findings import StoredQuantization
@@ -425,3 +426,10 @@ def _self_test_cell(test: SelfTestResult | None) -> str:
     if test.cached:
         return text + " (cached)"
     return text + f" ({test.seconds:.1f} s)"
+
+
+def advice_text(advice: FamilyAdvice) -> str:
+    """`halfsafe advise FAMILY`: the device, then one sentence per stored form."""
+    lines = [f"{advice.title} on {advice.device_words()}:"]
+    lines += [f"- {form.sentence}" for form in advice.forms]
+    return "\n".join(lines)

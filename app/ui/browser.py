@@ -219,10 +219,12 @@ def health_cells(health: ModelHealth | None) -> tuple[str, str, str]:
 class HealthReader(QObject):
     """Reads the saved reports and remembered fixes (plain files, no torch) on a worker thread.
 
-    `read(object)` is emitted from the worker thread with the `health_by_model` dict; Qt queues
-    it to the receiver's (GUI) thread."""
+    `read(object)` is emitted from the worker thread with the `health_by_model` dict, then
+    `reports_read(object)` with the saved reports (a list of `SavedReport`); Qt queues both to
+    the receiver's (GUI) thread."""
 
     read = Signal(object)
+    reports_read = Signal(object)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -246,12 +248,12 @@ class HealthReader(QObject):
                 from app.core.fixing.profiles import stored_fixes
                 from app.core.health.saved import saved_reports
 
-                found = health_by_model(
-                    saved_reports().reports, stored_fixes().fixes, device, loaded
-                )
+                reports = saved_reports().reports
+                found = health_by_model(reports, stored_fixes().fixes, device, loaded)
             except Exception:  # noqa: BLE001 - no verdicts shown beats a window taken down
-                found = {}
+                reports, found = [], {}
             self.read.emit(found)
+            self.reports_read.emit(reports)
             with self._lock:
                 if self._again is None:
                     self._running = False

@@ -30,6 +30,7 @@ from app.core.models.summary import ModelSummary
 from app.core.requests.records import LoadRequest
 from app.engine.events import EngineEvent, EventState, StillLoaded
 from app.ui import folders, words
+from app.ui.advice_panel import AdvicePanel
 from app.ui.browser import (
     ALL_FAMILIES,
     FAMILY,
@@ -210,6 +211,9 @@ class ModelsView(QWidget):
         )
         self.details.body.addWidget(self.details_text)
         lower_layout.addWidget(self.details)
+        self.advice = AdvicePanel(state)
+        self.health_reader.reports_read.connect(self.advice.set_saved)
+        lower_layout.addWidget(self.advice)
         layout.addLayout(lower_layout)
 
         self._fill_library([])
@@ -408,6 +412,7 @@ class ModelsView(QWidget):
         item = self.library.currentItem()
         entry = item.data(0, Qt.ItemDataRole.UserRole) if item else None
         lines = card_lines((entry or {}).get("card"))
+        self.advice.follow(_architecture_of(entry or {}))
         self.card_text.setText("; ".join(lines))
         self.card_text.setVisible(bool(lines))
         problem = _unloadable(entry or {})
@@ -751,6 +756,13 @@ def _family_of(entry: dict[str, Any]) -> str:
     if entry.get("error"):
         return OTHER_FAMILY
     return family_words(entry.get("architecture")) or OTHER_FAMILY
+
+
+def _architecture_of(entry: dict[str, Any]) -> str | None:
+    """The architecture of a library entry, the built-in demos' (SD 1.x-shaped) included."""
+    if entry.get("path") in DEMO_MODELS:
+        return "sd1"
+    return entry.get("architecture") or None
 
 
 def _unloadable(entry: dict[str, Any]) -> str:

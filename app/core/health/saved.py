@@ -29,6 +29,7 @@ from app.core import paths
 from app.core.components import Verdict
 from app.core.files import aside_name, locked, write_atomic
 from app.core.fixing.quality import Quality
+from app.core.formats.forms import stored_form
 from app.core.health.report import CheckResult
 from app.core.limits import parse_json, read_regular
 from app.core.precision.words import plan_words
@@ -48,7 +49,8 @@ MAX_FOLDER_ENTRIES = 100_000
 LATEST_TIME = 1e11
 _FILE_NAME = re.compile(r"[0-9a-f]{32}\.json")
 _TEXTS = ("profile_key", "device", "model_name", "source", "headline", "fix_summary")
-_OPTIONAL_TEXTS = ("torch_version", "ran_at", "fix_runs_at")  # absent from older files
+# Absent from older files.
+_OPTIONAL_TEXTS = ("torch_version", "ran_at", "fix_runs_at", "architecture", "stored_form")
 _OPTIONAL_NUMBERS = ("fix_quality_db", "fix_quality_threshold_db")  # likewise
 
 
@@ -77,6 +79,11 @@ class SavedReport:
     # finite figure, or in a report saved before they were kept.
     fix_quality_db: float | None = None
     fix_quality_threshold_db: float | None = None
+    # The model's architecture ("flux-dev") and the form its files store it in (`formats.forms`:
+    # "bf16", "fp8", "gguf-q4_k", ...; "" for none of the published forms): which file the check
+    # proved on this device (`advice`). Empty in a report saved before they were kept.
+    architecture: str = ""
+    stored_form: str = ""
 
     @property
     def fix_quality(self) -> Quality | None:
@@ -134,6 +141,8 @@ def save_report(profile_key: str, result: CheckResult) -> SavedReport | None:
         torch_version=_bounded(report.versions.get("torch")),
         ran_at=_bounded(plan_words(report.plan)),
         fix_runs_at=_bounded(plan_words(report.fix.plan) if report.fix is not None else ""),
+        architecture=_bounded(report.model.architecture),
+        stored_form=stored_form(report.model.quantization),
     )
     quality = report.fix.quality if report.fix is not None else None
     if quality is not None and math.isfinite(quality.value):

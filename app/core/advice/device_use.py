@@ -1,0 +1,132 @@
+"""What one device does with each stored form, from its hardware report (`hardware.DeviceInfo`:
+kind, compute capability, its bf16 class from capability, quirks and self-test, and the
+precision recommended for it), said as a clause for the form's sentence.
+
+The thresholds are NVIDIA's: int8 tensor cores from compute capability 7.5 (Turing; not Volta's
+7.0 or Pascal), fp8 from 8.9 (Ada), NVFP4 from 10.0 (Blackwell). HalfSafe itself runs no int8,
+fp8 or packed kernel: it decodes each layer's weights as it computes (`formats.quantized`), in
+the precision it runs on this device; the native path is what other tools' kernels use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.core.hardware.records import DeviceInfo
+
+NATIVE, EMULATED, DECODED, UNSUPPORTED = "native", "emulated", "decoded", "unsupported"
+INT8_FROM = (7, 5)
+FP8_FROM = (8, 9)
+NVFP4_FROM = (10, 0)
+BF16_FROM = (8, 0)
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """How the device computes a form: "native", "emulated" (the device lacks it and it is
+    computed through a wider type), "decoded" (no device has it: decoded layer by layer) or
+    "unsupported"; the precision HalfSafe computes it in here; the clause saying so."""
+
+    use: str
+    precision: str
+    words: str
+
+
+def device_use(form: str, device: DeviceInfo) -> DeviceUse:
+    """What `device` does with weights stored in `form` (a `formats.forms` key)."""
+    precision = str(device.recommended.get("precision") or "fp32")
+    decoded = f"each layer is decoded to {precision} as it computes"
+    if form == "bf16":
+        return _sixteen_bits(device, precision)
+    if form.startswith("gguf"):
+        return DeviceUse(
+            DECODED, precision, f"GGUF blocks have no kernel on any GPU: {decoded}, here too"
+        )
+    threshold, what, era = {
+        "fp8": (FP8_FROM, "fp8 tensor cores", "Ada"),
+        "int8-convrot": (INT8_FROM, "int8 tensor cores", "Turing"),
+        "nvfp4": (NVFP4_FROM, "NVFP4 tensor cores", "Blackwell"),
+    }[form]
+    start = f"{threshold[0]}.{threshold[1]}, {era}"
+    if device.backend != "cuda" or device.capability is None:
+        return DeviceUse(
+            EMULATED,
+            precision,
+            f"{what} are NVIDIA's (from compute capability {start}) and this {_kind(device)} "
+            f"has none: {decoded}",
+        )
+    capability = f"{device.capability[0]}.{device.capability[1]}"
+    if tuple(device.capability) >= threshold:
+        return DeviceUse(
+            NATIVE,
+            precision,
+            f"this GPU has {what} (compute capability {capability}; they start at {start}), "
+            f"which tools with such kernels use; HalfSafe decodes each layer to {precision} "
+            "as it computes",
+        )
+    return DeviceUse(
+        EMULATED,
+        precision,
+        f"this GPU has no {what} (compute capability {capability}; they start at {start}): "
+        f"{decoded}",
+    )
+
+
+def _sixteen_bits(device: DeviceInfo, precision: str) -> DeviceUse:
+    test = device.self_test if device.self_test is not None and device.self_test.ran else None
+    if test is None:
+        tested = "the self-test has not run here"
+    elif test.bf16 == "pass":
+        tested = "the self-test found its bf16 results right"
+    elif test.bf16 == "fail":
+        failed = ", ".join(test.failed_ops("bf16")[:3])
+        tested = f"the self-test failed bf16 ({failed})" if failed else "the self-test failed bf16"
+    else:
+        tested = "the self-test did not test bf16"
+    runs = f"HalfSafe runs 16-bit weights in {precision} here"
+    if device.fp16 != "fast" and device.kind != "cpu":
+        runs += f" (fp16 is {device.fp16} on it{_quirk(device, 'fp16')})"
+    if device.bf16 == "native":
+        return DeviceUse(
+            NATIVE, precision, f"this {_kind(device)} computes bf16 natively ({tested}); {runs}"
+        )
+    if device.bf16 == "emulated":
+        return DeviceUse(
+            EMULATED,
+            precision,
+            f"bf16 is emulated on this {_kind(device)}, slow ({_why_emulated(device)}; "
+            f"{tested}); {runs}",
+        )
+    return DeviceUse(
+        UNSUPPORTED,
+        precision,
+        f"this {_kind(device)} has no usable bf16{_quirk(device, 'bf16')} ({tested}); {runs}",
+    )
+
+
+def _why_emulated(device: DeviceInfo) -> str:
+    if device.backend == "cuda" and device.capability is not None:
+        major, minor = device.capability
+        return (
+            f"compute capability {major}.{minor}; bf16 tensor cores start at "
+            f"{BF16_FROM[0]}.{BF16_FROM[1]}, Ampere"
+        )
+    if device.backend == "mps":
+        return (
+            "Apple's GPU computes bf16 through fp32 on M1 and M2, and HalfSafe classes it so on all"
+        )
+    if device.kind == "cpu":
+        return "this CPU has no bf16 instructions"
+    return "it has no bf16 arithmetic"
+
+
+def _quirk(device: DeviceInfo, dtype: str) -> str:
+    value = getattr(device, dtype)
+    for quirk in device.quirks:
+        if quirk.effects.get(dtype) == value:
+            return f" [{quirk.id}]"
+    return ""
+
+
+def _kind(device: DeviceInfo) -> str:
+    return {"cpu": "CPU", "mps": "Apple GPU"}.get(device.kind, "GPU")
