@@ -157,7 +157,7 @@ def _lagged(centred, lag: int, axis: int, variance: float) -> float:
         a, b = centred[:, :-lag], centred[:, lag:]
     else:
         a, b = centred[:-lag], centred[lag:]
-    return float((a * b).sum(axis=-1).mean()) / variance
+    return float((a * b).sum()) / (a.shape[0] * a.shape[1]) / variance
 
 
 def _repeat(centred, variance: float, period: int) -> float:
@@ -247,11 +247,11 @@ def _blocks_alike(brightness, period: int, rows: int, columns: int) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def _blocks(unit, period: int) -> float:
+def _blocks(unit, steps: tuple[Any, Any], period: int) -> float:
     """The blocks' share of the step energy on a `period` grid (the lower of the two axes), or
-    0 where the picture does not break into unlike blocks there."""
-    across = _grid(((unit[:, 1:] - unit[:, :-1]) ** 2).mean(axis=(0, 2)), period)
-    down = _grid(((unit[1:] - unit[:-1]) ** 2).mean(axis=(1, 2)), period)
+    0 where the picture does not break into unlike blocks there. `steps`: the step energy per
+    column and per row."""
+    across, down = _grid(steps[0], period), _grid(steps[1], period)
     share = min(across.share, down.share)
     if share < BLOCK_EDGES or max(across.half, down.half) > BLOCK_HALF * share:
         return 0.0
@@ -279,8 +279,12 @@ def tiled(rgb) -> Tiled | None:
     for period in periods:  # a repeat first: a repeated tile's seams also lie on a grid
         if _repeat(centred, variance, period) >= REPEAT_PEAK:
             return Tiled(period, "repeat", _lagged(centred, period, 1, variance))
+    steps = (
+        ((unit[:, 1:] - unit[:, :-1]) ** 2).mean(axis=(0, 2)),
+        ((unit[1:] - unit[:-1]) ** 2).mean(axis=(1, 2)),
+    )
     for period in periods:
-        share = _blocks(unit, period)
+        share = _blocks(unit, steps, period)
         if share:
             return Tiled(period, "blocks", share)
     return None
