@@ -285,6 +285,11 @@ def save(tmp_path, name: str, picture: np.ndarray):
         (np.full((SIZE, SIZE, 3), 255, np.uint8), "saturated"),
         (NATURAL["a photograph"], "ok"),
         (tinted(20, TINTS[0]), "ok"),
+        (255 - NATURAL["a photograph"], "ok"),  # a negative: only --remake tells it
+        (np.zeros((SIZE, SIZE, 3), np.uint8), "nan"),
+        (np.full((SIZE, SIZE, 3), 128, np.uint8), "flat"),
+        (np.full((SIZE, SIZE, 3), (200, 40, 90), np.uint8), "flat"),
+        (NATURAL["a night scene"], "ok"),
     ],
     ids=[
         "blocks",
@@ -297,6 +302,11 @@ def save(tmp_path, name: str, picture: np.ndarray):
         "white",
         "photo",
         "tinted",
+        "inverted",
+        "black",
+        "grey",
+        "flat-colour",
+        "night",
     ],
 )
 def test_pixel_status_names_each_look_apart(tmp_path, picture, status):
