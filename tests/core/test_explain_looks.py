@@ -331,8 +331,10 @@ def test_a_picture_made_again_with_the_same_look_puts_it_in_the_model():
 
     picture = blocky("sharp", 16)
     same = remake._look_remade("tiled_noise", picture, picture, "seed 1", 1, (512, 512), None)
-    assert same.look == "tiled_noise" and "tiled or blocky noise too" in same.words
+    assert same.look == "tiled_noise" and "no picture either (tiled or blocky noise)" in same.words
     assert same.to_json()["look"] == "tiled_noise"
+    other = remake._look_remade("false_colour", picture, picture, "seed 1", 1, (512, 512), None)
+    assert "no picture either (tiled or blocky noise)" in other.words
 
 
 def test_the_looks_and_their_switches_are_documented():

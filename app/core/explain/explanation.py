@@ -423,7 +423,7 @@ def take_remade(explanation: Explanation, remade: Remade, state: str) -> None:
         explanation.notes.append(remade.note)
     if explanation.status in suspects.LOOKS:
         first = explanation.look_causes[0] if explanation.look_causes else None
-        if remade.look != explanation.status and first is not None:
+        if remade.look is None and first is not None:
             # The model draws a picture here: the first fast path the record shows is the
             # likely cause; nothing of the tool's was run, so nothing is verified.
             explanation.cause = Cause(

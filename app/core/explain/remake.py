@@ -95,10 +95,11 @@ REMAKE_WORDS = {
         "memory), not from the model or fp16."
     ),
     "look_same": (
-        "HalfSafe made the image again from its record ({made}), and it is {look} too: the "
-        "model at these settings draws it with ordinary kernels as well, so it is not the "
-        "tool's fast path but the model file or its settings (a variant the loader does not "
-        "know, a sampler or step count the model was not made for)."
+        "HalfSafe made the image again from its record ({made}), and it is no picture either "
+        "({made_look}): the model at these settings draws no picture with ordinary kernels "
+        "as well, so it is not the tool's fast path but the model file or its settings (a "
+        "variant the loader does not know, a sampler or step count the model was not made "
+        "for)."
     ),
     "look_offer": (
         "explain --remake makes HalfSafe's own image of the same record with ordinary kernels "
@@ -451,13 +452,15 @@ def remake(
 def _look_remade(
     look: str, file_rgb, made_rgb, said: str, seed, size, size_note: str | None
 ) -> Remade:
-    """A file that shows `look` against the picture made again: the same look there (the model
-    draws it) or a picture (the tool's run drew it)."""
+    """A file that shows `look` against the picture made again: a look there too (the model
+    draws no picture at these settings) or a picture (the tool's run drew the look)."""
     from app.core.explain.findings import LOOK_NAMES
     from app.core.explain.looks import look as look_of
 
     made_look = look_of(made_rgb)
-    key = "look_same" if made_look == look else "look_clean"
-    words = REMAKE_WORDS[key].format(made=said, look=LOOK_NAMES[look])
+    key = "look_clean" if made_look is None else "look_same"
+    words = REMAKE_WORDS[key].format(
+        made=said, look=LOOK_NAMES[look], made_look=LOOK_NAMES.get(made_look or "", "")
+    )
     found, r = verdict(file_rgb, made_rgb)
     return Remade(found, r, words, seed, size, note=size_note, look=made_look)
