@@ -68,12 +68,15 @@ def repeated(kind: str, period: int, size: int = SIZE) -> np.ndarray:
 
 
 def blocky(kind: str, period: int, size: int = SIZE) -> np.ndarray:
-    """One random colour per `period` px block: sharp, smoothed, or with grain."""
+    """One random colour per `period` px block: sharp, smoothed over three pixels or (a decoder's
+    wider smoothing) over about eight, or with grain."""
     rng = np.random.default_rng(period)
     cells = rng.integers(0, 256, (size // period, size // period, 3)).astype(np.uint8)
     sharp = np.asarray(Image.fromarray(cells).resize((size, size), Image.Resampling.NEAREST))
     if kind == "smoothed":
         return smoothed(sharp)
+    if kind == "smoothed wide":
+        return smoothed(sharp, 2.0)
     if kind == "grain":
         return np.clip(sharp + rng.normal(0, 12, sharp.shape), 0, 255).astype(np.uint8)
     return sharp
@@ -119,7 +122,10 @@ def tinted(seed: int, tint: tuple[float, float, float]) -> np.ndarray:
 
 
 REPEATS = [(kind, p) for kind in ("pixel", "decoded", "smooth", "smoothed") for p in (8, 32, 128)]
-BLOCKS = [(kind, p) for kind in ("sharp", "smoothed", "grain") for p in (8, 16, 64, 128)]
+BLOCKS = [
+    *[(kind, p) for kind in ("sharp", "smoothed", "grain") for p in (8, 16, 64, 128)],
+    *[("smoothed wide", p) for p in (16, 32, 128)],
+]
 STATIC = ("pure", "eight", "off")
 FALSE = [
     *[("normal map", seed, strength) for seed in (0, 1) for strength in (15.0, 60.0)],

@@ -11,7 +11,7 @@ nearly apart; the demo's flat shapes with and without grain; coloured noise per 
 - tiled: the picture repeats itself at a kernel's tile size (`TILE_PERIODS`) along the rows and
   the columns ("repeat": the correlation at the period against the best a quarter-period either
   side), or its steps between neighbours all fall on a grid of that size ("blocks": the share
-  of the step energy within one pixel of the grid lines) with blocks unlike their neighbours.
+  of the step energy near the grid lines) with blocks unlike their neighbours.
   The smallest such period is named (a repeat at 32 px repeats at 64 too; 4 px blocks lie on an
   8 px grid twice per period, which the half-period test refuses).
 - RGB static: every pixel its own, saturated colour: almost every channel value near 0 or 255,
@@ -39,20 +39,23 @@ TILE_PERIODS = (8, 16, 32, 64, 128)
 REPEAT = 0.6
 REPEAT_PEAK = 0.2
 # Blocks, along both axes: at least BLOCK_EDGES of the step energy above the typical column's
-# within a pixel of the grid lines, at most BLOCK_HALF of that on the lines half a period away,
-# no quarter of the lines under BLOCK_EVEN of their mean, the lines' energy at least
-# BLOCK_CONTRAST times the typical column's and a step of BLOCK_STEP (rms, 0..1) or more, and
-# neighbouring blocks' means correlated at most BLOCK_ALIKE. Measured: blocks of 8 to 128 px,
-# sharp, smoothed over three pixels or with grain, at 512 and 1024 px: share 0.92 and up, half
-# 0.002 at most, contrast 38 and up (15 once saved as JPEG at quality 75), step 0.2 and up,
-# alike 0.11 at most. JPEG's own 8 px blocks (quality 30 to 75, of photographs and of decoded
-# noise) can put 0.94 of the excess on a grid, but at a contrast of 7.2 at most and a step of
-# 0.10 at most, and a photograph's blocks are alike (0.73 and up).
+# within reach of the grid lines (a pixel, and an eighth of the period on larger grids: a
+# decoder smooths a step over more pixels there), at most BLOCK_HALF of that on the lines half
+# a period away, no quarter of the lines under BLOCK_EVEN of their mean, the lines' energy at
+# least BLOCK_CONTRAST times the typical column's and a step of BLOCK_STEP (rms, 0..1) or more,
+# and neighbouring blocks' means correlated at most BLOCK_ALIKE. Measured: blocks of 8 to 128
+# px, sharp, smoothed over three pixels or with grain, at 512 and 1024 px: share 0.94 and up,
+# half 0.021 at most, contrast 38 and up (15 once saved as JPEG at quality 75), step 0.2 and
+# up, alike 0.11 at most; smoothed over about eight pixels (from 16 px up; 8 px blocks so
+# smoothed are no longer blocks): share 0.94, contrast 44, step 0.13 and up, alike 0.12 at most.
+# JPEG's own 8 px blocks (quality 30 to 75, of photographs and of decoded noise) can put 0.94 of
+# the excess on a grid, but at a contrast of 7.2 at most and a step of 0.10 at most, and a
+# photograph's blocks are alike (0.73 and up): each fails two of the tests or more.
 BLOCK_EDGES = 0.7
 BLOCK_HALF = 0.3
 BLOCK_EVEN = 0.3
 BLOCK_CONTRAST = 12.0
-BLOCK_STEP = 0.12
+BLOCK_STEP = 0.11
 BLOCK_ALIKE = 0.4
 # RGB static: at least STATIC_EXTREME of the channel values within STATIC_NEAR of 0 or 255, the
 # neighbours' correlation at most STATIC_NEIGHBOURS, and at least STATIC_COLOURED of the pixels
@@ -189,10 +192,10 @@ def _folded(energy, period: int):
 @dataclass(frozen=True)
 class _Grid:
     """Where a picture's steps along one axis fall on a grid: the share of the step energy
-    within a pixel of the strongest line (`share`) and of the line half a period away
-    (`half`), that line's offset, the energy within a pixel of it per line (`edge`: a step
-    smoothed over three pixels is still one step), and how many times the typical column's
-    energy the line carries (`contrast`)."""
+    within reach of the strongest line (a pixel, or an eighth of the period: `share`) and of
+    the line half a period away (`half`), that line's offset, the energy within reach of it
+    per line (`edge`: a smoothed step is still one step), and how many times the typical
+    column's energy the line carries (`contrast`)."""
 
     share: float = 0.0
     half: float = 0.0
@@ -214,7 +217,8 @@ def _grid(energy, period: int) -> _Grid:
     total = float(folded.sum())
     if total <= 0:
         return _Grid()
-    window = folded + np.roll(folded, 1) + np.roll(folded, -1)
+    reach = max(1, period // 8)  # a decoder smooths a step over more pixels on a larger grid
+    window = sum(np.roll(folded, k) for k in range(-reach, reach + 1))
     offset = int(folded.argmax())
     lines = excess[offset::period]
     if float(np.quantile(lines, 0.25)) < BLOCK_EVEN * float(lines.mean()):
