@@ -571,6 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
         "picture whose colours were inverted after it was made (a warm decode) from one the "
         "model makes so",
     )
+    explain.add_argument(
+        "--log",
+        metavar="PATH",
+        help="the log of the tool that made the image (ComfyUI's console output saved to a "
+        "file): read for its version and a loader's unexpected-key warnings",
+    )
     return parser
 
 

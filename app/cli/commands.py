@@ -298,7 +298,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
     values = effective_settings(args)
     explanation = explain.explain_image(
-        args.image, device=values["device"], model=args.model, remake=args.remake
+        args.image, device=values["device"], model=args.model, remake=args.remake, log=args.log
     )
     if args.json:
         _print_json(explanation.to_json())

@@ -192,6 +192,7 @@ def _memory_words(memory: CheckMemory | None) -> str:
 def explain_text(explanation) -> str:
     """What `halfsafe explain` prints: the answer first, then the record, the model and the fix
     in the image tool's terms; the health report follows when the check ran."""
+    from app.core.explain import findings
     from app.core.words.tools import TOOLS, setting_words
 
     record = explanation.record
@@ -213,11 +214,14 @@ def explain_text(explanation) -> str:
             f"Pixels:  every channel at 0 or 255 in {saturated.share:.1%} of the picture "
             f"(most RGB {colour})"
         )
-    elif noise and noise.coloured_noise:
+    elif noise and noise.coloured_noise and pixels.tiled is None:
         lines.append(
             f"Pixels:  correlation {noise.correlation:.2f} 16 px apart, colour "
             f"{noise.colour:.1f} times brightness between neighbours (coloured noise)"
         )
+    look = findings.pixel_line(pixels)
+    if look:
+        lines.append(f"Pixels:  {look}")
     region = pixels.noise_region
     if region:
         x0, y0, x1, y1 = region.box

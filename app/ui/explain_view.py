@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.explain import STATUS_WORDS, Explanation, remake
+from app.core.explain import STATUS_WORDS, Explanation, findings, remake
 from app.core.explain.next_steps import NextSteps, Switch, likely_words, rule_out_words
 from app.core.explain.remake import REMADE_STATUSES
 from app.core.generation.records import IMAGE_STATUS_WORDS
@@ -45,6 +45,9 @@ _LEVELS = {
     "noise": "bad",
     "noise_region": "bad",
     "inverted": "bad",
+    "tiled_noise": "bad",
+    "rgb_static": "bad",
+    "false_colour": "bad",
     "unclaimed": "warn",
     "safety_checker": "warn",
     "black": "info",
@@ -65,6 +68,9 @@ def title_for(name: str, result: Explanation) -> str:
     saturated = pixels.saturated
     if saturated:
         return f"Why is {name} {'white' if saturated.white else 'saturated'}?"
+    look = findings.look_figures(pixels)
+    if look is not None:  # tiled noise, RGB static, false colour (`looks`)
+        return f"Why is {name} {findings.LOOK_NAMES[look[0]]}?"
     if pixels.noise_region or result.status == "noise_region":
         return f"Why is part of {name} noise?"
     if result.status in ("noise", "unclaimed"):

@@ -369,3 +369,19 @@ def test_a_small_demo_picture_is_a_picture_that_can_be_made_again(window, engine
     assert dialog.verdict.level != "bad"
     assert "noise" not in dialog.verdict.text.text().lower()
     assert dialog.remake_button.isVisible()
+
+
+def test_tiled_noise_from_an_int8_file_is_shown_as_a_tool_fault(window, engines, tmp_path):
+    rng = np.random.default_rng(16)
+    cells = rng.integers(0, 256, (16, 16, 3)).astype(np.uint8)
+    blocks = Image.fromarray(cells).resize((256, 256), Image.Resampling.NEAREST)
+    parameters = a1111_parameters("krea2-int8.safetensors", "0123456789")
+    image = png_text(tmp_path / "tiles.png", {"parameters": parameters}, blocks)
+
+    dialog = _explain_in_the_window(window, engines, image)
+
+    assert dialog.explanation is not None and dialog.explanation.status == "tiled_noise"
+    assert dialog.verdict.level == "bad"
+    assert "Tiled or blocky noise" in dialog.verdict.text.text()
+    assert "bf16, fp8 or GGUF" in dialog.message.text()
+    assert dialog.windowTitle() == "Why is tiles.png tiled or blocky noise?"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from app import __version__
 from app.core import hires, samplers
 from app.core.errors import BadFileError, CancelledError, HalfSafeError
-from app.core.explain import checkers, findings, kernels, next_steps, runtime
+from app.core.explain import checkers, findings, kernels, next_steps, runtime, suspects
 from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
@@ -54,11 +54,24 @@ STATUSES = (
     "unclaimed",
     "noise_region",
     "inverted",
+    "tiled_noise",
+    "rgb_static",
+    "false_colour",
 )
-# The statuses of a failed image: the exit status is 1, and for all but a noisy box the health
+# The statuses of a failed image: the exit status is 1, and for the first four the health
 # check runs (a box of noise in a fine picture is a second pass's, which the check of the
-# model at the image's settings does not run: `regions`).
-PROBLEMS = ("nan", "nan_zeroed", "saturated", "noise", "noise_region", "inverted")
+# model at the image's settings does not run: `regions`; tiled noise, RGB static and false
+# colour are a tool's fast path failing, which HalfSafe's ordinary kernels do not run:
+# `suspects`, and `--remake` makes HalfSafe's own image of the record to compare).
+PROBLEMS = (
+    "nan",
+    "nan_zeroed",
+    "saturated",
+    "noise",
+    "noise_region",
+    "inverted",
+    *suspects.LOOKS,
+)
 CHECKED = PROBLEMS[:4]
 
 # What explain says, in one table for the terminal, the window and --json's message: the short
@@ -70,9 +83,12 @@ STATUS_WORDS = {
     "flat": "one flat colour",
     "saturated": "white or saturated: an overflow to infinity",
     "noise": "coloured noise: not a picture",
-    "unclaimed": "white or noise, no record",
+    "unclaimed": "white, noise, static or false colour, no record",
     "noise_region": "coloured noise in one box: a second pass's",
     "inverted": "inverted colours: the negative of the picture its record makes",
+    "tiled_noise": "tiled or blocky noise: a kernel's tile size, not fp16",
+    "rgb_static": "RGB static: every pixel its own colour, not fp16",
+    "false_colour": "false colour: hue unrelated to brightness, not fp16",
 }
 
 
@@ -97,6 +113,10 @@ class Explanation:
     cause: Cause | None = None
     # The image made again from its record and compared with the file (`remake`), when asked.
     remade: Remade | None = None
+    # The tool's log, when given (`suspects.read_log`), and the fast paths the record and the
+    # log show for a look or coloured noise, in the order to rule them out.
+    log: suspects.ToolLog | None = None
+    look_causes: list[suspects.Suspect] = field(default_factory=list)
 
     @property
     def problem(self) -> bool:
@@ -135,6 +155,8 @@ class Explanation:
             "cause": self.cause.to_json() if self.cause is not None else None,
             "fused_kernels": self.kitchen.to_json(self.made_by) if self.kitchen else None,
             "remake": self.remade.to_json() if self.remade is not None else None,
+            "log": self.log.to_json() if self.log is not None else None,
+            "look_causes": [c.to_json() for c in self.look_causes],
             # Attention kernels the record shows ran, each with the tool's switch to turn it off.
             "suspects": [
                 {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
@@ -166,8 +188,8 @@ def read_image(path: str | Path) -> tuple[Record, str, PixelFigures]:
         # A generated picture carries the VAE's noise: one exact colour over a large part of
         # it is a value replaced by a constant, not a design.
         status = "nan_zeroed"
-    if status in ("saturated", "noise", "noise_region") and not generated:
-        status = "unclaimed"  # a white or noisy design looks the same
+    if status in ("saturated", "noise", "noise_region", *suspects.LOOKS) and not generated:
+        status = "unclaimed"  # a white, noisy or false-colour design looks the same
     return record, status, figures
 
 
@@ -220,6 +242,7 @@ def explain_image(
     cancel: CancelToken | None = None,
     model: str | None = None,
     remake: bool = False,
+    log: str | Path | None = None,
 ) -> Explanation:
     """Explain one image: its record and pixels, its model, and for a NaN-black image the
     health check at the image's settings (steps, sampler, size, and the precision the tool ran)
@@ -231,7 +254,10 @@ def explain_image(
     name), for an image that names none or one the library cannot find: it is checked in place
     of a search, and the explanation says whose word it is.
     `remake`: an image that is a picture is made again from its record with its model and
-    compared with the file (`remake`); one that is its negative is "inverted".
+    compared with the file (`remake`); one that is its negative is "inverted"; one that shows
+    a look (tiled noise, RGB static, false colour) is compared with HalfSafe's own image.
+    `log`: the tool's log file, read for its version and a loader's unexpected keys
+    (`suspects.read_log`; BadFileError where it cannot be read).
     Runs on the calling thread; the check takes seconds on a GPU. Raises BadFileError for an
     unreadable or hostile image, and passes on the model loader's errors. Writes nothing but
     the hash cache and the library index; a verified fix is not remembered as a profile.
@@ -242,6 +268,9 @@ def explain_image(
     progress("Reading the image", 0, 1)
     record, status, figures = read_image(path)
     made_by = record.made_by if record.made_by in MADE_BY else "unknown"
+    tool_log = suspects.read_log(log) if log is not None else None
+    if tool_log is not None and record.version is None and made_by in ("comfyui", "swarmui"):
+        record.version = tool_log.version  # the record names none; the log's start does
     cancel.raise_if_cancelled()
     if model is not None:
         found = named_model(model, record)
@@ -252,6 +281,13 @@ def explain_image(
 
         found = ModelMatch(False, None, [str(f) for f in library.library_folders(folders)])
     explanation = Explanation(str(path), made_by, status, record, figures, found)
+    explanation.log = tool_log
+    if status in (*suspects.LOOKS, "noise"):
+        explanation.look_causes = suspects.suspects(
+            status, made_by, record.run, record.version, tool_log
+        )
+    if status == "noise" and explanation.look_causes:
+        explanation.notes.append(suspects.words(status, explanation.look_causes, record.run))
     if record.compiled:
         explanation.notes.append(FINDING_WORDS["compiled"].format(compiled=record.compiled))
     if record.attention:
@@ -273,6 +309,8 @@ def explain_image(
             explanation.notes.append(
                 REMAKE_WORDS["asked_not_made"].format(why="its model was not found.")
             )
+        elif status in suspects.LOOKS:
+            explanation.notes.append(REMAKE_WORDS["look_offer"])
         explanation.message = _status_words(explanation)
         return explanation
     if remake:
@@ -362,6 +400,7 @@ def _remake(explanation: Explanation, device, loaded, progress, cancel) -> None:
                 device=device,
                 tool_name=tool_name,
                 state_words=state,
+                look=explanation.status if explanation.status in suspects.LOOKS else None,
                 on_progress=progress,
                 cancel=cancel,
             )
@@ -382,6 +421,15 @@ def take_remade(explanation: Explanation, remade: Remade, state: str) -> None:
     explanation.remade = remade
     if remade.note:
         explanation.notes.append(remade.note)
+    if explanation.status in suspects.LOOKS:
+        first = explanation.look_causes[0] if explanation.look_causes else None
+        if remade.look is None and first is not None:
+            # The model draws a picture here: the first fast path the record shows is the
+            # likely cause; nothing of the tool's was run, so nothing is verified.
+            explanation.cause = Cause(
+                first.cause, None, f"{remade.words} {first.words}", first.switch, "none", False
+            )
+        return
     if remade.verdict == "inverted":
         explanation.status = "inverted"
         explanation.cause = Cause(
@@ -644,6 +692,14 @@ def _status_words(explanation: Explanation) -> str:
         return findings.region_words(explanation, by)
     if explanation.status in ("saturated", "noise", "unclaimed"):
         return findings.signature_words(explanation, by)
+    if explanation.status in suspects.LOOKS:
+        words = [findings.look_words(explanation, by)]
+        if remade is not None:
+            words.append(remade.words)
+        words.append(
+            suspects.words(explanation.status, explanation.look_causes, explanation.record.run)
+        )
+        return " ".join(w for w in words if w)
     if explanation.status == "safety_checker" and checker is not None:
         return FINDING_WORDS["checker_by_elimination"].format(by=by, checker=checker.words())
     if explanation.status == "safety_checker":

@@ -120,6 +120,39 @@ FINDING_WORDS = {
         "nothing overflowed, so the black is the safety checker's, not precision, and no "
         "precision setting changes it. To keep such an image, {switch}."
     ),
+    "tiled_noise": (
+        "This image ({by}) is tiled noise, not a picture: it {how}, a kernel's tile size, "
+        "which neither a picture nor a latent's noise does. Nothing overflowed to make it: "
+        "such pictures come from a fast kernel that computes wrong per tile (a low-bit matrix "
+        "product on a card it does not support) or from a file its loader read as another "
+        "model."
+    ),
+    "tiled_repeat": "repeats itself every {period} px (correlation {strength:.2f} at that distance)",
+    "tiled_blocks": (
+        "breaks into blocks unlike their neighbours on a {period} px grid ({strength:.0%} of "
+        "the steps between neighbouring pixels lie on its lines)"
+    ),
+    "rgb_static": (
+        "This image ({by}) is RGB static, not a picture: {extreme:.0%} of its channel values "
+        "are near 0 or 255, neighbouring pixels are no more alike than any two (correlation "
+        "{neighbours:.2f}), and {coloured:.0%} of its pixels are strong colours. Nothing "
+        "overflowed to make it (an overflow keeps the shapes of what overflowed): such "
+        "pictures come from weights read back wrong from memory (paged weights) or a kernel "
+        "that wrote garbage."
+    ),
+    "false_colour": (
+        "This image ({by}) is in false colour: a smooth picture whose colours sit around RGB "
+        "{mean} and whose shapes are drawn in hue, not brightness ({hue:.1f} times as much "
+        "colour as brightness in its variation), as a normal map is and a photograph or a "
+        "drawing's flat colours are not. Nothing overflowed to make it: such pictures come "
+        "from weights or values read back in the wrong place (paged weights) or channels "
+        "decoded out of order."
+    ),
+    "unclaimed_look": (
+        "This image ({by}) looks like {look} (what a tool's failing fast path draws), but a "
+        "picture made so on purpose looks the same; this image carries no generation record, "
+        "so HalfSafe does not say which."
+    ),
     "compiled": (
         "The image's workflow runs the model through torch.compile ({compiled}). Compiled "
         "code can return 0 where eager PyTorch returns NaN (PyTorch issue 183605: Inductor "
@@ -127,6 +160,59 @@ FINDING_WORDS = {
         "HalfSafe's check runs the model eagerly, uncompiled."
     ),
 }
+
+
+# The looks (`looks`) by name, completing "looks like ..." and "is ... too".
+LOOK_NAMES = {
+    "tiled_noise": "tiled or blocky noise",
+    "rgb_static": "RGB static",
+    "false_colour": "false colour",
+}
+# One line each for the terminal's pixel figures.
+PIXEL_LINES = {
+    "tiled_noise": "{kind} at {period} px (strength {strength:.2f}): tiled noise",
+    "rgb_static": (
+        "{extreme:.0%} of channel values near 0 or 255, neighbours correlated {neighbours:.2f}: "
+        "RGB static"
+    ),
+    "false_colour": "colours around RGB {mean}, {hue:.1f} times colour to brightness: false colour",
+}
+
+
+def look_figures(pixels: Any) -> tuple[str, dict[str, Any]] | None:
+    """The look the pixels show (a LOOK_NAMES key) and its figures, or None."""
+    if pixels.static is not None:
+        return "rgb_static", pixels.static.to_json()
+    if pixels.tiled is not None:
+        return "tiled_noise", pixels.tiled.to_json()
+    if pixels.false_colour is not None:
+        figures = pixels.false_colour.to_json()
+        figures["mean"] = ", ".join(str(c) for c in figures["mean"])
+        return "false_colour", figures
+    return None
+
+
+def pixel_line(pixels: Any) -> str | None:
+    """The terminal's line for the look the pixels show, or None."""
+    found = look_figures(pixels)
+    if found is None:
+        return None
+    look, figures = found
+    return PIXEL_LINES[look].format(**figures)
+
+
+def look_words(explanation: Any, by: str) -> str:
+    """Tiled noise, RGB static or false colour in words (`looks`), claimed only with a
+    record."""
+    found = look_figures(explanation.pixels)
+    assert found is not None  # said only of an image whose pixels show a look
+    look, figures = found
+    if explanation.status == "unclaimed":
+        return FINDING_WORDS["unclaimed_look"].format(by=by, look=LOOK_NAMES[look])
+    if look == "tiled_noise":
+        how = FINDING_WORDS[f"tiled_{figures['kind']}"].format(**figures)
+        return FINDING_WORDS["tiled_noise"].format(by=by, how=how)
+    return FINDING_WORDS[look].format(by=by, **figures)
 
 
 def flat_words(explanation: Any, by: str, tool: str) -> str:
@@ -192,7 +278,10 @@ def pass_words(explanation: Any) -> str:
 
 
 def signature_words(explanation: Any, by: str) -> str:
-    """A saturated or noisy image in words (`signatures`), claimed only with a record."""
+    """A saturated or noisy image in words (`signatures`), claimed only with a record; an
+    image with no record that shows a look (`looks`) in its words."""
+    if explanation.status == "unclaimed" and look_figures(explanation.pixels) is not None:
+        return look_words(explanation, by)
     saturated = explanation.pixels.saturated
     if saturated is not None:
         values = {

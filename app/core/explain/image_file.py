@@ -181,8 +181,9 @@ def _inflate(path: Path, name: str, data: bytes) -> bytes:
 
 
 def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, PixelFigures]:
-    """What the pixels say, from the pixels alone: "nan", "saturated", "flat", "black",
-    "noise", "noise_region" or "ok", with the figures.
+    """What the pixels say, from the pixels alone: "nan", "rgb_static", "saturated", "flat",
+    "black", "tiled_noise", "noise", "false_colour", "noise_region" or "ok", in that order of
+    precedence, with the figures.
 
     The rule: NaN becomes 0 when a tool writes its image as 8-bit (NumPy's cast, which
     A1111, ComfyUI, diffusers and HalfSafe all use), so an image whose every colour value is
@@ -208,11 +209,15 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     whose neighbouring pixels differ in colour more than in brightness. A white or noisy design
     looks the same; again only the record tells which. A picture with such noise in one box
     only, the rest a picture, is "noise_region" (`regions`: a second pass's).
+
+    Tiled noise, RGB static and false colour are `looks`: what a tool's fast path draws when it
+    fails (a low-bit kernel wrong per tile, weights paged back wrong), each measured only on a
+    picture every pixel of which shows.
     """
     import numpy as np
     from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
-    from app.core.explain import regions, signatures
+    from app.core.explain import looks, regions, signatures
     from app.core.images.finished import brightness_stats, flat_region
 
     # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
@@ -250,14 +255,22 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     zero = not shown.any()
     stats = brightness_stats(shown.mean(axis=-1) / 255.0)
     flat = None if zero else flat_region(rgb, visible)
-    saturated = None if zero else signatures.saturated(shown.reshape(1, -1, 3))
     # Noise is measured over whole blocks of neighbouring pixels: only where every one shows.
     whole = visible is None or bool(visible.all())
-    noise = None if zero or saturated or flat or not whole else signatures.noise(rgb)
+    # RGB static before saturation: static whose every channel is 0 or 255 is saturated too,
+    # but an overflow keeps its shapes and static has none (`looks`).
+    static = None if zero or not whole else looks.static(rgb)
+    saturated = None if zero or static else signatures.saturated(shown.reshape(1, -1, 3))
+    noise = None if zero or saturated or static or flat or not whole else signatures.noise(rgb)
+    fine = not (zero or static or saturated or flat or stats.near_black)
+    # A repeat or blocks at a kernel's tile size before coloured noise (blocks are noise too),
+    # and false colour after it (it is smooth, noise is not).
+    tiled = looks.tiled(rgb) if whole and fine else None
+    coloured = noise is not None and noise.coloured_noise
+    false = looks.false_colour(rgb) if whole and fine and not tiled and not coloured else None
     # A box of noise in a picture that is otherwise fine (`regions`): a second pass's.
     region = None
-    fine = not (zero or saturated or flat or stats.near_black)
-    if whole and fine and (noise is None or not noise.coloured_noise):
+    if whole and fine and not (tiled or coloured or false):
         region = regions.noisy_region(rgb)
     figures = PixelFigures(
         width=int(rgb.shape[1]),
@@ -271,17 +284,26 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         saturated=saturated,
         noise=noise,
         noise_region=region,
+        tiled=tiled,
+        static=static,
+        false_colour=false,
     )
     if zero:
         return "nan", figures
+    if static is not None:
+        return "rgb_static", figures
     if saturated is not None:
         return "saturated", figures
     if flat is not None:
         return "flat", figures
     if stats.near_black:
         return "black", figures
-    if noise is not None and noise.coloured_noise:
+    if tiled is not None:
+        return "tiled_noise", figures
+    if coloured:
         return "noise", figures
+    if false is not None:
+        return "false_colour", figures
     return ("noise_region" if region is not None else "ok"), figures
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.explain.looks import FalseColour, Static, Tiled
 from app.core.explain.regions import NoisyRegion
 from app.core.explain.signatures import Noise, Saturated
 from app.core.images.finished import FlatRegion
@@ -28,6 +29,9 @@ class PixelFigures:
     saturated: Saturated | None = None
     noise: Noise | None = None
     noise_region: NoisyRegion | None = None
+    tiled: Tiled | None = None
+    static: Static | None = None
+    false_colour: FalseColour | None = None
 
     @property
     def clipped_white(self) -> bool:
@@ -60,6 +64,9 @@ class PixelFigures:
             "saturated": self.saturated.to_json() if self.saturated is not None else None,
             "noise": self.noise.to_json() if self.noise is not None else None,
             "noise_region": self.noise_region.to_json() if self.noise_region else None,
+            "tiled": self.tiled.to_json() if self.tiled is not None else None,
+            "static": self.static.to_json() if self.static is not None else None,
+            "false_colour": self.false_colour.to_json() if self.false_colour else None,
         }
 
 

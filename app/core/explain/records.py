@@ -13,7 +13,7 @@ from typing import Any
 
 from app.core import samplers
 from app.core.errors import BadFileError
-from app.core.explain import checkers, kernels, regions, runtime, saved_chain
+from app.core.explain import checkers, kernels, regions, runtime, saved_chain, suspects
 from app.core.explain.image_file import MAX_TEXT_CHUNK_BYTES
 from app.core.settings.values import SettingValue
 from app.core.words import infotext
@@ -88,6 +88,9 @@ class Record:
     second_passes: list[regions.SecondPass] = field(default_factory=list)
     # A safety checker the record shows was on (ComfyUI's Safety Checker node; `checkers`).
     safety_checker: checkers.RecordedChecker | None = None
+    # The fast paths the record shows ran: low-bit files, Qwen-Image 2.1's prefix cache,
+    # LanPaint's samplers (`suspects`).
+    run: suspects.RunRecord = field(default_factory=suspects.RunRecord)
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "guidance", "seed")
@@ -107,6 +110,7 @@ class Record:
         document["denoise"] = self.denoise
         document["inverts"] = self.inverts or None
         document["inverts_unsure"] = self.inverts_unsure or None
+        document.update(self.run.to_json())
         return document
 
 
@@ -236,6 +240,7 @@ def _infotext_record(text: str) -> Record:
         record.denoise = parsed.get(infotext.DENOISING_STRENGTH)
     record.caches = runtime.from_infotext_keys(parsed.pairs)
     record.second_passes = regions.from_infotext(parsed.pairs)
+    record.run = suspects.from_names([record.model])
     if made_by == "sdnext":
         record.base = parsed.get(infotext.PIPELINE)
     if made_by == "halfsafe":
@@ -275,7 +280,7 @@ def _swarm_record(params: dict[str, Any]) -> Record:
     scheduler, note = samplers.read(
         read_text(params.get("sampler")), read_text(params.get("scheduler"))
     )
-    return Record(
+    record = Record(
         made_by="swarmui",
         model=read_text(params.get("model")),
         vae=read_text(params.get("vae")),
@@ -290,6 +295,8 @@ def _swarm_record(params: dict[str, Any]) -> Record:
         prompt=read_text(params.get("prompt")) or "",
         version=read_text(params.get("swarm_version"), 100),
     )
+    record.run = suspects.from_names([record.model])
+    return record
 
 
 def _comfy_nodes(prompt: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -386,6 +393,11 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         runtime.from_comfy_prompt(_comfy_nodes(prompt))
         if prompt is not None
         else runtime.from_comfy_workflow(workflow, MAX_NODES)
+    )
+    record.run = (
+        suspects.from_comfy_prompt(_comfy_nodes(prompt))
+        if prompt is not None
+        else suspects.from_comfy_workflow(workflow, MAX_NODES)
     )
     record.second_passes = regions.from_comfy_prompt(prompt)
     record.safety_checker = checkers.from_comfy_prompt(_comfy_nodes(prompt)) if prompt else None

@@ -43,8 +43,9 @@ MATCH = 0.8  # correlation at or above: the same picture
 INVERTED = -0.8  # at or below: its negative
 CLOSE = 0.1  # the most the cells may differ on average (0..1) from the picture or its negative
 # The statuses of an image that is a picture to compare (NaN-black and flat images are the
-# check's to prove; a safety checker's blank is no picture).
-REMADE_STATUSES = ("ok", "black", "noise_region")
+# check's to prove; a safety checker's blank is no picture), and the looks a tool's failing
+# fast path draws (`looks`), compared with HalfSafe's own image of the same record.
+REMADE_STATUSES = ("ok", "black", "noise_region", "tiled_noise", "rgb_static", "false_colour")
 MAX_SEED = 2**32 - 1  # HalfSafe's seeds, as its generation takes them
 
 # A pass's box: cells whose mean brightness differs by this much (0..1) between the file and
@@ -87,6 +88,23 @@ REMAKE_WORDS = {
         "the CPU"
     ),
     "asked_not_made": "It was not made again: {why}",
+    "look_clean": (
+        "HalfSafe made the image again from its record with PyTorch's own kernels on the "
+        "decoded weights ({made}), and it is a picture, not {look}: the model and its settings "
+        "draw a picture, so the {look} came from the tool's run (its kernels, its cache or its "
+        "memory), not from the model or fp16."
+    ),
+    "look_same": (
+        "HalfSafe made the image again from its record ({made}), and it is no picture either "
+        "({made_look}): the model at these settings draws no picture with ordinary kernels "
+        "as well, so it is not the tool's fast path but the model file or its settings (a "
+        "variant the loader does not know, a sampler or step count the model was not made "
+        "for)."
+    ),
+    "look_offer": (
+        "explain --remake makes HalfSafe's own image of the same record with ordinary kernels "
+        "on the decoded weights, to compare: a picture there puts the cause in the tool's run."
+    ),
     "inverts": (
         " The image's graph inverts its picture itself ({node}): it is compared with the "
         "negative of the picture made again."
@@ -159,10 +177,13 @@ class Remade:
     box: PassBox | None = None  # verdict "pass_noise": the box a pass left noise in
     # Where it was made at another size than its record's (`made_size`), the sentence.
     note: str | None = None
+    # The look of the picture made again (`looks.look`), for a file that shows one; else None.
+    look: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "verdict": self.verdict,
+            "look": self.look,
             "pass_box": self.box.to_json() if self.box is not None else None,
             "correlation": round(self.correlation, 4),
             "seed": self.seed,
@@ -365,13 +386,15 @@ def remake(
     device: str,
     tool_name: str,
     state_words: str,
+    look: str | None = None,
     on_progress=None,
     cancel=None,
 ) -> Remade:
     """Make the image `file` records again with `model` (its LoRAs applied), as its record
     says, with `precision` (the image's own; a NaN is repaired as generation repairs it), and
     compare the two (`correlation`). Writes nothing. `state_words`: what rules out the tool's
-    memory manager, said when the file is the picture's negative."""
+    memory manager, said when the file is the picture's negative. `look`: the file's look
+    (`looks`), where it shows one: the picture made again is judged by it instead."""
     import numpy as np
     from PIL import Image, ImageOps
 
@@ -395,6 +418,8 @@ def remake(
         made_rgb = 255 - made_rgb
         inverts = REMAKE_WORDS["inverts"].format(node=record.inverts)
     said = f"seed {record.seed}, {width}x{height}, {record.steps} steps"
+    if look is not None:
+        return _look_remade(look, file_rgb, made_rgb, said, record.seed, (width, height), size_note)
     box = pass_box(file_rgb, made_rgb) if record.second_passes else None
     if box is not None:
         x0, y0, x1, y1 = box.box
@@ -422,3 +447,20 @@ def remake(
         made=said, r=r, state=state_words, why=noise_words(record, tool_name)
     )
     return Remade(found, r, words + inverts, record.seed, (width, height), note=size_note)
+
+
+def _look_remade(
+    look: str, file_rgb, made_rgb, said: str, seed, size, size_note: str | None
+) -> Remade:
+    """A file that shows `look` against the picture made again: a look there too (the model
+    draws no picture at these settings) or a picture (the tool's run drew the look)."""
+    from app.core.explain.findings import LOOK_NAMES
+    from app.core.explain.looks import look as look_of
+
+    made_look = look_of(made_rgb)
+    key = "look_clean" if made_look is None else "look_same"
+    words = REMAKE_WORDS[key].format(
+        made=said, look=LOOK_NAMES[look], made_look=LOOK_NAMES.get(made_look or "", "")
+    )
+    found, r = verdict(file_rgb, made_rgb)
+    return Remade(found, r, words, seed, size, note=size_note, look=made_look)
