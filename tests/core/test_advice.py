@@ -24,6 +24,7 @@ from app.core.hardware import DeviceInfo, HardwareReport, assess
 from app.core.hardware.selftest_records import SelfTestResult
 from app.core.health import saved
 from app.core.identities import DeviceIdentity
+from app.core.precision.lowbit import LowBitCall, LowBitReport
 from tests.support import recorded_devices, reports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +155,44 @@ def test_an_rtx_2060_computes_in_fp16_with_native_int8_and_emulated_bf16():
     )
     assert forms["fp8"].use.use == "emulated"
     assert "decoded to fp16" in forms["gguf-q4_k"].sentence
+
+
+def _with_low_bit(report: HardwareReport, *calls: LowBitCall) -> HardwareReport:
+    """`report` with its card's self-test holding a low-bit section of `calls`."""
+    card = report.devices[0]
+    assert card.self_test is not None
+    low_bit = LowBitReport(
+        version="0.2.40",
+        device="cuda:0",
+        dtype="bf16",
+        shapes_from="generic",
+        timed=True,
+        backends=sorted({c.backend for c in calls}),
+        calls=list(calls),
+    )
+    test = replace(card.self_test, low_bit=low_bit)
+    return replace(report, devices=[replace(card, self_test=test), *report.devices[1:]])
+
+
+def test_the_int8_sentence_says_what_the_self_test_found_of_the_int8_kernels():
+    # Not run: the sentence says so, never a guess.
+    untested = _forms(recorded_devices.rtx_2060(), "krea2")["int8-convrot"]
+    assert "the self-test has not run int8 kernels here" in untested.sentence
+    right = [LowBitCall("cuda", "int8_linear", m, 3072, 3072, "right", 0.002) for m in (96, 97)]
+    clean = _forms(_with_low_bit(recorded_devices.rtx_2060(), *right), "krea2")["int8-convrot"]
+    assert "comfy-kitchen 0.2.40's int8 kernels right here at all 2 shapes" in clean.sentence
+    # A T4-like fault: the GEMM wrong for one M range. A capable card, and still no fast path.
+    wrong = LowBitCall("cuda", "int8_linear", 97, 3072, 3072, "wrong", 1.7)
+    # The int4 GEMM is no int8 op: its fault is left to the int4 forms' own words.
+    int4 = LowBitCall("cuda", "w4a8_int8_linear", 97, 3072, 3072, "wrong", 2.0)
+    faulty = _with_low_bit(recorded_devices.rtx_2060(), right[0], wrong, int4)
+    sentence = _forms(faulty, "krea2")["int8-convrot"].sentence
+    assert (
+        "but the self-test found comfy-kitchen 0.2.40's cuda int8 GEMM wrong results here at 1 "
+        "of 2 shapes (first at M 97, K 3072, N 3072), so tools using it may draw noise"
+    ) in sentence
+    # The other forms do not speak of int8 kernels.
+    assert "int8 kernels" not in _forms(faulty, "krea2")["bf16"].sentence
 
 
 def test_a_v100_has_no_int8_tensor_cores():

@@ -5,7 +5,9 @@ precision recommended for it), said as a clause for the form's sentence.
 The thresholds are NVIDIA's: int8 tensor cores from compute capability 7.5 (Turing; not Volta's
 7.0 or Pascal), fp8 from 8.9 (Ada), NVFP4 from 10.0 (Blackwell). HalfSafe itself runs no int8,
 fp8 or packed kernel: it decodes each layer's weights as it computes (`formats.quantized`), in
-the precision it runs on this device; the native path is what other tools' kernels use.
+the precision it runs on this device; the native path is what other tools' kernels use. Where
+the self-test ran those tools' int8 kernels here (comfy-kitchen's, `precision.lowbit`), the int8
+sentence says what they did: a capable card whose kernels give wrong results is no fast path.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def device_use(form: str, device: DeviceInfo) -> DeviceUse:
         "nvfp4": (NVFP4_FROM, "NVFP4 tensor cores", "Blackwell"),
     }[form]
     start = f"{threshold[0]}.{threshold[1]}, {era}"
+    measured = _int8_kernels_measured(device) if form == "int8-convrot" else ""
     if device.backend != "cuda" or device.capability is None:
         return DeviceUse(
             EMULATED,
@@ -61,14 +64,40 @@ def device_use(form: str, device: DeviceInfo) -> DeviceUse:
             NATIVE,
             precision,
             f"this GPU has {what} (compute capability {capability}; they start at {start}), "
-            f"which tools with such kernels use; HalfSafe decodes each layer to {precision} "
-            "as it computes",
+            f"which tools with such kernels use{measured}; HalfSafe decodes each layer to "
+            f"{precision} as it computes",
         )
     return DeviceUse(
         EMULATED,
         precision,
-        f"this GPU has no {what} (compute capability {capability}; they start at {start}): "
-        f"{decoded}",
+        f"this GPU has no {what} (compute capability {capability}; they start at {start}"
+        f"{measured}): {decoded}",
+    )
+
+
+def _int8_kernels_measured(device: DeviceInfo) -> str:
+    """What the self-test's low-bit section found of the int8 ops (GEMM and decode) on this
+    device, as a clause starting "; " ("" where it did not run them)."""
+    from app.core.precision.lowbit import INT8_OPS
+    from app.core.precision.words import LOW_BIT_OPS, LOW_BIT_STATUS
+
+    test = device.self_test
+    low_bit = test.low_bit if test is not None else None
+    calls = [c for c in low_bit.calls if c.op in INT8_OPS] if low_bit is not None else []
+    if low_bit is None or not calls:
+        return "; the self-test has not run int8 kernels here"
+    kitchen = f"comfy-kitchen {low_bit.version}" if low_bit.version else "comfy-kitchen"
+    faults = [c for c in calls if c.status != "right"]
+    if not faults:
+        return (
+            f"; the self-test found {kitchen}'s int8 kernels right here at all "
+            f"{len(calls)} shapes it tried"
+        )
+    first = faults[0]
+    return (
+        f"; but the self-test found {kitchen}'s {first.backend} {LOW_BIT_OPS[first.op]} "
+        f"{LOW_BIT_STATUS[first.status]} here at {len(faults)} of {len(calls)} shapes "
+        f"(first at M {first.m}, K {first.k}, N {first.n}), so tools using it may draw noise"
     )
 
 
