@@ -64,7 +64,9 @@ class WrongVariant:
     another width. Built that way, a model drops or invents weights and draws noise, which looks
     like a numeric failure and is none. `kind` is "blocks" (`where`: the numbered group, the
     counts ints) or "shape" (`where`: the tensor, the counts its shapes); `setting` the config
-    value that alone makes the config's count, where one does; `config` the config's file."""
+    value that alone makes the config's count, where one does; `config` the config's file, or
+    the variant a tool's loader builds (`proved` False: the file is a later variant than the
+    family's first, which a loader that knows only that one builds in its place)."""
 
     component: str
     kind: str
@@ -73,6 +75,7 @@ class WrongVariant:
     in_config: int | tuple[int, ...]
     setting: str | None
     config: str
+    proved: bool = True
 
     def to_json(self) -> dict[str, object]:
         def plain(value: int | tuple[int, ...]) -> int | list[int]:
@@ -86,6 +89,7 @@ class WrongVariant:
             "in_config": plain(self.in_config),
             "setting": self.setting,
             "config": self.config,
+            "proved": self.proved,
         }
 
 

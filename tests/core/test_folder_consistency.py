@@ -195,6 +195,7 @@ def test_a_klein_config_naming_fewer_blocks_than_its_weights_is_refused(
         "in_config": 1,
         "setting": None,  # more than one of its sizes is 1
         "config": str(folder / "transformer" / "config.json"),
+        "proved": True,
     }
 
 

@@ -78,7 +78,9 @@ def check_weights_match(
     problem, variant = found
     path = folder / "config.json"
     if variant is None:
-        raise BadFileError(path, f"{problem}, so the config and the weights are of different models.")
+        raise BadFileError(
+            path, f"{problem}, so the config and the weights are of different models."
+        )
     kind, where, in_file, in_config, setting = variant
     raise WrongVariantError(
         path,
