@@ -25,7 +25,7 @@ from app.core.checkpoint.dtypes import (
 from app.core.checkpoint.header import SafetensorsHeader, _file_size, read_safetensors_header
 from app.core.checkpoint.pickles import is_pickle_file, load_pickle_state_dict, refuse_pickle
 from app.core.errors import BadFileError
-from app.core.formats import gguf, quantized
+from app.core.formats import gguf, int4, quantized
 from app.core.limits import open_regular
 
 
@@ -98,6 +98,7 @@ class Checkpoint:
         if not self.shapes:
             raise BadFileError(self.path, "the file holds no tensors, so it holds no model.")
         if self.header is not None:
+            int4.refuse_int4(self.path, self.dtypes)
             self._scaled = quantized.scaled_layout(self.path, self.dtypes, self.shapes)
             self._open_for_tensors()
         if self._scaled is not None:
