@@ -112,7 +112,7 @@ def _read_qwenimage21(shapes: Shapes, prefix: str) -> SplitModel:
                 QWEN3_VL,
                 "its Qwen3-VL text encoder (qwen_3_vl_8b)",
                 lambda width: width == text_width,
-                ("qwen_3_vl", "qwen3_vl", "qwen3-vl", "qwen_3-vl"),
+                ("qwen_3_vl", "qwen3_vl", "qwen3-vl", "qwen_3-vl", "qwen3vl"),
                 reads="8b",
             ),
             Need(
