@@ -127,3 +127,9 @@ def test_explain_of_noise_from_an_anima_2_9b_file_names_the_28_block_loader(tmp_
         "2B builds 28 (40 blocks in the file, 28 in the config)"
     ), explanation.message
     assert "blocks.28 and on" in explanation.message
+
+
+def test_the_variant_field_is_documented():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
+    for word in ("| `variant` |", "`in_file`", "`in_config`", "`proved`"):
+        assert word in docs
