@@ -133,3 +133,26 @@ def test_the_variant_field_is_documented():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
     for word in ("| `variant` |", "`in_file`", "`in_config`", "`proved`"):
         assert word in docs
+
+
+@pytest.mark.slow  # about 20 s here: writing a 151,669-token embedding
+def test_an_anima_folder_of_40_blocks_under_a_28_block_config_is_a_sentence(tmp_path, capsys):
+    """Anima 2.9B's weights (40 blocks) beside Anima 2B's config (28): the model a loader builds
+    from that config leaves 12 blocks out and draws noise; HalfSafe says so and builds nothing."""
+    folder = tmp_path / "anima-2.9b"
+    build_tiny_anima_pipeline(layers=40).save_pretrained(folder)
+    config_path = folder / "transformer" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "num_layers": 28}))
+
+    with pytest.raises(WrongVariantError) as raised:
+        load_model(str(folder))
+
+    assert str(raised.value).startswith(
+        f"{config_path}: 40 blocks in the weights, 28 in the config: its num_layers (28) builds "
+        "28 blocks in transformer_blocks where the weights beside it hold 40, so the config is "
+        "another variant of the model than its weights"
+    ), str(raised.value)
+    assert raised.value.variant.in_file == 40 and raised.value.variant.in_config == 28
+    assert main(["check", str(folder), "--device", "cpu", "--size", "64"]) == 2
+    assert "40 blocks in the weights, 28 in the config" in capsys.readouterr().err
