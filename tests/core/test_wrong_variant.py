@@ -104,6 +104,13 @@ def test_a_later_published_variant_is_what_a_loader_of_the_first_builds_wrong():
     assert older_loader((), "transformer", {"num_layers": 40}) is None
 
 
+def test_the_record_crosses_the_engine_pipe_as_plain_data():
+    from app.engine.events import unreadable
+
+    variant = WrongVariant("transformer", "shape", "x.weight", (4, 8), (4, 6), None, "c.json")
+    assert unreadable(variant) is None  # an explanation carrying it reaches the window
+
+
 @pytest.mark.slow
 def test_explain_of_noise_from_an_anima_2_9b_file_names_the_28_block_loader(tmp_path, home):
     """A 40-block Anima file (2.9B's depth, at a tiny width) behind a ComfyUI image of noise:
