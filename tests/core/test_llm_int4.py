@@ -85,3 +85,31 @@ def test_plain_int32_tensors_alone_are_no_packed_format(tmp_path):
     )
     with Checkpoint(path) as checkpoint:
         assert "position_ids" in list(checkpoint.keys())
+
+
+@pytest.mark.slow  # about 20 s here: writing and reading a 151,669-token embedding
+def test_a_w4a8_encoder_beside_a_flux3_klein_file_is_the_sentence_naming_it(tmp_path):
+    """The template's case: the transformer in bf16, its Qwen3-VL encoder in W4A8 beside it."""
+    from safetensors.torch import load_file
+
+    from app.core.models import load_model
+    from tests.support.model_files import save_split_files
+    from tests.support.tiny_models import build_tiny_flux3_pipeline
+
+    written = save_split_files(build_tiny_flux3_pipeline(distilled=True), tmp_path / "models")
+    tensors = load_file(written["text_encoder"])
+    name = next(k for k in sorted(tensors) if k.endswith("mlp.down_proj.weight"))
+    rows, columns = tensors.pop(name).shape
+    base = name.removesuffix("weight")
+    tensors[base + "weight"] = torch.zeros(rows, columns // 2, dtype=torch.int8)
+    tensors[base + "weight_s_rel"] = torch.ones(rows, columns // 16).to(torch.float8_e4m3fn)
+    tensors[base + "weight_s_channel"] = torch.full((rows,), 0.01)
+    tensors[base + "weight_codebook"] = torch.linspace(-1, 1, 16)
+    written["text_encoder"].unlink()
+    encoder = written["text_encoder"].with_name("qwen3vl_4b_w4a8.safetensors")
+    write_safetensors(encoder, tensors)
+
+    with pytest.raises(BadFileError) as caught:
+        load_model(str(written["transformer"]))
+
+    assert str(caught.value).startswith(f"{encoder}: tensor '{name}' is stored as W4A8")
