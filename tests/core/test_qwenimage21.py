@@ -202,3 +202,7 @@ def test_a_turbo_file_loads_as_turbo_and_its_job_runs_8_steps(tmp_path):
     assert (model.format, model.architecture) == ("split_files", "qwenimage21-turbo")
     defaults = requested.model_defaults(model)
     assert defaults is not None and (defaults.steps, defaults.cfg) == (8, 1.0)
+    # Its edit is the same pipeline's: up to ten pictures, as the base model's.
+    from app.core.families.capabilities import references
+
+    assert references(family_of(model.pipeline), model.pipeline) == 10
