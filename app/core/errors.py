@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -54,3 +55,48 @@ class WrongPartError(UnsupportedModelError):
 class OutOfMemoryError(HalfSafeError):
     """The GPU's or the computer's memory ran out during a job. The job stopped and left
     nothing behind: no image saved, no fix remembered (see `app.core.memory`)."""
+
+
+@dataclass(frozen=True)
+class WrongVariant:
+    """A model's weights and the config it would be built with describe different variants of
+    it: more or fewer numbered blocks (Anima 2.9B's 40 under Anima 2B's 28), or a tensor of
+    another width. Built that way, a model drops or invents weights and draws noise, which looks
+    like a numeric failure and is none. `kind` is "blocks" (`where`: the numbered group, the
+    counts ints) or "shape" (`where`: the tensor, the counts its shapes); `setting` the config
+    value that alone makes the config's count, where one does; `config` the config's file, or
+    the variant a tool's loader builds (`proved` False: the file is a later variant than the
+    family's first, which a loader that knows only that one builds in its place)."""
+
+    component: str
+    kind: str
+    where: str
+    in_file: int | tuple[int, ...]
+    in_config: int | tuple[int, ...]
+    setting: str | None
+    config: str
+    proved: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        def plain(value: int | tuple[int, ...]) -> int | list[int]:
+            return value if isinstance(value, int) else list(value)
+
+        return {
+            "component": self.component,
+            "kind": self.kind,
+            "where": self.where,
+            "in_file": plain(self.in_file),
+            "in_config": plain(self.in_config),
+            "setting": self.setting,
+            "config": self.config,
+            "proved": self.proved,
+        }
+
+
+class WrongVariantError(BadFileError):
+    """A config that describes another variant of the model than its weights (`WrongVariant`):
+    the message says both counts before anything else."""
+
+    def __init__(self, path: str | Path, problem: str, variant: WrongVariant) -> None:
+        self.variant = variant
+        super().__init__(path, problem)

@@ -217,6 +217,8 @@ KREA2_PLANTS = {
     "vae": Plant("vae", VAE_LAYER, 1e6),
 }
 ANIMA_BLOCK = "transformer_blocks.0.ff.net.2"
+# Anima 2.9B's last block, past the 28 of Anima 2B: a loader of 28 would never run it.
+ANIMA_LAST_BLOCK = Plant("transformer", "transformer_blocks.39.ff.net.2", 1e6, status="nan")
 ANIMA_PLANTS = {
     # The inf reaches the next block's norm: NaN.
     "block": Plant("transformer", ANIMA_BLOCK, 1e6, status="nan"),
@@ -428,6 +430,21 @@ ROWS: dict[str, Row] = {
         (Repair(ANIMA_PLANTS["block"], 4.0), Repair(ANIMA_PLANTS["block"], 1.0)),
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding, as Z-Image's
+    ),
+    # Anima 2.9B: the same blocks, 40 of them (the count read from the file, never assumed).
+    "anima-2.9b": Row(
+        lambda: tiny_models.build_tiny_anima_pipeline(layers=40),
+        "anima",
+        "flow",
+        ("text_encoder", "text_conditioner", "transformer", "vae"),
+        (
+            "Anima: its AnimaModularPipeline",
+            "a Cosmos DiT (CosmosTransformer3DModel) with 40 blocks, 32 wide",
+        ),
+        {"block": ANIMA_PLANTS["block"], "last_block": ANIMA_LAST_BLOCK},
+        (Repair(ANIMA_LAST_BLOCK, 4.0),),
+        FLOW,
+        slow_folder=True,  # saving and loading a 151,669-token embedding, as Anima's
     ),
     FamilyId("flux3"): Row(
         tiny_models.build_tiny_flux3_pipeline,

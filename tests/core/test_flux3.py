@@ -546,3 +546,32 @@ def test_on_cuda_a_planted_overflow_is_found_fixed_and_repaired_in_fp16(tmp_path
         "transformer",
         layer,
     )
+
+
+@pytest.mark.slow  # about 20 s here: writing and reading a 151,669-token embedding
+@pytest.mark.parametrize("distilled", [False, True], ids=["base", "distilled"])
+def test_comfyuis_october_file_names_are_found_and_assembled(tmp_path, distilled):
+    """ComfyUI's FLUX.3 Klein templates download diffusion_models/flux3-image-klein(-base)-
+    int8-convrot, text_encoders/qwen3vl_4b_int8_convrot and vae/flux2-vae: here with bf16
+    weights at those names (the int8 ConvRot form is read where quantized files are), the same
+    model assembled from them."""
+    pipeline = build_tiny_flux3_pipeline(distilled=distilled)
+    written = save_split_files(pipeline, tmp_path / "models", "flux-3-klein")
+    stem = "flux3-image-klein-int8-convrot" if distilled else "flux3-image-klein-base-int8-convrot"
+    transformer = written["transformer"].rename(
+        written["transformer"].with_name(stem + ".safetensors")
+    )
+    encoder = written["text_encoder"].rename(
+        written["text_encoder"].with_name("qwen3vl_4b_int8_convrot.safetensors")
+    )
+
+    # Another file of the same shapes sorts before it: the name says which is the encoder.
+    (encoder.parent / "a_copy.safetensors").write_bytes(encoder.read_bytes())
+
+    model = models.load_model(str(transformer))
+
+    assert (model.format, model.architecture) == ("split_files", ARCHITECTURE[distilled])
+    assert model.companions["text_encoder"] == str(encoder)
+    assert model.companions["vae"] == str(written["vae"])
+    state = pipeline.transformer.state_dict()
+    assert all(torch.equal(v, model.pipeline.transformer.state_dict()[k]) for k, v in state.items())

@@ -19,7 +19,12 @@ from pathlib import Path
 import pytest
 
 from app.core import limits
-from app.core.errors import BadFileError, UnsupportedModelError, WrongPartError
+from app.core.errors import (
+    BadFileError,
+    UnsupportedModelError,
+    WrongPartError,
+    WrongVariantError,
+)
 from app.core.models import load_model
 from app.core.models.folder_shapes import mismatch_words, text_encoder_problem
 from tests.support.cli_output import without_progress
@@ -176,10 +181,22 @@ def test_a_klein_config_naming_fewer_blocks_than_its_weights_is_refused(
     error = refused(folder)
 
     assert str(error) == (
-        f"{folder / 'transformer' / 'config.json'}: it builds 1 block in "
-        "single_transformer_blocks where the weights beside it hold 2, so the config and the "
-        "weights are of different models."
+        f"{folder / 'transformer' / 'config.json'}: 2 blocks in the weights, 1 in the config: "
+        "it builds 1 block in single_transformer_blocks where the weights beside it hold 2, so "
+        "the config is another variant of the model than its weights (a model built from it "
+        "drops or invents weights and draws noise: no numeric failure)."
     )
+    assert isinstance(error, WrongVariantError)
+    assert error.variant.to_json() == {
+        "component": "transformer",
+        "kind": "blocks",
+        "where": "single_transformer_blocks",
+        "in_file": 2,
+        "in_config": 1,
+        "setting": None,  # more than one of its sizes is 1
+        "config": str(folder / "transformer" / "config.json"),
+        "proved": True,
+    }
 
 
 def test_a_config_building_far_more_than_its_weights_is_stopped_early(
@@ -205,8 +222,8 @@ def test_a_vae_config_of_other_latent_channels_than_its_weights_names_the_size(
 
     text = one_sentence(refused(folder), folder / "vae" / "config.json")
 
-    assert "its latent_channels (4) builds decoder.conv_in.weight as 32x4x3x3 where the " in text
-    assert "weights beside it hold 32x16x3x3" in text
+    assert "decoder.conv_in.weight is 32x16x3x3 in the weights, 32x4x3x3 in the config: " in text
+    assert "its latent_channels (4) builds it as 32x4x3x3 where the weights beside it hold" in text
 
 
 def test_a_text_encoder_config_naming_fewer_layers_than_its_weights_is_refused(
@@ -219,7 +236,11 @@ def test_a_text_encoder_config_naming_fewer_layers_than_its_weights_is_refused(
 
     text = one_sentence(refused(folder), folder / "text_encoder" / "config.json")
 
-    assert "its num_hidden_layers (20) builds 20 layers where the weights beside it hold 28" in text
+    assert text.startswith(
+        f"{folder / 'text_encoder' / 'config.json'}: 28 layers in the weights, 20 in the config: "
+        "its num_hidden_layers (20) builds 20 layers in model.layers where the weights "
+        "beside it hold 28"
+    ), text
 
 
 def test_a_multimodal_text_encoder_is_held_to_its_text_config(saved, tmp_path, nothing_built):
@@ -421,9 +442,15 @@ def test_the_words_name_the_outermost_differing_blocks_and_a_config_value_alone(
     built = {"layers.0.w": (4, 8), "layers.1.w": (4, 8), "layers.0.inner.0.w": (2,)}
     held = {"layers.0.w": (4, 8), "layers.0.inner.0.w": (2,), "layers.0.inner.1.w": (2,)}
     words = mismatch_words(built, held, [], ["layers.1.w"], {"depth": 2, "width": 4})
-    assert words == "its depth (2) builds 2 blocks in layers where the weights beside it hold 1"
+    assert words == (
+        "1 block in the weights, 2 in the config: its depth (2) builds 2 blocks in layers "
+        "where the weights beside it hold 1"
+    )
     shaped = mismatch_words({"w": (4, 8)}, {"w": (4, 6)}, [], [], {"inputs": 8, "other": 4})
-    assert shaped == "its inputs (8) builds w as 4x8 where the weights beside it hold 4x6"
+    assert shaped == (
+        "w is 4x6 in the weights, 4x8 in the config: its inputs (8) builds it as 4x8 where the "
+        "weights beside it hold 4x6"
+    )
     assert mismatch_words({"w": (1,)}, {"w": (1,)}, [], [], {}) is None
 
 

@@ -252,6 +252,50 @@ def test_an_nvfp4_layer_is_kept_packed_and_reads_as_its_values(tmp_path, comfy):
     assert torch.equal(torch.cat([weight[:10], weight[10:]]).decoded(), weight.decoded())
 
 
+@pytest.mark.parametrize("comfy", [True, False], ids=["comfyui", "modelopt"])
+def test_an_nvfp4_awq_layer_multiplies_its_input_by_its_smoothing_factor(tmp_path, comfy):
+    """NVFP4-AWQ (ModelOpt's export, ComfyUI's encoders made from it): the layer computes
+    (x * pre_quant_scale) @ W.T. Kept packed, its weight decodes with the factor folded into
+    its columns, which is the same product."""
+    import torch.nn.functional as F
+
+    from app.core.checkpoint.stored import StoredTensor, stored_bytes
+
+    values = torch.randn(48, 64)
+    layer, decoded = nvfp4_layer(values, comfy=comfy)
+    smoothing = torch.linspace(0.25, 4.0, 64)
+    layer["a.pre_quant_scale"] = smoothing.to(torch.bfloat16)
+    path = write_safetensors(tmp_path / "awq.safetensors", layer)
+
+    with Checkpoint(path) as checkpoint:
+        assert set(checkpoint.keys()) == {"a.weight"}  # the factor is the weight's own
+        weight = checkpoint.get("a.weight")
+    assert isinstance(weight, StoredTensor)
+    assert stored_bytes(weight) == 48 * 32 + 48 * 4 + 4 + 64 * 4  # + the factor, in fp32
+    factor = smoothing.to(torch.bfloat16).float()
+    assert torch.equal(weight.decoded(), (decoded * factor).to(torch.bfloat16))
+    x = torch.randn(5, 64)
+    # What the file means (the input times the factor, in fp32) is the folded product, which
+    # the layer computes from its weight rounded once to bf16.
+    meant = F.linear(x * factor, decoded)
+    torch.testing.assert_close(F.linear(x, decoded * factor), meant, rtol=1e-5, atol=1e-5)
+    folded = (decoded * factor).to(torch.bfloat16).float()
+    torch.testing.assert_close(F.linear(x, weight.float()), F.linear(x, folded))
+    rows = torch.cat([weight[:16], weight[16:]])  # split and joined as layouts do
+    assert isinstance(rows, StoredTensor) and torch.equal(rows.decoded(), weight.decoded())
+
+
+def test_a_damaged_smoothing_factor_is_a_finding_naming_it(tmp_path):
+    layer, _ = nvfp4_layer(torch.randn(16, 32), comfy=False)
+    layer["a.pre_quant_scale"] = torch.full((32,), float("nan"))
+    path = write_safetensors(tmp_path / "awq.safetensors", layer)
+
+    with Checkpoint(path) as checkpoint:
+        checkpoint.get("a.weight")
+        finding = checkpoint.findings["a.weight"]
+    assert "NaN" in finding.problem and "a.pre_quant_scale" in finding.problem
+
+
 def test_a_file_mixing_nvfp4_and_fp8_layers_reads_each_with_its_own_scales(tmp_path):
     """ComfyUI's "NVFP4 mixed" files keep some layers in scaled fp8."""
     layer, decoded = nvfp4_layer(torch.randn(16, 32), comfy=True)
@@ -411,9 +455,15 @@ SCALED_LAYOUT_CASES = {
         },
         "holds 8 values per row, not a whole number of blocks of 16",
     ),
-    "input smoothing": (
-        {**MODELOPT_NVFP4, "a.pre_quant_scale": torch.ones(32)},
-        "multiplies its layer's input before the quantized weight",
+    "input smoothing beside a bf16 weight": (
+        {"b.weight": torch.ones(2, 2, dtype=torch.bfloat16), "b.pre_quant_scale": torch.ones(2)},
+        "multiplies its layer's input before the quantized weight (a smoothing factor), which "
+        "HalfSafe applies only to an NVFP4 weight ('b.weight' is stored as BF16)",
+    ),
+    "input smoothing of another width": (
+        {**MODELOPT_NVFP4, "a.pre_quant_scale": torch.ones(31)},
+        "the smoothing factor 'a.pre_quant_scale' of 'a.weight' has shape [31] and dtype F32, "
+        "where one number per input column (32) belongs",
     ),
 }
 

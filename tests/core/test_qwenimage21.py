@@ -146,3 +146,63 @@ def test_a_missing_vae_and_a_wrong_text_encoder_are_each_one_sentence(tmp_path):
     assert "Qwen2.5-VL text encoder" in message and "but the Qwen-Image 2.1 transformer" in message
     assert "its Qwen3-VL text encoder (qwen_3_vl_8b)" in message
     assert message.count(". ") == 0 and message.endswith(".")
+
+
+# --- Qwen-Image 2.1 Turbo: the same weights, told by a file's name ------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("qwen_image_2.1_turbo_int8_convrot.safetensors", "qwenimage21-turbo"),
+        ("Qwen-Image-2.1-Turbo-bf16.safetensors", "qwenimage21-turbo"),
+        ("qwen_image_2.1_bf16.safetensors", "qwenimage21"),
+        ("turbocharged_qwen.safetensors", "qwenimage21"),  # a word, not a part of one
+    ],
+)
+def test_a_turbo_file_is_told_by_its_name_and_says_so(pipelines, name, expected):
+    model = split.read_model(_file_shapes(pipelines[0]), name)
+
+    assert model is not None and model.architecture == expected
+    if expected == "qwenimage21-turbo":
+        assert model.because.startswith(
+            "Qwen-Image 2.1 Turbo, as the file's name says (its weights have the base model's "
+            "names and shapes; 8 steps at CFG scale 1, Qwen-Image 2.1 Turbo's defaults): a "
+            "single-stream block-causal transformer file"
+        ), model.because
+    else:
+        assert model.because.startswith("Qwen-Image 2.1: ")
+
+
+def test_turbo_reads_back_to_the_family_with_its_8_steps_without_cfg():
+    from app.core.families import (
+        architecture_title,
+        family,
+        family_of_architecture,
+        generation_defaults,
+    )
+    from app.core.families.base import FamilyId
+
+    assert family_of_architecture("qwenimage21-turbo") is family(FamilyId("qwenimage21"))
+    assert architecture_title("qwenimage21-turbo") == "Qwen-Image 2.1 Turbo"
+    defaults = generation_defaults("qwenimage21-turbo")
+    assert defaults is not None and (defaults.steps, defaults.cfg) == (8, 1.0)
+    assert generation_defaults("qwenimage21") is None  # the base model: the saved settings
+
+
+@pytest.mark.slow  # about 15 s here: writing and reading a 151,669-token embedding
+def test_a_turbo_file_loads_as_turbo_and_its_job_runs_8_steps(tmp_path):
+    from app.core.requests import requested
+
+    pipeline = build_tiny_qwenimage21_pipeline()
+    written = save_split_files(pipeline, tmp_path / "models", "qwen_image_2.1_turbo")
+
+    model = models.load_model(str(written["transformer"]))
+
+    assert (model.format, model.architecture) == ("split_files", "qwenimage21-turbo")
+    defaults = requested.model_defaults(model)
+    assert defaults is not None and (defaults.steps, defaults.cfg) == (8, 1.0)
+    # Its edit is the same pipeline's: up to ten pictures, as the base model's.
+    from app.core.families.capabilities import references
+
+    assert references(family_of(model.pipeline), model.pipeline) == 10

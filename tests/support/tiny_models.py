@@ -911,10 +911,13 @@ def build_tiny_krea2_pipeline(seed: int = 0, distilled: bool = False, released_t
     )
 
 
-def tiny_anima_transformer(seed: int, text: int = 32, padding_channel: bool = True):
+def tiny_anima_transformer(
+    seed: int, text: int = 32, padding_channel: bool = True, layers: int = 2
+):
     """Cosmos-Predict2's DiT in the shape Anima keeps it (rotary scales, the padding-mask input
-    channel, no learnable positions) at a tiny width; with `padding_channel`, as its files
-    store it, else as HalfSafe runs it (`without_padding_channel`)."""
+    channel, no learnable positions) at a tiny width, `layers` blocks deep (Anima 2.9B's 40);
+    with `padding_channel`, as its files store it, else as HalfSafe runs it
+    (`without_padding_channel`)."""
     from diffusers import CosmosTransformer3DModel
 
     from app.core.families.anima_pipeline import without_padding_channel
@@ -925,7 +928,7 @@ def tiny_anima_transformer(seed: int, text: int = 32, padding_channel: bool = Tr
         out_channels=16,
         num_attention_heads=2,
         attention_head_dim=16,
-        num_layers=2,
+        num_layers=layers,
         text_embed_dim=text,
         adaln_lora_dim=8,
         max_size=(128, 240, 240),
@@ -952,10 +955,11 @@ def tiny_anima_conditioner(seed: int, source: int = 32, target: int = 32):
     ).eval()
 
 
-def build_tiny_anima_pipeline(seed: int = 0):
+def build_tiny_anima_pipeline(seed: int = 0, layers: int = 2):
     """A tiny Anima: a Qwen3-shaped text encoder with the real vocabulary, the text conditioner
-    over it, the Cosmos DiT as HalfSafe runs it, Qwen-Image's causal 3D VAE, flow matching
-    shifted by 3; HalfSafe's AnimaPipeline over diffusers' blocks."""
+    over it, the Cosmos DiT as HalfSafe runs it (`layers` blocks: 40 are Anima 2.9B's),
+    Qwen-Image's causal 3D VAE, flow matching shifted by 3; HalfSafe's AnimaPipeline over
+    diffusers' blocks."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from app.core.families.anima_pipeline import AnimaPipeline
@@ -965,7 +969,7 @@ def build_tiny_anima_pipeline(seed: int = 0):
         tokenizer=qwen2_tokenizer(),
         t5_tokenizer=t5_tokenizer(),
         text_conditioner=tiny_anima_conditioner(seed + 1),
-        transformer=tiny_anima_transformer(seed + 2, padding_channel=False),
+        transformer=tiny_anima_transformer(seed + 2, padding_channel=False, layers=layers),
         vae=tiny_qwenimage_vae(seed + 3),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
     )

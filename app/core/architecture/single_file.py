@@ -5,6 +5,8 @@ what their own checkpoints hold (`app.core.families.registry.detect_architecture
 
 from __future__ import annotations
 
+import re
+
 from app.core.architecture.keys import (
     _prefix_checker,
 )
@@ -23,14 +25,27 @@ _FOREIGN = (
     ("cap_embedder.", "lumina", "a Lumina model"),
     ("head.modulation", "wan", "a Wan video model"),
 )
+# Models told by their published file names (ComfyUI's templates name them so), where no key
+# of theirs is known to HalfSafe: (name pattern, architecture, plain words, why not run).
+_FOREIGN_NAMES = (
+    (
+        re.compile(r"(^|[^a-z0-9])moss[-_ ]?image", re.IGNORECASE),
+        "moss-image",
+        "a MOSS-Image model",
+        "its name says MOSS-Image, which diffusers 0.42.1 does not run (it has no MOSS-Image "
+        "pipeline or transformer), so HalfSafe can neither load nor check it.",
+    ),
+)
 
 
 def other_file(
-    keys: list[str], markers: list[tuple[str, str, str]], layouts: str
+    keys: list[str], markers: list[tuple[str, str, str]], layouts: str, name: str = ""
 ) -> Detection | None:
     """A LoRA, an embedding or another architecture's model, by its keys (None: none of them).
     `markers` are the families' own (key fragment, architecture, words), asked first, for
-    their weights in a layout HalfSafe does not read; `layouts` names those it reads."""
+    their weights in a layout HalfSafe does not read; `layouts` names those it reads. A model
+    told only by its published file `name` (MOSS-Image) is named before its keys are guessed
+    at, unless it holds an original Stable Diffusion checkpoint."""
     if any(
         (
             "lora_up" in k
@@ -61,6 +76,10 @@ def other_file(
             "it holds only token embeddings (emb_params or clip_l/clip_g), which "
             "extend a model's vocabulary; they are not a model.",
         )
+    if not any(k.startswith(UNET + "input_blocks.") for k in keys):
+        for pattern, arch, words, why in _FOREIGN_NAMES:
+            if pattern.search(name):
+                return Detection(arch, False, words, why)
     for fragment, arch, words in [*markers, *_FOREIGN]:
         if any(fragment in k for k in keys):
             return Detection(

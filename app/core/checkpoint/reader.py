@@ -25,7 +25,7 @@ from app.core.checkpoint.dtypes import (
 from app.core.checkpoint.header import SafetensorsHeader, _file_size, read_safetensors_header
 from app.core.checkpoint.pickles import is_pickle_file, load_pickle_state_dict, refuse_pickle
 from app.core.errors import BadFileError
-from app.core.formats import gguf, quantized
+from app.core.formats import gguf, int4, quantized
 from app.core.limits import open_regular
 
 
@@ -66,6 +66,7 @@ class Checkpoint:
         self._scaled: quantized.ScaledLayout | None = None
         self._scales: dict[str, Any] = {}
         self._tensor_scales: dict[str, Any] = {}
+        self._pre_scales: dict[str, Any] = {}  # NVFP4 weight -> its AWQ input smoothing
         self.quantization: quantized.Quantization | None = None
         self.findings: dict[str, quantized.QuantFinding] = {}
         self.component = component
@@ -97,6 +98,7 @@ class Checkpoint:
         if not self.shapes:
             raise BadFileError(self.path, "the file holds no tensors, so it holds no model.")
         if self.header is not None:
+            int4.refuse_int4(self.path, self.dtypes)
             self._scaled = quantized.scaled_layout(self.path, self.dtypes, self.shapes)
             self._open_for_tensors()
         if self._scaled is not None:
@@ -131,6 +133,8 @@ class Checkpoint:
             self._scales[weight] = blocks
         for weight, second in layout.tensor_scale_of.items():
             self._tensor_scales[weight] = self._stored(second).to(torch.float32).reshape(())
+        for weight, pre in layout.pre_scale_of.items():
+            self._pre_scales[weight] = self._stored(pre).to(torch.float32).clone()
         if layout.stored:  # a `scaled_fp8` marker beside no fp8 weight leaves the file as stored
             types = sorted(set(layout.stored.values()))
             self.quantization = quantized.Quantization(layout.format, types, self.path.name)
@@ -232,12 +236,16 @@ class Checkpoint:
         holds = False
         if layout.stored[name] == quantized.NVFP4_CODE:
             holds = quantized.nvfp4_holds_values(tensor)
-            second = self._tensor_scales[name]
-            tensor = stored.from_nvfp4(tensor, scale, second, high_first=layout.tiled(name))
+            second, pre = self._tensor_scales[name], self._pre_scales.get(name)
+            tensor = stored.from_nvfp4(
+                tensor, scale, second, high_first=layout.tiled(name), pre_scale=pre
+            )
             problem = quantized.scale_problem(second)
             where = layout.tensor_scale_of[name]
             if problem is None:
                 problem, where = quantized.block_scale_problem(scale), layout.scale_of[name]
+            if problem is None and pre is not None:
+                problem, where = quantized.scale_problem(pre), layout.pre_scale_of[name]
         else:
             problem = quantized.scale_problem(scale, tensor) if scale is not None else None
             where = layout.scale_of.get(name)

@@ -53,15 +53,17 @@ class StoredTensor(torch.Tensor):
     one fp32 number or one per row), "nvfp4" or "nvfp4_high_first" (packed: uint8, rows of
     two values per byte; `scale`: the fp8 block scales, one per 16 values of a row, in row
     order; `scale2`: the tensor's fp32 scale) or a GGUF block type such as "Q4_0" (packed:
-    uint8, one row of bytes per index of the first dimension)."""
+    uint8, one row of bytes per index of the first dimension). An NVFP4 weight may have a
+    `pre_scale` (fp32, one per column: AWQ's input smoothing factor, folded into its columns)."""
 
     packed: torch.Tensor
     scale: torch.Tensor | None
     scale2: torch.Tensor | None
     codec: str
+    pre_scale: torch.Tensor | None = None
 
     @staticmethod
-    def __new__(cls, packed, codec: str, shape, dtype, scale=None, scale2=None):
+    def __new__(cls, packed, codec: str, shape, dtype, scale=None, scale2=None, pre_scale=None):
         # Never an inference tensor, wherever it is made: a placement inside inference mode
         # makes a Parameter of it, which detaches it, and torch sets a detached tensor's
         # version counter (refused for inference tensors). Its bytes may be one.
@@ -70,9 +72,12 @@ class StoredTensor(torch.Tensor):
                 cls, tuple(shape), dtype=dtype, device=packed.device, requires_grad=False
             )
         made.packed, made.codec, made.scale, made.scale2 = packed, codec, scale, scale2
+        made.pre_scale = pre_scale
         return made
 
-    def __init__(self, packed, codec: str, shape, dtype, scale=None, scale2=None) -> None:
+    def __init__(
+        self, packed, codec: str, shape, dtype, scale=None, scale2=None, pre_scale=None
+    ) -> None:
         super().__init__()
 
     # Every operation goes straight to __torch_dispatch__ (no Python overhead per call above it).
@@ -86,10 +91,14 @@ class StoredTensor(torch.Tensor):
 
     def decoded(self, dtype=None) -> torch.Tensor:
         """The values as a plain tensor in `dtype` (default: the tensor's own), on its device."""
-        values = _decode(self.packed, self.codec, self.scale, self.scale2, tuple(self.shape))
+        values = _decode(
+            self.packed, self.codec, self.scale, self.scale2, tuple(self.shape), self.pre_scale
+        )
         return values.to(dtype or self.dtype)
 
-    def _like(self, packed=None, scale=None, shape=None, dtype=None, scale2=None) -> StoredTensor:
+    def _like(
+        self, packed=None, scale=None, shape=None, dtype=None, scale2=None, pre_scale=None
+    ) -> StoredTensor:
         return StoredTensor(
             self.packed if packed is None else packed,
             self.codec,
@@ -97,6 +106,7 @@ class StoredTensor(torch.Tensor):
             dtype or self.dtype,
             self.scale if scale is None else scale,
             self.scale2 if scale2 is None else scale2,
+            self.pre_scale if pre_scale is None else pre_scale,
         )
 
     @classmethod
@@ -133,7 +143,8 @@ def plain(tensor):
 
 
 def _parts(tensor: StoredTensor) -> list[torch.Tensor]:
-    return [t for t in (tensor.packed, tensor.scale, tensor.scale2) if t is not None]
+    parts = (tensor.packed, tensor.scale, tensor.scale2, tensor.pre_scale)
+    return [t for t in parts if t is not None]
 
 
 def stored_bytes(tensor) -> int:
@@ -178,13 +189,16 @@ def from_int8(values, scale) -> StoredTensor:
     return StoredTensor(values, INT8, values.shape, MEANING_DTYPE, scale)
 
 
-def from_nvfp4(packed, block_scales, tensor_scale, *, high_first: bool) -> StoredTensor:
+def from_nvfp4(
+    packed, block_scales, tensor_scale, *, high_first: bool, pre_scale=None
+) -> StoredTensor:
     """An NVFP4 matrix kept as stored: `packed` (uint8, rows of two values per byte),
     `block_scales` (fp8 e4m3, one per 16 values of a row, in row order: a tiled layout is put in
-    row order by the reader) and `tensor_scale` (one fp32 number)."""
+    row order by the reader), `tensor_scale` (one fp32 number) and AWQ's `pre_scale` (fp32, one
+    per column, or None)."""
     codec = NVFP4_HIGH_FIRST if high_first else NVFP4
     shape = (packed.shape[0], packed.shape[1] * 2)
-    return StoredTensor(packed, codec, shape, MEANING_DTYPE, block_scales, tensor_scale)
+    return StoredTensor(packed, codec, shape, MEANING_DTYPE, block_scales, tensor_scale, pre_scale)
 
 
 # Decoding ---------------------------------------------------------------------------------
@@ -203,13 +217,14 @@ def _gguf_decoders() -> dict[str, Any]:
     }
 
 
-def _decode(packed, codec: str, scale, scale2, shape) -> torch.Tensor:
+def _decode(packed, codec: str, scale, scale2, shape, pre_scale=None) -> torch.Tensor:
     if codec in _SCALED_BYTES:
         from app.core.formats.quantized import dequantize_scaled
 
         return dequantize_scaled(packed, scale)
     if codec in NVFP4_CODECS:
-        return decode_nvfp4(packed, scale, scale2, high_first=codec == NVFP4_HIGH_FIRST)
+        high_first = codec == NVFP4_HIGH_FIRST
+        return decode_nvfp4(packed, scale, scale2, high_first=high_first, pre_scale=pre_scale)
     decoder, block, block_bytes = _gguf_decoders()[codec]
     blocks = packed.reshape(-1, block_bytes)
     # fp32 throughout, as the gguf package decodes: diffusers' default keeps a Q8_0 block's
@@ -218,9 +233,12 @@ def _decode(packed, codec: str, scale, scale2, shape) -> torch.Tensor:
     return values.reshape(shape).to(MEANING_DTYPE)
 
 
-def decode_nvfp4(packed, block_scales, tensor_scale, *, high_first: bool) -> torch.Tensor:
+def decode_nvfp4(
+    packed, block_scales, tensor_scale, *, high_first: bool, pre_scale=None
+) -> torch.Tensor:
     """An NVFP4 matrix's values in MEANING_DTYPE: each E2M1 value times its block's fp8 scale
-    times the tensor's scale, the product taken in fp32 and then rounded to bf16."""
+    times the tensor's scale (times its column's AWQ `pre_scale`: x * s @ W.T is
+    x @ (W * s).T), the product taken in fp32 and then rounded to bf16."""
     rows = packed.shape[0]
     low, high = packed & 0x0F, packed >> 4
     pairs = (high, low) if high_first else (low, high)
@@ -229,7 +247,10 @@ def decode_nvfp4(packed, block_scales, tensor_scale, *, high_first: bool) -> tor
     values = table.index_select(0, codes.reshape(-1)).reshape(rows, -1, NVFP4_BLOCK)
     scales = block_scales.to(torch.float32) * tensor_scale.to(torch.float32).reshape(())
     values.mul_(scales.reshape(rows, -1, 1))
-    return values.reshape(rows, -1).to(MEANING_DTYPE)
+    values = values.reshape(rows, -1)
+    if pre_scale is not None:
+        values.mul_(pre_scale.to(torch.float32))
+    return values.to(MEANING_DTYPE)
 
 
 # Operations that keep the bytes as stored ---------------------------------------------------
@@ -261,11 +282,14 @@ def _to_copy(tensor, dtype=None, layout=None, device=None, pin_memory=None, **kw
         return NotImplemented
     non_blocking = kwargs.get("non_blocking", False)
     packed, scale, scale2 = tensor.packed, tensor.scale, tensor.scale2
+    pre_scale = tensor.pre_scale
     if device is not None and torch.device(device) != packed.device:
         packed = packed.to(device, non_blocking=non_blocking)
         scale = None if scale is None else scale.to(device, non_blocking=non_blocking)
         scale2 = None if scale2 is None else scale2.to(device, non_blocking=non_blocking)
-    return tensor._like(packed=packed, scale=scale, dtype=dtype, scale2=scale2)
+        if pre_scale is not None:
+            pre_scale = pre_scale.to(device, non_blocking=non_blocking)
+    return tensor._like(packed=packed, scale=scale, dtype=dtype, scale2=scale2, pre_scale=pre_scale)
 
 
 def _to_dtype(tensor, dtype, non_blocking=False, copy=False, memory_format=None):
@@ -333,6 +357,13 @@ def _cat(tensors, dim=0):
         seconds = [t.scale2 for t in tensors]
         if second is None or any(s is None or not torch.equal(s, second) for s in seconds):
             return NotImplemented
+        # An input smoothing factor is the columns' own: one for every part, or none.
+        pre = [t.pre_scale for t in tensors]
+        if any((p is None) != (first.pre_scale is None) for p in pre) or (
+            first.pre_scale is not None
+            and not all(p is not None and torch.equal(p, first.pre_scale) for p in pre)
+        ):
+            return NotImplemented
         scale = torch.cat([b for b in blocks if b is not None], dim=0)
     elif first.scale is not None:
         scales = [t.scale for t in tensors]
@@ -357,7 +388,10 @@ def _cat(tensors, dim=0):
 def _clone(tensor, memory_format=None):
     scale = None if tensor.scale is None else tensor.scale.clone()
     scale2 = None if tensor.scale2 is None else tensor.scale2.clone()
-    return tensor._like(packed=tensor.packed.clone(), scale=scale, scale2=scale2)
+    pre_scale = None if tensor.pre_scale is None else tensor.pre_scale.clone()
+    return tensor._like(
+        packed=tensor.packed.clone(), scale=scale, scale2=scale2, pre_scale=pre_scale
+    )
 
 
 _aten = torch.ops.aten

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core import hires, samplers
-from app.core.errors import BadFileError, CancelledError, HalfSafeError
+from app.core.errors import (
+    BadFileError,
+    CancelledError,
+    HalfSafeError,
+    WrongVariant,
+    WrongVariantError,
+)
 from app.core.explain import checkers, findings, kernels, next_steps, runtime, suspects
 from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
@@ -117,6 +123,11 @@ class Explanation:
     # log show for a look or coloured noise, in the order to rule them out.
     log: suspects.ToolLog | None = None
     look_causes: list[suspects.Suspect] = field(default_factory=list)
+    # The model's weights are another variant than the config it is built with (a folder's
+    # config.json: proved), or than what a tool's loader that knows only the family's first
+    # variant builds (likely): said before any numeric verdict.
+    variant: WrongVariant | None = None
+    variant_words: str = ""
 
     @property
     def problem(self) -> bool:
@@ -157,6 +168,7 @@ class Explanation:
             "remake": self.remade.to_json() if self.remade is not None else None,
             "log": self.log.to_json() if self.log is not None else None,
             "look_causes": [c.to_json() for c in self.look_causes],
+            "variant": self.variant.to_json() if self.variant is not None else None,
             # Attention kernels the record shows ran, each with the tool's switch to turn it off.
             "suspects": [
                 {**k.to_json(), "turn_off": kernels.turn_off_words(self.made_by, k)}
@@ -362,6 +374,13 @@ def _image_model(explanation: Explanation, vae, loaded, progress, cancel, *, who
         return loaded  # never a second copy of the model the engine holds
     try:
         return load_model(model_path, vae=vae, on_progress=progress, cancel=cancel)
+    except WrongVariantError as error:
+        # Weights and config of two variants: that, before anything about numbers.
+        explanation.variant = error.variant
+        explanation.variant_words = _config_variant_words(explanation, error.variant)
+        explanation.notes.append(str(error))
+        explanation.message = f"{explanation.variant_words} {_status_words(explanation)}"
+        return None
     except BadFileError as error:
         # The image was read; it is the model file that failed.
         explanation.notes.append(str(error))
@@ -518,6 +537,7 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     model = _image_model(explanation, vae, loaded, progress, cancel, who="the health check")
     if model is None:
         return
+    _tool_variant(explanation, model)
     steps = record.steps
     try:
         steps = FIELDS["steps"].validate(steps) if steps is not None else None
@@ -580,7 +600,54 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             explanation.made_by, settings, explanation.halfsafe_flags
         )
         explanation.notes.extend(explanation.tool_fix.notes)
-    explanation.message = f"{_status_words(explanation)} {_check_words(explanation)}"
+    said = [_status_words(explanation), _check_words(explanation)]
+    if explanation.variant_words:
+        said.insert(0, explanation.variant_words)
+    explanation.message = " ".join(said)
+
+
+def _tool_variant(explanation: Explanation, model) -> None:
+    """For an image another tool made, a model file of a later published variant than its
+    family's first (Anima 2.9B's 40 blocks): what a loader that knows only the first builds
+    (`families.variants`). HalfSafe reads the count from the file, so its check cannot show it."""
+    from app.core.families.variants import older_loader
+
+    family = family_of(model.pipeline)
+    if family is None or explanation.made_by == "halfsafe" or not family.variants:
+        return
+    denoiser = getattr(model.pipeline, family.denoiser, None)
+    config = getattr(denoiser, "config", None)
+    found = older_loader(family.variants, family.denoiser, dict(config or {}))
+    if found is None:
+        return
+    mine, variant = found
+    tool = TOOLS.get(explanation.made_by)
+    explanation.variant = variant
+    explanation.variant_words = FINDING_WORDS["variant_tool"].format(
+        mine=mine.title,
+        first=variant.config,
+        in_file=variant.in_file,
+        in_config=variant.in_config,
+        unit="block",
+        where=variant.where,
+        tool=tool.name if tool else "the tool",
+    )
+
+
+def _config_variant_words(explanation: Explanation, variant: WrongVariant) -> str:
+    def said(value: int | tuple[int, ...]) -> str:
+        if isinstance(value, int):
+            unit = "layer" if "layer" in variant.where else "block"
+            return f"{value} {unit}{'s' if value != 1 else ''}"
+        return f"{variant.where} {'x'.join(str(d) for d in value)}"
+
+    return FINDING_WORDS["variant_config"].format(
+        path=explanation.model.path,
+        counts=(
+            f"{said(variant.in_file)} in the weights, {said(variant.in_config)} in the config "
+            f"({variant.config})"
+        ),
+    )
 
 
 def _compare_kitchen(explanation: Explanation, report) -> None:

@@ -153,6 +153,20 @@ FINDING_WORDS = {
         "picture made so on purpose looks the same; this image carries no generation record, "
         "so HalfSafe does not say which."
     ),
+    "variant_config": (
+        "Its model at {path} is another variant than the config it is built with: "
+        "{counts}. A model built from that config drops or invents weights and draws noise, "
+        "which is no numeric failure and no precision setting changes: use the config that "
+        "came with these weights (or the weights of the config's variant)."
+    ),
+    "variant_tool": (
+        "Its model is {mine} ({in_file} {unit}s in the file), and a loader that knows only "
+        "{first} builds {in_config} ({in_file} {unit}s in the file, {in_config} in the "
+        "config), leaves the rest out and draws noise, which is no numeric failure: if "
+        "{tool}'s log warned of unexpected keys ({where}.{in_config} and on) when it loaded "
+        "the model, update {tool} or the node that loads the model to a version that knows "
+        "{mine}."
+    ),
     "compiled": (
         "The image's workflow runs the model through torch.compile ({compiled}). Compiled "
         "code can return 0 where eager PyTorch returns NaN (PyTorch issue 183605: Inductor "

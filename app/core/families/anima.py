@@ -24,6 +24,7 @@ from app.core.families.base import (
     transformer_width,
 )
 from app.core.families.qwenimage import QWENIMAGE_LATENT
+from app.core.families.variants import PublishedVariant
 from app.core.formats.layouts import (
     InnerPart,
     Layout,
@@ -266,6 +267,11 @@ class AnimaFamily(FlowMatching, Family):
     layout = LAYOUT
     pipeline_class = "AnimaModularPipeline"
     companion_names = {"text_encoder": "qwen_3_06b", "vae": "qwen_image_vae"}
+    # Anima 2B is Cosmos-Predict2 2B's 28 blocks; Anima 2.9B the same blocks, 40 of them.
+    variants = (
+        PublishedVariant("Anima 2B", "num_layers", 28, "blocks"),
+        PublishedVariant("Anima 2.9B", "num_layers", 40, "blocks"),
+    )
     # diffusers' Anima image-to-image blocks, which `AnimaPipeline` runs given a picture.
     picture_pipelines = {Mode.IMAGE: "AnimaModularPipeline"}
 

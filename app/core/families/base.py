@@ -18,6 +18,7 @@ from app.core.components import Role, of_role
 from app.core.detection import Detection
 from app.core.families.capabilities import Editing, controls, editing, references
 from app.core.families.faults import ToolFault
+from app.core.families.variants import PublishedVariant
 from app.core.formats.layouts import Layout
 from app.core.images.pictures import FROM_NOISE, Mode
 from app.core.words import infotext
@@ -125,6 +126,9 @@ class Family:
     # What its models are known to overflow in fp16 in other tools, and how those tools'
     # records say such a model: `explain`'s first guess where the model cannot be checked.
     tool_faults: ClassVar[tuple[ToolFault, ...]] = ()
+    # Its denoiser's published sizes, oldest first, where a loader that knows only the first
+    # would build a later one wrong (`variants.py`): what explain says before any numbers.
+    variants: ClassVar[tuple[PublishedVariant, ...]] = ()
 
     # Whether its VAE's `force_upcast` says it overflows fp16 (SDXL's original VAE sets it and
     # does; other families set it without needing it).

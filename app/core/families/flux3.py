@@ -152,7 +152,7 @@ def _read_flux3(shapes: Shapes, prefix: str) -> SplitModel:
                 QWEN3_VL,
                 f"its Qwen3-VL text encoder ({TEXT_ENCODER_FILE})",
                 lambda found: found == width,
-                ("qwen3_vl", "qwen3-vl", "qwen_3_vl"),
+                ("qwen3_vl", "qwen3-vl", "qwen_3_vl", "qwen3vl"),  # qwen3vl_4b_int8_convrot
                 reads="4b-generation",
             ),
             Need(

@@ -143,7 +143,7 @@ def _read_krea2(shapes: Shapes, prefix: str) -> SplitModel:
                 QWEN3_VL,
                 "its Qwen3-VL text encoder (qwen3_vl_4b)",
                 lambda found: found == text_width,
-                ("qwen3_vl", "qwen3-vl", "qwen_3_vl"),
+                ("qwen3_vl", "qwen3-vl", "qwen_3_vl", "qwen3vl"),  # qwen3vl_4b_int8_convrot
                 reads="4b",
             ),
             Need(

@@ -6,8 +6,9 @@ sequence."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from app.core.encoders.qwen3_vl import QWEN3_VL
 from app.core.families.base import (
     Family,
     FamilyId,
+    GenerationDefaults,
     LatentFormat,
     ShiftedSigmas,
     input_channels_problem,
@@ -112,7 +114,7 @@ def _read_qwenimage21(shapes: Shapes, prefix: str) -> SplitModel:
                 QWEN3_VL,
                 "its Qwen3-VL text encoder (qwen_3_vl_8b)",
                 lambda width: width == text_width,
-                ("qwen_3_vl", "qwen3_vl", "qwen3-vl", "qwen_3-vl"),
+                ("qwen_3_vl", "qwen3_vl", "qwen3-vl", "qwen_3-vl", "qwen3vl"),
                 reads="8b",
             ),
             Need(
@@ -165,12 +167,35 @@ def _qwenimage21_table(config: Mapping[str, Any]) -> Iterator[Row]:
         yield mlp + "gate_up.weight", (mlp + "gate_layer.weight", mlp + "proj.weight"), "cat"
 
 
+# Qwen-Image 2.1 Turbo: the accelerated checkpoint, its weights named and shaped as the base
+# model's. diffusers 0.42.1 runs it (QwenImage21TurboModularPipeline) with the base model's
+# schedule in 8 steps by default, without guidance: 8 steps at CFG scale 1 here. Only a file's
+# name tells it.
+TURBO = "qwenimage21-turbo"
+TURBO_DEFAULTS = GenerationDefaults(8, 1.0, "Qwen-Image 2.1 Turbo's")
+
+
+def _named_qwenimage21(model: SplitModel, file_name: str) -> SplitModel:
+    """Turbo where the file's name says so ("qwen_image_2.1_turbo_int8_convrot"): nothing in
+    its weights tells it from the base model."""
+    stem = file_name.lower().rsplit(".", 1)[0]
+    if "turbo" not in re.sub(r"[^a-z0-9]+", " ", stem).split():
+        return model
+    what = model.because.removeprefix("Qwen-Image 2.1: ")
+    because = (
+        "Qwen-Image 2.1 Turbo, as the file's name says (its weights have the base model's "
+        f"names and shapes; {TURBO_DEFAULTS.words()}): {what}"
+    )
+    return replace(model, architecture=TURBO, title="Qwen-Image 2.1 Turbo", because=because)
+
+
 LAYOUT = Layout(
     "Qwen-Image 2.1-style transformer",
     _QWENIMAGE21_MARKERS,
     (),
     _read_qwenimage21,
     _qwenimage21_table,
+    _named_qwenimage21,
 )
 
 
@@ -190,8 +215,11 @@ class QwenImage21Family(Editing, PipelinePrompts, ShiftedSigmas, Family):
 
     id = FamilyId("qwenimage21")
     title = "Qwen-Image 2.1"
-    architectures = {"qwenimage21": "Qwen-Image 2.1"}
-    trainer_words = ((r"qwen-?image-?2-?1", "qwenimage21"),)
+    architectures = {"qwenimage21": "Qwen-Image 2.1", TURBO: "Qwen-Image 2.1 Turbo"}
+    trainer_words = (
+        (r"qwen-?image-?2-?1-?turbo", TURBO),
+        (r"qwen-?image-?2-?1", "qwenimage21"),
+    )
     latent = QWENIMAGE21_LATENT
     transformer_class = "QwenImage21Transformer2DModel"
     layout = LAYOUT
@@ -232,6 +260,9 @@ class QwenImage21Family(Editing, PipelinePrompts, ShiftedSigmas, Family):
             None,
             "QwenImage21Pipeline",
         )
+
+    def generation_defaults(self, architecture: str) -> GenerationDefaults | None:
+        return TURBO_DEFAULTS if architecture == TURBO else None
 
     def folder_parts(self, folder: Path) -> dict[str, Any]:
         """Its processor, built from the folder's processor/ files (diffusers' own loader asks

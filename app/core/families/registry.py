@@ -177,7 +177,7 @@ def detect_architecture(
     Detection that names what it looks like.
     """
     markers = [(m, str(f.id), words) for f in FAMILIES for m, words in f.file_markers]
-    other = other_file(list(shapes), markers, file_layout_words())
+    other = other_file(list(shapes), markers, file_layout_words(), name)
     if other is not None:
         return other
     file = Checkpoint(shapes, metadata or {}, name, sidecar_config)

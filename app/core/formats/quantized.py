@@ -68,8 +68,11 @@ SCALE_SUFFIXES = ("weight_scale", "scale_weight")
 SECOND_SCALE_SUFFIX = "weight_scale_2"  # NVFP4's tensor scale
 # Activation scales, used only by fp8 and fp4 matrix kernels; decoded weights do not need them.
 INPUT_SCALE_SUFFIXES = ("input_scale", "scale_input")
-# A smoothing factor some NVFP4 exports multiply into a layer's input (AWQ-style): the layer
-# computes differently from its weight alone, so such a file is refused.
+# A smoothing factor NVFP4-AWQ exports (NVIDIA ModelOpt's, and ComfyUI's encoders made from
+# them) multiply into a layer's input, one per input channel: x * s @ W.T. HalfSafe folds it
+# into the weight's columns when it decodes (`stored.decode_nvfp4`): the same product,
+# x @ (W * s).T, with one rounding to bf16 of W * s where the tool rounds x * s in its compute
+# dtype. Beside any other weight, it is refused.
 PRE_QUANT_SCALE_SUFFIX = "pre_quant_scale"
 SCALED_FP8_MARKER = "scaled_fp8"
 # ComfyUI's per-layer quantisation config, `<layer>.comfy_quant`: the layer's format as JSON
@@ -212,6 +215,8 @@ class ScaledLayout:
     tensor_scale_of: dict[str, str]  # NVFP4 weight -> its tensor scale
     config_of: dict[str, str]  # weight -> its ComfyUI layer config (`comfy_quant`)
     hidden: set[str]  # scales, input scales, layer configs, the scaled_fp8 marker
+    # NVFP4 weight -> its input smoothing factor (AWQ's `pre_quant_scale`, one per column)
+    pre_scale_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def format(self) -> str:
@@ -251,13 +256,7 @@ def scaled_layout(
                 f"tensor '{name}' is stored as {code}, a block-scaled format HalfSafe cannot "
                 "read (it reads fp8, int8 and NVFP4 safetensors and GGUF files).",
             )
-        if name.endswith(PRE_QUANT_SCALE_SUFFIX):
-            raise BadFileError(
-                path,
-                f"tensor '{name}' multiplies its layer's input before the quantized weight (a "
-                "smoothing factor), which HalfSafe does not apply, so the layer would compute "
-                "other values than the file means.",
-            )
+    pre_scale_of = _pre_scales(path, dtypes, shapes)
     marker = SCALED_FP8_MARKER in dtypes
     scales = {n for n in dtypes if n.endswith(SCALE_SUFFIXES)}
     seconds = {n for n in dtypes if n.endswith(SECOND_SCALE_SUFFIX)}
@@ -334,9 +333,36 @@ def scaled_layout(
                 f"and dtype {dtypes[second]}, where one fp32 number belongs.",
             )
     hidden = set(scale_of.values()) | set(tensor_scale_of.values()) | inputs | configs
+    hidden |= set(pre_scale_of.values())
     if marker:
         hidden.add(SCALED_FP8_MARKER)
-    return ScaledLayout(stored, scale_of, tensor_scale_of, config_of, hidden)
+    return ScaledLayout(stored, scale_of, tensor_scale_of, config_of, hidden, pre_scale_of)
+
+
+def _pre_scales(path, dtypes, shapes) -> dict[str, str]:
+    """Each NVFP4 weight's input smoothing factor (`pre_quant_scale`: one float per column);
+    BadFileError for one beside another weight, or of another shape."""
+    found: dict[str, str] = {}
+    for name in sorted(n for n in dtypes if n.endswith(PRE_QUANT_SCALE_SUFFIX)):
+        weight = name.removesuffix(PRE_QUANT_SCALE_SUFFIX) + "weight"
+        if dtypes.get(weight) != NVFP4_CODE:
+            held = f"is stored as {dtypes[weight]}" if weight in dtypes else "does not exist"
+            raise BadFileError(
+                path,
+                f"tensor '{name}' multiplies its layer's input before the quantized weight (a "
+                f"smoothing factor), which HalfSafe applies only to an NVFP4 weight ('{weight}' "
+                f"{held}), so the layer would compute other values than the file means.",
+            )
+        columns = shapes[weight][1]
+        if tuple(shapes[name]) != (columns,) or dtypes[name] not in ("F16", "BF16", "F32"):
+            raise BadFileError(
+                path,
+                f"the smoothing factor '{name}' of '{weight}' has shape {list(shapes[name])} "
+                f"and dtype {dtypes[name]}, where one number per input column ({columns}) "
+                "belongs.",
+            )
+        found[weight] = name
+    return found
 
 
 def _check_scale_shape(path, weight, scale, code, dtypes, shapes, config_of) -> None:

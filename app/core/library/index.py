@@ -17,8 +17,9 @@ from app.core.library.entries import LibraryEntry
 
 INDEX_FILE = "library.json"
 # The layout of the cache's rows; what the rows say depends on the families HalfSafe
-# recognises too, which `index_version` adds.
-INDEX_FORMAT = 6
+# recognises too, which `index_version` adds. 7: models outside every family told by their
+# file names (MOSS-Image), which rows kept before named by their keys alone.
+INDEX_FORMAT = 7
 # The cache holds a few hundred bytes per model; 64 MB is some 100,000 models.
 INDEX_LIMIT = 64 << 20
 

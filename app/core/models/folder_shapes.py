@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.checkpoint.header import read_safetensors_header
-from app.core.errors import BadFileError
+from app.core.errors import BadFileError, WrongVariant, WrongVariantError
 from app.core.formats.layouts import Shapes, count_indices, count_words
 
 # How many tensors and modules an empty build may make per tensor its files hold before it is
@@ -68,16 +68,25 @@ def check_weights_match(
         return
     library, class_name = str(spec[0]), str(spec[1])
     if library == "diffusers":
-        problem = _model_problem(class_name, config, held)
+        found = _model_problem(class_name, config, held)
     elif library == "transformers":
-        problem = text_encoder_problem(config, held)
+        found = _text_encoder_mismatch(config, held)
     else:
         return
-    if problem is not None:
+    if found is None:
+        return
+    problem, variant = found
+    path = folder / "config.json"
+    if variant is None:
         raise BadFileError(
-            folder / "config.json",
-            f"{problem}, so the config and the weights are of different models.",
+            path, f"{problem}, so the config and the weights are of different models."
         )
+    kind, where, in_file, in_config, setting = variant
+    raise WrongVariantError(
+        path,
+        VARIANT_WORDS["refused"].format(problem=problem),
+        WrongVariant(folder.name, kind, where, in_file, in_config, setting, str(path)),
+    )
 
 
 def loaded_files(files: list[Path]) -> list[Path]:
@@ -96,7 +105,7 @@ class _Overbuilt(Exception):
     """An empty build made more tensors or modules than the files could fill."""
 
 
-def _model_problem(class_name: str, config: Mapping[str, Any], held: Shapes) -> str | None:
+def _model_problem(class_name: str, config: Mapping[str, Any], held: Shapes) -> _Found | None:
     import diffusers
 
     model_class = getattr(diffusers, class_name, None)
@@ -109,11 +118,11 @@ def _model_problem(class_name: str, config: Mapping[str, Any], held: Shapes) -> 
         return (
             f"it builds a {class_name} of more than {limit:,} tensors where the weights beside "
             f"it hold {len(held):,}"
-        )
+        ), None
     except Exception as error:  # a config diffusers cannot build at all, whatever it raises
         from app.core.checkpoint.assembly import first_line
 
-        return f"diffusers cannot build a {class_name} from it ({first_line(error)})"
+        return f"diffusers cannot build a {class_name} from it ({first_line(error)})", None
     # The names diffusers' loader renames (old attention blocks' query/key/value), renamed.
     renamed = model._fix_state_dict_keys_on_load(dict(held))
     held = renamed if isinstance(renamed, dict) else held
@@ -129,7 +138,7 @@ def _model_problem(class_name: str, config: Mapping[str, Any], held: Shapes) -> 
     held = {k: v for k, v in held.items() if k in built or not any(p.search(k) for p in ignored)}
     beyond = [k for k in held if k not in built]
     lacking = [k for k in built if k not in held]
-    return mismatch_words(built, held, beyond, lacking, config)
+    return mismatch(built, held, beyond, lacking, config)
 
 
 def _built_empty(model_class, config: Mapping[str, Any], tensors: int, modules: int):
@@ -167,6 +176,29 @@ def _built_empty(model_class, config: Mapping[str, Any], tensors: int, modules: 
 # Words ----------------------------------------------------------------------------------------
 
 
+# A config and weights of two variants of one model, said first: the counts, then where.
+# {problem} completes "<config.json>: ...".
+VARIANT_WORDS = {
+    "blocks": (
+        "{held} in the weights, {in_config} in the config: {subject} builds "
+        "{built} in {where} where the weights beside it hold {in_file}"
+    ),
+    "shape": (
+        "{where} is {in_file} in the weights, {in_config} in the config: {subject} builds it "
+        "as {in_config} where the weights beside it hold {in_file}"
+    ),
+    "refused": (
+        "{problem}, so the config is another variant of the model than its weights (a model "
+        "built from it drops or invents weights and draws noise: no numeric failure)."
+    ),
+}
+
+# What a config and its weights differ in: the words, and for another variant its kind,
+# where, the count or shape in the weights and in the config, and the config value behind it.
+_Variant = tuple[str, str, int | tuple[int, ...], int | tuple[int, ...], str | None]
+_Found = tuple[str, _Variant | None]
+
+
 def mismatch_words(
     built: Shapes,
     held: Shapes,
@@ -175,8 +207,21 @@ def mismatch_words(
     config: Mapping[str, Any],
 ) -> str | None:
     """What differs between the tensors a config builds and those its files hold, in words
-    completing "<config.json>: ...": numbered blocks first (the outermost that differ), then a
-    tensor of another shape, then tensors one side lacks; None when they match. A config value
+    completing "<config.json>: ..." (`mismatch`); None when they match."""
+    found = mismatch(built, held, beyond, lacking, config)
+    return found[0] if found is not None else None
+
+
+def mismatch(
+    built: Shapes,
+    held: Shapes,
+    beyond: list[str],
+    lacking: list[str],
+    config: Mapping[str, Any],
+) -> _Found | None:
+    """What differs between the tensors a config builds and those its files hold: numbered
+    blocks first (the outermost that differ), then a tensor of another shape (both another
+    variant of the model), then tensors one side lacks; None when they match. A config value
     that alone makes the differing number is named ("its num_single_layers (1) builds ...")."""
     built_groups, held_groups = _numbered(built), _numbered(held)
     differing = sorted(
@@ -190,24 +235,35 @@ def mismatch_words(
     if differing:
         group = differing[0]
         count, found = built_groups.get(group, 0), held_groups.get(group, 0)
-        return (
-            f"{_subject(config, count)} builds {count_words(count, 'block')} in {group} where "
-            f"the weights beside it hold {found}"
+        setting = _setting(config, count)
+        words = VARIANT_WORDS["blocks"].format(
+            in_file=found,
+            held=count_words(found, "block"),
+            in_config=count,
+            subject=_subject(setting, count),
+            built=count_words(count, "block"),
+            where=group,
         )
+        return words, ("blocks", group, found, count, setting)
     for name in sorted(k for k in built if k in held):
         mine, theirs = tuple(built[name]), tuple(held[name])
         if mine != theirs:
             differs = next((a for a, b in zip(mine, theirs, strict=False) if a != b), None)
-            return (
-                f"{_subject(config, differs)} builds {name} as {_shape(mine)} where the weights "
-                f"beside it hold {_shape(theirs)}"
+            setting = _setting(config, differs)
+            words = VARIANT_WORDS["shape"].format(
+                where=name,
+                in_file=_shape(theirs),
+                in_config=_shape(mine),
+                subject=_subject(setting, differs),
             )
+            return words, ("shape", name, theirs, mine, setting)
     if lacking:
         first = sorted(lacking)[0]
-        return f"it builds {first}{_more(lacking)}, which the weights beside it lack"
+        return f"it builds {first}{_more(lacking)}, which the weights beside it lack", None
     if beyond:
         first = sorted(beyond)[0]
-        return f"the weights beside it hold {first}{_more(beyond)}, for which it builds no place"
+        words = f"the weights beside it hold {first}{_more(beyond)}, for which it builds no place"
+        return words, None
     return None
 
 
@@ -224,16 +280,21 @@ def _numbered(shapes: Shapes) -> dict[str, int]:
     return groups
 
 
-def _subject(config: Mapping[str, Any], value: int | None) -> str:
-    """ "its num_layers (19)" where exactly one size in the config has `value`, else "it"."""
+def _setting(config: Mapping[str, Any], value: int | None) -> str | None:
+    """The one size in the config that has `value` ("num_layers"), or None."""
     if value is None:
-        return "it"
+        return None
     keys = [
         k
         for k, v in config.items()
         if not k.startswith("_") and not isinstance(v, bool) and v == value
     ]
-    return f"its {keys[0]} ({value})" if len(keys) == 1 else "it"
+    return keys[0] if len(keys) == 1 else None
+
+
+def _subject(setting: str | None, value: int | None) -> str:
+    """ "its num_layers (19)" where the config's `setting` alone has `value`, else "it"."""
+    return f"its {setting} ({value})" if setting is not None else "it"
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -251,6 +312,13 @@ def text_encoder_problem(config: Mapping[str, Any], held: Shapes) -> str | None:
     """Where a text encoder's config (its text_config, for a multimodal one) disagrees with its
     weights on its width, its number of layers or its vocabulary, in words completing
     "<config.json>: ..."; None when they agree or the weights' layout is not one read here."""
+    found = _text_encoder_mismatch(config, held)
+    return found[0] if found is not None else None
+
+
+def _text_encoder_mismatch(config: Mapping[str, Any], held: Shapes) -> _Found | None:
+    """`text_encoder_problem`'s words, and for a width or a number of layers the variant
+    (`mismatch`): a vocabulary of another size is another tokenizer, not another variant."""
     found = _token_embedding(held)
     if found is None:
         return None
@@ -266,24 +334,31 @@ def text_encoder_problem(config: Mapping[str, Any], held: Shapes) -> str | None:
     for key in ("hidden_size", "d_model"):
         stated = text.get(key)
         if isinstance(stated, int) and stated != width:
-            return (
-                f"{its} {key} is {stated} where the weights beside it are {width} wide "
-                f"({embedding})"
+            words = (
+                f"{width} wide in the weights, {stated} in the config: {its} {key} is {stated} "
+                f"where the weights beside it are {width} wide ({embedding})"
             )
+            return words, ("shape", embedding, tuple(shape), (vocabulary, stated), key)
     layers = count_indices(held, layers_prefix)
     for key in ("num_hidden_layers", "num_layers"):
         stated = text.get(key)
         if layers and isinstance(stated, int) and stated != layers:
-            return (
-                f"{its} {key} ({stated}) builds {count_words(stated, 'layer')} where the "
-                f"weights beside it hold {layers} ({layers_prefix}0 to {layers - 1})"
+            words = VARIANT_WORDS["blocks"].format(
+                in_file=layers,
+                held=count_words(layers, "layer"),
+                in_config=stated,
+                subject=f"{its} {key} ({stated})",
+                built=count_words(stated, "layer"),
+                where=f"{layers_prefix.rstrip('.')}",
             )
+            return words, ("blocks", layers_prefix.rstrip("."), layers, stated, key)
     stated = text.get("vocab_size")
     if isinstance(stated, int) and stated != vocabulary:
-        return (
+        words = (
             f"{its} vocab_size is {stated} where the weights beside it embed {vocabulary} "
             f"tokens ({embedding})"
         )
+        return words, None
     return None
 
 
