@@ -118,6 +118,26 @@ def test_a_convrot_layer_reads_as_comfy_kitchen_dequantises_it(tmp_path, group, 
     assert torch.equal(rows.decoded(), reference[5:9].to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("rotation", [{"convrot": False, "convrot_groupsize": 256}, {}])
+def test_a_layer_whose_config_names_no_rotation_reads_as_plain_int8(tmp_path, rotation):
+    """As ComfyUI reads a config: `convrot` false or absent is no rotation, whatever the size."""
+    stored = torch.arange(-128, 128, dtype=torch.int16).to(torch.int8).reshape(8, 32)
+    scale = torch.linspace(0.001, 0.01, 8).reshape(8, 1)
+    config = comfy_quant({"format": "int8_tensorwise", **rotation})
+    path = write_safetensors(
+        tmp_path / "int8.safetensors",
+        {"a.weight": stored, "a.weight_scale": scale, "a.comfy_quant": config},
+    )
+
+    with Checkpoint(path) as checkpoint:
+        weight = checkpoint.get("a.weight")
+        assert checkpoint.quantization is not None
+        assert checkpoint.quantization.format == "int8_scaled"
+
+    assert weight.codec == "int8"
+    assert torch.equal(weight.decoded(), (stored.float() * scale).to(torch.bfloat16))
+
+
 def test_a_convrot_layer_computes_its_decoded_weights_product_and_the_tools(tmp_path):
     """Rotating the input (as the tool does) and turning the weight back give the same product:
     x H (q s)^T = x ((q s) H)^T, H being symmetric. The tool also rounds the rotated input to
@@ -387,7 +407,7 @@ def test_a_256_group_transformer_loads_and_checks_as_its_bf16_original(tmp_path)
 # Text encoders written as int8 ConvRot (Qwen3-VL's qwen3vl_4b_int8_convrot, Qwen3's) ------------
 
 
-@pytest.mark.parametrize("name", ["flux3-klein", "zimage"])
+@pytest.mark.parametrize("name", ["flux3-klein", "qwenimage21", "zimage"])
 def test_a_convrot_text_encoder_loads_kept_as_stored_beside_a_convrot_transformer(tmp_path, name):
     case, pipeline = FAMILIES[name], build_pipeline(name)
     written = quantised_set(tmp_path, pipeline, case, "int8-convrot")

@@ -441,13 +441,15 @@ def _clone(tensor, memory_format=None):
 
 def _linear(x, weight, bias=None):
     """An int8 ConvRot layer computed as its tool computes it (comfy-kitchen's int8 linear):
-    the input rotated in its own dtype, the product with the stored, still rotated rows taken
-    in float32 (the tool's int8 product accumulates exactly and is scaled in float32) and
-    written in the input's dtype, the bias added there. In exact arithmetic this is the
+    the input rotated in its own dtype, then multiplied by the stored, still rotated rows (q
+    times its scale) in that dtype, the bias added there. In exact arithmetic this is the
     product with the decoded weight (x H (q s)^T = x ((q s) H)^T, H symmetric); computed this
     way an fp16 input whose rotated values pass 65504 overflows here as it does in the tool,
-    where decoding the weight would hide it. The tool also rounds the rotated input to int8
-    per row; that rounding is not reproduced (it moves no peak by more than half a step)."""
+    where decoding the weight would hide it. The tool rounds the rotated input to int8 per row
+    and accumulates exactly in int32, scaling in fp32 before it writes the output in the input's
+    dtype; HalfSafe's product accumulates as the dtype's matrix product does (fp32 for fp16 and
+    bf16) and does not round the input to int8 (which moves no peak by more than half a step of
+    its row's peak over 127)."""
     if (
         not isinstance(weight, StoredTensor)
         or weight.codec != INT8_CONVROT
@@ -457,11 +459,10 @@ def _linear(x, weight, bias=None):
     ):
         return NotImplemented
     rotated = rotate_input(x, weight.group)
-    rows = scaled_rows(weight.packed, weight.scale)
-    out = torch.nn.functional.linear(rotated.to(torch.float32), rows).to(x.dtype)
+    rows = scaled_rows(weight.packed, weight.scale).to(x.dtype)
     if bias is not None:
-        out = out + (bias.decoded() if isinstance(bias, StoredTensor) else bias).to(out.dtype)
-    return out
+        bias = (bias.decoded() if isinstance(bias, StoredTensor) else bias).to(x.dtype)
+    return torch.nn.functional.linear(rotated, rows, bias)
 
 
 _aten = torch.ops.aten
