@@ -134,7 +134,7 @@ def test_a_layer_whose_config_names_no_rotation_reads_as_plain_int8(tmp_path, ro
         assert checkpoint.quantization is not None
         assert checkpoint.quantization.format == "int8_scaled"
 
-    assert weight.codec == "int8"
+    assert isinstance(weight, StoredTensor) and weight.codec == "int8"
     assert torch.equal(weight.decoded(), (stored.float() * scale).to(torch.bfloat16))
 
 
@@ -177,14 +177,15 @@ def test_an_input_whose_rotation_passes_65504_overflows_in_fp16_as_in_the_tool()
     values = torch.randn(32, 512, generator=torch.Generator().manual_seed(2)) * 0.02
     stored, scale = kitchen.quantize_int8_convrot_weight(values, 256)
     x = peaked_input(256, 5000.0).half()  # rotated: 16 * 5000 = 80,000 > 65,504
+    weight = from_int8_convrot(stored, scale, 256)
     layer = torch.nn.Linear(512, 32, bias=False)
-    layer.weight = torch.nn.Parameter(from_int8_convrot(stored, scale, 256), requires_grad=False)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
 
     tool = kitchen.int8_linear(x, stored, scale, None, torch.float16, True, 256)
     with torch.inference_mode():
         ours = layer.to(torch.float16)(x)
         # What a decoded weight would compute: finite, where the tool's output is not.
-        decoded = torch.nn.functional.linear(x, layer.weight.decoded(torch.float16))
+        decoded = torch.nn.functional.linear(x, weight.decoded(torch.float16))
         wide = layer.to(torch.float32)(x.float())
 
     assert not bool(tool.isfinite().all()) and not bool(ours.isfinite().all())
@@ -458,7 +459,7 @@ def test_a_convrot_model_generates_the_image_its_decoded_weights_generate(tmp_pa
         )
         result = generation.generate(models.load_model(path), request, precision=FP16, device="cpu")
         (image,) = result.images
-        assert image.status == "ok"
+        assert image.status == "ok" and image.image is not None
         pictures.append(np.asarray(image.image.convert("RGB"), dtype=np.float32))
 
     assert pictures[0].std() > 0

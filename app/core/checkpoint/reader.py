@@ -247,13 +247,12 @@ class Checkpoint:
             where = layout.scale_of.get(name)
             if layout.stored[name] == quantized.INT8_CODE:
                 tensor, rotation_problem = self._int8(name, tensor, scale)
-                if rotation_problem is not None:
-                    problem, where = rotation_problem, layout.config_of[name]
+                if rotation_problem is not None:  # said whole: not a scale's
+                    self._finding(name, f"{rotation_problem} (in {layout.config_of[name]})")
+                    return tensor
             else:
                 tensor = stored.from_fp8(tensor, scale)
-        if problem is not None and name in self._rotations and where == layout.config_of[name]:
-            self._finding(name, f"{problem} (in {where})")
-        elif problem is not None:
+        if problem is not None:
             self._finding(name, f"has the scale {problem} (in {where})")
         else:
             self._check_decoded(name, tensor, holds, where)
