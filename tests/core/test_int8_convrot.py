@@ -29,6 +29,7 @@ from app.core.checkpoint.stored import (
 )
 from app.core.components import FP16_MAX, Status, Verdict
 from app.core.fixing.probe import ActivationRecorder
+from app.core.formats.forms import stored_form
 from app.core.settings import PrecisionSettings
 from tests.core.test_quantized_2026 import (
     CASES,
@@ -328,6 +329,8 @@ def test_a_convrot_transformer_loads_kept_as_stored_within_its_error(tmp_path, n
     assert (model.format, model.architecture) == ("split_files", case.architecture)
     assert model.quantization is not None
     assert model.quantization.to_json()["format"] == "int8_convrot"
+    assert "INT8_CONVROT" in model.quantization.types
+    assert stored_form(model.quantization) == "int8-convrot"  # as `advise` names the form
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     transformer = model.pipeline.transformer
     assert held_per_weight(transformer) <= 1.1

@@ -359,7 +359,7 @@ def write_int8(path: Path, weights, quantised, group: int | None = None) -> Writ
             decoded[name], error[name] = stored.float() * scale, (scale / 2).expand_as(values)
         tensors[name], tensors[f"{layer}.weight_scale"] = stored, scale
         tensors[f"{layer}.comfy_quant"] = comfy_quant(config)
-        types[name] = "INT8"
+        types[name] = "INT8_CONVROT" if rotated and rotated[-1] == name else "INT8"
     write_safetensors(path, tensors)
     return Written(path, decoded, error, types, tuple(rotated))
 
@@ -543,7 +543,7 @@ def assert_loaded_as_written(model, pipeline, written: Written) -> None:
     assert any(not torch.equal(state[k].float(), v) for k, v in want.items())
 
 
-QUANTISED_TYPES = {"F8_E4M3", "Q8_0", "Q4_K", "NVFP4", "INT8"}
+QUANTISED_TYPES = {"F8_E4M3", "Q8_0", "Q4_K", "NVFP4", "INT8", "INT8_CONVROT"}
 
 
 def quantization_of(written: Written) -> dict[str, Any]:
@@ -553,9 +553,9 @@ def quantization_of(written: Written) -> dict[str, Any]:
         stored = {"format": "gguf", "types": sorted(types)}
     elif "NVFP4" in types:
         stored = {"format": "nvfp4", "types": ["NVFP4"]}
-    elif "INT8" in types:
-        fmt = "int8_convrot" if written.rotated else "int8_scaled"
-        stored = {"format": fmt, "types": ["INT8"]}
+    elif types & {"INT8", "INT8_CONVROT"}:
+        fmt = "int8_convrot" if "INT8_CONVROT" in types else "int8_scaled"
+        stored = {"format": fmt, "types": sorted(types & {"INT8", "INT8_CONVROT"})}
     else:
         stored = {"format": "fp8_scaled", "types": ["F8_E4M3"]}
     return {

@@ -135,7 +135,10 @@ class Checkpoint:
         for weight, second in layout.tensor_scale_of.items():
             self._tensor_scales[weight] = self._stored(second).to(torch.float32).reshape(())
         if layout.stored:  # a `scaled_fp8` marker beside no fp8 weight leaves the file as stored
-            types = sorted(set(layout.stored.values()))
+            rotated = quantized.INT8_CONVROT_TYPE
+            types = sorted(
+                {rotated if n in self._rotations else c for n, c in layout.stored.items()}
+            )
             fmt = quantized.INT8_CONVROT_FORMAT if self._rotations else layout.format
             self.quantization = quantized.Quantization(fmt, types, self.path.name)
 

@@ -55,8 +55,10 @@ UNSUPPORTED_SAFETENSORS = ("F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
 # (`<layer>.weight_scale_2`), shown at the shape of its values; and int8 values with a scale.
 NVFP4_CODE = "NVFP4"
 INT8_CODE = "INT8"
-# A file whose int8 layers (some or all) are stored rotated: `Quantization.format`.
+# A file whose int8 layers (some or all) are stored rotated: `Quantization.format`; and the
+# stored type its rotated layers are listed as (`Quantization.types`).
 INT8_CONVROT_FORMAT = "int8_convrot"
+INT8_CONVROT_TYPE = "INT8_CONVROT"
 SCALED_CODES = (*FP8_DTYPES, INT8_CODE, NVFP4_CODE)
 NVFP4_BLOCK = 16
 # NVFP4 block scales in ComfyUI's files are in cuBLAS's tiled layout: 128 rows by 4 block
@@ -165,7 +167,10 @@ _PLAIN_TYPES = frozenset(("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"
 
 def _read_dequantized(type_name: str) -> bool:
     return not (
-        type_name in SCALED_CODES or type_name in _PLAIN_TYPES or type_name in TORCH_DECODED_GGUF
+        type_name in SCALED_CODES
+        or type_name == INT8_CONVROT_TYPE
+        or type_name in _PLAIN_TYPES
+        or type_name in TORCH_DECODED_GGUF
     )
 
 
