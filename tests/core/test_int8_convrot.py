@@ -163,6 +163,19 @@ def test_a_convrot_layer_computes_its_decoded_weights_product_and_the_tools(tmp_
     assert float((tool - exact).abs().max()) < step
 
 
+def test_a_convrot_embedding_looks_up_the_rows_comfy_kitchen_looks_up():
+    """An embedding table stored as int8 ConvRot: a lookup reads the rows turned back."""
+    table = torch.randn(40, 64, generator=torch.Generator().manual_seed(9)) * 0.05
+    stored, scale = kitchen.quantize_int8_convrot_weight(table, 16)
+    indices = torch.tensor([[3, 0, 39], [7, 7, 12]])
+
+    with torch.inference_mode():
+        ours = torch.nn.functional.embedding(indices, from_int8_convrot(stored, scale, 16))
+    theirs = kitchen.dequantize_int8_embedding(stored, scale, indices, 16, 2)  # 2: bf16
+
+    assert torch.equal(ours, theirs)
+
+
 # Where fp16 overflows: the rotated input, as the tool computes it ----------------------------
 
 
