@@ -201,10 +201,12 @@ def test_an_input_whose_rotation_passes_65504_overflows_in_fp16_as_in_the_tool()
         # What a decoded weight would compute: finite, where the tool's output is not.
         decoded = torch.nn.functional.linear(x, weight.decoded(torch.float16))
         wide = layer.to(torch.float32)(x.float())
+        bf16 = layer.to(torch.bfloat16)(x.bfloat16())
 
     assert not bool(tool.isfinite().all()) and not bool(ours.isfinite().all())
     assert bool(decoded.isfinite().all()) and float(decoded.abs().max()) < FP16_MAX
-    assert bool(wide.isfinite().all())  # the layer in fp32 (an island) computes it
+    # The layer kept wider (an island in fp32 or bf16) rotates its input there: finite.
+    assert bool(wide.isfinite().all()) and bool(bf16.isfinite().all())
 
 
 def test_the_probe_records_a_convrot_layers_rotated_input_as_its_peak():
