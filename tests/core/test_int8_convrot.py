@@ -27,6 +27,7 @@ from app.core.checkpoint.stored import (
     hadamard,
     stored_bytes,
 )
+from app.core.checkpoint.stored import plain as plain_values
 from app.core.components import FP16_MAX, Status, Verdict
 from app.core.fixing.probe import ActivationRecorder
 from app.core.formats.forms import stored_form
@@ -229,6 +230,55 @@ def test_the_probe_records_a_convrot_layers_rotated_input_as_its_peak():
             assert stats.input_max_abs == pytest.approx(5000.0, rel=1e-3)
             over = result.first_over_fp16()
             assert over is not None and over.name == "1"
+
+
+def rotation_overflowing_zimage(root):
+    """Z-Image as int8 ConvRot (groups of 16) whose timestep embedding, the input of every
+    block's modulation, is 20,000 times the signs of one row of H in its first group: rotated,
+    80,000, past fp16's range, while the layers' products stay 0 (that column of their stored
+    rows is 0). fp16 holds the input; only the rotation the tool makes overflows."""
+    pipeline = build_pipeline("zimage")
+    weights = written_weights(pipeline)
+    embedding = torch.zeros(64)
+    embedding[:16] = 20000.0 * torch.sign(hadamard(16)[3])
+    mlp = weights["t_embedder.mlp.2.weight"]
+    weights["t_embedder.mlp.2.weight"] = torch.zeros_like(mlp)
+    weights["t_embedder.mlp.2.bias"] = embedding.to(torch.bfloat16)
+    final = weights["final_layer.adaLN_modulation.1.weight"]  # bf16, not rotated: kept quiet
+    weights["final_layer.adaLN_modulation.1.weight"] = torch.zeros_like(final)
+    written = quantised_set(root, pipeline, ZIMAGE, "int8-convrot", weights)
+    with Checkpoint(written.path) as checkpoint:
+        tensors = {k: checkpoint._stored(k).clone() for k in checkpoint.header.tensors}  # type: ignore[union-attr]
+    modulations = [k for k in written.rotated if "adaLN_modulation.0" in k]
+    for key in modulations:
+        tensors[key][:, 3] = 0
+    write_safetensors(written.path, tensors)
+    return written, weights, modulations
+
+
+@pytest.mark.slow
+def test_a_model_whose_rotated_inputs_pass_65504_is_fixable_at_that_layer(tmp_path):
+    written, weights, modulations = rotation_overflowing_zimage(tmp_path / "int8")
+    model = models.load_model(str(written.path))
+
+    report = check(model)
+    wide = check(model, PrecisionSettings(precision="fp32"))
+
+    bad = report.components["transformer"]
+    assert report.verdict is Verdict.FIXABLE
+    assert bad.first_bad_module == "noise_refiner.0.adaLN_modulation.0"
+    assert report.fix is not None and report.fix.verified
+    islands = report.to_json()["fix"]["modules"]["transformer"]
+    assert set(islands) == {k.removesuffix(".weight") for k in modulations}
+    # Run in fp32, the check predicts it: the rotated input is the layer's peak.
+    assert wide.components["transformer"].max_abs == pytest.approx(80000.0, rel=2e-3)
+    assert wide.components["transformer"].headroom < 1
+    # The same values in a bf16 file compute without the rotation: healthy in fp16. That is the
+    # difference between the two forms of one model, not an error of either check.
+    with Checkpoint(written.path) as checkpoint:
+        decoded = {k: plain_values(checkpoint.get(k)).to(torch.bfloat16) for k in checkpoint.shapes}
+    plain = check(models.load_model(bf16_set(tmp_path / "bf16", "zimage", decoded)))
+    assert plain.verdict is Verdict.HEALTHY
 
 
 # What the scans find: the layer named, the model broken ---------------------------------------
