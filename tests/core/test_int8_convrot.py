@@ -280,6 +280,14 @@ def test_a_model_whose_rotated_inputs_pass_65504_is_fixable_at_that_layer(tmp_pa
     plain = check(models.load_model(bf16_set(tmp_path / "bf16", "zimage", decoded)))
     assert plain.verdict is Verdict.HEALTHY
 
+    # Generating in fp16, the layers overflow as the tool's do, and the NaN watch repairs it.
+    request = generation.GenerationRequest(
+        prompt="a red cat", steps=2, cfg=1.0, seed=3, width=64, height=64, output_dir=str(tmp_path)
+    )
+    result = generation.generate(model, request, precision=FP16, device="cpu")
+    (image,) = result.images
+    assert (image.status, image.component) == ("fixed", "transformer")
+
 
 # What the scans find: the layer named, the model broken ---------------------------------------
 
