@@ -17,6 +17,12 @@ slices and concatenations along the first dimension (how a layout's fused weight
 into diffusers' layers) stay stored too. Anything that would change the values in place is
 refused: they are the file's.
 
+int8 ConvRot weights (rows stored rotated by a Hadamard matrix) are turned back for every
+operation but one: a linear layer (under inference mode, where the check and generation run)
+multiplies its input rotated as the tool rotates it by the stored rows instead, the same product
+in exact arithmetic, so that an fp16 input whose rotation overflows in the tool overflows here
+(`_linear`). Turning the weight back would compute the true product where the tool fails.
+
 torch is imported at the top: this module is loaded only by code that reads tensors.
 """
 
