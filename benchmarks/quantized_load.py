@@ -27,7 +27,7 @@ from pathlib import Path
 
 from common import emit, machine, machine_line, status
 
-FORMS = ("bf16", "fp16", "fp8", "fp8_scaled", "gguf_Q8_0", "gguf_Q4_0", "gguf_F16")
+FORMS = ("bf16", "fp16", "fp8", "fp8_scaled", "gguf_Q8_0", "gguf_Q4_0", "gguf_F16", "int8_convrot")
 
 
 def transformer_config() -> dict:
@@ -85,6 +85,8 @@ def write_form(form: str, state: dict, path: Path) -> Path:
             else:
                 out[name] = tensor.to(torch.bfloat16)
         return write_safetensors(path, out)
+    if form == "int8_convrot":
+        return write_safetensors(path, int8_convrot_layers(state))
     if form.startswith("fp8"):
         out = {}
         for name, tensor in state.items():
@@ -117,6 +119,30 @@ def write_form(form: str, state: dict, path: Path) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def int8_convrot_layers(state: dict, group: int = 256) -> dict:
+    """The matrices whose rows divide into groups of `group` as int8 ConvRot, quantised by
+    comfy-kitchen (as ComfyUI's templates' files are made), the rest bf16; each layer's
+    `comfy_quant` config saying so as ComfyUI reads it."""
+    import json
+
+    import torch
+    from comfy_kitchen.backends.eager.quantization import quantize_int8_convrot_weight
+
+    config = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": group}
+    raw = torch.tensor(list(json.dumps(config).encode()), dtype=torch.uint8)
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith(".weight") and tensor.ndim == 2 and tensor.shape[1] % group == 0:
+            layer = name.removesuffix(".weight")
+            out[name], out[f"{layer}.weight_scale"] = quantize_int8_convrot_weight(
+                tensor.float(), group
+            )
+            out[f"{layer}.comfy_quant"] = raw
+        else:
+            out[name] = tensor.to(torch.bfloat16)
+    return out
 
 
 # E2M1's magnitudes and the midpoints between them: a value's nearest code is the number of

@@ -6,7 +6,8 @@ The transformer is Flux.1 dev's width (3072 wide, 24 heads of 128, T5-XXL's 4096
 input, CLIP-L's 768 pooled) at a reduced depth (2 double and 4 single blocks of its 19 and 38),
 with random weights, written as users keep it: fp8 e4m3 scaled (ComfyUI's `scale_weight`),
 NVFP4 (as ModelOpt and BFL write it), GGUF Q8_0 and GGUF Q4_0 (matrices block-quantised, the rest
-F32). Memory does
+F32) and int8 ConvRot (comfy-kitchen's quantiser, groups of 256, as ComfyUI's templates ship it).
+Memory does
 not depend on the values. Each file is read by HalfSafe's own transformer loader (the reader,
 the layout's key table, the assignment), without companions.
 
@@ -23,7 +24,7 @@ would hold of the weights, counted the same way on a CPU); and one fp32 transfor
 `--size` px (its RAM peak including the placed copy, its time, and whether both ways give the
 same output). From the measured bytes per block, the whole model (19 + 38 blocks) is projected.
 
-Usage: python benchmarks/stored_memory.py [--forms fp8_scaled,nvfp4,gguf_Q8_0,gguf_Q4_0]
+Usage: python benchmarks/stored_memory.py [--forms fp8_scaled,nvfp4,gguf_Q8_0,gguf_Q4_0,int8_convrot]
        [--size 256]
        [--json FILE]
 """
@@ -40,7 +41,7 @@ from types import SimpleNamespace
 from common import PeakMemory, emit, machine, machine_line, names, status
 from quantized_load import random_bfl_state, write_form
 
-FORMS = ("fp8_scaled", "nvfp4", "gguf_Q8_0", "gguf_Q4_0")
+FORMS = ("fp8_scaled", "nvfp4", "gguf_Q8_0", "gguf_Q4_0", "int8_convrot")
 GIB = 2**30
 # Flux.1 dev's depth, for the projection.
 FULL_DOUBLE, FULL_SINGLE = 19, 38

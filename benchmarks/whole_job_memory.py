@@ -8,8 +8,8 @@ as their users keep them:
 - SDXL as one fp16 `.safetensors` in the original (A1111) layout, the file most SDXL users
   download; the real SDXL shapes (UNet 2.6B, both CLIPs, the VAE).
 - A Flux.1-width transformer (3072 wide, 24 heads of 128; 2 double + 4 single blocks of Flux.1
-  dev's 19 + 38, as `stored_memory.py` writes it) as GGUF Q4_0 (and, with `--forms`, bf16 and
-  fp8 scaled) in ComfyUI's layout: diffusion_models/ beside text_encoders/clip_l.safetensors
+  dev's 19 + 38, as `stored_memory.py` writes it) as GGUF Q4_0 (and, with `--forms`, bf16,
+  fp8 scaled and int8 ConvRot) in ComfyUI's layout: diffusion_models/ beside text_encoders/clip_l.safetensors
   (CLIP-L whole, fp16), text_encoders/t5xxl.safetensors (T5-XXL at its real width, 4096 wide
   with 64 heads and a 10240-wide gated feed-forward, at `--t5-blocks` of its 24 blocks, fp16)
   and vae/ae.safetensors (the Flux VAE whole, fp32 as BFL ships it).
@@ -59,7 +59,7 @@ GIB = 2**30
 MIB = 2**20
 WORKING_SET = 1.5 * GIB
 MODELS = ("sdxl", "flux")
-FORMS = ("gguf_Q4_0", "bf16", "fp8_scaled")
+FORMS = ("gguf_Q4_0", "bf16", "fp8_scaled", "int8_convrot")
 JOBS = ("check", "generate")
 KINDS = ("healthy", "planted")
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "whole-job-memory-cpu.json"

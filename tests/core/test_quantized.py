@@ -400,16 +400,21 @@ def config(document: str) -> torch.Tensor:
 
 
 SCALED_LAYOUT_CASES = {
-    "int8 rotated": (
-        {**INT8_LAYER, "a.comfy_quant": config('{"format": "int8_tensorwise", "convrot": true}')},
-        "stored rotated (ConvRot)",
-    ),
-    "int8 rotated in params": (
+    "fp8 rotated": (
         {
-            **INT8_LAYER,
-            "a.comfy_quant": config('{"format": "int8_tensorwise", "params": {"convrot": true}}'),
+            "a.weight": torch.ones(4, 4).to(E4M3),
+            "a.weight_scale": torch.tensor(0.1),
+            "a.comfy_quant": config('{"format": "float8_e4m3fn", "convrot": true}'),
         },
-        "stored rotated (ConvRot)",
+        "says its float8_e4m3fn weight is stored rotated (ConvRot), which only int8 layers are",
+    ),
+    "fp8 rotated in params": (
+        {
+            "a.weight": torch.ones(4, 4).to(E4M3),
+            "a.weight_scale": torch.tensor(0.1),
+            "a.comfy_quant": config('{"format": "float8_e4m3fn", "params": {"convrot": true}}'),
+        },
+        "stored rotated (ConvRot), which only int8 layers are",
     ),
     "unknown format": (
         {**INT8_LAYER, "a.comfy_quant": config('{"format": "svdquant_w4a4"}')},

@@ -149,7 +149,12 @@ FORMATS = (
     "nvfp4-comfy",
     "nvfp4-modelopt",
     "int8-comfy_quant",
+    "int8-convrot",
 )
+# The rotation group of the int8 ConvRot files written here: released files use 256, wider
+# than most tiny layers; 16 is a power of 4 that divides them (a layer it does not divide stays
+# plain int8, as converters leave it).
+CONVROT_GROUP = 16
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +187,7 @@ class Written:
     decoded: dict[str, torch.Tensor]
     error: dict[str, torch.Tensor]
     types: dict[str, str]
+    rotated: tuple[str, ...] = ()  # int8 weights stored rotated (ConvRot)
 
 
 # fp8, as ComfyUI writes it -----------------------------------------------------------------
@@ -323,25 +329,39 @@ def write_nvfp4(path: Path, weights, quantised, layout: str) -> Written:
     return Written(path, decoded, error, types)
 
 
-def write_int8(path: Path, weights, quantised) -> Written:
+def write_int8(path: Path, weights, quantised, group: int | None = None) -> Written:
     """The weights `quantised` picks in int8 with a scale per row (its largest value over 127),
-    as ComfyUI's `int8_tensorwise` layers store them, the rest as given."""
+    as ComfyUI's `int8_tensorwise` layers store them, the rest as given. With `group`, each
+    such weight whose rows divide into groups of `group` is rotated first (int8 ConvRot), by
+    comfy-kitchen's own quantiser, its layer config saying so as ComfyUI reads it."""
+    from comfy_kitchen.backends.eager import quantization as kitchen
+
     tensors: dict[str, torch.Tensor] = {}
-    decoded, error, types = {}, {}, {}
+    decoded, error, types, rotated = {}, {}, {}, []
     for name, weight in weights.items():
         values = weight.float()
         if not quantised(name, weight):
             _as_given(tensors, decoded, error, types, name, weight)
             continue
         layer = name.removesuffix(".weight")
-        scale = (values.abs().amax(1, keepdim=True) / 127).clamp_min(1e-12)
-        stored = (values / scale).round().clamp(-127, 127).to(torch.int8)
+        config: dict[str, Any] = {"format": "int8_tensorwise"}
+        if group is not None and values.shape[1] % group == 0:
+            stored, scale = kitchen.quantize_int8_convrot_weight(values, group)
+            decoded[name] = kitchen.dequantize_int8_convrot_weight(stored, scale, group)
+            # Half a step in each rotated value, spread back over a group (H's entries are
+            # +-1/sqrt(group)).
+            error[name] = (scale / 2 * group**0.5).expand_as(values)
+            config |= {"convrot": True, "convrot_groupsize": group}
+            rotated.append(name)
+        else:
+            scale = (values.abs().amax(1, keepdim=True) / 127).clamp_min(1e-12)
+            stored = (values / scale).round().clamp(-127, 127).to(torch.int8)
+            decoded[name], error[name] = stored.float() * scale, (scale / 2).expand_as(values)
         tensors[name], tensors[f"{layer}.weight_scale"] = stored, scale
-        tensors[f"{layer}.comfy_quant"] = comfy_quant({"format": "int8_tensorwise"})
-        decoded[name] = stored.float() * scale
-        error[name], types[name] = (scale / 2).expand_as(values), "INT8"
+        tensors[f"{layer}.comfy_quant"] = comfy_quant(config)
+        types[name] = "INT8_CONVROT" if rotated and rotated[-1] == name else "INT8"
     write_safetensors(path, tensors)
-    return Written(path, decoded, error, types)
+    return Written(path, decoded, error, types, tuple(rotated))
 
 
 # GGUF, as city96's tools make it -----------------------------------------------------------
@@ -463,6 +483,9 @@ def write_quantised(folder: Path, weights, case: Case, form: str) -> Written:
         return write_fp8(folder / f"{case.stem}-fp8.safetensors", weights, quantised, style)
     if kind == "nvfp4":
         return write_nvfp4(folder / f"{case.stem}-nvfp4.safetensors", weights, quantised, style)
+    if kind == "int8" and style == "convrot":
+        path = folder / f"{case.stem}_int8_convrot.safetensors"
+        return write_int8(path, weights, quantised, CONVROT_GROUP)
     if kind == "int8":
         return write_int8(folder / f"{case.stem}-int8.safetensors", weights, quantised)
     qtype = GGMLQuantizationType[style]
@@ -520,7 +543,7 @@ def assert_loaded_as_written(model, pipeline, written: Written) -> None:
     assert any(not torch.equal(state[k].float(), v) for k, v in want.items())
 
 
-QUANTISED_TYPES = {"F8_E4M3", "Q8_0", "Q4_K", "NVFP4", "INT8"}
+QUANTISED_TYPES = {"F8_E4M3", "Q8_0", "Q4_K", "NVFP4", "INT8", "INT8_CONVROT"}
 
 
 def quantization_of(written: Written) -> dict[str, Any]:
@@ -530,8 +553,9 @@ def quantization_of(written: Written) -> dict[str, Any]:
         stored = {"format": "gguf", "types": sorted(types)}
     elif "NVFP4" in types:
         stored = {"format": "nvfp4", "types": ["NVFP4"]}
-    elif "INT8" in types:
-        stored = {"format": "int8_scaled", "types": ["INT8"]}
+    elif types & {"INT8", "INT8_CONVROT"}:
+        fmt = "int8_convrot" if "INT8_CONVROT" in types else "int8_scaled"
+        stored = {"format": fmt, "types": sorted(types & {"INT8", "INT8_CONVROT"})}
     else:
         stored = {"format": "fp8_scaled", "types": ["F8_E4M3"]}
     return {
@@ -744,7 +768,7 @@ def test_a_quantised_flux2_dev_file_is_read_as_dev_and_refused_in_one_sentence(t
 
 
 @pytest.mark.parametrize(
-    "form", ["fp8-comfy_quant", "gguf-Q8_0", "nvfp4-comfy", "int8-comfy_quant"]
+    "form", ["fp8-comfy_quant", "gguf-Q8_0", "nvfp4-comfy", "int8-comfy_quant", "int8-convrot"]
 )
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_healthy_quantised_model_checks_healthy(tmp_path, pipelines, name, form):
@@ -770,6 +794,7 @@ PLANTED_IN = [
     ("flux2-klein", "nvfp4-comfy"),
     ("qwenimage21", "fp8-comfy_quant"),
     ("qwenimage21", "int8-comfy_quant"),
+    ("krea2", "int8-convrot"),
     ("krea2", "fp8-scaled"),
     ("krea2", "nvfp4-modelopt"),
     ("flux3-klein", "fp8-scaled"),

@@ -67,6 +67,7 @@ class Checkpoint:
         self._scales: dict[str, Any] = {}
         self._tensor_scales: dict[str, Any] = {}
         self._pre_scales: dict[str, Any] = {}  # NVFP4 weight -> its AWQ input smoothing
+        self._rotations: dict[str, quantized.Rotation] = {}
         self.quantization: quantized.Quantization | None = None
         self.findings: dict[str, quantized.QuantFinding] = {}
         self.component = component
@@ -121,7 +122,9 @@ class Checkpoint:
                 raise BadFileError(self.path, f"the layer config '{config}' is not a row of bytes.")
             # A few dozen bytes in a real file: past the bound, only enough to refuse it is read.
             head = raw[: quantized.MAX_LAYER_CONFIG_BYTES + 1].numpy().tobytes()
-            quantized.layer_format(self.path, config, head, layout.stored[weight])
+            rotation = quantized.layer_format(self.path, config, head, layout.stored[weight])
+            if rotation is not None:
+                self._rotations[weight] = rotation
         for weight, scale in layout.scale_of.items():
             if layout.stored[weight] != quantized.NVFP4_CODE:
                 self._scales[weight] = self._stored(scale).to(torch.float32).clone()
@@ -136,8 +139,12 @@ class Checkpoint:
         for weight, pre in layout.pre_scale_of.items():
             self._pre_scales[weight] = self._stored(pre).to(torch.float32).clone()
         if layout.stored:  # a `scaled_fp8` marker beside no fp8 weight leaves the file as stored
-            types = sorted(set(layout.stored.values()))
-            self.quantization = quantized.Quantization(layout.format, types, self.path.name)
+            rotated = quantized.INT8_CONVROT_TYPE
+            types = sorted(
+                {rotated if n in self._rotations else c for n, c in layout.stored.items()}
+            )
+            fmt = quantized.INT8_CONVROT_FORMAT if self._rotations else layout.format
+            self.quantization = quantized.Quantization(fmt, types, self.path.name)
 
     def _finding(self, name: str, problem: str) -> None:
         finding = quantized.QuantFinding(name, problem, self.path.name, self.component)
@@ -250,7 +257,10 @@ class Checkpoint:
             problem = quantized.scale_problem(scale, tensor) if scale is not None else None
             where = layout.scale_of.get(name)
             if layout.stored[name] == quantized.INT8_CODE:
-                tensor = stored.from_int8(tensor, scale)
+                tensor, rotation_problem = self._int8(name, tensor, scale)
+                if rotation_problem is not None:  # said whole: not a scale's
+                    self._finding(name, f"{rotation_problem} (in {layout.config_of[name]})")
+                    return tensor
             else:
                 tensor = stored.from_fp8(tensor, scale)
         if problem is not None:
@@ -258,6 +268,20 @@ class Checkpoint:
         else:
             self._check_decoded(name, tensor, holds, where)
         return tensor
+
+    def _int8(self, name: str, values, scale):
+        """An int8 weight kept as stored, turned back by its rotation where its layer config
+        names one; and why that rotation cannot be undone, if so (the weight is then read
+        unrotated: its values are wrong, and the finding says so)."""
+        from app.core.checkpoint import stored
+
+        rotation = self._rotations.get(name)
+        if rotation is None:
+            return stored.from_int8(values, scale), None
+        problem = rotation.problem or quantized.group_problem(rotation.group, self.shapes[name])
+        if problem is not None:
+            return stored.from_int8(values, scale), problem
+        return stored.from_int8_convrot(values, scale, rotation.group), None
 
     def _check_decoded(self, name: str, tensor, holds: bool = False, where=None) -> None:
         """A finding for a weight that decodes to implausible values, or to 0 everywhere while

@@ -17,6 +17,12 @@ slices and concatenations along the first dimension (how a layout's fused weight
 into diffusers' layers) stay stored too. Anything that would change the values in place is
 refused: they are the file's.
 
+int8 ConvRot weights (rows stored rotated by a Hadamard matrix) are turned back for every
+operation but one: a linear layer (under inference mode, where the check and generation run)
+multiplies its input rotated as the tool rotates it by the stored rows instead, the same product
+in exact arithmetic, so that an fp16 input whose rotation overflows in the tool overflows here
+(`_linear`). Turning the weight back would compute the true product where the tool fails.
+
 torch is imported at the top: this module is loaded only by code that reads tensors.
 """
 
@@ -42,8 +48,15 @@ NVFP4_CODECS = (NVFP4, NVFP4_HIGH_FIRST)
 NVFP4_BLOCK = 16
 # The 16 E2M1 codes' values: bit 3 is the sign, bits 2-0 the magnitude (OCP MX spec, FP4 E2M1).
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-# Codecs whose bytes are one element each, times a scale (one number or one per row).
-_SCALED_BYTES = (FP8, INT8)
+# int8 ConvRot (comfy-kitchen's int8 layers with `convrot`, arXiv 2512.03673): each row's
+# values, in groups of `group` inputs, were multiplied by a normalised regular Hadamard matrix H
+# (Kronecker powers of the 4x4 block below, over sqrt(group)) before they were quantised per
+# row. H is symmetric and orthogonal, so it is its own inverse: W = (q * scale) @ H per group.
+INT8_CONVROT = "int8_convrot"
+_HADAMARD_BLOCK = ((1, 1, 1, -1), (1, 1, -1, 1), (1, -1, 1, 1), (-1, 1, 1, 1))
+# Codecs whose bytes are one element each, times a scale (one number or one per row); a row
+# slice of an int8 ConvRot weight is a slice of its rows too (its groups run along the rows).
+_SCALED_BYTES = (FP8, INT8, INT8_CONVROT)
 
 
 class StoredTensor(torch.Tensor):
@@ -54,16 +67,21 @@ class StoredTensor(torch.Tensor):
     two values per byte; `scale`: the fp8 block scales, one per 16 values of a row, in row
     order; `scale2`: the tensor's fp32 scale) or a GGUF block type such as "Q4_0" (packed:
     uint8, one row of bytes per index of the first dimension). An NVFP4 weight may have a
-    `pre_scale` (fp32, one per column: AWQ's input smoothing factor, folded into its columns)."""
+    `pre_scale` (fp32, one per column: AWQ's input smoothing factor, folded into its columns).
+    "int8_convrot" is int8 with its scale whose rows were stored rotated in groups of `group`
+    values (`INT8_CONVROT`)."""
 
     packed: torch.Tensor
     scale: torch.Tensor | None
     scale2: torch.Tensor | None
     codec: str
     pre_scale: torch.Tensor | None = None
+    group: int  # int8 ConvRot's rotation group (0 for the other codecs)
 
     @staticmethod
-    def __new__(cls, packed, codec: str, shape, dtype, scale=None, scale2=None, pre_scale=None):
+    def __new__(
+        cls, packed, codec: str, shape, dtype, scale=None, scale2=None, pre_scale=None, group=0
+    ):
         # Never an inference tensor, wherever it is made: a placement inside inference mode
         # makes a Parameter of it, which detaches it, and torch sets a detached tensor's
         # version counter (refused for inference tensors). Its bytes may be one.
@@ -73,10 +91,11 @@ class StoredTensor(torch.Tensor):
             )
         made.packed, made.codec, made.scale, made.scale2 = packed, codec, scale, scale2
         made.pre_scale = pre_scale
+        made.group = group
         return made
 
     def __init__(
-        self, packed, codec: str, shape, dtype, scale=None, scale2=None, pre_scale=None
+        self, packed, codec: str, shape, dtype, scale=None, scale2=None, pre_scale=None, group=0
     ) -> None:
         super().__init__()
 
@@ -91,9 +110,12 @@ class StoredTensor(torch.Tensor):
 
     def decoded(self, dtype=None) -> torch.Tensor:
         """The values as a plain tensor in `dtype` (default: the tensor's own), on its device."""
-        values = _decode(
-            self.packed, self.codec, self.scale, self.scale2, tuple(self.shape), self.pre_scale
-        )
+        if self.codec == INT8_CONVROT:
+            values = unrotate(scaled_rows(self.packed, self.scale), self.group)
+        else:
+            values = _decode(
+                self.packed, self.codec, self.scale, self.scale2, tuple(self.shape), self.pre_scale
+            )
         return values.to(dtype or self.dtype)
 
     def _like(
@@ -107,6 +129,7 @@ class StoredTensor(torch.Tensor):
             self.scale if scale is None else scale,
             self.scale2 if scale2 is None else scale2,
             self.pre_scale if pre_scale is None else pre_scale,
+            group=self.group,
         )
 
     @classmethod
@@ -189,6 +212,12 @@ def from_int8(values, scale) -> StoredTensor:
     return StoredTensor(values, INT8, values.shape, MEANING_DTYPE, scale)
 
 
+def from_int8_convrot(values, scale, group: int) -> StoredTensor:
+    """An int8 ConvRot matrix (rows rotated in groups of `group` inputs, a power of 4 that
+    divides the row) and its fp32 scale (one number or one per row) kept as stored."""
+    return StoredTensor(values, INT8_CONVROT, values.shape, MEANING_DTYPE, scale, group=group)
+
+
 def from_nvfp4(
     packed, block_scales, tensor_scale, *, high_first: bool, pre_scale=None
 ) -> StoredTensor:
@@ -231,6 +260,64 @@ def _decode(packed, codec: str, scale, scale2, shape, pre_scale=None) -> torch.T
     # fp16 scale in fp16 and rounds each product there.
     values = decoder(blocks, block, block_bytes, torch.float32)
     return values.reshape(shape).to(MEANING_DTYPE)
+
+
+def hadamard(group: int, device=None, dtype=torch.float32) -> torch.Tensor:
+    """The normalised regular Hadamard matrix of `group` rows (a power of 4): Kronecker powers
+    of the symmetric 4x4 block `_HADAMARD_BLOCK`, over sqrt(group). Symmetric and orthogonal."""
+    return _hadamard(group, str(device or "cpu"), dtype)
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard(group: int, device: str, dtype) -> torch.Tensor:
+    block = torch.tensor(_HADAMARD_BLOCK, dtype=torch.float64)
+    matrix = torch.ones(1, 1, dtype=torch.float64)
+    while matrix.shape[0] < group:
+        matrix = torch.kron(matrix, block)
+    if matrix.shape[0] != group:
+        raise ValueError(f"a regular Hadamard matrix has a power of 4 rows, not {group}")
+    return (matrix / group**0.5).to(device=device, dtype=dtype)
+
+
+def scaled_rows(packed, scale) -> torch.Tensor:
+    """int8 rows times their scale (one number or one per row), in float32."""
+    values = packed.to(torch.float32)
+    if scale is not None:
+        values.mul_(scale.to(torch.float32).reshape(-1, 1) if scale.numel() > 1 else scale)
+    return values
+
+
+def unrotate(values, group: int) -> torch.Tensor:
+    """Rows of dequantised ConvRot values (float32) in their own basis: each group of `group`
+    values times H (its own inverse), in float32, then rounded once to MEANING_DTYPE."""
+    rows, columns = values.shape
+    matrix = hadamard(group, values.device)
+    grouped = values.to(torch.float32).reshape(rows, columns // group, group)
+    return torch.matmul(grouped, matrix).reshape(rows, columns).to(MEANING_DTYPE)
+
+
+def rotate_input(x, group: int) -> torch.Tensor:
+    """An activation rotated as an int8 ConvRot layer's kernel rotates it before its int8
+    matrix product: each group of `group` values of the last dimension times H, in `x`'s own
+    dtype (a group's largest value can grow to sqrt(group) times the input's, and in fp16 it
+    overflows where the rotated value passes 65504)."""
+    shape = x.shape
+    matrix = hadamard(group, x.device, x.dtype)
+    return torch.matmul(x.reshape(-1, shape[-1] // group, group), matrix).reshape(shape)
+
+
+def rotated_input(weight, x) -> torch.Tensor | None:
+    """`x` rotated as the int8 ConvRot `weight`'s kernel rotates it, or None where `x` is not
+    a floating tensor that fits the weight's rows."""
+    if (
+        not isinstance(x, torch.Tensor)
+        or isinstance(x, StoredTensor)
+        or not x.is_floating_point()
+        or not x.numel()
+        or x.shape[-1] != weight.shape[-1]
+    ):
+        return None
+    return rotate_input(x.detach(), weight.group)
 
 
 def decode_nvfp4(
@@ -342,6 +429,7 @@ def _cat(tensors, dim=0):
         or not all(
             isinstance(t, StoredTensor)
             and t.codec == first.codec
+            and t.group == first.group
             and t.dtype == first.dtype
             and t.device == first.device
             and t.shape[1:] == first.shape[1:]
@@ -394,6 +482,32 @@ def _clone(tensor, memory_format=None):
     )
 
 
+def _linear(x, weight, bias=None):
+    """An int8 ConvRot layer computed as its tool computes it (comfy-kitchen's int8 linear):
+    the input rotated in its own dtype, then multiplied by the stored, still rotated rows (q
+    times its scale) in that dtype, the bias added there. In exact arithmetic this is the
+    product with the decoded weight (x H (q s)^T = x ((q s) H)^T, H symmetric); computed this
+    way an fp16 input whose rotated values pass 65504 overflows here as it does in the tool,
+    where decoding the weight would hide it. The tool rounds the rotated input to int8 per row
+    and accumulates exactly in int32, scaling in fp32 before it writes the output in the input's
+    dtype; HalfSafe's product accumulates as the dtype's matrix product does (fp32 for fp16 and
+    bf16) and does not round the input to int8 (which moves no peak by more than half a step of
+    its row's peak over 127)."""
+    if (
+        not isinstance(weight, StoredTensor)
+        or weight.codec != INT8_CONVROT
+        or isinstance(x, StoredTensor)
+        or not x.is_floating_point()
+        or x.shape[-1] != weight.shape[-1]
+    ):
+        return NotImplemented
+    rotated = rotate_input(x, weight.group)
+    rows = scaled_rows(weight.packed, weight.scale).to(x.dtype)
+    if bias is not None:
+        bias = (bias.decoded() if isinstance(bias, StoredTensor) else bias).to(x.dtype)
+    return torch.nn.functional.linear(rotated, rows, bias)
+
+
 _aten = torch.ops.aten
 
 
@@ -418,4 +532,5 @@ _HANDLERS = {
     _aten.split.Tensor: _split,
     _aten.cat.default: _cat,
     _aten.clone.default: _clone,
+    _aten.linear.default: _linear,
 }

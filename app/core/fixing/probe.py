@@ -76,6 +76,20 @@ def max_abs(value: Any):
     return found[0] if len(found) == 1 else torch.stack(found).amax()
 
 
+def rotated_peaks(module, args) -> list[Any]:
+    """An int8 ConvRot layer's input as its kernel rotates it (in the input's dtype, before its
+    int8 product), as one more peak of the layer's output: its tool holds that tensor in the
+    compute dtype, so it is where an fp16 run overflows first (a rotated group's largest value
+    reaches up to sqrt(group) times the input's: 16 times for 256). Empty for other modules."""
+    weight = getattr(module, "weight", None)
+    if getattr(weight, "codec", None) != "int8_convrot" or not args:
+        return []
+    from app.core.checkpoint.stored import rotated_input
+
+    rotated = rotated_input(weight, args[0])
+    return [] if rotated is None else peaks(rotated)
+
+
 def _largest(values: list[float]) -> float:
     """max of host floats as the device's reduction gives it: NaN if any is NaN."""
     if any(math.isnan(v) for v in values):
@@ -208,12 +222,14 @@ class ActivationRecorder:
         outputs = list(float_tensors(output))
         # Each tensor's peak, kept apart: a call's inputs and outputs are combined on the host
         # at `read()`, so a hook launches one reduction a tensor and nothing more.
-        self._calls.append((id(module), inputs, peaks(outputs), bound))
+        self._calls.append(
+            (id(module), inputs, peaks(outputs) + rotated_peaks(module, args), bound)
+        )
         self._half.append(any(_is_half(t) for t in outputs))
 
     def _output_only(self, module, args, output):
         outputs = list(float_tensors(output))
-        self._calls.append((id(module), [], peaks(outputs), None))
+        self._calls.append((id(module), [], peaks(outputs) + rotated_peaks(module, args), None))
         self._half.append(any(_is_half(t) for t in outputs))
         self._call_of.append(self._completed)
         self._completed += id(module) == self._calls_of

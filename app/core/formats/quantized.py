@@ -55,6 +55,10 @@ UNSUPPORTED_SAFETENSORS = ("F8_E8M0", "F4", "F6_E2M3", "F6_E3M2")
 # (`<layer>.weight_scale_2`), shown at the shape of its values; and int8 values with a scale.
 NVFP4_CODE = "NVFP4"
 INT8_CODE = "INT8"
+# A file whose int8 layers (some or all) are stored rotated: `Quantization.format`; and the
+# stored type its rotated layers are listed as (`Quantization.types`).
+INT8_CONVROT_FORMAT = "int8_convrot"
+INT8_CONVROT_TYPE = "INT8_CONVROT"
 SCALED_CODES = (*FP8_DTYPES, INT8_CODE, NVFP4_CODE)
 NVFP4_BLOCK = 16
 # NVFP4 block scales in ComfyUI's files are in cuBLAS's tiled layout: 128 rows by 4 block
@@ -166,7 +170,10 @@ _PLAIN_TYPES = frozenset(("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"
 
 def _read_dequantized(type_name: str) -> bool:
     return not (
-        type_name in SCALED_CODES or type_name in _PLAIN_TYPES or type_name in TORCH_DECODED_GGUF
+        type_name in SCALED_CODES
+        or type_name == INT8_CONVROT_TYPE
+        or type_name in _PLAIN_TYPES
+        or type_name in TORCH_DECODED_GGUF
     )
 
 
@@ -406,11 +413,22 @@ def _check_scale_shape(path, weight, scale, code, dtypes, shapes, config_of) -> 
         )
 
 
-def layer_format(path: Path, config: str, raw: bytes, code: str) -> None:
+@dataclass(frozen=True)
+class Rotation:
+    """An int8 layer stored rotated (ConvRot, as its ComfyUI config says): its group size, or
+    why the rotation cannot be undone (`problem`, completing "tensor X ...")."""
+
+    group: int
+    problem: str | None = None
+
+
+def layer_format(path: Path, config: str, raw: bytes, code: str) -> Rotation | None:
     """Check a ComfyUI layer config (`comfy_quant`: the layer's format as JSON bytes) against the
-    weight's code: a format HalfSafe decodes, the one its weight is stored in, without a
-    rotation (int8 "convrot" weights are stored multiplied by a Hadamard matrix). Raises
-    BadFileError with one sentence otherwise."""
+    weight's code: a format HalfSafe decodes, the one its weight is stored in. Returns the
+    layer's rotation where the config names one (int8 ConvRot: `convrot` and its
+    `convrot_groupsize`, at the top or under `params`, as ComfyUI reads them; 256 where no
+    size is given), else None. Raises BadFileError with one sentence for a config that cannot
+    be read, or a rotation on a format that has none."""
     import json
 
     def refuse(problem: str) -> BadFileError:
@@ -435,12 +453,70 @@ def layer_format(path: Path, config: str, raw: bytes, code: str) -> None:
     if COMFY_FORMATS[fmt] != code:
         raise refuse(f"names the format '{fmt}', but its weight is stored as {code}.")
     params = document.get("params")
-    rotated = document.get("convrot") or (isinstance(params, dict) and params.get("convrot"))
-    if rotated:
+    params = params if isinstance(params, dict) else {}
+    rotated = document.get("convrot", params.get("convrot", False))
+    group = document.get("convrot_groupsize", params.get("convrot_groupsize", CONVROT_GROUP))
+    if rotated is False or rotated is None:  # as ComfyUI reads it: not rotated
+        return None
+    if code != INT8_CODE:
         raise refuse(
-            "says its int8 weight is stored rotated (ConvRot), which HalfSafe does not undo, "
+            f"says its {fmt} weight is stored rotated (ConvRot), which only int8 layers are, "
             "so the weight would be read as other values than the layer's."
         )
+    return Rotation(group if _whole(group) else 0, rotation_problem(rotated, group))
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ConvRot's default group (comfy-kitchen's and ComfyUI's), and the largest HalfSafe builds a
+# rotation for: released files use 256, and a group of 4096 is already a 64 MiB matrix.
+CONVROT_GROUP = 256
+CONVROT_GROUP_MAX = 4096
+
+
+def rotation_problem(rotated: object, group: object) -> str | None:
+    """Why a ConvRot config's rotation cannot be undone, or None: `convrot` is not true (a
+    value HalfSafe cannot tell a rotation from), or the group is not a power of 4 (the only
+    sizes a regular Hadamard matrix of ConvRot's block has) within reason."""
+    if rotated is not True:
+        return (
+            f"names its rotation as {json_words(rotated)}, not true or false, so whether its "
+            "weight is stored rotated is unknown"
+        )
+    if not _power_of_4(group):
+        return (
+            f"names the rotation group size {json_words(group)}, where ConvRot's rotation "
+            f"needs a power of 4 from 4 to {CONVROT_GROUP_MAX:,} (its files use 256), so its "
+            "weight cannot be turned back"
+        )
+    return None
+
+
+def _power_of_4(value: object) -> bool:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return False
+    in_range = 4 <= value <= CONVROT_GROUP_MAX
+    return in_range and value & (value - 1) == 0 and (value.bit_length() - 1) % 2 == 0
+
+
+def group_problem(group: int, shape: tuple[int, ...]) -> str | None:
+    """Why a rotation of `group` inputs cannot apply to a weight of `shape`, or None."""
+    if len(shape) != 2 or shape[1] % group:
+        width = f"{shape[1]} inputs per row" if len(shape) == 2 else f"the shape {list(shape)}"
+        return (
+            f"has {width}, not a whole number of its rotation groups of {group}, so its "
+            "weight cannot be turned back"
+        )
+    return None
+
+
+def json_words(value: object) -> str:
+    import json
+
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _scale_names(name: str) -> str:
