@@ -197,14 +197,15 @@ def test_the_self_test_names_a_planted_kernel_fault_per_shape_and_keeps_it_cache
 # --- the check of an int8 model -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def int8_model(tmp_path_factory):
-    """A tiny Krea 2 transformer in ComfyUI's int8 layout, loaded."""
+@pytest.fixture(scope="module", params=["int8-comfy_quant", "int8-convrot"])
+def int8_model(tmp_path_factory, request):
+    """A tiny Krea 2 transformer in ComfyUI's int8 layout, plain or ConvRot (whose input the
+    tools rotate before the same int8 GEMM), loaded."""
     from app.core import models
     from tests.core.test_quantized_2026 import CASES, quantised_set
 
     case = CASES["krea2"]
-    written = quantised_set(tmp_path_factory.mktemp("int8"), case.build(), case, "int8-comfy_quant")
+    written = quantised_set(tmp_path_factory.mktemp("int8"), case.build(), case, request.param)
     return models.load_model(str(written.path))
 
 

@@ -230,10 +230,16 @@ def linear_shapes(
     return [Shape(m, k, n) for k, n in pairs for m in dict.fromkeys(ms)]
 
 
+# The stored codecs the tools run through comfy-kitchen's int8 GEMM: int8 with its scale, and
+# int8 ConvRot (its input rotated first, then the same GEMM on the stored rows).
+INT8_CODECS = ("int8", "int8_convrot")
+
+
 def stored_int8(layer: Any) -> bool:
     """Whether a Linear layer's weight is kept as its file stores it in int8 (HalfSafe's
-    `StoredTensor` with the int8 codec): a layer the tools run through an int8 GEMM."""
-    return getattr(layer.weight, "codec", None) == "int8"
+    `StoredTensor` with an int8 codec, plain or ConvRot): a layer the tools run through an int8
+    GEMM."""
+    return getattr(layer.weight, "codec", None) in INT8_CODECS
 
 
 def model_report(
