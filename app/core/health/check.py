@@ -1,8 +1,9 @@
 """`check_loaded`, the health check of a loaded model, step by step: the plan it runs (the
 device, the fix remembered for this model, the weights found damaged when loading), the text
 encoders, the denoiser and the VAE each run once and every component that went non-finite
-given its fix (`fix.choose_fix`), everything in fp32 as the last resort, the notes and
-precisions of each component, the verdict, the fix's cost and the report."""
+given its fix (`fix.choose_fix`), everything in fp32 as the last resort, the verdict (a proved
+fix said at once), the candidates' tables finished, the notes and precisions of each component,
+the fix's cost and the report."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""The search for a fix of a component that went non-finite: every candidate
+"""The search for a fix of a component that went non-finite: its candidates
 (`diagnosis.candidate_fixes`: backend switches, clamps, layer-level precision islands, the
 component wider) re-run on that component alone, judged finite or not and against the fp32
 reference, the verified ones timed on this device, the cheapest accepted
-(`diagnosis.rank_candidates`); everything in fp32 as the last resort; the fix in one sentence."""
+(`diagnosis.rank_candidates`): only those that can still win before the fix is named, the rest
+for the table after (`CandidateTable`); everything in fp32 as the last resort; the fix in one
+sentence."""
 
 from __future__ import annotations
 

@@ -369,16 +369,17 @@ class Runner:
             )
             for n in names
         }
-        on_call = None
+        on_call: Callable[[int], None] | None = None
         if tell_after is not None and self._tell is not None and recorders:
             name, tell = names[0], self._tell
 
-            def on_call(done: int) -> None:
+            def told_after(done: int) -> None:
                 if done == tell_after:
                     probe = recorders[name].read()
                     if probe.first_bad_module() is not None:
                         tell(name, probe)
 
+            on_call = told_after
         stop = _Stop(
             counted_module(names[0], self.placed[names[0]]), stop_after, until_bad, on_call
         )
