@@ -297,3 +297,24 @@ def test_a_generation_never_walks_the_loaded_world_with_the_collector(tmp_path, 
     assert result.images[0].status == "fixed"
     assert counted.gc_passes >= 1 and counted.full_gc_passes == 0
     assert gc.get_freeze_count() == 0
+
+
+def test_a_probe_recorded_in_full_says_its_finding_after_the_failing_call(monkeypatch):
+    """A probe recorded in full (every probe where the lean recorder does not run) says what
+    failed and where right after the call that went non-finite, and runs on to the stage's end:
+    its record is the whole stage's."""
+    monkeypatch.setattr(stages, "LEAN_RECORDER", False)
+    said: list[tuple[str, int]] = []
+
+    def progress(stage, done, total):
+        said.append((stage, (work.counted() or work.Work()).calls_of("unet")))
+
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "unet_ff")), on_progress=progress)
+    headlines = [(stage, calls) for stage, calls in said if isinstance(stage, Headline)]
+    assert len(headlines) == 1 and FF_LAYER in headlines[0][0]
+    assert headlines[0][1] == 1  # the first call, recorded in full
+    first = report.work.at("first_finding")
+    assert first is not None and first.calls_of("unet") == 1
+    assert report.components["unet"].first_bad_module == FF_LAYER
+    ran = [calls for stage, calls in said if stage == "Running the fp32 reference"]
+    assert ran == [len(report.timesteps)]  # the probe went on to its last timestep

@@ -154,8 +154,9 @@ class _ComponentTimer:
 class _Stop:
     """Ends a stage's run once `module` completed `calls` calls, or (`until_bad`: the calls the
     stage makes) once a call before its last gave non-finite output (read at once: a host sync
-    a call); `on_call(done)` follows each call. Registered after the recorder's and the
-    timer's hooks, so that the last call is recorded and timed; none asked: nothing."""
+    a call), unless `on_bad(done)` is given: that is called instead, once, and the run goes on.
+    `on_call(done)` follows each call. Registered after the recorder's and the timer's hooks,
+    so that the last call is recorded and timed; none asked: nothing."""
 
     class Enough(Exception):
         """The calls asked for are made."""
@@ -166,10 +167,12 @@ class _Stop:
         calls: int | None,
         until_bad: int | None = None,
         on_call: Callable[[int], None] | None = None,
+        on_bad: Callable[[int], None] | None = None,
     ) -> None:
         self._calls = calls
         self._until_bad = until_bad if until_bad and until_bad > 1 else None
         self._on_call = on_call
+        self._on_bad = on_bad
         self.done = 0
         self.cut_short = False  # ended by a non-finite call before the last
         asked = calls or self._until_bad or on_call
@@ -182,6 +185,10 @@ class _Stop:
         if self._calls and self.done >= self._calls:
             raise _Stop.Enough
         if self._until_bad and self.done < self._until_bad and not all_finite(output):
+            if self._on_bad is not None:
+                self._until_bad = None  # told once; the run goes on
+                self._on_bad(self.done)
+                return
             self.cut_short = True
             raise _Stop.Enough
 
@@ -298,9 +305,14 @@ class Runner:
         )
         alone = names[0] if len(names) == 1 else None
         candidate = alone is not None and alone == self._until_bad
-        until_bad = calls if candidate or (lean and alone and self._tell) else None
+        telling = alone is not None and record and self._tell is not None
         stage = self._run_stage(
-            plan, names, run, "lean" if lean else "full" if record else None, until_bad=until_bad
+            plan,
+            names,
+            run,
+            "lean" if lean else "full" if record else None,
+            until_bad=calls if candidate or telling else None,
+            tell_at_bad=telling and not lean and not candidate,
         )
         if candidate or not (lean and any(p.non_finite for p in stage.probes.values())):
             return stage
@@ -338,12 +350,14 @@ class Runner:
         stop_after: int | None = None,
         until_bad: int | None = None,
         tell_after: int | None = None,
+        tell_at_bad: bool = False,
     ) -> Stage:
         """`_watch`'s one run, under the `recorder` named ("lean", "full", or None); with
         `stop_after`, the run ends once its one component made that many calls (its output is
         then None); with `until_bad` (the calls it makes), at its first non-finite call before
-        the last (`Stage.cut_short`); with `tell_after`, what its record holds after that many
-        calls is told (`telling`) where it names the layer at fault."""
+        the last (`Stage.cut_short`), or with `tell_at_bad` there its record is told and the
+        run goes on; with `tell_after`, what its record holds after that many calls is told
+        (`telling`). A record is told only where it names the layer at fault."""
         self.placed.apply(plan, names)  # this stage's components only (one copy each)
         pipe = self.placed.pipeline()
         recorders = (
@@ -369,19 +383,19 @@ class Runner:
             )
             for n in names
         }
-        on_call: Callable[[int], None] | None = None
-        if tell_after is not None and self._tell is not None and recorders:
+        on_call = on_bad = None
+        if (tell_after is not None or tell_at_bad) and self._tell is not None and recorders:
             name, tell = names[0], self._tell
 
-            def told_after(done: int) -> None:
-                if done == tell_after:
+            def told(done: int) -> None:
+                if tell_at_bad or done == tell_after:
                     probe = recorders[name].read()
                     if probe.first_bad_module() is not None:
                         tell(name, probe)
 
-            on_call = told_after
+            on_call, on_bad = (None, told) if tell_at_bad else (told, None)
         stop = _Stop(
-            counted_module(names[0], self.placed[names[0]]), stop_after, until_bad, on_call
+            counted_module(names[0], self.placed[names[0]]), stop_after, until_bad, on_call, on_bad
         )
         started = time.perf_counter()
         output = None
