@@ -680,8 +680,9 @@ class Pruning:
     one, so the band of memory alike to the least (`MEMORY_TOLERANCE`) is fixed by it: a
     candidate past the band cannot win. Within it, with the time measured (`timed`) any one
     may win by being faster; without it the first in `FIX_KINDS` order wins, so one after the
-    best so far cannot. `tests/core/test_pruned_search.py` holds this to the full ranking over
-    random tables."""
+    best so far cannot. This holds where the memory ranked is known before a run (the plan's,
+    `StageCost.memory_mb` of a row not timed yet); `tests/core/test_pruned_search.py` holds it
+    to the full ranking over random tables."""
 
     def __init__(self, timed: bool) -> None:
         self.timed = timed
