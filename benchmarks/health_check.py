@@ -29,9 +29,15 @@ def bench_check(name: str, args) -> dict:
     model = bench_model(name, args.dtype)
     size = args.size or NATIVE_SIZE[name]
     settings = PrecisionSettings(precision=args.dtype)
-    check = lambda: health.check_loaded(  # noqa: E731
-        model, precision=settings, device=args.device, size=size, remember=False
-    )
+    reports = []
+
+    def check():
+        reports.append(
+            health.check_loaded(
+                model, precision=settings, device=args.device, size=size, remember=False
+            )
+        )
+        return reports[-1]
 
     report = check()  # warm-up: kernel selection, allocator, first-call costs
 
@@ -99,7 +105,9 @@ def bench_check(name: str, args) -> dict:
         "hook_overhead": round(hooks, 3),
         "repeats": args.repeats,
         "hook_repeats": len(hook_pairs),
-        "work": report.work.to_json() if report.work is not None else None,
+        # The work of the last timed check, and by each milestone it reached (the first
+        # finding, the proved fix, the verdict, the end) with its seconds.
+        "work": reports[-1].work.to_json() if reports[-1].work is not None else None,
     }
 
 
@@ -125,8 +133,28 @@ def table(document: dict) -> str:
         )
     for r in document["results"]:  # the check's work, counted
         if r.get("work"):
-            lines.append(f"{r['model']} work: {json.dumps(r['work'])}")
+            counts = {k: v for k, v in r["work"].items() if k != "milestones"}
+            lines.append(f"{r['model']} work: {json.dumps(counts)}")
+    lines.extend(milestone_lines(document["results"]))
     return "\n".join(lines)
+
+
+def milestone_lines(results: list[dict]) -> list[str]:
+    """Per model, each milestone its check reached: when, and the work done by then."""
+    header = (
+        f"{'model':<6}{'milestone':<15}{'s':>8}{'calls':>7}{'denoiser':>10}"
+        f"{'placed':>8}{'timed':>7}"
+    )
+    lines = ["", header, "-" * len(header)]
+    for r in results:
+        for name, reached in ((r.get("work") or {}).get("milestones") or {}).items():
+            calls = {part: sum(d.values()) for part, d in reached["calls"].items()}
+            denoiser = calls.get("unet", calls.get("transformer", 0))
+            lines.append(
+                f"{r['model']:<6}{name:<15}{reached['seconds']:>8.3f}{sum(calls.values()):>7}"
+                f"{denoiser:>10}{reached['placements']:>8}{reached['timed_calls']:>7}"
+            )
+    return lines
 
 
 def main() -> None:

@@ -62,6 +62,9 @@ PHASES = (
     ("Running the fp32 reference", "fp32 reference"),
     ("Trying a fix: ", "fix: "),
     ("Measuring the fixes", "measuring the fixes"),
+    ("Fix proved", "the table"),
+    ("Completing the table, trying ", "the table: "),
+    ("Completing the table, timing", "the table: timing"),
     ("Measuring the cost of the fix", "the fix's cost"),
     ("Done", "report"),
 )
@@ -147,7 +150,25 @@ def worker(case: dict) -> dict:
             report.verdict.value if hasattr(report.verdict, "value") else report.verdict
         ),
         "fix": report.fix.summary if report.fix else None,
+        # What the check's own record says it reached and when (a baseline without it: {}).
+        "milestones": milestones(report),
         "generation_s": round(gen_ended - gen_began, 3),
+    }
+
+
+def milestones(report) -> dict:
+    """Each milestone the check reached (first finding, proved fix, verdict, done): its seconds
+    from the check's start and the work done by then (`work.milestones`)."""
+    done = getattr(report, "work", None)
+    reached = getattr(done, "milestones", None) or {}
+    return {
+        name: {
+            "s": at["seconds"],
+            "calls": sum(n for d in at["calls"].values() for n in d.values()),
+            "placements": at["placements"],
+            "timed_calls": at["timed_calls"],
+        }
+        for name, at in reached.items()
     }
 
 
@@ -348,6 +369,15 @@ def table(document: dict) -> str:
         for label, rows in r["warm"].items():
             spans = ", ".join(f"{p['phase']} {p['s']:.2f}" for p in rows[0]["phases"])
             lines.append(f"  {r['model']} {r['precision']} {label}: {spans}")
+    lines += ["", "milestones of the warm check (s from its start / calls / placements / timed):"]
+    for r in document["results"]:
+        for label, rows in r["warm"].items():
+            reached = rows[0].get("milestones") or {}
+            spans = ", ".join(
+                f"{name} {m['s']:.2f}/{m['calls']}/{m['placements']}/{m['timed_calls']}"
+                for name, m in reached.items()
+            )
+            lines.append(f"  {r['model']} {r['precision']} {label}: {spans or 'not recorded'}")
     cli_rows = [r for r in document["results"] if r["cli"]]
     if cli_rows:
         head = f"{'case':<26}{'tree':<9}{'check wall':>11}{'reported':>10}{'first line':>11}{'gen wall':>10}{'gen reported':>13}"

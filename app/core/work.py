@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -39,6 +40,9 @@ class Work:
     gc_passes: int = 0  # the collector's passes the job asked for
     full_gc_passes: int = 0  # ... of them, those that walked every object (nothing set aside)
     host_syncs: int = 0  # points where the host waited for the device to read a result
+    # The work done by each milestone a check reached (`MILESTONES`), and the seconds it took.
+    milestones: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter, repr=False, compare=False)
 
     def call(self, component: str, dtype: str, *, recorder: str | None, timed: bool) -> None:
         """One forward call of `component` computing in `dtype`, under the `recorder` named
@@ -54,7 +58,8 @@ class Work:
         by_dtype = self.calls.get(component, {})
         return by_dtype.get(dtype, 0) if dtype is not None else sum(by_dtype.values())
 
-    def to_json(self) -> dict[str, Any]:
+    def counts(self) -> dict[str, Any]:
+        """Every count so far (the milestones aside)."""
         return {
             "calls": {name: dict(sorted(d.items())) for name, d in sorted(self.calls.items())},
             "recorded_calls": self.recorded_calls,
@@ -67,6 +72,37 @@ class Work:
             "full_gc_passes": self.full_gc_passes,
             "host_syncs": self.host_syncs,
         }
+
+    def reach(self, milestone: str) -> None:
+        """Mark `milestone` (one of `MILESTONES`) reached now, with the work done so far; only
+        its first time counts."""
+        if milestone not in self.milestones:
+            self.milestones[milestone] = {
+                **self.counts(),
+                "seconds": round(time.perf_counter() - self.started, 3),
+            }
+
+    def at(self, milestone: str) -> Work | None:
+        """The work done by `milestone` as a record of its own (None: not reached)."""
+        reached = self.milestones.get(milestone)
+        if reached is None:
+            return None
+        counts = {k: v for k, v in reached.items() if k != "seconds"}
+        return Work(**{**counts, "calls": {n: dict(d) for n, d in counts["calls"].items()}})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.counts(),
+            "milestones": {
+                name: self.milestones[name] for name in MILESTONES if name in self.milestones
+            },
+        }
+
+
+# What a check reaches as it runs, in order: what failed first and where (told right after its
+# first non-finite call), the fix proved for everything that failed, the verdict, and the end
+# (the candidates' table finished and the fix's cost measured).
+MILESTONES = ("first_finding", "proved_fix", "verdict", "done")
 
 
 _current: ContextVar[Work | None] = ContextVar("halfsafe_work", default=None)
@@ -96,6 +132,13 @@ def add(what: str, times: int = 1) -> None:
     work = _current.get()
     if work is not None:
         setattr(work, what, getattr(work, what) + times)
+
+
+def reach(milestone: str) -> None:
+    """Mark `milestone` reached in the running job's record (`Work.reach`); nothing outside one."""
+    work = _current.get()
+    if work is not None:
+        work.reach(milestone)
 
 
 def collect_garbage() -> None:

@@ -215,6 +215,9 @@ def test_wait_phases_come_from_the_check_stages_in_order():
         (2.0, "Running the fp32 reference"),
         (2.5, "Trying a fix: run the VAE in fp32"),
         (4.0, "Measuring the fixes for the VAE"),
+        (5.0, "Fix proved: run the VAE in fp32. Completing the table of the fixes tried"),
+        (5.5, "Completing the table, trying clamp 2 VAE layers to fp16's range"),
+        (6.0, "Completing the table, timing the fixes for the VAE"),
         (7.0, "Measuring the cost of the fix"),
         (8.0, "Done"),
     ]
@@ -222,7 +225,10 @@ def test_wait_phases_come_from_the_check_stages_in_order():
         {"phase": "probe", "s": 2.0},
         {"phase": "fp32 reference", "s": 0.5},
         {"phase": "fix: run the VAE in fp32", "s": 1.5},
-        {"phase": "measuring the fixes", "s": 3.0},
+        {"phase": "measuring the fixes", "s": 1.0},
+        {"phase": "the table", "s": 0.5},
+        {"phase": "the table: clamp 2 VAE layers to fp16's range", "s": 0.5},
+        {"phase": "the table: timing", "s": 1.0},
         {"phase": "the fix's cost", "s": 1.0},
         {"phase": "report", "s": 0.25},
     ]

@@ -14,8 +14,9 @@ import torch
 
 from app.core import health, work
 from app.core.health import stages
+from app.core.jobs import Headline
 from app.core.precision import placement
-from tests.core.test_health import FP16, check, loaded, plant
+from tests.core.test_health import FF_LAYER, FP16, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 COMPONENTS = ("text_encoder", "unet", "vae")
@@ -60,9 +61,12 @@ def test_a_healthy_check_never_walks_the_loaded_world_with_the_collector(healthy
 
 
 def test_a_healthy_check_waits_for_the_device_once_a_stage(healthy):
-    """The recorder's read and the timer's, per stage, and the finiteness of what a stage hands
-    on: never a sync per module or per forward call."""
-    assert healthy.work.host_syncs <= 4 * len(COMPONENTS)
+    """The recorder's read and the timer's, per stage, the finiteness of what a stage hands on,
+    and the denoiser's output after each of its calls but the last (a call that went
+    non-finite ends the probe there: `test_the_first_finding_comes_right_after_the_first_
+    failing_call`): never a sync per module."""
+    denoiser_reads = len(healthy.timesteps) - 1
+    assert healthy.work.host_syncs <= 3 * len(COMPONENTS) + denoiser_reads
 
 
 def stored_in_fp16(pipeline):
@@ -72,17 +76,32 @@ def stored_in_fp16(pipeline):
     return model
 
 
-# What proving the planted UNet fix costs today, per CPU bf16 class (the layers a fix keeps
-# wider are bf16 where it is native, fp32 elsewhere, and so are the candidates), held so that
-# it only goes down.
+# What the planted UNet fix costs per CPU bf16 class (the layers a fix keeps wider are bf16 where
+# it is native, fp32 elsewhere, and so are the candidates): by the time the fix is proved
+# (`proved`: the candidates that could win, each stopped at its first non-finite call, those
+# alike in memory timed against each other on the copies their verification placed) and by the
+# end of the check (`done`: the table finished, the fix's cost measured). Held so that they only
+# go down.
 BUDGETS = {
-    "native": {"unet": 43, "unet_fp32": 17, "placements": 13, "timed_runs": 23, "timed_placed": 5},
+    "native": {
+        "proved": {"unet": 20, "unet_fp32": 3, "placements": 7, "timed_runs": 6, "timed_placed": 0},
+        "done": {
+            "unet": 40,
+            "unet_fp32": 17,
+            "placements": 10,
+            "timed_runs": 23,
+            "timed_placed": 2,
+        },
+    },
     "emulated": {
-        "unet": 37,
-        "unet_fp32": 17,
-        "placements": 15,
-        "timed_runs": 20,
-        "timed_placed": 8,
+        "proved": {"unet": 11, "unet_fp32": 3, "placements": 6, "timed_runs": 0, "timed_placed": 0},
+        "done": {
+            "unet": 34,
+            "unet_fp32": 17,
+            "placements": 14,
+            "timed_runs": 20,
+            "timed_placed": 7,
+        },
     },
 }
 
@@ -91,7 +110,13 @@ BUDGETS = {
 def unet_fault(request):
     """A planted UNet feed-forward overflow, stored in fp16, checked in fp16 with the fix's cost
     measured, as on a CPU of each bf16 class; no candidate leaves the race (whether one would
-    depends on this machine's speeds)."""
+    depends on this machine's speeds). Each progress event is kept with the denoiser's calls
+    made by then."""
+    events = EVENTS.setdefault(request.param, [])
+
+    def progress(stage, done, total):
+        events.append((stage, (work.counted() or work.Work()).calls_of("unet")))
+
     with pytest.MonkeyPatch.context() as patched:
         patched.setenv("HALFSAFE_CPU_BF16", request.param)
         patched.setattr(stages, "RACE_MARGIN", math.inf)
@@ -99,16 +124,25 @@ def unet_fault(request):
             stored_in_fp16(plant(build_tiny_sd_pipeline(), "unet_ff")),
             measure_cost=True,
             remember=False,
+            on_progress=progress,
         )
     return request.param, report
 
 
-def test_a_planted_unet_fault_reaches_its_fix_within_its_budget(unet_fault):
-    """The denoiser's calls (and those in fp32), the copies placed and the timed runs."""
+# Per CPU bf16 class, the planted fault's check as it was said: each progress stage with the
+# denoiser's calls made by then.
+EVENTS: dict[str, list[tuple[str, int]]] = {}
+
+
+@pytest.mark.parametrize("milestone", ["proved", "done"])
+def test_a_planted_unet_fault_reaches_its_fix_within_its_budget(unet_fault, milestone):
+    """The denoiser's calls (and those in fp32), the copies placed and the timed runs, by the
+    time the fix is proved and by the end."""
     kind, report = unet_fault
-    budget = BUDGETS[kind]
+    budget = BUDGETS[kind][milestone]
     assert report.verdict == "fixable" and report.fix.verified
-    done = report.work
+    done = report.work.at("proved_fix") if milestone == "proved" else report.work
+    assert done is not None
     assert done.calls_of("unet") <= budget["unet"]
     assert done.calls_of("unet", "fp32") <= budget["unet_fp32"]
     assert done.placements <= budget["placements"]
@@ -118,6 +152,40 @@ def test_a_planted_unet_fault_reaches_its_fix_within_its_budget(unet_fault):
     # beside the others for the runs after it.
     assert done.timed_placements <= budget["timed_placed"]
     assert done.full_gc_passes == 0
+
+
+def test_the_first_finding_comes_right_after_the_first_failing_call(unet_fault):
+    """The planted layer overflows in the denoiser's first call: the probe stops there, runs
+    that call again under the full recorder and says what failed and where, two calls in,
+    before the probe's other timesteps, the fp32 reference and the candidates."""
+    kind, report = unet_fault
+    headlines = [(stage, calls) for stage, calls in EVENTS[kind] if isinstance(stage, Headline)]
+    assert len(headlines) == 1
+    stage, calls = headlines[0]
+    assert FF_LAYER in stage and calls == 2
+    first = report.work.at("first_finding")
+    assert first is not None and first.calls == {"text_encoder": {"fp16": 1}, "unet": {"fp16": 2}}
+    assert (first.lean_calls, first.recorded_calls) == (2, 1)  # the text encoder's, the UNet's
+
+
+def test_the_fix_is_reported_before_its_table_is_finished(unet_fault):
+    """The proved fix is said, and counted as a milestone, before the candidates that could no
+    longer win run for the table and before its cost is measured."""
+    kind, report = unet_fault
+    stages_said = [stage for stage, _ in EVENTS[kind]]
+    reported = next(i for i, s in enumerate(stages_said) if s.startswith("Fix proved: "))
+    assert report.fix.steps[0] in stages_said[reported]
+    table = [i for i, s in enumerate(stages_said) if s.startswith("Completing the table")]
+    assert table and min(table) > reported
+    assert stages_said.index("Measuring the cost of the fix") > reported
+    milestones = report.work.milestones
+    assert list(milestones) == ["first_finding", "proved_fix", "verdict", "done"]
+    seconds = [m["seconds"] for m in milestones.values()]
+    assert seconds == sorted(seconds)
+    proved = report.work.at("proved_fix")
+    assert proved is not None and proved.calls_of("unet") < report.work.calls_of("unet")
+    # The table holds every candidate, the fp32 one that could not win included.
+    assert {c.kind for c in report.tried} >= {"islands", "clamp", "component_fp32"}
 
 
 def test_the_work_is_in_the_reports_json(unet_fault):
@@ -191,7 +259,9 @@ def test_every_count_is_in_the_json():
         "gc_passes",
         "full_gc_passes",
         "host_syncs",
+        "milestones",
     }
+    assert list(report.to_json()["work"]["milestones"]) == ["verdict", "done"]
 
 
 def test_a_freeze_made_elsewhere_does_not_stop_the_check_setting_the_world_aside():
@@ -227,3 +297,24 @@ def test_a_generation_never_walks_the_loaded_world_with_the_collector(tmp_path, 
     assert result.images[0].status == "fixed"
     assert counted.gc_passes >= 1 and counted.full_gc_passes == 0
     assert gc.get_freeze_count() == 0
+
+
+def test_a_probe_recorded_in_full_says_its_finding_after_the_failing_call(monkeypatch):
+    """A probe recorded in full (every probe where the lean recorder does not run) says what
+    failed and where right after the call that went non-finite, and runs on to the stage's end:
+    its record is the whole stage's."""
+    monkeypatch.setattr(stages, "LEAN_RECORDER", False)
+    said: list[tuple[str, int]] = []
+
+    def progress(stage, done, total):
+        said.append((stage, (work.counted() or work.Work()).calls_of("unet")))
+
+    report = check(loaded(plant(build_tiny_sd_pipeline(), "unet_ff")), on_progress=progress)
+    headlines = [(stage, calls) for stage, calls in said if isinstance(stage, Headline)]
+    assert len(headlines) == 1 and FF_LAYER in headlines[0][0]
+    assert headlines[0][1] == 1  # the first call, recorded in full
+    first = report.work.at("first_finding")
+    assert first is not None and first.calls_of("unet") == 1
+    assert report.components["unet"].first_bad_module == FF_LAYER
+    ran = [calls for stage, calls in said if stage == "Running the fp32 reference"]
+    assert ran == [len(report.timesteps)]  # the probe went on to its last timestep

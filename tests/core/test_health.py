@@ -131,9 +131,12 @@ def test_measuring_skips_the_warm_ups_the_check_already_ran(vae_report):
     fix's denoiser in the probe: only no-half still needs a warm-up run before it is timed."""
     verified = sum(1 for c in vae_report.tried if c.verified)
     totals = {stage: total for stage, _, total in VAE_CHECK_PROGRESS}
-    plans = verified + 2  # the candidates, as tested, no-half
     rounds = stages.COST_ROUNDS
-    assert totals["Measuring the fixes for the VAE"] == plans * rounds + 1
+    # The verified candidates (alike in memory here: each could win) race before the fix is
+    # named; the table is completed after it with the baselines, as tested and no-half.
+    assert verified > 1
+    assert totals["Measuring the fixes for the VAE"] == verified * rounds
+    assert totals["Completing the table, timing the fixes for the VAE"] == 2 * rounds + 1
     assert totals["Measuring the cost of the fix"] == 2 * rounds + 1
 
 

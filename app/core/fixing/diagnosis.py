@@ -664,6 +664,54 @@ def rank_candidates(results: list[CandidateResult]) -> list[CandidateResult]:
     return verified + rest
 
 
+def verification_order(results: list[CandidateResult]) -> list[CandidateResult]:
+    """`results` (candidates not run yet, each with the memory its plan holds) in the order the
+    ranking prefers them before any is run: least memory first, then `FIX_KINDS` order."""
+    order = {k.name: i for i, k in enumerate(FIX_KINDS)}
+    return sorted(results, key=lambda r: (r.memory_mb() or 0.0, order.get(r.kind, 99)))
+
+
+class Pruning:
+    """Which candidates, run in `verification_order`, can still be ranked first
+    (`rank_candidates`) once run, given those verified so far: the rest need no run before the
+    fix is named (the candidates' table runs them after).
+
+    Run in that order, the first verified candidate holds the least memory of every verified
+    one, so the band of memory alike to the least (`MEMORY_TOLERANCE`) is fixed by it: a
+    candidate past the band cannot win. Within it, with the time measured (`timed`) any one
+    may win by being faster; without it the first in `FIX_KINDS` order wins, so one after the
+    best so far cannot. This holds where the memory ranked is known before a run (the plan's,
+    `StageCost.memory_mb` of a row not timed yet); `tests/core/test_pruned_search.py` holds it
+    to the full ranking over random tables."""
+
+    def __init__(self, timed: bool) -> None:
+        self.timed = timed
+        self.verified: list[CandidateResult] = []
+
+    def add(self, result: CandidateResult) -> None:
+        """`result`, run (in `verification_order`)."""
+        if result.verified:
+            self.verified.append(result)
+
+    def could_win(self, result: CandidateResult) -> bool:
+        """Whether `result`, not run yet, could be ranked first once run."""
+        if not self.verified:
+            return True
+        if not _alike_in_memory(result, self.verified[0]):
+            return False
+        if self.timed:
+            return True
+        order = {k.name: i for i, k in enumerate(FIX_KINDS)}
+        best = min(order.get(v.kind, 99) for v in self.verified)
+        return order.get(result.kind, 99) < best
+
+
+def _alike_in_memory(result: CandidateResult, least: CandidateResult) -> bool:
+    """Whether `result` holds memory alike to `least`'s, the least (as `rank_candidates`)."""
+    bound = (least.memory_mb() or 0.0) * (1 + MEMORY_TOLERANCE) + 1e-9
+    return (result.memory_mb() or 0.0) <= bound
+
+
 def everything_fp32(plan: PrecisionPlan) -> FixCandidate:
     return FixCandidate(no_half(plan), {"no_half": True})
 

@@ -9,7 +9,11 @@ Every module is watched by `probe.ActivationRecorder`. A component that went non
 candidate fixes (`diagnosis.FIX_KINDS`: backend switches, clamps, layer-level precision islands,
 a whole component wider), each re-run on that component alone and judged finite or not and
 against the fp32 reference; the verified ones are measured on this device, and the cheapest
-(`diagnosis.rank_candidates`) is the fix, the others shown beside it.
+(`diagnosis.rank_candidates`) is the fix, the others shown beside it. Only the candidates that
+can still be the cheapest run before the fix is named (`diagnosis.Pruning`), each stopped at
+its first non-finite call; the rest run for the table after the fix is reported. What failed
+and where is said right after the first non-finite call (`Runner.telling`); `work.milestones`
+counts the work done by then, by the proved fix, the verdict and the end.
 
 One responsibility per module, each importing only those before it:
   cost          what a fix costs beside no-half (StepCost, FixCost)

@@ -1,8 +1,9 @@
 """`check_loaded`, the health check of a loaded model, step by step: the plan it runs (the
 device, the fix remembered for this model, the weights found damaged when loading), the text
 encoders, the denoiser and the VAE each run once and every component that went non-finite
-given its fix (`fix.choose_fix`), everything in fp32 as the last resort, the notes and
-precisions of each component, the verdict, the fix's cost and the report."""
+given its fix (`fix.choose_fix`), everything in fp32 as the last resort, the verdict (a proved
+fix said at once), the candidates' tables finished, the notes and precisions of each component,
+the fix's cost and the report."""
 
 from __future__ import annotations
 
@@ -73,6 +74,11 @@ def found(component: str, dtype: str, first_bad: str | None) -> Headline:
         f"The {component_words(component)} went NaN/Inf in {dtype}{where}; "
         "proving a fix against fp32."
     )
+
+
+def proved(fix_words: list[str]) -> str:
+    """The progress stage that reports the fix proved, before its candidates' table is done."""
+    return f"Fix proved: {'; '.join(fix_words)}. Completing the table of the fixes tried"
 
 
 def check_loaded(
@@ -179,12 +185,15 @@ def check_loaded(
                 progress,
                 cancel,
             )
+            verdict = check.decide()
+            check.search.finish(progress, cancel)  # the fix is reported: the table's rest
             check.note_inputs_beyond_range()
             check.weigh_precisions()
-            verdict, fix, islands = check.conclude(remember)
+            fix, islands = check.conclude(verdict, remember)
         finally:
             # Also on cancel or error: drop the device copies and hand cached memory back.
             check.runner.placed.release()
+        counted.reach("done")
         progress(DONE, check.stages, check.stages)
     report = _report(model, start, size, check, verdict, fix, islands, started, counted)
     report.low_bit_kernels = _low_bit_kernels(model, size, start.info)
@@ -330,6 +339,7 @@ class _Check:
         self.cancel = cancel
         self.reports: dict[str, ComponentReport] = {}
         self.first_probes: dict[str, ProbeResult] = {}
+        self.told: set[str] = set()  # the components whose finding was told
         self.text_encoder_names: list[str] = []
         # What the denoiser was given (a finite stand-in when the encoders' output was not),
         # and the first component at fault upstream of a stage fed non-finite values.
@@ -359,7 +369,7 @@ class _Check:
             elif probe.non_finite and good is not first and not good.probes[name].non_finite:
                 verify = good.probes[name]  # the fix found for a sibling fixed this one too
             elif probe.non_finite:
-                progress(found(name, search.plan.dtype_of(name), first_bad_name(probe)), 0, 0)
+                self.tell(name, probe)
                 if reference is None:
                     progress("Running the fp32 reference", 0, 1)
                     reference = stage_fn(diagnosis.fp32_reference(search.plan), True)
@@ -395,6 +405,22 @@ class _Check:
                 mark_fed_by(self.reports, [name], feeder, self.notes, stand_in)
         return good
 
+    def tell(self, name: str, probe: ProbeResult) -> None:
+        """What failed and where, said once per component as soon as it is known (a first
+        probe's non-finite call, recorded in full: `Runner.telling`); the first one is the
+        check's first finding."""
+        if name in self.told or name in self.broken:
+            return
+        self.told.add(name)
+        work.reach("first_finding")
+        dtype = self.search.plan.dtype_of(name)
+        self.progress(found(name, dtype, first_bad_name(probe)), 0, 0)
+
+    def first_probe(self, stage: Callable[[], Stage]) -> Stage:
+        """A stage's first run, told as it goes (`tell`)."""
+        with self.runner.telling(self.tell):
+            return stage()
+
     def text_encoders(self) -> Stage:
         """The first stage: the text encoder(s) on the prompt and the empty prompt."""
         runner = self.runner
@@ -403,7 +429,8 @@ class _Check:
         self.text_encoder_names = [
             n for n in runner.family.text_encoders(self.model.pipeline) if n in self.plan.dtypes
         ]
-        return self.settle(runner.encode, self.text_encoder_names, runner.encode(self.plan))
+        first = self.first_probe(lambda: runner.encode(self.plan))
+        return self.settle(runner.encode, self.text_encoder_names, first)
 
     def vae_encoder(self) -> None:
         """For a job that starts from a picture: the picture through the VAE's encoder. The
@@ -414,7 +441,7 @@ class _Check:
         runner = self.runner
         self.progress("Checking the VAE encoder", 1, self.stages)
         self.cancel.raise_if_cancelled()
-        first = runner.encode_picture(self.search.plan)
+        first = self.first_probe(lambda: runner.encode_picture(self.search.plan))
         good = self.settle(runner.encode_picture, ["vae_encoder"], first)
         assert runner.pictures is not None  # only a check of a job that starts from a picture
         references = runner.family.sequence_latents(
@@ -444,7 +471,7 @@ class _Check:
         denoised = self.settle(
             lambda p, record: runner.denoise(p, conditioning, record),
             [denoiser],
-            runner.denoise(self.search.plan, conditioning),
+            self.first_probe(lambda: runner.denoise(self.search.plan, conditioning)),
         )
         mark_fed_by(self.reports, [denoiser], self.fed_by, self.notes, "zeroed embeddings")
         return denoised
@@ -468,7 +495,7 @@ class _Check:
         decoded = self.settle(
             lambda p, record: runner.decode(p, latents, record),
             ["vae"],
-            runner.decode(self.search.plan, latents),
+            self.first_probe(lambda: runner.decode(self.search.plan, latents)),
         )
         mark_fed_by(self.reports, ["vae"], self.fed_by, self.notes, stand_in)
         return decoded
@@ -489,7 +516,8 @@ class _Check:
             noise = torch.rand(pixels.shape, generator=torch.Generator().manual_seed(1))
             pixels = noise * 2.0 - 1.0
         runner.enlarged = pixels.detach().float().clamp(-1.0, 1.0).cpu()
-        self.settle(runner.encode_picture, ["vae_encoder"], runner.encode_picture(self.search.plan))
+        first = self.first_probe(lambda: runner.encode_picture(self.search.plan))
+        self.settle(runner.encode_picture, ["vae_encoder"], first)
         mark_fed_by(self.reports, ["vae_encoder"], fed_by, self.notes, "a seeded noise picture")
 
     def note_inputs_beyond_range(self) -> None:
@@ -512,23 +540,38 @@ class _Check:
             if note:
                 self.notes.append(note)
 
-    def conclude(self, remember: bool) -> tuple[Verdict, Fix | None, dict[str, list[str]]]:
-        """The verdict; for a fixable model the proved fix (timed and remembered as asked), for
-        a healthy one the layers a wider run measured past fp16's range."""
+    def decide(self) -> Verdict:
+        """The verdict, known once every stage ran; a proved fix is reported at once, before
+        its candidates' table is finished (`Search.finish`), and each milestone is counted."""
         failed = [n for n, r in self.reports.items() if r.status.failed]
-        self.notes.extend(self.search.rejected)
         if self.broken or self.search.unfixed:
+            verdict = Verdict.BROKEN
+        elif failed:
+            verdict = Verdict.FIXABLE
+            quality = min(self.search.qualities.values(), key=lambda q: q.value, default=None)
+            if quality is not None and quality.passed:
+                work.reach("proved_fix")
+                self.progress(proved(self.search.words), 0, 1)
+        else:
+            verdict = Verdict.HEALTHY
+        work.reach("verdict")
+        return verdict
+
+    def conclude(self, verdict: Verdict, remember: bool) -> tuple[Fix | None, dict[str, list[str]]]:
+        """For a fixable model the proved fix (timed and remembered as asked), for a healthy
+        one the layers a wider run measured past fp16's range."""
+        self.notes.extend(self.search.rejected)
+        if verdict is Verdict.BROKEN:
             self.note_why_broken()
-            return Verdict.BROKEN, None, {}
-        if failed:
-            fix = self.proved_fix(failed)
+            return None, {}
+        if verdict is Verdict.FIXABLE:
+            fix = self.proved_fix([n for n, r in self.reports.items() if r.status.failed])
             if self.measure_cost:
                 self.measure_fix_cost(fix)
             if remember and fix.verified:
                 self.remember_fix(fix)
-            return Verdict.FIXABLE, fix, {}
-        islands = predicted_islands(self.reports, self.first_probes, self.runner.placed)
-        return Verdict.HEALTHY, None, islands
+            return fix, {}
+        return None, predicted_islands(self.reports, self.first_probes, self.runner.placed)
 
     def note_why_broken(self) -> None:
         """Why no precision fix is claimed: damaged weights, badly quantized ones, or a

@@ -1,12 +1,15 @@
-"""The search for a fix of a component that went non-finite: every candidate
+"""The search for a fix of a component that went non-finite: its candidates
 (`diagnosis.candidate_fixes`: backend switches, clamps, layer-level precision islands, the
 component wider) re-run on that component alone, judged finite or not and against the fp32
 reference, the verified ones timed on this device, the cheapest accepted
-(`diagnosis.rank_candidates`); everything in fp32 as the last resort; the fix in one sentence."""
+(`diagnosis.rank_candidates`): only those that can still win before the fix is named, the rest
+for the table after (`CandidateTable`); everything in fp32 as the last resort; the fix in one
+sentence."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +26,10 @@ from app.core.jobs import CancelToken, ProgressCallback
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan, plan_weights_mb
 
+# Candidates that can no longer be ranked first are not run before the fix is named
+# (`diagnosis.Pruning`); False runs every one first, as the pruning's answers are tested.
+PRUNE_CANDIDATES = True
+
 
 @dataclass
 class Search:
@@ -36,16 +43,219 @@ class Search:
     unfixed: list[str] = field(default_factory=list)
     candidates: list[diagnosis.CandidateResult] = field(default_factory=list)  # ranked
     baselines: dict[str, dict[str, StageCost]] = field(default_factory=dict)
+    # Per failing component, its candidates' table, finished after the fix is named.
+    tables: list[CandidateTable] = field(default_factory=list)
 
     def accept(self, candidate: FixCandidate) -> None:
         self.plan = candidate.plan
         self.settings.update(candidate.settings)
         self.words.append(candidate.words)
 
+    def finish(self, progress: ProgressCallback, cancel: CancelToken) -> None:
+        """Every table finished (`CandidateTable.finish`), in the order the components failed:
+        the ranked candidates, the baselines and the rejections, as a search that ran every
+        candidate before choosing gives them."""
+        for table in self.tables:
+            table.finish(progress, cancel)
+            self.candidates.extend(table.ranked)
+            self.rejected.extend(table.rejected())
+            if table.baselines:
+                self.baselines[table.name] = table.baselines
+        self.tables.clear()
+
+
+@dataclass
+class _Entry:
+    """One candidate of a table: its place in `FIX_KINDS` order, and once run its result (and
+    the stage it ran, kept while it may be the fix) or why it failed to run."""
+
+    index: int
+    candidate: FixCandidate
+    result: diagnosis.CandidateResult
+    ran: bool = False
+    failed_to_run: str | None = None
+    retry: Stage | None = None
+    timed: bool = False
+
+
+class CandidateTable:
+    """The candidate fixes of one failing component (`diagnosis.FIX_KINDS`), verified in the
+    order the ranking prefers them (`diagnosis.verification_order`): those that can still win
+    first (`diagnosis.Pruning`), each stopped at its first non-finite call, and with
+    `measure_cost` those verified alike in memory timed against each other. The best is the
+    fix; `finish` then runs and times the rest for the table, after the fix is reported."""
+
+    def __init__(
+        self,
+        name: str,
+        stage_fn: Callable[[PrecisionPlan, bool], Stage],
+        search: Search,
+        reference: Stage,
+        runner: Runner,
+        seen: Observations,
+        measure_cost: bool,
+        candidates: list[FixCandidate],
+    ) -> None:
+        self.name = name
+        self.stage_fn = stage_fn
+        self.tested = search.plan
+        self.reference = reference
+        self.runner = runner
+        self.seen = seen
+        self.measure_cost = measure_cost
+        pipeline = runner.model.pipeline
+        self.entries = [
+            _Entry(index, candidate, _unrun_result(name, candidate, pipeline))
+            for index, candidate in enumerate(candidates)
+        ]
+        self.baselines: dict[str, StageCost] = {}
+        self.ranked: list[diagnosis.CandidateResult] = []
+        self.tried = 0  # candidates run so far, for the progress line
+        self.finishing = False  # the fix is named: the rest runs for the table alone
+
+    def choose(self, progress: ProgressCallback, cancel: CancelToken) -> _Entry | None:
+        """Run the candidates that can still win, time those verified alike in memory, and
+        return the best (None: nothing verified)."""
+        by_result = {id(e.result): e for e in self.entries}
+        pruning = diagnosis.Pruning(timed=self.measure_cost)
+        # A candidate's copy that holds little of its own is kept for its timing runs.
+        with self.runner.placed.keeping_variants():
+            for result in diagnosis.verification_order([e.result for e in self.entries]):
+                entry = by_result[id(result)]
+                if PRUNE_CANDIDATES and not pruning.could_win(result):
+                    continue
+                self.run(entry, progress, cancel)
+                pruning.add(entry.result)
+            verified = [e for e in self.entries if e.ran and e.result.verified]
+            # Time decides only between two or more; a search that runs every candidate first
+            # times them all with the baselines at once.
+            if self.measure_cost and verified and (len(verified) > 1 or not PRUNE_CANDIDATES):
+                self.time(verified, progress, cancel, baselines=not PRUNE_CANDIDATES)
+        ranked = diagnosis.rank_candidates([e.result for e in self.entries if e.ran])
+        if not ranked or not ranked[0].verified:
+            return None
+        return by_result[id(ranked[0])]
+
+    def run(self, entry: _Entry, progress: ProgressCallback, cancel: CancelToken) -> None:
+        """One candidate's re-run of the stage, stopped at its first non-finite call, judged
+        finite or not and against the fp32 reference."""
+        cancel.raise_if_cancelled()
+        candidate = entry.candidate
+        trying = "Completing the table, trying" if self.finishing else "Trying a fix:"
+        progress(f"{trying} {candidate.words}", self.tried, len(self.entries))
+        self.tried += 1
+        entry.ran = True
+        try:
+            with self.runner.stopping_at_bad(self.name) if PRUNE_CANDIDATES else nullcontext():
+                stage = self.stage_fn(candidate.plan, True)
+            retry = self.seen.add(stage, candidate.plan)
+        except CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure of a candidate drops it alone
+            if is_out_of_memory(error):  # not the candidate's fault: the job stops, said once
+                raise
+            entry.failed_to_run = (
+                f"{_sentence_case(candidate.words)} failed to run ({_error_words(error)}): "
+                "not a fix."
+            )
+            return
+        finite = not retry.probes[self.name].non_finite
+        entry.result.finite = finite
+        entry.result.quality = compare(retry.output, self.reference.output) if finite else None
+        if entry.result.verified:
+            entry.retry = retry
+
+    def time(
+        self,
+        entries: list[_Entry],
+        progress: ProgressCallback,
+        cancel: CancelToken,
+        baselines: bool,
+    ) -> None:
+        """The `entries` (verified) timed against each other (`Runner.stage_costs`), and with
+        `baselines` the tested plan and no-half, which a fix's cost is told against."""
+        measuring = "Completing the table, timing" if self.finishing else "Measuring"
+        stage = f"{measuring} the fixes for the {component_words(self.name)}"
+        progress(stage, 0, 1)
+        plans = {f"{e.index}": e.candidate.plan for e in entries}
+        race = list(plans)
+        if baselines:
+            plans["as_tested"] = self.tested
+            plans["no_half"] = no_half(self.tested)
+
+        def measured(done: int, total: int) -> None:
+            cancel.raise_if_cancelled()
+            progress(stage, done, total)
+
+        # Each candidate's stage ran to verify it, and the tested plan's in the first probe:
+        # those runs were their warm-ups.
+        warm = [label for label in plans if label != "no_half"]
+        costs = self.runner.stage_costs(self.name, self.stage_fn, plans, measured, warm, race)
+        for entry in entries:
+            entry.result.cost = costs[f"{entry.index}"]
+            entry.timed = True
+        if baselines:
+            self.baselines = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}
+
+    def finish(self, progress: ProgressCallback, cancel: CancelToken) -> None:
+        """The table as a search that ran every candidate gives it: the candidates the fix
+        needed no run of, run now; the verified ones not timed yet timed with the baselines;
+        every candidate ranked, the chosen one first."""
+        self.finishing = True
+        for entry in self.entries:
+            if not entry.ran:
+                self.run(entry, progress, cancel)
+            entry.retry = None  # the fix's stage was handed on: nothing here needs one
+        untimed = [e for e in self.entries if e.result.verified and not e.timed]
+        if self.measure_cost and (untimed or (not self.baselines and self.has_verified)):
+            self.time(untimed, progress, cancel, baselines=True)
+        chosen = [e.result for e in self.entries if e.result.chosen]
+        self.ranked = diagnosis.rank_candidates(
+            [e.result for e in self.entries if not e.failed_to_run]
+        )
+        # `diagnosis.Pruning` ranks the fix first where the memory ranked is the plan's, known
+        # before a run; a device's measured peak is not, and the fix then still heads the table.
+        if chosen and self.ranked[0] is not chosen[0]:
+            self.ranked.remove(chosen[0])
+            self.ranked.insert(0, chosen[0])
+
+    @property
+    def has_verified(self) -> bool:
+        """Whether any candidate was verified."""
+        return any(e.result.verified for e in self.entries)
+
+    def rejected(self) -> list[str]:
+        """The notes on candidates that are no fix: those that failed to run, in `FIX_KINDS`
+        order, then those finite but wrong, best first."""
+        notes = [e.failed_to_run for e in self.entries if e.failed_to_run]
+        for r in self.ranked:
+            if r.finite and not r.verified and r.quality is not None:
+                notes.append(
+                    f"{_sentence_case(r.words)} gave finite output that differs from the fp32 "
+                    f"reference ({r.quality.words()}): not a fix."
+                )
+        return notes
+
+
+def _unrun_result(name: str, candidate: FixCandidate, pipeline) -> diagnosis.CandidateResult:
+    """A candidate's row before it runs: what it is and the memory its plan holds."""
+    return diagnosis.CandidateResult(
+        component=name,
+        kind=candidate.kind,
+        words=candidate.words,
+        settings=dict(candidate.settings),
+        modules=len(candidate.plan.islands(name))
+        + len(candidate.plan.clamps.get(module_of(name), ())),
+        finite=False,
+        quality=None,
+        cost=StageCost(round(plan_weights_mb(candidate.plan, pipeline), 2)),
+        candidate=candidate,
+    )
+
 
 def choose_fix(
     name: str,
-    stage_fn: Callable[[PrecisionPlan, bool], Stage],
+    stage_fn: Callable[..., Stage],
     search: Search,
     reference: Stage,
     runner: Runner,
@@ -56,13 +266,12 @@ def choose_fix(
     progress: ProgressCallback,
     cancel: CancelToken,
 ) -> Stage | None:
-    """Try every candidate fix for the failing component `name` (`diagnosis.FIX_KINDS`): each
-    re-run is judged finite or not and against the fp32 reference (`reference`, recorded, so
-    its per-layer peaks draw the islands); with `measure_cost` the verified ones are timed
-    against the tested plan and no-half. The best verified one (`diagnosis.rank_candidates`)
-    is accepted; the stage it ran is returned (None: nothing verified)."""
-    results: list[diagnosis.CandidateResult] = []
-    retries: dict[int, Stage] = {}
+    """Find the fix for the failing component `name` among its candidates
+    (`diagnosis.FIX_KINDS`, `CandidateTable`): each re-run is judged finite or not and against
+    the fp32 reference (`reference`, recorded, so its per-layer peaks draw the islands); with
+    `measure_cost` the verified ones that could win are timed against each other. The best
+    verified one (`diagnosis.rank_candidates`) is accepted; the stage it ran is returned (None:
+    nothing verified). The table is finished later (`Search.finish`)."""
     # The candidates read the component's layers; the loaded model has the same ones, and
     # holding the tested copy here would keep it alive beside every candidate's copy.
     candidates = list(
@@ -75,76 +284,18 @@ def choose_fix(
             reference.probes.get(name),
         )
     )
-    for tried, candidate in enumerate(candidates):
-        cancel.raise_if_cancelled()
-        progress(f"Trying a fix: {candidate.words}", tried, len(candidates))
-        try:
-            retry = seen.add(stage_fn(candidate.plan, True), candidate.plan)
-        except CancelledError:
-            raise
-        except Exception as error:  # noqa: BLE001 - any failure of a candidate drops it alone
-            if is_out_of_memory(error):  # not the candidate's fault: the job stops, said once
-                raise
-            search.rejected.append(
-                f"{_sentence_case(candidate.words)} failed to run ({_error_words(error)}): "
-                "not a fix."
-            )
-            continue
-        finite = not retry.probes[name].non_finite
-        quality = compare(retry.output, reference.output) if finite else None
-        result = diagnosis.CandidateResult(
-            component=name,
-            kind=candidate.kind,
-            words=candidate.words,
-            settings=dict(candidate.settings),
-            modules=len(candidate.plan.islands(name))
-            + len(candidate.plan.clamps.get(module_of(name), ())),
-            finite=finite,
-            quality=quality,
-            cost=StageCost(round(plan_weights_mb(candidate.plan, runner.model.pipeline), 2)),
-            candidate=candidate,
-        )
-        if finite:
-            retries[id(result)] = retry
-        results.append(result)
-    verified = [r for r in results if r.verified]
-    if measure_cost and verified:
-        stage = f"Measuring the fixes for the {component_words(name)}"
-        progress(stage, 0, 1)
-        plans = {f"{i}": r.candidate.plan for i, r in enumerate(verified) if r.candidate}
-        plans["as_tested"] = search.plan
-        plans["no_half"] = no_half(search.plan)
-
-        def measured(done: int, total: int) -> None:
-            cancel.raise_if_cancelled()
-            progress(stage, done, total)
-
-        # Each candidate's stage ran to verify it, and the tested plan's in the first probe:
-        # those runs were their warm-ups.
-        warm = [label for label in plans if label != "no_half"]
-        # The candidates race; the tested plan and no-half are the baselines a fix's cost is
-        # told against, timed every round.
-        race = [label for label in plans if label not in ("as_tested", "no_half")]
-        costs = runner.stage_costs(name, stage_fn, plans, measured, warm, race)
-        for i, r in enumerate(verified):
-            r.cost = costs[f"{i}"]
-        search.baselines[name] = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}
-    ranked = diagnosis.rank_candidates(results)
-    for r in ranked:
-        if r.finite and not r.verified and r.quality is not None:
-            search.rejected.append(
-                f"{_sentence_case(r.words)} gave finite output that differs from the fp32 "
-                f"reference ({r.quality.words()}): not a fix."
-            )
-    best = ranked[0] if ranked and ranked[0].verified else None
-    search.candidates.extend(ranked)
-    if best is None or best.candidate is None:
+    table = CandidateTable(
+        name, stage_fn, search, reference, runner, seen, measure_cost, candidates
+    )
+    search.tables.append(table)
+    best = table.choose(progress, cancel)
+    if best is None or best.retry is None:
         return None
-    best.chosen = True
+    best.result.chosen = True
     search.accept(best.candidate)
-    if best.quality is not None:
-        search.qualities[name] = best.quality
-    return retries[id(best)]
+    if best.result.quality is not None:
+        search.qualities[name] = best.result.quality
+    return best.retry
 
 
 def last_resort(runner, search, seen, reports, first_probes, plan, broken, progress, cancel):

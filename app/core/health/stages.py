@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,6 +45,8 @@ RACE_MARGIN = 2.0
 
 # on_run(done, total): a timing run finished, `done` of the `total` a measurement makes.
 RunCallback = Callable[[int, int], None]
+# tell(component, probe): a first probe's component went non-finite, its first bad layer known.
+FindingCallback = Callable[[str, ProbeResult], None]
 
 
 def _no_runs(done: int, total: int) -> None:
@@ -76,6 +79,7 @@ class Stage:
     probes: dict[str, ProbeResult]
     seconds: dict[str, float]
     output: Any
+    cut_short: bool = False  # ended at a non-finite call before its last (its output: None)
 
 
 class _ComponentTimer:
@@ -148,20 +152,44 @@ class _ComponentTimer:
 
 
 class _Stop:
-    """Ends a stage's run once `module` completed `calls` calls (registered after the recorder's
-    and the timer's hooks, so that the last call is recorded and timed); no limit: nothing."""
+    """Ends a stage's run once `module` completed `calls` calls, or (`until_bad`: the calls the
+    stage makes) once a call before its last gave non-finite output (read at once: a host sync
+    a call), unless `on_bad(done)` is given: that is called instead, once, and the run goes on.
+    `on_call(done)` follows each call. Registered after the recorder's and the timer's hooks,
+    so that the last call is recorded and timed; none asked: nothing."""
 
     class Enough(Exception):
         """The calls asked for are made."""
 
-    def __init__(self, module, calls: int | None) -> None:
-        self._left = calls
-        self._handle = module.register_forward_hook(self._after) if calls else None
+    def __init__(
+        self,
+        module,
+        calls: int | None,
+        until_bad: int | None = None,
+        on_call: Callable[[int], None] | None = None,
+        on_bad: Callable[[int], None] | None = None,
+    ) -> None:
+        self._calls = calls
+        self._until_bad = until_bad if until_bad and until_bad > 1 else None
+        self._on_call = on_call
+        self._on_bad = on_bad
+        self.done = 0
+        self.cut_short = False  # ended by a non-finite call before the last
+        asked = calls or self._until_bad or on_call
+        self._handle = module.register_forward_hook(self._after) if asked else None
 
-    def _after(self, *_):
-        assert self._left is not None
-        self._left -= 1
-        if self._left <= 0:
+    def _after(self, module, args, output):
+        self.done += 1
+        if self._on_call is not None:
+            self._on_call(self.done)
+        if self._calls and self.done >= self._calls:
+            raise _Stop.Enough
+        if self._until_bad and self.done < self._until_bad and not all_finite(output):
+            if self._on_bad is not None:
+                self._until_bad = None  # told once; the run goes on
+                self._on_bad(self.done)
+                return
+            self.cut_short = True
             raise _Stop.Enough
 
     def remove(self) -> None:
@@ -212,6 +240,32 @@ class Runner:
         # which the VAE's encoder reads as the second pass reads the enlarged first picture.
         self.enlarged: Any = None
         self._timing = False  # the stages run now are timed for a cost (`_alternating`)
+        # A candidate fix's component, whose run ends at its first non-finite call
+        # (`stopping_at_bad`), and who is told what a first probe found (`telling`).
+        self._until_bad: str | None = None
+        self._tell: FindingCallback | None = None
+
+    @contextmanager
+    def stopping_at_bad(self, name: str) -> Iterator[None]:
+        """Inside the block a stage that runs `name` alone ends at its first call that gives
+        non-finite output (a candidate fix that failed: the calls after it cannot change
+        that), and what went non-finite is not told in full."""
+        self._until_bad, before = name, self._until_bad
+        try:
+            yield
+        finally:
+            self._until_bad = before
+
+    @contextmanager
+    def telling(self, tell: FindingCallback) -> Iterator[None]:
+        """Inside the block (a stage's first probe), a component run alone that goes
+        non-finite is told to `tell(name, probe)` right after its first non-finite call is
+        recorded in full, before the rest of the stage runs: the first finding."""
+        self._tell, before = tell, self._tell
+        try:
+            yield
+        finally:
+            self._tell = before
 
     @property
     def one_step(self) -> list[float]:
@@ -232,20 +286,37 @@ class Runner:
         return self.pictures is not None and self.pictures.mode is Mode.EDIT
 
     def _watch(
-        self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], record: bool = True
+        self,
+        plan: PrecisionPlan,
+        names: list[str],
+        run: Callable[[Any], Any],
+        record: bool = True,
+        calls: int = 1,
     ) -> Stage:
-        """One run of a stage's components `names` under `plan`, each recorded (`record`) and
-        timed. Components run in fp16 are recorded lean (their outputs alone), which is all a
-        finite run needs; where one went non-finite, the stage runs again under the full
-        recorder to name the layer at fault as it always has (its inputs decide which layer
-        made the first NaN), the same inputs giving the same values."""
+        """One run of a stage's components `names` under `plan` (`calls`: the calls of its
+        component that it makes), each recorded (`record`) and timed. Components run in fp16
+        are recorded lean (their outputs alone), which is all a finite run needs; where one
+        went non-finite, its calls run again under the full recorder to name the layer at fault
+        as it always has (its inputs decide which layer made the first NaN), the same inputs
+        giving the same values. A candidate fix's run (`stopping_at_bad`) ends at its first
+        non-finite call, told no further."""
         lean = (
             record and LEAN_RECORDER and all(plan.dtypes.get(module_of(n)) == "fp16" for n in names)
         )
-        stage = self._run_stage(plan, names, run, "lean" if lean else "full" if record else None)
-        if lean and any(p.non_finite for p in stage.probes.values()):
-            return self._descend(plan, names, run, stage)
-        return stage
+        alone = names[0] if len(names) == 1 else None
+        candidate = alone is not None and alone == self._until_bad
+        telling = alone is not None and record and self._tell is not None
+        stage = self._run_stage(
+            plan,
+            names,
+            run,
+            "lean" if lean else "full" if record else None,
+            until_bad=calls if candidate or telling else None,
+            tell_at_bad=telling and not lean and not candidate,
+        )
+        if candidate or not (lean and any(p.non_finite for p in stage.probes.values())):
+            return stage
+        return self._descend(plan, names, run, stage)
 
     def _descend(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], lean: Stage
@@ -253,14 +324,21 @@ class Runner:
         """A stage whose lean record went non-finite, told in full: its one component's calls
         run again under the full recorder up to the first that went non-finite (the denoiser's
         first timestep, for a fault that fires there: one call, not the stage's three), merged
-        with the lean record of every call (`probe.descended`). Where that names no layer (or
-        the stage runs several components), the whole stage runs again in full."""
+        with the lean record of every call (`probe.descended`). Where the lean run ended at
+        that call (a first probe's: `telling`), the full run goes on to the stage's end and is
+        the stage's record; where the full run names no layer (or the stage runs several
+        components), the whole stage runs again in full."""
         (probe,) = lean.probes.values() if len(names) == 1 else (None,)
         if probe is not None and probe.first_bad_call is not None:
-            full = self._run_stage(plan, names, run, "full", stop_after=probe.first_bad_call + 1)
-            told = descended(probe, full.probes[names[0]])
+            name, told_at = names[0], probe.first_bad_call + 1
+            if lean.cut_short:
+                return self._run_stage(plan, names, run, "full", tell_after=told_at)
+            full = self._run_stage(plan, names, run, "full", stop_after=told_at)
+            told = descended(probe, full.probes[name])
             if told is not None:
-                return Stage({names[0]: told}, lean.seconds, lean.output)
+                if self._tell is not None:
+                    self._tell(name, told)
+                return Stage({name: told}, lean.seconds, lean.output)
         return self._run_stage(plan, names, run, "full")
 
     def _run_stage(
@@ -270,10 +348,16 @@ class Runner:
         run: Callable[[Any], Any],
         recorder: str | None,
         stop_after: int | None = None,
+        until_bad: int | None = None,
+        tell_after: int | None = None,
+        tell_at_bad: bool = False,
     ) -> Stage:
         """`_watch`'s one run, under the `recorder` named ("lean", "full", or None); with
         `stop_after`, the run ends once its one component made that many calls (its output is
-        then None)."""
+        then None); with `until_bad` (the calls it makes), at its first non-finite call before
+        the last (`Stage.cut_short`), or with `tell_at_bad` there its record is told and the
+        run goes on; with `tell_after`, what its record holds after that many calls is told
+        (`telling`). A record is told only where it names the layer at fault."""
         self.placed.apply(plan, names)  # this stage's components only (one copy each)
         pipe = self.placed.pipeline()
         recorders = (
@@ -299,7 +383,20 @@ class Runner:
             )
             for n in names
         }
-        stop = _Stop(counted_module(names[0], self.placed[names[0]]), stop_after)
+        on_call = on_bad = None
+        if (tell_after is not None or tell_at_bad) and self._tell is not None and recorders:
+            name, tell = names[0], self._tell
+
+            def told(done: int) -> None:
+                if tell_at_bad or done == tell_after:
+                    probe = recorders[name].read()
+                    if probe.first_bad_module() is not None:
+                        tell(name, probe)
+
+            on_call, on_bad = (None, told) if tell_at_bad else (told, None)
+        stop = _Stop(
+            counted_module(names[0], self.placed[names[0]]), stop_after, until_bad, on_call, on_bad
+        )
         started = time.perf_counter()
         output = None
         try:
@@ -320,7 +417,7 @@ class Runner:
         seconds = {n: t.seconds for n, t in timers.items()}
         if names in (["vae"], ["vae_encoder"]) and not seconds[names[0]]:
             seconds[names[0]] = time.perf_counter() - started  # no decoder or encoder of its own
-        return Stage(probes, seconds, output)
+        return Stage(probes, seconds, output, cut_short=stop.cut_short)
 
     def encode(self, plan: PrecisionPlan, record: bool = True) -> Stage:
         names = [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
@@ -354,15 +451,16 @@ class Runner:
         and last timesteps of the user's schedule) from seeded noise, as the family samples
         (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding)."""
 
+        steps = list(timesteps or (self.one_step if self._timing else self.timesteps))
+
         def run(pipe):
-            steps = list(timesteps or (self.one_step if self._timing else self.timesteps))
             if self.references is not None:  # the VAE encoder's stage made them
                 return capabilities.editing(self.family).probe_edit(
                     pipe, conditioning, self.size, self.device, steps, self.references
                 )
             return self.family.probe_denoise(pipe, conditioning, self.size, self.device, steps)
 
-        return self._watch(plan, [self.family.denoiser], run, record)
+        return self._watch(plan, [self.family.denoiser], run, record, calls=len(steps))
 
     def encode_picture(self, plan: PrecisionPlan, record: bool = True) -> Stage:
         """The input picture through the VAE's encoder (and, for inpainting, the picture with
