@@ -218,7 +218,7 @@ def _grid(energy, period: int) -> _Grid:
     if total <= 0:
         return _Grid()
     reach = max(1, period // 8)  # a decoder smooths a step over more pixels on a larger grid
-    window = sum(np.roll(folded, k) for k in range(-reach, reach + 1))
+    window = np.sum([np.roll(folded, k) for k in range(-reach, reach + 1)], axis=0)
     offset = int(folded.argmax())
     lines = excess[offset::period]
     if float(np.quantile(lines, 0.25)) < BLOCK_EVEN * float(lines.mean()):
