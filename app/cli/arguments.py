@@ -388,12 +388,26 @@ def _validated(key: str):
     return parse
 
 
+# What MODEL may be, for the commands that load one.
+_MODEL_HELP = (
+    "a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "
+    "--allow-pickle), 'demo' for the built-in demo model (it draws simple coloured shapes), "
+    "or 'demo-overflow', the same with a VAE that overflows in fp16"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="halfsafe", description="Make half precision safe for Stable Diffusion.")
     parser.add_argument("--version", action="version", version=f"halfsafe {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for add in (_add_gpu, _add_advise, _add_check, _add_generate, _add_explain):
+        add(sub)
+    return parser
 
+
+def _add_gpu(sub) -> None:
+    """`halfsafe gpu`: the devices and the self-test."""
     gpu = sub.add_parser("gpu", help="this machine's devices and what they can do in fp16/bf16")
     gpu.add_argument("--json", action="store_true", help="print the report as JSON")
     gpu.add_argument(
@@ -413,6 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
         "0 skips it; a cached count is reused unless this is given)",
     )
 
+
+def _add_advise(sub) -> None:
+    """`halfsafe advise FAMILY`: which stored form runs on this device."""
     advise = sub.add_parser(
         "advise", help="which stored form of a model family runs on this device, and its needs"
     )
@@ -431,13 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the device to advise for (default: your saved device setting)",
     )
 
-    model_help = (
-        "a diffusers folder, a .safetensors checkpoint (.ckpt/.pt only with "
-        "--allow-pickle), 'demo' for the built-in demo model (it draws simple coloured shapes), "
-        "or 'demo-overflow', the same with a VAE that overflows in fp16"
-    )
+
+def _add_check(sub) -> None:
+    """`halfsafe check MODEL`: the health check."""
     check = sub.add_parser("check", help="model health check: which part overflows, and the fix")
-    check.add_argument("model", metavar="MODEL", help=model_help)
+    check.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     size = FIELDS["width"]
     check.add_argument(
@@ -460,8 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lora_flag(check)
     _add_precision_flags(check)
 
+
+def _add_generate(sub) -> None:
+    """`halfsafe generate MODEL`: images with the NaN watch."""
     gen = sub.add_parser("generate", help="generate images with the NaN watch")
-    gen.add_argument("model", metavar="MODEL", help=model_help)
+    gen.add_argument("model", metavar="MODEL", help=_MODEL_HELP)
     gen.add_argument("--json", action="store_true", help="print the result as JSON")
     gen.add_argument("--prompt", default="", help="what to draw")
     for key in (
@@ -542,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_lora_flag(gen)
     _add_precision_flags(gen)
 
+
+def _add_explain(sub) -> None:
+    """`halfsafe explain IMAGE`: why an image came out black."""
     explain = sub.add_parser(
         "explain", help="why an image (made by HalfSafe or another tool) came out black"
     )
@@ -577,7 +598,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the log of the tool that made the image (ComfyUI's console output saved to a "
         "file): read for its version and a loader's unexpected-key warnings",
     )
-    return parser
 
 
 def effective_settings(args: argparse.Namespace) -> dict[str, Any]:
