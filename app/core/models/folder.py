@@ -48,39 +48,8 @@ def load_folder(
     progress: ProgressCallback,
     cancel: CancelToken | None,
 ) -> LoadedModel:
-    import diffusers
 
-    index_file = path / "model_index.json"
-    if not index_file.exists() and (path / MODULAR_INDEX).exists():
-        index_file = path / MODULAR_INDEX  # a modular pipeline's folder, as diffusers writes it
-    if not index_file.exists():
-        raise BadFileError(
-            path, "this folder has no model_index.json, so it is not a diffusers pipeline folder."
-        )
-    progress("Checking the model folder", 0, 1)
-    index = read_json(index_file)
-    try:
-        limits.check_no_custom_code(index)
-    except ValueError as error:
-        raise BadFileError(index_file, f"{error}.") from None
-    if index_file.name == MODULAR_INDEX:
-        index = modular_components(path, index)
-    components = {
-        name: spec
-        for name, spec in index.items()
-        if not name.startswith("_")
-        and isinstance(spec, list)
-        and len(spec) == 2
-        and spec[0] is not None
-        and spec[1] is not None
-    }
-    for name in components:
-        if not (path / name).is_dir():
-            raise BadFileError(
-                path,
-                f"model_index.json lists the component '{name}' but the "
-                f"folder has no '{name}' subfolder.",
-            )
+    index_file, index, components = _read_index(path, progress)
     denoiser = "transformer" if "transformer" in components else "unet"
     if denoiser not in components:
         raise UnsupportedModelError(
@@ -111,25 +80,8 @@ def load_folder(
 
     _check_parts(path, index, components, unet_config, detection, vae, allow_pickle)
 
-    dtypes: dict[str, list[str]] = {}
-    variant = None
-    pickles = False
-    read_from = [index_file]  # every file the weights come from, for the identity's stamp
-    for name in sorted(components):
-        if name not in MODEL_COMPONENTS:
-            continue
-        folder = path / name
-        files = weight_files(folder, allow_pickle, path)
-        read_from += [folder / "config.json", *files]
-        for file in files:
-            if file.suffix == ".safetensors":
-                header = read_safetensors_header(file)
-                dtypes.setdefault(name, []).extend(header.dtypes().values())
-            else:
-                pickles = True
-        plain = [f for f in files if ".fp16." not in f.name]
-        if not plain and any(".fp16." in f.name for f in files):
-            variant = "fp16"
+    dtypes, variant, pickles, read_from = _stored_dtypes(path, components, allow_pickle)
+    read_from.insert(0, index_file)  # every file the weights come from, for the stamp
     if cancel is not None:
         cancel.raise_if_cancelled()
     # Stamped before anything is read, so a file changed during the load is hashed again.
@@ -143,25 +95,7 @@ def load_folder(
         torch_dtype[name] = assembly.torch_dtype(stored_dtype(found))
     progress("Loading the model folder", 0, 1)
     family = family_of_detection(detection)
-    try:
-        pipeline = family.load_folder(path, components, torch_dtype) if family else None
-        if pipeline is None:
-            parts = family.folder_parts(path) if family is not None else {}
-            pipeline = diffusers.DiffusionPipeline.from_pretrained(
-                path,
-                local_files_only=True,
-                trust_remote_code=False,
-                torch_dtype=torch_dtype,
-                variant=variant,
-                use_safetensors=None if pickles else True,
-                **parts,
-            )
-    except HalfSafeError:
-        raise
-    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as error:
-        raise BadFileError(
-            path, f"diffusers could not load this folder ({first_line(error)})."
-        ) from None
+    pipeline = _built(path, family, components, torch_dtype, variant, pickles)
     progress("Loading the model folder", 1, 1)
     if vae is not None:
         vae_base = dict(pipeline.vae.config)
@@ -193,6 +127,99 @@ def load_folder(
         zero_terminal_snr=detection.zero_terminal_snr,
         prediction_because=detection.prediction_because,
     )
+
+
+def _read_index(path: Path, progress: ProgressCallback) -> tuple[Path, dict[str, Any], dict]:
+    """The folder's index file, its contents (a modular pipeline's laid out as model_index.json
+    lists parts) and the parts it lists, each a subfolder; BadFileError naming what is wrong."""
+    index_file = path / "model_index.json"
+    if not index_file.exists() and (path / MODULAR_INDEX).exists():
+        index_file = path / MODULAR_INDEX  # a modular pipeline's folder, as diffusers writes it
+    if not index_file.exists():
+        raise BadFileError(
+            path, "this folder has no model_index.json, so it is not a diffusers pipeline folder."
+        )
+    progress("Checking the model folder", 0, 1)
+    index = read_json(index_file)
+    try:
+        limits.check_no_custom_code(index)
+    except ValueError as error:
+        raise BadFileError(index_file, f"{error}.") from None
+    if index_file.name == MODULAR_INDEX:
+        index = modular_components(path, index)
+    components = {
+        name: spec
+        for name, spec in index.items()
+        if not name.startswith("_")
+        and isinstance(spec, list)
+        and len(spec) == 2
+        and spec[0] is not None
+        and spec[1] is not None
+    }
+    for name in components:
+        if not (path / name).is_dir():
+            raise BadFileError(
+                path,
+                f"model_index.json lists the component '{name}' but the "
+                f"folder has no '{name}' subfolder.",
+            )
+    return index_file, index, components
+
+
+def _stored_dtypes(
+    path: Path, components: dict, allow_pickle: bool
+) -> tuple[dict[str, list[str]], str | None, bool, list[Path]]:
+    """Each model part's stored dtypes (from its safetensors headers), the diffusers variant
+    its files are ("fp16" where only such files are there), whether any file is a pickle, and
+    every file the weights come from."""
+    dtypes: dict[str, list[str]] = {}
+    variant = None
+    pickles = False
+    read_from: list[Path] = []
+    for name in sorted(components):
+        if name not in MODEL_COMPONENTS:
+            continue
+        folder = path / name
+        files = weight_files(folder, allow_pickle, path)
+        read_from += [folder / "config.json", *files]
+        for file in files:
+            if file.suffix == ".safetensors":
+                header = read_safetensors_header(file)
+                dtypes.setdefault(name, []).extend(header.dtypes().values())
+            else:
+                pickles = True
+        plain = [f for f in files if ".fp16." not in f.name]
+        if not plain and any(".fp16." in f.name for f in files):
+            variant = "fp16"
+    return dtypes, variant, pickles, read_from
+
+
+def _built(path: Path, family, components: dict, torch_dtype: dict, variant, pickles: bool):
+    """The pipeline built from the folder: by its family's own loader where it has one, else
+    by diffusers (no code from the folder runs: trust_remote_code=False); BadFileError when
+    diffusers cannot read it."""
+    import diffusers
+
+    try:
+        pipeline = family.load_folder(path, components, torch_dtype) if family else None
+        if pipeline is None:
+            parts = family.folder_parts(path) if family is not None else {}
+            pipeline = diffusers.DiffusionPipeline.from_pretrained(
+                path,
+                local_files_only=True,
+                trust_remote_code=False,
+                torch_dtype=torch_dtype,
+                variant=variant,
+                use_safetensors=None if pickles else True,
+                **parts,
+            )
+    except HalfSafeError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as error:
+        raise BadFileError(
+            path, f"diffusers could not load this folder ({first_line(error)})."
+        ) from None
+    return pipeline
 
 
 # The index diffusers writes for a modular pipeline's folder (`ModularPipeline.save_pretrained`).
