@@ -172,6 +172,7 @@ class PrecisionPlan:
             "text_encoder_precision": first_encoder,
             "text_encoder_2_precision": self.dtypes.get("text_encoder_2", first_encoder),
             "text_encoder_3_precision": self.dtypes.get("text_encoder_3", first_encoder),
+            "prompt_upsampler_precision": self.dtypes.get("prompt_upsampler", first_encoder),
             "no_half": all(d == "fp32" for d in self.dtypes.values()),
             "no_half_vae": self.dtypes.get("vae") == "fp32",
             "upcast_attention": self.upcast_attention,

@@ -1,0 +1,86 @@
+"""FLUX.3's prompt upsampler as HalfSafe runs it: a Qwen3.5 LLM (transformers'
+`Qwen3_5ForConditionalGeneration`, black-forest-labs' 9B fine-tune) that writes the user's short
+prompt out as the detailed caption the model was trained on, by greedy generation from
+diffusers' chat (the text-to-image system prompt diffusers ships, the request as the user's
+turn, thinking off), as diffusers' `Flux3Text2ImagePromptUpsampleStep` does. The health check
+generates a bounded number of tokens (`health.stages.UPSAMPLER_CHECK_TOKENS`) and compares each
+step's raw logits; a job generates the caption in full (`JOB_NEW_TOKENS`, diffusers' bound).
+
+Imported only where a FLUX.3 model runs its upsampler: it imports transformers and diffusers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers.modular_pipelines.flux3.prompt_upsampler import MAX_NEW_TOKENS, SYSTEM_PROMPTS
+from transformers import LogitsProcessor, LogitsProcessorList
+
+# A job's bound: diffusers' (its upsampler's captions run 100 to 350 words).
+JOB_NEW_TOKENS = MAX_NEW_TOKENS
+
+
+@dataclass
+class Upsampled:
+    """One generation: the caption, the new token ids (1, n) and each step's raw logits
+    (1, n, vocab) in fp32, before any processor touched them (what the check compares)."""
+
+    text: str
+    tokens: Any
+    logits: Any
+
+
+class _Forced(LogitsProcessor):
+    """Makes greedy generation pick `tokens` (1-D) in order from the prompt's end (`start`):
+    the check's re-runs take the reference's tokens, so each step's logits are compared on the
+    same text whatever a near tie picked. The raw logits stay the model's own."""
+
+    def __init__(self, tokens, start: int) -> None:
+        self.tokens = tokens
+        self.start = start
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.start
+        if step >= len(self.tokens):
+            return scores
+        forced = torch.full_like(scores, -torch.inf)
+        forced[:, int(self.tokens[step])] = 0.0
+        return forced
+
+
+def chat_inputs(processor, prompt: str, device) -> Any:
+    """The request in diffusers' text-to-image chat, tokenised, on `device`."""
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPTS["t2i"]}]},
+        {"role": "user", "content": [{"type": "text", "text": prompt}]},
+    ]
+    return processor.apply_chat_template(
+        messages,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+        return_tensors="pt",
+        enable_thinking=False,
+    ).to(device)
+
+
+@torch.no_grad()
+def generate(model, processor, prompt: str, device, max_new_tokens: int, forced=None) -> Upsampled:
+    """At most `max_new_tokens` tokens of the caption for `prompt`, greedily (`forced`: the new
+    tokens to take instead, 1-D), in the model's placed dtype. Runs on the calling thread."""
+    inputs = chat_inputs(processor, prompt, device)
+    start = inputs["input_ids"].shape[1]
+    steer = LogitsProcessorList([_Forced(forced, start)]) if forced is not None else None
+    out = model.generate(
+        **inputs,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        logits_processor=steer,
+    )
+    tokens = out.sequences[:, start:]
+    text = processor.decode(tokens[0], skip_special_tokens=True).strip()
+    return Upsampled(text, tokens, torch.stack(list(out.logits), dim=1).float())
