@@ -6,13 +6,20 @@ writes."""
 
 from __future__ import annotations
 
+import shutil
+
+import numpy as np
 import pytest
 import torch
 
+from app.core import generation, models
 from app.core.components import COMPONENTS, Role, Status, Verdict
+from app.core.errors import BadFileError
 from app.core.fixing.quality import compare
+from app.core.generation import GenerationRequest
 from app.core.health.stages import DEFAULT_PROMPT, UPSAMPLER_CHECK_TOKENS, Runner
 from app.core.precision import PrecisionPlan
+from app.core.settings import PrecisionSettings
 from tests.support.family_helpers import (
     check,
     in_memory,
@@ -24,6 +31,7 @@ from tests.support.tiny_models import build_tiny_flux3_pipeline
 # fp16's range (the healthy upsampler's largest activation is about 4).
 PLANTED = "model.language_model.layers.1.mlp.down_proj"
 FACTOR = 5e7
+FP32 = PrecisionSettings(precision="fp32")
 
 
 def _klein(planted: bool = False):
@@ -104,3 +112,76 @@ def test_the_unfixed_fp16_upsampler_is_what_fails(planted):
     finally:
         runner.placed.release()
     assert stage.probes["prompt_upsampler"].non_finite is planted
+
+
+def _request(tmp_path, prompt: str, upsample: bool) -> GenerationRequest:
+    return GenerationRequest(
+        prompt=prompt,
+        steps=2,
+        cfg=1.0,
+        seed=4,
+        width=64,
+        height=64,
+        output_dir=str(tmp_path),
+        upsample_prompt=upsample,
+    )
+
+
+def test_generation_encodes_the_caption_the_upsampler_writes(tmp_path):
+    model = _klein()
+    pipeline = model.pipeline
+    pipeline.upsampler_new_tokens = 8  # diffusers' blocks take the bound as an input
+    caption = pipeline.upsample_prompt("a red cat", torch.device("cpu"), 8).text
+    assert caption and caption != "a red cat"
+
+    upsampled = generation.generate(
+        model, _request(tmp_path / "on", "a red cat", True), precision=FP32, device="cpu"
+    )
+    assert upsampled.upsampled_prompt == caption
+    assert upsampled.to_json()["upsampled_prompt"] == caption
+    # The same image as the caption typed in with the upsampler off: the encoders read it.
+    typed = generation.generate(
+        model, _request(tmp_path / "off", caption, False), precision=FP32, device="cpu"
+    )
+    assert typed.upsampled_prompt is None
+    (made,), (expected,) = upsampled.images, typed.images
+    assert np.array_equal(np.asarray(made.image), np.asarray(expected.image))
+    plain = generation.generate(
+        model, _request(tmp_path / "plain", "a red cat", False), precision=FP32, device="cpu"
+    )
+    assert not np.array_equal(np.asarray(plain.images[0].image), np.asarray(made.image))
+
+
+@pytest.mark.slow  # saving and loading two 151,669-token embeddings
+def test_a_folder_with_an_upsampler_loads_it_kept_as_stored(tmp_path):
+    pipeline = build_tiny_flux3_pipeline(distilled=True, upsampler=True)
+    pipeline.prompt_upsampler.to(torch.bfloat16)
+    pipeline.save_pretrained(tmp_path / "klein")
+
+    model = models.load_model(str(tmp_path / "klein"))
+
+    loaded = model.pipeline.prompt_upsampler
+    assert "prompt_upsampler" in model.components
+    assert loaded.dtype == torch.bfloat16
+    saved = pipeline.prompt_upsampler.state_dict()
+    assert all(torch.equal(saved[k], v) for k, v in loaded.state_dict().items())
+
+
+@pytest.mark.slow  # saving a 151,669-token embedding
+def test_an_upsampler_without_its_processor_is_one_sentence(tmp_path):
+    pipeline = build_tiny_flux3_pipeline(distilled=True, upsampler=True)
+    pipeline.save_pretrained(tmp_path / "klein")
+    shutil.rmtree(tmp_path / "klein" / "prompt_upsampler_processor")
+
+    with pytest.raises(BadFileError, match="prompt upsampler but not its processor"):
+        models.load_model(str(tmp_path / "klein"))
+
+
+@pytest.mark.parametrize(("flag", "expected"), [([], True), (["--upsample-prompt", "off"], False)])
+def test_generate_takes_the_upsampler_on_or_off(flag, expected):
+    from app.cli.arguments import build_parser, effective_settings
+    from app.cli.commands import generate_request
+
+    args = build_parser().parse_args(["generate", "demo", *flag])
+    request = generate_request(args, effective_settings(args), native_size=128)
+    assert request.generation.upsample_prompt is expected

@@ -229,11 +229,12 @@ class Family:
         """The prompt as the pipeline's `__call__` takes it (batch 1 each)."""
         raise NotImplementedError
 
-    def upsample(self, pipe, prompt: str, device, max_new_tokens: int, forced=None) -> Any:
+    def upsample(self, pipe, prompt: str, device, max_new_tokens: int | None, forced=None) -> Any:
         """What the pipeline's prompt upsampler (a `prompt_upsampler` component; asked only
         where the pipeline has one) writes for `prompt`: an object with the caption (`text`),
         the new tokens (`tokens`, 1 x n) and each step's raw logits (`logits`, 1 x n x vocab),
-        at most `max_new_tokens` greedily, or the `forced` tokens."""
+        at most `max_new_tokens` (None: as many as the model's own pipeline allows) greedily,
+        or the `forced` tokens."""
         raise NotImplementedError
 
     def clip_skip_problem(self, clip_skip: int) -> str | None:

@@ -50,6 +50,7 @@ from app.core.families.flux3_recipe import (
     PAD_MULTIPLE,
     TEXT_LAYERS,
 )
+from app.core.families.flux3_upsampler import JOB_NEW_TOKENS
 from app.core.families.modular import StepEndStep, assembled
 
 # The parts of a FLUX.3 pipeline, as diffusers' blocks name them (the tokenizer is Qwen3-VL's
@@ -191,6 +192,9 @@ class Flux3Pipeline(DiffusionPipeline):
     folder_class_name: ClassVar[str] = "Flux3ModularPipeline"
     distilled: ClassVar[bool] = False
     default_steps: ClassVar[int] = BASE_STEPS
+    # The most tokens a job's prompt upsampler writes: diffusers' blocks take it as an input
+    # (max_new_tokens), by default theirs.
+    upsampler_new_tokens: int = JOB_NEW_TOKENS
 
     def __init__(
         self,

@@ -505,6 +505,7 @@ def _generate_unsaved(
         mode=mode,
         memory=memory,
         job_fix=job_fix,
+        upsampled_prompt=job.upsampled,
     )
     result.seconds = time.perf_counter() - started
     return result, learned

@@ -157,6 +157,7 @@ class Stages:
         # made it rule the cache out, for the rest of the job.
         self.step_cache = request.step_cache
         self.prompt_cache = request.prompt_cache  # likewise, the prompt cache
+        self.upsampled: str | None = None  # the prompt upsampler's caption, once written
 
     def _colours(self, plan: PrecisionPlan):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
@@ -182,9 +183,27 @@ class Stages:
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
+    def written_prompt(self, plan: PrecisionPlan) -> str:
+        """The prompt the text encoders read: the user's, its <lora:...> tags stripped (they
+        are not words), or where the model has a prompt upsampler and the job asks for it, the
+        caption the upsampler writes from it, once a job, in its planned dtype (the user's
+        prompt where it writes nothing)."""
+        import torch
+
+        prompt = strip_tags(self.request.prompt)
+        if not (self.request.upsample_prompt and "prompt_upsampler" in plan.dtypes):
+            return prompt
+        if self.upsampled is None:
+            pipe = self._pipeline(plan, ["prompt_upsampler"])
+            with backend_flags(plan), torch.inference_mode():
+                written = self.family.upsample(pipe, prompt, self.device, None)
+            self.upsampled = str(written.text or prompt)
+        return self.upsampled or prompt
+
     def encode(self, plan: PrecisionPlan) -> _Conditioning:
         import torch
 
+        prompt = self.written_prompt(plan)
         pipe = self._pipeline(plan, self.family.text_encoders(self.model.pipeline))
         request = self.request
         saturated: dict[str, list[Any]] = {}
@@ -195,7 +214,6 @@ class Stages:
                     hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
         try:
             with backend_flags(plan), torch.inference_mode():
-                prompt = strip_tags(request.prompt)  # A1111's <lora:...> tags are not words
                 negative = strip_tags(request.negative_prompt)
                 if self.editing:
                     assert self.pictures is not None
