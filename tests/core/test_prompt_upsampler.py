@@ -6,6 +6,7 @@ writes."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
@@ -185,3 +186,47 @@ def test_generate_takes_the_upsampler_on_or_off(flag, expected):
     args = build_parser().parse_args(["generate", "demo", *flag])
     request = generate_request(args, effective_settings(args), native_size=128)
     assert request.generation.upsample_prompt is expected
+
+
+# A ComfyUI graph's prompt upsampler ---------------------------------------------------------
+
+
+def _graph_with(node: dict) -> str:
+    from tests.support.image_files import comfy_prompt
+
+    nodes = json.loads(comfy_prompt("flux3-image-klein.safetensors"))
+    nodes["30"] = node
+    return json.dumps(nodes)
+
+
+@pytest.mark.parametrize(
+    ("node", "said"),
+    [
+        (
+            {
+                "class_type": "PromptUpsampler",
+                "inputs": {"model_name": "qwen3.5_9b_w4a8.safetensors", "text": "a cat."},
+            },
+            "PromptUpsampler (qwen3.5_9b_w4a8.safetensors)",
+        ),
+        (
+            {"class_type": "CLIPLoader", "inputs": {"clip_name": "flux-3-image-klein-pup.gguf"}},
+            "CLIPLoader (flux-3-image-klein-pup.gguf)",
+        ),
+        ({"class_type": "CLIPLoader", "inputs": {"clip_name": "qwen3vl_4b.safetensors"}}, None),
+    ],
+    ids=["upsampler node", "upsampler file", "text encoder"],
+)
+def test_a_comfyui_graph_names_its_prompt_upsampler(tmp_path, node, said):
+    from app.core import explain
+    from tests.support.image_files import pixels, png_text
+
+    image = png_text(
+        tmp_path / "ComfyUI_00001_.png", {"prompt": _graph_with(node)}, pixels("noise")
+    )
+    record, _, _ = explain.read_image(image)
+    assert record.prompt_upsampler == said
+    assert record.to_json()["prompt_upsampler"] == said
+    if said is not None:
+        explanation = explain.explain_image(str(image), folders=[str(tmp_path / "none")])
+        assert any(said in note and "prompt upsampler" in note for note in explanation.notes)
