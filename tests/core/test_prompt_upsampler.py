@@ -230,3 +230,20 @@ def test_a_comfyui_graph_names_its_prompt_upsampler(tmp_path, node, said):
     if said is not None:
         explanation = explain.explain_image(str(image), folders=[str(tmp_path / "none")])
         assert any(said in note and "prompt upsampler" in note for note in explanation.notes)
+
+
+def test_a_job_whose_upsampler_overflows_encodes_the_prompt_as_typed(tmp_path):
+    model = _klein(planted=True)
+    model.pipeline.upsampler_new_tokens = 8
+    fp16_upsampler = PrecisionSettings(precision="fp32", prompt_upsampler_precision="fp16")
+
+    result = generation.generate(
+        model, _request(tmp_path / "on", "a red cat", True), precision=fp16_upsampler, device="cpu"
+    )
+
+    assert result.upsampled_prompt is None
+    assert any("prompt upsampler went NaN/Inf in fp16" in w for w in result.warnings)
+    typed = generation.generate(
+        model, _request(tmp_path / "off", "a red cat", False), precision=FP32, device="cpu"
+    )
+    assert np.array_equal(np.asarray(result.images[0].image), np.asarray(typed.images[0].image))

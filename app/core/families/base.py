@@ -232,9 +232,10 @@ class Family:
     def upsample(self, pipe, prompt: str, device, max_new_tokens: int | None, forced=None) -> Any:
         """What the pipeline's prompt upsampler (a `prompt_upsampler` component; asked only
         where the pipeline has one) writes for `prompt`: an object with the caption (`text`),
-        the new tokens (`tokens`, 1 x n) and each step's raw logits (`logits`, 1 x n x vocab),
-        at most `max_new_tokens` (None: as many as the model's own pipeline allows) greedily,
-        or the `forced` tokens."""
+        the new tokens (`tokens`, 1 x n), each step's raw logits (`logits`, 1 x n x vocab;
+        None for a job's, `max_new_tokens` None) and whether they were all finite (`finite`),
+        at most `max_new_tokens` (None: as many as the model's own pipeline allows, for a job)
+        greedily, or the `forced` tokens."""
         raise NotImplementedError
 
     def clip_skip_problem(self, clip_skip: int) -> str | None:

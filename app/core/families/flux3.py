@@ -326,7 +326,7 @@ class _Flux3(Editing, FlowMatching, Family):
         """diffusers' text-to-image prompt upsampling (`Flux3Pipeline.upsample_prompt`; by
         default at most the pipeline's `upsampler_new_tokens`, diffusers' 3,584)."""
         bound = max_new_tokens or pipe.upsampler_new_tokens
-        return pipe.upsample_prompt(prompt, device, bound, forced)
+        return pipe.upsample_prompt(prompt, device, bound, forced, logits=bool(max_new_tokens))
 
     def _sigmas(self, pipeline, steps: int) -> list[float]:
         """The sigmas FLUX.3's blocks run: linear from 1 to 1/steps, shifted by the

@@ -253,9 +253,12 @@ class Flux3Pipeline(DiffusionPipeline):
             hidden_states_layers=TEXT_LAYERS,
         )
 
-    def upsample_prompt(self, prompt: str, device, max_new_tokens: int, forced=None):
+    def upsample_prompt(
+        self, prompt: str, device, max_new_tokens: int, forced=None, logits: bool = True
+    ):
         """The caption the prompt upsampler writes for `prompt` (`flux3_upsampler.generate`:
-        at most `max_new_tokens`, greedily, or the `forced` tokens), in its placed dtype."""
+        at most `max_new_tokens`, greedily, or the `forced` tokens; each step's logits kept
+        where `logits`), in its placed dtype."""
         from app.core.families.flux3_upsampler import generate
 
         return generate(
@@ -265,6 +268,7 @@ class Flux3Pipeline(DiffusionPipeline):
             device,
             max_new_tokens,
             forced,
+            logits,
         )
 
     def __call__(

@@ -24,12 +24,28 @@ JOB_NEW_TOKENS = MAX_NEW_TOKENS
 
 @dataclass
 class Upsampled:
-    """One generation: the caption, the new token ids (1, n) and each step's raw logits
-    (1, n, vocab) in fp32, before any processor touched them (what the check compares)."""
+    """One generation: the caption, the new token ids (1, n), each step's raw logits
+    (1, n, vocab) in fp32, before any processor touched them (what the check compares; None
+    where not kept: a job's 3,584 steps of Qwen3.5's 248,320-wide rows would be 3.5 GB), and
+    whether every step's logits were finite."""
 
     text: str
     tokens: Any
     logits: Any
+    finite: bool = True
+
+
+class _Watch(LogitsProcessor):
+    """Folds whether each step's logits held NaN or Inf into one device flag, read once at the
+    end (no host sync a token)."""
+
+    def __init__(self) -> None:
+        self.bad: Any = None
+
+    def __call__(self, input_ids, scores):
+        bad = ~torch.isfinite(scores).all()
+        self.bad = bad if self.bad is None else self.bad | bad
+        return scores
 
 
 class _Forced(LogitsProcessor):
@@ -67,20 +83,25 @@ def chat_inputs(processor, prompt: str, device) -> Any:
 
 
 @torch.no_grad()
-def generate(model, processor, prompt: str, device, max_new_tokens: int, forced=None) -> Upsampled:
+def generate(
+    model, processor, prompt: str, device, max_new_tokens: int, forced=None, logits: bool = True
+) -> Upsampled:
     """At most `max_new_tokens` tokens of the caption for `prompt`, greedily (`forced`: the new
-    tokens to take instead, 1-D), in the model's placed dtype. Runs on the calling thread."""
+    tokens to take instead, 1-D), in the model's placed dtype, each step's raw logits kept
+    where `logits`. Runs on the calling thread; one host sync at the end."""
     inputs = chat_inputs(processor, prompt, device)
     start = inputs["input_ids"].shape[1]
-    steer = LogitsProcessorList([_Forced(forced, start)]) if forced is not None else None
+    watch = _Watch()
+    steer = [watch] + ([_Forced(forced, start)] if forced is not None else [])
     out = model.generate(
         **inputs,
         max_new_tokens=max_new_tokens,
         do_sample=False,
-        output_logits=True,
+        output_logits=logits,
         return_dict_in_generate=True,
-        logits_processor=steer,
+        logits_processor=LogitsProcessorList(steer),
     )
     tokens = out.sequences[:, start:]
     text = processor.decode(tokens[0], skip_special_tokens=True).strip()
-    return Upsampled(text, tokens, torch.stack(list(out.logits), dim=1).float())
+    kept = torch.stack(list(out.logits), dim=1).float() if logits else None
+    return Upsampled(text, tokens, kept, watch.bad is None or not bool(watch.bad))

@@ -490,6 +490,7 @@ def _generate_unsaved(
     finally:
         job.placed.release()
     warnings.extend(dict.fromkeys(job.dropped))
+    warnings.extend(job.notes)
     if pictures is not None and pictures.paste is not None:
         for entry in entries:
             _pasted(entry, pictures.paste, request)

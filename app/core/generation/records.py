@@ -41,6 +41,15 @@ IMAGE_STATUS_WORDS = {
     "safety_checker": "blanked by the safety checker",
 }
 
+# What a job says of its prompt upsampler.
+UPSAMPLER_WORDS = {
+    "non_finite": (
+        "The prompt upsampler went NaN/Inf in {dtype} while writing the prompt out, so the "
+        "prompt was encoded as typed; a health check of the model names its layer and proves "
+        "a fix."
+    ),
+}
+
 
 @dataclass
 class GenerationRequest:

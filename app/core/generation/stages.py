@@ -15,7 +15,7 @@ from app.core.families import capabilities, family_of
 from app.core.fixing.quality import Quality
 from app.core.generation import step_cache
 from app.core.generation.preview import colours_for, latent_preview
-from app.core.generation.records import GenerationRequest, PreviewCallback
+from app.core.generation.records import UPSAMPLER_WORDS, GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
 from app.core.hires import enlarge, enlarges_pixels, upscale
 from app.core.images.finished import PixelStats, to_image
@@ -158,6 +158,8 @@ class Stages:
         self.step_cache = request.step_cache
         self.prompt_cache = request.prompt_cache  # likewise, the prompt cache
         self.upsampled: str | None = None  # the prompt upsampler's caption, once written
+        self.upsampler_ran = False
+        self.notes: list[str] = []  # sentences for the result's warnings
 
     def _colours(self, plan: PrecisionPlan):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
@@ -193,11 +195,16 @@ class Stages:
         prompt = strip_tags(self.request.prompt)
         if not (self.request.upsample_prompt and "prompt_upsampler" in plan.dtypes):
             return prompt
-        if self.upsampled is None:
+        if not self.upsampler_ran:
+            self.upsampler_ran = True
             pipe = self._pipeline(plan, ["prompt_upsampler"])
             with backend_flags(plan), torch.inference_mode():
                 written = self.family.upsample(pipe, prompt, self.device, None)
-            self.upsampled = str(written.text or prompt)
+            if not written.finite:  # its caption is noise: the prompt as typed, and why
+                dtype = plan.dtypes["prompt_upsampler"]
+                self.notes.append(UPSAMPLER_WORDS["non_finite"].format(dtype=dtype))
+            elif written.text:
+                self.upsampled = str(written.text)
         return self.upsampled or prompt
 
     def encode(self, plan: PrecisionPlan) -> _Conditioning:
