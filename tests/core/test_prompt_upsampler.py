@@ -247,3 +247,21 @@ def test_a_job_whose_upsampler_overflows_encodes_the_prompt_as_typed(tmp_path):
         model, _request(tmp_path / "off", "a red cat", False), precision=FP32, device="cpu"
     )
     assert np.array_equal(np.asarray(result.images[0].image), np.asarray(typed.images[0].image))
+
+
+def test_an_upsampler_overflow_is_the_model_not_an_intermittent_fault():
+    """The cause attribution re-runs the check's plan: the upsampler runs in it, so its NaN
+    comes back and is the model's (precision), never a fault that struck at random."""
+    from app.core.causes.check import check_and_attribute
+
+    report = check_and_attribute(
+        _klein(planted=True),
+        precision=PrecisionSettings(precision="fp16"),
+        device="cpu",
+        size=64,
+        measure_cost=False,
+        remember=False,
+    )
+    assert report.cause is not None and report.cause.kind == "precision"
+    assert report.verdict is Verdict.FIXABLE
+    assert report.components["prompt_upsampler"].first_bad_module == PLANTED

@@ -751,17 +751,21 @@ def probe_run(
     prompt: str = DEFAULT_PROMPT,
     clip_skip: int = 1,
 ) -> ProbeRun:
-    """Run the text encoder(s), the denoiser at the probe's timesteps and the VAE once under
-    `plan`, as the check's first pass does, recording every module; the device copies are
-    released at the end. Runs on the calling thread."""
+    """Run the prompt upsampler where the model has one, the text encoder(s), the denoiser at
+    the probe's timesteps and the VAE once under `plan`, as the check's first pass does,
+    recording every module; the device copies are released at the end. Runs on the calling
+    thread."""
     runner = Runner(model, plan, size, prompt, steps, scheduler, clip_skip=clip_skip)
+    upsampler = of_role(plan.dtypes, Role.PROMPT_UPSAMPLER)
     try:
+        upsampled = runner.upsample(plan).probes if upsampler else {}
         encoded = runner.encode(plan)
         denoised = runner.denoise(plan, encoded.output)
         decoded = runner.decode(plan, denoised.output)
     finally:
         runner.placed.release()
-    return ProbeRun(decoded.output, {**encoded.probes, **denoised.probes, **decoded.probes})
+    probes = {**upsampled, **encoded.probes, **denoised.probes, **decoded.probes}
+    return ProbeRun(decoded.output, probes)
 
 
 def first_bad_name(probe: ProbeResult) -> str | None:
