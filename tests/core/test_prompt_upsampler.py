@@ -265,3 +265,25 @@ def test_an_upsampler_overflow_is_the_model_not_an_intermittent_fault():
     assert report.cause is not None and report.cause.kind == "precision"
     assert report.verdict is Verdict.FIXABLE
     assert report.components["prompt_upsampler"].first_bad_module == PLANTED
+
+
+def test_a_job_under_the_checks_fix_writes_the_caption_fp32_writes(tmp_path):
+    """The fix the check proved, as settings: the job's upsampler stays finite in fp16 and
+    writes what it writes in fp32."""
+    model = _klein(planted=True)
+    model.pipeline.upsampler_new_tokens = 8
+    report = check(model)
+    assert report.fix is not None
+    fixed = PrecisionSettings.from_mapping(
+        {"precision": "fp32", "prompt_upsampler_precision": "fp16", **report.fix.settings}
+    )
+
+    made = generation.generate(
+        model, _request(tmp_path / "fixed", "a red cat", True), precision=fixed, device="cpu"
+    )
+    wide = generation.generate(
+        model, _request(tmp_path / "fp32", "a red cat", True), precision=FP32, device="cpu"
+    )
+
+    assert not any("upsampler went" in w for w in made.warnings)
+    assert made.upsampled_prompt is not None and made.upsampled_prompt == wide.upsampled_prompt
