@@ -6,6 +6,7 @@ writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -287,3 +288,55 @@ def test_a_job_under_the_checks_fix_writes_the_caption_fp32_writes(tmp_path):
 
     assert not any("upsampler went" in w for w in made.warnings)
     assert made.upsampled_prompt is not None and made.upsampled_prompt == wide.upsampled_prompt
+
+
+def test_an_edit_job_has_the_upsampler_read_its_reference_pictures(tmp_path):
+    """diffusers' image-conditioned upsampling: the reference pictures, then the instruction,
+    under the editing system prompt; not the text-to-image caption."""
+    from PIL import Image
+
+    path = tmp_path / "ref.png"
+    noise = np.random.RandomState(0).rand(64, 64, 3) * 255
+    Image.fromarray(noise.astype(np.uint8)).save(path)
+    model = _klein()
+    model.pipeline.upsampler_new_tokens = 8
+    cpu = torch.device("cpu")
+    with Image.open(path) as opened:
+        picture = opened.convert("RGB")
+    expected = model.pipeline.upsample_prompt("make it red", cpu, 8, references=(picture,)).text
+    text_only = model.pipeline.upsample_prompt("make it red", cpu, 8).text
+    assert expected != text_only
+
+    request = _request(tmp_path / "edit", "make it red", True)
+    edit = dataclasses.replace(request, images=[str(path)])
+    result = generation.generate(model, edit, precision=FP32, device="cpu")
+
+    assert result.upsampled_prompt == expected
+
+
+def test_the_check_of_an_edit_has_the_upsampler_read_the_reference(tmp_path):
+    from PIL import Image
+
+    from app.core import health
+
+    path = tmp_path / "ref.png"
+    noise = np.random.RandomState(0).rand(64, 64, 3) * 255
+    Image.fromarray(noise.astype(np.uint8)).save(path)
+    model = _klein()
+    pictures_seen: list[int] = []
+    visual = model.pipeline.prompt_upsampler.model.visual
+    handle = visual.register_forward_hook(lambda *_: pictures_seen.append(1))
+    try:
+        report = health.check_loaded(
+            model,
+            precision=PrecisionSettings(precision="fp16"),
+            device="cpu",
+            size=64,
+            images=[str(path)],
+            measure_cost=False,
+            remember=False,
+        )
+    finally:
+        handle.remove()
+    assert report.components["prompt_upsampler"].status is Status.OK
+    assert pictures_seen  # the vision tower read the reference in the prefill

@@ -1014,8 +1014,8 @@ def tiny_prompt_upsampler(seed: int, hidden: int = 32):
     """A Qwen3.5-shaped prompt upsampler (FLUX.3's, a Qwen3_5ForConditionalGeneration): two
     decoder layers, one of each kind Qwen3.5 interleaves (a gated delta-net linear attention,
     then full attention), 16-wide heads, partial rotary with interleaved multimodal sections,
-    a one-block vision tower, and the shipped Qwen tokenizer's vocabulary (the real model's is
-    wider: every id the tokenizer gives fits)."""
+    a one-block vision tower, and the shipped Qwen tokenizer's vocabulary and picture tokens
+    (the real model's vocabulary is wider: every id the tokenizer gives fits)."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
     config = Qwen3_5Config(
@@ -1048,6 +1048,11 @@ def tiny_prompt_upsampler(seed: int, hidden: int = 32):
             "out_hidden_size": hidden,
             "num_position_embeddings": 64,
         },
+        # The shipped Qwen processor's picture tokens (Qwen3.5's own tokenizer has its own).
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
     )
     _seeded(seed)
     return Qwen3_5ForConditionalGeneration(config).eval()

@@ -254,11 +254,17 @@ class Flux3Pipeline(DiffusionPipeline):
         )
 
     def upsample_prompt(
-        self, prompt: str, device, max_new_tokens: int, forced=None, logits: bool = True
+        self,
+        prompt: str,
+        device,
+        max_new_tokens: int,
+        forced=None,
+        logits: bool = True,
+        references=(),
     ):
         """The caption the prompt upsampler writes for `prompt` (`flux3_upsampler.generate`:
         at most `max_new_tokens`, greedily, or the `forced` tokens; each step's logits kept
-        where `logits`), in its placed dtype."""
+        where `logits`; an edit's from its `references`), in its placed dtype."""
         from app.core.families.flux3_upsampler import generate
 
         return generate(
@@ -269,6 +275,7 @@ class Flux3Pipeline(DiffusionPipeline):
             max_new_tokens,
             forced,
             logits,
+            references,
         )
 
     def __call__(

@@ -2,7 +2,9 @@
 `Qwen3_5ForConditionalGeneration`, black-forest-labs' 9B fine-tune) that writes the user's short
 prompt out as the detailed caption the model was trained on, by greedy generation from
 diffusers' chat (the text-to-image system prompt diffusers ships, the request as the user's
-turn, thinking off), as diffusers' `Flux3Text2ImagePromptUpsampleStep` does. The health check
+turn, thinking off), as diffusers' `Flux3Text2ImagePromptUpsampleStep` does; for an edit, its
+image-conditioned chat (the reference pictures, prepared as diffusers prepares them, then the
+instruction), as `Flux3ImageConditionedPromptUpsampleStep` does. The health check
 generates a bounded number of tokens (`health.stages.UPSAMPLER_CHECK_TOKENS`) and compares each
 step's raw logits; a job generates the caption in full (`JOB_NEW_TOKENS`, diffusers' bound).
 
@@ -15,7 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.modular_pipelines.flux3.prompt_upsampler import MAX_NEW_TOKENS, SYSTEM_PROMPTS
+from diffusers.modular_pipelines.flux3.prompt_upsampler import (
+    I2I_SCAFFOLD,
+    MAX_NEW_TOKENS,
+    SYSTEM_PROMPTS,
+    prepare_references,
+)
 from transformers import LogitsProcessor, LogitsProcessorList
 
 # A job's bound: diffusers' (its upsampler's captions run 100 to 350 words).
@@ -66,11 +73,19 @@ class _Forced(LogitsProcessor):
         return forced
 
 
-def chat_inputs(processor, prompt: str, device) -> Any:
-    """The request in diffusers' text-to-image chat, tokenised, on `device`."""
+def chat_inputs(processor, prompt: str, device, references=()) -> Any:
+    """The request in diffusers' text-to-image chat or, with `references` (RGB PIL images),
+    its image-conditioned one, tokenised, on `device`."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
+    mode = "t2i"
+    if references:
+        mode = "i2i"
+        scaffold = I2I_SCAFFOLD[False].format(instruction=prompt)
+        content = [{"type": "image", "image": image} for image in prepare_references(references)]
+        content.append({"type": "text", "text": scaffold})
     messages = [
-        {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPTS["t2i"]}]},
-        {"role": "user", "content": [{"type": "text", "text": prompt}]},
+        {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPTS[mode]}]},
+        {"role": "user", "content": content},
     ]
     return processor.apply_chat_template(
         messages,
@@ -84,12 +99,20 @@ def chat_inputs(processor, prompt: str, device) -> Any:
 
 @torch.no_grad()
 def generate(
-    model, processor, prompt: str, device, max_new_tokens: int, forced=None, logits: bool = True
+    model,
+    processor,
+    prompt: str,
+    device,
+    max_new_tokens: int,
+    forced=None,
+    logits: bool = True,
+    references=(),
 ) -> Upsampled:
-    """At most `max_new_tokens` tokens of the caption for `prompt`, greedily (`forced`: the new
-    tokens to take instead, 1-D), in the model's placed dtype, each step's raw logits kept
-    where `logits`. Runs on the calling thread; one host sync at the end."""
-    inputs = chat_inputs(processor, prompt, device)
+    """At most `max_new_tokens` tokens of the caption for `prompt` (an edit's instruction with
+    its `references`), greedily (`forced`: the new tokens to take instead, 1-D), in the model's
+    placed dtype, each step's raw logits kept where `logits`. Runs on the calling thread; one
+    host sync at the end."""
+    inputs = chat_inputs(processor, prompt, device, references)
     start = inputs["input_ids"].shape[1]
     watch = _Watch()
     steer = [watch] + ([_Forced(forced, start)] if forced is not None else [])

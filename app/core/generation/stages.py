@@ -199,7 +199,8 @@ class Stages:
             self.upsampler_ran = True
             pipe = self._pipeline(plan, ["prompt_upsampler"])
             with backend_flags(plan), torch.inference_mode():
-                written = self.family.upsample(pipe, prompt, self.device, None)
+                references = self.pictures.references if self.pictures and self.editing else ()
+                written = self.family.upsample(pipe, prompt, self.device, None, None, references)
             if not written.finite:  # its caption is noise: the prompt as typed, and why
                 dtype = plan.dtypes["prompt_upsampler"]
                 self.notes.append(UPSAMPLER_WORDS["non_finite"].format(dtype=dtype))

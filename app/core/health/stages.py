@@ -439,8 +439,14 @@ class Runner:
         names = of_role(plan.dtypes, Role.PROMPT_UPSAMPLER)
 
         def run(pipe):
+            references = self.pictures.references if self.pictures and self.editing else ()
             written = self.family.upsample(
-                pipe, self.prompt, self.device, UPSAMPLER_CHECK_TOKENS, self.upsampled_tokens
+                pipe,
+                self.prompt,
+                self.device,
+                UPSAMPLER_CHECK_TOKENS,
+                self.upsampled_tokens,
+                references,
             )
             return {"logits": written.logits, "tokens": written.tokens}
 
