@@ -13,6 +13,8 @@ Imported only where a FLUX.3 model runs its upsampler: it imports transformers a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +89,27 @@ def chat_inputs(processor, prompt: str, device, references=()) -> Any:
         {"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPTS[mode]}]},
         {"role": "user", "content": content},
     ]
+    # The chat template reads `enable_thinking`; transformers also hands it to the processor's
+    # call and warns, on every prompt, that the processor ignores it.
+    with _quiet_transformers():
+        return _templated(processor, messages).to(device)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' warnings off (errors still said); the level is process-wide: the engine
+    runs one job at a time."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _templated(processor, messages) -> Any:
     return processor.apply_chat_template(
         messages,
         add_generation_prompt=True,
@@ -94,7 +117,7 @@ def chat_inputs(processor, prompt: str, device, references=()) -> Any:
         return_dict=True,
         return_tensors="pt",
         enable_thinking=False,
-    ).to(device)
+    )
 
 
 @torch.no_grad()
