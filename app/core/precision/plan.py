@@ -157,7 +157,8 @@ class PrecisionPlan:
         return self.autocast and "fp16" in self.dtypes.values()
 
     def effective_settings(self) -> dict[str, Any]:
-        """The plan written back as settings values, with nothing left on `auto`."""
+        """The plan written back as settings values, with nothing left on `auto` (the prompt
+        upsampler's only where the model has one: a fix made without it stays the same)."""
         dtypes = set(self.dtypes.values())
         base = dtypes.pop() if len(dtypes) == 1 else "fp16" if "fp16" in dtypes else "mixed"
         if self.autocast_active:
@@ -172,7 +173,6 @@ class PrecisionPlan:
             "text_encoder_precision": first_encoder,
             "text_encoder_2_precision": self.dtypes.get("text_encoder_2", first_encoder),
             "text_encoder_3_precision": self.dtypes.get("text_encoder_3", first_encoder),
-            "prompt_upsampler_precision": self.dtypes.get("prompt_upsampler", first_encoder),
             "no_half": all(d == "fp32" for d in self.dtypes.values()),
             "no_half_vae": self.dtypes.get("vae") == "fp32",
             "upcast_attention": self.upcast_attention,
@@ -184,6 +184,11 @@ class PrecisionPlan:
             "t5_fp32_feed_forward": any(self.islands(c) for c in self.t5_feed_forward),
             "vae_tiling": self.vae_tiling,
             **self.module_settings(),
+            **(
+                {"prompt_upsampler_precision": self.dtypes["prompt_upsampler"]}
+                if "prompt_upsampler" in self.dtypes
+                else {}
+            ),
         }
 
     def dtype_settings(self) -> dict[str, Any]:
