@@ -512,6 +512,14 @@ def _add_generate(sub) -> None:
         help=FIELDS["prompt_cache"].help + " Default: off (or your saved setting).",
     )
     gen.add_argument(
+        "--upsample-prompt",
+        dest="upsample_prompt",
+        metavar="on|off",
+        type=_on_off,
+        default=argparse.SUPPRESS,
+        help=FIELDS["upsample_prompt"].help + " Default: on (or your saved setting).",
+    )
+    gen.add_argument(
         "--scheduler",
         "--sampler",
         metavar="SAMPLER",

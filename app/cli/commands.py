@@ -207,6 +207,7 @@ def generate_request(
         ),
         step_cache=values["step_cache"],
         prompt_cache=values["prompt_cache"],
+        upsample_prompt=values["upsample_prompt"],
     )
     return GenerateRequest(
         generation=generation,

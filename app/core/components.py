@@ -18,6 +18,8 @@ FP16_MAX = 65504.0  # the largest finite fp16 value; everything past it becomes 
 class Role(str, Enum):
     """What a component does in a pipeline run, in run order."""
 
+    # An LLM that writes the detailed prompt from the user's short one, before it is encoded.
+    PROMPT_UPSAMPLER = "prompt_upsampler"
     TEXT_ENCODER = "text_encoder"
     VAE_ENCODER = "vae_encoder"  # an input picture into latents (image-to-image, inpainting)
     DENOISER = "denoiser"
@@ -54,6 +56,17 @@ class Component:
 
 _DENOISES = "removes noise step by step; the slow, large part"
 _ALL = (
+    # FLUX.3's prompt upsampler (a Qwen3.5 LLM): it generates the prompt, token by token, that
+    # the text encoder then reads; it runs first, once per prompt.
+    Component(
+        "prompt_upsampler",
+        Role.PROMPT_UPSAMPLER,
+        "prompt_upsampler_precision",
+        "prompt upsampler",
+        "an LLM that writes your short prompt out as the detailed caption the model was "
+        "trained on, before the text encoder reads it",
+        False,
+    ),
     Component(
         "text_encoder",
         Role.TEXT_ENCODER,
@@ -184,6 +197,17 @@ COMPONENT_SETTINGS: tuple[ComponentSetting, ...] = (
         "third text encoder dtype",
         "text_encoder_precision",
         "Follows the text encoder: SD3's T5 encoder moves on its own only if it overflows",
+    ),
+    ComponentSetting(
+        "prompt_upsampler_precision",
+        "Prompt upsampler precision",
+        "Override for the prompt upsampler, the LLM (FLUX.3's Qwen3.5) that writes a short "
+        "prompt out before it is encoded. 'auto' follows the text encoder precision. It "
+        "runs once per prompt, generating one token at a time.",
+        "Prompt upsampler precision",
+        "prompt upsampler dtype",
+        "text_encoder_precision",
+        "Follows the text encoder: the prompt upsampler moves on its own only if it overflows",
     ),
 )
 COMPONENT_SETTING: dict[str, ComponentSetting] = {s.key: s for s in COMPONENT_SETTINGS}

@@ -272,6 +272,8 @@ class GenerateForm(QWidget):
             "clip_skip": self.clip_skip.value() if self.clip_skip.isEnabled() else 1,
             "step_cache": self.step_cache.value() if self.step_cache.isEnabled() else 0.0,
             "prompt_cache": self.prompt_cache.isChecked() and self.prompt_cache.isEnabled(),
+            # The Settings page's: whether a model's prompt upsampler writes the prompt out.
+            "upsample_prompt": bool(self.state.settings["upsample_prompt"]),
             "hires": self.hires.value(),
             "output_dir": output,
             "images": self.pictures.images(),

@@ -429,7 +429,11 @@ class SettingsView(QWidget):
                     "Devices page shows which."
                 )
             return f"Auto picks {device.name} here."
-        if value == "auto" and key in ("text_encoder_2_precision", "text_encoder_3_precision"):
+        if value == "auto" and key in (
+            "text_encoder_2_precision",
+            "text_encoder_3_precision",
+            "prompt_upsampler_precision",
+        ):
             first = self.state.settings["text_encoder_precision"]
             if first != "auto":
                 return f"Auto follows the text encoder: {words.choice_name(first)}."

@@ -69,6 +69,7 @@ GENERATION_KEYS = [
     "warnings",
     "memory",
     "fix_for_job",
+    "upsampled_prompt",
 ]
 STEP_COST_KEYS = ["unet_step_ms", "unet_step_ms_range", "rounds", "peak_memory_mb", "weights_mb"]
 

@@ -1010,11 +1010,60 @@ def tiny_flux3_transformer(seed: int, distilled: bool, text: int = 8 * 32):
     ).eval()
 
 
-def build_tiny_flux3_pipeline(seed: int = 0, distilled: bool = False):
+def tiny_prompt_upsampler(seed: int, hidden: int = 32):
+    """A Qwen3.5-shaped prompt upsampler (FLUX.3's, a Qwen3_5ForConditionalGeneration): two
+    decoder layers, one of each kind Qwen3.5 interleaves (a gated delta-net linear attention,
+    then full attention), 16-wide heads, partial rotary with interleaved multimodal sections,
+    a one-block vision tower, and the shipped Qwen tokenizer's vocabulary and picture tokens
+    (the real model's vocabulary is wider: every id the tokenizer gives fits)."""
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    config = Qwen3_5Config(
+        text_config={
+            "vocab_size": QWEN_VOCAB,
+            "hidden_size": hidden,
+            "intermediate_size": hidden * 2,
+            "num_hidden_layers": 2,
+            "layer_types": ["linear_attention", "full_attention"],
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "max_position_embeddings": 4096,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000000.0,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 32,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": hidden,
+            "num_position_embeddings": 64,
+        },
+        # The shipped Qwen processor's picture tokens (Qwen3.5's own tokenizer has its own).
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+    )
+    _seeded(seed)
+    return Qwen3_5ForConditionalGeneration(config).eval()
+
+
+def build_tiny_flux3_pipeline(seed: int = 0, distilled: bool = False, upsampler: bool = False):
     """A tiny FLUX.3: a 36-layer Qwen3-VL-shaped text encoder with Qwen3-VL's processor, the
     transformer (a flow map when `distilled`), Flux.2's 32-channel VAE, flow matching with
     FLUX.3's constant shift; HalfSafe's adapter over diffusers' blocks (the base model's, or the
-    distilled Klein's)."""
+    distilled Klein's); with `upsampler`, a Qwen3.5-shaped prompt upsampler (the Qwen
+    processor's chat template)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     from app.core.encoders.tokenizers import qwen3_vl_processor
@@ -1028,4 +1077,6 @@ def build_tiny_flux3_pipeline(seed: int = 0, distilled: bool = False):
         transformer=tiny_flux3_transformer(seed + 1, distilled),
         vae=tiny_flux2_vae(seed + 2),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=FLUX3_SHIFT),
+        prompt_upsampler=tiny_prompt_upsampler(seed + 3) if upsampler else None,
+        prompt_upsampler_processor=qwen3_vl_processor() if upsampler else None,
     )

@@ -178,3 +178,11 @@ def test_a_final_picture_past_the_bound_is_said_and_not_sent(view, engines):
     assert engines.current.jobs("generate") == []
     said = view.window().message_status.full_text()
     assert said.startswith("4096x4096 upscaled 4x by the hires fix is a 16384x16384 picture")
+
+
+def test_the_prompt_upsampler_setting_goes_with_the_job(view, window):
+    """On by default (as a model's own pipeline runs its upsampler); turned off on the Settings
+    page, the job encodes the prompt as written."""
+    assert view.request()["upsample_prompt"] is True
+    window.state.apply({"upsample_prompt": False})
+    assert view.request()["upsample_prompt"] is False

@@ -238,7 +238,7 @@ def test_go_to_jumps_to_a_group_and_follows_the_scrolling(window, qtbot):
     assert choice.currentText() == "Folders"
 
     # A group the filter hides cannot be gone to.
-    qtbot.keyClicks(view.filter_field, "sampler")
+    qtbot.keyClicks(view.filter_field, "cfg scale")
     assert not view.go_to_section("Device")
     item = choice.model().item(choice.findText("Device"))
     assert not item.isEnabled()

@@ -43,7 +43,7 @@ from app.core.causes.records import (
     LoraBlame,
     layer_name,
 )
-from app.core.components import Verdict, in_run_order, join_words, module_of
+from app.core.components import Role, Verdict, in_run_order, join_words, module_of, of_role
 from app.core.components import words as component_words
 from app.core.fixing import diagnosis
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality, compare
@@ -129,7 +129,11 @@ class _Runs:
         family = runner.family
         worst: Quality | None = None
         try:
+            upsampler = of_role(judged, Role.PROMPT_UPSAMPLER)
             stages = (
+                # The prompt upsampler, where it is judged: its generation, every run taking
+                # the reference's tokens (`Runner.upsample`).
+                *([(upsampler, lambda p, _: runner.upsample(p, False))] if upsampler else []),
                 (family.text_encoders(self.model.pipeline), lambda p, _: runner.encode(p, False)),
                 ([family.denoiser], lambda p, given: runner.denoise(p, given, False)),
                 (["vae"], lambda p, given: runner.decode(p, given, False)),

@@ -302,6 +302,9 @@ def explain_image(
         explanation.notes.append(suspects.words(status, explanation.look_causes, record.run))
     if record.compiled:
         explanation.notes.append(FINDING_WORDS["compiled"].format(compiled=record.compiled))
+    if record.prompt_upsampler:
+        upsampler = record.prompt_upsampler
+        explanation.notes.append(FINDING_WORDS["prompt_upsampler"].format(upsampler=upsampler))
     if record.attention:
         explanation.notes.append(kernels.suspect_words(made_by, record.attention))
     if record.caches:

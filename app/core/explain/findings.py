@@ -173,6 +173,12 @@ FINDING_WORDS = {
         "gave zeros where eager gave NaN), so a flat, grey or wrong image may hide a NaN; "
         "HalfSafe's check runs the model eagerly, uncompiled."
     ),
+    "prompt_upsampler": (
+        "The image's workflow has an LLM write its prompt out before it is encoded "
+        "({upsampler}): in fp16 that model can overflow like any other part, and its caption, "
+        "not the prompt typed, is what the text encoder read. HalfSafe checks it as the "
+        "prompt upsampler where the model's folder holds it (prompt_upsampler/)."
+    ),
 }
 
 

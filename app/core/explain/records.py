@@ -91,6 +91,9 @@ class Record:
     # The fast paths the record shows ran: low-bit files, Qwen-Image 2.1's prefix cache,
     # LanPaint's samplers (`suspects`).
     run: suspects.RunRecord = field(default_factory=suspects.RunRecord)
+    # The graph's prompt upsampler (an LLM that wrote the prompt out before it was encoded:
+    # FLUX.3's), its node and file in words, or None.
+    prompt_upsampler: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "guidance", "seed")
@@ -111,6 +114,7 @@ class Record:
         document["inverts"] = self.inverts or None
         document["inverts_unsure"] = self.inverts_unsure or None
         document.update(self.run.to_json())
+        document["prompt_upsampler"] = self.prompt_upsampler
         return document
 
 
@@ -399,6 +403,7 @@ def _comfy_record(path: Path, prompt_text: str | None, workflow_text: str | None
         if prompt is not None
         else suspects.from_comfy_workflow(workflow, MAX_NODES)
     )
+    record.prompt_upsampler = _upsampler_node(_comfy_nodes(prompt))
     record.second_passes = regions.from_comfy_prompt(prompt)
     record.safety_checker = checkers.from_comfy_prompt(_comfy_nodes(prompt)) if prompt else None
     if prompt is None and isinstance(workflow, dict) and isinstance(workflow.get("nodes"), list):
@@ -512,6 +517,26 @@ def _upscale_words(kind: str, inputs: dict[str, Any]) -> str | None:
     if method is None:
         return None
     return method if kind.startswith("Latent") else f"{method} (pixels)"
+
+
+# What marks a graph's prompt upsampler: a node named for it (PromptUpsampler, a custom pack's
+# Flux3PromptUpsample, ...), or a file of one whatever node loads it (Black Forest Labs names
+# FLUX.3's upsampler "...-pup", prompt upsampler).
+_UPSAMPLER_NODE = "upsampl"
+_WEIGHTS = (".safetensors", ".gguf", ".sft", ".ckpt", ".pt", ".bin")
+_UPSAMPLER_FILE = re.compile(r"(prompt[-_ ]?upsampler|[-_]pup)([-_.]|$)", re.IGNORECASE)
+
+
+def _upsampler_node(nodes: Iterator[tuple[str, dict[str, Any]]]) -> str | None:
+    """The prompt upsampler node of a ComfyUI API prompt (what ran), in words: its class and
+    the file it names ("PromptUpsampler (flux-3-image-klein-pup.safetensors)"), or None."""
+    for kind, inputs in nodes:
+        files = [v for v in inputs.values() if isinstance(v, str) and v.endswith(_WEIGHTS)]
+        named = [f for f in files if _UPSAMPLER_FILE.search(Path(f).stem + "_")]
+        if _UPSAMPLER_NODE in kind.lower() or named:
+            file = (named or files or [None])[0]
+            return f"{kind} ({read_text(file, 300)})" if file else kind
+    return None
 
 
 def _loader_name(inputs: dict[str, Any]) -> bool:

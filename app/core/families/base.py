@@ -229,6 +229,18 @@ class Family:
         """The prompt as the pipeline's `__call__` takes it (batch 1 each)."""
         raise NotImplementedError
 
+    def upsample(
+        self, pipe, prompt: str, device, max_new_tokens: int | None, forced=None, references=()
+    ) -> Any:
+        """What the pipeline's prompt upsampler (a `prompt_upsampler` component; asked only
+        where the pipeline has one) writes for `prompt`: an object with the caption (`text`),
+        the new tokens (`tokens`, 1 x n), each step's raw logits (`logits`, 1 x n x vocab;
+        None for a job's, `max_new_tokens` None) and whether they were all finite (`finite`),
+        at most `max_new_tokens` (None: as many as the model's own pipeline allows, for a job)
+        greedily, or the `forced` tokens; an edit's instruction from its `references` (RGB PIL
+        images)."""
+        raise NotImplementedError
+
     def clip_skip_problem(self, clip_skip: int) -> str | None:
         """Why a job cannot run at A1111's "Clip skip" `clip_skip` (None: it can)."""
         if clip_skip == 1 or self.takes_clip_skip:

@@ -322,6 +322,16 @@ class _Flux3(Editing, FlowMatching, Family):
     def encoder_outputs(self, pipe, tensors: dict[str, Any]) -> dict[str, list[Any]]:
         return {"text_encoder": prompt_tensors(tensors)}
 
+    def upsample(
+        self, pipe, prompt: str, device, max_new_tokens: int | None, forced=None, references=()
+    ) -> Any:
+        """diffusers' prompt upsampling (`Flux3Pipeline.upsample_prompt`: text-to-image, or
+        image-conditioned with `references`; by default at most the pipeline's
+        `upsampler_new_tokens`, diffusers' 3,584)."""
+        bound = max_new_tokens or pipe.upsampler_new_tokens
+        kept = bool(max_new_tokens)  # the check's logits; a job's would be gigabytes
+        return pipe.upsample_prompt(prompt, device, bound, forced, kept, references)
+
     def _sigmas(self, pipeline, steps: int) -> list[float]:
         """The sigmas FLUX.3's blocks run: linear from 1 to 1/steps, shifted by the
         scheduler's constant shift."""

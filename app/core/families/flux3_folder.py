@@ -5,7 +5,9 @@ a subfolder. Each part is built by its own class from its subfolder, offline, in
 `Flux3Pipeline` or `Flux3DistilledPipeline`. The processor the text encoder reads prompts with is
 the folder's (tokenizer/) or, where it holds none (an index may point it at another repository),
 the Qwen3-VL processor HalfSafe ships; the scheduler is the folder's or, where it holds none (its
-blocks build it from their spec), FLUX.3's flow matching with its constant shift of 6.93."""
+blocks build it from their spec), FLUX.3's flow matching with its constant shift of 6.93. Where
+the folder holds the prompt upsampler (prompt_upsampler/, a Qwen3.5 model, with its processor in
+prompt_upsampler_processor/), it is built too, in its stored dtype, without remote code."""
 
 from __future__ import annotations
 
@@ -74,5 +76,47 @@ def load(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any],
             ) from None
     else:
         parts["tokenizer"] = qwen3_vl_processor()
+    if "prompt_upsampler" in components:
+        parts.update(_upsampler(folder, components, dtypes))
     pipeline = Flux3DistilledPipeline if distilled else Flux3Pipeline
     return pipeline(**parts)
+
+
+# The prompt upsampler's class, as diffusers' upsampling blocks declare it.
+UPSAMPLER_CLASS = "Qwen3_5ForConditionalGeneration"
+
+
+def _upsampler(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str, Any]):
+    """The folder's prompt upsampler and its processor (raises BadFileError where it is
+    declared another class or its processor is missing or unreadable)."""
+    import transformers
+
+    from app.core.families.qwenimage21 import processor_from_folder
+
+    library, declared = (str(v) for v in components["prompt_upsampler"])
+    if (library, declared) != ("transformers", UPSAMPLER_CLASS):
+        raise BadFileError(
+            folder,
+            f"it declares the prompt upsampler {library}'s {declared}; FLUX.3's is "
+            f"transformers' {UPSAMPLER_CLASS}.",
+        )
+    processor = folder / "prompt_upsampler_processor"
+    if not processor.is_dir():
+        raise BadFileError(
+            folder,
+            "it holds the prompt upsampler but not its processor (prompt_upsampler_processor/), "
+            "which the upsampler's chat and vocabulary come from.",
+        )
+    try:
+        read = processor_from_folder(processor)
+    except (OSError, ValueError) as error:
+        raise BadFileError(
+            folder, f"its prompt upsampler's processor cannot be read: {error}."
+        ) from None
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+        str(folder / "prompt_upsampler"),
+        local_files_only=True,
+        trust_remote_code=False,
+        dtype=dtypes.get("prompt_upsampler", dtypes["default"]),
+    )
+    return {"prompt_upsampler": model.eval(), "prompt_upsampler_processor": read}

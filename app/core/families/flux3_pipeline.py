@@ -6,8 +6,10 @@ its own: the prompt goes through diffusers' Qwen3-VL prompt reader (the text enc
 a call runs diffusers' own input, latent, timestep, rotary and denoising blocks, with one block
 added inside the denoising loop that hands the step's latents to the callback (the progress, the
 live preview, cancel and the NaN watch's per-step fold, as a classic pipeline's
-`callback_on_step_end` does). The prompt upsampler (a Qwen3.5 model) is not run: the prompt is
-encoded as given, as diffusers' blocks do with that step popped.
+`callback_on_step_end` does). The prompt upsampler (a Qwen3.5 model), where the model has one,
+writes the prompt out before it is encoded when a job asks (`upsample_prompt`,
+`flux3_upsampler`); without it the prompt is encoded as given, as diffusers' blocks do with that
+step popped.
 
 Imported only where a FLUX.3 model is built or loaded: it subclasses diffusers' classes.
 """
@@ -48,11 +50,14 @@ from app.core.families.flux3_recipe import (
     PAD_MULTIPLE,
     TEXT_LAYERS,
 )
+from app.core.families.flux3_upsampler import JOB_NEW_TOKENS
 from app.core.families.modular import StepEndStep, assembled
 
 # The parts of a FLUX.3 pipeline, as diffusers' blocks name them (the tokenizer is Qwen3-VL's
 # processor).
 PARTS = ("text_encoder", "tokenizer", "transformer", "vae", "scheduler")
+# The prompt upsampler's, where the model has one.
+UPSAMPLER_PARTS = ("prompt_upsampler", "prompt_upsampler_processor")
 
 
 class Flux3StepEndStep(StepEndStep):
@@ -187,8 +192,20 @@ class Flux3Pipeline(DiffusionPipeline):
     folder_class_name: ClassVar[str] = "Flux3ModularPipeline"
     distilled: ClassVar[bool] = False
     default_steps: ClassVar[int] = BASE_STEPS
+    # The most tokens a job's prompt upsampler writes: diffusers' blocks take it as an input
+    # (max_new_tokens), by default theirs.
+    upsampler_new_tokens: int = JOB_NEW_TOKENS
 
-    def __init__(self, text_encoder, tokenizer, transformer, vae, scheduler) -> None:
+    def __init__(
+        self,
+        text_encoder,
+        tokenizer,
+        transformer,
+        vae,
+        scheduler,
+        prompt_upsampler=None,
+        prompt_upsampler_processor=None,
+    ) -> None:
         super().__init__()
         self.register_modules(
             text_encoder=text_encoder,
@@ -196,6 +213,8 @@ class Flux3Pipeline(DiffusionPipeline):
             transformer=transformer,
             vae=vae,
             scheduler=scheduler,
+            prompt_upsampler=prompt_upsampler,
+            prompt_upsampler_processor=prompt_upsampler_processor,
         )
 
     def _modular_class(self):
@@ -214,7 +233,8 @@ class Flux3Pipeline(DiffusionPipeline):
         """diffusers' modular pipeline of this variant on `blocks`, with this pipeline's parts (or
         those `replaced`) and, for the base model, a classifier-free guider at `guidance_scale`
         (at 1 or below it makes one call a step, on the prompt alone)."""
-        parts = {n: replaced.get(n, getattr(self, n)) for n in PARTS}
+        names = PARTS + (UPSAMPLER_PARTS if self.prompt_upsampler is not None else ())
+        parts = {n: replaced.get(n, getattr(self, n)) for n in names}
         return assembled(self._modular_class(), blocks, parts, guidance_scale)
 
     def encode_prompt(self, prompt: str, device) -> Any:
@@ -231,6 +251,31 @@ class Flux3Pipeline(DiffusionPipeline):
             max_sequence_length=MAX_SEQUENCE_LENGTH,
             pad_multiple=PAD_MULTIPLE,
             hidden_states_layers=TEXT_LAYERS,
+        )
+
+    def upsample_prompt(
+        self,
+        prompt: str,
+        device,
+        max_new_tokens: int,
+        forced=None,
+        logits: bool = True,
+        references=(),
+    ):
+        """The caption the prompt upsampler writes for `prompt` (`flux3_upsampler.generate`:
+        at most `max_new_tokens`, greedily, or the `forced` tokens; each step's logits kept
+        where `logits`; an edit's from its `references`), in its placed dtype."""
+        from app.core.families.flux3_upsampler import generate
+
+        return generate(
+            self.prompt_upsampler,
+            self.prompt_upsampler_processor,
+            prompt,
+            device,
+            max_new_tokens,
+            forced,
+            logits,
+            references,
         )
 
     def __call__(
@@ -291,11 +336,13 @@ class Flux3Pipeline(DiffusionPipeline):
     def save_pretrained(self, save_directory, **kwargs) -> None:  # type: ignore[override]
         """Written as diffusers writes a FLUX.3 model: its modular pipeline's folder (a
         modular_model_index.json naming the variant's modular pipeline, a subfolder per model
-        part and the processor; the scheduler, built from its blocks' spec, is not written)."""
+        part and the processor; the scheduler, built from its blocks' spec, is not written), the
+        prompt upsampler and its processor in theirs where the model has one."""
         from diffusers.modular_pipelines import Flux3AutoBlocks, Flux3DistilledAutoBlocks
 
         blocks = Flux3DistilledAutoBlocks() if self.distilled else Flux3AutoBlocks()
-        blocks.sub_blocks.pop("prompt_upsampler")  # a part HalfSafe does not run or write
+        if self.prompt_upsampler is None:
+            blocks.sub_blocks.pop("prompt_upsampler")  # a part this model does not have
         kwargs.setdefault("overwrite_modular_index", True)
         self.modular(blocks, BASE_CFG).save_pretrained(str(save_directory), **kwargs)
 

@@ -21,6 +21,7 @@ ASSUMED_PROVED_AT: dict[str, Any] = {
     "text_encoder_precision": "auto",
     "text_encoder_2_precision": "auto",
     "text_encoder_3_precision": "auto",
+    "prompt_upsampler_precision": "auto",
     "no_half": False,
     "no_half_vae": False,
 }

@@ -490,6 +490,7 @@ def _generate_unsaved(
     finally:
         job.placed.release()
     warnings.extend(dict.fromkeys(job.dropped))
+    warnings.extend(job.notes)
     if pictures is not None and pictures.paste is not None:
         for entry in entries:
             _pasted(entry, pictures.paste, request)
@@ -505,6 +506,7 @@ def _generate_unsaved(
         mode=mode,
         memory=memory,
         job_fix=job_fix,
+        upsampled_prompt=job.upsampled,
     )
     result.seconds = time.perf_counter() - started
     return result, learned

@@ -41,6 +41,15 @@ IMAGE_STATUS_WORDS = {
     "safety_checker": "blanked by the safety checker",
 }
 
+# What a job says of its prompt upsampler.
+UPSAMPLER_WORDS = {
+    "non_finite": (
+        "The prompt upsampler went NaN/Inf in {dtype} while writing the prompt out, so the "
+        "prompt was encoded as typed; a health check of the model names its layer and proves "
+        "a fix."
+    ),
+}
+
 
 @dataclass
 class GenerationRequest:
@@ -75,6 +84,8 @@ class GenerationRequest:
     step_cache: float = 0.0
     # The pipeline's prompt cache (`prompt_cache`; only for families that keep one).
     prompt_cache: bool = False
+    # Whether a model's prompt upsampler writes the prompt out before it is encoded.
+    upsample_prompt: bool = True
 
     def drawn_size(self) -> tuple[int, int]:
         """(width, height) of the picture the job's last pass draws and its VAE decodes."""
@@ -163,6 +174,9 @@ class GenerationResult:
     # A fix the job was asked to run with, for this job only, over the settings it was given
     # (`job_fix.JobFix`: what it set, and which of the user's own choices it replaced).
     job_fix: JobFix | None = None
+    # The caption the model's prompt upsampler wrote, which the text encoders read (None: the
+    # prompt was encoded as given).
+    upsampled_prompt: str | None = None
 
     @property
     def all_good(self) -> bool:
@@ -187,6 +201,7 @@ class GenerationResult:
             "warnings": list(self.warnings),
             "memory": self.memory.to_json() if self.memory is not None else None,
             "fix_for_job": self.job_fix.to_json() if self.job_fix is not None else None,
+            "upsampled_prompt": self.upsampled_prompt,
         }
 
     def _hires_json(self) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from app.core.families import capabilities, family_of
 from app.core.fixing.quality import Quality
 from app.core.generation import step_cache
 from app.core.generation.preview import colours_for, latent_preview
-from app.core.generation.records import GenerationRequest, PreviewCallback
+from app.core.generation.records import UPSAMPLER_WORDS, GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
 from app.core.hires import enlarge, enlarges_pixels, upscale
 from app.core.images.finished import PixelStats, to_image
@@ -157,6 +157,9 @@ class Stages:
         # made it rule the cache out, for the rest of the job.
         self.step_cache = request.step_cache
         self.prompt_cache = request.prompt_cache  # likewise, the prompt cache
+        self.upsampled: str | None = None  # the prompt upsampler's caption, once written
+        self.upsampler_ran = False
+        self.notes: list[str] = []  # sentences for the result's warnings
 
     def _colours(self, plan: PrecisionPlan):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
@@ -182,9 +185,33 @@ class Stages:
         pipe.set_progress_bar_config(disable=True)
         return pipe
 
+    def written_prompt(self, plan: PrecisionPlan) -> str:
+        """The prompt the text encoders read: the user's, its <lora:...> tags stripped (they
+        are not words), or where the model has a prompt upsampler and the job asks for it, the
+        caption the upsampler writes from it, once a job, in its planned dtype (the user's
+        prompt where it writes nothing)."""
+        import torch
+
+        prompt = strip_tags(self.request.prompt)
+        if not (self.request.upsample_prompt and "prompt_upsampler" in plan.dtypes):
+            return prompt
+        if not self.upsampler_ran:
+            self.upsampler_ran = True
+            pipe = self._pipeline(plan, ["prompt_upsampler"])
+            with backend_flags(plan), torch.inference_mode():
+                references = self.pictures.references if self.pictures and self.editing else ()
+                written = self.family.upsample(pipe, prompt, self.device, None, None, references)
+            if not written.finite:  # its caption is noise: the prompt as typed, and why
+                dtype = plan.dtypes["prompt_upsampler"]
+                self.notes.append(UPSAMPLER_WORDS["non_finite"].format(dtype=dtype))
+            elif written.text:
+                self.upsampled = str(written.text)
+        return self.upsampled or prompt
+
     def encode(self, plan: PrecisionPlan) -> _Conditioning:
         import torch
 
+        prompt = self.written_prompt(plan)
         pipe = self._pipeline(plan, self.family.text_encoders(self.model.pipeline))
         request = self.request
         saturated: dict[str, list[Any]] = {}
@@ -195,7 +222,6 @@ class Stages:
                     hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
         try:
             with backend_flags(plan), torch.inference_mode():
-                prompt = strip_tags(request.prompt)  # A1111's <lora:...> tags are not words
                 negative = strip_tags(request.negative_prompt)
                 if self.editing:
                     assert self.pictures is not None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core import work
-from app.core.components import Verdict, in_run_order, join_words
+from app.core.components import Role, Verdict, in_run_order, join_words, of_role
 from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
@@ -167,6 +167,7 @@ def check_loaded(
     # Counted, and with the loaded world set aside from the collector (`work`).
     with work.counting() as counted, work.frozen_world():
         try:
+            check.prompt_upsampler()
             encoded = check.text_encoders()
             if pictures is not None:
                 check.vae_encoder()
@@ -420,6 +421,17 @@ class _Check:
         """A stage's first run, told as it goes (`tell`)."""
         with self.runner.telling(self.tell):
             return stage()
+
+    def prompt_upsampler(self) -> None:
+        """Before the text encoders, where the model has one: the prompt upsampler generating
+        (`Runner.upsample`). The text encoders read the check's prompt as given: the caption a
+        bounded generation writes is cut short, and their check does not depend on it."""
+        names = of_role(self.plan.dtypes, Role.PROMPT_UPSAMPLER)
+        if names:
+            self.progress("Checking the prompt upsampler", 0, self.stages)
+            self.cancel.raise_if_cancelled()
+            first = self.first_probe(lambda: self.runner.upsample(self.plan))
+            self.settle(self.runner.upsample, names, first)
 
     def text_encoders(self) -> Stage:
         """The first stage: the text encoder(s) on the prompt and the empty prompt."""

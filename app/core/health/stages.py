@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.components import in_run_order, module_of
+from app.core.components import Role, in_run_order, module_of, of_role
 from app.core.encoders.prompts import clip_options
 from app.core.families import capabilities, family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
@@ -37,6 +37,14 @@ DEFAULT_SCHEDULER = FIELDS["scheduler"].default
 # Components run in fp16 are recorded by their outputs alone while they stay finite
 # (`Runner._watch`); False records every call in full, as the lean recorder's answers are tested.
 LEAN_RECORDER = True
+# The tokens the check's prompt upsampler generates. Generation runs the prompt once through
+# every layer at full length (the prefill: FLUX.3's system prompt and the request, some 700
+# tokens), then one token a call through the KV cache. Every decode call runs the same layers
+# on one token at a later position, so sixteen of them run the cached path (its shapes and
+# kernels, the cache read back past the prompt) as a caption's hundreds do, for 17 calls
+# where a job makes up to 3,585; what they cannot see is a fault that waits for a position
+# past the prompt + 16.
+UPSAMPLER_CHECK_TOKENS = 16
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
 # A candidate fix whose fastest run so far took more than this many times the slowest run of
 # the fastest candidate is out of the race: its remaining rounds could not make it the
@@ -244,6 +252,9 @@ class Runner:
         # (`stopping_at_bad`), and who is told what a first probe found (`telling`).
         self._until_bad: str | None = None
         self._tell: FindingCallback | None = None
+        # The tokens the prompt upsampler's first finite run generated, which every later run
+        # takes (`upsample`).
+        self.upsampled_tokens: Any = None
 
     @contextmanager
     def stopping_at_bad(self, name: str) -> Iterator[None]:
@@ -418,6 +429,34 @@ class Runner:
         if names in (["vae"], ["vae_encoder"]) and not seconds[names[0]]:
             seconds[names[0]] = time.perf_counter() - started  # no decoder or encoder of its own
         return Stage(probes, seconds, output, cut_short=stop.cut_short)
+
+    def upsample(self, plan: PrecisionPlan, record: bool = True) -> Stage:
+        """The prompt upsampler writing the check's prompt out, by generation: the prefill and
+        `UPSAMPLER_CHECK_TOKENS` decode calls, greedily. Its output is each step's raw logits
+        (1, tokens, vocab). The first run whose logits are finite keeps its tokens, and every
+        later run (the fp32 reference, a candidate fix) generates those, so that each step's
+        logits are compared on the same text, whatever a near tie between two tokens picked."""
+        names = of_role(plan.dtypes, Role.PROMPT_UPSAMPLER)
+
+        def run(pipe):
+            references = self.pictures.references if self.pictures and self.editing else ()
+            written = self.family.upsample(
+                pipe,
+                self.prompt,
+                self.device,
+                UPSAMPLER_CHECK_TOKENS,
+                self.upsampled_tokens,
+                references,
+            )
+            return {"logits": written.logits, "tokens": written.tokens}
+
+        stage = self._watch(plan, names, run, record)
+        if stage.output is None:  # a run stopped at a call (`_descend`)
+            return stage
+        logits, tokens = stage.output["logits"], stage.output["tokens"]
+        if self.upsampled_tokens is None and all_finite(logits):
+            self.upsampled_tokens = tokens[0]
+        return replace(stage, output=logits)
 
     def encode(self, plan: PrecisionPlan, record: bool = True) -> Stage:
         names = [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
@@ -718,17 +757,21 @@ def probe_run(
     prompt: str = DEFAULT_PROMPT,
     clip_skip: int = 1,
 ) -> ProbeRun:
-    """Run the text encoder(s), the denoiser at the probe's timesteps and the VAE once under
-    `plan`, as the check's first pass does, recording every module; the device copies are
-    released at the end. Runs on the calling thread."""
+    """Run the prompt upsampler where the model has one, the text encoder(s), the denoiser at
+    the probe's timesteps and the VAE once under `plan`, as the check's first pass does,
+    recording every module; the device copies are released at the end. Runs on the calling
+    thread."""
     runner = Runner(model, plan, size, prompt, steps, scheduler, clip_skip=clip_skip)
+    upsampler = of_role(plan.dtypes, Role.PROMPT_UPSAMPLER)
     try:
+        upsampled = runner.upsample(plan).probes if upsampler else {}
         encoded = runner.encode(plan)
         denoised = runner.denoise(plan, encoded.output)
         decoded = runner.decode(plan, denoised.output)
     finally:
         runner.placed.release()
-    return ProbeRun(decoded.output, {**encoded.probes, **denoised.probes, **decoded.probes})
+    probes = {**upsampled, **encoded.probes, **denoised.probes, **decoded.probes}
+    return ProbeRun(decoded.output, probes)
 
 
 def first_bad_name(probe: ProbeResult) -> str | None:

@@ -37,6 +37,7 @@ MODEL_COMPONENTS = (
     "text_conditioner",
     "safety_checker",
     "image_encoder",
+    "prompt_upsampler",
 )
 
 

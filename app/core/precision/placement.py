@@ -54,7 +54,12 @@ def _cast_floats(value, dtype):
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
     if isinstance(value, dict):
-        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+        # A mapping of its own kind stays one (transformers' ModelOutput, which generation
+        # hands back in as a keyword: its fields are read as attributes).
+        cast = {} if type(value) is dict else copy.copy(value)
+        for key, item in value.items():
+            cast[key] = _cast_floats(item, dtype)
+        return cast
     if isinstance(value, (list, tuple)):
         return type(value)(_cast_floats(v, dtype) for v in value)
     return value

@@ -183,12 +183,18 @@ class PrecisionPlan:
             "t5_fp32_feed_forward": any(self.islands(c) for c in self.t5_feed_forward),
             "vae_tiling": self.vae_tiling,
             **self.module_settings(),
+            "prompt_upsampler_precision": self.dtypes.get("prompt_upsampler", first_encoder),
         }
 
     def dtype_settings(self) -> dict[str, Any]:
         """The dtype of each part as the settings that give it whatever else is set: the base
-        and per-part precisions, no-half off. What a fix found under this plan is a fix for."""
-        return dtype_settings_of(self.effective_settings())
+        and per-part precisions, no-half off. What a fix found under this plan is a fix for
+        (the prompt upsampler's precision only where the model has one: a fix proved without
+        one is for the same settings it always was)."""
+        settings = dtype_settings_of(self.effective_settings())
+        if "prompt_upsampler" not in self.dtypes:
+            settings.pop("prompt_upsampler_precision", None)
+        return settings
 
     def module_settings(self) -> dict[str, list[str]]:
         """The plan's module islands and clamps as the `fp32_modules`, `bf16_modules` and

@@ -389,6 +389,16 @@ SCHEMA: tuple[Field, ...] = (
         maximum=1.0,
     ),
     Field(
+        "upsample_prompt",
+        "bool",
+        True,
+        "Prompt upsampler",
+        "Where the model has a prompt upsampler (FLUX.3's Qwen3.5 LLM), let it write your "
+        "prompt out as a detailed caption before it is encoded, as the model's own pipeline "
+        "does; off: the prompt is encoded as you wrote it. Models without one ignore it.",
+        "Generation",
+    ),
+    Field(
         "prompt_cache",
         "bool",
         False,

@@ -41,6 +41,7 @@ class PrecisionSettings:
     text_encoder_precision: str = FIELDS["text_encoder_precision"].default
     text_encoder_2_precision: str = FIELDS["text_encoder_2_precision"].default
     text_encoder_3_precision: str = FIELDS["text_encoder_3_precision"].default
+    prompt_upsampler_precision: str = FIELDS["prompt_upsampler_precision"].default
     t5_fp32_feed_forward: bool = FIELDS["t5_fp32_feed_forward"].default
     fp32_modules: tuple[str, ...] = ()
     bf16_modules: tuple[str, ...] = ()
