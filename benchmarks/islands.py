@@ -4,7 +4,7 @@ and side by side in one run
 - no-half: everything in fp32;
 - component fp32: the UNet (the component that overflows) in fp32, the rest in half precision;
 - islands: the UNet in half precision with only the layers the check would keep wider in fp32
-  (drawn as the health check draws them: `diagnosis.overflow_islands` over an fp32 probe's
+  (drawn as the health check draws them: `layer_islands.overflow_islands` over an fp32 probe's
   per-layer peaks);
 - half: everything in half precision, the overflow left in (a floor: the fix cannot be cheaper).
 
@@ -73,7 +73,7 @@ def run(args) -> dict:
     import torch
 
     from app.core import hardware
-    from app.core.fixing import diagnosis
+    from app.core.fixing import layer_islands
     from app.core.fixing.probe import ActivationRecorder
     from app.core.fixing.quality import snr_db
     from app.core.precision import (
@@ -107,7 +107,7 @@ def run(args) -> dict:
             reference = placed["unet"](**inputs, return_dict=False)[0].float().cpu()
         recorder.remove()
         probe = recorder.read(reference)
-        islands = diagnosis.overflow_islands(probe, placed["unet"]) or []
+        islands = layer_islands.overflow_islands(probe, placed["unet"]) or []
         placed.release()
         del placed
     fp32_layers = [f"unet:{p}" for p in islands]

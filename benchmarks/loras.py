@@ -138,7 +138,7 @@ def bench(name: str, args) -> dict:
 
     from app.core import hardware, precision
     from app.core.checkpoint import write_safetensors
-    from app.core.fixing import diagnosis
+    from app.core.fixing import job_plans
     from app.core.lora import files as lora
     from app.core.settings import PrecisionSettings
 
@@ -158,7 +158,7 @@ def bench(name: str, args) -> dict:
         row["tensors"] = len(file.tensors)
         info = hardware.describe_device(device)
         dtype = "fp16" if device.type == "cuda" else "fp32"
-        plan = diagnosis.plan_for_model(
+        plan = job_plans.plan_for_model(
             model,
             PrecisionSettings(precision=dtype),
             device=device,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.core.advice import FamilyAdvice
 from app.core.components import words as component_words
-from app.core.fixing.diagnosis import CHOSEN_WORDS
+from app.core.fixing.fix_ranking import CHOSEN_WORDS
 from app.core.formats.weight_findings import StoredQuantization
 from app.core.generation import GenerationResult
 from app.core.generation.records import IMAGE_STATUS_WORDS

@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
 
 from app.core import hires
 from app.core.components import Status, Verdict
-from app.core.fixing.diagnosis import CHOSEN_WORDS
+from app.core.fixing.fix_ranking import CHOSEN_WORDS
 from app.core.health import (
     CANDIDATE_COLUMNS,
     RUN_WORDS,

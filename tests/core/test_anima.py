@@ -16,7 +16,7 @@ from app.core.checkpoint import write_safetensors
 from app.core.errors import HalfSafeError
 from app.core.families import family_of
 from app.core.families.anima_pipeline import AnimaPipeline, without_padding_channel
-from app.core.fixing import diagnosis
+from app.core.fixing import fix_candidates
 from app.core.formats.layouts import to_original
 from app.core.precision.words import fix_words
 from tests.support import tiny_models
@@ -222,7 +222,7 @@ def test_the_conditioners_wider_run_moves_what_its_setting_governs():
     assert (plan.dtypes["text_conditioner"], plan.dtypes["transformer"]) == ("fp32", "fp32")
     assert plan.effective_settings()["unet_precision"] == "fp32"
     assert (
-        diagnosis.FixCandidate(plan, fp32.settings).words
+        fix_candidates.FixCandidate(plan, fp32.settings).words
         == "run the text conditioner and transformer in fp32"
     )
     assert fix_words({"unet_precision": "bf16"}) == "run the UNet in bf16"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.core.families import family_of
-from app.core.fixing import diagnosis
+from app.core.fixing import job_plans
 from app.core.precision import (
     PlacedPipeline,
     autocast_upcasts_norms,
@@ -53,7 +53,7 @@ def test_fixes_and_overrides_keep_their_own_dtypes_outside_autocast():
     everything = autocast_plan(device="cuda", no_half=True)
     assert not everything.autocast_active  # nothing is left in fp16 for autocast to act on
     assert everything.effective_settings()["precision"] == "fp32"
-    reference = diagnosis.fp32_reference(plan)
+    reference = job_plans.fp32_reference(plan)
     assert not reference.autocast and set(reference.dtypes.values()) == {"fp32"}
 
 

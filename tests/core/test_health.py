@@ -143,7 +143,7 @@ def test_measuring_skips_the_warm_ups_the_check_already_ran(vae_report):
 def test_timing_runs_leave_the_other_components_placed():
     """Alternating plans for the VAE's timing re-places only the VAE: the UNet is not copied
     between fp16 and fp32 for every no-half run."""
-    from app.core.fixing.diagnosis import no_half
+    from app.core.fixing.job_plans import no_half
 
     model = loaded(build_tiny_sd_pipeline())
     plan = health.check_loaded(model, precision=FP16, device="cpu", size=64, remember=False).plan
@@ -176,7 +176,7 @@ def test_a_candidate_left_far_behind_stops_being_timed():
     still in the race run every round, and the progress total shrinks to the runs made."""
     from dataclasses import replace
 
-    from app.core.fixing.diagnosis import no_half
+    from app.core.fixing.job_plans import no_half
     from app.core.health.stages import Stage
 
     model = loaded(build_tiny_sd_pipeline())

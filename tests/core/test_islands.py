@@ -19,7 +19,7 @@ import torch
 from app.cli.arguments import build_parser
 from app.core import hardware, health
 from app.core.errors import HalfSafeError
-from app.core.fixing import diagnosis, profiles
+from app.core.fixing import fix_candidates, fix_ranking, layer_islands, profiles
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality
 from app.core.fixing.stage_cost import StageCost
 from app.core.generation import GenerationRequest, generate
@@ -59,7 +59,7 @@ def planted(component: str, layer: str, factor: float):
     return pipeline
 
 
-def row(report, kind: str) -> diagnosis.CandidateResult:
+def row(report, kind: str) -> fix_ranking.CandidateResult:
     (found,) = [c for c in report.fix.candidates if c.kind == kind]
     return found
 
@@ -221,13 +221,13 @@ def test_islands_run_only_the_named_layers_wider_and_cast_back():
 def _result(kind: str, memory: float, ms: tuple[float, float] | None = None, db: float = 40.0):
     timed = {"step_ms": sum(ms) / 2, "step_ms_range": ms} if ms is not None else {}
     cost = StageCost(memory, **timed)
-    return diagnosis.CandidateResult("vae", kind, kind, {}, 0, db > -1, Quality(db), cost)
+    return fix_ranking.CandidateResult("vae", kind, kind, {}, 0, db > -1, Quality(db), cost)
 
 
 def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
     order = [
         r.kind
-        for r in diagnosis.rank_candidates(
+        for r in fix_ranking.rank_candidates(
             [
                 _result("component_fp32", 7.1),
                 _result("clamp", 6.4, db=4.0),  # finite, but far from fp32: never ahead
@@ -240,19 +240,19 @@ def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
     # that fails the quality threshold comes after every verified candidate.
     assert order == ["islands", "component_bf16", "component_fp32", "clamp"]
 
-    timed = diagnosis.rank_candidates(
+    timed = fix_ranking.rank_candidates(
         [_result("islands", 6.5, (400, 460)), _result("component_fp32", 7.1, (10, 15))]
     )
     assert timed[0].kind == "component_fp32"  # alike in memory, faster beyond the noise
-    overlapping = diagnosis.rank_candidates(
+    overlapping = fix_ranking.rank_candidates(
         [_result("islands", 6.5, (30, 40)), _result("component_fp32", 7.1, (25, 35))]
     )
     assert overlapping[0].kind == "islands"  # the ranges overlap: the table order decides
-    close = diagnosis.rank_candidates(
+    close = fix_ranking.rank_candidates(
         [_result("islands", 6.5, (300, 310)), _result("component_bf16", 6.45, (285, 295))]
     )
     assert close[0].kind == "islands"  # apart, but by 5%: not worth another fix
-    heavy = diagnosis.rank_candidates(
+    heavy = fix_ranking.rank_candidates(
         [_result("islands", 6.5, (400, 460)), _result("component_fp32", 13.0, (10, 15))]
     )
     assert heavy[0].kind == "islands"  # twice the memory is not bought back by time
@@ -260,7 +260,7 @@ def test_ranking_is_memory_first_then_time_beyond_noise_then_the_table_order():
 
 def test_each_verified_candidate_passed_over_says_why_in_the_table():
     """The result cell of a verified candidate that was not chosen names the rule that passed
-    it over, so a faster rival's loss is read, not guessed (`diagnosis.passed_over`)."""
+    it over, so a faster rival's loss is read, not guessed (`fix_ranking.passed_over`)."""
     chosen = _result("islands", 6.5, (600, 700))
     rivals = {
         "heavy": _result("component_fp32", 13.0, (10, 15)),
@@ -283,7 +283,7 @@ def test_each_verified_candidate_passed_over_says_why_in_the_table():
     assert health.candidate_rows([chosen], {})[0][4] == "chosen"
     # Faster beyond the noise and by a tenth, yet not chosen: the ranking's walk kept another.
     ahead = _result("component_bf16", 6.45, (100, 200))
-    assert diagnosis.passed_over(ahead, chosen) == "order"
+    assert fix_ranking.passed_over(ahead, chosen) == "order"
     assert health.candidate_rows([chosen, ahead], {})[1][4] == (
         "verified; kept out by the table's order"
     )
@@ -401,7 +401,7 @@ def _inside_an_attention(module, path: str) -> bool:
     """Whether `path` is a strict part of an attention (its projection, its norm)."""
     parts = path.split(".")
     return any(
-        diagnosis.is_attention(module.get_submodule(".".join(parts[:end])))
+        layer_islands.is_attention(module.get_submodule(".".join(parts[:end])))
         for end in range(1, len(parts))
     )
 
@@ -459,15 +459,15 @@ def test_a_candidate_that_fails_to_run_is_dropped_with_a_note(no_native_bf16, mo
     """The query projection alone in fp32 (what islands once were) cannot run: that candidate
     is dropped with a sentence, never offered, and the check still reaches its verdict."""
 
-    def split_attention(ctx: diagnosis.FixContext) -> diagnosis.FixCandidate | None:
+    def split_attention(ctx: fix_candidates.FixContext) -> fix_candidates.FixCandidate | None:
         if ctx.component != "unet":
             return None
         plan = ctx.plan.with_modules("unet", {f"{UNET_ATTENTION}.to_q": "fp32"})
         settings = {"fp32_modules": [f"unet:{UNET_ATTENTION}.to_q"]}
-        return diagnosis.FixCandidate(plan, settings, "split")
+        return fix_candidates.FixCandidate(plan, settings, "split")
 
-    kinds = (diagnosis.FixKind("split", split_attention, "a split attention"),)
-    monkeypatch.setattr(diagnosis, "FIX_KINDS", kinds + diagnosis.FIX_KINDS)
+    kinds = (fix_candidates.FixKind("split", split_attention, "a split attention"),)
+    monkeypatch.setattr(fix_candidates, "FIX_KINDS", kinds + fix_candidates.FIX_KINDS)
     report = check(loaded(planted("unet", f"{UNET_ATTENTION}.to_q", 1e5)), remember=False)
 
     assert report.verdict == "fixable" and report.fix.verified
@@ -486,9 +486,12 @@ def test_a_fix_of_the_denoiser_is_said_with_the_denoiser_the_model_has():
     settings = {"unet_precision": "bf16", "vae_precision": "fp32"}
     dit = PrecisionPlan(device="cpu", dtypes={"transformer": "bf16", "vae": "fp32"})
     sd = PrecisionPlan(device="cpu", dtypes={"unet": "bf16", "vae": "fp32"})
-    assert diagnosis.FixCandidate(dit, settings).words == (
+    assert fix_candidates.FixCandidate(dit, settings).words == (
         "run the transformer in bf16; run the VAE in fp32"
     )
-    assert diagnosis.FixCandidate(sd, settings).words == "run the UNet in bf16; run the VAE in fp32"
+    assert (
+        fix_candidates.FixCandidate(sd, settings).words
+        == "run the UNet in bf16; run the VAE in fp32"
+    )
     # Where the model is not known, the first kind of component that setting governs.
     assert fix_words(settings) == "run the UNet in bf16; run the VAE in fp32"

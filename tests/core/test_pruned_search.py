@@ -1,4 +1,4 @@
-"""The fix search that runs only the candidates that can still win (`diagnosis.Pruning`) names
+"""The fix search that runs only the candidates that can still win (`fix_ranking.Pruning`) names
 the fix the full ranking names: over random tables of memory, verification and time against
 `rank_candidates` on every candidate, and bit for bit on the planted corpus against the search
 that runs every candidate to its end first, with one injected cost oracle."""
@@ -11,8 +11,8 @@ import zlib
 import pytest
 
 from app.core import work
-from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import CandidateResult, Pruning
+from app.core.fixing import fix_candidates, fix_ranking
+from app.core.fixing.fix_ranking import CandidateResult, Pruning
 from app.core.fixing.quality import Quality
 from app.core.fixing.stage_cost import StageCost
 from app.core.health import fix, stages
@@ -23,7 +23,7 @@ from tests.core.test_health import FP16, check, loaded, plant
 from tests.core.test_lean_recorder import PLANTS, _answers
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
-KINDS = [kind.name for kind in diagnosis.FIX_KINDS]
+KINDS = [kind.name for kind in fix_candidates.FIX_KINDS]
 
 
 def _random_table(rng: random.Random, timed: bool) -> list[CandidateResult]:
@@ -53,11 +53,11 @@ def _pruned_best(table: list[CandidateResult], timed: bool) -> CandidateResult |
     what ran."""
     pruning = Pruning(timed)
     ran = []
-    for row in diagnosis.verification_order(table):
+    for row in fix_ranking.verification_order(table):
         if pruning.could_win(row):
             ran.append(row)
             pruning.add(row)
-    ranked = diagnosis.rank_candidates(ran)
+    ranked = fix_ranking.rank_candidates(ran)
     return ranked[0] if ranked and ranked[0].verified else None
 
 
@@ -67,13 +67,13 @@ def test_the_pruning_names_the_full_rankings_best_on_random_tables(timed):
     skipped = 0
     for _ in range(5000):
         table = _random_table(rng, timed)
-        ranked = diagnosis.rank_candidates(table)
+        ranked = fix_ranking.rank_candidates(table)
         best = ranked[0] if ranked and ranked[0].verified else None
         assert _pruned_best(table, timed) is best, [
             (r.kind, r.memory_mb(), r.verified, r.cost) for r in table
         ]
         pruning = Pruning(timed)
-        for row in diagnosis.verification_order(table):
+        for row in fix_ranking.verification_order(table):
             skipped += not pruning.could_win(row)
             if pruning.could_win(row):
                 pruning.add(row)

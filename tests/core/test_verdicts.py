@@ -14,7 +14,7 @@ import torch
 from app.cli.text import health_text
 from app.core import health
 from app.core.components import Status, Verdict
-from app.core.fixing import diagnosis
+from app.core.fixing import fix_candidates
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, compare
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
@@ -128,7 +128,7 @@ def test_a_wrong_candidate_is_never_the_fix(monkeypatch):
     pipeline = _saturate_in_bf16(plant(build_tiny_sd_pipeline(), "vae"))
 
     def wrong_only(component, plan, first_bad, module, bf16_native, wide=None):
-        yield diagnosis.FixCandidate(
+        yield fix_candidates.FixCandidate(
             plan.with_dtypes(**{component: "bf16"}),
             {"vae_precision": "bf16"},
             "run the VAE in bf16",

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.core.components import Status, Verdict
-from app.core.fixing.diagnosis import CandidateResult
+from app.core.fixing.fix_ranking import CandidateResult
 from app.core.fixing.quality import Quality
 from app.core.fixing.stage_cost import StageCost
 from app.core.generation.records import GenerationRequest, GenerationResult, ImageResult

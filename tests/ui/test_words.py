@@ -131,7 +131,7 @@ def test_a_fix_names_each_component_by_its_own_words_and_no_switch_as_a_componen
 def test_a_fix_is_said_one_way_by_the_check_the_pages_and_the_state_it_leaves():
     """The check's candidate, the Fixes and Models pages' cell and the precision words of the
     state the fix leaves name the same layers with the same noun phrase."""
-    from app.core.fixing.diagnosis import FixCandidate
+    from app.core.fixing.fix_candidates import FixCandidate
     from app.core.precision import PrecisionPlan
     from app.core.precision.words import plan_words
     from app.ui.words import fix_short

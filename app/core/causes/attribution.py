@@ -45,7 +45,7 @@ from app.core.causes.records import (
 )
 from app.core.components import Role, Verdict, in_run_order, join_words, module_of, of_role
 from app.core.components import words as component_words
-from app.core.fixing import diagnosis
+from app.core.fixing import fix_candidates, job_plans
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality, compare
 from app.core.health import (
     DEFAULT_PROMPT,
@@ -235,7 +235,7 @@ def attribute(
     if report.fix is not None and report.fix.verified:
         # The check's chosen fix (`health.fix.choose_fix`) only switched the attention backend:
         # the same precision works on another kernel, so the kernel is the cause.
-        backend = diagnosis.switched_backend(report.fix.settings, report.plan)
+        backend = fix_candidates.switched_backend(report.fix.settings, report.plan)
         if backend is not None:
             cause = _kernel(
                 component, report.plan.attention_backend, backend, report.fix.quality, failed
@@ -286,7 +286,7 @@ def _intermittent_cause(runs: _Runs, component: str, progress) -> Cause | None:
     from app.core.words.causes import cause_words
 
     progress("Re-running exactly as before", 0, 1)
-    ok, quality, _ = runs.proved(runs.plan, diagnosis.fp32_reference(runs.plan))
+    ok, quality, _ = runs.proved(runs.plan, job_plans.fp32_reference(runs.plan))
     if not ok or quality is None:
         return None
     words = component_words(component)
@@ -355,7 +355,7 @@ def _precision_cause(report: HealthReport, component: str) -> Cause:
 
 def _lora_cause(runs: _Runs, report, applied, progress, cancel) -> Cause | None:
     pipeline = runs.model.pipeline
-    reference = diagnosis.fp32_reference(runs.plan)
+    reference = job_plans.fp32_reference(runs.plan)
     progress("Re-running without the LoRAs", 0, 1)
     lora.use_weights(pipeline, [])
     alone = runs.run(runs.plan)
@@ -549,7 +549,7 @@ def _kernel(
 def _kernel_cause(
     runs: _Runs, report, component: str, failed: Sequence[str], progress
 ) -> Cause | None:
-    """Another attention backend at the same precision (`diagnosis.backend_switch`, the plan
+    """Another attention backend at the same precision (`fix_candidates.backend_switch`, the plan
     the check's math-kernel candidate is built from), judged against fp32 on diffusers' plain
     processor (`classic`, or `math` when classic is the one failing). A switch the check
     already re-ran as a fix candidate under this very plan is not run again: its result (judged
@@ -557,9 +557,9 @@ def _kernel_cause(
     included: transformers' encoders run PyTorch's SDPA as diffusers' layers do, so the backend
     decides their kernel too (only the upcast fix is diffusers' own)."""
     plain = "math" if runs.plan.attention_backend == "classic" else "classic"
-    reference_plan = replace(diagnosis.fp32_reference(runs.plan), attention_backend=plain)
+    reference_plan = replace(job_plans.fp32_reference(runs.plan), attention_backend=plain)
     for backend in _backends(runs.plan):
-        switch = diagnosis.backend_switch(runs.plan, backend)
+        switch = fix_candidates.backend_switch(runs.plan, backend)
         tried = next(
             (
                 r
@@ -609,10 +609,12 @@ def _foreign_kernel_cause(
     """The repair for a foreign kernel found at fault: the first backend (each runs PyTorch's
     own kernel) whose run at the same precision is finite and agrees with fp32 on PyTorch's
     math kernel. None, with a note, when turning the kernel off is not enough."""
-    reference = replace(diagnosis.fp32_reference(runs.plan), attention_backend="math")
+    reference = replace(job_plans.fp32_reference(runs.plan), attention_backend="math")
     for backend in _backends(runs.plan):
         progress(f"Re-running without {foreign.words()}: the {backend} attention backend", 0, 1)
-        ok, quality, _ = runs.proved(diagnosis.backend_switch(runs.plan, backend).plan, reference)
+        ok, quality, _ = runs.proved(
+            fix_candidates.backend_switch(runs.plan, backend).plan, reference
+        )
         if ok:
             cause = _kernel(component, runs.plan.attention_backend, backend, quality)
             return _blamed(report, cause, foreign, comparison)
@@ -697,7 +699,7 @@ def _state_cause(
             object.__setattr__(twin_pipeline, name, modules[name])
         return replace(runs.model, pipeline=twin_pipeline)
 
-    reference = diagnosis.fp32_reference(runs.plan)
+    reference = job_plans.fp32_reference(runs.plan)
     overflowing = [n for n, c in report.components.items() if c.status.failed and n not in suspects]
     gone_bad: list[str] = []
     quality: Quality | None = None

@@ -12,8 +12,8 @@ from app.core.causes.attribution import attribute
 from app.core.causes.records import Cause
 from app.core.components import Role, Verdict, of_role
 from app.core.components import words as component_words
-from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import no_half
+from app.core.fixing import fix_candidates
+from app.core.fixing.job_plans import no_half
 from app.core.health import (
     DEFAULT_PROMPT,
     DEFAULT_SCHEDULER,
@@ -265,7 +265,7 @@ def _adopt(
         cause.kind == "kernel"
         and fix is not None
         and fix.verified
-        and diagnosis.switched_backend(fix.settings, report.plan) == backend
+        and fix_candidates.switched_backend(fix.settings, report.plan) == backend
     ):
         report.notes.append(cause.summary)  # the chosen fix is that backend already
         return

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.core.fixing import diagnosis, profiles
+from app.core.fixing import job_plans, profiles
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def start_job(
     info = hardware.describe_device(torch_device)
     found = profiles.lookup(model.profile_key, info.name)
     remembered = found.fix if use_remembered else None
-    plan = diagnosis.plan_for_model(
+    plan = job_plans.plan_for_model(
         model,
         precision,
         device=torch_device,

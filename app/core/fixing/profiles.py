@@ -729,7 +729,7 @@ def _remembered_only_words(remembered: RememberedFix, plan: Any) -> list[str]:
         if missing:
             words += f" Left out of it: {missing} (edit it on the Fixes page)."
         return [words]
-    from app.core.fixing.diagnosis import without_layers
+    from app.core.fixing.job_plans import without_layers
 
     if ran_with_remembered(remembered, plan):
         # The job's own settings held the same fix (a fix applied to this job, say): it ran

@@ -8,7 +8,7 @@ UNet's output and of the latents into a per-image flag and records the first bad
 `torch.where`, so the loop never waits on the device. The flags are read once, after the loop.
 
 Repair (`auto_fix="auto"`): a VAE that went non-finite decodes the same latents again with the
-health check's fixes for the VAE, in `diagnosis.FIX_KINDS` order (the overflowing layers kept
+health check's fixes for the VAE, in `fix_candidates.FIX_KINDS` order (the overflowing layers kept
 wider, drawn from an fp32 re-run of the failing part, before the whole VAE in bf16 or fp32),
 the first that agrees with fp32 winning; a UNet or text encoder that went
 non-finite has its image made again with the health check's fix for that component, found by

@@ -4,7 +4,7 @@ non-finite, where, and what was done about it (or what would fix it)."""
 from __future__ import annotations
 
 from app.core.components import words as component_words
-from app.core.fixing.diagnosis import FixCandidate
+from app.core.fixing.fix_candidates import FixCandidate
 from app.core.generation import step_cache
 from app.core.generation.records import GenerationRequest, ImageResult, settings_of
 from app.core.generation.repair import Repair

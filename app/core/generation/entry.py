@@ -14,7 +14,7 @@ from app.core import samplers, work
 from app.core.components import join_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
-from app.core.fixing import diagnosis
+from app.core.fixing import job_plans
 from app.core.fixing.job_fix import JobFix, with_job_fix
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.generation import step_cache
@@ -408,7 +408,7 @@ def _learned_fix(
     layers in bf16; the VAE in fp32")."""
     ran_with = {*plan.remembered_used, *plan.remembered_held}
     usable = (
-        diagnosis.without_layers(remembered.settings, plan.remembered_dropped) if remembered else {}
+        job_plans.without_layers(remembered.settings, plan.remembered_dropped) if remembered else {}
     )
     kept = {key: value for key, value in usable.items() if key in ran_with}
     merged = {**kept, **job.fix_settings}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from app.core.fixing import diagnosis
+from app.core.fixing import job_plans
 from app.core.fixing.quality import compare
 from app.core.generation.stages import Outcome, Stages, _first_bad
 from app.core.generation.watch import read_flags
@@ -60,7 +60,7 @@ class Probes(Stages):
         """Every layer's peaks of the failing part re-run in fp32 on the inputs it failed with
         (a `probe.ProbeResult`, from which `diagnosis` draws the layers to keep wider), or None
         when no input was kept to re-run."""
-        plan = diagnosis.fp32_reference(outcome.plan)
+        plan = job_plans.fp32_reference(outcome.plan)
         self.last_probe = None
         if component == "vae":
             self.decode(plan, _decoded(outcome), record=True)
@@ -142,7 +142,7 @@ class Probes(Stages):
             return True, None
         key = (component, id(outcome))
         if key not in self._references:
-            reference_plan = diagnosis.fp32_reference(outcome.plan)
+            reference_plan = job_plans.fp32_reference(outcome.plan)
             self._references[key] = self.part_output(component, reference_plan, outcome)
         quality = compare(output, self._references[key])
         self.qualities[component] = quality

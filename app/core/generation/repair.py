@@ -9,8 +9,8 @@ from typing import Any
 
 from app.core.components import COMPONENTS, RUN_ORDER, module_of
 from app.core.errors import CancelledError
-from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import FixCandidate, candidate_fixes
+from app.core.fixing import fix_candidates
+from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
 from app.core.fixing.quality import Quality
 from app.core.generation import step_cache
 from app.core.generation.probes import Probes
@@ -66,7 +66,7 @@ class Repairs(Probes):
             lambda: self.wide_probe(component, outcome),
         )
         if module_of(component) != "vae" and any(d != "fp32" for d in base.dtypes.values()):
-            yield diagnosis.everything_fp32(base)
+            yield fix_candidates.everything_fp32(base)
 
     def repair(self, index: int, seed: int, outcome: Outcome, total: int) -> Repair:
         """Repair one image: the failing part only, cheapest fix first, until it is finite.
@@ -121,7 +121,7 @@ class Repairs(Probes):
                 result.first_bad_module = self.first_bad.get(component)
             if repaired is None:
                 break
-        if diagnosis.switched_backend(result.settings, self.plan) is not None:
+        if fix_candidates.switched_backend(result.settings, self.plan) is not None:
             result.cause = "kernel"
         return result
 

@@ -6,11 +6,11 @@ The check runs what a generation runs, only shorter: the text encoder(s) on a re
 the empty prompt, the denoiser at the first, middle and last timesteps of the user's own
 sampler schedule with the CFG batch, and the VAE decoding the latent that short run produced.
 Every module is watched by `probe.ActivationRecorder`. A component that went non-finite gets
-candidate fixes (`diagnosis.FIX_KINDS`: backend switches, clamps, layer-level precision islands,
+candidate fixes (`fix_candidates.FIX_KINDS`: backend switches, clamps, layer-level precision islands,
 a whole component wider), each re-run on that component alone and judged finite or not and
 against the fp32 reference; the verified ones are measured on this device, and the cheapest
-(`diagnosis.rank_candidates`) is the fix, the others shown beside it. Only the candidates that
-can still be the cheapest run before the fix is named (`diagnosis.Pruning`), each stopped at
+(`fix_ranking.rank_candidates`) is the fix, the others shown beside it. Only the candidates that
+can still be the cheapest run before the fix is named (`fix_ranking.Pruning`), each stopped at
 its first non-finite call; the rest run for the table after the fix is reported. What failed
 and where is said right after the first non-finite call (`Runner.telling`); `work.milestones`
 counts the work done by then, by the proved fix, the verdict and the end.
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 from app.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from app.core.fixing.diagnosis import AT_RISK_HEADROOM, FixCandidate, candidate_fixes
+    from app.core.fixing.diagnosis import AT_RISK_HEADROOM
+    from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
     from app.core.health.check import check_loaded
     from app.core.health.cost import FixCost, StepCost
     from app.core.health.markdown import candidate_markdown, markdown_report, write_markdown_report
@@ -123,7 +124,8 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
     __getattr__, __dir__ = lazy_exports(
         globals(),
         {
-            "app.core.fixing.diagnosis": ["AT_RISK_HEADROOM", "FixCandidate", "candidate_fixes"],
+            "app.core.fixing.diagnosis": ["AT_RISK_HEADROOM"],
+            "app.core.fixing.fix_candidates": ["FixCandidate", "candidate_fixes"],
             ".check": ["check_loaded"],
             ".cost": ["FixCost", "StepCost"],
             ".markdown": ["candidate_markdown", "markdown_report", "write_markdown_report"],

@@ -18,8 +18,8 @@ from app.core.components import Role, Verdict, in_run_order, join_words, of_role
 from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
-from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import no_half
+from app.core.fixing import job_plans
+from app.core.fixing.job_plans import no_half
 from app.core.fixing.probe import ProbeResult
 from app.core.health.cost import FixCost
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort
@@ -373,7 +373,7 @@ class _Check:
                 self.tell(name, probe)
                 if reference is None:
                     progress("Running the fp32 reference", 0, 1)
-                    reference = stage_fn(diagnosis.fp32_reference(search.plan), True)
+                    reference = stage_fn(job_plans.fp32_reference(search.plan), True)
                 chosen = choose_fix(
                     name,
                     stage_fn,

@@ -1,8 +1,8 @@
 """The search for a fix of a component that went non-finite: its candidates
-(`diagnosis.candidate_fixes`: backend switches, clamps, layer-level precision islands, the
+(`fix_candidates.candidate_fixes`: backend switches, clamps, layer-level precision islands, the
 component wider) re-run on that component alone, judged finite or not and against the fp32
 reference, the verified ones timed on this device, the cheapest accepted
-(`diagnosis.rank_candidates`): only those that can still win before the fix is named, the rest
+(`fix_ranking.rank_candidates`): only those that can still win before the fix is named, the rest
 for the table after (`CandidateTable`); everything in fp32 as the last resort; the fix in one
 sentence."""
 
@@ -16,8 +16,9 @@ from typing import Any
 from app.core.components import in_run_order, join_words, module_of
 from app.core.components import words as component_words
 from app.core.errors import CancelledError
-from app.core.fixing import diagnosis
-from app.core.fixing.diagnosis import FixCandidate, candidate_fixes, no_half
+from app.core.fixing import fix_candidates, fix_ranking
+from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
+from app.core.fixing.job_plans import no_half
 from app.core.fixing.quality import QUALITY_CEILING_DB, Quality, compare
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.observations import Observations, component_report
@@ -27,7 +28,7 @@ from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan, plan_weights_mb
 
 # Candidates that can no longer be ranked first are not run before the fix is named
-# (`diagnosis.Pruning`); False runs every one first, as the pruning's answers are tested.
+# (`fix_ranking.Pruning`); False runs every one first, as the pruning's answers are tested.
 PRUNE_CANDIDATES = True
 
 
@@ -41,7 +42,7 @@ class Search:
     qualities: dict[str, Quality] = field(default_factory=dict)  # per repaired component
     rejected: list[str] = field(default_factory=list)  # finite but wrong: never a fix
     unfixed: list[str] = field(default_factory=list)
-    candidates: list[diagnosis.CandidateResult] = field(default_factory=list)  # ranked
+    candidates: list[fix_ranking.CandidateResult] = field(default_factory=list)  # ranked
     baselines: dict[str, dict[str, StageCost]] = field(default_factory=dict)
     # Per failing component, its candidates' table, finished after the fix is named.
     tables: list[CandidateTable] = field(default_factory=list)
@@ -71,7 +72,7 @@ class _Entry:
 
     index: int
     candidate: FixCandidate
-    result: diagnosis.CandidateResult
+    result: fix_ranking.CandidateResult
     ran: bool = False
     failed_to_run: str | None = None
     retry: Stage | None = None
@@ -79,9 +80,9 @@ class _Entry:
 
 
 class CandidateTable:
-    """The candidate fixes of one failing component (`diagnosis.FIX_KINDS`), verified in the
-    order the ranking prefers them (`diagnosis.verification_order`): those that can still win
-    first (`diagnosis.Pruning`), each stopped at its first non-finite call, and with
+    """The candidate fixes of one failing component (`fix_candidates.FIX_KINDS`), verified in the
+    order the ranking prefers them (`fix_ranking.verification_order`): those that can still win
+    first (`fix_ranking.Pruning`), each stopped at its first non-finite call, and with
     `measure_cost` those verified alike in memory timed against each other. The best is the
     fix; `finish` then runs and times the rest for the table, after the fix is reported."""
 
@@ -109,7 +110,7 @@ class CandidateTable:
             for index, candidate in enumerate(candidates)
         ]
         self.baselines: dict[str, StageCost] = {}
-        self.ranked: list[diagnosis.CandidateResult] = []
+        self.ranked: list[fix_ranking.CandidateResult] = []
         self.tried = 0  # candidates run so far, for the progress line
         self.finishing = False  # the fix is named: the rest runs for the table alone
 
@@ -117,10 +118,10 @@ class CandidateTable:
         """Run the candidates that can still win, time those verified alike in memory, and
         return the best (None: nothing verified)."""
         by_result = {id(e.result): e for e in self.entries}
-        pruning = diagnosis.Pruning(timed=self.measure_cost)
+        pruning = fix_ranking.Pruning(timed=self.measure_cost)
         # A candidate's copy that holds little of its own is kept for its timing runs.
         with self.runner.placed.keeping_variants():
-            for result in diagnosis.verification_order([e.result for e in self.entries]):
+            for result in fix_ranking.verification_order([e.result for e in self.entries]):
                 entry = by_result[id(result)]
                 if PRUNE_CANDIDATES and not pruning.could_win(result):
                     continue
@@ -131,7 +132,7 @@ class CandidateTable:
             # times them all with the baselines at once.
             if self.measure_cost and verified and (len(verified) > 1 or not PRUNE_CANDIDATES):
                 self.time(verified, progress, cancel, baselines=not PRUNE_CANDIDATES)
-        ranked = diagnosis.rank_candidates([e.result for e in self.entries if e.ran])
+        ranked = fix_ranking.rank_candidates([e.result for e in self.entries if e.ran])
         if not ranked or not ranked[0].verified:
             return None
         return by_result[id(ranked[0])]
@@ -210,10 +211,10 @@ class CandidateTable:
         if self.measure_cost and (untimed or (not self.baselines and self.has_verified)):
             self.time(untimed, progress, cancel, baselines=True)
         chosen = [e.result for e in self.entries if e.result.chosen]
-        self.ranked = diagnosis.rank_candidates(
+        self.ranked = fix_ranking.rank_candidates(
             [e.result for e in self.entries if not e.failed_to_run]
         )
-        # `diagnosis.Pruning` ranks the fix first where the memory ranked is the plan's, known
+        # `fix_ranking.Pruning` ranks the fix first where the memory ranked is the plan's, known
         # before a run; a device's measured peak is not, and the fix then still heads the table.
         if chosen and self.ranked[0] is not chosen[0]:
             self.ranked.remove(chosen[0])
@@ -237,9 +238,9 @@ class CandidateTable:
         return notes
 
 
-def _unrun_result(name: str, candidate: FixCandidate, pipeline) -> diagnosis.CandidateResult:
+def _unrun_result(name: str, candidate: FixCandidate, pipeline) -> fix_ranking.CandidateResult:
     """A candidate's row before it runs: what it is and the memory its plan holds."""
-    return diagnosis.CandidateResult(
+    return fix_ranking.CandidateResult(
         component=name,
         kind=candidate.kind,
         words=candidate.words,
@@ -267,10 +268,10 @@ def choose_fix(
     cancel: CancelToken,
 ) -> Stage | None:
     """Find the fix for the failing component `name` among its candidates
-    (`diagnosis.FIX_KINDS`, `CandidateTable`): each re-run is judged finite or not and against
+    (`fix_candidates.FIX_KINDS`, `CandidateTable`): each re-run is judged finite or not and against
     the fp32 reference (`reference`, recorded, so its per-layer peaks draw the islands); with
     `measure_cost` the verified ones that could win are timed against each other. The best
-    verified one (`diagnosis.rank_candidates`) is accepted; the stage it ran is returned (None:
+    verified one (`fix_ranking.rank_candidates`) is accepted; the stage it ran is returned (None:
     nothing verified). The table is finished later (`Search.finish`)."""
     # The candidates read the component's layers; the loaded model has the same ones, and
     # holding the tested copy here would keep it alive beside every candidate's copy.
@@ -304,7 +305,7 @@ def last_resort(runner, search, seen, reports, first_probes, plan, broken, progr
         return
     cancel.raise_if_cancelled()
     progress("Trying a fix: everything in fp32", 2, 3)
-    candidate = diagnosis.everything_fp32(search.plan)
+    candidate = fix_candidates.everything_fp32(search.plan)
     full = candidate.plan
     encoded = seen.add(runner.encode(full), full)
     stages = dict(encoded.probes)
@@ -359,7 +360,7 @@ def fix_summary(
     return f"The {join_words(in_run_order(failed))} overflowed; fix: {steps}. {proof}{rest}"
 
 
-def candidate_summary(candidate: diagnosis.CandidateResult) -> str:
+def candidate_summary(candidate: fix_ranking.CandidateResult) -> str:
     """The sentence a fix the check verified but did not choose is remembered with, as the
     chosen one's (`fix_summary`): what failed, the fix and its measured agreement with fp32."""
     proof = (

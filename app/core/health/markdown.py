@@ -7,7 +7,7 @@ from pathlib import Path
 
 from app.core.components import Verdict
 from app.core.errors import HalfSafeError
-from app.core.fixing import diagnosis
+from app.core.fixing import fix_ranking
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB
 from app.core.health.report import Fix, HealthReport, precision_words, status_words
 from app.core.health.words import (
@@ -66,7 +66,7 @@ def markdown_report(report: HealthReport) -> str:
                 f"({QUALITY_THRESHOLD_DB:g} dB)"
                 + (f" and timed on this device ({RUN_WORDS})" if report.fix.baselines else "")
                 + (
-                    f"; {diagnosis.CHOSEN_WORDS}.\n\n"
+                    f"; {fix_ranking.CHOSEN_WORDS}.\n\n"
                     if any(c.chosen for c in report.fix.candidates)
                     else "; none is chosen: the cause's repair replaced them.\n\n"
                 )

@@ -10,7 +10,7 @@ from typing import Any
 
 from app.core.components import COMPONENTS, FP16_MAX, Status, in_run_order, module_of
 from app.core.components import words as component_words
-from app.core.fixing import diagnosis
+from app.core.fixing import layer_islands
 from app.core.fixing.diagnosis import AT_RISK_HEADROOM, status_from_peak
 from app.core.fixing.probe import ProbeResult, top_blocks
 from app.core.health.report import Advice, BlockPeak, ComponentReport, PrecisionOutcome
@@ -100,7 +100,7 @@ def component_report(
         status = Status.BROKEN_WEIGHTS
     elif probe.non_finite:
         overflowed = first_bad is not None and (
-            first_bad.overflow or diagnosis.is_attention_overflow(first_bad.name, module)
+            first_bad.overflow or layer_islands.is_attention_overflow(first_bad.name, module)
         )
         status = Status.OVERFLOW if overflowed else Status.NAN
     else:
@@ -153,14 +153,14 @@ def predicted_islands(
     reports: dict[str, ComponentReport], probes: dict[str, ProbeResult], placed: PlacedPipeline
 ) -> dict[str, list[str]]:
     """For each component run wider than fp16 and predicted to overflow there, the layers to
-    keep in fp32 (`diagnosis.overflow_islands` over the run's per-layer peaks)."""
+    keep in fp32 (`layer_islands.overflow_islands` over the run's per-layer peaks)."""
     layers = {}
     for name, report in reports.items():
         fp16 = report.precisions.get("fp16")
         if report.dtype == "fp16" or fp16 is None or not fp16.status.failed:
             continue
         if name in placed and name in probes:
-            found = diagnosis.overflow_islands(probes[name], placed[name])
+            found = layer_islands.overflow_islands(probes[name], placed[name])
             if found:
                 layers[name] = found
     return layers

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import __version__
 from app.core.components import COMPONENTS, FP16_MAX, Status, Verdict, join_words
-from app.core.fixing import diagnosis
+from app.core.fixing import fix_ranking
 from app.core.fixing.diagnosis import AT_RISK_HEADROOM
 from app.core.fixing.quality import Quality
 from app.core.fixing.stage_cost import StageCost
@@ -197,7 +197,7 @@ class Fix:
     cost: FixCost | None = None  # measured beside no-half (None: not measured)
     # Every candidate tried, per failing component, ranked (the chosen one first), and the
     # tested plan's and no-half's cost measured beside them (component -> label -> cost).
-    candidates: list[diagnosis.CandidateResult] = field(default_factory=list)
+    candidates: list[fix_ranking.CandidateResult] = field(default_factory=list)
     baselines: dict[str, dict[str, StageCost]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -270,7 +270,7 @@ class HealthReport:
     loras: list[LoraIdentity] = field(default_factory=list)  # the LoRAs the check ran with
     # Every fix candidate the check re-ran, ranked per component, verified or not (kept also
     # when nothing was verified: the cause's kernel probe reuses their re-runs). Not reported.
-    tried: list[diagnosis.CandidateResult] = field(default_factory=list, repr=False)
+    tried: list[fix_ranking.CandidateResult] = field(default_factory=list, repr=False)
     # The failed components no precision setting made finite and right (in run order): what a
     # broken verdict is about. Not reported (each one's status is).
     unfixed: list[str] = field(default_factory=list, repr=False)

@@ -48,7 +48,7 @@ UPSAMPLER_CHECK_TOKENS = 16
 COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
 # A candidate fix whose fastest run so far took more than this many times the slowest run of
 # the fastest candidate is out of the race: its remaining rounds could not make it the
-# cheapest (`diagnosis.rank_candidates` lets time decide only between ranges apart).
+# cheapest (`fix_ranking.rank_candidates` lets time decide only between ranges apart).
 RACE_MARGIN = 2.0
 
 # on_run(done, total): a timing run finished, `done` of the `total` a measurement makes.

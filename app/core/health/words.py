@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.core.components import Status, Verdict
-from app.core.fixing.diagnosis import CandidateResult, passed_over
+from app.core.fixing.fix_ranking import CandidateResult, passed_over
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import FixCost, StepCost
 from app.core.precision import PrecisionPlan
@@ -189,7 +189,7 @@ CANDIDATE_COLUMNS = (
 )
 
 
-# Why a verified candidate was not chosen (`diagnosis.passed_over`), said in its result cell.
+# Why a verified candidate was not chosen (`fix_ranking.passed_over`), said in its result cell.
 PASSED_OVER_WORDS = {
     "memory": "verified; holds more memory",
     "slower": "verified; not faster",

@@ -74,7 +74,7 @@ class ModelSummary:
 
 def summarise(model: LoadedModel, device: str = "auto") -> ModelSummary:
     """The summary of `model`, with the fix remembered for it on `device` (a settings value)."""
-    from app.core.fixing.diagnosis import vae_needs_fp32
+    from app.core.fixing.job_plans import vae_needs_fp32
 
     because = model.detected_because
     remembered, on, notes = _remembered_fix(model.profile_key, device)
@@ -121,7 +121,7 @@ def _missing_layer_notes(remembered: RememberedFix | None, pipeline) -> list[str
     a fix kept from another version of the model): said at load, before any job."""
     if remembered is None:
         return []
-    from app.core.fixing.diagnosis import unknown_layers
+    from app.core.fixing.job_plans import unknown_layers
 
     missing = [entry for _, entry in unknown_layers(remembered.settings, pipeline)]
     if not missing:

@@ -95,7 +95,7 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True, comput
     With `guard`, every other layer that holds weights gets a guard that casts its floating
     inputs to its own dtype (a no-op check while they already match): that is the cast back at
     the island's far edge, wherever the wider values flow, and the layer that takes them back
-    is one whose inputs the probe measured inside fp16's range (`diagnosis.overflow_islands`
+    is one whose inputs the probe measured inside fp16's range (`layer_islands.overflow_islands`
     puts every layer fed values past it into the island). The T5 feed-forward islands run
     without guards, as transformers runs them: T5's own layer norm takes the fp32 stream and
     casts back itself. In a component kept as stored and computing in `computes_in`

@@ -102,7 +102,7 @@ class PrecisionPlan:
     # wider copy, whichever fix it tries, and the fix it chooses runs as a copy where the
     # budget has room (a copy computes faster: `docs/benchmarks.md`).
     compute_in_place: bool = False
-    # Whether this is the fp32 reference a fix is judged against (`diagnosis.fp32_reference`):
+    # Whether this is the fp32 reference a fix is judged against (`job_plans.fp32_reference`):
     # each component stored narrower computes in fp32 from its stored weights layer by layer,
     # budget or not (a few runs, for which a copy would hold twice an fp16 denoiser's bytes;
     # a cast to fp32 is exact: the numbers are a copy's), and how it held its parts is not the

@@ -61,7 +61,7 @@ def resolve_plan(
     """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
 
     `feed_forward_islands` are the model's T5 feed-forward output projections per component
-    (`diagnosis.feed_forward_islands`): with `t5_fp32_feed_forward` on they run in fp32 in
+    (`job_plans.feed_forward_islands`): with `t5_fp32_feed_forward` on they run in fp32 in
     every component that is not fp32 already.
 
     `device_info` is `app.core.hardware.describe_device(device)` (its `recommended` settings,

@@ -55,7 +55,7 @@ def _bound(limit: float) -> str:
 # Module-level precision settings (`fp32_modules`, `bf16_modules`, `clamp_modules`): entries
 # "COMPONENT:PATH", a PyTorch module path inside one component. Bounded so that a damaged file
 # or a pasted flag cannot grow without limit; whether a path exists is checked against the model
-# when it loads (`diagnosis.check_module_settings`).
+# when it loads (`job_plans.check_module_settings`).
 MAX_MODULE_ENTRIES = 256
 MAX_MODULE_PATH = 200
 MODULE_PATH = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
