@@ -21,7 +21,8 @@ from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner, Stage
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.memory import is_out_of_memory
-from app.core.precision import PrecisionPlan, plan_weights_mb
+from app.core.precision import PrecisionPlan
+from app.core.precision.placement import generation_held_mb
 
 
 @dataclass
@@ -101,7 +102,7 @@ def choose_fix(
             + len(candidate.plan.clamps.get(module_of(name), ())),
             finite=finite,
             quality=quality,
-            cost=StageCost(round(plan_weights_mb(candidate.plan, runner.model.pipeline), 2)),
+            cost=StageCost(round(generation_held_mb(runner.model.pipeline, candidate.plan), 2)),
             candidate=candidate,
         )
         if finite:

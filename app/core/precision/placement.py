@@ -11,7 +11,7 @@ import functools
 import itertools
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core import work
@@ -457,6 +457,30 @@ def memory_plan(pipeline, plan: PrecisionPlan) -> list[PartMemory]:
             )
         )
     return parts
+
+
+def as_generated(plan: PrecisionPlan) -> PrecisionPlan:
+    """`plan` as a generation places it: a component planned wider than it is stored held as a
+    copy in its dtype where the budget has room, not computed from its stored weights layer by
+    layer as a fix search's runs are (`PrecisionPlan.compute_in_place`)."""
+    return replace(plan, compute_in_place=False, reference=False)
+
+
+def generation_held_mb(pipeline, plan: PrecisionPlan) -> float:
+    """What the components of `plan` hold on the device as a generation places them under the
+    plan's memory budget (`memory_plan` of `as_generated(plan)`), in MiB: each whole in its
+    dtype with its islands in theirs (an fp32 copy twice an fp16 one's bytes), or in its
+    stored dtype computing wider where a copy would not fit, or streamed (what stays resident
+    and the largest block). Counted from the loaded model; nothing is placed."""
+    generated = as_generated(plan)
+    total = 0
+    for part in memory_plan(pipeline, generated):
+        if part.sizes is not None:  # streamed
+            total += part.sizes.resident + part.sizes.block
+            continue
+        held = torch_dtype(part.stored_dtype or part.dtype)
+        total += sizes(getattr(pipeline, part.component), held, plan.islands(part.component)).whole
+    return total / 2**20
 
 
 def _form(source, plan: PrecisionPlan, name: str):
