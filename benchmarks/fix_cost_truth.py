@@ -1,6 +1,6 @@
 """Is the cost a check states for its fix what the user's generation pays under it?
 
-One planted UNet overflow (`islands.PLANTED` x1e6) in a random-weight model stored in fp16, as
+One planted UNet overflow (`islands.PLANTED` x1e5) in a random-weight model stored in fp16, as
 users download them; the check runs in fp16 with the fix's cost measured
 (`check_loaded(measure_cost=True)`), and states one UNet step (the CFG batch) under the fix and
 under no-half. Then the app's own generation runs under the fix the check found (the fix's
@@ -25,7 +25,11 @@ import tempfile
 import time
 
 from common import bench_model, emit, machine, status
-from islands import FACTOR, PLANTED
+from islands import PLANTED
+
+# The planted layer's weights scaled so that its output passes 65504 while the weights
+# themselves stay within fp16's range (x1e6, as `islands.py` plants in fp32, would store inf).
+FACTOR = 1e5
 
 
 def run_case(args, bf16: str) -> dict:
@@ -49,7 +53,8 @@ def run_case(args, bf16: str) -> dict:
         check_s = time.perf_counter() - began
     fix = report.fix
     if fix is None or fix.cost is None:
-        return {"bf16": bf16, "verdict": str(report.verdict), "fix": None}
+        failed = {n: c.status.value for n, c in report.components.items()}
+        return {"bf16": bf16, "verdict": report.verdict.value, "fix": None, "status": failed}
     stamps: list[float] = []
 
     def progress(stage, done, total) -> None:
@@ -77,6 +82,7 @@ def run_case(args, bf16: str) -> dict:
     steps_ms = [(b - a) * 1000 for a, b in zip(stamps, stamps[1:], strict=False)]
     stated = fix.cost.fix
     measured = statistics.median(steps_ms)
+    predicted, table = _predicted(args, model, fix, size=args.size)
     return {
         "bf16": bf16,
         "fix": fix.settings,
@@ -88,9 +94,39 @@ def run_case(args, bf16: str) -> dict:
         "generation_step_ms_range": [round(min(steps_ms), 1), round(max(steps_ms), 1)],
         "stated_over_generation": round(stated.step_ms / measured, 3),
         "no_half_step_ms": fix.cost.no_half.step_ms,
+        "predicted_step_ms": None if predicted is None else round(predicted, 1),
+        "dtype_table_gflops": table,
         "stated_weights_mb": stated.weights_mb,
         "generation_unet_calls": done.calls_of("unet"),
     }
+
+
+def _predicted(args, model, fix, size: int) -> tuple[float | None, dict]:
+    """The fix's UNet step predicted from its work and this device's dtype table, scaled from
+    the no-half step the check measured (`step_work.predicted_ms`)."""
+    import torch
+
+    from app.core import hardware
+    from app.core.hardware.selftest_cache import dtype_speed
+    from app.core.health.step_work import module_flops, plan_flops, predicted_ms
+
+    unet = model.pipeline.unet
+    latent, context = size // 8, unet.config.cross_attention_dim
+    device = hardware.pick_device(args.device)
+    speed = dtype_speed(hardware.describe_device(device), device)
+
+    def call(module):
+        sample = torch.randn(2, unet.config.in_channels, latent, latent)
+        return module(sample, torch.tensor(500.0), torch.randn(2, 77, context))
+
+    if fix.cost.fix.component != "unet":
+        return None, speed.to_json()["gflops"]
+    flops = module_flops(unet, call)
+    no_half = plan_flops(flops, "fp32", {})
+    planned = plan_flops(flops, fix.plan.dtypes["unet"], fix.plan.islands("unet"))
+    return predicted_ms(speed, fix.cost.no_half.step_ms, no_half, planned), speed.to_json()[
+        "gflops"
+    ]
 
 
 def table(document: dict) -> str:
@@ -98,7 +134,7 @@ def table(document: dict) -> str:
         f"{document['model']} at {document['size']} px, stored in fp16, checked in fp16; a "
         f"generation of {document['steps']} steps under the fix",
         f"{'bf16':<10}{'fix':<44}{'stated ms (range)':>24}{'generation ms (range)':>26}"
-        f"{'ratio':>7}{'no-half ms':>12}",
+        f"{'ratio':>7}{'no-half ms':>12}{'predicted ms':>14}",
     ]
     for case in document["cases"]:
         if case.get("fix") is None:
@@ -113,6 +149,7 @@ def table(document: dict) -> str:
         lines.append(
             f"{case['bf16']:<10}{fix:<44}{stated:>24}{measured:>26}"
             f"{case['stated_over_generation']:>7.2f}{case['no_half_step_ms']:>12.0f}"
+            f"{case['predicted_step_ms'] or float('nan'):>14.0f}"
         )
     return "\n".join(lines)
 
@@ -126,6 +163,10 @@ def main() -> None:
     parser.add_argument("--bf16", default="native", choices=("native", "emulated"))
     parser.add_argument("--json")
     args = parser.parse_args()
+    # A remembered fix or settings of this machine's own would change what the check and the
+    # generation run: both start from nothing.
+    for var in ("HALFSAFE_CONFIG_DIR", "HALFSAFE_DATA_DIR", "HALFSAFE_CACHE_DIR"):
+        os.environ[var] = tempfile.mkdtemp(prefix=var.lower())
     cases = [run_case(args, args.bf16)]  # one class a process: the device is described once
     document = {
         "machine": machine(args.device),

@@ -10,6 +10,7 @@ times: they do not depend on the machine.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -128,3 +129,41 @@ def test_the_part_a_fix_changes_prices_it():
     assert priced_component(fp16, fp16.with_dtypes(unet="bf16", vae="fp32"), "unet") == "unet"
     upcast = placement.replace(fp16, upcast_attention=True)
     assert priced_component(fp16, upcast, "unet") == "unet"  # every part's attention
+
+
+def _old_memory(result, pipeline):
+    """A candidate as the ranking weighed it before: the peak of the check's own run where the
+    device reports one, else every parameter at its plan's dtype, with no budget."""
+    from app.core.fixing.stage_cost import StageCost
+    from app.core.precision import plan_weights_mb
+
+    assert result.candidate is not None
+    old = StageCost(plan_weights_mb(result.candidate.plan, pipeline))
+    return dataclasses.replace(result, cost=old, chosen=False)
+
+
+@pytest.mark.parametrize(
+    ("fault", "stored"),
+    [("vae", "fp32"), ("unet_ff", "fp32"), ("unet_ff", "fp16")],
+)
+def test_the_planted_corpus_picks_the_fix_it_picked_before_on_a_cpu(fault, stored):
+    """On a CPU (no peak reported, no budget short of a copy) memory as the generation holds it
+    ranks the planted faults' candidates as the weights did before: every case keeps its fix
+    (docs/benchmarks.md lists the cases and where a GPU's ranking differs)."""
+    from app.core.fixing import diagnosis
+
+    pipeline = plant(build_tiny_sd_pipeline(), fault)
+    if stored == "fp16":
+        pipeline = pipeline.to(torch.float16)
+    report = health.check_loaded(
+        loaded(copy.deepcopy(pipeline)),
+        precision=FP16,
+        device="cpu",
+        size=64,
+        remember=False,
+        measure_cost=False,
+    )
+    assert report.fix is not None and report.fix.verified
+    ranked = report.fix.candidates
+    before = diagnosis.rank_candidates([_old_memory(r, pipeline) for r in ranked if r.candidate])
+    assert [r.kind for r in before if r.verified] == [r.kind for r in ranked if r.verified]

@@ -82,7 +82,7 @@ def test_the_dtype_table_is_measured_once_and_cached_beside_the_self_test(monkey
     measured: list[list[str]] = []
     real = dtype_speed.measure
 
-    def counting(torch_device, key, dtypes=dtype_speed.DTYPES, repeats=3):
+    def counting(torch_device, key, dtypes=dtype_speed.DTYPES, repeats=5):
         measured.append(list(dtypes))
         return real(torch_device, key, ["fp32"], repeats=1)
 

@@ -58,7 +58,7 @@ def _shapes(device_type: str) -> tuple[int, tuple[int, int, int]]:
     device near its rate for a UNet's layers, small enough to measure in a fraction of a second
     (a CPU's fp16 kernels are slow)."""
     if device_type == "cpu":
-        return 256, (64, 32, 1)
+        return 512, (64, 32, 1)
     return 4096, (320, 64, 2)
 
 
@@ -72,7 +72,7 @@ def _rate(run: Callable[[], Any], flops: float, sync: Callable[[], None], repeat
     return flops * repeats / max(time.perf_counter() - began, 1e-9) / 1e9
 
 
-def measure(device, key: str, dtypes: Iterable[str] = DTYPES, repeats: int = 3) -> DtypeSpeed:
+def measure(device, key: str, dtypes: Iterable[str] = DTYPES, repeats: int = 5) -> DtypeSpeed:
     """Time a square matmul and a 3x3 convolution in each of `dtypes` on `device` (a torch
     device); a dtype the device cannot run is left out."""
     import torch
