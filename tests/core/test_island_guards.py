@@ -136,15 +136,24 @@ def test_the_answer_is_that_of_a_copy_guarded_everywhere_bit_for_bit(
         assert torch.equal(a, b)
 
 
-def test_a_kept_copy_under_another_plan_watches_its_next_call_again():
+def test_a_kept_copy_keeps_its_guards_settled_unless_its_attention_changes():
+    """A check's timed runs place the same copy again before each call: it keeps the guards
+    settled (each timed call costs what a generation's step after the first does). Run with
+    other attention settings, it watches its next call again."""
     placed = _placed("unet", UNET_LAYER, 1e6, (UNET_LAYER, _norm(UNET_LAYER)))
     module = placed["unet"]
     _call("unet", module)
     guards = module._halfsafe_guards
     settled = guards.attached
-    placed.apply(placed.plan, ["unet"])  # the same copy, kept: its plan may differ elsewhere
+    placed.apply(placed.plan, ["unet"])  # the same copy, kept, the same settings
+    assert placed["unet"] is module and guards.attached == settled
+    calls = guards.calls
+    _call("unet", module)
+    assert guards.calls - calls == GUARDS_LEFT["unet"]
+
+    placed.apply(placement.replace(placed.plan, upcast_attention=True), ["unet"])
     assert placed["unet"] is module
-    assert guards.attached > settled
+    assert guards.attached > settled  # every layer watched again
     _call("unet", module)
     assert guards.attached == settled
 

@@ -134,8 +134,10 @@ class Guards:
     look and pass; on a real UNet the look (a Python hook on ~1,000 layers) cost a GPU step 17%.
     What stays guarded is the layers that read an island's wider output, those the wider stream
     reaches through residual additions before a layer takes it back, and those that have not run
-    yet. `arm` guards every layer again and starts over: a placed copy kept for another plan may
-    run with other attention processors or autocast, which may hand on other dtypes.
+    yet. `arm` guards every layer again and starts over: a placed copy kept for a plan with other
+    attention settings or autocast may hand on other dtypes (`PlacedPipeline.apply`); one kept
+    for the same settings (a check's timed runs) keeps its guards settled, as a generation's
+    steps after the first do.
 
     `calls` counts the guards' runs; `attached` is how many layers are guarded now."""
 
@@ -198,7 +200,7 @@ class Guards:
 
 
 def _rearm_guards(module) -> None:
-    """A kept copy runs under another plan: its guards watch the next call again (`Guards`)."""
+    """A kept copy runs under other settings: its guards watch the next call again (`Guards`)."""
     guards = getattr(module, "_halfsafe_guards", None)
     if guards is not None:
         guards.arm()
@@ -683,11 +685,9 @@ class PlacedPipeline:
             current = self._placed.get(name)
             if current is not None and current[0] == key:
                 module = current[1]
-                _rearm_guards(module)
             elif (kept := self._set_aside(name, key)) is not None:
                 self._drop(name)
                 module = kept
-                _rearm_guards(module)
                 self._placed[name] = (key, module)
                 held = streamed_of(module)
                 self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
@@ -731,6 +731,17 @@ class PlacedPipeline:
                 self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
                 self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             use_autocast = plan.autocast and dtype == "fp16"
+            # What decides the dtypes handed from layer to layer beside the placement: a kept
+            # copy run under other settings of these watches its next call again (`Guards`).
+            flow = (
+                use_autocast,
+                plan.upcast_attention,
+                plan.attention_backend,
+                plan.attention_reduced_precision,
+            )
+            if getattr(module, "_halfsafe_flow", flow) != flow:
+                _rearm_guards(module)
+            module._halfsafe_flow = flow
             _set_autocast(module, device.type if use_autocast else None)
             if name in ("unet", "vae"):
                 set_attention(module, plan)
