@@ -37,7 +37,7 @@ from app.core.health import (
     precision_words,
 )
 from app.core.health.report import CheckResult
-from app.core.health.words import FROM_THE_FIX_WORDS
+from app.core.health.words import FROM_THE_FIX_WORDS, call_words
 from app.core.jobs import DONE
 from app.core.models.summary import ModelSummary
 from app.core.precision.words import plan_words
@@ -739,14 +739,14 @@ class HealthView(QWidget, FixRow):
     def _cost_grid(self, cost: FixCost) -> QGridLayout:
         grid = QGridLayout()
         grid.setHorizontalSpacing(24)
-        headers = ("", "Time per UNet step", "Peak GPU memory", "Weights")
+        headers = ("", f"Time per {call_words(cost.fix)}", "Peak GPU memory", "Weights")
         for column, text in enumerate(headers):
             header = label(text, "muted")
             grid.addWidget(header, 0, column)
         rows = (("With the fix", cost.fix), ("Everything in fp32 (no-half)", cost.no_half))
         for row, (name, values) in enumerate(rows, start=1):
             grid.addWidget(QLabel(name), row, 0)
-            grid.addWidget(QLabel(words.milliseconds(values.unet_step_ms)), row, 1)
+            grid.addWidget(QLabel(words.milliseconds(values.step_ms)), row, 1)
             grid.addWidget(QLabel(words.megabytes(values.peak_memory_mb)), row, 2)
             grid.addWidget(QLabel(words.megabytes(values.weights_mb)), row, 3)
         grid.setColumnStretch(4, 1)

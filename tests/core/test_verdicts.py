@@ -220,7 +220,7 @@ def test_costs_are_measured_alike_with_their_spread(vae_report):
         assert low <= step.unet_step_ms <= high
         assert step.rounds == health.COST_ROUNDS
     sentence = health.cost_comparison(cost)
-    assert sentence.startswith("Per UNet step")
+    assert sentence.startswith("Per VAE decode")  # a VAE fix, priced by the VAE
 
 
 def test_report_json_is_strict_and_carries_the_new_fields(vae_report):

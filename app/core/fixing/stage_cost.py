@@ -1,5 +1,5 @@
-"""What running a part under one plan costs on this device: its weights, and, where the check
-timed it (`Runner.stage_costs`), the median step of the runs raced against the other plans,
+"""What running a part under one plan costs on this device: its weights as the user's generation
+holds them, and, where the check timed it (`Runner.stage_costs`), the median step of the runs raced against the other plans,
 their fastest and slowest, how many there were, and the device's peak memory (None where the
 device does not report it, as a CPU). The candidates' table and the ranking read it."""
 
@@ -19,8 +19,12 @@ class StageCost:
 
     @property
     def memory_mb(self) -> float:
-        """What the ranking weighs: the peak where the device reports it, else the weights."""
-        return self.peak_memory_mb if self.peak_memory_mb is not None else self.weights_mb
+        """What the ranking weighs: the weights as the user's generation holds them under its
+        budget (`placement.generation_held_mb`), on every device alike. Not the peak of the
+        check's own runs: it computes a wider candidate from the stored weights layer by layer,
+        where a generation holds a copy (an fp32 UNet peaked alike the fp16 one in the check,
+        and holds twice its weights in a generation)."""
+        return self.weights_mb
 
     def to_json(self) -> dict[str, Any]:
         """The weights, and the timing where it was measured."""

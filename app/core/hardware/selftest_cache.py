@@ -35,3 +35,19 @@ def self_test_skips(device: DeviceInfo) -> dict[str, str]:
             reason = f"{dtype} is not supported on this device"
             skips[dtype] = f"{reason} [{quirk.id}]" if quirk else reason
     return skips
+
+
+def dtype_speed(device: DeviceInfo, torch_device):
+    """The device's matmul and convolution throughput per dtype (`dtype_speed.DtypeSpeed`),
+    cached beside its self-test under the same key; measured now (a fraction of a second) and
+    cached where there is none. The half dtypes the device does not support are not measured."""
+    from app.core.hardware import dtype_speed as speed
+
+    key = self_test_key(device)
+    found = speed.cached(key)
+    if found is not None:
+        return found
+    dtypes = [d for d in speed.DTYPES if d not in self_test_skips(device)]
+    measured = speed.measure(torch_device, key, dtypes)
+    speed.store(measured)
+    return measured

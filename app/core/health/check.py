@@ -19,9 +19,8 @@ from app.core.components import words as component_words
 from app.core.errors import HalfSafeError
 from app.core.families import capabilities, family_of
 from app.core.fixing import job_plans
-from app.core.fixing.job_plans import no_half
 from app.core.fixing.probe import ProbeResult
-from app.core.health.cost import FixCost
+from app.core.health.cost import price_fix
 from app.core.health.fix import Search, choose_fix, fix_summary, last_resort
 from app.core.health.observations import (
     Observations,
@@ -345,6 +344,8 @@ class _Check:
         # What the denoiser was given (a finite stand-in when the encoders' output was not),
         # and the first component at fault upstream of a stage fed non-finite values.
         self.conditioning: Any = None
+        # Each checked part's stage (what a fix of it is priced by), by name.
+        self.stage_fns: dict[str, Callable[[PrecisionPlan, bool], Stage]] = {}
         self.fed_by: str | None = None
 
     def settle(
@@ -353,6 +354,7 @@ class _Check:
         """Report each component of a stage and, for one that failed, find its fix: the
         cheapest candidate whose re-run is finite and agrees with the fp32 reference."""
         search, progress = self.search, self.progress
+        self.stage_fns.update(dict.fromkeys(names, stage_fn))
         self.seen.add(first, search.plan)
         good = first
         reference: Stage | None = None
@@ -628,7 +630,7 @@ class _Check:
         )
 
     def measure_fix_cost(self, fix: Fix) -> None:
-        """A denoiser step under the fix and under no-half, alternating."""
+        """The fix priced as the user's generation pays it, beside no-half (`price_fix`)."""
         stage = "Measuring the cost of the fix"
         self.progress(stage, 0, 1)
 
@@ -636,13 +638,9 @@ class _Check:
             self.cancel.raise_if_cancelled()
             self.progress(stage, done, total)
 
-        costs = self.runner.unet_step_costs(
-            {"fix": self.search.plan, "no_half": no_half(self.plan)},
-            self.conditioning,
-            measured,
-            warm=["fix"],  # the fix's denoiser ran in the probe, or as its verified candidate
+        fix.cost = price_fix(
+            self.runner, self.plan, self.search.plan, self.stage_fns, self.conditioning, measured
         )
-        fix.cost = FixCost(fix=costs["fix"], no_half=costs["no_half"])
 
     def remember_fix(self, fix: Fix) -> None:
         """Store the fix in the model's remembered profile for this device."""

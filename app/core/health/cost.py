@@ -1,29 +1,57 @@
-"""What a fix costs on this device, as measured beside no-half: `StepCost` for one plan's
-denoiser step, `FixCost` for the fix and no-half side by side (a `Fix`'s `cost`)."""
+"""What a fix costs on this device, as the user's generation will pay it beside no-half:
+`StepCost` for one plan's call of the part the fix changes (a denoiser step, a VAE decode, a
+prompt encode), `FixCost` for the fix and no-half side by side (a `Fix`'s `cost`), and
+`priced_component`, which part that is."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.precision.plan import PrecisionPlan
+
 
 @dataclass(frozen=True)
 class StepCost:
-    """One denoiser step (the CFG batch) under one plan (`Runner.unet_step_costs`): the
-    median time in ms of `rounds` runs alternating with the other plans, and the fastest and
-    slowest of them; the device's peak memory during a step in MB (None where the device does
-    not report it, as a CPU); the plan's weights in MB."""
+    """One call of `component` under one plan placed as a generation places it
+    (`Runner.unet_step_costs` for a denoiser step with the CFG batch, `Runner.stage_costs` for
+    another part): the median time in ms of `rounds` runs alternating with the other plans, and
+    the fastest and slowest of them; the device's peak memory during a call in MB (None where the
+    device does not report it, as a CPU); what the plan's weights hold in MB, as the generation
+    holds them under its memory budget (`placement.generation_held_mb`)."""
 
-    unet_step_ms: float
-    unet_step_ms_range: tuple[float, float]
+    step_ms: float
+    step_ms_range: tuple[float, float]
     rounds: int
     peak_memory_mb: float | None
     weights_mb: float
+    component: str = "unet"
+
+    @property
+    def per_denoiser_step(self) -> bool:
+        """Whether the figures are a denoiser's step (else one call of another part)."""
+        from app.core.components import COMPONENTS, Role
+
+        known = COMPONENTS.get(self.component)
+        return known is not None and known.role is Role.DENOISER
+
+    @property
+    def unet_step_ms(self) -> float:
+        """The step time, as readers of a denoiser's step name it."""
+        return self.step_ms
+
+    @property
+    def unet_step_ms_range(self) -> tuple[float, float]:
+        return self.step_ms_range
 
     def to_json(self) -> dict[str, Any]:
+        denoiser = self.per_denoiser_step
         return {
-            "unet_step_ms": self.unet_step_ms,
-            "unet_step_ms_range": list(self.unet_step_ms_range),
+            "component": self.component,
+            "step_ms": self.step_ms,
+            "step_ms_range": list(self.step_ms_range),
+            "unet_step_ms": self.step_ms if denoiser else None,
+            "unet_step_ms_range": list(self.step_ms_range) if denoiser else None,
             "rounds": self.rounds,
             "peak_memory_mb": self.peak_memory_mb,
             "weights_mb": self.weights_mb,
@@ -32,10 +60,81 @@ class StepCost:
 
 @dataclass(frozen=True)
 class FixCost:
-    """A step under the fix and under no-half, measured the same way on this device."""
+    """A call under the fix and under no-half, measured the same way on this device."""
 
     fix: StepCost
     no_half: StepCost
 
     def to_json(self) -> dict[str, Any]:
         return {"fix": self.fix.to_json(), "no_half": self.no_half.to_json()}
+
+
+def priced_component(tested: PrecisionPlan, fixed: PrecisionPlan, denoiser: str) -> str:
+    """The part whose call prices the fix from `tested` to `fixed`: the denoiser where the fix
+    changes it or a setting every part reads (attention, sums, autocast), else the part it
+    changes (the VAE first: every picture is decoded once; a VAE fix no longer costs the
+    generation anything per denoiser step)."""
+
+    def held(plan: PrecisionPlan, name: str) -> tuple[Any, ...]:
+        return (plan.dtypes.get(name), plan.islands(name), tuple(plan.clamps.get(name, ())))
+
+    changed = [n for n in fixed.dtypes if held(fixed, n) != held(tested, n)]
+    shared = (
+        "upcast_attention",
+        "attention_backend",
+        "allow_tf32",
+        "fp16_reduced_precision_reduction",
+        "fp16_accumulation",
+        "attention_reduced_precision",
+        "autocast",
+    )
+    if any(getattr(fixed, f) != getattr(tested, f) for f in shared):
+        return denoiser
+    if not changed or denoiser in changed:
+        return denoiser
+    return "vae" if "vae" in changed else changed[0]
+
+
+def price_fix(
+    runner,
+    tested: PrecisionPlan,
+    fixed: PrecisionPlan,
+    stage_fns: dict[str, Any],
+    conditioning: Any,
+    on_run: Any,
+) -> FixCost:
+    """The fix from `tested` to `fixed` priced as the user's generation pays it: one call of
+    the part it changes (`priced_component`; `stage_fns`: each checked part's stage, by
+    name) under the fix placed as a generation places it (`placement.as_generated`: a copy in
+    its dtype where the budget has room, where the check computed its candidates from the
+    stored weights), and under no-half, alternating (`Runner.stage_costs`)."""
+    from app.core.fixing.job_plans import no_half
+    from app.core.precision.placement import as_generated, memory_plan
+
+    denoiser = runner.family.denoiser
+    name = priced_component(tested, fixed, denoiser)
+    # No-half is timed as the check runs it (from the stored weights where they are narrower,
+    # as its fp32 reference ran: no copy of the whole model is made to time it); its weights
+    # are stated as a generation holds them.
+    plans = {"fix": as_generated(fixed), "no_half": no_half(tested)}
+    # The fix's part ran in the check (its verification, or the stage after the fix was
+    # found): that run was its warm-up, unless a generation holds it otherwise.
+    pipeline = runner.model.pipeline
+    same = memory_plan(pipeline, fixed) == memory_plan(pipeline, plans["fix"])
+    warm = ["fix"] if same else []
+    if name == denoiser or name not in stage_fns:
+        costs = runner.unet_step_costs(plans, conditioning, on_run, warm=warm)
+    else:
+        staged = runner.stage_costs(name, stage_fns[name], plans, on_run, warm=warm)
+        costs = {
+            label: StepCost(
+                c.step_ms or 0.0,
+                c.step_ms_range or (0.0, 0.0),
+                c.rounds or 0,
+                c.peak_memory_mb,
+                c.weights_mb,
+                name,
+            )
+            for label, c in staged.items()
+        }
+    return FixCost(fix=costs["fix"], no_half=costs["no_half"])

@@ -25,7 +25,8 @@ from app.core.health.observations import Observations, component_report
 from app.core.health.stages import Runner, Stage
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.memory import is_out_of_memory
-from app.core.precision import PrecisionPlan, plan_weights_mb
+from app.core.precision import PrecisionPlan
+from app.core.precision.placement import generation_held_mb
 
 # Candidates that can no longer be ranked first are not run before the fix is named
 # (`fix_ranking.Pruning`); False runs every one first, as the pruning's answers are tested.
@@ -249,7 +250,7 @@ def _unrun_result(name: str, candidate: FixCandidate, pipeline) -> fix_ranking.C
         + len(candidate.plan.clamps.get(module_of(name), ())),
         finite=False,
         quality=None,
-        cost=StageCost(round(plan_weights_mb(candidate.plan, pipeline), 2)),
+        cost=StageCost(round(generation_held_mb(pipeline, candidate.plan), 2)),
         candidate=candidate,
     )
 

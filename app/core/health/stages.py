@@ -22,7 +22,8 @@ from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
 from app.core.images.pictures import Mode, Pictures
-from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags, plan_weights_mb
+from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
+from app.core.precision.placement import generation_held_mb
 from app.core.settings import FIELDS
 
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
@@ -563,7 +564,7 @@ class Runner:
         samples, peaks = self._alternating(name, plans, seconds, warm, on_run, race)
         return {
             label: StageCost(
-                weights_mb=round(plan_weights_mb(plan, self.model.pipeline), 2),
+                weights_mb=round(generation_held_mb(self.model.pipeline, plan), 2),
                 step_ms=round(statistics.median(samples[label]), 2),
                 step_ms_range=(round(min(samples[label]), 2), round(max(samples[label]), 2)),
                 rounds=len(samples[label]),
@@ -593,11 +594,12 @@ class Runner:
         samples, peaks = self._alternating(denoiser, plans, seconds, warm, on_run)
         return {
             name: StepCost(
-                unet_step_ms=round(statistics.median(samples[name]), 2),
-                unet_step_ms_range=(round(min(samples[name]), 2), round(max(samples[name]), 2)),
+                step_ms=round(statistics.median(samples[name]), 2),
+                step_ms_range=(round(min(samples[name]), 2), round(max(samples[name]), 2)),
                 rounds=COST_ROUNDS,
                 peak_memory_mb=_rounded(peaks[name]),
-                weights_mb=round(plan_weights_mb(plan, self.model.pipeline), 1),
+                weights_mb=round(generation_held_mb(self.model.pipeline, plan), 1),
+                component=denoiser,
             )
             for name, plan in plans.items()
         }

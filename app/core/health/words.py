@@ -94,11 +94,24 @@ def flags(settings: dict[str, Any]) -> str:
     return " ".join(f for f in (flag(k, v) for k, v in settings.items()) if f)
 
 
+# What one priced call of a part is called (`StepCost.component`), by the part's role.
+CALL_WORDS = {"denoiser": "{part} step", "vae": "VAE decode", "other": "{part} call"}
+
+
+def call_words(cost: StepCost) -> str:
+    """'UNet step', 'VAE decode', 'text encoder call': the call a `StepCost` times."""
+    from app.core.components import words as component_words
+
+    key = "vae" if cost.component == "vae" else "other"
+    key = "denoiser" if cost.per_denoiser_step else key
+    return CALL_WORDS[key].format(part=component_words(cost.component))
+
+
 def cost_words(cost: StepCost) -> str:
     """'61.0 ms per UNet step (59.5-63.0 over 5 runs), 7100 MB peak, 5300 MB of weights'."""
     parts = [
-        f"{cost.unet_step_ms:.1f} ms per UNet step ({cost.unet_step_ms_range[0]:.1f}-"
-        f"{cost.unet_step_ms_range[1]:.1f} over {cost.rounds} runs)"
+        f"{cost.step_ms:.1f} ms per {call_words(cost)} ({cost.step_ms_range[0]:.1f}-"
+        f"{cost.step_ms_range[1]:.1f} over {cost.rounds} runs)"
     ]
     if cost.peak_memory_mb is not None:
         parts.append(f"{cost.peak_memory_mb:.0f} MB peak")
@@ -114,7 +127,13 @@ def cost_comparison(cost: FixCost, fix_settings: Mapping[str, Any] | None = None
     `fix_settings` leave the denoiser as the settings run it, a second sentence says the times
     are that against fp32, not the fix's own cost."""
     said = _step_comparison(cost)
-    if said and fix_settings is not None and not _touches_denoiser(fix_settings):
+    denoiser_priced = cost.fix.per_denoiser_step
+    if (
+        said
+        and denoiser_priced
+        and fix_settings is not None
+        and not _touches_denoiser(fix_settings)
+    ):
         said += (
             " The fix leaves the denoiser as your settings run it, so these step times compare "
             "that with fp32, not the fix's own cost."
@@ -140,19 +159,20 @@ def _touches_denoiser(settings: Mapping[str, Any]) -> bool:
 
 
 def _step_comparison(cost: FixCost) -> str:
-    fast, slow = cost.fix.unet_step_ms, cost.no_half.unet_step_ms
+    fast, slow = cost.fix.step_ms, cost.no_half.step_ms
     if not fast or not slow:
         return ""
-    fix_range, half_range = cost.fix.unet_step_ms_range, cost.no_half.unet_step_ms_range
+    per = f"Per {call_words(cost.fix)}"
+    fix_range, half_range = cost.fix.step_ms_range, cost.no_half.step_ms_range
     outside = not half_range[0] <= fast <= half_range[1] or not fix_range[0] <= slow <= fix_range[1]
     if not outside or max(fast, slow) < 1.1 * min(fast, slow):
         return (
-            f"Per UNet step the fix ({fast:.0f} ms) and no-half ({slow:.0f} ms) could not be "
+            f"{per} the fix ({fast:.0f} ms) and no-half ({slow:.0f} ms) could not be "
             "told apart: their runs varied more than they differ."
         )
     if slow > fast:
-        return f"Per UNet step the fix was {slow / fast:.2g}x as fast as no-half."
-    return f"Per UNet step the fix was {fast / slow:.2g}x as slow as no-half on this device."
+        return f"{per} the fix was {slow / fast:.2g}x as fast as no-half."
+    return f"{per} the fix was {fast / slow:.2g}x as slow as no-half on this device."
 
 
 # Where a part that went non-finite has its largest value from: its own run held no finite

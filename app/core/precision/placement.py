@@ -11,7 +11,7 @@ import functools
 import itertools
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core import work
@@ -93,9 +93,10 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True, comput
     overflow the island exists to avoid.
 
     With `guard`, every other layer that holds weights gets a guard that casts its floating
-    inputs to its own dtype (a no-op check while they already match): that is the cast back at
-    the island's far edge, wherever the wider values flow, and the layer that takes them back
-    is one whose inputs the probe measured inside fp16's range (`layer_islands.overflow_islands`
+    inputs to its own dtype (`Guards`: kept after the first call only where it cast anything):
+    that is the cast back at the island's far edge, wherever the wider values flow, and the
+    layer that takes them back is one whose inputs the probe measured inside fp16's range
+    (`layer_islands.overflow_islands`
     puts every layer fed values past it into the island). The T5 feed-forward islands run
     without guards, as transformers runs them: T5's own layer norm takes the fp32 stream and
     casts back itself. In a component kept as stored and computing in `computes_in`
@@ -115,13 +116,123 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True, comput
     if not islands or not guard:
         return
     inside = {id(layer) for path in islands for layer in module.get_submodule(path).modules()}
+    guarded = []
     for layer in module.modules():
         own = next(iter(layer.parameters(recurse=False)), None)
         if own is None or getattr(layer, "_halfsafe_cast_hook", None) is not None:
             continue
         outside_islands = id(layer) not in inside
         layer._halfsafe_dtype = computes_in if computes_in and outside_islands else own.dtype
-        layer._halfsafe_cast_hook = layer.register_forward_pre_hook(_guard_hook, with_kwargs=True)
+        guarded.append(layer)
+    module._halfsafe_guards = Guards(module, guarded)
+
+
+class Guards:
+    """The guards of one placed component with islands (see `_make_islands`), kept only where
+    wider values arrive.
+
+    Every layer holding weights is guarded at first; its guard notes whether it cast anything.
+    When a call of the component (its forward or an entry's: a VAE's decoder) ends, the guards
+    that ran in it for the first time and cast nothing are removed: the layers they sat on take
+    values in their own dtype. What a layer is handed depends on the code path and the dtypes flowing in,
+    never on the values, so each later call hands it the same dtypes and the guard would only
+    look and pass; on a real UNet the look (a Python hook on ~1,000 layers) cost a GPU step 17%.
+    What stays guarded is the layers that read an island's wider output, those the wider stream
+    reaches through residual additions before a layer takes it back, and those that have not run
+    yet. `arm` guards every layer again and starts over: a placed copy kept for a plan with other
+    attention settings or autocast may hand on other dtypes (`PlacedPipeline.apply`); one kept
+    for the same settings (a check's timed runs) keeps its guards settled, as a generation's
+    steps after the first do.
+
+    `calls` counts the guards' runs; `attached` is how many layers are guarded now."""
+
+    def __init__(self, module, layers) -> None:
+        self.module = module
+        self.layers = {id(layer): layer for layer in layers}
+        self.calls = 0
+        self._handles: dict[int, Any] = {}
+        self._ran: set[int] = set()
+        self._cast: set[int] = set()
+        self._depth = 0
+        self._trace: list[Any] = []
+        self.arm()
+
+    @property
+    def attached(self) -> int:
+        return len(self._handles)
+
+    def arm(self) -> None:
+        """Guard every layer and watch the next call, as when the copy was placed."""
+        for key, layer in self.layers.items():
+            if key not in self._handles:
+                # First among the layer's hooks, as at placement: a recorder reads what it casts.
+                self._handles[key] = layer.register_forward_pre_hook(
+                    self._guard, with_kwargs=True, prepend=True
+                )
+                layer._halfsafe_cast_hook = self._handles[key]
+        self._ran.clear()
+        self._cast.clear()
+        self._depth = 0
+        if not self._trace:  # watched for as long as the copy lives
+            for entry in _entries(self.module):
+                self._trace.append(entry.register_forward_pre_hook(self._enter))
+                self._trace.append(entry.register_forward_hook(self._leave, always_call=True))
+
+    def _guard(self, layer, args, kwargs):
+        self.calls += 1
+        cast = _guard_hook(layer, args, kwargs)
+        key = id(layer)
+        self._ran.add(key)
+        if cast is not None and _changes(args, kwargs, cast):
+            self._cast.add(key)
+        return cast
+
+    def _enter(self, module, args) -> None:
+        self._depth += 1
+
+    def _leave(self, module, args, output) -> None:
+        if self._depth > 0:  # (a call refused before `_enter` ran leaves without entering)
+            self._depth -= 1
+            if self._depth == 0:
+                self._settle()
+
+    def _settle(self) -> None:
+        """After a call: drop the guards that ran in it for the first time and cast nothing."""
+        for key in self._ran - self._cast:
+            self._handles.pop(key).remove()
+            self.layers[key]._halfsafe_cast_hook = None
+        self._ran.clear()
+
+
+def _rearm_guards(module) -> None:
+    """A kept copy runs under other settings: its guards watch the next call again (`Guards`)."""
+    guards = getattr(module, "_halfsafe_guards", None)
+    if guards is not None:
+        guards.arm()
+
+
+def _entries(module) -> list[Any]:
+    """The modules a component is called through: itself, and the entry submodules it has."""
+    found = [getattr(module, n, None) for n in _ENTRY_SUBMODULES]
+    return [module] + [entry for entry in found if entry is not None]
+
+
+def _changes(args, kwargs, cast) -> bool:
+    """Whether a guard's `cast` (args, kwargs) holds a tensor other than those it was given."""
+    import torch
+
+    def tensors(value):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from tensors(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                yield from tensors(v)
+
+    given = [id(t) for t in tensors((args, kwargs))]
+    return given != [id(t) for t in tensors(cast)]
 
 
 def _guard_hook(module, args, kwargs):
@@ -353,6 +464,30 @@ def memory_plan(pipeline, plan: PrecisionPlan) -> list[PartMemory]:
             )
         )
     return parts
+
+
+def as_generated(plan: PrecisionPlan) -> PrecisionPlan:
+    """`plan` as a generation places it: a component planned wider than it is stored held as a
+    copy in its dtype where the budget has room, not computed from its stored weights layer by
+    layer as a fix search's runs are (`PrecisionPlan.compute_in_place`)."""
+    return replace(plan, compute_in_place=False, reference=False)
+
+
+def generation_held_mb(pipeline, plan: PrecisionPlan) -> float:
+    """What the components of `plan` hold on the device as a generation places them under the
+    plan's memory budget (`memory_plan` of `as_generated(plan)`), in MiB: each whole in its
+    dtype with its islands in theirs (an fp32 copy twice an fp16 one's bytes), or in its
+    stored dtype computing wider where a copy would not fit, or streamed (what stays resident
+    and the largest block). Counted from the loaded model; nothing is placed."""
+    generated = as_generated(plan)
+    total = 0
+    for part in memory_plan(pipeline, generated):
+        if part.sizes is not None:  # streamed
+            total += part.sizes.resident + part.sizes.block
+            continue
+        held = torch_dtype(part.stored_dtype or part.dtype)
+        total += sizes(getattr(pipeline, part.component), held, plan.islands(part.component)).whole
+    return total / 2**20
 
 
 def _form(source, plan: PrecisionPlan, name: str):
@@ -601,6 +736,17 @@ class PlacedPipeline:
                 self._bytes[name] = tensor_bytes(module) + (held.block if held else 0)
                 self.peak_bytes = max(self.peak_bytes, self.placed_bytes)
             use_autocast = plan.autocast and dtype == "fp16"
+            # What decides the dtypes handed from layer to layer beside the placement: a kept
+            # copy run under other settings of these watches its next call again (`Guards`).
+            flow = (
+                use_autocast,
+                plan.upcast_attention,
+                plan.attention_backend,
+                plan.attention_reduced_precision,
+            )
+            if getattr(module, "_halfsafe_flow", flow) != flow:
+                _rearm_guards(module)
+            module._halfsafe_flow = flow
             _set_autocast(module, device.type if use_autocast else None)
             if name in ("unet", "vae"):
                 set_attention(module, plan)

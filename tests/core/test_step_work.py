@@ -1,0 +1,98 @@
+"""A step's cost predicted from its work: the operations each module runs, counted on fake
+tensors, split by the dtype each computes in under a plan, priced with the device's dtype table
+(measured once, cached beside the self-test). Counts and an injected table, never a timing."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from app.core import hardware
+from app.core.hardware import dtype_speed, selftest_cache
+from app.core.health.step_work import module_flops, plan_flops, predicted_ms
+from tests.support.tiny_models import build_tiny_sd_pipeline
+
+LAYER = "down_blocks.0.resnets.0.conv1"
+# A device whose fp32 runs at half its fp16 rate, and bf16 at fp16's (as an Ampere GPU's).
+SPEED = dtype_speed.DtypeSpeed(
+    "test",
+    {
+        "fp16": {"matmul": 100.0, "conv": 100.0},
+        "bf16": {"matmul": 100.0, "conv": 100.0},
+        "fp32": {"matmul": 50.0, "conv": 50.0},
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def unet_flops():
+    unet = build_tiny_sd_pipeline().unet
+    channels, context = unet.config.in_channels, unet.config.cross_attention_dim
+
+    def call(module):
+        return module(
+            torch.randn(2, channels, 8, 8), torch.tensor(500.0), torch.randn(2, 77, context)
+        )
+
+    return unet, module_flops(unet, call)
+
+
+def test_the_work_of_a_call_is_counted_per_module_without_running_it(unet_flops):
+    unet, flops = unet_flops
+    conv = unet.get_submodule(LAYER)
+    # A 3x3 convolution on the CFG batch at the latent's 8x8: 2 * N * Cout * Cin * 9 * H * W.
+    expected = 2 * 2 * conv.out_channels * conv.in_channels * 9 * 8 * 8
+    assert flops[LAYER] == {"matmul": 0.0, "conv": float(expected)}
+    assert flops[""]["conv"] > flops[LAYER]["conv"] and flops[""]["matmul"] > 0
+    assert all(p.device.type == "cpu" and not p.is_meta for p in unet.parameters())
+
+
+def test_the_work_is_split_by_the_dtype_each_layer_computes_in(unet_flops):
+    _, flops = unet_flops
+    whole = flops[""]
+    islands = {LAYER: "fp32", LAYER.rsplit(".", 1)[0]: "fp32", LAYER + ".x": "bf16"}
+    split = plan_flops(flops, "fp16", islands)
+    block = flops[LAYER.rsplit(".", 1)[0]]  # the resnet holding the layer: the outer island
+    assert split[("fp32", "conv")] == block["conv"]
+    assert split[("fp16", "conv")] == whole["conv"] - block["conv"]
+    assert sum(split.values()) == pytest.approx(whole["matmul"] + whole["conv"])
+
+
+def test_a_plan_is_priced_from_a_measured_call_at_the_devices_rates(unet_flops):
+    _, flops = unet_flops
+    fp16 = plan_flops(flops, "fp16", {})
+    # The whole part in fp32 at half the rate: twice the measured fp16 call.
+    assert predicted_ms(SPEED, 60.0, fp16, plan_flops(flops, "fp32", {})) == pytest.approx(120.0)
+    # A bf16 copy runs at the bf16 rate: what fp16 takes here.
+    assert predicted_ms(SPEED, 60.0, fp16, plan_flops(flops, "bf16", {})) == pytest.approx(60.0)
+    # One layer in fp32: fp16's time and that layer's share of the work once more.
+    one = predicted_ms(SPEED, 60.0, fp16, plan_flops(flops, "fp16", {LAYER: "fp32"}))
+    share = flops[LAYER]["conv"] / (flops[""]["conv"] + flops[""]["matmul"])
+    assert one == pytest.approx(60.0 * (1 + share))
+    # A dtype the device has no rate for is not guessed.
+    missing = dataclasses.replace(SPEED, gflops={"fp16": SPEED.gflops["fp16"]})
+    assert predicted_ms(missing, 60.0, fp16, plan_flops(flops, "fp32", {})) is None
+
+
+def test_the_dtype_table_is_measured_once_and_cached_beside_the_self_test(monkeypatch):
+    device = hardware.describe_device(torch.device("cpu"))
+    device = dataclasses.replace(device, name="cached-speed-test", bf16="unsupported")
+    measured: list[list[str]] = []
+    real = dtype_speed.measure
+
+    def counting(torch_device, key, dtypes=dtype_speed.DTYPES, repeats=5):
+        measured.append(list(dtypes))
+        return real(torch_device, key, ["fp32"], repeats=1)
+
+    monkeypatch.setattr(dtype_speed, "measure", counting)
+    first = selftest_cache.dtype_speed(device, torch.device("cpu"))
+    again = selftest_cache.dtype_speed(device, torch.device("cpu"))
+    assert measured == [["fp16", "fp32"]]  # once; bf16 is not supported on it
+    assert again == first and first.gflops["fp32"]["matmul"] > 0
+    path = dtype_speed.cache_path(selftest_cache.self_test_key(device))
+    assert path.parent.name == "selftest"
+    path.write_text("{not json", encoding="utf-8")  # damaged: measured again, not trusted
+    selftest_cache.dtype_speed(device, torch.device("cpu"))
+    assert len(measured) == 2
