@@ -118,6 +118,15 @@ class Row:
     # Its tiny pipeline as its files can hold it, where `build`'s parts are narrower than any
     # file's fixed widths (Qwen2.5-VL's heads are 128 wide).
     build_files: Callable[[], Any] | None = None
+    # What its diffusers folder is detected as, and how, where only a file's name tells the
+    # variant (Qwen-Image 2.1 Turbo's weights and pipeline are the base model's).
+    folder: tuple[str, tuple[str, ...]] | None = None
+
+    def folder_architecture(self) -> str:
+        return self.folder[0] if self.folder else self.architecture
+
+    def folder_because(self) -> tuple[str, ...]:
+        return self.folder[1] if self.folder else self.because
 
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"  # every family's VAE decoder has it
@@ -402,6 +411,21 @@ ROWS: dict[str, Row] = {
         FLOW,
         slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
     ),
+    # Qwen-Image 2.1 Turbo: the base model's transformer and pipeline, run at Turbo's 8 steps
+    # without CFG (diffusers' Turbo blocks sample the base model's shifted grid, one call a
+    # step). Its files are told by their name; a diffusers folder of it is the base model's.
+    "qwenimage21-turbo": Row(
+        tiny_models.build_tiny_qwenimage21_pipeline,
+        "qwenimage21-turbo",
+        "flow",
+        ("text_encoder", "transformer", "vae"),
+        ("Qwen-Image 2.1 Turbo, as the file's name says", "8 steps at CFG scale 1"),
+        {"block": QWENIMAGE21_PLANTS["block"]},
+        (Repair(QWENIMAGE21_PLANTS["block"], 1.0),),
+        FLOW,
+        slow_folder=True,  # saving and loading a 151,669-token embedding, as Qwen-Image's
+        folder=("qwenimage21", ("Qwen-Image 2.1: its QwenImage21Pipeline",)),
+    ),
     "krea2": Row(
         # Read where Krea 2 reads its 36-layer encoder, as its transformer file is run.
         lambda: tiny_models.build_tiny_krea2_pipeline(released_taps=True),
@@ -616,7 +640,7 @@ def test_a_diffusers_folder_of_the_family_is_detected_as_it(built):
     detection = families.detect_from_configs(index, dict(denoiser.config), scheduler)
 
     assert detection.supported, detection.because
-    assert detection.architecture == ROWS[row_name].architecture  # a variant told apart too
+    assert detection.architecture == ROWS[row_name].folder_architecture()  # a variant told apart
     assert family_of_architecture(detection.architecture) is expected
     assert (
         detection.family_id == expected.id and families.family_of_detection(detection) is expected
@@ -690,11 +714,11 @@ def test_a_diffusers_folder_loads_back_offline_as_its_family_with_identical_outp
     model = models.load_model(str(tmp_path / name))
 
     assert (model.architecture, model.format, model.prediction_type) == (
-        row.architecture,
+        row.folder_architecture(),
         "diffusers",
         row.prediction,
     )
-    start, *phrases = row.because
+    start, *phrases = row.folder_because()
     assert model.detected_because.startswith(start), model.detected_because
     assert all(p in model.detected_because for p in phrases), model.detected_because
     assert family_of(model.pipeline) is expected
@@ -730,6 +754,9 @@ def test_its_files_as_comfyui_keeps_them_load_offline_with_identical_weights_and
     shapes = models.read_safetensors_header(written["transformer"]).shapes()
     read = split.read_model(shapes, written["transformer"].name)
     assert read is not None and read.architecture == row.architecture
+    if row.folder is not None:  # told by the file's name alone, which it says
+        start, *phrases = row.because
+        assert read.because.startswith(start) and all(p in read.because for p in phrases)
     if read.unsupported is not None:  # refused before anything is read, in one sentence
         with pytest.raises(HalfSafeError, match="cannot be run on its own"):
             models.load_model(str(written["transformer"]))
@@ -934,6 +961,60 @@ def test_a_healthy_generation_is_ok_with_previews_of_its_pictures_shape(built, t
     factor = expected.latent_factor(pipeline)  # 8, or 16 for Qwen-Image 2.1's VAE
     for _, image in previews:
         assert (image.mode, image.size) == ("RGB", (64 // factor, 96 // factor))
+
+
+# The rows whose model states its own steps and CFG scale (Turbo's few steps without CFG).
+DEFAULTED = [
+    pytest.param(
+        i,
+        id=i,
+        marks=[pytest.mark.slow] if defaults.steps > 10 else [],
+    )
+    for i, row in ROWS.items()
+    if (defaults := families.generation_defaults(row.architecture)) is not None
+]
+
+
+@pytest.mark.parametrize("name", DEFAULTED)
+def test_a_job_without_steps_or_cfg_runs_the_models_own_schedule(tmp_path, name):
+    """Where the model states its steps and CFG scale, a job that gives none runs them: one
+    prediction a step without CFG, two with it, as the PNG says."""
+    from app.core.requests import requested
+
+    row = ROWS[name]
+    model = loaded(row.build(), name, "defaults")
+    defaults = requested.model_defaults(model)
+    assert defaults is not None
+    request = generation.GenerationRequest(
+        prompt="a red cat",
+        negative_prompt="fog",
+        steps=defaults.steps,
+        cfg=defaults.cfg,
+        seed=5,
+        width=64,
+        height=64,
+        output_dir=str(tmp_path),
+    )
+    denoiser = getattr(model.pipeline, family(family_id(name)).denoiser)
+    batches = []  # how many latents each denoiser call predicts
+
+    def count(_module, args, kwargs, _output):
+        latents = args[0] if args else kwargs["hidden_states"]
+        batches.append(len(latents) if isinstance(latents, list) else latents.shape[0])
+
+    hook = denoiser.register_forward_hook(count, with_kwargs=True)
+    try:
+        result = generation.generate(model, request, precision=FP16, device="cpu")
+    finally:
+        hook.remove()
+
+    assert [e.status for e in result.images] == ["ok"]
+    # A prediction a step, two with CFG (its negative branch: batched, or a call of its own).
+    assert sum(batches) == defaults.steps * (2 if defaults.cfg > 1 else 1)
+    assert len(batches) in (defaults.steps, sum(batches))
+    text = result.images[0].parameters
+    assert f"Steps: {defaults.steps}," in text
+    assert row.sampler.format(cfg=defaults.cfg) in text
 
 
 # Pixels per tile of what each family's denoiser works on: a UNet's latent cell, or a 2x2
