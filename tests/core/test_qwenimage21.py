@@ -190,6 +190,59 @@ def test_turbo_reads_back_to_the_family_with_its_8_steps_without_cfg():
     assert generation_defaults("qwenimage21") is None  # the base model: the saved settings
 
 
+def test_a_turbo_job_samples_the_timesteps_diffusers_turbo_blocks_set(pipelines, tmp_path):
+    """Turbo's defaults run through the base pipeline sample the grid diffusers' Turbo set
+    (its own blocks: the base model's shifted sigmas at 8 steps), once a step, no CFG."""
+    import torch
+    from diffusers.modular_pipelines import PipelineState
+    from diffusers.modular_pipelines.qwenimage21 import QwenImage21TurboAutoBlocks
+    from diffusers.modular_pipelines.qwenimage21.before_denoise import (
+        QwenImage21TurboSetTimestepsStep,
+    )
+
+    from app.core.requests import requested
+
+    model = in_memory(pipelines[0], "qwenimage21-turbo-schedule", "qwenimage21-turbo")
+    defaults = requested.model_defaults(model)
+    assert defaults is not None
+    request = generation.GenerationRequest(
+        prompt="a red cat",
+        steps=defaults.steps,
+        cfg=defaults.cfg,
+        seed=5,
+        width=64,
+        height=64,
+        output_dir=str(tmp_path),
+    )
+    seen = []  # the latents each transformer call predicts
+    handed = []  # the timestep each call is handed
+
+    def record(_module, _args, kwargs, _output):
+        seen.append(tuple(kwargs["hidden_states"].shape))
+        handed.append(kwargs["timestep"][0])
+
+    hook = model.pipeline.transformer.register_forward_hook(record, with_kwargs=True)
+    try:
+        generation.generate(model, request, precision=FP16, device="cpu")
+    finally:
+        hook.remove()
+
+    turbo = QwenImage21TurboAutoBlocks().init_pipeline()
+    scheduler = type(model.pipeline.scheduler).from_config(model.pipeline.scheduler.config)
+    turbo.update_components(scheduler=scheduler)  # a scheduler of its own, as the model's
+    state = PipelineState()
+    state.set("latents", torch.zeros(seen[0]))  # its shift follows the image's tokens
+    state.set("num_inference_steps", None)  # its own default
+    _, state = QwenImage21TurboSetTimestepsStep()(turbo, state)
+    expected = state.get("timesteps").tolist()
+
+    assert len(expected) == defaults.steps == 8
+    assert len(seen) == defaults.steps and all(shape[0] == 1 for shape in seen)  # no CFG
+    # The grid the job sampled, handed over as the pipeline does: in the latents' dtype, / 1000.
+    dtype = handed[0].dtype
+    assert torch.equal(torch.stack(handed), torch.tensor(expected).to(dtype) / 1000)
+
+
 @pytest.mark.slow  # about 15 s here: writing and reading a 151,669-token embedding
 def test_a_turbo_file_loads_as_turbo_and_its_job_runs_8_steps(tmp_path):
     from app.core.requests import requested
