@@ -46,15 +46,28 @@ def planted_backend(ops: tuple[str, ...] = ("apply_rope1",), faulty: str = "nan"
     module = ModuleType(f"comfy_kitchen_{NAME}")
     for op in ops:
         setattr(module, op, _faulty(op, faulty))
+    constraints = {op: registry.get_constraints("eager", op) for op in ops}
+    with registered(NAME, module, constraints) as name:
+        yield name
+
+
+@contextmanager
+def registered(name: str, module: ModuleType, constraints: dict) -> Iterator[str]:
+    """`module` registered with comfy-kitchen's registry as the backend `name`, its ops under
+    `constraints`, and put first in its order of preference; the registry is put back as it
+    was in a finally."""
+    import comfy_kitchen
+
+    registry = comfy_kitchen.registry
     priority = list(registry._priority)
-    registry.register(NAME, module, {op: registry.get_constraints("eager", op) for op in ops})
-    registry.set_priority([NAME, *priority])
+    registry.register(name, module, constraints)
+    registry.set_priority([name, *priority])
     try:
-        yield NAME
+        yield name
     finally:
         registry.set_priority(priority)
         with registry._lock:
-            registry._backends.pop(NAME, None)
-            registry._capabilities.pop(NAME, None)
-            for op in ops:
-                registry._constraints.pop((NAME, op), None)
+            registry._backends.pop(name, None)
+            registry._capabilities.pop(name, None)
+            for op in constraints:
+                registry._constraints.pop((name, op), None)

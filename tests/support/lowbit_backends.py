@@ -23,6 +23,8 @@ from types import ModuleType
 
 import torch
 
+from tests.support.kitchen_backends import registered
+
 NAME = "planted_lowbit"
 OPS = ("int8_linear", "dequantize_int8_simple_dtype")
 REFUSAL = "INT8 GEMM not supported on this GPU for these dimensions"
@@ -62,7 +64,6 @@ def planted_lowbit(fault: str) -> Iterator[str]:
     module.dequantize_int8_simple_dtype = registry.get_implementation(  # type: ignore[attr-defined]
         "dequantize_int8_simple_dtype", backend="eager"
     )
-    priority = list(registry._priority)
     constraints = {op: registry.get_constraints("eager", op) for op in OPS}
     if fault == "cuda_only":
         from comfy_kitchen.constraints import FunctionConstraints, ParamConstraint
@@ -71,14 +72,5 @@ def planted_lowbit(fault: str) -> Iterator[str]:
         constraints["int8_linear"] = FunctionConstraints(
             params={"x": ParamConstraint(devices=cuda)}, default_devices=cuda
         )
-    registry.register(NAME, module, constraints)
-    registry.set_priority([NAME, *priority])
-    try:
-        yield NAME
-    finally:
-        registry.set_priority(priority)
-        with registry._lock:
-            registry._backends.pop(NAME, None)
-            registry._capabilities.pop(NAME, None)
-            for op in OPS:
-                registry._constraints.pop((NAME, op), None)
+    with registered(NAME, module, constraints) as name:
+        yield name
