@@ -11,7 +11,13 @@ import torch
 
 from app.core import hardware
 from app.core.hardware import dtype_speed, selftest_cache
-from app.core.health.step_work import module_flops, plan_flops, predicted_ms
+from app.core.health.step_work import (
+    module_flops,
+    plan_flops,
+    plan_seconds,
+    plan_work,
+    predicted_ms,
+)
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 LAYER = "down_blocks.0.resnets.0.conv1"
@@ -44,8 +50,15 @@ def test_the_work_of_a_call_is_counted_per_module_without_running_it(unet_flops)
     conv = unet.get_submodule(LAYER)
     # A 3x3 convolution on the CFG batch at the latent's 8x8: 2 * N * Cout * Cin * 9 * H * W.
     expected = 2 * 2 * conv.out_channels * conv.in_channels * 9 * 8 * 8
-    assert flops[LAYER] == {"matmul": 0.0, "conv": float(expected)}
+    weights = float(conv.weight.numel())
+    assert flops[LAYER] == {"matmul": 0.0, "conv": float(expected), "conv_weights": weights}
     assert flops[""]["conv"] > flops[LAYER]["conv"] and flops[""]["matmul"] > 0
+    # The weights of every linear and convolution layer, counted in each module that holds it.
+    block = LAYER.rsplit(".", 1)[0]
+    layers = [m for m in unet.get_submodule(block).modules() if isinstance(m, torch.nn.Conv2d)]
+    assert flops[block]["conv_weights"] == sum(m.weight.numel() for m in layers)
+    linear = sum(m.weight.numel() for m in unet.modules() if isinstance(m, torch.nn.Linear))
+    assert flops[""]["matmul_weights"] == linear
     assert all(p.device.type == "cpu" and not p.is_meta for p in unet.parameters())
 
 
@@ -57,7 +70,53 @@ def test_the_work_is_split_by_the_dtype_each_layer_computes_in(unet_flops):
     block = flops[LAYER.rsplit(".", 1)[0]]  # the resnet holding the layer: the outer island
     assert split[("fp32", "conv")] == block["conv"]
     assert split[("fp16", "conv")] == whole["conv"] - block["conv"]
-    assert sum(split.values()) == pytest.approx(whole["matmul"] + whole["conv"])
+    assert split[("fp32", "conv_weights")] == block["conv_weights"]
+    assert sum(v for (_, k), v in split.items() if k in ("matmul", "conv")) == pytest.approx(
+        whole["matmul"] + whole["conv"]
+    )
+
+
+def test_a_part_computed_from_weights_stored_narrower_casts_them_each_call(unet_flops):
+    """A bf16 plan of a part stored in fp16 on a CPU (a copy of the same width is not made) or
+    a check's plan computing from the stored weights: each layer's weights are cast at every
+    call; a copy in the plan's dtype casts none, and the layers already in the stored dtype
+    none either."""
+    _, flops = unet_flops
+    whole = flops[""]
+    weights = whole["matmul_weights"] + whole["conv_weights"]
+    cast = plan_work(flops, "bf16", {}, cast_from="fp16")
+    assert cast[("bf16", "cast")] == weights
+    assert ("bf16", "cast") not in plan_work(flops, "bf16", {})
+    islands = plan_work(flops, "fp16", {LAYER: "fp32"}, cast_from="fp16")
+    assert islands[("fp32", "cast")] == flops[LAYER]["conv_weights"]
+    assert ("fp16", "cast") not in islands
+
+
+def test_a_plan_is_priced_as_it_is_placed(unet_flops):
+    """`plan_seconds` reads how the plan places the part: a bf16 plan of the fp16-stored part
+    computes from the stored weights (the same width: no copy), so it pays their cast; in fp16
+    it pays none."""
+    from app.core.precision import resolve_plan
+    from app.core.settings import PrecisionSettings
+
+    pipeline = build_tiny_sd_pipeline().to(torch.float16)
+    _, flops = unet_flops
+    rates = {"matmul": 1.0, "conv": 1.0, "matmul_weights": 1.0, "conv_weights": 1.0}
+    speed = dtype_speed.DtypeSpeed(
+        "test", {"fp16": rates, "bf16": {**rates, "cast": 1.0}, "fp32": rates}
+    )
+
+    def seconds(precision: str) -> float:
+        plan = resolve_plan(
+            PrecisionSettings(precision=precision), device="cpu", components=["unet"]
+        )
+        value = plan_seconds(speed, flops, pipeline, plan, "unet")
+        assert value is not None
+        return value
+
+    whole = flops[""]
+    weights = whole["matmul_weights"] + whole["conv_weights"]
+    assert seconds("bf16") - seconds("fp16") == pytest.approx(weights / 1e9)
 
 
 def test_a_plan_is_priced_from_a_measured_call_at_the_devices_rates(unet_flops):
@@ -82,7 +141,7 @@ def test_the_dtype_table_is_measured_once_and_cached_beside_the_self_test(monkey
     measured: list[list[str]] = []
     real = dtype_speed.measure
 
-    def counting(torch_device, key, dtypes=dtype_speed.DTYPES, repeats=5):
+    def counting(torch_device, key, dtypes=dtype_speed.DTYPES, repeats=3):
         measured.append(list(dtypes))
         return real(torch_device, key, ["fp32"], repeats=1)
 
@@ -96,3 +155,20 @@ def test_the_dtype_table_is_measured_once_and_cached_beside_the_self_test(monkey
     path.write_text("{not json", encoding="utf-8")  # damaged: measured again, not trusted
     selftest_cache.dtype_speed(device, torch.device("cpu"))
     assert len(measured) == 2
+
+
+def test_the_table_tells_the_arithmetic_from_the_weights():
+    """Two shapes of a kernel, one bound by its arithmetic and one by its weights, give both
+    rates; where the weights cannot explain the second, the arithmetic's rate stands alone."""
+    # 1 GFLOP/s and 0.5 G weights/s: 2 GFLOP and 1e6 weights, then 0.1 GFLOP and 1e8 weights.
+    work, weights = (2e9, 1e8), (1e6, 1e8)
+    seconds = (2 + 1e6 / 0.5e9, 0.1 + 1e8 / 0.5e9)
+    flops_rate, weight_rate = dtype_speed._fit(work, weights, seconds)
+    assert flops_rate == pytest.approx(1.0) and weight_rate == pytest.approx(0.5)
+    assert dtype_speed._fit(work, weights, (2.0, 0.05)) == (pytest.approx(1.0), None)
+
+
+def test_a_rate_the_table_could_not_tell_counts_no_time():
+    speed = dataclasses.replace(SPEED, gflops={"fp16": {"matmul": 1.0, "conv": 1.0}})
+    assert speed.seconds({("fp16", "conv"): 1e9, ("fp16", "conv_weights"): 5.0}) == 1.0
+    assert speed.seconds({("fp32", "cast"): 5.0}) is None  # fp32 was not measured at all
