@@ -74,3 +74,14 @@ def fixed_ram(monkeypatch):
         available=TEST_RAM_GIB * 2**30, total=TEST_RAM_GIB * 2**30
     )
     monkeypatch.setattr(psutil, "virtual_memory", lambda: memory)
+
+
+# A device's dtype table is measured on the machine (`hardware.dtype_speed`), so a check that
+# predicted its candidates' costs from it would rank and time them by this machine's speeds. The
+# suite uses no table unless a test injects a fixed one: the candidates are timed, as where no
+# prediction error was measured.
+@pytest.fixture(autouse=True)
+def no_dtype_table(monkeypatch):
+    from app.core.health import step_work
+
+    monkeypatch.setattr(step_work, "device_speed", lambda device: None)

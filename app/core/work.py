@@ -35,6 +35,9 @@ class Work:
     lean_calls: int = 0  # component calls run under the lean one (outputs only)
     timed_calls: int = 0  # component calls run to time a plan (a candidate's or a fix's cost)
     timed_runs: int = 0  # stage runs made to be timed
+    # candidates ranked by their cost predicted from the work and the device's dtype table,
+    # whose timing the ranking did not need
+    predicted_costs: int = 0
     placements: int = 0  # copies of a part made on the device
     timed_placements: int = 0  # ... of them, those made while plans were timed
     gc_passes: int = 0  # the collector's passes the job asked for
@@ -66,6 +69,7 @@ class Work:
             "lean_calls": self.lean_calls,
             "timed_calls": self.timed_calls,
             "timed_runs": self.timed_runs,
+            "predicted_costs": self.predicted_costs,
             "placements": self.placements,
             "timed_placements": self.timed_placements,
             "gc_passes": self.gc_passes,

@@ -254,6 +254,7 @@ def test_every_count_is_in_the_json():
         "lean_calls",
         "timed_calls",
         "timed_runs",
+        "predicted_costs",
         "placements",
         "timed_placements",
         "gc_passes",

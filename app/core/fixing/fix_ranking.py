@@ -64,13 +64,41 @@ class CandidateResult:
 MATERIALLY_FASTER = 0.9
 
 
+def _predicted(a: StageCost | None, b: StageCost | None) -> str | None:
+    """How `a`'s predicted step compares with `b`'s where the predictions tell what timing
+    would: "faster" (a tenth faster, `MATERIALLY_FASTER`, beyond the larger of the two
+    predictions' errors), "slower" or "margin" (not a tenth faster even at the error's worst);
+    None where either has no prediction or the two fall inside that band (time them)."""
+    pa = a.predicted_ms if a is not None else None
+    pb = b.predicted_ms if b is not None else None
+    if a is None or b is None or pa is None or pb is None or pb <= 0:
+        return None
+    error = max(a.predicted_error or 0.0, b.predicted_error or 0.0)
+    ratio = pa / pb
+    if ratio <= MATERIALLY_FASTER / (1 + error):
+        return "faster"
+    if ratio > MATERIALLY_FASTER * (1 + error):
+        return "slower" if ratio >= 1 else "margin"
+    return None
+
+
+def predicted_apart(a: StageCost | None, b: StageCost | None) -> bool:
+    """Whether the predictions of `a` and `b` tell the ranking's verdict on the two (either
+    one faster, or neither) as their timing would, so that neither needs timing against the
+    other."""
+    return _predicted(a, b) is not None and _predicted(b, a) is not None
+
+
 def _timing(a: StageCost | None, b: StageCost | None) -> str:
-    """How `a`'s measured time compares with `b`'s: "slower" (its median not below `b`'s, or
+    """How `a`'s time compares with `b`'s, measured where both were timed, else predicted
+    where the predictions tell it (`_predicted`): "slower" (its median not below `b`'s, or
     either not measured), "noise" (below, but the two runs' ranges overlap), "margin" (apart,
     by less than `MATERIALLY_FASTER`) or "faster" (a fix worth preferring for its time)."""
     ma = a.step_ms if a is not None else None
     mb = b.step_ms if b is not None else None
-    if ma is None or mb is None or ma >= mb:
+    if ma is None or mb is None:
+        return _predicted(a, b) or "slower"
+    if ma >= mb:
         return "slower"
     ra = a.step_ms_range if a is not None else None
     rb = b.step_ms_range if b is not None else None
@@ -104,7 +132,8 @@ CHOSEN_WORDS = (
     "the verified one holding the least memory is chosen (within a tenth counts as alike); "
     "among those alike, the first of a "
     "switch, layers kept wider, the part in bf16, a clamp and the part in fp32, unless another "
-    "was a tenth faster beyond the noise"
+    "was a tenth faster beyond the noise (timed, or predicted from its work beyond the "
+    "prediction's error)"
 )
 
 

@@ -1,7 +1,8 @@
 """What running a part under one plan costs on this device: its weights as the user's generation
 holds them, and, where the check timed it (`Runner.stage_costs`), the median step of the runs raced against the other plans,
 their fastest and slowest, how many there were, and the device's peak memory (None where the
-device does not report it, as a CPU). The candidates' table and the ranking read it."""
+device does not report it, as a CPU); where the work and the device's dtype table predicted it,
+that step and the prediction's error. The candidates' table and the ranking read it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ class StageCost:
     step_ms_range: tuple[float, float] | None = None
     rounds: int | None = None
     peak_memory_mb: float | None = None
+    # The step predicted from the work and the device's dtype table (`step_work.plan_seconds`),
+    # and the relative error of such predictions measured on the device's kind (None: none).
+    predicted_ms: float | None = None
+    predicted_error: float | None = None
 
     @property
     def memory_mb(self) -> float:
@@ -27,8 +32,12 @@ class StageCost:
         return self.weights_mb
 
     def to_json(self) -> dict[str, Any]:
-        """The weights, and the timing where it was measured."""
+        """The weights, the timing where it was measured and the prediction where one was made."""
         document: dict[str, Any] = {"weights_mb": self.weights_mb}
+        if self.predicted_ms is not None:
+            document.update(
+                predicted_step_ms=self.predicted_ms, predicted_error=self.predicted_error
+            )
         if self.step_ms is not None:
             document.update(
                 step_ms=self.step_ms,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.components import in_run_order, join_words, module_of
@@ -21,8 +21,9 @@ from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
 from app.core.fixing.job_plans import no_half
 from app.core.fixing.quality import QUALITY_CEILING_DB, Quality, compare
 from app.core.fixing.stage_cost import StageCost
+from app.core.health import step_work
 from app.core.health.observations import Observations, component_report
-from app.core.health.stages import Runner, Stage
+from app.core.health.stages import Runner, Stage, counted_module
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
@@ -78,6 +79,7 @@ class _Entry:
     failed_to_run: str | None = None
     retry: Stage | None = None
     timed: bool = False
+    observed_ms: float | None = None  # a call of the component in its verification run
 
 
 class CandidateTable:
@@ -114,6 +116,11 @@ class CandidateTable:
         self.ranked: list[fix_ranking.CandidateResult] = []
         self.tried = 0  # candidates run so far, for the progress line
         self.finishing = False  # the fix is named: the rest runs for the table alone
+        # The device's dtype table where predictions are used there, and the work of one call
+        # of the component (`step_work.call_flops`), counted from a verification run's call.
+        self.speed = step_work.device_speed(runner.device) if measure_cost else None
+        self.flops: dict[str, dict[str, float]] | None = None
+        self.predicted: set[int] = set()  # the entries ranked by their predictions, counted
 
     def choose(self, progress: ProgressCallback, cancel: CancelToken) -> _Entry | None:
         """Run the candidates that can still win, time those verified alike in memory, and
@@ -130,9 +137,12 @@ class CandidateTable:
                 pruning.add(entry.result)
             verified = [e for e in self.entries if e.ran and e.result.verified]
             # Time decides only between two or more; a search that runs every candidate first
-            # times them all with the baselines at once.
+            # times them all with the baselines at once. Those whose predictions tell the
+            # ranking's verdict against every rival are not timed (`needing_time`).
             if self.measure_cost and verified and (len(verified) > 1 or not PRUNE_CANDIDATES):
-                self.time(verified, progress, cancel, baselines=not PRUNE_CANDIDATES)
+                timing = self.needing_time(verified)
+                if timing or not PRUNE_CANDIDATES:
+                    self.time(timing, progress, cancel, baselines=not PRUNE_CANDIDATES)
         ranked = fix_ranking.rank_candidates([e.result for e in self.entries if e.ran])
         if not ranked or not ranked[0].verified:
             return None
@@ -148,7 +158,10 @@ class CandidateTable:
         self.tried += 1
         entry.ran = True
         try:
-            with self.runner.stopping_at_bad(self.name) if PRUNE_CANDIDATES else nullcontext():
+            with (
+                self.runner.stopping_at_bad(self.name) if PRUNE_CANDIDATES else nullcontext(),
+                self.catching() as caught,
+            ):
                 stage = self.stage_fn(candidate.plan, True)
             retry = self.seen.add(stage, candidate.plan)
         except CancelledError:
@@ -166,6 +179,78 @@ class CandidateTable:
         entry.result.quality = compare(retry.output, self.reference.output) if finite else None
         if entry.result.verified:
             entry.retry = retry
+            self.observe(entry, stage, caught)
+
+    def catching(self):
+        """Where predictions are made, the component's calls caught (`step_work.first_call`)
+        until its work is counted; else nothing."""
+        if self.speed is None:
+            return nullcontext(None)
+        return step_work.first_call(type(self._counted(self.runner.model.pipeline)))
+
+    def _counted(self, pipeline):
+        """The module whose calls are the component's (`counted_module`) in `pipeline`."""
+        return counted_module(self.name, getattr(pipeline, module_of(self.name)))
+
+    def observe(self, entry: _Entry, stage: Stage, caught) -> None:
+        """The time a call of the component took in `entry`'s verification run, and the work
+        of such a call, counted once from the first one caught."""
+        if caught is None or not caught.calls:
+            return
+        entry.observed_ms = stage.seconds.get(self.name, 0.0) * 1000 / caught.calls
+        if self.flops is None:
+            pipeline = self.runner.model.pipeline
+            part = getattr(pipeline, module_of(self.name))
+            self.flops = step_work.call_flops(part, self._counted(pipeline), caught) or {}
+
+    def predict(self, entries: list[_Entry]) -> None:
+        """Each of `entries` with its step predicted from the work at the device's rates
+        (`step_work.plan_seconds`) where the work explains enough of its observed call
+        (`step_work.EXPLAINED`), with the error measured on the device's kind."""
+        if self.speed is None or not self.flops:
+            return
+        error = step_work.PREDICTION_ERROR[self.runner.device.type]
+        pipeline = self.runner.model.pipeline
+        for entry in entries:
+            cost, observed = entry.result.cost, entry.observed_ms
+            if cost is None or cost.predicted_ms is not None or not observed:
+                continue
+            seconds = step_work.plan_seconds(
+                self.speed, self.flops, pipeline, entry.candidate.plan, module_of(self.name)
+            )
+            if seconds is None or seconds * 1000 < step_work.EXPLAINED * observed:
+                continue
+            entry.result.cost = replace(
+                cost, predicted_ms=round(seconds * 1000, 2), predicted_error=error
+            )
+
+    def needing_time(self, entries: list[_Entry]) -> list[_Entry]:
+        """Of the verified `entries`, those whose timing the ranking needs: each without a
+        prediction, and each whose prediction falls inside the ranking's band (a tenth, plus
+        the prediction's error) of a rival's alike in memory (`fix_ranking.predicted_apart`).
+        The others are ranked by their predictions, which tell what timing would, and counted
+        (`predicted_costs`)."""
+        from app.core import work
+
+        self.predict(entries)
+        least = min((e.result.memory_mb() or 0.0) for e in entries)
+        bound = least * (1 + fix_ranking.MEMORY_TOLERANCE) + 1e-9
+        alike = [e for e in entries if (e.result.memory_mb() or 0.0) <= bound]
+        timing = [
+            e
+            for e in entries
+            if e.result.cost is None
+            or e.result.cost.predicted_ms is None
+            or any(
+                not fix_ranking.predicted_apart(e.result.cost, o.result.cost)
+                for o in alike
+                if o is not e and e in alike
+            )
+        ]
+        ranked = [e.index for e in entries if e not in timing and e.index not in self.predicted]
+        self.predicted.update(ranked)
+        work.add("predicted_costs", len(ranked))
+        return timing
 
     def time(
         self,
@@ -194,7 +279,12 @@ class CandidateTable:
         warm = [label for label in plans if label != "no_half"]
         costs = self.runner.stage_costs(self.name, self.stage_fn, plans, measured, warm, race)
         for entry in entries:
-            entry.result.cost = costs[f"{entry.index}"]
+            before = entry.result.cost
+            entry.result.cost = replace(
+                costs[f"{entry.index}"],
+                predicted_ms=before.predicted_ms if before is not None else None,
+                predicted_error=before.predicted_error if before is not None else None,
+            )
             entry.timed = True
         if baselines:
             self.baselines = {"as_tested": costs["as_tested"], "no_half": costs["no_half"]}
@@ -209,6 +299,9 @@ class CandidateTable:
                 self.run(entry, progress, cancel)
             entry.retry = None  # the fix's stage was handed on: nothing here needs one
         untimed = [e for e in self.entries if e.result.verified and not e.timed]
+        if self.measure_cost and untimed:
+            verified = [e for e in self.entries if e.result.verified]
+            untimed = [e for e in self.needing_time(verified) if not e.timed]
         if self.measure_cost and (untimed or (not self.baselines and self.has_verified)):
             self.time(untimed, progress, cancel, baselines=True)
         chosen = [e.result for e in self.entries if e.result.chosen]
