@@ -24,7 +24,7 @@ import statistics
 import tempfile
 import time
 
-from common import bench_model, emit, machine, status
+from common import bench_model, emit, load_average, machine, status
 from islands import PLANTED
 
 # The planted layer's weights scaled so that its output passes 65504 while the weights
@@ -45,6 +45,7 @@ def run_case(args, bf16: str) -> dict:
     with torch.no_grad():
         model.pipeline.unet.get_submodule(PLANTED).weight.mul_(FACTOR)
     fp16 = PrecisionSettings(precision="fp16")
+    loads = {"check": load_average()}
     with status(f"check, fp16, bf16 {bf16}, fix's cost measured"):
         began = time.perf_counter()
         report = health.check_loaded(
@@ -70,6 +71,7 @@ def run_case(args, bf16: str) -> dict:
         seed=1,
         output_dir=tempfile.mkdtemp(),
     )
+    loads["generation"] = load_average()
     with status(f"generation under the fix, {args.steps} steps"):
         generate(
             model,
@@ -83,6 +85,7 @@ def run_case(args, bf16: str) -> dict:
     stated = fix.cost.fix
     measured = statistics.median(steps_ms)
     predicted, table = _predicted(args, model, fix, size=args.size)
+    proved = report.work.at("proved_fix") if report.work is not None else None
     return {
         "bf16": bf16,
         "fix": fix.settings,
@@ -97,17 +100,32 @@ def run_case(args, bf16: str) -> dict:
         "predicted_step_ms": None if predicted is None else round(predicted, 1),
         "dtype_table_gflops": table,
         "stated_weights_mb": stated.weights_mb,
+        "load_average": loads,
+        "candidates": [
+            {"kind": c.kind, "chosen": c.chosen, **(c.cost.to_json() if c.cost else {})}
+            for c in report.tried
+            if c.verified
+        ],
+        "work_at_proved_fix": {
+            "timed_runs": proved.timed_runs if proved else None,
+            "predicted_costs": proved.predicted_costs if proved else None,
+        },
+        "work": {
+            "timed_runs": report.work.timed_runs if report.work else None,
+            "predicted_costs": report.work.predicted_costs if report.work else None,
+        },
     }
 
 
 def _predicted(args, model, fix, size: int) -> tuple[float | None, dict]:
-    """The fix's UNet step predicted from its work and this device's dtype table, scaled from
-    the no-half step the check measured (`step_work.predicted_ms`)."""
+    """The fix's UNet step predicted from its work at this device's dtype table, placed as a
+    generation places it (`step_work.plan_seconds`): the work alone, no step measured."""
     import torch
 
     from app.core import hardware
     from app.core.hardware.selftest_cache import dtype_speed
-    from app.core.health.step_work import module_flops, plan_flops, predicted_ms
+    from app.core.health.step_work import module_flops, plan_seconds
+    from app.core.precision.placement import as_generated
 
     unet = model.pipeline.unet
     latent, context = size // 8, unet.config.cross_attention_dim
@@ -121,11 +139,8 @@ def _predicted(args, model, fix, size: int) -> tuple[float | None, dict]:
     if fix.cost.fix.component != "unet":
         return None, speed.to_json()["gflops"]
     flops = module_flops(unet, call)
-    no_half = plan_flops(flops, "fp32", {})
-    planned = plan_flops(flops, fix.plan.dtypes["unet"], fix.plan.islands("unet"))
-    return predicted_ms(speed, fix.cost.no_half.step_ms, no_half, planned), speed.to_json()[
-        "gflops"
-    ]
+    seconds = plan_seconds(speed, flops, model.pipeline, as_generated(fix.plan), "unet")
+    return (None if seconds is None else seconds * 1000), speed.to_json()["gflops"]
 
 
 def table(document: dict) -> str:

@@ -8,13 +8,15 @@ Printed per plan: the timed step, the predicted one, and the ratio of each to th
 the prediction's error that matters.
 
 Usage: python benchmarks/predicted_cost.py [--device cpu|cuda] [--model sd1|sdxl|demo|tiny]
-       [--size PX] [--rounds R] [--stored fp16|fp32] [--json FILE]
+       [--size PX] [--rounds R] [--stored fp16|fp32] [--placed check|generation] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
+from dataclasses import replace
 
 from common import NATIVE_SIZE, bench_model, emit, machine, status, timed
 from islands import PLANTED, _inputs
@@ -61,7 +63,7 @@ def run(args) -> dict:
     import torch
 
     from app.core import hardware
-    from app.core.hardware.selftest_cache import dtype_speed
+    from app.core.hardware import dtype_speed
     from app.core.health.step_work import module_flops, plan_seconds
     from app.core.precision import PlacedPipeline, backend_flags, resolve_plan
     from app.core.settings import PrecisionSettings
@@ -72,24 +74,29 @@ def run(args) -> dict:
         model = _model(args)
     pipeline = model.pipeline
     inputs = _inputs(model, size, device, torch.Generator().manual_seed(0))
-    speed = dtype_speed(hardware.describe_device(device), device)
+    # Measured afresh each run: the table's own noise is part of the prediction's error.
+    speed = dtype_speed.measure(device, "bench")
     placed, plans = {}, {}
     for label, settings in PLANS.items():
-        plans[label] = resolve_plan(
-            PrecisionSettings(**settings), device=device, components=["unet"]
-        )
+        plan = resolve_plan(PrecisionSettings(**settings), device=device, components=["unet"])
+        # As the check times its candidates (from the stored weights), or as a generation
+        # places them (a copy where the dtype's width differs).
+        plans[label] = replace(plan, compute_in_place=args.placed == "check")
         placed[label] = PlacedPipeline(pipeline, plans[label], ["unet"])
 
-    def step(label):
-        unet = placed[label]["unet"]
+    def step_on(unet):
         dtype = next(unet.parameters()).dtype
         cast = {k: v.to(dtype) if k != "added_cond_kwargs" else v for k, v in inputs.items()}
+        return unet(**cast, return_dict=False)[0]
+
+    def step(label):
         with backend_flags(plans[label]), torch.inference_mode():
-            return unet(**cast, return_dict=False)[0]
+            return step_on(placed[label]["unet"])
 
     with status("counting the work on fake tensors"):
-        unet = pipeline.unet
-        flops = module_flops(unet, lambda m: m(**inputs, return_dict=False))
+        began = time.perf_counter()
+        flops = module_flops(placed[first := next(iter(plans))]["unet"], lambda m: step_on(m))
+        counting_s = time.perf_counter() - began
     for label in plans:
         with status(f"warm-up: {label}"):
             step(label)
@@ -99,7 +106,6 @@ def run(args) -> dict:
             for label in plans:
                 samples[label].append(timed(lambda label=label: step(label), device) * 1000)
     rows = {}
-    first = next(iter(plans))
     for label, plan in plans.items():
         rows[label] = {
             "step_ms": round(statistics.median(samples[label]), 2),
@@ -117,7 +123,9 @@ def run(args) -> dict:
         "model": args.model,
         "stored": args.stored,
         "size": size,
+        "placed": args.placed,
         "rounds": args.rounds,
+        "counting_work_s": round(counting_s, 2),
         "dtype_table_gflops": speed.to_json()["gflops"],
         "gflop_per_step": round(sum(flops.get("", {}).values()) / 1e9, 3),
         "rows": rows,
@@ -130,9 +138,10 @@ def _ms(seconds: float | None) -> float | None:
 
 def table(document: dict) -> str:
     lines = [
-        f"{document['model']} at {document['size']} px, stored in {document['stored']}, a UNet "
-        f"step on the CFG batch ({document['gflop_per_step']} GFLOP), {document['rounds']} "
-        "rounds; ratios to the first plan's",
+        f"{document['model']} at {document['size']} px, stored in {document['stored']}, placed as "
+        f"the {document['placed']} places it, a UNet step on the CFG batch "
+        f"({document['gflop_per_step']} GFLOP, counted in {document['counting_work_s']} s), "
+        f"{document['rounds']} rounds; ratios to the first plan's",
         f"{'plan':<20}{'timed ms (range)':>26}{'predicted ms':>14}{'timed ratio':>13}"
         f"{'predicted ratio':>17}{'error':>8}",
     ]
@@ -156,6 +165,7 @@ def main() -> None:
     parser.add_argument("--size", type=int)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--stored", default="fp16", choices=("fp16", "fp32"))
+    parser.add_argument("--placed", default="check", choices=("check", "generation"))
     parser.add_argument("--json")
     args = parser.parse_args()
     document = run(args)

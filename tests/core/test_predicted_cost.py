@@ -153,6 +153,19 @@ def test_predictions_inside_the_band_are_timed_as_before():
     assert report.fix.settings == timed_report.fix.settings
 
 
+def test_a_prediction_that_explains_little_of_the_call_is_not_used():
+    """On a table a million times faster, the tiny model's work is a sliver of its call (most
+    of it the operations between the kernels and each call's fixed cost, which the table does
+    not hold): nothing is predicted, and the candidates are timed as without a table."""
+    fast = _table(1e6, 2e7)
+    timed_report, timed_before = _check(fast, predicted=False)
+    report, before = _check(fast, predicted=True)
+    assert sorted(before) == sorted(timed_before) and len(before) == 2
+    assert report.work.predicted_costs == 0
+    assert all(c.cost is None or c.cost.predicted_ms is None for c in report.tried)
+    assert _chosen(report) == _chosen(timed_report)
+
+
 def test_a_prediction_decides_only_beyond_the_band_and_the_error():
     error = step_work.PREDICTION_ERROR["cpu"]
 
