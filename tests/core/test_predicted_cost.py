@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from app.core import health
 from app.core.fixing import fix_ranking
 from app.core.fixing.stage_cost import StageCost
 from app.core.hardware.dtype_speed import DtypeSpeed
@@ -139,6 +140,8 @@ def test_a_prediction_apart_ranks_the_candidates_without_timing_them():
     assert rows["islands"].step_ms is None  # ranked by its prediction, never timed
     document = report.to_json()["fix"]["candidates"]
     assert any("predicted_step_ms" in c["cost"] for c in document)
+    shown = health.candidate_rows(report.fix.candidates, {})
+    assert any("(predicted)" in cell for row in shown for cell in row)
 
 
 def test_predictions_inside_the_band_are_timed_as_before():

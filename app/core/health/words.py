@@ -233,6 +233,8 @@ def _result_words(candidate: CandidateResult, chosen: CandidateResult | None) ->
 
 def _ms(cost: StageCost | None) -> str:
     step = cost.step_ms if cost is not None else None
+    if cost is not None and step is None and cost.predicted_ms is not None:
+        return f"{cost.predicted_ms:.1f} (predicted)"  # ranked by it, not timed
     if cost is None or step is None:
         return "-"
     spread = cost.step_ms_range
