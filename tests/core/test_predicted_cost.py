@@ -15,12 +15,13 @@ from app.core import health
 from app.core.fixing import fix_ranking
 from app.core.fixing.stage_cost import StageCost
 from app.core.hardware.dtype_speed import DtypeSpeed
-from app.core.health import stages, step_work
+from app.core.health import fix, stages, step_work
 from app.core.health.cost import StepCost
 from app.core.health.step_work import module_flops, plan_seconds
 from app.core.precision import plan_weights_mb
 from tests.core.test_check_work import stored_in_fp16
 from tests.core.test_health import check, plant
+from tests.core.test_pruned_search import _with_costs
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 
@@ -89,7 +90,7 @@ def _oracle(table: DtypeSpeed, timed: list[str]):
     return stage_costs, unet_step_costs
 
 
-def _check(table: DtypeSpeed, predicted: bool):
+def _check(table: DtypeSpeed, predicted: bool, prune: bool = True):
     """The planted UNet fault stored in fp16, checked in fp16 as on a CPU with native bf16, the
     candidates timed by the oracle of `table`; with `predicted` the table is the device's too.
     Returns the report and the labels timed before the fix was proved."""
@@ -100,6 +101,7 @@ def _check(table: DtypeSpeed, predicted: bool):
         patched.setattr(stages, "RACE_MARGIN", math.inf)
         patched.setattr(stages.Runner, "stage_costs", stage_costs)
         patched.setattr(stages.Runner, "unet_step_costs", unet_step_costs)
+        patched.setattr(fix, "PRUNE_CANDIDATES", prune)
         if predicted:
             patched.setattr(step_work, "device_speed", lambda device: table)
         proved: list[str] = []
@@ -154,6 +156,12 @@ def test_predictions_inside_the_band_are_timed_as_before():
     assert proved is not None and proved.predicted_costs == 0
     assert _chosen(report) == _chosen(timed_report)
     assert report.fix.settings == timed_report.fix.settings
+
+
+def test_with_predictions_the_pruned_search_gives_the_full_searchs_answers():
+    """The whole table, costs and predictions included, is the same whether the search runs
+    every candidate first or only those that can still win."""
+    assert _with_costs(_check(APART, True)[0]) == _with_costs(_check(APART, True, prune=False)[0])
 
 
 def test_a_prediction_that_explains_little_of_the_call_is_not_used():
