@@ -235,19 +235,20 @@ class CandidateTable:
         self.predict(entries)
         least = min((e.result.memory_mb() or 0.0) for e in entries)
         bound = least * (1 + fix_ranking.MEMORY_TOLERANCE) + 1e-9
-        alike = [e for e in entries if (e.result.memory_mb() or 0.0) <= bound]
-        timing = [
-            e
-            for e in entries
-            if e.result.cost is None
-            or e.result.cost.predicted_ms is None
-            or any(
-                not fix_ranking.predicted_apart(e.result.cost, o.result.cost)
-                for o in alike
-                if o is not e and e in alike
+        alike = {e.index: e for e in entries if (e.result.memory_mb() or 0.0) <= bound}
+
+        def needs_time(entry: _Entry) -> bool:
+            cost = entry.result.cost
+            if cost is None or cost.predicted_ms is None:
+                return True
+            rivals = [o for i, o in alike.items() if i != entry.index]
+            return entry.index in alike and any(
+                not fix_ranking.predicted_apart(cost, o.result.cost) for o in rivals
             )
-        ]
-        ranked = [e.index for e in entries if e not in timing and e.index not in self.predicted]
+
+        timing = [e for e in entries if needs_time(e)]
+        timed = {e.index for e in timing}
+        ranked = [e.index for e in entries if e.index not in timed | self.predicted]
         self.predicted.update(ranked)
         work.add("predicted_costs", len(ranked))
         return timing

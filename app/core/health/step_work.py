@@ -21,7 +21,7 @@ _KIND_OF = {"convolution": "conv"}
 # The relative error of a prediction's ratio of two plans' steps beside their timed ratio, per
 # device kind, as measured (docs/benchmarks.md, "Predicted before timed"): the largest over
 # the plans of SD1.5's UNet at 64 px on the 2-core Xeon VM, four runs (58%: the part in fp32
-# computed from its fp16 weights; 29% among the plans alike in memory), rounded up. A kind not
+# computed from its fp16 weights; 31% among the plans alike in memory), rounded up. A kind not
 # measured has its candidates timed, never predicted.
 PREDICTION_ERROR = {"cpu": 0.6}
 # A prediction stands for a call only where its work takes at least this share of the time
