@@ -132,8 +132,8 @@ CHOSEN_WORDS = (
     "the verified one holding the least memory is chosen (within a tenth counts as alike); "
     "among those alike, the first of a "
     "switch, layers kept wider, the part in bf16, a clamp and the part in fp32, unless another "
-    "was a tenth faster beyond the noise (timed, or predicted from its work beyond the "
-    "prediction's error)"
+    "was a tenth faster beyond the noise, timed or predicted from its work beyond the "
+    "prediction's error"
 )
 
 
