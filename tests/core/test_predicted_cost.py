@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from app.core import health
+from app.core import health, work
 from app.core.fixing import fix_ranking
 from app.core.fixing.stage_cost import StageCost
 from app.core.hardware.dtype_speed import DtypeSpeed
@@ -65,6 +65,7 @@ def _oracle(table: DtypeSpeed, timed: list[str]):
 
     def stage_costs(self, name, stage_fn, plans, on_run=stages._no_runs, warm=(), race=()):
         timed.extend(plans)
+        work.add("timed_runs", stages.COST_ROUNDS * len(plans))  # as `_alternating` counts
         return {
             label: StageCost(
                 round(plan_weights_mb(plan, self.model.pipeline), 2),
@@ -134,9 +135,11 @@ def test_a_prediction_apart_ranks_the_candidates_without_timing_them():
     assert report.fix.settings == timed_report.fix.settings
     assert len(timed_before) == 2  # the two alike in memory, timed against each other
     assert before == []
-    proved = report.work.at("proved_fix")
-    assert proved is not None and proved.predicted_costs == 2
-    assert timed_report.work.predicted_costs == 0
+    proved, timed_proved = report.work.at("proved_fix"), timed_report.work.at("proved_fix")
+    assert proved is not None and timed_proved is not None
+    assert (proved.timed_runs, timed_proved.timed_runs) == (0, 2 * stages.COST_ROUNDS)
+    assert report.work.timed_runs < timed_report.work.timed_runs
+    assert proved.predicted_costs == 2 and timed_report.work.predicted_costs == 0
     rows = {c.kind: c.cost for c in report.tried}
     assert rows["component_bf16"].predicted_ms < rows["islands"].predicted_ms * 0.5
     assert rows["islands"].step_ms is None  # ranked by its prediction, never timed
@@ -152,8 +155,10 @@ def test_predictions_inside_the_band_are_timed_as_before():
     timed_report, timed_before = _check(INSIDE, predicted=False)
     report, before = _check(INSIDE, predicted=True)
     assert sorted(before) == sorted(timed_before) and len(before) == 2
-    proved = report.work.at("proved_fix")
-    assert proved is not None and proved.predicted_costs == 0
+    proved, timed_proved = report.work.at("proved_fix"), timed_report.work.at("proved_fix")
+    assert proved is not None and timed_proved is not None
+    assert proved.timed_runs == timed_proved.timed_runs == 2 * stages.COST_ROUNDS
+    assert proved.predicted_costs == 0
     assert _chosen(report) == _chosen(timed_report)
     assert report.fix.settings == timed_report.fix.settings
 
