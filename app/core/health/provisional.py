@@ -31,13 +31,21 @@ from app.core.precision.placement import generation_held_mb
 class ProvisionalProof:
     """What the provisional proof found for one failing denoiser: the call and timestep it ran,
     each candidate's row (in `candidate_fixes` order) judged as the full proof judges its own,
-    and the denoiser calls it made (`calls`: the reference's and every candidate's)."""
+    and the denoiser calls each run made (a family that runs the CFG batch as two calls makes
+    two a timestep)."""
 
     component: str
     call: int  # the first failing call of the first probe (0-based)
     timestep: float
     rows: list[fix_ranking.CandidateResult] = field(default_factory=list)
-    calls: int = 0
+    reference_calls: int = 0
+    row_calls: list[int] = field(default_factory=list)  # per row, in order
+
+    @property
+    def calls(self) -> int:
+        """The denoiser calls of the whole provisional proof: the reference's and every
+        candidate's."""
+        return self.reference_calls + sum(self.row_calls)
 
     @property
     def chosen(self) -> fix_ranking.CandidateResult | None:
@@ -51,12 +59,13 @@ class ProvisionalProof:
         one per candidate that could still win when its turn came (`fix_ranking.Pruning`, in
         `verification_order`, as the full proof prunes its own)."""
         pruning = fix_ranking.Pruning(timed=False)
-        ran = 0
+        calls = dict(zip(map(id, self.rows), self.row_calls, strict=True))
+        made = self.reference_calls
         for row in fix_ranking.verification_order(self.rows):
             if pruning.could_win(row):
-                ran += 1
+                made += calls[id(row)]
                 pruning.add(row)
-        return 1 + ran
+        return made
 
 
 def first_failing_call(probe: ProbeResult) -> int:
@@ -93,6 +102,7 @@ def provisional_proof(
     proof = ProvisionalProof(name, call, timestep)
     with work.counting() as counted:
         reference = runner.denoise(fp32_reference(tested), conditioning, True, [timestep])
+        proof.reference_calls = counted.calls_of(name)
         candidates = candidate_fixes(
             module_of(name),
             tested,
@@ -102,9 +112,10 @@ def provisional_proof(
             reference.probes.get(name),
         )
         for candidate in candidates:
+            before = counted.calls_of(name)
             stage = runner.denoise(candidate.plan, conditioning, True, [timestep])
             proof.rows.append(_row(runner, name, candidate, stage, reference))
-    proof.calls = counted.calls_of(name)
+            proof.row_calls.append(counted.calls_of(name) - before)
     return proof
 
 
