@@ -113,7 +113,10 @@ def provisional_proof(
         )
         for candidate in candidates:
             before = counted.calls_of(name)
-            stage = runner.denoise(candidate.plan, conditioning, True, [timestep])
+            # As the full proof runs a candidate: one that goes non-finite is not run again
+            # under the full recorder to name its layer (`Runner.stopping_at_bad`).
+            with runner.stopping_at_bad(name):
+                stage = runner.denoise(candidate.plan, conditioning, True, [timestep])
             proof.rows.append(_row(runner, name, candidate, stage, reference))
             proof.row_calls.append(counted.calls_of(name) - before)
     return proof
