@@ -48,10 +48,9 @@ SYNC_WARNING = "synchronizing"
 
 
 def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
-    import torch
 
     from app.core import generation, hardware
-    from app.core.precision import backend_flags, pipeline_components, resolve_plan
+    from app.core.precision import pipeline_components, resolve_plan
     from app.core.settings import PrecisionSettings
 
     built = time.perf_counter()
@@ -84,10 +83,9 @@ def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
         # inside the timing on both sides.
         _sync(device)
         begun = time.perf_counter()
-        pipe = job._pipeline(plan, [job.family.denoiser])
-        latents, generators = job.noise(seeds)
-        with backend_flags(plan), torch.inference_mode():
-            pipe(
+        with job._running(plan, [job.family.denoiser]) as stage:
+            latents, generators = job.noise(seeds)
+            stage.pipe(
                 **conditioning.embeds,
                 height=size,
                 width=size,
@@ -223,7 +221,6 @@ def _sync_check(job, plan, conditioning, seeds, size, args) -> dict:
     import torch
 
     from app.core.jobs import no_progress
-    from app.core.precision import backend_flags
 
     def measure(run) -> dict:
         marks: list[int] = []
@@ -247,15 +244,13 @@ def _sync_check(job, plan, conditioning, seeds, size, args) -> dict:
         }
 
     def plain_run(mark) -> None:
-        pipe = job._pipeline(plan, [job.family.denoiser])
-        latents, generators = job.noise(seeds)
-
         def step_end(_pipe, _index, _timestep, _tensors):
             mark()  # counts only: no tensor is touched
             return {}
 
-        with backend_flags(plan), torch.inference_mode():
-            pipe(
+        with job._running(plan, [job.family.denoiser]) as stage:
+            latents, generators = job.noise(seeds)
+            stage.pipe(
                 **conditioning.embeds,
                 height=size,
                 width=size,

@@ -22,21 +22,24 @@ class Hooks:
     `kwargs`, `fn(module, args, kwargs)`), `after` once it returned (`fn(module, args, output)`;
     with `always`, also when the forward raised), `around` both, the second always called, for
     a state entered and left with each call (a depth, a dtype, a weight streamed in and out).
-    Each returns the handle of what it attached, for a watcher that drops one hook early."""
+    Each returns the handle of what it attached, for a watcher that drops one hook early
+    (`drop`) or keeps it on the module for other code to find."""
 
     def __init__(self) -> None:
-        self._handles: list[Any] = []
+        # Keyed by each handle's own id, in the order attached: a hook dropped early leaves
+        # the set at once, so a set that lives with a module does not grow with each re-arm.
+        self._handles: dict[int, Any] = {}
 
     def before(self, module, fn: Hook, *, kwargs: bool = False, first: bool = False):
         """`fn` ahead of `module`'s forward; `first`: ahead of the hooks already there."""
         handle = module.register_forward_pre_hook(fn, with_kwargs=kwargs, prepend=first)
-        self._handles.append(handle)
+        self._handles[handle.id] = handle
         return handle
 
     def after(self, module, fn: Hook, *, kwargs: bool = False, always: bool = False):
         """`fn` once `module`'s forward returned (with `always`, also when it raised)."""
         handle = module.register_forward_hook(fn, with_kwargs=kwargs, always_call=always)
-        self._handles.append(handle)
+        self._handles[handle.id] = handle
         return handle
 
     def around(self, module, enter: Hook, leave: Hook, *, kwargs: bool = False) -> None:
@@ -49,10 +52,16 @@ class Hooks:
         for module in modules:
             self.after(module, fn)
 
+    def drop(self, handle) -> None:
+        """Detach the one hook `handle` of the set, the others staying (a second call does
+        nothing)."""
+        self._handles.pop(handle.id, None)
+        handle.remove()
+
     def remove(self) -> None:
         """Detach every hook of the set (a second call does nothing)."""
-        handles, self._handles = self._handles, []
-        for handle in handles:
+        handles, self._handles = self._handles, {}
+        for handle in handles.values():
             handle.remove()
 
     def __len__(self) -> int:

@@ -1,6 +1,6 @@
-"""The work a job does, counted: each component's forward calls by dtype, the calls run under the
-activation recorder and the calls timed for a cost, the copies placed on the device, the
-garbage collector's passes, and the points where the host waits for the device.
+"""The work a job does, counted: each component's forward calls by dtype, the stages run, the
+calls run under the activation recorder and the calls timed for a cost, the copies placed on
+the device, the garbage collector's passes, and the points where the host waits for the device.
 
 Counts, unlike seconds, do not depend on the machine, so tests hold budgets on them and the
 benchmarks print them beside the times. Code deep in a job counts into the job's `Work` through
@@ -34,7 +34,8 @@ class Work:
     recorded_calls: int = 0  # component calls run under the full activation recorder
     lean_calls: int = 0  # component calls run under the lean one (outputs only)
     timed_calls: int = 0  # component calls run to time a plan (a candidate's or a fix's cost)
-    timed_runs: int = 0  # stage runs made to be timed
+    stage_runs: int = 0  # stages run (`stage_runner.running`): components placed and run
+    timed_runs: int = 0  # ... of them, those made to be timed
     # candidates ranked by their cost predicted from the work and the device's dtype table,
     # whose timing the ranking did not need
     predicted_costs: int = 0
@@ -68,6 +69,7 @@ class Work:
             "recorded_calls": self.recorded_calls,
             "lean_calls": self.lean_calls,
             "timed_calls": self.timed_calls,
+            "stage_runs": self.stage_runs,
             "timed_runs": self.timed_runs,
             "predicted_costs": self.predicted_costs,
             "placements": self.placements,

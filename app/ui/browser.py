@@ -9,6 +9,7 @@ no reader at import time, so the window can show before any of them is needed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -252,8 +253,10 @@ class HealthReader(QObject):
                 found = health_by_model(reports, stored_fixes().fixes, device, loaded)
             except Exception:  # noqa: BLE001 - no verdicts shown beats a window taken down
                 reports, found = [], {}
-            self.read.emit(found)
-            self.reports_read.emit(reports)
+            # The window may have been closed and deleted meanwhile: then nobody is told.
+            with contextlib.suppress(RuntimeError):
+                self.read.emit(found)
+                self.reports_read.emit(reports)
             with self._lock:
                 if self._again is None:
                     self._running = False
@@ -425,7 +428,8 @@ class LoraScanner(QObject):
                 )
         except Exception as error:  # noqa: BLE001 - a failed listing is one sentence
             problem = f"The Lora folders could not be listed ({type(error).__name__}: {error})."
-        self.finished.emit(found, problem)
+        with contextlib.suppress(RuntimeError):  # its page closed and deleted meanwhile
+            self.finished.emit(found, problem)
 
 
 LORA_COLUMNS = ("LoRA", "Base model", "Trigger words", "Trained at", "Size")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,9 @@ class LibraryScanner(QObject):
         except Exception as error:  # noqa: BLE001 - a failed scan must not take the window down
             problem = f"The model folders could not be scanned ({type(error).__name__}: {error})."
         self.running = False
-        self.finished.emit(entries, problem)
+        # The window may have been closed and deleted meanwhile: then nobody is told.
+        with contextlib.suppress(RuntimeError):
+            self.finished.emit(entries, problem)
 
 
 def library_count_words(models: int, vaes: int, broken: int) -> str:

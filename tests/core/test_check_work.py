@@ -253,6 +253,7 @@ def test_every_count_is_in_the_json():
         "recorded_calls",
         "lean_calls",
         "timed_calls",
+        "stage_runs",
         "timed_runs",
         "predicted_costs",
         "placements",

@@ -55,3 +55,22 @@ def test_kwargs_hooks_see_keywords_and_a_handle_drops_one_hook():
     hooks.remove()
     hooks.remove()  # a second removal does nothing
     assert not layer._forward_pre_hooks
+
+
+def test_a_dropped_hook_leaves_the_set_and_the_others_stay():
+    """A watcher that drops one hook at a time (a guard found needless) and arms it again keeps
+    a set as large as what is attached, however often it re-arms."""
+    layer = torch.nn.Linear(2, 2)
+    seen: list[str] = []
+    hooks = Hooks()
+    hooks.after(layer, lambda m, a, o: seen.append("stays"))
+    for _ in range(3):
+        handle = hooks.before(layer, lambda m, a: seen.append("dropped"), first=True)
+        assert len(hooks) == 2
+        hooks.drop(handle)
+        hooks.drop(handle)  # a second drop does nothing
+        assert len(hooks) == 1
+    layer(torch.ones(1, 2))
+    assert seen == ["stays"] and not layer._forward_pre_hooks
+    hooks.remove()
+    assert not layer._forward_hooks

@@ -62,24 +62,29 @@ def test_the_peak_is_max_abs_with_nan_and_inf_kept_on_cuda():
     _check_device("cuda")
 
 
+class _Two(torch.nn.Module):
+    def forward(self, a, b):
+        return a * 2, b + 1
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.two = _Two()
+
+    def forward(self, a, b):
+        x, y = self.two(a, b)
+        return x + y.sum()
+
+
+def _attached(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
 def test_a_call_with_several_tensors_reads_as_their_largest_and_a_nan_in_any():
     """A module's inputs and outputs are combined at `read()`: the same numbers as one
     reduction over all of them."""
-
-    class Two(torch.nn.Module):
-        def forward(self, a, b):
-            return a * 2, b + 1
-
-    class Outer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.two = Two()
-
-        def forward(self, a, b):
-            x, y = self.two(a, b)
-            return x + y.sum()
-
-    model = Outer()
+    model = _Outer()
     with ActivationRecorder(model) as recorder:
         model(torch.tensor([1.0, -3.0]), torch.tensor([5.0, 0.5]))
     result = recorder.read()
@@ -93,3 +98,21 @@ def test_a_call_with_several_tensors_reads_as_their_largest_and_a_nan_in_any():
     two = result.modules["two"]
     # NaN in one of its inputs: bad, and not its own doing.
     assert two.non_finite and not two.bad_with_finite_inputs and not result.output_finite
+
+
+def test_inputs_given_by_keyword_are_read_and_the_recorder_leaves_nothing_attached():
+    """A full recorder reads a module's keyword inputs too; a lean one its outputs only; both
+    take every hook they attached away with them."""
+    model = _Outer()
+    with ActivationRecorder(model) as recorder:
+        assert _attached(model) == 4  # a pre-hook and a hook on each module
+        model(a=torch.tensor([1.0, -3.0]), b=torch.tensor([5.0, 0.5]))
+    assert _attached(model) == 0
+    outer = recorder.read().modules[""]
+    assert (outer.input_max_abs, outer.max_abs) == (5.0, 9.5)  # 2 + (6 + 1.5)
+    with ActivationRecorder(model, lean=True) as recorder:
+        assert _attached(model) == 2
+        model(a=torch.tensor([1.0, -3.0]), b=torch.tensor([5.0, 0.5]))
+    assert _attached(model) == 0
+    outer = recorder.read().modules[""]
+    assert (outer.input_max_abs, outer.max_abs) == (0.0, 9.5)

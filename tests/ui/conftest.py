@@ -123,6 +123,19 @@ def window(qtbot, engines):
     qtbot.waitExposed(main)
     yield main
     main.dialogs.close_all()
+    _delete(main)
+
+
+def _delete(main) -> None:
+    """Close the window and delete it now, with every widget it holds. A `deleteLater` posted
+    outside an event loop waits for one that never runs in a test, so each window a test built
+    stayed alive for the rest of the worker's run, and every later style or palette change
+    repolished all of them (about 950 widgets a window)."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    main.close()
+    main.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete.value)
 
 
 def load_fake_model(window, engines, summary: ModelSummary | None = None) -> JobRequest:

@@ -323,7 +323,10 @@ def _layers_read(encoder, layer: int) -> Iterator[None]:
         yield
         return
     unread = list(stack.layers)[len(stack.layers) - layer + 1 :]
-    # A forward of a module's own (an offloading hook's wrapper) is put back as it was.
+    # Not a `Hooks` set: a forward hook runs once the forward has run and a pre-hook can only
+    # change its inputs, so neither can skip it; the layer's `forward` is swapped instead, and
+    # hooks on the layer itself still run. A forward of a module's own (an offloading hook's
+    # wrapper) is put back as it was.
     own = [module.__dict__.get("forward") for module in unread]
     for module in unread:
         module.forward = _passed_on

@@ -15,6 +15,7 @@ from typing import Any
 
 from app.core import work
 from app.core.components import FP16_MAX
+from app.core.hooks import Hooks
 
 __all__ = [
     "FP16_MAX",
@@ -198,18 +199,18 @@ class ActivationRecorder:
         self._pending: dict[int, list[Any]] = {}
         self._calls: list[tuple[int, Any, Any, Any]] = []
         self._half: list[bool] = []  # per call: whether its output held fp16 tensors
-        self._handles: list[Any] = []
+        self._hooks = Hooks()
         for name, module in root.named_modules():
             if any(name == s or name.startswith(s + ".") for s in skip):
                 continue
             self._names[id(module)] = name
             if lean:
-                self._handles.append(module.register_forward_hook(self._output_only))
+                self._hooks.after(module, self._output_only)
                 continue
             if hasattr(module, "set_processor"):  # a diffusers attention layer
                 setattr(module, self.SCORES, [])
-            self._handles.append(module.register_forward_pre_hook(self._before, with_kwargs=True))
-            self._handles.append(module.register_forward_hook(self._after))
+            self._hooks.before(module, self._before, kwargs=True)
+            self._hooks.after(module, self._after)
 
     def _before(self, module, args, kwargs):
         self._pending.setdefault(id(module), []).append(peaks((args, kwargs)))
@@ -241,9 +242,7 @@ class ActivationRecorder:
         self.remove()
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
         for module in self.root.modules():
             if hasattr(module, self.SCORES):
                 delattr(module, self.SCORES)

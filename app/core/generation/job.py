@@ -8,6 +8,7 @@ from typing import Any
 
 from app.core.generation.repair import Repairs
 from app.core.images.finished import image_array
+from app.core.stage_runner import computing
 
 
 class Job(Repairs):
@@ -30,7 +31,7 @@ class Job(Repairs):
         dtype = params[0].dtype if params else torch.float32
         clip_input = extractor(images, return_tensors="pt").pixel_values.to(self.device, dtype)
         arrays = np.stack([image_array(image) for image in images])
-        with torch.inference_mode():
+        with computing(self.plan):  # on its own copy: no component of the plan is placed
             checked, flagged = module(images=arrays, clip_input=clip_input)
         flagged = [bool(f) for f in flagged]
         out = []

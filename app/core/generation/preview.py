@@ -29,8 +29,9 @@ class LatentColours:
 
 def colours_for(family, vae) -> LatentColours | None:
     """The preview colours of `family`'s latents: its published map, else one fitted to `vae`
-    (a decode of FIT_IMAGES x FIT_CELLS^2 cells on the VAE's device, in its dtype). None when
-    the VAE gives no finite pixels to fit to (an fp16 overflow): the preview is then grey."""
+    (a decode of FIT_IMAGES x FIT_CELLS^2 cells on the VAE's device, in its dtype, run as a
+    stage of its own by the caller: `stage_runner.running`). None when the VAE gives no finite
+    pixels to fit to (an fp16 overflow): the preview is then grey."""
     latent = family.latent
     if latent.rgb_factors is not None:
         return LatentColours(latent.rgb_factors, latent.rgb_bias, fitted=False)
@@ -48,9 +49,8 @@ def fit_colours(family, vae) -> LatentColours | None:
     from app.core.precision.streaming import device_of
 
     device = device_of(vae)
-    with torch.inference_mode():
-        # The colours only: a VAE that decodes RGBA also makes an alpha, which has no colour.
-        pixels = family.decode(vae, latents.to(device))[:, :3].float().cpu()
+    # The colours only: a VAE that decodes RGBA also makes an alpha, which has no colour.
+    pixels = family.decode(vae, latents.to(device))[:, :3].float().cpu()
     factor = pixels.shape[-1] // FIT_CELLS
     if factor < 1 or pixels.shape[-2] != FIT_CELLS * factor:
         return None

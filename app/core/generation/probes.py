@@ -12,7 +12,8 @@ from app.core.fixing import job_plans
 from app.core.fixing.quality import compare
 from app.core.generation.stages import Outcome, Stages, _first_bad
 from app.core.generation.watch import read_flags
-from app.core.precision import PrecisionPlan, backend_flags
+from app.core.precision import PrecisionPlan
+from app.core.stage_runner import running
 
 
 class Probes(Stages):
@@ -24,36 +25,24 @@ class Probes(Stages):
 
         from app.core.fixing.probe import ActivationRecorder
 
-        self.placed.apply(plan, [self.family.denoiser])
-        unet = self.placed[self.family.denoiser]
-        arguments = dict(inputs)
-        recorder = ActivationRecorder(unet) if record else None
-        try:
-            with backend_flags(plan), torch.inference_mode():
-                out = unet(**arguments, return_dict=False)[0]
+        with running(self.placed, plan, [self.family.denoiser]) as stage:
+            unet = self.placed[self.family.denoiser]
+            recorder = stage.watching(ActivationRecorder(unet)) if record else None
+            out = unet(**dict(inputs), return_dict=False)[0]
             if isinstance(out, list):  # a denoiser that returns one tensor per image (Z-Image)
                 out = torch.stack(out)
-        finally:
-            if recorder is not None:
-                recorder.remove()
         first_bad = self._read(recorder, out)
         return out, first_bad
 
     def encoder_probe(self, plan: PrecisionPlan, component: str, record: bool = False):
         """Encode the prompt under `plan`: (this encoder finite?, first bad module)."""
-        from app.core.fixing.probe import ActivationRecorder
-
-        self.placed.apply(plan, self.family.text_encoders(self.model.pipeline))
-        recorder = ActivationRecorder(self.placed[component]) if record else None
         watching, self.watch = self.watch, True
         try:
-            conditioning = self.encode(plan)
+            conditioning = self.encode(plan, record=component if record else None)
         finally:
             self.watch = watching
-            if recorder is not None:
-                recorder.remove()
         bad = read_flags([conditioning.bad[component]])[0]
-        first_bad = self._read(recorder, None)
+        first_bad = _first_bad(self.last_probe) if record else None
         return not bad, first_bad
 
     def wide_probe(self, component: str, outcome: Outcome):

@@ -5,6 +5,8 @@ NaN watch, and each image decoded, its pixels classified and its outcome recorde
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,11 +20,13 @@ from app.core.generation.preview import colours_for, latent_preview
 from app.core.generation.records import UPSAMPLER_WORDS, GenerationRequest, PreviewCallback
 from app.core.generation.watch import NanWatch, read_flags
 from app.core.hires import enlarge, enlarges_pixels, upscale
+from app.core.hooks import Hooks
 from app.core.images.finished import PixelStats, to_image
 from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora.files import strip_tags
-from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
+from app.core.precision import PlacedPipeline, PrecisionPlan
+from app.core.stage_runner import StageRun, running
 
 PREVIEWS_PER_IMAGE = 6
 
@@ -164,43 +168,45 @@ class Stages:
     def _colours(self, plan: PrecisionPlan):
         """The live preview's colours for this model, fitted to its VAE once per VAE dtype
         (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may. The
-        VAE is placed for the fit, before the denoiser's stage places the denoiser alone."""
+        VAE's fit is a stage of its own, before the denoiser's places the denoiser alone."""
         key = plan.dtypes["vae"]
         if key not in self.model.preview_colours:
-            if self.family.latent.rgb_factors is None:  # fitted: decoded by the placed VAE
-                self.placed.apply(plan, ["vae"])
-            self.model.preview_colours[key] = colours_for(self.family, self.placed["vae"])
+            fitted = self.family.latent.rgb_factors is None  # decoded by the placed VAE
+            with running(self.placed, plan, ["vae"]) if fitted else nullcontext():
+                colours = colours_for(self.family, self.placed["vae"])
+            self.model.preview_colours[key] = colours
         return self.model.preview_colours[key]
 
-    def _pipeline(self, plan: PrecisionPlan, components: list[str]):
-        """The pipeline twin for one stage, with only that stage's `components` placed."""
-        self.placed.apply(plan, components)
-        pipe = self.placed.pipeline()
-        pipe.scheduler = self.family.make_scheduler(
+    @contextmanager
+    def _running(self, plan: PrecisionPlan, components: list[str]) -> Iterator[StageRun]:
+        """One stage (`stage_runner.running`) with only its `components` placed, on a twin
+        that calls as the request asks: its scheduler, no progress bar."""
+        scheduler = self.family.make_scheduler(
             self.request.scheduler,
             self.model.pipeline,
             self.model.prediction_type,
             zero_terminal_snr=getattr(self.model, "zero_terminal_snr", False),
         )
-        pipe.set_progress_bar_config(disable=True)
-        return pipe
+        with running(self.placed, plan, components) as stage:
+            stage.pipe.scheduler = scheduler
+            stage.pipe.set_progress_bar_config(disable=True)
+            yield stage
 
     def written_prompt(self, plan: PrecisionPlan) -> str:
         """The prompt the text encoders read: the user's, its <lora:...> tags stripped (they
         are not words), or where the model has a prompt upsampler and the job asks for it, the
         caption the upsampler writes from it, once a job, in its planned dtype (the user's
         prompt where it writes nothing)."""
-        import torch
-
         prompt = strip_tags(self.request.prompt)
         if not (self.request.upsample_prompt and "prompt_upsampler" in plan.dtypes):
             return prompt
         if not self.upsampler_ran:
             self.upsampler_ran = True
-            pipe = self._pipeline(plan, ["prompt_upsampler"])
-            with backend_flags(plan), torch.inference_mode():
+            with self._running(plan, ["prompt_upsampler"]) as stage:
                 references = self.pictures.references if self.pictures and self.editing else ()
-                written = self.family.upsample(pipe, prompt, self.device, None, None, references)
+                written = self.family.upsample(
+                    stage.pipe, prompt, self.device, None, None, references
+                )
             if not written.finite:  # its caption is noise: the prompt as typed, and why
                 dtype = plan.dtypes["prompt_upsampler"]
                 self.notes.append(UPSAMPLER_WORDS["non_finite"].format(dtype=dtype))
@@ -208,39 +214,40 @@ class Stages:
                 self.upsampled = str(written.text)
         return self.upsampled or prompt
 
-    def encode(self, plan: PrecisionPlan) -> _Conditioning:
-        import torch
+    def encode(self, plan: PrecisionPlan, record: str | None = None) -> _Conditioning:
+        """The prompt and the negative prompt through the text encoders under `plan`, with a
+        device-side flag per encoder where the job watches; with `record` (a text encoder),
+        every layer of that encoder is recorded and its first bad one kept (`_read`)."""
+        from app.core.fixing.probe import ActivationRecorder
 
         prompt = self.written_prompt(plan)
-        pipe = self._pipeline(plan, self.family.text_encoders(self.model.pipeline))
+        encoders = self.family.text_encoders(self.model.pipeline)
         request = self.request
         saturated: dict[str, list[Any]] = {}
-        hooks = []
-        if self.watch:
-            for name in self.family.text_encoders(self.model.pipeline):
-                for block in t5.clamped_blocks(self.placed[name]):
-                    hooks.append(block.register_forward_hook(_saturation_hook(saturated, name)))
-        try:
-            with backend_flags(plan), torch.inference_mode():
-                negative = strip_tags(request.negative_prompt)
-                if self.editing:
-                    assert self.pictures is not None
-                    tensors = capabilities.editing(self.family).encode_edit(
-                        pipe, prompt, negative, self.device, self.do_cfg, self.pictures.references
-                    )
-                else:
-                    tensors = self.family.encode(
-                        pipe,
-                        prompt,
-                        negative,
-                        self.device,
-                        self.do_cfg,
-                        **clip_options(request.clip_skip),
-                    )
-                bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
-        finally:
-            for hook in hooks:
-                hook.remove()
+        with self._running(plan, encoders) as stage:
+            pipe = stage.pipe
+            recorder = stage.watching(ActivationRecorder(self.placed[record])) if record else None
+            if self.watch:
+                for name in encoders:
+                    for block in t5.clamped_blocks(self.placed[name]):
+                        stage.hooks.after(block, _saturation_hook(saturated, name))
+            negative = strip_tags(request.negative_prompt)
+            if self.editing:
+                assert self.pictures is not None
+                tensors = capabilities.editing(self.family).encode_edit(
+                    pipe, prompt, negative, self.device, self.do_cfg, self.pictures.references
+                )
+            else:
+                tensors = self.family.encode(
+                    pipe,
+                    prompt,
+                    negative,
+                    self.device,
+                    self.do_cfg,
+                    **clip_options(request.clip_skip),
+                )
+            bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
+        self._read(recorder, None)
         return _Conditioning(tensors, bad)
 
     def _encoder_flags(
@@ -272,51 +279,35 @@ class Stages:
 
         from app.core.fixing.probe import ActivationRecorder
 
-        self.placed.apply(plan, ["vae"])
-        vae = self.placed["vae_encoder"]
-        recorder = ActivationRecorder(vae) if record else None
+        with running(self.placed, plan, ["vae"]) as stage:
+            vae = self.placed["vae_encoder"]
+            recorder = stage.watching(ActivationRecorder(vae)) if record else None
+            encoded = self._encoded(vae, pixels)
+        bad = torch.stack([~torch.isfinite(part).all() for part in encoded]).any()
+        if pixels is None and self.editing:
+            self._read(recorder, encoded)
+            return _Picture([part.float() for part in encoded], None, bad)
+        latents, masked = encoded[0], encoded[1] if len(encoded) > 1 else None
+        self._read(recorder, latents)
+        return _Picture(latents.float(), masked.float() if masked is not None else None, bad)
+
+    def _encoded(self, vae, pixels: Any = None) -> list[Any]:
+        """What `encode_picture`'s stage encodes, in order: `pixels`; or an edit's references;
+        or the input picture and, for inpainting, the picture with its hole."""
         if pixels is not None:
-            try:
-                with backend_flags(plan), torch.inference_mode():
-                    latents = self.family.encode_pixels(vae, pixels.to(self.device))
-            finally:
-                if recorder is not None:
-                    recorder.remove()
-            self._read(recorder, latents)
-            return _Picture(latents.float(), None, ~torch.isfinite(latents).all())
+            return [self.family.encode_pixels(vae, pixels.to(self.device))]
         pictures = self.pictures
         assert pictures is not None  # only a job that starts from a picture encodes one
         if self.editing:
             references = capabilities.editing(self.family).edit_pixels(
                 self.model.pipeline, pictures
             )
-            try:
-                with backend_flags(plan), torch.inference_mode():
-                    encoded = [
-                        self.family.encode_pixels(vae, pixels.to(self.device))
-                        for pixels in references
-                    ]
-            finally:
-                if recorder is not None:
-                    recorder.remove()
-            self._read(recorder, encoded)
-            bad = torch.stack([~torch.isfinite(part).all() for part in encoded]).any()
-            return _Picture([part.float() for part in encoded], None, bad)
-        try:
-            with backend_flags(plan), torch.inference_mode():
-                latents = self.family.encode_pixels(vae, pictures.pixels.to(self.device))
-                masked = None
-                if pictures.mode is Mode.INPAINT:
-                    masked = self.family.encode_pixels(
-                        vae, pictures.masked_pixels().to(self.device)
-                    )
-        finally:
-            if recorder is not None:
-                recorder.remove()
-        self._read(recorder, latents)
-        parts = [latents] if masked is None else [latents, masked]
-        bad = torch.stack([~torch.isfinite(part).all() for part in parts]).any()
-        return _Picture(latents.float(), masked.float() if masked is not None else None, bad)
+            return [self.family.encode_pixels(vae, part.to(self.device)) for part in references]
+        encoded = [self.family.encode_pixels(vae, pictures.pixels.to(self.device))]
+        if pictures.mode is Mode.INPAINT:
+            masked = pictures.masked_pixels().to(self.device)
+            encoded.append(self.family.encode_pixels(vae, masked))
+        return encoded
 
     def noise(self, seeds: list[int]):
         """Initial latents as the family's pipeline takes them and per-image generators (CPU,
@@ -344,96 +335,95 @@ class Stages:
         colours = self._colours(plan) if self.preview is not None else None
         # The denoiser alone, and the VAE where the pipeline encodes the pictures itself.
         encodes = self.pictures is not None and picture is None
-        pipe = self._pipeline(plan, [self.family.denoiser, *(["vae"] if encodes else [])])
-        batch = len(seeds)
-        request = second or self.request
-        arguments: dict[str, Any] = {"height": request.height, "width": request.width}
-        arguments.update(self.family.pipeline_arguments(pipe, request.width, request.height))
-        embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
-        encoder_hooks: list[Any] = []
-        generators: list[Any] = []
-        mode = Mode.IMAGE if second is not None else picture_mode(self.pictures)
-        if picture is None or self.family.redraws_from_noise(pipe, mode):
-            latents, generators = self.noise(seeds)
-            arguments["latents"] = latents
-        if self.editing:
-            # The references join the sequence: the pipeline takes their latents, or encodes
-            # the pictures itself under a hook that keeps a device-side flag.
-            embeds = capabilities.editing(self.family).edit_call(
-                pipe,
-                conditioning.embeds,
-                batch,
-                picture.latents if picture is not None else None,
-                self.pictures,
-                (request.width, request.height),
-            )
-            if picture is None and self.watch:
-                encoder_hooks = self._watch_pipeline_encoder()
-            arguments = _accepted(pipe, arguments)
-        elif self.pictures is not None and picture is None:
-            # The pipeline encodes its picture itself (Flux.1 Fill), watched by hooks.
-            arguments.update(self.family.own_encoding_call(pipe, self.pictures))
-            if self.watch:
-                encoder_hooks = self._watch_pipeline_encoder()
-            arguments = _accepted(pipe, arguments)
-        elif picture is not None and mode is Mode.CONTROL:
-            # The control picture's latents, from HalfSafe's watched encoder stage.
-            arguments.update(capabilities.control(self.family).control_call(pipe, picture.latents))
-            arguments = _accepted(pipe, arguments)
-        elif picture is not None:
-            pipe = self.family.picture_pipeline(pipe, mode, picture.latents.shape[1])
-            pipe.set_progress_bar_config(disable=True)
-            # The pipeline draws the noise it adds to the picture from these (on the CPU, so
-            # that a seed means the same image on every device).
-            generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-            arguments.update(image=picture.latents, strength=request.strength)
-            if picture.masked is not None:
-                assert self.pictures is not None
+        with self._running(plan, [self.family.denoiser, *(["vae"] if encodes else [])]) as stage:
+            pipe = stage.pipe
+            batch = len(seeds)
+            request = second or self.request
+            arguments: dict[str, Any] = {"height": request.height, "width": request.width}
+            arguments.update(self.family.pipeline_arguments(pipe, request.width, request.height))
+            embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
+            generators: list[Any] = []
+            mode = Mode.IMAGE if second is not None else picture_mode(self.pictures)
+            if picture is None or self.family.redraws_from_noise(pipe, mode):
+                latents, generators = self.noise(seeds)
+                arguments["latents"] = latents
+            if self.editing:
+                # The references join the sequence: the pipeline takes their latents, or encodes
+                # the pictures itself under a hook that keeps a device-side flag.
+                embeds = capabilities.editing(self.family).edit_call(
+                    pipe,
+                    conditioning.embeds,
+                    batch,
+                    picture.latents if picture is not None else None,
+                    self.pictures,
+                    (request.width, request.height),
+                )
+                if picture is None and self.watch:
+                    self._watch_pipeline_encoder(stage.hooks)
+                arguments = _accepted(pipe, arguments)
+            elif self.pictures is not None and picture is None:
+                # The pipeline encodes its picture itself (Flux.1 Fill), watched by hooks.
+                arguments.update(self.family.own_encoding_call(pipe, self.pictures))
+                if self.watch:
+                    self._watch_pipeline_encoder(stage.hooks)
+                arguments = _accepted(pipe, arguments)
+            elif picture is not None and mode is Mode.CONTROL:
+                # The control picture's latents, from HalfSafe's watched encoder stage.
                 arguments.update(
-                    mask_image=self.pictures.mask_image, masked_image_latents=picture.masked
+                    capabilities.control(self.family).control_call(pipe, picture.latents)
                 )
-            arguments = _accepted(pipe, arguments)
-        else:
-            arguments = _accepted(pipe, arguments)
-        samplers.seeded(pipe.scheduler, seeds)  # DPM++ SDE's Brownian noise: the images' seeds
-        # A second-order sampler (Heun, DPM2) calls the denoiser twice per step but the last,
-        # and diffusers' callback follows each call: progress counts the calls.
-        order = max(1, int(getattr(pipe.scheduler, "order", 1)))
-        steps = order * steps_run(request.steps, request.strength, mode) - (order - 1)
-        every = max(2, round(steps / PREVIEWS_PER_IMAGE))
-        denoiser = self.placed[self.family.denoiser]
-        watch = (
-            NanWatch(
-                denoiser,
-                batch,
-                sample_argument=self.family.sample_argument,
-                timestep_argument=self.family.timestep_argument,
-                clamped=self.family.clamped_blocks(denoiser),
-                order=order,
+                arguments = _accepted(pipe, arguments)
+            elif picture is not None:
+                pipe = self.family.picture_pipeline(pipe, mode, picture.latents.shape[1])
+                pipe.set_progress_bar_config(disable=True)
+                # The pipeline draws the noise it adds to the picture from these (on the CPU, so
+                # that a seed means the same image on every device).
+                generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+                arguments.update(image=picture.latents, strength=request.strength)
+                if picture.masked is not None:
+                    assert self.pictures is not None
+                    arguments.update(
+                        mask_image=self.pictures.mask_image, masked_image_latents=picture.masked
+                    )
+                arguments = _accepted(pipe, arguments)
+            else:
+                arguments = _accepted(pipe, arguments)
+            samplers.seeded(pipe.scheduler, seeds)  # DPM++ SDE's Brownian noise: the images' seeds
+            # A second-order sampler (Heun, DPM2) calls the denoiser twice per step but the last,
+            # and diffusers' callback follows each call: progress counts the calls.
+            order = max(1, int(getattr(pipe.scheduler, "order", 1)))
+            steps = order * steps_run(request.steps, request.strength, mode) - (order - 1)
+            every = max(2, round(steps / PREVIEWS_PER_IMAGE))
+            denoiser = self.placed[self.family.denoiser]
+            watch = (
+                stage.watching(
+                    NanWatch(
+                        denoiser,
+                        batch,
+                        sample_argument=self.family.sample_argument,
+                        timestep_argument=self.family.timestep_argument,
+                        clamped=self.family.clamped_blocks(denoiser),
+                        order=order,
+                    )
+                )
+                if self.watch
+                else None
             )
-            if self.watch
-            else None
-        )
 
-        def on_step_end(_pipe, index, _timestep, tensors):
-            current = tensors["latents"]
-            if watch is not None:
-                watch.after_step(index, current)
-            self.progress(self.stage, index + 1, steps)
-            if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
-                image_latents = self.family.image_latents(
-                    pipe, current[:1], request.height, request.width
-                )
-                self.preview(index + 1, latent_preview(image_latents[0], colours))
-            self.cancel.raise_if_cancelled()
-            return {}
+            def on_step_end(_pipe, index, _timestep, tensors):
+                current = tensors["latents"]
+                if watch is not None:
+                    watch.after_step(index, current)
+                self.progress(self.stage, index + 1, steps)
+                if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
+                    image_latents = self.family.image_latents(
+                        pipe, current[:1], request.height, request.width
+                    )
+                    self.preview(index + 1, latent_preview(image_latents[0], colours))
+                self.cancel.raise_if_cancelled()
+                return {}
 
-        try:
-            with (
-                backend_flags(plan),
-                torch.inference_mode(),
-                step_cache.cached(denoiser, self.step_cache),
-            ):
+            with step_cache.cached(denoiser, self.step_cache):
                 output = pipe(
                     **embeds,
                     **arguments,
@@ -445,11 +435,6 @@ class Stages:
                     callback_on_step_end=on_step_end,
                     callback_on_step_end_tensor_inputs=["latents"],
                 )
-        finally:
-            if watch is not None:
-                watch.remove()
-            for hook in encoder_hooks:
-                hook.remove()
         latents = self.family.image_latents(
             self.model.pipeline, output.images, request.height, request.width
         )
@@ -493,21 +478,20 @@ class Stages:
         import torch
 
         hires = self.request.hires
-        self.placed.apply(plan, ["vae"])
-        vae, encoder = self.placed["vae"], self.placed["vae_encoder"]
         encoded, pictures, decode_bad, encode_bad = [], [], [], []
-        for index in range(latents.shape[0]):
-            self.progress("Enlarging the picture", index, latents.shape[0])
-            self.cancel.raise_if_cancelled()
-            first = latents[index : index + 1]
-            with backend_flags(plan), torch.inference_mode():
+        with running(self.placed, plan, ["vae"]):
+            vae, encoder = self.placed["vae"], self.placed["vae_encoder"]
+            for index in range(latents.shape[0]):
+                self.progress("Enlarging the picture", index, latents.shape[0])
+                self.cancel.raise_if_cancelled()
+                first = latents[index : index + 1]
                 pixels = self.family.decode(vae, first.float())
                 picture = enlarge(pixels, size, hires.upscaler).to(self.device)
                 again = self.family.encode_pixels(encoder, picture)
-            decode_bad.append(torch.isfinite(first).all() & ~torch.isfinite(pixels).all())
-            encode_bad.append(torch.isfinite(picture).all() & ~torch.isfinite(again).all())
-            encoded.append(again.float())
-            pictures.append(picture.cpu())
+                decode_bad.append(torch.isfinite(first).all() & ~torch.isfinite(pixels).all())
+                encode_bad.append(torch.isfinite(picture).all() & ~torch.isfinite(again).all())
+                encoded.append(again.float())
+                pictures.append(picture.cpu())
         done = _SecondPass(
             None,
             None,
@@ -518,10 +502,10 @@ class Stages:
         )
         return _Picture(torch.cat(encoded), None, None), done
 
-    def _watch_pipeline_encoder(self) -> list[Any]:
+    def _watch_pipeline_encoder(self, hooks: Hooks) -> None:
         """Hooks on the VAE's encoder parts that fold "output not all finite" into
         `pipeline_encoder_bad` on the device (no host sync), for a pipeline that encodes its
-        references itself; the caller removes them."""
+        references itself; attached to the stage's `hooks`, they leave with it."""
         import torch
 
         vae = self.placed["vae_encoder"]
@@ -535,24 +519,19 @@ class Stages:
                     tensor
                 ).all().to(self.device)
 
-        return [part.register_forward_hook(hook) for part in parts if part is not None]
+        for part in parts:
+            if part is not None:
+                hooks.after(part, hook)
 
     def decode(self, plan: PrecisionPlan, latents, record: bool = False):
         """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1] ((H, W, 4) from a
         VAE that decodes RGBA); with `record`, also the first VAE layer that went non-finite."""
-        import torch
-
         from app.core.fixing.probe import ActivationRecorder
 
-        self.placed.apply(plan, ["vae"])
-        vae = self.placed["vae"]
-        recorder = ActivationRecorder(vae) if record else None
-        try:
-            with backend_flags(plan), torch.inference_mode():
-                pixels = self.family.decode(vae, latents.float())
-        finally:
-            if recorder is not None:
-                recorder.remove()
+        with running(self.placed, plan, ["vae"]) as stage:
+            vae = self.placed["vae"]
+            recorder = stage.watching(ActivationRecorder(vae)) if record else None
+            pixels = self.family.decode(vae, latents.float())
         first_bad = self._read(recorder, pixels)
         return pixels[0].permute(1, 2, 0).float().cpu().numpy(), first_bad
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.core.hooks import Hooks
+
 # The denoiser's arguments that carry a cache of another call's keys and values.
 _PROMPT_CACHE_ARGUMENTS = ("kv_cache", "kv_cache_mode")
 
@@ -56,12 +58,11 @@ class NanWatch:
         self._kwargs: dict[str, Any] = {}
         self._copies = 1
         self._saturated = None  # per image: a clamped block's fp16 output hit 65504 this call
-        self._handles = [
-            unet.register_forward_pre_hook(self._before, with_kwargs=True),
-            unet.register_forward_hook(self._after, with_kwargs=True),
-        ]
+        self._hooks = Hooks()
+        self._hooks.before(unet, self._before, kwargs=True)
+        self._hooks.after(unet, self._after, kwargs=True)
         # Blocks the model clamps to fp16's limit: a saturated output is an overflow too.
-        self._handles += [block.register_forward_hook(self._block_after) for block in clamped]
+        self._hooks.after_each(clamped, self._block_after)
 
     def _per_image(self, flags):
         n = flags.shape[0]
@@ -175,9 +176,7 @@ class NanWatch:
         }
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._hooks.remove()
 
 
 def _select(value: Any, index: int, copies: int, batch: int) -> Any:

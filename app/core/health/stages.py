@@ -1,9 +1,9 @@
 """Running the pipeline in stages, as a generation runs it only shorter: the text encoder(s) on
 the prompt and the empty prompt, the denoiser at the first, middle and last timesteps of the
 user's schedule with the CFG batch, the VAE decoding what that made. Each stage runs under any
-`PrecisionPlan` with every module watched (`probe.ActivationRecorder`) and its components timed;
-`Runner` also times a step under several plans, alternating, for the cost of a fix.
-`probe_run` is the three stages once, end to end."""
+`PrecisionPlan` through the stage runner (`stage_runner.running`), with every module watched
+(`probe.ActivationRecorder`) and its components timed; `Runner` also times a step under several
+plans, alternating, for the cost of a fix. `probe_run` is the three stages once, end to end."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from app.core.families import capabilities, family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
+from app.core.hooks import Hooks
 from app.core.images.pictures import Mode, Pictures
-from app.core.precision import PlacedPipeline, PrecisionPlan, backend_flags
+from app.core.precision import PlacedPipeline, PrecisionPlan
 from app.core.precision.placement import generation_held_mb
 from app.core.settings import FIELDS
+from app.core.stage_runner import StageRun, running
 
 DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
 
@@ -98,10 +100,18 @@ class _ComponentTimer:
     around every call cost two); elsewhere by the wall clock, the device being the host.
 
     A VAE's stage runs its `decode` or `encode`, never its `forward`: the calls counted are its
-    decoder's or encoder's (`counted_module`), and the stage's wall time is its time."""
+    decoder's or encoder's (`counted_module`), and the stage's wall time is its time. Its hooks
+    are the stage's (`hooks`), and leave with it."""
 
     def __init__(
-        self, module, device, dtype: str, name: str, recorder: str | None, timed: bool
+        self,
+        hooks: Hooks,
+        module,
+        device,
+        dtype: str,
+        name: str,
+        recorder: str | None,
+        timed: bool,
     ) -> None:
         self._device = device
         self._call = (name, dtype, recorder, timed)
@@ -109,10 +119,8 @@ class _ComponentTimer:
         self._start = 0.0
         self._made = 0  # calls made
         self._events: list[tuple[Any, Any]] = []
-        self._handles = [
-            module.register_forward_pre_hook(self._before),
-            module.register_forward_hook(self._after),
-        ]
+        hooks.before(module, self._before)
+        hooks.after(module, self._after)
 
     def _before(self, *_):
         from app.core import work
@@ -155,23 +163,20 @@ class _ComponentTimer:
         self._events[-1][1].synchronize()
         return sum(b.elapsed_time(e) for b, e in self._events if e is not None) / 1000
 
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
 
 class _Stop:
     """Ends a stage's run once `module` completed `calls` calls, or (`until_bad`: the calls the
     stage makes) once a call before its last gave non-finite output (read at once: a host sync
     a call), unless `on_bad(done)` is given: that is called instead, once, and the run goes on.
-    `on_call(done)` follows each call. Registered after the recorder's and the timer's hooks,
-    so that the last call is recorded and timed; none asked: nothing."""
+    `on_call(done)` follows each call. Attached to the stage's `hooks` after the recorder's and
+    the timer's, so that the last call is recorded and timed; none asked: nothing."""
 
     class Enough(Exception):
         """The calls asked for are made."""
 
     def __init__(
         self,
+        hooks: Hooks,
         module,
         calls: int | None,
         until_bad: int | None = None,
@@ -184,8 +189,8 @@ class _Stop:
         self._on_bad = on_bad
         self.done = 0
         self.cut_short = False  # ended by a non-finite call before the last
-        asked = calls or self._until_bad or on_call
-        self._handle = module.register_forward_hook(self._after) if asked else None
+        if calls or self._until_bad or on_call:
+            hooks.after(module, self._after)
 
     def _after(self, module, args, output):
         self.done += 1
@@ -200,10 +205,6 @@ class _Stop:
                 return
             self.cut_short = True
             raise _Stop.Enough
-
-    def remove(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
 
 
 def counted_module(name: str, module):
@@ -370,14 +371,42 @@ class Runner:
         the last (`Stage.cut_short`), or with `tell_at_bad` there its record is told and the
         run goes on; with `tell_after`, what its record holds after that many calls is told
         (`telling`). A record is told only where it names the layer at fault."""
-        self.placed.apply(plan, names)  # this stage's components only (one copy each)
-        pipe = self.placed.pipeline()
+        with running(self.placed, plan, names) as stage:  # these components alone
+            recorders, timers, stop = self._watchers(
+                stage, plan, names, recorder, stop_after, until_bad, tell_after, tell_at_bad
+            )
+            started = time.perf_counter()
+            try:
+                output = run(stage.pipe)
+            except _Stop.Enough:
+                output = None
+        probes = {n: r.read(output if len(names) == 1 else None) for n, r in recorders.items()}
+        seconds = {n: t.seconds for n, t in timers.items()}
+        if names in (["vae"], ["vae_encoder"]) and not seconds[names[0]]:
+            seconds[names[0]] = time.perf_counter() - started  # no decoder or encoder of its own
+        return Stage(probes, seconds, output, cut_short=stop.cut_short)
+
+    def _watchers(
+        self,
+        stage: StageRun,
+        plan: PrecisionPlan,
+        names: list[str],
+        recorder: str | None,
+        stop_after: int | None,
+        until_bad: int | None,
+        tell_after: int | None,
+        tell_at_bad: bool,
+    ) -> tuple[dict[str, ActivationRecorder], dict[str, _ComponentTimer], _Stop]:
+        """`_run_stage`'s watchers of its placed components, in the order their hooks run (the
+        recorders, the timers, the stop), each leaving with the stage."""
         recorders = (
             {
-                n: ActivationRecorder(
-                    self.placed[n],
-                    lean=recorder == "lean",
-                    calls_of=counted_module(n, self.placed[n]),
+                n: stage.watching(
+                    ActivationRecorder(
+                        self.placed[n],
+                        lean=recorder == "lean",
+                        calls_of=counted_module(n, self.placed[n]),
+                    )
                 )
                 for n in names
             }
@@ -386,6 +415,7 @@ class Runner:
         )
         timers = {
             n: _ComponentTimer(
+                stage.hooks,
                 counted_module(n, self.placed[n]),
                 self.device,
                 plan.dtypes[module_of(n)],
@@ -406,30 +436,9 @@ class Runner:
                         tell(name, probe)
 
             on_call, on_bad = (None, told) if tell_at_bad else (told, None)
-        stop = _Stop(
-            counted_module(names[0], self.placed[names[0]]), stop_after, until_bad, on_call, on_bad
-        )
-        started = time.perf_counter()
-        output = None
-        try:
-            with backend_flags(plan):
-                import torch
-
-                with torch.inference_mode():
-                    output = run(pipe)
-        except _Stop.Enough:
-            pass
-        finally:
-            stop.remove()
-            for r in recorders.values():
-                r.remove()
-            for t in timers.values():
-                t.remove()
-        probes = {n: r.read(output if len(names) == 1 else None) for n, r in recorders.items()}
-        seconds = {n: t.seconds for n, t in timers.items()}
-        if names in (["vae"], ["vae_encoder"]) and not seconds[names[0]]:
-            seconds[names[0]] = time.perf_counter() - started  # no decoder or encoder of its own
-        return Stage(probes, seconds, output, cut_short=stop.cut_short)
+        first = counted_module(names[0], self.placed[names[0]])
+        stop = _Stop(stage.hooks, first, stop_after, until_bad, on_call, on_bad)
+        return recorders, timers, stop
 
     def upsample(self, plan: PrecisionPlan, record: bool = True) -> Stage:
         """The prompt upsampler writing the check's prompt out, by generation: the prefill and

@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.hooks import Hooks
+
 # alpha_bar of the two test timesteps, and the decision rule (see the module docstring).
 TEST_ALPHA_BARS = (0.5, 0.25)
 MAX_ERROR = 0.5  # the winning interpretation's relative error, at each timestep
@@ -172,8 +174,6 @@ def _each_layer_in_fp32(modules: list[Any]) -> Iterator[None]:
     UNet widened whole would take 10 GB more). The stored weights are never changed."""
     import torch
 
-    handles = []
-
     def widen(layer, args):
         layer._halfsafe_stored = dict(layer._parameters)
         for name, param in layer._parameters.items():
@@ -191,13 +191,11 @@ def _each_layer_in_fp32(modules: list[Any]) -> Iterator[None]:
         if any(p.is_floating_point() for p in layer.parameters(recurse=False))
     ]
     try:
-        for layer in layers:
-            handles.append(layer.register_forward_pre_hook(widen))
-            handles.append(layer.register_forward_hook(restore, always_call=True))
-        yield
+        with Hooks() as hooks:
+            for layer in layers:
+                hooks.around(layer, widen, restore)
+            yield
     finally:
-        for handle in handles:
-            handle.remove()
         for layer in layers:  # a layer that raised mid-call is put back here too
             layer._parameters.update(layer.__dict__.pop("_halfsafe_stored", {}))
 

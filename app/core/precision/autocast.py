@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from app.core.hooks import Hooks
+
 # A VAE is entered through .encode/.decode, which bypass its forward: the cast and autocast
 # hooks go on these instead.
 _ENTRY_SUBMODULES = ("quant_conv", "post_quant_conv", "encoder", "decoder")
@@ -108,14 +110,15 @@ class _AutocastOff:
 
 def _set_autocast(module, device_type: str | None) -> None:
     """Run `module` (and a VAE's entry submodules) under fp16 autocast on `device_type`, or not
-    at all with None. The hooks are installed once and read the attribute at each call."""
+    at all with None. The hooks are installed once, for as long as the module lives (so their
+    set is not kept), and read the attribute at each call."""
     entries = [module] + [
         getattr(module, n) for n in _ENTRY_SUBMODULES if getattr(module, n, None) is not None
     ]
+    hooks = Hooks()
     for entry in entries:
         if getattr(entry, "_halfsafe_autocast_hooks", None) is None:
-            hooks = _AutocastHooks()
-            entry.register_forward_pre_hook(hooks.enter)
-            entry.register_forward_hook(hooks.leave, always_call=True)
-            entry._halfsafe_autocast_hooks = hooks
+            autocast = _AutocastHooks()
+            hooks.around(entry, autocast.enter, autocast.leave)
+            entry._halfsafe_autocast_hooks = autocast
         entry._halfsafe_autocast = device_type

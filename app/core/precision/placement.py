@@ -17,6 +17,7 @@ from typing import Any
 from app.core import work
 from app.core.components import FP16_MAX, module_of
 from app.core.encoders import t5
+from app.core.hooks import Hooks
 from app.core.precision import tiling
 from app.core.precision.attention import set_attention
 from app.core.precision.autocast import _ENTRY_SUBMODULES, _AutocastOff, _set_autocast
@@ -73,15 +74,16 @@ def _cast_inputs_hook(module, args, kwargs):
 
 
 def _add_cast_hooks(module) -> None:
+    """Cast the floating inputs of a placed copy and its entries, for as long as it lives (the
+    set is not kept; each entry keeps its hook's handle)."""
     entries = [module] + [
         getattr(module, n) for n in _ENTRY_SUBMODULES if getattr(module, n, None) is not None
     ]
+    hooks = Hooks()
     for entry in entries:
         has_weights = next(entry.parameters(), None) is not None
         if has_weights and getattr(entry, "_halfsafe_cast_hook", None) is None:
-            entry._halfsafe_cast_hook = entry.register_forward_pre_hook(
-                _cast_inputs_hook, with_kwargs=True
-            )
+            entry._halfsafe_cast_hook = hooks.before(entry, _cast_inputs_hook, kwargs=True)
 
 
 def _make_islands(module, islands: Mapping[str, str], guard: bool = True, computes_in=None) -> None:
@@ -102,17 +104,15 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True, comput
     casts back itself. In a component kept as stored and computing in `computes_in`
     (`_compute_in`), a guard casts to that dtype, never to the stored one: fp32 values put
     through bf16 on their way to fp16 would lose the digits a copy in fp16 keeps."""
+    hooks = Hooks()  # for as long as the copy lives
     for path, dtype in islands.items():
         island = module.get_submodule(path)
         island.to(torch_dtype(dtype))
         if getattr(island, "_halfsafe_cast_hook", None) is None:
-            island._halfsafe_cast_hook = island.register_forward_pre_hook(
-                _cast_inputs_hook, with_kwargs=True
-            )
+            island._halfsafe_cast_hook = hooks.before(island, _cast_inputs_hook, kwargs=True)
             # Under fp16 autocast (the component's) an island would compute in fp16 again.
             outside = _AutocastOff()
-            island.register_forward_pre_hook(outside.enter)
-            island.register_forward_hook(outside.leave, always_call=True)
+            hooks.around(island, outside.enter, outside.leave)
     if not islands or not guard:
         return
     inside = {id(layer) for path in islands for layer in module.get_submodule(path).modules()}
@@ -144,39 +144,37 @@ class Guards:
     for the same settings (a check's timed runs) keeps its guards settled, as a generation's
     steps after the first do.
 
-    `calls` counts the guards' runs; `attached` is how many layers are guarded now."""
+    `calls` counts the guards' runs; `attached` is how many layers are guarded now. A layer's
+    guard is its `_halfsafe_cast_hook` (None once dropped)."""
 
     def __init__(self, module, layers) -> None:
         self.module = module
         self.layers = {id(layer): layer for layer in layers}
         self.calls = 0
-        self._handles: dict[int, Any] = {}
+        # The guards, and the watch of each call through an entry: for as long as the copy lives.
+        self._hooks = Hooks()
         self._ran: set[int] = set()
         self._cast: set[int] = set()
         self._depth = 0
-        self._trace: list[Any] = []
         self.arm()
+        for entry in _entries(self.module):
+            self._hooks.around(entry, self._enter, self._leave)
 
     @property
     def attached(self) -> int:
-        return len(self._handles)
+        return sum(layer._halfsafe_cast_hook is not None for layer in self.layers.values())
 
     def arm(self) -> None:
         """Guard every layer and watch the next call, as when the copy was placed."""
-        for key, layer in self.layers.items():
-            if key not in self._handles:
+        for layer in self.layers.values():
+            if getattr(layer, "_halfsafe_cast_hook", None) is None:
                 # First among the layer's hooks, as at placement: a recorder reads what it casts.
-                self._handles[key] = layer.register_forward_pre_hook(
-                    self._guard, with_kwargs=True, prepend=True
+                layer._halfsafe_cast_hook = self._hooks.before(
+                    layer, self._guard, kwargs=True, first=True
                 )
-                layer._halfsafe_cast_hook = self._handles[key]
         self._ran.clear()
         self._cast.clear()
         self._depth = 0
-        if not self._trace:  # watched for as long as the copy lives
-            for entry in _entries(self.module):
-                self._trace.append(entry.register_forward_pre_hook(self._enter))
-                self._trace.append(entry.register_forward_hook(self._leave, always_call=True))
 
     def _guard(self, layer, args, kwargs):
         self.calls += 1
@@ -199,8 +197,9 @@ class Guards:
     def _settle(self) -> None:
         """After a call: drop the guards that ran in it for the first time and cast nothing."""
         for key in self._ran - self._cast:
-            self._handles.pop(key).remove()
-            self.layers[key]._halfsafe_cast_hook = None
+            layer = self.layers[key]
+            self._hooks.drop(layer._halfsafe_cast_hook)
+            layer._halfsafe_cast_hook = None
         self._ran.clear()
 
 
@@ -264,8 +263,8 @@ def _clamp_hook(module, args, output):
 
 
 def _make_clamps(module, paths: Iterable[str]) -> None:
-    for path in paths:
-        module.get_submodule(path).register_forward_hook(_clamp_hook)
+    """Clamp the fp16 outputs of `module`'s layers at `paths`, for as long as it lives."""
+    Hooks().after_each((module.get_submodule(path) for path in paths), _clamp_hook)
 
 
 def _copy_as(source, device, dtype, islands: Mapping[str, str] | None = None):

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.hooks import Hooks
 from app.core.precision.plan import torch_dtype
 from app.core.precision.transfer import cuda_free_bytes, moved_as
 
@@ -232,8 +233,7 @@ def _add_stream_hooks(block, tensors, device) -> None:
             table[name] = placeholders.pop()
         return None
 
-    block.register_forward_pre_hook(bring_in)
-    block.register_forward_hook(let_go, always_call=True)
+    Hooks().around(block, bring_in, let_go)  # for as long as the streamed copy lives
 
 
 def host_bytes(modules) -> int:

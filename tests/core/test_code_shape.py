@@ -1,0 +1,254 @@
+"""The shape of the code under app/, read from its syntax trees: forward hooks are attached in
+one place (`app/core/hooks.py`), no function is too long to read at once, and the check's path
+crosses from app/core/health into app/core/fixing, never back by import.
+
+Each checker is first run on a planted violation, so that a checker that found nothing would
+fail here rather than pass over the tree."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The one module that calls torch's hook registrations (`app.core.hooks.Hooks`).
+HOOKS_MODULE = "app/core/hooks.py"
+# torch's registrations of hooks run around a module's call, per module and global.
+HOOK_REGISTRATIONS = frozenset(
+    {
+        "register_forward_pre_hook",
+        "register_forward_hook",
+        "register_full_backward_pre_hook",
+        "register_full_backward_hook",
+        "register_backward_hook",
+        "register_module_forward_pre_hook",
+        "register_module_forward_hook",
+        "register_module_full_backward_pre_hook",
+        "register_module_full_backward_hook",
+        "register_module_backward_hook",
+    }
+)
+LONGEST_FUNCTION = 150  # lines, from `def` to the function's last line
+HEALTH = "app.core.health"
+
+
+def _sources(root: Path, under: Path) -> Iterator[tuple[str, ast.Module]]:
+    """Each .py file under `under`: its path from `root` and its syntax tree."""
+    for path in sorted(under.rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        yield where, ast.parse(path.read_text(encoding="utf-8"), filename=where)
+
+
+def _module_name(where: str) -> str:
+    """The dotted module name of a file path relative to the root (a package's `__init__` as
+    the package)."""
+    parts = where.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def hook_registrations(tree: ast.AST, where: str) -> list[str]:
+    """file:line of each use of a hook registration in `tree`: a call or reference
+    (`m.register_forward_hook`), a name imported (`register_module_forward_hook`), or a name
+    looked up by string (`getattr(m, "register_forward_hook")`)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [alias.name.rpartition(".")[2] for alias in node.names]
+        else:
+            continue
+        if any(name in HOOK_REGISTRATIONS for name in names):
+            lines.add(getattr(node, "lineno", 0))
+    return [f"{where}:{line}" for line in sorted(lines)]
+
+
+def long_functions(tree: ast.AST, where: str) -> list[tuple[int, str]]:
+    """(length, "file:line qualified name") of each function or method in `tree` longer than
+    `LONGEST_FUNCTION` lines, counted from its `def` (decorators excluded) to its last line."""
+    found: list[tuple[int, str]] = []
+
+    def walk(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = (child.end_lineno or child.lineno) - child.lineno + 1
+                if length > LONGEST_FUNCTION:
+                    found.append((length, f"{where}:{child.lineno} {prefix}{child.name}"))
+                walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                walk(child, f"{prefix}{child.name}.")
+            else:
+                walk(child, prefix)
+
+    walk(tree, "")
+    return found
+
+
+def imported_modules(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """(line, absolute name) of every module the module `module` imports, wherever the import
+    stands (module level, a function, `if TYPE_CHECKING:`): relative imports resolved, each
+    name of `from a import b` also as `a.b` (it may be a submodule), and
+    `importlib.import_module` of a literal name."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            found.append((node.lineno, source))
+            found += [(node.lineno, f"{source}.{alias.name}") for alias in node.names]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def health_imports(tree: ast.AST, where: str) -> list[str]:
+    """file:line: name of each import of app.core.health (or a module in it) in `tree`."""
+    module = _module_name(where)
+    hits = {
+        (line, name)
+        for line, name in imported_modules(tree, module, where.endswith("/__init__.py"))
+        if name == HEALTH or name.startswith(HEALTH + ".")
+    }
+    return [f"{where}:{line}: {name}" for line, name in sorted(hits)]
+
+
+def hooks_attached_outside_the_hooks_module(root: Path) -> list[str]:
+    """file:line of each hook registration under `root`/app but in `HOOKS_MODULE`."""
+    return [
+        hit
+        for where, tree in _sources(root, root / "app")
+        if where != HOOKS_MODULE
+        for hit in hook_registrations(tree, where)
+    ]
+
+
+def too_long_functions(root: Path) -> list[tuple[int, str]]:
+    """The functions under `root`/app longer than `LONGEST_FUNCTION` lines, longest first."""
+    found = [
+        hit for where, tree in _sources(root, root / "app") for hit in long_functions(tree, where)
+    ]
+    return sorted(found, key=lambda hit: (-hit[0], hit[1]))
+
+
+def health_imported_by_fixing(root: Path) -> list[str]:
+    """Each import of app.core.health by a module under `root`/app/core/fixing."""
+    under = root / "app" / "core" / "fixing"
+    return [hit for where, tree in _sources(root, under) for hit in health_imports(tree, where)]
+
+
+def _plant(root: Path, where: str, source: str) -> None:
+    path = root / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source, encoding="utf-8")
+
+
+def test_forward_hooks_are_attached_only_through_the_hooks_module(tmp_path):
+    _plant(tmp_path, HOOKS_MODULE, (ROOT / HOOKS_MODULE).read_text(encoding="utf-8"))
+    _plant(
+        tmp_path,
+        "app/core/planted.py",
+        "import torch\n"
+        "from torch.nn.modules.module import register_module_forward_hook\n"
+        "def watch(layer, fn, hooks):\n"
+        "    hooks.before(layer, fn, first=True)\n"
+        "    layer.register_forward_pre_hook(fn, prepend=True)\n"
+        "    attach = getattr(layer, 'register_full_backward_hook')\n"
+        "    return torch.nn.modules.module.register_module_forward_pre_hook(fn)\n",
+    )
+    assert hooks_attached_outside_the_hooks_module(tmp_path) == [
+        "app/core/planted.py:2",
+        "app/core/planted.py:5",
+        "app/core/planted.py:6",
+        "app/core/planted.py:7",
+    ]
+
+    offenders = hooks_attached_outside_the_hooks_module(ROOT)
+    assert not offenders, (
+        "forward hooks attached outside app/core/hooks.py (attach them through a `Hooks` set): "
+        + ", ".join(offenders)
+    )
+
+
+def test_no_function_is_longer_than_150_lines(tmp_path):
+    line = "    total = 1\n"
+    _plant(
+        tmp_path,
+        "app/core/planted.py",
+        "class Job:\n"
+        "    @staticmethod\n"
+        "    @functools.cache\n"
+        "    def as_long_as_allowed():  # its decorators are not counted\n"
+        + ("    " + line) * (LONGEST_FUNCTION - 1)
+        + "\ndef too_long():\n"
+        + line * LONGEST_FUNCTION,
+    )
+    _plant(
+        tmp_path,
+        "app/ui/nested.py",
+        "def outer():\n    def inner():\n" + ("    " + line) * LONGEST_FUNCTION,
+    )
+    assert too_long_functions(tmp_path) == [
+        (LONGEST_FUNCTION + 2, "app/ui/nested.py:1 outer"),
+        (LONGEST_FUNCTION + 1, f"app/core/planted.py:{LONGEST_FUNCTION + 5} too_long"),
+        (LONGEST_FUNCTION + 1, "app/ui/nested.py:2 outer.inner"),
+    ]
+
+    found = too_long_functions(ROOT)
+    assert not found, (
+        f"functions longer than {LONGEST_FUNCTION} lines, longest first: "
+        + ", ".join(f"{name} ({length} lines)" for length, name in found)
+    )
+
+
+def test_fixing_never_imports_health(tmp_path):
+    probe = (ROOT / "app/core/fixing/probe.py").read_text(encoding="utf-8")
+    after = probe.count("\n")
+    _plant(
+        tmp_path,
+        "app/core/fixing/probe.py",
+        probe + "\n"
+        "def verdict():\n"
+        "    from app.core.fixing import layer_islands\n"
+        "    from app.core.healthy import words\n"
+        "    from app.core import health\n"
+        "    from ..health.words import VERDICTS\n"
+        "    import app.core.health.check as check\n"
+        "    return importlib.import_module('app.core.health.report')\n",
+    )
+    relative = "from ..health import check\n"
+    _plant(tmp_path, "app/core/fixing/__init__.py", relative)  # app.core.health
+    _plant(tmp_path, "app/core/fixing/inner/__init__.py", relative)  # app.core.fixing.health
+    _plant(tmp_path, "app/core/fixing/inner/part.py", relative)  # app.core.fixing.health
+    _plant(tmp_path, "app/core/health/check.py", "from app.core.fixing import probe\n")
+    assert health_imported_by_fixing(tmp_path) == [
+        "app/core/fixing/__init__.py:1: app.core.health",
+        "app/core/fixing/__init__.py:1: app.core.health.check",
+        f"app/core/fixing/probe.py:{after + 5}: app.core.health",
+        f"app/core/fixing/probe.py:{after + 6}: app.core.health.words",
+        f"app/core/fixing/probe.py:{after + 6}: app.core.health.words.VERDICTS",
+        f"app/core/fixing/probe.py:{after + 7}: app.core.health.check",
+        f"app/core/fixing/probe.py:{after + 8}: app.core.health.report",
+    ]
+
+    offenders = health_imported_by_fixing(ROOT)
+    assert not offenders, (
+        "app/core/fixing imports app/core/health (health calls into fixing, never the reverse): "
+        + ", ".join(offenders)
+    )
