@@ -47,6 +47,16 @@ class Hooks:
         self.before(module, enter, kwargs=kwargs)
         self.after(module, leave, kwargs=kwargs, always=True)
 
+    def after_any(self, fn: Hook):
+        """`fn(module, args, kwargs, output)` once any module's forward returned, whichever
+        module and copy it is (torch's global hook): for a watcher that knows a module's class
+        before the copy that will run it exists."""
+        import torch
+
+        handle = torch.nn.modules.module.register_module_forward_hook(fn, with_kwargs=True)
+        self._handles[handle.id] = handle
+        return handle
+
     def after_each(self, modules: Iterable[Any], fn: Hook) -> None:
         """`fn` after the forward of every module in `modules`."""
         for module in modules:

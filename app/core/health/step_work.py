@@ -58,7 +58,7 @@ class Caught:
 def first_call(kind: type) -> Iterator[Caught]:
     """Inside the block, every forward call of a module of class `kind` is counted and the
     first one's arguments kept (`Caught`), whichever copy of the part runs it."""
-    import torch
+    from app.core.hooks import Hooks
 
     caught = Caught()
 
@@ -68,11 +68,9 @@ def first_call(kind: type) -> Iterator[Caught]:
             if caught.args is None:
                 caught.module, caught.args, caught.kwargs = module, args, dict(kwargs)
 
-    handle = torch.nn.modules.module.register_module_forward_hook(seen, with_kwargs=True)
-    try:
+    with Hooks() as hooks:
+        hooks.after_any(seen)
         yield caught
-    finally:
-        handle.remove()
 
 
 def call_flops(part, counted, caught: Caught) -> dict[str, dict[str, float]] | None:
