@@ -74,3 +74,17 @@ def test_a_dropped_hook_leaves_the_set_and_the_others_stay():
     assert seen == ["stays"] and not layer._forward_pre_hooks
     hooks.remove()
     assert not layer._forward_hooks
+
+
+def test_after_any_sees_every_modules_call_with_its_keywords_and_leaves_with_the_set():
+    outer = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    seen: list[tuple[str, dict]] = []
+    with Hooks() as hooks:
+        hooks.after_any(lambda m, a, k, o: seen.append((type(m).__name__, dict(k))))
+        outer(torch.ones(1, 2))
+        outer[0](input=torch.ones(1, 2))
+    assert [name for name, _ in seen] == ["Linear", "ReLU", "Sequential", "Linear"]
+    assert list(seen[-1][1]) == ["input"]
+    seen.clear()
+    outer(torch.ones(1, 2))
+    assert seen == []
