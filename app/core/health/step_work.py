@@ -1,12 +1,17 @@
 """The work one call of a part does, and what it costs under a plan: its matmul and convolution
-floating-point operations per module, counted once on fake tensors (shapes only, nothing
-computed: `module_flops`), split by the dtype each module computes in under a plan (its
-island's, else its part's: `plan_flops`), and priced with the device's dtype table
-(`hardware.dtype_speed`) against a call measured under another plan (`predicted_ms`).
+floating-point operations and the weights its layers read, per module, counted once on fake
+tensors (shapes only, nothing computed: `module_flops`, `call_flops` from a call caught in a run:
+`first_call`), split by the dtype each module computes in under a plan (its island's, else its
+part's), with the cast of weights stored in another dtype where the part computes from them
+(`plan_work`), and priced at the device's dtype table (`hardware.dtype_speed`) as the plan
+places the part (`plan_seconds`), or scaled from a call measured under another plan
+(`predicted_ms`).
 
-A fix's cost can so be predicted instead of timed: a plan that keeps two UNet layers in fp32
-differs from fp16 by those layers' work at fp32's rate; a bf16 copy runs at the device's bf16
-rate, not at the rate of the check's layer-by-layer casts.
+The fix search ranks candidates by these predictions, untimed, where they are apart by more
+than the ranking's band and their measured error (`PREDICTION_ERROR`, `EXPLAINED`;
+`health.fix.CandidateTable.needing_time`): a plan that keeps two UNet layers in fp32 differs
+from fp16 by those layers' work at fp32's rates; a bf16 part computed from fp16 weights pays
+their cast at every call.
 """
 
 from __future__ import annotations
@@ -96,9 +101,10 @@ def call_flops(part, counted, caught: Caught) -> dict[str, dict[str, float]] | N
 def module_flops(module, call: Callable[[Any], Any]) -> dict[str, dict[str, float]]:
     """Per module path of `module` ("" for the whole), the operations `call(module)` runs in it,
     {"matmul": n, "conv": n}, and the weights its linear and convolution layers hold
-    ("matmul_weights", "conv_weights": elements, each read once a call), counted on fake tensors: `call` builds its inputs with torch's
-    factory functions (`torch.randn(...)`), which make fake ones inside, and nothing runs on a
-    device. The weights are read as they are (their shapes only)."""
+    ("matmul_weights", "conv_weights": elements, each read once a call), counted on fake
+    tensors: `call` builds its inputs with torch's factory functions (`torch.randn(...)`), or
+    passes real ones, which are made fake inside, and nothing runs on a device. The weights are
+    read as they are (their shapes only)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
