@@ -1,8 +1,8 @@
 """Is the cost a check states for its fix what the user's generation pays under it?
 
 One planted UNet overflow (`islands.PLANTED` x1e5) in a random-weight model stored in fp16, as
-users download them; the check runs in fp16 with the fix's cost measured
-(`check_loaded(measure_cost=True)`), and states one UNet step (the CFG batch) under the fix and
+users download them; the check runs in fp16 with the fix's cost measured (`check_loaded` with
+`CheckRun(measure_cost=True)`), and states one UNet step (the CFG batch) under the fix and
 under no-half. Then the app's own generation runs under the fix the check found (the fix's
 settings over fp16, `generate`), and its denoising steps are timed from its progress calls
 (each step after the first; the first holds the warm-up). Printed side by side: the stated
@@ -37,6 +37,7 @@ def run_case(args, bf16: str) -> dict:
 
     from app.core import health
     from app.core.generation import GenerationRequest, generate
+    from app.core.health.request import CheckRequest, CheckRun
     from app.core.settings import PrecisionSettings
 
     os.environ["HALFSAFE_CPU_BF16"] = bf16
@@ -48,7 +49,9 @@ def run_case(args, bf16: str) -> dict:
     with status(f"check, fp16, bf16 {bf16}, fix's cost measured"):
         began = time.perf_counter()
         report = health.check_loaded(
-            model, precision=fp16, device=args.device, size=args.size, remember=False
+            model,
+            CheckRequest(precision=fp16, device=args.device, size=args.size),
+            run=CheckRun(remember=False),
         )
         check_s = time.perf_counter() - began
     fix = report.fix
