@@ -1,8 +1,8 @@
 """Is the cost a check states for its fix what the user's generation pays under it?
 
 One planted UNet overflow (`islands.PLANTED` x1e5) in a random-weight model stored in fp16, as
-users download them; the check runs in fp16 with the fix's cost measured
-(`check_loaded(measure_cost=True)`), and states one UNet step (the CFG batch) under the fix and
+users download them; the check runs in fp16 with the fix's cost measured (`check_loaded` with
+`CheckRun(measure_cost=True)`), and states one UNet step (the CFG batch) under the fix and
 under no-half. Then the app's own generation runs under the fix the check found (the fix's
 settings over fp16, `generate`), and its denoising steps are timed from its progress calls
 (each step after the first; the first holds the warm-up). Printed side by side: the stated
@@ -105,11 +105,14 @@ def run_case(args, bf16: str) -> dict:
 def _check(args, model, precision, bf16: str):
     """The check with the fix's cost measured, and its seconds."""
     from app.core import health
+    from app.core.health.request import CheckRequest, CheckRun
 
     with status(f"check, fp16, bf16 {bf16}, fix's cost measured"):
         began = time.perf_counter()
         report = health.check_loaded(
-            model, precision=precision, device=args.device, size=args.size, remember=False
+            model,
+            CheckRequest(precision=precision, device=args.device, size=args.size),
+            run=CheckRun(remember=False),
         )
         return report, time.perf_counter() - began
 

@@ -28,6 +28,7 @@ def bench(shape: str, size: int, repeats: int) -> dict:
 
     from app.core import health
     from app.core.checkpoint import scan_weights
+    from app.core.health.request import CheckRequest, CheckRun
     from app.core.models import LoadedModel
     from app.core.precision import PlacedPipeline, backend_flags
     from app.core.settings import PrecisionSettings
@@ -67,7 +68,9 @@ def bench(shape: str, size: int, repeats: int) -> dict:
 
     def check():
         return health.check_loaded(
-            model, precision=settings, device="cpu", size=size, remember=False
+            model,
+            CheckRequest(precision=settings, device="cpu", size=size),
+            run=CheckRun(remember=False),
         )
 
     report = check()  # warm-up

@@ -22,6 +22,7 @@ def bench_check(name: str, args) -> dict:
     import torch
 
     from app.core import health
+    from app.core.health.request import CheckRequest, CheckRun
     from app.core.precision import PlacedPipeline, backend_flags
     from app.core.settings import PrecisionSettings
 
@@ -34,7 +35,9 @@ def bench_check(name: str, args) -> dict:
     def check():
         reports.append(
             health.check_loaded(
-                model, precision=settings, device=args.device, size=size, remember=False
+                model,
+                CheckRequest(precision=settings, device=args.device, size=size),
+                run=CheckRun(remember=False),
             )
         )
         return reports[-1]

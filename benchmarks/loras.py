@@ -99,9 +99,11 @@ def attribution_case(model, size: int, device: str, plant) -> dict:
     """Check, then attribute; the passes of the three stages the attribution ran."""
     from app.core import health
     from app.core.causes import attribution
+    from app.core.health.request import CheckRequest, CheckRun
     from app.core.settings import PrecisionSettings
 
     settings = PrecisionSettings(precision="fp16" if device.startswith("cuda") else "fp32")
+    request = CheckRequest(precision=settings, device=device, size=size)
     counted = {"runs": 0}
     real_run = attribution.probe_run
 
@@ -112,13 +114,13 @@ def attribution_case(model, size: int, device: str, plant) -> dict:
     with plant():
         started = time.perf_counter()
         report = health.check_loaded(
-            model, precision=settings, device=device, size=size, remember=False, measure_cost=False
+            model, request, run=CheckRun(remember=False, measure_cost=False)
         )
         checked = time.perf_counter() - started
         attribution.probe_run = counting
         try:
             started = time.perf_counter()
-            cause = attribution.attribute(model, report)
+            cause = attribution.attribute(model, report, request)
             attributed = time.perf_counter() - started
         finally:
             attribution.probe_run = real_run

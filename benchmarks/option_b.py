@@ -147,17 +147,14 @@ def _verdict(row) -> dict[str, Any]:
 def run_case(name: str, model, precision: str, size: int) -> dict[str, Any]:
     """One check of `model` at `precision` with the provisional proof beside the full one."""
     from app.core import health
+    from app.core.health.request import CheckRequest, CheckRun
     from app.core.settings import PrecisionSettings
 
     with status(f"{name}, {precision}"), provisional_beside_full() as found:
         report = health.check_loaded(
             model,
-            precision=PrecisionSettings(precision=precision),
-            device="cpu",
-            size=size,
-            measure_cost=False,
-            remember=False,
-            use_remembered=False,
+            CheckRequest(precision=PrecisionSettings(precision=precision), device="cpu", size=size),
+            run=CheckRun(remember=False, measure_cost=False, use_remembered=False),
         )
     steps = len(report.timesteps) if report.timesteps else 3
     failed = [n for n, c in report.components.items() if c.status.value != "ok"]

@@ -12,6 +12,7 @@ from PIL import Image
 from app.core import generation, health
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.images.canvas import EXTEND_OVERLAP, Canvas, Paste, extended, lay_out, masked_box
 from app.core.images.pictures import Mode, mode_of, read_pictures
 from app.core.words import infotext
@@ -212,14 +213,15 @@ def test_the_check_probes_an_extended_canvas_as_inpainting(wide):
     model = _model(FamilyId("sd"))
     report = health.check_loaded(
         model,
-        precision=FP16,
-        device="cpu",
-        size=64,
-        steps=2,
-        images=[image],
-        canvas=Canvas(extend=(16, 0, 0, 0)),
-        remember=False,
-        measure_cost=False,
+        CheckRequest(
+            precision=FP16,
+            device="cpu",
+            size=64,
+            steps=2,
+            images=(image,),
+            canvas=Canvas(extend=(16, 0, 0, 0)),
+        ),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.mode == "inpaint"
     assert "vae_encoder" in report.components

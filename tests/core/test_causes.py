@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from app.core import causes, precision
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.lora import files as lora
 from app.core.lora.files import LoraFile
 from app.core.settings import PrecisionSettings
@@ -39,10 +40,13 @@ def in_memory(name: str, tensors: dict[str, torch.Tensor]) -> LoraFile:
     )
 
 
-def check(model, **kwargs):
-    kwargs.setdefault("measure_cost", False)
-    kwargs.setdefault("remember", False)
-    return causes.check_and_attribute(model, precision=FP16, device="cpu", size=64, **kwargs)
+def check(model, remember=False, measure_cost=False, **kwargs):
+    return causes.check_and_attribute(
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=remember, measure_cost=measure_cost),
+        **kwargs,
+    )
 
 
 def with_loras(files: list[tuple[LoraFile, float]]):
@@ -245,7 +249,9 @@ def test_state_gone_bad_beside_a_true_overflow_is_named_and_the_overflow_still_f
     # The model in memory runs the reloaded VAE: with the fix, it checks healthy.
     fixed = replace(FP16, **overflow_alone.fix.settings)
     again = causes.check_and_attribute(
-        model, precision=fixed, device="cpu", size=64, remember=False, measure_cost=False
+        model,
+        CheckRequest(precision=fixed, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert again.verdict == "healthy"
 
@@ -581,12 +587,13 @@ def test_an_encoder_nan_on_the_image_to_image_path_is_not_called_intermittent(tm
     _plant_encoder(model.pipeline)
     report = causes.check_and_attribute(
         model,
-        precision=PrecisionSettings(precision="fp16"),
-        device="cpu",
-        size=64,
-        images=[str(picture)],
-        remember=False,
-        measure_cost=False,
+        CheckRequest(
+            precision=PrecisionSettings(precision="fp16"),
+            device="cpu",
+            size=64,
+            images=(str(picture),),
+        ),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.components["vae_encoder"].status.failed
     assert report.verdict == "fixable" and report.cause is not None

@@ -14,6 +14,7 @@ import torch
 
 from app.core import health, work
 from app.core.health import stages
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.jobs import Headline
 from app.core.precision import placement
 from tests.core.test_health import FF_LAYER, FP16, check, loaded, plant
@@ -246,7 +247,9 @@ def test_counts_outside_a_job_are_not_kept():
 
 def test_every_count_is_in_the_json():
     report = health.check_loaded(
-        loaded(build_tiny_sd_pipeline()), precision=FP16, device="cpu", size=64, measure_cost=False
+        loaded(build_tiny_sd_pipeline()),
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(measure_cost=False),
     )
     assert set(report.to_json()["work"]) == {
         "calls",

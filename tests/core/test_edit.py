@@ -21,6 +21,7 @@ from app.cli import main
 from app.core import generation, health, models
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId, architecture_title, detect_from_configs, family, family_of
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.images.pictures import Mode, mode_of, read_pictures
 from app.core.library import scan_library
 from app.core.settings import PrecisionSettings
@@ -77,13 +78,8 @@ def _request(tmp_path, images, **extra):
 def _check(model, images, precision=FP16, mask=None):
     return health.check_loaded(
         model,
-        precision=precision,
-        device="cpu",
-        size=64,
-        measure_cost=False,
-        remember=False,
-        images=images,
-        mask=mask,
+        CheckRequest(precision=precision, device="cpu", size=64, images=tuple(images), mask=mask),
+        run=CheckRun(remember=False, measure_cost=False),
     )
 
 

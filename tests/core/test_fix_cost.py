@@ -19,6 +19,7 @@ import torch
 from app.core import health
 from app.core.health import stages
 from app.core.health.cost import priced_component
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PlacedPipeline, placement, resolve_plan
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FP16, VAE_LAYER, loaded, plant
@@ -32,11 +33,8 @@ def _check(pipeline, measure_cost: bool):
         patched.setattr(stages, "RACE_MARGIN", math.inf)
         return health.check_loaded(
             loaded(pipeline),
-            precision=FP16,
-            device="cpu",
-            size=64,
-            remember=False,
-            measure_cost=measure_cost,
+            CheckRequest(precision=FP16, device="cpu", size=64),
+            run=CheckRun(remember=False, measure_cost=measure_cost),
         )
 
 
@@ -157,11 +155,8 @@ def test_the_planted_corpus_picks_the_fix_it_picked_before_on_a_cpu(fault, store
         pipeline = pipeline.to(torch.float16)
     report = health.check_loaded(
         loaded(copy.deepcopy(pipeline)),
-        precision=FP16,
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.fix is not None and report.fix.verified
     ranked = report.fix.candidates

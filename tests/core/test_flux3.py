@@ -24,6 +24,7 @@ from app.core.families.flux3 import LAYOUT, Flux3Family
 from app.core.families.flux3_pipeline import Flux3DistilledPipeline, Flux3Pipeline
 from app.core.families.flux3_recipe import FLUX3_SHIFT
 from app.core.formats.layouts import to_original
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.library.metadata import base_architecture
 from app.core.models import split
 from tests.support.family_helpers import (
@@ -396,12 +397,8 @@ def _edit_check(model, images):
 
     return health.check_loaded(
         model,
-        precision=FP16,
-        device="cpu",
-        size=64,
-        measure_cost=False,
-        remember=False,
-        images=images,
+        CheckRequest(precision=FP16, device="cpu", size=64, images=tuple(images)),
+        run=CheckRun(remember=False, measure_cost=False),
     )
 
 
@@ -511,11 +508,8 @@ def test_on_cuda_a_planted_overflow_is_found_fixed_and_repaired_in_fp16(tmp_path
     def checked(pipeline):
         return health.check_loaded(
             in_memory(pipeline, "cuda", ARCHITECTURE[distilled]),
-            precision=FP16,
-            device="cuda",
-            size=64,
-            measure_cost=False,
-            remember=False,
+            CheckRequest(precision=FP16, device="cuda", size=64),
+            run=CheckRun(remember=False, measure_cost=False),
         )
 
     assert checked(build_tiny_flux3_pipeline(distilled=distilled)).verdict == "healthy"

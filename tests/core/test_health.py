@@ -22,6 +22,7 @@ from app.core.checkpoint import scan_weights
 from app.core.fixing import profiles
 from app.core.health import stages
 from app.core.health.check import Headline
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.health.words import flags
 from app.core.models import LoadedModel
 from app.core.precision import PrecisionPlan
@@ -69,10 +70,24 @@ def loaded(pipeline, key: str = "tiny") -> LoadedModel:
     )
 
 
-def check(model, precision=FP16, **kwargs):
+def check(
+    model,
+    precision=FP16,
+    remember=True,
+    measure_cost=False,
+    on_progress=None,
+    cancel=None,
+    **asked,
+):
+    """`check_loaded` on the CPU at 64 px; `asked`: more of the request (steps, scheduler)."""
     # The fix's cost (extra UNet steps per plan) is measured in one test, not in every one.
-    kwargs.setdefault("measure_cost", False)
-    return health.check_loaded(model, precision=precision, device="cpu", size=64, **kwargs)
+    return health.check_loaded(
+        model,
+        CheckRequest(precision=precision, device="cpu", size=64, **asked),
+        run=CheckRun(remember=remember, measure_cost=measure_cost),
+        on_progress=on_progress,
+        cancel=cancel,
+    )
 
 
 # What the shared VAE check below said as it ran: (stage, done, total) per progress call.
@@ -89,11 +104,8 @@ def vae_report():
         patched.setattr(stages, "RACE_MARGIN", math.inf)
         return health.check_loaded(
             loaded(plant(build_tiny_sd_pipeline(), "vae")),
-            precision=FP16,
-            device="cpu",
-            size=64,
-            remember=False,
-            measure_cost=True,
+            CheckRequest(precision=FP16, device="cpu", size=64),
+            run=CheckRun(remember=False, measure_cost=True),
             on_progress=lambda *event: VAE_CHECK_PROGRESS.append(event),
         )
 
@@ -146,7 +158,9 @@ def test_timing_runs_leave_the_other_components_placed():
     from app.core.fixing.job_plans import no_half
 
     model = loaded(build_tiny_sd_pipeline())
-    plan = health.check_loaded(model, precision=FP16, device="cpu", size=64, remember=False).plan
+    plan = health.check_loaded(
+        model, CheckRequest(precision=FP16, device="cpu", size=64), run=CheckRun(remember=False)
+    ).plan
     runner = stages.Runner(model, plan, 64, "a cat", 4, "euler")
     latents = runner.denoise(plan, runner.encode(plan).output, record=False).output
     unets: list[int] = []

@@ -17,6 +17,7 @@ from app.core.errors import HalfSafeError
 from app.core.families import FAMILIES, family_of
 from app.core.generation import GenerationRequest, generate
 from app.core.generation.stages import _passes
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.hires import Hires
 from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
@@ -116,12 +117,8 @@ def test_a_clip_skip_never_runs_the_layers_after_the_one_it_reads(tmp_path):
     def check(skip: int):
         return causes.check_and_attribute(
             loaded(pipe, f"last-layer-{skip}"),
-            precision=fp16,
-            device="cpu",
-            size=64,
-            clip_skip=skip,
-            measure_cost=False,
-            remember=False,
+            CheckRequest(precision=fp16, device="cpu", size=64, clip_skip=skip),
+            run=CheckRun(remember=False, measure_cost=False),
         )
 
     skipped = check(2)
@@ -394,8 +391,8 @@ def test_explain_checks_a_hires_image_at_the_second_pass_with_its_clip_skip_and_
     (tmp_path / "anime.safetensors").write_bytes(b"0")
     asked: dict = {}
 
-    def check(_model, **kwargs):
-        asked.update(kwargs)
+    def check(_model, request, **_how):
+        asked.update(vars(request))  # what the check is asked, field by field
         raise HalfSafeError("stopped here")
 
     monkeypatch.setattr(causes, "check_and_attribute", check)

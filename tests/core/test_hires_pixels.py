@@ -16,6 +16,7 @@ from PIL import Image
 from app.core import explain, health, hires
 from app.core.errors import HalfSafeError
 from app.core.generation import GenerationRequest, generate
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.hires import Hires
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
@@ -245,18 +246,16 @@ def test_the_check_of_the_pixel_path_probes_the_vae_encoder_at_the_final_size(ho
     layer = _plant_encoder(model.pipeline)
     calls = _encoder_calls(model)
     plain = health.check_loaded(
-        model, precision=FP16, device="cpu", size=96, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=96),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert plain.verdict == "healthy" and "vae_encoder" not in plain.components
     assert calls == []
     report = health.check_loaded(
         model,
-        precision=FP16,
-        device="cpu",
-        size=96,
-        measure_cost=False,
-        remember=False,
-        pixel_upscale=True,
+        CheckRequest(precision=FP16, device="cpu", size=96, pixel_upscale=True),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     encoder = report.components["vae_encoder"]
     assert calls and {shape[-2:] for shape in calls} == {(96, 96)}
@@ -288,8 +287,8 @@ def _asked(tmp_path, monkeypatch, image) -> tuple[dict, list[str]]:
     (tmp_path / "anime.safetensors").write_bytes(b"0")
     asked: dict = {}
 
-    def check(_model, **kwargs):
-        asked.update(kwargs)
+    def check(_model, request, **_how):
+        asked.update(vars(request))  # what the check is asked, field by field
         raise HalfSafeError("stopped here")
 
     monkeypatch.setattr(causes, "check_and_attribute", check)
@@ -368,12 +367,8 @@ def test_the_cause_of_an_encoder_nan_on_the_pixel_path_is_precision_not_chance(h
     _plant_encoder(model.pipeline)
     report = causes.check_and_attribute(
         model,
-        precision=FP16,
-        device="cpu",
-        size=96,
-        pixel_upscale=True,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(precision=FP16, device="cpu", size=96, pixel_upscale=True),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.components["vae_encoder"].status.failed
     assert report.verdict == "fixable" and report.cause is not None

@@ -18,6 +18,7 @@ from app.core import checkpoint, health
 from app.core.checkpoint import read_safetensors_header
 from app.core.fixing import profiles
 from app.core.hardware import describe_device
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.models import load_model
 from app.core.settings import PrecisionSettings
 from tests.support.model_files import save_single_file
@@ -37,7 +38,9 @@ def overflowing_vae(scale: float):
 
 
 def check(model):
-    report = health.check_loaded(model, precision=FP16, device="cpu", size=64, measure_cost=False)
+    report = health.check_loaded(
+        model, CheckRequest(precision=FP16, device="cpu", size=64), run=CheckRun(measure_cost=False)
+    )
     return report.to_json()
 
 

@@ -19,6 +19,7 @@ from app.core import causes
 from app.core.components import Verdict
 from app.core.fixing import profiles
 from app.core.generation import GenerationRequest, generate
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.settings import PrecisionSettings
 from app.core.words.causes import CAUSE_WORDS, cause_words
 from tests.core.test_generation import variant
@@ -197,7 +198,9 @@ def test_the_check_names_an_intermittent_fault_and_keeps_no_fix(base, monkeypatc
 
     def check():
         return causes.check_and_attribute(
-            model, precision=precision, device="cpu", size=64, steps=3, measure_cost=False
+            model,
+            CheckRequest(precision=precision, device="cpu", size=64, steps=3),
+            run=CheckRun(measure_cost=False),
         )
 
     assert check().verdict is Verdict.HEALTHY

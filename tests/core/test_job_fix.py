@@ -10,6 +10,7 @@ from app.core import generation, hardware, health, models
 from app.core.errors import HalfSafeError
 from app.core.fixing import profiles
 from app.core.fixing.job_fix import JobFix, with_job_fix
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
 
@@ -123,11 +124,8 @@ def test_a_no_half_check_credits_no_remembered_fix(demo):
     _remember_checked(demo, {"vae_precision": "bf16"})
     report = health.check_loaded(
         demo,
-        precision=PrecisionSettings(no_half=True),
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(precision=PrecisionSettings(no_half=True), device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.remembered is None
     assert not report.headline.startswith("Safe with the fix remembered")

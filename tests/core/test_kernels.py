@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from app.core import causes
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, backend_flags, kernels
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded, plant
@@ -32,7 +33,9 @@ FP16 = PrecisionSettings(precision="fp16")
 
 def check(model):
     return causes.check_and_attribute(
-        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
 
 

@@ -13,6 +13,7 @@ import torch
 from app.cli import main
 from app.core.checkpoint import write_safetensors
 from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError, WrongPartError
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.lora import files as lora
 from app.core.words.infotext import split_text
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -835,10 +836,7 @@ def test_the_check_says_how_many_layers_of_a_lora_were_applied(tmp_path):
     (applied,) = lora.load_requested(model, [lora.LoraRequest(str(path))])
     report = check_and_attribute(
         model,
-        precision=PrecisionSettings(precision="fp32"),
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(precision=PrecisionSettings(precision="fp32"), device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert applied.fit_note in report.notes

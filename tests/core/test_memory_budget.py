@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from app.core import health
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, placement
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded, plant
@@ -103,11 +104,12 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
         most.clear()
         report = health.check_loaded(
             loaded(_half_stored(fault), f"budget-{fault}"),
-            precision=PrecisionSettings(precision="fp16", max_vram_gb=budget_gb),
-            device="cpu",
-            size=64,
-            remember=False,
-            measure_cost=False,
+            CheckRequest(
+                precision=PrecisionSettings(precision="fp16", max_vram_gb=budget_gb),
+                device="cpu",
+                size=64,
+            ),
+            run=CheckRun(remember=False, measure_cost=False),
         )
         return report, dict(most)
 
@@ -234,11 +236,12 @@ def test_the_check_says_what_its_copies_held_under_a_budget():
 
     report = health.check_loaded(
         loaded(_half_stored("vae"), "budget-words"),
-        precision=PrecisionSettings(precision="fp16", max_vram_gb=TINY_BUDGET_GB),
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(
+            precision=PrecisionSettings(precision="fp16", max_vram_gb=TINY_BUDGET_GB),
+            device="cpu",
+            size=64,
+        ),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     (line,) = [line for line in health_text(report).splitlines() if line.startswith("Memory:")]
     assert line.startswith("Memory:  budget 1 MB; the check's copies held at most ")

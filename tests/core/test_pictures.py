@@ -20,6 +20,7 @@ from PIL import Image
 from app.core import generation, health
 from app.core.errors import BadFileError, HalfSafeError
 from app.core.families import FAMILIES, FamilyId, family
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.images.pictures import (
     Mode,
     check_strength,
@@ -300,12 +301,8 @@ def test_a_planted_encoder_overflow_is_found_at_its_layer_and_fixed_in_the_vae(
     layer = _plant_encoder(model.pipeline)
     report = health.check_loaded(
         model,
-        precision=FP16,
-        device="cpu",
-        size=64,
-        measure_cost=False,
-        remember=False,
-        images=[picture[0]],
+        CheckRequest(precision=FP16, device="cpu", size=64, images=(picture[0],)),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     encoder = report.components["vae_encoder"]
     assert (report.to_json()["mode"], report.to_json()["pictures"]) == ("img2img", [picture[0]])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from app.core import generation, health
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, placement
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, loaded, plant
@@ -51,7 +52,9 @@ def test_a_check_holds_one_stages_copies_at_a_time(placements, planted):
         pipeline = plant(pipeline, planted)
     sizes = {name: _bytes_in(pipeline, name, 4) for name in PARTS}
     report = health.check_loaded(
-        loaded(pipeline, "one-copy"), precision=FP16, device="cpu", size=64, remember=False
+        loaded(pipeline, "one-copy"),
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False),
     )
     assert report.verdict == ("healthy" if planted is None else "fixable")
     assert placements
@@ -150,11 +153,8 @@ def test_the_fp32_reference_computes_from_the_stored_weights_without_a_copy(monk
     monkeypatch.setattr(placement.PlacedPipeline, "apply", recording)
     report = health.check_loaded(
         loaded(pipeline, f"reference-{fault}"),
-        precision=FP16,
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.verdict == "fixable"
     assert report.fix is not None and report.fix.verified

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.core.fixing import profiles
+from app.core.health.request import CheckRequest, CheckRun
 
 TORCH = "2.test"
 DEVICE = "Test CPU"
@@ -312,10 +313,8 @@ def test_a_check_and_the_model_summary_name_the_damaged_file():
     fifo(path)
     report = health.check_loaded(
         model,
-        precision=PrecisionSettings(precision="fp32"),
-        device="cpu",
-        size=64,
-        measure_cost=False,
+        CheckRequest(precision=PrecisionSettings(precision="fp32"), device="cpu", size=64),
+        run=CheckRun(measure_cost=False),
     )
     assert any(n.startswith(f"{path} was damaged (it is a named pipe") for n in report.notes)
     assert len(kept_aside(path)) == 2

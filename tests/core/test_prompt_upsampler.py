@@ -19,7 +19,8 @@ from app.core.components import COMPONENTS, Role, Status, Verdict
 from app.core.errors import BadFileError
 from app.core.fixing.quality import compare
 from app.core.generation import GenerationRequest
-from app.core.health.stages import DEFAULT_PROMPT, UPSAMPLER_CHECK_TOKENS, Runner
+from app.core.health.request import DEFAULT_PROMPT, CheckRequest, CheckRun
+from app.core.health.stages import UPSAMPLER_CHECK_TOKENS, Runner
 from app.core.precision import PrecisionPlan
 from app.core.settings import PrecisionSettings
 from tests.support.family_helpers import (
@@ -257,11 +258,8 @@ def test_an_upsampler_overflow_is_the_model_not_an_intermittent_fault():
 
     report = check_and_attribute(
         _klein(planted=True),
-        precision=PrecisionSettings(precision="fp16"),
-        device="cpu",
-        size=64,
-        measure_cost=False,
-        remember=False,
+        CheckRequest(precision=PrecisionSettings(precision="fp16"), device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.cause is not None and report.cause.kind == "precision"
     assert report.verdict is Verdict.FIXABLE
@@ -329,12 +327,13 @@ def test_the_check_of_an_edit_has_the_upsampler_read_the_reference(tmp_path):
     try:
         report = health.check_loaded(
             model,
-            precision=PrecisionSettings(precision="fp16"),
-            device="cpu",
-            size=64,
-            images=[str(path)],
-            measure_cost=False,
-            remember=False,
+            CheckRequest(
+                precision=PrecisionSettings(precision="fp16"),
+                device="cpu",
+                size=64,
+                images=(str(path),),
+            ),
+            run=CheckRun(remember=False, measure_cost=False),
         )
     finally:
         handle.remove()

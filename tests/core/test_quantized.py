@@ -21,6 +21,7 @@ from app.core.errors import BadFileError
 from app.core.formats import layouts
 from app.core.formats.gguf import check_gguf_header
 from app.core.formats.quantized import dequantize_scaled
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.models import split
 from app.core.settings import PrecisionSettings
 from tests.support.cli_output import without_progress
@@ -119,7 +120,9 @@ def test_scaled_fp8_single_file_loads_with_every_scale_applied_and_checks_health
     )
 
     report = health.check_loaded(
-        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.verdict is Verdict.HEALTHY
     assert any("stored quantized (fp8_scaled: F8_E4M3)" in note for note in report.notes)
@@ -379,7 +382,9 @@ def test_a_tiny_sd1_file_in_int8_loads_and_checks_healthy(tmp_path):
     )
     assert model.weights.bad_quantized == [] and model.weights.non_finite == []
     report = health.check_loaded(
-        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.verdict is Verdict.HEALTHY
     assert any("stored quantized (int8_scaled: INT8)" in note for note in report.notes)
@@ -541,7 +546,9 @@ def test_a_bad_scale_is_a_broken_weights_finding_naming_the_tensor(tmp_path, val
     [finding] = model.weights.bad_quantized
     assert finding.tensor == UNET_LAYER and words in finding.problem and scale in finding.problem
     report = health.check_loaded(
-        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.verdict is Verdict.BROKEN
     assert report.components["unet"].status is Status.BROKEN_WEIGHTS
@@ -551,7 +558,7 @@ def test_a_bad_scale_is_a_broken_weights_finding_naming_the_tensor(tmp_path, val
     assert [(b["tensor"], b["component"]) for b in bad] == [(UNET_LAYER, None)]
     assert words in bad[0]["problem"]
     # `halfsafe check` attributes it to the file's weights, naming the tensor, with no repair.
-    attributed = causes.check_model(str(path), precision=FP16, device="cpu", size=64)
+    attributed = causes.check_model(str(path), CheckRequest(precision=FP16, device="cpu", size=64))
     assert attributed.cause is not None and attributed.cause.kind == "weights"
     assert UNET_LAYER in attributed.cause.summary and "quantisation" in attributed.cause.summary
     assert attributed.fix is None and not attributed.cause.verified
@@ -714,7 +721,9 @@ def test_an_sd35_fp8_scaled_file_with_everything_inside_loads_every_part_dequant
         for key, value in want.items():
             close_to(got[key], value.float())
     report = health.check_loaded(
-        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.verdict is Verdict.HEALTHY
     assert report.to_json()["model"]["quantization"]["format"] == "fp8_scaled"
@@ -1007,7 +1016,9 @@ def test_the_report_json_names_the_quantisation(tmp_path):
     _, _, path = flux_gguf(tmp_path, GGMLQuantizationType.Q8_0)
     model = models.load_model(str(path))
     report = health.check_loaded(
-        model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     document = json.loads(json.dumps(report.to_json()))
     assert document["model"]["quantization"]["format"] == "gguf"

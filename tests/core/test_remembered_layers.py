@@ -9,6 +9,7 @@ import pytest
 
 from app.core import generation, hardware, health, models
 from app.core.fixing import profiles
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.settings import PrecisionSettings
 
 GOOD = ("vae:decoder.up_blocks.0.resnets.0.conv1", "vae:decoder.up_blocks.0.resnets.0.norm2")
@@ -34,7 +35,9 @@ def _remember(model, layers) -> None:
 def test_a_missing_layer_costs_only_itself_and_is_named(demo):
     _remember(demo, [*GOOD, MISSING])
     report = health.check_loaded(
-        demo, precision=FP16, device="cpu", size=64, remember=False, measure_cost=False
+        demo,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.verdict == "healthy"  # the two real layers in bf16 were used
     assert set(report.plan.islands("vae")) == {g.split(":", 1)[1] for g in GOOD}

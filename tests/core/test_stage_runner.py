@@ -19,6 +19,7 @@ from app.core.errors import CancelledError
 from app.core.fixing.probe import ActivationRecorder
 from app.core.generation import GenerationRequest, generate
 from app.core.health import stages
+from app.core.health.request import CheckRequest
 from app.core.jobs import CancelToken
 from app.core.models import load_model
 from app.core.precision import PlacedPipeline, PrecisionPlan
@@ -238,7 +239,7 @@ def placements(monkeypatch):
 def test_the_check_and_a_generation_place_through_the_same_runner(placements, tmp_path):
     model = load_model("demo")
     report = health.check_loaded(
-        model, precision=PrecisionSettings(precision="fp16"), device="cpu", size=64
+        model, CheckRequest(precision=PrecisionSettings(precision="fp16"), device="cpu", size=64)
     )
     checked = list(placements)
     placements.clear()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from app.core import health
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.jobs import Headline
 from app.core.memory import plan_words
 from app.core.precision import PrecisionPlan, placement, streaming
@@ -131,11 +132,12 @@ def test_the_memory_plan_is_said_before_the_job_where_a_part_streams():
     stages: list[str] = []
     health.check_loaded(
         loaded(_half_stored(), "said-plan"),
-        precision=PrecisionSettings(precision="fp16", max_vram_gb=STREAM_MB / 1024),
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(
+            precision=PrecisionSettings(precision="fp16", max_vram_gb=STREAM_MB / 1024),
+            device="cpu",
+            size=64,
+        ),
+        run=CheckRun(remember=False, measure_cost=False),
         on_progress=lambda stage, done, total: stages.append(stage),
     )
     (said,) = [s for s in stages if isinstance(s, Headline)]
@@ -240,11 +242,8 @@ def test_a_cpu_job_whose_wider_copy_would_not_fit_the_free_ram_computes_in_place
         stages: list[object] = []
         reports[room] = health.check_loaded(
             loaded(_half_stored("unet_ff"), f"ram-{room}"),
-            precision=PrecisionSettings(precision="fp16"),
-            device="cpu",
-            size=64,
-            remember=False,
-            measure_cost=False,
+            CheckRequest(precision=PrecisionSettings(precision="fp16"), device="cpu", size=64),
+            run=CheckRun(remember=False, measure_cost=False),
             on_progress=lambda stage, done, total, said=stages: said.append(stage),
         )
         memory = reports[room].memory

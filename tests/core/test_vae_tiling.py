@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from app.core import generation, health
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, tiling
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
@@ -107,11 +108,10 @@ def test_a_vae_overflow_is_found_at_the_same_layer_with_the_same_fix_in_tiles(ch
     )
     report = health.check_loaded(
         loaded(_small_tiles(_half_stored("vae")), f"tiling-{choice}"),
-        precision=PrecisionSettings(precision="fp16", vae_tiling=choice),
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(
+            precision=PrecisionSettings(precision="fp16", vae_tiling=choice), device="cpu", size=64
+        ),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert report.to_json()["memory"]["vae_tiling"] == choice
     assert bool(tiled_calls) is (choice == "on")  # the probe, the reference, the candidates
@@ -120,11 +120,10 @@ def test_a_vae_overflow_is_found_at_the_same_layer_with_the_same_fix_in_tiles(ch
     assert vae.status in ("overflow", "nan")
     untiled = health.check_loaded(
         loaded(_small_tiles(_half_stored("vae")), "tiling-reference"),
-        precision=PrecisionSettings(precision="fp16", vae_tiling="off"),
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=False,
+        CheckRequest(
+            precision=PrecisionSettings(precision="fp16", vae_tiling="off"), device="cpu", size=64
+        ),
+        run=CheckRun(remember=False, measure_cost=False),
     )
     assert vae.first_bad_module == untiled.components["vae"].first_bad_module
     assert report.fix is not None and report.fix.verified

@@ -16,6 +16,7 @@ from app.core import health
 from app.core.components import Status, Verdict
 from app.core.fixing import fix_candidates
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, compare
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
@@ -261,11 +262,8 @@ def test_the_cost_sentence_tells_times_apart_by_their_medians(fix, no_half, expe
 def vae_report():
     return health.check_loaded(
         loaded(plant(build_tiny_sd_pipeline(), "vae")),
-        precision=FP16,
-        device="cpu",
-        size=64,
-        remember=False,
-        measure_cost=True,
+        CheckRequest(precision=FP16, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=True),
     )
 
 

@@ -30,6 +30,7 @@ from app.core.families.zimage import (
     ZImageFamily,
     variant,
 )
+from app.core.health.request import CheckRun
 from app.core.models import split
 from app.core.requests import requested
 from app.core.requests.records import CheckRequest
@@ -228,7 +229,9 @@ def _probe_batches(pipeline, model) -> list[int]:
     )
     try:
         report = health.check_loaded(
-            model, precision=FP16, device="cpu", size=64, measure_cost=False, remember=False
+            model,
+            CheckRequest(precision=FP16, device="cpu", size=64),
+            run=CheckRun(remember=False, measure_cost=False),
         )
     finally:
         handle.remove()

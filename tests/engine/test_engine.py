@@ -623,3 +623,46 @@ def test_a_cancelled_load_loads_the_previous_model_again():
     assert session.model is not None and session.model.source == "demo"
     assert session.model_request == demo
     assert any("Loading demo again" in e.stage for e in heard if e.state == EventState.PROGRESS)
+
+
+def test_the_check_job_hands_the_request_it_received_whole_to_the_check(monkeypatch):
+    """The engine's check job gives the check the very request it received, not a copy rebuilt
+    field by field: what the request holds reaches the stage runner though no function in
+    between names it (the prompt, a field the request gained after its callers were written,
+    and the prompt's CLIP layer)."""
+    from app.core.causes import check as attributed
+    from app.core.health import check as health_check
+    from app.core.jobs import CancelToken
+    from app.core.models import load_model
+    from app.engine import jobs
+    from app.engine.server import JobContext, Session
+
+    checked: list[object] = []
+    real_check_loaded = attributed.check_loaded
+
+    def check_loaded(model, *args, **how):
+        checked.extend(args)
+        return real_check_loaded(model, *args, **how)
+
+    runners: list[tuple[tuple, dict]] = []
+
+    class Runner(health_check.Runner):
+        def __init__(self, *args, **kwargs) -> None:
+            runners.append((args, kwargs))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(attributed, "check_loaded", check_loaded)
+    monkeypatch.setattr(health_check, "Runner", Runner)
+    demo = LoadRequest("demo")
+    session = Session(model=load_model("demo"), model_request=demo)
+    request = CheckRequest(
+        PrecisionSettings("fp32"), size=64, steps=2, clip_skip=2, prompt="a red bicycle"
+    )
+    context = JobContext(JobRequest(2, request), session, lambda event: None, CancelToken())
+
+    result = jobs.check(context, request)
+
+    assert result.report.verdict == "healthy"
+    assert len(checked) == 1 and checked[0] is request
+    ((args, kwargs),) = runners  # the check's own runner: a healthy check attributes nothing
+    assert args[3] == "a red bicycle" and kwargs["clip_skip"] == 2

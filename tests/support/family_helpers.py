@@ -9,6 +9,7 @@ import torch
 
 from app.core import health
 from app.core.checkpoint import scan_weights
+from app.core.health.request import CheckRequest, CheckRun
 from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
 
@@ -59,5 +60,7 @@ def same_weights(a, b, components) -> None:
 
 def check(model, precision=FP16):
     return health.check_loaded(
-        model, precision=precision, device="cpu", size=64, measure_cost=False, remember=False
+        model,
+        CheckRequest(precision=precision, device="cpu", size=64),
+        run=CheckRun(remember=False, measure_cost=False),
     )

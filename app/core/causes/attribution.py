@@ -48,9 +48,7 @@ from app.core.components import words as component_words
 from app.core.fixing import fix_candidates, job_plans
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, Quality, compare
 from app.core.health import (
-    DEFAULT_PROMPT,
-    DEFAULT_SCHEDULER,
-    DEFAULT_STEPS,
+    CheckRequest,
     HealthReport,
     ProbeRun,
     component_of_tensor,
@@ -64,35 +62,25 @@ from app.core.precision import PrecisionPlan, kernels
 
 
 class _Runs:
-    """The re-runs of one attribution, all at the check's size and schedule."""
+    """The re-runs of one attribution, all at the check's size and as its request asks (the
+    schedule, the prompt and its CLIP layer)."""
 
-    def __init__(
-        self,
-        model,
-        plan: PrecisionPlan,
-        size: int,
-        steps: int,
-        scheduler: str,
-        prompt: str,
-        clip_skip: int = 1,
-    ):
-        self.prompt = prompt
-        self.clip_skip = clip_skip
+    def __init__(self, model, plan: PrecisionPlan, size: int, request: CheckRequest):
         self.model = model
         self.plan = plan
         self.size = size
-        self.steps = steps
-        self.scheduler = scheduler
+        self.request = request
 
     def run(self, plan: PrecisionPlan, model=None) -> ProbeRun:
+        request = self.request
         return probe_run(
             model or self.model,
             plan,
             size=self.size,
-            steps=self.steps,
-            scheduler=self.scheduler,
-            prompt=self.prompt,
-            clip_skip=self.clip_skip,
+            steps=request.steps,
+            scheduler=request.scheduler,
+            prompt=request.prompt,
+            clip_skip=request.clip_skip,
         )
 
     def proved(self, plan: PrecisionPlan, reference_plan: PrecisionPlan, model=None):
@@ -117,14 +105,15 @@ class _Runs:
         judge the fp16 noise the steps amplify, not the component the plan repairs."""
         from app.core.health.stages import Runner, all_finite
 
+        request = self.request
         runner = Runner(
             self.model,
             reference_plan,
             self.size,
-            self.prompt,
-            self.steps,
-            self.scheduler,
-            clip_skip=self.clip_skip,
+            request.prompt,
+            request.steps,
+            request.scheduler,
+            clip_skip=request.clip_skip,
         )
         family = runner.family
         worst: Quality | None = None
@@ -157,21 +146,19 @@ class _Runs:
 def attribute(
     model,
     report: HealthReport,
+    request: CheckRequest,
     *,
-    steps: int = DEFAULT_STEPS,
-    scheduler: str = DEFAULT_SCHEDULER,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     reload: Callable[[], Any] | None = None,
-    prompt: str = DEFAULT_PROMPT,
-    clip_skip: int = 1,
 ) -> Cause | None:
     """Tell the cause of a failed check apart by re-running under the check's plan, in this
     order: bad weights (the checkpoint's, from the load-time scan; a LoRA's NaN/Inf or absurd
     alpha, proved by dropping it, and named even when the check's run stayed finite), a LoRA that overflows a layer (proved with a lower weight), an attention
     kernel (another backend at the same precision), state (a fresh load of the component; the
     model's pipeline gets the fresh component when that proves it), else precision when the
-    check's fix is verified. `reload` returns a freshly loaded model; by default the model's
+    check's fix is verified. Each re-run is at the check's size (`report.size`) as `request`
+    (the check's own) asks. `reload` returns a freshly loaded model; by default the model's
     source is loaded again. The LoRAs' weights are restored at the end. None when nothing
     explains the failure."""
     progress = on_progress or no_progress
@@ -210,7 +197,7 @@ def attribute(
             "none",
             verified=False,
         )
-    runs = _Runs(model, report.plan, report.size, steps, scheduler, prompt, clip_skip)
+    runs = _Runs(model, report.plan, report.size, request)
     # The re-run is the text-to-image path (`probe_run`): it does not run the VAE's encoder, so
     # it cannot show an encoder's NaN to be intermittent (it would always come out finite).
     if (

@@ -4,7 +4,7 @@ fix remembered."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -14,111 +14,59 @@ from app.core.components import Role, Verdict, of_role
 from app.core.components import words as component_words
 from app.core.fixing import fix_candidates
 from app.core.fixing.job_plans import no_half
-from app.core.health import (
-    DEFAULT_PROMPT,
-    DEFAULT_SCHEDULER,
-    DEFAULT_STEPS,
-    Fix,
-    HealthReport,
-    check_loaded,
-)
+from app.core.health import AS_ASKED, CheckRequest, CheckRun, Fix, HealthReport, check_loaded
 from app.core.health.cost import FixCost, StepCost
-from app.core.images.canvas import Canvas
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora import files as lora
 from app.core.precision import PrecisionPlan
-from app.core.settings import PrecisionSettings
 
 
 def check_model(
     source: str,
+    request: CheckRequest,
     *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    size: int | None = None,
-    steps: int = DEFAULT_STEPS,
-    scheduler: str = DEFAULT_SCHEDULER,
-    clip_skip: int = 1,
     vae: str | None = None,
     text_encoders: list[str] | None = None,
-    loras: list[lora.LoraRequest] | None = None,
-    allow_pickle: bool = False,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
 ) -> HealthReport:
-    """`halfsafe check`: load the model, apply the LoRAs, check it (`health.check_loaded`)
-    and, when something failed, attribute the failure (`attribute`)."""
+    """`halfsafe check` from a file: load the model `source` names (with `vae` and
+    `text_encoders` in place of its own, `request.allow_pickle` for a pickle file), apply
+    `request.loras` (None: none), check it as `request` asks (`health.check_loaded`) and,
+    when something failed, attribute the failure (`attribute`)."""
     from app.core.models import load_model
 
     model = load_model(
         source,
         vae=vae,
         text_encoders=text_encoders,
-        allow_pickle=allow_pickle,
+        allow_pickle=request.allow_pickle,
         on_progress=on_progress,
         cancel=cancel,
     )
-    lora.load_requested(model, loras or [], allow_pickle=allow_pickle)
-    return check_and_attribute(
-        model,
-        precision=precision,
-        device=device,
-        size=size,
-        steps=steps,
-        scheduler=scheduler,
-        clip_skip=clip_skip,
-        on_progress=on_progress,
-        cancel=cancel,
-    )
+    lora.load_requested(model, list(request.loras or ()), allow_pickle=request.allow_pickle)
+    return check_and_attribute(model, request, on_progress=on_progress, cancel=cancel)
 
 
 def check_and_attribute(
     model,
+    request: CheckRequest,
     *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    size: int | None = None,
-    steps: int = DEFAULT_STEPS,
-    scheduler: str = DEFAULT_SCHEDULER,
-    clip_skip: int = 1,
+    run: CheckRun = AS_ASKED,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
     reload: Callable[[], Any] | None = None,
-    remember: bool = True,
-    measure_cost: bool = True,
-    prompt: str = DEFAULT_PROMPT,
-    images: Sequence[str] = (),
-    mask: str | None = None,
-    use_remembered: bool = True,
-    canvas: Canvas | None = None,
-    pixel_upscale: bool = False,
 ) -> HealthReport:
-    """Check a loaded model (LoRAs as applied) and attribute a failure to its cause; a
-    verified kernel or state repair becomes the report's fix. See `attribute` for `reload`;
-    `images`, `mask`, `use_remembered`, `canvas` and `pixel_upscale` as `check_loaded` takes
-    them."""
+    """Check a loaded model (LoRAs as applied) as `request` asks, run as `run` says
+    (`health.check_loaded`, which the request reaches whole), and attribute a failure to its
+    cause; a verified kernel or state repair becomes the report's fix. See `attribute` for
+    `reload`. A verified fix is remembered (`run.remember`) only once the cause is known and
+    the whole check has run."""
 
     def checked() -> HealthReport:
-        return check_loaded(
-            model,
-            precision=precision,
-            device=device,
-            size=size,
-            steps=steps,
-            scheduler=scheduler,
-            clip_skip=clip_skip,
-            prompt=prompt,
-            images=images,
-            mask=mask,
-            canvas=canvas,
-            pixel_upscale=pixel_upscale,
-            on_progress=on_progress,
-            cancel=cancel,
-            # Remembered below, once the cause is known and the whole check has run.
-            remember=False,
-            measure_cost=measure_cost,
-            use_remembered=use_remembered,
-        )
+        # Remembered below, once the cause is known and the whole check has run.
+        once = replace(run, remember=False)
+        return check_loaded(model, request, run=once, on_progress=on_progress, cancel=cancel)
 
     report = checked()
     applied_loras = list(getattr(model, "loras", []))  # the report names them; these hold them
@@ -130,17 +78,7 @@ def check_and_attribute(
     damaged = [a for a in applied_loras if a.file.damaged]
     if report.verdict is Verdict.HEALTHY and not damaged:
         return report
-    cause = attribute(
-        model,
-        report,
-        steps=steps,
-        scheduler=scheduler,
-        clip_skip=clip_skip,
-        prompt=prompt,
-        on_progress=on_progress,
-        cancel=cancel,
-        reload=reload,
-    )
+    cause = attribute(model, report, request, on_progress=on_progress, cancel=cancel, reload=reload)
     report.cause = cause
     if cause is not None and cause.kind == "state" and _failed_beside(report, cause):
         # The parts gone bad are reloaded; what else failed is checked again on them.
@@ -151,9 +89,9 @@ def check_and_attribute(
     elif cause is not None:
 
         def priced(plans: dict[str, PrecisionPlan]) -> dict[str, StepCost]:
-            return _step_costs(model, report, plans, prompt, steps, scheduler, clip_skip)
+            return _step_costs(model, report, plans, request)
 
-        _adopt(report, cause, priced if measure_cost else None)
+        _adopt(report, cause, priced if run.measure_cost else None)
     if damaged:
         # A LoRA with NaN/Inf or an absurd alpha is wrong at every precision and weight, even
         # where a run happens to stay finite (an absurd alpha in fp32): never healthy, and a
@@ -163,7 +101,7 @@ def check_and_attribute(
             report.fix = None
     # A fix found with LoRAs applied may be theirs, not the model's: it is not remembered for
     # the model (the next run without them would pay for it).
-    if remember and not applied_loras:
+    if run.remember and not applied_loras:
         _remember(model, report)
     return report
 
@@ -229,20 +167,23 @@ def _not_the_model(report: HealthReport) -> None:
 
 
 def _step_costs(
-    model,
-    report: HealthReport,
-    plans: dict[str, PrecisionPlan],
-    prompt: str,
-    steps: int,
-    scheduler: str,
-    clip_skip: int,
+    model, report: HealthReport, plans: dict[str, PrecisionPlan], request: CheckRequest
 ) -> dict[str, StepCost]:
     """A denoiser step under each of `plans` (label -> plan), timed as the check times its fix
-    (`Runner.unet_step_costs`, alternating), on the prompt encoded under the first plan."""
+    (`Runner.unet_step_costs`, alternating), on the request's prompt encoded under the first
+    plan, at the size the check ran."""
     from app.core.health.stages import Runner
 
     first = next(iter(plans.values()))
-    runner = Runner(model, first, report.size, prompt, steps, scheduler, clip_skip=clip_skip)
+    runner = Runner(
+        model,
+        first,
+        report.size,
+        request.prompt,
+        request.steps,
+        request.scheduler,
+        clip_skip=request.clip_skip,
+    )
     try:
         conditioning = runner.encode(first, record=False).output
         return runner.unet_step_costs(plans, conditioning)

@@ -565,22 +565,22 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
     with said_as_sentence("checking the image's model"):
         report = check_and_attribute(
             model,
-            precision=_reproduced_precision(record),
-            device=device,
-            size=size,
-            # The image's own step count; else the model's own where it states one.
-            steps=steps or _own_steps(model, health.DEFAULT_STEPS),
-            scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
-            clip_skip=clip_skip,
-            prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
-            on_progress=progress,
-            cancel=cancel,
-            remember=False,
-            measure_cost=measure_cost,
+            health.CheckRequest(
+                precision=_reproduced_precision(record),
+                device=device,
+                size=size,
+                # The image's own step count; else the model's own where it states one.
+                steps=steps or _own_steps(model, health.DEFAULT_STEPS),
+                scheduler=record.scheduler or health.DEFAULT_SCHEDULER,
+                clip_skip=clip_skip,
+                prompt=strip_tags(record.prompt or "").strip() or health.DEFAULT_PROMPT,
+                pixel_upscale=bool(record.hires_size) and _enlarges_pixels(record.hires_upscaler),
+            ),
             # The image's recorded settings, exactly: a fix remembered since would hide
             # what made it black.
-            use_remembered=False,
-            pixel_upscale=bool(record.hires_size) and _enlarges_pixels(record.hires_upscaler),
+            run=health.CheckRun(remember=False, measure_cost=measure_cost, use_remembered=False),
+            on_progress=progress,
+            cancel=cancel,
         )
     explanation.check = report
     if report.verdict == "healthy":

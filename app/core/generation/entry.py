@@ -549,6 +549,7 @@ def _repair_by_cause(
     result. Returns the fix to remember: `learned`, or the backend switch that replaces it."""
     from app.core import causes
     from app.core.fixing import profiles
+    from app.core.health.request import CheckRequest, CheckRun
     from app.core.lora import files as lora
     from app.core.precision import kernels
 
@@ -568,20 +569,21 @@ def _repair_by_cause(
     progress("Finding the cause", 0, 1)
     report = causes.check_and_attribute(
         model,
-        precision=precision,
-        device=device,
-        size=max(64, min(request.drawn_size()) // 8 * 8),  # a hires fix's final size
-        steps=request.steps,
-        scheduler=request.scheduler,
-        clip_skip=request.clip_skip,
-        images=request.images,
-        mask=request.mask,
-        canvas=request.canvas,
-        pixel_upscale=request.hires.pixels,
+        CheckRequest(
+            precision=precision,
+            device=device,
+            size=max(64, min(request.drawn_size()) // 8 * 8),  # a hires fix's final size
+            steps=request.steps,
+            scheduler=request.scheduler,
+            images=tuple(request.images),
+            mask=request.mask,
+            canvas=request.canvas,
+            clip_skip=request.clip_skip,
+            pixel_upscale=request.hires.pixels,
+        ),
+        run=CheckRun(remember=False, measure_cost=False),
         on_progress=progress,
         cancel=cancel,
-        remember=False,
-        measure_cost=False,
     )
     cause = report.cause
     if cause is None:

@@ -16,6 +16,8 @@ and where is said right after the first non-finite call (`Runner.telling`); `wor
 counts the work done by then, by the proved fix, the verdict and the end.
 
 One responsibility per module, each importing only those before it:
+  request       what a check is asked (CheckRequest, its default prompt) and how one call of
+                it runs (CheckRun), plain data without torch
   cost          what a fix costs beside no-half (StepCost, FixCost)
   words         the words for plain facts: statuses, a plan's precisions, flags, costs, the
                 candidate table (shared by the CLI text, the GUI and the Markdown report)
@@ -52,9 +54,9 @@ if TYPE_CHECKING:
         precision_words,
         status_words,
     )
+    from app.core.health.request import AS_ASKED, DEFAULT_PROMPT, CheckRequest, CheckRun
     from app.core.health.stages import (
         COST_ROUNDS,
-        DEFAULT_PROMPT,
         DEFAULT_SCHEDULER,
         DEFAULT_STEPS,
         ProbeRun,
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "AS_ASKED",
     "AT_RISK_HEADROOM",
     "CANDIDATE_COLUMNS",
     "COST_ROUNDS",
@@ -89,6 +92,8 @@ __all__ = [
     "STATUS_WORDS",
     "VERDICT_WORDS",
     "Advice",
+    "CheckRequest",
+    "CheckRun",
     "ComponentReport",
     "Fix",
     "FixCandidate",
@@ -130,6 +135,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
             ".cost": ["FixCost", "StepCost"],
             ".markdown": ["candidate_markdown", "markdown_report", "write_markdown_report"],
             ".observations": ["HALF_DTYPES"],
+            ".request": ["AS_ASKED", "DEFAULT_PROMPT", "CheckRequest", "CheckRun"],
             ".report": [
                 "Advice",
                 "ComponentReport",
@@ -144,7 +150,6 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
             ],
             ".stages": [
                 "COST_ROUNDS",
-                "DEFAULT_PROMPT",
                 "DEFAULT_SCHEDULER",
                 "DEFAULT_STEPS",
                 "ProbeRun",

@@ -8,7 +8,7 @@ the fix's cost and the report."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +38,8 @@ from app.core.health.report import (
     StreamedPart,
     component_of_tensor,
 )
+from app.core.health.request import AS_ASKED, CheckRequest, CheckRun
 from app.core.health.stages import (
-    DEFAULT_PROMPT,
-    DEFAULT_SCHEDULER,
-    DEFAULT_STEPS,
     Runner,
     Stage,
     all_finite,
@@ -49,7 +47,6 @@ from app.core.health.stages import (
     first_bad_name,
 )
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
-from app.core.images.canvas import Canvas
 from app.core.images.pictures import Mode, Pictures, mode_of, read_pictures
 from app.core.jobs import DONE, CancelToken, Headline, ProgressCallback, no_progress
 from app.core.memory import said_memory_plan
@@ -82,53 +79,48 @@ def proved(fix_words: list[str]) -> str:
 
 def check_loaded(
     model,
+    request: CheckRequest,
     *,
-    precision: PrecisionSettings,
-    device: str = "auto",
-    size: int | None = None,
-    steps: int = DEFAULT_STEPS,
-    scheduler: str = DEFAULT_SCHEDULER,
-    clip_skip: int = 1,
-    prompt: str = DEFAULT_PROMPT,
-    images: Sequence[str] = (),
-    mask: str | None = None,
+    run: CheckRun = AS_ASKED,
     on_progress: ProgressCallback | None = None,
     cancel: CancelToken | None = None,
-    remember: bool = True,
-    measure_cost: bool = True,
-    use_remembered: bool = True,
-    canvas: Canvas | None = None,
-    pixel_upscale: bool = False,
 ) -> HealthReport:
-    """Check a loaded model on `device` under the user's precision settings.
+    """Check a loaded model as `request` asks: on its `device` under its `precision`, probed
+    at its `size` (None: the model's own).
 
-    `steps` and `scheduler` are the user's sampler settings: the denoiser is probed at the first,
-    middle and last timesteps of that schedule; the prompt is read at `clip_skip`, as the
-    user's jobs read it. With an input picture (`images`, and `mask` for
-    inpainting, laid out by `canvas`) the check runs the path such a job runs: the picture,
-    resized to the probe's size, through the VAE's encoder (reported as `vae_encoder`) before
-    the denoiser. Runs on
-    the calling thread and takes seconds on a GPU. Side effects: components are copied to the device for the duration (released at the
-    end), and a verified fix is stored in the model's remembered profile (unless `remember` is
-    False). With `measure_cost`, a verified fix is also timed against no-half, alternating.
-    Without `use_remembered` the fix remembered for the model is left out: the check runs
-    exactly the settings given (an image's recorded ones, to reproduce it). With
-    `pixel_upscale` (a hires fix whose upscaler enlarges the decoded picture, checked at its
-    final size) the picture the VAE decoded also goes through the VAE's encoder at that size
-    (reported as `vae_encoder`), as the second pass encodes the enlarged first picture.
+    The request is the job as the user describes it and travels whole, so a field added to it
+    reaches the check without touching the callers in between; its `loras` and `allow_pickle`
+    are applied by the caller before (`requests.requested.check`). `run` is how this call runs
+    (`CheckRun`: the caller's policy, not the job's); progress and cancel are the callbacks
+    every core job takes.
+
+    `steps` and `scheduler` are the user's sampler settings: the denoiser is probed at the
+    first, middle and last timesteps of that schedule; the `prompt` is read at `clip_skip`, as
+    the user's jobs read it. With an input picture (`images`, and `mask` for inpainting, laid
+    out by `canvas`) the check runs the path such a job runs: the picture, resized to the
+    probe's size, through the VAE's encoder (reported as `vae_encoder`) before the denoiser.
+    With `pixel_upscale` (a hires fix whose upscaler enlarges the decoded picture, checked at
+    its final size) the picture the VAE decoded also goes through the VAE's encoder at that
+    size (reported as `vae_encoder`), as the second pass encodes the enlarged first picture.
+
+    Runs on the calling thread and takes seconds on a GPU. Side effects: components are copied
+    to the device for the duration (released at the end), and a verified fix is stored in the
+    model's remembered profile (unless not `run.remember`). With `run.measure_cost`, a verified
+    fix is also timed against no-half, alternating. Without `run.use_remembered` the fix
+    remembered for the model is left out: the check runs exactly the settings given (an
+    image's recorded ones, to reproduce it).
     """
     started = time.perf_counter()
     progress = on_progress or no_progress
     cancel = cancel or CancelToken()
-    size = _checked_size(model, size)
+    size = _checked_size(model, request.size)
     family = family_of(model.pipeline)
     references, control = (
         capabilities.references(family, model.pipeline),
         capabilities.controls(family, model.pipeline),
     )
-    canvas = canvas or Canvas()
-    mode = mode_of(images, mask, references, control, canvas.extends)
-    problem = family.clip_skip_problem(clip_skip)
+    mode = mode_of(request.images, request.mask, references, control, request.canvas.extends)
+    problem = family.clip_skip_problem(request.clip_skip)
     if problem is not None:
         raise HalfSafeError(f"{model.name}: {problem}")
     problem = family.picture_problem(model.pipeline, mode)
@@ -136,8 +128,10 @@ def check_loaded(
     # editing model: its check without the pictures would not be the path its jobs run.
     if problem is not None and (mode is not Mode.TEXT or references):
         raise HalfSafeError(f"{model.name}: {problem}")
-    pictures = read_pictures(images, mask, size, size, references, control, canvas)
-    start = _start(model, precision, device, use_remembered)
+    pictures = read_pictures(
+        request.images, request.mask, size, size, references, control, request.canvas
+    )
+    start = _start(model, request.precision, request.device, run.use_remembered)
     start.plan = tiling.resolve(start.plan, getattr(model.pipeline, "vae", None), size, size)
     # A check is a fix search: every plan it runs holds the stored weights, never a wider copy.
     start.plan = replace(start.plan, compute_in_place=True)
@@ -145,23 +139,13 @@ def check_loaded(
         control or family.picture_problem(model.pipeline, Mode.INPAINT) is None
     ):  # an inpainting (Fill among them) or control model, checked without its picture
         start.notes.append(WITHOUT_PICTURE[Mode.CONTROL if control else Mode.INPAINT])
-    pixel_upscale = pixel_upscale and pictures is None  # a hires fix follows text-to-image
+    # A hires fix follows text-to-image: its pixel path is checked only there.
+    pixel_upscale = request.pixel_upscale and pictures is None
     if pixel_upscale:
         start.notes.append(PIXEL_UPSCALE_NOTE.format(size=size))
-    check = _Check(
-        model,
-        start,
-        size,
-        prompt,
-        steps,
-        scheduler,
-        measure_cost,
-        progress,
-        cancel,
-        pictures,
-        clip_skip=clip_skip,
-        pixel_upscale=pixel_upscale,
-    )
+    # The request as checked: its size resolved, its pixel path where it runs.
+    checked = replace(request, size=size, pixel_upscale=pixel_upscale)
+    check = _Check(model, start, checked, pictures, run.measure_cost, progress, cancel)
     said_memory_plan(model.pipeline, start.plan, progress)
     # Counted, and with the loaded world set aside from the collector (`work`).
     with work.counting() as counted, work.frozen_world():
@@ -172,7 +156,7 @@ def check_loaded(
                 check.vae_encoder()
             denoised = check.denoiser(encoded)
             decoded = check.vae(denoised)
-            if pixel_upscale:
+            if checked.pixel_upscale:
                 check.enlarged_encoder(decoded)
             last_resort(
                 check.runner,
@@ -189,7 +173,7 @@ def check_loaded(
             check.search.finish(progress, cancel)  # the fix is reported: the table's rest
             check.note_inputs_beyond_range()
             check.weigh_precisions()
-            fix, islands = check.conclude(verdict, remember)
+            fix, islands = check.conclude(verdict, run.remember)
         finally:
             # Also on cancel or error: drop the device copies and hand cached memory back.
             check.runner.placed.release()
@@ -308,23 +292,24 @@ class _Check:
         self,
         model,
         start: _Start,
-        size: int,
-        prompt: str,
-        steps: int,
-        scheduler: str,
+        request: CheckRequest,
+        pictures: Pictures | None,
         measure_cost: bool,
         progress: ProgressCallback,
         cancel: CancelToken,
-        pictures: Pictures | None = None,
-        *,
-        clip_skip: int = 1,
-        pixel_upscale: bool = False,
     ) -> None:
+        """`request` is the request as checked (its size resolved, its pixel path where it
+        runs: `check_loaded`); `pictures` its input pictures as read, None for text-to-image."""
         self.model = model
         self.start = start
+        self.request = request
         self.plan = start.plan
         self.notes = start.notes
         self.broken = start.broken
+        size = request.size
+        assert size is not None  # resolved by `check_loaded`
+        prompt, steps, scheduler = request.prompt, request.steps, request.scheduler
+        clip_skip, pixel_upscale = request.clip_skip, request.pixel_upscale
         self.runner = Runner(
             model, start.plan, size, prompt, steps, scheduler, pictures, clip_skip=clip_skip
         )

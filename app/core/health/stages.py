@@ -21,15 +21,13 @@ from app.core.families import capabilities, family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.fixing.stage_cost import StageCost
 from app.core.health.cost import StepCost
+from app.core.health.request import DEFAULT_PROMPT
 from app.core.hooks import Hooks
 from app.core.images.pictures import Mode, Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan
 from app.core.precision.placement import generation_held_mb
 from app.core.settings import FIELDS
 from app.core.stage_runner import StageRun, running
-
-DEFAULT_PROMPT = "a photograph of an astronaut riding a horse, highly detailed"
-
 
 DEFAULT_STEPS = FIELDS["steps"].default
 

@@ -1,7 +1,10 @@
 """What a job is asked to do, one frozen record per kind of job.
 
 The GUI builds these and the engine runs them (each record crosses the process boundary as
-itself, pickled). `kind` names the engine job that runs a record. Everything here is plain data: importing it never pulls in torch or Qt.
+itself, pickled). `kind` names the engine job that runs a record. Everything here is plain
+data: importing it never pulls in torch or Qt. `CheckRequest` is defined beside the check
+(`app.core.health.request`), below generation and explain, which build one too (this package
+imports generation's records), and is re-exported here with the other jobs' records.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, Protocol
 
 from app.core.generation.records import GenerationRequest
+from app.core.health.request import CheckRequest
 from app.core.images.canvas import Canvas
 from app.core.lora.request import LoraRequest
 from app.core.settings import FIELDS, PrecisionSettings
@@ -33,32 +37,6 @@ class LoadRequest:
     vae: str | None = None
     allow_pickle: bool = False
     device: str = "auto"
-
-
-@dataclass(frozen=True)
-class CheckRequest:
-    """Check the loaded model at `precision` on `device`: probed at `size` px (None: the
-    model's native size) at the ends of the sampler (`steps`, `scheduler`) the user generates
-    with; a model whose family states steps of its own (Z-Image Turbo's 9) is probed at those.
-    `loras`: exactly these applied (None: leave the model's LoRAs as they are)."""
-
-    kind: ClassVar[str] = "check"
-    precision: PrecisionSettings = field(default_factory=PrecisionSettings)
-    device: str = "auto"
-    size: int | None = None
-    steps: int = FIELDS["steps"].default
-    scheduler: str = FIELDS["scheduler"].default
-    loras: tuple[LoraRequest, ...] | None = None
-    allow_pickle: bool = False
-    # The path an image-to-image or inpainting job runs: its input picture and mask, probed
-    # through the VAE's encoder (none: the text-to-image path).
-    images: tuple[str, ...] = ()
-    mask: str | None = None
-    canvas: Canvas = field(default_factory=Canvas)  # inpainting's layout, as the job's
-    clip_skip: int = FIELDS["clip_skip"].default  # the prompt's CLIP layer, as the job's
-    # The job's hires fix enlarges the decoded picture (a pixel upscaler): the VAE's encoder
-    # is probed too, on the picture the VAE decodes at the check's size.
-    pixel_upscale: bool = False
 
 
 class PicturePath(NamedTuple):

@@ -8,6 +8,7 @@ Torch is imported only when a job runs: importing this module stays as light as 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from app.core.errors import HalfSafeError
@@ -29,32 +30,21 @@ def check(
     cancel: CancelToken | None = None,
 ) -> HealthReport:
     """Check `model` (a `models.LoadedModel`) as `request` asks, a failure attributed to its
-    cause (`causes.check_and_attribute`). `request.loras` None leaves the model's LoRAs as
-    they are; otherwise exactly those are applied first. A model whose family states its own
-    steps (`model_defaults`) is probed at those, the schedule its images run."""
+    cause (`causes.check_and_attribute`, which hands the request on whole to the check).
+    `request.loras` None leaves the model's LoRAs as they are; otherwise exactly those are
+    applied first. A model whose family states its own steps (`model_defaults`) is probed at
+    those, the schedule its images run."""
     from app.core.causes import check_and_attribute
     from app.core.memory import said_as_sentence
 
     if request.loras is not None:
         use_loras(model, request.loras, "", allow_pickle=request.allow_pickle)
     defaults = model_defaults(model)
+    if defaults is not None:
+        # The probe covers the ends of the sampler schedule the user's images run.
+        request = replace(request, steps=defaults.steps)
     with said_as_sentence("checking the model"):
-        return check_and_attribute(
-            model,
-            precision=request.precision,
-            device=request.device,
-            size=request.size,
-            # The probe covers the ends of the sampler schedule the user's images run.
-            steps=defaults.steps if defaults is not None else request.steps,
-            scheduler=request.scheduler,
-            clip_skip=request.clip_skip,
-            images=request.images,
-            mask=request.mask,
-            canvas=request.canvas,
-            pixel_upscale=request.pixel_upscale,
-            on_progress=on_progress,
-            cancel=cancel,
-        )
+        return check_and_attribute(model, request, on_progress=on_progress, cancel=cancel)
 
 
 def generate(
