@@ -190,11 +190,15 @@ def largest_words(component) -> str:
     return f"{said} ({FROM_THE_FIX_WORDS})" if component.status.failed else said
 
 
-# What "ms per run" times: a fix's component once, as a job runs it (its median over the
-# alternating rounds, and their spread).
+# What "ms per run" times: a candidate's component once (its median over the alternating
+# rounds, and their spread), computed from the stored weights as the fix search runs every
+# candidate. The chosen fix's cost is timed again as a generation places it (`cost.price_fix`:
+# a copy in its dtype where the budget has room), so the two figures of one fix can differ.
 RUN_WORDS = (
     "ms per run: one step of the denoiser, one whole run of a text encoder or the VAE (the "
-    "median, then the fastest and slowest of its runs)"
+    "median, then the fastest and slowest of its runs), each candidate computed from the "
+    "stored weights as the check runs it; the fix's cost is timed again as your generation "
+    "places it, so the two can differ"
 )
 
 CANDIDATE_COLUMNS = (
