@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from app.core import health
+from app.core.fixing.job_plans import no_half
 from app.core.health import stages
-from app.core.health.cost import priced_component
+from app.core.health.cost import held_otherwise, priced_component
 from app.core.health.request import CheckRequest, CheckRun
+from app.core.health.words import NO_HALF_AS_CHECKED_WORDS, cost_comparison
 from app.core.precision import PlacedPipeline, placement, resolve_plan
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FP16, VAE_LAYER, loaded, plant
@@ -162,3 +164,40 @@ def test_the_planted_corpus_picks_the_fix_it_picked_before_on_a_cpu(fault, store
     ranked = report.fix.candidates
     before = fix_ranking.rank_candidates([_old_memory(r, pipeline) for r in ranked if r.candidate])
     assert [r.kind for r in before if r.verified] == [r.kind for r in ranked if r.verified]
+
+
+def test_no_half_timed_from_fp16_weights_is_said_to_be_the_checks_figure():
+    """No-half is timed as the check runs its fp32 reference: from the stored weights. Where
+    those are fp16 and a --no-half generation would hold an fp32 copy, the report says its
+    figure is the check's (JSON and the comparison sentence); where the model is stored in
+    fp32 (the planted VAE below) the two are one placement and nothing is said."""
+    pipeline = plant(build_tiny_sd_pipeline(), "unet_ff").to(torch.float16)
+    report = _check(pipeline, True)
+    assert report.fix is not None and report.fix.cost is not None
+    cost = report.fix.cost
+    assert cost.no_half_as_checked
+    assert report.to_json()["fix"]["cost"]["no_half_placed"] == "as_checked"
+    said = cost_comparison(cost, report.fix.settings)
+    assert said.endswith(NO_HALF_AS_CHECKED_WORDS)
+
+
+def test_no_half_stored_in_fp32_is_timed_as_generated(vae_fault):
+    _, priced = vae_fault
+    cost = priced.fix.cost
+    assert cost is not None and not cost.no_half_as_checked
+    assert priced.to_json()["fix"]["cost"]["no_half_placed"] == "as_generated"
+    assert NO_HALF_AS_CHECKED_WORDS not in cost_comparison(cost, priced.fix.settings)
+
+
+def test_no_half_that_a_generation_too_computes_from_fp16_weights_is_its_figure():
+    """Under a budget an fp32 copy would pass, a --no-half generation computes from the fp16
+    weights as the check did: the check's figure is the generation's."""
+    pipeline = _fp16_stored()
+    unet_mb = sum(p.numel() for p in pipeline.unet.parameters()) * 2 / 2**20
+    tested = placement.replace(
+        resolve_plan(FP16, device="cpu", components=COMPONENTS), compute_in_place=True
+    )
+    wide = no_half(tested)
+    assert held_otherwise(pipeline, wide, "unet")
+    short = placement.replace(wide, memory_budget_mb=1.5 * unet_mb)
+    assert not held_otherwise(pipeline, short, "unet")

@@ -106,7 +106,7 @@ def test_a_real_checks_model_device_and_fix_cost_keep_their_json(capsys):
     )
     assert json.dumps(document["device"]) == _cpu_json()
     cost = document["fix"]["cost"]
-    assert list(cost) == ["fix", "no_half", "summary"]
+    assert list(cost) == ["fix", "no_half", "no_half_placed", "summary"]
     for step in (cost["fix"], cost["no_half"]):
         assert list(step) == STEP_COST_KEYS
         low, high = step["step_ms_range"]
@@ -171,7 +171,7 @@ def test_a_gpu_checks_device_and_fix_cost_keep_their_json(report):
         '"peak_memory_mb": 7100.0, "weights_mb": 5300.0}, '
         '"no_half": {"component": "unet", "step_ms": 118.0, "step_ms_range": [116.0, 121.5], '
         '"unet_step_ms": 118.0, "unet_step_ms_range": [116.0, 121.5], "rounds": 5, '
-        '"peak_memory_mb": 12900.0, "weights_mb": 10500.0}, '
+        '"peak_memory_mb": 12900.0, "weights_mb": 10500.0}, "no_half_placed": "as_generated", '
         '"summary": "Per UNet step the fix was 1.9x as fast as no-half. The fix leaves the '
         "denoiser as your settings run it, so these step times compare that with fp32, not the "
         "fix's own cost.\"}"

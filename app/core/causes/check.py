@@ -12,10 +12,11 @@ from app.core.causes.attribution import attribute
 from app.core.causes.records import Cause
 from app.core.components import Role, Verdict, of_role
 from app.core.components import words as component_words
+from app.core.families import family_of
 from app.core.fixing import fix_candidates
 from app.core.fixing.job_plans import no_half
 from app.core.health import AS_ASKED, CheckRequest, CheckRun, Fix, HealthReport, check_loaded
-from app.core.health.cost import FixCost, StepCost
+from app.core.health.cost import FixCost, StepCost, held_otherwise
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora import files as lora
 from app.core.precision import PrecisionPlan
@@ -91,7 +92,7 @@ def check_and_attribute(
         def priced(plans: dict[str, PrecisionPlan]) -> dict[str, StepCost]:
             return _step_costs(model, report, plans, request)
 
-        _adopt(report, cause, priced if run.measure_cost else None)
+        _adopt(report, cause, priced if run.measure_cost else None, model.pipeline)
     if damaged:
         # A LoRA with NaN/Inf or an absurd alpha is wrong at every precision and weight, even
         # where a run happens to stay finite (an absurd alpha in fp32): never healthy, and a
@@ -195,11 +196,12 @@ def _adopt(
     report: HealthReport,
     cause: Cause,
     priced: Callable[[dict[str, PrecisionPlan]], dict[str, StepCost]] | None = None,
+    pipeline: Any = None,
 ) -> None:
     """A verified kernel or state repair is the fix (the precision search could not find one,
     or found a costlier one that only hid the fault). Beside a kernel repair the precision fix
     the check found stays as the cause's alternative, and with `priced` both are timed against
-    no-half, so the user sees what each costs."""
+    no-half on the loaded `pipeline`, so the user sees what each costs."""
     fix = report.fix
     backend = cause.settings.get("attention_backend")
     if (
@@ -229,7 +231,7 @@ def _adopt(
         )
         report.verdict = Verdict.FIXABLE
         if cause.kind == "kernel" and fix is not None and fix.verified:
-            _beside_kernel(report.fix, fix, cause, report, priced)
+            _beside_kernel(report.fix, fix, cause, report, priced, pipeline)
     report.notes.append(cause.summary)
 
 
@@ -239,6 +241,7 @@ def _beside_kernel(
     cause: Cause,
     report: HealthReport,
     priced: Callable[[dict[str, PrecisionPlan]], dict[str, StepCost]] | None,
+    pipeline: Any = None,
 ) -> None:
     """The precision fix the check found, kept beside the kernel repair as its alternative,
     and both priced (a denoiser step under each and under no-half) where `priced` is given."""
@@ -254,9 +257,14 @@ def _beside_kernel(
         if precision.plan != wide:  # no-half itself is timed once
             plans["precision"] = precision.plan
         costs = priced(plans)
-        repair.cost = FixCost(fix=costs["repair"], no_half=costs["no_half"])
+        # No-half timed as the check times it (`Runner.unet_step_costs`: from the stored
+        # weights), which a generation may hold otherwise (`cost.held_otherwise`).
+        as_checked = pipeline is not None and held_otherwise(
+            pipeline, wide, family_of(pipeline).denoiser
+        )
+        repair.cost = FixCost(costs["repair"], costs["no_half"], as_checked)
         precision.cost = FixCost(
-            fix=costs.get("precision", costs["no_half"]), no_half=costs["no_half"]
+            costs.get("precision", costs["no_half"]), costs["no_half"], as_checked
         )
     backend = cause.settings.get("attention_backend")
     said = (

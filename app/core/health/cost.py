@@ -60,13 +60,23 @@ class StepCost:
 
 @dataclass(frozen=True)
 class FixCost:
-    """A call under the fix and under no-half, measured the same way on this device."""
+    """A call under the fix and under no-half, measured the same way on this device.
+
+    `no_half_as_checked`: no-half was timed computed from the stored weights (narrower than
+    fp32), as the check ran its fp32 reference, where a `--no-half` generation would hold an
+    fp32 copy within the budget: its figure is the check's, not the generation's, which skips
+    the cast at every call (on a CPU up to twice as fast; docs/benchmarks.md)."""
 
     fix: StepCost
     no_half: StepCost
+    no_half_as_checked: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"fix": self.fix.to_json(), "no_half": self.no_half.to_json()}
+        return {
+            "fix": self.fix.to_json(),
+            "no_half": self.no_half.to_json(),
+            "no_half_placed": "as_checked" if self.no_half_as_checked else "as_generated",
+        }
 
 
 def priced_component(tested: PrecisionPlan, fixed: PrecisionPlan, denoiser: str) -> str:
@@ -137,4 +147,23 @@ def price_fix(
             )
             for label, c in staged.items()
         }
-    return FixCost(fix=costs["fix"], no_half=costs["no_half"])
+    return FixCost(
+        fix=costs["fix"],
+        no_half=costs["no_half"],
+        no_half_as_checked=held_otherwise(pipeline, plans["no_half"], name),
+    )
+
+
+def held_otherwise(pipeline, plan: PrecisionPlan, name: str) -> bool:
+    """Whether a generation would hold the part `name` (a pipeline name; the VAE's encoder is
+    the VAE) otherwise than the check ran it under `plan`: a copy in the plan's dtype where the
+    check computed it from the stored weights."""
+    from app.core.components import module_of
+    from app.core.precision.placement import as_generated, memory_plan
+
+    part = module_of(name)
+
+    def held(placed: PrecisionPlan) -> list[Any]:
+        return [p for p in memory_plan(pipeline, placed) if p.component == part]
+
+    return held(plan) != held(as_generated(plan))

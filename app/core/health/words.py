@@ -119,6 +119,14 @@ def cost_words(cost: StepCost) -> str:
     return ", ".join(parts)
 
 
+# Beside a comparison with no-half timed from the stored weights (`FixCost.no_half_as_checked`):
+# its figure is the check's, and a generation holding an fp32 copy skips the cast.
+NO_HALF_AS_CHECKED_WORDS = (
+    "No-half was timed as the check runs it, computing from the stored weights; a --no-half "
+    "generation holds an fp32 copy instead, which skips that cast and may run faster."
+)
+
+
 def cost_comparison(cost: FixCost, fix_settings: Mapping[str, Any] | None = None) -> str:
     """One sentence comparing the fix's step time with no-half's, honest about noise: the two
     are told apart when they differ by 10% or more and one's median lies outside the other's
@@ -127,6 +135,8 @@ def cost_comparison(cost: FixCost, fix_settings: Mapping[str, Any] | None = None
     `fix_settings` leave the denoiser as the settings run it, a second sentence says the times
     are that against fp32, not the fix's own cost."""
     said = _step_comparison(cost)
+    if said and cost.no_half_as_checked:
+        said += " " + NO_HALF_AS_CHECKED_WORDS
     denoiser_priced = cost.fix.per_denoiser_step
     if (
         said
