@@ -109,7 +109,7 @@ class CandidateTable:
         self.measure_cost = measure_cost
         pipeline = runner.model.pipeline
         self.entries = [
-            _Entry(index, candidate, _unrun_result(name, candidate, pipeline))
+            _Entry(index, candidate, unrun_result(name, candidate, pipeline))
             for index, candidate in enumerate(candidates)
         ]
         self.baselines: dict[str, StageCost] = {}
@@ -333,7 +333,7 @@ class CandidateTable:
         return notes
 
 
-def _unrun_result(name: str, candidate: FixCandidate, pipeline) -> fix_ranking.CandidateResult:
+def unrun_result(name: str, candidate: FixCandidate, pipeline) -> fix_ranking.CandidateResult:
     """A candidate's row before it runs: what it is and the memory its plan holds."""
     return fix_ranking.CandidateResult(
         component=name,

@@ -11,7 +11,7 @@ there is not the latent the probe's earlier steps made.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core import work
@@ -21,10 +21,9 @@ from app.core.fixing.fix_candidates import FixCandidate, candidate_fixes
 from app.core.fixing.job_plans import fp32_reference
 from app.core.fixing.probe import ProbeResult
 from app.core.fixing.quality import compare
-from app.core.fixing.stage_cost import StageCost
+from app.core.health.fix import unrun_result
 from app.core.health.stages import Runner, Stage, first_bad_name
 from app.core.precision import PrecisionPlan
-from app.core.precision.placement import generation_held_mb
 
 
 @dataclass
@@ -125,19 +124,13 @@ def provisional_proof(
 def _row(
     runner: Runner, name: str, candidate: FixCandidate, stage: Stage, reference: Stage
 ) -> fix_ranking.CandidateResult:
-    """A candidate's provisional row: finite when nothing in its one call went non-finite
-    (as the full proof reads its re-run's record), its quality against the reference's, its
-    memory the plan's (as an untimed full proof ranks it)."""
+    """A candidate's provisional row: its row before it runs (`fix.unrun_result`: its memory
+    the plan's, as an untimed full proof ranks it), finite when nothing in its one call went
+    non-finite (as the full proof reads its re-run's record), its quality against the
+    reference's."""
     finite = not stage.probes[name].non_finite
-    return fix_ranking.CandidateResult(
-        component=name,
-        kind=candidate.kind,
-        words=candidate.words,
-        settings=dict(candidate.settings),
-        modules=len(candidate.plan.islands(name))
-        + len(candidate.plan.clamps.get(module_of(name), ())),
+    return replace(
+        unrun_result(name, candidate, runner.model.pipeline),
         finite=finite,
         quality=compare(stage.output, reference.output) if finite else None,
-        cost=StageCost(round(generation_held_mb(runner.model.pipeline, candidate.plan), 2)),
-        candidate=candidate,
     )
