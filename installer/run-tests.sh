@@ -56,12 +56,13 @@ set -e
 # Only the modules whose answers can depend on that class run again: devices and their
 # recommendations, precision plans, the fix search and verdicts, generation's repairs, the
 # explanation's advice and the commands that print them, and every family's check and repair
-# (the conformance suite, pictures and editing). Reading files, the library, settings, words
+# (the conformance suite, pictures and editing), and the golden check reports of the demos and
+# the tiny SD corpus. Reading files, the library, settings, words
 # and each family's own file layouts do not depend on it.
 bf16_dependent=()
 for name in hardware gpu_command selftest precision autocast islands health verdicts causes \
   generation explain explain_lora profiles cli families pictures edit intermittent \
-  memory_budget streaming vae_tiling advice; do
+  memory_budget streaming vae_tiling advice golden_reports; do
   [ -f "tests/core/test_$name.py" ] && bf16_dependent+=("tests/core/test_$name.py")
 done
 say "the bf16-dependent core tests again as on a CPU without native bf16 (HALFSAFE_CPU_BF16=emulated)"

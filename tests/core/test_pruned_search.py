@@ -6,7 +6,6 @@ that runs every candidate to its end first, with one injected cost oracle."""
 from __future__ import annotations
 
 import random
-import zlib
 
 import pytest
 
@@ -15,12 +14,11 @@ from app.core.fixing import fix_candidates, fix_ranking
 from app.core.fixing.fix_ranking import CandidateResult, Pruning
 from app.core.fixing.quality import Quality
 from app.core.fixing.stage_cost import StageCost
-from app.core.health import fix, stages
-from app.core.health.cost import StepCost
-from app.core.precision import plan_weights_mb
+from app.core.health import fix
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FP16, check, loaded, plant
 from tests.core.test_lean_recorder import PLANTS, _answers
+from tests.support import cost_oracle
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 KINDS = [kind.name for kind in fix_candidates.FIX_KINDS]
@@ -95,38 +93,6 @@ def test_a_candidate_past_the_memory_band_cannot_win():
     assert timed.could_win(later) and not timed.could_win(wide)
 
 
-def _oracle_ms(plan) -> float:
-    """A step's time under `plan` that depends on the plan alone: from 10 to 40 ms."""
-    return 10.0 + zlib.crc32(repr(plan).encode()) % 31
-
-
-def _stage_costs(self, name, stage_fn, plans, on_run=stages._no_runs, warm=(), race=()):
-    for done, _ in enumerate(plans, start=1):
-        on_run(done, len(plans))
-    return {
-        label: StageCost(
-            round(plan_weights_mb(plan, self.model.pipeline), 2),
-            _oracle_ms(plan),
-            (_oracle_ms(plan) * 0.99, _oracle_ms(plan) * 1.01),
-            stages.COST_ROUNDS,
-        )
-        for label, plan in plans.items()
-    }
-
-
-def _unet_step_costs(self, plans, conditioning, on_run=stages._no_runs, warm=()):
-    return {
-        label: StepCost(
-            _oracle_ms(plan),
-            (_oracle_ms(plan), _oracle_ms(plan)),
-            stages.COST_ROUNDS,
-            None,
-            round(plan_weights_mb(plan, self.model.pipeline), 1),
-        )
-        for label, plan in plans.items()
-    }
-
-
 def _with_costs(report) -> dict:
     """The answers and every candidate's and baseline's cost."""
     fix = report.fix
@@ -144,8 +110,7 @@ def test_the_pruned_search_gives_the_full_searchs_answers(monkeypatch, planted, 
     """Verdict, statuses, first bad layers, the fix, its quality, notes, and the whole table of
     candidates with their costs, under one cost oracle: the same whether the search runs every
     candidate to its end before choosing or only those that can still win."""
-    monkeypatch.setattr(stages.Runner, "stage_costs", _stage_costs)
-    monkeypatch.setattr(stages.Runner, "unet_step_costs", _unet_step_costs)
+    cost_oracle.inject(monkeypatch)
     settings = PrecisionSettings(precision=precision)
     kwargs = {"measure_cost": True, "remember": False}
     pruned = check(loaded(PLANTS[planted](build_tiny_sd_pipeline()), "pruned"), settings, **kwargs)
