@@ -121,6 +121,8 @@ def flux_in_comfy(home: Path, pipeline) -> str:
 def comfy_flux_png(tmp_path: Path, unet_name: str) -> Path:
     prompt = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet_name}},
+        # The tiny model's own scale: unsized, the check runs at Flux's native 1024 px.
+        "2": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64}},
         "3": {
             "class_type": "KSampler",
             "inputs": {"seed": 1, "steps": 4, "cfg": 1.0, "sampler_name": "euler"},
