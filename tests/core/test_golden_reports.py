@@ -7,7 +7,10 @@ cost oracle (`tests/support/cost_oracle.py`):
   UNet's feed-forward, its attention scores, NaN in its weights, the text encoder, an overflow
   made between two layers by the block's own code, and a NaN the block's code masks;
 - every other family's tiny model (`test_families.ROWS`) healthy, with each of its planted
-  layers (denoiser blocks, text encoders, the VAE) and with NaN in its denoiser's weights.
+  layers (denoiser blocks, text encoders, the VAE) and with NaN in its denoiser's weights; and
+  SDXL's attention scores. Attention scores are planted in the UNet families alone: their
+  attention runs HalfSafe's processor, which bounds the scores; the transformer families'
+  attention runs their own processors, whose scores no record holds.
 
 A difference fails with every place the answers moved. When an answer is meant to change,
 write the records again (the module docstring of `tests/support/golden.py` says how) and read
@@ -30,6 +33,7 @@ from tests.support import cost_oracle, golden
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 PRECISIONS = ("fp16", "bf16", "fp32")
+SDXL_ATTENTION = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
 
 
 # Rows whose answers other cases already hold: SD's row is the `sd1-` corpus's model with the
@@ -46,6 +50,17 @@ def _family_nan(name: str):
     with torch.no_grad():
         weight = getattr(pipeline, plant.component).get_submodule(plant.layer).weight
         weight.view(-1)[0] = float("nan")
+    return pipeline
+
+
+def _sdxl_attention():
+    """SDXL's tiny UNet with its first self-attention's queries and keys scaled: scores past
+    fp16's range, bounded by HalfSafe's attention processor (the plant of `sd1-attention`)."""
+    pipeline = families.ROWS["sdxl"].build()
+    attention = pipeline.unet.get_submodule(SDXL_ATTENTION)
+    with torch.no_grad():
+        attention.to_q.weight.mul_(1000)
+        attention.to_k.weight.mul_(1000)
     return pipeline
 
 
@@ -70,6 +85,7 @@ def _cases() -> dict[str, object]:
         cases[f"{name}-nan_weights"] = lambda n=name: families.loaded(
             _family_nan(n), n, "nan_weights"
         )
+    cases["sdxl-attention"] = lambda: families.loaded(_sdxl_attention(), "sdxl", "attention")
     return cases
 
 
