@@ -49,9 +49,10 @@ MACHINE_FILE = "machine.json"
 
 # Keys whose values depend on the machine or the moment, at any depth of the record.
 VOLATILE = {"seconds", "halfsafe", "versions", "device", "memory", "work", "remembered"}
-# A figure inside a sentence: 402,000x, 35.9 dB, 2.68e+05, 31 (commas separate thousands).
-# Measured: a ratio, a quality, one with decimals or an exponent; a bare whole number is a count.
-FIGURE = re.compile(r"(-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(x\b| dB)?")
+# A figure inside a sentence: 402,000x, 35.9 dB, 2.68e+05, 31 (commas separate thousands), not
+# a part of a name (fp16, blocks.0.attn1). Measured: a ratio, a quality, one with decimals or an
+# exponent; a bare whole number is a count.
+FIGURE = re.compile(r"(?<![\w.])(-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)(x\b| dB)?")
 
 
 def record(report) -> dict[str, Any]:
