@@ -20,6 +20,8 @@ the diff: it is what the users will be told differently.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -64,9 +66,9 @@ def _sdxl_attention():
     return pipeline
 
 
-def _cases() -> dict[str, object]:
+def _cases() -> dict[str, Callable[[], Any]]:
     """Case name -> a function that builds the loaded model afresh."""
-    cases: dict[str, object] = {
+    cases: dict[str, Callable[[], Any]] = {
         "demo": lambda: load_model("demo"),
         "demo-overflow": lambda: load_model("demo-overflow"),
     }
