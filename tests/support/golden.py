@@ -220,24 +220,27 @@ def _value(figure: str) -> float:
 
 
 def machine() -> dict[str, Any]:
-    """What decides a check's last bits here: the processor, its features torch's and oneDNN's
-    kernels choose by (and any limit set on them), the thread count, torch's version."""
+    """What decides a check's last bits here: the processor, its features and caches that
+    torch's and oneDNN's kernels choose by (and any limit set on them), the cores and threads,
+    torch's version. Any of them different, the figures are compared within the tolerance."""
     import platform
 
     import torch
 
-    flags = ""
+    cpu: dict[str, str] = {}
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
         for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith(("model name", "flags")):
-                flags += line.split(":", 1)[1].strip() + "\n"
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "flags", "cache size"):
+                cpu.setdefault(key.strip(), value.strip())
     return {
         "processor": platform.processor() or platform.machine(),
-        "cpu": flags,
+        "cpu": cpu,
         "capability": torch.backends.cpu.get_cpu_capability(),
         "limits": {k: os.environ.get(k) for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")},
         "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
         "torch": torch.__version__,
     }
 
