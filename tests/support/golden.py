@@ -69,7 +69,10 @@ def _strip(value: Any) -> Any:
 
 
 def cpu_bf16_class() -> str:
-    return os.environ.get("HALFSAFE_CPU_BF16", "native")
+    """The bf16 class the check runs under: the one pinned as HalfSafe reads it, else native."""
+    from app.core.hardware.probe import CPU_BF16_ENV
+
+    return os.environ.get(CPU_BF16_ENV, "").strip().lower() or NATIVE
 
 
 def path_of(case: str) -> Path:
