@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from app.core.advice import FamilyAdvice
+from app.core.advice.answer import HEADER as ADVICE_HEADER
+from app.core.advice.kernels import untried_words
 from app.core.components import words as component_words
 from app.core.fixing.fix_ranking import CHOSEN_WORDS
 from app.core.formats.weight_findings import StoredQuantization
@@ -376,6 +378,9 @@ def hardware_text(report: HardwareReport) -> str:
             lines += [f"  {note}" for note in test.notes]
             lines += _statistical_lines(test)
             lines += _low_bit_lines(test)
+        kernels = untried_words(d)
+        if kernels:
+            lines.append(f"  {kernels}")
         lines.append("  Recommended settings:")
         key_width = max(len(k) for k in d.recommended)
         for key, value in d.recommended.items():
@@ -433,7 +438,17 @@ def _self_test_cell(test: SelfTestResult | None) -> str:
 
 
 def advice_text(advice: FamilyAdvice) -> str:
-    """`halfsafe advise FAMILY`: the device, then one sentence per stored form."""
-    lines = [f"{advice.title} on {advice.device_words()}:"]
+    """`halfsafe advise FAMILY`: the answer, the table of forms, whether the int8 kernels were
+    tried, then the device and one sentence per stored form."""
+    table = [ADVICE_HEADER, *(row.cells() for row in advice.table)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(ADVICE_HEADER))]
+    lines = [advice.answer, ""]
+    for number, row in enumerate(table):
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if number == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    if advice.kernels:
+        lines += ["", advice.kernels]
+    lines += ["", f"{advice.title} on {advice.device_words()}, form by form:"]
     lines += [f"- {form.sentence}" for form in advice.forms]
     return "\n".join(lines)

@@ -205,6 +205,11 @@ class GpuView(QWidget):
             )
         elif test.fp16 == "skipped" and test.bf16 == "skipped":
             card.body.addWidget(label("Not run yet: use “Run the self-test again”.", "muted"))
+        from app.core.advice.kernels import untried_words  # once a report is shown
+
+        kernels = untried_words(device)
+        if kernels:
+            card.body.addWidget(label(kernels, "muted", wrap=True, selectable=True))
 
         recommended = dict(device.recommended)
         if recommended:

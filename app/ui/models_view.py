@@ -30,7 +30,7 @@ from app.core.models.summary import ModelSummary
 from app.core.requests.records import LoadRequest
 from app.engine.events import EngineEvent, EventState, StillLoaded
 from app.ui import folders, words
-from app.ui.advice_panel import AdvicePanel
+from app.ui.advice_panel import AdvicePanel, lower_tabs
 from app.ui.browser import (
     ALL_FAMILIES,
     FAMILY,
@@ -210,10 +210,10 @@ class ModelsView(QWidget):
             selectable=True,
         )
         self.details.body.addWidget(self.details_text)
-        lower_layout.addWidget(self.details)
         self.advice = AdvicePanel(state)
         self.health_reader.reports_read.connect(self.advice.set_saved)
-        lower_layout.addWidget(self.advice)
+        self.lower_tabs = lower_tabs(state, self.details, self.advice)
+        lower_layout.addWidget(self.lower_tabs)
         layout.addLayout(lower_layout)
 
         self._fill_library([])

@@ -80,3 +80,23 @@ def m1() -> HardwareReport:
         os_version="14.6",
     )
     return _report(assess(gpu, _passed()), _cpu(16, "darwin", "14.6"))
+
+
+def gtx_1660_super() -> HardwareReport:
+    """A GTX 1660 SUPER (TU116, 6 GB, no tensor cores) in a 16 GB computer: fp16 convolutions
+    fail the self-test, so it computes in fp32."""
+    test = _passed(fp16="fail", failed=("conv2d 320->320 3x3",))
+    card = _nvidia("NVIDIA GeForce GTX 1660 SUPER", (7, 5), 5928, test)
+    return _report(card, _cpu(16))
+
+
+def rtx_3060() -> HardwareReport:
+    """An RTX 3060 (GA106, 12 GB, Ampere: bf16 native, int8 tensor cores, no fp8) in a 32 GB
+    computer."""
+    return _report(_nvidia("NVIDIA GeForce RTX 3060", (8, 6), 12036, _passed()), _cpu(32))
+
+
+def cpu_only() -> HardwareReport:
+    """A computer without a GPU HalfSafe can use: its CPU and 32 GB of RAM."""
+    cpu = _cpu(32)
+    return HardwareReport(halfsafe="0.1.0", torch="2.13.0", cuda=None, devices=[cpu])

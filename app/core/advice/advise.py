@@ -1,18 +1,21 @@
 """Which file of a family runs on this device: for each stored form the family is published in
 (`resources/family_forms.json`), what the device does with it (`device_use`), the memory it
 needs on this card and in RAM (`sizes`), and whether a saved check proved it on this device
-(`health.saved`), in one sentence each. The command line and the window show the same record.
+(`health.saved`), in one sentence each; led by the answer, which file to take (`answer`), and a
+table of the forms. The command line and the window show the same record.
 No torch here: the window asks this too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app import __version__
+from app.core.advice.answer import Row, answer_words, rows
 from app.core.advice.device_use import DeviceUse, device_use
+from app.core.advice.kernels import untried_words
 from app.core.advice.sizes import (
     GIB,
     NO_ROOM,
@@ -75,6 +78,11 @@ class FamilyAdvice:
     device: DeviceInfo
     ram_bytes: int | None
     forms: list[FormAdvice] = field(default_factory=list)
+    # The answer (`answer.answer_words`), the table's rows, and where the family publishes int8
+    # ConvRot on a GPU whose int8 kernels the self-test has not tried, the sentence saying so.
+    answer: str = ""
+    table: list[Row] = field(default_factory=list)
+    kernels: str = ""
 
     def device_words(self) -> str:
         """ "NVIDIA GeForce GTX 1660 (cuda, compute capability 7.5, 6.0 GB; 16 GB of RAM)"."""
@@ -101,6 +109,9 @@ class FamilyAdvice:
             },
             "ram_bytes": self.ram_bytes,
             "forms": [form.to_json() for form in self.forms],
+            "answer": self.answer,
+            "table": [row.to_json() for row in self.table],
+            "int8_kernels": self.kernels or None,
         }
 
 
@@ -125,13 +136,20 @@ def architecture_choices() -> list[tuple[str, str]]:
 
 
 def resolve_family(name: str) -> tuple[str, str, str]:
-    """(family id, architecture, title) for a family id ("flux2klein") or architecture name
-    ("flux-dev", "sd1-inpaint"); HalfSafeError listing the names for any other."""
+    """(family id, architecture, title) for a family id ("flux2klein"), an architecture name
+    ("flux-dev", "sd1-inpaint") or a title the window shows ("Flux.1 dev", "Flux.2 Klein"), in
+    any case; HalfSafeError listing the names for any other."""
     from app.core.families.registry import FAMILIES, architecture_title, family_of_architecture
 
-    wanted = name.strip().lower()
+    wanted = " ".join(name.split()).lower()
     for family in FAMILIES:
         if wanted == family.id:
+            return family.id, next(iter(family.architectures)), family.title
+    for architecture, title in architecture_choices():
+        if wanted == title.lower():
+            return resolve_family(architecture)
+    for family in FAMILIES:
+        if wanted == family.title.lower():
             return family.id, next(iter(family.architectures)), family.title
     family = family_of_architecture(wanted) if wanted else None
     # A variant the titles know ("sd2-inpaint") is its family's; any other word after a
@@ -169,7 +187,10 @@ def advise(
             f"{_proof_words(proof, title)}."
         )
         forms.append(FormAdvice(key, form.words, use, fits, proof, sentence))
-    return FamilyAdvice(family_id, architecture, title, device, ram_bytes, forms)
+    advice = FamilyAdvice(family_id, architecture, title, device, ram_bytes, forms)
+    table = rows(forms, gpu)
+    kernels = untried_words(device) if any(f.form == "int8-convrot" for f in forms) else ""
+    return replace(advice, answer=answer_words(advice, table), table=table, kernels=kernels)
 
 
 def advise_on(

@@ -3,7 +3,9 @@ kind, compute capability, its bf16 class from capability, quirks and self-test, 
 precision recommended for it), said as a clause for the form's sentence.
 
 The thresholds are NVIDIA's: int8 tensor cores from compute capability 7.5 (Turing; not Volta's
-7.0 or Pascal), fp8 from 8.9 (Ada), NVFP4 from 10.0 (Blackwell). HalfSafe itself runs no int8,
+7.0 or Pascal), fp8 from 8.9 (Ada), NVFP4 from 10.0 (Blackwell). Turing's TU116 and TU117 chips
+(GTX 16xx and their siblings) have no tensor cores at all: the quirks table already names them
+(`NO_TENSOR_CORES`). HalfSafe itself runs no int8,
 fp8 or packed kernel: it decodes each layer's weights as it computes (`formats.quantized`), in
 the precision it runs on this device; the native path is what other tools' kernels use. Where
 the self-test ran those tools' int8 kernels here (comfy-kitchen's, `precision.lowbit`), the int8
@@ -21,6 +23,8 @@ INT8_FROM = (7, 5)
 FP8_FROM = (8, 9)
 NVFP4_FROM = (10, 0)
 BF16_FROM = (8, 0)
+# The quirk whose match is exactly the TU116/TU117 cards, which have no tensor cores.
+NO_TENSOR_CORES = "nvidia-turing-gtx16-fp16-nan"
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,13 @@ def device_use(form: str, device: DeviceInfo) -> DeviceUse:
             f"has none: {decoded}",
         )
     capability = f"{device.capability[0]}.{device.capability[1]}"
+    if any(quirk.id == NO_TENSOR_CORES for quirk in device.quirks):
+        return DeviceUse(
+            EMULATED,
+            precision,
+            f"this GPU has no tensor cores at all (a TU116 or TU117 chip, compute capability "
+            f"{capability}; {what} start at {start} on the other chips{measured}): {decoded}",
+        )
     if tuple(device.capability) >= threshold:
         return DeviceUse(
             NATIVE,

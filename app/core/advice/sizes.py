@@ -37,7 +37,9 @@ class SizeFit:
     """One projected model in one form on this device: the bytes its files hold (and the
     loaded model keeps in RAM); on a card (`card_bytes` set) whether it runs whole, streams
     `streamed` parts block by block, or has no room (`short`: the part and the bytes it needs
-    at least); and whether it fits in RAM (None where the RAM is unknown)."""
+    at least); and whether it fits in RAM (None where the RAM is unknown). `card_peak` is the
+    most the card holds at once where it runs there: the largest part as placed (whole, or its
+    resident layers and one block), since a job places its parts one after another."""
 
     model: str
     files_bytes: int
@@ -47,6 +49,12 @@ class SizeFit:
     short: tuple[tuple[str, int], ...] = ()
     ram_bytes: int | None = None
     ram_fits: bool | None = None
+    card_peak: int | None = None
+
+    @property
+    def ram_needed(self) -> int:
+        """Bytes of RAM the loaded model and HalfSafe's working set take."""
+        return int(self.files_bytes + WORKING_SET_GIB * GIB)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +66,7 @@ class SizeFit:
             "short": {part: need for part, need in self.short},
             "ram_bytes": self.ram_bytes,
             "ram_fits": self.ram_fits,
+            "card_peak_bytes": self.card_peak,
         }
 
 
@@ -96,19 +105,24 @@ def size_fit(
     parts = {name: part["forms"][column] for name, part in projected["parts"].items()}
     files = sum(held["whole"] for held in parts.values())
     card = None
+    peak = None
     streamed: list[str] = []
     short: list[tuple[str, int]] = []
     if card_bytes is not None:
         budget = card_budget(card_bytes)
+        placed = []
         for name, held in parts.items():
             if held["whole"] <= budget:
+                placed.append(held["whole"])
                 continue
             floor = held["resident"] + held["block"]
             if held["blocks"] and floor <= budget:
                 streamed.append(name)
+                placed.append(floor)
             else:
                 short.append((name, floor))
         card = NO_ROOM if short else STREAMS if streamed else WHOLE
+        peak = max(placed) if placed and not short else None
     return SizeFit(
         model=projected["words"],
         files_bytes=files,
@@ -118,6 +132,7 @@ def size_fit(
         short=tuple(short),
         ram_bytes=ram_bytes,
         ram_fits=None if ram_bytes is None else ram_fits(files, ram_bytes),
+        card_peak=peak,
     )
 
 
