@@ -18,10 +18,13 @@ into diffusers' layers) stay stored too. Anything that would change the values i
 refused: they are the file's.
 
 int8 ConvRot weights (rows stored rotated by a Hadamard matrix) are turned back for every
-operation but one: a linear layer (under inference mode, where the check and generation run)
-multiplies its input rotated as the tool rotates it by the stored rows instead, the same product
-in exact arithmetic, so that an fp16 input whose rotation overflows in the tool overflows here
-(`_linear`). Turning the weight back would compute the true product where the tool fails.
+operation but one: a linear layer multiplies its input rotated as the tool rotates it by the
+stored rows instead, the same product in exact arithmetic, so that an fp16 input whose rotation
+overflows in the tool overflows here (`_linear`). Turning the weight back would compute the true
+product where the tool fails. This holds in every grad mode (`ConvRotTensor`): `aten.linear` is
+a composite op, which reaches `__torch_dispatch__` whole only under inference mode; wherever
+autograd's dispatch keys are active (plain `no_grad` too: it only stops recording) autograd
+splits it first into the weight's `.t()` (decoded) and a product of plain tensors.
 
 torch is imported at the top: this module is loaded only by code that reads tensors.
 """
@@ -85,9 +88,10 @@ class StoredTensor(torch.Tensor):
         # Never an inference tensor, wherever it is made: a placement inside inference mode
         # makes a Parameter of it, which detaches it, and torch sets a detached tensor's
         # version counter (refused for inference tensors). Its bytes may be one.
+        kind = ConvRotTensor if codec == INT8_CONVROT else cls
         with torch.inference_mode(False):
             made = torch.Tensor._make_wrapper_subclass(
-                cls, tuple(shape), dtype=dtype, device=packed.device, requires_grad=False
+                kind, tuple(shape), dtype=dtype, device=packed.device, requires_grad=False
             )
         made.packed, made.codec, made.scale, made.scale2 = packed, codec, scale, scale2
         made.pre_scale = pre_scale
@@ -146,6 +150,32 @@ class StoredTensor(torch.Tensor):
             )
         args, kwargs = tree_map_only(StoredTensor, lambda t: t.decoded(), (args, kwargs))
         return func(*args, **kwargs)
+
+
+class ConvRotTensor(StoredTensor):
+    """An int8 ConvRot weight (`StoredTensor` makes one for that codec), whose linear layers
+    are computed as the tool computes them (`_linear`) whatever the grad mode.
+
+    `torch.nn.functional.linear` is met here, above the dispatcher, where it is still whole:
+    below, autograd's key splits it (into `.t()` and `mm` or `addmm`, or `expand` and `bmm` for
+    an input whose rows are not one block) wherever that key is active, which is everywhere but
+    inference mode, so `__torch_dispatch__` would see the layer only there. ComfyUI runs every
+    prompt under inference mode; comfy-kitchen's int8 tensor also takes `.t()` as a flag and
+    `mm`/`addmm` as the layer, but not the `bmm` split. Every other function goes on as
+    `StoredTensor`'s do, to `__torch_dispatch__`, for one Python call each."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _LINEAR:
+            result = _linear(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return _NO_FUNCTION(func, types, args, kwargs)
+
+
+_LINEAR = torch._C._nn.linear  # pyright: ignore[reportAttributeAccessIssue] - what F.linear is
+_NO_FUNCTION = torch._C._disabled_torch_function_impl
 
 
 def _mutates_stored(func, args, kwargs) -> bool:
@@ -269,6 +299,7 @@ def hadamard(group: int, device=None, dtype=torch.float32) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=16)
+@torch.inference_mode(False)  # kept for every later call, which autograd may record
 def _hadamard(group: int, device: str, dtype) -> torch.Tensor:
     block = torch.tensor(_HADAMARD_BLOCK, dtype=torch.float64)
     matrix = torch.ones(1, 1, dtype=torch.float64)
@@ -482,7 +513,7 @@ def _clone(tensor, memory_format=None):
     )
 
 
-def _linear(x, weight, bias=None):
+def _linear(input, weight, bias=None):  # noqa: A002 - torch's name, which callers may pass
     """An int8 ConvRot layer computed as its tool computes it (comfy-kitchen's int8 linear):
     the input rotated in its own dtype, then multiplied by the stored, still rotated rows (q
     times its scale) in that dtype, the bias added there. In exact arithmetic this is the
@@ -492,12 +523,16 @@ def _linear(x, weight, bias=None):
     and accumulates exactly in int32, scaling in fp32 before it writes the output in the input's
     dtype; HalfSafe's product accumulates as the dtype's matrix product does (fp32 for fp16 and
     bf16) and does not round the input to int8 (which moves no peak by more than half a step of
-    its row's peak over 127)."""
+    its row's peak over 127). Reached from `ConvRotTensor.__torch_function__` in every grad
+    mode, and from `__torch_dispatch__` where `aten.linear` arrives whole."""
+    x = input
     if (
         not isinstance(weight, StoredTensor)
         or weight.codec != INT8_CONVROT
+        or not isinstance(x, torch.Tensor)
         or isinstance(x, StoredTensor)
         or not x.is_floating_point()
+        or not x.dim()
         or x.shape[-1] != weight.shape[-1]
     ):
         return NotImplemented
