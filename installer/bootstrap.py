@@ -1787,7 +1787,10 @@ def ensure_environment(
 ) -> bool:
     """Make the environment ready; returns True when pip ran. Quiet when nothing has to change."""
     started = time.monotonic()
-    extras = effective_extras(["dev"] if options.dev else [], read_marker(layout.venv), APP_DIR)
+    # The launcher always installs the window (`gui`); the core alone is what ComfyUI's
+    # environment gets from the node package.
+    requested = ["gui", "dev"] if options.dev else ["gui"]
+    extras = effective_extras(requested, read_marker(layout.venv), APP_DIR)
     # An explicit torch spec makes the machine's GPUs irrelevant: skip running nvidia-smi.
     pinned = environ.get("HALFSAFE_TORCH_SPEC", "").strip()
     facts = MachineFacts(system=platform.system()) if pinned else probe_machine()

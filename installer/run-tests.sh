@@ -27,6 +27,32 @@ sh installer/halfsafe.sh --setup-only --dev
 venv="$(sh installer/halfsafe.sh --where)"
 bin="$venv/bin"
 
+# ComfyUI for the node package's tests (tests/comfyui): its source from ../shared/vendor and a
+# second environment like a user's ComfyUI one (its pure-Python requirements, HalfSafe installed
+# there without the window). Cached in .comfyui-test/ (ignored by git) until the archive, this
+# pyproject or the torch build change. Without the archive those tests are skipped.
+comfy_archive="../shared/vendor/comfyui-0.29.0-4f874c5.tar.gz"
+comfy_cache=".comfyui-test"
+if [ -f "$comfy_archive" ]; then
+  comfy_stamp="$(cat "$comfy_archive" pyproject.toml comfyui-halfsafe/pyproject.toml | sha256sum | cut -c1-16) $HALFSAFE_TORCH_SPEC"
+  if [ "$(cat "$comfy_cache/ready" 2>/dev/null)" != "$comfy_stamp" ]; then
+    say "setting up ComfyUI for the node package's tests in $comfy_cache/"
+    rm -rf "$comfy_cache"
+    mkdir -p "$comfy_cache"
+    tar -xzf "$comfy_archive" -C "$comfy_cache"
+    "$bin/python" -m venv "$comfy_cache/venv"
+    # torch is pinned below; torchvision/torchaudio have no CPU build for it (the tests stand
+    # in for them, import-only); the web frontend, templates and OpenGL are not needed here.
+    grep -v -E '^(torch|torchvision|torchaudio|comfyui-frontend-package|comfyui-workflow-templates|comfyui-embedded-docs|PyOpenGL|comfy-angle)([<>=~ ]|$)|^#|^\s*$' \
+      "$comfy_cache/ComfyUI/requirements.txt" >"$comfy_cache/requirements.txt"
+    "$comfy_cache/venv/bin/python" -m pip install -q "$HALFSAFE_TORCH_SPEC" \
+      -r "$comfy_cache/requirements.txt" -e .
+    printf '%s' "$comfy_stamp" >"$comfy_cache/ready"
+  fi
+  export HALFSAFE_COMFYUI="$PWD/$comfy_cache/ComfyUI"
+  export HALFSAFE_COMFYUI_PYTHON="$PWD/$comfy_cache/venv/bin/python"
+fi
+
 say "lint and import rules"
 lint_paths=()
 for d in app tests installer benchmarks tools; do [ -d "$d" ] && lint_paths+=("$d"); done

@@ -1,0 +1,106 @@
+"""HalfSafe Check inside ComfyUI: one denoiser call recorded at the precision ComfyUI runs it,
+the first bad layer named, and the cheapest fix proved against an fp32 reference of the same
+call (layer islands before the whole component), with the quality metric the desktop uses."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from . import host
+
+
+@dataclass
+class Outcome:
+    verdict: str  # "healthy" | "fixable" | "broken"
+    lines: list[str] = field(default_factory=list)
+    first_bad_layer: str | None = None  # ComfyUI's name
+    first_bad_halfsafe: str | None = None  # HalfSafe's name, where the model has one
+    fix: dict | None = None  # {"islands": {path: dtype}, "component": dtype|None, ...}
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines + self.notes)
+
+
+def _island_dtype(model) -> str:
+    import torch
+
+    device = torch.device(model.load_device)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
+
+
+def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> Outcome:
+    """Check `model` (never changed: every run is on a clone) as ComfyUI runs it."""
+    from app.core.components import FP16_MAX
+    from app.core.fixing.layer_islands import overflow_islands
+    from app.core.fixing.module_check import closed_islands, recorded_call, reference_call
+    from app.core.fixing.quality import compare
+
+    module = host.diffusion_model(model)
+    runs = model.clone()
+    dtypes = host.precision(runs)
+    host.load(runs)
+    call = host.one_call(runs, width, height, steps, seed, clip)
+    seen = recorded_call(module, lambda: module(*call.args, **call.kwargs))
+    said = (
+        f"HalfSafe Check: the diffusion model stored in {dtypes['stored']}, computing in "
+        f"{dtypes['compute']}, one call at sigma {call.sigma:.3g}, {width}x{height}."
+    )
+    if seen.finite:
+        peak = seen.probe.half_max_abs or seen.probe.max_abs
+        headroom = FP16_MAX / peak if peak else math.inf
+        return Outcome(
+            "healthy",
+            [said, f"Healthy: every layer stayed finite (headroom {headroom:.3g}x fp16's range)."],
+        )
+    names = host.halfsafe_names(runs)
+    first = seen.first_bad_layer
+    outcome = Outcome("broken", [said])
+    if first:
+        outcome.first_bad_layer = f"{host.PREFIX}.{first}"
+        outcome.first_bad_halfsafe = host.halfsafe_name(names, module, first)
+        also = (
+            f" (HalfSafe: unet.{outcome.first_bad_halfsafe})" if outcome.first_bad_halfsafe else ""
+        )
+        outcome.lines.append(f"First bad layer: {outcome.first_bad_layer}{also}.")
+    else:
+        outcome.lines.append("The output went non-finite with no layer to name (its input was).")
+    reference = reference_call(module, call.args, call.kwargs)
+    if not reference.finite:
+        outcome.lines.append("Broken: even fp32 gives non-finite output; no precision fix.")
+        return outcome
+    islands = closed_islands(reference.probe, overflow_islands(reference.probe, module) or [""])
+    tried: list[str] = []
+    if islands != [""]:
+        for dtype in dict.fromkeys([_island_dtype(runs), "fp32"]):
+            fix = {"islands": dict.fromkeys(islands, dtype), "component": None}
+            trial = model.clone()
+            host.apply_islands(trial, fix["islands"])
+            quality = compare(host.run_call(trial, call), reference.output)
+            tried.append(f"{len(islands)} layer(s) in {dtype}: {quality.words()}")
+            if quality.passed:
+                return _fixed(outcome, fix, quality, islands, dtype, dtypes)
+    # The whole component in fp32 is the reference itself: finite, and identical to it.
+    fix = {"islands": {}, "component": "fp32"}
+    outcome.verdict, outcome.fix = "fixable", fix
+    fix["summary"] = "Run the whole diffusion model in fp32 (verified: it is the fp32 reference)."
+    fix["quality"] = None
+    outcome.lines += [f"Tried: {t}." for t in tried] + [fix["summary"]]
+    return outcome
+
+
+def _fixed(outcome: Outcome, fix: dict, quality, islands: list[str], dtype: str, dtypes) -> Outcome:
+    paths = ", ".join(f"{host.PREFIX}.{p}" for p in islands)
+    fix["summary"] = (
+        f"Keep {len(islands)} layer(s) in {dtype}: {paths} (verified fix, {quality.words()})."
+    )
+    fix["quality"] = quality.to_json()
+    fix["made_at"] = {"unet_precision": dtypes["compute"]}
+    outcome.verdict, outcome.fix = "fixable", fix
+    outcome.lines.append(f"Fixable: {fix['summary']}")
+    outcome.lines.append("Add HalfSafe Fix between the loader and the sampler to apply it.")
+    return outcome

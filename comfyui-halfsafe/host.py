@@ -1,0 +1,221 @@
+"""ComfyUI's MODEL as a host of HalfSafe's check: one denoiser call at the precision ComfyUI runs
+it, its named modules in ComfyUI's names (and HalfSafe's where the model has them), and fixes
+put on a clone through ComfyUI's own patching (object patches of the islands, or the compute
+dtype of the whole component)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "diffusion_model"  # where ComfyUI's BaseModel holds the denoiser
+COMPONENT = "unet"  # the component a remembered fix names (its settings' COMPONENT:PATH)
+
+
+class NodeProblem(Exception):
+    """One sentence for the node's output: what could not be done with this input."""
+
+
+@dataclass
+class DenoiserCall:
+    """The inputs of one call of the diffusion model as ComfyUI makes it, caught at the
+    model's own forward (after ComfyUI's `apply_model` cast and shaped them)."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    sigma: float = 0.0
+
+
+def _api():
+    try:
+        import comfy.model_management as mm
+        import comfy.samplers as samplers
+        import comfy.utils as utils
+    except ImportError as error:  # not inside ComfyUI
+        raise NodeProblem(f"HalfSafe's nodes run inside ComfyUI; {error}.") from error
+    return mm, samplers, utils
+
+
+def diffusion_model(model):
+    """The MODEL's denoiser as a torch module, or a NodeProblem for a MODEL of another kind."""
+    import torch
+
+    base = getattr(model, "model", None)
+    module = getattr(base, PREFIX, None)
+    if not isinstance(module, torch.nn.Module) or not hasattr(model, "clone"):
+        raise NodeProblem(
+            f"HalfSafe cannot check this MODEL ({type(model).__name__}): it holds no diffusion "
+            "model that ComfyUI's loaders make."
+        )
+    for needed in ("add_object_patch", "model_dtype", "load_device"):
+        if not hasattr(model, needed):
+            raise NodeProblem(
+                f"This ComfyUI's MODEL has no {needed}, which HalfSafe's nodes need: update "
+                "ComfyUI."
+            )
+    return module
+
+
+def precision(model) -> dict[str, str]:
+    """What ComfyUI stores the denoiser's weights in and what it computes in, as read from the
+    model (a manual cast computes in another dtype than the weights are stored in)."""
+    stored = model.model_dtype()
+    cast = getattr(model.model, "manual_cast_dtype", None)
+    compute = cast if cast is not None else stored
+    return {
+        "stored": _name(stored),
+        "compute": _name(compute),
+        "manual_cast": str(cast is not None),
+    }
+
+
+def _name(dtype) -> str:
+    return (
+        str(dtype)
+        .removeprefix("torch.")
+        .replace("float16", "fp16")
+        .replace("bfloat16", "bf16")
+        .replace("float32", "fp32")
+    )
+
+
+def load(model) -> None:
+    """Load (and patch) the MODEL the way ComfyUI does before sampling."""
+    mm, _, _ = _api()
+    mm.load_models_gpu([model])
+
+
+def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -> DenoiserCall:
+    """Run one denoiser call of `model` as ComfyUI's sampler makes it (the first step's sigma
+    of `steps` on the normal schedule, the seed's noise, the empty prompt or zeros for the
+    text), catching the diffusion model's own inputs."""
+    import torch
+
+    mm, samplers, _ = _api()
+    base = model.model
+    module = diffusion_model(model)
+    latent = base.latent_format
+    down = int(getattr(latent, "spacial_downscale_ratio", 8))
+    channels = int(latent.latent_channels)
+    shape = (1, channels, max(1, height // down), max(1, width // down))
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    sigma = samplers.calculate_sigmas(base.model_sampling, "normal", max(1, steps))[0]
+    device = model.load_device
+    x = base.model_sampling.noise_scaling(sigma, noise, torch.zeros(shape)).to(device)
+    context, pooled = _text(base, clip)
+    conds = base.extra_conds(
+        cross_attn=context,
+        pooled_output=pooled,
+        width=width,
+        height=height,
+        device=device,
+        noise=x,
+    )
+    kwargs = {k: v.process_cond(batch_size=1, device=device).cond for k, v in conds.items()}
+    call = DenoiserCall(sigma=float(sigma))
+
+    def catch(_module, args, kw):
+        if not call.args:
+            call.args, call.kwargs = args, dict(kw)
+
+    handle = module.register_forward_pre_hook(catch, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            base.apply_model(x, sigma.reshape(1).to(device), **kwargs)
+    finally:
+        handle.remove()
+    if not call.args:
+        raise NodeProblem("ComfyUI's apply_model never called the diffusion model.")
+    del mm
+    return call
+
+
+def _text(base, clip) -> tuple[Any, Any]:
+    import torch
+
+    if clip is not None:
+        tokens = clip.tokenize("")
+        context, pooled = clip.encode_from_tokens(tokens, return_pooled=True)
+        return context, pooled
+    width = base.model_config.unet_config.get("context_dim")
+    if not width:
+        raise NodeProblem("Connect the CLIP to HalfSafe Check: this model needs its text.")
+    return torch.zeros(1, 77, int(width)), None
+
+
+def run_call(model, call: DenoiserCall):
+    """The diffusion model of `model` (loaded with its patches) called with the caught inputs."""
+    import torch
+
+    load(model)
+    with torch.no_grad():
+        return diffusion_model(model)(*call.args, **call.kwargs)
+
+
+def apply_islands(model, islands: dict[str, str]) -> None:
+    """Put an island copy of each layer (its path in the diffusion model -> "fp32"|"bf16") on
+    `model` (a clone) as ComfyUI object patches: only those layers are copied, in that dtype."""
+    import torch
+
+    from app.core.fixing.module_check import island_copy
+
+    module = diffusion_model(model)
+    for path, dtype in islands.items():
+        try:
+            layer = module.get_submodule(path)
+        except AttributeError as error:
+            raise NodeProblem(f"The model has no layer {PREFIX}.{path} to keep wider.") from error
+        wide = torch.float32 if dtype == "fp32" else torch.bfloat16
+        model.add_object_patch(f"{PREFIX}.{path}", island_copy(layer, wide))
+
+
+def apply_component(model, dtype: str) -> None:
+    """The whole denoiser computing in `dtype` through ComfyUI's own compute-dtype patch."""
+    import torch
+
+    model.set_model_compute_dtype(torch.float32 if dtype == "fp32" else torch.bfloat16)
+
+
+def halfsafe_names(model) -> dict[str, str]:
+    """ComfyUI module path -> HalfSafe's (diffusers') for the SD UNets ComfyUI maps; empty
+    where ComfyUI keeps no such map (a DiT keeps one name in both here)."""
+    _, _, utils = _api()
+    config = getattr(model.model.model_config, "unet_config", {})
+    try:
+        weights = utils.unet_to_diffusers(config)  # diffusers key -> ComfyUI key
+    except (KeyError, TypeError, IndexError):
+        return {}
+    names: dict[str, str] = {}
+    for theirs, ours in weights.items():
+        for suffix in (".weight", ".bias"):
+            if theirs.endswith(suffix) and ours.endswith(suffix):
+                names[ours.removesuffix(suffix)] = theirs.removesuffix(suffix)
+    return names
+
+
+def halfsafe_name(names: dict[str, str], module, path: str) -> str | None:
+    """HalfSafe's name of ComfyUI's module `path`: its own weight's, or for a module without
+    one (an attention, a block) the name its first weight's parent gets, less that child."""
+    if path in names:
+        return names[path]
+    try:
+        inner = module.get_submodule(path)
+    except AttributeError:
+        return None
+    for child, _ in inner.named_parameters():
+        owner = child.rpartition(".")[0]
+        if not owner:
+            continue
+        mapped = names.get(f"{path}.{owner}")
+        if mapped and mapped.endswith("." + owner):
+            return mapped.removesuffix("." + owner)
+    return None
+
+
+def device_name(model) -> str:
+    """The device the model runs on, named as the desktop names it in HalfSafe's store."""
+    import torch
+
+    from app.core.hardware.devices import describe_device
+
+    return describe_device(torch.device(model.load_device)).name

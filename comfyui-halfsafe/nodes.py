@@ -1,0 +1,141 @@
+"""The three nodes: HalfSafe Check, HalfSafe Fix and HalfSafe NaN Watch. Each takes ComfyUI's own
+MODEL, never changes it (clones, then patches), and answers bad input with one sentence in its
+output instead of an error that stops the queue."""
+
+from __future__ import annotations
+
+import logging
+
+from . import host
+
+CATEGORY = "HalfSafe"
+FIX_TYPE = "HALFSAFE_FIX"
+
+log = logging.getLogger("halfsafe")
+
+
+def _one_sentence(error: BaseException) -> str:
+    import torch
+
+    if isinstance(error, host.NodeProblem):
+        return str(error)
+    if isinstance(error, torch.OutOfMemoryError):
+        return "The model no longer fits in memory for HalfSafe's check: free memory and queue it again."
+    if isinstance(error, ImportError):
+        return f"HalfSafe's core is not installed in ComfyUI's Python ({error}); install the node package's requirements."
+    log.exception("HalfSafe node failed")
+    return f"HalfSafe could not finish: {type(error).__name__}: {error}"
+
+
+class HalfSafeCheck:
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("STRING", "IMAGE", FIX_TYPE)
+    RETURN_NAMES = ("report", "report_image", "fix")
+    FUNCTION = "check"
+    OUTPUT_NODE = True
+    DESCRIPTION = (
+        "Runs one denoiser call as this ComfyUI runs it, names the first layer that overflows "
+        "fp16 and proves the cheapest fix against fp32."
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        size = {"default": 512, "min": 64, "max": 8192, "step": 8}
+        return {
+            "required": {
+                "model": ("MODEL",),
+                "width": ("INT", size),
+                "height": ("INT", size),
+                "steps": ("INT", {"default": 20, "min": 1, "max": 1000}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFFFFFFFFFFFFFF}),
+            },
+            "optional": {"clip": ("CLIP",), "vae": ("VAE",)},
+        }
+
+    def check(self, model, width, height, steps, seed, clip=None, vae=None):
+        from . import checking, report_image, store
+
+        verdict, fix = None, None
+        try:
+            outcome = checking.check(model, width, height, steps, seed, clip)
+            verdict, fix = outcome.verdict, outcome.fix
+            if fix is not None:
+                store.remember(model, fix, fix["summary"], fix.get("made_at") or {}, outcome.notes)
+            text = outcome.text
+        except Exception as error:  # never stop the user's queue
+            text = _one_sentence(error)
+        image = report_image.render(text, verdict)
+        return {"ui": {"text": [text]}, "result": (text, image, fix)}
+
+
+class HalfSafeFix:
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL", "STRING")
+    RETURN_NAMES = ("model", "report")
+    FUNCTION = "fix"
+    DESCRIPTION = (
+        "Applies HalfSafe's proved fix to a clone of the model: the check's, or the one "
+        "remembered for this model file on this device."
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}, "optional": {"fix": (FIX_TYPE,)}}
+
+    def fix(self, model, fix=None):
+        from . import store
+
+        notes: list[str] = []
+        try:
+            host.diffusion_model(model)
+            if fix is None:
+                fix = store.remembered(model, notes)
+            if not fix:
+                return (model, " ".join(notes + ["No fix to apply: the model is used as it is."]))
+            patched = model.clone()
+            if fix.get("component"):
+                host.apply_component(patched, fix["component"])
+                said = f"HalfSafe Fix: the diffusion model computes in {fix['component']}."
+            else:
+                host.apply_islands(patched, fix["islands"])
+                said = f"HalfSafe Fix: {len(fix['islands'])} layer(s) kept wider."
+            return (patched, " ".join([said, *notes]))
+        except Exception as error:
+            return (model, _one_sentence(error))
+
+
+class HalfSafeNaNWatch:
+    CATEGORY = CATEGORY
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "watch"
+    DESCRIPTION = (
+        "Watches every denoiser step on the device without a host sync per step; when one goes "
+        "non-finite, names the step and the first bad layer in ComfyUI's log."
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",)}, "optional": {"fix": (FIX_TYPE,)}}
+
+    def watch(self, model, fix=None):
+        from . import watch
+
+        try:
+            host.diffusion_model(model)
+            clone, _ = watch.watched(model, fix)
+            return (clone,)
+        except Exception as error:
+            log.warning("%s", _one_sentence(error))
+            return (model,)
+
+
+NODE_CLASS_MAPPINGS = {
+    "HalfSafeCheck": HalfSafeCheck,
+    "HalfSafeFix": HalfSafeFix,
+    "HalfSafeNaNWatch": HalfSafeNaNWatch,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "HalfSafeCheck": "HalfSafe Check",
+    "HalfSafeFix": "HalfSafe Fix",
+    "HalfSafeNaNWatch": "HalfSafe NaN Watch",
+}

@@ -1,0 +1,200 @@
+"""Run by ComfyUI's Python (not HalfSafe's): drives the real ComfyUI in process on a CPU with a
+tiny planted SD1 UNet and prints what the nodes did as one JSON object on the last line.
+
+    python drive.py COMFYUI_FOLDER NODE_PACKAGE_FOLDER WORK_FOLDER
+
+The UNet is SD1's shape as ComfyUI's detection reads it (320 channels, a 768-wide context), cut
+to one level; one attention's query projection is scaled so that it passes fp16's range while
+fp32 holds it. ComfyUI computes a model in fp32 on a CPU; here it is made to compute in fp16 as
+it does on a GPU, by making `should_use_fp16` answer True for the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+STEPS = 3  # the watch test samples this many steps
+PLANTED = "input_blocks.1.1.transformer_blocks.0.attn1.to_q"
+TINY_SD1 = {
+    "use_checkpoint": False,
+    "image_size": 32,
+    "out_channels": 4,
+    "use_spatial_transformer": True,
+    "legacy": False,
+    "adm_in_channels": None,
+    "in_channels": 4,
+    "model_channels": 320,
+    "num_res_blocks": [1],
+    "transformer_depth": [1],
+    "channel_mult": [1],
+    "transformer_depth_middle": 1,
+    "use_linear_in_transformer": False,
+    "context_dim": 768,
+    "num_heads": 8,
+    "transformer_depth_output": [1, 1],
+    "use_temporal_attention": False,
+    "use_temporal_resblock": False,
+}
+
+
+def start_comfy(comfy: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import stand_ins
+
+    stand_ins.install()
+    sys.path.insert(0, str(comfy))
+    sys.argv = [sys.argv[0], "--cpu"]
+    import comfy.options
+
+    comfy.options.enable_args_parsing()
+    import comfy.cli_args  # noqa: F401
+    import comfy.model_management as mm
+
+    mm.should_use_fp16 = lambda *args, **kwargs: True  # compute in fp16 as on a GPU
+
+
+def write_tiny_unet(path: Path) -> Path:
+    import comfy.ops
+    import torch
+    from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    unet = UNetModel(**TINY_SD1, operations=comfy.ops.disable_weight_init)
+    for module in unet.modules():  # ComfyUI's ops skip initialisation: torch's own here
+        for kind in (torch.nn.Linear, torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.LayerNorm):
+            if type(module).__mro__.__contains__(kind):
+                kind.reset_parameters(module)
+                break
+    with torch.no_grad():
+        unet.get_submodule(PLANTED).weight.mul_(1e5)
+    tensors = {
+        f"model.diffusion_model.{k}": v.half().contiguous() for k, v in unet.state_dict().items()
+    }
+    save_file(tensors, str(path))
+    return path
+
+
+def load_package(folder: Path):
+    spec = importlib.util.spec_from_file_location(
+        "comfyui_halfsafe", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def weights_digest(model) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.model.diffusion_model.state_dict().items()):
+        digest.update(name.encode() + tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def finite(output) -> bool:
+    import torch
+
+    return bool(torch.isfinite(output).all())
+
+
+def main() -> None:
+    comfy_folder, package_folder, work = (Path(a) for a in sys.argv[1:4])
+    check_only = "--check-only" in sys.argv
+    start_comfy(comfy_folder)
+    import comfy.sd
+    import torch
+
+    found: dict = {}
+    path = write_tiny_unet(work / "tiny_sd1_unet.safetensors")
+    model = comfy.sd.load_diffusion_model(str(path))
+    package = load_package(package_folder)
+    nodes = package.NODE_CLASS_MAPPINGS
+    host = sys.modules["comfyui_halfsafe.host"]
+    found["precision"] = host.precision(model)
+    before = weights_digest(model)
+
+    text, image, fix = nodes["HalfSafeCheck"]().check(model, 64, 64, 4, 0)["result"]
+    found["check"] = {"text": text, "fix": fix, "image": list(image.shape)}
+    found["untouched"] = model.object_patches == {} and weights_digest(model) == before
+    if check_only:
+        print(json.dumps(found))
+        return
+
+    fixed, said = nodes["HalfSafeFix"]().fix(model, fix)
+    call = host.one_call(model.clone(), 64, 64, 4, 0)
+    island_params = sum(
+        p.numel()
+        for o in fixed.object_patches.values()
+        if isinstance(o, torch.nn.Module)
+        for p in o.parameters()
+    )
+    layer = model.model.diffusion_model.get_submodule(next(iter(fix["islands"])))
+    found["fix"] = {
+        "said": said,
+        "fixed_finite": finite(host.run_call(fixed, call)),
+        "original_finite": finite(host.run_call(model, call)),
+        "island_params": island_params,
+        "layer_params": sum(p.numel() for p in layer.parameters()),
+        "model_params": sum(p.numel() for p in model.model.diffusion_model.parameters()),
+        "original_patches": len(model.object_patches),
+    }
+    remembered, said = nodes["HalfSafeFix"]().fix(model, None)
+    found["remembered"] = {
+        "said": said,
+        "islands": sorted(k for k in remembered.object_patches),
+        "finite": finite(host.run_call(remembered, call)),
+    }
+    found["watch"] = watch(nodes, model)
+    found["bad_input"] = {
+        "check": nodes["HalfSafeCheck"]().check("not a model", 64, 64, 4, 0)["result"][0],
+        "fix": nodes["HalfSafeFix"]().fix("not a model", None)[1],
+    }
+    print(json.dumps(found))
+
+
+def watch(nodes, model) -> dict:
+    """Sample 3 steps through ComfyUI's KSampler with and without the watch, counting the host
+    syncs (torch's scalar reads) each run makes."""
+    import nodes as comfy_nodes
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Syncs(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Syncs.count += 1
+            return func(*args, **(kwargs or {}))
+
+    context = torch.zeros(1, 77, 768)
+    cond = [[context, {}]]
+    latent = {"samples": torch.zeros(1, 4, 8, 8)}
+
+    def sample(m) -> int:
+        Syncs.count = 0
+        with Syncs():
+            comfy_nodes.common_ksampler(m, 0, STEPS, 1.0, "euler", "normal", cond, cond, latent)
+        return Syncs.count
+
+    plain = sample(model)
+    (watched,) = nodes["HalfSafeNaNWatch"]().watch(model)
+    with_watch = sample(watched)
+    state = watched.get_wrappers("diffusion_model", "halfsafe_watch")[0].__self__
+    return {
+        "findings": [f.__dict__ for f in state.findings],
+        "words": [f.words() for f in state.findings],
+        "syncs_plain": plain,
+        "syncs_watched": with_watch,
+        "host_syncs": state.host_syncs,
+    }
+
+
+if __name__ == "__main__":
+    main()

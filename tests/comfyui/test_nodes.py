@@ -1,0 +1,97 @@
+"""HalfSafe's ComfyUI nodes driven in the real ComfyUI (its source at v0.29 from the vendored
+archive, its own loaders, ModelPatcher and KSampler) on a CPU, in ComfyUI's own Python
+environment, with a tiny SD1 UNet whose one attention query overflows fp16.
+
+Needs HALFSAFE_COMFYUI (the extracted ComfyUI folder) and HALFSAFE_COMFYUI_PYTHON (a Python
+with ComfyUI's requirements and HalfSafe installed without its window), which the test command
+(installer/run-tests.sh) sets up; skipped without them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "comfyui-halfsafe"
+COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
+PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
+LAYER = "diffusion_model.input_blocks.1.1.transformer_blocks.0.attn1.to_q"
+ISLAND = "input_blocks.1.1.transformer_blocks.0.attn1"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
+        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("comfyui")
+    env = {**os.environ, "HALFSAFE_DATA_DIR": str(work / "data")}
+    done = subprocess.run(
+        [PYTHON, str(Path(__file__).with_name("drive.py")), COMFYUI, str(PACKAGE), str(work)],
+        capture_output=True,
+        text=True,
+        timeout=480,
+        env=env,
+        cwd=work,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_installing_halfsafe_into_comfyuis_environment_brings_no_qt():
+    found = subprocess.run(
+        [
+            PYTHON,
+            "-c",
+            "import importlib.util as u, app.core.fixing.module_check; "
+            "print(u.find_spec('PySide6') is None)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert found.stdout.strip() == "True", found.stderr
+
+
+def test_check_names_the_layer_in_comfyuis_names_and_proves_an_island(driven):
+    check = driven["check"]
+    assert driven["precision"] == {"stored": "fp16", "compute": "fp16", "manual_cast": "False"}
+    assert f"First bad layer: {LAYER} (HalfSafe: unet.down_blocks.0.attentions.0." in check["text"]
+    assert check["fix"]["islands"] == {ISLAND: "fp32"} and check["fix"]["component"] is None
+    assert check["fix"]["quality"]["value"] >= check["fix"]["quality"]["threshold"]
+    assert check["image"][0] == 1 and check["image"][3] == 3  # the report as a picture
+    assert driven["untouched"]  # the MODEL passed in: no patch, the same weights
+
+
+def test_fix_gives_a_finite_call_on_a_clone_copying_only_the_island(driven):
+    fix = driven["fix"]
+    assert fix["fixed_finite"] and not fix["original_finite"]
+    assert fix["original_patches"] == 0
+    assert fix["island_params"] == fix["layer_params"] < fix["model_params"] / 50
+
+
+def test_fix_without_input_uses_the_fix_the_check_remembered(driven):
+    remembered = driven["remembered"]
+    assert remembered["islands"] == [f"diffusion_model.{ISLAND}"] and remembered["finite"]
+
+
+def test_nan_watch_names_the_step_and_layer_with_one_read_at_the_end(driven):
+    watch = driven["watch"]
+    assert [(f["step"], f["first_bad_layer"]) for f in watch["findings"]] == [(1, LAYER)]
+    assert watch["host_syncs"] == 1
+    # Scalar reads beyond the sampler's own: those of the one read at the end, not one a step.
+    assert watch["syncs_watched"] - watch["syncs_plain"] < 3
+
+
+def test_bad_input_is_one_sentence_never_an_error(driven):
+    for said in driven["bad_input"].values():
+        assert said.startswith("HalfSafe cannot check this MODEL (str)") and "\n" not in said

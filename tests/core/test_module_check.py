@@ -1,0 +1,92 @@
+"""The check's pieces on a plain torch module tree, called by code that is not a diffusers
+pipeline (as ComfyUI calls its diffusion model): the first bad layer named in the tree's own
+names, an fp32 reference of the same call, and an island copy that computes one layer wider
+in its place and brings the output back to the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.core.fixing.layer_islands import overflow_islands
+from app.core.fixing.module_check import (
+    closed_islands,
+    island_copy,
+    recorded_call,
+    reference_call,
+)
+from app.core.fixing.quality import compare
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 16)
+
+    def forward(self, x, *, scale=None):
+        # The layer after `up` sees a normalised input: an overflow of `up` is the only one.
+        h = self.up(self.norm(x))
+        h = torch.nn.functional.layer_norm(h, h.shape[-1:])
+        return x + self.down(h) * (1.0 if scale is None else scale)
+
+
+class _Tree(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x, context=None):
+        for block in self.blocks:
+            x = block(x, scale=context)
+        return x
+
+
+@pytest.fixture()
+def planted():
+    torch.manual_seed(0)
+    tree = _Tree()
+    with torch.no_grad():
+        tree.blocks[1].up.weight.mul_(1e5)  # past 65504 in fp16, finite in fp32
+    return tree.half()
+
+
+def test_the_first_bad_layer_is_named_in_the_trees_own_names(planted):
+    x = torch.randn(2, 4, 16, dtype=torch.float16)
+    seen = recorded_call(planted, lambda: planted(x, context=torch.tensor(1.0)))
+    assert not seen.finite
+    assert seen.first_bad_layer == "blocks.1.up"
+
+
+def test_an_island_copy_brings_the_call_back_to_the_fp32_reference(planted):
+    x = torch.randn(2, 4, 16, dtype=torch.float16)
+    before = {k: v.clone() for k, v in planted.state_dict().items()}
+    reference = reference_call(planted, (x,), {"context": torch.tensor(1.0)})
+    assert reference.finite and reference.output.dtype == torch.float32
+    islands = overflow_islands(reference.probe, planted)
+    assert islands == ["blocks.1.up"]
+    # Cast back to fp16 at its end, `up` alone would hand on inf: the island closes where the
+    # values are back in range, at the block holding it.
+    assert closed_islands(reference.probe, islands) == ["blocks.1"]
+
+    original = planted.blocks[1]
+    planted.blocks[1] = island_copy(original, torch.float32)
+    try:
+        fixed = recorded_call(planted, lambda: planted(x, context=torch.tensor(1.0)))
+    finally:
+        planted.blocks[1] = original
+    assert fixed.finite and fixed.output.dtype == torch.float16  # the rest stays fp16
+    assert compare(fixed.output, reference.output).passed
+    # The tree handed in is as it was: its weights, its dtype, no hook left on it.
+    after = planted.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in planted.modules())
+
+
+def test_an_island_copy_keeps_the_layers_parameter_names_and_costs_only_its_weights(planted):
+    layer = planted.blocks[0].up
+    island = island_copy(layer, torch.float32)
+    assert [n for n, _ in island.named_parameters()] == [n for n, _ in layer.named_parameters()]
+    assert all(p.dtype == torch.float32 for p in island.parameters())
+    assert layer.weight.dtype == torch.float16  # the original is untouched
