@@ -119,6 +119,11 @@ class EngineClient(QObject):
     def pending_kinds(self) -> list[str]:
         return [job.kind for job in self._pending.values()]
 
+    def pending_request(self, kind: str) -> Any:
+        """The request of the newest job of `kind` not ended yet (None: there is none)."""
+        requests = [job.params for job in self._pending.values() if job.kind == kind]
+        return requests[-1] if requests else None
+
     def ensure_started(self) -> bool:
         """Start the engine if it is not running; False (and `died`) if it cannot start."""
         if self._transport is not None and self._state != EngineState.STOPPED:

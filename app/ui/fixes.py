@@ -10,11 +10,13 @@ left empty follow them from the next job on. Everything else in a fix is a plain
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import RememberFixRequest
 from app.core.settings import FIELDS
+from app.core.settings.values import setting_entries
 from app.engine.events import EngineEvent, EventState
 from app.ui.engine_client import EngineClient
 from app.ui.state import AppState
@@ -57,6 +59,59 @@ def ran_with(settings: Mapping[str, Any] | None, fix: Mapping[str, Any]) -> bool
     if any(settings.get(key) != value for key, value in shared.items()):
         return False
     return all(set(entries or ()) <= set(settings.get(key) or ()) for key, entries in own.items())
+
+
+# A setting's value that is no choice of the user's: the field left to HalfSafe, where a fix
+# remembered for the model applies (as a job merges a fix over the settings).
+_UNCHOSEN: tuple[Any, ...] = ("auto", False, None)
+
+
+@dataclass(frozen=True)
+class FixInPlace:
+    """Where a fix stands for the next job, as the settings and the model's remembered fix
+    make it now: whether the user's settings hold its plain settings, whether the fix
+    remembered for the model holds them (with the settings left to it), and whether its layer
+    lists are remembered for the model (or are being remembered)."""
+
+    settings_hold: bool = False
+    remembered_holds: bool = False
+    layers_remembered: bool = False
+
+    @property
+    def plain_in_place(self) -> bool:
+        return self.settings_hold or self.remembered_holds
+
+
+def fix_in_place(
+    state: AppState, fix: Mapping[str, Any], remembering: Mapping[str, Any] | None = None
+) -> FixInPlace:
+    """Where `fix` stands for the next job now (`FixInPlace`); `remembering`: layer lists sent
+    to be remembered for the model whose answer has not come back yet."""
+    shared, own = split_fix(fix)
+    settings = state.settings
+    model = state.model
+    remembered = dict(model.remembered_fix.settings) if model and model.remembered_fix else {}
+    held_by_settings = bool(shared) and all(settings[k] == v for k, v in shared.items())
+    held_by_remembered = bool(shared) and all(
+        remembered.get(k) == v and settings[k] in (v, *_UNCHOSEN) for k, v in shared.items()
+    )
+
+    def holds(lists: Mapping[str, Any]) -> bool:
+        return all(set(v or ()) <= set(setting_entries(lists, k)) for k, v in own.items())
+
+    layers = bool(own) and (holds(remembered) or holds(remembering or {}))
+    return FixInPlace(held_by_settings, held_by_remembered and not held_by_settings, layers)
+
+
+def set_aside_by(state: AppState, fix: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's own settings that set aside `fix` (the model's remembered fix) for a job
+    run now: each plain setting it sets that the user chose otherwise, as the user has it."""
+    shared, own = split_fix(fix)
+    settings = state.settings
+    mine = {k: settings[k] for k, v in shared.items() if settings[k] not in (v, *_UNCHOSEN)}
+    # Layer lists of the user's own of a kind the fix names replace the remembered ones.
+    mine.update({k: settings[k] for k in own if settings[k]})
+    return mine
 
 
 def apply_fix(

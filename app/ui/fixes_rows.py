@@ -75,8 +75,31 @@ def verified_words(fix: RememberedFix) -> str:
     return text
 
 
+def ran_only_in_fp32(report: SavedReport) -> bool:
+    """The check ran every part in fp32 (a CPU's Auto, or no-half): it proved nothing about
+    half precision, whatever its verdict."""
+    ran = report.ran_at
+    return ran.startswith("fp32") and "fp16" not in ran and "bf16" not in ran
+
+
+# What a check that ran only in fp32 did not prove, in a sentence.
+FP32_ONLY_WORDS = (
+    "It ran every part in fp32, so it proved nothing about half precision (fp16 or bf16): "
+    "check again at fp16 or bf16 to know whether this model is safe there."
+)
+
+
+def verdict_words(report: SavedReport) -> str:
+    """'Healthy', 'Fixable', 'Broken'; 'Healthy in fp32 only' for a check that ran only in
+    fp32 and found nothing to fix (it proved nothing about fp16 or bf16)."""
+    said = words.first_upper(report.verdict.value)
+    if report.verdict is Verdict.HEALTHY and ran_only_in_fp32(report):
+        said += " in fp32 only"
+    return said
+
+
 def report_words(report: SavedReport) -> str:
-    return f"{words.first_upper(report.verdict.value)}, {when_words(report.saved_at)}"
+    return f"{verdict_words(report)}, {when_words(report.saved_at)}"
 
 
 def day_words(seconds: float) -> str:
@@ -142,7 +165,7 @@ def cells(row: LearnedRow, with_torch: bool = False) -> list[str]:
             else f"{words.first_upper(stored.fix.verified_by)}, {day_words(stored.fix.saved_at)}"
         )
     last = (
-        f"{words.first_upper(report.verdict.value)}, {day_words(report.saved_at)}"
+        f"{verdict_words(report)}, {day_words(report.saved_at)}"
         if report is not None
         else "Not checked since"
     )
@@ -169,6 +192,8 @@ def tips(row: LearnedRow) -> list[str]:
 
 
 def no_fix_cell(report: SavedReport | None) -> str:
+    if report is not None and report.verdict is Verdict.HEALTHY and ran_only_in_fp32(report):
+        return "None needed in fp32"
     if report is None or report.verdict is Verdict.HEALTHY:
         return "None needed"
     return "None remembered" if report.verdict is Verdict.FIXABLE else "None found"
@@ -177,6 +202,11 @@ def no_fix_cell(report: SavedReport | None) -> str:
 def no_fix_words(report: SavedReport | None) -> str:
     """What the Fix cell of a row without a remembered fix means, in a sentence."""
     cell = no_fix_cell(report)
+    if cell == "None needed in fp32":
+        return (
+            "none needed in fp32, the only precision the last check ran: whether fp16 or bf16 "
+            "needs one is not known."
+        )
     if cell == "None needed":
         return "none needed: the last check found this model safe here."
     if cell == "None remembered":

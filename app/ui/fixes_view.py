@@ -44,18 +44,22 @@ from app.ui.engine_client import EngineClient
 from app.ui.fix_editor import LAYER_KEYS, FixEditor
 from app.ui.fixes_rows import (
     _VERDICT_LEVEL,
+    FP32_ONLY_WORDS,
     LearnedRow,
     _first_quality,
     cells,
     fix_quality,
     learned_rows,
+    no_fix_cell,
     no_fix_words,
     place_of,
     quality_words,
+    ran_only_in_fp32,
     report_words,
     same_row,
     tips,
     torch_of,
+    verdict_words,
     verified_words,
 )
 from app.ui.state import AppState
@@ -280,8 +284,10 @@ class FixesView(QWidget):
             # The verdict once: most headlines begin with it ("Fixable: at your settings ...").
             said = report_words(report)
             verdict = words.first_upper(report.verdict.value)
-            if headline.startswith(verdict):
+            if headline.startswith(verdict) and verdict == verdict_words(report):
                 said = said.removeprefix(f"{verdict}, ")
+            if ran_only_in_fp32(report):
+                headline += " " + FP32_ONLY_WORDS
             parts.append(_para("Last check", f"{said}: {headline}"))
         else:
             parts.append(_para("Last check", "none kept for this model on this device."))
@@ -538,10 +544,21 @@ class FixesView(QWidget):
         verifying, self.verifying = self.verifying, None
         if verifying is not None and len(run.rows) == 1:
             self._show_verified(verifying.name, run)
+        self.refresh()  # the reports this run saved, which say what each check ran at
+        newest: dict[str, saved.SavedReport] = {}
+        for learned in self.rows:
+            report = learned.report
+            if report is not None and (
+                report.source not in newest or report.saved_at > newest[report.source].saved_at
+            ):
+                newest[report.source] = report
         self.run_table.clear()
         for row in run.rows:
             verdict = words.first_upper(row.verdict.value) if row.verdict else "Not checked"
             detail = plain_figures(row.fix if row.verdict is not None else row.words)
+            saved = newest.get(row.source)
+            if saved is not None and saved.verdict is row.verdict:
+                verdict, detail = verdict_words(saved), detail or no_fix_cell(saved)
             item = QTreeWidgetItem([row.name, verdict, detail or "None needed"])
             item.setToolTip(0, row.source)
             # The cell may be elided: the tooltip says it whole, and the check's headline.
@@ -553,7 +570,6 @@ class FixesView(QWidget):
         self.run_table.setVisible(bool(run.rows))
         self.run_table.fit_columns()
         self.stage.setText("")
-        self.refresh()
 
     def _show_verified(self, name: str, run: ModelChecks) -> None:
         row = run.rows[0]

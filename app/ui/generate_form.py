@@ -135,6 +135,7 @@ class GenerateForm(QWidget):
         # The sampler setting as a sampler and its schedule, as AUTOMATIC1111 and ComfyUI
         # offer it: two short lists instead of one of every pair.
         self.scheduler = SamplerChoice()
+        self.scheduler.note.connect(say)
         form.addRow("Steps", self.steps)
         form.addRow("CFG scale", self.cfg)
         form.addRow("Seed", seed_row)
@@ -424,6 +425,23 @@ class GenerateForm(QWidget):
         self.hires.set_first_size(self.width_box.value(), self.height_box.value())
         if not self._sizing:
             self._size_by_user = True
+            self._say_native_size()
+
+    def _say_native_size(self) -> None:
+        """The user changed the size: the hint offers the model's own size while the size is
+        another, and says nothing of it once the size is the model's (a "Use 128×128" link
+        beside a size of 128×128 offers nothing)."""
+        model = self.state.model
+        native = model.native_size if model is not None else 0
+        if not isinstance(native, int) or native <= 0:
+            return
+        if (self.width_box.value(), self.height_box.value()) == (native, native):
+            self.size_hint.setText("")
+        else:
+            self.size_hint.setText(
+                f"This model was made for {native}×{native} px. "
+                f"<a href='{native}'>Use {native}×{native}</a>"
+            )
 
     def _picture_changed(self, path: str) -> None:
         """A new input picture: the size follows its proportions, at the model's size, unless

@@ -4,7 +4,6 @@ banner on every image that went NaN or black, with the fix one click away."""
 
 from __future__ import annotations
 
-import html
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -39,15 +38,24 @@ from app.core.lora.request import LoraRequest
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import GenerateRequest, PicturePath
 from app.core.settings import FIELDS
+from app.core.settings.values import setting_entries
 from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.fixes import apply_fix, layers_ran, ran_with, remember_for_model, split_fix
+from app.ui.fixes import (
+    apply_fix,
+    fix_in_place,
+    layers_ran,
+    ran_with,
+    remember_for_model,
+    set_aside_by,
+    split_fix,
+)
 from app.ui.gallery import ENTRY
 from app.ui.generate_form import GENERATION_KEYS, GenerateForm
 from app.ui.image_entry import GalleryEntry, mode_words
-from app.ui.result_banner import Action, banner_words
+from app.ui.result_banner import Action, Remembered, banner_words, making_again_words
 from app.ui.results_pane import ResultsPane, thumbnail
 from app.ui.state import AppState
 from app.ui.widgets import label, page_layout, plain_scroll, primary_button, show_progress
@@ -94,6 +102,9 @@ class GenerateView(QWidget):
         self._job_started = 0.0
         self.last_seed: int | None = None
         self.current_entry: GalleryEntry | None = None
+        # Layer lists a repair proved, sent to be remembered for the model, whose answer has
+        # not come back yet: the banner says them remembered meanwhile.
+        self._remembering: list[dict[str, Any]] = []
 
         layout = page_layout(self, "Generate")
         splitter = QSplitter(Qt.Orientation.Horizontal)
@@ -116,6 +127,10 @@ class GenerateView(QWidget):
         self.form.load_values()
         state.settings_changed.connect(self._settings_changed)
         state.model_changed.connect(self._model_changed)
+        # What the banner says of a fix follows the settings and the model's remembered fix.
+        state.settings_changed.connect(lambda _keys: self._refresh_banner())
+        state.model_changed.connect(lambda _model: self._refresh_banner())
+        client.job_event.connect(self._engine_event)
         self._model_changed(state.model)
 
     # Layout -----------------------------------------------------------------------------------
@@ -164,9 +179,14 @@ class GenerateView(QWidget):
         self.model_hint = label("", "muted", wrap=True)
         column.addWidget(self.model_hint)
         self.demo_button = QPushButton("Load the demo model")
-        self.demo_button.clicked.connect(lambda: self._load_demo and self._load_demo())
+        self.demo_button.clicked.connect(self._demo_clicked)
         column.addWidget(self.demo_button)
         return outer
+
+    def _demo_clicked(self) -> None:
+        if self._load_demo is not None:
+            self._load_demo()
+        self._show_model_hint()  # the demo is loading
 
     def _build_results(self) -> QWidget:
         self.results = results = ResultsPane(
@@ -238,21 +258,56 @@ class GenerateView(QWidget):
 
     def _model_changed(self, model: ModelSummary | None) -> None:
         has_model = model is not None
+        held = model.remembered_fix.settings if model and model.remembered_fix else {}
+        self._remembering = [
+            own
+            for own in self._remembering
+            if has_model
+            and not all(set(v or ()) <= set(setting_entries(held, k)) for k, v in own.items())
+        ]
         if has_model and self.progress_label.text() in (ENGINE_STOPPED, NO_MODEL_YET):
             self.progress_label.setText("")  # the engine is back, with a model
         self.generate_button.setEnabled(has_model)
-        self.demo_button.setVisible(not has_model and self._load_demo is not None)
-        self.model_hint.setText(
-            f"Model: {model.name or model.source}"
-            if model is not None
-            else "No model is loaded. Load one on the Models page, or try the demo model, which "
-            "runs anywhere and draws simple coloured shapes."
-        )
+        self._show_model_hint()
         self.form.model_changed(model)
+
+    def _loading_words(self) -> str:
+        """'The demo model is loading: Generate works once it is loaded.' while a model
+        loads; '' otherwise."""
+        request = self.client.pending_request("load")
+        if request is None or self.state.model is not None:
+            return ""
+        from app.core.demo import DEMO_MODELS
+
+        source = str(getattr(request, "source", ""))
+        name = "The demo model" if source in DEMO_MODELS else (Path(source).name or "A model")
+        return f"{name} is loading: Generate works once it is loaded."
+
+    def _show_model_hint(self) -> None:
+        """Under Generate: the model loaded, the one loading, or how to load one."""
+        model = self.state.model
+        loading = self._loading_words()
+        self.demo_button.setVisible(model is None and not loading and self._load_demo is not None)
+        if model is not None:
+            self.model_hint.setText(f"Model: {model.name or model.source}")
+        elif loading:
+            self.model_hint.setText(loading)
+        else:
+            self.model_hint.setText(
+                "No model is loaded. Load one on the Models page, or try the demo model, which "
+                "runs anywhere and draws simple coloured shapes."
+            )
+
+    def _engine_event(self, event: EngineEvent) -> None:
+        """A load's events: the hint says it is loading, and when it ended without a model."""
+        if event.kind == "load" and self.state.model is None:
+            self._show_model_hint()
 
     def generate(self) -> None:
         if self.state.model is None:
-            self.model_hint.setText("Load a model first: generation needs one.")
+            self.model_hint.setText(
+                self._loading_words() or "Load a model first: generation needs one."
+            )
             return
         request = self.request()
         problem = self._picture_problem(request)
@@ -402,12 +457,22 @@ class GenerateView(QWidget):
                 # part that ran wholly wider proves nothing of its layers: not remembered).
                 from app.core.precision.plan import dtype_settings_of
 
+                proved = dict(own)
+                self._remembering.append(proved)
+
+                def not_remembered(event: EngineEvent) -> None:
+                    if proved in self._remembering:
+                        self._remembering.remove(proved)
+                    self._refresh_banner()
+                    self.dialogs.job_failed(event)
+
                 remember_for_model(
                     self.state,
                     self.client,
                     own,
                     words.fix_short(own, self.state.components()),
                     "generation",
+                    on_failed=not_remembered,
                     made_at=dtype_settings_of(result.settings),
                 )
             self.add_result(result, applied_fix)
@@ -429,7 +494,11 @@ class GenerateView(QWidget):
         else:
             self.progress_label.setText("The generation did not finish.")
             self.dialogs.job_failed(event)
-        if event.state != EventState.RESULT and event.state != EventState.CANCELLED:
+        if event.error_type == "EngineDied" and self.lost:
+            # The banner below speaks of the image the engine took with it: it sits over
+            # words saying that image is lost, never over the last finished one.
+            self.results.show_lost(self._lost_caption())
+        elif event.state != EventState.RESULT and event.state != EventState.CANCELLED:
             self._show_last()
         if self.lost and not self.jobs:
             self._offer_lost()
@@ -448,6 +517,15 @@ class GenerateView(QWidget):
             "model is loaded again, run "
             f"{'it' if count == 1 else 'them'} again with the same settings.",
             [("Run again", self.run_lost_again)],
+        )
+
+    def _lost_caption(self) -> str:
+        """'Not finished: a red circle on a blue background' (the newest lost, and how many
+        more)."""
+        request = self.lost[-1][0] if self.lost else {}
+        more = len(self.lost) - 1
+        return f"Not finished: {request.get('prompt') or 'an image with no prompt'}" + (
+            f" (and {more} more)" if more else ""
         )
 
     def run_lost_again(self) -> list[int]:
@@ -509,9 +587,20 @@ class GenerateView(QWidget):
         self.last_seed = entry.seed
         self._show_banner(entry)
 
+    def _refresh_banner(self) -> None:
+        """Say the shown image's banner again, as the settings and the remembered fix stand
+        now; not while a job (or one the engine's death took) has the banner."""
+        if self.current_entry is not None and not self.jobs and not self.lost:
+            self._show_banner(self.current_entry)
+
     def _show_banner(self, entry: GalleryEntry) -> None:
-        remembered = self._remembered_since(entry)
-        said = banner_words(entry, remembered.settings if remembered is not None else None)
+        components = self.state.components()
+        in_place = (
+            fix_in_place(self.state, entry.applied_fix, self._remembering_lists())
+            if entry.applied_fix
+            else None
+        )
+        said = banner_words(entry, self._remembered_since(entry), in_place, components)
         if said is None:
             self.banner.dismiss()
             return
@@ -544,50 +633,52 @@ class GenerateView(QWidget):
         request = {**self.request(), **entry.generate_values(), **entry.picture_values()}
         if entry.seed is not None:
             request["batch"] = 1
-        said = html.escape(words.first_lower(words.fix_short(fix, self.state.components())))
         self.banner.show_message(
-            "info",
-            (
-                f"<b>Making the same image again with the fix remembered for this model</b> "
-                f"({said}), which replaces the fix suggested when this image was made"
-                if remembered is not None
-                else f"<b>Making the same image again with the fix</b> ({said})"
-            )
-            + ", for this image only: your settings stay as they are…",
+            "info", making_again_words(fix, remembered, self.state.components())
         )
         job_id = self.submit(request, with_fix=fix)
         self._fix_of_job[job_id] = fix
         return job_id
 
-    def _remembered_since(self, entry: GalleryEntry) -> RememberedFix | None:
+    def _remembered_since(self, entry: GalleryEntry) -> Remembered | None:
         """The fix remembered for the loaded model when this image did not run with it and it
         is not the image's own: a health check or an edit remembered it after the image was
-        made, or the user's own settings set it aside; it is the model's proved fix, so the
-        fix button runs it (for that job, over those settings) rather than the image's quick
-        suggestion, and the banner names it. None when the image ran with it (it did not keep
-        this image finite, so the image's fix is what is left to try) or there is none."""
+        made, or the user's own settings set it aside (which of them, as they are now); it is
+        the model's proved fix, so the fix button runs it (for that job, over those settings)
+        rather than the image's quick suggestion, and the banner names it alone. None when the
+        image ran with it (it did not keep this image finite, so the image's fix is what is
+        left to try) or there is none."""
         model = self.state.model
-        remembered = model.remembered_fix if model is not None else None
+        remembered: RememberedFix | None = model.remembered_fix if model is not None else None
         if remembered is None or dict(remembered.settings) == dict(entry.fix or {}):
             return None
-        return None if ran_with(entry.settings, remembered.settings) else remembered
+        if ran_with(entry.settings, remembered.settings):
+            return None
+        return Remembered(dict(remembered.settings), set_aside_by(self.state, remembered.settings))
+
+    def _remembering_lists(self) -> dict[str, list[str]]:
+        """The layer lists sent to be remembered whose answer has not come back, by kind."""
+        lists: dict[str, list[str]] = {}
+        for own in self._remembering:
+            for key, entries in own.items():
+                lists.setdefault(key, []).extend(entries or ())
+        return lists
 
     def make_fix_the_setting(self, entry: GalleryEntry) -> list[str]:
         """Make the fix an image was made again with the user's setting, from the next job on:
         its plain settings set, its layer lists remembered for the model (`fixes.apply_fix`).
         Returns the setting keys that changed."""
         fix = dict(entry.applied_fix or {})
+        shared, _own = split_fix(fix)
+        if fix_in_place(self.state, fix, self._remembering_lists()).layers_remembered:
+            fix = shared  # its layers are remembered for the model already
         summary = words.fix_short(fix, self.state.components())
         try:
             changed = apply_fix(self.state, self.client, fix, summary, self.dialogs.job_failed)
         except ValueError as error:
             self.dialogs.error(f"The fix could not be applied: {error}.")
             return []
-        self.banner.show_message(
-            "good",
-            f"<b>The fix is now your setting</b> ({html.escape(words.first_lower(summary))}): "
-            "every job runs with it from the next one on.",
-        )
+        self._refresh_banner()  # the image's banner, as the settings stand now
         return changed
 
     def make_again(self, entry: GalleryEntry) -> int:

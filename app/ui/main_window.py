@@ -506,16 +506,24 @@ class MainWindow(QMainWindow):
             plan = self.state.expected_plan()
             self.precision_status.setText(
                 "Precision: "
-                + (
-                    plan_words(plan)
-                    if plan is not None
-                    else words.precision_summary(self.state.settings.to_dict())
-                )
+                + (plan_words(plan) if plan is not None else self._settings_with_remembered())
             )
             self.precision_status.setToolTip(
                 "What the next job will use: your settings with Auto resolved for this "
                 "computer and the loaded model (its needs and its remembered fix)."
             )
+
+    def _settings_with_remembered(self) -> str:
+        """The next job's precision while the device is not known: the settings, with the
+        loaded model's remembered fix where they leave its fields to it (Auto, off, empty),
+        as a job lays it over them; the banner under a repaired image says the same fix."""
+        values = self.state.settings.to_dict()
+        model = self.state.model
+        fix = model.remembered_fix if model is not None else None
+        for key, value in (fix.settings if fix is not None else {}).items():
+            if values.get(key) in ("auto", False, None, []):
+                values[key] = value
+        return words.precision_summary(values, parts=self.state.components())
 
     # Engine life ------------------------------------------------------------------------------
 

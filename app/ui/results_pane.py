@@ -35,6 +35,11 @@ from app.ui.widgets import Banner, label, plain_scroll
 
 # What the image area says while there is no image to show.
 EMPTY_WORDS = "Your images appear here, with a live preview while they are made."
+# What the image area says when the engine stopped before the image was finished.
+LOST_WORDS = (
+    "The engine stopped before this image was finished, so there is no image to show. Your "
+    "earlier images are in the gallery below."
+)
 
 
 class ResultsPane(QSplitter):
@@ -135,6 +140,14 @@ class ResultsPane(QSplitter):
         saying so, with `caption`, and its banner goes."""
         self.banner.dismiss()
         self.image.set_pixmap(None, "Making the image: a preview appears after a few steps.")
+        self.parameters.setText(caption)
+        self.caption.text_changed()
+
+    def show_lost(self, caption: str) -> None:
+        """The image being made was lost with the engine: words saying so where it would have
+        been, with `caption` (the last finished image stays in the gallery, never under words
+        about another one)."""
+        self.image.set_pixmap(None, LOST_WORDS)
         self.parameters.setText(caption)
         self.caption.text_changed()
 

@@ -13,9 +13,12 @@ from app.core import samplers
 
 class SamplerChoice(QWidget):
     """A sampler and its schedule. `changed(value)` fires on the user's changes only, with the
-    setting's value for the pair."""
+    setting's value for the pair. `note(sentence)` fires when a sampler the user picks does not
+    run the schedule chosen: it runs its own instead, and the chosen one comes back with a
+    sampler that runs it."""
 
     changed = Signal(str)
+    note = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -38,6 +41,9 @@ class SamplerChoice(QWidget):
         row.addWidget(self.sampler, 3)
         row.addWidget(self.schedule, 2)
         self._setting = False
+        # The schedule the user chose (None: the sampler's own), kept while a sampler that
+        # does not run it is shown.
+        self._wanted: str | None = None
         self._fill_schedules(None)
         self.sampler.currentIndexChanged.connect(self._sampler_changed)
         self.schedule.currentIndexChanged.connect(self._schedule_changed)
@@ -57,7 +63,8 @@ class SamplerChoice(QWidget):
         self._setting = True
         try:
             self.sampler.setCurrentIndex(self.sampler.findData(sampler.key))
-            self._fill_schedules(schedule.key if schedule else None)
+            self._wanted = schedule.key if schedule else None
+            self._fill_schedules(self._wanted)
         finally:
             self._setting = False
         return True
@@ -80,10 +87,25 @@ class SamplerChoice(QWidget):
         if self._setting:
             return
         # The schedule chosen stays where the new sampler runs it (Karras from DPM++ 2M to
-        # Euler), else it is the sampler's own.
-        self._fill_schedules(self.schedule.currentData() or None)
+        # Euler), else it is the sampler's own, said, and comes back with one that runs it.
+        wanted = self._wanted
+        self._fill_schedules(wanted)
+        sampler = samplers.BY_KEY[str(self.sampler.currentData())]
+        if wanted is not None and wanted not in sampler.schedules:
+            schedule = samplers.SCHEDULE_BY_KEY[wanted].name
+            said = (
+                f"{sampler.name} does not run the {schedule} schedule, so it runs its own "
+                f"({samplers.OWN_SCHEDULE_WORDS}); {schedule} comes back with a sampler that "
+                "runs it."
+            )
+            self.schedule.setToolTip(said)
+            self.note.emit(said)
+        else:
+            self.schedule.setToolTip("")
         self.changed.emit(self.value())
 
     def _schedule_changed(self, _index: int) -> None:
         if not self._setting:
+            self._wanted = self.schedule.currentData() or None
+            self.schedule.setToolTip("")
             self.changed.emit(self.value())

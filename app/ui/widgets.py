@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtGui import QFontMetrics, QPainter, QResizeEvent
 from PySide6.QtWidgets import (
+    QApplication,
     QFrame,
     QHBoxLayout,
     QHeaderView,
@@ -16,6 +17,9 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QTreeWidget,
     QVBoxLayout,
     QWidget,
@@ -228,11 +232,54 @@ def show_progress(bar: QProgressBar, done: int, total: int) -> None:
 FLOOR_CHARS = 12
 
 
+def elide_words(text: str, metrics: QFontMetrics, width: int) -> str:
+    """`text` as it fits `width` pixels: whole, or cut after the last whole word that fits,
+    with "…" ("Keep 2 VAE layers…", never "Keep 2 VAE…rs"). A single word (a file name) is cut
+    in its middle, keeping its start and its end; a first word too long for the width, at its
+    end."""
+    if metrics.horizontalAdvance(text) <= width:
+        return text
+    words_ = text.split(" ")
+    for count in range(len(words_) - 1, 0, -1):
+        shown = " ".join(words_[:count]).rstrip(" ,;:·-(") + "…"
+        if metrics.horizontalAdvance(shown) <= width:
+            return shown
+    mode = Qt.TextElideMode.ElideMiddle if len(words_) == 1 else Qt.TextElideMode.ElideRight
+    return metrics.elidedText(text, mode, width)
+
+
+class WordElidingDelegate(QStyledItemDelegate):
+    """Draws a table cell's text cut at a word boundary where it does not fit
+    (`elide_words`), where Qt would cut it in the middle of a word."""
+
+    def shown_text(self, option: QStyleOptionViewItem) -> str:
+        """The text the cell shows for `option` (its style option, text and rectangle set)."""
+        widget = option.widget  # type: ignore[attr-defined]
+        style = widget.style() if widget is not None else QApplication.style()
+        room = style.subElementRect(QStyle.SubElement.SE_ItemViewItemText, option, widget)
+        margin = style.pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, widget) + 1
+        return elide_words(option.text, option.fontMetrics, room.width() - 2 * margin)  # type: ignore[attr-defined]
+
+    def paint(
+        self,
+        painter: QPainter,
+        option: QStyleOptionViewItem,
+        index: QModelIndex | QPersistentModelIndex,
+    ) -> None:
+        shown = QStyleOptionViewItem(option)
+        self.initStyleOption(shown, index)
+        shown.text = self.shown_text(shown)  # type: ignore[attr-defined]
+        widget = shown.widget  # type: ignore[attr-defined]
+        style = widget.style() if widget is not None else QApplication.style()
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, shown, painter, widget)
+
+
 class FittedTree(QTreeWidget):
     """A flat table whose columns share its width as it changes: each gets the width its text
     needs while they all fit, and spare width by `shares`; when they do not fit, the
-    `give_way` columns narrow in turn, to FLOOR_CHARS at least, their text elided in its
-    middle (a cell's tooltip says it whole). The other columns are never narrowed."""
+    `give_way` columns narrow in turn, to FLOOR_CHARS at least, their text cut after its last
+    whole word that fits, a single word (a file name) in its middle (`elide_words`; a cell's
+    tooltip says it whole). The other columns are never narrowed."""
 
     def __init__(
         self,
@@ -249,6 +296,7 @@ class FittedTree(QTreeWidget):
         self.setAlternatingRowColors(True)
         self.setUniformRowHeights(True)
         self.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.setItemDelegate(WordElidingDelegate(self))
         header = self.header()
         header.setStretchLastSection(False)
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)

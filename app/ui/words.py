@@ -320,12 +320,13 @@ def precision_summary(
 
 def job_ran_words(result: Any, parts: Sequence[str] = ()) -> str:
     """The status bar's words for what a finished generation (`GenerationResult`) ran with:
-    the job's precision (a fix it ran for that job only said as such), and a repair after it
-    as a repair, once per repair: 'fp16 everywhere; repaired after: keep 2 VAE layers in bf16'.
-    A repair is no setting: the next job at the same settings repairs again."""
+    the job's precision (made again with a fix said as such: where that fix stands now, the
+    image's banner says), and a repair after it as a repair, once per repair: 'fp16
+    everywhere; repaired after: keep 2 VAE layers in bf16'. A repair is no setting: the next
+    job at the same settings repairs again."""
     said = precision_summary(result.settings, parts=parts)
     if result.job_fix is not None:
-        said += " (with the fix for that job only)"
+        said += " (made again with a fix)"
     repairs = dict.fromkeys(fix for image in result.images for fix in image.fixes_applied)
     if repairs:
         said += "; repaired after: " + ", ".join(repairs)

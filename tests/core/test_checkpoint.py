@@ -154,6 +154,37 @@ def test_missing_empty_tiny_and_truncated_files(tmp_path):
     assert_one_sentence(caught.value, truncated)
 
 
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (
+            "These are my notes about models.\nsd15: 7 steps\n" * 40,
+            "this is a text file, not a safetensors file (it begins 'These are my notes "
+            "about models.')",
+        ),
+        ("\x1b[32mhalfsafe: Verdict: Healthy\x1b[0m\n" * 9, "not a safetensors file ("),
+        ("short note, wrong name" * 3, "it begins 'short note, wrong nameshort not…'"),
+        (b"\x00\x01\x02\x03\xff\xfe\xfd\xfc" * 4, "not a safetensors file ("),
+    ],
+    ids=["notes", "escape codes", "one long line", "binary"],
+)
+def test_a_file_that_is_no_safetensors_file_is_said_to_be_so(tmp_path, content, said):
+    """A text file renamed .safetensors: its first 8 bytes read as a header length give a
+    number of megabytes past any disk. What the file is, in one sentence, is said instead; its
+    start is quoted only when it is plain printable text."""
+    path = tmp_path / "model.safetensors"
+    if isinstance(content, str):
+        path.write_text(content, encoding="utf-8")
+    else:
+        path.write_bytes(content)
+    with pytest.raises(BadFileError) as caught:
+        read_safetensors_header(path)
+    text = assert_one_sentence(caught.value, path)
+    assert said in text
+    assert "MB" not in text and "header length" not in text
+    assert "\x1b" not in text and "Verdict" not in text
+
+
 def test_a_folder_named_like_a_file_is_not_a_regular_file(tmp_path):
     folder = tmp_path / "model.safetensors"
     folder.mkdir()

@@ -161,7 +161,8 @@ def test_nan_result_shows_the_banner_and_its_fix_regenerates_with_the_fix(view, 
     assert view.gallery.count() == 2
     assert view.banner.level == "good"
     text = view.banner.text.text()
-    assert "Made again with the fix (run the VAE in fp32) for this image only" in text
+    assert "Made again with the fix (run the VAE in fp32)" in text
+    assert "The fix ran for this image only; your settings are unchanged" in text
     # What ran, from the image's record (a fix remembered for the model would show here too).
     assert f"running as {words.precision_summary(view.current_entry.settings)};" in text
     assert "VAE in fp32" in text
@@ -184,10 +185,11 @@ def test_the_fix_button_runs_its_fix_over_the_users_own_setting_and_says_so(
     _black_with_fix(
         view, engines, tmp_path, suggested, {"precision": "fp16", "vae_precision": "fp16"}
     )
-    # The banner names the fix its button runs.
+    # The banner names the fix its button runs, and which of the user's settings set it aside.
     assert (
-        "Apply fix and regenerate runs the fix remembered for this model instead (run the VAE "
-        "in bf16), which your own settings set aside for this image."
+        "Your own VAE precision fp16 set aside the fix remembered for this model on this device "
+        "(run the VAE in bf16), so this image ran without it. Apply fix and regenerate makes it "
+        "again with that fix, for this image only"
     ) in view.banner.text.text()
     view.banner.buttons["Apply fix and regenerate"].click()
     again = engines.current.last_job("generate")
@@ -209,7 +211,7 @@ def test_the_fix_button_runs_its_fix_over_the_users_own_setting_and_says_so(
     text = view.banner.text.text()
     assert "for this image only, over your own VAE precision fp16" in text
     assert load_settings().settings["vae_precision"] == "fp16"
-    assert "bf16" in window_status(view) and "for that job only" in window_status(view)
+    assert "bf16" in window_status(view) and "made again with a fix" in window_status(view)
     view.banner.buttons["Make it the setting"].click()
     assert load_settings().settings["vae_precision"] == "bf16"
 

@@ -25,6 +25,10 @@ HEADER_LIMIT = 100_000_000
 SAFETENSORS_SUFFIX = ".safetensors"
 
 _ZIP_MAGIC = b"PK\x03\x04"
+# The bytes read to tell what a file that is no safetensors file is (a text file renamed).
+_SNIFF_BYTES = 64
+# A text file's opening said back to the user, at most this many characters.
+_QUOTED_CHARS = 32
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
         raise BadFileError(path, "the file is empty (0 bytes), so it holds no model.")
     try:
         with open_regular(path) as handle:
-            head = handle.read(8)
+            start = handle.read(_SNIFF_BYTES)
+            head = start[:8]
             if head.startswith(_ZIP_MAGIC) or _looks_like_pickle(head):
                 raise PickleRefusedError(
                     path,
@@ -103,6 +108,12 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
                     "file (it is truncated or not a model).",
                 )
             (header_len,) = struct.unpack("<Q", head)
+            if header_len > min(HEADER_LIMIT, size - 8):
+                # No header's length at all: say what the file is rather than what its first
+                # bytes would mean as one ("2338328219632 MB").
+                foreign = not_safetensors_words(start)
+                if foreign:
+                    raise BadFileError(path, foreign)
             if header_len > HEADER_LIMIT:
                 raise BadFileError(
                     path,
@@ -116,6 +127,7 @@ def read_safetensors_header(path: str | Path) -> SafetensorsHeader:
                     f"the header length field says {header_len} bytes but the file has only "
                     f"{size - 8} after it: the file is truncated or not a safetensors file.",
                 )
+            handle.seek(8)
             raw = handle.read(header_len)
     except OSError as error:
         raise BadFileError(path, f"the file cannot be read ({error.strerror or error}).") from None
@@ -247,6 +259,43 @@ def _file_size(path: Path) -> int:
     if not path.is_file():
         raise BadFileError(path, "this is not a regular file.")
     return stat.st_size
+
+
+def not_safetensors_words(start: bytes) -> str | None:
+    """What a file is whose first bytes (`start`, up to 64) cannot open a safetensors file,
+    one whose 8-byte length field is no header's length: text ("this is a text file, not a
+    safetensors file ...", quoting its start, printable characters only), or other bytes
+    where the header's opening brace belongs. None where the brace is there (a safetensors
+    file cut short, or one whose length field is damaged), which the caller says itself."""
+    if len(start) > 8 and start[8:9] == b"{":
+        return None
+    text = _text_start(start)
+    if text is not None:
+        return (
+            f"this is a text file, not a safetensors file (it begins '{text}'), so it holds "
+            "no model."
+        )
+    return (
+        "this is not a safetensors file (its first bytes are not the length of a header "
+        "followed by the header), so it holds no model."
+    )
+
+
+def _text_start(start: bytes) -> str | None:
+    """The first line of `start` as the user may read it, when the bytes are text (UTF-8,
+    printable, line breaks and tabs allowed); None for other bytes."""
+    try:
+        text = start.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(start) - 3:  # not merely a character cut at the end
+            return None
+        text = start[: error.start].decode("utf-8")
+    if not text or not all(c.isprintable() or c in "\t\r\n" for c in text):
+        return None
+    line = " ".join(text.strip().split("\n", 1)[0].split())
+    if not line:
+        return None
+    return line if len(line) <= _QUOTED_CHARS else line[: _QUOTED_CHARS - 1].rstrip() + "…"
 
 
 def _looks_like_pickle(head: bytes) -> bool:

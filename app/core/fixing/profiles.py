@@ -643,15 +643,16 @@ def remembered_words(
     """The note a job makes of a remembered fix: used (it set some of the settings the job ran
     with: `plan.remembered_used`), or there but overridden by the user's own settings; and the
     layers it names that this model does not have (`plan.remembered_dropped`), left out. A job
-    run with a fix of its own (`job_fix`) says that first, and what of the user's it replaced;
-    the remembered fix it holds is then no setting of the user's."""
-    said = [job_fix_words(job_fix, remembered)] if job_fix is not None else []
+    run with a fix of its own (`job_fix`) makes no note of it: its record says what ran
+    (`GenerationResult.job_fix`), and the window says it from there, as things stand when it
+    is read (a fix made the setting since is no longer "for that job only"); the remembered
+    fix that fix holds is then no setting of the user's, and is not said either."""
     if remembered is None:
-        return said
+        return []
     held = set(getattr(plan, "remembered_held", ()))
     if job_fix is not None and held and held <= set(job_fix.settings):
-        return said  # the job's fix is the remembered one, said above
-    return said + _remembered_only_words(remembered, plan)
+        return []  # the job's fix is the remembered one, which its record says
+    return _remembered_only_words(remembered, plan)
 
 
 def overridden_words(overrode: Mapping[str, Any]) -> str:
@@ -664,29 +665,6 @@ def overridden_words(overrode: Mapping[str, Any]) -> str:
         return str(value)
 
     return join_words([f"{FIELDS[key].label} {value_words(v)}" for key, v in overrode.items()])
-
-
-def job_fix_words(job_fix: JobFix, remembered: RememberedFix | None = None) -> str:
-    """What a job run with a fix of its own says of it: the fix, for this job only, over which
-    of the user's own settings, and how to have it on every job."""
-    from app.core.precision.words import fix_words
-
-    does = fix_words(job_fix.settings, remembered.parts if remembered else ())
-    if not job_fix.overrode:
-        return f"This job ran with the fix {does} for this job only; your settings are unchanged."
-    mine = overridden_words(job_fix.overrode)
-    labels = _labels(job_fix.overrode)
-    is_remembered = remembered is not None and dict(remembered.settings) == job_fix.settings
-    every_job = (
-        f"set {labels} to Auto (the fix remembered for this model then applies), or make the "
-        "fix your setting"
-        if is_remembered
-        else "make the fix your setting"
-    )
-    return (
-        f"This job ran with the fix {does} for this job only, over your own {mine}; your "
-        f"settings are unchanged. To run it on every job, {every_job}."
-    )
 
 
 def overridden_repair_words(

@@ -18,6 +18,7 @@ from typing import Any
 
 from app.core import limits
 from app.core.checkpoint import SAFETENSORS_SUFFIX, read_safetensors_header
+from app.core.checkpoint.header import not_safetensors_words
 from app.core.errors import BadFileError
 
 # A header read for its metadata: a checkpoint's is some 200 KB, a LoRA's with kohya's tag
@@ -103,12 +104,15 @@ def read_card(path: str | Path) -> ModelCard:
 def _read_card(path: Path) -> ModelCard:
     try:
         with limits.open_regular(path) as handle:
-            head = handle.read(8)
+            head = handle.read(64)
     except OSError as error:
         return ModelCard(problem=f"{path}: the file cannot be read ({error.strerror or error}).")
-    if len(head) == 8:
-        (length,) = struct.unpack("<Q", head)
+    if len(head) >= 8:
+        (length,) = struct.unpack("<Q", head[:8])
         if length > MAX_CARD_HEADER_BYTES:
+            foreign = not_safetensors_words(head)  # a text file renamed, say
+            if foreign:
+                return ModelCard(problem=f"{path}: {foreign}")
             return ModelCard(
                 problem=f"{path}: its header says it is {length / 2**20:,.0f} MB, far more "
                 "than any model's, so its details were not read."
