@@ -91,6 +91,7 @@ def _upsampler(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str,
     declared another class or its processor is missing or unreadable)."""
     import transformers
 
+    from app.core.families.flux3_upsampler import decoding_config
     from app.core.families.qwenimage21 import processor_from_folder
 
     library, declared = (str(v) for v in components["prompt_upsampler"])
@@ -113,10 +114,16 @@ def _upsampler(folder: Path, components: Mapping[str, Any], dtypes: Mapping[str,
         raise BadFileError(
             folder, f"its prompt upsampler's processor cannot be read: {error}."
         ) from None
+    # Its generation_config.json is never handed to transformers: HalfSafe decodes greedily,
+    # reading only its token ids (`decoding_config`).
     model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
         str(folder / "prompt_upsampler"),
         local_files_only=True,
         trust_remote_code=False,
         dtype=dtypes.get("prompt_upsampler", dtypes["default"]),
+        generation_config=transformers.GenerationConfig(),
     )
+    config = model.config.to_dict()
+    vocabulary = int((config.get("text_config") or config)["vocab_size"])
+    model.generation_config = decoding_config(folder / "prompt_upsampler", config, vocabulary)
     return {"prompt_upsampler": model.eval(), "prompt_upsampler_processor": read}

@@ -14,8 +14,9 @@ Imported only where a FLUX.3 model runs its upsampler: it imports transformers a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,10 +26,56 @@ from diffusers.modular_pipelines.flux3.prompt_upsampler import (
     SYSTEM_PROMPTS,
     prepare_references,
 )
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from app.core import limits
+from app.core.errors import BadFileError
 
 # A job's bound: diffusers' (its upsampler's captions run 100 to 350 words).
 JOB_NEW_TOKENS = MAX_NEW_TOKENS
+
+
+# The token ids a generation_config.json may set that HalfSafe's decoding reads, and the most
+# ids that end a caption (Qwen3.5 names two).
+TOKEN_SETTINGS = ("eos_token_id", "pad_token_id", "bos_token_id")
+MAX_END_TOKENS = 16
+
+
+def decoding_config(folder: Path, config: Mapping[str, Any], vocabulary: int) -> GenerationConfig:
+    """How HalfSafe decodes with the upsampler of `folder` (its prompt_upsampler/ subfolder):
+    greedily, one beam, no sampling, as diffusers' upsampling blocks ask. Of the folder's
+    generation_config.json (or, without one, its model `config`) only the token ids that end,
+    pad and begin a caption are read, each a token of the model's `vocabulary`; every other
+    setting there (sampling, beams, penalties, contrastive search, lengths, a generate function
+    of its own) is ignored, since HalfSafe never decodes by it. Raises BadFileError naming the
+    file where a token id is not one of the model's."""
+    file = folder / "generation_config.json"
+    stored: Mapping[str, Any] = config.get("text_config") or config
+    source = folder / "config.json"
+    if limits.is_regular_file(file):
+        try:
+            stored, source = limits.read_json_object(file), file
+        except (OSError, ValueError) as error:
+            reason = error.strerror if isinstance(error, OSError) else str(error)
+            raise BadFileError(file, f"{reason or error}.") from None
+    ids: dict[str, Any] = {}
+    for name in TOKEN_SETTINGS:
+        value = stored.get(name)
+        listed = value if isinstance(value, list) and name == "eos_token_id" else [value]
+        if value is None:
+            continue
+        if len(listed) > MAX_END_TOKENS or not all(_token(v, vocabulary) for v in listed):
+            raise BadFileError(
+                source,
+                f"its {name} is not a token id of this model (whole numbers from 0 to "
+                f"{vocabulary - 1}, at most {MAX_END_TOKENS} of them).",
+            )
+        ids[name] = value
+    return GenerationConfig(do_sample=False, num_beams=1, **ids)
+
+
+def _token(value: Any, vocabulary: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocabulary
 
 
 @dataclass
@@ -143,6 +190,7 @@ def generate(
         **inputs,
         max_new_tokens=max_new_tokens,
         do_sample=False,
+        num_beams=1,
         output_logits=logits,
         return_dict_in_generate=True,
         logits_processor=LogitsProcessorList(steer),

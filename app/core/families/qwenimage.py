@@ -236,9 +236,11 @@ def edit_processor(tokenizer=None, images: Mapping[str, Any] | None = None):
 def _edit_processor_from(folder: Path):
     """Qwen-Image-Edit's processor from a pipeline folder's processor/ files: the tokenizer
     there and its image processor's settings (processor_config.json as transformers saves it,
-    or an older preprocessor_config.json). Raises ValueError or OSError naming what is
-    missing or malformed."""
+    or an older preprocessor_config.json), its chat templates rendered within bounds
+    (`chat_templates.bound`). Raises ValueError or OSError naming what is missing or malformed."""
     from transformers import AutoTokenizer
+
+    from app.core.encoders.chat_templates import bound
 
     images: Any = None
     combined, older = folder / "processor_config.json", folder / "preprocessor_config.json"
@@ -251,7 +253,7 @@ def _edit_processor_from(folder: Path):
     tokenizer = AutoTokenizer.from_pretrained(
         str(folder), local_files_only=True, trust_remote_code=False
     )
-    return edit_processor(tokenizer, images)
+    return bound(edit_processor(tokenizer, images), folder)
 
 
 @dataclass(frozen=True)

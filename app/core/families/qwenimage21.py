@@ -541,10 +541,12 @@ class _EncodedPrompt:
 def processor_from_folder(folder: Path):
     """Qwen3-VL's processor from a pipeline folder's processor/ files: the tokenizer there, its
     image processor's settings (processor_config.json as transformers saves it, or an older
-    preprocessor_config.json) and its chat template (chat_template.jinja or .json). Raises
-    ValueError or OSError naming what is missing or malformed."""
+    preprocessor_config.json) and its chat template (chat_template.jinja or .json), which it
+    renders within bounds (`chat_templates.bound`: a hostile one is refused naming its file).
+    Raises ValueError or OSError naming what is missing or malformed."""
     from transformers import AutoTokenizer
 
+    from app.core.encoders.chat_templates import bound
     from app.core.encoders.tokenizers import qwen3_vl_processor
 
     images: Any = None
@@ -566,4 +568,4 @@ def processor_from_folder(folder: Path):
     tokenizer = AutoTokenizer.from_pretrained(
         str(folder), local_files_only=True, trust_remote_code=False
     )
-    return qwen3_vl_processor(tokenizer, images, template)
+    return bound(qwen3_vl_processor(tokenizer, images, template), folder)

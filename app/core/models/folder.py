@@ -201,26 +201,48 @@ def _built(path: Path, family, components: dict, torch_dtype: dict, variant, pic
     diffusers cannot read it."""
     import diffusers
 
+    from app.core.encoders.chat_templates import bound_pipeline
+
     try:
-        pipeline = family.load_folder(path, components, torch_dtype) if family else None
-        if pipeline is None:
-            parts = family.folder_parts(path) if family is not None else {}
-            pipeline = diffusers.DiffusionPipeline.from_pretrained(
-                path,
-                local_files_only=True,
-                trust_remote_code=False,
-                torch_dtype=torch_dtype,
-                variant=variant,
-                use_safetensors=None if pickles else True,
-                **parts,
-            )
+        with _without_progress_bars():
+            pipeline = family.load_folder(path, components, torch_dtype) if family else None
+            if pipeline is None:
+                parts = family.folder_parts(path) if family is not None else {}
+                pipeline = diffusers.DiffusionPipeline.from_pretrained(
+                    path,
+                    local_files_only=True,
+                    trust_remote_code=False,
+                    torch_dtype=torch_dtype,
+                    variant=variant,
+                    use_safetensors=None if pickles else True,
+                    **parts,
+                )
     except HalfSafeError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError, TypeError, AttributeError) as error:
         raise BadFileError(
             path, f"diffusers could not load this folder ({first_line(error)})."
         ) from None
+    bound_pipeline(pipeline, path)  # the folder's chat templates render within bounds
     return pipeline
+
+
+@contextlib.contextmanager
+def _without_progress_bars():
+    """diffusers and transformers draw a bar for each part they load ("Loading weights"): noise
+    on the terminal beside HalfSafe's own progress lines and refusals."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    shown = [log.is_progress_bar_enabled() for log in (diffusers_logging, transformers_logging)]
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for log, was in zip((diffusers_logging, transformers_logging), shown, strict=True):
+            if was:
+                log.enable_progress_bar()
 
 
 # The index diffusers writes for a modular pipeline's folder (`ModularPipeline.save_pretrained`).
