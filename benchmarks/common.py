@@ -3,7 +3,8 @@ device synchronisation, peak working memory, and the models they measure.
 
 Models: `demo` (the built-in tiny SD1.x model) and `sd1` / `sdxl` (full-size pipelines with
 random weights, built from the shipped configs: the same shapes and so the same cost as the real
-models; the images mean nothing).
+models; the images mean nothing). `tiny=True` builds the tests' tiny SD1.x / SDXL pipelines in
+their place (`TINY_SIZE` px): the same code paths in seconds, for a dry run on a CPU.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if str(ROOT) not in sys.path:
 
 MODELS = ("demo", "sd1", "sdxl")
 NATIVE_SIZE = {"demo": 128, "sd1": 512, "sdxl": 1024}
+TINY_SIZE = 64
 MODEL_WORDS = {
     "demo": "demo model (tiny SD1.x)",
     "sd1": "SD1.5-size, random weights",
@@ -223,31 +225,68 @@ def release_device_memory() -> None:
 # --- models ------------------------------------------------------------------------------
 
 
-def bench_model(name: str, dtype: str = "fp32"):
-    """A LoadedModel for `demo`, `sd1` or `sdxl` (random weights, stored in `dtype`)."""
+def bench_model(name: str, dtype: str = "fp32", *, tiny: bool = False):
+    """A LoadedModel for `demo`, `sd1` or `sdxl` (random weights, stored in `dtype`); with
+    `tiny`, the tests' tiny pipeline of the same architecture (`sd1`, `sdxl`)."""
     from app.core.checkpoint import scan_weights
     from app.core.models import LoadedModel, load_model
+    from app.core.precision.plan import torch_dtype
     from tests.support.model_files import build_random_pipeline
 
     if name == "demo":
         return load_model("demo")
     if name not in NATIVE_SIZE:
         raise SystemExit(f"Unknown model {name!r}: choose from {', '.join(MODELS)}.")
-    pipeline = build_random_pipeline(name, dtype=dtype, seed=0)
+    if tiny:
+        from tests.support import tiny_models
+
+        build = {
+            "sd1": tiny_models.build_tiny_sd_pipeline,
+            "sdxl": tiny_models.build_tiny_sdxl_pipeline,
+        }
+        pipeline = build[name](seed=0).to(torch_dtype(dtype))
+    else:
+        pipeline = build_random_pipeline(name, dtype=dtype, seed=0)
+    kind = "tiny" if tiny else "random"
     return LoadedModel(
         pipeline=pipeline,
-        source=f"random-{name}",
-        name=f"random-{name}",
+        source=f"{kind}-{name}",
+        name=f"{kind}-{name}",
         format="demo",
         architecture=name,
         prediction_type=pipeline.scheduler.config.prediction_type,
-        native_size=NATIVE_SIZE[name],
+        native_size=TINY_SIZE if tiny else NATIVE_SIZE[name],
         stored_dtype=dtype,
         model_hash=None,
-        profile_key=f"bench-random-{name}",
+        profile_key=f"bench-{kind}-{name}",
         weights=scan_weights(pipeline),
         detected_because="random weights for a benchmark",
     )
+
+
+def model_size(name: str, size: int | None, tiny: bool = False) -> int:
+    """The picture size a benchmark runs `name` at: `size` where given, else the model's
+    native size (`TINY_SIZE` for a tiny one)."""
+    return size or (TINY_SIZE if tiny else NATIVE_SIZE[name])
+
+
+# The layer each architecture has an fp16 overflow planted in, and the factor its weights are
+# scaled by (its output passes 65504 while the weights stay within fp16's range). SDXL's is the
+# one `whole_job_memory.py` plants in its files; SD1.5's is `islands.py`'s.
+PLANTS = {
+    "sd1": ("down_blocks.0.resnets.0.conv1", 1e5),
+    "sdxl": ("down_blocks.1.attentions.0.transformer_blocks.0.ff.net.0.proj", 1e5),
+}
+
+
+def plant(model, name: str) -> str:
+    """Scale `PLANTS[name]`'s layer of `model`'s UNet in place; its module path."""
+    import torch
+
+    layer, factor = PLANTS[name]
+    with torch.no_grad():
+        model.pipeline.unet.get_submodule(layer).weight.mul_(factor)
+    return layer
 
 
 PROMPT = "a lighthouse on a cliff at dusk, highly detailed"

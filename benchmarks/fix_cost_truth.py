@@ -15,8 +15,10 @@ the 10% asked, between a check and the generation that follows it.
 Per CPU bf16 class (`HALFSAFE_CPU_BF16`, one a run): where bf16 is native the fix's wider layers
 are bf16, where it is emulated they are fp32. A GPU runs the same script with `--device cuda`.
 
+`--tiny` runs the tests' tiny pipeline of the model's architecture instead (a dry run).
+
 Usage: python benchmarks/fix_cost_truth.py [--device cpu|cuda] [--model sd1|sdxl|demo]
-       [--size PX] [--steps N] [--bf16 native|emulated] [--pairs N] [--json FILE]
+       [--size PX] [--steps N] [--bf16 native|emulated] [--pairs N] [--tiny] [--json FILE]
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def run_case(args, bf16: str) -> dict:
 
     os.environ["HALFSAFE_CPU_BF16"] = bf16
     with status(f"building {args.model} (stored in fp16)"):
-        model = bench_model(args.model, "fp16")
+        model = bench_model(args.model, "fp16", tiny=args.tiny)
     with torch.no_grad():
         model.pipeline.unet.get_submodule(PLANTED).weight.mul_(FACTOR)
     fp16 = PrecisionSettings(precision="fp16")
@@ -211,6 +213,7 @@ def main() -> None:
     parser.add_argument(
         "--pairs", type=int, default=1, help="checks and generations, alternating (default 1)"
     )
+    parser.add_argument("--tiny", action="store_true", help="the tests' tiny pipeline")
     parser.add_argument("--json")
     args = parser.parse_args()
     # A remembered fix or settings of this machine's own would change what the check and the
@@ -221,6 +224,7 @@ def main() -> None:
     document = {
         "machine": machine(args.device),
         "model": args.model,
+        "tiny": args.tiny,
         "size": args.size,
         "steps": args.steps,
         "cases": cases,

@@ -19,8 +19,11 @@ fp16, 20 steps; and a sync check: the loop runs under `torch.cuda.set_sync_debug
 and the synchronising calls between the end of the first step and the end of the last are
 counted, for the plain pipeline and for the watched loop.
 
+`--tiny` runs the CUDA cases (sd1, sdxl) on the tests' tiny pipelines at 64 px, on whichever
+device is named: a dry run of the GPU's cases.
+
 Usage: python benchmarks/generation.py [--device cpu|cuda] [--cases demo,sd1] [--steps N]
-       [--runs R] [--json PATH]
+       [--runs R] [--tiny] [--json PATH]
 Prints a table; `--json` also writes the figures as JSON.
 docs/benchmarks.md records the figures.
 """
@@ -35,7 +38,16 @@ import time
 import warnings
 from pathlib import Path
 
-from common import bench_model, emit, generation_job, machine, names, status
+from common import (
+    TINY_SIZE,
+    bench_model,
+    emit,
+    generation_job,
+    machine,
+    names,
+    status,
+    write_json,
+)
 from common import sync as _sync
 
 # name -> (model, size px, precision) per device kind
@@ -54,7 +66,7 @@ def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
     from app.core.settings import PrecisionSettings
 
     built = time.perf_counter()
-    model = bench_model(key, dtype)
+    model = bench_model(key, dtype, tiny=args.tiny)
     build_s = time.perf_counter() - built
     device = hardware.pick_device(args.device)
     info = hardware.describe_device(device)
@@ -308,8 +320,17 @@ def measure(args) -> dict:
 
     kind = "cuda" if args.device.startswith("cuda") else "cpu"
     cases = CASES[kind]
+    if args.tiny:  # the GPU's cases, tiny, in their precision
+        cases = {n: (key, TINY_SIZE, dtype) for n, (key, _, dtype) in CASES["cuda"].items()}
     args.steps = args.steps or DEFAULT_STEPS[kind]
     rows = []
+    document = {
+        "benchmark": "generation",
+        "machine": machine(args.device),
+        "device": args.device,
+        "tiny": args.tiny,
+        "cases": rows,
+    }
     for name in names(args.cases, list(cases)):
         if name not in cases:
             sys.exit(f"Unknown case {name!r} for {kind}: choose from {', '.join(cases)}.")
@@ -318,12 +339,9 @@ def measure(args) -> dict:
             rows.append(run_case(name, key, size, dtype, args))
         if kind == "cuda":
             torch.cuda.empty_cache()
-    return {
-        "benchmark": "generation",
-        "machine": machine(args.device),
-        "device": args.device,
-        "cases": rows,
-    }
+        if args.json:  # each case's figures as soon as they are known
+            write_json(args.json, document)
+    return document
 
 
 def main() -> None:
@@ -333,6 +351,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--scheduler", default="dpmpp_2m_karras")
+    parser.add_argument("--tiny", action="store_true", help="the CUDA cases, tiny")
     parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args()
     document = measure(args)

@@ -2,20 +2,41 @@
 same size, and what the activation hooks cost, measured side by side in one run.
 
 Models: `demo` (the built-in tiny model), `sd1` and `sdxl` (full-size random-weight pipelines
-built from the shipped configs). On a CPU use `--size` to keep sd1 affordable; on a GPU the
-default is each model's native size.
+built from the shipped configs; `--tiny`: the tests' tiny pipelines of the same architectures).
+On a CPU use `--size` to keep sd1 affordable; on a GPU the default is each model's native size.
+`--plant` scales one UNet layer past fp16's range (`common.PLANTS`): the check then finds it,
+proves a fix, and its milestones (first finding, proved fix, verdict) are reported with the
+work done by each.
+
+The generation beside the check: `--generation diffusers` (default) calls the diffusers
+pipeline with every part placed under the check's plan beforehand; `--generation app` is the
+app's own generation of 20 steps, as its engine runs it (`requested.generate`: placing, encoding,
+the watched loop, decoding, the diagnosis, the PNG written), the model already loaded.
 
 Usage: python benchmarks/health_check.py [--device cpu|cuda] [--models demo,sd1,sdxl]
-       [--dtype fp16|bf16|fp32] [--size PX] [--json FILE]
+       [--dtype fp16|bf16|fp32] [--size PX] [--tiny] [--plant] [--generation diffusers|app]
+       [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import tempfile
 
-from common import NATIVE_SIZE, bench_model, emit, machine, names, status, timed
+from common import (
+    bench_model,
+    emit,
+    machine,
+    model_size,
+    names,
+    plant,
+    status,
+    timed,
+    write_json,
+)
 
 
 def bench_check(name: str, args) -> dict:
@@ -27,8 +48,9 @@ def bench_check(name: str, args) -> dict:
     from app.core.settings import PrecisionSettings
 
     device = torch.device(args.device)
-    model = bench_model(name, args.dtype)
-    size = args.size or NATIVE_SIZE[name]
+    model = bench_model(name, args.dtype, tiny=args.tiny)
+    planted = plant(model, name) if args.plant else None
+    size = model_size(name, args.size, args.tiny)
     settings = PrecisionSettings(precision=args.dtype)
     reports = []
 
@@ -44,7 +66,8 @@ def bench_check(name: str, args) -> dict:
 
     report = check()  # warm-up: kernel selection, allocator, first-call costs
 
-    # One 20-step generation with plain diffusers under the same plan, same size.
+    # One 20-step generation at the same size: plain diffusers under the same plan, or the
+    # app's own.
     runner = health._Runner(
         model,
         report.plan,
@@ -54,11 +77,14 @@ def bench_check(name: str, args) -> dict:
         health.DEFAULT_SCHEDULER,
     )
     placed: PlacedPipeline = runner.placed
-    placed.apply(report.plan)  # every component at once, as a plain pipeline holds them
-    pipe = placed.pipeline()
-    pipe.set_progress_bar_config(disable=True)
+    applied: list[bool] = []
 
-    def generate():
+    def diffusers_generation():
+        if not applied:  # every component at once, as a plain pipeline holds them
+            placed.apply(report.plan)
+            applied.append(True)
+        pipe = placed.pipeline()
+        pipe.set_progress_bar_config(disable=True)
         with backend_flags(report.plan), torch.inference_mode():
             pipe(
                 health.DEFAULT_PROMPT,
@@ -71,6 +97,29 @@ def bench_check(name: str, args) -> dict:
             latents = torch.randn(1, 4, size // 8, size // 8, device=device)
             pipe.vae.decode(latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor)
 
+    images = tempfile.mkdtemp(prefix="halfsafe-health-bench-")
+
+    def app_generation():
+        from app.core.generation import GenerationRequest
+        from app.core.requests.records import GenerateRequest
+        from app.core.requests.requested import generate as requested_generate
+
+        request = GenerationRequest(
+            prompt=health.DEFAULT_PROMPT,
+            steps=args.steps,
+            width=size,
+            height=size,
+            seed=0,
+            output_dir=images,
+        )
+        precision = PrecisionSettings(precision=args.dtype, auto_fix="off")
+        fix = report.fix.settings if report.fix is not None else {}
+        requested_generate(
+            model,
+            GenerateRequest(generation=request, precision=precision, device=args.device, fix=fix),
+        )
+
+    generate = app_generation if args.generation == "app" else diffusers_generation
     # The UNet stage of the check with and without the activation recorders.
     conditioning = runner.encode(report.plan, record=False).output
 
@@ -94,11 +143,19 @@ def bench_check(name: str, args) -> dict:
     ratio = statistics.median(p["check"] / p["generation"] for p in pairs)
     hooks = statistics.median(p["hooked"] / p["bare"] - 1 for p in hook_pairs)
     placed.release()
+    shutil.rmtree(images, ignore_errors=True)
     return {
         "model": name,
+        "tiny": args.tiny,
         "size": size,
         "dtype": args.dtype,
+        "planted": planted,
+        "generation": args.generation,
         "verdict": report.verdict,
+        "first_bad_module": {
+            n: c.first_bad_module for n, c in reports[-1].components.items() if c.first_bad_module
+        },
+        "fix": reports[-1].fix.summary if reports[-1].fix is not None else None,
         "check_s": round(check_seconds, 3),
         "generation_s": round(generation_seconds, 3),
         "steps": args.steps,
@@ -116,10 +173,13 @@ def bench_check(name: str, args) -> dict:
 
 def measure(args) -> dict:
     rows = []
+    document = {"benchmark": "health_check", "machine": machine(args.device), "results": rows}
     for name in args.models:
         with status(f"health check: {name} ({args.dtype})"):
             rows.append(bench_check(name, args))
-    return {"benchmark": "health_check", "machine": machine(args.device), "results": rows}
+        if args.json:  # each model's figures as soon as they are known
+            write_json(args.json, document)
+    return document
 
 
 def table(document: dict) -> str:
@@ -169,6 +229,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hook-repeats", type=int, default=3, help="pairs for the hook cost")
+    parser.add_argument("--tiny", action="store_true", help="the tests' tiny pipelines")
+    parser.add_argument("--plant", action="store_true", help="an fp16 overflow in the UNet")
+    parser.add_argument("--generation", default="diffusers", choices=("diffusers", "app"))
     parser.add_argument("--json", help="write the results here as JSON")
     args = parser.parse_args()
     args.models = names(args.models, ["demo"])

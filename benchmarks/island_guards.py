@@ -10,8 +10,10 @@ also settles its guards), then rounds alternate between the plans; median and ra
 are counted per step (`Guards.calls`): counts do not depend on the machine. The outputs of the two
 island rows are compared bit for bit.
 
+`--tiny` runs the tests' tiny pipeline of the model's architecture instead (a dry run).
+
 Usage: python benchmarks/island_guards.py [--device cpu|cuda] [--model sd1|sdxl|demo]
-       [--size PX] [--rounds R] [--half fp16|bf16] [--json FILE]
+       [--size PX] [--rounds R] [--half fp16|bf16] [--tiny] [--json FILE]
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from common import NATIVE_SIZE, bench_model, emit, machine, status, timed
+from common import NATIVE_SIZE, bench_model, emit, machine, model_size, status, timed
 from islands import FACTOR, PLANTED, _inputs
 
 PLANS = {
@@ -38,9 +40,9 @@ def run(args) -> dict:
 
     device = hardware.pick_device(args.device)
     half = args.half or ("fp16" if device.type == "cuda" else "bf16")
-    size = args.size or NATIVE_SIZE[args.model]
+    size = model_size(args.model, args.size, args.tiny)
     with status(f"building {args.model}"):
-        model = bench_model(args.model, "fp32")
+        model = bench_model(args.model, "fp32", tiny=args.tiny)
     pipeline = model.pipeline
     with torch.no_grad():
         pipeline.unet.get_submodule(PLANTED).weight.mul_(FACTOR)
@@ -91,6 +93,7 @@ def run(args) -> dict:
     return {
         "machine": machine(str(device)),
         "model": args.model,
+        "tiny": args.tiny,
         "size": size,
         "half": half,
         "islands": list(islands),
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--size", type=int)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--half", choices=("fp16", "bf16"))
+    parser.add_argument("--tiny", action="store_true", help="the tests' tiny pipeline")
     parser.add_argument("--json")
     args = parser.parse_args()
     document = run(args)

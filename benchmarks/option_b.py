@@ -16,9 +16,12 @@ healthy and with each plant of `tests/core/test_lean_recorder.PLANTS`, checked i
 fp32; the built-in demo and demo-overflow; the other families' tiny denoisers with their planted
 blocks (`tests/core/test_families.py`), in fp16. `--model sd1` adds an SD1.5-size UNet with
 random weights and the layer `benchmarks/fix_cost_truth.py` plants, stored in fp16, checked in
-fp16 at `--size`. No cost is measured (`measure_cost=False`): counts, not times, are compared.
+fp16 at `--size` (`--tiny`: the tests' tiny SD1.x pipeline with the same plant, a dry run). No
+cost is measured (`measure_cost=False`): counts, not times, are compared. `--device cuda` checks
+on a GPU, where fp16 runs natively; the JSON is written again after each check.
 
-Usage: python benchmarks/option_b.py [--model sd1] [--size PX] [--only NAME,...] [--json FILE]
+Usage: python benchmarks/option_b.py [--device cpu|cuda] [--model sd1] [--size PX] [--tiny]
+       [--only NAME,...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 os.environ.setdefault("HALFSAFE_CPU_BF16", "native")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from common import bench_model, emit, machine, status  # noqa: E402
+from common import bench_model, emit, machine, status, write_json  # noqa: E402
 
 PRECISIONS = ("fp16", "bf16", "fp32")
 
@@ -144,7 +147,7 @@ def _verdict(row) -> dict[str, Any]:
     }
 
 
-def run_case(name: str, model, precision: str, size: int) -> dict[str, Any]:
+def run_case(name: str, model, precision: str, size: int, device: str = "cpu") -> dict[str, Any]:
     """One check of `model` at `precision` with the provisional proof beside the full one."""
     from app.core import health
     from app.core.health.request import CheckRequest, CheckRun
@@ -153,7 +156,9 @@ def run_case(name: str, model, precision: str, size: int) -> dict[str, Any]:
     with status(f"{name}, {precision}"), provisional_beside_full() as found:
         report = health.check_loaded(
             model,
-            CheckRequest(precision=PrecisionSettings(precision=precision), device="cpu", size=size),
+            CheckRequest(
+                precision=PrecisionSettings(precision=precision), device=device, size=size
+            ),
             run=CheckRun(remember=False, measure_cost=False, use_remembered=False),
         )
     steps = len(report.timesteps) if report.timesteps else 3
@@ -215,21 +220,21 @@ def _family_cases() -> list[tuple[str, Callable[[], Any], tuple[str, ...], int]]
     return cases
 
 
-def sd1_case(size: int) -> tuple[str, Callable[[], Any], tuple[str, ...], int]:
-    """An SD1.5-size UNet with random weights stored in fp16, its planted layer scaled past
-    fp16 (`fix_cost_truth.py`'s)."""
+def sd1_case(size: int, tiny: bool = False) -> tuple[str, Callable[[], Any], tuple[str, ...], int]:
+    """An SD1.5-size UNet with random weights stored in fp16 (`tiny`: the tests' tiny one), its
+    planted layer scaled past fp16 (`fix_cost_truth.py`'s)."""
     from fix_cost_truth import FACTOR
     from islands import PLANTED
 
     def build():
         import torch
 
-        model = bench_model("sd1", "fp16")
+        model = bench_model("sd1", "fp16", tiny=tiny)
         with torch.no_grad():
             model.pipeline.unet.get_submodule(PLANTED).weight.mul_(FACTOR)
         return model
 
-    return (f"sd1-size-{size}px", build, ("fp16",), size)
+    return (f"sd1-{'tiny' if tiny else 'size'}-{size}px", build, ("fp16",), size)
 
 
 def summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -305,20 +310,27 @@ def main() -> None:
     parser.add_argument("--model", choices=("sd1",), help="add an SD1.5-size case")
     parser.add_argument("--size", type=int, default=128, help="the SD1.5-size case's px")
     parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--tiny", action="store_true", help="the SD1.5 case on the tiny model")
     parser.add_argument("--json")
     args = parser.parse_args()
     # A remembered fix or settings of this machine's own would change what the check runs.
     for var in ("HALFSAFE_CONFIG_DIR", "HALFSAFE_DATA_DIR", "HALFSAFE_CACHE_DIR", "HF_HOME"):
         os.environ[var] = tempfile.mkdtemp(prefix=var.lower())
-    cases = corpus(args.size) + ([sd1_case(args.size)] if args.model == "sd1" else [])
+    cases = corpus(args.size)
+    if args.model == "sd1":  # first: a run cut short keeps the case it was run for
+        cases.insert(0, sd1_case(args.size, args.tiny))
     if args.only:
         wanted = set(args.only.split(","))
         cases = [c for c in cases if c[0] in wanted]
-    results = []
+    results: list[dict[str, Any]] = []
+    document = {"machine": machine(args.device), "device": args.device, "cases": results}
     for name, build, precisions, size in cases:
         for precision in precisions:
-            results.append(run_case(name, build(), precision, size))
-    document = {"machine": machine("cpu"), "cases": results, "summary": summary(results)}
+            results.append(run_case(name, build(), precision, size, args.device))
+            if args.json:  # each check's figures as soon as they are known
+                write_json(args.json, {**document, "summary": summary(results)})
+    document["summary"] = summary(results)
     emit(document, table(document), args.json)
 
 
