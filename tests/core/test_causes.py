@@ -17,6 +17,7 @@ from app.core.lora.files import LoraFile
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import loaded
 from tests.core.test_lora import kohya_lora
+from tests.support.attention_kernels import flash_nan_in_fp16
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
@@ -498,27 +499,8 @@ def test_the_nan_watch_says_kernel_when_its_repair_only_switched_the_backend(mon
     assert image.cause == "kernel"
 
 
-def fp16_flash_fault(monkeypatch):
-    """PyTorch's own SDPA returning NaN for every fp16 call while its flash kernel may run
-    (every backend but math): the text encoder's attention (transformers' CLIP runs SDPA)
-    fails as the UNet's does, and the math backend is finite at the same precision."""
-    import torch.nn.functional as F
-
-    real = F.scaled_dot_product_attention
-
-    def sdpa(query, *args, **kwargs):
-        out = real(query, *args, **kwargs)
-        if query.dtype == torch.float16 and torch.backends.cuda.flash_sdp_enabled():
-            return torch.full_like(out, float("nan"))
-        return out
-
-    # Both names: the fault is in PyTorch's own kernel, not a library patched over it.
-    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
-    monkeypatch.setattr(torch._C._nn, "scaled_dot_product_attention", sdpa)
-
-
 def test_a_kernel_fault_in_the_text_encoder_is_a_kernel_cause_not_an_overflow(monkeypatch):
-    fp16_flash_fault(monkeypatch)
+    flash_nan_in_fp16(monkeypatch)
     report = check(loaded(build_tiny_sd_pipeline(), "kernel-text"), remember=True)
 
     assert report.components["text_encoder"].status.failed
@@ -543,7 +525,7 @@ def test_a_kernel_fault_in_every_component_is_named_once_with_both_fixes_priced(
     from tests.support.family_helpers import in_memory
     from tests.support.tiny_models import build_tiny_flux_pipeline
 
-    fp16_flash_fault(monkeypatch)
+    flash_nan_in_fp16(monkeypatch)
     model = in_memory(build_tiny_flux_pipeline(), "kernel-everywhere", "flux-dev")
     report = check(model, measure_cost=True)
 

@@ -3,7 +3,9 @@ with its distribution metadata (so `importlib.metadata` names and versions it), 
 function replaces `torch.nn.functional.scaled_dot_product_attention` for the duration, as
 SageAttention is commonly patched in. Its fault is deterministic: NaN for every fp16 input (as
 an 8-bit kernel whose quantisation overflows gives); in other dtypes, and when built honest, it
-is PyTorch's own math kernel."""
+is PyTorch's own math kernel.
+
+`flash_nan_in_fp16` plants a fault in PyTorch's own SDPA instead: its flash kernel NaN in fp16."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+import torch
 import torch.nn.functional as F
 
 NAME = "quantattn"
@@ -95,3 +99,21 @@ def patched_in(root: Path, *, faulty: bool = True) -> Iterator[ModuleType]:
             yield module
         finally:
             F.scaled_dot_product_attention = original
+
+
+def flash_nan_in_fp16(patcher: pytest.MonkeyPatch) -> None:
+    """PyTorch's own SDPA returning NaN for every fp16 call while its flash kernel may run
+    (every backend but math, which turns it off), for as long as `patcher` holds: every
+    attention that runs SDPA fails alike, transformers' text encoders' as diffusers' UNet's and
+    VAE's, and the math backend is finite at the same precision. Both names are patched: the
+    fault is in PyTorch's kernel, not in a library patched over it."""
+    real = F.scaled_dot_product_attention
+
+    def sdpa(query, *args, **kwargs):
+        out = real(query, *args, **kwargs)
+        if query.dtype == torch.float16 and torch.backends.cuda.flash_sdp_enabled():
+            return torch.full_like(out, float("nan"))
+        return out
+
+    patcher.setattr(F, "scaled_dot_product_attention", sdpa)
+    patcher.setattr(torch._C._nn, "scaled_dot_product_attention", sdpa)

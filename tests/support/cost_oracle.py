@@ -1,10 +1,12 @@
 """One injected cost oracle for the check: every stage's and denoiser step's time is a function of
 the plan alone (10 to 40 ms), and its memory is the plan's weights as a generation places them.
-Nothing is timed, so a check under it ranks its candidates the same way on every machine."""
+Nothing is timed, so a check under it ranks its candidates the same way on every machine.
+`gpu_ms` is another oracle's time, a GPU's order of costs, for the checks that need one."""
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import pytest
 
@@ -19,34 +21,50 @@ def oracle_ms(plan) -> float:
     return 10.0 + zlib.crc32(repr(plan).encode()) % 31
 
 
-def _stage_costs(self, name, stage_fn, plans, on_run=stages._no_runs, warm=(), race=()):
-    for done, _ in enumerate(plans, start=1):
-        on_run(done, len(plans))
-    return {
-        label: StageCost(
-            round(plan_weights_mb(plan, self.model.pipeline), 2),
-            oracle_ms(plan),
-            (oracle_ms(plan) * 0.99, oracle_ms(plan) * 1.01),
-            stages.COST_ROUNDS,
-        )
-        for label, plan in plans.items()
-    }
+def gpu_ms(plan, component: str) -> float:
+    """A step's time for `component` under `plan` in a GPU's order (an H100's): fp16 and bf16
+    alike on the fused attention kernel, PyTorch's math kernel (or diffusers' classic
+    processor) and attention upcast to fp32 dearer, fp32 twice fp16."""
+    ms = 10.0 * (2.0 if plan.dtype_of(component) == "fp32" else 1.0)
+    if plan.attention_backend in ("math", "classic"):
+        ms *= 1.4
+    if plan.upcast_attention:
+        ms *= 1.3
+    return ms
 
 
-def _unet_step_costs(self, plans, conditioning, on_run=stages._no_runs, warm=()):
-    return {
-        label: StepCost(
-            oracle_ms(plan),
-            (oracle_ms(plan), oracle_ms(plan)),
-            stages.COST_ROUNDS,
-            None,
-            round(plan_weights_mb(plan, self.model.pipeline), 1),
-        )
-        for label, plan in plans.items()
-    }
+def inject(patcher: pytest.MonkeyPatch, ms: Callable[..., float] | None = None) -> None:
+    """Replace the runner's timed costs with the oracle's for as long as `patcher` holds: `ms`
+    (plan, component) -> a step's time, by default `oracle_ms` of the plan alone."""
 
+    def time_of(plan, component: str) -> float:
+        return ms(plan, component) if ms is not None else oracle_ms(plan)
 
-def inject(patcher: pytest.MonkeyPatch) -> None:
-    """Replace the runner's timed costs with the oracle's for as long as `patcher` holds."""
-    patcher.setattr(stages.Runner, "stage_costs", _stage_costs)
-    patcher.setattr(stages.Runner, "unet_step_costs", _unet_step_costs)
+    def stage_costs(self, name, stage_fn, plans, on_run=stages._no_runs, warm=(), race=()):
+        for done, _ in enumerate(plans, start=1):
+            on_run(done, len(plans))
+        return {
+            label: StageCost(
+                round(plan_weights_mb(plan, self.model.pipeline), 2),
+                time_of(plan, name),
+                (time_of(plan, name) * 0.99, time_of(plan, name) * 1.01),
+                stages.COST_ROUNDS,
+            )
+            for label, plan in plans.items()
+        }
+
+    def unet_step_costs(self, plans, conditioning, on_run=stages._no_runs, warm=()):
+        denoiser = self.family.denoiser
+        return {
+            label: StepCost(
+                time_of(plan, denoiser),
+                (time_of(plan, denoiser), time_of(plan, denoiser)),
+                stages.COST_ROUNDS,
+                None,
+                round(plan_weights_mb(plan, self.model.pipeline), 1),
+            )
+            for label, plan in plans.items()
+        }
+
+    patcher.setattr(stages.Runner, "stage_costs", stage_costs)
+    patcher.setattr(stages.Runner, "unet_step_costs", unet_step_costs)

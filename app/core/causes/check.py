@@ -200,8 +200,9 @@ def _adopt(
 ) -> None:
     """A verified kernel or state repair is the fix (the precision search could not find one,
     or found a costlier one that only hid the fault). Beside a kernel repair the precision fix
-    the check found stays as the cause's alternative, and with `priced` both are timed against
-    no-half on the loaded `pipeline`, so the user sees what each costs."""
+    the check found stays as the cause's alternative where it keeps the attention backend, and
+    with `priced` both are timed against no-half on the loaded `pipeline`, so the user sees what
+    each costs."""
     fix = report.fix
     backend = cause.settings.get("attention_backend")
     if (
@@ -230,7 +231,13 @@ def _adopt(
             baselines=dict(fix.baselines) if fix is not None else {},
         )
         report.verdict = Verdict.FIXABLE
-        if cause.kind == "kernel" and fix is not None and fix.verified:
+        # The search's fix is the way that keeps the attention backend; one that switches it
+        # too only adds a precision change to the repair, and is no alternative to it.
+        backend_now = report.plan.attention_backend
+        keeps = (
+            fix is not None and fix.settings.get("attention_backend", backend_now) == backend_now
+        )
+        if cause.kind == "kernel" and fix is not None and fix.verified and keeps:
             _beside_kernel(report.fix, fix, cause, report, priced, pipeline)
     report.notes.append(cause.summary)
 

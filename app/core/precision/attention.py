@@ -56,7 +56,9 @@ class SafeAttnProcessor:
             attention_mask = attention_mask.view(batch, attn.heads, -1, attention_mask.shape[-1])
         if attn.group_norm is not None:
             hidden_states = attn.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
-        if encoder_hidden_states is not None and attn.norm_cross:
+        if encoder_hidden_states is None:  # self-attention: keys and values from the normed input
+            context = hidden_states
+        elif attn.norm_cross:
             context = attn.norm_encoder_hidden_states(context)
 
         query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
