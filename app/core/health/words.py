@@ -24,7 +24,7 @@ STATUS_WORDS = {
 }
 VERDICT_WORDS = {
     Verdict.HEALTHY: "Healthy at the tested settings: nothing overflowed.",
-    Verdict.FIXABLE: "Fixable: something overflowed, and a verified fix was found.",
+    Verdict.FIXABLE: "Fixable: an output went inf or NaN, and a verified fix was found.",
     Verdict.BROKEN: "Broken: no precision setting gives finite output that agrees with fp32.",
 }
 
