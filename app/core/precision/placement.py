@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import itertools
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -21,6 +20,7 @@ from app.core.hooks import Hooks
 from app.core.precision import tiling
 from app.core.precision.attention import set_attention
 from app.core.precision.autocast import _ENTRY_SUBMODULES, _AutocastOff, _set_autocast
+from app.core.precision.layerwise import cast_floats, compute_in
 from app.core.precision.plan import (
     PrecisionPlan,
     dtype_name,
@@ -49,28 +49,11 @@ VARIANT_SHARE = 1 / 8
 VARIANTS_BYTES = 4 * VARIANT_BYTES
 
 
-def _cast_floats(value, dtype):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
-    if isinstance(value, dict):
-        # A mapping of its own kind stays one (transformers' ModelOutput, which generation
-        # hands back in as a keyword: its fields are read as attributes).
-        cast = {} if type(value) is dict else copy.copy(value)
-        for key, item in value.items():
-            cast[key] = _cast_floats(item, dtype)
-        return cast
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast_floats(v, dtype) for v in value)
-    return value
-
-
 def _cast_inputs_hook(module, args, kwargs):
     # Looked up per call, not captured: a placed copy may later be cast to another dtype. A
-    # component computing wider than it stores (`_compute_in`) takes its inputs in that dtype.
+    # component computing wider than it stores (`compute_in`) takes its inputs in that dtype.
     dtype = getattr(module, "_halfsafe_compute_dtype", None) or next(module.parameters()).dtype
-    return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+    return cast_floats(args, dtype), cast_floats(kwargs, dtype)
 
 
 def _add_cast_hooks(module) -> None:
@@ -102,7 +85,7 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True, comput
     puts every layer fed values past it into the island). The T5 feed-forward islands run
     without guards, as transformers runs them: T5's own layer norm takes the fp32 stream and
     casts back itself. In a component kept as stored and computing in `computes_in`
-    (`_compute_in`), a guard casts to that dtype, never to the stored one: fp32 values put
+    (`compute_in`), a guard casts to that dtype, never to the stored one: fp32 values put
     through bf16 on their way to fp16 would lose the digits a copy in fp16 keeps."""
     hooks = Hooks()  # for as long as the copy lives
     for path, dtype in islands.items():
@@ -243,7 +226,7 @@ def _guard_hook(module, args, kwargs):
         for a in args
     ):
         return None
-    return _cast_floats(args, dtype), _cast_floats(kwargs, dtype)
+    return cast_floats(args, dtype), cast_floats(kwargs, dtype)
 
 
 def _clamp_hook(module, args, output):
@@ -312,69 +295,6 @@ def tensor_bytes(module, shared_with=None) -> int:
         seen.add(pointer)
         total += storage.nbytes()
     return total
-
-
-def _compute_in(module, dtype, islands: Iterable[str] = ()) -> None:
-    """Every layer of `module` computes in `dtype` from its weights as stored: each module's
-    own floating parameters and buffers are cast to `dtype` as its forward starts and put back
-    as it ends (the stored tensors themselves, not a copy), so the component holds its stored
-    bytes and one layer's in `dtype` at a time. A cast from fp16 or bf16 to fp32 is exact: the
-    results are those of a copy in `dtype`. The hooks are diffusers' layerwise-casting kind,
-    registered under its name, so a diffusers model reports `dtype` as its compute dtype and
-    the pipelines cast their inputs to it. The layers of `islands` (paths) and all below them
-    are left to compute in their own dtype (`_make_islands`)."""
-    from diffusers.hooks.hooks import HookRegistry
-
-    apart = {id(layer) for path in islands for layer in module.get_submodule(path).modules()}
-    module._halfsafe_compute_dtype = dtype
-    for name in _ENTRY_SUBMODULES:
-        entry = getattr(module, name, None)
-        if entry is not None:
-            entry._halfsafe_compute_dtype = dtype
-    for layer in module.modules():
-        if id(layer) in apart:
-            continue
-        own = [
-            t
-            for t in itertools.chain(layer.parameters(recurse=False), layer.buffers(recurse=False))
-            if t.is_floating_point()
-        ]
-        if own:
-            registry = HookRegistry.check_if_exists_or_initialize(layer)
-            registry.register_hook(_compute_in_hook()(dtype), "layerwise_casting")
-
-
-@functools.cache
-def _compute_in_hook():
-    """The hook class of `_compute_in` (made on first use: diffusers is imported then)."""
-    from diffusers.hooks.hooks import ModelHook
-
-    class ComputeIn(ModelHook):
-        """A layer's own floating tensors in `compute_dtype` for the length of its forward,
-        and its floating inputs with them (see `_compute_in`)."""
-
-        def __init__(self, compute_dtype) -> None:
-            super().__init__()
-            self.compute_dtype = compute_dtype
-            self._stored: list[tuple[Any, Any]] = []
-
-        def pre_forward(self, module, *args, **kwargs) -> tuple[tuple[Any], dict[str, Any]]:
-            for tensor in itertools.chain(
-                module.parameters(recurse=False), module.buffers(recurse=False)
-            ):
-                if tensor.is_floating_point() and tensor.dtype != self.compute_dtype:
-                    self._stored.append((tensor, tensor.data))
-                    tensor.data = tensor.data.to(self.compute_dtype)
-            cast: Any = _cast_floats((args, kwargs), self.compute_dtype)
-            return cast[0], cast[1]
-
-        def post_forward(self, module, output):
-            while self._stored:
-                tensor, stored = self._stored.pop()
-                tensor.data = stored
-            return output
-
-    return ComputeIn
 
 
 def _kept_as_stored(source, dtype, budget_mb: float | None, as_wide: bool = False):
@@ -714,7 +634,7 @@ class PlacedPipeline:
                         islands=islands,
                     )
                 if stored is not None:  # the stored weights, computed wider
-                    _compute_in(module, torch_dtype(dtype), islands)
+                    compute_in(module, torch_dtype(dtype), islands)
                     budget = plan.memory_budget_mb
                     if _kept_as_stored(source, torch_dtype(dtype), budget) is not None:
                         self.computed_in_place.add(name)  # the budget's doing, not a search's
