@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from app.cli.arguments import build_parser
 from app.cli.commands import COMMANDS
 from app.cli.exit_status import EXIT_CANNOT_RUN, EXIT_OK
+from app.cli.terminal import for_terminal
 from app.core.errors import HalfSafeError
 from app.core.memory import free_large_blocks_promptly
 
@@ -39,7 +40,7 @@ def keep_library_warnings_off_the_terminal() -> None:
     warnings.filterwarnings("default", module=r"app(\.|$)")
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        print(f"halfsafe: {message}", file=sys.stderr)
+        print(for_terminal(f"halfsafe: {message}", one_line=True), file=sys.stderr)
 
     warnings.showwarning = show
 
@@ -65,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
     except HalfSafeError as error:
         if args.debug:
             traceback.print_exc()
-        print(f"halfsafe: {error}", file=sys.stderr)
+        print(for_terminal(f"halfsafe: {error}", one_line=True), file=sys.stderr)
         return EXIT_CANNOT_RUN
     except KeyboardInterrupt:
         print("halfsafe: interrupted.", file=sys.stderr)

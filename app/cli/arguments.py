@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 
 from app import __version__
 from app.cli.exit_status import EXIT_CANNOT_RUN
+from app.cli.terminal import for_terminal
 from app.core import hires, samplers
 from app.core.images.canvas import (
     EXTEND_RANGE,
@@ -32,9 +33,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2, per the contract."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(
-            EXIT_CANNOT_RUN, f"halfsafe: {message} (see 'halfsafe {self._sub_name()}--help')\n"
-        )
+        line = f"halfsafe: {message} (see 'halfsafe {self._sub_name()}--help')"
+        self.exit(EXIT_CANNOT_RUN, for_terminal(line, one_line=True) + "\n")
 
     def _sub_name(self) -> str:
         parts = self.prog.split()[1:]
@@ -401,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"halfsafe {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for add in (_add_gpu, _add_advise, _add_check, _add_generate, _add_explain):
+    for add in (_add_gpu, _add_advise, _add_check, _add_generate, _add_explain, _add_comfyui):
         add(sub)
     return parser
 
@@ -608,11 +608,32 @@ def _add_explain(sub) -> None:
     )
 
 
+def _add_comfyui(sub) -> None:
+    """`halfsafe comfyui install [PATH]`: HalfSafe's nodes into a ComfyUI."""
+    comfyui = sub.add_parser("comfyui", help="HalfSafe's nodes inside ComfyUI")
+    actions = comfyui.add_subparsers(
+        dest="action", metavar="ACTION", required=True, parser_class=_Parser
+    )
+    install = actions.add_parser(
+        "install",
+        help="copy HalfSafe's node package into a ComfyUI's custom_nodes folder and say how to "
+        "install HalfSafe's core into that ComfyUI's Python",
+    )
+    install.add_argument(
+        "path",
+        metavar="PATH",
+        nargs="?",
+        help="the ComfyUI folder (a source or portable install, or ComfyUI Desktop's folder; "
+        "default: the one HalfSafe finds)",
+    )
+    install.add_argument("--json", action="store_true", help="print what was done as JSON")
+
+
 def effective_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The saved settings with this command's flags laid over them."""
     loaded = load_settings()
     for warning in loaded.warnings:
-        print(f"halfsafe: {warning}", file=sys.stderr)
+        print(for_terminal(f"halfsafe: {warning}", one_line=True), file=sys.stderr)
     values = loaded.settings.to_dict()
     values.update({k: v for k, v in vars(args).items() if k in FIELDS})
     return values

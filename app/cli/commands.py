@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from app.cli.arguments import effective_settings
 from app.cli.exit_status import EXIT_OK, EXIT_PROBLEM
 from app.cli.progress import progress_for
+from app.cli.terminal import for_terminal
 from app.core.errors import HalfSafeError
 from app.core.hires import Hires
 from app.core.images.canvas import MASK_BLUR_DEFAULT, PADDING_DEFAULT, Canvas
@@ -28,6 +29,12 @@ def _print_json(document: dict[str, Any]) -> None:
     print(json.dumps(document, indent=2))
 
 
+def _print_text(text: str) -> None:
+    """A report for the terminal, the names in it from files and arguments made safe to print
+    (`terminal.for_terminal`)."""
+    print(for_terminal(text))
+
+
 def _cmd_gpu(args: argparse.Namespace) -> int:
     from app.core import hardware
 
@@ -39,7 +46,7 @@ def _cmd_gpu(args: argparse.Namespace) -> int:
     else:
         from app.cli.text import hardware_text
 
-        print(hardware_text(report))
+        _print_text(hardware_text(report))
     return EXIT_OK
 
 
@@ -58,7 +65,7 @@ def _cmd_advise(args: argparse.Namespace) -> int:
     else:
         from app.cli.text import advice_text
 
-        print(advice_text(advice))
+        _print_text(advice_text(advice))
     return EXIT_OK
 
 
@@ -82,7 +89,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     else:
         from app.cli.text import health_text
 
-        print(health_text(report))
+        _print_text(health_text(report))
     return EXIT_OK if report.verdict == "healthy" else EXIT_PROBLEM
 
 
@@ -128,7 +135,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     else:
         from app.cli.text import generation_text
 
-        print(generation_text(result))
+        _print_text(generation_text(result))
     return EXIT_OK if result.all_good else EXIT_PROBLEM
 
 
@@ -151,11 +158,11 @@ def generate_from_cli(source: str, args, values: dict[str, Any]) -> GenerationRe
     given = vars(args)
     if defaults is not None and not ("steps" in given and "cfg" in given):
         generation = request.generation
-        print(
+        line = (
             f"halfsafe: {generation.steps} steps at CFG scale {generation.cfg:g}, as "
-            f"{defaults.whose} defaults apply where --steps and --cfg are not given.",
-            file=sys.stderr,
+            f"{defaults.whose} defaults apply where --steps and --cfg are not given."
         )
+        print(for_terminal(line, one_line=True), file=sys.stderr)
     on_progress = progress_for(sys.stderr)
     try:
         return requested.generate(model, request, on_progress=on_progress)
@@ -306,8 +313,22 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     else:
         from app.cli.text import explain_text
 
-        print(explain_text(explanation))
+        if explanation.node_fix is not None:  # the workflow to drop in, beside the image
+            explanation.node_fix.save_beside(explanation.path)
+        _print_text(explain_text(explanation))
     return EXIT_PROBLEM if explanation.problem else EXIT_OK
+
+
+def _cmd_comfyui(args: argparse.Namespace) -> int:
+    """`halfsafe comfyui install [PATH]`: HalfSafe's nodes into a ComfyUI's custom_nodes."""
+    from app.core.comfyui.install import install_nodes
+
+    installed = install_nodes(args.path)
+    if args.json:
+        _print_json(installed.to_json())
+    else:
+        _print_text(installed.words)
+    return EXIT_OK
 
 
 COMMANDS = {
@@ -316,4 +337,5 @@ COMMANDS = {
     "check": _cmd_check,
     "generate": _cmd_generate,
     "explain": _cmd_explain,
+    "comfyui": _cmd_comfyui,
 }

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from app.cli.terminal import for_terminal
 from app.core.jobs import DONE, Headline
 from app.core.words.durations import duration
 
@@ -28,9 +29,11 @@ class RedrawnLine:
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if isinstance(stage, Headline):
-            print(f"\r\033[Khalfsafe: {stage}", file=self.stream, flush=True)
+            line = for_terminal(f"halfsafe: {stage}", one_line=True)
+            print(f"\r\033[K{line}", file=self.stream, flush=True)
             return
-        print(f"\r{stage}: {done}/{total}\033[K", end="", file=self.stream, flush=True)
+        line = for_terminal(f"{stage}: {done}/{total}", one_line=True)
+        print(f"\r{line}\033[K", end="", file=self.stream, flush=True)
 
     def close(self) -> None:
         print("\r\033[K", end="", file=self.stream, flush=True)
@@ -58,7 +61,7 @@ class ProgressLines:
     def __call__(self, stage: str, done: int, total: int) -> None:
         now = self.clock()
         if isinstance(stage, Headline):  # the user learns what failed now, not at the end
-            print(f"halfsafe: {stage}", file=self.stream, flush=True)
+            print(for_terminal(f"halfsafe: {stage}", one_line=True), file=self.stream, flush=True)
             return
         new_stage = stage != self.stage
         if new_stage:
@@ -78,7 +81,7 @@ class ProgressLines:
         if total > 0 and done > self.stage_first and done < total:
             pace = (now - self.stage_started) / (done - self.stage_first)
             line += f", about {duration(pace * (total - done))} left"
-        print(line, file=self.stream, flush=True)
+        print(for_terminal(line, one_line=True), file=self.stream, flush=True)
 
     def close(self) -> None:
         """Nothing to clear: every line printed stays."""

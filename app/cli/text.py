@@ -35,6 +35,7 @@ from app.core.memory import budget_source_words
 from app.core.precision.words import low_bit_lines
 from app.core.settings import FIELDS
 from app.core.words.causes import cause_words
+from app.core.words.nodes import NODE_WORDS
 
 
 def _number(value: float | None) -> str:
@@ -261,11 +262,20 @@ def explain_text(explanation) -> str:
     fix = explanation.tool_fix
     if fix is not None:
         lines += ["", f"Fix in {TOOLS[fix.tool].name}:"]
-        if fix.flags:
-            lines.append("  flags:    " + " ".join(fix.flags))
-        for key, value in fix.settings.items():
-            shown = setting_words(fix.tool, key)
-            lines.append(f"  setting:  {key} = {value}" + (f' ("{shown}")' if shown else ""))
+        node_fix = explanation.node_fix
+        if node_fix is not None:  # the nodes first; the tool's flags are their fallback
+            lines.append(f"  nodes:    {node_fix.workflow.how}")
+            lines.append(f"  workflow: {node_fix.saved or node_fix.file_name}")
+            lines.append(f"  or:       {node_fix.fallback_words}")
+            if node_fix.also:
+                also = NODE_WORDS["also"].format(flags=" ".join(node_fix.also))
+                lines.append(f"  also:     {also}")
+        else:
+            if fix.flags:
+                lines.append("  flags:    " + " ".join(fix.flags))
+            for key, value in fix.settings.items():
+                shown = setting_words(fix.tool, key)
+                lines.append(f"  setting:  {key} = {value}" + (f' ("{shown}")' if shown else ""))
         lines.append(f"  how:      {fix.how}")
         if fix.tool != "halfsafe":
             lines.append("Fix in HalfSafe: " + " ".join(explanation.halfsafe_flags))

@@ -19,7 +19,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from app.core import limits
 
 LOCK_TIMEOUT_S = 10.0
 
@@ -194,6 +196,19 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise OSError(errno.EFBIG, f"it is larger than {max_bytes} bytes", str(path))
     return data
+
+
+def read_saved_object(path: Path, max_bytes: int) -> dict[str, Any] | None:
+    """The JSON object HalfSafe saved at `path` (a cache), or None when there is none or it is
+    damaged in any way: not a regular file (a FIFO is never waited on), larger than `max_bytes`
+    (checked before reading, so a sparse file of gigabytes costs nothing), not UTF-8 JSON,
+    nested deeper than `limits.MAX_JSON_DEPTH`, or not an object. A cache only saves time, so
+    damage costs a re-run, never a hang or a traceback; the caller still checks each field."""
+    try:
+        document = limits.parse_json(limits.read_regular(path, max_bytes))
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None
 
 
 def aside_name(path: Path, label: str = "damaged") -> Path:

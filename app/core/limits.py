@@ -80,6 +80,11 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20
 # Nesting of a JSON document: configs nest 2-3 levels, tokenizer.json 5.
 MAX_JSON_DEPTH = 32
+# Digits of a block index in a tensor name or of a part of a version read as a number: real
+# models number a few hundred blocks, but an index of 1e12 must still be read, to be refused by
+# the bounds above as the size it claims. Past this, the part is a name (int() refuses a text
+# of thousands of digits).
+MAX_INDEX_DIGITS = 18
 # GGUF headers (walked in gguf.check_gguf_header before anything maps the file).
 # Tensors in one GGUF file: a Flux.1 transformer has about 780, SD3.5 Large about 1,200, Wan
 # 14B about 1,100, the largest language models (Llama 3 70B, Mixtral) under 1,000. The header
@@ -672,6 +677,16 @@ def check_tensor_shape(shape: Iterable[int]) -> str | None:
         return f"has shape {_show(shape)}, a dimension larger than any real weight's"
     if math.prod(shape) > MAX_TENSOR_ELEMENTS:
         return f"has {math.prod(shape):.2g} elements, more than any real weight"
+    return None
+
+
+def index_in_name(part: str, digits: int = MAX_INDEX_DIGITS) -> int | None:
+    """The number a part of a tensor name or a version ("12" in "blocks.12.attn", "41" in
+    "0.41") writes in ASCII digits, at most `digits` of them; None for anything else. str's
+    isdigit() holds for "²" and "٣", which int() refuses or reads as another number, and int()
+    refuses a text of thousands of digits: such a part is a name, never a number."""
+    if 0 < len(part) <= digits and part.isascii() and part.isdigit():
+        return int(part)
     return None
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from app.core.architecture.keys import Shapes, _cross_attention_dim
 from app.core.detection import UNET, VAE, Detection, TextEncoderLayout
 from app.core.formats.layouts import count_indices
+from app.core.limits import index_in_name
 
 
 def shape_problem(shapes: Shapes, detection: Detection) -> str | None:
@@ -76,17 +77,13 @@ def infer_unet_config(
         if not key.startswith(prefix):
             continue
         parts = key[len(prefix) :].split(".")
-        if (
-            parts[0] in ("input_blocks", "output_blocks")
-            and len(parts) > 3
-            and parts[1].isdigit()
-            and parts[2].isdigit()
-        ):
-            blocks.setdefault((parts[0], int(parts[1]), int(parts[2])), set()).add(
-                ".".join(parts[3:])
-            )
-        elif parts[0] == "middle_block" and len(parts) > 2 and parts[1].isdigit():
-            blocks.setdefault(("middle_block", 0, int(parts[1])), set()).add(".".join(parts[2:]))
+        numbers = [index_in_name(p) for p in parts[1:3]]
+        if parts[0] in ("input_blocks", "output_blocks") and len(parts) > 3:
+            level, index = numbers
+            if level is not None and index is not None:
+                blocks.setdefault((parts[0], level, index), set()).add(".".join(parts[3:]))
+        elif parts[0] == "middle_block" and len(parts) > 2 and numbers[0] is not None:
+            blocks.setdefault(("middle_block", 0, numbers[0]), set()).add(".".join(parts[2:]))
 
     def w(name: str, ndim: int) -> tuple[int, ...]:
         return _weight_shape(shapes, prefix, name, ndim, "UNet")

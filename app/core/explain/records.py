@@ -22,6 +22,26 @@ from app.core.words.infotext import read_float, read_int, read_text
 MAX_JSON_DEPTH = 64
 MAX_NODES = 20_000  # ComfyUI graph nodes read
 MAX_UPSCALE = 16.0  # a recorded upscale past this is not a size any tool drew
+# Entries of one list a record keeps (attention kernels, step caches, second passes, low-bit
+# files, inpainting samplers): a real graph has a few of each, and a graph of 20,000 such nodes
+# would fill a report with megabytes of names.
+MAX_LISTED = 16
+
+# {count}: entries left out; {lists}: which lists, in words.
+RECORD_WORDS = {
+    "not_listed": (
+        "The image's record names {count:,} more {lists} than HalfSafe lists here (it keeps "
+        "the first {shown} of each)."
+    ),
+}
+# A list of the record (by its name in `not_listed`) -> how it is named in a sentence.
+_LIST_WORDS = {
+    "attention_kernels": "attention kernels",
+    "step_caches": "step caches",
+    "second_passes": "passes over a region",
+    "low_bit_files": "low-bit files",
+    "inpaint_samplers": "inpainting samplers",
+}
 
 # The text chunks each tool writes.
 TEXT_KEYS = ("parameters", "prompt", "workflow", "invokeai_metadata", "sd-metadata")
@@ -94,6 +114,19 @@ class Record:
     # The graph's prompt upsampler (an LLM that wrote the prompt out before it was encoded:
     # FLUX.3's), its node and file in words, or None.
     prompt_upsampler: str | None = None
+    # Entries left out of each list past MAX_LISTED, by the list's name in `to_json`.
+    not_listed: dict[str, int] = field(default_factory=dict)
+
+    def not_listed_note(self) -> str | None:
+        """One sentence on the entries left out of the record's lists, or None."""
+        if not self.not_listed:
+            return None
+        lists = [_LIST_WORDS[name] for name in self.not_listed]
+        return RECORD_WORDS["not_listed"].format(
+            count=sum(self.not_listed.values()),
+            lists=lists[0] if len(lists) == 1 else ", ".join(lists[:-1]) + " and " + lists[-1],
+            shown=MAX_LISTED,
+        )
 
     def to_json(self) -> dict[str, Any]:
         keys = ("model", "model_hash", "unet", "vae", "sampler", "steps", "cfg", "guidance", "seed")
@@ -115,6 +148,7 @@ class Record:
         document["inverts_unsure"] = self.inverts_unsure or None
         document.update(self.run.to_json())
         document["prompt_upsampler"] = self.prompt_upsampler
+        document["not_listed"] = dict(self.not_listed)
         return document
 
 
@@ -124,9 +158,31 @@ def read_record(path: str | Path, text: dict[str, str]) -> Record:
     Order: HalfSafe's own pairs, SwarmUI's JSON `parameters`, ComfyUI's `prompt`/`workflow`,
     InvokeAI's `invokeai_metadata` (or its older `sd-metadata`), then A1111-style infotext
     (Forge when its Version starts with "f" and a digit, SD.Next when it names itself or writes
-    its own keys). Raises BadFileError when a chunk a tool reads is malformed or hostile.
+    its own keys). Each list keeps its first MAX_LISTED entries, the rest counted in
+    `not_listed`. Raises BadFileError when a chunk a tool reads is malformed or hostile.
     """
-    path = Path(path)
+    return _bounded(_read_record(Path(path), text))
+
+
+def _bounded(record: Record) -> Record:
+    """`record` with each of its lists cut to its first MAX_LISTED entries, what was cut
+    counted in `not_listed`, so that what a record can make HalfSafe print is bounded."""
+    lists = (
+        ("attention_kernels", record, "attention"),
+        ("step_caches", record, "caches"),
+        ("second_passes", record, "second_passes"),
+        ("low_bit_files", record.run, "low_bit_files"),
+        ("inpaint_samplers", record.run, "inpaint_samplers"),
+    )
+    for name, owner, attribute in lists:
+        entries = getattr(owner, attribute)
+        if len(entries) > MAX_LISTED:
+            record.not_listed[name] = len(entries) - MAX_LISTED
+            setattr(owner, attribute, entries[:MAX_LISTED])
+    return record
+
+
+def _read_record(path: Path, text: dict[str, str]) -> Record:
     parameters = text.get("parameters")
     record = None
     if parameters is not None:

@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.limits import index_in_name
+
 # Words in a ComfyUI node's class, or an infotext key, that mark a step cache.
 _CACHE_WORDS = (
     "easycache",
@@ -109,9 +111,9 @@ def comfy_version(workflow: Any, max_nodes: int) -> str | None:
             continue
         version = properties.get("ver")
         if isinstance(version, str) and 0 < len(version) <= 40:
-            parts = version.split(".")
-            if all(p.isdigit() for p in parts):
-                found.append((tuple(int(p) for p in parts), version))
+            numbers = [index_in_name(p) for p in version.split(".")]
+            if all(n is not None for n in numbers):
+                found.append((tuple(n for n in numbers if n is not None), version))
     return max(found)[1] if found else None
 
 
@@ -218,7 +220,8 @@ def memory_manager(tool: str, version: str | None = None) -> MemoryManager | Non
     where that matters (a ComfyUI workflow whose newest core node is older than DynamicVRAM:
     the smart memory before it, whose switch covers both)."""
     if tool == "comfyui" and version is not None:
-        numbers = tuple(int(p) for p in version.lstrip("v").split(".")[:2] if p.isdigit())
+        parts = (index_in_name(p) for p in version.lstrip("v").split(".")[:2])
+        numbers = tuple(n for n in parts if n is not None)
         if len(numbers) == 2 and numbers < DYNAMIC_VRAM_SINCE:
             return _COMFY_SMART_MEMORY
     return MEMORY_MANAGERS.get(tool)

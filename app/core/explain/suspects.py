@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.errors import BadFileError
+from app.core.limits import index_in_name, open_regular
 
 # The marks of a low-bit stored form in a file name, and the form each names.
 _LOW_BIT = re.compile(r"(?<![a-z])(int8|int4|w4a8|nvfp4|convrot)(?![a-z])")
@@ -48,9 +49,13 @@ COMPILER_SINCE = (0, 41)
 DYNAMIC_VRAM_SINCE = (0, 15)
 # A log is read up to this many bytes (a ComfyUI log of a long session is a few MB).
 MAX_LOG_BYTES = 16 * 1024 * 1024
-_LOG_VERSION = re.compile(r"ComfyUI version:\s*v?(\d+(?:\.\d+){1,3})")
+# No two quantifiers here can share a run of blanks between them: `\s*(?:keys?)?\s*` splits a
+# run of n blanks n ways and tries each (a 400 KB run took minutes); as written below, a run is
+# taken once and given back once, so a log is read in time linear in its size.
+_LOG_VERSION = re.compile(r"ComfyUI version:\s*v?([0-9]{1,6}(?:\.[0-9]{1,6}){1,3})")
 _LOG_UNEXPECTED = re.compile(
-    r"(?i)\b(unet|clip|vae|model|diffusion_model|text_encoder)\s+unexpected\s*(?:keys?)?\s*:\s*(.*)"
+    r"(?i)\b(unet|clip|vae|model|diffusion_model|text_encoder)\s+unexpected"
+    r"(?:\s*keys?)?\s*:\s*(.*)"
 )
 _QUOTED = re.compile(r"'([^']{1,300})'|\"([^\"]{1,300})\"")
 
@@ -221,7 +226,7 @@ def read_log(path: str | Path) -> ToolLog:
     read as UTF-8 with bad bytes replaced). Raises BadFileError for a file that cannot be read."""
     path = Path(path).expanduser()
     try:
-        with path.open("rb") as handle:
+        with open_regular(path) as handle:  # a FIFO or a device is refused, never waited on
             text = handle.read(MAX_LOG_BYTES).decode("utf-8", errors="replace")
     except OSError as error:
         raise BadFileError(path, f"the log cannot be read ({error.strerror or error}).") from None
@@ -243,10 +248,10 @@ def read_log(path: str | Path) -> ToolLog:
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
     if not version:
         return None
-    numbers = [p for p in version.strip().lstrip("v").split(".")[:3]]
-    if len(numbers) < 2 or not all(p.isdigit() for p in numbers):
+    numbers = [index_in_name(p) for p in version.strip().lstrip("v").split(".")[:3]]
+    if len(numbers) < 2 or any(n is None for n in numbers):
         return None
-    return tuple(int(p) for p in numbers)
+    return tuple(n for n in numbers if n is not None)
 
 
 # --- the suspects and their switches ---------------------------------------------------------

@@ -195,9 +195,9 @@ def count_indices(shapes: Shapes, prefix: str) -> int:
     found = set()
     for key in shapes:
         if key.startswith(prefix):
-            head = key[len(prefix) :].split(".", 1)[0]
-            if head.isdigit():
-                found.add(int(head))
+            index = limits.index_in_name(key[len(prefix) :].split(".", 1)[0])
+            if index is not None:
+                found.add(index)
     return max(found) + 1 if found else 0
 
 

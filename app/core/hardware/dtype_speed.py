@@ -176,17 +176,20 @@ def cache_path(key: str) -> Path:
 
 def cached(key: str) -> DtypeSpeed | None:
     """The cached table for `key`; None where there is none, or it is damaged or another's."""
+    from app.core.files import read_saved_object
+    from app.core.hardware.selftest import CACHE_DAMAGE, MAX_CACHE_BYTES
+
+    data = read_saved_object(cache_path(key), MAX_CACHE_BYTES)
+    if data is None or data.get("key") != key:
+        return None
     try:
-        data = json.loads(cache_path(key).read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.get("key") != key:
-            return None
         gflops = {
             str(d): {k: float(v) for k, v in kinds.items() if k in RATES}
             for d, kinds in data["gflops"].items()
             if d in DTYPES
         }
         return DtypeSpeed(key, gflops, float(data.get("seconds_measuring", 0.0)))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except CACHE_DAMAGE:
         return None
 
 

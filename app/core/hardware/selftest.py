@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.core import paths
+from app.core.files import read_saved_object
 from app.core.hardware.selftest_records import ACCUMULATION_OP, OpResult, SelfTestResult
 from app.core.hardware.selftest_stats import StatisticalTest, default_budget, run_statistical
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
@@ -53,6 +54,12 @@ TOLERANCE = {"fp16": 1e-2, "bf16": 6e-2, "fp32": 2e-3}
 
 _NO_KERNEL_MESSAGES = ("No available kernel", "No viable backend")
 
+# A cached result is some 100 operations and a few hundred low-bit calls: under 100 KB.
+MAX_CACHE_BYTES = 4 << 20
+# What reading a damaged cached document field by field can raise (a text where a record
+# belongs, a number too large for a float); each means "no cache".
+CACHE_DAMAGE = (LookupError, TypeError, ValueError, AttributeError, ArithmeticError)
+
 
 def cache_key(name: str, driver: str | None, torch_version: str, kind: str = "") -> str:
     """The identity a cached result belongs to: device name, driver and PyTorch version."""
@@ -65,14 +72,14 @@ def cache_path(key: str) -> Path:
 
 
 def cached_result(key: str) -> SelfTestResult | None:
-    """The cached result for `key`, or None when there is none or the file is damaged."""
-    path = cache_path(key)
+    """The cached result for `key`, or None when there is none or the file is damaged in any
+    way (not a regular file, over MAX_CACHE_BYTES, nested, a field of the wrong kind)."""
+    data = read_saved_object(cache_path(key), MAX_CACHE_BYTES)
+    if data is None or data.get("key") != key:
+        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.get("key") != key:
-            return None
         return _from_cache(data["result"], key)
-    except (OSError, ValueError, KeyError, TypeError):
+    except CACHE_DAMAGE:
         return None
 
 

@@ -22,7 +22,9 @@ from typing import Any
 
 from app.core.checkpoint.header import read_safetensors_header
 from app.core.errors import BadFileError, WrongVariant, WrongVariantError
+from app.core.formats import int4
 from app.core.formats.layouts import Shapes, count_indices, count_words
+from app.core.limits import index_in_name
 
 # How many tensors and modules an empty build may make per tensor its files hold before it is
 # stopped: a real model's config builds exactly the tensors of its files (a few buffers more),
@@ -48,7 +50,9 @@ def held_shapes(files: list[Path]) -> dict[str, tuple[int, ...]] | None:
         return None
     held: dict[str, tuple[int, ...]] = {}
     for file in loaded_files(files):
-        held.update(read_safetensors_header(file).shapes())
+        header = read_safetensors_header(file)
+        int4.refuse_int4(file, header.dtypes())  # GPTQ's packed layers lack the plain weights
+        held.update(header.shapes())
     return held
 
 
@@ -61,10 +65,12 @@ def check_weights_match(
     or depth. `spec` is the component's [library, class] from model_index.json; `config` its
     config.json, already within real models' sizes (`limits.check_component_config`).
 
-    Pickles (`held` None) are not checked, nor are quantized components (their tensors are
-    packed). Imports torch and diffusers for a diffusers model; allocates nothing.
+    A config with a quantization_config is refused first, naming the method
+    (`int4.refuse_quantization_config`); pickles (`held` None) are not checked. Imports torch
+    and diffusers for a diffusers model; allocates nothing.
     """
-    if held is None or "quantization_config" in config:
+    int4.refuse_quantization_config(folder / "config.json", config)
+    if held is None:
         return
     library, class_name = str(spec[0]), str(spec[1])
     if library == "diffusers":
@@ -274,9 +280,10 @@ def _numbered(shapes: Shapes) -> dict[str, int]:
     for name in shapes:
         parts = name.split(".")
         for i, part in enumerate(parts[:-1]):
-            if part.isdigit() and i:
+            index = index_in_name(part) if i else None
+            if index is not None:
                 group = ".".join(parts[:i])
-                groups[group] = max(groups.get(group, 0), int(part) + 1)
+                groups[group] = max(groups.get(group, 0), index + 1)
     return groups
 
 

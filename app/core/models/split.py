@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.core import limits, paths
-from app.core.checkpoint.header import read_header
+from app.core.checkpoint.header import SafetensorsHeader, read_header
 from app.core.encoders import kinds
 from app.core.encoders.kind import VaeKind
 from app.core.errors import BadFileError, HalfSafeError, UnsupportedModelError
 from app.core.families import FAMILIES, family
+from app.core.formats import int4
 from app.core.formats.layouts import (
     Layout,
     Need,
@@ -198,7 +199,7 @@ class _Search:
     def shapes(self, path: Path) -> Shapes | None:
         if path not in self.headers:
             try:
-                self.headers[path] = read_header(path).shapes()
+                self.headers[path] = _header_shapes(path)
             except HalfSafeError as error:
                 problem = getattr(error, "problem", str(error))
                 self.passed_over[path] = problem.rstrip(".")
@@ -246,7 +247,7 @@ def find_companions(
             raise UnsupportedModelError(
                 path, "split text encoders are read from .safetensors or .gguf files."
             )
-        shapes = read_header(path).shapes()
+        shapes = _header_shapes(path)
         if kinds.text_encoder_kind(shapes) is None:
             raise UnsupportedModelError(
                 path,
@@ -354,6 +355,16 @@ def _check_given_vae(path: Path, model: Path, split_model: SplitModel) -> None:
         model_file=model,
         wanted=need.words,
     )
+
+
+def _header_shapes(path: Path) -> Shapes:
+    """A companion's tensor shapes from its header. A 4-bit LLM export (GPTQ, AWQ, W4A8) is
+    refused as what it is (`int4`): its packed layers lack the plain weights, which would
+    otherwise be all a sentence could name."""
+    header = read_header(path)
+    if isinstance(header, SafetensorsHeader):
+        int4.refuse_int4(path, header.dtypes())
+    return header.shapes()
 
 
 def _fits(need: Need, shapes: Shapes) -> bool:
