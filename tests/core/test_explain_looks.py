@@ -17,9 +17,11 @@ from app.cli import main
 from app.core import explain
 from app.core.explain import suspects
 from app.core.explain.records import read_record
-from tests.core.test_looks import blocky, normal_map, repeated, rgb_static
+from tests.core.test_looks import blocky, channels_apart, normal_map, repeated, rgb_static
 from tests.core.test_signatures import decoded_noise
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
+
+NORMAL_BLUE = (128, 128, 255)
 
 
 def graph(*extra: tuple[str, dict], ckpt: str = "x.safetensors") -> str:
@@ -188,15 +190,18 @@ def test_rgb_static_from_a_recent_comfyui_names_dynamic_vram_then_the_compiler(
 
 
 def test_false_colour_from_an_older_comfyui_names_neither_and_says_so(tmp_path, home, capsys):
+    # Smooth fields apart around a normal map's blue: not unit normals, so no normal map
+    # (a real one is a picture made on purpose: test_on_purpose).
     texts = {"workflow": workflow("0.12.3")}
-    document = explained(image(tmp_path, normal_map(0, 15.0), texts), capsys, code=1)
+    document = explained(image(tmp_path, channels_apart(0, NORMAL_BLUE), texts), capsys, code=1)
     assert document["image"]["status"] == "false_colour"
     assert document["pixels"]["false_colour"]["mean"][2] > 200  # blue: a normal map
     assert kinds(document) == []
     assert "shows none of the fast paths" in document["message"]
     # Version unknown: DynamicVRAM "if it is 0.15 or later", first for false colour.
     texts = {"prompt": graph()}
-    document = explained(image(tmp_path, normal_map(1, 15.0), texts, "b.png"), capsys, code=1)
+    picture = channels_apart(1, NORMAL_BLUE)
+    document = explained(image(tmp_path, picture, texts, "b.png"), capsys, code=1)
     assert kinds(document) == ["dynamic_vram", "model_compiler"]
     assert "if it is 0.15 or later" in document["look_causes"][0]["words"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.core.explain.designs import NORMAL_MAP
 from app.core.explain.pixels import zeroed_stage
 from app.core.words.tools import TOOLS, in_tool_terms
 
@@ -153,6 +154,11 @@ FINDING_WORDS = {
         "picture made so on purpose looks the same; this image carries no generation record, "
         "so HalfSafe does not say which."
     ),
+    "made_so": (
+        "This image ({by}) looks like {look}, but a picture made so on purpose looks the "
+        "same: {shows}. Its record says a tool made it, not that the tool failed, so nothing "
+        "is claimed and no fix is offered."
+    ),
     "variant_config": (
         "Its model at {path} is another variant than the config it is built with: "
         "{counts}. A model built from that config drops or invents weights and draws noise, "
@@ -187,6 +193,51 @@ LOOK_NAMES = {
     "tiled_noise": "tiled or blocky noise",
     "rgb_static": "RGB static",
     "false_colour": "false colour",
+}
+# What a fault looks like, completing "looks like ...", for a picture with a record whose pixels
+# hold no evidence a design cannot show (`designs`).
+MADE_SO_LOOKS = {
+    "flat": (
+        "NaN values replaced by zeros (one exact colour, RGB {colour}, over {share} of it, "
+        "where a tool wrote zeros for NaN)"
+    ),
+    "saturated": ("an overflow to infinity ({share} of its pixels have every channel at 0 or 255)"),
+    "noise": "coloured noise (what a never-denoised or wrongly decoded image looks like)",
+    "noise_region": (
+        "a box of coloured noise at x {x0}-{x1}, y {y0}-{y1} (what a second pass that went "
+        "wrong leaves)"
+    ),
+    **{
+        look: f"{name} (what a tool's failing fast path draws)" for look, name in LOOK_NAMES.items()
+    },
+}
+# What its pixels show that a design shows too, by what was measured.
+MADE_SO_SHOWS = {
+    "normal_map": (
+        "{normal_map:.0%} of its pixels are unit vectors with blue up, as every pixel of a "
+        "normal map is"
+    ),
+    "drawn": (
+        "{equal:.0%} of its neighbouring pixels are exactly alike, as drawn flat colours are "
+        "and a decoded picture's are not"
+    ),
+    "flat": (
+        "the colour is neither mid-grey over the whole picture (NaN zeroed after decoding) "
+        "nor one colour inset from every edge among varied pixels (zeroed latents, decoded)"
+    ),
+    "saturated": (
+        "its clipped colours are shapes or dots, as a few-colour design's or dithered art's "
+        "are, not one colour over the whole picture"
+    ),
+    "rgb_static": (
+        "its pixels go together within 4 px (correlation {independent:.2f}), as dithering's "
+        "do, where static's are each their own"
+    ),
+    "tiled_noise": (
+        "the steps inside its tiles carry no colour noise (colour {colour:.1f} times "
+        "brightness, rms {step:.3f}), as a texture's or a mosaic's do, and the record names "
+        "no low-bit file, cache or loader that draws tiles"
+    ),
 }
 # One line each for the terminal's pixel figures.
 PIXEL_LINES = {
@@ -318,3 +369,52 @@ def signature_words(explanation: Any, by: str) -> str:
     if explanation.status == "unclaimed":
         return FINDING_WORDS["unclaimed_noise"].format(by=by)
     return FINDING_WORDS["noise"].format(by=by, **noise.to_json())
+
+
+def _shows(status: str, design: Any) -> str:
+    """What the pixels of a picture that looks like `status` show that a design shows too."""
+    figures = design.to_json()
+    if design.normal_map >= NORMAL_MAP:
+        return MADE_SO_SHOWS["normal_map"].format(**figures)
+    if status == "tiled_noise" and design.within is not None:
+        colour, step = design.within
+        return MADE_SO_SHOWS["tiled_noise"].format(colour=colour, step=step)
+    if status in ("flat", "saturated"):
+        return MADE_SO_SHOWS[status]
+    if status == "rgb_static" and design.independent is not None:
+        return MADE_SO_SHOWS["rgb_static"].format(independent=design.independent)
+    return MADE_SO_SHOWS["drawn"].format(**figures)
+
+
+def made_so_words(explanation: Any, by: str) -> str:
+    """A picture with a record that looks like a fault without evidence a picture made so on
+    purpose cannot show (`designs`), in words: nothing claimed."""
+    pixels = explanation.pixels
+    found = look_figures(pixels)
+    values: dict[str, Any] = {}
+    if pixels.flat is not None:
+        status = "flat"
+        values = {
+            "colour": ", ".join(str(c) for c in pixels.flat.colour),
+            "share": f"{pixels.flat.share:.0%}",
+        }
+    elif pixels.saturated is not None:
+        status, values = "saturated", {"share": f"{pixels.saturated.share:.1%}"}
+    elif found is not None:
+        status = found[0]
+    elif pixels.noise_region is not None:
+        x0, y0, x1, y1 = pixels.noise_region.box
+        status, values = "noise_region", {"x0": x0, "y0": y0, "x1": x1 - 1, "y1": y1 - 1}
+    else:
+        status = "noise"
+    look = MADE_SO_LOOKS[status].format(**values)
+    return FINDING_WORDS["made_so"].format(by=by, look=look, shows=_shows(status, pixels.design))
+
+
+def made_so(explanation: Any) -> bool:
+    """Whether the image's status is a fault's look its record does not prove (`designs`)."""
+    return (
+        explanation.status in ("flat", "unclaimed")
+        and explanation.made_by != "unknown"
+        and explanation.pixels.design is not None
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.core.errors import BadFileError
@@ -217,9 +217,6 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
     import numpy as np
     from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
-    from app.core.explain import looks, regions, signatures
-    from app.core.images.finished import brightness_stats, flat_region
-
     # PIL refuses a compressed text chunk past 1 MB while it opens a PNG, a legitimate large
     # ComfyUI workflow included. `read_png` has already held every chunk to the bounds above
     # (zip bombs stop there), so PIL gets the same ones.
@@ -246,6 +243,16 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         ) from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
         raise BadFileError(path, f"its pixels cannot be decoded ({_short(error)}).") from None
+    return picture_status(rgb, alpha)
+
+
+def picture_status(rgb, alpha=None) -> tuple[str, PixelFigures]:
+    """`pixel_status` of pixels in memory: an (H, W, 3) uint8 array and its (H, W) alpha, if
+    any."""
+
+    from app.core.explain import designs, looks, regions, signatures
+    from app.core.images.finished import brightness_stats, flat_region
+
     # Only what shows is judged: a transparent pixel's colour is never seen (a cut-out's
     # background is often written 0, which must not make it read as black). A picture with no
     # pixel showing at all (NaN written as zeros in every channel, alpha included) is judged
@@ -288,23 +295,28 @@ def pixel_status(path: str | Path, facts: PngFacts | None = None) -> tuple[str, 
         static=static,
         false_colour=false,
     )
-    if zero:
-        return "nan", figures
-    if static is not None:
-        return "rgb_static", figures
-    if saturated is not None:
-        return "saturated", figures
-    if flat is not None:
-        return "flat", figures
-    if stats.near_black:
-        return "black", figures
-    if tiled is not None:
-        return "tiled_noise", figures
-    if coloured:
-        return "noise", figures
-    if false is not None:
-        return "false_colour", figures
-    return ("noise_region" if region is not None else "ok"), figures
+    status = _status(zero, static, saturated, flat, stats.near_black, tiled, coloured, false)
+    if status is None:
+        status = "noise_region" if region is not None else "ok"
+    if status in ("flat", *designs.NEEDS_EVIDENCE):
+        # What a picture made so on purpose cannot show, for the verdict (`designs`).
+        figures = replace(figures, design=designs.design(status, rgb, figures))
+    return status, figures
+
+
+def _status(zero, static, saturated, flat, near_black, tiled, coloured, false) -> str | None:
+    """The pixels' status in its order of precedence, or None for a picture."""
+    ranked = (
+        (zero, "nan"),
+        (static is not None, "rgb_static"),
+        (saturated is not None, "saturated"),
+        (flat is not None, "flat"),
+        (near_black, "black"),
+        (tiled is not None, "tiled_noise"),
+        (coloured, "noise"),
+        (false is not None, "false_colour"),
+    )
+    return next((status for found, status in ranked if found), None)
 
 
 def _short(error: BaseException) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.explain.designs import Design
 from app.core.explain.looks import FalseColour, Static, Tiled
 from app.core.explain.regions import NoisyRegion
 from app.core.explain.signatures import Noise, Saturated
@@ -32,6 +33,9 @@ class PixelFigures:
     tiled: Tiled | None = None
     static: Static | None = None
     false_colour: FalseColour | None = None
+    # What a picture made so on purpose cannot show, measured where the pixels look like a
+    # fault (`designs`): the verdict claims the fault only with its `proof`.
+    design: Design | None = None
 
     @property
     def clipped_white(self) -> bool:
@@ -67,6 +71,7 @@ class PixelFigures:
             "tiled": self.tiled.to_json() if self.tiled is not None else None,
             "static": self.static.to_json() if self.static is not None else None,
             "false_colour": self.false_colour.to_json() if self.false_colour else None,
+            "design": self.design.to_json() if self.design is not None else None,
         }
 
 
