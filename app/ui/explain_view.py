@@ -23,11 +23,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.core.errors import HalfSafeError
 from app.core.explain import STATUS_WORDS, Explanation, findings, remake
 from app.core.explain.next_steps import NextSteps, Switch, likely_words, rule_out_words
+from app.core.explain.node_fix import NodeFix
 from app.core.explain.remake import REMADE_STATUSES
 from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests.records import ExplainRequest
+from app.core.words.nodes import NODE_WORDS
 from app.core.words.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
 from app.ui import folders, words
@@ -195,7 +198,26 @@ class ExplainDialog(QDialog):
         self.fix_card.body.addWidget(self.fix_body)
         self.copy_button = QPushButton("Copy the fix")
         self.copy_button.clicked.connect(self.copy_fix)
-        self.fix_card.body.addWidget(self.copy_button, 0, Qt.AlignmentFlag.AlignLeft)
+        # For a ComfyUI user: the image's workflow with HalfSafe Fix, and the nodes themselves.
+        self.save_workflow_button = QPushButton("Save workflow…")
+        self.save_workflow_button.setToolTip(
+            "Save the image's workflow with HalfSafe Check and HalfSafe Fix placed after its "
+            "model loader, to drop into ComfyUI."
+        )
+        self.save_workflow_button.clicked.connect(self.save_workflow)
+        self.install_nodes_button = QPushButton("Install HalfSafe's nodes…")
+        self.install_nodes_button.setToolTip(
+            "Copy HalfSafe's node package into your ComfyUI's custom_nodes folder."
+        )
+        self.install_nodes_button.clicked.connect(self.install_nodes)
+        fix_buttons = QHBoxLayout()
+        for button in (self.copy_button, self.save_workflow_button, self.install_nodes_button):
+            fix_buttons.addWidget(button)
+        fix_buttons.addStretch(1)
+        self.fix_card.body.addLayout(fix_buttons)
+        self.installed_text = label("", "muted", wrap=True, selectable=True)
+        self.installed_text.hide()
+        self.fix_card.body.addWidget(self.installed_text)
         self.fix_card.hide()
         layout.addWidget(self.fix_card)
         self.notes = label("", "muted", wrap=True, selectable=True)
@@ -362,6 +384,7 @@ class ExplainDialog(QDialog):
         self.fix_card.setVisible(result.tool_fix is not None)
         if result.tool_fix is not None:
             self._show_fix(result.tool_fix, result.halfsafe_flags)
+            self._show_node_fix(result.node_fix)
         self.notes.setText("\n".join(result.notes))
         QTimer.singleShot(0, self.fit_to_answer)  # once the new text has its layout
 
@@ -390,6 +413,77 @@ class ExplainDialog(QDialog):
         self.fix_body.setText("<br>".join(lines))
         self.fix_text = "\n".join(plain)
         self.fix_card.show()
+
+    def _show_node_fix(self, node_fix: NodeFix | None) -> None:
+        """For a ComfyUI user: HalfSafe Fix first, the flags shown above as its fallback."""
+        self.save_workflow_button.setVisible(node_fix is not None)
+        self.install_nodes_button.setVisible(node_fix is not None)
+        if node_fix is None:
+            return
+        lines = [
+            f"<b>{html.escape(NODE_WORDS['title'])}</b> {html.escape(node_fix.workflow.how)}",
+            html.escape(node_fix.fallback_words),
+        ]
+        if node_fix.also:
+            also = NODE_WORDS["also"].format(flags=" ".join(node_fix.also))
+            lines.append(html.escape(words.first_upper(also)) + ".")
+        self.fix_body.setText("<br>".join([*lines, self.fix_body.text()]))
+
+    def save_workflow(self) -> None:
+        node_fix = self.explanation.node_fix if self.explanation is not None else None
+        if node_fix is None:
+            return
+        suggested = str(Path(self.path).with_name(node_fix.file_name))
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save workflow", suggested, "ComfyUI workflow (*.json)"
+        )
+        if path:
+            self.save_workflow_to(path)
+
+    def save_workflow_to(self, path: str) -> None:
+        """Write the workflow with HalfSafe Fix to `path`; a failure is one sentence."""
+        node_fix = self.explanation.node_fix if self.explanation is not None else None
+        if node_fix is None:
+            return
+        try:
+            node_fix.save(path)
+        except HalfSafeError as error:
+            self.dialogs.error(str(error))
+            return
+        self._said(NODE_WORDS["saved"].format(path=path))
+
+    def install_nodes(self) -> None:
+        """Copy HalfSafe's nodes into the ComfyUI HalfSafe found; where it found none or
+        several, say so and let the user name the folder."""
+        from app.core.comfyui.install import found_comfyuis, where_to_install
+
+        try:
+            root = where_to_install(None)
+        except HalfSafeError as error:
+            self._said(str(error))
+            found = found_comfyuis()
+            start = str(found[0]) if found else folders.models()
+            chosen = QFileDialog.getExistingDirectory(self, "Your ComfyUI folder", start)
+            if chosen:
+                self.install_nodes_into(chosen)
+            return
+        self.install_nodes_into(str(root))
+
+    def install_nodes_into(self, folder: str) -> None:
+        """Copy HalfSafe's nodes into the ComfyUI at `folder` and say what the user must then
+        do; a folder that is not one is one sentence."""
+        from app.core.comfyui.install import install_nodes
+
+        try:
+            installed = install_nodes(folder)
+        except HalfSafeError as error:
+            self.dialogs.error(str(error))
+            return
+        self._said(installed.words)
+
+    def _said(self, text: str) -> None:
+        self.installed_text.setText(text)
+        self.installed_text.show()
 
     def _show_next_steps(self, steps: NextSteps) -> None:
         """What to try in the image's tool while its model is not found: likely, not proven."""

@@ -18,7 +18,7 @@ from app.core.errors import (
     WrongVariant,
     WrongVariantError,
 )
-from app.core.explain import checkers, findings, kernels, next_steps, runtime, suspects
+from app.core.explain import checkers, designs, findings, kernels, next_steps, runtime, suspects
 from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
@@ -28,6 +28,7 @@ from app.core.explain.image_file import (
 )
 from app.core.explain.matching import ModelMatch, find_model, find_vae, named_model
 from app.core.explain.next_steps import NextSteps
+from app.core.explain.node_fix import NodeFix, node_fix_for
 from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record, read_record
 from app.core.explain.remake import REMADE_STATUSES, REMAKE_WORDS, Remade
@@ -109,6 +110,9 @@ class Explanation:
     check: HealthReport | None = None  # the health check at the image's settings
     halfsafe_flags: list[str] = field(default_factory=list)
     tool_fix: ToolFix | None = None
+    # For a ComfyUI user whose fix is in the diffusion model: HalfSafe Fix in the image's own
+    # workflow, the tool's flags its fallback (`node_fix`).
+    node_fix: NodeFix | None = None
     message: str = ""
     notes: list[str] = field(default_factory=list)
     # What to try in the image's tool while its model cannot be checked (not reproduced).
@@ -147,7 +151,11 @@ class Explanation:
     def to_json(self) -> dict[str, Any]:
         fix = None
         if self.tool_fix is not None:
-            fix = {"halfsafe": list(self.halfsafe_flags), "for_tool": self.tool_fix.to_json()}
+            workflow = self.node_fix.to_json() if self.node_fix is not None else None
+            fix = {
+                "halfsafe": list(self.halfsafe_flags),
+                "for_tool": {**self.tool_fix.to_json(), "workflow": workflow},
+            }
         return {
             "halfsafe": __version__,
             "image": {"path": self.path, "made_by": self.made_by, "status": self.status},
@@ -177,9 +185,12 @@ class Explanation:
         }
 
 
-def read_image(path: str | Path) -> tuple[Record, str, PixelFigures]:
+def read_image(
+    path: str | Path, log: suspects.ToolLog | None = None
+) -> tuple[Record, str, PixelFigures]:
     """(record, status, pixel figures) of an image file, without the library or a model.
     PNG is read chunk by chunk (`read_png`); JPEG and WebP through their EXIF (`read_exif`).
+    `log`: the tool's log, whose evidence of a fast path counts as the record's.
     Raises BadFileError with one sentence for a file that cannot be read."""
     path = Path(path)
     head = read_head(path)
@@ -193,16 +204,39 @@ def read_image(path: str | Path) -> tuple[Record, str, PixelFigures]:
         )
     record = read_record(path, facts.text)
     status, figures = pixel_status(path, facts)
+    return record, verdict(record, status, figures, log), figures
+
+
+def verdict(
+    record: Record, status: str, figures: PixelFigures, log: suspects.ToolLog | None = None
+) -> str:
+    """The image's status from its pixels' status (`pixel_status`) and its record: a fault
+    only where a tool made it and the evidence is there (`designs`)."""
     if status in ("nan", "black") and record.halfsafe_status == "safety_checker":
         status = "safety_checker"
     generated = record.made_by in MADE_BY and record.made_by != "unknown"
     if status == "flat" and generated:
-        # A generated picture carries the VAE's noise: one exact colour over a large part of
-        # it is a value replaced by a constant, not a design.
+        # One exact colour over a large part of a generated picture: a value replaced by a
+        # constant where the pixels show what a design cannot (`designs`).
         status = "nan_zeroed"
     if status in ("saturated", "noise", "noise_region", *suspects.LOOKS) and not generated:
         status = "unclaimed"  # a white, noisy or false-colour design looks the same
-    return record, status, figures
+    if status in designs.NEEDS_EVIDENCE and not _proved(status, record, figures, log):
+        status = designs.NEEDS_EVIDENCE[status]  # a picture made so on purpose looks the same
+    return status
+
+
+def _proved(status: str, record: Record, figures: PixelFigures, log) -> bool:
+    """Whether a fault the pixels look like has evidence a picture made on purpose cannot
+    show: the pixels' own (`designs`), or for tiles the record's or the log's of the fast
+    path that draws them. The evidence the record gives is kept in the figures."""
+    design = figures.design
+    if design is not None and design.proof is not None:
+        return True
+    if status != "tiled_noise":
+        return False
+    kinds = [s.kind for s in suspects.suspects(status, record.made_by, record.run, None, log)]
+    return designs.recorded_path(kinds) is not None
 
 
 def _reproduced_precision(record: Record):
@@ -278,9 +312,9 @@ def explain_image(
     cancel = cancel or CancelToken()
     path = Path(path).expanduser()
     progress("Reading the image", 0, 1)
-    record, status, figures = read_image(path)
-    made_by = record.made_by if record.made_by in MADE_BY else "unknown"
     tool_log = suspects.read_log(log) if log is not None else None
+    record, status, figures = read_image(path, tool_log)
+    made_by = record.made_by if record.made_by in MADE_BY else "unknown"
     if tool_log is not None and record.version is None and made_by in ("comfyui", "swarmui"):
         record.version = tool_log.version  # the record names none; the log's start does
     cancel.raise_if_cancelled()
@@ -294,6 +328,9 @@ def explain_image(
         found = ModelMatch(False, None, [str(f) for f in library.library_folders(folders)])
     explanation = Explanation(str(path), made_by, status, record, figures, found)
     explanation.log = tool_log
+    not_listed = record.not_listed_note()  # a record's lists past MAX_LISTED, counted
+    if not_listed:
+        explanation.notes.append(not_listed)
     if status in (*suspects.LOOKS, "noise"):
         explanation.look_causes = suspects.suspects(
             status, made_by, record.run, record.version, tool_log
@@ -603,6 +640,14 @@ def _run_check(explanation, device, loaded, measure_cost, progress, cancel) -> N
             explanation.made_by, settings, explanation.halfsafe_flags
         )
         explanation.notes.extend(explanation.tool_fix.notes)
+        explanation.node_fix = node_fix_for(
+            explanation.path,
+            explanation.made_by,
+            record,
+            report.fix,
+            settings,
+            explanation.tool_fix.flags,
+        )
     said = [_status_words(explanation), _check_words(explanation)]
     if explanation.variant_words:
         said.insert(0, explanation.variant_words)
@@ -753,6 +798,8 @@ def _status_words(explanation: Explanation) -> str:
         if checker is not None:
             words += " " + FINDING_WORDS["checker_recorded"].format(checker=checker.words())
         return words
+    if findings.made_so(explanation):
+        return findings.made_so_words(explanation, by)
     if explanation.status in ("nan_zeroed", "flat"):
         return findings.flat_words(explanation, by, tool.name if tool else "the tool that made it")
     remade = explanation.remade
@@ -832,6 +879,12 @@ def _check_words(explanation: Explanation) -> str:
                 f"{' '.join(explanation.halfsafe_flags)}."
             )
         tool = TOOLS[fix.tool].name
+        if explanation.node_fix is not None:  # HalfSafe's nodes, the flags their fallback
+            return (
+                f"The health check reproduced it: {_headline(report)} "
+                f"{explanation.node_fix.words}. In HalfSafe: "
+                f"{' '.join(explanation.halfsafe_flags)}."
+            )
         parts = []
         if fix.flags:
             parts.append("start it with " + " ".join(fix.flags))

@@ -102,6 +102,23 @@ def default_folders() -> tuple[list[ModelFolder], list[LibraryEntry]]:
     return [*_unique(folders), ModelFolder(own)], problems
 
 
+def tool_installs(tool: str, extra: list[str] | None = None) -> list[Path]:
+    """The install folders of `tool` ("comfyui", ...) the library finds: the settings' model
+    folders (or `extra`) that have its layout, then the usual places; each once."""
+    if extra is None:
+        from app.core.settings import load_settings
+
+        extra = list(load_settings().settings["model_folders"] or [])
+    given = [Path(f).expanduser() for f in extra or []]
+    found = [f for f in given if f.is_dir() and tool_of(f) == tool]
+    for base in [Path.home(), *_fixed_drives()]:
+        found.extend(root for kind, root in _installs_in(base) if kind == tool)
+    unique: dict[Path, None] = {}
+    for folder in found:
+        unique.setdefault(folder.resolve(), None)
+    return list(unique)
+
+
 def _app_data_folders(home: Path) -> list[Path]:
     if sys.platform == "win32":
         appdata = os.environ.get("APPDATA")
