@@ -24,6 +24,7 @@ class DenoiserCall:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     sigma: float = 0.0
+    output: Any = None  # what `apply_model` returned (the denoised latent)
 
 
 def _api():
@@ -121,7 +122,7 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
     handle = module.register_forward_pre_hook(catch, with_kwargs=True)
     try:
         with torch.no_grad():
-            base.apply_model(x, sigma.reshape(1).to(device), **kwargs)
+            call.output = base.apply_model(x, sigma.reshape(1).to(device), **kwargs)
     finally:
         handle.remove()
     if not call.args:
@@ -167,6 +168,60 @@ def apply_islands(model, islands: dict[str, str]) -> None:
             raise NodeProblem(f"The model has no layer {PREFIX}.{path} to keep wider.") from error
         wide = torch.float32 if dtype == "fp32" else torch.bfloat16
         model.add_object_patch(f"{PREFIX}.{path}", island_copy(layer, wide))
+
+
+def apply_clamps(model, paths: list[str]) -> None:
+    """Hold the fp16 outputs of the layers at `paths` (in the diffusion model) to fp16's range
+    while `model` (a clone) calls its diffusion model, as HalfSafe's clamp fix does: hooks put
+    on for each call of this clone only, through ComfyUI's own wrapper, nothing copied."""
+    import comfy.patcher_extension as extension
+
+    from app.core.hooks import Hooks
+
+    module = diffusion_model(model)
+    for path in paths:
+        try:
+            module.get_submodule(path)
+        except AttributeError as error:
+            raise NodeProblem(f"The model has no layer {PREFIX}.{path} to clamp.") from error
+
+    def clamped(executor, *args, **kwargs):
+        root = executor.class_obj
+        with Hooks() as hooks:
+            hooks.after_each((root.get_submodule(p) for p in paths), _clamp)
+            return executor(*args, **kwargs)
+
+    model.add_wrapper_with_key(extension.WrappersMP.DIFFUSION_MODEL, "halfsafe_clamps", clamped)
+
+
+def _clamp(_module, _args, output):
+    """An fp16 output held to +-65504 (inf saturates, NaN stays)."""
+    import torch
+
+    from app.core.components import FP16_MAX
+
+    def held(value):
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
+            return value.clamp(-FP16_MAX, FP16_MAX)
+        return value
+
+    return tuple(map(held, output)) if isinstance(output, tuple) else held(output)
+
+
+def apply_fix(model, fix: dict) -> str:
+    """Put `fix` (the nodes' fix: a whole-model compute dtype, islands, clamps) on `model`, a
+    clone; returns what was done, in words."""
+    said = []
+    if fix.get("component"):
+        apply_component(model, fix["component"])
+        said.append(f"the diffusion model computes in {fix['component']}")
+    if fix.get("islands"):
+        apply_islands(model, fix["islands"])
+        said.append(f"{len(fix['islands'])} layer(s) kept wider")
+    if fix.get("clamps"):
+        apply_clamps(model, fix["clamps"])
+        said.append(f"{len(fix['clamps'])} layer(s) clamped to fp16's range")
+    return "; ".join(said) or "nothing to change"
 
 
 def apply_component(model, dtype: str) -> None:

@@ -88,17 +88,15 @@ class HalfSafeFix:
         notes: list[str] = []
         try:
             host.diffusion_model(model)
+            from_store = fix is None
             if fix is None:
                 fix = store.remembered(model, notes)
             if not fix:
                 return (model, " ".join(notes + ["No fix to apply: the model is used as it is."]))
             patched = model.clone()
-            if fix.get("component"):
-                host.apply_component(patched, fix["component"])
-                said = f"HalfSafe Fix: the diffusion model computes in {fix['component']}."
-            else:
-                host.apply_islands(patched, fix["islands"])
-                said = f"HalfSafe Fix: {len(fix['islands'])} layer(s) kept wider."
+            said = f"HalfSafe Fix: {host.apply_fix(patched, fix)}."
+            if from_store:
+                said += f" The fix remembered for this model on this device: {fix['summary']}"
             return (patched, " ".join([said, *notes]))
         except Exception as error:
             return (model, _one_sentence(error))

@@ -1,15 +1,13 @@
 """The fixes the nodes prove, kept in HalfSafe's store of remembered fixes (`profiles.json`, the
-file the desktop app reads and writes), per model file and device."""
+file the desktop app reads and writes), under the keys the desktop uses: the model file's
+identity as HalfSafe's own loader computes it, and the device as HalfSafe names it. A fix
+proved by either is found by both."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from .host import COMPONENT, PREFIX, device_name, diffusion_model, halfsafe_name, halfsafe_names
-
-# The name the content digest of a file is cached under for the nodes (the desktop caches its
-# own, taken over the tensors its loader uses, under the architecture it detected).
-NODE_WORDS = "comfyui"
 
 
 def model_file(model) -> Path | None:
@@ -22,15 +20,39 @@ def model_file(model) -> Path | None:
     return path if path.is_file() else None
 
 
-def profile_key(path: Path) -> str:
-    """The store's key for a model file: the digest of its tensors (cached for the unchanged
-    file, so only the first check of a file reads it whole)."""
-    from app.core.checkpoint import scan_weights
-    from app.core.models.identity import Identity
+def profile_key(model, notes: list[str]) -> str | None:
+    """The store's key for the file this MODEL was loaded from: the identity HalfSafe's loader
+    gives the same file (`single_file.file_profile_key`; cached for the unchanged file, so only
+    the first check of a file reads it whole). None, with a sentence in `notes`, where ComfyUI
+    does not say which file it is or HalfSafe does not key that file on its own."""
+    from app.core.errors import HalfSafeError
+    from app.core.models.single_file import file_profile_key
 
-    identity = Identity(NODE_WORDS, NODE_WORDS, [path], [path])
-    scan = scan_weights(path, identify=True) if identity.needed else None
-    return identity.profile_key(scan)  # type: ignore[arg-type]
+    path = model_file(model)
+    if path is None:
+        notes.append("ComfyUI does not say which file this model was loaded from.")
+        return None
+    try:
+        return file_profile_key(path)
+    except HalfSafeError as error:
+        problem = getattr(error, "problem", str(error))
+        notes.append(f"HalfSafe's app does not load {path.name} alone ({problem.rstrip('.')}).")
+    except OSError as error:
+        notes.append(f"HalfSafe could not read {path} to name it: {error.strerror or error}.")
+    return None
+
+
+# The settings of a remembered fix that HalfSafe Fix applies to the MODEL; and those of the other
+# components (text encoders, VAE), which are not the MODEL's to take.
+APPLIED = ("unet_precision", "fp32_modules", "bf16_modules", "clamp_modules")
+OTHER_PARTS = (
+    "text_encoder_precision",
+    "text_encoder_2_precision",
+    "text_encoder_3_precision",
+    "prompt_upsampler_precision",
+    "vae_precision",
+    "no_half_vae",
+)
 
 
 def fix_settings(model, fix: dict) -> dict:
@@ -48,46 +70,70 @@ def fix_settings(model, fix: dict) -> dict:
     return settings
 
 
-def fix_from_settings(model, settings: dict) -> dict | None:
-    """A remembered fix's settings back as the nodes' fix (ComfyUI's module paths)."""
-    component = settings.get("unet_precision")
-    if component in ("fp32", "bf16"):
-        return {"component": component, "islands": {}}
-    module = diffusion_model(model)
-    names = halfsafe_names(model)
-    theirs = {}
-    for path, _ in module.named_modules():
-        named = halfsafe_name(names, module, path) if path else None
-        if named:
-            theirs.setdefault(named, path)
-    islands: dict[str, str] = {}
-    for dtype in ("fp32", "bf16"):
-        for entry in settings.get(f"{dtype}_modules") or []:
+def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
+    """A remembered fix's settings as the nodes' fix, in ComfyUI's module paths: None, with a
+    sentence in `notes`, where it needs what HalfSafe Fix cannot do in ComfyUI or names a
+    layer this model does not have (then it is not this model's fix)."""
+    beyond = [k for k, v in settings.items() if k not in APPLIED + OTHER_PARTS and v]
+    if beyond:
+        notes.append(
+            f"The remembered fix needs {', '.join(beyond)}, which HalfSafe Fix cannot apply "
+            "inside ComfyUI yet: it is not used."
+        )
+        return None
+    if any(settings.get(k) not in (None, False, "auto") for k in OTHER_PARTS):
+        notes.append("Its text encoders' and VAE's part is for their own loaders, not the MODEL.")
+    fix: dict = {"component": None, "islands": {}, "clamps": []}
+    if settings.get("unet_precision") in ("fp32", "bf16"):
+        fix["component"] = settings["unet_precision"]
+    paths = _comfy_paths(model)
+    for key in ("fp32_modules", "bf16_modules", "clamp_modules"):
+        for entry in settings.get(key) or []:
             component, _, named = str(entry).partition(":")
             if component != COMPONENT:
                 continue
             path = (
                 named.removeprefix(PREFIX + ".")
                 if named.startswith(PREFIX + ".")
-                else theirs.get(named)
+                else paths.get(named)
             )
             if path is None:
-                return None  # a layer this model does not have: not this model's fix
-            islands[path] = dtype
-    return {"component": None, "islands": islands} if islands else None
+                notes.append(
+                    f"The remembered fix names {named}, a layer this model does not have: it "
+                    "is not used."
+                )
+                return None
+            if key == "clamp_modules":
+                fix["clamps"].append(path)
+            else:
+                fix["islands"][path] = key.removesuffix("_modules")
+    return fix if fix["component"] or fix["islands"] or fix["clamps"] else None
+
+
+def _comfy_paths(model) -> dict[str, str]:
+    """HalfSafe's name of each module of the diffusion model -> ComfyUI's path."""
+    module = diffusion_model(model)
+    names = halfsafe_names(model)
+    paths: dict[str, str] = {}
+    for path, _ in module.named_modules():
+        named = halfsafe_name(names, module, path) if path else None
+        if named:
+            paths.setdefault(named, path)
+    return paths
 
 
 def remember(model, fix: dict, summary: str, made_at: dict, notes: list[str]) -> None:
     """Store a proved fix for this model file on this device (a sentence in `notes` when the
-    file is unknown or the store cannot be written)."""
+    file cannot be named or the store cannot be written)."""
     from app.core.fixing import profiles
 
-    path = model_file(model)
-    if path is None:
-        notes.append("The fix is not remembered: ComfyUI does not say which file this model is.")
+    said: list[str] = []
+    key = profile_key(model, said)
+    if key is None:
+        notes.append(f"The fix is not remembered: {' '.join(said)}")
         return
     profiles.remember_fix(
-        profile_key(path),
+        key,
         device_name(model),
         fix_settings(model, fix),
         summary,
@@ -99,18 +145,20 @@ def remember(model, fix: dict, summary: str, made_at: dict, notes: list[str]) ->
 
 
 def remembered(model, notes: list[str]) -> dict | None:
-    """The fix remembered for this model file on this device, as the nodes' fix."""
+    """The fix remembered for this model file on this device, as the nodes' fix (None, with a
+    sentence in `notes` where there is none to use)."""
     from app.core.fixing import profiles
 
-    path = model_file(model)
-    if path is None:
-        notes.append("No remembered fix: ComfyUI does not say which file this model is.")
+    said: list[str] = []
+    key = profile_key(model, said)
+    if key is None:
+        notes.append(f"No remembered fix: {' '.join(said)}")
         return None
-    found = profiles.lookup(profile_key(path), device_name(model))
+    found = profiles.lookup(key, device_name(model))
     notes.extend(found.notes)
     if found.fix is None:
         return None
-    fix = fix_from_settings(model, dict(found.fix.settings))
+    fix = fix_from_settings(model, dict(found.fix.settings), notes)
     if fix is not None:
         fix["summary"] = found.fix.summary
     return fix

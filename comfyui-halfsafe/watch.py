@@ -111,10 +111,7 @@ def watched(model, repair: dict | None = None):
 
     clone = model.clone()
     if repair:
-        if repair.get("component"):
-            host.apply_component(clone, repair["component"])
-        else:
-            host.apply_islands(clone, repair.get("islands", {}))
+        host.apply_fix(clone, repair)
     watch = Watch(repair=repair)
     clone.add_wrapper_with_key(
         extension.WrappersMP.DIFFUSION_MODEL, "halfsafe_watch", watch.on_call

@@ -29,28 +29,49 @@ bin="$venv/bin"
 
 # ComfyUI for the node package's tests (tests/comfyui): its source from ../shared/vendor and a
 # second environment like a user's ComfyUI one (its pure-Python requirements, HalfSafe installed
-# there without the window). Cached in .comfyui-test/ (ignored by git) until the archive, this
-# pyproject or the torch build change. Without the archive those tests are skipped.
+# there without the window). Cached in .comfyui-test/ (ignored by git; HALFSAFE_COMFYUI_CACHE
+# names another folder) until the archive, the requirements or the torch build change. Without
+# the archive those tests are skipped.
 comfy_archive="../shared/vendor/comfyui-0.29.0-4f874c5.tar.gz"
-comfy_cache=".comfyui-test"
+comfy_cache="$(realpath -m "${HALFSAFE_COMFYUI_CACHE:-.comfyui-test}")"
 if [ -f "$comfy_archive" ]; then
-  comfy_stamp="$(cat "$comfy_archive" pyproject.toml comfyui-halfsafe/pyproject.toml | sha256sum | cut -c1-16) $HALFSAFE_TORCH_SPEC"
+  # The very torch build HalfSafe's environment holds ("2.13.0+cpu"), pinned in the same pip
+  # command as everything else: no requirement can then make pip take another build (a CUDA
+  # one brings gigabytes of nvidia-* packages), and a pin it cannot meet fails the install.
+  comfy_torch="torch==$("$bin/python" -c 'import torch; print(torch.__version__)')"
+  comfy_stamp="$(cat "$comfy_archive" pyproject.toml comfyui-halfsafe/pyproject.toml | sha256sum | cut -c1-16) $comfy_torch"
   if [ "$(cat "$comfy_cache/ready" 2>/dev/null)" != "$comfy_stamp" ]; then
     say "setting up ComfyUI for the node package's tests in $comfy_cache/"
+    comfy_started=$SECONDS
     rm -rf "$comfy_cache"
     mkdir -p "$comfy_cache"
     tar -xzf "$comfy_archive" -C "$comfy_cache"
     "$bin/python" -m venv "$comfy_cache/venv"
-    # torch is pinned below; torchvision/torchaudio have no CPU build for it (the tests stand
-    # in for them, import-only); the web frontend, templates and OpenGL are not needed here.
+    # torchvision/torchaudio have no CPU build for this torch (the tests stand in for them,
+    # import-only); the web frontend, templates and OpenGL are not needed here.
     grep -v -E '^(torch|torchvision|torchaudio|comfyui-frontend-package|comfyui-workflow-templates|comfyui-embedded-docs|PyOpenGL|comfy-angle)([<>=~ ]|$)|^#|^\s*$' \
       "$comfy_cache/ComfyUI/requirements.txt" >"$comfy_cache/requirements.txt"
-    "$comfy_cache/venv/bin/python" -m pip install -q "$HALFSAFE_TORCH_SPEC" \
-      -r "$comfy_cache/requirements.txt" -e .
+    torch_index=()
+    [ -n "${HALFSAFE_TORCH_INDEX:-}" ] && torch_index=(--extra-index-url "$HALFSAFE_TORCH_INDEX")
+    "$comfy_cache/venv/bin/python" -m pip install -q "${torch_index[@]}" "$comfy_torch" \
+      -r "$comfy_cache/requirements.txt" . 2>&1 | tee "$comfy_cache/pip.log"
+    # CUDA's runtime comes as nvidia-* packages (nvidia-ml-py is only NVML's Python binding,
+    # which HalfSafe itself requires); and a CPU torch names no CUDA version.
+    nvidia="$("$comfy_cache/venv/bin/python" -m pip list --format=freeze | grep -i '^nvidia-' | grep -vi '^nvidia-ml-py=' || true)"
+    cuda="$("$comfy_cache/venv/bin/python" -c 'import torch; print(torch.version.cuda or "")')"
+    if [ -n "$nvidia$cuda" ]; then
+      say "ComfyUI's test environment took a CUDA torch (${cuda:-} ${nvidia//$'\n'/ }): refusing it"
+      exit 1
+    fi
     printf '%s' "$comfy_stamp" >"$comfy_cache/ready"
+    say "ComfyUI's test environment set up in $((SECONDS - comfy_started)) s"
   fi
-  export HALFSAFE_COMFYUI="$PWD/$comfy_cache/ComfyUI"
-  export HALFSAFE_COMFYUI_PYTHON="$PWD/$comfy_cache/venv/bin/python"
+  # HalfSafe as a user's ComfyUI gets it: a regular install, not an editable one (whose import
+  # hook would hide that ComfyUI's own `app` package shadows HalfSafe's), made again each run
+  # from this tree (without its dependencies: they are there), so the tests run today's core.
+  "$comfy_cache/venv/bin/python" -m pip install -q --no-deps --force-reinstall --no-build-isolation .
+  export HALFSAFE_COMFYUI="$comfy_cache/ComfyUI"
+  export HALFSAFE_COMFYUI_PYTHON="$comfy_cache/venv/bin/python"
 fi
 
 say "lint and import rules"

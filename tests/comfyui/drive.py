@@ -88,6 +88,15 @@ def load_package(folder: Path):
     return module
 
 
+def load_module(name: str, path: Path):
+    """A module of HalfSafe's tests by its file (ComfyUI's folder has a `tests` package too)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def weights_digest(model) -> str:
     import hashlib
 
@@ -119,8 +128,25 @@ def main() -> None:
     found["precision"] = host.precision(model)
     before = weights_digest(model)
 
-    text, image, fix = nodes["HalfSafeCheck"]().check(model, 64, 64, 4, 0)["result"]
+    copies_module = load_module(
+        "parameter_copies", Path(__file__).resolve().parents[1] / "support" / "parameter_copies.py"
+    )
+    ParameterCopies, own_parameter_bytes = (  # noqa: N806
+        copies_module.ParameterCopies,
+        copies_module.own_parameter_bytes,
+    )
+
+    denoiser = model.model.diffusion_model
+    with ParameterCopies(denoiser) as copies:
+        text, image, fix = nodes["HalfSafeCheck"]().check(model, 64, 64, 4, 0)["result"]
     found["check"] = {"text": text, "fix": fix, "image": list(image.shape)}
+    island = denoiser.get_submodule(next(iter(fix["islands"]))) if fix else denoiser
+    found["copies"] = {
+        "peak": copies.peak_bytes,
+        "largest_layer": own_parameter_bytes(denoiser, torch.float32),
+        "island": sum(p.numel() for p in island.parameters()) * 4,
+        "model_fp32": sum(p.numel() for p in denoiser.parameters()) * 4,
+    }
     found["untouched"] = model.object_patches == {} and weights_digest(model) == before
     if check_only:
         print(json.dumps(found))
@@ -144,12 +170,10 @@ def main() -> None:
         "model_params": sum(p.numel() for p in model.model.diffusion_model.parameters()),
         "original_patches": len(model.object_patches),
     }
-    remembered, said = nodes["HalfSafeFix"]().fix(model, None)
-    found["remembered"] = {
-        "said": said,
-        "islands": sorted(k for k in remembered.object_patches),
-        "finite": finite(host.run_call(remembered, call)),
-    }
+    # A UNet file alone is no model HalfSafe's app loads (it needs --vae, whose file is then
+    # part of the key): the nodes remember nothing for it, and say so.
+    unchanged, said = nodes["HalfSafeFix"]().fix(model, None)
+    found["remembered"] = {"said": said, "unchanged": unchanged is model}
     found["watch"] = watch(nodes, model)
     found["bad_input"] = {
         "check": nodes["HalfSafeCheck"]().check("not a model", 64, 64, 4, 0)["result"][0],

@@ -72,6 +72,14 @@ def test_check_names_the_layer_in_comfyuis_names_and_proves_an_island(driven):
     assert driven["untouched"]  # the MODEL passed in: no patch, the same weights
 
 
+def test_check_holds_one_layers_fp32_copy_beside_the_islands_never_the_models(driven):
+    # Copies of the diffusion model's weights made while the Check node ran (its fp32
+    # reference widens one layer at a time; the proved island is copied once, for the trial).
+    copies = driven["copies"]
+    assert 0 < copies["peak"] <= copies["largest_layer"] + copies["island"]
+    assert copies["peak"] < copies["model_fp32"] / 4
+
+
 def test_fix_gives_a_finite_call_on_a_clone_copying_only_the_island(driven):
     fix = driven["fix"]
     assert fix["fixed_finite"] and not fix["original_finite"]
@@ -79,9 +87,16 @@ def test_fix_gives_a_finite_call_on_a_clone_copying_only_the_island(driven):
     assert fix["island_params"] == fix["layer_params"] < fix["model_params"] / 50
 
 
-def test_fix_without_input_uses_the_fix_the_check_remembered(driven):
+def test_a_unet_file_alone_gets_no_remembered_fix_and_a_sentence_why(driven):
+    # The desktop keys a fix by the model it loads; it loads a UNet file only with a VAE
+    # beside it, so neither the check nor the fix node can name this file as it does.
+    assert (
+        "not remembered: HalfSafe's app does not load tiny_sd1_unet.safetensors alone"
+        in (driven["check"]["text"])
+    )
     remembered = driven["remembered"]
-    assert remembered["islands"] == [f"diffusion_model.{ISLAND}"] and remembered["finite"]
+    assert remembered["unchanged"]
+    assert remembered["said"].startswith("No remembered fix: HalfSafe's app does not load")
 
 
 def test_nan_watch_names_the_step_and_layer_with_one_read_at_the_end(driven):

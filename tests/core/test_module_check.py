@@ -5,6 +5,8 @@ in its place and brings the output back to the reference."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from app.core.fixing.module_check import (
     reference_call,
 )
 from app.core.fixing.quality import compare
+from tests.support.parameter_copies import ParameterCopies, own_parameter_bytes
 
 
 class _Block(torch.nn.Module):
@@ -90,3 +93,23 @@ def test_an_island_copy_keeps_the_layers_parameter_names_and_costs_only_its_weig
     assert [n for n, _ in island.named_parameters()] == [n for n, _ in layer.named_parameters()]
     assert all(p.dtype == torch.float32 for p in island.parameters())
     assert layer.weight.dtype == torch.float16  # the original is untouched
+
+
+def test_the_fp32_reference_widens_one_layer_at_a_time_and_matches_a_whole_fp32_copy(planted):
+    x = torch.randn(2, 4, 16, dtype=torch.float16)
+    context = torch.tensor(1.0)
+    with ParameterCopies(planted) as copies:
+        reference = reference_call(planted, (x,), {"context": context})
+    # No copy of the tree: at most one layer's own weights in fp32 at once.
+    assert 0 < copies.peak_bytes <= own_parameter_bytes(planted, torch.float32)
+    # The same call as a whole fp32 copy computes it, and the same peaks layer by layer.
+    whole = copy.deepcopy(planted).float()
+    before = recorded_call(whole, lambda: whole(x.float(), context=context.float()))
+    assert torch.equal(reference.output, before.output)
+    assert {n: s.max_abs for n, s in reference.probe.modules.items()} == {
+        n: s.max_abs for n, s in before.probe.modules.items()
+    }
+    assert overflow_islands(reference.probe, planted) == overflow_islands(before.probe, whole)
+    # The tree is left as it was: fp16 weights, no hook.
+    assert all(p.dtype == torch.float16 for p in planted.parameters())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in planted.modules())

@@ -62,16 +62,21 @@ def cast_floats(value: Any, dtype) -> Any:
     return value
 
 
-def reference_call(root, args: tuple, kwargs: dict, dtype=None) -> RecordedCall:
-    """The same call of `root` computed wholly in `dtype` (fp32 by default) on a temporary
-    copy, recorded: the reference a fix is measured against and the run whose peaks draw the
-    islands. The copy holds the whole tree in `dtype` for the call and is freed after it."""
+def reference_call(root, args: tuple, kwargs: dict) -> RecordedCall:
+    """The same call of `root` computed in fp32 from its stored weights, recorded: the
+    reference a fix is measured against and the run whose peaks draw the islands. Each layer's
+    weights are widened for its own call and put back after it (`each_layer_in_fp32`, as the
+    prediction test runs a UNet), so the reference holds one layer's fp32 copy at a time, never
+    a copy of the tree (an SDXL UNet copied whole in fp32 is 10 GB). A cast from fp16 or bf16
+    to fp32 is exact: the result is a whole fp32 copy's. `root` is left as it was."""
     import torch
 
-    dtype = dtype or torch.float32
-    wide = copy.deepcopy(root).to(dtype)
-    wide_args, wide_kwargs = cast_floats(args, dtype), cast_floats(kwargs, dtype)
-    return recorded_call(wide, lambda: wide(*wide_args, **wide_kwargs))
+    from app.core.models.prediction import each_layer_in_fp32
+
+    wide_args = cast_floats(args, torch.float32)
+    wide_kwargs = cast_floats(kwargs, torch.float32)
+    with each_layer_in_fp32([root]):
+        return recorded_call(root, lambda: root(*wide_args, **wide_kwargs))
 
 
 def closed_islands(wide: ProbeResult, islands: list[str]) -> list[str]:

@@ -66,10 +66,10 @@ class Identity:
         """True when the weight scan must compute the digest (nothing valid is cached)."""
         return self.cached is None
 
-    def profile_key(self, scan: WeightScan) -> str:
+    def profile_key(self, scan: WeightScan | None) -> str:
         """The key for this load, caching a freshly computed digest. The scan must have been
-        asked to identify when `needed` was True."""
-        content = self.cached or scan.content
+        asked to identify when `needed` was True (and may be None when it was not)."""
+        content = self.cached or (scan.content if scan is not None else None)
         if content is None:
             raise ValueError("the weight scan computed no content digest")
         if self.cached is None and self._stamp is not None:

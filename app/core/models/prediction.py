@@ -129,7 +129,7 @@ def probe_prediction_type(pipeline, *, zero_terminal_snr: bool = False) -> Predi
     if wide:  # CPUs run fp16/bf16 many times slower than fp32 (and fp16 may overflow)
         dtype = torch.float32
     modules = [getattr(pipeline, name, None) for name in family.components(pipeline)]
-    with torch.no_grad(), _each_layer_in_fp32(modules if wide else []):
+    with torch.no_grad(), each_layer_in_fp32(modules if wide else []):
         conditioning = family.encode(pipeline, "", "", device, False)  # one empty prompt
         for key in list(conditioning):
             conditioning[f"negative_{key}"] = conditioning[key]  # the batch's two rows alike
@@ -168,7 +168,7 @@ def probe_prediction_type(pipeline, *, zero_terminal_snr: bool = False) -> Predi
 
 
 @contextmanager
-def _each_layer_in_fp32(modules: list[Any]) -> Iterator[None]:
+def each_layer_in_fp32(modules: list[Any]) -> Iterator[None]:
     """Run `modules` in fp32 one layer at a time: each layer's weights are widened just before
     it runs and put back right after, so only one layer's fp32 copy exists at once (an SDXL
     UNet widened whole would take 10 GB more). The stored weights are never changed."""

@@ -69,28 +69,11 @@ def load_single_file(
         )
     hasher = Hasher(path)
     try:
-        detection = detect_architecture(
-            checkpoint.shapes,
-            metadata=checkpoint.metadata,
-            name=path.name,
-            sidecar_config=_sidecar_config(path),
-        )
-        if not detection.supported:
-            raise UnsupportedModelError(
-                path, f"this looks like {detection.looks_like}: {detection.because}"
-            )
-        if not detection.has_vae and vae is None:
-            raise UnsupportedModelError(
-                path,
-                "the checkpoint has no VAE (no first_stage_model tensors); pass a VAE "
-                "file with --vae.",
-            )
+        detection = _detection(path, checkpoint, vae)
         vae_path = Path(vae).expanduser() if vae is not None else None
         if vae_path is not None:
             _check_vae_file(path, vae_path, detection)
-        parts = [path] if vae_path is None else [path, vae_path]
-        files = [path] if vae_path is None else [path, *vae_files(vae_path)]
-        identity = Identity(detection.architecture, detection.prediction_type, parts, files)
+        identity = _identity(path, detection, vae_path)
         with one_torch_thread():
             pipeline, scan, used = _assemble(
                 checkpoint, detection, vae, allow_pickle, progress, cancel, identity.needed
@@ -126,6 +109,81 @@ def load_single_file(
         raise
     finally:
         checkpoint.close()
+
+
+def file_profile_key(path: Path, cancel: CancelToken | None = None) -> str:
+    """The key remembered fixes are stored under for the single-file checkpoint `path`, as
+    `load_single_file` keys it when the file is loaded alone (no --vae): the same detection,
+    the same tensors digested, the same cache of the digest, without building the model. For
+    a host that loaded the file with its own code (ComfyUI), so that a fix proved in either
+    place is found in both. Reads every used tensor once on a file's first call (about 1 s per
+    GB), nothing but the header while the cached digest is valid.
+
+    Raises UnsupportedModelError for a file the loader would not load alone (a transformer
+    file, whose key covers its companion files too; a checkpoint without a VAE; a model
+    HalfSafe does not know), BadFileError for a damaged file, OSError for one it cannot
+    read."""
+    if is_pickle_file(path):
+        refuse_pickle(path)
+    with Checkpoint(path) as checkpoint:
+        if split_model(path, checkpoint.shapes) is not None:
+            raise UnsupportedModelError(
+                path,
+                "HalfSafe keys a transformer file's fixes by the files it loads with it, which "
+                "only its own loader knows.",
+            )
+        detection = _detection(path, checkpoint, None)
+        identity = _identity(path, detection, None)
+        scan = None
+        if identity.needed:
+            scanner = WeightScanner(cancel=cancel, identify=True)
+            with one_torch_thread():
+                for key in _used_keys(checkpoint, detection, with_vae=True):
+                    scanner.check(key, checkpoint.get(key))
+            checkpoint.check_unchanged()  # what was digested is what the file holds now
+            scan = scanner.result()
+        return identity.profile_key(scan)
+
+
+def _detection(path: Path, checkpoint: Checkpoint, vae: str | None) -> arch.Detection:
+    """What the checkpoint is, or UnsupportedModelError where it cannot be loaded (with `vae`
+    None: without a separate VAE)."""
+    detection = detect_architecture(
+        checkpoint.shapes,
+        metadata=checkpoint.metadata,
+        name=path.name,
+        sidecar_config=_sidecar_config(path),
+    )
+    if not detection.supported:
+        raise UnsupportedModelError(
+            path, f"this looks like {detection.looks_like}: {detection.because}"
+        )
+    if not detection.has_vae and vae is None:
+        raise UnsupportedModelError(
+            path,
+            "the checkpoint has no VAE (no first_stage_model tensors); pass a VAE file with --vae.",
+        )
+    return detection
+
+
+def _identity(path: Path, detection: arch.Detection, vae: Path | None) -> Identity:
+    """The identity of a load of `path` (with the separate VAE `vae`): by the architecture and
+    prediction type detected from the file, before any test pass settles the latter."""
+    parts = [path] if vae is None else [path, vae]
+    files = [path] if vae is None else [path, *vae_files(vae)]
+    return Identity(detection.architecture, detection.prediction_type, parts, files)
+
+
+def _used_keys(checkpoint: Checkpoint, detection: arch.Detection, *, with_vae: bool) -> list[str]:
+    """The tensors a load reads (and digests): the UNet's, each text encoder's and, `with_vae`,
+    the file's own VAE's."""
+    names = checkpoint.keys()
+    used = [k for k in names if k.startswith(detection.unet_prefix)]
+    for encoder in detection.text_encoders:
+        used += text_encoder_keys(names, checkpoint.shapes, encoder)
+    if with_vae:
+        used += vae_keys(names, detection.vae_prefix)
+    return used
 
 
 def _settle_prediction(
@@ -243,11 +301,7 @@ def _assemble(
     folder = config_folder(detection.config_name or detection.family)
     shapes = checkpoint.shapes
     names = checkpoint.keys()
-    used_keys = [k for k in names if k.startswith(detection.unet_prefix)]
-    for encoder in detection.text_encoders:
-        used_keys += text_encoder_keys(names, shapes, encoder)
-    if vae is None:
-        used_keys += vae_keys(names, detection.vae_prefix)
+    used_keys = _used_keys(checkpoint, detection, with_vae=vae is None)
     total_bytes = sum(nbytes(checkpoint, k) for k in used_keys)
     scanner = WeightScanner(total_bytes, progress, cancel, identify=identify)
     used_dtypes = [checkpoint.dtypes[k] for k in used_keys]

@@ -1,0 +1,182 @@
+"""One store of remembered fixes for the desktop and the nodes: a fix proved by `halfsafe check`
+(HalfSafe's own Python) is used by HalfSafe Fix in ComfyUI's Python with no fix connected, and
+one proved by HalfSafe Check is the remembered fix `halfsafe check` runs with. Both sides key
+the file by HalfSafe's identity of it and the device by HalfSafe's name of it; each runs in its
+own environment, on the CPU, as a separate process.
+
+The model is a single-file SD1 checkpoint loaded by ComfyUI's own checkpoint loader: a UNet of
+the shape ComfyUI's detection reads as SD1 (320 channels, a 768-wide context, one level), one
+attention query scaled past fp16's range, and a tiny text encoder and VAE (which ComfyUI is
+not asked to load: its text encoders have fixed full-size configs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "comfyui-halfsafe"
+COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
+PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
+PLANTED = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
+# Where the planted region sits in ComfyUI's names (HalfSafe's on the left).
+COMFY_BLOCK = ("down_blocks.0.attentions.0", "input_blocks.1.1")
+SIZE = "64"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (COMFYUI and PYTHON and Path(COMFYUI, "main.py").is_file()),
+        reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
+    ),
+]
+
+
+def tiny_sd1_checkpoint(path: Path) -> Path:
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        PNDMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from app.core.encoders.tokenizers import clip_tokenizer
+    from tests.support.model_files import save_single_file
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        sample_size=8,
+        layers_per_block=1,
+        block_out_channels=(320,),
+        attention_head_dim=8,
+        down_block_types=("CrossAttnDownBlock2D",),
+        up_block_types=("CrossAttnUpBlock2D",),
+        cross_attention_dim=768,
+    ).eval()
+    vae = AutoencoderKL(
+        latent_channels=4,
+        layers_per_block=1,
+        block_out_channels=(32, 64),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+    ).eval()
+    text = CLIPTextModel(
+        CLIPTextConfig(
+            hidden_size=768,
+            intermediate_size=37,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            hidden_act="quick_gelu",
+            bos_token_id=0,
+            eos_token_id=2,
+            pad_token_id=1,
+            projection_dim=768,
+        )
+    ).eval()
+    with torch.no_grad():
+        unet.get_submodule(PLANTED).weight.mul_(1e5)  # past 65504 in fp16, finite in fp32
+    pipeline = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text,
+        tokenizer=clip_tokenizer(),
+        unet=unet,
+        scheduler=PNDMScheduler(),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    return save_single_file(pipeline, path, dtype="fp16")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return tiny_sd1_checkpoint(tmp_path_factory.mktemp("store") / "tiny_sd1.safetensors")
+
+
+def environment(home: Path) -> dict[str, str]:
+    """Both processes' environment: HalfSafe's folders in `home` (the store is one file), one
+    thread each, the CPU's bf16 class as the suite pins it."""
+    return {
+        **os.environ,
+        "HALFSAFE_DATA_DIR": str(home / "data"),
+        "HALFSAFE_CACHE_DIR": str(home / "cache"),
+        "HALFSAFE_CONFIG_DIR": str(home / "config"),
+        "OMP_NUM_THREADS": "1",
+        "HALFSAFE_CPU_BF16": os.environ.get("HALFSAFE_CPU_BF16", "native"),
+    }
+
+
+def desktop_check(checkpoint: Path, home: Path) -> dict:
+    """`halfsafe check FILE` in HalfSafe's own Python, fp16 as ComfyUI computes on a GPU."""
+    done = subprocess.run(
+        [sys.executable, "-m", "app", "check", str(checkpoint), "--json", "--size", SIZE]
+        + ["--device", "cpu", "--precision", "fp16"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=environment(home),
+        cwd=ROOT,
+    )
+    assert done.returncode in (0, 1), done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+def in_comfyui(checkpoint: Path, home: Path, action: str) -> dict:
+    done = subprocess.run(
+        [PYTHON, str(Path(__file__).with_name("drive_store.py")), COMFYUI, str(PACKAGE)]
+        + [str(checkpoint), action],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment(home),
+        cwd=home,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def comfy_path(entry: str) -> str:
+    """HalfSafe's `unet:PATH` in the planted region as ComfyUI's object-patch key."""
+    return "diffusion_model." + entry.removeprefix("unet:").replace(*COMFY_BLOCK)
+
+
+def test_a_fix_the_desktop_proved_is_used_by_the_fix_node(checkpoint, tmp_path):
+    report = desktop_check(checkpoint, tmp_path)
+    assert report["verdict"] == "fixable" and report["fix"]["verified"]
+    settings = report["fix"]["settings"]
+    assert report["components"]["unet"]["first_bad_module"] == PLANTED
+
+    found = in_comfyui(checkpoint, tmp_path, "fix")
+    assert found["precision"]["compute"] == "fp16"
+    fix = found["fix"]
+    # The desktop picks among verified fixes by their cost on this machine: whichever it
+    # remembered is the one the node applies, with no fix connected.
+    wider = [e for k in ("fp32_modules", "bf16_modules") for e in settings.get(k, [])]
+    assert fix["islands"] == sorted(comfy_path(e) for e in wider)
+    expected = {"bf16": "bfloat16", "fp32": "float32"}.get(settings.get("unet_precision", ""))
+    assert fix["compute"] == expected
+    if settings.get("clamp_modules"):
+        assert "clamped to fp16's range" in fix["said"]
+    assert report["fix"]["summary"] in fix["said"]
+    assert fix["fixed_finite"] and not fix["original_finite"]
+    assert fix["original_patches"] == 0  # the MODEL passed in is not changed
+
+
+def test_a_fix_the_check_node_proved_is_the_one_the_desktop_runs_with(checkpoint, tmp_path):
+    found = in_comfyui(checkpoint, tmp_path, "check")
+    proved = found["check"]["fix"]
+    assert proved and proved["islands"] == {COMFY_BLOCK[1] + ".transformer_blocks.0.attn1": "fp32"}
+    assert "not remembered" not in found["check"]["text"]
+
+    report = desktop_check(checkpoint, tmp_path)
+    assert report["remembered"] == proved["summary"]
+    assert report["verdict"] == "healthy"  # its fp16 run, with the node's island kept in fp32
+    assert report["tested"]["unet"] == "fp16"
+    assert report["headline"].startswith("Safe with the fix remembered for this model")
