@@ -1,6 +1,7 @@
 """The shape of the code under app/, read from its syntax trees: forward hooks are attached in
-one place (`app/core/hooks.py`), no function is too long to read at once, and the check's path
-crosses from app/core/health into app/core/fixing, never back by import.
+one place (`app/core/hooks.py`), no function is too long to read at once, the check's path
+crosses from app/core/health into app/core/fixing, never back by import, and the precision plan
+and the fixes never name an encoder kind (a kind declares the layers it keeps wider itself).
 
 Each checker is first run on a planted violation, so that a checker that found nothing would
 fail here rather than pass over the tree."""
@@ -32,6 +33,10 @@ HOOK_REGISTRATIONS = frozenset(
 )
 LONGEST_FUNCTION = 150  # lines, from `def` to the function's last line
 HEALTH = "app.core.health"
+# The packages that ask an encoder kind for its own islands (`encoders.kinds.own_islands`) and
+# never name one, and the kind they once named (strings may: its public setting's key).
+KIND_BLIND = ("app/core/precision", "app/core/fixing")
+ENCODER_KIND = "t5"
 
 
 def _sources(root: Path, under: Path) -> Iterator[tuple[str, ast.Module]]:
@@ -127,6 +132,40 @@ def health_imports(tree: ast.AST, where: str) -> list[str]:
         if name == HEALTH or name.startswith(HEALTH + ".")
     }
     return [f"{where}:{line}: {name}" for line, name in sorted(hits)]
+
+
+def identifiers(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, name) of every identifier in `tree`: names, attributes, definitions, parameters,
+    keywords, and the modules and names an import takes (strings and comments are not)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.lineno, node.id
+        elif isinstance(node, ast.Attribute):
+            yield node.lineno, node.attr
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.lineno, node.name
+        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg:
+            yield node.lineno, node.arg
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.alias):
+            yield node.lineno, node.name
+            if node.asname:
+                yield node.lineno, node.asname
+
+
+def encoder_kind_named(root: Path) -> list[str]:
+    """file:line: identifier of each identifier naming `ENCODER_KIND` (in any case) in a module
+    under `root`'s `KIND_BLIND` packages."""
+    found = set()
+    for package in KIND_BLIND:
+        for where, tree in _sources(root, root / package):
+            found |= {
+                (where, line, name)
+                for line, name in identifiers(tree)
+                if ENCODER_KIND in name.lower()
+            }
+    return [f"{where}:{line}: {name}" for where, line, name in sorted(found)]
 
 
 def hooks_attached_outside_the_hooks_module(root: Path) -> list[str]:
@@ -251,4 +290,42 @@ def test_fixing_never_imports_health(tmp_path):
     assert not offenders, (
         "app/core/fixing imports app/core/health (health calls into fixing, never the reverse): "
         + ", ".join(offenders)
+    )
+
+
+def test_the_plan_and_the_fixes_never_name_an_encoder_kind(tmp_path):
+    _plant(
+        tmp_path,
+        "app/core/precision/planted.py",
+        '"""Keeps the T5 feed-forward in fp32."""\n'
+        "from app.core.encoders import t5\n"
+        "import app.core.encoders.t5 as encoder\n"
+        "from app.core.encoders.kinds import own_island as T5_island\n"
+        "# T5 keeps its wo in fp32\n"
+        "def island(plan, key='t5_fp32_feed_forward'):\n"
+        "    return plan.t5_feed_forward, own_island(key), {'t5_fp32_feed_forward': True}\n",
+    )
+    _plant(
+        tmp_path,
+        "app/core/fixing/inner/planted.py",
+        "class T5Fix:\n"
+        "    def build(self, isT5=False):\n"
+        "        return replace(self, kind_islands=isT5, t5Kind=1)\n",
+    )
+    _plant(tmp_path, "app/core/encoders/t5.py", "def is_t5(module):\n    return True\n")
+    assert encoder_kind_named(tmp_path) == [
+        "app/core/fixing/inner/planted.py:1: T5Fix",
+        "app/core/fixing/inner/planted.py:2: isT5",
+        "app/core/fixing/inner/planted.py:3: isT5",
+        "app/core/fixing/inner/planted.py:3: t5Kind",
+        "app/core/precision/planted.py:2: t5",
+        "app/core/precision/planted.py:3: app.core.encoders.t5",
+        "app/core/precision/planted.py:4: T5_island",
+        "app/core/precision/planted.py:7: t5_feed_forward",
+    ]
+
+    offenders = encoder_kind_named(ROOT)
+    assert not offenders, (
+        "app/core/precision or app/core/fixing names an encoder kind (ask the kind for its own "
+        "islands, `encoders.kinds.own_islands`): " + ", ".join(offenders)
     )

@@ -161,7 +161,7 @@ def test_t5_island_runs_only_wo_in_fp32_and_leaves_the_loaded_model_alone():
         PrecisionSettings(precision="fp16", t5_fp32_feed_forward=True),
         device="cpu",
         components=["text_encoder", "text_encoder_2", "transformer", "vae"],
-        feed_forward_islands=islands,
+        own_islands={"text_encoder_2": {"t5_fp32_feed_forward": islands["text_encoder_2"]}},
     )
     assert plan.modules == islands
     placed = PlacedPipeline(pipeline, plan)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.core import limits
-from app.core.encoders.kind import TextEncoderKind
+from app.core.encoders.kind import OwnIsland, TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, count_indices, weight_shape
 
@@ -39,10 +39,28 @@ def t5_config(shapes: Shapes) -> dict[str, Any]:
     }
 
 
+# The feed-forward output projection of each block: transformers keeps it in fp32 for T5
+# (`_keep_in_fp32_modules`) and runs it without casting back (T5's own layer norm takes the
+# fp32 stream and casts back itself); `t5_fp32_feed_forward` keeps it so in fp16 or bf16.
+FEED_FORWARD_OUTPUT = "DenseReluDense.wo"
+FEED_FORWARD_ISLAND = OwnIsland(
+    setting="t5_fp32_feed_forward",
+    dtype="fp32",
+    ending=FEED_FORWARD_OUTPUT,
+    within="DenseReluDense",
+    guarded=False,
+    fix="t5_feed_forward",
+    about="T5's feed-forward output in fp32",
+    words="keep the T5 feed-forward output layers (wo) in fp32",
+    asked="The T5 feed-forward output projections run in fp32, as you asked.",
+)
+
+
 class T5Kind(TextEncoderKind):
     key = "t5"
     name = "T5"
     classes = ("T5EncoderModel",)
+    own_islands = (FEED_FORWARD_ISLAND,)
 
     def holds(self, shapes: Shapes) -> bool:
         return (
@@ -91,6 +109,9 @@ class T5Kind(TextEncoderKind):
 
         return t5_tokenizer()
 
+    def is_module(self, module) -> bool:
+        return is_t5(module)
+
 
 T5 = T5Kind()
 
@@ -101,20 +122,12 @@ def t5_need(component: str, width: int, inside: str | None = None) -> Need:
     return Need(component, T5, "its T5 text encoder (t5xxl)", lambda w: w == width, ("t5",), inside)
 
 
-# What transformers does for T5 in fp16, and HalfSafe's fix for it -------------------------------
-
-# The feed-forward output projection of each block: transformers keeps it in fp32 for T5
-# (`_keep_in_fp32_modules`), the island `t5_fp32_feed_forward` keeps.
-FEED_FORWARD_OUTPUT = "DenseReluDense.wo"
+# What transformers does for T5 in fp16 ---------------------------------------------------------
 
 
 def is_t5(module) -> bool:
     """Whether a loaded text encoder is a T5 (transformers' T5 classes)."""
     return type(module).__name__.startswith("T5")
-
-
-def is_feed_forward_output(path: str) -> bool:
-    return path.endswith(FEED_FORWARD_OUTPUT)
 
 
 def clamped_blocks(module) -> list[Any]:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.components import COMPONENTS
-from app.core.encoders import t5
+from app.core.encoders.kind import OwnIsland
+from app.core.encoders.kinds import OWN_ISLANDS, own_islands
 from app.core.fixing.job_plans import no_half
 from app.core.fixing.layer_islands import _is_attention, overflow_islands, overflowing_layers
 from app.core.precision import PrecisionPlan
@@ -131,24 +132,27 @@ def _classic_upcast(ctx: FixContext) -> FixCandidate | None:
     )
 
 
-def _t5_feed_forward(ctx: FixContext) -> FixCandidate | None:
-    if (
-        ctx.dtype == "fp32"
-        or not t5.is_t5(ctx.module)
-        or ctx.first_bad is None
-        or "DenseReluDense" not in ctx.first_bad
-        or ctx.plan.islands(ctx.component)
-    ):
-        return None
-    islands = {
-        path: "fp32" for path, _ in ctx.module.named_modules() if path.endswith("DenseReluDense.wo")
-    }
-    plan = ctx.plan.with_modules(ctx.component, islands)
-    plan = replace(plan, t5_feed_forward=(*plan.t5_feed_forward, ctx.component))
-    return FixCandidate(
-        plan,
-        {"t5_fp32_feed_forward": True},
-    )
+def _kind_island(island: OwnIsland) -> Callable[[FixContext], FixCandidate | None]:
+    """The builder of the fix that keeps `island` wider, as the failing part's kind does itself
+    (`kinds.own_islands`): for a part of that kind, narrower than the island, that failed
+    within it and keeps no layer wider yet."""
+
+    def build(ctx: FixContext) -> FixCandidate | None:
+        if (
+            ctx.dtype in ("fp32", island.dtype)
+            or island not in own_islands(ctx.module)
+            or ctx.first_bad is None
+            or island.within not in ctx.first_bad
+            or ctx.plan.islands(ctx.component)
+        ):
+            return None
+        plan = ctx.plan.with_modules(ctx.component, island.layers(ctx.module))
+        return FixCandidate(
+            plan.with_kind_island(ctx.component, island.setting),
+            {island.setting: True},
+        )
+
+    return build
 
 
 def _clamp(ctx: FixContext) -> FixCandidate | None:
@@ -221,7 +225,7 @@ FIX_KINDS: tuple[FixKind, ...] = (
     FixKind("upcast_attention", _upcast_attention, "attention scores and softmax in fp32"),
     FixKind("math_attention", _math_attention, "the math attention kernel (fp32 inside)"),
     FixKind("classic_attention", _classic_upcast, "diffusers' classic processor, upcast"),
-    FixKind("t5_feed_forward", _t5_feed_forward, "T5's feed-forward output in fp32"),
+    *(FixKind(i.fix, _kind_island(i), i.about) for i in OWN_ISLANDS),
     FixKind("islands", _islands, "the overflowing layers in fp32 (bf16 where native)"),
     FixKind("component_bf16", _component_bf16, "the whole component in bf16"),
     FixKind("clamp", _clamp, "clamp the overflowing layers' fp16 output to +-65504"),

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from app.core.components import COMPONENTS, Role
-from app.core.encoders import t5
+from app.core.encoders import kinds
 from app.core.errors import HalfSafeError
 from app.core.fixing.layer_islands import whole_attention_plan
 from app.core.precision import PrecisionPlan, pipeline_components, resolve_plan
@@ -42,7 +42,7 @@ def plan_for_model(
     components = pipeline_components(pipeline)
     plan = resolve_plan(
         precision,
-        feed_forward_islands=feed_forward_islands(pipeline),
+        own_islands=own_islands(pipeline),
         device=device,
         components=components,
         device_info=device_info,
@@ -86,18 +86,15 @@ def fp32_reference(plan: PrecisionPlan) -> PrecisionPlan:
     )
 
 
-def feed_forward_islands(pipeline) -> dict[str, dict[str, str]]:
-    """Per T5 text encoder of the pipeline, its feed-forward output projections (`wo`, the
-    modules transformers keeps in fp32 for T5) as fp32 islands."""
+def own_islands(pipeline) -> dict[str, dict[str, dict[str, str]]]:
+    """Per text encoder of the pipeline whose kind keeps layers wider itself (the modules
+    transformers keeps in fp32, `kinds.own_islands`), per setting that keeps them, its layers
+    and their dtype."""
     islands = {}
     for name in pipeline_components(pipeline):
         module = getattr(pipeline, name)
-        if COMPONENTS[name].role is Role.TEXT_ENCODER and t5.is_t5(module):
-            islands[name] = {
-                path: "fp32"
-                for path, _ in module.named_modules()
-                if t5.is_feed_forward_output(path)
-            }
+        if COMPONENTS[name].role is Role.TEXT_ENCODER and (own := kinds.own_islands(module)):
+            islands[name] = {island.setting: island.layers(module) for island in own}
     return islands
 
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from app.core import work
 from app.core.components import FP16_MAX, module_of
-from app.core.encoders import t5
 from app.core.hooks import Hooks
 from app.core.precision import tiling
 from app.core.precision.attention import set_attention
@@ -72,7 +71,7 @@ def _add_cast_hooks(module) -> None:
 def _make_islands(module, islands: Mapping[str, str], guard: bool = True, computes_in=None) -> None:
     """Run each named submodule of a placed component in its own dtype: its weights are cast,
     and so are its floating inputs on every call. Its output keeps that dtype, as transformers
-    runs the T5 feed-forward output projection it keeps in fp32 (`_keep_in_fp32_modules`):
+    runs the layers a kind keeps in fp32 (`_keep_in_fp32_modules`, `kinds.own_islands`):
     the residual addition after it promotes, so the stream it feeds is carried in fp32 until
     the next layer casts back. Casting the output straight back to fp16 would bring the very
     overflow the island exists to avoid.
@@ -82,9 +81,9 @@ def _make_islands(module, islands: Mapping[str, str], guard: bool = True, comput
     that is the cast back at the island's far edge, wherever the wider values flow, and the
     layer that takes them back is one whose inputs the probe measured inside fp16's range
     (`layer_islands.overflow_islands`
-    puts every layer fed values past it into the island). The T5 feed-forward islands run
-    without guards, as transformers runs them: T5's own layer norm takes the fp32 stream and
-    casts back itself. In a component kept as stored and computing in `computes_in`
+    puts every layer fed values past it into the island). A kind's own islands declared
+    unguarded run without guards, as transformers runs them: the kind's own next layer takes
+    the fp32 stream and casts back itself. In a component kept as stored and computing in `computes_in`
     (`compute_in`), a guard casts to that dtype, never to the stored one: fp32 values put
     through bf16 on their way to fp16 would lose the digits a copy in fp16 keeps."""
     hooks = Hooks()  # for as long as the copy lives
@@ -549,7 +548,7 @@ class PlacedPipeline:
         wide = torch_dtype(plan.dtypes[name])
         from_stored = loaded.dtype == wide or _kept_as_stored(source, wide, 0.0, as_wide=True)
         in_place = plan.compute_in_place or plan.reference
-        if not (in_place and from_stored) or name in plan.t5_feed_forward:
+        if not (in_place and from_stored) or name in plan.kind_islands:
             # A plan that copies (a generation's, or one whose part would be converted, not
             # computed from the stored weights): beside the move it would hold the part twice.
             self._drop_resident(name)
@@ -600,7 +599,7 @@ class PlacedPipeline:
                 dtype,
                 tuple(sorted(islands.items())),
                 clamps,
-                name in plan.t5_feed_forward,
+                plan.kind_islands.get(name, ()),
                 stored,
                 streams,
                 tiled,
@@ -638,12 +637,12 @@ class PlacedPipeline:
                     budget = plan.memory_budget_mb
                     if _kept_as_stored(source, torch_dtype(dtype), budget) is not None:
                         self.computed_in_place.add(name)  # the budget's doing, not a search's
-                # T5's own fp32 feed-forward (transformers' choice) needs no guard; others do.
-                own = name in plan.t5_feed_forward
+                # A kind's own unguarded island (transformers' choice) needs no guard; others do.
+                own = [i for i in plan.kind_islands_of(name) if not i.guarded]
                 _make_islands(
                     module,
                     islands,
-                    guard=any(not (own and t5.is_feed_forward_output(p)) for p in islands),
+                    guard=any(not any(i.holds(p) for i in own) for p in islands),
                     computes_in=torch_dtype(dtype) if stored is not None else None,
                 )
                 _make_clamps(module, clamps)

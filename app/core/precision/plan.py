@@ -11,7 +11,8 @@ from typing import Any
 
 from app.core.components import COMPONENTS as ALL_COMPONENTS
 from app.core.components import PIPELINE_PARTS, module_of
-from app.core.encoders import t5
+from app.core.encoders.kind import OwnIsland
+from app.core.encoders.kinds import OWN_ISLANDS, own_island
 
 DTYPE_NAMES = ("fp16", "bf16", "fp32")
 # Components we place and check, in the order a pipeline runs them.
@@ -70,9 +71,9 @@ class PrecisionPlan:
     # Module-level precision islands: component -> {module path: dtype}; the rest of the
     # component keeps its own dtype (see `PlacedPipeline`).
     modules: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    # Components whose T5 feed-forward output projections are fp32 islands because of the
-    # `t5_fp32_feed_forward` setting (those islands are that setting, not `fp32_modules`).
-    t5_feed_forward: tuple[str, ...] = ()
+    # Component -> the settings of its kind's own islands (`kinds.own_islands`) that its
+    # `modules` hold (those layers are those settings, not `fp32_modules`).
+    kind_islands: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Activation clamps: component -> module paths whose fp16 output is clamped to +-65504.
     clamps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     reasons: Mapping[str, str] = field(default_factory=dict)
@@ -128,6 +129,17 @@ class PrecisionPlan:
         """This plan with the fp16 outputs of `paths` in `component` clamped to +-65504."""
         return replace(self, clamps={**self.clamps, component: tuple(paths)})
 
+    def with_kind_island(self, component: str, setting: str) -> PrecisionPlan:
+        """This plan with the kind's own island `setting` keeps on in `component` (its layers
+        put in `modules` by the caller)."""
+        on = (*self.kind_islands.get(component, ()), setting)
+        return replace(self, kind_islands={**self.kind_islands, component: on})
+
+    def kind_islands_of(self, component: str) -> tuple[OwnIsland, ...]:
+        """The kind's own islands on in `component`."""
+        found = (own_island(s) for s in self.kind_islands.get(component, ()))
+        return tuple(i for i in found if i is not None)
+
     def island_count(self) -> int:
         """How many modules run in another dtype than their component, over all components."""
         return sum(len(self.islands(c)) for c in self.modules)
@@ -180,7 +192,12 @@ class PrecisionPlan:
             "fp16_reduced_precision_reduction": self.fp16_reduced_precision_reduction,
             "fp16_accumulation": self.fp16_accumulation,
             "attention_reduced_precision": self.attention_reduced_precision,
-            "t5_fp32_feed_forward": any(self.islands(c) for c in self.t5_feed_forward),
+            **{
+                island.setting: any(
+                    self.islands(c) for c, on in self.kind_islands.items() if island.setting in on
+                )
+                for island in OWN_ISLANDS
+            },
             "vae_tiling": self.vae_tiling,
             **self.module_settings(),
             "prompt_upsampler_precision": self.dtypes.get("prompt_upsampler", first_encoder),
@@ -198,13 +215,13 @@ class PrecisionPlan:
 
     def module_settings(self) -> dict[str, list[str]]:
         """The plan's module islands and clamps as the `fp32_modules`, `bf16_modules` and
-        `clamp_modules` settings (the T5 feed-forward islands are `t5_fp32_feed_forward`)."""
+        `clamp_modules` settings (a kind's own islands are their own settings)."""
         settings: dict[str, list[str]] = {"fp32_modules": [], "bf16_modules": []}
         for component in self.modules:
-            own = component in self.t5_feed_forward  # the T5's own island, its setting's
+            own = self.kind_islands_of(component)
             for path, dtype in self.islands(component).items():
-                if own and dtype == "fp32" and t5.is_feed_forward_output(path):
-                    continue  # the t5_fp32_feed_forward setting
+                if any(i.dtype == dtype and i.holds(path) for i in own):
+                    continue  # the kind's own island: its setting says it
                 if dtype in ("fp32", "bf16"):
                     settings[f"{dtype}_modules"].append(f"{component}:{path}")
         settings["clamp_modules"] = [f"{c}:{p}" for c, paths in self.clamps.items() for p in paths]

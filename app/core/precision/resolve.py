@@ -11,6 +11,7 @@ from typing import Any
 
 from app.core.components import COMPONENTS as ALL_COMPONENTS
 from app.core.components import SETTING_FOLLOWS, join_words
+from app.core.encoders.kinds import OWN_ISLANDS, own_island
 from app.core.precision.autocast import autocast_available, autocast_problem
 from app.core.precision.plan import COMPONENT_SETTING, DTYPE_NAMES, PrecisionPlan
 from app.core.precision.streaming import device_budget
@@ -54,15 +55,15 @@ def resolve_plan(
     device_info: Any | None = None,
     vae_needs_fp32: bool = False,
     remembered: Mapping[str, Any] | None = None,
-    feed_forward_islands: Mapping[str, Mapping[str, str]] | None = None,
+    own_islands: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None,
     ask_device: bool = True,
     held_bytes: int = 0,
 ) -> PrecisionPlan:
     """Resolve `auto` against the device and the model; keep explicit choices, with warnings.
 
-    `feed_forward_islands` are the model's T5 feed-forward output projections per component
-    (`job_plans.feed_forward_islands`): with `t5_fp32_feed_forward` on they run in fp32 in
-    every component that is not fp32 already.
+    `own_islands` are the layers each component's kind keeps wider itself, per setting that
+    keeps them (component -> setting -> {layer: dtype}, `job_plans.own_islands`): with their
+    setting on they run in their dtype in every component that runs narrower.
 
     `device_info` is `app.core.hardware.describe_device(device)` (its `recommended` settings,
     their `reasons`, and its `fp16`/`bf16` classes); `vae_needs_fp32` is the model's own
@@ -121,9 +122,7 @@ def resolve_plan(
             "Flash attention has no fp32 kernel: upcast attention runs on the "
             "memory-efficient or math kernel instead."
         )
-    modules, clamps, t5_components = _layer_lists(
-        chosen, from_memory, dtypes, feed_forward_islands, reasons
-    )
+    modules, clamps, kind_islands = _layer_lists(chosen, from_memory, dtypes, own_islands, reasons)
     budget = float(user.get("max_vram_gb") or 0.0) * 1024 or None
     budget_from = "setting" if budget else None
     if budget is None and ask_device:
@@ -133,7 +132,7 @@ def resolve_plan(
         dtypes=dtypes,
         modules=modules,
         clamps=clamps,
-        t5_feed_forward=tuple(t5_components),
+        kind_islands=kind_islands,
         upcast_attention=upcast,
         attention_backend=attention_backend,
         allow_tf32=bool(chosen["allow_tf32"]) and _runs_tf32(kind, device_info),
@@ -280,24 +279,28 @@ def _layer_lists(
     chosen: Mapping[str, Any],
     from_memory: set[str],
     dtypes: Mapping[str, str],
-    feed_forward_islands: Mapping[str, Mapping[str, str]] | None,
+    own_islands: Mapping[str, Mapping[str, Mapping[str, str]]] | None,
     reasons: dict[str, str],
-) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, ...]], list[str]]:
+) -> tuple[dict[str, dict[str, str]], dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
     """The layers kept wider than their part (layer -> dtype, per part), the layers clamped (per
-    fp16 part) and the parts whose T5 feed-forward runs in fp32. A layer list naming a part that
-    already runs as wide keeps nothing wider."""
+    fp16 part) and, per part, the settings of its kind's own islands it keeps. A layer list or
+    island naming a part that already runs as wide keeps nothing wider."""
     modules: dict[str, dict[str, str]] = {}
-    t5_components: list[str] = []
-    if chosen.get("t5_fp32_feed_forward"):
-        for component, islands in (feed_forward_islands or {}).items():
-            if dtypes.get(component, "fp32") != "fp32":
-                modules[component] = dict(islands)
-                t5_components.append(component)
-        if modules:
-            reasons["t5_fp32_feed_forward"] = (
+    kind_islands: dict[str, tuple[str, ...]] = {}
+    for component, islands in (own_islands or {}).items():
+        for setting, layers in islands.items():
+            island = own_island(setting)
+            own = dtypes.get(component)
+            if not chosen.get(setting) or island is None or own is None:
+                continue
+            if _as_wide(own, island.dtype):
+                continue
+            modules.setdefault(component, {}).update(layers)
+            kind_islands[component] = (*kind_islands.get(component, ()), setting)
+            reasons[setting] = (
                 "A fix verified for this model on this device is remembered."
-                if "t5_fp32_feed_forward" in from_memory
-                else "The T5 feed-forward output projections run in fp32, as you asked."
+                if setting in from_memory
+                else island.asked
             )
     clamps: dict[str, tuple[str, ...]] = {}
     for key in ("fp32_modules", "bf16_modules", "clamp_modules"):
@@ -310,12 +313,17 @@ def _layer_lists(
                     clamps[component] = tuple(paths)
                 continue
             dtype = key.split("_")[0]
-            if own == "fp32" or (own == "bf16" and dtype == "bf16"):
+            if _as_wide(own, dtype):
                 continue  # already as wide: nothing to keep wider
             modules.setdefault(component, {}).update(dict.fromkeys(paths, dtype))
             if key in from_memory:
                 reasons[key] = "A fix verified for this model on this device is remembered."
-    return modules, clamps, t5_components
+    return modules, clamps, kind_islands
+
+
+def _as_wide(own: str, dtype: str) -> bool:
+    """Whether a part running in `own` already keeps every value a layer in `dtype` would."""
+    return own == "fp32" or own == dtype
 
 
 def _moot(key: str, user: Mapping[str, Any]) -> bool:
@@ -337,7 +345,7 @@ _WIDTH_KEYS = frozenset(
         "fp32_modules",
         "bf16_modules",
         "clamp_modules",
-        "t5_fp32_feed_forward",
+        *(island.setting for island in OWN_ISLANDS),
     }
 )
 

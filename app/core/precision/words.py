@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from app.core.components import words as component_words
+from app.core.encoders.kinds import own_island
 from app.core.precision.plan import PrecisionPlan
 
 NOT_DECIDED = "auto (decided when a job runs)"
@@ -156,8 +157,8 @@ def fix_words(settings: Mapping[str, Any] | None, components: Collection[str] = 
             parts.append("run everything in fp32" if value else "allow half precision")
         elif key == "no_half_vae":
             parts.append("run the VAE in fp32" if value else "allow a half-precision VAE")
-        elif key == "t5_fp32_feed_forward" and value:
-            parts.append("keep the T5 feed-forward output layers (wo) in fp32")
+        elif (island := own_island(key)) is not None and value:
+            parts.append(island.words)
         elif key == "upcast_attention" and value:
             parts.append("upcast attention to fp32")
         elif key == "attention_backend":
