@@ -392,7 +392,7 @@ def test_an_fp32_check_predicts_the_layers_to_keep_for_fp16_and_they_work():
 VAE_ATTENTION = "decoder.mid_block.attentions.0"
 UNET_ATTENTION = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
 ATTENTION_PLANTS = [
-    ("vae", f"{VAE_ATTENTION}.to_out.0", VAE_ATTENTION, 2e5),
+    ("vae", f"{VAE_ATTENTION}.to_out.0", VAE_ATTENTION, 2e6),
     ("unet", f"{UNET_ATTENTION}.to_q", UNET_ATTENTION, 1e5),
 ]
 
