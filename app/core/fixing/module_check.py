@@ -71,7 +71,7 @@ def reference_call(root, args: tuple, kwargs: dict) -> RecordedCall:
     to fp32 is exact: the result is a whole fp32 copy's. `root` is left as it was."""
     import torch
 
-    from app.core.models.prediction import each_layer_in_fp32
+    from app.core.precision.layerwise import each_layer_in_fp32
 
     wide_args = cast_floats(args, torch.float32)
     wide_kwargs = cast_floats(kwargs, torch.float32)

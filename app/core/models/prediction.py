@@ -27,12 +27,10 @@ model to partly recover, so a v-model's error on v stays well below 1.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.hooks import Hooks
+from app.core.precision.layerwise import each_layer_in_fp32
 
 # alpha_bar of the two test timesteps, and the decision rule (see the module docstring).
 TEST_ALPHA_BARS = (0.5, 0.25)
@@ -165,39 +163,6 @@ def probe_prediction_type(pipeline, *, zero_terminal_snr: bool = False) -> Predi
         tuple(v_error),
         f"{words} because a test pass of its UNet on a noised latent matched it ({numbers})",
     )
-
-
-@contextmanager
-def each_layer_in_fp32(modules: list[Any]) -> Iterator[None]:
-    """Run `modules` in fp32 one layer at a time: each layer's weights are widened just before
-    it runs and put back right after, so only one layer's fp32 copy exists at once (an SDXL
-    UNet widened whole would take 10 GB more). The stored weights are never changed."""
-    import torch
-
-    def widen(layer, args):
-        layer._halfsafe_stored = dict(layer._parameters)
-        for name, param in layer._parameters.items():
-            if param is not None and param.is_floating_point():
-                layer._parameters[name] = torch.nn.Parameter(param.float(), requires_grad=False)
-
-    def restore(layer, args, output):
-        layer._parameters.update(layer.__dict__.pop("_halfsafe_stored", {}))
-
-    layers = [
-        layer
-        for module in modules
-        if module is not None
-        for layer in module.modules()
-        if any(p.is_floating_point() for p in layer.parameters(recurse=False))
-    ]
-    try:
-        with Hooks() as hooks:
-            for layer in layers:
-                hooks.around(layer, widen, restore)
-            yield
-    finally:
-        for layer in layers:  # a layer that raised mid-call is put back here too
-            layer._parameters.update(layer.__dict__.pop("_halfsafe_stored", {}))
 
 
 def _undecided(eps_error: list[float], v_error: list[float], because: str) -> PredictionTest:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from app.core.hooks import Hooks
 from app.core.precision.autocast import _ENTRY_SUBMODULES
 
 
@@ -105,3 +107,36 @@ def _compute_in_hook():
                     table[name] = tensor
 
     return ComputeIn
+
+
+@contextmanager
+def each_layer_in_fp32(modules: list[Any]) -> Iterator[None]:
+    """Run `modules` in fp32 one layer at a time: each layer's weights are widened just before
+    it runs and put back right after, so only one layer's fp32 copy exists at once (an SDXL
+    UNet widened whole would take 10 GB more). The stored weights are never changed."""
+    import torch
+
+    def widen(layer, args):
+        layer._halfsafe_stored = dict(layer._parameters)
+        for name, param in layer._parameters.items():
+            if param is not None and param.is_floating_point():
+                layer._parameters[name] = torch.nn.Parameter(param.float(), requires_grad=False)
+
+    def restore(layer, args, output):
+        layer._parameters.update(layer.__dict__.pop("_halfsafe_stored", {}))
+
+    layers = [
+        layer
+        for module in modules
+        if module is not None
+        for layer in module.modules()
+        if any(p.is_floating_point() for p in layer.parameters(recurse=False))
+    ]
+    try:
+        with Hooks() as hooks:
+            for layer in layers:
+                hooks.around(layer, widen, restore)
+            yield
+    finally:
+        for layer in layers:  # a layer that raised mid-call is put back here too
+            layer._parameters.update(layer.__dict__.pop("_halfsafe_stored", {}))
