@@ -17,7 +17,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from app import __version__
 from app.core import limits, paths
 from app.core.errors import HalfSafeError
 from app.core.words.nodes import NODE_WORDS, PACKAGE
@@ -185,7 +184,8 @@ def _python_of(root: Path) -> tuple[Path | None, bool]:
 
 def _core_source() -> str:
     """What pip installs as HalfSafe's core: this HalfSafe's own source folder where it runs
-    from one (its window is an extra, left out), else this version from the package registry."""
+    from one (its window is an extra, left out). HalfSafe is not on the package registry, so a
+    frozen build, which has no source folder, names the folder for the user to fill in."""
     folder = paths.RESOURCES.parent
     pyproject = folder / "pyproject.toml"
     try:
@@ -194,7 +194,7 @@ def _core_source() -> str:
         )
     except OSError:
         named = False
-    return str(folder) if named else f"halfsafe=={__version__}"
+    return str(folder) if named else "<HalfSafe's source folder>"
 
 
 def command_line(parts: list[str]) -> str:
