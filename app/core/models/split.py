@@ -119,6 +119,9 @@ class Companions:
     # Files of another family or size in the folders (what each is), named only when a
     # component is missing: a text_encoders/ folder holds every model's encoders.
     other_parts: dict[Path, str] = field(default_factory=dict)
+    # Files refused for what they are (a 4-bit LLM export), each with its own sentence: where
+    # one is the only file passed over for a missing part, it is the answer.
+    refused: dict[Path, HalfSafeError] = field(default_factory=dict)
 
     def missing(self) -> list[str]:
         return [c for c, path in self.found.items() if path is None]
@@ -195,11 +198,19 @@ class _Search:
         self.passed_over: dict[Path, str] = {}
         # Readable files of the role looked for that fit no need: whose part each is.
         self.other_parts: dict[Path, str] = {}
+        self.refused: dict[Path, HalfSafeError] = {}
 
     def shapes(self, path: Path) -> Shapes | None:
         if path not in self.headers:
             try:
-                self.headers[path] = _header_shapes(path)
+                header = read_header(path)
+                self.headers[path] = header.shapes()
+                if isinstance(header, SafetensorsHeader):
+                    try:
+                        int4.refuse_int4(path, header.dtypes())
+                    except BadFileError as error:  # a 4-bit LLM export: its own sentence
+                        self.refused[path] = error
+                        raise
             except HalfSafeError as error:
                 problem = getattr(error, "problem", str(error))
                 self.passed_over[path] = problem.rstrip(".")
@@ -295,7 +306,9 @@ def find_companions(
                 also_fit[component] = others
     used = set(found.values())
     others = {p: why for p, why in search.other_parts.items() if p not in used}
-    return Companions(found, tuple(folders + vae_folders), also_fit, search.passed_over, others)
+    return Companions(
+        found, tuple(folders + vae_folders), also_fit, search.passed_over, others, search.refused
+    )
 
 
 def _refuse_text_encoder(
@@ -402,7 +415,9 @@ def companion_notes(split_model: SplitModel, companions: Companions) -> list[str
 
 
 def missing_sentence(split_model: SplitModel, companions: Companions, model: Path) -> str | None:
-    """One sentence naming what a transformer file still needs, or None."""
+    """One sentence naming what a transformer file still needs, or None; where the one file
+    passed over for it was refused for what it is (a 4-bit LLM export), that refusal is raised,
+    naming that file."""
     absent = [n for n in split_model.companions if companions.found.get(n.component) is None]
     if not absent:
         return None
@@ -419,6 +434,14 @@ def missing_sentence(split_model: SplitModel, companions: Companions, model: Pat
     passed = [
         (path, why) for path, why in companions.passed_over.items() if path.parent.name in folders
     ]
+    refused = [companions.refused[path] for path, _ in passed if path in companions.refused]
+    if len(passed) == 1 and refused:  # the one file there, refused for what it is
+        first = refused[0]
+        problem = getattr(first, "problem", str(first)).rstrip(".")
+        raise BadFileError(
+            passed[0][0],
+            f"{problem}; it is the only file found for the {listed(words)} of {model}.",
+        )
     # Then the parts of another family or size, of the kind missing: a file named for it first.
     wrong = [
         (path, why)
