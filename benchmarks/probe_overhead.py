@@ -1,10 +1,11 @@
 """What the health check's activation recorder adds to a denoiser step, by the reduction it
-makes of each tensor: the UNet's forward pass bare, hooked with the recorder's own reduction
-(|x|, its max, a cast: three kernels and a full-size copy of |x|), and hooked with a fused one
-(the infinity norm accumulated in fp32: one kernel, no copy), alternating in one run.
+makes of each tensor: the UNet's forward pass bare, hooked with the full recorder's own
+reduction (`probe.extremes`: on a CPU each tensor's smallest and largest value in one pass, on
+CUDA the infinity norm), hooked with the infinity norm accumulated in fp32 instead, and hooked
+with the lean recorder (outputs only, one reduction a module call), alternating in one run.
 
-Both hooked runs use the recorder as it is (each call's tensors combined once, at `read()`);
-only the per-tensor reduction differs. On a GPU the recorder is launch-bound (SD1.5's UNet
+The full runs use the recorder as it is (each call's tensors combined once, at `read()`); only
+the per-tensor reduction differs. On a GPU the recorder is launch-bound (SD1.5's UNet
 runs about 700 modules a step), so one kernel a tensor may pay there; on a CPU the norm's
 kernel is the slower one. The figures decide which the recorder uses on each device.
 
@@ -20,16 +21,11 @@ import statistics
 from common import NATIVE_SIZE, bench_model, emit, machine, names, status, timed
 
 
-def _norm_peaks(value):
-    """The fused reduction: the infinity norm of each tensor, accumulated in fp32."""
+def _norm_extremes(tensor):
+    """The infinity norm of a tensor, accumulated in fp32."""
     import torch
 
-    from app.core.fixing.probe import float_tensors
-
-    inf = float("inf")
-    return [
-        torch.linalg.vector_norm(t.detach(), inf, dtype=torch.float32) for t in float_tensors(value)
-    ]
+    return [torch.linalg.vector_norm(tensor.detach(), float("inf"), dtype=torch.float32)]
 
 
 def bench(name: str, args) -> dict:
@@ -50,7 +46,7 @@ def bench(name: str, args) -> dict:
     width = unet.config.cross_attention_dim
     context = torch.randn(2, 77, width, generator=generator)
     inputs = (sample.to(device, dtype), torch.tensor(500, device=device), context.to(device, dtype))
-    own = probe.peaks
+    own = probe.extremes
 
     def step(hooked: str | None):
         def run():
@@ -58,17 +54,17 @@ def bench(name: str, args) -> dict:
                 if hooked is None:
                     unet(*inputs)
                     return
-                probe.peaks = own if hooked == "own" else _norm_peaks
+                probe.extremes = _norm_extremes if hooked == "norm" else own
                 try:
-                    with ActivationRecorder(unet) as recorder:
+                    with ActivationRecorder(unet, lean=hooked == "lean") as recorder:
                         out = unet(*inputs).sample
                     recorder.read(out)
                 finally:
-                    probe.peaks = own
+                    probe.extremes = own
 
         return run
 
-    cases = {"bare": step(None), "own": step("own"), "norm": step("norm")}
+    cases = {"bare": step(None), "own": step("own"), "norm": step("norm"), "lean": step("lean")}
     for run in cases.values():  # warm-up: kernel selection, allocator, first-call costs
         run()
     samples: dict[str, list[float]] = {key: [] for key in cases}
@@ -87,8 +83,10 @@ def bench(name: str, args) -> dict:
         "bare_s": round(bare, 4),
         "own_s": round(medians["own"], 4),
         "norm_s": round(medians["norm"], 4),
+        "lean_s": round(medians["lean"], 4),
         "own_overhead": round(medians["own"] / bare - 1, 3),
         "norm_overhead": round(medians["norm"] / bare - 1, 3),
+        "lean_overhead": round(medians["lean"] / bare - 1, 3),
         "spread_s": {k: [round(min(v), 4), round(max(v), 4)] for k, v in samples.items()},
     }
 
@@ -96,14 +94,14 @@ def bench(name: str, args) -> dict:
 def table(document: dict) -> str:
     lines = [
         f"{'model':<6} {'size':>5} {'dtype':<5} {'modules':>7} {'bare s':>8} {'own s':>9} "
-        f"{'norm s':>8} {'own':>8} {'norm':>8}",
-        "-" * 78,
+        f"{'norm s':>8} {'lean s':>8} {'own':>8} {'norm':>8} {'lean':>8}",
+        "-" * 96,
     ]
     for r in document["results"]:
         lines.append(
             f"{r['model']:<6} {r['size']:>5} {r['dtype']:<5} {r['modules']:>7} "
-            f"{r['bare_s']:>8.3f} {r['own_s']:>9.3f} {r['norm_s']:>8.3f} "
-            f"{r['own_overhead']:>+8.1%} {r['norm_overhead']:>+8.1%}"
+            f"{r['bare_s']:>8.3f} {r['own_s']:>9.3f} {r['norm_s']:>8.3f} {r['lean_s']:>8.3f} "
+            f"{r['own_overhead']:>+8.1%} {r['norm_overhead']:>+8.1%} {r['lean_overhead']:>+8.1%}"
         )
     return "\n".join(lines)
 

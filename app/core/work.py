@@ -33,6 +33,8 @@ class Work:
     calls: dict[str, dict[str, int]] = field(default_factory=dict)
     recorded_calls: int = 0  # component calls run under the full activation recorder
     lean_calls: int = 0  # component calls run under the lean one (outputs only)
+    module_calls: int = 0  # module calls the recorders recorded (full or lean)
+    reductions: int = 0  # ... and the reductions they made of those calls' tensors
     timed_calls: int = 0  # component calls run to time a plan (a candidate's or a fix's cost)
     stage_runs: int = 0  # stages run (`stage_runner.running`): components placed and run
     timed_runs: int = 0  # ... of them, those made to be timed
@@ -68,6 +70,8 @@ class Work:
             "calls": {name: dict(sorted(d.items())) for name, d in sorted(self.calls.items())},
             "recorded_calls": self.recorded_calls,
             "lean_calls": self.lean_calls,
+            "module_calls": self.module_calls,
+            "reductions": self.reductions,
             "timed_calls": self.timed_calls,
             "stage_runs": self.stage_runs,
             "timed_runs": self.timed_runs,

@@ -17,6 +17,7 @@ from app.core.health import stages
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.jobs import Headline
 from app.core.precision import placement
+from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
@@ -49,6 +50,38 @@ def test_a_healthy_check_runs_each_probe_call_once_and_times_nothing(healthy):
     assert done.recorded_calls == 0
     # Each component placed at most once.
     assert done.placements <= len(COMPONENTS)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_healthy_check_wider_than_fp16_records_every_call_lean(precision):
+    """In bf16 and fp32 as in fp16: no call recorded in full, and one reduction a module call
+    (its outputs', fused), counted by the recorders themselves."""
+    report = check(loaded(build_tiny_sd_pipeline()), PrecisionSettings(precision=precision))
+    assert report.verdict == "healthy"
+    done = report.work
+    assert done.calls == {
+        "text_encoder": {precision: 1},
+        "unet": {precision: len(report.timesteps)},
+        "vae": {precision: 1},
+    }
+    assert done.recorded_calls == 0
+    assert done.lean_calls == 1 + len(report.timesteps) + 1
+    assert done.module_calls > 0 and done.reductions == done.module_calls
+
+
+def test_a_wider_first_probe_past_fp16s_range_is_recorded_again_in_full():
+    """An fp32 check of a model whose UNet passes 65504: fp16's first layer past it and its
+    islands are read from every layer's inputs, so the UNet's stage runs once more in full; the
+    other stages stay lean."""
+    report = check(
+        loaded(plant(build_tiny_sd_pipeline(), "unet_ff")), PrecisionSettings(precision="fp32")
+    )
+    unet = report.components["unet"]
+    assert report.verdict == "healthy" and unet.predicted_first_bad_module == FF_LAYER
+    done = report.work
+    assert done.calls_of("unet") == 2 * len(report.timesteps)
+    assert done.recorded_calls == len(report.timesteps)
+    assert done.lean_calls == 1 + len(report.timesteps) + 1
 
 
 def test_a_healthy_check_never_walks_the_loaded_world_with_the_collector(healthy):
@@ -255,6 +288,8 @@ def test_every_count_is_in_the_json():
         "calls",
         "recorded_calls",
         "lean_calls",
+        "module_calls",
+        "reductions",
         "timed_calls",
         "stage_runs",
         "timed_runs",

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from app.core.fixing.probe import ActivationRecorder, max_abs, peaks
+from app.core.fixing.probe import ActivationRecorder, _distinct, fused, max_abs, peaks
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -116,3 +116,24 @@ def test_inputs_given_by_keyword_are_read_and_the_recorder_leaves_nothing_attach
     assert _attached(model) == 0
     outer = recorder.read().modules[""]
     assert (outer.input_max_abs, outer.max_abs) == (0.0, 9.5)
+
+
+def test_a_lean_call_with_several_tensors_is_one_reduction_read_as_their_largest():
+    """A lean recorder reads a call's outputs in one reduction (`fused`): the largest of them,
+    a NaN in any one making it NaN, whatever their dtypes, and the same tensor twice once."""
+    model = _Outer()
+    for a, b in (
+        (torch.tensor([1.0, -3.0]), torch.tensor([5.0, 0.5])),
+        (torch.tensor([1.0, -3.0], dtype=torch.float16), torch.tensor([5.0, 0.5])),
+    ):
+        with ActivationRecorder(model, lean=True) as recorder:
+            model(a, b)
+            assert (recorder.module_calls, recorder.reductions) == (2, 2)
+        assert recorder.read().modules["two"].max_abs == 6.0  # max(|-6|, |2|, 6, 1.5)
+    with ActivationRecorder(model, lean=True) as recorder:
+        model(torch.tensor([1.0, -3.0]), torch.tensor([math.nan, 0.5]))
+    two = recorder.read().modules["two"]
+    assert two.non_finite and not two.overflow
+    same = torch.tensor([2.0, -9.0])
+    assert len(_distinct([same, same])) == 1
+    assert max(abs(v.item()) for v in fused([same, torch.tensor([4.0])])) == 9.0

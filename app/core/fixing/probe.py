@@ -1,9 +1,9 @@
 """Activation probes: where in a component values grow past fp16's range or go non-finite.
 
 `ActivationRecorder` hooks every module of a component. Each hook reduces the module's inputs
-and output to one number, max |value|, on the device (inf or NaN propagate through the
-reduction, so that single number also says whether the tensor was finite). Nothing is read
-back during the forward pass; `read()` transfers all the numbers at once at the end.
+and output on the device to the numbers whose largest magnitude is max |value| (inf or NaN
+propagate through the reduction, so they also say whether the tensor was finite). Nothing is
+read back during the forward pass; `read()` transfers all the numbers at once at the end.
 """
 
 from __future__ import annotations
@@ -41,25 +41,37 @@ def float_tensors(value: Any) -> Iterable[Any]:
             yield from float_tensors(item)
 
 
-def peaks(value: Any) -> list[Any]:
-    """max |x| of each floating tensor in `value`, each a 0-d fp32 device tensor.
+def extremes(tensor) -> list[Any]:
+    """One fused reduction of `tensor`: 0-d device tensors whose largest magnitude is max |x|,
+    NaN where it holds a NaN and inf where it holds an inf (`tests/core/test_probe.py` holds it
+    to a result computed element by element, on the CPU and on CUDA).
 
-    NaN anywhere in a tensor makes its peak NaN and inf makes it inf (`tests/core/test_probe.py`
-    holds both reductions to a result computed element by element, on the CPU and on CUDA). On
-    CUDA it is one kernel a tensor, the infinity norm accumulated in fp32 (on an H200 the
-    recorder cost SD1.5's UNet stage +184% so, +281% with |x|, its max and a cast); on a CPU
-    |x| and its max, which cost the recorder 2.2 to 2.8 times less there than the norm
-    (`benchmarks/probe_overhead.py` compares the two on the device it runs on).
-    """
+    On CUDA the infinity norm accumulated in fp32, one kernel (on an H200 the recorder cost
+    SD1.5's UNet stage +184% so, +281% with |x|, its max and a cast); on a CPU its smallest and
+    largest value in one pass (`torch.aminmax`: no copy of |x|, whose magnitude the host takes
+    at `ActivationRecorder.read`), 7 to 17 times quicker there than |x| and its max on SD1.5's
+    activations, the norm slower still (`benchmarks/probe_overhead.py` compares them); elsewhere
+    |x| and its max."""
+    import torch
+
+    tensor = tensor.detach()
+    if tensor.is_cuda:
+        return [torch.linalg.vector_norm(tensor, math.inf, dtype=torch.float32)]
+    if tensor.device.type == "cpu":
+        return list(torch.aminmax(tensor))
+    return [tensor.abs().amax()]
+
+
+def peaks(value: Any) -> list[Any]:
+    """max |x| of each floating tensor in `value`, each a 0-d fp32 device tensor (NaN anywhere
+    in a tensor makes its peak NaN and inf makes it inf)."""
     import torch
 
     found = []
     for t in float_tensors(value):
-        t = t.detach()
-        if t.is_cuda:
-            found.append(torch.linalg.vector_norm(t, math.inf, dtype=torch.float32))
-        else:
-            found.append(t.abs().amax().float())
+        parts = extremes(t)
+        peak = parts[0].abs() if len(parts) == 1 else torch.maximum(parts[0].abs(), parts[1].abs())
+        found.append(peak.float())
     return found
 
 
@@ -77,9 +89,9 @@ def max_abs(value: Any):
     return found[0] if len(found) == 1 else torch.stack(found).amax()
 
 
-def rotated_peaks(module, args) -> list[Any]:
+def rotated(module, args) -> list[Any]:
     """An int8 ConvRot layer's input as its kernel rotates it (in the input's dtype, before its
-    int8 product), as one more peak of the layer's output: its tool holds that tensor in the
+    int8 product), read as one more output of the layer: its tool holds that tensor in the
     compute dtype, so it is where an fp16 run overflows first (a rotated group's largest value
     reaches up to sqrt(group) times the input's: 16 times for 256). Empty for other modules."""
     weight = getattr(module, "weight", None)
@@ -87,15 +99,35 @@ def rotated_peaks(module, args) -> list[Any]:
         return []
     from app.core.checkpoint.stored import rotated_input
 
-    rotated = rotated_input(weight, args[0])
-    return [] if rotated is None else peaks(rotated)
+    found = rotated_input(weight, args[0])
+    return [] if found is None else list(float_tensors(found))
+
+
+def _distinct(tensors: list[Any]) -> list[Any]:
+    """`tensors` with each one object once (a UNet down block returns its last output twice)."""
+    return list({id(t): t for t in tensors}.values())
+
+
+def fused(tensors: list[Any]) -> list[Any]:
+    """One module call's tensors (all on one device) as one reduction (`extremes`): several are
+    read as one flat tensor, a copy only such calls make (a UNet down block's outputs, a text
+    encoder's hidden states), cast to fp32 where their dtypes differ."""
+    import torch
+
+    if len(tensors) == 1:
+        return extremes(tensors[0])
+    if len({t.device for t in tensors}) > 1:  # no one tensor holds them: each its own
+        return [part for t in tensors for part in extremes(t)]
+    if len({t.dtype for t in tensors}) > 1:
+        tensors = [t.float() for t in tensors]
+    return extremes(torch.cat([t.detach().reshape(-1) for t in tensors]))
 
 
 def _largest(values: list[float]) -> float:
-    """max of host floats as the device's reduction gives it: NaN if any is NaN."""
+    """max |v| of host floats as the device's reduction gives it: NaN if any is NaN."""
     if any(math.isnan(v) for v in values):
         return math.nan
-    return max(values)
+    return max(abs(v) for v in values)
 
 
 @dataclass
@@ -175,21 +207,35 @@ class ProbeResult:
 class ActivationRecorder:
     """Hooks on every module of `root`; use as a context manager around the forward passes.
 
-    Per module call it keeps two 0-d device tensors (inputs' and output's max |value|), and for
-    attention layers run by `precision.SafeAttnProcessor` a third, the bound on their scores; no
-    host synchronisation happens until `read()`.
+    Per module call it keeps the reductions of its inputs and of its output (`extremes`, a
+    reduction a tensor), and for attention layers run by `precision.SafeAttnProcessor` the
+    bound on their scores; no host synchronisation happens until `read()`.
 
-    `lean`: outputs only, one hook and one reduction a module call (what a component run in
-    fp16 needs while it stays finite: its peaks and whether they held). Its inputs and scores
-    are not seen, so a lean probe that went non-finite cannot name the layer at fault: the
-    caller runs the call again under a full recorder (`Runner._watch`).
+    `lean`: outputs only, one hook and one fused reduction a module call (`fused`): the peaks
+    and whether they held, which is all a finite run needs. With `scores` (a component run
+    wider than fp16: its record predicts fp16) its attention layers still bound their scores.
+    Its inputs are not seen, so a lean probe that went non-finite cannot name the layer at
+    fault, nor can a wider one predict fp16's first layer past 65504 or its islands: the caller
+    runs the calls again under a full recorder where it needs those (`Runner._watch`).
+
+    `module_calls` and `reductions` count the calls recorded and the reductions their hooks
+    made; they go into the job's `work.Work` when the hooks leave.
     """
 
     SCORES = "_halfsafe_scores"  # the list an attention processor appends its bounds to
 
-    def __init__(self, root, skip: tuple[str, ...] = (), lean: bool = False, calls_of=None) -> None:
+    def __init__(
+        self,
+        root,
+        skip: tuple[str, ...] = (),
+        lean: bool = False,
+        calls_of=None,
+        scores: bool | None = None,
+    ) -> None:
         self.root = root
         self.lean = lean
+        self.module_calls = 0
+        self.reductions = 0
         # The module whose completed calls are the component's calls (`first_bad_call`), and
         # per recorded call, how many of them had completed by then.
         self._calls_of = id(calls_of if calls_of is not None else root)
@@ -200,40 +246,55 @@ class ActivationRecorder:
         self._calls: list[tuple[int, Any, Any, Any]] = []
         self._half: list[bool] = []  # per call: whether its output held fp16 tensors
         self._hooks = Hooks()
+        scores = not lean if scores is None else scores
         for name, module in root.named_modules():
             if any(name == s or name.startswith(s + ".") for s in skip):
                 continue
             self._names[id(module)] = name
+            if scores and hasattr(module, "set_processor"):  # a diffusers attention layer
+                setattr(module, self.SCORES, [])
             if lean:
                 self._hooks.after(module, self._output_only)
                 continue
-            if hasattr(module, "set_processor"):  # a diffusers attention layer
-                setattr(module, self.SCORES, [])
             self._hooks.before(module, self._before, kwargs=True)
             self._hooks.after(module, self._after)
 
     def _before(self, module, args, kwargs):
-        self._pending.setdefault(id(module), []).append(peaks((args, kwargs)))
+        tensors = list(float_tensors((args, kwargs)))
+        self.reductions += len(tensors)
+        self._pending.setdefault(id(module), []).append(
+            [part for t in tensors for part in extremes(t)]
+        )
 
     def _after(self, module, args, output):
         stack = self._pending.get(id(module))
         inputs = stack.pop() if stack else []
-        scores = getattr(module, self.SCORES, None)
-        bound = scores.pop() if scores else None
         outputs = list(float_tensors(output))
-        # Each tensor's peak, kept apart: a call's inputs and outputs are combined on the host
-        # at `read()`, so a hook launches one reduction a tensor and nothing more.
+        # Each tensor's reduction, kept apart: a call's inputs and outputs are combined on the
+        # host at `read()`, so a hook launches one reduction a tensor and nothing more.
+        read = outputs + rotated(module, args)
+        self.module_calls += 1
+        self.reductions += len(read)
         self._calls.append(
-            (id(module), inputs, peaks(outputs) + rotated_peaks(module, args), bound)
+            (id(module), inputs, [p for t in read for p in extremes(t)], self._bound(module))
         )
         self._half.append(any(_is_half(t) for t in outputs))
 
     def _output_only(self, module, args, output):
         outputs = list(float_tensors(output))
-        self._calls.append((id(module), [], peaks(outputs) + rotated_peaks(module, args), None))
+        read = _distinct(outputs + rotated(module, args))
+        self.module_calls += 1
+        if read:  # one reduction, unless the tensors lie on several devices (`fused`)
+            self.reductions += 1 if len({t.device for t in read}) == 1 else len(read)
+        self._calls.append((id(module), [], fused(read) if read else [], self._bound(module)))
         self._half.append(any(_is_half(t) for t in outputs))
         self._call_of.append(self._completed)
         self._completed += id(module) == self._calls_of
+
+    def _bound(self, module):
+        """The bound its attention processor appended for this call (None: none)."""
+        scores = getattr(module, self.SCORES, None)
+        return scores.pop() if scores else None
 
     def __enter__(self) -> ActivationRecorder:
         return self
@@ -246,15 +307,16 @@ class ActivationRecorder:
         for module in self.root.modules():
             if hasattr(module, self.SCORES):
                 delattr(module, self.SCORES)
+        work.add("module_calls", self.module_calls)
+        work.add("reductions", self.reductions)
+        self.module_calls = self.reductions = 0  # counted once
 
     def read(self, output: Any = None) -> ProbeResult:
         """Bring every recorded number to the host in one transfer and summarise per module."""
-        import torch
-
         result = ProbeResult()
         if not self._calls:
             return result
-        # Every peak of every call in one transfer: inputs', outputs', the attention bound,
+        # Every number of every call in one transfer: inputs', outputs', the attention bound,
         # laid out call after call, then the final output's.
         flat: list[Any] = []
         spans: list[tuple[int, int, int]] = []  # per call: inputs, outputs, bound counts
@@ -264,13 +326,11 @@ class ActivationRecorder:
             if bound is not None:
                 flat.append(bound)
             spans.append((len(inputs), len(outputs), int(bound is not None)))
-        final = peaks(output)
+        final = [part for t in float_tensors(output) for part in extremes(t)]
         flat.extend(final)
         if not flat:
             return result
-        device = flat[0].device
-        values = torch.stack([v.to(device=device, dtype=torch.float32) for v in flat])
-        numbers = values.cpu().tolist()  # the one host sync of the probe
+        numbers = _to_host(flat)  # the one host sync of the probe
         work.add("host_syncs")
         table = []
         at = 0
@@ -317,6 +377,29 @@ class ActivationRecorder:
                 if self._call_of and result.first_bad_call is None:
                     result.first_bad_call = self._call_of[index]
         return result
+
+
+def _to_host(values: list[Any]) -> list[float]:
+    """0-d device tensors of several dtypes as host floats, in one transfer: stacked a dtype at
+    a time on the first one's device, cast to fp32 (exact from every float type), joined."""
+    import torch
+
+    device = values[0].device
+    places: dict[Any, list[int]] = {}
+    for index, value in enumerate(values):
+        places.setdefault((value.dtype, value.device), []).append(index)
+    groups = [
+        torch.stack([values[i] for i in where]).to(device=device, dtype=torch.float32)
+        for where in places.values()
+    ]
+    joined = (groups[0] if len(groups) == 1 else torch.cat(groups)).cpu().tolist()
+    numbers = [0.0] * len(values)
+    at = 0
+    for where in places.values():
+        for index in where:
+            numbers[index] = joined[at]
+            at += 1
+    return numbers
 
 
 def descended(lean: ProbeResult, full: ProbeResult) -> ProbeResult | None:

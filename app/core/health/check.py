@@ -360,7 +360,8 @@ class _Check:
                 self.tell(name, probe)
                 if reference is None:
                     progress("Running the fp32 reference", 0, 1)
-                    reference = stage_fn(job_plans.fp32_reference(search.plan), True)
+                    with self.runner.recording_in_full():  # its record draws the islands
+                        reference = stage_fn(job_plans.fp32_reference(search.plan), True)
                 chosen = choose_fix(
                     name,
                     stage_fn,

@@ -100,7 +100,8 @@ def provisional_proof(
     timestep = runner.timesteps[min(call, len(runner.timesteps) - 1)]
     proof = ProvisionalProof(name, call, timestep)
     with work.counting() as counted:
-        reference = runner.denoise(fp32_reference(tested), conditioning, True, [timestep])
+        with runner.recording_in_full():  # its record draws the candidates
+            reference = runner.denoise(fp32_reference(tested), conditioning, True, [timestep])
         proof.reference_calls = counted.calls_of(name)
         candidates = candidate_fixes(
             module_of(name),

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.core.components import Role, in_run_order, module_of, of_role
+from app.core.components import FP16_MAX, Role, in_run_order, module_of, of_role
 from app.core.encoders.prompts import clip_options
 from app.core.families import capabilities, family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
@@ -35,8 +35,8 @@ DEFAULT_STEPS = FIELDS["steps"].default
 DEFAULT_SCHEDULER = FIELDS["scheduler"].default
 
 
-# Components run in fp16 are recorded by their outputs alone while they stay finite
-# (`Runner._watch`); False records every call in full, as the lean recorder's answers are tested.
+# Components are recorded by their outputs alone while they stay finite (`Runner._watch`), in
+# every dtype; False records every call in full, as the lean recorder's answers are tested.
 LEAN_RECORDER = True
 # The tokens the check's prompt upsampler generates. Generation runs the prompt once through
 # every layer at full length (the prefill: FLUX.3's system prompt and the request, some 700
@@ -249,9 +249,11 @@ class Runner:
         self.enlarged: Any = None
         self._timing = False  # the stages run now are timed for a cost (`_alternating`)
         # A candidate fix's component, whose run ends at its first non-finite call
-        # (`stopping_at_bad`), and who is told what a first probe found (`telling`).
+        # (`stopping_at_bad`), who is told what a first probe found (`telling`), and whether
+        # every call is recorded in full (`recording_in_full`).
         self._until_bad: str | None = None
         self._tell: FindingCallback | None = None
+        self._in_full = False
         # The tokens the prompt upsampler's first finite run generated, which every later run
         # takes (`upsample`).
         self.upsampled_tokens: Any = None
@@ -277,6 +279,16 @@ class Runner:
             yield
         finally:
             self._tell = before
+
+    @contextmanager
+    def recording_in_full(self) -> Iterator[None]:
+        """Inside the block every call is recorded in full (the fp32 reference: its layers'
+        inputs draw a fix's islands and clamps)."""
+        self._in_full, before = True, self._in_full
+        try:
+            yield
+        finally:
+            self._in_full = before
 
     @property
     def one_step(self) -> list[float]:
@@ -305,15 +317,14 @@ class Runner:
         calls: int = 1,
     ) -> Stage:
         """One run of a stage's components `names` under `plan` (`calls`: the calls of its
-        component that it makes), each recorded (`record`) and timed. Components run in fp16
-        are recorded lean (their outputs alone), which is all a finite run needs; where one
-        went non-finite, its calls run again under the full recorder to name the layer at fault
-        as it always has (its inputs decide which layer made the first NaN), the same inputs
+        component that it makes), each recorded (`record`) and timed. Components are recorded
+        lean (outputs, and wider than fp16 the attention scores' bound), all a finite run
+        needs; where one went non-finite, its calls run again under the full recorder to name
+        the layer at fault (its inputs decide which layer made the first NaN), the same inputs
         giving the same values. A candidate fix's run (`stopping_at_bad`) ends at its first
-        non-finite call, told no further."""
-        lean = (
-            record and LEAN_RECORDER and all(plan.dtypes.get(module_of(n)) == "fp16" for n in names)
-        )
+        non-finite call, told no further. A first probe run wider than fp16 past 65504 runs
+        again in full: fp16's first layer past it and its islands read every layer's inputs."""
+        lean = record and LEAN_RECORDER and not self._in_full
         alone = names[0] if len(names) == 1 else None
         candidate = alone is not None and alone == self._until_bad
         telling = alone is not None and record and self._tell is not None
@@ -325,9 +336,19 @@ class Runner:
             until_bad=calls if candidate or telling else None,
             tell_at_bad=telling and not lean and not candidate,
         )
-        if candidate or not (lean and any(p.non_finite for p in stage.probes.values())):
+        if not lean:
             return stage
-        return self._descend(plan, names, run, stage)
+        wider = [n for n in names if plan.dtypes.get(module_of(n)) != "fp16"]
+        if any(stage.probes[n].non_finite for n in names):
+            if not candidate:
+                return self._descend(plan, names, run, stage)
+            if wider:  # its record is the full one a candidate run wider always had
+                return self._run_stage(plan, names, run, "full", until_bad=calls)
+            return stage
+        if record and self._tell and any(stage.probes[n].max_abs > FP16_MAX for n in wider):
+            full = self._run_stage(plan, names, run, "full")
+            return Stage(full.probes, stage.seconds, stage.output)
+        return stage
 
     def _descend(
         self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], lean: Stage
@@ -404,6 +425,7 @@ class Runner:
                         self.placed[n],
                         lean=recorder == "lean",
                         calls_of=counted_module(n, self.placed[n]),
+                        scores=recorder == "full" or plan.dtypes[module_of(n)] != "fp16",
                     )
                 )
                 for n in names
