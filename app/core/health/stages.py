@@ -359,13 +359,23 @@ class Runner:
         with the lean record of every call (`probe.descended`). Where the lean run ended at
         that call (a first probe's: `telling`), the full run goes on to the stage's end and is
         the stage's record; where the full run names no layer (or the stage runs several
-        components), the whole stage runs again in full."""
+        components), the whole stage runs again in full. Where the full run of the same calls
+        came out finite, the NaN did not come back: the lean record stays the stage's (a fault
+        `causes` then shows to be intermittent)."""
         (probe,) = lean.probes.values() if len(names) == 1 else (None,)
         if probe is not None and probe.first_bad_call is not None:
             name, told_at = names[0], probe.first_bad_call + 1
             if lean.cut_short:
-                return self._run_stage(plan, names, run, "full", tell_after=told_at)
+                full = self._run_stage(plan, names, run, "full", tell_after=told_at)
+                if full.probes[name].non_finite:
+                    return full
+                # The same calls on the same inputs came out finite: the NaN did not come back.
+                # The lean record of it is the evidence (`causes` re-runs it to say so), and the
+                # stage goes on from the finite run's output.
+                return Stage(lean.probes, full.seconds, full.output)
             full = self._run_stage(plan, names, run, "full", stop_after=told_at)
+            if not full.probes[name].non_finite:
+                return lean  # as above: the NaN did not come back
             told = descended(probe, full.probes[name])
             if told is not None:
                 if self._tell is not None:
