@@ -5,7 +5,7 @@ plan holds every part whole, streams some block by block, or cannot run it, for 
 would not fit, so both need the same) and a generation.
 
 Every model is built on the meta device (no memory, no values) from its published config: the
-ones HalfSafe ships in resources/configs (SD1.5, SDXL, Flux.1 dev, the Flux.2 VAE), diffusers'
+ones HalfSafe ships in app/resources/configs (SD1.5, SDXL, Flux.1 dev, the Flux.2 VAE), diffusers'
 defaults where they are the published model's (Qwen-Image's transformer and VAE, Flux.2 dev's
 transformer), transformers' defaults for Mistral Small 3.1 (Flux.2 dev's text encoder), and the
 published widths and depths of the others written out below (Qwen2.5-VL-7B, Qwen3-4B/8B, the
@@ -41,7 +41,7 @@ CARDS_GIB = (6, 8, 12, 24)
 RAM_GIB = (16, 32)
 FORMS = {"16-bit": None, "fp8": 1.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32}
 BIG_ENCODER = 1e9  # parameters: a text encoder past this is quantized with the denoiser
-CONFIGS = ROOT / "resources" / "configs"
+CONFIGS = ROOT / "app" / "resources" / "configs"
 
 # Published widths and depths not shipped as config files.
 QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct

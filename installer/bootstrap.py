@@ -1603,7 +1603,7 @@ def install_desktop_entry(app_dir: Path, environ: Mapping[str, str]) -> Path:
     text = template.replace(
         "@LAUNCHER@", desktop_exec_quote(str(app_dir / "installer" / "halfsafe.sh"))
     )
-    text = text.replace("@ICON@", str(app_dir / "resources" / "icons" / "halfsafe-256.png"))
+    text = text.replace("@ICON@", str(app_dir / "app" / "resources" / "icons" / "halfsafe-256.png"))
     text = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
     target = applications / "halfsafe.desktop"
     temporary = target.with_suffix(".tmp")

@@ -1,6 +1,6 @@
 """Draws HalfSafe's app icon: a shield, left half solid, right half pale (half precision, kept safe).
 
-Writes resources/icons/halfsafe.svg, halfsafe-256.png, halfsafe-512.png, halfsafe.ico (Windows)
+Writes app/resources/icons/halfsafe.svg, halfsafe-256.png, halfsafe-512.png, halfsafe.ico (Windows)
 and halfsafe.icns (macOS) from one outline, so every format shows the same shape. Needs Pillow
 (the app's own environment has it): `.venv/bin/python installer/draw_icon.py`.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-ICONS = Path(__file__).resolve().parent.parent / "resources" / "icons"
+ICONS = Path(__file__).resolve().parent.parent / "app" / "resources" / "icons"
 
 VIEW = 256  # the outline below is drawn on a 256 x 256 canvas
 SOLID = "#1f7a6d"  # the filled half

@@ -1,4 +1,4 @@
-"""Rebuild resources/tokenizers/clip/{vocab.json,merges.txt} from CLIP's published BPE file.
+"""Rebuild app/resources/tokenizers/clip/{vocab.json,merges.txt} from CLIP's published BPE file.
 
 The BPE file (bpe_simple_vocab_16e6.txt.gz) ships in the open_clip_torch wheel on PyPI, under the
 MIT license kept beside the output. CLIP builds its 49408-token vocabulary from it: the 256 byte
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "resources" / "tokenizers" / "clip"
+OUT = Path(__file__).resolve().parent.parent / "app" / "resources" / "tokenizers" / "clip"
 MERGES = 49152 - 256 - 2
 
 

@@ -21,7 +21,7 @@ vocabulary in app/core/demo.py), then
    defaults (DPM++ 2M Karras, 25 steps, CFG 7, seed 7), logs how many come out in their colours,
    and keeps that state in OUT/after-N-steps (the same files as --unet-steps N writes);
 4. writes the three components as fp16 safetensors plus demo.json (scaling factor, prediction
-   type, settings) to resources/demo/.
+   type, settings) to app/resources/demo/.
 
 Deterministic for a given --seed, torch limited to --threads (default 1) threads. Stages 1 and 2
 draw from their own random streams and do not depend on stage 3, so `--vae FILE` starts stage 3
@@ -34,7 +34,7 @@ captions in their colours (the shape's middle and the background, judged as
 tests/core/test_demo.py does) at seeds 7 and 8 with the app's defaults; the probe gave 5 of 8
 after 250 steps, 8 of 8 after 500 to 1250 and after 1750, 7 of 8 after 1500. The shapes come out
 recognisable but soft (a circle may be lumpy, a square's sides pinched).
-Usage: python tools/train_demo.py [--out resources/demo] [--seed 3000] [--vae FILE]
+Usage: python tools/train_demo.py [--out app/resources/demo] [--seed 3000] [--vae FILE]
 """
 
 from __future__ import annotations
@@ -365,7 +365,7 @@ def save(component, path: Path, metadata: dict[str, str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "resources" / "demo")
+    parser.add_argument("--out", type=Path, default=ROOT / "app" / "resources" / "demo")
     parser.add_argument("--seed", type=int, default=demo.DEMO_VERSION * 1000)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)

@@ -1,7 +1,7 @@
 """The built-in demo model: a tiny SD1.x-shaped pipeline built in code, no download.
 
 The `demo` model is the tiny SD1.x-shaped pipeline with weights trained by tools/train_demo.py
-(shipped in resources/demo/, a few MB) on prompts like "a red circle on a blue background", at
+(shipped in app/resources/demo/, a few MB) on prompts like "a red circle on a blue background", at
 128 px, on any machine: it draws the prompted colours of shape and background (the shape itself
 only roughly). `demo-overflow` is the same model with one VAE layer scaled so
 that fp16 overflows (fp32 and bf16 give the same picture), to show the NaN repair.
@@ -20,7 +20,7 @@ DEMO_VERSION = 3
 DEMO_STAGE = "Building the demo model"
 DEMO_LABEL = "HalfSafe demo (a tiny model that draws coloured shapes)"
 DEMO_SIZE = 128
-DEMO_WEIGHTS = "demo"  # resources/demo/: text_encoder, vae, unet .safetensors and demo.json
+DEMO_WEIGHTS = "demo"  # app/resources/demo/: text_encoder, vae, unet .safetensors and demo.json
 
 # The built-in models, by the name the user gives as MODEL.
 DEMO_MODELS: dict[str, str] = {
@@ -143,7 +143,7 @@ def demo_unet(seed: int):
 
 def build_demo_pipeline(name: str = "demo", progress: ProgressCallback = no_progress):
     """The built-in model `name` (one of DEMO_MODELS): the tiny SD1.x pipeline (fp32, CPU) with
-    the trained weights from resources/demo/. Reads about 7 MB; no network. `progress` hears
+    the trained weights from app/resources/demo/. Reads about 7 MB; no network. `progress` hears
     each part built and each weights file read ("Building the demo model", n of 7).
 
     A missing or damaged weights file raises BadFileError naming it.

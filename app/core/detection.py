@@ -34,7 +34,7 @@ class Detection:
     because: str  # one sentence: why we think so
     prediction_type: str = "epsilon"
     native_size: int = 512
-    config_name: str | None = None  # folder under resources/configs
+    config_name: str | None = None  # folder under app/resources/configs
     pipeline_class: str | None = None  # diffusers class name
     text_encoders: tuple[TextEncoderLayout, ...] = ()
     has_vae: bool = False

@@ -13,7 +13,10 @@ from pathlib import Path
 import platformdirs
 
 APP_NAME = "HalfSafe"
-RESOURCES = Path(__file__).resolve().parent.parent.parent / "resources"
+# The folder holding app/: a checkout's root, or a frozen build's bundle (which keeps that
+# layout). The shipped files live inside the package, so an installed wheel has them too.
+TREE = Path(__file__).resolve().parent.parent.parent
+RESOURCES = TREE / "app" / "resources"
 
 
 def _dir(env_var: str, default: str) -> Path:
@@ -47,5 +50,5 @@ def default_output_dir() -> Path:
 
 
 def resource(*parts: str) -> Path:
-    """A file or folder shipped in `resources/`."""
+    """A file or folder shipped in `app/resources/`."""
     return RESOURCES.joinpath(*parts)

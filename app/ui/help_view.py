@@ -1,4 +1,4 @@
-"""The user guide in the window: the Markdown shipped in resources/, a contents list of its
+"""The user guide in the window: the Markdown shipped in app/resources/, a contents list of its
 headings that follows the reading, find in page, links between sections with Back and Forward;
 a link that leaves the guide opens outside."""
 
@@ -49,7 +49,7 @@ MATCHES_MARKED = 1000  # a one-letter search marks this many, not every letter o
 
 
 def guide_path() -> Path:
-    """Where the guide is shipped: `resources/user-guide.md`, in a checkout and when installed."""
+    """Where the guide is shipped: `app/resources/user-guide.md`, in a checkout and when installed."""
     return paths.resource(GUIDE_FILE)
 
 

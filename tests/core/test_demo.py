@@ -19,7 +19,7 @@ from app.core.generation import GenerationRequest, generate
 from app.core.models import load_model
 from app.core.settings import PrecisionSettings
 
-ROOT = paths.resource().parent
+ROOT = paths.TREE
 # A prompt's colours must come out within this distance (RGB, 0-255) of the palette colour.
 TOLERANCE = 90.0
 PROMPTS = [

@@ -410,7 +410,7 @@ def test_every_size_of_a_2026_folder_is_bounded(
 
 
 def test_the_configs_real_models_ship_pass_the_bounds():
-    for file in sorted((ROOT / "resources" / "configs").glob("*/*/config.json")):
+    for file in sorted((ROOT / "app" / "resources" / "configs").glob("*/*/config.json")):
         limits.check_component_config(file.parent.name, json.loads(file.read_text()))
     # The released sizes of the 2026 transformers (their config.json).
     limits.check_transformer_config(

@@ -114,7 +114,7 @@ def test_first_start_sets_up_and_runs_the_command(launcher):
     marker = bs.read_marker(launcher.venv)
     assert marker["torch_installed"].startswith(SPEC.split("==")[-1])
     assert marker["app_dir"] == str(launcher.app)
-    # The app runs from the copy (editable install), so resources/ is found next to it.
+    # The app runs from the copy (editable install), so app/resources/ is found next to it.
     where = subprocess.run(
         [
             str(launcher.venv / "bin" / "python"),
@@ -127,7 +127,7 @@ def test_first_start_sets_up_and_runs_the_command(launcher):
         env=launcher.env,
         check=True,
     )
-    assert Path(where.stdout.strip()) == launcher.app / "resources"
+    assert Path(where.stdout.strip()) == launcher.app / "app" / "resources"
 
 
 def test_second_start_is_a_no_op(launcher):

@@ -496,7 +496,7 @@ MISTRAL3_CHAT_TEMPLATE = (
 
 def mistral3_stand_in_tokenizer():
     """The tiny dev pipeline's tokenizer: Mistral's Tekken vocabulary is not shipped, so T5's
-    (resources/tokenizers/t5) with Mistral 3's chat format stands in. A real Flux.2 dev folder
+    (app/resources/tokenizers/t5) with Mistral 3's chat format stands in. A real Flux.2 dev folder
     carries its own tokenizer."""
     tokenizer = t5_tokenizer()
     tokenizer.chat_template = MISTRAL3_CHAT_TEMPLATE

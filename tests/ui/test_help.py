@@ -1,4 +1,4 @@
-"""The user guide: shipped in resources/, opened from Help > User guide (F1) beside the window,
+"""The user guide: shipped in app/resources/, opened from Help > User guide (F1) beside the window,
 with its headings as contents that follow the reading, working links between sections with Back
 and Forward, outside links handed to the desktop, find in page, and no sideways scrolling."""
 

@@ -1,5 +1,5 @@
 """Which file of a family runs on this device: for each stored form the family is published in
-(`resources/family_forms.json`), what the device does with it (`device_use`), the memory it
+(`app/resources/family_forms.json`), what the device does with it (`device_use`), the memory it
 needs on this card and in RAM (`sizes`), and whether a saved check proved it on this device
 (`health.saved`), in one sentence each; led by the answer, which file to take (`answer`), and a
 table of the forms. The command line and the window show the same record.

@@ -1,6 +1,6 @@
 """What a family needs in each stored form at real size, on one card and in the computer's
 memory: the projection `benchmarks/family_memory.py` makes from the published shapes, kept in
-`resources/family_forms.json`, judged as a job without a budget set is placed.
+`app/resources/family_forms.json`, judged as a job without a budget set is placed.
 
 A card's budget is its memory less 0.5 GiB for the desktop and the driver's context, less the
 reserve a job keeps for activations (`streaming`: a fifth of the card, at least 1.5 GiB). A
@@ -72,7 +72,7 @@ class SizeFit:
 
 @functools.lru_cache(maxsize=1)
 def family_table() -> dict[str, Any]:
-    """`resources/family_forms.json`: per family id its published forms, the projections that
+    """`app/resources/family_forms.json`: per family id its published forms, the projections that
     stand for it, and the projections themselves."""
     return json.loads(paths.resource(FORMS_FILE).read_text(encoding="utf-8"))
 

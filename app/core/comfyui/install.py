@@ -64,7 +64,7 @@ class Installed:
 def package_folder() -> Path:
     """The node package beside HalfSafe's own folders (the source tree's, or the frozen
     build's bundle, which keeps that layout)."""
-    return paths.RESOURCES.parent / PACKAGE
+    return paths.TREE / PACKAGE
 
 
 def comfyui_folder(path: Path) -> Path | None:
@@ -186,7 +186,7 @@ def _core_source() -> str:
     """What pip installs as HalfSafe's core: this HalfSafe's own source folder where it runs
     from one (its window is an extra, left out). HalfSafe is not on the package registry, so a
     frozen build, which has no source folder, names the folder for the user to fill in."""
-    folder = paths.RESOURCES.parent
+    folder = paths.TREE
     pyproject = folder / "pyproject.toml"
     try:
         named = limits.is_regular_file(pyproject) and 'name = "halfsafe"' in pyproject.read_text(

@@ -1,4 +1,4 @@
-"""The tokenizers HalfSafe ships in resources/tokenizers, built offline: CLIP's BPE, T5's
+"""The tokenizers HalfSafe ships in app/resources/tokenizers, built offline: CLIP's BPE, T5's
 SentencePiece, and Qwen2's byte-level BPE with Qwen2.5's or Qwen3's chat template, or in
 Qwen3-VL's processor.
 
@@ -28,7 +28,7 @@ def clip_tokenizer(pad_token: str = "<|endoftext|>"):
 
 
 def t5_tokenizer():
-    """T5's SentencePiece vocabulary (shipped in resources/tokenizers/t5, Apache-2.0)."""
+    """T5's SentencePiece vocabulary (shipped in app/resources/tokenizers/t5, Apache-2.0)."""
     from transformers import T5TokenizerFast  # pyright: ignore[reportAttributeAccessIssue]
 
     return T5TokenizerFast(tokenizer_file=str(resource("tokenizers", "t5", "tokenizer.json")))
@@ -49,7 +49,7 @@ QWEN3_CHAT_TEMPLATE = (
 
 
 def qwen2_tokenizer():
-    """Qwen2/Qwen2.5's byte-level BPE (shipped in resources/tokenizers/qwen2, Apache-2.0), with
+    """Qwen2/Qwen2.5's byte-level BPE (shipped in app/resources/tokenizers/qwen2, Apache-2.0), with
     Qwen2.5's chat template: Qwen-Image's tokenizer."""
     from transformers import AutoTokenizer
 

@@ -85,7 +85,7 @@ def vae_from_checkpoint(checkpoint, prefix: str, base: dict[str, Any], native_si
 
 
 def shipped_vae_config(configs: str) -> dict[str, Any]:
-    """The VAE config a family ships in resources/configs/<configs>/vae."""
+    """The VAE config a family ships in app/resources/configs/<configs>/vae."""
     return limits.read_json_object(paths.resource("configs", configs, "vae", "config.json"))
 
 

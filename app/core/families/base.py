@@ -90,7 +90,7 @@ class Family:
     # How its transformer is kept as a file of its own (ComfyUI's `diffusion_models/`): the
     # keys that mark it, its config from shapes, its key table. None: no such file is read.
     layout: ClassVar[Layout | None] = None
-    # The shipped configs (resources/configs) its single-file checkpoints of the original
+    # The shipped configs (app/resources/configs) its single-file checkpoints of the original
     # Stable Diffusion layout load with (`detect_checkpoint`'s `config_name`).
     checkpoint_configs: ClassVar[tuple[str, ...]] = ()
     # Key fragments that mark this family's weights in a layout HalfSafe does not read (a

@@ -1,6 +1,6 @@
 """Qwen-Image 2.1's VAE kind, its own: a file in diffusers' AutoencoderKLQwenImage21 names (its
 residual blocks, convolutions stored 2-D: one frame per image), with the released VAE's
-per-channel latent statistics (resources/configs/qwenimage21/vae)."""
+per-channel latent statistics (app/resources/configs/qwenimage21/vae)."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ class StableDiffusionFamily(Family):
         "feature_extractor": None,
         "requires_safety_checker": False,
     }
-    # The shipped configs (resources/configs) its checkpoints load with.
+    # The shipped configs (app/resources/configs) its checkpoints load with.
     checkpoint_configs = ("sd1", "sd2", "sd2-v")
 
     def owns(self, pipeline) -> bool:

@@ -112,7 +112,7 @@ class SplitModel:
     because: str  # one sentence: why it is this model
     needs: tuple[Need, ...]
     pipeline_class: str  # the diffusers pipeline class
-    configs: str  # resources/configs folder with its scheduler and VAE configs
+    configs: str  # app/resources/configs folder with its scheduler and VAE configs
     scheduler: dict[str, Any]  # overrides of the shipped scheduler config
     latent_channels: int  # what its VAE must make
     table: Callable[[Mapping[str, Any]], Iterator[Row]]  # its layout's key table, for `config`

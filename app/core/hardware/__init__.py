@@ -1,7 +1,7 @@
 """What this computer's devices can do in fp16, bf16 and TF32, and the precision to use on each.
 
 A device is first described from what PyTorch, NVML and the OS report, then classified from
-its capability and the data-driven quirks table (`resources/quirks.json`), then given a
+its capability and the data-driven quirks table (`app/resources/quirks.json`), then given a
 recommendation: every precision setting resolved (never "auto"), each with a one-line reason.
 
 One responsibility per module, each importing only those before it:

@@ -1,4 +1,4 @@
-"""The quirks table (`resources/quirks.json`): every known fault or limit of a device, read and
+"""The quirks table (`app/resources/quirks.json`): every known fault or limit of a device, read and
 checked entry by entry, and cached while the file is unchanged.
 """
 

@@ -2,7 +2,7 @@
 
 Single files in the original (LDM / A1111 / ComfyUI) layout are assembled component by
 component: the architecture and each component's config come from the file's own tensor
-shapes over the shipped config folder (`resources/configs/<name>`), the keys are mapped to
+shapes over the shipped config folder (`app/resources/configs/<name>`), the keys are mapped to
 diffusers names with diffusers' conversion functions, and the tensors are assigned straight
 from the memory-mapped file in their stored dtype. Transformer files (Flux.1, Chroma, SD3.x
 split or all in one, Z-Image, Qwen-Image) are mapped by the layout tables of `split.py` and

@@ -17,8 +17,8 @@ from app.core.families.registry import FAMILIES
 def config_folder(name: str) -> Path:
     """The ready-to-use diffusers config folder for `name` (a family's `checkpoint_configs`).
 
-    The shipped folder (`resources/configs/<name>`) holds the JSON configs; the tokenizer
-    folders get the shared CLIP vocabulary and merges (`resources/tokenizers/clip`) copied in.
+    The shipped folder (`app/resources/configs/<name>`) holds the JSON configs; the tokenizer
+    folders get the shared CLIP vocabulary and merges (`app/resources/tokenizers/clip`) copied in.
     The result lives in the cache directory, keyed by the content of both, and is built once;
     it is what `from_single_file(..., config=...)` and our own loader read.
     """

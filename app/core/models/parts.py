@@ -8,7 +8,7 @@ input, a LoRA's layers against the transformer layouts of the families. Which fa
 is asked of the registry: a text encoder of a kind belongs to the families whose companion files
 are named for that kind (`Family.companion_names`: "qwen_3_4b" is a Qwen3, "t5xxl" a T5); a VAE
 to the families whose latents have its channels (`Family.latent`) and, where its config states a
-latent scale, whose shipped VAE config (`resources/configs/<architecture>/vae`) has that scale;
+latent scale, whose shipped VAE config (`app/resources/configs/<architecture>/vae`) has that scale;
 a LoRA to the families whose transformer layout has its layers, or whose pipeline has the text
 encoders and denoiser it adapts, or, for a LoRA in diffusers' names, whose diffusers transformer
 class has every layer it adapts (`transformer_lora_of`: the class's module names, built once on

@@ -11,7 +11,7 @@ share). Here: finding that layout, and the companions. The companions come from
 `--text-encoder PATH` (repeatable) and `--vae PATH`, or are found by their contents in the
 usual sibling folders (a file there that cannot be read or built is passed over, named with
 why); a missing one is named in one sentence. Every header is read before any tensor; nothing
-reaches the network (shipped configs in `resources/configs`, shipped CLIP, T5 and Qwen
+reaches the network (shipped configs in `app/resources/configs`, shipped CLIP, T5 and Qwen
 vocabularies).
 """
 
