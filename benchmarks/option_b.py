@@ -1,7 +1,7 @@
 """Option B: does a provisional proof on the first failing timestep agree with the full proof?
 
 For every check of the planted corpus whose denoiser goes non-finite, the provisional proof
-(`app.core.health.provisional`: each candidate on the first failing timestep alone, against the
+(`provisional.py`: each candidate on the first failing timestep alone, against the
 fp32 denoiser on that timestep) runs on the check's own runner right after the full proof named
 its fix, from the plan the full proof started from, its calls counted apart. Printed side by side
 per case: the full proof's fix, each candidate's verdict in both (finite, quality against the
@@ -50,9 +50,10 @@ def provisional_beside_full() -> Iterator[list[dict[str, Any]]]:
     provisional proof, right after the full proof named its fix; the list yielded receives one
     entry per such denoiser: the proof, and the denoiser calls the check's full proof made to
     name its fix (`full_calls`) and before it (`before`, the first probe's)."""
+    from provisional import provisional_proof
+
     from app.core import work
     from app.core.health import check
-    from app.core.health.provisional import provisional_proof
 
     found: list[dict[str, Any]] = []
     settle = check._Check.settle

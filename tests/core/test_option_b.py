@@ -1,5 +1,5 @@
-"""The provisional proof on the first failing timestep (`health.provisional`, measured by
-`benchmarks/option_b.py`) against the full proof of the same check: where it agrees on the
+"""The provisional proof on the first failing timestep (`benchmarks/provisional.py`, measured
+by `benchmarks/option_b.py`) against the full proof of the same check: where it agrees on the
 planted corpus, where it does not, and the denoiser calls it takes. The agreement is computed
 here from both proofs of one check, never copied from a past run."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.core.fixing.probe import ModuleStats, ProbeResult
-from app.core.health import HealthReport, provisional
+from app.core.health import HealthReport
 from app.core.settings import PrecisionSettings
 from tests.core import test_families as families
 from tests.core.test_health import check, loaded
@@ -22,6 +22,7 @@ from tests.support.tiny_models import build_tiny_sd_pipeline
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import option_b  # noqa: E402
+import provisional  # noqa: E402
 
 FP16 = PrecisionSettings(precision="fp16")
 

@@ -1,8 +1,8 @@
 """A provisional proof of the fixes of a denoiser that went non-finite: each candidate re-run on
 the first failing timestep alone (one denoiser call) and compared with the fp32 denoiser run on
 that same timestep (one call), where the full proof (`fix.choose_fix`) runs the probe's three
-timesteps for the reference and for each candidate. An experiment measured against the full
-proof (`benchmarks/option_b.py`); the check does not run it.
+timesteps for the reference and for each candidate. An experiment, measured against the full
+proof by `option_b.py` beside it; the check does not run it.
 
 The one call starts from the seeded noise at that timestep's noise level, as the probe's first
 call does at the first timestep: where the denoiser first failed at a later timestep, its input
