@@ -36,7 +36,7 @@ class Work:
     module_calls: int = 0  # module calls the recorders recorded (full or lean)
     reductions: int = 0  # ... and the reductions they made of those calls' tensors
     timed_calls: int = 0  # component calls run to time a plan (a candidate's or a fix's cost)
-    stage_runs: int = 0  # stages run (`stage_runner.running`): components placed and run
+    stage_runs: int = 0  # stages run (`run.stage_run.running`): components placed and run
     timed_runs: int = 0  # ... of them, those made to be timed
     # candidates ranked by their cost predicted from the work and the device's dtype table,
     # whose timing the ranking did not need

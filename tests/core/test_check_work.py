@@ -17,6 +17,7 @@ from app.core.health import stages
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.jobs import Headline
 from app.core.precision import placement
+from app.core.run import timing
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FF_LAYER, FP16, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -153,7 +154,7 @@ def unet_fault(request):
 
     with pytest.MonkeyPatch.context() as patched:
         patched.setenv("HALFSAFE_CPU_BF16", request.param)
-        patched.setattr(stages, "RACE_MARGIN", math.inf)
+        patched.setattr(timing, "RACE_MARGIN", math.inf)
         report = check(
             stored_in_fp16(plant(build_tiny_sd_pipeline(), "unet_ff")),
             measure_cost=True,

@@ -21,9 +21,10 @@ import torch
 from app.core import health, models
 from app.core.components import FP16_MAX, Verdict
 from app.core.hardware.dtype_speed import DtypeSpeed
-from app.core.health import stages, step_work
+from app.core.health import step_work
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, placement
+from app.core.run import timing
 from app.core.settings import PrecisionSettings
 from tests.core.test_families import ROWS
 from tests.core.test_quantized_2026 import CASES, quantised_set, written_weights
@@ -306,7 +307,7 @@ def as_a_user_runs_it(monkeypatch):
     each in one round (every kept copy run again as three rounds run it, in a third of the
     time)."""
     monkeypatch.setattr(step_work, "device_speed", lambda device: LEVEL)
-    monkeypatch.setattr(stages, "COST_ROUNDS", 1)
+    monkeypatch.setattr(timing, "COST_ROUNDS", 1)
 
 
 def assert_found_and_fixed(report, name: str, layer: str) -> None:

@@ -18,11 +18,11 @@ import torch
 
 from app.core import health
 from app.core.fixing.job_plans import no_half
-from app.core.health import stages
 from app.core.health.cost import held_otherwise, priced_component
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.health.words import NO_HALF_AS_CHECKED_WORDS, cost_comparison
 from app.core.precision import PlacedPipeline, placement, resolve_plan
+from app.core.run import timing
 from app.core.settings import PrecisionSettings
 from tests.core.test_health import FP16, VAE_LAYER, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
@@ -32,7 +32,7 @@ COMPONENTS = ["text_encoder", "unet", "vae"]
 
 def _check(pipeline, measure_cost: bool):
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(stages, "RACE_MARGIN", math.inf)
+        patched.setattr(timing, "RACE_MARGIN", math.inf)
         return health.check_loaded(
             loaded(pipeline),
             CheckRequest(precision=FP16, device="cpu", size=64),
@@ -57,7 +57,7 @@ def test_a_vae_fix_is_priced_by_the_vae_decode_not_by_denoiser_steps(vae_fault):
     # It runs VAE decodes: a warm-up for no-half (the fix's decode ran in the check), then the
     # rounds, alternating.
     extra = priced.work.calls_of("vae") - unpriced.work.calls_of("vae")
-    rounds = stages.COST_ROUNDS
+    rounds = timing.COST_ROUNDS
     timed_for_candidates = sum(c.cost.rounds or 0 for c in priced.fix.candidates if c.cost)
     assert extra >= 2 * rounds + 1
     assert priced.work.calls_of("vae", "fp32") > unpriced.work.calls_of("vae", "fp32")

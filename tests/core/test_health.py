@@ -26,6 +26,7 @@ from app.core.health.request import CheckRequest, CheckRun
 from app.core.health.words import flags
 from app.core.models import LoadedModel
 from app.core.precision import PrecisionPlan
+from app.core.run import timing
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
@@ -101,7 +102,7 @@ def vae_report():
     speeds): the tests below count every timing run; the race has its own."""
     VAE_CHECK_PROGRESS.clear()
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(stages, "RACE_MARGIN", math.inf)
+        patched.setattr(timing, "RACE_MARGIN", math.inf)
         return health.check_loaded(
             loaded(plant(build_tiny_sd_pipeline(), "vae")),
             CheckRequest(precision=FP16, device="cpu", size=64),
@@ -143,7 +144,7 @@ def test_measuring_skips_the_warm_ups_the_check_already_ran(vae_report):
     fix's denoiser in the probe: only no-half still needs a warm-up run before it is timed."""
     verified = sum(1 for c in vae_report.tried if c.verified)
     totals = {stage: total for stage, _, total in VAE_CHECK_PROGRESS}
-    rounds = stages.COST_ROUNDS
+    rounds = timing.COST_ROUNDS
     # The verified candidates (alike in memory here: each could win) race before the fix is
     # named; the table is completed after it with the baselines, as tested and no-half.
     assert verified > 1
@@ -169,7 +170,7 @@ def test_timing_runs_leave_the_other_components_placed():
         return runner.decode(p, latents, record)
 
     try:
-        costs = runner.stage_costs(
+        costs = runner.timing.stage_costs(
             "vae",
             decode,
             {"as_tested": plan, "no_half": no_half(plan)},
@@ -180,7 +181,7 @@ def test_timing_runs_leave_the_other_components_placed():
         runner.placed.release()
     # The no-half warm-up placed the whole plan, the tested plan's first run put it back; then
     # the UNet stays put for all the timed runs.
-    assert len(set(unets[1:])) == 1 and len(unets) == 2 * stages.COST_ROUNDS + 1
+    assert len(set(unets[1:])) == 1 and len(unets) == 2 * timing.COST_ROUNDS + 1
     assert set(costs) == {"as_tested", "no_half"} and (costs["no_half"].step_ms or 0) > 0
 
 
@@ -191,7 +192,7 @@ def test_a_candidate_left_far_behind_stops_being_timed():
     from dataclasses import replace
 
     from app.core.fixing.job_plans import no_half
-    from app.core.health.stages import Stage
+    from app.core.run.watchers import Stage
 
     model = loaded(build_tiny_sd_pipeline())
     plan = PrecisionPlan("cpu", {"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"})
@@ -211,7 +212,7 @@ def test_a_candidate_left_far_behind_stops_being_timed():
     plans |= {"as_tested": plan, "no_half": no_half(plan)}
     counts: list[tuple[int, int]] = []
     try:
-        costs = runner.stage_costs(
+        costs = runner.timing.stage_costs(
             "vae",
             decode,
             plans,
@@ -222,7 +223,7 @@ def test_a_candidate_left_far_behind_stops_being_timed():
     finally:
         runner.placed.release()
     rounds = {label: cost.rounds for label, cost in costs.items()}
-    full = stages.COST_ROUNDS
+    full = timing.COST_ROUNDS
     assert rounds == {"0": 1, "1": full, "2": full, "as_tested": full, "no_half": full}
     assert costs["0"].step_ms == 1200.0 and costs["0"].step_ms_range == (1200.0, 1200.0)
     assert costs["2"].step_ms == 250.0
@@ -236,9 +237,9 @@ def test_the_race_keeps_every_candidate_within_the_margin():
     samples = {"a": [10.0, 12.0, 11.0], "b": [23.0], "c": [24.5, 30.0], "d": [25.0], "e": [49.0]}
     # The leader is "a" (median 11), its slowest run 12: past 24 ms a candidate timed twice is
     # out, one timed once only past 48 ms (one run can be slowed that much by other programs).
-    assert stages.left_behind(samples, ["a", "b", "c", "d", "e"]) == ["c", "e"]
-    assert stages.left_behind(samples, ["b", "c", "d"]) == []  # "b" leads: past 46 ms
-    assert stages.left_behind(samples, ["d"]) == []  # a race of one is no race
+    assert timing.left_behind(samples, ["a", "b", "c", "d", "e"]) == ["c", "e"]
+    assert timing.left_behind(samples, ["b", "c", "d"]) == []  # "b" leads: past 46 ms
+    assert timing.left_behind(samples, ["d"]) == []  # a race of one is no race
 
 
 def test_the_engine_sends_the_headline_as_a_warning_before_the_fix(tmp_path):

@@ -19,10 +19,11 @@ from comfy_kitchen.tensor.base import QuantizedTensor
 from comfy_kitchen.tensor.int8 import TensorWiseINT8Layout
 from PIL import Image
 
-from app.core import generation, models, stage_runner
+from app.core import generation, models
 from app.core.checkpoint.stored import from_int8_convrot, hadamard
 from app.core.components import Verdict
 from app.core.hires import Hires
+from app.core.run import stage_run
 from app.core.settings import PrecisionSettings
 from tests.core.test_int8_convrot import rotation_overflowing_zimage
 from tests.support.family_helpers import (
@@ -103,7 +104,7 @@ def test_a_convrot_layer_computes_alike_in_every_grad_mode(mode, shape, bias):
 
 @contextmanager
 def computing_under_no_grad(plan):
-    """`stage_runner.computing` with plain `no_grad` in place of inference mode."""
+    """`stage_run.computing` with plain `no_grad` in place of inference mode."""
     from app.core.precision import backend_flags
 
     with backend_flags(plan), torch.no_grad():
@@ -131,7 +132,7 @@ def test_the_rotation_only_overflow_is_found_on_every_path(
 ):
     model, layers = rotation_overflow
     if stages_run_under == "no_grad":
-        monkeypatch.setattr(stage_runner, "computing", computing_under_no_grad)
+        monkeypatch.setattr(stage_run, "computing", computing_under_no_grad)
 
     if path == "check":
         report = check(model)

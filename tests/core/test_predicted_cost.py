@@ -15,10 +15,11 @@ from app.core import health, work
 from app.core.fixing import fix_ranking
 from app.core.fixing.stage_cost import StageCost
 from app.core.hardware.dtype_speed import DtypeSpeed
-from app.core.health import fix, stages, step_work
+from app.core.health import fix, step_work
 from app.core.health.cost import StepCost
 from app.core.health.step_work import module_flops, plan_seconds
 from app.core.precision import plan_weights_mb
+from app.core.run import timing
 from tests.core.test_check_work import stored_in_fp16
 from tests.core.test_health import check, plant
 from tests.core.test_pruned_search import _with_costs
@@ -41,7 +42,7 @@ INSIDE = _table(1e-3, 1.1e-3)
 
 
 def _oracle(table: DtypeSpeed, timed: list[str]):
-    """`Runner.stage_costs` and `unet_step_costs` on a device that runs each plan exactly as
+    """`Timing.stage_costs` and `unet_step_costs` on a device that runs each plan exactly as
     `table` predicts (ranges of 1% either side); the labels timed are kept in `timed`."""
     flops: dict = {}
 
@@ -63,25 +64,25 @@ def _oracle(table: DtypeSpeed, timed: list[str]):
         assert seconds is not None
         return round(seconds * 1000, 2)
 
-    def stage_costs(self, name, stage_fn, plans, on_run=stages._no_runs, warm=(), race=()):
+    def stage_costs(self, name, stage_fn, plans, on_run=timing.no_runs, warm=(), race=()):
         timed.extend(plans)
-        work.add("timed_runs", stages.COST_ROUNDS * len(plans))  # as `_alternating` counts
+        work.add("timed_runs", timing.COST_ROUNDS * len(plans))  # as `_alternating` counts
         return {
             label: StageCost(
                 round(plan_weights_mb(plan, self.model.pipeline), 2),
                 ms(self, plan),
                 (ms(self, plan) * 0.99, ms(self, plan) * 1.01),
-                stages.COST_ROUNDS,
+                timing.COST_ROUNDS,
             )
             for label, plan in plans.items()
         }
 
-    def unet_step_costs(self, plans, conditioning, on_run=stages._no_runs, warm=()):
+    def unet_step_costs(self, plans, conditioning, on_run=timing.no_runs, warm=()):
         return {
             label: StepCost(
                 ms(self, plan),
                 (ms(self, plan) * 0.99, ms(self, plan) * 1.01),
-                stages.COST_ROUNDS,
+                timing.COST_ROUNDS,
                 None,
                 round(plan_weights_mb(plan, self.model.pipeline), 1),
             )
@@ -99,9 +100,9 @@ def _check(table: DtypeSpeed, predicted: bool, prune: bool = True):
     stage_costs, unet_step_costs = _oracle(table, timed)
     with pytest.MonkeyPatch.context() as patched:
         patched.setenv("HALFSAFE_CPU_BF16", "native")
-        patched.setattr(stages, "RACE_MARGIN", math.inf)
-        patched.setattr(stages.Runner, "stage_costs", stage_costs)
-        patched.setattr(stages.Runner, "unet_step_costs", unet_step_costs)
+        patched.setattr(timing, "RACE_MARGIN", math.inf)
+        patched.setattr(timing.Timing, "stage_costs", stage_costs)
+        patched.setattr(timing.Timing, "unet_step_costs", unet_step_costs)
         patched.setattr(fix, "PRUNE_CANDIDATES", prune)
         if predicted:
             patched.setattr(step_work, "device_speed", lambda device: table)
@@ -137,7 +138,7 @@ def test_a_prediction_apart_ranks_the_candidates_without_timing_them():
     assert before == []
     proved, timed_proved = report.work.at("proved_fix"), timed_report.work.at("proved_fix")
     assert proved is not None and timed_proved is not None
-    assert (proved.timed_runs, timed_proved.timed_runs) == (0, 2 * stages.COST_ROUNDS)
+    assert (proved.timed_runs, timed_proved.timed_runs) == (0, 2 * timing.COST_ROUNDS)
     assert report.work.timed_runs < timed_report.work.timed_runs
     assert proved.predicted_costs == 2 and timed_report.work.predicted_costs == 0
     rows = {c.kind: c.cost for c in report.tried}
@@ -157,7 +158,7 @@ def test_predictions_inside_the_band_are_timed_as_before():
     assert sorted(before) == sorted(timed_before) and len(before) == 2
     proved, timed_proved = report.work.at("proved_fix"), timed_report.work.at("proved_fix")
     assert proved is not None and timed_proved is not None
-    assert proved.timed_runs == timed_proved.timed_runs == 2 * stages.COST_ROUNDS
+    assert proved.timed_runs == timed_proved.timed_runs == 2 * timing.COST_ROUNDS
     assert proved.predicted_costs == 0
     assert _chosen(report) == _chosen(timed_report)
     assert report.fix.settings == timed_report.fix.settings

@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from app.core.fixing.stage_cost import StageCost
-from app.core.health import stages
 from app.core.health.cost import StepCost
 from app.core.precision import plan_weights_mb
+from app.core.run import timing
 
 
 def oracle_ms(plan) -> float:
@@ -48,7 +48,7 @@ def inject(patcher: pytest.MonkeyPatch, ms: Callable[..., float] | None = None) 
     def time_of(plan, component: str) -> float:
         return ms(plan, component) if ms is not None else oracle_ms(plan)
 
-    def stage_costs(self, name, stage_fn, plans, on_run=stages._no_runs, warm=(), race=()):
+    def stage_costs(self, name, stage_fn, plans, on_run=timing.no_runs, warm=(), race=()):
         for done, _ in enumerate(plans, start=1):
             on_run(done, len(plans))
         return {
@@ -56,23 +56,23 @@ def inject(patcher: pytest.MonkeyPatch, ms: Callable[..., float] | None = None) 
                 round(plan_weights_mb(plan, self.model.pipeline), 2),
                 time_of(plan, name),
                 (time_of(plan, name) * 0.99, time_of(plan, name) * 1.01),
-                stages.COST_ROUNDS,
+                timing.COST_ROUNDS,
             )
             for label, plan in plans.items()
         }
 
-    def unet_step_costs(self, plans, conditioning, on_run=stages._no_runs, warm=()):
+    def unet_step_costs(self, plans, conditioning, on_run=timing.no_runs, warm=()):
         denoiser = self.family.denoiser
         return {
             label: StepCost(
                 time_of(plan, denoiser),
                 (time_of(plan, denoiser), time_of(plan, denoiser)),
-                stages.COST_ROUNDS,
+                timing.COST_ROUNDS,
                 None,
                 round(plan_weights_mb(plan, self.model.pipeline), 1),
             )
             for label, plan in plans.items()
         }
 
-    patcher.setattr(stages.Runner, "stage_costs", stage_costs)
-    patcher.setattr(stages.Runner, "unet_step_costs", unet_step_costs)
+    patcher.setattr(timing.Timing, "stage_costs", stage_costs)
+    patcher.setattr(timing.Timing, "unet_step_costs", unet_step_costs)

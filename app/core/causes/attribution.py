@@ -103,7 +103,8 @@ class _Runs:
         inputs (the text encoders on the prompt, the denoiser on the reference's conditioning,
         the VAE on its latents). A whole image compared after the denoiser's steps would
         judge the fp16 noise the steps amplify, not the component the plan repairs."""
-        from app.core.health.stages import Runner, all_finite
+        from app.core.health.stages import Runner
+        from app.core.run.watchers import all_finite
 
         request = self.request
         runner = Runner(

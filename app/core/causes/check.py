@@ -171,7 +171,7 @@ def _step_costs(
     model, report: HealthReport, plans: dict[str, PrecisionPlan], request: CheckRequest
 ) -> dict[str, StepCost]:
     """A denoiser step under each of `plans` (label -> plan), timed as the check times its fix
-    (`Runner.unet_step_costs`, alternating), on the request's prompt encoded under the first
+    (`Timing.unet_step_costs`, alternating), on the request's prompt encoded under the first
     plan, at the size the check ran."""
     from app.core.health.stages import Runner
 
@@ -187,7 +187,7 @@ def _step_costs(
     )
     try:
         conditioning = runner.encode(first, record=False).output
-        return runner.unet_step_costs(plans, conditioning)
+        return runner.timing.unet_step_costs(plans, conditioning)
     finally:
         runner.placed.release()
 
@@ -264,7 +264,7 @@ def _beside_kernel(
         if precision.plan != wide:  # no-half itself is timed once
             plans["precision"] = precision.plan
         costs = priced(plans)
-        # No-half timed as the check times it (`Runner.unet_step_costs`: from the stored
+        # No-half timed as the check times it (`Timing.unet_step_costs`: from the stored
         # weights), which a generation may hold otherwise (`cost.held_otherwise`).
         as_checked = pipeline is not None and held_otherwise(
             pipeline, wide, family_of(pipeline).denoiser

@@ -8,7 +8,7 @@ from typing import Any
 
 from app.core.generation.repair import Repairs
 from app.core.images.finished import image_array
-from app.core.stage_runner import computing
+from app.core.run.stage_run import computing
 
 
 class Job(Repairs):

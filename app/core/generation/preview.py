@@ -30,7 +30,7 @@ class LatentColours:
 def colours_for(family, vae) -> LatentColours | None:
     """The preview colours of `family`'s latents: its published map, else one fitted to `vae`
     (a decode of FIT_IMAGES x FIT_CELLS^2 cells on the VAE's device, in its dtype, run as a
-    stage of its own by the caller: `stage_runner.running`). None when the VAE gives no finite
+    stage of its own by the caller: `run.stage_run.running`). None when the VAE gives no finite
     pixels to fit to (an fp16 overflow): the preview is then grey."""
     latent = family.latent
     if latent.rgb_factors is not None:

@@ -13,7 +13,7 @@ from app.core.fixing.quality import compare
 from app.core.generation.stages import Outcome, Stages, _first_bad
 from app.core.generation.watch import read_flags
 from app.core.precision import PrecisionPlan
-from app.core.stage_runner import running
+from app.core.run.stage_run import running
 
 
 class Probes(Stages):

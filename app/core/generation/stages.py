@@ -26,7 +26,7 @@ from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora.files import strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan
-from app.core.stage_runner import StageRun, running
+from app.core.run.stage_run import StageRun, running
 
 PREVIEWS_PER_IMAGE = 6
 
@@ -179,7 +179,7 @@ class Stages:
 
     @contextmanager
     def _running(self, plan: PrecisionPlan, components: list[str]) -> Iterator[StageRun]:
-        """One stage (`stage_runner.running`) with only its `components` placed, on a twin
+        """One stage (`run.stage_run.running`) with only its `components` placed, on a twin
         that calls as the request asks: its scheduler, no progress bar."""
         scheduler = self.family.make_scheduler(
             self.request.scheduler,

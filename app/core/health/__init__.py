@@ -56,7 +56,6 @@ if TYPE_CHECKING:
     )
     from app.core.health.request import AS_ASKED, DEFAULT_PROMPT, CheckRequest, CheckRun
     from app.core.health.stages import (
-        COST_ROUNDS,
         DEFAULT_SCHEDULER,
         DEFAULT_STEPS,
         ProbeRun,
@@ -78,6 +77,7 @@ if TYPE_CHECKING:
         layer_words,
         tested_words,
     )
+    from app.core.run.timing import COST_ROUNDS
 
 __all__ = [
     "AS_ASKED",
@@ -149,7 +149,6 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "status_words",
             ],
             ".stages": [
-                "COST_ROUNDS",
                 "DEFAULT_SCHEDULER",
                 "DEFAULT_STEPS",
                 "ProbeRun",
@@ -157,6 +156,7 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
                 "probe_timesteps",
                 "Runner as _Runner",
             ],
+            "app.core.run.timing": ["COST_ROUNDS"],
             ".words": [
                 "CANDIDATE_COLUMNS",
                 "RUN_WORDS",

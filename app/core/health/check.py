@@ -39,19 +39,14 @@ from app.core.health.report import (
     component_of_tensor,
 )
 from app.core.health.request import AS_ASKED, CheckRequest, CheckRun
-from app.core.health.stages import (
-    Runner,
-    Stage,
-    all_finite,
-    finite_stand_in,
-    first_bad_name,
-)
+from app.core.health.stages import Runner, finite_stand_in, first_bad_name
 from app.core.identities import DeviceIdentity, LoraIdentity, ModelIdentity
 from app.core.images.pictures import Mode, Pictures, mode_of, read_pictures
 from app.core.jobs import DONE, CancelToken, Headline, ProgressCallback, no_progress
 from app.core.memory import said_memory_plan
 from app.core.precision import PrecisionPlan, tiling
 from app.core.precision.words import low_bit_notes
+from app.core.run.watchers import Stage, all_finite
 from app.core.settings import PrecisionSettings
 
 if TYPE_CHECKING:  # imported when the check runs (hardware and profiles), or only named here

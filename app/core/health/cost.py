@@ -1,6 +1,6 @@
 """What a fix costs on this device, as the user's generation will pay it beside no-half:
-`StepCost` for one plan's call of the part the fix changes (a denoiser step, a VAE decode, a
-prompt encode), `FixCost` for the fix and no-half side by side (a `Fix`'s `cost`), and
+`StepCost` (`fixing.stage_cost`) for one plan's call of the part the fix changes (a denoiser
+step, a VAE decode, a prompt encode), `FixCost` for the fix and no-half side by side (a `Fix`'s `cost`), and
 `priced_component`, which part that is."""
 
 from __future__ import annotations
@@ -8,54 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.core.fixing.stage_cost import StepCost
 from app.core.precision.plan import PrecisionPlan
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """One call of `component` under one plan placed as a generation places it
-    (`Runner.unet_step_costs` for a denoiser step with the CFG batch, `Runner.stage_costs` for
-    another part): the median time in ms of `rounds` runs alternating with the other plans, and
-    the fastest and slowest of them; the device's peak memory during a call in MB (None where the
-    device does not report it, as a CPU); what the plan's weights hold in MB, as the generation
-    holds them under its memory budget (`placement.generation_held_mb`)."""
-
-    step_ms: float
-    step_ms_range: tuple[float, float]
-    rounds: int
-    peak_memory_mb: float | None
-    weights_mb: float
-    component: str = "unet"
-
-    @property
-    def per_denoiser_step(self) -> bool:
-        """Whether the figures are a denoiser's step (else one call of another part)."""
-        from app.core.components import COMPONENTS, Role
-
-        known = COMPONENTS.get(self.component)
-        return known is not None and known.role is Role.DENOISER
-
-    @property
-    def unet_step_ms(self) -> float:
-        """The step time, as readers of a denoiser's step name it."""
-        return self.step_ms
-
-    @property
-    def unet_step_ms_range(self) -> tuple[float, float]:
-        return self.step_ms_range
-
-    def to_json(self) -> dict[str, Any]:
-        denoiser = self.per_denoiser_step
-        return {
-            "component": self.component,
-            "step_ms": self.step_ms,
-            "step_ms_range": list(self.step_ms_range),
-            "unet_step_ms": self.step_ms if denoiser else None,
-            "unet_step_ms_range": list(self.step_ms_range) if denoiser else None,
-            "rounds": self.rounds,
-            "peak_memory_mb": self.peak_memory_mb,
-            "weights_mb": self.weights_mb,
-        }
 
 
 @dataclass(frozen=True)
@@ -117,7 +71,7 @@ def price_fix(
     the part it changes (`priced_component`; `stage_fns`: each checked part's stage, by
     name) under the fix placed as a generation places it (`placement.as_generated`: a copy in
     its dtype where the budget has room, where the check computed its candidates from the
-    stored weights), and under no-half, alternating (`Runner.stage_costs`)."""
+    stored weights), and under no-half, alternating (`Timing.stage_costs`)."""
     from app.core.fixing.job_plans import no_half
     from app.core.precision.placement import as_generated, memory_plan
 
@@ -133,9 +87,9 @@ def price_fix(
     same = memory_plan(pipeline, fixed) == memory_plan(pipeline, plans["fix"])
     warm = ["fix"] if same else []
     if name == denoiser or name not in stage_fns:
-        costs = runner.unet_step_costs(plans, conditioning, on_run, warm=warm)
+        costs = runner.timing.unet_step_costs(plans, conditioning, on_run, warm=warm)
     else:
-        staged = runner.stage_costs(name, stage_fns[name], plans, on_run, warm=warm)
+        staged = runner.timing.stage_costs(name, stage_fns[name], plans, on_run, warm=warm)
         costs = {
             label: StepCost(
                 c.step_ms or 0.0,

@@ -23,11 +23,12 @@ from app.core.fixing.quality import QUALITY_CEILING_DB, Quality, compare
 from app.core.fixing.stage_cost import StageCost
 from app.core.health import step_work
 from app.core.health.observations import Observations, component_report
-from app.core.health.stages import Runner, Stage, counted_module
+from app.core.health.stages import Runner
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.memory import is_out_of_memory
 from app.core.precision import PrecisionPlan
 from app.core.precision.placement import generation_held_mb
+from app.core.run.watchers import Stage, counted_module
 
 # Candidates that can no longer be ranked first are not run before the fix is named
 # (`fix_ranking.Pruning`); False runs every one first, as the pruning's answers are tested.
@@ -260,7 +261,7 @@ class CandidateTable:
         cancel: CancelToken,
         baselines: bool,
     ) -> None:
-        """The `entries` (verified) timed against each other (`Runner.stage_costs`), and with
+        """The `entries` (verified) timed against each other (`Timing.stage_costs`), and with
         `baselines` the tested plan and no-half, which a fix's cost is told against."""
         measuring = "Completing the table, timing" if self.finishing else "Measuring"
         stage = f"{measuring} the fixes for the {component_words(self.name)}"
@@ -278,7 +279,9 @@ class CandidateTable:
         # Each candidate's stage ran to verify it, and the tested plan's in the first probe:
         # those runs were their warm-ups.
         warm = [label for label in plans if label != "no_half"]
-        costs = self.runner.stage_costs(self.name, self.stage_fn, plans, measured, warm, race)
+        costs = self.runner.timing.stage_costs(
+            self.name, self.stage_fn, plans, measured, warm, race
+        )
         for entry in entries:
             before = entry.result.cost
             entry.result.cost = replace(

@@ -1,16 +1,14 @@
 """Running the pipeline in stages, as a generation runs it only shorter: the text encoder(s) on
 the prompt and the empty prompt, the denoiser at the first, middle and last timesteps of the
 user's schedule with the CFG batch, the VAE decoding what that made. Each stage runs under any
-`PrecisionPlan` through the stage runner (`stage_runner.running`), with every module watched
+`PrecisionPlan` through the stage runner (`run.stage_run.running`), with every module watched
 (`probe.ActivationRecorder`) and its components timed; `Runner` also times a step under several
 plans, alternating, for the cost of a fix. `probe_run` is the three stages once, end to end."""
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,15 +17,13 @@ from app.core.components import FP16_MAX, Role, in_run_order, module_of, of_role
 from app.core.encoders.prompts import clip_options
 from app.core.families import capabilities, family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
-from app.core.fixing.stage_cost import StageCost
-from app.core.health.cost import StepCost
 from app.core.health.request import DEFAULT_PROMPT
-from app.core.hooks import Hooks
 from app.core.images.pictures import Mode, Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan
-from app.core.precision.placement import generation_held_mb
+from app.core.run.stage_run import StageRun, running
+from app.core.run.timing import Timing
+from app.core.run.watchers import ComponentTimer, Stage, Stop, all_finite, counted_module
 from app.core.settings import FIELDS
-from app.core.stage_runner import StageRun, running
 
 DEFAULT_STEPS = FIELDS["steps"].default
 
@@ -46,173 +42,8 @@ LEAN_RECORDER = True
 # where a job makes up to 3,585; what they cannot see is a fault that waits for a position
 # past the prompt + 16.
 UPSAMPLER_CHECK_TOKENS = 16
-COST_ROUNDS = 3  # timed UNet steps per plan, alternating fix and no-half, after a warm-up each
-# A candidate fix whose fastest run so far took more than this many times the slowest run of
-# the fastest candidate is out of the race: its remaining rounds could not make it the
-# cheapest (`fix_ranking.rank_candidates` lets time decide only between ranges apart).
-RACE_MARGIN = 2.0
-
-# on_run(done, total): a timing run finished, `done` of the `total` a measurement makes.
-RunCallback = Callable[[int, int], None]
 # tell(component, probe): a first probe's component went non-finite, its first bad layer known.
 FindingCallback = Callable[[str, ProbeResult], None]
-
-
-def _no_runs(done: int, total: int) -> None:
-    """The default run callback: ignore it."""
-
-
-class _Runs:
-    """Counts a measurement's runs (a warm-up, unless the plan is warm, and `COST_ROUNDS` timed
-    runs per plan) for its callback, so a measurement that takes a while says how far along it
-    is."""
-
-    def __init__(self, plans: int, on_run: RunCallback, warm: int = 0) -> None:
-        self.done = 0
-        self.total = plans * (1 + COST_ROUNDS) - warm  # a warm plan needs no warm-up
-        self.on_run = on_run
-
-    def one_more(self) -> None:
-        self.done += 1
-        self.on_run(self.done, self.total)
-
-    def fewer(self, runs: int) -> None:
-        """`runs` runs that were counted will not be made (a plan out of the race)."""
-        self.total -= runs
-
-
-@dataclass
-class Stage:
-    """What one run of one stage gave: per-component probes, seconds, and the stage's output."""
-
-    probes: dict[str, ProbeResult]
-    seconds: dict[str, float]
-    output: Any
-    cut_short: bool = False  # ended at a non-finite call before its last (its output: None)
-
-
-class _ComponentTimer:
-    """Counts a component's forward calls (into the job's `work.Work`, by the dtype the plan
-    computes it in) and times them: on a CUDA device by events recorded at the call's
-    boundaries, read once when the stage is over (one host sync a stage, where synchronising
-    around every call cost two); elsewhere by the wall clock, the device being the host.
-
-    A VAE's stage runs its `decode` or `encode`, never its `forward`: the calls counted are its
-    decoder's or encoder's (`counted_module`), and the stage's wall time is its time. Its hooks
-    are the stage's (`hooks`), and leave with it."""
-
-    def __init__(
-        self,
-        hooks: Hooks,
-        module,
-        device,
-        dtype: str,
-        name: str,
-        recorder: str | None,
-        timed: bool,
-    ) -> None:
-        self._device = device
-        self._call = (name, dtype, recorder, timed)
-        self._wall = 0.0
-        self._start = 0.0
-        self._made = 0  # calls made
-        self._events: list[tuple[Any, Any]] = []
-        hooks.before(module, self._before)
-        hooks.after(module, self._after)
-
-    def _before(self, *_):
-        from app.core import work
-
-        counting = work.counted()
-        if counting is not None:
-            name, dtype, recorder, timed = self._call
-            counting.call(name, dtype, recorder=recorder, timed=timed)
-        self._made += 1
-        if self._device.type == "cuda":
-            import torch
-
-            began = torch.cuda.Event(enable_timing=True)
-            began.record()
-            self._events.append((began, None))
-        else:
-            self._start = time.perf_counter()
-
-    def _after(self, *_):
-        if self._device.type == "cuda":
-            import torch
-
-            ended = torch.cuda.Event(enable_timing=True)
-            ended.record()
-            self._events[-1] = (self._events[-1][0], ended)
-        else:
-            self._wall += time.perf_counter() - self._start
-
-    @property
-    def seconds(self) -> float:
-        """The calls' time so far, read once a stage: where calls were made this is a host
-        sync, counted on every device (on CUDA it waits for the last call to finish)."""
-        if not self._made:
-            return 0.0
-        from app.core import work
-
-        work.add("host_syncs")
-        if not self._events:
-            return self._wall
-        self._events[-1][1].synchronize()
-        return sum(b.elapsed_time(e) for b, e in self._events if e is not None) / 1000
-
-
-class _Stop:
-    """Ends a stage's run once `module` completed `calls` calls, or (`until_bad`: the calls the
-    stage makes) once a call before its last gave non-finite output (read at once: a host sync
-    a call), unless `on_bad(done)` is given: that is called instead, once, and the run goes on.
-    `on_call(done)` follows each call. Attached to the stage's `hooks` after the recorder's and
-    the timer's, so that the last call is recorded and timed; none asked: nothing."""
-
-    class Enough(Exception):
-        """The calls asked for are made."""
-
-    def __init__(
-        self,
-        hooks: Hooks,
-        module,
-        calls: int | None,
-        until_bad: int | None = None,
-        on_call: Callable[[int], None] | None = None,
-        on_bad: Callable[[int], None] | None = None,
-    ) -> None:
-        self._calls = calls
-        self._until_bad = until_bad if until_bad and until_bad > 1 else None
-        self._on_call = on_call
-        self._on_bad = on_bad
-        self.done = 0
-        self.cut_short = False  # ended by a non-finite call before the last
-        if calls or self._until_bad or on_call:
-            hooks.after(module, self._after)
-
-    def _after(self, module, args, output):
-        self.done += 1
-        if self._on_call is not None:
-            self._on_call(self.done)
-        if self._calls and self.done >= self._calls:
-            raise _Stop.Enough
-        if self._until_bad and self.done < self._until_bad and not all_finite(output):
-            if self._on_bad is not None:
-                self._until_bad = None  # told once; the run goes on
-                self._on_bad(self.done)
-                return
-            self.cut_short = True
-            raise _Stop.Enough
-
-
-def counted_module(name: str, module):
-    """The module whose forward calls are a component's calls: a VAE's decoder (or, for the
-    VAE's encoder, its encoder), since a VAE stage calls `decode`/`encode`, not `forward`."""
-    if name == "vae":
-        return getattr(module, "decoder", module)
-    if name == "vae_encoder":
-        return getattr(module, "encoder", module)
-    return module
 
 
 class Runner:
@@ -247,7 +78,8 @@ class Runner:
         # A hires fix with a pixel upscaler: the picture the VAE decoded at the probe's size,
         # which the VAE's encoder reads as the second pass reads the enlarged first picture.
         self.enlarged: Any = None
-        self._timing = False  # the stages run now are timed for a cost (`_alternating`)
+        self.timing_now = False  # the stages run now are timed for a cost (`timing`)
+        self.timing = Timing(self)
         # A candidate fix's component, whose run ends at its first non-finite call
         # (`stopping_at_bad`), who is told what a first probe found (`telling`), and whether
         # every call is recorded in full (`recording_in_full`).
@@ -407,7 +239,7 @@ class Runner:
             started = time.perf_counter()
             try:
                 output = run(stage.pipe)
-            except _Stop.Enough:
+            except Stop.Enough:
                 output = None
         probes = {n: r.read(output if len(names) == 1 else None) for n, r in recorders.items()}
         seconds = {n: t.seconds for n, t in timers.items()}
@@ -425,7 +257,7 @@ class Runner:
         until_bad: int | None,
         tell_after: int | None,
         tell_at_bad: bool,
-    ) -> tuple[dict[str, ActivationRecorder], dict[str, _ComponentTimer], _Stop]:
+    ) -> tuple[dict[str, ActivationRecorder], dict[str, ComponentTimer], Stop]:
         """`_run_stage`'s watchers of its placed components, in the order their hooks run (the
         recorders, the timers, the stop), each leaving with the stage."""
         recorders = (
@@ -444,14 +276,14 @@ class Runner:
             else {}
         )
         timers = {
-            n: _ComponentTimer(
+            n: ComponentTimer(
                 stage.hooks,
                 counted_module(n, self.placed[n]),
                 self.device,
                 plan.dtypes[module_of(n)],
                 n,
                 recorder=recorder,
-                timed=self._timing,
+                timed=self.timing_now,
             )
             for n in names
         }
@@ -467,7 +299,7 @@ class Runner:
 
             on_call, on_bad = (None, told) if tell_at_bad else (told, None)
         first = counted_module(names[0], self.placed[names[0]])
-        stop = _Stop(stage.hooks, first, stop_after, until_bad, on_call, on_bad)
+        stop = Stop(stage.hooks, first, stop_after, until_bad, on_call, on_bad)
         return recorders, timers, stop
 
     def upsample(self, plan: PrecisionPlan, record: bool = True) -> Stage:
@@ -530,7 +362,7 @@ class Runner:
         and last timesteps of the user's schedule) from seeded noise, as the family samples
         (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding)."""
 
-        steps = list(timesteps or (self.one_step if self._timing else self.timesteps))
+        steps = list(timesteps or (self.one_step if self.timing_now else self.timesteps))
 
         def run(pipe):
             if self.references is not None:  # the VAE encoder's stage made them
@@ -580,162 +412,6 @@ class Runner:
 
         return self._watch(plan, ["vae"], run, record)
 
-    def stage_costs(
-        self,
-        name: str,
-        stage_fn: Callable[[PrecisionPlan, bool], Stage],
-        plans: dict[str, PrecisionPlan],
-        on_run: RunCallback = _no_runs,
-        warm: Collection[str] = (),
-        race: Collection[str] = (),
-    ) -> dict[str, StageCost]:
-        """Time of one step of the component `name` (a denoiser step, a VAE decode, a prompt
-        encode) under each plan, measured as `unet_step_costs` does. `warm`: the plans whose
-        stage already ran in this check at this size (a candidate's verification, the first
-        probe), which need no warm-up. `race`: the plans that are candidates for the cheapest
-        (the others are baselines, timed every round); one left far behind stops being timed
-        (`RACE_MARGIN`), and its `rounds` says how often it was. `on_run(done, total)` follows
-        each run."""
-
-        def seconds(plan: PrecisionPlan) -> float:  # a timed denoiser runs one step (`one_step`)
-            return stage_fn(plan, False).seconds.get(name, 0.0)
-
-        samples, peaks = self._alternating(name, plans, seconds, warm, on_run, race)
-        return {
-            label: StageCost(
-                weights_mb=round(generation_held_mb(self.model.pipeline, plan), 2),
-                step_ms=round(statistics.median(samples[label]), 2),
-                step_ms_range=(round(min(samples[label]), 2), round(max(samples[label]), 2)),
-                rounds=len(samples[label]),
-                peak_memory_mb=_rounded(peaks[label]),
-            )
-            for label, plan in plans.items()
-        }
-
-    def unet_step_costs(
-        self,
-        plans: dict[str, PrecisionPlan],
-        conditioning: dict[str, Any],
-        on_run: RunCallback = _no_runs,
-        warm: Collection[str] = (),
-    ) -> dict[str, StepCost]:
-        """Time of one UNet step (CFG batch) under each plan, measured the same way for all:
-        one warm-up step each (none for the `warm` plans, whose denoiser already ran in this
-        check), then `COST_ROUNDS` rounds that alternate between the plans, so drift (clocks,
-        caches, other load) hits every plan alike. Reports the median and the spread; peak
-        device memory where the device reports it. `on_run(done, total)` follows each run."""
-        denoiser = self.family.denoiser
-
-        def seconds(plan: PrecisionPlan) -> float:
-            stage = self.denoise(plan, conditioning, record=False)
-            return stage.seconds[denoiser]
-
-        samples, peaks = self._alternating(denoiser, plans, seconds, warm, on_run)
-        return {
-            name: StepCost(
-                step_ms=round(statistics.median(samples[name]), 2),
-                step_ms_range=(round(min(samples[name]), 2), round(max(samples[name]), 2)),
-                rounds=COST_ROUNDS,
-                peak_memory_mb=_rounded(peaks[name]),
-                weights_mb=round(generation_held_mb(self.model.pipeline, plan), 1),
-                component=denoiser,
-            )
-            for name, plan in plans.items()
-        }
-
-    def _alternating(
-        self,
-        name: str,
-        plans: dict[str, PrecisionPlan],
-        seconds: Callable[[PrecisionPlan], float],
-        warm: Collection[str],
-        on_run: RunCallback,
-        race: Collection[str] = (),
-    ) -> tuple[dict[str, list[float]], dict[str, float | None]]:
-        """`seconds(plan)` of the component `name` under each plan, in milliseconds: a warm-up
-        each but the `warm` ones, then `COST_ROUNDS` rounds alternating between the plans; after
-        each round the `race` plans left behind (`left_behind`) drop out of the rounds after it.
-
-        A plan's first run (its warm-up, or for a warm plan its first timed run) places the
-        whole plan and gives its peak device memory; the runs after it place only `name`, whose
-        time alone is taken, so alternating plans never copies the other components back and
-        forth (a UNet between fp16 and fp32 for every no-half run of the VAE), and a copy of
-        `name` that holds little of its own is kept for the plan's next run
-        (`PlacedPipeline.keeping_variants`)."""
-        from app.core import work
-
-        samples: dict[str, list[float]] = {label: [] for label in plans}
-        peaks: dict[str, float | None] = {}
-        runs = _Runs(len(plans), on_run, warm=len(set(warm) & set(plans)))
-        timing, self._timing = self._timing, True
-        placed_before = self.placed.placements
-        try:
-            with self.placed.keeping_variants():
-                for label, plan in plans.items():
-                    if label not in warm:
-                        _, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
-                        runs.one_more()
-                timed = dict(plans)
-                for done in range(1, COST_ROUNDS + 1):
-                    for label, plan in timed.items():
-                        if label in peaks:
-                            taken = seconds(only(plan, [name]))
-                        else:
-                            taken, peaks[label] = self._with_peak(lambda plan=plan: seconds(plan))
-                        runs.one_more()
-                        samples[label].append(taken * 1000)
-                    for label in left_behind(samples, [r for r in race if r in timed]):
-                        del timed[label]
-                        runs.fewer(COST_ROUNDS - done)
-                return samples, peaks
-        finally:
-            self._timing = timing
-            work.add("timed_runs", runs.done)
-            work.add("timed_placements", self.placed.placements - placed_before)
-
-    def _with_peak(self, run: Callable[[], float]) -> tuple[float, float | None]:
-        """`run()` and the peak device memory it reached, in MiB (None where the device does
-        not report it)."""
-        import torch
-
-        if self.device.type != "cuda":
-            return run(), None
-        from app.core import work
-
-        torch.cuda.synchronize(self.device)
-        work.add("host_syncs")
-        torch.cuda.reset_peak_memory_stats(self.device)
-        taken = run()
-        return taken, torch.cuda.max_memory_allocated(self.device) / 2**20
-
-
-def left_behind(samples: dict[str, list[float]], racing: Collection[str]) -> list[str]:
-    """The `racing` plans whose fastest run took more than `RACE_MARGIN` times the slowest run
-    of the fastest of them (by median): more rounds could not make one of them the cheapest.
-    A plan timed once is left behind only past the square of that margin: one run can be slowed
-    that much by other programs, and a plan dropped on it would lose the choice of the fix to a
-    chance (its one run is a range of no width, which any candidate timed well beats)."""
-    if len(racing) < 2:
-        return []
-    leader = min(racing, key=lambda label: statistics.median(samples[label]))
-    bound = RACE_MARGIN * max(samples[leader])
-    return [
-        label
-        for label in racing
-        if min(samples[label]) > (bound if len(samples[label]) > 1 else bound * RACE_MARGIN)
-    ]
-
-
-def only(plan: PrecisionPlan, names: Collection[str]) -> PrecisionPlan:
-    """`plan` for a run of the components `names` alone: placing it leaves the other
-    components placed as they are (the backend flags are the plan's)."""
-    parts = {module_of(n) for n in names}
-    return replace(plan, dtypes={n: d for n, d in plan.dtypes.items() if n in parts})
-
-
-def _rounded(value: float | None) -> float | None:
-    return round(value, 1) if value is not None else None
-
 
 def probe_timesteps(model, steps: int, scheduler: str, size: int | None = None) -> list[float]:
     """Where the check runs the denoiser: the first, the middle and the last timestep of the
@@ -753,17 +429,6 @@ def probe_timesteps(model, steps: int, scheduler: str, size: int | None = None) 
     return family_of(model.pipeline).probe_timesteps(
         model, steps, scheduler, size or model.native_size
     )
-
-
-def all_finite(value: Any) -> bool:
-    from app.core import work
-    from app.core.fixing.probe import max_abs
-
-    peak = max_abs(value)
-    if peak is None:
-        return True
-    work.add("host_syncs")
-    return math.isfinite(float(peak))
 
 
 @dataclass

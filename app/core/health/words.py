@@ -252,7 +252,7 @@ def _ms(cost: StageCost | None) -> str:
     if cost is None or step is None:
         return "-"
     spread = cost.step_ms_range
-    if cost.rounds == 1:  # left far behind after one round (`stages.RACE_MARGIN`)
+    if cost.rounds == 1:  # left far behind after one round (`run.timing.RACE_MARGIN`)
         return f"{step:.1f} (1 run)"
     return f"{step:.1f} ({spread[0]:.1f}-{spread[1]:.1f})" if spread else f"{step:.1f}"
 

@@ -1,5 +1,5 @@
 """The one stage runner: the check and generation run every stage through
-`stage_runner.running` (placed there, under the plan's flags and inference mode there, their
+`run.stage_run.running` (placed there, under the plan's flags and inference mode there, their
 hooks attached in one set), and a stage that raises or is cancelled leaves nothing behind."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import app
-from app.core import health, stage_runner, work
+from app.core import health, work
 from app.core.errors import CancelledError
 from app.core.fixing.probe import ActivationRecorder
 from app.core.generation import GenerationRequest, generate
@@ -23,6 +23,7 @@ from app.core.health.request import CheckRequest
 from app.core.jobs import CancelToken
 from app.core.models import load_model
 from app.core.precision import PlacedPipeline, PrecisionPlan
+from app.core.run import stage_run
 from app.core.settings import PrecisionSettings
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
@@ -77,7 +78,7 @@ def test_the_checker_finds_a_stage_run_by_hand():
     ]
     assert stage_entries(planted) == stage_entries(planted, hooks=True)[:4]
     # The runner itself is where they are (`placed` by its parameter's name).
-    runner = (CORE / "stage_runner.py").read_text()
+    runner = (CORE / "run" / "stage_run.py").read_text()
     assert {e.split(": ")[1] for e in stage_entries(runner)} == {
         "apply",
         "pipeline",
@@ -153,12 +154,12 @@ def test_a_stage_that_raises_leaves_no_hook_and_the_flags_restored(ambient_flags
     plan = PrecisionPlan("cpu", {"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"})
     plan = replace(plan, **PLAN_FLAGS)
     placed = PlacedPipeline(pipeline, plan, components=())
-    with stage_runner.running(placed, plan, ["vae"]):
+    with stage_run.running(placed, plan, ["vae"]):
         pass  # placed: the hooks its copy keeps (input casts) are the baseline
     vae = placed["vae"]
     before = _hooks_of([vae, pipeline.vae])
     inside = {}
-    with pytest.raises(_Failed), stage_runner.running(placed, plan, ["vae"]) as stage:
+    with pytest.raises(_Failed), stage_run.running(placed, plan, ["vae"]) as stage:
         assert stage.pipe.vae is vae  # the twin runs the placed copy
         stage.watching(ActivationRecorder(vae))
         stage.hooks.around(vae.decoder, lambda *_: None, lambda *_: None)
@@ -229,7 +230,7 @@ def placements(monkeypatch):
     def spied(self, plan, components=None):
         caller = Path(sys._getframe(1).f_code.co_filename).name
         if components is None or len(components):
-            made.append((tuple(components or plan.dtypes), caller == "stage_runner.py"))
+            made.append((tuple(components or plan.dtypes), caller == "stage_run.py"))
         return apply(self, plan, components)
 
     monkeypatch.setattr(PlacedPipeline, "apply", spied)
