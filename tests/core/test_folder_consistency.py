@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core import limits
+from app.core import config_limits
 from app.core.errors import (
     BadFileError,
     UnsupportedModelError,
@@ -411,19 +411,19 @@ def test_every_size_of_a_2026_folder_is_bounded(
 
 def test_the_configs_real_models_ship_pass_the_bounds():
     for file in sorted((ROOT / "app" / "resources" / "configs").glob("*/*/config.json")):
-        limits.check_component_config(file.parent.name, json.loads(file.read_text()))
+        config_limits.check_component_config(file.parent.name, json.loads(file.read_text()))
     # The released sizes of the 2026 transformers (their config.json).
-    limits.check_transformer_config(
+    config_limits.check_transformer_config(
         {"num_layers": 8, "num_single_layers": 48, "attention_head_dim": 128,
          "num_attention_heads": 48, "joint_attention_dim": 15360, "mlp_ratio": 3.0,
          "axes_dims_rope": [32, 32, 32, 32], "timestep_guidance_channels": 256}
     )  # fmt: skip
-    limits.check_transformer_config(
+    config_limits.check_transformer_config(
         {"num_layers": 28, "attention_head_dim": 128, "num_attention_heads": 48,
          "num_key_value_heads": 12, "intermediate_size": 16384, "text_hidden_dim": 2560,
          "num_text_layers": 12, "text_intermediate_size": 6912, "axes_dims_rope": [32, 48, 48]}
     )  # fmt: skip
-    limits.check_transformer_config(
+    config_limits.check_transformer_config(
         {"dim": 3840, "n_layers": 30, "n_refiner_layers": 2, "n_heads": 30, "n_kv_heads": 30,
          "cap_feat_dim": 2560, "axes_dims": [32, 48, 48], "axes_lens": [1536, 512, 512]}
     )  # fmt: skip

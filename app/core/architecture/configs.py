@@ -20,14 +20,16 @@ def shape_problem(shapes: Shapes, detection: Detection) -> str | None:
     "this looks like ..., but", or None when every component's config can be inferred and
     stays within real models' sizes. Headers only, so the model library can say it up front.
     """
-    from app.core import limits
+    from app.core import config_limits
 
     try:
         for encoder in detection.text_encoders:
-            limits.check_text_encoder_config(infer_text_encoder_config(shapes, {}, encoder))
-        limits.check_unet_config(infer_unet_config(shapes, {}, prefix=detection.unet_prefix))
+            config_limits.check_text_encoder_config(infer_text_encoder_config(shapes, {}, encoder))
+        config_limits.check_unet_config(infer_unet_config(shapes, {}, prefix=detection.unet_prefix))
         if detection.has_vae:
-            limits.check_vae_config(infer_vae_config(shapes, {}, prefix=detection.vae_prefix))
+            config_limits.check_vae_config(
+                infer_vae_config(shapes, {}, prefix=detection.vae_prefix)
+            )
     except ValueError as error:
         return str(error)
     return None

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits, paths
+from app.core import config_limits, limits, paths
 from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, weight_shape
@@ -64,7 +64,7 @@ class ClipKind(TextEncoderKind):
             return None  # a CLIP without a projection is not what this need takes
         layout = arch.TextEncoderLayout("text_encoder", CLIP_PREFIX, "hf")
         config = arch.infer_text_encoder_config(shapes, {}, layout)
-        limits.check_text_encoder_config(config)
+        config_limits.check_text_encoder_config(config)
         if not self.projected:
             return config["hidden_size"]
         return weight_shape(shapes, CLIP_PROJECTION, 2)[0]
@@ -84,7 +84,7 @@ class ClipKind(TextEncoderKind):
                 paths.resource("configs", folder, component, "config.json")
             )
             config = arch.infer_text_encoder_config(shapes, base, layout)
-            limits.check_text_encoder_config(config)
+            config_limits.check_text_encoder_config(config)
         except (KeyError, ValueError) as error:
             raise UnsupportedModelError(path, f"the {words} cannot be built: {error}.") from None
         if self.projected and CLIP_PROJECTION not in shapes:

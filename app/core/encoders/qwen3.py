@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core import limits
+from app.core import config_limits, limits
 from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, bounded, count_indices, weight_shape
@@ -79,7 +79,7 @@ class Qwen3Kind(TextEncoderKind):
         if prefix is None:
             return None
         config = qwen3_config(shapes, prefix)
-        limits.check_text_encoder_config(config)
+        config_limits.check_text_encoder_config(config)
         return config["hidden_size"]
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from app.core import limits
+from app.core import config_limits, limits
 from app.core.encoders.kind import TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, bounded, count_indices, weight_shape
@@ -183,7 +183,7 @@ class Qwen3VLKind(TextEncoderKind):
             return None
         # Its text side, the same whichever released model's settings and class it is read as.
         config = qwen3_vl_config(shapes, prefix, READS["8b"])["text_config"]
-        limits.check_text_encoder_config(config)
+        config_limits.check_text_encoder_config(config)
         return config["hidden_size"]
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.core import limits
+from app.core import config_limits
 from app.core.encoders.kind import OwnIsland, TextEncoderKind
 from app.core.errors import UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, count_indices, weight_shape
@@ -13,7 +13,7 @@ from app.core.formats.layouts import Need, Shapes, count_indices, weight_shape
 
 def t5_config(shapes: Shapes) -> dict[str, Any]:
     """A T5EncoderModel config from a T5 encoder file's shapes (T5 v1.1: gated GELU). Raises
-    ValueError naming what does not fit (sizes: `limits.check_text_encoder_config`)."""
+    ValueError naming what does not fit (sizes: `config_limits.check_text_encoder_config`)."""
     vocab, width = weight_shape(shapes, "shared.weight", 2)
     block = "encoder.block.0.layer."
     buckets, heads = weight_shape(
@@ -74,7 +74,7 @@ class T5Kind(TextEncoderKind):
         if not self.holds(shapes):
             return None
         config = t5_config(shapes)
-        limits.check_text_encoder_config(config)
+        config_limits.check_text_encoder_config(config)
         return config["d_model"]
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
@@ -86,7 +86,7 @@ class T5Kind(TextEncoderKind):
         shapes = {k[len(prefix) :]: v for k, v in checkpoint.shapes.items() if k.startswith(prefix)}
         try:
             config = t5_config(shapes)
-            limits.check_text_encoder_config(config)
+            config_limits.check_text_encoder_config(config)
         except (KeyError, ValueError) as error:
             raise UnsupportedModelError(
                 checkpoint.path, f"the {words} cannot be built: {error}."

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits, paths
+from app.core import config_limits, limits, paths
 from app.core.encoders.kind import VaeKind
 from app.core.errors import BadFileError, UnsupportedModelError
 from app.core.formats.layouts import Need, Shapes, bounded, count_indices, weight_shape
@@ -74,7 +74,7 @@ def vae_from_checkpoint(checkpoint, prefix: str, base: dict[str, Any], native_si
             path, f"its VAE is not one HalfSafe can build: {error}."
         ) from None
     try:
-        limits.check_vae_config(config)
+        config_limits.check_vae_config(config)
     except ValueError as error:
         raise BadFileError(
             path, f"the VAE weights' shapes describe a VAE no real file holds: {error}."
@@ -99,7 +99,7 @@ class OriginalVaeKind(VaeKind):
         if not self.holds(shapes):
             return None
         config = arch.infer_vae_config(shapes, {}, prefix="")
-        limits.check_vae_config(config)
+        config_limits.check_vae_config(config)
         return config["latent_channels"]
 
     def load(self, checkpoint, prefix: str, need: Need, configs: str) -> tuple[Any, list]:
@@ -155,7 +155,7 @@ class Flux2VaeKind(OriginalVaeKind):
             config = arch.infer_vae_config(
                 checkpoint.shapes, shipped_vae_config(configs), prefix=""
             )
-            limits.check_vae_config(config)
+            config_limits.check_vae_config(config)
         except ValueError as error:
             raise UnsupportedModelError(path, f"this VAE cannot be built: {error}.") from None
         tensors = {k: checkpoint.get(k) for k in checkpoint.shapes if k.startswith(_PARTS)}

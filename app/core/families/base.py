@@ -172,7 +172,7 @@ class Family:
         self, model_index: Mapping[str, Any], unet: Mapping[str, Any], scheduler: Mapping[str, Any]
     ) -> Detection | None:
         """What a diffusers folder with a UNet is, when it is of this family (None: it is not);
-        `unet` has passed `limits.check_unet_config`."""
+        `unet` has passed `config_limits.check_unet_config`."""
         return None
 
     def detect_folder(

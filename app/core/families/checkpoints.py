@@ -149,7 +149,7 @@ def unet_folder(
 ) -> Detection:
     """The detection of a diffusers folder of a UNet family whose family is known: its
     inpainting variant from the UNet's input channels, its prediction type from its
-    scheduler's config. `unet` must have passed `limits.check_unet_config`."""
+    scheduler's config. `unet` must have passed `config_limits.check_unet_config`."""
     in_channels = unet.get("in_channels", 4)
     prediction = str(scheduler.get("prediction_type", "epsilon"))
     sample = unet.get("sample_size") or 64

@@ -193,7 +193,7 @@ def detect_from_configs(
 ) -> Detection:
     """Which model a diffusers folder holds, from its model_index.json and its denoiser's
     (`unet` or `transformer`) and scheduler's configs; a UNet config must have passed
-    `limits.check_unet_config`."""
+    `config_limits.check_unet_config`."""
     class_name = str(model_index.get("_class_name", ""))
     if "transformer" in model_index:
         for candidate in FAMILIES:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.core import limits
+from app.core import config_limits, limits
 
 Shapes = Mapping[str, tuple[int, ...]]
 Row = tuple[str, tuple[str, ...], str]  # (original key, diffusers keys, how), see `to_diffusers`
@@ -181,9 +181,9 @@ class AbsurdSizes(ValueError):
 
 
 def within_limits(config: dict[str, Any]) -> dict[str, Any]:
-    """A config within real models' sizes (app.core.limits), before anything is built."""
+    """A config within real models' sizes (app.core.config_limits), before anything is built."""
     try:
-        limits.check_transformer_config(config)
+        config_limits.check_transformer_config(config)
     except ValueError as error:
         raise AbsurdSizes(str(error)) from None
     return config

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from app.core import architecture as arch
-from app.core import families, limits
+from app.core import component_limits, config_limits, families, limits
 from app.core.checkpoint import (
     SAFETENSORS_SUFFIX,
     read_header,
@@ -160,17 +160,17 @@ def _inspect_folder(path: Path) -> LibraryEntry:
         denoiser = "transformer" if "transformer" in index else "unet"
         unet = _folder_config(
             path / denoiser / "config.json",
-            limits.check_unet_config if denoiser == "unet" else None,
+            config_limits.check_unet_config if denoiser == "unet" else None,
         )
         scheduler_file = path / "scheduler" / "scheduler_config.json"
         scheduler = (
-            _folder_config(scheduler_file, limits.check_scheduler_config)
+            _folder_config(scheduler_file, config_limits.check_scheduler_config)
             if scheduler_file.exists()
             else {}
         )
         for component in _components(path, index):
-            limits.check_component_files(component)
-    except limits.ComponentFileError as error:
+            component_limits.check_component_files(component)
+    except component_limits.ComponentFileError as error:
         return LibraryEntry(
             str(path), None, None, 0, f"{error.path}: {error.reason}.", format="diffusers"
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from app.core import limits
+from app.core import component_limits, limits
 from app.core.checkpoint.header import read_safetensors_header
 from app.core.checkpoint.pickles import refuse_pickle
 from app.core.errors import BadFileError
@@ -23,10 +23,10 @@ def check_config(path: Path, check, config: dict[str, Any]) -> None:
 def check_files(folder: Path, component: str | None = None) -> None:
     """Every file diffusers or transformers would open in a component folder is a regular
     file, and each config, vocabulary and merges file is well formed and within real sizes,
-    before the folder is handed to them (see limits.check_component_files)."""
+    before the folder is handed to them (see component_limits.check_component_files)."""
     try:
-        limits.check_component_files(folder, component)
-    except limits.ComponentFileError as error:
+        component_limits.check_component_files(folder, component)
+    except component_limits.ComponentFileError as error:
         raise BadFileError(error.path, f"{error.reason}.") from None
     check_known_classes(folder)
 

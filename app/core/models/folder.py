@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits
+from app.core import config_limits
 from app.core.checkpoint import assembly, read_safetensors_header, scan_weights, stored_dtype
 from app.core.checkpoint.assembly import first_line
 from app.core.encoders import vaes
@@ -60,7 +60,7 @@ def load_folder(
         )
     unet_config = read_json(path / denoiser / "config.json", owner=path / denoiser)
     if denoiser == "unet":
-        check_config(path / "unet" / "config.json", limits.check_unet_config, unet_config)
+        check_config(path / "unet" / "config.json", config_limits.check_unet_config, unet_config)
     scheduler_config = (
         read_json(path / "scheduler" / "scheduler_config.json", owner=path / "scheduler")
         if "scheduler" in components
@@ -68,7 +68,7 @@ def load_folder(
     )
     check_config(
         path / "scheduler" / "scheduler_config.json",
-        limits.check_scheduler_config,
+        config_limits.check_scheduler_config,
         scheduler_config,
     )
     for name in sorted(components):
@@ -143,7 +143,7 @@ def _read_index(path: Path, progress: ProgressCallback) -> tuple[Path, dict[str,
     progress("Checking the model folder", 0, 1)
     index = read_json(index_file)
     try:
-        limits.check_no_custom_code(index)
+        config_limits.check_no_custom_code(index)
     except ValueError as error:
         raise BadFileError(index_file, f"{error}.") from None
     if index_file.name == MODULAR_INDEX:

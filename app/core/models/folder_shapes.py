@@ -63,7 +63,7 @@ def check_weights_match(
     tensors its weight files hold (`held`, from `held_shapes`): blocks it builds that the files
     lack or that they hold beyond it, tensors of other shapes, a text encoder of another width
     or depth. `spec` is the component's [library, class] from model_index.json; `config` its
-    config.json, already within real models' sizes (`limits.check_component_config`).
+    config.json, already within real models' sizes (`config_limits.check_component_config`).
 
     A config with a quantization_config is refused first, naming the method
     (`int4.refuse_quantization_config`); pickles (`held` None) are not checked. Imports torch

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core import architecture as arch
-from app.core import limits
+from app.core import config_limits, limits
 from app.core.checkpoint import (
     Checkpoint,
     WeightScanner,
@@ -333,7 +333,7 @@ def _assemble(
             path,
             detection,
             arch.infer_text_encoder_config,
-            limits.check_text_encoder_config,
+            config_limits.check_text_encoder_config,
             shapes,
             base,
             encoder,
@@ -354,7 +354,7 @@ def _assemble(
         path,
         detection,
         arch.infer_unet_config,
-        limits.check_unet_config,
+        config_limits.check_unet_config,
         shapes,
         base,
         sample_size=detection.native_size,
