@@ -305,6 +305,7 @@ def test_a_pass_that_drew_a_picture_or_nothing_is_not_claimed():
 def test_a_pass_box_is_the_images_noise_region_with_the_pass_named(tmp_path):
     from app.core.explain import explanation as module
     from app.core.explain.matching import ModelMatch
+    from app.core.explain.message import _status_words
     from app.core.explain.pixels import PixelFigures
     from app.core.explain.regions import SecondPass
 
@@ -319,7 +320,7 @@ def test_a_pass_box_is_the_images_noise_region_with_the_pass_named(tmp_path):
     )
     module.take_remade(found, remade, state="")
     assert found.status == "noise_region" and found.problem and found.cause is None
-    words = module._status_words(found)
+    words = _status_words(found)
     assert "the pass's box is noise" in words and "ADetailer (detector face_yolov8n.pt" in words
     assert found.to_json()["remake"]["pass_box"]["box"] == list(BOX)
 

@@ -12,6 +12,8 @@ One responsibility per module, each importing only those before it:
   checkers      other tools' safety checkers as their records show them
   kitchen       comfy-kitchen's kernels compared after a clean check of a ComfyUI image
   findings      the sentences of the findings (FINDING_WORDS) and the pixels' words
+  check_settings  the settings the check of an image runs at, read from its record
+  message       the explanation's message: the image's status and the check's verdict in words
   explanation   Explanation, explain_image: the check at the image's settings, in words
 
 Every chunk of the file is hostile until read; any breach is one sentence naming the file
@@ -25,14 +27,16 @@ from typing import TYPE_CHECKING
 from app.core.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from app.core.explain.check_settings import (
+        _probe_size,  # two steps of the check that tests/core/test_explain.py reaches from here
+        _reproduced_precision,
+    )
     from app.core.explain.explanation import (
         FINDING_WORDS,
         PROBLEMS,
         STATUS_WORDS,
         STATUSES,
         Explanation,
-        _probe_size,  # two steps of the check that tests/core/test_explain.py reaches from here
-        _reproduced_precision,
         explain_image,
         read_image,
     )
@@ -98,14 +102,13 @@ if not TYPE_CHECKING:  # pyright would take any name from a module with __getatt
     __getattr__, __dir__ = lazy_exports(
         globals(),
         {
+            ".check_settings": ["_probe_size", "_reproduced_precision"],
             ".explanation": [
                 "FINDING_WORDS",
                 "PROBLEMS",
                 "STATUS_WORDS",
                 "STATUSES",
                 "Explanation",
-                "_probe_size",
-                "_reproduced_precision",
                 "explain_image",
                 "read_image",
             ],

@@ -1,16 +1,15 @@
 """The explanation of one image: its record and pixels, its model, and for a NaN-black image
-the health check at the image's settings with the fix in the terms of the tool that made it,
-in words. torch is imported only when the check runs."""
+the health check at the image's settings (`check_settings`) with the fix in the terms of the
+tool that made it, in words (`message`). torch is imported only when the check runs."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
-from app.core import hires, samplers
+from app.core import samplers
 from app.core.errors import (
     BadFileError,
     CancelledError,
@@ -18,7 +17,15 @@ from app.core.errors import (
     WrongVariant,
     WrongVariantError,
 )
-from app.core.explain import checkers, designs, findings, kernels, next_steps, runtime, suspects
+from app.core.explain import designs, kernels, next_steps, runtime, suspects
+from app.core.explain.check_settings import (
+    _clip_skip,
+    _enlarges_pixels,
+    _own_steps,
+    _probe_size,
+    _reproduced_precision,
+    _size_notes,
+)
 from app.core.explain.findings import FINDING_WORDS
 from app.core.explain.image_file import (
     PNG_SIGNATURE,
@@ -27,12 +34,18 @@ from app.core.explain.image_file import (
     read_png,
 )
 from app.core.explain.matching import ModelMatch, find_model, find_vae, named_model
+from app.core.explain.message import (
+    _check_words,
+    _config_variant_words,
+    _not_found_words,
+    _status_words,
+)
 from app.core.explain.next_steps import NextSteps
 from app.core.explain.node_fix import NodeFix, node_fix_for
 from app.core.explain.pixels import PixelFigures
 from app.core.explain.records import Record, read_record
 from app.core.explain.remake import REMADE_STATUSES, REMAKE_WORDS, Remade
-from app.core.families import family_of, generation_defaults
+from app.core.families import family_of
 from app.core.images.finished import read_head
 from app.core.jobs import CancelToken, ProgressCallback, no_progress
 from app.core.memory import said_as_sentence
@@ -237,44 +250,6 @@ def _proved(status: str, record: Record, figures: PixelFigures, log) -> bool:
         return False
     kinds = [s.kind for s in suspects.suspects(status, record.made_by, record.run, None, log)]
     return designs.recorded_path(kinds) is not None
-
-
-def _reproduced_precision(record: Record):
-    """The precision the image was made with: HalfSafe's record says; another tool ran the
-    half precision it uses by default on a GPU (fp16)."""
-    from app.core.settings import FIELDS, PrecisionSettings
-
-    values: dict[str, Any] = {"precision": "fp16"}
-    for key, value in record.precision.items():
-        try:
-            values[key] = FIELDS[key].validate(value)
-        except (KeyError, ValueError):
-            continue
-    if values.get("precision") == "auto":
-        values["precision"] = "fp16"
-    return PrecisionSettings.from_mapping(values)
-
-
-HIRES_BOUND = 2  # a second pass is checked at up to twice the model's native size
-
-
-def _probe_size(record: Record, native: int) -> int:
-    """The side the check runs at: the image's longer side, but never more than the model's
-    native size (the model's own size when the image records none); for a hires fix or a
-    second sampler at a larger size, that pass's longer side (where the VAE decoded), up to
-    twice the native size. An image records whatever size it claims (`Size: 999999x999999`),
-    and even a real 4096 px image would make the check cost many generations, so the work is
-    bounded by the model, not by the image; a note says when the check ran smaller."""
-    from app.core.settings import FIELDS
-
-    side = max(record.width or 0, record.height or 0)
-    bound = native
-    if record.hires_size:
-        side, bound = max(record.hires_size), HIRES_BOUND * native
-    size = FIELDS["width"]
-    low, high = size.bounds()
-    side = int(min(max(side or native, low), bound, high))
-    return side - side % int(size.step or 1)
 
 
 def explain_image(
@@ -682,22 +657,6 @@ def _tool_variant(explanation: Explanation, model) -> None:
     )
 
 
-def _config_variant_words(explanation: Explanation, variant: WrongVariant) -> str:
-    def said(value: int | tuple[int, ...]) -> str:
-        if isinstance(value, int):
-            unit = "layer" if "layer" in variant.where else "block"
-            return f"{value} {unit}{'s' if value != 1 else ''}"
-        return f"{variant.where} {'x'.join(str(d) for d in value)}"
-
-    return FINDING_WORDS["variant_config"].format(
-        path=explanation.model.path,
-        counts=(
-            f"{said(variant.in_file)} in the weights, {said(variant.in_config)} in the config "
-            f"({variant.config})"
-        ),
-    )
-
-
 def _compare_kitchen(explanation: Explanation, report) -> None:
     """comfy-kitchen's kernels against PyTorch's own on the check's device, for an image from
     a tool that runs them (`kitchen`): a kernel at fault is the cause; else a note."""
@@ -713,232 +672,3 @@ def _compare_kitchen(explanation: Explanation, report) -> None:
     name = TOOLS[explanation.made_by].name
     explanation.cause = kitchen.cause(finding, explanation.made_by, name, report.device.name)
     explanation.notes.extend(kitchen.notes(finding, name))
-
-
-def _size_notes(record: Record, size: int) -> list[str]:
-    """What the check's size covers of the sizes the image was drawn at."""
-    if record.hires_size:
-        width, height = record.hires_size
-        how = f" from {record.hires_upscaler}" if record.hires_upscaler else ""
-        notes = [
-            f"The image was drawn again at {width}x{height}{how} (a hires fix or second "
-            f"sampler): the check ran at {size} px, that pass's size, where its denoiser and "
-            "VAE ran."
-        ]
-        if size < max(width, height):
-            notes.append(
-                f"{size} px is twice the model's native size, the most a check of an image "
-                "runs; overflow that appears only at larger sizes is not tested."
-            )
-        upscaler = record.hires_upscaler
-        if upscaler and _enlarges_pixels(upscaler):
-            notes.append(
-                f"{upscaler} enlarges pixels: the tool decoded the first picture, enlarged it "
-                "and encoded it again, so the check also ran the VAE's encoder at that size, on "
-                "the picture the VAE decoded there."
-            )
-            if hires.key_for(upscaler) is None:  # a model file that enlarges: not the VAE
-                notes.append(hires.refusal(upscaler))
-        return notes
-    if max(record.width or 0, record.height or 0) > size:
-        return [
-            f"The image records a size of {record.width}x{record.height}; the check ran at "
-            f"{size} px, the model's native size, so overflow that appears only at larger "
-            "sizes is not tested."
-        ]
-    return []
-
-
-def _enlarges_pixels(upscaler: str | None) -> bool:
-    """Whether an image's hires upscaler enlarges the decoded picture, which the VAE encodes
-    again: a pixel upscaler HalfSafe runs (Lanczos), an upscaler model file (ESRGAN), or
-    ComfyUI's image scale ("bislerp (pixels)")."""
-    if not upscaler:
-        return False
-    key = hires.key_for(upscaler)
-    if key is not None:
-        return hires.enlarges_pixels(key)
-    return hires.is_model_upscaler(upscaler) or upscaler.lower().endswith("(pixels)")
-
-
-def _clip_skip(explanation: Explanation, model) -> int:
-    """The image's Clip skip where its model reads it (a note where it does not)."""
-    wanted = explanation.record.clip_skip
-    if wanted is None or wanted <= 1:
-        return 1
-    family = family_of(model.pipeline)
-    if family.clip_skip_problem(wanted) is not None:
-        explanation.notes.append(
-            f"The image records Clip skip {wanted}, which {family.title} does not use; the "
-            "check read the prompt as the model does."
-        )
-        return 1
-    encoders = [getattr(model.pipeline, n, None) for n in ("text_encoder", "text_encoder_2")]
-    layers = min(e.config.num_hidden_layers for e in encoders if e is not None)
-    if wanted > layers:
-        explanation.notes.append(
-            f"The image records Clip skip {wanted}, more than the text encoder's {layers} "
-            f"layers; the check read the prompt at {layers}."
-        )
-        return layers
-    return wanted
-
-
-def _status_words(explanation: Explanation) -> str:
-    tool = TOOLS.get(explanation.made_by)
-    by = f"made by {tool.name}" if tool else "whose maker is unknown"
-    checker = explanation.record.safety_checker
-    if explanation.status == "nan":
-        words = (
-            f"This image ({by}) is NaN-black: every pixel is exactly 0, which is what a NaN "
-            "becomes when the image is saved. Most often a value overflowed somewhere in the "
-            "model, which only a check of the model proves: a tool that blanks an image it "
-            "will not show writes the same pixels."
-        )
-        if checker is not None:
-            words += " " + FINDING_WORDS["checker_recorded"].format(checker=checker.words())
-        return words
-    if findings.made_so(explanation):
-        return findings.made_so_words(explanation, by)
-    if explanation.status in ("nan_zeroed", "flat"):
-        return findings.flat_words(explanation, by, tool.name if tool else "the tool that made it")
-    remade = explanation.remade
-    if remade is not None and remade.verdict == "pass_noise":
-        return f"This image ({by}) has a box of noise. {remade.words} {findings.pass_words(explanation)}"
-    if explanation.status == "noise_region" or explanation.pixels.noise_region:
-        return findings.region_words(explanation, by)
-    if explanation.status in ("saturated", "noise", "unclaimed"):
-        return findings.signature_words(explanation, by)
-    if explanation.status in suspects.LOOKS:
-        words = [findings.look_words(explanation, by)]
-        if remade is not None:
-            words.append(remade.words)
-        words.append(
-            suspects.words(explanation.status, explanation.look_causes, explanation.record.run)
-        )
-        return " ".join(w for w in words if w)
-    if explanation.status == "safety_checker" and checker is not None:
-        return FINDING_WORDS["checker_by_elimination"].format(by=by, checker=checker.words())
-    if explanation.status == "safety_checker":
-        return (
-            f"This image ({by}) was blanked by the model's safety checker; nothing overflowed, "
-            "so no precision setting changes it."
-        )
-    if explanation.status == "inverted" and explanation.remade is not None:
-        return f"This image ({by}) has inverted colours. {explanation.remade.words}"
-    if explanation.status == "black":
-        return (
-            f"This image ({by}) is very dark but not NaN-black: its pixels are finite and not "
-            "all zero, so nothing overflowed; it is a dark picture (try another seed or prompt)."
-        )
-    if explanation.made_by == "halfsafe" and explanation.record.halfsafe_status == "fixed":
-        return (
-            f"This image ({by}) is not black: it went non-finite while it was made, and "
-            "HalfSafe's NaN watch repaired that part and made it again before it was saved. "
-            "The image's record names the repair; whether a fix is remembered for the model "
-            "is on the Fixes page."
-        )
-    matched = explanation.remade is not None and explanation.remade.verdict == "matches"
-    said = f" {explanation.remade.words}" if matched and explanation.remade else ""
-    return f"This image ({by}) is not black: nothing to fix.{said}"
-
-
-def _not_found_words(record: Record, model: ModelMatch, steps: NextSteps | None) -> str:
-    """Where the model was looked for; then, for an image whose tool is known, what such images
-    from that tool usually are and its switches to try (`next_steps`), said as likely."""
-    wanted = record.model or record.unet
-    if wanted is None and record.model_hash is None:
-        unnamed = "The image does not say which model made it, so the check could not run."
-        return f"{unnamed} {next_steps.words(steps)}" if steps else unnamed
-    named = wanted or f"with hash {record.model_hash}"
-    where = "; ".join(model.looked_in) or "no model folders"
-    if steps is None:
-        return (
-            f"Its model ({named}) was not found in {where}; add the folder that holds it in "
-            "Settings > Model folders, then explain the image again."
-        )
-    return (
-        f"Its model ({named}) was not found in {where}, so the health check could not "
-        f"reproduce the image. {next_steps.words(steps)}"
-    )
-
-
-def _headline(report) -> str:
-    # The check ran at the image's settings, not the user's own.
-    return report.headline.replace("at your settings", "at the image's settings")
-
-
-def _check_words(explanation: Explanation) -> str:
-    report = explanation.check
-    assert report is not None  # said only of an explanation whose check ran
-    if report.verdict == "fixable" and explanation.tool_fix is not None:
-        fix = explanation.tool_fix
-        if fix.tool == "halfsafe":  # its flags are the whole fix, in its own words
-            return (
-                f"The health check reproduced it: {_headline(report)} The fix, as flags: "
-                f"{' '.join(explanation.halfsafe_flags)}."
-            )
-        tool = TOOLS[fix.tool].name
-        if explanation.node_fix is not None:  # HalfSafe's nodes, the flags their fallback
-            return (
-                f"The health check reproduced it: {_headline(report)} "
-                f"{explanation.node_fix.words}. In HalfSafe: "
-                f"{' '.join(explanation.halfsafe_flags)}."
-            )
-        parts = []
-        if fix.flags:
-            parts.append("start it with " + " ".join(fix.flags))
-        if fix.settings:
-            parts.append(
-                "set " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in fix.settings.items())
-            )
-        return (
-            f"The health check reproduced it: {_headline(report)} In {tool}, "
-            + " and ".join(parts)
-            + f". In HalfSafe: {' '.join(explanation.halfsafe_flags)}."
-        )
-    if report.verdict == "broken":
-        return f"The health check says: {_headline(report)} No precision setting fixes it."
-    if explanation.status == "noise":
-        record = explanation.record
-        vae = f"its VAE ({record.vae})" if record.vae else "the VAE it used"
-        return FINDING_WORDS["noise_healthy"].format(vae=vae)
-    if explanation.status == "safety_checker":
-        switch = checkers.turn_off_words(explanation.made_by)
-        words = FINDING_WORDS["checker_healthy"].format(device=report.device.name, switch=switch)
-        return f"{words} {_headline(report)}"
-    record = explanation.record
-    suspect = ""
-    if explanation.cause is not None:  # a comfy-kitchen kernel compared wrong here
-        suspect = f" {explanation.cause.summary}"
-    if record.attention:  # the tool ran a kernel this check did not
-        suspect = (
-            " The image's workflow ran SageAttention, which this check does not: it is the "
-            "likely cause (see the note)."
-        )
-    if record.caches:  # the tool cached steps; this check computed every one
-        nodes = runtime.cache_nodes(record.caches)
-        first = record.caches[0].node
-        suspect += " " + runtime.RUNTIME_WORDS["cache_suspect"].format(nodes=nodes, first=first)
-    tool = TOOLS.get(explanation.made_by)
-    if tool is not None and explanation.made_by != "halfsafe":
-        suspect += " " + runtime.state_words(explanation.made_by, tool.name, record.version)
-    if record.device_name == report.device.name:
-        return (
-            "The health check at the image's settings did not overflow on this device "
-            f"({report.device.name}), the one that made the image: the same settings run "
-            "finite now, so it was not the model at these settings but a fault that strikes "
-            "at random or a part gone bad in memory (making it again is the test). "
-            f"{_headline(report)}{suspect}"
-        )
-    return (
-        "The health check at the image's settings did not overflow on this device "
-        f"({report.device.name}); the image's GPU may differ. {_headline(report)}{suspect}"
-    )
-
-
-def _own_steps(model, fallback: int) -> int:
-    """The step count a check of an image that records none probes at: the model's own where
-    its family states one (Z-Image Turbo's 9), else `fallback` (the check's default)."""
-    defaults = generation_defaults(getattr(model, "architecture", None))
-    return defaults.steps if defaults is not None else fallback
