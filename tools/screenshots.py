@@ -144,7 +144,7 @@ def main() -> int:
     models_view = window.models_view
     models_view.rescan()
     wait_until(app, lambda: not models_view.scanner.running, "the library scan", 60)
-    row = models_view._item_for(MODEL)
+    row = models_view.library.item_for(MODEL)
     if row is None:
         raise SystemExit(f"the model list has no {MODEL} row")
     models_view.library.setCurrentItem(row)

@@ -1,7 +1,8 @@
 """The Models page: the library of checkpoints found on this computer (searchable, filtered by
 family, with what each file's metadata says, its preview picture, and its last health verdict and
 remembered fix), opening a file or folder, a separate VAE, loading with progress and cancel, and
-what HalfSafe detected about the model."""
+what HalfSafe detected about the model. The list's rows are `model_list`'s; the page's words,
+`model_words`'."""
 
 from __future__ import annotations
 
@@ -10,65 +11,50 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, QSize, Qt
-from PySide6.QtGui import QIcon, QImage, QShowEvent
+from PySide6.QtCore import QSettings
+from PySide6.QtGui import QImage, QShowEvent
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
-    QHeaderView,
     QProgressBar,
     QPushButton,
-    QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from app.core.demo import DEMO_LABEL, DEMO_MODELS
-from app.core.formats.weight_findings import WeightScan
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import LoadRequest
 from app.engine.events import EngineEvent, EventState, StillLoaded
-from app.ui import folders, words
+from app.ui import folders
 from app.ui.advice_panel import AdvicePanel, lower_tabs
 from app.ui.browser import (
-    ALL_FAMILIES,
-    FAMILY,
-    OTHER_FAMILY,
-    SEARCHED,
-    VAE_FAMILY,
+    ENTRY,
     HealthReader,
     ModelHealth,
     PreviewWorker,
-    apply_filter,
     card_lines,
-    family_words,
     fill_families,
     filter_row,
-    health_cells,
     health_key,
-    search_text,
-    square_icon,
 )
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
-from app.ui.library_scan import LibraryScanner, library_count_words, library_words
+from app.ui.library_scan import LibraryScanner, library_count_words
+from app.ui.model_list import ModelList
+from app.ui.model_words import (
+    NOT_LOADED,
+    applied_words,
+    architecture_of,
+    model_details,
+    remembered_words,
+    unloadable,
+)
 from app.ui.state import AppState
-from app.ui.theme import current_scheme
 from app.ui.widgets import Banner, Card, label, page_layout, primary_button, show_progress
 
 DEMO_SOURCE = "demo"
-# The library's columns; the name takes the spare width.
-# The built-in models' names in the list: short enough for the name column at 1024 px (their
-# whole description is the row's tooltip); a sentence cut in its middle reads as nonsense.
-_LIST_TITLES = {
-    "demo": "HalfSafe demo (draws coloured shapes)",
-    "demo-overflow": "HalfSafe demo that overflows in fp16",
-}
-
-COLUMNS = ("Model", "Type", "Stored as", "Size", "Health", "Remembered fix")
-TYPE, STORED, SIZE, HEALTH, FIX = range(1, len(COLUMNS))
-ICON_EDGE = 32
 OPENED_KEPT = 20  # models opened from a file or folder that stay in the list
 CHECKPOINT_FILTER = (
     "Checkpoints (*.safetensors *.ckpt *.pt *.pth *.bin);;"
@@ -137,25 +123,9 @@ class ModelsView(QWidget):
         )
         layout.addLayout(filters)
 
-        self.library = QTreeWidget()
-        self.library.setHeaderLabels(list(COLUMNS))
-        self.library.setRootIsDecorated(False)
-        self.library.setAlternatingRowColors(True)
-        self.library.setUniformRowHeights(True)
-        # A long (bold, when loaded) name keeps its start and its extension in view.
-        self.library.setTextElideMode(Qt.TextElideMode.ElideMiddle)
-        header = self.library.header()
-        header.setStretchLastSection(False)  # the name takes the spare width, not the size
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for column in (TYPE, HEALTH, STORED, SIZE):
-            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
-        # A fix in words can be long: its column keeps a width and the cell's tooltip says all.
-        header.setSectionResizeMode(FIX, QHeaderView.ResizeMode.Interactive)
-        header.resizeSection(FIX, 170)
-        self.library.header().setMinimumSectionSize(40)
+        self.library = ModelList()
         self.library.itemDoubleClicked.connect(lambda item, _col: self.load_item(item))
         self.library.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
-        self.library.setMinimumHeight(120)
         layout.addWidget(self.library, 1)
 
         lower_layout = QVBoxLayout()
@@ -204,11 +174,7 @@ class ModelsView(QWidget):
         # The bold model name takes the card's whole width and wraps there, never cut off.
         self.details.title.setWordWrap(True)
         self.details.header.setStretchFactor(self.details.title, 1)
-        self.details_text = label(
-            "Loading reads the weights once to check that none of them is NaN or infinite.",
-            wrap=True,
-            selectable=True,
-        )
+        self.details_text = label(NOT_LOADED, wrap=True, selectable=True)
         self.details.body.addWidget(self.details_text)
         self.advice = AdvicePanel(state)
         self.health_reader.reports_read.connect(self.advice.set_saved)
@@ -255,30 +221,6 @@ class ModelsView(QWidget):
 
     def _fill_library(self, entries: list[dict[str, Any]]) -> None:
         last = str(self.ui_settings.value("models/last", DEMO_SOURCE))
-        self.library.clear()
-        tips = {
-            "demo": "A tiny model built into HalfSafe: it runs on any computer in "
-            "seconds, exercises every check, and draws a coloured shape on a "
-            "coloured background (trained on prompts such as “a red circle on "
-            "a blue background”: it draws the prompted colours, the shape only roughly).",
-            "demo-overflow": "The demo with one VAE layer that overflows in fp16 on purpose: "
-            "in fp16 its pictures go black, and the NaN watch repairs them.",
-        }
-        selected = None
-        families: list[str] = []
-        for source, described in DEMO_MODELS.items():
-            title = _LIST_TITLES.get(source, described)
-            demo = QTreeWidgetItem([title, "SD 1.x (tiny)", "fp32", "built in", "", ""])
-            demo.setData(0, Qt.ItemDataRole.UserRole, {"path": source, "error": None})
-            # The family registry is read once the folders are listed, not to show the window.
-            if self._listed_once:
-                demo.setData(0, FAMILY, family_words("sd1") or OTHER_FAMILY)
-                families.append(demo.data(0, FAMILY))
-            demo.setData(0, SEARCHED, search_text(title, None))
-            demo.setToolTip(0, tips[source])
-            self.library.addTopLevelItem(demo)
-            if selected is None or source == last:
-                selected = demo
         listed = {str(Path(e["path"])) for e in entries}
         # Models opened from a file or folder stay in the list, after the scanned ones.
         entries = list(entries) + [
@@ -286,60 +228,21 @@ class ModelsView(QWidget):
             for path in self.opened()
             if str(Path(path)) not in listed
         ]
-        for entry in entries:
-            path = Path(entry["path"])
-            kind, tip, colour = library_words(entry)
-            card = entry.get("card")
-            lines = card_lines(card)
-            if lines:
-                tip += "\n" + "\n".join(lines)
-            item = QTreeWidgetItem(
-                [
-                    path.name,
-                    kind,
-                    entry.get("stored_dtype") or "",
-                    words.file_size(entry.get("size_bytes")),
-                    "",
-                    "",
-                ]
-            )
-            item.setData(0, Qt.ItemDataRole.UserRole, entry)
-            family = _family_of(entry)
-            families.append(family)
-            item.setData(0, FAMILY, family)
-            item.setData(0, SEARCHED, search_text(path.name, card))
-            for column in range(len(COLUMNS)):
-                item.setToolTip(column, tip)
-                if colour:
-                    item.setForeground(column, current_scheme().colour(colour))
-            self.library.addTopLevelItem(item)
-            if str(path) == last:
-                selected = item
+        selected, families = self.library.fill(entries, last, self._listed_once)
         fill_families(self.family, families)
-        self._show_health()
-        self._show_thumbnails()
+        self.library.show_health(self.health)
+        self.library.show_thumbnails(self.thumbnails)
         if selected is not None:
             self.library.setCurrentItem(selected)
         self._filter()
         self._update_load_button()
         if self.state.model is not None:
-            self._mark_loaded(self.loaded_source())
+            self.library.mark_loaded(self.loaded_source())
+            self._update_load_button()
 
     def _filter(self) -> None:
         """Show the rows that match the search box and the family filter."""
-        shown = apply_filter(self.library, self.search.text(), self.family.currentText())
-        total = self.library.topLevelItemCount()
-        current = self.library.currentItem()
-        if current is not None and current.isHidden():  # Load never loads a row out of sight
-            items = (self.library.topLevelItem(i) for i in range(total))
-            first = next((item for item in items if item is not None and not item.isHidden()), None)
-            if first is not None:
-                self.library.setCurrentItem(first)
-        self.library.setToolTip(
-            f"{shown} of {total} shown: clear the search or choose {ALL_FAMILIES} to see all."
-            if shown < total
-            else ""
-        )
+        self.library.show_matching(self.search.text(), self.family.currentText())
 
     def _read_health(self) -> None:
         """Read the saved verdicts and remembered fixes again (worker thread), once the library
@@ -361,61 +264,26 @@ class ModelsView(QWidget):
 
     def _health_read(self, health: dict[str, ModelHealth]) -> None:
         self.health = dict(health)
-        self._show_health()
+        self.library.show_health(self.health)
         self._refresh_remembered()
-
-    def _show_health(self) -> None:
-        for index in range(self.library.topLevelItemCount()):
-            item = self.library.topLevelItem(index)
-            if item is None:
-                continue
-            entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
-            if entry.get("error") or entry.get("role") == "vae":
-                continue
-            verdict, fix, tip = health_cells(self.health.get(health_key(entry.get("path", ""))))
-            item.setText(HEALTH, verdict)
-            item.setText(FIX, fix)
-            item.setToolTip(HEALTH, tip)
-            item.setToolTip(FIX, tip)
-            if verdict == "Broken":
-                item.setForeground(HEALTH, current_scheme().colour("invalid"))
 
     def _preview_ready(self, model: str, image: QImage, problem: str) -> None:
         if problem:
-            item = self._item_for(model)
+            item = self.library.item_for(model)
             if item is not None:
                 item.setToolTip(0, item.toolTip(0) + "\n" + problem)
             return
         self.thumbnails[model] = image
-        self._show_thumbnails()
-
-    def _show_thumbnails(self) -> None:
-        """Each row's preview as its icon; once any row has one, the others get an empty square
-        so that the names line up."""
-        if not self.thumbnails:
-            return
-        self.library.setIconSize(QSize(ICON_EDGE, ICON_EDGE))
-        blank: QIcon | None = None
-        for index in range(self.library.topLevelItemCount()):
-            item = self.library.topLevelItem(index)
-            if item is None:
-                continue
-            entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
-            image = self.thumbnails.get(str(entry.get("path", "")))
-            if image is not None:
-                item.setIcon(0, square_icon(image, ICON_EDGE))
-            else:
-                blank = blank or square_icon(QImage(), ICON_EDGE)
-                item.setIcon(0, blank)
+        self.library.show_thumbnails(self.thumbnails)
 
     def _selection_changed(self) -> None:
         item = self.library.currentItem()
-        entry = item.data(0, Qt.ItemDataRole.UserRole) if item else None
+        entry = item.data(0, ENTRY) if item else None
         lines = card_lines((entry or {}).get("card"))
-        self.advice.follow(_architecture_of(entry or {}))
+        self.advice.follow(architecture_of(entry or {}))
         self.card_text.setText("; ".join(lines))
         self.card_text.setVisible(bool(lines))
-        problem = _unloadable(entry or {})
+        problem = unloadable(entry or {})
         self.load_button.setEnabled(entry is not None and not problem and self.job_id is None)
         self._update_load_button()
         if problem:
@@ -426,7 +294,7 @@ class ModelsView(QWidget):
     def _update_load_button(self) -> None:
         """The button names what it does: load the highlighted model, or reload the one held."""
         item = self.library.currentItem()
-        entry = (item.data(0, Qt.ItemDataRole.UserRole) if item else None) or {}
+        entry = (item.data(0, ENTRY) if item else None) or {}
         loaded = self.loaded_source()
         self.load_button.setText(
             "Reload" if loaded is not None and entry.get("path") == loaded else "Load"
@@ -451,18 +319,8 @@ class ModelsView(QWidget):
             return
         kept = [source] + [p for p in self.opened() if p != source]
         self.ui_settings.setValue("models/opened", kept[:OPENED_KEPT])
-        if self._item_for(source) is None:
+        if self.library.item_for(source) is None:
             self._fill_library(self._scanned)
-
-    def _item_for(self, source: str) -> QTreeWidgetItem | None:
-        for index in range(self.library.topLevelItemCount()):
-            item = self.library.topLevelItem(index)
-            if (
-                item is not None
-                and (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("path") == source
-            ):
-                return item
-        return None
 
     def reload_last(self) -> int | None:
         """Load the model used last (at start, after the window shows). Says so when it is
@@ -509,11 +367,11 @@ class ModelsView(QWidget):
     def load_item(self, item: QTreeWidgetItem | None) -> None:
         if item is None:
             return
-        entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
+        entry = item.data(0, ENTRY) or {}
         if entry.get("role") == "vae" and not entry.get("error"):
             self.set_vae(entry["path"])  # a VAE is chosen for the next model, not loaded alone
             return
-        problem = _unloadable(entry)
+        problem = unloadable(entry)
         if problem:
             self.dialogs.error(problem)
             return
@@ -625,78 +483,27 @@ class ModelsView(QWidget):
 
     # Showing ----------------------------------------------------------------------------------
 
-    def _mark_loaded(self, source: str | None) -> None:
-        """Bold for the model the engine holds, so the list and the card agree."""
-        for index in range(self.library.topLevelItemCount()):
-            item = self.library.topLevelItem(index)
-            if item is None:
-                continue
-            entry = item.data(0, Qt.ItemDataRole.UserRole) or {}
-            loaded = source is not None and entry.get("path") == source
-            font = item.font(0)
-            font.setBold(loaded)
-            for column in range(self.library.columnCount()):
-                item.setFont(column, font)
-            if loaded:
-                self.library.setCurrentItem(item)
-                self.library.scrollToItem(item)
-        self._update_load_button()
-
     def _show_model(self, model: ModelSummary | None) -> None:
         source = self.loaded_source() if model else None
-        item = self._item_for(source) if source else None
-        if (
-            item is not None
-            and model
-            and (item.data(0, Qt.ItemDataRole.UserRole) or {}).get("opened")
-        ):
-            # What the load found out fills the row of a model opened from a file.
-            item.setText(TYPE, words.architecture_name(model.architecture))
-            item.setText(STORED, model.stored_dtype)
-        self._mark_loaded(source)
+        if model and source:
+            self.library.show_found(source, model)
+        self.library.mark_loaded(source)  # bold, so the list and the card agree
+        self._update_load_button()
         self.remembered.dismiss()
         if model is None:
             if self.loading is None:  # "... is still loaded" of an earlier load holds no more
                 self.load_status.setText("")
             self.details.title.setText("No model loaded")
-            self.details_text.setText(
-                "Loading reads the weights once to check that none of them is NaN or infinite."
-            )
+            self.details_text.setText(NOT_LOADED)
             return
         name = model.name or model.source
         if model.format == "demo" or model.source == DEMO_SOURCE:
             name = DEMO_MODELS.get(model.source or DEMO_SOURCE, DEMO_LABEL)
         self.details.title.setText(f"Loaded: {name}")
-        lines = [f"<b>{html.escape(words.architecture_name(model.architecture))}</b>"]
-        because = " ".join(model.detected_because)
-        if because:
-            lines.append("Why HalfSafe thinks so: " + html.escape(because))
-        facts = []
-        if model.format:
-            facts.append(
-                {
-                    "diffusers": "diffusers folder",
-                    "single_file": "single file",
-                    "demo": "built in",
-                }.get(model.format, model.format)
-            )
-        if model.stored_dtype:
-            facts.append(f"stored as {model.stored_dtype}")
-        quantization = model.quantization
-        if quantization:
-            facts.append(f"quantized ({quantization.format}), {quantization.held_words()}")
-        if model.native_size:
-            facts.append(f"made for {model.native_size}×{model.native_size} px")
-        if model.prediction_type:
-            facts.append(words.prediction_words(model.prediction_type))
-        if model.model_hash:
-            facts.append(f"hash {model.model_hash}")
-        lines.append(html.escape(words.first_upper(", ".join(facts))) + ".")
-        lines.append(html.escape(_weights_words(model.weights)))
         replaced_vae = self.state.model_request.vae if self.state.model_request else None
-        if self.loading is None and replaced_vae:
-            lines.append("VAE replaced by " + html.escape(Path(replaced_vae).name) + ".")
-        self.details_text.setText("<br>".join(lines))
+        self.details_text.setText(
+            model_details(model, replaced_vae if self.loading is None else None)
+        )
         fix = model.remembered_fix
         # The remembered fixes' file was damaged and kept aside: said once, by this load.
         damage = "".join(f"<br>{html.escape(n)}" for n in model.profile_notes)
@@ -710,12 +517,9 @@ class ModelsView(QWidget):
     ) -> None:
         model = self.state.model
         parts = model.components if model is not None else ()
-        said = (summary or words.fix_short(settings, parts)).rstrip()
-        said += "" if said.endswith(".") else "."
         self.remembered.show_message(
             "warn" if damage else "info",
-            f"<b>HalfSafe remembers a fix for this model on {html.escape(on or 'this device')}."
-            f"</b> {html.escape(said)} Settings left on Auto follow it already." + damage,
+            remembered_words(settings, summary, on, parts) + damage,
             [("Apply to my settings", lambda s=settings: self._apply_remembered(s))],
         )
 
@@ -741,66 +545,4 @@ class ModelsView(QWidget):
         except ValueError as error:
             self.dialogs.error(f"The remembered fix could not be applied: {error}.")
             return
-        self.remembered.show_message(
-            "good",
-            "Applied the remembered fix: "
-            + html.escape(words.first_lower(words.fix_short(settings, self.state.components())))
-            + ".",
-        )
-
-
-def _family_of(entry: dict[str, Any]) -> str:
-    """The family filter's word for one library entry."""
-    if entry.get("role") == "vae":
-        return VAE_FAMILY
-    if entry.get("error"):
-        return OTHER_FAMILY
-    return family_words(entry.get("architecture")) or OTHER_FAMILY
-
-
-def _architecture_of(entry: dict[str, Any]) -> str | None:
-    """The architecture of a library entry, the built-in demos' (SD 1.x-shaped) included."""
-    if entry.get("path") in DEMO_MODELS:
-        return "sd1"
-    return entry.get("architecture") or None
-
-
-def _unloadable(entry: dict[str, Any]) -> str:
-    """Why this entry cannot be loaded, as one sentence; empty when it can."""
-    if entry.get("error"):
-        return str(entry["error"])
-    if entry.get("missing"):
-        return f"{Path(entry.get('path', '')).name}: {entry['missing']}"
-    if entry.get("supported") is False and entry.get("format") != "pickle":
-        name = Path(entry.get("path", "")).name
-        return f"{name}: HalfSafe cannot run this kind of model yet" + (
-            f" ({entry['detected_because'].rstrip('.')})." if entry.get("detected_because") else "."
-        )
-    return ""
-
-
-def _weights_words(weights: WeightScan | None) -> str:
-    if weights is None:
-        return "Weights not checked."
-    bad = weights.non_finite
-    checked = f"Checked {weights.tensors:,} tensors"
-    size = words.file_size(weights.bytes)
-    if size:
-        checked += f" ({size})"
-    checked += f" in {weights.seconds:.1f} s" if weights.seconds >= 0.05 else " in under 0.1 s"
-    if weights.mb_per_s > 0:
-        checked += f" at {weights.mb_per_s:,.0f} MB/s"
-    if bad:
-        shown = ", ".join(bad[:3]) + (" …" if len(bad) > 3 else "")
-        return (
-            f"{checked}: {len(bad)} hold NaN or infinite values ({shown}). This file is "
-            "damaged; download it again."
-        )
-    wrong = weights.bad_quantized
-    if wrong:
-        return (
-            f"{checked}: {len(wrong)} quantized weights decode wrongly (the first, "
-            f"{wrong[0].tensor}, {wrong[0].problem}). The file's quantisation "
-            "is broken; get another copy or another quantisation."
-        )
-    return f"{checked}: all finite."
+        self.remembered.show_message("good", applied_words(settings, self.state.components()))

@@ -13,7 +13,7 @@ from app.core.settings import load_settings
 from app.engine.events import CancelRequest, EventState, StillLoaded
 from app.ui.browser import card_dict
 from app.ui.library_scan import library_count_words
-from app.ui.models_view import FIX, HEALTH, SIZE, TYPE
+from app.ui.model_list import FIX, HEALTH, SIZE, TYPE
 from tests.support.model_cards import KOHYA_SDXL, lora_file, png_file, raw_header
 from tests.ui.conftest import DEMO_SUMMARY
 
@@ -264,7 +264,7 @@ def test_library_lists_vaes_and_loads_a_model_with_its_paired_vae(window, engine
         "",
     )
     assert view.library_status.text() == "1 model found in your model folders, 1 VAE."
-    with_vae, vae_row = view._item_for(str(model)), view._item_for(str(shared))
+    with_vae, vae_row = view.library.item_for(str(model)), view.library.item_for(str(shared))
     assert with_vae is not None and vae_row is not None
     assert with_vae.text(TYPE) == "Stable Diffusion 1.x + VAE" and str(paired) in with_vae.toolTip(
         0
