@@ -50,6 +50,8 @@ def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> O
         f"HalfSafe Check: the diffusion model stored in {dtypes['stored']}, computing in "
         f"{dtypes['compute']}, one call at sigma {call.sigma:.3g}, {width}x{height}."
     )
+    if call.text == "zeros":
+        said += " No CLIP connected: the text was zeros of the model's own text width."
     if seen.finite:
         peak = seen.probe.half_max_abs or seen.probe.max_abs
         headroom = FP16_MAX / peak if peak else math.inf
@@ -73,6 +75,12 @@ def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> O
     if not reference.finite:
         outcome.lines.append("Broken: even fp32 gives non-finite output; no precision fix.")
         return outcome
+    if _all_finite(seen.output):
+        masked = compare(seen.output, reference.output)
+        outcome.lines.append(
+            f"Its output stayed finite ({masked.words()}): the model's own code replaced the "
+            "non-finite values, so the picture comes out wrong rather than black."
+        )
     islands = closed_islands(reference.probe, overflow_islands(reference.probe, module) or [""])
     tried: list[str] = []
     if islands != [""]:
@@ -91,6 +99,13 @@ def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> O
     fix["quality"] = None
     outcome.lines += [f"Tried: {t}." for t in tried] + [fix["summary"]]
     return outcome
+
+
+def _all_finite(output) -> bool:
+    import torch
+
+    tensor = output if isinstance(output, torch.Tensor) else output[0]
+    return bool(torch.isfinite(tensor).all())
 
 
 def _fixed(outcome: Outcome, fix: dict, quality, islands: list[str], dtype: str, dtypes) -> Outcome:

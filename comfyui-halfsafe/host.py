@@ -25,6 +25,7 @@ class DenoiserCall:
     kwargs: dict = field(default_factory=dict)
     sigma: float = 0.0
     output: Any = None  # what `apply_model` returned (the denoised latent)
+    text: str = "clip"  # "clip": the CLIP's empty prompt; "zeros": zeros of the model's widths
 
 
 def _api():
@@ -104,6 +105,7 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
     device = model.load_device
     x = base.model_sampling.noise_scaling(sigma, noise, torch.zeros(shape)).to(device)
     context, pooled = _text(base, clip)
+    text = "clip" if clip is not None else "zeros"
     conds = base.extra_conds(
         cross_attn=context,
         pooled_output=pooled,
@@ -113,7 +115,7 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
         noise=x,
     )
     kwargs = {k: v.process_cond(batch_size=1, device=device).cond for k, v in conds.items()}
-    call = DenoiserCall(sigma=float(sigma))
+    call = DenoiserCall(sigma=float(sigma), text=text)
 
     def catch(_module, args, kw):
         if not call.args:
@@ -131,6 +133,37 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
     return call
 
 
+# Where ComfyUI's model configs (`unet_config`) keep the width of the text a denoiser reads (its
+# token features) and of the pooled vector beside it, by the config's shape: the first whose
+# text key the config holds gives the widths of the zeros a check uses without a CLIP. A pooled
+# key of None: the model reads no pooled vector without its CLIP's.
+TEXT_WIDTHS: tuple[tuple[str, str | None], ...] = (
+    ("context_in_dim", "vec_in_dim"),  # double/single-stream transformers in BFL's layout
+    ("context_embedder_config.params.in_features", "adm_in_channels"),  # MMDiT
+    ("cap_feat_dim", None),  # NextDiT
+    ("context_dim", None),  # UNets
+)
+TEXT_TOKENS = 77  # tokens of zeros: one CLIP prompt's length
+
+
+def _config_value(config: dict, path: str):
+    value: Any = config
+    for key in path.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def text_widths(config: dict) -> tuple[int, int | None] | None:
+    """The widths (text features, pooled vector or None) of the zeros a check feeds a model of
+    this `unet_config` without a CLIP; None where the config keeps no text width."""
+    for text_key, pooled_key in TEXT_WIDTHS:
+        width = _config_value(config, text_key)
+        if width:
+            pooled = _config_value(config, pooled_key) if pooled_key else None
+            return int(width), (int(pooled) if pooled else None)
+    return None
+
+
 def _text(base, clip) -> tuple[Any, Any]:
     import torch
 
@@ -138,10 +171,11 @@ def _text(base, clip) -> tuple[Any, Any]:
         tokens = clip.tokenize("")
         context, pooled = clip.encode_from_tokens(tokens, return_pooled=True)
         return context, pooled
-    width = base.model_config.unet_config.get("context_dim")
-    if not width:
+    widths = text_widths(base.model_config.unet_config)
+    if widths is None:
         raise NodeProblem("Connect the CLIP to HalfSafe Check: this model needs its text.")
-    return torch.zeros(1, 77, int(width)), None
+    width, pooled = widths
+    return torch.zeros(1, TEXT_TOKENS, width), (torch.zeros(1, pooled) if pooled else None)
 
 
 def run_call(model, call: DenoiserCall):

@@ -4,10 +4,12 @@ the first bad layer. With a fix connected, the watched model samples with the fi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 NONE_BAD = 1 << 30  # the flag's value while no call went non-finite
+FP16_MAX = 65504.0
 
 
 @dataclass
@@ -37,17 +39,39 @@ class Watch:
     sample_sigmas: Any = None
 
     def on_call(self, executor, *args, **kwargs):
-        """DIFFUSION_MODEL wrapper: the call, then its flag folded in on the device."""
+        """DIFFUSION_MODEL wrapper: the call with each main block's output watched, then the
+        call's flag folded in on the device. A model may replace non-finite values before its
+        output (ComfyUI's Flux code in fp16 turns inf into +-65504 and NaN into zeros inside
+        its blocks), so the output alone would not show them: a block's output at or past
+        fp16's largest value, or not finite, marks the call. One reduction a block (some 60 a
+        Flux call, beside its billions of multiply-adds), none a layer, no read."""
         import torch
 
-        output = executor(*args, **kwargs)
+        from app.core.fixing.probe import top_blocks
+        from app.core.hooks import Hooks
+
+        root = executor.class_obj
+        seen: list = []
+
+        def watch_block(_module, _args, block_output):
+            for value in _floats(block_output):
+                limit = FP16_MAX if value.dtype == torch.float16 else math.inf
+                peak = torch.linalg.vector_norm(value.detach(), math.inf, dtype=torch.float32)
+                bad = ~(peak < limit)  # NaN compares false: bad too
+                seen[:] = [bad if not seen else seen[0] | bad]
+
+        with Hooks() as hooks:
+            hooks.after_each((root.get_submodule(n) for n in top_blocks(root)), watch_block)
+            output = executor(*args, **kwargs)
         index = len(self.calls)
         options = _options(args, kwargs)
-        self.calls.append((executor.class_obj, args, kwargs))
+        self.calls.append((root, args, kwargs))
         if self.sample_sigmas is None and options is not None:
             self.sample_sigmas = options.get("sample_sigmas")
         tensor = output if isinstance(output, torch.Tensor) else output[0]
         bad = ~torch.isfinite(tensor).all()
+        if seen:
+            bad = bad | seen[0].to(bad.device)
         mark = torch.where(bad, torch.tensor(index, device=tensor.device), NONE_BAD)
         self.first_bad = mark if self.first_bad is None else torch.minimum(self.first_bad, mark)
         return output
@@ -118,3 +142,9 @@ def watched(model, repair: dict | None = None):
     )
     clone.add_wrapper_with_key(extension.WrappersMP.OUTER_SAMPLE, "halfsafe_watch", watch.on_sample)
     return clone, watch
+
+
+def _floats(value: Any):
+    from app.core.fixing.probe import float_tensors
+
+    return float_tensors(value)

@@ -182,9 +182,10 @@ def main() -> None:
     print(json.dumps(found))
 
 
-def watch(nodes, model) -> dict:
-    """Sample 3 steps through ComfyUI's KSampler with and without the watch, counting the host
-    syncs (torch's scalar reads) each run makes."""
+def watch(nodes, model, cond=None, latent=None, fix=None) -> dict:
+    """Sample 3 steps through ComfyUI's KSampler with and without the watch (given `fix`,
+    connected to it), counting the host syncs (torch's scalar reads) each run makes; SD1's
+    zero text and latent unless given."""
     import nodes as comfy_nodes
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -197,9 +198,8 @@ def watch(nodes, model) -> dict:
                 Syncs.count += 1
             return func(*args, **(kwargs or {}))
 
-    context = torch.zeros(1, 77, 768)
-    cond = [[context, {}]]
-    latent = {"samples": torch.zeros(1, 4, 8, 8)}
+    cond = cond or [[torch.zeros(1, 77, 768), {}]]
+    latent = latent or {"samples": torch.zeros(1, 4, 8, 8)}
 
     def sample(m) -> int:
         Syncs.count = 0
@@ -208,7 +208,7 @@ def watch(nodes, model) -> dict:
         return Syncs.count
 
     plain = sample(model)
-    (watched,) = nodes["HalfSafeNaNWatch"]().watch(model)
+    (watched,) = nodes["HalfSafeNaNWatch"]().watch(model, fix)
     with_watch = sample(watched)
     state = watched.get_wrappers("diffusion_model", "halfsafe_watch")[0].__self__
     return {

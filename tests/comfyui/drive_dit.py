@@ -1,0 +1,86 @@
+"""Run by ComfyUI's Python (not HalfSafe's): drives the real ComfyUI in process on a CPU with two
+tiny transformer files of one family (one planted, one healthy, written by the test), loaded by
+ComfyUI's own loader, and prints what the nodes did as one JSON object on the last line.
+
+    python drive_dit.py COMFYUI_FOLDER NODE_PACKAGE_FOLDER PLANTED_FILE HEALTHY_FILE [--watch]
+
+No CLIP is connected: the check runs on zeros of the text widths the model's config gives. As
+in drive.py, ComfyUI is made to compute in fp16 on the CPU as it does on a GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import drive  # beside this file: ComfyUI's start on a CPU, the package loader, the watch
+
+SIZE = 64  # the check's picture: 64x64 pixels
+
+
+def planted_model(nodes, host, model) -> dict:
+    """Check and fix the planted model, each call measured against an fp32 reference of it;
+    the MODEL passed in must come out as it went in."""
+    from app.core.fixing.module_check import reference_call
+    from app.core.fixing.quality import compare
+
+    before = drive.weights_digest(model)
+    text, image, fix = nodes["HalfSafeCheck"]().check(model, SIZE, SIZE, 4, 0)["result"]
+    found: dict = {"precision": host.precision(model)}
+    found["check"] = {"text": text, "fix": fix, "image": list(image.shape)}
+    fixed, said = nodes["HalfSafeFix"]().fix(model, fix)
+    call = host.one_call(model.clone(), SIZE, SIZE, 4, 0)
+    reference = reference_call(host.diffusion_model(model), call.args, call.kwargs).output
+    patched, original = host.run_call(fixed, call), host.run_call(model, call)
+    found["fix"] = {
+        "said": said,
+        "fixed_finite": drive.finite(patched),
+        "fixed_db": compare(patched, reference).value,
+        "original_finite": drive.finite(original),
+        "original_db": compare(original, reference).value,
+        "patches": sorted(fixed.object_patches),
+    }
+    found["untouched"] = model.object_patches == {} and drive.weights_digest(model) == before
+    return found
+
+
+def watched(nodes, host, model, fix) -> dict:
+    """Three sampler steps of the planted model through ComfyUI's KSampler under the watch,
+    with zeros for the text as the check feeds it: without a fix, and with the check's."""
+    import torch
+
+    base = model.model
+    width, pooled = host.text_widths(base.model_config.unet_config)
+    extra = {"pooled_output": torch.zeros(1, pooled)} if pooled else {}
+    cond = [[torch.zeros(1, host.TEXT_TOKENS, width), extra]]
+    latent = base.latent_format
+    down = int(getattr(latent, "spacial_downscale_ratio", 8))
+    shape = (1, int(latent.latent_channels), SIZE // down, SIZE // down)
+    samples = {"samples": torch.zeros(shape)}
+    found = drive.watch(nodes, model, cond, samples)
+    found["with_fix"] = drive.watch(nodes, model, cond, samples, fix)["findings"]
+    return found
+
+
+def main() -> None:
+    comfy_folder, package_folder, planted, healthy = (Path(a) for a in sys.argv[1:5])
+    watch = "--watch" in sys.argv
+    drive.start_comfy(comfy_folder)  # sets ComfyUI's own arguments in sys.argv
+    import comfy.sd
+
+    package = drive.load_package(package_folder)
+    nodes = package.NODE_CLASS_MAPPINGS
+    host = sys.modules["comfyui_halfsafe.host"]
+
+    model = comfy.sd.load_diffusion_model(str(planted))
+    found = {"model": type(model.model).__name__, **planted_model(nodes, host, model)}
+    if watch:
+        found["watch"] = watched(nodes, host, model, found["check"]["fix"])
+    sound = comfy.sd.load_diffusion_model(str(healthy))
+    text, _, fix = nodes["HalfSafeCheck"]().check(sound, SIZE, SIZE, 4, 0)["result"]
+    found["healthy"] = {"text": text, "fix": fix}
+    print(json.dumps(found))
+
+
+if __name__ == "__main__":
+    main()
