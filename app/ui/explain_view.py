@@ -2,7 +2,8 @@
 image and shows the answer, the model it found (or where it looked, with a button to add the
 folder it is in and look again, and meanwhile what to try in the tool that made the image, said
 as likely), and the fix in the terms of that tool, ready to copy. The dialog grows to its
-answer, up to the screen; past that the answer scrolls."""
+answer, up to the screen; past that the answer scrolls. What it says is `explain_words`', and
+its Fix card (copy, save the ComfyUI workflow, install the nodes) is `explain_fix`'s."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QSize, Qt, QTimer
-from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -23,79 +23,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.errors import HalfSafeError
-from app.core.explain import STATUS_WORDS, Explanation, findings, remake
-from app.core.explain.next_steps import NextSteps, Switch, likely_words, rule_out_words
-from app.core.explain.node_fix import NodeFix
+from app.core.explain import Explanation, remake
 from app.core.explain.remake import REMADE_STATUSES
-from app.core.generation.records import IMAGE_STATUS_WORDS
 from app.core.requests.records import ExplainRequest
-from app.core.words.nodes import NODE_WORDS
-from app.core.words.tools import TOOLS, ToolFix, setting_words
 from app.engine.events import EngineEvent, EventState
-from app.ui import folders, words
+from app.ui import folders
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
+from app.ui.explain_fix import FixCard
+from app.ui.explain_words import next_steps_words, title_for, verdict
 from app.ui.on_screen import keep_on_screen
 from app.ui.widgets import Banner, Card, label, plain_scroll, show_progress
 
-_STATUS_WORDS = {**IMAGE_STATUS_WORDS, **STATUS_WORDS}  # a generated image's, and explain's own
-_LEVELS = {
-    "nan": "bad",
-    "nan_zeroed": "bad",
-    "flat": "warn",
-    "saturated": "bad",
-    "noise": "bad",
-    "noise_region": "bad",
-    "inverted": "bad",
-    "tiled_noise": "bad",
-    "rgb_static": "bad",
-    "false_colour": "bad",
-    "unclaimed": "warn",
-    "safety_checker": "warn",
-    "black": "info",
-    "ok": "good",
-}
 WIDTH = 680  # wide enough for a model path and a tool's flags on one line
 MARGIN = 80  # what the dialog leaves free of the screen's height
-
-
-def title_for(name: str, result: Explanation) -> str:
-    """The dialog's title, by what the image looks like: black, grey, white, saturated, noise,
-    one flat colour, or nothing wrong."""
-    if result.status == "nan_zeroed":
-        return f"Why is {name} grey?"
-    if result.status == "inverted":
-        return f"Why are the colours of {name} inverted?"
-    pixels = result.pixels
-    saturated = pixels.saturated
-    if saturated:
-        return f"Why is {name} {'white' if saturated.white else 'saturated'}?"
-    look = findings.look_figures(pixels)
-    if look is not None:  # tiled noise, RGB static, false colour (`looks`)
-        return f"Why is {name} {findings.LOOK_NAMES[look[0]]}?"
-    if pixels.noise_region or result.status == "noise_region":
-        return f"Why is part of {name} noise?"
-    if result.status in ("noise", "unclaimed"):
-        return f"Why is {name} noise?"
-    if pixels.clipped_white:
-        return f"Why is {name} white?"  # clipped white is never "flat": read it here
-    flat = pixels.flat
-    if flat:
-        low, high = min(flat.colour), max(flat.colour)
-        look = (
-            "white"
-            if low >= 245
-            else "black"
-            if high <= 10
-            else "grey"
-            if high - low <= 8
-            else "one flat colour"
-        )
-        return f"Why is {name} {look}?"
-    if result.status == "ok":
-        return f"{name}: nothing went wrong"
-    return f"Why is {name} black?"
 
 
 class ExplainDialog(QDialog):
@@ -126,7 +67,6 @@ class ExplainDialog(QDialog):
         self.device = device
         self.add_model_folder = add_model_folder
         self.explanation: Explanation | None = None
-        self.fix_text = ""
         self.closed = False
         self.setWindowTitle(f"What went wrong with {Path(path).name}?")  # until it is read
         self.setMinimumWidth(WIDTH)
@@ -192,33 +132,13 @@ class ExplainDialog(QDialog):
         self.steps_card.body.addWidget(self.steps_body)
         self.steps_card.hide()
         layout.addWidget(self.steps_card)
-        self.fix_card = Card("Fix")
-        self.fix_body = label("", wrap=True, selectable=True)
-        self.fix_body.setTextFormat(Qt.TextFormat.RichText)
-        self.fix_card.body.addWidget(self.fix_body)
-        self.copy_button = QPushButton("Copy the fix")
-        self.copy_button.clicked.connect(self.copy_fix)
-        # For a ComfyUI user: the image's workflow with HalfSafe Fix, and the nodes themselves.
-        self.save_workflow_button = QPushButton("Save workflow…")
-        self.save_workflow_button.setToolTip(
-            "Save the image's workflow with HalfSafe Check and HalfSafe Fix placed after its "
-            "model loader, to drop into ComfyUI."
-        )
-        self.save_workflow_button.clicked.connect(self.save_workflow)
-        self.install_nodes_button = QPushButton("Install HalfSafe's nodes…")
-        self.install_nodes_button.setToolTip(
-            "Copy HalfSafe's node package into your ComfyUI's custom_nodes folder."
-        )
-        self.install_nodes_button.clicked.connect(self.install_nodes)
-        fix_buttons = QHBoxLayout()
-        for button in (self.copy_button, self.save_workflow_button, self.install_nodes_button):
-            fix_buttons.addWidget(button)
-        fix_buttons.addStretch(1)
-        self.fix_card.body.addLayout(fix_buttons)
-        self.installed_text = label("", "muted", wrap=True, selectable=True)
-        self.installed_text.hide()
-        self.fix_card.body.addWidget(self.installed_text)
-        self.fix_card.hide()
+        self.fix_card = FixCard(path, dialogs)
+        # The card's parts, reachable as the dialog's own.
+        self.fix_body = self.fix_card.fix_body
+        self.copy_button = self.fix_card.copy_button
+        self.save_workflow_button = self.fix_card.save_workflow_button
+        self.install_nodes_button = self.fix_card.install_nodes_button
+        self.installed_text = self.fix_card.installed_text
         layout.addWidget(self.fix_card)
         self.notes = label("", "muted", wrap=True, selectable=True)
         layout.addWidget(self.notes)
@@ -340,14 +260,7 @@ class ExplainDialog(QDialog):
     def show_result(self, result: Explanation) -> None:
         self.explanation = result
         self.setWindowTitle(title_for(Path(self.path).name, result))
-        status, made_by = result.status, result.made_by
-        tool = TOOLS[made_by].name if made_by in TOOLS else "an unknown tool"
-        self.verdict.show_message(
-            _LEVELS.get(status, "info"),
-            f"<b>{html.escape(words.first_upper(_STATUS_WORDS.get(status, status)))}</b>"
-            " · made by "
-            f"{html.escape(tool)}",
-        )
+        self.verdict.show_message(*verdict(result))
         self.message.setText(result.message)
         model, record = result.model, result.record
         named = record.model or record.unet
@@ -380,159 +293,36 @@ class ExplainDialog(QDialog):
         self.model_card.show()
         self.steps_card.setVisible(result.next_steps is not None)
         if result.next_steps is not None:
-            self._show_next_steps(result.next_steps)
+            title, text = next_steps_words(result.next_steps, self.add_model_folder is not None)
+            self.steps_card.title.setText(title)
+            self.steps_body.setText(text)
+        self.fix_card.node_fix = result.node_fix
         self.fix_card.setVisible(result.tool_fix is not None)
         if result.tool_fix is not None:
-            self._show_fix(result.tool_fix, result.halfsafe_flags)
-            self._show_node_fix(result.node_fix)
+            self.fix_card.show_fix(result.tool_fix, result.halfsafe_flags)
         self.notes.setText("\n".join(result.notes))
         QTimer.singleShot(0, self.fit_to_answer)  # once the new text has its layout
 
-    def _show_fix(self, for_tool: ToolFix, halfsafe_flags: list[str]) -> None:
-        tool_key = for_tool.tool
-        tool = TOOLS[tool_key].name if tool_key in TOOLS else tool_key
-        lines: list[str] = []
-        plain: list[str] = []
-        flags = " ".join(for_tool.flags)
-        if flags:
-            lines.append(f"Start {html.escape(tool)} with <code>{html.escape(flags)}</code>")
-            plain.append(flags)
-        if tool_key == "halfsafe" and for_tool.settings:
-            # HalfSafe's own settings by the names its Settings page shows them.
-            lines.append("Or in Settings: " + html.escape(words.settings_listed(for_tool.settings)))
-        else:
-            for key, value in for_tool.settings.items():
-                shown = setting_words(tool_key, key)
-                setting = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
-                lines.append(f"Set {html.escape(setting)}")
-                plain.append(f"{key} = {value}")
-        lines.append(html.escape(for_tool.how))
-        if tool_key != "halfsafe" and halfsafe_flags:
-            lines.append("In HalfSafe: <code>" + html.escape(" ".join(halfsafe_flags)) + "</code>")
-        self.fix_card.title.setText(f"Fix in {tool}")
-        self.fix_body.setText("<br>".join(lines))
-        self.fix_text = "\n".join(plain)
-        self.fix_card.show()
+    # The Fix card's actions, as the dialog's own --------------------------------------------
 
-    def _show_node_fix(self, node_fix: NodeFix | None) -> None:
-        """For a ComfyUI user: HalfSafe Fix first, the flags shown above as its fallback."""
-        self.save_workflow_button.setVisible(node_fix is not None)
-        self.install_nodes_button.setVisible(node_fix is not None)
-        if node_fix is None:
-            return
-        lines = [
-            f"<b>{html.escape(NODE_WORDS['title'])}</b> {html.escape(node_fix.workflow.how)}",
-            html.escape(node_fix.fallback_words),
-        ]
-        if node_fix.also:
-            also = NODE_WORDS["also"].format(flags=" ".join(node_fix.also))
-            lines.append(html.escape(words.first_upper(also)) + ".")
-        self.fix_body.setText("<br>".join([*lines, self.fix_body.text()]))
+    @property
+    def fix_text(self) -> str:
+        """The fix as copied: the flags and the settings, one a line."""
+        return self.fix_card.fix_text
+
+    def copy_fix(self) -> None:
+        self.fix_card.copy_fix()
 
     def save_workflow(self) -> None:
-        node_fix = self.explanation.node_fix if self.explanation is not None else None
-        if node_fix is None:
-            return
-        suggested = str(Path(self.path).with_name(node_fix.file_name))
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Save workflow", suggested, "ComfyUI workflow (*.json)"
-        )
-        if path:
-            self.save_workflow_to(path)
+        self.fix_card.save_workflow()
 
     def save_workflow_to(self, path: str) -> None:
         """Write the workflow with HalfSafe Fix to `path`; a failure is one sentence."""
-        node_fix = self.explanation.node_fix if self.explanation is not None else None
-        if node_fix is None:
-            return
-        try:
-            node_fix.save(path)
-        except HalfSafeError as error:
-            self.dialogs.error(str(error))
-            return
-        self._said(NODE_WORDS["saved"].format(path=path))
+        self.fix_card.save_workflow_to(path)
 
     def install_nodes(self) -> None:
-        """Copy HalfSafe's nodes into the ComfyUI HalfSafe found; where it found none or
-        several, say so and let the user name the folder."""
-        from app.core.comfyui.install import found_comfyuis, where_to_install
-
-        try:
-            root = where_to_install(None)
-        except HalfSafeError as error:
-            self._said(str(error))
-            found = found_comfyuis()
-            start = str(found[0]) if found else folders.models()
-            chosen = QFileDialog.getExistingDirectory(self, "Your ComfyUI folder", start)
-            if chosen:
-                self.install_nodes_into(chosen)
-            return
-        self.install_nodes_into(str(root))
+        self.fix_card.install_nodes()
 
     def install_nodes_into(self, folder: str) -> None:
-        """Copy HalfSafe's nodes into the ComfyUI at `folder` and say what the user must then
-        do; a folder that is not one is one sentence."""
-        from app.core.comfyui.install import install_nodes
-
-        try:
-            installed = install_nodes(folder)
-        except HalfSafeError as error:
-            self.dialogs.error(str(error))
-            return
-        self._said(installed.words)
-
-    def _said(self, text: str) -> None:
-        self.installed_text.setText(text)
-        self.installed_text.show()
-
-    def _show_next_steps(self, steps: NextSteps) -> None:
-        """What to try in the image's tool while its model is not found: likely, not proven."""
-        tool = TOOLS[steps.tool].name
-        why = "the model was not found" if steps.add_folder else "the image names no model"
-        lines = [
-            f"<b>Likely, not proven:</b> {why}, so nothing was reproduced. "
-            + html.escape(likely_words(steps))
-        ]
-        rule_out = rule_out_words(steps)
-        if rule_out:
-            lines.append(html.escape(rule_out))
-        number = 0
-        for switch in steps.switches:
-            step = _switch_html(steps.tool, switch)
-            if switch.only_if:
-                lines.append(f"Only if {html.escape(switch.only_if)}: {step[0].lower()}{step[1:]}")
-            else:
-                number += 1
-                lines.append(f"{number}. {'' if number == 1 else 'Still black? '}{step}")
-        if steps.switches:
-            lines.append(html.escape(steps.how))
-        if steps.add_folder:
-            where = (
-                "<b>Add model folder…</b> above"
-                if self.add_model_folder is not None
-                else "Settings &gt; Model folders"
-            )
-            lines.append(
-                f"To know rather than guess: add the folder that holds the model ({where}) and "
-                "the health check reproduces the image and verifies a fix."
-            )
-        self.steps_card.title.setText(f"What to try in {tool}")
-        self.steps_body.setText("<br>".join(lines))
-
-    def copy_fix(self) -> None:
-        QGuiApplication.clipboard().setText(self.fix_text)
-
-
-def _switch_html(tool_key: str, switch: Switch) -> str:
-    """One switch in the tool's terms: its flags as code, its settings by the tool's labels."""
-    parts = []
-    if switch.flags:
-        verb = "Run" if tool_key == "halfsafe" else "Start"
-        tool = html.escape(TOOLS[tool_key].name)
-        parts.append(f"{verb} {tool} with <code>{html.escape(' '.join(switch.flags))}</code>")
-    for key, value in switch.settings.items():
-        shown = setting_words(tool_key, key)
-        setting = f"{key} = {value}" + (f" (“{shown}”)" if shown else "")
-        parts.append(f"Set {html.escape(setting)}")
-    words = " and ".join(parts)
-    return f"{words} ({html.escape(switch.note)})" if switch.note else words
+        """Copy HalfSafe's nodes into the ComfyUI at `folder` (`FixCard.install_nodes_into`)."""
+        self.fix_card.install_nodes_into(folder)
