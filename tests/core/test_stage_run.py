@@ -257,3 +257,50 @@ def test_the_check_and_a_generation_place_through_the_same_runner(placements, tm
     assert report.verdict == "healthy" and report.work is not None
     assert report.work.stage_runs == 3 == generated.stage_runs
     assert report.work.placements <= 3 and generated.placements <= 3
+
+
+def test_the_check_and_a_generation_encode_a_picture_through_the_same_code(tmp_path, monkeypatch):
+    """An inpainting job's picture and its picture with the hole reach the VAE's encoder
+    through `run.pictures.encoded` alone, from the check and from a generation alike."""
+    import numpy as np
+    from PIL import Image
+
+    from app.core.run import pictures as picture_parts
+
+    rng = np.random.RandomState(0)
+    image, mask = tmp_path / "input.png", tmp_path / "mask.png"
+    Image.fromarray((rng.rand(64, 64, 3) * 255).astype(np.uint8)).save(image)
+    hole = np.zeros((64, 64), np.uint8)
+    hole[16:48, 16:48] = 255
+    Image.fromarray(hole).save(mask)
+    calls: list[int] = []
+    real = picture_parts.encoded
+
+    def spied(*args, **kwargs):
+        parts = real(*args, **kwargs)
+        calls.append(len(parts))
+        return parts
+
+    monkeypatch.setattr(picture_parts, "encoded", spied)
+    model = load_model("demo")
+    fp32 = PrecisionSettings(precision="fp32")
+    health.check_loaded(
+        model,
+        CheckRequest(precision=fp32, device="cpu", size=64, images=(str(image),), mask=str(mask)),
+    )
+    checked = list(calls)
+    calls.clear()
+    request = GenerationRequest(
+        prompt="a red circle",
+        steps=2,
+        width=64,
+        height=64,
+        seed=1,
+        images=[str(image)],
+        mask=str(mask),
+        strength=0.5,
+        output_dir=str(tmp_path / "out"),
+    )
+    generate(model, request, precision=fp32, device="cpu")
+    assert checked and set(checked) == {2}  # the picture and the picture with its hole
+    assert calls == [2]

@@ -26,6 +26,7 @@ from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora.files import strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan
+from app.core.run import pictures as picture_parts
 from app.core.run.stage_run import StageRun, running
 
 PREVIEWS_PER_IMAGE = 6
@@ -294,20 +295,14 @@ class Stages:
     def _encoded(self, vae, pixels: Any = None) -> list[Any]:
         """What `encode_picture`'s stage encodes, in order: `pixels`; or an edit's references;
         or the input picture and, for inpainting, the picture with its hole."""
-        if pixels is not None:
-            return [self.family.encode_pixels(vae, pixels.to(self.device))]
-        pictures = self.pictures
-        assert pictures is not None  # only a job that starts from a picture encodes one
-        if self.editing:
-            references = capabilities.editing(self.family).edit_pixels(
-                self.model.pipeline, pictures
-            )
-            return [self.family.encode_pixels(vae, part.to(self.device)) for part in references]
-        encoded = [self.family.encode_pixels(vae, pictures.pixels.to(self.device))]
-        if pictures.mode is Mode.INPAINT:
-            masked = pictures.masked_pixels().to(self.device)
-            encoded.append(self.family.encode_pixels(vae, masked))
-        return encoded
+        references = None
+        if pixels is None and self.editing:
+            assert self.pictures is not None
+            edits = capabilities.editing(self.family)
+            references = edits.edit_pixels(self.model.pipeline, self.pictures)
+        return picture_parts.encoded(
+            self.family, vae, self.device, self.pictures, references, pixels=pixels
+        )
 
     def noise(self, seeds: list[int]):
         """Initial latents as the family's pipeline takes them and per-image generators (CPU,

@@ -20,6 +20,7 @@ from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.health.request import DEFAULT_PROMPT
 from app.core.images.pictures import Mode, Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan
+from app.core.run import pictures as picture_parts
 from app.core.run.stage_run import StageRun, running
 from app.core.run.timing import Timing
 from app.core.run.watchers import ComponentTimer, Stage, Stop, all_finite, counted_module
@@ -377,32 +378,22 @@ class Runner:
         """The input picture through the VAE's encoder (and, for inpainting, the picture with
         its hole): the stage an image-to-image or inpainting job runs before the denoiser; or,
         for a hires fix with a pixel upscaler, the enlarged picture (`enlarged`)."""
-        pictures = self.pictures
-        if pictures is None:
-            enlarged = self.enlarged
-            assert enlarged is not None  # only a check of a path that encodes a picture
-            return self._watch(
-                plan,
-                ["vae_encoder"],
-                lambda pipe: self.family.encode_pixels(pipe.vae, enlarged.to(self.device)),
-                record,
-            )
+        pictures, enlarged = self.pictures, self.enlarged
 
         def run(pipe):
-            if pictures.mode is Mode.EDIT:  # each reference, as the family's check reads it
-                references = capabilities.editing(self.family).probed_references(
-                    self.model.pipeline, pictures
-                )
-                return [
-                    self.family.encode_pixels(pipe.vae, reference.to(self.device))
-                    for reference in references
-                ]
-            pixels = pictures.pixels.to(self.device)
-            latents = [self.family.encode_pixels(pipe.vae, pixels)]
-            if pictures.mode is Mode.INPAINT:
-                masked = pictures.masked_pixels().to(self.device)
-                latents.append(self.family.encode_pixels(pipe.vae, masked))
-            return latents[0] if len(latents) == 1 else latents
+            references = None
+            if pictures is not None and pictures.mode is Mode.EDIT:  # as the family's check reads
+                edits = capabilities.editing(self.family)
+                references = edits.probed_references(self.model.pipeline, pictures)
+            latents = picture_parts.encoded(
+                self.family,
+                pipe.vae,
+                self.device,
+                pictures,
+                references,
+                pixels=enlarged if pictures is None else None,
+            )
+            return latents[0] if len(latents) == 1 and references is None else latents
 
         return self._watch(plan, ["vae_encoder"], run, record)
 
