@@ -19,6 +19,9 @@ model on this device.
 One responsibility per module, each importing only those before it:
   records      GenerationRequest, ImageResult, GenerationResult: what a job is asked and gives
   watch        NanWatch: the device-side flags of the denoising loop (no host sync per step)
+  passes       what the stages hand each other: embeddings, picture latents, a second pass
+  hires_pass   a hires fix's second pass: enlarged (in latents or pixels), drawn again
+  prompt_pass  the prompt the encoders read (the upsampler's caption) and their flags
   stages       one job's stages: the prompt encoded, the batch denoised, each image decoded
   probes       the part that failed re-run alone: its first bad layer, a fix checked against fp32
   repair       an image repaired, cheapest fix first, or the fix to offer

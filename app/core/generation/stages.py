@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from app.core import samplers
@@ -15,12 +15,11 @@ from app.core.encoders import t5
 from app.core.encoders.prompts import clip_options
 from app.core.families import capabilities, family_of
 from app.core.fixing.quality import Quality
-from app.core.generation import step_cache
+from app.core.generation import hires_pass, prompt_pass, step_cache
+from app.core.generation.passes import Conditioning, Picture
 from app.core.generation.preview import colours_for, latent_preview
-from app.core.generation.records import UPSAMPLER_WORDS, GenerationRequest, PreviewCallback
-from app.core.generation.watch import NanWatch, read_flags
-from app.core.hires import enlarge, enlarges_pixels, upscale
-from app.core.hooks import Hooks
+from app.core.generation.records import GenerationRequest, PreviewCallback
+from app.core.generation.watch import EncoderFlag, NanWatch, read_flags
 from app.core.images.finished import PixelStats, to_image
 from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
@@ -30,43 +29,6 @@ from app.core.run import pictures as picture_parts
 from app.core.run.stage_run import StageRun, running
 
 PREVIEWS_PER_IMAGE = 6
-
-
-@dataclass
-class _Conditioning:
-    """Prompt embeddings for one image (batch 1) and, per text encoder, a device-side flag."""
-
-    embeds: dict[str, Any]
-    bad: dict[str, Any]
-
-
-@dataclass
-class _Picture:
-    """The input picture's latents (and, for inpainting, those of the picture with its hole)
-    as the VAE's encoder made them under one plan, with a device-side flag. For an edit,
-    `latents` is a list: each reference's (1, C, h, w)."""
-
-    latents: Any
-    masked: Any | None
-    bad: Any
-
-
-@dataclass
-class _SecondPass:
-    """A hires fix's second pass: its latents and watch; for a pixel upscaler also the first
-    pass's latents, the enlarged pictures and, per image, device-side flags of the first
-    picture's decode and of the enlarged picture's encoding going non-finite from finite
-    input (so that each names its own failure, not one it was handed)."""
-
-    latents: Any
-    watch: NanWatch | None
-    first_latents: Any = None
-    enlarged: Any = None
-    decode_bad: Any = None  # (B,)
-    encode_bad: Any = None  # (B,)
-
-    def flags(self) -> list[Any]:
-        return [] if self.decode_bad is None else [self.decode_bad, self.encode_bad]
 
 
 @dataclass
@@ -153,7 +115,7 @@ class Stages:
         self.dropped: list[str] = []  # candidates that failed to run, as sentences
         # For an editing pipeline that encodes its references itself: the device-side flag its
         # VAE encoder's hook kept in the last denoising run.
-        self.pipeline_encoder_bad: Any = None
+        self.pipeline_encoder: EncoderFlag | None = None
         # Per (component, id(outcome)): the first bad layer of the probe re-run, and whether
         # that identical re-run went non-finite again (`probes.first_bad_module`).
         self._probed: dict[tuple[str, int], tuple[Any, str | None]] = {}
@@ -179,7 +141,7 @@ class Stages:
         return self.model.preview_colours[key]
 
     @contextmanager
-    def _running(self, plan: PrecisionPlan, components: list[str]) -> Iterator[StageRun]:
+    def running_stage(self, plan: PrecisionPlan, components: list[str]) -> Iterator[StageRun]:
         """One stage (`run.stage_run.running`) with only its `components` placed, on a twin
         that calls as the request asks: its scheduler, no progress bar."""
         scheduler = self.family.make_scheduler(
@@ -193,45 +155,23 @@ class Stages:
             stage.pipe.set_progress_bar_config(disable=True)
             yield stage
 
-    def written_prompt(self, plan: PrecisionPlan) -> str:
-        """The prompt the text encoders read: the user's, its <lora:...> tags stripped (they
-        are not words), or where the model has a prompt upsampler and the job asks for it, the
-        caption the upsampler writes from it, once a job, in its planned dtype (the user's
-        prompt where it writes nothing)."""
-        prompt = strip_tags(self.request.prompt)
-        if not (self.request.upsample_prompt and "prompt_upsampler" in plan.dtypes):
-            return prompt
-        if not self.upsampler_ran:
-            self.upsampler_ran = True
-            with self._running(plan, ["prompt_upsampler"]) as stage:
-                references = self.pictures.references if self.pictures and self.editing else ()
-                written = self.family.upsample(
-                    stage.pipe, prompt, self.device, None, None, references
-                )
-            if not written.finite:  # its caption is noise: the prompt as typed, and why
-                dtype = plan.dtypes["prompt_upsampler"]
-                self.notes.append(UPSAMPLER_WORDS["non_finite"].format(dtype=dtype))
-            elif written.text:
-                self.upsampled = str(written.text)
-        return self.upsampled or prompt
-
-    def encode(self, plan: PrecisionPlan, record: str | None = None) -> _Conditioning:
+    def encode(self, plan: PrecisionPlan, record: str | None = None) -> Conditioning:
         """The prompt and the negative prompt through the text encoders under `plan`, with a
         device-side flag per encoder where the job watches; with `record` (a text encoder),
         every layer of that encoder is recorded and its first bad one kept (`_read`)."""
         from app.core.fixing.probe import ActivationRecorder
 
-        prompt = self.written_prompt(plan)
+        prompt = prompt_pass.written_prompt(self, plan)
         encoders = self.family.text_encoders(self.model.pipeline)
         request = self.request
         saturated: dict[str, list[Any]] = {}
-        with self._running(plan, encoders) as stage:
+        with self.running_stage(plan, encoders) as stage:
             pipe = stage.pipe
             recorder = stage.watching(ActivationRecorder(self.placed[record])) if record else None
             if self.watch:
                 for name in encoders:
                     for block in t5.clamped_blocks(self.placed[name]):
-                        stage.hooks.after(block, _saturation_hook(saturated, name))
+                        stage.hooks.after(block, prompt_pass.saturation_hook(saturated, name))
             negative = strip_tags(request.negative_prompt)
             if self.editing:
                 assert self.pictures is not None
@@ -247,22 +187,13 @@ class Stages:
                     self.do_cfg,
                     **clip_options(request.clip_skip),
                 )
-            bad = self._encoder_flags(pipe, tensors, saturated) if self.watch else {}
+            bad = (
+                prompt_pass.encoder_flags(self.family, pipe, tensors, saturated)
+                if self.watch
+                else {}
+            )
         self._read(recorder, None)
-        return _Conditioning(tensors, bad)
-
-    def _encoder_flags(
-        self, pipe, tensors: dict[str, Any], saturated: dict[str, list[Any]]
-    ) -> dict[str, Any]:
-        """Per text encoder, a device-side flag: did its part of the embeddings go non-finite,
-        or did one of its blocks saturate at fp16's limit (T5 clamps an overflow there)."""
-        import torch
-
-        flags = {}
-        for name, parts in self.family.encoder_outputs(pipe, tensors).items():
-            checks = [~torch.isfinite(p).all() for p in parts] + saturated.get(name, [])
-            flags[name] = torch.stack(checks).any()
-        return flags
+        return Conditioning(tensors, bad)
 
     @property
     def editing(self) -> bool:
@@ -270,7 +201,7 @@ class Stages:
 
     def encode_picture(
         self, plan: PrecisionPlan, record: bool = False, pixels: Any = None
-    ) -> _Picture:
+    ) -> Picture:
         """The input picture through the VAE's encoder under `plan` (and, for inpainting, the
         picture with its hole grey, as an inpainting model takes it beside the mask; for an
         edit, each reference as its pipeline encodes it), or `pixels` (B, C, H, W) in [-1, 1]
@@ -287,10 +218,10 @@ class Stages:
         bad = torch.stack([~torch.isfinite(part).all() for part in encoded]).any()
         if pixels is None and self.editing:
             self._read(recorder, encoded)
-            return _Picture([part.float() for part in encoded], None, bad)
+            return Picture([part.float() for part in encoded], None, bad)
         latents, masked = encoded[0], encoded[1] if len(encoded) > 1 else None
         self._read(recorder, latents)
-        return _Picture(latents.float(), masked.float() if masked is not None else None, bad)
+        return Picture(latents.float(), masked.float() if masked is not None else None, bad)
 
     def _encoded(self, vae, pixels: Any = None) -> list[Any]:
         """What `encode_picture`'s stage encodes, in order: `pixels`; or an edit's references;
@@ -316,9 +247,9 @@ class Stages:
     def denoise(
         self,
         plan: PrecisionPlan,
-        conditioning: _Conditioning,
+        conditioning: Conditioning,
         seeds: list[int],
-        picture: _Picture | None = None,
+        picture: Picture | None = None,
         second: GenerationRequest | None = None,
     ):
         """The pipeline's denoising loop for these seeds, from noise or from the input
@@ -330,7 +261,9 @@ class Stages:
         colours = self._colours(plan) if self.preview is not None else None
         # The denoiser alone, and the VAE where the pipeline encodes the pictures itself.
         encodes = self.pictures is not None and picture is None
-        with self._running(plan, [self.family.denoiser, *(["vae"] if encodes else [])]) as stage:
+        with self.running_stage(
+            plan, [self.family.denoiser, *(["vae"] if encodes else [])]
+        ) as stage:
             pipe = stage.pipe
             batch = len(seeds)
             request = second or self.request
@@ -354,13 +287,17 @@ class Stages:
                     (request.width, request.height),
                 )
                 if picture is None and self.watch:
-                    self._watch_pipeline_encoder(stage.hooks)
+                    self.pipeline_encoder = EncoderFlag(
+                        self.placed["vae_encoder"], self.device, stage.hooks
+                    )
                 arguments = _accepted(pipe, arguments)
             elif self.pictures is not None and picture is None:
                 # The pipeline encodes its picture itself (Flux.1 Fill), watched by hooks.
                 arguments.update(self.family.own_encoding_call(pipe, self.pictures))
                 if self.watch:
-                    self._watch_pipeline_encoder(stage.hooks)
+                    self.pipeline_encoder = EncoderFlag(
+                        self.placed["vae_encoder"], self.device, stage.hooks
+                    )
                 arguments = _accepted(pipe, arguments)
             elif picture is not None and mode is Mode.CONTROL:
                 # The control picture's latents, from HalfSafe's watched encoder stage.
@@ -435,89 +372,6 @@ class Stages:
         )
         return latents, watch
 
-    def second_pass(
-        self, plan: PrecisionPlan, conditioning: _Conditioning, seeds, latents
-    ) -> _SecondPass:
-        """Hires fix: the first pass's latents (B, C, h, w) enlarged by the request's upscaler
-        (a latent one), or decoded, enlarged as pictures and encoded again at the final size (a
-        pixel one, `enlarged_picture`), and drawn again at the final size."""
-        hires = self.request.hires
-        width, height = self.request.drawn_size()
-        done = _SecondPass(None, None)
-        if enlarges_pixels(hires.upscaler):
-            picture, done = self.enlarged_picture(plan, latents, (width, height))
-        else:
-            factor = self.family.latent_factor(self.model.pipeline)
-            enlarged = upscale(latents, (width, height), hires.upscaler, factor)
-            picture = _Picture(enlarged, None, None)
-        second = replace(
-            self.request,
-            width=width,
-            height=height,
-            steps=hires.call_steps(self.request.steps),
-            strength=hires.denoise,
-        )
-        self.stage = "Hires fix"
-        try:
-            done.latents, done.watch = self.denoise(plan, conditioning, seeds, picture, second)
-        finally:
-            self.stage = "Generating"
-        return done
-
-    def enlarged_picture(
-        self, plan: PrecisionPlan, latents, size: tuple[int, int]
-    ) -> tuple[_Picture, _SecondPass]:
-        """A pixel upscaler's path, image by image: the first pass's latents decoded by the
-        VAE, the picture enlarged to `size` (width, height) px and encoded by the VAE's encoder
-        there; with device-side flags of each part going non-finite from finite input."""
-        import torch
-
-        hires = self.request.hires
-        encoded, pictures, decode_bad, encode_bad = [], [], [], []
-        with running(self.placed, plan, ["vae"]):
-            vae, encoder = self.placed["vae"], self.placed["vae_encoder"]
-            for index in range(latents.shape[0]):
-                self.progress("Enlarging the picture", index, latents.shape[0])
-                self.cancel.raise_if_cancelled()
-                first = latents[index : index + 1]
-                pixels = self.family.decode(vae, first.float())
-                picture = enlarge(pixels, size, hires.upscaler).to(self.device)
-                again = self.family.encode_pixels(encoder, picture)
-                decode_bad.append(torch.isfinite(first).all() & ~torch.isfinite(pixels).all())
-                encode_bad.append(torch.isfinite(picture).all() & ~torch.isfinite(again).all())
-                encoded.append(again.float())
-                pictures.append(picture.cpu())
-        done = _SecondPass(
-            None,
-            None,
-            first_latents=latents,
-            enlarged=torch.cat(pictures),
-            decode_bad=torch.stack(decode_bad),
-            encode_bad=torch.stack(encode_bad),
-        )
-        return _Picture(torch.cat(encoded), None, None), done
-
-    def _watch_pipeline_encoder(self, hooks: Hooks) -> None:
-        """Hooks on the VAE's encoder parts that fold "output not all finite" into
-        `pipeline_encoder_bad` on the device (no host sync), for a pipeline that encodes its
-        references itself; attached to the stage's `hooks`, they leave with it."""
-        import torch
-
-        vae = self.placed["vae_encoder"]
-        self.pipeline_encoder_bad = torch.zeros((), dtype=torch.bool, device=self.device)
-        parts = [getattr(vae, name, None) for name in ("encoder", "quant_conv")]
-
-        def hook(module, args, output):
-            tensor = output[0] if isinstance(output, tuple) else output
-            if isinstance(tensor, torch.Tensor):
-                self.pipeline_encoder_bad = self.pipeline_encoder_bad | ~torch.isfinite(
-                    tensor
-                ).all().to(self.device)
-
-        for part in parts:
-            if part is not None:
-                hooks.after(part, hook)
-
     def decode(self, plan: PrecisionPlan, latents, record: bool = False):
         """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1] ((H, W, 4) from a
         VAE that decodes RGBA); with `record`, also the first VAE layer that went non-finite."""
@@ -539,14 +393,20 @@ class Stages:
             self.model.pipeline, self.pictures.mode
         ):
             picture = self.encode_picture(plan)
-        self.pipeline_encoder_bad = None
+        self.pipeline_encoder = None
         latents, watch = self.denoise(plan, conditioning, seeds, picture)
-        encoder_bad = picture.bad if picture is not None else self.pipeline_encoder_bad
+        encoder_bad = (
+            picture.bad
+            if picture is not None
+            else self.pipeline_encoder.bad
+            if self.pipeline_encoder is not None
+            else None
+        )
         watches = [watch]
         second = None
         if self.request.hires.on:
             self.cancel.raise_if_cancelled()
-            second = self.second_pass(plan, conditioning, seeds, latents)
+            second = hires_pass.second_pass(self, plan, conditioning, seeds, latents)
             latents = second.latents
             watches.append(second.watch)
         # The parts that run once per job, in run order: the text encoders, the VAE's encoder.
@@ -638,21 +498,6 @@ def _accepted(pipe, arguments: dict[str, Any]) -> dict[str, Any]:
 
     taken = inspect.signature(type(pipe).__call__).parameters
     return {k: v for k, v in arguments.items() if k in taken}
-
-
-def _saturation_hook(saturated: dict[str, list[Any]], name: str):
-    """A forward hook that keeps, on the device, whether a block's fp16 output reached the
-    clamp (no host sync)."""
-    from app.core.components import FP16_MAX
-
-    def hook(module, args, output):
-        import torch
-
-        hidden = output[0] if isinstance(output, tuple) else output
-        if isinstance(hidden, torch.Tensor) and hidden.dtype == torch.float16:
-            saturated.setdefault(name, []).append((hidden.abs() >= FP16_MAX - 1000).any())
-
-    return hook
 
 
 def _first_bad(probe) -> str | None:

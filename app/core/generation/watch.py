@@ -202,3 +202,26 @@ def read_flags(tensors: list[Any]) -> list[int]:
     if not tensors:
         return []
     return torch.cat([t.reshape(-1).long() for t in tensors]).cpu().tolist()
+
+
+class EncoderFlag:
+    """For a pipeline that encodes its pictures itself (an edit's references, Flux.1 Fill's
+    picture): hooks on its VAE encoder's parts that fold "output not all finite" into `bad`, a
+    device-side flag (no host sync), attached to a stage's `hooks` and leaving with it."""
+
+    def __init__(self, vae, device, hooks: Hooks) -> None:
+        import torch
+
+        self.device = device
+        self.bad = torch.zeros((), dtype=torch.bool, device=device)
+        for name in ("encoder", "quant_conv"):
+            part = getattr(vae, name, None)
+            if part is not None:
+                hooks.after(part, self._after)
+
+    def _after(self, module, args, output) -> None:
+        import torch
+
+        tensor = output[0] if isinstance(output, tuple) else output
+        if isinstance(tensor, torch.Tensor):
+            self.bad = self.bad | ~torch.isfinite(tensor).all().to(self.device)
