@@ -13,18 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QSettings
-from PySide6.QtWidgets import (
-    QCheckBox,
-    QDoubleSpinBox,
-    QFormLayout,
-    QHBoxLayout,
-    QLineEdit,
-    QPlainTextEdit,
-    QPushButton,
-    QSpinBox,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QPlainTextEdit, QVBoxLayout, QWidget
 
 from app.core.errors import HalfSafeError
 from app.core.hires import Hires
@@ -32,10 +21,10 @@ from app.core.images.pictures import picture_size
 from app.core.models.summary import ModelSummary
 from app.core.settings import FIELDS
 from app.ui import browser
+from app.ui.generate_numbers import GenerateNumbers
 from app.ui.hires_options import HiresOptions
 from app.ui.input_pictures import InputPictures
 from app.ui.lora_list import LoraList
-from app.ui.sampler_choice import SamplerChoice
 from app.ui.state import AppState
 from app.ui.widgets import label
 
@@ -99,76 +88,18 @@ class GenerateForm(QWidget):
         self.negative.setMinimumHeight(46)
         self.negative.setMaximumHeight(90)
         column.addWidget(self.negative, 1)
-        form = QFormLayout()
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
-        self.steps = QSpinBox()
-        self.steps.setRange(*(int(b) for b in FIELDS["steps"].bounds()))
-        self.cfg = QDoubleSpinBox()
-        self.cfg.setRange(*FIELDS["cfg"].bounds())
-        self.cfg.setDecimals(1)
-        self.cfg.setSingleStep(0.5)
-        self.seed = QLineEdit()
-        self.seed.setToolTip("-1 picks a new random seed for every image.")
-        seed_row = QHBoxLayout()
-        seed_row.addWidget(self.seed, 1)
-        self.random_seed = QPushButton("Random")
-        self.random_seed.setToolTip("Use a new random seed for every run (-1).")
-        self.random_seed.clicked.connect(lambda: self.seed.setText("-1"))
-        self.reuse_seed = QPushButton("Reuse last")
-        self.reuse_seed.setToolTip("Use the seed of the image shown.")
-        seed_row.addWidget(self.random_seed)
-        seed_row.addWidget(self.reuse_seed)
-        size_row = QHBoxLayout()
-        self.width_box = QSpinBox()
-        self.height_box = QSpinBox()
-        for box, key in ((self.width_box, "width"), (self.height_box, "height")):
-            box.setRange(*(int(b) for b in FIELDS[key].bounds()))
-            box.setSingleStep(64)
-            box.setSuffix(" px")
-            box.setKeyboardTracking(False)
+        self.numbers = numbers = GenerateNumbers()
+        # The numbers' fields, by the names the form (and the page) reads them with.
+        self.steps, self.cfg, self.seed = numbers.steps, numbers.cfg, numbers.seed
+        self.random_seed, self.reuse_seed = numbers.random_seed, numbers.reuse_seed
+        self.width_box, self.height_box = numbers.width_box, numbers.height_box
+        self.batch, self.scheduler = numbers.batch, numbers.scheduler
+        self.clip_skip, self.step_cache = numbers.clip_skip, numbers.step_cache
+        self.prompt_cache = numbers.prompt_cache
+        for box in (self.width_box, self.height_box):
             box.valueChanged.connect(self._size_edited)
-        size_row.addWidget(self.width_box, 1)
-        size_row.addWidget(label("×"))
-        size_row.addWidget(self.height_box, 1)
-        self.batch = QSpinBox()
-        self.batch.setRange(*(int(b) for b in FIELDS["batch"].bounds()))
-        # The sampler setting as a sampler and its schedule, as AUTOMATIC1111 and ComfyUI
-        # offer it: two short lists instead of one of every pair.
-        self.scheduler = SamplerChoice()
         self.scheduler.note.connect(say)
-        form.addRow("Steps", self.steps)
-        form.addRow("CFG scale", self.cfg)
-        form.addRow("Seed", seed_row)
-        form.addRow("Size", size_row)
-        form.addRow("Batch", self.batch)
-        form.addRow("Sampler", self.scheduler)
-        self.clip_skip = QSpinBox()
-        self.clip_skip.setRange(*(int(b) for b in FIELDS["clip_skip"].bounds()))
-        form.addRow("Clip skip", self.clip_skip)
-        self.step_cache = QDoubleSpinBox()
-        self.step_cache.setRange(*FIELDS["step_cache"].bounds())
-        self.step_cache.setSingleStep(0.05)
-        self.step_cache.setDecimals(2)
-        self.step_cache.setSpecialValueText("off")  # 0: every step computed in full
-        form.addRow("Step cache", self.step_cache)
-        # Only for a family whose pipeline keeps one (`_clip_skip_for`): disabled until then.
-        self.prompt_cache = QCheckBox("Keep the prompt's keys and values")
-        self.prompt_cache.setEnabled(False)
-        form.addRow("Prompt cache", self.prompt_cache)
-        for key, widget in (
-            ("steps", self.steps),
-            ("cfg", self.cfg),
-            ("seed", self.seed),
-            ("batch", self.batch),
-            ("scheduler", self.scheduler),
-            ("width", self.width_box),
-            ("height", self.height_box),
-            ("clip_skip", self.clip_skip),
-            ("step_cache", self.step_cache),
-            ("prompt_cache", self.prompt_cache),
-        ):
-            widget.setToolTip(FIELDS[key].help)
-        column.addLayout(form)
+        column.addWidget(numbers)
         self.hires = HiresOptions()
         column.addWidget(self.hires)
         self.size_hint = label("", "muted", wrap=True)
@@ -317,36 +248,6 @@ class GenerateForm(QWidget):
         prompt = self.prompt.toPlainText().strip()
         self.prompt.setPlainText(", ".join(part for part in (prompt, words_) if part))
 
-    def _clip_skip_for(self, architecture: str | None) -> None:
-        """Clip skip only where the model reads CLIP's hidden states (SD 1.x/2.x, SDXL)."""
-        from app.core.families.registry import family_of_architecture
-
-        family = family_of_architecture(architecture or "")
-        takes = family is None or family.takes_clip_skip
-        self.clip_skip.setEnabled(takes)
-        caches = family is None or family.takes_step_cache
-        self.step_cache.setEnabled(caches)
-        self.step_cache.setToolTip(
-            FIELDS["step_cache"].help
-            if caches
-            else f"{family.title if family else 'This model'}'s denoiser is not one diffusers' "
-            "step cache can skip blocks of: every step is computed in full."
-        )
-        prompt = family is not None and family.takes_prompt_cache
-        self.prompt_cache.setEnabled(prompt)
-        self.prompt_cache.setToolTip(
-            FIELDS["prompt_cache"].help
-            if prompt
-            else f"{family.title if family else 'This model'}'s pipeline keeps no prompt cache: "
-            "every step computes the prompt's keys and values."
-        )
-        self.clip_skip.setToolTip(
-            FIELDS["clip_skip"].help
-            if takes
-            else f"{family.title if family else 'This model'} reads its prompt without CLIP's "
-            "layers: Clip skip does not apply."
-        )
-
     # Model and size ---------------------------------------------------------------------------
 
     def model_changed(self, model: ModelSummary | None) -> None:
@@ -357,7 +258,7 @@ class GenerateForm(QWidget):
             self.pictures.set_model(None)
             return
         self.pictures.set_model(model)
-        self._clip_skip_for(model.architecture)
+        self.numbers.follow_family(model.architecture)
         native = model.native_size
         source = self.state.model_request.source if self.state.model_request else model.source
         defaults = self._defaults_for_model(model, source)

@@ -14,27 +14,19 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPushButton,
     QScrollArea,
     QVBoxLayout,
     QWidget,
 )
 
-from app.core.components import COMPONENTS
-from app.core.precision import CUDA_ONLY_BACKENDS
-from app.core.settings import FIELDS, GROUPS, SCHEMA, Field
-from app.ui import words
+from app.core.settings import GROUPS, SCHEMA, Field
 from app.ui.dialogs import Dialogs
 from app.ui.setting_fields import FieldEditor, explanation_tip, short_explanation, shown_words
+from app.ui.setting_resolution import resolution_text
+from app.ui.settings_reset import ResetBar
 from app.ui.state import AppState
 from app.ui.widgets import label, page_layout, scroll_column
 
-# Components whose `auto` follows the base precision rather than a recommendation of its own.
-_FOLLOWS_PRECISION = ("unet_precision", "vae_precision", "text_encoder_precision")
-# The settings that each give some parts their dtype.
-_PART_SETTINGS = tuple(dict.fromkeys(c.setting for c in COMPONENTS.values()))
-# What no-half overrides: with it on, these run in fp32 whatever they say.
-_OVERRIDDEN_BY_NO_HALF = ("precision", *_PART_SETTINGS, "no_half_vae")
 GROUP_INTROS = {
     "Device": "Which processor runs the model.",
     "Precision": "The number format of each part of the model: the main speed, memory and "
@@ -61,7 +53,6 @@ class SettingsView(QWidget):
         super().__init__(parent)
         self.state = state
         self.dialogs = dialogs
-        self._request_hardware = request_hardware
         layout = page_layout(
             self,
             "Settings",
@@ -70,23 +61,11 @@ class SettingsView(QWidget):
             "whole explanation.",
         )
         layout.addLayout(self._build_finding())
-        top = QHBoxLayout()
-        self.reset_button = QPushButton("Reset to recommended")
-        self.reset_button.setToolTip(
-            "Put the device, precision, attention, accumulation and NaN settings back to what "
-            "HalfSafe recommends for this computer. Generation values and folders stay."
-        )
-        self.reset_button.clicked.connect(self.reset_to_recommended)
-        top.addWidget(self.reset_button)
-        self.notice = label("", "muted", wrap=True)
-        top.addWidget(self.notice, 1)
-        self.undo_button = QPushButton("Undo")
-        self.undo_button.setToolTip("Put back the settings as they were before the reset.")
-        self.undo_button.clicked.connect(self.undo_reset)
-        self.undo_button.hide()
-        top.addWidget(self.undo_button)
-        self._before_reset: dict[str, Any] = {}
-        layout.addLayout(top)
+        self.reset_bar = bar = ResetBar(state, dialogs, request_hardware)
+        # The reset row's widgets, by the names the page is read with.
+        self.reset_button, self.notice = bar.reset_button, bar.notice
+        self.undo_button = bar.undo_button
+        layout.addWidget(bar)
         self._jumping = False  # a jump to a group is under way: the scroll is not the reader's
 
         self._form = scroll_column(layout)
@@ -339,48 +318,12 @@ class SettingsView(QWidget):
         self._refresh_resolved()
 
     def reset_to_recommended(self) -> None:
-        if self.state.hardware is None and self._request_hardware is not None:
-            self.reset_button.setEnabled(False)
-            self.notice.setText("Checking this computer to find the recommended settings…")
-            self._request_hardware(self._finish_reset)
-            return
-        self._finish_reset()
-
-    def _finish_reset(self) -> None:
-        self.reset_button.setEnabled(True)
-        target = self.state.recommended_settings()
-        differ = [key for key, value in target.items() if self.state.settings[key] != value]
-        source = (
-            "recommended for this computer"
-            if self.state.recommended()
-            else "the defaults (no recommendation is available yet)"
-        )
-        if not differ:
-            self.notice.setText(f"Already at {source}.")
-            return
-        names = ", ".join(FIELDS[k].label for k in differ)
-        if not self.dialogs.confirm(
-            "Reset to recommended?",
-            f"This changes {len(differ)} setting{'s' if len(differ) != 1 else ''}: {names}.",
-            "Settings left on Auto stay on Auto, so a fix remembered for a model still applies. "
-            "Undo puts everything back.",
-            yes="Reset",
-        ):
-            self.notice.setText("Nothing was changed.")
-            return
-        before = {key: self.state.settings[key] for key in differ}
-        changed = self.state.reset_to_recommended()
-        self._before_reset = {key: before[key] for key in changed if key in before}
-        self.notice.setText(f"Reset to {source}. Changed: {names}.")
-        self.undo_button.setVisible(bool(self._before_reset))
+        """Put the recommended settings back, once the user confirms (`ResetBar`)."""
+        self.reset_bar.reset_to_recommended()
 
     def undo_reset(self) -> None:
         """Put back what the last reset changed."""
-        before, self._before_reset = self._before_reset, {}
-        self.undo_button.hide()
-        if before:
-            self.state.apply(before)
-            self.notice.setText("The reset was undone.")
+        self.reset_bar.undo_reset()
 
     # Auto, resolved ---------------------------------------------------------------------------
 
@@ -397,134 +340,10 @@ class SettingsView(QWidget):
 
     def resolution_text(self, key: str) -> str:
         """What `auto` (or the recommendation) means for `key` on this computer, in words."""
-        value = self.state.settings[key]
-        recommended = self.state.recommended()
-        reasons = self.state.reasons()
-        reason = reasons.get(key, "")
-        have_report = self.state.hardware is not None
-        if self.state.settings["no_half"] and key in _OVERRIDDEN_BY_NO_HALF:
-            return "No-half is on, so this runs in fp32 whatever is chosen here."
-        lacking = self._device_lacks(key, value)
-        if lacking:
-            return lacking
-        model = self.state.model
-        fix = model.remembered_fix if model is not None else None
-        remembered = fix.settings if fix is not None else {}
-        if value in ("auto", False, []) and key in remembered and remembered[key] != value:
-            # Jobs fill fields left on Auto (off, empty) from the loaded model's remembered fix.
-            return (
-                f"For {model.name if model else 'the loaded model'}, jobs use its remembered fix: "
-                f"{words.setting_value(key, remembered[key])}."
-            )
-        planned = self._planned(key) if value == "auto" else None
-        if planned is not None and planned[1]:
-            # What the next job runs this part in, and why: the model's own need, the device's
-            # recommendation, a remembered fix (as the status bar says it).
-            return _sentence(f"Auto means {words.choice_name(planned[0])} here", planned[1])
-        if key == "device" and value == "auto":
-            device = self.state.device_report()
-            if device is None:
-                return (
-                    "Auto picks the best GPU (else the CPU) when the engine first runs; the "
-                    "Devices page shows which."
-                )
-            return f"Auto picks {device.name} here."
-        if value == "auto" and key in (
-            "text_encoder_2_precision",
-            "text_encoder_3_precision",
-            "prompt_upsampler_precision",
-        ):
-            first = self.state.settings["text_encoder_precision"]
-            if first != "auto":
-                return f"Auto follows the text encoder: {words.choice_name(first)}."
-            key = "text_encoder_precision"  # which follows Precision, as below
-        if value == "auto" and key in _FOLLOWS_PRECISION:
-            base = self.state.settings["precision"]
-            if base != "auto":
-                return f"Auto follows Precision: {words.choice_name(base)}."
-            resolved = recommended.get(key) or recommended.get("precision")
-            if not resolved or resolved == "auto":
-                return "Auto follows Precision."
-            return _sentence(f"Auto means {words.choice_name(resolved)} here", reason)
-        if value == "auto" and key == "vae_tiling":
-            if self._on_cpu():
-                return "Auto does not tile on a CPU: its memory is the computer's."
-            return (
-                "Auto tiles when a picture's decode would not fit the GPU memory free beside "
-                "the VAE, decided at each job's size."
-            )
-        if value == "auto" and FIELDS[key].kind == "choice":
-            if not have_report:
-                return (
-                    "Auto is decided from your device and the model when a job runs; the "
-                    "Devices page shows what it picks."
-                )
-            resolved = recommended.get(key)
-            if resolved is None or resolved == "auto":
-                return "Auto is decided from the model when a job runs."
-            if key == "attention_backend" and self._on_cpu():
-                # PyTorch's fused CPU kernel carries the flash name; "Flash attention" reads as
-                # the GPU library to most people.
-                return _sentence("Auto lets PyTorch use its fused CPU attention kernel here", "")
-            return _sentence(f"Auto means {words.choice_name(resolved)} here", reason)
-        if (
-            key == "attention_backend"
-            and self._on_cpu()
-            and recommended.get(key) in ("flash", "efficient", "cudnn")
-        ):
-            return ""  # GPU kernels are no recommendation for a CPU
-        if key in recommended and recommended[key] != value and recommended[key] != "auto":
-            return _sentence(
-                f"Recommended for this computer: {words.setting_value(key, recommended[key])}",
-                reason,
-            )
-        return ""
-
-    def _planned(self, key: str) -> tuple[str, str] | None:
-        """(dtype, why) the next job's plan gives the parts `key` governs (`why` empty when it
-        follows the base); None when no plan is known yet or no such part is loaded."""
-        if key not in _PART_SETTINGS:
-            return None
-        plan = self.state.expected_plan()
-        if plan is None:
-            return None
-        parts = [part for part in plan.dtypes if COMPONENTS[part].setting == key]
-        if not parts:
-            return None
-        return plan.dtypes[parts[0]], plan.reasons.get(key, "")
-
-    def _on_cpu(self) -> bool:
-        device = self.state.device_report()
-        return device is not None and device.kind == "cpu"
-
-    def _device_lacks(self, key: str, value: Any) -> str:
-        """What the device in use cannot do of this choice (jobs run and record what it can:
-        core's `precision.resolve._what_the_device_runs`); "" when it can, or is not known yet."""
-        device = self.state.device_report()
-        kind = device.kind if device is not None else None
-        if kind is None or kind in ("cuda", "rocm"):
-            return ""
-        if key == "attention_backend" and value in CUDA_ONLY_BACKENDS and kind in ("cpu", "mps"):
-            return (
-                f"Not on this device: {CUDA_ONLY_BACKENDS[value]} needs a CUDA GPU, so jobs "
-                "run the math kernel and record that."
-            )
-        if key == "fp16_accumulation" and value:
-            return (
-                "Not on this device: full fp16 accumulation is a CUDA setting, so it does "
-                "nothing here and jobs record it off."
-            )
-        return ""
+        return resolution_text(self.state, key)
 
     def _refresh_resolved(self) -> None:
         for key, widget in self.resolved.items():
             text = self.resolution_text(key)
             widget.setText(text)
             widget.setVisible(bool(text))
-
-
-def _sentence(head: str, reason: str) -> str:
-    reason = reason.strip().rstrip(".")
-    if reason:
-        return f"{head}: {reason}."
-    return f"{head}."
