@@ -2,64 +2,46 @@
 family, with what each file's metadata says, its preview picture, and its last health verdict and
 remembered fix), opening a file or folder, a separate VAE, loading with progress and cancel, and
 what HalfSafe detected about the model. The list's rows are `model_list`'s; the page's words,
-`model_words`'."""
+`model_words`'; the buttons and dialogs that choose a model besides the list, `model_choice`'s;
+the part below the list (the VAE, Load and Cancel, the loaded model's card), `load_panel`'s."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSettings
 from PySide6.QtGui import QImage, QShowEvent
-from PySide6.QtWidgets import (
-    QFileDialog,
-    QHBoxLayout,
-    QProgressBar,
-    QPushButton,
-    QTreeWidgetItem,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QTreeWidgetItem, QWidget
 
-from app.core.demo import DEMO_LABEL, DEMO_MODELS
+from app.core.demo import DEMO_MODELS
 from app.core.models.summary import ModelSummary
 from app.core.requests.records import LoadRequest
 from app.engine.events import EngineEvent, EventState, StillLoaded
-from app.ui import folders
-from app.ui.advice_panel import AdvicePanel, lower_tabs
 from app.ui.browser import (
     ENTRY,
     HealthReader,
     ModelHealth,
     PreviewWorker,
-    card_lines,
     fill_families,
     filter_row,
-    health_key,
 )
 from app.ui.dialogs import Dialogs
 from app.ui.engine_client import EngineClient
 from app.ui.library_scan import LibraryScanner, library_count_words
+from app.ui.load_panel import DEMO_SOURCE, LoadPanel
+from app.ui.model_choice import (
+    ask_checkpoint,
+    ask_model_folder,
+    choice_row,
+    remember_opened,
+    with_opened,
+)
 from app.ui.model_list import ModelList
-from app.ui.model_words import (
-    NOT_LOADED,
-    applied_words,
-    architecture_of,
-    model_details,
-    remembered_words,
-    unloadable,
-)
+from app.ui.model_words import unloadable
 from app.ui.state import AppState
-from app.ui.widgets import Banner, Card, label, page_layout, primary_button, show_progress
-
-DEMO_SOURCE = "demo"
-OPENED_KEPT = 20  # models opened from a file or folder that stay in the list
-CHECKPOINT_FILTER = (
-    "Checkpoints (*.safetensors *.ckpt *.pt *.pth *.bin);;"
-    "Safetensors (*.safetensors);;All files (*)"
-)
+from app.ui.widgets import Banner, page_layout
 
 
 class ModelsView(QWidget):
@@ -103,19 +85,9 @@ class ModelsView(QWidget):
         )
         self.first_start_hint = Banner()  # filled by app.ui.first_run on a first start
         layout.addWidget(self.first_start_hint)
-        buttons = QHBoxLayout()
-        open_file = QPushButton("Open file…")
-        open_file.clicked.connect(self.open_file)
-        open_folder = QPushButton("Open folder…")
-        open_folder.clicked.connect(self.open_folder)
-        self.rescan_button = QPushButton("Rescan folders")
-        self.rescan_button.setToolTip("Look again in your model folders (set them in Settings).")
-        self.rescan_button.clicked.connect(self.rescan)
-        self.library_status = label("", "muted")
-        buttons.addWidget(open_file)
-        buttons.addWidget(open_folder)
-        buttons.addWidget(self.rescan_button)
-        buttons.addWidget(self.library_status, 1)
+        buttons, self.rescan_button, self.library_status = choice_row(
+            self.open_file, self.open_folder, self.rescan
+        )
         layout.addLayout(buttons)
 
         filters, self.search, self.family = filter_row(
@@ -128,59 +100,21 @@ class ModelsView(QWidget):
         self.library.currentItemChanged.connect(lambda _c, _p: self._selection_changed())
         layout.addWidget(self.library, 1)
 
-        lower_layout = QVBoxLayout()
-        lower_layout.setContentsMargins(0, 4, 0, 0)
-        # What the highlighted file's metadata says: base model, trigger words, resolution.
-        self.card_text = label("", "muted", wrap=True, selectable=True)
-        self.card_text.hide()
-        lower_layout.addWidget(self.card_text)
-        vae_row = QHBoxLayout()
-        vae_row.addWidget(label("VAE:", "muted"))
-        self.vae_label = label("the model's own", wrap=True)
-        vae_row.addWidget(self.vae_label, 1)
-        choose_vae = QPushButton("Use a separate VAE…")
-        choose_vae.setToolTip(
-            "Replace the model's VAE with another file, e.g. the fp16-fixed "
-            "SDXL VAE. Applies to the next load."
-        )
-        choose_vae.clicked.connect(self.choose_vae)
-        self.clear_vae_button = QPushButton("Use the model's own")
-        self.clear_vae_button.clicked.connect(lambda: self.set_vae(None))
-        self.clear_vae_button.setEnabled(False)
-        vae_row.addWidget(choose_vae)
-        vae_row.addWidget(self.clear_vae_button)
-        lower_layout.addLayout(vae_row)
-
-        load_row = QHBoxLayout()
-        self.load_button = primary_button("Load")
-        self.load_button.clicked.connect(lambda: self.load_item(self.library.currentItem()))
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.clicked.connect(self.cancel)
-        self.cancel_button.setEnabled(False)
-        self.progress = QProgressBar()
-        self.progress.setTextVisible(False)
-        self.progress.setMaximumWidth(260)
-        self.progress.hide()
-        self.load_status = label("", "muted", wrap=True)
-        load_row.addWidget(self.load_button)
-        load_row.addWidget(self.cancel_button)
-        load_row.addWidget(self.progress)
-        load_row.addWidget(self.load_status, 1)
-        lower_layout.addLayout(load_row)
-
-        self.remembered = Banner()
-        lower_layout.addWidget(self.remembered)
-        self.details = Card("No model loaded")
-        # The bold model name takes the card's whole width and wraps there, never cut off.
-        self.details.title.setWordWrap(True)
-        self.details.header.setStretchFactor(self.details.title, 1)
-        self.details_text = label(NOT_LOADED, wrap=True, selectable=True)
-        self.details.body.addWidget(self.details_text)
-        self.advice = AdvicePanel(state)
-        self.health_reader.reports_read.connect(self.advice.set_saved)
-        self.lower_tabs = lower_tabs(state, self.details, self.advice)
-        lower_layout.addWidget(self.lower_tabs)
-        layout.addLayout(lower_layout)
+        self.load_panel = lower = LoadPanel(state, dialogs)
+        lower.choose_vae_button.clicked.connect(self.choose_vae)
+        lower.clear_vae_button.clicked.connect(lambda: self.set_vae(None))
+        lower.load_button.clicked.connect(lambda: self.load_item(self.library.currentItem()))
+        lower.cancel_button.clicked.connect(self.cancel)
+        self.health_reader.reports_read.connect(lower.advice.set_saved)
+        layout.addWidget(lower)
+        # The panel's widgets, named on the page as well: the page's methods set them.
+        self.card_text, self.vae_label = lower.card_text, lower.vae_label
+        self.clear_vae_button = lower.clear_vae_button
+        self.load_button, self.cancel_button = lower.load_button, lower.cancel_button
+        self.progress, self.load_status = lower.progress, lower.load_status
+        self.remembered, self.details = lower.remembered, lower.details
+        self.details_text, self.advice = lower.details_text, lower.advice
+        self.lower_tabs = lower.lower_tabs
 
         self._fill_library([])
         state.settings_changed.connect(self._settings_changed)
@@ -221,13 +155,8 @@ class ModelsView(QWidget):
 
     def _fill_library(self, entries: list[dict[str, Any]]) -> None:
         last = str(self.ui_settings.value("models/last", DEMO_SOURCE))
-        listed = {str(Path(e["path"])) for e in entries}
         # Models opened from a file or folder stay in the list, after the scanned ones.
-        entries = list(entries) + [
-            {"path": path, "error": None, "opened": True}
-            for path in self.opened()
-            if str(Path(path)) not in listed
-        ]
+        entries = with_opened(entries, self.ui_settings)
         selected, families = self.library.fill(entries, last, self._listed_once)
         fill_families(self.family, families)
         self.library.show_health(self.health)
@@ -265,7 +194,7 @@ class ModelsView(QWidget):
     def _health_read(self, health: dict[str, ModelHealth]) -> None:
         self.health = dict(health)
         self.library.show_health(self.health)
-        self._refresh_remembered()
+        self.remembered.refresh(self.health, self.loaded_source(), self.loading is not None)
 
     def _preview_ready(self, model: str, image: QImage, problem: str) -> None:
         if problem:
@@ -278,18 +207,8 @@ class ModelsView(QWidget):
 
     def _selection_changed(self) -> None:
         item = self.library.currentItem()
-        entry = item.data(0, ENTRY) if item else None
-        lines = card_lines((entry or {}).get("card"))
-        self.advice.follow(architecture_of(entry or {}))
-        self.card_text.setText("; ".join(lines))
-        self.card_text.setVisible(bool(lines))
-        problem = unloadable(entry or {})
-        self.load_button.setEnabled(entry is not None and not problem and self.job_id is None)
+        self.load_panel.show_entry(item.data(0, ENTRY) if item else None, self.job_id is not None)
         self._update_load_button()
-        if problem:
-            self.load_status.setText(problem)
-        elif self.job_id is None:
-            self.load_status.setText("")
 
     def _update_load_button(self) -> None:
         """The button names what it does: load the highlighted model, or reload the one held."""
@@ -307,19 +226,8 @@ class ModelsView(QWidget):
 
     # Remembered models -------------------------------------------------------------------------
 
-    def opened(self) -> list[str]:
-        """Models opened from a file or folder, newest first."""
-        value = self.ui_settings.value("models/opened", [])
-        if isinstance(value, str):
-            value = [value]
-        return [str(v) for v in value if v] if isinstance(value, list) else []
-
     def _remember_opened(self, source: str) -> None:
-        if source in DEMO_MODELS:
-            return
-        kept = [source] + [p for p in self.opened() if p != source]
-        self.ui_settings.setValue("models/opened", kept[:OPENED_KEPT])
-        if self.library.item_for(source) is None:
+        if remember_opened(self.ui_settings, source) and self.library.item_for(source) is None:
             self._fill_library(self._scanned)
 
     def reload_last(self) -> int | None:
@@ -336,31 +244,20 @@ class ModelsView(QWidget):
     # Choosing ---------------------------------------------------------------------------------
 
     def open_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Open a checkpoint", folders.models(), CHECKPOINT_FILTER
-        )
-        if path:
+        if path := ask_checkpoint(self, "Open a checkpoint"):
             self.load_path(path)
 
     def open_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(
-            self, "Open a diffusers model folder", folders.models()
-        )
-        if path:
+        if path := ask_model_folder(self):
             self.load_path(path)
 
     def choose_vae(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Choose a VAE", folders.models(), CHECKPOINT_FILTER
-        )
-        if path:
+        if path := ask_checkpoint(self, "Choose a VAE"):
             self.set_vae(path)
 
     def set_vae(self, path: str | None) -> None:
         self.vae_path = path
-        self.vae_label.setText(Path(path).name if path else "the model's own")
-        self.vae_label.setToolTip(path or "")
-        self.clear_vae_button.setEnabled(path is not None)
+        self.load_panel.show_vae(path)
         if self.state.model is not None and self.job_id is None:
             self.load_status.setText("Load the model again to use this VAE.")
 
@@ -404,12 +301,7 @@ class ModelsView(QWidget):
         )
         self.loading = request
         self.state.set_model(None)
-        self.load_button.setEnabled(False)
-        self.cancel_button.setEnabled(True)
-        self.progress.setRange(0, 0)
-        self.progress.show()
-        name = DEMO_MODELS.get(source) or Path(source).name
-        self.load_status.setText(f"Loading {name}…")
+        self.load_panel.show_loading(DEMO_MODELS.get(source) or Path(source).name)
         self.job_id = self.client.submit(request, self._on_event)
         return self.job_id
 
@@ -420,8 +312,7 @@ class ModelsView(QWidget):
 
     def _finish(self, text: str) -> None:
         self.job_id = None
-        self.progress.hide()
-        self.cancel_button.setEnabled(False)
+        self.load_panel.show_stopped()
         self._selection_changed()
         self.load_status.setText(text)
 
@@ -429,9 +320,7 @@ class ModelsView(QWidget):
         if self.job_id is not None and event.job_id != self.job_id:
             return  # a load that was replaced by a newer one
         if event.state == EventState.PROGRESS:
-            show_progress(self.progress, event.done, event.total)
-            if event.stage:
-                self.load_status.setText(f"{event.stage}…")
+            self.load_panel.show_stage(event.done, event.total, event.stage)
         elif event.state == EventState.WARNING:
             self.load_status.setText(event.message)
         elif event.state == EventState.RESULT:
@@ -466,20 +355,8 @@ class ModelsView(QWidget):
         return f"{held.model.name or Path(held.request.source).name} is still loaded"
 
     def _ask_pickle(self, request: LoadRequest, message: str) -> None:
-        name = Path(request.source).name
-        allowed = self.dialogs.confirm(
-            "Open a pickle checkpoint?",
-            f"{name} is a pickle checkpoint (.ckpt, .pt or .bin).",
-            "Pickle files can carry code that runs when they are opened. HalfSafe opens them "
-            "with PyTorch's weights-only loader, which refuses code, but open only files from "
-            "a source you trust. A .safetensors version of the same model is always safer.",
-            yes="Open it",
-            no="Don't open",
-        )
-        if allowed:
+        if self.load_panel.allows_pickle(Path(request.source).name):
             self.load_path(request.source, allow_pickle=True, vae=request.vae)
-        else:
-            self.load_status.setText(f"{name} was not opened.")
 
     # Showing ----------------------------------------------------------------------------------
 
@@ -489,60 +366,13 @@ class ModelsView(QWidget):
             self.library.show_found(source, model)
         self.library.mark_loaded(source)  # bold, so the list and the card agree
         self._update_load_button()
-        self.remembered.dismiss()
-        if model is None:
-            if self.loading is None:  # "... is still loaded" of an earlier load holds no more
-                self.load_status.setText("")
-            self.details.title.setText("No model loaded")
-            self.details_text.setText(NOT_LOADED)
-            return
-        name = model.name or model.source
-        if model.format == "demo" or model.source == DEMO_SOURCE:
-            name = DEMO_MODELS.get(model.source or DEMO_SOURCE, DEMO_LABEL)
-        self.details.title.setText(f"Loaded: {name}")
-        replaced_vae = self.state.model_request.vae if self.state.model_request else None
-        self.details_text.setText(
-            model_details(model, replaced_vae if self.loading is None else None)
-        )
-        fix = model.remembered_fix
-        # The remembered fixes' file was damaged and kept aside: said once, by this load.
-        damage = "".join(f"<br>{html.escape(n)}" for n in model.profile_notes)
-        if fix is not None and fix.settings:
-            self._show_remembered(fix.settings, fix.summary, model.remembered_on, damage)
-        elif damage:
-            self.remembered.show_message("warn", damage.removeprefix("<br>"))
+        if model is None and self.loading is None:
+            self.load_status.setText("")  # "... is still loaded" of an earlier load holds no more
+        request = self.state.model_request
+        self.load_panel.show_model(model, request.vae if request and self.loading is None else None)
 
     def _show_remembered(
         self, settings: dict[str, Any], summary: str, on: str | None, damage: str = ""
     ) -> None:
-        model = self.state.model
-        parts = model.components if model is not None else ()
-        self.remembered.show_message(
-            "warn" if damage else "info",
-            remembered_words(settings, summary, on, parts) + damage,
-            [("Apply to my settings", lambda s=settings: self._apply_remembered(s))],
-        )
-
-    def _refresh_remembered(self) -> None:
-        """The loaded model's remembered fix as saved now, where it is not the one its load
-        found (a generation that repaired an image remembers its repair): never an old fix."""
-        model, source = self.state.model, self.loaded_source()
-        if model is None or not source or self.loading is not None:
-            return
-        device = self.state.device_report()
-        here = device.name if device is not None else model.remembered_on
-        saved = self.health.get(health_key(source))
-        if saved is None or not saved.fix_settings or saved.fix_on != here:
-            return
-        known = model.remembered_fix
-        if known is not None and dict(known.settings) == saved.fix_settings:
-            return
-        self._show_remembered(saved.fix_settings, saved.fix_summary, saved.fix_on)
-
-    def _apply_remembered(self, settings: dict[str, Any]) -> None:
-        try:
-            self.state.apply(settings)
-        except ValueError as error:
-            self.dialogs.error(f"The remembered fix could not be applied: {error}.")
-            return
-        self.remembered.show_message("good", applied_words(settings, self.state.components()))
+        """The remembered fix `settings` (`summary`, found on the device `on`) in the banner."""
+        self.remembered.show_fix(settings, summary, on, damage)
