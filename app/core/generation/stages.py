@@ -128,18 +128,6 @@ class Stages:
         self.upsampler_ran = False
         self.notes: list[str] = []  # sentences for the result's warnings
 
-    def _colours(self, plan: PrecisionPlan):
-        """The live preview's colours for this model, fitted to its VAE once per VAE dtype
-        (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may. The
-        VAE's fit is a stage of its own, before the denoiser's places the denoiser alone."""
-        key = plan.dtypes["vae"]
-        if key not in self.model.preview_colours:
-            fitted = self.family.latent.rgb_factors is None  # decoded by the placed VAE
-            with running(self.placed, plan, ["vae"]) if fitted else nullcontext():
-                colours = colours_for(self.family, self.placed["vae"])
-            self.model.preview_colours[key] = colours
-        return self.model.preview_colours[key]
-
     @contextmanager
     def running_stage(self, plan: PrecisionPlan, components: list[str]) -> Iterator[StageRun]:
         """One stage (`run.stage_run.running`) with only its `components` placed, on a twin
@@ -258,7 +246,7 @@ class Stages:
         enlarged."""
         import torch
 
-        colours = self._colours(plan) if self.preview is not None else None
+        colours = _colours(self, plan) if self.preview is not None else None
         # The denoiser alone, and the VAE where the pipeline encodes the pictures itself.
         encodes = self.pictures is not None and picture is None
         with self.running_stage(
@@ -409,51 +397,14 @@ class Stages:
             second = hires_pass.second_pass(self, plan, conditioning, seeds, latents)
             latents = second.latents
             watches.append(second.watch)
-        # The parts that run once per job, in run order: the text encoders, the VAE's encoder.
-        encoders = list(conditioning.bad) + (["vae_encoder"] if encoder_bad is not None else [])
-        once = [*conditioning.bad.values(), *([encoder_bad] if encoder_bad is not None else [])]
-        per_image = second.flags() if second is not None else []
-        flags = read_flags([*once, *per_image, *(f for w in watches if w for f in w.flags())])
-        bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
-        flags = flags[len(encoders) :]
-        enlarging = [flags[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(per_image))]
-        flags = flags[len(per_image) * len(seeds) :]
-        passes = _passes(flags, watches, len(seeds), self._first_pass_steps())
+        found = _read(
+            conditioning, encoder_bad, second, watches, len(seeds), self._first_pass_steps()
+        )
         outcomes = []
         for index in range(len(seeds)):
             self.cancel.raise_if_cancelled()
             self.progress("Decoding", index, len(seeds))
-            image_latents = latents[index : index + 1]
-            pixels, _ = self.decode(plan, image_latents)
-            image, stats = to_image(pixels)
-            bad, step, failed_watch = passes[index]
-            bad_encoder = bad_encoders[0] if bad_encoders else None
-            vae_latents = enlarged = None
-            if second is not None and second.enlarged is not None:
-                enlarged = second.enlarged[index : index + 1]
-                # Before the second pass, in run order: the first picture's decode, its encoding.
-                if bad_encoder is None and enlarging[0][index]:
-                    bad_encoder = "vae"
-                    vae_latents = second.first_latents[index : index + 1]
-                elif bad_encoder is None and enlarging[1][index]:
-                    bad_encoder = "vae_encoder"
-            outcomes.append(
-                Outcome(
-                    plan=plan,
-                    latents=image_latents,
-                    image=image,
-                    stats=stats,
-                    bad_encoder=bad_encoder,
-                    bad_step=step + 1 if bad and step >= 0 else None,
-                    unet_input=failed_watch.failing_input(index) if failed_watch else None,
-                    watched=self.watch,
-                    denoiser=self.family.denoiser,
-                    step_cache=self.step_cache,
-                    prompt_cache=self.prompt_cache,
-                    vae_latents=vae_latents,
-                    enlarged=enlarged,
-                )
-            )
+            outcomes.append(_outcome(self, plan, latents, index, second, found))
         return outcomes
 
     def _first_pass_steps(self) -> int:
@@ -465,6 +416,78 @@ class Stages:
             return None
         self.last_probe = recorder.read(output)
         return _first_bad(self.last_probe)
+
+
+def _colours(stages: Stages, plan: PrecisionPlan):
+    """The live preview's colours for this model, fitted to its VAE once per VAE dtype
+    (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may. The
+    VAE's fit is a stage of its own, before the denoiser's places the denoiser alone."""
+    key = plan.dtypes["vae"]
+    if key not in stages.model.preview_colours:
+        fitted = stages.family.latent.rgb_factors is None  # decoded by the placed VAE
+        with running(stages.placed, plan, ["vae"]) if fitted else nullcontext():
+            colours = colours_for(stages.family, stages.placed["vae"])
+        stages.model.preview_colours[key] = colours
+    return stages.model.preview_colours[key]
+
+
+@dataclass
+class _Found:
+    """What the job's flags said, read at once: the text encoders or VAE's encoder that went
+    non-finite (run order), per image the hires fix's enlarging flags, and per image its
+    denoising passes' finding (`_passes`)."""
+
+    bad_encoders: list[str]
+    enlarging: list[list[int]]
+    passes: list[tuple[bool, int, Any]]
+
+
+def _read(conditioning, encoder_bad, second, watches, batch: int, first_steps: int) -> _Found:
+    """Every device-side flag of a job read in one transfer (`read_flags`), in run order: the
+    parts that run once a job (the text encoders, the VAE's encoder), the hires fix's per-image
+    flags, then each denoising pass's."""
+    encoders = list(conditioning.bad) + (["vae_encoder"] if encoder_bad is not None else [])
+    once = [*conditioning.bad.values(), *([encoder_bad] if encoder_bad is not None else [])]
+    per_image = second.flags() if second is not None else []
+    flags = read_flags([*once, *per_image, *(f for w in watches if w for f in w.flags())])
+    bad_encoders = [name for name, bad in zip(encoders, flags, strict=False) if bad]
+    flags = flags[len(encoders) :]
+    enlarging = [flags[i * batch : (i + 1) * batch] for i in range(len(per_image))]
+    flags = flags[len(per_image) * batch :]
+    return _Found(bad_encoders, enlarging, _passes(flags, watches, batch, first_steps))
+
+
+def _outcome(stages: Stages, plan: PrecisionPlan, latents, index: int, second, found: _Found):
+    """Image `index` of the batch decoded, classified and recorded with where it failed."""
+    image_latents = latents[index : index + 1]
+    pixels, _ = stages.decode(plan, image_latents)
+    image, stats = to_image(pixels)
+    bad, step, failed_watch = found.passes[index]
+    bad_encoder = found.bad_encoders[0] if found.bad_encoders else None
+    vae_latents = enlarged = None
+    if second is not None and second.enlarged is not None:
+        enlarged = second.enlarged[index : index + 1]
+        # Before the second pass, in run order: the first picture's decode, its encoding.
+        if bad_encoder is None and found.enlarging[0][index]:
+            bad_encoder = "vae"
+            vae_latents = second.first_latents[index : index + 1]
+        elif bad_encoder is None and found.enlarging[1][index]:
+            bad_encoder = "vae_encoder"
+    return Outcome(
+        plan=plan,
+        latents=image_latents,
+        image=image,
+        stats=stats,
+        bad_encoder=bad_encoder,
+        bad_step=step + 1 if bad and step >= 0 else None,
+        unet_input=failed_watch.failing_input(index) if failed_watch else None,
+        watched=stages.watch,
+        denoiser=stages.family.denoiser,
+        step_cache=stages.step_cache,
+        prompt_cache=stages.prompt_cache,
+        vae_latents=vae_latents,
+        enlarged=enlarged,
+    )
 
 
 def _passes(flags: list[int], watches: list[Any], batch: int, first_steps: int):

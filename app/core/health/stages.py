@@ -234,8 +234,8 @@ class Runner:
         run goes on; with `tell_after`, what its record holds after that many calls is told
         (`telling`). A record is told only where it names the layer at fault."""
         with running(self.placed, plan, names) as stage:  # these components alone
-            recorders, timers, stop = self._watchers(
-                stage, plan, names, recorder, stop_after, until_bad, tell_after, tell_at_bad
+            recorders, timers, stop = _watchers(
+                self, stage, plan, names, recorder, stop_after, until_bad, tell_after, tell_at_bad
             )
             started = time.perf_counter()
             try:
@@ -247,61 +247,6 @@ class Runner:
         if names in (["vae"], ["vae_encoder"]) and not seconds[names[0]]:
             seconds[names[0]] = time.perf_counter() - started  # no decoder or encoder of its own
         return Stage(probes, seconds, output, cut_short=stop.cut_short)
-
-    def _watchers(
-        self,
-        stage: StageRun,
-        plan: PrecisionPlan,
-        names: list[str],
-        recorder: str | None,
-        stop_after: int | None,
-        until_bad: int | None,
-        tell_after: int | None,
-        tell_at_bad: bool,
-    ) -> tuple[dict[str, ActivationRecorder], dict[str, ComponentTimer], Stop]:
-        """`_run_stage`'s watchers of its placed components, in the order their hooks run (the
-        recorders, the timers, the stop), each leaving with the stage."""
-        recorders = (
-            {
-                n: stage.watching(
-                    ActivationRecorder(
-                        self.placed[n],
-                        lean=recorder == "lean",
-                        calls_of=counted_module(n, self.placed[n]),
-                        scores=recorder == "full" or plan.dtypes[module_of(n)] != "fp16",
-                    )
-                )
-                for n in names
-            }
-            if recorder
-            else {}
-        )
-        timers = {
-            n: ComponentTimer(
-                stage.hooks,
-                counted_module(n, self.placed[n]),
-                self.device,
-                plan.dtypes[module_of(n)],
-                n,
-                recorder=recorder,
-                timed=self.timing_now,
-            )
-            for n in names
-        }
-        on_call = on_bad = None
-        if (tell_after is not None or tell_at_bad) and self._tell is not None and recorders:
-            name, tell = names[0], self._tell
-
-            def told(done: int) -> None:
-                if tell_at_bad or done == tell_after:
-                    probe = recorders[name].read()
-                    if probe.first_bad_module() is not None:
-                        tell(name, probe)
-
-            on_call, on_bad = (None, told) if tell_at_bad else (told, None)
-        first = counted_module(names[0], self.placed[names[0]])
-        stop = Stop(stage.hooks, first, stop_after, until_bad, on_call, on_bad)
-        return recorders, timers, stop
 
     def upsample(self, plan: PrecisionPlan, record: bool = True) -> Stage:
         """The prompt upsampler writing the check's prompt out, by generation: the prefill and
@@ -402,6 +347,62 @@ class Runner:
             return self.family.decode(pipe.vae, latents)
 
         return self._watch(plan, ["vae"], run, record)
+
+
+def _watchers(
+    runner: Runner,
+    stage: StageRun,
+    plan: PrecisionPlan,
+    names: list[str],
+    recorder: str | None,
+    stop_after: int | None,
+    until_bad: int | None,
+    tell_after: int | None,
+    tell_at_bad: bool,
+) -> tuple[dict[str, ActivationRecorder], dict[str, ComponentTimer], Stop]:
+    """`_run_stage`'s watchers of its placed components, in the order their hooks run (the
+    recorders, the timers, the stop), each leaving with the stage."""
+    recorders = (
+        {
+            n: stage.watching(
+                ActivationRecorder(
+                    runner.placed[n],
+                    lean=recorder == "lean",
+                    calls_of=counted_module(n, runner.placed[n]),
+                    scores=recorder == "full" or plan.dtypes[module_of(n)] != "fp16",
+                )
+            )
+            for n in names
+        }
+        if recorder
+        else {}
+    )
+    timers = {
+        n: ComponentTimer(
+            stage.hooks,
+            counted_module(n, runner.placed[n]),
+            runner.device,
+            plan.dtypes[module_of(n)],
+            n,
+            recorder=recorder,
+            timed=runner.timing_now,
+        )
+        for n in names
+    }
+    on_call = on_bad = None
+    if (tell_after is not None or tell_at_bad) and runner._tell is not None and recorders:
+        name, tell = names[0], runner._tell
+
+        def told(done: int) -> None:
+            if tell_at_bad or done == tell_after:
+                probe = recorders[name].read()
+                if probe.first_bad_module() is not None:
+                    tell(name, probe)
+
+        on_call, on_bad = (None, told) if tell_at_bad else (told, None)
+    first = counted_module(names[0], runner.placed[names[0]])
+    stop = Stop(stage.hooks, first, stop_after, until_bad, on_call, on_bad)
+    return recorders, timers, stop
 
 
 def probe_timesteps(model, steps: int, scheduler: str, size: int | None = None) -> list[float]:
