@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from app.core import samplers
 from app.core.components import Role, of_role
 from app.core.detection import Detection
-from app.core.families.capabilities import Editing, controls, editing, references
+from app.core.families import picture_modes
 from app.core.families.faults import ToolFault
 from app.core.families.variants import PublishedVariant
 from app.core.formats.layouts import Layout
@@ -316,14 +316,8 @@ class Family:
         return mode in FROM_NOISE
 
     def encodes_its_pictures(self, pipeline, mode: Mode) -> bool:
-        """Whether the pipeline of a job of `mode` runs the VAE's encoder on the pictures
-        itself (the generation watches that encoder with hooks), rather than taking latents
-        that HalfSafe's own encoder stage made."""
-        return (
-            mode is Mode.EDIT
-            and isinstance(self, Editing)
-            and not self.edit_latents_given(pipeline)
-        )
+        """Whether a job of `mode` has its pipeline encode the pictures (`picture_modes`)."""
+        return picture_modes.encodes_its_pictures(self, pipeline, mode)
 
     def own_encoding_call(self, pipeline, pictures) -> dict[str, Any]:
         """The call arguments that hand a pipeline which `encodes_its_pictures` the pictures of
@@ -336,62 +330,12 @@ class Family:
         return {}
 
     def picture_pipeline(self, pipe, mode: Mode, latent_channels: int):
-        """The family's pipeline for `mode`, on the same (placed) components as `pipe`, each
-        left in its dtype (`pipeline_sharing`), taking
-        the picture as latents of `latent_channels` channels. Some of diffusers' picture
-        pipelines build their image processor for 4-channel latents whatever the VAE, and
-        would resize 16-channel latents as if they were a picture: theirs is told the truth."""
-        import diffusers
-
-        if mode is Mode.EDIT:  # an editing model's own pipeline is the one that edits
-            return pipe
-        picture = pipeline_sharing(getattr(diffusers, self.picture_pipelines[mode]), pipe)
-        processor = getattr(picture, "image_processor", None)
-        config = getattr(processor, "config", None)
-        if (
-            processor is not None
-            and config is not None
-            and config.get("vae_latent_channels") != latent_channels
-        ):
-            picture.image_processor = type(processor).from_config(
-                config, vae_latent_channels=latent_channels
-            )
-        return picture
+        """The family's pipeline for `mode` on `pipe`'s placed components (`picture_modes`)."""
+        return picture_modes.picture_pipeline(self, pipe, mode, latent_channels)
 
     def picture_problem(self, pipeline, mode: Mode) -> str | None:
-        """Why this model cannot make pictures in `mode` (None: it can)."""
-        if mode is Mode.TEXT:
-            return self.text_to_image_problem(pipeline)
-        if mode is Mode.CONTROL:
-            return (
-                None
-                if controls(self, pipeline)
-                else f"this {self.title} model follows no control picture."
-            )
-        if controls(self, pipeline):  # a picture alone is its control picture (`mode_of`)
-            if mode is Mode.INPAINT:
-                return (
-                    "this is a control model: it takes no mask; give only the control picture "
-                    "(a depth map or an edge picture)."
-                )
-            return None
-        if mode is Mode.EDIT:
-            return (
-                None
-                if references(self, pipeline)
-                else (
-                    f"this {self.title} model does not edit pictures (an editing model such as "
-                    "Flux.1 Kontext, Qwen-Image-Edit or Flux.2 does)."
-                )
-            )
-        if references(self, pipeline):
-            return editing(self).editing_picture_problem(pipeline, mode)
-        if mode not in self.picture_pipelines:
-            return f"HalfSafe does not run {mode.words} for {self.title} models."
-        if mode is Mode.IMAGE:  # an inpainting model's denoiser takes a mask beside the picture
-            problem = self.text_to_image_problem(pipeline)
-            return f"{problem[:-1]}; give it a mask to inpaint." if problem else None
-        return None
+        """Why this model cannot make pictures in `mode` (None: it can; `picture_modes`)."""
+        return picture_modes.picture_problem(self, pipeline, mode)
 
     def latent_factor(self, pipeline) -> int:
         """Pixels per latent cell along one side (8 for every VAE here)."""
@@ -581,25 +525,3 @@ def input_channels_problem(pipeline, latent_key: str, per_latent: int, hint: str
             f"{latent}-channel VAE takes {latent * per_latent}{hint}."
         )
     return None
-
-
-def pipeline_sharing(pipeline_class, pipe):
-    """A `pipeline_class` pipeline on `pipe`'s own component objects and options, each
-    component left in the dtype and on the device it has.
-
-    diffusers' `from_pipe` does the same and then casts every component to one dtype (fp32
-    unless told another): on a placed pipeline that would turn its fp16 components into fp32
-    in place, so the job would run in a precision its record does not name, and a module
-    island's guards (which remember the dtype of the layer they guard) would feed fp16 into
-    layers that had become fp32."""
-    modules, options = pipeline_class._get_signature_keys(pipeline_class)
-    components = pipe.components
-    config = dict(pipe.config)
-    arguments = {name: components[name] for name in modules if name in components}
-    for name in options:
-        # An option a pipeline made by `from_pipe` did not take is kept as "_<name>".
-        for key in (name, "_" + name):
-            if key in config:
-                arguments[name] = config[key]
-                break
-    return pipeline_class(**arguments)

@@ -557,58 +557,17 @@ class _Check:
         one the layers a wider run measured past fp16's range."""
         self.notes.extend(self.search.rejected)
         if verdict is Verdict.BROKEN:
-            self.note_why_broken()
+            self.notes.extend(_why_broken(self.start, self.broken, self.search.unfixed))
             return None, {}
         if verdict is Verdict.FIXABLE:
-            fix = self.proved_fix([n for n, r in self.reports.items() if r.status.failed])
+            failed = [n for n, r in self.reports.items() if r.status.failed]
+            fix = _proved_fix(self.search, self.plan, failed)
             if self.measure_cost:
                 self.measure_fix_cost(fix)
             if remember and fix.verified:
                 self.remember_fix(fix)
             return fix, {}
         return None, predicted_islands(self.reports, self.first_probes, self.runner.placed)
-
-    def note_why_broken(self) -> None:
-        """Why no precision fix is claimed: damaged weights, badly quantized ones, or a
-        component no candidate made finite and right."""
-        start = self.start
-        if start.bad_weights:
-            self.notes.append(
-                "The weights themselves hold NaN or Inf values: this file is damaged, "
-                "and no precision setting can repair it."
-            )
-        if start.bad_quantized:
-            bad_quantized = start.bad_quantized
-            more = f" (and {len(bad_quantized) - 1} more)" if len(bad_quantized) > 1 else ""
-            self.notes.append(
-                f"Quantized weights decode wrongly: {bad_quantized[0].sentence}{more}. "
-                "This is the file's quantisation (or the tool that converted it), not fp16 "
-                "overflow, and no precision setting can repair it."
-            )
-        if not self.broken:
-            unfixed = in_run_order(self.search.unfixed)
-            self.notes.append(
-                f"The {join_words(unfixed)} {'gives' if len(unfixed) == 1 else 'give'} no "
-                "finite output that agrees with fp32 under any precision setting, so the cause "
-                "is not precision (the weights, a LoRA, a kernel or state gone bad in memory: "
-                "see the cause, where one was found)."
-            )
-
-    def proved_fix(self, failed: list[str]) -> Fix:
-        """The fix the search found for the failed components; verified when the worst of their
-        re-runs agrees with the fp32 reference."""
-        search = self.search
-        quality = min(search.qualities.values(), key=lambda q: q.value, default=None)
-        return Fix(
-            search.plan,
-            search.settings,
-            fix_summary(failed, search.words, self.plan, search.plan, quality),
-            verified=quality is not None and quality.passed,
-            quality=quality,
-            steps=list(search.words),
-            candidates=list(search.candidates),
-            baselines=dict(search.baselines),
-        )
 
     def measure_fix_cost(self, fix: Fix) -> None:
         """The fix priced as the user's generation pays it, beside no-half (`price_fix`)."""
@@ -637,6 +596,51 @@ class _Check:
             parts=self.model.components,
             warn=self.notes.append,
         )
+
+
+def _why_broken(start: _Start, broken: set[str | None], unfixed: list[str]) -> list[str]:
+    """Why no precision fix is claimed for a broken model: damaged weights, badly quantized
+    ones, or the components (`unfixed`) no candidate made finite and right; `broken` holds the
+    components the damaged weights break."""
+    notes = []
+    if start.bad_weights:
+        notes.append(
+            "The weights themselves hold NaN or Inf values: this file is damaged, "
+            "and no precision setting can repair it."
+        )
+    if start.bad_quantized:
+        bad_quantized = start.bad_quantized
+        more = f" (and {len(bad_quantized) - 1} more)" if len(bad_quantized) > 1 else ""
+        notes.append(
+            f"Quantized weights decode wrongly: {bad_quantized[0].sentence}{more}. "
+            "This is the file's quantisation (or the tool that converted it), not fp16 "
+            "overflow, and no precision setting can repair it."
+        )
+    if not broken:
+        unfixed = in_run_order(unfixed)
+        notes.append(
+            f"The {join_words(unfixed)} {'gives' if len(unfixed) == 1 else 'give'} no "
+            "finite output that agrees with fp32 under any precision setting, so the cause "
+            "is not precision (the weights, a LoRA, a kernel or state gone bad in memory: "
+            "see the cause, where one was found)."
+        )
+    return notes
+
+
+def _proved_fix(search: Search, plan: PrecisionPlan, failed: list[str]) -> Fix:
+    """The fix the search found for the `failed` components of a check that ran `plan`;
+    verified when the worst of their re-runs agrees with the fp32 reference."""
+    quality = min(search.qualities.values(), key=lambda q: q.value, default=None)
+    return Fix(
+        search.plan,
+        search.settings,
+        fix_summary(failed, search.words, plan, search.plan, quality),
+        verified=quality is not None and quality.passed,
+        quality=quality,
+        steps=list(search.words),
+        candidates=list(search.candidates),
+        baselines=dict(search.baselines),
+    )
 
 
 def _report(
