@@ -1,5 +1,6 @@
 """The shape of the code under app/, read from its syntax trees: forward hooks are attached in
-one place (`app/core/hooks.py`), no function is too long to read at once, the check's path
+one place (`app/core/hooks.py`), no function, class or file is too long to read at once (150,
+350 and 800 lines), the check's path
 crosses from app/core/health into app/core/fixing, never back by import, and the precision plan
 and the fixes never name an encoder kind (a kind declares the layers it keeps wider itself).
 
@@ -32,6 +33,8 @@ HOOK_REGISTRATIONS = frozenset(
     }
 )
 LONGEST_FUNCTION = 150  # lines, from `def` to the function's last line
+LONGEST_CLASS = 350  # lines, from `class` to the class's last line
+LONGEST_FILE = 800  # lines
 HEALTH = "app.core.health"
 # The packages that ask an encoder kind for its own islands (`encoders.kinds.own_islands`) and
 # never name one, and the kind they once named (strings may: its public setting's key).
@@ -186,6 +189,24 @@ def too_long_functions(root: Path) -> list[tuple[int, str]]:
     return sorted(found, key=lambda hit: (-hit[0], hit[1]))
 
 
+def too_long_classes_and_files(root: Path) -> list[tuple[int, str]]:
+    """The classes longer than `LONGEST_CLASS` lines and the files longer than `LONGEST_FILE`
+    under `root`/app, longest first (a file as its path, a class as `path:line Name`)."""
+    found = []
+    for path in sorted((root / "app").rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        source = path.read_text(encoding="utf-8")
+        lines = len(source.splitlines())
+        if lines > LONGEST_FILE:
+            found.append((lines, where))
+        for node in ast.walk(ast.parse(source, filename=where)):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > LONGEST_CLASS:
+                    found.append((length, f"{where}:{node.lineno} {node.name}"))
+    return sorted(found, key=lambda hit: (-hit[0], hit[1]))
+
+
 def health_imported_by_fixing(root: Path) -> list[str]:
     """Each import of app.core.health by a module under `root`/app/core/fixing."""
     under = root / "app" / "core" / "fixing"
@@ -253,6 +274,25 @@ def test_no_function_is_longer_than_150_lines(tmp_path):
     assert not found, (
         f"functions longer than {LONGEST_FUNCTION} lines, longest first: "
         + ", ".join(f"{name} ({length} lines)" for length, name in found)
+    )
+
+
+def test_no_class_or_file_is_too_long(tmp_path):
+    line = "    total = 1\n"
+    _plant(
+        tmp_path,
+        "app/core/planted.py",
+        "class Small:\n" + line * (LONGEST_CLASS - 1) + "class Large:\n" + line * LONGEST_CLASS,
+    )
+    _plant(tmp_path, "app/ui/long.py", "total = 1\n" * (LONGEST_FILE + 1))
+    assert too_long_classes_and_files(tmp_path) == [
+        (LONGEST_FILE + 1, "app/ui/long.py"),
+        (LONGEST_CLASS + 1, f"app/core/planted.py:{LONGEST_CLASS + 1} Large"),
+    ]
+
+    found = too_long_classes_and_files(ROOT)
+    assert not found, "too long, longest first: " + ", ".join(
+        f"{name} ({length} lines)" for length, name in found
     )
 
 
