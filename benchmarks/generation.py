@@ -95,7 +95,7 @@ def run_case(name: str, key: str, size: int, dtype: str, args) -> dict:
         # inside the timing on both sides.
         _sync(device)
         begun = time.perf_counter()
-        with job._running(plan, [job.family.denoiser]) as stage:
+        with job.running_stage(plan, [job.family.denoiser]) as stage:
             latents, generators = job.noise(seeds)
             stage.pipe(
                 **conditioning.embeds,
@@ -260,7 +260,7 @@ def _sync_check(job, plan, conditioning, seeds, size, args) -> dict:
             mark()  # counts only: no tensor is touched
             return {}
 
-        with job._running(plan, [job.family.denoiser]) as stage:
+        with job.running_stage(plan, [job.family.denoiser]) as stage:
             latents, generators = job.noise(seeds)
             stage.pipe(
                 **conditioning.embeds,
