@@ -110,6 +110,25 @@ def test_a_remembered_fix_is_said_to_be_used_only_where_it_set_something():
     assert "ran with it" in note and "without" not in note and "override" not in note
 
 
+def test_a_remembered_kernel_switch_to_pytorchs_own_attention_is_said_as_run():
+    """ComfyUI's HalfSafe Check stores a kernel fault's fix, PyTorch's own attention, as
+    `attention_backend: auto`: a job that runs auto attention ran with it; one on another
+    kernel did not."""
+    from app.core.fixing.profiles import RememberedFix, remembered_words
+
+    fix = RememberedFix({"attention_backend": "auto"}, "switch attention", "comfyui check", 0.0)
+    ran = plan(PrecisionSettings(precision="fp16"), remembered=fix.settings)
+    assert ran.attention_backend == "auto"
+    (note,) = remembered_words(fix, ran)
+    assert "ran with it" in note and "override" not in note
+    assert "PyTorch's own kernel" in note
+    other = plan(
+        PrecisionSettings(precision="fp16", attention_backend="math"), remembered=fix.settings
+    )
+    (note,) = remembered_words(fix, other)
+    assert "override" in note and "ran without it" in note
+
+
 def test_backend_flags_hold_for_the_job_and_are_restored_even_on_error():
     matmul = torch.backends.cuda.matmul
     before = (

@@ -634,7 +634,12 @@ def ran_with_remembered(remembered: RememberedFix | None, plan: Any) -> bool:
         return True
     held = set(getattr(plan, "remembered_held", ()))
     wanted = {k for k, v in remembered.settings.items() if v not in ("auto", False, [], ())}
-    return bool(wanted) and wanted <= held and not getattr(plan, "remembered_dropped", ())
+    if not wanted:
+        # A fix of defaults alone (a kernel switch to PyTorch's own attention, proved in
+        # ComfyUI, is `attention_backend: auto`): the job ran with it where it ran them.
+        ran = [getattr(plan, k) == v for k, v in remembered.settings.items() if hasattr(plan, k)]
+        return bool(ran) and all(ran)
+    return wanted <= held and not getattr(plan, "remembered_dropped", ())
 
 
 def remembered_words(

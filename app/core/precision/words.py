@@ -161,6 +161,8 @@ def fix_words(settings: Mapping[str, Any] | None, components: Collection[str] = 
             parts.append(island.words)
         elif key == "upcast_attention" and value:
             parts.append("upcast attention to fp32")
+        elif key == "attention_backend" and value == "auto":
+            parts.append("switch attention to PyTorch's own kernel")
         elif key == "attention_backend":
             parts.append(f"switch attention to the {value} kernel")
         elif key in _REDUCED and value is False:
