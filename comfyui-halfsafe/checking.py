@@ -1,13 +1,15 @@
 """HalfSafe Check inside ComfyUI: one denoiser call recorded at the precision ComfyUI runs it,
-the first bad layer named, and the cheapest fix proved against an fp32 reference of the same
-call (layer islands before the whole component), with the quality metric the desktop uses."""
+the first bad layer named, an attention kernel fault told apart from an overflow (the same call
+right on PyTorch's own attention at the same precision), and otherwise the cheapest fix proved
+against an fp32 reference of the same call (layer islands before the whole component), with the
+quality metric the desktop uses."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from . import host
+from . import attention, host
 
 
 @dataclass
@@ -16,7 +18,8 @@ class Outcome:
     lines: list[str] = field(default_factory=list)
     first_bad_layer: str | None = None  # ComfyUI's name
     first_bad_halfsafe: str | None = None  # HalfSafe's name, where the model has one
-    fix: dict | None = None  # {"islands": {path: dtype}, "component": dtype|None, ...}
+    # {"islands": {path: dtype}, "component": dtype|None, "attention": backend|None, ...}
+    fix: dict | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -71,6 +74,20 @@ def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> O
         outcome.lines.append(f"First bad layer: {outcome.first_bad_layer}{also}.")
     else:
         outcome.lines.append("The output went non-finite with no layer to name (its input was).")
+    # A kernel fault first: a precision change can "fix" it by taking another kernel path.
+    fault = attention.kernel_fault(module, call)
+    if fault is not None:
+        stats = seen.probe.modules.get(first) if first else None
+        outcome.lines += attention.fault_lines(
+            fault, dtypes["compute"], outcome.first_bad_layer, stats
+        )
+        return _switched(outcome, fault, dtypes)
+    unswitchable = attention.dispatched_unswitchable()
+    if unswitchable:
+        outcome.notes.append(
+            f"ComfyUI's attention runs {unswitchable}, which does not take ComfyUI's attention "
+            "override: an attention kernel fault is not told apart from an overflow here."
+        )
     reference = reference_call(module, call.args, call.kwargs)
     if not reference.finite:
         outcome.lines.append("Broken: even fp32 gives non-finite output; no precision fix.")
@@ -118,4 +135,19 @@ def _fixed(outcome: Outcome, fix: dict, quality, islands: list[str], dtype: str,
     outcome.verdict, outcome.fix = "fixable", fix
     outcome.lines.append(f"Fixable: {fix['summary']}")
     outcome.lines.append("Add HalfSafe Fix between the loader and the sampler to apply it.")
+    return outcome
+
+
+def _switched(outcome: Outcome, fault, dtypes) -> Outcome:
+    summary, how = attention.fix_words(fault)
+    fix = {
+        "islands": {},
+        "component": None,
+        "attention": attention.BACKEND,
+        "summary": summary,
+        "quality": fault.quality.to_json(),
+        "made_at": {"unet_precision": dtypes["compute"]},
+    }
+    outcome.verdict, outcome.fix = "fixable", fix
+    outcome.lines += [f"Fixable: {summary}", how]
     return outcome

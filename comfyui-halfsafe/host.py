@@ -189,7 +189,9 @@ def run_call(model, call: DenoiserCall):
 
 def apply_islands(model, islands: dict[str, str]) -> None:
     """Put an island copy of each layer (its path in the diffusion model -> "fp32"|"bf16") on
-    `model` (a clone) as ComfyUI object patches: only those layers are copied, in that dtype."""
+    `model` (a clone) as ComfyUI object patches: only those layers are copied, in that dtype.
+    A layer whose weights ComfyUI holds quantized (scaled fp8, int8, int8 ConvRot) is computed
+    there as a plain torch layer from its weights dequantized by ComfyUI's own code."""
     import torch
 
     from app.core.fixing.module_check import island_copy
@@ -201,7 +203,81 @@ def apply_islands(model, islands: dict[str, str]) -> None:
         except AttributeError as error:
             raise NodeProblem(f"The model has no layer {PREFIX}.{path} to keep wider.") from error
         wide = torch.float32 if dtype == "fp32" else torch.bfloat16
-        model.add_object_patch(f"{PREFIX}.{path}", island_copy(layer, wide))
+        island = island_copy(layer, wide, rebuild=_named(dequantized_layer, path))
+        model.add_object_patch(f"{PREFIX}.{path}", island)
+
+
+def _named(rebuild, path: str):
+    """`rebuild` whose NodeProblem names the island's path, not the inner module's object."""
+
+    def named(module, dtype):
+        try:
+            return rebuild(module, dtype)
+        except NodeProblem as problem:
+            raise NodeProblem(f"{PREFIX}.{path}: {problem}") from problem
+
+    return named
+
+
+# Parameters of ComfyUI's quantized layers that scale their inputs for a low-bit matmul; a
+# layer computed wide from its dequantized weight has no use for them.
+ACTIVATION_SCALES = ("input_scale",)
+
+
+def _quantized_tensor_class():
+    """ComfyUI's class of weights held in a quantized layout (None where it has none)."""
+    try:
+        from comfy.quant_ops import QuantizedTensor
+    except ImportError:
+        return None
+    return QuantizedTensor
+
+
+def dequantized_layer(layer, dtype):
+    """A plain torch Linear (or Embedding) in `dtype` computing what ComfyUI's quantized
+    `layer` computes, without its low-bit arithmetic: the weight dequantized by ComfyUI's own
+    code into fp32 (the scale applied, int8 ConvRot's rotation undone), then cast to `dtype`,
+    and the bias. None for a layer whose own weights are plain tensors, which a cast widens;
+    a NodeProblem for weights held in a layout this cannot dequantize (a tensor of another
+    kind: GGUF's, say)."""
+    import torch
+
+    quantized = _quantized_tensor_class()
+    own = {n: p for n, p in layer._parameters.items() if p is not None}
+    odd = sorted(
+        n
+        for n, p in own.items()
+        if type(p) not in (torch.Tensor, torch.nn.Parameter)
+        and not (quantized is not None and isinstance(p, quantized))
+    )
+    if odd:
+        kind = type(own[odd[0]]).__name__
+        raise NodeProblem(
+            f"its {odd[0]} is held as {kind}, a layout HalfSafe cannot widen yet; run the "
+            "whole diffusion model wider instead."
+        )
+    weight = own.get("weight")
+    if quantized is None or not isinstance(weight, quantized):
+        return None
+    if any(isinstance(p, quantized) for n, p in own.items() if n != "weight"):
+        raise NodeProblem("it holds quantized tensors besides its weight.")
+    wide = weight.to(torch.float32).dequantize().to(dtype)
+    bias = own.get("bias")
+    if isinstance(layer, torch.nn.Embedding) and wide.ndim == 2:
+        plain = torch.nn.Embedding(
+            wide.shape[0], wide.shape[1], padding_idx=layer.padding_idx, _weight=wide
+        )
+    elif wide.ndim == 2 and set(own) <= {"weight", "bias", *ACTIVATION_SCALES}:
+        # Made on the meta device: no weights of its own drawn, only the dequantized ones.
+        plain = torch.nn.Linear(wide.shape[1], wide.shape[0], bias=bias is not None, device="meta")
+        plain.weight = torch.nn.Parameter(wide, requires_grad=False)
+        if bias is not None:
+            plain.bias = torch.nn.Parameter(bias.to(dtype), requires_grad=False)
+    else:
+        raise NodeProblem(
+            f"its quantized weight is {wide.ndim}-dimensional, a layer HalfSafe cannot widen yet."
+        )
+    return plain.requires_grad_(False)
 
 
 def apply_clamps(model, paths: list[str]) -> None:

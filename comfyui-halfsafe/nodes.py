@@ -34,8 +34,9 @@ class HalfSafeCheck:
     FUNCTION = "check"
     OUTPUT_NODE = True
     DESCRIPTION = (
-        "Runs one denoiser call as this ComfyUI runs it, names the first layer that overflows "
-        "fp16 and proves the cheapest fix against fp32."
+        "Runs one denoiser call (and, where connected, one VAE decode and one text encode) as "
+        "this ComfyUI runs it, names the first layer that overflows fp16 and proves the "
+        "cheapest fix against fp32."
     )
 
     @classmethod
@@ -53,7 +54,7 @@ class HalfSafeCheck:
         }
 
     def check(self, model, width, height, steps, seed, clip=None, vae=None):
-        from . import checking, report_image, store
+        from . import checking, parts, report_image, store
 
         verdict, fix = None, None
         try:
@@ -61,7 +62,13 @@ class HalfSafeCheck:
             verdict, fix = outcome.verdict, outcome.fix
             if fix is not None:
                 store.remember(model, fix, fix["summary"], fix.get("made_at") or {}, outcome.notes)
-            text = outcome.text
+            size = (width, height, steps, seed)
+            found = parts.check_parts(model, outcome, size, clip, vae, _one_sentence)
+            verdict = found.verdict
+            if found.vae_fix is not None:
+                fix = {**(fix or {"islands": {}, "component": None}), "vae": found.vae_fix}
+                fix.setdefault("summary", found.vae_fix["summary"])
+            text = found.text
         except Exception as error:  # never stop the user's queue
             text = _one_sentence(error)
         image = report_image.render(text, verdict)
@@ -70,20 +77,23 @@ class HalfSafeCheck:
 
 class HalfSafeFix:
     CATEGORY = CATEGORY
-    RETURN_TYPES = ("MODEL", "STRING")
-    RETURN_NAMES = ("model", "report")
+    RETURN_TYPES = ("MODEL", "STRING", "VAE")
+    RETURN_NAMES = ("model", "report", "vae")
     FUNCTION = "fix"
     DESCRIPTION = (
-        "Applies HalfSafe's proved fix to a clone of the model: the check's, or the one "
-        "remembered for this model file on this device."
+        "Applies HalfSafe's proved fix to a clone of the model (and of the VAE, where the fix "
+        "has a VAE part): the check's, or the one remembered for this model file on this device."
     )
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",)}, "optional": {"fix": (FIX_TYPE,)}}
+        return {
+            "required": {"model": ("MODEL",)},
+            "optional": {"fix": (FIX_TYPE,), "vae": ("VAE",)},
+        }
 
-    def fix(self, model, fix=None):
-        from . import store
+    def fix(self, model, fix=None, vae=None):
+        from . import parts, store
 
         notes: list[str] = []
         try:
@@ -92,14 +102,33 @@ class HalfSafeFix:
             if fix is None:
                 fix = store.remembered(model, notes)
             if not fix:
-                return (model, " ".join(notes + ["No fix to apply: the model is used as it is."]))
+                said = "No fix to apply: the model is used as it is."
+                return (model, " ".join(notes + [said]), vae)
             patched = model.clone()
-            said = f"HalfSafe Fix: {host.apply_fix(patched, fix)}."
+            done = [] if _attention_only(fix) else [host.apply_fix(patched, fix)]
+            if fix.get("attention"):
+                from . import attention
+
+                done.append(attention.apply(patched, fix["attention"]))
+            said = f"HalfSafe Fix: {'; '.join(done)}."
             if from_store:
                 said += f" The fix remembered for this model on this device: {fix['summary']}"
-            return (patched, " ".join([said, *notes]))
+            fixed_vae = vae
+            if fix.get("vae") and vae is not None:
+                fixed_vae, done = parts.fixed_vae(vae, fix["vae"])
+                said += f" The VAE: {done}."
+            elif fix.get("vae"):
+                said += " The fix has a VAE part: connect the VAE to HalfSafe Fix to apply it."
+            return (patched, " ".join([said, *notes]), fixed_vae)
         except Exception as error:
-            return (model, _one_sentence(error))
+            return (model, _one_sentence(error), vae)
+
+
+def _attention_only(fix: dict) -> bool:
+    """A fix that only switches the attention backend (no precision, island or clamp)."""
+    return bool(fix.get("attention")) and not any(
+        fix.get(k) for k in ("component", "islands", "clamps")
+    )
 
 
 class HalfSafeNaNWatch:

@@ -58,23 +58,34 @@ OTHER_PARTS = (
 def fix_settings(model, fix: dict) -> dict:
     """A proved fix as HalfSafe's settings: islands as `fp32_modules`/`bf16_modules`
     (COMPONENT:PATH in HalfSafe's names where the model has them), a whole component as
-    `unet_precision`."""
+    `unet_precision`, an attention switch as `attention_backend` (`attention.SETTING`)."""
+    from .attention import SETTING
+
+    switch = {"attention_backend": SETTING[fix["attention"]]} if fix.get("attention") else {}
     if fix.get("component"):
-        return {"unet_precision": fix["component"]}
+        return {"unet_precision": fix["component"], **switch}
     module = diffusion_model(model)
     names = halfsafe_names(model)
     settings: dict[str, list[str]] = {}
     for path, dtype in fix.get("islands", {}).items():
         named = halfsafe_name(names, module, path) or f"{PREFIX}.{path}"
         settings.setdefault(f"{dtype}_modules", []).append(f"{COMPONENT}:{named}")
-    return settings
+    return {**settings, **switch}
 
 
 def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
     """A remembered fix's settings as the nodes' fix, in ComfyUI's module paths: None, with a
     sentence in `notes`, where it needs what HalfSafe Fix cannot do in ComfyUI or names a
     layer this model does not have (then it is not this model's fix)."""
-    beyond = [k for k, v in settings.items() if k not in APPLIED + OTHER_PARTS and v]
+    from .attention import SETTING
+
+    switches = {stored: backend for backend, stored in SETTING.items()}
+    backend = settings.get("attention_backend")
+    beyond = [
+        k
+        for k, v in settings.items()
+        if k not in APPLIED + OTHER_PARTS and v and not (k == "attention_backend" and v in switches)
+    ]
     if beyond:
         notes.append(
             f"The remembered fix needs {', '.join(beyond)}, which HalfSafe Fix cannot apply "
@@ -83,7 +94,12 @@ def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
         return None
     if any(settings.get(k) not in (None, False, "auto") for k in OTHER_PARTS):
         notes.append("Its text encoders' and VAE's part is for their own loaders, not the MODEL.")
-    fix: dict = {"component": None, "islands": {}, "clamps": []}
+    fix: dict = {
+        "component": None,
+        "islands": {},
+        "clamps": [],
+        "attention": switches.get(str(backend)),
+    }
     if settings.get("unet_precision") in ("fp32", "bf16"):
         fix["component"] = settings["unet_precision"]
     paths = _comfy_paths(model)
@@ -107,7 +123,7 @@ def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
                 fix["clamps"].append(path)
             else:
                 fix["islands"][path] = key.removesuffix("_modules")
-    return fix if fix["component"] or fix["islands"] or fix["clamps"] else None
+    return fix if fix["component"] or fix["islands"] or fix["clamps"] or fix["attention"] else None
 
 
 def _comfy_paths(model) -> dict[str, str]:

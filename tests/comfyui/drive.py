@@ -152,7 +152,7 @@ def main() -> None:
         print(json.dumps(found))
         return
 
-    fixed, said = nodes["HalfSafeFix"]().fix(model, fix)
+    fixed, said = nodes["HalfSafeFix"]().fix(model, fix)[:2]
     call = host.one_call(model.clone(), 64, 64, 4, 0)
     island_params = sum(
         p.numel()
@@ -172,7 +172,7 @@ def main() -> None:
     }
     # A UNet file alone is no model HalfSafe's app loads (it needs --vae, whose file is then
     # part of the key): the nodes remember nothing for it, and say so.
-    unchanged, said = nodes["HalfSafeFix"]().fix(model, None)
+    unchanged, said = nodes["HalfSafeFix"]().fix(model, None)[:2]
     found["remembered"] = {"said": said, "unchanged": unchanged is model}
     found["watch"] = watch(nodes, model)
     found["bad_input"] = {

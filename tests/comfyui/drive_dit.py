@@ -28,7 +28,7 @@ def planted_model(nodes, host, model) -> dict:
     text, image, fix = nodes["HalfSafeCheck"]().check(model, SIZE, SIZE, 4, 0)["result"]
     found: dict = {"precision": host.precision(model)}
     found["check"] = {"text": text, "fix": fix, "image": list(image.shape)}
-    fixed, said = nodes["HalfSafeFix"]().fix(model, fix)
+    fixed, said = nodes["HalfSafeFix"]().fix(model, fix)[:2]
     call = host.one_call(model.clone(), SIZE, SIZE, 4, 0)
     reference = reference_call(host.diffusion_model(model), call.args, call.kwargs).output
     patched, original = host.run_call(fixed, call), host.run_call(model, call)

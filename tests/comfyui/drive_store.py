@@ -38,7 +38,7 @@ def main() -> None:
         text, _, fix = nodes["HalfSafeCheck"]().check(model, SIZE, SIZE, 4, 0)["result"]
         found["check"] = {"text": text, "fix": fix}
     else:
-        patched, said = nodes["HalfSafeFix"]().fix(model, None)
+        patched, said = nodes["HalfSafeFix"]().fix(model, None)[:2]
         cast = patched.object_patches.get("manual_cast_dtype")
         # Through ComfyUI's apply_model, which casts the input to the compute dtype a
         # whole-component fix sets, as its sampler calls the model.

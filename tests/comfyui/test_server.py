@@ -137,7 +137,9 @@ def test_the_real_server_lists_the_nodes_and_runs_check_from_a_queued_workflow(s
     assert set(check["input"]["optional"]) == {"clip", "vae"}
     assert check["output"] == ["STRING", "IMAGE", "HALFSAFE_FIX"]
     assert set(info["HalfSafeFix"]["input"]["required"]) == {"model"}
-    assert set(info["HalfSafeFix"]["input"]["optional"]) == {"fix"}
+    assert set(info["HalfSafeFix"]["input"]["optional"]) == {"fix", "vae"}
+    # The VAE output comes after the others: existing workflows' links keep their indices.
+    assert info["HalfSafeFix"]["output"] == ["MODEL", "STRING", "VAE"]
     assert info["HalfSafeNaNWatch"]["output"] == ["MODEL"]
 
     queued = server.post("/prompt", {"prompt": WORKFLOW, "client_id": "halfsafe-tests"})

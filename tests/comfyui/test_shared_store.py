@@ -37,7 +37,7 @@ pytestmark = [
 ]
 
 
-def tiny_sd1_checkpoint(path: Path) -> Path:
+def tiny_sd1_checkpoint(path: Path, planted: bool = True) -> Path:
     import torch
     from diffusers import (
         AutoencoderKL,
@@ -80,8 +80,9 @@ def tiny_sd1_checkpoint(path: Path) -> Path:
             projection_dim=768,
         )
     ).eval()
-    with torch.no_grad():
-        unet.get_submodule(PLANTED).weight.mul_(1e5)  # past 65504 in fp16, finite in fp32
+    if planted:
+        with torch.no_grad():
+            unet.get_submodule(PLANTED).weight.mul_(1e5)  # past 65504 in fp16, finite in fp32
     pipeline = StableDiffusionPipeline(
         vae=vae,
         text_encoder=text,

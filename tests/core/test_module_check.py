@@ -95,6 +95,50 @@ def test_an_island_copy_keeps_the_layers_parameter_names_and_costs_only_its_weig
     assert layer.weight.dtype == torch.float16  # the original is untouched
 
 
+class _Int8Linear(torch.nn.Module):
+    """A host's low-bit layer: int8 values and their scale, which a cast cannot widen (a cast
+    of the int8 weight gives the stored values, not the weight)."""
+
+    def __init__(self, layer: torch.nn.Linear) -> None:
+        super().__init__()
+        scale = layer.weight.detach().float().abs().amax() / 127
+        values = torch.round(layer.weight.detach().float() / scale).to(torch.int8)
+        self.weight = torch.nn.Parameter(values, requires_grad=False)
+        self.scale = torch.nn.Parameter(scale, requires_grad=False)
+
+    def forward(self, x):
+        return x @ (self.weight.to(x.dtype) * self.scale.to(x.dtype)).t()
+
+
+def test_an_island_copy_rebuilds_the_hosts_low_bit_layers_from_their_weights(planted):
+    block = planted.blocks[1]
+    block.down = _Int8Linear(block.down)
+    built = []
+
+    def dequantized(module, dtype):
+        if not isinstance(module, _Int8Linear):
+            return None
+        weight = module.weight.float() * module.scale
+        plain = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
+        plain.weight = torch.nn.Parameter(weight.to(dtype), requires_grad=False)
+        built.append(plain)
+        return plain
+
+    island = island_copy(block, torch.float32, rebuild=dequantized)
+    # The rebuilt layer itself takes the low-bit one's place: its int8 values are not copied.
+    assert built == [island.down] and island.down is built[0]
+    assert all(p.dtype == torch.float32 for p in island.parameters())
+    assert isinstance(block.down, _Int8Linear) and block.down.weight.dtype == torch.int8
+    wide = block.down.weight.float() * block.down.scale
+    assert torch.equal(island.down.weight, wide)
+    # The block computes in fp32 what the host's own layer computes there, handed back in fp16.
+    x = torch.randn(2, 4, 16, dtype=torch.float16)
+    wide_block = copy.deepcopy(block).float()
+    got = island(x)
+    assert got.dtype == torch.float16
+    assert torch.allclose(got.float(), wide_block(x.float()).half().float())
+
+
 def test_the_fp32_reference_widens_one_layer_at_a_time_and_matches_a_whole_fp32_copy(planted):
     x = torch.randn(2, 4, 16, dtype=torch.float16)
     context = torch.tensor(1.0)

@@ -102,15 +102,29 @@ def closed_islands(wide: ProbeResult, islands: list[str]) -> list[str]:
     return sorted(n for n in closed if not any(n.startswith(o + ".") for o in closed))
 
 
-def island_copy(layer, dtype):
+def island_copy(layer, dtype, rebuild: Callable[[Any, Any], Any] | None = None):
     """A copy of `layer` holding its weights in `dtype`, whose calls take their floating
     inputs in `dtype` and hand their output back in the dtype the first floating input came
     in: put in the layer's place, only this layer computes wider. Its parameters keep the
     layer's names, so a host that patches weights by name (a LoRA) still finds them. The copy
-    is the only memory it costs: the layer's weights once, in `dtype`."""
+    is the only memory it costs: the layer's weights once, in `dtype`.
+
+    `rebuild` is the host's, for its layers that a cast cannot widen (weights stored in a
+    quantized layout with their scales): `rebuild(module, dtype)` gives a plain module computing
+    that one in `dtype` from its weights dequantized, or None for a module a cast widens. A
+    rebuilt module takes its place in the copy; its stored weights are never copied."""
     import torch
 
-    island = copy.deepcopy(layer).to(dtype)
+    rebuilt = {}
+    if rebuild is not None:
+        for module in layer.modules():
+            plain = rebuild(module, dtype)
+            if plain is not None:
+                rebuilt[id(module)] = plain
+    if id(layer) in rebuilt:
+        island = rebuilt[id(layer)]
+    else:  # a rebuilt module met while copying is its plain one (deepcopy's memo)
+        island = copy.deepcopy(layer, dict(rebuilt)).to(dtype)
     came_in: list[Any] = []
 
     def cast_in(_module, args, kwargs):

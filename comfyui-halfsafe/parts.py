@@ -1,0 +1,409 @@
+"""HalfSafe Check's other parts inside ComfyUI: the VAE's decode and the text encoder's encode,
+each run once as this ComfyUI runs it (in the dtype ComfyUI chose for it), recorded layer by
+layer, the first bad layer named in ComfyUI's names and measured against an fp32 reference of
+the same call; for the VAE, the cheapest fix proved against it (the overflowing layers kept
+wider before the whole VAE in fp32), and HalfSafe Fix's VAE: a clone with that fix on."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+from . import host
+
+VAE_PREFIX = "first_stage_model"  # where ComfyUI's VAE holds its autoencoder
+CLIP_PREFIX = "cond_stage_model"  # where ComfyUI's CLIP holds its text encoders
+PROMPT = ""  # the text encoder's check encodes the empty prompt, as the denoiser's check does
+# The order of verdicts from best to worst: the check's overall verdict is its parts' worst.
+VERDICTS = ("healthy", "fixable", "broken")
+
+
+@dataclass
+class PartOutcome:
+    """What the check found in one part besides the diffusion model."""
+
+    part: str  # "VAE" | "text encoder"
+    verdict: str  # "healthy" | "fixable" | "broken"
+    lines: list[str] = field(default_factory=list)
+    first_bad_layer: str | None = None  # ComfyUI's name
+    fix: dict | None = None  # {"islands": {path: dtype}, "component": dtype|None, ...}
+
+
+def worst(verdicts) -> str | None:
+    """The worst of `verdicts` (None where there is none)."""
+    found = [v for v in verdicts if v in VERDICTS]
+    return max(found, key=VERDICTS.index) if found else None
+
+
+def _dtype_name(dtype) -> str:
+    return host._name(dtype)
+
+
+def _finite(value) -> bool:
+    import torch
+
+    from app.core.fixing.probe import float_tensors
+
+    return all(bool(torch.isfinite(t).all()) for t in float_tensors(value))
+
+
+def _wide(dtype: str):
+    import torch
+
+    return torch.float32 if dtype == "fp32" else torch.bfloat16
+
+
+def _island_dtypes(device) -> list[str]:
+    """The dtypes an island is tried in, cheapest first: bf16 where the device computes it
+    (CUDA with bf16), then fp32."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return ["bf16", "fp32"]
+    return ["fp32"]
+
+
+# --- the VAE ---------------------------------------------------------------------------------
+
+
+def vae_module(vae):
+    """The VAE's autoencoder as a torch module, or a NodeProblem for a VAE of another kind."""
+    import torch
+
+    module = getattr(vae, VAE_PREFIX, None)
+    if not isinstance(module, torch.nn.Module):
+        raise host.NodeProblem(
+            f"HalfSafe cannot check this VAE ({type(vae).__name__}): it holds no autoencoder "
+            "that ComfyUI's VAE loaders make."
+        )
+    for needed in ("patcher", "vae_dtype", "device", "latent_channels"):
+        if not hasattr(vae, needed):
+            raise host.NodeProblem(
+                f"This ComfyUI's VAE has no {needed}, which HalfSafe's nodes need: update ComfyUI."
+            )
+    if getattr(vae, "latent_dim", 2) != 2 or not hasattr(module, "decode"):
+        raise host.NodeProblem(
+            "HalfSafe checks image VAEs (one picture from one latent); this VAE is another kind."
+        )
+    return module
+
+
+def decode(vae, latent):
+    """One decode of `latent` as ComfyUI's VAE makes it: the VAE loaded (with its patches), the
+    latent in the VAE's own dtype on its device, its autoencoder's `decode`; the raw output
+    (before ComfyUI maps it to 0..1)."""
+    import torch
+
+    mm, _, _ = host._api()
+    memory = vae.memory_used_decode(latent.shape, vae.vae_dtype)
+    mm.load_models_gpu([vae.patcher], memory_required=memory)
+    with torch.no_grad():
+        return vae.first_stage_model.decode(latent.to(device=vae.device, dtype=vae.vae_dtype))
+
+
+def reference_decode(vae, latent):
+    """The same decode in fp32 from the stored weights, one layer widened at a time (as the
+    diffusion model's reference), recorded."""
+    import torch
+
+    from app.core.fixing.module_check import recorded_call
+    from app.core.precision.layerwise import each_layer_in_fp32
+
+    module = vae.first_stage_model
+    wide = latent.to(device=vae.device, dtype=torch.float32)
+    with each_layer_in_fp32([module]):
+        return recorded_call(module, lambda: module.decode(wide))
+
+
+def vae_latent(model, vae, size: tuple, clip, model_fix) -> tuple:
+    """The latent the VAE's check decodes, and where it came from: the diffusion model's own
+    prediction of the denoised latent in its one-call check (with its proved fix on, where it
+    has one), in the VAE's scale; else seeded noise of the latent's shape, in the model's
+    latent scale."""
+    import torch
+
+    width, height, steps, seed = size
+    base = model.model
+    latent_format = base.latent_format
+    down = int(getattr(latent_format, "spacial_downscale_ratio", 8))
+    channels = int(latent_format.latent_channels)
+    if channels == int(vae.latent_channels):
+        denoised = _denoised(model, size, clip, model_fix)
+        if isinstance(denoised, torch.Tensor) and _finite(denoised):
+            latent = base.process_latent_out(denoised.float().cpu())
+            said = "the diffusion model's denoised prediction of its checked call"
+            return latent, said + (" (with its fix on)" if model_fix else "")
+    shape = (1, int(vae.latent_channels), max(1, height // down), max(1, width // down))
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    if channels == shape[1]:
+        return latent_format.process_out(noise), "seeded noise in the model's latent scale"
+    return noise, "seeded noise (the model's latents are not this VAE's)"
+
+
+def _denoised(model, size: tuple, clip, model_fix):
+    """The diffusion model's denoised latent of the check's call, on a clone with its fix on
+    (None where the model cannot make that call)."""
+    try:
+        runs = model.clone()
+        if model_fix:
+            host.apply_fix(runs, model_fix)
+        host.load(runs)
+        width, height, steps, seed = size
+        return host.one_call(runs, width, height, steps, seed, clip).output
+    except host.NodeProblem:
+        return None
+
+
+def vae_clone(vae):
+    """A VAE that shares `vae`'s autoencoder and weights but has its own patcher: what ComfyUI's
+    own nodes do to retarget a VAE (it has no clone), so patches on it leave `vae` as it is."""
+    clone = copy.copy(vae)
+    clone.patcher = vae.patcher.clone()
+    return clone
+
+
+def apply_vae_fix(vae, fix: dict) -> str:
+    """Put the VAE part of a fix on `vae` (a clone): each island an object patch (a copy of that
+    layer alone in the wider dtype), or the whole VAE computing in fp32 through ComfyUI's own
+    compute-dtype patch, each layer's stored weights cast for its call, nothing copied whole.
+    Returns what was done, in words."""
+    from app.core.fixing.module_check import island_copy
+
+    module = vae_module(vae)
+    said = []
+    if fix.get("component"):
+        wide = _wide(fix["component"])
+        vae.patcher.set_model_compute_dtype(wide)
+        vae.vae_dtype = wide
+        said.append(f"the VAE computes in {fix['component']}")
+    for path, dtype in (fix.get("islands") or {}).items():
+        try:
+            layer = module.get_submodule(path)
+        except AttributeError as error:
+            raise host.NodeProblem(
+                f"The VAE has no layer {VAE_PREFIX}.{path} to keep wider."
+            ) from error
+        vae.patcher.add_object_patch(path, island_copy(layer, _wide(dtype)))
+    if fix.get("islands"):
+        said.append(f"{len(fix['islands'])} VAE layer(s) kept wider")
+    return "; ".join(said) or "nothing to change in the VAE"
+
+
+def fixed_vae(vae, fix: dict) -> tuple:
+    """A clone of `vae` with the fix's VAE part on, and what was done in words."""
+    clone = vae_clone(vae)
+    return clone, apply_vae_fix(clone, fix)
+
+
+def check_vae(model, vae, size: tuple, clip=None, model_fix=None) -> PartOutcome:
+    """Check the VAE's decode as ComfyUI runs it (`vae` is never changed: trials run on
+    clones) and prove the cheapest fix against an fp32 reference of the same decode. `size`:
+    the check's (width, height, steps, seed)."""
+    from app.core.components import FP16_MAX
+    from app.core.fixing.layer_islands import overflow_islands
+    from app.core.fixing.module_check import closed_islands, recorded_call
+
+    module = vae_module(vae)
+    latent, source = vae_latent(model, vae, size, clip, model_fix)
+    seen = recorded_call(module, lambda: decode(vae, latent))
+    dtype = _dtype_name(vae.vae_dtype)
+    shape = "x".join(str(n) for n in latent.shape)
+    outcome = PartOutcome(
+        "VAE",
+        "broken",
+        [f"The VAE computing in {dtype}, one decode of {source}, a {shape} latent."],
+    )
+    if seen.finite:
+        outcome.verdict = "healthy"
+        outcome.lines.append(_healthy_words(seen.probe, dtype, FP16_MAX))
+        return outcome
+    first = seen.first_bad_layer
+    if first:
+        outcome.first_bad_layer = f"{VAE_PREFIX}.{first}"
+        outcome.lines.append(f"First bad layer: {outcome.first_bad_layer}.")
+    else:
+        outcome.lines.append("Its output went non-finite with no layer to name (its input was).")
+    reference = reference_decode(vae, latent)
+    if not reference.finite:
+        outcome.lines.append("Broken: even fp32 gives non-finite output; no precision fix.")
+        return outcome
+    islands = closed_islands(reference.probe, overflow_islands(reference.probe, module) or [""])
+    tried: list[str] = []
+    candidates = [
+        {"islands": dict.fromkeys(islands, d), "component": None}
+        for d in _island_dtypes(vae.device)
+        if islands != [""]
+    ]
+    candidates.append({"islands": {}, "component": "fp32"})
+    for fix in candidates:
+        quality = _trial(vae, fix, latent, reference.output)
+        words = _fix_words(fix)
+        if quality.passed:
+            fix["summary"] = f"{words} (verified fix, {quality.words()})."
+            fix["quality"] = quality.to_json()
+            outcome.verdict, outcome.fix = "fixable", fix
+            outcome.lines += [f"Tried: {t}." for t in tried] + [f"Fixable: {fix['summary']}"]
+            outcome.lines.append("Connect the VAE to HalfSafe Fix to apply it.")
+            return outcome
+        tried.append(f"{words}: {quality.words()}")
+    outcome.lines += [f"Tried: {t}." for t in tried]
+    outcome.lines.append("Broken: no precision fix of the VAE matched its fp32 reference.")
+    return outcome
+
+
+def _trial(vae, fix: dict, latent, reference):
+    from app.core.fixing.quality import compare
+
+    trial, _ = fixed_vae(vae, fix)
+    return compare(decode(trial, latent), reference)
+
+
+def _fix_words(fix: dict) -> str:
+    if fix.get("component"):
+        return f"Run the whole VAE in {fix['component']}"
+    dtypes = set(fix["islands"].values())
+    paths = ", ".join(f"{VAE_PREFIX}.{p}" for p in fix["islands"])
+    return f"Keep {len(fix['islands'])} VAE layer(s) in {'/'.join(sorted(dtypes))}: {paths}"
+
+
+def _healthy_words(probe, dtype: str, fp16_max: float) -> str:
+    if dtype != "fp16":
+        peak = probe.max_abs
+        over = ", past fp16's range: it would overflow in fp16" if peak > fp16_max else ""
+        return f"Healthy: every layer stayed finite in {dtype} (largest value {peak:.3g}{over})."
+    peak = probe.half_max_abs or probe.max_abs
+    headroom = fp16_max / peak if peak else math.inf
+    return f"Healthy: every layer stayed finite (headroom {headroom:.3g}x fp16's range)."
+
+
+# --- the text encoder ------------------------------------------------------------------------
+
+
+def clip_module(clip):
+    """The CLIP's text encoders as a torch module, or a NodeProblem for a CLIP of another kind."""
+    import torch
+
+    module = getattr(clip, CLIP_PREFIX, None)
+    if not isinstance(module, torch.nn.Module):
+        raise host.NodeProblem(
+            f"HalfSafe cannot check this CLIP ({type(clip).__name__}): it holds no text encoder "
+            "that ComfyUI's loaders make."
+        )
+    for needed in ("tokenize", "encode_from_tokens", "patcher"):
+        if not hasattr(clip, needed):
+            raise host.NodeProblem(
+                f"This ComfyUI's CLIP has no {needed}, which HalfSafe's nodes need: update ComfyUI."
+            )
+    return module
+
+
+def clip_precision(clip, module) -> dict[str, str]:
+    """What the text encoder's weights are stored in and what ComfyUI computes them in: its
+    CLIP casts each layer's weights to the dtype it patched in (fp32 for its own encoders)."""
+    stored = sorted({_dtype_name(p.dtype) for p in module.parameters() if p.is_floating_point()})
+    cast = getattr(clip.patcher, "object_patches", {}).get("manual_cast_dtype")
+    compute = _dtype_name(cast) if cast is not None else "/".join(stored)
+    return {"stored": "/".join(stored) or "none", "compute": compute}
+
+
+def check_text_encoder(clip) -> PartOutcome:
+    """Encode the empty prompt with `clip` as ComfyUI does, recorded; the first bad layer and
+    whether an fp32 encode is finite. Its fix, where there is one, is the whole encoder in fp32:
+    HalfSafe Fix takes no CLIP, and ComfyUI's own text encoders compute in fp32 already (so a
+    layer kept wider changes nothing there; what is left is the weights' stored dtype)."""
+    from app.core.components import FP16_MAX
+    from app.core.fixing.module_check import recorded_call
+    from app.core.precision.layerwise import each_layer_in_fp32
+
+    module = clip_module(clip)
+    tokens = clip.tokenize(PROMPT)
+    runs = clip.clone()
+    seen = recorded_call(module, lambda: runs.encode_from_tokens(tokens, return_pooled=True))
+    dtypes = clip_precision(runs, module)
+    outcome = PartOutcome(
+        "text encoder",
+        "broken",
+        [
+            f"The text encoder stored in {dtypes['stored']}, computing in {dtypes['compute']}, "
+            "one encode of the empty prompt."
+        ],
+    )
+    if seen.finite:
+        outcome.verdict = "healthy"
+        outcome.lines.append(_healthy_words(seen.probe, dtypes["compute"], FP16_MAX))
+        return outcome
+    first = seen.first_bad_layer
+    if first:
+        outcome.first_bad_layer = f"{CLIP_PREFIX}.{first}"
+        outcome.lines.append(f"First bad layer: {outcome.first_bad_layer}.")
+    else:
+        outcome.lines.append("Its output went non-finite with no layer to name.")
+    with each_layer_in_fp32([module]):
+        reference = recorded_call(
+            module, lambda: runs.encode_from_tokens(tokens, return_pooled=True)
+        )
+    if not reference.finite:
+        outcome.lines.append("Broken: even fp32 gives non-finite output; no precision fix.")
+        return outcome
+    fix = {"islands": {}, "component": "fp32"}
+    fix["summary"] = (
+        "Run the whole text encoder in fp32 (verified: it is the fp32 reference): start "
+        "ComfyUI with --fp32-text-enc; HalfSafe Fix does not take a CLIP."
+    )
+    outcome.verdict, outcome.fix = "fixable", fix
+    outcome.lines.append(f"Fixable: {fix['summary']}")
+    return outcome
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    """The whole check's report: every part's lines, the overall verdict, the VAE's fix."""
+
+    text: str
+    verdict: str | None
+    vae_fix: dict | None = None
+
+
+def check_parts(model, outcome, size: tuple, clip, vae, one_sentence) -> Checked:
+    """The diffusion model's `outcome` with the VAE's and the text encoder's checks after it
+    (each where connected; a part that could not run is `one_sentence(error)`, the others are
+    kept), and the line that lists every part's verdict and the worst."""
+    lines = [outcome.text]
+    verdicts: dict[str, str | None] = {"diffusion model": outcome.verdict}
+    vae_fix = None
+    runs = (
+        ("VAE", vae, lambda: check_vae(model, vae, size, clip, outcome.fix)),
+        ("text encoder", clip, lambda: check_text_encoder(clip)),
+    )
+    for part, given, run in runs:
+        if given is None:
+            continue
+        title = part[0].upper() + part[1:]
+        try:
+            found = run()
+        except Exception as error:  # noqa: BLE001 - one part that could not run is said alone
+            verdicts[part] = None
+            lines.append(f"{title}: {one_sentence(error)}")
+            continue
+        verdicts[part] = found.verdict
+        lines.append(f"{title}: " + "\n".join(found.lines))
+        if part == "VAE":
+            vae_fix = found.fix
+    missing = [name for name, given in (("VAE", vae), ("CLIP", clip)) if given is None]
+    lines.append(summary_line(verdicts, missing))
+    return Checked("\n".join(lines), worst(verdicts.values()), vae_fix)
+
+
+def summary_line(verdicts: dict[str, str | None], not_connected: list[str]) -> str:
+    """The last line of the report: each part checked with its verdict, and the worst."""
+    checked = ", ".join(f"{part} {v or 'not checked'}" for part, v in verdicts.items())
+    line = f"Checked: {checked}."
+    if not_connected:
+        line += f" Not connected: {' and '.join(not_connected)}."
+    overall = worst(verdicts.values())
+    return line + (f" Overall: {overall}." if overall else "")
