@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.comfyui.test_shared_store import tiny_sd1_checkpoint
+from tests.support.comfyui_checkpoints import tiny_sd1_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "comfyui-halfsafe"

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.comfyui_checkpoints import PLANTED, tiny_sd1_checkpoint
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "comfyui-halfsafe"
 COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
 PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
-PLANTED = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"
 # Where the planted region sits in ComfyUI's names (HalfSafe's on the left).
 COMFY_BLOCK = ("down_blocks.0.attentions.0", "input_blocks.1.1")
 SIZE = "64"
@@ -35,65 +36,6 @@ pytestmark = [
         reason="no ComfyUI environment (HALFSAFE_COMFYUI, HALFSAFE_COMFYUI_PYTHON)",
     ),
 ]
-
-
-def tiny_sd1_checkpoint(path: Path, planted: bool = True) -> Path:
-    import torch
-    from diffusers import (
-        AutoencoderKL,
-        PNDMScheduler,
-        StableDiffusionPipeline,
-        UNet2DConditionModel,
-    )
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    from app.core.encoders.tokenizers import clip_tokenizer
-    from tests.support.model_files import save_single_file
-
-    torch.manual_seed(0)
-    unet = UNet2DConditionModel(
-        sample_size=8,
-        layers_per_block=1,
-        block_out_channels=(320,),
-        attention_head_dim=8,
-        down_block_types=("CrossAttnDownBlock2D",),
-        up_block_types=("CrossAttnUpBlock2D",),
-        cross_attention_dim=768,
-    ).eval()
-    vae = AutoencoderKL(
-        latent_channels=4,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-    ).eval()
-    text = CLIPTextModel(
-        CLIPTextConfig(
-            hidden_size=768,
-            intermediate_size=37,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            hidden_act="quick_gelu",
-            bos_token_id=0,
-            eos_token_id=2,
-            pad_token_id=1,
-            projection_dim=768,
-        )
-    ).eval()
-    if planted:
-        with torch.no_grad():
-            unet.get_submodule(PLANTED).weight.mul_(1e5)  # past 65504 in fp16, finite in fp32
-    pipeline = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text,
-        tokenizer=clip_tokenizer(),
-        unet=unet,
-        scheduler=PNDMScheduler(),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    return save_single_file(pipeline, path, dtype="fp16")
 
 
 @pytest.fixture(scope="module")

@@ -375,7 +375,7 @@ def test_scaled_fp8_files_dequantise_in_the_transformer_and_its_adapter(tmp_path
     diffusion model's file: the transformer's and the LLM adapter's matrices read through the
     one dequantising path, the scales not taken for weights of the adapter."""
     from app.core.checkpoint import Checkpoint
-    from tests.core.test_quantized import close_to, fp8_scaled
+    from tests.support.quantized_files import close_to, fp8_scaled
 
     pipeline = tiny_models.build_tiny_anima_pipeline()
     written = save_split_files(pipeline, tmp_path / "models", "anima-fp8")
@@ -402,7 +402,7 @@ def test_a_gguf_diffusion_model_file_loads_with_its_adapter_within_quantisation_
     the companions as they are."""
     from gguf import GGMLQuantizationType
 
-    from tests.core.test_quantized import STEP, gguf_split_set
+    from tests.support.quantized_files import STEP, gguf_split_set
 
     pipeline, _, path = gguf_split_set(
         tmp_path, tiny_models.build_tiny_anima_pipeline(), GGMLQuantizationType.Q8_0, name="anima"

@@ -16,11 +16,11 @@ from app.core.health.request import CheckRequest, CheckRun
 from app.core.images.canvas import EXTEND_OVERLAP, Canvas, Paste, extended, lay_out, masked_box
 from app.core.images.pictures import Mode, mode_of, read_pictures
 from app.core.words import infotext
-from tests.core.test_pictures import _model
 from tests.support.family_helpers import (
     FP16,
     offline,  # noqa: F401 - an autouse fixture: no network
 )
+from tests.support.family_rows import family_model
 
 
 def _write(tmp_path, name, array):
@@ -141,7 +141,7 @@ def test_the_pipeline_reads_a_hard_mask_of_the_laid_out_picture(wide):
 
 def test_inpainting_keeps_every_pixel_the_mask_keeps(tmp_path, wide):
     _, image, mask = wide
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     request = _request(tmp_path, image, mask, Canvas(mask_blur=0), width=128, height=96)
     result = generation.generate(model, request, precision=FP16, device="cpu")
     saved = np.asarray(Image.open(result.images[0].path).convert("RGB"))
@@ -154,7 +154,7 @@ def test_inpainting_keeps_every_pixel_the_mask_keeps(tmp_path, wide):
 
 def test_the_blurred_mask_blends_the_edge(tmp_path, wide):
     _, image, mask = wide
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     drawn = {}
     for blur in (0, 4):
         request = _request(tmp_path, image, mask, Canvas(mask_blur=blur), width=128, height=96)
@@ -170,7 +170,7 @@ def test_the_blurred_mask_blends_the_edge(tmp_path, wide):
 
 def test_only_masked_draws_the_box_and_saves_the_picture_at_its_own_size(tmp_path, wide):
     _, image, mask = wide
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     canvas = Canvas(mask_blur=0, only_masked=True, padding=8)
     result = generation.generate(
         model, _request(tmp_path, image, mask, canvas), precision=FP16, device="cpu"
@@ -192,7 +192,7 @@ def test_only_masked_draws_the_box_and_saves_the_picture_at_its_own_size(tmp_pat
 
 def test_outpainting_extends_the_canvas_without_a_mask(tmp_path, wide):
     picture, image, _ = wide
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     canvas = Canvas(mask_blur=0, extend=(0, 0, 32, 0))
     result = generation.generate(
         model, _request(tmp_path, image, None, canvas, 160, 96), precision=FP16, device="cpu"
@@ -210,7 +210,7 @@ def test_outpainting_extends_the_canvas_without_a_mask(tmp_path, wide):
 
 def test_the_check_probes_an_extended_canvas_as_inpainting(wide):
     _, image, _ = wide
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     report = health.check_loaded(
         model,
         CheckRequest(

@@ -15,9 +15,9 @@ from app.core.health.request import CheckRequest, CheckRun
 from app.core.lora import files as lora
 from app.core.lora.files import LoraFile
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import loaded
-from tests.core.test_lora import kohya_lora
 from tests.support.attention_kernels import flash_nan_in_fp16
+from tests.support.lora_files import kohya_lora
+from tests.support.planted_sd import loaded
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
@@ -224,7 +224,7 @@ def test_state_gone_bad_beside_a_true_overflow_is_named_and_the_overflow_still_f
     remembered (the reload is the moment's)."""
     from app.core.fixing import profiles
     from app.core.models import load_model
-    from tests.core.test_health import plant
+    from tests.support.planted_sd import plant
 
     folder = tmp_path / "tiny"
     plant(build_tiny_sd_pipeline(), "unet_ff").save_pretrained(folder)
@@ -261,7 +261,7 @@ def test_state_gone_bad_upstream_of_a_true_overflow_is_named_too(tmp_path):
     """The other order: the UNet went bad in memory and the VAE truly overflows. The check
     hands the VAE a stand-in for the UNet's output, on which it overflows on its own."""
     from app.core.models import load_model
-    from tests.core.test_health import plant
+    from tests.support.planted_sd import plant
 
     folder = tmp_path / "tiny"
     plant(build_tiny_sd_pipeline(), "vae").save_pretrained(folder)
@@ -283,7 +283,7 @@ def test_state_gone_bad_upstream_of_a_true_overflow_is_named_too(tmp_path):
 def test_a_part_no_precision_fixes_is_said_alone_with_its_verb():
     """The broken headline names the parts nothing fixed, not every failed one."""
     from app.core.health.report import headline
-    from tests.core.test_health import plant
+    from tests.support.planted_sd import plant
 
     model = loaded(plant(build_tiny_sd_pipeline(), "unet_ff"))
     with torch.no_grad():  # gone bad after loading (no reload to prove it here)
@@ -295,7 +295,7 @@ def test_a_part_no_precision_fixes_is_said_alone_with_its_verb():
 
 
 def test_a_plain_overflow_is_a_precision_cause_without_extra_runs():
-    from tests.core.test_health import plant
+    from tests.support.planted_sd import plant
 
     report = check(loaded(plant(build_tiny_sd_pipeline(), "vae")))
     assert report.cause is not None and report.cause.kind == "precision"
@@ -416,7 +416,7 @@ def test_the_nan_watch_reloads_a_part_gone_bad_beside_a_true_overflow(tmp_path):
     """The UNet truly overflows fp16 and the VAE went bad in memory: the image is made again
     on the reloaded VAE with the UNet's precision repair, and says both."""
     from app.core.models import load_model
-    from tests.core.test_health import plant
+    from tests.support.planted_sd import plant
 
     folder = tmp_path / "tiny"
     plant(build_tiny_sd_pipeline(), "unet_ff").save_pretrained(folder)
@@ -561,12 +561,12 @@ def test_an_encoder_nan_on_the_image_to_image_path_is_not_called_intermittent(tm
     intermittent; the verified fix is the cause."""
     from PIL import Image
 
-    from tests.core.test_pictures import _plant_encoder
+    from tests.support.planted_sd import plant_encoder
 
     picture = tmp_path / "input.png"
     Image.new("RGB", (64, 64), (120, 30, 200)).save(picture)
     model = loaded(build_tiny_sd_pipeline())
-    _plant_encoder(model.pipeline)
+    plant_encoder(model.pipeline)
     report = causes.check_and_attribute(
         model,
         CheckRequest(

@@ -26,7 +26,6 @@ from PIL import Image
 from app.core.encoders import chat_templates
 from app.core.encoders.chat_templates import MAX_TEMPLATE_STEPS, bound, render
 from app.core.errors import BadFileError
-from tests.core.test_hostile_files import assert_cannot_run, assert_sentence, refused, run_cli
 from tests.support.cli_output import without_progress
 from tests.support.hostile_templates import (
     FLUX3_TEMPLATE_FILES,
@@ -38,6 +37,7 @@ from tests.support.hostile_templates import (
     write_generation_config,
     write_template,
 )
+from tests.support.refusals import assert_cannot_run, assert_sentence, refused, run_cli
 
 MESSAGES = [
     {"role": "system", "content": [{"type": "text", "text": "Describe the picture."}]},

@@ -10,7 +10,6 @@ import math
 import weakref
 
 import pytest
-import torch
 
 from app.core import health, work
 from app.core.health import stages
@@ -19,7 +18,7 @@ from app.core.jobs import Headline
 from app.core.precision import placement
 from app.core.run import timing
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import FF_LAYER, FP16, check, loaded, plant
+from tests.support.planted_sd import FF_LAYER, FP16, check, loaded, plant, stored_in_fp16
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 COMPONENTS = ("text_encoder", "unet", "vae")
@@ -102,13 +101,6 @@ def test_a_healthy_check_waits_for_the_device_once_a_stage(healthy):
     failing_call`): never a sync per module."""
     denoiser_reads = len(healthy.timesteps) - 1
     assert healthy.work.host_syncs <= 3 * len(COMPONENTS) + denoiser_reads
-
-
-def stored_in_fp16(pipeline):
-    """The model as users download it: its weights stored in fp16."""
-    model = loaded(pipeline.to(torch.float16), "fp16-stored")
-    model.stored_dtype = "fp16"
-    return model
 
 
 # What the planted UNet fix costs per CPU bf16 class (the layers a fix keeps wider are bf16 where

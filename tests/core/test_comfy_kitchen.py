@@ -14,7 +14,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_health import plant
 
 from app.cli import main
 from app.core.explain import kernels as explain_kernels
@@ -23,6 +22,7 @@ from app.core.explain.pixels import PixelFigures
 from app.core.precision import fused
 from tests.support.image_files import comfy_prompt, comfy_workflow, png_text
 from tests.support.model_files import save_single_file, save_split_files
+from tests.support.planted_sd import plant
 from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_sd_pipeline
 
 comfy_kitchen = pytest.importorskip("comfy_kitchen")

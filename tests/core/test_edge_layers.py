@@ -26,14 +26,14 @@ from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, placement
 from app.core.run import timing
 from app.core.settings import PrecisionSettings
-from tests.core.test_families import ROWS
-from tests.core.test_quantized_2026 import CASES, quantised_set, written_weights
 from tests.support.family_helpers import (
     FP16,
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
 )
+from tests.support.family_rows import ROWS
 from tests.support.model_files import save_single_file, save_split_files
+from tests.support.quantised_transformers import CASES, quantised_set, written_weights
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 

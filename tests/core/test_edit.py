@@ -18,15 +18,15 @@ import torch
 from PIL import Image
 
 from app.cli import main
-from app.core import generation, health, models
+from app.core import generation, models
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId, architecture_title, detect_from_configs, family, family_of
-from app.core.health.request import CheckRequest, CheckRun
 from app.core.images.pictures import Mode, mode_of, read_pictures
 from app.core.library import scan_library
 from app.core.settings import PrecisionSettings
 from tests.support import tiny_models
 from tests.support.cli_output import without_progress
+from tests.support.edit_checks import changed, edit_check, edit_request, plant
 from tests.support.family_helpers import (
     FP16,
     in_memory,
@@ -59,42 +59,6 @@ def _kontext(key="kontext"):
 def _qwen_edit(key="qwen-edit", plus=True):
     pipeline = tiny_models.build_tiny_qwenimage_edit_pipeline(plus=plus)
     return in_memory(pipeline, key, "qwenimage-edit-plus" if plus else "qwenimage-edit")
-
-
-def _request(tmp_path, images, **extra):
-    values = dict(
-        prompt="make the cube red",
-        steps=3,
-        cfg=3.5,
-        seed=3,
-        width=64,
-        height=64,
-        images=list(images),
-        output_dir=str(tmp_path / "out"),
-    )
-    return generation.GenerationRequest(**{**values, **extra})
-
-
-def _check(model, images, precision=FP16, mask=None):
-    return health.check_loaded(
-        model,
-        CheckRequest(precision=precision, device="cpu", size=64, images=tuple(images), mask=mask),
-        run=CheckRun(remember=False, measure_cost=False),
-    )
-
-
-def _plant(pipeline, component: str, layer: str, factor: float = 1e6) -> None:
-    with torch.no_grad():
-        getattr(pipeline, component).get_submodule(layer).weight.mul_(factor)
-
-
-def _changed(report) -> set[str]:
-    tested, fixed = report.plan, report.fix.plan
-    return {
-        c
-        for c in tested.dtypes
-        if tested.dtypes[c] != fixed.dtypes[c] or tested.islands(c) != fixed.islands(c)
-    }
 
 
 # --- the mode --------------------------------------------------------------------------------
@@ -183,7 +147,7 @@ def test_a_kontext_transformer_file_is_told_from_dev_by_its_name_and_edits(tmp_p
     )
     assert (entry.architecture, entry.supported) == ("flux-kontext", True)
     result = generation.generate(
-        model, _request(tmp_path, references[:1]), precision=FP16, device="cpu"
+        model, edit_request(tmp_path, references[:1]), precision=FP16, device="cpu"
     )
     assert result.mode is Mode.EDIT and result.images[0].status == "ok"
 
@@ -196,7 +160,7 @@ def test_a_kontext_transformer_file_is_told_from_dev_by_its_name_and_edits(tmp_p
 def test_a_gguf_kontext_transformer_is_told_by_its_name_too(tmp_path, references):
     from gguf import GGMLQuantizationType
 
-    from tests.core.test_quantized import gguf_split_set
+    from tests.support.quantized_files import gguf_split_set
 
     pipeline = tiny_models.build_tiny_flux_kontext_pipeline()
     _, _, path = gguf_split_set(
@@ -209,7 +173,7 @@ def test_a_gguf_kontext_transformer_is_told_by_its_name_too(tmp_path, references
     )
     assert model.quantization is not None and model.quantization.format == "gguf"
     result = generation.generate(
-        model, _request(tmp_path, references[:1], steps=2), precision=FP16, device="cpu"
+        model, edit_request(tmp_path, references[:1], steps=2), precision=FP16, device="cpu"
     )
     assert result.mode is Mode.EDIT and result.images[0].status == "ok"
 
@@ -239,7 +203,7 @@ def test_a_qwen_image_edit_plus_folder_loads_back_offline_with_its_processor(tmp
 
 def test_kontext_edits_a_reference_into_a_finite_picture_that_says_so(tmp_path, references):
     result = generation.generate(
-        _kontext(), _request(tmp_path, references[:1]), precision=FP16, device="cpu"
+        _kontext(), edit_request(tmp_path, references[:1]), precision=FP16, device="cpu"
     )
     image = result.images[0]
     assert image.status == "ok"
@@ -251,17 +215,19 @@ def test_kontext_edits_a_reference_into_a_finite_picture_that_says_so(tmp_path, 
 def test_the_reference_changes_what_kontext_draws(tmp_path, references):
     model = _kontext()
     first = generation.generate(
-        model, _request(tmp_path, references[:1]), precision=FP16, device="cpu"
+        model, edit_request(tmp_path, references[:1]), precision=FP16, device="cpu"
     ).images[0]
     other = generation.generate(
-        model, _request(tmp_path, references[1:2]), precision=FP16, device="cpu"
+        model, edit_request(tmp_path, references[1:2]), precision=FP16, device="cpu"
     ).images[0]
     assert not np.array_equal(np.asarray(first.image), np.asarray(other.image))
 
 
 def test_kontext_without_a_picture_draws_from_the_prompt(tmp_path):
     # diffusers' Kontext pipeline makes text-to-image without a reference: so does HalfSafe.
-    result = generation.generate(_kontext(), _request(tmp_path, []), precision=FP16, device="cpu")
+    result = generation.generate(
+        _kontext(), edit_request(tmp_path, []), precision=FP16, device="cpu"
+    )
     assert [image.status for image in result.images] == ["ok"]
     assert "Mode:" not in result.images[0].parameters
 
@@ -271,26 +237,28 @@ def test_the_refusals_of_an_editing_model_are_one_sentence(tmp_path, references)
     with pytest.raises(
         HalfSafeError, match="this is an editing model: give it the picture to edit"
     ) as caught:
-        generation.generate(qwen, _request(tmp_path, []), precision=FP16, device="cpu")
+        generation.generate(qwen, edit_request(tmp_path, []), precision=FP16, device="cpu")
     assert "\n" not in str(caught.value)
     with pytest.raises(HalfSafeError, match="give it the picture to edit"):
-        _check(qwen, [])
+        edit_check(qwen, [])
     kontext = _kontext()
     with pytest.raises(HalfSafeError, match="2 pictures were given; this editing model takes one"):
-        generation.generate(kontext, _request(tmp_path, references[:2]), precision=FP16)
+        generation.generate(kontext, edit_request(tmp_path, references[:2]), precision=FP16)
     with pytest.raises(HalfSafeError, match="it takes no mask"):
         generation.generate(
-            kontext, _request(tmp_path, references[:1], mask=references[1]), precision=FP16
+            kontext, edit_request(tmp_path, references[:1], mask=references[1]), precision=FP16
         )
     with pytest.raises(HalfSafeError, match="4 pictures were given; this editing model takes at"):
-        generation.generate(qwen, _request(tmp_path, [*references, references[0]]), precision=FP16)
+        generation.generate(
+            qwen, edit_request(tmp_path, [*references, references[0]]), precision=FP16
+        )
 
 
 def test_generation_repairs_a_planted_overflow_in_kontexts_transformer(tmp_path, references):
     model = _kontext()
-    _plant(model.pipeline, "transformer", FLUX_SINGLE, 1e6)
+    plant(model.pipeline, "transformer", FLUX_SINGLE, 1e6)
     image = generation.generate(
-        model, _request(tmp_path, references[:1]), precision=FP16, device="cpu"
+        model, edit_request(tmp_path, references[:1]), precision=FP16, device="cpu"
     ).images[0]
     assert image.status == "fixed" and image.component == "transformer"
     assert image.first_bad_module is not None and image.first_bad_module.startswith(
@@ -301,9 +269,9 @@ def test_generation_repairs_a_planted_overflow_in_kontexts_transformer(tmp_path,
 
 def test_generation_repairs_a_planted_overflow_in_kontexts_vae_encoder(tmp_path, references):
     model = _kontext()
-    _plant(model.pipeline, "vae", ENCODER_LAYER, 1e6)
+    plant(model.pipeline, "vae", ENCODER_LAYER, 1e6)
     image = generation.generate(
-        model, _request(tmp_path, references[:1]), precision=FP16, device="cpu"
+        model, edit_request(tmp_path, references[:1]), precision=FP16, device="cpu"
     ).images[0]
     assert image.status == "fixed" and image.component == "vae_encoder"
     assert image.first_bad_module == ENCODER_LAYER
@@ -327,7 +295,7 @@ def test_generation_repairs_a_planted_overflow_in_qwen_edits_own_encoding(
     with torch.no_grad():
         vae.encoder.conv_in.weight.mul_(1e6)
     result = generation.generate(
-        model, _request(tmp_path, references[:1], steps=2), precision=FP16, device="cpu"
+        model, edit_request(tmp_path, references[:1], steps=2), precision=FP16, device="cpu"
     )
     image = result.images[0]
     assert image.status == "fixed" and image.component == "vae_encoder", image.message
@@ -344,7 +312,7 @@ def test_qwen_image_edit_plus_edits_several_references_into_a_finite_picture(tmp
     # The VAE in fp32: an fp16 convolution at a megapixel takes minutes on a CPU.
     precision = PrecisionSettings(precision="fp16", vae_precision="fp32")
     result = generation.generate(
-        _qwen_edit(), _request(tmp_path, references[:2], steps=2), precision=precision
+        _qwen_edit(), edit_request(tmp_path, references[:2], steps=2), precision=precision
     )
     image = result.images[0]
     assert image.status == "ok"
@@ -359,7 +327,7 @@ def test_qwen_image_edit_plus_edits_several_references_into_a_finite_picture(tmp
 
 
 def test_the_check_of_an_edit_runs_the_edit_path(references):
-    report = _check(_kontext(), references[:1])
+    report = edit_check(_kontext(), references[:1])
     assert list(report.components) == [
         "text_encoder",
         "text_encoder_2",
@@ -395,9 +363,9 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
 ):
     model = build()
     layer = FLUX_SINGLE if type(model.pipeline).__name__.startswith("Flux") else QWEN_BLOCK
-    _plant(model.pipeline, "transformer", layer, 1e6)
+    plant(model.pipeline, "transformer", layer, 1e6)
 
-    report = _check(model, references[:1])
+    report = edit_check(model, references[:1])
 
     assert report.verdict == "fixable"
     failed = {n for n, c in report.components.items() if c.status.failed}
@@ -405,7 +373,7 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
     assert report.components["transformer"].first_bad_module == layer
     fix = report.fix
     assert fix is not None and fix.verified and fix.quality is not None and fix.quality.passed
-    assert _changed(report) == {"transformer"}
+    assert changed(report) == {"transformer"}
     # The transformer wider, or some of its layers, the overflowing one among them.
     fixed = fix.plan
     assert fixed.dtypes["transformer"] in ("bf16", "fp32") or any(
@@ -423,13 +391,13 @@ def test_a_planted_encoder_overflow_in_an_edit_is_found_as_the_vae_encoder(build
     with torch.no_grad():
         layer_module.weight.mul_(1e6)
 
-    report = _check(model, references[:1])
+    report = edit_check(model, references[:1])
 
     encoder = report.components["vae_encoder"]
     assert encoder.status.failed and encoder.first_bad_module == layer
     assert not report.components["transformer"].status.failed  # fed the fixed latents
     assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
-    assert _changed(report) == {"vae"}
+    assert changed(report) == {"vae"}
 
 
 # --- the command -----------------------------------------------------------------------------

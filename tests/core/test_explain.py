@@ -8,7 +8,6 @@ fake home folder, where the library finds installs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -16,12 +15,19 @@ import zlib
 from pathlib import Path
 
 import pytest
-from test_health import plant
 
 from app.cli import main
 from app.core import explain
 from app.core.errors import BadFileError
 from app.core.words import tools
+from tests.support.explain_trees import (  # noqa: F401 - fixtures
+    a1111_black_png,
+    a1111_tree,
+    comfy_black_png,
+    comfy_tree,
+    overflowing_file,
+    sha256,
+)
 from tests.support.image_files import (
     a1111_parameters,
     chunk,
@@ -32,56 +38,16 @@ from tests.support.image_files import (
     png_with,
     text_chunk,
 )
-from tests.support.model_files import save_single_file
-from tests.support.tiny_models import build_tiny_sd_pipeline
 
 A1111_FLAGS = {"--no-half-vae"}
 # On a device with native bf16 the cheapest verified fix is a bf16 VAE, else an fp32 one.
 COMFY_VAE_FLAGS = {"--bf16-vae", "--fp32-vae"}
 
 
-@pytest.fixture(scope="module")
-def overflowing_file(tmp_path_factory) -> Path:
-    """A single-file SD1.x checkpoint whose VAE overflows in fp16 (built once per module)."""
-    path = tmp_path_factory.mktemp("model") / "dreamy-v2.safetensors"
-    return save_single_file(plant(build_tiny_sd_pipeline(), "vae"), path)
-
-
-@pytest.fixture
-def a1111_tree(home, overflowing_file) -> Path:
-    folder = home / "stable-diffusion-webui" / "models" / "Stable-diffusion" / "realistic"
-    folder.mkdir(parents=True)
-    (home / "stable-diffusion-webui" / "models" / "VAE").mkdir()
-    return Path(shutil.copy(overflowing_file, folder / overflowing_file.name))
-
-
-@pytest.fixture
-def comfy_tree(home, overflowing_file) -> Path:
-    folder = home / "ComfyUI" / "models" / "checkpoints" / "SD1.5"
-    folder.mkdir(parents=True)
-    return Path(shutil.copy(overflowing_file, folder / overflowing_file.name))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def a1111_black_png(tmp_path: Path, model: Path, **extra) -> Path:
-    text = a1111_parameters(model.stem, sha256(model)[:10], **extra)
-    return png_text(tmp_path / "00012-1234.png", {"parameters": text})
-
-
-def comfy_black_png(tmp_path: Path, ckpt_name: str) -> Path:
-    return png_text(
-        tmp_path / "ComfyUI_00001_.png",
-        {"prompt": comfy_prompt(ckpt_name), "workflow": comfy_workflow(ckpt_name)},
-    )
-
-
 # The two stories the issue asks for --------------------------------------------------------
 
 
-def test_a_black_a1111_image_finds_its_model_and_gives_the_a1111_flag(tmp_path, a1111_tree, capsys):
+def test_a_black_a1111_image_finds_its_model_and_gives_the_a1111_flag(tmp_path, a1111_tree, capsys):  # noqa: F811
     image = a1111_black_png(tmp_path, a1111_tree)
 
     assert main(["explain", str(image)]) == 1
@@ -108,7 +74,9 @@ def test_a_black_a1111_image_finds_its_model_and_gives_the_a1111_flag(tmp_path, 
 
 
 def test_a_black_comfyui_image_finds_its_checkpoint_and_gives_the_comfyui_flag(
-    tmp_path, comfy_tree, capsys
+    tmp_path,
+    comfy_tree,  # noqa: F811
+    capsys,
 ):
     image = comfy_black_png(tmp_path, "SD1.5\\" + comfy_tree.name)  # as ComfyUI on Windows
 
@@ -133,7 +101,7 @@ def test_a_black_comfyui_image_finds_its_checkpoint_and_gives_the_comfyui_flag(
     assert for_tool["flags"][0] in capsys.readouterr().out.splitlines()[0]
 
 
-def test_a_model_it_cannot_find_is_named_with_where_it_looked(tmp_path, a1111_tree, capsys):
+def test_a_model_it_cannot_find_is_named_with_where_it_looked(tmp_path, a1111_tree, capsys):  # noqa: F811
     text = a1111_parameters("someone-elses-model", "0123456789")
     image = png_text(tmp_path / "black.png", {"parameters": text})
 
@@ -146,7 +114,7 @@ def test_a_model_it_cannot_find_is_named_with_where_it_looked(tmp_path, a1111_tr
     assert str(a1111_tree.parents[1]) in document["message"]
 
 
-def test_the_model_is_found_by_hash_alone_under_another_name(tmp_path, a1111_tree):
+def test_the_model_is_found_by_hash_alone_under_another_name(tmp_path, a1111_tree):  # noqa: F811
     renamed = a1111_tree.with_name("renamed.safetensors")
     a1111_tree.rename(renamed)
     for recorded in (sha256(renamed)[:10], sha256(renamed), "sha256:" + sha256(renamed)):
@@ -155,7 +123,7 @@ def test_the_model_is_found_by_hash_alone_under_another_name(tmp_path, a1111_tre
         assert (match.found, match.path, match.matched_by) == (True, str(renamed), "hash")
 
 
-def test_a_vae_with_the_models_name_is_not_taken_for_the_model(home, a1111_tree):
+def test_a_vae_with_the_models_name_is_not_taken_for_the_model(home, a1111_tree):  # noqa: F811
     from tests.support.checkpoint_files import shapes_file
 
     vae_folder = home / "ComfyUI" / "models" / "vae"  # listed before A1111's folder
@@ -165,7 +133,7 @@ def test_a_vae_with_the_models_name_is_not_taken_for_the_model(home, a1111_tree)
     assert (match.found, match.path) == (True, str(a1111_tree))
 
 
-def test_the_old_eight_digit_a1111_hash_is_matched(tmp_path, a1111_tree):
+def test_the_old_eight_digit_a1111_hash_is_matched(tmp_path, a1111_tree):  # noqa: F811
     record = explain.Record(model=None, model_hash=explain.old_a1111_hash(a1111_tree))
     assert explain.find_model(record).path == str(a1111_tree)
 
@@ -484,7 +452,7 @@ def test_a_named_vae_is_looked_for_where_a1111_and_comfyui_keep_them(tmp_path):
     assert explain.find_vae("vae-ft-mse-840000", str(model), (), only) is None
 
 
-def test_a_named_vae_in_another_installs_vae_folder_is_found_through_the_library(home, a1111_tree):
+def test_a_named_vae_in_another_installs_vae_folder_is_found_through_the_library(home, a1111_tree):  # noqa: F811
     from tests.support.checkpoint_files import shapes_file
 
     comfy = home / "ComfyUI"
@@ -520,7 +488,9 @@ def test_json_depth_counts_brackets_outside_strings_only():
 
 
 def test_a_swarmui_model_path_without_its_suffix_is_found_in_a_settings_folder(
-    tmp_path, home, overflowing_file
+    tmp_path,
+    home,
+    overflowing_file,  # noqa: F811
 ):
     from app.core.settings import Settings, save_settings
 
@@ -538,7 +508,7 @@ def test_a_swarmui_model_path_without_its_suffix_is_found_in_a_settings_folder(
     assert match.looked_in[0] == str(models)
 
 
-def test_the_engines_loaded_model_is_reused_when_it_is_the_file(tmp_path, a1111_tree, monkeypatch):
+def test_the_engines_loaded_model_is_reused_when_it_is_the_file(tmp_path, a1111_tree, monkeypatch):  # noqa: F811
     from app.core import models
 
     loaded = models.load_model(str(a1111_tree))
@@ -580,7 +550,7 @@ def test_a_large_comfyui_workflow_png_is_read(tmp_path, kind):
     assert (record.made_by, record.model, status) == ("comfyui", "sd15.safetensors", "nan")
 
 
-def test_the_check_runs_at_most_at_the_models_native_size(tmp_path, a1111_tree):
+def test_the_check_runs_at_most_at_the_models_native_size(tmp_path, a1111_tree):  # noqa: F811
     """An image that records an absurd size (or a real 2048 px one) is checked at the model's
     native size, with a note; a smaller image at its own size."""
     from app.core import models
@@ -711,7 +681,8 @@ def test_a_black_image_with_no_record_is_not_called_an_overflow_as_a_fact(tmp_pa
 
 
 def test_an_image_made_with_a_schedule_halfsafe_does_not_run_is_checked_with_the_closest(
-    tmp_path, a1111_tree
+    tmp_path,
+    a1111_tree,  # noqa: F811
 ):
     """Schedule type: Simple (ComfyUI's, also in A1111): the check probes the closest schedule
     HalfSafe runs, Euler SGM Uniform, and a note says so."""

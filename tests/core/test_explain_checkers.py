@@ -14,14 +14,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_health import plant
-from test_signatures import NATURAL, decoded_noise, one_over_f, save, written
 
 from app.cli import main
 from app.core import explain
 from app.core.explain import checkers
+from tests.support.explain_pictures import NATURAL, decoded_noise, one_over_f, save, written
 from tests.support.image_files import comfy_prompt, comfy_workflow, png_text
 from tests.support.model_files import save_single_file
+from tests.support.planted_sd import plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 

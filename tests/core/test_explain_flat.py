@@ -16,29 +16,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from test_health import plant
 
 from app.cli import main
 from app.core import explain
 from app.core.images.finished import FLAT_SHARE, flat_region, to_image
-from app.core.words import infotext
-from tests.support.image_files import comfy_prompt, comfy_workflow, pixels, png_text
+from tests.support.explain_pictures import decoded, nan_pixels_zeroed
+from tests.support.image_files import (
+    comfy_prompt,
+    comfy_workflow,
+    forge_parameters,
+    pixels,
+    png_text,
+)
 from tests.support.model_files import save_single_file
-from tests.support.tiny_models import build_tiny_sd_pipeline, tiny_vae
+from tests.support.planted_sd import plant
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
-FORGE_VERSION = "f2.0.1v1.10.1-previous-669-gdfdcbab6"
 GREY_SENTENCE = "NaN values replaced by zeros: the picture came out flat grey instead of black"
-
-
-def decoded(latents) -> np.ndarray:
-    """Latents (1, 4, h, w) through the SD-shaped tiny VAE, written as HalfSafe writes a PNG."""
-    import torch
-
-    vae = tiny_vae(1)
-    with torch.no_grad():
-        sample = vae.decode(latents / vae.config.scaling_factor).sample
-    image, _ = to_image(sample[0].permute(1, 2, 0).numpy())
-    return np.asarray(image)
 
 
 @pytest.fixture(scope="module")
@@ -47,27 +41,6 @@ def zero_latent_picture() -> np.ndarray:
     import torch
 
     return decoded(torch.zeros(1, 4, 64, 64))
-
-
-def nan_pixels_zeroed(size: int = 64):
-    """A decoded image that came out all NaN, after torch.nan_to_num: zeros in [-1, 1]."""
-    import torch
-
-    return torch.nan_to_num(torch.full((size, size, 3), float("nan"))).numpy()
-
-
-def forge_parameters(model: str = "nowhere", model_hash: str = "0123456789") -> str:
-    """Forge's infotext, written with HalfSafe's own writer (Forge's Version: f, a digit)."""
-    values = [
-        (infotext.STEPS, 12),
-        (infotext.SAMPLER, "Euler a"),
-        (infotext.SEED, 1234),
-        (infotext.SIZE, (64, 64)),
-        (infotext.MODEL_HASH, model_hash),
-        (infotext.MODEL, model),
-        (infotext.VERSION, FORGE_VERSION),
-    ]
-    return infotext.write("a lighthouse at night", "blurry", values)
 
 
 def solid(colour: tuple[int, int, int], size: int = 64) -> Image.Image:

@@ -17,8 +17,14 @@ from app.cli import main
 from app.core import explain
 from app.core.explain import suspects
 from app.core.explain.records import read_record
-from tests.core.test_looks import blocky, channels_apart, normal_map, repeated, rgb_static
-from tests.core.test_signatures import decoded_noise
+from tests.support.explain_pictures import (
+    blocky,
+    channels_apart,
+    decoded_noise,
+    normal_map,
+    repeated,
+    rgb_static,
+)
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
 
 NORMAL_BLUE = (128, 128, 255)

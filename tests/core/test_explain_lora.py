@@ -12,8 +12,8 @@ import pytest
 
 from app.cli import main
 from app.core.checkpoint import write_safetensors
-from tests.core.test_lora import kohya_lora
 from tests.support.image_files import png_text
+from tests.support.lora_files import kohya_lora
 from tests.support.model_files import save_single_file
 from tests.support.tiny_models import build_tiny_sd_pipeline
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_health import plant
 
 from app.cli import main
 from app.core.explain.node_fix import changes_denoiser
 from tests.support.comfyui_graphs import comfyui_default_workflow, ui_link_problems
 from tests.support.image_files import comfy_prompt, png_text
 from tests.support.model_files import save_single_file
+from tests.support.planted_sd import plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 # On a device with native bf16 the cheapest verified whole-UNet switch is bf16, else fp32.

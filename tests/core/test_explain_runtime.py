@@ -16,14 +16,19 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_explain_flat import forge_parameters
-from test_health import plant
 
 from app.cli import main
 from app.core import explain
 from app.core.explain import runtime
-from tests.support.image_files import a1111_parameters, comfy_prompt, comfy_workflow, png_text
+from tests.support.image_files import (
+    a1111_parameters,
+    comfy_prompt,
+    comfy_workflow,
+    forge_parameters,
+    png_text,
+)
 from tests.support.model_files import save_single_file
+from tests.support.planted_sd import plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 

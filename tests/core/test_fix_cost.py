@@ -24,7 +24,7 @@ from app.core.health.words import NO_HALF_AS_CHECKED_WORDS, cost_comparison
 from app.core.precision import PlacedPipeline, placement, resolve_plan
 from app.core.run import timing
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import FP16, VAE_LAYER, loaded, plant
+from tests.support.planted_sd import FP16, VAE_LAYER, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 COMPONENTS = ["text_encoder", "unet", "vae"]

@@ -24,12 +24,12 @@ from app.core.families import FamilyId
 from app.core.images.pictures import Mode
 from app.core.precision import placement
 from app.core.settings import PrecisionSettings
-from tests.core.test_families import ROWS, VAE_LAYER
 from tests.support import tiny_models
 from tests.support.family_helpers import (
     in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
 )
+from tests.support.family_rows import ROWS, VAE_LAYER
 
 
 @dataclass(frozen=True)

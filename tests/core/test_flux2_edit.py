@@ -24,11 +24,15 @@ from app.core import generation
 from app.core.errors import HalfSafeError
 from app.core.families import FamilyId, detect_from_configs, family, family_of
 from app.core.images.pictures import Mode, mode_of, read_pictures
-from tests.core.test_edit import _check as edit_check
-from tests.core.test_edit import _plant
-from tests.core.test_edit import _request as edit_request
 from tests.support import tiny_models
 from tests.support.cli_output import without_progress
+from tests.support.edit_checks import (
+    changed,
+    edit_check,
+    edit_request,
+    first_transformer_call,
+    plant,
+)
 from tests.support.family_helpers import (
     FP16,
     in_memory,
@@ -77,32 +81,6 @@ def _request(tmp_path, images, **extra):
 
 def _check(model, images, mask=None):
     return edit_check(model, images, mask=mask)
-
-
-def _changed(report) -> set[str]:
-    tested, fixed = report.plan, report.fix.plan
-    return {
-        c
-        for c in tested.dtypes
-        if tested.dtypes[c] != fixed.dtypes[c] or tested.islands(c) != fixed.islands(c)
-    }
-
-
-def _first_transformer_call(transformer, run) -> dict:
-    """The keyword arguments of the transformer's first call while `run()` runs."""
-    seen: list[dict] = []
-
-    def keep(_module, _args, kwargs):
-        if not seen:
-            seen.append({k: v.clone() for k, v in kwargs.items() if torch.is_tensor(v)})
-
-    handle = transformer.register_forward_pre_hook(keep, with_kwargs=True)
-    try:
-        with torch.inference_mode():
-            run()
-    finally:
-        handle.remove()
-    return seen[0]
 
 
 # --- what each variant is and takes ----------------------------------------------------------
@@ -163,7 +141,7 @@ def test_the_probe_reads_the_references_as_the_pipeline_hands_them_to_the_transf
             for pixels in expected.edit_pixels(pipeline, pictures)
         ]
     scheduler = pipeline.scheduler
-    theirs = _first_transformer_call(
+    theirs = first_transformer_call(
         pipeline.transformer,
         lambda: pipeline(
             **expected.edit_call(pipeline, conditioning, 1, None, pictures, (64, 64)),
@@ -175,7 +153,7 @@ def test_the_probe_reads_the_references_as_the_pipeline_hands_them_to_the_transf
         ),
     )
     first = float(scheduler.timesteps[0])
-    mine = _first_transformer_call(
+    mine = first_transformer_call(
         pipeline.transformer,
         lambda: expected.probe_edit(pipeline, conditioning, 64, "cpu", [first], latents),
     )
@@ -200,7 +178,7 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
     build, references
 ):
     model = build()
-    _plant(model.pipeline, "transformer", SINGLE_BLOCK)
+    plant(model.pipeline, "transformer", SINGLE_BLOCK)
 
     report = _check(model, references[:2])
 
@@ -209,7 +187,7 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
     assert report.components["transformer"].first_bad_module == SINGLE_BLOCK
     fix = report.fix
     assert fix is not None and fix.verified and fix.quality is not None and fix.quality.passed
-    assert _changed(report) == {"transformer"}
+    assert changed(report) == {"transformer"}
     fixed = fix.plan
     assert fixed.dtypes["transformer"] in ("bf16", "fp32") or any(
         island == SINGLE_BLOCK or SINGLE_BLOCK.startswith(island + ".")
@@ -219,7 +197,7 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
 
 def test_a_planted_encoder_overflow_in_an_edit_is_found_as_the_vae_encoder_and_fixed(references):
     model = _klein()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
 
     report = _check(model, references[:2])
 
@@ -227,7 +205,7 @@ def test_a_planted_encoder_overflow_in_an_edit_is_found_as_the_vae_encoder_and_f
     assert encoder.status.failed and encoder.first_bad_module == ENCODER_LAYER
     assert not report.components["transformer"].status.failed  # fed the fixed latents
     assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
-    assert _changed(report) == {"vae"}
+    assert changed(report) == {"vae"}
 
 
 # --- generation ------------------------------------------------------------------------------
@@ -247,7 +225,7 @@ def test_generation_repairs_a_planted_overflow_in_the_pipelines_own_encoding(tmp
     """Flux.2's pipelines encode their references themselves: the watch's hook on the VAE's
     encoder must see that encoding go non-finite, and the repair must fix the VAE alone."""
     model = _klein()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
 
     image = generation.generate(
         model, _request(tmp_path, references[:2]), precision=FP16, device="cpu"
@@ -287,7 +265,7 @@ def test_the_check_of_klein_inpainting_reads_the_picture_in_the_sequence_as_its_
         conditioning = KLEIN.encode(pipeline, "a red cube", "", "cpu", True)
         latents = KLEIN.encode_pixels(pipeline.vae, pictures.pixels).float()
     inpainting = KLEIN.picture_pipeline(pipeline, Mode.INPAINT, latents.shape[1])
-    theirs = _first_transformer_call(
+    theirs = first_transformer_call(
         pipeline.transformer,
         lambda: inpainting(
             **KLEIN.pipeline_embeds(conditioning, 1),
@@ -303,7 +281,7 @@ def test_the_check_of_klein_inpainting_reads_the_picture_in_the_sequence_as_its_
         pipeline, Mode.INPAINT, [latents, torch.zeros_like(latents)]
     )
     assert in_sequence is not None
-    mine = _first_transformer_call(
+    mine = first_transformer_call(
         pipeline.transformer,
         lambda: KLEIN.probe_edit(pipeline, conditioning, 64, "cpu", [1000.0], in_sequence),
     )
@@ -317,7 +295,7 @@ def test_the_check_of_klein_inpainting_reads_the_picture_in_the_sequence_as_its_
 
 def test_klein_inpainting_repairs_a_planted_encoder_overflow(tmp_path, references, mask):
     model = _klein()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
     image = generation.generate(
         model, _request(tmp_path, references[:1], mask=mask), precision=FP16, device="cpu"
     ).images[0]

@@ -25,11 +25,15 @@ from app.core.families import architecture_title, detect_from_configs, family_of
 from app.core.families.flux import FluxFamily
 from app.core.health.check import WITHOUT_PICTURE
 from app.core.images.pictures import Mode, mode_of, read_pictures
-from tests.core.test_edit import _check, _plant
-from tests.core.test_edit import _request as edit_request
-from tests.core.test_flux2_edit import _changed, _first_transformer_call
 from tests.support import tiny_models
 from tests.support.cli_output import without_progress
+from tests.support.edit_checks import (
+    changed,
+    edit_check,
+    edit_request,
+    first_transformer_call,
+    plant,
+)
 from tests.support.family_helpers import (
     FP16,
     in_memory,
@@ -133,7 +137,7 @@ def test_the_probe_reads_the_control_picture_as_the_pipeline_does(depth, monkeyp
         conditioning = family.encode(pipeline, "a room", "", "cpu", True)
         noise, _ = family.noise(pipeline, [0], 64, 64)
         latents = family.encode_pixels(pipeline.vae, pictures.pixels).float()
-    theirs = _first_transformer_call(
+    theirs = first_transformer_call(
         pipeline.transformer,
         lambda: pipeline(
             **family.pipeline_embeds(conditioning, 1),
@@ -146,7 +150,7 @@ def test_the_probe_reads_the_control_picture_as_the_pipeline_does(depth, monkeyp
         ),
     )
     # And as the generation hands it over: HalfSafe's latents, packed.
-    handed = _first_transformer_call(
+    handed = first_transformer_call(
         pipeline.transformer,
         lambda: pipeline(
             **family.pipeline_embeds(conditioning, 1),
@@ -161,7 +165,7 @@ def test_the_probe_reads_the_control_picture_as_the_pipeline_does(depth, monkeyp
     beside = family.sequence_latents(pipeline, Mode.CONTROL, latents)
     assert beside is not None
     first = float(pipeline.scheduler.timesteps[0])
-    mine = _first_transformer_call(
+    mine = first_transformer_call(
         pipeline.transformer,
         lambda: family.probe_edit(pipeline, conditioning, 64, "cpu", [first], beside),
     )
@@ -175,7 +179,7 @@ def test_the_probe_reads_the_control_picture_as_the_pipeline_does(depth, monkeyp
 
 
 def test_a_healthy_control_model_is_checked_on_its_control_path_in_fp16(depth):
-    report = _check(_control(), [depth])
+    report = edit_check(_control(), [depth])
     assert list(report.components) == [
         "text_encoder",
         "text_encoder_2",
@@ -190,36 +194,36 @@ def test_a_check_without_the_control_picture_says_what_it_did_not_check(depth):
     """A control model cannot draw from text alone: its check without a picture probes the
     transformer on zeros where the picture goes, and the report says so (a check with the
     picture does not)."""
-    without = _check(_control(), [])
+    without = edit_check(_control(), [])
     assert "vae_encoder" not in without.components
     assert WITHOUT_PICTURE[Mode.CONTROL] in without.notes
-    assert not set(WITHOUT_PICTURE.values()) & set(_check(_control(), [depth]).notes)
+    assert not set(WITHOUT_PICTURE.values()) & set(edit_check(_control(), [depth]).notes)
 
 
 def test_a_planted_transformer_overflow_is_found_at_its_layer_and_fixed_there(depth):
     model = _control()
-    _plant(model.pipeline, "transformer", SINGLE_BLOCK)
+    plant(model.pipeline, "transformer", SINGLE_BLOCK)
 
-    report = _check(model, [depth])
+    report = edit_check(model, [depth])
 
     assert report.verdict == "fixable"
     assert {n for n, c in report.components.items() if c.status.failed} == {"transformer"}
     assert report.components["transformer"].first_bad_module == SINGLE_BLOCK
     assert report.fix is not None and report.fix.verified
-    assert _changed(report) == {"transformer"}
+    assert changed(report) == {"transformer"}
 
 
 def test_a_planted_encoder_overflow_is_found_as_the_vae_encoder_and_fixed(depth):
     model = _control()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
 
-    report = _check(model, [depth])
+    report = edit_check(model, [depth])
 
     encoder = report.components["vae_encoder"]
     assert encoder.status.failed and encoder.first_bad_module == ENCODER_LAYER
     assert not report.components["transformer"].status.failed  # fed the fixed latents
     assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
-    assert _changed(report) == {"vae"}
+    assert changed(report) == {"vae"}
 
 
 # --- generation ------------------------------------------------------------------------------
@@ -252,7 +256,7 @@ def test_the_control_picture_decides_what_is_drawn(tmp_path, depth):
 
 def test_generation_repairs_a_planted_encoder_overflow(tmp_path, depth):
     model = _control()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
 
     image = generation.generate(
         model, _request(tmp_path, depth), precision=FP16, device="cpu"
@@ -266,7 +270,7 @@ def test_generation_repairs_a_planted_encoder_overflow(tmp_path, depth):
 
 def test_generation_repairs_a_planted_transformer_overflow(tmp_path, depth):
     model = _control()
-    _plant(model.pipeline, "transformer", SINGLE_BLOCK)
+    plant(model.pipeline, "transformer", SINGLE_BLOCK)
 
     image = generation.generate(
         model, _request(tmp_path, depth), precision=FP16, device="cpu"

@@ -26,11 +26,15 @@ from app.core.families.flux import FluxFamily
 from app.core.health.check import WITHOUT_PICTURE
 from app.core.images.pictures import Mode, read_pictures
 from app.core.library import scan_library
-from tests.core.test_edit import _check, _plant
-from tests.core.test_edit import _request as edit_request
-from tests.core.test_flux2_edit import _changed, _first_transformer_call
 from tests.support import tiny_models
 from tests.support.cli_output import without_progress
+from tests.support.edit_checks import (
+    changed,
+    edit_check,
+    edit_request,
+    first_transformer_call,
+    plant,
+)
 from tests.support.family_helpers import (
     FP16,
     in_memory,
@@ -116,7 +120,7 @@ def test_a_quantized_fill_transformer_loads_and_inpaints(tmp_path, stored, pictu
     from gguf import GGMLQuantizationType
 
     from app.core.checkpoint import Checkpoint, write_safetensors
-    from tests.core.test_quantized import fp8_scaled, gguf_split_set
+    from tests.support.quantized_files import fp8_scaled, gguf_split_set
 
     pipeline = tiny_models.build_tiny_flux_fill_pipeline()
     if stored == "gguf-q8_0":
@@ -194,7 +198,7 @@ def test_the_probe_reads_the_masked_picture_and_the_mask_as_the_pipeline_does(
         conditioning = family.encode(pipeline, "a red cube", "", "cpu", True)
         noise, _ = family.noise(pipeline, [0], 64, 64)
         masked = family.encode_pixels(pipeline.vae, pictures.masked_pixels()).float()
-    theirs = _first_transformer_call(
+    theirs = first_transformer_call(
         pipeline.transformer,
         lambda: pipeline(
             **family.pipeline_embeds(conditioning, 1),
@@ -209,7 +213,7 @@ def test_the_probe_reads_the_masked_picture_and_the_mask_as_the_pipeline_does(
     beside = family.sequence_latents(pipeline, Mode.INPAINT, [None, masked], pictures.mask)
     assert beside is not None
     first = float(pipeline.scheduler.timesteps[0])
-    mine = _first_transformer_call(
+    mine = first_transformer_call(
         pipeline.transformer,
         lambda: family.probe_edit(pipeline, conditioning, 64, "cpu", [first], beside),
     )
@@ -226,7 +230,7 @@ def test_the_probe_reads_the_masked_picture_and_the_mask_as_the_pipeline_does(
 
 
 def test_a_healthy_fill_is_checked_on_its_inpainting_path_in_fp16(picture, mask):
-    report = _check(_fill(), [picture], mask=mask)
+    report = edit_check(_fill(), [picture], mask=mask)
     assert list(report.components) == ["text_encoder", "text_encoder_2", "vae_encoder"] + [
         "transformer",
         "vae",
@@ -234,7 +238,7 @@ def test_a_healthy_fill_is_checked_on_its_inpainting_path_in_fp16(picture, mask)
     assert report.verdict == "healthy"
     assert not set(WITHOUT_PICTURE.values()) & set(report.notes)
     # Checked without its picture, the report says which path it did not check.
-    without = _check(_fill(), [])
+    without = edit_check(_fill(), [])
     assert "vae_encoder" not in without.components
     assert WITHOUT_PICTURE[Mode.INPAINT] in without.notes
 
@@ -243,28 +247,28 @@ def test_a_planted_transformer_overflow_in_fill_is_found_at_its_layer_and_fixed_
     picture, mask
 ):
     model = _fill()
-    _plant(model.pipeline, "transformer", SINGLE_BLOCK)
+    plant(model.pipeline, "transformer", SINGLE_BLOCK)
 
-    report = _check(model, [picture], mask=mask)
+    report = edit_check(model, [picture], mask=mask)
 
     assert report.verdict == "fixable"
     assert {n for n, c in report.components.items() if c.status.failed} == {"transformer"}
     assert report.components["transformer"].first_bad_module == SINGLE_BLOCK
     assert report.fix is not None and report.fix.verified
-    assert _changed(report) == {"transformer"}
+    assert changed(report) == {"transformer"}
 
 
 def test_a_planted_encoder_overflow_in_fill_is_found_as_the_vae_encoder_and_fixed(picture, mask):
     model = _fill()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
 
-    report = _check(model, [picture], mask=mask)
+    report = edit_check(model, [picture], mask=mask)
 
     encoder = report.components["vae_encoder"]
     assert encoder.status.failed and encoder.first_bad_module == ENCODER_LAYER
     assert not report.components["transformer"].status.failed  # fed the fixed latents
     assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
-    assert _changed(report) == {"vae"}
+    assert changed(report) == {"vae"}
 
 
 # --- generation ------------------------------------------------------------------------------
@@ -321,7 +325,7 @@ def test_generation_repairs_a_planted_overflow_in_fills_own_encoding(tmp_path, p
     """FluxFillPipeline encodes the masked picture itself: the hook on the VAE's encoder must
     see that go non-finite, and the repair must fix the VAE alone."""
     model = _fill()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
 
     image = generation.generate(
         model, _request(tmp_path, picture, mask), precision=FP16, device="cpu"
@@ -338,7 +342,7 @@ def test_generation_repairs_a_planted_overflow_in_fills_own_encoding(tmp_path, p
 
 def test_generation_repairs_a_planted_transformer_overflow_in_fill(tmp_path, picture, mask):
     model = _fill()
-    _plant(model.pipeline, "transformer", SINGLE_BLOCK)
+    plant(model.pipeline, "transformer", SINGLE_BLOCK)
 
     image = generation.generate(
         model, _request(tmp_path, picture, mask), precision=FP16, device="cpu"

@@ -12,9 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from app.core.precision import PrecisionPlan, backend_flags, kernels
-from tests.core.test_health import loaded, plant
-from tests.core.test_kernels import check
 from tests.support import fused_kernels as planted
+from tests.support.planted_sd import check_and_attribute, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 
@@ -107,7 +106,7 @@ def test_the_comparison_returns_pytorchs_values_and_finds_the_nan(tmp_path):
 @pytest.mark.slow
 def test_a_fused_op_that_gives_nan_in_fp16_is_named_as_the_kernel_cause(tmp_path):
     with planted.patched_in(tmp_path) as module:
-        report = check(loaded(build_tiny_sd_pipeline(), "planted-fused"))
+        report = check_and_attribute(loaded(build_tiny_sd_pipeline(), "planted-fused"))
         still = F.group_norm
     cause = report.cause
 
@@ -130,7 +129,7 @@ def test_a_fused_op_that_gives_nan_in_fp16_is_named_as_the_kernel_cause(tmp_path
 def test_a_true_fp16_overflow_with_a_fused_op_is_still_precision(tmp_path, faulty):
     pipeline = plant(build_tiny_sd_pipeline(), "unet_ff")  # a UNet layer scaled past 65504
     with planted.patched_in(tmp_path, faulty=faulty):
-        report = check(loaded(pipeline, "overflow-with-fused"))
+        report = check_and_attribute(loaded(pipeline, "overflow-with-fused"))
     cause = report.cause
     # The faulty op makes the UNet NaN before its overflowing layer; the honest one does not.
     assert report.components["unet"].status == ("nan" if faulty else "overflow")

@@ -20,17 +20,16 @@ from PIL import Image
 
 from app import cli
 from app.core import generation, samplers
-from app.core.checkpoint import WeightScan
 from app.core.errors import CancelledError, HalfSafeError
 from app.core.fixing import profiles
 from app.core.generation import GenerationRequest, NanWatch, generate
 from app.core.images import finished as images
 from app.core.images.finished import ImageSaveError, read_parameters
 from app.core.jobs import CancelToken
-from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
 from app.core.words.infotext import split_text
+from tests.support.generation_models import Poisoned, variant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
@@ -52,25 +51,6 @@ def device_name():
     from app.core import hardware
 
     return hardware.describe_device(hardware.pick_device("cpu")).name
-
-
-def variant(base, key: str = "tiny", **replacements) -> LoadedModel:
-    """A pipeline sharing `base`'s components except the replaced ones."""
-    pipeline = type(base)(**{**base.components, **replacements})
-    return LoadedModel(
-        pipeline=pipeline,
-        source=f"<{key}>",
-        name=key,
-        format="demo",
-        architecture="sd1",
-        prediction_type="epsilon",
-        native_size=64,
-        stored_dtype="fp32",
-        model_hash="abcdef1234",
-        profile_key=key,
-        weights=WeightScan([], 0, 0, 0.0),
-        detected_because="built in a test",
-    )
 
 
 def scaled(module, layer: str, factor: float):
@@ -422,23 +402,6 @@ def test_bad_requests_are_refused_in_words(base, tmp_path):
 
 
 # --- the NaN watch itself ----------------------------------------------------------------------
-
-
-class Poisoned(torch.nn.Module):
-    """A stand-in UNet whose output for image 1 of 2 goes NaN from its third call on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(1))
-        self.calls = 0
-
-    def forward(self, sample, timestep, encoder_hidden_states=None, return_dict=True):
-        self.calls += 1
-        out = sample * self.weight
-        if self.calls >= 3:
-            out = out.clone()
-            out[1] = float("nan")  # uncond half of image 1
-        return (out,)
 
 
 def test_watch_records_image_and_first_step_without_reading_the_device(monkeypatch):

@@ -3,10 +3,10 @@
 cost oracle (`tests/support/cost_oracle.py`):
 
 - the built-in demo and demo-overflow;
-- the tiny SD model (`sd1-`) healthy and with each plant of `test_lean_recorder.PLANTS`: the VAE, the
-  UNet's feed-forward, its attention scores, NaN in its weights, the text encoder, an overflow
-  made between two layers by the block's own code, and a NaN the block's code masks;
-- every other family's tiny model (`test_families.ROWS`) healthy, with each of its planted
+- the tiny SD model (`sd1-`) healthy and with each plant of `planted_sd.PLANTS`: the VAE,
+  the UNet's feed-forward, its attention scores, NaN in its weights, the text encoder, an
+  overflow made between two layers by the block's own code, and a NaN the block's code masks;
+- every other family's tiny model (`family_rows.ROWS`) healthy, with each of its planted
   layers (denoiser blocks, text encoders, the VAE) and with NaN in its denoiser's weights; and
   SDXL's attention scores. Attention scores are planted in the UNet families alone: their
   attention runs HalfSafe's processor, which bounds the scores; the transformer families'
@@ -28,10 +28,9 @@ import torch
 
 from app.core.models import load_model
 from app.core.settings import PrecisionSettings
-from tests.core import test_families as families
-from tests.core.test_health import check, loaded
-from tests.core.test_lean_recorder import PLANTS
 from tests.support import cost_oracle, golden
+from tests.support import family_rows as families
+from tests.support.planted_sd import PLANTS, check, loaded
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 PRECISIONS = ("fp16", "bf16", "fp32")

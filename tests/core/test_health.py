@@ -18,78 +18,25 @@ import pytest
 import torch
 
 from app.core import health
-from app.core.checkpoint import scan_weights
 from app.core.fixing import profiles
 from app.core.health import stages
 from app.core.health.check import Headline
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.health.words import flags
-from app.core.models import LoadedModel
 from app.core.precision import PrecisionPlan
 from app.core.run import timing
 from app.core.settings import PrecisionSettings
+from tests.support.planted_sd import (
+    ATTN_LAYER,
+    FF_LAYER,
+    FP16,
+    TE_LAYER,
+    VAE_LAYER,
+    check,
+    loaded,
+    plant,
+)
 from tests.support.tiny_models import build_tiny_sd_pipeline
-
-VAE_LAYER = "decoder.up_blocks.0.resnets.0.conv1"
-FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"
-ATTN_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.attn1"
-TE_LAYER = "encoder.layers.0.mlp.fc1"
-FP16 = PrecisionSettings(precision="fp16")
-
-
-def plant(pipeline, fault: str):
-    with torch.no_grad():
-        if fault == "vae":
-            pipeline.vae.get_submodule(VAE_LAYER).weight.mul_(1e6)
-        elif fault == "unet_ff":
-            pipeline.unet.get_submodule(FF_LAYER).weight.mul_(1e5)
-        elif fault == "attention":
-            attn = pipeline.unet.get_submodule(ATTN_LAYER)
-            attn.to_q.weight.mul_(300)
-            attn.to_k.weight.mul_(300)
-        elif fault == "nan_weights":
-            pipeline.unet.conv_in.weight[0, 0, 0, 0] = float("nan")
-        else:
-            raise AssertionError(fault)
-    return pipeline
-
-
-def loaded(pipeline, key: str = "tiny") -> LoadedModel:
-    return LoadedModel(
-        pipeline=pipeline,
-        source=f"<{key}>",
-        name=key,
-        format="demo",
-        architecture="sd1",
-        prediction_type="epsilon",
-        native_size=64,
-        stored_dtype="fp32",
-        model_hash=None,
-        profile_key=key,
-        weights=scan_weights(pipeline),
-        detected_because="built in a test",
-    )
-
-
-def check(
-    model,
-    precision=FP16,
-    remember=True,
-    measure_cost=False,
-    on_progress=None,
-    cancel=None,
-    **asked,
-):
-    """`check_loaded` on the CPU at 64 px; `asked`: more of the request (steps, scheduler)."""
-    # The fix's cost (extra UNet steps per plan) is measured in one test, not in every one.
-    return health.check_loaded(
-        model,
-        CheckRequest(precision=precision, device="cpu", size=64, **asked),
-        run=CheckRun(remember=remember, measure_cost=measure_cost),
-        on_progress=on_progress,
-        cancel=cancel,
-    )
-
 
 # What the shared VAE check below said as it ran: (stage, done, total) per progress call.
 VAE_CHECK_PROGRESS: list[tuple[str, int, int]] = []

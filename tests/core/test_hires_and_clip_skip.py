@@ -19,14 +19,11 @@ from app.core.generation import GenerationRequest, generate
 from app.core.generation.stages import _passes
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.hires import Hires
-from app.core.models import LoadedModel
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
+from tests.support.generation_models import PROMPT, tiny_model
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
-
-PROMPT = "a lighthouse at night, storm"
-
 
 # -- Clip skip ---------------------------------------------------------------------------------
 
@@ -102,7 +99,7 @@ def test_a_clip_skip_never_runs_the_layers_after_the_one_it_reads(tmp_path):
     never runs that layer, and the generation at that setting is clean; at clip skip 1, which
     reads it, the same model is flagged at that layer."""
     from app.core import causes
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
 
     pipe = build_tiny_sd_pipeline()
     last = f"encoder.layers.{pipe.text_encoder.config.num_hidden_layers - 1}"
@@ -212,25 +209,6 @@ def test_the_watch_counts_a_second_pass_step_after_the_first_pass():
 # -- a generation with a second pass -----------------------------------------------------------
 
 
-def _tiny_model() -> LoadedModel:
-    from app.core.checkpoint import WeightScan
-
-    return LoadedModel(
-        pipeline=build_tiny_sd_pipeline(),
-        source="<tiny>",
-        name="tiny",
-        format="demo",
-        architecture="sd1",
-        prediction_type="epsilon",
-        native_size=64,
-        stored_dtype="fp32",
-        model_hash=None,
-        profile_key="tiny-hires",
-        weights=WeightScan([], 0, 0, 0.0),
-        detected_because="built in a test",
-    )
-
-
 def test_a_hires_fix_draws_a_second_pass_at_the_final_size(tmp_path, home):
     seen: list[tuple[str, int, int]] = []
     request = GenerationRequest(
@@ -244,7 +222,7 @@ def test_a_hires_fix_draws_a_second_pass_at_the_final_size(tmp_path, home):
         hires=Hires(scale=2.0, steps=3, denoise=0.5, upscaler="latent_nearest_exact"),
     )
     result = generate(
-        _tiny_model(),
+        tiny_model(),
         request,
         precision=PrecisionSettings(),
         device="cpu",
@@ -262,7 +240,7 @@ def test_a_hires_fix_draws_a_second_pass_at_the_final_size(tmp_path, home):
 
 
 def test_a_hires_fix_differs_from_the_first_pass_alone(home):
-    model = _tiny_model()
+    model = tiny_model()
     base = GenerationRequest(prompt=PROMPT, steps=3, seed=5, width=64, height=64)
     once = generate(model, base, precision=PrecisionSettings(), device="cpu").images[0]
     twice = generate(
@@ -293,7 +271,7 @@ def test_a_second_pass_that_cannot_run_is_one_sentence(tmp_path, home, change, w
         GenerationRequest(prompt=PROMPT, steps=4, width=64, height=64), **change
     )
     with pytest.raises(HalfSafeError, match=words):
-        generate(_tiny_model(), request, precision=PrecisionSettings(), device="cpu")
+        generate(tiny_model(), request, precision=PrecisionSettings(), device="cpu")
 
 
 def test_a_family_without_clip_refuses_a_clip_skip():
@@ -386,7 +364,7 @@ def test_explain_checks_a_hires_image_at_the_second_pass_with_its_clip_skip_and_
     from app.core.explain import explanation as module
     from app.core.explain.matching import ModelMatch
 
-    model = _tiny_model()
+    model = tiny_model()
     model.source = str(tmp_path / "anime.safetensors")
     (tmp_path / "anime.safetensors").write_bytes(b"0")
     asked: dict = {}

@@ -20,10 +20,10 @@ from app.core.health.request import CheckRequest, CheckRun
 from app.core.hires import Hires
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
-from tests.core.test_hires_and_clip_skip import PROMPT, _tiny_model
-from tests.core.test_pictures import _plant_encoder
 from tests.support.family_helpers import FP16
+from tests.support.generation_models import PROMPT, tiny_model
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
+from tests.support.planted_sd import plant_encoder
 
 # -- the words ---------------------------------------------------------------------------------
 
@@ -164,7 +164,7 @@ def _encoder_calls(model) -> list[tuple[int, ...]]:
 def test_a_lanczos_hires_fix_encodes_the_enlarged_picture_and_is_recorded_and_read_back(
     tmp_path, home
 ):
-    model = _tiny_model()
+    model = tiny_model()
     calls = _encoder_calls(model)
     seen: list[tuple[str, int, int]] = []
     result = generate(
@@ -196,7 +196,7 @@ def test_a_lanczos_hires_fix_encodes_the_enlarged_picture_and_is_recorded_and_re
 
 
 def test_a_latent_hires_fix_never_runs_the_vae_encoder(tmp_path, home):
-    model = _tiny_model()
+    model = tiny_model()
     calls = _encoder_calls(model)
     result = generate(
         model, _request(tmp_path, "latent"), precision=PrecisionSettings(), device="cpu"
@@ -205,7 +205,7 @@ def test_a_latent_hires_fix_never_runs_the_vae_encoder(tmp_path, home):
 
 
 def test_a_batch_enlarges_each_picture_as_it_would_alone(tmp_path, home):
-    model = _tiny_model()
+    model = tiny_model()
     batch = generate(
         model,
         _request(tmp_path / "batch", "pixel_bicubic", batch=2),
@@ -227,8 +227,8 @@ def test_a_batch_enlarges_each_picture_as_it_would_alone(tmp_path, home):
 
 
 def test_a_planted_encoder_overflow_shows_only_on_the_pixel_path_and_is_repaired(tmp_path, home):
-    model = _tiny_model()
-    layer = _plant_encoder(model.pipeline)
+    model = tiny_model()
+    layer = plant_encoder(model.pipeline)
     latent = generate(model, _request(tmp_path / "latent", "latent"), precision=FP16, device="cpu")
     assert latent.images[0].status == "ok"  # the encoder never ran
     result = generate(model, _request(tmp_path / "pixels", "lanczos"), precision=FP16, device="cpu")
@@ -242,8 +242,8 @@ def test_a_planted_encoder_overflow_shows_only_on_the_pixel_path_and_is_repaired
 
 
 def test_the_check_of_the_pixel_path_probes_the_vae_encoder_at_the_final_size(home):
-    model = _tiny_model()
-    layer = _plant_encoder(model.pipeline)
+    model = tiny_model()
+    layer = plant_encoder(model.pipeline)
     calls = _encoder_calls(model)
     plain = health.check_loaded(
         model,
@@ -282,7 +282,7 @@ def _asked(tmp_path, monkeypatch, image) -> tuple[dict, list[str]]:
     from app.core.explain import explanation as module
     from app.core.explain.matching import ModelMatch
 
-    model = _tiny_model()
+    model = tiny_model()
     model.source = str(tmp_path / "anime.safetensors")
     (tmp_path / "anime.safetensors").write_bytes(b"0")
     asked: dict = {}
@@ -363,8 +363,8 @@ def test_the_cause_of_an_encoder_nan_on_the_pixel_path_is_precision_not_chance(h
     encoder: it cannot call the encoder's NaN intermittent, and the verified fix stands."""
     from app.core import causes
 
-    model = _tiny_model()
-    _plant_encoder(model.pipeline)
+    model = tiny_model()
+    plant_encoder(model.pipeline)
     report = causes.check_and_attribute(
         model,
         CheckRequest(precision=FP16, device="cpu", size=96, pixel_upscale=True),
@@ -381,9 +381,9 @@ def test_a_vae_decoder_overflow_on_the_pixel_path_is_the_first_pictures_decode_a
     """The first picture's decode, before it is enlarged, is where a decoder overflow first
     shows on the pixel path: named the VAE's (not the encoder's or the second pass's, which
     only read its NaN), probed on the first pass's latents, and the image made again whole."""
-    from tests.core.test_health import VAE_LAYER, plant
+    from tests.support.planted_sd import VAE_LAYER, plant
 
-    model = _tiny_model()
+    model = tiny_model()
     plant(model.pipeline, "vae")
     result = generate(model, _request(tmp_path, "lanczos"), precision=FP16, device="cpu")
     (image,) = result.images

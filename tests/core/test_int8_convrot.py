@@ -32,9 +32,14 @@ from app.core.components import FP16_MAX, Status, Verdict
 from app.core.fixing.probe import ActivationRecorder
 from app.core.formats.forms import stored_form
 from app.core.settings import PrecisionSettings
-from tests.core.test_quantized_2026 import (
+from tests.support.convrot_files import FAMILIES, build_pipeline, rotation_overflowing_zimage
+from tests.support.family_helpers import (
+    check,
+    offline,  # noqa: F401 - an autouse fixture: no network
+)
+from tests.support.model_files import save_split_files
+from tests.support.quantised_transformers import (
     CASES,
-    Case,
     close,
     comfy_quant,
     language_model_matrix,
@@ -43,32 +48,9 @@ from tests.core.test_quantized_2026 import (
     write_int8,
     written_weights,
 )
-from tests.support.family_helpers import (
-    check,
-    offline,  # noqa: F401 - an autouse fixture: no network
-)
-from tests.support.model_files import save_split_files
-from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_zimage_pipeline
+from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
-# The families whose October templates ship int8 ConvRot files, as test_quantized_2026 writes
-# them, and Z-Image beside them.
-ZIMAGE = Case(
-    build_tiny_zimage_pipeline,
-    "z_image_turbo",
-    "zimage-turbo",
-    "",
-    ("layers.", "noise_refiner.", "context_refiner."),
-    "",
-    (),
-    ("layers.0.feed_forward.w1.weight", "layers.0.feed_forward.w1"),
-)
-FAMILIES = {
-    "flux3-klein": CASES["flux3-klein"],
-    "qwenimage21": CASES["qwenimage21"],
-    "krea2": CASES["krea2"],
-    "zimage": ZIMAGE,
-}
 
 
 def convrot_layer(values: torch.Tensor, group: int, *, nested: bool = False):
@@ -232,30 +214,6 @@ def test_the_probe_records_a_convrot_layers_rotated_input_as_its_peak():
             assert over is not None and over.name == "1"
 
 
-def rotation_overflowing_zimage(root):
-    """Z-Image as int8 ConvRot (groups of 16) whose timestep embedding, the input of every
-    block's modulation, is 20,000 times the signs of one row of H in its first group: rotated,
-    80,000, past fp16's range, while the layers' products stay 0 (that column of their stored
-    rows is 0). fp16 holds the input; only the rotation the tool makes overflows."""
-    pipeline = build_pipeline("zimage")
-    weights = written_weights(pipeline)
-    embedding = torch.zeros(64)
-    embedding[:16] = 20000.0 * torch.sign(hadamard(16)[3])
-    mlp = weights["t_embedder.mlp.2.weight"]
-    weights["t_embedder.mlp.2.weight"] = torch.zeros_like(mlp)
-    weights["t_embedder.mlp.2.bias"] = embedding.to(torch.bfloat16)
-    final = weights["final_layer.adaLN_modulation.1.weight"]  # bf16, not rotated: kept quiet
-    weights["final_layer.adaLN_modulation.1.weight"] = torch.zeros_like(final)
-    written = quantised_set(root, pipeline, ZIMAGE, "int8-convrot", weights)
-    with Checkpoint(written.path) as checkpoint:
-        tensors = {k: checkpoint._stored(k).clone() for k in checkpoint.header.tensors}  # type: ignore[union-attr]
-    modulations = [k for k in written.rotated if "adaLN_modulation.0" in k]
-    for key in modulations:
-        tensors[key][:, 3] = 0
-    write_safetensors(written.path, tensors)
-    return written, weights, modulations
-
-
 @pytest.mark.slow
 def test_a_model_whose_rotated_inputs_pass_65504_is_fixable_at_that_layer(tmp_path):
     written, weights, modulations = rotation_overflowing_zimage(tmp_path / "int8")
@@ -372,15 +330,6 @@ def test_a_convrot_model_with_a_damaged_layer_is_broken_naming_the_tensor(tmp_pa
 
 # Tiny models of the families, written as int8 ConvRot ------------------------------------------
 
-_BUILT: dict[str, object] = {}
-
-
-def build_pipeline(name: str):
-    """Each family's tiny pipeline, built once per test session (the tests never change it)."""
-    if name not in _BUILT:
-        _BUILT[name] = FAMILIES[name].build()
-    return _BUILT[name]
-
 
 def held_per_weight(part) -> float:
     """The bytes a part's int8 ConvRot weights hold per weight: their int8 values and a 4-byte
@@ -417,7 +366,7 @@ def test_a_convrot_transformer_loads_kept_as_stored_within_its_error(tmp_path, n
 def planted(name: str) -> tuple[dict[str, torch.Tensor], str]:
     """The family's weights with its block layer scaled until its largest weight is 8,000 (as
     test_quantized_2026 plants one), and that layer's diffusers name."""
-    from tests.core.test_quantized_2026 import PLANTED_PEAK
+    from tests.support.quantised_transformers import PLANTED_PEAK
 
     key, layer = FAMILIES[name].block
     weights = written_weights(build_pipeline(name))
@@ -461,7 +410,7 @@ def test_a_planted_overflow_gets_the_bf16_originals_verdict_layer_and_fix(tmp_pa
 
 def test_a_256_group_transformer_loads_and_checks_as_its_bf16_original(tmp_path):
     """Released files rotate in groups of 256: Klein with a 256-wide transformer."""
-    from tests.core.test_quantized_2026 import wide_klein
+    from tests.support.quantised_transformers import wide_klein
 
     case = CASES["flux2-klein"]
     pipeline = wide_klein(case.build())
@@ -548,8 +497,8 @@ def test_a_convrot_model_generates_the_image_its_decoded_weights_generate(tmp_pa
 
 
 def test_a_single_file_with_convrot_layers_loads_and_checks_healthy(tmp_path):
-    from tests.core.test_quantized import is_quantizable
     from tests.support.model_files import ldm_state_dict
+    from tests.support.quantized_files import is_quantizable
 
     tensors = ldm_state_dict(build_tiny_sd_pipeline(seed=3), architecture="sd1")
     matrices = lambda n, t: is_quantizable(n, t) and t.ndim == 2  # noqa: E731

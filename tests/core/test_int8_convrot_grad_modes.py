@@ -25,7 +25,7 @@ from app.core.components import Verdict
 from app.core.hires import Hires
 from app.core.run import stage_run
 from app.core.settings import PrecisionSettings
-from tests.core.test_int8_convrot import rotation_overflowing_zimage
+from tests.support.convrot_files import rotation_overflowing_zimage
 from tests.support.family_helpers import (
     check,
     offline,  # noqa: F401 - an autouse fixture: no network

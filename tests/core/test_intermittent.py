@@ -22,7 +22,7 @@ from app.core.generation import GenerationRequest, generate
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.settings import PrecisionSettings
 from app.core.words.causes import CAUSE_WORDS, cause_words
-from tests.core.test_generation import variant
+from tests.support.generation_models import variant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FF_LAYER = "down_blocks.0.attentions.0.transformer_blocks.0.ff.net.0.proj"

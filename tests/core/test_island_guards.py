@@ -19,7 +19,7 @@ from PIL import Image
 from app.core.generation import GenerationRequest, generate
 from app.core.precision import PlacedPipeline, placement, resolve_plan
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import TE_LAYER, VAE_LAYER, loaded
+from tests.support.planted_sd import TE_LAYER, VAE_LAYER, loaded
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 UNET_LAYER = "down_blocks.0.resnets.0.conv1"

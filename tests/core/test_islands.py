@@ -27,7 +27,7 @@ from app.core.images.finished import read_parameters
 from app.core.precision import plan_weights_mb
 from app.core.settings import FIELDS, PrecisionSettings
 from app.core.words.infotext import split_text
-from tests.core.test_health import TE_LAYER, VAE_LAYER, check, loaded
+from tests.support.planted_sd import TE_LAYER, VAE_LAYER, check, loaded
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 UNET_LAYER = "down_blocks.0.resnets.0.conv1"
@@ -334,7 +334,7 @@ def test_another_tool_gets_the_best_verified_fix_it_can_apply():
 
 
 def test_an_attention_score_overflow_tries_the_attention_fixes_and_upcast_wins():
-    from tests.core.test_health import ATTN_LAYER, plant
+    from tests.support.planted_sd import ATTN_LAYER, plant
 
     # diffusers' classic processor computes the scores in the layer's dtype: they overflow.
     classic = PrecisionSettings(precision="fp16", attention_backend="classic")

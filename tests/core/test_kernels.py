@@ -13,11 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from app.core import causes
-from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, backend_flags, kernels
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import loaded, plant
 from tests.support import attention_kernels as planted
 from tests.support.image_files import (
     a1111_parameters,
@@ -26,17 +23,10 @@ from tests.support.image_files import (
     pixels,
     png_text,
 )
+from tests.support.planted_sd import check_and_attribute, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
-
-
-def check(model):
-    return causes.check_and_attribute(
-        model,
-        CheckRequest(precision=FP16, device="cpu", size=64),
-        run=CheckRun(remember=False, measure_cost=False),
-    )
 
 
 def qkv(dtype=torch.float16, seed=0):
@@ -159,7 +149,7 @@ def test_the_comparison_finds_nan_and_drift_and_clears_an_honest_kernel(tmp_path
 @pytest.mark.slow
 def test_a_replaced_sdpa_that_gives_nan_in_fp16_is_named_as_the_kernel_cause(tmp_path):
     with planted.patched_in(tmp_path) as module:
-        report = check(loaded(build_tiny_sd_pipeline(), "planted-kernel"))
+        report = check_and_attribute(loaded(build_tiny_sd_pipeline(), "planted-kernel"))
         still = F.scaled_dot_product_attention
     cause = report.cause
 
@@ -194,7 +184,7 @@ def test_a_replaced_sdpa_that_gives_nan_in_fp16_is_named_as_the_kernel_cause(tmp
 def test_a_true_fp16_overflow_with_a_replaced_sdpa_is_still_precision(tmp_path, faulty):
     pipeline = plant(build_tiny_sd_pipeline(), "unet_ff")  # a UNet layer scaled past 65504
     with planted.patched_in(tmp_path, faulty=faulty):
-        report = check(loaded(pipeline, "overflow-with-kernel"))
+        report = check_and_attribute(loaded(pipeline, "overflow-with-kernel"))
     cause = report.cause
 
     assert report.components["unet"].status == "overflow"

@@ -16,104 +16,36 @@ import io
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFilter
+from PIL import Image
 
 from app.core.explain import looks, signatures
 from app.core.explain.image_file import pixel_status
-from tests.core.test_signatures import (
+from tests.support.drawn import demo_picture, demo_prompts
+from tests.support.explain_pictures import (
     NATURAL,
     PHOTOGRAPHS,
+    SIZE,
+    blocky,
+    channels_apart,
     decoded_noise,
     fp16_overflow_decoded,
+    normal_map,
     one_over_f,
     photograph,
     real_noise,
+    repeated,
+    rgb_static,
     starry_sky,
     upsampled_noise,
     white_background,
     written,
 )
-from tests.support.drawn import demo_picture, demo_prompts
-
-SIZE = 512
-
-
-def tiled_picture(tile: np.ndarray, size: int = SIZE) -> np.ndarray:
-    times = size // tile.shape[0] + 1
-    return np.tile(tile, (times, times, 1))[:size, :size]
-
-
-def smoothed(picture: np.ndarray, radius: float = 1.0) -> np.ndarray:
-    return np.asarray(Image.fromarray(picture).filter(ImageFilter.GaussianBlur(radius)))
 
 
 def jpeg(picture: np.ndarray, quality: int) -> np.ndarray:
     buffer = io.BytesIO()
     Image.fromarray(picture).save(buffer, "JPEG", quality=quality)
     return np.asarray(Image.open(buffer).convert("RGB"))
-
-
-def repeated(kind: str, period: int, size: int = SIZE) -> np.ndarray:
-    """A tile of `period` px repeated: noise per pixel, latents' noise decoded, or a smooth
-    psychedelic 1/f tile (seamless: the field is periodic), that one also smoothed."""
-    rng = np.random.default_rng(period)
-    if kind == "pixel":
-        tile = rng.integers(0, 256, (period, period, 3)).astype(np.uint8)
-    elif kind == "decoded":
-        tile = decoded_noise(period, period, grain=max(2, min(8, period // 4)))
-    else:
-        tile = written(one_over_f(period, 1.0, size=period), 0.5, 0.25)
-    picture = tiled_picture(tile, size)
-    return smoothed(picture) if kind == "smoothed" else picture
-
-
-def blocky(kind: str, period: int, size: int = SIZE) -> np.ndarray:
-    """One random colour per `period` px block: sharp, smoothed over three pixels or (a decoder's
-    wider smoothing) over about eight, or with grain."""
-    rng = np.random.default_rng(period)
-    cells = rng.integers(0, 256, (size // period, size // period, 3)).astype(np.uint8)
-    sharp = np.asarray(Image.fromarray(cells).resize((size, size), Image.Resampling.NEAREST))
-    if kind == "smoothed":
-        return smoothed(sharp)
-    if kind == "smoothed wide":
-        return smoothed(sharp, 2.0)
-    if kind == "grain":
-        return np.clip(sharp + rng.normal(0, 12, sharp.shape), 0, 255).astype(np.uint8)
-    return sharp
-
-
-def rgb_static(kind: str, size: int = SIZE) -> np.ndarray:
-    """Every pixel its own colour: pure red, green or blue; any of the eight colours whose
-    channels are 0 or 255; pure colours with a little noise off the extremes."""
-    rng = np.random.default_rng(3)
-    pure = np.eye(3, dtype=np.uint8)[rng.integers(0, 3, (size, size))] * 255
-    if kind == "pure":
-        return pure
-    if kind == "eight":
-        return (rng.integers(0, 2, (size, size, 3)) * 255).astype(np.uint8)
-    off = rng.integers(0, 20, pure.shape)
-    return np.clip(pure.astype(int) + np.where(pure > 0, -off, off), 0, 255).astype(np.uint8)
-
-
-def normal_map(seed: int, strength: float, size: int = SIZE) -> np.ndarray:
-    """The normals of a smooth surface (a 1/f^2 height field) as a normal map writes them:
-    (n + 1) / 2, blue the surface's up."""
-    rng = np.random.default_rng(seed)
-    frequencies = np.fft.fftfreq(size)
-    radius = np.hypot(frequencies[:, None], frequencies[None, :])
-    radius[0, 0] = 1.0
-    height = np.fft.ifft2(np.fft.fft2(rng.standard_normal((size, size))) / radius**2).real
-    dy, dx = np.gradient(height / height.std())
-    normals = np.stack([-dx * strength, -dy * strength, np.ones_like(height)], axis=-1)
-    normals /= np.linalg.norm(normals, axis=-1, keepdims=True)
-    return ((normals + 1) / 2 * 255).round().astype(np.uint8)
-
-
-def channels_apart(seed: int, colour: tuple[int, int, int], size: int = SIZE) -> np.ndarray:
-    """Smooth fields, one per channel and nearly apart, around one strong colour."""
-    fields = one_over_f(seed, colour=8.0, size=size)
-    unit = np.clip(np.array(colour) / 255 + fields * 0.12, 0.0, 1.0)
-    return (unit * 255).round().astype(np.uint8)
 
 
 def tinted(seed: int, tint: tuple[float, float, float]) -> np.ndarray:

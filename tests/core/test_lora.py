@@ -11,43 +11,12 @@ import pytest
 import torch
 
 from app.cli import main
-from app.core.checkpoint import write_safetensors
 from app.core.errors import BadFileError, HalfSafeError, PickleRefusedError, WrongPartError
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.lora import files as lora
 from app.core.words.infotext import split_text
+from tests.support.lora_files import RANK, TE_LAYERS, UNET_LAYERS, kohya_lora, linears, save_lora
 from tests.support.tiny_models import build_tiny_sd_pipeline
-
-UNET_LAYERS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "ff.net.2")
-TE_LAYERS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj")
-RANK = 4
-
-
-def _linears(module, endings) -> list[tuple[str, torch.nn.Linear]]:
-    return [(n, m) for n, m in module.named_modules() if n.endswith(endings)]
-
-
-def kohya_lora(pipeline, *, scale: float = 0.3, seed: int = 0, unet_layers=UNET_LAYERS):
-    """A LoRA in kohya's layout (as A1111 and sd-scripts write it) for the tiny pipeline's
-    UNet and text encoder: `lora_unet_<path>` / `lora_te_text_model_<path>` with lora_down,
-    lora_up and alpha."""
-    generator = torch.Generator().manual_seed(seed)
-    tensors: dict[str, torch.Tensor] = {}
-
-    def add(key: str, layer: torch.nn.Linear) -> None:
-        tensors[f"{key}.lora_down.weight"] = torch.randn(
-            RANK, layer.in_features, generator=generator
-        )
-        tensors[f"{key}.lora_up.weight"] = (
-            torch.randn(layer.out_features, RANK, generator=generator) * scale
-        )
-        tensors[f"{key}.alpha"] = torch.tensor(float(RANK))
-
-    for name, layer in _linears(pipeline.unet, unet_layers):
-        add("lora_unet_" + name.replace(".", "_"), layer)
-    for name, layer in _linears(pipeline.text_encoder, TE_LAYERS):
-        add("lora_te_text_model_" + name.replace(".", "_"), layer)
-    return tensors
 
 
 def peft_lora(pipeline, *, scale: float = 0.3, seed: int = 1):
@@ -59,7 +28,7 @@ def peft_lora(pipeline, *, scale: float = 0.3, seed: int = 1):
         ("unet", pipeline.unet, UNET_LAYERS),
         ("text_encoder", pipeline.text_encoder, TE_LAYERS),
     ):
-        for name, layer in _linears(module, endings):
+        for name, layer in linears(module, endings):
             tensors[f"{prefix}.{name}.lora_A.weight"] = torch.randn(
                 RANK, layer.in_features, generator=generator
             )
@@ -67,10 +36,6 @@ def peft_lora(pipeline, *, scale: float = 0.3, seed: int = 1):
                 torch.randn(layer.out_features, RANK, generator=generator) * scale
             )
     return tensors
-
-
-def save_lora(tensors, path: Path) -> Path:
-    return write_safetensors(path, tensors)
 
 
 def unet_and_text_outputs(pipeline):
@@ -248,7 +213,7 @@ def test_an_sdxl_kohya_lora_with_both_text_encoders_loads_and_changes_the_output
         ("lora_te2_text_model_", pipeline.text_encoder_2, TE_LAYERS),
     )
     for prefix, module, endings in parts:
-        for name, layer in _linears(module, endings):
+        for name, layer in linears(module, endings):
             key = prefix + name.removeprefix("text_model.").replace(".", "_")
             tensors[f"{key}.lora_down.weight"] = torch.randn(
                 RANK, layer.in_features, generator=generator
@@ -277,7 +242,7 @@ def test_a_flux_lora_in_peft_layout_loads_into_the_transformer():
 
     pipeline = build_tiny_flux_pipeline()
     generator = torch.Generator().manual_seed(6)
-    layers = _linears(pipeline.transformer, ("attn.to_q", "attn.to_k", "attn.to_v", "ff.net.2"))
+    layers = linears(pipeline.transformer, ("attn.to_q", "attn.to_k", "attn.to_v", "ff.net.2"))
     tensors = {}
     for name, layer in layers:
         tensors[f"transformer.{name}.lora_A.weight"] = torch.randn(
@@ -301,7 +266,7 @@ def test_a_flux_lora_in_peft_layout_loads_into_the_transformer():
 
 
 def test_the_model_runs_exactly_the_loras_asked_for_flags_and_prompt_tags(tmp_path):
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
 
     pipeline = build_tiny_sd_pipeline()
     model = loaded(pipeline)
@@ -652,7 +617,7 @@ def lora_of_41_layers(pipeline, layout: str, fitting: int = 1) -> dict[str, torc
     for a model with more blocks does)."""
     generator = torch.Generator().manual_seed(21)
     tensors: dict[str, torch.Tensor] = {}
-    real = [name for name, _ in _linears(pipeline.unet, UNET_LAYERS)][:fitting]
+    real = [name for name, _ in linears(pipeline.unet, UNET_LAYERS)][:fitting]
     names = real + [f"down_blocks.0.attentions.0.extra_blocks.{i}.proj" for i in range(41)]
     for name in names[:41]:
         inner = pipeline.unet.get_submodule(name) if name in real else torch.nn.Linear(8, 8)
@@ -671,7 +636,7 @@ def lora_of_41_layers(pipeline, layout: str, fitting: int = 1) -> dict[str, torc
 
 @pytest.mark.parametrize("layout", ["kohya", "peft"])
 def test_a_lora_of_which_the_model_has_one_layer_of_41_says_so_and_runs_that_one(tmp_path, layout):
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
 
     pipeline = build_tiny_sd_pipeline()
     model = loaded(pipeline)
@@ -702,7 +667,7 @@ def test_a_lora_of_which_the_model_has_one_layer_of_41_says_so_and_runs_that_one
 def test_a_lora_none_of_whose_layers_the_model_has_is_refused_naming_it_and_the_model(
     tmp_path, layout
 ):
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
 
     pipeline = build_tiny_sd_pipeline()
     model = replace(loaded(pipeline), source=str(tmp_path / "model.safetensors"))
@@ -735,7 +700,7 @@ def _flux_lora_for(transformer) -> dict[str, torch.Tensor]:
     single."""
     generator = torch.Generator().manual_seed(22)
     tensors = {}
-    for name, layer in _linears(transformer, ("attn.to_q", "attn.to_k", "attn.to_v")):
+    for name, layer in linears(transformer, ("attn.to_q", "attn.to_k", "attn.to_v")):
         tensors[f"transformer.{name}.lora_A.weight"] = torch.randn(
             RANK, layer.in_features, generator=generator
         )
@@ -752,7 +717,7 @@ def test_a_flux_lora_on_qwen_image_is_refused_for_its_family_or_says_how_many_la
     layer names, but its key set (every layer a module of Flux.1's transformer) tells what it
     was made for: refused, the model untouched. A LoRA whose family nothing tells runs with the
     layers that exist, its note saying how many; one that fits none is refused."""
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
     from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_qwenimage_pipeline
 
     flux = _flux_lora_for(build_tiny_flux_pipeline().transformer)
@@ -828,7 +793,7 @@ def test_generate_says_how_many_layers_of_a_lora_were_applied_and_refuses_one_th
 def test_the_check_says_how_many_layers_of_a_lora_were_applied(tmp_path):
     from app.core.causes import check_and_attribute
     from app.core.settings import PrecisionSettings
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
 
     pipeline = build_tiny_sd_pipeline()
     model = loaded(pipeline)

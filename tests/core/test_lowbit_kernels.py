@@ -202,7 +202,7 @@ def int8_model(tmp_path_factory, request):
     """A tiny Krea 2 transformer in ComfyUI's int8 layout, plain or ConvRot (whose input the
     tools rotate before the same int8 GEMM), loaded."""
     from app.core import models
-    from tests.core.test_quantized_2026 import CASES, quantised_set
+    from tests.support.quantised_transformers import CASES, quantised_set
 
     case = CASES["krea2"]
     written = quantised_set(tmp_path_factory.mktemp("int8"), case.build(), case, request.param)

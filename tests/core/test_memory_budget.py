@@ -17,7 +17,7 @@ from app.core import health
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, placement
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import loaded, plant
+from tests.support.planted_sd import half_stored, loaded, unet_inputs
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 PARTS = ("text_encoder", "unet", "vae")
@@ -28,14 +28,6 @@ STREAM_BUDGET_GB = 0.0001  # 0.1 MiB: less than any tiny component as stored: al
 IN_PLACE_MB = {"unet": 4.0, "vae": 1.0}
 
 
-def _half_stored(fault: str | None = None):
-    """The tiny SD1.x model stored in fp16, as most files are (a fault planted first)."""
-    pipeline = build_tiny_sd_pipeline()
-    if fault:
-        pipeline = plant(pipeline, fault)
-    return pipeline.to(torch.float16)
-
-
 def _plan(budget_mb: float | None, **dtypes: str) -> PrecisionPlan:
     return PrecisionPlan(
         device="cpu",
@@ -44,21 +36,9 @@ def _plan(budget_mb: float | None, **dtypes: str) -> PrecisionPlan:
     )
 
 
-def _unet_inputs(pipeline):
-    generator = torch.Generator().manual_seed(0)
-    config = pipeline.unet.config
-    return {
-        "sample": torch.randn(2, config.in_channels, 8, 8, generator=generator),
-        "timestep": torch.tensor(500.0),
-        "encoder_hidden_states": torch.randn(
-            2, 77, config.cross_attention_dim, generator=generator
-        ),
-    }
-
-
 def test_a_part_over_the_budget_computes_wider_from_its_stored_weights_exactly():
-    pipeline = _half_stored()
-    inputs = _unet_inputs(pipeline)
+    pipeline = half_stored()
+    inputs = unet_inputs(pipeline)
     resident = placement.PlacedPipeline(pipeline, _plan(None), components=["unet"])
     budgeted = placement.PlacedPipeline(pipeline, _plan(IN_PLACE_MB["unet"]), components=["unet"])
     wide, narrow = resident["unet"], budgeted["unet"]
@@ -77,7 +57,7 @@ def test_a_part_over_the_budget_computes_wider_from_its_stored_weights_exactly()
 
 
 def test_a_part_within_the_budget_or_stored_as_wide_is_placed_as_before():
-    pipeline = _half_stored()
+    pipeline = half_stored()
     roomy = placement.PlacedPipeline(pipeline, _plan(10_000.0), components=["unet"])
     assert roomy["unet"].conv_in.weight.dtype == torch.float32
     fp32_stored = build_tiny_sd_pipeline()
@@ -103,7 +83,7 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
     def check(budget_gb: float):
         most.clear()
         report = health.check_loaded(
-            loaded(_half_stored(fault), f"budget-{fault}"),
+            loaded(half_stored(fault), f"budget-{fault}"),
             CheckRequest(
                 precision=PrecisionSettings(precision="fp16", max_vram_gb=budget_gb),
                 device="cpu",
@@ -137,7 +117,7 @@ def test_a_check_under_a_budget_finds_the_same_layer_and_fix_holding_less(
         # wider candidates held its stored fp16 bytes, never a copy twice as big (a candidate
         # with fp32 layers holds a little more: those layers' own copies, a large share of
         # this tiny model where the fixes are fp32).
-        stored = sum(t.numel() * 2 for t in getattr(_half_stored(), component).parameters())
+        stored = sum(t.numel() * 2 for t in getattr(half_stored(), component).parameters())
         assert free_held[component] <= stored * 1.25
         assert tight_held[component] <= stored * 1.25
         return
@@ -173,7 +153,7 @@ def test_a_generation_under_a_budget_makes_the_same_image(tmp_path):
     request = generation.GenerationRequest(
         prompt="a lake", steps=2, width=64, height=64, seed=4, output_dir=str(tmp_path)
     )
-    model = loaded(_half_stored(), "budget-generation")
+    model = loaded(half_stored(), "budget-generation")
     images = [
         generation.generate(
             model,
@@ -199,7 +179,7 @@ def test_a_generation_records_how_its_parts_were_held_in_its_json_and_png(tmp_pa
     request = generation.GenerationRequest(
         prompt="a lake", steps=2, width=64, height=64, seed=4, output_dir=str(tmp_path)
     )
-    model = loaded(_half_stored(), "budget-record")
+    model = loaded(half_stored(), "budget-record")
     made = {
         budget: generation.generate(
             model,
@@ -235,7 +215,7 @@ def test_the_check_says_what_its_copies_held_under_a_budget():
     from app.cli.text import health_text
 
     report = health.check_loaded(
-        loaded(_half_stored("vae"), "budget-words"),
+        loaded(half_stored("vae"), "budget-words"),
         CheckRequest(
             precision=PrecisionSettings(precision="fp16", max_vram_gb=TINY_BUDGET_GB),
             device="cpu",

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-from test_lora import kohya_lora, save_lora
 
 from app.core import explain, library, limits
 from app.core.explain.explanation import _apply_image_loras
@@ -16,6 +15,7 @@ from app.core.explain.pixels import PixelFigures
 from app.core.generation import GenerationRequest, generate
 from app.core.lora import files as lora
 from app.core.settings import PrecisionSettings
+from tests.support.lora_files import kohya_lora, save_lora
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 
@@ -75,7 +75,7 @@ def test_a_name_reaching_outside_the_folders_is_refused(folders, name):
 def lora_folders(home):
     """An A1111 install with models/Lora holding `ink`, and a valid LoRA outside every model
     folder, reachable by an absolute path, by `..` and by a link in models/Lora."""
-    from test_health import loaded
+    from tests.support.planted_sd import loaded
 
     pipeline = build_tiny_sd_pipeline()
     models = home / "stable-diffusion-webui" / "models"

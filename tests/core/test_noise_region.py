@@ -14,8 +14,12 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-from test_explain import a1111_black_png, a1111_tree, overflowing_file  # noqa: F401
-from test_signatures import (
+
+from app.cli import main
+from app.core import explain
+from app.core.explain import regions
+from app.core.explain.image_file import pixel_status
+from tests.support.explain_pictures import (
     NATURAL,
     decoded_noise,
     one_over_f,
@@ -24,11 +28,7 @@ from test_signatures import (
     white_background,
     written,
 )
-
-from app.cli import main
-from app.core import explain
-from app.core.explain import regions
-from app.core.explain.image_file import pixel_status
+from tests.support.explain_trees import a1111_black_png, a1111_tree, overflowing_file  # noqa: F401
 from tests.support.image_files import a1111_parameters, comfy_prompt
 
 BOX = (160, 96, 352, 288)  # x0, y0, x1, y1: a face-sized box in a 512 px picture

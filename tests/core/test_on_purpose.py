@@ -23,10 +23,16 @@ from app.core.explain.explanation import PROBLEMS, explain_image, verdict
 from app.core.explain.image_file import picture_status
 from app.core.explain.records import read_record
 from app.core.images.finished import to_image
-from tests.core.test_explain_flat import nan_pixels_zeroed
-from tests.core.test_looks import blocky, channels_apart, repeated, rgb_static
-from tests.core.test_signatures import decoded_noise, fp16_overflow_decoded
 from tests.support import on_purpose
+from tests.support.explain_pictures import (
+    blocky,
+    channels_apart,
+    decoded_noise,
+    fp16_overflow_decoded,
+    nan_pixels_zeroed,
+    repeated,
+    rgb_static,
+)
 from tests.support.image_files import a1111_parameters, comfy_prompt
 
 TOOLS = ("a1111", "comfyui")
@@ -129,7 +135,7 @@ def test_a_picture_made_so_on_purpose_is_said_to_look_so_and_exits_0(
 def _zero_latents() -> np.ndarray:
     import torch
 
-    from tests.core.test_explain_flat import decoded
+    from tests.support.explain_pictures import decoded
 
     return decoded(torch.zeros(1, 4, 64, 64))
 

@@ -13,10 +13,9 @@ import pytest
 from app.core.fixing.probe import ModuleStats, ProbeResult
 from app.core.health import HealthReport
 from app.core.settings import PrecisionSettings
-from tests.core import test_families as families
-from tests.core.test_health import check, loaded
-from tests.core.test_lean_recorder import PLANTS
+from tests.support import family_rows as families
 from tests.support.family_helpers import in_memory, plant_scaled
+from tests.support.planted_sd import PLANTS, check, loaded
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -17,9 +17,9 @@ from app.core.models import load_model
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
 from app.ui.image_entry import GalleryEntry
-from tests.core.test_health import plant
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
 from tests.support.model_files import save_single_file
+from tests.support.planted_sd import plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 BLACK = Image.fromarray(np.zeros((128, 128, 3), np.uint8))
@@ -121,12 +121,12 @@ def test_a_comfyui_pixel_upscale_is_checked_with_the_vae_encoder_at_its_second_p
     """VAEDecode -> ImageScaleBy(lanczos) -> VAEEncode -> KSampler on a model whose VAE
     encoder overflows in fp16: the check at the second pass's size runs the encoder there and
     finds it (a check of the latent path would not run it)."""
-    from tests.core.test_pictures import _plant_encoder
+    from tests.support.planted_sd import plant_encoder
 
     folder = home / "ComfyUI" / "models" / "checkpoints"
     folder.mkdir(parents=True)
     pipeline = build_tiny_sd_pipeline()
-    layer = _plant_encoder(pipeline)
+    layer = plant_encoder(pipeline)
     save_single_file(pipeline, folder / "dreamy.safetensors")
     graph = json.loads(comfy_prompt("dreamy.safetensors"))
     graph["8"] = {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["4", 2]}}

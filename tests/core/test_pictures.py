@@ -31,12 +31,12 @@ from app.core.images.pictures import (
     steps_run,
 )
 from app.core.words import infotext
-from tests.core.test_families import ROWS
 from tests.support.family_helpers import (
     FP16,
-    in_memory,
     offline,  # noqa: F401 - an autouse fixture: no network
 )
+from tests.support.family_rows import ROWS, family_model
+from tests.support.planted_sd import plant_encoder
 
 PICTURE_FAMILIES = [f.id for f in FAMILIES if Mode.IMAGE in f.picture_pipelines]
 INPAINT_FAMILIES = [f.id for f in FAMILIES if Mode.INPAINT in f.picture_pipelines]
@@ -228,11 +228,6 @@ def test_a_mask_whose_white_vanishes_when_scaled_says_so(tmp_path, picture):
 # --- every family with picture pipelines ---------------------------------------------------
 
 
-def _model(family_id):
-    row = ROWS[family_id]
-    return in_memory(row.build(), family_id, row.architecture, row.prediction)
-
-
 def _request(tmp_path, image, mask=None, strength=0.5):
     return generation.GenerationRequest(
         prompt="a red cube",
@@ -248,19 +243,9 @@ def _request(tmp_path, image, mask=None, strength=0.5):
     )
 
 
-def _plant_encoder(pipeline, factor=1e6):
-    """Scale the VAE encoder's first conv past fp16 (finite in fp32): its first layer."""
-    encoder = pipeline.vae.encoder
-    first = encoder.down_blocks[0]
-    layer = first.resnets[0].conv1 if hasattr(first, "resnets") else encoder.conv_in
-    with torch.no_grad():
-        layer.weight.mul_(factor)
-    return next(n for n, m in pipeline.vae.named_modules() if m is layer)
-
-
 @pytest.mark.parametrize("family_id", PICTURE_FAMILIES)
 def test_image_to_image_makes_a_finite_picture_from_the_input(family_id, picture, tmp_path):
-    model = _model(family_id)
+    model = family_model(family_id)
     result = generation.generate(
         model, _request(tmp_path, picture[0]), precision=FP16, device="cpu"
     )
@@ -273,7 +258,7 @@ def test_image_to_image_makes_a_finite_picture_from_the_input(family_id, picture
 
 @pytest.mark.parametrize("family_id", INPAINT_FAMILIES)
 def test_inpainting_keeps_what_the_mask_keeps(family_id, picture, tmp_path):
-    model = _model(family_id)
+    model = family_model(family_id)
     result = generation.generate(
         model, _request(tmp_path, *picture, strength=1.0), precision=FP16, device="cpu"
     )
@@ -286,7 +271,7 @@ def test_inpainting_keeps_what_the_mask_keeps(family_id, picture, tmp_path):
 
 
 def test_the_same_seed_and_picture_make_the_same_image(picture, tmp_path):
-    model = _model(FamilyId("sd"))  # quick
+    model = family_model(FamilyId("sd"))  # quick
     request = _request(tmp_path, picture[0])
     first = generation.generate(model, request, precision=FP16, device="cpu").images[0]
     again = generation.generate(model, request, precision=FP16, device="cpu").images[0]
@@ -297,8 +282,8 @@ def test_the_same_seed_and_picture_make_the_same_image(picture, tmp_path):
 def test_a_planted_encoder_overflow_is_found_at_its_layer_and_fixed_in_the_vae(
     family_id, picture, tmp_path
 ):
-    model = _model(family_id)
-    layer = _plant_encoder(model.pipeline)
+    model = family_model(family_id)
+    layer = plant_encoder(model.pipeline)
     report = health.check_loaded(
         model,
         CheckRequest(precision=FP16, device="cpu", size=64, images=(picture[0],)),
@@ -326,8 +311,8 @@ def test_a_planted_encoder_overflow_is_found_at_its_layer_and_fixed_in_the_vae(
 
 @pytest.mark.parametrize("family_id", [FamilyId("sd"), FamilyId("flux")])
 def test_generation_repairs_a_planted_encoder_overflow(family_id, picture, tmp_path):
-    model = _model(family_id)
-    layer = _plant_encoder(model.pipeline)
+    model = family_model(family_id)
+    layer = plant_encoder(model.pipeline)
     result = generation.generate(
         model, _request(tmp_path, picture[0]), precision=FP16, device="cpu"
     )
@@ -341,7 +326,7 @@ def test_generation_repairs_a_planted_encoder_overflow(family_id, picture, tmp_p
 def test_image_to_image_runs_the_denoiser_in_the_precision_asked(picture, tmp_path):
     # A UNet that overflows in fp16 must overflow in an fp16 image-to-image job too: the
     # picture pipeline runs on the placed fp16 copy, not on one widened to fp32 on the way.
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     plant = ROWS[FamilyId("sd")].plants["unet"]
     with torch.no_grad():
         model.pipeline.unet.get_submodule(plant.layer).weight.mul_(plant.factor)
@@ -360,7 +345,7 @@ def test_a_family_without_picture_pipelines_is_refused_in_one_sentence():
 
 
 def test_an_inpainting_model_needs_a_mask(picture, tmp_path):
-    sd = _model(FamilyId("sd"))
+    sd = family_model(FamilyId("sd"))
     unet = sd.pipeline.unet
     unet.register_to_config(in_channels=9)  # what an inpainting UNet says of itself
     with pytest.raises(HalfSafeError, match="give it a mask to inpaint"):

@@ -14,8 +14,8 @@ from app.core import generation, health
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, placement
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import FF_LAYER, loaded, plant
 from tests.support.family_helpers import in_memory
+from tests.support.planted_sd import FF_LAYER, loaded, plant
 from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_sd_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")

@@ -20,9 +20,8 @@ from app.core.health.cost import StepCost
 from app.core.health.step_work import module_flops, plan_seconds
 from app.core.precision import plan_weights_mb
 from app.core.run import timing
-from tests.core.test_check_work import stored_in_fp16
-from tests.core.test_health import check, plant
-from tests.core.test_pruned_search import _with_costs
+from tests.support.check_answers import with_costs
+from tests.support.planted_sd import check, plant, stored_in_fp16
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 
@@ -167,7 +166,7 @@ def test_predictions_inside_the_band_are_timed_as_before():
 def test_with_predictions_the_pruned_search_gives_the_full_searchs_answers():
     """The whole table, costs and predictions included, is the same whether the search runs
     every candidate first or only those that can still win."""
-    assert _with_costs(_check(APART, True)[0]) == _with_costs(_check(APART, True, prune=False)[0])
+    assert with_costs(_check(APART, True)[0]) == with_costs(_check(APART, True, prune=False)[0])
 
 
 def test_a_prediction_that_explains_little_of_the_call_is_not_used():

@@ -20,8 +20,8 @@ from app.core.images.finished import read_parameters
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
 from app.core.words.causes import cause_words
-from tests.core.test_families import QWENIMAGE21_BLOCK
 from tests.support.family_helpers import in_memory
+from tests.support.family_rows import QWENIMAGE21_BLOCK
 from tests.support.tiny_models import build_tiny_flux_pipeline, build_tiny_qwenimage21_pipeline
 
 FP16 = PrecisionSettings(precision="fp16")
@@ -209,7 +209,7 @@ def test_cli_prompt_cache_takes_on_or_off(capsys):
 
 
 def _rows():
-    from tests.core.test_families import ROWS
+    from tests.support.family_rows import ROWS
 
     return ROWS
 
@@ -276,7 +276,7 @@ def test_an_edit_with_real_cfg_keeps_the_pictures_in_the_cache_and_is_ruled_out_
     prompt and the negative prompt (real CFG): a NaN held there is the cache's too."""
     from PIL import Image
 
-    from tests.core.test_edit import _request as edit_request
+    from tests.support.edit_checks import edit_request
 
     path = tmp_path / "ref.png"
     rng = np.random.RandomState(0)

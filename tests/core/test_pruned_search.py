@@ -16,9 +16,9 @@ from app.core.fixing.quality import Quality
 from app.core.fixing.stage_cost import StageCost
 from app.core.health import fix
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import FP16, check, loaded, plant
-from tests.core.test_lean_recorder import PLANTS, _answers
 from tests.support import cost_oracle
+from tests.support.check_answers import with_costs
+from tests.support.planted_sd import FP16, PLANTS, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 KINDS = [kind.name for kind in fix_candidates.FIX_KINDS]
@@ -93,17 +93,6 @@ def test_a_candidate_past_the_memory_band_cannot_win():
     assert timed.could_win(later) and not timed.could_win(wide)
 
 
-def _with_costs(report) -> dict:
-    """The answers and every candidate's and baseline's cost."""
-    fix = report.fix
-    return {
-        **_answers(report),
-        "costs": [c.cost for c in report.tried],
-        "baselines": fix.baselines if fix is not None else None,
-        "fix_cost": fix.cost if fix is not None else None,
-    }
-
-
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
 @pytest.mark.parametrize("planted", list(PLANTS))
 def test_the_pruned_search_gives_the_full_searchs_answers(monkeypatch, planted, precision):
@@ -116,7 +105,7 @@ def test_the_pruned_search_gives_the_full_searchs_answers(monkeypatch, planted, 
     pruned = check(loaded(PLANTS[planted](build_tiny_sd_pipeline()), "pruned"), settings, **kwargs)
     monkeypatch.setattr(fix, "PRUNE_CANDIDATES", False)
     full = check(loaded(PLANTS[planted](build_tiny_sd_pipeline()), "full"), settings, **kwargs)
-    assert _with_costs(pruned) == _with_costs(full)
+    assert with_costs(pruned) == with_costs(full)
     assert pruned.work is not None and full.work is not None
     proved, full_proved = pruned.work.at("proved_fix"), full.work.at("proved_fix")
     assert (proved is None) == (full_proved is None)

@@ -20,11 +20,14 @@ from PIL import Image
 from app.core import generation
 from app.core.families import FamilyId, family, family_of
 from app.core.images.pictures import Mode, mode_of, read_pictures
-from tests.core.test_edit import _changed, _plant
-from tests.core.test_edit import _check as edit_check
-from tests.core.test_edit import _request as edit_request
-from tests.core.test_flux2_edit import _first_transformer_call
 from tests.support import tiny_models
+from tests.support.edit_checks import (
+    changed,
+    edit_check,
+    edit_request,
+    first_transformer_call,
+    plant,
+)
 from tests.support.family_helpers import (
     FP16,
     in_memory,
@@ -81,7 +84,7 @@ def test_the_probe_reads_the_pictures_as_the_pipeline_hands_them_to_the_transfor
         ]
     noise, _ = QWEN21.noise(pipeline, [0], 64, 64)
     twin = __import__("copy").copy(pipeline)
-    theirs = _first_transformer_call(
+    theirs = first_transformer_call(
         pipeline.transformer,
         lambda: twin(
             **QWEN21.edit_call(twin, conditioning, 1, None, pictures, (64, 64)),
@@ -96,7 +99,7 @@ def test_the_probe_reads_the_pictures_as_the_pipeline_hands_them_to_the_transfor
     first = float(pipeline.scheduler.timesteps[0])
     conditioning["negative_prompt_embeds"] = conditioning["prompt_embeds"]
     conditioning["negative_image_pad_mask"] = conditioning["image_pad_mask"]
-    mine = _first_transformer_call(
+    mine = first_transformer_call(
         pipeline.transformer,
         lambda: QWEN21._probe(pipeline, conditioning, 64, "cpu", [first], latents),
     )
@@ -128,7 +131,7 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
     references,
 ):
     model = _model()
-    _plant(model.pipeline, "transformer", BLOCK)
+    plant(model.pipeline, "transformer", BLOCK)
 
     report = edit_check(model, references)
 
@@ -137,13 +140,13 @@ def test_a_planted_transformer_overflow_in_an_edit_is_found_at_its_layer_and_fix
     assert report.components["transformer"].first_bad_module == BLOCK
     fix = report.fix
     assert fix is not None and fix.verified and fix.quality is not None and fix.quality.passed
-    assert _changed(report) == {"transformer"}
+    assert changed(report) == {"transformer"}
 
 
 @pytest.mark.slow  # 30-50 s here: each picture read at a megapixel, checked in fp32 too
 def test_a_planted_encoder_overflow_in_an_edit_is_found_as_the_vae_encoder_and_fixed(references):
     model = _model()
-    _plant(model.pipeline, "vae", ENCODER_LAYER)
+    plant(model.pipeline, "vae", ENCODER_LAYER)
 
     report = edit_check(model, references)
 
@@ -151,7 +154,7 @@ def test_a_planted_encoder_overflow_in_an_edit_is_found_as_the_vae_encoder_and_f
     assert encoder.status.failed and encoder.first_bad_module == ENCODER_LAYER
     assert not report.components["transformer"].status.failed  # fed the fixed latents
     assert report.verdict == "fixable" and report.fix is not None and report.fix.verified
-    assert _changed(report) == {"vae"}
+    assert changed(report) == {"vae"}
 
 
 def test_an_edit_of_two_pictures_is_a_finite_picture_that_says_so(tmp_path, references):
@@ -195,7 +198,7 @@ def test_generation_repairs_a_planted_overflow_in_an_edit(
     see that encoding go non-finite; the transformer's overflow is watched as any denoiser's.
     Each repair fixes the part at fault alone."""
     model = _model()
-    _plant(model.pipeline, component, layer)
+    plant(model.pipeline, component, layer)
 
     image = generation.generate(
         model, edit_request(tmp_path, references, steps=2, cfg=4.0), precision=FP16, device="cpu"

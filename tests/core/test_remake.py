@@ -24,10 +24,10 @@ from app.core.generation import GenerationRequest
 from app.core.generation.entry import generate_unsaved
 from app.core.models import load_model
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import plant
-from tests.core.test_signatures import decoded_noise, one_over_f, written
+from tests.support.explain_pictures import decoded_noise, one_over_f, written
 from tests.support.image_files import a1111_parameters, comfy_prompt, png_text
 from tests.support.model_files import save_single_file
+from tests.support.planted_sd import plant
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 SEED = 42  # comfy_prompt's KSampler: 12 steps, CFG 7, euler/normal, 64x64

@@ -23,8 +23,8 @@ from app.core.identities import DeviceIdentity, ModelIdentity
 from app.core.lora.files import read_lora
 from app.core.models import load_model
 from app.engine.events import EngineEvent, EventState, encode, read_message
-from tests.core.test_lora import kohya_lora, save_lora
 from tests.support import reports
+from tests.support.lora_files import kohya_lora, save_lora
 
 CHECK_KEYS = [
     "halfsafe",

@@ -21,11 +21,11 @@ from app.core.explain.records import _comfy_record, _infotext_record
 from app.core.families import FamilyId
 from app.core.settings import FIELDS, SCHEDULERS
 from app.core.words import infotext
-from tests.core.test_pictures import _model
 from tests.support.family_helpers import (
     FP16,
     offline,  # noqa: F401 - an autouse fixture: no network
 )
+from tests.support.family_rows import family_model
 from tests.support.image_files import comfy_prompt
 
 # An SD 1.x scheduler config, as its model folder has it.
@@ -162,7 +162,7 @@ def test_a_sampler_halfsafe_does_not_run_names_the_closest():
 
 
 def test_an_image_records_the_sampler_and_schedule_as_a1111_does_and_reads_them_back(tmp_path):
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     request = generation.GenerationRequest(
         prompt="a red cube",
         steps=3,
@@ -227,7 +227,7 @@ def test_dpm2_a_karras_is_diffusers_dpm2_ancestral_recorded_and_read_back_as_a11
 
     from app.core.settings import PrecisionSettings
 
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     request = generation.GenerationRequest(
         prompt="a red cube", steps=3, cfg=5.0, seed=11, width=64, height=64,
         scheduler="dpm2_a_karras", output_dir=str(tmp_path),
@@ -273,9 +273,9 @@ def test_a_second_order_sampler_is_checked_and_its_nan_step_is_the_samplers(key)
     calls, so the step it names is never past the steps asked for."""
     from app.core.generation.watch import NanWatch
     from app.core.health.stages import probe_timesteps
-    from tests.core.test_generation import Poisoned
+    from tests.support.generation_models import Poisoned
 
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     scheduler = samplers.make(key, model.pipeline.scheduler.config, "epsilon")
     scheduler.set_timesteps(20)
     timesteps = probe_timesteps(model, 20, key, 64)
@@ -369,7 +369,7 @@ def test_dpmpp_sde_karras_draws_its_brownian_noise_from_the_images_seed(tmp_path
 
     from app.core.settings import PrecisionSettings
 
-    model = _model(FamilyId("sd"))
+    model = family_model(FamilyId("sd"))
     request = generation.GenerationRequest(
         prompt="a red cube", steps=3, cfg=5.0, seed=11, width=64, height=64,
         scheduler="dpmpp_sde_karras", output_dir=str(tmp_path),
@@ -440,7 +440,7 @@ def test_dpmpp_sde_from_a1111_and_comfyui_is_read_as_itself_and_made_again_with_
         height=64, scheduler=values["scheduler"], output_dir=str(tmp_path),
     )  # fmt: skip
     made = generation.generate(
-        _model(FamilyId("sd")), request, precision=PrecisionSettings(), device="cpu"
+        family_model(FamilyId("sd")), request, precision=PrecisionSettings(), device="cpu"
     ).images[0]
     parsed = infotext.parse(made.parameters)
     assert made.status == "ok"

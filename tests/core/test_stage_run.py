@@ -178,7 +178,7 @@ def test_a_stage_that_raises_leaves_no_hook_and_the_flags_restored(ambient_flags
 def test_a_check_stage_that_fails_leaves_its_watchers_off(ambient_flags):
     """The check's recorders, timers and stop leave with a stage whose run raised (latents the
     VAE cannot read)."""
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
 
     model = loaded(build_tiny_sd_pipeline())
     plan = PrecisionPlan("cpu", {"text_encoder": "fp16", "unet": "fp16", "vae": "fp16"})

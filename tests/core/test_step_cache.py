@@ -152,7 +152,7 @@ def test_explain_reads_halfsafes_own_step_cache(tmp_path):
 
 
 def _rows():
-    from tests.core.test_families import ROWS
+    from tests.support.family_rows import ROWS
 
     return ROWS
 

@@ -27,8 +27,8 @@ from app.core.formats.quantized import TORCH_DECODED_GGUF
 from app.core.models import split
 from app.core.precision import PrecisionPlan
 from app.core.precision.placement import PlacedPipeline, tensor_bytes
-from tests.core.test_quantized import UNET_LAYER, flux_gguf, sd1_file
 from tests.support.family_helpers import offline  # noqa: F401 - an autouse fixture: no network
+from tests.support.quantized_files import UNET_LAYER, flux_gguf, sd1_file
 
 # The types the gguf package also encodes; the others are decoded from random blocks.
 ENCODED = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}

@@ -14,8 +14,7 @@ from app.core.jobs import Headline
 from app.core.memory import plan_words
 from app.core.precision import PrecisionPlan, placement, streaming
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import loaded
-from tests.core.test_memory_budget import _half_stored, _unet_inputs
+from tests.support.planted_sd import half_stored, loaded, unet_inputs
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 STREAM_MB = 0.1  # less than any tiny component as stored
@@ -48,8 +47,8 @@ def test_the_blocks_are_the_children_of_each_outermost_list_of_weighted_blocks()
 
 
 def test_a_streamed_component_computes_as_a_resident_copy_and_holds_one_block_at_a_time():
-    pipeline = _half_stored()
-    inputs = _unet_inputs(pipeline)
+    pipeline = half_stored()
+    inputs = unet_inputs(pipeline)
     resident, streamed = _placed(pipeline, None), _placed(pipeline, STREAM_MB)
     twin = streamed["unet"]
     held = streamed.streamed["unet"]
@@ -77,7 +76,7 @@ def test_a_streamed_component_computes_as_a_resident_copy_and_holds_one_block_at
 
 
 def test_a_streamed_tensor_read_outside_its_blocks_forward_fails_and_a_failed_block_lets_go():
-    twin = _placed(_half_stored(), STREAM_MB)["unet"]
+    twin = _placed(half_stored(), STREAM_MB)["unet"]
     layer = twin.get_submodule(UNET_ISLAND)
     with pytest.raises((RuntimeError, NotImplementedError)):
         layer(torch.ones(1, layer.in_features, dtype=torch.float16)).sum().item()
@@ -85,7 +84,7 @@ def test_a_streamed_tensor_read_outside_its_blocks_forward_fails_and_a_failed_bl
     block = twin.get_submodule("down_blocks.0")
     block.register_forward_hook(lambda *_: (_ for _ in ()).throw(ValueError("planted")))
     with pytest.raises(ValueError, match="planted"), torch.inference_mode():
-        twin(**_unet_inputs(_half_stored()))
+        twin(**unet_inputs(half_stored()))
     assert block.resnets[0].conv1.weight.device.type == "meta"
 
 
@@ -102,7 +101,7 @@ def test_an_island_is_made_from_the_loaded_values_not_the_narrower_copy(budget_m
         if budget_mb is not None:  # read inside its block's forward
             kept: list[torch.Tensor] = []
             layer.register_forward_hook(lambda m, a, o: kept.append(m.weight.clone()))
-            placed["unet"](**_unet_inputs(pipeline))
+            placed["unet"](**unet_inputs(pipeline))
             weight = kept[0]
         else:
             weight = layer.weight
@@ -110,7 +109,7 @@ def test_an_island_is_made_from_the_loaded_values_not_the_narrower_copy(budget_m
 
 
 def test_the_memory_plan_is_said_before_the_job_where_a_part_streams():
-    pipeline = _half_stored()
+    pipeline = half_stored()
     plan = PrecisionPlan(
         device="cpu",
         dtypes={"text_encoder": "fp16", "unet": "fp32", "vae": "fp16"},
@@ -131,7 +130,7 @@ def test_the_memory_plan_is_said_before_the_job_where_a_part_streams():
 
     stages: list[str] = []
     health.check_loaded(
-        loaded(_half_stored(), "said-plan"),
+        loaded(half_stored(), "said-plan"),
         CheckRequest(
             precision=PrecisionSettings(precision="fp16", max_vram_gb=STREAM_MB / 1024),
             device="cpu",
@@ -215,7 +214,7 @@ def test_an_apple_gpu_budgets_the_computers_free_ram_within_metals_working_set(m
 
 
 def test_host_bytes_count_each_tensor_once_at_its_stored_bytes():
-    pipeline = _half_stored()
+    pipeline = half_stored()
     unet = sum(t.numel() * 2 for t in pipeline.unet.parameters())
     unet += sum(t.numel() * t.element_size() for t in pipeline.unet.buffers())
     assert streaming.host_bytes([pipeline.unet, pipeline.unet]) == unet
@@ -227,7 +226,7 @@ def test_a_cpu_job_whose_wider_copy_would_not_fit_the_free_ram_computes_in_place
     beside the model; else the UNet computes in fp32 from its fp16 weights, and the check finds
     the same as with the copy. A copy is made where it fits because computing in place costs
     time on a CPU (`docs/benchmarks.md`: 1.8x a UNet call at 256 px)."""
-    pipeline = _half_stored()
+    pipeline = half_stored()
     held = streaming.host_bytes([pipeline.text_encoder, pipeline.unet, pipeline.vae])
     wide = sum(t.numel() * 4 for t in pipeline.unet.parameters())
     # No reserve and no minimum, so the tiny model meets the budget as a real one would.
@@ -241,7 +240,7 @@ def test_a_cpu_job_whose_wider_copy_would_not_fit_the_free_ram_computes_in_place
         _ram(monkeypatch, (held + extra) / gib, 16)
         stages: list[object] = []
         reports[room] = health.check_loaded(
-            loaded(_half_stored("unet_ff"), f"ram-{room}"),
+            loaded(half_stored("unet_ff"), f"ram-{room}"),
             CheckRequest(precision=PrecisionSettings(precision="fp16"), device="cpu", size=64),
             run=CheckRun(remember=False, measure_cost=False),
             on_progress=lambda stage, done, total, said=stages: said.append(stage),
@@ -267,7 +266,7 @@ def test_a_cpu_job_whose_wider_copy_would_not_fit_the_free_ram_computes_in_place
 def test_a_dropped_streamed_copy_frees_what_it_placed_at_once():
     import weakref
 
-    pipeline = _half_stored()
+    pipeline = half_stored()
     placed = _placed(pipeline, STREAM_MB)
     resident = weakref.ref(placed["unet"].conv_in.weight)
     assert resident() is not None

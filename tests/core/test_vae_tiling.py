@@ -15,8 +15,7 @@ from app.core.health.request import CheckRequest, CheckRun
 from app.core.precision import PrecisionPlan, tiling
 from app.core.settings import PrecisionSettings
 from app.core.words import infotext
-from tests.core.test_health import loaded
-from tests.core.test_memory_budget import _half_stored
+from tests.support.planted_sd import half_stored, loaded
 from tests.support.tiny_models import build_tiny_sd_pipeline
 
 GIB = 2**30
@@ -74,7 +73,7 @@ def test_a_tiled_generation_runs_the_tiled_decode_and_says_so(tmp_path, monkeypa
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(AutoencoderKL, "tiled_decode", counting)
-    model = loaded(_small_tiles(_half_stored()), "tiling-generation")
+    model = loaded(_small_tiles(half_stored()), "tiling-generation")
     results = {}
     for choice in ("off", "on"):
         request = generation.GenerationRequest(
@@ -107,7 +106,7 @@ def test_a_vae_overflow_is_found_at_the_same_layer_with_the_same_fix_in_tiles(ch
         lambda self, *a, **k: tiled_calls.append(1) or real(self, *a, **k),
     )
     report = health.check_loaded(
-        loaded(_small_tiles(_half_stored("vae")), f"tiling-{choice}"),
+        loaded(_small_tiles(half_stored("vae")), f"tiling-{choice}"),
         CheckRequest(
             precision=PrecisionSettings(precision="fp16", vae_tiling=choice), device="cpu", size=64
         ),
@@ -119,7 +118,7 @@ def test_a_vae_overflow_is_found_at_the_same_layer_with_the_same_fix_in_tiles(ch
     vae = report.components["vae"]
     assert vae.status in ("overflow", "nan")
     untiled = health.check_loaded(
-        loaded(_small_tiles(_half_stored("vae")), "tiling-reference"),
+        loaded(_small_tiles(half_stored("vae")), "tiling-reference"),
         CheckRequest(
             precision=PrecisionSettings(precision="fp16", vae_tiling="off"), device="cpu", size=64
         ),

@@ -18,7 +18,7 @@ from app.core.fixing import fix_candidates
 from app.core.fixing.quality import QUALITY_THRESHOLD_DB, compare
 from app.core.health.request import CheckRequest, CheckRun
 from app.core.settings import PrecisionSettings
-from tests.core.test_health import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
+from tests.support.planted_sd import FF_LAYER, FP16, VAE_LAYER, check, loaded, plant
 from tests.support.tiny_models import build_tiny_sd_pipeline, build_tiny_sdxl_pipeline
 
 FP32 = PrecisionSettings(precision="fp32")
@@ -270,7 +270,7 @@ def vae_report():
 def test_an_fp32_run_warns_of_attention_scores_that_could_pass_fp16s_limit():
     """Scores live inside the attention kernel, never as a layer's output: the fp32 run bounds
     them, so "fp16 would be safe too" is never said of a model whose scores could overflow."""
-    from tests.core.test_health import ATTN_LAYER
+    from tests.support.planted_sd import ATTN_LAYER
 
     report = check(loaded(plant(build_tiny_sd_pipeline(), "attention")), FP32)
     unet = report.components["unet"]

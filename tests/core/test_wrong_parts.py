@@ -387,7 +387,7 @@ def partly_fitting_lora(pipeline, path: Path, base_model: str) -> Path:
 def test_a_lora_whose_metadata_names_another_family_is_refused_where_it_fits_in_part(tmp_path):
     """The metadata tells what the key set does not (Flux.1), so the two layers that happen to
     match Qwen-Image's are no fit: refused in one sentence, the model untouched."""
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
 
     pipeline = build_tiny_qwenimage_pipeline()
     model = loaded(pipeline, "qwen-image")
@@ -406,7 +406,7 @@ def test_a_lora_whose_metadata_names_another_family_is_refused_where_it_fits_in_
 def test_a_flux_lora_that_fits_chroma_in_part_runs_there_with_its_note(tmp_path):
     """Chroma was made from Flux.1 and runs its LoRAs: one that fits only in part is applied
     with the note saying how many layers, not refused as another family's."""
-    from tests.core.test_health import loaded
+    from tests.support.planted_sd import loaded
     from tests.support.tiny_models import build_tiny_chroma_pipeline
 
     pipeline = build_tiny_chroma_pipeline()

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from test_signatures import decoded_noise
 
 from app.cli import main
 from app.core import explain
@@ -19,6 +18,7 @@ from app.core.families import family
 from app.core.families.base import FamilyId
 from app.core.families.variants import older_loader
 from app.core.models import load_model
+from tests.support.explain_pictures import decoded_noise
 from tests.support.image_files import a1111_parameters, comfy_prompt, pixels, png_text
 from tests.support.model_files import save_split_files
 from tests.support.tiny_models import build_tiny_anima_pipeline, build_tiny_sd_pipeline

@@ -1,4 +1,4 @@
-"""Shared by the family tests (the conformance rows in test_families.py and each family's own
+"""Shared by the family tests (the conformance tests in test_families.py and each family's own
 file): no network, tiny pipelines held in memory as loaded models, planted overflows, and a
 quick check."""
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from app.core.words import infotext
+
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -158,3 +160,20 @@ def truncated(path: Path, kind: str = "PNG", keep: float = 0.5) -> Path:
     data = buffer.getvalue()
     path.write_bytes(data[: int(len(data) * keep)])
     return path
+
+
+FORGE_VERSION = "f2.0.1v1.10.1-previous-669-gdfdcbab6"
+
+
+def forge_parameters(model: str = "nowhere", model_hash: str = "0123456789") -> str:
+    """Forge's infotext, written with HalfSafe's own writer (Forge's Version: f, a digit)."""
+    values = [
+        (infotext.STEPS, 12),
+        (infotext.SAMPLER, "Euler a"),
+        (infotext.SEED, 1234),
+        (infotext.SIZE, (64, 64)),
+        (infotext.MODEL_HASH, model_hash),
+        (infotext.MODEL, model),
+        (infotext.VERSION, FORGE_VERSION),
+    ]
+    return infotext.write("a lighthouse at night", "blurry", values)

@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
 from app.core.explain import Explanation
@@ -27,29 +25,8 @@ from app.engine.events import EngineEvent, EventState
 from app.engine.failures import describe_exception
 from app.engine.server import JobContext, Session
 from app.ui.explain_view import ExplainDialog
+from tests.support.dropped_files import drop
 from tests.support.image_files import a1111_parameters, comfy_prompt, pixels, png_text
-
-
-def drop(window, path: Path) -> None:
-    mime = QMimeData()
-    mime.setUrls([QUrl.fromLocalFile(str(path))])
-    enter = QDragEnterEvent(
-        window.rect().center(),
-        Qt.DropAction.CopyAction,
-        mime,
-        Qt.MouseButton.LeftButton,
-        Qt.KeyboardModifier.NoModifier,
-    )
-    QApplication.sendEvent(window, enter)
-    assert enter.isAccepted()
-    event = QDropEvent(
-        QPointF(window.rect().center()),
-        Qt.DropAction.CopyAction,
-        mime,
-        Qt.MouseButton.LeftButton,
-        Qt.KeyboardModifier.NoModifier,
-    )
-    QApplication.sendEvent(window, event)
 
 
 def answer_with_the_real_handler(engines, job) -> None:

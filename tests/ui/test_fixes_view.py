@@ -22,30 +22,9 @@ from app.engine.events import EventState
 from app.ui import browser, words
 from app.ui.fixes_rows import day_words, quality_words, short_device, verified_words
 from tests.support import reports
+from tests.support.remembered_fixes import DEVICE, LAYERS, SDXL_KEY, TORCH, remember, save
 from tests.support.reports import gtx_1660_super, on_a_cpu
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
-
-DEVICE = reports.RTX_3060.name
-TORCH = "2.test"
-SDXL_KEY = "c" * 64
-LAYERS = ["vae:decoder.up_blocks.2.resnets.1.conv2"]
-
-
-def _remember(key: str = SDXL_KEY, layers=None) -> profiles.RememberedFix:
-    return profiles.remember_fix(
-        key,
-        DEVICE,
-        {"fp32_modules": layers or LAYERS},
-        "The VAE overflowed; 1 VAE layer in fp32.",
-        "health check",
-        torch_version=TORCH,
-    )
-
-
-def _save(key: str = SDXL_KEY, health=None) -> saved.SavedReport:
-    kept = saved.save_report(key, reports.result(health or reports.fixable()))
-    assert kept is not None
-    return kept
 
 
 def _page(window):
@@ -82,9 +61,9 @@ def test_the_page_is_in_the_navigation_and_the_view_menu(window):
 
 
 def test_every_fix_and_report_is_listed_per_model_and_device(window):
-    fix = _remember()
-    _save()
-    _save("d" * 64, reports.report())  # a model checked healthy, with no fix
+    fix = remember()
+    save()
+    save("d" * 64, reports.report())  # a model checked healthy, with no fix
     view = _page(window)
     rows = _cells(view)
     assert len(rows) == 2
@@ -109,8 +88,8 @@ def test_an_empty_page_says_how_to_fill_it(window):
 
 
 def test_a_damaged_report_is_named_in_one_sentence_and_the_rest_is_listed(window):
-    _save()
-    _save("d" * 64)
+    save()
+    save("d" * 64)
     damaged = saved._file("d" * 64, DEVICE)
     damaged.write_text("{cut short")
     view = _page(window)
@@ -119,7 +98,7 @@ def test_a_damaged_report_is_named_in_one_sentence_and_the_rest_is_listed(window
 
 
 def test_a_fix_whose_model_was_never_checked_is_named_by_the_loaded_model(window, engines):
-    fix = _remember(DEMO_SUMMARY.profile_key)
+    fix = remember(DEMO_SUMMARY.profile_key)
     _loaded_with_fix(window, engines, fix)
     view = _page(window)
     assert _cells(view)[0][0] == "demo"
@@ -127,7 +106,7 @@ def test_a_fix_whose_model_was_never_checked_is_named_by_the_loaded_model(window
 
 
 def test_a_fix_of_an_unknown_file_cannot_be_re_verified_and_says_why(window):
-    _remember("e" * 64)
+    remember("e" * 64)
     view = _page(window)
     assert _cells(view)[0][0].startswith("A model not checked since")
     assert not view.verify_button.isEnabled()
@@ -204,7 +183,7 @@ def test_at_1920_the_fix_column_has_the_most_of_the_spare_width(qtbot, window):
 
 
 def test_the_same_model_on_one_device_under_two_torch_versions_says_which_is_which(window):
-    _remember()
+    remember()
     profiles.remember_fix(
         SDXL_KEY, DEVICE, {"fp32_modules": LAYERS}, "Again.", "health check", torch_version="2.9"
     )
@@ -259,8 +238,8 @@ def _detail(view) -> str:
 
 def test_the_selected_fix_is_said_in_full_and_forget_acts_on_it(window):
     fix = _checked_fix(Quality(55.3))
-    _save()
-    _save("d" * 64, reports.report(model=replace(reports.SDXL, name="flux", source="/m/flux")))
+    save()
+    save("d" * 64, reports.report(model=replace(reports.SDXL, name="flux", source="/m/flux")))
     view = _page(window)
     assert view.detail.isVisible()
     text = _detail(view)
@@ -301,7 +280,7 @@ def test_the_selected_fix_is_said_in_full_and_forget_acts_on_it(window):
 
 
 def test_a_fix_with_no_figure_or_edited_since_says_so_instead(window, engines):
-    fix = _remember(DEMO_SUMMARY.profile_key)  # saved without a figure
+    fix = remember(DEMO_SUMMARY.profile_key)  # saved without a figure
     _loaded_with_fix(window, engines, fix)
     view = _page(window)
     assert (
@@ -318,7 +297,7 @@ def test_a_fix_with_no_figure_or_edited_since_says_so_instead(window, engines):
 
 
 def test_a_row_without_a_remembered_fix_says_what_the_check_found(window):
-    kept = _save()  # fixable, by a plain setting: nothing remembered for the model
+    kept = save()  # fixable, by a plain setting: nothing remembered for the model
     view = _page(window)
     assert _cells(view)[0][2] == "None remembered"
     text = _detail(view)
@@ -352,8 +331,8 @@ def test_the_quality_figure_is_said_in_plain_words(quality, said):
 
 
 def test_the_fix_is_named_as_on_the_models_page_and_inside_sentences(window, engines):
-    fix = _remember()
-    _save()
+    fix = remember()
+    save()
     view = _page(window)
     models_page = browser.health_by_model(
         saved.saved_reports().reports, profiles.stored_fixes().fixes
@@ -390,8 +369,8 @@ def test_a_transformer_models_fix_says_transformer_whether_loaded_or_not(window,
 
 
 def test_view_shows_the_saved_report_and_the_fix(window):
-    _remember()
-    _save()
+    remember()
+    save()
     view = _page(window)
     dialog = view.view()
     assert dialog is not None and dialog.isVisible()
@@ -408,8 +387,8 @@ def test_view_shows_the_saved_report_and_the_fix(window):
 def test_forget_asks_first_then_removes_the_fix_and_report_and_refreshes_the_loaded_model(
     window, engines
 ):
-    fix = _remember(DEMO_SUMMARY.profile_key)
-    _save(DEMO_SUMMARY.profile_key)
+    fix = remember(DEMO_SUMMARY.profile_key)
+    save(DEMO_SUMMARY.profile_key)
     _loaded_with_fix(window, engines, fix)
     view = _page(window)
     asked = []
@@ -439,7 +418,7 @@ def test_forgetting_a_repair_remembered_after_the_load_leaves_no_fix_in_the_stat
     here = replace(gtx_1660_super().devices[0], name=DEVICE)
     window.state.set_hardware(replace(gtx_1660_super(), devices=[here], torch=TORCH))
     window.state.apply({"precision": "fp16"})
-    _loaded_with_fix(window, engines, _remember(DEMO_SUMMARY.profile_key))
+    _loaded_with_fix(window, engines, remember(DEMO_SUMMARY.profile_key))
     assert "1 VAE layer in fp32" in window.precision_status.text()
     repair = LAYERS + ["vae:decoder.up_blocks.3.resnets.0.conv1"]
     profiles.remember_fix(
@@ -465,10 +444,10 @@ def test_forgetting_a_repair_remembered_after_the_load_leaves_no_fix_in_the_stat
 
 
 def test_forgetting_another_models_fix_leaves_the_loaded_models_summary_alone(window, engines):
-    mine = _remember(DEMO_SUMMARY.profile_key)
+    mine = remember(DEMO_SUMMARY.profile_key)
     _loaded_with_fix(window, engines, mine)
-    _remember()
-    _save()
+    remember()
+    save()
     view = _page(window)
     sdxl = next(i for i, row in enumerate(view.rows) if row.profile_key == SDXL_KEY)
     view.table.setCurrentItem(view.table.topLevelItem(sdxl))
@@ -482,7 +461,7 @@ def test_forgetting_another_models_fix_leaves_the_loaded_models_summary_alone(wi
 
 
 def test_edit_validates_the_layer_lists_through_the_schema_before_saving(window, engines):
-    fix = _remember(DEMO_SUMMARY.profile_key)
+    fix = remember(DEMO_SUMMARY.profile_key)
     _loaded_with_fix(window, engines, fix)
     view = _page(window)
     editor = view.edit()
@@ -518,7 +497,7 @@ def test_edit_validates_the_layer_lists_through_the_schema_before_saving(window,
 
 
 def test_an_edit_that_leaves_no_layers_is_refused_with_forget_named(window):
-    _remember()
+    remember()
     view = _page(window)
     editor = view.edit()
     assert editor is not None
@@ -529,7 +508,7 @@ def test_an_edit_that_leaves_no_layers_is_refused_with_forget_named(window):
 
 
 def test_an_edit_naming_a_layer_the_loaded_model_lacks_is_refused_naming_it(window, engines):
-    fix = _remember(DEMO_SUMMARY.profile_key)
+    fix = remember(DEMO_SUMMARY.profile_key)
     layers = {"vae": ("decoder", "decoder.conv_in", "decoder.up_blocks.2.resnets.1.conv2")}
     summary = replace(DEMO_SUMMARY, remembered_fix=fix, remembered_on=DEVICE, layers=layers)
     load_fake_model(window, engines, summary)
@@ -555,8 +534,8 @@ def test_an_edit_naming_a_layer_the_loaded_model_lacks_is_refused_naming_it(wind
 
 
 def test_re_verify_says_what_happens_before_unloading_then_checks_with_the_fix(window, engines):
-    _remember()
-    _save()
+    remember()
+    save()
     load_fake_model(window, engines)
     view = _page(window)
     asked = []
@@ -589,7 +568,7 @@ def test_re_verify_says_what_happens_before_unloading_then_checks_with_the_fix(w
 
 
 def test_re_verifying_the_loaded_model_asks_nothing(window, engines):
-    fix = _remember(DEMO_SUMMARY.profile_key)
+    fix = remember(DEMO_SUMMARY.profile_key)
     _loaded_with_fix(window, engines, fix)
     view = _page(window)
     window.dialogs.confirm = lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError)
@@ -645,7 +624,7 @@ def test_re_verify_runs_the_fix_at_the_precision_it_was_proved_at(window, engine
 
 def test_a_fix_saved_without_its_precision_is_re_verified_at_fp16(window, engines):
     window.state.set_setting("no_half", True)  # which would run the fix in fp32
-    fix = _remember(DEMO_SUMMARY.profile_key)
+    fix = remember(DEMO_SUMMARY.profile_key)
     assert fix.made_at == {} and fix.proved_at()["precision"] == "fp16"
     _loaded_with_fix(window, engines, fix)
     view = _page(window)
@@ -696,7 +675,7 @@ def test_check_all_runs_one_job_shows_progress_and_ends_with_a_summary(window, e
     view.cancel_button.click()
     assert engines.current.cancels() == [job.job_id]
 
-    _save()  # the engine kept the report of what it checked
+    save()  # the engine kept the report of what it checked
     rows = (
         ModelCheckRow("/m/a.safetensors", "a.safetensors", Verdict.HEALTHY, "Healthy."),
         ModelCheckRow("/m/b.safetensors", "b.safetensors", Verdict.FIXABLE, "Fix.", "VAE fp32"),
@@ -759,7 +738,7 @@ def test_check_all_asks_first(window, engines):
 
 def test_a_model_loaded_again_shows_its_last_saved_report_until_a_check_runs(window, engines):
     health = reports.fixable()
-    _save(DEMO_SUMMARY.profile_key, health)
+    save(DEMO_SUMMARY.profile_key, health)
     load_fake_model(window, engines)
     page = window.health_view
     assert page.verdict.level == "warn"
@@ -777,7 +756,7 @@ def test_a_model_loaded_again_shows_its_last_saved_report_until_a_check_runs(win
 
 
 def test_a_model_with_no_saved_report_shows_none(window, engines):
-    _save()  # another model's
+    save()  # another model's
     load_fake_model(window, engines)
     page = window.health_view
     assert not page.verdict.isVisible() and page.markdown == ""

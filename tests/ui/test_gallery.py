@@ -8,34 +8,14 @@ import os
 from pathlib import Path
 
 import pytest
-from PIL import Image
 from PySide6.QtGui import QGuiApplication
 
-from app.core.images.finished import png_bytes
 from app.core.words.infotext import join_text
 from app.ui import dialogs as dialogs_module
 from app.ui.gallery import ENTRY, REQUESTED, thumbnail_cache_path
 from tests.support import reports
+from tests.support.gallery_outputs import NAN_PARAMETERS, NoFileManager, fill, write_png
 from tests.ui.conftest import load_fake_model
-
-NAN_PARAMETERS = join_text(
-    "a red circle on a blue background",
-    "blurry",
-    [
-        ("Steps", 12),
-        ("Sampler", "DPM++ 2M Karras"),
-        ("CFG scale", "6.5"),
-        ("Seed", 4242),
-        ("Size", "128x96"),
-        ("Model", "demo"),
-        ("Precision", "fp16"),
-        ("VAE precision", "fp16"),
-        ("NaN watch", "nan"),
-        ("NaN component", "vae"),
-        ("NaN step", 8),
-    ],
-)
-
 
 LIGHTHOUSE_PARAMETERS = join_text(
     "a lighthouse on a cliff at dusk, oil painting <lora:ink:0.8>",
@@ -44,27 +24,12 @@ LIGHTHOUSE_PARAMETERS = join_text(
 )
 
 
-def _write(folder: Path, name: str, age_s: int, parameters: str | None = None) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_bytes(png_bytes(Image.new("RGB", (64, 48), (200, 40, 40)), parameters))
-    stamp = 1_700_000_000 - age_s
-    os.utime(path, (stamp, stamp))
-    return path
-
-
-def _fill(window, qtbot, folder: Path, expected: int) -> None:
-    window.state.apply({"output_folder": str(folder)})
-    gallery = window.generate_view.gallery
-    qtbot.waitUntil(lambda: gallery.count() == expected, timeout=5000)
-
-
 @pytest.fixture
 def outputs(tmp_path):
     folder = tmp_path / "outputs"
-    _write(folder, "00001-1.png", age_s=300)
-    _write(folder, "00003-4242.png", age_s=10, parameters=NAN_PARAMETERS)
-    _write(folder, "00002-2.png", age_s=100)
+    write_png(folder, "00001-1.png", age_s=300)
+    write_png(folder, "00003-4242.png", age_s=10, parameters=NAN_PARAMETERS)
+    write_png(folder, "00002-2.png", age_s=100)
     (folder / "notes.txt").write_text("not an image")
     return folder
 
@@ -106,9 +71,9 @@ def test_an_image_copied_over_another_with_its_mtime_restored_gets_its_own_thumb
 def test_thumbnails_are_made_only_for_what_is_in_view(window, engines, qtbot, tmp_path):
     folder = tmp_path / "many"
     for index in range(60):
-        _write(folder, f"{index:05d}-{index}.png", age_s=index)
+        write_png(folder, f"{index:05d}-{index}.png", age_s=index)
     window.show_page("Generate")
-    _fill(window, qtbot, folder, 60)
+    fill(window, qtbot, folder, 60)
     gallery = window.generate_view.gallery
     requested = sum(1 for i in range(60) if gallery.item(i).data(REQUESTED))
     assert 0 < requested < 30
@@ -118,7 +83,7 @@ def test_thumbnails_are_made_only_for_what_is_in_view(window, engines, qtbot, tm
 
 def test_the_diagnosis_and_parameters_come_from_the_png(window, engines, qtbot, outputs):
     window.show_page("Generate")
-    _fill(window, qtbot, outputs, 3)
+    fill(window, qtbot, outputs, 3)
     view = window.generate_view
     item = view.gallery.item(0)
     menu = view.gallery_view.menu_for(item)
@@ -154,7 +119,7 @@ def test_move_to_trash_takes_the_image_out_and_keeps_it_in_the_trash(
     window, engines, qtbot, outputs, tmp_path, monkeypatch
 ):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    _fill(window, qtbot, outputs, 3)
+    fill(window, qtbot, outputs, 3)
     view = window.generate_view
     item = view.gallery.item(1)
     path = Path(item.data(ENTRY).path)
@@ -165,20 +130,11 @@ def test_move_to_trash_takes_the_image_out_and_keeps_it_in_the_trash(
     assert trashed, "the image should be in the trash, restorable"
 
 
-class NoFileManager:
-    opened: list[str] = []
-
-    @staticmethod
-    def openUrl(url) -> bool:  # noqa: N802 - Qt's name
-        NoFileManager.opened.append(url.toLocalFile())
-        return False
-
-
 def test_open_without_a_file_manager_shows_and_copies_the_path(
     window, engines, qtbot, outputs, monkeypatch
 ):
     monkeypatch.setattr(dialogs_module, "QDesktopServices", NoFileManager)
-    _fill(window, qtbot, outputs, 3)
+    fill(window, qtbot, outputs, 3)
     view = window.generate_view
     view.gallery_view.open_folder(view.gallery.item(0))
     shown = window.dialogs.shown[-1].message
@@ -190,7 +146,7 @@ def test_open_without_a_file_manager_shows_and_copies_the_path(
 def test_a_damaged_png_in_the_folder_is_listed_without_harm(window, engines, qtbot, outputs):
     (outputs / "00004-9.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 40)
     window.show_page("Generate")
-    _fill(window, qtbot, outputs, 4)
+    fill(window, qtbot, outputs, 4)
     view = window.generate_view
     view.gallery_view.worker.wait_idle()
     damaged = next(
@@ -215,8 +171,8 @@ def test_after_a_restart_each_image_is_shown_once_labelled_by_what_it_shows(
     window, engines, qtbot, tmp_path, first
 ):
     folder = tmp_path / "outputs"
-    _write(folder, "00001-2.png", age_s=100, parameters=LIGHTHOUSE_PARAMETERS)
-    newest = _write(folder, "00002-4242.png", age_s=10, parameters=NAN_PARAMETERS)
+    write_png(folder, "00001-2.png", age_s=100, parameters=LIGHTHOUSE_PARAMETERS)
+    newest = write_png(folder, "00002-4242.png", age_s=10, parameters=NAN_PARAMETERS)
     window.state.apply({"output_folder": str(folder)})
     load_fake_model(window, engines)
     window.show_page("Generate")

@@ -22,6 +22,8 @@ from app.ui import dialogs as dialogs_module
 from app.ui.image_viewer import ZOOM_STEPS, ImageViewer
 from app.ui.theme import contrast_ratio, dark_palette
 from tests.support import reports
+from tests.support.dropped_files import drop
+from tests.support.gallery_outputs import NAN_PARAMETERS, NoFileManager, fill, write_png
 from tests.support.image_files import (
     a1111_parameters,
     comfy_prompt,
@@ -31,8 +33,6 @@ from tests.support.image_files import (
     text_chunk,
 )
 from tests.ui.conftest import load_fake_model
-from tests.ui.test_explain_view import drop
-from tests.ui.test_gallery import NAN_PARAMETERS, NoFileManager, _fill, _write
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,16 +40,16 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def outputs(tmp_path):
     folder = tmp_path / "outputs"
-    _write(folder, "00001-1.png", age_s=300)
-    _write(folder, "00002-2.png", age_s=100)
-    _write(folder, "00003-4242.png", age_s=10, parameters=NAN_PARAMETERS)
+    write_png(folder, "00001-1.png", age_s=300)
+    write_png(folder, "00002-2.png", age_s=100)
+    write_png(folder, "00003-4242.png", age_s=10, parameters=NAN_PARAMETERS)
     return folder
 
 
 @pytest.fixture
 def gallery(window, engines, qtbot, outputs):
     window.show_page("Generate")
-    _fill(window, qtbot, outputs, 3)
+    fill(window, qtbot, outputs, 3)
     return window.generate_view.gallery
 
 
@@ -134,7 +134,7 @@ def test_a_fresh_image_is_viewed_with_what_only_its_run_knows(window, engines, q
     load_fake_model(window, engines)
     view = window.generate_view
     view.generate()
-    black = _write(tmp_path, "00009-1234.png", age_s=0)
+    black = write_png(tmp_path, "00009-1234.png", age_s=0)
     result = reports.generation(
         {
             "images": [
@@ -285,7 +285,7 @@ def test_the_viewer_reads_every_tools_image_without_torch(tmp_path):
 
 
 def test_a_viewer_alone_shows_an_image_in_memory(qtbot, tmp_path):
-    png = _write(tmp_path, "memory.png", age_s=0).read_bytes()
+    png = write_png(tmp_path, "memory.png", age_s=0).read_bytes()
     from app.ui.image_entry import GalleryEntry
 
     viewer = ImageViewer(None, lambda values: None, lambda path: None)
@@ -385,7 +385,7 @@ def _gallery_of(paths: list[Path], start: int):
 
 @pytest.mark.qt_log_ignore("propagateSizeHints", "does not support raise")
 def test_previous_and_next_walk_the_gallery_and_say_where_the_image_is(qtbot, tmp_path):
-    paths = [_write(tmp_path, f"0000{i}-{i}.png", age_s=i) for i in range(1, 4)]
+    paths = [write_png(tmp_path, f"0000{i}-{i}.png", age_s=i) for i in range(1, 4)]
     viewer = _viewer(qtbot)
     entry, step, place = _gallery_of(paths, 1)
     viewer.show_image(entry, step, place)

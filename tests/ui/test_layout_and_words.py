@@ -10,9 +10,9 @@ from PySide6.QtWidgets import QApplication, QLabel
 from app.core.hardware import HardwareReport
 from app.engine.events import EventState
 from app.ui import dialogs as dialogs_module
+from tests.support.gallery_outputs import NoFileManager
 from tests.support.reports import gtx_1660_super, on_a_cpu
 from tests.ui.conftest import load_fake_model
-from tests.ui.test_gallery import NoFileManager
 
 
 def _cpu_hardware() -> HardwareReport:

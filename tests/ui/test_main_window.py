@@ -14,8 +14,8 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication
 
 from app.engine.events import EventState
-from tests.core.test_lazy_exports import ENGINE_SIDE, THIRD_PARTY
 from tests.support import reports
+from tests.support.window_imports import ENGINE_SIDE, THIRD_PARTY
 from tests.ui.conftest import DEMO_SUMMARY, load_fake_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from app.ui.main_window import PAGES
-from tests.core.test_lazy_exports import BESIDE_THE_RECORDS
 from tests.support import reports
+from tests.support.window_imports import BESIDE_THE_RECORDS
 from tests.ui.conftest import load_fake_model
 
 ROOT = Path(__file__).resolve().parents[2]

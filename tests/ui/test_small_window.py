@@ -112,10 +112,10 @@ def test_generate_fits_with_an_input_picture_and_its_mask(qtbot, window, engines
 
 
 def test_the_fixes_page_shows_each_fix_whole_at_1024(qtbot, window):
-    from tests.ui.test_fixes_view import _remember, _save
+    from tests.support.remembered_fixes import remember, save
 
-    _remember()
-    _save()
+    remember()
+    save()
     window.show_page("Fixes")
     _settle(qtbot, window)
     table = window.fixes_view.table
