@@ -50,8 +50,10 @@ def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> O
     call = host.one_call(runs, width, height, steps, seed, clip)
     seen = recorded_call(module, lambda: module(*call.args, **call.kwargs))
     said = (
-        f"HalfSafe Check: the diffusion model stored in {dtypes['stored']}, computing in "
-        f"{dtypes['compute']}, one call at sigma {call.sigma:.3g}, {width}x{height}."
+        f"HalfSafe Check: the diffusion model stored in {dtypes['stored']}"
+        + (f" ({dtypes['low_bit']})" if dtypes.get("low_bit") else "")
+        + f", computing in {dtypes['compute']}, one call at sigma {call.sigma:.3g}, "
+        f"{width}x{height}."
     )
     if call.text == "zeros":
         said += " No CLIP connected: the text was zeros of the model's own text width."

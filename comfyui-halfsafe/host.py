@@ -64,11 +64,55 @@ def precision(model) -> dict[str, str]:
     stored = model.model_dtype()
     cast = getattr(model.model, "manual_cast_dtype", None)
     compute = cast if cast is not None else stored
-    return {
+    found = {
         "stored": _name(stored),
         "compute": _name(compute),
         "manual_cast": str(cast is not None),
     }
+    low_bit = low_bit_layers(model)
+    if low_bit:  # the model's dtype is that of its plain weights: say what the rest holds
+        found["low_bit"] = ", ".join(f"{n} layers in {form}" for form, n in low_bit.items())
+    return found
+
+
+# ComfyUI's quantized layouts (comfy.quant_ops), as the report names them.
+LAYOUT_WORDS = {
+    "TensorCoreFP8Layout": "fp8 with a scale",
+    "TensorCoreFP8E4M3Layout": "fp8 with a scale",
+    "TensorCoreFP8E5M2Layout": "fp8 (e5m2) with a scale",
+    "TensorCoreMXFP8Layout": "MXFP8",
+    "TensorCoreNVFP4Layout": "NVFP4",
+    "TensorWiseINT8Layout": "int8 with a scale",
+    "TensorCoreConvRotW4A4Layout": "ConvRot",
+}
+
+
+def low_bit_layers(model) -> dict[str, int]:
+    """The diffusion model's weights ComfyUI holds quantized, counted by their form in words
+    (`LAYOUT_WORDS`, else the layout's own name), and those held in a plain fp8 dtype."""
+    import torch
+
+    quantized = _quantized_tensor_class()
+    counts: dict[str, int] = {}
+    for name, weight in diffusion_model(model).named_parameters():
+        if not name.endswith("weight"):
+            continue
+        if quantized is not None and isinstance(weight, quantized):
+            layout = getattr(weight, "layout_cls", None)
+            layout = getattr(layout, "__name__", layout) or type(weight).__name__
+            form = LAYOUT_WORDS.get(str(layout), str(layout))
+            params = getattr(weight, "params", None)
+            rotated = params.get("convrot") if isinstance(params, dict) else None
+            if rotated is None:
+                rotated = getattr(params, "convrot", False)
+            if rotated and form == LAYOUT_WORDS["TensorWiseINT8Layout"]:
+                form = "int8 ConvRot"
+        elif weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            form = _name(weight.dtype)
+        else:
+            continue
+        counts[form] = counts.get(form, 0) + 1
+    return counts
 
 
 def _name(dtype) -> str:

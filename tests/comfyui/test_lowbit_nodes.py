@@ -65,6 +65,16 @@ def test_comfyui_loads_each_file_into_its_quantized_layers(driven, layout):
     found = driven[layout]
     assert found["quantized"] == LOW_BIT_LAYERS and found["planted_quantized"]
     assert found["precision"]["compute"] == "fp16"
+    # The report says what the quantized layers hold, not only the plain weights' dtype.
+    form = {
+        "scaled_fp8": "fp8 with a scale",
+        "fp8": "fp8 with a scale",
+        "int8": "int8 with a scale",
+        "int8_convrot": "int8 ConvRot",
+    }[layout]
+    held = found["precision"]["low_bit"]
+    assert held == f"{LOW_BIT_LAYERS} layers in {form}"
+    assert f"stored in fp16 ({held})" in driven[layout]["check"]["text"]
 
 
 @pytest.mark.parametrize("layout", FORMATS)
