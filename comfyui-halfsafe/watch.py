@@ -37,6 +37,7 @@ class Watch:
     findings: list[Finding] = field(default_factory=list)
     host_syncs: int = 0
     sample_sigmas: Any = None
+    blocks: dict[int, list] = field(default_factory=dict)  # id(model) -> its main blocks
 
     def on_call(self, executor, *args, **kwargs):
         """DIFFUSION_MODEL wrapper: the call with each main block's output watched, then the
@@ -51,6 +52,8 @@ class Watch:
         from app.core.hooks import Hooks
 
         root = executor.class_obj
+        if id(root) not in self.blocks:  # found once, not walked again every step
+            self.blocks[id(root)] = [root.get_submodule(n) for n in top_blocks(root)]
         seen: list = []
 
         def watch_block(_module, _args, block_output):
@@ -61,7 +64,7 @@ class Watch:
                 seen[:] = [bad if not seen else seen[0] | bad]
 
         with Hooks() as hooks:
-            hooks.after_each((root.get_submodule(n) for n in top_blocks(root)), watch_block)
+            hooks.after_each(self.blocks[id(root)], watch_block)
             output = executor(*args, **kwargs)
         index = len(self.calls)
         options = _options(args, kwargs)
