@@ -210,6 +210,10 @@ def setup_with_recorder(tmp_path, monkeypatch):
             bs.Setup, "create_venv", lambda self, clear: recorder.calls.append(["venv", clear])
         )
         monkeypatch.setattr(bs, "read_venv_state", lambda path: recorder.state)
+        # pip is recorded, nothing is written: the machine's free space is not this test's.
+        monkeypatch.setattr(
+            bs.shutil, "disk_usage", lambda path: SimpleNamespace(free=int(500 * bs.GIB))
+        )
         monkeypatch.setattr(
             bs.Setup, "compile_app", lambda self: recorder.calls.append(["compile"])
         )
