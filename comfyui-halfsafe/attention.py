@@ -81,6 +81,16 @@ def apply(model, backend: str) -> str:
     return f"attention switched to ComfyUI's {backend} backend ({_what(backend)})"
 
 
+def apply_fix(model, fix: dict) -> list[str]:
+    """Put the whole of the nodes' `fix` on `model` (a clone): its precision parts (compute
+    dtype, islands, clamps) and its attention backend; what was done, in words."""
+    precision = any(fix.get(k) for k in ("component", "islands", "clamps"))
+    done = [host.apply_fix(model, fix)] if precision or not fix.get("attention") else []
+    if fix.get("attention"):
+        done.append(apply(model, fix["attention"]))
+    return done
+
+
 def _what(backend: str) -> str:
     return "PyTorch's own scaled_dot_product_attention" if backend == BACKEND else backend
 

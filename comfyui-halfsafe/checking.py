@@ -39,8 +39,7 @@ def _island_dtype(model) -> str:
 def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> Outcome:
     """Check `model` (never changed: every run is on a clone) as ComfyUI runs it."""
     from app.core.components import FP16_MAX
-    from app.core.fixing.layer_islands import overflow_islands
-    from app.core.fixing.module_check import closed_islands, recorded_call, reference_call
+    from app.core.fixing.module_check import recorded_call, reference_call
     from app.core.fixing.quality import compare
 
     module = host.diffusion_model(model)
@@ -100,24 +99,50 @@ def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> O
             f"Its output stayed finite ({masked.words()}): the model's own code replaced the "
             "non-finite values, so the picture comes out wrong rather than black."
         )
+    proof = prove(model, module, call, reference)
+    if proof.islands:
+        return _fixed(outcome, proof.fix, proof.quality, proof.islands, proof.dtype, dtypes)
+    outcome.verdict, outcome.fix = "fixable", proof.fix
+    outcome.lines += [f"Tried: {t}." for t in proof.tried] + [proof.fix["summary"]]
+    return outcome
+
+
+@dataclass
+class Proof:
+    fix: dict  # the nodes' fix: islands, or the whole diffusion model in fp32
+    islands: list[str] = field(default_factory=list)  # empty: the whole model in fp32
+    dtype: str = "fp32"
+    quality: object = None  # against the fp32 reference; None for the reference itself
+    tried: list[str] = field(default_factory=list)
+
+
+def prove(model, module, call, reference) -> Proof:
+    """The cheapest fix of one failing denoiser `call` of `model` proved against `reference`,
+    the same call in fp32 (finite): the overflowing layers kept wider (bf16 where the device
+    computes it, then fp32), each tried on a clone; else the whole diffusion model in fp32,
+    which is the reference itself."""
+    from app.core.fixing.layer_islands import overflow_islands
+    from app.core.fixing.module_check import closed_islands
+    from app.core.fixing.quality import compare
+
     islands = closed_islands(reference.probe, overflow_islands(reference.probe, module) or [""])
     tried: list[str] = []
     if islands != [""]:
-        for dtype in dict.fromkeys([_island_dtype(runs), "fp32"]):
+        for dtype in dict.fromkeys([_island_dtype(model), "fp32"]):
             fix = {"islands": dict.fromkeys(islands, dtype), "component": None}
             trial = model.clone()
             host.apply_islands(trial, fix["islands"])
             quality = compare(host.run_call(trial, call), reference.output)
             tried.append(f"{len(islands)} layer(s) in {dtype}: {quality.words()}")
             if quality.passed:
-                return _fixed(outcome, fix, quality, islands, dtype, dtypes)
-    # The whole component in fp32 is the reference itself: finite, and identical to it.
-    fix = {"islands": {}, "component": "fp32"}
-    outcome.verdict, outcome.fix = "fixable", fix
-    fix["summary"] = "Run the whole diffusion model in fp32 (verified: it is the fp32 reference)."
-    fix["quality"] = None
-    outcome.lines += [f"Tried: {t}." for t in tried] + [fix["summary"]]
-    return outcome
+                return Proof(fix, islands, dtype, quality, tried)
+    fix = {
+        "islands": {},
+        "component": "fp32",
+        "summary": "Run the whole diffusion model in fp32 (verified: it is the fp32 reference).",
+        "quality": None,
+    }
+    return Proof(fix, tried=tried)
 
 
 def _all_finite(output) -> bool:

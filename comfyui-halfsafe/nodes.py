@@ -104,12 +104,10 @@ class HalfSafeFix:
             if not fix:
                 said = "No fix to apply: the model is used as it is."
                 return (model, " ".join(notes + [said]), vae)
-            patched = model.clone()
-            done = [] if _attention_only(fix) else [host.apply_fix(patched, fix)]
-            if fix.get("attention"):
-                from . import attention
+            from . import attention
 
-                done.append(attention.apply(patched, fix["attention"]))
+            patched = model.clone()
+            done = attention.apply_fix(patched, fix)
             said = f"HalfSafe Fix: {'; '.join(done)}."
             if from_store:
                 said += f" The fix remembered for this model on this device: {fix['summary']}"
@@ -124,32 +122,34 @@ class HalfSafeFix:
             return (model, _one_sentence(error), vae)
 
 
-def _attention_only(fix: dict) -> bool:
-    """A fix that only switches the attention backend (no precision, island or clamp)."""
-    return bool(fix.get("attention")) and not any(
-        fix.get(k) for k in ("component", "islands", "clamps")
-    )
-
-
 class HalfSafeNaNWatch:
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)
     FUNCTION = "watch"
     DESCRIPTION = (
         "Watches every denoiser step on the device without a host sync per step; when one goes "
-        "non-finite, names the step and the first bad layer in ComfyUI's log."
+        "non-finite, names the step and the first bad layer in ComfyUI's log and, with repair "
+        "on and no fix connected, samples that run again with a proved fix."
     )
 
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"model": ("MODEL",)}, "optional": {"fix": (FIX_TYPE,)}}
+        repair = {
+            "default": True,
+            "tooltip": "When a run goes non-finite, sample it again with the fix remembered "
+            "for this model, or one proved on the failing step against fp32.",
+        }
+        return {
+            "required": {"model": ("MODEL",)},
+            "optional": {"fix": (FIX_TYPE,), "repair": ("BOOLEAN", repair)},
+        }
 
-    def watch(self, model, fix=None):
+    def watch(self, model, fix=None, repair=True):
         from . import watch
 
         try:
             host.diffusion_model(model)
-            clone, _ = watch.watched(model, fix)
+            clone, _ = watch.watched(model, fix, repair)
             return (clone,)
         except Exception as error:
             log.warning("%s", _one_sentence(error))

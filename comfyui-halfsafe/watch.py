@@ -1,6 +1,9 @@
 """HalfSafe NaN Watch: a flag per denoiser call kept on the device (no host sync per step), read
 once when sampling ends; where a step went non-finite, that call is run again recorded to name
-the first bad layer. With a fix connected, the watched model samples with the fix on it."""
+the first bad layer. With a fix connected, the watched model samples with the fix on it.
+Without one, a run that went non-finite is repaired: sampled again with a proved fix (the one
+remembered for this model, or one proved on the failing call against fp32), so only a run that
+failed pays for a fix."""
 
 from __future__ import annotations
 
@@ -18,26 +21,34 @@ class Finding:
     steps: int
     call: int  # 0-based denoiser call
     first_bad_layer: str | None
+    # What the watch did about it, in words ("" while nothing was tried); `repaired`: the run
+    # sampled again with a fix came out finite and its output is the one returned.
+    repair: str = ""
+    repaired: bool = False
 
     def words(self) -> str:
         layer = f"; first bad layer {self.first_bad_layer}" if self.first_bad_layer else ""
-        return (
+        said = (
             f"HalfSafe NaN Watch: step {self.step} of {self.steps} went non-finite in the "
             f"diffusion model{layer}."
         )
+        return f"{said} {self.repair}" if self.repair else said
 
 
 @dataclass
 class Watch:
     """One watched MODEL's state across a sampling run (reset as each run starts)."""
 
-    repair: dict | None = None
+    repair: dict | None = None  # the fix connected: on from the first step
+    repairs: bool = True  # without one, sample a failed run again with a proved fix
     calls: list[tuple[Any, tuple, dict]] = field(default_factory=list)
     first_bad: Any = None  # 0-d device tensor: the first non-finite call's index, or NONE_BAD
     findings: list[Finding] = field(default_factory=list)
     host_syncs: int = 0
     sample_sigmas: Any = None
     blocks: dict[int, list] = field(default_factory=dict)  # id(model) -> its main blocks
+    repairing: bool = False  # inside the run sampled again: no second repair
+    failed_call: tuple | None = None  # (module, args, kwargs) of the last finding's call
 
     def on_call(self, executor, *args, **kwargs):
         """DIFFUSION_MODEL wrapper: the call with each main block's output watched, then the
@@ -80,11 +91,26 @@ class Watch:
         return output
 
     def on_sample(self, executor, *args, **kwargs):
-        """OUTER_SAMPLE wrapper: a fresh state, the sampling, then the one read."""
+        """OUTER_SAMPLE wrapper: a fresh state, the sampling, then the one read; a run that went
+        non-finite is sampled again with a fix where one is to be had (see `_repaired`)."""
+        if self.repairing:
+            return executor(*args, **kwargs)
+        guider = executor.class_obj
         self.calls, self.first_bad, self.sample_sigmas = [], None, None
         output = executor(*args, **kwargs)
-        self.finish()
-        return output
+        finding = self.finish()
+        if finding is None:
+            return output
+        try:
+            repaired = self._repaired(guider, finding, args, kwargs)
+        except Exception as error:  # the run's own output stands; never stop the queue
+            finding.repair = f"It could not be repaired ({type(error).__name__}: {error})."
+            repaired = None
+        import logging
+
+        if finding.repair:
+            logging.warning(finding.repair)
+        return output if repaired is None else repaired
 
     def finish(self) -> Finding | None:
         if self.first_bad is None:
@@ -100,8 +126,93 @@ class Watch:
         import logging
 
         logging.warning(finding.words())
+        self.failed_call = (module, args, kwargs)
         self.calls = []
         return finding
+
+    def _repaired(self, guider, finding: Finding, args, kwargs):
+        """The run sampled again from the same noise with a fix on a clone of the model: the
+        fix connected is already on (nothing more to try), else the one remembered for this
+        model on this device, else one proved on the failing call against fp32 (layers kept
+        wider, else the whole diffusion model in fp32) and remembered. The run made again is
+        watched too: its output replaces the failed one only when it came out finite."""
+        if self.repair:
+            finding.repair = "The fix connected was on: it does not hold at this step."
+            return None
+        if not self.repairs:
+            return None
+        shapes = kwargs.get("latent_shapes") or (args[8] if len(args) > 8 else None)
+        if shapes is not None and len(shapes) > 1:
+            finding.repair = "A run of several latents is not sampled again."
+            return None
+        from . import attention, store
+
+        patcher = guider.model_patcher
+        notes: list[str] = []
+        fix, source = store.remembered(patcher, notes), "remembered for this model"
+        if fix is None:
+            fix, source = self._proved(patcher), "proved on the failing call"
+            if fix is None:
+                finding.repair = "Not repaired: even fp32 goes non-finite at that call."
+                return None
+            store.remember(patcher, fix, fix["summary"], fix.get("made_at") or {}, notes)
+        fixed = patcher.clone()
+        done = "; ".join(attention.apply_fix(fixed, fix))
+        again = _guider_again(guider, fixed)
+        self.repairing, self.blocks = True, {}
+        self.calls, self.first_bad = [], None
+        try:
+            output = again.sample(*args[:8])
+            if self.first_bad is not None:
+                self.host_syncs += 1
+                still = int(self.first_bad.item()) < NONE_BAD
+            else:
+                still = False
+        finally:
+            self.repairing, self.calls, self.blocks = False, [], {}
+        if still:
+            finding.repair = f"Sampled again with the fix {source} ({done}): still non-finite."
+            return None
+        finding.repaired = True
+        finding.repair = (
+            f"Repaired: sampled again with the fix {source} ({done}), finite. "
+            "Add HalfSafe Fix before the sampler to start with it."
+        )
+        return output
+
+    def _proved(self, patcher) -> dict | None:
+        """A fix proved on the failing call against the same call in fp32 (None where fp32
+        fails too)."""
+        from app.core.fixing.module_check import reference_call
+
+        from . import checking, host
+
+        module, args, kwargs = self.failed_call  # type: ignore[misc]
+        call = host.DenoiserCall(args=args, kwargs=kwargs)
+        reference = reference_call(module, args, kwargs)
+        if not reference.finite:
+            return None
+        proof = checking.prove(patcher, module, call, reference)
+        if proof.islands:
+            paths = ", ".join(f"{host.PREFIX}.{p}" for p in proof.islands)
+            proof.fix["summary"] = (
+                f"Keep {len(proof.islands)} layer(s) in {proof.dtype}: {paths} "
+                f"(verified fix, {proof.quality.words()})."  # type: ignore[attr-defined]
+            )
+            proof.fix["quality"] = proof.quality.to_json()  # type: ignore[attr-defined]
+        proof.fix["made_at"] = {"unet_precision": host.precision(patcher)["compute"]}
+        return proof.fix
+
+
+def _guider_again(guider, fixed):
+    """A copy of the sampling's guider (its conds and cfg as the workflow set them) whose model
+    is `fixed`: sampling it runs the whole preparation again, as ComfyUI does for a run."""
+    import copy
+
+    again = copy.copy(guider)
+    again.model_patcher = fixed
+    again.model_options = fixed.model_options
+    return again
 
 
 def _options(args, kwargs) -> dict | None:
@@ -130,8 +241,9 @@ def _first_bad_layer(module, args, kwargs) -> str | None:
     return f"diffusion_model.{seen.first_bad_layer}" if seen.first_bad_layer else None
 
 
-def watched(model, repair: dict | None = None):
-    """A clone of `model` with the watch's wrappers (and with `repair`, the fix applied)."""
+def watched(model, repair: dict | None = None, repairs: bool = True):
+    """A clone of `model` with the watch's wrappers (and with `repair`, the fix applied; with
+    `repairs` and no fix, a failed run sampled again with a proved one)."""
     import comfy.patcher_extension as extension
 
     from . import host
@@ -139,7 +251,7 @@ def watched(model, repair: dict | None = None):
     clone = model.clone()
     if repair:
         host.apply_fix(clone, repair)
-    watch = Watch(repair=repair)
+    watch = Watch(repair=repair, repairs=repairs)
     clone.add_wrapper_with_key(
         extension.WrappersMP.DIFFUSION_MODEL, "halfsafe_watch", watch.on_call
     )

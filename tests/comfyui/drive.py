@@ -175,6 +175,8 @@ def main() -> None:
     unchanged, said = nodes["HalfSafeFix"]().fix(model, None)[:2]
     found["remembered"] = {"said": said, "unchanged": unchanged is model}
     found["watch"] = watch(nodes, model)
+    found["watch"].pop("outputs")
+    found["repaired"] = repaired(nodes, model)
     found["bad_input"] = {
         "check": nodes["HalfSafeCheck"]().check("not a model", 64, 64, 4, 0)["result"][0],
         "fix": nodes["HalfSafeFix"]().fix("not a model", None)[1],
@@ -182,10 +184,10 @@ def main() -> None:
     print(json.dumps(found))
 
 
-def watch(nodes, model, cond=None, latent=None, fix=None) -> dict:
+def watch(nodes, model, cond=None, latent=None, fix=None, repair=False) -> dict:
     """Sample 3 steps through ComfyUI's KSampler with and without the watch (given `fix`,
-    connected to it), counting the host syncs (torch's scalar reads) each run makes; SD1's
-    zero text and latent unless given."""
+    connected to it; `repair`: the watch's repair on), counting the host syncs (torch's scalar
+    reads) each run makes; SD1's zero text and latent unless given."""
     import nodes as comfy_nodes
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -201,14 +203,20 @@ def watch(nodes, model, cond=None, latent=None, fix=None) -> dict:
     cond = cond or [[torch.zeros(1, 77, 768), {}]]
     latent = latent or {"samples": torch.zeros(1, 4, 8, 8)}
 
+    outputs = []
+
     def sample(m) -> int:
         Syncs.count = 0
         with Syncs():
-            comfy_nodes.common_ksampler(m, 0, STEPS, 1.0, "euler", "normal", cond, cond, latent)
+            outputs.append(
+                comfy_nodes.common_ksampler(
+                    m, 0, STEPS, 1.0, "euler", "normal", cond, cond, latent
+                )[0]["samples"]
+            )
         return Syncs.count
 
     plain = sample(model)
-    (watched,) = nodes["HalfSafeNaNWatch"]().watch(model, fix)
+    (watched,) = nodes["HalfSafeNaNWatch"]().watch(model, fix, repair)
     with_watch = sample(watched)
     state = watched.get_wrappers("diffusion_model", "halfsafe_watch")[0].__self__
     return {
@@ -217,7 +225,30 @@ def watch(nodes, model, cond=None, latent=None, fix=None) -> dict:
         "syncs_plain": plain,
         "syncs_watched": with_watch,
         "host_syncs": state.host_syncs,
+        "outputs": outputs,  # the plain run's samples, the watched run's
     }
+
+
+def repaired(nodes, model, cond=None, latent=None) -> dict:
+    """The watch with its repair on and no fix connected: the run that went non-finite sampled
+    again with a proved fix, its samples measured against the same sampling with the whole
+    diffusion model computing in fp32 (ComfyUI's own compute-dtype patch)."""
+    from app.core.fixing.quality import compare
+
+    host = sys.modules["comfyui_halfsafe.host"]
+    before = weights_digest(model)
+    found = watch(nodes, model, cond, latent, repair=True)
+    plain, fixed = found.pop("outputs")
+    wide = model.clone()
+    host.apply_component(wide, "fp32")
+    reference = watch(nodes, wide, cond, latent)["outputs"][0]
+    found.update(
+        plain_finite=finite(plain),
+        repaired_finite=finite(fixed),
+        repaired_db=compare(fixed, reference).value,
+        untouched=model.object_patches == {} and weights_digest(model) == before,
+    )
+    return found
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ def watched(nodes, host, model, fix) -> dict:
     shape = (1, int(latent.latent_channels), SIZE // down, SIZE // down)
     samples = {"samples": torch.zeros(shape)}
     found = drive.watch(nodes, model, cond, samples)
+    found.pop("outputs")
     found["with_fix"] = drive.watch(nodes, model, cond, samples, fix)["findings"]
+    found["repaired"] = drive.repaired(nodes, model, cond, samples)
     return found
 
 

@@ -101,3 +101,16 @@ def test_nan_watch_names_the_step_and_layer_flux_hides_from_its_output(driven):
     assert [(f["step"], f["first_bad_layer"]) for f in watch["findings"]] == [(1, layer)]
     assert watch["host_syncs"] == 1 and watch["syncs_watched"] - watch["syncs_plain"] < 3
     assert watch["with_fix"] == []  # the check's fix connected: every step stays finite
+
+
+@pytest.mark.parametrize("driven", ["flux"], indirect=True)
+def test_nan_watch_samples_a_failed_run_again_with_a_proved_fix(driven):
+    """No fix connected, the watch's repair on: the run whose blocks passed fp16's range is
+    sampled again with a fix (proved on the failing call, or remembered), and what the sampler
+    returns is that run's, close to the same sampling with the model in fp32."""
+    _, found = driven
+    repaired = found["watch"]["repaired"]
+    (finding,) = repaired["findings"]
+    assert finding["repaired"] and finding["repair"].startswith("Repaired: sampled again")
+    assert repaired["repaired_finite"] and repaired["repaired_db"] >= 20
+    assert repaired["untouched"]

@@ -110,3 +110,19 @@ def test_nan_watch_names_the_step_and_layer_with_one_read_at_the_end(driven):
 def test_bad_input_is_one_sentence_never_an_error(driven):
     for said in driven["bad_input"].values():
         assert said.startswith("HalfSafe cannot check this MODEL (str)") and "\n" not in said
+
+
+def test_nan_watch_repairs_a_failed_run_with_a_proved_fix(driven):
+    """No fix connected, the watch's repair on: the run that went non-finite is sampled again
+    with a fix proved on its failing call (or the one remembered for this file), and the sampler
+    returns that run's samples: finite, and close to the same sampling in fp32. Repairing costs
+    one more read of the flag, only in a run that failed."""
+    repaired = driven["repaired"]
+    assert not repaired["plain_finite"]
+    (finding,) = repaired["findings"]
+    assert (finding["step"], finding["first_bad_layer"]) == (1, LAYER)
+    assert finding["repaired"], finding["repair"]
+    assert finding["repair"].startswith("Repaired: sampled again with the fix")
+    assert repaired["repaired_finite"] and repaired["repaired_db"] >= 20
+    assert repaired["host_syncs"] == 2
+    assert repaired["untouched"]
