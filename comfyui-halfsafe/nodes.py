@@ -60,8 +60,6 @@ class HalfSafeCheck:
         try:
             outcome = checking.check(model, width, height, steps, seed, clip)
             verdict, fix = outcome.verdict, outcome.fix
-            if fix is not None:
-                store.remember(model, fix, fix["summary"], fix.get("made_at") or {}, outcome.notes)
             size = (width, height, steps, seed)
             found = parts.check_parts(model, outcome, size, clip, vae, _one_sentence)
             verdict = found.verdict
@@ -69,6 +67,11 @@ class HalfSafeCheck:
                 fix = {**(fix or {"islands": {}, "component": None}), "vae": found.vae_fix}
                 fix.setdefault("summary", found.vae_fix["summary"])
             text = found.text
+            if fix is not None:
+                unsaid: list[str] = []
+                store.remember(model, fix, fix["summary"], fix.get("made_at") or {}, unsaid, vae)
+                *lines, summary = text.split("\n")  # the line of verdicts stays the last
+                text = "\n".join([*lines, *unsaid, summary])
         except Exception as error:  # never stop the user's queue
             text = _one_sentence(error)
         image = report_image.render(text, verdict)
@@ -100,7 +103,7 @@ class HalfSafeFix:
             host.diffusion_model(model)
             from_store = fix is None
             if fix is None:
-                fix = store.remembered(model, notes)
+                fix = store.remembered(model, notes, vae)
             if not fix:
                 said = "No fix to apply: the model is used as it is."
                 return (model, " ".join(notes + [said]), vae)
@@ -111,6 +114,9 @@ class HalfSafeFix:
             said = f"HalfSafe Fix: {'; '.join(done)}."
             if from_store:
                 said += f" The fix remembered for this model on this device: {fix['summary']}"
+                vae_said = (fix.get("vae") or {}).get("summary")
+                if vae_said and vae_said not in fix["summary"]:
+                    said += f" The fix remembered for this VAE: {vae_said}"
             fixed_vae = vae
             if fix.get("vae") and vae is not None:
                 fixed_vae, done = parts.fixed_vae(vae, fix["vae"])

@@ -5,14 +5,16 @@ proved by either is found by both."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from .host import COMPONENT, PREFIX, device_name, diffusion_model, halfsafe_name, halfsafe_names
 
 
-def model_file(model) -> Path | None:
-    """The file ComfyUI's loader read this MODEL from (its reload recipe names it)."""
-    recipe = getattr(model, "cached_patcher_init", None)
+def _loaded_from(patcher) -> Path | None:
+    """The file ComfyUI's loader read a MODEL or a VAE's patcher from (its reload recipe
+    names it first: the checkpoint, diffusion-model or VAE file)."""
+    recipe = getattr(patcher, "cached_patcher_init", None)
     try:
         path = Path(recipe[1][0])  # type: ignore[index]
     except (TypeError, IndexError, KeyError):
@@ -20,45 +22,94 @@ def model_file(model) -> Path | None:
     return path if path.is_file() else None
 
 
-def profile_key(model, notes: list[str]) -> str | None:
-    """The store's key for the file this MODEL was loaded from: the identity HalfSafe's loader
-    gives the same file (`single_file.file_profile_key`; cached for the unchanged file, so only
-    the first check of a file reads it whole). None, with a sentence in `notes`, where ComfyUI
-    does not say which file it is or HalfSafe does not key that file on its own."""
-    from app.core.errors import HalfSafeError
-    from app.core.models.single_file import file_profile_key
+def model_file(model) -> Path | None:
+    """The file ComfyUI's loader read this MODEL from."""
+    return _loaded_from(model)
 
+
+def vae_file(vae) -> Path | None:
+    """The file ComfyUI's loader read this VAE from: a VAE file, or the checkpoint that carried
+    it."""
+    return _loaded_from(getattr(vae, "patcher", None))
+
+
+def profile_key(model, notes: list[str]) -> str | None:
+    """The store's key for the file this MODEL was loaded from (`file_key`). None, with a
+    sentence in `notes`, where ComfyUI does not say which file it is."""
     path = model_file(model)
     if path is None:
         notes.append("ComfyUI does not say which file this model was loaded from.")
         return None
+    return file_key(path, notes)
+
+
+def vae_key(vae, notes: list[str]) -> str | None:
+    """The store's key for the file this VAE was loaded from (`file_key`), as `profile_key`."""
+    path = vae_file(vae)
+    if path is None:
+        notes.append("ComfyUI does not say which file this VAE was loaded from.")
+        return None
+    return file_key(path, notes)
+
+
+def file_key(path: Path, notes: list[str]) -> str | None:
+    """The store's key for `path`: the identity HalfSafe's loader gives a checkpoint it loads
+    alone (`single_file.file_profile_key`), so the fix is shared with the app; else, for a file
+    the app loads only with others or not at all (a diffusion model's file with its text
+    encoders and VAE in other files, a VAE file), the file's own identity
+    (`identity.file_key`), under which the app keeps each part's share of the fixes of the
+    models it loads from that file. Both are cached for the unchanged file, so only the first
+    check of a file reads it whole. None, with a sentence in `notes`, for a file HalfSafe finds
+    damaged or cannot read."""
+    from app.core.errors import HalfSafeError, UnsupportedModelError
+    from app.core.models.identity import file_key as own_key
+    from app.core.models.single_file import file_profile_key
+
     try:
-        return file_profile_key(path)
+        try:
+            return file_profile_key(path)
+        except UnsupportedModelError:
+            return own_key(path)
     except HalfSafeError as error:
         problem = getattr(error, "problem", str(error))
-        notes.append(f"HalfSafe's app does not load {path.name} alone ({problem.rstrip('.')}).")
+        notes.append(f"HalfSafe cannot name {path.name} ({problem.rstrip('.')}).")
     except OSError as error:
         notes.append(f"HalfSafe could not read {path} to name it: {error.strerror or error}.")
     return None
 
 
-# The settings of a remembered fix that HalfSafe Fix applies to the MODEL; and those of the other
-# components (text encoders, VAE), which are not the MODEL's to take.
+# The settings of a remembered fix that HalfSafe Fix applies to the MODEL; the VAE's, which it
+# applies to its VAE; and the text encoders', which are not the nodes' to take.
 APPLIED = ("unet_precision", "fp32_modules", "bf16_modules", "clamp_modules")
+VAE_SETTINGS = ("vae_precision", "no_half_vae")
 OTHER_PARTS = (
     "text_encoder_precision",
     "text_encoder_2_precision",
     "text_encoder_3_precision",
     "prompt_upsampler_precision",
-    "vae_precision",
-    "no_half_vae",
 )
+MODULE_LISTS = ("fp32_modules", "bf16_modules", "clamp_modules")
+VAE_COMPONENT = "vae"  # the VAE's component in a remembered fix (its settings' vae:PATH)
+
+
+def _role(component: str):
+    from app.core.components import COMPONENTS
+
+    found = COMPONENTS.get(component)
+    return found.role if found else None
+
+
+def _is_denoiser(component: str) -> bool:
+    from app.core.components import Role
+
+    return _role(component) is Role.DENOISER
 
 
 def fix_settings(model, fix: dict) -> dict:
-    """A proved fix as HalfSafe's settings: islands as `fp32_modules`/`bf16_modules`
-    (COMPONENT:PATH in HalfSafe's names where the model has them), a whole component as
-    `unet_precision`, an attention switch as `attention_backend` (`attention.SETTING`)."""
+    """A proved fix's diffusion-model part as HalfSafe's settings: islands as
+    `fp32_modules`/`bf16_modules` (COMPONENT:PATH in HalfSafe's names where the model has
+    them), a whole component as `unet_precision`, an attention switch as `attention_backend`
+    (`attention.SETTING`)."""
     from .attention import SETTING
 
     switch = {"attention_backend": SETTING[fix["attention"]]} if fix.get("attention") else {}
@@ -74,9 +125,9 @@ def fix_settings(model, fix: dict) -> dict:
 
 
 def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
-    """A remembered fix's settings as the nodes' fix, in ComfyUI's module paths: None, with a
-    sentence in `notes`, where it needs what HalfSafe Fix cannot do in ComfyUI or names a
-    layer this model does not have (then it is not this model's fix)."""
+    """A remembered fix's diffusion-model part as the nodes' fix, in ComfyUI's module paths:
+    None, with a sentence in `notes`, where it needs what HalfSafe Fix cannot do in ComfyUI or
+    names a layer this model does not have (then it is not this model's fix)."""
     from .attention import SETTING
 
     switches = {stored: backend for backend, stored in SETTING.items()}
@@ -84,7 +135,9 @@ def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
     beyond = [
         k
         for k, v in settings.items()
-        if k not in APPLIED + OTHER_PARTS and v and not (k == "attention_backend" and v in switches)
+        if k not in APPLIED + VAE_SETTINGS + OTHER_PARTS
+        and v
+        and not (k == "attention_backend" and v in switches)
     ]
     if beyond:
         notes.append(
@@ -93,7 +146,7 @@ def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
         )
         return None
     if any(settings.get(k) not in (None, False, "auto") for k in OTHER_PARTS):
-        notes.append("Its text encoders' and VAE's part is for their own loaders, not the MODEL.")
+        notes.append("Its text encoders' part is for their own loaders, not the MODEL.")
     fix: dict = {
         "component": None,
         "islands": {},
@@ -103,10 +156,10 @@ def fix_from_settings(model, settings: dict, notes: list[str]) -> dict | None:
     if settings.get("unet_precision") in ("fp32", "bf16"):
         fix["component"] = settings["unet_precision"]
     paths = _comfy_paths(model)
-    for key in ("fp32_modules", "bf16_modules", "clamp_modules"):
+    for key in MODULE_LISTS:
         for entry in settings.get(key) or []:
             component, _, named = str(entry).partition(":")
-            if component != COMPONENT:
+            if not _is_denoiser(component):
                 continue
             path = (
                 named.removeprefix(PREFIX + ".")
@@ -138,43 +191,260 @@ def _comfy_paths(model) -> dict[str, str]:
     return paths
 
 
-def remember(model, fix: dict, summary: str, made_at: dict, notes: list[str]) -> None:
-    """Store a proved fix for this model file on this device (a sentence in `notes` when the
-    file cannot be named or the store cannot be written)."""
-    from app.core.fixing import profiles
+# --- the VAE's part --------------------------------------------------------------------------
 
-    said: list[str] = []
-    key = profile_key(model, said)
-    if key is None:
-        notes.append(f"The fix is not remembered: {' '.join(said)}")
-        return
+# ComfyUI's image VAE (its `Encoder`/`Decoder`) in HalfSafe's (diffusers') names: a level's
+# blocks and its resampler, the middle's two blocks and attention, and the leaves named apart.
+_LEVEL = re.compile(r"^(encoder\.down|decoder\.up)\.(\d+)(?=\.|$)")
+_IN_LEVEL = (
+    (re.compile(r"^\.block\.(\d+)"), r".resnets.\1"),
+    (re.compile(r"^\.attn\.(\d+)"), r".attentions.\1"),
+    (re.compile(r"^\.(up|down)sample(?=\.|$)"), r".\1samplers.0"),
+)
+_MIDDLE = (
+    (re.compile(r"\.mid\.block_([12])(?=\.|$)"), lambda m: f".mid_block.resnets.{int(m[1]) - 1}"),
+    (re.compile(r"\.mid\.attn_1(?=\.|$)"), lambda m: ".mid_block.attentions.0"),
+)
+_LEAVES = {"nin_shortcut": "conv_shortcut", "norm_out": "conv_norm_out"}
+_ATTENTION_LEAVES = {
+    "q": "to_q",
+    "k": "to_k",
+    "v": "to_v",
+    "proj_out": "to_out.0",
+    "norm": "group_norm",
+}
+_NO_COUNTERPART = ("swish", "dropout", "regularization")
+
+
+def vae_names(module) -> dict[str, str]:
+    """ComfyUI path -> HalfSafe's name of each layer of an image VAE's autoencoder (`module`);
+    empty for a VAE of another kind (its layers are then stored in ComfyUI's names)."""
+    import torch
+
+    decoder = getattr(module, "decoder", None)
+    levels = getattr(decoder, "up", None)
+    if not isinstance(levels, torch.nn.ModuleList) or not hasattr(decoder, "mid"):
+        return {}
+    names = {}
+    for path, _ in module.named_modules():
+        named = _vae_name(path, len(levels)) if path else None
+        if named:
+            names[path] = named
+    return names
+
+
+def _vae_name(path: str, levels: int) -> str | None:
+    if any(part in _NO_COUNTERPART for part in path.split(".")):
+        return None
+    level = _LEVEL.match(path)
+    if level:
+        index = int(level[2])
+        if level[1] == "decoder.up":  # ComfyUI counts the decoder's levels from the smallest
+            index = levels - 1 - index
+        stem = level[1].replace(".up", ".up_blocks").replace(".down", ".down_blocks")
+        rest = path[level.end() :]
+        for pattern, replacement in _IN_LEVEL:
+            rest = pattern.sub(replacement, rest, count=1)
+        path = f"{stem}.{index}{rest}"
+    for pattern, replacement in _MIDDLE:
+        path = pattern.sub(replacement, path)
+    parts = path.split(".")
+    in_attention = "attentions" in parts
+    leaves = _ATTENTION_LEAVES if in_attention and parts[-1] in _ATTENTION_LEAVES else _LEAVES
+    parts[-1] = leaves.get(parts[-1], parts[-1])
+    return ".".join(parts)
+
+
+def vae_fix_settings(vae, fix: dict) -> dict:
+    """A proved VAE fix as HalfSafe's settings: its islands as `fp32_modules`/`bf16_modules`
+    (vae:PATH in HalfSafe's names where the VAE has them, else in ComfyUI's), the whole VAE
+    as `vae_precision`."""
+    from .parts import VAE_PREFIX
+
+    if fix.get("component"):
+        return {"vae_precision": fix["component"]}
+    names = vae_names(vae.first_stage_model)
+    settings: dict[str, list[str]] = {}
+    for path, dtype in (fix.get("islands") or {}).items():
+        named = names.get(path) or f"{VAE_PREFIX}.{path}"
+        settings.setdefault(f"{dtype}_modules", []).append(f"{VAE_COMPONENT}:{named}")
+    return settings
+
+
+def vae_fix_from_settings(vae, settings: dict, notes: list[str]) -> dict | None:
+    """A remembered fix's VAE part as the nodes' VAE fix, in ComfyUI's module paths (None where
+    it has none); None, with a sentence in `notes`, where it names a layer this VAE does not
+    have (then it is not this VAE's fix)."""
+    from .parts import VAE_PREFIX
+
+    fix: dict = {"islands": {}, "component": None}
+    if settings.get("no_half_vae") is True:
+        fix["component"] = "fp32"
+    elif settings.get("vae_precision") in ("fp32", "bf16"):
+        fix["component"] = settings["vae_precision"]
+    paths = {named: path for path, named in vae_names(vae.first_stage_model).items()}
+    for key in ("fp32_modules", "bf16_modules"):
+        for entry in settings.get(key) or []:
+            component, _, named = str(entry).partition(":")
+            if component != VAE_COMPONENT:
+                continue
+            if named.startswith(VAE_PREFIX + "."):
+                path = named.removeprefix(VAE_PREFIX + ".")
+            else:
+                path = paths.get(named)
+            if path is None:
+                notes.append(
+                    f"The remembered fix names the VAE layer {named}, which this VAE does not "
+                    "have: its VAE part is not used."
+                )
+                return None
+            fix["islands"][path] = key.removesuffix("_modules")
+    return fix if fix["component"] or fix["islands"] else None
+
+
+# --- remembering -----------------------------------------------------------------------------
+
+
+def remember(model, fix: dict, summary: str, made_at: dict, notes: list[str], vae=None) -> None:
+    """Store a proved fix for this model file on this device, and its VAE part (`fix["vae"]`)
+    for the file `vae` was loaded from (the checkpoint that carried it, or a VAE file): one
+    entry where both are one file. A part this check did not prove keeps what that file's
+    entry held for it. A sentence in `notes` when a file cannot be named or the store cannot
+    be written."""
+    from .parts import _dtype_name
+
+    wanted: dict[tuple[str, str], dict] = {}
+    if any(fix.get(k) for k in ("component", "islands", "clamps", "attention")):
+        said: list[str] = []
+        key = profile_key(model, said)
+        if key is None:
+            notes.append(f"The fix is not remembered: {' '.join(said)}")
+        else:
+            place = wanted.setdefault((key, device_name(model)), _empty_entry())
+            _add(place, fix_settings(model, fix), summary, made_at, COMPONENT)
+    if fix.get("vae") and vae is not None:
+        said = []
+        key = vae_key(vae, said)
+        if key is None:
+            notes.append(f"The VAE's fix is not remembered: {' '.join(said)}")
+        else:
+            place = wanted.setdefault((key, _device_words(vae.device)), _empty_entry())
+            proved_at = {"vae_precision": _dtype_name(vae.vae_dtype)}
+            _add(
+                place,
+                vae_fix_settings(vae, fix["vae"]),
+                fix["vae"]["summary"],
+                proved_at,
+                VAE_COMPONENT,
+            )
+    for (key, device), entry in wanted.items():
+        _store(key, device, entry, notes)
+
+
+def _empty_entry() -> dict:
+    return {"settings": {}, "summaries": [], "made_at": {}, "parts": []}
+
+
+def _add(entry: dict, settings: dict, summary: str, made_at: dict, component: str) -> None:
+    _join(entry["settings"], settings)
+    entry["summaries"].append(summary)
+    entry["made_at"].update(made_at)
+    entry["parts"].append(component)
+
+
+def _join(settings: dict, more: dict) -> None:
+    """Add `more` (another part's settings) to `settings`, the layer lists joined."""
+    for name, value in more.items():
+        settings[name] = [*settings.get(name, []), *value] if name in MODULE_LISTS else value
+
+
+def _store(key: str, device: str, entry: dict, notes: list[str]) -> None:
+    """Write `entry` under this file and device, keeping the share of each part it does not
+    prove from what was stored there."""
+    from app.core.fixing import file_fixes, profiles
+
+    settings, summaries = dict(entry["settings"]), list(entry["summaries"])
+    made_at, parts = dict(entry["made_at"]), list(entry["parts"])
+    held = profiles.lookup(key, device).fix
+    for other in (COMPONENT, VAE_COMPONENT):
+        if held is None or other in parts:
+            continue
+        kept = file_fixes.part_settings(held.settings, other)
+        if kept:
+            _join(settings, kept)
+            summaries.append(held.summary)
+            made_at = {**held.made_at, **made_at}
+            parts.append(other)
     profiles.remember_fix(
         key,
-        device_name(model),
-        fix_settings(model, fix),
-        summary,
+        device,
+        settings,
+        " ".join(dict.fromkeys(summaries)),
         "health check",
         made_at=made_at,
-        parts=(COMPONENT,),
+        parts=tuple(parts),
         warn=notes.append,
     )
 
 
-def remembered(model, notes: list[str]) -> dict | None:
-    """The fix remembered for this model file on this device, as the nodes' fix (None, with a
-    sentence in `notes` where there is none to use)."""
-    from app.core.fixing import profiles
+def _device_words(device) -> str:
+    import torch
 
+    from app.core.hardware.devices import describe_device
+
+    return describe_device(torch.device(device)).name
+
+
+def remembered(model, notes: list[str], vae=None) -> dict | None:
+    """The fix remembered for this model file on this device, as the nodes' fix, with its VAE
+    part (`fix["vae"]`) where `vae` is given and a fix is remembered for the file it was
+    loaded from (None, with a sentence in `notes`, where there is none to use). Without a
+    `vae`, only the diffusion model's part."""
+    from app.core.fixing import file_fixes, profiles
+
+    fix = None
     said: list[str] = []
     key = profile_key(model, said)
     if key is None:
         notes.append(f"No remembered fix: {' '.join(said)}")
+    else:
+        found = profiles.lookup(key, device_name(model))
+        notes.extend(found.notes)
+        if found.fix is not None:
+            fix = fix_from_settings(model, dict(found.fix.settings), notes)
+            if fix is not None:
+                fix["summary"] = found.fix.summary
+            if vae is None and file_fixes.part_settings(found.fix.settings, VAE_COMPONENT):
+                notes.append(
+                    "The remembered fix has a VAE part: connect the VAE to HalfSafe Fix to "
+                    "apply it."
+                )
+    if vae is None:
+        return fix
+    part = _remembered_vae(vae, notes)
+    if part is None:
+        return fix
+    fix = fix or {"component": None, "islands": {}, "clamps": [], "attention": None}
+    fix.setdefault("summary", part["summary"])
+    fix["vae"] = part
+    return fix
+
+
+def _remembered_vae(vae, notes: list[str]) -> dict | None:
+    """The VAE part of the fix remembered for the file `vae` was loaded from (None where there
+    is none to use)."""
+    from app.core.fixing import profiles
+
+    said: list[str] = []
+    key = vae_key(vae, said)
+    if key is None:
+        notes.append(f"No remembered fix for the VAE: {' '.join(said)}")
         return None
-    found = profiles.lookup(key, device_name(model))
-    notes.extend(found.notes)
+    found = profiles.lookup(key, _device_words(vae.device))
+    notes.extend(n for n in found.notes if n not in notes)
     if found.fix is None:
         return None
-    fix = fix_from_settings(model, dict(found.fix.settings), notes)
-    if fix is not None:
-        fix["summary"] = found.fix.summary
-    return fix
+    part = vae_fix_from_settings(vae, dict(found.fix.settings), notes)
+    if part is not None:
+        part["summary"] = found.fix.summary
+    return part

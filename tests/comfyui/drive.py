@@ -170,8 +170,7 @@ def main() -> None:
         "model_params": sum(p.numel() for p in model.model.diffusion_model.parameters()),
         "original_patches": len(model.object_patches),
     }
-    # A UNet file alone is no model HalfSafe's app loads (it needs --vae, whose file is then
-    # part of the key): the nodes remember nothing for it, and say so.
+    # A UNet file alone: the fix the check proved is remembered under the file's own key.
     unchanged, said = nodes["HalfSafeFix"]().fix(model, None)[:2]
     found["remembered"] = {"said": said, "unchanged": unchanged is model}
     found["watch"] = watch(nodes, model)

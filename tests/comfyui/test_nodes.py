@@ -87,16 +87,14 @@ def test_fix_gives_a_finite_call_on_a_clone_copying_only_the_island(driven):
     assert fix["island_params"] == fix["layer_params"] < fix["model_params"] / 50
 
 
-def test_a_unet_file_alone_gets_no_remembered_fix_and_a_sentence_why(driven):
-    # The desktop keys a fix by the model it loads; it loads a UNet file only with a VAE
-    # beside it, so neither the check nor the fix node can name this file as it does.
-    assert (
-        "not remembered: HalfSafe's app does not load tiny_sd1_unet.safetensors alone"
-        in (driven["check"]["text"])
-    )
+def test_a_unet_file_alone_is_remembered_under_its_own_key(driven):
+    # The desktop loads a UNet file only with a VAE beside it, whose file is then part of its
+    # key: the nodes keep the fix under the file's own identity, which the next job finds.
+    assert "not remembered" not in driven["check"]["text"]
     remembered = driven["remembered"]
-    assert remembered["unchanged"]
-    assert remembered["said"].startswith("No remembered fix: HalfSafe's app does not load")
+    assert not remembered["unchanged"]
+    assert remembered["said"].startswith("HalfSafe Fix: 1 layer(s) kept wider.")
+    assert "The fix remembered for this model on this device: Keep 1 layer(s)" in remembered["said"]
 
 
 def test_nan_watch_names_the_step_and_layer_with_one_read_at_the_end(driven):

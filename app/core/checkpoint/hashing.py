@@ -56,17 +56,29 @@ def model_hash(
     cancel: CancelToken | None = None,
     on_bytes: Callable[[int], None] | None = None,
 ) -> str:
-    """AUTOMATIC1111's short model hash: the first 10 hex digits of the file's sha256.
-
-    Reading a multi-GB file takes seconds, so the full sha256 is cached in
-    `paths.cache_dir()/model_hashes.json`, keyed by absolute path and `file_stamp`.
-    """
+    """AUTOMATIC1111's short model hash: the first 10 hex digits of the file's sha256
+    (`file_sha256`, cached)."""
     cached = cached_model_hash(path)
     if cached is not None:
         return cached
+    return file_sha256(path, cancel=cancel, on_bytes=on_bytes)[:10]
+
+
+def file_sha256(
+    path: str | Path,
+    *,
+    cancel: CancelToken | None = None,
+    on_bytes: Callable[[int], None] | None = None,
+) -> str:
+    """The file's whole sha256 in hex. Reading a multi-GB file takes seconds, so it is cached
+    in `paths.cache_dir()/model_hashes.json`, keyed by absolute path and `file_stamp`: only the
+    first call for an unchanged file reads it."""
     path = Path(path).resolve()
     stamp = file_stamp(path)
+    sha = cached_value(str(path), stamp, "sha256")
+    if sha is not None:
+        return sha
     sha = sha256_file(path, cancel=cancel, on_bytes=on_bytes)
     if file_stamp(path) == stamp:  # a file rewritten while it was hashed is hashed next time
         store_value(str(path), stamp, "sha256", sha)
-    return sha[:10]
+    return sha

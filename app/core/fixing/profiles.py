@@ -33,6 +33,7 @@ from typing import Any
 from app.core import paths
 from app.core.components import PIPELINE_PARTS, join_words
 from app.core.files import locked, replace_keeping_aside, write_atomic
+from app.core.fixing import file_fixes
 from app.core.fixing.job_fix import JobFix
 from app.core.fixing.remembered_fix import RememberedFix
 from app.core.limits import read_regular
@@ -114,7 +115,14 @@ def lookup(profile_key: str, device_name: str, torch_version: str | None = None)
     read that found the damage.
     """
     contents, note = _read_repairing(_path())
-    fix = contents.fixes.get(_key(profile_key, device_name, torch_version or _torch_version()))
+    torch_version = torch_version or _torch_version()
+    fix = contents.fixes.get(_key(profile_key, device_name, torch_version))
+    if fix is None:  # the shares its own files keep, where it was loaded from several
+        parts = {
+            component: contents.fixes.get(_key(file_key, device_name, torch_version))
+            for component, file_key in file_fixes.linked(profile_key).items()
+        }
+        fix = file_fixes.joined({c: f for c, f in parts.items() if f is not None})
     return Lookup(fix, [note] if note else [])
 
 
@@ -160,12 +168,18 @@ def remember_fix(
         made_at=dict(made_at or {}),
         parts=tuple(p for p in parts if p in PIPELINE_PARTS),
     )
-    key = _key(profile_key, device_name, torch_version or _torch_version())
+    torch_version = torch_version or _torch_version()
+    key = _key(profile_key, device_name, torch_version)
 
     def store(entries: dict[str, dict[str, Any]]) -> None:
         if verified_by != "health check" and _proved_by_check(entries.get(key), fix):
             return  # the same fix, proved against fp32 by the check: that proof stays
         entries[key] = _entry(fix)
+        # Each part's share also under its own file's key, for a host that loads that file.
+        for component, file_key in file_fixes.linked(profile_key).items():
+            share = file_fixes.part_fix(fix, component)
+            if share is not None:
+                entries[_key(file_key, device_name, torch_version)] = _entry(share)
 
     try:
         _change(store)

@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,36 @@ class Identity:
             with contextlib.suppress(OSError):
                 store_value(self._key, self._stamp, "content", content)
         return hashlib.sha256(f"{self._words}\0{content}".encode()).hexdigest()
+
+
+def file_key(path: Path, cancel: CancelToken | None = None) -> str:
+    """The key remembered fixes are stored under for the parts one file holds on its own (a
+    transformer file whose text encoders and VAE are other files, a separate VAE file): from
+    the file's own bytes (its sha256, cached as the A1111 hash is), so any program that reads
+    the same file (HalfSafe's loader, its ComfyUI nodes) names it alike, wherever it lies. Reads
+    the whole file on the first call for an unchanged file, nothing after. Raises OSError for a
+    file it cannot read."""
+    from app.core.checkpoint.hashing import file_sha256
+
+    sha = file_sha256(path, cancel=cancel)
+    return hashlib.sha256(f"file\0{sha}".encode()).hexdigest()
+
+
+def link_own_files(
+    profile_key: str, files: Mapping[str, Path], cancel: CancelToken | None = None
+) -> None:
+    """Note that the model keyed `profile_key` took these components (component -> file) from
+    files of their own, each under its `file_key`, so that its remembered fix is also kept for
+    a host that loads one of those files alone (`fixing.file_fixes`). A folder, or a file that
+    cannot be read, is left out: its part is then remembered with the model only."""
+    from app.core.fixing import file_fixes
+
+    keys = {}
+    for component, file in files.items():
+        if file.is_file():
+            with contextlib.suppress(OSError):
+                keys[component] = file_key(file, cancel)
+    file_fixes.link_files(profile_key, keys)
 
 
 def vae_files(vae: Path) -> list[Path]:

@@ -17,7 +17,7 @@ from app.core.formats.layouts import AbsurdSizes, InnerPart, SplitModel, to_diff
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.models import split
 from app.core.models.configs import read_json
-from app.core.models.identity import Hasher, Identity, vae_files
+from app.core.models.identity import Hasher, Identity, link_own_files, vae_files
 from app.core.models.loaded import LoadedModel
 
 
@@ -133,6 +133,8 @@ def load_split(
     except BaseException:
         hasher.stop()
         raise
+    profile_key = identity.profile_key(weights)
+    link_own_files(profile_key, {"transformer": path, **external}, cancel)
     return LoadedModel(
         pipeline=pipeline,
         source=source,
@@ -143,7 +145,7 @@ def load_split(
         native_size=model.native_size,
         stored_dtype=stored_dtype(used),
         model_hash=short_hash,
-        profile_key=identity.profile_key(weights),
+        profile_key=profile_key,
         weights=weights,
         detected_because=model.because,
         companions=companions.used(),

@@ -1,0 +1,108 @@
+"""The share of a remembered fix that belongs to one file: the parts a file holds on its own.
+
+A model's key covers every file it was loaded from (`identity.Identity`): a transformer file
+and the text encoders and VAE beside it. A host that loads one of those files alone (ComfyUI's
+diffusion-model and VAE loaders) can name only that file (`identity.file_key`). So a fix the
+store keeps for the model is also kept, part by part, under the key of the file each part came
+from, and a model with no fix of its own takes the parts its files have. Which files a model's
+key is made of is noted by its loader for the process (`link_files`): every job on that model
+runs in the process that loaded it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from app.core.components import COMPONENTS, Role
+from app.core.fixing.remembered_fix import RememberedFix
+
+# A setting of one part that is no per-component precision setting: the VAE's fp32 switch; the
+# attention backend and upcast, which a fix proved on the denoiser sets (its attention is where
+# a kernel fault is found).
+_PART_FLAGS = {
+    Role.VAE: ("no_half_vae",),
+    Role.DENOISER: ("attention_backend", "upcast_attention"),
+}
+_MODULE_LISTS = ("fp32_modules", "bf16_modules", "clamp_modules")
+# Models are few in one process: the table stays as small as the models loaded.
+_LINKED: dict[str, dict[str, str]] = {}
+_LOCK = threading.Lock()
+
+
+def link_files(profile_key: str, file_keys: Mapping[str, str]) -> None:
+    """Note, for this process, that the model keyed `profile_key` has components of its own
+    files: `file_keys` maps each such component ("transformer", "vae") to its file's key."""
+    shared = {c: k for c, k in file_keys.items() if _role(c) in _PART_FLAGS and k}
+    if shared:
+        with _LOCK:
+            _LINKED[profile_key] = shared
+
+
+def linked(profile_key: str) -> dict[str, str]:
+    """The components of the model keyed `profile_key` that have a file of their own, with
+    that file's key (empty where none was noted)."""
+    with _LOCK:
+        return dict(_LINKED.get(profile_key, {}))
+
+
+def _role(component: str) -> Role | None:
+    found = COMPONENTS.get(component)
+    return found.role if found else None
+
+
+def part_settings(settings: Mapping[str, Any], component: str) -> dict[str, Any]:
+    """The settings of a fix that belong to `component` (or to another component of the same
+    role: a UNet's and a transformer's are one setting): its precision setting, its flags, and
+    its layers in the module lists."""
+    role = _role(component)
+    if role is None or role not in _PART_FLAGS:
+        return {}
+    own = {c.setting for c in COMPONENTS.values() if c.role is role}
+    share: dict[str, Any] = {}
+    for name, value in settings.items():
+        if name in _MODULE_LISTS:
+            entries = [e for e in value if _role(str(e).partition(":")[0]) is role]
+            if entries:
+                share[name] = entries
+        elif (name in own or name in _PART_FLAGS[role]) and value not in ("auto", False, None):
+            share[name] = value
+    return share
+
+
+def part_fix(fix: RememberedFix, component: str) -> RememberedFix | None:
+    """`fix` cut to the share of `component` (None where it has none)."""
+    share = part_settings(fix.settings, component)
+    if not share:
+        return None
+    return replace(fix, settings=share, parts=(component,))
+
+
+def joined(parts: Mapping[str, RememberedFix]) -> RememberedFix | None:
+    """One fix of the shares the files of a model's components keep (component -> the fix
+    stored under its file's key), each cut to that component's share; None where none has one.
+    """
+    shares = {c: f for c, f in ((c, part_fix(f, c)) for c, f in parts.items()) if f is not None}
+    if not shares:
+        return None
+    settings: dict[str, Any] = {}
+    made_at: dict[str, Any] = {}  # each was proved at its own precision; their settings join
+    for share in shares.values():
+        for name, value in share.settings.items():
+            if name in _MODULE_LISTS and isinstance(value, list):
+                settings[name] = list(dict.fromkeys([*settings.get(name, []), *value]))
+            else:
+                settings[name] = value
+        made_at.update(share.made_at)
+    first = next(iter(shares.values()))
+    summary = " ".join(dict.fromkeys(s.summary for s in shares.values()))
+    return replace(
+        first,
+        settings=settings,
+        summary=summary,
+        saved_at=max(s.saved_at for s in shares.values()),
+        made_at=made_at,
+        parts=tuple(shares),
+    )

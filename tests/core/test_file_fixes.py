@@ -1,0 +1,58 @@
+"""A fix remembered for a model loaded from several files is also kept, part by part, under the
+key of the file each part came from (the key a host that loads that file alone computes:
+`identity.file_key`), and a model with no fix of its own takes the parts its files have. On a
+tiny Flux.1 transformer file with its text encoders and VAE as ComfyUI keeps them."""
+
+from __future__ import annotations
+
+from app.core import models
+from app.core.fixing import profiles
+from app.core.models.identity import file_key
+from tests.support.model_files import save_split_files
+from tests.support.tiny_models import build_tiny_flux_pipeline
+
+DEVICE = "Some GPU"
+TRANSFORMER_FIX = {
+    "fp32_modules": ["transformer:transformer_blocks.0.attn.to_q", "vae:decoder.conv_out"],
+    "text_encoder_2_precision": "fp32",
+    "attention_backend": "math",
+}
+
+
+def test_a_transformer_files_share_is_kept_under_its_own_key_both_ways(tmp_path):
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    model = models.load_model(str(written["transformer"]))
+    alone, vae_alone = file_key(written["transformer"]), file_key(written["vae"])
+    assert alone not in (model.profile_key, vae_alone)
+
+    profiles.remember_fix(
+        model.profile_key, DEVICE, TRANSFORMER_FIX, "A fix.", "health check", parts=("transformer",)
+    )
+
+    # What a host that loaded the transformer file alone finds: the transformer's share only.
+    share = profiles.remembered_fix(alone, DEVICE)
+    assert share is not None
+    assert share.settings == {
+        "fp32_modules": ["transformer:transformer_blocks.0.attn.to_q"],
+        "attention_backend": "math",
+    }
+    vae_share = profiles.remembered_fix(vae_alone, DEVICE)
+    assert vae_share is not None
+    assert vae_share.settings == {"fp32_modules": ["vae:decoder.conv_out"]}
+    assert profiles.remembered_fix(model.profile_key, DEVICE).settings == TRANSFORMER_FIX
+
+
+def test_a_fix_kept_for_the_transformer_file_alone_is_the_models_where_it_has_none(tmp_path):
+    written = save_split_files(build_tiny_flux_pipeline(), tmp_path / "models")
+    host_fix = {"unet_precision": "fp32"}  # as HalfSafe Check stores it for the file alone
+    profiles.remember_fix(
+        file_key(written["transformer"]), DEVICE, host_fix, "Fp32.", "health check"
+    )
+
+    model = models.load_model(str(written["transformer"]))
+
+    found = profiles.lookup(model.profile_key, DEVICE).fix
+    assert found is not None and found.settings == host_fix and found.summary == "Fp32."
+    # The model's own fix, once it has one, comes first.
+    profiles.remember_fix(model.profile_key, DEVICE, {"no_half_vae": True}, "Own.", "health check")
+    assert profiles.lookup(model.profile_key, DEVICE).fix.settings == {"no_half_vae": True}
