@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import attention, host
 
@@ -21,6 +22,7 @@ class Outcome:
     # {"islands": {path: dtype}, "component": dtype|None, "attention": backend|None, ...}
     fix: dict | None = None
     notes: list[str] = field(default_factory=list)
+    work: Any = None  # app.core.work.Work: what the check ran, counted
 
     @property
     def text(self) -> str:
@@ -37,7 +39,30 @@ def _island_dtype(model) -> str:
 
 
 def check(model, width: int, height: int, steps: int, seed: int, clip=None) -> Outcome:
-    """Check `model` (never changed: every run is on a clone) as ComfyUI runs it."""
+    """Check `model` (never changed: every run is on a clone) as ComfyUI runs it, its work
+    counted (`Outcome.work`: the diffusion model's calls by dtype, the layers copied) and
+    told in the report's last line."""
+    from app.core import work
+
+    with work.counting() as done, host.counting_calls(host.diffusion_model(model)):
+        outcome = _check(model, width, height, steps, seed, clip)
+    outcome.work = done
+    outcome.notes.append(work_words(done))
+    return outcome
+
+
+def work_words(done) -> str:
+    by_dtype = done.calls.get(host.COMPONENT, {})
+    calls = sum(by_dtype.values())
+    each = ", ".join(f"{n} in {dtype}" for dtype, n in sorted(by_dtype.items()))
+    said = f"The check ran the diffusion model {calls} time{'s' * (calls != 1)}"
+    said += f" ({each})" if each else ""
+    if done.placements:
+        said += f" and copied {done.placements} layer{'s' * (done.placements != 1)}"
+    return said + "."
+
+
+def _check(model, width: int, height: int, steps: int, seed: int, clip=None) -> Outcome:
     from app.core.components import FP16_MAX
     from app.core.fixing.module_check import recorded_call, reference_call
     from app.core.fixing.quality import compare

@@ -5,6 +5,9 @@ dtype of the whole component)."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,14 +118,12 @@ def low_bit_layers(model) -> dict[str, int]:
     return counts
 
 
+_SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
 def _name(dtype) -> str:
-    return (
-        str(dtype)
-        .removeprefix("torch.")
-        .replace("float16", "fp16")
-        .replace("bfloat16", "bf16")
-        .replace("float32", "fp32")
-    )
+    name = str(dtype).removeprefix("torch.")
+    return _SHORT.get(name, name)
 
 
 def load(model) -> None:
@@ -144,6 +145,8 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
     down = int(getattr(latent, "spacial_downscale_ratio", 8))
     channels = int(latent.latent_channels)
     shape = (1, channels, max(1, height // down), max(1, width // down))
+    if getattr(latent, "latent_dimensions", 2) == 3:  # video latents: one frame, as ComfyUI's
+        shape = (*shape[:2], 1, *shape[2:])  # sampler makes an image's (fix_empty_latent_channels)
     noise = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
     sigma = samplers.calculate_sigmas(base.model_sampling, "normal", max(1, steps))[0]
     device = model.load_device
@@ -180,13 +183,19 @@ def one_call(model, width: int, height: int, steps: int, seed: int, clip=None) -
 # Where ComfyUI's model configs (`unet_config`) keep the width of the text a denoiser reads (its
 # token features) and of the pooled vector beside it, by the config's shape: the first whose
 # text key the config holds gives the widths of the zeros a check uses without a CLIP. A pooled
-# key of None: the model reads no pooled vector without its CLIP's.
+# key of None: the model reads no pooled vector without its CLIP's. A text key "A*B": the
+# product of both (a text read at B wide from each of A layers of its encoder).
 TEXT_WIDTHS: tuple[tuple[str, str | None], ...] = (
     ("context_in_dim", "vec_in_dim"),  # double/single-stream transformers in BFL's layout
     ("context_embedder_config.params.in_features", "adm_in_channels"),  # MMDiT
     ("cap_feat_dim", None),  # NextDiT
+    ("txtlayers*txtdim", None),  # single-stream DiTs fusing their encoder's layers
+    ("crossattn_emb_channels", None),  # Cosmos DiTs (their text adapter's output)
     ("context_dim", None),  # UNets
 )
+# Where a denoiser whose config keeps no text width reads its text: the input layer whose
+# `in_features` is that width (an MMDiT with a fixed text width keeps it only there).
+TEXT_INPUTS = ("txt_in",)
 TEXT_TOKENS = 77  # tokens of zeros: one CLIP prompt's length
 
 
@@ -201,7 +210,8 @@ def text_widths(config: dict) -> tuple[int, int | None] | None:
     """The widths (text features, pooled vector or None) of the zeros a check feeds a model of
     this `unet_config` without a CLIP; None where the config keeps no text width."""
     for text_key, pooled_key in TEXT_WIDTHS:
-        width = _config_value(config, text_key)
+        factors = [_config_value(config, key) for key in text_key.split("*")]
+        width = math.prod(int(f) for f in factors) if all(factors) else None
         if width:
             pooled = _config_value(config, pooled_key) if pooled_key else None
             return int(width), (int(pooled) if pooled else None)
@@ -215,11 +225,46 @@ def _text(base, clip) -> tuple[Any, Any]:
         tokens = clip.tokenize("")
         context, pooled = clip.encode_from_tokens(tokens, return_pooled=True)
         return context, pooled
-    widths = text_widths(base.model_config.unet_config)
+    widths = text_widths(base.model_config.unet_config) or _input_width(base)
     if widths is None:
         raise NodeProblem("Connect the CLIP to HalfSafe Check: this model needs its text.")
     width, pooled = widths
     return torch.zeros(1, TEXT_TOKENS, width), (torch.zeros(1, pooled) if pooled else None)
+
+
+def _input_width(base) -> tuple[int, None] | None:
+    """The text width of a denoiser whose config keeps none, read from its text input layer."""
+    module = getattr(base, PREFIX, None)
+    for path in TEXT_INPUTS:
+        width = getattr(getattr(module, path, None), "in_features", None)
+        if isinstance(width, int) and width > 0:
+            return width, None
+    return None
+
+
+@contextmanager
+def counting_calls(module) -> Iterator[None]:
+    """Count each call of the diffusion model `module` (or of a copy of it: the same class)
+    into the running `app.core.work` record, under the dtype its input latent came in."""
+    import torch
+
+    from app.core import work
+
+    kind = type(module)
+
+    def count(called, args):
+        if type(called) is not kind:
+            return
+        counted = work.counted()
+        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        if counted is not None and floats:
+            counted.call(COMPONENT, _name(floats[0].dtype), recorder=None, timed=False)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def run_call(model, call: DenoiserCall):

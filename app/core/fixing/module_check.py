@@ -121,6 +121,9 @@ def island_copy(layer, dtype, rebuild: Callable[[Any, Any], Any] | None = None):
             plain = rebuild(module, dtype)
             if plain is not None:
                 rebuilt[id(module)] = plain
+    from app.core import work
+
+    work.add("placements")  # the island: a copy of this layer alone, in `dtype`
     if id(layer) in rebuilt:
         island = rebuilt[id(layer)]
     else:  # a rebuilt module met while copying is its plain one (deepcopy's memo)
