@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.comfyui_checkpoints import PLANTED, tiny_sd1_checkpoint
+from tests.support.desktop_check import desktop_check, environment
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "comfyui-halfsafe"
@@ -27,7 +27,6 @@ COMFYUI = os.environ.get("HALFSAFE_COMFYUI", "")
 PYTHON = os.environ.get("HALFSAFE_COMFYUI_PYTHON", "")
 # Where the planted region sits in ComfyUI's names (HalfSafe's on the left).
 COMFY_BLOCK = ("down_blocks.0.attentions.0", "input_blocks.1.1")
-SIZE = "64"
 
 pytestmark = [
     pytest.mark.slow,
@@ -41,34 +40,6 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     return tiny_sd1_checkpoint(tmp_path_factory.mktemp("store") / "tiny_sd1.safetensors")
-
-
-def environment(home: Path) -> dict[str, str]:
-    """Both processes' environment: HalfSafe's folders in `home` (the store is one file), one
-    thread each, the CPU's bf16 class as the suite pins it."""
-    return {
-        **os.environ,
-        "HALFSAFE_DATA_DIR": str(home / "data"),
-        "HALFSAFE_CACHE_DIR": str(home / "cache"),
-        "HALFSAFE_CONFIG_DIR": str(home / "config"),
-        "OMP_NUM_THREADS": "1",
-        "HALFSAFE_CPU_BF16": os.environ.get("HALFSAFE_CPU_BF16", "native"),
-    }
-
-
-def desktop_check(checkpoint: Path, home: Path) -> dict:
-    """`halfsafe check FILE` in HalfSafe's own Python, fp16 as ComfyUI computes on a GPU."""
-    done = subprocess.run(
-        [sys.executable, "-m", "app", "check", str(checkpoint), "--json", "--size", SIZE]
-        + ["--device", "cpu", "--precision", "fp16"],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        env=environment(home),
-        cwd=ROOT,
-    )
-    assert done.returncode in (0, 1), done.stderr[-4000:]
-    return json.loads(done.stdout)
 
 
 def in_comfyui(checkpoint: Path, home: Path, action: str) -> dict:
