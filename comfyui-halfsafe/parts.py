@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import host
@@ -15,6 +17,8 @@ from . import host
 VAE_PREFIX = "first_stage_model"  # where ComfyUI's VAE holds its autoencoder
 CLIP_PREFIX = "cond_stage_model"  # where ComfyUI's CLIP holds its text encoders
 PROMPT = ""  # the text encoder's check encodes the empty prompt, as the denoiser's check does
+# ... or, where the encoder answers the empty prompt without running a layer (zeros), this one.
+SHORT_PROMPT = "a photo of a cat"
 # The order of verdicts from best to worst: the check's overall verdict is its parts' worst.
 VERDICTS = ("healthy", "fixable", "broken")
 
@@ -24,7 +28,7 @@ class PartOutcome:
     """What the check found in one part besides the diffusion model."""
 
     part: str  # "VAE" | "text encoder"
-    verdict: str  # "healthy" | "fixable" | "broken"
+    verdict: str | None  # "healthy" | "fixable" | "broken"; None: not checked
     lines: list[str] = field(default_factory=list)
     first_bad_layer: str | None = None  # ComfyUI's name
     fix: dict | None = None  # {"islands": {path: dtype}, "component": dtype|None, ...}
@@ -299,40 +303,105 @@ def clip_module(clip):
     return module
 
 
-def clip_precision(clip, module) -> dict[str, str]:
-    """What the text encoder's weights are stored in and what ComfyUI computes them in: its
-    CLIP casts each layer's weights to the dtype it patched in (fp32 for its own encoders)."""
+def clip_precision(module, computed: set[str]) -> dict[str, str]:
+    """What the text encoder's weights are stored in and what its layers computed in: the
+    dtypes they handed out in an encode (`computed`; "" where no layer ran). Not the compute
+    dtype ComfyUI patches into a CLIP (fp32): most of its text encoders cast their weights to
+    it, but Lens's GPT-OSS computes in the dtype it stores."""
     stored = sorted({_dtype_name(p.dtype) for p in module.parameters() if p.is_floating_point()})
-    cast = getattr(clip.patcher, "object_patches", {}).get("manual_cast_dtype")
-    compute = _dtype_name(cast) if cast is not None else "/".join(stored)
+    compute = "/".join(sorted(computed))
     return {"stored": "/".join(stored) or "none", "compute": compute}
 
 
+@contextmanager
+def _layer_dtypes(module) -> Iterator[set[str]]:
+    """The dtypes that the layers of `module` computed in while open: the dtype of each output
+    of a layer holding weights that took a floating input (an embedding's lookup is no
+    computation)."""
+    import torch
+
+    from app.core.hooks import Hooks
+
+    found: set[str] = set()
+
+    def seen(_layer, args, output) -> None:
+        took = any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
+        if took and isinstance(output, torch.Tensor) and output.is_floating_point():
+            found.add(_dtype_name(output.dtype))
+
+    with Hooks() as hooks:
+        for layer in module.modules():
+            if next(layer.parameters(recurse=False), None) is not None:
+                hooks.after(layer, seen)
+        yield found
+
+
+@contextmanager
+def _computing_in_fp32(module) -> Iterator[None]:
+    """`module` with every submodule that holds the dtype it computes in (a `dtype` of its own,
+    as Lens's GPT-OSS encoder keeps its activations in) told fp32 while open, put back after:
+    with its weights widened layer by layer, an encode that is the one `--fp32-text-enc` makes."""
+    import torch
+
+    held = [
+        (layer, layer.__dict__["dtype"])
+        for layer in module.modules()
+        if layer.__dict__.get("dtype") in (torch.float16, torch.bfloat16)
+    ]
+    try:
+        for layer, _ in held:
+            layer.__dict__["dtype"] = torch.float32
+        yield
+    finally:
+        for layer, dtype in held:
+            layer.__dict__["dtype"] = dtype
+
+
+def _encoded(module, clip, prompt: str):
+    """One encode of `prompt` with `clip`, recorded, and the dtypes its layers computed in."""
+    from app.core.fixing.module_check import recorded_call
+
+    tokens = clip.tokenize(prompt)
+    with _layer_dtypes(module) as computed:
+        seen = recorded_call(module, lambda: clip.encode_from_tokens(tokens, return_pooled=True))
+    return seen, computed
+
+
 def check_text_encoder(clip) -> PartOutcome:
-    """Encode the empty prompt with `clip` as ComfyUI does, recorded; the first bad layer and
+    """Encode the empty prompt with `clip` as ComfyUI does, recorded (a short prompt instead
+    where the encoder answers the empty one without running a layer); the first bad layer and
     whether an fp32 encode is finite. Its fix, where there is one, is the whole encoder in fp32:
-    HalfSafe Fix takes no CLIP, and ComfyUI's own text encoders compute in fp32 already (so a
+    HalfSafe Fix takes no CLIP, and most of ComfyUI's text encoders compute in fp32 already (so a
     layer kept wider changes nothing there; what is left is the weights' stored dtype)."""
     from app.core.components import FP16_MAX
-    from app.core.fixing.module_check import recorded_call
     from app.core.precision.layerwise import each_layer_in_fp32
 
     module = clip_module(clip)
-    tokens = clip.tokenize(PROMPT)
     runs = clip.clone()
-    seen = recorded_call(module, lambda: runs.encode_from_tokens(tokens, return_pooled=True))
-    dtypes = clip_precision(runs, module)
+    prompt = PROMPT
+    seen, computed = _encoded(module, runs, prompt)
+    if not seen.probe.modules:  # an encoder that answers the empty prompt without its layers
+        prompt = SHORT_PROMPT
+        seen, computed = _encoded(module, runs, prompt)
+    dtypes = clip_precision(module, computed)
+    which = "the empty prompt" if prompt == PROMPT else f"the prompt {prompt!r}"
+    computing = f", computing in {dtypes['compute']}" if dtypes["compute"] else ""
     outcome = PartOutcome(
         "text encoder",
         "broken",
-        [
-            f"The text encoder stored in {dtypes['stored']}, computing in {dtypes['compute']}, "
-            "one encode of the empty prompt."
-        ],
+        [f"The text encoder stored in {dtypes['stored']}{computing}, one encode of {which}."],
     )
+    if not seen.probe.modules:  # nothing ran: no evidence either way, so no verdict
+        outcome.verdict = None
+        outcome.lines.append(
+            "Not checked: its encode ran none of its layers, even for a prompt with words."
+        )
+        return outcome
     if seen.finite:
         outcome.verdict = "healthy"
-        outcome.lines.append(_healthy_words(seen.probe, dtypes["compute"], FP16_MAX))
+        outcome.lines.append(
+            _healthy_words(seen.probe, dtypes["compute"] or dtypes["stored"], FP16_MAX)
+        )
         return outcome
     first = seen.first_bad_layer
     if first:
@@ -340,10 +409,14 @@ def check_text_encoder(clip) -> PartOutcome:
         outcome.lines.append(f"First bad layer: {outcome.first_bad_layer}.")
     else:
         outcome.lines.append("Its output went non-finite with no layer to name.")
-    with each_layer_in_fp32([module]):
-        reference = recorded_call(
-            module, lambda: runs.encode_from_tokens(tokens, return_pooled=True)
+    with each_layer_in_fp32([module]), _computing_in_fp32(module):
+        reference, wide = _encoded(module, runs, prompt)
+    if wide != {"fp32"}:  # a layer that computed narrower: no fp32 reference to speak of
+        outcome.lines.append(
+            "Broken as ComfyUI runs it; no fix verified: with its weights in fp32 its layers "
+            f"still computed in {'/'.join(sorted(wide)) or 'nothing'}, so no fp32 reference ran."
         )
+        return outcome
     if not reference.finite:
         outcome.lines.append("Broken: even fp32 gives non-finite output; no precision fix.")
         return outcome
