@@ -40,6 +40,12 @@ HEALTH = "app.core.health"
 # never name one, and the kind they once named (strings may: its public setting's key).
 KIND_BLIND = ("app/core/precision", "app/core/fixing")
 ENCODER_KIND = "t5"
+# The stages written once for the check and generation (`run.stages.Stages`): no class outside
+# the run package defines one. A family's VAE step (`Family.decode(vae, latents)`, what the
+# stage calls) and a low-bit test weight's decode (`lowbit._Weights.decode`) are no stages.
+RUN_PACKAGE = "app/core/run/"
+SHARED_STAGES = frozenset({"encode_picture", "decode"})
+NOT_STAGES = ("app/core/families/", "app/core/precision/lowbit.py")
 
 
 def _sources(root: Path, under: Path) -> Iterator[tuple[str, ast.Module]]:
@@ -213,6 +219,32 @@ def health_imported_by_fixing(root: Path) -> list[str]:
     return [hit for where, tree in _sources(root, under) for hit in health_imports(tree, where)]
 
 
+def stages_defined_outside_run(root: Path) -> list[str]:
+    """file:line Class.name of each `SHARED_STAGES` method (or class attribute) a class under
+    `root`/app defines outside `RUN_PACKAGE` (and `NOT_STAGES`), nested classes included."""
+    found = []
+    for where, tree in _sources(root, root / "app"):
+        if where.startswith(RUN_PACKAGE) or where.startswith(NOT_STAGES):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for child in node.body:
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names = [(child.lineno, child.name)]
+                elif isinstance(child, (ast.Assign, ast.AnnAssign)):
+                    targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                    names = [(t.lineno, t.id) for t in targets if isinstance(t, ast.Name)]
+                else:
+                    continue
+                found += [
+                    f"{where}:{line} {node.name}.{name}"
+                    for line, name in names
+                    if name in SHARED_STAGES
+                ]
+    return sorted(found)
+
+
 def _plant(root: Path, where: str, source: str) -> None:
     path = root / where
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -369,3 +401,66 @@ def test_the_plan_and_the_fixes_never_name_an_encoder_kind(tmp_path):
         "app/core/precision or app/core/fixing names an encoder kind (ask the kind for its own "
         "islands, `encoders.kinds.own_islands`): " + ", ".join(offenders)
     )
+
+
+def test_no_class_outside_the_run_package_defines_a_shared_stage(tmp_path):
+    _plant(
+        tmp_path,
+        "app/core/health/planted.py",
+        "class Runner:\n"
+        "    def encode(self, plan):\n"  # a stage's inputs may be picked by its composer
+        "        return self.stages.encode(plan)\n"
+        "    def decode(self, plan, latents):\n"
+        "        return latents\n"
+        "    class Inner:\n"
+        "        encode_picture = staticmethod(print)\n"
+        "def decode(latents):\n"  # a function, no class's stage
+        "    return latents\n",
+    )
+    _plant(tmp_path, "app/core/generation/job.py", "class Job:\n    def decode(self): ...\n")
+    _plant(tmp_path, "app/core/run/stages.py", "class Stages:\n    def decode(self): ...\n")
+    _plant(tmp_path, "app/core/families/base.py", "class Family:\n    def decode(self): ...\n")
+    assert stages_defined_outside_run(tmp_path) == [
+        "app/core/generation/job.py:2 Job.decode",
+        "app/core/health/planted.py:4 Runner.decode",
+        "app/core/health/planted.py:7 Inner.encode_picture",
+    ]
+
+    offenders = stages_defined_outside_run(ROOT)
+    assert not offenders, (
+        "a stage written outside app/core/run (compose `run.stages.Stages`): "
+        + ", ".join(offenders)
+    )
+
+
+def test_the_check_and_a_generation_call_the_same_stage_code(tmp_path, monkeypatch):
+    """A check and a generation of the demo model encode the prompt and decode their latents
+    through `run.stages.Stages` alone: each stage's call is that class's, whoever watches it
+    (the check's recorders, a generation's NaN watch)."""
+    from app.core import health
+    from app.core.generation import GenerationRequest, generate
+    from app.core.health.request import CheckRequest
+    from app.core.models import load_model
+    from app.core.run import stages
+    from app.core.settings import PrecisionSettings
+
+    calls: list[tuple[str, str]] = []
+    for name in ("encode", "decode", "denoise_probe", "denoise_loop"):
+        real = getattr(stages.Stages, name)
+
+        def spied(self, *args, _real=real, _name=name, **kwargs):
+            calls.append((_name, type(self._run.__self__).__name__))
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(stages.Stages, name, spied)
+    model = load_model("demo")
+    fp32 = PrecisionSettings(precision="fp32")
+    health.check_loaded(model, CheckRequest(precision=fp32, device="cpu", size=64))
+    checked = list(calls)
+    calls.clear()
+    request = GenerationRequest(
+        prompt="a red circle", steps=2, width=64, height=64, seed=1, output_dir=str(tmp_path)
+    )
+    generate(model, request, precision=fp32, device="cpu")
+    assert checked == [("encode", "Runner"), ("denoise_probe", "Runner"), ("decode", "Runner")]
+    assert calls == [("encode", "Job"), ("denoise_loop", "Job"), ("decode", "Job")]

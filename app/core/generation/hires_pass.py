@@ -1,6 +1,6 @@
 """A hires fix's second pass in a generation: the first pass's latents enlarged by a latent
 upscaler, or decoded, enlarged as pictures and encoded again at the final size by a pixel one,
-then drawn again there (`stages.Stages` runs it after the first pass)."""
+then drawn again there (`stages.JobStages` runs it after the first pass)."""
 
 from __future__ import annotations
 

@@ -10,27 +10,25 @@ from typing import Any
 
 from app.core.fixing import job_plans
 from app.core.fixing.quality import compare
-from app.core.generation.stages import Outcome, Stages, _first_bad
+from app.core.generation.stages import JobStages, Outcome, _first_bad
 from app.core.generation.watch import read_flags
 from app.core.precision import PrecisionPlan
-from app.core.run.stage_run import running
 
 
-class Probes(Stages):
+class Probes(JobStages):
     """A job's stages and the probes that re-run one failing part of an image."""
 
     def unet_forward(self, plan: PrecisionPlan, inputs: dict[str, Any], record: bool = False):
         """One denoiser call on a kept failing input: (its output, first bad module)."""
         import torch
 
-        from app.core.fixing.probe import ActivationRecorder
-
-        with running(self.placed, plan, [self.family.denoiser]) as stage:
-            unet = self.placed[self.family.denoiser]
-            recorder = stage.watching(ActivationRecorder(unet)) if record else None
-            out = unet(**dict(inputs), return_dict=False)[0]
+        def call(stage):
+            out = self.placed[self.family.denoiser](**dict(inputs), return_dict=False)[0]
             if isinstance(out, list):  # a denoiser that returns one tensor per image (Z-Image)
                 out = torch.stack(out)
+            return out
+
+        out, recorder = self._stage(plan, [self.family.denoiser], call, record)
         first_bad = self._read(recorder, out)
         return out, first_bad
 
@@ -52,9 +50,9 @@ class Probes(Stages):
         plan = job_plans.fp32_reference(outcome.plan)
         self.last_probe = None
         if component == "vae":
-            self.decode(plan, _decoded(outcome), record=True)
+            self.decoded(plan, _decoded(outcome), record=True)
         elif component == "vae_encoder":
-            self.encode_picture(plan, record=True, pixels=outcome.enlarged)
+            self.picture(plan, record=True, pixels=outcome.enlarged)
         elif component == outcome.denoiser:
             if outcome.unet_input is None:
                 return None
@@ -76,10 +74,10 @@ class Probes(Stages):
             return self._probed[key][1]
         recurred = True
         if component == "vae":
-            pixels, name = self.decode(outcome.plan, _decoded(outcome), record=True)
+            pixels, name = self.decoded(outcome.plan, _decoded(outcome), record=True)
             recurred = not np.isfinite(pixels).all()
         elif component == "vae_encoder":
-            picture = self.encode_picture(outcome.plan, record=True, pixels=outcome.enlarged)
+            picture = self.picture(outcome.plan, record=True, pixels=outcome.enlarged)
             name = _first_bad(self.last_probe)
             recurred = bool(read_flags([picture.bad])[0])
         elif component == outcome.denoiser:
@@ -106,9 +104,9 @@ class Probes(Stages):
         plan = replace(plan, compute_in_place=True)
 
         if component == "vae":
-            return torch.from_numpy(self.decode(plan, _decoded(outcome))[0])
+            return torch.from_numpy(self.decoded(plan, _decoded(outcome))[0])
         if component == "vae_encoder":
-            picture = self.encode_picture(plan, pixels=outcome.enlarged)
+            picture = self.picture(plan, pixels=outcome.enlarged)
             if isinstance(picture.latents, list):  # an edit's references
                 return picture.latents
             return (

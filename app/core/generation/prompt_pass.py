@@ -1,6 +1,6 @@
-"""The prompt's stage in a generation, beside `stages.Stages.encode`: the prompt the text encoders
-read (the prompt upsampler's caption where the job asks for one) and the device-side flags of
-each text encoder going non-finite or saturating at fp16's limit."""
+"""The prompt's stage in a generation, beside `stages.JobStages.encode`: the prompt the text
+encoders read (the prompt upsampler's caption where the job asks for one) and the device-side
+flags of each text encoder going non-finite or saturating at fp16's limit."""
 
 from __future__ import annotations
 
@@ -21,11 +21,8 @@ def written_prompt(stages, plan: PrecisionPlan) -> str:
         return prompt
     if not stages.upsampler_ran:
         stages.upsampler_ran = True
-        with stages.running_stage(plan, ["prompt_upsampler"]) as stage:
-            references = stages.pictures.references if stages.pictures and stages.editing else ()
-            written = stages.family.upsample(
-                stage.pipe, prompt, stages.device, None, None, references
-            )
+        out, _ = stages.stages.upsample(plan, prompt)  # as many tokens as its pipeline allows
+        written = out["written"]
         if not written.finite:  # its caption is noise: the prompt as typed, and why
             dtype = plan.dtypes["prompt_upsampler"]
             stages.notes.append(UPSAMPLER_WORDS["non_finite"].format(dtype=dtype))

@@ -160,7 +160,7 @@ class Repairs(Probes):
             return None
         self.progress(f"Image {index + 1} of {total}: making it again, unchanged", 0, 1)
         if component == "vae" and outcome.vae_latents is None:
-            image, stats = to_image(self.decode(outcome.plan, outcome.latents)[0])
+            image, stats = to_image(self.decoded(outcome.plan, outcome.latents)[0])
             again = replace(outcome, image=image, stats=stats)
         else:
             self.stage = "Making the image again"

@@ -1,7 +1,8 @@
 """The stages of one generation job under a precision plan: the prompt encoded once (with an
 editing model's reference pictures where its text encoder reads them), the input picture or
 references through the VAE's encoder, the pipeline's denoising loop for the batch under the
-NaN watch, and each image decoded, its pixels classified and its outcome recorded."""
+NaN watch, and each image decoded, its pixels classified and its outcome recorded. What each
+stage calls is the shared stages' (`run.stages.Stages`, composed); the job adds its watch."""
 
 from __future__ import annotations
 
@@ -10,10 +11,8 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from app.core import samplers
 from app.core.encoders import t5
-from app.core.encoders.prompts import clip_options
-from app.core.families import capabilities, family_of
+from app.core.families import family_of
 from app.core.fixing.quality import Quality
 from app.core.generation import hires_pass, prompt_pass, step_cache
 from app.core.generation.passes import Conditioning, Picture
@@ -25,8 +24,8 @@ from app.core.images.pictures import Mode, Pictures, steps_run
 from app.core.jobs import CancelToken, ProgressCallback
 from app.core.lora.files import strip_tags
 from app.core.precision import PlacedPipeline, PrecisionPlan
-from app.core.run import pictures as picture_parts
 from app.core.run.stage_run import StageRun, running
+from app.core.run.stages import Loop, Prompt, Stages
 
 PREVIEWS_PER_IMAGE = 6
 
@@ -69,8 +68,10 @@ def failure(outcome: Outcome) -> str | None:
     return None
 
 
-class Stages:
-    """Runs the stages of one request on one PlacedPipeline, on the calling thread.
+class JobStages:
+    """Runs the stages of one request on one PlacedPipeline, on the calling thread: the shared
+    stages (`run.stages.Stages`, in `stages`), with the NaN watch's flags and a failing part's
+    recorder attached.
 
     The job's whole state is set here, what its probes and repairs find included, so that a job
     is built from one signature; `probes.Probes`, `repair.Repairs` and `job.Job` add methods.
@@ -101,6 +102,7 @@ class Stages:
         self.preview = preview
         self.cancel = cancel
         self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
+        self.stages = Stages(model, self.placed, device, pictures, self._stage, probing=False)
         self.family = family_of(model.pipeline)
         self.do_cfg = request.cfg > 1.0
         self.repair_plan = plan  # every fix found so far, on top of the plan
@@ -128,10 +130,25 @@ class Stages:
         self.upsampler_ran = False
         self.notes: list[str] = []  # sentences for the result's warnings
 
+    def _stage(
+        self, plan: PrecisionPlan, names: list[str], call, record: Any = None, calls: int = 1
+    ):
+        """How a generation runs one shared stage (`run.stages.StageRunner`): its components
+        placed alone (`run.stage_run.running`), with every layer of the component `record`
+        names (True: the stage's own) recorded; returns (the call's output, the recorder or
+        None), the recorder read by the caller (`_read`)."""
+        from app.core.fixing.probe import ActivationRecorder
+
+        with running(self.placed, plan, names) as stage:
+            watched = names[0] if record is True else record
+            recorder = stage.watching(ActivationRecorder(self.placed[watched])) if record else None
+            return call(stage), recorder
+
     @contextmanager
     def running_stage(self, plan: PrecisionPlan, components: list[str]) -> Iterator[StageRun]:
         """One stage (`run.stage_run.running`) with only its `components` placed, on a twin
-        that calls as the request asks: its scheduler, no progress bar."""
+        that calls as the request asks: its scheduler, no progress bar (the benchmarks' own
+        loop)."""
         scheduler = self.family.make_scheduler(
             self.request.scheduler,
             self.model.pipeline,
@@ -147,90 +164,56 @@ class Stages:
         """The prompt and the negative prompt through the text encoders under `plan`, with a
         device-side flag per encoder where the job watches; with `record` (a text encoder),
         every layer of that encoder is recorded and its first bad one kept (`_read`)."""
-        from app.core.fixing.probe import ActivationRecorder
-
-        prompt = prompt_pass.written_prompt(self, plan)
-        encoders = self.family.text_encoders(self.model.pipeline)
-        request = self.request
-        saturated: dict[str, list[Any]] = {}
-        with self.running_stage(plan, encoders) as stage:
-            pipe = stage.pipe
-            recorder = stage.watching(ActivationRecorder(self.placed[record])) if record else None
-            if self.watch:
-                for name in encoders:
-                    for block in t5.clamped_blocks(self.placed[name]):
-                        stage.hooks.after(block, prompt_pass.saturation_hook(saturated, name))
-            negative = strip_tags(request.negative_prompt)
-            if self.editing:
-                assert self.pictures is not None
-                tensors = capabilities.editing(self.family).encode_edit(
-                    pipe, prompt, negative, self.device, self.do_cfg, self.pictures.references
-                )
-            else:
-                tensors = self.family.encode(
-                    pipe,
-                    prompt,
-                    negative,
-                    self.device,
-                    self.do_cfg,
-                    **clip_options(request.clip_skip),
-                )
-            bad = (
-                prompt_pass.encoder_flags(self.family, pipe, tensors, saturated)
-                if self.watch
-                else {}
-            )
+        prompt = Prompt(
+            prompt_pass.written_prompt(self, plan),
+            strip_tags(self.request.negative_prompt),
+            self.do_cfg,
+            self.request.clip_skip,
+        )
+        (tensors, bad), recorder = self.stages.encode(plan, prompt, record, self._flagged)
         self._read(recorder, None)
         return Conditioning(tensors, bad)
 
+    def _flagged(self, stage: StageRun, names: list[str], call) -> tuple[Any, dict[str, Any]]:
+        """The text encoders' `call` inside their stage, and where the job watches, a
+        device-side flag per encoder: its output non-finite, or one of its blocks saturated
+        at fp16's limit (hooks on the blocks T5 clamps)."""
+        saturated: dict[str, list[Any]] = {}
+        if self.watch:
+            for name in names:
+                for block in t5.clamped_blocks(self.placed[name]):
+                    stage.hooks.after(block, prompt_pass.saturation_hook(saturated, name))
+        tensors = call(stage)
+        if not self.watch:
+            return tensors, {}
+        return tensors, prompt_pass.encoder_flags(self.family, stage.pipe, tensors, saturated)
+
     @property
     def editing(self) -> bool:
-        return self.pictures is not None and self.pictures.mode is Mode.EDIT
+        return self.stages.editing
 
-    def encode_picture(
-        self, plan: PrecisionPlan, record: bool = False, pixels: Any = None
-    ) -> Picture:
-        """The input picture through the VAE's encoder under `plan` (and, for inpainting, the
-        picture with its hole grey, as an inpainting model takes it beside the mask; for an
-        edit, each reference as its pipeline encodes it), or `pixels` (B, C, H, W) in [-1, 1]
-        (a hires fix's enlarged picture); with `record`, the first layer that went non-finite
-        is kept (`_read`)."""
+    def picture(self, plan: PrecisionPlan, record: bool = False, pixels: Any = None) -> Picture:
+        """The input picture through the VAE's encoder under `plan` (`run.stages.Stages.
+        encode_picture`: for inpainting also the picture with its hole; for an edit, each
+        reference as its pipeline encodes it), or `pixels` (B, C, H, W) in [-1, 1] (a hires
+        fix's enlarged picture), with a device-side flag; with `record`, the first layer that
+        went non-finite is kept (`_read`)."""
         import torch
 
-        from app.core.fixing.probe import ActivationRecorder
-
-        with running(self.placed, plan, ["vae"]) as stage:
-            vae = self.placed["vae_encoder"]
-            recorder = stage.watching(ActivationRecorder(vae)) if record else None
-            encoded = self._encoded(vae, pixels)
-        bad = torch.stack([~torch.isfinite(part).all() for part in encoded]).any()
+        encoded, recorder = self.stages.encode_picture(plan, record, pixels)
+        parts = encoded if isinstance(encoded, list) else [encoded]
+        bad = torch.stack([~torch.isfinite(part).all() for part in parts]).any()
         if pixels is None and self.editing:
-            self._read(recorder, encoded)
-            return Picture([part.float() for part in encoded], None, bad)
-        latents, masked = encoded[0], encoded[1] if len(encoded) > 1 else None
+            self._read(recorder, parts)
+            return Picture([part.float() for part in parts], None, bad)
+        latents, masked = parts[0], parts[1] if len(parts) > 1 else None
         self._read(recorder, latents)
         return Picture(latents.float(), masked.float() if masked is not None else None, bad)
 
-    def _encoded(self, vae, pixels: Any = None) -> list[Any]:
-        """What `encode_picture`'s stage encodes, in order: `pixels`; or an edit's references;
-        or the input picture and, for inpainting, the picture with its hole."""
-        references = None
-        if pixels is None and self.editing:
-            assert self.pictures is not None
-            edits = capabilities.editing(self.family)
-            references = edits.edit_pixels(self.model.pipeline, self.pictures)
-        return picture_parts.encoded(
-            self.family, vae, self.device, self.pictures, references, pixels=pixels
-        )
-
     def noise(self, seeds: list[int]):
-        """Initial latents as the family's pipeline takes them and per-image generators (CPU,
-        so a seed means the same image on every device); the generators go on to feed
-        ancestral samplers' noise."""
-        latents, generators = self.family.noise(
-            self.model.pipeline, seeds, self.request.height, self.request.width
-        )
-        return latents.to(self.device), generators
+        """Initial latents and per-image generators at the request's size
+        (`run.stages.Stages.noise`)."""
+        return self.stages.noise(seeds, self.request.height, self.request.width)
 
     def denoise(
         self,
@@ -240,135 +223,61 @@ class Stages:
         picture: Picture | None = None,
         second: GenerationRequest | None = None,
     ):
-        """The pipeline's denoising loop for these seeds, from noise or from the input
-        `picture`'s latents; returns (latents, watch or None). `second` is a hires fix's second
-        pass (its size, steps and strength), drawn from `picture`, the first pass's latents
-        enlarged."""
-        import torch
-
+        """The pipeline's denoising loop for these seeds (`run.stages.Stages.denoise_loop`),
+        from noise or from the input `picture`'s latents, under the NaN watch where the job
+        watches; returns (latents, watch or None). `second` is a hires fix's second pass (its
+        size, steps and strength), drawn from `picture`, the first pass's latents enlarged."""
         colours = _colours(self, plan) if self.preview is not None else None
-        # The denoiser alone, and the VAE where the pipeline encodes the pictures itself.
-        encodes = self.pictures is not None and picture is None
-        with self.running_stage(
-            plan, [self.family.denoiser, *(["vae"] if encodes else [])]
-        ) as stage:
-            pipe = stage.pipe
-            batch = len(seeds)
-            request = second or self.request
-            arguments: dict[str, Any] = {"height": request.height, "width": request.width}
-            arguments.update(self.family.pipeline_arguments(pipe, request.width, request.height))
-            embeds = self.family.pipeline_embeds(conditioning.embeds, batch)
-            generators: list[Any] = []
-            mode = Mode.IMAGE if second is not None else picture_mode(self.pictures)
-            if picture is None or self.family.redraws_from_noise(pipe, mode):
-                latents, generators = self.noise(seeds)
-                arguments["latents"] = latents
-            if self.editing:
-                # The references join the sequence: the pipeline takes their latents, or encodes
-                # the pictures itself under a hook that keeps a device-side flag.
-                embeds = capabilities.editing(self.family).edit_call(
-                    pipe,
-                    conditioning.embeds,
-                    batch,
-                    picture.latents if picture is not None else None,
-                    self.pictures,
-                    (request.width, request.height),
-                )
-                if picture is None and self.watch:
-                    self.pipeline_encoder = EncoderFlag(
-                        self.placed["vae_encoder"], self.device, stage.hooks
-                    )
-                arguments = _accepted(pipe, arguments)
-            elif self.pictures is not None and picture is None:
-                # The pipeline encodes its picture itself (Flux.1 Fill), watched by hooks.
-                arguments.update(self.family.own_encoding_call(pipe, self.pictures))
-                if self.watch:
-                    self.pipeline_encoder = EncoderFlag(
-                        self.placed["vae_encoder"], self.device, stage.hooks
-                    )
-                arguments = _accepted(pipe, arguments)
-            elif picture is not None and mode is Mode.CONTROL:
-                # The control picture's latents, from HalfSafe's watched encoder stage.
-                arguments.update(
-                    capabilities.control(self.family).control_call(pipe, picture.latents)
-                )
-                arguments = _accepted(pipe, arguments)
-            elif picture is not None:
-                pipe = self.family.picture_pipeline(pipe, mode, picture.latents.shape[1])
-                pipe.set_progress_bar_config(disable=True)
-                # The pipeline draws the noise it adds to the picture from these (on the CPU, so
-                # that a seed means the same image on every device).
-                generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-                arguments.update(image=picture.latents, strength=request.strength)
-                if picture.masked is not None:
-                    assert self.pictures is not None
-                    arguments.update(
-                        mask_image=self.pictures.mask_image, masked_image_latents=picture.masked
-                    )
-                arguments = _accepted(pipe, arguments)
-            else:
-                arguments = _accepted(pipe, arguments)
-            samplers.seeded(pipe.scheduler, seeds)  # DPM++ SDE's Brownian noise: the images' seeds
-            # A second-order sampler (Heun, DPM2) calls the denoiser twice per step but the last,
-            # and diffusers' callback follows each call: progress counts the calls.
-            order = max(1, int(getattr(pipe.scheduler, "order", 1)))
-            steps = order * steps_run(request.steps, request.strength, mode) - (order - 1)
-            every = max(2, round(steps / PREVIEWS_PER_IMAGE))
+        request = second or self.request
+        mode = Mode.IMAGE if second is not None else picture_mode(self.pictures)
+        batch = len(seeds)
+
+        def watch(stage: StageRun, order: int) -> NanWatch:
             denoiser = self.placed[self.family.denoiser]
-            watch = (
-                stage.watching(
-                    NanWatch(
-                        denoiser,
-                        batch,
-                        sample_argument=self.family.sample_argument,
-                        timestep_argument=self.family.timestep_argument,
-                        clamped=self.family.clamped_blocks(denoiser),
-                        order=order,
-                    )
+            return stage.watching(
+                NanWatch(
+                    denoiser,
+                    batch,
+                    sample_argument=self.family.sample_argument,
+                    timestep_argument=self.family.timestep_argument,
+                    clamped=self.family.clamped_blocks(denoiser),
+                    order=order,
                 )
-                if self.watch
-                else None
             )
 
-            def on_step_end(_pipe, index, _timestep, tensors):
-                current = tensors["latents"]
-                if watch is not None:
-                    watch.after_step(index, current)
-                self.progress(self.stage, index + 1, steps)
-                if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
-                    image_latents = self.family.image_latents(
-                        pipe, current[:1], request.height, request.width
-                    )
-                    self.preview(index + 1, latent_preview(image_latents[0], colours))
-                self.cancel.raise_if_cancelled()
-                return {}
+        def watch_encoder(stage: StageRun) -> None:
+            self.pipeline_encoder = EncoderFlag(
+                self.placed["vae_encoder"], self.device, stage.hooks
+            )
 
-            with step_cache.cached(denoiser, self.step_cache):
-                output = pipe(
-                    **embeds,
-                    **arguments,
-                    num_inference_steps=request.steps,
-                    **self.family.call_arguments(request.cfg),
-                    **self.family.prompt_cache_arguments(self.prompt_cache),
-                    generator=generators,
-                    output_type="latent",
-                    callback_on_step_end=on_step_end,
-                    callback_on_step_end_tensor_inputs=["latents"],
+        def on_step(pipe, index: int, current, steps: int) -> None:
+            self.progress(self.stage, index + 1, steps)
+            every = max(2, round(steps / PREVIEWS_PER_IMAGE))
+            if self.preview is not None and (index + 1) % every == 0 and index + 1 < steps:
+                image_latents = self.family.image_latents(
+                    pipe, current[:1], request.height, request.width
                 )
-        latents = self.family.image_latents(
-            self.model.pipeline, output.images, request.height, request.width
+                self.preview(index + 1, latent_preview(image_latents[0], colours))
+            self.cancel.raise_if_cancelled()
+
+        loop = Loop(
+            request,
+            seeds,
+            mode,
+            step_cache=self.step_cache,
+            prompt_cache=self.prompt_cache,
+            watch=watch if self.watch else None,
+            watch_encoder=watch_encoder if self.watch else None,
+            on_step=on_step,
+            cached=step_cache.cached,
         )
-        return latents, watch
+        return self.stages.denoise_loop(plan, conditioning.embeds, picture, loop)
 
-    def decode(self, plan: PrecisionPlan, latents, record: bool = False):
-        """One image's latents (1, C, h, w) -> (H, W, 3) float array in [-1, 1] ((H, W, 4) from a
-        VAE that decodes RGBA); with `record`, also the first VAE layer that went non-finite."""
-        from app.core.fixing.probe import ActivationRecorder
-
-        with running(self.placed, plan, ["vae"]) as stage:
-            vae = self.placed["vae"]
-            recorder = stage.watching(ActivationRecorder(vae)) if record else None
-            pixels = self.family.decode(vae, latents.float())
+    def decoded(self, plan: PrecisionPlan, latents, record: bool = False):
+        """One image's latents (1, C, h, w) decoded (`run.stages.Stages.decode`) -> (H, W, 3)
+        float array in [-1, 1] ((H, W, 4) from a VAE that decodes RGBA); with `record`, also
+        the first VAE layer that went non-finite."""
+        pixels, recorder = self.stages.decode(plan, latents.float(), record)
         first_bad = self._read(recorder, pixels)
         return pixels[0].permute(1, 2, 0).float().cpu().numpy(), first_bad
 
@@ -380,7 +289,7 @@ class Stages:
         if self.pictures is not None and not self.family.encodes_its_pictures(
             self.model.pipeline, self.pictures.mode
         ):
-            picture = self.encode_picture(plan)
+            picture = self.picture(plan)
         self.pipeline_encoder = None
         latents, watch = self.denoise(plan, conditioning, seeds, picture)
         encoder_bad = (
@@ -418,7 +327,7 @@ class Stages:
         return _first_bad(self.last_probe)
 
 
-def _colours(stages: Stages, plan: PrecisionPlan):
+def _colours(stages: JobStages, plan: PrecisionPlan):
     """The live preview's colours for this model, fitted to its VAE once per VAE dtype
     (see `preview`): an fp16 VAE that overflows gives none, an fp32 one still may. The
     VAE's fit is a stage of its own, before the denoiser's places the denoiser alone."""
@@ -457,10 +366,10 @@ def _read(conditioning, encoder_bad, second, watches, batch: int, first_steps: i
     return _Found(bad_encoders, enlarging, _passes(flags, watches, batch, first_steps))
 
 
-def _outcome(stages: Stages, plan: PrecisionPlan, latents, index: int, second, found: _Found):
+def _outcome(stages: JobStages, plan: PrecisionPlan, latents, index: int, second, found: _Found):
     """Image `index` of the batch decoded, classified and recorded with where it failed."""
     image_latents = latents[index : index + 1]
-    pixels, _ = stages.decode(plan, image_latents)
+    pixels, _ = stages.decoded(plan, image_latents)
     image, stats = to_image(pixels)
     bad, step, failed_watch = found.passes[index]
     bad_encoder = found.bad_encoders[0] if found.bad_encoders else None
@@ -512,15 +421,6 @@ def _passes(flags: list[int], watches: list[Any], batch: int, first_steps: int):
 
 def picture_mode(pictures: Pictures | None) -> Mode:
     return pictures.mode if pictures is not None else Mode.TEXT
-
-
-def _accepted(pipe, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments that `pipe` takes: a picture pipeline that reads the size from the
-    picture (SD's image-to-image) has no height or width."""
-    import inspect
-
-    taken = inspect.signature(type(pipe).__call__).parameters
-    return {k: v for k, v in arguments.items() if k in taken}
 
 
 def _first_bad(probe) -> str | None:

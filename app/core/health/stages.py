@@ -1,9 +1,10 @@
 """Running the pipeline in stages, as a generation runs it only shorter: the text encoder(s) on
 the prompt and the empty prompt, the denoiser at the first, middle and last timesteps of the
 user's schedule with the CFG batch, the VAE decoding what that made. Each stage runs under any
-`PrecisionPlan` through the stage runner (`run.stage_run.running`), with every module watched
-(`probe.ActivationRecorder`) and its components timed; `Runner` also times a step under several
-plans, alternating, for the cost of a fix. `probe_run` is the three stages once, end to end."""
+`PrecisionPlan` as the shared stages call it (`run.stages.Stages`, composed), through the stage
+runner (`run.stage_run.running`), with every module watched (`probe.ActivationRecorder`) and
+its components timed; `Runner` also times a step under several plans, alternating, for the
+cost of a fix. `probe_run` is the three stages once, end to end."""
 
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.core.components import FP16_MAX, Role, in_run_order, module_of, of_role
-from app.core.encoders.prompts import clip_options
-from app.core.families import capabilities, family_of
+from app.core.families import family_of
 from app.core.fixing.probe import ActivationRecorder, ProbeResult, descended
 from app.core.health.request import DEFAULT_PROMPT
-from app.core.images.pictures import Mode, Pictures
+from app.core.images.pictures import Pictures
 from app.core.precision import PlacedPipeline, PrecisionPlan
-from app.core.run import pictures as picture_parts
 from app.core.run.stage_run import StageRun, running
+from app.core.run.stages import Call, Prompt, Stages
 from app.core.run.timing import Timing
 from app.core.run.watchers import ComponentTimer, Stage, Stop, all_finite, counted_module
 from app.core.settings import FIELDS
@@ -68,6 +68,12 @@ class Runner:
         self.pictures = pictures  # the input picture (and mask) at the probe's size, if any
         self.placed = PlacedPipeline(model.pipeline, plan, components=())  # placed per stage
         self.device = torch.device(plan.device)
+        # The stages, written once for the check and generation, each run watched here.
+        self.stages = Stages(model, self.placed, self.device, pictures, self._watch, probing=True)
+        # The VAE's stages are the shared ones as they are (the check picks no input of them):
+        # its decode and its encoder reading the input or the enlarged picture.
+        self.encode_picture = self.stages.encode_picture
+        self.decode = self.stages.decode
         self.size = size
         self.prompt = prompt
         self.clip_skip = clip_skip  # A1111's "Clip skip" the prompt is read at
@@ -76,9 +82,6 @@ class Runner:
         # The latents the denoiser reads in its sequence beside the noise (an edit's
         # references, or an inpainted picture read so), once the VAE's encoder made them.
         self.references: list[Any] | None = None
-        # A hires fix with a pixel upscaler: the picture the VAE decoded at the probe's size,
-        # which the VAE's encoder reads as the second pass reads the enlarged first picture.
-        self.enlarged: Any = None
         self.timing_now = False  # the stages run now are timed for a cost (`timing`)
         self.timing = Timing(self)
         # A candidate fix's component, whose run ends at its first non-finite call
@@ -132,21 +135,27 @@ class Runner:
         return self.timesteps[middle : middle + 1]
 
     @property
+    def enlarged(self) -> Any:
+        """A hires fix with a pixel upscaler: the picture the VAE decoded at the probe's size,
+        which the VAE's encoder reads as the second pass reads the enlarged first picture."""
+        return self.stages.enlarged
+
+    @enlarged.setter
+    def enlarged(self, pixels: Any) -> None:
+        self.stages.enlarged = pixels
+
+    @property
     def encodes_pictures(self) -> bool:
         """Whether the path checked runs the VAE's encoder (an input picture, or a pixel
         upscaler's enlarged picture)."""
         return self.pictures is not None or self.enlarged is not None
 
-    @property
-    def editing(self) -> bool:
-        return self.pictures is not None and self.pictures.mode is Mode.EDIT
-
     def _watch(
         self,
         plan: PrecisionPlan,
         names: list[str],
-        run: Callable[[Any], Any],
-        record: bool = True,
+        run: Call,
+        record: bool | None = True,
         calls: int = 1,
     ) -> Stage:
         """One run of a stage's components `names` under `plan` (`calls`: the calls of its
@@ -156,7 +165,9 @@ class Runner:
         the layer at fault (its inputs decide which layer made the first NaN), the same inputs
         giving the same values. A candidate fix's run (`stopping_at_bad`) ends at its first
         non-finite call, told no further. A first probe run wider than fp16 past 65504 runs
-        again in full: fp16's first layer past it and its islands read every layer's inputs."""
+        again in full: fp16's first layer past it and its islands read every layer's inputs.
+        `record` None is True (`run.stages.StageRunner`'s default)."""
+        record = record is not False
         lean = record and LEAN_RECORDER and not self._in_full
         alone = names[0] if len(names) == 1 else None
         candidate = alone is not None and alone == self._until_bad
@@ -183,9 +194,7 @@ class Runner:
             return Stage(full.probes, stage.seconds, stage.output)
         return stage
 
-    def _descend(
-        self, plan: PrecisionPlan, names: list[str], run: Callable[[Any], Any], lean: Stage
-    ) -> Stage:
+    def _descend(self, plan: PrecisionPlan, names: list[str], run: Call, lean: Stage) -> Stage:
         """A stage whose lean record went non-finite, told in full: its one component's calls
         run again under the full recorder up to the first that went non-finite (the denoiser's
         first timestep, for a fault that fires there: one call, not the stage's three), merged
@@ -220,7 +229,7 @@ class Runner:
         self,
         plan: PrecisionPlan,
         names: list[str],
-        run: Callable[[Any], Any],
+        run: Call,
         recorder: str | None,
         stop_after: int | None = None,
         until_bad: int | None = None,
@@ -239,7 +248,7 @@ class Runner:
             )
             started = time.perf_counter()
             try:
-                output = run(stage.pipe)
+                output = run(stage)
             except Stop.Enough:
                 output = None
         probes = {n: r.read(output if len(names) == 1 else None) for n, r in recorders.items()}
@@ -254,21 +263,9 @@ class Runner:
         (1, tokens, vocab). The first run whose logits are finite keeps its tokens, and every
         later run (the fp32 reference, a candidate fix) generates those, so that each step's
         logits are compared on the same text, whatever a near tie between two tokens picked."""
-        names = of_role(plan.dtypes, Role.PROMPT_UPSAMPLER)
-
-        def run(pipe):
-            references = self.pictures.references if self.pictures and self.editing else ()
-            written = self.family.upsample(
-                pipe,
-                self.prompt,
-                self.device,
-                UPSAMPLER_CHECK_TOKENS,
-                self.upsampled_tokens,
-                references,
-            )
-            return {"logits": written.logits, "tokens": written.tokens}
-
-        stage = self._watch(plan, names, run, record)
+        stage = self.stages.upsample(
+            plan, self.prompt, UPSAMPLER_CHECK_TOKENS, self.upsampled_tokens, record
+        )
         if stage.output is None:  # a run stopped at a call (`_descend`)
             return stage
         logits, tokens = stage.output["logits"], stage.output["tokens"]
@@ -277,19 +274,9 @@ class Runner:
         return replace(stage, output=logits)
 
     def encode(self, plan: PrecisionPlan, record: bool = True) -> Stage:
-        names = [n for n in self.family.text_encoders(self.model.pipeline) if n in plan.dtypes]
-
-        def run(pipe):
-            if self.editing:  # the text encoder reads the references beside the prompt
-                assert self.pictures is not None
-                return capabilities.editing(self.family).encode_edit(
-                    pipe, self.prompt, "", self.device, True, self.pictures.references
-                )
-            return self.family.encode(
-                pipe, self.prompt, "", self.device, True, **clip_options(self.clip_skip)
-            )
-
-        stage = self._watch(plan, names, run, record)
+        """The check's prompt and the empty prompt through the text encoders."""
+        names = self.stages.text_encoders(plan)
+        stage = self.stages.encode(plan, Prompt(self.prompt, clip_skip=self.clip_skip), record)
         if record:
             # The encoder's own output decides its status, whatever the pipeline did after.
             finite = all_finite(stage.output)
@@ -306,47 +293,12 @@ class Runner:
     ) -> Stage:
         """The denoiser stepped through `timesteps` (by default the probe's: the first, middle
         and last timesteps of the user's schedule) from seeded noise, as the family samples
-        (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding)."""
-
+        (SD: Euler with the CFG batch; Flux: flow-matching Euler with its guidance embedding),
+        with the latents the VAE's encoder stage made in its sequence (`references`)."""
         steps = list(timesteps or (self.one_step if self.timing_now else self.timesteps))
-
-        def run(pipe):
-            if self.references is not None:  # the VAE encoder's stage made them
-                return capabilities.editing(self.family).probe_edit(
-                    pipe, conditioning, self.size, self.device, steps, self.references
-                )
-            return self.family.probe_denoise(pipe, conditioning, self.size, self.device, steps)
-
-        return self._watch(plan, [self.family.denoiser], run, record, calls=len(steps))
-
-    def encode_picture(self, plan: PrecisionPlan, record: bool = True) -> Stage:
-        """The input picture through the VAE's encoder (and, for inpainting, the picture with
-        its hole): the stage an image-to-image or inpainting job runs before the denoiser; or,
-        for a hires fix with a pixel upscaler, the enlarged picture (`enlarged`)."""
-        pictures, enlarged = self.pictures, self.enlarged
-
-        def run(pipe):
-            references = None
-            if pictures is not None and pictures.mode is Mode.EDIT:  # as the family's check reads
-                edits = capabilities.editing(self.family)
-                references = edits.probed_references(self.model.pipeline, pictures)
-            latents = picture_parts.encoded(
-                self.family,
-                pipe.vae,
-                self.device,
-                pictures,
-                references,
-                pixels=enlarged if pictures is None else None,
-            )
-            return latents[0] if len(latents) == 1 and references is None else latents
-
-        return self._watch(plan, ["vae_encoder"], run, record)
-
-    def decode(self, plan: PrecisionPlan, latents, record: bool = True) -> Stage:
-        def run(pipe):
-            return self.family.decode(pipe.vae, latents)
-
-        return self._watch(plan, ["vae"], run, record)
+        return self.stages.denoise_probe(
+            plan, conditioning, self.size, steps, self.references, record
+        )
 
 
 def _watchers(
